@@ -1,0 +1,36 @@
+# Topicbase: the two commands are `make demo` and `make test`.
+PYTHON ?= python3
+VENV   := .venv
+PY     := $(VENV)/bin/python
+STAMP  := $(VENV)/.installed
+
+.PHONY: venv test lint demo bench bench-quick clean
+
+$(STAMP): pyproject.toml
+	test -x $(PY) || $(PYTHON) -m venv $(VENV)
+	$(PY) -m pip install --quiet --upgrade pip
+	$(PY) -m pip install --quiet -e '.[test,console]'
+	touch $(STAMP)
+
+venv: $(STAMP)
+
+lint: $(STAMP)
+	$(VENV)/bin/ruff check .
+	$(VENV)/bin/lint-imports
+
+# pytest exits 5 when no test ran: treat that as failure like any other non-zero code.
+test: lint
+	$(PY) -m pytest -q -p no:cacheprovider; rc=$$?; \
+	if [ $$rc -eq 5 ]; then echo "pytest collected no tests: failing"; exit 1; fi; exit $$rc
+
+demo: $(STAMP)
+	$(PY) -m bench.demo_storage --data-dir ./demo-data
+
+bench: $(STAMP)
+	$(PY) -m bench.run --suite full
+
+bench-quick: $(STAMP)
+	$(PY) -m bench.run --suite quick
+
+clean:
+	rm -rf $(VENV) demo-data build *.egg-info

@@ -1,0 +1,86 @@
+"""Retention: delete whole old segments by time and by size.
+
+A sealed segment may go when all its messages are older than the topic's
+retention period, or while the partition is over its size budget (oldest
+first). Never deleted: the active segment, and anything at or above the
+lowest offset an important consumer has not yet committed; storage asks its
+caller for that offset through ``RetentionGuard``.
+
+An inactive partition (split by autopartitioning) whose data has all expired
+and that no important consumer still needs is removed entirely.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Protocol
+
+from storage.partition_log import PartitionLog
+from storage.topic_log import TopicLog
+
+
+class RetentionGuard(Protocol):
+    def protected_offset(self, topic_id: str, partition_id: int) -> int | None:
+        """Lowest offset some important consumer still needs, or None for no limit."""
+        ...
+
+
+class NoGuard:
+    def protected_offset(self, topic_id: str, partition_id: int) -> int | None:
+        return None
+
+
+@dataclass(slots=True)
+class RetentionReport:
+    segments_deleted: int = 0
+    bytes_deleted: int = 0
+    partitions_removed: int = 0
+
+
+def apply_retention(topic: TopicLog, guard: RetentionGuard, now_us: int) -> RetentionReport:
+    """Run one retention pass over every partition of ``topic``."""
+    report = RetentionReport()
+    for partition_id in topic.partition_ids():
+        partition = topic.partition(partition_id)
+        protected = guard.protected_offset(topic.topic_id, partition_id)
+        limit = retention_limit(partition, now_us)
+        if protected is not None:
+            limit = min(limit, protected)
+        if not partition.active and _all_expired(partition, now_us, protected):
+            report.bytes_deleted += partition.size_bytes
+            topic.remove_partition(partition_id)
+            report.partitions_removed += 1
+            continue
+        before = partition.size_bytes
+        report.segments_deleted += partition.delete_segments_before(limit)
+        report.bytes_deleted += before - partition.size_bytes
+    return report
+
+
+def retention_limit(partition: PartitionLog, now_us: int) -> int:
+    """The offset below which whole sealed segments may be deleted."""
+    config = partition.config
+    segments = partition.segments[:-1]
+    limit = partition.start_offset
+    if config.retention_ms is not None:
+        horizon = now_us - config.retention_ms * 1000
+        for segment in segments:
+            if segment.last_written_at_us is None or segment.last_written_at_us >= horizon:
+                break
+            limit = segment.next_offset
+    if config.retention_bytes is not None:
+        excess = partition.size_bytes - config.retention_bytes
+        for segment in segments:
+            if excess <= 0:
+                break
+            excess -= segment.size_bytes
+            limit = max(limit, segment.next_offset)
+    return limit
+
+
+def _all_expired(partition: PartitionLog, now_us: int, protected: int | None) -> bool:
+    retention_ms = partition.config.retention_ms
+    last = partition.segments[-1].last_written_at_us
+    if retention_ms is None or (last is not None and last >= now_us - retention_ms * 1000):
+        return False
+    return protected is None or protected >= partition.end_offset

@@ -1,0 +1,167 @@
+"""The one error hierarchy of Topicbase.
+
+Every layer may import this module; it imports nothing of the project. Each
+error class carries a PostgreSQL SQLSTATE in the class attribute ``sqlstate``;
+fronts report ``sqlstate`` and the message unchanged. ``assert`` is for our own
+bugs and is never turned into one of these errors.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+
+class TopicbaseError(Exception):
+    """Root of every error Topicbase raises on purpose.
+
+    ``sqlstate`` is a five-character PostgreSQL error code. ``context`` holds
+    optional structured details (file, position, setting name...) for fronts
+    that want them; the message already says everything a person needs.
+    """
+
+    sqlstate: str = "XX000"
+
+    def __init__(self, message: str, **context: Any) -> None:
+        super().__init__(message)
+        self.message = message
+        self.context: dict[str, Any] = context
+
+    def __str__(self) -> str:
+        return self.message
+
+
+# -- class 0A: feature not supported -------------------------------------------------
+class FeatureNotSupportedError(TopicbaseError):
+    sqlstate = "0A000"
+
+
+# -- class 22: data exception ---------------------------------------------------------
+class DataError(TopicbaseError):
+    sqlstate = "22000"
+
+
+class InvalidParameterValueError(DataError):
+    """A setting or option has a value of the wrong type or out of range."""
+
+    sqlstate = "22023"
+
+
+class UnsupportedCodecError(InvalidParameterValueError):
+    """A write used a codec the topic does not accept, or one not installed here."""
+
+
+class InvalidBinaryDataError(DataError):
+    sqlstate = "22P03"
+
+
+# -- class 25: invalid transaction state ------------------------------------------------
+class InvalidTransactionStateError(TopicbaseError):
+    sqlstate = "25000"
+
+
+class InFailedTransactionError(InvalidTransactionStateError):
+    sqlstate = "25P02"
+
+
+# -- class 40: transaction rollback ---------------------------------------------------
+class SerializationFailure(TopicbaseError):
+    """An optimistic check failed at commit; the transaction is safe to retry."""
+
+    sqlstate = "40001"
+
+
+# -- class 42: syntax error or access rule violation -----------------------------------
+class SqlSyntaxError(TopicbaseError):
+    """A statement does not parse. ``line`` and ``column`` are 1-based."""
+
+    sqlstate = "42601"
+
+    def __init__(
+        self, message: str, *, line: int | None = None, column: int | None = None, **context: Any
+    ) -> None:
+        super().__init__(message, **context)
+        self.line = line
+        self.column = column
+
+
+class UndefinedObjectError(TopicbaseError):
+    sqlstate = "42704"
+
+
+class UndefinedTopicError(TopicbaseError):
+    sqlstate = "42P01"
+
+
+class DuplicateObjectError(TopicbaseError):
+    sqlstate = "42710"
+
+
+class DuplicateTopicError(TopicbaseError):
+    sqlstate = "42P07"
+
+
+class InvalidNameError(TopicbaseError):
+    sqlstate = "42602"
+
+
+# -- class 53/54: resources and limits -------------------------------------------------
+class InsufficientResourcesError(TopicbaseError):
+    sqlstate = "53000"
+
+
+class TooManyConnectionsError(InsufficientResourcesError):
+    sqlstate = "53300"
+
+
+class LimitExceededError(TopicbaseError):
+    """A configured limit (message size, batch size, wait time...) was hit."""
+
+    sqlstate = "54000"
+
+
+# -- class 55: object not in prerequisite state ----------------------------------------
+class ObjectNotInPrerequisiteStateError(TopicbaseError):
+    sqlstate = "55000"
+
+
+class PartitionInactiveError(ObjectNotInPrerequisiteStateError):
+    """A write went to a partition that was split and is now read-only."""
+
+
+class ObjectInUseError(TopicbaseError):
+    """Another process owns the data directory."""
+
+    sqlstate = "55006"
+
+
+# -- class 57: operator intervention ---------------------------------------------------
+class QueryCanceledError(TopicbaseError):
+    sqlstate = "57014"
+
+
+# -- class 58: system error -------------------------------------------------------------
+class StorageIOError(TopicbaseError):
+    """The operating system refused a read, write or fsync."""
+
+    sqlstate = "58030"
+
+
+class PartitionFencedError(StorageIOError):
+    """An fsync failed earlier; the partition refuses writes until it is reopened.
+
+    After a failed fsync the kernel may have dropped dirty pages and cleared
+    the error, so a later fsync could falsely succeed (PostgreSQL's
+    "fsyncgate"). Reopening re-reads the file and recovers from what is there.
+    """
+
+
+# -- class XX: internal error -----------------------------------------------------------
+class CorruptSegmentError(TopicbaseError):
+    """A checksum or structure check failed inside the log, not at its torn tail."""
+
+    sqlstate = "XX001"
+
+    def __init__(self, message: str, *, path: str, position: int, **context: Any) -> None:
+        super().__init__(f"{message} (file {path}, position {position})", **context)
+        self.path = path
+        self.position = position

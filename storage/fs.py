@@ -1,0 +1,230 @@
+"""The file layer: the only module of storage that opens, writes and syncs files.
+
+Like SQLite's VFS, everything that touches the disk goes through a
+``FileSystem`` object, so tests can swap in one that tears writes, fails
+``fsync`` or drops un-synced data. Files are raw descriptors: ``pwrite`` at an
+explicit position (no shared file offset) and ``pread`` (safe from many threads
+at once).
+
+Invariants:
+- every data ``fsync`` goes through ``sync`` and is counted in ``fsync_count``;
+  directory syncs are counted in ``directory_fsync_count``;
+- an ``OSError`` leaves this module as ``StorageIOError`` naming the path,
+  except ``FileNotFoundError`` from ``open_read``/``read_file``, which callers
+  use to notice files deleted under them (retention).
+"""
+
+from __future__ import annotations
+
+import errno
+import fcntl
+import os
+import shutil
+import threading
+
+from storage.errors import ObjectInUseError, StorageIOError
+
+
+class FileSystem:
+    """Plain POSIX files. Thread-safe: descriptors are used with pread/pwrite only."""
+
+    def __init__(self) -> None:
+        self._counter_lock = threading.Lock()
+        self._fsync_count = 0
+        self._directory_fsync_count = 0
+        self._paths: dict[int, str] = {}
+
+    # -- counters ---------------------------------------------------------------------
+    @property
+    def fsync_count(self) -> int:
+        """Number of file-data syncs so far (fdatasync of log, index and staging files)."""
+        return self._fsync_count
+
+    @property
+    def directory_fsync_count(self) -> int:
+        return self._directory_fsync_count
+
+    # -- descriptors --------------------------------------------------------------------
+    def open_write(self, path: str) -> int:
+        """Open (creating if needed) a file for writing; never truncates."""
+        try:
+            fd = os.open(path, os.O_RDWR | os.O_CREAT | os.O_CLOEXEC, 0o644)
+        except OSError as error:
+            raise _io_error("open", path, error) from error
+        self._paths[fd] = path
+        return fd
+
+    def open_read(self, path: str) -> int:
+        """Open a file read-only. Raises FileNotFoundError if it is gone."""
+        try:
+            return os.open(path, os.O_RDONLY | os.O_CLOEXEC)
+        except FileNotFoundError:
+            raise
+        except OSError as error:
+            raise _io_error("open", path, error) from error
+
+    def close(self, fd: int) -> None:
+        self._paths.pop(fd, None)
+        try:
+            os.close(fd)
+        except OSError as error:
+            raise _io_error("close", str(fd), error) from error
+
+    def pwrite(self, fd: int, data: bytes | memoryview, position: int) -> None:
+        """Write all of ``data`` at ``position``; a short write is retried to the end."""
+        view = memoryview(data)
+        written = 0
+        try:
+            while written < len(view):
+                written += os.pwrite(fd, view[written:], position + written)
+        except OSError as error:
+            raise _io_error("write", self._paths.get(fd, str(fd)), error) from error
+
+    def pread(self, fd: int, size: int, position: int) -> bytes:
+        """Read up to ``size`` bytes at ``position`` (fewer at end of file)."""
+        try:
+            return os.pread(fd, size, position)
+        except OSError as error:
+            raise _io_error("read", self._paths.get(fd, str(fd)), error) from error
+
+    def sync(self, fd: int) -> None:
+        """Make the file's data durable (fdatasync). Counted."""
+        try:
+            os.fdatasync(fd)
+        except OSError as error:
+            raise _io_error("fsync", self._paths.get(fd, str(fd)), error) from error
+        finally:
+            with self._counter_lock:
+                self._fsync_count += 1
+
+    def truncate(self, fd: int, size: int) -> None:
+        try:
+            os.ftruncate(fd, size)
+        except OSError as error:
+            raise _io_error("truncate", self._paths.get(fd, str(fd)), error) from error
+
+    def file_size(self, fd: int) -> int:
+        return os.fstat(fd).st_size
+
+    # -- paths ------------------------------------------------------------------------
+    def make_directory(self, path: str) -> None:
+        try:
+            os.makedirs(path, exist_ok=True)
+        except OSError as error:
+            raise _io_error("mkdir", path, error) from error
+
+    def sync_directory(self, path: str) -> None:
+        """Make a directory's entries (created, renamed, removed files) durable."""
+        try:
+            fd = os.open(path, os.O_RDONLY | os.O_DIRECTORY | os.O_CLOEXEC)
+            try:
+                os.fsync(fd)
+            finally:
+                os.close(fd)
+        except OSError as error:
+            raise _io_error("fsync directory", path, error) from error
+        with self._counter_lock:
+            self._directory_fsync_count += 1
+
+    def list_directory(self, path: str) -> list[str]:
+        try:
+            return sorted(os.listdir(path))
+        except FileNotFoundError:
+            return []
+        except OSError as error:
+            raise _io_error("list", path, error) from error
+
+    def exists(self, path: str) -> bool:
+        return os.path.exists(path)
+
+    def path_size(self, path: str) -> int:
+        try:
+            return os.stat(path).st_size
+        except OSError as error:
+            raise _io_error("stat", path, error) from error
+
+    def remove(self, path: str) -> None:
+        try:
+            os.remove(path)
+        except FileNotFoundError:
+            return
+        except OSError as error:
+            raise _io_error("remove", path, error) from error
+
+    def remove_tree(self, path: str) -> None:
+        try:
+            shutil.rmtree(path)
+        except FileNotFoundError:
+            return
+        except OSError as error:
+            raise _io_error("remove", path, error) from error
+
+    def rename(self, source: str, target: str) -> None:
+        try:
+            os.replace(source, target)
+        except OSError as error:
+            raise _io_error("rename", source, error) from error
+
+    def read_file(self, path: str) -> bytes:
+        """Read a whole (small) file. Raises FileNotFoundError if it is missing."""
+        try:
+            with open(path, "rb") as file:
+                return file.read()
+        except FileNotFoundError:
+            raise
+        except OSError as error:
+            raise _io_error("read", path, error) from error
+
+    def write_file_atomic(self, path: str, data: bytes, *, durable: bool = True) -> None:
+        """Replace ``path`` with ``data`` all at once: temp file, sync, rename, sync dir."""
+        temp_path = path + ".tmp"
+        fd = self.open_write(temp_path)
+        try:
+            self.truncate(fd, 0)
+            self.pwrite(fd, data, 0)
+            if durable:
+                self.sync(fd)
+        finally:
+            self.close(fd)
+        self.rename(temp_path, path)
+        if durable:
+            self.sync_directory(os.path.dirname(path) or ".")
+
+    def lock_directory(self, path: str) -> int:
+        """Take an exclusive, process-wide lock on a data directory.
+
+        Returns the lock file's descriptor (keep it open while the directory is
+        in use). Another process holding the lock gets ``ObjectInUseError``
+        naming the owner's pid.
+        """
+        lock_path = os.path.join(path, "LOCK")
+        fd = self.open_write(lock_path)
+        try:
+            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except OSError as error:
+            owner = os.pread(fd, 64, 0).decode(errors="replace").strip() or "unknown"
+            self.close(fd)
+            if error.errno in (errno.EWOULDBLOCK, errno.EACCES):
+                raise ObjectInUseError(
+                    f"data directory {path} is in use by another process (pid {owner})"
+                ) from error
+            raise _io_error("lock", lock_path, error) from error
+        os.ftruncate(fd, 0)
+        os.pwrite(fd, f"{os.getpid()}\n".encode(), 0)
+        return fd
+
+    def unlock_directory(self, fd: int) -> None:
+        fcntl.flock(fd, fcntl.LOCK_UN)
+        self.close(fd)
+
+
+def _io_error(operation: str, path: str, error: OSError) -> StorageIOError:
+    name = errno.errorcode.get(error.errno or 0, str(error.errno))
+    return StorageIOError(
+        f"could not {operation} {path}: {error.strerror or error} ({name})",
+        path=path,
+        errno=error.errno,
+    )
+
+
+DEFAULT_FILE_SYSTEM = FileSystem()

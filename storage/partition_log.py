@@ -1,0 +1,432 @@
+"""A partition: an append-only log of segments with exactly-once publish.
+
+Owns the partition directory (``<base>.log/.index/.timeindex`` segments and
+``<offset>.snapshot`` producer snapshots). Offsets are dense and strictly
+increasing from the log start offset.
+
+Concurrency: one writer at a time (``_write_lock``); readers take no lock.
+Readers see a published ``Visible`` tuple (end offset, segment list, byte
+limit of the last segment) that the writer replaces only after an append met
+its fsync policy, so a reader never sees unacknowledged or half-written data
+and never waits for a writer.
+
+After a failed write or fsync the partition is *fenced*: it refuses writes
+until reopened, because the kernel may have dropped the dirty pages it failed
+to write (PostgreSQL's fsyncgate lesson). Recovery on reopen trusts only what
+is on disk.
+"""
+
+from __future__ import annotations
+
+import logging
+import threading
+from dataclasses import dataclass
+
+import numpy as np
+import pyarrow as pa
+import pyarrow.compute as pc
+
+from storage import limits
+from storage.clock import Clock
+from storage.codecs import Codec
+from storage.config import FsyncPolicy, TopicConfig
+from storage.errors import (
+    LimitExceededError,
+    PartitionFencedError,
+    PartitionInactiveError,
+    StorageIOError,
+    UnsupportedCodecError,
+)
+from storage.fs import FileSystem
+from storage.group_commit import GroupCommitter, Request
+from storage.log_loader import RecoveryReport, load_segments
+from storage.producer_state import DedupDecision, ProducerStateManager
+from storage.record_batch import (
+    FrameHeader,
+    check_wire_batch,
+    decode_body,
+    encode_frame,
+    serialize_body,
+)
+from storage.segment import LogSegment
+
+log = logging.getLogger(__name__)
+
+WRITTEN = 0
+DUPLICATE = 1
+
+
+@dataclass(frozen=True, slots=True)
+class AppendResult:
+    """Per-message outcome of one appended batch, in the batch's order.
+
+    ``status[i]`` is ``WRITTEN`` or ``DUPLICATE``; ``offsets[i]`` is the new
+    offset of a written message, or the earlier offset of a duplicate (-1
+    when no longer known).
+    """
+
+    partition: int
+    status: np.ndarray
+    offsets: np.ndarray
+
+    @property
+    def written_count(self) -> int:
+        return int(np.count_nonzero(self.status == WRITTEN))
+
+    @property
+    def duplicate_count(self) -> int:
+        return int(np.count_nonzero(self.status == DUPLICATE))
+
+
+@dataclass(frozen=True, slots=True)
+class Visible:
+    end_offset: int
+    segments: tuple[LogSegment, ...]
+    last_segment_bytes: int
+
+
+@dataclass(frozen=True, slots=True)
+class ReadResult:
+    batches: list[pa.RecordBatch]
+    next_offset: int  # where the next read should start
+    start_offset: int  # the log start offset when read
+    end_offset: int  # the visible end offset when read
+
+    @property
+    def message_count(self) -> int:
+        return sum(b.num_rows for b in self.batches)
+
+
+class PartitionLog:
+    def __init__(
+        self,
+        fs: FileSystem,
+        directory: str,
+        partition_id: int,
+        config: TopicConfig,
+        clock: Clock,
+        data_ready: threading.Condition | None = None,
+    ) -> None:
+        self.fs = fs
+        self.directory = directory
+        self.partition_id = partition_id
+        self.config = config
+        self.clock = clock
+        self.active = True
+        self.data_ready = data_ready or threading.Condition()
+        self.recovery = RecoveryReport()
+        self._write_lock = threading.Lock()
+        self._fenced: StorageIOError | None = None
+        self._closed = False
+        self.producers = ProducerStateManager(
+            fs, directory, clock, config.producer_expiry_ms * 1000
+        )
+        segments = load_segments(fs, directory, self.recovery)
+        self._segments: list[LogSegment] = segments
+        self._last_written_at_us = max((s.last_written_at_us or 0 for s in segments), default=0)
+        self._visible = Visible(segments[-1].next_offset, tuple(segments), segments[-1].size_bytes)
+        self._restore_producers()
+        self._committer = GroupCommitter(self._flush_group, config.group_commit_window_us)
+
+    # -- state -------------------------------------------------------------------------
+    @property
+    def start_offset(self) -> int:
+        return self._visible.segments[0].base_offset
+
+    @property
+    def end_offset(self) -> int:
+        return self._visible.end_offset
+
+    @property
+    def size_bytes(self) -> int:
+        visible = self._visible
+        return sum(s.size_bytes for s in visible.segments[:-1]) + visible.last_segment_bytes
+
+    @property
+    def segments(self) -> tuple[LogSegment, ...]:
+        return self._visible.segments
+
+    def last_seq_no(self, producer_id: str) -> int | None:
+        return self.producers.last_seq_no(producer_id)
+
+    # -- appends -----------------------------------------------------------------------
+    def append(self, batch: pa.RecordBatch) -> AppendResult:
+        """Append one wire batch; returns once it meets the fsync policy."""
+        return self.append_many([batch])[0]
+
+    def append_many(self, batches: list[pa.RecordBatch]) -> list[AppendResult]:
+        """Append batches together: one write, one sync, visible to readers at once."""
+        for batch in batches:
+            check_wire_batch(batch)
+            self._check_codecs(batch)
+        self._check_writable()
+        if self.config.fsync_policy is FsyncPolicy.GROUP:
+            return self._committer.submit(batches)
+        with self._write_lock:
+            self._check_writable()
+            results = self._write_locked(batches)
+            if self.config.fsync_policy is FsyncPolicy.ALWAYS:
+                self._sync_locked()
+            self._publish()
+        return results
+
+    def _flush_group(self, requests: list[Request]) -> None:
+        """Group-commit leader: write every request, sync once, publish."""
+        with self._write_lock:
+            self._check_writable()
+            for request in requests:
+                try:
+                    request.result = self._write_locked(request.payload)
+                except StorageIOError:
+                    raise
+                except Exception as error:  # a bad request fails alone
+                    request.error = error
+            self._sync_locked()
+            self._publish()
+
+    def _check_writable(self) -> None:
+        if self._closed:
+            raise StorageIOError(f"partition {self.partition_id} is closed")
+        if self._fenced is not None:
+            raise PartitionFencedError(
+                f"partition {self.partition_id} refuses writes after an I/O failure "
+                f"({self._fenced}); reopen the store to recover",
+            )
+        if not self.active:
+            raise PartitionInactiveError(
+                f"partition {self.partition_id} is inactive (read-only after a split)"
+            )
+
+    def _check_codecs(self, batch: pa.RecordBatch) -> None:
+        used = pc.unique(batch.column(4)).to_pylist()
+        for value in used:
+            try:
+                codec = Codec(value)
+            except ValueError:
+                raise UnsupportedCodecError(f"unknown codec id {value}") from None
+            if codec not in self.config.supported_codecs:
+                accepted = ",".join(sorted(c.label for c in self.config.supported_codecs))
+                raise UnsupportedCodecError(
+                    f"codec {codec.label} is not supported by this topic (accepted: {accepted})"
+                )
+
+    def _write_locked(self, batches: list[pa.RecordBatch]) -> list[AppendResult]:
+        """Dedup, frame and write ``batches`` at the log end. Caller holds the lock."""
+        results = []
+        for batch in batches:
+            decision = self.producers.decide(batch)
+            results.append(self._write_decision(decision))
+        return results
+
+    def _write_decision(self, decision: DedupDecision) -> AppendResult:
+        status = np.where(decision.duplicate, DUPLICATE, WRITTEN).astype(np.uint8)
+        offsets = decision.earlier_offsets.copy()
+        written_count = decision.written_count
+        if written_count == 0:
+            return AppendResult(self.partition_id, status, offsets)
+        batch = decision.batch
+        if written_count < batch.num_rows:
+            batch = batch.filter(pa.array(~decision.duplicate))
+        segment = self._segment_for_append()
+        base_offset = segment.next_offset
+        written_at_us = max(self.clock.now_us(), self._last_written_at_us)
+        body = serialize_body(batch)
+        frame = encode_frame(
+            body, base_offset=base_offset, written_at_us=written_at_us, record_count=written_count
+        )
+        header = FrameHeader(0, base_offset, written_at_us, written_count, len(body), 0)
+        try:
+            segment.append_frame(frame, header)
+        except StorageIOError as error:
+            self._fenced = error
+            raise
+        self._last_written_at_us = written_at_us
+        self.producers.record(batch, base_offset, written_at_us)
+        offsets[~decision.duplicate] = np.arange(base_offset, base_offset + written_count)
+        return AppendResult(self.partition_id, status, offsets)
+
+    def _segment_for_append(self) -> LogSegment:
+        """The active segment, rolled first if it is full or too old."""
+        segment = self._segments[-1]
+        if segment.size_bytes == 0:
+            return segment
+        too_big = segment.size_bytes >= self.config.segment_bytes
+        first = segment.first_written_at_us or self.clock.now_us()
+        too_old = self.clock.now_us() - first >= self.config.segment_ms * 1000
+        if too_big or too_old:
+            return self._roll_locked()
+        return segment
+
+    def _roll_locked(self) -> LogSegment:
+        old = self._segments[-1]
+        durable = self.config.fsync_policy is not FsyncPolicy.NEVER
+        try:
+            old.seal(durable=durable)
+            self.producers.write_snapshot(old.next_offset, durable=durable)
+        except StorageIOError as error:
+            self._fenced = error
+            raise
+        segment = LogSegment(self.fs, self.directory, old.next_offset)
+        self._segments = [*self._segments, segment]
+        return segment
+
+    def roll(self) -> None:
+        """Start a new segment now (tests and retention use it)."""
+        with self._write_lock:
+            if self._segments[-1].size_bytes:
+                self._roll_locked()
+                self._publish()
+
+    def _sync_locked(self) -> None:
+        if self.config.fsync_policy is FsyncPolicy.NEVER:
+            return
+        try:
+            self._segments[-1].sync()
+        except StorageIOError as error:
+            self._fenced = error
+            raise
+
+    def _publish(self) -> None:
+        segment = self._segments[-1]
+        self._visible = Visible(segment.next_offset, tuple(self._segments), segment.size_bytes)
+        with self.data_ready:
+            self.data_ready.notify_all()
+
+    # -- reads -------------------------------------------------------------------------
+    def read(
+        self,
+        start_offset: int,
+        *,
+        max_messages: int = 1000,
+        max_bytes: int = 8 * 1024 * 1024,
+    ) -> ReadResult:
+        """Read from ``start_offset`` (clamped to the log start) into read batches.
+
+        Stops after ``max_messages`` messages or once ``max_bytes`` of frames were
+        read (always at least one batch, as Kafka does); batches are sliced so
+        that the first starts at ``start_offset`` and the total respects
+        ``max_messages``.
+        """
+        _check_read_limits(max_messages, max_bytes)
+        for _ in range(3):  # retention may delete a segment under us: retry
+            visible = self._visible
+            try:
+                return self._read_visible(visible, start_offset, max_messages, max_bytes)
+            except FileNotFoundError:
+                continue
+        raise StorageIOError(f"partition {self.partition_id}: segments vanished during a read")
+
+    def _read_visible(
+        self, visible: Visible, start_offset: int, max_messages: int, max_bytes: int
+    ) -> ReadResult:
+        log_start = visible.segments[0].base_offset
+        offset = max(start_offset, log_start)
+        batches: list[pa.RecordBatch] = []
+        remaining, budget = max_messages, max_bytes
+        index = _segment_index(visible.segments, offset)
+        while offset < visible.end_offset and remaining > 0 and budget > 0 and index is not None:
+            segment = visible.segments[index]
+            last = index == len(visible.segments) - 1
+            limit = visible.last_segment_bytes if last else segment.size_bytes
+            for frame in segment.scan(offset, limit, budget):
+                batch = decode_body(frame.header, frame.body)
+                skip = offset - frame.header.base_offset
+                if skip > 0 or batch.num_rows - skip > remaining:
+                    batch = batch.slice(skip, remaining)
+                batches.append(batch)
+                offset += batch.num_rows
+                remaining -= batch.num_rows
+                budget -= frame.header.frame_bytes
+                if remaining <= 0 or budget <= 0:
+                    break
+            index = index + 1 if index + 1 < len(visible.segments) else None
+            if index is not None:
+                offset = max(offset, visible.segments[index].base_offset)
+        return ReadResult(batches, offset, log_start, visible.end_offset)
+
+    def offset_for_time(self, written_at_us: int) -> int:
+        """The first offset whose ``written_at`` is at or after the given time (or the end)."""
+        visible = self._visible
+        for index, segment in enumerate(visible.segments):
+            last = index == len(visible.segments) - 1
+            if segment.last_written_at_us is None or segment.last_written_at_us < written_at_us:
+                continue
+            start = segment.time_index.lookup(written_at_us)
+            limit = visible.last_segment_bytes if last else segment.size_bytes
+            for frame in segment.scan(start, limit, 64 * 1024):
+                if frame.header.written_at_us >= written_at_us:
+                    return frame.header.base_offset
+        return visible.end_offset
+
+    def wait_for_data(self, offset: int, timeout_s: float) -> bool:
+        """Block until the end offset passes ``offset`` or the timeout ends; no polling."""
+        if timeout_s * 1000 > limits.WAIT_MS_MAX:
+            raise LimitExceededError(f"wait of {timeout_s}s exceeds {limits.WAIT_MS_MAX} ms")
+        deadline = self.clock.monotonic_s() + timeout_s
+        with self.data_ready:
+            while self._visible.end_offset <= offset:
+                remaining = deadline - self.clock.monotonic_s()
+                if remaining <= 0 or self._closed:
+                    return False
+                self.data_ready.wait(remaining)
+        return True
+
+    # -- retention and lifecycle ------------------------------------------------------------
+    def delete_segments_before(self, offset: int) -> int:
+        """Delete whole sealed segments whose messages all lie below ``offset``."""
+        with self._write_lock:
+            doomed = [s for s in self._segments[:-1] if s.next_offset <= offset]
+            if not doomed:
+                return 0
+            self._segments = self._segments[len(doomed) :]
+            self._publish()
+        for segment in doomed:
+            segment.delete_files()
+        return len(doomed)
+
+    def close(self) -> None:
+        """Flush, snapshot producers (a clean shutdown) and release files."""
+        with self._write_lock:
+            if self._closed:
+                return
+            self._closed = True
+            if self._fenced is None:
+                durable = self.config.fsync_policy is not FsyncPolicy.NEVER
+                self._segments[-1].sync() if durable else None
+                self.producers.write_snapshot(self._segments[-1].next_offset, durable=durable)
+            for segment in self._segments:
+                segment.close()
+        with self.data_ready:
+            self.data_ready.notify_all()
+
+    def delete(self) -> None:
+        self.close()
+        self.fs.remove_tree(self.directory)
+
+    def _restore_producers(self) -> None:
+        """Load the newest producer snapshot and replay the log after it."""
+        end = self._visible.end_offset
+        replay_from = max(self.producers.load_snapshot(end), self.start_offset)
+        offset = replay_from
+        visible = self._visible
+        for segment in visible.segments:
+            if segment.next_offset <= offset:
+                continue
+            limit = segment.size_bytes
+            for frame in segment.scan(offset, limit, 4 * 1024 * 1024, skip_corrupt=True):
+                self.producers.apply_read_batch(decode_body(frame.header, frame.body))
+        self.producers.expire()
+
+
+def _segment_index(segments: tuple[LogSegment, ...], offset: int) -> int | None:
+    """Index of the segment holding ``offset`` (bases are sorted)."""
+    bases = [s.base_offset for s in segments]
+    position = int(np.searchsorted(bases, offset, side="right")) - 1
+    return None if position < 0 else position
+
+
+def _check_read_limits(max_messages: int, max_bytes: int) -> None:
+    if not 0 < max_messages <= limits.READ_MESSAGES_MAX:
+        raise LimitExceededError(f"max_messages must be between 1 and {limits.READ_MESSAGES_MAX}")
+    if not 0 < max_bytes <= limits.READ_BYTES_MAX:
+        raise LimitExceededError(f"max_bytes must be between 1 and {limits.READ_BYTES_MAX}")

@@ -1,0 +1,234 @@
+"""The one batch format: an Arrow IPC record batch behind a checksummed frame.
+
+A producer builds a *wire batch* (``WIRE_SCHEMA``); the log stores it as it
+came, behind a fixed 40-byte frame header; a reader gets it back whole as a
+*read batch* (``READ_SCHEMA``), which adds the two columns the server owns:
+``offset`` (``base_offset + row``) and ``written_at`` (one value per batch).
+Adding them is vectorised; no message is decoded one by one in Python.
+
+Frame layout (little-endian), every frame starts at a multiple of 8 bytes::
+
+    0  magic         4s   b"TBb1"
+    4  crc32c        u32  CRC-32C of bytes [8, 40) of the header and of the body
+    8  base_offset   i64  offset of the first message
+    16 written_at_us i64  server time of the append, microseconds since the epoch
+    24 record_count  u32  messages in the body (>= 1)
+    28 body_bytes    u32  length of the body, a multiple of 8
+    32 attributes    u32  bit 0: transactional publish (reserved for later use)
+    36 reserved      u32  zero
+    40 body               Arrow IPC encapsulated record batch message (no schema)
+
+Invariants: ``body_bytes % 8 == 0`` so every frame and every Arrow buffer in a
+segment stays 8-byte aligned; the checksum is verified on every read.
+"""
+
+from __future__ import annotations
+
+import struct
+from collections.abc import Sequence
+from dataclasses import dataclass
+
+import crc32c
+import numpy as np
+import pyarrow as pa
+
+from storage import limits
+from storage.codecs import Codec
+from storage.errors import InvalidParameterValueError, LimitExceededError
+
+MAGIC = b"TBb1"
+HEADER = struct.Struct("<4sIqqIIII")
+HEADER_BYTES = HEADER.size
+assert HEADER_BYTES == 40
+
+TIMESTAMP = pa.timestamp("us", tz="UTC")
+METADATA_TYPE = pa.map_(pa.string(), pa.binary())
+
+WIRE_SCHEMA = pa.schema(
+    [
+        pa.field("seq_no", pa.int64()),
+        pa.field("producer_id", pa.string()),
+        pa.field("message_group_id", pa.string()),
+        pa.field("created_at", TIMESTAMP),
+        pa.field("codec", pa.uint8(), nullable=False),
+        pa.field("data", pa.binary(), nullable=False),
+        pa.field("metadata", METADATA_TYPE),
+    ]
+)
+
+READ_SCHEMA = pa.schema(
+    [
+        pa.field("offset", pa.int64(), nullable=False),
+        *list(WIRE_SCHEMA)[:4],
+        pa.field("written_at", TIMESTAMP, nullable=False),
+        *list(WIRE_SCHEMA)[4:],
+    ]
+)
+
+
+@dataclass(frozen=True, slots=True)
+class FrameHeader:
+    crc: int
+    base_offset: int
+    written_at_us: int
+    record_count: int
+    body_bytes: int
+    attributes: int
+
+    @property
+    def frame_bytes(self) -> int:
+        return HEADER_BYTES + self.body_bytes
+
+    @property
+    def next_offset(self) -> int:
+        return self.base_offset + self.record_count
+
+
+def serialize_body(batch: pa.RecordBatch) -> bytes:
+    """Encode a wire batch as an IPC message padded to a multiple of 8 bytes."""
+    body = batch.serialize().to_pybytes()
+    padding = -len(body) % 8
+    return body + b"\0" * padding if padding else body
+
+
+def encode_frame(
+    body: bytes, *, base_offset: int, written_at_us: int, record_count: int, attributes: int = 0
+) -> bytes:
+    """Prefix ``body`` with its header and checksum."""
+    assert len(body) % 8 == 0 and record_count >= 1
+    fields = HEADER.pack(
+        MAGIC, 0, base_offset, written_at_us, record_count, len(body), attributes, 0
+    )
+    crc = crc32c.crc32c(body, crc32c.crc32c(fields[8:]))
+    return (
+        HEADER.pack(MAGIC, crc, base_offset, written_at_us, record_count, len(body), attributes, 0)
+        + body
+    )
+
+
+def decode_header(raw: bytes | memoryview) -> FrameHeader | None:
+    """Parse a header; None if the magic is wrong (not a frame start)."""
+    magic, crc, base, written, count, body_bytes, attributes, _ = HEADER.unpack_from(raw)
+    if magic != MAGIC:
+        return None
+    return FrameHeader(crc, base, written, count, body_bytes, attributes)
+
+
+def frame_checksum_ok(header: FrameHeader, header_raw: memoryview, body: memoryview) -> bool:
+    return crc32c.crc32c(body, crc32c.crc32c(header_raw[8:HEADER_BYTES])) == header.crc
+
+
+def decode_body(header: FrameHeader, body: pa.Buffer) -> pa.RecordBatch:
+    """Turn a frame body into a read batch, zero-copy over ``body``."""
+    wire = pa.ipc.read_record_batch(body, WIRE_SCHEMA)
+    count = header.record_count
+    assert wire.num_rows == count, (wire.num_rows, count)
+    offsets = pa.array(np.arange(header.base_offset, header.base_offset + count, dtype=np.int64))
+    written = pa.array(np.full(count, header.written_at_us, dtype=np.int64)).cast(TIMESTAMP)
+    columns = wire.columns
+    return pa.RecordBatch.from_arrays(
+        [offsets, *columns[:4], written, *columns[4:]], schema=READ_SCHEMA
+    )
+
+
+def check_wire_batch(batch: pa.RecordBatch) -> None:
+    """Refuse batches of another schema or over the size limits (54000)."""
+    if not batch.schema.equals(WIRE_SCHEMA):
+        raise InvalidParameterValueError(
+            f"batch schema does not match the topic wire schema: {batch.schema}"
+        )
+    if batch.num_rows == 0:
+        raise InvalidParameterValueError("a batch must hold at least one message")
+    if batch.num_rows > limits.BATCH_MESSAGES_MAX:
+        raise LimitExceededError(
+            f"batch of {batch.num_rows} messages exceeds the limit of {limits.BATCH_MESSAGES_MAX}"
+        )
+    data = batch.column(5)
+    value_offsets = np.frombuffer(data.buffers()[1], dtype=np.int32)
+    value_offsets = value_offsets[data.offset : data.offset + len(data) + 1]
+    largest = int(np.max(np.diff(value_offsets)))
+    if largest > limits.MESSAGE_BYTES_MAX:
+        raise LimitExceededError(
+            f"message of {largest} bytes exceeds the limit of {limits.MESSAGE_BYTES_MAX} bytes"
+        )
+    if batch.nbytes > limits.BATCH_BYTES_MAX:
+        raise LimitExceededError(
+            f"batch of {batch.nbytes} bytes exceeds the limit of {limits.BATCH_BYTES_MAX} bytes"
+        )
+
+
+def build_wire_batch(
+    data: Sequence[bytes],
+    *,
+    seq_no: Sequence[int | None] | None = None,
+    producer_id: Sequence[str | None] | str | None = None,
+    message_group_id: Sequence[str | None] | str | None = None,
+    created_at_us: Sequence[int] | int | None = None,
+    codec: Sequence[int] | int = Codec.RAW,
+    metadata: Sequence[dict[str, bytes] | None] | None = None,
+) -> pa.RecordBatch:
+    """Build a wire batch from Python values with columnar construction.
+
+    ``data`` is joined into one buffer plus an offsets array (no per-message
+    Arrow objects). Scalar arguments apply to every message.
+    """
+    count = len(data)
+    lengths = np.fromiter((len(item) for item in data), dtype=np.int64, count=count)
+    value_offsets = np.zeros(count + 1, dtype=np.int64)
+    np.cumsum(lengths, out=value_offsets[1:])
+    if count and value_offsets[-1] >= 2**31:
+        raise LimitExceededError("batch data exceeds 2 GiB")
+    data_array = pa.Array.from_buffers(
+        pa.binary(),
+        count,
+        [None, pa.py_buffer(value_offsets.astype(np.int32)), pa.py_buffer(b"".join(data))],
+    )
+    return pa.RecordBatch.from_arrays(
+        [
+            _int64_column(seq_no, count),
+            _string_column(producer_id, count),
+            _string_column(message_group_id, count),
+            _timestamp_column(created_at_us, count),
+            _codec_column(codec, count),
+            data_array,
+            _metadata_column(metadata, count),
+        ],
+        schema=WIRE_SCHEMA,
+    )
+
+
+def _int64_column(values: Sequence[int | None] | None, count: int) -> pa.Array:
+    if values is None:
+        return pa.nulls(count, pa.int64())
+    assert len(values) == count
+    return pa.array(values, type=pa.int64())
+
+
+def _string_column(values: Sequence[str | None] | str | None, count: int) -> pa.Array:
+    if values is None:
+        return pa.nulls(count, pa.string())
+    if isinstance(values, str):
+        return pa.array([values], pa.string()).take(np.zeros(count, dtype=np.int64))
+    assert len(values) == count
+    return pa.array(values, type=pa.string())
+
+
+def _timestamp_column(values: Sequence[int] | int | None, count: int) -> pa.Array:
+    if values is None:
+        return pa.nulls(count, TIMESTAMP)
+    if isinstance(values, int):
+        return pa.array(np.full(count, values, dtype=np.int64)).cast(TIMESTAMP)
+    return pa.array(np.asarray(values, dtype=np.int64)).cast(TIMESTAMP)
+
+
+def _codec_column(values: Sequence[int] | int, count: int) -> pa.Array:
+    if isinstance(values, int):
+        return pa.array(np.full(count, int(values), dtype=np.uint8))
+    return pa.array(np.asarray([int(v) for v in values], dtype=np.uint8))
+
+
+def _metadata_column(values: Sequence[dict[str, bytes] | None] | None, count: int) -> pa.Array:
+    if values is None:
+        return pa.nulls(count, METADATA_TYPE)
+    rows = [None if item is None else list(item.items()) for item in values]
+    return pa.array(rows, type=METADATA_TYPE)

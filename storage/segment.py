@@ -1,0 +1,191 @@
+"""A log segment: one ``.log`` file of frames plus its offset and time indexes.
+
+On disk: ``<base>.log`` holds frames back to back from position 0 (see
+``record_batch`` for the frame layout); ``<base>.index`` and
+``<base>.timeindex`` are sparse indexes over it. The segment's messages are
+``[base_offset, next_offset)``.
+
+Thread-safety: one writer (the partition's) appends; readers use ``scan`` with
+their own descriptors and never see bytes past the limit the partition
+published, so they never block or observe a half-written frame.
+"""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Iterator
+from dataclasses import dataclass
+
+import pyarrow as pa
+
+from storage import file_names, limits
+from storage.errors import CorruptSegmentError
+from storage.fs import FileSystem
+from storage.offset_index import OffsetIndex
+from storage.record_batch import (
+    HEADER_BYTES,
+    FrameHeader,
+    decode_header,
+    frame_checksum_ok,
+)
+from storage.time_index import TimeIndex
+
+READ_WINDOW_BYTES_MIN = 1024 * 1024
+
+
+@dataclass(frozen=True, slots=True)
+class Frame:
+    """A verified frame read from a segment; ``body`` is a zero-copy Arrow buffer."""
+
+    position: int
+    header: FrameHeader
+    body: pa.Buffer
+
+
+class LogSegment:
+    def __init__(self, fs: FileSystem, directory: str, base_offset: int) -> None:
+        self.fs = fs
+        self.directory = directory
+        self.base_offset = base_offset
+        self.log_path = os.path.join(directory, file_names.log_file(base_offset))
+        self.offset_index = OffsetIndex(
+            fs, os.path.join(directory, file_names.offset_index_file(base_offset)), base_offset
+        )
+        self.time_index = TimeIndex(
+            fs, os.path.join(directory, file_names.time_index_file(base_offset)), base_offset
+        )
+        self.size_bytes = 0
+        self.next_offset = base_offset
+        self.first_written_at_us: int | None = None
+        self.last_written_at_us: int | None = None
+        self._bytes_since_index = 0
+        self._write_fd: int | None = None
+
+    # -- writing (single writer) --------------------------------------------------------
+    def append_frame(self, frame: bytes, header: FrameHeader) -> None:
+        """Write one encoded frame at the end; indexes follow the byte interval."""
+        assert header.base_offset == self.next_offset, (header.base_offset, self.next_offset)
+        assert self.size_bytes % 8 == 0
+        self.fs.pwrite(self._fd(), frame, self.size_bytes)
+        self._note_frame(self.size_bytes, header)
+
+    def append_frames(self, frames: list[tuple[bytes, FrameHeader]]) -> None:
+        """Write several frames in one call (group commit)."""
+        if len(frames) == 1:
+            self.append_frame(*frames[0])
+            return
+        position = self.size_bytes
+        self.fs.pwrite(self._fd(), b"".join(frame for frame, _ in frames), position)
+        for frame, header in frames:
+            assert header.base_offset == self.next_offset
+            self._note_frame(position, header)
+            position += len(frame)
+
+    def _note_frame(self, position: int, header: FrameHeader) -> None:
+        if self._bytes_since_index == 0 or self._bytes_since_index >= limits.INDEX_INTERVAL_BYTES:
+            self.offset_index.add(header.base_offset, position)
+            last_time = self.time_index.last()
+            if last_time is None or header.written_at_us > last_time[0]:
+                self.time_index.add(header.written_at_us, header.base_offset)
+            self._bytes_since_index = 0
+        self._bytes_since_index += header.frame_bytes
+        self.size_bytes = position + header.frame_bytes
+        self.next_offset = header.next_offset
+        if self.first_written_at_us is None:
+            self.first_written_at_us = header.written_at_us
+        self.last_written_at_us = header.written_at_us
+
+    def sync(self) -> None:
+        """Make the log durable (one counted fdatasync); indexes are flushed, not synced."""
+        self.offset_index.flush()
+        self.time_index.flush()
+        if self._write_fd is not None:
+            self.fs.sync(self._write_fd)
+
+    def seal(self, *, durable: bool) -> None:
+        """Called at roll: flush indexes and sync everything that will never change again."""
+        if durable and self._write_fd is not None:
+            self.fs.sync(self._write_fd)
+        self.offset_index.flush(sync=durable)
+        self.time_index.flush(sync=durable)
+        self.close()
+
+    def truncate_to(self, position: int, next_offset: int) -> None:
+        """Cut the log at ``position`` (a frame boundary) and drop index entries past it."""
+        fd = self._fd()
+        self.fs.truncate(fd, position)
+        self.fs.sync(fd)
+        self.size_bytes = position
+        self.next_offset = next_offset
+
+    def close(self) -> None:
+        self.offset_index.close()
+        self.time_index.close()
+        if self._write_fd is not None:
+            self.fs.close(self._write_fd)
+            self._write_fd = None
+
+    def delete_files(self) -> None:
+        self.close()
+        for path in (self.log_path, self.offset_index.path, self.time_index.path):
+            self.fs.remove(path)
+
+    def _fd(self) -> int:
+        if self._write_fd is None:
+            self._write_fd = self.fs.open_write(self.log_path)
+        return self._write_fd
+
+    # -- reading (any thread) -----------------------------------------------------------
+    def scan(
+        self, start_offset: int, limit_bytes: int, budget_bytes: int, *, skip_corrupt: bool = False
+    ) -> Iterator[Frame]:
+        """Yield verified frames holding offsets >= ``start_offset``, up to byte ``limit_bytes``.
+
+        Reads in windows of at least ``budget_bytes`` (one ``pread`` per window)
+        and hands out zero-copy slices of them. A frame that fails its checks
+        raises ``CorruptSegmentError`` with the file and position, unless
+        ``skip_corrupt`` (recovery's producer replay) asks to pass over it.
+        """
+        position = self.offset_index.lookup(start_offset) if start_offset > self.base_offset else 0
+        window_bytes = max(budget_bytes + HEADER_BYTES, READ_WINDOW_BYTES_MIN)
+        fd = self.fs.open_read(self.log_path)
+        try:
+            while position < limit_bytes:
+                size = min(window_bytes, limit_bytes - position)
+                raw = self.fs.pread(fd, size, position)
+                buffer = pa.py_buffer(raw)
+                consumed = 0
+                while consumed + HEADER_BYTES <= len(raw):
+                    header = self._header_at(raw, consumed, position + consumed)
+                    end = consumed + header.frame_bytes
+                    if end > len(raw):
+                        break
+                    if header.next_offset > start_offset:
+                        body_view = memoryview(raw)[consumed + HEADER_BYTES : end]
+                        header_view = memoryview(raw)[consumed : consumed + HEADER_BYTES]
+                        if not frame_checksum_ok(header, header_view, body_view):
+                            if skip_corrupt:
+                                consumed = end
+                                continue
+                            raise CorruptSegmentError(
+                                "checksum mismatch in a log frame",
+                                path=self.log_path,
+                                position=position + consumed,
+                            )
+                        body = buffer.slice(consumed + HEADER_BYTES, header.body_bytes)
+                        yield Frame(position + consumed, header, body)
+                    consumed = end
+                if consumed == 0:
+                    # One frame larger than the window: read exactly that frame.
+                    header = self._header_at(raw, 0, position)
+                    window_bytes = header.frame_bytes
+                    continue
+                position += consumed
+        finally:
+            self.fs.close(fd)
+
+    def _header_at(self, raw: bytes, index: int, position: int) -> FrameHeader:
+        header = decode_header(memoryview(raw)[index : index + HEADER_BYTES])
+        if header is None or header.body_bytes % 8 or header.record_count == 0:
+            raise CorruptSegmentError("bad frame header", path=self.log_path, position=position)
+        return header

@@ -1,0 +1,132 @@
+"""The store: a data directory of topics. The door to storage for the engine.
+
+Layout::
+
+    <root>/LOCK              held (flock) by the one process using the store
+    <root>/store.json        {"next_topic_id": n, "topics": [ids]}, replaced atomically
+    <root>/topics/<id>/      one ``TopicLog`` each (see topic_log)
+
+Topic ids are assigned here (``t`` + 10 digits) and never reused. A topic is
+created in a temporary directory and renamed into place, then listed in
+``store.json``; a directory not listed there is a leftover of an interrupted
+create or drop and is removed on open.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import threading
+
+from storage import limits
+from storage.clock import SYSTEM_CLOCK, Clock
+from storage.config import TopicConfig
+from storage.errors import LimitExceededError, UndefinedTopicError
+from storage.fs import DEFAULT_FILE_SYSTEM, FileSystem
+from storage.topic_log import TopicLog
+
+MANIFEST = "store.json"
+
+
+class Store:
+    def __init__(self, root: str, fs: FileSystem, clock: Clock, lock_fd: int | None) -> None:
+        self.root = root
+        self.fs = fs
+        self.clock = clock
+        self._lock_fd = lock_fd
+        self._lock = threading.Lock()
+        self._topics: dict[str, TopicLog] = {}
+        self._next_topic_id = 1
+
+    @classmethod
+    def open(
+        cls,
+        root: str,
+        *,
+        fs: FileSystem = DEFAULT_FILE_SYSTEM,
+        clock: Clock = SYSTEM_CLOCK,
+        lock: bool = True,
+    ) -> Store:
+        """Open (creating if needed) the store at ``root`` and recover every topic."""
+        root = os.path.abspath(root)
+        fs.make_directory(os.path.join(root, "topics"))
+        lock_fd = fs.lock_directory(root) if lock else None
+        store = cls(root, fs, clock, lock_fd)
+        try:
+            store._load()
+        except BaseException:
+            store.close()
+            raise
+        return store
+
+    def _load(self) -> None:
+        try:
+            manifest = json.loads(self.fs.read_file(os.path.join(self.root, MANIFEST)))
+        except FileNotFoundError:
+            manifest = {"next_topic_id": 1, "topics": []}
+        self._next_topic_id = manifest["next_topic_id"]
+        listed = set(manifest["topics"])
+        topics_dir = os.path.join(self.root, "topics")
+        for name in self.fs.list_directory(topics_dir):
+            if name not in listed:
+                self.fs.remove_tree(os.path.join(topics_dir, name))
+        for topic_id in sorted(listed):
+            self._topics[topic_id] = TopicLog(
+                self.fs, os.path.join(topics_dir, topic_id), topic_id, self.clock, create=False
+            )
+
+    def _save(self) -> None:
+        manifest = {"next_topic_id": self._next_topic_id, "topics": sorted(self._topics)}
+        self.fs.write_file_atomic(os.path.join(self.root, MANIFEST), json.dumps(manifest).encode())
+
+    # -- topics -----------------------------------------------------------------------
+    def create_topic(self, config: TopicConfig) -> TopicLog:
+        """Create a topic with a fresh id; it exists once ``store.json`` lists it."""
+        config.validate()
+        with self._lock:
+            if len(self._topics) >= limits.TOPICS_MAX:
+                raise LimitExceededError(f"a store holds at most {limits.TOPICS_MAX} topics")
+            topic_id = f"t{self._next_topic_id:010d}"
+            self._next_topic_id += 1
+            directory = os.path.join(self.root, "topics", topic_id)
+            topic = TopicLog(self.fs, directory, topic_id, self.clock, create=True)
+            topic.create(config)
+            self._topics[topic_id] = topic
+            self._save()
+            return topic
+
+    def topic(self, topic_id: str) -> TopicLog:
+        try:
+            return self._topics[topic_id]
+        except KeyError:
+            raise UndefinedTopicError(f"no topic with id {topic_id!r}") from None
+
+    def topic_ids(self) -> list[str]:
+        return sorted(self._topics)
+
+    def drop_topic(self, topic_id: str) -> None:
+        """Forget the topic first (durably), then delete its files."""
+        with self._lock:
+            topic = self.topic(topic_id)
+            del self._topics[topic_id]
+            self._save()
+        topic.delete()
+
+    @property
+    def fsync_count(self) -> int:
+        return self.fs.fsync_count
+
+    def close(self) -> None:
+        with self._lock:
+            for topic in self._topics.values():
+                topic.close()
+            self._topics.clear()
+            if self._lock_fd is not None:
+                self.fs.unlock_directory(self._lock_fd)
+                self._lock_fd = None
+
+    def __enter__(self) -> Store:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
