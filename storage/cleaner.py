@@ -80,7 +80,10 @@ def retention_limit(partition: PartitionLog, now_us: int) -> int:
 
 def _all_expired(partition: PartitionLog, now_us: int, protected: int | None) -> bool:
     retention_ms = partition.config.retention_ms
-    last = partition.segments[-1].last_written_at_us
+    # The newest write of any segment: after a roll the active segment may be empty.
+    segments = partition.segments
+    written = [s.last_written_at_us for s in segments if s.last_written_at_us is not None]
+    last = max(written, default=None)
     if retention_ms is None or (last is not None and last >= now_us - retention_ms * 1000):
         return False
     return protected is None or protected >= partition.end_offset

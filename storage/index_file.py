@@ -104,8 +104,9 @@ class IndexFile:
         self._pending.clear()
 
     def close(self) -> None:
+        """Write pending entries (opening the file if needed), then release it."""
+        self.flush()
         if self._fd is not None:
-            self.flush()
             self._fs.close(self._fd)
             self._fd = None
 

@@ -260,13 +260,17 @@ class PartitionLog:
     def _roll_locked(self) -> LogSegment:
         old = self._segments[-1]
         durable = self.config.fsync_policy is not FsyncPolicy.NEVER
+        segment = LogSegment(self.fs, self.directory, old.next_offset)
         try:
             old.seal(durable=durable)
+            # Create the new (empty) log file before the snapshot's directory sync:
+            # once retention deletes every older segment, its name is what tells a
+            # reopen where the log ends.
+            segment.create_file()
             self.producers.write_snapshot(old.next_offset, durable=durable)
         except StorageIOError as error:
             self._fenced = error
             raise
-        segment = LogSegment(self.fs, self.directory, old.next_offset)
         self._segments = [*self._segments, segment]
         return segment
 

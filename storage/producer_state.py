@@ -113,8 +113,11 @@ class ProducerStateManager:
         if np.any(seq_known & (seq_nos < 0)):
             raise InvalidParameterValueError("seq_no must not be negative")
         filled = False
+        # Rows holding a seq_no after the fill; the nulls of rows without a
+        # producer stay null (they are not ours to number).
+        has_seq_no = seq_known.copy()
         for key in pc.unique(producers.drop_null()).to_pylist():
-            rows = np.flatnonzero(pc.equal(producers, key).fill_null(False).to_numpy(zero_copy_only=False))
+            rows = _rows_equal(producers, key)
             entry = self.entry(key)
             last = -1 if entry is None or entry.last_seq_no is None else entry.last_seq_no
             if not np.all(seq_known[rows]):
@@ -123,6 +126,7 @@ class ProducerStateManager:
                 for row in rows:  # rare path: the producer left seq_no to us
                     if not seq_known[row]:
                         seq_nos[row] = last_assigned + 1
+                        has_seq_no[row] = True
                     last_assigned = max(last_assigned, seq_nos[row])
             ours = seq_nos[rows]
             running = np.maximum.accumulate(np.concatenate(([last], ours)))[:-1]
@@ -132,7 +136,9 @@ class ProducerStateManager:
                 earlier[rows[is_duplicate]] = _earlier_offsets(entry, ours[is_duplicate])
         if filled:
             batch = batch.set_column(
-                SEQ_NO_COLUMN, batch.schema.field(SEQ_NO_COLUMN), pa.array(seq_nos, pa.int64())
+                SEQ_NO_COLUMN,
+                batch.schema.field(SEQ_NO_COLUMN),
+                pa.array(seq_nos, pa.int64(), mask=~has_seq_no),
             )
         return DedupDecision(batch, duplicate, earlier)
 
@@ -143,7 +149,7 @@ class ProducerStateManager:
             return
         seq_nos = written.column(SEQ_NO_COLUMN)
         for key in pc.unique(keys.drop_null()).to_pylist():
-            rows = np.flatnonzero(pc.equal(keys, key).fill_null(False).to_numpy(zero_copy_only=False))
+            rows = _rows_equal(keys, key)
             offsets = rows.astype(np.int64) + base_offset
             seqs = seq_nos.take(pa.array(rows)).fill_null(-1).to_numpy(zero_copy_only=False)
             has_seq = bool(np.any(seqs >= 0))
@@ -283,3 +289,8 @@ def _earlier_offsets(entry: ProducerEntry, seq_nos: np.ndarray) -> np.ndarray:
     if entry.last_seq_no is not None:
         result[seq_nos == entry.last_seq_no] = entry.last_offset
     return result
+
+
+def _rows_equal(column: pa.Array, key: str) -> np.ndarray:
+    """Indexes of the rows of ``column`` equal to ``key`` (nulls never match)."""
+    return np.flatnonzero(pc.equal(column, key).fill_null(False).to_numpy(zero_copy_only=False))

@@ -95,6 +95,10 @@ class LogSegment:
             self.first_written_at_us = header.written_at_us
         self.last_written_at_us = header.written_at_us
 
+    def create_file(self) -> None:
+        """Create the log file now, empty, so the segment exists on disk before its first frame."""
+        self._fd()
+
     def sync(self) -> None:
         """Make the log durable (one counted fdatasync); indexes are flushed, not synced."""
         self.offset_index.flush()
@@ -176,8 +180,21 @@ class LogSegment:
                         yield Frame(position + consumed, header, body)
                     consumed = end
                 if consumed == 0:
-                    # One frame larger than the window: read exactly that frame.
+                    # One frame larger than the window: read exactly that frame. A
+                    # length running past the limit is damage; re-reading would loop.
+                    if len(raw) < HEADER_BYTES:
+                        raise CorruptSegmentError(
+                            "segment ends inside a frame header",
+                            path=self.log_path,
+                            position=position,
+                        )
                     header = self._header_at(raw, 0, position)
+                    if position + header.frame_bytes > limit_bytes:
+                        raise CorruptSegmentError(
+                            "frame runs past the end of the segment",
+                            path=self.log_path,
+                            position=position,
+                        )
                     window_bytes = header.frame_bytes
                     continue
                 position += consumed

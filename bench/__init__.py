@@ -1,0 +1,1 @@
+"""Topicbase benchmarks: ``python -m bench.run --suite full|quick [--only NAME]``."""

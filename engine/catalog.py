@@ -1,0 +1,268 @@
+"""The catalog: topics, their settings and consumers, and committed offsets.
+
+Lives in DuckDB beside the user's tables (schema ``__topicbase``), so it
+survives restarts and changes atomically with DDL and, later, with the
+transactions that move offsets. An in-memory mirror answers the planner
+(``planner.catalog.Catalog``) without touching DuckDB.
+
+Invariants: the mirror equals the tables after every committed change; a
+topic's ``topic_id`` is the storage id and never changes; a committed offset
+never moves backwards except by an explicit reset.
+Thread-safety: all mutations hold ``lock``; reads of the mirror are safe
+(dicts are replaced, not edited in place, where readers could race).
+"""
+
+from __future__ import annotations
+
+import json
+import threading
+from dataclasses import dataclass, replace
+from datetime import datetime, timedelta
+from typing import Any
+
+from engine import tables
+from engine.clock import Clock, utc_from_us
+from planner.catalog import TopicInfo
+from storage.errors import InvalidParameterValueError, LimitExceededError
+
+SCHEMA = "__topicbase"
+PENDING_RANGES_MAX = 10_000
+OffsetKey = tuple[str, str, int]  # (topic id, consumer, partition)
+
+DDL = f"""
+CREATE SCHEMA IF NOT EXISTS {SCHEMA};
+CREATE TABLE IF NOT EXISTS {SCHEMA}.topics (
+    name VARCHAR PRIMARY KEY, topic_id VARCHAR NOT NULL UNIQUE, settings VARCHAR NOT NULL,
+    consumers VARCHAR NOT NULL, created_at TIMESTAMPTZ NOT NULL);
+CREATE TABLE IF NOT EXISTS {SCHEMA}.offsets (
+    topic_id VARCHAR NOT NULL, consumer VARCHAR NOT NULL, partition INTEGER NOT NULL,
+    committed BIGINT NOT NULL, committed_at TIMESTAMPTZ NOT NULL,
+    PRIMARY KEY (topic_id, consumer, partition));
+"""
+
+
+@dataclass(frozen=True)
+class TopicEntry:
+    name: str
+    topic_id: str
+    settings: dict[str, Any]
+    consumers: dict[str, dict[str, Any]]
+    created_at: datetime
+
+
+def encode_settings(settings: dict[str, Any]) -> str:
+    """JSON for settings whose values may be timedeltas, datetimes or tuples."""
+
+    def default(value: Any) -> Any:
+        if isinstance(value, timedelta):
+            return {"$interval_us": round(value.total_seconds() * 1_000_000)}
+        if isinstance(value, datetime):
+            return {"$timestamp": value.isoformat()}
+        raise TypeError(f"cannot store setting value {value!r}")
+
+    return json.dumps(settings, default=default, sort_keys=True)
+
+
+def decode_settings(text: str) -> dict[str, Any]:
+    def hook(item: dict[str, Any]) -> Any:
+        if "$interval_us" in item:
+            return timedelta(microseconds=item["$interval_us"])
+        if "$timestamp" in item:
+            return datetime.fromisoformat(item["$timestamp"])
+        return item
+
+    decoded = json.loads(text, object_hook=hook)
+    return {k: tuple(v) if isinstance(v, list) else v for k, v in decoded.items()}
+
+
+class CatalogStore:
+    def __init__(self, cursor: tables.Connection, clock: Clock) -> None:
+        self._cursor = cursor
+        self._clock = clock
+        self._pending: dict[OffsetKey, list[tuple[int, int]]] = {}
+        self.lock = threading.RLock()
+        tables.run(cursor, DDL)
+        self._topics: dict[str, TopicEntry] = {}
+        self._offsets: dict[tuple[str, str, int], int] = {}
+        self._load()
+
+    def _load(self) -> None:
+        result = tables.query_arrow(
+            self._cursor,
+            f"SELECT name, topic_id, settings, consumers, created_at FROM {SCHEMA}.topics",
+        )
+        assert result is not None
+        for row in result.to_pylist():
+            consumers = json.loads(row["consumers"])
+            self._topics[row["name"]] = TopicEntry(
+                row["name"],
+                row["topic_id"],
+                decode_settings(row["settings"]),
+                {name: decode_settings(json.dumps(s)) for name, s in consumers.items()},
+                row["created_at"],
+            )
+        result = tables.query_arrow(
+            self._cursor, f"SELECT topic_id, consumer, partition, committed FROM {SCHEMA}.offsets"
+        )
+        assert result is not None
+        for row in result.to_pylist():
+            self._offsets[(row["topic_id"], row["consumer"], row["partition"])] = row["committed"]
+
+    # -- reads ------------------------------------------------------------------------
+    def entry(self, name: str) -> TopicEntry | None:
+        return self._topics.get(name)
+
+    def entries(self) -> list[TopicEntry]:
+        return sorted(self._topics.values(), key=lambda e: e.name)
+
+    def topic_ids(self) -> set[str]:
+        return {e.topic_id for e in self._topics.values()}
+
+    def committed(self, topic_id: str, consumer: str, partition: int) -> int | None:
+        return self._offsets.get((topic_id, consumer, partition))
+
+    def info(
+        self, entry: TopicEntry, partitions: tuple[int, ...], active: tuple[int, ...]
+    ) -> TopicInfo:
+        return TopicInfo(
+            entry.name, entry.topic_id, entry.settings, entry.consumers, partitions, active
+        )
+
+    # -- DDL --------------------------------------------------------------------------
+    def add_topic(self, entry: TopicEntry) -> None:
+        with self.lock:
+            tables.run(
+                self._cursor,
+                f"INSERT INTO {SCHEMA}.topics VALUES (?, ?, ?, ?, ?)",
+                [
+                    entry.name,
+                    entry.topic_id,
+                    encode_settings(entry.settings),
+                    _encode_consumers(entry.consumers),
+                    entry.created_at,
+                ],
+            )
+            self._topics = {**self._topics, entry.name: entry}
+
+    def update_topic(self, entry: TopicEntry) -> None:
+        """Store new settings and consumers; dropped consumers lose their offsets."""
+        with self.lock:
+            old = self._topics[entry.name]
+            dropped = set(old.consumers) - set(entry.consumers)
+            tables.run(self._cursor, "BEGIN")
+            try:
+                tables.run(
+                    self._cursor,
+                    f"UPDATE {SCHEMA}.topics SET settings = ?, consumers = ? WHERE name = ?",
+                    [
+                        encode_settings(entry.settings),
+                        _encode_consumers(entry.consumers),
+                        entry.name,
+                    ],
+                )
+                for consumer in dropped:
+                    tables.run(
+                        self._cursor,
+                        f"DELETE FROM {SCHEMA}.offsets WHERE topic_id = ? AND consumer = ?",
+                        [entry.topic_id, consumer],
+                    )
+                tables.run(self._cursor, "COMMIT")
+            except BaseException:
+                tables.run(self._cursor, "ROLLBACK")
+                raise
+            self._topics = {**self._topics, entry.name: replace(entry)}
+            self._offsets = {
+                k: v
+                for k, v in self._offsets.items()
+                if not (k[0] == entry.topic_id and k[1] in dropped)
+            }
+
+    def remove_topic(self, name: str) -> TopicEntry:
+        with self.lock:
+            entry = self._topics[name]
+            tables.run(self._cursor, "BEGIN")
+            try:
+                tables.run(self._cursor, f"DELETE FROM {SCHEMA}.topics WHERE name = ?", [name])
+                tables.run(
+                    self._cursor,
+                    f"DELETE FROM {SCHEMA}.offsets WHERE topic_id = ?",
+                    [entry.topic_id],
+                )
+                tables.run(self._cursor, "COMMIT")
+            except BaseException:
+                tables.run(self._cursor, "ROLLBACK")
+                raise
+            self._topics = {k: v for k, v in self._topics.items() if k != name}
+            self._offsets = {k: v for k, v in self._offsets.items() if k[0] != entry.topic_id}
+            return entry
+
+    # -- offsets ----------------------------------------------------------------------
+    def write_offsets(self, cursor: tables.Connection, moves: dict[OffsetKey, int]) -> None:
+        """Write offset moves through ``cursor`` inside its open transaction.
+
+        The caller commits that transaction and then calls ``apply_offsets``.
+        """
+        if not moves:
+            return
+        now = utc_from_us(self._clock.now_us())
+        rows = [[t, c, p, o, now] for (t, c, p), o in moves.items()]
+        with tables.translated():
+            cursor.executemany(
+                f"INSERT INTO {SCHEMA}.offsets VALUES (?, ?, ?, ?, ?) "
+                "ON CONFLICT (topic_id, consumer, partition) DO UPDATE "
+                "SET committed = EXCLUDED.committed, committed_at = EXCLUDED.committed_at",
+                rows,
+            )
+
+    def apply_offsets(self, moves: dict[OffsetKey, int]) -> None:
+        """Update the mirror after the transaction holding ``moves`` committed."""
+        if moves:
+            with self.lock:
+                self._offsets = {**self._offsets, **moves}
+                for key, offset in moves.items():
+                    pending = self._pending.get(key)
+                    if pending:
+                        self._pending[key] = [r for r in pending if r[1] > offset]
+
+    def commit_ranges(self, ranges: dict[OffsetKey, tuple[int | None, int]]) -> int:
+        """Commit offset ranges in any order (YDB's CommitOffset).
+
+        A range ``[start, end)`` (``start`` None: from the committed offset)
+        is remembered until the committed offset reaches it; the committed
+        offset then advances over the gap-free prefix of remembered ranges.
+        Returns how many partitions' committed offsets moved.
+        """
+        with self.lock:
+            moves: dict[OffsetKey, int] = {}
+            for key, (start, end) in ranges.items():
+                committed = self._offsets.get(key, 0)
+                begin = committed if start is None else start
+                if end < begin:
+                    raise InvalidParameterValueError(
+                        f"offset range [{begin}, {end}) of partition {key[2]} is empty or reversed"
+                    )
+                pending = sorted([*self._pending.get(key, []), (begin, end)])
+                position = committed
+                for range_start, range_end in pending:
+                    if range_start <= position < range_end:
+                        position = range_end
+                self._pending[key] = [r for r in pending if r[1] > position]
+                if len(self._pending[key]) > PENDING_RANGES_MAX:
+                    raise LimitExceededError(
+                        f"more than {PENDING_RANGES_MAX} uncommitted offset ranges"
+                    )
+                if position != committed:
+                    moves[key] = position
+            tables.run(self._cursor, "BEGIN TRANSACTION")
+            try:
+                self.write_offsets(self._cursor, moves)
+                tables.run(self._cursor, "COMMIT")
+            except BaseException:
+                tables.run(self._cursor, "ROLLBACK")
+                raise
+            self._offsets = {**self._offsets, **moves}
+            return len(moves)
+
+
+def _encode_consumers(consumers: dict[str, dict[str, Any]]) -> str:
+    return json.dumps({name: json.loads(encode_settings(s)) for name, s in consumers.items()})

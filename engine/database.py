@@ -1,0 +1,123 @@
+"""``Database.open(path)``: the single door from the fronts into Topicbase.
+
+A data directory holds the topic store (``<data>/store``, see ``storage``) and
+the DuckDB file with the user's tables and the catalog
+(``<data>/tables.duckdb``). One process owns a data directory at a time (the
+store's lock file says which); inside it, every ``open`` of the same path
+returns the same ``Database`` and each ``connect()`` is a new session.
+
+Open reconciles the two halves: a storage topic the catalog does not list is a
+leftover of a ``CREATE TOPIC`` interrupted before its catalog commit, and is
+dropped; a catalog topic whose storage is missing is reported, never invented.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import threading
+from typing import ClassVar
+
+from engine import tables
+from engine.catalog import CatalogStore, TopicEntry
+from engine.clock import SYSTEM_CLOCK, Clock
+from planner.catalog import TopicInfo
+from storage.config import FsyncPolicy
+from storage.errors import StorageIOError
+from storage.store import Store
+from storage.topic_log import TopicLog
+
+log = logging.getLogger(__name__)
+
+
+class Database:
+    _open: ClassVar[dict[str, Database]] = {}
+    _registry_lock: ClassVar[threading.Lock] = threading.Lock()
+
+    def __init__(self, path: str, clock: Clock, fsync_policy: FsyncPolicy) -> None:
+        self.path = path
+        self.clock = clock
+        self.fsync_policy = fsync_policy
+        self.store = Store.open(os.path.join(path, "store"), clock=clock)
+        try:
+            self.root = tables.connect(os.path.join(path, tables.TABLES_FILE))
+        except BaseException:
+            self.store.close()
+            raise
+        self.catalog = CatalogStore(self.root.cursor(), clock)
+        # Serialises the validate-then-commit step of transactions and DDL.
+        self.commit_lock = threading.RLock()
+        self._references = 0
+        self._reconcile()
+
+    @classmethod
+    def open(
+        cls,
+        path: str,
+        *,
+        clock: Clock = SYSTEM_CLOCK,
+        fsync_policy: FsyncPolicy = FsyncPolicy.GROUP,
+    ) -> Database:
+        """Open (creating if needed) the data directory; shared within a process."""
+        path = os.path.abspath(path)
+        with cls._registry_lock:
+            database = cls._open.get(path)
+            if database is None:
+                os.makedirs(path, exist_ok=True)
+                database = cls(path, clock, fsync_policy)
+                cls._open[path] = database
+            database._references += 1
+            return database
+
+    def connect(self):  # -> Session (imported lazily: session imports this module)
+        from engine.session import Session
+
+        return Session(self)
+
+    def close(self) -> None:
+        """Drop one reference; the last one closes files and releases the lock."""
+        with self._registry_lock:
+            self._references -= 1
+            if self._references > 0:
+                return
+            self._open.pop(self.path, None)
+        self.root.close()
+        self.store.close()
+
+    # -- catalog helpers ----------------------------------------------------------------
+    def topic_log(self, topic_id: str) -> TopicLog:
+        return self.store.topic(topic_id)
+
+    def topic_info(self, name: str) -> TopicInfo | None:
+        entry = self.catalog.entry(name)
+        return None if entry is None else self.info_of(entry)
+
+    def info_of(self, entry: TopicEntry) -> TopicInfo:
+        topic = self.store.topic(entry.topic_id)
+        return self.catalog.info(
+            entry, tuple(topic.partition_ids()), tuple(topic.active_partition_ids())
+        )
+
+    def topic_names(self) -> list[str]:
+        return [e.name for e in self.catalog.entries()]
+
+    # The planner's Catalog protocol.
+    def topic(self, name: str) -> TopicInfo | None:
+        return self.topic_info(name)
+
+    def _reconcile(self) -> None:
+        known = self.catalog.topic_ids()
+        for topic_id in self.store.topic_ids():
+            if topic_id not in known:
+                log.warning(
+                    "dropping storage topic %s: no catalog entry (interrupted DDL)", topic_id
+                )
+                self.store.drop_topic(topic_id)
+        missing = known - set(self.store.topic_ids())
+        if missing:
+            self.root.close()
+            self.store.close()
+            raise StorageIOError(
+                f"catalog lists topics whose data is missing from {self.path}: "
+                + ", ".join(sorted(missing))
+            )

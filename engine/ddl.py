@@ -1,0 +1,72 @@
+"""Running topic DDL: storage and catalog change together.
+
+CREATE makes the storage topic first, then commits the catalog row; a crash
+in between leaves a storage topic the catalog does not list, which
+``Database.open`` drops. DROP removes the catalog row first, then the files.
+ALTER commits the new settings and adds partitions (never removes them).
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from engine.catalog import TopicEntry
+from engine.clock import utc_from_us
+from planner.operations import AlterTopicEntry, CreateTopicEntry, DropTopicEntry
+from storage.codecs import parse_codec_list
+from storage.config import TopicConfig
+
+MIB = 1024 * 1024
+
+
+def storage_config(settings: dict[str, Any], base: TopicConfig, partitions: int) -> TopicConfig:
+    """The storage knobs implied by a topic's YDB settings."""
+    retention = settings.get("retention_period")
+    storage_mb = int(settings.get("retention_storage_mb") or 0)
+    return TopicConfig(
+        partition_count=partitions,
+        supported_codecs=parse_codec_list(settings.get("supported_codecs") or ("raw",)),
+        fsync_policy=base.fsync_policy,
+        segment_bytes=base.segment_bytes,
+        segment_ms=base.segment_ms,
+        retention_ms=None if retention is None else int(retention.total_seconds() * 1000),
+        retention_bytes=storage_mb * MIB if storage_mb else None,
+        producer_expiry_ms=base.producer_expiry_ms,
+        group_commit_window_us=base.group_commit_window_us,
+    ).validate()
+
+
+def run_create(database: Any, operation: CreateTopicEntry) -> None:
+    partitions = int(operation.settings["min_active_partitions"])
+    base = TopicConfig(fsync_policy=database.fsync_policy)
+    topic = database.store.create_topic(storage_config(operation.settings, base, partitions))
+    entry = TopicEntry(
+        operation.name,
+        topic.topic_id,
+        operation.settings,
+        operation.consumers,
+        utc_from_us(database.clock.now_us()),
+    )
+    try:
+        database.catalog.add_topic(entry)
+    except BaseException:
+        database.store.drop_topic(topic.topic_id)
+        raise
+
+
+def run_alter(database: Any, operation: AlterTopicEntry) -> None:
+    entry = database.catalog.entry(operation.name)
+    topic = database.topic_log(operation.topic_id)
+    partitions = len(topic.partition_ids()) + operation.added_partitions
+    config = storage_config(operation.settings, topic.config, partitions)
+    database.catalog.update_topic(
+        TopicEntry(
+            entry.name, entry.topic_id, operation.settings, operation.consumers, entry.created_at
+        )
+    )
+    topic.alter(config)
+
+
+def run_drop(database: Any, operation: DropTopicEntry) -> None:
+    entry = database.catalog.remove_topic(operation.name)
+    database.store.drop_topic(entry.topic_id)

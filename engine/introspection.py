@@ -1,0 +1,228 @@
+"""SHOW TOPICS, DESCRIBE TOPIC and the ``sys.`` views, as Arrow tables.
+
+``sys.topics``: one row per topic; ``sys.partitions``: start/end offsets,
+bytes, active flag, parent; ``sys.consumers``: per consumer and partition the
+committed offset and the lag in messages and in seconds (age of the oldest
+unread message).
+"""
+
+from __future__ import annotations
+
+from datetime import timedelta
+from typing import TYPE_CHECKING, Any
+
+import pyarrow as pa
+
+from engine.catalog import TopicEntry, encode_settings
+from engine.clock import utc_from_us
+
+if TYPE_CHECKING:  # avoids an import cycle
+    from engine.database import Database
+
+
+def show_topics(database: Database) -> pa.Table:
+    rows = []
+    for entry in database.catalog.entries():
+        topic = database.topic_log(entry.topic_id)
+        rows.append(
+            {
+                "name": entry.name,
+                "partitions": len(topic.partition_ids()),
+                "consumers": ",".join(sorted(entry.consumers)),
+                "retention_period": _show(entry.settings.get("retention_period")),
+                "supported_codecs": _show(entry.settings.get("supported_codecs")),
+            }
+        )
+    return pa.Table.from_pylist(
+        rows,
+        schema=pa.schema(
+            [
+                ("name", pa.string()),
+                ("partitions", pa.int32()),
+                ("consumers", pa.string()),
+                ("retention_period", pa.string()),
+                ("supported_codecs", pa.string()),
+            ]
+        ),
+    )
+
+
+def topics_view(database: Database) -> pa.Table:
+    rows = []
+    for entry in database.catalog.entries():
+        topic = database.topic_log(entry.topic_id)
+        rows.append(
+            {
+                "name": entry.name,
+                "topic_id": entry.topic_id,
+                "partitions": len(topic.partition_ids()),
+                "active_partitions": len(topic.active_partition_ids()),
+                "consumers": len(entry.consumers),
+                "settings": encode_settings(entry.settings),
+                "created_at": entry.created_at,
+            }
+        )
+    schema = pa.schema(
+        [
+            ("name", pa.string()),
+            ("topic_id", pa.string()),
+            ("partitions", pa.int32()),
+            ("active_partitions", pa.int32()),
+            ("consumers", pa.int32()),
+            ("settings", pa.string()),
+            ("created_at", pa.timestamp("us", tz="UTC")),
+        ]
+    )
+    return pa.Table.from_pylist(rows, schema=schema)
+
+
+def partitions_view(database: Database, entries: list[TopicEntry] | None = None) -> pa.Table:
+    rows = []
+    for entry in entries or database.catalog.entries():
+        topic = database.topic_log(entry.topic_id)
+        for partition_id in topic.partition_ids():
+            partition = topic.partition(partition_id)
+            info = topic.partition_info(partition_id)
+            rows.append(
+                {
+                    "topic": entry.name,
+                    "partition": partition_id,
+                    "start_offset": partition.start_offset,
+                    "end_offset": partition.end_offset,
+                    "bytes": partition.size_bytes,
+                    "segments": len(partition.segments),
+                    "active": info.active,
+                    "parent": info.parent,
+                }
+            )
+    schema = pa.schema(
+        [
+            ("topic", pa.string()),
+            ("partition", pa.int32()),
+            ("start_offset", pa.int64()),
+            ("end_offset", pa.int64()),
+            ("bytes", pa.int64()),
+            ("segments", pa.int32()),
+            ("active", pa.bool_()),
+            ("parent", pa.int32()),
+        ]
+    )
+    return pa.Table.from_pylist(rows, schema=schema)
+
+
+def consumers_view(database: Database, entries: list[TopicEntry] | None = None) -> pa.Table:
+    rows = []
+    now_us = database.clock.now_us()
+    for entry in entries or database.catalog.entries():
+        topic = database.topic_log(entry.topic_id)
+        for consumer, settings in sorted(entry.consumers.items()):
+            for partition_id in topic.partition_ids():
+                partition = topic.partition(partition_id)
+                committed = database.catalog.committed(entry.topic_id, consumer, partition_id)
+                position = max(committed or 0, partition.start_offset)
+                lag = max(0, partition.end_offset - position)
+                lag_seconds = 0.0
+                if lag:
+                    oldest = partition.read(position, max_messages=1, max_bytes=1)
+                    if oldest.batches:
+                        written = oldest.batches[0].column("written_at")[0].value
+                        lag_seconds = max(0.0, (now_us - written) / 1_000_000)
+                rows.append(
+                    {
+                        "topic": entry.name,
+                        "consumer": consumer,
+                        "partition": partition_id,
+                        "important": bool(settings.get("important")),
+                        "committed_offset": committed,
+                        "end_offset": partition.end_offset,
+                        "lag_messages": lag,
+                        "lag_seconds": lag_seconds,
+                    }
+                )
+    schema = pa.schema(
+        [
+            ("topic", pa.string()),
+            ("consumer", pa.string()),
+            ("partition", pa.int32()),
+            ("important", pa.bool_()),
+            ("committed_offset", pa.int64()),
+            ("end_offset", pa.int64()),
+            ("lag_messages", pa.int64()),
+            ("lag_seconds", pa.float64()),
+        ]
+    )
+    return pa.Table.from_pylist(rows, schema=schema)
+
+
+SYSTEM_VIEWS = {
+    "topics": topics_view,
+    "partitions": partitions_view,
+    "consumers": consumers_view,
+}
+
+
+def describe_topic(database: Database, name: str) -> pa.Table:
+    """Settings, consumers and partitions of one topic as (section, name, value) rows."""
+    entry = database.catalog.entry(name)
+    assert entry is not None
+    rows: list[dict[str, Any]] = [
+        {"section": "topic", "name": "name", "value": entry.name},
+        {"section": "topic", "name": "topic_id", "value": entry.topic_id},
+    ]
+    rows += [
+        {"section": "setting", "name": key, "value": _show(value)}
+        for key, value in sorted(entry.settings.items())
+    ]
+    for consumer, settings in sorted(entry.consumers.items()):
+        shown = ", ".join(
+            f"{k}={_show(v)}"
+            for k, v in sorted(settings.items())
+            if v not in (None, (), False) or k == "important"
+        )
+        rows.append({"section": "consumer", "name": consumer, "value": shown})
+    for row in partitions_view(database, [entry]).to_pylist():
+        value = (
+            f"start={row['start_offset']} end={row['end_offset']} bytes={row['bytes']} "
+            f"{'active' if row['active'] else 'inactive'}"
+        )
+        rows.append({"section": "partition", "name": str(row["partition"]), "value": value})
+    for row in consumers_view(database, [entry]).to_pylist():
+        value = (
+            f"committed={row['committed_offset']} lag={row['lag_messages']} "
+            f"lag_seconds={row['lag_seconds']:.1f}"
+        )
+        rows.append(
+            {"section": "offset", "name": f"{row['consumer']}/{row['partition']}", "value": value}
+        )
+    return pa.Table.from_pylist(
+        rows,
+        schema=pa.schema([("section", pa.string()), ("name", pa.string()), ("value", pa.string())]),
+    )
+
+
+def _show(value: Any) -> str:
+    if value is None:
+        return ""
+    if isinstance(value, tuple):
+        return ",".join(map(str, value))
+    if isinstance(value, timedelta):
+        return _iso_interval(value)
+    if isinstance(value, bool):
+        return "true" if value else "false"
+    if isinstance(value, int) and value > 10**15:
+        return utc_from_us(value).isoformat()
+    return str(value)
+
+
+def _iso_interval(value: timedelta) -> str:
+    seconds = int(value.total_seconds())
+    days, rest = divmod(seconds, 86400)
+    hours, rest = divmod(rest, 3600)
+    minutes, seconds = divmod(rest, 60)
+    text = "P" + (f"{days}D" if days else "")
+    clock = (
+        (f"{hours}H" if hours else "")
+        + (f"{minutes}M" if minutes else "")
+        + (f"{seconds}S" if seconds else "")
+    )
+    return text + ("T" + clock if clock else ("" if days else "T0S"))

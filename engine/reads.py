@@ -1,0 +1,133 @@
+"""Running ``ReadRecords``: topic messages into an Arrow table for one statement.
+
+A peek reads from ``from_offset`` (default: each partition's start) and
+commits nothing. A consumer read starts where the transaction's earlier read
+of that partition ended, else at the consumer's committed offset (else the
+partition start), skips what ``read_from``/``max_lag`` exclude, and records
+the range read in the transaction. ``max_messages``/``max_bytes`` bound the
+whole read over all partitions; ``wait`` long-polls when nothing is there yet.
+"""
+
+from __future__ import annotations
+
+from datetime import datetime, timedelta
+from typing import Any
+
+import pyarrow as pa
+
+from engine.clock import Clock
+from engine.topic_relation import SCHEMA, relation_batch
+from engine.transaction import Transaction
+from planner.operations import ReadRecords
+from storage.errors import InvalidParameterValueError
+from storage.topic_log import TopicLog
+
+DEFAULT_MAX_MESSAGES = 10_000
+DEFAULT_MAX_BYTES = 64 * 1024 * 1024
+
+
+def read_records(
+    operation: ReadRecords,
+    topic: TopicLog,
+    committed: dict[int, int | None],
+    transaction: Transaction,
+    clock: Clock,
+) -> pa.Table:
+    """Read the operation's partitions; ``committed`` maps partition -> committed offset."""
+    options = operation.options
+    starts = {
+        p: _start(operation, topic, p, committed, transaction, clock) for p in operation.partitions
+    }
+    wait: timedelta = options.get("wait") or timedelta(0)
+    batches = _read_all(operation, topic, starts)
+    if not batches and wait > timedelta(0):
+        deadline = clock.monotonic_s() + wait.total_seconds()
+        while not batches:
+            remaining = deadline - clock.monotonic_s()
+            if remaining <= 0 or not topic.wait_for_any(starts, remaining):
+                break
+            batches = _read_all(operation, topic, starts)
+    if operation.consumer is not None:
+        _record_ranges(operation, starts, batches, committed, transaction)
+    decode = bool(options.get("decode", True))
+    return pa.Table.from_batches(
+        [relation_batch(p, b, decode=decode) for p, b in batches], schema=SCHEMA
+    )
+
+
+def _start(
+    operation: ReadRecords,
+    topic: TopicLog,
+    partition_id: int,
+    committed: dict[int, int | None],
+    transaction: Transaction,
+    clock: Clock,
+) -> int:
+    partition = topic.partition(partition_id)
+    options = operation.options
+    if operation.consumer is None:
+        start = options.get("from_offset")
+        start = partition.start_offset if start is None else int(start)
+    else:
+        key = (operation.topic_id, operation.consumer, partition_id)
+        start = transaction.read_position(key)
+        if start is None:
+            start = committed.get(partition_id) or 0
+    start = max(start, partition.start_offset)
+    read_from = options.get("read_from")
+    if read_from is not None:
+        start = max(start, partition.offset_for_time(_to_us(read_from)))
+    max_lag = options.get("max_lag")
+    if max_lag is not None:
+        horizon = clock.now_us() - int(max_lag.total_seconds() * 1_000_000)
+        start = max(start, partition.offset_for_time(horizon))
+    return start
+
+
+def _to_us(value: Any) -> int:
+    if isinstance(value, datetime):
+        return int(value.timestamp() * 1_000_000)
+    if isinstance(value, int):
+        return value * 1_000_000
+    raise InvalidParameterValueError(f"read_from must be a Timestamp or seconds, not {value!r}")
+
+
+def _read_all(
+    operation: ReadRecords, topic: TopicLog, starts: dict[int, int]
+) -> list[tuple[int, pa.RecordBatch]]:
+    options = operation.options
+    remaining = int(options.get("max_messages") or DEFAULT_MAX_MESSAGES)
+    budget = int(options.get("max_bytes") or DEFAULT_MAX_BYTES)
+    batches: list[tuple[int, pa.RecordBatch]] = []
+    for partition_id, start in starts.items():
+        if remaining <= 0 or budget <= 0:
+            break
+        result = topic.partition(partition_id).read(start, max_messages=remaining, max_bytes=budget)
+        for batch in result.batches:
+            batches.append((partition_id, batch))
+            remaining -= batch.num_rows
+            budget -= batch.nbytes
+    return batches
+
+
+def _record_ranges(
+    operation: ReadRecords,
+    starts: dict[int, int],
+    batches: list[tuple[int, pa.RecordBatch]],
+    committed: dict[int, int | None],
+    transaction: Transaction,
+) -> None:
+    assert operation.consumer is not None
+    ends = dict(starts)
+    for partition_id, batch in batches:
+        last = batch.column("offset")[-1].as_py()
+        ends[partition_id] = max(ends[partition_id], last + 1)
+    for partition_id, start in starts.items():
+        key = (operation.topic_id, operation.consumer, partition_id)
+        if (
+            ends[partition_id] == start
+            and transaction.read_position(key) is None
+            and (committed.get(partition_id) or 0) == start
+        ):
+            continue  # nothing read and nothing skipped: no offset to move
+        transaction.record_read(key, committed.get(partition_id), start, ends[partition_id])

@@ -1,0 +1,413 @@
+"""A session: one connection's statements and its transaction state.
+
+States (``SessionState``): IDLE (autocommit: every statement is its own
+transaction), IN_TRANSACTION (after BEGIN), FAILED (a statement failed inside
+a transaction: everything but ROLLBACK/COMMIT is refused with 25P02; COMMIT
+then rolls back, as PostgreSQL does).
+
+Commit of a transaction, under the database's commit lock:
+1. validate: every consumer range read must still start at the committed
+   offset it was read from, else 40001 and nothing changes;
+2. publish the staged topic writes;
+3. write the offset moves in the session's DuckDB transaction and COMMIT it
+   together with the session's table changes; then update the catalog mirror.
+Step 2 before 3 gives at-least-once delivery across a crash between them;
+producer ids make it exactly-once. (Durable staging and a commit record that
+make the whole commit atomic come with the transactions issue.)
+"""
+
+from __future__ import annotations
+
+import contextlib
+import itertools
+import threading
+from dataclasses import dataclass, field
+from typing import Any
+
+import pyarrow as pa
+
+from engine import introspection, tables
+from engine.ddl import run_alter, run_create, run_drop
+from engine.reads import read_records
+from engine.transaction import PendingWrite, SessionState, Transaction
+from engine.writes import RETURNING_COLUMNS, build_batches, table_from_rows
+from grammar import ast
+from grammar import settings as rules
+from grammar.parse import parse
+from planner import planner
+from planner.operations import (
+    AlterTopicEntry,
+    AppendRecords,
+    CommitConsumerOffsets,
+    CreateTopicEntry,
+    DropTopicEntry,
+    Introspect,
+    Plan,
+    ReadRecords,
+    RunQuery,
+    TransactionControl,
+)
+from storage.errors import (
+    InFailedTransactionError,
+    InvalidParameterValueError,
+    LimitExceededError,
+    SerializationFailure,
+    TopicbaseError,
+)
+
+_session_ids = itertools.count(1)
+STAGED_BYTES_MAX = 256 * 1024 * 1024
+
+
+@dataclass
+class Result:
+    """One statement's outcome: a command tag and, for row-returning statements, a table."""
+
+    tag: str
+    table: pa.Table | None = None
+    notices: tuple[str, ...] = field(default=())
+
+    @property
+    def columns(self) -> list[str]:
+        return [] if self.table is None else self.table.column_names
+
+    @property
+    def rowcount(self) -> int:
+        if self.table is not None:
+            return self.table.num_rows
+        last = self.tag.rsplit(" ", 1)[-1]
+        return int(last) if last.isdigit() else -1
+
+
+class Session:
+    def __init__(self, database: Any) -> None:
+        self.database = database
+        self.session_id = next(_session_ids)
+        self.cursor = database.root.cursor()
+        self.state = SessionState.IDLE
+        self.transaction: Transaction | None = None
+        self._lock = threading.Lock()
+        self._closed = False
+
+    # -- entry points -------------------------------------------------------------------
+    def execute(self, sql: str, parameters: Any = None) -> list[Result]:
+        """Run every statement of ``sql``; returns one result per statement."""
+        statements = parse(sql)
+        return [self.execute_statement(s, parameters) for s in statements]
+
+    def execute_statement(self, statement: ast.Statement, parameters: Any = None) -> Result:
+        with self._lock:
+            if self._closed:
+                raise InvalidParameterValueError("the session is closed")
+            return self._execute(statement, parameters)
+
+    def close(self) -> None:
+        with self._lock:
+            if self._closed:
+                return
+            if self.state is not SessionState.IDLE:
+                self._rollback()
+            self._closed = True
+            self.cursor.close()
+
+    # -- dispatch -----------------------------------------------------------------------
+    def _execute(self, statement: ast.Statement, parameters: Any) -> Result:
+        if self.state is SessionState.FAILED and not isinstance(
+            statement, ast.Rollback | ast.Commit
+        ):
+            raise InFailedTransactionError(
+                "current transaction is aborted, commands ignored until end of transaction block"
+            )
+        plan = planner.plan(statement, self.database)
+        if plan.explain_only:
+            return Result("EXPLAIN", pa.table({"plan": plan.describe().splitlines()}))
+        if isinstance(statement, ast.Begin | ast.Commit | ast.Rollback):
+            return self._transaction_control(plan)
+        autocommit = self.state is SessionState.IDLE
+        if autocommit:
+            self.transaction = Transaction(explicit=False)
+        assert self.transaction is not None
+        try:
+            result = self._run(plan, parameters)
+            if autocommit:
+                self._commit()
+            return result
+        except BaseException:
+            if autocommit:
+                self._rollback()
+            else:
+                self.state = SessionState.FAILED
+            raise
+
+    def _transaction_control(self, plan: Plan) -> Result:
+        operation = plan.operations[0]
+        assert isinstance(operation, TransactionControl)
+        if operation.action == "begin":
+            if self.state is not SessionState.IDLE:
+                return Result("BEGIN", notices=("there is already a transaction in progress",))
+            tables.run(self.cursor, "BEGIN TRANSACTION")
+            self.transaction = Transaction(explicit=True)
+            self.state = SessionState.IN_TRANSACTION
+            return Result("BEGIN")
+        if self.state is SessionState.IDLE:
+            return Result(plan.tag, notices=("there is no transaction in progress",))
+        if operation.action == "rollback" or self.state is SessionState.FAILED:
+            self._rollback()
+            return Result("ROLLBACK")
+        self._commit()
+        return Result("COMMIT")
+
+    def _run(self, plan: Plan, parameters: Any) -> Result:
+        assert self.transaction is not None
+        registered: list[str] = []
+        result = Result(plan.tag, notices=plan.notes)
+        query_table: pa.Table | None = None
+        try:
+            for operation in plan.operations:
+                if isinstance(operation, ReadRecords):
+                    table = self._read(operation, parameters)
+                    tables.register(self.cursor, operation.placeholder, table)
+                    registered.append(operation.placeholder)
+                elif isinstance(operation, RunQuery):
+                    registered += self._register_views(operation)
+                    query_table = tables.query_arrow(self.cursor, operation.sql, parameters)
+                    result = _query_result(operation, query_table)
+                elif isinstance(operation, AppendRecords):
+                    result = self._append(operation, query_table, parameters)
+                else:
+                    result = self._run_other(operation, plan)
+        finally:
+            for name in registered:
+                tables.unregister(self.cursor, name)
+        return result
+
+    def _run_other(self, operation: Any, plan: Plan) -> Result:
+        database = self.database
+        if isinstance(operation, CommitConsumerOffsets):
+            return self._commit_offsets(operation)
+        if isinstance(operation, Introspect):
+            if operation.what == "topics":
+                return Result("SHOW", introspection.show_topics(database))
+            return Result("DESCRIBE", introspection.describe_topic(database, operation.topic))
+        if self.transaction is not None and self.transaction.explicit:
+            raise InvalidParameterValueError("topic DDL cannot run inside a transaction block")
+        with database.commit_lock:
+            if isinstance(operation, CreateTopicEntry):
+                run_create(database, operation)
+            elif isinstance(operation, AlterTopicEntry):
+                run_alter(database, operation)
+            else:
+                assert isinstance(operation, DropTopicEntry)
+                run_drop(database, operation)
+        return Result(plan.tag, notices=plan.notes)
+
+    # -- topic reads and writes ---------------------------------------------------------------
+    def _read(self, operation: ReadRecords, parameters: Any) -> pa.Table:
+        operation = _bind_read_options(operation, parameters)
+        topic = self.database.topic_log(operation.topic_id)
+        committed: dict[int, int | None] = {}
+        if operation.consumer is not None:
+            catalog = self.database.catalog
+            committed = {
+                p: catalog.committed(operation.topic_id, operation.consumer, p)
+                for p in operation.partitions
+            }
+            consumer_settings = self.database.catalog.entry(operation.topic).consumers[
+                operation.consumer
+            ]
+            read_from = consumer_settings.get("read_from")
+            if (
+                read_from is not None
+                and "read_from" not in operation.options
+                and (read_from.timestamp() > 0)
+            ):
+                operation = _with_option(operation, "read_from", read_from)
+        assert self.transaction is not None
+        return read_records(operation, topic, committed, self.transaction, self.database.clock)
+
+    def _register_views(self, operation: RunQuery) -> list[str]:
+        names = []
+        for view in operation.system_views:
+            table = introspection.SYSTEM_VIEWS[view](self.database)
+            name = f"__sys_{view}"
+            tables.register(self.cursor, name, table)
+            names.append(name)
+        return names
+
+    def _append(self, operation: AppendRecords, query: pa.Table | None, parameters: Any) -> Result:
+        assert self.transaction is not None
+        if operation.rows is not None:
+            rows = [tuple(_bind(v, parameters) for v in row) for row in operation.rows]
+            source = table_from_rows(operation.columns or ("data",), rows)
+        else:
+            assert query is not None, "INSERT ... SELECT runs its query first"
+            source = query
+            if operation.columns:
+                if len(operation.columns) != source.num_columns:
+                    raise InvalidParameterValueError(
+                        f"INSERT has {len(operation.columns)} target columns but the query "
+                        f"returns {source.num_columns}"
+                    )
+                source = source.rename_columns(list(operation.columns))
+        options = {k: _bind(v, parameters) for k, v in operation.options.items()}
+        batches = build_batches(source, options, self.database.clock)
+        if not self.transaction.explicit:
+            return self._append_now(operation, batches, source.num_rows)
+        for partition, batch in batches:
+            self.transaction.add_write(PendingWrite(operation.topic_id, batch, partition))
+        if self.transaction.staged_bytes > STAGED_BYTES_MAX:
+            raise LimitExceededError(
+                f"transaction staged more than {STAGED_BYTES_MAX} bytes of topic writes"
+            )
+        if operation.returning:
+            raise InvalidParameterValueError(
+                "RETURNING is only available outside a transaction block (offsets are "
+                "assigned at COMMIT)"
+            )
+        return Result(f"INSERT 0 {source.num_rows}")
+
+    def _append_now(
+        self, operation: AppendRecords, batches: list[tuple[int | None, pa.RecordBatch]], rows: int
+    ) -> Result:
+        topic = self.database.topic_log(operation.topic_id)
+        pieces = []
+        written = 0
+        for partition, batch in batches:
+            outcome = topic.append(batch, partition)
+            written += outcome.written_count
+            pieces.append(
+                pa.table(
+                    {
+                        "partition": pa.array(outcome.partitions, pa.int32()),
+                        "offset": pa.array(outcome.offsets, pa.int64()),
+                        "status": pa.array(
+                            ["written" if s == 0 else "duplicate" for s in outcome.status.tolist()]
+                        ),
+                        "seq_no": batch.column("seq_no"),
+                        "producer_id": batch.column("producer_id"),
+                    }
+                )
+            )
+        if not operation.returning:
+            return Result(f"INSERT 0 {written}")
+        unknown = [c for c in operation.returning if c not in RETURNING_COLUMNS and c != "*"]
+        if unknown:
+            raise InvalidParameterValueError(
+                f'RETURNING column "{unknown[0]}" is not one of {", ".join(RETURNING_COLUMNS)}'
+            )
+        table = pa.concat_tables(pieces)
+        if "*" not in operation.returning:
+            table = table.select(list(operation.returning))
+        return Result(f"INSERT 0 {written}", table)
+
+    def _commit_offsets(self, operation: CommitConsumerOffsets) -> Result:
+        database = self.database
+        with database.commit_lock:
+            moves = {}
+            for partition, start, end in operation.ranges:
+                moves[(operation.topic_id, operation.consumer, partition)] = (start, end)
+            applied = database.catalog.commit_ranges(moves)
+        return Result(f"COMMIT OFFSETS {applied}")
+
+    # -- commit and rollback -----------------------------------------------------------------
+    def _commit(self) -> None:
+        transaction = self.transaction
+        assert transaction is not None
+        database = self.database
+        try:
+            with database.commit_lock:
+                moves = self._validate(transaction)
+                self._publish(transaction)
+                if transaction.explicit:
+                    database.catalog.write_offsets(self.cursor, moves)
+                    tables.run(self.cursor, "COMMIT")
+                elif moves:
+                    tables.run(self.cursor, "BEGIN TRANSACTION")
+                    database.catalog.write_offsets(self.cursor, moves)
+                    tables.run(self.cursor, "COMMIT")
+                database.catalog.apply_offsets(moves)
+        except BaseException:
+            self._rollback()
+            raise
+        self.transaction = None
+        self.state = SessionState.IDLE
+
+    def _validate(self, transaction: Transaction) -> dict[tuple[str, str, int], int]:
+        catalog = self.database.catalog
+        moves = {}
+        for key, read in transaction.reads.items():
+            current = catalog.committed(*key)
+            if current != read.basis:
+                raise SerializationFailure(
+                    f'consumer "{key[1]}" offset of partition {key[2]} moved from '
+                    f"{read.basis} to {current} since this transaction read it; retry"
+                )
+            moves[key] = read.end
+        return moves
+
+    def _publish(self, transaction: Transaction) -> None:
+        for write in transaction.writes:
+            self.database.topic_log(write.topic_id).append(write.batch, write.partition)
+
+    def _rollback(self) -> None:
+        if self.transaction is not None and self.transaction.explicit:
+            # DuckDB may have aborted the transaction itself already.
+            with contextlib.suppress(TopicbaseError):
+                tables.run(self.cursor, "ROLLBACK")
+        self.transaction = None
+        self.state = SessionState.IDLE
+
+
+def _query_result(operation: RunQuery, table: pa.Table | None) -> Result:
+    if operation.returns_rows:
+        assert table is not None
+        return Result(
+            f"SELECT {table.num_rows}" if operation.tag == "SELECT" else operation.tag, table
+        )
+    count = None
+    if table is not None and table.column_names == ["Count"] and table.num_rows == 1:
+        count = table.column(0)[0].as_py()
+    if operation.tag == "INSERT":
+        return Result(f"INSERT 0 {count or 0}")
+    if operation.tag in ("UPDATE", "DELETE", "MERGE"):
+        return Result(f"{operation.tag} {count or 0}")
+    return Result(operation.tag)
+
+
+def _bind(value: Any, parameters: Any) -> Any:
+    if not isinstance(value, ast.Parameter):
+        return value
+    if parameters is None:
+        raise InvalidParameterValueError(f"no value for parameter ${value.index}")
+    try:
+        if isinstance(parameters, dict):
+            return parameters[str(value.index)]
+        return parameters[value.index - 1]
+    except (IndexError, KeyError):
+        raise InvalidParameterValueError(f"no value for parameter ${value.index}") from None
+
+
+def _bind_read_options(operation: ReadRecords, parameters: Any) -> ReadRecords:
+    if not any(isinstance(v, ast.Parameter) for v in operation.options.values()):
+        return operation
+    bound = {k: _bind(v, parameters) for k, v in operation.options.items()}
+    checked = rules.validate_read_options(bound)
+    return ReadRecords(
+        operation.topic,
+        operation.topic_id,
+        operation.partitions,
+        operation.placeholder,
+        operation.consumer,
+        checked,
+    )
+
+
+def _with_option(operation: ReadRecords, name: str, value: Any) -> ReadRecords:
+    return ReadRecords(
+        operation.topic,
+        operation.topic_id,
+        operation.partitions,
+        operation.placeholder,
+        operation.consumer,
+        {**operation.options, name: value},
+    )

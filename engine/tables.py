@@ -1,0 +1,151 @@
+"""DuckDB: the only module of Topicbase that imports ``duckdb``.
+
+Holds the database file beside the store (``<data>/tables.duckdb``), hands out
+one cursor per session, and translates DuckDB's exceptions into Topicbase
+errors with a PostgreSQL SQLSTATE. DuckDB gives each cursor its own
+transaction context (MVCC); a write-write conflict surfaces as
+``SerializationFailure`` (40001).
+"""
+
+from __future__ import annotations
+
+import re
+from collections.abc import Iterator
+from contextlib import contextmanager
+from typing import Any
+
+import duckdb
+import pyarrow as pa
+
+from storage import errors
+
+TABLES_FILE = "tables.duckdb"
+
+
+class UndefinedColumnError(errors.TopicbaseError):
+    sqlstate = "42703"
+
+
+class UndefinedFunctionError(errors.TopicbaseError):
+    sqlstate = "42883"
+
+
+class UniqueViolationError(errors.TopicbaseError):
+    sqlstate = "23505"
+
+
+class NotNullViolationError(errors.TopicbaseError):
+    sqlstate = "23502"
+
+
+class NumericOutOfRangeError(errors.TopicbaseError):
+    sqlstate = "22003"
+
+
+class DivisionByZeroError(errors.TopicbaseError):
+    sqlstate = "22012"
+
+
+class InvalidTextRepresentationError(errors.TopicbaseError):
+    sqlstate = "22P02"
+
+
+class DuplicateTableError(errors.TopicbaseError):
+    sqlstate = "42P07"
+
+
+Connection = duckdb.DuckDBPyConnection
+
+
+def connect(path: str) -> Connection:
+    """Open the DuckDB file (or ``:memory:``), refusing a file another process holds."""
+    try:
+        return duckdb.connect(path)
+    except duckdb.IOException as error:
+        raise errors.ObjectInUseError(f"cannot open {path}: {error}") from error
+
+
+def translate(error: duckdb.Error) -> errors.TopicbaseError:
+    """Map a DuckDB exception to a Topicbase error carrying a SQLSTATE."""
+    message = str(error)
+    text = _strip_prefix(message)
+    lowered = message.lower()
+    if isinstance(error, duckdb.ParserException):
+        return errors.SqlSyntaxError(text)
+    if isinstance(error, duckdb.TransactionException) or "conflict" in lowered:
+        return errors.SerializationFailure(
+            f"could not serialize access due to concurrent update: {text}"
+        )
+    if isinstance(error, duckdb.ConstraintException):
+        if "not null" in lowered:
+            return NotNullViolationError(text)
+        return UniqueViolationError(text)
+    if isinstance(error, duckdb.CatalogException):
+        if "already exists" in lowered:
+            return DuplicateTableError(text)
+        if "function" in lowered or "macro" in lowered:
+            return UndefinedFunctionError(text)
+        return errors.UndefinedTopicError(text)
+    if isinstance(error, duckdb.BinderException):
+        if "column" in lowered or "referenced" in lowered:
+            return UndefinedColumnError(text)
+        if "function" in lowered:
+            return UndefinedFunctionError(text)
+        return errors.TopicbaseError(text)
+    if isinstance(error, duckdb.OutOfRangeException):
+        return NumericOutOfRangeError(text)
+    if "division by zero" in lowered:
+        return DivisionByZeroError(text)
+    if isinstance(error, duckdb.ConversionException | duckdb.InvalidInputException):
+        return InvalidTextRepresentationError(text)
+    if isinstance(error, duckdb.IOException):
+        return errors.StorageIOError(text)
+    if isinstance(error, duckdb.NotImplementedException):
+        return errors.FeatureNotSupportedError(text)
+    if isinstance(error, duckdb.InterruptException):
+        return errors.QueryCanceledError("canceling statement due to user request")
+    return errors.TopicbaseError(text)
+
+
+def _strip_prefix(message: str) -> str:
+    return re.sub(r"^[A-Za-z ]+ Error: ", "", message, count=1)
+
+
+@contextmanager
+def translated() -> Iterator[None]:
+    """Run a block, turning DuckDB exceptions into Topicbase errors."""
+    try:
+        yield
+    except duckdb.Error as error:
+        raise translate(error) from error
+
+
+def run(cursor: Connection, sql: str, parameters: Any = None) -> None:
+    with translated():
+        cursor.execute(sql, parameters)
+
+
+def query_arrow(cursor: Connection, sql: str, parameters: Any = None) -> pa.Table | None:
+    """Run ``sql``; return its result as Arrow (DML gives DuckDB's one-row ``Count``).
+
+    None when the statement produced no relation at all.
+    """
+    with translated():
+        relation = cursor.sql(sql, params=parameters or None)
+        if relation is None:
+            return None
+        return relation.to_arrow_table()
+
+
+def register(cursor: Connection, name: str, table: pa.Table) -> None:
+    with translated():
+        cursor.register(name, table)
+
+
+def unregister(cursor: Connection, name: str) -> None:
+    with translated():
+        cursor.unregister(name)
+
+
+def interrupt(cursor: Connection) -> None:
+    cursor.interrupt()

@@ -1,0 +1,70 @@
+"""The columns of a topic relation, built from storage's read batches.
+
+``FROM TOPIC t`` stands for a table with the columns ``partition, offset,
+seq_no, producer_id, message_group_id, created_at, written_at, codec, data,
+metadata``; ``data`` is decoded to plain bytes and ``codec`` is the codec's
+name. Building it is columnar: no message is touched one by one in Python,
+except compressed ones, which must be decompressed.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+import pyarrow as pa
+import pyarrow.compute as pc
+
+from storage.codecs import Codec, decode_column
+from storage.record_batch import METADATA_TYPE, TIMESTAMP
+
+SCHEMA = pa.schema(
+    [
+        pa.field("partition", pa.int32()),
+        pa.field("offset", pa.int64()),
+        pa.field("seq_no", pa.int64()),
+        pa.field("producer_id", pa.string()),
+        pa.field("message_group_id", pa.string()),
+        pa.field("created_at", TIMESTAMP),
+        pa.field("written_at", TIMESTAMP),
+        pa.field("codec", pa.string()),
+        pa.field("data", pa.binary()),
+        pa.field("metadata", METADATA_TYPE),
+    ]
+)
+
+# Index = codec id; ids without a codec map to null.
+_CODEC_LABELS = pa.array(
+    [
+        None if i not in {c.value for c in Codec} else Codec(i).label
+        for i in range(max(c.value for c in Codec) + 1)
+    ],
+    pa.string(),
+)
+
+
+def relation_batch(partition: int, batch: pa.RecordBatch, *, decode: bool = True) -> pa.RecordBatch:
+    """Turn one storage read batch into a batch of the topic relation."""
+    count = batch.num_rows
+    codec_ids = batch.column("codec")
+    data = batch.column("data")
+    if decode:
+        data = decode_column(codec_ids, data)
+    labels = pc.take(_CODEC_LABELS, codec_ids.cast(pa.int32()))
+    return pa.RecordBatch.from_arrays(
+        [
+            pa.array(np.full(count, partition, dtype=np.int32)),
+            batch.column("offset"),
+            batch.column("seq_no"),
+            batch.column("producer_id"),
+            batch.column("message_group_id"),
+            batch.column("created_at"),
+            batch.column("written_at"),
+            labels,
+            data,
+            batch.column("metadata"),
+        ],
+        schema=SCHEMA,
+    )
+
+
+def empty_table() -> pa.Table:
+    return SCHEMA.empty_table()

@@ -1,0 +1,66 @@
+"""A session's transaction: what it read from topics and what it will publish.
+
+The read set records, per (topic id, consumer, partition), the committed
+offset the read started from (``basis``, None when nothing was committed yet)
+and the end of the range read. At commit each basis must still be the
+committed offset (nobody moved it meanwhile), or the transaction fails with
+40001; then the committed offsets move to the ends of the ranges.
+
+The write set holds topic writes (wire batches with their target partition or
+None for routing) to publish at commit. Reads inside the transaction do not
+see its own topic writes.
+"""
+
+from __future__ import annotations
+
+import enum
+from dataclasses import dataclass, field
+
+import pyarrow as pa
+
+ReadKey = tuple[str, str, int]  # (topic id, consumer, partition)
+
+
+class SessionState(enum.Enum):
+    IDLE = "idle"
+    IN_TRANSACTION = "in transaction"
+    FAILED = "failed transaction"
+
+
+@dataclass(slots=True)
+class ReadRange:
+    basis: int | None  # the committed offset observed when the first read began
+    start: int
+    end: int
+
+
+@dataclass(slots=True)
+class PendingWrite:
+    topic_id: str
+    batch: pa.RecordBatch
+    partition: int | None
+
+
+@dataclass(slots=True)
+class Transaction:
+    explicit: bool
+    reads: dict[ReadKey, ReadRange] = field(default_factory=dict)
+    writes: list[PendingWrite] = field(default_factory=list)
+    staged_bytes: int = 0
+
+    def read_position(self, key: ReadKey) -> int | None:
+        """Where this transaction's next read of ``key`` continues, if it read before."""
+        existing = self.reads.get(key)
+        return None if existing is None else existing.end
+
+    def record_read(self, key: ReadKey, basis: int | None, start: int, end: int) -> None:
+        existing = self.reads.get(key)
+        if existing is None:
+            self.reads[key] = ReadRange(basis, start, end)
+            return
+        assert start >= existing.end or start == existing.start, (start, existing)
+        existing.end = max(existing.end, end)
+
+    def add_write(self, write: PendingWrite) -> None:
+        self.writes.append(write)
+        self.staged_bytes += write.batch.nbytes

@@ -1,0 +1,264 @@
+"""The syntax tree of Topicbase's SQL: one frozen dataclass per statement.
+
+This module owns the shapes the parser yields and the planner consumes. It holds
+no logic. Invariants every node keeps:
+
+- Nodes are immutable and hashable; collections are tuples, never lists or dicts.
+- Every statement carries ``text`` (its source, without the closing semicolon and
+  without leading comments) and ``position`` (where that text starts in the whole
+  script). Positions are 1-based line and column plus a 0-based character offset.
+- Settings and options are ``tuple[tuple[name, value], ...]`` in the order written,
+  with names lower-cased and values already checked and normalised by
+  ``grammar.settings`` (so ``dict(node.settings)`` is safe: names are unique).
+- Literal values are plain Python: ``int``, ``float``, ``str``, ``bool``, ``None``,
+  ``bytes``, ``datetime.timedelta`` (``Interval('PT1S')``), timezone-aware UTC
+  ``datetime.datetime`` (``Timestamp(...)``/``Datetime(...)``), a tuple of codec
+  names for ``supported_codecs``, key/value pairs for a message's ``metadata``, or
+  ``Parameter`` for ``$1``/``?`` placeholders.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from datetime import datetime, timedelta
+from typing import TypeAlias
+
+
+@dataclass(frozen=True)
+class SourcePosition:
+    """Where a piece of text starts in the whole script."""
+
+    line: int
+    column: int
+    offset: int
+
+
+@dataclass(frozen=True)
+class Parameter:
+    """A bind parameter: ``$3`` has index 3; the n-th ``?`` has index n."""
+
+    index: int
+
+
+Value: TypeAlias = (
+    int
+    | float
+    | str
+    | bool
+    | bytes
+    | timedelta
+    | datetime
+    | tuple[str, ...]
+    | tuple[tuple[str, str], ...]
+    | Parameter
+    | None
+)
+Settings: TypeAlias = tuple[tuple[str, Value], ...]
+
+
+# -- topic DDL ------------------------------------------------------------------------
+@dataclass(frozen=True)
+class ConsumerDefinition:
+    """``CONSUMER name [WITH (...)]`` inside ``CREATE TOPIC (...)``."""
+
+    name: str
+    settings: Settings
+    position: SourcePosition
+
+
+@dataclass(frozen=True)
+class CreateTopic:
+    name: str
+    if_not_exists: bool
+    consumers: tuple[ConsumerDefinition, ...]
+    settings: Settings
+    position: SourcePosition
+    text: str
+
+
+@dataclass(frozen=True)
+class AddConsumer:
+    name: str
+    settings: Settings
+    position: SourcePosition
+
+
+@dataclass(frozen=True)
+class DropConsumer:
+    name: str
+    position: SourcePosition
+
+
+@dataclass(frozen=True)
+class AlterConsumerSet:
+    name: str
+    settings: Settings
+    position: SourcePosition
+
+
+@dataclass(frozen=True)
+class AlterConsumerReset:
+    name: str
+    setting_names: tuple[str, ...]
+    position: SourcePosition
+
+
+@dataclass(frozen=True)
+class SetTopicSettings:
+    settings: Settings
+    position: SourcePosition
+
+
+@dataclass(frozen=True)
+class ResetTopicSettings:
+    setting_names: tuple[str, ...]
+    position: SourcePosition
+
+
+AlterAction: TypeAlias = (
+    AddConsumer
+    | DropConsumer
+    | AlterConsumerSet
+    | AlterConsumerReset
+    | SetTopicSettings
+    | ResetTopicSettings
+)
+
+
+@dataclass(frozen=True)
+class AlterTopic:
+    name: str
+    if_exists: bool
+    actions: tuple[AlterAction, ...]
+    position: SourcePosition
+    text: str
+
+
+@dataclass(frozen=True)
+class DropTopic:
+    name: str
+    if_exists: bool
+    position: SourcePosition
+    text: str
+
+
+# -- transactions and introspection ---------------------------------------------------
+@dataclass(frozen=True)
+class Begin:
+    position: SourcePosition
+    text: str
+
+
+@dataclass(frozen=True)
+class Commit:
+    position: SourcePosition
+    text: str
+
+
+@dataclass(frozen=True)
+class Rollback:
+    position: SourcePosition
+    text: str
+
+
+@dataclass(frozen=True)
+class ShowTopics:
+    position: SourcePosition
+    text: str
+
+
+@dataclass(frozen=True)
+class DescribeTopic:
+    name: str
+    position: SourcePosition
+    text: str
+
+
+@dataclass(frozen=True)
+class OffsetRange:
+    """``PARTITION p [FROM start] UPTO end``: offsets [start, end) of one partition.
+
+    ``start`` is None when the range begins at the consumer's committed offset.
+    """
+
+    partition: int
+    start: int | None
+    end: int
+    position: SourcePosition
+
+
+@dataclass(frozen=True)
+class CommitOffsets:
+    """``COMMIT OFFSETS ON TOPIC t FOR CONSUMER c (PARTITION 0 UPTO 10, ...)``."""
+
+    topic: str
+    consumer: str
+    ranges: tuple[OffsetRange, ...]
+    position: SourcePosition
+    text: str
+
+
+# -- topic reads and writes inside ordinary SQL ---------------------------------------
+@dataclass(frozen=True)
+class TopicScan:
+    """``TOPIC name [WITH (...)]`` standing as a relation; replaced by ``placeholder``.
+
+    ``position`` is where the ``TOPIC`` keyword stands in the script.
+    """
+
+    topic: str
+    options: Settings
+    placeholder: str
+    position: SourcePosition
+
+
+@dataclass(frozen=True)
+class SqlStatement:
+    """Ordinary DuckDB SQL. ``sql`` is ``text`` with each topic scan replaced by its
+    placeholder relation name; with no scans, ``sql == text``."""
+
+    sql: str
+    topic_scans: tuple[TopicScan, ...]
+    position: SourcePosition
+    text: str
+
+
+@dataclass(frozen=True)
+class InsertTopic:
+    """``INSERT INTO TOPIC t [(columns)] VALUES ... | query [WITH (...)] [RETURNING ...]``.
+
+    Exactly one of ``values`` (literal rows, one value per column) and ``query`` is set.
+    """
+
+    topic: str
+    columns: tuple[str, ...]
+    values: tuple[tuple[Value, ...], ...] | None
+    query: SqlStatement | None
+    options: Settings
+    returning: tuple[str, ...]
+    position: SourcePosition
+    text: str
+
+
+@dataclass(frozen=True)
+class Explain:
+    statement: Statement
+    analyze: bool
+    position: SourcePosition
+    text: str
+
+
+Statement: TypeAlias = (
+    CreateTopic
+    | AlterTopic
+    | DropTopic
+    | Begin
+    | Commit
+    | Rollback
+    | ShowTopics
+    | DescribeTopic
+    | CommitOffsets
+    | InsertTopic
+    | SqlStatement
+    | Explain
+)

@@ -1,0 +1,169 @@
+"""The operations the engine can run, and the ``Plan`` that orders them.
+
+A plan is an ordered tuple of atomic operations on topics and tables. Every
+operation names the topics (with partitions) and tables it touches, so
+``EXPLAIN`` can show them and the engine can check them before running.
+Names here are deliberately not the AST's: an AST node says what was written,
+an operation says what will be done.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any
+
+
+@dataclass(frozen=True)
+class ReadRecords:
+    """Read messages of ``topic`` into the relation ``placeholder``.
+
+    With ``consumer`` the read starts at the consumer's committed offsets and
+    the range read is committed with the transaction; without, it is a peek.
+    """
+
+    topic: str
+    topic_id: str
+    partitions: tuple[int, ...]
+    placeholder: str
+    consumer: str | None
+    options: dict[str, Any]
+
+    def describe(self) -> str:
+        mode = f"consumer {self.consumer}" if self.consumer else "peek"
+        extra = ", ".join(f"{k}={v}" for k, v in sorted(self.options.items()) if k != "consumer")
+        parts = ",".join(map(str, self.partitions))
+        return f"ReadRecords topic={self.topic} partitions=[{parts}] {mode}" + (
+            f" ({extra})" if extra else ""
+        )
+
+
+@dataclass(frozen=True)
+class RunQuery:
+    """Run DuckDB SQL over tables and the relations earlier ``ReadRecords`` produced."""
+
+    sql: str
+    tables_read: tuple[str, ...]
+    tables_written: tuple[str, ...]
+    returns_rows: bool
+    tag: str
+    system_views: tuple[str, ...] = ()
+
+    def describe(self) -> str:
+        read = ",".join(self.tables_read) or "-"
+        written = ",".join(self.tables_written) or "-"
+        return f"RunQuery reads=[{read}] writes=[{written}]"
+
+
+@dataclass(frozen=True)
+class AppendRecords:
+    """Append rows to ``topic``: literal ``rows`` or the result of the preceding query."""
+
+    topic: str
+    topic_id: str
+    partitions: tuple[int, ...]
+    columns: tuple[str, ...]
+    rows: tuple[tuple[Any, ...], ...] | None
+    options: dict[str, Any]
+    returning: tuple[str, ...]
+
+    def describe(self) -> str:
+        source = f"{len(self.rows)} literal rows" if self.rows is not None else "query result"
+        parts = ",".join(map(str, self.partitions))
+        return f"AppendRecords topic={self.topic} partitions=[{parts}] from {source}"
+
+
+@dataclass(frozen=True)
+class CommitConsumerOffsets:
+    topic: str
+    topic_id: str
+    consumer: str
+    ranges: tuple[tuple[int, int | None, int], ...]  # (partition, start or None, end)
+
+    def describe(self) -> str:
+        spans = ", ".join(
+            f"p{p}:[{'committed' if s is None else s},{e})" for p, s, e in self.ranges
+        )
+        return f"CommitConsumerOffsets topic={self.topic} consumer={self.consumer} {spans}"
+
+
+@dataclass(frozen=True)
+class CreateTopicEntry:
+    name: str
+    settings: dict[str, Any]
+    consumers: dict[str, dict[str, Any]]
+    if_not_exists: bool
+
+    def describe(self) -> str:
+        return f"CreateTopic {self.name} consumers=[{','.join(self.consumers)}]"
+
+
+@dataclass(frozen=True)
+class AlterTopicEntry:
+    name: str
+    topic_id: str
+    settings: dict[str, Any]  # the complete new settings
+    consumers: dict[str, dict[str, Any]]  # the complete new consumer set
+    added_partitions: int
+
+    def describe(self) -> str:
+        return f"AlterTopic {self.name} consumers=[{','.join(self.consumers)}]" + (
+            f" add_partitions={self.added_partitions}" if self.added_partitions else ""
+        )
+
+
+@dataclass(frozen=True)
+class DropTopicEntry:
+    name: str
+    topic_id: str | None
+    if_exists: bool
+
+    def describe(self) -> str:
+        return f"DropTopic {self.name}"
+
+
+@dataclass(frozen=True)
+class TransactionControl:
+    action: str  # "begin" | "commit" | "rollback"
+
+    def describe(self) -> str:
+        return f"Transaction {self.action.upper()}"
+
+
+@dataclass(frozen=True)
+class Introspect:
+    """SHOW TOPICS / DESCRIBE TOPIC: answered from the catalog and storage."""
+
+    what: str  # "topics" | "topic"
+    topic: str | None = None
+
+    def describe(self) -> str:
+        return f"Introspect {self.what}" + (f" {self.topic}" if self.topic else "")
+
+
+Operation = (
+    ReadRecords
+    | RunQuery
+    | AppendRecords
+    | CommitConsumerOffsets
+    | CreateTopicEntry
+    | AlterTopicEntry
+    | DropTopicEntry
+    | TransactionControl
+    | Introspect
+)
+
+
+@dataclass(frozen=True)
+class Plan:
+    """Operations in the order the engine runs them; ``tag`` is the command tag."""
+
+    operations: tuple[Operation, ...]
+    tag: str
+    explain_only: bool = False
+    notes: tuple[str, ...] = field(default=())
+
+    def describe(self) -> str:
+        lines = [f"Plan {self.tag}"]
+        lines += [f"  {index}. {op.describe()}" for index, op in enumerate(self.operations, 1)]
+        lines += [f"  note: {note}" for note in self.notes]
+        return "\n".join(lines)

@@ -1,0 +1,208 @@
+"""Statement -> Plan. Pure: reads only the ``Catalog`` it is given.
+
+One planning function per statement kind (SQLite's ``insert.c``/``select.c``
+split), dispatched by type. sqlglot analyses the non-topic SQL: which tables a
+statement reads and writes, whether it returns rows, and which ``sys.`` views
+it needs.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from typing import Any
+
+import sqlglot
+from sqlglot import expressions as exp
+
+from grammar import ast
+from planner.catalog import Catalog, TopicInfo
+from planner.ddl import plan_alter_topic, plan_create_topic, plan_drop_topic
+from planner.operations import (
+    AppendRecords,
+    CommitConsumerOffsets,
+    Introspect,
+    Operation,
+    Plan,
+    ReadRecords,
+    RunQuery,
+    TransactionControl,
+)
+from storage.errors import SqlSyntaxError, UndefinedObjectError, UndefinedTopicError
+
+SYSTEM_VIEWS = ("topics", "partitions", "consumers")
+WRITING_STATEMENTS = (
+    exp.Insert, exp.Update, exp.Delete, exp.Merge, exp.Create, exp.Drop, exp.Alter,
+)
+
+
+def plan(statement: ast.Statement, catalog: Catalog) -> Plan:
+    """Turn one parsed statement into a plan of operations."""
+    if isinstance(statement, ast.Explain):
+        inner = plan(statement.statement, catalog)
+        return Plan(inner.operations, inner.tag, explain_only=True, notes=inner.notes)
+    planner = _PLANNERS.get(type(statement))
+    assert planner is not None, f"no planner for {type(statement).__name__}"
+    return planner(statement, catalog)
+
+
+def require_topic(catalog: Catalog, name: str) -> TopicInfo:
+    info = catalog.topic(name)
+    if info is None:
+        raise UndefinedTopicError(f'topic "{name}" does not exist', topic=name)
+    return info
+
+
+def _plan_sql(statement: ast.SqlStatement, catalog: Catalog) -> Plan:
+    reads = tuple(_plan_scan(scan, catalog) for scan in statement.topic_scans)
+    query = analyse_sql(statement.sql)
+    return Plan((*reads, query), query.tag)
+
+
+def _plan_scan(scan: ast.TopicScan, catalog: Catalog) -> ReadRecords:
+    info = require_topic(catalog, scan.topic)
+    options = dict(scan.options)
+    consumer = options.get("consumer")
+    if consumer is not None and consumer not in info.consumers:
+        raise UndefinedObjectError(
+            f'consumer "{consumer}" does not exist on topic "{info.name}"',
+            topic=info.name,
+            consumer=consumer,
+        )
+    partitions = info.partitions
+    if "partition" in options:
+        wanted = options["partition"]
+        if wanted not in info.partitions:
+            raise UndefinedObjectError(f'topic "{info.name}" has no partition {wanted}')
+        partitions = (wanted,)
+    return ReadRecords(info.name, info.topic_id, partitions, scan.placeholder, consumer, options)
+
+
+def analyse_sql(sql: str) -> RunQuery:
+    """Tables read and written by plain SQL, and whether it returns rows."""
+    try:
+        tree = sqlglot.parse_one(sql, read="duckdb")
+    except sqlglot.errors.ParseError as error:
+        raise SqlSyntaxError(f"syntax error: {error.errors[0]['description']}") from None
+    written: set[str] = set()
+    target = None
+    if isinstance(tree, WRITING_STATEMENTS):
+        target = tree.find(exp.Table)
+    if target is not None:
+        written.add(_table_name(target))
+    read = {_table_name(t) for t in tree.find_all(exp.Table) if t.name} - written
+    returns_rows = isinstance(tree, exp.Query) or bool(tree.args.get("returning"))
+    views = tuple(
+        sorted({t.name for t in tree.find_all(exp.Table) if t.db == "sys" and not t.catalog})
+    )
+    for view in views:
+        if view not in SYSTEM_VIEWS:
+            raise UndefinedTopicError(
+                f'system view "sys.{view}" does not exist (known: '
+                + ", ".join(f"sys.{v}" for v in SYSTEM_VIEWS)
+                + ")"
+            )
+    if views:
+        sql = _rename_system_views(tree).sql(dialect="duckdb")
+    return RunQuery(
+        sql, tuple(sorted(read)), tuple(sorted(written)), returns_rows, _tag_of(tree, sql), views
+    )
+
+
+def _rename_system_views(tree: exp.Expression) -> exp.Expression:
+    """``sys.topics`` -> ``__sys_topics``, the relation the engine registers per statement."""
+
+    def rename(node: exp.Expression) -> exp.Expression:
+        if isinstance(node, exp.Table) and node.db == "sys" and not node.catalog:
+            renamed = exp.to_table(f"__sys_{node.name}")
+            alias = node.args.get("alias")
+            if alias is not None:
+                renamed.set("alias", alias)
+            return renamed
+        return node
+
+    return tree.transform(rename)
+
+
+def _table_name(table: exp.Table) -> str:
+    return ".".join(part for part in (table.db, table.name) if part)
+
+
+def _tag_of(tree: exp.Expression, sql: str) -> str:
+    """The PostgreSQL-style command tag (without row counts)."""
+    if isinstance(tree, exp.Query):
+        return "SELECT"
+    simple = {exp.Insert: "INSERT", exp.Update: "UPDATE", exp.Delete: "DELETE", exp.Merge: "MERGE"}
+    for kind, tag in simple.items():
+        if isinstance(tree, kind):
+            return tag
+    if isinstance(tree, exp.Create | exp.Drop):
+        verb = "CREATE" if isinstance(tree, exp.Create) else "DROP"
+        return f"{verb} {str(tree.args.get('kind') or 'TABLE').upper()}"
+    words = sql.split(None, 1)
+    return words[0].upper() if words else "EMPTY"
+
+
+def _plan_insert(statement: ast.InsertTopic, catalog: Catalog) -> Plan:
+    info = require_topic(catalog, statement.topic)
+    options = dict(statement.options)
+    operations: list[Operation] = []
+    if statement.query is not None:
+        query_plan = _plan_sql(statement.query, catalog)
+        operations.extend(query_plan.operations)
+    append = AppendRecords(
+        info.name,
+        info.topic_id,
+        info.active_partitions or info.partitions,
+        statement.columns,
+        statement.values,
+        options,
+        statement.returning,
+    )
+    return Plan((*operations, append), "INSERT")
+
+
+def _plan_commit_offsets(statement: ast.CommitOffsets, catalog: Catalog) -> Plan:
+    info = require_topic(catalog, statement.topic)
+    if statement.consumer not in info.consumers:
+        raise UndefinedObjectError(
+            f'consumer "{statement.consumer}" does not exist on topic "{info.name}"'
+        )
+    for offset_range in statement.ranges:
+        if offset_range.partition not in info.partitions:
+            raise UndefinedObjectError(
+                f'topic "{info.name}" has no partition {offset_range.partition}'
+            )
+    ranges = tuple((r.partition, r.start, r.end) for r in statement.ranges)
+    operation = CommitConsumerOffsets(info.name, info.topic_id, statement.consumer, ranges)
+    return Plan((operation,), "COMMIT OFFSETS")
+
+
+def _plan_transaction(action: str, tag: str) -> Callable[[Any, Catalog], Plan]:
+    def planner(statement: Any, catalog: Catalog) -> Plan:
+        return Plan((TransactionControl(action),), tag)
+
+    return planner
+
+
+def _plan_show(statement: ast.ShowTopics, catalog: Catalog) -> Plan:
+    return Plan((Introspect("topics"),), "SHOW")
+
+
+def _plan_describe(statement: ast.DescribeTopic, catalog: Catalog) -> Plan:
+    info = require_topic(catalog, statement.name)
+    return Plan((Introspect("topic", info.name),), "DESCRIBE")
+
+
+_PLANNERS: dict[type, Callable[[Any, Catalog], Plan]] = {
+    ast.SqlStatement: _plan_sql,
+    ast.InsertTopic: _plan_insert,
+    ast.CommitOffsets: _plan_commit_offsets,
+    ast.CreateTopic: plan_create_topic,
+    ast.AlterTopic: plan_alter_topic,
+    ast.DropTopic: plan_drop_topic,
+    ast.Begin: _plan_transaction("begin", "BEGIN"),
+    ast.Commit: _plan_transaction("commit", "COMMIT"),
+    ast.Rollback: _plan_transaction("rollback", "ROLLBACK"),
+    ast.ShowTopics: _plan_show,
+    ast.DescribeTopic: _plan_describe,
+}

@@ -1,0 +1,180 @@
+"""Tests of storage/cleaner.py: retention by time and size, guards, inactive partitions."""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Iterator
+from typing import Any
+
+import pytest
+
+from storage.cleaner import NoGuard, apply_retention, retention_limit
+from storage.clock import ManualClock
+from storage.config import FsyncPolicy, TopicConfig
+from storage.fs import FileSystem
+from storage.record_batch import build_wire_batch
+from storage.topic_log import TopicLog
+
+HOUR_S = 3600
+
+
+class FixedGuard:
+    """Protects everything at or above ``offset`` in every partition."""
+
+    def __init__(self, offset: int | None) -> None:
+        self.offset = offset
+
+    def protected_offset(self, topic_id: str, partition_id: int) -> int | None:
+        return self.offset
+
+
+@pytest.fixture
+def make_topic(tmp_path: Any, clock: ManualClock) -> Iterator[Any]:
+    topics: list[TopicLog] = []
+
+    def make(**settings: Any) -> TopicLog:
+        settings.setdefault("fsync_policy", FsyncPolicy.NEVER)
+        directory = os.path.join(str(tmp_path), f"t{len(topics)}")
+        topic = TopicLog(FileSystem(), directory, "t", clock, create=True)
+        topic.create(TopicConfig(**settings))
+        topics.append(topic)
+        return topic
+
+    yield make
+    for topic in topics:
+        topic.close()
+
+
+def _write_segments(
+    topic: TopicLog, clock: ManualClock, segments: int, per_segment: int = 5, partition: int = 0
+) -> None:
+    """Write ``segments`` sealed segments an hour apart, then one message in the active one."""
+    log = topic.partition(partition)
+    for _ in range(segments):
+        log.append(build_wire_batch([b"x" * 100] * per_segment))
+        log.roll()
+        clock.advance(seconds=HOUR_S)
+    log.append(build_wire_batch([b"active"]))
+
+
+def test_retention_by_time_deletes_only_expired_sealed_segments(
+    make_topic: Any, clock: ManualClock
+) -> None:
+    topic = make_topic(retention_ms=int(2.5 * HOUR_S * 1000))
+    _write_segments(topic, clock, segments=4)
+    partition = topic.partition(0)
+    # Segments were written 4h, 3h, 2h and 1h ago: the first two are past 2.5h.
+    report = apply_retention(topic, NoGuard(), clock.now_us())
+    assert report.segments_deleted == 2 and report.bytes_deleted > 0
+    assert partition.start_offset == 10 and partition.end_offset == 21
+    assert partition.read(0).batches[0].column("offset")[0].as_py() == 10
+    assert apply_retention(topic, NoGuard(), clock.now_us()).segments_deleted == 0
+
+
+def test_retention_never_deletes_the_active_segment(make_topic: Any, clock: ManualClock) -> None:
+    topic = make_topic(retention_ms=1000)
+    _write_segments(topic, clock, segments=2)
+    clock.advance(seconds=100 * HOUR_S)
+    apply_retention(topic, NoGuard(), clock.now_us())
+    partition = topic.partition(0)
+    assert len(partition.segments) == 1
+    assert partition.read(0).message_count == 1 and partition.start_offset == 10
+
+
+def test_retention_by_size_deletes_oldest_segments_until_under_budget(
+    make_topic: Any, clock: ManualClock
+) -> None:
+    topic = make_topic(retention_ms=None, retention_bytes=1)
+    _write_segments(topic, clock, segments=3)
+    partition = topic.partition(0)
+    segment_bytes = partition.segments[0].size_bytes
+    topic.alter(
+        TopicConfig(
+            retention_ms=None, retention_bytes=2 * segment_bytes, fsync_policy=FsyncPolicy.NEVER
+        )
+    )
+    apply_retention(topic, NoGuard(), clock.now_us())
+    # Three sealed segments and a small active one: two must go to get under two segments.
+    assert partition.start_offset == 10 and partition.size_bytes <= 2 * segment_bytes
+    topic.alter(TopicConfig(retention_ms=None, retention_bytes=1, fsync_policy=FsyncPolicy.NEVER))
+    apply_retention(topic, NoGuard(), clock.now_us())
+    assert len(partition.segments) == 1 and partition.start_offset == 15
+
+
+def test_retention_deletes_whole_segments_only(make_topic: Any, clock: ManualClock) -> None:
+    topic = make_topic(retention_ms=None)
+    _write_segments(topic, clock, segments=3)
+    partition = topic.partition(0)
+    assert partition.delete_segments_before(7) == 1
+    assert partition.start_offset == 5, "offset 7 lies inside the second segment: it stays"
+    assert partition.delete_segments_before(5) == 0
+    assert partition.delete_segments_before(10**6) == 2
+    assert partition.start_offset == 15
+
+
+def test_retention_stops_at_the_guards_protected_offset(
+    make_topic: Any, clock: ManualClock
+) -> None:
+    topic = make_topic(retention_ms=1000)
+    _write_segments(topic, clock, segments=4)
+    clock.advance(seconds=10 * HOUR_S)
+    apply_retention(topic, FixedGuard(7), clock.now_us())
+    partition = topic.partition(0)
+    assert partition.start_offset == 5, "the segment holding offset 7 is protected"
+    apply_retention(topic, FixedGuard(0), clock.now_us())
+    assert partition.start_offset == 5
+    apply_retention(topic, FixedGuard(None), clock.now_us())
+    assert partition.start_offset == 20
+
+
+def test_retention_limit_with_no_settings_keeps_everything(
+    make_topic: Any, clock: ManualClock
+) -> None:
+    topic = make_topic(retention_ms=None, retention_bytes=None)
+    _write_segments(topic, clock, segments=3)
+    assert retention_limit(topic.partition(0), clock.now_us() + 10**15) == 0
+
+
+def test_inactive_partition_whose_data_expired_is_removed(
+    make_topic: Any, clock: ManualClock
+) -> None:
+    topic = make_topic(partition_count=2, retention_ms=HOUR_S * 1000)
+    _write_segments(topic, clock, segments=2, partition=0)
+    topic.mark_inactive(0, (1,))
+    directory = topic.partition(0).directory
+    assert apply_retention(topic, NoGuard(), clock.now_us()).partitions_removed == 0
+    clock.advance(seconds=2 * HOUR_S)
+    report = apply_retention(topic, NoGuard(), clock.now_us())
+    assert report.partitions_removed == 1 and topic.partition_ids() == [1]
+    assert not os.path.exists(directory)
+
+
+def test_inactive_partition_with_recent_data_behind_an_empty_segment_stays(
+    make_topic: Any, clock: ManualClock
+) -> None:
+    topic = make_topic(partition_count=2, retention_ms=HOUR_S * 1000)
+    topic.partition(0).append(build_wire_batch([b"fresh"]))
+    topic.partition(0).roll()  # the active segment is now empty
+    topic.mark_inactive(0, (1,))
+    report = apply_retention(topic, NoGuard(), clock.now_us())
+    assert report.partitions_removed == 0 and topic.partition_ids() == [0, 1]
+
+
+def test_inactive_partition_a_consumer_still_needs_stays(
+    make_topic: Any, clock: ManualClock
+) -> None:
+    topic = make_topic(partition_count=2, retention_ms=HOUR_S * 1000)
+    _write_segments(topic, clock, segments=1, partition=0)
+    topic.mark_inactive(0, (1,))
+    clock.advance(seconds=5 * HOUR_S)
+    assert apply_retention(topic, FixedGuard(3), clock.now_us()).partitions_removed == 0
+    assert topic.partition(0).start_offset == 0
+    end = topic.partition(0).end_offset
+    assert apply_retention(topic, FixedGuard(end), clock.now_us()).partitions_removed == 1
+
+
+def test_active_partitions_are_never_removed(make_topic: Any, clock: ManualClock) -> None:
+    topic = make_topic(partition_count=2, retention_ms=1000)
+    clock.advance(seconds=HOUR_S)
+    assert apply_retention(topic, NoGuard(), clock.now_us()).partitions_removed == 0
+    assert topic.partition_ids() == [0, 1]

@@ -1,0 +1,244 @@
+"""Crash safety under SIGKILL: a real writer process is killed at random moments.
+
+Each round starts ``crash_writer.py`` on the same data directory (so state
+accumulates across kills and every start recovers from the previous crash),
+kills it with SIGKILL, then opens the store in this process and checks the
+invariants of ``crash_writer.check_topic`` against the writer's ack file:
+every acknowledged message present exactly once where it was acknowledged,
+offsets dense, per-producer order, no duplicate anywhere, producer state equal
+to the log. Unacknowledged messages may be present (written before the kill).
+
+Half the rounds check a copy of the directory, so that the next writer itself
+recovers from the crash (the check's clean close would otherwise leave fresh
+producer snapshots behind); the other half check in place and close.
+
+Settings: ``CRASH_KILLS`` (default 40, split 3:1 between the two tests),
+``CRASH_SEED`` (default: random, printed on failure). The time budget is 1.5 s
+per kill; a test stops early when it runs out (after at least 5 kills).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import importlib.util
+import os
+import queue
+import random
+import shutil
+import signal
+import subprocess
+import sys
+import threading
+import time
+from pathlib import Path
+
+import pytest
+
+from storage.store import Store
+
+HERE = Path(__file__).resolve().parent
+ROOT = HERE.parents[1]
+WRITER = HERE / "crash_writer.py"
+
+
+def _load_writer_module():
+    spec = importlib.util.spec_from_file_location("crash_writer", WRITER)
+    assert spec is not None and spec.loader is not None
+    module = importlib.util.module_from_spec(spec)
+    sys.modules.setdefault("crash_writer", module)
+    spec.loader.exec_module(module)
+    return module
+
+
+cw = sys.modules.get("crash_writer") or _load_writer_module()
+
+TOTAL_KILLS = int(os.environ.get("CRASH_KILLS", "40"))
+SECONDS_PER_KILL = 1.5
+MIN_KILLS = 5
+POLICIES = ("never", "group", "always")
+ROLL_INJECTIONS = ("roll-before-snapshot", "roll-before-rename", "roll-before-frame", "roll-after")
+
+
+def _seed() -> int:
+    return int(os.environ.get("CRASH_SEED") or random.SystemRandom().randrange(2**32))
+
+
+class WriterProcess:
+    """One run of crash_writer.py; its stdout lines arrive on a queue."""
+
+    def __init__(self, tmp: Path, *, fsync: str, seed: int, segment_bytes: int, inject: str):
+        self.stderr_path = tmp / f"writer-{seed}.err"
+        with open(self.stderr_path, "wb") as stderr:
+            self.proc = subprocess.Popen(
+                [
+                    sys.executable,
+                    str(WRITER),
+                    f"--root={tmp / 'store'}",
+                    f"--acks={tmp / 'acks.log'}",
+                    f"--fsync={fsync}",
+                    f"--segment-bytes={segment_bytes}",
+                    f"--seed={seed}",
+                    f"--inject={inject}",
+                    "--max-seconds=30",
+                ],
+                cwd=ROOT,
+                stdout=subprocess.PIPE,
+                stderr=stderr,
+            )
+        self.lines: queue.Queue[str | None] = queue.Queue()
+        threading.Thread(target=self._pump, daemon=True).start()
+
+    def _pump(self) -> None:
+        assert self.proc.stdout is not None
+        for line in self.proc.stdout:
+            self.lines.put(line.decode().strip())
+        self.lines.put(None)
+
+    def wait_for(self, word: str, timeout: float) -> bool:
+        """True once the writer printed ``word``; False if it exited or timed out first."""
+        deadline = time.monotonic() + timeout
+        while (remaining := deadline - time.monotonic()) > 0:
+            try:
+                line = self.lines.get(timeout=remaining)
+            except queue.Empty:
+                return False
+            if line is None:
+                return False
+            if line == word:
+                return True
+        return False
+
+    def kill(self) -> None:
+        with contextlib.suppress(ProcessLookupError):
+            self.proc.send_signal(signal.SIGKILL)
+
+    def finish(self) -> None:
+        """Reap the process; it must have died of SIGKILL (anything else is a writer failure)."""
+        code = self.proc.wait(timeout=30)
+        if code != -signal.SIGKILL:
+            raise AssertionError(
+                f"writer exited with {code}:\n{self.stderr_path.read_text()[-4000:]}"
+            )
+
+
+@contextlib.contextmanager
+def _reported(seed: int, what: str):
+    try:
+        yield
+    except BaseException as error:
+        raise AssertionError(f"{what} failed (CRASH_SEED={seed}): {error}") from error
+
+
+def _check(tmp: Path, *, in_place: bool) -> object:
+    """Open the store in this process, check it against the acks, close it."""
+    root = tmp / "store"
+    if not in_place:
+        copy = tmp / "check"
+        shutil.rmtree(copy, ignore_errors=True)
+        shutil.copytree(root, copy)
+        root = copy
+    with Store.open(str(root)) as store:
+        assert len(store.topic_ids()) <= 1
+        if not store.topic_ids():  # killed before the topic was created
+            return cw.CheckStats()
+        topic = store.topic(store.topic_ids()[0])
+        stats = cw.check_topic(topic, cw.parse_acks(str(tmp / "acks.log")))
+    if not in_place:
+        shutil.rmtree(root)
+    return stats
+
+
+@pytest.mark.slow
+def test_sigkill_at_random_moments(tmp_path: Path) -> None:
+    """Kill the writer at random moments (some during recovery, some mid-write), check."""
+    kills = max(1, TOTAL_KILLS - TOTAL_KILLS // 4)
+    budget = time.monotonic() + kills * SECONDS_PER_KILL
+    seed = _seed()
+    rng = random.Random(seed)
+    done = torn = during_open = 0
+    stats = cw.CheckStats()
+    for round_no in range(kills):
+        if round_no >= MIN_KILLS and time.monotonic() > budget:
+            break
+        policy = POLICIES[round_no % len(POLICIES)]
+        inject = f"torn-write:{rng.randint(1, 60)}" if rng.random() < 0.2 else "none"
+        in_open = rng.random() < 0.15
+        what = f"round {round_no} ({policy}, inject {inject}, kill in open {in_open})"
+        with _reported(seed, what):
+            writer = WriterProcess(
+                tmp_path,
+                fsync=policy,
+                seed=rng.randrange(2**31),
+                segment_bytes=64 * 1024,
+                inject=inject,
+            )
+            try:
+                if in_open:
+                    assert writer.wait_for("opening", 15), "writer did not start"
+                    time.sleep(rng.uniform(0.0, 0.05))
+                else:
+                    assert writer.wait_for("ready", 15), "writer did not get ready"
+                    time.sleep(rng.uniform(0.02, 0.3))
+                self_killed = writer.proc.poll() is not None
+            finally:
+                writer.kill()
+            writer.finish()
+            done += 1
+            during_open += in_open
+            stats = _check(tmp_path, in_place=round_no % 2 == 0)
+            if self_killed and inject != "none":
+                torn += 1
+                assert stats.truncated_bytes > 0, "a torn write was not cut on reopen"
+    print(
+        f"\nSIGKILL loop (CRASH_SEED={seed}): {done} kills ({during_open} during open, "
+        f"{torn} self-kills in a torn write), {stats.messages} messages stored, "
+        f"{stats.acked_checked} acknowledged checked, {stats.segments} segments"
+    )
+    assert stats.acked_checked > 0
+
+
+@pytest.mark.slow
+def test_sigkill_around_segment_rolls(tmp_path: Path) -> None:
+    """Kill inside and right after segment rolls (tiny segments roll every few batches)."""
+    kills = max(1, TOTAL_KILLS // 4)
+    budget = time.monotonic() + kills * SECONDS_PER_KILL
+    seed = _seed()
+    rng = random.Random(seed)
+    done = injected = 0
+    stats = cw.CheckStats()
+    for round_no in range(kills):
+        if round_no >= MIN_KILLS and time.monotonic() > budget:
+            break
+        policy = POLICIES[round_no % len(POLICIES)]
+        modes = (*ROLL_INJECTIONS, "external")
+        mode = modes[round_no % len(modes)]
+        inject = "none" if mode == "external" else f"{mode}:{rng.randint(1, 6)}"
+        with _reported(seed, f"round {round_no} ({policy}, {mode})"):
+            writer = WriterProcess(
+                tmp_path,
+                fsync=policy,
+                seed=rng.randrange(2**31),
+                segment_bytes=8 * 1024,
+                inject=inject,
+            )
+            try:
+                assert writer.wait_for("ready", 15), "writer did not get ready"
+                if mode == "external":
+                    assert writer.wait_for("rolled", 10), "no segment roll"
+                else:
+                    writer.proc.wait(timeout=10)
+                injected += writer.proc.poll() is not None and mode != "external"
+            except subprocess.TimeoutExpired:
+                pass
+            finally:
+                writer.kill()
+            writer.finish()
+            done += 1
+            stats = _check(tmp_path, in_place=round_no % 2 == 1)
+    print(
+        f"\nroll kills (CRASH_SEED={seed}): {done} kills ({injected} injected inside rolls), "
+        f"{stats.messages} messages stored, {stats.acked_checked} acknowledged checked, "
+        f"{stats.segments} segments"
+    )
+    assert stats.segments > 3 * done // 2
+    assert injected >= done // 3, "most injected kills inside rolls did not happen"

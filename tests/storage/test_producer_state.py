@@ -1,0 +1,189 @@
+"""Tests of storage/producer_state.py: dedup decisions, expiry, snapshots, replay."""
+
+from __future__ import annotations
+
+import json
+import os
+from typing import Any
+
+import numpy as np
+import pyarrow as pa
+import pytest
+
+from storage import file_names
+from storage.clock import ManualClock
+from storage.errors import InvalidParameterValueError
+from storage.fs import FileSystem
+from storage.producer_state import ProducerStateManager
+from storage.record_batch import build_wire_batch, decode_body, encode_frame, serialize_body
+
+DAY_US = 24 * 3600 * 1_000_000
+EXPIRY_US = 14 * DAY_US
+
+
+def _manager(tmp_path: Any, clock: ManualClock) -> ProducerStateManager:
+    return ProducerStateManager(FileSystem(), str(tmp_path), clock, EXPIRY_US)
+
+
+def _batch(producers: list[str | None], seq_nos: list[int | None]) -> pa.RecordBatch:
+    return build_wire_batch([b"x"] * len(seq_nos), seq_no=seq_nos, producer_id=producers)
+
+
+def _write(
+    manager: ProducerStateManager, batch: pa.RecordBatch, base_offset: int, now_us: int
+) -> np.ndarray:
+    """Decide and record like the partition writer; returns the duplicate mask."""
+    decision = manager.decide(batch)
+    written = decision.batch.filter(pa.array(~decision.duplicate))
+    if written.num_rows:
+        manager.record(written, base_offset, now_us)
+    return decision.duplicate
+
+
+def test_first_batch_of_a_producer_has_no_duplicates(tmp_path: Any, clock: ManualClock) -> None:
+    manager = _manager(tmp_path, clock)
+    decision = manager.decide(_batch(["p"] * 3, [1, 2, 3]))
+    assert decision.duplicate.tolist() == [False] * 3
+    assert decision.earlier_offsets.tolist() == [-1] * 3
+    assert decision.written_count == 3
+
+
+def test_resend_is_duplicate_with_earlier_offsets(tmp_path: Any, clock: ManualClock) -> None:
+    manager = _manager(tmp_path, clock)
+    _write(manager, _batch(["p"] * 3, [1, 2, 3]), 10, clock.now_us())
+    decision = manager.decide(_batch(["p"] * 4, [1, 2, 3, 4]))
+    assert decision.duplicate.tolist() == [True, True, True, False]
+    assert decision.earlier_offsets.tolist() == [10, 11, 12, -1]
+    assert manager.last_seq_no("p") == 3
+
+
+def test_producers_are_judged_separately(tmp_path: Any, clock: ManualClock) -> None:
+    manager = _manager(tmp_path, clock)
+    _write(manager, _batch(["a"], [5]), 0, clock.now_us())
+    decision = manager.decide(_batch(["a", "b", None], [5, 5, 5]))
+    assert decision.duplicate.tolist() == [True, False, False]
+
+
+def test_duplicates_within_a_batch_count_earlier_rows(tmp_path: Any, clock: ManualClock) -> None:
+    manager = _manager(tmp_path, clock)
+    decision = manager.decide(_batch(["p"] * 5, [3, 1, 4, 4, 5]))
+    assert decision.duplicate.tolist() == [False, True, False, True, False]
+
+
+def test_missing_seq_nos_are_numbered_after_the_largest(tmp_path: Any, clock: ManualClock) -> None:
+    manager = _manager(tmp_path, clock)
+    _write(manager, _batch(["p"], [7]), 0, clock.now_us())
+    decision = manager.decide(_batch(["p", "p", "q", None], [None, None, None, None]))
+    assert decision.batch.column("seq_no").to_pylist() == [8, 9, 0, None]
+    assert not decision.duplicate.any()
+
+
+def test_negative_seq_no_is_refused(tmp_path: Any, clock: ManualClock) -> None:
+    with pytest.raises(InvalidParameterValueError, match="negative"):
+        _manager(tmp_path, clock).decide(_batch(["p"], [-5]))
+
+
+def test_batch_without_producers_is_never_duplicate(tmp_path: Any, clock: ManualClock) -> None:
+    manager = _manager(tmp_path, clock)
+    decision = manager.decide(_batch([None, None], [1, 1]))
+    assert decision.duplicate.tolist() == [False, False]
+    assert decision.batch.column("seq_no").to_pylist() == [1, 1]
+
+
+def test_producer_expires_after_the_expiry(tmp_path: Any, clock: ManualClock) -> None:
+    manager = _manager(tmp_path, clock)
+    _write(manager, _batch(["p"], [1]), 0, clock.now_us())
+    clock.advance(microseconds=EXPIRY_US - 1)
+    assert manager.last_seq_no("p") == 1 and "p" in manager.live_keys()
+    clock.advance(microseconds=1)
+    assert manager.last_seq_no("p") is None and manager.live_keys() == {}
+    assert manager.decide(_batch(["p"], [1])).duplicate.tolist() == [False]
+    assert manager.expire() == 1 and manager.expire() == 0
+
+
+def test_snapshot_round_trip(tmp_path: Any, clock: ManualClock) -> None:
+    manager = _manager(tmp_path, clock)
+    _write(manager, _batch(["a", "b"], [3, 9]), 0, clock.now_us())
+    manager.write_snapshot(2, durable=False)
+    assert os.listdir(tmp_path) == [file_names.snapshot_file(2)]
+    loaded = _manager(tmp_path, clock)
+    assert loaded.load_snapshot(log_end_offset=2) == 2
+    assert (loaded.last_seq_no("a"), loaded.last_seq_no("b")) == (3, 9)
+    assert loaded.decide(_batch(["b"], [9])).earlier_offsets.tolist() == [1]
+
+
+def test_snapshot_leaves_out_expired_producers(tmp_path: Any, clock: ManualClock) -> None:
+    manager = _manager(tmp_path, clock)
+    _write(manager, _batch(["old"], [1]), 0, clock.now_us())
+    clock.advance(microseconds=EXPIRY_US)
+    _write(manager, _batch(["new"], [1]), 1, clock.now_us())
+    manager.write_snapshot(2, durable=False)
+    payload = json.loads((tmp_path / file_names.snapshot_file(2)).read_bytes())
+    assert list(payload["producers"]) == ["new"]
+
+
+def test_only_the_two_newest_snapshots_are_kept(tmp_path: Any, clock: ManualClock) -> None:
+    manager = _manager(tmp_path, clock)
+    for offset in (5, 10, 15, 20):
+        manager.write_snapshot(offset, durable=False)
+    assert manager.snapshot_offsets() == [15, 20]
+
+
+def test_snapshot_past_the_log_end_is_deleted(tmp_path: Any, clock: ManualClock) -> None:
+    manager = _manager(tmp_path, clock)
+    _write(manager, _batch(["p"], [1]), 0, clock.now_us())
+    manager.write_snapshot(1, durable=False)
+    _write(manager, _batch(["p"], [2]), 1, clock.now_us())
+    manager.write_snapshot(2, durable=False)
+    loaded = _manager(tmp_path, clock)
+    assert loaded.load_snapshot(log_end_offset=1) == 1
+    assert loaded.last_seq_no("p") == 1
+    assert loaded.snapshot_offsets() == [1]
+
+
+def test_unreadable_snapshot_falls_back_to_an_older_one(tmp_path: Any, clock: ManualClock) -> None:
+    manager = _manager(tmp_path, clock)
+    _write(manager, _batch(["p"], [1]), 0, clock.now_us())
+    manager.write_snapshot(1, durable=False)
+    (tmp_path / file_names.snapshot_file(2)).write_bytes(b"{not json")
+    loaded = _manager(tmp_path, clock)
+    assert loaded.load_snapshot(log_end_offset=5) == 1
+    assert loaded.last_seq_no("p") == 1
+    assert loaded.snapshot_offsets() == [1]
+
+
+def test_no_snapshot_means_replay_from_zero(tmp_path: Any, clock: ManualClock) -> None:
+    assert _manager(tmp_path, clock).load_snapshot(log_end_offset=100) == 0
+
+
+def test_replay_of_read_batches_restores_the_largest_seq_nos(
+    tmp_path: Any, clock: ManualClock
+) -> None:
+    batch = build_wire_batch(
+        [b"x"] * 4,
+        seq_no=[4, 2, 9, 1],
+        producer_id=["a", "a", None, None],
+        message_group_id=[None, None, "g", None],
+    )
+    body = serialize_body(batch)
+    frame = encode_frame(body, base_offset=20, written_at_us=clock.now_us(), record_count=4)
+    from storage.record_batch import HEADER_BYTES, decode_header
+
+    header = decode_header(frame)
+    assert header is not None
+    manager = _manager(tmp_path, clock)
+    manager.apply_read_batch(decode_body(header, pa.py_buffer(frame[HEADER_BYTES:])))
+    assert manager.last_seq_no("a") == 4
+    assert manager.entry("a") is not None and manager.entry("a").last_offset == 21  # type: ignore[union-attr]
+    assert manager.last_seq_no("g") == 9, "message groups are routing keys too"
+    assert set(manager.live_keys()) == {"a", "g"}
+
+
+def test_truncate_after_forgets_producers_past_the_cut(tmp_path: Any, clock: ManualClock) -> None:
+    manager = _manager(tmp_path, clock)
+    _write(manager, _batch(["a"], [1]), 0, clock.now_us())
+    _write(manager, _batch(["b"], [1]), 5, clock.now_us())
+    manager.truncate_after(5)
+    assert set(manager.live_keys()) == {"a"}
+    manager.clear()
+    assert manager.live_keys() == {}
