@@ -3,13 +3,15 @@
 ``bench/results.json`` is a list of records, one per metric name::
 
     {"name", "group", "value", "unit", "baseline", "baseline_value", "ratio",
-     "target", "met", "note", "machine", "date", "commit", "suite"}
+     "target", "met", "note", "machine", "date", "commit", "suite", "load_avg"}
 
 ``ratio`` is ``value / baseline_value`` (null without a baseline); ``target``
 is text such as ``">= 0.5x raw"`` (or null) and ``met`` whether this run met
-it (null without a target). Saving merges: a record replaces the stored record
-of the same name, every other stored record stays. ``bench/RESULTS.md`` is
-regenerated from the merged JSON each time, one table per group.
+it (null without a target); ``date`` is when the run started; ``load_avg`` is
+the machine's 1/5/15-minute load when the metric was recorded (other work on
+these 2-core machines skews every figure). Saving merges: a record replaces
+the stored record of the same name, every other stored record stays.
+``bench/RESULTS.md`` is regenerated from the merged JSON each time, one table per group.
 """
 
 from __future__ import annotations
@@ -45,6 +47,7 @@ FIELDS = (
     "date",
     "commit",
     "suite",
+    "load_avg",
 )
 
 
@@ -77,6 +80,14 @@ def machine_info() -> dict[str, Any]:
         "python": platform.python_version(),
         "kernel": platform.release(),
     }
+
+
+def load_average() -> list[float] | None:
+    """1, 5 and 15 minute load averages: a busy machine makes every figure unreliable."""
+    try:
+        return [round(x, 2) for x in os.getloadavg()]
+    except OSError:
+        return None
 
 
 def git_commit(repo: str = REPO_DIR) -> str | None:
@@ -133,6 +144,7 @@ class Recorder:
         self.machine = machine_info()
         self.commit = git_commit()
         self.records: list[dict[str, Any]] = []
+        self.date = utc_now()  # every record of a run carries the run's start
         self._started = time.perf_counter()
 
     @property
@@ -171,9 +183,10 @@ class Recorder:
             "met": None if met is None else bool(met),
             "note": note,
             "machine": self.machine,
-            "date": utc_now(),
+            "date": self.date,
             "commit": self.commit,
             "suite": self.suite,
+            "load_avg": load_average(),
         }
         self.records = [r for r in self.records if r["name"] != name]
         self.records.append(record)
@@ -277,7 +290,7 @@ def render_markdown(records: list[dict[str, Any]]) -> str:
         described = _describe_machine(record["machine"])
         if described not in machines:
             machines.append(described)
-    latest = max(record["date"] for record in records)
+    latest = max(record["date"] for record in records)  # ISO UTC strings sort by time
     lines.append(f"- Machine{'s' if len(machines) > 1 else ''}: " + "; ".join(machines))
     lines.append(f"- Latest run: {latest}")
     lines.append("")
@@ -285,11 +298,17 @@ def render_markdown(records: list[dict[str, Any]]) -> str:
     for record in records:
         groups.setdefault(record.get("group") or "other", []).append(record)
     for group, members in groups.items():
-        runs = sorted({(r["date"][:16], r["suite"], r["commit"] or "?") for r in members})
+        runs: dict[tuple[str, str, str], float] = {}
+        for r in members:
+            key = (r["date"], r["suite"], r["commit"] or "?")
+            runs[key] = max(runs.get(key, 0.0), (r.get("load_avg") or [0.0])[0])
         lines.append(f"## {group}")
         lines.append("")
-        for date, suite, commit in runs[-3:]:
-            lines.append(f"Run {date}Z, suite `{suite}`, commit `{commit}`.")
+        for (date, suite, commit), load in sorted(runs.items())[-3:]:
+            lines.append(
+                f"Run {date}, suite `{suite}`, commit `{commit}`, "
+                f"1-minute load average up to {load:g}."
+            )
         lines.append("")
         lines.append("| metric | value | unit | baseline | baseline value | ratio | target | met |")
         lines.append("|---|---:|---|---|---:|---:|---|---|")

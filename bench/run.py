@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import argparse
 import importlib
+import os
 import sys
 import time
 import traceback
@@ -62,6 +63,12 @@ def main(argv: list[str] | None = None) -> int:
         f"suite {args.suite}: {', '.join(names)} on {recorder.machine['hostname']} "
         f"({recorder.machine['cores']} cores), commit {recorder.commit}"
     )
+    load = os.getloadavg()[0]
+    if load > 0.5 * (os.cpu_count() or 1):
+        recorder.progress(
+            f"WARNING: load average {load:.1f} on {os.cpu_count()} cores before starting: "
+            "other work is running, figures will be low and noisy"
+        )
     failed = []
     for name in names:
         started = time.perf_counter()

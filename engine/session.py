@@ -88,6 +88,7 @@ class Session:
         self.transaction: Transaction | None = None
         self._lock = threading.Lock()
         self._closed = False
+        self._leftover_views: list[str] = []
 
     # -- entry points -------------------------------------------------------------------
     def execute(self, sql: str, parameters: Any = None) -> list[Result]:
@@ -178,7 +179,11 @@ class Session:
                     result = self._run_other(operation, plan)
         finally:
             for name in registered:
-                tables.unregister(self.cursor, name)
+                try:
+                    tables.unregister(self.cursor, name)
+                except TopicbaseError:
+                    # DuckDB refuses this inside an aborted transaction; retried at rollback.
+                    self._leftover_views.append(name)
         return result
 
     def _run_other(self, operation: Any, plan: Plan) -> Result:
@@ -354,6 +359,10 @@ class Session:
             # DuckDB may have aborted the transaction itself already.
             with contextlib.suppress(TopicbaseError):
                 tables.run(self.cursor, "ROLLBACK")
+        for name in self._leftover_views:
+            with contextlib.suppress(TopicbaseError):
+                tables.unregister(self.cursor, name)
+        self._leftover_views.clear()
         self.transaction = None
         self.state = SessionState.IDLE
 

@@ -72,6 +72,10 @@ def translate(error: duckdb.Error) -> errors.TopicbaseError:
     lowered = message.lower()
     if isinstance(error, duckdb.ParserException):
         return errors.SqlSyntaxError(text)
+    if "transaction is aborted" in lowered:
+        return errors.InFailedTransactionError(
+            "current transaction is aborted, commands ignored until end of transaction block"
+        )
     if isinstance(error, duckdb.TransactionException) or "conflict" in lowered:
         return errors.SerializationFailure(
             f"could not serialize access due to concurrent update: {text}"

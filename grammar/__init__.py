@@ -1,12 +1,7 @@
 """Topicbase's SQL grammar: text in, typed statement objects out.
 
-``parse``/``parse_one`` (grammar.parse), ``split_statements`` (grammar.split), the
-statement classes (grammar.ast) and the setting tables and checks (grammar.settings).
+Modules: ``grammar.parse`` (``parse``, ``parse_one``), ``grammar.split`` (positions,
+``split_statements``, tokens, literal rows), ``grammar.ast`` (statement classes),
+``grammar.settings`` (setting tables and checks) and ``topic.lark`` (the grammar).
+Nothing is re-exported here, so ``grammar.parse`` always names the module.
 """
-
-from __future__ import annotations
-
-from grammar.parse import SQL_TEXT_BYTES_MAX, parse, parse_one
-from grammar.split import split_statements
-
-__all__ = ["SQL_TEXT_BYTES_MAX", "parse", "parse_one", "split_statements"]

@@ -90,6 +90,11 @@ SQL_TEXT_BYTES_MAX = 16 * 1024 * 1024
 # since the engine keeps topics and consumers as directories and files.
 NAME_COMPONENT_BYTES_MAX = 255
 PLACEHOLDER_PREFIX = "__topic_scan_"
+# INSERT INTO TOPIC name ( c1 , c2 ... ) and the body's first token, for column lists
+# up to 64 names; a longer list cannot be valid and is left to the grammar to refuse.
+_INSERT_HEAD_TOKENS_MAX = 4 + 2 * 64 + 1
+# What may follow INSERT INTO TOPIC name [(columns)], besides "(".
+_QUERY_STARTS = ("VALUES", "SELECT", "WITH", "FROM", "TABLE")
 # Stands for the rows or query of INSERT INTO TOPIC when its head and tail go
 # through the grammar (see topic.lark).
 BODY_MARK = "\ue000"
@@ -155,6 +160,7 @@ def _check_length(text: str) -> None:
 def _parse_statement(source: SourceText, start: int, end: int) -> Statement:
     head = list(islice(tokenize(source, start, end), 3))
     words = [token.text.upper() if token.kind == "word" else "" for token in head]
+    words += [""] * (3 - len(words))
     if words[0] == "EXPLAIN":
         return _parse_explain(source, start, end, head)
     if words == ["INSERT", "INTO", "TOPIC"]:
@@ -582,12 +588,14 @@ def _refuse_consumer_conflict(consumer: str, kinds: list[str]) -> None:
 
 # -- INSERT INTO TOPIC ---------------------------------------------------------------------------
 def _parse_insert(source: SourceText, start: int, end: int) -> InsertTopic:
-    head = list(islice(tokenize(source, start, end), 3 + 1 + 2 + 2 * 64 + 1))
+    head = list(islice(tokenize(source, start, end), _INSERT_HEAD_TOKENS_MAX))
     located = _insert_body_index(head)
     if located is None:
         return _parse_with_grammar(source, start, end, source.text[start:end])  # type: ignore[return-value]
     body_index, width = located
     body_start = head[body_index].start
+    if not (head[body_index].is_word(*_QUERY_STARTS) or head[body_index].text == "("):
+        raise source.error_near(body_start, end)
     if head[body_index].is_word("VALUES"):
         scanned = _scan_literal_rows(source, head[body_index].end, end, width)
         if scanned is not None:

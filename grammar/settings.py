@@ -500,7 +500,8 @@ def _canonical_name(
 
 def _duplicate_error(scope: str, first: str, second: str) -> SqlSyntaxError:
     if first.lower() == second.lower():
-        return SqlSyntaxError(f'{scope} "{second}" is specified more than once', setting=second)
+        name = second.lower()
+        return SqlSyntaxError(f'{scope} "{name}" is specified more than once', setting=name)
     return SqlSyntaxError(
         f'{scope} "{first}" and "{second}" name the same setting; give only one', setting=second
     )
@@ -578,6 +579,8 @@ def _show(value: object) -> str:
         return f"'{value}'"
     if isinstance(value, datetime):
         return f"Timestamp('{value.isoformat()}')"
+    if isinstance(value, bytes):
+        return f"X'{value.hex()}'"
     return "NULL" if value is None else str(value)
 
 

@@ -15,12 +15,14 @@ This module owns everything that reads SQL text character by character:
 
 Invariants: every offset is a 0-based character offset into the whole script; an
 unterminated string, identifier or comment is a ``SqlSyntaxError`` at its start.
-Pure functions, no I/O, no shared mutable state: safe from any thread.
+Pure functions, no I/O; the only shared state is a cache of compiled regexes,
+which is safe from any thread.
 """
 
 from __future__ import annotations
 
 import bisect
+import functools
 import re
 from collections.abc import Iterator
 from datetime import UTC, datetime, timedelta
@@ -313,10 +315,14 @@ _LITERAL_TEXT = (
 )
 _GAP_TEXT = r"(?:\s+|--[^\n]*|/\*(?:[^*]|\*(?!/))*\*/)*"
 _ROW_WIDTH_MAX = 8
-_ROW_PATTERNS = tuple(
-    re.compile(r"\(" + ",".join([f"{_GAP_TEXT}({_LITERAL_TEXT}){_GAP_TEXT}"] * width) + r"\)")
-    for width in range(_ROW_WIDTH_MAX + 1)
-)
+
+
+@functools.cache
+def _row_pattern(width: int) -> re.Pattern[str]:
+    """Compiled on first use: building all widths at import costs more than a parse."""
+    assert 0 < width <= _ROW_WIDTH_MAX, width
+    literal = f"{_GAP_TEXT}({_LITERAL_TEXT}){_GAP_TEXT}"
+    return re.compile(r"\(" + ",".join([literal] * width) + r"\)")
 
 
 def scan_value_rows(
@@ -340,7 +346,7 @@ def _scan_rows_of_width(
     source: SourceText, start: int, end: int, width: int
 ) -> tuple[list[tuple[Value, ...]], int] | None:
     text = source.text
-    pattern = _ROW_PATTERNS[width]
+    pattern = _row_pattern(width)
     rows: list[tuple[Value, ...]] = []
     parameters = _ParameterStyle()
     position = _GAP.match(text, start, end).end()  # type: ignore[union-attr]

@@ -54,7 +54,8 @@ def require_topic(catalog: Catalog, name: str) -> TopicInfo:
 
 def _plan_sql(statement: ast.SqlStatement, catalog: Catalog) -> Plan:
     reads = tuple(_plan_scan(scan, catalog) for scan in statement.topic_scans)
-    query = analyse_sql(statement.sql)
+    sql = _text_casts_of_data(statement.sql) if reads else statement.sql
+    query = analyse_sql(sql)
     return Plan((*reads, query), query.tag)
 
 
@@ -121,6 +122,31 @@ def _rename_system_views(tree: exp.Expression) -> exp.Expression:
         return node
 
     return tree.transform(rename)
+
+
+def _text_casts_of_data(sql: str) -> str:
+    """``CAST(data AS VARCHAR)`` -> ``decode(data)`` in statements that read topics.
+
+    DuckDB's BLOB-to-VARCHAR cast escapes bytes such as ``"`` as ``\\x22``, so
+    JSON in a message would not survive it; ``decode`` reads the bytes as
+    UTF-8 (and fails on invalid UTF-8, as a text cast should).
+    """
+    tree = sqlglot.parse_one(sql, read="duckdb")
+    changed = False
+
+    def rewrite(node: exp.Expression) -> exp.Expression:
+        nonlocal changed
+        is_text = isinstance(node, exp.Cast) and node.to.this in _TEXT_TYPES
+        if is_text and isinstance(node.this, exp.Column) and node.this.name == "data":
+            changed = True
+            return exp.Anonymous(this="decode", expressions=[node.this.copy()])
+        return node
+
+    rewritten = tree.transform(rewrite)
+    return rewritten.sql(dialect="duckdb") if changed else sql
+
+
+_TEXT_TYPES = (exp.DataType.Type.VARCHAR, exp.DataType.Type.TEXT)
 
 
 def _table_name(table: exp.Table) -> str:

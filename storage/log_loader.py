@@ -176,7 +176,13 @@ def _walk_frames(
                 body = fs.pread(fd, header.body_bytes, position + HEADER_BYTES)
                 if not frame_checksum_ok(header, memoryview(raw_header), memoryview(body)):
                     end = position + header.frame_bytes
-                    if not _valid_frame_at(fs, fd, end, size, header.next_offset):
+                    if not _plausible_header_at(fs, fd, end, size, header.next_offset):
+                        if _valid_frame_after(fs, fd, position + 8, size):
+                            raise CorruptSegmentError(
+                                "damaged frame in the middle of the log",
+                                path=path,
+                                position=position,
+                            )
                         return  # a torn last frame
                     log.error("checksum mismatch in %s at %d; frame kept", path, position)
                     if report is not None:
@@ -186,6 +192,24 @@ def _walk_frames(
             position += header.frame_bytes
     finally:
         fs.close(fd)
+
+
+def _plausible_header_at(fs: FileSystem, fd: int, position: int, size: int, base: int) -> bool:
+    """True if a well-formed header continuing the offset chain starts at ``position``.
+
+    A damaged body followed by such a header is corruption inside the log (the
+    chain goes on), not a torn tail; the following frame is checked on its own.
+    """
+    if position + HEADER_BYTES > size:
+        return False
+    header = decode_header(fs.pread(fd, HEADER_BYTES, position))
+    return (
+        header is not None
+        and header.body_bytes % 8 == 0
+        and header.record_count > 0
+        and header.base_offset == base
+        and position + header.frame_bytes <= size
+    )
 
 
 def _valid_frame_at(

@@ -343,6 +343,8 @@ class PartitionLog:
                 budget -= frame.header.frame_bytes
                 if remaining <= 0 or budget <= 0:
                     break
+            if remaining <= 0 or budget <= 0:
+                break  # stopped inside this segment: ``offset`` is where to resume
             index = index + 1 if index + 1 < len(visible.segments) else None
             if index is not None:
                 offset = max(offset, visible.segments[index].base_offset)

@@ -270,7 +270,14 @@ class ProducerStateManager:
                 assert payload["offset"] == offset
                 for key, (seq_no, last_offset, written_at) in payload["producers"].items():
                     self._entries[key] = ProducerEntry(seq_no, last_offset, written_at)
-            except (ValueError, KeyError, TypeError, AssertionError, FileNotFoundError):
+            except (
+                ValueError,
+                KeyError,
+                TypeError,
+                AttributeError,
+                AssertionError,
+                FileNotFoundError,
+            ):
                 self._entries.clear()
                 self._fs.remove(path)
                 continue

@@ -53,7 +53,9 @@ def open_partition(
         if config is None:
             settings.setdefault("fsync_policy", FsyncPolicy.NEVER)
             config = TopicConfig(**settings).validate()
-        partition = PartitionLog(file_system or fs, directory or partition_dir, 0, config, clock)
+        partition = PartitionLog(
+            file_system or fs, directory or partition_dir, 0, config, clock
+        )
         opened.append(partition)
         return partition
 

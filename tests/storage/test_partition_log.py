@@ -98,7 +98,9 @@ def test_max_bytes_always_returns_at_least_one_batch(
     assert result.next_offset == 5
 
 
-def test_max_bytes_stops_after_the_budget(open_partition: OpenPartition, batch: MakeBatch) -> None:
+def test_max_bytes_stops_after_the_budget(
+    open_partition: OpenPartition, batch: MakeBatch
+) -> None:
     partition = open_partition()
     _fill(partition, batch, batches=10, per_batch=1)
     frame_bytes = partition.size_bytes // 10
@@ -106,7 +108,9 @@ def test_max_bytes_stops_after_the_budget(open_partition: OpenPartition, batch: 
     assert result.message_count == 3
 
 
-def test_read_past_end_returns_no_records(open_partition: OpenPartition, batch: MakeBatch) -> None:
+def test_read_past_end_returns_no_records(
+    open_partition: OpenPartition, batch: MakeBatch
+) -> None:
     partition = open_partition()
     partition.append(batch(3))
     for offset in (3, 4, 1000):
@@ -296,7 +300,9 @@ def test_wait_over_the_limit_raises_54000(open_partition: OpenPartition) -> None
 # -- lifecycle -------------------------------------------------------------------------------
 
 
-def test_closed_partition_refuses_appends(open_partition: OpenPartition, batch: MakeBatch) -> None:
+def test_closed_partition_refuses_appends(
+    open_partition: OpenPartition, batch: MakeBatch
+) -> None:
     partition = open_partition()
     partition.close()
     with pytest.raises(StorageIOError, match="closed"):

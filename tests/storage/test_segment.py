@@ -27,9 +27,7 @@ BASE = 40
 def _frame(base_offset: int, count: int, size_bytes: int = 100) -> tuple[bytes, FrameHeader]:
     data = [f"m{base_offset + i}".encode().ljust(size_bytes, b".") for i in range(count)]
     body = serialize_body(build_wire_batch(data))
-    frame = encode_frame(
-        body, base_offset=base_offset, written_at_us=base_offset, record_count=count
-    )
+    frame = encode_frame(body, base_offset=base_offset, written_at_us=base_offset, record_count=count)
     return frame, FrameHeader(0, base_offset, base_offset, count, len(body), 0)
 
 

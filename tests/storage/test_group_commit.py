@@ -1,0 +1,192 @@
+"""Tests of storage/group_commit.py and of the GROUP fsync policy of a partition."""
+
+from __future__ import annotations
+
+import threading
+import time
+from collections.abc import Callable
+from typing import Any
+
+import numpy as np
+import pyarrow as pa
+import pytest
+
+from storage.config import FsyncPolicy
+from storage.errors import PartitionFencedError, StorageIOError
+from storage.fs import FileSystem
+from storage.group_commit import GroupCommitter, Request
+from storage.partition_log import PartitionLog
+
+THREADS = 8
+
+
+def _run_threads(count: int, target: Callable[[int], Any]) -> list[Any]:
+    """Run ``target(i)`` in ``count`` threads started together; results or exceptions."""
+    barrier = threading.Barrier(count)
+    outcomes: list[Any] = [None] * count
+
+    def run(index: int) -> None:
+        barrier.wait()
+        try:
+            outcomes[index] = target(index)
+        except BaseException as error:  # handed back to the test
+            outcomes[index] = error
+
+    threads = [threading.Thread(target=run, args=(i,)) for i in range(count)]
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join(timeout=30)
+        assert not thread.is_alive()
+    return outcomes
+
+
+# -- the committer alone -----------------------------------------------------------------------
+
+
+def test_single_submit_runs_one_flush_and_returns_its_result() -> None:
+    flushed: list[list[Any]] = []
+
+    def flush(requests: list[Request]) -> None:
+        flushed.append([r.payload for r in requests])
+        for request in requests:
+            request.result = request.payload * 2
+
+    committer = GroupCommitter(flush)
+    assert committer.submit(21) == 42
+    assert flushed == [[21]] and committer.rounds == 1
+
+
+def test_concurrent_submits_share_flushes() -> None:
+    def flush(requests: list[Request]) -> None:
+        time.sleep(0.01)  # a slow "fsync": others queue up meanwhile
+        for request in requests:
+            request.result = request.payload
+
+    committer = GroupCommitter(flush)
+    outcomes = _run_threads(THREADS, lambda i: [committer.submit((i, n)) for n in range(5)])
+    assert outcomes == [[(i, n) for n in range(5)] for i in range(THREADS)]
+    assert committer.rounds < THREADS * 5
+
+
+def test_flush_error_propagates_to_every_waiter() -> None:
+    entered = threading.Event()
+
+    def flush(requests: list[Request]) -> None:
+        entered.set()
+        time.sleep(0.05)
+        raise StorageIOError("disk on fire", path="/dev/null")
+
+    committer = GroupCommitter(flush)
+    outcomes = _run_threads(THREADS, lambda i: committer.submit(i))
+    assert all(isinstance(o, StorageIOError) for o in outcomes), outcomes
+    assert entered.is_set()
+
+
+def test_error_set_on_one_request_fails_only_that_request() -> None:
+    def flush(requests: list[Request]) -> None:
+        for request in requests:
+            if request.payload == "bad":
+                request.error = ValueError("bad request")
+            else:
+                request.result = "ok"
+
+    committer = GroupCommitter(flush)
+    assert committer.submit("good") == "ok"
+    with pytest.raises(ValueError, match="bad request"):
+        committer.submit("bad")
+
+
+def test_committer_recovers_after_a_failed_round() -> None:
+    fail = [True]
+
+    def flush(requests: list[Request]) -> None:
+        if fail[0]:
+            raise OSError("once")
+        for request in requests:
+            request.result = "ok"
+
+    committer = GroupCommitter(flush)
+    with pytest.raises(OSError):
+        committer.submit(1)
+    fail[0] = False
+    assert committer.submit(2) == "ok"
+
+
+def test_window_lets_the_leader_wait_for_company() -> None:
+    sizes: list[int] = []
+
+    def flush(requests: list[Request]) -> None:
+        sizes.append(len(requests))
+
+    committer = GroupCommitter(flush, window_us=20_000)
+    _run_threads(THREADS, lambda i: committer.submit(i))
+    assert sum(sizes) == THREADS and len(sizes) < THREADS
+
+
+# -- the GROUP policy of a partition -------------------------------------------------------------
+
+
+def test_group_policy_shares_fsyncs_and_acknowledges_every_append_densely(
+    open_partition: Callable[..., PartitionLog], batch: Callable[..., pa.RecordBatch], fs: FileSystem
+) -> None:
+    partition = open_partition(fsync_policy=FsyncPolicy.GROUP)
+    appends_per_thread = 25
+    before = fs.fsync_count
+
+    def append_many(thread: int) -> list[int]:
+        offsets: list[int] = []
+        for n in range(appends_per_thread):
+            result = partition.append(batch(2, producer=f"p{thread}", seq_nos=[2 * n, 2 * n + 1]))
+            offsets.extend(result.offsets.tolist())
+        return offsets
+
+    outcomes = _run_threads(THREADS, append_many)
+    appends = THREADS * appends_per_thread
+    fsyncs = fs.fsync_count - before
+    assert 1 <= fsyncs < appends
+    every = sorted(o for offsets in outcomes for o in offsets)
+    assert every == list(range(2 * appends)), "every append acknowledged, offsets dense"
+    for offsets in outcomes:
+        assert offsets == sorted(offsets), "one thread's appends land in its order"
+    assert partition.end_offset == 2 * appends
+
+
+def test_group_policy_fsync_error_reaches_every_waiter_and_fences(
+    open_partition: Callable[..., PartitionLog], batch: Callable[..., pa.RecordBatch]
+) -> None:
+    class SlowFailingSync(FileSystem):
+        fail = False
+
+        def sync(self, fd: int) -> None:
+            if self.fail:
+                time.sleep(0.02)
+                raise StorageIOError("could not fsync (test)", path="?")
+            super().sync(fd)
+
+    failing = SlowFailingSync()
+    partition = open_partition(file_system=failing, fsync_policy=FsyncPolicy.GROUP)
+    partition.append(batch(1))
+    failing.fail = True
+    outcomes = _run_threads(THREADS, lambda i: partition.append(batch(1)))
+    assert all(isinstance(o, StorageIOError) for o in outcomes), outcomes
+    assert partition.end_offset == 1, "nothing unsynced became visible"
+    with pytest.raises(PartitionFencedError):
+        partition.append(batch(1))
+
+
+def test_group_policy_bad_batch_fails_alone(
+    open_partition: Callable[..., PartitionLog], batch: Callable[..., pa.RecordBatch]
+) -> None:
+    from storage.errors import InvalidParameterValueError
+
+    partition = open_partition(fsync_policy=FsyncPolicy.GROUP)
+
+    def append(index: int) -> Any:
+        seq_nos = [-1] if index == 0 else [1]
+        return partition.append(batch(1, producer=f"p{index}", seq_nos=seq_nos))
+
+    outcomes = _run_threads(4, append)
+    assert isinstance(outcomes[0], InvalidParameterValueError)
+    assert all(np.array_equal(o.status, [0]) for o in outcomes[1:])
+    assert partition.end_offset == 3
