@@ -74,7 +74,9 @@ def main() -> None:
                         f"{rows['producer_id'][i]} seq {rows['seq_no'][i]}: {data[:40].decode()}"
                     )
                     total += 1
-        print(f"Read back {total} messages: the resent pair was skipped, nothing was written twice.")
+        print(
+            f"Read back {total} messages: the resent pair was skipped, nothing was written twice."
+        )
         assert total == 5, total
 
 

@@ -31,7 +31,13 @@ from storage.errors import SqlSyntaxError, UndefinedObjectError, UndefinedTopicE
 
 SYSTEM_VIEWS = ("topics", "partitions", "consumers")
 WRITING_STATEMENTS = (
-    exp.Insert, exp.Update, exp.Delete, exp.Merge, exp.Create, exp.Drop, exp.Alter,
+    exp.Insert,
+    exp.Update,
+    exp.Delete,
+    exp.Merge,
+    exp.Create,
+    exp.Drop,
+    exp.Alter,
 )
 
 

@@ -29,9 +29,15 @@ class OffsetIndex(IndexFile):
         return 0 if entry is None else entry[1]
 
     def is_consistent(self, log_bytes: int) -> bool:
-        """True if positions and offsets both increase and stay inside the log."""
+        """True if positions and offsets both increase and stay inside the log.
+
+        A non-empty log's index starts with the first frame, ``(0, 0)``.
+        """
+        entries = self.entries()
+        if log_bytes > 0 and (not entries or entries[0] != (0, 0)):
+            return False
         previous = (-1, -1)
-        for relative, position in self.entries():
+        for relative, position in entries:
             if relative <= previous[0] or position <= previous[1] or position >= log_bytes:
                 return False
             previous = (relative, position)

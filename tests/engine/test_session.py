@@ -47,8 +47,13 @@ def test_insert_returning_reports_duplicates_with_earlier_offsets(session):
 
 def test_consumer_read_commits_in_autocommit_and_continues_next_time(session):
     session.execute(TOPIC)
-    session.execute("INSERT INTO TOPIC events (data) VALUES ('a'), ('b'), ('c') WITH (partition = 0)")
-    sql = "SELECT CAST(data AS VARCHAR) AS d FROM TOPIC events WITH (consumer = 'c1', max_messages = 2)"
+    session.execute(
+        "INSERT INTO TOPIC events (data) VALUES ('a'), ('b'), ('c') WITH (partition = 0)"
+    )
+    sql = (
+        "SELECT CAST(data AS VARCHAR) AS d FROM TOPIC events "
+        "WITH (consumer = 'c1', max_messages = 2)"
+    )
     assert [r["d"] for r in rows(session, sql)] == ["a", "b"]
     assert [r["d"] for r in rows(session, sql)] == ["c"]
     assert rows(session, sql) == []
@@ -73,7 +78,9 @@ def test_rolled_back_transaction_moves_no_offset_and_publishes_nothing(session):
     session.execute(TOPIC + "; CREATE TOPIC out")
     session.execute("INSERT INTO TOPIC events (data) VALUES ('a'), ('b')")
     session.execute("BEGIN")
-    session.execute("INSERT INTO TOPIC out (data) SELECT data FROM TOPIC events WITH (consumer='c1')")
+    session.execute(
+        "INSERT INTO TOPIC out (data) SELECT data FROM TOPIC events WITH (consumer='c1')"
+    )
     assert rows(session, "SELECT * FROM TOPIC out") == []
     session.execute("ROLLBACK")
     assert rows(session, "SELECT * FROM TOPIC out") == []
