@@ -306,7 +306,7 @@ def render_markdown(records: list[dict[str, Any]]) -> str:
         lines.append("")
         for (date, suite, commit), load in sorted(runs.items())[-3:]:
             lines.append(
-                f"Run {date}, suite `{suite}`, commit `{commit}`, "
+                f"- Run {date}, suite `{suite}`, commit `{commit}`, "
                 f"1-minute load average up to {load:g}."
             )
         lines.append("")

@@ -54,7 +54,6 @@ MESSAGE_BYTES = 1024
 POOL_MESSAGES = 2048
 PRODUCER = "bench-producer"
 READ_CHUNK_BYTES = 8 * 1024 * 1024
-READ_SEGMENT_BYTES = 2**31 - 1
 POLICIES = (FsyncPolicy.NEVER, FsyncPolicy.GROUP, FsyncPolicy.ALWAYS)
 BATCH_SIZES = (1, 100, 1000)
 
@@ -433,10 +432,7 @@ def bench_read(rec: Recorder, parent: str, params: Params, pool: Sequence[bytes]
     group = "storage: read into Arrow (warm page cache)"
     count = params.read_messages // 1000
     batches = build_batches(message_lists(pool, 1000, count), PRODUCER)
-    # One segment: PartitionLog.read (at commit ba3b95b) skips the rest of a
-    # segment when a read stops inside it at max_messages and the log has a later
-    # segment; whole-partition scans would miss messages. See the report.
-    with Partition(parent, FsyncPolicy.NEVER, segment_bytes=READ_SEGMENT_BYTES) as part:
+    with Partition(parent, FsyncPolicy.NEVER) as part:  # default 64 MiB segments
         log = part.log
         for batch in batches:
             log.append(batch)

@@ -11,7 +11,6 @@ from __future__ import annotations
 
 import numpy as np
 import pyarrow as pa
-import pyarrow.compute as pc
 
 from storage.codecs import Codec, decode_column
 from storage.record_batch import METADATA_TYPE, TIMESTAMP
@@ -25,7 +24,7 @@ SCHEMA = pa.schema(
         pa.field("message_group_id", pa.string()),
         pa.field("created_at", TIMESTAMP),
         pa.field("written_at", TIMESTAMP),
-        pa.field("codec", pa.string()),
+        pa.field("codec", pa.dictionary(pa.int8(), pa.string())),
         pa.field("data", pa.binary()),
         pa.field("metadata", METADATA_TYPE),
     ]
@@ -48,7 +47,11 @@ def relation_batch(partition: int, batch: pa.RecordBatch, *, decode: bool = True
     data = batch.column("data")
     if decode:
         data = decode_column(codec_ids, data)
-    labels = pc.take(_CODEC_LABELS, codec_ids.cast(pa.int32()))
+    # The codec name as a dictionary column: indices are the codec ids themselves.
+    indices = pa.Array.from_buffers(
+        pa.int8(), count, [None, pa.py_buffer(codec_ids.to_numpy(zero_copy_only=False))]
+    )
+    labels = pa.DictionaryArray.from_arrays(indices, _CODEC_LABELS)
     return pa.RecordBatch.from_arrays(
         [
             pa.array(np.full(count, partition, dtype=np.int32)),

@@ -15,7 +15,6 @@ import threading
 from collections.abc import Iterable
 
 import pyarrow as pa
-import pyarrow.compute as pc
 import zstandard
 
 from storage.errors import InvalidBinaryDataError, UnsupportedCodecError
@@ -115,9 +114,10 @@ def decode_column(codec_column: pa.Array, data_column: pa.Array) -> pa.Array:
     When every message is raw (the common case) the column is returned as is,
     without touching a single message in Python.
     """
-    if len(data_column) == 0 or pc.all(pc.equal(codec_column, Codec.RAW.value)).as_py():
+    codec_ids = codec_column.to_numpy(zero_copy_only=False)
+    if len(data_column) == 0 or bool((codec_ids == Codec.RAW.value).all()):
         return data_column
-    codecs = codec_column.to_pylist()
+    codecs = codec_ids.tolist()
     values = data_column.to_pylist()
     decoded = [
         value if value is None or codec == Codec.RAW else decode(codec, value)

@@ -31,6 +31,8 @@ from storage.errors import InvalidParameterValueError, LimitExceededError
 from storage.fs import FileSystem
 
 SNAPSHOTS_KEPT = 2
+# Below this many rows, grouping in plain Python beats any Arrow compute call.
+SMALL_BATCH_ROWS = 64
 SEQ_NO_COLUMN = 0
 PRODUCER_COLUMN = 1
 GROUP_COLUMN = 2
@@ -107,17 +109,14 @@ class ProducerStateManager:
         producers = batch.column(PRODUCER_COLUMN)
         if producers.null_count == count:
             return DedupDecision(batch, duplicate, earlier)
-        seq_column = batch.column(SEQ_NO_COLUMN)
-        seq_nos = seq_column.fill_null(-1).to_numpy(zero_copy_only=False).astype(np.int64)
-        seq_known = ~np.asarray(seq_column.is_null().to_numpy(zero_copy_only=False))
+        seq_nos, seq_known = _int64_with_mask(batch.column(SEQ_NO_COLUMN))
         if np.any(seq_known & (seq_nos < 0)):
             raise InvalidParameterValueError("seq_no must not be negative")
         filled = False
         # Rows holding a seq_no after the fill; the nulls of rows without a
         # producer stay null (they are not ours to number).
         has_seq_no = seq_known.copy()
-        for key in pc.unique(producers.drop_null()).to_pylist():
-            rows = _rows_equal(producers, key)
+        for key, rows in group_rows(producers):
             entry = self.entry(key)
             last = -1 if entry is None or entry.last_seq_no is None else entry.last_seq_no
             if not np.all(seq_known[rows]):
@@ -144,14 +143,17 @@ class ProducerStateManager:
 
     def record(self, written: pa.RecordBatch, base_offset: int, written_at_us: int) -> None:
         """Update entries after ``written`` (only non-duplicates) went to ``base_offset``."""
-        keys = pc.coalesce(written.column(PRODUCER_COLUMN), written.column(GROUP_COLUMN))
+        keys = written.column(PRODUCER_COLUMN)
+        groups = written.column(GROUP_COLUMN)
+        if groups.null_count != len(groups):
+            keys = pc.coalesce(keys, groups)
         if keys.null_count == len(keys):
             return
-        seq_nos = written.column(SEQ_NO_COLUMN)
-        for key in pc.unique(keys.drop_null()).to_pylist():
-            rows = _rows_equal(keys, key)
+        all_seq_nos, known = _int64_with_mask(written.column(SEQ_NO_COLUMN))
+        all_seq_nos = np.where(known, all_seq_nos, -1)
+        for key, rows in group_rows(keys):
             offsets = rows.astype(np.int64) + base_offset
-            seqs = seq_nos.take(pa.array(rows)).fill_null(-1).to_numpy(zero_copy_only=False)
+            seqs = all_seq_nos[rows]
             has_seq = bool(np.any(seqs >= 0))
             self._put(
                 key,
@@ -298,6 +300,46 @@ def _earlier_offsets(entry: ProducerEntry, seq_nos: np.ndarray) -> np.ndarray:
     return result
 
 
-def _rows_equal(column: pa.Array, key: str) -> np.ndarray:
-    """Indexes of the rows of ``column`` equal to ``key`` (nulls never match)."""
-    return np.flatnonzero(pc.equal(column, key).fill_null(False).to_numpy(zero_copy_only=False))
+def group_rows(column: pa.Array) -> list[tuple[str, np.ndarray]]:
+    """Each distinct non-null value of ``column`` with its row numbers, ascending.
+
+    One dictionary encoding per batch, then numpy: no compute call per key,
+    and a batch of one producer (the common case) costs almost nothing.
+    """
+    count = len(column)
+    if column.null_count == count:
+        return []
+    if count <= SMALL_BATCH_ROWS:
+        rows_of: dict[str, list[int]] = {}
+        for row, value in enumerate(column.to_pylist()):
+            if value is not None:
+                rows_of.setdefault(value, []).append(row)
+        return [(key, np.array(rows, dtype=np.int64)) for key, rows in rows_of.items()]
+    encoded = column.dictionary_encode()
+    keys = encoded.dictionary.to_pylist()
+    if len(keys) == 1 and column.null_count == 0:
+        return [(keys[0], np.arange(count))]
+    indices = encoded.indices
+    if indices.null_count:
+        indices = indices.fill_null(-1)
+    numbers = indices.to_numpy(zero_copy_only=False)
+    order = np.argsort(numbers, kind="stable")
+    sorted_numbers = numbers[order]
+    starts = np.flatnonzero(np.diff(sorted_numbers)) + 1
+    groups = []
+    for rows in np.split(order, starts):
+        number = int(numbers[rows[0]])
+        if number >= 0:
+            groups.append((keys[number], rows))
+    return groups
+
+
+def _int64_with_mask(column: pa.Array) -> tuple[np.ndarray, np.ndarray]:
+    """Values as int64 (nulls as -1) and a mask of the non-null rows."""
+    if column.null_count == 0:
+        return column.to_numpy(zero_copy_only=False).astype(np.int64), np.ones(len(column), bool)
+    if column.null_count == len(column):
+        return np.full(len(column), -1, np.int64), np.zeros(len(column), bool)
+    values = column.fill_null(-1).to_numpy(zero_copy_only=False).astype(np.int64)
+    valid = column.is_valid().to_numpy(zero_copy_only=False)
+    return values, valid

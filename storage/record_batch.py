@@ -123,8 +123,12 @@ def decode_body(header: FrameHeader, body: pa.Buffer) -> pa.RecordBatch:
     wire = pa.ipc.read_record_batch(body, WIRE_SCHEMA)
     count = header.record_count
     assert wire.num_rows == count, (wire.num_rows, count)
-    offsets = pa.array(np.arange(header.base_offset, header.base_offset + count, dtype=np.int64))
-    written = pa.array(np.full(count, header.written_at_us, dtype=np.int64)).cast(TIMESTAMP)
+    base = header.base_offset
+    offsets = pa.Array.from_buffers(
+        pa.int64(), count, [None, pa.py_buffer(np.arange(base, base + count, dtype=np.int64))]
+    )
+    written_at = np.full(count, header.written_at_us, dtype=np.int64)
+    written = pa.Array.from_buffers(TIMESTAMP, count, [None, pa.py_buffer(written_at)])
     columns = wire.columns
     return pa.RecordBatch.from_arrays(
         [offsets, *columns[:4], written, *columns[4:]], schema=READ_SCHEMA

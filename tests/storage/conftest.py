@@ -53,9 +53,7 @@ def open_partition(
         if config is None:
             settings.setdefault("fsync_policy", FsyncPolicy.NEVER)
             config = TopicConfig(**settings).validate()
-        partition = PartitionLog(
-            file_system or fs, directory or partition_dir, 0, config, clock
-        )
+        partition = PartitionLog(file_system or fs, directory or partition_dir, 0, config, clock)
         opened.append(partition)
         return partition
 
@@ -100,8 +98,3 @@ def read_all_rows(partition: PartitionLog, start_offset: int = 0) -> list[dict[s
 @pytest.fixture
 def read_all() -> Callable[..., list[dict[str, Any]]]:
     return read_all_rows
-
-
-@pytest.fixture
-def data_of() -> Callable[[list[dict[str, Any]]], list[bytes]]:
-    return lambda rows: [row["data"] for row in rows]

@@ -75,7 +75,12 @@ def test_parse_codec_is_case_insensitive_and_refuses_unknown_names() -> None:
 
 
 def test_codec_ids_follow_ydb() -> None:
-    assert [(c.label, c.value) for c in Codec] == [("raw", 1), ("gzip", 2), ("lzop", 3), ("zstd", 4)]
+    assert [(c.label, c.value) for c in Codec] == [
+        ("raw", 1),
+        ("gzip", 2),
+        ("lzop", 3),
+        ("zstd", 4),
+    ]
 
 
 def test_lzop_without_python_lzo_is_refused_with_a_clear_message(

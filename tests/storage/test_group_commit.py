@@ -12,7 +12,7 @@ import pyarrow as pa
 import pytest
 
 from storage.config import FsyncPolicy
-from storage.errors import PartitionFencedError, StorageIOError
+from storage.errors import InvalidParameterValueError, PartitionFencedError, StorageIOError
 from storage.fs import FileSystem
 from storage.group_commit import GroupCommitter, Request
 from storage.partition_log import PartitionLog
@@ -128,7 +128,9 @@ def test_window_lets_the_leader_wait_for_company() -> None:
 
 
 def test_group_policy_shares_fsyncs_and_acknowledges_every_append_densely(
-    open_partition: Callable[..., PartitionLog], batch: Callable[..., pa.RecordBatch], fs: FileSystem
+    open_partition: Callable[..., PartitionLog],
+    batch: Callable[..., pa.RecordBatch],
+    fs: FileSystem,
 ) -> None:
     partition = open_partition(fsync_policy=FsyncPolicy.GROUP)
     appends_per_thread = 25
@@ -178,8 +180,6 @@ def test_group_policy_fsync_error_reaches_every_waiter_and_fences(
 def test_group_policy_bad_batch_fails_alone(
     open_partition: Callable[..., PartitionLog], batch: Callable[..., pa.RecordBatch]
 ) -> None:
-    from storage.errors import InvalidParameterValueError
-
     partition = open_partition(fsync_policy=FsyncPolicy.GROUP)
 
     def append(index: int) -> Any:

@@ -110,9 +110,7 @@ def test_append_after_rewrite_extends_the_file(tmp_path: Any) -> None:
 
 @settings(max_examples=40, deadline=None)
 @given(
-    steps=st.lists(
-        st.tuples(st.integers(1, 50), st.integers(8, 9000)), min_size=1, max_size=40
-    ),
+    steps=st.lists(st.tuples(st.integers(1, 50), st.integers(8, 9000)), min_size=1, max_size=40),
     probes=st.lists(st.integers(0, 3000), max_size=20),
 )
 def test_lookup_matches_a_linear_search_and_survives_reload(

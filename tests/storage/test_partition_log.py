@@ -7,6 +7,7 @@ Kill-based crash tests live in test_crash_*.py.
 
 from __future__ import annotations
 
+import itertools
 import os
 import shutil
 import threading
@@ -20,9 +21,16 @@ import pytest
 from storage import file_names
 from storage.clock import ManualClock
 from storage.config import FsyncPolicy
-from storage.errors import CorruptSegmentError, LimitExceededError, StorageIOError
+from storage.errors import (
+    CorruptSegmentError,
+    InvalidParameterValueError,
+    LimitExceededError,
+    PartitionFencedError,
+    StorageIOError,
+)
 from storage.fs import FileSystem
 from storage.partition_log import DUPLICATE, WRITTEN, PartitionLog
+from storage.record_batch import build_wire_batch
 
 OpenPartition = Callable[..., PartitionLog]
 MakeBatch = Callable[..., pa.RecordBatch]
@@ -98,9 +106,7 @@ def test_max_bytes_always_returns_at_least_one_batch(
     assert result.next_offset == 5
 
 
-def test_max_bytes_stops_after_the_budget(
-    open_partition: OpenPartition, batch: MakeBatch
-) -> None:
+def test_max_bytes_stops_after_the_budget(open_partition: OpenPartition, batch: MakeBatch) -> None:
     partition = open_partition()
     _fill(partition, batch, batches=10, per_batch=1)
     frame_bytes = partition.size_bytes // 10
@@ -108,9 +114,7 @@ def test_max_bytes_stops_after_the_budget(
     assert result.message_count == 3
 
 
-def test_read_past_end_returns_no_records(
-    open_partition: OpenPartition, batch: MakeBatch
-) -> None:
+def test_read_past_end_returns_no_records(open_partition: OpenPartition, batch: MakeBatch) -> None:
     partition = open_partition()
     partition.append(batch(3))
     for offset in (3, 4, 1000):
@@ -174,7 +178,7 @@ def test_segment_rolls_when_full(open_partition: OpenPartition, batch: MakeBatch
     _fill(partition, batch, batches=10, per_batch=2)
     segments = partition.segments
     assert len(segments) >= 4
-    for segment, following in zip(segments, segments[1:], strict=False):
+    for segment, following in itertools.pairwise(segments):
         assert segment.next_offset == following.base_offset
         assert segment.size_bytes >= 2048 or segment is segments[-1]
     assert segments[-1].next_offset == partition.end_offset == 20
@@ -300,9 +304,7 @@ def test_wait_over_the_limit_raises_54000(open_partition: OpenPartition) -> None
 # -- lifecycle -------------------------------------------------------------------------------
 
 
-def test_closed_partition_refuses_appends(
-    open_partition: OpenPartition, batch: MakeBatch
-) -> None:
+def test_closed_partition_refuses_appends(open_partition: OpenPartition, batch: MakeBatch) -> None:
     partition = open_partition()
     partition.close()
     with pytest.raises(StorageIOError, match="closed"):
@@ -395,8 +397,6 @@ def test_null_seq_no_is_assigned_after_the_last(
 def test_assigned_seq_nos_leave_other_producers_nulls_alone(
     open_partition: OpenPartition, read_all: ReadAll
 ) -> None:
-    from storage.record_batch import build_wire_batch
-
     partition = open_partition()
     partition.append(
         build_wire_batch([b"a", b"b", b"c"], seq_no=[None, None, 7], producer_id=["p", None, None])
@@ -417,8 +417,6 @@ def test_messages_without_producer_never_dedup(
 
 
 def test_negative_seq_no_is_refused(open_partition: OpenPartition, batch: MakeBatch) -> None:
-    from storage.errors import InvalidParameterValueError
-
     partition = open_partition()
     with pytest.raises(InvalidParameterValueError):
         partition.append(batch(1, producer="p", seq_nos=[-1]))
@@ -531,8 +529,6 @@ class _FailingSync(FileSystem):
 def test_failed_fsync_fences_the_partition_until_reopen(
     open_partition: OpenPartition, batch: MakeBatch, read_all: ReadAll
 ) -> None:
-    from storage.errors import PartitionFencedError
-
     failing = _FailingSync()
     partition = open_partition(file_system=failing, fsync_policy=FsyncPolicy.ALWAYS)
     partition.append(batch(1))
@@ -719,3 +715,16 @@ def test_leftover_temp_files_and_orphan_indexes_are_removed(
     open_partition()
     names = os.listdir(partition_dir)
     assert "x.tmp" not in names and file_names.offset_index_file(77) not in names
+
+
+def test_read_stopping_inside_a_sealed_segment_resumes_there(
+    open_partition: OpenPartition, batch: MakeBatch, read_all: ReadAll
+) -> None:
+    partition = open_partition()
+    _fill(partition, batch, batches=5, per_batch=2)
+    partition.roll()
+    _fill(partition, batch, batches=2, per_batch=2)
+    assert partition.read(0, max_messages=3).next_offset == 3
+    frame_bytes = partition.segments[0].size_bytes // 5
+    assert partition.read(2, max_bytes=2 * frame_bytes).next_offset == 6
+    assert [row["offset"] for row in read_all(partition)] == list(range(14))

@@ -15,7 +15,14 @@ from storage.clock import ManualClock
 from storage.errors import InvalidParameterValueError
 from storage.fs import FileSystem
 from storage.producer_state import ProducerStateManager
-from storage.record_batch import build_wire_batch, decode_body, encode_frame, serialize_body
+from storage.record_batch import (
+    HEADER_BYTES,
+    build_wire_batch,
+    decode_body,
+    decode_header,
+    encode_frame,
+    serialize_body,
+)
 
 DAY_US = 24 * 3600 * 1_000_000
 EXPIRY_US = 14 * DAY_US
@@ -167,8 +174,6 @@ def test_replay_of_read_batches_restores_the_largest_seq_nos(
     )
     body = serialize_body(batch)
     frame = encode_frame(body, base_offset=20, written_at_us=clock.now_us(), record_count=4)
-    from storage.record_batch import HEADER_BYTES, decode_header
-
     header = decode_header(frame)
     assert header is not None
     manager = _manager(tmp_path, clock)

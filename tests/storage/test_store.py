@@ -138,9 +138,8 @@ def test_second_open_in_another_process_names_the_owner_pid(tmp_path: Any) -> No
 
 
 def test_second_open_in_this_process_is_refused_too(tmp_path: Any) -> None:
-    with _open(tmp_path):
-        with pytest.raises(ObjectInUseError):
-            _open(tmp_path)
+    with _open(tmp_path), pytest.raises(ObjectInUseError):
+        _open(tmp_path)
     _open(tmp_path).close()
 
 

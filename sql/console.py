@@ -1,0 +1,503 @@
+"""The ``topicbase`` console: scripts from the command line and an interactive REPL.
+
+Usage: ``topicbase [--data-dir DIR] [-c SQL]... [-f FILE] [--format table|csv|json] [-q]``.
+
+- The data directory is ``--data-dir``, else ``$TOPICBASE_DATA_DIR``, else
+  ``./topicbase-data``; it is created on first use. One process owns a data directory
+  at a time: a second one gets 55006 naming the owner's pid.
+- ``-c`` (may repeat) and ``-f`` run in the order given; ``-f -`` and a stdin that is not
+  a terminal read a script from stdin. A ``-c`` string is parsed whole before anything
+  runs (as PostgreSQL does with one query string); a file runs statement by statement,
+  so the statements before a syntax error have run when it is reported (psql ``-f``).
+- Rows print in the chosen format (see ``sql.formatting``); statements without rows
+  print their command tag (``CREATE TOPIC``, ``INSERT 0 2``); ``-q`` leaves tags out.
+  Notices go to stderr as ``NOTICE: ...``.
+- The first error prints ``ERROR: <SQLSTATE>: <message>`` to stderr and exits 1;
+  success exits 0. Ctrl-C during a statement cancels it (57014): a script stops with
+  exit 1, the REPL goes back to its prompt.
+
+With no ``-c``/``-f`` on a terminal it is a REPL (prompt_toolkit and rich, imported only
+then): input runs once a ``;`` outside strings and comments ends it, history is kept in
+``~/.topicbase_history`` (``$TOPICBASE_HISTFILE``), Tab completes keywords, settings,
+topic and table names, backslash commands (``\\?``) list and describe objects, and each
+statement shows its time and, after half a second, a spinner.
+
+Single-threaded except the spinner's helper thread, which only draws.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import sys
+import threading
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
+from pathlib import Path
+from typing import Any
+
+from engine.clock import SYSTEM_CLOCK
+from engine.database import Database
+from engine.session import Result, Session
+from engine.transaction import SessionState
+from grammar import ast
+from grammar import settings as setting_rules
+from grammar.parse import parse
+from grammar.split import split_statements
+from sql import formatting
+from storage.errors import TopicbaseError
+
+DEFAULT_DATA_DIR = "topicbase-data"
+DEFAULT_HISTORY_FILE = "~/.topicbase_history"
+PROGRESS_DELAY_S = 0.5
+# The REPL draws at most this many rows of one result (rich tables are slow to lay out).
+REPL_ROWS_SHOWN_MAX = 1000
+EXIT_OK, EXIT_ERROR = 0, 1
+
+HELP_TEXT = r"""General
+  \q              quit (Ctrl-D too)
+  \?              this help
+  \timing [on|off] show the time of each statement (on at start)
+Informational
+  \d              list topics and tables
+  \d NAME         describe a topic (settings, consumers, partitions) or a table
+  \dt             list tables
+Input
+  A statement runs once a ';' outside strings and comments ends it; Enter before that
+  starts a new line. Up/Down walk the history, Tab completes, Ctrl-C clears the input
+  or cancels a running statement."""
+
+_KEYWORD_TEXT = (
+    "SELECT FROM WHERE GROUP BY ORDER HAVING LIMIT OFFSET JOIN LEFT RIGHT FULL INNER OUTER"
+    " CROSS ON USING AS AND OR NOT NULL IS IN LIKE BETWEEN CASE WHEN THEN ELSE END DISTINCT"
+    " UNION ALL INSERT INTO VALUES UPDATE SET DELETE RETURNING CONFLICT DO NOTHING EXCLUDED"
+    " CREATE ALTER DROP TABLE VIEW IF EXISTS PRIMARY KEY DEFAULT CAST BEGIN COMMIT ROLLBACK"
+    " EXPLAIN SHOW DESCRIBE TOPIC TOPICS CONSUMER OFFSETS FOR PARTITION UPTO ADD RESET WITH"
+    " Interval Timestamp Datetime VARCHAR BIGINT INTEGER BOOLEAN DOUBLE BLOB TIMESTAMP"
+    " count sum min max avg json_extract_string sys.topics sys.partitions sys.consumers"
+)
+KEYWORDS = tuple(_KEYWORD_TEXT.split())
+
+
+# -- arguments ----------------------------------------------------------------------------
+class _InOrder(argparse.Action):
+    """Keeps -c and -f in the order given, in one list of (kind, value)."""
+
+    def __call__(self, parser: Any, namespace: Any, values: Any, option: Any = None) -> None:
+        actions = getattr(namespace, "actions", None) or []
+        actions.append((self.const, values))
+        namespace.actions = actions
+
+
+def parse_arguments(argv: list[str] | None) -> argparse.Namespace:
+    parser = argparse.ArgumentParser(
+        prog="topicbase", description="Topicbase SQL console: run SQL scripts or a REPL."
+    )
+    parser.add_argument(
+        "--data-dir",
+        help=f"data directory (default: $TOPICBASE_DATA_DIR, else ./{DEFAULT_DATA_DIR})",
+    )
+    parser.add_argument(
+        "-c", "--command", action=_InOrder, const="command", dest="actions", metavar="SQL",
+        help="run SQL (one or more statements); may repeat",
+    )  # fmt: skip
+    parser.add_argument(
+        "-f", "--file", action=_InOrder, const="file", dest="actions", metavar="FILE",
+        help="run the script in FILE ('-' for stdin)",
+    )  # fmt: skip
+    parser.add_argument("--format", choices=formatting.FORMATS, default="table")
+    parser.add_argument("-q", "--quiet", action="store_true", help="print no command tags")
+    return parser.parse_args(argv)
+
+
+def main(argv: list[str] | None = None) -> int:
+    arguments = parse_arguments(argv)
+    data_dir = arguments.data_dir or os.environ.get("TOPICBASE_DATA_DIR") or DEFAULT_DATA_DIR
+    actions: list[tuple[str, str]] = arguments.actions or []
+    interactive = not actions and sys.stdin.isatty()
+    if not actions and not interactive:
+        actions = [("file", "-")]
+    try:
+        database = Database.open(data_dir)
+    except TopicbaseError as error:
+        print(formatting.error_text(error), file=sys.stderr)
+        return EXIT_ERROR
+    except KeyboardInterrupt:
+        return EXIT_ERROR
+    try:
+        session = database.connect()
+        try:
+            if interactive:
+                return run_repl(database, session)
+            printer = ScriptPrinter(arguments.format, arguments.quiet)
+            return run_actions(session, actions, printer)
+        finally:
+            session.close()
+    except BrokenPipeError:
+        # The reader went away (`topicbase ... | head`): stop quietly.
+        sys.stdout = open(os.devnull, "w")  # noqa: SIM115 - replaces a closed stream for good
+        return EXIT_ERROR
+    finally:
+        database.close()
+
+
+# -- scripts ----------------------------------------------------------------------------------
+def run_actions(session: Session, actions: list[tuple[str, str]], printer: ScriptPrinter) -> int:
+    for kind, value in actions:
+        if kind == "command":
+            script, parse_first = value, True
+        else:
+            try:
+                script = sys.stdin.read() if value == "-" else Path(value).read_text("utf-8")
+            except (OSError, UnicodeDecodeError) as error:
+                reason = getattr(error, "strerror", None) or str(error)
+                print(f'ERROR: 58P01: could not read file "{value}": {reason}', file=sys.stderr)
+                return EXIT_ERROR
+            parse_first = False
+        if not run_script(session, script, parse_first, printer.result, printer.error):
+            return EXIT_ERROR
+    return EXIT_OK
+
+
+def iter_statements(script: str, parse_first: bool) -> Iterator[ast.Statement]:
+    """The statements of ``script``: all parsed up front, or each just before it runs.
+
+    Either way an error found while parsing carries positions in the whole script.
+    """
+    if parse_first:
+        yield from parse(script)
+        return
+    for text, _position in split_statements(script):
+        try:
+            statements = parse(text)
+        except TopicbaseError:
+            parse(script)  # raises the same error again, positioned in the whole script
+            raise
+        yield from statements
+
+
+def run_script(
+    session: Session,
+    script: str,
+    parse_first: bool,
+    show: Callable[[Result, float], None],
+    show_error: Callable[[str], None],
+    execute: Callable[[ast.Statement], Result] | None = None,
+) -> bool:
+    """Run the statements of ``script`` until the first error; False if there was one."""
+    run = execute or session.execute_statement
+    try:
+        for statement in iter_statements(script, parse_first):
+            started_s = SYSTEM_CLOCK.monotonic_s()
+            result = run(statement)
+            show(result, SYSTEM_CLOCK.monotonic_s() - started_s)
+    except (TopicbaseError, KeyboardInterrupt) as error:
+        show_error(formatting.error_text(error, script))
+        return False
+    except BrokenPipeError:
+        raise
+    except Exception as error:  # a bug or an untranslated library error: XX000
+        show_error(formatting.error_text(error, script))
+        return False
+    return True
+
+
+class ScriptPrinter:
+    """Prints results of scripts in one of the formats of ``sql.formatting``."""
+
+    def __init__(self, output_format: str, quiet: bool) -> None:
+        self.output_format = output_format
+        self.quiet = quiet
+
+    def result(self, result: Result, _elapsed_s: float) -> None:
+        out = sys.stdout
+        for notice in result.notices:
+            print(f"NOTICE: {notice}", file=sys.stderr)
+        if result.table is not None:
+            formatting.WRITERS[self.output_format](result.table, out)
+            if self.output_format == "table":
+                out.write("\n")
+            if formatting.shows_tag_after_rows(result.tag) and not self.quiet:
+                out.write(result.tag + "\n")
+        elif not self.quiet:
+            out.write(result.tag + "\n")
+        out.flush()
+
+    def error(self, text: str) -> None:
+        sys.stdout.flush()
+        print(text, file=sys.stderr, flush=True)
+
+
+def run_repl(database: Database, session: Session) -> int:
+    names_session = database.connect()
+    try:
+        return Repl(session, names_session, database.path).run()
+    finally:
+        names_session.close()
+
+
+# -- REPL -----------------------------------------------------------------------------------
+def statement_complete(text: str) -> bool:
+    """True when the input should run: a ``;`` outside strings and comments ends it.
+
+    Blank input and backslash commands are complete as they are. Appending a word
+    tells whether the text ended at a statement boundary: if it did, the word starts
+    a new statement.
+    """
+    stripped = text.strip()
+    if not stripped or stripped.startswith("\\"):
+        return True
+    try:
+        count = len(split_statements(text))
+        return len(split_statements(text + "\nx")) == count + 1
+    except TopicbaseError:  # an unterminated string or comment: keep reading
+        return False
+
+
+class Names:
+    """Topic and table names for completion, re-read after each statement.
+
+    They are read on a session of their own, so completion never touches the user's
+    transaction (it would fail in a failed one, and a read could fail it).
+    """
+
+    def __init__(self, session: Session) -> None:
+        self.session = session
+        self.stale = True
+        self.topics: list[str] = []
+        self.tables: list[str] = []
+
+    def words(self) -> list[str]:
+        if self.stale:
+            self.refresh()
+        topics = [name if name.isidentifier() else quote_name(name) for name in self.topics]
+        settings = [
+            *setting_rules.TOPIC_SETTINGS,
+            *setting_rules.CONSUMER_SETTINGS,
+            *setting_rules.READ_OPTIONS,
+            *setting_rules.WRITE_OPTIONS,
+        ]
+        return sorted({*KEYWORDS, *settings, *topics, *self.tables})
+
+    def refresh(self) -> None:
+        try:
+            self.topics = list_topic_names(self.session)
+            tables = self.session.execute(TABLES_QUERY)[0].table
+        except TopicbaseError:
+            return
+        assert tables is not None
+        self.tables = [
+            name if schema == "main" else f"{schema}.{name}"
+            for schema, name, _kind in formatting.iter_rows(tables)
+        ]
+        self.stale = False
+
+
+TABLES_QUERY = (
+    "SELECT table_schema AS schema, table_name AS name, lower(table_type) AS type "
+    "FROM information_schema.tables WHERE NOT starts_with(table_schema, '__') "
+    "AND NOT starts_with(table_name, '__') ORDER BY 1, 2"
+)
+COLUMNS_QUERY = (
+    "SELECT column_name AS column, data_type AS type, is_nullable AS nullable, "
+    "column_default AS default FROM information_schema.columns "
+    "WHERE table_name = $1 AND table_schema = $2 ORDER BY ordinal_position"
+)
+
+
+def quote_name(name: str) -> str:
+    return "`" + name.replace("`", "``") + "`"
+
+
+def unquote_name(text: str) -> str:
+    text = text.strip().rstrip(";").strip()
+    if len(text) >= 2 and text[0] == text[-1] and text[0] in '`"':
+        return text[1:-1].replace(text[0] * 2, text[0])
+    return text
+
+
+def list_topic_names(session: Session) -> list[str]:
+    table = session.execute("SHOW TOPICS")[0].table
+    assert table is not None
+    return [str(name) for name in table.column("name").to_pylist()]
+
+
+class Repl:
+    """The interactive loop: read complete input, run it, show results, repeat."""
+
+    def __init__(self, session: Session, names_session: Session, data_dir: str) -> None:
+        from rich.console import Console
+
+        self.session = session
+        self.data_dir = data_dir
+        self.console = Console(highlight=False)
+        self.error_console = Console(stderr=True, highlight=False)
+        self.names = Names(names_session)
+        self.timing = True
+
+    def run(self) -> int:
+        prompt = self._prompt_session()
+        self.console.print(
+            f"topicbase: data directory {self.data_dir}. Type \\? for help, \\q to quit.",
+            markup=False,
+        )
+        while True:
+            try:
+                text = prompt.prompt(self._prompt_text())
+            except KeyboardInterrupt:
+                continue
+            except EOFError:
+                return EXIT_OK
+            stripped = text.strip()
+            if not stripped:
+                continue
+            if stripped.startswith("\\"):
+                try:
+                    if self.backslash(stripped):
+                        return EXIT_OK
+                except KeyboardInterrupt:
+                    self.show_error(formatting.error_text(KeyboardInterrupt()))
+                continue
+            run_script(self.session, text, False, self.show, self.show_error, self.execute)
+            self.names.stale = True
+
+    def _prompt_session(self) -> Any:
+        from prompt_toolkit import PromptSession
+        from prompt_toolkit.completion import WordCompleter
+        from prompt_toolkit.history import FileHistory
+        from prompt_toolkit.key_binding import KeyBindings
+
+        history_path = os.path.expanduser(
+            os.environ.get("TOPICBASE_HISTFILE") or DEFAULT_HISTORY_FILE
+        )
+        bindings = KeyBindings()
+
+        @bindings.add("enter")
+        def _enter(event: Any) -> None:
+            buffer = event.current_buffer
+            if statement_complete(buffer.text):
+                buffer.validate_and_handle()
+            else:
+                buffer.insert_text("\n")
+
+        return PromptSession(
+            history=FileHistory(history_path),
+            completer=WordCompleter(self.names.words, ignore_case=True, WORD=True),
+            complete_while_typing=False,
+            multiline=True,
+            key_bindings=bindings,
+            prompt_continuation=lambda width, _line, _soft: "-> ".rjust(width),
+        )
+
+    def _prompt_text(self) -> str:
+        marks = {SessionState.IDLE: "=", SessionState.IN_TRANSACTION: "*"}
+        return f"topicbase{marks.get(self.session.state, '!')}> "
+
+    # -- statements --------------------------------------------------------------------
+    def execute(self, statement: ast.Statement) -> Result:
+        with self.progress():
+            return self.session.execute_statement(statement)
+
+    @contextmanager
+    def progress(self) -> Iterator[None]:
+        """A spinner once the statement has run for ``PROGRESS_DELAY_S``."""
+        done = threading.Event()
+
+        def spin() -> None:
+            if done.wait(PROGRESS_DELAY_S):
+                return
+            with self.console.status("running... (Ctrl-C cancels)"):
+                done.wait()
+
+        spinner = threading.Thread(target=spin, name="topicbase-spinner", daemon=True)
+        spinner.start()
+        try:
+            yield
+        finally:
+            done.set()
+            spinner.join()
+
+    def show(self, result: Result, elapsed_s: float) -> None:
+        for notice in result.notices:
+            self.error_console.print(f"NOTICE: {notice}", markup=False, style="yellow")
+        if result.table is not None:
+            self.print_table(result.table)
+            if formatting.shows_tag_after_rows(result.tag):
+                self.console.print(result.tag, markup=False)
+        else:
+            self.console.print(result.tag, markup=False)
+        if self.timing:
+            self.console.print(f"Time: {elapsed_s * 1000:.1f} ms", markup=False, style="dim")
+
+    def show_error(self, text: str) -> None:
+        self.error_console.print(text, markup=False, style="bold red")
+
+    def print_table(self, table: Any) -> None:
+        from rich import box
+        from rich.table import Table
+        from rich.text import Text
+
+        view = Table(box=box.SIMPLE_HEAD, show_edge=False, pad_edge=False)
+        for field in table.schema:
+            numeric = formatting.is_numeric(field.type)
+            view.add_column(Text(field.name), justify="right" if numeric else "left")
+        shown = table.slice(0, REPL_ROWS_SHOWN_MAX)
+        for row in formatting.iter_rows(shown):
+            view.add_row(
+                *(
+                    Text("NULL", style="dim") if v is None else Text(formatting.text_value(v))
+                    for v in row
+                )
+            )
+        if table.num_columns:
+            self.console.print(view)
+        footer = formatting.rows_footer(table.num_rows)
+        if table.num_rows > shown.num_rows:
+            footer += f", the first {shown.num_rows} shown"
+        self.console.print(footer, markup=False)
+
+    # -- backslash commands ----------------------------------------------------------------
+    def backslash(self, command: str) -> bool:
+        """Run a backslash command; True means quit."""
+        name, _, argument = command.partition(" ")
+        argument = argument.strip()
+        if name == "\\q":
+            return True
+        if name == "\\?":
+            self.console.print(HELP_TEXT, markup=False)
+        elif name == "\\timing":
+            self.timing = {"on": True, "off": False}.get(argument.lower(), not self.timing)
+            self.console.print(f"Timing is {'on' if self.timing else 'off'}.", markup=False)
+        elif name == "\\d" and argument:
+            self.describe(unquote_name(argument))
+        elif name in ("\\d", "\\dt"):
+            self.list_objects(topics=name == "\\d")
+        else:
+            self.show_error(f"invalid command {name}; try \\? for help")
+        return False
+
+    def list_objects(self, *, topics: bool) -> None:
+        try:
+            if topics:
+                self.console.print("Topics", markup=False, style="bold")
+                self.print_table(self.session.execute("SHOW TOPICS")[0].table)
+                self.console.print("Tables", markup=False, style="bold")
+            self.print_table(self.session.execute(TABLES_QUERY)[0].table)
+        except TopicbaseError as error:
+            self.show_error(formatting.error_text(error))
+
+    def describe(self, name: str) -> None:
+        try:
+            if name in list_topic_names(self.session):
+                described = self.session.execute(f"DESCRIBE TOPIC {quote_name(name)}")
+                self.print_table(described[0].table)
+                return
+            schema, _, table_name = name.rpartition(".")
+            columns = self.session.execute(COLUMNS_QUERY, [table_name, schema or "main"])[0].table
+            assert columns is not None
+            if columns.num_rows == 0:
+                self.show_error(f'ERROR: 42P01: no topic or table named "{name}"')
+                return
+            self.print_table(columns)
+        except TopicbaseError as error:
+            self.show_error(formatting.error_text(error))
