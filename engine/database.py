@@ -21,9 +21,11 @@ from typing import ClassVar
 from engine import tables
 from engine.catalog import CatalogStore, TopicEntry
 from engine.clock import SYSTEM_CLOCK, Clock
+from engine.commit import Committer
 from planner.catalog import TopicInfo
 from storage.config import FsyncPolicy
 from storage.errors import StorageIOError
+from storage.staging import StagingLog
 from storage.store import Store
 from storage.topic_log import TopicLog
 
@@ -48,7 +50,12 @@ class Database:
         # Serialises the validate-then-commit step of transactions and DDL.
         self.commit_lock = threading.RLock()
         self._references = 0
+        self.open_transactions = 0
         self._reconcile()
+        self.committer = Committer(self, StagingLog(self.store.fs, os.path.join(path, "staging")))
+        republished = self.committer.recover()
+        if republished:
+            log.warning("recovery re-published %d staged batches", republished)
 
     @classmethod
     def open(
@@ -81,6 +88,7 @@ class Database:
             if self._references > 0:
                 return
             self._open.pop(self.path, None)
+        self.committer.close()
         self.root.close()
         self.store.close()
 

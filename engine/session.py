@@ -27,6 +27,7 @@ from typing import Any
 import pyarrow as pa
 
 from engine import introspection, tables
+from engine.commit import PublishItem, route_writes
 from engine.ddl import run_alter, run_create, run_drop
 from engine.reads import read_records
 from engine.transaction import PendingWrite, SessionState, Transaction
@@ -47,6 +48,7 @@ from planner.operations import (
     RunQuery,
     TransactionControl,
 )
+from storage import failpoints, limits
 from storage.errors import (
     InFailedTransactionError,
     InvalidParameterValueError,
@@ -56,7 +58,6 @@ from storage.errors import (
 )
 
 _session_ids = itertools.count(1)
-STAGED_BYTES_MAX = 256 * 1024 * 1024
 
 
 @dataclass
@@ -119,6 +120,7 @@ class Session:
             raise InFailedTransactionError(
                 "current transaction is aborted, commands ignored until end of transaction block"
             )
+        self._check_duration()
         plan = planner.plan(statement, self.database)
         if plan.explain_only:
             return Result("EXPLAIN", pa.table({"plan": plan.describe().splitlines()}))
@@ -140,15 +142,35 @@ class Session:
                 self.state = SessionState.FAILED
             raise
 
+    def _check_duration(self) -> None:
+        """Roll back a transaction open for longer than the limit (54000)."""
+        transaction = self.transaction
+        if transaction is None or not transaction.explicit:
+            return
+        age_s = self.database.clock.monotonic_s() - transaction.started_s
+        if age_s * 1000 > limits.TRANSACTION_DURATION_MS_MAX:
+            self._rollback()
+            raise LimitExceededError(
+                f"transaction was open {age_s:.0f} s, over the limit of "
+                f"{limits.TRANSACTION_DURATION_MS_MAX // 1000} s; it was rolled back"
+            )
+
     def _transaction_control(self, plan: Plan) -> Result:
         operation = plan.operations[0]
         assert isinstance(operation, TransactionControl)
         if operation.action == "begin":
             if self.state is not SessionState.IDLE:
                 return Result("BEGIN", notices=("there is already a transaction in progress",))
+            if self.database.open_transactions >= limits.OPEN_TRANSACTIONS_MAX:
+                raise LimitExceededError(
+                    f"too many open transactions (limit {limits.OPEN_TRANSACTIONS_MAX})"
+                )
             tables.run(self.cursor, "BEGIN TRANSACTION")
-            self.transaction = Transaction(explicit=True)
+            self.transaction = Transaction(
+                explicit=True, started_s=self.database.clock.monotonic_s()
+            )
             self.state = SessionState.IN_TRANSACTION
+            self.database.open_transactions += 1
             return Result("BEGIN")
         if self.state is SessionState.IDLE:
             return Result(plan.tag, notices=("there is no transaction in progress",))
@@ -260,9 +282,10 @@ class Session:
             return self._append_now(operation, batches, source.num_rows)
         for partition, batch in batches:
             self.transaction.add_write(PendingWrite(operation.topic_id, batch, partition))
-        if self.transaction.staged_bytes > STAGED_BYTES_MAX:
+        if self.transaction.staged_bytes > limits.TRANSACTION_STAGED_BYTES_MAX:
             raise LimitExceededError(
-                f"transaction staged more than {STAGED_BYTES_MAX} bytes of topic writes"
+                f"transaction staged more than {limits.TRANSACTION_STAGED_BYTES_MAX} bytes of "
+                "topic writes; it is rolled back"
             )
         if operation.returning:
             raise InvalidParameterValueError(
@@ -316,26 +339,43 @@ class Session:
 
     # -- commit and rollback -----------------------------------------------------------------
     def _commit(self) -> None:
+        """Stage, validate, commit in DuckDB (the commit point), publish. See engine.commit."""
         transaction = self.transaction
         assert transaction is not None
         database = self.database
+        committer = database.committer
+        transaction_id = None
+        items: list[PublishItem] = []
+        committed = False
         try:
+            if transaction.writes:
+                items = route_writes(database, transaction.writes)
+                transaction_id = committer.next_transaction_id()
+                items = committer.stage(transaction_id, items)
             with database.commit_lock:
                 moves = self._validate(transaction)
-                self._publish(transaction)
-                if transaction.explicit:
+                if moves or transaction_id is not None or transaction.explicit:
+                    if not transaction.explicit:
+                        tables.run(self.cursor, "BEGIN TRANSACTION")
                     database.catalog.write_offsets(self.cursor, moves)
+                    if transaction_id is not None:
+                        committer.write_record(self.cursor, transaction_id, items)
                     tables.run(self.cursor, "COMMIT")
-                elif moves:
-                    tables.run(self.cursor, "BEGIN TRANSACTION")
-                    database.catalog.write_offsets(self.cursor, moves)
-                    tables.run(self.cursor, "COMMIT")
+                committed = True
+                failpoints.hit("commit.after_commit_point")
                 database.catalog.apply_offsets(moves)
+                if transaction_id is not None:
+                    committer.publish(transaction_id, items)
         except BaseException:
+            if committed:
+                # Past the commit point nothing is undone: recovery publishes the rest.
+                self._end_transaction()
+                raise
+            if transaction_id is not None:
+                committer.abandon(transaction_id)
             self._rollback()
             raise
-        self.transaction = None
-        self.state = SessionState.IDLE
+        self._end_transaction()
 
     def _validate(self, transaction: Transaction) -> dict[tuple[str, str, int], int]:
         catalog = self.database.catalog
@@ -350,9 +390,11 @@ class Session:
             moves[key] = read.end
         return moves
 
-    def _publish(self, transaction: Transaction) -> None:
-        for write in transaction.writes:
-            self.database.topic_log(write.topic_id).append(write.batch, write.partition)
+    def _end_transaction(self) -> None:
+        if self.state is not SessionState.IDLE:
+            self.database.open_transactions -= 1
+        self.transaction = None
+        self.state = SessionState.IDLE
 
     def _rollback(self) -> None:
         if self.transaction is not None and self.transaction.explicit:
@@ -363,8 +405,7 @@ class Session:
             with contextlib.suppress(TopicbaseError):
                 tables.unregister(self.cursor, name)
         self._leftover_views.clear()
-        self.transaction = None
-        self.state = SessionState.IDLE
+        self._end_transaction()
 
 
 def _query_result(operation: RunQuery, table: pa.Table | None) -> Result:

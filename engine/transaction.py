@@ -44,6 +44,7 @@ class PendingWrite:
 @dataclass(slots=True)
 class Transaction:
     explicit: bool
+    started_s: float = 0.0  # monotonic time of BEGIN
     reads: dict[ReadKey, ReadRange] = field(default_factory=dict)
     writes: list[PendingWrite] = field(default_factory=list)
     staged_bytes: int = 0

@@ -45,3 +45,11 @@ PRODUCERS_PER_PARTITION_MAX = 1_000_000
 # and an idle store then pays no extra latency.
 GROUP_COMMIT_WINDOW_US_DEFAULT = 0
 GROUP_COMMIT_WINDOW_US_MAX = 10_000
+
+# -- transactions -------------------------------------------------------------------
+# Topic writes a transaction may stage before COMMIT (they are held in memory too).
+TRANSACTION_STAGED_BYTES_MAX = 256 * 1024 * 1024
+# A transaction open longer than this is rolled back at its next statement.
+TRANSACTION_DURATION_MS_MAX = 10 * 60 * 1000
+# Explicit transactions open at once in one database.
+OPEN_TRANSACTIONS_MAX = 1000

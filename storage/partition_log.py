@@ -170,6 +170,58 @@ class PartitionLog:
             self._publish()
         return results
 
+    def publish_transactional(
+        self, batches: list[pa.RecordBatch], transaction_id: int
+    ) -> list[AppendResult]:
+        """Append a committed transaction's batches, tagged with its id, without a sync.
+
+        The transaction's data is already durable in staging and its commit
+        record in DuckDB, so this write need not be synced now: recovery finds
+        the tagged frames (``contains_transaction``) or publishes them again.
+        The batches become visible to readers together.
+        """
+        assert transaction_id > 0
+        for batch in batches:
+            check_wire_batch(batch)
+            self._check_codecs(batch)
+        with self._write_lock:
+            self._check_writable()
+            results = [
+                self._write_decision(self.producers.decide(batch), transaction_id)
+                for batch in batches
+            ]
+            self._publish()
+        return results
+
+    def contains_transaction(self, transaction_id: int, since_us: int) -> bool:
+        """True if a frame of ``transaction_id`` was written at or after ``since_us``.
+
+        Scans frame headers only, from the time index's position for
+        ``since_us`` to the end.
+        """
+        visible = self._visible
+        start = self.offset_for_time(since_us)
+        index = _segment_index(visible.segments, start)
+        while index is not None and index < len(visible.segments):
+            segment = visible.segments[index]
+            last = index == len(visible.segments) - 1
+            limit = visible.last_segment_bytes if last else segment.size_bytes
+            for frame in segment.scan(start, limit, 1024 * 1024):
+                if frame.header.transaction_id == transaction_id:
+                    return True
+            index += 1
+        return False
+
+    def sync(self) -> None:
+        """Make everything written so far durable (checkpoints of published data)."""
+        with self._write_lock:
+            if self._fenced is None and not self._closed:
+                try:
+                    self._segments[-1].sync()
+                except StorageIOError as error:
+                    self._fenced = error
+                    raise
+
     def _flush_group(self, requests: list[Request]) -> None:
         """Group-commit leader: write every request, sync once, publish."""
         with self._write_lock:
@@ -249,7 +301,7 @@ class PartitionLog:
             results.append(self._write_decision(decision))
         return results
 
-    def _write_decision(self, decision: DedupDecision) -> AppendResult:
+    def _write_decision(self, decision: DedupDecision, transaction_id: int = 0) -> AppendResult:
         status = np.where(decision.duplicate, DUPLICATE, WRITTEN).astype(np.uint8)
         offsets = decision.earlier_offsets.copy()
         written_count = decision.written_count
@@ -263,9 +315,15 @@ class PartitionLog:
         written_at_us = max(self.clock.now_us(), self._last_written_at_us)
         body = serialize_body(batch)
         frame = encode_frame(
-            body, base_offset=base_offset, written_at_us=written_at_us, record_count=written_count
+            body,
+            base_offset=base_offset,
+            written_at_us=written_at_us,
+            record_count=written_count,
+            transaction_id=transaction_id,
         )
-        header = FrameHeader(0, base_offset, written_at_us, written_count, len(body), 0)
+        header = FrameHeader(
+            0, base_offset, written_at_us, written_count, len(body), 0, transaction_id
+        )
         try:
             segment.append_frame(frame, header)
         except StorageIOError as error:

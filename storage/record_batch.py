@@ -1,12 +1,14 @@
 """The one batch format: an Arrow IPC record batch behind a checksummed frame.
 
 A producer builds a *wire batch* (``WIRE_SCHEMA``); the log stores it as it
-came, behind a fixed 40-byte frame header; a reader gets it back whole as a
+came, behind a fixed 48-byte frame header; a reader gets it back whole as a
 *read batch* (``READ_SCHEMA``), which adds the two columns the server owns:
 ``offset`` (``base_offset + row``) and ``written_at`` (one value per batch).
 Adding them is vectorised; no message is decoded one by one in Python.
 
-Frame layout (little-endian), every frame starts at a multiple of 8 bytes::
+Frame layout (little-endian), every frame starts at a multiple of 8 bytes;
+``transaction_id`` lets recovery tell whether a committed transaction's
+batches already reached a partition (publishing is idempotent)::
 
     0  magic         4s   b"TBb1"
     4  crc32c        u32  CRC-32C of bytes [8, 40) of the header and of the body
@@ -14,9 +16,10 @@ Frame layout (little-endian), every frame starts at a multiple of 8 bytes::
     16 written_at_us i64  server time of the append, microseconds since the epoch
     24 record_count  u32  messages in the body (>= 1)
     28 body_bytes    u32  length of the body, a multiple of 8
-    32 attributes    u32  bit 0: transactional publish (reserved for later use)
+    32 attributes    u32  bit 0: published by a transaction (``transaction_id`` is set)
     36 reserved      u32  zero
-    40 body               Arrow IPC encapsulated record batch message (no schema)
+    40 transaction_id u64 the publishing transaction, 0 for plain appends
+    48 body               Arrow IPC encapsulated record batch message (no schema)
 
 Invariants: ``body_bytes % 8 == 0`` so every frame and every Arrow buffer in a
 segment stays 8-byte aligned; the checksum is verified on every read.
@@ -37,9 +40,10 @@ from storage.codecs import Codec
 from storage.errors import InvalidParameterValueError, LimitExceededError
 
 MAGIC = b"TBb1"
-HEADER = struct.Struct("<4sIqqIIII")
+HEADER = struct.Struct("<4sIqqIIIIQ")
 HEADER_BYTES = HEADER.size
-assert HEADER_BYTES == 40
+assert HEADER_BYTES == 48
+TRANSACTIONAL = 1
 
 TIMESTAMP = pa.timestamp("us", tz="UTC")
 METADATA_TYPE = pa.map_(pa.string(), pa.binary())
@@ -74,6 +78,7 @@ class FrameHeader:
     record_count: int
     body_bytes: int
     attributes: int
+    transaction_id: int = 0
 
     @property
     def frame_bytes(self) -> int:
@@ -92,26 +97,30 @@ def serialize_body(batch: pa.RecordBatch) -> bytes:
 
 
 def encode_frame(
-    body: bytes, *, base_offset: int, written_at_us: int, record_count: int, attributes: int = 0
+    body: bytes,
+    *,
+    base_offset: int,
+    written_at_us: int,
+    record_count: int,
+    transaction_id: int = 0,
 ) -> bytes:
     """Prefix ``body`` with its header and checksum."""
-    assert len(body) % 8 == 0 and record_count >= 1
-    fields = HEADER.pack(
-        MAGIC, 0, base_offset, written_at_us, record_count, len(body), attributes, 0
-    )
-    crc = crc32c.crc32c(body, crc32c.crc32c(fields[8:]))
-    return (
-        HEADER.pack(MAGIC, crc, base_offset, written_at_us, record_count, len(body), attributes, 0)
-        + body
-    )
+    assert len(body) % 8 == 0 and record_count >= 1 and transaction_id >= 0
+    attributes = TRANSACTIONAL if transaction_id else 0
+    fields = [base_offset, written_at_us, record_count, len(body), attributes, 0, transaction_id]
+    unsigned = HEADER.pack(MAGIC, 0, *fields)
+    crc = crc32c.crc32c(body, crc32c.crc32c(unsigned[8:]))
+    return HEADER.pack(MAGIC, crc, *fields) + body
 
 
 def decode_header(raw: bytes | memoryview) -> FrameHeader | None:
     """Parse a header; None if the magic is wrong (not a frame start)."""
-    magic, crc, base, written, count, body_bytes, attributes, _ = HEADER.unpack_from(raw)
+    magic, crc, base, written, count, body_bytes, attributes, _, transaction = HEADER.unpack_from(
+        raw
+    )
     if magic != MAGIC:
         return None
-    return FrameHeader(crc, base, written, count, body_bytes, attributes)
+    return FrameHeader(crc, base, written, count, body_bytes, attributes, transaction)
 
 
 def frame_checksum_ok(header: FrameHeader, header_raw: memoryview, body: memoryview) -> bool:

@@ -233,7 +233,7 @@ class TopicLog:
         if partition is not None:
             result = self.partition(partition).append(batch)
             return _topic_result([(np.arange(batch.num_rows), result)], batch.num_rows)
-        targets = self._route(batch)
+        targets = self.route(batch)
         pieces = []
         for partition_id in np.unique(targets):
             rows = np.flatnonzero(targets == partition_id)
@@ -241,7 +241,25 @@ class TopicLog:
             pieces.append((rows, self._partitions[int(partition_id)].append(piece)))
         return _topic_result(pieces, batch.num_rows)
 
-    def _route(self, batch: pa.RecordBatch) -> np.ndarray:
+    def publish_transactional(
+        self, batch: pa.RecordBatch, partition: int | None, transaction_id: int
+    ) -> TopicAppendResult:
+        """Publish a committed transaction's batch (see ``PartitionLog.publish_transactional``)."""
+        targets = (
+            np.full(batch.num_rows, partition, dtype=np.int64)
+            if partition is not None
+            else self.route(batch)
+        )
+        pieces = []
+        for partition_id in np.unique(targets):
+            rows = np.flatnonzero(targets == partition_id)
+            piece = batch if len(rows) == batch.num_rows else batch.take(pa.array(rows))
+            log = self.partition(int(partition_id))
+            pieces.append((rows, log.publish_transactional([piece], transaction_id)[0]))
+        return _topic_result(pieces, batch.num_rows)
+
+    def route(self, batch: pa.RecordBatch) -> np.ndarray:
+        """The partition of every message of ``batch`` (binding new keys round-robin)."""
         keys = pc.coalesce(batch.column(1), batch.column(2))
         with self._lock:
             keyless = self._next_round_robin() if keys.null_count else -1

@@ -1,0 +1,198 @@
+"""The atomic commit of a transaction across topics, offsets and tables.
+
+Protocol (DESIGN.md §4, YDB's "stage, then publish"):
+
+1. *stage*: the transaction's topic writes, routed to their partitions, are
+   appended to the staging log and synced (fsync 1; concurrent transactions
+   share it). Invisible to every reader.
+2. *commit point*: one DuckDB transaction holds the session's table changes,
+   the consumer offset moves and a record of the transaction (id, time, and
+   where its staged batches lie), and commits (fsync 2: DuckDB's WAL). The
+   offset ranges read were validated just before, under the commit lock.
+3. *publish*: each partition gets the transaction's batches as one frame
+   tagged with the transaction id, without a sync; readers see it whole.
+4. *checkpoint* (every ``CHECKPOINT_TRANSACTIONS`` commits and at close):
+   sync the partitions published to, delete the records, release staging.
+
+Recovery (``recover``) re-publishes, for every record left, the batches whose
+tagged frame is not in its partition: idempotent, so a crash during recovery
+is harmless. Staging that no record needs is deleted.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import threading
+from dataclasses import dataclass
+
+import numpy as np
+import pyarrow as pa
+
+from engine import tables
+from engine.catalog import SCHEMA
+from storage import failpoints
+from storage.errors import UndefinedTopicError
+from storage.staging import StagedBatch, StagingLog
+
+log = logging.getLogger(__name__)
+
+CHECKPOINT_TRANSACTIONS = 256
+# Published frames are searched from this long before the commit time, in
+# case the wall clock stepped back a little between commit and publish.
+CLOCK_SLACK_US = 60 * 1_000_000
+
+RECORDS_DDL = f"""
+CREATE TABLE IF NOT EXISTS {SCHEMA}.transactions (
+    transaction_id BIGINT PRIMARY KEY, committed_at_us BIGINT NOT NULL, items VARCHAR NOT NULL);
+"""
+
+
+@dataclass(frozen=True, slots=True)
+class PublishItem:
+    """One partition's share of a transaction: a batch and where it is staged."""
+
+    topic_id: str
+    partition: int
+    batch: pa.RecordBatch
+    staged: StagedBatch | None = None
+
+
+def route_writes(database, writes) -> list[PublishItem]:
+    """Split pending writes by target partition; one batch per partition, in write order."""
+    grouped: dict[tuple[str, int], list[pa.RecordBatch]] = {}
+    for write in writes:
+        topic = database.topic_log(write.topic_id)
+        if write.partition is not None:
+            topic.partition(write.partition)  # refuses an unknown partition now
+            grouped.setdefault((write.topic_id, write.partition), []).append(write.batch)
+            continue
+        targets = topic.route(write.batch)
+        for partition in np.unique(targets):
+            rows = np.flatnonzero(targets == partition)
+            piece = (
+                write.batch.take(pa.array(rows))
+                if len(rows) < write.batch.num_rows
+                else (write.batch)
+            )
+            grouped.setdefault((write.topic_id, int(partition)), []).append(piece)
+    return [
+        PublishItem(topic_id, partition, pa.concat_batches(batches))
+        for (topic_id, partition), batches in grouped.items()
+    ]
+
+
+class Committer:
+    def __init__(self, database, staging: StagingLog) -> None:
+        self._database = database
+        self.staging = staging
+        self._lock = threading.Lock()
+        self._cursor = database.root.cursor()
+        tables.run(self._cursor, RECORDS_DDL)
+        self._last_id = 0
+        self._published: list[tuple[int, list[tuple[str, int]]]] = []
+
+    def next_transaction_id(self) -> int:
+        """Unique and increasing across restarts: microseconds of wall time, bumped."""
+        with self._lock:
+            self._last_id = max(self._last_id + 1, self._database.clock.now_us())
+            return self._last_id
+
+    def stage(self, transaction_id: int, items: list[PublishItem]) -> list[PublishItem]:
+        placed = self.staging.stage(transaction_id, [item.batch for item in items])
+        failpoints.hit("commit.after_stage")
+        return [
+            PublishItem(i.topic_id, i.partition, i.batch, s)
+            for i, s in zip(items, placed, strict=True)
+        ]
+
+    def write_record(self, cursor, transaction_id: int, items: list[PublishItem]) -> None:
+        """Insert the commit record through the session's cursor (inside its transaction)."""
+        payload = [
+            [i.topic_id, i.partition, i.staged.file_number, i.staged.position, i.staged.frame_bytes]
+            for i in items
+            if i.staged is not None
+        ]
+        tables.run(
+            cursor,
+            f"INSERT INTO {SCHEMA}.transactions VALUES (?, ?, ?)",
+            [transaction_id, self._database.clock.now_us(), json.dumps(payload)],
+        )
+
+    def publish(self, transaction_id: int, items: list[PublishItem]) -> None:
+        """Step 3: one tagged frame per partition, no sync. Called after the commit point."""
+        for index, item in enumerate(items):
+            if index == 1:
+                failpoints.hit("commit.mid_publish")
+            topic = self._database.topic_log(item.topic_id)
+            topic.publish_transactional(item.batch, item.partition, transaction_id)
+        with self._lock:
+            self._published.append((transaction_id, [(i.topic_id, i.partition) for i in items]))
+            due = len(self._published) >= CHECKPOINT_TRANSACTIONS
+        if due:
+            self.checkpoint()
+
+    def abandon(self, transaction_id: int) -> None:
+        """The transaction will never commit: its staging may go."""
+        self.staging.release({transaction_id})
+
+    def checkpoint(self) -> None:
+        """Sync published partitions, delete their records, release their staging."""
+        with self._lock:
+            published, self._published = self._published, []
+            if not published:
+                return
+            partitions = {p for _, targets in published for p in targets}
+            for topic_id, partition in sorted(partitions):
+                try:
+                    topic = self._database.topic_log(topic_id)
+                except UndefinedTopicError:
+                    continue  # dropped since: nothing to sync
+                topic.partition(partition).sync()
+            ids = [transaction_id for transaction_id, _ in published]
+            failpoints.hit("commit.checkpoint_before_delete")
+            tables.run(
+                self._cursor,
+                f"DELETE FROM {SCHEMA}.transactions WHERE transaction_id IN "
+                f"(SELECT unnest(?::BIGINT[]))",
+                [ids],
+            )
+            self.staging.release(set(ids))
+
+    def recover(self) -> int:
+        """Re-publish what committed transactions left unpublished. Returns how many."""
+        result = tables.query_arrow(
+            self._cursor,
+            f"SELECT transaction_id, committed_at_us, items FROM {SCHEMA}.transactions "
+            "ORDER BY transaction_id",
+        )
+        assert result is not None
+        republished = 0
+        for row in result.to_pylist():
+            transaction_id = row["transaction_id"]
+            self._last_id = max(self._last_id, transaction_id)
+            targets = []
+            for topic_id, partition, number, position, length in json.loads(row["items"]):
+                staged = StagedBatch(number, position, length)
+                self.staging.keep(transaction_id, [staged])
+                try:
+                    topic = self._database.topic_log(topic_id)
+                except UndefinedTopicError:
+                    continue  # the topic was dropped since
+                log_ = topic.partition(partition)
+                since = row["committed_at_us"] - CLOCK_SLACK_US
+                if not log_.contains_transaction(transaction_id, since):
+                    batch = self.staging.read(staged)
+                    log_.publish_transactional([batch], transaction_id)
+                    republished += 1
+                    failpoints.hit("recovery.after_republish")
+                targets.append((topic_id, partition))
+            self._published.append((transaction_id, targets))
+        self.staging.release(set())  # files no record needs: aborted or undecided staging
+        self.checkpoint()
+        return republished
+
+    def close(self) -> None:
+        self.checkpoint()
+        self.staging.close()
+        self._cursor.close()

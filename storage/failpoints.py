@@ -1,0 +1,65 @@
+"""Named failpoints: places where tests make the process crash or an I/O fail.
+
+Switched on by the environment variable ``TOPICBASE_FAILPOINTS`` (read once at
+import) or by ``activate`` in tests: a comma-separated list of
+``name=action`` where action is ``crash`` (``os._exit(137)`` at once, like
+SIGKILL: no cleanup, no flush) or ``error`` (raise ``StorageIOError``), with an
+optional ``@n``: trigger on the n-th hit only (``commit.after_stage=crash@3``).
+
+Zero cost when off: ``hit`` tests one module-level boolean.
+"""
+
+from __future__ import annotations
+
+import os
+import threading
+
+from storage.errors import StorageIOError
+
+ENVIRONMENT_VARIABLE = "TOPICBASE_FAILPOINTS"
+
+_armed: dict[str, tuple[str, int]] = {}
+_hits: dict[str, int] = {}
+_lock = threading.Lock()
+ACTIVE = False
+
+
+def activate(spec: str) -> None:
+    """Arm failpoints from a ``name=action[@n],...`` specification (replaces earlier ones)."""
+    global ACTIVE
+    armed: dict[str, tuple[str, int]] = {}
+    for item in filter(None, (part.strip() for part in spec.split(","))):
+        name, _, action = item.partition("=")
+        action, _, nth = action.partition("@")
+        assert action in ("crash", "error"), f"unknown failpoint action {action!r}"
+        armed[name] = (action, int(nth or 1))
+    with _lock:
+        _armed.clear()
+        _armed.update(armed)
+        _hits.clear()
+        ACTIVE = bool(armed)
+
+
+def deactivate() -> None:
+    activate("")
+
+
+def hit(name: str) -> None:
+    """Pass a failpoint: crash or fail here if it is armed and due."""
+    if not ACTIVE:
+        return
+    with _lock:
+        armed = _armed.get(name)
+        if armed is None:
+            return
+        count = _hits.get(name, 0) + 1
+        _hits[name] = count
+    action, nth = armed
+    if count != nth:
+        return
+    if action == "crash":
+        os._exit(137)
+    raise StorageIOError(f"failpoint {name} injected an I/O error", failpoint=name)
+
+
+activate(os.environ.get(ENVIRONMENT_VARIABLE, ""))
