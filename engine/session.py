@@ -121,7 +121,12 @@ class Session:
                 "current transaction is aborted, commands ignored until end of transaction block"
             )
         self._check_duration()
-        plan = planner.plan(statement, self.database)
+        try:
+            plan = planner.plan(statement, self.database)
+        except TopicbaseError:
+            if self.state is SessionState.IN_TRANSACTION:
+                self.state = SessionState.FAILED
+            raise
         if plan.explain_only:
             return Result("EXPLAIN", pa.table({"plan": plan.describe().splitlines()}))
         if isinstance(statement, ast.Begin | ast.Commit | ast.Rollback):
@@ -193,7 +198,12 @@ class Session:
                     registered.append(operation.placeholder)
                 elif isinstance(operation, RunQuery):
                     registered += self._register_views(operation)
-                    query_table = tables.query_arrow(self.cursor, operation.sql, parameters)
+                    query_table = tables.query_arrow(
+                        self.cursor,
+                        operation.sql,
+                        parameters if operation.uses_parameters else None,
+                        line_offset=statement_line_offset(plan),
+                    )
                     result = _query_result(operation, query_table)
                 elif isinstance(operation, AppendRecords):
                     result = self._append(operation, query_table, parameters)
@@ -408,7 +418,18 @@ class Session:
         self._end_transaction()
 
 
+def statement_line_offset(plan: Plan) -> int:
+    """Lines before the statement in its script, to report DuckDB's syntax errors."""
+    return plan.line - 1
+
+
 def _query_result(operation: RunQuery, table: pa.Table | None) -> Result:
+    dml_count = table is not None and table.column_names == ["Count"] and not operation.returns_rows
+    if table is not None and not dml_count:
+        return Result(
+            f"SELECT {table.num_rows}" if operation.tag in ("SELECT", "EMPTY") else operation.tag,
+            table,
+        )
     if operation.returns_rows:
         assert table is not None
         return Result(

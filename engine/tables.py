@@ -116,12 +116,42 @@ def _strip_prefix(message: str) -> str:
 
 
 @contextmanager
-def translated() -> Iterator[None]:
-    """Run a block, turning DuckDB exceptions into Topicbase errors."""
+def translated(line_offset: int = 0) -> Iterator[None]:
+    """Run a block, turning DuckDB exceptions into Topicbase errors.
+
+    ``line_offset`` moves the ``LINE n:`` of DuckDB's syntax errors to the
+    statement's place in its script.
+    """
     try:
         yield
     except duckdb.Error as error:
-        raise translate(error) from error
+        translated_error = translate(error)
+        if line_offset and isinstance(translated_error, errors.SqlSyntaxError):
+            translated_error = _shift_lines(translated_error, line_offset)
+        raise translated_error from error
+    except RuntimeError as error:  # DuckDB reports an interrupt this way
+        if "interrupted" in str(error).lower():
+            raise errors.QueryCanceledError(
+                "canceling statement due to user request"
+            ) from error
+        raise
+
+
+def _shift_lines(error: errors.SqlSyntaxError, offset: int) -> errors.SqlSyntaxError:
+    def shift(match: re.Match[str]) -> str:
+        return f"LINE {int(match.group(1)) + offset}:"
+
+    message = re.sub(r"LINE (\d+):", shift, error.message)
+    # Keep the caret under the same character: the "LINE n: " prefix may have grown.
+    old_prefix = re.search(r"LINE (\d+): ", error.message)
+    if old_prefix:
+        grown = len(str(int(old_prefix.group(1)) + offset)) - len(old_prefix.group(1))
+        if grown:
+            lines = message.split("\n")
+            message = "\n".join(
+                " " * grown + line if set(line.strip()) == {"^"} else line for line in lines
+            )
+    return errors.SqlSyntaxError(message)
 
 
 def run(cursor: Connection, sql: str, parameters: Any = None) -> None:
@@ -129,12 +159,14 @@ def run(cursor: Connection, sql: str, parameters: Any = None) -> None:
         cursor.execute(sql, parameters)
 
 
-def query_arrow(cursor: Connection, sql: str, parameters: Any = None) -> pa.Table | None:
+def query_arrow(
+    cursor: Connection, sql: str, parameters: Any = None, *, line_offset: int = 0
+) -> pa.Table | None:
     """Run ``sql``; return its result as Arrow (DML gives DuckDB's one-row ``Count``).
 
     None when the statement produced no relation at all.
     """
-    with translated():
+    with translated(line_offset):
         relation = cursor.sql(sql, params=parameters or None)
         if relation is None:
             return None

@@ -47,6 +47,7 @@ class RunQuery:
     returns_rows: bool
     tag: str
     system_views: tuple[str, ...] = ()
+    uses_parameters: bool = True
 
     def describe(self) -> str:
         read = ",".join(self.tables_read) or "-"
@@ -161,6 +162,7 @@ class Plan:
     tag: str
     explain_only: bool = False
     notes: tuple[str, ...] = field(default=())
+    line: int = 1  # where the statement starts in its script (for error positions)
 
     def describe(self) -> str:
         lines = [f"Plan {self.tag}"]

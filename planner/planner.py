@@ -9,6 +9,7 @@ it needs.
 from __future__ import annotations
 
 from collections.abc import Callable
+from dataclasses import replace
 from typing import Any
 
 import sqlglot
@@ -27,7 +28,7 @@ from planner.operations import (
     RunQuery,
     TransactionControl,
 )
-from storage.errors import SqlSyntaxError, UndefinedObjectError, UndefinedTopicError
+from storage.errors import UndefinedObjectError, UndefinedTopicError
 
 SYSTEM_VIEWS = ("topics", "partitions", "consumers")
 WRITING_STATEMENTS = (
@@ -45,10 +46,10 @@ def plan(statement: ast.Statement, catalog: Catalog) -> Plan:
     """Turn one parsed statement into a plan of operations."""
     if isinstance(statement, ast.Explain):
         inner = plan(statement.statement, catalog)
-        return Plan(inner.operations, inner.tag, explain_only=True, notes=inner.notes)
+        return replace(inner, explain_only=True, line=statement.position.line)
     planner = _PLANNERS.get(type(statement))
     assert planner is not None, f"no planner for {type(statement).__name__}"
-    return planner(statement, catalog)
+    return replace(planner(statement, catalog), line=statement.position.line)
 
 
 def require_topic(catalog: Catalog, name: str) -> TopicInfo:
@@ -88,8 +89,13 @@ def analyse_sql(sql: str) -> RunQuery:
     """Tables read and written by plain SQL, and whether it returns rows."""
     try:
         tree = sqlglot.parse_one(sql, read="duckdb")
-    except sqlglot.errors.ParseError as error:
-        raise SqlSyntaxError(f"syntax error: {error.errors[0]['description']}") from None
+    except sqlglot.errors.ParseError:
+        # sqlglot does not know every DuckDB statement (EXPORT DATABASE, ...): run it
+        # as it is and let DuckDB judge it, with its own error and caret.
+        words = sql.split(None, 1)
+        return RunQuery(sql, (), (), False, words[0].upper() if words else "EMPTY")
+    if tree is None:
+        return RunQuery(sql, (), (), False, "EMPTY", uses_parameters=False)
     written: set[str] = set()
     target = None
     if isinstance(tree, WRITING_STATEMENTS):
@@ -108,10 +114,17 @@ def analyse_sql(sql: str) -> RunQuery:
                 + ", ".join(f"sys.{v}" for v in SYSTEM_VIEWS)
                 + ")"
             )
+    uses_parameters = any(True for _ in tree.find_all(exp.Placeholder, exp.Parameter))
     if views:
         sql = _rename_system_views(tree).sql(dialect="duckdb")
     return RunQuery(
-        sql, tuple(sorted(read)), tuple(sorted(written)), returns_rows, _tag_of(tree, sql), views
+        sql,
+        tuple(sorted(read)),
+        tuple(sorted(written)),
+        returns_rows,
+        _tag_of(tree, sql),
+        views,
+        uses_parameters,
     )
 
 
