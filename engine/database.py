@@ -22,6 +22,7 @@ from engine import tables
 from engine.catalog import CatalogStore, TopicEntry
 from engine.clock import SYSTEM_CLOCK, Clock
 from engine.commit import Committer
+from engine.leases import DEFAULT_LEASE_TIMEOUT_S, LeaseRegistry
 from planner.catalog import TopicInfo
 from storage.config import FsyncPolicy
 from storage.errors import StorageIOError
@@ -36,7 +37,9 @@ class Database:
     _open: ClassVar[dict[str, Database]] = {}
     _registry_lock: ClassVar[threading.Lock] = threading.Lock()
 
-    def __init__(self, path: str, clock: Clock, fsync_policy: FsyncPolicy) -> None:
+    def __init__(
+        self, path: str, clock: Clock, fsync_policy: FsyncPolicy, lease_timeout_s: float
+    ) -> None:
         self.path = path
         self.clock = clock
         self.fsync_policy = fsync_policy
@@ -51,6 +54,7 @@ class Database:
         self.commit_lock = threading.RLock()
         self._references = 0
         self.open_transactions = 0
+        self.leases = LeaseRegistry(clock, lease_timeout_s)
         self._reconcile()
         self.committer = Committer(self, StagingLog(self.store.fs, os.path.join(path, "staging")))
         republished = self.committer.recover()
@@ -64,6 +68,7 @@ class Database:
         *,
         clock: Clock = SYSTEM_CLOCK,
         fsync_policy: FsyncPolicy = FsyncPolicy.GROUP,
+        lease_timeout_s: float = DEFAULT_LEASE_TIMEOUT_S,
     ) -> Database:
         """Open (creating if needed) the data directory; shared within a process."""
         path = os.path.abspath(path)
@@ -71,7 +76,7 @@ class Database:
             database = cls._open.get(path)
             if database is None:
                 os.makedirs(path, exist_ok=True)
-                database = cls(path, clock, fsync_policy)
+                database = cls(path, clock, fsync_policy, lease_timeout_s)
                 cls._open[path] = database
             database._references += 1
             return database

@@ -109,6 +109,7 @@ class Session:
                 return
             if self.state is not SessionState.IDLE:
                 self._rollback()
+            self.database.leases.leave_session(self.session_id)
             self._closed = True
             self.cursor.close()
 
@@ -260,7 +261,25 @@ class Session:
             ):
                 operation = _with_option(operation, "read_from", read_from)
         assert self.transaction is not None
+        member = operation.options.get("member")
+        if member is not None:
+            operation = self._join_as_member(operation, str(member))
+            committed = {p: committed.get(p) for p in operation.partitions}
         return read_records(operation, topic, committed, self.transaction, self.database.clock)
+
+    def _join_as_member(self, operation: ReadRecords, member: str) -> ReadRecords:
+        """Join the consumer's group; read only the partitions leased to this member."""
+        assert self.transaction is not None and operation.consumer is not None
+        topic = self.database.topic_log(operation.topic_id)
+        key = (operation.topic_id, operation.consumer)
+        lease, owned = self.database.leases.join(
+            key, member, self.session_id, tuple(topic.partition_ids())
+        )
+        partitions = tuple(p for p in operation.partitions if p in owned)
+        for partition in partitions:
+            self.transaction.leases[(operation.topic_id, operation.consumer, partition)] = lease
+        return ReadRecords(operation.topic, operation.topic_id, partitions,
+                           operation.placeholder, operation.consumer, operation.options)
 
     def _register_views(self, operation: RunQuery) -> list[str]:
         names = []
@@ -389,6 +408,12 @@ class Session:
 
     def _validate(self, transaction: Transaction) -> dict[tuple[str, str, int], int]:
         catalog = self.database.catalog
+        for (topic_id, consumer, partition), lease in transaction.leases.items():
+            if not self.database.leases.holds((topic_id, consumer), partition, lease):
+                raise SerializationFailure(
+                    f'member "{lease.member}" of consumer "{consumer}" lost its lease on '
+                    f"partition {partition} (generation {lease.generation}); retry"
+                )
         moves = {}
         for key, read in transaction.reads.items():
             current = catalog.committed(*key)

@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import enum
 from dataclasses import dataclass, field
+from typing import Any
 
 import pyarrow as pa
 
@@ -48,6 +49,8 @@ class Transaction:
     reads: dict[ReadKey, ReadRange] = field(default_factory=dict)
     writes: list[PendingWrite] = field(default_factory=list)
     staged_bytes: int = 0
+    # Leases the reads of members were made under: (topic id, consumer, partition) -> lease.
+    leases: dict[ReadKey, Any] = field(default_factory=dict)
 
     def read_position(self, key: ReadKey) -> int | None:
         """Where this transaction's next read of ``key`` continues, if it read before."""
