@@ -4,7 +4,7 @@ VENV   := .venv
 PY     := $(VENV)/bin/python
 STAMP  := $(VENV)/.installed
 
-.PHONY: venv test lint demo bench bench-quick clean
+.PHONY: venv test lint demo demo-storage bench bench-quick clean
 
 $(STAMP): pyproject.toml
 	test -x $(PY) || $(PYTHON) -m venv $(VENV)
@@ -23,8 +23,13 @@ test: lint
 	$(PY) -m pytest -q -p no:cacheprovider; rc=$$?; \
 	if [ $$rc -eq 5 ]; then echo "pytest collected no tests: failing"; exit 1; fi; exit $$rc
 
+# The main job: YDB's resharding scenario, a worker killed midway, then verified.
 demo: $(STAMP)
-	$(PY) -m bench.demo_storage --data-dir ./demo-data
+	$(PY) -m bench.demo_pipeline --data-dir ./demo-data
+
+# The storage walk-through: two producers, a resend skipped as duplicates.
+demo-storage: $(STAMP)
+	$(PY) -m bench.demo_storage --data-dir ./demo-data/storage-walkthrough
 
 bench: $(STAMP)
 	$(PY) -m bench.run --suite full

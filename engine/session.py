@@ -310,7 +310,8 @@ class Session:
         if not self.transaction.explicit:
             return self._append_now(operation, batches, source.num_rows)
         for partition, batch in batches:
-            self.transaction.add_write(PendingWrite(operation.topic_id, batch, partition))
+            if batch.num_rows:
+                self.transaction.add_write(PendingWrite(operation.topic_id, batch, partition))
         if self.transaction.staged_bytes > limits.TRANSACTION_STAGED_BYTES_MAX:
             raise LimitExceededError(
                 f"transaction staged more than {limits.TRANSACTION_STAGED_BYTES_MAX} bytes of "
@@ -330,6 +331,8 @@ class Session:
         pieces = []
         written = 0
         for partition, batch in batches:
+            if batch.num_rows == 0:
+                continue
             outcome = topic.append(batch, partition)
             written += outcome.written_count
             pieces.append(
@@ -352,7 +355,7 @@ class Session:
             raise InvalidParameterValueError(
                 f'RETURNING column "{unknown[0]}" is not one of {", ".join(RETURNING_COLUMNS)}'
             )
-        table = pa.concat_tables(pieces)
+        table = pa.concat_tables(pieces) if pieces else _empty_returning()
         if "*" not in operation.returning:
             table = table.select(list(operation.returning))
         return Result(f"INSERT 0 {written}", table)
@@ -441,6 +444,14 @@ class Session:
                 tables.unregister(self.cursor, name)
         self._leftover_views.clear()
         self._end_transaction()
+
+
+def _empty_returning() -> pa.Table:
+    return pa.table({
+        "partition": pa.array([], pa.int32()), "offset": pa.array([], pa.int64()),
+        "status": pa.array([], pa.string()), "seq_no": pa.array([], pa.int64()),
+        "producer_id": pa.array([], pa.string()),
+    })
 
 
 def statement_line_offset(plan: Plan) -> int:
