@@ -91,6 +91,7 @@ class Committer:
         tables.run(self._cursor, RECORDS_DDL)
         self._last_id = 0
         self._published: list[tuple[int, list[tuple[str, int]]]] = []
+        self._unfinished: list[tuple[int, list[PublishItem]]] = []
 
     def next_transaction_id(self) -> int:
         """Unique and increasing across restarts: microseconds of wall time, bumped."""
@@ -120,17 +121,46 @@ class Committer:
         )
 
     def publish(self, transaction_id: int, items: list[PublishItem]) -> None:
-        """Step 3: one tagged frame per partition, no sync. Called after the commit point."""
-        for index, item in enumerate(items):
-            if index == 1:
-                failpoints.hit("commit.mid_publish")
-            topic = self._database.topic_log(item.topic_id)
-            topic.publish_transactional(item.batch, item.partition, transaction_id)
+        """Step 3: one tagged frame per partition, no sync. Called after the commit point.
+
+        If publishing fails half way (an I/O error, an interrupt), the
+        transaction is remembered and the next checkpoint publishes what is
+        missing, exactly as recovery would after a crash.
+        """
+        if self._unfinished:
+            with self._lock:
+                self._finish_unfinished()
+        try:
+            for index, item in enumerate(items):
+                if index == 1:
+                    failpoints.hit("commit.mid_publish")
+                self._publish_item(transaction_id, item)
+        except BaseException:
+            with self._lock:
+                self._unfinished.append((transaction_id, items))
+            raise
         with self._lock:
             self._published.append((transaction_id, [(i.topic_id, i.partition) for i in items]))
             due = len(self._published) >= CHECKPOINT_TRANSACTIONS
         if due:
             self.checkpoint()
+
+    def _publish_item(self, transaction_id: int, item: PublishItem, *, check: bool = False) -> None:
+        """Publish one partition's batch; with ``check``, only if it is not there yet."""
+        topic = self._database.topic_log(item.topic_id)
+        if check:
+            since = transaction_id - CLOCK_SLACK_US  # ids are commit-time microseconds
+            if topic.partition(item.partition).contains_transaction(transaction_id, since):
+                return
+        topic.publish_transactional(item.batch, item.partition, transaction_id)
+
+    def _finish_unfinished(self) -> None:
+        """Publish what failed publishes left out (caller holds ``_lock``)."""
+        unfinished, self._unfinished = self._unfinished, []
+        for transaction_id, items in unfinished:
+            for item in items:
+                self._publish_item(transaction_id, item, check=True)
+            self._published.append((transaction_id, [(i.topic_id, i.partition) for i in items]))
 
     def abandon(self, transaction_id: int) -> None:
         """The transaction will never commit: its staging may go."""
@@ -139,6 +169,7 @@ class Committer:
     def checkpoint(self) -> None:
         """Sync published partitions, delete their records, release their staging."""
         with self._lock:
+            self._finish_unfinished()
             published, self._published = self._published, []
             if not published:
                 return

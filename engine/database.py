@@ -97,6 +97,13 @@ class Database:
         self.root.close()
         self.store.close()
 
+    def wake_readers(self) -> None:
+        """Wake every long-polling topic read (a cancel wants to be noticed)."""
+        for topic_id in self.store.topic_ids():
+            topic = self.store.topic(topic_id)
+            with topic.data_ready:
+                topic.data_ready.notify_all()
+
     # -- catalog helpers ----------------------------------------------------------------
     def topic_log(self, topic_id: str) -> TopicLog:
         return self.store.topic(topic_id)

@@ -10,6 +10,7 @@ whole read over all partitions; ``wait`` long-polls when nothing is there yet.
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from datetime import datetime, timedelta
 from typing import Any
 
@@ -19,11 +20,12 @@ from engine.clock import Clock
 from engine.topic_relation import SCHEMA, relation_batch
 from engine.transaction import Transaction
 from planner.operations import ReadRecords
-from storage.errors import InvalidParameterValueError
+from storage.errors import InvalidParameterValueError, QueryCanceledError
 from storage.topic_log import TopicLog
 
 DEFAULT_MAX_MESSAGES = 10_000
 DEFAULT_MAX_BYTES = 64 * 1024 * 1024
+CANCEL_CHECK_S = 0.1
 
 
 def read_records(
@@ -32,8 +34,13 @@ def read_records(
     committed: dict[int, int | None],
     transaction: Transaction,
     clock: Clock,
+    cancelled: Callable[[], bool] = lambda: False,
 ) -> pa.Table:
-    """Read the operation's partitions; ``committed`` maps partition -> committed offset."""
+    """Read the operation's partitions; ``committed`` maps partition -> committed offset.
+
+    A ``wait`` stops early, with 57014, when ``cancelled()`` turns true (checked
+    whenever the topic's readers are woken, and at least every 100 ms).
+    """
     options = operation.options
     starts = {
         p: _start(operation, topic, p, committed, transaction, clock) for p in operation.partitions
@@ -43,10 +50,13 @@ def read_records(
     if not batches and wait > timedelta(0):
         deadline = clock.monotonic_s() + wait.total_seconds()
         while not batches:
+            if cancelled():
+                raise QueryCanceledError("canceling statement due to user request")
             remaining = deadline - clock.monotonic_s()
-            if remaining <= 0 or not topic.wait_for_any(starts, remaining):
+            if remaining <= 0:
                 break
-            batches = _read_all(operation, topic, starts)
+            if topic.wait_for_any(starts, min(remaining, CANCEL_CHECK_S)):
+                batches = _read_all(operation, topic, starts)
     if operation.consumer is not None:
         _record_ranges(operation, starts, batches, committed, transaction)
     decode = bool(options.get("decode", True))

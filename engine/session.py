@@ -50,6 +50,7 @@ from planner.operations import (
 )
 from storage import failpoints, limits
 from storage.errors import (
+    ActiveSqlTransactionError,
     InFailedTransactionError,
     InvalidParameterValueError,
     LimitExceededError,
@@ -90,17 +91,36 @@ class Session:
         self._lock = threading.Lock()
         self._closed = False
         self._leftover_views: list[str] = []
+        self._cancel_requested = False
 
     # -- entry points -------------------------------------------------------------------
     def execute(self, sql: str, parameters: Any = None) -> list[Result]:
-        """Run every statement of ``sql``; returns one result per statement."""
-        statements = parse(sql)
+        """Run every statement of ``sql``; returns one result per statement.
+
+        A script that does not parse runs not at all; inside a transaction it
+        fails the transaction, as any failed statement does.
+        """
+        try:
+            statements = parse(sql)
+        except TopicbaseError:
+            with self._lock:
+                if self.state is SessionState.IN_TRANSACTION:
+                    self.state = SessionState.FAILED
+            raise
         return [self.execute_statement(s, parameters) for s in statements]
+
+    def cancel(self) -> None:
+        """Cancel the running statement from another thread (57014): a DuckDB
+        query is interrupted, a long-polling topic read stops waiting."""
+        self._cancel_requested = True
+        tables.interrupt(self.cursor)
+        self.database.wake_readers()
 
     def execute_statement(self, statement: ast.Statement, parameters: Any = None) -> Result:
         with self._lock:
             if self._closed:
                 raise InvalidParameterValueError("the session is closed")
+            self._cancel_requested = False
             return self._execute(statement, parameters)
 
     def close(self) -> None:
@@ -228,7 +248,7 @@ class Session:
                 return Result("SHOW", introspection.show_topics(database))
             return Result("DESCRIBE", introspection.describe_topic(database, operation.topic))
         if self.transaction is not None and self.transaction.explicit:
-            raise InvalidParameterValueError("topic DDL cannot run inside a transaction block")
+            raise ActiveSqlTransactionError("topic DDL cannot run inside a transaction block")
         with database.commit_lock:
             if isinstance(operation, CreateTopicEntry):
                 run_create(database, operation)
@@ -265,7 +285,14 @@ class Session:
         if member is not None:
             operation = self._join_as_member(operation, str(member))
             committed = {p: committed.get(p) for p in operation.partitions}
-        return read_records(operation, topic, committed, self.transaction, self.database.clock)
+        return read_records(
+            operation,
+            topic,
+            committed,
+            self.transaction,
+            self.database.clock,
+            cancelled=lambda: self._cancel_requested,
+        )
 
     def _join_as_member(self, operation: ReadRecords, member: str) -> ReadRecords:
         """Join the consumer's group; read only the partitions leased to this member."""

@@ -6,9 +6,9 @@ Usage: ``topicbase [--data-dir DIR] [-c SQL]... [-f FILE] [--format table|csv|js
   ``./topicbase-data``; it is created on first use. One process owns a data directory
   at a time: a second one gets 55006 naming the owner's pid.
 - ``-c`` (may repeat) and ``-f`` run in the order given; ``-f -`` and a stdin that is not
-  a terminal read a script from stdin. A ``-c`` string is parsed whole before anything
-  runs (as PostgreSQL does with one query string); a file runs statement by statement,
-  so the statements before a syntax error have run when it is reported (psql ``-f``).
+  a terminal read a script from stdin. Each script (a ``-c`` string, a file) is parsed
+  whole before any of it runs, as PostgreSQL does with one query string: a syntax error
+  anywhere runs nothing of that script, and error positions are lines of the script.
 - Rows print in the chosen format (see ``sql.formatting``); statements without rows
   print their command tag (``CREATE TOPIC``, ``INSERT 0 2``); ``-q`` leaves tags out.
   Notices go to stderr as ``NOTICE: ...``.
@@ -52,7 +52,7 @@ DEFAULT_HISTORY_FILE = "~/.topicbase_history"
 PROGRESS_DELAY_S = 0.5
 # The REPL draws at most this many rows of one result (rich tables are slow to lay out).
 REPL_ROWS_SHOWN_MAX = 1000
-EXIT_OK, EXIT_ERROR = 0, 1
+EXIT_OK, EXIT_ERROR, EXIT_INTERRUPTED = 0, 1, 130
 
 HELP_TEXT = r"""General
   \q              quit (Ctrl-D too)
@@ -134,9 +134,12 @@ def main(argv: list[str] | None = None) -> int:
         finally:
             session.close()
     except BrokenPipeError:
-        # The reader went away (`topicbase ... | head`): stop quietly.
-        sys.stdout = open(os.devnull, "w")  # noqa: SIM115 - replaces a closed stream for good
+        # The reader went away (`topicbase ... | head`): stop quietly, and point stdout
+        # at /dev/null so the interpreter's final flush does not fail again.
+        os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
         return EXIT_ERROR
+    except KeyboardInterrupt:  # Ctrl-C outside a statement (reading stdin, closing)
+        return EXIT_INTERRUPTED
     finally:
         database.close()
 
@@ -145,7 +148,7 @@ def main(argv: list[str] | None = None) -> int:
 def run_actions(session: Session, actions: list[tuple[str, str]], printer: ScriptPrinter) -> int:
     for kind, value in actions:
         if kind == "command":
-            script, parse_first = value, True
+            script = value
         else:
             try:
                 script = sys.stdin.read() if value == "-" else Path(value).read_text("utf-8")
@@ -153,41 +156,26 @@ def run_actions(session: Session, actions: list[tuple[str, str]], printer: Scrip
                 reason = getattr(error, "strerror", None) or str(error)
                 print(f'ERROR: 58P01: could not read file "{value}": {reason}', file=sys.stderr)
                 return EXIT_ERROR
-            parse_first = False
-        if not run_script(session, script, parse_first, printer.result, printer.error):
+        if not run_script(session, script, printer.result, printer.error):
             return EXIT_ERROR
     return EXIT_OK
-
-
-def iter_statements(script: str, parse_first: bool) -> Iterator[ast.Statement]:
-    """The statements of ``script``: all parsed up front, or each just before it runs.
-
-    Either way an error found while parsing carries positions in the whole script.
-    """
-    if parse_first:
-        yield from parse(script)
-        return
-    for text, _position in split_statements(script):
-        try:
-            statements = parse(text)
-        except TopicbaseError:
-            parse(script)  # raises the same error again, positioned in the whole script
-            raise
-        yield from statements
 
 
 def run_script(
     session: Session,
     script: str,
-    parse_first: bool,
     show: Callable[[Result, float], None],
     show_error: Callable[[str], None],
     execute: Callable[[ast.Statement], Result] | None = None,
 ) -> bool:
-    """Run the statements of ``script`` until the first error; False if there was one."""
+    """Run the statements of ``script`` until the first error; False if there was one.
+
+    The whole script is parsed before anything runs: a syntax error anywhere runs
+    nothing, and every statement knows its line in the script for error positions.
+    """
     run = execute or session.execute_statement
     try:
-        for statement in iter_statements(script, parse_first):
+        for statement in parse(script):
             started_s = SYSTEM_CLOCK.monotonic_s()
             result = run(statement)
             show(result, SYSTEM_CLOCK.monotonic_s() - started_s)
@@ -358,7 +346,7 @@ class Repl:
                 except KeyboardInterrupt:
                     self.show_error(formatting.error_text(KeyboardInterrupt()))
                 continue
-            run_script(self.session, text, False, self.show, self.show_error, self.execute)
+            run_script(self.session, text, self.show, self.show_error, self.execute)
             self.names.stale = True
 
     def _prompt_session(self) -> Any:

@@ -216,6 +216,8 @@ class Connection:
             self._database = Database.open(path)
         except TopicbaseError as error:
             raise error_of(error) from error
+        except OSError as error:  # e.g. the directory cannot be created
+            raise OperationalError(f"cannot open {path}: {error}", "58030") from error
         try:
             self._session: Session = self._database.connect()
         except BaseException:

@@ -63,6 +63,12 @@ class InFailedTransactionError(InvalidTransactionStateError):
     sqlstate = "25P02"
 
 
+class ActiveSqlTransactionError(InvalidTransactionStateError):
+    """A statement that cannot run inside a transaction block (topic DDL)."""
+
+    sqlstate = "25001"
+
+
 # -- class 40: transaction rollback ---------------------------------------------------
 class SerializationFailure(TopicbaseError):
     """An optimistic check failed at commit; the transaction is safe to retry."""

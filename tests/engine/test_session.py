@@ -235,6 +235,7 @@ def test_explain_lists_operations_without_running_them(session):
 
 def test_topic_ddl_inside_a_transaction_is_refused(session):
     session.execute("BEGIN")
-    with pytest.raises(errors.InvalidParameterValueError):
+    with pytest.raises(errors.ActiveSqlTransactionError) as caught:
         session.execute("CREATE TOPIC t")
+    assert caught.value.sqlstate == "25001"
     session.execute("ROLLBACK")

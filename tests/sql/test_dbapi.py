@@ -2,6 +2,9 @@
 
 from __future__ import annotations
 
+import os
+import subprocess
+import sys
 import threading
 from collections.abc import Callable, Iterator
 from pathlib import Path
@@ -370,9 +373,6 @@ def test_syntax_error_message_carries_line_and_caret(connect: ConnectionFactory)
 def test_second_process_on_the_data_directory_is_an_operational_error_naming_the_pid(
     data_dir: str, connect: ConnectionFactory, tmp_path: Path
 ) -> None:
-    import subprocess
-    import sys
-
     connect()
     probe = (
         "import sys, sql\n"
@@ -382,8 +382,6 @@ def test_second_process_on_the_data_directory_is_an_operational_error_naming_the
     result = subprocess.run(
         [sys.executable, "-c", probe, data_dir], capture_output=True, text=True, timeout=60
     )
-    import os
-
     assert result.stdout.startswith("55006 ")
     assert f"pid {os.getpid()}" in result.stdout
 
@@ -471,42 +469,28 @@ def test_one_connection_shared_by_threads_serialises_its_statements(
     assert count(admin, "SELECT count(*) FROM items") == 15
 
 
-# -- engine bugs, reported to the lead; strict so they flip when fixed ------------------------
-@pytest.mark.xfail(
-    strict=True,
-    reason="engine bug: planner marks DuckDB DESCRIBE/SHOW/PRAGMA as returning no rows",
-)
+# -- behaviours that come from the engine, seen through DB-API ---------------------------------
 def test_duckdb_describe_of_a_table_returns_its_columns(admin: dbapi.Connection) -> None:
     cursor = admin.execute("DESCRIBE items")
     assert cursor.description is not None
     assert [row[0] for row in cursor.fetchall()] == ["id", "name"]
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="engine bug: planner.analyse_sql's 42601 from sqlglot has no LINE/caret",
-)
 def test_syntax_error_in_plain_sql_carries_line_and_caret(connect: ConnectionFactory) -> None:
     with pytest.raises(sql.ProgrammingError) as failure:
         connect().execute("SELECT 1;\nSELEKT 2")
     assert "LINE 2:" in failure.value.message and "^" in failure.value.message
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="engine bug: parameters used only in a topic's WITH options still go to DuckDB",
-)
 def test_parameter_used_only_in_topic_read_options_binds(admin: dbapi.Connection) -> None:
     admin.execute("INSERT INTO TOPIC events (data) VALUES ('a'), ('b')")
-    cursor = admin.execute("SELECT count(*) FROM TOPIC events WITH (max_messages = ?)", [1])
+    cursor = admin.execute("SELECT count(*) FROM TOPIC events WITH (max_messages = $1)", [1])
     assert cursor.fetchall() == [(1,)]
+    with pytest.raises(sql.NotSupportedError) as refused:
+        admin.execute("SELECT count(*) FROM TOPIC events WITH (max_messages = ?)", [1])
+    assert refused.value.sqlstate == "0A000"
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="engine bug: an error raised while planning (before Session._execute's try) "
-    "does not fail the transaction",
-)
 def test_unknown_topic_inside_a_transaction_fails_the_transaction(
     connect: ConnectionFactory,
 ) -> None:

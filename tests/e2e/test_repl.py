@@ -1,0 +1,123 @@
+"""The ``topicbase`` REPL through a pseudo-terminal: multi-line input, tables, history, \\d."""
+
+from __future__ import annotations
+
+import os
+import shutil
+import sys
+from pathlib import Path
+
+import pytest
+
+pexpect = pytest.importorskip("pexpect")
+
+TOPICBASE = shutil.which("topicbase", path=str(Path(sys.executable).parent))
+PROMPT = r"topicbase=>"
+CONTINUATION = r"->"
+UP_ARROW = "\x1b[A"
+
+pytestmark = pytest.mark.skipif(TOPICBASE is None, reason="topicbase is not installed")
+
+
+@pytest.fixture
+def history_file(tmp_path: Path) -> Path:
+    return tmp_path / "history"
+
+
+@pytest.fixture
+def repl(tmp_path: Path, history_file: Path):  # -> pexpect.spawn
+    environment = {
+        **os.environ,
+        "TOPICBASE_HISTFILE": str(history_file),
+        "TERM": "xterm",
+        # pexpect's terminal does not answer cursor position requests.
+        "PROMPT_TOOLKIT_NO_CPR": "1",
+    }
+    child = pexpect.spawn(
+        TOPICBASE,
+        ["--data-dir", str(tmp_path / "data")],
+        env=environment,
+        encoding="utf-8",
+        timeout=30,
+        dimensions=(40, 120),
+    )
+    child.expect(PROMPT)
+    yield child
+    if child.isalive():
+        child.terminate(force=True)
+
+
+def test_multi_line_statements_tables_history_describe_and_quit(repl, history_file: Path) -> None:
+    # A statement over two lines: Enter before the ';' continues it.
+    repl.send("CREATE TOPIC events (CONSUMER reader)\r")
+    repl.expect(CONTINUATION)
+    repl.send("  WITH (min_active_partitions = 2);\r")
+    repl.expect("CREATE TOPIC")
+    repl.expect(r"Time: \d+\.\d ms")
+    repl.expect(PROMPT)
+
+    repl.send("INSERT INTO TOPIC events (data) VALUES ('hello'), ('world');\r")
+    repl.expect("INSERT 0 2")
+    repl.expect(PROMPT)
+    repl.send('SELECT count(*) AS "messages" FROM TOPIC events;\r')
+    repl.expect("messages")
+    repl.expect(r"\b2\b")
+    repl.expect(r"\(1 row\)")
+    repl.expect(PROMPT)
+
+    # Up arrow recalls the previous statement; Enter runs it again.
+    repl.send(UP_ARROW)
+    repl.expect("messages")
+    repl.send("\r")
+    repl.expect(r"\(1 row\)")
+    repl.expect(PROMPT)
+
+    # Tab completes a topic name.
+    repl.send("DESCRIBE TOPIC eve\t")
+    repl.expect("nts")  # the rest of "events", drawn after what was typed
+    repl.send(";\r")
+    repl.expect("reader")
+    repl.expect(PROMPT)
+
+    # An error keeps the REPL running.
+    repl.send("SELECT * FROM TOPIC nowhere;\r")
+    repl.expect("ERROR: 42P01: ")
+    repl.expect(PROMPT)
+
+    repl.send("CREATE TABLE visits (user_name VARCHAR, n BIGINT);\r")
+    repl.expect("CREATE TABLE")
+    repl.expect(PROMPT)
+    repl.send("\\d\r")
+    repl.expect("Topics")
+    repl.expect("events")
+    repl.expect("Tables")
+    repl.expect("visits")
+    repl.expect(PROMPT)
+    repl.send("\\d visits\r")
+    repl.expect("user_name")
+    repl.expect("BIGINT")
+    repl.expect(PROMPT)
+
+    repl.send("\\q\r")
+    repl.expect(pexpect.EOF)
+    repl.close()
+    assert repl.exitstatus == 0
+    history = history_file.read_text(encoding="utf-8")
+    assert "+CREATE TOPIC events (CONSUMER reader)\n+  WITH (min_active_partitions = 2);" in history
+
+
+def test_ctrl_c_cancels_a_waiting_read_and_keeps_the_repl(repl) -> None:
+    repl.send("CREATE TOPIC jobs (CONSUMER worker);\r")
+    repl.expect(PROMPT)
+    repl.send("SELECT * FROM TOPIC jobs WITH (consumer = 'worker', wait = Interval('PT30S'));\r")
+    repl.expect("running")  # the spinner shows after half a second
+    repl.sendintr()
+    repl.expect("ERROR: 57014: canceling statement due to user request", timeout=10)
+    repl.expect(PROMPT)
+    repl.send("SELECT 'still here' AS answer;\r")
+    repl.expect("still here")
+    repl.expect(PROMPT)
+    repl.sendeof()
+    repl.expect(pexpect.EOF)
+    repl.close()
+    assert repl.exitstatus == 0

@@ -1,0 +1,439 @@
+"""Transactions across crashes: a worker process is killed mid-transaction, again and again.
+
+``txn_worker.py`` runs the resharding loop (topic ``a`` -> topic ``b`` with
+consumer ``mover``) or the topic-to-table loop (topic ``a`` -> table
+``counts`` with consumer ``counter``) on one data directory. It is killed with
+SIGKILL at random moments (some while it opens and recovers), and crashed at
+the commit protocol's failpoints (``TOPICBASE_FAILPOINTS=name=crash@n``:
+``os._exit(137)`` at the n-th hit). After every crash a *copy* of the data
+directory is opened here (recovery runs on the copy) and checked, so that the
+next worker run recovers the original itself; at the end the worker runs to
+completion and the directory is checked in place.
+
+What is checked (``txn_worker.check_moved`` / ``check_counted``): after any
+crash and recovery, ``b`` holds exactly the messages of ``a`` below the
+consumer's committed offsets, each exactly once, with its message group, each
+group in one ``b`` partition, and a source's messages in seq_no order within
+every ``b`` partition; ``counts`` equals per key the number of consumed
+messages. At the end the consumer's committed offsets equal ``a``'s end
+offsets, so ``b`` holds every message of ``a`` once and the counts equal
+``a``'s totals.
+
+Settings: ``TXN_KILLS`` (default 25: random SIGKILLs of the resharding loop;
+the topic-to-table loop gets half), ``TXN_SEED`` (default random; printed,
+and named in every failure).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import importlib.util
+import logging
+import os
+import queue
+import random
+import shutil
+import signal
+import subprocess
+import sys
+import threading
+import time
+from pathlib import Path
+
+import pytest
+
+from engine.database import Database
+
+HERE = Path(__file__).resolve().parent
+ROOT = HERE.parents[1]
+WORKER = HERE / "txn_worker.py"
+
+
+def _load_worker_module():
+    spec = importlib.util.spec_from_file_location("txn_worker", WORKER)
+    assert spec is not None and spec.loader is not None
+    module = importlib.util.module_from_spec(spec)
+    sys.modules.setdefault("txn_worker", module)
+    spec.loader.exec_module(module)
+    return module
+
+
+tw = sys.modules.get("txn_worker") or _load_worker_module()
+
+KILLS = int(os.environ.get("TXN_KILLS", "25"))
+CRASHED = 137  # os._exit code of a failpoint crash
+MOVE_FAILPOINTS = (
+    "staging.after_sync",
+    "commit.after_stage",
+    "commit.after_commit_point",
+    "commit.mid_publish",
+    "commit.checkpoint_before_delete",
+)
+FAILPOINT_HITS = (1, 3)
+CHECKPOINT_EVERY = 3  # during failpoint runs, so that checkpoint_before_delete is hit
+INITIAL_PER_SOURCE = 300
+REFILL_PER_SOURCE = 200
+REFILL_BELOW = 400  # unconsumed messages of ``a`` under which more are produced
+
+
+def _seed() -> int:
+    return int(os.environ.get("TXN_SEED") or random.SystemRandom().randrange(2**32))
+
+
+class WorkerProcess:
+    """One run of txn_worker.py; its stdout lines arrive on a queue."""
+
+    def __init__(self, data: Path, mode: str, *, seed: int, failpoints: str = "", **options):
+        self.stderr_path = data.parent / f"worker-{mode}-{seed}.err"
+        arguments = [f"--{k.replace('_', '-')}={v}" for k, v in options.items()]
+        environment = {**os.environ, "TOPICBASE_FAILPOINTS": failpoints}
+        with open(self.stderr_path, "wb") as stderr:
+            self.proc = subprocess.Popen(
+                [
+                    sys.executable,
+                    str(WORKER),
+                    f"--data={data}",
+                    f"--mode={mode}",
+                    f"--seed={seed}",
+                    *arguments,
+                ],
+                cwd=ROOT,
+                env=environment,
+                stdout=subprocess.PIPE,
+                stderr=stderr,
+            )
+        self.lines: queue.Queue[str | None] = queue.Queue()
+        threading.Thread(target=self._pump, daemon=True).start()
+
+    def _pump(self) -> None:
+        assert self.proc.stdout is not None
+        for line in self.proc.stdout:
+            self.lines.put(line.decode().strip())
+        self.lines.put(None)
+
+    def wait_for(self, word: str, timeout: float) -> bool:
+        """True once the worker printed ``word``; False if it exited or timed out first."""
+        deadline = time.monotonic() + timeout
+        while (remaining := deadline - time.monotonic()) > 0:
+            try:
+                line = self.lines.get(timeout=remaining)
+            except queue.Empty:
+                return False
+            if line is None:
+                return False
+            if line == word:
+                return True
+        return False
+
+    def kill(self) -> None:
+        with contextlib.suppress(ProcessLookupError):
+            self.proc.send_signal(signal.SIGKILL)
+
+    def finish(self, *expected: int, timeout: float = 60) -> int:
+        """Reap the process (killing it after ``timeout``); its exit code must be expected."""
+        try:
+            code = self.proc.wait(timeout=timeout)
+        except subprocess.TimeoutExpired:
+            self.kill()
+            code = self.proc.wait(timeout=10)
+            raise AssertionError(f"worker still running after {timeout} s; killed") from None
+        if code not in expected:
+            raise AssertionError(
+                f"worker exited with {code}, expected {expected}:\n"
+                f"{self.stderr_path.read_text()[-4000:]}"
+            )
+        return code
+
+
+@contextlib.contextmanager
+def _reported(seed: int, what: str):
+    try:
+        yield
+    except BaseException as error:
+        raise AssertionError(f"{what} failed (TXN_SEED={seed}): {error}") from error
+
+
+@contextlib.contextmanager
+def _opened(data: Path, *, copy: bool):
+    """The database at ``data`` (or at a fresh copy of it), opened here and closed after."""
+    path = data
+    if copy:
+        path = data.parent / "check"
+        shutil.rmtree(path, ignore_errors=True)
+        shutil.copytree(data, path)
+    database = Database.open(str(path))
+    session = database.connect()
+    try:
+        yield session
+    finally:
+        session.close()
+        database.close()
+        if copy:
+            shutil.rmtree(path)
+
+
+def _create(data: Path, per_source: int) -> None:
+    with _opened(data, copy=False) as session:
+        tw.create(session)
+        tw.produce(session, 1, per_source)
+
+
+def _kill_round(data: Path, mode: str, rng: random.Random, **options) -> str:
+    """Start a worker and SIGKILL it: mostly after it is ready, sometimes while it opens."""
+    worker = WorkerProcess(data, mode, seed=rng.randrange(2**31), **options)
+    try:
+        if rng.random() < 0.15:
+            assert worker.wait_for("opening", 30), "worker did not start"
+            time.sleep(rng.uniform(0.0, 0.1))
+            where = "open"
+        else:
+            assert worker.wait_for("ready", 30), "worker did not get ready"
+            time.sleep(rng.uniform(0.0, 0.5))
+            where = "run"
+    finally:
+        worker.kill()
+    code = worker.finish(-signal.SIGKILL, 0)
+    return where if code == -signal.SIGKILL else "finished"
+
+
+def _failpoint_round(data: Path, mode: str, failpoint: str, rng: random.Random, **options) -> None:
+    """Run a worker with ``failpoint`` armed; it must crash there (exit 137)."""
+    worker = WorkerProcess(data, mode, seed=rng.randrange(2**31), failpoints=failpoint, **options)
+    worker.finish(CRASHED)
+
+
+def _run_to_completion(data: Path, mode: str, rng: random.Random) -> None:
+    worker = WorkerProcess(data, mode, seed=rng.randrange(2**31), max_messages=50)
+    worker.finish(0, timeout=120)
+
+
+def test_resharding_loop_moves_every_message_exactly_once_across_kills_and_failpoints(
+    tmp_path: Path,
+) -> None:
+    """The YDB resharding loop, killed ~TXN_KILLS times and crashed at every commit failpoint.
+
+    ``a``: 3 partitions, 5 producers (a producer's messages lie in one partition,
+    seq_no order); ``b``: 3 partitions, routed by message_group_id (12 users), so
+    most transactions publish to 2-3 partitions (``commit.mid_publish`` is hit).
+    Rounds are shuffled; each failpoint crashes at its 1st and 3rd hit. After
+    each round a copy is recovered and checked (``check_moved``); unconsumed
+    messages are topped up in place when they run low. Finally the worker drains
+    ``a`` and: ``b`` == ``a`` exactly once, per-source order holds in every ``b``
+    partition, and the committed offsets equal ``a``'s end offsets.
+    """
+    seed = _seed()
+    print(f"TXN_SEED={seed}")
+    rng = random.Random(seed)
+    data = tmp_path / "data"
+    _create(data, INITIAL_PER_SOURCE)
+    next_seq = INITIAL_PER_SOURCE + 1
+    rounds: list[tuple[str, str]] = [("kill", "")] * KILLS
+    rounds += [("failpoint", f"{n}=crash@{k}") for n in MOVE_FAILPOINTS for k in FAILPOINT_HITS]
+    rng.shuffle(rounds)
+    outcomes: dict[str, int] = {}
+    for number, (kind, failpoint) in enumerate(rounds):
+        what = f"round {number} ({kind} {failpoint})"
+        with _reported(seed, what):
+            if kind == "kill":
+                outcome = _kill_round(
+                    data, "move", rng, checkpoint_every=rng.choice((2, 5, 256)), max_messages=20
+                )
+            else:
+                _failpoint_round(
+                    data, "move", failpoint, rng, checkpoint_every=CHECKPOINT_EVERY, max_messages=20
+                )
+                outcome = failpoint
+            outcomes[outcome] = outcomes.get(outcome, 0) + 1
+            with _opened(data, copy=True) as session:
+                found = tw.check_moved(session)
+            if found.a_messages - found.consumed < REFILL_BELOW:
+                with _opened(data, copy=False) as session:
+                    tw.produce(session, next_seq, REFILL_PER_SOURCE)
+                next_seq += REFILL_PER_SOURCE
+    with _reported(seed, "final run"):
+        _run_to_completion(data, "move", rng)
+        with _opened(data, copy=False) as session:
+            found = tw.check_moved(session)
+            assert found.consumed == found.a_messages == found.b_messages
+            assert found.b_partitions_used == tw.B_PARTITIONS
+            assert tw.committed_offsets(session, "mover") == tw.end_offsets(session, "a")
+    print(f"resharding: {found.a_messages} messages moved; rounds by outcome: {outcomes}")
+
+
+def test_topic_to_table_counts_every_message_exactly_once_across_kills(tmp_path: Path) -> None:
+    """Consumer ``counter`` upserts per-group counts into a DuckDB table in one transaction.
+
+    Killed ~TXN_KILLS/2 times at random and crashed at ``commit.after_commit_point``
+    (1st, 2nd, 4th hit). After each crash the recovered copy's counts equal, per
+    key, the messages below the committed offsets; at the end they equal ``a``'s
+    totals per key and the offsets equal ``a``'s end offsets.
+    """
+    seed = _seed()
+    print(f"TXN_SEED={seed}")
+    rng = random.Random(seed)
+    data = tmp_path / "data"
+    _create(data, 400)
+    rounds = [("kill", "")] * max(1, KILLS // 2)
+    rounds += [("failpoint", f"commit.after_commit_point=crash@{k}") for k in (1, 2, 4)]
+    rng.shuffle(rounds)
+    counted = 0
+    for number, (kind, failpoint) in enumerate(rounds):
+        with _reported(seed, f"round {number} ({kind} {failpoint})"):
+            if kind == "kill":
+                _kill_round(data, "count", rng, max_messages=10)
+            else:
+                _failpoint_round(data, "count", failpoint, rng, max_messages=10)
+            with _opened(data, copy=True) as session:
+                counted = tw.check_counted(session)
+    with _reported(seed, "final run"):
+        _run_to_completion(data, "count", rng)
+        with _opened(data, copy=False) as session:
+            totals = tw.a_totals(session)
+            assert tw.check_counted(session) == sum(totals.values())
+            table = session.execute("SELECT k, n FROM counts")[-1].table
+            assert table is not None
+            assert {r["k"]: r["n"] for r in table.to_pylist()} == totals
+            assert tw.committed_offsets(session, "counter") == tw.end_offsets(session, "a")
+    print(f"topic to table: last crash left {counted} counted; {sum(totals.values())} in all")
+
+
+def test_recovery_crashing_after_each_republish_still_publishes_exactly_once(
+    tmp_path: Path, caplog
+) -> None:
+    """Crash after the commit point of a transaction writing 2-3 partitions of ``b``, then
+    crash recovery itself after every re-published batch (``recovery.after_republish``):
+    each recovery re-publishes only what is still missing, so it takes one crash per
+    partition of the transaction and then completes, leaving ``b`` exactly once."""
+    seed = _seed()
+    print(f"TXN_SEED={seed}")
+    rng = random.Random(seed)
+    data = tmp_path / "data"
+    _create(data, 40)
+    with _reported(seed, "recovery crashes"):
+        _failpoint_round(
+            data,
+            "move",
+            "commit.after_commit_point=crash@2",
+            rng,
+            min_messages=60,
+            max_messages=60,
+        )
+        crashes = 0
+        for _ in range(tw.B_PARTITIONS + 1):
+            worker = WorkerProcess(
+                data, "open", seed=0, failpoints="recovery.after_republish=crash"
+            )
+            if worker.finish(CRASHED, 0) == 0:
+                break
+            crashes += 1
+        assert 2 <= crashes <= tw.B_PARTITIONS, f"{crashes} crashes in recovery"
+        with caplog.at_level(logging.WARNING), _opened(data, copy=False) as session:
+            found = tw.check_moved(session)
+            assert found.consumed == 120, found
+            assert found.b_messages == 120
+        assert "re-published" not in caplog.text  # the last recovery left nothing to redo
+        _run_to_completion(data, "move", rng)
+        with _opened(data, copy=False) as session:
+            found = tw.check_moved(session)
+            assert found.consumed == found.a_messages == found.b_messages == 200
+
+
+def test_crash_between_partitions_of_the_first_publish_to_fresh_partitions_recovers(
+    tmp_path: Path,
+) -> None:
+    """The very first move transaction (30 messages, 12 groups: all 3 partitions of ``b``,
+    all still empty) crashes at ``commit.mid_publish``, after its first partition's frame.
+    Reopening must re-publish the rest: recovery asks the not-yet-written partitions
+    whether they hold the transaction, and an empty partition must answer "no"."""
+    seed = _seed()
+    print(f"TXN_SEED={seed}")
+    rng = random.Random(seed)
+    data = tmp_path / "data"
+    _create(data, 20)
+    with _reported(seed, "mid-publish crash on fresh partitions"):
+        _failpoint_round(
+            data, "move", "commit.mid_publish=crash@1", rng, min_messages=30, max_messages=30
+        )
+        with _opened(data, copy=False) as session:
+            found = tw.check_moved(session)
+            assert found.consumed == found.b_messages == 30
+            assert found.b_partitions_used == tw.B_PARTITIONS
+
+
+def test_a_publish_that_failed_half_way_is_finished_before_the_next_one(tmp_path: Path) -> None:
+    """An I/O error between two partitions' publishes (``commit.mid_publish=error``),
+    in process: COMMIT reports 58030 although the transaction committed (its offsets
+    moved, its first partition's share is visible). The next commit first publishes
+    the missing share, so ``b``'s partitions keep commit order; closing and reopening
+    leaves every message once. Partition 1 is still empty when the publish fails."""
+    from storage import errors, failpoints
+
+    database = Database.open(str(tmp_path / "data"))
+    try:
+        session = database.connect()
+        session.execute("CREATE TOPIC b WITH (min_active_partitions = 2)")
+        failpoints.activate("commit.mid_publish=error")
+        try:
+            session.execute("BEGIN")
+            session.execute("INSERT INTO TOPIC b (data, partition) VALUES ('t1.0', 0), ('t1.1', 1)")
+            with pytest.raises(errors.StorageIOError) as caught:
+                session.execute("COMMIT")
+            assert caught.value.sqlstate == "58030"
+        finally:
+            failpoints.deactivate()
+        assert _payloads(session, 0) == ["t1.0"]
+        session.execute("BEGIN")
+        session.execute("INSERT INTO TOPIC b (data, partition) VALUES ('t2.0', 0), ('t2.1', 1)")
+        session.execute("COMMIT")
+        assert _payloads(session, 0) == ["t1.0", "t2.0"]
+        assert _payloads(session, 1) == ["t1.1", "t2.1"]
+        session.close()
+    finally:
+        database.close()
+    database = Database.open(str(tmp_path / "data"))
+    try:
+        session = database.connect()
+        assert _payloads(session, 0) == ["t1.0", "t2.0"]
+        assert _payloads(session, 1) == ["t1.1", "t2.1"]
+        session.close()
+    finally:
+        database.close()
+
+
+def _payloads(session, partition: int) -> list[str]:
+    result = session.execute(
+        f"SELECT CAST(data AS VARCHAR) AS d FROM TOPIC b WITH (partition = {partition}) "
+        'ORDER BY "offset"'
+    )[-1]
+    assert result.table is not None
+    return result.table.column("d").to_pylist()
+
+
+def test_a_move_commit_costs_at_most_two_counted_fsyncs_on_average(tmp_path: Path) -> None:
+    """50 move transactions (each reading 10 messages and publishing to 3 partitions of
+    ``b``) plus one checkpoint (normally one per 256 commits; here its whole cost is
+    charged to these 50): at most 2 fsyncs per commit, counting data and directory
+    syncs through ``FileSystem``. The staging sync is one per commit; publishing
+    does not sync; the checkpoint syncs each partition once. DuckDB's own WAL fsync
+    at the commit point is not counted: it does not go through our FileSystem."""
+    database = Database.open(str(tmp_path / "data"))
+    try:
+        session = database.connect()
+        tw.create(session)
+        tw.produce(session, 1, 100)
+        fs = database.store.fs
+        before = fs.fsync_count + fs.directory_fsync_count
+        commits = 50
+        for _ in range(commits):
+            session.execute("BEGIN")
+            assert session.execute(tw.MOVE.format(k=10))[-1].tag == "INSERT 0 10"
+            session.execute("COMMIT")
+        database.committer.checkpoint()
+        used = fs.fsync_count + fs.directory_fsync_count - before
+        print(f"{used} counted fsyncs for {commits} commits and a checkpoint")
+        assert used / commits <= 2, f"{used} fsyncs for {commits} commits"
+        found = tw.check_moved(session)
+        assert found.consumed == found.b_messages == commits * 10
+        session.close()
+    finally:
+        database.close()
