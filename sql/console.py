@@ -173,7 +173,7 @@ def run_script(
     The whole script is parsed before anything runs: a syntax error anywhere runs
     nothing, and every statement knows its line in the script for error positions.
     """
-    run = execute or session.execute_statement
+    run = execute or (lambda statement: run_cancellable(session, statement))
     try:
         for statement in parse(script):
             started_s = SYSTEM_CLOCK.monotonic_s()
@@ -188,6 +188,37 @@ def run_script(
         show_error(formatting.error_text(error, script))
         return False
     return True
+
+
+def run_cancellable(session: Session, statement: ast.Statement) -> Result:
+    """Run one statement on a worker thread; Ctrl-C cancels it through ``Session.cancel``.
+
+    The interrupt never lands inside the engine's own code (a commit half
+    done): the main thread only waits, and asks the session to stop.
+    """
+    outcome: dict[str, Any] = {}
+    # An Event, not Thread.join: a join interrupted by Ctrl-C can wrongly
+    # report the thread as finished on Python 3.11.
+    done = threading.Event()
+
+    def target() -> None:
+        try:
+            outcome["result"] = session.execute_statement(statement)
+        except BaseException as error:  # handed to the waiting thread below
+            outcome["error"] = error
+        finally:
+            done.set()
+
+    worker = threading.Thread(target=target, name="topicbase-statement", daemon=True)
+    worker.start()
+    while not done.is_set():
+        try:
+            done.wait(0.1)
+        except KeyboardInterrupt:
+            session.cancel()
+    if "error" in outcome:
+        raise outcome["error"]
+    return outcome["result"]
 
 
 class ScriptPrinter:
@@ -384,7 +415,7 @@ class Repl:
     # -- statements --------------------------------------------------------------------
     def execute(self, statement: ast.Statement) -> Result:
         with self.progress():
-            return self.session.execute_statement(statement)
+            return run_cancellable(self.session, statement)
 
     @contextmanager
     def progress(self) -> Iterator[None]:
