@@ -80,6 +80,17 @@ class FileSystem:
         except OSError as error:
             raise _io_error("write", self._paths.get(fd, str(fd)), error) from error
 
+    def pwritev(self, fd: int, parts: list, position: int) -> None:
+        """Write the buffers ``parts`` back to back at ``position`` without joining them."""
+        views = [memoryview(part).cast("B") for part in parts]
+        try:
+            written = os.pwritev(fd, views, position)
+        except OSError as error:
+            raise _io_error("write", self._paths.get(fd, str(fd)), error) from error
+        total = sum(len(view) for view in views)
+        if written < total:  # a short write: finish the rest
+            self.pwrite(fd, memoryview(b"".join(views))[written:], position + written)
+
     def pread(self, fd: int, size: int, position: int) -> bytes:
         """Read up to ``size`` bytes at ``position`` (fewer at end of file)."""
         try:

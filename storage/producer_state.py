@@ -56,6 +56,8 @@ class DedupDecision:
     batch: pa.RecordBatch  # the input, with seq_nos filled in where they were null
     duplicate: np.ndarray  # bool per message
     earlier_offsets: np.ndarray  # int64 per message; -1 where unknown or not a duplicate
+    # The producer groups of ``batch`` (as ``group_rows`` gives them), for ``record``.
+    producer_groups: list[tuple[str, np.ndarray]] | None = None
 
     @property
     def written_count(self) -> int:
@@ -116,7 +118,8 @@ class ProducerStateManager:
         # Rows holding a seq_no after the fill; the nulls of rows without a
         # producer stay null (they are not ours to number).
         has_seq_no = seq_known.copy()
-        for key, rows in group_rows(producers):
+        groups = group_rows(producers)
+        for key, rows in groups:
             entry = self.entry(key)
             last = -1 if entry is None or entry.last_seq_no is None else entry.last_seq_no
             if not np.all(seq_known[rows]):
@@ -139,9 +142,15 @@ class ProducerStateManager:
                 batch.schema.field(SEQ_NO_COLUMN),
                 pa.array(seq_nos, pa.int64(), mask=~has_seq_no),
             )
-        return DedupDecision(batch, duplicate, earlier)
+        return DedupDecision(batch, duplicate, earlier, groups)
 
-    def record(self, written: pa.RecordBatch, base_offset: int, written_at_us: int) -> None:
+    def record(
+        self,
+        written: pa.RecordBatch,
+        base_offset: int,
+        written_at_us: int,
+        producer_groups: list[tuple[str, np.ndarray]] | None = None,
+    ) -> None:
         """Update entries after ``written`` (only non-duplicates) went to ``base_offset``."""
         keys = written.column(PRODUCER_COLUMN)
         groups = written.column(GROUP_COLUMN)
@@ -151,7 +160,8 @@ class ProducerStateManager:
             return
         all_seq_nos, known = _int64_with_mask(written.column(SEQ_NO_COLUMN))
         all_seq_nos = np.where(known, all_seq_nos, -1)
-        for key, rows in group_rows(keys):
+        reuse = producer_groups is not None and groups.null_count == len(groups)
+        for key, rows in producer_groups if reuse else group_rows(keys):
             offsets = rows.astype(np.int64) + base_offset
             seqs = all_seq_nos[rows]
             has_seq = bool(np.any(seqs >= 0))
@@ -315,6 +325,9 @@ def group_rows(column: pa.Array) -> list[tuple[str, np.ndarray]]:
             if value is not None:
                 rows_of.setdefault(value, []).append(row)
         return [(key, np.array(rows, dtype=np.int64)) for key, rows in rows_of.items()]
+    single = _single_value(column)
+    if single is not None:
+        return [(single, np.arange(count))]
     encoded = column.dictionary_encode()
     keys = encoded.dictionary.to_pylist()
     if len(keys) == 1 and column.null_count == 0:
@@ -332,6 +345,28 @@ def group_rows(column: pa.Array) -> list[tuple[str, np.ndarray]]:
         if number >= 0:
             groups.append((keys[number], rows))
     return groups
+
+
+def _single_value(column: pa.Array) -> str | None:
+    """The value of a string column whose rows are all the same (no nulls), else None.
+
+    Compares the raw buffers with numpy: a batch from one producer is recognised
+    without hashing a single string.
+    """
+    if column.null_count or not pa.types.is_string(column.type):
+        return None
+    offsets = np.frombuffer(column.buffers()[1], dtype=np.int32)[
+        column.offset : column.offset + len(column) + 1
+    ]
+    lengths = np.diff(offsets)
+    width = int(lengths[0])
+    if width == 0 or not np.all(lengths == width):
+        return None
+    data = np.frombuffer(column.buffers()[2], dtype=np.uint8)[offsets[0] : offsets[-1]]
+    rows = data.reshape(len(column), width)
+    if not np.all(rows == rows[0]):
+        return None
+    return bytes(rows[0]).decode()
 
 
 def _int64_with_mask(column: pa.Array) -> tuple[np.ndarray, np.ndarray]:

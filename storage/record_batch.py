@@ -105,12 +105,40 @@ def encode_frame(
     transaction_id: int = 0,
 ) -> bytes:
     """Prefix ``body`` with its header and checksum."""
-    assert len(body) % 8 == 0 and record_count >= 1 and transaction_id >= 0
+    header = encode_frame_header(
+        body,
+        base_offset=base_offset,
+        written_at_us=written_at_us,
+        record_count=record_count,
+        transaction_id=transaction_id,
+    )
+    return header + body
+
+
+def serialize_body_buffer(batch: pa.RecordBatch) -> pa.Buffer:
+    """``serialize_body`` without copying the IPC message into ``bytes`` (1 MB: ~0.1 ms)."""
+    body = batch.serialize()
+    if body.size % 8:
+        return pa.py_buffer(body.to_pybytes() + b"\0" * (-body.size % 8))
+    return body
+
+
+def encode_frame_header(
+    body: bytes | pa.Buffer,
+    *,
+    base_offset: int,
+    written_at_us: int,
+    record_count: int,
+    transaction_id: int = 0,
+) -> bytes:
+    """The 40-byte header, checksum included, of a frame holding ``body``."""
+    size = len(body)
+    assert size % 8 == 0 and record_count >= 1 and transaction_id >= 0
     attributes = TRANSACTIONAL if transaction_id else 0
-    fields = [base_offset, written_at_us, record_count, len(body), attributes, 0, transaction_id]
+    fields = [base_offset, written_at_us, record_count, size, attributes, 0, transaction_id]
     unsigned = HEADER.pack(MAGIC, 0, *fields)
     crc = crc32c.crc32c(body, crc32c.crc32c(unsigned[8:]))
-    return HEADER.pack(MAGIC, crc, *fields) + body
+    return HEADER.pack(MAGIC, crc, *fields)
 
 
 def decode_header(raw: bytes | memoryview) -> FrameHeader | None:
@@ -164,9 +192,10 @@ def check_wire_batch(batch: pa.RecordBatch) -> None:
         raise LimitExceededError(
             f"message of {largest} bytes exceeds the limit of {limits.MESSAGE_BYTES_MAX} bytes"
         )
-    if batch.nbytes > limits.BATCH_BYTES_MAX:
+    size = batch.get_total_buffer_size()  # ~3 us; ``nbytes`` costs 50-70 us per batch
+    if size > limits.BATCH_BYTES_MAX:
         raise LimitExceededError(
-            f"batch of {batch.nbytes} bytes exceeds the limit of {limits.BATCH_BYTES_MAX} bytes"
+            f"batch of {size} bytes exceeds the limit of {limits.BATCH_BYTES_MAX} bytes"
         )
 
 

@@ -69,6 +69,13 @@ class LogSegment:
         self.fs.pwrite(self._fd(), frame, self.size_bytes)
         self._note_frame(self.size_bytes, header)
 
+    def append_frame_parts(self, header_bytes: bytes, body: object, header: FrameHeader) -> None:
+        """``append_frame`` with the frame as header bytes + body buffer (no joined copy)."""
+        assert header.base_offset == self.next_offset, (header.base_offset, self.next_offset)
+        assert self.size_bytes % 8 == 0
+        self.fs.pwritev(self._fd(), [header_bytes, body], self.size_bytes)
+        self._note_frame(self.size_bytes, header)
+
     def append_frames(self, frames: list[tuple[bytes, FrameHeader]]) -> None:
         """Write several frames in one call (group commit)."""
         if len(frames) == 1:
