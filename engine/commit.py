@@ -131,10 +131,11 @@ class Committer:
             with self._lock:
                 self._finish_unfinished()
         try:
-            for index, item in enumerate(items):
-                if index == 1:
-                    failpoints.hit("commit.mid_publish")
-                self._publish_item(transaction_id, item)
+            with self._database.publish_lock:
+                for index, item in enumerate(items):
+                    if index == 1:
+                        failpoints.hit("commit.mid_publish")
+                    self._publish_item(transaction_id, item)
         except BaseException:
             with self._lock:
                 self._unfinished.append((transaction_id, items))

@@ -52,6 +52,9 @@ class Database:
         self.catalog = CatalogStore(self.root.cursor(), clock)
         # Serialises the validate-then-commit step of transactions and DDL.
         self.commit_lock = threading.RLock()
+        # Held while a transaction publishes to all its partitions; readers take
+        # their cut of end offsets under it, so they see a publish whole or not at all.
+        self.publish_lock = threading.Lock()
         self._references = 0
         self.open_transactions = 0
         self.leases = LeaseRegistry(clock, lease_timeout_s)

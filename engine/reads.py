@@ -10,7 +10,9 @@ whole read over all partitions; ``wait`` long-polls when nothing is there yet.
 
 from __future__ import annotations
 
+import contextlib
 from collections.abc import Callable
+from contextlib import AbstractContextManager
 from datetime import datetime, timedelta
 from typing import Any
 
@@ -35,6 +37,7 @@ def read_records(
     transaction: Transaction,
     clock: Clock,
     cancelled: Callable[[], bool] = lambda: False,
+    publish_gate: AbstractContextManager[Any] | None = None,
 ) -> pa.Table:
     """Read the operation's partitions; ``committed`` maps partition -> committed offset.
 
@@ -46,7 +49,8 @@ def read_records(
         p: _start(operation, topic, p, committed, transaction, clock) for p in operation.partitions
     }
     wait: timedelta = options.get("wait") or timedelta(0)
-    batches = _read_all(operation, topic, starts)
+    gate = publish_gate if publish_gate is not None else contextlib.nullcontext()
+    batches = _read_all(operation, topic, starts, gate)
     if not batches and wait > timedelta(0):
         deadline = clock.monotonic_s() + wait.total_seconds()
         while not batches:
@@ -56,7 +60,7 @@ def read_records(
             if remaining <= 0:
                 break
             if topic.wait_for_any(starts, min(remaining, CANCEL_CHECK_S)):
-                batches = _read_all(operation, topic, starts)
+                batches = _read_all(operation, topic, starts, gate)
     if operation.consumer is not None:
         _record_ranges(operation, starts, batches, committed, transaction)
     decode = bool(options.get("decode", True))
@@ -103,16 +107,32 @@ def _to_us(value: Any) -> int:
 
 
 def _read_all(
-    operation: ReadRecords, topic: TopicLog, starts: dict[int, int]
+    operation: ReadRecords,
+    topic: TopicLog,
+    starts: dict[int, int],
+    publish_gate: AbstractContextManager[Any],
 ) -> list[tuple[int, pa.RecordBatch]]:
+    """Read every partition up to one consistent cut of their end offsets.
+
+    The cut is taken under ``publish_gate``, which transactional publishes
+    hold while they append to all their partitions, so a read sees a
+    transaction's messages in every partition or in none.
+    """
     options = operation.options
     remaining = int(options.get("max_messages") or DEFAULT_MAX_MESSAGES)
     budget = int(options.get("max_bytes") or DEFAULT_MAX_BYTES)
+    with publish_gate:
+        ends = {p: topic.partition(p).end_offset for p in starts}
     batches: list[tuple[int, pa.RecordBatch]] = []
     for partition_id, start in starts.items():
         if remaining <= 0 or budget <= 0:
             break
-        result = topic.partition(partition_id).read(start, max_messages=remaining, max_bytes=budget)
+        available = ends[partition_id] - start
+        if available <= 0:
+            continue
+        result = topic.partition(partition_id).read(
+            start, max_messages=min(remaining, available), max_bytes=budget
+        )
         for batch in result.batches:
             batches.append((partition_id, batch))
             remaining -= batch.num_rows

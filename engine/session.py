@@ -292,6 +292,7 @@ class Session:
             self.transaction,
             self.database.clock,
             cancelled=lambda: self._cancel_requested,
+            publish_gate=self.database.publish_lock,
         )
 
     def _join_as_member(self, operation: ReadRecords, member: str) -> ReadRecords:
