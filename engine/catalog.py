@@ -205,14 +205,23 @@ class CatalogStore:
         if not moves:
             return
         now = utc_from_us(self._clock.now_us())
-        rows = [[t, c, p, o, now] for (t, c, p), o in moves.items()]
-        with tables.translated():
-            cursor.executemany(
-                f"INSERT INTO {SCHEMA}.offsets VALUES (?, ?, ?, ?, ?) "
-                "ON CONFLICT (topic_id, consumer, partition) DO UPDATE "
-                "SET committed = EXCLUDED.committed, committed_at = EXCLUDED.committed_at",
-                rows,
-            )
+        keys = list(moves)
+        # One set-based statement whatever the number of rows (executemany costs a
+        # statement per row); keys are unique, so the upsert sees each row once.
+        tables.run(
+            cursor,
+            f"INSERT INTO {SCHEMA}.offsets SELECT unnest(?::VARCHAR[]), unnest(?::VARCHAR[]), "
+            "unnest(?::INTEGER[]), unnest(?::BIGINT[]), ?::TIMESTAMPTZ "
+            "ON CONFLICT (topic_id, consumer, partition) DO UPDATE "
+            "SET committed = EXCLUDED.committed, committed_at = EXCLUDED.committed_at",
+            [
+                [k[0] for k in keys],
+                [k[1] for k in keys],
+                [k[2] for k in keys],
+                [moves[k] for k in keys],
+                now,
+            ],
+        )
 
     def apply_offsets(self, moves: dict[OffsetKey, int]) -> None:
         """Update the mirror after the transaction holding ``moves`` committed."""

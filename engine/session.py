@@ -19,6 +19,7 @@ make the whole commit atomic come with the transactions issue.)
 from __future__ import annotations
 
 import contextlib
+import functools
 import itertools
 import threading
 from dataclasses import dataclass, field
@@ -59,6 +60,8 @@ from storage.errors import (
 )
 
 _session_ids = itertools.count(1)
+DML_TAGS = ("INSERT", "UPDATE", "DELETE", "MERGE")
+PARSE_CACHE_ENTRIES = 512
 
 
 @dataclass
@@ -101,7 +104,7 @@ class Session:
         fails the transaction, as any failed statement does.
         """
         try:
-            statements = parse(sql)
+            statements = _parse_cached(sql)
         except TopicbaseError:
             with self._lock:
                 if self.state is SessionState.IN_TRANSACTION:
@@ -219,11 +222,17 @@ class Session:
                     registered.append(operation.placeholder)
                 elif isinstance(operation, RunQuery):
                     registered += self._register_views(operation)
+                    bound = parameters if operation.uses_parameters else None
+                    offset = statement_line_offset(plan)
+                    if operation.tag in DML_TAGS and not operation.returns_rows:
+                        count = tables.execute_count(
+                            self.cursor, operation.sql, bound, line_offset=offset
+                        )
+                        prefix = "INSERT 0" if operation.tag == "INSERT" else operation.tag
+                        result = Result(f"{prefix} {count or 0}")
+                        continue
                     query_table = tables.query_arrow(
-                        self.cursor,
-                        operation.sql,
-                        parameters if operation.uses_parameters else None,
-                        line_offset=statement_line_offset(plan),
+                        self.cursor, operation.sql, bound, line_offset=offset
                     )
                     result = _query_result(operation, query_table)
                 elif isinstance(operation, AppendRecords):
@@ -472,6 +481,13 @@ class Session:
                 tables.unregister(self.cursor, name)
         self._leftover_views.clear()
         self._end_transaction()
+
+
+@functools.lru_cache(maxsize=PARSE_CACHE_ENTRIES)
+def _parse_cached(sql: str) -> tuple[ast.Statement, ...]:
+    """Parsed scripts by text: statements are immutable, so a repeated script
+    (a worker's loop) is parsed once."""
+    return tuple(parse(sql))
 
 
 def _empty_returning() -> pa.Table:

@@ -173,6 +173,21 @@ def query_arrow(
         return relation.to_arrow_table()
 
 
+def execute_count(
+    cursor: Connection, sql: str, parameters: Any = None, *, line_offset: int = 0
+) -> int | None:
+    """Run a statement that returns no rows; the number of rows it changed, if DuckDB says.
+
+    Cheaper than ``query_arrow`` for DML: no Arrow result is built.
+    """
+    with translated(line_offset):
+        cursor.execute(sql, parameters or None)
+        if cursor.description is None or cursor.description[0][0] != "Count":
+            return None
+        row = cursor.fetchone()
+        return None if row is None else int(row[0])
+
+
 def register(cursor: Connection, name: str, table: pa.Table) -> None:
     with translated():
         cursor.register(name, table)
