@@ -118,6 +118,11 @@ class CatalogStore:
     def topic_ids(self) -> set[str]:
         return {e.topic_id for e in self._topics.values()}
 
+    def has_consumer(self, topic_id: str, consumer: str) -> bool:
+        return any(
+            e.topic_id == topic_id and consumer in e.consumers for e in self._topics.values()
+        )
+
     def committed(self, topic_id: str, consumer: str, partition: int) -> int | None:
         return self._offsets.get((topic_id, consumer, partition))
 
@@ -233,13 +238,15 @@ class CatalogStore:
                     if pending:
                         self._pending[key] = [r for r in pending if r[1] > offset]
 
-    def commit_ranges(self, ranges: dict[OffsetKey, tuple[int | None, int]]) -> int:
-        """Commit offset ranges in any order (YDB's CommitOffset).
+    def plan_ranges(
+        self, ranges: dict[OffsetKey, tuple[int | None, int]]
+    ) -> dict[OffsetKey, int]:
+        """Offset moves for ranges committed in any order (YDB's CommitOffset).
 
         A range ``[start, end)`` (``start`` None: from the committed offset)
         is remembered until the committed offset reaches it; the committed
         offset then advances over the gap-free prefix of remembered ranges.
-        Returns how many partitions' committed offsets moved.
+        Returns the moves; the caller commits them and calls ``apply_offsets``.
         """
         with self.lock:
             moves: dict[OffsetKey, int] = {}
@@ -262,15 +269,7 @@ class CatalogStore:
                     )
                 if position != committed:
                     moves[key] = position
-            tables.run(self._cursor, "BEGIN TRANSACTION")
-            try:
-                self.write_offsets(self._cursor, moves)
-                tables.run(self._cursor, "COMMIT")
-            except BaseException:
-                tables.run(self._cursor, "ROLLBACK")
-                raise
-            self._offsets = {**self._offsets, **moves}
-            return len(moves)
+            return moves
 
 
 def _encode_consumers(consumers: dict[str, dict[str, Any]]) -> str:

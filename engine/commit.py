@@ -5,18 +5,25 @@ Protocol (DESIGN.md §4, YDB's "stage, then publish"):
 1. *stage*: the transaction's topic writes, routed to their partitions, are
    appended to the staging log and synced (fsync 1; concurrent transactions
    share it). Invisible to every reader.
-2. *commit point*: one DuckDB transaction holds the session's table changes,
-   the consumer offset moves and a record of the transaction (id, time, and
-   where its staged batches lie), and commits (fsync 2: DuckDB's WAL). The
-   offset ranges read were validated just before, under the commit lock.
+2. *commit point*: one DuckDB transaction holds the session's table changes
+   and one record row of the transaction (id, time, its consumer offset moves,
+   and where its staged batches lie), and commits (fsync 2: DuckDB's WAL).
+   The offset ranges read are validated under the commit lock just before the
+   COMMIT; the record row is written before taking the lock, so the lock
+   covers only validation, COMMIT and publish.
 3. *publish*: each partition gets the transaction's batches as one frame
    tagged with the transaction id, without a sync; readers see it whole.
 4. *checkpoint* (every ``CHECKPOINT_TRANSACTIONS`` commits and at close):
-   sync the partitions published to, delete the records, release staging.
+   sync the partitions published to, then in one DuckDB transaction write the
+   current committed offsets of every consumer moved into the offsets table
+   and delete the records; release staging. Between checkpoints the records
+   are the durable home of offset moves (append-only: one statement per
+   commit instead of an upsert per consumer partition).
 
-Recovery (``recover``) re-publishes, for every record left, the batches whose
-tagged frame is not in its partition: idempotent, so a crash during recovery
-is harmless. Staging that no record needs is deleted.
+Recovery (``recover``) replays the records' offset moves in order over the
+offsets table and re-publishes, for every record, the batches whose tagged
+frame is not in its partition: idempotent, so a crash during recovery is
+harmless. Staging that no record needs is deleted.
 """
 
 from __future__ import annotations
@@ -44,7 +51,8 @@ CLOCK_SLACK_US = 60 * 1_000_000
 
 RECORDS_DDL = f"""
 CREATE TABLE IF NOT EXISTS {SCHEMA}.transactions (
-    transaction_id BIGINT PRIMARY KEY, committed_at_us BIGINT NOT NULL, items VARCHAR NOT NULL);
+    transaction_id BIGINT PRIMARY KEY, committed_at_us BIGINT NOT NULL, items VARCHAR NOT NULL,
+    offsets VARCHAR NOT NULL);
 """
 
 
@@ -92,6 +100,9 @@ class Committer:
         self._last_id = 0
         self._published: list[tuple[int, list[tuple[str, int]]]] = []
         self._unfinished: list[tuple[int, list[PublishItem]]] = []
+        self._publishing: set[int] = set()
+        # Offset moves committed since the last checkpoint (their keys).
+        self._moved: dict[tuple[str, str, int], int] = {}
 
     def next_transaction_id(self) -> int:
         """Unique and increasing across restarts: microseconds of wall time, bumped."""
@@ -107,18 +118,44 @@ class Committer:
             for i, s in zip(items, placed, strict=True)
         ]
 
-    def write_record(self, cursor, transaction_id: int, items: list[PublishItem]) -> None:
+    def write_record(
+        self,
+        cursor,
+        transaction_id: int,
+        items: list[PublishItem],
+        moves: dict[tuple[str, str, int], int],
+    ) -> None:
         """Insert the commit record through the session's cursor (inside its transaction)."""
         payload = [
             [i.topic_id, i.partition, i.staged.file_number, i.staged.position, i.staged.frame_bytes]
             for i in items
             if i.staged is not None
         ]
+        offsets = [[t, c, p, o] for (t, c, p), o in moves.items()]
         tables.run(
             cursor,
-            f"INSERT INTO {SCHEMA}.transactions VALUES (?, ?, ?)",
-            [transaction_id, self._database.clock.now_us(), json.dumps(payload)],
+            f"INSERT INTO {SCHEMA}.transactions VALUES (?, ?, ?, ?)",
+            [
+                transaction_id,
+                self._database.clock.now_us(),
+                json.dumps(payload),
+                json.dumps(offsets),
+            ],
         )
+
+    def committed(self, transaction_id: int, moves: dict[tuple[str, str, int], int]) -> None:
+        """Note a transaction past its commit point; its offsets reach the table later.
+
+        Transactions without topic writes are counted for the checkpoint here;
+        ``publish`` counts the others.
+        """
+        with self._lock:
+            self._moved.update(moves)
+        if not self._pending_publish(transaction_id):
+            self._note_done(transaction_id, [])
+
+    def _pending_publish(self, transaction_id: int) -> bool:
+        return transaction_id in self._publishing
 
     def publish(self, transaction_id: int, items: list[PublishItem]) -> None:
         """Step 3: one tagged frame per partition, no sync. Called after the commit point.
@@ -140,8 +177,15 @@ class Committer:
             with self._lock:
                 self._unfinished.append((transaction_id, items))
             raise
+        self._publishing.discard(transaction_id)
+        self._note_done(transaction_id, [(i.topic_id, i.partition) for i in items])
+
+    def expect_publish(self, transaction_id: int) -> None:
+        self._publishing.add(transaction_id)
+
+    def _note_done(self, transaction_id: int, targets: list[tuple[str, int]]) -> None:
         with self._lock:
-            self._published.append((transaction_id, [(i.topic_id, i.partition) for i in items]))
+            self._published.append((transaction_id, targets))
             due = len(self._published) >= CHECKPOINT_TRANSACTIONS
         if due:
             self.checkpoint()
@@ -172,7 +216,7 @@ class Committer:
         with self._lock:
             self._finish_unfinished()
             published, self._published = self._published, []
-            if not published:
+            if not published and not self._moved:
                 return
             partitions = {p for _, targets in published for p in targets}
             for topic_id, partition in sorted(partitions):
@@ -183,19 +227,34 @@ class Committer:
                 topic.partition(partition).sync()
             ids = [transaction_id for transaction_id, _ in published]
             failpoints.hit("commit.checkpoint_before_delete")
-            tables.run(
-                self._cursor,
-                f"DELETE FROM {SCHEMA}.transactions WHERE transaction_id IN "
-                f"(SELECT unnest(?::BIGINT[]))",
-                [ids],
-            )
+            catalog = self._database.catalog
+            current = {key: catalog.committed(*key) for key in self._moved}
+            offsets = {
+                key: offset
+                for key, offset in current.items()
+                if offset is not None and catalog.has_consumer(key[0], key[1])
+            }
+            tables.run(self._cursor, "BEGIN TRANSACTION")
+            try:
+                catalog.write_offsets(self._cursor, offsets)
+                tables.run(
+                    self._cursor,
+                    f"DELETE FROM {SCHEMA}.transactions WHERE transaction_id IN "
+                    f"(SELECT unnest(?::BIGINT[]))",
+                    [ids],
+                )
+                tables.run(self._cursor, "COMMIT")
+            except BaseException:
+                tables.run(self._cursor, "ROLLBACK")
+                raise
+            self._moved.clear()
             self.staging.release(set(ids))
 
     def recover(self) -> int:
         """Re-publish what committed transactions left unpublished. Returns how many."""
         result = tables.query_arrow(
             self._cursor,
-            f"SELECT transaction_id, committed_at_us, items FROM {SCHEMA}.transactions "
+            f"SELECT transaction_id, committed_at_us, items, offsets FROM {SCHEMA}.transactions "
             "ORDER BY transaction_id",
         )
         assert result is not None
@@ -203,6 +262,14 @@ class Committer:
         for row in result.to_pylist():
             transaction_id = row["transaction_id"]
             self._last_id = max(self._last_id, transaction_id)
+            catalog = self._database.catalog
+            moves = {
+                (t, c, p): o
+                for t, c, p, o in json.loads(row["offsets"])
+                if catalog.has_consumer(t, c)
+            }
+            catalog.apply_offsets(moves)
+            self._moved.update(moves)
             targets = []
             for topic_id, partition, number, position, length in json.loads(row["items"]):
                 staged = StagedBatch(number, position, length)

@@ -259,6 +259,9 @@ class Session:
         if self.transaction is not None and self.transaction.explicit:
             raise ActiveSqlTransactionError("topic DDL cannot run inside a transaction block")
         with database.commit_lock:
+            # Offset moves still only in commit records reach the offsets table first,
+            # so a dropped and re-created consumer never inherits old moves.
+            database.committer.checkpoint()
             if isinstance(operation, CreateTopicEntry):
                 run_create(database, operation)
             elif isinstance(operation, AlterTopicEntry):
@@ -398,13 +401,14 @@ class Session:
         return Result(f"INSERT 0 {written}", table)
 
     def _commit_offsets(self, operation: CommitConsumerOffsets) -> Result:
-        database = self.database
-        with database.commit_lock:
-            moves = {}
-            for partition, start, end in operation.ranges:
-                moves[(operation.topic_id, operation.consumer, partition)] = (start, end)
-            applied = database.catalog.commit_ranges(moves)
-        return Result(f"COMMIT OFFSETS {applied}")
+        ranges = {
+            (operation.topic_id, operation.consumer, partition): (start, end)
+            for partition, start, end in operation.ranges
+        }
+        moves = self.database.catalog.plan_ranges(ranges)
+        assert self.transaction is not None
+        self.transaction.offset_moves.update(moves)
+        return Result(f"COMMIT OFFSETS {len(moves)}")
 
     # -- commit and rollback -----------------------------------------------------------------
     def _commit(self) -> None:
@@ -417,23 +421,30 @@ class Session:
         items: list[PublishItem] = []
         committed = False
         try:
+            moves = {key: read.end for key, read in transaction.reads.items()}
+            moves.update(transaction.offset_moves)
+            if transaction.writes or moves:
+                transaction_id = committer.next_transaction_id()
             if transaction.writes:
                 items = route_writes(database, transaction.writes)
-                transaction_id = committer.next_transaction_id()
                 items = committer.stage(transaction_id, items)
+            if transaction_id is not None:
+                if not transaction.explicit:
+                    tables.run(self.cursor, "BEGIN TRANSACTION")
+                    transaction.duckdb_open = True
+                committer.write_record(self.cursor, transaction_id, items, moves)
             with database.commit_lock:
-                moves = self._validate(transaction)
-                if moves or transaction_id is not None or transaction.explicit:
-                    if not transaction.explicit:
-                        tables.run(self.cursor, "BEGIN TRANSACTION")
-                    database.catalog.write_offsets(self.cursor, moves)
-                    if transaction_id is not None:
-                        committer.write_record(self.cursor, transaction_id, items)
+                self._validate(transaction)
+                if transaction.explicit or transaction.duckdb_open:
                     tables.run(self.cursor, "COMMIT")
                 committed = True
                 failpoints.hit("commit.after_commit_point")
                 database.catalog.apply_offsets(moves)
+                if items:
+                    committer.expect_publish(transaction_id)
                 if transaction_id is not None:
+                    committer.committed(transaction_id, moves)
+                if items:
                     committer.publish(transaction_id, items)
         except BaseException:
             if committed:
@@ -446,7 +457,8 @@ class Session:
             raise
         self._end_transaction()
 
-    def _validate(self, transaction: Transaction) -> dict[tuple[str, str, int], int]:
+    def _validate(self, transaction: Transaction) -> None:
+        """Leases still held and every range read still starts at the committed offset."""
         catalog = self.database.catalog
         for (topic_id, consumer, partition), lease in transaction.leases.items():
             if not self.database.leases.holds((topic_id, consumer), partition, lease):
@@ -454,7 +466,6 @@ class Session:
                     f'member "{lease.member}" of consumer "{consumer}" lost its lease on '
                     f"partition {partition} (generation {lease.generation}); retry"
                 )
-        moves = {}
         for key, read in transaction.reads.items():
             current = catalog.committed(*key)
             if current != read.basis:
@@ -462,8 +473,6 @@ class Session:
                     f'consumer "{key[1]}" offset of partition {key[2]} moved from '
                     f"{read.basis} to {current} since this transaction read it; retry"
                 )
-            moves[key] = read.end
-        return moves
 
     def _end_transaction(self) -> None:
         if self.state is not SessionState.IDLE:
@@ -472,7 +481,9 @@ class Session:
         self.state = SessionState.IDLE
 
     def _rollback(self) -> None:
-        if self.transaction is not None and self.transaction.explicit:
+        if self.transaction is not None and (
+            self.transaction.explicit or self.transaction.duckdb_open
+        ):
             # DuckDB may have aborted the transaction itself already.
             with contextlib.suppress(TopicbaseError):
                 tables.run(self.cursor, "ROLLBACK")

@@ -51,6 +51,10 @@ class Transaction:
     staged_bytes: int = 0
     # Leases the reads of members were made under: (topic id, consumer, partition) -> lease.
     leases: dict[ReadKey, Any] = field(default_factory=dict)
+    # Offset moves of explicit COMMIT OFFSETS statements, committed with the transaction.
+    offset_moves: dict[ReadKey, int] = field(default_factory=dict)
+    # An autocommit statement's DuckDB transaction was opened by the commit itself.
+    duckdb_open: bool = False
 
     def read_position(self, key: ReadKey) -> int | None:
         """Where this transaction's next read of ``key`` continues, if it read before."""
