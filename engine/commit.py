@@ -164,10 +164,10 @@ class Committer:
         transaction is remembered and the next checkpoint publishes what is
         missing, exactly as recovery would after a crash.
         """
-        if self._unfinished:
-            with self._lock:
-                self._finish_unfinished()
         try:
+            if self._unfinished:
+                with self._lock:
+                    self._finish_unfinished()
             with self._database.publish_lock:
                 for index, item in enumerate(items):
                     if index == 1:
@@ -201,10 +201,11 @@ class Committer:
 
     def _finish_unfinished(self) -> None:
         """Publish what failed publishes left out (caller holds ``_lock``)."""
-        unfinished, self._unfinished = self._unfinished, []
-        for transaction_id, items in unfinished:
+        while self._unfinished:
+            transaction_id, items = self._unfinished[0]
             for item in items:
                 self._publish_item(transaction_id, item, check=True)
+            self._unfinished.pop(0)  # only once all of it is published
             self._published.append((transaction_id, [(i.topic_id, i.partition) for i in items]))
 
     def abandon(self, transaction_id: int) -> None:
@@ -219,12 +220,16 @@ class Committer:
             if not published and not self._moved:
                 return
             partitions = {p for _, targets in published for p in targets}
-            for topic_id, partition in sorted(partitions):
-                try:
-                    topic = self._database.topic_log(topic_id)
-                except UndefinedTopicError:
-                    continue  # dropped since: nothing to sync
-                topic.partition(partition).sync()
+            try:
+                for topic_id, partition in sorted(partitions):
+                    try:
+                        topic = self._database.topic_log(topic_id)
+                    except UndefinedTopicError:
+                        continue  # dropped since: nothing to sync
+                    topic.partition(partition).sync()
+            except BaseException:
+                self._published = published + self._published  # not durable: keep them
+                raise
             ids = [transaction_id for transaction_id, _ in published]
             failpoints.hit("commit.checkpoint_before_delete")
             catalog = self._database.catalog
@@ -292,6 +297,8 @@ class Committer:
         return republished
 
     def close(self) -> None:
-        self.checkpoint()
-        self.staging.close()
-        self._cursor.close()
+        try:
+            self.checkpoint()
+        finally:
+            self.staging.close()
+            self._cursor.close()

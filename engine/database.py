@@ -96,9 +96,11 @@ class Database:
             if self._references > 0:
                 return
             self._open.pop(self.path, None)
-        self.committer.close()
-        self.root.close()
-        self.store.close()
+        try:
+            self.committer.close()
+        finally:
+            self.root.close()
+            self.store.close()
 
     def wake_readers(self) -> None:
         """Wake every long-polling topic read (a cancel wants to be noticed)."""

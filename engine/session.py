@@ -428,6 +428,9 @@ class Session:
             if transaction.writes:
                 items = route_writes(database, transaction.writes)
                 items = committer.stage(transaction_id, items)
+            if transaction_id is None and not transaction.explicit and not transaction.leases:
+                self._end_transaction()  # an autocommit statement that moved nothing
+                return
             if transaction_id is not None:
                 if not transaction.explicit:
                     tables.run(self.cursor, "BEGIN TRANSACTION")

@@ -201,6 +201,8 @@ class PartitionLog:
         """
         visible = self._visible
         start = self.offset_for_time(since_us)
+        if start >= visible.end_offset:
+            return False  # nothing written since (the log file may not even exist)
         index = _segment_index(visible.segments, start)
         while index is not None and index < len(visible.segments):
             segment = visible.segments[index]
@@ -215,12 +217,18 @@ class PartitionLog:
     def sync(self) -> None:
         """Make everything written so far durable (checkpoints of published data)."""
         with self._write_lock:
-            if self._fenced is None and not self._closed:
-                try:
-                    self._segments[-1].sync()
-                except StorageIOError as error:
-                    self._fenced = error
-                    raise
+            if self._closed:
+                return
+            if self._fenced is not None:
+                raise PartitionFencedError(
+                    f"partition {self.partition_id} cannot be synced after an I/O failure "
+                    f"({self._fenced}); reopen the store to recover"
+                )
+            try:
+                self._segments[-1].sync()
+            except StorageIOError as error:
+                self._fenced = error
+                raise
 
     def _flush_group(self, requests: list[Request]) -> None:
         """Group-commit leader: write every request, sync once, publish."""

@@ -4,6 +4,7 @@ Run as a subprocess by ``test_txn_crash.py`` (and importable for its helpers)::
 
     python txn_worker.py --data DIR --mode move|count|open
         [--seed N] [--min-messages N] [--max-messages N] [--checkpoint-every N]
+    python txn_worker.py --serve    # fork server: starts such workers fast (``serve``)
 
 Modes (each transaction is retried on 40001):
 
@@ -38,8 +39,11 @@ usually writes several partitions of ``b``.
 from __future__ import annotations
 
 import argparse
+import json
 import os
 import random
+import select
+import signal
 import sys
 import traceback
 from collections import Counter, defaultdict
@@ -53,6 +57,7 @@ if str(ROOT) not in sys.path:
 from engine import commit as commit_module  # noqa: E402
 from engine.database import Database  # noqa: E402
 from engine.session import Session  # noqa: E402  (imported now, not at the first connect)
+from storage import failpoints  # noqa: E402
 from storage.errors import SerializationFailure  # noqa: E402
 
 SOURCES = 5
@@ -270,5 +275,74 @@ def main(argv: list[str] | None = None) -> int:
     return 0
 
 
+# -- the fork server ------------------------------------------------------------------------
+def serve() -> int:
+    """Start workers by ``fork`` from this process, which has imported everything.
+
+    A cold start costs about a second of imports (DuckDB, Arrow, the grammar); a
+    forked worker starts in milliseconds, so a crash loop spends its time
+    crashing. Single-threaded, so forking is safe. Commands, one JSON object a
+    line on stdin:
+
+    - ``{"run": [args...], "failpoints": "...", "stderr": "path"}``: fork a worker
+      running ``main(args)`` with those failpoints armed (what the environment
+      variable would do at import) and its stderr in that file; prints
+      ``started <pid>``;
+    - ``{"kill": true}``: SIGKILL the running worker (only while it is not reaped,
+      so its pid cannot belong to another process yet).
+
+    The worker's own lines (``opening``, ``ready``, ``done``) share stdout; when
+    it ends this prints ``exit <code>`` (``-9`` for SIGKILL, 137 for a failpoint
+    crash). End of stdin kills a running worker and ends the server.
+    """
+    child: int | None = None
+    pending = b""
+    while True:
+        if child is not None:
+            pid, status = os.waitpid(child, os.WNOHANG)
+            if pid:
+                os.write(1, f"exit {os.waitstatus_to_exitcode(status)}\n".encode())
+                child = None
+        ready, _, _ = select.select([0], [], [], 0.005)
+        if not ready:
+            continue
+        chunk = os.read(0, 65536)
+        if not chunk:
+            if child is not None:
+                os.kill(child, signal.SIGKILL)
+                os.waitpid(child, 0)
+            return 0
+        pending += chunk
+        while b"\n" in pending:
+            line, pending = pending.split(b"\n", 1)
+            command = json.loads(line)
+            if "kill" in command:
+                if child is not None:
+                    os.kill(child, signal.SIGKILL)
+                continue
+            assert child is None, "one worker at a time"
+            child = os.fork()
+            if child == 0:
+                _forked_worker(command)
+            os.write(1, f"started {child}\n".encode())
+
+
+def _forked_worker(command: dict) -> None:
+    """In the forked child: set up stderr and failpoints, run ``main``, never return."""
+    code = 3
+    try:
+        fd = os.open(command["stderr"], os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o644)
+        os.dup2(fd, 2)
+        os.close(fd)
+        failpoints.activate(command.get("failpoints", ""))
+        code = main(command["run"])
+    except BaseException:
+        sys.stderr.write(traceback.format_exc())
+        sys.stderr.flush()
+    os._exit(code)
+
+
 if __name__ == "__main__":
+    if sys.argv[1:] == ["--serve"]:
+        sys.exit(serve())
     sys.exit(main())
