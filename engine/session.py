@@ -212,14 +212,24 @@ class Session:
     def _run(self, plan: Plan, parameters: Any) -> Result:
         assert self.transaction is not None
         registered: list[str] = []
+        read_tables: dict[str, pa.Table] = {}
         result = Result(plan.tag, notices=plan.notes)
         query_table: pa.Table | None = None
         try:
             for operation in plan.operations:
                 if isinstance(operation, ReadRecords):
                     table = self._read(operation, parameters)
-                    tables.register(self.cursor, operation.placeholder, table)
-                    registered.append(operation.placeholder)
+                    read_tables[operation.placeholder] = table
+                    if not _projected(plan, operation.placeholder):
+                        tables.register(self.cursor, operation.placeholder, table)
+                        registered.append(operation.placeholder)
+                elif isinstance(operation, RunQuery) and operation.projection is not None:
+                    placeholder, columns = operation.projection
+                    source = read_tables[placeholder]
+                    query_table = source.select([c for c, _ in columns]).rename_columns(
+                        [name for _, name in columns]
+                    )
+                    result = Result(f"SELECT {query_table.num_rows}", query_table)
                 elif isinstance(operation, RunQuery):
                     registered += self._register_views(operation)
                     bound = parameters if operation.uses_parameters else None
@@ -502,6 +512,14 @@ def _parse_cached(sql: str) -> tuple[ast.Statement, ...]:
     """Parsed scripts by text: statements are immutable, so a repeated script
     (a worker's loop) is parsed once."""
     return tuple(parse(sql))
+
+
+def _projected(plan: Plan, placeholder: str) -> bool:
+    """True if every query of the plan takes this relation's columns without DuckDB."""
+    queries = [op for op in plan.operations if isinstance(op, RunQuery)]
+    return bool(queries) and all(
+        q.projection is not None and q.projection[0] == placeholder for q in queries
+    )
 
 
 def _empty_returning() -> pa.Table:

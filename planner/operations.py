@@ -48,6 +48,10 @@ class RunQuery:
     tag: str
     system_views: tuple[str, ...] = ()
     uses_parameters: bool = True
+    # Set when the query only picks columns of one topic relation: the engine then
+    # takes them from the Arrow table directly, without a round trip through DuckDB.
+    # (relation placeholder, ((source column, output name), ...))
+    projection: tuple[str, tuple[tuple[str, str], ...]] | None = None
 
     def describe(self) -> str:
         read = ",".join(self.tables_read) or "-"

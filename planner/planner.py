@@ -8,6 +8,7 @@ it needs.
 
 from __future__ import annotations
 
+import functools
 from collections.abc import Callable
 from dataclasses import replace
 from typing import Any
@@ -31,6 +32,9 @@ from planner.operations import (
 from storage.errors import UndefinedObjectError, UndefinedTopicError
 
 SYSTEM_VIEWS = ("topics", "partitions", "consumers")
+# The sqlglot analyses below are pure functions of the SQL text: a worker that runs
+# the same statements in a loop parses each once.
+SQL_ANALYSIS_CACHE_ENTRIES = 1024
 WRITING_STATEMENTS = (
     exp.Insert,
     exp.Update,
@@ -63,6 +67,8 @@ def _plan_sql(statement: ast.SqlStatement, catalog: Catalog) -> Plan:
     reads = tuple(_plan_scan(scan, catalog) for scan in statement.topic_scans)
     sql = _text_casts_of_data(statement.sql) if reads else statement.sql
     query = analyse_sql(sql)
+    if len(reads) == 1:
+        query = replace(query, projection=_plain_projection(sql, reads[0].placeholder))
     return Plan((*reads, query), query.tag)
 
 
@@ -85,6 +91,7 @@ def _plan_scan(scan: ast.TopicScan, catalog: Catalog) -> ReadRecords:
     return ReadRecords(info.name, info.topic_id, partitions, scan.placeholder, consumer, options)
 
 
+@functools.lru_cache(maxsize=SQL_ANALYSIS_CACHE_ENTRIES)
 def analyse_sql(sql: str) -> RunQuery:
     """Tables read and written by plain SQL, and whether it returns rows."""
     try:
@@ -143,6 +150,67 @@ def _rename_system_views(tree: exp.Expression) -> exp.Expression:
     return tree.transform(rename)
 
 
+_CLAUSES_THAT_NEED_DUCKDB = (
+    "where",
+    "group",
+    "having",
+    "order",
+    "limit",
+    "offset",
+    "distinct",
+    "joins",
+    "laterals",
+    "windows",
+    "qualify",
+    "with",
+    "sample",
+    "into",
+    "kind",
+)
+
+
+@functools.lru_cache(maxsize=SQL_ANALYSIS_CACHE_ENTRIES)
+def _plain_projection(sql: str, placeholder: str) -> tuple[str, tuple[tuple[str, str], ...]] | None:
+    """``SELECT a, b AS c FROM <placeholder>`` -> its columns; None for anything more."""
+    try:
+        tree = sqlglot.parse_one(sql, read="duckdb")
+    except sqlglot.errors.ParseError:
+        return None
+    if not isinstance(tree, exp.Select) or any(tree.args.get(c) for c in _CLAUSES_THAT_NEED_DUCKDB):
+        return None
+    source = tree.args.get("from_") or tree.args.get("from")
+    relation = source.this if source is not None else None
+    if not isinstance(relation, exp.Table) or relation.name != placeholder or relation.db:
+        return None
+    columns = []
+    for item in tree.expressions:
+        column = item.this if isinstance(item, exp.Alias) else item
+        if not isinstance(column, exp.Column) or column.name not in TOPIC_COLUMNS:
+            return None
+        columns.append((column.name, item.alias_or_name))
+    names = [name for _, name in columns]
+    if len(set(names)) != len(names):
+        return None
+    return placeholder, tuple(columns)
+
+
+TOPIC_COLUMNS = frozenset(
+    {
+        "partition",
+        "offset",
+        "seq_no",
+        "producer_id",
+        "message_group_id",
+        "created_at",
+        "written_at",
+        "codec",
+        "data",
+        "metadata",
+    }
+)
+
+
+@functools.lru_cache(maxsize=SQL_ANALYSIS_CACHE_ENTRIES)
 def _text_casts_of_data(sql: str) -> str:
     """``CAST(data AS VARCHAR)`` -> ``decode(data)`` in statements that read topics.
 

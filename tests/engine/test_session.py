@@ -239,3 +239,16 @@ def test_topic_ddl_inside_a_transaction_is_refused(session):
         session.execute("CREATE TOPIC t")
     assert caught.value.sqlstate == "25001"
     session.execute("ROLLBACK")
+
+
+def test_plain_column_picks_of_a_topic_match_what_duckdb_returns(session):
+    session.execute(TOPIC)
+    session.execute("INSERT INTO TOPIC events (data) VALUES ('a'), ('b') WITH (partition = 1)")
+    direct = rows(session, 'SELECT "offset", data AS payload FROM TOPIC events')
+    through_duckdb = rows(
+        session, 'SELECT "offset", data AS payload FROM TOPIC events WHERE "offset" >= 0'
+    )
+    assert direct == through_duckdb == [
+        {"offset": 0, "payload": b"a"},
+        {"offset": 1, "payload": b"b"},
+    ]
