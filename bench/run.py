@@ -25,6 +25,7 @@ from bench.results import RESULTS_JSON, RESULTS_MD, Recorder, format_ratio, form
 # name -> module exposing run(recorder). Later modules (transactions, pgwire) add a line.
 SUITES: dict[str, str] = {
     "storage": "bench.storage_bench",
+    "transactions": "bench.transactions_bench",
 }
 
 
