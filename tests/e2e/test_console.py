@@ -21,9 +21,6 @@ BIN_DIR = Path(sys.executable).parent
 TOPICBASE = shutil.which("topicbase", path=str(BIN_DIR))
 RUN_TIMEOUT_S = 60
 
-pytestmark = pytest.mark.skipif(TOPICBASE is None, reason=f"topicbase is not in {BIN_DIR}")
-
-
 def command(data_dir: Path | None, *arguments: str) -> list[str]:
     assert TOPICBASE is not None
     prefix = [TOPICBASE] if data_dir is None else [TOPICBASE, "--data-dir", str(data_dir)]

@@ -7,17 +7,13 @@ import shutil
 import sys
 from pathlib import Path
 
+import pexpect
 import pytest
-
-pexpect = pytest.importorskip("pexpect")
 
 TOPICBASE = shutil.which("topicbase", path=str(Path(sys.executable).parent))
 PROMPT = r"topicbase=>"
 CONTINUATION = r"->"
 UP_ARROW = "\x1b[A"
-
-pytestmark = pytest.mark.skipif(TOPICBASE is None, reason="topicbase is not installed")
-
 
 @pytest.fixture
 def history_file(tmp_path: Path) -> Path:
@@ -33,6 +29,7 @@ def repl(tmp_path: Path, history_file: Path):  # -> pexpect.spawn
         # pexpect's terminal does not answer cursor position requests.
         "PROMPT_TOOLKIT_NO_CPR": "1",
     }
+    assert TOPICBASE is not None, "the topicbase console script is not installed in this venv"
     child = pexpect.spawn(
         TOPICBASE,
         ["--data-dir", str(tmp_path / "data")],
