@@ -7,6 +7,13 @@ SIGKILL: no cleanup, no flush) or ``error`` (raise ``StorageIOError``), with an
 optional ``@n``: trigger on the n-th hit only (``commit.after_stage=crash@3``).
 
 Zero cost when off: ``hit`` tests one module-level boolean.
+
+Names in use: ``fs.before_sync``, ``fs.after_sync`` (every counted fsync),
+``index.before_flush``, ``segment.torn_write`` (half a frame written),
+``segment.roll_after_seal``, ``segment.roll_before_snapshot``,
+``retention.before_delete``, ``split.before_save``, ``staging.after_sync``,
+``commit.after_stage``, ``commit.after_commit_point``, ``commit.mid_publish``,
+``commit.checkpoint_before_delete``, ``recovery.after_republish``.
 """
 
 from __future__ import annotations
@@ -42,6 +49,12 @@ def activate(spec: str) -> None:
 
 def deactivate() -> None:
     activate("")
+
+
+def armed(name: str) -> bool:
+    """True if ``name`` is armed (whatever its hit count): for failpoints that must
+    prepare damage (a torn write) before they fire."""
+    return ACTIVE and name in _armed
 
 
 def hit(name: str) -> None:

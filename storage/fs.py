@@ -22,6 +22,7 @@ import os
 import shutil
 import threading
 
+from storage import failpoints
 from storage.errors import ObjectInUseError, StorageIOError
 
 
@@ -100,6 +101,7 @@ class FileSystem:
 
     def sync(self, fd: int) -> None:
         """Make the file's data durable (fdatasync). Counted."""
+        failpoints.hit("fs.before_sync")
         try:
             os.fdatasync(fd)
         except OSError as error:
@@ -107,6 +109,7 @@ class FileSystem:
         finally:
             with self._counter_lock:
                 self._fsync_count += 1
+        failpoints.hit("fs.after_sync")
 
     def truncate(self, fd: int, size: int) -> None:
         try:

@@ -16,6 +16,7 @@ import bisect
 import struct
 from array import array
 
+from storage import failpoints
 from storage.fs import FileSystem
 
 
@@ -86,6 +87,7 @@ class IndexFile:
     def flush(self, *, sync: bool = False) -> None:
         """Write pending entries to the file; ``sync`` also makes them durable."""
         if self._pending:
+            failpoints.hit("index.before_flush")
             fd = self._open()
             self._fs.pwrite(fd, bytes(self._pending), self._file_bytes)
             self._file_bytes += len(self._pending)

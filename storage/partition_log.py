@@ -25,7 +25,7 @@ from dataclasses import dataclass
 import numpy as np
 import pyarrow as pa
 
-from storage import limits
+from storage import failpoints, limits
 from storage.clock import Clock
 from storage.codecs import Codec
 from storage.config import FsyncPolicy, TopicConfig
@@ -362,10 +362,12 @@ class PartitionLog:
         segment = LogSegment(self.fs, self.directory, old.next_offset)
         try:
             old.seal(durable=durable)
+            failpoints.hit("segment.roll_after_seal")
             # Create the new (empty) log file before the snapshot's directory sync:
             # once retention deletes every older segment, its name is what tells a
             # reopen where the log ends.
             segment.create_file()
+            failpoints.hit("segment.roll_before_snapshot")
             self.producers.write_snapshot(old.next_offset, durable=durable)
         except StorageIOError as error:
             self._fenced = error
@@ -486,6 +488,7 @@ class PartitionLog:
                 return 0
             self._segments = self._segments[len(doomed) :]
             self._publish()
+        failpoints.hit("retention.before_delete")
         for segment in doomed:
             segment.delete_files()
         return len(doomed)

@@ -18,7 +18,7 @@ from dataclasses import dataclass
 
 import pyarrow as pa
 
-from storage import file_names, limits
+from storage import failpoints, file_names, limits
 from storage.errors import CorruptSegmentError
 from storage.fs import FileSystem
 from storage.offset_index import OffsetIndex
@@ -66,6 +66,8 @@ class LogSegment:
         """Write one encoded frame at the end; indexes follow the byte interval."""
         assert header.base_offset == self.next_offset, (header.base_offset, self.next_offset)
         assert self.size_bytes % 8 == 0
+        if failpoints.ACTIVE:
+            self._torn_write_failpoint(frame)
         self.fs.pwrite(self._fd(), frame, self.size_bytes)
         self._note_frame(self.size_bytes, header)
 
@@ -73,6 +75,8 @@ class LogSegment:
         """``append_frame`` with the frame as header bytes + body buffer (no joined copy)."""
         assert header.base_offset == self.next_offset, (header.base_offset, self.next_offset)
         assert self.size_bytes % 8 == 0
+        if failpoints.ACTIVE:
+            self._torn_write_failpoint(header_bytes + bytes(memoryview(body)))  # type: ignore[arg-type]
         self.fs.pwritev(self._fd(), [header_bytes, body], self.size_bytes)
         self._note_frame(self.size_bytes, header)
 
@@ -87,6 +91,12 @@ class LogSegment:
             assert header.base_offset == self.next_offset
             self._note_frame(position, header)
             position += len(frame)
+
+    def _torn_write_failpoint(self, frame: bytes) -> None:
+        """``segment.torn_write``: write half of the frame, then crash or fail there."""
+        if failpoints.armed("segment.torn_write"):
+            self.fs.pwrite(self._fd(), frame[: len(frame) // 2], self.size_bytes)
+            failpoints.hit("segment.torn_write")
 
     def _note_frame(self, position: int, header: FrameHeader) -> None:
         if self._bytes_since_index == 0 or self._bytes_since_index >= limits.INDEX_INTERVAL_BYTES:

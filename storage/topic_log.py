@@ -25,7 +25,7 @@ import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
 
-from storage import limits
+from storage import failpoints, limits
 from storage.clock import Clock
 from storage.codecs import Codec
 from storage.config import FsyncPolicy, TopicConfig
@@ -178,6 +178,7 @@ class TopicLog:
             info = self._info[partition_id]
             self._info[partition_id] = PartitionInfo(partition_id, False, info.parent, children)
             self._partitions[partition_id].active = False
+            failpoints.hit("split.before_save")
             self._save()
 
     def remove_partition(self, partition_id: int) -> None:
