@@ -4,7 +4,7 @@ VENV   := .venv
 PY     := $(VENV)/bin/python
 STAMP  := $(VENV)/.installed
 
-.PHONY: venv test lint demo demo-storage bench bench-quick clean
+.PHONY: venv test lint demo demo-storage bench bench-quick chaos clean
 
 $(STAMP): pyproject.toml
 	test -x $(PY) || $(PYTHON) -m venv $(VENV)
@@ -30,6 +30,11 @@ demo: $(STAMP)
 # The storage walk-through: two producers, a resend skipped as duplicates.
 demo-storage: $(STAMP)
 	$(PY) -m bench.demo_storage --data-dir ./demo-data/storage-walkthrough
+
+# Crash-consistency runs: workload -> kill or failpoint -> recover -> check history.
+# CHAOS_CYCLES=N make chaos sets the number of cycles (default 50).
+chaos: $(STAMP)
+	$(PY) -m tests.sim.chaos --cycles $${CHAOS_CYCLES:-50}
 
 bench: $(STAMP)
 	$(PY) -m bench.run --suite full
