@@ -26,6 +26,7 @@ from engine.leases import DEFAULT_LEASE_TIMEOUT_S, LeaseRegistry
 from planner.catalog import TopicInfo
 from storage.config import FsyncPolicy
 from storage.errors import StorageIOError
+from storage.fs import DEFAULT_FILE_SYSTEM, FileSystem
 from storage.staging import StagingLog
 from storage.store import Store
 from storage.topic_log import TopicLog
@@ -38,12 +39,17 @@ class Database:
     _registry_lock: ClassVar[threading.Lock] = threading.Lock()
 
     def __init__(
-        self, path: str, clock: Clock, fsync_policy: FsyncPolicy, lease_timeout_s: float
+        self,
+        path: str,
+        clock: Clock,
+        fsync_policy: FsyncPolicy,
+        lease_timeout_s: float,
+        fs: FileSystem,
     ) -> None:
         self.path = path
         self.clock = clock
         self.fsync_policy = fsync_policy
-        self.store = Store.open(os.path.join(path, "store"), clock=clock)
+        self.store = Store.open(os.path.join(path, "store"), fs=fs, clock=clock)
         try:
             self.root = tables.connect(os.path.join(path, tables.TABLES_FILE))
         except BaseException:
@@ -72,6 +78,7 @@ class Database:
         clock: Clock = SYSTEM_CLOCK,
         fsync_policy: FsyncPolicy = FsyncPolicy.GROUP,
         lease_timeout_s: float = DEFAULT_LEASE_TIMEOUT_S,
+        fs: FileSystem = DEFAULT_FILE_SYSTEM,
     ) -> Database:
         """Open (creating if needed) the data directory; shared within a process."""
         path = os.path.abspath(path)
@@ -79,7 +86,7 @@ class Database:
             database = cls._open.get(path)
             if database is None:
                 os.makedirs(path, exist_ok=True)
-                database = cls(path, clock, fsync_policy, lease_timeout_s)
+                database = cls(path, clock, fsync_policy, lease_timeout_s, fs)
                 cls._open[path] = database
             database._references += 1
             return database

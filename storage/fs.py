@@ -122,10 +122,18 @@ class FileSystem:
 
     # -- paths ------------------------------------------------------------------------
     def make_directory(self, path: str) -> None:
+        """Create ``path`` and missing parents; each new entry is synced into its parent."""
+        created = []
+        parent = os.path.abspath(path)
+        while not os.path.isdir(parent):
+            created.append(parent)
+            parent = os.path.dirname(parent)
         try:
             os.makedirs(path, exist_ok=True)
         except OSError as error:
             raise _io_error("mkdir", path, error) from error
+        for directory in reversed(created):
+            self.sync_directory(os.path.dirname(directory))
 
     def sync_directory(self, path: str) -> None:
         """Make a directory's entries (created, renamed, removed files) durable."""

@@ -53,7 +53,12 @@ def load_segments(fs: FileSystem, directory: str, report: RecoveryReport) -> lis
     )
     _remove_orphan_indexes(fs, directory, names, set(bases))
     if not bases:
-        return [LogSegment(fs, directory, 0)]
+        # Create the first log file now and make its name durable: an fdatasync of
+        # its frames alone does not keep the file itself through a power cut.
+        first = LogSegment(fs, directory, 0)
+        first.create_file()
+        fs.sync_directory(directory)
+        return [first]
     segments = [LogSegment(fs, directory, base) for base in bases]
     for segment, following in itertools.pairwise(segments):
         _open_sealed(segment, following.base_offset, report)
@@ -71,7 +76,7 @@ def _remove_orphan_indexes(
                 fs.remove(os.path.join(directory, name))
 
 
-def _open_sealed(segment: LogSegment, next_offset: int, report: RecoveryReport) -> None:
+def _open_sealed(segment: LogSegment, next_offset: int, report: RecoveryReport) -> bool:
     """Trust a sealed segment's frames; check and if needed rebuild its indexes."""
     segment.size_bytes = segment.fs.path_size(segment.log_path)
     segment.next_offset = next_offset
@@ -86,10 +91,13 @@ def _open_sealed(segment: LogSegment, next_offset: int, report: RecoveryReport) 
         report.rebuilt_indexes += 1
     last = segment.offset_index.last()
     headers = _walk_frames(segment, verify=False, start=0 if last is None else last[1])
-    for _, header in headers:
+    end, chain_end = (0, segment.base_offset) if last is None else (last[1], None)
+    for position, header in headers:
         segment.last_written_at_us = header.written_at_us
+        end, chain_end = position + header.frame_bytes, header.next_offset
     first = segment.time_index.entries()[:1]
     segment.first_written_at_us = first[0][0] if first else segment.last_written_at_us
+    return end == segment.size_bytes and chain_end == next_offset
 
 
 def _recover_active(segment: LogSegment, report: RecoveryReport) -> None:

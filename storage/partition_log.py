@@ -227,7 +227,7 @@ class PartitionLog:
             try:
                 self._segments[-1].sync()
             except StorageIOError as error:
-                self._fenced = error
+                self._fence(error)
                 raise
 
     def _flush_group(self, requests: list[Request]) -> None:
@@ -335,7 +335,7 @@ class PartitionLog:
         try:
             segment.append_frame_parts(header_bytes, body, header)
         except StorageIOError as error:
-            self._fenced = error
+            self._fence(error)
             raise
         self._last_written_at_us = written_at_us
         unfiltered = written_count == decision.batch.num_rows
@@ -370,7 +370,7 @@ class PartitionLog:
             failpoints.hit("segment.roll_before_snapshot")
             self.producers.write_snapshot(old.next_offset, durable=durable)
         except StorageIOError as error:
-            self._fenced = error
+            self._fence(error)
             raise
         self._segments = [*self._segments, segment]
         return segment
@@ -388,8 +388,25 @@ class PartitionLog:
         try:
             self._segments[-1].sync()
         except StorageIOError as error:
-            self._fenced = error
+            self._fence(error)
             raise
+
+    def _fence(self, error: StorageIOError) -> None:
+        """Refuse writes until reopen, and cut everything not acknowledged from the files.
+
+        The page cache may still hold the failed pages (a reopen would read them
+        back as if they were on disk) while the disk never gets them: cut the
+        log back to the published end, so no reopen trusts them.
+        """
+        self._fenced = error
+        visible = self._visible
+        try:
+            for segment in self._segments[len(visible.segments):]:
+                segment.truncate_to(0, segment.base_offset)
+            last = visible.segments[-1]
+            last.truncate_to(visible.last_segment_bytes, visible.end_offset)
+        except StorageIOError as cut_error:
+            log.error("could not cut the unacknowledged tail: %s", cut_error)
 
     def _publish(self) -> None:
         segment = self._segments[-1]

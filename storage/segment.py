@@ -124,8 +124,14 @@ class LogSegment:
             self.fs.sync(self._write_fd)
 
     def seal(self, *, durable: bool) -> None:
-        """Called at roll: flush indexes and sync everything that will never change again."""
-        if durable and self._write_fd is not None:
+        """Called at roll: the log is always synced, the indexes when ``durable``.
+
+        Recovery trusts a sealed segment's frames (only the last segment's tail
+        is checked), so even under fsync policy ``never`` a segment is synced
+        once when it is sealed: a power cut must not leave a short segment
+        before a newer one. Indexes are rebuilt when they do not fit.
+        """
+        if self._write_fd is not None:
             self.fs.sync(self._write_fd)
         self.offset_index.flush(sync=durable)
         self.time_index.flush(sync=durable)

@@ -113,9 +113,14 @@ class StagingLog:
         if self._fd is not None:
             self._fs.close(self._fd)
             self._file_number += 1
-        self._fd = self._fs.open_write(self._path(self._file_number))
-        self._size = self._fs.file_size(self._fd)
-        self._fs.sync_directory(self._directory)
+        fd = self._fs.open_write(self._path(self._file_number))
+        try:
+            self._fs.sync_directory(self._directory)
+        except BaseException:
+            self._fs.close(fd)
+            raise
+        self._fd = fd
+        self._size = self._fs.file_size(fd)
 
     # -- reading back (recovery) ----------------------------------------------------------
     def read(self, staged: StagedBatch) -> pa.RecordBatch:

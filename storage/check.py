@@ -1,0 +1,812 @@
+"""Offline check, and careful repair, of a store's files (``topicbase check``).
+
+Works on the files themselves, never through ``Store.open``: opening a store
+recovers it (cuts torn tails, rebuilds indexes, deletes leftovers), and a check
+changes nothing unless asked to repair. It holds the store's lock while it runs,
+so no process opens the store meanwhile; when another process holds the lock it
+reports the owner's pid and checks nothing.
+
+Checked, for every topic ``store.json`` lists, every partition its
+``topic.json`` lists, and every segment of it:
+- every frame: a well-formed header (``record_batch``) and its CRC-32C;
+- dense offsets: the first frame starts at the segment's base offset, each frame
+  where the one before ended, each segment where the one before ended;
+- ``written_at`` never goes backwards within a partition;
+- offset and time indexes: whole entries, increasing, each entry naming a frame
+  start (offset index) or a frame's base offset and time (time index);
+- producer snapshots parse, match their name, and claim no offset past the log end;
+- leftovers (``*.tmp``, ``*.deleted``, indexes without a log, directories no
+  metadata lists) and unknown files;
+- staging files (``<data>/staging``): every frame well-formed and checksummed.
+
+Repair (``repair=True``) takes the steps recovery takes, limited to those that
+lose nothing: cut a torn tail (damage with no valid frame after it, in the last
+segment, or in a sealed segment whose frames already reach the next segment's
+base offset), rebuild both indexes of a segment from its frames, delete
+unreadable snapshots, snapshots past the log end, temp and ``.deleted`` files
+and orphan indexes. Never cut or deleted: a frame whose checksum holds. Damage
+in the middle of a log keeps its place and stays reported, as do offset gaps,
+unlisted directories and bad metadata: they need a person.
+
+Damage is told apart as in ``log_loader``: a bad region followed by a valid frame
+is corruption in the middle; one with no valid frame after it is a torn tail.
+Thread-safety: none; one call owns the files while it holds the store lock.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
+from dataclasses import dataclass, field
+from functools import partial
+from typing import Any
+
+from storage import file_names, limits, offset_index, time_index
+from storage.errors import ObjectInUseError, StorageIOError
+from storage.fs import DEFAULT_FILE_SYSTEM, FileSystem
+from storage.offset_index import OffsetIndex
+from storage.record_batch import HEADER_BYTES, MAGIC, FrameHeader, decode_header, frame_checksum_ok
+from storage.staging import STAGE_SUFFIX
+from storage.store import MANIFEST
+from storage.time_index import TimeIndex
+from storage.topic_log import METADATA_FILE
+
+# Problem kinds (strings, so the engine's check can add its own).
+IN_USE = "in_use"
+MISSING = "missing"
+BAD_METADATA = "bad_metadata"
+UNREADABLE = "unreadable"
+LEFTOVER = "leftover"
+UNKNOWN_FILE = "unknown_file"
+BROKEN_FRAME = "broken_frame"
+CORRUPT_FRAME = "corrupt_frame"
+TORN_TAIL = "torn_tail"
+OFFSET_GAP = "offset_gap"
+TIME_BACKWARDS = "time_backwards"
+BAD_INDEX = "bad_index"
+BAD_SNAPSHOT = "bad_snapshot"
+
+# A badly damaged store could yield a problem per frame; the report keeps this many.
+PROBLEMS_MAX = 10_000
+READ_WINDOW_BYTES = 4 * 1024 * 1024
+LOCK_FILE = "LOCK"
+TOPICS_DIRECTORY = "topics"
+
+
+@dataclass(frozen=True, slots=True)
+class Problem:
+    """One finding: what, in which file, where (byte position), and whether it was fixed."""
+
+    kind: str
+    path: str
+    message: str
+    position: int | None = None
+    repairable: bool = False
+    repaired: bool = False
+
+    @property
+    def status(self) -> str:
+        if self.repaired:
+            return "repaired"
+        return "repairable" if self.repairable else "error"
+
+    def line(self) -> str:
+        where = self.path if self.position is None else f"{self.path} at byte {self.position}"
+        return f"{self.status}: {self.kind}: {where}: {self.message}"
+
+    def to_json(self) -> dict[str, Any]:
+        return {
+            "status": self.status,
+            "kind": self.kind,
+            "path": self.path,
+            "position": self.position,
+            "message": self.message,
+        }
+
+
+@dataclass(slots=True)
+class CheckReport:
+    """Everything a check found, plus what it saw (for the engine's cross-checks)."""
+
+    root: str
+    repair: bool = False
+    ran: bool = True  # False when nothing could be checked (in use, no store)
+    problems: list[Problem] = field(default_factory=list)
+    problems_dropped: int = 0
+    topics: int = 0
+    partitions: int = 0
+    segments: int = 0
+    frames: int = 0
+    staging_files: int = 0
+    # As the metadata lists them; ``topic_ids`` is None when store.json is unreadable.
+    topic_ids: list[str] | None = None
+    partition_ids: dict[str, list[int]] = field(default_factory=dict)
+    # (topic id, partition) -> ids of the transactions whose frames the partition holds.
+    published: dict[tuple[str, int], set[int]] = field(default_factory=dict)
+
+    def add(self, problem: Problem) -> None:
+        if len(self.problems) >= PROBLEMS_MAX:
+            self.problems_dropped += 1
+            return
+        self.problems.append(problem)
+
+    @property
+    def remaining(self) -> list[Problem]:
+        return [problem for problem in self.problems if not problem.repaired]
+
+    @property
+    def ok(self) -> bool:
+        return self.ran and not self.remaining and not self.problems_dropped
+
+    def summary(self) -> str:
+        checked = ", ".join(
+            _count(number, noun)
+            for number, noun in (
+                (self.topics, "topic"),
+                (self.partitions, "partition"),
+                (self.segments, "segment"),
+                (self.frames, "frame"),
+                (self.staging_files, "staging file"),
+            )
+        )
+        if not self.ran:
+            return f"check not run on {self.root}"
+        total = len(self.problems) + self.problems_dropped
+        if total == 0:
+            return f"ok: no problems in {checked}"
+        repaired = total - len(self.remaining) - self.problems_dropped
+        repairable = sum(1 for p in self.remaining if p.repairable)
+        verdict = "ok" if self.ok else "damaged"
+        text = f"{verdict}: {_count(total, 'problem')} ({repaired} repaired, "
+        text += f"{total - repaired} remaining"
+        if repairable:
+            text += f", {repairable} of them repairable"
+        return f"{text}) in {checked}"
+
+    def lines(self) -> list[str]:
+        lines = [problem.line() for problem in self.problems]
+        if self.problems_dropped:
+            lines.append(f"... and {self.problems_dropped} more problems not listed")
+        return [*lines, self.summary()]
+
+    def to_json(self) -> dict[str, Any]:
+        return {
+            "root": self.root,
+            "ok": self.ok,
+            "problems": [problem.to_json() for problem in self.problems],
+            "problems_not_listed": self.problems_dropped,
+            "checked": {
+                "topics": self.topics,
+                "partitions": self.partitions,
+                "segments": self.segments,
+                "frames": self.frames,
+                "staging_files": self.staging_files,
+            },
+            "summary": self.summary(),
+        }
+
+
+def _count(number: int, noun: str) -> str:
+    return f"{number} {noun}" if number == 1 else f"{number} {noun}s"
+
+
+# -- entry points ---------------------------------------------------------------------------
+def check_store(
+    root: str,
+    repair: bool = False,
+    *,
+    staging_directory: str | None = None,
+    fs: FileSystem = DEFAULT_FILE_SYSTEM,
+) -> CheckReport:
+    """Check the store at ``root`` (and a staging directory) under the store's lock."""
+    root = os.path.abspath(root)
+    report = CheckReport(root, repair)
+    with locked_store(root, report, fs) as held:
+        if held:
+            check_store_files(
+                report, root, repair=repair, staging_directory=staging_directory, fs=fs
+            )
+    return report
+
+
+@contextmanager
+def locked_store(root: str, report: CheckReport, fs: FileSystem) -> Iterator[bool]:
+    """Hold the store's lock for the block; yields False (and reports why) if it cannot."""
+    if not os.path.isdir(root):
+        report.add(Problem(MISSING, root, "no store here (the directory does not exist)"))
+        report.ran = False
+        yield False
+        return
+    try:
+        lock_fd = fs.lock_directory(root)
+    except (ObjectInUseError, StorageIOError) as error:
+        kind = IN_USE if isinstance(error, ObjectInUseError) else UNREADABLE
+        report.add(Problem(kind, root, error.message))
+        report.ran = False
+        yield False
+        return
+    try:
+        yield True
+    finally:
+        fs.unlock_directory(lock_fd)
+
+
+def check_store_files(
+    report: CheckReport,
+    root: str,
+    *,
+    repair: bool = False,
+    staging_directory: str | None = None,
+    fs: FileSystem = DEFAULT_FILE_SYSTEM,
+) -> None:
+    """The check itself; the caller holds the store's lock (``locked_store``)."""
+    checker = _Checker(fs, report, repair)
+    checker.check_store(root)
+    if staging_directory is not None:
+        checker.check_staging(staging_directory)
+
+
+# -- walking the frames of a file -------------------------------------------------------------
+@dataclass(slots=True)
+class LogWalk:
+    """The frames of one file in order, damage found between them, and a torn tail."""
+
+    path: str
+    size_bytes: int
+    # Every frame with a well-formed header, including kept frames with a bad checksum.
+    frames: list[tuple[int, FrameHeader]] = field(default_factory=list)
+    damage: list[tuple[str, int, str]] = field(default_factory=list)  # (kind, position, text)
+    tail_position: int | None = None  # start of bytes with no valid frame after them
+
+    @property
+    def end_offset(self) -> int | None:
+        return self.frames[-1][1].next_offset if self.frames else None
+
+
+class _Reader:
+    """Reads a file through one cached window: a sequential walk costs a pread per window."""
+
+    def __init__(self, fs: FileSystem, fd: int, size: int) -> None:
+        self._fs, self._fd, self.size = fs, fd, size
+        self._start = 0
+        self._data = b""
+
+    def read(self, position: int, length: int) -> memoryview:
+        end = min(position + length, self.size)
+        if not (self._start <= position and end <= self._start + len(self._data)):
+            self._start = position
+            self._data = self._fs.pread(self._fd, max(end - position, READ_WINDOW_BYTES), position)
+        start = position - self._start
+        return memoryview(self._data)[start : start + end - position]
+
+    def chunk(self, position: int) -> bytes:
+        return self._fs.pread(self._fd, READ_WINDOW_BYTES, position)
+
+
+def walk_frames(fs: FileSystem, path: str, first_offset: int | None) -> LogWalk:
+    """Walk every frame of ``path``; ``first_offset`` None means no offset chain (staging).
+
+    A frame with a bad checksum keeps its place when a well-formed header
+    continuing the chain follows it; any other damage is skipped to the next
+    valid frame, or, when none follows, is the torn tail.
+    """
+    size = fs.path_size(path)
+    walk = LogWalk(path, size)
+    fd = fs.open_read(path)
+    try:
+        reader = _Reader(fs, fd, size)
+        chained = first_offset is not None
+        position, expected = 0, first_offset
+        for _ in range(size // 8 + 1):  # every round moves on by at least 8 bytes
+            if position >= size:
+                break
+            header = _well_formed_header(reader, position)
+            if header is not None and _checksum_ok(reader, position, header):
+                if expected is not None and header.base_offset != expected:
+                    text = f"frame starts at offset {header.base_offset}, expected {expected}"
+                    walk.damage.append((OFFSET_GAP, position, text))
+            elif header is not None and _header_follows(
+                reader, position + header.frame_bytes, header.next_offset if chained else None
+            ):
+                text = "checksum mismatch; the frame keeps its place (not repairable)"
+                walk.damage.append((CORRUPT_FRAME, position, text))
+            else:
+                resume = _next_valid_frame(reader, position + 8)
+                if resume is None:
+                    walk.tail_position = position
+                    break
+                text = f"{resume - position} damaged bytes before the next valid frame"
+                walk.damage.append((BROKEN_FRAME, position, text + " (not repairable)"))
+                position, expected = resume, None
+                continue
+            walk.frames.append((position, header))
+            expected = header.next_offset if chained else None
+            position += header.frame_bytes
+        return walk
+    finally:
+        fs.close(fd)
+
+
+def _well_formed_header(reader: _Reader, position: int) -> FrameHeader | None:
+    if position + HEADER_BYTES > reader.size:
+        return None
+    header = decode_header(reader.read(position, HEADER_BYTES))
+    if header is None or header.body_bytes % 8 or header.record_count == 0:
+        return None
+    return header if position + header.frame_bytes <= reader.size else None
+
+
+def _checksum_ok(reader: _Reader, position: int, header: FrameHeader) -> bool:
+    raw = reader.read(position, header.frame_bytes)
+    return frame_checksum_ok(header, raw[:HEADER_BYTES], raw[HEADER_BYTES:])
+
+
+def _header_follows(reader: _Reader, position: int, next_offset: int | None) -> bool:
+    header = _well_formed_header(reader, position)
+    return header is not None and (next_offset is None or header.base_offset == next_offset)
+
+
+def _next_valid_frame(reader: _Reader, start: int) -> int | None:
+    """Position of the first checksummed frame at an 8-aligned position >= ``start``."""
+    position = start + (-start % 8)
+    for _ in range(reader.size // 8 + 1):  # every round moves on by at least 8 bytes
+        if position + HEADER_BYTES > reader.size:
+            return None
+        chunk = reader.chunk(position)
+        index = chunk.find(MAGIC)
+        while index != -1:
+            candidate = position + index
+            if candidate % 8 == 0:
+                header = _well_formed_header(reader, candidate)
+                if header is not None and _checksum_ok(reader, candidate, header):
+                    return candidate
+            index = chunk.find(MAGIC, index + 1)
+        position += max(len(chunk) - len(MAGIC) + 1, 8)
+        position += -position % 8
+    return None
+
+
+# -- indexes and snapshots (pure) ---------------------------------------------------------
+def index_entries(
+    base_offset: int, frames: list[tuple[int, FrameHeader]]
+) -> tuple[list[tuple[int, int]], list[tuple[int, int]]]:
+    """The offset and time index entries recovery builds for ``frames`` (``log_loader``)."""
+    offset_entries: list[tuple[int, int]] = []
+    time_entries: list[tuple[int, int]] = []
+    since_index = 0
+    for position, header in frames:
+        if not offset_entries or since_index >= limits.INDEX_INTERVAL_BYTES:
+            relative = header.base_offset - base_offset
+            offset_entries.append((relative, position))
+            if not time_entries or header.written_at_us > time_entries[-1][0]:
+                time_entries.append((header.written_at_us, relative))
+            since_index = 0
+        since_index += header.frame_bytes
+    return offset_entries, time_entries
+
+
+def offset_index_issue(
+    raw: bytes | None, base_offset: int, frames: list[tuple[int, FrameHeader]]
+) -> tuple[str, int | None] | None:
+    """What is wrong with an offset index file's bytes, and at which byte; None if fine."""
+    entry = offset_index.ENTRY
+    if raw is None:
+        return ("the offset index is missing", None) if frames else None
+    if len(raw) % entry.size:
+        return f"{len(raw)} bytes is not a whole number of {entry.size}-byte entries", None
+    if frames and raw[: entry.size] != entry.pack(0, 0):
+        return "the first entry does not name the first frame (offset 0 at byte 0)", 0
+    starts = dict(frames)
+    previous = (-1, -1)
+    for number, (relative, position) in enumerate(entry.iter_unpack(raw)):
+        header = starts.get(position)
+        if header is None:
+            text = f"entry {number} points at byte {position}, not at a frame start"
+            return text, number * entry.size
+        if header.base_offset != base_offset + relative:
+            text = f"entry {number} names offset {base_offset + relative}, the frame holds "
+            return text + str(header.base_offset), number * entry.size
+        if relative <= previous[0] or position <= previous[1]:
+            return f"entry {number} does not increase", number * entry.size
+        previous = (relative, position)
+    return None
+
+
+def time_index_issue(
+    raw: bytes | None, base_offset: int, frames: list[tuple[int, FrameHeader]]
+) -> tuple[str, int | None] | None:
+    """What is wrong with a time index file's bytes, and at which byte; None if fine."""
+    entry = time_index.ENTRY
+    if raw is None:
+        return ("the time index is missing", None) if frames else None
+    if len(raw) % entry.size:
+        return f"{len(raw)} bytes is not a whole number of {entry.size}-byte entries", None
+    by_offset = {header.base_offset: header for _, header in frames}
+    previous_time, previous_offset = -(2**63), -1
+    for number, (written_at_us, relative) in enumerate(entry.iter_unpack(raw)):
+        offset = base_offset + relative
+        header = by_offset.get(offset)
+        if header is None:
+            text = f"entry {number} names offset {offset}, where no frame starts"
+            return text, number * entry.size
+        if header.written_at_us != written_at_us:
+            text = f"entry {number} says {written_at_us} µs, the frame at offset {offset} says "
+            return text + str(header.written_at_us), number * entry.size
+        if written_at_us < previous_time or offset <= previous_offset:
+            return f"entry {number} does not increase", number * entry.size
+        previous_time, previous_offset = written_at_us, offset
+    return None
+
+
+def snapshot_issue(raw: bytes, offset: int) -> str | None:
+    """What is wrong with a producer snapshot named ``offset``; None if it loads."""
+    try:
+        payload = json.loads(raw)
+    except ValueError:
+        return "not valid JSON"
+    if not isinstance(payload, dict) or payload.get("offset") != offset:
+        return "its offset field does not match its name"
+    producers = payload.get("producers")
+    if not isinstance(producers, dict):
+        return "it has no producer table"
+    for key, entry in producers.items():
+        well_formed = (
+            isinstance(entry, list)
+            and len(entry) == 3
+            and (entry[0] is None or isinstance(entry[0], int))
+            and all(isinstance(value, int) for value in entry[1:])
+        )
+        if not well_formed:
+            return f"the entry of producer {key!r} is malformed"
+        if entry[1] >= offset:
+            return f"producer {key!r} claims offset {entry[1]}, not below the snapshot's {offset}"
+    return None
+
+
+def staged_batch_issue(
+    fs: FileSystem,
+    directory: str,
+    file_number: int,
+    position: int,
+    frame_bytes: int,
+    transaction_id: int,
+) -> tuple[str, str] | None:
+    """(staging file path, what is wrong) with a staged batch a commit record names; None if ok."""
+    path = os.path.join(directory, file_names.offset_name(file_number) + STAGE_SUFFIX)
+    if not fs.exists(path):
+        return path, "its staging file is missing"
+    fd = fs.open_read(path)
+    try:
+        raw = fs.pread(fd, frame_bytes, position)
+    finally:
+        fs.close(fd)
+    header = decode_header(raw) if len(raw) >= HEADER_BYTES else None
+    if len(raw) < frame_bytes or header is None or header.frame_bytes != frame_bytes:
+        return path, "no frame of that length starts there"
+    view = memoryview(raw)
+    if not frame_checksum_ok(header, view[:HEADER_BYTES], view[HEADER_BYTES:]):
+        return path, "the staged frame fails its checksum"
+    if header.transaction_id != transaction_id:
+        return path, f"the staged frame belongs to transaction {header.transaction_id}"
+    return None
+
+
+# -- the checker ------------------------------------------------------------------------------
+class _Checker:
+    def __init__(self, fs: FileSystem, report: CheckReport, repair: bool) -> None:
+        self.fs = fs
+        self.report = report
+        self.repair = repair
+
+    def problem(
+        self,
+        kind: str,
+        path: str,
+        message: str,
+        position: int | None = None,
+        *,
+        fix: Callable[[], None] | None = None,
+    ) -> None:
+        """Record a problem; when repairing and a ``fix`` exists, apply it first."""
+        repaired = False
+        if fix is not None and self.repair:
+            try:
+                fix()
+                repaired = True
+            except StorageIOError as error:
+                message += f" (repair failed: {error})"
+        self.report.add(Problem(kind, path, message, position, fix is not None, repaired))
+
+    def remove_fix(self, path: str) -> Callable[[], None]:
+        return partial(self.fs.remove, path)
+
+    # -- store and topics -------------------------------------------------------------------
+    def check_store(self, root: str) -> None:
+        for name in self.fs.list_directory(root):
+            path = os.path.join(root, name)
+            if name.endswith(file_names.TEMP_SUFFIX):
+                self.problem(
+                    LEFTOVER, path, "temp file (repair deletes it)", fix=self.remove_fix(path)
+                )
+            elif name not in (LOCK_FILE, MANIFEST, TOPICS_DIRECTORY):
+                self.problem(UNKNOWN_FILE, path, "not a file of a store")
+        topics_directory = os.path.join(root, TOPICS_DIRECTORY)
+        on_disk = self.fs.list_directory(topics_directory)
+        listed = self._listed_topics(os.path.join(root, MANIFEST), on_disk)
+        self.report.topic_ids = listed
+        for name in on_disk:
+            if listed is not None and name not in listed:
+                path = os.path.join(topics_directory, name)
+                text = f"not listed in {MANIFEST} (opening the store deletes it)"
+                self.problem(LEFTOVER, path, text)
+        for topic_id in listed if listed is not None else on_disk:
+            self.report.topics += 1
+            self.check_topic(topic_id, os.path.join(topics_directory, topic_id))
+
+    def _listed_topics(self, manifest_path: str, on_disk: list[str]) -> list[str] | None:
+        try:
+            payload = json.loads(self.fs.read_file(manifest_path))
+        except FileNotFoundError:
+            if on_disk:
+                text = "missing while topics/ holds directories (opening would delete them)"
+                self.problem(BAD_METADATA, manifest_path, text)
+                return None
+            return []  # a store that never had a topic
+        except ValueError:
+            self.problem(BAD_METADATA, manifest_path, "not valid JSON")
+            return None
+        issue = _manifest_issue(payload)
+        if issue is not None:
+            self.problem(BAD_METADATA, manifest_path, issue)
+            return None
+        return sorted(payload["topics"])
+
+    def check_topic(self, topic_id: str, directory: str) -> None:
+        if not os.path.isdir(directory):
+            self.problem(MISSING, directory, f"topic {topic_id} is listed but has no directory")
+            return
+        names = self.fs.list_directory(directory)
+        listed = self._listed_partitions(os.path.join(directory, METADATA_FILE), topic_id)
+        on_disk = []
+        for name in names:
+            path = os.path.join(directory, name)
+            number = name[1:] if name.startswith("p") else ""
+            if name == METADATA_FILE:
+                continue
+            if name.endswith(file_names.TEMP_SUFFIX):
+                self.problem(
+                    LEFTOVER, path, "temp file (repair deletes it)", fix=self.remove_fix(path)
+                )
+            elif number.isdigit() and os.path.isdir(path):
+                on_disk.append(int(number))
+                if listed is not None and int(number) not in listed:
+                    self.problem(LEFTOVER, path, f"partition directory not in {METADATA_FILE}")
+            else:
+                self.problem(UNKNOWN_FILE, path, "not a file of a topic")
+        partition_ids = listed if listed is not None else sorted(on_disk)
+        self.report.partition_ids[topic_id] = partition_ids
+        for partition_id in partition_ids:
+            partition_directory = os.path.join(directory, f"p{partition_id}")
+            if partition_id not in on_disk:
+                text = "listed partition has no directory (opening creates it empty)"
+                self.problem(MISSING, partition_directory, text)
+                continue
+            self.report.partitions += 1
+            self.check_partition(topic_id, partition_id, partition_directory)
+
+    def _listed_partitions(self, path: str, topic_id: str) -> list[int] | None:
+        try:
+            payload = json.loads(self.fs.read_file(path))
+        except FileNotFoundError:
+            self.problem(MISSING, path, "the topic has no metadata file")
+            return None
+        except ValueError:
+            self.problem(BAD_METADATA, path, "not valid JSON")
+            return None
+        issue = _topic_metadata_issue(payload, topic_id)
+        if issue is not None:
+            self.problem(BAD_METADATA, path, issue)
+            return None
+        return sorted(item["id"] for item in payload["partitions"])
+
+    # -- partitions ---------------------------------------------------------------------------
+    def check_partition(self, topic_id: str, partition_id: int, directory: str) -> None:
+        names = self.fs.list_directory(directory)
+        bases = sorted(
+            base
+            for base in (file_names.parse_offset(n, file_names.LOG_SUFFIX) for n in names)
+            if base is not None
+        )
+        self._check_partition_names(directory, names, set(bases))
+        self.report.segments += len(bases)
+        published = self.report.published.setdefault((topic_id, partition_id), set())
+        end_offset: int | None = 0  # a partition without segments ends at 0 (log_loader)
+        last_time_us = -(2**63)
+        for index, base in enumerate(bases):
+            path = os.path.join(directory, file_names.log_file(base))
+            try:
+                walk = walk_frames(self.fs, path, base)
+            except StorageIOError as error:
+                self.problem(UNREADABLE, path, str(error))
+                end_offset = None
+                continue
+            following = bases[index + 1] if index + 1 < len(bases) else None
+            end_offset = self._check_segment(base, walk, following)
+            last_time_us = self._check_times(walk, last_time_us)
+            self._check_indexes(directory, base, walk)
+            self.report.frames += len(walk.frames)
+            published.update(h.transaction_id for _, h in walk.frames if h.transaction_id)
+        self._check_snapshots(directory, names, end_offset)
+
+    def _check_partition_names(self, directory: str, names: list[str], bases: set[int]) -> None:
+        for name in names:
+            path = os.path.join(directory, name)
+            if name.endswith(file_names.TEMP_SUFFIX) or name.endswith(file_names.DELETED_SUFFIX):
+                text = "leftover of interrupted work (repair deletes it)"
+                self.problem(LEFTOVER, path, text, fix=self.remove_fix(path))
+                continue
+            kinds = (
+                file_names.LOG_SUFFIX,
+                file_names.OFFSET_INDEX_SUFFIX,
+                file_names.TIME_INDEX_SUFFIX,
+                file_names.SNAPSHOT_SUFFIX,
+            )
+            kind = next((k for k in kinds if file_names.parse_offset(name, k) is not None), None)
+            if kind is None:
+                self.problem(UNKNOWN_FILE, path, "not a file of a partition")
+            elif kind in kinds[1:3] and file_names.parse_offset(name, kind) not in bases:
+                text = "index without its log (repair deletes it)"
+                self.problem(LEFTOVER, path, text, fix=self.remove_fix(path))
+
+    def _check_segment(self, base: int, walk: LogWalk, following: int | None) -> int:
+        """Report the walk's damage, a torn tail and gaps; returns the segment's end offset."""
+        path = walk.path
+        for kind, position, text in walk.damage:
+            self.problem(kind, path, text, position)
+        end = walk.end_offset if walk.end_offset is not None else base
+        # A first frame not at the segment's base was reported as a gap at byte 0.
+        named_right = not walk.frames or walk.frames[0][1].base_offset == base
+        if walk.tail_position is not None:
+            torn = walk.size_bytes - walk.tail_position
+            if named_right and (following is None or end == following):
+                text = f"the last {torn} bytes hold no valid frame: a torn tail (repair cuts it)"
+                fix = partial(_truncate, self.fs, path, walk.tail_position)
+                self.problem(TORN_TAIL, path, text, walk.tail_position, fix=fix)
+            else:
+                text = f"the sealed segment ends in {torn} damaged bytes (not repairable)"
+                if following is not None and end < following:
+                    text += f"; offsets {end} to {following - 1} are lost"
+                self.problem(BROKEN_FRAME, path, text, walk.tail_position)
+        elif following is not None and end != following:
+            text = f"the segment ends at offset {end} but the next one starts at {following}"
+            self.problem(OFFSET_GAP, path, text + " (not repairable)")
+        return end
+
+    def _check_times(self, walk: LogWalk, last_time_us: int) -> int:
+        for position, header in walk.frames:
+            if header.written_at_us < last_time_us:
+                text = f"written_at {header.written_at_us} µs is before {last_time_us} µs"
+                self.problem(TIME_BACKWARDS, walk.path, text, position)
+                return walk.frames[-1][1].written_at_us  # one report per segment
+            last_time_us = header.written_at_us
+        return last_time_us
+
+    def _check_indexes(self, directory: str, base: int, walk: LogWalk) -> None:
+        if walk.frames and walk.frames[0][1].base_offset != base:
+            return  # the frames do not fit the segment's name: no index could be right
+        paths = (
+            os.path.join(directory, file_names.offset_index_file(base)),
+            os.path.join(directory, file_names.time_index_file(base)),
+        )
+        issues = (
+            offset_index_issue(self._read_or_none(paths[0]), base, walk.frames),
+            time_index_issue(self._read_or_none(paths[1]), base, walk.frames),
+        )
+        fix = partial(_rebuild_indexes, self.fs, directory, base, walk.frames)
+        for path, issue in zip(paths, issues, strict=True):
+            if issue is not None:
+                text = issue[0] + " (repair rebuilds both indexes from the frames)"
+                self.problem(BAD_INDEX, path, text, issue[1], fix=fix)
+
+    def _check_snapshots(self, directory: str, names: list[str], end_offset: int | None) -> None:
+        for name in names:
+            offset = file_names.parse_offset(name, file_names.SNAPSHOT_SUFFIX)
+            if offset is None:
+                continue
+            path = os.path.join(directory, name)
+            if end_offset is not None and offset > end_offset:
+                text = f"snapshot of offset {offset} lies past the log end {end_offset}"
+                self.problem(
+                    BAD_SNAPSHOT, path, text + " (repair deletes it)", fix=self.remove_fix(path)
+                )
+                continue
+            try:
+                issue = snapshot_issue(self.fs.read_file(path), offset)
+            except (FileNotFoundError, StorageIOError) as error:
+                issue = f"unreadable ({error})"
+            if issue is not None:
+                self.problem(
+                    BAD_SNAPSHOT, path, issue + " (repair deletes it)", fix=self.remove_fix(path)
+                )
+
+    # -- staging ------------------------------------------------------------------------------
+    def check_staging(self, directory: str) -> None:
+        """Staged frames carry no offset chain; a torn tail is an unsynced, uncommitted stage."""
+        for name in self.fs.list_directory(directory):
+            path = os.path.join(directory, name)
+            if file_names.parse_offset(name, STAGE_SUFFIX) is None:
+                self.problem(UNKNOWN_FILE, path, "not a staging file")
+                continue
+            self.report.staging_files += 1
+            try:
+                walk = walk_frames(self.fs, path, None)
+            except StorageIOError as error:
+                self.problem(UNREADABLE, path, str(error))
+                continue
+            for kind, position, text in walk.damage:
+                self.problem(kind, path, text, position)
+            if walk.tail_position is not None:
+                torn = walk.size_bytes - walk.tail_position
+                text = f"the last {torn} bytes hold no valid frame: a torn tail (repair cuts it)"
+                fix = partial(_truncate, self.fs, path, walk.tail_position)
+                self.problem(TORN_TAIL, path, text, walk.tail_position, fix=fix)
+
+    def _read_or_none(self, path: str) -> bytes | None:
+        try:
+            return self.fs.read_file(path)
+        except FileNotFoundError:
+            return None
+
+
+# -- repairs ----------------------------------------------------------------------------------
+def _truncate(fs: FileSystem, path: str, size: int) -> None:
+    fd = fs.open_write(path)
+    try:
+        assert fs.file_size(fd) >= size
+        fs.truncate(fd, size)
+        fs.sync(fd)
+    finally:
+        fs.close(fd)
+
+
+def _rebuild_indexes(
+    fs: FileSystem, directory: str, base: int, frames: list[tuple[int, FrameHeader]]
+) -> None:
+    offset_entries, time_entries = index_entries(base, frames)
+    OffsetIndex(fs, os.path.join(directory, file_names.offset_index_file(base)), base).rewrite(
+        offset_entries
+    )
+    TimeIndex(fs, os.path.join(directory, file_names.time_index_file(base)), base).rewrite(
+        time_entries
+    )
+
+
+def _manifest_issue(payload: Any) -> str | None:
+    """What is wrong with a parsed ``store.json``; None if it is well-formed."""
+    if not isinstance(payload, dict) or not isinstance(payload.get("next_topic_id"), int):
+        return "malformed: no next_topic_id"
+    topics = payload.get("topics")
+    if not isinstance(topics, list):
+        return "malformed: no topic list"
+    for topic_id in topics:
+        number = topic_id[1:] if isinstance(topic_id, str) and topic_id[:1] == "t" else ""
+        if not number.isdigit() or not 0 < int(number) < payload["next_topic_id"]:
+            return f"malformed topic id {topic_id!r}"
+    return None
+
+
+def _topic_metadata_issue(payload: Any, topic_id: str) -> str | None:
+    """What is wrong with a parsed ``topic.json``; None if it is well-formed."""
+    if not isinstance(payload, dict) or payload.get("id") != topic_id:
+        return f"it does not name topic {topic_id}"
+    if not isinstance(payload.get("config"), dict):
+        return "malformed: no config"
+    partitions = payload.get("partitions")
+    if not isinstance(partitions, list) or not all(isinstance(p, dict) for p in partitions):
+        return "malformed: no partition list"
+    ids = [item.get("id") for item in partitions]
+    if not all(isinstance(i, int) and i >= 0 for i in ids) or len(set(ids)) != len(ids):
+        return f"malformed partition ids {ids!r}"
+    return None
