@@ -167,6 +167,31 @@ def check_exactly_once_moves(history: str) -> list[str]:
             arrived[value.removeprefix("m:").rsplit("@", 1)[0]] += 1
     problems = [f"{v!r} moved {arrived[v]} times" for v in consumed if arrived[v] != 1]
     problems += [f"{v!r} arrived without being consumed" for v in set(arrived) - set(consumed)]
+    return problems + _tabled_exactly_once(finals, committed_tabler(history))
+
+
+def committed_tabler(history: str) -> dict[int, int]:
+    committed: dict[int, int] = {}
+    for event in load(history):
+        if event.get("type") == "offsets" and event["consumer"] == "tabler":
+            committed[event["partition"]] = event["committed"]
+    return committed
+
+
+def _tabled_exactly_once(finals: dict[str, dict], committed: dict[int, int]) -> list[str]:
+    """Every ``dst`` message below the tabler's committed offset is in one table row once."""
+    consumed = []
+    for partition in range(3):
+        final = finals.get(topic_key("dst", partition), {"values": [], "offsets": []})
+        for offset, value in zip(final["offsets"], final["values"], strict=True):
+            if offset < committed.get(partition, 0):
+                consumed.append(value)
+    landed: Counter[str] = Counter()
+    for key in ROWS:
+        for value in finals.get(row_key(key), {"values": []})["values"]:
+            landed[value.removeprefix("x:").rsplit("#", 1)[0]] += 1
+    problems = [f"{v!r} tabled {landed[v]} times" for v in consumed if landed[v] != 1]
+    problems += [f"{v!r} tabled without being consumed" for v in set(landed) - set(consumed)]
     return problems
 
 

@@ -10,8 +10,9 @@ in the shared history file (see ``tests.sim.history``) before the next one:
   message's value to ``dst`` as ``m:<value>@<txn id>`` (exactly-once resharding:
   the runner checks every consumed value arrives once);
 - *tabler* transactions: read ``dst`` with consumer ``tabler`` and append
-  ``x:``-prefixed values to rows of the table ``lists`` (list-append keys
-  ``r:<row>``), reading some rows too.
+  ``x:<value>#<txn id>`` to rows of the table ``lists`` (list-append keys
+  ``r:<row>``), reading some rows too; the runner checks every consumed
+  message lands in the table exactly once.
 
 A transaction logs an ``invoke`` with its planned ops before COMMIT; if the
 process dies there, the runner turns it into an ``info`` transaction.
@@ -135,7 +136,7 @@ class Worker:
             ops = _topic_reads("dst", read, limit)
             for row in read:
                 key = self.rng.choice(ROWS)
-                value = f"x:{row['v']}"
+                value = f"x:{row['v']}#{txn_id}"  # unique per transaction
                 self.session.execute(
                     "INSERT INTO lists VALUES (?, ?) ON CONFLICT (k) DO UPDATE "
                     "SET v = lists.v || ',' || EXCLUDED.v",

@@ -1,9 +1,14 @@
 """The history checker of the crash-consistency harness: pure Python over a history.
 
-``check(events)`` takes the events of a history (``history.load(path)``; the format
-is described in ``tests/sim/history.py``) and returns a ``Report``: the violations
-found, each with its ``kind``, a ``message`` naming the events (``#index process``)
-and the events themselves. It imports nothing from Topicbase.
+API: ``check(events, *, allowed=DEFAULT_ALLOWED, limit=100) -> Report`` takes the
+events of a history (``history.load(path)``; the format is described in
+``tests/sim/history.py``); ``check_file(path, **options)`` loads and checks. A
+``Report`` has ``violations`` and ``allowed`` (anomalies found of an allowed kind),
+lists of ``Violation(kind, message, events, indices, cycle)`` (the message names the
+events as ``#index (process)``), ``counts`` (every anomaly found per kind, also past
+``limit`` kept per kind), ``stats``, ``ok``, ``kinds`` and ``summary()``. It imports
+nothing from Topicbase. The collector is paused while it runs (the history's read
+lists would be rescanned over and over); ~50k events take about a second.
 
 What it verifies (``KINDS`` lists the kinds):
 
@@ -33,11 +38,13 @@ What it verifies (``KINDS`` lists the kinds):
 - **committed-offset-backwards** / **-past-end**: per (topic, consumer, partition)
   the observed committed offsets, in history order, never decrease, and never
   exceed the end of the final partition.
-- **G1a** (aborted read): no read (by an ok txn or a ``read`` event) returns a value
-  appended by a ``fail`` transaction.
-  **G1b** (intermediate read): a read that returns some of txn T's appends to a key
-  must return T's last append to that key, unless the read stopped at a message
-  limit right inside T's appends. Checked for ok txns' reads only.
+- **G1a** (aborted read): no read (by a committed txn or a ``read`` event) returns a
+  value appended by a ``fail`` transaction.
+  **G1b** (intermediate read): a complete read (not stopped by a message limit) never
+  ends inside another txn T's appends to the key, i.e. returns some of T's appends
+  but not the last of them in the final list. Its head may start inside T's appends
+  (a consumer's committed offset may lie there). Checked for reads that agree with
+  the final state (the others are ``read-mismatch``); reads of committed txns only.
 - **G0 / G1c / G2-item**: an Elle-style dependency graph over the committed
   transactions (``ok``, and ``info`` ones with an append in the final state):
   *ww* between consecutive transaction appends of each final list (appends by
@@ -61,11 +68,16 @@ then appended to it commits after a concurrent append: a ww+rw cycle by design).
 Double consumption of topic keys is excluded by the engine's offset validation, not
 by anything the graph checks; it shows as ``duplicate`` in the output topics.
 
+Version order: per key, the last ``final`` list; a key without one takes the longest
+whole-list read of a committed txn (then only reads are checked against it).
+
 Not covered: real-time order (no ``time`` is used, so stale reads are not found),
-predicates (G-single/G2 over ranges), reads of failed/unknown txns, what was read
-from a partition before a retention ``start``, and an observation order of
-``offsets`` events taken by concurrent observers. Values must be unique across the
-history (the checker reports a reused one as ``malformed``).
+predicates (G-single/G2 over ranges), reads of failed/unknown-outcome txns, what was
+read from a partition before a retention ``start``, keys that no ``final`` event
+shows (no lost-write/atomicity check on them), an observation order of ``offsets``
+events taken by concurrent observers, and a torn txn's missing last append (torn-txn
+is reported, not G1b). Written values must be JSON scalars, unique across the
+history (a reused one is ``malformed``); read values are compared as given.
 """
 
 from __future__ import annotations
@@ -142,8 +154,7 @@ class Report:
 
     def summary(self, limit: int = 20) -> str:
         lines = [
-            "history: "
-            + ", ".join(f"{name} {count}" for name, count in sorted(self.stats.items()))
+            "history: " + ", ".join(f"{name} {count}" for name, count in sorted(self.stats.items()))
         ]
         if self.ok:
             lines.append("no violations")
@@ -157,8 +168,12 @@ class Report:
         return "\n".join(lines)
 
 
-def check(history: Iterable[Mapping[str, Any]], *, allowed: Iterable[str] = DEFAULT_ALLOWED,
-          limit: int = 100) -> Report:
+def check(
+    history: Iterable[Mapping[str, Any]],
+    *,
+    allowed: Iterable[str] = DEFAULT_ALLOWED,
+    limit: int = 100,
+) -> Report:
     """Check a history; ``allowed`` kinds are reported in ``Report.allowed`` only.
 
     At most ``limit`` violations of each kind are kept (``Report.counts`` has them all).
@@ -205,7 +220,6 @@ class _Txn:
     status: str
     appends: list[list] = field(default_factory=list)  # [key, value]
     reads: list[_Read] = field(default_factory=list)
-    last: dict[str, Any] = field(default_factory=dict)  # key -> last value appended
     committed: bool = False
     node: int = -1
 
@@ -333,8 +347,9 @@ def strongly_connected(succ: list[list[int]]) -> list[list[int]]:
     return components
 
 
-def shortest_path(succ: list[list[int]], source: int, target: int,
-                  inside: list[int], component: int) -> list[int] | None:
+def shortest_path(
+    succ: list[list[int]], source: int, target: int, inside: list[int], component: int
+) -> list[int] | None:
     """Nodes of a shortest path source .. target through nodes with ``inside[n] == component``."""
     parent = {source: source}
     queue = deque([source])
@@ -386,8 +401,9 @@ class _Checker:
         process = event.get("process") if isinstance(event, Mapping) else None
         return f"#{i}" if process is None else f"#{i} ({process})"
 
-    def found(self, kind: str, message: str, indices: Iterable[int] = (),
-              cycle: tuple = ()) -> None:
+    def found(
+        self, kind: str, message: str, indices: Iterable[int] = (), cycle: tuple = ()
+    ) -> None:
         report = self.report_
         report.counts[kind] += 1
         target = report.allowed if kind in self.allowed_kinds else report.violations
@@ -418,8 +434,12 @@ class _Checker:
 
     def ingest(self) -> None:
         handlers = {
-            "invoke": self.on_invoke, "ack": self.on_ack, "read": self.on_read,
-            "txn": self.on_txn, "final": self.on_final, "offsets": self.on_offsets,
+            "invoke": self.on_invoke,
+            "ack": self.on_ack,
+            "read": self.on_read,
+            "txn": self.on_txn,
+            "final": self.on_final,
+            "offsets": self.on_offsets,
         }
         prods: dict[Any, _Prod] = {}
         self._prod_by_value = prods
@@ -441,8 +461,11 @@ class _Checker:
         old = self.writers.setdefault(value, writer)
         if old is not writer:
             first = old.first if isinstance(old, _Prod) else old.index
-            self.found("malformed", f"value {_short(value)} written by two writes: "
-                       f"{self.at(first)} and {self.at(i)}", [first, i])
+            self.found(
+                "malformed",
+                f"value {_short(value)} written by two writes: {self.at(first)} and {self.at(i)}",
+                [first, i],
+            )
 
     def producer_write(self, i: int, event: Mapping) -> _Prod:
         topic = event["topic"]
@@ -481,8 +504,16 @@ class _Checker:
         if not isinstance(offsets, list) or len(offsets) != len(values):
             raise ValueError("offsets and values of a read differ in length")
         key = _topic_key(event["topic"], event["partition"])
-        self.reads.append((i, key, event.get("consumer"), offsets, values,
-                           event.get("committed", True) is not False))
+        self.reads.append(
+            (
+                i,
+                key,
+                event.get("consumer"),
+                offsets,
+                values,
+                event.get("committed", True) is not False,
+            )
+        )
 
     def on_txn(self, i: int, event: Mapping) -> None:
         txn_id = event["id"]
@@ -498,12 +529,15 @@ class _Checker:
             txn_id = json.dumps(txn_id)
         if txn_id in self.txn_ids:
             first = self.txns[self.txn_ids[txn_id]].index
-            self.found("malformed", f"txn id {txn_id!r} used twice: {self.at(first)} and "
-                       f"{self.at(i)}", [first, i])
+            self.found(
+                "malformed",
+                f"txn id {txn_id!r} used twice: {self.at(first)} and {self.at(i)}",
+                [first, i],
+            )
             return
         txn = _Txn(i, txn_id, status)
         mine: set = set()
-        for op in ops:
+        for op in ops:  # validate every op before any value is registered
             name = op[0]
             key = op[1]
             if not isinstance(key, str):
@@ -513,7 +547,6 @@ class _Checker:
                 if value in mine:
                     raise ValueError(f"txn appends {_short(value)} twice")
                 mine.add(value)
-                self.writer_of(i, value, txn)
                 txn.appends.append([key, value])
             elif name in ("read", "r", ":r"):
                 values = None if op[2] is None else _values(op[2])
@@ -522,6 +555,8 @@ class _Checker:
                 txn.reads.append(_Read(key, values, int(start), complete, i))
             else:
                 raise ValueError(f"unknown op {name!r}")
+        for _, value in txn.appends:
+            self.writer_of(i, value, txn)
         self.txn_ids[txn_id] = len(self.txns)
         self.txns.append(txn)
 
@@ -568,9 +603,14 @@ class _Checker:
                     unknown.append(pos)
             if unknown:
                 shown = ", ".join(
-                    f"@{last.offset_at(p)} {_short(last.values[p], 30)}" for p in unknown[:5])
-                self.found("unknown-value", f"{key}: {len(unknown)} value(s) nobody wrote "
-                           f"({shown}) in {self.at(last.index)}", [last.index])
+                    f"@{last.offset_at(p)} {_short(last.values[p], 30)}" for p in unknown[:5]
+                )
+                self.found(
+                    "unknown-value",
+                    f"{key}: {len(unknown)} value(s) nobody wrote "
+                    f"({shown}) in {self.at(last.index)}",
+                    [last.index],
+                )
         for value, more in extra.items():
             writer = self.writers.get(value)
             if isinstance(writer, _Prod) and writer.producer is None:
@@ -580,8 +620,11 @@ class _Checker:
             indices = [self.final[k].index for k, _ in places]
             if writer is not None:
                 indices.insert(0, writer.first if isinstance(writer, _Prod) else writer.index)
-            self.found("duplicate", f"value {_short(value)} is {len(places)} times in the final "
-                       f"state: {shown}", indices)
+            self.found(
+                "duplicate",
+                f"value {_short(value)} is {len(places)} times in the final state: {shown}",
+                indices,
+            )
 
     def check_regression(self, earlier: _Final, last: _Final) -> None:
         for pos, value in enumerate(earlier.values):
@@ -590,11 +633,18 @@ class _Checker:
             if offset < last.start:
                 continue  # expired since
             if now is None or now >= len(last.values) or last.values[now] != value:
-                got = "nothing" if now is None or now >= len(last.values) else _short(
-                    last.values[now])
-                self.found("state-regression", f"{earlier.key}@{offset} was "
-                           f"{_short(value)} in {self.at(earlier.index)}, {got} in "
-                           f"{self.at(last.index)}", [earlier.index, last.index])
+                got = (
+                    "nothing"
+                    if now is None or now >= len(last.values)
+                    else _short(last.values[now])
+                )
+                self.found(
+                    "state-regression",
+                    f"{earlier.key}@{offset} was "
+                    f"{_short(value)} in {self.at(earlier.index)}, {got} in "
+                    f"{self.at(last.index)}",
+                    [earlier.index, last.index],
+                )
                 return
 
     def check_dense(self, final: _Final) -> None:
@@ -602,9 +652,13 @@ class _Checker:
         expected = final.start
         for pos, offset in enumerate(offsets):
             if offset != expected:
-                self.found("offset-gap", f"{final.key}: offset {offset} at position {pos}, "
-                           f"expected {expected} ({len(offsets)} messages from {final.start}) "
-                           f"in {self.at(final.index)}", [final.index])
+                self.found(
+                    "offset-gap",
+                    f"{final.key}: offset {offset} at position {pos}, "
+                    f"expected {expected} ({len(offsets)} messages from {final.start}) "
+                    f"in {self.at(final.index)}",
+                    [final.index],
+                )
                 return
             expected += 1
 
@@ -614,30 +668,40 @@ class _Checker:
         for value, prod in self._prod_by_value.items():
             if not prod.acks:
                 continue
-            i, partition, offset = next(
-                (a for a in prod.acks if a[2] is not None), prod.acks[0])
+            i, partition, offset = next((a for a in prod.acks if a[2] is not None), prod.acks[0])
             ack_key = _topic_key(prod.topic, partition)
             loc = where.get(value)
             if loc is None:
                 final = self.final.get(ack_key)
-                if final is None and not (partition is None
-                                          and prod.topic in self.topics_with_final):
+                if final is None and not (
+                    partition is None and prod.topic in self.topics_with_final
+                ):
                     continue  # no final state for it
-                if final is not None and final.start > 0 and (offset is None
-                                                              or offset < final.start):
+                if (
+                    final is not None
+                    and final.start > 0
+                    and (offset is None or offset < final.start)
+                ):
                     continue  # may have expired
-                self.found("lost-write", f"acknowledged write {_short(value)} (producer "
-                           f"{prod.producer!r} seq_no {prod.seq_no}, {ack_key}@{offset}, "
-                           f"{self.at(i)}) is not in the final state", [i])
+                self.found(
+                    "lost-write",
+                    f"acknowledged write {_short(value)} (producer "
+                    f"{prod.producer!r} seq_no {prod.seq_no}, {ack_key}@{offset}, "
+                    f"{self.at(i)}) is not in the final state",
+                    [i],
+                )
                 continue
             key, pos = loc
             if partition is None:
                 continue
             at = self.final[key].offset_at(pos)
             if key != ack_key or (offset is not None and at != offset):
-                self.found("misplaced-write", f"write {_short(value)} acknowledged at "
-                           f"{ack_key}@{offset} ({self.at(i)}) is at {key}@{at}",
-                           [i, self.final[key].index])
+                self.found(
+                    "misplaced-write",
+                    f"write {_short(value)} acknowledged at "
+                    f"{ack_key}@{offset} ({self.at(i)}) is at {key}@{at}",
+                    [i, self.final[key].index],
+                )
         for key, final in self.final.items():
             if not key.startswith("t:"):
                 continue
@@ -651,10 +715,13 @@ class _Checker:
                 if before is not None and prod.seq_no < before[0]:
                     if prod.producer not in reported:
                         reported.add(prod.producer)
-                        self.found("producer-order", f"{key}: producer {prod.producer!r} "
-                                   f"seq_no {prod.seq_no} at offset {final.offset_at(pos)} "
-                                   f"after seq_no {before[0]} at offset {before[1]}",
-                                   [prod.first, final.index])
+                        self.found(
+                            "producer-order",
+                            f"{key}: producer {prod.producer!r} "
+                            f"seq_no {prod.seq_no} at offset {final.offset_at(pos)} "
+                            f"after seq_no {before[0]} at offset {before[1]}",
+                            [prod.first, final.index],
+                        )
                     continue
                 last_seq[prod.producer] = (prod.seq_no, final.offset_at(pos))
 
@@ -679,30 +746,47 @@ class _Checker:
                     if topic_level and loc[0].startswith(key + "/"):
                         pair[0] = key = loc[0]  # the partition it went to
                     elif loc[0] != key:
-                        self.found("misplaced-write", f"txn {txn.id!r} ({self.at(txn.index)}) "
-                                   f"appended {_short(value)} to {key}, found in {loc[0]}",
-                                   [txn.index, self.final[loc[0]].index])
+                        self.found(
+                            "misplaced-write",
+                            f"txn {txn.id!r} ({self.at(txn.index)}) "
+                            f"appended {_short(value)} to {key}, found in {loc[0]}",
+                            [txn.index, self.final[loc[0]].index],
+                        )
                     present += 1
                 elif checkable:
                     final = self.final.get(key)
                     if final is None or final.start == 0:
                         absent += 1
-            for key, value in txn.appends:
-                txn.last[key] = value
             total = present + absent
             if txn.status == "ok" and absent:
                 if present:
-                    self.found("torn-txn", f"committed txn {txn.id!r} ({self.at(txn.index)}): "
-                               f"{present} of {total} appends in the final state", [txn.index])
+                    self.found(
+                        "torn-txn",
+                        f"committed txn {txn.id!r} ({self.at(txn.index)}): "
+                        f"{present} of {total} appends in the final state",
+                        [txn.index],
+                    )
                 else:
-                    self.found("lost-write", f"committed txn {txn.id!r} ({self.at(txn.index)}):"
-                               f" none of its {total} appends in the final state", [txn.index])
+                    self.found(
+                        "lost-write",
+                        f"committed txn {txn.id!r} ({self.at(txn.index)}):"
+                        f" none of its {total} appends in the final state",
+                        [txn.index],
+                    )
             elif txn.status == "fail" and present:
-                self.found("aborted-visible", f"failed txn {txn.id!r} ({self.at(txn.index)}): "
-                           f"{present} of {total} appends in the final state", [txn.index])
+                self.found(
+                    "aborted-visible",
+                    f"failed txn {txn.id!r} ({self.at(txn.index)}): "
+                    f"{present} of {total} appends in the final state",
+                    [txn.index],
+                )
             elif txn.status == "info" and present and absent:
-                self.found("torn-txn", f"txn {txn.id!r} of unknown outcome ({self.at(txn.index)})"
-                           f": {present} of {total} appends in the final state", [txn.index])
+                self.found(
+                    "torn-txn",
+                    f"txn {txn.id!r} of unknown outcome ({self.at(txn.index)})"
+                    f": {present} of {total} appends in the final state",
+                    [txn.index],
+                )
             txn.committed = txn.status == "ok" or (txn.status == "info" and present > 0)
 
     def build_nodes(self) -> None:
@@ -808,8 +892,12 @@ class _Checker:
                 seen.setdefault(offset, i)
             if clash is not None:
                 first = seen[clash]
-                self.found("double-consume", f"consumer {consumer!r} read {key}@{clash} in "
-                           f"{self.at(first)} and again in {self.at(i)}", [first, i])
+                self.found(
+                    "double-consume",
+                    f"consumer {consumer!r} read {key}@{clash} in "
+                    f"{self.at(first)} and again in {self.at(i)}",
+                    [first, i],
+                )
 
     def aborted_in(self, values: list, reader: _Txn | None) -> tuple[Any, _Txn] | None:
         writers = self.writers
@@ -835,8 +923,11 @@ class _Checker:
             if aborted is not None:
                 self.aborted_read(txn, key, *aborted)
             elif ref is not None:
-                self.found("read-mismatch", self.mismatch(txn, rd, ref, start),
-                           [txn.index, *self.final_index(key)])
+                self.found(
+                    "read-mismatch",
+                    self.mismatch(txn, rd, ref, start),
+                    [txn.index, *self.final_index(key)],
+                )
             return
         # The read agrees with the version order: positions start .. end - 1 of ref.
         index = self.key_index(key)
@@ -851,10 +942,13 @@ class _Checker:
         if rd.complete and end > start:
             writer = index.cover.get(end)
             if writer is not None and writer is not txn and writer.status != "fail":
-                self.found("G1b", f"txn {txn.id!r} ({self.at(txn.index)}) read {key} up to "
-                           f"{_short(ref[end - 1])}, inside the appends of txn {writer.id!r} "
-                           f"({self.at(writer.index)}): not {_short(ref[end])}",
-                           [txn.index, writer.index])
+                self.found(
+                    "G1b",
+                    f"txn {txn.id!r} ({self.at(txn.index)}) read {key} up to "
+                    f"{_short(ref[end - 1])}, inside the appends of txn {writer.id!r} "
+                    f"({self.at(writer.index)}): not {_short(ref[end])}",
+                    [txn.index, writer.index],
+                )
         if txn.node < 0:
             return
         reader = txn.node
@@ -873,9 +967,12 @@ class _Checker:
                 self.edge(reader, at[p], RW, key)
 
     def aborted_read(self, txn: _Txn, key: str, value: Any, writer: _Txn) -> None:
-        self.found("G1a", f"txn {txn.id!r} ({self.at(txn.index)}) read {_short(value)} "
-                   f"from {key}, appended by failed txn {writer.id!r} ({self.at(writer.index)})",
-                   [txn.index, writer.index])
+        self.found(
+            "G1a",
+            f"txn {txn.id!r} ({self.at(txn.index)}) read {_short(value)} "
+            f"from {key}, appended by failed txn {writer.id!r} ({self.at(writer.index)})",
+            [txn.index, writer.index],
+        )
 
     def final_index(self, key: str) -> list[int]:
         final = self.final.get(key)
@@ -889,19 +986,26 @@ class _Checker:
         for n, value in enumerate(rd.values):
             p = start + n
             if p >= len(ref):
-                return (f"{head}: {len(rd.values)} values from {rd.start}, the final state has "
-                        f"{len(ref) - start} (first extra {_short(value)})")
+                return (
+                    f"{head}: {len(rd.values)} values from {rd.start}, the final state has "
+                    f"{len(ref) - start} (first extra {_short(value)})"
+                )
             if ref[p] != value:
-                return (f"{head}: element {n} (from {rd.start}) is {_short(value)}, "
-                        f"the final state has {_short(ref[p])}")
+                return (
+                    f"{head}: element {n} (from {rd.start}) is {_short(value)}, "
+                    f"the final state has {_short(ref[p])}"
+                )
         return f"{head}: differs from the final state"
 
     def check_read_event(self, i: int, key: str, offsets: list[int], values: list) -> None:
         final = self.final.get(key)
         if final is not None and offsets:
             start = final.position(offsets[0])
-            if (start is not None and offsets == list(range(offsets[0], offsets[0] + len(offsets)))
-                    and final.values[start:start + len(values)] == values):
+            if (
+                start is not None
+                and offsets == list(range(offsets[0], offsets[0] + len(offsets)))
+                and final.values[start : start + len(values)] == values
+            ):
                 index = self.key_index(key)  # agrees with the final state: only G1a is left
                 first = bisect_left(index.aborted, start)
                 if first < len(index.aborted) and index.aborted[first] < start + len(values):
@@ -919,15 +1023,26 @@ class _Checker:
         for offset, value in zip(offsets, values, strict=True):
             pos = final.position(offset)
             if pos is None or pos >= len(final.values) or final.values[pos] != value:
-                got = ("nothing" if pos is None or pos >= len(final.values)
-                       else _short(final.values[pos]))
-                self.found("read-mismatch", f"read {self.at(i)} of {key}@{offset} returned "
-                           f"{_short(value)}, the final state has {got}", [i, final.index])
+                got = (
+                    "nothing"
+                    if pos is None or pos >= len(final.values)
+                    else _short(final.values[pos])
+                )
+                self.found(
+                    "read-mismatch",
+                    f"read {self.at(i)} of {key}@{offset} returned "
+                    f"{_short(value)}, the final state has {got}",
+                    [i, final.index],
+                )
                 return
 
     def aborted_read_event(self, i: int, key: str, value: Any, writer: _Txn) -> None:
-        self.found("G1a", f"read {self.at(i)} of {key} returned {_short(value)}, appended by "
-                   f"failed txn {writer.id!r} ({self.at(writer.index)})", [i, writer.index])
+        self.found(
+            "G1a",
+            f"read {self.at(i)} of {key} returned {_short(value)}, appended by "
+            f"failed txn {writer.id!r} ({self.at(writer.index)})",
+            [i, writer.index],
+        )
 
     # -- committed offsets ----------------------------------------------------------------
     def check_committed_offsets(self) -> None:
@@ -940,13 +1055,21 @@ class _Checker:
                 if committed is None:
                     continue
                 if previous is not None and committed < previous[1]:
-                    self.found("committed-offset-backwards", f"consumer {consumer!r} on {key}: "
-                               f"committed {previous[1]} ({self.at(previous[0])}) then "
-                               f"{committed} ({self.at(i)})", [previous[0], i])
+                    self.found(
+                        "committed-offset-backwards",
+                        f"consumer {consumer!r} on {key}: "
+                        f"committed {previous[1]} ({self.at(previous[0])}) then "
+                        f"{committed} ({self.at(i)})",
+                        [previous[0], i],
+                    )
                 if end is not None and committed > end:
-                    self.found("committed-offset-past-end", f"consumer {consumer!r} on {key}: "
-                               f"committed {committed} ({self.at(i)}) past the end {end} of "
-                               f"the final partition", [i, final.index])
+                    self.found(
+                        "committed-offset-past-end",
+                        f"consumer {consumer!r} on {key}: "
+                        f"committed {committed} ({self.at(i)}) past the end {end} of "
+                        f"the final partition",
+                        [i, final.index],
+                    )
                 if previous is None or committed >= previous[1]:
                     previous = (i, committed)
 
@@ -958,8 +1081,9 @@ class _Checker:
         self.find_cycles("G1c", WW | WR, WR, WW, (WW, WR))
         self.find_cycles("G2-item", WW | WR | RW, RW, WW | WR, (WW, WR, RW))
 
-    def find_cycles(self, kind: str, mask: int, seed: int, exclude: int,
-                    preference: tuple[int, ...]) -> None:
+    def find_cycles(
+        self, kind: str, mask: int, seed: int, exclude: int, preference: tuple[int, ...]
+    ) -> None:
         adj = self.adj
         succ = [[v for v, m in out.items() if m & mask] for out in adj]
         inside = [-1] * len(adj)
@@ -985,8 +1109,9 @@ class _Checker:
             cycle = [u, *path]  # u -> v -> ... -> u
             self.report_cycle(kind, cycle, seed, preference, len(component))
 
-    def report_cycle(self, kind: str, cycle: list[int], seed: int,
-                     preference: tuple[int, ...], size: int) -> None:
+    def report_cycle(
+        self, kind: str, cycle: list[int], seed: int, preference: tuple[int, ...], size: int
+    ) -> None:
         parts = [repr(self.nodes[cycle[0]].id)]
         for n, (a, b) in enumerate(pairwise(cycle)):
             if n >= _CYCLE_SHOWN:
@@ -994,8 +1119,11 @@ class _Checker:
                 break
             mask = self.adj[a][b]
             bit = seed if n == 0 else next(x for x in preference if mask & x)
-            parts.append(f" -{_EDGE_NAME[bit]}({self.labels[(a, b, bit)]})-> "
-                         f"{self.nodes[b].id!r}")
+            parts.append(f" -{_EDGE_NAME[bit]}({self.labels[(a, b, bit)]})-> {self.nodes[b].id!r}")
         ids = tuple(self.nodes[n].id for n in cycle[:-1])
-        self.found(kind, f"cycle of {len(ids)} txns (component of {size}): " + "".join(parts),
-                   [self.nodes[n].index for n in cycle[:-1]], ids)
+        self.found(
+            kind,
+            f"cycle of {len(ids)} txns (component of {size}): " + "".join(parts),
+            [self.nodes[n].index for n in cycle[:-1]],
+            ids,
+        )

@@ -47,6 +47,12 @@ informational), plus the fields of its type:
             "committed"}``, taken by one observer (say the controller after each
             recovery), so that history order is observation order.
 
+API: ``HistoryWriter(path, process)`` with ``record(type_, **fields)`` and one method
+per type (``invoke``, ``ack``, ``read``, ``txn``, ``final``, ``offsets``), ``close()``
+(a context manager); op builders ``append_op(key, value)`` and ``read_op(key,
+values, start=None, complete=True)``; ``topic_key``, ``row_key``, ``producer_value``;
+``encode(event) -> bytes``; ``parse(data) -> (events, torn)`` and ``load(path)``.
+
 Keys: ``"t:<topic>/<partition>"`` for a topic partition (``topic_key``),
 ``"t:<topic>"`` for a txn append whose partition is not known (the checker finds
 it), ``"r:<row>"`` for a table row holding a list (``row_key``).
@@ -90,8 +96,9 @@ def append_op(key: str, value: Any) -> list:
     return ["append", key, value]
 
 
-def read_op(key: str, values: Sequence | None, start: int | None = None,
-            complete: bool = True) -> list:
+def read_op(
+    key: str, values: Sequence | None, start: int | None = None, complete: bool = True
+) -> list:
     """A read op: the whole list (``start`` None), or a slice from offset ``start``."""
     if start is None and complete:
         return ["read", key, None if values is None else list(values)]
@@ -139,32 +146,79 @@ class HistoryWriter:
             raise OSError(f"short write to the history ({written} of {len(data)} bytes)")
         return event
 
-    def invoke(self, topic: str, producer: str | None, seq_no: int | None,
-               value: Any = None, partition: int | None = None) -> dict:
+    def invoke(
+        self,
+        topic: str,
+        producer: str | None,
+        seq_no: int | None,
+        value: Any = None,
+        partition: int | None = None,
+    ) -> dict:
         if value is None:
             value = producer_value(producer, seq_no)
-        return self.record("invoke", topic=topic, producer=producer, seq_no=seq_no,
-                           value=value, partition=partition)
+        return self.record(
+            "invoke",
+            topic=topic,
+            producer=producer,
+            seq_no=seq_no,
+            value=value,
+            partition=partition,
+        )
 
-    def ack(self, topic: str, producer: str | None, seq_no: int | None, partition: int,
-            offset: int | None, value: Any = None, status: str = "written") -> dict:
+    def ack(
+        self,
+        topic: str,
+        producer: str | None,
+        seq_no: int | None,
+        partition: int,
+        offset: int | None,
+        value: Any = None,
+        status: str = "written",
+    ) -> dict:
         if value is None:
             value = producer_value(producer, seq_no)
-        return self.record("ack", topic=topic, producer=producer, seq_no=seq_no,
-                           partition=partition, offset=offset, value=value, status=status)
+        return self.record(
+            "ack",
+            topic=topic,
+            producer=producer,
+            seq_no=seq_no,
+            partition=partition,
+            offset=offset,
+            value=value,
+            status=status,
+        )
 
-    def read(self, topic: str, consumer: str | None, partition: int, offsets: Sequence[int],
-             values: Sequence, committed: bool = True) -> dict:
-        return self.record("read", topic=topic, consumer=consumer, partition=partition,
-                           offsets=list(offsets), values=list(values), committed=committed)
+    def read(
+        self,
+        topic: str,
+        consumer: str | None,
+        partition: int,
+        offsets: Sequence[int],
+        values: Sequence,
+        committed: bool = True,
+    ) -> dict:
+        return self.record(
+            "read",
+            topic=topic,
+            consumer=consumer,
+            partition=partition,
+            offsets=list(offsets),
+            values=list(values),
+            committed=committed,
+        )
 
     def txn(self, id: Any, status: str, ops: Iterable[Sequence]) -> dict:
         if status not in TXN_STATUSES:
             raise ValueError(f"txn status must be one of {TXN_STATUSES}, not {status!r}")
         return self.record("txn", id=id, status=status, ops=[list(op) for op in ops])
 
-    def final(self, key: str, values: Sequence, offsets: Sequence[int] | None = None,
-              start: int | None = None) -> dict:
+    def final(
+        self,
+        key: str,
+        values: Sequence,
+        offsets: Sequence[int] | None = None,
+        start: int | None = None,
+    ) -> dict:
         fields: dict[str, Any] = {"key": key, "values": list(values)}
         if offsets is not None:
             fields["offsets"] = list(offsets)
@@ -173,8 +227,9 @@ class HistoryWriter:
         return self.record("final", **fields)
 
     def offsets(self, topic: str, consumer: str, partition: int, committed: int) -> dict:
-        return self.record("offsets", topic=topic, consumer=consumer, partition=partition,
-                           committed=committed)
+        return self.record(
+            "offsets", topic=topic, consumer=consumer, partition=partition, committed=committed
+        )
 
     def close(self) -> None:
         if self._fd is not None:

@@ -1,0 +1,502 @@
+"""Tests of the history checker: each hand-made history holds exactly one anomaly.
+
+Plus clean seeded serial histories (nothing reported, even with every anomaly class
+flagged), a long cycle (no recursion limit), a ~50k event history (speed), and the
+recording helpers (one line per event, torn lines dropped).
+"""
+
+from __future__ import annotations
+
+import gc
+import os
+import random
+import time
+
+import pytest
+
+from tests.sim import history as h
+from tests.sim.checker import DEFAULT_ALLOWED, KINDS, check, check_file
+
+
+# -- event builders -------------------------------------------------------------------------
+def invoke(topic: str, producer: str | None, seq: int, value=None) -> dict:
+    return {
+        "type": "invoke",
+        "process": "prod",
+        "topic": topic,
+        "producer": producer,
+        "seq_no": seq,
+        "value": value or h.producer_value(producer, seq),
+    }
+
+
+def ack(
+    topic: str, producer: str | None, seq: int, partition: int, offset: int, value=None
+) -> dict:
+    return {
+        "type": "ack",
+        "process": "prod",
+        "topic": topic,
+        "producer": producer,
+        "seq_no": seq,
+        "partition": partition,
+        "offset": offset,
+        "value": value or h.producer_value(producer, seq),
+    }
+
+
+def write(topic: str, producer: str | None, seq: int, partition: int, offset: int) -> list:
+    return [invoke(topic, producer, seq), ack(topic, producer, seq, partition, offset)]
+
+
+def txn(txn_id, status: str, *ops) -> dict:
+    return {
+        "type": "txn",
+        "process": "worker",
+        "id": txn_id,
+        "status": status,
+        "ops": [list(op) for op in ops],
+    }
+
+
+def app(key: str, value) -> list:
+    return h.append_op(key, value)
+
+
+def rd(key: str, values, start=None, complete=True) -> list:
+    return h.read_op(key, values, start, complete)
+
+
+def final(key: str, values, offsets=None, start=None) -> dict:
+    event = {"type": "final", "process": "observer", "key": key, "values": list(values)}
+    if offsets is not None:
+        event["offsets"] = list(offsets)
+    if start is not None:
+        event["start"] = start
+    return event
+
+
+def committed(topic: str, consumer: str, partition: int, offset: int) -> dict:
+    return {
+        "type": "offsets",
+        "process": "observer",
+        "topic": topic,
+        "consumer": consumer,
+        "partition": partition,
+        "committed": offset,
+    }
+
+
+def read_event(topic: str, consumer: str, partition: int, offsets, values) -> dict:
+    return {
+        "type": "read",
+        "process": "reader",
+        "topic": topic,
+        "consumer": consumer,
+        "partition": partition,
+        "offsets": list(offsets),
+        "values": list(values),
+    }
+
+
+def only(report, kind: str):
+    """The report's violations are all of ``kind`` (at least one); the first is returned."""
+    assert {v.kind for v in report.violations} == {kind}, report.summary()
+    return report.violations[0]
+
+
+# -- a clean serial history -----------------------------------------------------------------
+ROWS = [h.row_key(f"k{i}") for i in range(5)]
+PARTS = [h.topic_key("A", p) for p in range(3)]
+
+
+def serial_history(seed: int, steps: int, rotate: int = 0) -> list[dict]:
+    """Producer writes, consumer reads and transactions, one at a time (no anomalies).
+
+    ``rotate`` > 0 moves the txns to fresh row keys every ``rotate`` steps and keeps
+    topic reads near the end of the partitions, so that a long history stays cheap.
+    """
+    rng = random.Random(seed)
+    state: dict[str, list] = {k: [] for k in ROWS + PARTS}
+    rows = ROWS
+    events: list[dict] = []
+    seqs = {f"p{i}": 0 for i in range(3)}
+    consumed = {p: 0 for p in range(3)}
+    counter = 0
+    for step in range(steps):
+        if rotate and step % rotate == 0:
+            rows = [h.row_key(f"k{step}-{i}") for i in range(5)]
+            for key in rows:
+                state[key] = []
+        roll = rng.random()
+        if roll < 0.2:  # a producer write; producer pN is bound to partition N
+            producer = rng.choice(sorted(seqs))
+            seqs[producer] += rng.randint(1, 2)  # gaps are allowed
+            part = int(producer[1:])
+            key = PARTS[part]
+            events += write("A", producer, seqs[producer], part, len(state[key]))
+            state[key].append(h.producer_value(producer, seqs[producer]))
+        elif roll < 0.3:  # an autocommit consumer read
+            part = rng.randrange(3)
+            key = PARTS[part]
+            start = consumed[part]
+            values = state[key][start : start + rng.randint(1, 4)]
+            events.append(read_event("A", "c", part, range(start, start + len(values)), values))
+            consumed[part] += len(values)
+            events.append(committed("A", "c", part, consumed[part]))
+        else:
+            status = rng.choices(["ok", "fail", "info"], [8, 1, 1])[0]
+            lands = status == "ok" or (status == "info" and rng.random() < 0.5)
+            own: dict[str, list] = {}
+            ops = []
+            for _ in range(rng.randint(1, 5)):
+                key = rng.choice(rows + PARTS)
+                if rng.random() < 0.5:
+                    counter += 1
+                    value = f"v{counter}"
+                    ops.append(app(key, value))
+                    own.setdefault(key, []).append(value)
+                elif key in rows:  # a table read sees the txn's own appends
+                    ops.append(rd(key, state[key] + own.get(key, [])))
+                elif not rotate and rng.random() < 0.5:  # a whole-partition peek
+                    ops.append(rd(key, state[key]))
+                else:  # a consumer-style slice, maybe cut by a message limit
+                    end = len(state[key])
+                    start = rng.randint(max(0, end - 10) if rotate else 0, end)
+                    limit = rng.randint(1, 4)
+                    values = state[key][start : start + limit]
+                    ops.append(rd(key, values, start, start + limit >= end))
+            events.append(txn(f"T{step}", status, *ops))
+            if lands:
+                for key, values in own.items():
+                    state[key] += values
+    for key, values in state.items():
+        if key.startswith("t:"):
+            events.append(final(key, values, range(len(values))))
+        else:
+            events.append(final(key, values))
+    for part in range(3):
+        events.append(committed("A", "c", part, consumed[part]))
+    return events
+
+
+@pytest.mark.parametrize("seed", [1, 2, 3])
+def test_clean_serial_history_reports_nothing(seed):
+    report = check(serial_history(seed, 400), allowed=())
+    assert report.ok, report.summary()
+    assert report.allowed == []
+    assert report.stats["nodes"] > 200
+    assert report.stats["edges_ww"] and report.stats["edges_wr"] and report.stats["edges_rw"]
+
+
+# -- one anomaly each -----------------------------------------------------------------------
+def test_lost_acknowledged_write():
+    events = [*write("A", "p1", 1, 0, 0), *write("A", "p1", 2, 0, 1), final("t:A/0", ["p1:1"], [0])]
+    v = only(check(events), "lost-write")
+    assert "p1:2" in v.message and v.events[0]["type"] == "ack"
+
+
+def test_unacknowledged_write_may_be_missing():
+    events = [*write("A", "p1", 1, 0, 0), invoke("A", "p1", 2), final("t:A/0", ["p1:1"], [0])]
+    assert check(events).ok
+
+
+def test_duplicate_of_a_dedup_producer():
+    events = [
+        *write("A", "p1", 1, 0, 0),
+        *write("A", "p1", 2, 0, 1),
+        final("t:A/0", ["p1:1", "p1:2", "p1:2"], [0, 1, 2]),
+    ]
+    v = only(check(events), "duplicate")
+    assert "p1:2" in v.message
+
+
+def test_no_dedup_producer_may_duplicate():
+    events = [*write("A", None, None, 0, 0)]
+    events = [
+        invoke("A", None, 0, "x"),
+        ack("A", None, 0, 0, 0, "x"),
+        final("t:A/0", ["x", "x"], [0, 1]),
+    ]
+    assert check(events).ok
+
+
+def test_torn_transaction():
+    events = [
+        txn("T1", "ok", app("r:x", 1), app("t:B/0", 2)),
+        final("r:x", [1]),
+        final("t:B/0", [], []),
+    ]
+    v = only(check(events), "torn-txn")
+    assert "'T1'" in v.message and "1 of 2" in v.message
+
+
+def test_unknown_outcome_is_all_or_nothing():
+    none = [txn("T1", "info", app("r:x", 1), app("r:y", 2)), final("r:x", []), final("r:y", [])]
+    both = [txn("T1", "info", app("r:x", 1), app("r:y", 2)), final("r:x", [1]), final("r:y", [2])]
+    torn = [txn("T1", "info", app("r:x", 1), app("r:y", 2)), final("r:x", []), final("r:y", [2])]
+    assert check(none).ok and check(both).ok
+    only(check(torn), "torn-txn")
+
+
+def test_committed_transaction_lost_and_aborted_one_visible():
+    lost = [txn("T1", "ok", app("r:x", 1)), final("r:x", [])]
+    assert "none of its 1" in only(check(lost), "lost-write").message
+    visible = [txn("T1", "fail", app("r:x", 1)), final("r:x", [1])]
+    only(check(visible), "aborted-visible")
+
+
+def test_aborted_read_g1a():
+    events = [txn("T1", "fail", app("r:x", 1)), txn("T2", "ok", rd("r:x", [1])), final("r:x", [])]
+    v = only(check(events), "G1a")
+    assert "'T2'" in v.message and "'T1'" in v.message
+
+
+def test_aborted_read_by_a_consumer_read_g1a():
+    events = [
+        txn("T1", "fail", app("t:A/0", "m")),
+        read_event("A", "c", 0, [0], ["m"]),
+        final("t:A/0", [], []),
+    ]
+    only(check(events), "G1a")
+
+
+def test_intermediate_read_g1b():
+    events = [
+        txn("T1", "ok", app("r:x", 1), app("r:x", 2)),
+        txn("T2", "ok", rd("r:x", [1])),
+        final("r:x", [1, 2]),
+    ]
+    v = only(check(events), "G1b")
+    assert "inside the appends of txn 'T1'" in v.message
+
+
+def test_read_cut_by_a_message_limit_is_not_g1b():
+    events = [
+        txn("T1", "ok", app("t:A/0", 1), app("t:A/0", 2)),
+        txn("T2", "ok", rd("t:A/0", [1], 0, False)),
+        final("t:A/0", [1, 2], [0, 1]),
+    ]
+    assert check(events, allowed=()).ok
+
+
+def test_circular_information_flow_g1c():
+    events = [
+        txn("T1", "ok", app("r:x", 1), rd("r:y", [2])),
+        txn("T2", "ok", app("r:y", 2), rd("r:x", [1])),
+        final("r:x", [1]),
+        final("r:y", [2]),
+    ]
+    v = only(check(events), "G1c")
+    assert set(v.cycle) == {"T1", "T2"} and "-wr(" in v.message
+
+
+def test_write_cycle_g0():
+    events = [
+        txn("T1", "ok", app("r:x", "x1"), app("r:y", "y1")),
+        txn("T2", "ok", app("r:x", "x2"), app("r:y", "y2")),
+        final("r:x", ["x1", "x2"]),
+        final("r:y", ["y2", "y1"]),
+    ]
+    v = only(check(events), "G0")
+    assert set(v.cycle) == {"T1", "T2"} and "'T1' -ww(r:" in v.message
+
+
+def test_anti_dependency_cycle_g2_item():
+    events = [
+        txn("T1", "ok", rd("r:x", []), app("r:y", 1)),
+        txn("T2", "ok", rd("r:y", []), app("r:x", 2)),
+        final("r:x", [2]),
+        final("r:y", [1]),
+    ]
+    default = check(events)  # write skew: allowed under snapshot isolation
+    assert default.ok and [v.kind for v in default.allowed] == ["G2-item"]
+    v = only(check(events, allowed=()), "G2-item")
+    assert set(v.cycle) == {"T1", "T2"} and "-rw(" in v.message
+
+
+def test_committed_offset_backwards():
+    events = [
+        *write("A", "p", 1, 0, 0),
+        *write("A", "p", 2, 0, 1),
+        *write("A", "p", 3, 0, 2),
+        final("t:A/0", ["p:1", "p:2", "p:3"], [0, 1, 2]),
+        committed("A", "c", 0, 3),
+        committed("A", "c", 0, 2),
+    ]
+    v = only(check(events), "committed-offset-backwards")
+    assert "committed 3" in v.message and len(v.events) == 2
+
+
+def test_committed_offset_past_the_end():
+    events = [
+        *write("A", "p", 1, 0, 0),
+        *write("A", "p", 2, 0, 1),
+        final("t:A/0", ["p:1", "p:2"], [0, 1]),
+        committed("A", "c", 0, 3),
+    ]
+    only(check(events), "committed-offset-past-end")
+
+
+def test_offsets_not_dense():
+    events = [
+        *write("A", "p", 1, 0, 0),
+        *write("A", "p", 2, 0, 1),
+        *write("A", "p", 3, 0, 3),
+        final("t:A/0", ["p:1", "p:2", "p:3"], [0, 1, 3]),
+    ]
+    v = only(check(events), "offset-gap")
+    assert "offset 3 at position 2, expected 2" in v.message
+
+
+def test_read_mismatch_and_double_consume():
+    events = [
+        *write("A", "p", 1, 0, 0),
+        *write("A", "p", 2, 0, 1),
+        read_event("A", "c", 0, [0, 1], ["p:2", "p:1"]),
+        final("t:A/0", ["p:1", "p:2"]),
+    ]
+    only(check(events), "read-mismatch")
+    events = [
+        *write("A", "p", 1, 0, 0),
+        *write("A", "p", 2, 0, 1),
+        read_event("A", "c", 0, [0, 1], ["p:1", "p:2"]),
+        read_event("A", "c", 0, [1], ["p:2"]),
+        final("t:A/0", ["p:1", "p:2"]),
+    ]
+    only(check(events), "double-consume")
+
+
+def test_producer_order_unknown_value_misplaced_regression_malformed():
+    order = [
+        *write("A", "p", 1, 0, 1),
+        *write("A", "p", 2, 0, 0),
+        final("t:A/0", ["p:2", "p:1"], [0, 1]),
+    ]
+    only(check(order), "producer-order")
+    garbage = [*write("A", "p", 1, 0, 0), final("t:A/0", ["p:1", "junk"], [0, 1])]
+    only(check(garbage), "unknown-value")
+    misplaced = [*write("A", "p", 1, 0, 0), final("t:A/1", ["p:1"]), final("t:A/0", [])]
+    only(check(misplaced), "misplaced-write")
+    regressed = [
+        *write("A", "p", 1, 0, 0),
+        final("t:A/0", ["p:1", "p:2"]),
+        invoke("A", "p", 2),
+        final("t:A/0", ["p:1"]),
+    ]
+    only(check(regressed), "state-regression")
+    reused = [
+        txn("T1", "ok", app("r:x", 1)),
+        txn("T2", "ok", app("r:y", 1)),
+        final("r:x", [1]),
+        final("r:y", []),
+    ]
+    only(check(reused, allowed={"lost-write"}), "malformed")
+
+
+def test_topic_level_append_is_found_in_its_partition():
+    events = [
+        txn("T1", "ok", app("t:B", "m1"), app("t:B", "m2")),
+        txn("T2", "ok", rd("t:B/1", ["m1"])),
+        final("t:B/0", ["m2"], [0]),
+        final("t:B/1", ["m1"], [0]),
+    ]
+    assert check(events, allowed=()).ok
+
+
+def test_long_cycle_needs_no_recursion():
+    n = 5_000  # far past the interpreter's recursion limit
+    events = []
+    for i in range(n):  # T_i appends to k_i and k_{i-1}: ww T_{i-1} -> T_i, closed by k_{n-1}
+        events.append(
+            txn(f"T{i}", "ok", app(f"r:k{i}", f"a{i}"), app(f"r:k{(i - 1) % n}", f"b{i}"))
+        )
+    for i in range(n):
+        events.append(final(f"r:k{i}", [f"a{i}", f"b{(i + 1) % n}"]))
+    started = time.perf_counter()
+    report = check(events)
+    v = only(report, "G0")
+    assert len(v.cycle) == n and f"({n} edges)" in v.message
+    assert time.perf_counter() - started < 8
+
+
+def test_fifty_thousand_events_are_fast():
+    gc.disable()  # the generator's many lists would make the collector run often
+    try:
+        events = serial_history(7, 38_000, rotate=100)
+    finally:
+        gc.enable()
+    assert len(events) > 50_000
+    started = time.perf_counter()
+    report = check(events, allowed=())
+    elapsed = time.perf_counter() - started
+    assert report.ok, report.summary()
+    assert report.stats["nodes"] > 20_000
+    assert elapsed < 8, elapsed  # about 1 s on an idle machine; a guard against quadratic work
+
+
+# -- configuration, recording and loading ---------------------------------------------------
+def test_allowed_kinds_are_checked():
+    assert {"G2-item"} == DEFAULT_ALLOWED and KINDS.keys() >= DEFAULT_ALLOWED
+    with pytest.raises(ValueError, match="unknown anomaly kinds"):
+        check([], allowed={"G3"})
+
+
+def test_writer_one_line_per_event_and_torn_lines(tmp_path):
+    path = tmp_path / "history.jsonl"
+    with h.HistoryWriter(path, "w1") as w1, h.HistoryWriter(path, "w2") as w2:
+        w1.invoke("A", "p1", 1)
+        w1.ack("A", "p1", 1, 0, 0)
+        w2.txn("T1", "ok", [h.append_op("r:x", b"\xffbytes"), h.read_op("t:A/0", ["p1:1"], 0)])
+        w2.final("t:A/0", ["p1:1"], [0])
+        w2.final("r:x", [b"\xffbytes"])
+        w1.offsets("A", "c", 0, 1)
+    with open(path, "ab") as f:  # a process killed inside its write, then another line
+        f.write(b'{"type":"ack","process":"w3","topic":"A","pro')
+        f.write(
+            h.encode(
+                {
+                    "type": "offsets",
+                    "process": "w4",
+                    "topic": "A",
+                    "consumer": "c",
+                    "partition": 0,
+                    "committed": 1,
+                }
+            )
+        )
+        f.write(b'{"type":"final","key":"r:')  # and a torn last line
+    events, torn = h.parse(path.read_bytes())
+    assert torn == 2
+    assert [e["type"] for e in events] == [
+        "invoke",
+        "ack",
+        "txn",
+        "final",
+        "final",
+        "offsets",
+        "offsets",
+    ]
+    assert events[-1]["process"] == "w4" and events[2]["ops"][0][2] == "\\xffbytes"
+    report = check_file(path, allowed=())
+    assert report.ok, report.summary()
+    assert report.stats["nodes"] == 1
+
+
+def test_writer_lines_stay_whole_across_processes(tmp_path):
+    path = tmp_path / "history.jsonl"
+    children = []
+    for n in range(4):
+        pid = os.fork()
+        if pid == 0:  # pragma: no cover - child
+            try:
+                with h.HistoryWriter(path, f"w{n}") as w:
+                    for i in range(200):
+                        w.final(f"r:{n}-{i}", ["x" * (i * 7)])
+            finally:
+                os._exit(0)
+        children.append(pid)
+    for pid in children:
+        os.waitpid(pid, 0)
+    events, torn = h.parse(path.read_bytes())
+    assert torn == 0 and len(events) == 800
