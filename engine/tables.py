@@ -57,10 +57,13 @@ class DuplicateTableError(errors.TopicbaseError):
 Connection = duckdb.DuckDBPyConnection
 
 
-def connect(path: str) -> Connection:
-    """Open the DuckDB file (or ``:memory:``), refusing a file another process holds."""
+def connect(path: str, *, read_only: bool = False) -> Connection:
+    """Open the DuckDB file (or ``:memory:``), refusing a file another process holds.
+
+    ``read_only`` opens an existing file without ever writing it (``topicbase check``).
+    """
     try:
-        return duckdb.connect(path)
+        return duckdb.connect(path, read_only=read_only)
     except duckdb.IOException as error:
         raise errors.ObjectInUseError(f"cannot open {path}: {error}") from error
 

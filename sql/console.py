@@ -1,6 +1,8 @@
 """The ``topicbase`` console: scripts from the command line and an interactive REPL.
 
-Usage: ``topicbase [--data-dir DIR] [-c SQL]... [-f FILE] [--format table|csv|json] [-q]``.
+Usage: ``topicbase [--data-dir DIR] [-c SQL]... [-f FILE] [--format table|csv|json] [-q]``,
+or ``topicbase check [--data-dir DIR] [--repair] [--format table|json]`` to check the data
+directory's files offline (``engine.check``; exit 0 when no problem is left).
 
 - The data directory is ``--data-dir``, else ``$TOPICBASE_DATA_DIR``, else
   ``./topicbase-data``; it is created on first use. One process owns a data directory
@@ -28,6 +30,7 @@ Single-threaded except the spinner's helper thread, which only draws.
 from __future__ import annotations
 
 import argparse
+import json
 import os
 import sys
 import threading
@@ -36,6 +39,7 @@ from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
 
+from engine.check import check_database
 from engine.clock import SYSTEM_CLOCK
 from engine.database import Database
 from engine.session import Result, Session
@@ -111,6 +115,9 @@ def parse_arguments(argv: list[str] | None) -> argparse.Namespace:
 
 
 def main(argv: list[str] | None = None) -> int:
+    check_argv = check_command_arguments(sys.argv[1:] if argv is None else argv)
+    if check_argv is not None:
+        return run_check(check_argv)
     arguments = parse_arguments(argv)
     data_dir = arguments.data_dir or os.environ.get("TOPICBASE_DATA_DIR") or DEFAULT_DATA_DIR
     actions: list[tuple[str, str]] = arguments.actions or []
@@ -142,6 +149,44 @@ def main(argv: list[str] | None = None) -> int:
         return EXIT_INTERRUPTED
     finally:
         database.close()
+
+
+# -- topicbase check ---------------------------------------------------------------------------
+def check_command_arguments(argv: list[str]) -> list[str] | None:
+    """The arguments of ``check`` without the word, if ``argv`` asks for it; else None.
+
+    ``check`` is the first argument, or follows ``--data-dir DIR`` (or ``--data-dir=DIR``);
+    anywhere else it is not a command (``-c check`` is SQL text).
+    """
+    if argv[:1] == ["check"]:
+        return argv[1:]
+    if len(argv) >= 2 and argv[0].startswith("--data-dir=") and argv[1] == "check":
+        return [argv[0], *argv[2:]]
+    if len(argv) >= 3 and argv[0] == "--data-dir" and argv[2] == "check":
+        return [*argv[:2], *argv[3:]]
+    return None
+
+
+def run_check(argv: list[str]) -> int:
+    parser = argparse.ArgumentParser(
+        prog="topicbase check",
+        description="Check the data directory's files offline; --repair fixes what loses nothing.",
+    )
+    parser.add_argument("--data-dir", help="data directory (default as for topicbase)")
+    parser.add_argument("--repair", action="store_true", help="cut torn tails, rebuild indexes")
+    parser.add_argument("--format", choices=("table", "json"), default="table")
+    arguments = parser.parse_args(argv)
+    data_dir = arguments.data_dir or os.environ.get("TOPICBASE_DATA_DIR") or DEFAULT_DATA_DIR
+    try:
+        report = check_database(data_dir, repair=arguments.repair)
+    except TopicbaseError as error:
+        print(formatting.error_text(error), file=sys.stderr)
+        return EXIT_ERROR
+    if arguments.format == "json":
+        print(json.dumps(report.to_json(), indent=1))
+    else:
+        print("\n".join(report.lines()))
+    return EXIT_OK if report.ok else EXIT_ERROR
 
 
 # -- scripts ----------------------------------------------------------------------------------

@@ -43,7 +43,7 @@ from dataclasses import dataclass, field
 from functools import partial
 from typing import Any
 
-from storage import file_names, limits, offset_index, time_index
+from storage import file_names, log_loader, offset_index, time_index
 from storage.errors import ObjectInUseError, StorageIOError
 from storage.fs import DEFAULT_FILE_SYSTEM, FileSystem
 from storage.offset_index import OffsetIndex
@@ -372,18 +372,8 @@ def _next_valid_frame(reader: _Reader, start: int) -> int | None:
 def index_entries(
     base_offset: int, frames: list[tuple[int, FrameHeader]]
 ) -> tuple[list[tuple[int, int]], list[tuple[int, int]]]:
-    """The offset and time index entries recovery builds for ``frames`` (``log_loader``)."""
-    offset_entries: list[tuple[int, int]] = []
-    time_entries: list[tuple[int, int]] = []
-    since_index = 0
-    for position, header in frames:
-        if not offset_entries or since_index >= limits.INDEX_INTERVAL_BYTES:
-            relative = header.base_offset - base_offset
-            offset_entries.append((relative, position))
-            if not time_entries or header.written_at_us > time_entries[-1][0]:
-                time_entries.append((header.written_at_us, relative))
-            since_index = 0
-        since_index += header.frame_bytes
+    """The offset and time index entries recovery builds for ``frames``."""
+    offset_entries, time_entries, _ = log_loader.index_entries(base_offset, frames)
     return offset_entries, time_entries
 
 

@@ -127,20 +127,28 @@ def _recover_active(segment: LogSegment, report: RecoveryReport) -> None:
         segment.last_written_at_us = frames[-1][1].written_at_us
 
 
-def _rebuild_indexes(segment: LogSegment, frames: list[tuple[int, FrameHeader]]) -> None:
-    """Recreate both indexes of ``segment`` from its frame list."""
+def index_entries(
+    base_offset: int, frames: list[tuple[int, FrameHeader]]
+) -> tuple[list[tuple[int, int]], list[tuple[int, int]], int]:
+    """The offset and time index entries of a segment's frames, as the writer makes them
+    (one entry per ``INDEX_INTERVAL_BYTES``), and the bytes since the last entry."""
     offset_entries: list[tuple[int, int]] = []
     time_entries: list[tuple[int, int]] = []
     since_index = 0
     for position, header in frames:
         if not offset_entries or since_index >= limits.INDEX_INTERVAL_BYTES:
-            offset_entries.append((header.base_offset - segment.base_offset, position))
+            relative = header.base_offset - base_offset
+            offset_entries.append((relative, position))
             if not time_entries or header.written_at_us > time_entries[-1][0]:
-                time_entries.append(
-                    (header.written_at_us, header.base_offset - segment.base_offset)
-                )
+                time_entries.append((header.written_at_us, relative))
             since_index = 0
         since_index += header.frame_bytes
+    return offset_entries, time_entries, since_index
+
+
+def _rebuild_indexes(segment: LogSegment, frames: list[tuple[int, FrameHeader]]) -> None:
+    """Recreate both indexes of ``segment`` from its frame list."""
+    offset_entries, time_entries, since_index = index_entries(segment.base_offset, frames)
     segment.offset_index.rewrite(offset_entries)
     segment.time_index.rewrite(time_entries)
     segment._bytes_since_index = since_index

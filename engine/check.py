@@ -1,0 +1,199 @@
+"""``check_database``: the offline check of a data directory behind ``topicbase check``.
+
+Holds the store's lock for the whole check, so no ``Database`` opens the
+directory meanwhile, and never opens one itself (opening recovers: it would
+change what is being checked). Steps:
+
+1. the storage check (``storage.check``) of ``<data>/store`` and
+   ``<data>/staging``, repairing only with ``repair``;
+2. the DuckDB file ``<data>/tables.duckdb``, opened read-only: the catalog
+   (``__topicbase.topics``) must list exactly the topics of ``store.json``;
+3. every commit record (``__topicbase.transactions``) must name partitions
+   that exist and, for each partition that does not hold the transaction's
+   frame yet, a staged batch that is a checksummed frame of that transaction
+   (recovery will publish it from there).
+
+Nothing of DuckDB is ever repaired here: catalog and records change only
+through the engine. Problems are reported as ``storage.check.Problem``.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+
+from engine import tables
+from engine.catalog import SCHEMA
+from storage.check import (
+    MISSING,
+    UNREADABLE,
+    CheckReport,
+    Problem,
+    check_store_files,
+    locked_store,
+    staged_batch_issue,
+)
+from storage.errors import TopicbaseError
+from storage.fs import DEFAULT_FILE_SYSTEM, FileSystem
+
+CATALOG_MISMATCH = "catalog_mismatch"
+BAD_RECORD = "bad_record"
+# The layout of a data directory, as ``engine.database`` opens it.
+STORE_DIRECTORY = "store"
+STAGING_DIRECTORY = "staging"
+# Commit records live until the next checkpoint (every 256 commits); a bound all the same.
+RECORDS_MAX = 1_000_000
+
+
+def check_database(
+    path: str, repair: bool = False, *, fs: FileSystem = DEFAULT_FILE_SYSTEM
+) -> CheckReport:
+    """Check (and with ``repair``, carefully repair) the data directory at ``path``."""
+    path = os.path.abspath(path)
+    report = CheckReport(path, repair)
+    store_root = os.path.join(path, STORE_DIRECTORY)
+    if not os.path.isdir(store_root):
+        text = "not a Topicbase data directory (it has no store/ directory)"
+        report.add(Problem(MISSING, path, text))
+        report.ran = False
+        return report
+    staging_directory = os.path.join(path, STAGING_DIRECTORY)
+    with locked_store(store_root, report, fs) as held:
+        if held:
+            check_store_files(
+                report, store_root, repair=repair, staging_directory=staging_directory, fs=fs
+            )
+            check_tables(report, os.path.join(path, tables.TABLES_FILE), staging_directory, fs)
+    return report
+
+
+def check_tables(
+    report: CheckReport, tables_path: str, staging_directory: str, fs: FileSystem
+) -> None:
+    """Steps 2 and 3, after the storage check filled ``report`` with what it saw."""
+    if not fs.exists(tables_path):
+        report.add(Problem(MISSING, tables_path, "the tables and catalog file is missing"))
+        return
+    try:
+        connection = tables.connect(tables_path, read_only=True)
+    except TopicbaseError as error:
+        report.add(Problem(UNREADABLE, tables_path, error.message))
+        return
+    try:
+        present = _catalog_tables(connection)
+        if "topics" not in present:
+            report.add(
+                Problem(MISSING, tables_path, f"the catalog table {SCHEMA}.topics is missing")
+            )
+            return
+        _compare_topics(report, tables_path, _catalog_topics(connection))
+        if "transactions" in present:  # created at the first open of a Database
+            _check_records(report, connection, staging_directory, fs)
+    except TopicbaseError as error:
+        report.add(Problem(UNREADABLE, tables_path, error.message))
+    finally:
+        connection.close()
+
+
+def _catalog_tables(connection: tables.Connection) -> set[str]:
+    result = tables.query_arrow(
+        connection,
+        "SELECT table_name FROM information_schema.tables WHERE table_schema = ?",
+        [SCHEMA],
+    )
+    assert result is not None
+    return set(result.column("table_name").to_pylist())
+
+
+def _catalog_topics(connection: tables.Connection) -> dict[str, str]:
+    """Topic id -> topic name, as the catalog lists them."""
+    result = tables.query_arrow(connection, f"SELECT name, topic_id FROM {SCHEMA}.topics")
+    assert result is not None
+    return {row["topic_id"]: row["name"] for row in result.to_pylist()}
+
+
+def _compare_topics(report: CheckReport, tables_path: str, catalog: dict[str, str]) -> None:
+    if report.topic_ids is None:
+        return  # store.json is unreadable (reported): nothing to compare with
+    stored = set(report.topic_ids)
+    for topic_id in sorted(set(catalog) - stored):
+        text = (
+            f'catalog topic "{catalog[topic_id]}" ({topic_id}) has no data in the store; '
+            "the database will refuse to open"
+        )
+        report.add(Problem(CATALOG_MISMATCH, tables_path, text))
+    data_directory = os.path.dirname(tables_path)
+    for topic_id in sorted(stored - set(catalog)):
+        path = os.path.join(data_directory, STORE_DIRECTORY, "topics", topic_id)
+        text = (
+            "storage topic without a catalog entry (an interrupted CREATE TOPIC); "
+            "opening the database drops it"
+        )
+        report.add(Problem(CATALOG_MISMATCH, path, text))
+
+
+def _check_records(
+    report: CheckReport, connection: tables.Connection, staging_directory: str, fs: FileSystem
+) -> None:
+    result = tables.query_arrow(
+        connection,
+        f"SELECT transaction_id, items FROM {SCHEMA}.transactions "
+        f"ORDER BY transaction_id LIMIT {RECORDS_MAX}",
+    )
+    assert result is not None
+    for row in result.to_pylist():
+        transaction_id = row["transaction_id"]
+        try:
+            items = _record_items(row["items"])
+        except ValueError as error:
+            text = f"commit record of transaction {transaction_id} is malformed: {error}"
+            report.add(Problem(BAD_RECORD, staging_directory, text))
+            continue
+        for item in items:
+            _check_record_item(report, transaction_id, item, staging_directory, fs)
+
+
+def _record_items(text: str) -> list[tuple[str, int, int, int, int]]:
+    """The (topic id, partition, file number, position, frame bytes) items of a record."""
+    items = json.loads(text)
+    if not isinstance(items, list):
+        raise ValueError("items is not a list")
+    parsed = []
+    for item in items:
+        if not (isinstance(item, list) and len(item) == 5 and isinstance(item[0], str)):
+            raise ValueError(f"item {item!r}")
+        if not all(isinstance(value, int) and value >= 0 for value in item[1:]):
+            raise ValueError(f"item {item!r}")
+        parsed.append((item[0], item[1], item[2], item[3], item[4]))
+    return parsed
+
+
+def _check_record_item(
+    report: CheckReport,
+    transaction_id: int,
+    item: tuple[str, int, int, int, int],
+    staging_directory: str,
+    fs: FileSystem,
+) -> None:
+    topic_id, partition, file_number, position, frame_bytes = item
+    if report.topic_ids is None or topic_id not in report.topic_ids:
+        return  # the topic was dropped since (recovery skips it), or store.json is unreadable
+    where = f"{topic_id} partition {partition}"
+    if partition not in report.partition_ids.get(topic_id, []):
+        text = f"commit record of transaction {transaction_id} names {where}, which does not exist"
+        report.add(Problem(BAD_RECORD, staging_directory, text))
+        return
+    if transaction_id in report.published.get((topic_id, partition), set()):
+        return  # published already: recovery never reads its staged copy
+    try:
+        issue = staged_batch_issue(
+            fs, staging_directory, file_number, position, frame_bytes, transaction_id
+        )
+    except TopicbaseError as error:
+        issue = (staging_directory, error.message)
+    if issue is not None:
+        text = (
+            f"transaction {transaction_id} is committed but not yet published to {where}, "
+            f"and its staged batch cannot be read: {issue[1]}"
+        )
+        report.add(Problem(BAD_RECORD, issue[0], text, position))
