@@ -22,6 +22,7 @@ of failpoints, workload and delays do not).
 from __future__ import annotations
 
 import argparse
+import json
 import os
 import random
 import signal
@@ -56,12 +57,15 @@ WORKER_SECONDS = 1.5
 WORKER_TIMEOUT_S = 60
 
 
-def run_cycle(data_dir: str, history: str, cycle: int, rng: random.Random) -> tuple[str, int]:
-    """One workload process; returns ("kill"|"failpoint"|"clean", its exit status)."""
+def run_cycle(
+    data_dir: str, history: str, cycle: int, rng: random.Random
+) -> tuple[str, str | None]:
+    """One workload process; returns ("kill"|"failpoint"|"clean", the failpoint it hit)."""
     environment = dict(os.environ)
     mode = rng.choice(("kill", "kill", "failpoint"))
-    if mode == "failpoint":
-        environment["TOPICBASE_FAILPOINTS"] = f"{rng.choice(FAILPOINTS)}=crash@{rng.randint(1, 6)}"
+    failpoint = rng.choice(FAILPOINTS) if mode == "failpoint" else None
+    if failpoint is not None:
+        environment["TOPICBASE_FAILPOINTS"] = f"{failpoint}=crash@{rng.randint(1, 6)}"
     command = [
         sys.executable,
         "-m",
@@ -94,8 +98,8 @@ def run_cycle(data_dir: str, history: str, cycle: int, rng: random.Random) -> tu
     if status not in (0, 137, -signal.SIGKILL):
         raise RuntimeError(f"worker {cycle} failed with status {status}:\n{stderr[-3000:]}")
     if mode == "failpoint" and status != 137:
-        mode = "clean"  # the failpoint was not reached in time
-    return mode, status
+        mode, failpoint = "clean", None  # the failpoint was not reached in time
+    return mode, failpoint
 
 
 def settle_unknown_transactions(history: str) -> None:
@@ -217,11 +221,14 @@ def main(argv: list[str] | None = None) -> int:
     print(f"chaos: seed {seed}, {args.cycles} cycles, data in {work}", flush=True)
     setup(data_dir)
     outcomes: Counter[str] = Counter()
+    failpoints_hit: Counter[str] = Counter()
     violations = 0
     report = None
     for cycle in range(1, args.cycles + 1):
-        mode, _ = run_cycle(data_dir, history, cycle, rng)
+        mode, failpoint = run_cycle(data_dir, history, cycle, rng)
         outcomes[mode] += 1
+        if failpoint is not None:
+            failpoints_hit[failpoint] += 1
         settle_unknown_transactions(history)
         if cycle % OBSERVE_EVERY == 0 or cycle == args.cycles:
             observe(data_dir, history)
@@ -239,6 +246,7 @@ def main(argv: list[str] | None = None) -> int:
                 print(report.summary(limit=20), flush=True)
                 print(f"chaos: failing seed {seed} (replay: --seed {seed})", flush=True)
                 break
+    print("failpoints hit: " + json.dumps(dict(sorted(failpoints_hit.items()))), flush=True)
     stats = report.stats if report is not None else {}
     transactions = sum(stats.get(f"txns_{status}", 0) for status in ("ok", "fail", "info"))
     messages = _messages_observed(history)
