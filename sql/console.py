@@ -2,7 +2,9 @@
 
 Usage: ``topicbase [--data-dir DIR] [-c SQL]... [-f FILE] [--format table|csv|json] [-q]``,
 or ``topicbase check [--data-dir DIR] [--repair] [--format table|json]`` to check the data
-directory's files offline (``engine.check``; exit 0 when no problem is left).
+directory's files offline (``engine.check``; exit 0 when no problem is left), or
+``topicbase serve [--data-dir DIR] [--host 127.0.0.1] [--port 5433] [--auth trust]`` to
+serve it over the PostgreSQL protocol (``sql.pgwire``) until Ctrl-C.
 
 - The data directory is ``--data-dir``, else ``$TOPICBASE_DATA_DIR``, else
   ``./topicbase-data``; it is created on first use. One process owns a data directory
@@ -118,6 +120,9 @@ def main(argv: list[str] | None = None) -> int:
     check_argv = check_command_arguments(sys.argv[1:] if argv is None else argv)
     if check_argv is not None:
         return run_check(check_argv)
+    serve_argv = check_command_arguments(sys.argv[1:] if argv is None else argv, "serve")
+    if serve_argv is not None:
+        return run_serve(serve_argv)
     arguments = parse_arguments(argv)
     data_dir = arguments.data_dir or os.environ.get("TOPICBASE_DATA_DIR") or DEFAULT_DATA_DIR
     actions: list[tuple[str, str]] = arguments.actions or []
@@ -152,19 +157,50 @@ def main(argv: list[str] | None = None) -> int:
 
 
 # -- topicbase check ---------------------------------------------------------------------------
-def check_command_arguments(argv: list[str]) -> list[str] | None:
-    """The arguments of ``check`` without the word, if ``argv`` asks for it; else None.
+def check_command_arguments(argv: list[str], command: str = "check") -> list[str] | None:
+    """The arguments of ``command`` (``check``, ``serve``) without the word, if ``argv`` asks
+    for it; else None.
 
-    ``check`` is the first argument, or follows ``--data-dir DIR`` (or ``--data-dir=DIR``);
+    The command is the first argument, or follows ``--data-dir DIR`` (or ``--data-dir=DIR``);
     anywhere else it is not a command (``-c check`` is SQL text).
     """
-    if argv[:1] == ["check"]:
+    if argv[:1] == [command]:
         return argv[1:]
-    if len(argv) >= 2 and argv[0].startswith("--data-dir=") and argv[1] == "check":
+    if len(argv) >= 2 and argv[0].startswith("--data-dir=") and argv[1] == command:
         return [argv[0], *argv[2:]]
-    if len(argv) >= 3 and argv[0] == "--data-dir" and argv[2] == "check":
+    if len(argv) >= 3 and argv[0] == "--data-dir" and argv[2] == command:
         return [*argv[:2], *argv[3:]]
     return None
+
+
+def run_serve(argv: list[str]) -> int:
+    """``topicbase serve``: the PostgreSQL-wire server (``sql.pgwire``) until Ctrl-C."""
+    from sql.pgwire import server
+
+    parser = argparse.ArgumentParser(
+        prog="topicbase serve", description="Serve the data directory over the PostgreSQL protocol."
+    )
+    parser.add_argument("--data-dir", help="data directory (default as for topicbase)")
+    parser.add_argument("--host", default=server.DEFAULT_HOST)
+    parser.add_argument("--port", type=int, default=server.DEFAULT_PORT)
+    parser.add_argument("--auth", choices=("trust",), default="trust")
+    arguments = parser.parse_args(argv)
+    data_dir = arguments.data_dir or os.environ.get("TOPICBASE_DATA_DIR") or DEFAULT_DATA_DIR
+
+    def ready(port: int) -> None:
+        print(f"topicbase: serving {data_dir} on {arguments.host}:{port}", flush=True)
+
+    try:
+        server.serve(data_dir, arguments.host, arguments.port, arguments.auth, ready)
+    except TopicbaseError as error:
+        print(formatting.error_text(error), file=sys.stderr)
+        return EXIT_ERROR
+    except OSError as error:
+        print(f"ERROR: 08006: could not listen: {error}", file=sys.stderr)
+        return EXIT_ERROR
+    except KeyboardInterrupt:
+        return EXIT_OK
+    return EXIT_OK
 
 
 def run_check(argv: list[str]) -> int:

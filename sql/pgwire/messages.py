@@ -1,0 +1,289 @@
+"""Codecs of the PostgreSQL v3 protocol: frontend messages from bytes, backend ones to bytes.
+
+Pure functions and small dataclasses; nothing here knows about sessions or sockets.
+Malformed input raises ``ProtocolError`` (SQLSTATE 08P01).
+"""
+
+from __future__ import annotations
+
+import struct
+from dataclasses import dataclass, field
+
+from storage.errors import TopicbaseError
+
+PROTOCOL_V3 = 196608  # 3 << 16
+SSL_REQUEST = 80877103
+GSSENC_REQUEST = 80877104
+CANCEL_REQUEST = 80877102
+STARTUP_LENGTH_MAX = 10_000
+MESSAGE_LENGTH_MAX = 1 << 30
+
+_INT32 = struct.Struct("!i")
+_INT16 = struct.Struct("!h")
+
+
+class ProtocolError(TopicbaseError):
+    sqlstate = "08P01"
+
+
+# -- reading fields -----------------------------------------------------------------------
+class Reader:
+    """Reads the fields of one message body; any overrun is a ProtocolError."""
+
+    def __init__(self, body: bytes) -> None:
+        self.body = body
+        self.at = 0
+
+    def int32(self) -> int:
+        return self._unpack(_INT32)
+
+    def int16(self) -> int:
+        return self._unpack(_INT16)
+
+    def byte(self) -> bytes:
+        return self.take(1)
+
+    def take(self, count: int) -> bytes:
+        if count < 0 or self.at + count > len(self.body):
+            raise ProtocolError("message is shorter than its fields")
+        chunk = self.body[self.at : self.at + count]
+        self.at += count
+        return chunk
+
+    def cstring(self) -> str:
+        end = self.body.find(b"\0", self.at)
+        if end < 0:
+            raise ProtocolError("unterminated string in message")
+        raw = self.body[self.at : end]
+        self.at = end + 1
+        try:
+            return raw.decode("utf-8")
+        except UnicodeDecodeError:
+            raise ProtocolError("invalid UTF-8 in message") from None
+
+    def _unpack(self, shape: struct.Struct) -> int:
+        return shape.unpack(self.take(shape.size))[0]
+
+
+# -- frontend messages ----------------------------------------------------------------------
+@dataclass
+class Startup:
+    code: int  # PROTOCOL_V3, SSL_REQUEST, GSSENC_REQUEST, CANCEL_REQUEST or another version
+    parameters: dict[str, str] = field(default_factory=dict)
+    process_id: int = 0
+    secret_key: int = 0
+
+
+def startup_length(header: bytes) -> int:
+    """The length of a startup packet from its first 4 bytes (the length counts itself)."""
+    (length,) = _INT32.unpack(header)
+    if length < 8 or length > STARTUP_LENGTH_MAX:
+        raise ProtocolError("invalid length of startup packet")
+    return length
+
+
+def parse_startup(body: bytes) -> Startup:
+    """A startup packet after its length word: the code and what follows it."""
+    reader = Reader(body)
+    code = reader.int32()
+    if code == CANCEL_REQUEST:
+        return Startup(code, process_id=reader.int32(), secret_key=reader.int32())
+    if code != PROTOCOL_V3:
+        return Startup(code)
+    parameters: dict[str, str] = {}
+    while True:
+        name = reader.cstring()
+        if not name:
+            break
+        parameters[name] = reader.cstring()
+    return Startup(code, parameters)
+
+
+def message_length(header: bytes) -> int:
+    """The body length of a message from its 5-byte header (type byte + length)."""
+    (length,) = _INT32.unpack(header[1:5])
+    if length < 4 or length > MESSAGE_LENGTH_MAX:
+        raise ProtocolError(f"invalid message length {length}")
+    return length - 4
+
+
+@dataclass
+class Parse:
+    name: str
+    query: str
+    parameter_oids: list[int]
+
+
+@dataclass
+class Bind:
+    portal: str
+    statement: str
+    parameter_formats: list[int]
+    parameters: list[bytes | None]
+    result_formats: list[int]
+
+
+@dataclass
+class Describe:
+    kind: str  # "S" statement or "P" portal
+    name: str
+
+
+@dataclass
+class Execute:
+    portal: str
+    max_rows: int
+
+
+@dataclass
+class Close:
+    kind: str
+    name: str
+
+
+def parse_query(body: bytes) -> str:
+    return Reader(body).cstring()
+
+
+def parse_parse(body: bytes) -> Parse:
+    reader = Reader(body)
+    name, query = reader.cstring(), reader.cstring()
+    oids = [reader.int32() for _ in range(reader.int16())]
+    return Parse(name, query, oids)
+
+
+def parse_bind(body: bytes) -> Bind:
+    reader = Reader(body)
+    portal, statement = reader.cstring(), reader.cstring()
+    formats = [reader.int16() for _ in range(reader.int16())]
+    values: list[bytes | None] = []
+    for _ in range(reader.int16()):
+        length = reader.int32()
+        values.append(None if length == -1 else reader.take(length))
+    result_formats = [reader.int16() for _ in range(reader.int16())]
+    return Bind(portal, statement, formats, values, result_formats)
+
+
+def parse_describe(body: bytes) -> Describe:
+    reader = Reader(body)
+    kind = reader.byte().decode("latin-1")
+    if kind not in ("S", "P"):
+        raise ProtocolError(f"invalid DESCRIBE message subtype {kind!r}")
+    return Describe(kind, reader.cstring())
+
+
+def parse_close(body: bytes) -> Close:
+    reader = Reader(body)
+    kind = reader.byte().decode("latin-1")
+    if kind not in ("S", "P"):
+        raise ProtocolError(f"invalid CLOSE message subtype {kind!r}")
+    return Close(kind, reader.cstring())
+
+
+def parse_execute(body: bytes) -> Execute:
+    reader = Reader(body)
+    return Execute(reader.cstring(), reader.int32())
+
+
+# -- backend messages -------------------------------------------------------------------------
+def message(kind: bytes, body: bytes = b"") -> bytes:
+    return kind + _INT32.pack(len(body) + 4) + body
+
+
+def cstr(text: str) -> bytes:
+    return text.encode("utf-8") + b"\0"
+
+
+def authentication_ok() -> bytes:
+    return message(b"R", _INT32.pack(0))
+
+
+def parameter_status(name: str, value: str) -> bytes:
+    return message(b"S", cstr(name) + cstr(value))
+
+
+def backend_key_data(process_id: int, secret_key: int) -> bytes:
+    return message(b"K", _INT32.pack(process_id) + _INT32.pack(secret_key))
+
+
+def ready_for_query(status: str) -> bytes:
+    return message(b"Z", status.encode("ascii"))
+
+
+@dataclass
+class Column:
+    name: str
+    type_oid: int
+    type_size: int = -1
+    type_modifier: int = -1
+    format_code: int = 0
+
+
+def row_description(columns: list[Column]) -> bytes:
+    parts = [_INT16.pack(len(columns))]
+    for c in columns:
+        parts.append(cstr(c.name))
+        parts.append(struct.pack("!ihihih", 0, 0, c.type_oid, c.type_size, c.type_modifier,
+                                 c.format_code))  # fmt: skip
+    return message(b"T", b"".join(parts))
+
+
+def data_row(fields: list[bytes | None]) -> bytes:
+    parts = [_INT16.pack(len(fields))]
+    for value in fields:
+        if value is None:
+            parts.append(_INT32.pack(-1))
+        else:
+            parts.append(_INT32.pack(len(value)))
+            parts.append(value)
+    return message(b"D", b"".join(parts))
+
+
+def command_complete(tag: str) -> bytes:
+    return message(b"C", cstr(tag))
+
+
+def empty_query_response() -> bytes:
+    return message(b"I")
+
+
+def parse_complete() -> bytes:
+    return message(b"1")
+
+
+def bind_complete() -> bytes:
+    return message(b"2")
+
+
+def close_complete() -> bytes:
+    return message(b"3")
+
+
+def no_data() -> bytes:
+    return message(b"n")
+
+
+def portal_suspended() -> bytes:
+    return message(b"s")
+
+
+def parameter_description(oids: list[int]) -> bytes:
+    return message(b"t", _INT16.pack(len(oids)) + b"".join(_INT32.pack(o) for o in oids))
+
+
+def _fields(severity: str, sqlstate: str, text: str, position: int | None) -> bytes:
+    parts = [b"S" + cstr(severity), b"V" + cstr(severity), b"C" + cstr(sqlstate)]
+    parts.append(b"M" + cstr(text))
+    if position is not None:
+        parts.append(b"P" + cstr(str(position)))
+    return b"".join(parts) + b"\0"
+
+
+def error_response(
+    sqlstate: str, text: str, position: int | None = None, severity: str = "ERROR"
+) -> bytes:
+    return message(b"E", _fields(severity, sqlstate, text, position))
+
+
+def notice_response(text: str, sqlstate: str = "00000") -> bytes:
+    return message(b"N", _fields("NOTICE", sqlstate, text, None))

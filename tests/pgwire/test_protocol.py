@@ -1,0 +1,300 @@
+"""Raw-socket tests of ``sql.pgwire``: startup negotiation, bad input, extended protocol."""
+
+from __future__ import annotations
+
+import socket
+import struct
+
+import pytest
+
+from sql.pgwire import messages as m
+
+SSL = struct.pack("!ii", 8, m.SSL_REQUEST)
+GSSENC = struct.pack("!ii", 8, m.GSSENC_REQUEST)
+
+
+def startup_packet(**parameters: str) -> bytes:
+    body = struct.pack("!i", m.PROTOCOL_V3)
+    for name, value in {"user": "tester", **parameters}.items():
+        body += m.cstr(name) + m.cstr(value)
+    body += b"\0"
+    return struct.pack("!i", len(body) + 4) + body
+
+
+class Client:
+    def __init__(self, port: int) -> None:
+        self.sock = socket.create_connection(("127.0.0.1", port), timeout=10)
+        self.buffer = b""
+
+    def send(self, data: bytes) -> None:
+        self.sock.sendall(data)
+
+    def _fill(self, count: int) -> bool:
+        while len(self.buffer) < count:
+            chunk = self.sock.recv(65536)
+            if not chunk:
+                return False
+            self.buffer += chunk
+        return True
+
+    def read_byte(self) -> bytes:
+        assert self._fill(1)
+        byte, self.buffer = self.buffer[:1], self.buffer[1:]
+        return byte
+
+    def read(self) -> tuple[bytes, bytes] | None:
+        """One backend message (type, body), or None at end of stream."""
+        if not self._fill(5):
+            return None
+        length = struct.unpack("!i", self.buffer[1:5])[0]
+        if not self._fill(1 + length):
+            return None
+        kind, body = self.buffer[:1], self.buffer[5 : 1 + length]
+        self.buffer = self.buffer[1 + length :]
+        return kind, body
+
+    def until_ready(self) -> list[tuple[bytes, bytes]]:
+        got = []
+        while True:
+            item = self.read()
+            assert item is not None, f"connection closed after {got}"
+            got.append(item)
+            if item[0] == b"Z":
+                return got
+
+    def start(self) -> list[tuple[bytes, bytes]]:
+        self.send(startup_packet())
+        return self.until_ready()
+
+    def closed(self) -> bool:
+        return self.read() is None
+
+    def close(self) -> None:
+        self.sock.close()
+
+
+def fields(body: bytes) -> dict[str, str]:
+    out = {}
+    for part in body.split(b"\0"):
+        if part:
+            out[chr(part[0])] = part[1:].decode()
+    return out
+
+
+def kinds(items: list[tuple[bytes, bytes]]) -> bytes:
+    return b"".join(kind for kind, _ in items)
+
+
+@pytest.fixture
+def client(server):
+    opened: list[Client] = []
+
+    def open_client() -> Client:
+        c = Client(server.port)
+        opened.append(c)
+        return c
+
+    yield open_client
+    for c in opened:
+        c.close()
+
+
+def assert_psycopg_works(connect) -> None:
+    conn = connect(autocommit=True)
+    assert conn.execute("SELECT %s", [42]).fetchone() == (42,)
+
+
+def test_negotiation_and_startup(client) -> None:
+    c = client()
+    c.send(SSL)
+    assert c.read_byte() == b"N"
+    c.send(GSSENC)
+    assert c.read_byte() == b"N"
+    got = c.start()
+    assert got[0] == (b"R", struct.pack("!i", 0))
+    statuses = dict(tuple(body[:-1].decode().split("\0")) for kind, body in got if kind == b"S")
+    assert statuses["server_version"] == "15.0 (Topicbase 0.1)"
+    assert statuses["client_encoding"] == "UTF8"
+    assert statuses["TimeZone"] == "UTC"
+    assert b"K" in kinds(got)
+    assert got[-1] == (b"Z", b"I")
+    c.send(m.message(b"X"))
+    assert c.closed()
+
+
+@pytest.mark.parametrize(
+    "garbage",
+    [
+        b"GET / HTTP/1.1\r\nHost: x\r\n\r\n",
+        struct.pack("!i", 2),  # a length shorter than itself
+        struct.pack("!ii", 8, 1234),  # an unknown protocol version
+        struct.pack("!i", 1 << 30) + b"xxxx",
+    ],
+)
+def test_garbage_before_startup(client, connect, garbage: bytes) -> None:
+    c = client()
+    c.send(garbage)
+    item = c.read()
+    assert item is not None and item[0] == b"E"
+    assert fields(item[1])["S"] == "FATAL"
+    assert c.closed()
+    assert_psycopg_works(connect)
+
+
+def test_truncated_packets(client, connect) -> None:
+    c = client()
+    c.send(struct.pack("!i", 100) + b"abc")  # a startup packet cut short
+    c.close()
+    c = client()
+    c.start()
+    c.send(b"Q" + struct.pack("!i", 50) + b"SELECT")  # a message cut short
+    c.close()
+    c = client()
+    c.start()
+    c.send(b"Q" + struct.pack("!i", 1))  # a bad message length
+    item = c.read()
+    assert item is not None and item[0] == b"E" and fields(item[1])["C"] == "08P01"
+    assert c.closed()
+    c = client()
+    c.start()
+    c.send(m.message(b"?", b"xyz"))  # an unknown message type
+    item = c.read()
+    assert item is not None and item[0] == b"E"
+    assert c.closed()
+    c = client()
+    c.start()
+    c.send(m.message(b"P", b"no terminator"))  # a malformed body
+    item = c.read()
+    assert item is not None and item[0] == b"E"
+    assert c.closed()
+    assert_psycopg_works(connect)
+
+
+def query(text: str) -> bytes:
+    return m.message(b"Q", m.cstr(text))
+
+
+def test_simple_query_messages(client) -> None:
+    c = client()
+    c.start()
+    c.send(query("SELECT 1 AS a, 'x' AS b; CREATE TABLE t (a INTEGER); ;"))
+    got = c.until_ready()
+    assert kinds(got) == b"TDCCZ"
+    assert got[1][1] == struct.pack("!hi", 2, 1) + b"1" + struct.pack("!i", 1) + b"x"
+    assert got[2][1] == b"SELECT 1\0"
+    assert got[3][1] == b"CREATE TABLE\0"
+    c.send(query("   "))
+    assert kinds(c.until_ready()) == b"IZ"
+    c.send(query("SELECT 1;\nCREATE TOPIC x WITH ("))
+    got = c.until_ready()
+    assert kinds(got) == b"EZ"
+    error = fields(got[0][1])
+    assert error["C"] == "42601" and error["S"] == "ERROR"
+    assert error["P"] == "32"
+    c.send(query("SELECT '\\x00ff'::BLOB AS b, TRUE AS t"))
+    got = c.until_ready()
+    assert got[1][1] == struct.pack("!hi", 2, 8) + b"\\x006666" + struct.pack("!i", 1) + b"t"
+
+
+def test_transaction_status(client) -> None:
+    c = client()
+    c.start()
+    c.send(query("BEGIN"))
+    assert c.until_ready()[-1] == (b"Z", b"T")
+    c.send(query("SELECT * FROM missing_table"))
+    got = c.until_ready()
+    assert got[-1] == (b"Z", b"E")
+    c.send(query("SELECT 1"))
+    got = c.until_ready()
+    assert fields(got[0][1])["C"] == "25P02"
+    assert got[-1] == (b"Z", b"E")
+    c.send(query("ROLLBACK"))
+    assert c.until_ready()[-1] == (b"Z", b"I")
+
+
+def parse_message(text: str, name: str = "", oids: tuple[int, ...] = ()) -> bytes:
+    body = m.cstr(name) + m.cstr(text) + struct.pack("!h", len(oids))
+    body += b"".join(struct.pack("!i", o) for o in oids)
+    return m.message(b"P", body)
+
+
+def bind_message(
+    values: list[bytes | None], formats: tuple[int, ...] = (), results: tuple[int, ...] = (),
+    statement: str = "", portal: str = "",
+) -> bytes:  # fmt: skip
+    body = m.cstr(portal) + m.cstr(statement) + struct.pack("!h", len(formats))
+    body += b"".join(struct.pack("!h", f) for f in formats) + struct.pack("!h", len(values))
+    for value in values:
+        body += struct.pack("!i", -1) if value is None else struct.pack("!i", len(value)) + value
+    body += struct.pack("!h", len(results)) + b"".join(struct.pack("!h", r) for r in results)
+    return m.message(b"B", body)
+
+
+def execute_message(portal: str = "", max_rows: int = 0) -> bytes:
+    return m.message(b"E", m.cstr(portal) + struct.pack("!i", max_rows))
+
+
+SYNC = m.message(b"S")
+
+
+def test_extended_protocol(client) -> None:
+    c = client()
+    c.start()
+    c.send(
+        parse_message("SELECT i FROM range($1::BIGINT) t(i) ORDER BY i", "s1", (20,))
+        + m.message(b"D", b"Ss1\0")
+        + bind_message([struct.pack("!q", 5)], (1,), (1,), "s1")
+        + m.message(b"D", b"P\0")
+        + execute_message("", 2)
+        + execute_message("", 0)
+        + SYNC
+    )
+    got = c.until_ready()
+    assert kinds(got) == b"1tn2TDDsDDDCZ"
+    assert got[1][1] == struct.pack("!hi", 1, 20)
+    assert got[5][1] == struct.pack("!hiq", 1, 8, 0)  # binary int8
+    assert got[-2][1] == b"SELECT 3\0"
+    # Text parameters, an unnamed statement, NoData for a statement without rows.
+    c.send(
+        parse_message("CREATE TABLE p (a INTEGER, b VARCHAR)")
+        + bind_message([])
+        + m.message(b"D", b"P\0")
+        + execute_message()
+        + parse_message("INSERT INTO p VALUES ($1, $2)")
+        + bind_message([b"7", b"seven"])
+        + execute_message()
+        + m.message(b"C", b"Ss1\0")
+        + SYNC
+    )
+    got = c.until_ready()
+    assert kinds(got) == b"12nC12C3Z"
+    assert got[-3][1] == b"INSERT 0 1\0"
+
+
+def test_extended_error_skips_until_sync(client) -> None:
+    c = client()
+    c.start()
+    c.send(
+        parse_message("CREATE TOPIC x WITH (")
+        + bind_message([])
+        + execute_message()
+        + SYNC
+        + parse_message("SELECT 1")
+        + bind_message([])
+        + execute_message()
+        + m.message(b"H")
+    )
+    got = c.until_ready()
+    assert kinds(got) == b"EZ"
+    assert fields(got[0][1])["C"] == "42601"
+    assert fields(got[0][1])["P"] == "22"
+    assert kinds([c.read(), c.read(), c.read(), c.read()]) == b"12DC"
+    c.send(parse_message("SELEC 1") + bind_message([]) + execute_message() + SYNC)
+    got = c.until_ready()
+    assert kinds(got) == b"12EZ" and fields(got[2][1])["C"] == "42601"
+    c.send(bind_message([], statement="nope") + execute_message() + SYNC)
+    got = c.until_ready()
+    assert kinds(got) == b"EZ" and fields(got[0][1])["C"] == "26000"
+    c.send(parse_message("SELECT $1::INTEGER") + bind_message([]) + SYNC)
+    got = c.until_ready()
+    assert kinds(got) == b"1EZ" and fields(got[1][1])["C"] == "08P01"
