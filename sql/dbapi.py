@@ -60,7 +60,7 @@ _ROLLBACK = parse_one("ROLLBACK")
 
 # -- exceptions (PEP 249) ------------------------------------------------------------------
 class Warning(Exception):
-    pass
+    """PEP 249 ``Warning``."""
 
 
 class Error(Exception):
@@ -76,35 +76,35 @@ class Error(Exception):
 
 
 class InterfaceError(Error):
-    pass
+    """PEP 249 ``InterfaceError``."""
 
 
 class DatabaseError(Error):
-    pass
+    """PEP 249 ``DatabaseError``."""
 
 
 class DataError(DatabaseError):
-    pass
+    """PEP 249 ``DataError``."""
 
 
 class OperationalError(DatabaseError):
-    pass
+    """PEP 249 ``OperationalError``."""
 
 
 class IntegrityError(DatabaseError):
-    pass
+    """PEP 249 ``IntegrityError``."""
 
 
 class InternalError(DatabaseError):
-    pass
+    """PEP 249 ``InternalError``."""
 
 
 class ProgrammingError(DatabaseError):
-    pass
+    """PEP 249 ``ProgrammingError``."""
 
 
 class NotSupportedError(DatabaseError):
-    pass
+    """PEP 249 ``NotSupportedError``."""
 
 
 # SQLSTATE class (first two characters) -> exception, as psycopg maps them.
@@ -396,10 +396,10 @@ class Cursor:
         self._rows = iter(())
 
     def setinputsizes(self, sizes: Any) -> None:
-        pass
+        """PEP 249 lets this do nothing: parameter types come from the values."""
 
     def setoutputsize(self, size: Any, column: Any = None) -> None:
-        pass
+        """PEP 249 lets this do nothing: results are fetched whole."""
 
     def callproc(self, procname: str, parameters: Any = None) -> Any:
         raise NotSupportedError("stored procedures are not supported", "0A000")
