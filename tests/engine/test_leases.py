@@ -10,7 +10,7 @@ from engine.database import Database
 from storage import errors
 from tests.engine.conftest import rows
 
-LEASE_S = 0.4
+LEASE_S = 1.0
 
 
 @pytest.fixture
