@@ -253,8 +253,6 @@ class Connection:
                 if self.session is not None and self.session.state is SessionState.IDLE:
                     self.portals.clear()
                 self.send(m.ready_for_query(self.status()))
-            elif kind == b"H":
-                pass
             elif kind in (b"P", b"B", b"D", b"E", b"C"):
                 if not self.skipping:
                     try:
@@ -264,7 +262,7 @@ class Connection:
                     except Exception as error:
                         self.send_error(error, self._query_of(kind, body))
                         self.skipping = True
-            else:
+            elif kind != b"H":  # Flush (H) only asks for the drain below
                 raise m.ProtocolError(f"invalid frontend message type {kind!r}")
             if kind in (b"Q", b"S", b"H"):
                 await self.writer.drain()

@@ -245,7 +245,7 @@ def check_topic(topic, acks: AckLog | None = None) -> CheckStats:
 
 # -- the writer --------------------------------------------------------------------------
 class Failure(Exception):
-    pass
+    """The writer saw the store break a promise (reported to the test, then exit)."""
 
 
 def fail(message: str) -> None:

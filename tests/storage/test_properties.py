@@ -84,7 +84,7 @@ class NoSyncFileSystem(FileSystem):
     """Skips fsyncs: this test checks logic, not durability, and syncs dominate its time."""
 
     def sync(self, fd: int) -> None:
-        pass
+        """No fsync: durability is not what this test checks."""
 
     def sync_directory(self, path: str) -> None:
         pass
