@@ -24,6 +24,7 @@ import os
 
 from engine import tables
 from engine.catalog import SCHEMA
+from engine.database import STAGING_DIRECTORY, STORE_DIRECTORY
 from storage.check import (
     MISSING,
     UNREADABLE,
@@ -39,8 +40,6 @@ from storage.fs import DEFAULT_FILE_SYSTEM, FileSystem
 CATALOG_MISMATCH = "catalog_mismatch"
 BAD_RECORD = "bad_record"
 # The layout of a data directory, as ``engine.database`` opens it.
-STORE_DIRECTORY = "store"
-STAGING_DIRECTORY = "staging"
 # Commit records live until the next checkpoint (every 256 commits); a bound all the same.
 RECORDS_MAX = 1_000_000
 

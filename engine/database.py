@@ -33,6 +33,10 @@ from storage.topic_log import TopicLog
 
 log = logging.getLogger(__name__)
 
+# The two halves of a data directory besides the DuckDB file (tables.TABLES_FILE).
+STORE_DIRECTORY = "store"
+STAGING_DIRECTORY = "staging"
+
 
 class Database:
     _open: ClassVar[dict[str, Database]] = {}
@@ -49,7 +53,7 @@ class Database:
         self.path = path
         self.clock = clock
         self.fsync_policy = fsync_policy
-        self.store = Store.open(os.path.join(path, "store"), fs=fs, clock=clock)
+        self.store = Store.open(os.path.join(path, STORE_DIRECTORY), fs=fs, clock=clock)
         try:
             self.root = tables.connect(os.path.join(path, tables.TABLES_FILE))
         except BaseException:
@@ -65,7 +69,8 @@ class Database:
         self.open_transactions = 0
         self.leases = LeaseRegistry(clock, lease_timeout_s)
         self._reconcile()
-        self.committer = Committer(self, StagingLog(self.store.fs, os.path.join(path, "staging")))
+        staging = StagingLog(self.store.fs, os.path.join(path, STAGING_DIRECTORY))
+        self.committer = Committer(self, staging)
         republished = self.committer.recover()
         if republished:
             log.warning("recovery re-published %d staged batches", republished)
