@@ -44,12 +44,12 @@ from bench.results import Recorder, ratio_target, value_target
 from storage.config import FsyncPolicy, TopicConfig
 from storage.fs import FileSystem
 from storage.partition_log import PartitionLog
-from storage.record_batch import WIRE_SCHEMA, build_wire_batch
+from storage.record_batch import HEADER_BYTES, MAGIC, WIRE_SCHEMA, build_wire_batch
 from storage.store import Store
 
 MB = 1_000_000
-FRAME_MAGIC = b"TBb1"
-FRAME_HEADER_BYTES = 40
+FRAME_MAGIC = MAGIC
+FRAME_HEADER_BYTES = HEADER_BYTES  # the raw baseline writes frames of the same size
 MESSAGE_BYTES = 1024
 POOL_MESSAGES = 2048
 PRODUCER = "bench-producer"
@@ -171,7 +171,7 @@ def build_batches(data: list[list[bytes]], producer: str, first_seq: int = 0) ->
 
 
 def frames_of(batches: Sequence[pa.RecordBatch]) -> list[bytes]:
-    """Frame-sized bytes for ``batches`` (raw ceilings): a 40-byte header + the IPC body."""
+    """Frame-sized bytes for ``batches`` (raw ceilings): a 48-byte header + the IPC body."""
     frames = []
     for batch in batches:
         body = batch.serialize().to_pybytes()

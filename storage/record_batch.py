@@ -131,7 +131,7 @@ def encode_frame_header(
     record_count: int,
     transaction_id: int = 0,
 ) -> bytes:
-    """The 40-byte header, checksum included, of a frame holding ``body``."""
+    """The 48-byte header, checksum included, of a frame holding ``body``."""
     size = len(body)
     assert size % 8 == 0 and record_count >= 1 and transaction_id >= 0
     attributes = TRANSACTIONAL if transaction_id else 0
