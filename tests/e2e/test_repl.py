@@ -5,6 +5,8 @@ from __future__ import annotations
 import os
 import shutil
 import sys
+import termios
+import time
 from pathlib import Path
 
 import pexpect
@@ -42,6 +44,14 @@ def repl(tmp_path: Path, history_file: Path):  # -> pexpect.spawn
     yield child
     if child.isalive():
         child.terminate(force=True)
+
+
+def _wait_for_raw_mode(child, timeout_s: float = 10.0) -> None:
+    """Wait until the program behind the pseudo-terminal has switched canonical mode off."""
+    deadline = time.monotonic() + timeout_s
+    while termios.tcgetattr(child.child_fd)[3] & termios.ICANON:
+        assert time.monotonic() < deadline, "the REPL never put the terminal in raw mode"
+        time.sleep(0.01)
 
 
 def test_multi_line_statements_tables_history_describe_and_quit(repl, history_file: Path) -> None:
@@ -114,6 +124,9 @@ def test_ctrl_c_cancels_a_waiting_read_and_keeps_the_repl(repl) -> None:
     repl.send("SELECT 'still here' AS answer;\r")
     repl.expect("still here")
     repl.expect(PROMPT)
+    # Ctrl-D is an editor key only once the prompt has the terminal in raw mode; sent
+    # earlier, the line discipline would turn it into an end-of-file that nobody reads.
+    _wait_for_raw_mode(repl)
     repl.sendeof()
     repl.expect(pexpect.EOF)
     repl.close()
