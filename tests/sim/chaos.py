@@ -1,13 +1,26 @@
 """`make chaos`: workload -> kill or failpoint crash -> restart -> recover -> check, N times.
 
-Each cycle starts a workload process (``tests.sim.chaos_worker``) on the same
-data directory and history file, then either SIGKILLs it at a random moment or
-arms a random failpoint (``TOPICBASE_FAILPOINTS``, crash at its n-th hit) and
-lets it run into it. Every few cycles, and at the end, the runner recovers the
-database (by opening it), records what it observes — every partition's
-contents with offsets, every table row, the committed offsets — and runs the
-history checker (``tests.sim.checker``). Transactions whose process died during
-COMMIT are recorded as outcome unknown (``info``).
+Each cycle forks a workload process (``tests.sim.chaos_worker.run_worker``) from this
+process, which imported Topicbase, DuckDB and pyarrow once and never opens the
+database itself (every database access happens in a forked child, so forking is
+safe). The worker recovers the database by opening it, records an observation of the
+recovered state (incremental: only what changed since the previous observation),
+reports ready, and runs its workload; the runner either SIGKILLs it at a random moment
+or has armed a random failpoint (``name=crash@n``) and lets it run into it.
+Transactions whose process died during COMMIT are then recorded as outcome unknown
+(``info``).
+
+The runner follows the history file incrementally (``history.HistoryTail``): what the
+next worker needs (the producers' last seq_nos, the last observation of each key) and
+the transactions left without an outcome come from the lines appended since the last
+cycle, so a cycle's cost does not grow with the history. Every ``--check-every``
+cycles, and at the end, a forked observer recovers the database and records it (the
+whole of every partition every ``FULL_OBSERVATION_EVERY`` cycles and at the end, which
+verifies by digest everything the tail observations did not read; else only the tails),
+and the history checker (``tests.sim.checker``) checks the whole history, plus
+exactly-once delivery of every consumed message in the rebuilt final state.
+Failpoints passed rarely (``RARE_FAILPOINTS``) are armed at their first hit, the others
+at a random one of the first six.
 
 The last line is exactly::
 
@@ -22,21 +35,25 @@ of failpoints, workload and delays do not).
 from __future__ import annotations
 
 import argparse
+import functools
+import gc
 import json
 import os
 import random
+import select
 import signal
-import subprocess
 import sys
 import tempfile
 import time
+import traceback
 from collections import Counter
+from collections.abc import Callable
 from pathlib import Path
 
-from engine.database import Database
-from tests.sim.chaos_worker import ROWS, setup
-from tests.sim.checker import check_file
-from tests.sim.history import HistoryWriter, load, row_key, topic_key
+from storage import failpoints as failpoint_switch
+from tests.sim.chaos_worker import Known, Observed, observe_database, run_worker, setup, warm_up
+from tests.sim.checker import Report, check_file
+from tests.sim.history import HistoryTail, HistoryWriter, ListDigest
 
 FAILPOINTS = (
     "fs.before_sync",
@@ -52,209 +69,351 @@ FAILPOINTS = (
     "commit.checkpoint_before_delete",
     "recovery.after_republish",
 )
-# Observations record the whole state of every topic and table, so they are taken
-# at doubling intervals (10, 20, 40, ...) and at the end: the history stays small
-# enough for long runs while state regressions between recoveries are still seen.
-FIRST_OBSERVATION = 10
+# Passed a few times per cycle at most (a segment rolls every ~20 cycles per partition,
+# recovery republishes only after a crash inside a commit): armed at their first hit.
+RARE_FAILPOINTS = frozenset(
+    {"segment.roll_after_seal", "segment.roll_before_snapshot", "recovery.after_republish"}
+)
+CHECK_EVERY = 25
+FULL_OBSERVATION_EVERY = 100  # cycles; the other checks' observations read only tails
 WORKER_SECONDS = 1.5
-WORKER_TIMEOUT_S = 60
+CHILD_TIMEOUT_S = 60
+CRASHED = (137, -signal.SIGKILL)  # os._exit(137) at a failpoint, or SIGKILL
 
 
+# -- forked children ----------------------------------------------------------------------------
+class Child:
+    """A forked process running ``body(ready)``; ``ready()`` tells the parent.
+
+    The child's stdout and stderr go to ``log`` (kept for the error message of a
+    failed child). It exits 0 when ``body`` returns, 3 on an exception (traceback in
+    the log), 137 at a crash failpoint; it never returns into the parent's code.
+    """
+
+    def __init__(self, body: Callable[[Callable[[], None]], None], log: Path, arm: str = ""):
+        self.log = log
+        sys.stdout.flush()
+        sys.stderr.flush()
+        read_end, write_end = os.pipe()
+        pid = os.fork()
+        if pid == 0:  # pragma: no cover - the child
+            code = 3
+            try:
+                os.close(read_end)
+                gc.freeze()  # the parent's objects: the child's collector leaves them alone
+                fd = os.open(log, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o644)
+                os.dup2(fd, 1)
+                os.dup2(fd, 2)
+                os.close(fd)
+                failpoint_switch.activate(arm)
+                body(lambda: os.write(write_end, b"ready\n"))
+                code = 0
+            except BaseException:
+                traceback.print_exc()
+            finally:
+                sys.stdout.flush()
+                sys.stderr.flush()
+                os._exit(code)
+        os.close(write_end)
+        self.pid = pid
+        self.pipe = read_end
+        self.status: int | None = None
+
+    def wait_ready(self, timeout: float = CHILD_TIMEOUT_S) -> bool:
+        """True once the child said ready; False if it ended first."""
+        if not select.select([self.pipe], [], [], timeout)[0]:
+            self.kill()
+            raise RuntimeError(f"child {self.pid} not ready after {timeout} s; killed")
+        return os.read(self.pipe, 64).startswith(b"ready")
+
+    def kill(self) -> None:
+        if self.status is None:
+            os.kill(self.pid, signal.SIGKILL)
+            self.wait()
+
+    def wait(self, timeout: float = CHILD_TIMEOUT_S) -> int:
+        """The child's exit code (negative: killed by that signal); kills it after
+        ``timeout`` and raises."""
+        if self.status is None:
+            # The pipe reaches end of file when the child has exited.
+            if not select.select([self.pipe], [], [], timeout)[0]:
+                os.kill(self.pid, signal.SIGKILL)
+                os.waitpid(self.pid, 0)
+                os.close(self.pipe)
+                self.status = -signal.SIGKILL
+                raise RuntimeError(f"child {self.pid} still running after {timeout} s; killed")
+            while os.read(self.pipe, 64):
+                pass
+            os.close(self.pipe)
+            self.status = os.waitstatus_to_exitcode(os.waitpid(self.pid, 0)[1])
+        return self.status
+
+    def failure(self, what: str) -> RuntimeError:
+        return RuntimeError(
+            f"{what} failed with status {self.status}:\n{self.log.read_text()[-3000:]}"
+        )
+
+
+def warm_up_for_forking() -> None:
+    """Import and initialise everything once here (``chaos_worker.warm_up``), so that a
+    forked worker starts at once; refuse to go on if the warm-up left native threads
+    running (DuckDB's end with its database), since forking would not be safe then."""
+    before = _threads()
+    warm_up()
+    gc.collect()
+    after = _threads()
+    if after > before:
+        raise RuntimeError(f"the warm-up left {after - before} thread(s) running")
+
+
+def _threads() -> int:
+    """Threads of this process (native ones too)."""
+    return len(os.listdir("/proc/self/task"))
+
+
+def run_in_child(body: Callable[[], None], log: Path, what: str) -> None:
+    """Run ``body`` in a forked child to its end; raise if it did not exit 0."""
+    child = Child(lambda ready: body(), log)
+    if child.wait() != 0:
+        raise child.failure(what)
+
+
+# -- what the runner follows in the history ----------------------------------------------------
+class Follower:
+    """Reads the history's new lines after each cycle and keeps what the next cycle needs."""
+
+    def __init__(self, path: str) -> None:
+        self.path = path
+        self.tail = HistoryTail(path)
+        self.known = Known()
+        self.pending: dict[str, list] = {}  # txn id -> ops: logged COMMIT, no outcome yet
+        # Per key, the digest of its observation rebuilt from the increments (as the
+        # checker rebuilds it), and the offset after its last value.
+        self.digests: dict[str, tuple[ListDigest, int]] = {}
+
+    def update(self) -> None:
+        known = self.known
+        touched: set[str] = set()
+        for event in self.tail.read_new():
+            kind = event.get("type")
+            if kind == "invoke":
+                if "id" in event:
+                    self.pending[event["id"]] = event.get("ops", [])
+                elif event.get("producer"):
+                    producer = event["producer"]
+                    seq_no = int(event["seq_no"])
+                    known.seq_nos[producer] = max(known.seq_nos.get(producer, 0), seq_no)
+            elif kind == "txn":
+                self.pending.pop(event["id"], None)
+            elif kind == "final":
+                self.observed(event)
+                touched.add(event["key"])
+        for key in touched:
+            if key in self.digests:
+                digest, end = self.digests[key]
+                known.observed[key] = Observed(digest.count, digest.hexdigest(), end)
+            else:
+                known.observed.pop(key, None)
+
+    def observed(self, event: dict) -> None:
+        """Follow one observation of a key: a full one starts over, an increment
+        after all the values known extends them; anything else forgets the key (the
+        next observation of it is then a full one)."""
+        key, values, offsets = event["key"], event.get("values") or [], event.get("offsets")
+        base = event.get("base")
+        if base is None:
+            digest, end = ListDigest(), event.get("start") or 0
+        elif key in self.digests and self.digests[key][0].count == base:
+            digest, end = self.digests[key]
+        else:
+            self.digests.pop(key, None)
+            return
+        digest.update(values)
+        if offsets:
+            end = offsets[-1] + 1
+        self.digests[key] = (digest, end)
+
+    def settle_unknown_transactions(self) -> None:
+        """Transactions that logged their COMMIT but no outcome: outcome unknown (info).
+        Called when no worker runs, so that none of them can still finish."""
+        self.update()
+        if self.pending:
+            with HistoryWriter(self.path, "runner") as writer:
+                for txn_id, ops in self.pending.items():
+                    writer.txn(txn_id, "info", ops)
+            self.update()
+
+
+# -- one cycle -------------------------------------------------------------------------------
 def run_cycle(
-    data_dir: str, history: str, cycle: int, rng: random.Random
-) -> tuple[str, str | None]:
-    """One workload process; returns ("kill"|"failpoint"|"clean", the failpoint it hit)."""
-    environment = dict(os.environ)
+    data_dir: str, history: str, work: Path, cycle: int, known: Known, rng: random.Random
+) -> tuple[str, str | None, float]:
+    """One workload process; returns ("kill"|"failpoint"|"clean", the failpoint it hit,
+    seconds from the fork to ready: recovery and observation)."""
     mode = rng.choice(("kill", "kill", "failpoint"))
     failpoint = rng.choice(FAILPOINTS) if mode == "failpoint" else None
-    if failpoint is not None:
-        environment["TOPICBASE_FAILPOINTS"] = f"{failpoint}=crash@{rng.randint(1, 6)}"
-    command = [
-        sys.executable,
-        "-m",
-        "tests.sim.chaos_worker",
-        "--data-dir",
-        data_dir,
-        "--history",
-        history,
-        "--cycle",
-        str(cycle),
-        "--seed",
-        str(rng.getrandbits(32)),
-        "--seconds",
-        str(WORKER_SECONDS),
-    ]
-    process = subprocess.Popen(
-        command, env=environment, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True
-    )
-    assert process.stdout is not None
-    ready = process.stdout.readline()  # imports and recovery done
+    nth = 1 if failpoint in RARE_FAILPOINTS else rng.randint(1, 6)
+    arm = f"{failpoint}=crash@{nth}" if failpoint is not None else ""
+    seed = rng.getrandbits(32)
+
+    def body(ready: Callable[[], None]) -> None:
+        run_worker(data_dir, history, cycle, seed, WORKER_SECONDS, known, ready)
+
+    forked = time.monotonic()
+    child = Child(body, work / "worker.log", arm)
+    ready = child.wait_ready()
+    to_ready = time.monotonic() - forked
     if mode == "kill" and ready:
         time.sleep(rng.uniform(0.0, WORKER_SECONDS))
-        process.send_signal(signal.SIGKILL)
-    try:
-        _, stderr = process.communicate(timeout=WORKER_TIMEOUT_S)
-    except subprocess.TimeoutExpired:
-        process.kill()
-        _, stderr = process.communicate()
-    status = process.returncode
-    if status not in (0, 137, -signal.SIGKILL):
-        raise RuntimeError(f"worker {cycle} failed with status {status}:\n{stderr[-3000:]}")
-    if mode == "failpoint" and status != 137:
+        child.kill()
+    status = child.wait()
+    if status != 0 and status not in CRASHED:
+        raise child.failure(f"worker {cycle}")
+    if mode == "failpoint" and status not in CRASHED:
         mode, failpoint = "clean", None  # the failpoint was not reached in time
-    return mode, failpoint
+    return mode, failpoint, to_ready
 
 
-def settle_unknown_transactions(history: str) -> None:
-    """Transactions that logged their COMMIT but no outcome: outcome unknown (info)."""
-    events = load(history)
-    finished = {e["id"] for e in events if e.get("type") == "txn"}
-    writer = HistoryWriter(history, "runner")
-    for event in events:
-        if event.get("type") == "invoke" and "id" in event and event["id"] not in finished:
-            writer.txn(event["id"], "info", event.get("ops", []))
-            finished.add(event["id"])
-    writer.close()
+class Pace:
+    """Wall and CPU time per cycle since the previous progress line (CPU: this process
+    and its reaped children, i.e. the workers, observers and the checker)."""
+
+    def __init__(self) -> None:
+        self.started = time.monotonic()
+        self.reset()
+
+    def reset(self) -> None:
+        self.since = time.monotonic()
+        self.cpu = _cpu()
+        self.cycles = 0
+        self.to_ready = 0.0
+
+    def line(self) -> str:
+        n = max(self.cycles, 1)
+        wall = (time.monotonic() - self.since) / n
+        cpu = (_cpu() - self.cpu) / n
+        text = (
+            f"last {self.cycles} cycles {wall:.2f} s/cycle (to ready {self.to_ready / n:.2f} s, "
+            f"CPU {cpu:.2f} s); {time.monotonic() - self.started:.0f} s in all"
+        )
+        self.reset()
+        return text
 
 
-def observe(data_dir: str, history: str) -> None:
-    """Recover (open) the database and record its whole state as ``final`` events."""
-    db = Database.open(data_dir)
-    session = db.connect()
-    writer = HistoryWriter(history, "observer")
-    try:
-        for topic in ("src", "dst"):
-            table = session.execute(
-                f'SELECT partition, "offset", CAST(data AS VARCHAR) AS v FROM TOPIC {topic} '
-                'WITH (max_messages = 1000000) ORDER BY partition, "offset"'
-            )[0].table.to_pylist()
-            for partition in range(3):
-                rows = [r for r in table if r["partition"] == partition]
-                writer.final(
-                    topic_key(topic, partition),
-                    [r["v"] for r in rows],
-                    offsets=[r["offset"] for r in rows],
-                )
-        lists = session.execute("SELECT k, v FROM lists")[0].table.to_pylist()
-        found = {r["k"]: r["v"].split(",") for r in lists}
-        for key in ROWS:
-            writer.final(row_key(key), found.get(key, []))
-        consumers = session.execute(
-            "SELECT topic, consumer, partition, committed_offset FROM sys.consumers"
-        )[0].table.to_pylist()
-        for row in consumers:
-            writer.offsets(
-                row["topic"], row["consumer"], row["partition"], row["committed_offset"] or 0
-            )
-    finally:
-        writer.close()
-        session.close()
-        db.close()
+def _cpu() -> float:
+    times = os.times()
+    return times.user + times.system + times.children_user + times.children_system
 
 
-def check_exactly_once_moves(history: str) -> list[str]:
+# -- checks --------------------------------------------------------------------------------------
+def check_exactly_once_moves(report: Report) -> list[str]:
     """Every ``src`` message below the mover's committed offset is in ``dst`` exactly
-    once, and nothing else is (the resharding promise), at the last observation."""
-    finals: dict[str, dict] = {}
-    committed: dict[int, int] = {}
-    for event in load(history):
-        if event.get("type") == "final":
-            finals[event["key"]] = event
-        elif event.get("type") == "offsets" and event["consumer"] == "mover":
-            committed[event["partition"]] = event["committed"]
-    consumed = []
-    for partition in range(3):
-        final = finals.get(topic_key("src", partition), {"values": [], "offsets": []})
-        for offset, value in zip(final["offsets"], final["values"], strict=True):
-            if offset < committed.get(partition, 0):
-                consumed.append(value)
+    once, and nothing else is (the resharding promise); every ``dst`` message below the
+    tabler's committed offset is in one table row once. On the final state the checker
+    rebuilt, with the committed offsets of the last observation."""
+    consumed = _consumed(report, "src", "mover")
     arrived: Counter[str] = Counter()
-    for partition in range(3):
-        for value in finals.get(topic_key("dst", partition), {"values": []})["values"]:
-            arrived[value.removeprefix("m:").rsplit("@", 1)[0]] += 1
+    for key, values in report.final.items():
+        if key.startswith("t:dst/"):
+            for value in values:
+                arrived[value.removeprefix("m:").rsplit("@", 1)[0]] += 1
     problems = [f"{v!r} moved {arrived[v]} times" for v in consumed if arrived[v] != 1]
     problems += [f"{v!r} arrived without being consumed" for v in set(arrived) - set(consumed)]
-    return problems + _tabled_exactly_once(finals, committed_tabler(history))
-
-
-def committed_tabler(history: str) -> dict[int, int]:
-    committed: dict[int, int] = {}
-    for event in load(history):
-        if event.get("type") == "offsets" and event["consumer"] == "tabler":
-            committed[event["partition"]] = event["committed"]
-    return committed
-
-
-def _tabled_exactly_once(finals: dict[str, dict], committed: dict[int, int]) -> list[str]:
-    """Every ``dst`` message below the tabler's committed offset is in one table row once."""
-    consumed = []
-    for partition in range(3):
-        final = finals.get(topic_key("dst", partition), {"values": [], "offsets": []})
-        for offset, value in zip(final["offsets"], final["values"], strict=True):
-            if offset < committed.get(partition, 0):
-                consumed.append(value)
+    tabled = _consumed(report, "dst", "tabler")
     landed: Counter[str] = Counter()
-    for key in ROWS:
-        for value in finals.get(row_key(key), {"values": []})["values"]:
-            landed[value.removeprefix("x:").rsplit("#", 1)[0]] += 1
-    problems = [f"{v!r} tabled {landed[v]} times" for v in consumed if landed[v] != 1]
-    problems += [f"{v!r} tabled without being consumed" for v in set(landed) - set(consumed)]
+    for key, values in report.final.items():
+        if key.startswith("r:"):
+            for value in values:
+                landed[value.removeprefix("x:").rsplit("#", 1)[0]] += 1
+    problems += [f"{v!r} tabled {landed[v]} times" for v in tabled if landed[v] != 1]
+    problems += [f"{v!r} tabled without being consumed" for v in set(landed) - set(tabled)]
     return problems
 
 
-def _messages_observed(history: str) -> int:
-    """Messages in the topics at the last observation (each checked by the checker)."""
-    last: dict[str, int] = {}
-    for event in load(history):
-        if event.get("type") == "final" and str(event.get("key", "")).startswith("t:"):
-            last[event["key"]] = len(event.get("values", []))
-    return sum(last.values())
+def _consumed(report: Report, topic: str, consumer: str) -> list[str]:
+    """Values of ``topic`` below ``consumer``'s committed offset, in the final state."""
+    consumed = []
+    prefix = f"t:{topic}/"
+    for key, values in report.final.items():
+        if not key.startswith(prefix):
+            continue
+        committed = report.committed.get((topic, consumer, int(key[len(prefix) :])), 0)
+        offsets = report.final_offsets.get(key) or range(len(values))
+        consumed += [v for o, v in zip(offsets, values, strict=True) if o < committed]
+    return consumed
 
 
+def messages_observed(report: Report) -> int:
+    """Messages in the topics in the final state (each checked by the checker)."""
+    return sum(len(values) for key, values in report.final.items() if key.startswith("t:"))
+
+
+# -- the runner ----------------------------------------------------------------------------------
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("--cycles", type=int, default=int(os.environ.get("CHAOS_CYCLES", 50)))
     parser.add_argument("--seed", type=int, default=None)
     parser.add_argument("--data-dir", default=None, help="default: a temporary directory")
+    parser.add_argument(
+        "--check-every", type=int, default=CHECK_EVERY, help="cycles between full checks"
+    )
     args = parser.parse_args(argv)
     seed = args.seed if args.seed is not None else random.SystemRandom().getrandbits(32)
     rng = random.Random(seed)
     work = Path(args.data_dir or tempfile.mkdtemp(prefix="topicbase-chaos-"))
+    work.mkdir(parents=True, exist_ok=True)
     data_dir, history = str(work / "data"), str(work / "history.jsonl")
     print(f"chaos: seed {seed}, {args.cycles} cycles, data in {work}", flush=True)
-    setup(data_dir)
+    warm_up_for_forking()
+    run_in_child(lambda: setup(data_dir), work / "setup.log", "setup")
+    follower = Follower(history)
     outcomes: Counter[str] = Counter()
     failpoints_hit: Counter[str] = Counter()
-    next_observation = FIRST_OBSERVATION
     violations = 0
-    report = None
+    report: Report | None = None
+    pace = Pace()
     for cycle in range(1, args.cycles + 1):
-        mode, failpoint = run_cycle(data_dir, history, cycle, rng)
+        mode, failpoint, to_ready = run_cycle(data_dir, history, work, cycle, follower.known, rng)
+        pace.cycles += 1
+        pace.to_ready += to_ready
         outcomes[mode] += 1
         if failpoint is not None:
             failpoints_hit[failpoint] += 1
-        settle_unknown_transactions(history)
-        if cycle == next_observation or cycle == args.cycles:
-            next_observation *= 2
-            observe(data_dir, history)
-            report = check_file(history)
-            moved = check_exactly_once_moves(history)
-            violations = len(report.violations) + len(moved)
-            for problem in moved[:20]:
-                print(f"VIOLATION exactly-once: {problem}", flush=True)
-            print(
-                f"cycle {cycle}: {dict(outcomes)}; {report.summary(limit=5).splitlines()[0]}; "
-                f"violations {violations}",
-                flush=True,
-            )
-            if violations:
-                print(report.summary(limit=20), flush=True)
-                print(f"chaos: failing seed {seed} (replay: --seed {seed})", flush=True)
-                break
+        follower.settle_unknown_transactions()
+        if cycle % args.check_every and cycle != args.cycles:
+            continue
+        observe_started = time.monotonic()
+        full = cycle % FULL_OBSERVATION_EVERY == 0 or cycle == args.cycles
+        run_in_child(
+            functools.partial(
+                observe_database, data_dir, history, follower.known.observed, full=full
+            ),
+            work / "observer.log",
+            "observation",
+        )
+        follower.update()
+        check_started = time.monotonic()
+        report = check_file(history)
+        moved = check_exactly_once_moves(report)
+        violations = len(report.violations) + len(moved)
+        for problem in moved[:20]:
+            print(f"VIOLATION exactly-once: {problem}", flush=True)
+        print(
+            f"cycle {cycle}: {dict(outcomes)}; {report.summary(limit=5).splitlines()[0]}; "
+            f"history {os.path.getsize(history) / 1e6:.1f} MB; "
+            f"observe {check_started - observe_started:.1f} s, "
+            f"check {time.monotonic() - check_started:.1f} s; {pace.line()}; "
+            f"violations {violations}",
+            flush=True,
+        )
+        if violations:
+            print(report.summary(limit=20), flush=True)
+            print(f"chaos: failing seed {seed} (replay: --seed {seed})", flush=True)
+            break
     print("failpoints hit: " + json.dumps(dict(sorted(failpoints_hit.items()))), flush=True)
     stats = report.stats if report is not None else {}
     transactions = sum(stats.get(f"txns_{status}", 0) for status in ("ok", "fail", "info"))
-    messages = _messages_observed(history)
+    messages = messages_observed(report) if report is not None else 0
     print(
         f"chaos: {sum(outcomes.values())} cycles, {outcomes['kill']} kills, "
         f"{outcomes['failpoint']} failpoints, {messages} messages, {transactions} transactions, "

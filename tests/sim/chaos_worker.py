@@ -1,8 +1,12 @@
-"""One chaos workload process: random producer writes, movers and table appends.
+"""One chaos workload process, and the observation of a recovered database.
 
-Run by ``tests.sim.chaos`` until it is killed (SIGKILL at a random moment, or a
-failpoint crashing it) or its time is up. Every acknowledged effect is recorded
-in the shared history file (see ``tests.sim.history``) before the next one:
+``tests.sim.chaos`` forks a worker per cycle from its own process, which has imported
+Topicbase, DuckDB and pyarrow once (``run_worker``): a cycle pays for opening the
+database (recovery), not for an interpreter. The worker opens the database, records
+what it observes after recovery (``observe``), tells the runner it is ready, then runs
+a random workload until it is killed (SIGKILL at a random moment, or a failpoint
+crashing it) or its time is up. Every acknowledged effect is recorded in the shared
+history file (see ``tests.sim.history``) before the next one:
 
 - producer writes to ``src`` with producer ids and seq_nos (exactly-once
   publish), and writes without a producer id (no dedup), with RETURNING;
@@ -11,63 +15,285 @@ in the shared history file (see ``tests.sim.history``) before the next one:
   the runner checks every consumed value arrives once);
 - *tabler* transactions: read ``dst`` with consumer ``tabler`` and append
   ``x:<value>#<txn id>`` to rows of the table ``lists`` (list-append keys
-  ``r:<row>``), reading some rows too; the runner checks every consumed
-  message lands in the table exactly once.
+  ``r:<row>``), reading two rows too (recorded as summaries: count, digest and
+  tail, see ``history.summary_read_op``); the runner checks every consumed message
+  lands in the table exactly once. The rows in use change every
+  ``ROW_GENERATION_CYCLES`` cycles (``rows_of``), as Elle rotates its keys, so that a
+  row's list, and the cost of appending to it, stay bounded in a long run.
 
 A transaction logs an ``invoke`` with its planned ops before COMMIT; if the
 process dies there, the runner turns it into an ``info`` transaction.
+
+Observations are incremental (``observe``): the runner passes, per key, the length and
+digest of the previous observation and the offset after it (``Known.observed``). A
+worker, right after recovery, reads each topic partition only from that offset on and
+records just the new values (a *tail* observation; a partition that now ends below it
+is read and recorded whole), reads the table rows whole and records the values after
+the known ones when those still have the known digest (else the whole row), and
+records every committed offset. The runner's observer at each check reads everything
+and records the same way with digests, which verifies what the tails did not read.
+Keys that did not change are not recorded again.
 """
 
 from __future__ import annotations
 
-import argparse
 import contextlib
-import json
+import dataclasses
 import random
+import tempfile
 import time
+from collections.abc import Callable
+from dataclasses import dataclass, field
 
 from engine.database import Database
 from storage.errors import SerializationFailure, TopicbaseError
-from tests.sim.history import HistoryWriter, append_op, load, read_op, row_key, topic_key
+from storage.limits import READ_BYTES_MAX, READ_MESSAGES_MAX
+from tests.sim.history import (
+    HistoryWriter,
+    ListDigest,
+    append_op,
+    joined_list,
+    read_op,
+    row_key,
+    summary_read_op,
+    topic_key,
+)
 
 PRODUCERS = ("p0", "p1", "p2", "p3")
-ROWS = ("a", "b", "c", "d", "e")
+ROW_NAMES = ("a", "b", "c", "d", "e")
+ROW_GENERATION_CYCLES = 50
+TOPICS = ("src", "dst")
+PARTITIONS = 3
+SEGMENT_BYTES = 64 * 1024
+
+
+def rows_of(cycle: int) -> tuple[str, ...]:
+    """The table rows the workload of ``cycle`` (1-based) appends to and reads."""
+    generation = (cycle - 1) // ROW_GENERATION_CYCLES
+    return tuple(f"{name}{generation}" for name in ROW_NAMES)
+
+
+@dataclass(frozen=True)
+class Observed:
+    """A key as last observed: how many values, their digest, and (topic keys) the
+    offset after the last one."""
+
+    count: int
+    digest: str
+    end: int
+
+
+@dataclass
+class Known:
+    """What the runner knows from the history so far, handed to a forked process.
+
+    ``seq_nos``: the largest seq_no each producer has used (continue above it);
+    ``observed``: per key, its last observation (rebuilt from the increments).
+    """
+
+    seq_nos: dict[str, int] = field(default_factory=dict)
+    observed: dict[str, Observed] = field(default_factory=dict)
 
 
 def setup(data_dir: str) -> None:
-    """Create the topics and the table (idempotent)."""
+    """Create the topics and the table (idempotent).
+
+    The topics get ``SEGMENT_BYTES`` segments (through the storage API: SQL has no such
+    setting), so that segments roll during a run (the roll failpoints fire) and
+    recovery, which verifies the active segment frame by frame, stays cheap however
+    long the run."""
     db = Database.open(data_dir)
     session = db.connect()
     try:
         session.execute(
             "CREATE TOPIC IF NOT EXISTS src (CONSUMER mover WITH (important = true)) "
-            "WITH (min_active_partitions = 3);"
+            f"WITH (min_active_partitions = {PARTITIONS});"
             "CREATE TOPIC IF NOT EXISTS dst (CONSUMER tabler WITH (important = true)) "
-            "WITH (min_active_partitions = 3);"
+            f"WITH (min_active_partitions = {PARTITIONS});"
             "CREATE TABLE IF NOT EXISTS lists (k VARCHAR PRIMARY KEY, v VARCHAR)"
         )
+        for topic in TOPICS:
+            log = db.topic_log(db.catalog.entry(topic).topic_id)
+            log.alter(dataclasses.replace(log.config, segment_bytes=SEGMENT_BYTES))
     finally:
         session.close()
         db.close()
 
 
+# -- observation ------------------------------------------------------------------------------
+def observe(session, history: HistoryWriter, known: dict[str, Observed], full: bool) -> None:
+    """Record the state: the topic partitions (values and offsets), every row of
+    ``lists`` (and every row observed before, empty if it is gone now), and every
+    committed offset; each key only if it changed since ``known``.
+
+    ``full``: read every partition whole, and record only the values after the known
+    ones if the known ones are intact (their digest), else everything. Not ``full``
+    (after each recovery): read a partition only from the known end on (a tail
+    observation, which says nothing about what came before; cheap), unless it ended
+    below it, then whole. Rows are read whole either way (the rows in use are short).
+    """
+    ends = {
+        (r["topic"], r["partition"]): r["end_offset"]
+        for r in session.execute("SELECT topic, partition, end_offset FROM sys.partitions")[
+            0
+        ].table.to_pylist()
+    }
+    for topic in TOPICS:
+        partitions = sorted({p for t, p in ends if t == topic} | set(range(PARTITIONS)))
+        if full:
+            read = _read_topic(session, topic, None, 0)
+        for partition in partitions:
+            key = topic_key(topic, partition)
+            previous = known.get(key)
+            end = ends.get((topic, partition), 0)
+            if full:
+                offsets, values = read.get(partition, ([], []))
+                _record(history, key, values, offsets, previous)
+            elif previous is None or end < previous.end:
+                offsets, values = _read_topic(session, topic, partition, 0).get(partition, ([], []))
+                _record(history, key, values, offsets, None)
+            elif end > previous.end:
+                offsets, values = _read_topic(session, topic, partition, previous.end).get(
+                    partition, ([], [])
+                )
+                history.final(
+                    key, values, offsets, base=previous.count, count=previous.count + len(values)
+                )
+    rows = session.execute("SELECT k, v FROM lists")[0].table.to_pylist()
+    found = {row_key(r["k"]): joined_list(r["v"]) for r in rows}
+    for key in sorted(set(found) | {k for k in known if k.startswith("r:")}):
+        _record(history, key, found.get(key, []), None, known.get(key))
+    consumers = session.execute(
+        "SELECT topic, consumer, partition, committed_offset FROM sys.consumers"
+    )[0].table.to_pylist()
+    for row in consumers:
+        history.offsets(
+            row["topic"], row["consumer"], row["partition"], row["committed_offset"] or 0
+        )
+
+
+def _read_topic(
+    session, topic: str, partition: int | None, start: int
+) -> dict[int, tuple[list[int], list]]:
+    """partition -> (offsets, values) of ``topic`` (one partition, from ``start``)."""
+    options = f"max_messages = {READ_MESSAGES_MAX}, max_bytes = {READ_BYTES_MAX}"
+    if partition is not None:
+        options += f", partition = {partition}, from_offset = {start}"
+    table = session.execute(
+        f'SELECT partition, "offset", CAST(data AS VARCHAR) AS v FROM TOPIC {topic} '
+        f'WITH ({options}) ORDER BY partition, "offset"'
+    )[0].table
+    if table.num_rows >= READ_MESSAGES_MAX:
+        raise RuntimeError(f"topic {topic} too large to observe in one read")
+    read: dict[int, tuple[list[int], list]] = {}
+    columns = zip(
+        table.column("partition").to_pylist(),
+        table.column("offset").to_pylist(),
+        table.column("v").to_pylist(),
+        strict=True,
+    )
+    for p, offset, value in columns:
+        offsets, values = read.setdefault(p, ([], []))
+        offsets.append(offset)
+        values.append(value)
+    return read
+
+
+def _record(
+    history: HistoryWriter,
+    key: str,
+    values: list,
+    offsets: list[int] | None,
+    previous: Observed | None,
+) -> None:
+    """One ``final`` event (none if nothing changed): only the values after
+    ``previous`` if its values are intact (their digest), else all of them."""
+    base = previous.count if previous is not None and previous.count <= len(values) else 0
+    digest = ListDigest(values[:base])
+    base_digest = digest.hexdigest()
+    if previous is None or base != previous.count or base_digest != previous.digest:
+        digest.update(values[base:])
+        history.final(key, values, offsets, count=len(values), digest=digest.hexdigest())
+        return
+    if base == len(values):
+        return  # unchanged
+    digest.update(values[base:])
+    history.final(
+        key,
+        values[base:],
+        None if offsets is None else offsets[base:],
+        base=base,
+        base_digest=base_digest,
+        count=len(values),
+        digest=digest.hexdigest(),
+    )
+
+
+def observe_database(
+    data_dir: str, history_path: str, known: dict[str, Observed], full: bool = True
+) -> None:
+    """Recover (open) the database, record what it holds (see ``observe``), close it."""
+    db = Database.open(data_dir)
+    session = db.connect()
+    try:
+        with HistoryWriter(history_path, "observer") as history:
+            observe(session, history, known, full)
+    finally:
+        session.close()
+        db.close()
+
+
+def warm_up() -> None:
+    """Run setup, an observation and some workload on a throwaway database, so that this
+    process has imported and initialised everything (the SQL parser, DuckDB, pyarrow,
+    pandas...) before it forks workers; the database is closed again, and DuckDB's
+    threads end with it (the runner checks)."""
+    with tempfile.TemporaryDirectory(prefix="topicbase-warm-up-") as scratch:
+        data_dir, history_path = f"{scratch}/data", f"{scratch}/history.jsonl"
+        setup(data_dir)
+        known = Known()
+        run_worker(data_dir, history_path, 1, 0, 0.3, known, lambda: None)
+        observe_database(data_dir, history_path, known.observed)
+
+
+# -- the workload -----------------------------------------------------------------------------
+def run_worker(
+    data_dir: str,
+    history_path: str,
+    cycle: int,
+    seed: int,
+    seconds: float,
+    known: Known,
+    ready: Callable[[], None],
+) -> None:
+    """Open (recover), observe, call ``ready``, run the workload for ``seconds``."""
+    db = Database.open(data_dir)
+    session = db.connect()
+    with HistoryWriter(history_path, f"worker-{cycle}") as history:
+        observe(session, history, known.observed, full=False)
+        ready()
+        Worker(session, history, cycle, seed, dict(known.seq_nos)).run(seconds)
+    session.close()
+    db.close()
+
+
 class Worker:
-    def __init__(self, data_dir: str, history_path: str, cycle: int, seed: int) -> None:
+    def __init__(
+        self, session, history: HistoryWriter, cycle: int, seed: int, seq_nos: dict[str, int]
+    ) -> None:
         self.rng = random.Random(seed)
         self.cycle = cycle
-        self.history = HistoryWriter(history_path, f"worker-{cycle}")
-        self.seq_nos = _next_seq_nos(history_path)
+        self.rows = rows_of(cycle)
+        self.history = history
+        self.seq_nos = seq_nos
         self.counter = 0
-        self.db = Database.open(data_dir)
-        self.session = self.db.connect()
+        self.session = session
 
     def run(self, seconds: float) -> None:
         deadline = time.monotonic() + seconds
         actions = (self.produce, self.produce, self.write_plain, self.move, self.tabulate)
         while time.monotonic() < deadline:
             self.rng.choice(actions)()
-        self.session.close()
-        self.db.close()
 
     def _value(self, prefix: str) -> str:
         self.counter += 1
@@ -135,7 +361,7 @@ class Worker:
             )[0].table.to_pylist()
             ops = _topic_reads("dst", read, limit)
             for row in read:
-                key = self.rng.choice(ROWS)
+                key = self.rng.choice(self.rows)
                 value = f"x:{row['v']}#{txn_id}"  # unique per transaction
                 self.session.execute(
                     "INSERT INTO lists VALUES (?, ?) ON CONFLICT (k) DO UPDATE "
@@ -143,10 +369,12 @@ class Worker:
                     [key, value],
                 )
                 ops.append(append_op(row_key(key), value))
-            for key in self.rng.sample(ROWS, 2):
+            for key in self.rng.sample(self.rows, 2):
                 found = self.session.execute("SELECT v FROM lists WHERE k = ?", [key])[0]
                 rows = found.table.to_pylist()
-                ops.append(read_op(row_key(key), rows[0]["v"].split(",") if rows else []))
+                ops.append(
+                    summary_read_op(row_key(key), joined_list(rows[0]["v"] if rows else None))
+                )
             self._commit(txn_id, ops)
         except TopicbaseError:
             self._abort(txn_id)
@@ -182,34 +410,3 @@ def _topic_reads(topic: str, rows: list[dict], limit: int) -> list:
         read_op(topic_key(topic, p), [r["v"] for r in part], part[0]["offset"], complete)
         for p, part in sorted(by_partition.items())
     ]
-
-
-def _next_seq_nos(history_path: str) -> dict[str, int]:
-    """Largest seq_no each producer has used in the history: continue above it."""
-    seq_nos: dict[str, int] = {}
-    try:
-        events = load(history_path)
-    except FileNotFoundError:
-        return seq_nos
-    for event in events:
-        if event.get("type") == "invoke" and event.get("producer"):
-            producer = event["producer"]
-            seq_nos[producer] = max(seq_nos.get(producer, 0), int(event["seq_no"]))
-    return seq_nos
-
-
-def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__)
-    parser.add_argument("--data-dir", required=True)
-    parser.add_argument("--history", required=True)
-    parser.add_argument("--cycle", type=int, required=True)
-    parser.add_argument("--seed", type=int, required=True)
-    parser.add_argument("--seconds", type=float, default=1.0)
-    args = parser.parse_args()
-    worker = Worker(args.data_dir, args.history, args.cycle, args.seed)
-    print(json.dumps({"ready": True}), flush=True)
-    worker.run(args.seconds)
-
-
-if __name__ == "__main__":
-    main()

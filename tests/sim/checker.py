@@ -6,9 +6,30 @@ events of a history (``history.load(path)``; the format is described in
 ``Report`` has ``violations`` and ``allowed`` (anomalies found of an allowed kind),
 lists of ``Violation(kind, message, events, indices, cycle)`` (the message names the
 events as ``#index (process)``), ``counts`` (every anomaly found per kind, also past
-``limit`` kept per kind), ``stats``, ``ok``, ``kinds`` and ``summary()``. It imports
-nothing from Topicbase. The collector is paused while it runs (the history's read
-lists would be rescanned over and over); ~50k events take about a second.
+``limit`` kept per kind), ``stats``, ``ok``, ``kinds`` and ``summary()``, and the
+final state it rebuilt: ``final`` (key -> values), ``final_offsets`` and
+``committed`` (the last observed committed offset per (topic, consumer,
+partition)). It imports nothing from Topicbase. The collector is paused while it
+runs (the history's read lists would be rescanned over and over); ~50k events take
+about a second.
+
+Observations (``final`` events) may be incremental (``base``/``base_digest``, see
+``history``): each is rebuilt from the previous observation of its key. An increment
+whose ``base`` values are all of the previous observation extends it in place (the
+previous one is then a prefix of it, so comparing it with the last observation is
+implied), so per-cycle observations cost the checker O(new values), not O(state).
+An increment whose ``base_digest`` is not the digest of the previous observation's
+first ``base`` values is a **state-regression**; ``count``/``digest`` that disagree
+with the rebuilt list are **malformed**. A *tail* increment (no ``base_digest``: the
+observer did not read the first ``base`` values) is appended as it is; the next
+observation with a digest, or a full one, covers what it did not read.
+
+Whole-list reads may be *summaries* (count, digest, tail): the digests of all the
+prefixes the summaries need are computed in one streaming pass per key, and a summary
+whose digest is that of the version order's prefix of its length is then checked
+exactly like the list it stands for (G1a, G1b, wr and rw edges); one that is not is a
+**read-mismatch** (or **G1a** if its tail holds a failed txn's append; an aborted
+value earlier in the list shows as a read-mismatch, which is a violation too).
 
 What it verifies (``KINDS`` lists the kinds):
 
@@ -75,8 +96,10 @@ Not covered: real-time order (no ``time`` is used, so stale reads are not found)
 predicates (G-single/G2 over ranges), reads of failed/unknown-outcome txns, what was
 read from a partition before a retention ``start``, keys that no ``final`` event
 shows (no lost-write/atomicity check on them), an observation order of ``offsets``
-events taken by concurrent observers, and a torn txn's missing last append (torn-txn
-is reported, not G1b). Written values must be JSON scalars, unique across the
+events taken by concurrent observers, a torn txn's missing last append (torn-txn
+is reported, not G1b), a change below a tail observation that is undone before the
+next observation with a digest, and summarised reads of keys without a ``final``
+(nothing to compare their digest with). Written values must be JSON scalars, unique across the
 history (a reused one is ``malformed``); read values are compared as given.
 """
 
@@ -92,7 +115,7 @@ from itertools import pairwise
 from pathlib import Path
 from typing import Any
 
-from .history import TXN_STATUSES, load, producer_value
+from .history import TXN_STATUSES, ListDigest, load, producer_value
 
 WW, WR, RW = 1, 2, 4
 _EDGE_NAME = {WW: "ww", WR: "wr", RW: "rw"}
@@ -142,6 +165,12 @@ class Report:
     allowed: list[Violation] = field(default_factory=list)  # found, but not violations
     counts: Counter[str] = field(default_factory=Counter)  # all found per kind (past limit too)
     stats: dict[str, int] = field(default_factory=dict)
+    # The final state the checker rebuilt (incremental observations merged): per key its
+    # values and (topic keys) offsets; the last observed committed offset per
+    # (topic, consumer, partition).
+    final: dict[str, list] = field(default_factory=dict)
+    final_offsets: dict[str, list[int] | None] = field(default_factory=dict)
+    committed: dict[tuple[str, str, int], int] = field(default_factory=dict)
 
     @property
     def ok(self) -> bool:
@@ -211,6 +240,7 @@ class _Read:
     start: int
     complete: bool
     index: int
+    summary: tuple[int, str, list] | None = None  # (count, digest, tail) of a summarised read
 
 
 @dataclass(slots=True, eq=False)
@@ -237,12 +267,26 @@ class _KeyIndex:
 
 @dataclass(slots=True, eq=False)
 class _Final:
+    """One observation of a key (incremental ones are merged into it: it owns its lists)."""
+
     key: str
     values: list
     offsets: list[int] | None
     start: int
     index: int
     positions: dict[int, int] | None = None
+    digest: ListDigest | None = None  # streaming digest of values[:digest.count]
+
+    def prefix_digest(self, n: int) -> str:
+        """``list_digest(values[:n])``; streams forward, so increasing ``n`` costs O(new)."""
+        digest = self.digest
+        if digest is None or digest.count > n:
+            fresh = ListDigest(self.values[:n])
+            if digest is None:
+                self.digest = fresh
+            return fresh.hexdigest()
+        digest.update(self.values[digest.count : n])
+        return digest.hexdigest()
 
     @property
     def end(self) -> int:
@@ -274,6 +318,15 @@ def _values(values: Any, scalars: bool = False) -> list:
         bad = next(v for v in values if type(v) not in _SCALARS)
         raise TypeError(f"a written value must be a JSON scalar, not {_short(bad)}")
     return values
+
+
+def _summary(summary: Mapping) -> tuple[int, str, list]:
+    """(count, digest, tail) of a summarised read op."""
+    count, digest = summary["count"], summary["digest"]
+    tail = _values(summary.get("tail") or [])
+    if type(count) is not int or count < len(tail) or not isinstance(digest, str):
+        raise ValueError(f"bad read summary {_short(dict(summary))}")
+    return count, digest, tail
 
 
 def split_topic_key(key: str) -> tuple[str, int | None] | None:
@@ -424,6 +477,13 @@ class _Checker:
         self.check_cycles()
         stats = self.report_.stats
         stats["events"] = len(self.events)
+        for key, final in self.final.items():
+            self.report_.final[key] = final.values
+            self.report_.final_offsets[key] = final.offsets
+        for triple, observations in self.observed.items():
+            last = [committed for _, committed in observations if committed is not None]
+            if last:
+                self.report_.committed[triple] = last[-1]
         for status in TXN_STATUSES:
             stats[f"txns_{status}"] = sum(1 for t in self.txns if t.status == status)
         stats["producer_writes"] = len(self.prods)
@@ -549,6 +609,11 @@ class _Checker:
                 mine.add(value)
                 txn.appends.append([key, value])
             elif name in ("read", "r", ":r"):
+                if isinstance(op[2], dict):
+                    if len(op) > 3:
+                        raise ValueError("a summarised read is a read of a whole list")
+                    txn.reads.append(_Read(key, None, 0, True, i, _summary(op[2])))
+                    continue
                 values = None if op[2] is None else _values(op[2])
                 start = op[3] if len(op) > 3 and op[3] is not None else 0
                 complete = bool(op[4]) if len(op) > 4 else True
@@ -567,9 +632,90 @@ class _Checker:
         if offsets is not None and (not isinstance(offsets, list) or len(offsets) != len(values)):
             raise ValueError("offsets and values of a final differ in length")
         start = event.get("start")
-        if start is None:
-            start = 0
-        self.finals.setdefault(key, []).append(_Final(key, values, offsets, int(start), i))
+        observations = self.finals.get(key, [])
+        if event.get("base") is None:
+            final = _Final(
+                key,
+                list(values),
+                None if offsets is None else list(offsets),
+                0 if start is None else int(start),
+                i,
+            )
+            self.finals.setdefault(key, observations).append(final)
+        else:
+            final = self.increment(i, event, observations, values, offsets, start)
+            if final is None:
+                return  # its prefix differs from the previous observation (reported)
+        count = event.get("count")
+        if count is not None and count != len(final.values):
+            raise ValueError(f"count {count!r} but {len(final.values)} values observed")
+        digest = event.get("digest")
+        if digest is not None and final.prefix_digest(len(final.values)) != digest:
+            raise ValueError("digest differs from the digest of the values observed")
+
+    def increment(
+        self,
+        i: int,
+        event: Mapping,
+        observations: list[_Final],
+        values: list,
+        offsets: list | None,
+        start: Any,
+    ) -> _Final | None:
+        """Rebuild an incremental observation: the previous one's first ``base`` values,
+        then ``values``. If those ``base`` values were all of the previous observation,
+        the previous one is a prefix of this one and is extended in place (comparing it
+        with the last observation is implied by comparing this one); otherwise this one
+        is kept as an observation of its own and compared like a full one.
+
+        If the observer saw other values below ``base`` (``base_digest`` is not theirs),
+        that is a ``state-regression``; the observation cannot be rebuilt then, and is
+        kept as its best guess (those ``base`` values and ``values``) so that later
+        increments still apply; None is returned."""
+        key = event["key"]
+        if not observations:
+            raise ValueError(f"incremental observation of {key}, never observed before")
+        previous = observations[-1]
+        base = event["base"]
+        if type(base) is not int or not 0 <= base <= len(previous.values):
+            raise ValueError(
+                f"base {base!r} outside the previous observation ({len(previous.values)} values)"
+            )
+        if (offsets is None) != (previous.offsets is None):
+            raise ValueError("offsets in only one of two observations of a key")
+        if start is not None and int(start) != previous.start:
+            raise ValueError("an incremental observation cannot move start")
+        base_digest = event.get("base_digest")  # None: a tail, the prefix was not read
+        if base_digest is not None and previous.prefix_digest(base) != base_digest:
+            self.found(
+                "state-regression",
+                f"{key}: the first {base} values seen by {self.at(i)} are not those of "
+                f"{self.at(previous.index)} (their digests differ)",
+                [previous.index, i],
+            )
+            guess = self.rebuilt(previous, base, values, offsets, i)
+            observations.append(guess)
+            return None
+        if base == len(previous.values):
+            previous.values.extend(values)
+            if previous.offsets is not None:
+                previous.offsets.extend(offsets or [])
+            previous.index = i
+            return previous
+        final = self.rebuilt(previous, base, values, offsets, i)
+        observations.append(final)
+        return final
+
+    @staticmethod
+    def rebuilt(previous: _Final, base: int, values: list, offsets: list | None, i: int) -> _Final:
+        """``previous``'s first ``base`` values (and offsets), then ``values``."""
+        return _Final(
+            previous.key,
+            previous.values[:base] + values,
+            None if previous.offsets is None else previous.offsets[:base] + (offsets or []),
+            previous.start,
+            i,
+        )
 
     def on_offsets(self, i: int, event: Mapping) -> None:
         triple = (event["topic"], event["consumer"], event["partition"])
@@ -874,10 +1020,13 @@ class _Checker:
 
     # -- reads ----------------------------------------------------------------------------
     def check_reads(self) -> None:
+        self.digest_prefixes()
         for txn in self.txns:
             if txn.committed:
                 for rd in txn.reads:
-                    if rd.values is not None:
+                    if rd.summary is not None:
+                        self.check_summary_read(txn, rd)
+                    elif rd.values is not None:
                         self.check_txn_read(txn, rd)
         consumed: dict[tuple[str, str], dict[int, int]] = {}
         for i, key, consumer, offsets, values, committed in self.reads:
@@ -910,6 +1059,60 @@ class _Checker:
                 return value, writer
         return None
 
+    def digest_prefixes(self) -> None:
+        """Digests of the prefixes of each version order that summarised reads need,
+        in one streaming pass per key."""
+        wanted: dict[str, set[int]] = {}
+        for txn in self.txns:
+            if txn.committed:
+                for rd in txn.reads:
+                    if rd.summary is not None and rd.key in self.refs:
+                        wanted.setdefault(rd.key, set()).add(rd.summary[0])
+        self.prefix_digests: dict[str, dict[int, str]] = {}
+        for key, counts in wanted.items():
+            ref = self.refs[key]
+            digest = ListDigest()
+            found = self.prefix_digests[key] = {}
+            for count in sorted(counts):
+                if count > len(ref):
+                    break
+                digest.update(ref[digest.count : count])
+                found[count] = digest.hexdigest()
+
+    def check_summary_read(self, txn: _Txn, rd: _Read) -> None:
+        """A summarised whole-list read: its digest must be that of the version order's
+        prefix of its length; then it is checked like the list it stands for."""
+        assert rd.summary is not None
+        key = rd.key
+        count, digest, tail = rd.summary
+        ref = self.refs.get(key)
+        if ref is None:
+            aborted = self.aborted_in(tail, txn)
+            if aborted is not None:
+                self.aborted_read(txn, key, *aborted)
+            return  # nothing to compare with (a key without a final state)
+        if self.prefix_digests.get(key, {}).get(count) != digest:
+            aborted = self.aborted_in(tail, txn)
+            if aborted is not None:
+                self.aborted_read(txn, key, *aborted)
+                return
+            head = f"txn {txn.id!r} ({self.at(txn.index)}) read {key}"
+            if count > len(ref):
+                detail = f"{count} values, the final state has {len(ref)}"
+            else:
+                detail = f"{count} values unlike the first {count} of the final state"
+                seen = ref[count - len(tail) : count]
+                for n, (got, want) in enumerate(zip(tail, seen, strict=True)):
+                    if got != want:
+                        detail += (
+                            f" (element {count - len(tail) + n} is {_short(got)}, "
+                            f"the final state has {_short(want)})"
+                        )
+                        break
+            self.found("read-mismatch", f"{head}: {detail}", [txn.index, *self.final_index(key)])
+            return
+        self.check_agreeing_read(txn, rd, ref, 0, count)
+
     def check_txn_read(self, txn: _Txn, rd: _Read) -> None:
         key, values = rd.key, rd.values
         assert values is not None
@@ -929,7 +1132,12 @@ class _Checker:
                     [txn.index, *self.final_index(key)],
                 )
             return
-        # The read agrees with the version order: positions start .. end - 1 of ref.
+        self.check_agreeing_read(txn, rd, ref, start, end)
+
+    def check_agreeing_read(self, txn: _Txn, rd: _Read, ref: list, start: int, end: int) -> None:
+        """A read that agrees with the version order: positions start .. end - 1 of ref.
+        Checks G1a and G1b and adds its wr and rw edges."""
+        key = rd.key
         index = self.key_index(key)
         if index.aborted:
             first = bisect_left(index.aborted, start)

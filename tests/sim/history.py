@@ -1,8 +1,9 @@
 """The history of a crash-consistency run: format, recording and loading.
 
 A history is a file of JSON lines, one *event* per line, shared by every process of
-a run (workers, the controller that kills and restarts them, the final observer).
-``checker.check`` reads it after the run.
+a run (workers, the controller that kills and restarts them, observers).
+``checker.check`` reads it (during a run too: a torn or unfinished last line is
+ignored); the chaos runner also follows it as it grows (``HistoryTail``).
 
 Recording is crash-safe without fsync: each process opens the file with
 ``O_WRONLY | O_APPEND`` and writes every event as one ``os.write`` of one complete
@@ -35,7 +36,12 @@ informational), plus the fields of its type:
             ``["read", key, values, start]`` - a consumer read of a topic key from
             offset ``start``; ``["read", key, values, start, false]`` - a read that
             stopped at a message limit, so it says nothing about what came after.
-            ``values`` null = not known.
+            ``values`` null = not known. ``values`` may be a *summary*
+            ``{"count": n, "digest": d, "tail": [...]}`` (``summary_read_op``): the read
+            returned ``n`` values whose ``list_digest`` is ``d``, the last of them
+            ``tail``; as strong as the list for a read that agrees with the final
+            state (the digest is 128 bits), while a history of long table-row reads
+            stays small.
 ``final``   the full contents of one key, observed after recovery:
             ``{"key", "values": [...], "offsets"?: [...], "start"?: n}``. For a topic
             key ``offsets`` (parallel to ``values``) lets the checker verify
@@ -43,15 +49,36 @@ informational), plus the fields of its type:
             0 says retention removed the offsets below it. A key may be observed
             several times (after each recovery); the last observation is the final
             state and each earlier one must agree with it.
+            *Incremental* form: ``"base": n, "base_digest": d`` say the observed list
+            is the previous observation's first ``n`` values (whose ``list_digest``
+            the observer found to be ``d`` in what it read) followed by ``values``
+            (and ``offsets``); the checker rebuilds the whole list and reports a
+            ``state-regression`` if ``d`` is not the digest of those ``n`` values.
+            ``"base": n`` without ``base_digest`` is a *tail* observation: the
+            observer read only from position ``n`` on (a topic partition from offset
+            ``n``), so it says nothing about the first ``n`` values; a later
+            observation with a digest covers them.
+            ``"count", "digest"`` (optional, any form) are the length and
+            ``list_digest`` of the whole observed list; the checker verifies them
+            against the list it rebuilt.
 ``offsets`` an observed committed offset: ``{"topic", "consumer", "partition",
             "committed"}``, taken by one observer (say the controller after each
             recovery), so that history order is observation order.
 
 API: ``HistoryWriter(path, process)`` with ``record(type_, **fields)`` and one method
 per type (``invoke``, ``ack``, ``read``, ``txn``, ``final``, ``offsets``), ``close()``
-(a context manager); op builders ``append_op(key, value)`` and ``read_op(key,
-values, start=None, complete=True)``; ``topic_key``, ``row_key``, ``producer_value``;
-``encode(event) -> bytes``; ``parse(data) -> (events, torn)`` and ``load(path)``.
+(a context manager); op builders ``append_op(key, value)``, ``read_op(key,
+values, start=None, complete=True)`` and ``summary_read_op(key, values)``;
+``topic_key``, ``row_key``, ``producer_value``; digests ``list_digest(values)``,
+``ListDigest`` (streaming) and ``joined_list(text, sep)``; ``encode(event) -> bytes``;
+``parse(data) -> (events, torn)``, ``load(path)`` and ``HistoryTail(path)`` (the
+events appended since its last ``read_new()``).
+
+Digest of a list: blake2b-128 (hex) of the *canonical text* of its values, each
+value's ``json.dumps`` (ASCII) followed by a newline. A JSON encoding holds no raw
+newline, so the text determines the list, and the digest of a prefix is the state of
+a streaming hash part way through (``ListDigest``): the checker gets the digests of
+all prefixes of a final list in one pass.
 
 Keys: ``"t:<topic>/<partition>"`` for a topic partition (``topic_key``),
 ``"t:<topic>"`` for a txn append whose partition is not known (the checker finds
@@ -66,6 +93,7 @@ backslash escapes).
 
 from __future__ import annotations
 
+import hashlib
 import json
 import os
 import time
@@ -103,6 +131,71 @@ def read_op(
     if start is None and complete:
         return ["read", key, None if values is None else list(values)]
     return ["read", key, None if values is None else list(values), start or 0, complete]
+
+
+SUMMARY_TAIL = 8  # values of a summarised read kept verbatim (the last ones)
+
+
+def summary_read_op(key: str, values: Sequence, tail: int = SUMMARY_TAIL) -> list:
+    """A whole-list read recorded as ``{"count", "digest", "tail"}`` (see the format)."""
+    values = list(values)
+    return [
+        "read",
+        key,
+        {"count": len(values), "digest": list_digest(values), "tail": values[-tail:]},
+    ]
+
+
+# -- digests of lists ----------------------------------------------------------------------
+def _plain(text: str) -> bool:
+    """Only characters that ``json.dumps`` writes as themselves (printable ASCII but
+    ``"`` and ``\\``): a str of them is encoded as itself between double quotes."""
+    return text.isascii() and text.isprintable() and '"' not in text and "\\" not in text
+
+
+def canonical_text(values: Sequence) -> str:
+    """Each value's JSON encoding followed by a newline (the text a digest hashes)."""
+    if not values:
+        return ""
+    if all(type(v) is str for v in values) and _plain("".join(values)):
+        return '"' + '"\n"'.join(values) + '"\n'  # fast path: plain ASCII strings
+    return "".join(json.dumps(v, default=_default) + "\n" for v in values)
+
+
+class ListDigest:
+    """Streaming ``list_digest``: ``update`` with more values; ``copy`` to branch off."""
+
+    __slots__ = ("_hash", "count")
+
+    def __init__(self, values: Sequence = ()) -> None:
+        self._hash = hashlib.blake2b(digest_size=16)
+        self.count = 0
+        if values:
+            self.update(values)
+
+    def update(self, values: Sequence) -> ListDigest:
+        self._hash.update(canonical_text(values).encode())
+        self.count += len(values)
+        return self
+
+    def copy(self) -> ListDigest:
+        twin = ListDigest.__new__(ListDigest)
+        twin._hash = self._hash.copy()
+        twin.count = self.count
+        return twin
+
+    def hexdigest(self) -> str:
+        return self._hash.hexdigest()
+
+
+def list_digest(values: Sequence) -> str:
+    """Digest of a whole list (hex); equal digests mean equal lists."""
+    return ListDigest(values).hexdigest()
+
+
+def joined_list(text: str | None, sep: str = ",") -> list[str]:
+    """A list stored as one ``sep``-joined string (None or "" = empty)."""
+    return text.split(sep) if text else []
 
 
 def _default(value: Any) -> Any:
@@ -218,12 +311,30 @@ class HistoryWriter:
         values: Sequence,
         offsets: Sequence[int] | None = None,
         start: int | None = None,
+        *,
+        base: int | None = None,
+        base_digest: str | None = None,
+        count: int | None = None,
+        digest: str | None = None,
     ) -> dict:
+        """An observation; with ``base`` an incremental one (``values`` come after the
+        previous observation's first ``base`` values, whose digest was ``base_digest``,
+        or which were not read when ``base_digest`` is None)."""
         fields: dict[str, Any] = {"key": key, "values": list(values)}
         if offsets is not None:
             fields["offsets"] = list(offsets)
         if start is not None:
             fields["start"] = start
+        if base is not None:
+            fields["base"] = base
+            if base_digest is not None:
+                fields["base_digest"] = base_digest
+        elif base_digest is not None:
+            raise ValueError("base_digest without base")
+        if count is not None:
+            fields["count"] = count
+        if digest is not None:
+            fields["digest"] = digest
         return self.record("final", **fields)
 
     def offsets(self, topic: str, consumer: str, partition: int, committed: int) -> dict:
@@ -289,3 +400,33 @@ def parse(data: bytes) -> tuple[list[dict], int]:
 def load(path: str | os.PathLike) -> list[dict]:
     """The events of a history file, torn lines dropped."""
     return parse(Path(path).read_bytes())[0]
+
+
+class HistoryTail:
+    """Reads a growing history file incrementally: ``read_new`` returns the events of the
+    complete lines appended since the previous call.
+
+    A line without its newline yet (being written, or torn by a killed process) is left
+    for a later call; once a newline follows it, ``parse`` drops it or recovers a whole
+    line glued to it, exactly as a full ``load`` would. ``torn`` counts dropped lines.
+    """
+
+    def __init__(self, path: str | os.PathLike) -> None:
+        self.path = Path(path)
+        self.offset = 0
+        self.torn = 0
+
+    def read_new(self) -> list[dict]:
+        try:
+            with open(self.path, "rb") as f:
+                f.seek(self.offset)
+                data = f.read()
+        except FileNotFoundError:
+            return []
+        end = data.rfind(b"\n") + 1
+        if end == 0:
+            return []
+        events, torn = parse(data[:end])
+        self.offset += end
+        self.torn += torn
+        return events
