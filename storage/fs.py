@@ -8,7 +8,8 @@ at once).
 
 Invariants:
 - every data ``fsync`` goes through ``sync`` and is counted in ``fsync_count``;
-  directory syncs are counted in ``directory_fsync_count``;
+  directory syncs are counted in ``directory_fsync_count``; ``start_writeback``
+  is a hint, not a sync, and is not counted;
 - an ``OSError`` leaves this module as ``StorageIOError`` naming the path,
   except ``FileNotFoundError`` from ``open_read``/``read_file``, which callers
   use to notice files deleted under them (retention).
@@ -16,11 +17,13 @@ Invariants:
 
 from __future__ import annotations
 
+import ctypes
 import errno
 import fcntl
 import os
 import shutil
 import threading
+from collections.abc import Callable
 
 from storage import failpoints
 from storage.errors import ObjectInUseError, StorageIOError
@@ -83,14 +86,16 @@ class FileSystem:
 
     def pwritev(self, fd: int, parts: list, position: int) -> None:
         """Write the buffers ``parts`` back to back at ``position`` without joining them."""
-        views = [memoryview(part).cast("B") for part in parts]
         try:
-            written = os.pwritev(fd, views, position)
+            written = os.pwritev(fd, parts, position)
         except OSError as error:
             raise _io_error("write", self._paths.get(fd, str(fd)), error) from error
-        total = sum(len(view) for view in views)
+        total = 0
+        for part in parts:
+            total += memoryview(part).nbytes
         if written < total:  # a short write: finish the rest
-            self.pwrite(fd, memoryview(b"".join(views))[written:], position + written)
+            joined = b"".join(memoryview(part).cast("B") for part in parts)
+            self.pwrite(fd, memoryview(joined)[written:], position + written)
 
     def pread(self, fd: int, size: int, position: int) -> bytes:
         """Read up to ``size`` bytes at ``position`` (fewer at end of file)."""
@@ -98,6 +103,26 @@ class FileSystem:
             return os.pread(fd, size, position)
         except OSError as error:
             raise _io_error("read", self._paths.get(fd, str(fd)), error) from error
+
+    def start_writeback(self, fd: int, position: int, size: int) -> None:
+        """Ask the kernel to start writing ``size`` bytes at ``position`` to disk, without waiting.
+
+        A hint, not a durability point (nothing is promised, nothing is counted):
+        it spreads the disk work of a later ``sync`` (a segment seal) over the
+        writes, so that sync finds little left to do. Linux ``sync_file_range``
+        with ``SYNC_FILE_RANGE_WRITE`` only; elsewhere it does nothing. A failure
+        is reported as ``StorageIOError`` like a failed write: the pages it
+        concerns may never reach the disk.
+        """
+        if _sync_file_range is None:
+            return
+        if _sync_file_range(fd, position, size, _SYNC_FILE_RANGE_WRITE) == 0:
+            return
+        code = ctypes.get_errno()
+        if code in (errno.ENOSYS, errno.EINVAL, errno.ESPIPE):
+            return  # not supported for this file: the hint is simply not given
+        error = OSError(code, os.strerror(code))
+        raise _io_error("start writeback of", self._paths.get(fd, str(fd)), error)
 
     def sync(self, fd: int) -> None:
         """Make the file's data durable (fdatasync). Counted."""
@@ -238,6 +263,25 @@ class FileSystem:
     def unlock_directory(self, fd: int) -> None:
         fcntl.flock(fd, fcntl.LOCK_UN)
         self.close(fd)
+
+
+def _load_sync_file_range() -> Callable[[int, int, int, int], int] | None:
+    """libc's ``sync_file_range`` (Linux), or None where there is none.
+
+    Looked up in the symbols the interpreter already has loaded (``dlopen(NULL)``),
+    which include libc's: no library search, no subprocess at import.
+    """
+    try:
+        function = ctypes.CDLL(None, use_errno=True).sync_file_range
+    except (OSError, AttributeError):
+        return None
+    function.argtypes = [ctypes.c_int, ctypes.c_int64, ctypes.c_int64, ctypes.c_uint]
+    function.restype = ctypes.c_int
+    return function  # type: ignore[no-any-return]
+
+
+_SYNC_FILE_RANGE_WRITE = 2  # <linux/fs.h>: start writeback of dirty pages, do not wait
+_sync_file_range = _load_sync_file_range()
 
 
 def _io_error(operation: str, path: str, error: OSError) -> StorageIOError:

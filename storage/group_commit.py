@@ -6,9 +6,18 @@ more company, and runs ``flush(requests)`` (which writes every request and
 syncs once). Requests that arrive while a leader syncs wait for the next
 round, which then carries all of them: the batch size grows with the load.
 
+Hand-off: a leader leads one round. When it ends, the leader wakes the
+requests it carried and, if more requests queued meanwhile, the oldest of them,
+which leads the next round (its own request is in it). Each waiting request
+sleeps on its own lock, so a round wakes exactly its requests and the next
+leader, never every waiter (with the GIL, waking threads that only go back to
+sleep is what limits small appends).
+
 Invariant: a request is acknowledged (``submit`` returns) only after the
 flush that carried it has returned, that is after its sync. No busy waiting:
-followers block on a condition variable.
+followers block on a lock. While ``_leader_active`` is set, exactly one thread
+leads or is about to (it was handed the lead); requests queued meanwhile all
+have a wake-up lock.
 """
 
 from __future__ import annotations
@@ -20,49 +29,64 @@ from typing import Any
 
 
 class Request:
-    __slots__ = ("done", "error", "payload", "result")
+    __slots__ = ("done", "error", "lead", "payload", "result", "wakeup")
 
     def __init__(self, payload: Any) -> None:
         self.payload = payload
         self.result: Any = None
         self.error: BaseException | None = None
         self.done = False
+        self.lead = False  # handed the lead of the next round (set under the mutex)
+        # Held while the request waits; released when it is done or must lead.
+        self.wakeup: threading.Lock | None = None
 
 
 class GroupCommitter:
     def __init__(self, flush: Callable[[list[Request]], None], window_us: int = 0) -> None:
         self._flush = flush
         self._window_s = window_us / 1_000_000
-        self._condition = threading.Condition()
+        self._mutex = threading.Lock()
         self._queue: list[Request] = []
         self._leader_active = False
         self.rounds = 0
 
     def submit(self, payload: Any) -> Any:
         request = Request(payload)
-        with self._condition:
+        with self._mutex:
             self._queue.append(request)
-            while not request.done and self._leader_active:
-                self._condition.wait()
+            follow = self._leader_active
+            if follow:
+                wakeup = request.wakeup = threading.Lock()
+                wakeup.acquire()
+            else:
+                self._leader_active = True
+        if follow:
+            try:
+                wakeup.acquire()  # until the round that carried us ended, or we must lead
+            except BaseException:  # interrupted while waiting: leave without a trace
+                self._withdraw(request)
+                raise
             if request.done:
                 return _outcome(request)
-            self._leader_active = True
-        try:
-            self._lead()
-        finally:
-            with self._condition:
-                self._leader_active = False
-                self._condition.notify_all()
+            assert request.lead
+        self._lead()
         assert request.done
         return _outcome(request)
 
     def _lead(self) -> None:
-        if self._window_s:
-            time.sleep(self._window_s)
-        with self._condition:
+        """Run one round with everything queued (our own request included)."""
+        interrupted: BaseException | None = None
+        try:
+            if self._window_s:
+                time.sleep(self._window_s)
+        except BaseException as error:  # still take the queue: its waiters need an answer
+            interrupted = error
+        with self._mutex:
             requests, self._queue = self._queue, []
         assert requests
         try:
+            if interrupted is not None:
+                raise interrupted
             self._flush(requests)
         except BaseException as error:  # every waiter must learn of the failure
             for request in requests:
@@ -70,9 +94,45 @@ class GroupCommitter:
                     request.error = error
         finally:
             self.rounds += 1
-            with self._condition:
-                for request in requests:
-                    request.done = True
+            for request in requests:
+                request.done = True
+            with self._mutex:
+                successor = self._hand_lead_locked()
+            for request in requests:
+                if request.wakeup is not None:
+                    request.wakeup.release()
+            if successor is not None:
+                assert successor.wakeup is not None and not successor.done
+                successor.wakeup.release()
+
+    def _hand_lead_locked(self) -> Request | None:
+        """Pick the oldest queued request to lead the next round (caller holds the mutex).
+
+        Returns it (the caller wakes it), or None after marking that no leader runs.
+        """
+        successor = self._queue[0] if self._queue else None
+        if successor is None:
+            self._leader_active = False
+        else:
+            successor.lead = True
+        return successor
+
+    def _withdraw(self, request: Request) -> None:
+        """Take back a request whose thread stopped waiting (an exception in ``acquire``).
+
+        Still queued: it is removed and never written. Already taken by a round:
+        that round writes it and nobody waits for the answer. Handed the lead:
+        the lead passes on, so the requests queued behind it are not stranded.
+        """
+        successor = None
+        with self._mutex:
+            if request in self._queue:
+                self._queue.remove(request)
+                if request.lead:
+                    successor = self._hand_lead_locked()
+        if successor is not None:
+            assert successor.wakeup is not None
+            successor.wakeup.release()
 
 
 def _outcome(request: Request) -> Any:

@@ -24,6 +24,10 @@ SEGMENT_BYTES_MIN = 1024
 SEGMENT_MS_DEFAULT = 7 * 24 * 3600 * 1000
 # One offset-index entry per this many log bytes (Kafka's index.interval.bytes).
 INDEX_INTERVAL_BYTES = 4096
+# The writer asks the kernel to start writing a segment back to disk every this
+# many bytes (``FileSystem.start_writeback``), so sealing a full segment finds
+# little left to sync.
+WRITEBACK_INTERVAL_BYTES = 4 * 1024 * 1024
 
 # -- reads --------------------------------------------------------------------------
 READ_BYTES_MAX = 256 * 1024 * 1024

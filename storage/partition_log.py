@@ -40,7 +40,7 @@ from storage.errors import (
 from storage.fs import FileSystem
 from storage.group_commit import GroupCommitter, Request
 from storage.log_loader import RecoveryReport, load_segments
-from storage.producer_state import DedupDecision, ProducerStateManager
+from storage.producer_state import SMALL_BATCH_ROWS, DedupDecision, ProducerStateManager
 from storage.record_batch import (
     FrameHeader,
     check_wire_batch,
@@ -54,6 +54,7 @@ log = logging.getLogger(__name__)
 
 WRITTEN = 0
 DUPLICATE = 1
+assert (WRITTEN, DUPLICATE) == (False, True)  # a status array is the duplicate mask as uint8
 
 
 @dataclass(frozen=True, slots=True)
@@ -122,13 +123,25 @@ class PartitionLog:
             fs, directory, clock, config.producer_expiry_ms * 1000
         )
         segments = load_segments(fs, directory, self.recovery)
-        self._segments: list[LogSegment] = segments
+        # A tuple, replaced (never changed in place) on roll and retention, so that
+        # publishing hands it to readers as it is.
+        self._segments: tuple[LogSegment, ...] = tuple(segments)
         self._last_written_at_us = max((s.last_written_at_us or 0 for s in segments), default=0)
         self._visible = Visible(segments[-1].next_offset, tuple(segments), segments[-1].size_bytes)
         self._restore_producers()
         self._committer = GroupCommitter(self._flush_group, config.group_commit_window_us)
 
     # -- state -------------------------------------------------------------------------
+    @property
+    def config(self) -> TopicConfig:
+        return self._config
+
+    @config.setter
+    def config(self, config: TopicConfig) -> None:
+        """Replace the settings (ALTER TOPIC); the codec check follows at once."""
+        self._config = config
+        self._codec_ids = frozenset(int(codec) for codec in config.supported_codecs)
+
     @property
     def start_offset(self) -> int:
         return self._visible.segments[0].base_offset
@@ -151,8 +164,23 @@ class PartitionLog:
 
     # -- appends -----------------------------------------------------------------------
     def append(self, batch: pa.RecordBatch) -> AppendResult:
-        """Append one wire batch; returns once it meets the fsync policy."""
-        return self.append_many([batch])[0]
+        """Append one wire batch; returns once it meets the fsync policy.
+
+        ``append_many([batch])[0]``, minus the list handling: this is the hot path.
+        """
+        check_wire_batch(batch)
+        self._check_codecs(batch)
+        self._check_writable()
+        policy = self.config.fsync_policy
+        if policy is FsyncPolicy.GROUP:
+            return self._committer.submit([batch])[0]
+        with self._write_lock:
+            self._check_writable()
+            result = self._write_decision(self.producers.decide(batch))
+            if policy is FsyncPolicy.ALWAYS:
+                self._sync_locked()
+            self._publish()
+        return result
 
     def append_many(self, batches: list[pa.RecordBatch]) -> list[AppendResult]:
         """Append batches together: one write, one sync, visible to readers at once."""
@@ -287,10 +315,19 @@ class PartitionLog:
             )
 
     def _check_codecs(self, batch: pa.RecordBatch) -> None:
-        codec_ids = batch.column(4).to_numpy(zero_copy_only=False)
-        first = int(codec_ids[0])
-        used = [first] if (codec_ids == first).all() else np.unique(codec_ids).tolist()
-        for value in used:
+        column = batch.column(4)
+        if column.null_count:
+            raise UnsupportedCodecError("every message needs a codec (the codec column has nulls)")
+        count = len(column)
+        if count <= SMALL_BATCH_ROWS:
+            used = set(column.to_pylist())
+        else:
+            codec_ids = np.frombuffer(column.buffers()[1], np.uint8, count, column.offset)
+            first = int(codec_ids[0])
+            used = {first} if (codec_ids == first).all() else set(np.unique(codec_ids).tolist())
+        if used <= self._codec_ids:
+            return
+        for value in sorted(used):
             try:
                 codec = Codec(value)
             except ValueError:
@@ -310,17 +347,18 @@ class PartitionLog:
         return results
 
     def _write_decision(self, decision: DedupDecision, transaction_id: int = 0) -> AppendResult:
-        status = np.where(decision.duplicate, DUPLICATE, WRITTEN).astype(np.uint8)
-        offsets = decision.earlier_offsets.copy()
-        written_count = decision.written_count
-        if written_count == 0:
-            return AppendResult(self.partition_id, status, offsets)
         batch = decision.batch
-        if written_count < batch.num_rows:
+        count = batch.num_rows
+        written_count = count - decision.duplicate_count
+        if written_count == 0:
+            status = np.full(count, DUPLICATE, dtype=np.uint8)
+            return AppendResult(self.partition_id, status, decision.earlier_offsets)
+        if written_count < count:
             batch = batch.filter(pa.array(~decision.duplicate))
-        segment = self._segment_for_append()
+        now_us = self.clock.now_us()
+        segment = self._segment_for_append(now_us)
         base_offset = segment.next_offset
-        written_at_us = max(self.clock.now_us(), self._last_written_at_us)
+        written_at_us = max(now_us, self._last_written_at_us)
         body = serialize_body_buffer(batch)
         header_bytes = encode_frame_header(
             body,
@@ -338,21 +376,26 @@ class PartitionLog:
             self._fence(error)
             raise
         self._last_written_at_us = written_at_us
-        unfiltered = written_count == decision.batch.num_rows
-        groups = decision.producer_groups if unfiltered else None
-        self.producers.record(batch, base_offset, written_at_us, groups)
+        if written_count == count:
+            self.producers.record_decision(decision, base_offset, written_at_us)
+            status = np.zeros(count, dtype=np.uint8)  # WRITTEN
+            offsets = np.arange(base_offset, base_offset + count, dtype=np.int64)
+            return AppendResult(self.partition_id, status, offsets)
+        self.producers.record(batch, base_offset, written_at_us)
+        status = decision.duplicate.astype(np.uint8)  # DUPLICATE == 1, WRITTEN == 0
+        offsets = decision.earlier_offsets
         offsets[~decision.duplicate] = np.arange(base_offset, base_offset + written_count)
         return AppendResult(self.partition_id, status, offsets)
 
-    def _segment_for_append(self) -> LogSegment:
+    def _segment_for_append(self, now_us: int) -> LogSegment:
         """The active segment, rolled first if it is full or too old."""
         segment = self._segments[-1]
         if segment.size_bytes == 0:
             return segment
-        too_big = segment.size_bytes >= self.config.segment_bytes
-        first = segment.first_written_at_us or self.clock.now_us()
-        too_old = self.clock.now_us() - first >= self.config.segment_ms * 1000
-        if too_big or too_old:
+        if segment.size_bytes >= self.config.segment_bytes:
+            return self._roll_locked()
+        first = segment.first_written_at_us
+        if first is not None and now_us - first >= self.config.segment_ms * 1000:
             return self._roll_locked()
         return segment
 
@@ -372,7 +415,7 @@ class PartitionLog:
         except StorageIOError as error:
             self._fence(error)
             raise
-        self._segments = [*self._segments, segment]
+        self._segments = (*self._segments, segment)
         return segment
 
     def roll(self) -> None:
@@ -401,7 +444,7 @@ class PartitionLog:
         self._fenced = error
         visible = self._visible
         try:
-            for segment in self._segments[len(visible.segments):]:
+            for segment in self._segments[len(visible.segments) :]:
                 segment.truncate_to(0, segment.base_offset)
             last = visible.segments[-1]
             last.truncate_to(visible.last_segment_bytes, visible.end_offset)
@@ -410,7 +453,7 @@ class PartitionLog:
 
     def _publish(self) -> None:
         segment = self._segments[-1]
-        self._visible = Visible(segment.next_offset, tuple(self._segments), segment.size_bytes)
+        self._visible = Visible(segment.next_offset, self._segments, segment.size_bytes)
         with self.data_ready:
             self.data_ready.notify_all()
 

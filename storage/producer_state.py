@@ -31,6 +31,8 @@ from storage.errors import InvalidParameterValueError, LimitExceededError
 from storage.fs import FileSystem
 
 SNAPSHOTS_KEPT = 2
+_EMPTY = np.empty(0, np.int64)
+_EMPTY.flags.writeable = False  # shared by entries that keep no recent seq_nos
 # Below this many rows, grouping in plain Python beats any Arrow compute call.
 SMALL_BATCH_ROWS = 64
 SEQ_NO_COLUMN = 0
@@ -56,12 +58,17 @@ class DedupDecision:
     batch: pa.RecordBatch  # the input, with seq_nos filled in where they were null
     duplicate: np.ndarray  # bool per message
     earlier_offsets: np.ndarray  # int64 per message; -1 where unknown or not a duplicate
+    duplicate_count: int  # == count_nonzero(duplicate), counted once by ``decide``
     # The producer groups of ``batch`` (as ``group_rows`` gives them), for ``record``.
     producer_groups: list[tuple[str, np.ndarray]] | None = None
+    # Small batches (``SMALL_BATCH_ROWS``): the producer ids and seq_nos of ``batch``
+    # as Python lists, so that ``record_decision`` need not read the columns again.
+    producer_ids: list[str | None] | None = None
+    seq_nos: list[int | None] | None = None
 
     @property
     def written_count(self) -> int:
-        return int(len(self.duplicate) - np.count_nonzero(self.duplicate))
+        return len(self.duplicate) - self.duplicate_count
 
 
 class ProducerStateManager:
@@ -106,13 +113,16 @@ class ProducerStateManager:
         duplicates (the no-dedup path).
         """
         count = batch.num_rows
-        duplicate = np.zeros(count, dtype=bool)
-        earlier = np.full(count, -1, dtype=np.int64)
         producers = batch.column(PRODUCER_COLUMN)
         if producers.null_count == count:
-            return DedupDecision(batch, duplicate, earlier)
+            duplicate = np.zeros(count, dtype=bool)
+            return DedupDecision(batch, duplicate, np.full(count, -1, dtype=np.int64), 0)
+        if count <= SMALL_BATCH_ROWS:
+            return self._decide_small(batch, producers.to_pylist())
+        duplicate = np.zeros(count, dtype=bool)
+        earlier = np.full(count, -1, dtype=np.int64)
         seq_nos, seq_known = _int64_with_mask(batch.column(SEQ_NO_COLUMN))
-        if np.any(seq_known & (seq_nos < 0)):
+        if (seq_known & (seq_nos < 0)).any():
             raise InvalidParameterValueError("seq_no must not be negative")
         filled = False
         # Rows holding a seq_no after the fill; the nulls of rows without a
@@ -120,9 +130,10 @@ class ProducerStateManager:
         has_seq_no = seq_known.copy()
         groups = group_rows(producers)
         for key, rows in groups:
+            whole = len(rows) == count  # one producer: no fancy indexing
             entry = self.entry(key)
             last = -1 if entry is None or entry.last_seq_no is None else entry.last_seq_no
-            if not np.all(seq_known[rows]):
+            if not (seq_known if whole else seq_known[rows]).all():
                 filled = True
                 last_assigned = last
                 for row in rows:  # rare path: the producer left seq_no to us
@@ -130,11 +141,13 @@ class ProducerStateManager:
                         seq_nos[row] = last_assigned + 1
                         has_seq_no[row] = True
                     last_assigned = max(last_assigned, seq_nos[row])
-            ours = seq_nos[rows]
+            ours = seq_nos if whole else seq_nos[rows]
+            if ours[0] > last and (ours[1:] > ours[:-1]).all():
+                continue  # strictly increasing past the last: no duplicate (the usual case)
             running = np.maximum.accumulate(np.concatenate(([last], ours)))[:-1]
             is_duplicate = ours <= running
             duplicate[rows] = is_duplicate
-            if entry is not None and np.any(is_duplicate):
+            if entry is not None and is_duplicate.any():
                 earlier[rows[is_duplicate]] = _earlier_offsets(entry, ours[is_duplicate])
         if filled:
             batch = batch.set_column(
@@ -142,7 +155,53 @@ class ProducerStateManager:
                 batch.schema.field(SEQ_NO_COLUMN),
                 pa.array(seq_nos, pa.int64(), mask=~has_seq_no),
             )
-        return DedupDecision(batch, duplicate, earlier, groups)
+        return DedupDecision(batch, duplicate, earlier, int(np.count_nonzero(duplicate)), groups)
+
+    def _decide_small(self, batch: pa.RecordBatch, keys: list[str | None]) -> DedupDecision:
+        """``decide`` for a few rows, in plain Python: no numpy call per row or per key.
+
+        Same rules as the vectorised path: a producer's message is a duplicate
+        when its seq_no is not above the running maximum (the producer's last
+        seq_no, then earlier rows of the batch); a missing seq_no becomes that
+        maximum + 1; rows without a producer are never duplicates.
+        """
+        count = len(keys)
+        seq_nos: list[int | None] = batch.column(SEQ_NO_COLUMN).to_pylist()
+        for seq_no in seq_nos:
+            if seq_no is not None and seq_no < 0:
+                raise InvalidParameterValueError("seq_no must not be negative")
+        running: dict[str, int] = {}  # key -> largest seq_no so far
+        duplicate_rows: list[tuple[int, str, int]] = []
+        entries: dict[str, ProducerEntry | None] = {}
+        filled = False
+        for row, key in enumerate(keys):
+            if key is None:
+                continue
+            last = running.get(key)
+            if last is None:
+                entry = entries[key] = self.entry(key)
+                last = -1 if entry is None or entry.last_seq_no is None else entry.last_seq_no
+            seq_no = seq_nos[row]
+            if seq_no is None:  # rare: the producer left seq_no to us
+                seq_no = seq_nos[row] = last + 1
+                filled = True
+            if seq_no <= last:
+                duplicate_rows.append((row, key, seq_no))
+                running[key] = last
+            else:
+                running[key] = seq_no
+        duplicate = np.zeros(count, dtype=bool)
+        earlier = np.full(count, -1, dtype=np.int64)
+        for row, key, seq_no in duplicate_rows:
+            duplicate[row] = True
+            entry = entries[key]
+            if entry is not None:
+                earlier[row] = _earlier_offset(entry, seq_no)
+        if filled:
+            batch = batch.set_column(
+                SEQ_NO_COLUMN, batch.schema.field(SEQ_NO_COLUMN), pa.array(seq_nos, pa.int64())
+            )
+        return DedupDecision(batch, duplicate, earlier, len(duplicate_rows), None, keys, seq_nos)
 
     def record(
         self,
@@ -152,6 +211,9 @@ class ProducerStateManager:
         producer_groups: list[tuple[str, np.ndarray]] | None = None,
     ) -> None:
         """Update entries after ``written`` (only non-duplicates) went to ``base_offset``."""
+        if written.num_rows <= SMALL_BATCH_ROWS:
+            self._record_small(written, base_offset, written_at_us)
+            return
         keys = written.column(PRODUCER_COLUMN)
         groups = written.column(GROUP_COLUMN)
         if groups.null_count != len(groups):
@@ -159,12 +221,13 @@ class ProducerStateManager:
         if keys.null_count == len(keys):
             return
         all_seq_nos, known = _int64_with_mask(written.column(SEQ_NO_COLUMN))
-        all_seq_nos = np.where(known, all_seq_nos, -1)
+        if not known.all():
+            all_seq_nos = np.where(known, all_seq_nos, -1)
         reuse = producer_groups is not None and groups.null_count == len(groups)
         for key, rows in producer_groups if reuse else group_rows(keys):
-            offsets = rows.astype(np.int64) + base_offset
-            seqs = all_seq_nos[rows]
-            has_seq = bool(np.any(seqs >= 0))
+            offsets = rows + base_offset  # a new int64 array
+            seqs = all_seq_nos if len(rows) == len(all_seq_nos) else all_seq_nos[rows]
+            has_seq = bool((seqs >= 0).any())
             self._put(
                 key,
                 int(seqs.max()) if has_seq else None,
@@ -172,6 +235,65 @@ class ProducerStateManager:
                 written_at_us,
                 seqs.astype(np.int64) if has_seq else np.empty(0, np.int64),
                 offsets if has_seq else np.empty(0, np.int64),
+            )
+
+    def record_decision(
+        self, decision: DedupDecision, base_offset: int, written_at_us: int
+    ) -> None:
+        """``record`` for a decision whose every message was written (no duplicates)."""
+        assert decision.duplicate_count == 0
+        if decision.producer_ids is None or decision.seq_nos is None:
+            self.record(decision.batch, base_offset, written_at_us, decision.producer_groups)
+            return
+        self._record_small(
+            decision.batch, base_offset, written_at_us, decision.producer_ids, decision.seq_nos
+        )
+
+    def _record_small(
+        self,
+        written: pa.RecordBatch,
+        base_offset: int,
+        written_at_us: int,
+        producer_ids: list[str | None] | None = None,
+        seq_nos: list[int | None] | None = None,
+    ) -> None:
+        """``record`` for a few rows, in plain Python (same entries as the vectorised path).
+
+        ``producer_ids`` and ``seq_nos``, when given, are the columns of ``written``
+        as lists (``decide`` read them already).
+        """
+        keys = written.column(PRODUCER_COLUMN).to_pylist() if producer_ids is None else producer_ids
+        if None in keys:
+            groups = written.column(GROUP_COLUMN)
+            if groups.null_count != len(groups):
+                keys = [
+                    k if k is not None else g for k, g in zip(keys, groups.to_pylist(), strict=True)
+                ]
+        if seq_nos is None:
+            seq_nos = written.column(SEQ_NO_COLUMN).to_pylist()
+        rows_of: dict[str, list[int]] = {}
+        for row, key in enumerate(keys):
+            if key is not None:
+                rows_of.setdefault(key, []).append(row)
+        for key, rows in rows_of.items():
+            seqs = [-1 if seq_nos[row] is None else seq_nos[row] for row in rows]
+            largest = max(seqs)
+            offset = base_offset + rows[-1]
+            if largest < 0:
+                self._put(key, None, offset, written_at_us, _EMPTY, _EMPTY)
+                continue
+            entry = self._entries.get(key)
+            if len(rows) == 1 and (
+                entry is None or entry.last_seq_no is None or largest >= entry.last_seq_no
+            ):
+                # One message that becomes the entry's last: ``_earlier_offset`` finds it
+                # through ``last_seq_no`` alone, so no per-message arrays are kept.
+                self._put(key, largest, offset, written_at_us, _EMPTY, _EMPTY)
+                continue
+            recent_offsets = np.array(rows, dtype=np.int64)
+            recent_offsets += base_offset
+            self._put(
+                key, largest, offset, written_at_us, np.array(seqs, dtype=np.int64), recent_offsets
             )
 
     def _put(
@@ -297,6 +419,18 @@ class ProducerStateManager:
         return 0
 
 
+def _earlier_offset(entry: ProducerEntry, seq_no: int) -> int:
+    """``_earlier_offsets`` for one seq_no."""
+    if entry.last_seq_no is not None and seq_no == entry.last_seq_no:
+        return entry.last_offset
+    recent = entry.recent_seq_nos
+    if len(recent):
+        position = int(np.searchsorted(recent, seq_no))
+        if position < len(recent) and recent[position] == seq_no:
+            return int(entry.recent_offsets[position])
+    return -1
+
+
 def _earlier_offsets(entry: ProducerEntry, seq_nos: np.ndarray) -> np.ndarray:
     """Offsets of earlier copies of ``seq_nos`` where the entry still knows them."""
     result = np.full(len(seq_nos), -1, dtype=np.int64)
@@ -350,23 +484,13 @@ def group_rows(column: pa.Array) -> list[tuple[str, np.ndarray]]:
 def _single_value(column: pa.Array) -> str | None:
     """The value of a string column whose rows are all the same (no nulls), else None.
 
-    Compares the raw buffers with numpy: a batch from one producer is recognised
-    without hashing a single string.
+    One hash pass in Arrow (``unique``): a batch from one producer, the common
+    case, is recognised without a Python loop or a dictionary encoding.
     """
     if column.null_count or not pa.types.is_string(column.type):
         return None
-    offsets = np.frombuffer(column.buffers()[1], dtype=np.int32)[
-        column.offset : column.offset + len(column) + 1
-    ]
-    lengths = np.diff(offsets)
-    width = int(lengths[0])
-    if width == 0 or not np.all(lengths == width):
-        return None
-    data = np.frombuffer(column.buffers()[2], dtype=np.uint8)[offsets[0] : offsets[-1]]
-    rows = data.reshape(len(column), width)
-    if not np.all(rows == rows[0]):
-        return None
-    return bytes(rows[0]).decode()
+    unique = pc.unique(column)
+    return unique[0].as_py() if len(unique) == 1 else None
 
 
 def _int64_with_mask(column: pa.Array) -> tuple[np.ndarray, np.ndarray]:

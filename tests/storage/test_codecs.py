@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 from collections.abc import Callable
 
 import pyarrow as pa
@@ -122,6 +123,44 @@ def test_topic_refuses_an_unknown_codec_id(open_partition: Callable[..., Partiti
     partition = open_partition()
     with pytest.raises(UnsupportedCodecError, match="unknown codec id 9"):
         partition.append(build_wire_batch([b"a"], codec=9))
+
+
+def test_codec_check_covers_every_row_of_a_large_batch(
+    open_partition: Callable[..., PartitionLog],
+) -> None:
+    partition = open_partition(supported_codecs=frozenset({Codec.RAW, Codec.GZIP}))
+    codec_ids = [Codec.RAW] * 499 + [Codec.ZSTD] + [Codec.GZIP] * 500
+    with pytest.raises(UnsupportedCodecError, match="codec zstd is not supported"):
+        partition.append(build_wire_batch([b"x"] * 1000, codec=codec_ids))
+    assert partition.end_offset == 0
+    partition.append(build_wire_batch([b"x"] * 1000, codec=[Codec.RAW] * 500 + [Codec.GZIP] * 500))
+    assert partition.end_offset == 1000
+
+
+def test_a_null_codec_is_refused(open_partition: Callable[..., PartitionLog]) -> None:
+    batch = build_wire_batch([b"a", b"b"])
+    batch = batch.set_column(4, batch.schema.field(4), pa.array([1, None], pa.uint8()))
+    with pytest.raises(UnsupportedCodecError, match="needs a codec"):
+        open_partition().append(batch)
+
+
+def test_changed_supported_codecs_apply_to_the_next_append(
+    open_partition: Callable[..., PartitionLog],
+) -> None:
+    partition = open_partition(supported_codecs=frozenset({Codec.RAW}))
+    zstd_batch = build_wire_batch([encode(Codec.ZSTD, b"z")], codec=Codec.ZSTD)
+    with pytest.raises(UnsupportedCodecError):
+        partition.append(zstd_batch)
+    partition.config = dataclasses.replace(
+        partition.config, supported_codecs=frozenset({Codec.RAW, Codec.ZSTD})
+    )
+    partition.append(zstd_batch)
+    partition.config = dataclasses.replace(
+        partition.config, supported_codecs=frozenset({Codec.RAW})
+    )
+    with pytest.raises(UnsupportedCodecError):
+        partition.append(zstd_batch)
+    assert partition.end_offset == 1
 
 
 def test_compressed_messages_are_stored_as_sent_and_decode_on_read(

@@ -190,3 +190,88 @@ def test_group_policy_bad_batch_fails_alone(
     assert isinstance(outcomes[0], InvalidParameterValueError)
     assert all(np.array_equal(o.status, [0]) for o in outcomes[1:])
     assert partition.end_offset == 3
+
+
+class _Interrupted(Exception):
+    """Stands for an exception raised in a waiting thread (a signal, say)."""
+
+
+def _interrupting_lock_factory(victim: str, *, after_wake: bool) -> Callable[[], Any]:
+    """``threading.Lock`` stand-in: the thread named ``victim`` raises while it waits.
+
+    Its second ``acquire`` (the wait) raises at once, or, with ``after_wake``,
+    once the lock was released for it (the exception comes as it wakes).
+    """
+    real_lock = threading.Lock
+
+    class Lock:
+        def __init__(self) -> None:
+            self._lock = real_lock()
+            self._calls = 0
+
+        def acquire(self) -> bool:
+            self._calls += 1
+            victim_waits = threading.current_thread().name == victim and self._calls == 2
+            if victim_waits and not after_wake:
+                raise _Interrupted
+            self._lock.acquire()
+            if victim_waits:
+                raise _Interrupted
+            return True
+
+        def release(self) -> None:
+            self._lock.release()
+
+    return Lock
+
+
+@pytest.mark.parametrize("after_wake", [False, True], ids=["while-waiting", "when-handed-the-lead"])
+def test_interrupted_follower_withdraws_and_nobody_is_stranded(
+    after_wake: bool, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    from storage import group_commit
+
+    release_first_round = threading.Event()
+    flushed: list[list[str]] = []
+
+    def flush(requests: list[Request]) -> None:
+        flushed.append([r.payload for r in requests])
+        if len(flushed) == 1:
+            release_first_round.wait(10)
+        for request in requests:
+            request.result = request.payload
+
+    committer = GroupCommitter(flush)
+    patched = type(
+        "patched_threading", (), {"Lock": _interrupting_lock_factory("B", after_wake=after_wake)}
+    )
+    monkeypatch.setattr(group_commit, "threading", patched)
+    outcomes: dict[str, Any] = {}
+
+    def submit(name: str) -> None:
+        try:
+            outcomes[name] = committer.submit(name)
+        except _Interrupted as error:
+            outcomes[name] = error
+
+    def start(name: str) -> threading.Thread:
+        thread = threading.Thread(target=submit, args=(name,), name=name)
+        thread.start()
+        return thread
+
+    leader = start("A")
+    while not flushed:
+        time.sleep(0.001)
+    followers = [start("B")]
+    while len(committer._queue) < 1 and not (not after_wake and "B" in outcomes):
+        time.sleep(0.001)
+    followers.append(start("C"))
+    while len(committer._queue) < (2 if after_wake else 1):
+        time.sleep(0.001)
+    release_first_round.set()
+    for thread in [leader, *followers]:
+        thread.join(timeout=10)
+        assert not thread.is_alive(), "a waiter was stranded"
+    assert outcomes["A"] == "A" and outcomes["C"] == "C"
+    assert isinstance(outcomes["B"], _Interrupted)
+    assert flushed == [["A"], ["C"]], "the withdrawn request was never written"

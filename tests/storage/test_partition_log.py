@@ -18,7 +18,7 @@ from typing import Any
 import pyarrow as pa
 import pytest
 
-from storage import file_names
+from storage import file_names, limits
 from storage.clock import ManualClock
 from storage.config import FsyncPolicy
 from storage.errors import (
@@ -546,6 +546,58 @@ def test_failed_fsync_fences_the_partition_until_reopen(
     partition.close()
     again = open_partition(file_system=failing, fsync_policy=FsyncPolicy.ALWAYS)
     assert again.append(batch(1, first=9)).written_count == 1
+
+
+class _CountingWriteback(FileSystem):
+    """Records writeback hints; fails them when told to."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.hints: list[tuple[int, int]] = []
+        self.fail = False
+
+    def start_writeback(self, fd: int, position: int, size: int) -> None:
+        if self.fail:
+            raise StorageIOError("could not start writeback (test)", path="?")
+        self.hints.append((position, size))
+        super().start_writeback(fd, position, size)
+
+
+def test_writeback_is_started_every_interval_and_does_not_count_as_fsync(
+    open_partition: OpenPartition, batch: MakeBatch, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setattr(limits, "WRITEBACK_INTERVAL_BYTES", 8192)
+    hinting = _CountingWriteback()
+    partition = open_partition(file_system=hinting, fsync_policy=FsyncPolicy.NEVER)
+    for first in range(0, 40, 2):
+        partition.append(batch(2, first=first, size_bytes=1000))
+    assert hinting.fsync_count == 0
+    assert len(hinting.hints) >= 3
+    # The hints cover the log from 0 on, back to back, each at least one interval long.
+    position = 0
+    for start, size in hinting.hints:
+        assert start == position and size >= 8192
+        position += size
+    assert position <= partition.size_bytes
+
+
+def test_failed_writeback_fences_the_partition_like_a_failed_write(
+    open_partition: OpenPartition, batch: MakeBatch, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setattr(limits, "WRITEBACK_INTERVAL_BYTES", 8192)
+    hinting = _CountingWriteback()
+    partition = open_partition(file_system=hinting, fsync_policy=FsyncPolicy.NEVER)
+    partition.append(batch(2, size_bytes=1000))
+    hinting.fail = True
+    with pytest.raises(StorageIOError):
+        for first in range(2, 40, 2):
+            partition.append(batch(2, first=first, size_bytes=1000))
+    acknowledged = partition.end_offset
+    with pytest.raises(PartitionFencedError):
+        partition.append(batch(1, first=100))
+    partition.close()
+    again = open_partition(file_system=FileSystem(), fsync_policy=FsyncPolicy.NEVER)
+    assert again.end_offset == acknowledged, "the append that failed was cut, nothing else"
 
 
 # -- recovery on reopen ----------------------------------------------------------------------------

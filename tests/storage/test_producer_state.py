@@ -9,8 +9,10 @@ from typing import Any
 import numpy as np
 import pyarrow as pa
 import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
-from storage import file_names
+from storage import file_names, producer_state
 from storage.clock import ManualClock
 from storage.errors import InvalidParameterValueError
 from storage.fs import FileSystem
@@ -192,3 +194,70 @@ def test_truncate_after_forgets_producers_past_the_cut(tmp_path: Any, clock: Man
     assert set(manager.live_keys()) == {"a"}
     manager.clear()
     assert manager.live_keys() == {}
+
+
+# -- the small-batch path agrees with the vectorised one ------------------------------------------
+
+_KEYS = st.sampled_from(["a", "b", "c", None])
+_SEQ_NOS = st.one_of(st.none(), st.integers(min_value=0, max_value=12))
+_BATCHES = st.lists(
+    st.lists(st.tuples(_KEYS, _SEQ_NOS, st.sampled_from(["g", None])), min_size=1, max_size=8),
+    min_size=1,
+    max_size=8,
+)
+
+
+def _writer_step(
+    manager: ProducerStateManager, batch: pa.RecordBatch, base_offset: int, now_us: int
+) -> tuple[list[bool], list[int], list[int | None]]:
+    """Decide and record as ``PartitionLog._write_decision`` does; the decision's outcome."""
+    decision = manager.decide(batch)
+    if decision.duplicate_count == 0:
+        manager.record_decision(decision, base_offset, now_us)
+    elif decision.written_count:
+        manager.record(decision.batch.filter(pa.array(~decision.duplicate)), base_offset, now_us)
+    return (
+        decision.duplicate.tolist(),
+        decision.earlier_offsets.tolist(),
+        decision.batch.column("seq_no").to_pylist(),
+    )
+
+
+@settings(max_examples=150, deadline=None)
+@given(batches=_BATCHES)
+def test_small_batch_path_matches_the_vectorised_path(
+    tmp_path_factory: pytest.TempPathFactory, batches: list[list[tuple[Any, Any, Any]]]
+) -> None:
+    """Same decisions and producer entries whether a batch takes the plain-Python path
+    (``SMALL_BATCH_ROWS``) or the numpy one."""
+    clock = ManualClock()
+    directory = tmp_path_factory.mktemp("producers")
+    small, vectorised = _manager(directory, clock), _manager(directory, clock)
+    offset = 0
+    for rows in batches:
+        batch = build_wire_batch(
+            [b"x"] * len(rows),
+            seq_no=[seq_no for _, seq_no, _ in rows],
+            producer_id=[key for key, _, _ in rows],
+            message_group_id=[group for _, _, group in rows],
+        )
+        expected = _writer_step(small, batch, offset, clock.now_us())
+        saved = producer_state.SMALL_BATCH_ROWS
+        producer_state.SMALL_BATCH_ROWS = 0  # every batch takes the vectorised path
+        try:
+            assert _writer_step(vectorised, batch, offset, clock.now_us()) == expected
+        finally:
+            producer_state.SMALL_BATCH_ROWS = saved
+        offset += expected[0].count(False)
+        clock.advance(microseconds=1)
+        for key in ("a", "b", "c", "g"):
+            one, other = small.entry(key), vectorised.entry(key)
+            assert (one is None) == (other is None), key
+            if one is not None and other is not None:
+                assert (one.last_seq_no, one.last_offset) == (other.last_seq_no, other.last_offset)
+    for key in ("a", "b", "c"):  # a resend of every seq_no finds the same earlier offsets
+        resend = build_wire_batch([b"x"] * 13, seq_no=list(range(13)), producer_id=key)
+        assert (
+            small.decide(resend).earlier_offsets.tolist()
+            == vectorised.decide(resend).earlier_offsets.tolist()
+        )
