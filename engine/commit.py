@@ -3,27 +3,50 @@
 Protocol (DESIGN.md §4, YDB's "stage, then publish"):
 
 1. *stage*: the transaction's topic writes, routed to their partitions, are
-   appended to the staging log and synced (fsync 1; concurrent transactions
-   share it). Invisible to every reader.
+   appended to the staging log; the staging syncer thread fdatasyncs them
+   (fsync 1; concurrent transactions share it) while the committing session
+   writes the record row below, and the session waits for that sync before
+   step 2's COMMIT. Invisible to every reader.
 2. *commit point*: one DuckDB transaction holds the session's table changes
    and one record row of the transaction (id, time, its consumer offset moves,
    and where its staged batches lie), and commits (fsync 2: DuckDB's WAL).
-   The offset ranges read are validated under the commit lock just before the
-   COMMIT; the record row is written before taking the lock, so the lock
-   covers only validation, COMMIT and publish.
+   The offset ranges read are validated (and claimed) under the commit lock
+   just before the COMMIT; the record row is written before, the COMMIT after
+   the lock, which covers validation only.
 3. *publish*: each partition gets the transaction's batches as one frame
-   tagged with the transaction id, without a sync; readers see it whole.
-4. *checkpoint* (every ``CHECKPOINT_TRANSACTIONS`` commits and at close):
-   sync the partitions published to, then in one DuckDB transaction write the
-   current committed offsets of every consumer moved into the offsets table
-   and delete the records; release staging. Between checkpoints the records
-   are the durable home of offset moves (append-only: one statement per
-   commit instead of an upsert per consumer partition).
+   tagged with the transaction id, without a sync, in commit order; readers
+   see it whole.
+4. *checkpoint* (in a background thread once ``CHECKPOINT_TRANSACTIONS``
+   commits are published, and at DDL and close): sync the partitions published
+   to, then in one DuckDB transaction write the current committed offsets of
+   every consumer moved into the offsets table and delete the records of those
+   transactions; release their staging. Between checkpoints the records are
+   the durable home of offset moves (append-only: one statement per commit
+   instead of an upsert per consumer partition). Nothing depends on a
+   checkpoint having run: a record is deleted only after the data it
+   describes is synced in its partitions and its offsets are in the table.
 
 Recovery (``recover``) replays the records' offset moves in order over the
 offsets table and re-publishes, for every record, the batches whose tagged
 frame is not in its partition: idempotent, so a crash during recovery is
 harmless. Staging that no record needs is deleted.
+
+Concurrency (``engine.commit_order``): validation and the claim of the
+offsets a transaction moves happen under ``database.commit_lock``; the DuckDB
+COMMIT, the mirror update and the publish happen outside it, so sessions
+COMMIT concurrently, while claims keep validation exact and publish turns keep
+each partition in commit order. Locks are taken in this order:
+``database.commit_lock``, the commit order's lock, ``_checkpoint_lock``,
+``_lock`` (this object's lists, held briefly). A checkpoint takes the commit
+lock only to finish failed publishes, and never while it holds
+``_checkpoint_lock``; no session waits for a checkpoint while it is in a slot.
+Why a checkpoint may run beside commits: it reads the catalog's mirror of
+committed offsets (only ever moved after a DuckDB commit, forward) and deletes
+only records of transactions counted before its snapshot, which are counted in
+turn order; a transaction that depends on another (the same consumer
+partition, or rows it saw) took a later turn, so no record left behind holds an
+offset older than one the checkpoint writes. A checkpoint waits while a failed
+publish is unfinished, for the same reason.
 """
 
 from __future__ import annotations
@@ -31,6 +54,7 @@ from __future__ import annotations
 import json
 import logging
 import threading
+from collections.abc import Callable
 from dataclasses import dataclass
 
 import numpy as np
@@ -38,22 +62,30 @@ import pyarrow as pa
 
 from engine import tables
 from engine.catalog import SCHEMA
+from engine.commit_order import CommitOrder, CommitSlot
 from storage import failpoints
-from storage.errors import UndefinedTopicError
-from storage.staging import StagedBatch, StagingLog
+from storage.errors import StorageIOError, UndefinedTopicError
+from storage.staging import StagedBatch, StagingLog, StagingTicket
 
 log = logging.getLogger(__name__)
 
 CHECKPOINT_TRANSACTIONS = 256
+# Past this many published-but-not-checkpointed transactions (the background
+# checkpoint fell behind), a committing session runs the checkpoint itself.
+CHECKPOINT_BACKLOG_FACTOR = 4
 # Published frames are searched from this long before the commit time, in
 # case the wall clock stepped back a little between commit and publish.
 CLOCK_SLACK_US = 60 * 1_000_000
 
 RECORDS_DDL = f"""
 CREATE TABLE IF NOT EXISTS {SCHEMA}.transactions (
-    transaction_id BIGINT PRIMARY KEY, committed_at_us BIGINT NOT NULL, items VARCHAR NOT NULL,
+    transaction_id BIGINT NOT NULL, committed_at_us BIGINT NOT NULL, items VARCHAR NOT NULL,
     offsets VARCHAR NOT NULL);
 """
+# No primary key: ids are unique by construction (``next_transaction_id``), and an
+# index costs ~0.3 ms per commit (DuckDB 2.0, this machine); a checkpoint's delete
+# scans at most a few hundred rows. Tables created by earlier versions keep theirs.
+RECORD_INSERT = f"INSERT INTO {SCHEMA}.transactions VALUES (?, ?, ?, ?)"
 
 
 @dataclass(frozen=True, slots=True)
@@ -76,33 +108,57 @@ def route_writes(database, writes) -> list[PublishItem]:
             grouped.setdefault((write.topic_id, write.partition), []).append(write.batch)
             continue
         targets = topic.route(write.batch)
+        first = targets[0]
+        if (targets == first).all():  # the usual case: one partition, no copy
+            grouped.setdefault((write.topic_id, int(first)), []).append(write.batch)
+            continue
         for partition in np.unique(targets):
             rows = np.flatnonzero(targets == partition)
-            piece = (
+            grouped.setdefault((write.topic_id, int(partition)), []).append(
                 write.batch.take(pa.array(rows))
-                if len(rows) < write.batch.num_rows
-                else (write.batch)
             )
-            grouped.setdefault((write.topic_id, int(partition)), []).append(piece)
     return [
-        PublishItem(topic_id, partition, pa.concat_batches(batches))
+        PublishItem(
+            topic_id, partition, batches[0] if len(batches) == 1 else pa.concat_batches(batches)
+        )
         for (topic_id, partition), batches in grouped.items()
     ]
 
 
 class Committer:
+    """Stages, records, publishes and checkpoints transactions (see the module doc).
+
+    Thread-safety: session threads call ``stage``, ``write_record``,
+    ``wait_staged``, ``enter`` and then ``finish`` or ``leave`` (concurrently:
+    ``engine.commit_order`` orders them); ``checkpoint`` runs in the background
+    thread and from any thread that does not hold ``_checkpoint_lock`` (DDL calls
+    it under the commit lock, after ``quiesce``).
+    """
+
     def __init__(self, database, staging: StagingLog) -> None:
         self._database = database
         self.staging = staging
         self._lock = threading.Lock()
+        self._wake = threading.Condition(self._lock)  # the background checkpointer's
+        self._checkpoint_lock = threading.Lock()
         self._cursor = database.root.cursor()
         tables.run(self._cursor, RECORDS_DDL)
         self._last_id = 0
         self._published: list[tuple[int, list[tuple[str, int]]]] = []
         self._unfinished: list[tuple[int, list[PublishItem]]] = []
-        self._publishing: set[int] = set()
+        self._order = CommitOrder(database.commit_lock)  # claims and publish turns
         # Offset moves committed since the last checkpoint (their keys).
         self._moved: dict[tuple[str, str, int], int] = {}
+        # The background checkpointer: started at the first due checkpoint.
+        self._checkpointer: threading.Thread | None = None
+        self._closing = False
+        # Published count that wakes the checkpointer after a failed checkpoint (None:
+        # ``CHECKPOINT_TRANSACTIONS``, read when used so that tests may lower it).
+        self._retry_due: int | None = None
+        # Counters for benchmarks and tests.
+        self.checkpoints = 0  # checkpoints that deleted records or wrote offsets
+        self.checkpoint_syncs = 0  # partition syncs made by checkpoints
+        self.background_failures = 0
 
     def next_transaction_id(self) -> int:
         """Unique and increasing across restarts: microseconds of wall time, bumped."""
@@ -110,13 +166,22 @@ class Committer:
             self._last_id = max(self._last_id + 1, self._database.clock.now_us())
             return self._last_id
 
-    def stage(self, transaction_id: int, items: list[PublishItem]) -> list[PublishItem]:
-        placed = self.staging.stage(transaction_id, [item.batch for item in items])
-        failpoints.hit("commit.after_stage")
-        return [
+    # -- steps 1 and 2 (session threads) -------------------------------------------------
+    def stage(
+        self, transaction_id: int, items: list[PublishItem]
+    ) -> tuple[list[PublishItem], StagingTicket]:
+        """Append the items to staging (synced in the background: see ``wait_staged``)."""
+        ticket = self.staging.write(transaction_id, [item.batch for item in items])
+        staged = [
             PublishItem(i.topic_id, i.partition, i.batch, s)
-            for i, s in zip(items, placed, strict=True)
+            for i, s in zip(items, ticket.placed, strict=True)
         ]
+        return staged, ticket
+
+    def wait_staged(self, ticket: StagingTicket) -> None:
+        """Block until the staged frames are durable; call before the commit point."""
+        self.staging.wait_durable(ticket)
+        failpoints.hit("commit.after_stage")
 
     def write_record(
         self,
@@ -134,7 +199,7 @@ class Committer:
         offsets = [[t, c, p, o] for (t, c, p), o in moves.items()]
         tables.run(
             cursor,
-            f"INSERT INTO {SCHEMA}.transactions VALUES (?, ?, ?, ?)",
+            RECORD_INSERT,
             [
                 transaction_id,
                 self._database.clock.now_us(),
@@ -143,27 +208,64 @@ class Committer:
             ],
         )
 
-    def committed(self, transaction_id: int, moves: dict[tuple[str, str, int], int]) -> None:
-        """Note a transaction past its commit point; its offsets reach the table later.
+    # -- the commit point and after (see engine.commit_order) --------------------------
+    def enter(
+        self, keys: set[tuple[str, str, int]], validate: Callable[[], None], *, recorded: bool
+    ) -> CommitSlot:
+        """Validate and claim ``keys`` just before the DuckDB COMMIT (``CommitOrder.enter``);
+        end the slot with ``finish`` (committed) or ``leave`` (not)."""
+        return self._order.enter(keys, validate, recorded=recorded)
 
-        Transactions without topic writes are counted for the checkpoint here;
-        ``publish`` counts the others.
-        """
+    def leave(self, slot: CommitSlot) -> None:
+        """The slot's COMMIT failed or never ran: release its claims and its turn."""
+        self._order.release(slot)
+        interrupted = self._order.wait_turn(slot)
+        self._order.done(slot)
+        if interrupted is not None:
+            raise interrupted
+
+    def finish(
+        self,
+        slot: CommitSlot,
+        transaction_id: int | None,
+        moves: dict[tuple[str, str, int], int],
+        items: list[PublishItem],
+    ) -> None:
+        """After the commit point: move the offsets in the catalog's mirror, release the
+        claims, then, in turn, publish (step 3) and count the transaction for the
+        checkpoint. Publishing outside the commit lock lets the next transaction's
+        COMMIT overlap this publish; turns keep publishes in commit order. A publish
+        that fails is finished by the next publish or checkpoint, exactly as recovery
+        would after a crash; its error is raised."""
+        failure: BaseException | None = None
+        try:
+            failpoints.hit("commit.after_commit_point")
+        except BaseException as raised:  # committed all the same: publish later
+            failure = raised
+        self._database.catalog.apply_offsets(moves)
         with self._lock:
             self._moved.update(moves)
-        if not self._pending_publish(transaction_id):
-            self._note_done(transaction_id, [])
+        self._order.release(slot)
+        failure = self._order.wait_turn(slot) or failure
+        try:
+            if transaction_id is not None:
+                if failure is not None:
+                    with self._lock:
+                        self._unfinished.append((transaction_id, items))
+                else:
+                    self._publish_in_turn(transaction_id, items)
+        finally:
+            self._order.done(slot)
+        if failure is not None:
+            raise failure
 
-    def _pending_publish(self, transaction_id: int) -> bool:
-        return transaction_id in self._publishing
+    def quiesce(self) -> None:
+        """Wait until no transaction is between ``enter`` and its end (the caller holds
+        the commit lock, so none can enter): DDL then sees every committed offset move."""
+        self._order.quiesce()
 
-    def publish(self, transaction_id: int, items: list[PublishItem]) -> None:
-        """Step 3: one tagged frame per partition, no sync. Called after the commit point.
-
-        If publishing fails half way (an I/O error, an interrupt), the
-        transaction is remembered and the next checkpoint publishes what is
-        missing, exactly as recovery would after a crash.
-        """
+    def _publish_in_turn(self, transaction_id: int, items: list[PublishItem]) -> None:
+        """Step 3 (caller has the turn): one tagged frame per partition, no sync."""
         try:
             if self._unfinished:
                 with self._lock:
@@ -177,18 +279,35 @@ class Committer:
             with self._lock:
                 self._unfinished.append((transaction_id, items))
             raise
-        self._publishing.discard(transaction_id)
         self._note_done(transaction_id, [(i.topic_id, i.partition) for i in items])
 
-    def expect_publish(self, transaction_id: int) -> None:
-        self._publishing.add(transaction_id)
-
     def _note_done(self, transaction_id: int, targets: list[tuple[str, int]]) -> None:
-        with self._lock:
+        """Count a finished transaction for the checkpoint; wake the checkpointer if due."""
+        with self._wake:
             self._published.append((transaction_id, targets))
-            due = len(self._published) >= CHECKPOINT_TRANSACTIONS
-        if due:
+            if len(self._published) < self._due():
+                return
+            if self._checkpointer is None and not self._closing:
+                self._checkpointer = threading.Thread(
+                    target=self._checkpoint_loop, name="topicbase-checkpoint", daemon=True
+                )
+                self._checkpointer.start()
+            self._wake.notify_all()
+
+    def _due(self) -> int:
+        return CHECKPOINT_TRANSACTIONS if self._retry_due is None else self._retry_due
+
+    def catch_up(self) -> None:
+        """Called by a session after its commit, outside the commit lock: if the
+        background checkpoint fell far behind, run one here (a bound on the backlog
+        of records and staging). A failure is logged, not raised: the commit stands."""
+        backlog_max = CHECKPOINT_BACKLOG_FACTOR * self._due()
+        if len(self._published) < backlog_max:
+            return
+        try:
             self.checkpoint()
+        except Exception as error:
+            log.warning("checkpoint after a commit failed (kept for the next): %s", error)
 
     def _publish_item(self, transaction_id: int, item: PublishItem, *, check: bool = False) -> None:
         """Publish one partition's batch; with ``check``, only if it is not there yet."""
@@ -200,7 +319,7 @@ class Committer:
         topic.publish_transactional(item.batch, item.partition, transaction_id)
 
     def _finish_unfinished(self) -> None:
-        """Publish what failed publishes left out (caller holds ``_lock``)."""
+        """Publish what failed publishes left out (caller holds the commit lock and ``_lock``)."""
         while self._unfinished:
             transaction_id, items = self._unfinished[0]
             for item in items:
@@ -212,48 +331,92 @@ class Committer:
         """The transaction will never commit: its staging may go."""
         self.staging.release({transaction_id})
 
+    # -- step 4: checkpoints -------------------------------------------------------------
+    def _checkpoint_loop(self) -> None:
+        """The background checkpointer: one checkpoint each time enough are published.
+
+        A failed checkpoint keeps everything for the next one, which is tried
+        after another ``CHECKPOINT_TRANSACTIONS`` commits (no busy retry).
+        """
+        while True:
+            with self._wake:
+                while not self._closing and len(self._published) < self._due():
+                    self._wake.wait()
+                if self._closing:
+                    return
+            try:
+                self.checkpoint()
+            except Exception as error:  # kept for the next one; recovery needs none
+                self.background_failures += 1
+                log.warning("background checkpoint failed (kept for the next): %s", error)
+                with self._wake:
+                    self._retry_due = len(self._published) + CHECKPOINT_TRANSACTIONS
+            else:
+                with self._wake:
+                    self._retry_due = None
+
     def checkpoint(self) -> None:
-        """Sync published partitions, delete their records, release their staging."""
-        with self._lock:
-            self._finish_unfinished()
-            published, self._published = self._published, []
-            if not published and not self._moved:
+        """Sync published partitions, write moved offsets, delete their records, release
+        their staging. Runs beside commits; see the module doc for why that is safe."""
+        if self._unfinished:
+            with self._database.commit_lock, self._lock:
+                self._finish_unfinished()
+        with self._checkpoint_lock:
+            with self._lock:
+                if self._unfinished:
+                    # A publish failed since: a record left behind could hold an older
+                    # offset than the ones this checkpoint would write. Next time.
+                    raise StorageIOError("a failed publish is not finished yet; checkpoint later")
+                published, self._published = self._published, []
+                moved, self._moved = self._moved, {}
+            if not published and not moved:
                 return
-            partitions = {p for _, targets in published for p in targets}
             try:
-                for topic_id, partition in sorted(partitions):
-                    try:
-                        topic = self._database.topic_log(topic_id)
-                    except UndefinedTopicError:
-                        continue  # dropped since: nothing to sync
-                    topic.partition(partition).sync()
+                self._checkpoint_locked(published, moved)
             except BaseException:
-                self._published = published + self._published  # not durable: keep them
+                with self._lock:  # not durable, or not recorded: keep them
+                    self._published = published + self._published
+                    self._moved = {**moved, **self._moved}
                 raise
-            ids = [transaction_id for transaction_id, _ in published]
-            failpoints.hit("commit.checkpoint_before_delete")
-            catalog = self._database.catalog
-            current = {key: catalog.committed(*key) for key in self._moved}
-            offsets = {
-                key: offset
-                for key, offset in current.items()
-                if offset is not None and catalog.has_consumer(key[0], key[1])
-            }
-            tables.run(self._cursor, "BEGIN TRANSACTION")
+
+    def _checkpoint_locked(
+        self,
+        published: list[tuple[int, list[tuple[str, int]]]],
+        moved: dict[tuple[str, str, int], int],
+    ) -> None:
+        partitions = {p for _, targets in published for p in targets}
+        for topic_id, partition in sorted(partitions):
             try:
-                catalog.write_offsets(self._cursor, offsets)
+                topic = self._database.topic_log(topic_id)
+            except UndefinedTopicError:
+                continue  # dropped since: nothing to sync
+            topic.partition(partition).sync()
+            self.checkpoint_syncs += 1
+        ids = [transaction_id for transaction_id, _ in published]
+        failpoints.hit("commit.checkpoint_before_delete")
+        catalog = self._database.catalog
+        current = {key: catalog.committed(*key) for key in moved}
+        offsets = {
+            key: offset
+            for key, offset in current.items()
+            if offset is not None and catalog.has_consumer(key[0], key[1])
+        }
+        tables.run(self._cursor, "BEGIN TRANSACTION")
+        try:
+            catalog.write_offsets(self._cursor, offsets)
+            if ids:
                 tables.run(
                     self._cursor,
                     f"DELETE FROM {SCHEMA}.transactions WHERE transaction_id IN "
                     f"(SELECT unnest(?::BIGINT[]))",
                     [ids],
                 )
-                tables.run(self._cursor, "COMMIT")
-            except BaseException:
-                tables.run(self._cursor, "ROLLBACK")
-                raise
-            self._moved.clear()
-            self.staging.release(set(ids))
+            tables.run(self._cursor, "COMMIT")
+        except BaseException:
+            tables.run(self._cursor, "ROLLBACK")
+            raise
+        self.checkpoints += 1
+        self.staging.release(set(ids))
 
     def recover(self) -> int:
         """Re-publish what committed transactions left unpublished. Returns how many."""
@@ -297,6 +460,13 @@ class Committer:
         return republished
 
     def close(self) -> None:
+        """Stop the checkpointer, run a last checkpoint, close staging and the cursor."""
+        with self._wake:
+            self._closing = True
+            self._wake.notify_all()
+            checkpointer = self._checkpointer
+        if checkpointer is not None:
+            checkpointer.join()
         try:
             self.checkpoint()
         finally:

@@ -5,15 +5,13 @@ transaction), IN_TRANSACTION (after BEGIN), FAILED (a statement failed inside
 a transaction: everything but ROLLBACK/COMMIT is refused with 25P02; COMMIT
 then rolls back, as PostgreSQL does).
 
-Commit of a transaction, under the database's commit lock:
-1. validate: every consumer range read must still start at the committed
-   offset it was read from, else 40001 and nothing changes;
-2. publish the staged topic writes;
-3. write the offset moves in the session's DuckDB transaction and COMMIT it
-   together with the session's table changes; then update the catalog mirror.
-Step 2 before 3 gives at-least-once delivery across a crash between them;
-producer ids make it exactly-once. (Durable staging and a commit record that
-make the whole commit atomic come with the transactions issue.)
+Commit of a transaction (``_commit``; the protocol is ``engine.commit``'s):
+stage the topic writes, write the commit record into the session's DuckDB
+transaction while staging syncs, then validate (every consumer range read must
+still start at the committed offset it was read from, and leases must still be
+held, else 40001 and nothing changes) and COMMIT in DuckDB: the commit point.
+Then the catalog mirror moves and the staged writes are published, in commit
+order.
 """
 
 from __future__ import annotations
@@ -27,7 +25,7 @@ from typing import Any
 
 import pyarrow as pa
 
-from engine import introspection, tables
+from engine import describe, introspection, tables
 from engine.commit import PublishItem, route_writes
 from engine.ddl import run_alter, run_create, run_drop
 from engine.reads import read_records
@@ -49,7 +47,7 @@ from planner.operations import (
     RunQuery,
     TransactionControl,
 )
-from storage import failpoints, limits
+from storage import limits
 from storage.errors import (
     ActiveSqlTransactionError,
     InFailedTransactionError,
@@ -125,6 +123,26 @@ class Session:
                 raise InvalidParameterValueError("the session is closed")
             self._cancel_requested = False
             return self._execute(statement, parameters)
+
+    def describe(self, statement: ast.Statement) -> describe.Description:
+        """Parameter types and result columns of ``statement``, without running it.
+
+        Nothing changes: no transaction starts or fails, nothing is read or written (see
+        ``engine.describe``). A failed transaction refuses it (25P02), as it refuses
+        every statement but ROLLBACK and COMMIT.
+        """
+        with self._lock:
+            if self._closed:
+                raise InvalidParameterValueError("the session is closed")
+            if self.state is SessionState.FAILED and not isinstance(
+                statement, ast.Rollback | ast.Commit
+            ):
+                raise InFailedTransactionError(
+                    "current transaction is aborted, commands ignored until end of "
+                    "transaction block"
+                )
+            plan = planner.plan(statement, self.database)
+            return describe.describe_plan(plan, statement, self.cursor, self.database, self)
 
     def close(self) -> None:
         with self._lock:
@@ -271,6 +289,7 @@ class Session:
         with database.commit_lock:
             # Offset moves still only in commit records reach the offsets table first,
             # so a dropped and re-created consumer never inherits old moves.
+            database.committer.quiesce()
             database.committer.checkpoint()
             if isinstance(operation, CreateTopicEntry):
                 run_create(database, operation)
@@ -435,9 +454,10 @@ class Session:
             moves.update(transaction.offset_moves)
             if transaction.writes or moves:
                 transaction_id = committer.next_transaction_id()
+            ticket = None
             if transaction.writes:
                 items = route_writes(database, transaction.writes)
-                items = committer.stage(transaction_id, items)
+                items, ticket = committer.stage(transaction_id, items)
             if transaction_id is None and not transaction.explicit and not transaction.leases:
                 self._end_transaction()  # an autocommit statement that moved nothing
                 return
@@ -446,19 +466,19 @@ class Session:
                     tables.run(self.cursor, "BEGIN TRANSACTION")
                     transaction.duckdb_open = True
                 committer.write_record(self.cursor, transaction_id, items, moves)
-            with database.commit_lock:
-                self._validate(transaction)
+            if ticket is not None:
+                committer.wait_staged(ticket)  # its sync ran while the record was written
+            slot = committer.enter(
+                set(moves), lambda: self._validate(transaction), recorded=transaction_id is not None
+            )
+            try:
                 if transaction.explicit or transaction.duckdb_open:
                     tables.run(self.cursor, "COMMIT")
-                committed = True
-                failpoints.hit("commit.after_commit_point")
-                database.catalog.apply_offsets(moves)
-                if items:
-                    committer.expect_publish(transaction_id)
-                if transaction_id is not None:
-                    committer.committed(transaction_id, moves)
-                if items:
-                    committer.publish(transaction_id, items)
+            except BaseException:
+                committer.leave(slot)
+                raise
+            committed = True
+            committer.finish(slot, transaction_id, moves, items)
         except BaseException:
             if committed:
                 # Past the commit point nothing is undone: recovery publishes the rest.
@@ -469,6 +489,7 @@ class Session:
             self._rollback()
             raise
         self._end_transaction()
+        committer.catch_up()
 
     def _validate(self, transaction: Transaction) -> None:
         """Leases still held and every range read still starts at the committed offset."""
@@ -505,6 +526,14 @@ class Session:
                 tables.unregister(self.cursor, name)
         self._leftover_views.clear()
         self._end_transaction()
+
+    # -- for fronts that run statements of their own (added for pgwire COPY/cursors) ------
+    def fail_transaction(self) -> None:
+        """A front's own statement (COPY, FETCH …) failed: an explicit transaction
+        becomes FAILED (25P02 until ROLLBACK), as after any failed statement."""
+        with self._lock:
+            if self.state is SessionState.IN_TRANSACTION:
+                self.state = SessionState.FAILED
 
 
 @functools.lru_cache(maxsize=PARSE_CACHE_ENTRIES)

@@ -91,7 +91,7 @@ def build_batches(
 
 def _data_column(table: pa.Table) -> pa.Array:
     """The data column as binary: bytes as they are, text as UTF-8, others as text."""
-    column = table.column("data").combine_chunks()
+    column = _single_chunk(table.column("data"))
     if pa.types.is_binary(column.type):
         return column
     if pa.types.is_large_binary(column.type) or pa.types.is_binary_view(column.type):
@@ -108,7 +108,7 @@ def _codec_column(table: pa.Table, default: Any, count: int) -> np.ndarray:
 
 
 def _compress(data: pa.Array, codecs: np.ndarray) -> pa.Array:
-    if np.all(codecs == Codec.RAW):
+    if not codecs.size or (codecs.min() == Codec.RAW.value and codecs.max() == Codec.RAW.value):
         return data
     values = data.to_pylist()
     compressed = [encode(Codec(int(c)), v) for c, v in zip(codecs, values, strict=True)]
@@ -119,34 +119,58 @@ def _column(
     table: pa.Table, name: str, options: dict[str, Any], kind: pa.DataType, count: int
 ) -> pa.Array:
     if name in table.column_names:
-        column = table.column(name).combine_chunks()
+        column = _single_chunk(table.column(name))
         if pa.types.is_null(column.type) and options.get(name) is not None:
             return pa.array([options[name]] * count, kind)
+        if column.type == kind:
+            return column
         try:
             return pc.cast(column, kind)
         except (pa.ArrowInvalid, pa.ArrowNotImplementedError) as error:
             raise InvalidParameterValueError(f'column "{name}": {error}') from None
     default = options.get(name)
     if default is None:
-        return pa.nulls(count, kind)
+        return _nulls(count, kind)
     return pa.array([default] * count, kind)
+
+
+def _single_chunk(column: pa.ChunkedArray) -> pa.Array:
+    """The column as one array (no copy when it already is one chunk)."""
+    return column.chunk(0) if column.num_chunks == 1 else column.combine_chunks()
+
+
+_NULLS: dict[tuple[pa.DataType, int], pa.Array] = {}
+NULLS_CACHED_MAX = 64
+
+
+def _nulls(count: int, kind: pa.DataType) -> pa.Array:
+    """An all-null column; cached by type and length (arrays are immutable), because
+    building one costs tens of microseconds and most statements repeat their shape."""
+    key = (kind, count)
+    cached = _NULLS.get(key)
+    if cached is None:
+        if len(_NULLS) >= NULLS_CACHED_MAX:
+            _NULLS.clear()
+        cached = _NULLS[key] = pa.nulls(count, kind)
+    return cached
 
 
 def _created_at(table: pa.Table, count: int, clock: Clock) -> pa.Array:
     if "created_at" in table.column_names:
-        column = table.column("created_at").combine_chunks()
+        column = _single_chunk(table.column("created_at"))
         if pa.types.is_timestamp(column.type):
             return pc.cast(column, TIMESTAMP)
         values = [
             datetime.fromisoformat(v) if isinstance(v, str) else v for v in column.to_pylist()
         ]
         return pa.array(values, TIMESTAMP)
-    return pa.array(np.full(count, clock.now_us(), dtype=np.int64)).cast(TIMESTAMP)
+    now = np.full(count, clock.now_us(), dtype=np.int64)
+    return pa.Array.from_buffers(TIMESTAMP, count, [None, pa.py_buffer(now)])
 
 
 def _metadata(table: pa.Table, count: int) -> pa.Array:
     if "metadata" not in table.column_names:
-        return pa.nulls(count, METADATA_TYPE)
+        return _nulls(count, METADATA_TYPE)
     values = table.column("metadata").to_pylist()
     rows = []
     for value in values:

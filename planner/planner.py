@@ -17,6 +17,7 @@ import sqlglot
 from sqlglot import expressions as exp
 
 from grammar import ast
+from grammar.split import SourceText, tokenize
 from planner.catalog import Catalog, TopicInfo
 from planner.ddl import plan_alter_topic, plan_create_topic, plan_drop_topic
 from planner.operations import (
@@ -91,11 +92,43 @@ def _plan_scan(scan: ast.TopicScan, catalog: Catalog) -> ReadRecords:
     return ReadRecords(info.name, info.topic_id, partitions, scan.placeholder, consumer, options)
 
 
+def parse_duckdb(sql: str) -> exp.Expression | None:
+    """sqlglot's tree of one DuckDB statement; raises ``sqlglot.errors.ParseError``.
+
+    sqlglot's tokenizer reads ``$1,$2`` as the start of a ``$tag$`` dollar quote and
+    fails; PostgreSQL clients send parameters like that. Such a statement is parsed
+    again with a space after every ``$n`` that stands outside strings, identifiers and
+    comments, which changes no meaning.
+    """
+    try:
+        return sqlglot.parse_one(sql, read="duckdb")
+    except sqlglot.errors.TokenError:
+        spaced = _space_after_parameters(sql)
+        if spaced == sql:
+            raise sqlglot.errors.ParseError(f"cannot tokenize {sql!r}") from None
+        try:
+            return sqlglot.parse_one(spaced, read="duckdb")
+        except sqlglot.errors.TokenError as error:
+            raise sqlglot.errors.ParseError(str(error)) from None
+
+
+def _space_after_parameters(sql: str) -> str:
+    pieces: list[str] = []
+    copied = 0
+    for token in tokenize(SourceText(sql), 0, len(sql)):
+        if token.kind == "param" and sql[token.end : token.end + 1] not in ("", " "):
+            pieces.append(sql[copied : token.end])
+            pieces.append(" ")
+            copied = token.end
+    pieces.append(sql[copied:])
+    return "".join(pieces)
+
+
 @functools.lru_cache(maxsize=SQL_ANALYSIS_CACHE_ENTRIES)
 def analyse_sql(sql: str) -> RunQuery:
     """Tables read and written by plain SQL, and whether it returns rows."""
     try:
-        tree = sqlglot.parse_one(sql, read="duckdb")
+        tree = parse_duckdb(sql)
     except sqlglot.errors.ParseError:
         # sqlglot does not know every DuckDB statement (EXPORT DATABASE, ...): run it
         # as it is and let DuckDB judge it, with its own error and caret.
@@ -173,7 +206,7 @@ _CLAUSES_THAT_NEED_DUCKDB = (
 def _plain_projection(sql: str, placeholder: str) -> tuple[str, tuple[tuple[str, str], ...]] | None:
     """``SELECT a, b AS c FROM <placeholder>`` -> its columns; None for anything more."""
     try:
-        tree = sqlglot.parse_one(sql, read="duckdb")
+        tree = parse_duckdb(sql)
     except sqlglot.errors.ParseError:
         return None
     if not isinstance(tree, exp.Select) or any(tree.args.get(c) for c in _CLAUSES_THAT_NEED_DUCKDB):
@@ -218,7 +251,8 @@ def _text_casts_of_data(sql: str) -> str:
     JSON in a message would not survive it; ``decode`` reads the bytes as
     UTF-8 (and fails on invalid UTF-8, as a text cast should).
     """
-    tree = sqlglot.parse_one(sql, read="duckdb")
+    tree = parse_duckdb(sql)
+    assert tree is not None, "only statements that read topics are rewritten"
     changed = False
 
     def rewrite(node: exp.Expression) -> exp.Expression:

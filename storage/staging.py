@@ -5,12 +5,31 @@ usual format (``record_batch``): each staged batch is one frame whose
 ``transaction_id`` is the transaction and whose ``base_offset`` is the
 batch's index within it. Nothing here is visible to readers of topics.
 
-Staging is append-only: a transaction's frames are appended to the current
-file and synced once (concurrent transactions share that sync through group
-commit); a new file starts past ``file_bytes_max`` (one directory sync per
-file, not per transaction). A file is deleted once no transaction that
-needs it is left (``release``), which is how staged data of aborted or
-undecided transactions disappears.
+Staging is append-only and split in two steps so that the sync overlaps the
+committer's other work: ``write`` appends a transaction's frames (no sync)
+and returns where they lie plus a ``StagingTicket``; a background *syncer*
+thread fdatasyncs the current file as soon as it holds unsynced bytes (one
+sync covers every frame written before it started: concurrent transactions
+share it, which is group commit); ``wait_durable(ticket)`` blocks until a
+sync that began after the ticket's write has returned. ``stage`` does both.
+A new file starts past ``file_bytes_max`` (one directory sync per file, not
+per transaction); the old file is synced before it is closed. The syncer
+creates the next file (and syncs the directory) ahead of time, once the
+current one is ``SPARE_AT_FRACTION`` full, so a rotation on the commit path
+usually only switches descriptors.
+
+Invariants:
+- a ticket is durable only once a sync *started after its write* returned
+  (the sync's target is taken under the lock that orders writes);
+- after a failed sync nothing written to that file so far counts as durable
+  (fsyncgate: the kernel may have dropped those dirty pages), every waiter on
+  it gets the error, and the next write starts a new file, so no later frame
+  shares a page with lost ones;
+- a file is deleted once no transaction that needs it is left (``release``),
+  which is how staged data of aborted or undecided transactions disappears;
+  the file being written is never deleted.
+Thread-safety: every method may be called from any thread; one lock orders
+writes, sync targets and file changes, and the fsync itself runs outside it.
 """
 
 from __future__ import annotations
@@ -23,20 +42,20 @@ import pyarrow as pa
 import pyarrow.ipc
 
 from storage import failpoints, file_names
-from storage.errors import CorruptSegmentError
+from storage.errors import CorruptSegmentError, StorageIOError
 from storage.fs import FileSystem
-from storage.group_commit import GroupCommitter, Request
 from storage.record_batch import (
     HEADER_BYTES,
     WIRE_SCHEMA,
     decode_header,
-    encode_frame,
+    encode_frame_header,
     frame_checksum_ok,
-    serialize_body,
+    serialize_body_buffer,
 )
 
 STAGE_SUFFIX = ".stage"
 FILE_BYTES_MAX = 64 * 1024 * 1024
+SPARE_AT_FRACTION = 0.75
 
 
 @dataclass(frozen=True, slots=True)
@@ -48,19 +67,36 @@ class StagedBatch:
     frame_bytes: int
 
 
+@dataclass(frozen=True, slots=True)
+class StagingTicket:
+    """One ``write``: its batches' places, and the file end they need synced."""
+
+    placed: tuple[StagedBatch, ...]
+    file_number: int
+    end: int
+
+
 class StagingLog:
     def __init__(self, fs: FileSystem, directory: str, file_bytes_max: int = FILE_BYTES_MAX):
         self._fs = fs
         self._directory = directory
         self._file_bytes_max = file_bytes_max
         self._lock = threading.Lock()
+        self._changed = threading.Condition(self._lock)  # writes, syncs, file changes
         fs.make_directory(directory)
         numbers = self.file_numbers()
         self._file_number = (numbers[-1] + 1) if numbers else 1
         self._fd: int | None = None
         self._size = 0
         self._users: dict[int, set[int]] = {}  # file number -> transactions that need it
-        self._committer = GroupCommitter(self._flush)
+        self._durable: dict[int, int] = {}  # file number -> bytes known synced
+        self._failed: dict[int, BaseException] = {}  # file number -> its failed sync
+        self._syncing = False  # the syncer holds ``_fd`` outside the lock
+        self._spare: tuple[int, int] | None = None  # (number, fd) of the next file, ready
+        self._closed = False
+        self._syncer: threading.Thread | None = None
+        self.sync_rounds = 0  # syncs made by the syncer thread
+        self.spare_directory_syncs = 0  # directory syncs made ahead for spare files
 
     def file_numbers(self) -> list[int]:
         names = self._fs.list_directory(self._directory)
@@ -73,54 +109,169 @@ class StagingLog:
     # -- staging --------------------------------------------------------------------
     def stage(self, transaction_id: int, batches: list[pa.RecordBatch]) -> list[StagedBatch]:
         """Append ``batches`` durably; returns where each one lies."""
+        ticket = self.write(transaction_id, batches)
+        self.wait_durable(ticket)
+        return list(ticket.placed)
+
+    def write(self, transaction_id: int, batches: list[pa.RecordBatch]) -> StagingTicket:
+        """Append ``batches`` (not yet durable: see ``wait_durable``) and wake the syncer."""
         assert transaction_id > 0 and batches
-        frames = [
-            encode_frame(
-                serialize_body(batch),
+        parts: list[bytes | pa.Buffer] = []
+        lengths = []
+        for index, batch in enumerate(batches):
+            body = serialize_body_buffer(batch)
+            header = encode_frame_header(
+                body,
                 base_offset=index,
                 written_at_us=0,
                 record_count=batch.num_rows,
                 transaction_id=transaction_id,
             )
-            for index, batch in enumerate(batches)
-        ]
-        placed = self._committer.submit((transaction_id, frames))
-        failpoints.hit("staging.after_sync")
-        return placed
-
-    def _flush(self, requests: list[Request]) -> None:
-        """Group-commit leader: write every request's frames, sync once."""
-        with self._lock:
-            if self._fd is None or self._size >= self._file_bytes_max:
-                self._rotate()
+            parts += (header, body)
+            lengths.append(len(header) + body.size)
+        with self._changed:
+            if self._closed:
+                raise StorageIOError("the staging log is closed")
+            self._make_room()
             assert self._fd is not None
-            payload = bytearray()
-            for request in requests:
-                transaction_id, frames = request.payload
-                placed = []
-                for frame in frames:
-                    placed.append(
-                        StagedBatch(self._file_number, self._size + len(payload), len(frame))
-                    )
-                    payload += frame
-                self._users.setdefault(self._file_number, set()).add(transaction_id)
-                request.result = placed
-            self._fs.pwrite(self._fd, bytes(payload), self._size)
-            self._size += len(payload)
-            self._fs.sync(self._fd)
+            position = self._size
+            self._fs.pwritev(self._fd, parts, position)
+            placed = []
+            for length in lengths:
+                placed.append(StagedBatch(self._file_number, position, length))
+                position += length
+            self._size = position
+            self._users.setdefault(self._file_number, set()).add(transaction_id)
+            self._start_syncer()
+            self._changed.notify_all()
+            return StagingTicket(tuple(placed), self._file_number, position)
+
+    def wait_durable(self, ticket: StagingTicket) -> None:
+        """Block until the ticket's frames are synced; raise the error of a failed sync."""
+        number = ticket.file_number
+        with self._changed:
+            while self._durable.get(number, 0) < ticket.end:
+                failure = self._failed.get(number)
+                if failure is not None:
+                    raise failure
+                if self._closed:
+                    raise StorageIOError("the staging log closed before the sync")
+                self._changed.wait()
+        failpoints.hit("staging.after_sync")
+
+    def _make_room(self) -> None:
+        """Caller holds the lock: open a file if none is open, or a new one past the
+        size limit or after a failed sync (the old one synced and closed first)."""
+        while (
+            self._fd is None
+            or self._size >= self._file_bytes_max
+            or self._file_number in self._failed
+        ):
+            if self._syncing:
+                self._changed.wait()  # the syncer is using ``_fd``: let it finish
+                continue
+            self._rotate()
 
     def _rotate(self) -> None:
         if self._fd is not None:
+            number = self._file_number
+            if number not in self._failed and self._durable.get(number, 0) < self._size:
+                try:
+                    self._fs.sync(self._fd)
+                except BaseException as error:
+                    self._failed[number] = error
+                    self._changed.notify_all()
+                    raise
+                self._durable[number] = self._size
+                self._changed.notify_all()
             self._fs.close(self._fd)
+            self._fd = None
             self._file_number += 1
-        fd = self._fs.open_write(self._path(self._file_number))
+        spare, self._spare = self._spare, None
+        if spare is not None and spare[0] == self._file_number:
+            fd = spare[1]  # created and its name synced by the syncer
+        else:
+            if spare is not None:
+                self._fs.close(spare[1])
+            fd = self._fs.open_write(self._path(self._file_number))
+            try:
+                self._fs.sync_directory(self._directory)
+            except BaseException:
+                self._fs.close(fd)
+                raise
+        self._fd = fd
+        self._size = self._fs.file_size(fd)
+        self._durable[self._file_number] = self._size
+
+    def _prepare_spare(self) -> None:
+        """Syncer thread: create the next file before it is needed (errors are left to
+        ``_rotate``, which then creates it itself)."""
+        with self._lock:
+            wanted = (
+                self._spare is None
+                and self._fd is not None
+                and self._size >= self._file_bytes_max * SPARE_AT_FRACTION
+            )
+            number = self._file_number + 1
+        if not wanted:
+            return
+        try:
+            fd = self._fs.open_write(self._path(number))
+        except StorageIOError:
+            return
         try:
             self._fs.sync_directory(self._directory)
         except BaseException:
             self._fs.close(fd)
-            raise
-        self._fd = fd
-        self._size = self._fs.file_size(fd)
+            return
+        with self._lock:
+            self.spare_directory_syncs += 1
+            if self._spare is None and self._file_number + 1 == number and not self._closed:
+                self._spare = (number, fd)
+                return
+        self._fs.close(fd)
+
+    # -- the syncer thread ----------------------------------------------------------------
+    def _start_syncer(self) -> None:
+        if self._syncer is None:
+            self._syncer = threading.Thread(
+                target=self._sync_loop, name="topicbase-staging-sync", daemon=True
+            )
+            self._syncer.start()
+
+    def _sync_wanted(self) -> bool:
+        number = self._file_number
+        return (
+            self._fd is not None
+            and number not in self._failed
+            and self._durable.get(number, 0) < self._size
+        )
+
+    def _sync_loop(self) -> None:
+        """Sync the current file whenever it holds unsynced bytes, until ``close``."""
+        while True:
+            with self._changed:
+                while not self._closed and not self._sync_wanted():
+                    self._changed.wait()
+                if self._closed:
+                    return
+                fd, number, target = self._fd, self._file_number, self._size
+                self._syncing = True
+            assert fd is not None
+            error: BaseException | None = None
+            try:
+                self._fs.sync(fd)
+            except BaseException as raised:  # every waiter on the file must learn of it
+                error = raised
+            with self._changed:
+                self._syncing = False
+                self.sync_rounds += 1
+                if error is None:
+                    self._durable[number] = max(self._durable.get(number, 0), target)
+                else:
+                    self._failed[number] = error
+                self._changed.notify_all()
+            self._prepare_spare()
 
     # -- reading back (recovery) ----------------------------------------------------------
     def read(self, staged: StagedBatch) -> pa.RecordBatch:
@@ -152,21 +303,33 @@ class StagingLog:
 
     def release(self, transaction_ids: set[int]) -> int:
         """Forget transactions (published and synced, or never committed); delete
-        every file no transaction needs any more, except the one being written.
-        Returns the number of files deleted."""
+        every file no transaction needs any more, except the one being written and
+        the spare (files past it). Returns the number of files deleted."""
         deleted = 0
         with self._lock:
             for number in self.file_numbers():
                 users = self._users.get(number, set()) - transaction_ids
                 self._users[number] = users
-                if not users and number != self._file_number:
+                # Files past the current one are spares, maybe still being created.
+                if not users and number < self._file_number:
                     self._fs.remove(self._path(number))
                     self._users.pop(number, None)
+                    self._durable.pop(number, None)
+                    self._failed.pop(number, None)
                     deleted += 1
         return deleted
 
     def close(self) -> None:
+        """Stop the syncer and close the file; waiters still waiting get an error."""
+        with self._changed:
+            self._closed = True
+            self._changed.notify_all()
+        if self._syncer is not None:
+            self._syncer.join()
         with self._lock:
             if self._fd is not None:
                 self._fs.close(self._fd)
                 self._fd = None
+            if self._spare is not None:
+                self._fs.close(self._spare[1])  # an empty file: the next release deletes it
+                self._spare = None

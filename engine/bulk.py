@@ -1,0 +1,65 @@
+"""Bulk statements over an Arrow table: the engine side of COPY ... FROM STDIN.
+
+A front hands in an Arrow table and SQL texts that name it as ``{relation}``; the table
+is registered on the session's DuckDB cursor under a unique name, and each text runs as
+an ordinary statement of the session (``Session.execute_statement``), so it joins the
+session's transaction exactly as a typed ``INSERT ... SELECT`` would: inside BEGIN it is
+part of that transaction (ROLLBACK undoes it, an error fails it); in autocommit the
+statements run as one transaction of their own when there are several of them.
+
+Invariants: the relation is unregistered when the call returns; if DuckDB refuses that
+(an aborted transaction), the name is left to the session's rollback, which retries it.
+The session must be used from one thread at a time, as every session is.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import itertools
+from collections.abc import Sequence
+
+import pyarrow as pa
+
+from engine import tables
+from engine.session import Result, Session
+from engine.transaction import SessionState
+from grammar.parse import parse_one
+from storage.errors import InFailedTransactionError, TopicbaseError
+
+_relation_numbers = itertools.count(1)
+
+
+def run_over_relation(session: Session, relation: pa.Table, sql_texts: Sequence[str]
+                      ) -> list[Result]:  # fmt: skip
+    """Run each text with ``{relation}`` naming ``relation``; one result per text.
+
+    With more than one text and no open transaction, the texts run inside one
+    transaction (all or nothing).
+    """
+    assert sql_texts, "at least one statement"
+    if session.state is SessionState.FAILED:
+        raise InFailedTransactionError(
+            "current transaction is aborted, commands ignored until end of transaction block"
+        )
+    name = f"__bulk_relation_{session.session_id}_{next(_relation_numbers)}"
+    statements = [parse_one(text.replace("{relation}", name)) for text in sql_texts]
+    wrap = len(statements) > 1 and session.state is SessionState.IDLE
+    tables.register(session.cursor, name, relation)
+    try:
+        if wrap:
+            session.execute_statement(parse_one("BEGIN"))
+        try:
+            results = [session.execute_statement(statement) for statement in statements]
+        except BaseException:
+            if wrap:
+                with contextlib.suppress(TopicbaseError):
+                    session.execute_statement(parse_one("ROLLBACK"))
+            raise
+        if wrap:
+            session.execute_statement(parse_one("COMMIT"))
+        return results
+    finally:
+        try:
+            tables.unregister(session.cursor, name)
+        except TopicbaseError:
+            session._leftover_views.append(name)  # dropped by the session's rollback

@@ -1,0 +1,114 @@
+"""Commit slots: which transactions may validate now, and the order they publish in.
+
+A committing transaction enters a slot after its commit record is written and
+its staging is durable, and leaves it once it is published (or failed):
+
+- *claims*: the consumer offsets (topic id, consumer, partition) a transaction
+  moves are claimed from its validation until the catalog's mirror holds the
+  new offsets. Another transaction moving one of them waits until the claim
+  is released, then validates against the moved offset (40001 if it read the
+  old range). So validation stays exact although the DuckDB COMMIT runs
+  outside the commit lock, and sessions COMMIT concurrently.
+- *turns*: every recorded transaction (it has a commit record) takes a turn
+  number when it validates; publishes and the checkpoint's bookkeeping happen
+  in turn order. Validation order is a valid serial order: a transaction that
+  saw another's offsets or table rows validated after it. So each partition
+  receives transactions in commit order, and a checkpoint never deletes a
+  record whose predecessors are still unpublished.
+- *in flight*: slots entered and not yet done; DDL holds the commit lock (so
+  none can enter) and waits for none to be in flight (``quiesce``).
+
+Invariants: claims of different slots are disjoint; turns are handed out and
+completed in increasing order with no gap (a failed or interrupted slot still
+completes its turn). Thread-safety: all state is under one condition's lock;
+``enter`` takes the database's commit lock before it, never the reverse, and
+nothing here waits while holding the commit lock except ``quiesce``, whose
+waiters' slots need only this lock.
+"""
+
+from __future__ import annotations
+
+import threading
+from collections.abc import Callable
+from contextlib import AbstractContextManager
+from dataclasses import dataclass
+from typing import Any
+
+OffsetKey = tuple[str, str, int]  # (topic id, consumer, partition)
+
+
+@dataclass(frozen=True, slots=True)
+class CommitSlot:
+    """A transaction between validation and the end of its commit."""
+
+    keys: frozenset[OffsetKey]  # consumer offsets it moves, claimed
+    turn: int | None  # its place in the publish order; None: nothing to publish or count
+
+
+class CommitOrder:
+    def __init__(self, commit_lock: AbstractContextManager[Any]) -> None:
+        self._commit_lock = commit_lock
+        self._changed = threading.Condition(threading.Lock())
+        self._claimed: frozenset[OffsetKey] = frozenset()
+        self._in_flight = 0
+        self._next_turn = 0
+        self._turn = 0  # the turn allowed to publish now
+
+    def enter(
+        self, keys: set[OffsetKey], validate: Callable[[], None], *, recorded: bool
+    ) -> CommitSlot:
+        """Wait until no slot claims one of ``keys``; then, under the commit lock, run
+        ``validate`` (it raises 40001 to refuse), claim the keys and, if ``recorded``,
+        take the next turn. End the slot with ``release`` + ``wait_turn`` + ``done``."""
+        wanted = frozenset(keys)
+        while True:
+            with self._commit_lock, self._changed:
+                if not self._claimed & wanted:
+                    validate()
+                    self._claimed |= wanted
+                    self._in_flight += 1
+                    turn = None
+                    if recorded:
+                        turn = self._next_turn
+                        self._next_turn += 1
+                    return CommitSlot(wanted, turn)
+            with self._changed:
+                while self._claimed & wanted:
+                    self._changed.wait()
+
+    def release(self, slot: CommitSlot) -> None:
+        """Give up the slot's claims: its offsets are moved in the mirror, or never will be."""
+        with self._changed:
+            assert slot.keys <= self._claimed
+            self._claimed -= slot.keys
+            self._changed.notify_all()
+
+    def wait_turn(self, slot: CommitSlot) -> BaseException | None:
+        """Wait for the slot's turn. An interrupt does not end the wait (skipping a turn
+        would let later publishes overtake this one): it is returned to re-raise."""
+        interrupted: BaseException | None = None
+        if slot.turn is None:
+            return None
+        with self._changed:
+            while self._turn != slot.turn:
+                try:
+                    self._changed.wait()
+                except BaseException as error:
+                    interrupted = error
+        return interrupted
+
+    def done(self, slot: CommitSlot) -> None:
+        """End the slot (after its turn, if it has one): the next turn may go."""
+        with self._changed:
+            if slot.turn is not None:
+                assert self._turn == slot.turn, (self._turn, slot.turn)
+                self._turn += 1
+            self._in_flight -= 1
+            assert self._in_flight >= 0
+            self._changed.notify_all()
+
+    def quiesce(self) -> None:
+        """Wait until no slot is in flight (the caller holds the commit lock)."""
+        with self._changed:
+            while self._in_flight:
+                self._changed.wait()
