@@ -26,6 +26,7 @@ from bench.results import RESULTS_JSON, RESULTS_MD, Recorder, format_ratio, form
 SUITES: dict[str, str] = {
     "storage": "bench.storage_bench",
     "transactions": "bench.transactions_bench",
+    "pgwire": "bench.pgwire_bench",
 }
 
 

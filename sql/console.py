@@ -3,8 +3,11 @@
 Usage: ``topicbase [--data-dir DIR] [-c SQL]... [-f FILE] [--format table|csv|json] [-q]``,
 or ``topicbase check [--data-dir DIR] [--repair] [--format table|json]`` to check the data
 directory's files offline (``engine.check``; exit 0 when no problem is left), or
-``topicbase serve [--data-dir DIR] [--host 127.0.0.1] [--port 5433] [--auth trust]`` to
-serve it over the PostgreSQL protocol (``sql.pgwire``) until Ctrl-C.
+``topicbase serve [--data-dir DIR] [--host 127.0.0.1] [--port 5433] [--auth
+scram|md5|password|trust] [--users-file FILE] [--tls-cert F --tls-key F]`` to serve it
+over the PostgreSQL protocol (``sql.pgwire``) until Ctrl-C, or ``topicbase user add NAME
+[--data-dir DIR | --users-file FILE] [--password-stdin] [--md5]`` to add a user to the
+server's users file (``sql.pgwire.users``).
 
 - The data directory is ``--data-dir``, else ``$TOPICBASE_DATA_DIR``, else
   ``./topicbase-data``; it is created on first use. One process owns a data directory
@@ -123,6 +126,9 @@ def main(argv: list[str] | None = None) -> int:
     serve_argv = check_command_arguments(sys.argv[1:] if argv is None else argv, "serve")
     if serve_argv is not None:
         return run_serve(serve_argv)
+    user_argv = check_command_arguments(sys.argv[1:] if argv is None else argv, "user")
+    if user_argv is not None:
+        return run_user(user_argv)
     arguments = parse_arguments(argv)
     data_dir = arguments.data_dir or os.environ.get("TOPICBASE_DATA_DIR") or DEFAULT_DATA_DIR
     actions: list[tuple[str, str]] = arguments.actions or []
@@ -173,9 +179,18 @@ def check_command_arguments(argv: list[str], command: str = "check") -> list[str
     return None
 
 
+def _positive_int(text: str) -> int:
+    """An argparse type: an integer of at least 1."""
+    value = int(text)
+    if value < 1:
+        raise argparse.ArgumentTypeError(f"must be at least 1, not {value}")
+    return value
+
+
 def run_serve(argv: list[str]) -> int:
     """``topicbase serve``: the PostgreSQL-wire server (``sql.pgwire``) until Ctrl-C."""
     from sql.pgwire import server
+    from sql.pgwire.limits import CONNECTIONS_MAX_DEFAULT, ServerLimits
 
     parser = argparse.ArgumentParser(
         prog="topicbase serve", description="Serve the data directory over the PostgreSQL protocol."
@@ -183,7 +198,18 @@ def run_serve(argv: list[str]) -> int:
     parser.add_argument("--data-dir", help="data directory (default as for topicbase)")
     parser.add_argument("--host", default=server.DEFAULT_HOST)
     parser.add_argument("--port", type=int, default=server.DEFAULT_PORT)
-    parser.add_argument("--auth", choices=("trust",), default="trust")
+    parser.add_argument(  # sql.pgwire.auth; trust must be asked for
+        "--auth", choices=("scram", "md5", "password", "trust"), default="scram",
+        help="client authentication (default scram: SCRAM-SHA-256 against the users file)",
+    )  # fmt: skip
+    parser.add_argument("--users-file", metavar="FILE",
+                        help="users file (default <data-dir>/users.json; see `topicbase user add`)")
+    parser.add_argument("--tls-cert", metavar="FILE", help="PEM certificate: offer TLS")
+    parser.add_argument("--tls-key", metavar="FILE", help="PEM private key of --tls-cert")
+    parser.add_argument(  # the limits of sql.pgwire.limits
+        "--max-connections", type=_positive_int, default=CONNECTIONS_MAX_DEFAULT,
+        help=f"open client connections at most (default {CONNECTIONS_MAX_DEFAULT})",
+    )  # fmt: skip
     arguments = parser.parse_args(argv)
     data_dir = arguments.data_dir or os.environ.get("TOPICBASE_DATA_DIR") or DEFAULT_DATA_DIR
 
@@ -191,7 +217,10 @@ def run_serve(argv: list[str]) -> int:
         print(f"topicbase: serving {data_dir} on {arguments.host}:{port}", flush=True)
 
     try:
-        server.serve(data_dir, arguments.host, arguments.port, arguments.auth, ready)
+        server.serve(data_dir, arguments.host, arguments.port, arguments.auth, ready,
+                     limits=ServerLimits(connections_max=arguments.max_connections),
+                     users_file=arguments.users_file, tls_cert=arguments.tls_cert,
+                     tls_key=arguments.tls_key)  # fmt: skip
     except TopicbaseError as error:
         print(formatting.error_text(error), file=sys.stderr)
         return EXIT_ERROR
@@ -200,6 +229,54 @@ def run_serve(argv: list[str]) -> int:
         return EXIT_ERROR
     except KeyboardInterrupt:
         return EXIT_OK
+    return EXIT_OK
+
+
+def run_user(argv: list[str]) -> int:
+    """``topicbase user add NAME``: store a SCRAM-SHA-256 verifier in the users file.
+
+    The password is prompted for twice (getpass) or read from stdin (``--password-stdin``,
+    one line; the trailing newline is dropped). The data directory is not opened, so this
+    works while a server runs on it.
+    """
+    import getpass
+
+    from sql.pgwire import users
+
+    parser = argparse.ArgumentParser(
+        prog="topicbase user", description="Manage the users of `topicbase serve`."
+    )
+    parser.add_argument("--data-dir", help="data directory (default as for topicbase)")
+    commands = parser.add_subparsers(dest="command", required=True)
+    add = commands.add_parser("add", help="add a user, or set a user's password")
+    add.add_argument("name")
+    # SUPPRESS: when absent here, a --data-dir given before `user` is kept.
+    add.add_argument("--data-dir", default=argparse.SUPPRESS, help="data directory")
+    add.add_argument("--users-file", metavar="FILE", help="default <data-dir>/users.json")
+    add.add_argument("--password-stdin", action="store_true", help="read the password from stdin")
+    add.add_argument("--md5", action="store_true",
+                     help="also store PostgreSQL's md5 hash (needed by --auth md5 clients)")
+    arguments = parser.parse_args(argv)
+    data_dir = arguments.data_dir or os.environ.get("TOPICBASE_DATA_DIR") or DEFAULT_DATA_DIR
+    path = arguments.users_file or users.default_users_path(data_dir)
+    try:
+        if arguments.password_stdin:
+            password = sys.stdin.readline().removesuffix("\n").removesuffix("\r")
+        else:
+            password = getpass.getpass(f"Password for {arguments.name}: ")
+            if getpass.getpass("Enter it again: ") != password:
+                print("ERROR: 22023: passwords do not match", file=sys.stderr)
+                return EXIT_ERROR
+        is_new = users.add_user(path, arguments.name, password, with_md5=arguments.md5)
+    except TopicbaseError as error:
+        print(formatting.error_text(error), file=sys.stderr)
+        return EXIT_ERROR
+    except OSError as error:
+        print(f"ERROR: 58030: cannot write users file {path}: {error}", file=sys.stderr)
+        return EXIT_ERROR
+    except (KeyboardInterrupt, EOFError):
+        return EXIT_INTERRUPTED
+    print(f"topicbase: {'added' if is_new else 'updated'} user {arguments.name} in {path}")
     return EXIT_OK
 
 

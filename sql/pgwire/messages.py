@@ -287,3 +287,109 @@ def error_response(
 
 def notice_response(text: str, sqlstate: str = "00000") -> bytes:
     return message(b"N", _fields("NOTICE", sqlstate, text, None))
+
+
+# -- authentication (sql.pgwire.auth drives the exchange) ---------------------------------------
+# PostgreSQL's PG_MAX_AUTH_TOKEN_LENGTH: a password or SASL message longer than this is refused.
+PASSWORD_MESSAGE_LENGTH_MAX = 65535
+AUTH_OK, AUTH_CLEARTEXT, AUTH_MD5 = 0, 3, 5
+AUTH_SASL, AUTH_SASL_CONTINUE, AUTH_SASL_FINAL = 10, 11, 12
+
+
+@dataclass
+class SaslInitialResponse:
+    mechanism: str
+    data: bytes | None  # None when the client sent length -1 (no initial response)
+
+
+def password_message_length(header: bytes) -> int:
+    """The body length of a PasswordMessage (``p``) from its 5-byte header.
+
+    Any other message type, or a body over PASSWORD_MESSAGE_LENGTH_MAX, is a ProtocolError:
+    during authentication nothing else may arrive.
+    """
+    if header[:1] != b"p":
+        raise ProtocolError(f"expected password response, got message type {header[:1]!r}")
+    length = message_length(header)
+    if length > PASSWORD_MESSAGE_LENGTH_MAX:
+        raise ProtocolError(f"invalid password message length {length}")
+    return length
+
+
+def parse_password(body: bytes) -> str:
+    """A cleartext PasswordMessage, or an md5 one (``md5`` + 32 hex digits): one C string."""
+    reader = Reader(body)
+    password = reader.cstring()
+    if reader.at != len(body):
+        raise ProtocolError("invalid password packet size")
+    return password
+
+
+def parse_sasl_initial_response(body: bytes) -> SaslInitialResponse:
+    """SASLInitialResponse: mechanism name, then Int32 length (-1: none) and the data."""
+    reader = Reader(body)
+    mechanism = reader.cstring()
+    length = reader.int32()
+    data = None if length == -1 else reader.take(length)
+    if reader.at != len(body):
+        raise ProtocolError("invalid SASL initial response packet size")
+    return SaslInitialResponse(mechanism, data)
+
+
+def parse_sasl_response(body: bytes) -> bytes:
+    """SASLResponse: the whole body is mechanism data."""
+    return body
+
+
+def authentication_cleartext_password() -> bytes:
+    return message(b"R", _INT32.pack(AUTH_CLEARTEXT))
+
+
+def authentication_md5_password(salt: bytes) -> bytes:
+    assert len(salt) == 4, "the md5 salt is 4 bytes"
+    return message(b"R", _INT32.pack(AUTH_MD5) + salt)
+
+
+def authentication_sasl(mechanisms: list[str]) -> bytes:
+    assert mechanisms, "at least one SASL mechanism"
+    return message(b"R", _INT32.pack(AUTH_SASL) + b"".join(cstr(n) for n in mechanisms) + b"\0")
+
+
+def authentication_sasl_continue(data: bytes) -> bytes:
+    return message(b"R", _INT32.pack(AUTH_SASL_CONTINUE) + data)
+
+
+def authentication_sasl_final(data: bytes) -> bytes:
+    return message(b"R", _INT32.pack(AUTH_SASL_FINAL) + data)
+
+
+# -- COPY (appended for sql.pgwire.copy) ----------------------------------------------------------
+def copy_in_response(column_count: int, binary: bool = False) -> bytes:
+    """CopyInResponse: text (or binary) format overall and for each of the columns."""
+    code = 1 if binary else 0
+    return message(b"G", bytes([code]) + _INT16.pack(column_count)
+                   + _INT16.pack(code) * column_count)  # fmt: skip
+
+
+def copy_out_response(column_count: int) -> bytes:
+    """CopyOutResponse: text format overall and for each of ``column_count`` columns."""
+    return message(b"H", b"\0" + _INT16.pack(column_count) + _INT16.pack(0) * column_count)
+
+
+def copy_data(payload: bytes) -> bytes:
+    return message(b"d", payload)
+
+
+def copy_done() -> bytes:
+    return message(b"c")
+
+
+def parse_copy_fail(body: bytes) -> str:
+    """The client's reason from a CopyFail message."""
+    return Reader(body).cstring()
+
+
+def error_response_with_context(sqlstate: str, text: str, context: str) -> bytes:
+    """An ERROR with a CONTEXT (W) field, e.g. "COPY t, line 3" for bad COPY data."""
+    fields = _fields("ERROR", sqlstate, text, None)
+    return message(b"E", fields[:-1] + b"W" + cstr(context) + b"\0")

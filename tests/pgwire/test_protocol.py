@@ -250,7 +250,7 @@ def test_extended_protocol(client) -> None:
         + SYNC
     )
     got = c.until_ready()
-    assert kinds(got) == b"1tn2TDDsDDDCZ"
+    assert kinds(got) == b"1tT2TDDsDDDCZ"  # Describe of the statement: its row, unrun
     assert got[1][1] == struct.pack("!hi", 1, 20)
     assert got[5][1] == struct.pack("!hiq", 1, 8, 0)  # binary int8
     assert got[-2][1] == b"SELECT 3\0"

@@ -156,7 +156,8 @@ def test_cancel_request(connect) -> None:
 def test_serve_command(tmp_path) -> None:
     code = "import sys; from sql.console import main; sys.exit(main(sys.argv[1:]))"
     process = subprocess.Popen(
-        [sys.executable, "-c", code, "--data-dir", str(tmp_path / "d"), "serve", "--port", "0"],
+        [sys.executable, "-c", code, "--data-dir", str(tmp_path / "d"), "serve", "--port", "0",
+         "--auth", "trust"],  # the default is scram, which needs a users file
         stdout=subprocess.PIPE, text=True, cwd=Path(__file__).parents[2],
     )  # fmt: skip
     try:
@@ -196,3 +197,15 @@ def test_connections_run_concurrently(connect) -> None:
     thread.join(timeout=15)
     assert got == [(b"wake",)]
     assert time.monotonic() - started < 8
+
+
+def test_parameters_written_without_spaces(connect) -> None:
+    """``$1,$2`` (what ``%s,%s`` becomes) parses; sqlglot alone reads it as a dollar quote."""
+    conn = connect(autocommit=True)
+    conn.execute("CREATE TABLE pairs (a INTEGER, b VARCHAR)")
+    conn.execute("INSERT INTO pairs VALUES (%s,%s)", (1, "$1,$2"))
+    assert conn.execute("SELECT %s+%s,b FROM pairs", (2, 3)).fetchall() == [(5, "$1,$2")]
+    conn.execute("CREATE TOPIC notes")
+    conn.execute("INSERT INTO TOPIC notes (data,message_group_id) VALUES (%s,%s)", [b"x", "g"])
+    rows = conn.execute("SELECT message_group_id,data FROM TOPIC notes").fetchall()
+    assert rows == [("g", b"x")]

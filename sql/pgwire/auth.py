@@ -1,0 +1,446 @@
+"""Password authentication of pgwire connections: SCRAM-SHA-256, md5, cleartext or trust.
+
+Owns the verifiers (RFC 5802/7677 SCRAM-SHA-256 in PostgreSQL's text form
+``SCRAM-SHA-256$<iterations>:<salt>$<StoredKey>:<ServerKey>``, and PostgreSQL's
+``md5<hex>``) and the server side of each exchange, after the StartupMessage:
+
+- ``scram``: AuthenticationSASL [SCRAM-SHA-256] → SASLInitialResponse (client-first) →
+  SASLContinue (server-first: nonce, salt, iterations) → SASLResponse (client-final with
+  the proof) → SASLFinal (the server signature). On a TLS connection whose certificate
+  has a single signature hash, SCRAM-SHA-256-PLUS with ``tls-server-end-point`` channel
+  binding (RFC 5929) is offered first; a client then saying "I could bind but you
+  cannot" (``y``) is refused as a downgrade.
+- ``md5``: AuthenticationMD5Password with a random 4-byte salt; the client answers
+  ``md5`` + md5(md5(password + user) + salt). As in PostgreSQL, a user without a stored
+  md5 hash is asked for SCRAM instead.
+- ``password``: AuthenticationCleartextPassword; the password is checked against the
+  SCRAM verifier (PBKDF2 off the event loop). Use it only over TLS or loopback.
+- ``trust``: no password.
+
+Invariants: the server never sees or stores a plaintext password except transiently in
+``password`` mode; comparisons are constant-time; an unknown user goes through the same
+exchange as a known one (a mock SCRAM salt derived from the name, so the salt does not
+reveal whether the user exists) and fails at the same step. Every failure is logged with
+its reason, waits ``failure_delay_s`` (``asyncio.sleep``: other connections carry on) and
+then raises ``InvalidPasswordError`` (FATAL 28P01 ``password authentication failed for
+user "x"``), or ``ProtocolError`` (08P01) for a malformed exchange.
+
+Passwords are prepared with SASLprep (RFC 4013, Python's ``stringprep`` tables, i.e.
+Unicode 3.2); a password SASLprep rejects is used as its raw UTF-8 bytes, as PostgreSQL
+and libpq do.
+
+Thread-safety: ``Authenticator`` holds no per-connection state; each exchange has its own
+``ScramExchange``.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import base64
+import binascii
+import enum
+import hashlib
+import hmac
+import logging
+import secrets
+import stringprep
+import unicodedata
+from dataclasses import dataclass
+from typing import TYPE_CHECKING
+
+from sql.pgwire import messages as m
+from storage.errors import TopicbaseError
+
+if TYPE_CHECKING:
+    from sql.pgwire.users import UsersFile
+
+log = logging.getLogger(__name__)
+
+SCRAM_MECHANISM = "SCRAM-SHA-256"
+SCRAM_PLUS_MECHANISM = "SCRAM-SHA-256-PLUS"
+CHANNEL_BINDING_TYPE = "tls-server-end-point"
+SCRAM_ITERATIONS = 4096
+SCRAM_SALT_BYTES = 16
+SCRAM_NONCE_BYTES = 18
+SCRAM_KEY_BYTES = 32  # SHA-256
+# A verifier with more iterations than this is refused (cleartext checks run PBKDF2).
+SCRAM_ITERATIONS_MAX = 10_000_000
+AUTH_FAILURE_DELAY_S = 0.5
+# Startup negotiation, TLS handshake and authentication together (PostgreSQL's default).
+AUTHENTICATION_TIMEOUT_S = 60.0
+
+
+class AuthMethod(enum.Enum):
+    SCRAM = "scram"
+    MD5 = "md5"
+    PASSWORD = "password"
+    TRUST = "trust"
+
+
+class InvalidAuthorizationError(TopicbaseError):
+    sqlstate = "28000"
+
+
+class InvalidPasswordError(TopicbaseError):
+    sqlstate = "28P01"
+
+
+# -- passwords and verifiers -------------------------------------------------------------
+_PROHIBITED = (
+    stringprep.in_table_c12, stringprep.in_table_c21, stringprep.in_table_c22,
+    stringprep.in_table_c3, stringprep.in_table_c4, stringprep.in_table_c5,
+    stringprep.in_table_c6, stringprep.in_table_c7, stringprep.in_table_c8,
+    stringprep.in_table_c9, stringprep.in_table_a1,
+)  # fmt: skip
+
+
+def saslprep(text: str) -> str | None:
+    """RFC 4013 SASLprep of ``text`` (as a stored string), or None if it is prohibited."""
+    mapped = "".join(
+        " " if stringprep.in_table_c12(c) else c for c in text if not stringprep.in_table_b1(c)
+    )
+    prepared = unicodedata.normalize("NFKC", mapped)
+    if any(check(c) for c in prepared for check in _PROHIBITED):
+        return None
+    if any(stringprep.in_table_d1(c) for c in prepared):
+        if any(stringprep.in_table_d2(c) for c in prepared):
+            return None
+        if not (stringprep.in_table_d1(prepared[0]) and stringprep.in_table_d1(prepared[-1])):
+            return None
+    return prepared
+
+
+def _password_bytes(password: str) -> bytes:
+    prepared = saslprep(password)
+    return (password if prepared is None else prepared).encode("utf-8")
+
+
+def _hmac(key: bytes, data: bytes) -> bytes:
+    return hmac.new(key, data, hashlib.sha256).digest()
+
+
+def _b64(data: bytes) -> str:
+    return base64.b64encode(data).decode("ascii")
+
+
+def _unb64(text: str) -> bytes:
+    """Strict base64 decoding; ValueError (binascii.Error) on bad input."""
+    return base64.b64decode(text.encode("ascii"), validate=True)
+
+
+@dataclass(frozen=True)
+class ScramVerifier:
+    """What the server keeps of a SCRAM-SHA-256 password (RFC 5802 section 3)."""
+
+    iterations: int
+    salt: bytes
+    stored_key: bytes
+    server_key: bytes
+
+    @classmethod
+    def parse(cls, text: str) -> ScramVerifier:
+        """PostgreSQL's ``SCRAM-SHA-256$<iter>:<salt>$<StoredKey>:<ServerKey>``; ValueError."""
+        try:
+            mechanism, parameters, keys = text.split("$")
+            iterations_text, salt_text = parameters.split(":")
+            stored_text, server_text = keys.split(":")
+            verifier = cls(int(iterations_text), _unb64(salt_text), _unb64(stored_text),
+                           _unb64(server_text))  # fmt: skip
+        except (ValueError, binascii.Error, UnicodeEncodeError):
+            raise ValueError("malformed SCRAM-SHA-256 verifier") from None
+        if mechanism != SCRAM_MECHANISM:
+            raise ValueError(f"verifier is not {SCRAM_MECHANISM}")
+        if not 1 <= verifier.iterations <= SCRAM_ITERATIONS_MAX or not verifier.salt:
+            raise ValueError("SCRAM-SHA-256 verifier has a bad iteration count or salt")
+        if len(verifier.stored_key) != SCRAM_KEY_BYTES or len(verifier.server_key) != 32:
+            raise ValueError("SCRAM-SHA-256 verifier keys are not 32 bytes")
+        return verifier
+
+    def to_text(self) -> str:
+        return (f"{SCRAM_MECHANISM}${self.iterations}:{_b64(self.salt)}$"
+                f"{_b64(self.stored_key)}:{_b64(self.server_key)}")  # fmt: skip
+
+    def matches_password(self, password: str) -> bool:
+        """True if ``password`` derives this verifier (PBKDF2: slow on purpose)."""
+        candidate = make_scram_verifier(password, salt=self.salt, iterations=self.iterations)
+        return hmac.compare_digest(candidate.stored_key, self.stored_key) and hmac.compare_digest(
+            candidate.server_key, self.server_key
+        )
+
+
+def make_scram_verifier(password: str, *, salt: bytes | None = None,
+                        iterations: int = SCRAM_ITERATIONS) -> ScramVerifier:  # fmt: skip
+    """A SCRAM-SHA-256 verifier of ``password`` with ``salt`` (fresh random if None)."""
+    salt = secrets.token_bytes(SCRAM_SALT_BYTES) if salt is None else salt
+    salted = hashlib.pbkdf2_hmac("sha256", _password_bytes(password), salt, iterations)
+    stored_key = hashlib.sha256(_hmac(salted, b"Client Key")).digest()
+    verifier = ScramVerifier(iterations, salt, stored_key, _hmac(salted, b"Server Key"))
+    assert len(verifier.stored_key) == len(verifier.server_key) == SCRAM_KEY_BYTES
+    return verifier
+
+
+def make_md5_verifier(user: str, password: str) -> str:
+    """PostgreSQL's stored md5 password: ``md5`` + hex md5(password + user name)."""
+    return "md5" + hashlib.md5((password + user).encode("utf-8")).hexdigest()
+
+
+def md5_response(md5_verifier: str, salt: bytes) -> str:
+    """What a client that knows the password answers to AuthenticationMD5Password(salt)."""
+    assert md5_verifier.startswith("md5") and len(salt) == 4
+    return "md5" + hashlib.md5(md5_verifier[3:].encode("ascii") + salt).hexdigest()
+
+
+# -- SCRAM exchange ------------------------------------------------------------------------
+def _malformed(detail: str) -> m.ProtocolError:
+    return m.ProtocolError(f"malformed SCRAM message: {detail}")
+
+
+def _attribute(part: str, name: str) -> str:
+    if not part.startswith(name + "="):
+        raise _malformed(f'expected attribute "{name}"')
+    return part[len(name) + 1 :]
+
+
+class ScramExchange:
+    """The server side of one SCRAM-SHA-256(-PLUS) exchange (RFC 5802 section 5).
+
+    ``channel_binding``: the tls-server-end-point data when the client chose
+    SCRAM-SHA-256-PLUS; ``binding_offered``: whether -PLUS was offered at all (then a
+    client that says it could bind but thinks the server cannot, flag ``y``, is being
+    downgraded and is refused, RFC 5802 section 6).
+    """
+
+    def __init__(
+        self, verifier: ScramVerifier, *, channel_binding: bytes | None = None,
+        binding_offered: bool = False, server_nonce: str | None = None,
+    ) -> None:  # fmt: skip
+        """``server_nonce`` is fixed only by tests (RFC 7677's example); else random."""
+        assert channel_binding is None or binding_offered, "-PLUS chosen only if offered"
+        self.verifier = verifier
+        self.channel_binding = channel_binding
+        self.binding_offered = binding_offered
+        self.server_nonce = server_nonce or _b64(secrets.token_bytes(SCRAM_NONCE_BYTES))
+        self.gs2_header = ""
+        self.client_first_bare = ""
+        self.server_first = ""
+        self.nonce = ""
+
+    def first(self, client_first: bytes) -> bytes:
+        """server-first-message for client-first-message; ProtocolError if malformed."""
+        text = _decode(client_first)
+        parts = text.split(",")
+        if len(parts) < 4:
+            raise _malformed("client-first-message has too few attributes")
+        self._check_binding_flag(parts[0])
+        if parts[1]:
+            raise _malformed("client uses authorization identity, which is not supported")
+        if parts[2].startswith("m="):
+            raise _malformed("mandatory extensions are not supported")
+        _attribute(parts[2], "n")  # the user name: PostgreSQL uses the startup one
+        client_nonce = _attribute(parts[3], "r")
+        if not client_nonce or any(not 0x21 <= ord(c) <= 0x7E for c in client_nonce):
+            raise _malformed("client nonce has invalid characters")
+        self.gs2_header = f"{parts[0]},{parts[1]},"
+        self.client_first_bare = ",".join(parts[2:])
+        self.nonce = client_nonce + self.server_nonce
+        self.server_first = (f"r={self.nonce},s={_b64(self.verifier.salt)},"
+                             f"i={self.verifier.iterations}")  # fmt: skip
+        return self.server_first.encode("ascii")
+
+    def _check_binding_flag(self, flag: str) -> None:
+        if self.channel_binding is not None:  # the client chose SCRAM-SHA-256-PLUS
+            if flag != f"p={CHANNEL_BINDING_TYPE}":
+                raise m.ProtocolError(
+                    "SCRAM channel binding negotiation error: -PLUS needs "
+                    f'"p={CHANNEL_BINDING_TYPE}", the client sent "{flag}"'
+                )
+        elif flag.startswith("p="):
+            raise m.ProtocolError("SCRAM channel binding is not offered on this connection")
+        elif flag == "y" and self.binding_offered:
+            raise m.ProtocolError("SCRAM channel binding negotiation error: the client "
+                                  "supports it and the server offered it (downgrade?)")  # fmt: skip
+        elif flag not in ("n", "y"):
+            raise _malformed(f"unexpected channel-binding flag {flag[:1]!r}")
+
+    def final(self, client_final: bytes) -> bytes | None:
+        """server-final-message if the proof is right, None if not; ProtocolError if malformed."""
+        assert self.nonce, "first() ran"
+        text = _decode(client_final)
+        parts = text.split(",")
+        if len(parts) < 3:
+            raise _malformed("client-final-message has too few attributes")
+        try:
+            binding = _unb64(_attribute(parts[0], "c"))
+            proof = _unb64(_attribute(parts[-1], "p"))
+        except (binascii.Error, UnicodeEncodeError):
+            raise _malformed("invalid base64") from None
+        if binding != self.gs2_header.encode("utf-8") + (self.channel_binding or b""):
+            raise _malformed("channel binding data does not match the gs2 header")
+        if _attribute(parts[1], "r") != self.nonce:
+            raise _malformed("nonce does not match")
+        if len(proof) != SCRAM_KEY_BYTES:
+            raise _malformed("client proof has the wrong length")
+        without_proof = ",".join(parts[:-1])
+        auth_message = f"{self.client_first_bare},{self.server_first},{without_proof}"
+        client_signature = _hmac(self.verifier.stored_key, auth_message.encode("utf-8"))
+        client_key = bytes(a ^ b for a, b in zip(proof, client_signature, strict=True))
+        if not hmac.compare_digest(hashlib.sha256(client_key).digest(), self.verifier.stored_key):
+            return None
+        server_signature = _hmac(self.verifier.server_key, auth_message.encode("utf-8"))
+        return f"v={_b64(server_signature)}".encode("ascii")
+
+
+def _decode(data: bytes) -> str:
+    try:
+        return data.decode("utf-8")
+    except UnicodeDecodeError:
+        raise _malformed("invalid UTF-8") from None
+
+
+# -- the exchange on a connection ----------------------------------------------------------
+class AuthChannel:
+    """Sends authentication requests and reads PasswordMessages on one connection."""
+
+    def __init__(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter,
+                 server_binding: bytes | None = None) -> None:  # fmt: skip
+        """``server_binding``: the server certificate's tls-server-end-point data (None if
+        it has none); used only if this connection is in fact encrypted."""
+        self.reader = reader
+        self.writer = writer
+        encrypted = writer.get_extra_info("ssl_object") is not None
+        self.channel_binding = server_binding if encrypted else None
+        self.mechanism = ""  # what the exchange used, for the log
+        peer = writer.get_extra_info("peername")
+        self.peer = f"{peer[0]}:{peer[1]}" if isinstance(peer, tuple) else str(peer)
+
+    async def send(self, data: bytes) -> None:
+        self.writer.write(data)
+        await self.writer.drain()
+
+    async def receive(self) -> bytes:
+        """The body of the next message, which must be a PasswordMessage (``p``)."""
+        header = await self.reader.readexactly(5)
+        return await self.reader.readexactly(m.password_message_length(header))
+
+
+class Authenticator:
+    """Checks passwords for one server: its method, its users file, its failure delay."""
+
+    def __init__(self, method: AuthMethod, users: UsersFile | None,
+                 failure_delay_s: float = AUTH_FAILURE_DELAY_S) -> None:  # fmt: skip
+        assert method is AuthMethod.TRUST or users is not None, "password methods need users"
+        self.method = method
+        self.users = users
+        self.failure_delay_s = failure_delay_s
+        self._mock_secret = secrets.token_bytes(32)
+
+    async def authenticate(self, channel: AuthChannel, user: str) -> None:
+        """Return once ``user`` proved their password (at once for trust).
+
+        Raises InvalidPasswordError (28P01) or ProtocolError (08P01) after logging the
+        failure and waiting ``failure_delay_s``; a client that hangs up mid-way raises
+        IncompleteReadError or ConnectionError without the delay.
+        """
+        if self.method is AuthMethod.TRUST:
+            return
+        failure: TopicbaseError | None = None
+        try:
+            reason = await self._exchange(channel, user)
+        except m.ProtocolError as error:
+            reason, failure = error.message, error
+        if reason is None:
+            log.info('user "%s" authenticated (%s) from %s', user, channel.mechanism, channel.peer)
+            return
+        log.warning('password authentication failed for user "%s" from %s: %s (%s)',
+                    user, channel.peer, reason, channel.mechanism)  # fmt: skip
+        await asyncio.sleep(self.failure_delay_s)
+        raise failure or InvalidPasswordError(f'password authentication failed for user "{user}"')
+
+    async def _exchange(self, channel: AuthChannel, user: str) -> str | None:
+        """None on success, else the reason of the failure (for the log)."""
+        assert self.users is not None
+        error = self.users.reload()
+        if error is not None:
+            log.error("users file not reloaded, keeping its last good contents: %s", error)
+        entry = self.users.lookup(user)
+        if self.method is AuthMethod.MD5 and (entry is None or entry.md5 is not None):
+            return await self._md5(channel, user, None if entry is None else entry.md5)
+        verifier = None if entry is None else ScramVerifier.parse(entry.scram)
+        if self.method is AuthMethod.PASSWORD:
+            return await self._cleartext(channel, user, verifier)
+        return await self._scram(channel, user, verifier)
+
+    def _mock_verifier(self, user: str) -> ScramVerifier:
+        """A verifier no password matches, with a salt stable per user name."""
+        salt = _hmac(self._mock_secret, user.encode("utf-8"))[:SCRAM_SALT_BYTES]
+        keys = secrets.token_bytes(2 * SCRAM_KEY_BYTES)
+        return ScramVerifier(SCRAM_ITERATIONS, salt, keys[:SCRAM_KEY_BYTES], keys[SCRAM_KEY_BYTES:])
+
+    async def _scram(self, channel: AuthChannel, user: str,
+                     verifier: ScramVerifier | None) -> str | None:  # fmt: skip
+        channel.mechanism = SCRAM_MECHANISM
+        offered = [SCRAM_MECHANISM]
+        if channel.channel_binding is not None:
+            offered.insert(0, SCRAM_PLUS_MECHANISM)
+        await channel.send(m.authentication_sasl(offered))
+        initial = m.parse_sasl_initial_response(await channel.receive())
+        if initial.mechanism not in offered:
+            raise m.ProtocolError("client selected an invalid SASL authentication mechanism")
+        plus = initial.mechanism == SCRAM_PLUS_MECHANISM
+        channel.mechanism = initial.mechanism
+        exchange = ScramExchange(
+            verifier or self._mock_verifier(user),
+            channel_binding=channel.channel_binding if plus else None,
+            binding_offered=channel.channel_binding is not None,
+        )
+        if initial.data is None:
+            raise _malformed("no initial response")
+        await channel.send(m.authentication_sasl_continue(exchange.first(initial.data)))
+        server_final = exchange.final(m.parse_sasl_response(await channel.receive()))
+        if server_final is None:
+            return "no such user" if verifier is None else "wrong password (SCRAM proof)"
+        await channel.send(m.authentication_sasl_final(server_final))
+        return None
+
+    async def _md5(self, channel: AuthChannel, user: str, md5_verifier: str | None) -> str | None:
+        channel.mechanism = "md5"
+        salt = secrets.token_bytes(4)
+        await channel.send(m.authentication_md5_password(salt))
+        answer = m.parse_password(await channel.receive())
+        if md5_verifier is None:
+            return "no such user"
+        expected = md5_response(md5_verifier, salt)
+        if not hmac.compare_digest(answer.encode("utf-8"), expected.encode("ascii")):
+            return "wrong password (md5)"
+        return None
+
+    async def _cleartext(self, channel: AuthChannel, user: str,
+                         verifier: ScramVerifier | None) -> str | None:  # fmt: skip
+        channel.mechanism = "cleartext password"
+        await channel.send(m.authentication_cleartext_password())
+        password = m.parse_password(await channel.receive())
+        checked = verifier or self._mock_verifier(user)  # same work for unknown users
+        matches = await asyncio.to_thread(checked.matches_password, password)
+        if verifier is None:
+            return "no such user"
+        return None if matches and password else "wrong password (cleartext)"
+
+
+def make_authenticator(method: AuthMethod, users_path: str,
+                       failure_delay_s: float = AUTH_FAILURE_DELAY_S) -> Authenticator:  # fmt: skip
+    """The authenticator of a server; for a password method the users file at
+    ``users_path`` must be well-formed and name at least one user (ConfigFileError)."""
+    from sql.pgwire.users import ConfigFileError, UsersFile
+
+    if method is AuthMethod.TRUST:
+        return Authenticator(method, None, failure_delay_s)
+    users = UsersFile(users_path)
+    error = users.reload()
+    if error is not None:
+        raise error
+    if users.count() == 0:
+        raise ConfigFileError(
+            f"no users in {users_path}: add one with `topicbase user add NAME` (with the "
+            f"same --data-dir or --users-file), or serve with --auth trust"
+        )
+    return Authenticator(method, users, failure_delay_s)

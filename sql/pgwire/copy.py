@@ -1,0 +1,252 @@
+"""COPY over the wire: the CopyOut and CopyIn exchanges (the statement: ``copy_statement``).
+
+Supported:
+
+- ``COPY (query) TO STDOUT``, ``COPY table [(columns)] TO STDOUT``,
+  ``COPY TOPIC name [(columns)] TO STDOUT`` (a peek at the whole topic);
+- ``COPY table [(columns)] FROM STDIN``, ``COPY TOPIC name [(columns)] FROM STDIN``
+  with the topic write columns of ``INSERT INTO TOPIC`` (default: ``data``).
+
+Formats text and CSV both ways, and binary for COPY FROM (``copy_binary``: asyncpg's
+``copy_records_to_table``); files and programs are refused (0A000). COPY TO runs
+the query, then sends the rows in CopyData chunks of at most ``ROWS_PER_CHUNK`` rows.
+COPY FROM parses the data as it arrives (off the event loop), holds it as string
+columns, checks every value against the target column's type (22P02 with the line of
+the first bad row, nothing written), then inserts everything with one Arrow-backed
+``INSERT ... SELECT`` through the session (``engine.bulk``): it is part of the open
+transaction, or one transaction of its own in autocommit. CopyFail is 57014. Any other
+message than CopyData, CopyDone, CopyFail, Flush or Sync during COPY IN is 08P01.
+"""
+
+from __future__ import annotations
+
+import asyncio
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Any
+
+from engine import bulk
+from engine.writes import INSERT_COLUMNS
+from grammar.parse import parse
+from sql.pgwire import limits as wire_limits
+from sql.pgwire import messages as m
+from sql.pgwire import types
+from sql.pgwire.copy_binary import BinaryCopyDecoder
+from sql.pgwire.copy_format import (
+    LINE_COLUMN,
+    CopyDecoder,
+    InvalidTextRepresentationError,
+    encode_table,
+)
+from sql.pgwire.copy_statement import CopyStatement
+from storage import limits
+from storage.errors import (
+    FeatureNotSupportedError,
+    LimitExceededError,
+    QueryCanceledError,
+    SqlSyntaxError,
+    TopicbaseError,
+    UndefinedTopicError,
+)
+
+if TYPE_CHECKING:
+    from sql.pgwire.server import Connection
+
+COPY_IN_BYTES_MAX = 256 * 1024 * 1024
+_TOPIC_TYPES = {"data": "BLOB", "producer_id": "VARCHAR", "seq_no": "BIGINT",
+                "message_group_id": "VARCHAR", "partition": "INTEGER",
+                "created_at": "TIMESTAMPTZ", "metadata": "VARCHAR", "codec": "VARCHAR"}  # fmt: skip
+_TOPIC_OIDS = {"data": types.BYTEA, "producer_id": types.TEXT, "seq_no": types.INT8,
+               "message_group_id": types.TEXT, "partition": types.INT4,
+               "created_at": types.TIMESTAMPTZ, "metadata": types.TEXT,
+               "codec": types.TEXT}  # fmt: skip
+
+
+class UndefinedColumnError(TopicbaseError):
+    sqlstate = "42703"
+
+
+class CopyProtocolViolation(TopicbaseError):
+    sqlstate = "08P01"
+
+
+# -- COPY TO STDOUT ---------------------------------------------------------------------------
+def _quote(name: str) -> str:
+    return '"' + name.replace('"', '""') + '"'
+
+
+def _source_query(statement: CopyStatement) -> str:
+    if statement.query is not None:
+        return statement.query
+    columns = ", ".join(_quote(c) for c in statement.columns) or "*"
+    if statement.topic is not None:
+        return f"SELECT {columns} FROM TOPIC {_quote(statement.topic)}"
+    return f"SELECT {columns} FROM {statement.relation}"
+
+
+async def copy_to_client(connection: Connection, statement: CopyStatement) -> None:
+    """Run the source query, then CopyOutResponse, CopyData chunks, CopyDone, COPY n."""
+    statements = parse(_source_query(statement))
+    if len(statements) != 1:
+        raise SqlSyntaxError("COPY takes exactly one query")
+    # Through the connection's catalog layer, as the server runs any query.
+    result = await connection.call(connection.catalog.execute, connection._session(),
+                                   statements[0], None)  # fmt: skip
+    if result.table is None:
+        raise FeatureNotSupportedError("COPY query must return rows (a SELECT, VALUES or a "
+                                       "statement with RETURNING)")  # fmt: skip
+    for notice in result.notices:
+        connection.send(m.notice_response(notice))
+    table = result.table
+    connection.send(m.copy_out_response(table.num_columns))
+    chunks = encode_table(table, statement.fmt)
+    while True:
+        payload = await connection.call(next, chunks, None)
+        if payload is None:
+            break
+        connection.send(m.copy_data(payload))
+        await connection.writer.drain()
+    connection.send(m.copy_done())
+    connection.send(m.command_complete(f"COPY {table.num_rows}"))
+
+
+# -- COPY FROM STDIN ----------------------------------------------------------------------------
+@dataclass(frozen=True)
+class _Target:
+    """Where COPY FROM writes: column names and DuckDB types, and the INSERT head."""
+
+    columns: list[str]
+    duckdb_types: list[str]
+    insert_head: str  # "INSERT INTO t (a, b)" or "INSERT INTO TOPIC t (data)"
+    ordered: bool  # topics keep the input order
+
+
+async def _target(connection: Connection, statement: CopyStatement) -> _Target:
+    session = connection._session()
+    if statement.topic is not None:
+        if connection.server.database.catalog.entry(statement.topic) is None:
+            raise UndefinedTopicError(f'topic "{statement.topic}" does not exist')
+        columns = list(statement.columns or ("data",))
+        for name in columns:
+            if name not in INSERT_COLUMNS:
+                raise UndefinedColumnError(f'column "{name}" of topic "{statement.topic}" does '
+                                           f"not exist; writable: {', '.join(INSERT_COLUMNS)}")
+        head = f"INSERT INTO TOPIC {_quote(statement.topic)} ({', '.join(map(_quote, columns))})"
+        return _Target(columns, [_TOPIC_TYPES[c] for c in columns], head, True)
+    assert statement.relation is not None
+    describe = parse(f"DESCRIBE SELECT * FROM {statement.relation}")[0]
+    described = await connection.call(session.execute_statement, describe)
+    assert described.table is not None
+    types_by_name = dict(zip(described.table.column("column_name").to_pylist(),
+                             described.table.column("column_type").to_pylist(), strict=True))
+    columns = list(statement.columns or types_by_name)
+    for name in columns:
+        if name not in types_by_name:
+            raise UndefinedColumnError(
+                f'column "{name}" of relation "{statement.relation}" does not exist')
+    head = f"INSERT INTO {statement.relation} ({', '.join(map(_quote, columns))})"
+    return _Target(columns, [types_by_name[c] for c in columns], head, False)
+
+
+async def copy_from_client(connection: Connection, statement: CopyStatement) -> None:
+    """CopyInResponse, then CopyData until CopyDone; write all rows or none."""
+    target = await _target(connection, statement)
+    relation_name = statement.topic or statement.relation or ""
+    decoder: CopyDecoder | BinaryCopyDecoder
+    if statement.fmt.binary:
+        oids = await _column_oids(connection, statement, target)
+        decoder = BinaryCopyDecoder(oids, target.columns, relation_name)
+    else:
+        blobs = frozenset(i for i, kind in enumerate(target.duckdb_types) if kind == "BLOB")
+        decoder = CopyDecoder(statement.fmt, target.columns, relation_name, blobs)
+    connection.send(m.copy_in_response(len(target.columns), statement.fmt.binary))
+    await connection.writer.drain()
+    await _receive(connection, decoder)
+    await connection.call(decoder.finish)
+    count = decoder.row_count
+    if count:
+        await connection.call(_write, connection._session(), decoder, target)
+    connection.send(m.command_complete(f"COPY {count}"))
+
+
+async def _column_oids(connection: Connection, statement: CopyStatement, target: _Target
+                       ) -> list[int]:  # fmt: skip
+    """The type OIDs clients were told for the target columns (binary values follow them)."""
+    if statement.topic is not None:
+        return [_TOPIC_OIDS[c] for c in target.columns]
+    columns = ", ".join(map(_quote, target.columns))
+    probe = parse(f"SELECT {columns} FROM {statement.relation} LIMIT 0")[0]
+    result = await connection.call(connection._session().execute_statement, probe)
+    assert result.table is not None
+    return [types.column_oid(f.type, sql_type)  # as Describe reports them (UUID, JSON)
+            for f, sql_type in zip(result.table.schema, target.duckdb_types, strict=True)]
+
+
+async def _receive(connection: Connection, decoder: CopyDecoder | BinaryCopyDecoder) -> None:
+    """Feed CopyData to the decoder until CopyDone; CopyFail and strangers are errors."""
+    while True:
+        header = await connection.reader.readexactly(5)
+        body = await connection.reader.readexactly(
+            wire_limits.message_body_length(header, connection.server.limits))
+        kind = header[:1]
+        if kind == b"d":
+            if decoder.bytes_seen + len(body) > COPY_IN_BYTES_MAX:
+                raise LimitExceededError(f"COPY FROM STDIN data exceeds the limit of "
+                                         f"{COPY_IN_BYTES_MAX} bytes")  # fmt: skip
+            await connection.call(decoder.feed, body)
+        elif kind == b"c":
+            return
+        elif kind == b"f":
+            reason = m.parse_copy_fail(body)
+            raise QueryCanceledError(f"COPY from stdin failed: {reason}")
+        elif kind == b"X":
+            raise asyncio.IncompleteReadError(b"", None)
+        elif kind not in (b"H", b"S"):  # Flush and Sync are ignored during COPY IN
+            raise CopyProtocolViolation(
+                f"unexpected message type 0x{kind[0]:02X} during COPY from stdin")
+
+
+def _write(session: Any, decoder: CopyDecoder | BinaryCopyDecoder, target: _Target) -> None:
+    """Check every value against its column type, then insert all rows (worker thread).
+
+    The rows are held as text (bytes for BLOB columns); DuckDB casts them to the column
+    types, after a probe with TRY_CAST has found no value that does not convert."""
+    strings = decoder.to_arrow()
+    names = [f"c{index}" for index in range(len(target.columns))]
+    relation = strings.rename_columns([*names, LINE_COLUMN])
+    checks = [
+        (index, name, kind) for index, (name, kind) in enumerate(zip(names, target.duckdb_types,
+                                                                     strict=True))
+        if kind not in ("VARCHAR", "BLOB") and isinstance(decoder, CopyDecoder)
+    ]  # fmt: skip
+    if checks:
+        flags = ", ".join(f"({n} IS NOT NULL AND TRY_CAST({n} AS {k}) IS NULL) AS bad{i}"
+                          for i, n, k in checks)  # fmt: skip
+        condition = " OR ".join(f"bad{i}" for i, _, _ in checks)
+        probe = (f"SELECT * FROM (SELECT {LINE_COLUMN}, {', '.join(names)}, {flags} FROM "
+                 f"{{relation}}) WHERE {condition} ORDER BY {LINE_COLUMN} LIMIT 1")  # fmt: skip
+        found = bulk.run_over_relation(session, relation, [probe])[0].table
+        assert found is not None
+        if found.num_rows:
+            _raise_bad_value(found.to_pylist()[0], checks, target, decoder.relation)
+    order = f" ORDER BY {LINE_COLUMN}" if target.ordered else ""
+    select = ", ".join(f"CAST({n} AS {k})" for n, k in zip(names, target.duckdb_types,
+                                                           strict=True))  # fmt: skip
+    step = limits.BATCH_MESSAGES_MAX if target.ordered else relation.num_rows
+    lines = relation.column(LINE_COLUMN).to_pylist()
+    texts = []
+    for start in range(0, relation.num_rows, step):
+        first, last = lines[start], lines[min(start + step, relation.num_rows) - 1]
+        texts.append(f"{target.insert_head} SELECT {select} FROM {{relation}} WHERE "
+                     f"{LINE_COLUMN} BETWEEN {first} AND {last}{order}")  # fmt: skip
+    bulk.run_over_relation(session, relation, texts)
+
+
+def _raise_bad_value(row: dict[str, Any], checks: list[tuple[int, str, str]], target: _Target,
+                     relation: str) -> None:  # fmt: skip
+    for index, name, kind in checks:
+        if row[f"bad{index}"]:
+            column, value = target.columns[index], row[name]
+            raise InvalidTextRepresentationError(
+                f'invalid input syntax for type {kind.lower()}: "{value}"',
+                f'COPY {relation}, line {row[LINE_COLUMN]}, column {column}: "{value}"')
+    raise AssertionError("a probed row has a bad column")

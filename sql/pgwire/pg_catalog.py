@@ -1,0 +1,378 @@
+"""The PostgreSQL surface of one wire connection: catalog queries and session commands.
+
+``ConnectionCatalog.execute`` stands between the server and ``Session.execute_statement``:
+
+- ``SET`` / ``RESET`` / ``SHOW`` of PostgreSQL settings run here against the
+  connection's ``PgSettings`` (``pg_settings``); other names (DuckDB's ``SET threads``)
+  go to the engine. ``SET search_path`` is also applied to DuckDB, so it takes effect.
+  Unlike PostgreSQL, ``SET LOCAL`` lasts for the session, and ``ROLLBACK`` does not undo
+  a ``SET`` made in the transaction.
+- ``SAVEPOINT`` and ``RELEASE [SAVEPOINT]`` are accepted inside a transaction block and
+  remembered by name; they mark nothing (DuckDB has no savepoints). ``ROLLBACK TO
+  SAVEPOINT`` never reaches this module: the grammar refuses it (42601), which fails the
+  transaction, so work since the savepoint is never silently kept or lost. SQLAlchemy's
+  connect sequence (SAVEPOINT, a ``pg_type`` look-up, RELEASE) needs only the first two.
+- ``DEALLOCATE name|ALL`` drops the connection's prepared statements (psycopg sends
+  ``DEALLOCATE ALL``); ``DISCARD ALL`` also resets the settings.
+- ``CREATE TABLE`` with ``SERIAL``/``BIGSERIAL`` columns (SQLAlchemy's integer primary
+  keys) creates a sequence ``<table>_<column>_seq`` and uses ``nextval`` as the default.
+- ``statement_timeout`` is enforced: a statement running longer is cancelled (57014).
+- Queries that read ``pg_catalog``/``information_schema`` or call PostgreSQL's catalog
+  functions are rewritten into DuckDB SQL (``pg_rewrite``) and run as ordinary SQL by
+  the engine, in the session's transaction.
+- Everything else goes to the engine untouched; the check costs a few anchored regexes.
+
+``plain_begin`` (called before parsing) turns ``BEGIN ISOLATION LEVEL …`` into ``BEGIN``
+for the levels every transaction already provides.
+
+Inside a failed transaction every statement goes to the engine, which refuses it
+(25P02) as PostgreSQL does. Thread-safety: one instance per connection, called on the
+connection's worker thread only.
+"""
+
+from __future__ import annotations
+
+import re
+import threading
+from typing import Any
+
+import pyarrow as pa
+import sqlglot
+from sqlglot import expressions as exp
+
+from engine.session import Result, Session
+from engine.transaction import SessionState
+from grammar import ast
+from sql.pgwire import pg_rewrite
+from sql.pgwire.pg_settings import PgSettings
+from storage.errors import (
+    ActiveSqlTransactionError,
+    QueryCanceledError,
+    SqlSyntaxError,
+    TopicbaseError,
+)
+
+
+class NoActiveSqlTransactionError(TopicbaseError):
+    sqlstate = "25P01"
+
+
+class InvalidSavepointError(TopicbaseError):
+    sqlstate = "3B001"
+
+
+class UndefinedPreparedStatementError(TopicbaseError):
+    sqlstate = "26000"
+
+
+_SESSION_COMMAND = re.compile(
+    r"^\s*(SET|RESET|SHOW|SAVEPOINT|RELEASE|DEALLOCATE|DISCARD)\b", re.IGNORECASE
+)
+_NAME = r"(\"(?:[^\"]|\"\")+\"|\w+)"  # an identifier, maybe "quoted"
+_DEALLOCATE = re.compile(r"^\s*DEALLOCATE\s+(?:PREPARE\s+)?" + _NAME + r"\s*;?\s*$", re.IGNORECASE)
+_DISCARD_ALL = re.compile(r"^\s*DISCARD\s+ALL\s*;?\s*$", re.IGNORECASE)
+_SHOW = re.compile(r"^\s*SHOW\s+(.+?)\s*;?\s*$", re.IGNORECASE | re.DOTALL)
+_RESET = re.compile(r"^\s*RESET\s+(.+?)\s*;?\s*$", re.IGNORECASE | re.DOTALL)
+_SET = re.compile(
+    r"^\s*SET\s+(?:(SESSION|LOCAL)\s+(?!CHARACTERISTICS|AUTHORIZATION))?(.+?)\s*;?\s*$",
+    re.IGNORECASE | re.DOTALL,
+)
+_SET_NAMED = re.compile(
+    r"^([A-Za-z_][\w.]*)\s*(?:=|\s+TO\s+|\s+)\s*(.+)$", re.IGNORECASE | re.DOTALL
+)
+_SET_SPECIAL = re.compile(
+    r"^(TIME\s+ZONE|NAMES|SCHEMA|SESSION\s+CHARACTERISTICS\s+AS\s+TRANSACTION\s+ISOLATION\s+LEVEL"
+    r"|TRANSACTION\s+ISOLATION\s+LEVEL|SESSION\s+AUTHORIZATION)\s+(.+)$",
+    re.IGNORECASE | re.DOTALL,
+)
+_SAVEPOINT = re.compile(r"^\s*SAVEPOINT\s+" + _NAME + r"\s*;?\s*$", re.IGNORECASE)
+_RELEASE = re.compile(r"^\s*RELEASE\s+(?:SAVEPOINT\s+)?" + _NAME + r"\s*;?\s*$", re.IGNORECASE)
+_SERIAL = re.compile(r"\b(SMALL|BIG)?SERIAL\b", re.IGNORECASE)
+_CREATE_TABLE = re.compile(r"^\s*CREATE\s+(?:TEMP\w*\s+)?TABLE\b", re.IGNORECASE)
+_SERIAL_TYPES = {"SMALLSERIAL": "SMALLINT", "SERIAL": "INTEGER", "BIGSERIAL": "BIGINT"}
+_VALUE = re.compile(r"\s*('(?:[^']|'')*'|\"(?:[^\"]|\"\")*\"|[^,\s]+)\s*(?:,|$)")
+
+
+_BEGIN_WITH_MODES = re.compile(
+    r"^\s*(?:BEGIN(?:\s+(?:WORK|TRANSACTION))?|START\s+TRANSACTION)\s+"
+    r"((?:ISOLATION\s+LEVEL\s+(?:READ\s+UNCOMMITTED|READ\s+COMMITTED|REPEATABLE\s+READ)"
+    r"|READ\s+WRITE|NOT\s+DEFERRABLE)(?:\s*,?\s*(?:ISOLATION\s+LEVEL\s+(?:READ\s+UNCOMMITTED"
+    r"|READ\s+COMMITTED|REPEATABLE\s+READ)|READ\s+WRITE|NOT\s+DEFERRABLE))*)\s*;?\s*$",
+    re.IGNORECASE,
+)
+
+
+def plain_begin(query: str) -> str:
+    """``BEGIN ISOLATION LEVEL REPEATABLE READ`` (what psycopg sends once SQLAlchemy set a
+    level) -> ``BEGIN``, for the modes every transaction already has: snapshot isolation
+    is at least as strong as READ COMMITTED and is REPEATABLE READ. SERIALIZABLE, READ
+    ONLY and DEFERRABLE are left as they are, and the grammar refuses them (42601)."""
+    if not _BEGIN_WITH_MODES.match(query):
+        return query
+    return "BEGIN"
+
+
+class ConnectionCatalog:
+    """Session settings, savepoint names and catalog rewriting of one connection."""
+
+    def __init__(self, server_version: str, prepared: dict[str, Any]) -> None:
+        """``prepared``: the connection's prepared statements by name (DEALLOCATE)."""
+        self.server_version = server_version
+        self.prepared = prepared
+        self.user = "topicbase"
+        self.database = "topicbase"
+        self.settings = PgSettings(server_version, self.user, "")
+        self.savepoints: list[str] = []
+
+    def start(self, parameters: dict[str, str]) -> None:
+        """Take the StartupMessage's user, database and application_name."""
+        self.user = parameters.get("user") or "topicbase"
+        self.database = parameters.get("database") or self.user
+        self.settings = PgSettings(
+            self.server_version, self.user, parameters.get("application_name", "")
+        )
+
+    def execute(self, session: Session, statement: ast.Statement, parameters: Any) -> Result:
+        """Run ``statement``: here (session commands), rewritten, or as it is."""
+        if session.state is SessionState.IDLE:
+            self.savepoints.clear()
+        if not isinstance(statement, ast.SqlStatement) or statement.topic_scans:
+            return self._run_with_timeout(session, statement, parameters)
+        sql = statement.sql
+        if session.state is not SessionState.FAILED and _SESSION_COMMAND.match(sql):
+            result = self._session_command(session, sql)
+            if result is not None:
+                return result
+        if _CREATE_TABLE.match(sql) and _SERIAL.search(sql):
+            sql = _serial_columns(session, sql)
+            statement = ast.SqlStatement(sql, (), statement.position, statement.text)
+        return self._run_with_timeout(session, self.engine_statement(statement), parameters)
+
+    def _run_with_timeout(
+        self, session: Session, statement: ast.Statement, parameters: Any
+    ) -> Result:
+        """Run ``statement``; past ``statement_timeout`` it is cancelled as by CancelRequest."""
+        timeout_ms = _milliseconds(self.settings.show("statement_timeout"))
+        if timeout_ms == 0:
+            return session.execute_statement(statement, parameters)
+        timer = threading.Timer(timeout_ms / 1000, session.cancel)
+        timer.daemon = True
+        timer.start()
+        try:
+            return session.execute_statement(statement, parameters)
+        except QueryCanceledError as error:
+            if not timer.is_alive():  # fired: say why, as PostgreSQL does
+                raise QueryCanceledError("canceling statement due to statement timeout") from error
+            raise
+        finally:
+            timer.cancel()
+
+    def engine_statement(self, statement: ast.Statement) -> ast.Statement:
+        """What the engine should describe for ``statement`` (Describe before Execute):
+        the rewritten catalog query, or for ``SHOW`` a one-column SELECT of the same shape.
+        Changes nothing."""
+        if not isinstance(statement, ast.SqlStatement) or statement.topic_scans:
+            return statement
+        sql = statement.sql
+        show = _SHOW.match(sql)
+        if show is not None and self.settings.knows(show.group(1)):
+            column = self.settings.canonical(show.group(1)).replace('"', "")
+            return ast.SqlStatement(f'SELECT \'\' AS "{column}"', (), statement.position,
+                                    statement.text)  # fmt: skip
+        if pg_rewrite.might_need_rewrite(sql):
+            rewritten = pg_rewrite.rewrite(sql, self._context())
+            if rewritten is not None:
+                return ast.SqlStatement(rewritten, (), statement.position, statement.text)
+        return statement
+
+    def _context(self) -> pg_rewrite.RewriteContext:
+        path = tuple(
+            part.strip().strip('"')
+            for part in self.settings.show("search_path").split(",")
+            if part.strip() and part.strip() != '"$user"'
+        )
+        return pg_rewrite.RewriteContext(
+            self.user,
+            self.database,
+            self.server_version,
+            tuple(sorted(self.settings.values.items())),
+            path,
+        )
+
+    # -- SET, RESET, SHOW, SAVEPOINT, RELEASE, DEALLOCATE, DISCARD ------------------------------
+    def _session_command(self, session: Session, sql: str) -> Result | None:
+        """The result of a session command run here; None to let the engine run it."""
+        word = sql.split(None, 1)[0].upper()
+        try:
+            if word == "SHOW":
+                return self._show(sql)
+            if word == "RESET":
+                return self._reset(session, sql)
+            if word == "SET":
+                return self._set(session, sql)
+            if word in ("DEALLOCATE", "DISCARD"):
+                return self._deallocate(session, sql)
+            return self._savepoint(session, sql, word)
+        except TopicbaseError:
+            session.fail_transaction()  # as in PostgreSQL: 25P02 until ROLLBACK
+            raise
+
+    def _show(self, sql: str) -> Result | None:
+        match = _SHOW.match(sql)
+        if match is None:
+            return None
+        name = match.group(1)
+        if name.lower() == "all":
+            return Result("SHOW", self.settings.show_all())
+        if not self.settings.knows(name):
+            return None
+        column = self.settings.canonical(name)
+        return Result("SHOW", pa.table({column: [self.settings.show(name)]}))
+
+    def _reset(self, session: Session, sql: str) -> Result | None:
+        match = _RESET.match(sql)
+        if match is None:
+            return None
+        name = match.group(1)
+        if name.lower() == "all":
+            self.settings.reset_all()
+            _apply_search_path(session, self.settings.show("search_path"))
+        elif not self.settings.knows(name):
+            return None
+        else:
+            self.settings.set(name, None)
+            if self.settings.canonical(name) == "search_path":
+                _apply_search_path(session, self.settings.show("search_path"))
+        return Result("RESET")
+
+    def _set(self, session: Session, sql: str) -> Result | None:
+        match = _SET.match(sql)
+        if match is None:
+            return None
+        body = match.group(2)
+        special = _SET_SPECIAL.match(body)
+        if special is not None:
+            name, raw = " ".join(special.group(1).lower().split()), special.group(2)
+            if name.startswith("session characteristics"):
+                name = "default_transaction_isolation"
+            elif name == "transaction isolation level":
+                name = "transaction_isolation"
+        else:
+            named = _SET_NAMED.match(body)
+            if named is None:
+                return None
+            name, raw = named.group(1), named.group(2)
+        if not self.settings.knows(name):
+            return None
+        value = None if raw.strip().upper() in ("DEFAULT", "LOCAL") else _value_text(raw)
+        self.settings.set(name, value)
+        if self.settings.canonical(name) == "search_path":
+            _apply_search_path(session, self.settings.show("search_path"))
+        return Result("SET")
+
+    def _deallocate(self, session: Session, sql: str) -> Result | None:
+        """``DEALLOCATE name|ALL`` (prepared statements are the server's) and ``DISCARD ALL``."""
+        if _DISCARD_ALL.match(sql):
+            if session.state is not SessionState.IDLE:
+                raise ActiveSqlTransactionError("DISCARD ALL cannot run inside a transaction block")
+            self._forget_prepared()
+            self.settings.reset_all()
+            _apply_search_path(session, self.settings.show("search_path"))
+            return Result("DISCARD ALL")
+        match = _DEALLOCATE.match(sql)
+        if match is None:
+            return None
+        name = match.group(1)
+        if name.upper() == "ALL":
+            self._forget_prepared()
+            return Result("DEALLOCATE ALL")
+        name = name[1:-1].replace('""', '"') if name.startswith('"') else name.lower()
+        if name not in self.prepared:
+            raise UndefinedPreparedStatementError(f'prepared statement "{name}" does not exist')
+        del self.prepared[name]
+        return Result("DEALLOCATE")
+
+    def _forget_prepared(self) -> None:
+        for name in [name for name in self.prepared if name]:  # the unnamed one stays
+            del self.prepared[name]
+
+    def _savepoint(self, session: Session, sql: str, word: str) -> Result | None:
+        pattern = _SAVEPOINT if word == "SAVEPOINT" else _RELEASE
+        match = pattern.match(sql)
+        if match is None:
+            raise SqlSyntaxError(f"syntax error in {word}: expected {word} name")
+        name = match.group(1)
+        name = name[1:-1].replace('""', '"') if name.startswith('"') else name.lower()
+        if session.state is SessionState.IDLE:
+            raise NoActiveSqlTransactionError(f"{word} can only be used in transaction blocks")
+        if word == "SAVEPOINT":
+            self.savepoints.append(name)
+            return Result("SAVEPOINT")
+        if name not in self.savepoints:
+            raise InvalidSavepointError(f'savepoint "{name}" does not exist')
+        del self.savepoints[self.savepoints.index(name):]  # fmt: skip
+        return Result("RELEASE")
+
+
+def _milliseconds(shown: str) -> int:
+    """``5000ms`` or ``0`` (as ``PgSettings`` stores durations) -> milliseconds."""
+    return int(shown[:-2]) if shown.endswith("ms") else int(shown)
+
+
+def _value_text(raw: str) -> str:
+    """``'a', b , "c"`` -> ``a, b, c``: the shown value of a SET list."""
+    values = []
+    position = 0
+    text = raw.strip()
+    while position < len(text):
+        match = _VALUE.match(text, position)
+        if match is None or match.end() == position:
+            raise SqlSyntaxError(f'syntax error in SET value "{raw.strip()}"')
+        token = match.group(1)
+        if token.startswith("'"):
+            token = token[1:-1].replace("''", "'")
+        elif token.startswith('"'):
+            token = token[1:-1].replace('""', '"')
+        values.append(token)
+        position = match.end()
+    return ", ".join(values)
+
+
+def _serial_columns(session: Session, sql: str) -> str:
+    """``CREATE TABLE t (id SERIAL ...)`` (SQLAlchemy's integer primary keys): DuckDB has no
+    SERIAL, so each such column becomes ``INTEGER DEFAULT nextval('t_id_seq')`` after
+    creating that sequence, as PostgreSQL does. The sequence is created first; if the
+    table then fails, the sequence stays (``CREATE SEQUENCE IF NOT EXISTS`` reuses it)."""
+    try:
+        tree = sqlglot.parse_one(sql, read="postgres")
+    except sqlglot.errors.SqlglotError:
+        return sql
+    table = tree.find(exp.Table)
+    if not isinstance(tree, exp.Create) or table is None:
+        return sql
+    serial = [column.name for column in tree.find_all(exp.ColumnDef)
+              if (kind := column.args.get("kind")) is not None
+              and kind.this.name in _SERIAL_TYPES]  # fmt: skip
+    matches = list(_SERIAL.finditer(sql))
+    if len(serial) != len(matches):
+        return sql  # SERIAL also elsewhere (a default, a name): leave it to DuckDB
+    pieces, position = [], 0
+    for column, match in zip(serial, matches, strict=True):
+        name = f"{table.name}_{column}_seq".replace('"', "")
+        sequence = f"{table.db}.{name}" if table.db else name
+        quoted = f'"{table.db}"."{name}"' if table.db else f'"{name}"'
+        session.execute(f"CREATE SEQUENCE IF NOT EXISTS {quoted}")
+        kind = _SERIAL_TYPES[match.group(0).upper()]
+        pieces += [sql[position : match.start()], f"{kind} DEFAULT nextval('{sequence}')"]
+        position = match.end()
+    return "".join([*pieces, sql[position:]])
+
+
+def _apply_search_path(session: Session, path: str) -> None:
+    """Give DuckDB the schemas of ``search_path`` (without PostgreSQL's ``$user``)."""
+    schemas = [p.strip().strip('"') for p in path.split(",") if p.strip() not in ('"$user"', "")]
+    if "pg_catalog" in schemas:
+        schemas.remove("pg_catalog")
+    value = ",".join(schemas) or "main"
+    quoted = "'" + value.replace("'", "''") + "'"
+    session.execute(f"SET search_path = {quoted}")

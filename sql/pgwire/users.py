@@ -1,0 +1,270 @@
+"""The users file of ``topicbase serve``: who may log in, by password verifier.
+
+Location: ``--users-file FILE``, by default ``<data-dir>/users.json`` (next to the store;
+``topicbase check`` ignores it). ``topicbase user add NAME`` creates or updates it; the
+server re-reads it when it changes, so users added while it runs can log in at once.
+
+Format (JSON, UTF-8)::
+
+    {"format": "topicbase-users-1",
+     "users": {"alice": {"scram": "SCRAM-SHA-256$4096:<salt>$<StoredKey>:<ServerKey>",
+                         "md5": "md5<32 hex digits>"}}}
+
+``scram`` is PostgreSQL's ``pg_authid.rolpassword`` format (RFC 5802/7677 verifier,
+base64 fields) and is always present. ``md5`` is PostgreSQL's ``md5`` + md5(password +
+user name) and is present only when the user was added with ``--md5``; it is
+password-equivalent for md5 authentication, so it is written only on request. No
+plaintext password is ever stored.
+
+Invariants: the file is replaced whole (temp file with mode 0600, fsync, rename, fsync of
+the directory), under an exclusive ``flock`` of ``<file>.lock`` so two concurrent
+``user add`` do not lose each other's update; readers never see a partial file. This
+module does its own file I/O (not ``storage.fs``): the users file belongs to the front,
+must be 0600 from the moment it exists, and the storage layer knows nothing of SQL users.
+
+Thread-safety: ``UsersFile`` guards its cache with a lock; ``add_user`` is safe across
+processes.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import fcntl
+import json
+import os
+import re
+import threading
+from collections.abc import Iterator
+from dataclasses import dataclass
+
+from sql.pgwire.auth import ScramVerifier, make_md5_verifier, make_scram_verifier
+from storage.errors import TopicbaseError
+
+USERS_FILE_NAME = "users.json"
+FORMAT = "topicbase-users-1"
+FILE_MODE = 0o600
+USERS_FILE_BYTES_MAX = 16 << 20
+# PostgreSQL truncates role names to NAMEDATALEN - 1 bytes; we refuse longer ones.
+USER_NAME_BYTES_MAX = 63
+PASSWORD_BYTES_MAX = 1024
+_MD5_VERIFIER = re.compile(r"md5[0-9a-f]{32}")
+
+
+class ConfigFileError(TopicbaseError):
+    """A users, certificate or key file that is missing, unreadable or malformed (F0000)."""
+
+    sqlstate = "F0000"
+
+
+class InvalidUserNameError(TopicbaseError):
+    sqlstate = "42602"  # invalid_name
+
+
+class InvalidPasswordValueError(TopicbaseError):
+    sqlstate = "22023"
+
+
+@dataclass(frozen=True)
+class UserEntry:
+    """One user's verifiers; ``scram`` is always set, ``md5`` only if asked for."""
+
+    name: str
+    scram: str
+    md5: str | None = None
+
+
+def default_users_path(data_dir: str) -> str:
+    return os.path.join(data_dir, USERS_FILE_NAME)
+
+
+def check_user_name(name: str) -> None:
+    """Raise InvalidUserNameError unless ``name`` can be a startup-packet user name."""
+    if not name:
+        raise InvalidUserNameError("user name must not be empty")
+    if any(ord(character) < 32 or ord(character) == 127 for character in name):
+        raise InvalidUserNameError("user name must not contain control characters")
+    if len(name.encode("utf-8")) > USER_NAME_BYTES_MAX:
+        raise InvalidUserNameError(f"user name is longer than {USER_NAME_BYTES_MAX} bytes")
+
+
+def check_password(password: str) -> None:
+    if not password:
+        raise InvalidPasswordValueError("empty password")
+    if "\0" in password:
+        raise InvalidPasswordValueError("password must not contain a NUL character")
+    if len(password.encode("utf-8")) > PASSWORD_BYTES_MAX:
+        raise InvalidPasswordValueError(f"password is longer than {PASSWORD_BYTES_MAX} bytes")
+
+
+# -- reading ----------------------------------------------------------------------------------
+def parse_users(data: bytes, path: str) -> dict[str, UserEntry]:
+    """The users of a users file's bytes; ConfigFileError naming ``path`` if malformed."""
+    try:
+        document = json.loads(data.decode("utf-8"))
+    except (UnicodeDecodeError, json.JSONDecodeError) as error:
+        raise ConfigFileError(f"users file {path} is not valid JSON: {error}") from None
+    if not isinstance(document, dict) or document.get("format") != FORMAT:
+        raise ConfigFileError(f'users file {path} is not in format "{FORMAT}"')
+    users = document.get("users")
+    if not isinstance(users, dict):
+        raise ConfigFileError(f'users file {path} has no "users" object')
+    entries: dict[str, UserEntry] = {}
+    for name, fields in users.items():
+        if not isinstance(fields, dict) or not isinstance(fields.get("scram"), str):
+            raise ConfigFileError(f'users file {path}: user "{name}" has no SCRAM verifier')
+        md5 = fields.get("md5")
+        if md5 is not None and (not isinstance(md5, str) or not _MD5_VERIFIER.fullmatch(md5)):
+            raise ConfigFileError(f'users file {path}: user "{name}" has a malformed md5 hash')
+        try:
+            check_user_name(name)
+            ScramVerifier.parse(fields["scram"])
+        except (InvalidUserNameError, ValueError) as error:
+            raise ConfigFileError(f'users file {path}: user "{name}": {error}') from None
+        entries[name] = UserEntry(name, fields["scram"], md5)
+    return entries
+
+
+def read_users(path: str) -> dict[str, UserEntry]:
+    """The users in ``path``; an empty dict if the file does not exist."""
+    try:
+        data = _read_bytes(path)
+    except FileNotFoundError:
+        return {}
+    return parse_users(data, path)
+
+
+def _read_bytes(path: str) -> bytes:
+    try:
+        fd = os.open(path, os.O_RDONLY | os.O_CLOEXEC)
+    except FileNotFoundError:
+        raise
+    except OSError as error:
+        raise ConfigFileError(f"cannot read users file {path}: {error.strerror}") from None
+    chunks: list[bytes] = []
+    size = 0
+    try:
+        while chunk := os.read(fd, 1 << 16):
+            chunks.append(chunk)
+            size += len(chunk)
+            if size > USERS_FILE_BYTES_MAX:
+                raise ConfigFileError(
+                    f"users file {path} is larger than {USERS_FILE_BYTES_MAX} bytes"
+                )
+    finally:
+        os.close(fd)
+    return b"".join(chunks)
+
+
+class UsersFile:
+    """The users file as the server sees it: re-read when its size, mtime or inode change.
+
+    A file that becomes malformed while the server runs keeps the last good contents (and
+    the error is returned by ``reload`` for logging), so a bad edit never locks everyone out
+    nor lets anyone in.
+    """
+
+    def __init__(self, path: str) -> None:
+        self.path = path
+        self._lock = threading.Lock()
+        self._stamp: tuple[int, int, int] | None = None
+        self._users: dict[str, UserEntry] = {}
+
+    def lookup(self, name: str) -> UserEntry | None:
+        """The user as of the last ``reload`` (callers reload first)."""
+        with self._lock:
+            return self._users.get(name)
+
+    def count(self) -> int:
+        with self._lock:
+            return len(self._users)
+
+    def reload(self) -> ConfigFileError | None:
+        """Re-read the file if it changed; the error if the new contents are malformed."""
+        try:
+            status = os.stat(self.path)
+            stamp = (status.st_ino, status.st_size, status.st_mtime_ns)
+        except FileNotFoundError:
+            stamp = (0, 0, 0)
+        with self._lock:
+            if stamp == self._stamp:
+                return None
+        try:
+            users = read_users(self.path)
+        except ConfigFileError as error:
+            return error
+        with self._lock:
+            self._stamp, self._users = stamp, users
+        return None
+
+
+# -- writing ----------------------------------------------------------------------------------
+def render_users(users: dict[str, UserEntry]) -> bytes:
+    document = {
+        "format": FORMAT,
+        "users": {
+            name: {"scram": entry.scram, **({"md5": entry.md5} if entry.md5 else {})}
+            for name, entry in sorted(users.items())
+        },
+    }
+    return (json.dumps(document, indent=1, ensure_ascii=False) + "\n").encode("utf-8")
+
+
+def add_user(path: str, name: str, password: str, *, with_md5: bool = False) -> bool:
+    """Create or replace user ``name`` in the users file at ``path``; True if it was new.
+
+    Stores a SCRAM-SHA-256 verifier with a fresh salt (and the md5 hash only if
+    ``with_md5``); the password itself is never written.
+    """
+    check_user_name(name)
+    check_password(password)
+    entry = UserEntry(
+        name,
+        make_scram_verifier(password).to_text(),
+        make_md5_verifier(name, password) if with_md5 else None,
+    )
+    directory = os.path.dirname(os.path.abspath(path))
+    os.makedirs(directory, exist_ok=True)
+    with _exclusive_lock(path + ".lock"):
+        users = read_users(path)
+        is_new = name not in users
+        users[name] = entry
+        write_atomic(path, render_users(users))
+    written = read_users(path)
+    assert written.get(name) == entry, "the users file holds what was just written"
+    return is_new
+
+
+@contextlib.contextmanager
+def _exclusive_lock(lock_path: str) -> Iterator[None]:
+    fd = os.open(lock_path, os.O_RDWR | os.O_CREAT | os.O_CLOEXEC, FILE_MODE)
+    try:
+        fcntl.flock(fd, fcntl.LOCK_EX)
+        yield
+    finally:
+        os.close(fd)  # closing releases the flock
+
+
+def write_atomic(path: str, data: bytes) -> None:
+    """Replace ``path`` with ``data``: a 0600 temp file, fsync, rename, fsync the directory."""
+    directory = os.path.dirname(os.path.abspath(path))
+    temp_path = f"{path}.tmp.{os.getpid()}"
+    fd = os.open(temp_path, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_CLOEXEC, FILE_MODE)
+    try:
+        try:
+            os.fchmod(fd, FILE_MODE)  # exactly 0600 whatever the umask
+            view = memoryview(data)
+            while view:
+                view = view[os.write(fd, view) :]
+            os.fsync(fd)
+        finally:
+            os.close(fd)
+        os.replace(temp_path, path)
+    except BaseException:
+        with contextlib.suppress(FileNotFoundError):
+            os.unlink(temp_path)
+        raise
+    directory_fd = os.open(directory, os.O_RDONLY | os.O_CLOEXEC)
+    try:
+        os.fsync(directory_fd)
+    finally:
+        os.close(directory_fd)
