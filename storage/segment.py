@@ -198,6 +198,11 @@ class LogSegment:
         window_bytes = max(budget_bytes + HEADER_BYTES, READ_WINDOW_BYTES_MIN)
         fd = self.fs.open_read(self.log_path)
         try:
+            if limit_bytes - position >= HEADER_BYTES:
+                # Peek at the first frame's size so the first window holds it whole: a
+                # frame a little over the window (1000 messages of 1 KiB) was read twice.
+                first = self._header_at(self.fs.pread(fd, HEADER_BYTES, position), 0, position)
+                window_bytes = max(window_bytes, first.frame_bytes)
             while position < limit_bytes:
                 size = min(window_bytes, limit_bytes - position)
                 raw = self.fs.pread(fd, size, position)
@@ -207,6 +212,7 @@ class LogSegment:
                     header = self._header_at(raw, consumed, position + consumed)
                     end = consumed + header.frame_bytes
                     if end > len(raw):
+                        window_bytes = max(window_bytes, header.frame_bytes)
                         break
                     if header.next_offset > start_offset:
                         body_view = memoryview(raw)[consumed + HEADER_BYTES : end]

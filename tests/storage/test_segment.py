@@ -112,6 +112,29 @@ def test_frame_larger_than_the_read_window_is_read_whole(tmp_path: Any) -> None:
     assert _offsets(segment, BASE, budget_bytes=1) == [BASE, BASE + 1, BASE + 2]
 
 
+class _ReadCountingFileSystem(FileSystem):
+    """Counts the bytes ``pread`` returns."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.bytes_read = 0
+
+    def pread(self, fd: int, size: int, position: int) -> bytes:
+        data = super().pread(fd, size, position)
+        self.bytes_read += len(data)
+        return data
+
+
+def test_frame_a_little_over_the_read_window_is_read_once(tmp_path: Any) -> None:
+    fs = _ReadCountingFileSystem()
+    segment = LogSegment(fs, str(tmp_path), BASE)
+    segment.append_frame(*_frame(BASE, 1000, size_bytes=1100))  # ~1.1 MB > the 1 MiB window
+    frame_bytes = segment.size_bytes
+    frames = list(segment.scan(BASE + 10, segment.size_bytes, 100 * 1100))
+    assert [f.header.record_count for f in frames] == [1000]
+    assert fs.bytes_read <= frame_bytes + 64, "the frame was read twice"
+
+
 def test_sealed_segment_indexes_are_on_disk(tmp_path: Any) -> None:
     segment = _segment(tmp_path, frame_count=20)
     entries = segment.offset_index.entries()
