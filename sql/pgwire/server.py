@@ -255,7 +255,7 @@ class Connection:
             if await self.startup():
                 await self.serve_messages()
         except (asyncio.IncompleteReadError, ConnectionError):
-            pass
+            log.debug("connection %d: the client went away", self.process_id)
         except m.ProtocolError as error:
             self.send(m.error_response(error.sqlstate, error.message, severity="FATAL"))
         finally:
@@ -770,7 +770,7 @@ class PgServer:
             else:
                 await Connection(self, reader, writer).run()
         except asyncio.CancelledError:  # the server is stopping; the task ends here
-            pass
+            log.debug("connection task cancelled: the server is stopping")
         finally:
             self.open_sockets -= 1
             assert self.open_sockets >= 0
@@ -800,7 +800,7 @@ class PgServer:
                     break
                 await writer.drain()
         except (TimeoutError, asyncio.IncompleteReadError, ConnectionError, m.ProtocolError):
-            pass
+            log.debug("a refused client went away or sent garbage")
         finally:
             writer.close()
 
