@@ -2,83 +2,16 @@
 
 from __future__ import annotations
 
-import socket
 import struct
 
 import pytest
 
 from sql.pgwire import messages as m
+from tests.pgwire.rawclient import RawClient as Client
+from tests.pgwire.rawclient import error_fields as fields
 
 SSL = struct.pack("!ii", 8, m.SSL_REQUEST)
 GSSENC = struct.pack("!ii", 8, m.GSSENC_REQUEST)
-
-
-def startup_packet(**parameters: str) -> bytes:
-    body = struct.pack("!i", m.PROTOCOL_V3)
-    for name, value in {"user": "tester", **parameters}.items():
-        body += m.cstr(name) + m.cstr(value)
-    body += b"\0"
-    return struct.pack("!i", len(body) + 4) + body
-
-
-class Client:
-    def __init__(self, port: int) -> None:
-        self.sock = socket.create_connection(("127.0.0.1", port), timeout=10)
-        self.buffer = b""
-
-    def send(self, data: bytes) -> None:
-        self.sock.sendall(data)
-
-    def _fill(self, count: int) -> bool:
-        while len(self.buffer) < count:
-            chunk = self.sock.recv(65536)
-            if not chunk:
-                return False
-            self.buffer += chunk
-        return True
-
-    def read_byte(self) -> bytes:
-        assert self._fill(1)
-        byte, self.buffer = self.buffer[:1], self.buffer[1:]
-        return byte
-
-    def read(self) -> tuple[bytes, bytes] | None:
-        """One backend message (type, body), or None at end of stream."""
-        if not self._fill(5):
-            return None
-        length = struct.unpack("!i", self.buffer[1:5])[0]
-        if not self._fill(1 + length):
-            return None
-        kind, body = self.buffer[:1], self.buffer[5 : 1 + length]
-        self.buffer = self.buffer[1 + length :]
-        return kind, body
-
-    def until_ready(self) -> list[tuple[bytes, bytes]]:
-        got = []
-        while True:
-            item = self.read()
-            assert item is not None, f"connection closed after {got}"
-            got.append(item)
-            if item[0] == b"Z":
-                return got
-
-    def start(self) -> list[tuple[bytes, bytes]]:
-        self.send(startup_packet())
-        return self.until_ready()
-
-    def closed(self) -> bool:
-        return self.read() is None
-
-    def close(self) -> None:
-        self.sock.close()
-
-
-def fields(body: bytes) -> dict[str, str]:
-    out = {}
-    for part in body.split(b"\0"):
-        if part:
-            out[chr(part[0])] = part[1:].decode()
-    return out
 
 
 def kinds(items: list[tuple[bytes, bytes]]) -> bytes:
