@@ -20,7 +20,10 @@ verifies by digest everything the tail observations did not read; else only the 
 and the history checker (``tests.sim.checker``) checks the whole history, plus
 exactly-once delivery of every consumed message in the rebuilt final state.
 Failpoints passed rarely (``RARE_FAILPOINTS``) are armed at their first hit, the others
-at a random one of the first six.
+at a random one of the first six. After a cycle that crashed inside retention or a split
+(``CHECKED_FAILPOINTS``), and at every full observation, a forked child recovers the
+database, closes it and runs ``topicbase check`` on it (``engine.check.check_database``);
+every problem it finds is a violation.
 
 The last line is exactly::
 
@@ -50,6 +53,8 @@ from collections import Counter
 from collections.abc import Callable
 from pathlib import Path
 
+from engine.check import check_database
+from engine.database import Database
 from storage import failpoints as failpoint_switch
 from tests.sim.chaos_worker import Known, Observed, observe_database, run_worker, setup, warm_up
 from tests.sim.checker import Report, check_file
@@ -68,12 +73,24 @@ FAILPOINTS = (
     "commit.mid_publish",
     "commit.checkpoint_before_delete",
     "recovery.after_republish",
+    "retention.before_delete",
+    "split.before_save",
 )
 # Passed a few times per cycle at most (a segment rolls every ~20 cycles per partition,
-# recovery republishes only after a crash inside a commit): armed at their first hit.
+# recovery republishes only after a crash inside a commit, a worker splits once, and a
+# retention pass deletes only when the aged topic is over its budget): armed at their
+# first hit.
 RARE_FAILPOINTS = frozenset(
-    {"segment.roll_after_seal", "segment.roll_before_snapshot", "recovery.after_republish"}
+    {
+        "segment.roll_after_seal",
+        "segment.roll_before_snapshot",
+        "recovery.after_republish",
+        "retention.before_delete",
+        "split.before_save",
+    }
 )
+# A crash there is followed by recovery and ``topicbase check`` (``check_recovered``).
+CHECKED_FAILPOINTS = frozenset({"retention.before_delete", "split.before_save"})
 CHECK_EVERY = 25
 FULL_OBSERVATION_EVERY = 100  # cycles; the other checks' observations read only tails
 WORKER_SECONDS = 1.5
@@ -306,6 +323,23 @@ def _cpu() -> float:
 
 
 # -- checks --------------------------------------------------------------------------------------
+def check_recovered(data_dir: str, work: Path) -> list[str]:
+    """Problems ``topicbase check`` finds after a forked child recovered the database
+    (opened and closed it): a recovered store must be clean."""
+    out = work / "check.json"
+
+    def body() -> None:
+        Database.open(data_dir).close()
+        report = check_database(data_dir)
+        problems = [p.line() for p in report.problems]
+        if not report.ran:
+            problems.append("topicbase check could not run")
+        out.write_text(json.dumps(problems))
+
+    run_in_child(body, work / "check.log", "topicbase check")
+    return json.loads(out.read_text())
+
+
 def check_exactly_once_moves(report: Report) -> list[str]:
     """Every ``src`` message below the mover's committed offset is in ``dst`` exactly
     once, and nothing else is (the resharding promise); every ``dst`` message below the
@@ -370,6 +404,7 @@ def main(argv: list[str] | None = None) -> int:
     outcomes: Counter[str] = Counter()
     failpoints_hit: Counter[str] = Counter()
     violations = 0
+    store_problems = 0  # found by ``topicbase check`` after recovery
     report: Report | None = None
     pace = Pace()
     for cycle in range(1, args.cycles + 1):
@@ -380,10 +415,19 @@ def main(argv: list[str] | None = None) -> int:
         if failpoint is not None:
             failpoints_hit[failpoint] += 1
         follower.settle_unknown_transactions()
+        full = cycle % FULL_OBSERVATION_EVERY == 0 or cycle == args.cycles
+        if failpoint in CHECKED_FAILPOINTS or full:
+            problems = check_recovered(data_dir, work)
+            for problem in problems[:20]:
+                print(f"VIOLATION check after cycle {cycle} ({failpoint}): {problem}", flush=True)
+            store_problems += len(problems)
+            if problems:
+                violations = store_problems
+                print(f"chaos: failing seed {seed} (replay: --seed {seed})", flush=True)
+                break
         if cycle % args.check_every and cycle != args.cycles:
             continue
         observe_started = time.monotonic()
-        full = cycle % FULL_OBSERVATION_EVERY == 0 or cycle == args.cycles
         run_in_child(
             functools.partial(
                 observe_database, data_dir, history, follower.known.observed, full=full
@@ -395,7 +439,7 @@ def main(argv: list[str] | None = None) -> int:
         check_started = time.monotonic()
         report = check_file(history)
         moved = check_exactly_once_moves(report)
-        violations = len(report.violations) + len(moved)
+        violations = len(report.violations) + len(moved) + store_problems
         for problem in moved[:20]:
             print(f"VIOLATION exactly-once: {problem}", flush=True)
         print(
@@ -410,7 +454,10 @@ def main(argv: list[str] | None = None) -> int:
             print(report.summary(limit=20), flush=True)
             print(f"chaos: failing seed {seed} (replay: --seed {seed})", flush=True)
             break
-    print("failpoints hit: " + json.dumps(dict(sorted(failpoints_hit.items()))), flush=True)
+    print(
+        "failpoints hit: " + ", ".join(f"{name} {failpoints_hit[name]}" for name in FAILPOINTS),
+        flush=True,
+    )
     stats = report.stats if report is not None else {}
     transactions = sum(stats.get(f"txns_{status}", 0) for status in ("ok", "fail", "info"))
     messages = messages_observed(report) if report is not None else 0

@@ -19,7 +19,23 @@ history file (see ``tests.sim.history``) before the next one:
   tail, see ``history.summary_read_op``); the runner checks every consumed message
   lands in the table exactly once. The rows in use change every
   ``ROW_GENERATION_CYCLES`` cycles (``rows_of``), as Elle rotates its keys, so that a
-  row's list, and the cost of appending to it, stay bounded in a long run.
+  row's list, and the cost of appending to it, stay bounded in a long run;
+- *retention* on the topic ``aged`` (``AGED_SEGMENT_BYTES`` segments, a
+  ``AGED_RETENTION_BYTES`` size budget per partition, important consumer ``reaper``):
+  writes without a producer id, autocommit reads by ``reaper`` (``read`` events), and
+  retention passes (``storage.cleaner.apply_retention``, with a guard that protects
+  what important consumers have not committed, ``ImportantConsumers``: the engine
+  runs no retention itself yet), each followed by an observation of the topic with
+  its log starts (``final`` with ``start``) and the consumers' committed offsets;
+  the failpoint ``retention.before_delete`` lies in such a pass;
+- *splits* on the topic ``fork<g>`` (``fork_of``: a new one every
+  ``FORK_GENERATION_CYCLES`` cycles, the previous one dropped, which keeps its
+  partition count bounded): writes without a producer id, and at most one split per
+  worker through the storage API (add two partitions, then
+  ``TopicLog.mark_inactive(parent, children)``, where ``split.before_save`` lies),
+  recorded as ``split`` invoke/ok and followed by a ``lineage`` observation. The
+  engine routes writes to active partitions only, but the src/dst workload stays off
+  split topics all the same.
 
 A transaction logs an ``invoke`` with its planned ops before COMMIT; if the
 process dies there, the runner turns it into an ``info`` transaction.
@@ -46,8 +62,10 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 
 from engine.database import Database
+from storage.cleaner import apply_retention
 from storage.errors import SerializationFailure, TopicbaseError
 from storage.limits import READ_BYTES_MAX, READ_MESSAGES_MAX
+from storage.topic_log import TopicLog
 from tests.sim.history import (
     HistoryWriter,
     ListDigest,
@@ -65,6 +83,18 @@ ROW_GENERATION_CYCLES = 50
 TOPICS = ("src", "dst")
 PARTITIONS = 3
 SEGMENT_BYTES = 64 * 1024
+AGED = "aged"  # the retention topic
+AGED_PARTITIONS = 2
+AGED_SEGMENT_BYTES = 1024  # the minimum: about one insert per segment
+AGED_RETENTION_BYTES = 4096
+REAPER = "reaper"  # important consumer of AGED
+FORK_GENERATION_CYCLES = 5
+FORK_PARTITIONS_MAX = 1 + 2 * FORK_GENERATION_CYCLES  # one split per cycle at most
+
+
+def fork_of(cycle: int) -> str:
+    """The split topic the workload of ``cycle`` (1-based) uses."""
+    return f"fork{(cycle - 1) // FORK_GENERATION_CYCLES}"
 
 
 def rows_of(cycle: int) -> tuple[str, ...]:
@@ -110,21 +140,42 @@ def setup(data_dir: str) -> None:
             f"WITH (min_active_partitions = {PARTITIONS});"
             "CREATE TOPIC IF NOT EXISTS dst (CONSUMER tabler WITH (important = true)) "
             f"WITH (min_active_partitions = {PARTITIONS});"
-            "CREATE TABLE IF NOT EXISTS lists (k VARCHAR PRIMARY KEY, v VARCHAR)"
+            "CREATE TABLE IF NOT EXISTS lists (k VARCHAR PRIMARY KEY, v VARCHAR);"
+            f"CREATE TOPIC IF NOT EXISTS {AGED} (CONSUMER {REAPER} WITH (important = true)) "
+            f"WITH (min_active_partitions = {AGED_PARTITIONS});"
+            f"CREATE TOPIC IF NOT EXISTS {fork_of(1)} WITH (min_active_partitions = 1)"
         )
         for topic in TOPICS:
             log = db.topic_log(db.catalog.entry(topic).topic_id)
             log.alter(dataclasses.replace(log.config, segment_bytes=SEGMENT_BYTES))
+        log = _topic_log(db, AGED)
+        log.alter(
+            dataclasses.replace(
+                log.config, segment_bytes=AGED_SEGMENT_BYTES, retention_bytes=AGED_RETENTION_BYTES
+            )
+        )
     finally:
         session.close()
         db.close()
 
 
 # -- observation ------------------------------------------------------------------------------
-def observe(session, history: HistoryWriter, known: dict[str, Observed], full: bool) -> None:
+def _topic_log(db: Database, topic: str) -> TopicLog:
+    entry = db.catalog.entry(topic)
+    if entry is None:
+        raise RuntimeError(f"topic {topic} does not exist")
+    return db.topic_log(entry.topic_id)
+
+
+def observe(
+    db: Database, session, history: HistoryWriter, known: dict[str, Observed], full: bool
+) -> None:
     """Record the state: the topic partitions (values and offsets), every row of
     ``lists`` (and every row observed before, empty if it is gone now), and every
-    committed offset; each key only if it changed since ``known``.
+    committed offset; each key only if it changed since ``known``. The retention
+    topic is read whole, with its log starts (``observe_aged``); the split topics are
+    read whole (as with ``full``: they live ``FORK_GENERATION_CYCLES`` cycles), and
+    each one's partition metadata is recorded (``lineage``).
 
     ``full``: read every partition whole, and record only the values after the known
     ones if the known ones are intact (their digest), else everything. Not ``full``
@@ -138,15 +189,18 @@ def observe(session, history: HistoryWriter, known: dict[str, Observed], full: b
             0
         ].table.to_pylist()
     }
-    for topic in TOPICS:
-        partitions = sorted({p for t, p in ends if t == topic} | set(range(PARTITIONS)))
-        if full:
+    forks = sorted({t for t, _ in ends if t.startswith("fork")})
+    for topic in (*TOPICS, *forks):
+        expected = range(PARTITIONS) if topic in TOPICS else ()
+        partitions = sorted({p for t, p in ends if t == topic} | set(expected))
+        whole = full or topic not in TOPICS  # a split topic is small: verified every time
+        if whole:
             read = _read_topic(session, topic, None, 0)
         for partition in partitions:
             key = topic_key(topic, partition)
             previous = known.get(key)
             end = ends.get((topic, partition), 0)
-            if full:
+            if whole:
                 offsets, values = read.get(partition, ([], []))
                 _record(history, key, values, offsets, previous)
             elif previous is None or end < previous.end:
@@ -164,12 +218,47 @@ def observe(session, history: HistoryWriter, known: dict[str, Observed], full: b
     for key in sorted(set(found) | {k for k in known if k.startswith("r:")}):
         _record(history, key, found.get(key, []), None, known.get(key))
     consumers = session.execute(
-        "SELECT topic, consumer, partition, committed_offset FROM sys.consumers"
+        "SELECT topic, consumer, partition, important, committed_offset FROM sys.consumers"
     )[0].table.to_pylist()
     for row in consumers:
         history.offsets(
-            row["topic"], row["consumer"], row["partition"], row["committed_offset"] or 0
+            row["topic"],
+            row["consumer"],
+            row["partition"],
+            row["committed_offset"] or 0,
+            important=row["important"],
         )
+    observe_aged(session, history, known)
+    for topic in forks:
+        history.lineage(topic, lineage_of(_topic_log(db, topic)))
+
+
+def lineage_of(log: TopicLog) -> list[tuple[int, bool, tuple[int, ...]]]:
+    """(id, active, children) of each partition of a ``TopicLog``."""
+    infos = (log.partition_info(p) for p in log.partition_ids())
+    return [(i.partition_id, i.active, i.children) for i in infos]
+
+
+def observe_aged(session, history: HistoryWriter, known: dict[str, Observed]) -> None:
+    """Record each partition of the retention topic whole, with its log start
+    (``start``), if it changed since ``known`` (which is updated). Whole reads stay
+    cheap: retention keeps the topic small."""
+    starts = {
+        r["partition"]: r["start_offset"]
+        for r in session.execute(
+            f"SELECT partition, start_offset FROM sys.partitions WHERE topic = '{AGED}'"
+        )[0].table.to_pylist()
+    }
+    read = _read_topic(session, AGED, None, 0)
+    for partition, start in sorted(starts.items()):
+        key = topic_key(AGED, partition)
+        offsets, values = read.get(partition, ([], []))
+        digest = ListDigest(values).hexdigest()
+        now = Observed(len(values), digest, offsets[-1] + 1 if offsets else start)
+        if known.get(key) == now:
+            continue
+        history.final(key, values, offsets, start, count=len(values), digest=digest)
+        known[key] = now
 
 
 def _read_topic(
@@ -237,7 +326,7 @@ def observe_database(
     session = db.connect()
     try:
         with HistoryWriter(history_path, "observer") as history:
-            observe(session, history, known, full)
+            observe(db, session, history, dict(known), full)
     finally:
         session.close()
         db.close()
@@ -270,17 +359,44 @@ def run_worker(
     db = Database.open(data_dir)
     session = db.connect()
     with HistoryWriter(history_path, f"worker-{cycle}") as history:
-        observe(session, history, known.observed, full=False)
+        observed = dict(known.observed)
+        observe(db, session, history, observed, full=False)
         ready()
-        Worker(session, history, cycle, seed, dict(known.seq_nos)).run(seconds)
+        Worker(db, session, history, cycle, seed, dict(known.seq_nos), observed).run(seconds)
     session.close()
     db.close()
 
 
+class ImportantConsumers:
+    """The retention guard (``storage.cleaner.RetentionGuard``) of the workload: the
+    lowest offset an important consumer of the topic has not committed, from the
+    engine's catalog (the engine does not run retention, so it has no guard yet)."""
+
+    def __init__(self, db: Database) -> None:
+        self.db = db
+
+    def protected_offset(self, topic_id: str, partition_id: int) -> int | None:
+        entry = next(e for e in self.db.catalog.entries() if e.topic_id == topic_id)
+        important = [c for c, settings in entry.consumers.items() if settings.get("important")]
+        committed = [self.db.catalog.committed(topic_id, c, partition_id) or 0 for c in important]
+        return min(committed, default=None)
+
+
 class Worker:
     def __init__(
-        self, session, history: HistoryWriter, cycle: int, seed: int, seq_nos: dict[str, int]
+        self,
+        db: Database,
+        session,
+        history: HistoryWriter,
+        cycle: int,
+        seed: int,
+        seq_nos: dict[str, int],
+        observed: dict[str, Observed],
     ) -> None:
+        self.db = db
+        self.observed = observed  # the aged topic as last recorded (``observe_aged``)
+        self.fork = fork_of(cycle)
+        self.split_tried = False
         self.rng = random.Random(seed)
         self.cycle = cycle
         self.rows = rows_of(cycle)
@@ -291,7 +407,19 @@ class Worker:
 
     def run(self, seconds: float) -> None:
         deadline = time.monotonic() + seconds
-        actions = (self.produce, self.produce, self.write_plain, self.move, self.tabulate)
+        self.next_fork()
+        actions = (
+            self.produce,
+            self.produce,
+            self.write_plain,
+            self.move,
+            self.tabulate,
+            self.age,
+            self.reap,
+            self.expire,
+            self.write_fork,
+            self.split,
+        )
         while time.monotonic() < deadline:
             self.rng.choice(actions)()
 
@@ -328,6 +456,83 @@ class Worker:
         )[0]
         row = result.table.to_pylist()[0]
         self.history.ack("src", None, None, row["partition"], row["offset"], value=value)
+
+    def _write_values(self, topic: str, prefix: str) -> None:
+        """1-3 writes without a producer id to ``topic``, recorded as producer writes."""
+        values = [self._value(prefix) for _ in range(self.rng.randint(1, 3))]
+        for value in values:
+            self.history.invoke(topic, None, None, value=value)
+        rows = ", ".join(f"('{v}')" for v in values)
+        result = self.session.execute(
+            f'INSERT INTO TOPIC {topic} (data) VALUES {rows} RETURNING partition, "offset"'
+        )[0]
+        for value, row in zip(values, result.table.to_pylist(), strict=True):
+            self.history.ack(topic, None, None, row["partition"], row["offset"], value=value)
+
+    # -- retention -------------------------------------------------------------------------
+    def age(self) -> None:
+        self._write_values(AGED, "g")
+
+    def reap(self) -> None:
+        """An autocommit read by the important consumer (its offsets commit with it)."""
+        read = self.session.execute(
+            'SELECT partition, "offset", CAST(data AS VARCHAR) AS v FROM TOPIC '
+            f"{AGED} WITH (consumer = '{REAPER}', max_messages = {self.rng.randint(1, 12)})"
+        )[0].table.to_pylist()
+        by_partition: dict[int, list[dict]] = {}
+        for row in read:
+            by_partition.setdefault(row["partition"], []).append(row)
+        for partition, rows in sorted(by_partition.items()):
+            offsets, values = [r["offset"] for r in rows], [r["v"] for r in rows]
+            self.history.read(AGED, REAPER, partition, offsets, values)
+
+    def expire(self) -> None:
+        """A retention pass over the aged topic, then an observation of it (log starts
+        and the committed offsets retention had to respect)."""
+        log = _topic_log(self.db, AGED)
+        apply_retention(log, ImportantConsumers(self.db), self.db.clock.now_us())
+        observe_aged(self.session, self.history, self.observed)
+        consumers = self.session.execute(
+            "SELECT consumer, partition, important, committed_offset FROM sys.consumers "
+            f"WHERE topic = '{AGED}'"
+        )[0].table.to_pylist()
+        for row in consumers:
+            committed = row["committed_offset"] or 0
+            self.history.offsets(
+                AGED, row["consumer"], row["partition"], committed, important=row["important"]
+            )
+
+    # -- splits ------------------------------------------------------------------------------
+    def next_fork(self) -> None:
+        """Create this cycle's split topic, drop the earlier generations' (observed at
+        this worker's recovery, so their last observation is their final state)."""
+        for entry in self.db.catalog.entries():
+            if entry.name.startswith("fork") and entry.name != self.fork:
+                self.session.execute(f"DROP TOPIC IF EXISTS {entry.name}")
+        self.session.execute(
+            f"CREATE TOPIC IF NOT EXISTS {self.fork} WITH (min_active_partitions = 1)"
+        )
+
+    def write_fork(self) -> None:
+        self._write_values(self.fork, "f")
+
+    def split(self) -> None:
+        """Split an active partition of the split topic in two (once per worker): add
+        two partitions, then mark the parent inactive with them as children."""
+        if self.split_tried:
+            return
+        self.split_tried = True
+        log = _topic_log(self.db, self.fork)
+        ids = log.partition_ids()
+        if len(ids) + 2 > FORK_PARTITIONS_MAX:
+            return
+        parent = self.rng.choice(log.active_partition_ids())
+        children = (max(ids) + 1, max(ids) + 2)
+        self.history.split(self.fork, parent, children, "invoke")
+        log.alter(dataclasses.replace(log.config, partition_count=children[-1] + 1))
+        log.mark_inactive(parent, children)
+        self.history.split(self.fork, parent, children, "ok")
+        self.history.lineage(self.fork, lineage_of(log))
 
     # -- transactions ----------------------------------------------------------------------
     def move(self) -> None:

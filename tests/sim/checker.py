@@ -59,6 +59,20 @@ What it verifies (``KINDS`` lists the kinds):
 - **committed-offset-backwards** / **-past-end**: per (topic, consumer, partition)
   the observed committed offsets, in history order, never decrease, and never
   exceed the end of the final partition.
+- Retention (a ``final`` with ``start``: the partition's log start then; below it
+  messages may be gone, at and above it nothing may be lost, duplicated or out of
+  place, and offsets are dense from it): **log-start-backwards**: the ``start`` of
+  the full observations of a key, in history order, never decreases (an expired
+  prefix never comes back); **retention-past-committed**: no ``start`` lies above the
+  committed offset of an important consumer (``offsets`` with ``important``) of that
+  partition, as first observed after it (offsets never move backwards, so that bounds
+  what the consumer had committed when retention ran). A read event's pairs below the
+  final ``start`` are not compared (they may have expired).
+- Splits (``split`` and ``lineage`` events): **torn-split**: in an observed lineage a
+  split partition is neither entirely before its latest split (active, no children)
+  nor entirely after it (inactive with exactly its children, all present), or an
+  inactive partition has no children or names a child that is not there; **lost-split**: a split
+  acknowledged (``ok``) or once observed done is seen undone later.
 - **G1a** (aborted read): no read (by a committed txn or a ``read`` event) returns a
   value appended by a ``fail`` transaction.
   **G1b** (intermediate read): a complete read (not stopped by a message limit) never
@@ -137,6 +151,10 @@ KINDS: dict[str, str] = {
     "double-consume": "two committed reads of one consumer returned the same offset",
     "committed-offset-backwards": "an observed committed offset smaller than an earlier one",
     "committed-offset-past-end": "a committed offset past the end of the final partition",
+    "log-start-backwards": "a partition's observed log start smaller than an earlier one",
+    "retention-past-committed": "a log start above an important consumer's committed offset",
+    "torn-split": "partition metadata neither entirely before nor entirely after a split",
+    "lost-split": "a split acknowledged or observed done, then observed undone",
     "G0": "write cycle (dirty write): a cycle of ww dependencies",
     "G1a": "aborted read: a read returned a failed transaction's append",
     "G1b": "intermediate read: a read returned some but not the last of a txn's appends",
@@ -447,6 +465,10 @@ class _Checker:
         self.adj: list[dict[int, int]] = []
         self.labels: dict[tuple[int, int, int], str] = {}
         self._index: dict[str, _KeyIndex] = {}
+        self.starts: dict[str, list[tuple[int, int]]] = {}  # key -> (event, log start)
+        self.important: set[tuple] = set()  # (topic, consumer, partition)
+        self.splits: list[tuple[int, Mapping]] = []
+        self.lineages: list[tuple[int, Mapping]] = []
 
     # -- reporting ------------------------------------------------------------------------
     def at(self, i: int) -> str:
@@ -474,6 +496,8 @@ class _Checker:
         self.build_nodes()
         self.check_reads()
         self.check_committed_offsets()
+        self.check_log_starts()
+        self.check_splits()
         self.check_cycles()
         stats = self.report_.stats
         stats["events"] = len(self.events)
@@ -500,6 +524,8 @@ class _Checker:
             "txn": self.on_txn,
             "final": self.on_final,
             "offsets": self.on_offsets,
+            "split": self.on_split,
+            "lineage": self.on_lineage,
         }
         prods: dict[Any, _Prod] = {}
         self._prod_by_value = prods
@@ -634,6 +660,8 @@ class _Checker:
         start = event.get("start")
         observations = self.finals.get(key, [])
         if event.get("base") is None:
+            if start is not None:
+                self.starts.setdefault(key, []).append((i, int(start)))
             final = _Final(
                 key,
                 list(values),
@@ -723,6 +751,27 @@ class _Checker:
         if committed is not None and not isinstance(committed, int):
             raise TypeError(f"committed offset must be an integer: {committed!r}")
         self.observed.setdefault(triple, []).append((i, committed))
+        if event.get("important"):
+            self.important.add(triple)
+
+    def on_split(self, i: int, event: Mapping) -> None:
+        if event["status"] not in ("invoke", "ok"):
+            raise ValueError(f"split status {event['status']!r} is not invoke or ok")
+        if not isinstance(event["partition"], int) or not isinstance(event["children"], list):
+            raise TypeError("a split needs a partition and a list of children")
+        if not isinstance(event["topic"], str):
+            raise TypeError("a split needs a topic")
+        self.splits.append((i, event))
+
+    def on_lineage(self, i: int, event: Mapping) -> None:
+        partitions = event["partitions"]
+        if not isinstance(partitions, list) or not all(
+            isinstance(p, list) and len(p) == 3 and isinstance(p[2], list) for p in partitions
+        ):
+            raise TypeError("lineage partitions must be [id, active, children] lists")
+        if not isinstance(event["topic"], str):
+            raise TypeError("a lineage needs a topic")
+        self.lineages.append((i, event))
 
     # -- final state ----------------------------------------------------------------------
     def check_finals(self) -> None:
@@ -1207,6 +1256,10 @@ class _Checker:
 
     def check_read_event(self, i: int, key: str, offsets: list[int], values: list) -> None:
         final = self.final.get(key)
+        if final is not None and final.start > 0 and offsets and offsets[0] < final.start:
+            kept = [n for n, offset in enumerate(offsets) if offset >= final.start]
+            offsets = [offsets[n] for n in kept]  # below the log start: may have expired
+            values = [values[n] for n in kept]
         if final is not None and offsets:
             start = final.position(offsets[0])
             if (
@@ -1280,6 +1333,92 @@ class _Checker:
                     )
                 if previous is None or committed >= previous[1]:
                     previous = (i, committed)
+
+    # -- retention ------------------------------------------------------------------------
+    def check_log_starts(self) -> None:
+        """Per key the observed log starts never decrease, and none lies above the
+        committed offset of an important consumer first observed after it."""
+        after: dict[tuple[str, int], list[tuple[str, list[tuple[int, Any]]]]] = {}
+        for triple in self.important:
+            topic, consumer, partition = triple
+            after.setdefault((topic, partition), []).append((consumer, self.observed[triple]))
+        for key, starts in self.starts.items():
+            for (i, earlier), (j, later) in pairwise(starts):
+                if later < earlier:
+                    self.found(
+                        "log-start-backwards",
+                        f"{key}: log start {earlier} in {self.at(i)}, then {later} in {self.at(j)}",
+                        [i, j],
+                    )
+            parsed = split_topic_key(key)
+            if parsed is None or parsed[1] is None:
+                continue
+            for consumer, observations in after.get((parsed[0], parsed[1]), []):
+                indices = [n for n, _ in observations]
+                for i, start in starts:
+                    at = bisect_left(indices, i)
+                    committed = next((c for _, c in observations[at:] if c is not None), None)
+                    if committed is not None and start > committed:
+                        where = observations[at][0]
+                        self.found(
+                            "retention-past-committed",
+                            f"{key}: log start {start} in {self.at(i)} above the offset "
+                            f"{committed} important consumer {consumer!r} had committed "
+                            f"({self.at(where)})",
+                            [i, where],
+                        )
+
+    # -- splits ---------------------------------------------------------------------------
+    def check_splits(self) -> None:
+        """Every observed lineage has each split partition entirely before or after its
+        latest split; an acknowledged (or once observed done) split is never undone."""
+        events = [(i, "split", e) for i, e in self.splits]
+        events += [(i, "lineage", e) for i, e in self.lineages]
+        events.sort(key=lambda item: item[0])
+        latest: dict[tuple[str, int], tuple[int, list]] = {}  # (topic, partition) -> split
+        done: dict[tuple[str, int], int] = {}  # -> event that acknowledged or showed it
+        for i, kind, event in events:
+            topic = event["topic"]
+            if kind == "split":
+                parent = (topic, event["partition"])
+                if event["status"] == "invoke":
+                    latest[parent] = (i, list(event["children"]))
+                else:
+                    done.setdefault(parent, i)
+                continue
+            partitions = {p[0]: (bool(p[1]), list(p[2])) for p in event["partitions"]}
+            for pid, (active, children) in partitions.items():
+                missing = [c for c in children if c not in partitions]
+                if missing or (not active and not children):
+                    self.found(
+                        "torn-split",
+                        f"{topic}/{pid} in {self.at(i)}: inactive={not active}, children "
+                        f"{children}, of which {missing} are not there",
+                        [i],
+                    )
+            for (split_topic, pid), (invoked, children) in latest.items():
+                if split_topic != topic:
+                    continue
+                active, now = partitions.get(pid, (None, None))
+                before = active is True and now == []
+                after = active is False and now == children
+                if not (before or after):
+                    self.found(
+                        "torn-split",
+                        f"{topic}/{pid} in {self.at(i)}: active={active} children {now}, "
+                        f"neither before nor after the split {self.at(invoked)} into {children}",
+                        [invoked, i],
+                    )
+                elif before and (topic, pid) in done:
+                    self.found(
+                        "lost-split",
+                        f"{topic}/{pid} in {self.at(i)} is active again after the split "
+                        f"{self.at(invoked)} into {children} was done "
+                        f"({self.at(done[(topic, pid)])})",
+                        [done[(topic, pid)], i],
+                    )
+                elif after:
+                    done.setdefault((topic, pid), i)
 
     # -- dependency cycles ----------------------------------------------------------------
     def check_cycles(self) -> None:

@@ -62,11 +62,23 @@ informational), plus the fields of its type:
             ``list_digest`` of the whole observed list; the checker verifies them
             against the list it rebuilt.
 ``offsets`` an observed committed offset: ``{"topic", "consumer", "partition",
-            "committed"}``, taken by one observer (say the controller after each
-            recovery), so that history order is observation order.
+            "committed", "important"?: true}``, taken by one observer (say the
+            controller after each recovery), so that history order is observation
+            order. ``important``: the consumer is important, so retention must not
+            delete what it has not committed (a later ``final`` ``start`` above the
+            first committed offset observed after it is a violation).
+``split``   an autopartitioning split of a topic partition: ``{"topic", "partition",
+            "children": [...], "status": "invoke"|"ok"}``: about to mark the
+            partition inactive with these children (which exist already), then done.
+``lineage`` the partition metadata of a topic as observed after recovery (or after
+            a split): ``{"topic", "partitions": [[id, active, [children...]], ...]}``.
+            After a split's ``invoke`` its partition must be entirely before it
+            (active, no children) or entirely after (inactive with exactly those
+            children, all of them present); after its ``ok``, entirely after.
 
 API: ``HistoryWriter(path, process)`` with ``record(type_, **fields)`` and one method
-per type (``invoke``, ``ack``, ``read``, ``txn``, ``final``, ``offsets``), ``close()``
+per type (``invoke``, ``ack``, ``read``, ``txn``, ``final``, ``offsets``, ``split``,
+``lineage``), ``close()``
 (a context manager); op builders ``append_op(key, value)``, ``read_op(key,
 values, start=None, complete=True)`` and ``summary_read_op(key, values)``;
 ``topic_key``, ``row_key``, ``producer_value``; digests ``list_digest(values)``,
@@ -101,7 +113,7 @@ from collections.abc import Iterable, Sequence
 from pathlib import Path
 from typing import Any
 
-EVENT_TYPES = ("invoke", "ack", "read", "txn", "final", "offsets")
+EVENT_TYPES = ("invoke", "ack", "read", "txn", "final", "offsets", "split", "lineage")
 TXN_STATUSES = ("ok", "fail", "info")
 
 
@@ -337,9 +349,32 @@ class HistoryWriter:
             fields["digest"] = digest
         return self.record("final", **fields)
 
-    def offsets(self, topic: str, consumer: str, partition: int, committed: int) -> dict:
+    def offsets(
+        self, topic: str, consumer: str, partition: int, committed: int, important: bool = False
+    ) -> dict:
+        fields: dict[str, Any] = {"important": True} if important else {}
         return self.record(
-            "offsets", topic=topic, consumer=consumer, partition=partition, committed=committed
+            "offsets",
+            topic=topic,
+            consumer=consumer,
+            partition=partition,
+            committed=committed,
+            **fields,
+        )
+
+    def split(self, topic: str, partition: int, children: Sequence[int], status: str) -> dict:
+        if status not in ("invoke", "ok"):
+            raise ValueError(f"split status must be invoke or ok, not {status!r}")
+        return self.record(
+            "split", topic=topic, partition=partition, children=list(children), status=status
+        )
+
+    def lineage(self, topic: str, partitions: Iterable[tuple[int, bool, Sequence[int]]]) -> dict:
+        """The partition metadata of ``topic``: (id, active, children) per partition."""
+        return self.record(
+            "lineage",
+            topic=topic,
+            partitions=[[p, bool(active), list(children)] for p, active, children in partitions],
         )
 
     def close(self) -> None:

@@ -644,6 +644,140 @@ def test_fifty_thousand_events_with_incremental_observations():
     assert report.stats["nodes"] > 20_000
 
 
+# -- retention and splits ------------------------------------------------------------------
+def important(topic: str, consumer: str, partition: int, offset: int) -> dict:
+    return {**committed(topic, consumer, partition, offset), "important": True}
+
+
+def aged_history(last_values, last_offsets, start: int, reaper_after: int = 3) -> list:
+    """Five writes to A/0, a consumer read of the first two, a whole observation, a
+    retention pass up to ``start`` observed as ``last_values``/``last_offsets``, and the
+    important consumer's committed offset observed after it."""
+    return [
+        *[e for seq in range(1, 6) for e in write("A", "p", seq, 0, seq - 1)],
+        read_event("A", "reaper", 0, [0, 1], ["p:1", "p:2"]),
+        important("A", "reaper", 0, 2),
+        final("t:A/0", [f"p:{n}" for n in range(1, 6)], range(5), start=0),
+        final("t:A/0", last_values, last_offsets, start=start),
+        important("A", "reaper", 0, reaper_after),
+    ]
+
+
+def test_legitimately_expired_prefix_is_not_reported():
+    events = aged_history(["p:4", "p:5"], [3, 4], start=3)
+    report = check(events, allowed=())
+    assert report.ok, report.summary()
+    assert report.final["t:A/0"] == ["p:4", "p:5"]
+    # The same prefix missing from a topic without a recorded log start is lost.
+    events = [
+        *write("B", "p", 1, 0, 0),
+        *write("B", "p", 2, 0, 1),
+        final("t:B/0", ["p:2"], [1]),
+    ]
+    assert check(events).kinds == {"lost-write", "offset-gap"}
+
+
+def test_lost_message_above_the_log_start():
+    events = aged_history(["p:4"], [3], start=3)
+    report = check(events)
+    assert report.kinds == {"lost-write", "state-regression"}, report.summary()
+    lost = next(v for v in report.violations if v.kind == "lost-write")
+    assert "'p:5'" in lost.message and "A/0@4" in lost.message
+    # Without the earlier whole observation only the acknowledgement shows the loss.
+    only(check([e for e in events if e.get("start") != 0]), "lost-write")
+
+
+def test_duplicate_and_gap_above_the_log_start():
+    events = aged_history(["p:4", "p:4", "p:5"], [3, 4, 5], start=3)
+    assert "duplicate" in check(events).kinds
+    events = [e for e in aged_history(["p:5"], [4], start=3) if e.get("start") != 0]
+    assert "offset-gap" in check(events).kinds
+
+
+def test_log_start_moving_backwards():
+    events = aged_history(["p:4", "p:5"], [3, 4], start=3)
+    events.append(final("t:A/0", ["p:2", "p:3", "p:4", "p:5"], [1, 2, 3, 4], start=1))
+    v = only(check(events), "log-start-backwards")
+    assert "log start 3" in v.message and "then 1" in v.message
+
+
+def test_retention_past_what_an_important_consumer_committed():
+    v = only(
+        check(aged_history(["p:4", "p:5"], [3, 4], start=3, reaper_after=2)),
+        "retention-past-committed",
+    )
+    assert "log start 3" in v.message and "'reaper'" in v.message
+    # A consumer that is not important does not hold retention back.
+    events = aged_history(["p:4", "p:5"], [3, 4], start=3)
+    events.append(committed("A", "other", 0, 0))
+    assert check(events, allowed=()).ok
+
+
+def split(topic: str, partition: int, children, status: str) -> dict:
+    return {
+        "type": "split",
+        "process": "worker",
+        "topic": topic,
+        "partition": partition,
+        "children": list(children),
+        "status": status,
+    }
+
+
+def lineage(topic: str, *partitions) -> dict:
+    return {
+        "type": "lineage",
+        "process": "observer",
+        "topic": topic,
+        "partitions": [list(p) for p in partitions],
+    }
+
+
+BEFORE = lineage("F", (0, True, []), (1, True, []), (2, True, []))
+AFTER = lineage("F", (0, False, [1, 2]), (1, True, []), (2, True, []))
+
+
+def test_split_entirely_before_or_after_is_clean():
+    invoked = split("F", 0, [1, 2], "invoke")
+    for events in (
+        [BEFORE, invoked, BEFORE],  # crashed before the metadata was saved
+        [BEFORE, invoked, AFTER, AFTER],  # saved, not acknowledged
+        [invoked, split("F", 0, [1, 2], "ok"), AFTER, BEFORE | {"topic": "G"}],
+    ):
+        report = check(events, allowed=())
+        assert report.ok, report.summary()
+
+
+def test_torn_split():
+    invoked = split("F", 0, [1, 2], "invoke")
+    torn = [
+        lineage("F", (0, False, []), (1, True, []), (2, True, [])),  # inactive, no children
+        lineage("F", (0, False, [1, 2]), (1, True, [])),  # a child missing
+        lineage("F", (0, True, [1, 2]), (1, True, []), (2, True, [])),  # active with children
+        lineage("F", (0, False, [1]), (1, True, []), (2, True, [])),  # other children
+    ]
+    for observed in torn:
+        v = only(check([invoked, observed]), "torn-split")
+        assert "F/0" in v.message
+
+
+def test_lost_split():
+    invoked = split("F", 0, [1, 2], "invoke")
+    v = only(check([invoked, split("F", 0, [1, 2], "ok"), BEFORE]), "lost-split")
+    assert "active again" in v.message
+    only(check([invoked, AFTER, BEFORE]), "lost-split")  # observed done, then undone
+
+
+def test_malformed_split_events():
+    bad = [
+        split("F", 0, [1, 2], "maybe"),
+        {**split("F", 0, [1, 2], "ok"), "children": 1},
+        {"type": "lineage", "process": "o", "topic": "F", "partitions": [[0, True]]},
+    ]
+    report = check(bad)
+    assert report.kinds == {"malformed"} and report.counts["malformed"] == 3
+
+
 # -- configuration, recording and loading ---------------------------------------------------
 def test_allowed_kinds_are_checked():
     assert {"G2-item"} == DEFAULT_ALLOWED and KINDS.keys() >= DEFAULT_ALLOWED
