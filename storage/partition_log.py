@@ -548,6 +548,12 @@ class PartitionLog:
                 return 0
             self._segments = self._segments[len(doomed) :]
             self._publish()
+            # The new log start must survive a crash (it never moves back): rename the
+            # doomed log files, oldest first, and sync the directory before any removal.
+            # A crash among the renames leaves a renamed prefix, so a start in between.
+            for segment in doomed:
+                segment.mark_deleted()
+            self.fs.sync_directory(self.directory)
         failpoints.hit("retention.before_delete")
         for segment in doomed:
             segment.delete_files()

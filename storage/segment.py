@@ -65,6 +65,7 @@ class LogSegment:
         self.last_written_at_us: int | None = None
         self._bytes_since_index = 0
         self._write_fd: int | None = None
+        self._marked_deleted = False  # the log file is renamed to *.deleted
         # Log bytes below this position are synced or already handed to writeback.
         self._writeback_position = 0
 
@@ -173,9 +174,20 @@ class LogSegment:
             self.fs.close(self._write_fd)
             self._write_fd = None
 
+    def mark_deleted(self) -> None:
+        """Rename the log file to ``*.deleted``: once the directory is synced, recovery
+        no longer loads this segment (it removes such files and orphan indexes).
+
+        Readers that opened the file before keep reading it; ``delete_files`` ends it.
+        """
+        self.close()
+        self.fs.rename(self.log_path, self.log_path + file_names.DELETED_SUFFIX)
+        self._marked_deleted = True
+
     def delete_files(self) -> None:
         self.close()
-        for path in (self.log_path, self.offset_index.path, self.time_index.path):
+        log_path = self.log_path + (file_names.DELETED_SUFFIX if self._marked_deleted else "")
+        for path in (log_path, self.offset_index.path, self.time_index.path):
             self.fs.remove(path)
 
     def _fd(self) -> int:

@@ -8,9 +8,11 @@ from typing import Any
 
 import pytest
 
+from storage import failpoints
 from storage.cleaner import NoGuard, apply_retention, retention_limit
 from storage.clock import ManualClock
 from storage.config import FsyncPolicy, TopicConfig
+from storage.errors import StorageIOError
 from storage.fs import FileSystem
 from storage.record_batch import build_wire_batch
 from storage.topic_log import TopicLog
@@ -178,3 +180,42 @@ def test_active_partitions_are_never_removed(make_topic: Any, clock: ManualClock
     clock.advance(seconds=HOUR_S)
     assert apply_retention(topic, NoGuard(), clock.now_us()).partitions_removed == 0
     assert topic.partition_ids() == [0, 1]
+
+
+@pytest.mark.parametrize("partial", [False, True])
+def test_log_start_survives_a_crash_before_the_files_are_removed(
+    make_topic: Any, clock: ManualClock, tmp_path: Any, partial: bool
+) -> None:
+    """A crash at ``retention.before_delete`` (or among the renames) never brings expired
+    segments back: the log start after recovery is the one readers were shown, or, when
+    the crash came among the renames, one in between — never the old one."""
+    topic = make_topic(retention_ms=None, retention_bytes=1)
+    _write_segments(topic, clock, segments=3)
+    directory = topic.directory
+    partition = topic.partition(0)
+    if partial:  # as if the process died after renaming the first doomed log file only
+        failing = partition.segments[1]
+        failing.mark_deleted = _raise_storage_error  # type: ignore[method-assign]
+    failpoints.activate("retention.before_delete=error")
+    try:
+        with pytest.raises(StorageIOError):
+            apply_retention(topic, NoGuard(), clock.now_us())
+    finally:
+        failpoints.deactivate()
+    shown = partition.start_offset
+    assert shown == 15
+    # The process "dies" here: nothing is closed; a new process opens the directory.
+    reopened = TopicLog(FileSystem(), directory, "t", clock, create=False)
+    try:
+        recovered = reopened.partition(0)
+        assert recovered.start_offset == (5 if partial else 15)
+        assert recovered.read(recovered.start_offset, max_messages=100).message_count == (
+            16 - recovered.start_offset
+        )
+        assert not [n for n in os.listdir(recovered.directory) if n.endswith(".deleted")]
+    finally:
+        reopened.close()
+
+
+def _raise_storage_error() -> None:
+    raise StorageIOError("simulated crash among the renames")
