@@ -159,8 +159,8 @@ class Child:
                 os.close(self.pipe)
                 self.status = -signal.SIGKILL
                 raise RuntimeError(f"child {self.pid} still running after {timeout} s; killed")
-            while os.read(self.pipe, 64):
-                pass
+            while os.read(self.pipe, 64):  # drain until the child's end closes
+                continue
             os.close(self.pipe)
             self.status = os.waitstatus_to_exitcode(os.waitpid(self.pid, 0)[1])
         return self.status

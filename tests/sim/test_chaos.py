@@ -99,7 +99,8 @@ def test_crash_in_retention_or_a_split_recovers_clean(tmp_path, failpoint):
         last = [e for e in events if e["type"] == "lineage"][-1]["partitions"]
         assert [parent, True, []] in last  # entirely before the split
     else:
-        # Every pass that had something to delete crashed before deleting it: the
-        # segments are all still there after recovery, readable from offset 0.
+        # Every pass that had something to delete crashed before removing the files, but
+        # after making the new log start durable: recovery keeps it (it used to fall back
+        # to 0, the segments coming back), and the checker saw it never move backwards.
         aged = [e for e in events if e["type"] == "final" and e["key"].startswith("t:aged/")]
-        assert aged and {e["start"] for e in aged} == {0}
+        assert aged and max(e["start"] for e in aged) > 0
