@@ -70,6 +70,10 @@ SERVER_VERSION = "15.0 (Topicbase 0.1)"
 ROWS_PER_CHUNK = 1000
 _STATUS = {SessionState.IDLE: "I", SessionState.IN_TRANSACTION: "T", SessionState.FAILED: "E"}
 _PARAMETER = re.compile(r"\$(\d+)")
+# Messages the loop answers with nothing of their own: Flush (H) only asks for the drain,
+# and CopyData/CopyDone/CopyFail (d, c, f) arriving after a COPY failed are ignored, as
+# PostgreSQL does (sql.pgwire.copy handles them during a COPY).
+_NOTHING_TO_DO = frozenset({b"H", b"d", b"c", b"f"})
 PARSE_CACHE_ENTRIES = 512
 
 
@@ -361,9 +365,7 @@ class Connection:
                     except Exception as error:
                         self.send_error(error, self._query_of(kind, body))
                         self.skipping = True
-            elif kind in (b"d", b"c", b"f"):
-                pass  # COPY data after a failed COPY: ignored, as PostgreSQL does (wire COPY)
-            elif kind != b"H":  # Flush (H) only asks for the drain below
+            elif kind not in _NOTHING_TO_DO:
                 raise m.ProtocolError(f"invalid frontend message type {kind!r}")
             if kind in (b"Q", b"S", b"H"):
                 await self.writer.drain()
