@@ -173,9 +173,34 @@ class TopicLog:
         return [i for i in sorted(self._info) if self._info[i].active]
 
     def mark_inactive(self, partition_id: int, children: tuple[int, ...]) -> None:
-        """Make a partition read-only with the given children (autopartitioning)."""
+        """Make a partition read-only with the given children (autopartitioning).
+
+        Each child records ``partition_id`` as its parent in the same save, so the
+        lineage is whole on disk or not there at all. A child must be another
+        existing partition with no parent yet; a partition has one parent.
+        """
         with self._lock:
-            info = self._info[partition_id]
+            info = self._info.get(partition_id)
+            if info is None:
+                raise InvalidParameterValueError(
+                    f"topic has no partition {partition_id}", partition=partition_id
+                )
+            for child in children:
+                child_info = self._info.get(child)
+                if child == partition_id or child_info is None:
+                    raise InvalidParameterValueError(
+                        f"partition {child} cannot be a child of partition {partition_id}",
+                        partition=partition_id,
+                    )
+                if child_info.parent not in (None, partition_id):
+                    raise ObjectNotInPrerequisiteStateError(
+                        f"partition {child} already has parent {child_info.parent}"
+                    )
+            for child in children:
+                child_info = self._info[child]
+                self._info[child] = PartitionInfo(
+                    child, child_info.active, partition_id, child_info.children
+                )
             self._info[partition_id] = PartitionInfo(partition_id, False, info.parent, children)
             self._partitions[partition_id].active = False
             failpoints.hit("split.before_save")

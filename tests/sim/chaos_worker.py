@@ -233,10 +233,10 @@ def observe(
         history.lineage(topic, lineage_of(_topic_log(db, topic)))
 
 
-def lineage_of(log: TopicLog) -> list[tuple[int, bool, tuple[int, ...]]]:
-    """(id, active, children) of each partition of a ``TopicLog``."""
+def lineage_of(log: TopicLog) -> list[tuple[int, bool, tuple[int, ...], int | None]]:
+    """(id, active, children, parent) of each partition of a ``TopicLog``."""
     infos = (log.partition_info(p) for p in log.partition_ids())
-    return [(i.partition_id, i.active, i.children) for i in infos]
+    return [(i.partition_id, i.active, i.children, i.parent) for i in infos]
 
 
 def observe_aged(session, history: HistoryWriter, known: dict[str, Observed]) -> None:

@@ -71,7 +71,8 @@ What it verifies (``KINDS`` lists the kinds):
 - Splits (``split`` and ``lineage`` events): **torn-split**: in an observed lineage a
   split partition is neither entirely before its latest split (active, no children)
   nor entirely after it (inactive with exactly its children, all present), or an
-  inactive partition has no children or names a child that is not there; **lost-split**: a split
+  inactive partition has no children or names a child that is not there, or a child
+  whose recorded parent is another partition; **lost-split**: a split
   acknowledged (``ok``) or once observed done is seen undone later.
 - **G1a** (aborted read): no read (by a committed txn or a ``read`` event) returns a
   value appended by a ``fail`` transaction.
@@ -766,9 +767,9 @@ class _Checker:
     def on_lineage(self, i: int, event: Mapping) -> None:
         partitions = event["partitions"]
         if not isinstance(partitions, list) or not all(
-            isinstance(p, list) and len(p) == 3 and isinstance(p[2], list) for p in partitions
+            isinstance(p, list) and len(p) in (3, 4) and isinstance(p[2], list) for p in partitions
         ):
-            raise TypeError("lineage partitions must be [id, active, children] lists")
+            raise TypeError("lineage partitions must be [id, active, children(, parent)] lists")
         if not isinstance(event["topic"], str):
             raise TypeError("a lineage needs a topic")
         self.lineages.append((i, event))
@@ -1387,8 +1388,17 @@ class _Checker:
                     done.setdefault(parent, i)
                 continue
             partitions = {p[0]: (bool(p[1]), list(p[2])) for p in event["partitions"]}
+            parents = {p[0]: p[3] for p in event["partitions"] if len(p) > 3}
             for pid, (active, children) in partitions.items():
                 missing = [c for c in children if c not in partitions]
+                orphans = [c for c in children if c in parents and parents[c] != pid]
+                if orphans:
+                    self.found(
+                        "torn-split",
+                        f"{topic}/{pid} in {self.at(i)}: children {orphans} name another "
+                        f"parent ({[parents[c] for c in orphans]})",
+                        [i],
+                    )
                 if missing or (not active and not children):
                     self.found(
                         "torn-split",

@@ -369,12 +369,17 @@ class HistoryWriter:
             "split", topic=topic, partition=partition, children=list(children), status=status
         )
 
-    def lineage(self, topic: str, partitions: Iterable[tuple[int, bool, Sequence[int]]]) -> dict:
-        """The partition metadata of ``topic``: (id, active, children) per partition."""
+    def lineage(
+        self, topic: str, partitions: Iterable[tuple[int, bool, Sequence[int], int | None]]
+    ) -> dict:
+        """The partition metadata of ``topic``: (id, active, children, parent) per partition."""
         return self.record(
             "lineage",
             topic=topic,
-            partitions=[[p, bool(active), list(children)] for p, active, children in partitions],
+            partitions=[
+                [p, bool(active), list(children), parent]
+                for p, active, children, parent in partitions
+            ],
         )
 
     def close(self) -> None:

@@ -97,7 +97,7 @@ def test_crash_in_retention_or_a_split_recovers_clean(tmp_path, failpoint):
         assert [e["status"] for e in splits] == ["invoke"] * 3  # none got through
         parent = splits[-1]["partition"]
         last = [e for e in events if e["type"] == "lineage"][-1]["partitions"]
-        assert [parent, True, []] in last  # entirely before the split
+        assert [parent, True, [], None] in last  # entirely before the split
     else:
         # Every pass that had something to delete crashed before removing the files, but
         # after making the new log start durable: recovery keeps it (it used to fall back

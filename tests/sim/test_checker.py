@@ -755,10 +755,18 @@ def test_torn_split():
         lineage("F", (0, False, [1, 2]), (1, True, [])),  # a child missing
         lineage("F", (0, True, [1, 2]), (1, True, []), (2, True, [])),  # active with children
         lineage("F", (0, False, [1]), (1, True, []), (2, True, [])),  # other children
+        lineage("F", (0, False, [1, 2], None), (1, True, [], 0), (2, True, [], 1)),  # 2's parent
     ]
     for observed in torn:
         v = only(check([invoked, observed]), "torn-split")
         assert "F/0" in v.message
+
+
+def test_split_children_naming_their_parent_are_clean():
+    invoked = split("F", 0, [1, 2], "invoke")
+    after = lineage("F", (0, False, [1, 2], None), (1, True, [], 0), (2, True, [], 0))
+    report = check([BEFORE, invoked, after], allowed=())
+    assert report.ok, report.summary()
 
 
 def test_lost_split():

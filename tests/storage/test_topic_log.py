@@ -197,6 +197,29 @@ def test_inactive_partition_is_read_only_and_skipped_by_routing(open_topic: Open
     assert again.active_partition_ids() == [1] and not again.partition(0).active
 
 
+def test_split_records_the_parent_on_each_child_across_reopen(open_topic: OpenTopic) -> None:
+    topic = open_topic(3)
+    topic.mark_inactive(0, (1, 2))
+    assert [topic.partition_info(i).parent for i in (0, 1, 2)] == [None, 0, 0]
+    topic.close()
+    again = open_topic()
+    assert [again.partition_info(i).parent for i in (0, 1, 2)] == [None, 0, 0]
+    assert again.partition_info(0).children == (1, 2)
+
+
+def test_split_refuses_a_torn_lineage(open_topic: OpenTopic) -> None:
+    topic = open_topic(3)
+    topic.mark_inactive(0, (1,))
+    with pytest.raises(ObjectNotInPrerequisiteStateError, match="already has parent 0"):
+        topic.mark_inactive(2, (1,))
+    with pytest.raises(InvalidParameterValueError, match="cannot be a child"):
+        topic.mark_inactive(2, (7,))
+    with pytest.raises(InvalidParameterValueError, match="cannot be a child"):
+        topic.mark_inactive(2, (2,))
+    assert topic.partition_info(2).active and topic.partition_info(2).children == ()
+    assert topic.partition_info(1).parent == 0
+
+
 def test_producer_bound_to_an_inactive_partition_moves(open_topic: OpenTopic) -> None:
     topic = open_topic(2)
     assert int(_send(topic, ["p"], [1]).partitions[0]) == 0
