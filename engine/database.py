@@ -9,6 +9,9 @@ returns the same ``Database`` and each ``connect()`` is a new session.
 Open reconciles the two halves: a storage topic the catalog does not list is a
 leftover of a ``CREATE TOPIC`` interrupted before its catalog commit, and is
 dropped; a catalog topic whose storage is missing is reported, never invented.
+
+Open also starts the retention service (``engine.retention``): every minute by
+default, old segments go, never past what an important consumer has not committed.
 """
 
 from __future__ import annotations
@@ -23,7 +26,9 @@ from engine.catalog import CatalogStore, TopicEntry
 from engine.clock import SYSTEM_CLOCK, Clock
 from engine.commit import Committer
 from engine.leases import DEFAULT_LEASE_TIMEOUT_S, LeaseRegistry
+from engine.retention import DEFAULT_RETENTION_INTERVAL_S, RetentionService, run_retention_pass
 from planner.catalog import TopicInfo
+from storage.cleaner import RetentionReport
 from storage.config import FsyncPolicy
 from storage.errors import StorageIOError
 from storage.fs import DEFAULT_FILE_SYSTEM, FileSystem
@@ -49,6 +54,7 @@ class Database:
         fsync_policy: FsyncPolicy,
         lease_timeout_s: float,
         fs: FileSystem,
+        retention_interval_s: float | None = None,
     ) -> None:
         self.path = path
         self.clock = clock
@@ -74,6 +80,9 @@ class Database:
         republished = self.committer.recover()
         if republished:
             log.warning("recovery re-published %d staged batches", republished)
+        self._retention = (
+            None if retention_interval_s is None else RetentionService(self, retention_interval_s)
+        )
 
     @classmethod
     def open(
@@ -84,14 +93,20 @@ class Database:
         fsync_policy: FsyncPolicy = FsyncPolicy.GROUP,
         lease_timeout_s: float = DEFAULT_LEASE_TIMEOUT_S,
         fs: FileSystem = DEFAULT_FILE_SYSTEM,
+        retention_interval_s: float | None = DEFAULT_RETENTION_INTERVAL_S,
     ) -> Database:
-        """Open (creating if needed) the data directory; shared within a process."""
+        """Open (creating if needed) the data directory; shared within a process.
+
+        Retention runs every ``retention_interval_s`` seconds in the background
+        (None: only when ``run_retention`` is called). The first open of a
+        directory in a process decides the settings; later opens share it.
+        """
         path = os.path.abspath(path)
         with cls._registry_lock:
             database = cls._open.get(path)
             if database is None:
                 os.makedirs(path, exist_ok=True)
-                database = cls(path, clock, fsync_policy, lease_timeout_s, fs)
+                database = cls(path, clock, fsync_policy, lease_timeout_s, fs, retention_interval_s)
                 cls._open[path] = database
             database._references += 1
             return database
@@ -108,11 +123,17 @@ class Database:
             if self._references > 0:
                 return
             self._open.pop(self.path, None)
+        if self._retention is not None:
+            self._retention.stop()
         try:
             self.committer.close()
         finally:
             self.root.close()
             self.store.close()
+
+    def run_retention(self) -> RetentionReport:
+        """Run one retention pass now (the background service runs them periodically)."""
+        return run_retention_pass(self)
 
     def wake_readers(self) -> None:
         """Wake every long-polling topic read (a cancel wants to be noticed)."""

@@ -13,27 +13,42 @@ from typing import Any
 from engine.catalog import TopicEntry
 from engine.clock import utc_from_us
 from planner.operations import AlterTopicEntry, CreateTopicEntry, DropTopicEntry
+from storage import limits
 from storage.codecs import parse_codec_list
 from storage.config import TopicConfig
 
 MIB = 1024 * 1024
+SEGMENT_MS_MIN = 60_000
 
 
 def storage_config(settings: dict[str, Any], base: TopicConfig, partitions: int) -> TopicConfig:
-    """The storage knobs implied by a topic's YDB settings."""
+    """The storage knobs implied by a topic's YDB settings.
+
+    Retention deletes whole sealed segments, so segments roll by age at a quarter of
+    the retention period (between a minute and the storage default): a message then
+    goes at most 1.25 retention periods after it was written, however slow the topic.
+    """
     retention = settings.get("retention_period")
+    retention_ms = None if retention is None else int(retention.total_seconds() * 1000)
     storage_mb = int(settings.get("retention_storage_mb") or 0)
     return TopicConfig(
         partition_count=partitions,
         supported_codecs=parse_codec_list(settings.get("supported_codecs") or ("raw",)),
         fsync_policy=base.fsync_policy,
         segment_bytes=base.segment_bytes,
-        segment_ms=base.segment_ms,
-        retention_ms=None if retention is None else int(retention.total_seconds() * 1000),
+        segment_ms=segment_ms_for(retention_ms),
+        retention_ms=retention_ms,
         retention_bytes=storage_mb * MIB if storage_mb else None,
         producer_expiry_ms=base.producer_expiry_ms,
         group_commit_window_us=base.group_commit_window_us,
     ).validate()
+
+
+def segment_ms_for(retention_ms: int | None) -> int:
+    """Segment age at which a topic with this retention rolls (see ``storage_config``)."""
+    if retention_ms is None:
+        return limits.SEGMENT_MS_DEFAULT
+    return min(limits.SEGMENT_MS_DEFAULT, max(SEGMENT_MS_MIN, retention_ms // 4))
 
 
 def run_create(database: Any, operation: CreateTopicEntry) -> None:

@@ -23,9 +23,9 @@ history file (see ``tests.sim.history``) before the next one:
 - *retention* on the topic ``aged`` (``AGED_SEGMENT_BYTES`` segments, a
   ``AGED_RETENTION_BYTES`` size budget per partition, important consumer ``reaper``):
   writes without a producer id, autocommit reads by ``reaper`` (``read`` events), and
-  retention passes (``storage.cleaner.apply_retention``, with a guard that protects
-  what important consumers have not committed, ``ImportantConsumers``: the engine
-  runs no retention itself yet), each followed by an observation of the topic with
+  retention passes on this one topic (``storage.cleaner.apply_retention`` with the
+  engine's guard, ``engine.retention.ImportantConsumersGuard``, which protects what
+  important consumers have not committed), each followed by an observation of the topic with
   its log starts (``final`` with ``start``) and the consumers' committed offsets;
   the failpoint ``retention.before_delete`` lies in such a pass;
 - *splits* on the topic ``fork<g>`` (``fork_of``: a new one every
@@ -62,6 +62,7 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 
 from engine.database import Database
+from engine.retention import ImportantConsumersGuard
 from storage.cleaner import apply_retention
 from storage.errors import SerializationFailure, TopicbaseError
 from storage.limits import READ_BYTES_MAX, READ_MESSAGES_MAX
@@ -367,21 +368,6 @@ def run_worker(
     db.close()
 
 
-class ImportantConsumers:
-    """The retention guard (``storage.cleaner.RetentionGuard``) of the workload: the
-    lowest offset an important consumer of the topic has not committed, from the
-    engine's catalog (the engine does not run retention, so it has no guard yet)."""
-
-    def __init__(self, db: Database) -> None:
-        self.db = db
-
-    def protected_offset(self, topic_id: str, partition_id: int) -> int | None:
-        entry = next(e for e in self.db.catalog.entries() if e.topic_id == topic_id)
-        important = [c for c, settings in entry.consumers.items() if settings.get("important")]
-        committed = [self.db.catalog.committed(topic_id, c, partition_id) or 0 for c in important]
-        return min(committed, default=None)
-
-
 class Worker:
     def __init__(
         self,
@@ -490,7 +476,7 @@ class Worker:
         """A retention pass over the aged topic, then an observation of it (log starts
         and the committed offsets retention had to respect)."""
         log = _topic_log(self.db, AGED)
-        apply_retention(log, ImportantConsumers(self.db), self.db.clock.now_us())
+        apply_retention(log, ImportantConsumersGuard(self.db), self.db.clock.now_us())
         observe_aged(self.session, self.history, self.observed)
         consumers = self.session.execute(
             "SELECT consumer, partition, important, committed_offset FROM sys.consumers "
