@@ -47,7 +47,7 @@ def test_segment_age_follows_retention():
 
 def test_expired_segments_go_and_reads_start_at_the_new_log_start(clocked):
     db, session, clock = clocked
-    session.execute("CREATE TOPIC t WITH (retention_period = Interval('PT1H'))")
+    session.execute("CREATE TOPIC t (CONSUMER c) WITH (retention_period = Interval('PT1H'))")
     _write_hourly(session, clock, 6)
     assert _partition(session) == {"start_offset": 0, "end_offset": 6}
     report = db.run_retention()
@@ -56,6 +56,9 @@ def test_expired_segments_go_and_reads_start_at_the_new_log_start(clocked):
     assert _partition(session) == {"start_offset": 5, "end_offset": 6}
     peek = "SELECT CAST(data AS VARCHAR) AS d FROM TOPIC t WITH (partition = 0, from_offset = 0)"
     assert [r["d"] for r in rows(session, peek)] == ["m5"]
+    # A consumer whose committed offset (0) fell below the log start reads from there.
+    consume = "SELECT CAST(data AS VARCHAR) AS d FROM TOPIC t WITH (consumer = 'c')"
+    assert [r["d"] for r in rows(session, consume)] == ["m5"]
     assert db.run_retention().segments_deleted == 0  # nothing more is due
 
 
