@@ -14,7 +14,7 @@ change what is being checked). Steps:
    (recovery will publish it from there).
 
 Nothing of DuckDB is ever repaired here: catalog and records change only
-through the engine. Problems are reported as ``storage.check.Problem``.
+through the engine. Problems are reported as ``storage.check_report.Problem``.
 """
 
 from __future__ import annotations
@@ -25,15 +25,9 @@ import os
 from engine import tables
 from engine.catalog import SCHEMA
 from engine.database import STAGING_DIRECTORY, STORE_DIRECTORY
-from storage.check import (
-    MISSING,
-    UNREADABLE,
-    CheckReport,
-    Problem,
-    check_store_files,
-    locked_store,
-    staged_batch_issue,
-)
+from storage.check import check_store_files, locked_store
+from storage.check_frames import staged_batch_issue
+from storage.check_report import MISSING, UNREADABLE, CheckReport, Problem
 from storage.errors import TopicbaseError
 from storage.fs import DEFAULT_FILE_SYSTEM, FileSystem
 

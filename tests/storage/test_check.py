@@ -18,8 +18,9 @@ from pathlib import Path
 
 import pytest
 
-from storage import check
-from storage.check import CheckReport, Problem, check_store
+from storage import check_report as check
+from storage.check import check_store
+from storage.check_report import CheckReport, Problem
 from storage.clock import ManualClock
 from storage.config import FsyncPolicy, TopicConfig
 from storage.fs import FileSystem
