@@ -71,6 +71,17 @@ def send(partition: PartitionLog, batch: MakeBatch, first: int, count: int) -> d
     }
 
 
+def started(
+    tmp_path: Any, seed: int, clock: ManualClock, batch: MakeBatch, policy: FsyncPolicy
+) -> tuple[str, FaultyFileSystem, Store, PartitionLog, dict[int, int]]:
+    """A store on a faulty file system (no fault yet) with seq_nos 0..9 acknowledged:
+    its root, file system, store, partition 0 and the acknowledged seq_no -> offset."""
+    root = str(tmp_path / "store")
+    fs = FaultyFileSystem(seed=seed)
+    store, partition = open_store(root, fs, clock, policy)
+    return root, fs, store, partition, send_many(partition, batch, 10)
+
+
 def send_many(partition: PartitionLog, batch: MakeBatch, count: int) -> dict[int, int]:
     """Append seq_nos ``0..count-1`` in batches of two; all must be acknowledged as written."""
     acked: dict[int, int] = {}
@@ -172,10 +183,7 @@ def test_write_error_fails_the_append_fences_the_partition_and_loses_nothing_ack
     torn: bool,
     error: int,
 ) -> None:
-    root = str(tmp_path / "store")
-    fs = FaultyFileSystem(seed=error)
-    store, partition = open_store(root, fs, clock, policy)
-    acked = send_many(partition, batch, 10)
+    root, fs, store, partition, acked = started(tmp_path, error, clock, batch, policy)
     fault = fs.add_fault(Fault("write", error, path_contains=".log", torn=torn))
     with pytest.raises(StorageIOError) as raised:
         send(partition, batch, 10, 2)
@@ -214,10 +222,7 @@ def test_failed_fsync_is_not_acknowledged_and_fences_until_reopen(
     read_all: ReadAll,
     policy: FsyncPolicy,
 ) -> None:
-    root = str(tmp_path / "store")
-    fs = FaultyFileSystem(seed=3)
-    store, partition = open_store(root, fs, clock, policy)
-    acked = send_many(partition, batch, 10)
+    root, fs, store, partition, acked = started(tmp_path, 3, clock, batch, policy)
     fs.add_fault(Fault("sync", errno.EIO, path_contains=".log"))
     with pytest.raises(StorageIOError) as raised:
         send(partition, batch, 10, 2)
@@ -251,10 +256,7 @@ def test_reopen_after_a_failed_fsync_keeps_every_later_ack_through_a_power_cut(
     resends the failed batch and goes on; then the power fails. Whatever the
     reopened store acknowledged, as written *or as a duplicate*, must be on disk.
     """
-    root = str(tmp_path / "store")
-    fs = FaultyFileSystem(seed=4)
-    store, partition = open_store(root, fs, clock, policy)
-    acked = send_many(partition, batch, 10)
+    root, fs, store, partition, acked = started(tmp_path, 4, clock, batch, policy)
     fs.add_fault(Fault("sync", errno.EIO, path_contains=".log"))
     with pytest.raises(StorageIOError):
         send(partition, batch, 10, 2)
@@ -286,10 +288,7 @@ def test_torn_write_then_crash_reopens_at_the_last_whole_frame(
     read_all: ReadAll,
     policy: FsyncPolicy,
 ) -> None:
-    root = str(tmp_path / "store")
-    fs = FaultyFileSystem(seed=5)
-    _, partition = open_store(root, fs, clock, policy)
-    acked = send_many(partition, batch, 10)
+    root, fs, _, partition, acked = started(tmp_path, 5, clock, batch, policy)
     fs.add_fault(Fault("write", None, path_contains=".log", torn=True))
     with pytest.raises(SimulatedCrash):
         send(partition, batch, 10, 2)
