@@ -17,6 +17,7 @@ mutating methods; ``last_seq_no`` may be read from any thread.
 
 from __future__ import annotations
 
+import functools
 import json
 import os
 from dataclasses import dataclass, field
@@ -65,6 +66,10 @@ class DedupDecision:
     # as Python lists, so that ``record_decision`` need not read the columns again.
     producer_ids: list[str | None] | None = None
     seq_nos: list[int | None] | None = None
+    # A large batch of one producer whose seq_nos all lie past its last, the usual
+    # case (``_decide_one_producer``): its key and seq_nos, so that ``record_decision``
+    # updates one entry without grouping again.
+    one_producer: tuple[str, np.ndarray] | None = None
 
     @property
     def written_count(self) -> int:
@@ -119,6 +124,9 @@ class ProducerStateManager:
             return DedupDecision(batch, duplicate, np.full(count, -1, dtype=np.int64), 0)
         if count <= SMALL_BATCH_ROWS:
             return self._decide_small(batch, producers.to_pylist())
+        fast = self._decide_one_producer(batch, producers)
+        if fast is not None:
+            return fast
         duplicate = np.zeros(count, dtype=bool)
         earlier = np.full(count, -1, dtype=np.int64)
         seq_nos, seq_known = _int64_with_mask(batch.column(SEQ_NO_COLUMN))
@@ -156,6 +164,26 @@ class ProducerStateManager:
                 pa.array(seq_nos, pa.int64(), mask=~has_seq_no),
             )
         return DedupDecision(batch, duplicate, earlier, int(np.count_nonzero(duplicate)), groups)
+
+    def _decide_one_producer(
+        self, batch: pa.RecordBatch, producers: pa.Array
+    ) -> DedupDecision | None:
+        """The decision for a batch of one producer with every seq_no given and strictly
+        increasing past the producer's last: nothing is a duplicate. None for any other
+        batch (``decide`` then takes the general path). A handful of vectorised calls."""
+        key = _single_value(producers)
+        seq_column = batch.column(SEQ_NO_COLUMN)
+        if key is None or seq_column.null_count:
+            return None
+        seq_nos = seq_column.to_numpy()
+        entry = self.entry(key)
+        last = -1 if entry is None or entry.last_seq_no is None else entry.last_seq_no
+        if not (seq_nos[0] > last and (seq_nos[1:] > seq_nos[:-1]).all()):
+            return None  # duplicates, or a negative seq_no (refused by the general path)
+        count = len(seq_nos)
+        return DedupDecision(
+            batch, _no_duplicates(count), _no_earlier_offsets(count), 0, one_producer=(key, seq_nos)
+        )
 
     def _decide_small(self, batch: pa.RecordBatch, keys: list[str | None]) -> DedupDecision:
         """``decide`` for a few rows, in plain Python: no numpy call per row or per key.
@@ -242,6 +270,13 @@ class ProducerStateManager:
     ) -> None:
         """``record`` for a decision whose every message was written (no duplicates)."""
         assert decision.duplicate_count == 0
+        if decision.one_producer is not None:
+            key, seq_nos = decision.one_producer
+            count = len(seq_nos)
+            offsets = np.arange(base_offset, base_offset + count, dtype=np.int64)
+            last_offset = base_offset + count - 1
+            self._put(key, int(seq_nos[-1]), last_offset, written_at_us, seq_nos, offsets)
+            return
         if decision.producer_ids is None or decision.seq_nos is None:
             self.record(decision.batch, base_offset, written_at_us, decision.producer_groups)
             return
@@ -481,16 +516,46 @@ def group_rows(column: pa.Array) -> list[tuple[str, np.ndarray]]:
     return groups
 
 
+@functools.lru_cache(maxsize=8)
+def _no_duplicates(count: int) -> np.ndarray:
+    """``count`` False flags, shared and read-only (a decision with no duplicate)."""
+    flags = np.zeros(count, dtype=bool)
+    flags.flags.writeable = False
+    return flags
+
+
+@functools.lru_cache(maxsize=8)
+def _no_earlier_offsets(count: int) -> np.ndarray:
+    """``count`` times -1, shared and read-only (a decision with no duplicate)."""
+    offsets = np.full(count, -1, dtype=np.int64)
+    offsets.flags.writeable = False
+    return offsets
+
+
 def _single_value(column: pa.Array) -> str | None:
     """The value of a string column whose rows are all the same (no nulls), else None.
 
-    One hash pass in Arrow (``unique``): a batch from one producer, the common
-    case, is recognised without a Python loop or a dictionary encoding.
+    Read from the buffers, without hashing: every row is as long as the first
+    (evenly spaced value offsets) and the values' bytes are the first one's
+    repeated. A batch from one producer, the common case, is recognised without a
+    Python loop or a dictionary encoding.
     """
-    if column.null_count or not pa.types.is_string(column.type):
+    count = len(column)
+    if column.null_count or not count or not pa.types.is_string(column.type):
         return None
-    unique = pc.unique(column)
-    return unique[0].as_py() if len(unique) == 1 else None
+    _, offsets_buffer, data_buffer = column.buffers()
+    offsets = np.frombuffer(offsets_buffer, np.int32, count + 1, column.offset * 4)
+    start = int(offsets[0])
+    width = int(offsets[1]) - start
+    if int(offsets[-1]) - start != width * count:
+        return None
+    if width and not (np.diff(offsets) == width).all():
+        return None
+    values = memoryview(data_buffer)[start : start + width * count]
+    first = bytes(values[:width])
+    if width and bytes(values) != first * count:
+        return None
+    return first.decode()
 
 
 def _int64_with_mask(column: pa.Array) -> tuple[np.ndarray, np.ndarray]:

@@ -261,3 +261,45 @@ def test_small_batch_path_matches_the_vectorised_path(
             small.decide(resend).earlier_offsets.tolist()
             == vectorised.decide(resend).earlier_offsets.tolist()
         )
+
+
+# -- the one-producer fast path of large batches --------------------------------------------------
+
+
+def test_large_batch_of_one_producer_then_its_resend(tmp_path: Any, clock: ManualClock) -> None:
+    """A large batch of one producer with rising seq_nos skips grouping; a resend of it
+    (and of part of it) still finds every earlier offset."""
+    manager = _manager(tmp_path, clock)
+    rows = producer_state.SMALL_BATCH_ROWS + 36
+    first = manager.decide(_batch(["p"] * rows, list(range(100, 100 + rows))))
+    assert first.one_producer is not None and first.written_count == rows
+    manager.record_decision(first, 1000, clock.now_us())
+    assert manager.last_seq_no("p") == 100 + rows - 1
+    resend = manager.decide(_batch(["p"] * rows, list(range(100, 100 + rows))))
+    assert resend.one_producer is None and resend.duplicate.all()
+    assert resend.earlier_offsets.tolist() == list(range(1000, 1000 + rows))
+    tail = list(range(100 + rows - 3, 100 + rows + rows - 3))
+    overlap = manager.decide(_batch(["p"] * rows, tail))
+    assert overlap.duplicate.tolist() == [True] * 3 + [False] * (rows - 3)
+    assert overlap.earlier_offsets[:3].tolist() == [1000 + rows - i for i in (3, 2, 1)]
+
+
+@pytest.mark.parametrize(
+    "values",
+    [
+        ["p", "pp", ""],  # same total length as "p" * 3, rows split otherwise
+        ["ab", "ba", "ab"],
+        ["p", None, "p"],
+        ["", "", "x"],
+    ],
+)
+def test_single_value_needs_every_row_equal(values: list[str | None]) -> None:
+    assert producer_state._single_value(pa.array(values, pa.string())) is None
+
+
+def test_single_value_of_equal_rows_and_of_a_slice() -> None:
+    assert producer_state._single_value(pa.array(["prod"] * 5)) == "prod"
+    assert producer_state._single_value(pa.array(["", ""])) == ""
+    sliced = pa.array(["x", "ab", "ab", "ab", "y"]).slice(1, 3)
+    assert producer_state._single_value(sliced) == "ab"
+    assert producer_state._single_value(pa.array(["x", "ab", "ab"]).slice(0, 2)) is None
