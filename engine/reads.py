@@ -22,7 +22,7 @@ from engine.clock import Clock
 from engine.topic_relation import SCHEMA, relation_batch
 from engine.transaction import Transaction
 from planner.operations import ReadRecords
-from storage.errors import InvalidParameterValueError, QueryCanceledError
+from storage.errors import InvalidParameterValueError, LimitExceededError, QueryCanceledError
 from storage.topic_log import TopicLog
 
 DEFAULT_MAX_MESSAGES = 10_000
@@ -124,19 +124,31 @@ def _read_all(
     with publish_gate:
         ends = {p: topic.partition(p).end_offset for p in starts}
     batches: list[tuple[int, pa.RecordBatch]] = []
+    cut_short = False
     for partition_id, start in starts.items():
-        if remaining <= 0 or budget <= 0:
-            break
         available = ends[partition_id] - start
         if available <= 0:
             continue
+        if remaining <= 0 or budget <= 0:
+            cut_short = True
+            break
         result = topic.partition(partition_id).read(
             start, max_messages=min(remaining, available), max_bytes=budget
         )
+        reached = start
         for batch in result.batches:
             batches.append((partition_id, batch))
             remaining -= batch.num_rows
             budget -= batch.nbytes
+            reached = batch.column("offset")[-1].as_py() + 1
+        cut_short = cut_short or reached < ends[partition_id]
+    if cut_short and options.get("complete"):
+        raise LimitExceededError(
+            f"topic {operation.topic} holds more than one read may return "
+            f"({options.get('max_messages')} messages, {options.get('max_bytes')} bytes); "
+            "read it in ranges with FROM TOPIC ... WITH (partition = ..., from_offset = ..., "
+            "max_messages = ...)"
+        )
     return batches
 
 

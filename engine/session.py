@@ -35,6 +35,7 @@ from grammar import ast
 from grammar import settings as rules
 from grammar.parse import parse
 from planner import planner
+from planner.catalog import SessionCatalog
 from planner.operations import (
     AlterTopicEntry,
     AppendRecords,
@@ -141,7 +142,7 @@ class Session:
                     "current transaction is aborted, commands ignored until end of "
                     "transaction block"
                 )
-            plan = planner.plan(statement, self.database)
+            plan = planner.plan(statement, self._catalog)
             return describe.describe_plan(plan, statement, self.cursor, self.database, self)
 
     def close(self) -> None:
@@ -154,6 +155,23 @@ class Session:
             self._closed = True
             self.cursor.close()
 
+    # -- planning: topics by name, as the planner sees them from this session ------------
+    @property
+    def _catalog(self) -> SessionCatalog:
+        """The database's topics plus this session's DuckDB relations, which win over a
+        topic of the same name in a plain ``FROM name`` (``planner.relations``)."""
+        return SessionCatalog(self.database, self._has_duckdb_relation)
+
+    def _has_duckdb_relation(self, name: str) -> bool:
+        """A table or view ``name`` (case-insensitive; in a ``main`` schema, temporary
+        ones included, or DuckDB's ``pg_catalog``) this session's DuckDB connection
+        sees, in its transaction."""
+        # A constant query, compared here: a bound parameter makes DuckDB's catalog
+        # functions several times slower.
+        tables.run(self.cursor, _DUCKDB_RELATIONS_SQL)
+        wanted = name.lower()
+        return any(str(row[0]).lower() == wanted for row in self.cursor.fetchall())
+
     # -- dispatch -----------------------------------------------------------------------
     def _execute(self, statement: ast.Statement, parameters: Any) -> Result:
         if self.state is SessionState.FAILED and not isinstance(
@@ -164,7 +182,7 @@ class Session:
             )
         self._check_duration()
         try:
-            plan = planner.plan(statement, self.database)
+            plan = planner.plan(statement, self._catalog)
         except TopicbaseError:
             if self.state is SessionState.IN_TRANSACTION:
                 self.state = SessionState.FAILED
@@ -534,6 +552,14 @@ class Session:
         with self._lock:
             if self.state is SessionState.IN_TRANSACTION:
                 self.state = SessionState.FAILED
+
+
+# What an unqualified name resolves to in DuckDB (search path main, then pg_catalog):
+# tables and views of main (temporary ones included) and DuckDB's own views.
+_DUCKDB_RELATIONS_SQL = (
+    "SELECT table_name FROM duckdb_tables() WHERE schema_name = 'main' UNION ALL "
+    "SELECT view_name FROM duckdb_views() WHERE schema_name IN ('main', 'pg_catalog')"
+)
 
 
 @functools.lru_cache(maxsize=PARSE_CACHE_ENTRIES)

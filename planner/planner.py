@@ -3,7 +3,11 @@
 One planning function per statement kind (SQLite's ``insert.c``/``select.c``
 split), dispatched by type. sqlglot analyses the non-topic SQL: which tables a
 statement reads and writes, whether it returns rows, and which ``sys.`` views
-it needs.
+it needs. A topic named like a table (``FROM events``, no ``TOPIC``) is turned
+into the same ``ReadRecords`` + placeholder as ``FROM TOPIC events`` by
+``planner.relations``, which states the name resolution rule (a DuckDB table or
+view of the same name wins); that needs a ``SessionCatalog``, so a plain
+``Catalog`` plans such a name as a table, as before.
 """
 
 from __future__ import annotations
@@ -17,9 +21,9 @@ import sqlglot
 from sqlglot import expressions as exp
 
 from grammar import ast
-from grammar.split import SourceText, tokenize
-from planner.catalog import Catalog, TopicInfo
+from planner.catalog import Catalog, SessionCatalog, TopicInfo
 from planner.ddl import plan_alter_topic, plan_create_topic, plan_drop_topic
+from planner.duckdb_sql import parse_duckdb
 from planner.operations import (
     AppendRecords,
     CommitConsumerOffsets,
@@ -30,6 +34,7 @@ from planner.operations import (
     RunQuery,
     TransactionControl,
 )
+from planner.relations import names_a_topic, plain_insert, resolve_plain_relations
 from storage.errors import UndefinedObjectError, UndefinedTopicError
 
 SYSTEM_VIEWS = ("topics", "partitions", "consumers")
@@ -65,12 +70,47 @@ def require_topic(catalog: Catalog, name: str) -> TopicInfo:
 
 
 def _plan_sql(statement: ast.SqlStatement, catalog: Catalog) -> Plan:
+    """``FROM TOPIC`` scans, then plain names of topics (``planner.relations``), then SQL."""
     reads = tuple(_plan_scan(scan, catalog) for scan in statement.topic_scans)
-    sql = _text_casts_of_data(statement.sql) if reads else statement.sql
+    sql = statement.sql
+    if isinstance(catalog, SessionCatalog) and names_a_topic(_relation_names(sql), catalog):
+        plain = resolve_plain_relations(sql, catalog, len(statement.topic_scans))
+        sql, reads = plain.sql, (*reads, *plain.reads)
+        if plain.insert_topic is not None:
+            return _plan_plain_insert(sql, reads, plain.insert_topic)
+    query = _query_over_reads(sql, reads)
+    return Plan((*reads, query), query.tag)
+
+
+def _relation_names(sql: str) -> tuple[str, ...]:
+    """Relations a statement names, from the analysis its query needs anyway (cached):
+    a statement over tables only is parsed once, as before topics could be named."""
+    analysed = analyse_sql(sql)
+    return analysed.tables_read + analysed.tables_written
+
+
+def _query_over_reads(sql: str, reads: tuple[ReadRecords, ...]) -> RunQuery:
+    sql = _text_casts_of_data(sql) if reads else sql
     query = analyse_sql(sql)
     if len(reads) == 1:
         query = replace(query, projection=_plain_projection(sql, reads[0].placeholder))
-    return Plan((*reads, query), query.tag)
+    return query
+
+
+def _plan_plain_insert(sql: str, reads: tuple[ReadRecords, ...], info: TopicInfo) -> Plan:
+    """``INSERT INTO name ...`` where ``name`` is a topic: as ``INSERT INTO TOPIC name``."""
+    parts = plain_insert(sql, info.name)
+    query = _query_over_reads(parts.query, reads)
+    append = AppendRecords(
+        info.name,
+        info.topic_id,
+        info.active_partitions or info.partitions,
+        parts.columns,
+        None,
+        {},
+        parts.returning,
+    )
+    return Plan((*reads, query, append), "INSERT")
 
 
 def _plan_scan(scan: ast.TopicScan, catalog: Catalog) -> ReadRecords:
@@ -90,38 +130,6 @@ def _plan_scan(scan: ast.TopicScan, catalog: Catalog) -> ReadRecords:
             raise UndefinedObjectError(f'topic "{info.name}" has no partition {wanted}')
         partitions = (wanted,)
     return ReadRecords(info.name, info.topic_id, partitions, scan.placeholder, consumer, options)
-
-
-def parse_duckdb(sql: str) -> exp.Expression | None:
-    """sqlglot's tree of one DuckDB statement; raises ``sqlglot.errors.ParseError``.
-
-    sqlglot's tokenizer reads ``$1,$2`` as the start of a ``$tag$`` dollar quote and
-    fails; PostgreSQL clients send parameters like that. Such a statement is parsed
-    again with a space after every ``$n`` that stands outside strings, identifiers and
-    comments, which changes no meaning.
-    """
-    try:
-        return sqlglot.parse_one(sql, read="duckdb")
-    except sqlglot.errors.TokenError:
-        spaced = _space_after_parameters(sql)
-        if spaced == sql:
-            raise sqlglot.errors.ParseError(f"cannot tokenize {sql!r}") from None
-        try:
-            return sqlglot.parse_one(spaced, read="duckdb")
-        except sqlglot.errors.TokenError as error:
-            raise sqlglot.errors.ParseError(str(error)) from None
-
-
-def _space_after_parameters(sql: str) -> str:
-    pieces: list[str] = []
-    copied = 0
-    for token in tokenize(SourceText(sql), 0, len(sql)):
-        if token.kind == "param" and sql[token.end : token.end + 1] not in ("", " "):
-            pieces.append(sql[copied : token.end])
-            pieces.append(" ")
-            copied = token.end
-    pieces.append(sql[copied:])
-    return "".join(pieces)
 
 
 @functools.lru_cache(maxsize=SQL_ANALYSIS_CACHE_ENTRIES)
