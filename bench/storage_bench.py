@@ -571,6 +571,11 @@ def bench_group_commit(rec: Recorder, parent: str, params: Params, pool: Sequenc
     group = f"storage: group commit ({params.group_threads} threads, 1-message batches)"
     probe = fsync_probe(parent, params.fsync_probe_seconds)
     rec.progress(f"group commit: raw 1 KiB write + fdatasync: {probe:,.0f}/s (1 thread)")
+    build_us = client_build_us(pool)
+    rec.progress(
+        f"group commit: the producers' own batch building costs {build_us:.0f} us/msg "
+        f"(GIL-serialised: alone it caps all threads at {1e6 / build_us:,.0f} msgs/s)"
+    )
     results = {}
     for policy in (FsyncPolicy.ALWAYS, FsyncPolicy.GROUP):
         run = group_commit_run(parent, policy, params.group_threads, params.group_seconds, pool)
@@ -608,6 +613,23 @@ def bench_group_commit(rec: Recorder, parent: str, params: Params, pool: Sequenc
         baseline="fsync policy always",
         baseline_value=always.messages / max(always.fsyncs, 1),
     )
+    rec.add(
+        "storage.group_commit.client_build_us_per_msg",
+        build_us,
+        "us/msg",
+        group=group,
+        note="diagnostic: CPU of the benchmark's producers building 1-message batches "
+        "(1 thread), spent under the GIL in the same process as the appends",
+    )
+
+
+def client_build_us(pool: Sequence[bytes], batches: int = 512) -> float:
+    """CPU microseconds per message the group-commit producers spend building their batches."""
+    data = [[pool[j % len(pool)]] for j in range(batches)]
+    build_batches(data[:16], "warm-up")
+    started = time.thread_time()
+    build_batches(data, "gc-producer-build")
+    return (time.thread_time() - started) / batches * 1e6
 
 
 # -- entry point ------------------------------------------------------------------------

@@ -6,12 +6,22 @@ more company, and runs ``flush(requests)`` (which writes every request and
 syncs once). Requests that arrive while a leader syncs wait for the next
 round, which then carries all of them: the batch size grows with the load.
 
-Hand-off: a leader leads one round. When it ends, the leader wakes the
-requests it carried and, if more requests queued meanwhile, the oldest of them,
-which leads the next round (its own request is in it). Each waiting request
-sleeps on its own lock, so a round wakes exactly its requests and the next
-leader, never every waiter (with the GIL, waking threads that only go back to
-sleep is what limits small appends).
+Hand-off: a leader leads one round. When it ends, the leader wakes, if more
+requests queued meanwhile, the oldest of them first, which leads the next round
+(its own request is in it), and then the requests it carried. The next leader
+goes first because its write and sync are the critical path: the woken
+requests' threads only return to their callers, and under the GIL each of them
+would otherwise delay the next round's start (16 appenders: ~1.3x msgs/s). Each
+waiting request sleeps on its own lock, so a round wakes exactly its requests
+and the next leader, never every waiter (with the GIL, waking threads that only
+go back to sleep is what limits small appends).
+
+Round sizes: with N appenders that append again as soon as they are
+acknowledged, rounds settle at about N/2 requests each: a round's requests
+queue again while the next round syncs, and go in the one after. (A leader
+that waited for all N got ~N per sync here but no more messages per second:
+the waiting puts the appenders' CPU work, serialised by the GIL, in series
+with the sync instead of beside it.)
 
 Invariant: a request is acknowledged (``submit`` returns) only after the
 flush that carried it has returned, that is after its sync. No busy waiting:
@@ -98,12 +108,12 @@ class GroupCommitter:
                 request.done = True
             with self._mutex:
                 successor = self._hand_lead_locked()
+            if successor is not None:  # first: the next round's write and sync start sooner
+                assert successor.wakeup is not None and not successor.done
+                successor.wakeup.release()
             for request in requests:
                 if request.wakeup is not None:
                     request.wakeup.release()
-            if successor is not None:
-                assert successor.wakeup is not None and not successor.done
-                successor.wakeup.release()
 
     def _hand_lead_locked(self) -> Request | None:
         """Pick the oldest queued request to lead the next round (caller holds the mutex).

@@ -41,13 +41,7 @@ from storage.fs import FileSystem
 from storage.group_commit import GroupCommitter, Request
 from storage.log_loader import RecoveryReport, load_segments
 from storage.producer_state import SMALL_BATCH_ROWS, DedupDecision, ProducerStateManager
-from storage.record_batch import (
-    FrameHeader,
-    check_wire_batch,
-    decode_body,
-    encode_frame_header,
-    serialize_body_buffer,
-)
+from storage.record_batch import FrameEncoder, check_wire_batch, decode_body
 from storage.segment import LogSegment
 
 log = logging.getLogger(__name__)
@@ -117,6 +111,7 @@ class PartitionLog:
         self.data_ready = data_ready or threading.Condition()
         self.recovery = RecoveryReport()
         self._write_lock = threading.Lock()
+        self._frame_encoder = FrameEncoder()  # used under ``_write_lock`` only
         self._fenced: StorageIOError | None = None
         self._closed = False
         self.producers = ProducerStateManager(
@@ -359,19 +354,15 @@ class PartitionLog:
         segment = self._segment_for_append(now_us)
         base_offset = segment.next_offset
         written_at_us = max(now_us, self._last_written_at_us)
-        body = serialize_body_buffer(batch)
-        header_bytes = encode_frame_header(
-            body,
+        # The frame as buffers: header, IPC metadata and the batch's own buffers (no copy).
+        parts, header = self._frame_encoder.encode(
+            batch,
             base_offset=base_offset,
             written_at_us=written_at_us,
-            record_count=written_count,
             transaction_id=transaction_id,
         )
-        header = FrameHeader(
-            0, base_offset, written_at_us, written_count, body.size, 0, transaction_id
-        )
         try:
-            segment.append_frame_parts(header_bytes, body, header)
+            segment.append_frame_parts(parts, header)
         except StorageIOError as error:
             self._fence(error)
             raise

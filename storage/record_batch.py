@@ -23,6 +23,11 @@ batches already reached a partition (publishing is idempotent)::
 
 Invariants: ``body_bytes % 8 == 0`` so every frame and every Arrow buffer in a
 segment stays 8-byte aligned; the checksum is verified on every read.
+
+Two encoders give the same bytes: ``serialize_body`` + ``encode_frame`` (one
+joined copy: tests, tools) and ``FrameEncoder`` (the append path: the batch's
+own buffers, written without a copy). ``offset`` and ``written_at`` live only in
+the header, so an append never rewrites the batch.
 """
 
 from __future__ import annotations
@@ -48,6 +53,8 @@ _HEADER_COVERED = struct.Struct("<qqIIIIQ")  # bytes [8, 48), covered by the che
 assert _HEADER_LEAD.size + _HEADER_COVERED.size == HEADER_BYTES
 _INT32 = struct.Struct("<i")
 TRANSACTIONAL = 1
+_ENCODED_PARTS_MAX = 128  # buffers of one encoded body (WIRE_SCHEMA gives about 30)
+_JOINED_BELOW_BYTES = 64 * 1024  # FrameEncoder copies batches this small (see _encode_joined)
 
 TIMESTAMP = pa.timestamp("us", tz="UTC")
 METADATA_TYPE = pa.map_(pa.string(), pa.binary())
@@ -125,6 +132,137 @@ def serialize_body_buffer(batch: pa.RecordBatch) -> pa.Buffer:
     if body.size % 8:
         return pa.py_buffer(body.to_pybytes() + b"\0" * (-body.size % 8))
     return body
+
+
+class FrameEncoder:
+    """Frames wire batches as a list of buffers to write, without copying the batch.
+
+    ``batch.serialize()`` copies every column buffer into one new IPC message
+    (~150-250 us per MB); this encoder yields the very same message bytes as a
+    list of *parts* instead: the message's small metadata and padding as
+    ``bytes`` and the batch's own Arrow buffers, zero-copy (an IPC stream writer
+    over a sink that only keeps what it is handed). The frame is then
+    ``[header, *parts]``, written with one ``pwritev``.
+
+    Invariants:
+    - ``b"".join(parts) == serialize_body(batch)``: the one batch format, byte
+      for byte (tests compare the two);
+    - the header's CRC-32C covers header bytes [8, 48) and then the parts in
+      order, exactly as ``encode_frame_header`` covers a joined body;
+    - the parts keep the batch's buffers alive and must not outlive the write;
+    - their number is bounded by ``WIRE_SCHEMA`` (about 30: two per Arrow buffer
+      at most, plus the metadata), far below the ``pwritev`` limit (IOV_MAX 1024);
+    - a batch of at most ``_JOINED_BELOW_BYTES`` is copied once instead
+      (``_encode_joined``, two parts): same bytes, a fraction of the CPU.
+
+    Not thread-safe: each writer owns one (the partition's, under its lock).
+    """
+
+    def __init__(self) -> None:
+        self._parts: list[bytes | pa.Buffer] = []
+        self._writer = self._open_writer()
+
+    def encode(
+        self,
+        batch: pa.RecordBatch,
+        *,
+        base_offset: int,
+        written_at_us: int,
+        transaction_id: int = 0,
+    ) -> tuple[list[bytes | pa.Buffer], FrameHeader]:
+        """The frame of ``batch`` as buffers (header first) and its decoded header."""
+        small = batch.get_total_buffer_size() <= _JOINED_BELOW_BYTES
+        if small and batch.schema.equals(WIRE_SCHEMA):  # another schema: the writer refuses it
+            return _encode_joined(batch, base_offset, written_at_us, transaction_id)
+        parts = self._parts
+        parts.clear()
+        try:
+            self._writer.write_batch(batch)
+        except BaseException:
+            parts.clear()
+            self._writer = self._open_writer()  # the stream may be half-written
+            raise
+        body_parts = list(parts)
+        parts.clear()
+        assert 0 < len(body_parts) < _ENCODED_PARTS_MAX, len(body_parts)
+        size = 0
+        for part in body_parts:
+            size += _part_size(part)
+        if size % 8:
+            body_parts.append(bytes(-size % 8))
+            size += -size % 8
+        count = batch.num_rows
+        assert count >= 1 and transaction_id >= 0
+        attributes = TRANSACTIONAL if transaction_id else 0
+        covered = _HEADER_COVERED.pack(
+            base_offset, written_at_us, count, size, attributes, 0, transaction_id
+        )
+        crc = crc32c.crc32c(covered)
+        for part in body_parts:
+            crc = crc32c.crc32c(part, crc)
+        header = FrameHeader(
+            crc, base_offset, written_at_us, count, size, attributes, transaction_id
+        )
+        return [_HEADER_LEAD.pack(MAGIC, crc) + covered, *body_parts], header
+
+    def _open_writer(self) -> pa.ipc.RecordBatchStreamWriter:
+        """A stream writer whose schema message is already out (and dropped)."""
+        writer = pa.ipc.new_stream(pa.PythonFile(_PartSink(self._parts), mode="w"), WIRE_SCHEMA)
+        writer.write_batch(pa.RecordBatch.from_pylist([], schema=WIRE_SCHEMA))
+        self._parts.clear()
+        return writer
+
+
+def _encode_joined(
+    batch: pa.RecordBatch, base_offset: int, written_at_us: int, transaction_id: int
+) -> tuple[list[bytes | pa.Buffer], FrameHeader]:
+    """``FrameEncoder.encode`` for a small batch: one ``serialize()``, the same bytes.
+
+    Copying a few KiB in C costs less than the ~25 Python-level sink writes of
+    the zero-copy path (a 1-message batch: ~9 us against ~80 us); group commit
+    and single-message appends take this path.
+    """
+    body = serialize_body_buffer(batch)
+    count = batch.num_rows
+    header_bytes = encode_frame_header(
+        body,
+        base_offset=base_offset,
+        written_at_us=written_at_us,
+        record_count=count,
+        transaction_id=transaction_id,
+    )
+    attributes = TRANSACTIONAL if transaction_id else 0
+    crc = _HEADER_LEAD.unpack_from(header_bytes)[1]
+    header = FrameHeader(
+        crc, base_offset, written_at_us, count, body.size, attributes, transaction_id
+    )
+    return [header_bytes, body], header
+
+
+class _PartSink:
+    """A write-only file object that keeps every buffer it is handed, uncopied."""
+
+    def __init__(self, parts: list[bytes | pa.Buffer]) -> None:
+        self._parts = parts
+        self.closed = False
+
+    def write(self, data: bytes | pa.Buffer) -> int:
+        self._parts.append(data)
+        return _part_size(data)
+
+    def flush(self) -> None:
+        pass
+
+    def close(self) -> None:
+        self.closed = True
+
+
+def _part_size(part: bytes | pa.Buffer) -> int:
+    if isinstance(part, bytes):
+        return len(part)
+    if isinstance(part, pa.Buffer):
+        return part.size
+    return memoryview(part).nbytes
 
 
 def encode_frame_header(

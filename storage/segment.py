@@ -82,14 +82,19 @@ class LogSegment:
         if self.size_bytes - self._writeback_position >= limits.WRITEBACK_INTERVAL_BYTES:
             self._start_writeback(fd)
 
-    def append_frame_parts(self, header_bytes: bytes, body: object, header: FrameHeader) -> None:
-        """``append_frame`` with the frame as header bytes + body buffer (no joined copy)."""
+    def append_frame_parts(self, parts: list, header: FrameHeader) -> None:
+        """``append_frame`` with the frame given as buffers to write back to back.
+
+        ``parts`` (``FrameEncoder.encode``: the header bytes, then the body's
+        buffers) go out in one ``pwritev``, never joined into one copy; their
+        total size is ``header.frame_bytes``.
+        """
         assert header.base_offset == self.next_offset, (header.base_offset, self.next_offset)
         assert self.size_bytes % 8 == 0
         if failpoints.ACTIVE:
-            self._torn_write_failpoint(header_bytes + bytes(memoryview(body)))  # type: ignore[arg-type]
+            self._torn_write_failpoint(b"".join(memoryview(part).cast("B") for part in parts))
         fd = self._fd()
-        self.fs.pwritev(fd, [header_bytes, body], self.size_bytes)
+        self.fs.pwritev(fd, parts, self.size_bytes)
         self._note_frame(self.size_bytes, header)
         if self.size_bytes - self._writeback_position >= limits.WRITEBACK_INTERVAL_BYTES:
             self._start_writeback(fd)

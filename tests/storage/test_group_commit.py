@@ -275,3 +275,76 @@ def test_interrupted_follower_withdraws_and_nobody_is_stranded(
     assert outcomes["A"] == "A" and outcomes["C"] == "C"
     assert isinstance(outcomes["B"], _Interrupted)
     assert flushed == [["A"], ["C"]], "the withdrawn request was never written"
+
+
+def _release_order_lock_factory(released: list[str]) -> Callable[[], Any]:
+    """``threading.Lock`` stand-in noting, at each ``release``, the thread that made the lock."""
+    real_lock = threading.Lock
+
+    class Lock:
+        def __init__(self) -> None:
+            self._lock = real_lock()
+            self._owner = threading.current_thread().name
+
+        def acquire(self) -> bool:
+            return self._lock.acquire()
+
+        def release(self) -> None:
+            released.append(self._owner)
+            self._lock.release()
+
+    return Lock
+
+
+def test_next_leader_is_woken_before_the_requests_of_the_round_that_ended(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    from storage import group_commit
+
+    released: list[str] = []
+    gates = [threading.Event(), threading.Event(), threading.Event()]
+    flushed: list[list[str]] = []
+
+    def flush(requests: list[Request]) -> None:
+        round_index = len(flushed)
+        flushed.append([r.payload for r in requests])
+        gates[round_index].wait(10)
+        for request in requests:
+            request.result = request.payload
+
+    committer = GroupCommitter(flush)
+    patched = type("patched_threading", (), {"Lock": _release_order_lock_factory(released)})
+    monkeypatch.setattr(group_commit, "threading", patched)
+
+    def start(name: str) -> threading.Thread:
+        thread = threading.Thread(target=committer.submit, args=(name,), name=name)
+        thread.start()
+        return thread
+
+    def wait_until(condition: Callable[[], bool]) -> None:
+        for _ in range(10_000):
+            if condition():
+                return
+            time.sleep(0.001)
+        raise AssertionError("the committer did not get there")
+
+    threads = [start("A")]  # leads round 1 alone
+    wait_until(lambda: len(flushed) == 1)
+    threads += [start("B")]
+    wait_until(lambda: len(committer._queue) == 1)
+    threads += [start("C")]
+    wait_until(lambda: len(committer._queue) == 2)
+    gates[0].set()  # round 2: B leads, C follows
+    wait_until(lambda: len(flushed) == 2)
+    threads += [start("D")]
+    wait_until(lambda: len(committer._queue) == 1)
+    released.clear()
+    gates[1].set()  # round 2 ends: D is handed the lead of round 3
+    wait_until(lambda: len(flushed) == 3)
+    gates[2].set()
+    for thread in threads:
+        thread.join(timeout=10)
+        assert not thread.is_alive(), "a waiter was stranded"
+    assert flushed == [["A"], ["B", "C"], ["D"]]
+    assert released[0] == "D", released
+    assert released.index("D") < released.index("C"), released
