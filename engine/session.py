@@ -320,7 +320,7 @@ class Session:
 
     # -- topic reads and writes ---------------------------------------------------------------
     def _read(self, operation: ReadRecords, parameters: Any) -> pa.Table:
-        operation = _bind_read_options(operation, parameters)
+        operation = _bind_read_options(operation, parameters, self.database)
         topic = self.database.topic_log(operation.topic_id)
         committed: dict[int, int | None] = {}
         if operation.consumer is not None:
@@ -625,19 +625,12 @@ def _bind(value: Any, parameters: Any) -> Any:
         raise InvalidParameterValueError(f"no value for parameter ${value.index}") from None
 
 
-def _bind_read_options(operation: ReadRecords, parameters: Any) -> ReadRecords:
+def _bind_read_options(operation: ReadRecords, parameters: Any, catalog: Any) -> ReadRecords:
+    """The read with its parameters bound and checked, as literals are when planned."""
     if not any(isinstance(v, ast.Parameter) for v in operation.options.values()):
         return operation
     bound = {k: _bind(v, parameters) for k, v in operation.options.items()}
-    checked = rules.validate_read_options(bound)
-    return ReadRecords(
-        operation.topic,
-        operation.topic_id,
-        operation.partitions,
-        operation.placeholder,
-        operation.consumer,
-        checked,
-    )
+    return planner.bind_read(operation, rules.validate_read_options(bound), catalog)
 
 
 def _with_option(operation: ReadRecords, name: str, value: Any) -> ReadRecords:

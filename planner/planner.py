@@ -115,21 +115,37 @@ def _plan_plain_insert(sql: str, reads: tuple[ReadRecords, ...], info: TopicInfo
 
 def _plan_scan(scan: ast.TopicScan, catalog: Catalog) -> ReadRecords:
     info = require_topic(catalog, scan.topic)
-    options = dict(scan.options)
+    return _checked_read(info, scan.placeholder, dict(scan.options))
+
+
+def bind_read(operation: ReadRecords, options: dict[str, Any], catalog: Catalog) -> ReadRecords:
+    """``operation`` with its options' parameters bound (``options``, validated by the
+    caller): the consumer and partition given as parameters are checked now, as a literal
+    one is when the statement is planned."""
+    info = require_topic(catalog, operation.topic)
+    return _checked_read(info, operation.placeholder, options)
+
+
+def _checked_read(info: TopicInfo, placeholder: str, options: dict[str, Any]) -> ReadRecords:
+    """The read of ``info`` with these options; a consumer or partition that does not
+    exist is refused (42704). Parameters are left to ``bind_read``: an unbound consumer
+    reads as None and an unbound partition as every partition until then."""
     consumer = options.get("consumer")
-    if consumer is not None and consumer not in info.consumers:
+    if isinstance(consumer, ast.Parameter):
+        consumer = None
+    elif consumer is not None and consumer not in info.consumers:
         raise UndefinedObjectError(
             f'consumer "{consumer}" does not exist on topic "{info.name}"',
             topic=info.name,
             consumer=consumer,
         )
     partitions = info.partitions
-    if "partition" in options:
-        wanted = options["partition"]
+    wanted = options.get("partition")
+    if wanted is not None and not isinstance(wanted, ast.Parameter):
         if wanted not in info.partitions:
             raise UndefinedObjectError(f'topic "{info.name}" has no partition {wanted}')
         partitions = (wanted,)
-    return ReadRecords(info.name, info.topic_id, partitions, scan.placeholder, consumer, options)
+    return ReadRecords(info.name, info.topic_id, partitions, placeholder, consumer, options)
 
 
 @functools.lru_cache(maxsize=SQL_ANALYSIS_CACHE_ENTRIES)

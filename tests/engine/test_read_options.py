@@ -8,6 +8,7 @@ import pytest
 
 from engine.clock import ManualClock
 from engine.database import Database
+from storage.errors import UndefinedObjectError
 from tests.engine.conftest import rows
 
 START_US = 1_700_000_000_000_000  # 2023-11-14T22:13:20Z
@@ -75,3 +76,22 @@ def test_peek_from_offset_commits_nothing(clocked):
     sql = "SELECT CAST(data AS VARCHAR) AS d FROM TOPIC t WITH (partition = 0, from_offset = 1)"
     assert _data(session, sql) == ["old2", "new1"]
     assert rows(session, "SELECT * FROM sys.consumers WHERE committed_offset IS NOT NULL") == []
+
+
+def test_consumer_and_partition_given_as_parameters(tmp_path):
+    db = Database.open(str(tmp_path / "params"))
+    session = db.connect()
+    try:
+        session.execute("CREATE TOPIC p (CONSUMER c) WITH (min_active_partitions = 2)")
+        session.execute("INSERT INTO TOPIC p (data, partition) VALUES ('a', 0), ('b', 1)")
+        read = "SELECT CAST(data AS VARCHAR) AS d FROM TOPIC p WITH (consumer = $1, partition = $2)"
+        assert [r["d"] for r in rows(session, read, ["c", 1])] == ["b"]
+        assert [r["d"] for r in rows(session, read, ["c", 1])] == []  # committed for c
+        assert [r["d"] for r in rows(session, read, ["c", 0])] == ["a"]
+        with pytest.raises(UndefinedObjectError, match='consumer "nobody" does not exist'):
+            session.execute(read, ["nobody", 0])
+        with pytest.raises(UndefinedObjectError, match="has no partition 7"):
+            session.execute(read, ["c", 7])
+    finally:
+        session.close()
+        db.close()
