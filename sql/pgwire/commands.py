@@ -24,7 +24,7 @@ from engine.transaction import SessionState
 from grammar import ast
 from grammar.parse import parse
 from grammar.split import split_statements
-from sql.pgwire import copy, copy_statement, cursors, pg_catalog, types
+from sql.pgwire import copy, copy_statement, cursors, pg_catalog, result_stream, spill, types
 from sql.pgwire import messages as m
 from sql.pgwire.copy_format import error_context
 from storage.errors import (
@@ -170,13 +170,26 @@ async def run_cursor_command(connection: Connection, text: str, parameters: Any)
     session = connection._session()
     command = cursors.parse_cursor_command(text)
     cursor_set_ = cursor_set(connection)
+    await connection.call(cursor_set_.settle, session)
     if isinstance(command, cursors.Declare):
         cursor_set_.check_declare(session, command)
-        result = await execute(connection, _parse_query(command.query), parameters)
-        return cursor_set_.declare(session, command, result)
+        query = _parse_query(command.query)
+        return await connection.call(_declare, connection, cursor_set_, command, query,
+                                     parameters)  # fmt: skip
     if isinstance(command, cursors.Close):
-        return cursor_set_.close(session, command)
+        return await connection.call(cursor_set_.close, session, command)
     return await connection.call(cursor_set_.fetch, session, command)
+
+
+def _declare(connection: Connection, cursor_set_: cursors.CursorSet, command: cursors.Declare,
+             query: ast.Statement, parameters: Any) -> Result:  # fmt: skip
+    """Run the query of a DECLARE and keep its rows (worker thread): read in batches, each
+    within the result limit, and spilled to a file once large (``spill``)."""
+    stream = result_stream.open_stream(
+        connection, query, parameters,
+        SqlSyntaxError("DECLARE CURSOR needs a query that returns rows"))  # fmt: skip
+    rows = spill.collect(stream)
+    return cursor_set_.declare(connection._session(), command, rows)
 
 
 def _parse_query(query: str) -> ast.Statement:

@@ -7,9 +7,11 @@ Supported:
 - ``COPY table [(columns)] FROM STDIN``, ``COPY TOPIC name [(columns)] FROM STDIN``
   with the topic write columns of ``INSERT INTO TOPIC`` (default: ``data``).
 
-Formats text and CSV both ways, and binary for COPY FROM (``copy_binary``: asyncpg's
-``copy_records_to_table``); files and programs are refused (0A000). COPY TO runs
-the query, then sends the rows in CopyData chunks of at most ``ROWS_PER_CHUNK`` rows.
+Formats text, CSV and binary (``copy_binary``) both ways; files and programs are refused
+(0A000). COPY TO starts the query and reads its rows in batches (``result_stream``: a plain
+query straight from DuckDB's Arrow reader, at most ``result_stream.BATCH_ROWS`` rows held
+at a time, each batch within the result limit), sent one CopyData per row, as PostgreSQL
+does.
 COPY FROM parses the data as it arrives (off the event loop), holds it as string
 columns, checks every value against the target column's type (22P02 with the line of
 the first bad row, nothing written), then inserts everything with one Arrow-backed
@@ -21,21 +23,24 @@ message than CopyData, CopyDone, CopyFail, Flush or Sync during COPY IN is 08P01
 from __future__ import annotations
 
 import asyncio
+import struct
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
 from engine import bulk
 from engine.writes import INSERT_COLUMNS
 from grammar.parse import parse
+from sql.pgwire import copy_binary, result_stream, types
 from sql.pgwire import limits as wire_limits
 from sql.pgwire import messages as m
-from sql.pgwire import types
 from sql.pgwire.copy_binary import BinaryCopyDecoder
 from sql.pgwire.copy_format import (
     LINE_COLUMN,
+    ROWS_PER_CHUNK,
     CopyDecoder,
     InvalidTextRepresentationError,
-    encode_table,
+    encode_header,
+    encode_lines,
 )
 from sql.pgwire.copy_statement import CopyStatement
 from storage import limits
@@ -52,6 +57,7 @@ if TYPE_CHECKING:
     from sql.pgwire.server import Connection
 
 COPY_IN_BYTES_MAX = 256 * 1024 * 1024
+_INT16 = struct.Struct("!h")
 _TOPIC_TYPES = {"data": "BLOB", "producer_id": "VARCHAR", "seq_no": "BIGINT",
                 "message_group_id": "VARCHAR", "partition": "INTEGER",
                 "created_at": "TIMESTAMPTZ", "metadata": "VARCHAR", "codec": "VARCHAR"}  # fmt: skip
@@ -84,29 +90,70 @@ def _source_query(statement: CopyStatement) -> str:
 
 
 async def copy_to_client(connection: Connection, statement: CopyStatement) -> None:
-    """Run the source query, then CopyOutResponse, CopyData chunks, CopyDone, COPY n."""
+    """Start the source query, then CopyOutResponse, CopyData, CopyDone, COPY n.
+
+    As PostgreSQL does, each row goes in a CopyData of its own (psycopg's ``read_row`` reads
+    one row per message); in binary, the file header goes with the first row (or with the
+    trailer, if there is none) and the trailer alone. The rows are read and encoded one batch
+    at a time (``result_stream``): what is held is one batch, each within the result limit
+    (54000), never the whole result. The stream is closed however the exchange ends (DuckDB
+    refuses other statements on the session while it is open)."""
     statements = parse(_source_query(statement))
     if len(statements) != 1:
         raise SqlSyntaxError("COPY takes exactly one query")
-    # Through the connection's catalog layer, as the server runs any query.
-    result = await connection.call(connection.catalog.execute, connection._session(),
-                                   statements[0], None)  # fmt: skip
-    if result.table is None:
-        raise FeatureNotSupportedError("COPY query must return rows (a SELECT, VALUES or a "
-                                       "statement with RETURNING)")  # fmt: skip
-    for notice in result.notices:
-        connection.send(m.notice_response(notice))
-    table = result.table
-    connection.send(m.copy_out_response(table.num_columns))
-    chunks = encode_table(table, statement.fmt)
-    while True:
-        payload = await connection.call(next, chunks, None)
-        if payload is None:
-            break
-        connection.send(m.copy_data(payload))
-        await connection.writer.drain()
+    stream = await connection.call(
+        result_stream.open_stream, connection, statements[0], None,
+        FeatureNotSupportedError("COPY query must return rows (a SELECT, VALUES or a "
+                                 "statement with RETURNING)"))  # fmt: skip
+    binary = statement.fmt.binary
+    try:
+        for notice in stream.notices:
+            connection.send(m.notice_response(notice))
+        connection.send(_copy_out_response(len(stream.oids), binary))
+        header = copy_binary.BINARY_HEADER if binary else b""
+        if not binary and statement.fmt.header:
+            connection.send(m.copy_data(encode_header(stream.schema.names, statement.fmt)))
+        while True:
+            chunks = await connection.call(_next_messages, stream, statement, header)
+            if chunks is None:
+                break
+            header = b""
+            for chunk in chunks:
+                connection.send(chunk)
+                await connection.writer.drain()
+        if binary:
+            connection.send(m.copy_data(header + copy_binary.BINARY_TRAILER))
+    finally:
+        await connection.call(stream.close)
     connection.send(m.copy_done())
-    connection.send(m.command_complete(f"COPY {table.num_rows}"))
+    connection.send(m.command_complete(f"COPY {stream.row_count}"))
+
+
+def _copy_out_response(column_count: int, binary: bool) -> bytes:
+    """CopyOutResponse: text or binary, overall and for each column."""
+    code = 1 if binary else 0
+    return m.message(b"H", bytes([code]) + _INT16.pack(column_count)
+                     + _INT16.pack(code) * column_count)  # fmt: skip
+
+
+def _next_messages(stream: result_stream.ResultStream, statement: CopyStatement,
+                   header: bytes) -> list[bytes] | None:  # fmt: skip
+    """The next batch of rows as CopyData messages, one per row, joined ``ROWS_PER_CHUNK``
+    at a time; ``header`` goes before the first row. None at the end (worker thread)."""
+    table = stream.next_batch()
+    if table is None:
+        return None
+    chunks = []
+    for start in range(0, table.num_rows, ROWS_PER_CHUNK):
+        chunk = table.slice(start, ROWS_PER_CHUNK)
+        if statement.fmt.binary:
+            rows = copy_binary.encode_binary_tuples(chunk, stream.oids)
+        else:
+            rows = encode_lines(chunk, statement.fmt, stream.oids)
+        if header:
+            rows[0], header = header + rows[0], b""
+        chunks.append(b"".join(m.copy_data(row) for row in rows))
+    return chunks
 
 
 # -- COPY FROM STDIN ----------------------------------------------------------------------------

@@ -1,16 +1,21 @@
-"""PostgreSQL's binary COPY format, input side (``COPY ... FROM STDIN (FORMAT binary)``),
-which asyncpg's ``copy_records_to_table`` sends.
+"""PostgreSQL's binary COPY format, both ways: ``COPY ... FROM STDIN (FORMAT binary)``, which
+asyncpg's ``copy_records_to_table`` sends, and ``COPY ... TO STDOUT (FORMAT binary)``, which
+psycopg's ``copy.read_row`` after ``copy.set_types`` reads.
 
 Layout (PostgreSQL docs, "Binary Format"): the 11-byte signature ``PGCOPY\\n\\377\\r\\n\\0``,
 an int32 of flags (bit 16: OIDs included, refused), an int32 header-extension length and
 that many bytes; then one tuple after another: an int16 field count (-1 ends the data),
 and per field an int32 length (-1 for NULL) and the value in the type's binary send
 format. Values are decoded by the type OID the server describes for the target column
-(``sql.pgwire.types``), as the client encodes them by that OID.
+(``sql.pgwire.types``), as the client encodes them by that OID; they are encoded out by
+the result column's type OID with ``types``' binary encoders (what binary results use).
 
 Invariants: like the text decoder, the decoder holds at most one unfinished tuple
 between ``feed`` calls, counts tuples as "lines" for error context, and turns every
-``ARROW_CHUNK_ROWS`` rows into Arrow. Pure code; one decoder per COPY, one thread at a time.
+``ARROW_CHUNK_ROWS`` rows into Arrow. The encoder writes no OIDs and no header extension:
+``BINARY_HEADER`` with the first tuple, then one tuple per CopyData, then
+``BINARY_TRAILER`` alone (PostgreSQL's framing, which psycopg's ``read_row`` relies on).
+Pure code; one decoder per COPY, one thread at a time.
 """
 
 from __future__ import annotations
@@ -26,7 +31,7 @@ from typing import Any
 import pyarrow as pa
 
 from sql.pgwire import types
-from sql.pgwire.copy_format import ARROW_CHUNK_ROWS, LINE_COLUMN, BadCopyFormatError
+from sql.pgwire.copy_format import BadCopyFormatError, RowBuffer
 from storage.errors import DataError, FeatureNotSupportedError
 
 SIGNATURE = b"PGCOPY\n\xff\r\n\x00"
@@ -34,6 +39,9 @@ _EPOCH_2000_DAYS = 10957
 _EPOCH_2000_US = 946_684_800_000_000
 _INT16 = struct.Struct("!h")
 _INT32 = struct.Struct("!i")
+BINARY_HEADER = SIGNATURE + _INT32.pack(0) + _INT32.pack(0)  # no flags, no extension
+BINARY_TRAILER = _INT16.pack(-1)
+_NULL_FIELD = _INT32.pack(-1)
 
 
 class InvalidBinaryRepresentationError(DataError):
@@ -112,7 +120,7 @@ def check_supported(oids: list[int], column_names: list[str]) -> None:
 
 
 @dataclass
-class BinaryCopyDecoder:
+class BinaryCopyDecoder(RowBuffer):
     """Parses binary COPY data into typed columns as it arrives (see the module doc)."""
 
     oids: list[int]
@@ -132,10 +140,6 @@ class BinaryCopyDecoder:
         check_supported(self.oids, self.column_names)
         self.columns = [[] for _ in self.column_names]
 
-    @property
-    def row_count(self) -> int:
-        return self._rows_in_chunks + len(self.lines)
-
     def feed(self, data: bytes) -> None:
         self.bytes_seen += len(data)
         if self.ended:
@@ -153,19 +157,13 @@ class BinaryCopyDecoder:
                 break
             at = end
         self._buffer = buffer[at:]
-        if len(self.lines) >= ARROW_CHUNK_ROWS:
-            self._chunks.append(self._pending_arrow())
+        self._chunk_when_full()
 
     def finish(self) -> None:
         if not self._header_read or not self.ended:
             raise BadCopyFormatError("unexpected EOF in COPY data", self._where())
         if self._buffer:
             raise BadCopyFormatError("received copy data after EOF marker", self._where())
-
-    def to_arrow(self) -> pa.Table:
-        if self.lines or not self._chunks:
-            self._chunks.append(self._pending_arrow())
-        return pa.concat_tables(self._chunks)
 
     # -- pieces ---------------------------------------------------------------------------------
     def _where(self) -> str:
@@ -232,8 +230,9 @@ class BinaryCopyDecoder:
                 f"COPY {self.relation}, line {self.line_number}, column "
                 f"{self.column_names[index]}") from None  # fmt: skip
 
-    def _pending_arrow(self) -> pa.Table:
-        arrays = {}
+    def _column_arrays(self) -> dict[str, pa.Array]:
+        """Typed arrays by the columns' type OIDs (dates and timestamps from integers)."""
+        arrays: dict[str, pa.Array] = {}
         for name, oid, values in zip(self.column_names, self.oids, self.columns, strict=True):
             _, arrow_type = _DECODERS[oid]
             if oid == types.DATE:
@@ -242,8 +241,16 @@ class BinaryCopyDecoder:
                 arrays[name] = pa.array(values, pa.int64()).cast(arrow_type)
             else:
                 arrays[name] = pa.array(values, arrow_type)
-        arrays[LINE_COLUMN] = pa.array(self.lines, pa.int64())
-        self._rows_in_chunks += len(self.lines)
-        self.columns = [[] for _ in self.column_names]
-        self.lines = []
-        return pa.table(arrays)
+        return arrays
+
+# -- COPY TO ------------------------------------------------------------------------------------
+def encode_binary_tuples(table: pa.Table, oids: list[int]) -> list[bytes]:
+    """One binary tuple per row of ``table`` (columns of the type OIDs ``oids``)."""
+    field_count = _INT16.pack(len(oids))
+    tuples: list[bytes] = []
+    for row in types.encode_rows(table, oids, [1] * len(oids)):
+        parts = [field_count]
+        for value in row:
+            parts.append(_NULL_FIELD if value is None else _INT32.pack(len(value)) + value)
+        tuples.append(b"".join(parts))
+    return tuples

@@ -61,7 +61,7 @@ class CopyFormat:
     """The options that shape COPY data (already checked by ``sql.pgwire.copy``)."""
 
     csv: bool = False
-    binary: bool = False  # COPY FROM only (sql.pgwire.copy_binary)
+    binary: bool = False  # sql.pgwire.copy_binary
     delimiter: str = "\t"
     null: str = "\\N"
     header: bool = False
@@ -90,13 +90,30 @@ def encode_table(table: pa.Table, fmt: CopyFormat, rows_per_chunk: int = ROWS_PE
     one large bytes object.
     """
     oids = [types.type_oid(f.type) for f in table.schema]
-    if fmt.header:
-        yield _encode_line([name.encode() for name in table.column_names], fmt, None, [])
-    forced = _forced_columns(table.column_names, fmt)
+    header = encode_header(table.column_names, fmt)
+    if header:
+        yield header
     for start in range(0, table.num_rows, rows_per_chunk):
-        chunk = table.slice(start, rows_per_chunk)
-        rows = types.encode_rows(chunk, oids, [0] * len(oids))
-        yield b"".join(_encode_line(row, fmt, fmt.null.encode(), forced) for row in rows)
+        yield encode_rows(table.slice(start, rows_per_chunk), fmt, oids)
+
+
+def encode_header(names: list[str], fmt: CopyFormat) -> bytes:
+    """The header line of COPY TO (empty unless HEADER was asked)."""
+    if not fmt.header:
+        return b""
+    return _encode_line([name.encode() for name in names], fmt, None, [])
+
+
+def encode_rows(table: pa.Table, fmt: CopyFormat, oids: list[int]) -> bytes:
+    """The lines of the rows of ``table``, whose columns have the type OIDs ``oids``."""
+    return b"".join(encode_lines(table, fmt, oids))
+
+
+def encode_lines(table: pa.Table, fmt: CopyFormat, oids: list[int]) -> list[bytes]:
+    """One line (newline included) per row of ``table``."""
+    forced = _forced_columns(table.column_names, fmt)
+    rows = types.encode_rows(table, oids, [0] * len(oids))
+    return [_encode_line(row, fmt, fmt.null.encode(), forced) for row in rows]
 
 
 def _forced_columns(names: list[str], fmt: CopyFormat) -> list[bool]:
@@ -168,8 +185,53 @@ def _unescape(field: bytes) -> bytes:
     return _TEXT_UNESCAPE.sub(_unescape_match, field) if b"\\" in field else field
 
 
+class RowBuffer:
+    """Rows decoded column-wise, as Python values, that become Arrow chunks as they grow.
+
+    The common part of the text/CSV and binary COPY FROM decoders. A subclass (a
+    dataclass) holds the fields named below and says how its held values become Arrow
+    arrays (``_column_arrays``). Invariants: ``columns`` has one list per name of
+    ``column_names``, each as long as ``lines`` (the input line each held row started
+    on); the held rows and the ``_chunks`` together are every row decoded so far, in order.
+    """
+
+    column_names: list[str]
+    columns: list[list[Any]]
+    lines: list[int]
+    _chunks: list[pa.Table]  # rows already made Arrow
+    _rows_in_chunks: int
+
+    @property
+    def row_count(self) -> int:
+        return self._rows_in_chunks + len(self.lines)
+
+    def to_arrow(self) -> pa.Table:
+        """The rows so far: one column per target column, plus the line numbers."""
+        if self.lines or not self._chunks:
+            self._chunks.append(self._pending_arrow())
+        return pa.concat_tables(self._chunks)
+
+    def _chunk_when_full(self) -> None:
+        """Turn the held rows into an Arrow chunk once there are ``ARROW_CHUNK_ROWS``."""
+        if len(self.lines) >= ARROW_CHUNK_ROWS:
+            self._chunks.append(self._pending_arrow())
+
+    def _pending_arrow(self) -> pa.Table:
+        """The rows still held as Python values, as Arrow (and forgotten here)."""
+        arrays = self._column_arrays()
+        arrays[LINE_COLUMN] = pa.array(self.lines, pa.int64())
+        self._rows_in_chunks += len(self.lines)
+        self.columns = [[] for _ in self.column_names]
+        self.lines = []
+        return pa.table(arrays)
+
+    def _column_arrays(self) -> dict[str, pa.Array]:
+        """The held values of each column as an Arrow array, by column name."""
+        raise NotImplementedError
+
+
 @dataclass
-class CopyDecoder:
+class CopyDecoder(RowBuffer):
     """Parses COPY FROM data into columns, line by line as data arrives.
 
     Columns listed in ``bytea_columns`` hold bytes (PostgreSQL's bytea input: ``\\x`` hex
@@ -195,10 +257,6 @@ class CopyDecoder:
         self.columns = [[] for _ in self.column_names]
         self._header_left = self.fmt.header
 
-    @property
-    def row_count(self) -> int:
-        return self._rows_in_chunks + len(self.lines)
-
     def feed(self, data: bytes) -> None:
         """Parse every complete line of ``self._tail + data``; keep the unfinished rest."""
         self.bytes_seen += len(data)
@@ -218,8 +276,7 @@ class CopyDecoder:
                     break
         else:
             self._text_lines(lines)
-        if len(self.lines) >= ARROW_CHUNK_ROWS:
-            self._chunks.append(self._pending_arrow())
+        self._chunk_when_full()
 
     def finish(self) -> None:
         """The data is complete: parse a last line without a newline, refuse open quotes."""
@@ -229,24 +286,13 @@ class CopyDecoder:
         if self._pending_record and not self.ended:
             raise BadCopyFormatError("unterminated CSV quoted field", self._context())
 
-    def to_arrow(self) -> pa.Table:
-        """The rows so far: one string column per target column, plus the line numbers."""
-        if self.lines or not self._chunks:
-            self._chunks.append(self._pending_arrow())
-        return pa.concat_tables(self._chunks)
-
-    def _pending_arrow(self) -> pa.Table:
-        """The rows still held as Python strings, as Arrow (and forgotten here)."""
-        arrays = {
+    def _column_arrays(self) -> dict[str, pa.Array]:
+        """Strings, or bytes for the ``bytea_columns``."""
+        return {
             name: pa.array(values, pa.binary() if index in self.bytea_columns else pa.string())
             for index, (name, values) in enumerate(zip(self.column_names, self.columns,
                                                        strict=True))
         }  # fmt: skip
-        arrays[LINE_COLUMN] = pa.array(self.lines, pa.int64())
-        self._rows_in_chunks += len(self.lines)
-        self.columns = [[] for _ in self.column_names]
-        self.lines = []
-        return pa.table(arrays)
 
     # -- one line -------------------------------------------------------------------------------
     def _context(self, column: str | None = None, value: str | None = None) -> str:

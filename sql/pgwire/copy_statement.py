@@ -4,7 +4,7 @@ Accepted: ``COPY (query) TO STDOUT``, ``COPY name [(columns)] {TO STDOUT | FROM 
 and ``COPY TOPIC name [(columns)] ...``, followed by options either as the
 ``[WITH] (option [value], ...)`` list or in the old spelling (``[WITH] [BINARY]
 [DELIMITER [AS] 'c'] [NULL [AS] 's'] [CSV [HEADER] [QUOTE [AS] 'q'] [ESCAPE [AS] 'e']
-[FORCE QUOTE cols | * | FORCE NOT NULL cols]]``). Files, programs and the binary format
+[FORCE QUOTE cols | * | FORCE NOT NULL cols]]``). Files and programs
 are refused with 0A000, unknown options with 42601, bad values with 22023.
 
 Pure functions over the coarse tokens of ``grammar.split``; no I/O.
@@ -267,9 +267,6 @@ def _format(options: dict[str, Any], to_client: bool) -> CopyFormat:
 
 
 def _binary_format(options: dict[str, Any], to_client: bool) -> CopyFormat:
-    if to_client:
-        raise FeatureNotSupportedError("COPY TO in binary format is not supported; use text "
-                                       "or csv")  # fmt: skip
     for name in options:
         if name not in ("format", "freeze", "encoding"):
             raise SqlSyntaxError(f"cannot specify {name.upper()} in BINARY mode")

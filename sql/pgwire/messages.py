@@ -20,6 +20,8 @@ MESSAGE_LENGTH_MAX = 1 << 30
 
 _INT32 = struct.Struct("!i")
 _INT16 = struct.Struct("!h")
+_UINT16 = struct.Struct("!H")
+PARAMETERS_MAX = 65535  # Parse, Bind and ParameterDescription count them in an unsigned Int16
 
 
 class ProtocolError(TopicbaseError):
@@ -40,8 +42,20 @@ class Reader:
     def int16(self) -> int:
         return self._unpack(_INT16)
 
+    def uint16(self) -> int:
+        """A count of the following fields (PostgreSQL reads counts as unsigned)."""
+        return self._unpack(_UINT16)
+
     def byte(self) -> bytes:
         return self.take(1)
+
+    def int16_array(self, count: int) -> list[int]:
+        """``count`` (>= 0) Int16 fields at once."""
+        return list(struct.unpack(f"!{count}h", self.take(2 * count)))
+
+    def int32_array(self, count: int) -> list[int]:
+        """``count`` (>= 0) Int32 fields at once."""
+        return list(struct.unpack(f"!{count}i", self.take(4 * count)))
 
     def take(self, count: int) -> bytes:
         if count < 0 or self.at + count > len(self.body):
@@ -148,19 +162,37 @@ def parse_query(body: bytes) -> str:
 def parse_parse(body: bytes) -> Parse:
     reader = Reader(body)
     name, query = reader.cstring(), reader.cstring()
-    oids = [reader.int32() for _ in range(reader.int16())]
+    oids = reader.int32_array(reader.uint16())
     return Parse(name, query, oids)
 
 
 def parse_bind(body: bytes) -> Bind:
+    """A Bind message. Its parameter values are read in one tight loop (a statement of
+    1000 rows binds 1000 values), with the same checks as field by field: a length
+    below -1 or past the end of the body is a ProtocolError. Counts are unsigned, as
+    PostgreSQL reads them (up to PARAMETERS_MAX parameters)."""
     reader = Reader(body)
     portal, statement = reader.cstring(), reader.cstring()
-    formats = [reader.int16() for _ in range(reader.int16())]
+    formats = reader.int16_array(reader.uint16())
+    count = reader.uint16()
     values: list[bytes | None] = []
-    for _ in range(reader.int16()):
-        length = reader.int32()
-        values.append(None if length == -1 else reader.take(length))
-    result_formats = [reader.int16() for _ in range(reader.int16())]
+    append = values.append
+    unpack_length = _INT32.unpack_from
+    at, end = reader.at, len(body)
+    for _ in range(count):
+        if at + 4 > end:
+            raise ProtocolError("message is shorter than its fields")
+        (length,) = unpack_length(body, at)
+        at += 4
+        if length == -1:
+            append(None)
+            continue
+        if length < 0 or at + length > end:
+            raise ProtocolError("message is shorter than its fields")
+        append(body[at : at + length])
+        at += length
+    reader.at = at
+    result_formats = reader.int16_array(reader.uint16())
     return Bind(portal, statement, formats, values, result_formats)
 
 
@@ -268,7 +300,8 @@ def portal_suspended() -> bytes:
 
 
 def parameter_description(oids: list[int]) -> bytes:
-    return message(b"t", _INT16.pack(len(oids)) + b"".join(_INT32.pack(o) for o in oids))
+    """ParameterDescription; ``oids`` holds at most PARAMETERS_MAX OIDs."""
+    return message(b"t", struct.pack(f"!H{len(oids)}i", len(oids), *oids))
 
 
 def _fields(severity: str, sqlstate: str, text: str, position: int | None) -> bytes:

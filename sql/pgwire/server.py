@@ -48,15 +48,17 @@ from grammar.parse import parse
 from sql.pgwire import auth as wire_auth
 from sql.pgwire import commands as wire_commands
 from sql.pgwire import limits as wire_limits
+from sql.pgwire import malloc_tuning, types
 from sql.pgwire import messages as m
 from sql.pgwire import pg_catalog as wire_catalog  # SET/SHOW, savepoints, pg_catalog
 from sql.pgwire import tls as wire_tls
-from sql.pgwire import types
 from sql.pgwire.limits import REFUSAL_PACKETS_MAX, REFUSAL_TIMEOUT_S, ServerLimits
-from sql.pgwire.row_encoding import encode_data_rows
+from sql.pgwire.output import GatheringWriter
+from sql.pgwire.row_encoding import DataRows
 from sql.pgwire.users import ConfigFileError, default_users_path
 from storage.errors import (
     FeatureNotSupportedError,
+    LimitExceededError,
     SqlSyntaxError,
     TooManyConnectionsError,
     TopicbaseError,
@@ -81,6 +83,16 @@ PARSE_CACHE_ENTRIES = 512
 def _parse(text: str) -> tuple[ast.Statement, ...]:
     """Parsed query strings by text (statements are immutable; clients repeat queries)."""
     return tuple(parse(text))
+
+
+@functools.lru_cache(maxsize=PARSE_CACHE_ENTRIES)
+def _prepare_text(text: str) -> tuple[tuple[ast.Statement, ...], int]:
+    """What Parse needs of a query text: its statements (ours, or parsed) and its highest
+    ``$n``. Depends on the text alone (no catalog), so it is kept by text: psycopg sends
+    a 1000-placeholder INSERT's Parse 6 times, and scanning it costs milliseconds."""
+    # BEGIN ISOLATION LEVEL … comes through Parse too (psycopg's executemany).
+    statements = wire_commands.prepared_statements(text) or _parse(wire_catalog.plain_begin(text))
+    return statements, max(map(int, _PARAMETER.findall(text)), default=0)
 
 
 class UndefinedStatementError(TopicbaseError):
@@ -339,6 +351,9 @@ class Connection:
         return True
 
     async def serve_messages(self) -> None:
+        # Responses are kept until a drain (Sync, Flush, end of Query, before COPY data is
+        # awaited): one socket write per flight instead of one per message (sql.pgwire.output).
+        self.writer = GatheringWriter(self.writer)
         while True:
             header = await self.reader.readexactly(5)
             body = await self.reader.readexactly(
@@ -428,6 +443,8 @@ class Connection:
             try:
                 result = await self.call(self.catalog.execute, self._session(), statement, None)
                 await self.send_result(result)
+                if statement is not statements[-1]:  # each statement's results as it ends
+                    await self.writer.drain()
             except Exception as error:
                 self.send_error(error, query)
                 break
@@ -445,11 +462,16 @@ class Connection:
         self.send(m.command_complete(result.tag))
 
     async def send_rows(self, table: pa.Table, oids: list[int], formats: list[int]) -> None:
+        """DataRow messages of ``table``: each chunk's per-value encoding runs on the worker
+        thread, then its messages are joined and written a block (<= 120 KiB) at a time,
+        draining between blocks, so neither we nor the transport hold a chunk-sized buffer
+        (``sql.pgwire.row_encoding``: with default malloc settings those fault in fresh pages)."""
         for start in range(0, table.num_rows, ROWS_PER_CHUNK):
             chunk = table.slice(start, ROWS_PER_CHUNK)
-            data = await self.call(_encode, chunk, oids, formats)
-            self.send(data)
-            await self.writer.drain()
+            rows = await self.call(DataRows, chunk, oids, formats)
+            for block in rows.blocks():
+                self.send(block)
+                await self.writer.drain()
 
     # -- extended protocol -----------------------------------------------------------------------
     def _session(self) -> Session:
@@ -483,9 +505,7 @@ class Connection:
 
     async def on_parse(self, message: m.Parse) -> None:
         try:
-            statements = wire_commands.prepared_statements(message.query) or await self.call(
-                _parse, message.query
-            )
+            statements, highest = await self.call(_prepare_text, message.query)
         except TopicbaseError:
             await self.call(self._session().execute, message.query)  # raises, fails the txn
             raise
@@ -493,8 +513,10 @@ class Connection:
             raise SqlSyntaxError("cannot insert multiple commands into a prepared statement")
         if message.name and message.name in self.statements:
             raise DuplicateStatementError(f'prepared statement "{message.name}" already exists')
-        used = [int(n) for n in _PARAMETER.findall(message.query)]
-        count = max([len(message.parameter_oids), *used])
+        if highest > m.PARAMETERS_MAX:  # no Bind could supply it
+            raise LimitExceededError(f"there is no parameter ${highest}: a statement takes at "
+                                     f"most {m.PARAMETERS_MAX} parameters")  # fmt: skip
+        count = max(len(message.parameter_oids), highest)
         oids = [*message.parameter_oids, *[0] * (count - len(message.parameter_oids))]
         self.statements[message.name] = Prepared(
             message.query, statements[0] if statements else None, oids
@@ -518,11 +540,7 @@ class Connection:
             formats = (formats or [0]) * count
         elif len(formats) != count:
             raise ProtocolViolation("bind message has a wrong number of parameter formats")
-        values = [
-            types.decode_parameter(value, oid, fmt)
-            for value, oid, fmt in zip(message.parameters, prepared.parameter_oids, formats,
-                                       strict=True)
-        ]  # fmt: skip
+        values = types.decode_parameters(message.parameters, prepared.parameter_oids, formats)
         if message.portal and message.portal in self.portals:
             raise DuplicateCursorError(f'cursor "{message.portal}" already exists')
         self.portals[message.portal] = Portal(prepared, values, message.result_formats)
@@ -696,12 +714,6 @@ class Connection:
             self.send(m.command_complete(result.tag))
 
 
-def _encode(table: pa.Table, oids: list[int], formats: list[int]) -> bytes:
-    # Same bytes as joining m.data_row over types.encode_rows (the reference, compared in
-    # tests/pgwire/test_row_encoding.py), built column-wise: 2-3x faster on bytea results.
-    return encode_data_rows(table, oids, formats)
-
-
 class PgServer:
     """Serves one open ``Database`` over the PostgreSQL protocol."""
 
@@ -822,7 +834,9 @@ def serve(data_dir: str, host: str = DEFAULT_HOST, port: int = DEFAULT_PORT,
           auth: str = "scram", ready: Callable[[int], None] | None = None,
           limits: ServerLimits | None = None, *, users_file: str | None = None,
           tls_cert: str | None = None, tls_key: str | None = None) -> None:  # fmt: skip
-    """Open ``data_dir`` and serve it until SIGINT or SIGTERM (blocking)."""
+    """Open ``data_dir`` and serve it until SIGINT or SIGTERM (blocking). Meant to own its
+    process: it tunes the process's malloc for large messages (``sql.pgwire.malloc_tuning``)."""
+    malloc_tuning.reuse_large_blocks()
     database = Database.open(data_dir)
     try:
         server = PgServer(database, host, port, auth, limits=limits, users_file=users_file,

@@ -9,16 +9,21 @@ import os
 import socket
 import struct
 import subprocess
+import uuid
 from collections.abc import Callable, Sequence
 from decimal import Decimal
 from pathlib import Path
 
 import psycopg
+import psycopg.types.json
 import pyarrow as pa
 import pytest
 
+from sql.pgwire import copy_format, types
 from sql.pgwire import messages as m
+from sql.pgwire.copy_binary import BINARY_HEADER, BINARY_TRAILER, BinaryCopyDecoder
 from sql.pgwire.copy_format import (
+    LINE_COLUMN,
     CharacterNotInRepertoireError,
     CopyDecoder,
     CopyFormat,
@@ -26,6 +31,7 @@ from sql.pgwire.copy_format import (
     encode_table,
 )
 from sql.pgwire.copy_statement import parse_copy
+from sql.pgwire.limits import ServerLimits
 from sql.pgwire.server import ServerThread
 from storage.errors import FeatureNotSupportedError
 
@@ -102,15 +108,126 @@ def test_copy_topic_to_stdout_as_bulk_read(db: psycopg.Connection) -> None:
     assert len(whole.splitlines()) == 3
 
 
-def test_copy_to_a_file_or_in_binary_is_refused(db: psycopg.Connection) -> None:
+def test_copy_to_a_file_or_with_bad_options_is_refused(db: psycopg.Connection) -> None:
     with pytest.raises(psycopg.errors.FeatureNotSupported):
         db.execute("COPY t TO '/tmp/x.csv'")
-    with pytest.raises(psycopg.errors.FeatureNotSupported):
-        copy_out(db, "COPY t TO STDOUT (FORMAT binary)")
+    with pytest.raises(psycopg.errors.SyntaxError, match="cannot specify DELIMITER"):
+        copy_out(db, "COPY t TO STDOUT (FORMAT binary, DELIMITER ',')")
+    with pytest.raises(psycopg.errors.FeatureNotSupported, match="must return rows"):
+        copy_out(db, "COPY (INSERT INTO t (a) VALUES (1)) TO STDOUT (FORMAT binary)")
     with pytest.raises(psycopg.errors.SyntaxError, match="not recognized"):
         copy_out(db, "COPY t TO STDOUT (COLOUR red)")
     with pytest.raises(psycopg.errors.UndefinedTable):
         copy_out(db, "COPY missing TO STDOUT")
+
+
+# -- COPY TO STDOUT in binary -------------------------------------------------------------------
+ALL_TYPES = ("CREATE TABLE {name} (bo BOOLEAN, i2 SMALLINT, i4 INTEGER, i8 BIGINT, f4 REAL, "
+             "f8 DOUBLE, nu DECIMAL(12,3), tx VARCHAR, bl BLOB, da DATE, ti TIME, ts TIMESTAMP, "
+             "tz TIMESTAMPTZ, iv INTERVAL, uu UUID, js JSON)")  # fmt: skip
+ALL_TYPE_NAMES = ["bool", "int2", "int4", "int8", "float4", "float8", "numeric", "text", "bytea",
+                  "date", "time", "timestamp", "timestamptz", "interval", "uuid", "json"]
+ALL_TYPE_ROWS = [
+    (True, -2, 2**31 - 1, -(2**62), 1.5, -2.25, Decimal("-12345.678"), "tab\t\\ é", b"\x00\xff",
+     datetime.date(2020, 2, 29), datetime.time(23, 59, 58, 123456),
+     datetime.datetime(1999, 12, 31, 23, 59, 59, 5),
+     datetime.datetime(2024, 1, 2, 3, 4, 5, tzinfo=datetime.UTC),
+     datetime.timedelta(days=3, hours=4, microseconds=7),
+     uuid.UUID("12345678-1234-5678-1234-567812345678"), {"a": [1, None]}),
+    (False, 0, 0, 0, 0.0, 0.0, Decimal("0.000"), "", b"", datetime.date(1970, 1, 1),
+     datetime.time(0, 0), datetime.datetime(2000, 1, 1),
+     datetime.datetime(1960, 6, 1, tzinfo=datetime.UTC), datetime.timedelta(0),
+     uuid.UUID(int=0), []),
+    (None,) * 16,
+]  # fmt: skip
+
+
+def _fill_all_types(db: psycopg.Connection, name: str) -> None:
+    db.execute(ALL_TYPES.format(name=name))
+    with db.cursor().copy(f"COPY {name} FROM STDIN") as copy:
+        for row in ALL_TYPE_ROWS:
+            copy.write_row([psycopg.types.json.Json(v) if isinstance(v, dict | list) else v
+                            for v in row])  # fmt: skip
+
+
+def _read_rows(db: psycopg.Connection, statement: str, type_names: list[str]
+                      ) -> tuple[list[tuple[object, ...]], int]:  # fmt: skip
+    cursor = db.cursor()
+    with cursor.copy(statement) as copy:
+        copy.set_types(type_names)
+        rows = list(iter(copy.read_row, None))
+    return rows, cursor.rowcount
+
+
+def test_binary_copy_to_stdout_every_type_and_nulls(db: psycopg.Connection) -> None:
+    _fill_all_types(db, "every")
+    for statement in ("COPY every TO STDOUT (FORMAT binary)",
+                      "COPY (SELECT * FROM every) TO STDOUT WITH BINARY"):  # fmt: skip
+        rows, count = _read_rows(db, statement, ALL_TYPE_NAMES)
+        assert count == 3
+        assert rows == ALL_TYPE_ROWS
+    text_rows, _ = _read_rows(db, "COPY every TO STDOUT", ALL_TYPE_NAMES)
+    assert text_rows == ALL_TYPE_ROWS  # one row per CopyData in text too, as read_row needs
+
+
+def test_binary_copy_to_stdout_bytes_on_the_wire(db: psycopg.Connection) -> None:
+    data = copy_out(db, "COPY (SELECT 7::INTEGER AS a, NULL::VARCHAR AS b, 'hi' AS c) "
+                        "TO STDOUT (FORMAT binary)")  # fmt: skip
+    assert data == (b"PGCOPY\n\xff\r\n\x00" + struct.pack("!ii", 0, 0)  # signature, header
+                    + struct.pack("!h", 3)  # field count
+                    + struct.pack("!ii", 4, 7) + struct.pack("!i", -1)  # 7, NULL
+                    + struct.pack("!i", 2) + b"hi"
+                    + struct.pack("!h", -1))  # trailer  # fmt: skip
+    empty = copy_out(db, "COPY (SELECT 1 AS a WHERE false) TO STDOUT (FORMAT binary)")
+    assert empty == b"PGCOPY\n\xff\r\n\x00" + struct.pack("!iih", 0, 0, -1)
+
+
+def test_binary_copy_round_trip_to_and_from_stdin(db: psycopg.Connection) -> None:
+    _fill_all_types(db, "source")
+    db.execute(ALL_TYPES.format(name="target"))
+    db.execute("INSERT INTO source (i4, tx) SELECT i, 'row ' || i FROM range(10, 5010) AS r(i)")
+    data = copy_out(db, "COPY source TO STDOUT (FORMAT binary)")
+    assert copy_in(db, "COPY target FROM STDIN (FORMAT binary)", data) == 5003
+    query = "SELECT * FROM {} ORDER BY i4 NULLS FIRST, bo NULLS FIRST"
+    assert db.execute(query.format("target")).fetchall() == \
+        db.execute(query.format("source")).fetchall()  # fmt: skip
+    assert db.execute("SELECT count(*) FROM target WHERE tx LIKE 'row %'").fetchone() == (5000,)
+
+
+def test_binary_copy_topic_to_stdout(db: psycopg.Connection) -> None:
+    db.execute("CREATE TOPIC events")
+    db.execute("INSERT INTO TOPIC events (data, message_group_id) VALUES ('a', 'g'), ('b', NULL)")
+    rows, count = _read_rows(
+        db, "COPY TOPIC events (data, message_group_id) TO STDOUT (FORMAT binary)",
+        ["bytea", "text"])  # fmt: skip
+    assert count == 2
+    assert sorted(rows) == [(b"a", "g"), (b"b", None)]
+    rows, _ = _read_rows(
+        db, 'COPY (SELECT "offset", data FROM TOPIC events WITH (partition = 0)) TO STDOUT '
+            "(FORMAT binary)", ["int8", "bytea"])  # fmt: skip
+    assert [row[1] for row in rows] in ([b"a", b"b"], [b"a"], [b"b"], [])
+    assert [row[0] for row in rows] == list(range(len(rows)))
+
+
+def test_psql_backslash_copy_binary_round_trip(server: ServerThread, tmp_path: Path,
+                                               connect: Connect) -> None:  # fmt: skip
+    connection = connect(autocommit=True)
+    _fill_all_types(connection, "source")
+    connection.execute(ALL_TYPES.format(name="target"))
+    dump = tmp_path / "dump.bin"
+    environment = {**os.environ, "PGCONNECT_TIMEOUT": "10"}
+    base = ["/usr/bin/psql", "-X", "-v", "ON_ERROR_STOP=1", "-h", "127.0.0.1", "-p",
+            str(server.port), "-U", "tester", "-d", "topicbase"]  # fmt: skip
+    for command in (f"\\copy source to '{dump}' with (format binary)",
+                    f"\\copy target from '{dump}' with (format binary)"):  # fmt: skip
+        ran = subprocess.run([*base, "-c", command], capture_output=True, text=True,
+                             timeout=60, env=environment)  # fmt: skip
+        assert ran.returncode == 0, ran.stderr
+        assert "COPY 3" in ran.stdout
+    assert dump.read_bytes().startswith(b"PGCOPY\n\xff\r\n\x00")
+    query = "SELECT * FROM {} ORDER BY i4 NULLS FIRST"
+    assert connection.execute(query.format("target")).fetchall() == \
+        connection.execute(query.format("source")).fetchall()  # fmt: skip
 
 
 # -- COPY FROM STDIN into tables ------------------------------------------------------------------
@@ -343,6 +460,29 @@ def test_client_gone_during_copy_in_writes_nothing_and_server_carries_on(
     assert other.execute("SELECT a FROM t").fetchall() == [(7,)]
 
 
+def test_client_gone_during_copy_out_and_copy_out_with_other_statements(
+    server: ServerThread, connect: Connect
+) -> None:
+    client = RawClient(server.port)
+    client.query("CREATE TABLE big AS SELECT range AS i FROM range(300000)")
+    client.until(b"Z")
+    client.query("COPY big TO STDOUT (FORMAT binary)")
+    kind, body = client.read()
+    assert kind == b"H" and body[:1] == b"\x01"  # binary CopyOutResponse
+    assert client.read()[0] == b"d"
+    client.sock.close()  # gone with the COPY half sent
+    other = connect(autocommit=True)
+    assert other.execute("SELECT count(*) FROM big").fetchone() == (300000,)
+    # In one Query: statements before and after a COPY TO on the same session.
+    again = RawClient(server.port)
+    again.query("SELECT 1; COPY (SELECT i FROM big WHERE i < 3) TO STDOUT; SELECT 2")
+    got = again.until(b"Z")
+    assert [body for kind, body in got if kind == b"d"] == [b"0\n", b"1\n", b"2\n"]
+    assert [body[-1:] for kind, body in got if kind == b"D"] == [b"1", b"2"]
+    assert [body for kind, body in got if kind == b"C"] == [b"SELECT 1\0", b"COPY 3\0",
+                                                            b"SELECT 1\0"]  # fmt: skip
+
+
 # -- psql -----------------------------------------------------------------------------------------
 def test_psql_backslash_copy_both_ways(server: ServerThread, tmp_path: Path,
                                        connect: Connect) -> None:  # fmt: skip
@@ -435,8 +575,13 @@ def test_asyncpg_copy_text_and_csv(server: ServerThread) -> None:
                                              format="csv", header=True)  # fmt: skip
             assert out.getvalue() == b"a,b\n1,x\n2,y\n"
             out = io.BytesIO()
-            with pytest.raises(asyncpg.FeatureNotSupportedError, match="binary"):
-                await connection.copy_from_table("t", output=out, format="binary")
+            status = await connection.copy_from_table("t", output=out, format="binary")
+            assert status == "COPY 2"
+            assert out.getvalue() == (
+                b"PGCOPY\n\xff\r\n\x00" + b"\x00" * 8
+                + b"\x00\x02" + b"\x00\x00\x00\x04\x00\x00\x00\x01" + b"\x00\x00\x00\x01x"
+                + b"\x00\x02" + b"\x00\x00\x00\x04\x00\x00\x00\x02" + b"\x00\x00\x00\x01y"
+                + b"\xff\xff")  # fmt: skip
         finally:
             await connection.close()
 
@@ -520,3 +665,84 @@ def test_text_decoder_slow_path_cases() -> None:
     bad_hex = CopyDecoder(CopyFormat(), ["a"], "t", frozenset([0]))
     with pytest.raises(InvalidTextRepresentationError, match="bytea"):
         bad_hex.feed(b"\\\\x0g\n")
+
+
+# -- the result limit applies to each batch held, not to the whole COPY ------------------------
+def test_copy_to_is_streamed_within_the_result_limit(tmp_path: Path) -> None:
+    limits = ServerLimits(result_bytes_max=1_000_000)
+    running = ServerThread(str(tmp_path / "data"), "127.0.0.1", 0, limits=limits)
+    try:
+        with psycopg.connect(host="127.0.0.1", port=running.port, user="tester",
+                             connect_timeout=10, autocommit=True) as connection:  # fmt: skip
+            connection.execute("CREATE TABLE wide AS SELECT range AS i, repeat('x', 40) || "
+                               "range AS s FROM range(100000)")  # fmt: skip
+            with pytest.raises(psycopg.errors.ProgramLimitExceeded):  # ~6 MB held whole
+                connection.execute("SELECT * FROM wide").fetchall()
+            lines = copy_out(connection, "COPY wide TO STDOUT").splitlines()
+            assert len(lines) == 100000 and lines[-1] == b"99999\t" + b"x" * 40 + b"99999"
+            rows, count = _read_rows(
+                connection, "COPY (SELECT i FROM wide WHERE i % 1000 = 0 ORDER BY i) TO "
+                "STDOUT (FORMAT binary)", ["int8"])  # fmt: skip
+            assert count == 100 and rows == [(i * 1000,) for i in range(100)]
+            # One batch (8192 rows of 300 bytes) over the limit: 54000, mid-COPY.
+            with pytest.raises(psycopg.errors.ProgramLimitExceeded, match="batch"):
+                copy_out(connection, "COPY (SELECT repeat('y', 300) AS s FROM range(10000)) "
+                                     "TO STDOUT")  # fmt: skip
+            # The session carries on: the failed COPY's DuckDB result was closed.
+            assert connection.execute("SELECT count(*) FROM wide").fetchone() == (100000,)
+            assert copy_out(connection, "COPY (SELECT 1 AS a) TO STDOUT") == b"1\n"
+    finally:
+        running.stop()
+
+
+def test_copy_and_cursor_over_a_topic_named_as_a_plain_relation(db: psycopg.Connection) -> None:
+    """The batched read plans as the engine does: a plain ``FROM name`` of a topic reads it."""
+    db.execute("CREATE TOPIC plain_events")
+    db.execute("INSERT INTO TOPIC plain_events (data) VALUES ('a'), ('b')")
+    query = "SELECT CAST(data AS VARCHAR) AS d FROM plain_events ORDER BY d"
+    assert copy_out(db, f"COPY ({query}) TO STDOUT") == b"a\nb\n"
+    db.execute(f"DECLARE held CURSOR WITH HOLD FOR {query}")
+    assert db.execute("FETCH ALL FROM held").fetchall() == [("a",), ("b",)]
+    db.execute("CREATE TABLE plain_events (d VARCHAR)")  # a table of the same name wins
+    db.execute("INSERT INTO plain_events VALUES ('t')")
+    assert copy_out(db, "COPY (SELECT d FROM plain_events) TO STDOUT") == b"t\n"
+
+
+def test_both_decoders_keep_rows_in_order_across_arrow_chunks(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """The shared row buffer: rows become Arrow every ``ARROW_CHUNK_ROWS`` (3 here)."""
+    monkeypatch.setattr(copy_format, "ARROW_CHUNK_ROWS", 3)
+    text = CopyDecoder(CopyFormat(), ["a", "b"], "t", frozenset({1}))
+    for index in range(10):
+        text.feed(f"{index}\t\\\\x0{index}\n".encode())
+    text.finish()
+    assert text.row_count == 10 and len(text._chunks) == 3  # 3 chunks of 3, 1 row held
+    table = text.to_arrow()
+    assert table.column("a").to_pylist() == [str(i) for i in range(10)]
+    assert table.column("b").to_pylist() == [bytes([i]) for i in range(10)]
+    assert table.column(LINE_COLUMN).to_pylist() == list(range(1, 11))
+    binary = BinaryCopyDecoder([types.INT4, types.DATE], ["a", "d"], "t")
+    binary.feed(BINARY_HEADER)
+    for index in range(7):
+        binary.feed(struct.pack("!hiiii", 2, 4, index, 4, index))
+    binary.feed(BINARY_TRAILER)
+    binary.finish()
+    assert binary.row_count == 7 and len(binary._chunks) == 2
+    table = binary.to_arrow()
+    assert table.column("a").to_pylist() == list(range(7))
+    assert table.column("d").to_pylist() == [datetime.date(2000, 1, 1 + i) for i in range(7)]
+    assert table.column(LINE_COLUMN).to_pylist() == list(range(1, 8))
+
+
+def test_statement_timeout_cancels_a_batched_copy_and_declare(connect: Connect) -> None:
+    connection = connect(autocommit=True)
+    slow = "SELECT sum(a.range * b.range) AS s FROM range(200000) a, range(200000) b"
+    connection.execute("SET statement_timeout = '300ms'")
+    with pytest.raises(psycopg.errors.QueryCanceled, match="statement timeout"):
+        copy_out(connection, f"COPY ({slow}) TO STDOUT (FORMAT binary)")
+    with pytest.raises(psycopg.errors.QueryCanceled, match="statement timeout"):
+        connection.execute(f"DECLARE late CURSOR WITH HOLD FOR {slow}")
+    assert copy_out(connection, "COPY (SELECT 1 AS a) TO STDOUT") == b"1\n"  # carries on
+    connection.execute("SET statement_timeout = 0")
+    assert copy_out(connection, "COPY (SELECT 2 AS a) TO STDOUT") == b"2\n"

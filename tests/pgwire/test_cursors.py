@@ -3,15 +3,23 @@ DECLARE / FETCH / MOVE / CLOSE statements themselves, with PostgreSQL's errors."
 
 from __future__ import annotations
 
+import gc
 import os
 import subprocess
-from collections.abc import Callable
+import tempfile
+from collections.abc import Callable, Iterator
+from pathlib import Path
 
 import psycopg
+import pyarrow as pa
 import pytest
 
+from sql.pgwire import spill
 from sql.pgwire.cursors import Fetch, parse_cursor_command
+from sql.pgwire.limits import ServerLimits
+from sql.pgwire.result_stream import ResultStream
 from sql.pgwire.server import ServerThread
+from storage.errors import LimitExceededError
 
 Connect = Callable[..., psycopg.Connection]
 
@@ -191,3 +199,186 @@ def test_psql_cursor_script_and_fetch_count(server: ServerThread) -> None:
     failed = _psql(server, "-c", "BEGIN; FETCH 1 FROM nowhere; COMMIT")
     assert failed.returncode != 0
     assert 'cursor "nowhere" does not exist' in failed.stderr
+
+
+# -- WITH HOLD and the outcome of the declaring transaction -------------------------------------
+def _hold_markers(connection: psycopg.Connection) -> int:
+    found = connection.execute("SELECT count(*) FROM duckdb_tables() WHERE temporary AND "
+                               "table_name LIKE '__topicbase_hold%'").fetchone()  # fmt: skip
+    assert found is not None
+    return int(found[0])
+
+
+def test_with_hold_cursor_of_a_rolled_back_transaction_is_gone(
+    numbers: psycopg.Connection,
+) -> None:
+    numbers.execute("DECLARE undone CURSOR WITH HOLD FOR SELECT i FROM n ORDER BY i")
+    assert numbers.execute("FETCH 2 FROM undone").fetchall() == [(1,), (2,)]
+    numbers.rollback()
+    with pytest.raises(psycopg.errors.InvalidCursorName, match='"undone" does not exist'):
+        numbers.execute("FETCH 1 FROM undone")
+    numbers.rollback()
+    # A COMMIT of a failed transaction rolls it back: the cursor goes with it.
+    numbers.execute("DECLARE failed_with CURSOR WITH HOLD FOR SELECT i FROM n")
+    with pytest.raises(psycopg.errors.UndefinedTable):
+        numbers.execute("SELECT * FROM no_such_table")
+    numbers.commit()
+    with pytest.raises(psycopg.errors.InvalidCursorName):
+        numbers.execute("CLOSE failed_with")
+    numbers.rollback()
+    # The name is free again, and a committed WITH HOLD cursor outlives later rollbacks.
+    numbers.execute("DECLARE undone CURSOR WITH HOLD FOR SELECT i FROM n ORDER BY i")
+    numbers.commit()
+    assert numbers.execute("FETCH 1 FROM undone").fetchall() == [(1,)]
+    numbers.rollback()
+    assert numbers.execute("FETCH 1 FROM undone").fetchall() == [(2,)]
+    numbers.execute("CLOSE undone")
+    numbers.commit()
+    assert _hold_markers(numbers) == 0  # no marker table left behind
+    numbers.rollback()
+
+
+def test_with_hold_cursor_closed_in_its_transaction_leaves_nothing(
+    numbers: psycopg.Connection,
+) -> None:
+    numbers.execute("DECLARE brief CURSOR WITH HOLD FOR SELECT i FROM n")
+    assert _hold_markers(numbers) == 1
+    numbers.execute("CLOSE brief")
+    numbers.commit()
+    with pytest.raises(psycopg.errors.InvalidCursorName):
+        numbers.execute("FETCH 1 FROM brief")
+    numbers.rollback()
+    assert _hold_markers(numbers) == 0
+    numbers.rollback()
+
+
+def test_psql_with_hold_cursor_and_rollback(server: ServerThread) -> None:
+    kept = _psql(server, "-c", "BEGIN; DECLARE c CURSOR WITH HOLD FOR SELECT range AS i "
+                               "FROM range(3); COMMIT; FETCH ALL FROM c")  # fmt: skip
+    assert kept.returncode == 0, kept.stderr
+    assert kept.stdout.splitlines() == ["BEGIN", "DECLARE CURSOR", "COMMIT", "0", "1", "2"]
+    dropped = _psql(server, "-c", "BEGIN; DECLARE c CURSOR WITH HOLD FOR SELECT 1; ROLLBACK; "
+                                  "FETCH ALL FROM c")  # fmt: skip
+    assert dropped.returncode != 0
+    assert 'cursor "c" does not exist' in dropped.stderr
+
+
+# -- large results: read in batches, spilled, other statements in between ---------------------
+@pytest.fixture
+def big(connect: Connect) -> psycopg.Connection:
+    """A connection (not autocommit) with table big holding 200,000 rows (~12 MB as Arrow)."""
+    admin = connect(autocommit=True)
+    admin.execute("CREATE TABLE big AS SELECT range AS i, repeat('x', 40) || range AS s "
+                  "FROM range(200000)")  # fmt: skip
+    return connect()
+
+
+def _spill_mappings() -> int:
+    """Memory-mapped spill files of this process (the server runs in it), all unlinked."""
+    with open("/proc/self/maps") as maps:
+        lines = [line for line in maps if spill.SPILL_PREFIX in line]
+    assert all(line.rstrip().endswith("(deleted)") for line in lines)
+    return len(lines)
+
+
+def test_large_cursor_spills_and_other_statements_run_between_fetches(
+    big: psycopg.Connection,
+) -> None:
+    before = _spill_mappings()
+    big.execute("DECLARE walk CURSOR FOR SELECT i, s FROM big ORDER BY i")
+    assert _spill_mappings() == before + 1  # the rows live in a mapped, unlinked file
+    assert big.execute("FETCH 3 FROM walk").fetchall() == [(i, "x" * 40 + str(i))
+                                                           for i in range(3)]  # fmt: skip
+    # Other statements of the same session between FETCHes, COPY and a second cursor too.
+    assert big.execute("SELECT count(*) FROM big").fetchone() == (200000,)
+    big.execute("CREATE TABLE other (a INTEGER)")
+    big.execute("INSERT INTO other VALUES (1)")
+    with big.cursor().copy("COPY (SELECT i FROM big WHERE i < 5) TO STDOUT") as copy:
+        assert b"".join(bytes(chunk) for chunk in copy) == b"0\n1\n2\n3\n4\n"
+    big.execute("DECLARE second CURSOR FOR SELECT i FROM big WHERE i % 50000 = 0 ORDER BY i")
+    assert big.execute("FETCH ALL FROM second").fetchall() == [(0,), (50000,), (100000,),
+                                                               (150000,)]  # fmt: skip
+    assert big.execute("FETCH 2 FROM walk").fetchall() == [(3, "x" * 40 + "3"),
+                                                           (4, "x" * 40 + "4")]  # fmt: skip
+    big.execute("MOVE FORWARD 199990 IN walk")
+    assert big.execute("FETCH ALL FROM walk").fetchall() == [(199995 + k, "x" * 40 +
+                                                              str(199995 + k)) for k in range(5)]
+    assert big.execute("FETCH ABSOLUTE 100000 FROM walk").fetchone() == (99999, "x" * 40 +
+                                                                         "99999")  # fmt: skip
+    big.execute("CLOSE walk")
+    big.commit()
+    gc.collect()
+    assert _spill_mappings() == before  # closed: the mapping is gone
+
+
+def test_named_cursor_over_a_large_result_with_psycopg(big: psycopg.Connection) -> None:
+    with big.cursor(name="pages") as cursor:
+        cursor.itersize = 5000
+        cursor.execute("SELECT i FROM big WHERE i >= %s ORDER BY i", [100])
+        total = 0
+        for expected, (value,) in enumerate(cursor, start=100):
+            assert value == expected
+            total += 1
+        assert total == 199900
+    big.commit()
+
+
+def test_spill_collect_keeps_small_results_in_memory_and_maps_large_ones(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    monkeypatch.setattr(tempfile, "tempdir", str(tmp_path))
+    table = pa.table({"i": pa.array(range(100000), pa.int64()),
+                      "s": pa.array([f"value {k}" for k in range(100000)])})  # fmt: skip
+    schema = table.schema
+
+    def stream(source: pa.Table, closed: list[bool]) -> ResultStream:
+        return ResultStream(schema, [20, 25], (), 10**9,
+                            iter(source.to_batches(max_chunksize=8192)),
+                            lambda: closed.append(True))  # fmt: skip
+
+    closed: list[bool] = []
+    small = spill.collect(stream(table.slice(0, 10), closed))
+    assert small.equals(table.slice(0, 10)) and closed == [True]
+    allocated = pa.total_allocated_bytes()
+    large = spill.collect(stream(table, closed), spill_bytes=100_000)
+    assert large.equals(table) and closed == [True, True]
+    assert pa.total_allocated_bytes() - allocated < table.nbytes // 4  # mapped, not on the heap
+    assert list(tmp_path.iterdir()) == []  # unlinked at once
+    empty = spill.collect(stream(table.slice(0, 0), closed))
+    assert empty.num_rows == 0 and empty.schema == schema
+
+    def failing() -> Iterator[pa.RecordBatch]:
+        yield from table.to_batches(max_chunksize=8192)[:5]
+        raise LimitExceededError("over")
+
+    failed: list[bool] = []
+    with pytest.raises(LimitExceededError):
+        spill.collect(ResultStream(schema, [20, 25], (), 10**9, failing(),
+                                   lambda: failed.append(True)), spill_bytes=100_000)  # fmt: skip
+    assert failed == [True] and list(tmp_path.iterdir()) == []
+
+
+def test_declare_holds_batches_within_the_result_limit_and_fetch_is_checked(
+    tmp_path: Path,
+) -> None:
+    running = ServerThread(str(tmp_path / "data"), "127.0.0.1", 0,
+                           limits=ServerLimits(result_bytes_max=1_000_000))  # fmt: skip
+    try:
+        with psycopg.connect(host="127.0.0.1", port=running.port, user="tester",
+                             connect_timeout=10) as connection:  # fmt: skip
+            connection.execute("CREATE TABLE wide AS SELECT range AS i, repeat('x', 40) || "
+                               "range AS s FROM range(100000)")  # fmt: skip
+            connection.commit()
+            connection.execute("DECLARE c CURSOR FOR SELECT * FROM wide ORDER BY i")  # ~6 MB
+            assert len(connection.execute("FETCH 1000 FROM c").fetchall()) == 1000
+            assert connection.execute("FETCH 1 FROM c").fetchone() == (1000, "x" * 40 + "1000")
+            with pytest.raises(psycopg.errors.ProgramLimitExceeded):
+                connection.execute("FETCH ALL FROM c")  # the rest at once is over the limit
+            connection.rollback()
+            with pytest.raises(psycopg.errors.ProgramLimitExceeded, match="batch"):
+                connection.execute("DECLARE w CURSOR FOR SELECT repeat('y', 300) AS s "
+                                   "FROM range(10000)")  # fmt: skip
+            connection.rollback()
+            assert connection.execute("SELECT count(*) FROM wide").fetchone() == (100000,)
+    finally:
+        running.stop()

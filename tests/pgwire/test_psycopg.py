@@ -209,3 +209,23 @@ def test_parameters_written_without_spaces(connect) -> None:
     conn.execute("INSERT INTO TOPIC notes (data,message_group_id) VALUES (%s,%s)", [b"x", "g"])
     rows = conn.execute("SELECT message_group_id,data FROM TOPIC notes").fetchall()
     assert rows == [("g", b"x")]
+
+
+def test_isolation_level_through_the_extended_protocol(connect) -> None:
+    """psycopg sends ``BEGIN ISOLATION LEVEL …`` with Parse/Bind when a level is set (e.g.
+    in executemany); REPEATABLE READ and READ COMMITTED are what every transaction has."""
+    with connect() as conn:
+        conn.execute("CREATE TABLE iso (id INTEGER)")
+        conn.commit()
+        levels = psycopg.IsolationLevel
+        for level in (levels.REPEATABLE_READ, levels.READ_COMMITTED):
+            conn.isolation_level = level
+            with conn.cursor() as cursor:
+                cursor.executemany("INSERT INTO iso VALUES (%s)", [(1,), (2,)])
+            conn.commit()
+        assert conn.execute("SELECT count(*) FROM iso").fetchone() == (4,)
+        conn.commit()
+        conn.isolation_level = psycopg.IsolationLevel.SERIALIZABLE
+        with pytest.raises(errors.SyntaxError):
+            conn.execute("SELECT 1")
+        conn.rollback()
