@@ -70,6 +70,7 @@ DEFAULT_HOST = "127.0.0.1"
 DEFAULT_PORT = 5433
 SERVER_VERSION = "15.0 (Topicbase 0.1)"
 ROWS_PER_CHUNK = 1000
+INLINE_VALUES = 64  # results this small are encoded on the event loop (send_rows)
 _STATUS = {SessionState.IDLE: "I", SessionState.IN_TRANSACTION: "T", SessionState.FAILED: "E"}
 _PARAMETER = re.compile(r"\$(\d+)")
 # Messages the loop answers with nothing of their own: Flush (H) only asks for the drain,
@@ -466,6 +467,12 @@ class Connection:
         thread, then its messages are joined and written a block (<= 120 KiB) at a time,
         draining between blocks, so neither we nor the transport hold a chunk-sized buffer
         (``sql.pgwire.row_encoding``: with default malloc settings those fault in fresh pages)."""
+        if table.num_rows * max(table.num_columns, 1) <= INLINE_VALUES:
+            # A few values (SELECT 1, a lookup by key): encoding them value by value here
+            # costs microseconds, a hop to the worker thread and back several hundred.
+            fields = types.encode_rows(table, oids, formats)
+            self.send(b"".join(m.data_row(row) for row in fields))
+            return
         for start in range(0, table.num_rows, ROWS_PER_CHUNK):
             chunk = table.slice(start, ROWS_PER_CHUNK)
             rows = await self.call(DataRows, chunk, oids, formats)

@@ -22,6 +22,8 @@ import pytest
 from psycopg import errors
 from psycopg.types.json import Json, Jsonb
 
+from sql.pgwire import server as server_module
+
 UTC = datetime.UTC
 PLUS_TWO = datetime.timezone(datetime.timedelta(hours=2))
 
@@ -119,8 +121,13 @@ async def _check_round_trip_async(conn: psycopg.AsyncConnection, case: Case) -> 
         assert await cur.fetchall() == [(case.expected,), (case.expected,)]
 
 
+@pytest.mark.parametrize("inline", [True, False], ids=["inline", "data_rows"])
 @pytest.mark.parametrize("name", sorted(CASES))
-def test_round_trip_sync(connect, name: str) -> None:
+def test_round_trip_sync(connect, name: str, inline: bool, monkeypatch) -> None:
+    """Small results are encoded value by value on the event loop, larger ones by
+    ``row_encoding.DataRows``: every type goes through both (``INLINE_VALUES = 0``)."""
+    if not inline:
+        monkeypatch.setattr(server_module, "INLINE_VALUES", 0)
     _check_round_trip(connect(autocommit=True), CASES[name])
 
 
