@@ -142,7 +142,7 @@ class Session:
                     "current transaction is aborted, commands ignored until end of "
                     "transaction block"
                 )
-            plan = planner.plan(statement, self._catalog)
+            plan = planner.plan(statement, self.planning_catalog)
             return describe.describe_plan(plan, statement, self.cursor, self.database, self)
 
     def close(self) -> None:
@@ -157,7 +157,7 @@ class Session:
 
     # -- planning: topics by name, as the planner sees them from this session ------------
     @property
-    def _catalog(self) -> SessionCatalog:
+    def planning_catalog(self) -> SessionCatalog:
         """The database's topics plus this session's DuckDB relations, which win over a
         topic of the same name in a plain ``FROM name`` (``planner.relations``)."""
         return SessionCatalog(self.database, self._has_duckdb_relation)
@@ -182,7 +182,7 @@ class Session:
             )
         self._check_duration()
         try:
-            plan = planner.plan(statement, self._catalog)
+            plan = planner.plan(statement, self.planning_catalog)
         except TopicbaseError:
             if self.state is SessionState.IN_TRANSACTION:
                 self.state = SessionState.FAILED
@@ -206,6 +206,13 @@ class Session:
             else:
                 self.state = SessionState.FAILED
             raise
+
+    def check_duration(self) -> None:
+        """``_check_duration`` for a front that reads from the session's DuckDB cursor
+        itself (the wire server's streamed COPY TO and DECLARE): 54000, and the
+        transaction rolled back, once it has been open too long."""
+        with self._lock:
+            self._check_duration()
 
     def _check_duration(self) -> None:
         """Roll back a transaction open for longer than the limit (54000)."""

@@ -89,6 +89,7 @@ def open_stream(connection: Connection, statement: ast.Statement, parameters: An
     limit = connection.server.limits.result_bytes_max
     plain = _plain_query(connection, statement)
     if isinstance(plain, _PlainQuery):
+        connection._session().check_duration()  # as the engine checks every statement
         return _duckdb_stream(connection, plain, parameters, limit)
     if plain is _WRITES_NO_ROWS:
         raise no_rows  # before it runs: PostgreSQL refuses such a COPY without writing
@@ -124,10 +125,9 @@ def _plain_query(connection: Connection, statement: ast.Statement) -> _PlainQuer
         return None  # fmt: skip
     engine_statement = connection.catalog.engine_statement(statement)
     # Plan as the session's engine plans (its catalog also knows the session's DuckDB
-    # relations, which decide whether a plain ``FROM name`` reads a topic), else as before.
-    catalog = getattr(session, "_catalog", session.database)
+    # relations, which decide whether a plain ``FROM name`` reads a topic).
     try:
-        plan = planner.plan(engine_statement, catalog)
+        plan = planner.plan(engine_statement, session.planning_catalog)
     except TopicbaseError:
         return None  # the engine reports it as it reports any statement
     if plan.explain_only or len(plan.operations) != 1:

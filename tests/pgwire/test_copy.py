@@ -9,6 +9,7 @@ import os
 import socket
 import struct
 import subprocess
+import time
 import uuid
 from collections.abc import Callable, Sequence
 from decimal import Decimal
@@ -746,3 +747,35 @@ def test_statement_timeout_cancels_a_batched_copy_and_declare(connect: Connect) 
     assert copy_out(connection, "COPY (SELECT 1 AS a) TO STDOUT") == b"1\n"  # carries on
     connection.execute("SET statement_timeout = 0")
     assert copy_out(connection, "COPY (SELECT 2 AS a) TO STDOUT") == b"2\n"
+
+
+def test_copy_to_and_declare_check_the_transaction_duration(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The streamed path reads DuckDB itself; it refuses a transaction open too long, as
+    every statement through the engine does (54000, the transaction rolled back)."""
+    from storage import limits as storage_limits
+
+    running = ServerThread(str(tmp_path / "data"), "127.0.0.1", 0)
+    try:
+        with psycopg.connect(host="127.0.0.1", port=running.port, user="tester",
+                             connect_timeout=10) as connection:  # fmt: skip
+            connection.execute("CREATE TABLE t AS SELECT range AS i FROM range(3)")
+            connection.commit()
+            monkeypatch.setattr(storage_limits, "TRANSACTION_DURATION_MS_MAX", 50)
+            for statement in ("COPY (SELECT i FROM t) TO STDOUT",
+                              "DECLARE c CURSOR FOR SELECT i FROM t"):  # fmt: skip
+                connection.execute("SELECT 1")  # opens the transaction
+                time.sleep(0.2)
+                with pytest.raises(psycopg.errors.ProgramLimitExceeded, match="rolled back"):
+                    if statement.startswith("COPY"):
+                        copy_out(connection, statement)
+                    else:
+                        connection.execute(statement)
+                connection.rollback()
+            monkeypatch.undo()
+            assert copy_out(connection, "COPY (SELECT i FROM t ORDER BY i) TO STDOUT") == (
+                b"0\n1\n2\n"
+            )
+    finally:
+        running.stop()
