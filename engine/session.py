@@ -484,6 +484,7 @@ class Session:
                 items = route_writes(database, transaction.writes)
                 items, ticket = committer.stage(transaction_id, items)
             if transaction_id is None and not transaction.explicit and not transaction.leases:
+                transaction.committed = True
                 self._end_transaction()  # an autocommit statement that moved nothing
                 return
             if transaction_id is not None:
@@ -502,7 +503,7 @@ class Session:
             except BaseException:
                 committer.leave(slot)
                 raise
-            committed = True
+            committed = transaction.committed = True
             committer.finish(slot, transaction_id, moves, items)
         except BaseException:
             if committed:

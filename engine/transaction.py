@@ -55,6 +55,10 @@ class Transaction:
     offset_moves: dict[ReadKey, int] = field(default_factory=dict)
     # An autocommit statement's DuckDB transaction was opened by the commit itself.
     duckdb_open: bool = False
+    # Set once the transaction passed its commit point (its COMMIT succeeded); never for
+    # one that rolled back, explicitly, as a failed transaction, or at a failed COMMIT.
+    # Fronts read it after the fact (a WITH HOLD cursor outlives only a committed one).
+    committed: bool = False
 
     def read_position(self, key: ReadKey) -> int | None:
         """Where this transaction's next read of ``key`` continues, if it read before."""

@@ -170,7 +170,7 @@ async def run_cursor_command(connection: Connection, text: str, parameters: Any)
     session = connection._session()
     command = cursors.parse_cursor_command(text)
     cursor_set_ = cursor_set(connection)
-    await connection.call(cursor_set_.settle, session)
+    cursor_set_.prune(session)
     if isinstance(command, cursors.Declare):
         cursor_set_.check_declare(session, command)
         query = _parse_query(command.query)

@@ -11,14 +11,12 @@ Invariants: a cursor WITHOUT HOLD lives only as long as the transaction it was d
 in (it is tied to that ``Transaction`` object and is gone once the session has another
 or none). A WITH HOLD cursor declared outside a transaction block lives until CLOSE or the
 end of the connection; one declared inside a transaction block survives that transaction
-only if it commits (PostgreSQL drops it at ROLLBACK). The outcome is read from DuckDB
-itself: DECLARE creates a marker temporary table in the session's DuckDB transaction, which
-exists after a COMMIT and not after a ROLLBACK (explicit, of a failed transaction, or of a
-COMMIT that failed validation); ``settle`` (worker thread, before every cursor command)
-keeps or drops the cursor by it and drops the marker (again, if the transaction that dropped
-it rolled back). A cursor declared NO SCROLL refuses to move backward (55000). Cursors
-belong to one connection; ``settle``, ``declare``, ``close`` and ``fetch`` run on its
-worker thread, the rest on its event-loop task, never at the same time.
+only if it commits (PostgreSQL drops it at ROLLBACK): ``prune``, before every cursor
+command and Describe, keeps it when its engine ``Transaction`` says ``committed`` and drops
+it otherwise (an explicit ROLLBACK, the COMMIT of a failed transaction, a COMMIT that failed
+validation). A cursor declared NO SCROLL refuses to move backward (55000). Cursors belong
+to one connection; ``declare``, ``close`` and ``fetch`` run on its worker thread, the rest
+on its event-loop task, never at the same time.
 
 Rows: DECLARE reads its query in batches (``result_stream``) and keeps them in memory when
 small, else in a memory-mapped spill file (``spill``): DuckDB allows no other statement on
@@ -30,13 +28,11 @@ a transaction block, 55000 backward move on a NO SCROLL cursor.
 
 from __future__ import annotations
 
-import itertools
 from dataclasses import dataclass, field
 from typing import Any
 
 import pyarrow as pa
 
-from engine import tables
 from engine.session import Result, Session
 from engine.transaction import SessionState
 from grammar.split import SourceText, Token, tokenize, unquote_identifier
@@ -71,7 +67,6 @@ class SqlCursor:
     binary: bool
     transaction: Any  # the engine Transaction it belongs to (None once held past it)
     position: int = 0
-    marker: str | None = None  # WITH HOLD in a transaction block: its DuckDB marker table
 
 
 @dataclass(frozen=True)
@@ -195,52 +190,22 @@ def _starts_count(tokens: list[Token], at: int) -> bool:
     return at < len(tokens) and (tokens[at].kind == "number" or tokens[at].text in ("+", "-"))
 
 
-_marker_numbers = itertools.count(1)
-
-
 @dataclass
 class CursorSet:
     """The SQL cursors of one connection, by name."""
 
     cursors: dict[str, SqlCursor] = field(default_factory=dict)
-    # marker -> the transaction its DROP ran in: a rollback of that one brings it back
-    dropped_markers: dict[str, Any] = field(default_factory=dict)
 
     def prune(self, session: Session) -> None:
-        """Forget cursors WITHOUT HOLD whose transaction has ended (no DuckDB call)."""
-        for name in [n for n, c in self.cursors.items() if not c.hold and _ended(c, session)]:
-            del self.cursors[name]
-
-    def settle(self, session: Session) -> None:
-        """Prune, and keep or drop WITH HOLD cursors whose transaction has ended, by whether
-        it committed (worker thread: asks DuckDB)."""
-        self.prune(session)
-        if session.state is SessionState.FAILED:
-            return  # DuckDB answers nothing in an aborted transaction; settled later
-        for marker, transaction in list(self.dropped_markers.items()):
-            if _over(transaction, session):
-                if _marker_exists(session, marker):
-                    self._drop_marker(session, marker)  # its DROP was rolled back
-                else:
-                    del self.dropped_markers[marker]
+        """Forget the cursors whose transaction has ended, but those WITH HOLD of a
+        committed one, which from now on belong to no transaction (no DuckDB call)."""
         for name, cursor in list(self.cursors.items()):
             if not _ended(cursor, session):
                 continue
-            assert cursor.marker is not None
-            if _marker_exists(session, cursor.marker):
-                self._drop_marker(session, cursor.marker)
-                cursor.transaction, cursor.marker = None, None
+            if cursor.hold and cursor.transaction.committed:
+                cursor.transaction = None
             else:
                 del self.cursors[name]
-
-    def _drop_marker(self, session: Session, marker: str) -> None:
-        """Drop ``marker``; inside a transaction block, remember it until that one is over
-        (a rollback would bring the table back)."""
-        tables.run(session.cursor, f'DROP TABLE IF EXISTS temp.main."{marker}"')
-        if session.state is SessionState.IDLE:
-            self.dropped_markers.pop(marker, None)
-        else:
-            self.dropped_markers[marker] = session.transaction
 
     def get(self, name: str, session: Session) -> SqlCursor:
         self.prune(session)
@@ -256,13 +221,9 @@ class CursorSet:
     def declare(self, session: Session, declare: Declare, table: pa.Table) -> Result:
         """Keep ``table`` as the cursor ``declare.name`` (worker thread)."""
         in_block = session.state is not SessionState.IDLE
-        marker = None
-        if declare.hold and in_block:
-            marker = f"__topicbase_hold_{session.session_id}_{next(_marker_numbers)}"
-            tables.run(session.cursor, f'CREATE TEMPORARY TABLE "{marker}" (held BOOLEAN)')
         self.cursors[declare.name] = SqlCursor(
             declare.name, table, declare.scroll, declare.hold, declare.binary,
-            session.transaction if in_block else None, marker=marker,
+            session.transaction if in_block else None,
         )  # fmt: skip
         return Result("DECLARE CURSOR")
 
@@ -279,14 +240,12 @@ class CursorSet:
                 f"too many open cursors (limit {CURSORS_PER_CONNECTION_MAX})")
 
     def close(self, session: Session, close: Close) -> Result:
-        """CLOSE name or ALL (worker thread: drops the markers of the cursors it closes)."""
+        """CLOSE name or ALL."""
         if close.name is not None:
             self.get(close.name, session)
         names = list(self.cursors) if close.name is None else [close.name]
         for name in names:
-            cursor = self.cursors.pop(name)
-            if cursor.marker is not None and session.state is SessionState.IN_TRANSACTION:
-                self._drop_marker(session, cursor.marker)
+            del self.cursors[name]
         return Result("CLOSE CURSOR")
 
     def fetch(self, session: Session, fetch: Fetch) -> Result:
@@ -304,14 +263,6 @@ def _ended(cursor: SqlCursor, session: Session) -> bool:
 
 def _over(transaction: Any, session: Session) -> bool:
     return session.state is SessionState.IDLE or session.transaction is not transaction
-
-
-def _marker_exists(session: Session, marker: str) -> bool:
-    found = tables.query_arrow(
-        session.cursor, "SELECT count(*) AS n FROM duckdb_tables() WHERE temporary AND "
-        "table_name = $1", [marker])  # fmt: skip
-    assert found is not None
-    return bool(found.column(0)[0].as_py())
 
 
 def _walk(cursor: SqlCursor, fetch: Fetch) -> tuple[pa.Table, int]:

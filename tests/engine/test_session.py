@@ -252,3 +252,28 @@ def test_plain_column_picks_of_a_topic_match_what_duckdb_returns(session):
         {"offset": 0, "payload": b"a"},
         {"offset": 1, "payload": b"b"},
     ]
+
+
+def test_transaction_records_whether_it_committed(database):
+    """``Transaction.committed``: fronts read the outcome after the fact."""
+    first, second = database.connect(), database.connect()
+    try:
+        first.execute("CREATE TOPIC outcome (CONSUMER c)")
+        first.execute("INSERT INTO TOPIC outcome (data) VALUES ('a')")
+        outcomes = []
+        for end in ("COMMIT", "ROLLBACK"):
+            first.execute("BEGIN")
+            transaction = first.transaction
+            first.execute(end)
+            outcomes.append(transaction.committed)
+        assert outcomes == [True, False]
+        first.execute("BEGIN")
+        stale = first.transaction
+        rows(first, "SELECT data FROM TOPIC outcome WITH (consumer = 'c')")
+        rows(second, "SELECT data FROM TOPIC outcome WITH (consumer = 'c')")  # commits first
+        with pytest.raises(errors.SerializationFailure):
+            first.execute("COMMIT")
+        assert stale.committed is False and first.transaction is None
+    finally:
+        first.close()
+        second.close()
