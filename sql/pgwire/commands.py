@@ -112,7 +112,7 @@ async def simple_query(connection: Connection, query: str) -> None:
             break
         finally:
             cursor_set(connection).prune(session)
-    connection.send(m.ready_for_query(connection.status()))
+    connection.send(connection.ready_for_query())
 
 
 def _send_error(connection: Connection, error: BaseException, text: str) -> None:

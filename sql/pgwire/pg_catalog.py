@@ -45,6 +45,7 @@ from engine.transaction import SessionState
 from grammar import ast
 from sql.pgwire import pg_rewrite
 from sql.pgwire.pg_settings import PgSettings
+from sql.pgwire.setting_changes import SettingChanges
 from storage.errors import (
     ActiveSqlTransactionError,
     QueryCanceledError,
@@ -112,6 +113,9 @@ def plain_begin(query: str) -> str:
     return "BEGIN"
 
 
+_LOCAL_OUTSIDE_BLOCK = "SET LOCAL can only be used in transaction blocks"
+
+
 class ConnectionCatalog:
     """Session settings, savepoint names and catalog rewriting of one connection."""
 
@@ -123,6 +127,7 @@ class ConnectionCatalog:
         self.database = "topicbase"
         self.settings = PgSettings(server_version, self.user, "")
         self.savepoints: list[str] = []
+        self.changes = SettingChanges(lambda: self.settings)  # rollback and ParameterStatus
 
     def start(self, parameters: dict[str, str]) -> None:
         """Take the StartupMessage's user, database and application_name."""
@@ -133,7 +138,22 @@ class ConnectionCatalog:
         )
 
     def execute(self, session: Session, statement: ast.Statement, parameters: Any) -> Result:
-        """Run ``statement``: here (session commands), rewritten, or as it is."""
+        """Run ``statement``: here (session commands), rewritten, or as it is. Settings
+        changed by a transaction that ended without committing are put back after it."""
+        self._settle(session)
+        try:
+            return self._execute(session, statement, parameters)
+        finally:
+            self._settle(session)
+
+    def _settle(self, session: Session) -> None:
+        def restored(names: set[str]) -> None:
+            if "search_path" in names:
+                _apply_search_path(session, self.settings.show("search_path"))
+
+        self.changes.settle(session, restored)
+
+    def _execute(self, session: Session, statement: ast.Statement, parameters: Any) -> Result:
         if session.state is SessionState.IDLE:
             self.savepoints.clear()
         if not isinstance(statement, ast.SqlStatement) or statement.topic_scans:
@@ -235,12 +255,12 @@ class ConnectionCatalog:
             return None
         name = match.group(1)
         if name.lower() == "all":
-            self.settings.reset_all()
+            self.changes.change(session, self.settings.reset_all, local=False)
             _apply_search_path(session, self.settings.show("search_path"))
         elif not self.settings.knows(name):
             return None
         else:
-            self.settings.set(name, None)
+            self.changes.change(session, lambda: self.settings.set(name, None), local=False)
             if self.settings.canonical(name) == "search_path":
                 _apply_search_path(session, self.settings.show("search_path"))
         return Result("RESET")
@@ -265,7 +285,9 @@ class ConnectionCatalog:
         if not self.settings.knows(name):
             return None
         value = None if raw.strip().upper() in ("DEFAULT", "LOCAL") else _value_text(raw)
-        self.settings.set(name, value)
+        local = (match.group(1) or "").upper() == "LOCAL"
+        if not self.changes.change(session, lambda: self.settings.set(name, value), local=local):
+            return Result("SET", notices=(_LOCAL_OUTSIDE_BLOCK,))
         if self.settings.canonical(name) == "search_path":
             _apply_search_path(session, self.settings.show("search_path"))
         return Result("SET")

@@ -266,6 +266,13 @@ class Connection:
     def status(self) -> str:
         return "I" if self.session is None else _STATUS[self.session.state]
 
+    def ready_for_query(self) -> bytes:
+        """ParameterStatus for each reported setting changed since the last ReadyForQuery
+        (SET, RESET, or a rollback that put one back), then ReadyForQuery."""
+        reports = self.catalog.changes.take_reports()
+        statuses = b"".join(m.parameter_status(name, value) for name, value in reports)
+        return statuses + m.ready_for_query(self.status())
+
     # -- lifetime --------------------------------------------------------------------------
     async def run(self) -> None:
         try:
@@ -347,7 +354,7 @@ class Connection:
         for name, value in parameters.items():
             self.send(m.parameter_status(name, value))
         self.send(m.backend_key_data(self.process_id, self.secret_key))
-        self.send(m.ready_for_query(self.status()))
+        self.send(self.ready_for_query())
         await self.writer.drain()
         return True
 
@@ -371,7 +378,7 @@ class Connection:
                 self.skipping = False
                 if self.session is not None and self.session.state is SessionState.IDLE:
                     self.portals.clear()
-                self.send(m.ready_for_query(self.status()))
+                self.send(self.ready_for_query())
             elif kind in (b"P", b"B", b"D", b"E", b"C"):
                 if not self.skipping:
                     try:
@@ -401,7 +408,7 @@ class Connection:
         await self._fail_transaction()
         self.send_error(error)
         if kind == b"Q":
-            self.send(m.ready_for_query(self.status()))
+            self.send(self.ready_for_query())
             await self.writer.drain()
         else:
             self.skipping = True
@@ -436,7 +443,7 @@ class Connection:
                 await self.call(self._session().execute, query)
             except Exception as error:
                 self.send_error(error, query)
-            self.send(m.ready_for_query(self.status()))
+            self.send(self.ready_for_query())
             return
         if not statements:
             self.send(m.empty_query_response())
@@ -449,7 +456,7 @@ class Connection:
             except Exception as error:
                 self.send_error(error, query)
                 break
-        self.send(m.ready_for_query(self.status()))
+        self.send(self.ready_for_query())
 
     async def send_result(self, result: Result) -> None:
         await self._refuse_result(result)
