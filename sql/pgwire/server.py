@@ -450,7 +450,7 @@ class Connection:
         for statement in statements:
             try:
                 result = await self.call(self.catalog.execute, self._session(), statement, None)
-                await self.send_result(result)
+                await self.send_result(result, statement)
                 if statement is not statements[-1]:  # each statement's results as it ends
                     await self.writer.drain()
             except Exception as error:
@@ -458,13 +458,17 @@ class Connection:
                 break
         self.send(self.ready_for_query())
 
-    async def send_result(self, result: Result) -> None:
+    async def send_result(self, result: Result, statement: ast.Statement | None = None) -> None:
+        """RowDescription, DataRows and CommandComplete of a simple-protocol result. With
+        ``statement``, text columns DuckDB knows as UUID or JSON are described so."""
         await self._refuse_result(result)
         for notice in result.notices:
             self.send(m.notice_response(notice))
         table = result.table
         if table is not None:
             oids, formats = _columns(table, [])
+            if types.TEXT in oids:
+                oids = await self._text_column_oids(statement, table, oids)
             self.send(_row_description(table, oids, formats))
             await self.send_rows(table, oids, formats)
         self.send(m.command_complete(result.tag))
@@ -596,7 +600,9 @@ class Connection:
             if described is not None:  # the client decodes by the statement's description
                 portal.oids = _described_oids(described, portal.oids)
             elif any(types.type_oid(f.type) == types.TEXT for f in table.schema):
-                portal.oids = await self._text_column_oids(portal.prepared, table, portal.oids)
+                portal.oids = await self._text_column_oids(
+                    portal.prepared.statement, table, portal.oids
+                )
             for fmt, oid in zip(portal.formats, portal.oids, strict=True):
                 if fmt == 1:
                     types.column_encoder(oid, 1)  # raises for types without binary output
@@ -656,12 +662,11 @@ class Connection:
         else:
             self.send(_row_description(result.table, portal.oids, portal.formats))
 
-    async def _text_column_oids(self, prepared: Prepared, table: pa.Table,
+    async def _text_column_oids(self, statement: ast.Statement | None, table: pa.Table,
                                 oids: list[int]) -> list[int]:  # fmt: skip
         """``oids`` with UUID and JSON for the text columns DuckDB knows as such (both are
         Arrow strings), from the statement's description (which the engine keeps while
         DuckDB's catalog does not move, so a repeated query pays for it once)."""
-        statement = prepared.statement
         if statement is None or wire_commands.is_wire_statement(statement):
             return oids
         try:

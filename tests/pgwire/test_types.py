@@ -268,3 +268,18 @@ def test_server_side_prepared_statements_keep_their_types(connect) -> None:
         cur.execute("SELECT id, body, n FROM docs WHERE id = %s", [key], prepare=True)
         assert [d.type_code for d in cur.description or ()] == [2950, 114, 1700]
         assert cur.fetchall() == [(key, {"x": 1}, decimal.Decimal("1.25"))]
+
+
+def test_simple_query_results_describe_uuid_and_json(connect) -> None:
+    """psycopg's ClientCursor sends the simple protocol: its RowDescription too names
+    uuid and json (DuckDB hands both over as Arrow strings)."""
+    conn = connect(autocommit=True)
+    conn.execute("CREATE TABLE docs (id UUID, body JSON, note VARCHAR)")
+    key = uuid.UUID("12345678-1234-5678-1234-567812345678")
+    conn.execute("INSERT INTO docs VALUES (%s, %s, 'plain')", [key, Json({"a": [1, 2]})])
+    with psycopg.ClientCursor(conn) as cursor:
+        cursor.execute("SELECT id, body, note FROM docs")
+        assert cursor.description is not None
+        oids = [column.type_code for column in cursor.description]
+        assert oids == [2950, 114, 25]
+        assert cursor.fetchall() == [(key, {"a": [1, 2]}, "plain")]
