@@ -411,6 +411,17 @@ def _context_type(
     in_set = isinstance(parent, exp.EQ) and isinstance(parent.parent, exp.Update)
     if in_set and node is parent.expression and isinstance(parent.this, exp.Column):
         return _table_column_type(parent.parent.this, parent.this.name, cursor)
+    holder = parent
+    while isinstance(holder, exp.Paren):
+        holder = holder.parent
+    if isinstance(holder, exp.Any) and isinstance(holder.parent, _OTHER_OPERAND):
+        # x = ANY($1): a list of x's type
+        other = _other_operand(holder, holder.parent)
+        if other is None:
+            return None
+        # Probed without the filter: ANY over an untyped NULL does not bind.
+        element = _expression_type(other, node, root, cursor, found, keep_filter=False)
+        return None if element is None else f"{element}[]"
     other = _other_operand(node, parent)
     if other is None:
         return None
@@ -457,12 +468,16 @@ def _expression_type(
     root: exp.Expression,
     cursor: Any,
     found: dict[int, str | None],
+    *,
+    keep_filter: bool = True,
 ) -> str | None:
-    """DuckDB's type of ``other`` where it stands: ``SELECT other FROM <scope's sources>``."""
+    """DuckDB's type of ``other`` where it stands: ``SELECT other FROM <scope's sources>``
+    (``keep_filter=False``: without the scope's WHERE)."""
     scope = node.find_ancestor(exp.Select, exp.Update, exp.Delete)
     if isinstance(scope, exp.Select):
         probe = scope.copy()
-        for key in ("order", "limit", "offset", "distinct", "qualify"):
+        dropped = ("order", "limit", "offset", "distinct", "qualify")
+        for key in dropped if keep_filter else (*dropped, "where"):
             probe.set(key, None)
         probe.set("expressions", [other.copy()])
         if scope is not root and isinstance(root, exp.Query) and root.args.get("with"):

@@ -45,10 +45,10 @@ from engine.session import Result, Session
 from engine.transaction import SessionState
 from grammar import ast
 from grammar.parse import parse
+from sql.pgwire import arrays, malloc_tuning, types
 from sql.pgwire import auth as wire_auth
 from sql.pgwire import commands as wire_commands
 from sql.pgwire import limits as wire_limits
-from sql.pgwire import malloc_tuning, types
 from sql.pgwire import messages as m
 from sql.pgwire import pg_catalog as wire_catalog  # SET/SHOW, savepoints, pg_catalog
 from sql.pgwire import tls as wire_tls
@@ -141,6 +141,9 @@ class Portal:
     position: int = 0
     oids: list[int] = field(default_factory=list)
     formats: list[int] = field(default_factory=list)
+    # Untyped text parameters that look like array literals ({...}), by index, as sent:
+    # decoded as arrays at Execute if the statement, described then, takes a list there.
+    untyped_arrays: list[tuple[int, bytes]] = field(default_factory=list)
 
 
 def error_fields(error: BaseException, query: str | None = None) -> tuple[str, str, int | None]:
@@ -561,8 +564,28 @@ class Connection:
         values = types.decode_parameters(message.parameters, prepared.parameter_oids, formats)
         if message.portal and message.portal in self.portals:
             raise DuplicateCursorError(f'cursor "{message.portal}" already exists')
-        self.portals[message.portal] = Portal(prepared, values, message.result_formats)
+        portal = Portal(prepared, values, message.result_formats)
+        if not prepared.described:  # psycopg sends a list of str or an empty one untyped
+            portal.untyped_arrays = [
+                (index, value)
+                for index, (value, oid, fmt) in enumerate(
+                    zip(message.parameters, prepared.parameter_oids, formats, strict=True)
+                )
+                if oid in (0, types.UNKNOWN) and fmt == 0 and value is not None
+                and value[:1] == b"{"
+            ]  # fmt: skip
+        self.portals[message.portal] = portal
         self.send(m.bind_complete())
+
+    async def _decode_untyped_arrays(self, portal: Portal) -> None:
+        """Decode the portal's untyped ``{...}`` parameters as arrays where the statement
+        (described now, as a Describe would) takes a list; others stay text."""
+        candidates, portal.untyped_arrays = portal.untyped_arrays, []
+        await self._describe_statement(portal.prepared)
+        for index, value in candidates:
+            oid = portal.prepared.parameter_oids[index]
+            if oid in arrays.ELEMENT_OIDS:
+                portal.parameters[index] = types.decode_parameter(value, oid, 0)
 
     def _portal(self, name: str) -> Portal:
         portal = self.portals.get(name)
@@ -577,6 +600,8 @@ class Connection:
             return True
         portal.executed = True
         statement = portal.prepared.statement
+        if portal.untyped_arrays and statement is not None:
+            await self._decode_untyped_arrays(portal)
         if statement is None:
             return True
         try:

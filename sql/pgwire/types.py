@@ -50,6 +50,7 @@ import numpy as np
 import pyarrow as pa
 
 from sql import formatting
+from sql.pgwire import arrays
 from storage.errors import DataError, FeatureNotSupportedError, InvalidBinaryDataError
 
 BOOL, BYTEA, INT8, INT2, INT4, TEXT, JSON = 16, 17, 20, 21, 23, 25, 114
@@ -143,6 +144,8 @@ def sql_type_oid(sql_type: str | None) -> int:
     """
     if sql_type is None:
         return TEXT
+    if sql_type.endswith("[]"):  # a LIST parameter: the array of its element type
+        return arrays.ARRAY_OIDS.get(sql_type_oid(sql_type[:-2]), arrays.ARRAY_OIDS[TEXT])
     base = sql_type.upper().split("(", 1)[0].strip()
     return _SQL_TYPE_OIDS.get(base, TEXT)
 
@@ -676,6 +679,9 @@ def decode_parameter(value: bytes | None, oid: int, format_code: int) -> Any:
     """
     if value is None:
         return None
+    element_oid = arrays.ELEMENT_OIDS.get(oid)
+    if element_oid is not None:
+        return _decode_array(value, element_oid, format_code)
     name = _TYPE_NAMES.get(oid, f"OID {oid}")
     if format_code == 1:
         decode = _BINARY_PARAMETERS.get(oid)
@@ -708,6 +714,26 @@ def decode_parameter(value: bytes | None, oid: int, format_code: int) -> Any:
         raise InvalidTextRepresentationError(
             f'invalid input syntax for type {name}: "{text}"'
         ) from None
+
+
+def _decode_array(value: bytes, element_oid: int, format_code: int) -> list[Any]:
+    """An array parameter as nested lists, its elements decoded as parameters of their
+    type (``sql.pgwire.arrays``)."""
+    if format_code == 1:
+        return arrays.decode_binary(
+            value, element_oid, lambda data: decode_parameter(data, element_oid, 1)
+        )
+    if format_code != 0:
+        raise InvalidBinaryDataError(f"unsupported format code: {format_code}")
+    try:
+        text = value.decode("utf-8")
+    except UnicodeDecodeError:
+        raise InvalidTextRepresentationError(
+            'invalid byte sequence for encoding "UTF8" in a parameter'
+        ) from None
+    return arrays.decode_text(
+        text, lambda item: decode_parameter(item.encode("utf-8"), element_oid, 0)
+    )
 
 
 def decode_parameters(
