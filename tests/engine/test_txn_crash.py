@@ -313,6 +313,15 @@ def test_resharding_loop_moves_every_message_exactly_once_across_kills_and_failp
                     server, data, "move", rng, checkpoint_every=every, max_messages=20
                 )
             else:
+                # The refill below looks at the previous round's copy, one round late; a
+                # failpoint round must find messages to move, or it ends cleanly (exit 0).
+                # Counted on a copy, so that the worker still runs the recovery itself.
+                with _opened(data, copy=True) as session:
+                    found = tw.check_moved(session)
+                if found.a_messages - found.consumed < REFILL_BELOW:
+                    with _opened(data, copy=False) as session:
+                        tw.produce(session, next_seq, REFILL_PER_SOURCE)
+                    next_seq += REFILL_PER_SOURCE
                 _failpoint_round(
                     server,
                     data,
