@@ -693,14 +693,7 @@ def decode_parameter(value: bytes | None, oid: int, format_code: int) -> Any:
             raise InvalidBinaryDataError(
                 f"incorrect binary data format in a parameter of type {name}: {error}"
             ) from None
-    if format_code != 0:
-        raise InvalidBinaryDataError(f"unsupported format code: {format_code}")
-    try:
-        text = value.decode("utf-8")
-    except UnicodeDecodeError:
-        raise InvalidTextRepresentationError(
-            'invalid byte sequence for encoding "UTF8" in a parameter'
-        ) from None
+    text = _parameter_text(value, format_code)
     convert = _TEXT_PARAMETERS.get(oid)
     if convert is None:
         return text
@@ -723,17 +716,23 @@ def _decode_array(value: bytes, element_oid: int, format_code: int) -> list[Any]
         return arrays.decode_binary(
             value, element_oid, lambda data: decode_parameter(data, element_oid, 1)
         )
+    return arrays.decode_text(
+        _parameter_text(value, format_code),
+        lambda item: decode_parameter(item.encode("utf-8"), element_oid, 0),
+    )
+
+
+def _parameter_text(value: bytes, format_code: int) -> str:
+    """A text-format parameter as a string (22P02 for bad UTF-8); any other non-binary
+    format code is refused."""
     if format_code != 0:
         raise InvalidBinaryDataError(f"unsupported format code: {format_code}")
     try:
-        text = value.decode("utf-8")
+        return value.decode("utf-8")
     except UnicodeDecodeError:
         raise InvalidTextRepresentationError(
             'invalid byte sequence for encoding "UTF8" in a parameter'
         ) from None
-    return arrays.decode_text(
-        text, lambda item: decode_parameter(item.encode("utf-8"), element_oid, 0)
-    )
 
 
 def decode_parameters(
