@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import binascii
 import re
+from abc import ABC, abstractmethod
 from collections.abc import Iterator
 from dataclasses import dataclass, field
 from typing import Any
@@ -185,7 +186,7 @@ def _unescape(field: bytes) -> bytes:
     return _TEXT_UNESCAPE.sub(_unescape_match, field) if b"\\" in field else field
 
 
-class RowBuffer:
+class RowBuffer(ABC):
     """Rows decoded column-wise, as Python values, that become Arrow chunks as they grow.
 
     The common part of the text/CSV and binary COPY FROM decoders. A subclass (a
@@ -225,9 +226,9 @@ class RowBuffer:
         self.lines = []
         return pa.table(arrays)
 
+    @abstractmethod
     def _column_arrays(self) -> dict[str, pa.Array]:
         """The held values of each column as an Arrow array, by column name."""
-        raise NotImplementedError
 
 
 @dataclass

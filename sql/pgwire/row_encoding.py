@@ -43,6 +43,7 @@ import binascii
 import bisect
 import functools
 import struct
+from abc import ABC, abstractmethod
 from collections.abc import Callable, Iterator
 from typing import Any
 
@@ -72,7 +73,7 @@ _INTEGER_TEXT_OIDS = (types.INT2, types.INT4, types.INT8, types.NUMERIC)  # NUME
 _INTEGER_BINARY_WIDTHS = {types.INT2: 2, types.INT4: 4, types.INT8: 8}
 
 
-class _Fields:
+class _Fields(ABC):
     """One column's wire fields for ``n`` rows.
 
     Invariants: ``len(lengths) == n``; ``lengths[i]`` is row i's field length word, -1 for
@@ -85,8 +86,9 @@ class _Fields:
         self.lengths = lengths
         self.lead = lead
 
+    @abstractmethod
     def pieces(self, start: int, stop: int) -> list[Any]:
-        raise NotImplementedError
+        """One piece per row of ``[start, stop)`` (see the class invariants)."""
 
 
 class _ListFields(_Fields):
