@@ -434,9 +434,7 @@ def bench_append(rec: Recorder, parent: str, params: Params, pool: Sequence[byte
             baseline_value=page_cache.mb_s,
             note="the storage still syncs each sealed segment under never; this raw never does",
         )
-    for size in BATCH_SIZES:
         build = median_run(builds[size])
-        run, raw = summary[FsyncPolicy.NEVER, size]
         rec.add(
             f"storage.append.never.batch{size}.incl_build.msgs_s",
             build.msgs_s,
