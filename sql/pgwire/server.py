@@ -581,7 +581,11 @@ class Connection:
         """Decode the portal's untyped ``{...}`` parameters as arrays where the statement
         (described now, as a Describe would) takes a list; others stay text."""
         candidates, portal.untyped_arrays = portal.untyped_arrays, []
-        await self._describe_statement(portal.prepared)
+        try:
+            await self._describe_statement(portal.prepared)
+        except TopicbaseError:  # not describable: the values stay text, as before
+            log.debug("describing for untyped array parameters failed", exc_info=True)
+            return
         for index, value in candidates:
             oid = portal.prepared.parameter_oids[index]
             if oid in arrays.ELEMENT_OIDS:

@@ -151,3 +151,14 @@ def test_text_decoding_edges() -> None:
                 '{"open}', "{" * 7 + "}" * 7):  # fmt: skip
         with pytest.raises(arrays.ArrayTextError, match="malformed array literal"):
             decode(bad, str)
+
+
+def test_untyped_text_starting_with_a_brace_stays_text(connect) -> None:
+    """psycopg sends a str untyped; JSON text is not taken for an array."""
+    conn = connect(autocommit=True)
+    conn.execute("CREATE TABLE docs (body JSON, note VARCHAR)")
+    conn.execute("INSERT INTO docs VALUES (%s, %s)", ['{"a": [1, 2]}', "{not an array"])
+    assert conn.execute("SELECT body, note FROM docs").fetchone() == (
+        {"a": [1, 2]},
+        "{not an array",
+    )
