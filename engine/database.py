@@ -25,6 +25,7 @@ from engine import tables
 from engine.catalog import CatalogStore, TopicEntry
 from engine.clock import SYSTEM_CLOCK, Clock
 from engine.commit import Committer
+from engine.identity import LOCAL_SUPERUSER, Identity
 from engine.leases import DEFAULT_LEASE_TIMEOUT_S, LeaseRegistry
 from engine.retention import DEFAULT_RETENTION_INTERVAL_S, RetentionService, run_retention_pass
 from planner.catalog import TopicInfo
@@ -111,10 +112,12 @@ class Database:
             database._references += 1
             return database
 
-    def connect(self):  # -> Session (imported lazily: session imports this module)
+    def connect(self, identity: Identity = LOCAL_SUPERUSER):  # -> Session (lazy import)
+        """A new session acting as ``identity`` (the local superuser by default: the
+        console and DB-API; the servers pass the authenticated user)."""
         from engine.session import Session
 
-        return Session(self)
+        return Session(self, identity)
 
     def close(self) -> None:
         """Drop one reference; the last one closes files and releases the lock."""

@@ -25,9 +25,10 @@ from typing import Any
 
 import pyarrow as pa
 
-from engine import describe, introspection, tables
+from engine import describe, introspection, privileges, sandbox, tables
 from engine.commit import PublishItem, route_writes
 from engine.ddl import run_alter, run_create, run_drop
+from engine.identity import LOCAL_SUPERUSER, Identity
 from engine.reads import read_records
 from engine.transaction import PendingWrite, SessionState, Transaction
 from engine.writes import RETURNING_COLUMNS, build_batches, table_from_rows
@@ -84,8 +85,9 @@ class Result:
 
 
 class Session:
-    def __init__(self, database: Any) -> None:
+    def __init__(self, database: Any, identity: Identity = LOCAL_SUPERUSER) -> None:
         self.database = database
+        self.identity = identity
         self.session_id = next(_session_ids)
         self.cursor = database.root.cursor()
         self.state = SessionState.IDLE
@@ -143,6 +145,7 @@ class Session:
                     "transaction block"
                 )
             plan = planner.plan(statement, self.planning_catalog)
+            self._guard(plan)
             return describe.describe_plan(plan, statement, self.cursor, self.database, self)
 
     def close(self) -> None:
@@ -183,6 +186,7 @@ class Session:
         self._check_duration()
         try:
             plan = planner.plan(statement, self.planning_catalog)
+            self._guard(plan)
         except TopicbaseError:
             if self.state is SessionState.IN_TRANSACTION:
                 self.state = SessionState.FAILED
@@ -206,6 +210,12 @@ class Session:
             else:
                 self.state = SessionState.FAILED
             raise
+
+    def _guard(self, plan: Plan) -> None:
+        """The door's checks, before anything of ``plan`` runs: the sandbox (what DuckDB
+        may be asked to do at all) and then privileges (what this identity may touch)."""
+        sandbox.check_plan(plan, self.identity)
+        privileges.check_plan(plan, self.identity, self)
 
     def check_duration(self) -> None:
         """``_check_duration`` for a front that reads from the session's DuckDB cursor

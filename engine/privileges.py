@@ -1,0 +1,16 @@
+"""Privileges: owners and GRANTs, checked for every relation a statement touches.
+
+(Being built: see issue 10. ``check_plan`` is called by ``Session._guard`` for every
+statement before it runs.)
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from engine.identity import Identity
+from planner.operations import Plan
+
+
+def check_plan(plan: Plan, identity: Identity, session: Any) -> None:
+    """Refuse (42501) a plan that touches a relation ``identity`` has no privilege on."""
