@@ -111,6 +111,19 @@ class InvalidNameError(TopicbaseError):
 
 
 # -- class 53/54: resources and limits -------------------------------------------------
+class InsufficientPrivilegeError(TopicbaseError):
+    """Not allowed: a missing GRANT, or something the sandbox never allows (host files,
+    the network, global settings, the internal catalog)."""
+
+    sqlstate = "42501"
+
+
+class StatementTooComplexError(TopicbaseError):
+    """Nesting deeper than the parser and DuckDB may safely follow."""
+
+    sqlstate = "54001"
+
+
 class InsufficientResourcesError(TopicbaseError):
     sqlstate = "53000"
 
