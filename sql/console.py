@@ -6,8 +6,9 @@ directory's files offline (``engine.check``; exit 0 when no problem is left), or
 ``topicbase serve [--data-dir DIR] [--host 127.0.0.1] [--port 5433] [--auth
 scram|md5|password|trust] [--users-file FILE] [--tls-cert F --tls-key F]`` to serve it
 over the PostgreSQL protocol (``sql.pgwire``) until Ctrl-C, or ``topicbase user add NAME
-[--data-dir DIR | --users-file FILE] [--password-stdin] [--md5]`` to add a user to the
-server's users file (``sql.pgwire.users``).
+[--data-dir DIR | --users-file FILE] [--password-stdin] [--md5] [--superuser]``, ``topicbase
+user list`` and ``topicbase user remove NAME`` to manage the server's users file
+(``sql.pgwire.users``).
 
 - The data directory is ``--data-dir``, else ``$TOPICBASE_DATA_DIR``, else
   ``./topicbase-data``; it is created on first use. One process owns a data directory
@@ -233,14 +234,13 @@ def run_serve(argv: list[str]) -> int:
 
 
 def run_user(argv: list[str]) -> int:
-    """``topicbase user add NAME``: store a SCRAM-SHA-256 verifier in the users file.
+    """``topicbase user add NAME [--superuser] | list | remove NAME``: the users file.
 
-    The password is prompted for twice (getpass) or read from stdin (``--password-stdin``,
-    one line; the trailing newline is dropped). The data directory is not opened, so this
-    works while a server runs on it.
+    ``add`` stores a SCRAM-SHA-256 verifier; the password is prompted for twice (getpass)
+    or read from stdin (``--password-stdin``, one line; the trailing newline is dropped).
+    ``list`` shows names and the superuser flag, never a verifier. The data directory is not
+    opened, so this works while a server runs on it (the server re-reads the file).
     """
-    import getpass
-
     from sql.pgwire import users
 
     parser = argparse.ArgumentParser(
@@ -248,26 +248,35 @@ def run_user(argv: list[str]) -> int:
     )
     parser.add_argument("--data-dir", help="data directory (default as for topicbase)")
     commands = parser.add_subparsers(dest="command", required=True)
-    add = commands.add_parser("add", help="add a user, or set a user's password")
+    add = commands.add_parser("add", help="add a user, or set a user's password and flag")
     add.add_argument("name")
-    # SUPPRESS: when absent here, a --data-dir given before `user` is kept.
-    add.add_argument("--data-dir", default=argparse.SUPPRESS, help="data directory")
-    add.add_argument("--users-file", metavar="FILE", help="default <data-dir>/users.json")
     add.add_argument("--password-stdin", action="store_true", help="read the password from stdin")
     add.add_argument("--md5", action="store_true",
                      help="also store PostgreSQL's md5 hash (needed by --auth md5 clients)")
+    add.add_argument("--superuser", action="store_true",
+                     help="a superuser: bypasses privilege checks, may GRANT anything")
+    listing = commands.add_parser("list", help="list users and their superuser flag")
+    remove = commands.add_parser("remove", help="remove a user")
+    remove.add_argument("name")
+    for command in (add, listing, remove):
+        # SUPPRESS: when absent here, a --data-dir given before `user` is kept.
+        command.add_argument("--data-dir", default=argparse.SUPPRESS, help="data directory")
+        command.add_argument("--users-file", metavar="FILE", help="default <data-dir>/users.json")
     arguments = parser.parse_args(argv)
     data_dir = arguments.data_dir or os.environ.get("TOPICBASE_DATA_DIR") or DEFAULT_DATA_DIR
     path = arguments.users_file or users.default_users_path(data_dir)
     try:
-        if arguments.password_stdin:
-            password = sys.stdin.readline().removesuffix("\n").removesuffix("\r")
-        else:
-            password = getpass.getpass(f"Password for {arguments.name}: ")
-            if getpass.getpass("Enter it again: ") != password:
-                print("ERROR: 22023: passwords do not match", file=sys.stderr)
+        if arguments.command == "list":
+            for entry in users.read_users(path).values():
+                print(f"{entry.name}\t{'superuser' if entry.superuser else ''}".rstrip("\t"))
+            return EXIT_OK
+        if arguments.command == "remove":
+            if not users.remove_user(path, arguments.name):
+                print(f'ERROR: 42704: role "{arguments.name}" does not exist', file=sys.stderr)
                 return EXIT_ERROR
-        is_new = users.add_user(path, arguments.name, password, with_md5=arguments.md5)
+            print(f"topicbase: removed user {arguments.name} from {path}")
+            return EXIT_OK
+        return _run_user_add(arguments, path)
     except TopicbaseError as error:
         print(formatting.error_text(error), file=sys.stderr)
         return EXIT_ERROR
@@ -276,7 +285,24 @@ def run_user(argv: list[str]) -> int:
         return EXIT_ERROR
     except (KeyboardInterrupt, EOFError):
         return EXIT_INTERRUPTED
-    print(f"topicbase: {'added' if is_new else 'updated'} user {arguments.name} in {path}")
+
+
+def _run_user_add(arguments: argparse.Namespace, path: str) -> int:
+    import getpass
+
+    from sql.pgwire import users
+
+    if arguments.password_stdin:
+        password = sys.stdin.readline().removesuffix("\n").removesuffix("\r")
+    else:
+        password = getpass.getpass(f"Password for {arguments.name}: ")
+        if getpass.getpass("Enter it again: ") != password:
+            print("ERROR: 22023: passwords do not match", file=sys.stderr)
+            return EXIT_ERROR
+    is_new = users.add_user(path, arguments.name, password, with_md5=arguments.md5,
+                            superuser=arguments.superuser)  # fmt: skip
+    kind = "superuser" if arguments.superuser else "user"
+    print(f"topicbase: {'added' if is_new else 'updated'} {kind} {arguments.name} in {path}")
     return EXIT_OK
 
 

@@ -8,13 +8,15 @@ Format (JSON, UTF-8)::
 
     {"format": "topicbase-users-1",
      "users": {"alice": {"scram": "SCRAM-SHA-256$4096:<salt>$<StoredKey>:<ServerKey>",
-                         "md5": "md5<32 hex digits>"}}}
+                         "md5": "md5<32 hex digits>", "superuser": true}}}
 
 ``scram`` is PostgreSQL's ``pg_authid.rolpassword`` format (RFC 5802/7677 verifier,
 base64 fields) and is always present. ``md5`` is PostgreSQL's ``md5`` + md5(password +
 user name) and is present only when the user was added with ``--md5``; it is
 password-equivalent for md5 authentication, so it is written only on request. No
-plaintext password is ever stored.
+plaintext password is ever stored. ``superuser`` (PostgreSQL's ``rolsuper``) is written
+only when true; a record without it (files written before the flag existed) is an ordinary
+user.
 
 Invariants: the file is replaced whole (temp file with mode 0600, fsync, rename, fsync of
 the directory), under an exclusive ``flock`` of ``<file>.lock`` so two concurrent
@@ -66,11 +68,12 @@ class InvalidPasswordValueError(TopicbaseError):
 
 @dataclass(frozen=True)
 class UserEntry:
-    """One user's verifiers; ``scram`` is always set, ``md5`` only if asked for."""
+    """One user's verifiers and role flag; ``scram`` is always set, ``md5`` only if asked for."""
 
     name: str
     scram: str
     md5: str | None = None
+    superuser: bool = False
 
 
 def default_users_path(data_dir: str) -> str:
@@ -115,12 +118,15 @@ def parse_users(data: bytes, path: str) -> dict[str, UserEntry]:
         md5 = fields.get("md5")
         if md5 is not None and (not isinstance(md5, str) or not _MD5_VERIFIER.fullmatch(md5)):
             raise ConfigFileError(f'users file {path}: user "{name}" has a malformed md5 hash')
+        superuser = fields.get("superuser", False)
+        if not isinstance(superuser, bool):
+            raise ConfigFileError(f'users file {path}: user "{name}": superuser is not a boolean')
         try:
             check_user_name(name)
             ScramVerifier.parse(fields["scram"])
         except (InvalidUserNameError, ValueError) as error:
             raise ConfigFileError(f'users file {path}: user "{name}": {error}') from None
-        entries[name] = UserEntry(name, fields["scram"], md5)
+        entries[name] = UserEntry(name, fields["scram"], md5, superuser)
     return entries
 
 
@@ -178,6 +184,17 @@ class UsersFile:
         with self._lock:
             return len(self._users)
 
+    def is_superuser(self, name: str) -> bool:
+        """Whether ``name`` is a superuser as of the last ``reload``; False if unknown."""
+        with self._lock:
+            entry = self._users.get(name)
+        return entry is not None and entry.superuser
+
+    def entries(self) -> list[UserEntry]:
+        """Every user as of the last ``reload``, by name (for pg_roles and friends)."""
+        with self._lock:
+            return [self._users[name] for name in sorted(self._users)]
+
     def reload(self) -> ConfigFileError | None:
         """Re-read the file if it changed; the error if the new contents are malformed."""
         try:
@@ -202,18 +219,26 @@ def render_users(users: dict[str, UserEntry]) -> bytes:
     document = {
         "format": FORMAT,
         "users": {
-            name: {"scram": entry.scram, **({"md5": entry.md5} if entry.md5 else {})}
+            name: {
+                "scram": entry.scram,
+                **({"md5": entry.md5} if entry.md5 else {}),
+                **({"superuser": True} if entry.superuser else {}),
+            }
             for name, entry in sorted(users.items())
         },
     }
     return (json.dumps(document, indent=1, ensure_ascii=False) + "\n").encode("utf-8")
 
 
-def add_user(path: str, name: str, password: str, *, with_md5: bool = False) -> bool:
+def add_user(
+    path: str, name: str, password: str, *, with_md5: bool = False, superuser: bool = False
+) -> bool:
     """Create or replace user ``name`` in the users file at ``path``; True if it was new.
 
     Stores a SCRAM-SHA-256 verifier with a fresh salt (and the md5 hash only if
-    ``with_md5``); the password itself is never written.
+    ``with_md5``); the password itself is never written. The record is replaced whole, so
+    ``superuser`` is what the caller says (re-adding a superuser without it demotes it, as
+    ``ALTER ROLE ... NOSUPERUSER`` would).
     """
     check_user_name(name)
     check_password(password)
@@ -221,6 +246,7 @@ def add_user(path: str, name: str, password: str, *, with_md5: bool = False) -> 
         name,
         make_scram_verifier(password).to_text(),
         make_md5_verifier(name, password) if with_md5 else None,
+        superuser,
     )
     directory = os.path.dirname(os.path.abspath(path))
     os.makedirs(directory, exist_ok=True)
@@ -232,6 +258,23 @@ def add_user(path: str, name: str, password: str, *, with_md5: bool = False) -> 
     written = read_users(path)
     assert written.get(name) == entry, "the users file holds what was just written"
     return is_new
+
+
+def remove_user(path: str, name: str) -> bool:
+    """Remove user ``name`` from the users file at ``path``; False if there was no such user.
+
+    Objects the user owns and grants made to it stay in the catalog (PostgreSQL refuses
+    ``DROP ROLE`` while they exist; here the users file is outside the database): a user
+    re-added under the same name gets them back, and ``topicbase check`` reports them.
+    """
+    check_user_name(name)
+    with _exclusive_lock(path + ".lock"):
+        users = read_users(path)
+        if name not in users:
+            return False
+        del users[name]
+        write_atomic(path, render_users(users))
+    return True
 
 
 @contextlib.contextmanager
