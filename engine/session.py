@@ -25,7 +25,7 @@ from typing import Any
 
 import pyarrow as pa
 
-from engine import describe, introspection, privileges, sandbox, tables
+from engine import describe, introspection, privileges, sandbox, streams, tables
 from engine.commit import PublishItem, route_writes
 from engine.ddl import run_alter, run_create, run_drop
 from engine.identity import LOCAL_SUPERUSER, Identity
@@ -55,6 +55,7 @@ from storage.errors import (
     InFailedTransactionError,
     InvalidParameterValueError,
     LimitExceededError,
+    ObjectInUseError,
     SerializationFailure,
     TopicbaseError,
 )
@@ -96,6 +97,7 @@ class Session:
         self._closed = False
         self._leftover_views: list[str] = []
         self._cancel_requested = False
+        self._stream_open = False
 
     # -- entry points -------------------------------------------------------------------
     def execute(self, sql: str, parameters: Any = None) -> list[Result]:
@@ -124,6 +126,7 @@ class Session:
         with self._lock:
             if self._closed:
                 raise InvalidParameterValueError("the session is closed")
+            self._require_no_stream()
             self._cancel_requested = False
             return self._execute(statement, parameters)
 
@@ -137,6 +140,7 @@ class Session:
         with self._lock:
             if self._closed:
                 raise InvalidParameterValueError("the session is closed")
+            self._require_no_stream()
             if self.state is SessionState.FAILED and not isinstance(
                 statement, ast.Rollback | ast.Commit
             ):
@@ -147,6 +151,78 @@ class Session:
             plan = planner.plan(statement, self.planning_catalog)
             self._guard(plan)
             return describe.describe_plan(plan, statement, self.cursor, self.database, self)
+
+    def open_stream(
+        self,
+        statement: ast.Statement,
+        parameters: Any = None,
+        *,
+        no_rows: TopicbaseError,
+        timeout_s: float | None = None,
+    ) -> streams.RowStream | None:
+        """Start ``statement`` and return its rows as a stream of bounded batches, or None
+        if it is not a plain query (the caller then runs it whole, as any statement).
+
+        A plain query is planned and checked (sandbox, privileges) as every statement is,
+        then read through DuckDB's batch reader; ``no_rows`` is raised before anything runs
+        for a write without RETURNING. Past ``timeout_s`` the read is cancelled (57014).
+        The stream must be closed before the session runs anything else.
+        """
+        with self._lock:
+            if self._closed:
+                raise InvalidParameterValueError("the session is closed")
+            plan = self._plain_query_plan(statement)
+            if plan is None:
+                return None
+            operation = plan.operations[0]
+            assert isinstance(operation, RunQuery)
+            if operation.tag in DML_TAGS and not operation.returns_rows:
+                raise no_rows
+            if not _streamable(operation):
+                return None
+            self._guard(plan)
+            self._check_duration()
+            self._stream_open = True
+        deadline = None if not timeout_s else streams.Deadline(timeout_s, self.cancel)
+        self._cancel_requested = False
+        return streams.duckdb_stream(
+            self.cursor,
+            operation.sql,
+            parameters if operation.uses_parameters else None,
+            statement_line_offset(plan),
+            deadline,
+            on_error=self._stream_failed,
+            on_close=self._stream_closed,
+        )
+
+    def _plain_query_plan(self, statement: ast.Statement) -> Plan | None:
+        """The one-query plan of a statement that may be read straight from DuckDB."""
+        if not isinstance(statement, ast.SqlStatement) or statement.topic_scans:
+            return None
+        if self.state is SessionState.FAILED:
+            return None  # the ordinary path reports 25P02
+        try:
+            plan = planner.plan(statement, self.planning_catalog)
+        except TopicbaseError:
+            return None  # the ordinary path reports it as it reports any statement
+        if plan.explain_only or len(plan.operations) != 1:
+            return None
+        return plan if isinstance(plan.operations[0], RunQuery) else None
+
+    def _stream_failed(self) -> None:
+        with self._lock:
+            self._stream_open = False
+            if self.state is SessionState.IN_TRANSACTION:
+                self.state = SessionState.FAILED
+
+    def _stream_closed(self) -> None:
+        self._stream_open = False
+
+    def _require_no_stream(self) -> None:
+        if self._stream_open:
+            raise ObjectInUseError(
+                "a streamed result of this session is still open; close it first"
+            )
 
     def close(self) -> None:
         with self._lock:
@@ -585,6 +661,18 @@ def _parse_cached(sql: str) -> tuple[ast.Statement, ...]:
     """Parsed scripts by text: statements are immutable, so a repeated script
     (a worker's loop) is parsed once."""
     return tuple(parse(sql))
+
+
+def _streamable(operation: RunQuery) -> bool:
+    """A query DuckDB can answer alone, batch by batch: it returns rows, writes nothing and
+    needs no relation the engine registers first (``sys.`` views, topic projections)."""
+    return (
+        operation.returns_rows
+        and operation.tag == "SELECT"
+        and not operation.tables_written
+        and not operation.system_views
+        and operation.projection is None
+    )
 
 
 def _projected(plan: Plan, placeholder: str) -> bool:

@@ -203,3 +203,16 @@ def unregister(cursor: Connection, name: str) -> None:
 
 def interrupt(cursor: Connection) -> None:
     cursor.interrupt()
+
+
+def batch_reader(
+    cursor: Connection, sql: str, parameters: Any, batch_rows: int
+) -> tuple[pa.RecordBatchReader, list[str]]:
+    """Start a query; its Arrow batch reader and DuckDB's type name of each column.
+
+    The caller translates errors (``translated``) and must close the reader before the
+    cursor runs anything else."""
+    relation = cursor.sql(sql, params=parameters or None)
+    assert relation is not None, "only queries that return rows are streamed"
+    duckdb_types = [str(t) for t in relation.types]
+    return relation.to_arrow_reader(batch_rows), duckdb_types

@@ -187,6 +187,12 @@ class ConnectionCatalog:
         finally:
             timer.cancel()
 
+    def is_session_command(self, statement: ast.Statement) -> bool:
+        """SET, RESET, SHOW, SAVEPOINT …: statements this layer may answer itself."""
+        return isinstance(statement, ast.SqlStatement) and bool(
+            _SESSION_COMMAND.match(statement.sql)
+        )
+
     def engine_statement(self, statement: ast.Statement) -> ast.Statement:
         """What the engine should describe for ``statement`` (Describe before Execute):
         the rewritten catalog query, or for ``SHOW`` a one-column SELECT of the same shape.

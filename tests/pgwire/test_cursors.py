@@ -14,6 +14,7 @@ import psycopg
 import pyarrow as pa
 import pytest
 
+from engine.streams import RowStream
 from sql.pgwire import spill
 from sql.pgwire.cursors import Fetch, parse_cursor_command
 from sql.pgwire.limits import ServerLimits
@@ -343,9 +344,9 @@ def test_spill_collect_keeps_small_results_in_memory_and_maps_large_ones(
     schema = table.schema
 
     def stream(source: pa.Table, closed: list[bool]) -> ResultStream:
-        return ResultStream(schema, [20, 25], (), 10**9,
-                            iter(source.to_batches(max_chunksize=8192)),
-                            lambda: closed.append(True))  # fmt: skip
+        rows = RowStream(schema, (), None, iter(source.to_batches(max_chunksize=8192)),
+                         lambda: closed.append(True))  # fmt: skip
+        return ResultStream(rows, [20, 25], 10**9)
 
     closed: list[bool] = []
     small = spill.collect(stream(table.slice(0, 10), closed))
@@ -364,8 +365,8 @@ def test_spill_collect_keeps_small_results_in_memory_and_maps_large_ones(
 
     failed: list[bool] = []
     with pytest.raises(LimitExceededError):
-        spill.collect(ResultStream(schema, [20, 25], (), 10**9, failing(),
-                                   lambda: failed.append(True)), spill_bytes=100_000)  # fmt: skip
+        rows = RowStream(schema, (), None, failing(), lambda: failed.append(True))
+        spill.collect(ResultStream(rows, [20, 25], 10**9), spill_bytes=100_000)
     assert failed == [True] and list(tmp_path.iterdir()) == []
 
 
