@@ -6,6 +6,12 @@ first). Never deleted: the active segment, and anything at or above the
 lowest offset an important consumer has not yet committed; storage asks its
 caller for that offset through ``RetentionGuard``.
 
+An idle partition (no appends, so no roll) would keep its expired active
+segment forever: when every message of the active segment is past the
+retention period and no guard protects any of it, the pass first rolls it
+(``PartitionLog.roll_expired``, Kafka's rule) and then deletes it as any
+sealed segment, in the same pass. The log start then equals the end offset.
+
 An inactive partition (split by autopartitioning) whose data has all expired
 and that no important consumer still needs is removed entirely.
 """
@@ -43,14 +49,15 @@ def apply_retention(topic: TopicLog, guard: RetentionGuard, now_us: int) -> Rete
     for partition_id in topic.partition_ids():
         partition = topic.partition(partition_id)
         protected = guard.protected_offset(topic.topic_id, partition_id)
-        limit = retention_limit(partition, now_us)
-        if protected is not None:
-            limit = min(limit, protected)
         if not partition.active and _all_expired(partition, now_us, protected):
             report.bytes_deleted += partition.size_bytes
             topic.remove_partition(partition_id)
             report.partitions_removed += 1
             continue
+        _roll_if_expired(partition, now_us, protected)
+        limit = retention_limit(partition, now_us)
+        if protected is not None:
+            limit = min(limit, protected)
         before = partition.size_bytes
         report.segments_deleted += partition.delete_segments_before(limit)
         report.bytes_deleted += before - partition.size_bytes
@@ -76,6 +83,24 @@ def retention_limit(partition: PartitionLog, now_us: int) -> int:
             excess -= segment.size_bytes
             limit = max(limit, segment.next_offset)
     return limit
+
+
+def _roll_if_expired(partition: PartitionLog, now_us: int, protected: int | None) -> None:
+    """Roll the active segment when all of it expired and nothing of it is protected.
+
+    A roll a guard would keep from deleting is skipped: it would only add an empty
+    segment at every pass. ``roll_expired`` checks the times again under the write
+    lock, so an append racing with this pass keeps its segment active.
+    """
+    retention_ms = partition.config.retention_ms
+    if retention_ms is None:
+        return
+    if protected is not None and protected < partition.end_offset:
+        return
+    last = partition.segments[-1].last_written_at_us
+    horizon = now_us - retention_ms * 1000
+    if last is not None and last < horizon:
+        partition.roll_expired(horizon)
 
 
 def _all_expired(partition: PartitionLog, now_us: int, protected: int | None) -> bool:

@@ -11,7 +11,9 @@ Zero cost when off: ``hit`` tests one module-level boolean.
 Names in use: ``fs.before_sync``, ``fs.after_sync`` (every counted fsync),
 ``index.before_flush``, ``segment.torn_write`` (half a frame written),
 ``segment.roll_after_seal``, ``segment.roll_before_snapshot``,
-``retention.before_delete``, ``split.before_save``, ``staging.after_sync``,
+``retention.before_roll``, ``retention.after_roll`` (an idle partition's expired
+active segment rolled by retention), ``retention.before_delete``,
+``split.before_save``, ``staging.after_sync``,
 ``commit.after_stage``, ``commit.after_commit_point``, ``commit.mid_publish``,
 ``commit.checkpoint_before_delete``, ``recovery.after_republish``.
 """

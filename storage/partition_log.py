@@ -531,6 +531,37 @@ class PartitionLog:
         return True
 
     # -- retention and lifecycle ------------------------------------------------------------
+    def roll_expired(self, horizon_us: int) -> bool:
+        """Seal the active segment if every message in it was written before ``horizon_us``.
+
+        Kafka's rule for idle partitions: retention deletes only sealed segments,
+        and only an append rolls one, so without this the expired data of a topic
+        that stopped receiving writes would live forever. The new empty active
+        segment starts at the end offset; once the old one is deleted, its file
+        name is what tells a reopen where the log starts, so the directory is
+        synced here whatever the fsync policy (``_roll_locked`` syncs it only when
+        the policy is durable). Returns True if it rolled. A fenced or closed
+        partition never rolls: its files are not to be trusted with more writes.
+        """
+        with self._write_lock:
+            if self._closed or self._fenced is not None:
+                return False
+            segment = self._segments[-1]
+            last = segment.last_written_at_us
+            if segment.size_bytes == 0 or last is None or last >= horizon_us:
+                return False
+            failpoints.hit("retention.before_roll")
+            self._roll_locked()
+            if self.config.fsync_policy is FsyncPolicy.NEVER:
+                try:
+                    self.fs.sync_directory(self.directory)
+                except StorageIOError as error:
+                    self._fence(error)
+                    raise
+            self._publish()
+        failpoints.hit("retention.after_roll")
+        return True
+
     def delete_segments_before(self, offset: int) -> int:
         """Delete whole sealed segments whose messages all lie below ``offset``."""
         with self._write_lock:

@@ -73,14 +73,122 @@ def test_retention_by_time_deletes_only_expired_sealed_segments(
     assert apply_retention(topic, NoGuard(), clock.now_us()).segments_deleted == 0
 
 
-def test_retention_never_deletes_the_active_segment(make_topic: Any, clock: ManualClock) -> None:
+def test_retention_rolls_and_deletes_an_idle_partitions_expired_active_segment(
+    make_topic: Any, clock: ManualClock
+) -> None:
+    """Kafka's rule: when all of the active segment expired, it is rolled and deleted in
+    the same pass; the log start becomes the end offset and new writes go on from it."""
     topic = make_topic(retention_ms=1000)
     _write_segments(topic, clock, segments=2)
-    clock.advance(seconds=100 * HOUR_S)
-    apply_retention(topic, NoGuard(), clock.now_us())
     partition = topic.partition(0)
+    clock.advance(seconds=100 * HOUR_S)
+    report = apply_retention(topic, NoGuard(), clock.now_us())
+    assert report.segments_deleted == 3
+    assert partition.start_offset == partition.end_offset == 11
+    assert len(partition.segments) == 1 and partition.size_bytes == 0
+    assert partition.read(0).message_count == 0
+    # Idle and empty: later passes neither roll again nor delete anything.
+    assert apply_retention(topic, NoGuard(), clock.now_us()).segments_deleted == 0
     assert len(partition.segments) == 1
-    assert partition.read(0).message_count == 1 and partition.start_offset == 10
+    result = partition.append(build_wire_batch([b"later"]))
+    assert result.offsets.tolist() == [11]
+    assert [b.column("offset")[0].as_py() for b in partition.read(0).batches] == [11]
+
+
+def test_an_active_segment_with_one_unexpired_message_stays(
+    make_topic: Any, clock: ManualClock
+) -> None:
+    topic = make_topic(retention_ms=HOUR_S * 1000)
+    partition = topic.partition(0)
+    partition.append(build_wire_batch([b"old"]))
+    clock.advance(seconds=HOUR_S - 1)
+    partition.append(build_wire_batch([b"young"]))
+    clock.advance(seconds=2)  # "old" is past retention, "young" is not
+    assert apply_retention(topic, NoGuard(), clock.now_us()).segments_deleted == 0
+    assert partition.start_offset == 0 and len(partition.segments) == 1
+    clock.advance(seconds=HOUR_S)
+    assert apply_retention(topic, NoGuard(), clock.now_us()).segments_deleted == 1
+    assert partition.start_offset == partition.end_offset == 2
+
+
+def test_nothing_is_deleted_a_microsecond_before_it_expires(
+    make_topic: Any, clock: ManualClock
+) -> None:
+    topic = make_topic(retention_ms=1000)
+    partition = topic.partition(0)
+    partition.append(build_wire_batch([b"m"]))
+    written = partition.segments[-1].last_written_at_us
+    assert written is not None
+    # Expired means written before now - retention: at exactly the boundary it stays.
+    assert apply_retention(topic, NoGuard(), written + 1_000_000).segments_deleted == 0
+    assert partition.start_offset == 0 and partition.read(0).message_count == 1
+    assert apply_retention(topic, NoGuard(), written + 1_000_001).segments_deleted == 1
+    assert partition.start_offset == 1
+
+
+def test_a_guard_keeps_an_idle_partitions_active_segment_and_no_empty_rolls_pile_up(
+    make_topic: Any, clock: ManualClock
+) -> None:
+    topic = make_topic(retention_ms=1000)
+    partition = topic.partition(0)
+    partition.append(build_wire_batch([b"a", b"b", b"c"]))
+    clock.advance(seconds=HOUR_S)
+    for _ in range(3):
+        assert apply_retention(topic, FixedGuard(2), clock.now_us()).segments_deleted == 0
+    assert len(partition.segments) == 1, "a roll retention could not use was made"
+    assert partition.read(0).message_count == 3
+    assert apply_retention(topic, FixedGuard(3), clock.now_us()).segments_deleted == 1
+    assert partition.start_offset == 3
+
+
+@pytest.mark.parametrize("policy", list(FsyncPolicy))
+def test_an_emptied_idle_partition_keeps_its_log_start_across_a_reopen(
+    make_topic: Any, clock: ManualClock, policy: FsyncPolicy
+) -> None:
+    topic = make_topic(retention_ms=1000, fsync_policy=policy)
+    topic.partition(0).append(build_wire_batch([b"a", b"b"]))
+    clock.advance(seconds=2)
+    apply_retention(topic, NoGuard(), clock.now_us())
+    directory = topic.directory
+    topic.close()
+    reopened = TopicLog(FileSystem(), directory, "t", clock, create=False)
+    try:
+        partition = reopened.partition(0)
+        assert partition.start_offset == partition.end_offset == 2
+        assert partition.append(build_wire_batch([b"c"])).offsets.tolist() == [2]
+    finally:
+        reopened.close()
+
+
+@pytest.mark.parametrize(
+    "failpoint", ["retention.before_roll", "retention.after_roll", "retention.before_delete"]
+)
+def test_a_failure_around_the_idle_roll_never_loses_or_resurrects_data(
+    make_topic: Any, clock: ManualClock, failpoint: str
+) -> None:
+    """An error at each step of the idle roll (the process then dies): the reopened
+    partition holds all its messages (nothing deleted yet) or none (start = end), never
+    a part, and a later pass finishes the job."""
+    topic = make_topic(retention_ms=1000)
+    topic.partition(0).append(build_wire_batch([b"a", b"b"]))
+    clock.advance(seconds=2)
+    failpoints.activate(f"{failpoint}=error")
+    try:
+        with pytest.raises(StorageIOError):
+            apply_retention(topic, NoGuard(), clock.now_us())
+    finally:
+        failpoints.deactivate()
+    directory = topic.directory
+    reopened = TopicLog(FileSystem(), directory, "t", clock, create=False)
+    try:
+        partition = reopened.partition(0)
+        assert partition.end_offset == 2
+        kept = partition.read(0).message_count
+        assert (partition.start_offset, kept) in ((0, 2), (2, 0))
+        apply_retention(reopened, NoGuard(), clock.now_us())
+        assert partition.start_offset == partition.end_offset == 2
+    finally:
+        reopened.close()
 
 
 def test_retention_by_size_deletes_oldest_segments_until_under_budget(
@@ -126,7 +234,8 @@ def test_retention_stops_at_the_guards_protected_offset(
     apply_retention(topic, FixedGuard(0), clock.now_us())
     assert partition.start_offset == 5
     apply_retention(topic, FixedGuard(None), clock.now_us())
-    assert partition.start_offset == 20
+    # Unguarded, the expired active segment (offset 20) is rolled and goes too.
+    assert partition.start_offset == partition.end_offset == 21
 
 
 def test_retention_limit_with_no_settings_keeps_everything(
