@@ -6,6 +6,15 @@ Column mapping: ``data`` (required; text is stored as its UTF-8 bytes),
 strings), ``codec``. Statement options (``WITH``) give defaults for every row.
 A ``codec`` other than raw compresses each message here, on the producer's
 side, as YDB's SDKs do.
+
+Every value is checked here, at write time, against what readers can return, so a
+write that would make a topic unreadable is refused and the topic stays readable:
+``created_at`` must be a finite instant in years 1..9999 UTC (22008: ``infinity`` and
+year 10000 are DuckDB timestamps but not Python's or PostgreSQL clients'), ``seq_no``
+and ``partition`` must lie in 0..2^63-1 (22003), ``metadata`` must be string keys with
+string or bytes values (22023), ``data`` text or bytes (22023), ``codec`` a codec name
+(22023). Literal VALUES rows were checked already by the grammar; statement parameters
+and ``INSERT … SELECT`` rows are checked only here.
 """
 
 from __future__ import annotations
@@ -22,7 +31,12 @@ import pyarrow.compute as pc
 from engine.clock import Clock
 from storage import limits
 from storage.codecs import Codec, encode, parse_codec
-from storage.errors import InvalidParameterValueError, LimitExceededError
+from storage.errors import (
+    DatetimeFieldOverflowError,
+    InvalidParameterValueError,
+    LimitExceededError,
+    NumericValueOutOfRangeError,
+)
 from storage.record_batch import METADATA_TYPE, TIMESTAMP, WIRE_SCHEMA
 
 INSERT_COLUMNS = (
@@ -36,6 +50,11 @@ INSERT_COLUMNS = (
     "codec",
 )
 RETURNING_COLUMNS = ("partition", "offset", "status", "seq_no", "producer_id")
+# The instants a reader can return (Python's datetime, as psycopg and the DB-API build
+# it): 0001-01-01 to 9999-12-31 23:59:59.999999 UTC, in microseconds since 1970.
+CREATED_AT_US_MIN = -62_135_596_800_000_000
+CREATED_AT_US_MAX = 253_402_300_799_999_999
+INT64_MAX = 2**63 - 1
 
 
 def table_from_rows(columns: Sequence[str], rows: Sequence[Sequence[Any]]) -> pa.Table:
@@ -43,13 +62,22 @@ def table_from_rows(columns: Sequence[str], rows: Sequence[Sequence[Any]]) -> pa
     data = {}
     for index, name in enumerate(columns):
         values = [row[index] for row in rows]
-        if name == "data":
-            values = [v.encode() if isinstance(v, str) else v for v in values]
-            data[name] = pa.array(values, pa.binary())
-        elif name == "metadata":
-            data[name] = pa.array(values)
-        else:
-            data[name] = pa.array(values)
+        try:
+            if name == "data":
+                values = [v.encode() if isinstance(v, str) else v for v in values]
+                data[name] = pa.array(values, pa.binary())
+            elif name == "metadata":
+                data[name] = pa.array(values, pa.string()) if all(
+                    v is None or isinstance(v, str) for v in values
+                ) else pa.array(values)  # fmt: skip
+            else:
+                data[name] = pa.array(values)
+        except OverflowError:  # an integer past 64 bits (a parameter)
+            raise NumericValueOutOfRangeError(
+                f'column "{name}": a value is out of range for a 64-bit integer'
+            ) from None
+        except (pa.ArrowInvalid, pa.ArrowTypeError, TypeError) as error:
+            raise InvalidParameterValueError(f'column "{name}": {error}') from None
     return pa.table(data)
 
 
@@ -71,7 +99,7 @@ def build_batches(
         raise InvalidParameterValueError("message data must not be NULL")
     data = _compress(data, codecs)
     columns = [
-        _column(table, "seq_no", options, pa.int64(), count),
+        _non_negative(_column(table, "seq_no", options, pa.int64(), count), "seq_no"),
         _column(table, "producer_id", options, pa.string(), count),
         _column(table, "message_group_id", options, pa.string(), count),
         _created_at(table, count, clock),
@@ -80,7 +108,8 @@ def build_batches(
         _metadata(table, count),
     ]
     batch = pa.RecordBatch.from_arrays(columns, schema=WIRE_SCHEMA)
-    partitions = _column(table, "partition", options, pa.int64(), count)
+    partitions = _non_negative(_column(table, "partition", options, pa.int64(), count),
+                               "partition")  # fmt: skip
     if partitions.null_count == count:
         return [(None, batch)]
     if partitions.null_count:
@@ -96,12 +125,24 @@ def _data_column(table: pa.Table) -> pa.Array:
         return column
     if pa.types.is_large_binary(column.type) or pa.types.is_binary_view(column.type):
         return pc.cast(column, pa.binary())
-    return pc.cast(pc.cast(column, pa.string()), pa.binary())
+    if pa.types.is_nested(column.type):  # a list, struct or map has no one text form
+        raise InvalidParameterValueError(
+            f'column "data": expected text or bytes, got a value of type {column.type}'
+        )
+    try:
+        return pc.cast(pc.cast(column, pa.string()), pa.binary())
+    except (pa.ArrowInvalid, pa.ArrowNotImplementedError) as error:
+        raise InvalidParameterValueError(f'column "data": {error}') from None
 
 
 def _codec_column(table: pa.Table, default: Any, count: int) -> np.ndarray:
     if "codec" in table.column_names:
         names = table.column("codec").to_pylist()
+        for name in names:
+            if name is not None and not isinstance(name, str):
+                raise InvalidParameterValueError(
+                    f'column "codec": expected a codec name, got {name!r:.40}'
+                )
         return np.array([parse_codec(n or default or "raw").value for n in names], dtype=np.uint8)
     codec = parse_codec(default or "raw")
     return np.full(count, codec.value, dtype=np.uint8)
@@ -127,6 +168,10 @@ def _column(
         try:
             return pc.cast(column, kind)
         except (pa.ArrowInvalid, pa.ArrowNotImplementedError) as error:
+            if pa.types.is_integer(column.type) and pa.types.is_integer(kind):
+                raise NumericValueOutOfRangeError(
+                    f'column "{name}": a value is out of range for type {kind}'
+                ) from None
             raise InvalidParameterValueError(f'column "{name}": {error}') from None
     default = options.get(name)
     if default is None:
@@ -155,35 +200,95 @@ def _nulls(count: int, kind: pa.DataType) -> pa.Array:
     return cached
 
 
+def _non_negative(column: pa.Array, name: str) -> pa.Array:
+    """``column`` (int64) if no value is negative; else 22003 (the upper end, 2^63-1, is
+    int64's own: a bigger value already failed its cast)."""
+    if column.null_count < len(column):
+        lowest = pc.min(column).as_py()
+        if lowest is not None and lowest < 0:
+            raise NumericValueOutOfRangeError(
+                f'column "{name}": {lowest} is out of range (0 to {INT64_MAX})'
+            )
+    return column
+
+
 def _created_at(table: pa.Table, count: int, clock: Clock) -> pa.Array:
-    if "created_at" in table.column_names:
-        column = _single_chunk(table.column("created_at"))
-        if pa.types.is_timestamp(column.type):
-            return pc.cast(column, TIMESTAMP)
-        values = [
-            datetime.fromisoformat(v) if isinstance(v, str) else v for v in column.to_pylist()
-        ]
-        return pa.array(values, TIMESTAMP)
-    now = np.full(count, clock.now_us(), dtype=np.int64)
-    return pa.Array.from_buffers(TIMESTAMP, count, [None, pa.py_buffer(now)])
+    if "created_at" not in table.column_names:
+        now = np.full(count, clock.now_us(), dtype=np.int64)
+        return pa.Array.from_buffers(TIMESTAMP, count, [None, pa.py_buffer(now)])
+    column = _single_chunk(table.column("created_at"))
+    try:
+        if pa.types.is_timestamp(column.type) or pa.types.is_date(column.type):
+            stamps = pc.cast(column, TIMESTAMP)
+        elif pa.types.is_integer(column.type) or pa.types.is_null(column.type):
+            stamps = pc.cast(pc.cast(column, pa.int64()), TIMESTAMP)  # microseconds
+        elif pa.types.is_string(column.type) or pa.types.is_large_string(column.type):
+            stamps = pa.array([_instant(v) for v in column.to_pylist()], TIMESTAMP)
+        else:
+            raise InvalidParameterValueError(
+                f'column "created_at": expected a timestamp, got a value of type {column.type}'
+            )
+    except (pa.ArrowInvalid, OverflowError):  # past int64 microseconds: out of any range
+        raise DatetimeFieldOverflowError('column "created_at": timestamp out of range') from None
+    return _readable_instants(stamps)
+
+
+def _instant(value: str | None) -> datetime | None:
+    if value is None:
+        return None
+    try:
+        return datetime.fromisoformat(value)
+    except ValueError:
+        raise InvalidParameterValueError(
+            f'column "created_at": {value!r:.60} is not an ISO-8601 timestamp'
+        ) from None
+
+
+def _readable_instants(stamps: pa.Array) -> pa.Array:
+    """``stamps`` if every one lies in years 1..9999 (what readers return); else 22008."""
+    if stamps.null_count == len(stamps):
+        return stamps
+    micros = pc.cast(stamps, pa.int64())
+    bounds = pc.min_max(micros).as_py()
+    if bounds["min"] < CREATED_AT_US_MIN or bounds["max"] > CREATED_AT_US_MAX:
+        raise DatetimeFieldOverflowError(
+            'column "created_at": timestamp out of range (finite, years 1 to 9999 UTC)'
+        )
+    return stamps
 
 
 def _metadata(table: pa.Table, count: int) -> pa.Array:
     if "metadata" not in table.column_names:
         return _nulls(count, METADATA_TYPE)
     values = table.column("metadata").to_pylist()
-    rows = []
-    for value in values:
-        if value is None:
-            rows.append(None)
-            continue
-        if isinstance(value, str):
-            try:
-                value = json.loads(value)
-            except ValueError:
-                raise InvalidParameterValueError("metadata must be a JSON object") from None
-        items = value.items() if isinstance(value, dict) else value
-        rows.append([(str(k), v.encode() if isinstance(v, str) else bytes(v)) for k, v in items])
+    rows = [None if value is None else _metadata_items(value) for value in values]
     if any(r is not None and len(r) > limits.METADATA_ITEMS_MAX for r in rows):
         raise LimitExceededError(f"metadata holds at most {limits.METADATA_ITEMS_MAX} items")
     return pa.array(rows, METADATA_TYPE)
+
+
+_METADATA_SHAPE = 'metadata must be a JSON object or a MAP of strings, like \'{"k": "v"}\''
+
+
+def _metadata_items(value: Any) -> list[tuple[str, bytes]]:
+    """One message's metadata as (key, value bytes) pairs: from a JSON object text, a MAP
+    (pairs) or a STRUCT (dict), string keys and string or bytes values only (22023).
+    Never ``bytes(n)`` of a number: that would be n zero bytes."""
+    if isinstance(value, str):
+        try:
+            value = json.loads(value)
+        except ValueError:
+            raise InvalidParameterValueError(_METADATA_SHAPE) from None
+    if isinstance(value, dict):
+        value = list(value.items())
+    if not isinstance(value, list):
+        raise InvalidParameterValueError(_METADATA_SHAPE)
+    items = []
+    for item in value:
+        if not (isinstance(item, tuple | list) and len(item) == 2):
+            raise InvalidParameterValueError(_METADATA_SHAPE)
+        key, text = item
+        if not isinstance(key, str) or not isinstance(text, str | bytes):
+            raise InvalidParameterValueError(_METADATA_SHAPE)
+        items.append((key, text.encode() if isinstance(text, str) else text))
+    return items

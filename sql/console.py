@@ -55,6 +55,7 @@ from grammar import settings as setting_rules
 from grammar.parse import parse
 from grammar.split import split_statements
 from sql import formatting
+from sql.internal_error import internal_error
 from storage.errors import TopicbaseError
 
 DEFAULT_DATA_DIR = "topicbase-data"
@@ -368,8 +369,8 @@ def run_script(
         return False
     except BrokenPipeError:
         raise
-    except Exception as error:  # a bug or an untranslated library error: XX000
-        show_error(formatting.error_text(error, script))
+    except Exception as error:  # a bug: logged with an id, XX000 without its text
+        show_error(formatting.error_text(internal_error(error, "a console statement"), script))
         return False
     return True
 

@@ -46,6 +46,7 @@ from engine.transaction import SessionState
 from grammar import ast
 from grammar.parse import parse, parse_one
 from sql.formatting import iter_rows
+from sql.internal_error import internal_error
 from storage.errors import TopicbaseError
 
 apilevel = "2.0"
@@ -328,6 +329,8 @@ class Connection:
             return self._session.execute_statement(statement, parameters)
         except TopicbaseError as error:
             raise error_of(error) from error
+        except Exception as error:  # a bug: logged with an id, XX000 without its text
+            raise error_of(internal_error(error, "a DB-API statement")) from None
 
 
 # -- cursor --------------------------------------------------------------------------------
@@ -438,6 +441,8 @@ class Cursor:
             statements = parse(operation)
         except TopicbaseError as error:
             raise error_of(error) from error
+        except Exception as error:  # a bug: logged with an id, XX000 without its text
+            raise error_of(internal_error(error, "parsing a DB-API operation")) from None
         if not statements:
             raise ProgrammingError("the operation holds no statement", "42601")
         return statements

@@ -54,6 +54,18 @@ class InvalidBinaryDataError(DataError):
     sqlstate = "22P03"
 
 
+class NumericValueOutOfRangeError(DataError):
+    """A number outside the range its column can hold (``seq_no`` outside 0..2^63-1)."""
+
+    sqlstate = "22003"
+
+
+class DatetimeFieldOverflowError(DataError):
+    """A timestamp outside the range readers can return (years 1..9999, finite)."""
+
+    sqlstate = "22008"
+
+
 # -- class 25: invalid transaction state ------------------------------------------------
 class InvalidTransactionStateError(TopicbaseError):
     sqlstate = "25000"
@@ -158,6 +170,19 @@ class QueryCanceledError(TopicbaseError):
     sqlstate = "57014"
 
 
+class IdleSessionTimeoutError(TopicbaseError):
+    """A session idle (outside a transaction) past ``idle_session_timeout``; it is closed."""
+
+    sqlstate = "57P05"
+
+
+class IdleInTransactionSessionTimeoutError(InvalidTransactionStateError):
+    """A session idle inside a transaction past ``idle_in_transaction_session_timeout``;
+    its transaction is rolled back and the session closed."""
+
+    sqlstate = "25P03"
+
+
 # -- class 58: system error -------------------------------------------------------------
 class StorageIOError(TopicbaseError):
     """The operating system refused a read, write or fsync."""
@@ -175,6 +200,13 @@ class PartitionFencedError(StorageIOError):
 
 
 # -- class XX: internal error -----------------------------------------------------------
+class InternalError(TopicbaseError):
+    """What a client sees of a bug (any exception that is not a TopicbaseError): a short
+    id that names the log entry holding the traceback, never the exception's text."""
+
+    sqlstate = "XX000"
+
+
 class CorruptSegmentError(TopicbaseError):
     """A checksum or structure check failed inside the log, not at its torn tail."""
 

@@ -41,10 +41,12 @@ import pyarrow as pa
 
 from engine.database import Database
 from engine.describe import Description
+from engine.identity import LOCAL_SUPERUSER_NAME, Identity
 from engine.session import Result, Session
 from engine.transaction import SessionState
 from grammar import ast
 from grammar.parse import parse
+from sql.internal_error import internal_error
 from sql.pgwire import arrays, malloc_tuning, types
 from sql.pgwire import auth as wire_auth
 from sql.pgwire import commands as wire_commands
@@ -156,7 +158,9 @@ def error_fields(error: BaseException, query: str | None = None) -> tuple[str, s
         return error.sqlstate, error.message, position
     if isinstance(error, KeyboardInterrupt):
         return "57014", "canceling statement due to user request", None
-    return "XX000", f"{type(error).__name__}: {error}", None
+    # A bug: the traceback goes to the log under an id; the client gets only the id.
+    internal = internal_error(error, "a wire statement")
+    return internal.sqlstate, internal.message, None
 
 
 def _result_formats(count: int, formats: list[int]) -> list[int]:
@@ -261,8 +265,6 @@ class Connection:
         ConnectionError goes on up to ``run``, which closes the connection quietly."""
         if isinstance(error, ConnectionError):
             raise error
-        if not isinstance(error, TopicbaseError):
-            log.exception("unexpected error in a statement", exc_info=error)
         sqlstate, text, position = error_fields(error, query)
         self.send(m.error_response(sqlstate, text, position))
 
@@ -332,8 +334,9 @@ class Connection:
                 wire_auth.InvalidPasswordError) as error:  # fmt: skip
             self.send(m.error_response(error.sqlstate, error.message, severity="FATAL"))
             return False
+        identity = self._identity(user)
         try:
-            self.session = await self.call(self.server.database.connect)
+            self.session = await self.call(self.server.database.connect, identity)
         except TopicbaseError as error:
             sqlstate, text, _ = error_fields(error)
             self.send(m.error_response(sqlstate, text, severity="FATAL"))
@@ -348,8 +351,8 @@ class Connection:
             "integer_datetimes": "on",
             "TimeZone": "UTC",
             "IntervalStyle": "postgres",
-            "is_superuser": "on",
-            "session_authorization": startup.parameters.get("user", "topicbase"),
+            "is_superuser": "on" if identity.superuser else "off",
+            "session_authorization": identity.name,
             "application_name": startup.parameters.get("application_name", ""),
         }
         self.catalog.start(startup.parameters)
@@ -360,6 +363,16 @@ class Connection:
         self.send(self.ready_for_query())
         await self.writer.drain()
         return True
+
+    def _identity(self, user: str) -> Identity:
+        """Who the session acts as: the authenticated user, a superuser if the users file
+        says so. Under ``--auth trust`` nothing is proved and no users file is read, so
+        every session is a superuser, as the local console is: trust is for a machine
+        with no other users."""
+        users = self.server.authenticator.users
+        if users is None:
+            return Identity(user or LOCAL_SUPERUSER_NAME, superuser=True)
+        return Identity(user, superuser=users.is_superuser(user))
 
     async def serve_messages(self) -> None:
         # Responses are kept until a drain (Sync, Flush, end of Query, before COPY data is
