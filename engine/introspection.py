@@ -4,6 +4,11 @@
 bytes, active flag, parent; ``sys.consumers``: per consumer and partition the
 committed offset and the lag in messages and in seconds (age of the oldest
 unread message).
+
+The lag counts from the consumer's position: its committed offset, or the log
+start when retention deleted past it (the consumer reads on from there). A
+partition that retention removes (inactive after a split, all its data expired)
+leaves every view; one removed while a view is being built is skipped, not an error.
 """
 
 from __future__ import annotations
@@ -15,6 +20,8 @@ import pyarrow as pa
 
 from engine.catalog import TopicEntry, encode_settings
 from engine.clock import utc_from_us
+from storage.errors import InvalidParameterValueError, StorageIOError
+from storage.partition_log import PartitionLog
 
 if TYPE_CHECKING:  # avoids an import cycle
     from engine.database import Database
@@ -81,8 +88,11 @@ def partitions_view(database: Database, entries: list[TopicEntry] | None = None)
     for entry in entries or database.catalog.entries():
         topic = database.topic_log(entry.topic_id)
         for partition_id in topic.partition_ids():
-            partition = topic.partition(partition_id)
-            info = topic.partition_info(partition_id)
+            try:
+                partition = topic.partition(partition_id)
+                info = topic.partition_info(partition_id)
+            except (InvalidParameterValueError, KeyError):
+                continue  # removed by retention since the list was taken
             rows.append(
                 {
                     "topic": entry.name,
@@ -117,16 +127,12 @@ def consumers_view(database: Database, entries: list[TopicEntry] | None = None) 
         topic = database.topic_log(entry.topic_id)
         for consumer, settings in sorted(entry.consumers.items()):
             for partition_id in topic.partition_ids():
-                partition = topic.partition(partition_id)
+                try:
+                    partition = topic.partition(partition_id)
+                except InvalidParameterValueError:
+                    continue  # removed by retention since the list was taken
                 committed = database.catalog.committed(entry.topic_id, consumer, partition_id)
-                position = max(committed or 0, partition.start_offset)
-                lag = max(0, partition.end_offset - position)
-                lag_seconds = 0.0
-                if lag:
-                    oldest = partition.read(position, max_messages=1, max_bytes=1)
-                    if oldest.batches:
-                        written = oldest.batches[0].column("written_at")[0].value
-                        lag_seconds = max(0.0, (now_us - written) / 1_000_000)
+                lag, lag_seconds = _lag(partition, committed, now_us)
                 rows.append(
                     {
                         "topic": entry.name,
@@ -152,6 +158,24 @@ def consumers_view(database: Database, entries: list[TopicEntry] | None = None) 
         ]
     )
     return pa.Table.from_pylist(rows, schema=schema)
+
+
+def _lag(partition: PartitionLog, committed: int | None, now_us: int) -> tuple[int, float]:
+    """Messages from the consumer's position (committed, or the log start if retention
+    passed it) to the end, and the age in seconds of the first of them."""
+    start = partition.start_offset
+    position = max(committed or 0, start)
+    lag = max(0, partition.end_offset - position)
+    if not lag:
+        return 0, 0.0
+    try:
+        oldest = partition.read(position, max_messages=1, max_bytes=1)
+    except StorageIOError:
+        return lag, 0.0  # its segments went under the read (retention): no age to tell
+    if not oldest.batches:
+        return lag, 0.0
+    written = oldest.batches[0].column("written_at")[0].value
+    return lag, max(0.0, (now_us - written) / 1_000_000)
 
 
 SYSTEM_VIEWS = {

@@ -1,18 +1,29 @@
-"""Retention in the engine: the important-consumer guard and the periodic pass.
+"""Retention in the engine: the consumers' guard and the periodic pass.
 
-Storage deletes whole sealed segments by time and size (``storage.cleaner``) and
-asks its caller for the lowest offset an important consumer still needs. The
-engine answers from the catalog: for each partition, the smallest committed
-offset of the topic's important consumers (0 for one that never committed, so
-nothing it has not read goes). Committed offsets only grow and the catalog's are
-applied after their commit is durable, so the guard may lag behind, never run ahead:
-a lagging answer keeps more, never less.
+Storage deletes whole segments by time and size (``storage.cleaner``; an idle
+partition's expired active segment is rolled first) and asks its caller for the
+lowest offset some consumer still needs. The engine answers from the catalog, per
+partition, with the smallest of:
+
+- an important consumer's committed offset (0 for one that never committed, so
+  nothing it has not read goes);
+- for a consumer with an ``availability_period`` (YDB: it extends the retention of
+  the messages the consumer has not committed up to that period; a bounded form of
+  ``important``), its committed offset raised to the first message written within
+  the period: what it has not committed and is younger than the period stays.
+
+Committed offsets only grow and the catalog's are applied after their commit is
+durable, so the guard may lag behind, never run ahead: a lagging answer keeps
+more, never less.
 
 A pass runs under the commit lock, one topic at a time, so DDL (which also takes
 it) never drops or alters a topic in the middle of its pass; commits wait at most
-for one topic's segment deletions. ``RetentionService`` runs a pass every
-``interval_s`` seconds in a daemon thread, as Kafka's log cleaner checks
-retention periodically; a failing pass is logged and retried at the next tick.
+for one topic's segment deletions. ``RetentionService`` runs passes in a daemon
+thread, as Kafka's log cleaner checks retention periodically: every ``interval_s``
+seconds, or sooner when a topic's retention period is short (a quarter of the
+shortest period, at least ``RETENTION_INTERVAL_MIN_S``; see ``pass_interval_s``),
+so that a 1 s retention does not wait a minute. A failing pass is logged and
+retried at the next tick.
 """
 
 from __future__ import annotations
@@ -26,22 +37,39 @@ from storage.cleaner import RetentionReport, apply_retention
 log = logging.getLogger(__name__)
 
 DEFAULT_RETENTION_INTERVAL_S = 60.0
+# The shortest time between two passes when a topic's retention period is short
+# (the background thread wakes this often at most to look at the periods).
+RETENTION_INTERVAL_MIN_S = 1.0
+# A pass runs at least every (shortest retention period / this).
+RETENTION_INTERVAL_DIVISOR = 4
 
 
 class ImportantConsumersGuard:
-    """``storage.cleaner.RetentionGuard`` backed by the engine's catalog."""
+    """``storage.cleaner.RetentionGuard`` backed by the engine's catalog: important
+    consumers and consumers with an ``availability_period`` (see the module doc)."""
 
     def __init__(self, database: Any) -> None:
         self._database = database
 
     def protected_offset(self, topic_id: str, partition_id: int) -> int | None:
-        catalog = self._database.catalog
+        database = self._database
+        catalog = database.catalog
         entry = next((e for e in catalog.entries() if e.topic_id == topic_id), None)
         if entry is None:
             return None  # dropped meanwhile: nobody reads it any more
-        important = [c for c, settings in entry.consumers.items() if settings.get("important")]
-        committed = [catalog.committed(topic_id, c, partition_id) or 0 for c in important]
-        return min(committed, default=None)
+        needed: list[int] = []
+        for consumer, settings in entry.consumers.items():
+            period = settings.get("availability_period")
+            if not settings.get("important") and period is None:
+                continue
+            committed = catalog.committed(topic_id, consumer, partition_id) or 0
+            if period is not None:
+                # Messages written before now - period are no longer held back for it.
+                horizon = database.clock.now_us() - int(period.total_seconds() * 1_000_000)
+                partition = database.topic_log(topic_id).partition(partition_id)
+                committed = max(committed, partition.offset_for_time(horizon))
+            needed.append(committed)
+        return min(needed, default=None)
 
 
 def run_retention_pass(database: Any) -> RetentionReport:
@@ -68,8 +96,28 @@ def run_retention_pass(database: Any) -> RetentionReport:
     return total
 
 
+def pass_interval_s(database: Any, ceiling_s: float) -> float:
+    """Seconds between passes: ``ceiling_s``, or a quarter of the shortest retention
+    period of any topic when that is shorter, never below ``RETENTION_INTERVAL_MIN_S``
+    (unless ``ceiling_s`` itself is lower: tests ask for fast passes)."""
+    periods = []
+    for entry in database.catalog.entries():
+        period = entry.settings.get("retention_period")
+        if period is not None:
+            periods.append(period.total_seconds())
+    if not periods:
+        return ceiling_s
+    adapted = max(RETENTION_INTERVAL_MIN_S, min(periods) / RETENTION_INTERVAL_DIVISOR)
+    return min(ceiling_s, adapted)
+
+
 class RetentionService:
-    """Runs ``run_retention_pass`` every ``interval_s`` seconds until ``stop``."""
+    """Runs ``run_retention_pass`` every ``pass_interval_s`` seconds until ``stop``.
+
+    The thread wakes at least every ``RETENTION_INTERVAL_MIN_S`` to recompute the
+    interval, so a topic created (or altered) with a short retention period is
+    served at its pace without waiting out a long interval.
+    """
 
     def __init__(self, database: Any, interval_s: float) -> None:
         assert interval_s > 0
@@ -81,8 +129,17 @@ class RetentionService:
         self._thread.start()
 
     def _loop(self) -> None:
-        while not self._stopping.wait(self._interval_s):
+        clock = self._database.clock
+        tick = min(self._interval_s, RETENTION_INTERVAL_MIN_S)
+        last = clock.monotonic_s()
+        while not self._stopping.wait(tick):
             try:
+                due = clock.monotonic_s() - last >= pass_interval_s(
+                    self._database, self._interval_s
+                )
+                if not due:
+                    continue
+                last = clock.monotonic_s()
                 run_retention_pass(self._database)
             except Exception:
                 log.exception("retention pass failed; retrying at the next tick")
