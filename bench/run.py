@@ -27,6 +27,7 @@ SUITES: dict[str, str] = {
     "storage": "bench.storage_bench",
     "transactions": "bench.transactions_bench",
     "pgwire": "bench.pgwire_bench",
+    "security": "bench.security_bench",
 }
 
 

@@ -1,0 +1,166 @@
+"""What the door's checks cost: the sandbox and privilege checks on and off, same run.
+
+Every statement passes ``Session._guard`` (``engine.sandbox.check_plan`` and
+``engine.privileges.check_plan``). This benchmark runs the wire workloads of
+``bench-quick`` (``SELECT 1`` round trip, a primary-key lookup, a 100-row topic INSERT,
+and the topic-to-topic move transaction) as an ordinary user holding GRANTs, against an
+in-process server, alternating rounds with the checks in place and with both replaced by
+no-ops (A B A B …). The ratio is checks-on / checks-off for throughput and
+checks-off / checks-on for latency, so both read "fraction of the unchecked speed kept";
+the target is >= 0.95 (the checks cost at most 5 %).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import statistics
+import tempfile
+import time
+from collections.abc import Callable, Iterator
+from typing import Any
+
+from bench.results import Recorder
+
+GROUP = "security: cost of the door's checks"
+TARGET = 0.95
+ROUNDS = 3
+LOOKUP_ROWS = 10_000
+MOVE_BATCH = 100
+
+
+@contextlib.contextmanager
+def _checks(enabled: bool) -> Iterator[None]:
+    """The engine's checks as they are, or replaced by no-ops for the baseline."""
+    from engine import privileges, sandbox
+
+    saved = (sandbox.check_plan, privileges.check_plan)
+    if not enabled:
+        sandbox.check_plan = lambda *args, **kwargs: None  # type: ignore[assignment]
+        privileges.check_plan = lambda *args, **kwargs: None  # type: ignore[assignment]
+    try:
+        yield
+    finally:
+        sandbox.check_plan, privileges.check_plan = saved
+
+
+def _setup(admin: Any) -> None:
+    admin.execute("CREATE TABLE kv (k INTEGER PRIMARY KEY, v VARCHAR)")
+    admin.execute(f"INSERT INTO kv SELECT i, 'v' || i FROM range({LOOKUP_ROWS}) t(i)")
+    admin.execute("CREATE TOPIC events")
+    admin.execute("CREATE TOPIC src (CONSUMER mover)")
+    admin.execute("CREATE TOPIC dst")
+    for grant in (
+        "GRANT SELECT ON kv TO alice",
+        "GRANT INSERT ON TOPIC events TO alice",
+        "GRANT SELECT ON TOPIC src TO alice",
+        "GRANT INSERT ON TOPIC dst TO alice",
+    ):
+        admin.execute(grant)
+
+
+def _refill(admin: Any, messages: int) -> None:
+    values = ", ".join(["('m')"] * 1000)
+    for _ in range(messages // 1000 + 1):
+        admin.execute(f"INSERT INTO TOPIC src (data) VALUES {values}")
+
+
+def _latency_us(run: Callable[[], object], count: int) -> float:
+    samples = []
+    for _ in range(count):
+        started = time.perf_counter()
+        run()
+        samples.append(time.perf_counter() - started)
+    return statistics.median(samples) * 1e6
+
+
+def _throughput(run: Callable[[], int], seconds: float) -> float:
+    done = 0
+    started = time.perf_counter()
+    while time.perf_counter() - started < seconds:
+        done += run()
+    return done / (time.perf_counter() - started)
+
+
+def _workloads(alice: Any, quick: bool) -> dict[str, Callable[[], float]]:
+    count = 300 if quick else 1000
+    seconds = 1.5 if quick else 4.0
+    produce_sql = "INSERT INTO TOPIC events (data) VALUES " + ", ".join(["(%s)"] * 100)
+    payload = ["x" * 1024] * 100
+    keys = iter(range(10**9))
+
+    def produce() -> int:
+        alice.execute(produce_sql, payload)
+        return 100
+
+    def move() -> int:
+        with alice.transaction():
+            alice.execute(
+                "INSERT INTO TOPIC dst (data) SELECT data FROM TOPIC src "
+                f"WITH (consumer = 'mover', max_messages = {MOVE_BATCH})"
+            )
+        return 1
+
+    return {
+        "SELECT 1 p50 (us)": lambda: _latency_us(lambda: alice.execute("SELECT 1"), count),
+        "point lookup p50 (us)": lambda: _latency_us(
+            lambda: alice.execute(
+                "SELECT v FROM kv WHERE k = %s", (next(keys) % LOOKUP_ROWS,)
+            ).fetchall(),
+            count,
+        ),
+        "produce 100-row INSERT (msgs/s)": lambda: _throughput(produce, seconds),
+        "move 100 messages topic->topic (txn/s)": lambda: _throughput(move, seconds),
+    }
+
+
+def run(recorder: Recorder) -> None:
+    import psycopg
+
+    from sql.pgwire.server import ServerThread
+    from sql.pgwire.users import add_user
+
+    with tempfile.TemporaryDirectory(prefix="topicbase-security-bench-") as root:
+        data = os.path.join(root, "data")
+        os.makedirs(data)
+        users = os.path.join(data, "users.json")
+        add_user(users, "admin", "admin-password", superuser=True)
+        add_user(users, "alice", "alice-password")
+        server = ServerThread(data, "127.0.0.1", 0, auth="scram", users_file=users)
+        try:
+            dsn = {"host": "127.0.0.1", "port": server.port, "autocommit": True}
+            admin_connection = psycopg.connect(user="admin", password="admin-password", **dsn)
+            alice_connection = psycopg.connect(user="alice", password="alice-password", **dsn)
+            with admin_connection as admin, alice_connection as alice:
+                _setup(admin)
+                workloads = _workloads(alice, recorder.quick)
+                _refill(admin, 2 * ROUNDS * MOVE_BATCH * 2000)
+                figures: dict[tuple[str, bool], list[float]] = {}
+                for round_number in range(ROUNDS):
+                    for enabled in (True, False):
+                        with _checks(enabled):
+                            for name, workload in workloads.items():
+                                figures.setdefault((name, enabled), []).append(workload())
+                    recorder.progress(f"round {round_number + 1}/{ROUNDS} done")
+        finally:
+            server.stop()
+    for name in workloads:
+        on = statistics.median(figures[(name, True)])
+        off = statistics.median(figures[(name, False)])
+        latency = name.endswith("(us)")
+        kept = off / on if latency else on / off
+        recorder.add(
+            f"security checks on vs off: {name}",
+            on,
+            "us" if latency else name.rsplit("(", 1)[1].rstrip(")"),
+            group=GROUP,
+            baseline="same workload, checks replaced by no-ops",
+            baseline_value=off,
+            target=f">= {TARGET:g} of the unchecked speed",
+            met=kept >= TARGET,
+            note=(
+                f"kept {kept:.3f} of the unchecked speed; on min-max "
+                f"{min(figures[(name, True)]):.0f}-{max(figures[(name, True)]):.0f}, off "
+                f"{min(figures[(name, False)]):.0f}-{max(figures[(name, False)]):.0f}"
+            ),
+        )
