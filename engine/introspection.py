@@ -212,7 +212,7 @@ def describe_topic(database: Database, name: str) -> pa.Table:
         rows.append({"section": "partition", "name": str(row["partition"]), "value": value})
     for row in consumers_view(database, [entry]).to_pylist():
         value = (
-            f"committed={row['committed_offset']} lag={row['lag_messages']} "
+            f"committed={_committed_text(row['committed_offset'])} lag={row['lag_messages']} "
             f"lag_seconds={row['lag_seconds']:.1f}"
         )
         rows.append(
@@ -222,6 +222,11 @@ def describe_topic(database: Database, name: str) -> pa.Table:
         rows,
         schema=pa.schema([("section", pa.string()), ("name", pa.string()), ("value", pa.string())]),
     )
+
+
+def _committed_text(offset: int | None) -> str:
+    """No committed offset yet reads "none" (never Python's ``None``)."""
+    return "none" if offset is None else str(offset)
 
 
 def _show(value: Any) -> str:

@@ -617,7 +617,8 @@ class Session:
             if current != read.basis:
                 raise SerializationFailure(
                     f'consumer "{key[1]}" offset of partition {key[2]} moved from '
-                    f"{read.basis} to {current} since this transaction read it; retry"
+                    f"{_offset_text(read.basis)} to {_offset_text(current)} since this "
+                    "transaction read it; retry"
                 )
 
     def _end_transaction(self) -> None:
@@ -647,6 +648,40 @@ class Session:
             if self.state is SessionState.IN_TRANSACTION:
                 self.state = SessionState.FAILED
 
+    # -- bulk doors (the Arrow Flight door): engine.bulk_read and engine.bulk_write ------
+    def bulk_partitions(self, topic: str) -> list[Any]:
+        """Partitions of ``topic`` with one consistent cut of their offsets (SELECT)."""
+        from engine import bulk_read
+
+        return bulk_read.partition_bounds(self, topic)
+
+    def bulk_cut(self, topic: str, starts: dict[int, int] | None = None,
+                 ends: dict[int, int] | None = None, split_rows: int | None = None
+                 ) -> list[Any]:  # fmt: skip
+        """The topic's current cut as offset ranges (``engine.bulk_read.cut_ranges``)."""
+        from engine import bulk_read
+
+        rows = bulk_read.DEFAULT_SPLIT_ROWS if split_rows is None else split_rows
+        return bulk_read.cut_ranges(self, topic, starts, ends, rows)
+
+    def bulk_offset_for_time(self, topic: str, partition: int, written_at_us: int) -> int:
+        from engine import bulk_read
+
+        return bulk_read.offset_for_time(self, topic, partition, written_at_us)
+
+    def bulk_read(self, topic: str, offsets: Any, columns: Any = None) -> Any:
+        """Record batches of one offset range, projected (``engine.bulk_read.read_range``)."""
+        from engine import bulk_read
+
+        return bulk_read.read_range(self, topic, offsets, columns)
+
+    def bulk_writes(self, **settings: Any) -> Any:
+        """The database's staged bulk writes (``engine.bulk_write.BulkWrites``); calls
+        take this session as their first argument."""
+        from engine import bulk_write
+
+        return bulk_write.for_database(self.database, **settings)
+
 
 # What an unqualified name resolves to in DuckDB (search path main, then pg_catalog):
 # tables and views of main (temporary ones included) and DuckDB's own views.
@@ -661,6 +696,11 @@ def _parse_cached(sql: str) -> tuple[ast.Statement, ...]:
     """Parsed scripts by text: statements are immutable, so a repeated script
     (a worker's loop) is parsed once."""
     return tuple(parse(sql))
+
+
+def _offset_text(offset: int | None) -> str:
+    """A committed offset as users read it: none yet is "nothing committed", not None."""
+    return "nothing committed" if offset is None else str(offset)
 
 
 def _streamable(operation: RunQuery) -> bool:
