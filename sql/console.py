@@ -212,13 +212,19 @@ def run_serve(argv: list[str]) -> int:
         "--max-connections", type=_positive_int, default=CONNECTIONS_MAX_DEFAULT,
         help=f"open client connections at most (default {CONNECTIONS_MAX_DEFAULT})",
     )  # fmt: skip
+    parser.add_argument("--flight-port", type=int, default=5434,  # sql.flight
+                        help="Arrow Flight door for Spark and Arrow clients (default 5434, 0: off)")
+    parser.add_argument("--flight-staging-mb", type=_positive_int, default=16384,
+                        help="disk cap of staged Flight writes in MiB (default 16384)")
     arguments = parser.parse_args(argv)
     data_dir = arguments.data_dir or os.environ.get("TOPICBASE_DATA_DIR") or DEFAULT_DATA_DIR
 
     def ready(port: int) -> None:
         print(f"topicbase: serving {data_dir} on {arguments.host}:{port}", flush=True)
 
+    flight_door = None
     try:
+        flight_door = _start_flight_door(arguments, data_dir)
         server.serve(data_dir, arguments.host, arguments.port, arguments.auth, ready,
                      limits=ServerLimits(connections_max=arguments.max_connections),
                      users_file=arguments.users_file, tls_cert=arguments.tls_cert,
@@ -231,7 +237,32 @@ def run_serve(argv: list[str]) -> int:
         return EXIT_ERROR
     except KeyboardInterrupt:
         return EXIT_OK
+    finally:
+        if flight_door is not None:
+            flight_door.stop()
+            flight_door.database.close()
     return EXIT_OK
+
+
+def _start_flight_door(arguments: argparse.Namespace, data_dir: str) -> Any:
+    """The Flight door of ``serve`` (``sql.flight``) on the same database, or None when
+    ``--flight-port 0``; it holds its own reference to the database until stopped."""
+    if arguments.flight_port == 0:
+        return None
+    from sql.flight.server import start_flight
+
+    database = Database.open(data_dir)
+    try:
+        door = start_flight(database, arguments.host, arguments.flight_port, arguments.auth,
+                            users_file=arguments.users_file, tls_cert=arguments.tls_cert,
+                            tls_key=arguments.tls_key,
+                            staging_bytes_max=arguments.flight_staging_mb << 20)  # fmt: skip
+    except BaseException:
+        database.close()
+        raise
+    scheme = "topicbase+tls" if arguments.tls_cert else "topicbase"
+    print(f"topicbase: Arrow Flight at {scheme}://{arguments.host}:{door.port}", flush=True)
+    return door
 
 
 def run_user(argv: list[str]) -> int:

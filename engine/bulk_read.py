@@ -1,0 +1,172 @@
+"""Bulk reads of topics by offset range: the engine side of the Arrow Flight door.
+
+A bulk reader first takes a *cut* of a topic: for every partition, the range of offsets
+``[start, end)`` visible at one instant (the end offsets are taken under the database's
+publish lock, so a transaction's publish is in the cut whole or not at all), optionally
+narrowed by a starting/ending position, and split into ranges of at most ``split_rows``
+messages so that each range can be read by a task of its own. Reading a range streams the
+stored Arrow frames of the partition as the topic relation's columns (``engine.
+topic_relation``), projected to the columns asked for: the frames are never decoded
+message by message in Python (compressed ``data`` is decompressed column-wise).
+
+Invariants: a range never reaches past the end of the cut it came from, so reading it
+later gives exactly the messages of the cut (retention may have removed a prefix: such a
+read fails with 22023 rather than returning a shorter range silently). Privileges are
+checked on every call (``engine.privileges.require``), since each call may come from a
+different request.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterator, Sequence
+from dataclasses import dataclass
+from typing import Any
+
+import pyarrow as pa
+
+from engine import privileges
+from engine.topic_relation import SCHEMA, relation_batch
+from storage.errors import InvalidParameterValueError, UndefinedTopicError
+
+DEFAULT_SPLIT_ROWS = 1_000_000
+READ_CHUNK_MESSAGES = 8192
+READ_CHUNK_BYTES = 16 * 1024 * 1024
+TOPIC_COLUMNS = tuple(SCHEMA.names)
+# The relation's schema with the codec as plain text: Arrow clients (Spark among them) need
+# no dictionary support, and IPC streams need no dictionary batch up front.
+BULK_SCHEMA = pa.schema(
+    [pa.field("codec", pa.string()) if f.name == "codec" else f for f in SCHEMA]
+)
+
+
+@dataclass(frozen=True)
+class OffsetRange:
+    """Messages ``[start, end)`` of one partition."""
+
+    partition: int
+    start: int
+    end: int
+
+    @property
+    def count(self) -> int:
+        return self.end - self.start
+
+    def to_json(self) -> dict[str, int]:
+        return {"partition": self.partition, "start": self.start, "end": self.end}
+
+
+@dataclass(frozen=True)
+class PartitionBounds:
+    """A partition as a reader sees it: its offsets, whether it takes writes, its parent."""
+
+    partition: int
+    start: int
+    end: int
+    active: bool
+    parent: int | None
+
+
+def project_schema(columns: Sequence[str] | None) -> pa.Schema:
+    """The topic relation's schema narrowed to ``columns`` (all when None), in their order."""
+    if not columns:
+        return BULK_SCHEMA
+    unknown = [c for c in columns if c not in TOPIC_COLUMNS]
+    if unknown:
+        raise InvalidParameterValueError(
+            f'"{unknown[0]}" is not a column of a topic (columns: {", ".join(TOPIC_COLUMNS)})'
+        )
+    return pa.schema([BULK_SCHEMA.field(c) for c in columns])
+
+
+def _topic(session: Any, name: str) -> Any:
+    entry = session.database.catalog.entry(name)
+    if entry is None:
+        raise UndefinedTopicError(f'topic "{name}" does not exist')
+    return session.database.topic_log(entry.topic_id)
+
+
+def partition_bounds(session: Any, name: str) -> list[PartitionBounds]:
+    """Every partition of topic ``name`` with one consistent cut of its end offsets,
+    parents before children (a parent's id is lower than its children's)."""
+    privileges.require(session, "topic", name, "SELECT")
+    topic = _topic(session, name)
+    database = session.database
+    active = set(topic.active_partition_ids())
+    with database.publish_lock:
+        cut = {p: topic.partition(p).end_offset for p in topic.partition_ids()}
+    bounds = []
+    for partition_id, end in sorted(cut.items()):
+        partition = topic.partition(partition_id)
+        parent = topic.partition_info(partition_id).parent
+        bounds.append(PartitionBounds(partition_id, min(partition.start_offset, end), end,
+                                      partition_id in active, parent))  # fmt: skip
+    return bounds
+
+
+def offset_for_time(session: Any, name: str, partition: int, written_at_us: int) -> int:
+    """The first offset of ``partition`` written at or after ``written_at_us``."""
+    privileges.require(session, "topic", name, "SELECT")
+    return _topic(session, name).partition(partition).offset_for_time(written_at_us)
+
+
+def cut_ranges(
+    session: Any,
+    name: str,
+    starts: dict[int, int] | None = None,
+    ends: dict[int, int] | None = None,
+    split_rows: int = DEFAULT_SPLIT_ROWS,
+) -> list[OffsetRange]:
+    """The topic's cut as ranges of at most ``split_rows`` messages, partition by partition.
+
+    ``starts``/``ends`` narrow a partition (default: its start, and the cut's end); a
+    start before the partition's start is raised to it, an end past the cut is lowered to
+    it. Partitions left with nothing to read give no range.
+    """
+    if split_rows < 1:
+        raise InvalidParameterValueError(f"split_rows must be at least 1, not {split_rows}")
+    ranges = []
+    for bound in partition_bounds(session, name):
+        start = max(bound.start, (starts or {}).get(bound.partition, bound.start))
+        end = min(bound.end, (ends or {}).get(bound.partition, bound.end))
+        while start < end:
+            piece = min(end, start + split_rows)
+            ranges.append(OffsetRange(bound.partition, start, piece))
+            start = piece
+    return ranges
+
+
+def read_range(
+    session: Any, name: str, offsets: OffsetRange, columns: Sequence[str] | None = None
+) -> Iterator[pa.RecordBatch]:
+    """The messages of ``offsets`` as record batches of the projected topic schema.
+
+    Raises 22023 if retention removed part of the range since it was cut.
+    """
+    privileges.require(session, "topic", name, "SELECT")
+    schema = project_schema(columns)
+    partition = _topic(session, name).partition(offsets.partition)
+    if offsets.start < partition.start_offset and offsets.count > 0:
+        raise InvalidParameterValueError(
+            f"offsets {offsets.start}..{partition.start_offset} of partition "
+            f"{offsets.partition} of topic {name} were removed by retention"
+        )
+    position = offsets.start
+    while position < offsets.end:
+        result = partition.read(
+            position,
+            max_messages=min(READ_CHUNK_MESSAGES, offsets.end - position),
+            max_bytes=READ_CHUNK_BYTES,
+        )
+        if not result.batches:
+            raise InvalidParameterValueError(
+                f"partition {offsets.partition} of topic {name} ends at {position}, "
+                f"before the range's end {offsets.end}"
+            )
+        for batch in result.batches:
+            relation = relation_batch(offsets.partition, batch).select(schema.names)
+            if "codec" in schema.names:
+                index = schema.get_field_index("codec")
+                relation = relation.set_column(
+                    index, schema.field(index), relation.column(index).dictionary_decode())
+            yield relation
+            position = batch.column("offset")[-1].as_py() + 1

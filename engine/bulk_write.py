@@ -1,0 +1,381 @@
+"""Bulk writes staged on disk and published exactly once: the engine side of Flight's DoPut.
+
+A *write* is a set of Arrow record batches for one target (a topic or a table), owned by
+the user who started it and named by a client-chosen *write id*. Its batches are staged
+as Arrow IPC stream files under ``<data>/bulk_writes/<write id>/`` — not in memory, so a
+write is bounded by the staging disk cap (``staging_bytes_max``), not by the in-memory
+transaction limit. ``commit`` publishes a set of writes atomically, in one transaction of
+the caller's session, together with an idempotency record ``(sink id, batch id)`` in the
+catalog schema: a commit whose record exists already publishes nothing and reports
+``duplicate`` (a replay after a crash, or a second driver). Two concurrent commits of the
+same record cannot both succeed: the record's primary key fails the second at COMMIT.
+
+Layout and invariants:
+- ``<write id>/write.json`` names the target and owner; it is written first, so a
+  directory without it is a write that never started (collected like an abandoned one).
+- a batch file is written as ``*.part`` and renamed to ``*.arrows`` once whole; only
+  ``.arrows`` files are published, so a writer killed mid-stream leaves nothing that a
+  commit could pick up.
+- a write's directory is deleted after its commit (or duplicate), its abort, or when it
+  has not been touched for ``abandon_after_s`` (``collect``).
+- privileges: starting or adding to a write needs INSERT on the target; the commit's
+  table inserts run as SQL statements of the session (planned and checked as any
+  statement), topic writes are checked again with ``privileges.require``.
+Thread-safety: the staged-bytes counter and the directory set are guarded by a lock;
+a write id should be appended to by one stream at a time (each stream has its own file).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import os
+import re
+import shutil
+import threading
+import time
+import uuid
+from collections.abc import Iterable
+from dataclasses import dataclass
+from typing import Any
+
+import pyarrow as pa
+
+from engine import privileges, tables
+from engine.bulk import run_over_relation
+from engine.catalog import SCHEMA
+from engine.transaction import PendingWrite
+from engine.writes import build_batches
+from grammar.parse import parse_one
+from storage.errors import (
+    InsufficientPrivilegeError,
+    InvalidParameterValueError,
+    LimitExceededError,
+    TopicbaseError,
+    UndefinedObjectError,
+    UndefinedTopicError,
+)
+
+WRITES_DIRECTORY = "bulk_writes"
+STAGING_BYTES_MAX_DEFAULT = 16 << 30
+ABANDON_AFTER_S_DEFAULT = 3600.0
+TOPIC_BATCH_ROWS = 50_000  # under storage.limits.BATCH_MESSAGES_MAX
+_WRITE_ID = re.compile(r"[A-Za-z0-9][A-Za-z0-9_.-]{0,127}")
+IDEMPOTENCY_TABLE = f"{SCHEMA}.sink_batches"
+_IDEMPOTENCY_DDL = (
+    f"CREATE TABLE IF NOT EXISTS {IDEMPOTENCY_TABLE} (sink_id VARCHAR NOT NULL, "
+    "batch_id BIGINT NOT NULL, rows BIGINT NOT NULL, committed_at_us BIGINT NOT NULL, "
+    "PRIMARY KEY (sink_id, batch_id))"
+)
+
+
+@dataclass(frozen=True)
+class WriteInfo:
+    write_id: str
+    kind: str  # "topic" or "table"
+    name: str
+    owner: str
+    files: int
+    bytes: int
+    idle_s: float
+
+
+def check_write_id(write_id: str) -> str:
+    if not isinstance(write_id, str) or not _WRITE_ID.fullmatch(write_id):
+        raise InvalidParameterValueError(
+            f"write id {write_id!r} must be 1-128 letters, digits, '_', '.' or '-'"
+        )
+    return write_id
+
+
+class BulkWrites:
+    """The staged writes of one database (one per database: see ``for_database``)."""
+
+    def __init__(self, database: Any, staging_bytes_max: int = STAGING_BYTES_MAX_DEFAULT,
+                 abandon_after_s: float = ABANDON_AFTER_S_DEFAULT) -> None:  # fmt: skip
+        self.database = database
+        self.root = os.path.join(database.path, WRITES_DIRECTORY)
+        self.staging_bytes_max = staging_bytes_max
+        self.abandon_after_s = abandon_after_s
+        self._lock = threading.Lock()
+        os.makedirs(self.root, exist_ok=True)
+        self._staged_bytes = sum(w.bytes for w in self._scan())
+        cursor = database.root.cursor()
+        try:
+            tables.run(cursor, _IDEMPOTENCY_DDL)
+        finally:
+            cursor.close()
+
+    # -- staging ------------------------------------------------------------------------
+    def start(self, session: Any, write_id: str, kind: str, name: str) -> None:
+        """Create write ``write_id`` for the target, or check an existing one matches."""
+        check_write_id(write_id)
+        _check_target(session, kind, name)
+        directory = os.path.join(self.root, write_id)
+        meta_path = os.path.join(directory, "write.json")
+        owner = session.identity.name
+        with self._lock:
+            if os.path.exists(meta_path):
+                meta = _read_meta(meta_path)
+                if (meta["kind"], meta["name"]) != (kind, name):
+                    raise InvalidParameterValueError(
+                        f"write {write_id} targets {meta['kind']} {meta['name']}, "
+                        f"not {kind} {name}"
+                    )
+                if meta["owner"] != owner:
+                    raise InsufficientPrivilegeError(f"write {write_id} belongs to another user")
+                return
+            os.makedirs(directory, exist_ok=True)
+            temporary = meta_path + ".part"
+            with open(temporary, "w", encoding="utf-8") as handle:
+                json.dump({"kind": kind, "name": name, "owner": owner}, handle)
+            os.replace(temporary, meta_path)
+
+    def append(self, session: Any, write_id: str, batches: Iterable[pa.RecordBatch],
+               schema: pa.Schema) -> int:  # fmt: skip
+        """Stage ``batches`` as one file of write ``write_id``; returns the rows staged.
+
+        Past the staging disk cap the file is deleted and 54000 raised.
+        """
+        meta = self._meta(session, write_id)
+        _check_target(session, meta["kind"], meta["name"])
+        base = os.path.join(self.root, write_id, uuid.uuid4().hex)
+        rows = written = 0
+        try:
+            with pa.OSFile(base + ".part", "wb") as sink, pa.ipc.new_stream(sink, schema) as out:
+                for batch in batches:
+                    out.write_batch(batch)
+                    rows += batch.num_rows
+                    grown = sink.tell() - written
+                    written += grown
+                    self._reserve(grown)
+            self._reserve(os.path.getsize(base + ".part") - written)
+            written = os.path.getsize(base + ".part")
+            os.replace(base + ".part", base + ".arrows")
+        except BaseException:
+            with contextlib.suppress(FileNotFoundError):
+                os.remove(base + ".part")
+            self._release(written)
+            raise
+        return rows
+
+    def _reserve(self, grown: int) -> None:
+        with self._lock:
+            if self._staged_bytes + grown > self.staging_bytes_max:
+                raise LimitExceededError(
+                    f"staged bulk writes would exceed the staging cap of "
+                    f"{self.staging_bytes_max} bytes; commit or abort writes first"
+                )
+            self._staged_bytes += grown
+
+    def _release(self, size: int) -> None:
+        with self._lock:
+            self._staged_bytes = max(0, self._staged_bytes - size)
+
+    @property
+    def staged_bytes(self) -> int:
+        with self._lock:
+            return self._staged_bytes
+
+    # -- listing, abort, collection -----------------------------------------------------
+    def list(self, session: Any) -> list[WriteInfo]:
+        """The staged writes this session's user may see (a superuser sees all)."""
+        identity = session.identity
+        return [w for w in self._scan() if identity.superuser or w.owner == identity.name]
+
+    def abort(self, session: Any, write_ids: Iterable[str]) -> int:
+        """Discard the writes (unknown ids are ignored: an abort may be replayed)."""
+        count = 0
+        for write_id in write_ids:
+            check_write_id(write_id)
+            if not os.path.isdir(os.path.join(self.root, write_id)):
+                continue
+            self._meta(session, write_id)
+            self._remove(write_id)
+            count += 1
+        return count
+
+    def collect(self) -> list[str]:
+        """Delete writes untouched for ``abandon_after_s`` (a killed writer's leftovers)."""
+        collected = []
+        for write in self._scan():
+            if write.idle_s >= self.abandon_after_s:
+                self._remove(write.write_id)
+                collected.append(write.write_id)
+        return collected
+
+    def _scan(self) -> list[WriteInfo]:
+        writes = []
+        now = _wall_clock_s()
+        for write_id in sorted(os.listdir(self.root)):
+            directory = os.path.join(self.root, write_id)
+            with contextlib.suppress(FileNotFoundError):
+                entries = [os.path.join(directory, n) for n in os.listdir(directory)]
+                stats = [os.stat(e) for e in entries] or [os.stat(directory)]
+                touched = max(s.st_mtime for s in stats)
+                meta_path = os.path.join(directory, "write.json")
+                meta = _read_meta(meta_path) if os.path.exists(meta_path) else {
+                    "kind": "?", "name": "?", "owner": "?"}  # fmt: skip
+                files = sum(1 for e in entries if e.endswith(".arrows"))
+                size = sum(s.st_size for e, s in zip(entries, stats, strict=False)
+                           if e.endswith((".arrows", ".part")))  # fmt: skip
+                writes.append(WriteInfo(write_id, meta["kind"], meta["name"], meta["owner"],
+                                        files, size, now - touched))  # fmt: skip
+        return writes
+
+    def _remove(self, write_id: str) -> None:
+        directory = os.path.join(self.root, write_id)
+        size = 0
+        with contextlib.suppress(FileNotFoundError):
+            for entry in os.listdir(directory):
+                if entry.endswith((".arrows", ".part")):
+                    size += os.path.getsize(os.path.join(directory, entry))
+        shutil.rmtree(directory, ignore_errors=True)
+        self._release(size)
+
+    def _meta(self, session: Any, write_id: str) -> dict[str, str]:
+        check_write_id(write_id)
+        path = os.path.join(self.root, write_id, "write.json")
+        if not os.path.exists(path):
+            raise UndefinedObjectError(f"no staged write {write_id}")
+        meta = _read_meta(path)
+        identity = session.identity
+        if meta["owner"] != identity.name and not identity.superuser:
+            raise InsufficientPrivilegeError(f"write {write_id} belongs to another user")
+        return meta
+
+    def read_write(self, write_id: str) -> pa.Table:
+        """Every whole staged file of the write as one table (memory-mapped, no copy)."""
+        directory = os.path.join(self.root, write_id)
+        pieces = []
+        for entry in sorted(os.listdir(directory)):
+            if entry.endswith(".arrows"):
+                source = pa.memory_map(os.path.join(directory, entry))
+                pieces.append(pa.ipc.open_stream(source).read_all())
+        if not pieces:
+            return pa.table({})
+        return pa.concat_tables(pieces, promote_options="permissive")
+
+    # -- the exactly-once commit ---------------------------------------------------------
+    def commit(self, session: Any, sink_id: str, batch_id: int, write_ids: list[str]
+               ) -> dict[str, Any]:  # fmt: skip
+        """Publish the writes and record ``(sink_id, batch_id)`` in one transaction.
+
+        Returns ``{"status": "committed"|"duplicate", "rows": n}``; the writes' staged
+        files are deleted in either case. The session must be idle (no open transaction).
+        """
+        if not sink_id or not isinstance(batch_id, int):
+            raise InvalidParameterValueError("a commit needs a sink id and an integer batch id")
+        metas = {w: self._meta(session, w) for w in dict.fromkeys(write_ids)}
+        if self.committed_rows(session, sink_id, batch_id) is not None:
+            self._discard(metas)
+            return {"status": "duplicate", "rows": 0}
+        try:
+            rows = self._publish(session, sink_id, batch_id, metas)
+        except TopicbaseError:
+            if self.committed_rows(session, sink_id, batch_id) is None:
+                raise
+            rows = None  # a concurrent commit of the same record won: ours is a replay
+        self._discard(metas)
+        if rows is None:
+            return {"status": "duplicate", "rows": 0}
+        return {"status": "committed", "rows": rows}
+
+    def committed_rows(self, session: Any, sink_id: str, batch_id: int) -> int | None:
+        table = tables.query_arrow(
+            session.cursor, f"SELECT rows FROM {IDEMPOTENCY_TABLE} WHERE sink_id = ? "
+            "AND batch_id = ?", [sink_id, batch_id])  # fmt: skip
+        return None if table is None or table.num_rows == 0 else table.column(0)[0].as_py()
+
+    def last_batch(self, session: Any, sink_id: str) -> int | None:
+        """The largest batch id committed for ``sink_id`` (None if none)."""
+        table = tables.query_arrow(
+            session.cursor, f"SELECT max(batch_id) FROM {IDEMPOTENCY_TABLE} WHERE sink_id = ?",
+            [sink_id])  # fmt: skip
+        return None if table is None else table.column(0)[0].as_py()
+
+    def _publish(self, session: Any, sink_id: str, batch_id: int,
+                 metas: dict[str, dict[str, str]]) -> int:  # fmt: skip
+        session.execute_statement(parse_one("BEGIN"))
+        try:
+            rows = 0
+            for write_id, meta in metas.items():
+                data = self.read_write(write_id)
+                if data.num_rows == 0:
+                    continue
+                rows += data.num_rows
+                if meta["kind"] == "topic":
+                    self._stage_topic(session, meta["name"], data)
+                else:
+                    columns = ", ".join(_quote(c) for c in data.column_names)
+                    run_over_relation(session, data, [
+                        f"INSERT INTO {_quote(meta['name'])} ({columns}) "
+                        f"SELECT {columns} FROM {{relation}}"])  # fmt: skip
+            tables.run(session.cursor, f"INSERT INTO {IDEMPOTENCY_TABLE} VALUES (?, ?, ?, ?)",
+                       [sink_id, batch_id, rows, self.database.clock.now_us()])  # fmt: skip
+        except BaseException:
+            with contextlib.suppress(TopicbaseError):
+                session.execute_statement(parse_one("ROLLBACK"))
+            raise
+        session.execute_statement(parse_one("COMMIT"))
+        return rows
+
+    def _stage_topic(self, session: Any, name: str, data: pa.Table) -> None:
+        privileges.require(session, "topic", name, "INSERT")
+        entry = self.database.catalog.entry(name)
+        if entry is None:
+            raise UndefinedTopicError(f'topic "{name}" does not exist')
+        transaction = session.transaction
+        assert transaction is not None, "inside the commit's BEGIN"
+        for start in range(0, data.num_rows, TOPIC_BATCH_ROWS):
+            piece = data.slice(start, TOPIC_BATCH_ROWS)
+            for partition, batch in build_batches(piece, {}, self.database.clock):
+                if batch.num_rows:
+                    transaction.add_write(PendingWrite(entry.topic_id, batch, partition))
+
+    def _discard(self, metas: dict[str, dict[str, str]]) -> None:
+        for write_id in metas:
+            self._remove(write_id)
+
+
+_instances: dict[str, BulkWrites] = {}
+_instances_lock = threading.Lock()
+
+
+def for_database(database: Any, **settings: Any) -> BulkWrites:
+    """The database's ``BulkWrites`` (created on first use; ``settings`` apply then or
+    replace the cap and timeout of the existing one)."""
+    with _instances_lock:
+        writes = _instances.get(database.path)
+        if writes is None or writes.database is not database:
+            writes = _instances[database.path] = BulkWrites(database, **settings)
+        else:
+            for key, value in settings.items():
+                setattr(writes, key, value)
+        return writes
+
+
+def _check_target(session: Any, kind: str, name: str) -> None:
+    if kind == "topic":
+        if session.database.catalog.entry(name) is None:
+            raise UndefinedTopicError(f'topic "{name}" does not exist')
+        privileges.require(session, "topic", name, "INSERT")
+    elif kind == "table":
+        privileges.require(session, "table", name, "INSERT")
+    else:
+        raise InvalidParameterValueError(f"a write targets a topic or a table, not {kind!r}")
+
+
+def _read_meta(path: str) -> dict[str, str]:
+    with open(path, encoding="utf-8") as handle:
+        return json.load(handle)
+
+
+def _quote(name: str) -> str:
+    """A (possibly schema-qualified) name quoted part by part."""
+    return ".".join('"' + part.replace('"', '""') + '"' for part in name.split("."))
+
+
+def _wall_clock_s() -> float:
+    # File modification times are wall-clock: compare them with the wall clock.
+    return time.time()

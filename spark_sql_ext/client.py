@@ -1,0 +1,150 @@
+"""A small client of Topicbase's Arrow Flight door (``sql.flight.server``).
+
+Used by the Spark data source on the driver and in every task, and usable on its own.
+``url`` is ``topicbase://host:port`` (plain) or ``topicbase+tls://host:port`` (TLS; the
+server's certificate is checked against ``tls_root_certs``, a PEM file, or the system's
+roots). The client logs in once (Basic handshake) and sends the bearer token with every
+call. Server errors come back as ``TopicbaseFlightError`` carrying the SQLSTATE.
+"""
+
+from __future__ import annotations
+
+import json
+import re
+import uuid
+from collections.abc import Iterable, Iterator
+from typing import Any
+from urllib.parse import urlparse
+
+import pyarrow as pa
+import pyarrow.flight as flight
+
+DEFAULT_PORT = 5434
+_SQLSTATE = re.compile(r"\b([0-9A-Z]{5}): ")
+
+
+class TopicbaseFlightError(Exception):
+    """A refused Flight call: ``sqlstate`` and the server's message."""
+
+    def __init__(self, sqlstate: str, message: str) -> None:
+        super().__init__(f"{sqlstate}: {message}")
+        self.sqlstate = sqlstate
+        self.message = message
+
+
+def _translate(error: flight.FlightError) -> TopicbaseFlightError:
+    text = str(error)
+    match = _SQLSTATE.search(text)
+    if match is None:
+        return TopicbaseFlightError("08006", text)
+    message = text[match.end():].split(". Detail:")[0].strip()
+    return TopicbaseFlightError(match.group(1), message)
+
+
+def location_of(url: str) -> str:
+    """``topicbase://h:p`` → ``grpc+tcp://h:p``; ``topicbase+tls://`` → ``grpc+tls://``."""
+    parsed = urlparse(url)
+    schemes = {"topicbase": "grpc+tcp", "topicbase+tls": "grpc+tls",
+               "grpc": "grpc+tcp", "grpc+tcp": "grpc+tcp", "grpc+tls": "grpc+tls"}  # fmt: skip
+    if parsed.scheme not in schemes or not parsed.hostname:
+        raise ValueError(f"url {url!r} must look like topicbase://host:port")
+    return f"{schemes[parsed.scheme]}://{parsed.hostname}:{parsed.port or DEFAULT_PORT}"
+
+
+class TopicbaseClient:
+    """One logged-in connection to the Flight door."""
+
+    def __init__(self, url: str, user: str, password: str = "", *,
+                 tls_root_certs: str | None = None) -> None:  # fmt: skip
+        kwargs: dict[str, Any] = {}
+        if tls_root_certs:
+            with open(tls_root_certs, "rb") as handle:
+                kwargs["tls_root_certs"] = handle.read()
+        self._client = flight.FlightClient(location_of(url), **kwargs)
+        try:
+            header = self._client.authenticate_basic_token(user, password)
+        except flight.FlightError as error:
+            self._client.close()
+            raise _translate(error) from None
+        self._options = flight.FlightCallOptions(headers=[header])
+
+    def close(self) -> None:
+        self._client.close()
+
+    def __enter__(self) -> TopicbaseClient:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+    # -- reads ------------------------------------------------------------------------
+    def flight_info(self, command: dict[str, Any]) -> flight.FlightInfo:
+        descriptor = flight.FlightDescriptor.for_command(json.dumps(command).encode())
+        try:
+            return self._client.get_flight_info(descriptor, self._options)
+        except flight.FlightError as error:
+            raise _translate(error) from None
+
+    def tickets(self, command: dict[str, Any]) -> tuple[pa.Schema, list[dict[str, Any]]]:
+        """The schema and the endpoint tickets (as dicts) of a topic or table read."""
+        info = self.flight_info(command)
+        return info.schema, [json.loads(e.ticket.ticket) for e in info.endpoints]
+
+    def read_ticket(self, ticket: dict[str, Any]) -> Iterator[pa.RecordBatch]:
+        """The batches of one endpoint, as the server streams them."""
+        try:
+            reader = self._client.do_get(flight.Ticket(json.dumps(ticket).encode()),
+                                         self._options)  # fmt: skip
+            for chunk in reader:
+                yield chunk.data
+        except flight.FlightError as error:
+            raise _translate(error) from None
+
+    def read_all(self, command: dict[str, Any]) -> pa.Table:
+        """Every endpoint of a read, one after the other, as one table."""
+        schema, tickets = self.tickets(command)
+        batches = [b for t in tickets for b in self.read_ticket(t)]
+        return pa.Table.from_batches(batches, schema=schema)
+
+    # -- writes -----------------------------------------------------------------------
+    def put(self, target: dict[str, str], batches: Iterable[pa.RecordBatch],
+            schema: pa.Schema, write_id: str | None = None) -> str:  # fmt: skip
+        """Stage ``batches`` under ``write_id`` (a new one if None); returns the id."""
+        write_id = write_id or uuid.uuid4().hex
+        command = {**target, "write_id": write_id}
+        descriptor = flight.FlightDescriptor.for_command(json.dumps(command).encode())
+        try:
+            writer, metadata = self._client.do_put(descriptor, schema, self._options)
+            for batch in batches:
+                writer.write_batch(batch)
+            writer.done_writing()
+            metadata.read()
+            writer.close()
+        except flight.FlightError as error:
+            raise _translate(error) from None
+        return write_id
+
+    def action(self, kind: str, body: dict[str, Any] | None = None) -> Any:
+        try:
+            results = list(self._client.do_action(
+                flight.Action(kind, json.dumps(body or {}).encode()), self._options))
+        except flight.FlightError as error:
+            raise _translate(error) from None
+        return json.loads(results[0].body.to_pybytes()) if results else None
+
+    def commit(self, sink_id: str, batch_id: int, write_ids: list[str]) -> dict[str, Any]:
+        return self.action("commit", {"sink_id": sink_id, "batch_id": batch_id,
+                                      "write_ids": write_ids})  # fmt: skip
+
+    def abort(self, write_ids: list[str]) -> int:
+        return self.action("abort", {"write_ids": write_ids})["aborted"]
+
+    def staged(self) -> list[dict[str, Any]]:
+        return self.action("list")
+
+    def partitions(self, topic: str) -> list[dict[str, Any]]:
+        return self.action("partitions", {"topic": topic})
+
+    def commit_offsets(self, topic: str, consumer: str, offsets: dict[int, int]) -> None:
+        self.action("commit_offsets", {"topic": topic, "consumer": consumer,
+                                       "offsets": {str(p): o for p, o in offsets.items()}})

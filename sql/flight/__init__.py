@@ -1,0 +1,1 @@
+"""The Arrow Flight door of ``topicbase serve`` (bulk Arrow in and out; see ``server``)."""

@@ -1,0 +1,136 @@
+"""Authentication of the Flight door: Flight's basic-auth handshake, then bearer tokens.
+
+A client calls ``FlightClient.authenticate_basic_token(user, password)``: the handshake
+carries ``Authorization: Basic …``, which is checked against the same users file as the
+wire server (the password must derive the user's stored SCRAM-SHA-256 verifier; no
+plaintext is stored anywhere), and answered with ``Authorization: Bearer <token>``, which
+every later call carries. Under ``--auth trust`` any user name is accepted and acts as a
+superuser, exactly as on the wire.
+
+Invariants: a token is 256 random bits, known only to the server's memory, valid for
+``TOKEN_LIFETIME_S``; a failed password check waits ``failure_delay_s`` before answering;
+the users file is re-read when it changes, so a removed user cannot log in again (tokens
+already issued run until they expire, as open wire connections do).
+"""
+
+from __future__ import annotations
+
+import base64
+import binascii
+import logging
+import secrets
+import threading
+import time
+from dataclasses import dataclass
+from typing import Any
+
+import pyarrow.flight as flight
+
+from engine.identity import LOCAL_SUPERUSER_NAME, Identity
+from sql.pgwire.auth import ScramVerifier
+from sql.pgwire.users import UsersFile
+
+log = logging.getLogger(__name__)
+
+TOKEN_LIFETIME_S = 12 * 3600.0
+TOKENS_MAX = 100_000
+AUTH_FAILURE_DELAY_S = 0.5
+
+
+@dataclass(frozen=True)
+class _Token:
+    identity: Identity
+    expires_s: float
+
+
+class FlightAuthenticator:
+    """Checks Basic credentials and issues and checks bearer tokens."""
+
+    def __init__(self, users: UsersFile | None, failure_delay_s: float = AUTH_FAILURE_DELAY_S
+                 ) -> None:  # fmt: skip
+        self.users = users  # None: trust
+        self.failure_delay_s = failure_delay_s
+        self._tokens: dict[str, _Token] = {}
+        self._lock = threading.Lock()
+
+    def login(self, user: str, password: str) -> tuple[str, Identity]:
+        """A fresh token for ``user`` if ``password`` is right; FlightUnauthenticatedError."""
+        identity = self._check(user, password)
+        token = secrets.token_urlsafe(32)
+        now = time.monotonic()
+        with self._lock:
+            if len(self._tokens) >= TOKENS_MAX:
+                self._tokens = {k: t for k, t in self._tokens.items() if t.expires_s > now}
+            self._tokens[token] = _Token(identity, now + TOKEN_LIFETIME_S)
+        return token, identity
+
+    def _check(self, user: str, password: str) -> Identity:
+        if self.users is None:
+            return Identity(user or LOCAL_SUPERUSER_NAME, superuser=True)
+        error = self.users.reload()
+        if error is not None:
+            log.warning("users file: %s (keeping the last good contents)", error)
+        entry = self.users.lookup(user)
+        valid = False
+        if entry is not None:
+            try:
+                valid = ScramVerifier.parse(entry.scram).matches_password(password)
+            except ValueError:
+                valid = False
+        if not valid:
+            log.warning('Flight: password authentication failed for user "%s"', user)
+            time.sleep(self.failure_delay_s)
+            raise flight.FlightUnauthenticatedError(
+                f'28P01: password authentication failed for user "{user}"'
+            )
+        return Identity(user, superuser=self.users.is_superuser(user))
+
+    def identity_of(self, token: str) -> Identity:
+        with self._lock:
+            entry = self._tokens.get(token)
+        if entry is None or entry.expires_s <= time.monotonic():
+            raise flight.FlightUnauthenticatedError("28000: invalid or expired token; log in")
+        return entry.identity
+
+
+class _AuthMiddleware(flight.ServerMiddleware):
+    def __init__(self, identity: Identity, token: str | None) -> None:
+        self.identity = identity
+        self._token = token
+
+    def sending_headers(self) -> dict[str, str]:
+        return {"authorization": f"Bearer {self._token}"} if self._token else {}
+
+
+class AuthMiddlewareFactory(flight.ServerMiddlewareFactory):
+    """Every call: Basic (the handshake) logs in, Bearer is checked; anything else fails."""
+
+    def __init__(self, authenticator: FlightAuthenticator) -> None:
+        self.authenticator = authenticator
+
+    def start_call(self, info: Any, headers: dict[str, list[str]]) -> _AuthMiddleware:
+        values = headers.get("authorization") or headers.get("Authorization") or []
+        if not values:
+            raise flight.FlightUnauthenticatedError("28000: no credentials: log in first")
+        kind, _, value = values[0].partition(" ")
+        if kind.lower() == "basic":
+            try:
+                user, _, password = base64.b64decode(value, validate=True).decode().partition(":")
+            except (binascii.Error, UnicodeDecodeError):
+                raise flight.FlightUnauthenticatedError(
+                    "28000: malformed Basic credentials") from None
+            token, identity = self.authenticator.login(user, password)
+            return _AuthMiddleware(identity, token)
+        if kind.lower() == "bearer":
+            return _AuthMiddleware(self.authenticator.identity_of(value), None)
+        raise flight.FlightUnauthenticatedError(f"28000: unsupported authorization {kind}")
+
+
+class NoHandshakeCheck(flight.ServerAuthHandler):
+    """The handshake itself succeeds: the middleware checked its Basic header already."""
+
+    def authenticate(self, outgoing: Any, incoming: Any) -> None:
+        return None
+
+    def is_valid(self, token: bytes) -> str:
+        return ""

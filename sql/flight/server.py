@@ -1,0 +1,341 @@
+"""The Arrow Flight door of ``topicbase serve`` (``--flight-port``, default 5434).
+
+Bulk Arrow in and out for Spark executors and any Arrow client, behind the wire server's
+users file, TLS and privileges. Every call runs in an engine session acting as the
+authenticated user (``sql.flight.auth``); this module speaks Flight and holds no database
+logic (reads are ``engine.bulk_read``, staged writes ``engine.bulk_write``, table reads
+are SQL statements of the session).
+
+Requests (descriptor commands, tickets and action bodies are JSON objects):
+
+- ``GetFlightInfo`` / ``GetSchema``: ``{"topic": t, "columns": [...], "starts": {p: o},
+  "ends": {p: o}, "start_time_us": us, "split_rows": n}`` cuts topic ``t`` into endpoints
+  of one partition range each (tickets ``{"topic", "partition", "start", "end",
+  "columns"}``); ``{"table": name, "columns": [...]}`` gives one endpoint for a table.
+- ``DoGet``: a ticket above; a topic range streams its stored frames, projected.
+- ``DoPut``: ``{"write_id": id, "topic": t}`` or ``{"write_id": id, "table": name}``
+  stages the stream's batches on disk; answers ``{"rows": n}`` in the put's metadata.
+- ``DoAction``: ``commit`` ``{"sink_id", "batch_id", "write_ids"}`` (exactly once),
+  ``abort`` ``{"write_ids"}``, ``list``, ``partitions`` ``{"topic"}``,
+  ``commit_offsets`` ``{"topic", "consumer", "offsets": {p: end}}`` (a consumer's
+  advisory commit), ``last_batch`` ``{"sink_id"}``.
+
+Errors travel as Flight errors whose message starts with the SQLSTATE (``42501: …``):
+42501 as FlightUnauthorizedError, 28xxx as FlightUnauthenticatedError, others as
+FlightServerError. Abandoned staged writes are collected every ``collect_interval_s``.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import functools
+import json
+import logging
+import threading
+from collections.abc import Callable, Iterator
+from typing import Any
+
+import pyarrow as pa
+import pyarrow.flight as flight
+
+from engine.bulk_read import OffsetRange, project_schema
+from engine.bulk_write import ABANDON_AFTER_S_DEFAULT, STAGING_BYTES_MAX_DEFAULT
+from engine.database import Database
+from sql.flight.auth import AuthMiddlewareFactory, FlightAuthenticator, NoHandshakeCheck
+from sql.pgwire.users import UsersFile, default_users_path
+from storage.errors import InvalidParameterValueError, TopicbaseError
+
+log = logging.getLogger(__name__)
+
+DEFAULT_FLIGHT_PORT = 5434
+COLLECT_INTERVAL_S = 60.0
+COMMAND_BYTES_MAX = 1 << 20
+
+
+def _flight_errors(method: Callable[..., Any]) -> Callable[..., Any]:
+    """Report a TopicbaseError as the Flight error of its class, SQLSTATE first."""
+
+    @functools.wraps(method)
+    def wrapper(*args: Any, **kwargs: Any) -> Any:
+        try:
+            return method(*args, **kwargs)
+        except TopicbaseError as error:
+            raise _as_flight_error(error) from None
+
+    return wrapper
+
+
+def _as_flight_error(error: TopicbaseError) -> Exception:
+    text = f"{error.sqlstate}: {error}"
+    if error.sqlstate == "42501":
+        return flight.FlightUnauthorizedError(text)
+    if error.sqlstate.startswith("28"):
+        return flight.FlightUnauthenticatedError(text)
+    return flight.FlightServerError(text)
+
+
+def _command(data: bytes) -> dict[str, Any]:
+    if len(data) > COMMAND_BYTES_MAX:
+        raise InvalidParameterValueError(
+            f"a Flight command is limited to {COMMAND_BYTES_MAX} bytes")
+    try:
+        value = json.loads(data or b"{}")
+    except (ValueError, UnicodeDecodeError):
+        raise InvalidParameterValueError("a Flight command must be a JSON object") from None
+    if not isinstance(value, dict):
+        raise InvalidParameterValueError("a Flight command must be a JSON object")
+    return value
+
+
+def _offsets(value: Any, what: str) -> dict[int, int] | None:
+    if value is None:
+        return None
+    try:
+        return {int(p): int(o) for p, o in dict(value).items()}
+    except (TypeError, ValueError):
+        raise InvalidParameterValueError(f"{what} must map partitions to offsets") from None
+
+
+def _columns(command: dict[str, Any]) -> list[str] | None:
+    columns = command.get("columns")
+    if columns is not None and (
+        not isinstance(columns, list) or not all(isinstance(c, str) for c in columns)
+    ):
+        raise InvalidParameterValueError("columns must be a list of names")
+    return columns or None
+
+
+def _target(command: dict[str, Any]) -> tuple[str, str]:
+    for kind in ("topic", "table"):
+        name = command.get(kind)
+        if isinstance(name, str) and name:
+            return kind, name
+    raise InvalidParameterValueError('the command names no "topic" or "table"')
+
+
+def _quote(name: str) -> str:
+    return ".".join('"' + part.replace('"', '""') + '"' for part in name.split("."))
+
+
+class TopicbaseFlightServer(flight.FlightServerBase):
+    """The door itself; ``start_flight`` builds it from ``serve``'s options."""
+
+    def __init__(self, database: Database, location: str, authenticator: FlightAuthenticator,
+                 *, tls_certificates: list[tuple[bytes, bytes]] | None = None,
+                 staging_bytes_max: int = STAGING_BYTES_MAX_DEFAULT,
+                 abandon_after_s: float = ABANDON_AFTER_S_DEFAULT,
+                 collect_interval_s: float = COLLECT_INTERVAL_S) -> None:  # fmt: skip
+        super().__init__(
+            location,
+            auth_handler=NoHandshakeCheck(),
+            tls_certificates=tls_certificates or [],
+            middleware={"auth": AuthMiddlewareFactory(authenticator)},
+        )
+        self.database = database
+        self._write_settings = {
+            "staging_bytes_max": staging_bytes_max, "abandon_after_s": abandon_after_s}
+        with self._session_of(None) as session:
+            self.writes = session.bulk_writes(**self._write_settings)
+        self.writes.collect()
+        self._stopping = threading.Event()
+        self._collector = threading.Thread(
+            target=self._collect_loop, args=(collect_interval_s,), name="flight-collector",
+            daemon=True)  # fmt: skip
+        self._collector.start()
+
+    def stop(self) -> None:
+        self._stopping.set()
+        self.shutdown()
+        self._collector.join()
+
+    def _collect_loop(self, interval_s: float) -> None:
+        while not self._stopping.wait(interval_s):
+            try:
+                collected = self.writes.collect()
+                if collected:
+                    log.warning("collected %d abandoned staged writes", len(collected))
+            except OSError as error:
+                log.warning("collecting abandoned writes failed: %s", error)
+
+    @contextlib.contextmanager
+    def _session_of(self, context: Any) -> Iterator[Any]:
+        """A session acting as the call's user (the local superuser for the server's own
+        housekeeping, when there is no call)."""
+        if context is None:
+            session = self.database.connect()
+        else:
+            session = self.database.connect(context.get_middleware("auth").identity)
+        try:
+            yield session
+        finally:
+            session.close()
+
+    # -- reads ------------------------------------------------------------------------
+    @_flight_errors
+    def get_flight_info(self, context: Any, descriptor: flight.FlightDescriptor
+                        ) -> flight.FlightInfo:  # fmt: skip
+        command = _command(descriptor.command)
+        kind, name = _target(command)
+        columns = _columns(command)
+        with self._session_of(context) as session:
+            if kind == "table":
+                schema = self._table_schema(session, name, columns)
+                ticket = json.dumps({"table": name, "columns": columns}).encode()
+                return flight.FlightInfo(schema, descriptor, [flight.FlightEndpoint(ticket, [])],
+                                         -1, -1)  # fmt: skip
+            schema = project_schema(columns)
+            starts = _offsets(command.get("starts"), "starts")
+            if command.get("start_time_us") is not None:
+                starts = {b.partition: session.bulk_offset_for_time(
+                    name, b.partition, int(command["start_time_us"]))
+                    for b in session.bulk_partitions(name)}  # fmt: skip
+            split_rows = command.get("split_rows")
+            ranges = session.bulk_cut(name, starts, _offsets(command.get("ends"), "ends"),
+                                      None if split_rows is None else int(split_rows))
+        endpoints = [
+            flight.FlightEndpoint(
+                json.dumps({"topic": name, **r.to_json(), "columns": columns}).encode(), [])
+            for r in ranges
+        ]  # fmt: skip
+        return flight.FlightInfo(schema, descriptor, endpoints, sum(r.count for r in ranges), -1)
+
+    @_flight_errors
+    def get_schema(self, context: Any, descriptor: flight.FlightDescriptor) -> flight.SchemaResult:
+        command = _command(descriptor.command)
+        kind, name = _target(command)
+        with self._session_of(context) as session:
+            if kind == "table":
+                return flight.SchemaResult(self._table_schema(session, name, _columns(command)))
+            session.bulk_partitions(name)  # checks the topic and the privilege
+            return flight.SchemaResult(project_schema(_columns(command)))
+
+    def _table_schema(self, session: Any, name: str, columns: list[str] | None) -> pa.Schema:
+        result = session.execute(self._table_sql(name, columns) + " LIMIT 0")[-1]
+        assert result.table is not None
+        return result.table.schema
+
+    @staticmethod
+    def _table_sql(name: str, columns: list[str] | None) -> str:
+        selected = ", ".join(_quote(c) for c in columns) if columns else "*"
+        return f"SELECT {selected} FROM {_quote(name)}"
+
+    @_flight_errors
+    def do_get(self, context: Any, ticket: flight.Ticket) -> flight.FlightDataStream:
+        command = _command(ticket.ticket)
+        kind, name = _target(command)
+        columns = _columns(command)
+        if kind == "table":
+            with self._session_of(context) as session:
+                result = session.execute(self._table_sql(name, columns))[-1]
+            assert result.table is not None
+            return flight.RecordBatchStream(result.table)
+        try:
+            offsets = OffsetRange(int(command["partition"]), int(command["start"]),
+                                  int(command["end"]))  # fmt: skip
+        except (KeyError, TypeError, ValueError):
+            raise InvalidParameterValueError("a topic ticket needs partition, start, end") from None
+        session = self.database.connect(context.get_middleware("auth").identity)
+        try:
+            batches = session.bulk_read(name, offsets, columns)
+            first = next(batches, None)  # errors (privileges, retention) surface here
+        except BaseException:
+            session.close()
+            raise
+        return flight.GeneratorStream(project_schema(columns),
+                                      self._stream(session, first, batches))  # fmt: skip
+
+    @staticmethod
+    def _stream(session: Any, first: pa.RecordBatch | None, rest: Iterator[pa.RecordBatch]
+                ) -> Iterator[pa.RecordBatch]:  # fmt: skip
+        try:
+            if first is not None:
+                yield first
+            yield from rest
+        finally:
+            session.close()
+
+    # -- writes -----------------------------------------------------------------------
+    @_flight_errors
+    def do_put(self, context: Any, descriptor: flight.FlightDescriptor,
+               reader: flight.MetadataRecordBatchReader, writer: Any) -> None:  # fmt: skip
+        command = _command(descriptor.command)
+        kind, name = _target(command)
+        write_id = command.get("write_id")
+        with self._session_of(context) as session:
+            self.writes.start(session, write_id, kind, name)
+            batches = (chunk.data for chunk in reader if chunk.data is not None)
+            rows = self.writes.append(session, write_id, batches, reader.schema)
+        writer.write(pa.py_buffer(json.dumps({"rows": rows}).encode()))
+
+    @_flight_errors
+    def do_action(self, context: Any, action: flight.Action) -> Iterator[flight.Result]:
+        body = _command(action.body.to_pybytes() if action.body is not None else b"")
+        with self._session_of(context) as session:
+            answer = self._action(session, action.type, body)
+        return iter([flight.Result(pa.py_buffer(json.dumps(answer).encode()))])
+
+    def _action(self, session: Any, kind: str, body: dict[str, Any]) -> Any:
+        if kind == "commit":
+            write_ids = body.get("write_ids") or []
+            if not isinstance(write_ids, list):
+                raise InvalidParameterValueError("write_ids must be a list")
+            batch_id = body.get("batch_id")
+            if not isinstance(batch_id, int):
+                raise InvalidParameterValueError("batch_id must be an integer")
+            return self.writes.commit(session, str(body.get("sink_id") or ""), batch_id,
+                                      write_ids)  # fmt: skip
+        if kind == "abort":
+            return {"aborted": self.writes.abort(session, body.get("write_ids") or [])}
+        if kind == "list":
+            return [w.__dict__ for w in self.writes.list(session)]
+        if kind == "last_batch":
+            return {"batch_id": self.writes.last_batch(session, str(body.get("sink_id") or ""))}
+        if kind == "partitions":
+            _, name = _target(body)
+            return [b.__dict__ for b in session.bulk_partitions(name)]
+        if kind == "commit_offsets":
+            return self._commit_offsets(session, body)
+        raise InvalidParameterValueError(f"unknown Flight action {kind!r}")
+
+    @staticmethod
+    def _commit_offsets(session: Any, body: dict[str, Any]) -> dict[str, Any]:
+        """A consumer's offsets moved to where a pipeline's batch ended (advisory: a
+        reader that does not read through the consumer only reports its progress)."""
+        _, name = _target(body)
+        consumer = body.get("consumer")
+        offsets = _offsets(body.get("offsets"), "offsets") or {}
+        if not isinstance(consumer, str) or not consumer or not offsets:
+            raise InvalidParameterValueError("commit_offsets needs a consumer and offsets")
+        for text in (name, consumer):
+            if "`" in text:
+                raise InvalidParameterValueError(f"name {text!r} may not contain a backquote")
+        ranges = ", ".join(f"PARTITION {p} UPTO {o}" for p, o in sorted(offsets.items()))
+        session.execute(f"COMMIT OFFSETS ON TOPIC `{name}` FOR CONSUMER `{consumer}` ({ranges})")
+        return {"committed": len(offsets)}
+
+    def list_actions(self, context: Any) -> list[tuple[str, str]]:
+        return [("commit", "publish staged writes exactly once"),
+                ("abort", "discard staged writes"), ("list", "staged writes"),
+                ("partitions", "a topic's partitions and offsets"),
+                ("commit_offsets", "move a consumer's committed offsets"),
+                ("last_batch", "the last batch id committed by a sink")]  # fmt: skip
+
+
+def start_flight(database: Database, host: str, port: int, auth: str, *,
+                 users_file: str | None = None, tls_cert: str | None = None,
+                 tls_key: str | None = None, **settings: Any) -> TopicbaseFlightServer:  # fmt: skip
+    """Start the door (listening on return); ``server.port`` is the bound port."""
+    users = None
+    if auth != "trust":
+        users = UsersFile(users_file or default_users_path(database.path))
+        error = users.reload()
+        if error is not None:
+            raise error
+    certificates = None
+    scheme = "grpc+tcp"
+    if tls_cert and tls_key:
+        with open(tls_cert, "rb") as cert, open(tls_key, "rb") as key:
+            certificates = [(cert.read(), key.read())]
+        scheme = "grpc+tls"
+    return TopicbaseFlightServer(database, f"{scheme}://{host}:{port}", FlightAuthenticator(users),
+                                 tls_certificates=certificates, **settings)  # fmt: skip

@@ -1,0 +1,162 @@
+"""The Arrow Flight door: authentication, privileges, range reads equal to SQL reads, and
+staged writes published exactly once (replays, aborts, abandoned writers)."""
+
+from __future__ import annotations
+
+import os
+
+import pyarrow as pa
+import pytest
+
+from engine.bulk_write import WRITES_DIRECTORY
+from spark_sql_ext.client import TopicbaseFlightError
+
+
+def _fill(database, topic: str = "events", partitions: int = 3, rows: int = 600) -> None:
+    session = database.connect()
+    session.execute(
+        f"CREATE TOPIC {topic} (CONSUMER c) WITH (min_active_partitions = {partitions})")
+    for index in range(partitions if rows else 0):
+        values = ", ".join(f"('m-{index}-{i}', {index})" for i in range(rows))
+        session.execute(f"INSERT INTO TOPIC {topic} (data, partition) VALUES {values}")
+    session.close()
+
+
+def _sql_rows(database, sql: str) -> list[dict]:
+    session = database.connect()
+    try:
+        return session.execute(sql)[-1].table.to_pylist()
+    finally:
+        session.close()
+
+
+def test_wrong_password_is_refused(client) -> None:
+    with pytest.raises(TopicbaseFlightError) as caught:
+        client("bob", "wrong")
+    assert caught.value.sqlstate == "28P01"
+
+
+def test_range_reads_equal_a_sql_read_of_the_same_cut(database, client) -> None:
+    _fill(database)
+    schema, tickets = client().tickets(
+        {"topic": "events", "columns": ["partition", "offset", "data"], "split_rows": 250})
+    assert schema.names == ["partition", "offset", "data"]
+    # 600 messages per partition split in 250s: 3 ranges per partition, contiguous.
+    assert [(t["partition"], t["start"], t["end"]) for t in tickets] == [
+        (p, s, min(s + 250, 600)) for p in range(3) for s in (0, 250, 500)]
+    got = pa.Table.from_batches(
+        [b for t in tickets for b in client().read_ticket(t)], schema=schema).to_pylist()
+    expected = []
+    for p in range(3):
+        expected += _sql_rows(database, 'SELECT partition, "offset", data FROM TOPIC events '
+                              f"WITH (partition = {p}, max_messages = 1000) ORDER BY 2")
+    assert got == expected
+    assert len(got) == 1800
+
+
+def test_read_from_offsets_to_ends_and_a_table(database, client) -> None:
+    _fill(database, partitions=2, rows=10)
+    table = client().read_all({"topic": "events", "columns": ["offset"],
+                               "starts": {"0": 7}, "ends": {"1": 3}})
+    assert table.column("offset").to_pylist() == [7, 8, 9, 0, 1, 2]
+    session = database.connect()
+    session.execute("CREATE TABLE t (k INTEGER, v VARCHAR); "
+                    "INSERT INTO t VALUES (1, 'a'), (2, 'b')")
+    session.close()
+    assert client().read_all({"table": "t"}).to_pylist() == [{"k": 1, "v": "a"}, {"k": 2, "v": "b"}]
+    with pytest.raises(TopicbaseFlightError) as caught:
+        client().read_all({"topic": "events", "columns": ["nope"]})
+    assert caught.value.sqlstate == "22023"
+    with pytest.raises(TopicbaseFlightError) as caught:
+        client().read_all({"topic": "missing"})
+    assert caught.value.sqlstate == "42P01"
+
+
+def test_a_user_without_the_privilege_is_refused(database, client) -> None:
+    _fill(database, rows=5)
+    session = database.connect()
+    session.execute("CREATE TABLE secret (k INTEGER)")
+    session.close()
+    for command in ({"topic": "events"}, {"table": "secret"}):
+        with pytest.raises(TopicbaseFlightError) as caught:
+            client("bob").read_all(command)
+        assert caught.value.sqlstate == "42501"
+    batch = pa.record_batch({"data": pa.array([b"x"], pa.binary())})
+    with pytest.raises(TopicbaseFlightError) as caught:
+        client("bob").put({"topic": "events"}, [batch], batch.schema)
+    assert caught.value.sqlstate == "42501"
+    assert client("alice").read_all({"topic": "events"}).num_rows == 15
+
+
+def _count(database, topic: str = "events") -> int:
+    return _sql_rows(database, f"SELECT count(*) AS n FROM TOPIC {topic} "
+                     "WITH (max_messages = 100000)")[0]["n"]
+
+
+def test_a_replayed_commit_publishes_once(database, client) -> None:
+    _fill(database, partitions=2, rows=0)
+    session = database.connect()
+    session.execute("CREATE TABLE totals (k VARCHAR, n BIGINT)")
+    session.close()
+    writer = client()
+    messages = pa.record_batch({"data": pa.array([f"d{i}".encode() for i in range(1000)]),
+                                "partition": pa.array([i % 2 for i in range(1000)], pa.int64())})
+    rows = pa.record_batch({"k": ["a", "b"], "n": pa.array([1, 2], pa.int64())})
+    ids = [writer.put({"topic": "events"}, [messages.slice(0, 400), messages.slice(400)],
+                      messages.schema),
+           writer.put({"table": "totals"}, [rows], rows.schema)]
+    assert writer.commit("sink-1", 7, ids) == {"status": "committed", "rows": 1002}
+    # The driver crashed before it saw the answer: the tasks stage again, the commit repeats.
+    again = [writer.put({"topic": "events"}, [messages], messages.schema),
+             writer.put({"table": "totals"}, [rows], rows.schema)]
+    assert writer.commit("sink-1", 7, again) == {"status": "duplicate", "rows": 0}
+    assert _count(database) == 1000
+    assert _sql_rows(database, "SELECT k, n FROM totals ORDER BY k") == rows.to_pylist()
+    assert writer.action("last_batch", {"sink_id": "sink-1"}) == {"batch_id": 7}
+    assert writer.staged() == []  # both the published and the replayed writes are gone
+
+
+def test_an_abort_leaves_nothing_staged(database, client) -> None:
+    _fill(database, partitions=1, rows=0)
+    writer = client()
+    batch = pa.record_batch({"data": pa.array([b"x"] * 100)})
+    write_id = writer.put({"topic": "events"}, [batch], batch.schema)
+    assert [w["write_id"] for w in writer.staged()] == [write_id]
+    assert writer.abort([write_id]) == 1
+    assert writer.staged() == []
+    assert os.listdir(os.path.join(database.path, WRITES_DIRECTORY)) == []
+    assert writer.commit("sink-2", 0, []) == {"status": "committed", "rows": 0}
+    assert _count(database) == 0
+
+
+def test_a_killed_writers_staged_data_is_collected(database, door, client) -> None:
+    _fill(database, partitions=1, rows=0)
+    batch = pa.record_batch({"data": pa.array([b"y"] * 10)})
+    kept = client().put({"topic": "events"}, [batch], batch.schema)
+    # A writer killed mid-stream leaves a partial file behind its write's directory.
+    root = os.path.join(database.path, WRITES_DIRECTORY)
+    os.makedirs(os.path.join(root, "dead-writer"))
+    with open(os.path.join(root, "dead-writer", "x.part"), "wb") as handle:
+        handle.write(b"\0" * 1000)
+    old = os.path.getmtime(os.path.join(root, kept)) - 10_000
+    for name in ("dead-writer", kept):
+        for entry in [os.path.join(root, name), *[os.path.join(root, name, f)
+                      for f in os.listdir(os.path.join(root, name))]]:
+            os.utime(entry, (old, old))
+    assert sorted(door.writes.collect()) == sorted(["dead-writer", kept])
+    assert os.listdir(root) == []
+    with pytest.raises(TopicbaseFlightError) as caught:
+        client().commit("sink-3", 0, [kept])
+    assert caught.value.sqlstate == "42704"
+    assert _count(database) == 0
+
+
+def test_staging_is_bounded_by_its_disk_cap(database, door, client) -> None:
+    _fill(database, partitions=1, rows=0)
+    door.writes.staging_bytes_max = 64 * 1024
+    batch = pa.record_batch({"data": pa.array([b"z" * 1024] * 200)})
+    with pytest.raises(TopicbaseFlightError) as caught:
+        client().put({"topic": "events"}, [batch], batch.schema)
+    assert caught.value.sqlstate == "54000"
+    assert door.writes.staged_bytes == 0
+    assert client().staged() == [] or all(w["files"] == 0 for w in client().staged())
