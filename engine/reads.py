@@ -2,17 +2,44 @@
 
 A peek reads from ``from_offset`` (default: each partition's start) and
 commits nothing. A consumer read starts where the transaction's earlier read
-of that partition ended, else at the consumer's committed offset (else the
-partition start), skips what ``read_from``/``max_lag`` exclude, and records
-the range read in the transaction. ``max_messages``/``max_bytes`` bound the
-whole read over all partitions; ``wait`` long-polls when nothing is there yet.
+of that partition ended, else where this transaction moved the consumer's
+offset (``ALTER ... SET OFFSETS``, ``COMMIT OFFSETS``), else at the committed
+offset (else the partition start), skips what ``read_from``/``max_lag``
+exclude, and records the range read in the transaction. ``wait`` long-polls
+when nothing is there yet.
+
+How much one read returns (the rule the README states):
+
+- A **peek without** ``max_messages``/``max_bytes`` is read whole, up to the
+  statement's cut, as a plain relation name is (``planner.relations``): up to
+  the single-read limit (``limits.READ_MESSAGES_MAX`` messages,
+  ``limits.READ_BYTES_MAX`` bytes) and refused with 54000 beyond it, never cut
+  short. ``stream_records`` reads a whole cut of any size in bounded batches.
+- A **consumer read** is a poll: at most ``max_messages`` (default
+  ``DEFAULT_MAX_MESSAGES``) and ``max_bytes`` (default ``DEFAULT_MAX_BYTES``);
+  what is left waits for the next read.
+- A bounded read is **fair**: the message budget is shared max-min fairly
+  among the partitions that have data (each gets what it has, up to an equal
+  level; the units left over go one each, round robin), and the byte budget in
+  equal parts of what is left, partition by partition, as Kafka's fetch
+  sessions and YDB's read sessions share theirs. A partition flooded with
+  writes cannot starve the others.
+- The round robin starts at partition ``sum(start offsets) mod n`` of the
+  partitions read: every message read advances it by one, so a read starts
+  where the last one stopped (exactly so when every partition has data)
+  without any state kept between reads, across sessions, members and restarts.
+  A member with leases reads its own partitions the same way.
+
+Results hold each partition's messages in offset order, partitions in the
+order the plan lists them.
 """
 
 from __future__ import annotations
 
 import contextlib
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from contextlib import AbstractContextManager
+from dataclasses import dataclass
 from datetime import datetime, timedelta
 from typing import Any
 
@@ -22,12 +49,43 @@ from engine.clock import Clock
 from engine.topic_relation import SCHEMA, relation_batch
 from engine.transaction import Transaction
 from planner.operations import ReadRecords
+from storage import limits
 from storage.errors import InvalidParameterValueError, LimitExceededError, QueryCanceledError
 from storage.topic_log import TopicLog
 
+# A consumer read is a poll: without options it returns at most this much.
 DEFAULT_MAX_MESSAGES = 10_000
 DEFAULT_MAX_BYTES = 64 * 1024 * 1024
 CANCEL_CHECK_S = 0.1
+# A fair read gives every partition with data a share per round; a round reads at
+# least one message of each, so rounds end quickly. This bounds pathological cases
+# (byte shares below one frame) without cutting a normal read short.
+FAIR_ROUNDS_MAX = 16
+# What ``stream_records`` holds at a time: one storage read of one partition.
+STREAM_BATCH_MESSAGES = 65_536
+STREAM_BATCH_BYTES = 16 * 1024 * 1024
+
+
+@dataclass(frozen=True)
+class ReadBounds:
+    """How much one read may return, and whether stopping short is an error (54000)."""
+
+    messages: int
+    bytes: int
+    complete: bool
+
+
+def read_bounds(operation: ReadRecords) -> ReadBounds:
+    """The bounds of ``operation``'s read (see the module docstring for the rule)."""
+    options = operation.options
+    max_messages, max_bytes = options.get("max_messages"), options.get("max_bytes")
+    if operation.consumer is None and max_messages is None and max_bytes is None:
+        return ReadBounds(limits.READ_MESSAGES_MAX, limits.READ_BYTES_MAX, complete=True)
+    return ReadBounds(
+        int(max_messages or DEFAULT_MAX_MESSAGES),
+        int(max_bytes or DEFAULT_MAX_BYTES),
+        complete=bool(options.get("complete")),
+    )
 
 
 def read_records(
@@ -69,6 +127,58 @@ def read_records(
     )
 
 
+def stream_records(
+    operation: ReadRecords,
+    topic: TopicLog,
+    clock: Clock,
+    publish_gate: AbstractContextManager[Any] | None = None,
+    *,
+    batch_messages: int = STREAM_BATCH_MESSAGES,
+    batch_bytes: int = STREAM_BATCH_BYTES,
+) -> pa.RecordBatchReader:
+    """A peek at a whole cut of any size, as a reader of topic-relation batches.
+
+    The cut (every partition's end) is taken now, under ``publish_gate``; batches
+    are read lazily, one storage read of at most ``batch_messages`` messages and
+    about ``batch_bytes`` bytes at a time, partition after partition. No
+    single-read limit applies: this is the door for ``COPY TOPIC t TO STDOUT``
+    and for a DuckDB query over a whole topic (DuckDB scans a registered reader
+    batch by batch). A peek that names ``max_messages``/``max_bytes`` is bounded
+    and fair as ``read_records`` is; a consumer read is a poll, never a stream.
+    """
+    if operation.consumer is not None:
+        raise InvalidParameterValueError(
+            "a consumer read is a poll bounded by max_messages/max_bytes; it cannot be streamed"
+        )
+    decode = bool(operation.options.get("decode", True))
+    transaction = Transaction(explicit=False)  # a peek records nothing in it
+    starts = {p: _start(operation, topic, p, {}, transaction, clock) for p in operation.partitions}
+    gate = publish_gate if publish_gate is not None else contextlib.nullcontext()
+    if not read_bounds(operation).complete:
+        pairs = _read_all(operation, topic, starts, gate)
+        return pa.RecordBatchReader.from_batches(
+            SCHEMA, [relation_batch(p, b, decode=decode) for p, b in pairs]
+        )
+    with gate:
+        ends = {p: topic.partition(p).end_offset for p in starts}
+
+    def batches() -> Iterator[pa.RecordBatch]:
+        for partition_id, start in starts.items():
+            position, end = start, ends[partition_id]
+            while position < end:
+                result = topic.partition(partition_id).read(
+                    position, max_messages=min(batch_messages, end - position),
+                    max_bytes=batch_bytes,
+                )  # fmt: skip
+                if not result.batches:
+                    break  # retention removed the rest of the range meanwhile
+                for batch in result.batches:
+                    yield relation_batch(partition_id, batch, decode=decode)
+                    position = batch.column("offset")[-1].as_py() + 1
+
+    return pa.RecordBatchReader.from_batches(SCHEMA, batches())
+
+
 def _start(
     operation: ReadRecords,
     topic: TopicLog,
@@ -85,6 +195,8 @@ def _start(
     else:
         key = (operation.topic_id, operation.consumer, partition_id)
         start = transaction.read_position(key)
+        if start is None:
+            start = transaction.offset_moves.get(key)
         if start is None:
             start = committed.get(partition_id) or 0
     start = max(start, partition.start_offset)
@@ -112,44 +224,94 @@ def _read_all(
     starts: dict[int, int],
     publish_gate: AbstractContextManager[Any],
 ) -> list[tuple[int, pa.RecordBatch]]:
-    """Read every partition up to one consistent cut of their end offsets.
+    """Read the partitions up to one consistent cut of their end offsets, fairly.
 
     The cut is taken under ``publish_gate``, which transactional publishes
     hold while they append to all their partitions, so a read sees a
     transaction's messages in every partition or in none.
     """
-    options = operation.options
-    remaining = int(options.get("max_messages") or DEFAULT_MAX_MESSAGES)
-    budget = int(options.get("max_bytes") or DEFAULT_MAX_BYTES)
+    bounds = read_bounds(operation)
     with publish_gate:
         ends = {p: topic.partition(p).end_offset for p in starts}
-    batches: list[tuple[int, pa.RecordBatch]] = []
-    cut_short = False
-    for partition_id, start in starts.items():
-        available = ends[partition_id] - start
-        if available <= 0:
-            continue
-        if remaining <= 0 or budget <= 0:
-            cut_short = True
-            break
-        result = topic.partition(partition_id).read(
-            start, max_messages=min(remaining, available), max_bytes=budget
-        )
-        reached = start
-        for batch in result.batches:
-            batches.append((partition_id, batch))
-            remaining -= batch.num_rows
-            budget -= batch.nbytes
-            reached = batch.column("offset")[-1].as_py() + 1
-        cut_short = cut_short or reached < ends[partition_id]
-    if cut_short and options.get("complete"):
+    positions = dict(starts)
+    read = _read_fair(topic, _rotated(list(starts), starts), positions, ends, bounds)
+    if bounds.complete and any(positions[p] < ends[p] for p in positions):
         raise LimitExceededError(
             f"topic {operation.topic} holds more than one read may return "
-            f"({options.get('max_messages')} messages, {options.get('max_bytes')} bytes); "
-            "read it in ranges with FROM TOPIC ... WITH (partition = ..., from_offset = ..., "
-            "max_messages = ...)"
+            f"({bounds.messages} messages, {bounds.bytes} bytes); read it in ranges with "
+            "FROM TOPIC ... WITH (partition = ..., from_offset = ..., max_messages = ...)"
         )
-    return batches
+    return [(p, batch) for p in starts for batch in read.get(p, ())]
+
+
+def _rotated(partitions: list[int], starts: dict[int, int]) -> list[int]:
+    """``partitions`` starting at index ``sum(start offsets) mod n``: the round robin."""
+    if not partitions:
+        return partitions
+    first = sum(starts.values()) % len(partitions)
+    return partitions[first:] + partitions[:first]
+
+
+def _read_fair(
+    topic: TopicLog,
+    order: list[int],
+    positions: dict[int, int],
+    ends: dict[int, int],
+    bounds: ReadBounds,
+) -> dict[int, list[pa.RecordBatch]]:
+    """Read with the budgets shared fairly; ``positions`` advance to where each stopped."""
+    read: dict[int, list[pa.RecordBatch]] = {}
+    messages, budget = bounds.messages, bounds.bytes
+    for _ in range(FAIR_ROUNDS_MAX):
+        wanting = [(p, ends[p] - positions[p]) for p in order if positions[p] < ends[p]]
+        if not wanting or messages <= 0 or budget <= 0:
+            break
+        shares = fair_shares(wanting, messages)
+        takers = [p for p, _ in wanting if shares[p] > 0]
+        for index, partition_id in enumerate(takers):
+            if budget <= 0:
+                break
+            byte_share = max(1, budget // (len(takers) - index))
+            result = topic.partition(partition_id).read(
+                positions[partition_id], max_messages=shares[partition_id], max_bytes=byte_share
+            )
+            if not result.batches:
+                positions[partition_id] = ends[partition_id]  # nothing left below the cut
+                continue
+            for batch in result.batches:
+                read.setdefault(partition_id, []).append(batch)
+                positions[partition_id] = batch.column("offset")[-1].as_py() + 1
+                messages -= batch.num_rows
+                budget -= batch.nbytes
+    return read
+
+
+def fair_shares(demands: list[tuple[int, int]], budget: int) -> dict[int, int]:
+    """Max-min fair shares of ``budget`` among ``(partition, messages available)``.
+
+    Every partition gets what it has up to a common level; the few units left
+    over go one each to the partitions that have more, in the order given (the
+    round robin's order). Pure; the shares sum to ``min(budget, total demand)``.
+    """
+    total = sum(demand for _, demand in demands)
+    if total <= budget:
+        return dict(demands)
+    low, high = 0, max(demand for _, demand in demands)
+    while low < high:  # the highest level whose capped demands fit the budget
+        middle = (low + high + 1) // 2
+        if sum(min(demand, middle) for _, demand in demands) <= budget:
+            low = middle
+        else:
+            high = middle - 1
+    shares = {p: min(demand, low) for p, demand in demands}
+    left = budget - sum(shares.values())
+    for partition_id, demand in demands:
+        if left <= 0:
+            break
+        if demand > low:
+            shares[partition_id] += 1
+            left -= 1
+    return shares
 
 
 def _record_ranges(
@@ -169,7 +331,11 @@ def _record_ranges(
         if (
             ends[partition_id] == start
             and transaction.read_position(key) is None
+            and key not in transaction.offset_moves
             and (committed.get(partition_id) or 0) == start
         ):
             continue  # nothing read and nothing skipped: no offset to move
+        # A read after this transaction moved the offset continues from the move: the
+        # range read now carries it (its end is where the offset goes at COMMIT).
+        transaction.offset_moves.pop(key, None)
         transaction.record_read(key, committed.get(partition_id), start, ends[partition_id])
