@@ -13,7 +13,9 @@ retention period and no guard protects any of it, the pass first rolls it
 sealed segment, in the same pass. The log start then equals the end offset.
 
 An inactive partition (split by autopartitioning) whose data has all expired
-and that no important consumer still needs is removed entirely.
+and that no important consumer still needs is removed entirely. One that never
+held a message stays: there is no write time to expire from, and its lineage
+(its children name it as their parent) costs a few empty files.
 """
 
 from __future__ import annotations
@@ -111,4 +113,6 @@ def _all_expired(partition: PartitionLog, now_us: int, protected: int | None) ->
     last = max(written, default=None)
     if retention_ms is None or (last is not None and last >= now_us - retention_ms * 1000):
         return False
+    if partition.end_offset == 0:
+        return False  # never held a message: nothing expired (see the module doc)
     return protected is None or protected >= partition.end_offset

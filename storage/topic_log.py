@@ -140,7 +140,8 @@ class TopicLog:
         """Change storage settings; adding partitions is allowed, removing is not."""
         config.validate()
         with self._lock:
-            current = len(self._info)
+            # Ids handed out so far: retention may have removed some (inactive, expired).
+            current = self.config.partition_count
             if config.partition_count < current:
                 raise InvalidParameterValueError(
                     f"partitions can be added but not removed (topic has {current})"

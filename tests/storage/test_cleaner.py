@@ -284,6 +284,43 @@ def test_inactive_partition_a_consumer_still_needs_stays(
     assert apply_retention(topic, FixedGuard(end), clock.now_us()).partitions_removed == 1
 
 
+def test_an_inactive_partition_that_never_held_a_message_stays(
+    make_topic: Any, clock: ManualClock
+) -> None:
+    topic = make_topic(partition_count=2, retention_ms=1000)
+    topic.mark_inactive(0, (1,))
+    clock.advance(seconds=HOUR_S)
+    assert apply_retention(topic, NoGuard(), clock.now_us()).partitions_removed == 0
+    assert topic.partition_ids() == [0, 1]
+
+
+def test_an_inactive_partition_emptied_by_earlier_passes_is_removed(
+    make_topic: Any, clock: ManualClock
+) -> None:
+    """Its segments are gone (no write time left), but it did hold messages: removed."""
+    topic = make_topic(partition_count=2, retention_ms=1000)
+    topic.partition(0).append(build_wire_batch([b"a"]))
+    clock.advance(seconds=2)
+    apply_retention(topic, NoGuard(), clock.now_us())
+    assert topic.partition(0).start_offset == 1
+    topic.mark_inactive(0, (1,))
+    assert apply_retention(topic, NoGuard(), clock.now_us()).partitions_removed == 1
+    assert topic.partition_ids() == [1]
+
+
+def test_partitions_added_after_a_removal_get_new_ids(make_topic: Any, clock: ManualClock) -> None:
+    """A removed partition's id is never handed out again, and the others keep theirs."""
+    topic = make_topic(partition_count=3, retention_ms=1000)
+    topic.partition(0).append(build_wire_batch([b"a"]))
+    topic.mark_inactive(0, (2,))
+    clock.advance(seconds=2)
+    assert apply_retention(topic, NoGuard(), clock.now_us()).partitions_removed == 1
+    kept = topic.partition(2)
+    topic.alter(TopicConfig(partition_count=5, retention_ms=1000, fsync_policy=FsyncPolicy.NEVER))
+    assert topic.partition_ids() == [1, 2, 3, 4]
+    assert topic.partition(2) is kept and topic.partition_info(2).parent == 0
+
+
 def test_active_partitions_are_never_removed(make_topic: Any, clock: ManualClock) -> None:
     topic = make_topic(partition_count=2, retention_ms=1000)
     clock.advance(seconds=HOUR_S)
