@@ -1,9 +1,16 @@
-"""The catalog: topics, their settings and consumers, and committed offsets.
+"""The catalog: topics, their settings and consumers, committed offsets, owners, grants.
 
 Lives in DuckDB beside the user's tables (schema ``__topicbase``), so it
 survives restarts and changes atomically with DDL and, later, with the
 transactions that move offsets. An in-memory mirror answers the planner
 (``planner.catalog.Catalog``) without touching DuckDB.
+
+Owners and grants (``engine.privileges`` reads and writes them through the session's
+own DuckDB cursor, so they are transactional) have no mirror: ``owners`` holds one row
+per topic, table and view (namespace "topic" or "relation"; "schema" rows are never
+stored, a schema is the superusers'), ``grants`` one row per privilege given
+(grantee "" is PUBLIC). A topic's owner row is written and deleted in the same DuckDB
+transaction as its catalog row.
 
 Invariants: the mirror equals the tables after every committed change; a
 topic's ``topic_id`` is the storage id and never changes; a committed offset
@@ -22,6 +29,7 @@ from typing import Any
 
 from engine import tables
 from engine.clock import Clock, utc_from_us
+from engine.identity import LOCAL_SUPERUSER_NAME
 from planner.catalog import TopicInfo
 from storage.errors import InvalidParameterValueError, LimitExceededError
 
@@ -38,7 +46,17 @@ CREATE TABLE IF NOT EXISTS {SCHEMA}.offsets (
     topic_id VARCHAR NOT NULL, consumer VARCHAR NOT NULL, partition INTEGER NOT NULL,
     committed BIGINT NOT NULL, committed_at TIMESTAMPTZ NOT NULL,
     PRIMARY KEY (topic_id, consumer, partition));
+CREATE TABLE IF NOT EXISTS {SCHEMA}.owners (
+    namespace VARCHAR NOT NULL, name VARCHAR NOT NULL, kind VARCHAR NOT NULL,
+    owner VARCHAR NOT NULL);
+CREATE TABLE IF NOT EXISTS {SCHEMA}.grants (
+    namespace VARCHAR NOT NULL, name VARCHAR NOT NULL, grantee VARCHAR NOT NULL,
+    privilege VARCHAR NOT NULL, grantor VARCHAR NOT NULL, grantable BOOLEAN NOT NULL);
 """
+# No primary keys on owners and grants: rows are deleted and re-inserted in one
+# transaction (REVOKE then GRANT, DROP then CREATE), which DuckDB's index checks refuse;
+# engine.privileges keeps them unique.
+OWNER_SUPERUSER = LOCAL_SUPERUSER_NAME  # owns what has no owner row (older data directories)
 
 
 @dataclass(frozen=True)
@@ -134,19 +152,32 @@ class CatalogStore:
         )
 
     # -- DDL --------------------------------------------------------------------------
-    def add_topic(self, entry: TopicEntry) -> None:
+    def add_topic(self, entry: TopicEntry, owner: str = OWNER_SUPERUSER) -> None:
+        """Add the topic and its owner row in one DuckDB transaction."""
         with self.lock:
-            tables.run(
-                self._cursor,
-                f"INSERT INTO {SCHEMA}.topics VALUES (?, ?, ?, ?, ?)",
-                [
-                    entry.name,
-                    entry.topic_id,
-                    encode_settings(entry.settings),
-                    _encode_consumers(entry.consumers),
-                    entry.created_at,
-                ],
-            )
+            tables.run(self._cursor, "BEGIN")
+            try:
+                tables.run(
+                    self._cursor,
+                    f"INSERT INTO {SCHEMA}.topics VALUES (?, ?, ?, ?, ?)",
+                    [
+                        entry.name,
+                        entry.topic_id,
+                        encode_settings(entry.settings),
+                        _encode_consumers(entry.consumers),
+                        entry.created_at,
+                    ],
+                )
+                _forget_object(self._cursor, "topic", entry.name)
+                tables.run(
+                    self._cursor,
+                    f"INSERT INTO {SCHEMA}.owners VALUES ('topic', ?, 'topic', ?)",
+                    [entry.name, owner],
+                )
+                tables.run(self._cursor, "COMMIT")
+            except BaseException:
+                tables.run(self._cursor, "ROLLBACK")
+                raise
             self._topics = {**self._topics, entry.name: entry}
 
     def update_topic(self, entry: TopicEntry) -> None:
@@ -193,6 +224,7 @@ class CatalogStore:
                     f"DELETE FROM {SCHEMA}.offsets WHERE topic_id = ?",
                     [entry.topic_id],
                 )
+                _forget_object(self._cursor, "topic", name)
                 tables.run(self._cursor, "COMMIT")
             except BaseException:
                 tables.run(self._cursor, "ROLLBACK")
@@ -270,6 +302,15 @@ class CatalogStore:
                 if position != committed:
                     moves[key] = position
             return moves
+
+
+def _forget_object(cursor: tables.Connection, namespace: str, name: str) -> None:
+    """Delete the owner and grants of an object (dropped, or about to be re-created)."""
+    for table in ("owners", "grants"):
+        tables.run(
+            cursor, f"DELETE FROM {SCHEMA}.{table} WHERE namespace = ? AND name = ?",
+            [namespace, name],
+        )  # fmt: skip
 
 
 def _encode_consumers(consumers: dict[str, dict[str, Any]]) -> str:

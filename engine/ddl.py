@@ -10,7 +10,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from engine.catalog import TopicEntry
+from engine.catalog import OWNER_SUPERUSER, TopicEntry
 from engine.clock import utc_from_us
 from planner.operations import AlterTopicEntry, CreateTopicEntry, DropTopicEntry
 from storage import limits
@@ -51,7 +51,7 @@ def segment_ms_for(retention_ms: int | None) -> int:
     return min(limits.SEGMENT_MS_DEFAULT, max(SEGMENT_MS_MIN, retention_ms // 4))
 
 
-def run_create(database: Any, operation: CreateTopicEntry) -> None:
+def run_create(database: Any, operation: CreateTopicEntry, owner: str = OWNER_SUPERUSER) -> None:
     partitions = int(operation.settings["min_active_partitions"])
     base = TopicConfig(fsync_policy=database.fsync_policy)
     topic = database.store.create_topic(storage_config(operation.settings, base, partitions))
@@ -63,7 +63,7 @@ def run_create(database: Any, operation: CreateTopicEntry) -> None:
         utc_from_us(database.clock.now_us()),
     )
     try:
-        database.catalog.add_topic(entry)
+        database.catalog.add_topic(entry, owner)
     except BaseException:
         database.store.drop_topic(topic.topic_id)
         raise

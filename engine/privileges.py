@@ -1,22 +1,310 @@
 """Privileges: owners and GRANTs, checked for every relation a statement touches.
 
-(Being built: see issue 10. ``check_plan`` is called by ``Session._guard`` for every
-statement before it runs.)
+PostgreSQL 15's model. Every topic, table and view has an owner (its creator, recorded
+in the same transaction as its CREATE, see ``record_ddl``); the owner and superusers may
+do everything to it, others what ``GRANT`` gave them or PUBLIC. Creating a table, view
+or topic needs CREATE on the schema (``GRANT CREATE ON SCHEMA main TO u``, which only
+superusers start); DROP and ALTER of a table need ownership; ALTER TOPIC needs ALTER or
+ownership, DROP TOPIC ownership. A view is read with the privileges of its owner on what
+it reads (the reader needs SELECT on the view only). Statements whose relations cannot
+be known from their tree (``planner.access``: schemas, macros, ``query_table('t')``…)
+are for superusers only.
+
+``check_plan`` runs for every plan before anything of it runs (``Session._guard``) and
+``require`` for doors without a plan. Refusals are 42501 naming the object and the
+privilege. Owners and grants are read through the session's own DuckDB cursor, so a
+transaction sees its own GRANTs and a rolled-back GRANT never existed.
+
+Invariants: a superuser is never refused here (the sandbox still applies); nothing is
+read from or written to DuckDB for a superuser's statement except the owner rows of
+the objects it creates or drops.
 """
 
 from __future__ import annotations
 
+import weakref
+from collections.abc import Callable
 from typing import Any
 
+from engine import tables
+from engine.catalog import OWNER_SUPERUSER, SCHEMA
 from engine.identity import Identity
-from planner.operations import Plan
+from planner.access import Access, relation_access, view_reads
+from planner.operations import (
+    AlterTopicEntry,
+    AppendRecords,
+    ChangePrivileges,
+    CommitConsumerOffsets,
+    CreateTopicEntry,
+    DropTopicEntry,
+    Plan,
+    ReadRecords,
+    RunQuery,
+    SwitchRole,
+)
+from storage.errors import InsufficientPrivilegeError
+
+VIEW_DEPTH_MAX = 16  # views over views, checked as their owners
+_DDL_TAGS = ("CREATE", "DROP", "ALTER")
+_KIND_NAMESPACE = {"table": "relation", "view": "relation", "topic": "topic", "schema": "schema"}
+
+# Who is a superuser, by name, for a database: the wire server registers its users
+# file's answer (a view owner's status is looked up when the view is read).
+_role_lookups: weakref.WeakKeyDictionary[Any, Callable[[str], bool]] = (
+    weakref.WeakKeyDictionary()
+)
 
 
+def use_role_lookup(database: Any, lookup: Callable[[str], bool]) -> None:
+    """Tell the engine how to learn whether a user name is a superuser (the users file)."""
+    _role_lookups[database] = lookup
+
+
+def is_superuser_name(database: Any, name: str) -> bool:
+    if name == OWNER_SUPERUSER:
+        return True
+    lookup = _role_lookups.get(database)
+    return lookup is not None and lookup(name)
+
+
+# -- the checks --------------------------------------------------------------------------
 def check_plan(plan: Plan, identity: Identity, session: Any) -> None:
     """Refuse (42501) a plan that touches a relation ``identity`` has no privilege on."""
+    if identity.superuser:
+        return
+    placeholders = {op.placeholder for op in plan.operations if isinstance(op, ReadRecords)}
+    for operation in plan.operations:
+        if isinstance(operation, ReadRecords | CommitConsumerOffsets):
+            _require_topic(session, identity, operation.topic, "SELECT")
+        elif isinstance(operation, AppendRecords):
+            _require_topic(session, identity, operation.topic, "INSERT")
+        elif isinstance(operation, CreateTopicEntry):
+            _require_schema_create(session, identity, "main")
+        elif isinstance(operation, AlterTopicEntry):
+            _require_topic(session, identity, operation.name, "ALTER")
+        elif isinstance(operation, DropTopicEntry) and operation.topic_id is not None:
+            _require_owner(session, identity, "topic", operation.name)
+        elif isinstance(operation, RunQuery):
+            _check_query(session, identity, operation, placeholders)
+        # GRANT/REVOKE and SET ROLE are judged when they run (engine.grants).
 
 
 def require(session: Any, kind: str, name: str, privilege: str) -> None:
     """Refuse (42501, naming the object and the privilege) unless the session's identity
     holds ``privilege`` on the ``kind`` ('topic' or 'table') called ``name``. For doors
     that act on relations without a SQL plan (the Flight door's reads and writes)."""
+    identity = session.identity
+    if identity.superuser:
+        return
+    if kind == "topic":
+        _require_topic(session, identity, name, privilege.upper())
+    else:
+        _require_relation(session, identity.name, name.lower(), privilege.upper(), 0)
+
+
+def _check_query(
+    session: Any, identity: Identity, operation: RunQuery, placeholders: set[str]
+) -> None:
+    access = relation_access(operation.sql)
+    if access.opaque is not None:
+        raise InsufficientPrivilegeError(
+            f"permission denied: {access.opaque} is for superusers (the relations it "
+            "touches cannot be checked)"
+        )
+    for name, privilege in access.needs:
+        if name in placeholders or name.startswith("__sys_"):
+            continue
+        if privilege == "CREATE":
+            _require_schema_create(session, identity, _schema_of(name))
+        elif privilege == "OWN":
+            _require_owner(session, identity, "relation", name)
+        else:
+            _require_relation(session, identity.name, name, privilege, 0)
+
+
+def _require_topic(session: Any, identity: Identity, topic: str, privilege: str) -> None:
+    if not holds(session, identity.name, "topic", topic, privilege):
+        raise InsufficientPrivilegeError(
+            f"permission denied for topic {topic} ({privilege} privilege needed)"
+        )
+
+
+def _require_schema_create(session: Any, identity: Identity, schema: str) -> None:
+    if not holds(session, identity.name, "schema", schema, "CREATE"):
+        raise InsufficientPrivilegeError(
+            f"permission denied for schema {schema} (CREATE privilege needed; a superuser "
+            f"may GRANT CREATE ON SCHEMA {schema} TO {identity.name})"
+        )
+
+
+def _require_owner(session: Any, identity: Identity, namespace: str, name: str) -> None:
+    found = owner_of(session, namespace, name)
+    if found is not None and found[0] != identity.name:
+        raise InsufficientPrivilegeError(f"must be owner of {found[1]} {name}")
+
+
+def _require_relation(session: Any, user: str, name: str, privilege: str, depth: int) -> None:
+    """``privilege`` on table or view ``name``; for a view, its owner's on what it reads."""
+    found = owner_of(session, "relation", name)
+    if found is None:
+        return  # no such relation: DuckDB says so (42P01) when the statement runs
+    owner, kind = found
+    if owner != user and not _granted(session, "relation", name, user, privilege):
+        raise InsufficientPrivilegeError(
+            f"permission denied for {kind} {name} ({privilege} privilege needed)"
+        )
+    if kind != "view" or is_superuser_name(session.database, owner):
+        return
+    if depth >= VIEW_DEPTH_MAX:
+        raise InsufficientPrivilegeError(f"view {name} nests more than {VIEW_DEPTH_MAX} views")
+    access = _view_access(session, name)
+    if access.opaque is not None:
+        raise InsufficientPrivilegeError(
+            f"permission denied for view {name}: its query cannot be checked ({access.opaque})"
+        )
+    for inner, inner_privilege in access.needs:
+        try:
+            _require_relation(session, owner, inner, inner_privilege, depth + 1)
+        except InsufficientPrivilegeError as error:
+            raise InsufficientPrivilegeError(
+                f"{error.message}, for view {name} owned by {owner}"
+            ) from None
+
+
+def holds(session: Any, user: str, namespace: str, name: str, privilege: str) -> bool:
+    """Whether ``user`` owns the object or was granted ``privilege`` (or PUBLIC was)."""
+    if namespace == "schema":
+        return _granted(session, "schema", name, user, privilege)
+    found = owner_of(session, namespace, name)
+    if found is None or found[0] == user:
+        return True
+    return _granted(session, namespace, name, user, privilege)
+
+
+# -- catalog reads (through the session's cursor: its transaction's view) -----------------
+def owner_of(session: Any, namespace: str, name: str) -> tuple[str, str] | None:
+    """(owner, kind) of a topic or relation; None if it does not exist. An object with no
+    owner row (made before owners were recorded) belongs to the bootstrap superuser."""
+    rows = _rows(
+        session,
+        f"SELECT owner, kind FROM {SCHEMA}.owners WHERE namespace = ? AND name = ? LIMIT 1",
+        [namespace, name],
+    )
+    if rows:
+        return rows[0][0], rows[0][1]
+    if namespace == "topic":
+        exists = session.database.catalog.entry(name) is not None
+        return (OWNER_SUPERUSER, "topic") if exists else None
+    kind = relation_kind(session, name)
+    return None if kind is None else (OWNER_SUPERUSER, kind)
+
+
+def relation_kind(session: Any, name: str) -> str | None:
+    """'table' or 'view' if ``name`` (``schema.name`` or a name in main) exists."""
+    schema, _, bare = name.rpartition(".")
+    rows = _rows(
+        session,
+        "SELECT 'table' FROM duckdb_tables() WHERE NOT temporary AND schema_name = ? "
+        "AND lower(table_name) = ? AND database_name = 'tables' UNION ALL "
+        "SELECT 'view' FROM duckdb_views() WHERE NOT temporary AND schema_name = ? "
+        "AND lower(view_name) = ? AND database_name = 'tables'",
+        [schema or "main", bare, schema or "main", bare],
+    )
+    return rows[0][0] if rows else None
+
+
+def _granted(session: Any, namespace: str, name: str, user: str, privilege: str) -> bool:
+    return bool(
+        _rows(
+            session,
+            f"SELECT 1 FROM {SCHEMA}.grants WHERE namespace = ? AND name = ? "
+            "AND privilege = ? AND grantee IN (?, '') LIMIT 1",
+            [namespace, name, privilege, user],
+        )
+    )
+
+
+def _view_access(session: Any, name: str) -> Access:
+    schema, _, bare = name.rpartition(".")
+    rows = _rows(
+        session,
+        "SELECT sql FROM duckdb_views() WHERE NOT temporary AND schema_name = ? "
+        "AND lower(view_name) = ? AND database_name = 'tables'",
+        [schema or "main", bare],
+    )
+    return view_reads(rows[0][0]) if rows else Access(())
+
+
+def _rows(session: Any, sql: str, parameters: list[Any]) -> list[tuple[Any, ...]]:
+    table = tables.query_arrow(session.cursor, sql, parameters)
+    assert table is not None
+    return [tuple(row.values()) for row in table.to_pylist()]
+
+
+def _schema_of(name: str) -> str:
+    schema, _, _ = name.rpartition(".")
+    return schema or "main"
+
+
+# -- owners of tables and views: recorded with their DDL ------------------------------------
+def is_relation_ddl(operation: Any) -> bool:
+    return isinstance(operation, RunQuery) and operation.tag.startswith(_DDL_TAGS)
+
+
+def prepare_ddl(session: Any, operation: RunQuery) -> list[str]:
+    """Before a CREATE/DROP/ALTER of a relation runs: open the DuckDB transaction the owner
+    rows are written in (an autocommit statement's, committed by ``Session._commit``) and
+    note which of the relations it creates exist already (their owners stay)."""
+    access = relation_access(operation.sql)
+    if not (access.created or access.dropped or access.renamed):
+        return []
+    open_duckdb_transaction(session)
+    return [name for name, _ in access.created if relation_kind(session, name) is not None]
+
+
+def record_ddl(session: Any, operation: RunQuery, existed: list[str]) -> None:
+    """After the DDL ran, in its transaction: owners of new relations, none of dropped
+    ones (their grants go too), renamed rows follow their relation."""
+    access = relation_access(operation.sql)
+    cursor = session.cursor
+    for name in access.dropped:
+        if relation_kind(session, name) is None:
+            forget(session, "relation", name)
+    for old, new in access.renamed:
+        for table in ("owners", "grants"):
+            tables.run(cursor, f"UPDATE {SCHEMA}.{table} SET name = ? WHERE namespace = "
+                       "'relation' AND name = ?", [new, old])  # fmt: skip
+    for name, kind in access.created:
+        if name in existed or relation_kind(session, name) is None:
+            continue
+        forget(session, "relation", name)
+        tables.run(cursor, f"INSERT INTO {SCHEMA}.owners VALUES ('relation', ?, ?, ?)",
+                   [name, kind, session.identity.name])  # fmt: skip
+
+
+def forget(session: Any, namespace: str, name: str) -> None:
+    for table in ("owners", "grants"):
+        tables.run(session.cursor, f"DELETE FROM {SCHEMA}.{table} WHERE namespace = ? AND "
+                   "name = ?", [namespace, name])  # fmt: skip
+
+
+def open_duckdb_transaction(session: Any) -> None:
+    """Make sure the statement's writes to the catalog share one DuckDB transaction."""
+    transaction = session.transaction
+    assert transaction is not None
+    if not transaction.explicit and not transaction.duckdb_open:
+        tables.run(session.cursor, "BEGIN TRANSACTION")
+        transaction.duckdb_open = True
+
+
+def run(session: Any, operation: ChangePrivileges | SwitchRole) -> str:
+    """GRANT/REVOKE or SET ROLE; the command tag (``engine.grants`` does the work)."""
+    from engine import grants
+
+    if isinstance(operation, SwitchRole):
+        return grants.switch_role(session, operation)
+    return grants.change_privileges(session, operation)
+
+
+def namespace_of(kind: str) -> str:
+    return _KIND_NAMESPACE[kind]

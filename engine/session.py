@@ -40,6 +40,7 @@ from planner.catalog import SessionCatalog
 from planner.operations import (
     AlterTopicEntry,
     AppendRecords,
+    ChangePrivileges,
     CommitConsumerOffsets,
     CreateTopicEntry,
     DropTopicEntry,
@@ -47,6 +48,7 @@ from planner.operations import (
     Plan,
     ReadRecords,
     RunQuery,
+    SwitchRole,
     TransactionControl,
 )
 from storage import limits
@@ -370,9 +372,13 @@ class Session:
                         prefix = "INSERT 0" if operation.tag == "INSERT" else operation.tag
                         result = Result(f"{prefix} {count or 0}")
                         continue
+                    existed = (privileges.prepare_ddl(self, operation)
+                               if privileges.is_relation_ddl(operation) else None)  # fmt: skip
                     query_table = tables.query_arrow(
                         self.cursor, operation.sql, bound, line_offset=offset
                     )
+                    if existed is not None:  # owners of tables and views, in the same transaction
+                        privileges.record_ddl(self, operation, existed)
                     result = _query_result(operation, query_table)
                 elif isinstance(operation, AppendRecords):
                     result = self._append(operation, query_table, parameters)
@@ -391,6 +397,9 @@ class Session:
         database = self.database
         if isinstance(operation, CommitConsumerOffsets):
             return self._commit_offsets(operation)
+        if isinstance(operation, ChangePrivileges | SwitchRole):  # GRANT, REVOKE, SET ROLE
+            privileges.run(self, operation)
+            return Result(plan.tag)
         if isinstance(operation, Introspect):
             if operation.what == "topics":
                 return Result("SHOW", introspection.show_topics(database))
@@ -403,7 +412,7 @@ class Session:
             database.committer.quiesce()
             database.committer.checkpoint()
             if isinstance(operation, CreateTopicEntry):
-                run_create(database, operation)
+                run_create(database, operation, self.identity.name)
             elif isinstance(operation, AlterTopicEntry):
                 run_alter(database, operation)
             else:
@@ -569,12 +578,13 @@ class Session:
             if transaction.writes:
                 items = route_writes(database, transaction.writes)
                 items, ticket = committer.stage(transaction_id, items)
-            if transaction_id is None and not transaction.explicit and not transaction.leases:
+            if (transaction_id is None and not transaction.explicit and not transaction.leases
+                    and not transaction.duckdb_open):  # fmt: skip
                 transaction.committed = True
                 self._end_transaction()  # an autocommit statement that moved nothing
                 return
             if transaction_id is not None:
-                if not transaction.explicit:
+                if not transaction.explicit and not transaction.duckdb_open:
                     tables.run(self.cursor, "BEGIN TRANSACTION")
                     transaction.duckdb_open = True
                 committer.write_record(self.cursor, transaction_id, items, moves)

@@ -248,6 +248,37 @@ class Explain:
     text: str
 
 
+# -- privileges and roles (PostgreSQL's GRANT/REVOKE and SET ROLE) --------------------
+@dataclass(frozen=True)
+class Grant:
+    """``GRANT privileges ON [TABLE | TOPIC | SCHEMA] names TO grantees``; also REVOKE.
+
+    ``privileges`` are upper-case and checked against ``object_kind`` ("ALL" stands for
+    every privilege of the kind); ``grantees`` are user names, "" for PUBLIC. For a
+    REVOKE, ``grant_option`` means ``GRANT OPTION FOR`` (only the option is taken).
+    """
+
+    revoke: bool
+    privileges: tuple[str, ...]
+    object_kind: str  # "table" (tables and views) | "topic" | "schema"
+    objects: tuple[str, ...]
+    grantees: tuple[str, ...]
+    grant_option: bool
+    position: SourcePosition
+    text: str
+
+
+@dataclass(frozen=True)
+class SetRole:
+    """``SET ROLE name | NONE``, ``RESET ROLE``, ``SET SESSION AUTHORIZATION name |
+    DEFAULT``, ``RESET SESSION AUTHORIZATION``; ``role`` None means back to the default."""
+
+    role: str | None
+    session_authorization: bool
+    position: SourcePosition
+    text: str
+
+
 Statement: TypeAlias = (
     CreateTopic
     | AlterTopic
@@ -261,4 +292,6 @@ Statement: TypeAlias = (
     | InsertTopic
     | SqlStatement
     | Explain
+    | Grant
+    | SetRole
 )

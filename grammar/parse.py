@@ -49,11 +49,13 @@ from grammar.ast import (
     DropConsumer,
     DropTopic,
     Explain,
+    Grant,
     InsertTopic,
     OffsetRange,
     Parameter,
     ResetTopicSettings,
     Rollback,
+    SetRole,
     SetTopicSettings,
     ShowTopics,
     SourcePosition,
@@ -169,11 +171,23 @@ def _parse_statement(source: SourceText, start: int, end: int) -> Statement:
         return _parse_sql(source, start, end)  # DuckDB's DESCRIBE of a table "topic"
     if words[0] in _LARK_HEADS or " ".join(words[:2]) in _LARK_HEADS:
         return _parse_with_grammar(source, start, end, source.text[start:end])
+    if words[0] in ("GRANT", "REVOKE") or _is_role_statement(words):
+        return _parse_with_grammar(source, start, end, source.text[start:end])
     if words[0] in ("CREATE", "ALTER", "DROP") and words[1].startswith("TOPIC"):
         # DuckDB has no object type spelled like this: `CREATE TOPICC x` is a typo of
         # ours, and the grammar points at it.
         return _parse_with_grammar(source, start, end, source.text[start:end])
     return _parse_sql(source, start, end)
+
+
+def _is_role_statement(words: list[str]) -> bool:
+    """SET/RESET [SESSION | LOCAL] ROLE and [SESSION] SESSION AUTHORIZATION (DuckDB has
+    neither; ``SET SESSION name = value`` stays a setting)."""
+    if words[0] not in ("SET", "RESET"):
+        return False
+    return words[1] == "ROLE" or (
+        words[1] in ("SESSION", "LOCAL") and words[2] in ("ROLE", "AUTHORIZATION", "SESSION")
+    )
 
 
 def _parse_explain(source: SourceText, start: int, end: int, head: list[Token]) -> Explain:
@@ -214,6 +228,25 @@ def _subtree(tree: Tree, data: str) -> Tree | None:
         if isinstance(child, Tree) and child.data == data:
             return child
     return None
+
+
+def _privileges_and_objects(tree: Tree) -> tuple[Tree, Tree]:
+    """The privileges and objects subtrees of a GRANT or REVOKE tree."""
+    children = [c for c in tree.children if isinstance(c, Tree)]
+    privileges = next(c for c in children if c.data in ("privileges", "all_privileges"))
+    objects = next(c for c in children if c.data in _OBJECT_KINDS)
+    return privileges, objects
+
+
+_OBJECT_KINDS = {"table_objects": "table", "topic_objects": "topic", "schema_objects": "schema"}
+# PostgreSQL's privileges of tables and views (SELECT, INSERT, UPDATE, DELETE; TRUNCATE,
+# REFERENCES and TRIGGER have no meaning here), of topics (read, write, settings and
+# consumers) and of schemas (CREATE; USAGE is implied: there is one schema).
+PRIVILEGES_BY_KIND = {
+    "table": ("SELECT", "INSERT", "UPDATE", "DELETE"),
+    "topic": ("SELECT", "INSERT", "ALTER"),
+    "schema": ("CREATE",),
+}
 
 
 def _subtrees(tree: Tree | None, data: str) -> list[Tree]:
@@ -318,6 +351,70 @@ class _TreeBuilder:
 
     def _build_describe_topic(self, tree: Tree) -> DescribeTopic:
         return DescribeTopic(self.topic_name(tree), **self.place)  # type: ignore[arg-type]
+
+    def _build_grant(self, tree: Tree, revoke: bool = False) -> Grant:
+        privileges_tree, objects_tree = _privileges_and_objects(tree)
+        kind = _OBJECT_KINDS[objects_tree.data]
+        if privileges_tree.data == "all_privileges":
+            privileges: tuple[str, ...] = ("ALL",)
+        else:
+            privileges = tuple(dict.fromkeys(str(t).upper() for t in privileges_tree.children))
+            for token in privileges_tree.children:
+                if str(token).upper() not in PRIVILEGES_BY_KIND[kind]:
+                    raise self.source.syntax_error(
+                        self.start + (token.start_pos or 0),  # type: ignore[union-attr]
+                        f"privilege {str(token).upper()} does not apply to a {kind} (it has "
+                        + ", ".join(PRIVILEGES_BY_KIND[kind]) + ")",
+                    )
+        if kind == "topic":
+            objects = tuple(self.name_of(child, consumer=False) for child in objects_tree.children)
+        else:
+            objects = tuple(self.object_name(child) for child in objects_tree.children)
+        grantees_tree = _subtree(tree, "grantees")
+        assert grantees_tree is not None
+        grantees = tuple(dict.fromkeys(self.grantee(child) for child in grantees_tree.children))
+        option = _subtree(tree, "revoke_grant_option" if revoke else "grant_option") is not None
+        return Grant(revoke, privileges, kind, objects, grantees, option, **self.place)  # type: ignore[arg-type]
+
+    def _build_revoke(self, tree: Tree) -> Grant:
+        return self._build_grant(tree, revoke=True)
+
+    def object_name(self, tree: Tree) -> str:
+        """A table, view or schema name: parts joined by dots, unquoted parts lower-cased
+        (PostgreSQL's folding; DuckDB's names are case-insensitive anyway)."""
+        return ".".join(self.identifier(child) for child in tree.children)  # type: ignore[arg-type]
+
+    def identifier(self, name_tree: Tree) -> str:
+        token = name_tree.children[0]
+        assert isinstance(token, LarkToken)
+        if token.type == "IDENT":
+            return str(token).lower()
+        return unquote_identifier(str(token))
+
+    def grantee(self, tree: Tree) -> str:
+        if tree.data == "public_grantee":
+            return ""
+        return self.identifier(tree.children[0])  # type: ignore[arg-type]
+
+    def _build_set_role(self, tree: Tree, session_authorization: bool = False) -> SetRole:
+        role_tree = tree.children[-1]
+        assert isinstance(role_tree, Tree)
+        if role_tree.data == "role_none":
+            role = None
+        elif role_tree.data == "role_string":
+            role = unquote_string(str(role_tree.children[0]))
+        else:
+            role = self.identifier(role_tree.children[0])  # type: ignore[arg-type]
+        return SetRole(role, session_authorization, **self.place)  # type: ignore[arg-type]
+
+    def _build_set_session_authorization(self, tree: Tree) -> SetRole:
+        return self._build_set_role(tree, session_authorization=True)
+
+    def _build_reset_role(self, tree: Tree) -> SetRole:
+        return SetRole(None, False, **self.place)  # type: ignore[arg-type]
+
+    def _build_reset_session_authorization(self, tree: Tree) -> SetRole:
+        return SetRole(None, True, **self.place)  # type: ignore[arg-type]
 
     def _build_commit_offsets(self, tree: Tree) -> CommitOffsets:
         topic_tree, consumer_tree = _subtrees(tree, "name")

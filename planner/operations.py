@@ -145,6 +145,37 @@ class Introspect:
         return f"Introspect {self.what}" + (f" {self.topic}" if self.topic else "")
 
 
+@dataclass(frozen=True)
+class ChangePrivileges:
+    """GRANT or REVOKE: ``privileges`` ("ALL" for every one of the kind) on ``objects`` of
+    ``object_kind`` ("table", "topic", "schema") to or from ``grantees`` ("" is PUBLIC)."""
+
+    revoke: bool
+    privileges: tuple[str, ...]
+    object_kind: str
+    objects: tuple[str, ...]
+    grantees: tuple[str, ...]
+    grant_option: bool
+
+    def describe(self) -> str:
+        verb = "Revoke" if self.revoke else "Grant"
+        whom = ",".join(g or "PUBLIC" for g in self.grantees)
+        return (f"{verb} {','.join(self.privileges)} on {self.object_kind} "
+                f"{','.join(self.objects)} {'from' if self.revoke else 'to'} {whom}")  # fmt: skip
+
+
+@dataclass(frozen=True)
+class SwitchRole:
+    """SET ROLE / SET SESSION AUTHORIZATION (``role`` None: back to the default)."""
+
+    role: str | None
+    session_authorization: bool
+
+    def describe(self) -> str:
+        what = "SessionAuthorization" if self.session_authorization else "Role"
+        return f"Set{what} {self.role or 'DEFAULT'}"
+
+
 Operation = (
     ReadRecords
     | RunQuery
@@ -155,6 +186,8 @@ Operation = (
     | DropTopicEntry
     | TransactionControl
     | Introspect
+    | ChangePrivileges
+    | SwitchRole
 )
 
 

@@ -26,12 +26,14 @@ from planner.ddl import plan_alter_topic, plan_create_topic, plan_drop_topic
 from planner.duckdb_sql import parse_duckdb
 from planner.operations import (
     AppendRecords,
+    ChangePrivileges,
     CommitConsumerOffsets,
     Introspect,
     Operation,
     Plan,
     ReadRecords,
     RunQuery,
+    SwitchRole,
     TransactionControl,
 )
 from planner.relations import names_a_topic, plain_insert, resolve_plain_relations
@@ -364,6 +366,28 @@ def _plan_describe(statement: ast.DescribeTopic, catalog: Catalog) -> Plan:
     return Plan((Introspect("topic", info.name),), "DESCRIBE")
 
 
+def _plan_grant(statement: ast.Grant, catalog: Catalog) -> Plan:
+    """GRANT/REVOKE; a topic named must exist (42P01), tables and views are looked up
+    when it runs (they live in DuckDB, in the session's transaction)."""
+    if statement.object_kind == "topic":
+        for name in statement.objects:
+            require_topic(catalog, name)
+    operation = ChangePrivileges(
+        statement.revoke,
+        statement.privileges,
+        statement.object_kind,
+        statement.objects,
+        statement.grantees,
+        statement.grant_option,
+    )
+    return Plan((operation,), "REVOKE" if statement.revoke else "GRANT")
+
+
+def _plan_set_role(statement: ast.SetRole, catalog: Catalog) -> Plan:
+    tag = "RESET" if statement.text.lstrip().upper().startswith("RESET") else "SET"
+    return Plan((SwitchRole(statement.role, statement.session_authorization),), tag)
+
+
 _PLANNERS: dict[type, Callable[[Any, Catalog], Plan]] = {
     ast.SqlStatement: _plan_sql,
     ast.InsertTopic: _plan_insert,
@@ -376,4 +400,6 @@ _PLANNERS: dict[type, Callable[[Any, Catalog], Plan]] = {
     ast.Rollback: _plan_transaction("rollback", "ROLLBACK"),
     ast.ShowTopics: _plan_show,
     ast.DescribeTopic: _plan_describe,
+    ast.Grant: _plan_grant,
+    ast.SetRole: _plan_set_role,
 }

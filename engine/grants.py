@@ -1,0 +1,227 @@
+"""GRANT, REVOKE and SET ROLE / SET SESSION AUTHORIZATION, as PostgreSQL 15 runs them.
+
+GRANT and REVOKE write ``__topicbase.grants`` through the session's DuckDB cursor, in the
+statement's transaction: inside BEGIN they roll back with it, and they are durable at
+COMMIT like any table row. Who may grant (PostgreSQL's rule): the owner, a superuser (the
+grant is then recorded as made by the owner), or a holder of the privilege WITH GRANT
+OPTION (recorded as made by that holder). A REVOKE takes away what the revoker (or, for
+the owner and superusers, the owner) granted, and the grants that depended on it
+(PostgreSQL's CASCADE; RESTRICT is not distinguished). CREATE on a schema is granted by
+superusers only (they own the schemas).
+
+SET ROLE (to any role for a superuser session user, else only back to oneself) changes
+the identity privileges are checked against; SET SESSION AUTHORIZATION (only when the
+authenticated user is a superuser) changes the session user too. ``current_user`` and
+``session_user`` answer with them (temporary macros on the session's connection).
+"""
+
+from __future__ import annotations
+
+import weakref
+from dataclasses import dataclass
+from typing import Any
+
+from engine import privileges, tables
+from engine.catalog import OWNER_SUPERUSER, SCHEMA
+from engine.identity import Identity
+from planner.operations import ChangePrivileges, SwitchRole
+from storage.errors import (
+    InsufficientPrivilegeError,
+    TopicbaseError,
+    UndefinedTopicError,
+)
+
+PRIVILEGES = {
+    "table": ("SELECT", "INSERT", "UPDATE", "DELETE"),
+    "topic": ("SELECT", "INSERT", "ALTER"),
+    "schema": ("CREATE",),
+}
+SCHEMAS = ("main",)
+
+
+class InvalidGrantOperationError(TopicbaseError):
+    sqlstate = "0LP01"
+
+
+class InvalidSchemaNameError(TopicbaseError):
+    sqlstate = "3F000"
+
+
+# -- GRANT and REVOKE --------------------------------------------------------------------
+def change_privileges(session: Any, operation: ChangePrivileges) -> str:
+    identity: Identity = session.identity
+    namespace = privileges.namespace_of(operation.object_kind)
+    wanted = PRIVILEGES[operation.object_kind]
+    chosen = wanted if "ALL" in operation.privileges else operation.privileges
+    if operation.grant_option and not operation.revoke and "" in operation.grantees:
+        raise InvalidGrantOperationError("grant options can only be granted to roles")
+    privileges.open_duckdb_transaction(session)
+    for written in operation.objects:
+        name, label = _object(session, operation.object_kind, written)
+        grantor = _grantor(session, identity, namespace, name, label, chosen)
+        for privilege in chosen:
+            for grantee in operation.grantees:
+                if operation.revoke:
+                    _revoke(session, namespace, name, grantee, privilege, grantor,
+                            operation.grant_option)  # fmt: skip
+                else:
+                    _grant(session, namespace, name, grantee, privilege, grantor,
+                           operation.grant_option)  # fmt: skip
+    return "REVOKE" if operation.revoke else "GRANT"
+
+
+def _object(session: Any, kind: str, written: str) -> tuple[str, str]:
+    """The catalog key of a named object and how errors call it ("table t")."""
+    if kind == "topic":
+        if session.database.catalog.entry(written) is None:
+            raise UndefinedTopicError(f'topic "{written}" does not exist', topic=written)
+        return written, f"topic {written}"
+    parts = written.split(".")
+    if kind == "schema":
+        if len(parts) == 2 and parts[0] == "tables":
+            parts = parts[1:]
+        if len(parts) != 1 or parts[0] not in SCHEMAS:
+            raise InvalidSchemaNameError(f'schema "{written}" does not exist')
+        return parts[0], f"schema {parts[0]}"
+    if len(parts) == 3 and parts[0] == "tables":
+        parts = parts[1:]
+    if len(parts) == 2 and parts[0] == "main":
+        parts = parts[1:]
+    name = ".".join(parts)
+    relation = privileges.relation_kind(session, name) if len(parts) <= 2 else None
+    if relation is None:
+        raise UndefinedTopicError(f'relation "{written}" does not exist')
+    return name, f"{relation} {name}"
+
+
+def _grantor(
+    session: Any,
+    identity: Identity,
+    namespace: str,
+    name: str,
+    label: str,
+    chosen: tuple[str, ...],
+) -> str:
+    """Who the grant is recorded as made by; 42501 if ``identity`` may not grant."""
+    owner = OWNER_SUPERUSER if namespace == "schema" else _owner(session, namespace, name)
+    if identity.superuser or identity.name == owner:
+        return owner
+    for privilege in chosen:
+        if not _grant_option_held(session, namespace, name, identity.name, privilege):
+            raise InsufficientPrivilegeError(
+                f"permission denied for {label} (only its owner, a superuser or a holder of "
+                f"{privilege} WITH GRANT OPTION may grant or revoke it)"
+            )
+    return identity.name
+
+
+def _owner(session: Any, namespace: str, name: str) -> str:
+    found = privileges.owner_of(session, namespace, name)
+    return OWNER_SUPERUSER if found is None else found[0]
+
+
+def _grant_option_held(session: Any, namespace: str, name: str, user: str, privilege: str) -> bool:
+    return bool(_rows(
+        session,
+        f"SELECT 1 FROM {SCHEMA}.grants WHERE namespace = ? AND name = ? AND privilege = ? "
+        "AND grantee = ? AND grantable LIMIT 1",
+        [namespace, name, privilege, user],
+    ))  # fmt: skip
+
+
+def _grant(session: Any, namespace: str, name: str, grantee: str, privilege: str,
+           grantor: str, option: bool) -> None:  # fmt: skip
+    key = [namespace, name, grantee, privilege, grantor]
+    where = "namespace = ? AND name = ? AND grantee = ? AND privilege = ? AND grantor = ?"
+    if _rows(session, f"SELECT 1 FROM {SCHEMA}.grants WHERE {where}", key):
+        if option:
+            tables.run(session.cursor, f"UPDATE {SCHEMA}.grants SET grantable = true "
+                       f"WHERE {where}", key)  # fmt: skip
+        return
+    tables.run(session.cursor, f"INSERT INTO {SCHEMA}.grants VALUES (?, ?, ?, ?, ?, ?)",
+               [*key, option])  # fmt: skip
+
+
+def _revoke(session: Any, namespace: str, name: str, grantee: str, privilege: str,
+            grantor: str, option_only: bool) -> None:  # fmt: skip
+    """Take away a grant (or only its grant option) and what the grantee granted from
+    it, PostgreSQL's CASCADE: grants whose grantor no longer holds the grant option."""
+    key = [namespace, name, grantee, privilege, grantor]
+    where = "namespace = ? AND name = ? AND grantee = ? AND privilege = ? AND grantor = ?"
+    if option_only:
+        tables.run(session.cursor, f"UPDATE {SCHEMA}.grants SET grantable = false "
+                   f"WHERE {where}", key)  # fmt: skip
+    else:
+        tables.run(session.cursor, f"DELETE FROM {SCHEMA}.grants WHERE {where}", key)
+    dependent_grantors = [grantee]
+    while dependent_grantors:
+        holder = dependent_grantors.pop()
+        if holder == "" or _grant_option_held(session, namespace, name, holder, privilege):
+            continue
+        rows = _rows(session, f"SELECT DISTINCT grantee FROM {SCHEMA}.grants WHERE "
+                     "namespace = ? AND name = ? AND privilege = ? AND grantor = ?",
+                     [namespace, name, privilege, holder])  # fmt: skip
+        tables.run(session.cursor, f"DELETE FROM {SCHEMA}.grants WHERE namespace = ? AND "
+                   "name = ? AND privilege = ? AND grantor = ?",
+                   [namespace, name, privilege, holder])  # fmt: skip
+        dependent_grantors += [row[0] for row in rows]
+
+
+def _rows(session: Any, sql: str, parameters: list[Any]) -> list[tuple[Any, ...]]:
+    table = tables.query_arrow(session.cursor, sql, parameters)
+    assert table is not None
+    return [tuple(row.values()) for row in table.to_pylist()]
+
+
+# -- SET ROLE and SET SESSION AUTHORIZATION -------------------------------------------------
+@dataclass
+class _Roles:
+    authenticated: Identity  # who logged in (or the console's local superuser)
+    session_user: Identity
+
+
+_roles: weakref.WeakKeyDictionary[Any, _Roles] = weakref.WeakKeyDictionary()
+
+
+def switch_role(session: Any, operation: SwitchRole) -> str:
+    roles = _roles.get(session)
+    if roles is None:
+        roles = _roles[session] = _Roles(session.identity, session.identity)
+    if operation.session_authorization:
+        if operation.role is not None and operation.role != roles.authenticated.name:
+            if not roles.authenticated.superuser:
+                raise InsufficientPrivilegeError(
+                    "permission denied to set session authorization (superusers only)"
+                )
+            roles.session_user = _identity(session, operation.role)
+        else:
+            roles.session_user = roles.authenticated
+        session.identity = roles.session_user
+    elif operation.role is None or operation.role == roles.session_user.name:
+        session.identity = roles.session_user
+    elif not roles.session_user.superuser:
+        raise InsufficientPrivilegeError(f'permission denied to set role "{operation.role}"')
+    else:
+        session.identity = _identity(session, operation.role)
+    _name_users(session, session.identity.name, roles.session_user.name)
+    return "SET"
+
+
+def session_user(session: Any) -> Identity:
+    roles = _roles.get(session)
+    return session.identity if roles is None else roles.session_user
+
+
+def _identity(session: Any, name: str) -> Identity:
+    return Identity(name, superuser=privileges.is_superuser_name(session.database, name))
+
+
+def _name_users(session: Any, current: str, user: str) -> None:
+    """``current_user``/``user`` and ``session_user`` in this session's SQL."""
+    for macro, value in (("current_user", current), ("user", current), ("session_user", user)):
+        tables.run(session.cursor, f"CREATE OR REPLACE TEMP MACRO {macro}() AS "
+                   f"{_literal(value)}")  # fmt: skip
+
+
+def _literal(text: str) -> str:
+    return "'" + text.replace("'", "''") + "'"

@@ -1,0 +1,255 @@
+"""Which relations a DuckDB statement touches, and with which privilege.
+
+``relation_access(sql)`` reads one statement with sqlglot and says, for every table or
+view it names, what PostgreSQL would check: ``SELECT``, ``INSERT``, ``UPDATE``,
+``DELETE``, ``CREATE`` (a new table or view: CREATE on its schema), ``OWN`` (DROP,
+ALTER, CREATE INDEX, CREATE OR REPLACE: only the owner) or ``SUPERUSER`` (statements
+whose objects are not tables and views: schemas, sequences, macros, types). A statement
+whose relations cannot be known from its tree (sqlglot cannot read it, or a table
+function that takes a relation's name as a string) gets ``Access.opaque`` set: the
+engine refuses it to anyone but a superuser rather than guess.
+
+Names are as the statement wrote them, lower-cased unless quoted, normalised to
+``schema.name`` without the database (``tables.main.t`` and ``main.t`` are ``t``);
+names in DuckDB's and PostgreSQL's catalogs (``pg_catalog``, ``information_schema``),
+temporary objects and ``sys.`` views are left out, and so is a name that refers to a
+common table expression in scope (``WITH t AS (...) SELECT * FROM t`` reads no table
+``t``; inside the CTE's own definition ``t`` is the table again, unless RECURSIVE).
+
+Pure functions of the SQL text, cached; no I/O; thread-safe.
+"""
+
+from __future__ import annotations
+
+import functools
+from dataclasses import dataclass
+
+import sqlglot
+from sqlglot import expressions as exp
+
+from planner.duckdb_sql import parse_duckdb
+
+DATABASE_NAME = "tables"  # DuckDB's name of the tables file (engine.tables.TABLES_FILE)
+ANALYSIS_CACHE_ENTRIES = 1024
+_CATALOG_SCHEMAS = frozenset({"pg_catalog", "information_schema", "sys"})
+_TEMP_CATALOGS = frozenset({"temp", "system"})
+# Table functions that read a relation named by a string: no tree shows which.
+_RELATION_BY_STRING = frozenset({"query", "query_table"})
+# Statements that read no table's rows (settings, catalog listings, transaction control).
+_NO_DATA = (exp.Set, exp.Show, exp.Pragma, exp.Use, exp.Describe, exp.Transaction,
+            exp.Commit, exp.Rollback)  # fmt: skip
+_PASSIVE_COMMANDS = frozenset({"EXECUTE", "DEALLOCATE", "RESET", "CHECKPOINT", "SHOW"})
+
+
+@dataclass(frozen=True)
+class Access:
+    """What one statement needs: (relation, privilege) pairs, and what it creates."""
+
+    needs: tuple[tuple[str, str], ...]
+    created: tuple[tuple[str, str], ...] = ()  # (relation, "table" | "view")
+    dropped: tuple[str, ...] = ()
+    renamed: tuple[tuple[str, str], ...] = ()  # (old, new)
+    opaque: str | None = None  # why the relations cannot be known
+
+
+@functools.lru_cache(maxsize=ANALYSIS_CACHE_ENTRIES)
+def relation_access(sql: str) -> Access:
+    try:
+        tree = parse_duckdb(sql)
+    except sqlglot.errors.ParseError:
+        return Access((), opaque=_first_word(sql))
+    if tree is None or isinstance(tree, _NO_DATA):
+        return Access(())
+    if isinstance(tree, exp.Command):
+        return _command_access(tree, sql)
+    if isinstance(tree, exp.Column) and _first_word(sql) == "CHECKPOINT":
+        return Access(())
+    for function in tree.find_all(exp.Anonymous, exp.Func):
+        name = (function.name if isinstance(function, exp.Anonymous) else "").lower()
+        if name in _RELATION_BY_STRING:
+            return Access((), opaque=f"{name}()")
+    return _tree_access(tree)
+
+
+@functools.lru_cache(maxsize=ANALYSIS_CACHE_ENTRIES)
+def view_reads(create_sql: str) -> Access:
+    """What the query of a view (DuckDB's ``CREATE VIEW ... AS query`` text) reads."""
+    try:
+        tree = parse_duckdb(create_sql)
+    except sqlglot.errors.ParseError:
+        return Access((), opaque="a view sqlglot cannot read")
+    query = tree.expression if isinstance(tree, exp.Create) else None
+    if query is None:
+        return Access((), opaque="a view sqlglot cannot read")
+    return _tree_access(query)
+
+
+def _first_word(sql: str) -> str:
+    words = sql.split(None, 1)
+    return words[0].upper() if words else ""
+
+
+def _command_access(tree: exp.Command, sql: str) -> Access:
+    """``EXPLAIN [ANALYZE] stmt`` and ``PREPARE name AS stmt`` need what ``stmt`` needs."""
+    verb = str(tree.this).upper()
+    rest = tree.expression.name if isinstance(tree.expression, exp.Literal) else str(
+        tree.expression or ""
+    )
+    if verb == "EXPLAIN":
+        words = rest.split(None, 1)
+        inner = words[1] if words and words[0].upper() == "ANALYZE" and len(words) > 1 else rest
+        return relation_access(inner)
+    if verb == "PREPARE":
+        parts = rest.split(None, 2)
+        if len(parts) == 3 and parts[1].upper() == "AS":
+            return relation_access(parts[2])
+        return Access((), opaque=verb)
+    if verb in _PASSIVE_COMMANDS:
+        return Access(())
+    return Access((), opaque=verb)
+
+
+def _tree_access(tree: exp.Expression) -> Access:
+    needs: list[tuple[str, str]] = []
+    created: list[tuple[str, str]] = []
+    dropped: list[str] = []
+    renamed: list[tuple[str, str]] = []
+    target_node = _target(tree)
+    target = _relation_name(target_node) if target_node is not None else None
+    if isinstance(tree, exp.Create):
+        kind = str(tree.args.get("kind") or "TABLE").upper()
+        if kind == "INDEX":
+            table = tree.find(exp.Table)
+            if table is not None and (name := _relation_name(table)) is not None:
+                return Access(((name, "OWN"),))
+            return Access(())
+        elif kind not in ("TABLE", "VIEW"):
+            return Access((), opaque=f"CREATE {kind}")
+        elif target is not None and not _temporary(tree):
+            if tree.args.get("replace"):
+                needs.append((target, "OWN"))
+            needs.append((target, "CREATE"))
+            created.append((target, kind.lower()))
+        if kind == "VIEW":
+            # PostgreSQL checks a view's relations when it is used, as its owner.
+            return Access(tuple(needs), tuple(created))
+    elif isinstance(tree, exp.Drop):
+        kind = str(tree.args.get("kind") or "TABLE").upper()
+        if kind not in ("TABLE", "VIEW"):
+            return Access((), opaque=f"DROP {kind}")
+        for table in tree.args.get("tables") or ():
+            if (name := _relation_name(table)) is not None:
+                needs.append((name, "OWN"))
+                dropped.append(name)
+        return Access(tuple(dict.fromkeys(needs)), dropped=tuple(dropped))
+    elif isinstance(tree, exp.Alter):
+        if target is not None:
+            needs.append((target, "OWN"))
+            for action in tree.args.get("actions") or ():
+                if isinstance(action, exp.AlterRename) and isinstance(action.this, exp.Table):
+                    new = _relation_name(action.this)
+                    if new is not None:
+                        renamed.append((target, new))
+    elif isinstance(tree, exp.Copy) and isinstance(tree.this, exp.Table):
+        if (name := _relation_name(tree.this)) is not None:
+            needs.append((name, "INSERT" if tree.args.get("kind") else "SELECT"))
+        target_node = tree.this
+    elif target is not None:
+        needs.extend((target, privilege) for privilege in _write_privileges(tree))
+    for table in tree.find_all(exp.Table):
+        if table is target_node or isinstance(table.parent, exp.AlterRename):
+            continue
+        name = _relation_name(table)
+        if name is not None and not _names_cte(table):
+            needs.append((name, "SELECT"))
+    return Access(tuple(dict.fromkeys(needs)), tuple(created), tuple(dropped), tuple(renamed))
+
+
+def _target(tree: exp.Expression) -> exp.Table | None:
+    """The relation a writing statement writes (or creates, drops, alters)."""
+    if not isinstance(tree, exp.Insert | exp.Update | exp.Delete | exp.Merge | exp.Create
+                      | exp.Drop | exp.Alter | exp.TruncateTable):  # fmt: skip
+        return None
+    node = tree.this
+    if isinstance(tree, exp.TruncateTable):
+        node = tree.expressions[0] if tree.expressions else None
+    if isinstance(node, exp.Schema):
+        node = node.this
+    return node if isinstance(node, exp.Table) and node.name else None
+
+
+def _temporary(tree: exp.Create) -> bool:
+    properties = tree.args.get("properties")
+    return properties is not None and any(
+        isinstance(p, exp.TemporaryProperty) for p in properties.expressions
+    )
+
+
+def _write_privileges(tree: exp.Expression) -> tuple[str, ...]:
+    """PostgreSQL's privileges on the written relation; SELECT when its rows are read
+    (a WHERE, RETURNING, a MERGE condition, an ON CONFLICT update)."""
+    reads = bool(tree.args.get("where") or tree.args.get("returning"))
+    if isinstance(tree, exp.Insert):
+        conflict = tree.args.get("conflict")
+        updates = conflict is not None and "UPDATE" in conflict.sql(dialect="duckdb").upper()
+        return ("INSERT",) + (("UPDATE", "SELECT") if updates else ()) + (
+            ("SELECT",) if tree.args.get("returning") else ()
+        )
+    if isinstance(tree, exp.Update):
+        reads = reads or bool(tree.args.get("from") or tree.args.get("from_"))
+        reads = reads or any(
+            True for e in tree.expressions for _ in e.expression.find_all(exp.Column)
+        )
+        return ("UPDATE",) + (("SELECT",) if reads else ())
+    if isinstance(tree, exp.Delete | exp.TruncateTable):
+        return ("DELETE",) + (("SELECT",) if reads else ())
+    assert isinstance(tree, exp.Merge)
+    text = " ".join(w.sql(dialect="duckdb").upper() for w in tree.find_all(exp.When))
+    wanted = [p for p in ("INSERT", "UPDATE", "DELETE") if p in text]
+    return (*wanted, "SELECT")
+
+
+def _relation_name(table: exp.Table) -> str | None:
+    """``schema.name`` (``name`` in main) of a user relation; None for catalogs, temporary
+    objects and table functions."""
+    if not table.name or not isinstance(table.this, exp.Identifier):
+        return None
+    catalog = table.catalog.lower() if table.catalog else ""
+    schema = table.db.lower() if table.db else ""
+    if catalog in _TEMP_CATALOGS or schema in _CATALOG_SCHEMAS or schema == "temp":
+        return None
+    if catalog and catalog != DATABASE_NAME:
+        return f"{catalog}.{schema}.{_case(table.this)}"  # another database: never granted
+    name = _case(table.this)
+    return name if schema in ("", "main") else f"{schema}.{name}"
+
+
+def _case(identifier: exp.Identifier) -> str:
+    """DuckDB's names are case-insensitive: one spelling for the catalog's keys."""
+    return str(identifier.this).lower()
+
+
+def _names_cte(table: exp.Table) -> bool:
+    """True if this unqualified name refers to a common table expression in scope."""
+    if table.db or table.catalog:
+        return False
+    name = _case(table.this)
+    child: exp.Expression = table
+    node = table.parent
+    inside: exp.With | None = None
+    while node is not None:
+        if isinstance(node, exp.With):
+            ctes = list(node.expressions)
+            index = next((i for i, c in enumerate(ctes) if c is child), len(ctes))
+            visible = ctes[: index + 1] if node.args.get("recursive") else ctes[:index]
+            if name in {c.alias_or_name.lower() for c in visible}:
+                return True
+            inside = node
+        else:
+            with_ = node.args.get("with") or node.args.get("with_")
+            if isinstance(with_, exp.With) and with_ is not inside and name in {
+                c.alias_or_name.lower() for c in with_.expressions
+            }:
+                return True
+        child, node = node, node.parent
+    return False
