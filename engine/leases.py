@@ -88,6 +88,16 @@ class LeaseRegistry:
                 and group.owners.get(partition) == lease.member
             )
 
+    def members(self, key: GroupKey) -> tuple[str, ...]:
+        """The live members of a consumer's group, by name (silent ones expire first)."""
+        with self._lock:
+            group = self._groups.get(key)
+            if group is None:
+                return ()
+            if self._expire(group, self._clock.monotonic_s()):
+                self._rebalance(group)
+            return tuple(sorted(group.members))
+
     def leave_session(self, session_id: int) -> None:
         """Release every membership a closing session held."""
         with self._lock:

@@ -29,6 +29,7 @@ from engine import describe, introspection, privileges, sandbox, streams, tables
 from engine.commit import PublishItem, route_writes
 from engine.ddl import run_alter, run_create, run_drop
 from engine.identity import LOCAL_SUPERUSER, Identity
+from engine.offset_reset import set_consumer_offsets
 from engine.reads import read_records
 from engine.transaction import PendingWrite, SessionState, Transaction
 from engine.writes import RETURNING_COLUMNS, build_batches, table_from_rows
@@ -48,6 +49,7 @@ from planner.operations import (
     Plan,
     ReadRecords,
     RunQuery,
+    SetConsumerOffsets,
     SwitchRole,
     TransactionControl,
 )
@@ -397,6 +399,10 @@ class Session:
         database = self.database
         if isinstance(operation, CommitConsumerOffsets):
             return self._commit_offsets(operation)
+        if isinstance(operation, SetConsumerOffsets):
+            assert self.transaction is not None
+            set_consumer_offsets(database, self.transaction, operation)
+            return Result(plan.tag, notices=plan.notes)
         if isinstance(operation, ChangePrivileges | SwitchRole):  # GRANT, REVOKE, SET ROLE
             privileges.run(self, operation)
             return Result(plan.tag)

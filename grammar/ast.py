@@ -198,6 +198,27 @@ class CommitOffsets:
     text: str
 
 
+@dataclass(frozen=True)
+class SetOffsets:
+    """``ALTER TOPIC t ALTER CONSUMER c SET OFFSETS TO target [FORCE]``: move a consumer's
+    committed offsets anywhere (Kafka's ``--reset-offsets``), with the transaction.
+
+    ``target`` is "earliest", "latest", "timestamp" (``timestamp`` set: the first
+    message written at or after it) or "offsets" (``offsets``: (partition, offset) pairs,
+    partitions listed once each). ``force`` allows it while the consumer has live members.
+    """
+
+    topic: str
+    consumer: str
+    target: str
+    timestamp: datetime | None
+    offsets: tuple[tuple[int, int], ...]
+    force: bool
+    if_exists: bool
+    position: SourcePosition
+    text: str
+
+
 # -- topic reads and writes inside ordinary SQL ---------------------------------------
 @dataclass(frozen=True)
 class TopicScan:
@@ -289,6 +310,7 @@ Statement: TypeAlias = (
     | ShowTopics
     | DescribeTopic
     | CommitOffsets
+    | SetOffsets
     | InsertTopic
     | SqlStatement
     | Explain

@@ -55,6 +55,7 @@ from grammar.ast import (
     Parameter,
     ResetTopicSettings,
     Rollback,
+    SetOffsets,
     SetRole,
     SetTopicSettings,
     ShowTopics,
@@ -434,6 +435,35 @@ class _TreeBuilder:
             **self.place,  # type: ignore[arg-type]
         )
 
+    def _build_set_offsets(self, tree: Tree) -> SetOffsets:
+        topic_tree, consumer_tree = _subtrees(tree, "name")
+        target = next(c for c in tree.children if isinstance(c, Tree) and c.data in _TARGETS)
+        timestamp, offsets = None, []
+        if target.data == "timestamp_target":
+            text = unquote_string(str(target.children[0]))
+            timestamp = _typed_literal("timestamp", text)
+            if isinstance(timestamp, settings.InvalidLiteral):
+                raise self.source.syntax_error(
+                    self.position(target).offset, f"invalid timestamp '{text}': {timestamp.reason}"
+                )
+        for child in _subtrees(target, "partition_offset"):
+            partition, offset = (int(token) for token in child.children)  # type: ignore[call-overload]
+            if partition in dict(offsets):
+                raise self.source.syntax_error(
+                    self.position(child).offset, f"partition {partition} is listed more than once"
+                )
+            offsets.append((partition, offset))
+        return SetOffsets(
+            topic=self.name_of(topic_tree, consumer=False),
+            consumer=self.name_of(consumer_tree, consumer=True),
+            target=_TARGETS[target.data],
+            timestamp=timestamp,  # type: ignore[arg-type]
+            offsets=tuple(offsets),
+            force=_subtree(tree, "force") is not None,
+            if_exists=_subtree(tree, "if_exists") is not None,
+            **self.place,  # type: ignore[arg-type]
+        )
+
     def _build_insert_topic(self, tree: Tree) -> InsertTopic:
         """The head and tail of an INSERT; the caller fills in rows or query."""
         column_list = _subtree(tree, "column_list")
@@ -574,6 +604,15 @@ class _TreeBuilder:
         raise FeatureNotSupportedError(
             "? parameters are only allowed in VALUES rows; use $1-style parameters here"
         )
+
+
+# The targets of SET OFFSETS TO, by their tree's name.
+_TARGETS = {
+    "earliest": "earliest",
+    "latest": "latest",
+    "timestamp_target": "timestamp",
+    "explicit_offsets": "offsets",
+}
 
 
 def _typed_literal(kind: str, text: str) -> object:

@@ -92,6 +92,29 @@ class CommitConsumerOffsets:
 
 
 @dataclass(frozen=True)
+class SetConsumerOffsets:
+    """Move ``consumer``'s committed offsets of ``partitions`` to ``target`` (see
+    ``ast.SetOffsets``); ``offsets`` holds the explicit (partition, offset) pairs."""
+
+    topic: str
+    topic_id: str
+    consumer: str
+    partitions: tuple[int, ...]
+    target: str  # "earliest" | "latest" | "timestamp" | "offsets"
+    timestamp_us: int | None
+    offsets: tuple[tuple[int, int], ...]
+    force: bool
+
+    def describe(self) -> str:
+        where = {
+            "timestamp": f"timestamp_us={self.timestamp_us}",
+            "offsets": ", ".join(f"p{p}:{o}" for p, o in self.offsets),
+        }.get(self.target, self.target)
+        forced = " force" if self.force else ""
+        return f"SetConsumerOffsets topic={self.topic} consumer={self.consumer} {where}{forced}"
+
+
+@dataclass(frozen=True)
 class CreateTopicEntry:
     name: str
     settings: dict[str, Any]
@@ -181,6 +204,7 @@ Operation = (
     | RunQuery
     | AppendRecords
     | CommitConsumerOffsets
+    | SetConsumerOffsets
     | CreateTopicEntry
     | AlterTopicEntry
     | DropTopicEntry

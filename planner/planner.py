@@ -24,6 +24,7 @@ from grammar import ast
 from planner.catalog import Catalog, SessionCatalog, TopicInfo
 from planner.ddl import plan_alter_topic, plan_create_topic, plan_drop_topic
 from planner.duckdb_sql import parse_duckdb
+from planner.offsets import plan_set_offsets
 from planner.operations import (
     AppendRecords,
     ChangePrivileges,
@@ -392,6 +393,7 @@ _PLANNERS: dict[type, Callable[[Any, Catalog], Plan]] = {
     ast.SqlStatement: _plan_sql,
     ast.InsertTopic: _plan_insert,
     ast.CommitOffsets: _plan_commit_offsets,
+    ast.SetOffsets: plan_set_offsets,
     ast.CreateTopic: plan_create_topic,
     ast.AlterTopic: plan_alter_topic,
     ast.DropTopic: plan_drop_topic,

@@ -1,0 +1,100 @@
+"""Running ``SetConsumerOffsets``: a consumer's committed offsets moved anywhere.
+
+``ALTER TOPIC t ALTER CONSUMER c SET OFFSETS TO EARLIEST | LATEST | TIMESTAMP '...' |
+(PARTITION p OFFSET o, ...) [FORCE]`` (planned by ``planner.offsets``).
+
+Rules:
+
+- **Refused while the consumer has live members** (55006, naming them): their leases
+  mean someone is consuming right now, as Kafka refuses to reset an active group.
+  ``FORCE`` moves the offsets anyway; a member whose transaction read before the move
+  then fails its COMMIT with 40001 (its read no longer starts at the committed offset).
+- **Transactional.** The move is an offset move of the session's transaction, like a
+  read's or a ``COMMIT OFFSETS``'s: it goes through the commit protocol
+  (``engine.commit``: the commit record, then the catalog) when the transaction
+  commits, and vanishes if it rolls back. Autocommit makes it a transaction of its own.
+  It is a blind write, not validated: a reader whose range started at the old offset
+  gets 40001 at its COMMIT, the reset itself never does.
+- **Inside the transaction** the move is seen by later reads of the same consumer
+  (``engine.reads`` starts from it); a read after it continues from it and its end is
+  where the offset goes. A move after a read replaces where that read would have left
+  the offset (the read's own validation stays).
+- **Targets.** EARLIEST: each partition's first retained offset. LATEST: each
+  partition's end, all taken at one cut under the publish lock (a transaction's
+  publish is skipped whole or not at all). TIMESTAMP: the first message written at or
+  after it (the end if none). Explicit offsets: below the first retained offset they
+  mean that offset; past the end they are refused (22023).
+
+Offsets are dense and a move sets the committed offset, i.e. the next offset to read.
+"""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING
+
+from engine.transaction import Transaction
+from planner.operations import SetConsumerOffsets
+from storage.errors import InvalidParameterValueError, ObjectInUseError
+
+if TYPE_CHECKING:  # avoids an import cycle
+    from engine.database import Database
+
+
+def set_consumer_offsets(
+    database: Database, transaction: Transaction, operation: SetConsumerOffsets
+) -> int:
+    """Stage the moves of ``operation`` in ``transaction``; returns how many partitions."""
+    if not operation.force:
+        members = database.leases.members((operation.topic_id, operation.consumer))
+        if members:
+            listed = ", ".join(f'"{m}"' for m in members)
+            raise ObjectInUseError(
+                f'consumer "{operation.consumer}" of topic "{operation.topic}" has live '
+                f"members ({listed}); stop them, or add FORCE to move its offsets anyway"
+            )
+    targets = _targets(database, operation)
+    for partition, offset in targets.items():
+        _move(transaction, (operation.topic_id, operation.consumer, partition), offset)
+    return len(targets)
+
+
+def _targets(database: Database, operation: SetConsumerOffsets) -> dict[int, int]:
+    topic = database.topic_log(operation.topic_id)
+    with database.publish_lock:
+        ends = {p: topic.partition(p).end_offset for p in operation.partitions}
+    explicit = dict(operation.offsets)
+    targets: dict[int, int] = {}
+    for partition_id in operation.partitions:
+        partition = topic.partition(partition_id)
+        end = ends[partition_id]
+        if operation.target == "earliest":
+            offset = partition.start_offset
+        elif operation.target == "latest":
+            offset = end
+        elif operation.target == "timestamp":
+            assert operation.timestamp_us is not None
+            offset = min(partition.offset_for_time(operation.timestamp_us), end)
+        else:
+            offset = explicit[partition_id]
+            if offset > end:
+                raise InvalidParameterValueError(
+                    f"offset {offset} of partition {partition_id} is past its end ({end}); "
+                    f'topic "{operation.topic}" holds offsets {partition.start_offset} to '
+                    f"{end - 1}, and {end} means nothing left to read"
+                )
+            offset = max(offset, partition.start_offset)
+        targets[partition_id] = offset
+    return targets
+
+
+def _move(transaction: Transaction, key: tuple[str, str, int], offset: int) -> None:
+    """The committed offset of ``key`` goes to ``offset`` when ``transaction`` commits."""
+    read = transaction.reads.get(key)
+    if read is None:
+        transaction.offset_moves[key] = offset
+        return
+    # The transaction read this partition before: keep that read's validation (its
+    # basis), but the offset now goes to ``offset``, and a later read continues there.
+    read.start = min(read.start, offset)
+    read.end = offset
+    transaction.offset_moves.pop(key, None)
