@@ -29,7 +29,6 @@ from engine import describe, introspection, privileges, sandbox, streams, tables
 from engine.commit import PublishItem, route_writes
 from engine.ddl import run_alter, run_create, run_drop
 from engine.identity import LOCAL_SUPERUSER, Identity
-from engine.offset_reset import set_consumer_offsets
 from engine.reads import read_records
 from engine.transaction import PendingWrite, SessionState, Transaction
 from engine.writes import RETURNING_COLUMNS, build_batches, table_from_rows
@@ -41,7 +40,6 @@ from planner.catalog import SessionCatalog
 from planner.operations import (
     AlterTopicEntry,
     AppendRecords,
-    ChangePrivileges,
     CommitConsumerOffsets,
     CreateTopicEntry,
     DropTopicEntry,
@@ -49,8 +47,6 @@ from planner.operations import (
     Plan,
     ReadRecords,
     RunQuery,
-    SetConsumerOffsets,
-    SwitchRole,
     TransactionControl,
 )
 from storage import limits
@@ -161,7 +157,7 @@ class Session:
         statement: ast.Statement,
         parameters: Any = None,
         *,
-        no_rows: TopicbaseError,
+        no_rows: TopicbaseError | None,
         timeout_s: float | None = None,
     ) -> streams.RowStream | None:
         """Start ``statement`` and return its rows as a stream of bounded batches, or None
@@ -169,7 +165,8 @@ class Session:
 
         A plain query is planned and checked (sandbox, privileges) as every statement is,
         then read through DuckDB's batch reader; ``no_rows`` is raised before anything runs
-        for a write without RETURNING. Past ``timeout_s`` the read is cancelled (57014).
+        for a write without RETURNING (with None, such a write is left to the caller too).
+        Past ``timeout_s`` the read is cancelled (57014).
         The stream must be closed before the session runs anything else.
         """
         with self._lock:
@@ -181,6 +178,8 @@ class Session:
             operation = plan.operations[0]
             assert isinstance(operation, RunQuery)
             if operation.tag in DML_TAGS and not operation.returns_rows:
+                if no_rows is None:
+                    return None
                 raise no_rows
             if not _streamable(operation):
                 return None
@@ -374,13 +373,9 @@ class Session:
                         prefix = "INSERT 0" if operation.tag == "INSERT" else operation.tag
                         result = Result(f"{prefix} {count or 0}")
                         continue
-                    existed = (privileges.prepare_ddl(self, operation)
-                               if privileges.is_relation_ddl(operation) else None)  # fmt: skip
                     query_table = tables.query_arrow(
                         self.cursor, operation.sql, bound, line_offset=offset
                     )
-                    if existed is not None:  # owners of tables and views, in the same transaction
-                        privileges.record_ddl(self, operation, existed)
                     result = _query_result(operation, query_table)
                 elif isinstance(operation, AppendRecords):
                     result = self._append(operation, query_table, parameters)
@@ -399,13 +394,6 @@ class Session:
         database = self.database
         if isinstance(operation, CommitConsumerOffsets):
             return self._commit_offsets(operation)
-        if isinstance(operation, SetConsumerOffsets):
-            assert self.transaction is not None
-            set_consumer_offsets(database, self.transaction, operation)
-            return Result(plan.tag, notices=plan.notes)
-        if isinstance(operation, ChangePrivileges | SwitchRole):  # GRANT, REVOKE, SET ROLE
-            privileges.run(self, operation)
-            return Result(plan.tag)
         if isinstance(operation, Introspect):
             if operation.what == "topics":
                 return Result("SHOW", introspection.show_topics(database))
@@ -418,7 +406,7 @@ class Session:
             database.committer.quiesce()
             database.committer.checkpoint()
             if isinstance(operation, CreateTopicEntry):
-                run_create(database, operation, self.identity.name)
+                run_create(database, operation)
             elif isinstance(operation, AlterTopicEntry):
                 run_alter(database, operation)
             else:
@@ -584,13 +572,12 @@ class Session:
             if transaction.writes:
                 items = route_writes(database, transaction.writes)
                 items, ticket = committer.stage(transaction_id, items)
-            if (transaction_id is None and not transaction.explicit and not transaction.leases
-                    and not transaction.duckdb_open):  # fmt: skip
+            if transaction_id is None and not transaction.explicit and not transaction.leases:
                 transaction.committed = True
                 self._end_transaction()  # an autocommit statement that moved nothing
                 return
             if transaction_id is not None:
-                if not transaction.explicit and not transaction.duckdb_open:
+                if not transaction.explicit:
                     tables.run(self.cursor, "BEGIN TRANSACTION")
                     transaction.duckdb_open = True
                 committer.write_record(self.cursor, transaction_id, items, moves)

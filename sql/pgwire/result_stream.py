@@ -39,7 +39,7 @@ from storage.errors import LimitExceededError, TopicbaseError
 if TYPE_CHECKING:
     from sql.pgwire.server import Connection
 
-__all__ = ["BATCH_ROWS", "ResultStream", "open_stream"]
+__all__ = ["BATCH_ROWS", "ResultStream", "open_stream", "try_stream"]
 
 
 @dataclass
@@ -78,11 +78,10 @@ class ResultStream:
         self.rows.close()
 
 
-def open_stream(connection: Connection, statement: ast.Statement, parameters: Any,
-                no_rows: TopicbaseError) -> ResultStream:  # fmt: skip
-    """Start ``statement``; its rows as a stream (worker thread). ``no_rows`` is raised if
-    the statement returns no rows."""
-    limit = connection.server.limits.result_bytes_max
+def try_stream(connection: Connection, statement: ast.Statement, parameters: Any,
+               no_rows: TopicbaseError | None) -> ResultStream | None:  # fmt: skip
+    """``statement``'s rows streamed by the engine if it is a plain query, else None (the
+    caller runs it whole). Worker thread."""
     session = connection.session
     assert session is not None
     catalog = connection.catalog
@@ -91,11 +90,24 @@ def open_stream(connection: Connection, statement: ast.Statement, parameters: An
     rows = session.open_stream(
         engine_statement, parameters,
         no_rows=no_rows, timeout_s=_statement_timeout_s(connection))  # fmt: skip
-    if rows is not None:
-        assert rows.duckdb_types is not None
-        oids = [types.column_oid(f.type, sql_type)
-                for f, sql_type in zip(rows.schema, rows.duckdb_types, strict=True)]  # fmt: skip
-        return ResultStream(rows, oids, limit)
+    if rows is None:
+        return None
+    assert rows.duckdb_types is not None
+    oids = [types.column_oid(f.type, sql_type)
+            for f, sql_type in zip(rows.schema, rows.duckdb_types, strict=True)]  # fmt: skip
+    return ResultStream(rows, oids, connection.server.limits.result_bytes_max)
+
+
+def open_stream(connection: Connection, statement: ast.Statement, parameters: Any,
+                no_rows: TopicbaseError) -> ResultStream:  # fmt: skip
+    """Start ``statement``; its rows as a stream (worker thread). ``no_rows`` is raised if
+    the statement returns no rows."""
+    limit = connection.server.limits.result_bytes_max
+    streamed = try_stream(connection, statement, parameters, no_rows)
+    if streamed is not None:
+        return streamed
+    session = connection.session
+    assert session is not None
     result = connection.catalog.execute(session, statement, parameters)
     if result.table is None:
         raise no_rows

@@ -47,7 +47,7 @@ from engine.transaction import SessionState
 from grammar import ast
 from grammar.parse import parse
 from sql.internal_error import internal_error
-from sql.pgwire import arrays, malloc_tuning, types
+from sql.pgwire import arrays, malloc_tuning, result_stream, types
 from sql.pgwire import auth as wire_auth
 from sql.pgwire import commands as wire_commands
 from sql.pgwire import limits as wire_limits
@@ -96,6 +96,26 @@ def _prepare_text(text: str) -> tuple[tuple[ast.Statement, ...], int]:
     # BEGIN ISOLATION LEVEL … comes through Parse too (psycopg's executemany).
     statements = wire_commands.prepared_statements(text) or _parse(wire_catalog.plain_begin(text))
     return statements, max(map(int, _PARAMETER.findall(text)), default=0)
+
+
+def _start_stream(connection: Connection, statement: ast.Statement
+                  ) -> tuple[result_stream.ResultStream, pa.Table | None] | None:  # fmt: skip
+    """Worker thread: open ``statement``'s stream and read its first batch; a result that
+    fits in one batch is read to its end and closed here. None if not streamed."""
+    stream = result_stream.try_stream(connection, statement, None, None)
+    if stream is None:
+        return None
+    try:
+        first = stream.next_batch()
+        if first is None or first.num_rows < result_stream.BATCH_ROWS:
+            more = stream.next_batch()
+            if more is not None:  # a short batch was not the last: keep streaming
+                return stream, pa.concat_tables([first, more]) if first is not None else more
+            stream.close()
+    except BaseException:
+        stream.close()
+        raise
+    return stream, first
 
 
 class UndefinedStatementError(TopicbaseError):
@@ -465,8 +485,10 @@ class Connection:
             self.send(m.empty_query_response())
         for statement in statements:
             try:
-                result = await self.call(self.catalog.execute, self._session(), statement, None)
-                await self.send_result(result, statement)
+                if not await self._send_streamed(statement):
+                    result = await self.call(self.catalog.execute, self._session(), statement,
+                                             None)  # fmt: skip
+                    await self.send_result(result, statement)
                 if statement is not statements[-1]:  # each statement's results as it ends
                     await self.writer.drain()
             except Exception as error:
@@ -488,6 +510,27 @@ class Connection:
             self.send(_row_description(table, oids, formats))
             await self.send_rows(table, oids, formats)
         self.send(m.command_complete(result.tag))
+
+    async def _send_streamed(self, statement: ast.Statement) -> bool:
+        """Send a plain query's rows batch by batch as the engine reads them from DuckDB, so
+        a result of any size is never held whole (PostgreSQL streams too); False if the
+        engine does not stream ``statement`` (the caller runs it whole). A small result
+        costs one worker hop: it is opened, read and closed there."""
+        started = await self.call(_start_stream, self, statement)
+        if started is None:
+            return False
+        stream, first = started
+        try:
+            formats = [0] * len(stream.oids)
+            self.send(_row_description(stream.schema.empty_table(), stream.oids, formats))
+            batch = first
+            while batch is not None:
+                await self.send_rows(batch, stream.oids, formats)
+                batch = await self.call(stream.next_batch)
+        finally:
+            await self.call(stream.close)
+        self.send(m.command_complete(f"SELECT {stream.row_count}"))
+        return True
 
     async def send_rows(self, table: pa.Table, oids: list[int], formats: list[int]) -> None:
         """DataRow messages of ``table``: each chunk's per-value encoding runs on the worker

@@ -195,12 +195,20 @@ def test_statement_at_the_limit_runs(limited: ServerThread) -> None:
 
 
 # -- result size ----------------------------------------------------------------------------
-def test_oversized_result_gets_54000(open_conn) -> None:
+def test_oversized_result_gets_54000_unless_streamed(open_conn) -> None:
     conn = open_conn(autocommit=True)
+    # A plain query over the simple protocol streams batch by batch (each batch within
+    # the limit), so a result of any size arrives whole, as from PostgreSQL.
+    streamed = conn.execute("SELECT * FROM range(100000)").fetchall()  # 800 kB of BIGINT
+    assert [row[0] for row in streamed] == list(range(100000))
+    # A result the engine holds whole (here: a topic-free query through Bind/Execute) is
+    # refused over the limit.
     with pytest.raises(psycopg.errors.ProgramLimitExceeded, match="over the limit of 100000"):
-        conn.execute("SELECT * FROM range(100000)")  # 800 kB of BIGINT
-    with pytest.raises(psycopg.errors.ProgramLimitExceeded):
         conn.execute("SELECT * FROM range(%s)", [100_000])
+    # One batch over the limit is refused even when streamed.
+    with pytest.raises(psycopg.errors.ProgramLimitExceeded, match="over the limit of 100000"):
+        conn.execute("SELECT repeat('x', 100) AS s FROM range(100000)")
+    assert conn.execute("SELECT 1").fetchone() == (1,)
     assert conn.execute("SELECT count(*) FROM range(100000)").fetchone() == (100_000,)
     rows = conn.execute("SELECT * FROM range(100000) LIMIT 1000 OFFSET 5000").fetchall()
     assert rows[0] == (5000,) and len(rows) == 1000
