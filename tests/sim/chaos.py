@@ -56,7 +56,15 @@ from pathlib import Path
 from engine.check import check_database
 from engine.database import Database
 from storage import failpoints as failpoint_switch
-from tests.sim.chaos_worker import Known, Observed, observe_database, run_worker, setup, warm_up
+from tests.sim.chaos_worker import (
+    Known,
+    Observed,
+    idle_cycle,
+    observe_database,
+    run_worker,
+    setup,
+    warm_up,
+)
 from tests.sim.checker import Report, check_file
 from tests.sim.history import HistoryTail, HistoryWriter, ListDigest
 
@@ -75,6 +83,17 @@ FAILPOINTS = (
     "recovery.after_republish",
     "retention.before_delete",
     "split.before_save",
+    "retention.before_roll",
+    "retention.after_roll",
+)
+# An idle cycle (``chaos_worker.idle_cycle``: no writes, retention passes on the idle
+# topic) arms one of these: the steps of rolling and deleting an expired active segment.
+IDLE_FAILPOINTS = (
+    "retention.before_roll",
+    "segment.roll_after_seal",
+    "segment.roll_before_snapshot",
+    "retention.after_roll",
+    "retention.before_delete",
 )
 # Passed a few times per cycle at most (a segment rolls every ~20 cycles per partition,
 # recovery republishes only after a crash inside a commit, a worker splits once, and a
@@ -87,10 +106,21 @@ RARE_FAILPOINTS = frozenset(
         "recovery.after_republish",
         "retention.before_delete",
         "split.before_save",
+        "retention.before_roll",
+        "retention.after_roll",
     }
 )
 # A crash there is followed by recovery and ``topicbase check`` (``check_recovered``).
-CHECKED_FAILPOINTS = frozenset({"retention.before_delete", "split.before_save"})
+CHECKED_FAILPOINTS = frozenset(
+    {
+        "retention.before_delete",
+        "split.before_save",
+        "retention.before_roll",
+        "retention.after_roll",
+        "segment.roll_after_seal",
+        "segment.roll_before_snapshot",
+    }
+)
 # A crash at these leaves a committed transaction unpublished: the next recovery republishes.
 REPUBLISHING_FAILPOINTS = frozenset({"commit.after_commit_point", "commit.mid_publish"})
 CHECK_EVERY = 25
@@ -287,6 +317,8 @@ def run_cycle(
     else:
         mode = rng.choice(("kill", "kill", "failpoint"))
         failpoint = rng.choice(FAILPOINTS) if mode == "failpoint" else None
+        if failpoint is not None and idle_cycle(cycle):
+            failpoint = rng.choice(IDLE_FAILPOINTS)  # around the idle roll and delete
     nth = 1 if failpoint in RARE_FAILPOINTS else rng.randint(1, 6)
     arm = f"{failpoint}=crash@{nth}" if failpoint is not None else ""
     seed = rng.getrandbits(32)
@@ -421,6 +453,7 @@ def main(argv: list[str] | None = None) -> int:
     follower = Follower(history)
     outcomes: Counter[str] = Counter()
     failpoints_hit: Counter[str] = Counter()
+    idle_outcomes: Counter[str] = Counter()  # of the idle cycles, by outcome
     violations = 0
     store_problems = 0  # found by ``topicbase check`` after recovery
     report: Report | None = None
@@ -433,6 +466,8 @@ def main(argv: list[str] | None = None) -> int:
         pace.cycles += 1
         pace.to_ready += to_ready
         outcomes[mode] += 1
+        if idle_cycle(cycle):
+            idle_outcomes[mode] += 1
         if failpoint is not None:
             failpoints_hit[failpoint] += 1
         follower.settle_unknown_transactions()
@@ -475,6 +510,7 @@ def main(argv: list[str] | None = None) -> int:
             print(report.summary(limit=20), flush=True)
             print(f"chaos: failing seed {seed} (replay: --seed {seed})", flush=True)
             break
+    print(f"idle retention cycles: {dict(idle_outcomes)}", flush=True)
     print(
         "failpoints hit: " + ", ".join(f"{name} {failpoints_hit[name]}" for name in FAILPOINTS),
         flush=True,

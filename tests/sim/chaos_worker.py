@@ -28,6 +28,17 @@ history file (see ``tests.sim.history``) before the next one:
   important consumers have not committed), each followed by an observation of the topic with
   its log starts (``final`` with ``start``) and the consumers' committed offsets;
   the failpoint ``retention.before_delete`` lies in such a pass;
+- *idle retention* on the topic ``idle`` (``IDLE_PARTITIONS`` partitions, a 1 s
+  ``retention_period``, important consumer ``keeper``): in ordinary cycles, writes
+  without a producer id and autocommit reads by ``keeper`` (``idle``); every
+  ``IDLE_CYCLE_EVERY``-th cycle (``idle_cycle``) is an *idle cycle*: the worker writes
+  nothing at all, ``keeper`` reads (and commits) a random part of the backlog, and
+  retention passes run on the idle topic (``run_idle``): once all of a partition has
+  expired and ``keeper`` committed it, the pass rolls the active segment and deletes
+  it, which is where the runner's kills and the failpoints ``retention.before_roll``,
+  ``segment.roll_*``, ``retention.after_roll`` and ``retention.before_delete`` land.
+  Each pass checks that nothing it deleted was younger than the retention period, and
+  is followed by an observation of the topic with its log starts;
 - *splits* on the topic ``fork<g>`` (``fork_of``: a new one every
   ``FORK_GENERATION_CYCLES`` cycles, the previous one dropped, which keeps its
   partition count bounded): writes without a producer id, and at most one split per
@@ -91,6 +102,17 @@ AGED_RETENTION_BYTES = 4096
 REAPER = "reaper"  # important consumer of AGED
 FORK_GENERATION_CYCLES = 5
 FORK_PARTITIONS_MAX = 1 + 2 * FORK_GENERATION_CYCLES  # one split per cycle at most
+IDLE = "idle"  # the idle retention topic
+IDLE_PARTITIONS = 2
+IDLE_RETENTION_US = 1_000_000  # its retention_period, PT1S
+KEEPER = "keeper"  # important consumer of IDLE
+IDLE_CYCLE_EVERY = 5
+IDLE_PASS_PAUSE_S = 0.05
+
+
+def idle_cycle(cycle: int) -> bool:
+    """Whether the workload of ``cycle`` (1-based) is an idle cycle (see the module doc)."""
+    return cycle % IDLE_CYCLE_EVERY == 0
 
 
 def fork_of(cycle: int) -> str:
@@ -144,7 +166,10 @@ def setup(data_dir: str) -> None:
             "CREATE TABLE IF NOT EXISTS lists (k VARCHAR PRIMARY KEY, v VARCHAR);"
             f"CREATE TOPIC IF NOT EXISTS {AGED} (CONSUMER {REAPER} WITH (important = true)) "
             f"WITH (min_active_partitions = {AGED_PARTITIONS});"
-            f"CREATE TOPIC IF NOT EXISTS {fork_of(1)} WITH (min_active_partitions = 1)"
+            f"CREATE TOPIC IF NOT EXISTS {fork_of(1)} WITH (min_active_partitions = 1);"
+            f"CREATE TOPIC IF NOT EXISTS {IDLE} (CONSUMER {KEEPER} WITH (important = true)) "
+            f"WITH (min_active_partitions = {IDLE_PARTITIONS}, "
+            "retention_period = Interval('PT1S'))"
         )
         for topic in TOPICS:
             log = db.topic_log(db.catalog.entry(topic).topic_id)
@@ -230,6 +255,7 @@ def observe(
             important=row["important"],
         )
     observe_aged(session, history, known)
+    observe_aged(session, history, known, IDLE)
     for topic in forks:
         history.lineage(topic, lineage_of(_topic_log(db, topic)))
 
@@ -240,19 +266,21 @@ def lineage_of(log: TopicLog) -> list[tuple[int, bool, tuple[int, ...], int | No
     return [(i.partition_id, i.active, i.children, i.parent) for i in infos]
 
 
-def observe_aged(session, history: HistoryWriter, known: dict[str, Observed]) -> None:
-    """Record each partition of the retention topic whole, with its log start
-    (``start``), if it changed since ``known`` (which is updated). Whole reads stay
-    cheap: retention keeps the topic small."""
+def observe_aged(
+    session, history: HistoryWriter, known: dict[str, Observed], topic: str = AGED
+) -> None:
+    """Record each partition of a retention topic (``AGED`` or ``IDLE``) whole, with its
+    log start (``start``), if it changed since ``known`` (which is updated). Whole reads
+    stay cheap: retention keeps the topic small."""
     starts = {
         r["partition"]: r["start_offset"]
         for r in session.execute(
-            f"SELECT partition, start_offset FROM sys.partitions WHERE topic = '{AGED}'"
+            f"SELECT partition, start_offset FROM sys.partitions WHERE topic = '{topic}'"
         )[0].table.to_pylist()
     }
-    read = _read_topic(session, AGED, None, 0)
+    read = _read_topic(session, topic, None, 0)
     for partition, start in sorted(starts.items()):
-        key = topic_key(AGED, partition)
+        key = topic_key(topic, partition)
         offsets, values = read.get(partition, ([], []))
         digest = ListDigest(values).hexdigest()
         now = Observed(len(values), digest, offsets[-1] + 1 if offsets else start)
@@ -405,7 +433,11 @@ class Worker:
             self.expire,
             self.write_fork,
             self.split,
+            self.idle,
         )
+        if idle_cycle(self.cycle):
+            self.run_idle(deadline)
+            return
         while time.monotonic() < deadline:
             self.rng.choice(actions)()
 
@@ -471,6 +503,62 @@ class Worker:
         for partition, rows in sorted(by_partition.items()):
             offsets, values = [r["offset"] for r in rows], [r["v"] for r in rows]
             self.history.read(AGED, REAPER, partition, offsets, values)
+
+    def idle(self) -> None:
+        """Ordinary cycles: a few writes to the idle topic, or a read by ``keeper``."""
+        if self.rng.random() < 0.6:
+            self._write_values(IDLE, "i")
+        else:
+            self._consume(IDLE, KEEPER, self.rng.randint(1, 8))
+
+    def _consume(self, topic: str, consumer: str, limit: int) -> None:
+        """An autocommit read by ``consumer``, recorded as ``read`` events."""
+        read = self.session.execute(
+            'SELECT partition, "offset", CAST(data AS VARCHAR) AS v FROM TOPIC '
+            f"{topic} WITH (consumer = '{consumer}', max_messages = {limit})"
+        )[0].table.to_pylist()
+        by_partition: dict[int, list[dict]] = {}
+        for row in read:
+            by_partition.setdefault(row["partition"], []).append(row)
+        for partition, rows in sorted(by_partition.items()):
+            offsets, values = [r["offset"] for r in rows], [r["v"] for r in rows]
+            self.history.read(topic, consumer, partition, offsets, values)
+
+    def run_idle(self, deadline: float) -> None:
+        """An idle cycle: no writes; ``keeper`` takes a random part of its backlog (all
+        of it two times in three), then retention passes on the idle topic until the end."""
+        self._consume(IDLE, KEEPER, self.rng.choice((2, 100, 100)))
+        while time.monotonic() < deadline:
+            self.idle_pass()
+            time.sleep(IDLE_PASS_PAUSE_S)
+
+    def idle_pass(self) -> None:
+        """One retention pass over the idle topic (under the commit lock, as the engine
+        runs it), checked: a message it deleted must have been written more than the
+        retention period before the pass ended. Then an observation of the topic."""
+        before = self.session.execute(
+            'SELECT partition, "offset", written_at FROM TOPIC '
+            f"{IDLE} WITH (max_messages = {READ_MESSAGES_MAX})"
+        )[0].table.to_pylist()
+        log = _topic_log(self.db, IDLE)
+        with self.db.commit_lock:
+            apply_retention(log, ImportantConsumersGuard(self.db), self.db.clock.now_us())
+        ended_us = self.db.clock.now_us()
+        starts = {p: log.partition(p).start_offset for p in log.partition_ids()}
+        for row in before:
+            written_us = int(row["written_at"].timestamp() * 1_000_000)
+            gone = row["offset"] < starts[row["partition"]]
+            if gone and written_us >= ended_us - IDLE_RETENTION_US:
+                raise AssertionError(f"retention deleted {row} before it expired")
+        observe_aged(self.session, self.history, self.observed, IDLE)
+        for row in self.session.execute(
+            "SELECT consumer, partition, important, committed_offset FROM sys.consumers "
+            f"WHERE topic = '{IDLE}'"
+        )[0].table.to_pylist():
+            committed = row["committed_offset"] or 0
+            self.history.offsets(
+                IDLE, row["consumer"], row["partition"], committed, important=row["important"]
+            )
 
     def expire(self) -> None:
         """A retention pass over the aged topic, then an observation of it (log starts
