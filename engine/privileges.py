@@ -40,6 +40,7 @@ from planner.operations import (
     Plan,
     ReadRecords,
     RunQuery,
+    SetConsumerOffsets,
     SwitchRole,
 )
 from storage.errors import InsufficientPrivilegeError
@@ -74,7 +75,7 @@ def check_plan(plan: Plan, identity: Identity, session: Any) -> None:
         return
     placeholders = {op.placeholder for op in plan.operations if isinstance(op, ReadRecords)}
     for operation in plan.operations:
-        if isinstance(operation, ReadRecords | CommitConsumerOffsets):
+        if isinstance(operation, ReadRecords | CommitConsumerOffsets | SetConsumerOffsets):
             _require_topic(session, identity, operation.topic, "SELECT")
         elif isinstance(operation, AppendRecords):
             _require_topic(session, identity, operation.topic, "INSERT")

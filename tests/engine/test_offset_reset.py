@@ -9,6 +9,7 @@ import pytest
 from engine.clock import ManualClock
 from engine.database import Database
 from storage.errors import (
+    InsufficientPrivilegeError,
     InvalidParameterValueError,
     ObjectInUseError,
     SerializationFailure,
@@ -215,3 +216,17 @@ def test_explain_shows_the_move(two) -> None:
     plan = rows(two, "EXPLAIN " + SET + "(PARTITION 1 OFFSET 2) FORCE")
     text = "\n".join(r["plan"] for r in plan)
     assert "SetConsumerOffsets topic=t consumer=c p1:2 force" in text
+
+
+def test_moving_offsets_needs_select_on_the_topic(two) -> None:
+    """Moving a consumer is consuming (DESIGN's topic SELECT: peek, consume)."""
+    two.execute("SET ROLE alice")
+    with pytest.raises(InsufficientPrivilegeError):
+        two.execute(SET + "EARLIEST")
+    two.execute("RESET ROLE")
+    assert _committed(two) == {0: 5, 1: 5}
+    two.execute("GRANT SELECT ON TOPIC t TO alice")
+    two.execute("SET ROLE alice")
+    two.execute(SET + "EARLIEST")
+    two.execute("RESET ROLE")
+    assert _committed(two) == {0: 0, 1: 0}
