@@ -24,13 +24,17 @@ def _setup(session) -> None:
         "CREATE TABLE numbers (n INTEGER)"
     )
     session.execute("INSERT INTO TOPIC t (data) VALUES ('1'), ('2') WITH (partition = 0)")
-    session.execute("INSERT INTO TOPIC t (data) VALUES ('3'), ('not a number') "
-                    "WITH (partition = 1)")
+    session.execute(
+        "INSERT INTO TOPIC t (data) VALUES ('3'), ('not a number') WITH (partition = 1)"
+    )
 
 
 def _committed(session) -> dict[int, int | None]:
-    found = rows(session, "SELECT partition, committed_offset FROM sys.consumers "
-                          "WHERE topic = 't' AND consumer = 'c'")
+    found = rows(
+        session,
+        "SELECT partition, committed_offset FROM sys.consumers "
+        "WHERE topic = 't' AND consumer = 'c'",
+    )
     return {r["partition"]: r["committed_offset"] for r in found}
 
 

@@ -26,12 +26,12 @@ def database(tmp_path):
 
 def _setup(session, partitions: int) -> None:
     session.execute(
-        f"CREATE TOPIC t (CONSUMER c) WITH (min_active_partitions = {partitions}); "
-        "CREATE TOPIC out"
+        f"CREATE TOPIC t (CONSUMER c) WITH (min_active_partitions = {partitions}); CREATE TOPIC out"
     )
     for partition in range(partitions):
-        session.execute(f"INSERT INTO TOPIC t (data) VALUES ('m{partition}') "
-                        f"WITH (partition = {partition})")
+        session.execute(
+            f"INSERT INTO TOPIC t (data) VALUES ('m{partition}') WITH (partition = {partition})"
+        )
 
 
 def _move(member: str) -> str:
@@ -42,8 +42,11 @@ def _move(member: str) -> str:
 
 
 def _committed(session) -> dict[int, int | None]:
-    found = rows(session, "SELECT partition, committed_offset FROM sys.consumers "
-                          "WHERE topic = 't' AND consumer = 'c'")
+    found = rows(
+        session,
+        "SELECT partition, committed_offset FROM sys.consumers "
+        "WHERE topic = 't' AND consumer = 'c'",
+    )
     return {r["partition"]: r["committed_offset"] for r in found}
 
 

@@ -42,7 +42,14 @@ their parent to be synced too; files that existed before this object first
 touched them are taken as durable; a removed file whose removal is undone by a
 power cut comes back with its durable image only. Reads never fail.
 
-Thread-safety: the model is guarded by one lock; the real I/O is the parent's.
+Thread-safety: one re-entrant lock guards the model, and every call that changes a
+file or a name does its real I/O under it too, after checking (under it) that the
+process is alive. So ``cut_power_and_exit``, which cuts power and ends the process
+while it holds the lock, can be called from any thread at any moment: no write,
+sync, truncate, rename or removal of another thread lands between the cut and the
+end of the process (a process with several threads of I/O, like a chaos worker,
+dies at one instant). Reads hold it too: a descriptor the cut closed may be reused by
+the cut's own file rewrites, and a read through it would see another file.
 """
 
 from __future__ import annotations
@@ -51,6 +58,7 @@ import contextlib
 import errno
 import os
 import random
+import sys
 import threading
 from collections.abc import Sequence
 from dataclasses import dataclass, field
@@ -201,6 +209,14 @@ class FaultyFileSystem(FileSystem):
             self._durable = dict(survivors)
             self._pending = []
 
+    def cut_power_and_exit(self, *, partial_writeback: bool = False, code: int = 137) -> None:
+        """Cut power and end the process at once (``os._exit(code)``), from any thread:
+        under the lock no other thread's file call is half done, and none runs after."""
+        with self._model_lock:
+            self.power_cut(partial_writeback=partial_writeback)
+            sys.stdout.flush()
+            os._exit(code)
+
     def _image_after_cut(self, inode: _Inode, cached: bytes | None, partial: bool) -> bytes:
         """The durable image, plus (``partial``) a page-order prefix of the dirty pages."""
         image = bytearray(inode.durable)
@@ -292,8 +308,8 @@ class FaultyFileSystem(FileSystem):
 
     # -- descriptors ----------------------------------------------------------------------
     def open_write(self, path: str) -> int:
-        self._check_alive()
         with self._model_lock:
+            self._check_alive()
             path = os.path.normpath(path)
             inode = self._known(path)
             fd = super().open_write(path)
@@ -305,28 +321,31 @@ class FaultyFileSystem(FileSystem):
             return fd
 
     def open_read(self, path: str) -> int:
-        self._check_alive()
-        fd = super().open_read(path)
         with self._model_lock:
+            self._check_alive()
+            fd = super().open_read(path)
             self._descriptors[fd] = None
-        return fd
+            return fd
 
     def close(self, fd: int) -> None:
-        self._check_alive()
         with self._model_lock:
+            self._check_alive()
             self._descriptors.pop(fd, None)
-        super().close(fd)
+            super().close(fd)
 
     def pwrite(self, fd: int, data: bytes | memoryview, position: int) -> None:
-        self._check_alive()
         self._write(fd, memoryview(data).cast("B"), position)
 
     def pwritev(self, fd: int, parts: Sequence[object], position: int) -> None:
-        self._check_alive()
         joined = b"".join(memoryview(part).cast("B") for part in parts)  # type: ignore[arg-type]
         self._write(fd, memoryview(joined), position)
 
     def _write(self, fd: int, view: memoryview, position: int) -> None:
+        with self._model_lock:  # the real write too: see the module doc
+            self._check_alive()
+            self._write_locked(fd, view, position)
+
+    def _write_locked(self, fd: int, view: memoryview, position: int) -> None:
         path = self._paths.get(fd, str(fd))
         fault = self._due_fault("write", path)
         if fault is None:
@@ -344,7 +363,11 @@ class FaultyFileSystem(FileSystem):
         raise self._fail(fault, "write", path)
 
     def sync(self, fd: int) -> None:
-        self._check_alive()
+        with self._model_lock:  # the real sync too: see the module doc
+            self._check_alive()
+            self._sync_locked(fd)
+
+    def _sync_locked(self, fd: int) -> None:
         path = self._paths.get(fd, str(fd))
         fault = self._due_fault("sync", path)
         if fault is not None and fault.error is None:
@@ -361,30 +384,32 @@ class FaultyFileSystem(FileSystem):
         raise self._fail(fault, "fsync", path)
 
     def truncate(self, fd: int, size: int) -> None:
-        self._check_alive()
-        path = self._paths.get(fd, str(fd))
-        fault = self._due_fault("truncate", path)
-        if fault is not None:
-            raise self._fail(fault, "truncate", path)
-        super().truncate(fd, size)
-        with self._model_lock:
+        with self._model_lock:  # the real truncate too: see the module doc
+            self._check_alive()
+            path = self._paths.get(fd, str(fd))
+            fault = self._due_fault("truncate", path)
+            if fault is not None:
+                raise self._fail(fault, "truncate", path)
+            super().truncate(fd, size)
             inode = self._descriptors.get(fd)
             if inode is not None:  # the new size reaches the disk with the next sync
                 inode.dirty_pages.add(size // PAGE_BYTES)
 
     def file_size(self, fd: int) -> int:
-        self._check_alive()
-        return super().file_size(fd)
+        with self._model_lock:
+            self._check_alive()
+            return super().file_size(fd)
 
     def pread(self, fd: int, size: int, position: int) -> bytes:
-        self._check_alive()
-        return super().pread(fd, size, position)
+        with self._model_lock:
+            self._check_alive()
+            return super().pread(fd, size, position)
 
     # -- paths ----------------------------------------------------------------------------
     def make_directory(self, path: str) -> None:
-        self._check_alive()
         path = os.path.normpath(os.path.abspath(path))
         with self._model_lock:
+            self._check_alive()
             missing = []
             parent = path
             while parent and not os.path.isdir(parent):
@@ -400,13 +425,13 @@ class FaultyFileSystem(FileSystem):
             super().make_directory(path)
 
     def sync_directory(self, path: str) -> None:
-        self._check_alive()
         path = os.path.normpath(path)
-        fault = self._due_fault("sync_directory", path)
-        if fault is not None:
-            raise self._fail(fault, "fsync directory", path)
-        super().sync_directory(path)
-        with self._model_lock:
+        with self._model_lock:  # the real sync too: see the module doc
+            self._check_alive()
+            fault = self._due_fault("sync_directory", path)
+            if fault is not None:
+                raise self._fail(fault, "fsync directory", path)
+            super().sync_directory(path)
             remaining = []
             for change in self._pending:
                 if path in change.directories():
@@ -416,12 +441,12 @@ class FaultyFileSystem(FileSystem):
             self._pending = remaining
 
     def rename(self, source: str, target: str) -> None:
-        self._check_alive()
         source, target = os.path.normpath(source), os.path.normpath(target)
-        fault = self._due_fault("rename", source)
-        if fault is not None:
-            raise self._fail(fault, "rename", source)
         with self._model_lock:
+            self._check_alive()
+            fault = self._due_fault("rename", source)
+            if fault is not None:
+                raise self._fail(fault, "rename", source)
             inode = self._known(source)
             self._known(target)
             super().rename(source, target)
@@ -432,18 +457,18 @@ class FaultyFileSystem(FileSystem):
             self._pending.append(_NameChange("rename", target, inode, source))
 
     def remove(self, path: str) -> None:
-        self._check_alive()
         path = os.path.normpath(path)
         with self._model_lock:
+            self._check_alive()
             self._known(path)
             super().remove(path)
             if self._live.pop(path, None) is not None:
                 self._pending.append(_NameChange("remove", path))
 
     def remove_tree(self, path: str) -> None:
-        self._check_alive()
         path = os.path.normpath(path)
         with self._model_lock:
+            self._check_alive()
             for directory, _, names in os.walk(path):
                 for name in names:
                     self._known(os.path.join(directory, name))
@@ -453,24 +478,29 @@ class FaultyFileSystem(FileSystem):
             self._pending.append(_NameChange("remove", path))
 
     def list_directory(self, path: str) -> list[str]:
-        self._check_alive()
-        return super().list_directory(path)
+        with self._model_lock:
+            self._check_alive()
+            return super().list_directory(path)
 
     def exists(self, path: str) -> bool:
-        self._check_alive()
-        return super().exists(path)
+        with self._model_lock:
+            self._check_alive()
+            return super().exists(path)
 
     def path_size(self, path: str) -> int:
-        self._check_alive()
-        return super().path_size(path)
+        with self._model_lock:
+            self._check_alive()
+            return super().path_size(path)
 
     def read_file(self, path: str) -> bytes:
-        self._check_alive()
-        return super().read_file(path)
+        with self._model_lock:
+            self._check_alive()
+            return super().read_file(path)
 
     def lock_directory(self, path: str) -> int:
-        self._check_alive()
-        return super().lock_directory(path)
+        with self._model_lock:
+            self._check_alive()
+            return super().lock_directory(path)
 
     def unlock_directory(self, fd: int) -> None:
         self._check_alive()  # after a crash the lock died with the descriptor

@@ -46,7 +46,7 @@ def _cut_power(database: Database, fs: FaultyFileSystem, *, partial: bool = Fals
 
 def _payloads(session, topic: str) -> list[str]:
     result = session.execute(
-        f"SELECT CAST(data AS VARCHAR) AS d FROM TOPIC {topic} ORDER BY partition, \"offset\""
+        f'SELECT CAST(data AS VARCHAR) AS d FROM TOPIC {topic} ORDER BY partition, "offset"'
     )[-1]
     assert result.table is not None
     return result.table.column("d").to_pylist()
