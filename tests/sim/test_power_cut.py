@@ -15,6 +15,9 @@ every commit), so the records it holds are taken as durable as they are.
 from __future__ import annotations
 
 import contextlib
+import os
+import threading
+import time
 from pathlib import Path
 
 import pytest
@@ -136,3 +139,34 @@ def test_transactions_across_checkpoints_survive_a_power_cut_with_partial_writeb
         session.close()
     finally:
         database.close()
+
+
+def test_cut_power_and_exit_leaves_only_synced_bytes_while_another_thread_writes(
+    tmp_path: Path,
+) -> None:
+    """The chaos harness cuts power from a timer thread while the worker's threads keep
+    writing: the process must end at the cut, and no write may land after it."""
+    path = tmp_path / "f"
+    pid = os.fork()
+    if pid == 0:  # pragma: no cover - the child
+        try:
+            fs = FaultyFileSystem(seed=3)
+            fd = fs.open_write(str(path))
+            fs.sync_directory(str(tmp_path))
+            fs.pwrite(fd, b"synced", 0)
+            fs.sync(fd)
+
+            def write_forever() -> None:
+                position = 6
+                while True:
+                    fs.pwrite(fd, b"x" * 100, position)
+                    position += 100
+
+            threading.Thread(target=write_forever, daemon=True).start()
+            time.sleep(0.05)
+            fs.cut_power_and_exit()
+        finally:
+            os._exit(3)
+    _, status = os.waitpid(pid, 0)
+    assert os.waitstatus_to_exitcode(status) == 137
+    assert path.read_bytes() == b"synced"
