@@ -39,6 +39,7 @@ from typing import Any
 
 import pyarrow as pa
 
+from engine import privileges
 from engine.database import Database
 from engine.describe import Description
 from engine.identity import LOCAL_SUPERUSER_NAME, Identity
@@ -392,6 +393,8 @@ class Connection:
         users = self.server.authenticator.users
         if users is None:
             return Identity(user or LOCAL_SUPERUSER_NAME, superuser=True)
+        # The engine asks too, for the owner of a view being read (engine.privileges).
+        privileges.use_role_lookup(self.server.database, users.is_superuser)
         return Identity(user, superuser=users.is_superuser(user))
 
     async def serve_messages(self) -> None:
