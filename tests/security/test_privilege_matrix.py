@@ -15,7 +15,6 @@ from __future__ import annotations
 
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
-from pathlib import Path
 
 import psycopg
 import pytest
@@ -37,7 +36,7 @@ class Case:
 
 CASES = (
     Case("table", "t", "SELECT", "SELECT count(*) FROM t"),
-    Case("table", "t", "SELECT", "SELECT * FROM (SELECT a FROM t) AS s JOIN (VALUES (1)) v(x) ON true"),
+    Case("table", "t", "SELECT", "SELECT * FROM (SELECT a FROM t) s JOIN (VALUES (1)) v ON true"),
     Case("table", "t", "INSERT", "INSERT INTO t VALUES (7)"),
     Case("table", "t", "UPDATE", "UPDATE t SET a = 5"),
     Case("table", "t", "DELETE", "DELETE FROM t"),
@@ -72,8 +71,9 @@ class World:
 
     def fingerprint(self) -> tuple[object, ...]:
         """Everything a statement of the matrix could change."""
-        tables = self.run("SELECT table_name FROM duckdb_tables() WHERE schema_name = 'main' "
-                          "ORDER BY 1")  # fmt: skip
+        tables = self.run(
+            "SELECT table_name FROM duckdb_tables() WHERE schema_name = 'main' ORDER BY 1"
+        )
         return (
             self.run("SELECT count(*), coalesce(sum(a), 0) FROM t"),
             tables,
@@ -100,8 +100,9 @@ def world(tmp_path_factory: pytest.TempPathFactory) -> Iterator[World]:
     users_file = str(base / "users.json")
     users.add_user(users_file, "alice", ALICE_PASSWORD)
     admin = dbapi.connect(path, autocommit=True)
-    for sql in ("CREATE TABLE t (a INT)", "INSERT INTO t VALUES (1), (2)",
-                "CREATE TOPIC ev (CONSUMER c)", "INSERT INTO TOPIC ev (data) VALUES ('m')"):  # fmt: skip
+    setup = ("CREATE TABLE t (a INT)", "INSERT INTO t VALUES (1), (2)",
+             "CREATE TOPIC ev (CONSUMER c)", "INSERT INTO TOPIC ev (data) VALUES ('m')")
+    for sql in setup:
         admin.cursor().execute(sql)
     server = ServerThread(path, "127.0.0.1", 0, auth="scram", users_file=users_file)
     try:
