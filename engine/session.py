@@ -741,6 +741,10 @@ def statement_line_offset(plan: Plan) -> int:
 
 def _query_result(operation: RunQuery, table: pa.Table | None) -> Result:
     dml_count = table is not None and table.column_names == ["Count"] and not operation.returns_rows
+    if table is not None and table.column_names == ["Success"] and not operation.returns_rows:
+        # DuckDB's marker of a statement without rows (DROP, ALTER, SET ...): PostgreSQL
+        # answers those with a command tag alone, and clients (JDBC) refuse rows for them.
+        return Result(operation.tag)
     if table is not None and not dml_count:
         return Result(
             f"SELECT {table.num_rows}" if operation.tag in ("SELECT", "EMPTY") else operation.tag,

@@ -52,6 +52,7 @@ WRITING_STATEMENTS = (
     exp.Create,
     exp.Drop,
     exp.Alter,
+    exp.TruncateTable,
 )
 
 
@@ -163,13 +164,18 @@ def analyse_sql(sql: str) -> RunQuery:
         return RunQuery(sql, (), (), False, words[0].upper() if words else "EMPTY")
     if tree is None:
         return RunQuery(sql, (), (), False, "EMPTY", uses_parameters=False)
+    if isinstance(tree, exp.TruncateTable):
+        tree, sql = _truncate_without_only(tree)
     written: set[str] = set()
     target = None
     if isinstance(tree, WRITING_STATEMENTS):
         target = tree.find(exp.Table)
     if target is not None:
         written.add(_table_name(target))
-    read = {_table_name(t) for t in tree.find_all(exp.Table) if t.name} - written
+    renamed_to = {id(t) for r in tree.find_all(exp.AlterRename) for t in r.find_all(exp.Table)}
+    read = {
+        _table_name(t) for t in tree.find_all(exp.Table) if t.name and id(t) not in renamed_to
+    } - written
     returns_rows = isinstance(tree, exp.Query) or bool(tree.args.get("returning"))
     views = tuple(
         sorted({t.name for t in tree.find_all(exp.Table) if t.db == "sys" and not t.catalog})
@@ -301,6 +307,15 @@ def _table_name(table: exp.Table) -> str:
     return ".".join(part for part in (table.db, table.name) if part)
 
 
+def _truncate_without_only(tree: exp.TruncateTable) -> tuple[exp.TruncateTable, str]:
+    """``TRUNCATE [TABLE] ONLY t`` (the PostgreSQL JDBC driver's) as DuckDB takes it: DuckDB
+    has no inheritance, so ONLY changes nothing, and its parser refuses the word."""
+    tree = tree.copy()
+    for table in tree.expressions:
+        table.set("only", None)
+    return tree, tree.sql(dialect="duckdb")
+
+
 def _tag_of(tree: exp.Expression, sql: str) -> str:
     """The PostgreSQL-style command tag (without row counts)."""
     if isinstance(tree, exp.Query):
@@ -309,9 +324,11 @@ def _tag_of(tree: exp.Expression, sql: str) -> str:
     for kind, tag in simple.items():
         if isinstance(tree, kind):
             return tag
-    if isinstance(tree, exp.Create | exp.Drop):
-        verb = "CREATE" if isinstance(tree, exp.Create) else "DROP"
+    if isinstance(tree, exp.Create | exp.Drop | exp.Alter):
+        verb = tree.key.upper()
         return f"{verb} {str(tree.args.get('kind') or 'TABLE').upper()}"
+    if isinstance(tree, exp.TruncateTable):
+        return "TRUNCATE TABLE"
     words = sql.split(None, 1)
     return words[0].upper() if words else "EMPTY"
 

@@ -1,0 +1,56 @@
+"""Statements without rows answer with a command tag alone, as PostgreSQL's do.
+
+psql prints no result set for them, and the PostgreSQL JDBC driver (Spark's JDBC writer)
+fails with "A result was returned when none was expected" if rows come back.
+"""
+
+from __future__ import annotations
+
+import subprocess
+
+import psycopg
+import pytest
+
+from sql.pgwire.server import ServerThread
+
+NO_ROWS = [
+    ("CREATE TABLE t (a INTEGER)", "CREATE TABLE"),
+    ("ALTER TABLE t ADD COLUMN b INTEGER", "ALTER TABLE"),
+    ("CREATE VIEW v AS SELECT a FROM t", "CREATE VIEW"),
+    ("ALTER VIEW v RENAME TO w", "ALTER VIEW"),
+    ("DROP VIEW w", "DROP VIEW"),
+    ("TRUNCATE t", "TRUNCATE TABLE"),
+    ("TRUNCATE TABLE ONLY t", "TRUNCATE TABLE"),
+    ("DROP TABLE t", "DROP TABLE"),
+]
+
+
+@pytest.mark.parametrize("prepare", [False, True], ids=["simple", "extended"])
+def test_statements_without_rows_send_only_a_tag(server: ServerThread, prepare: bool) -> None:
+    with psycopg.connect(host="127.0.0.1", port=server.port, user="tester",
+                         autocommit=True, connect_timeout=10) as client:  # fmt: skip
+        for sql, tag in NO_ROWS:
+            cursor = client.execute(sql, prepare=prepare)
+            assert cursor.description is None, sql  # NoData / no RowDescription
+            assert cursor.statusmessage == tag, sql
+
+
+def test_truncate_only_empties_the_table(server: ServerThread) -> None:
+    with psycopg.connect(host="127.0.0.1", port=server.port, user="tester",
+                         autocommit=True, connect_timeout=10) as client:  # fmt: skip
+        client.execute("CREATE TABLE t (a INTEGER)")
+        client.execute("INSERT INTO t VALUES (1), (2)")
+        client.execute("TRUNCATE TABLE ONLY t")
+        assert client.execute("SELECT count(*) FROM t").fetchone() == (0,)
+
+
+def test_psql_prints_no_result_set_for_drop(server: ServerThread) -> None:
+    script = "CREATE TABLE t (a INTEGER);\nDROP TABLE t;\n"
+    done = subprocess.run(
+        ["psql", "-X", "-h", "127.0.0.1", "-p", str(server.port), "-U", "tester", "-d",
+         "topicbase", "-v", "ON_ERROR_STOP=1", "-c", script],
+        capture_output=True, text=True, timeout=60,
+    )  # fmt: skip
+    assert done.returncode == 0, done.stderr
+    # psql 15 prints each statement's outcome: tags only, no "Success" result set.
+    assert done.stdout.split() == ["CREATE", "TABLE", "DROP", "TABLE"], done.stdout
