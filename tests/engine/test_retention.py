@@ -317,8 +317,8 @@ def test_a_one_second_retention_empties_an_idle_topic_within_seconds(tmp_path):
     session = db.connect()
     try:
         session.execute("CREATE TOPIC t WITH (retention_period = Interval('PT1S'))")
+        written = time.monotonic()  # before the write: written_at is no earlier
         session.execute("INSERT INTO TOPIC t (data) VALUES ('a'), ('b')")
-        written = time.monotonic()
         deadline = written + 20
         while _partition(session)["start_offset"] != 2 and time.monotonic() < deadline:
             time.sleep(0.05)
