@@ -57,13 +57,18 @@ class DuplicateTableError(errors.TopicbaseError):
 Connection = duckdb.DuckDBPyConnection
 
 
+# PostgreSQL's arithmetic in DuckDB's SQL: ``/`` of integers is integer division (5/2 = 2)
+# and any division by zero raises (22012), where DuckDB would give 2.5 and inf or NULL.
+DIALECT_CONFIG = {"integer_division": True, "error_on_division_by_zero": True}
+
+
 def connect(path: str, *, read_only: bool = False) -> Connection:
     """Open the DuckDB file (or ``:memory:``), refusing a file another process holds.
 
     ``read_only`` opens an existing file without ever writing it (``topicbase check``).
     """
     try:
-        return duckdb.connect(path, read_only=read_only)
+        return duckdb.connect(path, read_only=read_only, config=dict(DIALECT_CONFIG))
     except duckdb.IOException as error:
         raise errors.ObjectInUseError(f"cannot open {path}: {error}") from error
 
@@ -102,7 +107,7 @@ def translate(error: duckdb.Error) -> errors.TopicbaseError:
     if isinstance(error, duckdb.OutOfRangeException):
         return NumericOutOfRangeError(text)
     if "division by zero" in lowered:
-        return DivisionByZeroError(text)
+        return DivisionByZeroError("division by zero")  # PostgreSQL's words, no DuckDB advice
     if isinstance(error, duckdb.ConversionException | duckdb.InvalidInputException):
         return InvalidTextRepresentationError(text)
     if isinstance(error, duckdb.IOException):
