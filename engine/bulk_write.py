@@ -266,10 +266,12 @@ class BulkWrites:
         """
         if not sink_id or not isinstance(batch_id, int):
             raise InvalidParameterValueError("a commit needs a sink id and an integer batch id")
-        metas = {w: self._meta(session, w) for w in dict.fromkeys(write_ids)}
         if self.committed_rows(session, sink_id, batch_id) is not None:
-            self._discard(metas)
+            # A replay: its writes were published (and deleted) by the first commit, or
+            # are a re-run's copies, which go unpublished.
+            self.abort(session, write_ids)
             return {"status": "duplicate", "rows": 0}
+        metas = {w: self._meta(session, w) for w in dict.fromkeys(write_ids)}
         try:
             rows = self._publish(session, sink_id, batch_id, metas)
         except TopicbaseError:

@@ -1,0 +1,45 @@
+"""Topicbase for Spark: the ``topicbase`` PySpark data source and the Spark SQL catalog.
+
+``spark.dataSource.register(TopicbaseDataSource)`` (or nothing at all: Spark finds the
+source through the ``pyspark_topicbase`` module) makes ``format("topicbase")`` available;
+``configure(builder, url=..., user=..., password=...)`` also installs the Java catalog
+(``spark_sql_ext/java``, built into ``spark_sql_ext/jars/topicbase-spark.jar`` by ``make
+spark-jar``). Everything talks to ``topicbase serve`` through its Arrow Flight door.
+"""
+
+from __future__ import annotations
+
+import os
+from typing import Any
+
+JAR_PATH = os.path.join(os.path.dirname(os.path.abspath(__file__)), "jars", "topicbase-spark.jar")
+CATALOG_CLASS = "io.topicbase.spark.TopicbaseCatalog"
+
+
+def data_source() -> type:
+    """The data source class (imports pyspark on first use)."""
+    from spark_sql_ext.datasource import TopicbaseDataSource
+
+    return TopicbaseDataSource
+
+
+def register(spark: Any) -> None:
+    """Register the ``topicbase`` format on a SparkSession."""
+    spark.dataSource.register(data_source())
+
+
+def configure(builder: Any, *, url: str, user: str, password: str = "",
+              catalog: str = "topicbase", default: bool = False) -> Any:  # fmt: skip
+    """``builder`` with the catalog jar and settings in place: ``SELECT * FROM
+    topicbase.main.events`` (or bare names with ``default=True``) once the session starts."""
+    if not os.path.exists(JAR_PATH):
+        raise FileNotFoundError(f"{JAR_PATH} is missing: build it with `make spark-jar`")
+    prefix = f"spark.sql.catalog.{catalog}"
+    builder = (builder.config("spark.jars", JAR_PATH)
+               .config(prefix, CATALOG_CLASS)
+               .config(f"{prefix}.url", url)
+               .config(f"{prefix}.user", user)
+               .config(f"{prefix}.password", password))  # fmt: skip
+    if default:
+        builder = builder.config("spark.sql.defaultCatalog", catalog)
+    return builder

@@ -1,0 +1,274 @@
+"""The ``topicbase`` PySpark data source: batch reads and exactly-once batch writes.
+
+Reads: the driver asks the Flight door for the cut of a topic (``GetFlightInfo``): one
+Spark task per partition range (ranges longer than ``splitRows`` are split); each task
+streams its range's stored Arrow frames (``DoGet``) and yields them as Arrow record batches
+whose types are the Spark schema's. A table is one task reading it through SQL. With
+``spark.sql.python.filterPushdown.enabled``, filters on ``partition`` and ``offset`` are
+applied exactly by narrowing the ranges, and ``written_at >= t`` narrows them (Spark
+still checks it).
+
+Writes (batch and streaming, ``streaming.py``), exactly once: the writer object is pickled
+once, so the id made in its ``__init__`` names this write in every task and in the driver's
+commit. Each task stages its rows through ``DoPut`` under ``<write>-<partition>-<attempt>``
+and returns that id; the driver's ``commit`` publishes every id in one Topicbase
+transaction recorded as ``(sink id, batch id)``: a replayed commit is a no-op, an abort
+(or a commit, for attempts that failed) discards what tasks staged. Topic rows take the
+topic's write columns (``data``, ``producer_id``, ``seq_no``, ``message_group_id``,
+``partition``, ``created_at``, ``metadata``, ``codec``); table rows go to the table's
+columns by name.
+
+Process model: the DataSource, its reader and writer are built on the driver and pickled
+to Spark's Python workers; every process opens its own Flight connection.
+"""
+
+from __future__ import annotations
+
+import itertools
+import uuid
+from collections.abc import Iterator, Sequence
+from dataclasses import dataclass
+from typing import Any
+
+import pyarrow as pa
+from pyspark.sql.datasource import (
+    DataSource,
+    DataSourceArrowWriter,
+    DataSourceReader,
+    EqualTo,
+    Filter,
+    GreaterThan,
+    GreaterThanOrEqual,
+    In,
+    InputPartition,
+    LessThan,
+    LessThanOrEqual,
+    WriterCommitMessage,
+)
+from pyspark.sql.pandas.types import from_arrow_schema, to_arrow_schema
+from pyspark.sql.types import StructType
+
+from spark_sql_ext.options import Options, Position, parse_options, resolve
+
+WRITE_COLUMNS = ("data", "producer_id", "seq_no", "message_group_id", "partition",
+                 "created_at", "metadata", "codec")  # fmt: skip
+
+
+class TopicbaseDataSource(DataSource):
+    """``spark.read.format("topicbase")`` and friends (see the module docstring)."""
+
+    @classmethod
+    def name(cls) -> str:
+        return "topicbase"
+
+    def schema(self) -> StructType | str:
+        options = parse_options(self.options)
+        if options.topic:
+            return options.topic_ddl()
+        with options.connect() as client:
+            schema, _ = client.tickets({**options.target, "columns": list(options.columns or [])})
+        return from_arrow_schema(schema)
+
+    def reader(self, schema: StructType) -> DataSourceReader:
+        return TopicbaseReader(parse_options(self.options), schema)
+
+    def writer(self, schema: StructType, overwrite: bool) -> DataSourceArrowWriter:
+        return TopicbaseWriter(parse_options(self.options), schema, overwrite)
+
+    def streamReader(self, schema: StructType) -> Any:
+        from spark_sql_ext.streaming import TopicbaseStreamReader
+
+        return TopicbaseStreamReader(parse_options(self.options, streaming=True), schema)
+
+    def streamWriter(self, schema: StructType, overwrite: bool) -> Any:
+        from spark_sql_ext.streaming import TopicbaseStreamWriter
+
+        return TopicbaseStreamWriter(parse_options(self.options, streaming=True), schema)
+
+
+@dataclass(frozen=True)
+class RangePartition(InputPartition):
+    """One task's read: a Flight ticket (a topic range, or a whole table)."""
+
+    ticket: dict[str, Any]
+
+
+def read_ticket(options: Options, schema: StructType, ticket: dict[str, Any]
+                ) -> Iterator[pa.RecordBatch]:  # fmt: skip
+    """The batches of one ticket, cast to the Arrow types of Spark's schema when needed."""
+    target = to_arrow_schema(schema, timezone="UTC", prefers_large_types=False)
+    with options.connect() as client:
+        for batch in client.read_ticket(ticket):
+            if batch.num_rows == 0:
+                continue
+            if batch.schema != target:
+                batch = pa.RecordBatch.from_arrays(
+                    [batch.column(f.name).cast(f.type) for f in target], schema=target)
+            yield batch
+
+
+class TopicbaseReader(DataSourceReader):
+    def __init__(self, options: Options, schema: StructType) -> None:
+        self.options = options
+        self.schema = schema
+        self._partitions: set[int] | None = None
+        self._low: int | None = None  # offsets >= _low
+        self._high: int | None = None  # offsets < _high
+        self._since_us: int | None = None
+
+    def pushFilters(self, filters: list[Filter]) -> Any:
+        """Keep the filters on partition and offset (applied exactly through the ranges);
+        written_at >= t narrows the ranges but stays with Spark too."""
+        for item in filters:
+            if self.options.topic and self._push(item):
+                continue
+            yield item
+
+    def _push(self, item: Filter) -> bool:
+        column = item.attribute[0] if len(item.attribute) == 1 else None
+        value = getattr(item, "value", None)
+        if column == "partition" and isinstance(item, EqualTo | In):
+            wanted = {int(v) for v in (value if isinstance(item, In) else (value,))}
+            self._partitions = wanted if self._partitions is None else self._partitions & wanted
+            return True
+        if column == "offset" and isinstance(value, int):
+            bounds = {GreaterThan: (value + 1, None), GreaterThanOrEqual: (value, None),
+                      LessThan: (None, value), LessThanOrEqual: (None, value + 1),
+                      EqualTo: (value, value + 1)}  # fmt: skip
+            low, high = bounds.get(type(item), (None, None))
+            if low is None and high is None:
+                return False
+            if low is not None:
+                self._low = low if self._low is None else max(self._low, low)
+            if high is not None:
+                self._high = high if self._high is None else min(self._high, high)
+            return True
+        if column == "written_at" and isinstance(item, GreaterThan | GreaterThanOrEqual):
+            moment = value
+            if hasattr(moment, "timestamp"):
+                self._since_us = int(moment.timestamp() * 1_000_000)
+        return False
+
+    def partitions(self) -> Sequence[InputPartition]:
+        options = self.options
+        columns = list(options.columns) if options.columns else [f.name for f in self.schema]
+        with options.connect() as client:
+            if not options.topic:
+                _, tickets = client.tickets({**options.target, "columns": columns})
+                return [RangePartition(t) for t in tickets]
+            bounds = client.partitions(options.topic)
+            if self._partitions is not None:
+                bounds = [b for b in bounds if b["partition"] in self._partitions]
+            starts = resolve(client, options, options.starting, bounds)
+            ends = resolve(client, options, options.ending, bounds)
+            if self._since_us is not None:
+                since = resolve(client, options, Position("time", time_us=self._since_us), bounds)
+                starts = {p: max(o, since[p]) for p, o in starts.items()}
+            if self._low is not None:
+                starts = {p: max(o, self._low) for p, o in starts.items()}
+            if self._high is not None:
+                ends = {p: min(o, self._high) for p, o in ends.items()}
+        tickets = []
+        for bound in bounds:
+            partition = bound["partition"]
+            start, end = starts[partition], ends[partition]
+            while start < end:
+                piece = min(end, start + options.split_rows)
+                tickets.append({"topic": options.topic, "partition": partition, "start": start,
+                                "end": piece, "columns": columns})  # fmt: skip
+                start = piece
+        return [RangePartition(t) for t in tickets]
+
+    def read(self, partition: InputPartition) -> Iterator[pa.RecordBatch]:
+        if not isinstance(partition, RangePartition):
+            return  # Spark's stand-in InputPartition(None) when there is no range to read
+        yield from read_ticket(self.options, self.schema, partition.ticket)
+
+
+@dataclass(frozen=True)
+class StagedMessage(WriterCommitMessage):
+    """What a task staged: its write id (None when it had no rows) and row count."""
+
+    write_id: str | None
+    rows: int
+
+
+def stage_task(options: Options, prefix: str, iterator: Iterator[pa.RecordBatch]
+               ) -> StagedMessage:  # fmt: skip
+    """A task's part of a write: its batches staged under its own write id."""
+    from pyspark import TaskContext
+
+    context = TaskContext.get()
+    task = f"{context.partitionId()}-{context.attemptNumber()}" if context else uuid.uuid4().hex
+    write_id = f"{prefix}-{task}"
+    first = next(iterator, None)
+    if first is None:
+        return StagedMessage(None, 0)
+    rows = 0
+
+    def batches() -> Iterator[pa.RecordBatch]:
+        nonlocal rows
+        for item in itertools.chain([first], iterator):
+            rows += item.num_rows
+            yield _writable(options, item)
+
+    with options.connect() as client:
+        try:
+            client.put(options.target, batches(), _writable(options, first).schema, write_id)
+        except BaseException:
+            client.abort([write_id])
+            raise
+    return StagedMessage(write_id, rows)
+
+
+def _writable(options: Options, batch: pa.RecordBatch) -> pa.RecordBatch:
+    """Topic rows keep the topic's write columns only (a read's offset, written_at …
+    are the server's to set); table rows go as they are."""
+    if not options.topic:
+        return batch
+    names = [n for n in batch.schema.names if n in WRITE_COLUMNS]
+    if "data" not in names:
+        raise ValueError('a write to a topic needs a "data" column')
+    return batch.select(names)
+
+
+def publish(options: Options, prefix: str, sink_id: str, batch_id: int,
+            messages: list[StagedMessage | None]) -> dict[str, Any]:  # fmt: skip
+    """The driver's commit: publish the tasks' writes as ``(sink_id, batch_id)``, then
+    discard anything else staged under this write's prefix (failed attempts)."""
+    write_ids = [m.write_id for m in messages if m is not None and m.write_id]
+    with options.connect() as client:
+        outcome = client.commit(sink_id, batch_id, write_ids)
+        _discard_prefix(client, prefix)
+    return outcome
+
+
+def discard(options: Options, prefix: str) -> None:
+    with options.connect() as client:
+        _discard_prefix(client, prefix)
+
+
+def _discard_prefix(client: Any, prefix: str) -> None:
+    leftovers = [w["write_id"] for w in client.staged() if w["write_id"].startswith(prefix + "-")]
+    if leftovers:
+        client.abort(leftovers)
+
+
+class TopicbaseWriter(DataSourceArrowWriter):
+    def __init__(self, options: Options, schema: StructType, overwrite: bool) -> None:
+        if overwrite:
+            raise ValueError("topicbase writes append; mode('overwrite') is not supported")
+        self.options = options
+        self.prefix = "spark-" + uuid.uuid4().hex  # made once, on the driver
+        self.sink_id = options.sink_id or self.prefix
+        self.last_outcome: dict[str, Any] | None = None
+
+    def write(self, iterator: Iterator[pa.RecordBatch]) -> StagedMessage:
+        return stage_task(self.options, self.prefix, iterator)
+
+    def commit(self, messages: list[WriterCommitMessage | None]) -> None:
+        self.last_outcome = publish(self.options, self.prefix, self.sink_id, 0,
+                                    messages)  # type: ignore[arg-type]
+
+    def abort(self, messages: list[WriterCommitMessage | None]) -> None:
+        discard(self.options, self.prefix)

@@ -1,0 +1,107 @@
+"""One local SparkSession for the whole run, and a Flight door over a fresh data directory.
+
+The session (local[2], UI off, 2 shuffle partitions, loopback, UTC, quiet log, C1-only JIT
+and the serial GC: see FACTS.md) is made once per pytest run; each test gets its own data
+directory and door. Spark's Python workers import the repository's code: the repository
+root is put on their PYTHONPATH (also how they find ``pyspark_topicbase``).
+"""
+
+from __future__ import annotations
+
+import os
+import shutil
+import sys
+from collections.abc import Iterator
+from pathlib import Path
+
+import pyspark  # noqa: F401  (the test extra pins it: a missing pyspark fails the run)
+import pytest
+
+if shutil.which("java") is None:
+    pytest.fail("java is missing: `make test` installs openjdk-17-jdk-headless", pytrace=False)
+
+from engine.database import Database
+from spark_sql_ext.client import TopicbaseClient
+from sql.flight.server import TopicbaseFlightServer, start_flight
+from sql.pgwire.users import add_user, default_users_path
+
+ROOT = Path(__file__).resolve().parents[2]
+LOG4J = """rootLogger.level = error
+rootLogger.appenderRef.stderr.ref = console
+appender.console.type = Console
+appender.console.name = console
+appender.console.target = SYSTEM_ERR
+appender.console.layout.type = PatternLayout
+appender.console.layout.pattern = %d{HH:mm:ss} %p %c{1}: %m%n
+"""
+
+
+@pytest.fixture(scope="session")
+def spark(tmp_path_factory: pytest.TempPathFactory) -> Iterator[object]:
+    from pyspark.sql import SparkSession
+
+    log4j = tmp_path_factory.mktemp("spark") / "log4j2.properties"
+    log4j.write_text(LOG4J)
+    os.environ["PYTHONPATH"] = os.pathsep.join(
+        p for p in (str(ROOT), os.environ.get("PYTHONPATH")) if p)
+    os.environ["PYSPARK_PYTHON"] = sys.executable
+    jvm = f"-XX:TieredStopAtLevel=1 -XX:+UseSerialGC -Dlog4j2.configurationFile=file:{log4j}"
+    builder = (SparkSession.builder.master("local[2]").appName("topicbase-tests")
+               .config("spark.ui.enabled", "false")
+               .config("spark.sql.shuffle.partitions", "2")
+               .config("spark.driver.host", "127.0.0.1")
+               .config("spark.driver.bindAddress", "127.0.0.1")
+               .config("spark.sql.session.timeZone", "UTC")
+               .config("spark.driver.extraJavaOptions", jvm)
+               .config("spark.sql.python.filterPushdown.enabled", "true"))  # fmt: skip
+    import spark_sql_ext
+
+    if os.path.exists(spark_sql_ext.JAR_PATH):
+        builder = builder.config("spark.jars", spark_sql_ext.JAR_PATH)
+    session = builder.getOrCreate()
+    session.sparkContext.setLogLevel("ERROR")
+    yield session
+    session.stop()
+
+
+PASSWORD = "spark-secret"
+
+
+@pytest.fixture
+def database(tmp_path: Path) -> Iterator[Database]:
+    db = Database.open(str(tmp_path / "data"), retention_interval_s=None)
+    add_user(default_users_path(db.path), "sparky", PASSWORD, superuser=True)
+    yield db
+    db.close()
+
+
+@pytest.fixture
+def door(database: Database) -> Iterator[TopicbaseFlightServer]:
+    server = start_flight(database, "127.0.0.1", 0, "scram")
+    yield server
+    server.stop()
+
+
+@pytest.fixture
+def url(door: TopicbaseFlightServer) -> str:
+    return f"topicbase://127.0.0.1:{door.port}"
+
+
+@pytest.fixture
+def options(url: str) -> dict[str, str]:
+    return {"url": url, "user": "sparky", "password": PASSWORD}
+
+
+@pytest.fixture
+def client(url: str) -> Iterator[TopicbaseClient]:
+    connection = TopicbaseClient(url, "sparky", PASSWORD)
+    yield connection
+    connection.close()
+
+
+def sql_rows(database: Database, sql: str) -> list[dict]:
+    session = database.connect()
+    try:
+        return session.execute(sql)[-1].table.to_pylist()
+    finally:
+        session.close()
