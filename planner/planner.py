@@ -166,6 +166,8 @@ def analyse_sql(sql: str) -> RunQuery:
         return RunQuery(sql, (), (), False, "EMPTY", uses_parameters=False)
     if isinstance(tree, exp.TruncateTable):
         tree, sql = _truncate_without_only(tree)
+    if any(t.this == exp.DataType.Type.JSONB for t in tree.find_all(exp.DataType)):
+        sql = tree.sql(dialect="duckdb")  # PostgreSQL's jsonb is DuckDB's JSON
     written: set[str] = set()
     target = None
     if isinstance(tree, WRITING_STATEMENTS):

@@ -54,3 +54,12 @@ def test_psql_prints_no_result_set_for_drop(server: ServerThread) -> None:
     assert done.returncode == 0, done.stderr
     # psql 15 prints each statement's outcome: tags only, no "Success" result set.
     assert done.stdout.split() == ["CREATE", "TABLE", "DROP", "TABLE"], done.stdout
+
+
+def test_jsonb_is_accepted_as_a_type_name(server: ServerThread) -> None:
+    with psycopg.connect(host="127.0.0.1", port=server.port, user="tester",
+                         autocommit=True, connect_timeout=10) as client:  # fmt: skip
+        client.execute("CREATE TABLE docs (id INTEGER, body jsonb)")
+        client.execute("""INSERT INTO docs VALUES (1, '{"a": 1}'::jsonb)""")
+        row = client.execute("SELECT body->>'a', CAST(body AS JSONB) FROM docs").fetchone()
+        assert row is not None and row[0] == "1" and row[1] == {"a": 1}
