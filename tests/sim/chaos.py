@@ -6,7 +6,15 @@ database itself (every database access happens in a forked child, so forking is
 safe). The worker recovers the database by opening it, records an observation of the
 recovered state (incremental: only what changed since the previous observation),
 reports ready, and runs its workload; the runner either SIGKILLs it at a random moment
-or has armed a random failpoint (``name=crash@n``) and lets it run into it.
+or has armed a random failpoint (``name=crash@n``) and lets it run into it, or the cycle
+is a *power cut*: the worker runs on a ``FaultyFileSystem`` (``tests.sim.faulty_fs``,
+strict directories) with checkpoints every few commits, and at a random moment (in
+recovery or in the workload) a thread of its own cuts the power and ends the process
+(``FaultyFileSystem.cut_power_and_exit``): every file goes back to what was synced, every
+directory entry to what was synced into its directory, with a random part of the dirty
+pages written back or none. A kill keeps the page cache; a power cut does not, so what
+was acknowledged only because a later sync was to make it durable (a checkpoint deleting
+commit records before syncing the partitions it published to) is lost and shows up.
 Transactions whose process died during COMMIT are then recorded as outcome unknown
 (``info``).
 
@@ -27,8 +35,8 @@ every problem it finds is a violation.
 
 The last line is exactly::
 
-    chaos: <cycles> cycles, <kills> kills, <failpoints> failpoints, <messages> messages,
-    <transactions> transactions, <violations> violations
+    chaos: <cycles> cycles, <kills> kills, <failpoints> failpoints, <power cuts> power cuts,
+    <messages> messages, <transactions> transactions, <violations> violations
 
 (on one line), and the exit status is 1 on any violation. A failing run prints
 its seed; ``--seed`` replays it (the kill moments depend on timing, the choices
@@ -47,12 +55,14 @@ import select
 import signal
 import sys
 import tempfile
+import threading
 import time
 import traceback
 from collections import Counter
 from collections.abc import Callable
 from pathlib import Path
 
+from engine import commit as commit_module
 from engine.check import check_database
 from engine.database import Database
 from storage import failpoints as failpoint_switch
@@ -66,6 +76,7 @@ from tests.sim.chaos_worker import (
     warm_up,
 )
 from tests.sim.checker import Report, check_file
+from tests.sim.faulty_fs import FaultyFileSystem
 from tests.sim.history import HistoryTail, HistoryWriter, ListDigest
 
 FAILPOINTS = (
@@ -127,6 +138,9 @@ CHECK_EVERY = 25
 FULL_OBSERVATION_EVERY = 100  # cycles; the other checks' observations read only tails
 WORKER_SECONDS = 1.5
 CHILD_TIMEOUT_S = 60
+# Power-cut cycles checkpoint every few commits (not every 256), so that cuts land after
+# checkpoints that deleted the records of transactions published in the same process.
+POWER_CUT_CHECKPOINT_TRANSACTIONS = (2, 5, 16)
 CRASHED = (137, -signal.SIGKILL)  # os._exit(137) at a failpoint, or SIGKILL
 
 
@@ -303,8 +317,8 @@ def run_cycle(
     rng: random.Random,
     previous: str | None = None,
 ) -> tuple[str, str | None, float]:
-    """One workload process; returns ("kill"|"failpoint"|"clean", the failpoint it hit,
-    seconds from the fork to ready: recovery and observation).
+    """One workload process; returns ("kill"|"failpoint"|"power"|"clean", the failpoint it
+    hit, seconds from the fork to ready: recovery and observation).
 
     ``previous`` is the failpoint the last cycle crashed at: after a crash between the
     commit point and the end of a publish, this cycle's recovery may republish, and it is
@@ -315,16 +329,36 @@ def run_cycle(
     if previous in REPUBLISHING_FAILPOINTS:
         mode, failpoint = "failpoint", "recovery.after_republish"
     else:
-        mode = rng.choice(("kill", "kill", "failpoint"))
+        mode = rng.choice(("kill", "kill", "failpoint", "power"))
         failpoint = rng.choice(FAILPOINTS) if mode == "failpoint" else None
         if failpoint is not None and idle_cycle(cycle):
             failpoint = rng.choice(IDLE_FAILPOINTS)  # around the idle roll and delete
     nth = 1 if failpoint in RARE_FAILPOINTS else rng.randint(1, 6)
     arm = f"{failpoint}=crash@{nth}" if failpoint is not None else ""
     seed = rng.getrandbits(32)
+    power = (
+        (
+            rng.uniform(0.0, WORKER_SECONDS),
+            rng.random() < 0.5,
+            rng.choice(POWER_CUT_CHECKPOINT_TRANSACTIONS),
+        )
+        if mode == "power"
+        else None
+    )
 
     def body(ready: Callable[[], None]) -> None:
-        run_worker(data_dir, history, cycle, seed, WORKER_SECONDS, known, ready)
+        if power is None:
+            run_worker(data_dir, history, cycle, seed, WORKER_SECONDS, known, ready)
+            return
+        cut_after_s, partial, checkpoint_every = power
+        commit_module.CHECKPOINT_TRANSACTIONS = checkpoint_every  # in this child only
+        fs = FaultyFileSystem(seed, strict_directories=True)
+        cut = threading.Timer(
+            cut_after_s, fs.cut_power_and_exit, kwargs={"partial_writeback": partial}
+        )
+        cut.daemon = True
+        cut.start()  # from the fork: the cut may land in recovery, or in the workload
+        run_worker(data_dir, history, cycle, seed, WORKER_SECONDS, known, ready, fs=fs)
 
     forked = time.monotonic()
     child = Child(body, work / "worker.log", arm)
@@ -336,8 +370,8 @@ def run_cycle(
     status = child.wait()
     if status != 0 and status not in CRASHED:
         raise child.failure(f"worker {cycle}")
-    if mode == "failpoint" and status not in CRASHED:
-        mode, failpoint = "clean", None  # the failpoint was not reached in time
+    if mode in ("failpoint", "power") and status not in CRASHED:
+        mode, failpoint = "clean", None  # the failpoint (or the cut) was not reached in time
     return mode, failpoint, to_ready
 
 
@@ -472,10 +506,13 @@ def main(argv: list[str] | None = None) -> int:
             failpoints_hit[failpoint] += 1
         follower.settle_unknown_transactions()
         full = cycle % FULL_OBSERVATION_EVERY == 0 or cycle == args.cycles
-        if failpoint in CHECKED_FAILPOINTS or full:
+        if failpoint in CHECKED_FAILPOINTS or mode == "power" or full:
             problems = check_recovered(data_dir, work)
             for problem in problems[:20]:
-                print(f"VIOLATION check after cycle {cycle} ({failpoint}): {problem}", flush=True)
+                print(
+                    f"VIOLATION check after cycle {cycle} ({failpoint or mode}): {problem}",
+                    flush=True,
+                )
             store_problems += len(problems)
             if problems:
                 violations = store_problems
@@ -520,8 +557,8 @@ def main(argv: list[str] | None = None) -> int:
     messages = messages_observed(report) if report is not None else 0
     print(
         f"chaos: {sum(outcomes.values())} cycles, {outcomes['kill']} kills, "
-        f"{outcomes['failpoint']} failpoints, {messages} messages, {transactions} transactions, "
-        f"{violations} violations"
+        f"{outcomes['failpoint']} failpoints, {outcomes['power']} power cuts, "
+        f"{messages} messages, {transactions} transactions, {violations} violations"
     )
     return 1 if violations else 0
 

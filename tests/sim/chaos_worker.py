@@ -76,6 +76,7 @@ from engine.database import Database
 from engine.retention import ImportantConsumersGuard
 from storage.cleaner import apply_retention
 from storage.errors import SerializationFailure, TopicbaseError
+from storage.fs import DEFAULT_FILE_SYSTEM, FileSystem
 from storage.limits import READ_BYTES_MAX, READ_MESSAGES_MAX
 from storage.topic_log import TopicLog
 from tests.sim.history import (
@@ -383,9 +384,12 @@ def run_worker(
     seconds: float,
     known: Known,
     ready: Callable[[], None],
+    fs: FileSystem = DEFAULT_FILE_SYSTEM,
 ) -> None:
-    """Open (recover), observe, call ``ready``, run the workload for ``seconds``."""
-    db = Database.open(data_dir)
+    """Open (recover), observe, call ``ready``, run the workload for ``seconds``.
+    ``fs``: the file layer the database runs on (a power-cut cycle passes a
+    ``FaultyFileSystem``)."""
+    db = Database.open(data_dir, fs=fs)
     session = db.connect()
     with HistoryWriter(history_path, f"worker-{cycle}") as history:
         observed = dict(known.observed)

@@ -19,14 +19,14 @@ def test_short_chaos_run_finds_no_violation(tmp_path, capsys):
     )
     last = capsys.readouterr().out.strip().splitlines()[-1]
     match = re.fullmatch(
-        r"chaos: (\d+) cycles, (\d+) kills, (\d+) failpoints, (\d+) messages, "
-        r"(\d+) transactions, (\d+) violations",
+        r"chaos: (\d+) cycles, (\d+) kills, (\d+) failpoints, (\d+) power cuts, "
+        r"(\d+) messages, (\d+) transactions, (\d+) violations",
         last,
     )
     assert match, last
-    cycles, kills, failpoints, messages, transactions, violations = map(int, match.groups())
+    cycles, kills, failpoints, cuts, messages, transactions, violations = map(int, match.groups())
     assert status == 0 and violations == 0, last
-    assert cycles == 6 and kills + failpoints >= 3
+    assert cycles == 6 and kills + failpoints + cuts >= 3
     assert messages > 0 and transactions > 0
 
 
