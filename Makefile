@@ -31,7 +31,8 @@ demo: $(STAMP)
 demo-storage: $(STAMP)
 	$(PY) -m bench.demo_storage --data-dir ./demo-data/storage-walkthrough
 
-# Crash-consistency runs: workload -> kill or failpoint -> recover -> check history.
+# Crash-consistency runs: workload -> kill, failpoint or power cut (unsynced data dropped)
+# -> recover -> check history.
 # CHAOS_CYCLES=N make chaos sets the number of cycles (default 50).
 chaos: $(STAMP)
 	$(PY) -m tests.sim.chaos --cycles $${CHAOS_CYCLES:-50}
