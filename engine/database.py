@@ -29,6 +29,7 @@ from engine.identity import LOCAL_SUPERUSER, Identity
 from engine.leases import DEFAULT_LEASE_TIMEOUT_S, LeaseRegistry
 from engine.retention import DEFAULT_RETENTION_INTERVAL_S, RetentionService, run_retention_pass
 from planner.catalog import TopicInfo
+from planner.paths import DEFAULT_DATABASE_PATH, check_database_path
 from storage.cleaner import RetentionReport
 from storage.config import FsyncPolicy
 from storage.errors import StorageIOError
@@ -47,6 +48,7 @@ STAGING_DIRECTORY = "staging"
 class Database:
     _open: ClassVar[dict[str, Database]] = {}
     _registry_lock: ClassVar[threading.Lock] = threading.Lock()
+    database_path: str = DEFAULT_DATABASE_PATH  # absolute topic paths start with it
 
     def __init__(
         self,
@@ -95,19 +97,24 @@ class Database:
         lease_timeout_s: float = DEFAULT_LEASE_TIMEOUT_S,
         fs: FileSystem = DEFAULT_FILE_SYSTEM,
         retention_interval_s: float | None = DEFAULT_RETENTION_INTERVAL_S,
+        database_path: str = DEFAULT_DATABASE_PATH,
     ) -> Database:
         """Open (creating if needed) the data directory; shared within a process.
 
         Retention runs every ``retention_interval_s`` seconds in the background
         (None: only when ``run_retention`` is called). The first open of a
         directory in a process decides the settings; later opens share it.
+        ``database_path`` is the database's path in YDB's sense: a topic may be named
+        ``<database_path>/dir/events`` as well as ``dir/events`` (``planner.paths``).
         """
         path = os.path.abspath(path)
+        database_path = check_database_path(database_path)
         with cls._registry_lock:
             database = cls._open.get(path)
             if database is None:
                 os.makedirs(path, exist_ok=True)
                 database = cls(path, clock, fsync_policy, lease_timeout_s, fs, retention_interval_s)
+                database.database_path = database_path
                 cls._open[path] = database
             database._references += 1
             return database

@@ -440,7 +440,7 @@ class _TreeBuilder:
         target = next(c for c in tree.children if isinstance(c, Tree) and c.data in _TARGETS)
         timestamp, offsets = None, []
         if target.data == "timestamp_target":
-            text = unquote_string(str(target.children[0]))
+            text = unquote_text(target.children[0])  # type: ignore[arg-type]
             timestamp = _typed_literal("timestamp", text)
             if isinstance(timestamp, settings.InvalidLiteral):
                 raise self.source.syntax_error(
@@ -590,9 +590,9 @@ class _TreeBuilder:
         if kind in ("true", "false", "null"):
             return {"true": True, "false": False, "null": None}[kind]
         if kind == "string":
-            return unquote_string(str(tokens[0]))
+            return unquote_text(tokens[0])
         if kind in ("interval", "timestamp", "datetime"):
-            return _typed_literal(kind, unquote_string(str(tokens[0])))
+            return _typed_literal(kind, unquote_text(tokens[0]))
         if kind == "dollar_parameter":
             index = int(tokens[0][1:])
             if index < 1:
@@ -615,6 +615,13 @@ _TARGETS = {
 }
 
 
+def unquote_text(token: LarkToken) -> str:
+    """The text of a string literal: 'single' or, as in YQL, "double" quoted."""
+    if token.type == "QUOTED_IDENT":
+        return unquote_identifier(str(token))  # the same rule: "" stands for "
+    return unquote_string(str(token))
+
+
 def _typed_literal(kind: str, text: str) -> object:
     spelled = {"interval": "Interval", "timestamp": "Timestamp", "datetime": "Datetime"}[kind]
     try:
@@ -627,12 +634,13 @@ def _typed_literal(kind: str, text: str) -> object:
 
 # -- names and ALTER rules ------------------------------------------------------------------
 def check_topic_name(name: str, position: SourcePosition | None = None) -> None:
-    """A topic name is a relative path: components separated by "/", none of them
-    empty, "." or "..". 42602 otherwise."""
+    """A topic name is a path: components separated by "/", none of them empty, "." or
+    "..". 42602 otherwise. A path relative to the database (``dir/events``), or, as YQL
+    writes it, absolute (``/Root/dir/events``): the planner makes an absolute path
+    relative to the database's path, refusing one outside it (``planner.paths``)."""
     _check_common_name("topic", name, position)
-    if name.startswith("/"):
-        raise _name_error(f'topic name "{name}" must not start with "/"', position)
-    for component in name.split("/"):
+    relative = name[1:] if name.startswith("/") else name
+    for component in relative.split("/"):
         if component in ("", ".", ".."):
             shown = "an empty component" if not component else f'a "{component}" component'
             raise _name_error(f'topic name "{name}" has {shown}', position)

@@ -22,6 +22,7 @@ from sqlglot import expressions as exp
 
 from grammar import ast
 from planner.catalog import Catalog, SessionCatalog, TopicInfo
+from planner.column_names import pg_column_names
 from planner.ddl import plan_alter_topic, plan_create_topic, plan_drop_topic
 from planner.duckdb_sql import parse_duckdb
 from planner.offsets import plan_set_offsets
@@ -37,6 +38,7 @@ from planner.operations import (
     SwitchRole,
     TransactionControl,
 )
+from planner.paths import database_path_of, relative_statement
 from planner.relations import names_a_topic, plain_insert, resolve_plain_relations
 from storage.errors import UndefinedObjectError, UndefinedTopicError
 
@@ -61,6 +63,8 @@ def plan(statement: ast.Statement, catalog: Catalog) -> Plan:
     if isinstance(statement, ast.Explain):
         inner = plan(statement.statement, catalog)
         return replace(inner, explain_only=True, line=statement.position.line)
+    # Topic names as YQL writes them, absolute paths in the database, become relative.
+    statement = relative_statement(statement, database_path_of(catalog))
     planner = _PLANNERS.get(type(statement))
     assert planner is not None, f"no planner for {type(statement).__name__}"
     return replace(planner(statement, catalog), line=statement.position.line)
@@ -94,8 +98,11 @@ def _relation_names(sql: str) -> tuple[str, ...]:
 
 
 def _query_over_reads(sql: str, reads: tuple[ReadRecords, ...]) -> RunQuery:
+    names = _column_names(sql) if reads else None  # of the text as written, not rewritten
     sql = _text_casts_of_data(sql) if reads else sql
     query = analyse_sql(sql)
+    if names is not None:
+        query = replace(query, column_names=names)
     if len(reads) == 1:
         query = replace(query, projection=_plain_projection(sql, reads[0].placeholder))
     return query
@@ -190,6 +197,7 @@ def analyse_sql(sql: str) -> RunQuery:
                 + ")"
             )
     uses_parameters = any(True for _ in tree.find_all(exp.Placeholder, exp.Parameter))
+    names = pg_column_names(tree) if returns_rows else None
     if views:
         sql = _rename_system_views(tree).sql(dialect="duckdb")
     return RunQuery(
@@ -200,7 +208,17 @@ def analyse_sql(sql: str) -> RunQuery:
         _tag_of(tree, sql),
         views,
         uses_parameters,
+        column_names=names,
     )
+
+
+@functools.lru_cache(maxsize=SQL_ANALYSIS_CACHE_ENTRIES)
+def _column_names(sql: str) -> tuple[str, ...] | None:
+    try:
+        tree = parse_duckdb(sql)
+    except sqlglot.errors.ParseError:
+        return None
+    return None if tree is None else pg_column_names(tree)
 
 
 def _rename_system_views(tree: exp.Expression) -> exp.Expression:
