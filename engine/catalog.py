@@ -264,10 +264,15 @@ class CatalogStore:
         """Update the mirror after the transaction holding ``moves`` committed."""
         if moves:
             with self.lock:
+                before = self._offsets
                 self._offsets = {**self._offsets, **moves}
                 for key, offset in moves.items():
                     pending = self._pending.get(key)
-                    if pending:
+                    if pending and offset < before.get(key, 0):
+                        # A move back (SET OFFSETS) starts over: ranges committed ahead
+                        # before it must not carry the offset past a rewound gap.
+                        del self._pending[key]
+                    elif pending:
                         self._pending[key] = [r for r in pending if r[1] > offset]
 
     def plan_ranges(

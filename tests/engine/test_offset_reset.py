@@ -230,3 +230,16 @@ def test_moving_offsets_needs_select_on_the_topic(two) -> None:
     two.execute(SET + "EARLIEST")
     two.execute("RESET ROLE")
     assert _committed(two) == {0: 0, 1: 0}
+
+
+def test_ranges_committed_ahead_before_a_rewind_are_forgotten(session) -> None:
+    """COMMIT OFFSETS remembers ranges past a gap; a rewind starts over without them."""
+    session.execute("CREATE TOPIC t (CONSUMER c)")
+    session.execute("INSERT INTO TOPIC t (data) SELECT 'm' FROM range(10)")
+    commit = "COMMIT OFFSETS ON TOPIC t FOR CONSUMER c (PARTITION 0 {})"
+    session.execute(commit.format("FROM 5 UPTO 7"))  # ahead of a gap: remembered
+    session.execute(commit.format("UPTO 3"))
+    assert _committed(session) == {0: 3}
+    session.execute(SET + "EARLIEST")
+    session.execute(commit.format("UPTO 5"))
+    assert _committed(session) == {0: 5}, "the range [5, 7) was committed before the rewind"
