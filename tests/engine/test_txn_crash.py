@@ -73,6 +73,12 @@ MOVE_FAILPOINTS = (
     "commit.checkpoint_before_delete",
 )
 FAILPOINT_HITS = (1, 3)
+# Limits that only catch a hung worker, never a slow one: on 2 shared cores under load a
+# fork, the first line or a recovery can take many seconds. What a round checks does not
+# depend on them.
+WORKER_START_S = 120  # fork to "started", and to "opening" (printed before any work)
+WORKER_READY_S = 300  # to "ready": the database opened, recovery done
+WORKER_RUN_S = 300  # to the end of a run (a failpoint round, a drain)
 CHECKPOINT_EVERY = 3  # during failpoint runs, so that checkpoint_before_delete is hit
 INITIAL_PER_SOURCE = 300
 REFILL_PER_SOURCE = 200
@@ -124,22 +130,39 @@ class WorkerServer:
         stderr = self.tmp / f"worker-{self.runs}.err"
         self._send({"run": arguments, "failpoints": failpoints, "stderr": str(stderr)})
         worker = Worker(self, stderr)
-        assert worker.wait_for("started", 30), "the server did not fork a worker"
+        assert worker.wait_for("started", WORKER_START_S), (
+            f"the server did not fork a worker within {WORKER_START_S} s: {worker.account()}"
+        )
         return worker
 
 
 class Worker:
-    """One forked worker: wait for its lines, kill it, reap it."""
+    """One forked worker: wait for its lines, kill it, reap it.
+
+    Every line between the previous worker's ``exit`` and this one's is this worker's
+    (one worker at a time), and each is kept in ``lines``: the server's ``started`` and
+    the child's own ``opening`` share one pipe from two processes, so ``opening`` may
+    come first, and a wait for a word already passed must still see it.
+    """
 
     def __init__(self, server: WorkerServer, stderr: Path) -> None:
         self.server = server
         self.stderr = stderr
         self.code: int | None = None
+        self.lines: list[str] = []
+
+    def printed(self, word: str) -> str | None:
+        """The first line the worker printed that starts with ``word``, if any."""
+        return next((line for line in self.lines if line.split()[:1] == [word]), None)
 
     def wait_for(self, word: str, timeout: float) -> bool:
-        """True once the worker printed ``word``; False if it exited or timed out first."""
+        """True once the worker printed ``word`` (now or before); False if it exited
+        or ``timeout`` passed first."""
         deadline = time.monotonic() + timeout
-        while self.code is None and (remaining := deadline - time.monotonic()) > 0:
+        while self.printed(word) is None:
+            remaining = deadline - time.monotonic()
+            if self.code is not None or remaining <= 0:
+                return False
             try:
                 line = self.server.lines.get(timeout=remaining)
             except queue.Empty:
@@ -148,26 +171,45 @@ class Worker:
                 raise AssertionError("the worker server died")
             if line.startswith("exit "):
                 self.code = int(line.split()[1])
-                return False
-            if line.split()[0] == word:
-                return True
-        return False
+            elif line:
+                self.lines.append(line)
+        return True
+
+    def account(self) -> str:
+        """What the worker printed and how it ended, for failure messages."""
+        ended = "still running" if self.code is None else f"exit code {self.code}"
+        return f"worker printed {self.lines}, {ended}; stderr: {self._stderr_tail()}"
+
+    def _stderr_tail(self) -> str:
+        try:
+            return self.stderr.read_text()[-4000:] or "(empty)"
+        except FileNotFoundError:
+            return "(no file)"
+
+    def report(self) -> tuple[int, dict[str, int]] | None:
+        """(commits, failpoint hits) from the worker's ``done`` line, if it printed one."""
+        line = self.printed("done")
+        if line is None:
+            return None
+        fields = dict(part.split("=", 1) for part in line.split()[1:])
+        return int(fields["commits"]), json.loads(fields["failpoints"])
 
     def kill(self) -> None:
         if self.code is None:
             self.server._send({"kill": True})
 
-    def finish(self, *expected: int, timeout: float = 60) -> int:
+    def finish(self, *expected: int, timeout: float = WORKER_RUN_S) -> int:
         """Wait for the worker's end (killing it after ``timeout``); its code must be expected."""
         self.wait_for("<exit>", timeout)
         if self.code is None:
             self.kill()
             self.wait_for("<exit>", 10)
-            raise AssertionError(f"worker still running after {timeout} s; killed")
+            raise AssertionError(
+                f"worker still running after {timeout} s; killed; {self.account()}"
+            )
         if self.code not in expected:
             raise AssertionError(
-                f"worker exited with {self.code}, expected {expected}:\n"
-                f"{self.stderr.read_text()[-4000:]}"
+                f"worker exited with {self.code}, expected {expected}: {self.account()}"
             )
         return self.code
 
@@ -205,6 +247,35 @@ def _create(data: Path, per_source: int) -> None:
         tw.produce(session, 1, per_source)
 
 
+def _unconsumed(data: Path, mode: str) -> int:
+    """Messages of ``a`` the mode's consumer has not committed, counted (and checked) on a
+    copy, so that the next worker still runs the recovery itself."""
+    with _opened(data, copy=True) as session:
+        if mode == "move":
+            found = tw.check_moved(session)
+            return found.a_messages - found.consumed
+        return len(tw.topic_rows(session, "a")) - tw.check_counted(session)
+
+
+class Source:
+    """Topic ``a``'s producers: tops ``a`` up in place (seq_nos continue) when it runs low."""
+
+    def __init__(self, data: Path, per_source: int) -> None:
+        self.data = data
+        self.next_seq = per_source + 1
+        _create(data, per_source)
+
+    def top_up(self, unconsumed: int) -> int:
+        """Produce ``REFILL_PER_SOURCE`` more per source if fewer than ``REFILL_BELOW``
+        messages are unconsumed; returns the unconsumed count after."""
+        if unconsumed >= REFILL_BELOW:
+            return unconsumed
+        with _opened(self.data, copy=False) as session:
+            tw.produce(session, self.next_seq, REFILL_PER_SOURCE)
+        self.next_seq += REFILL_PER_SOURCE
+        return unconsumed + REFILL_PER_SOURCE * tw.SOURCES
+
+
 @pytest.fixture
 def server(tmp_path: Path):
     server = WorkerServer(tmp_path)
@@ -217,11 +288,15 @@ def _kill_round(server, data: Path, mode: str, rng: random.Random, **options) ->
     worker = server.start(data, mode, seed=rng.randrange(2**31), **options)
     try:
         if rng.random() < 0.15:
-            assert worker.wait_for("opening", 30), "worker did not start"
+            assert worker.wait_for("opening", WORKER_START_S), (
+                f"worker did not start within {WORKER_START_S} s: {worker.account()}"
+            )
             time.sleep(rng.uniform(0.0, 0.1))
             where = "open"
         else:
-            assert worker.wait_for("ready", 30), "worker did not get ready"
+            assert worker.wait_for("ready", WORKER_READY_S), (
+                f"worker did not get ready within {WORKER_READY_S} s: {worker.account()}"
+            )
             time.sleep(rng.uniform(0.0, 0.5))
             where = "run"
     finally:
@@ -231,16 +306,47 @@ def _kill_round(server, data: Path, mode: str, rng: random.Random, **options) ->
 
 
 def _failpoint_round(
-    server, data: Path, mode: str, failpoint: str, rng: random.Random, **options
+    server,
+    data: Path,
+    mode: str,
+    failpoint: str,
+    rng: random.Random,
+    unconsumed: int | None = None,
+    **options,
 ) -> None:
-    """Run a worker with ``failpoint`` armed; it must crash there (exit 137)."""
+    """Run a worker with ``failpoint`` (``name=crash@n``) armed; it must crash there (exit
+    137). ``unconsumed``: the messages the round had to work with, for the message.
+
+    A worker that ends cleanly instead reports its commits and failpoint hits: fewer
+    than n hits means the round's plan gave it too little to do (a test mistake); n hits
+    or more without a crash means the failpoint did not fire (a bug)."""
     worker = server.start(data, mode, seed=rng.randrange(2**31), failpoints=failpoint, **options)
-    worker.finish(CRASHED)
+    try:
+        worker.finish(CRASHED)
+    except AssertionError as error:
+        raise AssertionError(f"{_verdict(worker, failpoint, unconsumed)}; {error}") from None
+
+
+def _verdict(worker: Worker, failpoint: str, unconsumed: int | None) -> str:
+    """Why a failpoint round did not crash: a plan mistake or a bug (see _failpoint_round)."""
+    name, _, action = failpoint.partition("=")
+    nth = int(action.partition("@")[2] or 1)
+    report = worker.report()
+    if worker.code != 0 or report is None:
+        return "BUG? the worker neither crashed at its failpoint nor ended cleanly"
+    commits, hits = report
+    had = "" if unconsumed is None else f", with {unconsumed} unconsumed messages to start from"
+    if hits.get(name, 0) < nth:
+        return (
+            f"PLAN MISTAKE: the worker ran out of work after {commits} commits{had}, "
+            f"passing {name} {hits.get(name, 0)} times, short of the {nth} to crash at"
+        )
+    return f"BUG: {name} was passed {hits[name]} times ({commits} commits) and never crashed"
 
 
 def _run_to_completion(server, data: Path, mode: str, rng: random.Random) -> None:
     worker = server.start(data, mode, seed=rng.randrange(2**31), max_messages=50)
-    worker.finish(0, timeout=120)
+    worker.finish(0)
 
 
 class CopyCheck:
@@ -297,8 +403,7 @@ def test_resharding_loop_moves_every_message_exactly_once_across_kills_and_failp
     print(f"TXN_SEED={seed}")
     rng = random.Random(seed)
     data = tmp_path / "data"
-    _create(data, INITIAL_PER_SOURCE)
-    next_seq = INITIAL_PER_SOURCE + 1
+    source = Source(data, INITIAL_PER_SOURCE)
     rounds: list[tuple[str, str]] = [("kill", "")] * KILLS
     rounds += [("failpoint", f"{n}=crash@{k}") for n in MOVE_FAILPOINTS for k in FAILPOINT_HITS]
     rng.shuffle(rounds)
@@ -315,19 +420,14 @@ def test_resharding_loop_moves_every_message_exactly_once_across_kills_and_failp
             else:
                 # The refill below looks at the previous round's copy, one round late; a
                 # failpoint round must find messages to move, or it ends cleanly (exit 0).
-                # Counted on a copy, so that the worker still runs the recovery itself.
-                with _opened(data, copy=True) as session:
-                    found = tw.check_moved(session)
-                if found.a_messages - found.consumed < REFILL_BELOW:
-                    with _opened(data, copy=False) as session:
-                        tw.produce(session, next_seq, REFILL_PER_SOURCE)
-                    next_seq += REFILL_PER_SOURCE
+                unconsumed = source.top_up(_unconsumed(data, "move"))
                 _failpoint_round(
                     server,
                     data,
                     "move",
                     failpoint,
                     rng,
+                    unconsumed,
                     checkpoint_every=CHECKPOINT_EVERY,
                     max_messages=20,
                 )
@@ -335,10 +435,7 @@ def test_resharding_loop_moves_every_message_exactly_once_across_kills_and_failp
             outcomes[outcome] = outcomes.get(outcome, 0) + 1
         if check is not None:
             found = check.join(seed)
-            if found.a_messages - found.consumed < REFILL_BELOW:
-                with _opened(data, copy=False) as session:
-                    tw.produce(session, next_seq, REFILL_PER_SOURCE)
-                next_seq += REFILL_PER_SOURCE
+            source.top_up(found.a_messages - found.consumed)
         check = CopyCheck(data, number, tw.check_moved, what)
     if check is not None:
         check.join(seed)
@@ -362,11 +459,23 @@ def test_topic_to_table_counts_every_message_exactly_once_across_kills(
     key, the messages below the committed offsets; at the end they equal ``a``'s
     totals per key and the offsets equal ``a``'s end offsets.
     """
-    seed = _seed()
+    _topic_to_table_across_kills(tmp_path, server, _seed())
+
+
+def test_topic_to_table_across_kills_regression_seed_2422922104(tmp_path: Path, server) -> None:
+    """The seed whose last round (``commit.after_commit_point=crash@2``, after 12 kill
+    rounds) found ``a`` drained when the kill rounds had run fast: the worker had
+    nothing to commit, ended cleanly (exit 0), and the round failed for want of work,
+    not for a bug. Failpoint rounds now top ``a`` up first, as the resharding test's do.
+    On a slow machine the kill rounds move less; this seed must pass either way."""
+    _topic_to_table_across_kills(tmp_path, server, 2422922104)
+
+
+def _topic_to_table_across_kills(tmp_path: Path, server, seed: int) -> None:
     print(f"TXN_SEED={seed}")
     rng = random.Random(seed)
     data = tmp_path / "data"
-    _create(data, 400)
+    source = Source(data, 400)
     rounds = [("kill", "")] * max(1, KILLS // 2)
     rounds += [("failpoint", f"commit.after_commit_point=crash@{k}") for k in (1, 2, 4)]
     rng.shuffle(rounds)
@@ -377,7 +486,10 @@ def test_topic_to_table_counts_every_message_exactly_once_across_kills(
             if kind == "kill":
                 _kill_round(server, data, "count", rng, max_messages=10)
             else:
-                _failpoint_round(server, data, "count", failpoint, rng, max_messages=10)
+                # Kill rounds move as much as they have time for: crash@k needs k commits
+                # of at most 10 messages each left to do.
+                unconsumed = source.top_up(_unconsumed(data, "count"))
+                _failpoint_round(server, data, "count", failpoint, rng, unconsumed, max_messages=10)
         if check is not None:
             check.join(seed)
         check = CopyCheck(data, number, tw.check_counted, what)

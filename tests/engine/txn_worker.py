@@ -24,8 +24,11 @@ environment (``name=crash@n`` exits with 137 at the n-th hit).
 so that checkpoints, and kills inside them, happen in a short run.
 
 Stdout gets ``opening`` before the database is opened, ``ready`` once it is
-open (recovery done) with a session, and ``done`` after a clean close. An unexpected error
-exits with code 3 and a traceback on stderr.
+open (recovery done) with a session, and after a clean close ``done`` with what the
+run did: ``done commits=<n> failpoints=<json: name -> hits>`` (the hits of the armed
+failpoints), so that a test whose worker ended without reaching its failpoint can tell
+a plan that gave it too little to do from a failpoint that was passed and did not fire.
+An unexpected error exits with code 3 and a traceback on stderr.
 
 The data set (``create``, ``produce``): topic ``a`` has ``A_PARTITIONS``
 partitions and is written by ``SOURCES`` producers: producer ``s<src>`` writes
@@ -254,6 +257,7 @@ def main(argv: list[str] | None = None) -> int:
     args = parser.parse_args(argv)
     if args.checkpoint_every:
         commit_module.CHECKPOINT_TRANSACTIONS = args.checkpoint_every
+    commits = 0
     try:
         os.write(1, b"opening\n")
         database = Database.open(args.data)
@@ -262,16 +266,18 @@ def main(argv: list[str] | None = None) -> int:
         rng = random.Random(args.seed)
         bounds = (args.min_messages, args.max_messages)
         if args.mode == "move":
-            run_loop(session, MOVE, rng, *bounds)
+            commits = run_loop(session, MOVE, rng, *bounds)
         elif args.mode == "count":
-            run_loop(session, COUNT, rng, *bounds)
+            commits = run_loop(session, COUNT, rng, *bounds)
         session.close()
         database.close()
     except BaseException:
         sys.stderr.write(traceback.format_exc())
         sys.stderr.flush()
         os._exit(3)
-    os.write(1, b"done\n")
+    # The failpoint module counts the hits of armed failpoints only; a test reads them here.
+    hits = json.dumps(dict(failpoints._hits), separators=(",", ":"))
+    os.write(1, f"done commits={commits} failpoints={hits}\n".encode())
     return 0
 
 
