@@ -38,7 +38,8 @@ BOB_PASSWORD = "bob's pässword"  # bob has a SCRAM verifier only (non-ASCII on 
 def users_file(tmp_path: Path) -> str:
     path = str(tmp_path / "users.json")
     users.add_user(path, "alice", ALICE_PASSWORD, with_md5=True)
-    users.add_user(path, "bob", BOB_PASSWORD)
+    # bob creates tables in some tests: a superuser (ordinary users need GRANTs).
+    users.add_user(path, "bob", BOB_PASSWORD, superuser=True)
     return path
 
 
@@ -343,6 +344,7 @@ def test_password_guess_loop_does_not_stop_the_server(start_server, caplog) -> N
     caplog.set_level(logging.WARNING, logger="sql.pgwire.auth")
     with connect(server, "bob", BOB_PASSWORD, autocommit=True) as bystander:
         bystander.execute("CREATE TABLE guesses (n BIGINT)")
+        bystander.execute("GRANT SELECT ON guesses TO alice")
         refused: list[str] = []
 
         def guess(thread_number: int) -> None:
