@@ -29,7 +29,12 @@ from pyspark.sql.datasource import (
     InputPartition,
     WriterCommitMessage,
 )
-from pyspark.sql.streaming.datasource import ReadAllAvailable, ReadLimit, ReadMaxRows
+from pyspark.sql.streaming.datasource import (
+    ReadAllAvailable,
+    ReadLimit,
+    ReadMaxRows,
+    SupportsTriggerAvailableNow,
+)
 from pyspark.sql.types import StructType
 
 from spark_sql_ext.datasource import RangePartition, discard, publish, read_ticket, stage_task
@@ -44,13 +49,14 @@ def _encode(offsets: dict[int, int]) -> dict[str, int]:
     return {str(p): o for p, o in sorted(offsets.items())}
 
 
-class TopicbaseStreamReader(DataSourceStreamReader):
+class TopicbaseStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
     def __init__(self, options: Options, schema: StructType) -> None:
         if not options.topic:
             raise OptionError("a streaming read needs a topic")
         self.options = options
         self.schema = schema
         self._client: Any = None
+        self._target: dict[int, int] | None = None  # Trigger.AvailableNow: read up to here
 
     def __getstate__(self) -> dict[str, Any]:
         return {**self.__dict__, "_client": None}
@@ -61,7 +67,15 @@ class TopicbaseStreamReader(DataSourceStreamReader):
         return self._client
 
     def _bounds(self) -> list[dict[str, Any]]:
-        return self._connection().partitions(self.options.topic)
+        bounds = self._connection().partitions(self.options.topic)
+        if self._target is not None:  # nothing written after the AvailableNow snapshot
+            bounds = [{**b, "end": min(b["end"], self._target.get(b["partition"], b["start"]))}
+                      for b in bounds]  # fmt: skip
+        return bounds
+
+    def prepareForTriggerAvailableNow(self) -> None:
+        self._target = None
+        self._target = {b["partition"]: b["end"] for b in self._bounds()}
 
     def initialOffset(self) -> dict[str, int]:
         bounds = self._bounds()
