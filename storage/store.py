@@ -18,7 +18,7 @@ import json
 import os
 import threading
 
-from storage import limits
+from storage import file_names, limits
 from storage.clock import SYSTEM_CLOCK, Clock
 from storage.config import TopicConfig
 from storage.errors import LimitExceededError, UndefinedTopicError
@@ -60,6 +60,9 @@ class Store:
         return store
 
     def _load(self) -> None:
+        # A replace of store.json cut short (before its rename) leaves the temp file; the
+        # old store.json stands. Recovery deletes the leftover.
+        self.fs.remove(os.path.join(self.root, MANIFEST + file_names.TEMP_SUFFIX))
         try:
             manifest = json.loads(self.fs.read_file(os.path.join(self.root, MANIFEST)))
         except FileNotFoundError:

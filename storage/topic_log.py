@@ -25,7 +25,7 @@ import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
 
-from storage import failpoints, limits
+from storage import failpoints, file_names, limits
 from storage.clock import Clock
 from storage.codecs import Codec
 from storage.config import FsyncPolicy, TopicConfig
@@ -95,6 +95,9 @@ class TopicLog:
             self._open_partition(partition_id)
 
     def _load(self) -> None:
+        # A replace of topic.json cut short (before its rename) leaves the temp file; the
+        # old topic.json stands. Recovery deletes the leftover, as partitions do theirs.
+        self.fs.remove(os.path.join(self.directory, METADATA_FILE + file_names.TEMP_SUFFIX))
         payload = json.loads(self.fs.read_file(os.path.join(self.directory, METADATA_FILE)))
         self.config = _config_from_json(payload["config"])
         for item in payload["partitions"]:
