@@ -57,10 +57,6 @@ from storage.topic_log import TopicLog
 DEFAULT_MAX_MESSAGES = 10_000
 DEFAULT_MAX_BYTES = 64 * 1024 * 1024
 CANCEL_CHECK_S = 0.1
-# A fair read gives every partition with data a share per round; a round reads at
-# least one message of each, so rounds end quickly. This bounds pathological cases
-# (byte shares below one frame) without cutting a normal read short.
-FAIR_ROUNDS_MAX = 16
 # What ``stream_records`` holds at a time: one storage read of one partition.
 STREAM_BATCH_MESSAGES = 65_536
 STREAM_BATCH_BYTES = 16 * 1024 * 1024
@@ -173,6 +169,10 @@ def stream_records(
                 if not result.batches:
                     break  # retention removed the rest of the range meanwhile
                 for batch in result.batches:
+                    batch = _within_cut(batch, end)
+                    if batch.num_rows == 0:
+                        position = end
+                        break
                     yield relation_batch(partition_id, batch, decode=decode)
                     position = batch.column("offset")[-1].as_py() + 1
 
@@ -259,12 +259,19 @@ def _read_fair(
     ends: dict[int, int],
     bounds: ReadBounds,
 ) -> dict[int, list[pa.RecordBatch]]:
-    """Read with the budgets shared fairly; ``positions`` advance to where each stopped."""
+    """Read with the budgets shared fairly; ``positions`` advance to where each stopped.
+
+    In rounds: each round shares what is left of both budgets among the partitions
+    still below the cut (a partition's byte share grows by what earlier ones in the
+    round left unused). Usually one round reads everything it may; a partition its
+    byte share stopped early gets another. Every round moves some position forward
+    or empties a budget, so the rounds end.
+    """
     read: dict[int, list[pa.RecordBatch]] = {}
     messages, budget = bounds.messages, bounds.bytes
-    for _ in range(FAIR_ROUNDS_MAX):
+    while messages > 0 and budget > 0:
         wanting = [(p, ends[p] - positions[p]) for p in order if positions[p] < ends[p]]
-        if not wanting or messages <= 0 or budget <= 0:
+        if not wanting:
             break
         shares = fair_shares(wanting, messages)
         takers = [p for p, _ in wanting if shares[p] > 0]
@@ -279,11 +286,25 @@ def _read_fair(
                 positions[partition_id] = ends[partition_id]  # nothing left below the cut
                 continue
             for batch in result.batches:
+                batch = _within_cut(batch, ends[partition_id])
+                if batch.num_rows == 0:
+                    positions[partition_id] = ends[partition_id]
+                    break
                 read.setdefault(partition_id, []).append(batch)
                 positions[partition_id] = batch.column("offset")[-1].as_py() + 1
                 messages -= batch.num_rows
                 budget -= batch.nbytes
     return read
+
+
+def _within_cut(batch: pa.RecordBatch, end: int) -> pa.RecordBatch:
+    """``batch`` without offsets at or past ``end``. A read asks storage for no more
+    than the cut holds, but retention may move the log start under it, and storage then
+    reads from the new start: the cut still bounds what this read sees."""
+    offsets = batch.column("offset")
+    if offsets[-1].as_py() < end:
+        return batch
+    return batch.slice(0, max(0, end - offsets[0].as_py()))
 
 
 def fair_shares(demands: list[tuple[int, int]], budget: int) -> dict[int, int]:
