@@ -38,7 +38,9 @@ _RELATION_BY_STRING = frozenset({"query", "query_table"})
 # Statements that read no table's rows (settings, catalog listings, transaction control).
 _NO_DATA = (exp.Set, exp.Show, exp.Pragma, exp.Use, exp.Describe, exp.Transaction,
             exp.Commit, exp.Rollback)  # fmt: skip
-_PASSIVE_COMMANDS = frozenset({"EXECUTE", "DEALLOCATE", "RESET", "CHECKPOINT", "SHOW"})
+_PASSIVE_COMMANDS = frozenset(
+    {"EXECUTE", "DEALLOCATE", "RESET", "CHECKPOINT", "SHOW", "SET", "DESCRIBE"}
+)
 
 
 @dataclass(frozen=True)
@@ -56,8 +58,9 @@ class Access:
 def relation_access(sql: str) -> Access:
     try:
         tree = parse_duckdb(sql)
-    except sqlglot.errors.ParseError:
-        return Access((), opaque=_first_word(sql))
+    except (sqlglot.errors.SqlglotError, IndexError):  # sqlglot trips on some DuckDB forms
+        word = _first_word(sql)
+        return Access(()) if word in _PASSIVE_COMMANDS else Access((), opaque=word)
     if tree is None or isinstance(tree, _NO_DATA):
         return Access(())
     if isinstance(tree, exp.Command):
