@@ -506,6 +506,28 @@ def _topic_to_table_across_kills(tmp_path: Path, server, seed: int) -> None:
     print(f"topic to table: last crash left {counted} counted; {sum(totals.values())} in all")
 
 
+def test_a_failpoint_round_without_work_is_reported_as_a_plan_mistake(
+    tmp_path: Path, server
+) -> None:
+    """The diagnosis the crash loops rely on: a failpoint round whose worker finds too
+    little to do ends cleanly, reports its commits and failpoint hits, and the round's
+    failure says PLAN MISTAKE (not a bug) with the numbers; given enough work, the same
+    round crashes at its failpoint."""
+    rng = random.Random(0)
+    data = tmp_path / "data"
+    _create(data, 2)  # 2 messages per source: 10
+    failpoint = "commit.after_commit_point=crash@4"
+    with pytest.raises(AssertionError) as caught:
+        _failpoint_round(server, data, "count", failpoint, rng, 10, min_messages=4, max_messages=4)
+    message = str(caught.value)
+    assert "PLAN MISTAKE" in message, message
+    assert "after 3 commits, with 10 unconsumed messages" in message, message
+    assert "passing commit.after_commit_point 3 times, short of the 4" in message, message
+    with _opened(data, copy=False) as session:
+        tw.produce(session, 3, 4)  # 20 more: 5 commits of 4
+    _failpoint_round(server, data, "count", failpoint, rng, 20, min_messages=4, max_messages=4)
+
+
 def test_recovery_crashing_after_each_republish_still_publishes_exactly_once(
     tmp_path: Path, server, caplog
 ) -> None:
