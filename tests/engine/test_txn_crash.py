@@ -21,6 +21,14 @@ messages. At the end the consumer's committed offsets equal ``a``'s end
 offsets, so ``b`` holds every message of ``a`` once and the counts equal
 ``a``'s totals.
 
+A failpoint round must reach its failpoint: it first tops ``a`` up (kill rounds move
+as much as they have time for, so on a fast machine they may drain it), and a worker
+that ends cleanly reports its commits and failpoint hits, so the round's failure says
+whether the plan gave it too little to do (PLAN MISTAKE) or a failpoint passed often
+enough did not fire (BUG). Time limits on the workers only catch hangs (minutes, not
+seconds: two shared cores under load), and a worker's lines are kept from its first,
+which may arrive before the server's ``started``.
+
 Settings: ``TXN_KILLS`` (default 25: random SIGKILLs of the resharding loop;
 the topic-to-table loop gets half), ``TXN_SEED`` (default random; printed,
 and named in every failure).
