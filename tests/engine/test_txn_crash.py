@@ -48,6 +48,7 @@ import subprocess
 import sys
 import threading
 import time
+import types
 from pathlib import Path
 
 import pytest
@@ -512,6 +513,24 @@ def _topic_to_table_across_kills(tmp_path: Path, server, seed: int) -> None:
             assert {r["k"]: r["n"] for r in table.to_pylist()} == totals
             assert tw.committed_offsets(session, "counter") == tw.end_offsets(session, "a")
     print(f"topic to table: last crash left {counted} counted; {sum(totals.values())} in all")
+
+
+def test_a_worker_line_that_arrives_before_the_servers_started_still_counts(
+    tmp_path: Path,
+) -> None:
+    """The forked worker and the server share one pipe: the worker's ``opening`` may
+    arrive before the server's ``started``. Waiting for ``started`` passes it, and a
+    wait for ``opening`` after that must still see it (it once failed a round with
+    "worker did not start" a few seconds into the test, no timeout involved)."""
+    lines: queue.Queue[str | None] = queue.Queue()
+    for line in ("opening", "started 4242", "ready", "exit -9"):
+        lines.put(line)
+    worker = Worker(types.SimpleNamespace(lines=lines), tmp_path / "worker.err")
+    assert worker.wait_for("started", 1)
+    assert worker.wait_for("opening", 1)
+    assert worker.wait_for("ready", 1)
+    assert not worker.wait_for("done", 1) and worker.code == -9
+    assert worker.lines == ["opening", "started 4242", "ready"]
 
 
 def test_a_failpoint_round_without_work_is_reported_as_a_plan_mistake(
