@@ -60,20 +60,25 @@ def relative_statement(statement: ast.Statement, database_path: str) -> ast.Stat
     def rel(name: str) -> str:
         return relative_name(name, database_path)
 
-    if isinstance(statement, ast.CreateTopic | ast.AlterTopic | ast.DropTopic):
-        return replace(statement, name=rel(statement.name))
-    if isinstance(statement, ast.DescribeTopic):
-        return replace(statement, name=rel(statement.name))
-    if isinstance(statement, ast.CommitOffsets | ast.SetOffsets):
-        return replace(statement, topic=rel(statement.topic))
-    if isinstance(statement, ast.SqlStatement):
+    # Each branch leaves a statement without absolute names as it is (no copy): the
+    # planner runs this for every statement, INSERT's fast path included.
+    named = ast.CreateTopic | ast.AlterTopic | ast.DropTopic | ast.DescribeTopic
+    if isinstance(statement, named):
+        if statement.name.startswith("/"):
+            return replace(statement, name=rel(statement.name))
+    elif isinstance(statement, ast.CommitOffsets | ast.SetOffsets):
+        if statement.topic.startswith("/"):
+            return replace(statement, topic=rel(statement.topic))
+    elif isinstance(statement, ast.SqlStatement):
         return _relative_scans(statement, database_path)
-    if isinstance(statement, ast.InsertTopic):
+    elif isinstance(statement, ast.InsertTopic):
         query = statement.query
-        if query is not None:
-            query = _relative_scans(query, database_path)
-        return replace(statement, topic=rel(statement.topic), query=query)
-    if isinstance(statement, ast.Grant) and statement.object_kind == "topic":
+        relative_query = None if query is None else _relative_scans(query, database_path)
+        if statement.topic.startswith("/") or relative_query is not query:
+            return replace(statement, topic=rel(statement.topic), query=relative_query)
+    elif isinstance(statement, ast.Grant) and any(
+        statement.object_kind == "topic" and name.startswith("/") for name in statement.objects
+    ):
         return replace(statement, objects=tuple(rel(name) for name in statement.objects))
     return statement
 

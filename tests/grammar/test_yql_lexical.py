@@ -230,3 +230,28 @@ def test_the_database_path_is_configurable(tmp_path) -> None:
     finally:
         session.close()
         database.close()
+
+
+def test_statements_without_absolute_paths_are_not_copied() -> None:
+    """The planner runs ``relative_statement`` for every statement (INSERT's fast path)."""
+    for sql in (
+        "INSERT INTO TOPIC t (data) VALUES ('x')",
+        "INSERT INTO TOPIC t (data) SELECT data FROM TOPIC u",
+        "SELECT * FROM TOPIC t",
+        "DROP TOPIC t",
+        "ALTER TOPIC t ALTER CONSUMER c SET OFFSETS TO LATEST",
+    ):
+        statement = parse_one(sql)
+        assert relative_statement(statement, "/Root") is statement
+    insert = relative_statement(
+        parse_one("INSERT INTO TOPIC t (data) SELECT data FROM TOPIC `/Root/u`"), "/Root"
+    )
+    assert isinstance(insert, InsertTopic) and insert.query is not None
+    assert insert.topic == "t" and insert.query.topic_scans[0].topic == "u"
+
+
+def test_grants_name_topics_by_absolute_path_too() -> None:
+    grant = relative_statement(parse_one("GRANT SELECT ON TOPIC `/Root/a/b`, c TO alice"), "/Root")
+    assert grant.objects == ("a/b", "c")  # type: ignore[union-attr]
+    with pytest.raises(InvalidNameError):
+        relative_statement(parse_one("GRANT SELECT ON TOPIC `/Else/t` TO alice"), "/Root")
