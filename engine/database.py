@@ -43,6 +43,8 @@ log = logging.getLogger(__name__)
 # The two halves of a data directory besides the DuckDB file (tables.TABLES_FILE).
 STORE_DIRECTORY = "store"
 STAGING_DIRECTORY = "staging"
+# Where DuckDB spills beyond its memory limit (the sandbox: never outside the data directory).
+TEMP_DIRECTORY = "tmp"
 
 
 class Database:
@@ -58,13 +60,20 @@ class Database:
         lease_timeout_s: float,
         fs: FileSystem,
         retention_interval_s: float | None = None,
+        memory_limit_bytes: int | None = None,
     ) -> None:
         self.path = path
         self.clock = clock
         self.fsync_policy = fsync_policy
         self.store = Store.open(os.path.join(path, STORE_DIRECTORY), fs=fs, clock=clock)
         try:
-            self.root = tables.connect(os.path.join(path, tables.TABLES_FILE))
+            temp_directory = os.path.join(path, TEMP_DIRECTORY)
+            os.makedirs(temp_directory, exist_ok=True)
+            self.root = tables.connect(
+                os.path.join(path, tables.TABLES_FILE),
+                memory_limit_bytes=memory_limit_bytes,
+                temp_directory=temp_directory,
+            )
         except BaseException:
             self.store.close()
             raise
@@ -98,6 +107,7 @@ class Database:
         fs: FileSystem = DEFAULT_FILE_SYSTEM,
         retention_interval_s: float | None = DEFAULT_RETENTION_INTERVAL_S,
         database_path: str = DEFAULT_DATABASE_PATH,
+        memory_limit_bytes: int | None = None,
     ) -> Database:
         """Open (creating if needed) the data directory; shared within a process.
 
@@ -106,6 +116,8 @@ class Database:
         directory in a process decides the settings; later opens share it.
         ``database_path`` is the database's path in YDB's sense: a topic may be named
         ``<database_path>/dir/events`` as well as ``dir/events`` (``planner.paths``).
+        ``memory_limit_bytes`` caps DuckDB's memory (default: 40 % of physical memory,
+        ``limits.DUCKDB_MEMORY_FRACTION``); beyond it DuckDB spills to ``<path>/tmp``.
         """
         path = os.path.abspath(path)
         database_path = check_database_path(database_path)
@@ -113,7 +125,10 @@ class Database:
             database = cls._open.get(path)
             if database is None:
                 os.makedirs(path, exist_ok=True)
-                database = cls(path, clock, fsync_policy, lease_timeout_s, fs, retention_interval_s)
+                database = cls(
+                    path, clock, fsync_policy, lease_timeout_s, fs, retention_interval_s,
+                    memory_limit_bytes,
+                )
                 database.database_path = database_path
                 cls._open[path] = database
             database._references += 1

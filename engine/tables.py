@@ -5,21 +5,44 @@ one cursor per session, and translates DuckDB's exceptions into Topicbase
 errors with a PostgreSQL SQLSTATE. DuckDB gives each cursor its own
 transaction context (MVCC); a write-write conflict surfaces as
 ``SerializationFailure`` (40001).
+
+The sandbox (issue 10): ``connect`` opens every DuckDB database with external access
+off (no host files, no network, no ``ATTACH`` of a file), no extension auto-install
+or auto-load, no Python replacement scans (a name in FROM never reads a Python
+variable of the calling frame), a memory limit with spilling to a temp directory
+Topicbase chose, and a fixed expression depth; then it locks the configuration, so
+no SQL can change a global setting afterwards (only ``search_path`` and ``schema``,
+which DuckDB keeps per connection, stay settable). ``statement_types`` and
+``sql_tokens`` give ``engine.sandbox`` DuckDB's own view of a statement: its parser's
+statement types and its lexer's tokens.
 """
 
 from __future__ import annotations
 
+import functools
+import os
 import re
 from collections.abc import Iterator
 from contextlib import contextmanager
-from typing import Any
+from typing import Any, NamedTuple
 
 import duckdb
 import pyarrow as pa
 
-from storage import errors
+from storage import errors, limits
 
 TABLES_FILE = "tables.duckdb"
+# The settings every DuckDB database of Topicbase is opened with; see the module doc.
+SANDBOX_CONFIG: dict[str, Any] = {
+    "enable_external_access": False,
+    "autoinstall_known_extensions": False,
+    "autoload_known_extensions": False,
+    "allow_community_extensions": False,
+    "allow_unsigned_extensions": False,
+    "allow_persistent_secrets": False,
+    "python_enable_replacements": False,
+    "max_expression_depth": limits.DUCKDB_EXPRESSION_DEPTH_MAX,
+}
 
 
 class UndefinedColumnError(errors.TopicbaseError):
@@ -62,15 +85,111 @@ Connection = duckdb.DuckDBPyConnection
 DIALECT_CONFIG = {"integer_division": True, "error_on_division_by_zero": True}
 
 
-def connect(path: str, *, read_only: bool = False) -> Connection:
-    """Open the DuckDB file (or ``:memory:``), refusing a file another process holds.
+def connect(
+    path: str,
+    *,
+    read_only: bool = False,
+    memory_limit_bytes: int | None = None,
+    temp_directory: str | None = None,
+) -> Connection:
+    """Open the DuckDB file (or ``:memory:``) sandboxed, refusing a file another process holds.
 
     ``read_only`` opens an existing file without ever writing it (``topicbase check``).
+    ``memory_limit_bytes`` caps DuckDB's memory (default: ``default_memory_limit_bytes``);
+    beyond it DuckDB spills to ``temp_directory`` (None: no spilling; the directory is
+    created by the caller). The configuration is locked before the connection is returned.
     """
+    config = dict(SANDBOX_CONFIG)
+    config["memory_limit"] = f"{memory_limit_bytes or default_memory_limit_bytes()}B"
+    # An empty temp directory turns spilling off (else DuckDB would pick ``.tmp`` in the
+    # working directory, or beside the file).
+    config["temp_directory"] = temp_directory or ""
     try:
-        return duckdb.connect(path, read_only=read_only, config=dict(DIALECT_CONFIG))
+        connection = duckdb.connect(path, read_only=read_only, config=config)
     except duckdb.IOException as error:
         raise errors.ObjectInUseError(f"cannot open {path}: {error}") from error
+    # From here on no statement can change a global setting (the sandbox refuses them
+    # with 42501 before DuckDB would, but this holds even for a statement it missed).
+    connection.execute("SET lock_configuration = true")
+    return connection
+
+
+def default_memory_limit_bytes() -> int:
+    """``limits.DUCKDB_MEMORY_FRACTION`` of the machine's physical memory."""
+    try:
+        physical = os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES")
+    except (ValueError, OSError):  # not a POSIX system: DuckDB's own default (80 %)
+        physical = 0
+    if physical <= 0:
+        return 4 * 1024**3
+    return int(physical * limits.DUCKDB_MEMORY_FRACTION)
+
+
+class SqlToken(NamedTuple):
+    """One token as DuckDB's lexer sees it: kind is identifier, keyword, string_const,
+    numeric_const, operator or comment; text is its source text (quotes kept)."""
+
+    kind: str
+    text: str
+
+
+def sql_tokens(sql: str) -> list[SqlToken]:
+    """DuckDB's tokens of ``sql`` (its parser's own scanner), comments left out."""
+    try:
+        positions = duckdb.tokenize(sql)
+    except duckdb.Error as error:
+        raise translate(error) from error
+    tokens = []
+    for index, (start, kind) in enumerate(positions):
+        end = positions[index + 1][0] if index + 1 < len(positions) else len(sql)
+        name = kind.name
+        if name != "comment":
+            tokens.append(SqlToken(name, sql[start:end].rstrip()))
+    return tokens
+
+
+# DuckDB statement types this DuckDB has but its Python enum lacks (UPDATE EXTENSIONS).
+UNKNOWN_STATEMENT = "UNKNOWN"
+
+
+def statement_types(sql: str) -> list[tuple[str, str]] | None:
+    """``(type, text)`` of each statement DuckDB's parser finds in ``sql``: type is a
+    ``duckdb.StatementType`` name (``SELECT``, ``COPY``, ``ATTACH`` …) or ``UNKNOWN``.
+
+    None when DuckDB cannot parse it: then DuckDB will refuse to run it as well.
+    Too deep an expression is ``StatementTooComplexError`` (54001).
+    """
+    try:
+        statements = duckdb.extract_statements(sql)
+    except duckdb.ParserException as error:
+        translated_error = translate(error)
+        if isinstance(translated_error, errors.StatementTooComplexError):
+            raise translated_error from error
+        return None
+    except duckdb.Error as error:
+        raise translate(error) from error
+    kinds = []
+    for statement in statements:
+        try:
+            kind = statement.type.name
+        except ValueError:
+            kind = UNKNOWN_STATEMENT
+        kinds.append((kind, statement.query))
+    return kinds
+
+
+@functools.cache
+def table_function_names() -> frozenset[str]:
+    """Every table function and table macro DuckDB has built in (lower case)."""
+    connection = connect(":memory:", memory_limit_bytes=64 * 1024 * 1024)
+    try:
+        rows = connection.execute(
+            "SELECT DISTINCT lower(function_name) FROM duckdb_functions() "
+            "WHERE function_type IN ('table', 'table_macro')"
+        ).fetchall()
+    finally:
+        connection.close()
+    return frozenset(str(row[0]) for row in rows)
 
 
 def translate(error: duckdb.Error) -> errors.TopicbaseError:
@@ -78,8 +197,18 @@ def translate(error: duckdb.Error) -> errors.TopicbaseError:
     message = str(error)
     text = _strip_prefix(message)
     lowered = message.lower()
+    if isinstance(error, duckdb.ParserException | duckdb.BinderException) and (
+        "max expression depth" in lowered
+    ):
+        return errors.StatementTooComplexError(
+            f"statement too complex: nesting deeper than {limits.DUCKDB_EXPRESSION_DEPTH_MAX}"
+        )
     if isinstance(error, duckdb.ParserException):
         return errors.SqlSyntaxError(text)
+    if isinstance(error, duckdb.PermissionException):
+        # The sandbox's last line (external access off): a host file, the network,
+        # another database or an extension.
+        return errors.InsufficientPrivilegeError(f"not allowed in Topicbase: {text}")
     if "transaction is aborted" in lowered:
         return errors.InFailedTransactionError(
             "current transaction is aborted, commands ignored until end of transaction block"
@@ -108,6 +237,10 @@ def translate(error: duckdb.Error) -> errors.TopicbaseError:
         return NumericOutOfRangeError(text)
     if "division by zero" in lowered:
         return DivisionByZeroError("division by zero")  # PostgreSQL's words, no DuckDB advice
+    if "configuration has been locked" in lowered:
+        return errors.InsufficientPrivilegeError(
+            f"DuckDB's settings are fixed by Topicbase and cannot be changed: {text}"
+        )
     if isinstance(error, duckdb.ConversionException | duckdb.InvalidInputException):
         return InvalidTextRepresentationError(text)
     if isinstance(error, duckdb.IOException):

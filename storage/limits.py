@@ -57,3 +57,28 @@ TRANSACTION_STAGED_BYTES_MAX = 256 * 1024 * 1024
 TRANSACTION_DURATION_MS_MAX = 10 * 60 * 1000
 # Explicit transactions open at once in one database.
 OPEN_TRANSACTIONS_MAX = 1000
+
+# -- statement complexity and the sandboxed DuckDB (issue 10) -----------------------------
+# Nesting of (), [], {} and CASE ... END in one statement. Parsing and planning recurse
+# once per level (sqlglot ~24 Python frames a parenthesis, DuckDB's transformer and binder
+# a C++ frame or more); PostgreSQL runs a few hundred levels, so ordinary generated SQL
+# (100 nested parentheses) works and anything deeper is refused (54001) before any
+# parser recurses.
+NESTING_DEPTH_MAX = 200
+# UNION/EXCEPT/INTERSECT in one statement. DuckDB plans a chain of N set operations in
+# time and memory that grow with N²: 5,000 took 4 s and 0.8 GB, 20,000 took 83 s and
+# 10 GB here. 1,000 takes 0.5 s.
+SET_OPERATIONS_MAX = 1000
+# Python's recursion limit while Topicbase runs: sqlglot needs ~24 frames per nesting
+# level to parse and print a statement, and the planner and the pg-wire rewrites walk the
+# tree again. 200 levels need ~5,000 frames; the rest is headroom. Only raised, never
+# lowered. Python 3.11 keeps pure-Python frames off the C stack, so this is safe on the
+# default 8 MiB thread stacks.
+PYTHON_RECURSION_LIMIT = 20_000
+# DuckDB's own expression depth (its parser, transformer and binder), fixed at open and
+# locked, so no session can raise it and crash the process with a deep expression.
+DUCKDB_EXPRESSION_DEPTH_MAX = 1000
+# DuckDB's memory limit when the data directory's owner sets none: a share of the
+# machine's physical memory, leaving room for Python, the page cache and the store.
+# Beyond it DuckDB spills to ``<data>/tmp``.
+DUCKDB_MEMORY_FRACTION = 0.4
