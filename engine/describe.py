@@ -42,7 +42,7 @@ import decimal
 import uuid
 import weakref
 from collections.abc import Iterator
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Any
 
 import pyarrow as pa
@@ -199,12 +199,22 @@ def _describe(plan: Plan, statement: ast.Statement, cursor: Any, database: Any) 
     with _stand_ins(plan, cursor, database):
         for operation in plan.operations:
             if isinstance(operation, RunQuery):
-                columns = _describe_query(operation, cursor, parameters)
+                columns = _named(_describe_query(operation, cursor, parameters), operation)
             elif isinstance(operation, AppendRecords):
                 columns = _returning_columns(operation)
             elif isinstance(operation, Introspect):
                 columns = _introspection_columns(operation, database)
     return Description(_as_tuple(parameters), columns)
+
+
+def _named(
+    columns: tuple[ResultColumn, ...] | None, operation: RunQuery
+) -> tuple[ResultColumn, ...] | None:
+    """The columns under PostgreSQL's names, as execution gives them (``streams.named``)."""
+    names = operation.column_names
+    if columns is None or names is None or len(names) != len(columns):
+        return columns
+    return tuple(replace(c, name=n) for c, n in zip(columns, names, strict=True))
 
 
 # -- parameters of the topic syntax -------------------------------------------------------------

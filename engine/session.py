@@ -196,6 +196,7 @@ class Session:
             deadline,
             on_error=self._stream_failed,
             on_close=self._stream_closed,
+            names=operation.column_names,
         )
 
     def _plain_query_plan(self, statement: ast.Statement) -> Plan | None:
@@ -740,6 +741,8 @@ def statement_line_offset(plan: Plan) -> int:
 
 
 def _query_result(operation: RunQuery, table: pa.Table | None) -> Result:
+    if table is not None and operation.returns_rows:
+        table = streams.named(table, operation.column_names)
     dml_count = table is not None and table.column_names == ["Count"] and not operation.returns_rows
     if table is not None and table.column_names == ["Success"] and not operation.returns_rows:
         # DuckDB's marker of a statement without rows (DROP, ALTER, SET ...): PostgreSQL

@@ -63,6 +63,14 @@ class RowStream:
         close()
 
 
+def named(table: pa.Table, names: tuple[str, ...] | None) -> pa.Table:
+    """``table`` with its columns renamed to ``names`` (PostgreSQL's result column names,
+    ``RunQuery.column_names``), if there is one name per column."""
+    if names is None or table.num_columns != len(names) or table.column_names == list(names):
+        return table
+    return table.rename_columns(list(names))
+
+
 def from_table(table: pa.Table, notices: tuple[str, ...] = ()) -> RowStream:
     """A stream over a result the engine already holds whole."""
     return RowStream(
@@ -108,8 +116,10 @@ def duckdb_stream(
     deadline: Deadline | None,
     on_error: Callable[[], None],
     on_close: Callable[[], None],
+    names: tuple[str, ...] | None = None,
 ) -> RowStream:
-    """Start ``sql`` on ``cursor`` and read it through DuckDB's Arrow batch reader."""
+    """Start ``sql`` on ``cursor`` and read it through DuckDB's Arrow batch reader; the
+    columns are given ``names`` (see ``named``)."""
     try:
         with translated(line_offset, deadline):
             reader, duckdb_types = tables.batch_reader(cursor, sql, parameters, BATCH_ROWS)
@@ -118,6 +128,10 @@ def duckdb_stream(
             deadline.cancel()
         on_error()
         raise
+
+    schema = reader.schema
+    if names is not None and len(names) == len(schema):
+        schema = pa.schema([f.with_name(n) for f, n in zip(schema, names, strict=True)])
 
     def batches() -> Iterator[pa.RecordBatch]:
         while True:
@@ -130,7 +144,7 @@ def duckdb_stream(
             except BaseException:
                 on_error()
                 raise
-            yield batch
+            yield pa.RecordBatch.from_arrays(batch.columns, schema=schema)
 
     def close() -> None:
         if deadline is not None:
@@ -140,4 +154,4 @@ def duckdb_stream(
         finally:
             on_close()
 
-    return RowStream(reader.schema, (), duckdb_types, batches(), close)
+    return RowStream(schema, (), duckdb_types, batches(), close)

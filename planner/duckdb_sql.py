@@ -20,15 +20,26 @@ def parse_duckdb(sql: str) -> exp.Expression | None:
     comments, which changes no meaning.
     """
     try:
-        return sqlglot.parse_one(sql, read="duckdb")
+        return _parse_one(sql)
     except sqlglot.errors.TokenError:
         spaced = _space_after_parameters(sql)
         if spaced == sql:
             raise sqlglot.errors.ParseError(f"cannot tokenize {sql!r}") from None
         try:
-            return sqlglot.parse_one(spaced, read="duckdb")
+            return _parse_one(spaced)
         except sqlglot.errors.TokenError as error:
             raise sqlglot.errors.ParseError(str(error)) from None
+
+
+def _parse_one(sql: str) -> exp.Expression | None:
+    """sqlglot's parse; its own slips on odd input (an ``IndexError`` on a bare ``SHOW``)
+    become a ``ParseError``, so callers treat them as statements sqlglot does not know."""
+    try:
+        return sqlglot.parse_one(sql, read="duckdb")
+    except (IndexError, KeyError, AttributeError, TypeError, ValueError) as error:
+        if isinstance(error, sqlglot.errors.SqlglotError):
+            raise
+        raise sqlglot.errors.ParseError(f"sqlglot cannot parse {sql[:80]!r}: {error!r}") from None
 
 
 def _space_after_parameters(sql: str) -> str:

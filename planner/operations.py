@@ -52,6 +52,9 @@ class RunQuery:
     # takes them from the Arrow table directly, without a round trip through DuckDB.
     # (relation placeholder, ((source column, output name), ...))
     projection: tuple[str, tuple[tuple[str, str], ...]] | None = None
+    # PostgreSQL's names of the result columns (``planner.column_names``), which the
+    # engine gives DuckDB's result; None when the text does not tell (``*``).
+    column_names: tuple[str, ...] | None = None
 
     def describe(self) -> str:
         read = ",".join(self.tables_read) or "-"

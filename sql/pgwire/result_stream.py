@@ -85,10 +85,10 @@ def try_stream(connection: Connection, statement: ast.Statement, parameters: Any
     session = connection.session
     assert session is not None
     catalog = connection.catalog
-    engine_statement = (statement if catalog.is_session_command(statement)
-                        else catalog.engine_statement(statement))  # fmt: skip
+    if catalog.is_session_command(statement):
+        return None  # SET, SHOW …: answered by the PostgreSQL emulation
     rows = session.open_stream(
-        engine_statement, parameters,
+        catalog.engine_statement(statement), parameters,
         no_rows=no_rows, timeout_s=_statement_timeout_s(connection))  # fmt: skip
     if rows is None:
         return None
