@@ -695,6 +695,12 @@ _DUCKDB_RELATIONS_SQL = (
 )
 
 
+def parse_statements(sql: str) -> list[ast.Statement]:
+    """The statements of ``sql`` as the session runs them, parsed once per distinct text
+    (a front's loop of the same statement pays for the parse once; errors are not kept)."""
+    return list(_parse_cached(sql))
+
+
 @functools.lru_cache(maxsize=PARSE_CACHE_ENTRIES)
 def _parse_cached(sql: str) -> tuple[ast.Statement, ...]:
     """Parsed scripts by text: statements are immutable, so a repeated script

@@ -99,7 +99,7 @@ def connect(
     beyond it DuckDB spills to ``temp_directory`` (None: no spilling; the directory is
     created by the caller). The configuration is locked before the connection is returned.
     """
-    config = dict(SANDBOX_CONFIG)
+    config = {**SANDBOX_CONFIG, **DIALECT_CONFIG}
     config["memory_limit"] = f"{memory_limit_bytes or default_memory_limit_bytes()}B"
     # An empty temp directory turns spilling off (else DuckDB would pick ``.tmp`` in the
     # working directory, or beside the file).

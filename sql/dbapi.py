@@ -41,10 +41,10 @@ from typing import Any
 import pyarrow as pa
 
 from engine.database import Database
-from engine.session import Result, Session
+from engine.session import Result, Session, parse_statements
 from engine.transaction import SessionState
 from grammar import ast
-from grammar.parse import parse, parse_one
+from grammar.parse import parse_one
 from sql.formatting import iter_rows
 from sql.internal_error import internal_error
 from storage.errors import TopicbaseError
@@ -438,7 +438,7 @@ class Cursor:
         if not isinstance(operation, str):
             raise ProgrammingError(f"the operation must be a str, not {type(operation).__name__}")
         try:
-            statements = parse(operation)
+            statements = parse_statements(operation)  # the session's parse cache
         except TopicbaseError as error:
             raise error_of(error) from error
         except Exception as error:  # a bug: logged with an id, XX000 without its text
