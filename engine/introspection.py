@@ -18,6 +18,7 @@ from typing import TYPE_CHECKING, Any
 
 import pyarrow as pa
 
+from engine import privilege_views
 from engine.catalog import TopicEntry, encode_settings
 from engine.clock import utc_from_us
 from storage.errors import InvalidParameterValueError, StorageIOError
@@ -182,6 +183,10 @@ SYSTEM_VIEWS = {
     "topics": topics_view,
     "partitions": partitions_view,
     "consumers": consumers_view,
+    # Owners, grants and roles (engine.privilege_views).
+    "owners": privilege_views.owners_view,
+    "grants": privilege_views.grants_view,
+    "roles": privilege_views.roles_view,
 }
 
 

@@ -49,16 +49,29 @@ VIEW_DEPTH_MAX = 16  # views over views, checked as their owners
 _DDL_TAGS = ("CREATE", "DROP", "ALTER")
 _KIND_NAMESPACE = {"table": "relation", "view": "relation", "topic": "topic", "schema": "schema"}
 
-# Who is a superuser, by name, for a database: the wire server registers its users
-# file's answer (a view owner's status is looked up when the view is read).
+# Who is a superuser, by name, for a database, and which users exist: the wire server
+# registers its users file's answers (a view owner's status is looked up when the view
+# is read; sys.roles lists the users).
 _role_lookups: weakref.WeakKeyDictionary[Any, Callable[[str], bool]] = (
+    weakref.WeakKeyDictionary()
+)
+_role_listings: weakref.WeakKeyDictionary[Any, Callable[[], list[str]]] = (
     weakref.WeakKeyDictionary()
 )
 
 
-def use_role_lookup(database: Any, lookup: Callable[[str], bool]) -> None:
-    """Tell the engine how to learn whether a user name is a superuser (the users file)."""
+def use_role_lookup(database: Any, lookup: Callable[[str], bool],
+                    listing: Callable[[], list[str]] | None = None) -> None:  # fmt: skip
+    """Tell the engine how to learn whether a user name is a superuser, and (``listing``)
+    which users there are: the users file."""
     _role_lookups[database] = lookup
+    if listing is not None:
+        _role_listings[database] = listing
+
+
+def known_roles(database: Any) -> list[str]:
+    listing = _role_listings.get(database)
+    return [] if listing is None else listing()
 
 
 def is_superuser_name(database: Any, name: str) -> bool:

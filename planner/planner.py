@@ -42,7 +42,7 @@ from planner.paths import database_path_of, relative_statement
 from planner.relations import names_a_topic, plain_insert, resolve_plain_relations
 from storage.errors import UndefinedObjectError, UndefinedTopicError
 
-SYSTEM_VIEWS = ("topics", "partitions", "consumers")
+SYSTEM_VIEWS = ("topics", "partitions", "consumers", "owners", "grants", "roles")
 # The sqlglot analyses below are pure functions of the SQL text: a worker that runs
 # the same statements in a loop parses each once.
 SQL_ANALYSIS_CACHE_ENTRIES = 1024

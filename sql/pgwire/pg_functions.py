@@ -11,6 +11,7 @@ from __future__ import annotations
 from collections.abc import Callable
 from typing import Any, Protocol
 
+from sql.pgwire import pg_privileges
 from sql.pgwire import pg_relations as rel
 from sql.pgwire.pg_types import all_types, format_type_sql
 
@@ -93,6 +94,14 @@ def _to_regclass(rewriter: Rewriter, arguments: list[str]) -> str:
     )
 
 
+def _has_table_privilege(rewriter: Rewriter, arguments: list[str]) -> str:
+    """``has_table_privilege([user,] table, privilege)``: ``pg_privileges`` decides."""
+    rewriter.needed.update({"pg_class", "role_source"})
+    if len(arguments) == 2:
+        return pg_privileges.has_table_privilege(quote(rewriter.context.user), *arguments)
+    return pg_privileges.has_table_privilege(*arguments[:3])
+
+
 FUNCTIONS: dict[str, Callable[[Rewriter, list[str]], str]] = {
     "version": lambda r, a: quote(
         f"PostgreSQL {r.context.server_version} on x86_64-pc-linux-gnu, compiled by Python, 64-bit"
@@ -105,6 +114,7 @@ FUNCTIONS: dict[str, Callable[[Rewriter, list[str]], str]] = {
         f"ELSE 'unknown (OID=' || {a[0]} || ')' END"
     ),
     "pg_table_is_visible": _table_is_visible,
+    "has_table_privilege": _has_table_privilege,
     "pg_type_is_visible": lambda r, a: "true",
     "pg_collation_is_visible": lambda r, a: "true",
     "json_build_object": lambda r, a: f"json_object({', '.join(a)})",
@@ -146,5 +156,7 @@ FUNCTIONS: dict[str, Callable[[Rewriter, list[str]], str]] = {
     "pg_get_function_arguments": lambda r, a: "NULL::VARCHAR",
     "pg_get_statisticsobjdef_expressions": lambda r, a: "NULL::VARCHAR[]",
 }
-for _privilege in ("table", "column", "any_column", "schema", "database", "sequence", "function"):
+# Privileges Topicbase does not grant (columns, schemas' USAGE, databases, functions) are
+# everyone's; tables and views answer from their grants (above).
+for _privilege in ("column", "any_column", "schema", "database", "sequence", "function"):
     FUNCTIONS[f"has_{_privilege}_privilege"] = lambda r, a: "true"

@@ -30,6 +30,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+from sql.pgwire import pg_privileges
 from sql.pgwire.pg_types import all_types, duckdb_type_oid_sql
 
 HIDDEN_SCHEMAS = ("__topicbase", "pg_catalog", "information_schema")
@@ -115,7 +116,12 @@ SELECT oid, relname, relnamespace, relkind, relnatts, relhasindex, relchecks, re
        false AS relhassubclass, false AS relrowsecurity, false AS relforcerowsecurity,
        true AS relispopulated, 'd' AS relreplident, false AS relispartition,
        0::BIGINT AS relrewrite, 0::BIGINT AS relfrozenxid, 0::BIGINT AS relminmxid,
-       NULL::VARCHAR[] AS relacl, NULL::VARCHAR[] AS reloptions, NULL::VARCHAR AS relpartbound
+       -- owners and grants (sql.pgwire.pg_privileges); tables, views and topics live in main
+       (SELECT a.acl FROM __pg_acl AS a WHERE c.relkind IN ('r', 'v', 'f')
+          AND c.relnamespace = {_MAIN_OID} AND a.is_topic = (c.relkind = 'f')
+          AND a.relname = CASE WHEN c.relkind = 'f' THEN c.relname ELSE lower(c.relname) END)
+         AS relacl,
+       NULL::VARCHAR[] AS reloptions, NULL::VARCHAR AS relpartbound
 FROM (
   SELECT table_oid AS oid, table_name AS relname, schema_oid AS relnamespace, 'r' AS relkind,
          column_count AS relnatts,
@@ -138,7 +144,7 @@ FROM (
   UNION ALL
   SELECT {_TOPIC_OID}, name, {_MAIN_OID}, 'f', {len(TOPIC_COLUMNS)}, false, 0, 0
   FROM sys.topics
-)
+) AS c
 """
 
 _ATTRIBUTE = f"""
@@ -295,20 +301,6 @@ SELECT {DATABASE_OID}::BIGINT AS oid, {{database}} AS datname, {ROLE_OID}::BIGIN
        NULL::VARCHAR[] AS datacl
 """
 
-_ROLES = f"""
-SELECT {ROLE_OID}::BIGINT AS oid, {{user}} AS rolname, true AS rolsuper, true AS rolinherit,
-       true AS rolcreaterole, true AS rolcreatedb, true AS rolcanlogin,
-       false AS rolreplication, true AS rolbypassrls, -1 AS rolconnlimit,
-       '********' AS rolpassword, NULL::TIMESTAMPTZ AS rolvaliduntil,
-       NULL::VARCHAR[] AS rolconfig
-"""
-
-_USER = f"""
-SELECT {{user}} AS usename, {ROLE_OID}::BIGINT AS usesysid, true AS usecreatedb,
-       true AS usesuper, false AS userepl, true AS usebypassrls, '********' AS passwd,
-       NULL::TIMESTAMPTZ AS valuntil, NULL::VARCHAR[] AS useconfig
-"""
-
 _FOREIGN_TABLE = f"""
 SELECT {_TOPIC_OID} AS ftrelid, 1::BIGINT AS ftserver,
        ['partitions=' || partitions, 'active_partitions=' || active_partitions,
@@ -370,7 +362,9 @@ RELATIONS: dict[str, Relation] = {
     "constraint_source": Relation(_CONSTRAINTS),
     "foreign_keys": Relation(_FOREIGN_KEYS, ("constraint_source", "columns_source")),
     "pg_namespace": Relation(_NAMESPACE),
-    "pg_class": Relation(_CLASS, ("constraint_source",)),
+    "pg_class": Relation(_CLASS, ("constraint_source", "acl")),
+    "acl": Relation(pg_privileges.ACL),
+    "role_source": Relation(pg_privileges.ROLE_SOURCE),
     "pg_attribute": Relation(_ATTRIBUTE, ("constraint_source", "columns_source")),
     "pg_type": Relation(_TYPE),
     "pg_index": Relation(_INDEX, ("constraint_source", "columns_source")),
@@ -378,9 +372,9 @@ RELATIONS: dict[str, Relation] = {
     "pg_attrdef": Relation(_ATTRDEF, ("columns_source",)),
     "pg_description": Relation(_DESCRIPTION, ("columns_source",)),
     "pg_database": Relation(_DATABASE),
-    "pg_roles": Relation(_ROLES),
-    "pg_authid": Relation(_ROLES),
-    "pg_user": Relation(_USER),
+    "pg_roles": Relation(pg_privileges.ROLES, ("role_source",)),
+    "pg_authid": Relation(pg_privileges.ROLES, ("role_source",)),
+    "pg_user": Relation(pg_privileges.USER, ("role_source",)),
     "pg_foreign_table": Relation(_FOREIGN_TABLE),
     "pg_foreign_server": Relation(_FOREIGN_SERVER),
     "pg_am": Relation(
@@ -471,10 +465,13 @@ RELATIONS: dict[str, Relation] = {
     ),
     "is_tables": Relation(_IS_TABLES, ("pg_class", "pg_namespace")),
     "is_columns": Relation(_IS_COLUMNS, ("pg_attribute", "pg_class", "pg_namespace", "pg_attrdef")),
+    "is_table_privileges": Relation(pg_privileges.TABLE_PRIVILEGES),
 }
 
 # information_schema relations by their name there.
-INFORMATION_SCHEMA = {"tables": "is_tables", "columns": "is_columns"}
+INFORMATION_SCHEMA = {
+    "tables": "is_tables", "columns": "is_columns", "table_privileges": "is_table_privileges",
+}  # fmt: skip
 
 
 def cte_name(relation: str) -> str:

@@ -39,7 +39,7 @@ REWRITE_CACHE_ENTRIES = 512
 _MARKERS = re.compile(
     r"pg_|information_schema|version\s*\(|current_database|current_catalog|format_type|"
     r"to_reg|obj_description|col_description|current_setting|regclass|regtype|::\s*oid|"
-    r"current_user|session_user",
+    r"current_user|session_user|has_table_privilege",
     re.IGNORECASE,
 )
 _QUERY_START = re.compile(r"\s*(\(\s*)*(SELECT|WITH|VALUES|TABLE)\b", re.IGNORECASE)

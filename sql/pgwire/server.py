@@ -394,7 +394,8 @@ class Connection:
         if users is None:
             return Identity(user or LOCAL_SUPERUSER_NAME, superuser=True)
         # The engine asks too, for the owner of a view being read (engine.privileges).
-        privileges.use_role_lookup(self.server.database, users.is_superuser)
+        privileges.use_role_lookup(self.server.database, users.is_superuser,
+                                   lambda: [entry.name for entry in users.entries()])
         return Identity(user, superuser=users.is_superuser(user))
 
     async def serve_messages(self) -> None:
