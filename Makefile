@@ -4,7 +4,7 @@ VENV   := .venv
 PY     := $(VENV)/bin/python
 STAMP  := $(VENV)/.installed
 
-.PHONY: venv test lint demo demo-storage bench bench-quick chaos clean
+.PHONY: venv test lint demo demo-sql demo-storage bench bench-quick chaos clean java spark-jar
 
 $(STAMP): pyproject.toml
 	test -x $(PY) || $(PYTHON) -m venv $(VENV)
@@ -18,8 +18,18 @@ lint: $(STAMP)
 	$(VENV)/bin/ruff check .
 	$(VENV)/bin/lint-imports
 
+# Spark (the test extra pins pyspark) needs Java 17: installed through apt when java or
+# javac is missing (openjdk-17-jdk-headless, ~230 MB on disk).
+java:
+	@command -v java >/dev/null 2>&1 && command -v javac >/dev/null 2>&1 || \
+	  { apt-get update -q && apt-get install -y -q --no-install-recommends openjdk-17-jdk-headless; }
+
+# The Spark SQL catalog's jar (spark_sql_ext/java -> spark_sql_ext/jars), ~5 s.
+spark-jar: $(STAMP) java
+	$(PY) -m spark_sql_ext.build_jar
+
 # pytest exits 5 when no test ran: treat that as failure like any other non-zero code.
-test: lint
+test: lint spark-jar
 	$(PY) -m pytest -q -p no:cacheprovider; rc=$$?; \
 	if [ $$rc -eq 5 ]; then echo "pytest collected no tests: failing"; exit 1; fi; exit $$rc
 

@@ -62,6 +62,8 @@ class TopicbaseDataSource(DataSource):
         return "topicbase"
 
     def schema(self) -> StructType | str:
+        if _catalog_request(self.options) is not None:
+            return CATALOG_SCHEMAS[_catalog_request(self.options)[0]]
         options = parse_options(self.options)
         if options.topic:
             return options.topic_ddl()
@@ -70,6 +72,9 @@ class TopicbaseDataSource(DataSource):
         return from_arrow_schema(schema)
 
     def reader(self, schema: StructType) -> DataSourceReader:
+        request = _catalog_request(self.options)
+        if request is not None:
+            return CatalogRequestReader(dict(self.options), *request)
         return TopicbaseReader(parse_options(self.options), schema)
 
     def writer(self, schema: StructType, overwrite: bool) -> DataSourceArrowWriter:
@@ -84,6 +89,39 @@ class TopicbaseDataSource(DataSource):
         from spark_sql_ext.streaming import TopicbaseStreamWriter
 
         return TopicbaseStreamWriter(parse_options(self.options, streaming=True), schema)
+
+
+# Requests of the Java catalog (spark_sql_ext/java), which reaches the server through this
+# source: option "relations" lists topics and tables, option "execute" runs a statement.
+CATALOG_SCHEMAS = {"relations": "kind STRING, name STRING", "execute": "tag STRING"}
+
+
+def _catalog_request(options: Any) -> tuple[str, str] | None:
+    lowered = {str(k).lower(): str(v) for k, v in options.items()}
+    if "execute" in lowered:
+        return "execute", lowered["execute"]
+    if "relations" in lowered:
+        return "relations", ""
+    return None
+
+
+class CatalogRequestReader(DataSourceReader):
+    """One task that answers a catalog request (run once per Spark action)."""
+
+    def __init__(self, options: dict[str, str], kind: str, argument: str) -> None:
+        self.options = options
+        self.kind = kind
+        self.argument = argument
+
+    def read(self, partition: InputPartition) -> Iterator[tuple[str, ...]]:
+        lowered = {k.lower(): v for k, v in self.options.items()}
+        options = parse_options({**lowered, "table": "-", "topic": ""})
+        with options.connect() as client:
+            if self.kind == "relations":
+                for item in client.action("relations"):
+                    yield item["kind"], item["name"]
+            else:
+                yield (client.action("execute", {"sql": self.argument})["tag"],)
 
 
 @dataclass(frozen=True)

@@ -18,7 +18,9 @@ Requests (descriptor commands, tickets and action bodies are JSON objects):
 - ``DoAction``: ``commit`` ``{"sink_id", "batch_id", "write_ids"}`` (exactly once),
   ``abort`` ``{"write_ids"}``, ``list``, ``partitions`` ``{"topic"}``,
   ``commit_offsets`` ``{"topic", "consumer", "offsets": {p: end}}`` (a consumer's
-  advisory commit), ``last_batch`` ``{"sink_id"}``.
+  advisory commit), ``last_batch`` ``{"sink_id"}``, ``relations`` (topics and tables,
+  for the Spark catalog), ``execute`` ``{"sql"}`` (one statement of the session: DDL of
+  the Spark catalog; privileges and the sandbox apply as on the wire).
 
 Errors travel as Flight errors whose message starts with the SQLSTATE (``42501: …``):
 42501 as FlightUnauthorizedError, 28xxx as FlightUnauthenticatedError, others as
@@ -295,7 +297,26 @@ class TopicbaseFlightServer(flight.FlightServerBase):
             return [b.__dict__ for b in session.bulk_partitions(name)]
         if kind == "commit_offsets":
             return self._commit_offsets(session, body)
+        if kind == "relations":
+            return self._relations(session)
+        if kind == "execute":
+            sql = body.get("sql")
+            if not isinstance(sql, str) or not sql.strip():
+                raise InvalidParameterValueError('execute needs the statement as "sql"')
+            return {"tag": session.execute(sql)[-1].tag}
         raise InvalidParameterValueError(f"unknown Flight action {kind!r}")
+
+    @staticmethod
+    def _relations(session: Any) -> list[dict[str, str]]:
+        """Topics and the main schema's tables and views, by name (for catalogs)."""
+        topics = session.execute("SHOW TOPICS")[-1].table
+        assert topics is not None
+        found = [{"kind": "topic", "name": n} for n in topics.column(0).to_pylist()]
+        tables = session.execute(
+            "SELECT table_name FROM information_schema.tables WHERE table_schema = 'main' "
+            "ORDER BY 1")[-1].table  # fmt: skip
+        assert tables is not None
+        return found + [{"kind": "table", "name": n} for n in tables.column(0).to_pylist()]
 
     @staticmethod
     def _commit_offsets(session: Any, body: dict[str, Any]) -> dict[str, Any]:
@@ -318,7 +339,9 @@ class TopicbaseFlightServer(flight.FlightServerBase):
                 ("abort", "discard staged writes"), ("list", "staged writes"),
                 ("partitions", "a topic's partitions and offsets"),
                 ("commit_offsets", "move a consumer's committed offsets"),
-                ("last_batch", "the last batch id committed by a sink")]  # fmt: skip
+                ("last_batch", "the last batch id committed by a sink"),
+                ("relations", "topics and tables"),
+                ("execute", "run one SQL statement")]  # fmt: skip
 
 
 def start_flight(database: Database, host: str, port: int, auth: str, *,

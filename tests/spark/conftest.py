@@ -54,10 +54,9 @@ def spark(tmp_path_factory: pytest.TempPathFactory) -> Iterator[object]:
                .config("spark.sql.session.timeZone", "UTC")
                .config("spark.driver.extraJavaOptions", jvm)
                .config("spark.sql.python.filterPushdown.enabled", "true"))  # fmt: skip
-    import spark_sql_ext
+    from spark_sql_ext.build_jar import build
 
-    if os.path.exists(spark_sql_ext.JAR_PATH):
-        builder = builder.config("spark.jars", spark_sql_ext.JAR_PATH)
+    builder = builder.config("spark.jars", build())  # the catalog's jar (make spark-jar)
     session = builder.getOrCreate()
     session.sparkContext.setLogLevel("ERROR")
     yield session

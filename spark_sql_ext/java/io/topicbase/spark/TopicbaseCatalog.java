@@ -1,0 +1,251 @@
+package io.topicbase.spark;
+
+import java.util.ArrayList;
+import java.util.HashMap;
+import java.util.List;
+import java.util.Locale;
+import java.util.Map;
+import java.util.regex.Pattern;
+
+import org.apache.spark.sql.DataFrameReader;
+import org.apache.spark.sql.Row;
+import org.apache.spark.sql.SparkSession;
+import org.apache.spark.sql.catalyst.analysis.NoSuchNamespaceException;
+import org.apache.spark.sql.catalyst.analysis.NoSuchTableException;
+import org.apache.spark.sql.catalyst.analysis.TableAlreadyExistsException;
+import org.apache.spark.sql.connector.catalog.CatalogV2Util;
+import org.apache.spark.sql.connector.catalog.Column;
+import org.apache.spark.sql.connector.catalog.Identifier;
+import org.apache.spark.sql.connector.catalog.NamespaceChange;
+import org.apache.spark.sql.connector.catalog.SupportsNamespaces;
+import org.apache.spark.sql.connector.catalog.Table;
+import org.apache.spark.sql.connector.catalog.TableCatalog;
+import org.apache.spark.sql.connector.catalog.TableChange;
+import org.apache.spark.sql.connector.expressions.Transform;
+import org.apache.spark.sql.execution.datasources.v2.python.PythonDataSourceV2;
+import org.apache.spark.sql.types.StructField;
+import org.apache.spark.sql.types.StructType;
+import org.apache.spark.sql.util.CaseInsensitiveStringMap;
+
+/**
+ * A Spark SQL catalog of one Topicbase server: its topics and tables as tables of the
+ * namespace {@code main}.
+ *
+ * <p>Spark refuses Python classes as catalogs, so the catalog is this JVM class; everything
+ * it does goes through the Python {@code topicbase} data source (spark_sql_ext), which talks
+ * to the server's Arrow Flight door: scans and writes use Spark's {@code PythonDataSourceV2}
+ * around the source (an internal class: pyspark's minor version is pinned), and the
+ * catalog's own requests (list relations, CREATE/DROP) are one-task reads of the source with
+ * the options {@code relations} or {@code execute}. Settings: {@code
+ * spark.sql.catalog.<name>.url|user|password} (and {@code tlsRootCerts}, {@code splitRows}).
+ *
+ * <p>{@code CREATE TABLE t (...)} makes a DuckDB table; {@code CREATE TABLE t (...)
+ * TBLPROPERTIES ('kind' = 'topic', 'partitions' = '4')} makes a topic (its columns are the
+ * topic relation's, whatever the statement lists).
+ */
+public class TopicbaseCatalog implements TableCatalog, SupportsNamespaces {
+    private static final String NAMESPACE = "main";
+    static final String SOURCE = "topicbase";
+    private static final Pattern PLAIN_NAME = Pattern.compile("[A-Za-z_][A-Za-z0-9_]*");
+    private static final String[] CONNECTION_KEYS = {"url", "user", "password", "tlsRootCerts",
+        "splitRows"};
+
+    private String catalogName;
+    private final Map<String, String> connection = new HashMap<>();
+
+    @Override
+    public void initialize(String name, CaseInsensitiveStringMap options) {
+        this.catalogName = name;
+        for (String key : CONNECTION_KEYS) {
+            if (options.containsKey(key)) {
+                connection.put(key, options.get(key));
+            }
+        }
+        if (!connection.containsKey("url")) {
+            throw new IllegalArgumentException("spark.sql.catalog." + name
+                + ".url (topicbase://host:port of the Flight door) is not set");
+        }
+    }
+
+    @Override
+    public String name() {
+        return catalogName;
+    }
+
+    @Override
+    public String[] defaultNamespace() {
+        return new String[] {NAMESPACE};
+    }
+
+    // -- requests through the Python source ----------------------------------------------
+    private List<Row> request(String key, String value) {
+        DataFrameReader reader = SparkSession.active().read().format(SOURCE);
+        for (Map.Entry<String, String> entry : connection.entrySet()) {
+            reader = reader.option(entry.getKey(), entry.getValue());
+        }
+        return reader.option(key, value).load().collectAsList();
+    }
+
+    /** Relation name to kind ("topic" or "table"). */
+    private Map<String, String> relations() {
+        Map<String, String> found = new HashMap<>();
+        for (Row row : request("relations", "true")) {
+            found.putIfAbsent(row.getString(1), row.getString(0));
+        }
+        return found;
+    }
+
+    private static boolean inNamespace(String[] namespace) {
+        return namespace.length == 0
+            || (namespace.length == 1 && namespace[0].equalsIgnoreCase(NAMESPACE));
+    }
+
+    private static String quoted(String name, char quote) {
+        if (PLAIN_NAME.matcher(name).matches()) {
+            return name;
+        }
+        if (name.indexOf(quote) >= 0) {
+            throw new IllegalArgumentException("name " + name + " may not contain " + quote);
+        }
+        return quote + name + quote;
+    }
+
+    // -- tables ---------------------------------------------------------------------------
+    @Override
+    public Identifier[] listTables(String[] namespace) throws NoSuchNamespaceException {
+        if (!inNamespace(namespace)) {
+            throw new NoSuchNamespaceException(namespace);
+        }
+        List<Identifier> identifiers = new ArrayList<>();
+        for (String name : relations().keySet()) {
+            identifiers.add(Identifier.of(new String[] {NAMESPACE}, name));
+        }
+        identifiers.sort((a, b) -> a.name().compareTo(b.name()));
+        return identifiers.toArray(new Identifier[0]);
+    }
+
+    @Override
+    public Table loadTable(Identifier ident) throws NoSuchTableException {
+        String kind = inNamespace(ident.namespace()) ? relations().get(ident.name()) : null;
+        if (kind == null) {
+            throw new NoSuchTableException(ident);
+        }
+        Map<String, String> properties = new HashMap<>(connection);
+        properties.put(kind, ident.name());
+        PythonDataSourceV2 provider = new PythonDataSourceV2();
+        provider.setShortName(SOURCE);
+        StructType schema = provider.inferSchema(new CaseInsensitiveStringMap(properties));
+        return new TopicbaseTable(provider.getTable(schema, new Transform[0], properties),
+            properties);
+    }
+
+    @Override
+    public Table createTable(Identifier ident, Column[] columns, Transform[] partitions,
+            Map<String, String> properties)
+            throws TableAlreadyExistsException, NoSuchNamespaceException {
+        if (!inNamespace(ident.namespace())) {
+            throw new NoSuchNamespaceException(ident.namespace());
+        }
+        if (relations().containsKey(ident.name())) {
+            throw new TableAlreadyExistsException(ident);
+        }
+        String kind = properties.getOrDefault("kind", "table").toLowerCase(Locale.ROOT);
+        if (kind.equals("topic")) {
+            String partitionCount = properties.getOrDefault("partitions", "1");
+            Integer.parseInt(partitionCount); // a number, or NumberFormatException
+            request("execute", "CREATE TOPIC " + quoted(ident.name(), '`')
+                + " WITH (min_active_partitions = " + partitionCount + ")");
+        } else {
+            StructType schema = CatalogV2Util.v2ColumnsToStructType(columns);
+            List<String> definitions = new ArrayList<>();
+            for (StructField field : schema.fields()) {
+                definitions.add(quoted(field.name(), '"') + " " + duckdbType(field));
+            }
+            request("execute", "CREATE TABLE " + quoted(ident.name(), '"') + " ("
+                + String.join(", ", definitions) + ")");
+        }
+        try {
+            return loadTable(ident);
+        } catch (NoSuchTableException e) {
+            throw new IllegalStateException("created " + ident + " but cannot load it", e);
+        }
+    }
+
+    /** The DuckDB type of a Spark column (Spark's SQL type names, mapped where they differ). */
+    private static String duckdbType(StructField field) {
+        String type = field.dataType().sql();
+        switch (type) {
+            case "STRING": return "VARCHAR";
+            case "BINARY": return "BLOB";
+            case "TIMESTAMP": return "TIMESTAMPTZ";
+            case "TIMESTAMP_NTZ": return "TIMESTAMP";
+            case "FLOAT": return "REAL";
+            default: return type;
+        }
+    }
+
+    @Override
+    public Table alterTable(Identifier ident, TableChange... changes) {
+        throw new UnsupportedOperationException("ALTER TABLE is not supported by the "
+            + "Topicbase catalog: alter tables and topics over SQL (topicbase serve)");
+    }
+
+    @Override
+    public boolean dropTable(Identifier ident) {
+        String kind = inNamespace(ident.namespace()) ? relations().get(ident.name()) : null;
+        if (kind == null) {
+            return false;
+        }
+        String statement = kind.equals("topic")
+            ? "DROP TOPIC " + quoted(ident.name(), '`')
+            : "DROP TABLE " + quoted(ident.name(), '"');
+        request("execute", statement);
+        return true;
+    }
+
+    @Override
+    public void renameTable(Identifier oldIdent, Identifier newIdent) {
+        throw new UnsupportedOperationException("RENAME is not supported by the Topicbase catalog");
+    }
+
+    // -- namespaces: one, main ------------------------------------------------------------
+    @Override
+    public String[][] listNamespaces() {
+        return new String[][] {{NAMESPACE}};
+    }
+
+    @Override
+    public String[][] listNamespaces(String[] namespace) throws NoSuchNamespaceException {
+        if (!inNamespace(namespace) || namespace.length == 0) {
+            if (namespace.length == 0) {
+                return listNamespaces();
+            }
+            throw new NoSuchNamespaceException(namespace);
+        }
+        return new String[0][];
+    }
+
+    @Override
+    public Map<String, String> loadNamespaceMetadata(String[] namespace)
+            throws NoSuchNamespaceException {
+        if (!inNamespace(namespace) || namespace.length == 0) {
+            throw new NoSuchNamespaceException(namespace);
+        }
+        return new HashMap<>();
+    }
+
+    @Override
+    public void createNamespace(String[] namespace, Map<String, String> metadata) {
+        throw new UnsupportedOperationException("the Topicbase catalog has one namespace, main");
+    }
+
+    @Override
+    public void alterNamespace(String[] namespace, NamespaceChange... changes) {
+        throw new UnsupportedOperationException("the Topicbase catalog has one namespace, main");
+    }
+
+    @Override
+    public boolean dropNamespace(String[] namespace, boolean cascade) {
+        throw new UnsupportedOperationException("the Topicbase catalog has one namespace, main");
+    }
+}

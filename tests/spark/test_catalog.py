@@ -1,0 +1,77 @@
+"""The Java Spark SQL catalog: SHOW TABLES, SELECT, CREATE TABLE, INSERT INTO, DROP TABLE,
+topics as tables, readStream.table, and bare names with spark.sql.defaultCatalog."""
+
+from __future__ import annotations
+
+import itertools
+
+from spark_sql_ext import CATALOG_CLASS
+from tests.spark.conftest import PASSWORD, sql_rows
+
+_names = itertools.count(1)
+
+
+def _catalog(spark, url: str) -> str:
+    """A catalog of its own for this test's server (Spark caches a catalog by name)."""
+    name = f"tb{next(_names)}"
+    for key, value in (("", CATALOG_CLASS), (".url", url), (".user", "sparky"),
+                       (".password", PASSWORD)):  # fmt: skip
+        spark.conf.set(f"spark.sql.catalog.{name}{key}", value)
+    return name
+
+
+def test_tables_and_topics_through_the_catalog(spark, database, url) -> None:
+    session = database.connect()
+    session.execute("CREATE TOPIC events WITH (min_active_partitions = 2)")
+    session.execute("INSERT INTO TOPIC events (data, partition) VALUES ('a', 0), ('b', 1), "
+                    "('c', 1)")  # fmt: skip
+    session.execute("CREATE TABLE users (id BIGINT, name VARCHAR); "
+                    "INSERT INTO users VALUES (1, 'ann')")  # fmt: skip
+    session.close()
+    tb = _catalog(spark, url)
+    shown = {r.tableName for r in spark.sql(f"SHOW TABLES IN {tb}.main").collect()}
+    assert shown == {"events", "users"}
+    assert spark.sql(f"SELECT count(*) AS n FROM {tb}.main.events").first().n == 3
+    assert [r.name for r in spark.sql(f"SELECT name FROM {tb}.main.users").collect()] == ["ann"]
+    described = {r.col_name for r in spark.sql(f"DESCRIBE TABLE {tb}.main.events").collect()}
+    assert {"partition", "offset", "data", "written_at"} <= described
+
+    spark.sql(f"CREATE TABLE {tb}.main.totals (k STRING, n BIGINT)")
+    spark.sql(f"INSERT INTO {tb}.main.totals VALUES ('x', 1), ('y', 2)")
+    assert sql_rows(database, "SELECT * FROM totals ORDER BY k") == [
+        {"k": "x", "n": 1}, {"k": "y", "n": 2}]
+    assert sorted(tuple(r) for r in spark.sql(f"SELECT * FROM {tb}.main.totals").collect()) == [
+        ("x", 1), ("y", 2)]
+    spark.sql(f"DROP TABLE {tb}.main.totals")
+    assert "totals" not in {r.tableName for r in spark.sql(f"SHOW TABLES IN {tb}.main").collect()}
+
+    spark.sql(f"CREATE TABLE {tb}.main.clicks (data BINARY) "
+              "TBLPROPERTIES ('kind' = 'topic', 'partitions' = '3')")  # fmt: skip
+    partitions = sql_rows(database, "SELECT count(*) AS n FROM sys.partitions "
+                          "WHERE topic = 'clicks'")  # fmt: skip
+    assert partitions == [{"n": 3}]
+    spark.table(f"{tb}.main.events").select("data").writeTo(f"{tb}.main.clicks").append()
+    assert sql_rows(database, "SELECT count(*) AS n FROM TOPIC clicks") == [{"n": 3}]
+    spark.sql(f"DROP TABLE {tb}.main.clicks")
+    assert database.catalog.entry("clicks") is None
+
+
+def test_bare_names_and_a_stream_from_a_catalog_table(spark, database, url, tmp_path) -> None:
+    session = database.connect()
+    session.execute("CREATE TOPIC logs")
+    session.execute("INSERT INTO TOPIC logs (data) VALUES ('one'), ('two')")
+    session.close()
+    tb = _catalog(spark, url)
+    previous = spark.conf.get("spark.sql.defaultCatalog")
+    spark.conf.set("spark.sql.defaultCatalog", tb)
+    try:
+        assert spark.sql("SELECT count(*) AS n FROM logs").first().n == 2
+        stream = spark.readStream.option("startingOffsets", "earliest").table("logs")
+        query = (stream.selectExpr("CAST(data AS STRING) AS d").writeStream.format("memory")
+                 .queryName("logs_copy").option("checkpointLocation", str(tmp_path / "cp"))
+                 .trigger(availableNow=True).start())  # fmt: skip
+        query.awaitTermination(120)
+        assert sorted(r.d for r in spark.sql("SELECT d FROM logs_copy").collect()) == [
+            "one", "two"]
+    finally:
+        spark.conf.set("spark.sql.defaultCatalog", previous)
