@@ -7,7 +7,10 @@ in as alice with SCRAM against a real server.
 
 from __future__ import annotations
 
+import os
 import re
+import shutil
+import subprocess
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -328,3 +331,35 @@ def test_wire_identity_cursors_and_copy(wire: tuple[ServerThread, Session]) -> N
             copy.write_row((5,))
         conn.commit()
     assert rows(admin, "SELECT a FROM u") == [(5,)]
+
+
+def test_grants_shown_to_postgresql_clients(wire: tuple[ServerThread, Session]) -> None:
+    server, admin = wire
+    admin.execute("CREATE TOPIC ev; GRANT SELECT, INSERT ON t TO alice WITH GRANT OPTION; "
+                  "GRANT DELETE ON t TO PUBLIC; GRANT SELECT ON TOPIC ev TO alice")  # fmt: skip
+    with wire_connect(server, "alice", "pw-alice") as conn:
+        acl = dict(conn.execute("SELECT relname, relacl FROM pg_catalog.pg_class "
+                                "WHERE relname IN ('t', 'u', 'ev')").fetchall())  # fmt: skip
+        assert acl["t"] == ["topicbase=arwd/topicbase", "=d/topicbase", "alice=a*r*/topicbase"]
+        assert acl["ev"] == ["topicbase=arA/topicbase", "alice=r/topicbase"]
+        assert acl["u"] is None  # never granted: PostgreSQL's default ACL
+        roles = conn.execute("SELECT rolname, rolsuper FROM pg_roles ORDER BY 1").fetchall()
+        assert roles == [("alice", False), ("root", True), ("topicbase", True)]
+        privileges_of_alice = conn.execute(
+            "SELECT privilege_type, is_grantable FROM information_schema.table_privileges "
+            "WHERE table_name = 't' AND grantee = 'alice' ORDER BY 1").fetchall()  # fmt: skip
+        assert privileges_of_alice == [("INSERT", "YES"), ("SELECT", "YES")]
+        checks = conn.execute(
+            "SELECT has_table_privilege('t', 'SELECT'), has_table_privilege('u', 'SELECT'), "
+            "has_table_privilege('alice', 'main.t', 'DELETE'), "
+            "has_table_privilege('alice', 't', 'UPDATE'), "
+            "has_table_privilege('root', 'u', 'UPDATE')").fetchone()  # fmt: skip
+        assert checks == (True, False, True, False, True)
+    listing = subprocess.run(
+        [shutil.which("psql") or "/usr/bin/psql", "-h", "127.0.0.1", "-p", str(server.port), "-U", "alice", "-d", "topicbase",
+         "-X", "-c", r"\dp", "-c", r"\du"],
+        env={**os.environ, "PGPASSWORD": "pw-alice"}, capture_output=True, text=True,
+        timeout=60, check=True,
+    ).stdout  # fmt: skip
+    assert "alice=a*r*/topicbase" in listing and "=d/topicbase" in listing
+    assert re.search(r"root\s*\|\s*Superuser", listing)
