@@ -100,9 +100,21 @@ class _InOrder(argparse.Action):
         namespace.actions = actions
 
 
+SUBCOMMANDS_HELP = """commands (each has its own --help):
+  topicbase serve [--data-dir DIR] [--port N] ...   the PostgreSQL-wire server
+  topicbase user add NAME [--superuser] | list | remove NAME
+                                                    users of the server (users file)
+  topicbase check [--data-dir DIR] [--repair]       verify a data directory
+  topicbase [--data-dir DIR] [-c SQL | -f FILE]     this console (a REPL without -c/-f)
+"""
+
+
 def parse_arguments(argv: list[str] | None) -> argparse.Namespace:
     parser = argparse.ArgumentParser(
-        prog="topicbase", description="Topicbase SQL console: run SQL scripts or a REPL."
+        prog="topicbase",
+        description="Topicbase SQL console: run SQL scripts or a REPL.",
+        epilog=SUBCOMMANDS_HELP,
+        formatter_class=argparse.RawDescriptionHelpFormatter,
     )
     parser.add_argument(
         "--data-dir",
