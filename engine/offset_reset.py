@@ -9,16 +9,20 @@ Rules:
   mean someone is consuming right now, as Kafka refuses to reset an active group.
   ``FORCE`` moves the offsets anyway; a member whose transaction read before the move
   then fails its COMMIT with 40001 (its read no longer starts at the committed offset).
-- **Transactional.** The move is an offset move of the session's transaction, like a
-  read's or a ``COMMIT OFFSETS``'s: it goes through the commit protocol
-  (``engine.commit``: the commit record, then the catalog) when the transaction
-  commits, and vanishes if it rolls back. Autocommit makes it a transaction of its own.
-  It is a blind write, not validated: a reader whose range started at the old offset
-  gets 40001 at its COMMIT, the reset itself never does.
+- **Transactional.** The move is recorded in the session's transaction as an empty
+  range read at the target (``ReadRange(basis, target, target)``): it goes through
+  the commit protocol (``engine.commit``: the commit record, then the catalog) when the
+  transaction commits, and vanishes if it rolls back. Autocommit makes it a
+  transaction of its own.
+- **Validated like a read.** A reader whose range started at the old offset gets 40001
+  at its COMMIT; and if the consumer's offset moved between the statement and its
+  COMMIT, the move gets 40001 (retry it). Why not a blind write: recovery replays
+  commit records in transaction-id order, and only validated moves of one consumer
+  partition are sure to commit in that order.
 - **Inside the transaction** the move is seen by later reads of the same consumer
-  (``engine.reads`` starts from it); a read after it continues from it and its end is
-  where the offset goes. A move after a read replaces where that read would have left
-  the offset (the read's own validation stays).
+  (they continue from the target, and their end is where the offset goes); a move
+  after a read replaces where that read would have left the offset, and keeps that
+  read's validation.
 - **Targets.** EARLIEST: each partition's first retained offset. LATEST: each
   partition's end, all taken at one cut under the publish lock (a transaction's
   publish is skipped whole or not at all). TIMESTAMP: the first message written at or
@@ -32,7 +36,7 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING
 
-from engine.transaction import Transaction
+from engine.transaction import ReadRange, Transaction
 from planner.operations import SetConsumerOffsets
 from storage.errors import InvalidParameterValueError, ObjectInUseError
 
@@ -54,7 +58,8 @@ def set_consumer_offsets(
             )
     targets = _targets(database, operation)
     for partition, offset in targets.items():
-        _move(transaction, (operation.topic_id, operation.consumer, partition), offset)
+        key = (operation.topic_id, operation.consumer, partition)
+        _move(transaction, key, database.catalog.committed(*key), offset)
     return len(targets)
 
 
@@ -87,14 +92,17 @@ def _targets(database: Database, operation: SetConsumerOffsets) -> dict[int, int
     return targets
 
 
-def _move(transaction: Transaction, key: tuple[str, str, int], offset: int) -> None:
-    """The committed offset of ``key`` goes to ``offset`` when ``transaction`` commits."""
+def _move(
+    transaction: Transaction, key: tuple[str, str, int], committed: int | None, offset: int
+) -> None:
+    """The committed offset of ``key`` goes to ``offset`` when ``transaction`` commits,
+    provided it is still ``committed`` then (or what an earlier read of it saw)."""
+    transaction.offset_moves.pop(key, None)  # an earlier COMMIT OFFSETS: overridden
     read = transaction.reads.get(key)
     if read is None:
-        transaction.offset_moves[key] = offset
+        transaction.reads[key] = ReadRange(committed, offset, offset)
         return
     # The transaction read this partition before: keep that read's validation (its
     # basis), but the offset now goes to ``offset``, and a later read continues there.
     read.start = min(read.start, offset)
     read.end = offset
-    transaction.offset_moves.pop(key, None)

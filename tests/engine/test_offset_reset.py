@@ -243,3 +243,20 @@ def test_ranges_committed_ahead_before_a_rewind_are_forgotten(session) -> None:
     session.execute(SET + "EARLIEST")
     session.execute(commit.format("UPTO 5"))
     assert _committed(session) == {0: 5}, "the range [5, 7) was committed before the rewind"
+
+
+def test_a_move_whose_consumer_moved_before_its_commit_gets_40001(two, database) -> None:
+    """Validated like a read: recovery replays commit records by transaction id, which
+    only validated moves of one consumer partition are sure to follow."""
+    two.execute(SET + "EARLIEST")
+    reader = database.connect()
+    try:
+        two.execute("BEGIN")
+        two.execute(SET + "LATEST")
+        assert len(_consume(reader, ", partition = 0, max_messages = 2")) == 2  # commits
+        with pytest.raises(SerializationFailure) as conflict:
+            two.execute("COMMIT")
+        assert "moved from 0 to 2" in str(conflict.value)
+        assert _committed(two) == {0: 2, 1: 0}
+    finally:
+        reader.close()
