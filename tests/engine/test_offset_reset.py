@@ -8,11 +8,13 @@ import pytest
 
 from engine.clock import ManualClock
 from engine.database import Database
+from grammar.parse import parse_one
 from storage.errors import (
     InsufficientPrivilegeError,
     InvalidParameterValueError,
     ObjectInUseError,
     SerializationFailure,
+    SqlSyntaxError,
     UndefinedObjectError,
 )
 from tests.engine.conftest import rows
@@ -260,3 +262,19 @@ def test_a_move_whose_consumer_moved_before_its_commit_gets_40001(two, database)
         assert _committed(two) == {0: 2, 1: 0}
     finally:
         reader.close()
+
+
+@pytest.mark.parametrize(
+    ("sql", "message"),
+    [
+        (SET + "(PARTITION 0 OFFSET 1, PARTITION 0 OFFSET 2)", "listed more than once"),
+        (SET + "TIMESTAMP 'yesterday'", "invalid timestamp"),
+        (SET + "EARLIEST, ADD CONSUMER d", "syntax error"),
+        (SET + "NEWEST", "syntax error"),
+        ("ALTER TOPIC t ALTER CONSUMER c SET OFFSETS EARLIEST", "syntax error"),
+    ],
+)
+def test_malformed_moves_are_syntax_errors(sql: str, message: str) -> None:
+    with pytest.raises(SqlSyntaxError, match=message) as error:
+        parse_one(sql)
+    assert error.value.sqlstate == "42601"
