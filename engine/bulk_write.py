@@ -59,7 +59,8 @@ from storage.errors import (
 WRITES_DIRECTORY = "bulk_writes"
 STAGING_BYTES_MAX_DEFAULT = 16 << 30
 ABANDON_AFTER_S_DEFAULT = 3600.0
-TOPIC_BATCH_ROWS = 50_000  # under storage.limits.BATCH_MESSAGES_MAX
+TOPIC_BATCH_ROWS = 50_000
+WRITE_MODES = ("append", "upsert", "add")  # under storage.limits.BATCH_MESSAGES_MAX
 _WRITE_ID = re.compile(r"[A-Za-z0-9][A-Za-z0-9_.-]{0,127}")
 IDEMPOTENCY_TABLE = f"{SCHEMA}.sink_batches"
 _IDEMPOTENCY_DDL = (
@@ -107,10 +108,20 @@ class BulkWrites:
             cursor.close()
 
     # -- staging ------------------------------------------------------------------------
-    def start(self, session: Any, write_id: str, kind: str, name: str) -> None:
-        """Create write ``write_id`` for the target, or check an existing one matches."""
+    def start(self, session: Any, write_id: str, kind: str, name: str,
+              mode: str = "append", key: tuple[str, ...] = ()) -> None:  # fmt: skip
+        """Create write ``write_id`` for the target, or check an existing one matches.
+
+        ``mode`` says how table rows are published: ``append`` (INSERT), ``upsert``
+        (rows replace those with the same ``key``; one row per key and batch) or ``add``
+        (rows are summed by ``key``, then added to the existing row's other columns): the
+        fold of a stream into a table of totals. Topics take ``append`` only.
+        """
         check_write_id(write_id)
         _check_target(session, kind, name)
+        if mode not in WRITE_MODES or (mode != "append" and (kind != "table" or not key)):
+            raise InvalidParameterValueError(
+                f"write mode {mode!r}: append, or upsert/add to a table with a key")
         directory = os.path.join(self.root, write_id)
         meta_path = os.path.join(directory, "write.json")
         owner = session.identity.name
@@ -128,7 +139,8 @@ class BulkWrites:
             os.makedirs(directory, exist_ok=True)
             temporary = meta_path + ".part"
             with open(temporary, "w", encoding="utf-8") as handle:
-                json.dump({"kind": kind, "name": name, "owner": owner}, handle)
+                json.dump({"kind": kind, "name": name, "owner": owner, "mode": mode,
+                           "key": list(key)}, handle)  # fmt: skip
             os.replace(temporary, meta_path)
 
     def append(self, session: Any, write_id: str, batches: Iterable[pa.RecordBatch],
@@ -309,10 +321,7 @@ class BulkWrites:
                 if meta["kind"] == "topic":
                     self._stage_topic(session, meta["name"], data)
                 else:
-                    columns = ", ".join(_quote(c) for c in data.column_names)
-                    run_over_relation(session, data, [
-                        f"INSERT INTO {_quote(meta['name'])} ({columns}) "
-                        f"SELECT {columns} FROM {{relation}}"])  # fmt: skip
+                    run_over_relation(session, data, [_table_insert(meta, data.column_names)])
             tables.run(session.cursor, f"INSERT INTO {IDEMPOTENCY_TABLE} VALUES (?, ?, ?, ?)",
                        [sink_id, batch_id, rows, self.database.clock.now_us()])  # fmt: skip
         except BaseException:
@@ -366,6 +375,36 @@ def _check_target(session: Any, kind: str, name: str) -> None:
         privileges.require(session, "table", name, "INSERT")
     else:
         raise InvalidParameterValueError(f"a write targets a topic or a table, not {kind!r}")
+
+
+def _table_insert(meta: dict[str, Any], columns: list[str]) -> str:
+    """The statement that publishes a staged table write, by its mode."""
+    names = ", ".join(_quote_column(c) for c in columns)
+    target = _quote(meta["name"])
+    mode, key = meta.get("mode", "append"), list(meta.get("key") or [])
+    if mode == "append":
+        return f"INSERT INTO {target} ({names}) SELECT {names} FROM {{relation}}"
+    missing = [k for k in key if k not in columns]
+    if missing:
+        raise InvalidParameterValueError(f'the rows have no key column "{missing[0]}"')
+    keys = ", ".join(_quote_column(k) for k in key)
+    others = [c for c in columns if c not in key]
+    if mode == "upsert":
+        updates = ", ".join(f"{_quote_column(c)} = EXCLUDED.{_quote_column(c)}" for c in others)
+        source = f"SELECT {names} FROM {{relation}}"
+    else:
+        # DuckDB applies one row per key of an upsert batch: sum by key first.
+        updates = ", ".join(f"{_quote_column(c)} = {target}.{_quote_column(c)} + "
+                            f"EXCLUDED.{_quote_column(c)}" for c in others)  # fmt: skip
+        sums = ", ".join(f"sum({_quote_column(c)}) AS {_quote_column(c)}" for c in others)
+        source = f"SELECT {keys}, {sums} FROM {{relation}} GROUP BY {keys}"
+        names = ", ".join([keys, *(_quote_column(c) for c in others)])
+    action = f"DO UPDATE SET {updates}" if others else "DO NOTHING"
+    return f"INSERT INTO {target} ({names}) {source} ON CONFLICT ({keys}) {action}"
+
+
+def _quote_column(name: str) -> str:
+    return '"' + name.replace('"', '""') + '"'
 
 
 def _read_meta(path: str) -> dict[str, str]:

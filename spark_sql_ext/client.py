@@ -107,7 +107,7 @@ class TopicbaseClient:
         return pa.Table.from_batches(batches, schema=schema)
 
     # -- writes -----------------------------------------------------------------------
-    def put(self, target: dict[str, str], batches: Iterable[pa.RecordBatch],
+    def put(self, target: dict[str, Any], batches: Iterable[pa.RecordBatch],
             schema: pa.Schema, write_id: str | None = None) -> str:  # fmt: skip
         """Stage ``batches`` under ``write_id`` (a new one if None); returns the id."""
         write_id = write_id or uuid.uuid4().hex

@@ -252,7 +252,8 @@ def stage_task(options: Options, prefix: str, iterator: Iterator[pa.RecordBatch]
 
     with options.connect() as client:
         try:
-            client.put(options.target, batches(), _writable(options, first).schema, write_id)
+            client.put(options.write_target, batches(), _writable(options, first).schema,
+                       write_id)  # fmt: skip
         except BaseException:
             client.abort([write_id])
             raise
@@ -305,7 +306,8 @@ class TopicbaseWriter(DataSourceArrowWriter):
         return stage_task(self.options, self.prefix, iterator)
 
     def commit(self, messages: list[WriterCommitMessage | None]) -> None:
-        self.last_outcome = publish(self.options, self.prefix, self.sink_id, 0,
+        batch_id = self.options.batch_id or 0
+        self.last_outcome = publish(self.options, self.prefix, self.sink_id, batch_id,
                                     messages)  # type: ignore[arg-type]
 
     def abort(self, messages: list[WriterCommitMessage | None]) -> None:

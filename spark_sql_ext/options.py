@@ -8,7 +8,9 @@ Kafka's ``{"topic": {...}}`` shape — or an ISO-8601 timestamp), ``maxMessagesP
 ``consumer`` (a streaming read commits the consumer's offsets as batches complete:
 advisory, the read itself is positioned by Spark's checkpoint), ``splitRows`` (messages
 per task at most), ``sinkId`` (writes: the idempotency key of a sink; required for
-streaming writes so a restarted query recognises its own batches).
+streaming writes so a restarted query recognises its own batches), ``batchId`` (a batch
+write's id within its sink, e.g. foreachBatch's), ``mode`` (table writes: ``append``,
+``upsert`` or ``add`` — rows summed by key and added to the table's totals) and ``key``.
 
 Invariant: an ``Options`` is plain data (picklable), so readers and writers carry it to
 the tasks; the Flight client is made where it is used.
@@ -64,10 +66,20 @@ class Options:
     split_rows: int
     sink_id: str | None
     tls_root_certs: str | None
+    write_mode: str = "append"
+    key: tuple[str, ...] = ()
+    batch_id: int | None = None
 
     @property
     def target(self) -> dict[str, str]:
         return {"topic": self.topic} if self.topic else {"table": self.table or ""}
+
+    @property
+    def write_target(self) -> dict[str, Any]:
+        """What a write's DoPut names: the target, and for tables the mode and key."""
+        if self.topic:
+            return self.target
+        return {**self.target, "mode": self.write_mode, "key": list(self.key)}
 
     def connect(self) -> TopicbaseClient:
         return TopicbaseClient(self.url, self.user, self.password,
@@ -141,7 +153,19 @@ def parse_options(raw: Mapping[str, Any], *, streaming: bool = False) -> Options
         split_rows=_positive(options, "splitrows") or DEFAULT_SPLIT_ROWS,
         sink_id=options.get("sinkid") or None,
         tls_root_certs=options.get("tlsrootcerts") or None,
+        write_mode=_mode(options), key=tuple(
+            k.strip() for k in options.get("key", "").split(",") if k.strip()),
+        batch_id=None if options.get("batchid") is None else int(options["batchid"]),
     )  # fmt: skip
+
+
+def _mode(options: Mapping[str, str]) -> str:
+    mode = options.get("mode", "append").lower()
+    if mode not in ("append", "upsert", "add"):
+        raise OptionError(f"mode must be append, upsert or add, not {mode!r}")
+    if mode != "append" and not options.get("key"):
+        raise OptionError(f'mode {mode} needs the option "key" (the key columns)')
+    return mode
 
 
 def resolve(client: TopicbaseClient, options: Options, position: Position,

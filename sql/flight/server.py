@@ -13,8 +13,9 @@ Requests (descriptor commands, tickets and action bodies are JSON objects):
   of one partition range each (tickets ``{"topic", "partition", "start", "end",
   "columns"}``); ``{"table": name, "columns": [...]}`` gives one endpoint for a table.
 - ``DoGet``: a ticket above; a topic range streams its stored frames, projected.
-- ``DoPut``: ``{"write_id": id, "topic": t}`` or ``{"write_id": id, "table": name}``
-  stages the stream's batches on disk; answers ``{"rows": n}`` in the put's metadata.
+- ``DoPut``: ``{"write_id": id, "topic": t}`` or ``{"write_id": id, "table": name,
+  "mode": "append"|"upsert"|"add", "key": [...]}`` stages the stream's batches on disk;
+  answers ``{"rows": n}`` in the put's metadata.
 - ``DoAction``: ``commit`` ``{"sink_id", "batch_id", "write_ids"}`` (exactly once),
   ``abort`` ``{"write_ids"}``, ``list``, ``partitions`` ``{"topic"}``,
   ``commit_offsets`` ``{"topic", "consumer", "offsets": {p: end}}`` (a consumer's
@@ -263,8 +264,12 @@ class TopicbaseFlightServer(flight.FlightServerBase):
         command = _command(descriptor.command)
         kind, name = _target(command)
         write_id = command.get("write_id")
+        key = command.get("key") or []
+        if not isinstance(key, list) or not all(isinstance(k, str) for k in key):
+            raise InvalidParameterValueError("key must be a list of column names")
         with self._session_of(context) as session:
-            self.writes.start(session, write_id, kind, name)
+            self.writes.start(session, write_id, kind, name, str(command.get("mode", "append")),
+                              tuple(key))  # fmt: skip
             batches = (chunk.data for chunk in reader if chunk.data is not None)
             rows = self.writes.append(session, write_id, batches, reader.schema)
         writer.write(pa.py_buffer(json.dumps({"rows": rows}).encode()))

@@ -160,3 +160,27 @@ def test_staging_is_bounded_by_its_disk_cap(database, door, client) -> None:
     assert caught.value.sqlstate == "54000"
     assert door.writes.staged_bytes == 0
     assert client().staged() == [] or all(w["files"] == 0 for w in client().staged())
+
+
+def test_table_writes_append_upsert_and_add_by_key(database, client) -> None:
+    session = database.connect()
+    session.execute("CREATE TABLE totals (k VARCHAR PRIMARY KEY, n BIGINT)")
+    session.close()
+    writer = client()
+    rows = pa.record_batch({"k": ["a", "b", "a"], "n": pa.array([1, 2, 3], pa.int64())})
+    add = {"table": "totals", "mode": "add", "key": ["k"]}
+    writer.commit("fold", 0, [writer.put(add, [rows], rows.schema)])
+    assert _sql_rows(database, "SELECT * FROM totals ORDER BY k") == [
+        {"k": "a", "n": 4}, {"k": "b", "n": 2}]
+    writer.commit("fold", 1, [writer.put(add, [rows], rows.schema)])
+    writer.commit("fold", 1, [writer.put(add, [rows], rows.schema)])  # a replay: no-op
+    assert _sql_rows(database, "SELECT * FROM totals ORDER BY k") == [
+        {"k": "a", "n": 8}, {"k": "b", "n": 4}]
+    latest = pa.record_batch({"k": ["b"], "n": pa.array([10], pa.int64())})
+    upsert = {"table": "totals", "mode": "upsert", "key": ["k"]}
+    writer.commit("fold", 2, [writer.put(upsert, [latest], latest.schema)])
+    assert _sql_rows(database, "SELECT * FROM totals ORDER BY k") == [
+        {"k": "a", "n": 8}, {"k": "b", "n": 10}]
+    with pytest.raises(TopicbaseFlightError) as caught:
+        writer.put({"topic": "nope", "mode": "add"}, [latest], latest.schema)
+    assert caught.value.sqlstate in ("42P01", "22023")
