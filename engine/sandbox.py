@@ -1,15 +1,355 @@
 """The sandbox: what DuckDB may be asked to do at all, whoever asks.
 
-(Being built: see issue 10. ``check_plan`` is called by ``Session._guard`` for every
-statement before it runs.)
+``check_plan`` runs for every plan before any of it runs (``Session._guard``), for
+superusers too: DuckDB is an engine inside Topicbase, not a service users reach. It
+classifies each ``RunQuery``'s SQL from DuckDB's own view of it, never by matching
+text: DuckDB's parser gives the statement type (``tables.statement_types``), DuckDB's
+lexer gives the tokens (``tables.sql_tokens``), and sqlglot's tree (``parse_duckdb``)
+gives the detail of the few statement kinds that need it (CREATE, DROP, ALTER, SET,
+PRAGMA). Refusals are ``InsufficientPrivilegeError`` (42501) saying why.
+
+The rules, each a way out of the sandbox that is closed here:
+
+- **One statement.** A text in which DuckDB finds more than one statement is refused
+  (Topicbase split the script already; a difference between its splitter and DuckDB's
+  must not smuggle a second statement in).
+- **Statement types.** Allowed: queries and DML (SELECT, INSERT, UPDATE, DELETE,
+  MERGE, PIVOT), DDL of tables, views, macros, schemas, sequences, indexes and types,
+  ANALYZE/VACUUM, EXECUTE, and PREPARE of an allowed statement. Refused: ATTACH,
+  DETACH and USE (another database or catalog), COPY to or from files (the wire's
+  ``COPY … FROM STDIN/TO STDOUT`` is run by the wire server over Arrow and never reaches
+  DuckDB as COPY), COPY FROM DATABASE, EXPORT/IMPORT DATABASE, INSTALL, LOAD and UPDATE
+  EXTENSIONS, CREATE/DROP SECRET, CALL, transaction control (Topicbase's own), and any
+  type DuckDB adds later. CHECKPOINT and FORCE CHECKPOINT are for superusers (they
+  write the whole database and can block, or abort, every other session's work).
+- **Settings.** Only ``search_path`` and ``schema`` (kept per connection by DuckDB)
+  may be SET, and not to the internal schema; everything else is global in DuckDB
+  and refused, as are ``SET GLOBAL``, ``SET VARIABLE`` and ``RESET``. (PostgreSQL's
+  settings never reach here: the wire server keeps them per session.) The
+  configuration is also locked when DuckDB opens (``tables.connect``).
+- **PRAGMA**: only the read-only ones in ``ALLOWED_PRAGMAS``.
+- **Table functions**: only those in ``ALLOWED_TABLE_FUNCTIONS`` (generators, JSON
+  iteration and DuckDB's catalog metadata, which the pg_catalog emulation uses); every
+  other built-in one is refused wherever it is called (``read_*``, ``glob``,
+  ``parquet_*``, ``sniff_csv`` read files; ``query``, ``query_table``,
+  ``json_execute_serialized_sql`` and ``histogram`` run SQL given as a string;
+  ``checkpoint``, ``enable_logging``, ``arrow_scan``, ``which_secret`` … change state or
+  reach memory and secrets).
+- **The internal catalog.** No identifier anywhere in a statement may name the schema
+  ``__topicbase`` (DuckDB's tokens are checked, so quoting, case, a ``tables.`` prefix,
+  a view, CTE, macro, DESCRIBE, SUMMARIZE or SHOW all count), and no PRAGMA argument or
+  SET value either.
+
+Statements DuckDB itself cannot parse are let through: DuckDB refuses to run them with
+its own syntax error. Nesting too deep for the parsers is ``StatementTooComplexError``
+(54001), never a ``RecursionError``.
+
+Pure apart from DuckDB's parser and lexer; results are cached by SQL text, so a
+repeated statement is classified once. Thread-safe.
 """
 
 from __future__ import annotations
 
+import functools
+from collections.abc import Callable
+
+import sqlglot
+from sqlglot import expressions as exp
+
+from engine import tables
+from engine.catalog import SCHEMA as INTERNAL_SCHEMA
 from engine.identity import Identity
-from planner.operations import Plan
+from planner.duckdb_sql import parse_duckdb
+from planner.operations import Plan, RunQuery
+from storage.errors import InsufficientPrivilegeError, StatementTooComplexError
+
+CLASSIFICATION_CACHE_ENTRIES = 2048
+
+ALLOWED_TABLE_FUNCTIONS = frozenset(
+    {"range", "generate_series", "unnest", "repeat", "repeat_row"}
+    | {"json_each", "json_tree", "pg_timezone_names", "icu_calendar_names"}
+    | {"duckdb_columns", "duckdb_constraints", "duckdb_dependencies", "duckdb_functions"}
+    | {"duckdb_indexes", "duckdb_keywords", "duckdb_schemas", "duckdb_sequences"}
+    | {"duckdb_tables", "duckdb_types", "duckdb_views", "duckdb_optimizers"}
+    | {"duckdb_prepared_statements", "duckdb_variables"}
+)
+# Scalar functions that reach the host (the CLI's getenv; harmless if absent).
+DENIED_SCALAR_FUNCTIONS = frozenset({"getenv"})
+# Table functions that run SQL given as a string, named in refusals.
+_SQL_STRING_FUNCTIONS = frozenset(
+    {"query", "query_table", "json_execute_serialized_sql", "histogram", "histogram_values"}
+)
+ALLOWED_PRAGMAS = frozenset(
+    {"version", "platform", "show_tables", "show_tables_expanded", "table_info", "show"}
+    | {"functions", "collations"}
+)
+SESSION_SETTINGS = frozenset({"search_path", "schema"})
+_ALLOWED_OBJECT_KINDS = frozenset(
+    {"TABLE", "VIEW", "MACRO", "FUNCTION", "SCHEMA", "SEQUENCE", "INDEX", "TYPE"}
+)
+# Keywords after which ``name(`` names a relation or a definition, not a function call:
+# CREATE TABLE query (...), INSERT INTO summary (...), CREATE INDEX i ON glob (...).
+_RELATION_KEYWORDS = frozenset(
+    {"INTO", "TABLE", "VIEW", "ON", "REFERENCES", "EXISTS", "UPDATE", "MACRO", "FUNCTION"}
+)
+
+_NO_FILES = (
+    "the server's files are out of reach; use COPY ... FROM STDIN / TO STDOUT, or a "
+    "client-side file"
+)
+_REFUSED_TYPES = {
+    "ATTACH": "ATTACH reaches another database; Topicbase serves exactly one",
+    "DETACH": "DETACH changes the databases DuckDB sees; not allowed",
+    "COPY": f"COPY to or from a file runs on the server: {_NO_FILES}",
+    "COPY_DATABASE": f"COPY FROM DATABASE reaches other databases: {_NO_FILES}",
+    "EXPORT": f"EXPORT DATABASE writes files on the server: {_NO_FILES}",
+    "LOAD": "INSTALL and LOAD of DuckDB extensions are not allowed (network and code)",
+    "EXTENSION": "DuckDB extensions are fixed by Topicbase; INSTALL/UPDATE is not allowed",
+    "UNKNOWN": "this DuckDB statement (e.g. UPDATE EXTENSIONS) is not allowed",
+    "TRANSACTION": "transaction control is Topicbase's: use BEGIN, COMMIT and ROLLBACK",
+    "EXPLAIN": "EXPLAIN of this statement is not available",
+    "CALL": "CALL runs DuckDB table functions directly; not allowed",
+    "VARIABLE_SET": "DuckDB variables are not available",
+}
 
 
 def check_plan(plan: Plan, identity: Identity) -> None:
     """Refuse (42501) a plan that would reach host files, the network, another database,
-    a global setting or the internal catalog."""
+    a global setting or the internal catalog; 54001 for a statement too deeply nested."""
+    for operation in plan.operations:
+        if isinstance(operation, RunQuery):
+            check_sql(operation.sql, superuser=identity.superuser)
+
+
+def check_sql(sql: str, *, superuser: bool) -> None:
+    """Refuse ``sql`` (one DuckDB statement) unless the sandbox allows it."""
+    try:
+        reason = _refusal(sql, superuser)
+    except RecursionError:
+        raise StatementTooComplexError("statement too complex: nested too deeply") from None
+    if reason is not None:
+        raise InsufficientPrivilegeError(f"permission denied: {reason}")
+
+
+@functools.lru_cache(maxsize=CLASSIFICATION_CACHE_ENTRIES)
+def _refusal(sql: str, superuser: bool) -> str | None:
+    """Why ``sql`` is refused, or None if it may run."""
+    kinds = tables.statement_types(sql)
+    if kinds is None:
+        return None  # DuckDB cannot parse it either, and will refuse it itself
+    if len(kinds) != 1:
+        return (
+            f"DuckDB reads {len(kinds)} statements in this text; send one statement at a time"
+        )
+    kind = kinds[0][0]
+    tokens = tables.sql_tokens(sql)
+    reason = _token_refusal(tokens)
+    if reason is not None:
+        return reason
+    check = _CHECKS_BY_TYPE.get(kind)
+    if check is None:
+        return _REFUSED_TYPES.get(kind, f"DuckDB {kind} statements are not allowed")
+    return check(sql, tokens, superuser)
+
+
+# -- what DuckDB's lexer sees --------------------------------------------------------------
+def _token_refusal(tokens: list[tables.SqlToken]) -> str | None:
+    """The internal schema named anywhere, or a refused function called anywhere."""
+    denied = _denied_functions()
+    for index, token in enumerate(tokens):
+        if token.kind not in ("identifier", "keyword"):
+            continue
+        name = _identifier(token.text)
+        if name == INTERNAL_SCHEMA:
+            return _internal_schema_refusal()
+        called = index + 1 < len(tokens) and tokens[index + 1].text == "("
+        if called and name in denied and not _names_a_relation(tokens, index):
+            return _function_refusal(name)
+    return None
+
+
+def _identifier(text: str) -> str:
+    """What an identifier token names, as DuckDB compares names (ASCII case-insensitive)."""
+    if text[:1] == '"' and text[-1:] == '"':
+        text = text[1:-1].replace('""', '"')
+    return text.lower()
+
+
+def _names_a_relation(tokens: list[tables.SqlToken], index: int) -> bool:
+    """True if ``tokens[index]`` (before a ``(``) names a table or a new macro, not a call."""
+    while index >= 2 and tokens[index - 1].text == "." and tokens[index - 2].kind in (
+        "identifier",
+        "keyword",
+    ):
+        index -= 2  # a qualified name: look before its first part
+    return index >= 1 and tokens[index - 1].text.upper() in _RELATION_KEYWORDS
+
+
+@functools.cache
+def _denied_functions() -> frozenset[str]:
+    return (tables.table_function_names() - ALLOWED_TABLE_FUNCTIONS) | DENIED_SCALAR_FUNCTIONS
+
+
+def _function_refusal(name: str) -> str:
+    if name.startswith(("read_", "parquet_", "sniff_", "glob")):
+        why = f"it reads files on the server ({_NO_FILES})"
+    elif name in _SQL_STRING_FUNCTIONS:
+        why = "it runs SQL given as a string, which the sandbox cannot check"
+    else:
+        why = "it is not on Topicbase's list of allowed table functions"
+    return f"function {name}() is not allowed: {why}"
+
+
+def _internal_schema_refusal() -> str:
+    return (
+        f'the internal schema "{INTERNAL_SCHEMA}" is out of reach; use the sys.* views and '
+        "pg_catalog"
+    )
+
+
+# -- statement kinds ------------------------------------------------------------------------
+Check = Callable[[str, list[tables.SqlToken], bool], str | None]
+
+
+def _allowed(sql: str, tokens: list[tables.SqlToken], superuser: bool) -> str | None:
+    """Queries, DML, ANALYZE/VACUUM and EXECUTE: the token checks were all they need."""
+    return None
+
+
+def _check_definition(sql: str, tokens: list[tables.SqlToken], superuser: bool) -> str | None:
+    """CREATE, DROP, ALTER of the object kinds users have; not secrets."""
+    tree = _tree(sql)
+    if isinstance(tree, exp.Alter | exp.Comment):
+        return None
+    if isinstance(tree, exp.Create | exp.Drop):
+        kind = str(tree.args.get("kind") or "").upper()
+        if kind in _ALLOWED_OBJECT_KINDS:
+            return None
+        return f"CREATE/DROP {kind} is not allowed"
+    if tokens and tokens[0].text.upper() == "DEALLOCATE":
+        return None  # drops one of this connection's own prepared statements
+    if _created_kind(tokens) == "TYPE":
+        return None  # CREATE TYPE mood AS ENUM (...): sqlglot cannot read it; nothing to reach
+    words = {token.text.upper() for token in tokens[:6] if token.kind == "keyword"}
+    if "SECRET" in words:
+        return "secrets hold credentials for server-side file and network access; not allowed"
+    return "this definition is not one the sandbox can check (tables, views, macros, ...)"
+
+
+def _created_kind(tokens: list[tables.SqlToken]) -> str:
+    """The object kind of ``CREATE [OR REPLACE] [TEMP|TEMPORARY] kind ...``, else ''."""
+    words = [token.text.upper() for token in tokens[:6]]
+    if not words or words[0] != "CREATE":
+        return ""
+    rest = [w for w in words[1:] if w not in ("OR", "REPLACE", "TEMP", "TEMPORARY")]
+    return rest[0] if rest else ""
+
+
+def _check_set(sql: str, tokens: list[tables.SqlToken], superuser: bool) -> str | None:
+    """SET of a per-connection setting (search_path, schema) to a schema users have."""
+    tree = _tree(sql)
+    if isinstance(tree, exp.Use):
+        return "USE changes the catalog or schema; use SET search_path"
+    if not isinstance(tree, exp.Set) or len(tree.expressions) != 1:
+        return "RESET and this form of SET apply to DuckDB's global settings; not allowed"
+    item = tree.expressions[0]
+    scope = str(item.args.get("kind") or "").upper()
+    if scope == "VARIABLE":
+        return _REFUSED_TYPES["VARIABLE_SET"]
+    assignment = item.this
+    if not isinstance(assignment, exp.EQ) or not isinstance(assignment.this, exp.Column):
+        return "this form of SET is not allowed"
+    name = assignment.this.name.lower()
+    if name not in SESSION_SETTINGS or scope == "GLOBAL":
+        return (
+            f'"{name}" is a DuckDB setting for the whole server, fixed by Topicbase; '
+            "only search_path and schema may be set (per session)"
+        )
+    value = assignment.expression
+    if not isinstance(value, exp.Literal | exp.Column | exp.Identifier):
+        return f"SET {name} takes a schema name or a list of them"
+    if any(_identifier(part.strip()) == INTERNAL_SCHEMA
+           for entry in value.name.split(",") for part in entry.split(".")):  # fmt: skip
+        return _internal_schema_refusal()
+    return None
+
+
+def _check_pragma(sql: str, tokens: list[tables.SqlToken], superuser: bool) -> str | None:
+    """The read-only PRAGMAs; COPY FROM DATABASE and IMPORT DATABASE share this type."""
+    tree = _tree(sql)
+    if not isinstance(tree, exp.Pragma):
+        return f"COPY FROM DATABASE and IMPORT DATABASE reach other files: {_NO_FILES}"
+    name = tree.this.name.lower() if isinstance(tree.this, exp.Column | exp.Anonymous) else ""
+    if name not in ALLOWED_PRAGMAS:
+        return f"PRAGMA {name or '?'} changes DuckDB's state or reaches files; not allowed"
+    for literal in tree.find_all(exp.Literal):
+        if literal.is_string and any(
+            _identifier(part.strip()) == INTERNAL_SCHEMA for part in literal.name.split(".")
+        ):
+            return _internal_schema_refusal()
+    return None
+
+
+def _check_call(sql: str, tokens: list[tables.SqlToken], superuser: bool) -> str | None:
+    """CHECKPOINT and FORCE CHECKPOINT (superusers); any other CALL is refused."""
+    if tokens and tokens[0].text.upper() in ("CHECKPOINT", "FORCE"):
+        if superuser:
+            return None
+        return (
+            "CHECKPOINT needs a superuser: it writes the whole database and can block or "
+            "abort other sessions' transactions"
+        )
+    return _REFUSED_TYPES["CALL"]
+
+
+def _check_prepare(sql: str, tokens: list[tables.SqlToken], superuser: bool) -> str | None:
+    """PREPARE name [(types)] AS statement: the statement is checked as if run now, so
+    EXECUTE runs only what the sandbox allowed."""
+    inner = _prepared_statement(sql, tokens)
+    if inner is None:
+        return "this form of PREPARE is not allowed"
+    kinds = tables.statement_types(inner)
+    if kinds is not None and len(kinds) == 1 and kinds[0][0] in ("PREPARE", "EXECUTE"):
+        return "PREPARE of PREPARE or EXECUTE is not allowed"
+    return _refusal(inner, superuser)
+
+
+def _prepared_statement(sql: str, tokens: list[tables.SqlToken]) -> str | None:
+    at = 2  # PREPARE name
+    if len(tokens) > at and tokens[at].text == "(":
+        depth = 0
+        while at < len(tokens):
+            depth += {"(": 1, ")": -1}.get(tokens[at].text, 0)
+            at += 1
+            if depth == 0:
+                break
+    if len(tokens) <= at + 1 or tokens[at].text.upper() != "AS":
+        return None
+    return sql[tokens[at + 1].start :]
+
+
+def _tree(sql: str) -> exp.Expression | None:
+    """sqlglot's tree of ``sql``, or None if sqlglot cannot read it."""
+    try:
+        return parse_duckdb(sql)
+    except sqlglot.errors.ParseError:
+        return None
+
+
+_CHECKS_BY_TYPE: dict[str, Check] = {
+    "SELECT": _allowed,
+    "INSERT": _allowed,
+    "UPDATE": _allowed,
+    "DELETE": _allowed,
+    "MERGE_INTO": _allowed,
+    "MULTI": _allowed,  # PIVOT: DuckDB expands it into several statements of its own
+    "VACUUM": _allowed,  # ANALYZE and VACUUM: statistics only
+    "EXECUTE": _allowed,  # its PREPARE was checked
+    "CREATE": _check_definition,
+    "DROP": _check_definition,
+    "ALTER": _check_definition,
+    "SET": _check_set,
+    "PRAGMA": _check_pragma,
+    "CALL": _check_call,
+    "PREPARE": _check_prepare,
+}

@@ -127,10 +127,11 @@ def default_memory_limit_bytes() -> int:
 
 class SqlToken(NamedTuple):
     """One token as DuckDB's lexer sees it: kind is identifier, keyword, string_const,
-    numeric_const, operator or comment; text is its source text (quotes kept)."""
+    numeric_const or operator; text is its source text (quotes kept), from ``start``."""
 
     kind: str
     text: str
+    start: int
 
 
 def sql_tokens(sql: str) -> list[SqlToken]:
@@ -144,7 +145,7 @@ def sql_tokens(sql: str) -> list[SqlToken]:
         end = positions[index + 1][0] if index + 1 < len(positions) else len(sql)
         name = kind.name
         if name != "comment":
-            tokens.append(SqlToken(name, sql[start:end].rstrip()))
+            tokens.append(SqlToken(name, sql[start:end].rstrip(), start))
     return tokens
 
 
