@@ -12,6 +12,11 @@ This module owns everything that reads SQL text character by character:
 - ``scan_value_rows`` reads ``(...), (...)`` rows of plain literals without Lark,
   because a topic write may carry thousands of rows.
 - ``parse_interval`` and ``parse_point_in_time`` decode ISO-8601 literals.
+- ``check_complexity`` refuses (54001) a statement nested deeper than
+  ``limits.NESTING_DEPTH_MAX`` or with more than ``limits.SET_OPERATIONS_MAX`` set
+  operations, before any recursive parser (Lark, sqlglot, DuckDB) sees it;
+  ``statement_spans`` runs it on every statement. Importing this module raises Python's
+  recursion limit to ``limits.PYTHON_RECURSION_LIMIT``, the frames that depth needs.
 
 Invariants: every offset is a 0-based character offset into the whole script; an
 unterminated string, identifier or comment is a ``SqlSyntaxError`` at its start.
@@ -24,12 +29,19 @@ from __future__ import annotations
 import bisect
 import functools
 import re
+import sys
 from collections.abc import Iterator
 from datetime import UTC, datetime, timedelta
 from typing import NamedTuple
 
 from grammar.ast import Parameter, SourcePosition, Value
-from storage.errors import InvalidParameterValueError, SqlSyntaxError
+from storage import limits
+from storage.errors import InvalidParameterValueError, SqlSyntaxError, StatementTooComplexError
+
+# Parsing a statement of the depth ``check_complexity`` lets through takes several
+# thousand Python frames (sqlglot recurses per level); only ever raised.
+if sys.getrecursionlimit() < limits.PYTHON_RECURSION_LIMIT:
+    sys.setrecursionlimit(limits.PYTHON_RECURSION_LIMIT)
 
 
 class SourceText:
@@ -130,7 +142,75 @@ def statement_spans(source: SourceText) -> list[tuple[int, int]]:
             last_end = position = end
     if first >= 0:
         spans.append((first, last_end))
+    for start, end in spans:
+        check_complexity(source, start, end)
     return spans
+
+
+# -- statement complexity -------------------------------------------------------------------
+_OPENERS = "([{"
+_CLOSERS = {")": "(", "]": "[", "}": "{"}
+_COMPLEX_WORD = re.compile(r"case|union|except|intersect", re.IGNORECASE)
+_COMPLEXITY_ITEM = re.compile(
+    r"""
+    (?P<skip>'(?:[^']|'')*'|"(?:[^"]|"")*"|`[^`]*`|--[^\n]*)
+   |(?P<comment>/\*)
+   |(?P<dollar>\$)
+   |(?P<bracket>[()\[\]{}])
+   |(?<![\w$])(?P<word>(?i:case|end|union|except|intersect))(?![\w$])
+    """,
+    re.VERBOSE,
+)
+
+
+def check_complexity(source: SourceText, start: int, end: int) -> None:
+    """Refuse (54001) the statement ``source.text[start:end]`` if its (), [], {} and
+    CASE … END nest deeper than ``NESTING_DEPTH_MAX``, or it has more than
+    ``SET_OPERATIONS_MAX`` UNION/EXCEPT/INTERSECT. Strings, quoted identifiers and
+    comments do not count.
+
+    Most statements are cleared by two C-speed scans (bracket count, no CASE or set
+    operation word at all); the rest take one regex pass that skips strings whole.
+    """
+    text = source.text
+    opened = sum(text.count(mark, start, end) for mark in _OPENERS)
+    if opened <= limits.NESTING_DEPTH_MAX and _COMPLEX_WORD.search(text, start, end) is None:
+        return
+    stack: list[str] = []
+    set_operations = 0
+    position = start
+    while (match := _COMPLEXITY_ITEM.search(text, position, end)) is not None:
+        position = match.end()
+        kind, item = match.lastgroup, match.group().upper()
+        if kind == "comment":
+            position = skip_comment(source, match.start())
+        elif kind == "dollar":
+            position = max(position, quoted_end(source, match.start()))
+        elif item in _OPENERS or item == "CASE":
+            stack.append(item)
+            if len(stack) > limits.NESTING_DEPTH_MAX:
+                what = "nested levels of parentheses, brackets or CASE"
+                raise _too_complex(source, match.start(), limits.NESTING_DEPTH_MAX, what)
+        elif item in _CLOSERS or item == "END":
+            if stack and stack[-1] == _CLOSERS.get(item, "CASE"):
+                stack.pop()
+        elif kind == "word":
+            set_operations += 1
+            if set_operations > limits.SET_OPERATIONS_MAX:
+                what = "UNION, EXCEPT or INTERSECT"
+                raise _too_complex(source, match.start(), limits.SET_OPERATIONS_MAX, what)
+
+
+def _too_complex(
+    source: SourceText, offset: int, limit: int, what: str
+) -> StatementTooComplexError:
+    position = source.position(offset)
+    return StatementTooComplexError(
+        f"statement too complex: more than {limit} {what} (at line {position.line}, "
+        f"column {position.column})",
+        line=position.line,
+        column=position.column,
+    )
 
 
 def _may_have_escape_string(text: str) -> bool:

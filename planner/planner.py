@@ -40,7 +40,7 @@ from planner.operations import (
 )
 from planner.paths import database_path_of, relative_statement
 from planner.relations import names_a_topic, plain_insert, resolve_plain_relations
-from storage.errors import UndefinedObjectError, UndefinedTopicError
+from storage.errors import StatementTooComplexError, UndefinedObjectError, UndefinedTopicError
 
 SYSTEM_VIEWS = ("topics", "partitions", "consumers", "owners", "grants", "roles")
 # The sqlglot analyses below are pure functions of the SQL text: a worker that runs
@@ -59,9 +59,20 @@ WRITING_STATEMENTS = (
 
 
 def plan(statement: ast.Statement, catalog: Catalog) -> Plan:
-    """Turn one parsed statement into a plan of operations."""
+    """Turn one parsed statement into a plan of operations.
+
+    A statement nested too deeply for sqlglot is 54001, never a ``RecursionError``
+    (``grammar.split.check_complexity`` refuses most before; this is the safety net).
+    """
+    try:
+        return _plan(statement, catalog)
+    except RecursionError:
+        raise StatementTooComplexError("statement too complex: nested too deeply") from None
+
+
+def _plan(statement: ast.Statement, catalog: Catalog) -> Plan:
     if isinstance(statement, ast.Explain):
-        inner = plan(statement.statement, catalog)
+        inner = _plan(statement.statement, catalog)
         return replace(inner, explain_only=True, line=statement.position.line)
     # Topic names as YQL writes them, absolute paths in the database, become relative.
     statement = relative_statement(statement, database_path_of(catalog))
