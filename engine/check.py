@@ -11,7 +11,10 @@ change what is being checked). Steps:
 3. every commit record (``__topicbase.transactions``) must name partitions
    that exist and, for each partition that does not hold the transaction's
    frame yet, a staged batch that is a checksummed frame of that transaction
-   (recovery will publish it from there).
+   (recovery will publish it from there);
+4. owners and grants (``__topicbase.owners``/``grants``, ``engine.privileges``) must name
+   topics, tables and views that exist (the schema ``main`` for CREATE), one owner each:
+   a dangling grant would silently apply to a later object of the same name.
 
 Nothing of DuckDB is ever repaired here: catalog and records change only
 through the engine. Problems are reported as ``storage.check_report.Problem``.
@@ -82,6 +85,8 @@ def check_tables(
         _compare_topics(report, tables_path, _catalog_topics(connection))
         if "transactions" in present:  # created at the first open of a Database
             _check_records(report, connection, staging_directory, fs)
+        if {"owners", "grants"} <= present:  # data directories made before privileges lack them
+            _check_privileges(report, connection, tables_path)
     except TopicbaseError as error:
         report.add(Problem(UNREADABLE, tables_path, error.message))
     finally:
@@ -122,6 +127,39 @@ def _compare_topics(report: CheckReport, tables_path: str, catalog: dict[str, st
             "storage topic without a catalog entry (an interrupted CREATE TOPIC); "
             "opening the database drops it"
         )
+        report.add(Problem(CATALOG_MISMATCH, path, text))
+
+
+def _check_privileges(report: CheckReport, connection: tables.Connection, path: str) -> None:
+    """Step 4: every owner and grant row names an existing object; one owner per object."""
+    existing = {("topic", name) for name in _catalog_topics(connection).values()}
+    existing |= {("schema", "main")}
+    result = tables.query_arrow(
+        connection,
+        "SELECT schema_name, table_name FROM duckdb_tables() WHERE NOT temporary AND "
+        "NOT internal AND schema_name <> ? UNION ALL SELECT schema_name, view_name "
+        "FROM duckdb_views() WHERE NOT temporary AND NOT internal AND schema_name <> ?",
+        [SCHEMA, SCHEMA],
+    )
+    assert result is not None
+    for row in result.to_pylist():
+        schema, name = row["schema_name"], row["table_name"]
+        existing.add(("relation", name.lower() if schema == "main" else f"{schema}.{name}".lower()))
+    for table, who in (("owners", "owner"), ("grants", "grantee")):
+        rows = tables.query_arrow(connection, f"SELECT namespace, name, {who} AS who, "
+                                  f"count(*) AS n FROM {SCHEMA}.{table} GROUP BY ALL "
+                                  "ORDER BY ALL")  # fmt: skip
+        assert rows is not None
+        for row in rows.to_pylist():
+            if (row["namespace"], row["name"]) not in existing:
+                text = (f"{table[:-1]} row for {row['namespace']} \"{row['name']}\" ({who} "
+                        f"\"{row['who'] or 'PUBLIC'}\") names an object that does not exist")
+                report.add(Problem(CATALOG_MISMATCH, path, text))
+    duplicates = tables.query_arrow(connection, f"SELECT namespace, name FROM {SCHEMA}.owners "
+                                    "GROUP BY ALL HAVING count(*) > 1 ORDER BY ALL")  # fmt: skip
+    assert duplicates is not None
+    for row in duplicates.to_pylist():
+        text = f"{row['namespace']} \"{row['name']}\" has more than one owner row"
         report.add(Problem(CATALOG_MISMATCH, path, text))
 
 

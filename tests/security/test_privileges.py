@@ -18,7 +18,8 @@ from typing import Any
 import psycopg
 import pytest
 
-from engine import privileges
+from engine import privileges, tables
+from engine.check import check_database
 from engine.database import Database
 from engine.identity import Identity
 from engine.session import Session
@@ -364,3 +365,28 @@ def test_grants_shown_to_postgresql_clients(wire: tuple[ServerThread, Session]) 
     ).stdout  # fmt: skip
     assert "alice=a*r*/topicbase" in listing and "=d/topicbase" in listing
     assert re.search(r"root\s*\|\s*Superuser", listing)
+
+
+def test_check_reports_grants_of_objects_that_do_not_exist(tmp_path: Path) -> None:
+    path = str(tmp_path / "data")
+    database = Database.open(path)
+    admin = database.connect()
+    admin.execute("CREATE TABLE t (a INT); CREATE VIEW v AS SELECT * FROM t; CREATE TOPIC ev; "
+                  "GRANT SELECT ON t TO alice; GRANT SELECT ON v TO PUBLIC; "
+                  "GRANT INSERT ON TOPIC ev TO alice; GRANT CREATE ON SCHEMA main TO alice; "
+                  "DROP TABLE IF EXISTS gone")  # fmt: skip
+    admin.close()
+    database.close()
+    assert check_database(path).problems == []
+    connection = tables.connect(os.path.join(path, tables.TABLES_FILE))
+    tables.run(connection, "INSERT INTO __topicbase.grants VALUES "
+                           "('relation', 'gone', 'bob', 'SELECT', 'topicbase', false), "
+                           "('topic', 'nope', '', 'INSERT', 'topicbase', false); "
+                           "INSERT INTO __topicbase.owners VALUES "
+                           "('relation', 't', 'table', 'x')")  # fmt: skip
+    connection.close()
+    texts = [problem.message for problem in check_database(path).problems]
+    assert any('relation "gone" (grantee "bob")' in text for text in texts), texts
+    assert any('topic "nope" (grantee "PUBLIC")' in text for text in texts), texts
+    assert any('relation "t" has more than one owner row' in text for text in texts), texts
+    assert len(texts) == 3
