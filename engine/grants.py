@@ -28,6 +28,7 @@ from planner.operations import ChangePrivileges, SwitchRole
 from storage.errors import (
     InsufficientPrivilegeError,
     TopicbaseError,
+    UndefinedObjectError,
     UndefinedTopicError,
 )
 
@@ -55,6 +56,7 @@ def change_privileges(session: Any, operation: ChangePrivileges) -> str:
     chosen = wanted if "ALL" in operation.privileges else operation.privileges
     if operation.grant_option and not operation.revoke and "" in operation.grantees:
         raise InvalidGrantOperationError("grant options can only be granted to roles")
+    _check_roles_exist(session, operation.grantees)
     privileges.open_duckdb_transaction(session)
     for written in operation.objects:
         name, label = _object(session, operation.object_kind, written)
@@ -68,6 +70,17 @@ def change_privileges(session: Any, operation: ChangePrivileges) -> str:
                     _grant(session, namespace, name, grantee, privilege, grantor,
                            operation.grant_option)  # fmt: skip
     return "REVOKE" if operation.revoke else "GRANT"
+
+
+def _check_roles_exist(session: Any, grantees: tuple[str, ...]) -> None:
+    """42704 for a grantee the users file does not hold, when a server registered one (the
+    console and DB-API have no users file: any name may be granted to, for later)."""
+    known = set(privileges.known_roles(session.database))
+    if not known:
+        return
+    for grantee in grantees:
+        if grantee and grantee != OWNER_SUPERUSER and grantee not in known:
+            raise UndefinedObjectError(f'role "{grantee}" does not exist')
 
 
 def _object(session: Any, kind: str, written: str) -> tuple[str, str]:

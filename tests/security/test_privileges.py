@@ -390,3 +390,19 @@ def test_check_reports_grants_of_objects_that_do_not_exist(tmp_path: Path) -> No
     assert any('topic "nope" (grantee "PUBLIC")' in text for text in texts), texts
     assert any('relation "t" has more than one owner row' in text for text in texts), texts
     assert len(texts) == 3
+
+
+def test_wire_set_role_and_unknown_grantees(wire: tuple[ServerThread, Session]) -> None:
+    server, _ = wire
+    with wire_connect(server, "root", "pw-root") as root:
+        root.autocommit = True
+        with pytest.raises(psycopg.errors.UndefinedObject, match='role "nobody" does not exist'):
+            root.execute("GRANT SELECT ON t TO nobody")
+        root.execute("SET ROLE alice")  # a superuser may become anyone, and loses its rights
+        with pytest.raises(psycopg.errors.InsufficientPrivilege, match="table t"):
+            root.execute("SELECT * FROM t")
+        root.execute("RESET ROLE")
+        assert root.execute("SELECT count(*) FROM t").fetchone() == (2,)
+    with (wire_connect(server, "alice", "pw-alice") as conn,
+          pytest.raises(psycopg.errors.InsufficientPrivilege, match="set role")):  # fmt: skip
+        conn.execute("SET ROLE root")
