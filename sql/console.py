@@ -143,6 +143,9 @@ def main(argv: list[str] | None = None) -> int:
     user_argv = check_command_arguments(sys.argv[1:] if argv is None else argv, "user")
     if user_argv is not None:
         return run_user(user_argv)
+    pipeline_argv = check_command_arguments(sys.argv[1:] if argv is None else argv, "pipeline")
+    if pipeline_argv is not None:
+        return run_pipeline(pipeline_argv)
     arguments = parse_arguments(argv)
     data_dir = arguments.data_dir or os.environ.get("TOPICBASE_DATA_DIR") or DEFAULT_DATA_DIR
     actions: list[tuple[str, str]] = arguments.actions or []
@@ -275,6 +278,16 @@ def _start_flight_door(arguments: argparse.Namespace, data_dir: str) -> Any:
     scheme = "topicbase+tls" if arguments.tls_cert else "topicbase"
     print(f"topicbase: Arrow Flight at {scheme}://{arguments.host}:{door.port}", flush=True)
     return door
+
+
+def run_pipeline(argv: list[str]) -> int:
+    """``topicbase pipeline reshard|to-table ...``: the Spark pipelines of ``spark_sql_ext``,
+    run as ``python -m spark_sql_ext.pipeline_cli`` in a process of their own (the SQL
+    fronts do not import the Spark layer, and Spark wants its own process anyway)."""
+    import subprocess
+
+    arguments = [a for a in argv if not a.startswith("--data-dir")]
+    return subprocess.call([sys.executable, "-m", "spark_sql_ext.pipeline_cli", *arguments])
 
 
 def run_user(argv: list[str]) -> int:

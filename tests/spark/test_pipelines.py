@@ -1,0 +1,82 @@
+"""The pipelines, exactly once through an interruption: reshard a topic sharded by server
+into one partitioned by user, then fold it into a table of per-user counts."""
+
+from __future__ import annotations
+
+import json
+import os
+import time
+
+from spark_sql_ext import pipelines
+from tests.spark.conftest import PASSWORD, sql_rows
+
+SERVERS, USERS, PER_SERVER = 3, 5, 400
+
+
+def _produce(database) -> None:
+    session = database.connect()
+    session.execute("CREATE TOPIC logs_by_server (CONSUMER resharder) "
+                    "WITH (min_active_partitions = 3)")  # fmt: skip
+    session.execute("CREATE TOPIC logs_by_user (CONSUMER counter) "
+                    "WITH (min_active_partitions = 2)")  # fmt: skip
+    session.execute("CREATE TABLE clicks_per_user (key VARCHAR PRIMARY KEY, n BIGINT)")
+    for server in range(SERVERS):
+        values = ", ".join(
+            "('" + json.dumps({"server": server, "user": f"u{(i * 7 + server) % USERS}",
+                               "seq": i}) + f"', 'srv-{server}', {i + 1}, {server})"
+            for i in range(PER_SERVER))  # fmt: skip
+        session.execute("INSERT INTO TOPIC logs_by_server (data, producer_id, seq_no, "
+                        f"partition) VALUES {values}")  # fmt: skip
+    session.close()
+
+
+def _crash_after_last_sink_commit(checkpoint: str) -> None:
+    """What a kill between the sink's commit and Spark's commit log leaves behind."""
+    commits = os.path.join(checkpoint, "commits")
+    last = max(int(n) for n in os.listdir(commits) if n.isdigit())
+    for name in (str(last), f".{last}.crc"):
+        os.remove(os.path.join(commits, name))
+
+
+def test_reshard_and_to_table_exactly_once_through_an_interruption(
+        spark, database, url, tmp_path) -> None:  # fmt: skip
+    _produce(database)
+    connection = pipelines.Connection(url, "sparky", PASSWORD)
+    checkpoint = str(tmp_path / "reshard")
+    query = pipelines.reshard(spark, connection, "logs_by_server", "logs_by_user", "user",
+                              checkpoint, consumer="resharder", once=False,
+                              interval="200 milliseconds", max_per_trigger=250)  # fmt: skip
+    deadline = time.monotonic() + 60
+    while query.lastProgress is None or query.lastProgress["batchId"] < 1:
+        assert time.monotonic() < deadline and query.exception() is None
+        time.sleep(0.2)
+    query.stop()  # midway: 1,200 messages at 250 a batch
+    _crash_after_last_sink_commit(checkpoint)
+    moved = sql_rows(database, "SELECT count(*) AS n FROM TOPIC logs_by_user")[0]["n"]
+    assert 0 < moved < SERVERS * PER_SERVER
+    pipelines.reshard(spark, connection, "logs_by_server", "logs_by_user", "user", checkpoint,
+                      consumer="resharder", max_per_trigger=250).awaitTermination(120)
+    rows = sql_rows(database, "SELECT partition, CAST(data AS VARCHAR) AS d FROM TOPIC "
+                    "logs_by_user WITH (max_messages = 100000) ORDER BY partition, \"offset\"")
+    messages = [(r["partition"], json.loads(r["d"])) for r in rows]
+    assert len(messages) == SERVERS * PER_SERVER
+    assert len({(m["server"], m["seq"]) for _, m in messages}) == SERVERS * PER_SERVER
+    placement: dict[str, int] = {}
+    last_seq: dict[tuple[str, int], int] = {}
+    for partition, message in messages:
+        assert placement.setdefault(message["user"], partition) == partition
+        key = (message["user"], message["server"])
+        assert message["seq"] > last_seq.get(key, -1), "per-user order per source"
+        last_seq[key] = message["seq"]
+
+    fold = str(tmp_path / "to_table")
+    pipelines.to_table(spark, connection, "logs_by_user", "clicks_per_user", "user", fold,
+                       consumer="counter", max_per_trigger=500).awaitTermination(120)
+    _crash_after_last_sink_commit(fold)
+    pipelines.to_table(spark, connection, "logs_by_user", "clicks_per_user", "user", fold,
+                       consumer="counter", max_per_trigger=500).awaitTermination(120)
+    expected: dict[str, int] = {}
+    for _, message in messages:
+        expected[message["user"]] = expected.get(message["user"], 0) + 1
+    totals = {r["key"]: r["n"] for r in sql_rows(database, "SELECT * FROM clicks_per_user")}
+    assert totals == expected
