@@ -207,7 +207,7 @@ def _positive_int(text: str) -> int:
 def run_serve(argv: list[str]) -> int:
     """``topicbase serve``: the PostgreSQL-wire server (``sql.pgwire``) until Ctrl-C."""
     from sql.pgwire import server
-    from sql.pgwire.limits import CONNECTIONS_MAX_DEFAULT, ServerLimits
+    from sql.pgwire.limits import add_serve_arguments, serve_configuration
 
     parser = argparse.ArgumentParser(
         prog="topicbase serve", description="Serve the data directory over the PostgreSQL protocol."
@@ -223,15 +223,13 @@ def run_serve(argv: list[str]) -> int:
                         help="users file (default <data-dir>/users.json; see `topicbase user add`)")
     parser.add_argument("--tls-cert", metavar="FILE", help="PEM certificate: offer TLS")
     parser.add_argument("--tls-key", metavar="FILE", help="PEM private key of --tls-cert")
-    parser.add_argument(  # the limits of sql.pgwire.limits
-        "--max-connections", type=_positive_int, default=CONNECTIONS_MAX_DEFAULT,
-        help=f"open client connections at most (default {CONNECTIONS_MAX_DEFAULT})",
-    )  # fmt: skip
+    add_serve_arguments(parser)  # the limits of sql.pgwire.limits, setting defaults
     parser.add_argument("--flight-port", type=int, default=5434,  # sql.flight
                         help="Arrow Flight door for Spark and Arrow clients (default 5434, 0: off)")
     parser.add_argument("--flight-staging-mb", type=_positive_int, default=16384,
                         help="disk cap of staged Flight writes in MiB (default 16384)")
     arguments = parser.parse_args(argv)
+    limits, settings = serve_configuration(arguments)
     data_dir = arguments.data_dir or os.environ.get("TOPICBASE_DATA_DIR") or DEFAULT_DATA_DIR
 
     def ready(port: int) -> None:
@@ -241,9 +239,9 @@ def run_serve(argv: list[str]) -> int:
     try:
         flight_door = _start_flight_door(arguments, data_dir)
         server.serve(data_dir, arguments.host, arguments.port, arguments.auth, ready,
-                     limits=ServerLimits(connections_max=arguments.max_connections),
-                     users_file=arguments.users_file, tls_cert=arguments.tls_cert,
-                     tls_key=arguments.tls_key)  # fmt: skip
+                     limits=limits, users_file=arguments.users_file,
+                     tls_cert=arguments.tls_cert, tls_key=arguments.tls_key,
+                     settings=settings)  # fmt: skip
     except TopicbaseError as error:
         print(formatting.error_text(error), file=sys.stderr)
         return EXIT_ERROR

@@ -21,9 +21,14 @@ Invariants: the server never sees or stores a plaintext password except transien
 ``password`` mode; comparisons are constant-time; an unknown user goes through the same
 exchange as a known one (a mock SCRAM salt derived from the name, so the salt does not
 reveal whether the user exists) and fails at the same step. Every failure is logged with
-its reason, waits ``failure_delay_s`` (``asyncio.sleep``: other connections carry on) and
-then raises ``InvalidPasswordError`` (FATAL 28P01 ``password authentication failed for
-user "x"``), or ``ProtocolError`` (08P01) for a malformed exchange.
+its reason, waits (``asyncio.sleep``: other connections carry on) for the delay the
+server's ``LoginThrottle`` sets (at least ``failure_delay_s``, growing with recent failures
+of the client address and of the user name, across connections: ``sql.pgwire.login_throttle``)
+and then raises ``InvalidPasswordError`` (FATAL 28P01 ``password authentication failed
+for user "x"``), or ``ProtocolError`` (08P01) for a malformed exchange. While it waits,
+the connection is in the throttle's penalty box (the channel's ``on_penalty`` tells the
+server, which then stops counting it among connections still authenticating); an address
+or user whose box is full is refused before its exchange (53300).
 
 Passwords are prepared with SASLprep (RFC 4013, Python's ``stringprep`` tables, i.e.
 Unicode 3.2); a password SASLprep rejects is used as its raw UTF-8 bytes, as PostgreSQL
@@ -45,10 +50,12 @@ import logging
 import secrets
 import stringprep
 import unicodedata
+from collections.abc import Callable
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
 from sql.pgwire import messages as m
+from sql.pgwire.login_throttle import LoginThrottle
 from storage.errors import TopicbaseError
 
 if TYPE_CHECKING:
@@ -66,8 +73,12 @@ SCRAM_KEY_BYTES = 32  # SHA-256
 # A verifier with more iterations than this is refused (cleartext checks run PBKDF2).
 SCRAM_ITERATIONS_MAX = 10_000_000
 AUTH_FAILURE_DELAY_S = 0.5
-# Startup negotiation, TLS handshake and authentication together (PostgreSQL's default).
-AUTHENTICATION_TIMEOUT_S = 60.0
+# Startup negotiation, TLS handshake and authentication together. PostgreSQL's default
+# is 60 s; 10 s is ample for a TLS handshake plus SCRAM's round trips over a slow link
+# (a client computes its 4096 PBKDF2 iterations in milliseconds), and a password prompt
+# never runs inside it: psql and libpq ask for the password before they connect again.
+# A socket that has not logged in by then is closed (``ServerLimits`` may set another).
+AUTHENTICATION_TIMEOUT_S = 10.0
 
 
 class AuthMethod(enum.Enum):
@@ -312,6 +323,11 @@ class AuthChannel:
         self.mechanism = ""  # what the exchange used, for the log
         peer = writer.get_extra_info("peername")
         self.peer = f"{peer[0]}:{peer[1]}" if isinstance(peer, tuple) else str(peer)
+        # The client address without its port: what failures are counted by.
+        self.address = str(peer[0]) if isinstance(peer, tuple) else str(peer)
+        # Called once a failure starts its delay (the server stops counting the
+        # connection among those still authenticating).
+        self.on_penalty: Callable[[], None] | None = None
 
     async def send(self, data: bytes) -> None:
         self.writer.write(data)
@@ -332,7 +348,13 @@ class Authenticator:
         self.method = method
         self.users = users
         self.failure_delay_s = failure_delay_s
+        self.throttle = LoginThrottle(failure_delay_s)
         self._mock_secret = secrets.token_bytes(32)
+
+    def is_superuser(self, user: str) -> bool:
+        """Whether ``user`` (authenticated) is a superuser: under trust every client is
+        (there are no roles to consult), else the users file says."""
+        return self.users is None or self.users.is_superuser(user)
 
     async def authenticate(self, channel: AuthChannel, user: str) -> None:
         """Return once ``user`` proved their password (at once for trust).
@@ -343,17 +365,24 @@ class Authenticator:
         """
         if self.method is AuthMethod.TRUST:
             return
+        self.throttle.admit(channel.address, user)  # 53300 while a penalty box is full
         failure: TopicbaseError | None = None
         try:
             reason = await self._exchange(channel, user)
         except m.ProtocolError as error:
             reason, failure = error.message, error
         if reason is None:
+            self.throttle.succeeded(user)
             log.info('user "%s" authenticated (%s) from %s', user, channel.mechanism, channel.peer)
             return
-        log.warning('password authentication failed for user "%s" from %s: %s (%s)',
-                    user, channel.peer, reason, channel.mechanism)  # fmt: skip
-        await asyncio.sleep(self.failure_delay_s)
+        delay_s = self.throttle.failed(channel.address, user)
+        log.warning('password authentication failed for user "%s" from %s: %s (%s); '
+                    "answered in %.1f s", user, channel.peer, reason, channel.mechanism,
+                    delay_s)  # fmt: skip
+        with self.throttle.penalty_box(channel.address, user):
+            if channel.on_penalty is not None:
+                channel.on_penalty()
+            await asyncio.sleep(delay_s)
         raise failure or InvalidPasswordError(f'password authentication failed for user "{user}"')
 
     async def _exchange(self, channel: AuthChannel, user: str) -> str | None:

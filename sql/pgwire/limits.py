@@ -4,11 +4,21 @@
 --max-connections N`` sets the first); these are the defaults. Going over one is
 an error with a SQLSTATE, never a hang or a dead server:
 
-- connections: the N+1th socket gets ``FATAL 53300 sorry, too many clients
-  already`` once it has sent its startup packet, and is closed. Every accepted
-  socket counts from accept to close (also one still negotiating), so a flood of
-  idle sockets cannot pile up unbounded. A CancelRequest is still served when
-  the server is full.
+- connections: ``connections_max`` counts sessions (logged-in connections), as
+  PostgreSQL's ``max_connections``. When all are taken, a new socket gets ``FATAL
+  53300 sorry, too many clients already`` once it has sent its startup packet, and is
+  closed; a CancelRequest is still served. The last ``superuser_reserved_connections``
+  slots (default 3, at most ``connections_max - 1``) are for superusers: anyone else
+  who logs in when only those are left gets ``FATAL 53300 remaining connection slots
+  are reserved for roles with the SUPERUSER attribute``.
+- connections still logging in (accepted, not yet authenticated, or being refused)
+  have a cap of their own, ``unauthenticated_max``, outside ``connections_max``, and a
+  deadline, ``authentication_timeout_s`` (default ``sql.pgwire.auth``'s 10 s), after
+  which the socket is closed. When the cap is reached, a newcomer takes the place of
+  the oldest such socket of the client address holding the most of them: a flood of
+  idle sockets from one place pushes out its own sockets, never a session and hardly
+  ever someone else's login. Connections waiting out a failed login's delay are in the
+  login throttle's penalty box instead (``sql.pgwire.login_throttle``).
 - message size: a frontend message whose length word is over the limit gets
   ``FATAL 54000`` and the connection is closed *before its body is read*, so a
   hostile length word costs no memory. (PostgreSQL's own ceiling is 1 GiB.)
@@ -32,12 +42,16 @@ an error with a SQLSTATE, never a hang or a dead server:
 
 from __future__ import annotations
 
+import argparse
+import asyncio
+from collections import Counter
+from collections.abc import Callable
 from dataclasses import dataclass
 
 import pyarrow as pa
 
 from sql.pgwire.messages import ProtocolError, message_length
-from storage.errors import LimitExceededError
+from storage.errors import LimitExceededError, TooManyConnectionsError
 
 MIB = 1024 * 1024
 
@@ -51,6 +65,11 @@ MESSAGE_BYTES_MAX_DEFAULT = 64 * MIB
 STATEMENT_BYTES_MAX_DEFAULT = 16 * MIB
 # Arrow bytes of one statement's result (Result.table.nbytes).
 RESULT_BYTES_MAX_DEFAULT = 1024 * MIB
+# Sockets still logging in at once (outside CONNECTIONS_MAX_DEFAULT). Logins take
+# milliseconds, so 64 serve hundreds of logins a second; more only feeds a flood.
+UNAUTHENTICATED_MAX_DEFAULT = 64
+# Of connections_max, the slots only superusers may take (PostgreSQL's default).
+SUPERUSER_RESERVED_CONNECTIONS_DEFAULT = 3
 # How long a refused client may take to send its startup packet before it is dropped.
 REFUSAL_TIMEOUT_S = 10.0
 # Startup negotiation packets (SSLRequest, GSSENCRequest) a refused client may send.
@@ -65,13 +84,29 @@ class ServerLimits:
     message_bytes_max: int = MESSAGE_BYTES_MAX_DEFAULT
     statement_bytes_max: int = STATEMENT_BYTES_MAX_DEFAULT
     result_bytes_max: int = RESULT_BYTES_MAX_DEFAULT
+    unauthenticated_max: int = UNAUTHENTICATED_MAX_DEFAULT
+    superuser_reserved_connections: int = SUPERUSER_RESERVED_CONNECTIONS_DEFAULT
+    # None: sql.pgwire.auth.AUTHENTICATION_TIMEOUT_S, read when a connection starts.
+    authentication_timeout_s: float | None = None
 
     def __post_init__(self) -> None:
         for name in ("connections_max", "message_bytes_max", "statement_bytes_max",
-                     "result_bytes_max"):  # fmt: skip
+                     "result_bytes_max", "unauthenticated_max"):  # fmt: skip
             value = getattr(self, name)
             if not isinstance(value, int) or value < 1:
                 raise ValueError(f"{name} must be a positive integer, not {value!r}")
+        reserved = self.superuser_reserved_connections
+        if not isinstance(reserved, int) or reserved < 0:
+            raise ValueError(f"superuser_reserved_connections must be 0 or more, not {reserved!r}")
+        timeout_s = self.authentication_timeout_s
+        if timeout_s is not None and not 0 < timeout_s <= 600:
+            raise ValueError(f"authentication_timeout_s must be in (0, 600], not {timeout_s!r}")
+
+    @property
+    def reserved_connections(self) -> int:
+        """The superuser-only slots in force: at most all but one (with max_connections 1,
+        one ordinary user can still log in)."""
+        return min(self.superuser_reserved_connections, self.connections_max - 1)
 
 
 class MessageTooLargeError(ProtocolError):
@@ -113,3 +148,135 @@ def result_error(table: pa.Table | None, limits: ServerLimits) -> LimitExceededE
         f"result of {table.num_rows} rows is {table.nbytes} bytes, over the limit of "
         f"{limits.result_bytes_max} bytes; read it in parts (LIMIT ... OFFSET)"
     )
+
+
+class Admission:
+    """Who holds a place in one server: sessions (``connections_max``, some reserved for
+    superusers) and sockets still logging in (``unauthenticated_max``).
+
+    Invariants: ``sessions`` never exceeds ``connections_max``; a task is among the
+    unauthenticated at most once and leaves when it logs in, starts a failed login's
+    delay, is pushed out, or ends. Thread-safety: event loop thread only.
+    """
+
+    def __init__(self, limits: ServerLimits) -> None:
+        self.limits = limits
+        self.sessions = 0
+        # Sockets not logged in yet, oldest first, with their client address.
+        self._unauthenticated: dict[asyncio.Task[None], str] = {}
+        self.pushed_out = 0  # sockets closed to make room (for tests and logs)
+
+    @property
+    def unauthenticated(self) -> int:
+        return len(self._unauthenticated)
+
+    def full(self) -> bool:
+        """Every session slot is taken: a newcomer is refused before it logs in."""
+        return self.sessions >= self.limits.connections_max
+
+    def enter(self, task: asyncio.Task[None], address: str) -> asyncio.Task[None] | None:
+        """Count a new socket among those logging in; when that makes one too many, the
+        socket to push out (the oldest of the address holding the most), else None."""
+        victim = None
+        if len(self._unauthenticated) >= self.limits.unauthenticated_max:
+            busiest, _ = Counter(self._unauthenticated.values()).most_common(1)[0]
+            victim = next(t for t, a in self._unauthenticated.items() if a == busiest)
+            del self._unauthenticated[victim]
+            self.pushed_out += 1
+        self._unauthenticated[task] = address
+        assert len(self._unauthenticated) <= self.limits.unauthenticated_max
+        return victim
+
+    def leave(self, task: asyncio.Task[None] | None) -> None:
+        """The socket logged in, is waiting out a failed login, or is gone."""
+        if task is not None:
+            self._unauthenticated.pop(task, None)
+
+    def claim(self, superuser: bool) -> None:
+        """Take a session slot for a user who just logged in; 53300 if none is left for
+        them (the last ``reserved_connections`` are for superusers, as in PostgreSQL)."""
+        if self.sessions >= self.limits.connections_max:
+            raise TooManyConnectionsError("sorry, too many clients already")
+        ordinary_max = self.limits.connections_max - self.limits.reserved_connections
+        if not superuser and self.sessions >= ordinary_max:
+            raise TooManyConnectionsError(
+                "remaining connection slots are reserved for roles with the SUPERUSER attribute"
+            )
+        self.sessions += 1
+
+    def release(self) -> None:
+        self.sessions -= 1
+        assert self.sessions >= 0
+
+
+# -- topicbase serve options ------------------------------------------------------------------
+def _count(minimum: int) -> Callable[[str], int]:
+    """An argparse type: an integer of at least ``minimum``."""
+
+    def parse(text: str) -> int:
+        value = int(text)
+        if value < minimum:
+            raise argparse.ArgumentTypeError(f"must be at least {minimum}, not {value}")
+        return value
+
+    return parse
+
+
+def _seconds(text: str) -> float:
+    value = float(text)
+    if not 0 < value <= 600:
+        raise argparse.ArgumentTypeError(f"must be more than 0 and at most 600 seconds, not {text}")
+    return value
+
+
+SETTING_OPTIONS = ("idle_session_timeout", "idle_in_transaction_session_timeout", "log_statement")
+
+
+def add_serve_arguments(parser: argparse.ArgumentParser) -> None:
+    """``topicbase serve``'s options for these limits and the server's setting defaults."""
+    parser.add_argument(
+        "--max-connections", type=_count(1), default=CONNECTIONS_MAX_DEFAULT,
+        help=f"sessions at most (default {CONNECTIONS_MAX_DEFAULT})",
+    )  # fmt: skip
+    parser.add_argument(
+        "--superuser-reserved-connections", type=_count(0),
+        default=SUPERUSER_RESERVED_CONNECTIONS_DEFAULT,
+        help="of --max-connections, the slots only superusers may take (default "
+             f"{SUPERUSER_RESERVED_CONNECTIONS_DEFAULT})",
+    )  # fmt: skip
+    parser.add_argument(
+        "--max-unauthenticated-connections", type=_count(1), default=UNAUTHENTICATED_MAX_DEFAULT,
+        help=f"sockets still logging in at once (default {UNAUTHENTICATED_MAX_DEFAULT})",
+    )  # fmt: skip
+    parser.add_argument(
+        "--authentication-timeout", type=_seconds, metavar="SECONDS",
+        help="close a socket not logged in after this long (default 10)",
+    )  # fmt: skip
+    parser.add_argument(
+        "--idle-session-timeout", metavar="DURATION", default=None,
+        help="default idle_session_timeout, e.g. 10min (default 0: none)",
+    )  # fmt: skip
+    parser.add_argument(
+        "--idle-in-transaction-session-timeout", metavar="DURATION", default=None,
+        help="default idle_in_transaction_session_timeout, e.g. 60s (default 0: none)",
+    )  # fmt: skip
+    parser.add_argument(
+        "--log-statement", choices=("none", "ddl", "mod", "all"), default=None,
+        help="statements whose text goes to the server log (default none)",
+    )  # fmt: skip
+
+
+def serve_configuration(arguments: argparse.Namespace) -> tuple[ServerLimits, dict[str, str]]:
+    """The limits and setting defaults that ``add_serve_arguments``'s options ask for."""
+    limits = ServerLimits(
+        connections_max=arguments.max_connections,
+        unauthenticated_max=arguments.max_unauthenticated_connections,
+        superuser_reserved_connections=arguments.superuser_reserved_connections,
+        authentication_timeout_s=arguments.authentication_timeout,
+    )
+    settings = {
+        name: getattr(arguments, name)
+        for name in SETTING_OPTIONS
+        if getattr(arguments, name) is not None
+    }
+    return limits, settings

@@ -34,6 +34,7 @@ from __future__ import annotations
 
 import re
 import threading
+from collections.abc import Mapping
 from typing import Any
 
 import pyarrow as pa
@@ -119,13 +120,16 @@ _LOCAL_OUTSIDE_BLOCK = "SET LOCAL can only be used in transaction blocks"
 class ConnectionCatalog:
     """Session settings, savepoint names and catalog rewriting of one connection."""
 
-    def __init__(self, server_version: str, prepared: dict[str, Any]) -> None:
-        """``prepared``: the connection's prepared statements by name (DEALLOCATE)."""
+    def __init__(self, server_version: str, prepared: dict[str, Any],
+                 defaults: Mapping[str, str] | None = None) -> None:  # fmt: skip
+        """``prepared``: the connection's prepared statements by name (DEALLOCATE);
+        ``defaults``: the server's defaults of settings (``PgSettings``)."""
         self.server_version = server_version
         self.prepared = prepared
+        self.defaults = dict(defaults or {})
         self.user = "topicbase"
         self.database = "topicbase"
-        self.settings = PgSettings(server_version, self.user, "")
+        self.settings = PgSettings(server_version, self.user, "", self.defaults)
         self.savepoints: list[str] = []
         self.changes = SettingChanges(lambda: self.settings)  # rollback and ParameterStatus
 
@@ -134,7 +138,7 @@ class ConnectionCatalog:
         self.user = parameters.get("user") or "topicbase"
         self.database = parameters.get("database") or self.user
         self.settings = PgSettings(
-            self.server_version, self.user, parameters.get("application_name", "")
+            self.server_version, self.user, parameters.get("application_name", ""), self.defaults
         )
 
     def execute(self, session: Session, statement: ast.Statement, parameters: Any) -> Result:
@@ -266,7 +270,9 @@ class ConnectionCatalog:
         elif not self.settings.knows(name):
             return None
         else:
-            self.changes.change(session, lambda: self.settings.set(name, None), local=False)
+            superuser = session.identity.superuser
+            self.changes.change(session, lambda: self.settings.set(name, None, superuser=superuser),
+                                local=False)  # fmt: skip
             if self.settings.canonical(name) == "search_path":
                 _apply_search_path(session, self.settings.show("search_path"))
         return Result("RESET")
@@ -292,7 +298,10 @@ class ConnectionCatalog:
             return None
         value = None if raw.strip().upper() in ("DEFAULT", "LOCAL") else _value_text(raw)
         local = (match.group(1) or "").upper() == "LOCAL"
-        if not self.changes.change(session, lambda: self.settings.set(name, value), local=local):
+        superuser = session.identity.superuser
+        if not self.changes.change(
+            session, lambda: self.settings.set(name, value, superuser=superuser), local=local
+        ):
             return Result("SET", notices=(_LOCAL_OUTSIDE_BLOCK,))
         if self.settings.canonical(name) == "search_path":
             _apply_search_path(session, self.settings.show("search_path"))

@@ -10,10 +10,14 @@ reports a value the server does not honour; settings whose only honest value is 
 (``client_encoding`` UTF8, ``standard_conforming_strings`` on, ``DateStyle`` ISO,
 ``IntervalStyle`` postgres, ``TimeZone`` UTC, ``bytea_output`` hex) refuse any other
 value with 22023 instead of pretending. Settings that are stored and shown but not
-enforced (``lock_timeout``, ``idle_in_transaction_session_timeout``,
-``client_min_messages`` …) say so in their description; ``statement_timeout`` is
-enforced by ``pg_catalog``. A ``SET`` inside a transaction
-is not undone by ``ROLLBACK`` (PostgreSQL would undo it).
+enforced (``lock_timeout``, ``client_min_messages`` …) say so in their description;
+``statement_timeout`` is enforced by ``pg_catalog``; ``idle_session_timeout`` and
+``idle_in_transaction_session_timeout`` by the server (``sql.pgwire.server``: FATAL 57P05
+/ 25P03 and the connection closed); ``log_statement`` (none, ddl, mod, all) by the server
+too, and only a superuser may change it (``SUPERUSER_SETTINGS``: 42501 for others).
+
+A server may give settings other defaults (``topicbase serve --idle-session-timeout``…):
+``PgSettings(defaults=…)``, checked as a SET would be; RESET returns to them.
 
 Names PostgreSQL does not know are not handled here (``PgSettings.knows`` is False):
 the caller passes them to DuckDB, whose own ``SET threads = 2`` and the like keep working.
@@ -23,12 +27,17 @@ Thread-safety: one instance per connection, used from that connection's thread o
 from __future__ import annotations
 
 import re
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 
 import pyarrow as pa
 
-from storage.errors import FeatureNotSupportedError, InvalidParameterValueError, TopicbaseError
+from storage.errors import (
+    FeatureNotSupportedError,
+    InsufficientPrivilegeError,
+    InvalidParameterValueError,
+    TopicbaseError,
+)
 
 
 class CantChangeRuntimeParameterError(TopicbaseError):
@@ -88,7 +97,19 @@ def _duration_ms(value: str) -> str:
         raise InvalidParameterValueError(f'invalid value "{value}": expected a duration')
     factor = {None: 1, "ms": 1, "s": 1000, "min": 60_000, "h": 3_600_000, "d": 86_400_000}
     milliseconds = int(match.group(1)) * factor[match.group(2)]
+    if milliseconds > DURATION_MS_MAX:
+        raise InvalidParameterValueError(
+            f'invalid value "{value}": at most {DURATION_MS_MAX} ms (PostgreSQL\'s INT_MAX)'
+        )
     return "0" if milliseconds == 0 else f"{milliseconds}ms"
+
+
+DURATION_MS_MAX = 2**31 - 1
+
+
+def milliseconds(shown: str) -> int:
+    """A duration as ``PgSettings`` stores it (``5000ms`` or ``0``) in milliseconds."""
+    return int(shown.removesuffix("ms"))
 
 
 def _isolation(value: str) -> str:
@@ -166,10 +187,21 @@ SETTINGS: tuple[Setting, ...] = (
     Setting(
         "idle_in_transaction_session_timeout",
         "0",
-        "Idle-in-transaction timeout" + _NOT_ENFORCED,
+        "Longest wait for a statement inside a transaction (then FATAL 25P03, rolled back).",
         _duration_ms,
     ),
-    Setting("idle_session_timeout", "0", "Idle session timeout" + _NOT_ENFORCED, _duration_ms),
+    Setting(
+        "idle_session_timeout",
+        "0",
+        "Longest wait for a statement outside a transaction (then FATAL 57P05).",
+        _duration_ms,
+    ),
+    Setting(
+        "log_statement",
+        "none",
+        "Statements whose text the server logs: none, ddl, mod (ddl and writes) or all.",
+        _one_of("none", "ddl", "mod", "all"),
+    ),
     Setting(
         "client_min_messages",
         "notice",
@@ -195,6 +227,9 @@ SETTINGS: tuple[Setting, ...] = (
     Setting("jit", "off", "JIT compilation.", _one_of("on", "off")),
 )
 _BY_NAME = {setting.name.lower(): setting for setting in SETTINGS}
+# Settings only a superuser may SET or RESET (PostgreSQL's "superuser" context): statement
+# text in the server log is for the operator to turn on, not for any user.
+SUPERUSER_SETTINGS = frozenset({"log_statement"})
 _ALIASES = {"time zone": "timezone", "transaction isolation level": "transaction_isolation",
             "names": "client_encoding", "schema": "search_path",
             "session authorization": "session_authorization"}  # fmt: skip
@@ -203,8 +238,14 @@ _ALIASES = {"time zone": "timezone", "transaction isolation level": "transaction
 class PgSettings:
     """The settings of one connection. ``values`` maps lower-case names to shown values."""
 
-    def __init__(self, server_version: str, user: str, application_name: str) -> None:
+    def __init__(self, server_version: str, user: str, application_name: str,
+                 defaults: Mapping[str, str] | None = None) -> None:  # fmt: skip
+        """``defaults``: the server's own defaults for settings (checked here: 22023)."""
         self._defaults = {key: setting.default for key, setting in _BY_NAME.items()}
+        for name, value in (defaults or {}).items():
+            setting = _BY_NAME[self.canonical(name)]
+            assert setting.check is not None, f"{name} is read-only"
+            self._defaults[self.canonical(name)] = setting.check(value)
         self._defaults["server_version"] = server_version
         self._defaults["session_authorization"] = user
         self._defaults["application_name"] = application_name
@@ -225,9 +266,12 @@ class PgSettings:
             raise UndefinedSettingError(f'unrecognized configuration parameter "{name}"')
         return self.values[key]
 
-    def set(self, name: str, value: str | None) -> None:
-        """Set (``value`` None: reset) one setting; raises 22023/55P02/0A000 on refusal."""
+    def set(self, name: str, value: str | None, *, superuser: bool = True) -> None:
+        """Set (``value`` None: reset) one setting; raises 22023/55P02/0A000 on refusal, and
+        42501 for a setting of ``SUPERUSER_SETTINGS`` when not ``superuser``."""
         key = self.canonical(name)
+        if key in SUPERUSER_SETTINGS and not superuser:
+            raise InsufficientPrivilegeError(f'permission denied to set parameter "{name}"')
         setting = _BY_NAME.get(key)
         if setting is None:
             assert "." in key, "the caller passes only names it knows"

@@ -55,12 +55,15 @@ from sql.pgwire import limits as wire_limits
 from sql.pgwire import messages as m
 from sql.pgwire import pg_catalog as wire_catalog  # SET/SHOW, savepoints, pg_catalog
 from sql.pgwire import tls as wire_tls
-from sql.pgwire.limits import REFUSAL_PACKETS_MAX, REFUSAL_TIMEOUT_S, ServerLimits
+from sql.pgwire.limits import REFUSAL_PACKETS_MAX, REFUSAL_TIMEOUT_S, Admission, ServerLimits
 from sql.pgwire.output import GatheringWriter
+from sql.pgwire.pg_settings import PgSettings, milliseconds
 from sql.pgwire.row_encoding import DataRows
 from sql.pgwire.users import ConfigFileError, default_users_path
 from storage.errors import (
     FeatureNotSupportedError,
+    IdleInTransactionSessionTimeoutError,
+    IdleSessionTimeoutError,
     LimitExceededError,
     SqlSyntaxError,
     TooManyConnectionsError,
@@ -81,6 +84,35 @@ _PARAMETER = re.compile(r"\$(\d+)")
 # PostgreSQL does (sql.pgwire.copy handles them during a COPY).
 _NOTHING_TO_DO = frozenset({b"H", b"d", b"c", b"f"})
 PARSE_CACHE_ENTRIES = 512
+
+
+# Libraries that would put statement text in the server's log (sqlglot warns with SQL
+# fragments); statements reach the log only through ``log_statement``.
+SQL_LOGGERS = ("sqlglot", "duckdb")
+
+
+def silence_sql_logging() -> None:
+    """Keep libraries that log SQL out of the server log (idempotent)."""
+    for name in SQL_LOGGERS:
+        logging.getLogger(name).setLevel(logging.CRITICAL + 1)
+
+
+# Statements log_statement = ddl logs (by first keyword; mod adds _MOD_WORDS).
+_DDL_WORDS = frozenset({"CREATE", "ALTER", "DROP", "TRUNCATE", "COMMENT", "GRANT", "REVOKE"})
+_MOD_WORDS = frozenset({"INSERT", "UPDATE", "DELETE", "MERGE", "COPY", "UPSERT"})
+_FIRST_WORD = re.compile(r"\s*(?:--[^\n]*\n\s*|/\*.*?\*/\s*)*(\w+)", re.DOTALL)
+
+
+def statement_logged(mode: str, text: str) -> bool:
+    """Whether ``log_statement = mode`` logs a statement of ``text`` (PostgreSQL's
+    classes: ``mod`` includes ``ddl``; COPY counts as a write, as COPY FROM does)."""
+    if mode == "all":
+        return True
+    if mode == "none":
+        return False
+    match = _FIRST_WORD.match(text)
+    word = match.group(1).upper() if match else ""
+    return word in _DDL_WORDS or (mode == "mod" and word in _MOD_WORDS)
 
 
 @functools.lru_cache(maxsize=PARSE_CACHE_ENTRIES)
@@ -272,7 +304,10 @@ class Connection:
         self.statements: dict[str, Prepared] = {}
         self.portals: dict[str, Portal] = {}
         self.skipping = False  # after an extended-protocol error, until Sync
-        self.catalog = wire_catalog.ConnectionCatalog(SERVER_VERSION, self.statements)
+        self.catalog = wire_catalog.ConnectionCatalog(SERVER_VERSION, self.statements,
+                                                      server.settings)  # fmt: skip
+        self.has_slot = False  # counted in server.sessions (one of connections_max)
+        self.waiting_for_query = False  # ReadyForQuery sent, no message since: idle
 
     async def call(self, function: Callable[..., Any], *arguments: Any) -> Any:
         loop = asyncio.get_running_loop()
@@ -297,6 +332,7 @@ class Connection:
         (SET, RESET, or a rollback that put one back), then ReadyForQuery."""
         reports = self.catalog.changes.take_reports()
         statuses = b"".join(m.parameter_status(name, value) for name, value in reports)
+        self.waiting_for_query = True  # idle from now until the next message
         return statuses + m.ready_for_query(self.status())
 
     # -- lifetime --------------------------------------------------------------------------
@@ -308,11 +344,19 @@ class Connection:
             log.debug("connection %d: the client went away", self.process_id)
         except m.ProtocolError as error:
             self.send(m.error_response(error.sqlstate, error.message, severity="FATAL"))
+        except (IdleSessionTimeoutError, IdleInTransactionSessionTimeoutError) as error:
+            log.info("connection %d: %s", self.process_id, error.message)
+            self.send(m.error_response(error.sqlstate, error.message, severity="FATAL"))
         finally:
             await self.close()
 
     async def close(self) -> None:
+        """End the connection: its transaction is rolled back (staged writes freed) and its
+        session slot given back."""
         self.server.connections.pop(self.process_id, None)
+        if self.has_slot:
+            self.has_slot = False
+            self.server.release_slot()
         if self.session is not None:
             try:
                 await self.call(self.session.close)
@@ -329,7 +373,9 @@ class Connection:
         is ready. All of it must end within ``AUTHENTICATION_TIMEOUT_S``."""
         authenticator = self.server.authenticator
         try:
-            async with asyncio.timeout(wire_auth.AUTHENTICATION_TIMEOUT_S):
+            timeout_s = (self.server.limits.authentication_timeout_s
+                         or wire_auth.AUTHENTICATION_TIMEOUT_S)  # fmt: skip
+            async with asyncio.timeout(timeout_s):
                 startup = await wire_tls.negotiate(self.reader, self.writer,
                                                    self.server.tls_context)  # fmt: skip
                 if startup.code == m.CANCEL_REQUEST:
@@ -347,12 +393,15 @@ class Connection:
                     )
                 channel = wire_auth.AuthChannel(self.reader, self.writer,
                                                 self.server.tls_channel_binding)  # fmt: skip
+                task = asyncio.current_task()
+                channel.on_penalty = lambda: self.server.leave_unauthenticated(task)
                 await authenticator.authenticate(channel, user)
+                self.server.claim_slot(self, authenticator.is_superuser(user))
         except TimeoutError:
             log.warning("startup of %s timed out", self.writer.get_extra_info("peername"))
             return False
         except (FeatureNotSupportedError, wire_auth.InvalidAuthorizationError,
-                wire_auth.InvalidPasswordError) as error:  # fmt: skip
+                wire_auth.InvalidPasswordError, TooManyConnectionsError) as error:  # fmt: skip
             self.send(m.error_response(error.sqlstate, error.message, severity="FATAL"))
             return False
         identity = self._identity(user)
@@ -403,7 +452,7 @@ class Connection:
         # awaited): one socket write per flight instead of one per message (sql.pgwire.output).
         self.writer = GatheringWriter(self.writer)
         while True:
-            header = await self.reader.readexactly(5)
+            header = await self._next_header()
             body = await self.reader.readexactly(
                 wire_limits.message_body_length(header, self.server.limits)
             )
@@ -432,6 +481,48 @@ class Connection:
                 raise m.ProtocolError(f"invalid frontend message type {kind!r}")
             if kind in (b"Q", b"S", b"H"):
                 await self.writer.drain()
+
+    # -- idle timeouts and the statement log --------------------------------------------------
+    async def _next_header(self) -> bytes:
+        """The next message's header. While the session is idle (ReadyForQuery went out and
+        nothing came since) its idle timeout runs: past it, ``IdleInTransactionSession-
+        TimeoutError`` (25P03) inside a transaction, else ``IdleSessionTimeoutError`` (57P05);
+        ``run`` sends it as FATAL and ``close`` rolls the transaction back."""
+        limit = self._idle_limit() if self.waiting_for_query else None
+        if limit is None:
+            header = await self.reader.readexactly(5)
+        else:
+            timeout_s, error = limit
+            try:
+                async with asyncio.timeout(timeout_s):
+                    header = await self.reader.readexactly(5)
+            except TimeoutError:
+                raise error from None
+        self.waiting_for_query = False
+        return header
+
+    def _idle_limit(self) -> tuple[float, TopicbaseError] | None:
+        """The idle timeout in force (seconds) and its error, or None. Read on the event
+        loop while no statement runs, so the session's state is still."""
+        session = self.session
+        if session is None:
+            return None
+        settings = self.catalog.settings
+        if session.state is SessionState.IDLE:
+            timeout_ms = milliseconds(settings.show("idle_session_timeout"))
+            error: TopicbaseError = IdleSessionTimeoutError(
+                "terminating connection due to idle-session timeout")  # fmt: skip
+        else:
+            timeout_ms = milliseconds(settings.show("idle_in_transaction_session_timeout"))
+            error = IdleInTransactionSessionTimeoutError(
+                "terminating connection due to idle-in-transaction timeout")  # fmt: skip
+        return None if timeout_ms == 0 else (timeout_ms / 1000, error)
+
+    def log_statement(self, text: str) -> None:
+        """Log ``text`` if the session's ``log_statement`` asks for it (none by default:
+        statement text may hold secrets and personal data, so it is opt-in)."""
+        if statement_logged(self.catalog.settings.show("log_statement"), text):
+            log.info("statement (user %s, pid %d): %s", self.catalog.user, self.process_id, text)
 
     # -- limits (sql.pgwire.limits) -----------------------------------------------------------
     async def _statement_too_large(self, kind: bytes, body: bytes) -> bool:
@@ -469,6 +560,7 @@ class Connection:
 
     # -- simple query --------------------------------------------------------------------------
     async def simple_query(self, query: str) -> None:
+        self.log_statement(query)
         if wire_commands.handles(query):  # COPY and SQL cursors (sql.pgwire.commands)
             await wire_commands.simple_query(self, query)
             return
@@ -668,6 +760,7 @@ class Connection:
             await self._decode_untyped_arrays(portal)
         if statement is None:
             return True
+        self.log_statement(portal.prepared.query)
         try:
             await self._revalidate(portal.prepared)
         except CachedPlanChangedError as error:
@@ -828,10 +921,16 @@ class PgServer:
     def __init__(self, database: Database, host: str = DEFAULT_HOST,
                  port: int = DEFAULT_PORT, auth: str = "trust",
                  limits: ServerLimits | None = None, *, users_file: str | None = None,
-                 tls_cert: str | None = None, tls_key: str | None = None) -> None:  # fmt: skip
+                 tls_cert: str | None = None, tls_key: str | None = None,
+                 settings: dict[str, str] | None = None) -> None:  # fmt: skip
         """``auth``: scram, md5, password or trust (``sql.pgwire.auth``); ``users_file``
         defaults to ``<data-dir>/users.json``; TLS is offered when ``tls_cert`` and
-        ``tls_key`` (PEM) are given. Bad settings raise before anything listens."""
+        ``tls_key`` (PEM) are given; ``settings``: the server's defaults of session
+        settings (``idle_session_timeout``, ``log_statement``…, ``sql.pgwire.pg_settings``).
+        Bad settings raise before anything listens."""
+        silence_sql_logging()
+        self.settings = dict(settings or {})
+        PgSettings(SERVER_VERSION, "", "", self.settings)  # checks them (22023)
         try:
             method = wire_auth.AuthMethod(auth)
         except ValueError:
@@ -863,7 +962,21 @@ class PgServer:
         self._server: asyncio.Server | None = None
         self._tasks: set[asyncio.Task[None]] = set()
         self.limits = limits or ServerLimits()
-        self.open_sockets = 0  # accepted and not yet closed (counted against connections_max)
+        self.admission = Admission(self.limits)  # session slots, sockets still logging in
+        self.open_sockets = 0  # accepted and not yet closed
+
+    def claim_slot(self, connection: Connection, superuser: bool) -> None:
+        """A user logged in: take a session slot (53300 if none is left for them)."""
+        self.admission.leave(asyncio.current_task())
+        self.admission.claim(superuser)
+        connection.has_slot = True
+
+    def release_slot(self) -> None:
+        self.admission.release()
+
+    def leave_unauthenticated(self, task: asyncio.Task[Any] | None) -> None:
+        """A failed login waits out its delay in the throttle's penalty box, not here."""
+        self.admission.leave(task)
 
     def register(self, connection: Connection) -> int:
         self._next_process_id += 1
@@ -886,14 +999,22 @@ class PgServer:
         assert task is not None
         self._tasks.add(task)
         self.open_sockets += 1  # only the event loop thread touches the count
+        peer = writer.get_extra_info("peername")
+        victim = self.admission.enter(task, str(peer[0]) if isinstance(peer, tuple) else "")
+        if victim is not None:  # too many sockets logging in: the flood's oldest goes
+            log.warning("%d connections logging in at once: closing the oldest of the "
+                        "busiest address", self.limits.unauthenticated_max)  # fmt: skip
+            victim.cancel()
         try:
-            if self.open_sockets > self.limits.connections_max:
+            if self.admission.full():
                 await self._refuse(reader, writer)
             else:
                 await Connection(self, reader, writer).run()
-        except asyncio.CancelledError:  # the server is stopping; the task ends here
-            log.debug("connection task cancelled: the server is stopping")
+        except asyncio.CancelledError:  # the server is stopping, or the socket was pushed out
+            log.debug("connection task cancelled")
+            writer.close()
         finally:
+            self.admission.leave(task)
             self.open_sockets -= 1
             assert self.open_sockets >= 0
             self._tasks.discard(task)
@@ -941,14 +1062,21 @@ class PgServer:
 def serve(data_dir: str, host: str = DEFAULT_HOST, port: int = DEFAULT_PORT,
           auth: str = "scram", ready: Callable[[int], None] | None = None,
           limits: ServerLimits | None = None, *, users_file: str | None = None,
-          tls_cert: str | None = None, tls_key: str | None = None) -> None:  # fmt: skip
+          tls_cert: str | None = None, tls_key: str | None = None,
+          settings: dict[str, str] | None = None) -> None:  # fmt: skip
     """Open ``data_dir`` and serve it until SIGINT or SIGTERM (blocking). Meant to own its
-    process: it tunes the process's malloc for large messages (``sql.pgwire.malloc_tuning``)."""
+    process: it tunes the process's malloc for large messages (``sql.pgwire.malloc_tuning``)
+    and sends the log to stderr at INFO (logins, statements under ``log_statement``) if
+    nothing configured logging before."""
     malloc_tuning.reuse_large_blocks()
+    if not logging.getLogger().handlers:
+        logging.basicConfig(level=logging.INFO,
+                            format="%(asctime)s %(levelname)s %(name)s: %(message)s")  # fmt: skip
+    silence_sql_logging()
     database = Database.open(data_dir)
     try:
         server = PgServer(database, host, port, auth, limits=limits, users_file=users_file,
-                          tls_cert=tls_cert, tls_key=tls_key)  # fmt: skip
+                          tls_cert=tls_cert, tls_key=tls_key, settings=settings)  # fmt: skip
 
         async def main() -> None:
             bound = await server.start()
@@ -973,12 +1101,13 @@ class ServerThread:
     def __init__(self, data_dir: str, host: str = DEFAULT_HOST, port: int = 0,
                  limits: ServerLimits | None = None, *, auth: str = "trust",
                  users_file: str | None = None, tls_cert: str | None = None,
-                 tls_key: str | None = None) -> None:  # fmt: skip
+                 tls_key: str | None = None,
+                 settings: dict[str, str] | None = None) -> None:  # fmt: skip
         self.database = Database.open(data_dir)
         try:
             self.server = PgServer(self.database, host, port, auth, limits=limits,
                                    users_file=users_file, tls_cert=tls_cert,
-                                   tls_key=tls_key)  # fmt: skip
+                                   tls_key=tls_key, settings=settings)  # fmt: skip
         except BaseException:
             self.database.close()
             raise

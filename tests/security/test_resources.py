@@ -1,0 +1,241 @@
+"""Bounded resources of ``topicbase serve`` against a hostile client (issue 10, part 5).
+
+Real servers on loopback; psycopg logins with SCRAM; raw sockets for what no client
+library would do. Every test also shows that a second client is served throughout.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import socket
+import struct
+import time
+from pathlib import Path
+
+import asyncpg
+import psycopg
+import pytest
+
+from sql.pgwire import messages as m
+from sql.pgwire.limits import ServerLimits
+from sql.pgwire.server import ServerThread
+from storage.errors import InvalidParameterValueError
+from tests.security.resource_servers import (
+    ADMIN,
+    ADMIN_PASSWORD,
+    ALICE,
+    ALICE_PASSWORD,
+    BOB,
+    BOB_PASSWORD,
+    login,
+    running_server,
+    timed,
+    wait_until,
+)
+
+IDLE_SOCKETS = 100
+
+
+def _idle_sockets(port: int, count: int, *, send_startup: bool) -> list[socket.socket]:
+    """Sockets that connect and then say nothing (or only a startup packet, then nothing)."""
+    opened = []
+    for _ in range(count):
+        sock = socket.create_connection(("127.0.0.1", port), timeout=10)
+        if send_startup:
+            body = struct.pack("!i", m.PROTOCOL_V3) + m.cstr("user") + m.cstr(ALICE) + b"\0"
+            sock.sendall(struct.pack("!i", len(body) + 4) + body)
+        opened.append(sock)
+    return opened
+
+
+def _closed_by_server(sock: socket.socket) -> bool:
+    """True once the server has closed ``sock`` (reads what it sent first, if anything)."""
+    sock.settimeout(5)
+    try:
+        while chunk := sock.recv(65536):
+            del chunk
+    except (ConnectionResetError, TimeoutError):
+        return False
+    return True
+
+
+# -- sockets that never log in ------------------------------------------------------------------
+def test_idle_unauthenticated_sockets_do_not_lock_out_a_login(tmp_path: Path) -> None:
+    limits = ServerLimits(connections_max=10, unauthenticated_max=16)
+    with running_server(tmp_path, limits=limits) as server:
+        bystander = login(server, BOB, BOB_PASSWORD)
+        silent = _idle_sockets(server.port, IDLE_SOCKETS // 2, send_startup=False)
+        stalled = _idle_sockets(server.port, IDLE_SOCKETS // 2, send_startup=True)
+        try:
+            # Far more idle sockets than slots of either kind, yet a real login goes in
+            # at once, and the session already in carries on.
+            connection, elapsed_s = timed(lambda: login(server, ALICE, ALICE_PASSWORD))
+            with connection:
+                assert connection.execute("SELECT 41 + 1").fetchone() == (42,)
+            assert elapsed_s < 3.0, elapsed_s
+            assert bystander.execute("SELECT 'still here'").fetchone() == ("still here",)
+            admission = server.server.admission
+            assert admission.unauthenticated <= limits.unauthenticated_max
+            assert admission.pushed_out >= IDLE_SOCKETS - limits.unauthenticated_max
+            assert admission.sessions == 1  # the idle sockets never took a session slot
+        finally:
+            for sock in silent + stalled:
+                sock.close()
+        bystander.close()
+
+
+def test_a_socket_that_does_not_log_in_is_closed_at_the_deadline(tmp_path: Path) -> None:
+    limits = ServerLimits(authentication_timeout_s=0.5)
+    with running_server(tmp_path, limits=limits) as server:
+        bystander = login(server, BOB, BOB_PASSWORD)
+        silent = _idle_sockets(server.port, 3, send_startup=False)
+        stalled = _idle_sockets(server.port, 3, send_startup=True)
+        _, elapsed_s = timed(lambda: [_closed_by_server(sock) for sock in silent + stalled])
+        assert all(_closed_by_server(sock) for sock in silent + stalled)
+        assert elapsed_s < 4.0
+        wait_until(lambda: server.server.admission.unauthenticated == 0)
+        assert bystander.execute("SELECT 1").fetchone() == (1,)
+        for sock in silent + stalled:
+            sock.close()
+        bystander.close()
+
+
+def test_default_authentication_deadline_is_short() -> None:
+    from sql.pgwire import auth
+
+    assert auth.AUTHENTICATION_TIMEOUT_S <= 10.0
+    assert ServerLimits().unauthenticated_max >= 1
+
+
+# -- reserved connection slots ------------------------------------------------------------------
+def test_last_slots_are_reserved_for_superusers(tmp_path: Path) -> None:
+    limits = ServerLimits(connections_max=4, superuser_reserved_connections=2)
+    with running_server(tmp_path, limits=limits) as server:
+        ordinary = [login(server, ALICE, ALICE_PASSWORD), login(server, BOB, BOB_PASSWORD)]
+        with pytest.raises(psycopg.OperationalError, match="reserved for roles with the "
+                           "SUPERUSER attribute"):  # fmt: skip
+            login(server, BOB, BOB_PASSWORD)
+        assert _login_sqlstate(server.port, BOB, BOB_PASSWORD) == "53300"
+        admins = [login(server, ADMIN, ADMIN_PASSWORD) for _ in range(2)]
+        with pytest.raises(psycopg.OperationalError, match="too many clients already"):
+            login(server, ADMIN, ADMIN_PASSWORD)
+        for connection in ordinary + admins:  # everyone in is served
+            assert connection.execute("SELECT current_user IS NOT NULL").fetchone() == (True,)
+        admins.pop().close()
+        wait_until(lambda: server.server.admission.sessions == 3)
+        with pytest.raises(psycopg.OperationalError, match="reserved"):  # still reserved
+            login(server, ALICE, ALICE_PASSWORD)
+        admins.pop().close()  # superusers count too: 2 sessions left 2 slots, reserved
+        wait_until(lambda: server.server.admission.sessions == 2)
+        with pytest.raises(psycopg.OperationalError, match="reserved"):
+            login(server, ALICE, ALICE_PASSWORD)
+        ordinary.pop().close()
+        wait_until(lambda: server.server.admission.sessions == 1)
+        with login(server, ALICE, ALICE_PASSWORD) as again:  # an ordinary slot is free again
+            assert again.execute("SELECT 7").fetchone() == (7,)
+        for connection in ordinary + admins:
+            connection.close()
+
+
+def _login_sqlstate(port: int, user: str, password: str) -> str | None:
+    """The SQLSTATE of a refused login (psycopg does not expose it at connect; asyncpg does)."""
+
+    async def attempt() -> str | None:
+        try:
+            connection = await asyncpg.connect(host="127.0.0.1", port=port, user=user,
+                                               password=password, database="topicbase",
+                                               ssl=False, timeout=10)  # fmt: skip
+        except asyncpg.PostgresError as error:
+            return str(error.sqlstate)
+        await connection.close()
+        return None
+
+    return asyncio.run(attempt())
+
+
+def test_reserved_slots_leave_one_for_anyone(tmp_path: Path) -> None:
+    limits = ServerLimits(connections_max=1)  # default reservation 3 > 1: clamped to 0
+    assert limits.reserved_connections == 0
+    with running_server(tmp_path, limits=limits) as server, \
+            login(server, BOB, BOB_PASSWORD) as only:
+        assert only.execute("SELECT 1").fetchone() == (1,)
+
+
+def test_serve_options_reach_the_limits_and_settings() -> None:
+    import argparse
+
+    from sql.pgwire.limits import add_serve_arguments, serve_configuration
+
+    parser = argparse.ArgumentParser()
+    add_serve_arguments(parser)
+    limits, settings = serve_configuration(parser.parse_args([
+        "--max-connections", "20", "--superuser-reserved-connections", "5",
+        "--max-unauthenticated-connections", "7", "--authentication-timeout", "2.5",
+        "--idle-session-timeout", "10min", "--idle-in-transaction-session-timeout", "30s",
+        "--log-statement", "ddl",
+    ]))  # fmt: skip
+    assert (limits.connections_max, limits.reserved_connections) == (20, 5)
+    assert (limits.unauthenticated_max, limits.authentication_timeout_s) == (7, 2.5)
+    assert settings == {"idle_session_timeout": "10min",
+                        "idle_in_transaction_session_timeout": "30s",
+                        "log_statement": "ddl"}  # fmt: skip
+    with pytest.raises(SystemExit):
+        parser.parse_args(["--superuser-reserved-connections", "-1"])
+
+
+# -- idle sessions --------------------------------------------------------------------------------
+def _fatal_on_next_statement(connection: psycopg.Connection) -> psycopg.Error:
+    with pytest.raises(psycopg.Error) as caught:
+        connection.execute("SELECT 1")
+    return caught.value
+
+
+def test_idle_in_transaction_timeout_rolls_back_and_frees_staged_writes(tmp_path: Path) -> None:
+    with running_server(tmp_path, auth="trust") as server:
+        bystander = login(server, BOB, "")
+        bystander.execute("CREATE TOPIC events")
+        idler = login(server, ALICE, "")
+        idler.execute("SET idle_in_transaction_session_timeout = '300ms'")
+        idler.execute("BEGIN")
+        idler.execute("INSERT INTO TOPIC events (data) VALUES ('staged, never committed')")
+        database = server.database
+        assert database.open_transactions == 1
+        time.sleep(1.0)
+        error = _fatal_on_next_statement(idler)
+        assert error.sqlstate == "25P03"
+        assert "idle-in-transaction timeout" in str(error)
+        assert idler.closed or idler.broken
+        wait_until(lambda: database.open_transactions == 0)
+        count = "SELECT count(*) FROM TOPIC events WITH (partition = 0)"
+        assert bystander.execute(count).fetchone() == (0,)
+        bystander.execute("INSERT INTO TOPIC events (data) VALUES ('bystander')")
+        assert bystander.execute(count).fetchone() == (1,)
+        bystander.close()
+
+
+def test_idle_session_timeout_closes_an_idle_session(tmp_path: Path) -> None:
+    with running_server(tmp_path, auth="trust",
+                        settings={"idle_session_timeout": "400ms"}) as server:  # fmt: skip
+        patient = login(server, BOB, "")
+        patient.execute("SET idle_session_timeout = 0")  # per session, as in PostgreSQL
+        idler = login(server, ALICE, "")
+        assert idler.execute("SHOW idle_session_timeout").fetchone() == ("400ms",)
+        for _ in range(8):  # statements every 0.1 s keep a session alive
+            assert idler.execute("SELECT 1").fetchone() == (1,)
+            time.sleep(0.1)
+        time.sleep(0.8)
+        error = _fatal_on_next_statement(idler)
+        assert error.sqlstate == "57P05"
+        assert "idle-session timeout" in str(error)
+        assert patient.execute("SELECT 2").fetchone() == (2,)
+        patient.close()
+
+
+def test_idle_timeouts_refuse_bad_values(tmp_path: Path) -> None:
+    with running_server(tmp_path, auth="trust") as server, login(server, BOB, "") as connection:
+        with pytest.raises(psycopg.Error) as caught:
+            connection.execute("SET idle_session_timeout = 'soon'")
+        assert caught.value.sqlstate == "22023"
+        assert connection.execute("SELECT 3").fetchone() == (3,)
+    with pytest.raises(InvalidParameterValueError):  # a bad server default: not started
+        ServerThread(str(tmp_path / "data"), settings={"idle_session_timeout": "-1"})
