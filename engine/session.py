@@ -29,7 +29,7 @@ from engine import describe, introspection, privileges, sandbox, streams, tables
 from engine.commit import PublishItem, route_writes
 from engine.ddl import run_alter, run_create, run_drop
 from engine.identity import LOCAL_SUPERUSER, Identity
-from engine.reads import read_records
+from engine.reads import read_records, stream_records
 from engine.transaction import PendingWrite, SessionState, Transaction
 from engine.writes import RETURNING_COLUMNS, build_batches, table_from_rows
 from grammar import ast
@@ -163,11 +163,14 @@ class Session:
         """Start ``statement`` and return its rows as a stream of bounded batches, or None
         if it is not a plain query (the caller then runs it whole, as any statement).
 
-        A plain query is planned and checked (sandbox, privileges) as every statement is,
-        then read through DuckDB's batch reader; ``no_rows`` is raised before anything runs
-        for a write without RETURNING (with None, such a write is left to the caller too).
-        Past ``timeout_s`` the read is cancelled (57014).
-        The stream must be closed before the session runs anything else.
+        A plain query (one DuckDB query, over tables and over peeks of topics: no consumer
+        read, no write) is planned and checked (sandbox, privileges) as every statement is,
+        then read through DuckDB's batch reader; each topic it peeks at is handed to DuckDB
+        as a reader of the statement's whole cut (``reads.stream_records``), so a topic of
+        any size streams. ``no_rows`` is raised before anything runs for a write without
+        RETURNING (with None, such a write is left to the caller too). Past ``timeout_s``
+        the read is cancelled (57014). The stream must be closed before the session runs
+        anything else.
         """
         with self._lock:
             if self._closed:
@@ -175,7 +178,7 @@ class Session:
             plan = self._plain_query_plan(statement)
             if plan is None:
                 return None
-            operation = plan.operations[0]
+            operation = plan.operations[-1]
             assert isinstance(operation, RunQuery)
             if operation.tag in DML_TAGS and not operation.returns_rows:
                 if no_rows is None:
@@ -185,6 +188,7 @@ class Session:
                 return None
             self._guard(plan)
             self._check_duration()
+            peeks = self._register_peeks(plan, parameters)
             self._stream_open = True
         deadline = None if not timeout_s else streams.Deadline(timeout_s, self.cancel)
         self._cancel_requested = False
@@ -194,14 +198,15 @@ class Session:
             parameters if operation.uses_parameters else None,
             statement_line_offset(plan),
             deadline,
-            on_error=self._stream_failed,
-            on_close=self._stream_closed,
+            on_error=lambda: self._stream_failed(peeks),
+            on_close=lambda: self._stream_closed(peeks),
             names=operation.column_names,
         )
 
     def _plain_query_plan(self, statement: ast.Statement) -> Plan | None:
-        """The one-query plan of a statement that may be read straight from DuckDB."""
-        if not isinstance(statement, ast.SqlStatement) or statement.topic_scans:
+        """The plan of a statement that may be read straight from DuckDB: peeks of topics
+        (no consumer: nothing to commit) and then one query."""
+        if not isinstance(statement, ast.SqlStatement):
             return None
         if self.state is SessionState.FAILED:
             return None  # the ordinary path reports 25P02
@@ -209,18 +214,47 @@ class Session:
             plan = planner.plan(statement, self.planning_catalog)
         except TopicbaseError:
             return None  # the ordinary path reports it as it reports any statement
-        if plan.explain_only or len(plan.operations) != 1:
+        *reads, last = plan.operations
+        peeks_only = all(isinstance(r, ReadRecords) and r.consumer is None for r in reads)
+        if plan.explain_only or not peeks_only or not isinstance(last, RunQuery):
             return None
-        return plan if isinstance(plan.operations[0], RunQuery) else None
+        return plan
 
-    def _stream_failed(self) -> None:
+    def _register_peeks(self, plan: Plan, parameters: Any) -> list[str]:
+        """Each topic peek of ``plan`` as a reader DuckDB scans batch by batch."""
+        names: list[str] = []
+        try:
+            for read in plan.operations[:-1]:
+                assert isinstance(read, ReadRecords)
+                read = _bind_read_options(read, parameters, self.database)
+                reader = stream_records(
+                    read, self.database.topic_log(read.topic_id), self.database.clock,
+                    self.database.publish_lock,
+                )  # fmt: skip
+                tables.register(self.cursor, read.placeholder, reader)
+                names.append(read.placeholder)
+        except BaseException:
+            self._unregister(names)
+            raise
+        return names
+
+    def _unregister(self, names: list[str]) -> None:
+        for name in names:
+            try:
+                tables.unregister(self.cursor, name)
+            except TopicbaseError:
+                self._leftover_views.append(name)  # dropped by the rollback
+
+    def _stream_failed(self, peeks: list[str]) -> None:
         with self._lock:
             self._stream_open = False
+            self._unregister(peeks)
             if self.state is SessionState.IN_TRANSACTION:
                 self.state = SessionState.FAILED
 
-    def _stream_closed(self) -> None:
+    def _stream_closed(self, peeks: list[str]) -> None:
         self._stream_open = False
+        self._unregister(peeks)
 
     def _require_no_stream(self) -> None:
         if self._stream_open:
@@ -714,14 +748,13 @@ def _offset_text(offset: int | None) -> str:
 
 
 def _streamable(operation: RunQuery) -> bool:
-    """A query DuckDB can answer alone, batch by batch: it returns rows, writes nothing and
-    needs no relation the engine registers first (``sys.`` views, topic projections)."""
+    """A query DuckDB can answer batch by batch: it returns rows, writes nothing and needs
+    no relation the engine registers whole first (``sys.`` views)."""
     return (
         operation.returns_rows
         and operation.tag == "SELECT"
         and not operation.tables_written
         and not operation.system_views
-        and operation.projection is None
     )
 
 
