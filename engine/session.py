@@ -29,7 +29,9 @@ from engine import describe, introspection, privileges, sandbox, streams, tables
 from engine.commit import PublishItem, route_writes
 from engine.ddl import run_alter, run_create, run_drop
 from engine.identity import LOCAL_SUPERUSER, Identity
+from engine.offset_reset import set_consumer_offsets
 from engine.reads import read_records, stream_records
+from engine.staged_writes import TransactionStaging
 from engine.transaction import PendingWrite, SessionState, Transaction
 from engine.writes import RETURNING_COLUMNS, build_batches, table_from_rows
 from grammar import ast
@@ -40,6 +42,7 @@ from planner.catalog import SessionCatalog
 from planner.operations import (
     AlterTopicEntry,
     AppendRecords,
+    ChangePrivileges,
     CommitConsumerOffsets,
     CreateTopicEntry,
     DropTopicEntry,
@@ -47,6 +50,8 @@ from planner.operations import (
     Plan,
     ReadRecords,
     RunQuery,
+    SetConsumerOffsets,
+    SwitchRole,
     TransactionControl,
 )
 from storage import limits
@@ -363,8 +368,9 @@ class Session:
                 )
             tables.run(self.cursor, "BEGIN TRANSACTION")
             self.transaction = Transaction(
-                explicit=True, started_s=self.database.clock.monotonic_s()
-            )
+                explicit=True, started_s=self.database.clock.monotonic_s(),
+                staging=TransactionStaging(self.database.staged_writes),
+            )  # fmt: skip
             self.state = SessionState.IN_TRANSACTION
             self.database.open_transactions += 1
             return Result("BEGIN")
@@ -408,9 +414,13 @@ class Session:
                         prefix = "INSERT 0" if operation.tag == "INSERT" else operation.tag
                         result = Result(f"{prefix} {count or 0}")
                         continue
+                    existed = (privileges.prepare_ddl(self, operation)
+                               if privileges.is_relation_ddl(operation) else None)  # fmt: skip
                     query_table = tables.query_arrow(
                         self.cursor, operation.sql, bound, line_offset=offset
                     )
+                    if existed is not None:  # owners of tables and views, in the same transaction
+                        privileges.record_ddl(self, operation, existed)
                     result = _query_result(operation, query_table)
                 elif isinstance(operation, AppendRecords):
                     result = self._append(operation, query_table, parameters)
@@ -429,6 +439,13 @@ class Session:
         database = self.database
         if isinstance(operation, CommitConsumerOffsets):
             return self._commit_offsets(operation)
+        if isinstance(operation, SetConsumerOffsets):
+            assert self.transaction is not None
+            set_consumer_offsets(database, self.transaction, operation)
+            return Result(plan.tag, notices=plan.notes)
+        if isinstance(operation, ChangePrivileges | SwitchRole):  # GRANT, REVOKE, SET ROLE
+            privileges.run(self, operation)
+            return Result(plan.tag)
         if isinstance(operation, Introspect):
             if operation.what == "topics":
                 return Result("SHOW", introspection.show_topics(database))
@@ -441,7 +458,7 @@ class Session:
             database.committer.quiesce()
             database.committer.checkpoint()
             if isinstance(operation, CreateTopicEntry):
-                run_create(database, operation)
+                run_create(database, operation, self.identity.name)
             elif isinstance(operation, AlterTopicEntry):
                 run_alter(database, operation)
             else:
@@ -607,12 +624,13 @@ class Session:
             if transaction.writes:
                 items = route_writes(database, transaction.writes)
                 items, ticket = committer.stage(transaction_id, items)
-            if transaction_id is None and not transaction.explicit and not transaction.leases:
+            if (transaction_id is None and not transaction.explicit and not transaction.leases
+                    and not transaction.duckdb_open):  # fmt: skip
                 transaction.committed = True
                 self._end_transaction()  # an autocommit statement that moved nothing
                 return
             if transaction_id is not None:
-                if not transaction.explicit:
+                if not transaction.explicit and not transaction.duckdb_open:
                     tables.run(self.cursor, "BEGIN TRANSACTION")
                     transaction.duckdb_open = True
                 committer.write_record(self.cursor, transaction_id, items, moves)
@@ -662,6 +680,8 @@ class Session:
     def _end_transaction(self) -> None:
         if self.state is not SessionState.IDLE:
             self.database.open_transactions -= 1
+        if self.transaction is not None:
+            self.transaction.release()  # staged bytes back, spill file deleted
         self.transaction = None
         self.state = SessionState.IDLE
 
