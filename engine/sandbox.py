@@ -71,7 +71,7 @@ ALLOWED_TABLE_FUNCTIONS = frozenset(
     | {"duckdb_columns", "duckdb_constraints", "duckdb_dependencies", "duckdb_functions"}
     | {"duckdb_indexes", "duckdb_keywords", "duckdb_schemas", "duckdb_sequences"}
     | {"duckdb_tables", "duckdb_types", "duckdb_views", "duckdb_optimizers"}
-    | {"duckdb_prepared_statements", "duckdb_variables"}
+    | {"duckdb_prepared_statements", "duckdb_variables", "duckdb_settings"}
 )
 # Scalar functions that reach the host (the CLI's getenv; harmless if absent).
 DENIED_SCALAR_FUNCTIONS = frozenset({"getenv"})
@@ -250,6 +250,9 @@ def _check_set(sql: str, tokens: list[tables.SqlToken], superuser: bool) -> str 
     tree = _tree(sql)
     if isinstance(tree, exp.Use):
         return "USE changes the catalog or schema; use SET search_path"
+    if isinstance(tree, exp.Pragma):  # PRAGMA name = value is DuckDB's SET
+        target = tree.this.this if isinstance(tree.this, exp.EQ) else tree.this
+        return _global_setting_refusal(target.name.lower())
     if not isinstance(tree, exp.Set) or len(tree.expressions) != 1:
         return "RESET and this form of SET apply to DuckDB's global settings; not allowed"
     item = tree.expressions[0]
@@ -261,10 +264,7 @@ def _check_set(sql: str, tokens: list[tables.SqlToken], superuser: bool) -> str 
         return "this form of SET is not allowed"
     name = assignment.this.name.lower()
     if name not in SESSION_SETTINGS or scope == "GLOBAL":
-        return (
-            f'"{name}" is a DuckDB setting for the whole server, fixed by Topicbase; '
-            "only search_path and schema may be set (per session)"
-        )
+        return _global_setting_refusal(name)
     value = assignment.expression
     if not isinstance(value, exp.Literal | exp.Column | exp.Identifier):
         return f"SET {name} takes a schema name or a list of them"
@@ -272,6 +272,13 @@ def _check_set(sql: str, tokens: list[tables.SqlToken], superuser: bool) -> str 
            for entry in value.name.split(",") for part in entry.split(".")):  # fmt: skip
         return _internal_schema_refusal()
     return None
+
+
+def _global_setting_refusal(name: str) -> str:
+    return (
+        f'"{name}" is a DuckDB setting for the whole server, fixed by Topicbase; only '
+        "search_path and schema may be set (per session)"
+    )
 
 
 def _check_pragma(sql: str, tokens: list[tables.SqlToken], superuser: bool) -> str | None:

@@ -1,0 +1,352 @@
+"""The DuckDB sandbox through the engine's sessions and the DB-API.
+
+Every escape hatch is tried by a superuser (the console's and DB-API's identity) and by
+an ordinary user: the sandbox binds both, and each refusal is 42501 with its reason.
+Where a refusal could hide a success (a file written, a setting changed, the catalog
+dropped), the test also looks at the effect itself.
+"""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from engine import tables
+from engine.check import check_database
+from engine.database import Database
+from engine.identity import LOCAL_SUPERUSER, Identity
+from engine.session import Session
+from sql import dbapi
+from storage.errors import InsufficientPrivilegeError, TopicbaseError
+
+ALICE = Identity("alice", superuser=False)
+
+
+@pytest.fixture
+def database(tmp_path: Path) -> Iterator[Database]:
+    opened = Database.open(str(tmp_path / "data"), retention_interval_s=None)
+    admin = opened.connect()
+    admin.execute("CREATE TOPIC events (CONSUMER c); CREATE TABLE t (a INT); "
+                  "INSERT INTO t VALUES (1), (2); "
+                  "INSERT INTO TOPIC events (data) VALUES ('m')")  # fmt: skip
+    admin.close()
+    yield opened
+    opened.close()
+
+
+@pytest.fixture(params=["superuser", "alice"])
+def session(request: pytest.FixtureRequest, database: Database) -> Iterator[Session]:
+    identity = LOCAL_SUPERUSER if request.param == "superuser" else ALICE
+    opened = database.connect(identity)
+    yield opened
+    opened.close()
+
+
+def refusal(session: Session, sql: str) -> TopicbaseError:
+    with pytest.raises(TopicbaseError) as caught:
+        session.execute(sql)
+    return caught.value
+
+
+def rows(session: Session, sql: str) -> list[tuple[Any, ...]]:
+    result = session.execute(sql)[-1]
+    assert result.table is not None
+    return [tuple(row.values()) for row in result.table.to_pylist()]
+
+
+# (statement, a fragment of the reason): each must be refused with 42501, whoever asks.
+ESCAPES = [
+    # host files
+    ("SELECT * FROM read_text('/etc/passwd')", "reads files"),
+    ("SELECT * FROM READ_BLOB('/etc/passwd')", "reads files"),
+    ('SELECT * FROM "read_csv"(\'/etc/passwd\')', "reads files"),
+    ("SELECT * FROM main.read_text('/etc/passwd')", "reads files"),
+    ("SELECT * FROM system.main.read_text('/etc/passwd')", "reads files"),
+    ("SELECT * FROM glob('/*')", "reads files"),
+    ("SELECT * FROM sniff_csv('/etc/passwd')", "reads files"),
+    ("SELECT * FROM parquet_metadata('/x.parquet')", "reads files"),
+    ("SELECT * FROM read_duckdb('/x.duckdb')", "reads files"),
+    ("SELECT (SELECT content FROM read_text('/etc/passwd'))", "reads files"),
+    ("CREATE TABLE stolen AS SELECT * FROM read_csv('/etc/passwd')", "reads files"),
+    ("CREATE VIEW stolen AS SELECT * FROM read_text('/etc/passwd')", "reads files"),
+    ("CREATE MACRO f(p) AS TABLE SELECT * FROM read_text(p)", "reads files"),
+    ("COPY t TO '/tmp/topicbase-sandbox-copy.csv'", "COPY to or from a file"),
+    ("COPY (SELECT 1) TO '/tmp/topicbase-sandbox-copy.csv' (FORMAT csv)", "COPY to or from"),
+    ("COPY t FROM '/etc/passwd'", "COPY to or from a file"),
+    ("PREPARE w AS COPY (SELECT 1) TO '/tmp/topicbase-sandbox-copy.csv'", "COPY to or from"),
+    ("EXPORT DATABASE '/tmp/topicbase-sandbox-export'", "EXPORT DATABASE"),
+    ("IMPORT DATABASE '/tmp/topicbase-sandbox-export'", "IMPORT DATABASE"),
+    # other databases and catalogs
+    ("ATTACH ':memory:' AS other", "ATTACH"),
+    ("ATTACH '/tmp/topicbase-sandbox.duckdb' AS other", "ATTACH"),
+    ("DETACH tables", "DETACH"),
+    ("USE system", "USE"),
+    ("COPY FROM DATABASE tables TO other", "COPY FROM DATABASE"),
+    # extensions and the network
+    ("INSTALL httpfs", "extensions"),
+    ("FORCE INSTALL httpfs FROM 'http://127.0.0.1:1/'", "extensions"),
+    ("LOAD httpfs", "extensions"),
+    ("UPDATE EXTENSIONS", "UPDATE EXTENSIONS"),
+    # secrets
+    ("CREATE SECRET s (TYPE s3, KEY_ID 'k', SECRET 'v')", "secrets"),
+    ("CREATE PERSISTENT SECRET s (TYPE s3, KEY_ID 'k', SECRET 'v')", "secrets"),
+    ("DROP SECRET s", "secrets"),
+    ("SELECT * FROM duckdb_secrets()", "duckdb_secrets()"),
+    ("SELECT * FROM which_secret('s3://b/k', 's3')", "which_secret()"),
+    # global settings
+    ("SET memory_limit = '1MB'", "memory_limit"),
+    ("SET threads = 1", "threads"),
+    ("SET max_expression_depth = 100000", "max_expression_depth"),
+    ("SET enable_external_access = true", "enable_external_access"),
+    ("SET lock_configuration = false", "lock_configuration"),
+    ("SET custom_extension_repository = 'http://127.0.0.1:1/'", "custom_extension_repository"),
+    ("SET temp_directory = '/tmp'", "temp_directory"),
+    ("SET profiling_output = '/tmp/topicbase-profile'", "profiling_output"),
+    ("SET GLOBAL search_path = 'main'", "search_path"),
+    ("SET SESSION TimeZone = 'UTC'", "timezone"),
+    ("RESET memory_limit", "RESET"),
+    ("SET VARIABLE v = 1", "variables"),
+    ("PRAGMA memory_limit = '1MB'", "memory_limit"),
+    ("PRAGMA threads = 1", "threads"),
+    ("PRAGMA enable_profiling", "PRAGMA enable_profiling"),
+    ("PRAGMA database_list", "PRAGMA database_list"),
+    ("PRAGMA disable_checkpoint_on_shutdown", "PRAGMA disable_checkpoint_on_shutdown"),
+    # functions that run SQL from strings, reach memory or change state
+    ("SELECT * FROM query('SELECT 1')", "runs SQL given as a string"),
+    ("SELECT * FROM query_table('t')", "runs SQL given as a string"),
+    ("SELECT * FROM histogram('t', a)", "runs SQL given as a string"),
+    ("SELECT * FROM json_execute_serialized_sql(json_serialize_sql('SELECT 1'))",
+     "runs SQL given as a string"),
+    ("SELECT * FROM arrow_scan(0, 0, 0)", "arrow_scan()"),
+    ("SELECT * FROM enable_logging()", "enable_logging()"),
+    ("SELECT * FROM truncate_duckdb_logs()", "truncate_duckdb_logs()"),
+    ("SELECT * FROM checkpoint()", "checkpoint()"),
+    ("SELECT * FROM force_checkpoint()", "force_checkpoint()"),
+    ("SELECT * FROM duckdb_databases()", "duckdb_databases()"),
+    ("SELECT * FROM duckdb_temporary_files()", "duckdb_temporary_files()"),
+    ("SELECT * FROM add_grammar_extension('x')", "add_grammar_extension()"),
+    ("CALL pragma_version()", "pragma_version()"),
+    ("CALL dbgen(sf = 1)", "CALL"),
+    # transaction control is Topicbase's
+    ("SAVEPOINT s", None),
+]
+# The internal catalog, by every spelling.
+INTERNAL = [
+    "SELECT * FROM __topicbase.topics",
+    'SELECT * FROM "__topicbase"."offsets"',
+    'SELECT * FROM "__TopicBase".topics',
+    "SELECT * FROM __TOPICBASE.TOPICS",
+    "SELECT * FROM tables.__topicbase.topics",
+    'SELECT * FROM "tables"."__topicbase"."transactions"',
+    "DELETE FROM __topicbase.topics",
+    "DROP TABLE __topicbase.offsets",
+    "DROP SCHEMA __topicbase CASCADE",
+    "UPDATE __topicbase.offsets SET committed = 0",
+    "INSERT INTO __topicbase.topics SELECT * FROM __topicbase.topics",
+    "ALTER TABLE __topicbase.topics RENAME TO gone",
+    "CREATE TABLE __topicbase.extra (a INT)",
+    "WITH x AS (SELECT * FROM __topicbase.topics) SELECT * FROM x",
+    "SELECT * FROM t WHERE a IN (SELECT 1 FROM __topicbase.offsets)",
+    "CREATE VIEW peek AS SELECT * FROM __topicbase.topics",
+    "CREATE MACRO peek() AS TABLE SELECT * FROM __topicbase.topics",
+    "CREATE MACRO peek() AS (SELECT count(*) FROM __topicbase.topics)",
+    "SUMMARIZE __topicbase.topics",
+    "DESCRIBE __topicbase.topics",
+    "SHOW __topicbase.topics",
+    "SHOW TABLES FROM __topicbase",
+    "PRAGMA table_info('__topicbase.topics')",
+    "SET search_path = '__topicbase'",
+    "SET search_path = 'main,\"__TOPICBASE\"'",
+    "SET schema = '__topicbase'",
+    "USE __topicbase",
+    "PREPARE p AS SELECT * FROM __topicbase.topics",
+    "SELECT * FROM query_table('__topicbase.topics')",
+    "COMMENT ON TABLE __topicbase.topics IS 'mine'",
+]
+
+
+@pytest.mark.parametrize(("sql", "reason"), ESCAPES, ids=[sql[:50] for sql, _ in ESCAPES])
+def test_escape_hatch_is_refused_with_42501_and_its_reason(
+    session: Session, sql: str, reason: str | None
+) -> None:
+    error = refusal(session, sql)
+    if sql.startswith("SAVEPOINT"):  # the grammar has no SAVEPOINT: it never reaches DuckDB
+        assert error.sqlstate in ("42601", "42501"), error
+        return
+    assert error.sqlstate == "42501", error
+    assert reason is not None and reason.lower() in error.message.lower(), error.message
+
+
+@pytest.mark.parametrize("sql", INTERNAL, ids=[sql[:60] for sql in INTERNAL])
+def test_internal_catalog_is_out_of_reach_by_any_spelling(session: Session, sql: str) -> None:
+    error = refusal(session, sql)
+    assert isinstance(error, InsufficientPrivilegeError), error
+    assert "__topicbase" in error.message or "SQL given as a string" in error.message
+
+
+def test_catalog_survives_the_attempts_and_check_stays_clean(
+    database: Database, session: Session
+) -> None:
+    for sql in INTERNAL:
+        with pytest.raises(InsufficientPrivilegeError):
+            session.execute(sql)
+    admin = database.connect()
+    assert rows(admin, "SELECT name FROM sys.topics") == [("events",)]
+    assert rows(admin, "SELECT count(*) FROM TOPIC events") == [(1,)]
+    admin.close()
+    path = database.path
+    database.close()
+    report = check_database(path)
+    Database.open(path, retention_interval_s=None)  # the fixture closes it again
+    assert report.ok, report.lines()
+
+
+def test_no_file_is_written_or_read(tmp_path: Path, session: Session) -> None:
+    target = tmp_path / "out.csv"
+    exported = tmp_path / "export"
+    attached = tmp_path / "a.duckdb"
+    for sql in (f"COPY t TO '{target}'", f"PREPARE w AS COPY t TO '{target}'",
+                f"EXPORT DATABASE '{exported}'", f"ATTACH '{attached}' AS a"):  # fmt: skip
+        assert refusal(session, sql).sqlstate == "42501"
+    with pytest.raises(TopicbaseError):
+        session.execute("EXECUTE w")  # its PREPARE was refused: nothing to run
+    assert not target.exists() and not exported.exists()
+    assert not attached.exists()
+
+
+def test_a_string_in_from_does_not_read_a_file(session: Session) -> None:
+    # DuckDB reads a quoted path in FROM as a file; with external access off it is just
+    # an unknown relation.
+    error = refusal(session, "SELECT * FROM '/etc/passwd'")
+    assert "root:" not in error.message
+
+
+def test_global_settings_stay_as_topicbase_set_them(database: Database, session: Session) -> None:
+    for sql in ("SET memory_limit = '1MB'", "SET threads = 1", "SET max_expression_depth = 5"):
+        refusal(session, sql)
+    settings = dict(rows(database.connect(), "SELECT name, value FROM duckdb_settings() WHERE "
+                         "name IN ('enable_external_access', 'lock_configuration', "
+                         "'autoinstall_known_extensions', 'autoload_known_extensions', "
+                         "'max_expression_depth', 'temp_directory')"))  # fmt: skip
+    assert settings["enable_external_access"] == "false"
+    assert settings["lock_configuration"] == "true"
+    assert settings["autoinstall_known_extensions"] == "false"
+    assert settings["autoload_known_extensions"] == "false"
+    assert settings["max_expression_depth"] == "1000"
+    assert settings["temp_directory"] == os.path.join(database.path, "tmp")
+    assert os.path.isdir(settings["temp_directory"])
+
+
+def test_checkpoint_is_for_superusers(database: Database) -> None:
+    alice = database.connect(ALICE)
+    assert "superuser" in refusal(alice, "CHECKPOINT").message
+    assert "superuser" in refusal(alice, "FORCE CHECKPOINT").message
+    alice.close()
+    admin = database.connect()
+    admin.execute("CHECKPOINT")
+    admin.close()
+
+
+def test_prepare_is_judged_by_the_statement_it_wraps(database: Database) -> None:
+    admin = database.connect()
+    admin.execute("PREPARE two AS SELECT a * 2 FROM t ORDER BY a")
+    assert rows(admin, "EXECUTE two") == [(2,), (4,)]
+    for wrapped in ("SELECT * FROM read_text('/etc/passwd')", "SELECT * FROM __topicbase.topics",
+                    "INSERT INTO t SELECT count(*) FROM query_table('t')",
+                    "COPY t TO '/tmp/topicbase-sandbox-copy.csv'"):  # fmt: skip
+        assert refusal(admin, f"PREPARE bad AS {wrapped}").sqlstate == "42501"
+    # DuckDB cannot prepare these at all (42601), so nothing is left to EXECUTE.
+    for wrapped in ("ATTACH ':memory:' AS m", "SET threads = 1", "PREPARE q AS SELECT 1"):
+        refusal(admin, f"PREPARE bad AS {wrapped}")
+    assert refusal(admin, "EXECUTE bad").sqlstate != "42501"  # no such prepared statement
+    admin.close()
+
+
+def test_session_settings_on_the_allow_list_work(database: Database) -> None:
+    admin = database.connect()
+    admin.execute("CREATE SCHEMA s2; CREATE TABLE s2.only_here (x INT); "
+                  "INSERT INTO s2.only_here VALUES (7)")  # fmt: skip
+    admin.execute("SET search_path = 's2,main'")
+    assert rows(admin, "SELECT x FROM only_here") == [(7,)]
+    admin.execute("SET schema = 'main'")
+    other = database.connect()  # per connection: another session keeps its own path
+    assert refusal(other, "SELECT x FROM only_here").sqlstate == "42P01"
+    admin.close()
+    other.close()
+
+
+def test_topicbase_features_work_inside_the_sandbox(database: Database) -> None:
+    admin = database.connect()
+    admin.execute("CREATE TABLE summary (a INT); INSERT INTO summary (a) VALUES (3)")
+    assert rows(admin, "SELECT a FROM summary") == [(3,)]  # a table named like a function
+    assert rows(admin, "SELECT count(*) FROM range(5)") == [(5,)]
+    assert rows(admin, "SELECT * FROM unnest([1, 2]) ORDER BY 1") == [(1,), (2,)]
+    assert rows(admin, "SELECT count(*) > 0 FROM duckdb_tables()") == [(True,)]
+    assert rows(admin, "SELECT count(*) FROM TOPIC events") == [(1,)]
+    assert rows(admin, "SELECT name FROM sys.topics") == [("events",)]
+    assert rows(admin, "PRAGMA version")[0][0].startswith("v")
+    assert rows(admin, "SELECT column_name FROM (DESCRIBE t)") == [("a",)]
+    admin.execute("CREATE TYPE mood AS ENUM ('happy', 'sad'); CREATE TABLE m (x mood)")
+    admin.execute("BEGIN; INSERT INTO TOPIC events (data) SELECT CAST(a AS VARCHAR) FROM t; "
+                  "COMMIT")  # fmt: skip
+    assert rows(admin, "SELECT count(*) FROM TOPIC events") == [(3,)]
+    admin.close()
+
+
+def test_one_text_holding_two_duckdb_statements_is_refused() -> None:
+    # Topicbase splits scripts itself; a text in which DuckDB sees two statements would
+    # run the second unchecked.
+    from engine.sandbox import check_sql
+
+    with pytest.raises(InsufficientPrivilegeError, match="2 statements"):
+        check_sql("SELECT 1; DROP TABLE __topicbase.offsets", superuser=True)
+
+
+def test_memory_limit_is_configurable_and_spills_to_the_data_directory(tmp_path: Path) -> None:
+    limit_bytes = 64 * 1024 * 1024
+    database = Database.open(str(tmp_path / "small"), retention_interval_s=None,
+                             memory_limit_bytes=limit_bytes)  # fmt: skip
+    try:
+        session = database.connect()
+        shown = rows(session, "SELECT current_setting('memory_limit')")[0][0]
+        assert shown == "64.0 MiB", shown
+        # Sorting ~200 MB of strings needs more than 64 MB: it spills and still finishes.
+        spilled = rows(session, "SELECT count(*) FROM (SELECT md5(i::VARCHAR) || md5((i + 1)"
+                       "::VARCHAR) AS m FROM range(1500000) r(i) ORDER BY m)")  # fmt: skip
+        assert spilled == [(1_500_000,)]
+        session.close()
+    finally:
+        database.close()
+
+
+def test_default_memory_limit_is_a_share_of_physical_memory() -> None:
+    physical = os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES")
+    assert tables.default_memory_limit_bytes() == int(physical * 0.4)
+
+
+def test_memory_databases_are_sandboxed_too() -> None:
+    connection = tables.connect(":memory:")
+    try:
+        with pytest.raises(InsufficientPrivilegeError):
+            tables.run(connection, "SELECT * FROM read_text('/etc/passwd')")
+        with pytest.raises(InsufficientPrivilegeError, match="fixed by Topicbase"):
+            tables.run(connection, "SET threads = 1")
+    finally:
+        connection.close()
+
+
+def test_dbapi_refuses_escapes_as_the_console_does(tmp_path: Path) -> None:
+    connection = dbapi.connect(str(tmp_path / "dbapi"), autocommit=True)
+    cursor = connection.cursor()
+    for sql in ("SELECT * FROM read_text('/etc/passwd')", "DROP TABLE __topicbase.offsets",
+                "SET memory_limit = '1MB'", "ATTACH ':memory:' AS m"):  # fmt: skip
+        with pytest.raises(dbapi.Error) as caught:
+            cursor.execute(sql)
+        assert getattr(caught.value, "sqlstate", None) == "42501", caught.value
+    cursor.execute("SELECT 1")
+    assert cursor.fetchall() == [(1,)]
+    connection.close()
