@@ -37,6 +37,7 @@ order the plan lists them.
 from __future__ import annotations
 
 import contextlib
+import contextvars
 from collections.abc import Callable, Iterator
 from contextlib import AbstractContextManager
 from dataclasses import dataclass
@@ -82,6 +83,31 @@ def read_bounds(operation: ReadRecords) -> ReadBounds:
         int(max_bytes or DEFAULT_MAX_BYTES),
         complete=bool(options.get("complete")),
     )
+
+
+@dataclass
+class ReadProgress:
+    """Messages and bytes the running statement has read from topics so far, for a
+    front's progress display. Written by the reading thread, read by any (plain ints)."""
+
+    messages: int = 0
+    bytes: int = 0
+
+    def reset(self) -> None:
+        self.messages = self.bytes = 0
+
+
+# The progress of the statement running in this thread (set by the session around it).
+CURRENT_PROGRESS: contextvars.ContextVar[ReadProgress | None] = contextvars.ContextVar(
+    "topicbase_read_progress", default=None
+)
+
+
+def _count(batch: pa.RecordBatch) -> None:
+    progress = CURRENT_PROGRESS.get()
+    if progress is not None:
+        progress.messages += batch.num_rows
+        progress.bytes += batch.nbytes
 
 
 def read_records(
@@ -173,6 +199,7 @@ def stream_records(
                     if batch.num_rows == 0:
                         position = end
                         break
+                    _count(batch)
                     yield relation_batch(partition_id, batch, decode=decode)
                     position = batch.column("offset")[-1].as_py() + 1
 
@@ -291,6 +318,7 @@ def _read_fair(
                     positions[partition_id] = ends[partition_id]
                     break
                 read.setdefault(partition_id, []).append(batch)
+                _count(batch)
                 positions[partition_id] = batch.column("offset")[-1].as_py() + 1
                 messages -= batch.num_rows
                 budget -= batch.nbytes

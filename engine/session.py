@@ -30,7 +30,7 @@ from engine.commit import PublishItem, route_writes
 from engine.ddl import run_alter, run_create, run_drop
 from engine.identity import LOCAL_SUPERUSER, Identity
 from engine.offset_reset import set_consumer_offsets
-from engine.reads import read_records, stream_records
+from engine.reads import CURRENT_PROGRESS, ReadProgress, read_records, stream_records
 from engine.staged_writes import TransactionStaging
 from engine.transaction import PendingWrite, SessionState, Transaction
 from engine.writes import RETURNING_COLUMNS, build_batches, table_from_rows
@@ -103,6 +103,8 @@ class Session:
         self._leftover_views: list[str] = []
         self._cancel_requested = False
         self._stream_open = False
+        # Topic messages and bytes the running statement has read (a console's progress).
+        self.read_progress = ReadProgress()
 
     # -- entry points -------------------------------------------------------------------
     def execute(self, sql: str, parameters: Any = None) -> list[Result]:
@@ -133,7 +135,12 @@ class Session:
                 raise InvalidParameterValueError("the session is closed")
             self._require_no_stream()
             self._cancel_requested = False
-            return self._execute(statement, parameters)
+            self.read_progress.reset()
+            token = CURRENT_PROGRESS.set(self.read_progress)
+            try:
+                return self._execute(statement, parameters)
+            finally:
+                CURRENT_PROGRESS.reset(token)
 
     def describe(self, statement: ast.Statement) -> describe.Description:
         """Parameter types and result columns of ``statement``, without running it.

@@ -61,6 +61,15 @@ from storage.errors import TopicbaseError
 DEFAULT_DATA_DIR = "topicbase-data"
 DEFAULT_HISTORY_FILE = "~/.topicbase_history"
 PROGRESS_DELAY_S = 0.5
+PROGRESS_REFRESH_S = 0.25
+
+
+def progress_text(progress: Any) -> str:
+    """"running..." and, once a topic read has begun, how much it has read."""
+    if not progress.messages:
+        return "running... (Ctrl-C cancels)"
+    megabytes = progress.bytes / 1e6
+    return f"running... {progress.messages:,} messages, {megabytes:,.1f} MB read (Ctrl-C cancels)"
 # The REPL draws at most this many rows of one result (rich tables are slow to lay out).
 REPL_ROWS_SHOWN_MAX = 1000
 EXIT_OK, EXIT_ERROR, EXIT_INTERRUPTED = 0, 1, 130
@@ -658,14 +667,16 @@ class Repl:
 
     @contextmanager
     def progress(self) -> Iterator[None]:
-        """A spinner once the statement has run for ``PROGRESS_DELAY_S``."""
+        """A spinner once the statement has run for ``PROGRESS_DELAY_S``, with the topic
+        messages and bytes it has read so far."""
         done = threading.Event()
 
         def spin() -> None:
             if done.wait(PROGRESS_DELAY_S):
                 return
-            with self.console.status("running... (Ctrl-C cancels)"):
-                done.wait()
+            with self.console.status(progress_text(self.session.read_progress)) as status:
+                while not done.wait(PROGRESS_REFRESH_S):
+                    status.update(progress_text(self.session.read_progress))
 
         spinner = threading.Thread(target=spin, name="topicbase-spinner", daemon=True)
         spinner.start()
