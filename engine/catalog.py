@@ -102,6 +102,7 @@ class CatalogStore:
         tables.run(cursor, DDL)
         self._topics: dict[str, TopicEntry] = {}
         self._offsets: dict[tuple[str, str, int], int] = {}
+        self.changes = 0  # topics added or removed (engine.privilege_cache's generation)
         self._load()
 
     def _load(self) -> None:
@@ -179,6 +180,7 @@ class CatalogStore:
                 tables.run(self._cursor, "ROLLBACK")
                 raise
             self._topics = {**self._topics, entry.name: entry}
+            self.changes += 1
 
     def update_topic(self, entry: TopicEntry) -> None:
         """Store new settings and consumers; dropped consumers lose their offsets."""
@@ -230,6 +232,7 @@ class CatalogStore:
                 tables.run(self._cursor, "ROLLBACK")
                 raise
             self._topics = {k: v for k, v in self._topics.items() if k != name}
+            self.changes += 1
             self._offsets = {k: v for k, v in self._offsets.items() if k[0] != entry.topic_id}
             return entry
 

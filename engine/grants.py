@@ -21,7 +21,7 @@ import weakref
 from dataclasses import dataclass
 from typing import Any
 
-from engine import privileges, tables
+from engine import privilege_cache, privileges, tables
 from engine.catalog import OWNER_SUPERUSER, SCHEMA
 from engine.identity import Identity
 from planner.operations import ChangePrivileges, SwitchRole
@@ -57,6 +57,7 @@ def change_privileges(session: Any, operation: ChangePrivileges) -> str:
     if operation.grant_option and not operation.revoke and "" in operation.grantees:
         raise InvalidGrantOperationError("grant options can only be granted to roles")
     _check_roles_exist(session, operation.grantees)
+    privilege_cache.note_write(session)
     privileges.open_duckdb_transaction(session)
     for written in operation.objects:
         name, label = _object(session, operation.object_kind, written)

@@ -406,3 +406,22 @@ def test_wire_set_role_and_unknown_grantees(wire: tuple[ServerThread, Session]) 
     with (wire_connect(server, "alice", "pw-alice") as conn,
           pytest.raises(psycopg.errors.InsufficientPrivilege, match="set role")):  # fmt: skip
         conn.execute("SET ROLE root")
+
+
+def test_cached_privileges_follow_every_committed_change(admin: Session, alice: Session) -> None:
+    """engine.privilege_cache: a check never answers from a state that is no longer true."""
+    admin.execute("GRANT SELECT ON t TO alice")
+    for _ in range(3):  # cached now
+        assert rows(alice, "SELECT count(*) FROM t") == [(2,)]
+    admin.execute("BEGIN; REVOKE SELECT ON t FROM alice")
+    assert rows(alice, "SELECT count(*) FROM t") == [(2,)]  # not committed: still granted
+    admin.execute("COMMIT")
+    refused(alice, "SELECT * FROM t")
+    admin.execute("GRANT SELECT ON t TO alice")
+    assert rows(alice, "SELECT count(*) FROM t") == [(2,)]
+    admin.execute("DROP TABLE t; CREATE TABLE t (a INT)")  # a new t: no grant
+    refused(alice, "SELECT * FROM t")
+    admin.execute("CREATE TOPIC fresh; GRANT SELECT ON TOPIC fresh TO alice")
+    assert rows(alice, "SELECT count(*) FROM fresh") == [(0,)]
+    admin.execute("DROP TOPIC fresh; CREATE TOPIC fresh")
+    refused(alice, "SELECT * FROM fresh", "topic fresh")
