@@ -1,0 +1,65 @@
+"""The engine's public API: everything a front (``sql``, ``spark_sql_ext``) may import.
+
+A front opens a ``Database``, makes a ``Session`` per connection (acting as an
+``Identity``) and hands it statements; every statement then goes through the session's
+door (planning, the sandbox, privileges, limits). Fronts also parse statement text to
+decide their own protocol behaviour (COPY, cursors, session commands), so the statement
+objects and the parser are re-exported here as the engine's statement vocabulary.
+
+Fronts import nothing else of the engine, planner or grammar, and nothing of storage but
+``storage.errors`` and ``storage.limits``: import-linter's "fronts use only engine.api"
+contract in ``pyproject.toml`` enforces it.
+"""
+
+from __future__ import annotations
+
+from engine.bulk import run_over_relation
+from engine.bulk_read import OffsetRange, project_schema
+from engine.bulk_write import ABANDON_AFTER_S_DEFAULT, STAGING_BYTES_MAX_DEFAULT
+from engine.check import check_database
+from engine.clock import SYSTEM_CLOCK
+from engine.database import Database
+from engine.describe import Description
+from engine.identity import LOCAL_SUPERUSER, LOCAL_SUPERUSER_NAME, Identity
+from engine.privileges import use_role_lookup
+from engine.session import Result, Session, parse_statements
+from engine.streams import BATCH_ROWS, RowStream, from_table
+from engine.transaction import SessionState
+from engine.writes import INSERT_COLUMNS
+from grammar import ast
+from grammar import settings as setting_rules
+from grammar.parse import parse, parse_one
+from grammar.split import SourceText, Token, split_statements, tokenize, unquote_identifier
+
+__all__ = [
+    "ABANDON_AFTER_S_DEFAULT",
+    "BATCH_ROWS",
+    "INSERT_COLUMNS",
+    "LOCAL_SUPERUSER",
+    "LOCAL_SUPERUSER_NAME",
+    "STAGING_BYTES_MAX_DEFAULT",
+    "SYSTEM_CLOCK",
+    "Database",
+    "Description",
+    "Identity",
+    "OffsetRange",
+    "Result",
+    "RowStream",
+    "Session",
+    "SessionState",
+    "SourceText",
+    "Token",
+    "ast",
+    "check_database",
+    "from_table",
+    "parse",
+    "parse_one",
+    "parse_statements",
+    "project_schema",
+    "run_over_relation",
+    "setting_rules",
+    "split_statements",
+    "tokenize",
+    "unquote_identifier",
+    "use_role_lookup",
+]
