@@ -28,6 +28,7 @@ from engine.commit import Committer
 from engine.identity import LOCAL_SUPERUSER, Identity
 from engine.leases import DEFAULT_LEASE_TIMEOUT_S, LeaseRegistry
 from engine.retention import DEFAULT_RETENTION_INTERVAL_S, RetentionService, run_retention_pass
+from engine.staged_writes import SPILL_DIRECTORY, StagedWrites
 from planner.catalog import TopicInfo
 from planner.paths import DEFAULT_DATABASE_PATH, check_database_path
 from storage.cleaner import RetentionReport
@@ -89,6 +90,8 @@ class Database:
         self._reconcile()
         staging = StagingLog(self.store.fs, os.path.join(path, STAGING_DIRECTORY))
         self.committer = Committer(self, staging)
+        # Open transactions' topic writes beyond memory; a dead process's files go now.
+        self.staged_writes = StagedWrites(self.store.fs, os.path.join(path, SPILL_DIRECTORY))
         republished = self.committer.recover()
         if republished:
             log.warning("recovery re-published %d staged batches", republished)

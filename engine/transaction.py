@@ -8,7 +8,10 @@ committed offset (nobody moved it meanwhile), or the transaction fails with
 
 The write set holds topic writes (wire batches with their target partition or
 None for routing) to publish at commit. Reads inside the transaction do not
-see its own topic writes.
+see its own topic writes. An explicit transaction keeps only a small buffer of
+them in memory and spills the rest to a file of its own, under a cap for the
+whole database (``engine.staged_writes``: 54000 past it); ``release`` gives its
+share back and deletes the file when the transaction ends, however it ends.
 """
 
 from __future__ import annotations
@@ -18,6 +21,8 @@ from dataclasses import dataclass, field
 from typing import Any
 
 import pyarrow as pa
+
+from engine.staged_writes import SpilledBatch, TransactionStaging
 
 ReadKey = tuple[str, str, int]  # (topic id, consumer, partition)
 
@@ -35,11 +40,37 @@ class ReadRange:
     end: int
 
 
-@dataclass(slots=True)
 class PendingWrite:
-    topic_id: str
-    batch: pa.RecordBatch
-    partition: int | None
+    """One staged topic write: a batch in memory, or where it was spilled."""
+
+    __slots__ = ("_batch", "_spilled", "_staging", "nbytes", "partition", "topic_id")
+
+    def __init__(self, topic_id: str, batch: pa.RecordBatch, partition: int | None) -> None:
+        self.topic_id = topic_id
+        self.partition = partition
+        self.nbytes = batch.nbytes
+        self._batch: pa.RecordBatch | None = batch
+        self._spilled: SpilledBatch | None = None
+        self._staging: TransactionStaging | None = None
+
+    @property
+    def batch(self) -> pa.RecordBatch:
+        """The batch (read back from the spill file if it was spilled)."""
+        if self._batch is not None:
+            return self._batch
+        assert self._staging is not None and self._spilled is not None
+        return self._staging.read(self._spilled)
+
+    @property
+    def spilled(self) -> bool:
+        return self._batch is None
+
+    def place(self, staging: TransactionStaging) -> None:
+        """Account for the write in ``staging``: it stays in memory or goes to disk."""
+        assert self._batch is not None and self._staging is None
+        spilled = staging.place(self._batch)
+        if spilled is not None:
+            self._batch, self._spilled, self._staging = None, spilled, staging
 
 
 @dataclass(slots=True)
@@ -59,6 +90,9 @@ class Transaction:
     # one that rolled back, explicitly, as a failed transaction, or at a failed COMMIT.
     # Fronts read it after the fact (a WITH HOLD cursor outlives only a committed one).
     committed: bool = False
+    # Explicit transactions: the memory buffer and spill file of their writes (None:
+    # writes stay in memory, as an autocommit statement's, which never wait for COMMIT).
+    staging: TransactionStaging | None = None
 
     def read_position(self, key: ReadKey) -> int | None:
         """Where this transaction's next read of ``key`` continues, if it read before."""
@@ -74,5 +108,13 @@ class Transaction:
         existing.end = max(existing.end, end)
 
     def add_write(self, write: PendingWrite) -> None:
+        """Stage ``write``; 54000 (and nothing staged) past the database's cap."""
+        if self.staging is not None:
+            write.place(self.staging)
         self.writes.append(write)
-        self.staged_bytes += write.batch.nbytes
+        self.staged_bytes += write.nbytes
+
+    def release(self) -> None:
+        """The transaction ended: give its staged bytes back, delete its spill file."""
+        if self.staging is not None:
+            self.staging.release()

@@ -51,8 +51,16 @@ GROUP_COMMIT_WINDOW_US_DEFAULT = 0
 GROUP_COMMIT_WINDOW_US_MAX = 10_000
 
 # -- transactions -------------------------------------------------------------------
-# Topic writes a transaction may stage before COMMIT (they are held in memory too).
+# Topic writes a transaction may stage before COMMIT (read back into memory at COMMIT).
 TRANSACTION_STAGED_BYTES_MAX = 256 * 1024 * 1024
+# Of those, what one open transaction keeps in memory; the rest waits in its spill file
+# under the data directory (engine.staged_writes), so idle transactions cost disk, not RAM.
+TRANSACTION_MEMORY_BYTES_MAX = 8 * 1024 * 1024
+# What all open transactions together keep in memory (past it, every batch is spilled).
+TRANSACTIONS_MEMORY_BYTES_MAX = 256 * 1024 * 1024
+# What all open transactions together may stage, in memory and spilled: a cap on the
+# disk a few sessions can fill with writes that may never commit.
+TRANSACTIONS_STAGED_BYTES_MAX = 4 * 1024 * 1024 * 1024
 # A transaction open longer than this is rolled back at its next statement.
 TRANSACTION_DURATION_MS_MAX = 10 * 60 * 1000
 # Explicit transactions open at once in one database.

@@ -9,6 +9,8 @@ from __future__ import annotations
 import asyncio
 import socket
 import struct
+import subprocess
+import sys
 import time
 from pathlib import Path
 
@@ -16,9 +18,11 @@ import asyncpg
 import psycopg
 import pytest
 
+from engine.staged_writes import SPILL_DIRECTORY
 from sql.pgwire import messages as m
 from sql.pgwire.limits import ServerLimits
 from sql.pgwire.server import ServerThread
+from storage import limits
 from storage.errors import InvalidParameterValueError
 from tests.security.resource_servers import (
     ADMIN,
@@ -34,6 +38,7 @@ from tests.security.resource_servers import (
 )
 
 IDLE_SOCKETS = 100
+REPO = Path(__file__).resolve().parents[2]
 
 
 def _idle_sockets(port: int, count: int, *, send_startup: bool) -> list[socket.socket]:
@@ -239,3 +244,103 @@ def test_idle_timeouts_refuse_bad_values(tmp_path: Path) -> None:
         assert connection.execute("SELECT 3").fetchone() == (3,)
     with pytest.raises(InvalidParameterValueError):  # a bad server default: not started
         ServerThread(str(tmp_path / "data"), settings={"idle_session_timeout": "-1"})
+
+
+# -- staged writes of open transactions: spilled to disk, capped in all ---------------------------
+MIB = 1024 * 1024
+PAYLOAD = "x" * (256 * 1024)  # 256 KiB messages
+
+
+def _stage(connection: psycopg.Connection, mebibytes: int) -> None:
+    rows = ", ".join(["(%s)"] * 4)
+    for _ in range(mebibytes):
+        connection.execute(f"INSERT INTO TOPIC events (data) VALUES {rows}", [PAYLOAD] * 4)
+
+
+def test_staged_writes_spill_to_disk_and_commit_whole(tmp_path: Path) -> None:
+    with running_server(tmp_path, auth="trust") as server:
+        staged = server.database.staged_writes
+        bystander = login(server, BOB, "")
+        bystander.execute("CREATE TOPIC events")
+        writer = login(server, ALICE, "", autocommit=False)
+        _stage(writer, 24)  # three times the in-memory buffer of a transaction
+        assert staged.total_bytes >= 24 * MIB
+        assert staged.memory_bytes <= limits.TRANSACTION_MEMORY_BYTES_MAX
+        spill_files = staged.spill_files()
+        assert len(spill_files) == 1
+        assert (Path(staged.directory) / spill_files[0]).stat().st_size >= 15 * MIB
+        count = "SELECT count(*), sum(octet_length(data)) FROM TOPIC events WITH (partition = 0)"
+        assert bystander.execute(count).fetchone() == (0, None)  # invisible until COMMIT
+        writer.commit()
+        assert bystander.execute(count).fetchone() == (96, 96 * len(PAYLOAD))
+        assert staged.spill_files() == [] and staged.total_bytes == staged.memory_bytes == 0
+        _stage(writer, 12)
+        assert staged.spill_files()
+        writer.rollback()  # a rollback frees its share too
+        assert staged.spill_files() == [] and staged.total_bytes == 0
+        assert bystander.execute(count).fetchone()[0] == 96
+        writer.close()
+        bystander.close()
+
+
+def test_staged_writes_have_a_global_cap(tmp_path: Path) -> None:
+    with running_server(tmp_path, auth="trust") as server:
+        staged = server.database.staged_writes
+        staged.total_bytes_max = 20 * MIB  # for the test; the default is 4 GiB
+        bystander = login(server, BOB, "")
+        bystander.execute("CREATE TOPIC events")
+        first = login(server, ALICE, "", autocommit=False)
+        second = login(server, ALICE, "", autocommit=False)
+        _stage(first, 12)
+        with pytest.raises(psycopg.Error) as caught:
+            _stage(second, 12)  # each is under the per-transaction limit; together over
+        assert caught.value.sqlstate == "54000"
+        assert "in all" in str(caught.value)
+        second.rollback()
+        first.commit()  # the first transaction is not harmed
+        count = "SELECT count(*) FROM TOPIC events WITH (partition = 0)"
+        assert bystander.execute(count).fetchone() == (48,)
+        assert staged.total_bytes == 0 and staged.spill_files() == []
+        _stage(second, 12)  # room again
+        second.commit()
+        assert bystander.execute(count).fetchone() == (96,)
+        first.close()
+        second.close()
+        bystander.close()
+
+
+_KILLED_WRITER = """
+import sys, time
+from engine.database import Database
+database = Database.open(sys.argv[1], retention_interval_s=None)
+session = database.connect()
+session.execute("CREATE TOPIC IF NOT EXISTS events")
+session.execute("BEGIN")
+for _ in range(16):
+    session.execute("INSERT INTO TOPIC events (data) VALUES ($1), ($1), ($1), ($1)",
+                    ["x" * 262144])
+print(len(database.staged_writes.spill_files()), flush=True)
+time.sleep(600)
+"""
+
+
+def test_spill_file_of_a_killed_process_is_removed_at_open(tmp_path: Path) -> None:
+    data = tmp_path / "data"
+    child = subprocess.Popen([sys.executable, "-c", _KILLED_WRITER, str(data)],
+                             stdout=subprocess.PIPE, text=True, cwd=REPO)  # fmt: skip
+    try:
+        assert child.stdout is not None
+        assert child.stdout.readline().strip() == "1"  # it spilled, and waits uncommitted
+        spill_directory = data / SPILL_DIRECTORY
+        assert [p.stat().st_size >= 4 * MIB for p in spill_directory.iterdir()] == [True]
+    finally:
+        child.kill()
+        child.wait(timeout=30)
+    with running_server(tmp_path, auth="trust") as server:
+        assert server.database.staged_writes.removed_at_open == 1
+        assert list(spill_directory.iterdir()) == []
+        with login(server, BOB, "") as connection:  # the lost transaction left nothing
+            count = "SELECT count(*) FROM TOPIC events WITH (partition = 0)"
+            assert connection.execute(count).fetchone() == (0,)
+            connection.execute("INSERT INTO TOPIC events (data) VALUES ('after the kill')")
+            assert connection.execute(count).fetchone() == (1,)
