@@ -271,6 +271,13 @@ def translated(line_offset: int = 0) -> Iterator[None]:
         if line_offset and isinstance(translated_error, errors.SqlSyntaxError):
             translated_error = _shift_lines(translated_error, line_offset)
         raise translated_error from error
+    except pa.ArrowInvalid as error:
+        # A result type nested deeper than Arrow follows ([[[...]]] 150 levels deep).
+        if "recursion level" in str(error).lower():
+            raise errors.StatementTooComplexError(
+                f"statement too complex: its result type is nested too deeply ({error})"
+            ) from error
+        raise
     except RuntimeError as error:  # DuckDB reports an interrupt this way
         if "interrupted" in str(error).lower():
             raise errors.QueryCanceledError(

@@ -153,7 +153,8 @@ _CLOSERS = {")": "(", "]": "[", "}": "{"}
 _COMPLEX_WORD = re.compile(r"case|union|except|intersect", re.IGNORECASE)
 _COMPLEXITY_ITEM = re.compile(
     r"""
-    (?P<skip>'(?:[^']|'')*'|"(?:[^"]|"")*"|`[^`]*`|--[^\n]*)
+    (?P<skip>(?<![\w$])[eE]'(?:[^'\\]|\\.|'')*'|'(?:[^']|'')*'|"(?:[^"]|"")*"|`[^`]*`
+      |--[^\n]*)
    |(?P<comment>/\*)
    |(?P<dollar>\$)
    |(?P<bracket>[()\[\]{}])
@@ -181,7 +182,10 @@ def check_complexity(source: SourceText, start: int, end: int) -> None:
     position = start
     while (match := _COMPLEXITY_ITEM.search(text, position, end)) is not None:
         position = match.end()
-        kind, item = match.lastgroup, match.group().upper()
+        kind = match.lastgroup
+        if kind == "skip":
+            continue
+        item = match.group().upper()
         if kind == "comment":
             position = skip_comment(source, match.start())
         elif kind == "dollar":
