@@ -118,7 +118,7 @@ class _Rewriter:
         if isinstance(node, exp.CurrentSchema) and _is_projected(node):
             return exp.alias_(node.copy(), "current_schema")  # DuckDB: "current_schema()"
         if isinstance(node, exp.CurrentUser | exp.SessionUser):
-            return exp.Literal.string(self.context.user)
+            return self._role_name(node)
         if isinstance(node, exp.Column) and not node.table and node.name.lower() in (
             "current_catalog", "user"
         ) and not node.this.quoted:  # fmt: skip
@@ -134,6 +134,18 @@ class _Rewriter:
                 replaced = _parse_expression(_keep_parameters(handler(self, arguments), arguments))
                 return _named_like_postgres(node, replaced, name)
         return node
+
+    def _role_name(self, node: exp.Expression) -> exp.Expression:
+        """The login user, unless SET ROLE / SET SESSION AUTHORIZATION gave the session
+        another name: the engine then defines ``current_user``/``session_user`` macros on
+        its DuckDB connection (``engine.grants``), and DuckDB's own answer is "duckdb"."""
+        function = "session_user" if isinstance(node, exp.SessionUser) else "current_user"
+        login = _quote(self.context.user)
+        # A subquery: DuckDB would read a bare SESSION_USER next to an alias of the same
+        # name as a reference to that alias.
+        asked = f"(SELECT {function})"
+        replaced = _parse_expression(f"CASE WHEN {asked} = 'duckdb' THEN {login} ELSE {asked} END")
+        return exp.alias_(replaced, function) if _is_projected(node) else replaced
 
     def _table(self, table: exp.Table) -> exp.Expression:
         schema = table.db.lower()

@@ -398,7 +398,9 @@ def test_wire_set_role_and_unknown_grantees(wire: tuple[ServerThread, Session]) 
         root.autocommit = True
         with pytest.raises(psycopg.errors.UndefinedObject, match='role "nobody" does not exist'):
             root.execute("GRANT SELECT ON t TO nobody")
+        assert root.execute("SELECT current_user, session_user").fetchone() == ("root", "root")
         root.execute("SET ROLE alice")  # a superuser may become anyone, and loses its rights
+        assert root.execute("SELECT current_user, session_user").fetchone() == ("alice", "root")
         with pytest.raises(psycopg.errors.InsufficientPrivilege, match="table t"):
             root.execute("SELECT * FROM t")
         root.execute("RESET ROLE")
