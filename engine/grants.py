@@ -12,7 +12,8 @@ superusers only (they own the schemas).
 SET ROLE (to any role for a superuser session user, else only back to oneself) changes
 the identity privileges are checked against; SET SESSION AUTHORIZATION (only when the
 authenticated user is a superuser) changes the session user too. ``current_user`` and
-``session_user`` answer with them (temporary macros on the session's connection).
+``session_user`` answer with them (temporary macros on the session's connection). Inside
+a transaction block they are undone by ROLLBACK, as in PostgreSQL.
 """
 
 from __future__ import annotations
@@ -201,6 +202,16 @@ def switch_role(session: Any, operation: SwitchRole) -> str:
     roles = _roles.get(session)
     if roles is None:
         roles = _roles[session] = _Roles(session.identity, session.identity)
+    transaction = session.transaction
+    if transaction is not None and transaction.explicit and session not in privileges.role_undo:
+        # As in PostgreSQL, a ROLLBACK undoes it (the current_user macros roll back with
+        # the DuckDB transaction; privileges.check_plan restores the identities).
+        identity, session_user = session.identity, roles.session_user
+
+        def undo() -> None:
+            session.identity, roles.session_user = identity, session_user
+
+        privileges.role_undo[session] = (transaction, undo)
     if operation.session_authorization:
         if operation.role is not None and operation.role != roles.authenticated.name:
             if not roles.authenticated.superuser:

@@ -88,8 +88,17 @@ def is_superuser_name(database: Any, name: str) -> bool:
 
 
 # -- the checks --------------------------------------------------------------------------
+# Sessions that changed role inside a transaction block: (that transaction, how to undo
+# it), settled at the session's next statement once the transaction ended (engine.grants).
+role_undo: weakref.WeakKeyDictionary[Any, tuple[Any, Callable[[], None]]] = (
+    weakref.WeakKeyDictionary()
+)
+
+
 def check_plan(plan: Plan, identity: Identity, session: Any) -> None:
     """Refuse (42501) a plan that touches a relation ``identity`` has no privilege on."""
+    if role_undo and session in role_undo:
+        identity = _settle_role(session)
     if identity.superuser:
         return
     placeholders = {op.placeholder for op in plan.operations if isinstance(op, ReadRecords)}
@@ -111,6 +120,16 @@ def check_plan(plan: Plan, identity: Identity, session: Any) -> None:
             raise InsufficientPrivilegeError(
                 f"permission denied: {type(operation).__name__} is for superusers"
             )
+
+
+def _settle_role(session: Any) -> Identity:
+    """Undo a SET ROLE of a transaction that rolled back; the identity to check."""
+    transaction, undo = role_undo[session]
+    if session.transaction is not transaction:
+        del role_undo[session]
+        if not transaction.committed:
+            undo()
+    return session.identity  # type: ignore[no-any-return]
 
 
 def require(session: Any, kind: str, name: str, privilege: str) -> None:

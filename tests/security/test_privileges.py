@@ -427,3 +427,16 @@ def test_cached_privileges_follow_every_committed_change(admin: Session, alice: 
     assert rows(alice, "SELECT count(*) FROM fresh") == [(0,)]
     admin.execute("DROP TOPIC fresh; CREATE TOPIC fresh")
     refused(alice, "SELECT * FROM fresh", "topic fresh")
+
+
+def test_set_role_in_a_transaction_is_undone_by_rollback(admin: Session) -> None:
+    admin.execute("BEGIN; SET ROLE alice")
+    refused(admin, "SELECT * FROM t")  # the transaction fails here; only ROLLBACK remains
+    admin.execute("ROLLBACK")
+    assert rows(admin, "SELECT count(*) FROM t") == [(2,)]  # the superuser again
+    assert admin.identity.superuser
+    admin.execute("BEGIN; SET ROLE alice; COMMIT")
+    refused(admin, "SELECT * FROM t")  # committed: alice stays
+    assert rows(admin, "SELECT current_user") == [("alice",)]
+    admin.execute("RESET ROLE")
+    assert rows(admin, "SELECT current_user") == [("topicbase",)]
