@@ -155,7 +155,7 @@ def _check_query(
             "touches cannot be checked)"
         )
     for name, privilege in access.needs:
-        if name in placeholders or name.startswith("__sys_"):
+        if name in placeholders or name in {f"__sys_{v}" for v in operation.system_views}:
             continue
         if privilege == "CREATE":
             _require_schema_create(session, identity, _schema_of(name))

@@ -20,7 +20,10 @@ What the catalog shows:
 - OIDs: DuckDB's catalog OIDs for tables, views, indexes, schemas, sequences (stable
   while the object exists); ``1_000_000_000 + n`` for topic ``t<n>``;
   ``2_000_000_000 + table_oid * 100 + k`` for the k-th constraint of a table (and its
-  index); ``10`` is the connected role; the database is ``16384``.
+  index); ``10`` is the connected role, other roles (the users file) follow
+  ``pg_privileges.ROLE_OID_BASE``; the database is ``16384``.
+- Privileges (``pg_privileges``): ``pg_class.relacl`` as aclitem text, ``pg_roles`` and
+  friends with ``rolsuper`` from the users file, ``information_schema.table_privileges``.
 - Types are PostgreSQL OIDs (``pg_types``); ``atttypmod`` carries numeric precision.
 
 Placeholders ``{user}`` and ``{database}`` are replaced by quoted literals. Pure data.
