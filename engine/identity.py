@@ -5,7 +5,9 @@ and the DB-API on a local data directory act as ``LOCAL_SUPERUSER`` (whoever can
 the data directory can already read every file in it). Privileges (``engine.privileges``)
 and the sandbox (``engine.sandbox``) are checked against it for every statement.
 
-Invariant: an identity never changes for the life of a session.
+Invariant: an ``Identity`` is immutable; a session's identity is replaced only by SET ROLE
+and SET SESSION AUTHORIZATION (``engine.grants``, PostgreSQL's rules: a superuser may
+become anyone, others only themselves; undone by a ROLLBACK of their transaction).
 """
 
 from __future__ import annotations
