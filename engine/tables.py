@@ -140,13 +140,17 @@ def sql_tokens(sql: str) -> list[SqlToken]:
         positions = duckdb.tokenize(sql)
     except duckdb.Error as error:
         raise translate(error) from error
-    tokens = []
-    for index, (start, kind) in enumerate(positions):
-        end = positions[index + 1][0] if index + 1 < len(positions) else len(sql)
-        name = kind.name
-        if name != "comment":
-            tokens.append(SqlToken(name, sql[start:end].rstrip(), start))
-    return tokens
+    ends = [start for start, _ in positions[1:]] + [len(sql)]
+    return [
+        SqlToken(_TOKEN_KINDS[kind], sql[start:end].rstrip(), start)
+        for (start, kind), end in zip(positions, ends, strict=True)
+        if kind is not _COMMENT
+    ]
+
+
+# DuckDB's token kinds by member (``.name`` on each token costs more than the lexer).
+_TOKEN_KINDS = {member: name for name, member in duckdb.token_type.__members__.items()}
+_COMMENT = duckdb.token_type.comment
 
 
 # DuckDB statement types this DuckDB has but its Python enum lacks (UPDATE EXTENSIONS).
