@@ -53,6 +53,7 @@ choices are spelled in lower case; 'up' is accepted for 'scale_up' (DESIGN.md);
 from __future__ import annotations
 
 import json
+import re
 from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass
 from datetime import UTC, datetime, timedelta
@@ -62,10 +63,12 @@ from grammar.ast import Parameter, SourcePosition, Value
 from grammar.split import SourceText, parse_point_in_time
 from storage import limits
 from storage.errors import (
+    DatetimeFieldOverflowError,
     DuplicateObjectError,
     FeatureNotSupportedError,
     InvalidParameterValueError,
     LimitExceededError,
+    NumericValueOutOfRangeError,
     SqlSyntaxError,
     TopicbaseError,
     UndefinedObjectError,
@@ -770,7 +773,8 @@ def _cell(convert: _CellConverter, column: str, value: Value, row_number: int) -
         raise InvalidParameterValueError(
             f'VALUES row {row_number}, column "{column}": {bad}', column=column, row=row_number
         ) from None
-    except (LimitExceededError, NotNullViolationError) as error:
+    except (LimitExceededError, NotNullViolationError, NumericValueOutOfRangeError,
+            DatetimeFieldOverflowError) as error:  # fmt: skip
         raise type(error)(f'VALUES row {row_number}, column "{column}": {error}') from None
 
 
@@ -800,8 +804,10 @@ def _identifier_cell(value: Value) -> Value:
 def _count_cell(value: Value) -> Value:
     if value is None:
         return None
-    if not isinstance(value, int) or isinstance(value, bool) or value < 0:
+    if not isinstance(value, int) or isinstance(value, bool):
         raise _BadValue(f"expected a non-negative integer or NULL, got {_show(value)}")
+    if not 0 <= value <= 2**63 - 1:  # what a topic stores (int64), as engine.writes checks
+        raise NumericValueOutOfRangeError(f"{value} is out of range (0 to {2**63 - 1})")
     return value
 
 
@@ -810,10 +816,18 @@ def _created_at_cell(value: Value) -> Value:
         return value
     if not isinstance(value, str):
         raise _BadValue(f"expected a Timestamp('...') or an ISO-8601 string, got {_show(value)}")
+    if _OUT_OF_RANGE_INSTANT.match(value):  # readers return years 1..9999 (engine.writes)
+        raise DatetimeFieldOverflowError(f"'{value}' is out of range (finite, years 1 to 9999)")
     try:
         return parse_point_in_time(value)
+    except OverflowError:  # an offset moved it past year 1 or 9999
+        raise DatetimeFieldOverflowError(f"'{value}' is out of range (years 1 to 9999)") from None
     except ValueError as error:
         raise _BadValue(f"'{value}' is not a point in time: {error}") from None
+
+
+# A year before 1 or past 9999, or an infinity: a timestamp, but out of range (22008).
+_OUT_OF_RANGE_INSTANT = re.compile(r"\s*(?:[+-]\d+-|\d{5,}-|[+-]?infinity\s*$)", re.IGNORECASE)
 
 
 def _metadata_cell(value: Value) -> Value:
