@@ -883,6 +883,7 @@ class Connection:
     async def on_execute(self, message: m.Execute) -> None:
         portal = self._portal(message.portal)
         if wire_commands.is_copy_statement(portal.prepared.statement):  # COPY (commands)
+            self.log_statement(portal.prepared.query)
             await wire_commands.execute_copy(self, portal.prepared.statement)
             return
         if not await self._run_portal(portal):
