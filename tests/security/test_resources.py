@@ -203,14 +203,18 @@ def test_idle_in_transaction_timeout_rolls_back_and_frees_staged_writes(tmp_path
         idler.execute("SET idle_in_transaction_session_timeout = '300ms'")
         idler.execute("BEGIN")
         idler.execute("INSERT INTO TOPIC events (data) VALUES ('staged, never committed')")
+        _stage(idler, 12)  # past the in-memory buffer: a spill file too
         database = server.database
         assert database.open_transactions == 1
+        assert database.staged_writes.spill_files()
         time.sleep(1.0)
         error = _fatal_on_next_statement(idler)
         assert error.sqlstate == "25P03"
         assert "idle-in-transaction timeout" in str(error)
         assert idler.closed or idler.broken
         wait_until(lambda: database.open_transactions == 0)
+        assert database.staged_writes.total_bytes == 0  # its staged writes were freed
+        assert database.staged_writes.spill_files() == []
         count = "SELECT count(*) FROM TOPIC events WITH (partition = 0)"
         assert bystander.execute(count).fetchone() == (0,)
         bystander.execute("INSERT INTO TOPIC events (data) VALUES ('bystander')")
