@@ -14,7 +14,8 @@ Topicbase chose, and a fixed expression depth; then it locks the configuration, 
 no SQL can change a global setting afterwards (only ``search_path`` and ``schema``,
 which DuckDB keeps per connection, stay settable). ``statement_types`` and
 ``sql_tokens`` give ``engine.sandbox`` DuckDB's own view of a statement: its parser's
-statement types and its lexer's tokens.
+statement types and its lexer's tokens; each thread parses on a DuckDB connection of its own, since a DuckDB
+connection may not be used by two threads at once.
 """
 
 from __future__ import annotations
@@ -22,6 +23,7 @@ from __future__ import annotations
 import functools
 import os
 import re
+import threading
 from collections.abc import Iterator
 from contextlib import contextmanager
 from typing import Any, NamedTuple
@@ -165,7 +167,7 @@ def statement_types(sql: str) -> list[tuple[str, str]] | None:
     Too deep an expression is ``StatementTooComplexError`` (54001).
     """
     try:
-        statements = duckdb.extract_statements(sql)
+        statements = _parser().extract_statements(sql)
     except duckdb.ParserException as error:
         translated_error = translate(error)
         if isinstance(translated_error, errors.StatementTooComplexError):
@@ -183,10 +185,26 @@ def statement_types(sql: str) -> list[tuple[str, str]] | None:
     return kinds
 
 
+# A DuckDB connection may not be used from two threads at once, and sessions classify
+# statements on their own threads: each thread parses on a connection of its own (an
+# empty sandboxed in-memory database; the module-level functions share one default
+# connection).
+_PARSER_MEMORY_BYTES = 64 * 1024 * 1024
+_parsers = threading.local()
+
+
+def _parser() -> Connection:
+    connection = getattr(_parsers, "connection", None)
+    if connection is None:
+        connection = connect(":memory:", memory_limit_bytes=_PARSER_MEMORY_BYTES)
+        _parsers.connection = connection
+    return connection
+
+
 @functools.cache
 def table_function_names() -> frozenset[str]:
     """Every table function and table macro DuckDB has built in (lower case)."""
-    connection = connect(":memory:", memory_limit_bytes=64 * 1024 * 1024)
+    connection = connect(":memory:", memory_limit_bytes=_PARSER_MEMORY_BYTES)
     try:
         rows = connection.execute(
             "SELECT DISTINCT lower(function_name) FROM duckdb_functions() "
