@@ -14,8 +14,8 @@ Topicbase chose, and a fixed expression depth; then it locks the configuration, 
 no SQL can change a global setting afterwards (only ``search_path`` and ``schema``,
 which DuckDB keeps per connection, stay settable). ``statement_types`` and
 ``sql_tokens`` give ``engine.sandbox`` DuckDB's own view of a statement: its parser's
-statement types and its lexer's tokens; each thread parses on a DuckDB connection of its own, since a DuckDB
-connection may not be used by two threads at once.
+statement types and its lexer's tokens; each thread parses on a DuckDB connection of
+its own, since a DuckDB connection may not be used by two threads at once.
 """
 
 from __future__ import annotations
