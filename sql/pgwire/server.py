@@ -1003,8 +1003,11 @@ class PgServer:
         peer = writer.get_extra_info("peername")
         victim = self.admission.enter(task, str(peer[0]) if isinstance(peer, tuple) else "")
         if victim is not None:  # too many sockets logging in: the flood's oldest goes
-            log.warning("%d connections logging in at once: closing the oldest of the "
-                        "busiest address", self.limits.unauthenticated_max)  # fmt: skip
+            pushed_out = self.admission.pushed_out
+            if pushed_out & (pushed_out - 1) == 0:  # 1, 2, 4, 8 …: a flood does not flood the log
+                log.warning("%d connections logging in at once: closed the oldest of the "
+                            "busiest address (%d so far)", self.limits.unauthenticated_max,
+                            pushed_out)  # fmt: skip
             victim.cancel()
         try:
             if self.admission.full():
