@@ -99,7 +99,8 @@ def connect(
     ``read_only`` opens an existing file without ever writing it (``topicbase check``).
     ``memory_limit_bytes`` caps DuckDB's memory (default: ``default_memory_limit_bytes``);
     beyond it DuckDB spills to ``temp_directory`` (None: no spilling; the directory is
-    created by the caller). The configuration is locked before the connection is returned.
+    created by the caller), at most ``limits.DUCKDB_TEMP_DISK_FRACTION`` of the free disk.
+    The configuration is locked before the connection is returned.
     """
     config = {**SANDBOX_CONFIG, **DIALECT_CONFIG}
     config["memory_limit"] = f"{memory_limit_bytes or default_memory_limit_bytes()}B"
@@ -110,6 +111,11 @@ def connect(
         connection = duckdb.connect(path, read_only=read_only, config=config)
     except duckdb.IOException as error:
         raise errors.ObjectInUseError(f"cannot open {path}: {error}") from error
+    if temp_directory:
+        # Set after the open: in the open's config, DuckDB 2.0.1 may apply it before the
+        # temp directory and then refuse that as a change made with external access off.
+        size_bytes = _temp_directory_bytes_max(temp_directory)
+        connection.execute(f"SET max_temp_directory_size = '{size_bytes}B'")
     # From here on no statement can change a global setting (the sandbox refuses them
     # with 42501 before DuckDB would, but this holds even for a statement it missed).
     connection.execute("SET lock_configuration = true")
@@ -125,6 +131,12 @@ def default_memory_limit_bytes() -> int:
     if physical <= 0:
         return 4 * 1024**3
     return int(physical * limits.DUCKDB_MEMORY_FRACTION)
+
+
+def _temp_directory_bytes_max(temp_directory: str) -> int:
+    """``limits.DUCKDB_TEMP_DISK_FRACTION`` of the space free on the temp directory's disk."""
+    stats = os.statvfs(temp_directory)
+    return max(int(stats.f_bavail * stats.f_frsize * limits.DUCKDB_TEMP_DISK_FRACTION), 1)
 
 
 class SqlToken(NamedTuple):

@@ -61,6 +61,10 @@ TRANSACTIONS_MEMORY_BYTES_MAX = 256 * 1024 * 1024
 # What all open transactions together may stage, in memory and spilled: a cap on the
 # disk a few sessions can fill with writes that may never commit.
 TRANSACTIONS_STAGED_BYTES_MAX = 4 * 1024 * 1024 * 1024
+# Commits that read spilled writes back into memory at once (each at most twice
+# TRANSACTION_STAGED_BYTES_MAX while its batches are joined per partition); others wait
+# their turn, so a burst of large commits cannot add up to all the machine's memory.
+SPILLED_COMMITS_MAX = 2
 # A transaction open longer than this is rolled back at its next statement.
 TRANSACTION_DURATION_MS_MAX = 10 * 60 * 1000
 # Explicit transactions open at once in one database.
@@ -90,3 +94,7 @@ DUCKDB_EXPRESSION_DEPTH_MAX = 1000
 # machine's physical memory, leaving room for Python, the page cache and the store.
 # Beyond it DuckDB spills to ``<data>/tmp``.
 DUCKDB_MEMORY_FRACTION = 0.4
+# DuckDB's spill files in ``<data>/tmp`` may take at most this share of the disk space
+# free when the database opens (DuckDB's own default is 90 %, which would leave topic
+# appends on the same disk without room).
+DUCKDB_TEMP_DISK_FRACTION = 0.25
