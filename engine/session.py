@@ -629,7 +629,7 @@ class Session:
                 transaction_id = committer.next_transaction_id()
             ticket = None
             if transaction.writes:
-                items = route_writes(database, transaction.writes)
+                items = route_writes(database, transaction.writes_to_commit())
                 items, ticket = committer.stage(transaction_id, items)
             if (transaction_id is None and not transaction.explicit and not transaction.leases
                     and not transaction.duckdb_open):  # fmt: skip

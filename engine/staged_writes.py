@@ -11,6 +11,10 @@ Across every open transaction, staged bytes (in memory and spilled) are capped b
 database carries on. A transaction's bytes are given back and its spill file deleted
 when it ends (commit, rollback, a failed commit, a closed or timed-out session).
 
+At COMMIT the spilled batches are read back into memory for staging and publishing
+(``engine.commit``); at most ``SPILLED_COMMITS_MAX`` commits do so at once (the others
+wait, holding no lock of the commit path), which bounds the memory large commits take.
+
 Spill file format: Arrow IPC record-batch messages (``RecordBatch.serialize``) back to
 back, each found by its (position, length) kept in memory with its schema; no header, no
 checksum: the file lives only as long as its transaction in this process, and a spill file
@@ -64,6 +68,7 @@ class StagedWrites:
         self._lock = threading.Lock()
         self._serials = itertools.count(1)
         self.total_bytes = 0  # staged by open transactions, in memory and spilled
+        self.read_back = threading.BoundedSemaphore(limits.SPILLED_COMMITS_MAX)
         self.memory_bytes = 0  # of which in memory
         self.removed_at_open = self._remove_leftovers()
 
@@ -116,6 +121,7 @@ class TransactionStaging:
         self._path: str | None = None
         self._fd: int | None = None
         self._size = 0
+        self._reading_back = False  # holds one of StagedWrites.read_back
 
     @property
     def spill_path(self) -> str | None:
@@ -144,6 +150,13 @@ class TransactionStaging:
         self._size += message.size
         return spilled
 
+    def start_read_back(self) -> None:
+        """Before a COMMIT reads spilled batches back: wait for a turn (``release`` gives
+        it back). Nothing to wait for when nothing was spilled."""
+        if self._fd is not None and not self._reading_back:
+            self._staged.read_back.acquire()
+            self._reading_back = True
+
     def read(self, spilled: SpilledBatch) -> pa.RecordBatch:
         """A spilled batch back (at COMMIT)."""
         assert self._fd is not None, "nothing was spilled"
@@ -155,6 +168,9 @@ class TransactionStaging:
         """The transaction ended: give back its bytes, delete its spill file (idempotent)."""
         self._staged.release(self.total_bytes, self.memory_bytes)
         self.total_bytes = self.memory_bytes = 0
+        if self._reading_back:
+            self._reading_back = False
+            self._staged.read_back.release()
         if self._fd is not None:
             self._staged.fs.close(self._fd)
             self._fd = None

@@ -114,6 +114,13 @@ class Transaction:
         self.writes.append(write)
         self.staged_bytes += write.nbytes
 
+    def writes_to_commit(self) -> list[PendingWrite]:
+        """The writes, for COMMIT to read: waits first for a turn to read spilled ones back
+        into memory (``engine.staged_writes``; ``release`` ends the turn)."""
+        if self.staging is not None:
+            self.staging.start_read_back()
+        return self.writes
+
     def release(self) -> None:
         """The transaction ended: give its staged bytes back, delete its spill file."""
         if self.staging is not None:

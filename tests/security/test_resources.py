@@ -11,6 +11,7 @@ import socket
 import struct
 import subprocess
 import sys
+import threading
 import time
 from pathlib import Path
 
@@ -283,6 +284,35 @@ def test_staged_writes_spill_to_disk_and_commit_whole(tmp_path: Path) -> None:
         writer.rollback()  # a rollback frees its share too
         assert staged.spill_files() == [] and staged.total_bytes == 0
         assert bystander.execute(count).fetchone()[0] == 96
+        writer.close()
+        bystander.close()
+
+
+def test_commits_reading_spilled_writes_back_take_turns(tmp_path: Path) -> None:
+    with running_server(tmp_path, auth="trust") as server:
+        staged = server.database.staged_writes
+        bystander = login(server, BOB, "")
+        bystander.execute("CREATE TOPIC events")
+        writer = login(server, ALICE, "", autocommit=False)
+        _stage(writer, 12)
+        turns = limits.SPILLED_COMMITS_MAX
+        for _ in range(turns):  # other large commits hold every turn
+            assert staged.read_back.acquire(blocking=False)
+        committing = threading.Thread(target=writer.commit)
+        committing.start()
+        committing.join(timeout=0.5)
+        assert committing.is_alive()  # waits for a turn, holding no lock of the commit path
+        count = "SELECT count(*) FROM TOPIC events WITH (partition = 0)"
+        assert bystander.execute(count).fetchone() == (0,)
+        bystander.execute("INSERT INTO TOPIC events (data) VALUES ('others commit meanwhile')")
+        staged.read_back.release()
+        committing.join(timeout=30)
+        assert not committing.is_alive()
+        assert bystander.execute(count).fetchone() == (49,)
+        for _ in range(turns - 1):
+            staged.read_back.release()
+        for _ in range(turns):  # every turn was given back
+            assert staged.read_back.acquire(blocking=False)
         writer.close()
         bystander.close()
 
