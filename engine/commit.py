@@ -63,8 +63,9 @@ import pyarrow as pa
 from engine import tables
 from engine.catalog import SCHEMA
 from engine.commit_order import CommitOrder, CommitSlot
-from storage import failpoints
-from storage.errors import StorageIOError, UndefinedTopicError
+from storage import failpoints, limits
+from storage.errors import LimitExceededError, StorageIOError, UndefinedTopicError
+from storage.record_batch import check_wire_batch
 from storage.staging import StagedBatch, StagingLog, StagingTicket
 
 log = logging.getLogger(__name__)
@@ -117,12 +118,31 @@ def route_writes(database, writes) -> list[PublishItem]:
             grouped.setdefault((write.topic_id, int(partition)), []).append(
                 write.batch.take(pa.array(rows))
             )
-    return [
+    items = [
         PublishItem(
             topic_id, partition, batches[0] if len(batches) == 1 else pa.concat_batches(batches)
         )
         for (topic_id, partition), batches in grouped.items()
     ]
+    for item in items:
+        _check_publishable(database, item)
+    return items
+
+
+def _check_publishable(database, item: PublishItem) -> None:
+    """Refuse (54000), before anything is staged or committed, a partition's share that one
+    publish could not write (over ``BATCH_BYTES_MAX`` or ``BATCH_MESSAGES_MAX``): past the
+    commit point the publish would fail, and be retried, for ever."""
+    try:
+        check_wire_batch(item.batch)
+    except LimitExceededError as error:
+        names = [e.name for e in database.catalog.entries() if e.topic_id == item.topic_id]
+        name = names[0] if names else item.topic_id
+        raise LimitExceededError(
+            f"a transaction may write at most {limits.BATCH_BYTES_MAX} bytes and "
+            f"{limits.BATCH_MESSAGES_MAX} messages to one partition (topic {name}, partition "
+            f"{item.partition}): {error}; commit in smaller transactions"
+        ) from None
 
 
 class Committer:

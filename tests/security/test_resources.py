@@ -317,6 +317,29 @@ def test_commits_reading_spilled_writes_back_take_turns(tmp_path: Path) -> None:
         bystander.close()
 
 
+def test_a_partition_share_too_big_to_publish_is_refused_before_the_commit_point(
+    tmp_path: Path,
+) -> None:
+    with running_server(tmp_path, auth="trust") as server:
+        bystander = login(server, BOB, "")
+        bystander.execute("CREATE TOPIC events")
+        writer = login(server, ALICE, "", autocommit=False)
+        _stage(writer, limits.BATCH_BYTES_MAX // MIB + 2)  # one partition, one publish
+        with pytest.raises(psycopg.Error) as caught:
+            writer.commit()
+        assert caught.value.sqlstate == "54000"
+        assert "to one partition" in str(caught.value)
+        count = "SELECT count(*) FROM TOPIC events WITH (partition = 0)"
+        assert bystander.execute(count).fetchone() == (0,)  # nothing committed, all rolled back
+        assert server.database.staged_writes.total_bytes == 0
+        _stage(writer, 2)  # the database and the session carry on
+        writer.commit()
+        bystander.execute("INSERT INTO TOPIC events (data) VALUES ('after')")
+        assert bystander.execute(count).fetchone() == (9,)
+        writer.close()
+        bystander.close()
+
+
 def test_staged_writes_have_a_global_cap(tmp_path: Path) -> None:
     with running_server(tmp_path, auth="trust") as server:
         staged = server.database.staged_writes
