@@ -20,6 +20,17 @@ the statement and keeps the result for Execute. CancelRequest cancels the runnin
 statement of the connection it names.
 A malformed startup packet or message gets an ErrorResponse and the connection closes;
 the server keeps running.
+
+Connection lifecycle (``sql.pgwire.limits.Admission``): a socket must log in within the
+authentication deadline (10 s) and, until it has, counts among the sockets still logging
+in (their own cap; a flood's oldest are pushed out), never among the sessions of
+``max_connections``, whose last ``superuser_reserved_connections`` are for superusers
+(53300). Failed logins are throttled per address and user name (``sql.pgwire.
+login_throttle``). A session idle past ``idle_session_timeout`` or, in a transaction,
+``idle_in_transaction_session_timeout`` gets FATAL 57P05 / 25P03 and is closed (its
+transaction rolled back, its staged writes freed). An exception that is not a
+``TopicbaseError`` reaches the client as XX000 with an id, its traceback only in the log
+(``sql.internal_error``). Statement text reaches the log only under ``log_statement``.
 """
 
 from __future__ import annotations
