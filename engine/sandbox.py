@@ -143,7 +143,7 @@ def _refusal(sql: str, superuser: bool) -> str | None:
         )
     kind = kinds[0][0]
     tokens = tables.sql_tokens(sql)
-    reason = _token_refusal(tokens)
+    reason = _token_refusal(sql, tokens)
     if reason is not None:
         return reason
     check = _CHECKS_BY_TYPE.get(kind)
@@ -153,9 +153,9 @@ def _refusal(sql: str, superuser: bool) -> str | None:
 
 
 # -- what DuckDB's lexer sees --------------------------------------------------------------
-def _token_refusal(tokens: list[tables.SqlToken]) -> str | None:
+def _token_refusal(sql: str, tokens: list[tables.SqlToken]) -> str | None:
     """The internal schema named anywhere, or a refused function called anywhere."""
-    denied = _denied_functions()
+    denied, ambiguous = _denied_functions()
     for index, token in enumerate(tokens):
         if token.kind not in ("identifier", "keyword"):
             continue
@@ -163,9 +163,34 @@ def _token_refusal(tokens: list[tables.SqlToken]) -> str | None:
         if name == INTERNAL_SCHEMA:
             return _internal_schema_refusal()
         called = index + 1 < len(tokens) and tokens[index + 1].text == "("
-        if called and name in denied and not _names_a_relation(tokens, index):
+        if not called or name not in denied or _names_a_relation(tokens, index):
+            continue
+        calls = sum(
+            1 for at, other in enumerate(tokens[:-1])
+            if tokens[at + 1].text == "(" and _identifier(other.text) == name
+        )
+        if name not in ambiguous or _called_as_relation(sql, name, calls):
             return _function_refusal(name)
     return None
+
+
+def _called_as_relation(sql: str, name: str, calls: int) -> bool:
+    """True unless sqlglot's tree shows all ``calls`` of ``name`` (a refused table function
+    that is also an aggregate or scalar, like ``histogram``) in expressions: the nearest
+    enclosing query is reached without passing a FROM, JOIN or LATERAL item."""
+    tree = _tree(sql)
+    found = [] if tree is None else [
+        call for call in tree.find_all(exp.Anonymous) if call.name.lower() == name
+    ]
+    if len(found) != calls:
+        return True  # sqlglot and DuckDB's lexer disagree: refuse
+    for call in found:
+        parent = call.parent
+        while parent is not None and not isinstance(parent, exp.Query):
+            if isinstance(parent, exp.Table | exp.Lateral | exp.From | exp.Join):
+                return True
+            parent = parent.parent
+    return False
 
 
 def _identifier(text: str) -> str:
@@ -186,8 +211,11 @@ def _names_a_relation(tokens: list[tables.SqlToken], index: int) -> bool:
 
 
 @functools.cache
-def _denied_functions() -> frozenset[str]:
-    return (tables.table_function_names() - ALLOWED_TABLE_FUNCTIONS) | DENIED_SCALAR_FUNCTIONS
+def _denied_functions() -> tuple[frozenset[str], frozenset[str]]:
+    """The refused table functions, and those of them that are also an expression
+    function of the same name (refused only where they stand for a relation)."""
+    denied = (tables.table_function_names() - ALLOWED_TABLE_FUNCTIONS) | DENIED_SCALAR_FUNCTIONS
+    return denied, (denied & tables.expression_function_names()) - DENIED_SCALAR_FUNCTIONS
 
 
 def _function_refusal(name: str) -> str:

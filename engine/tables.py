@@ -213,18 +213,31 @@ def _parser() -> Connection:
     return connection
 
 
-@functools.cache
 def table_function_names() -> frozenset[str]:
     """Every table function and table macro DuckDB has built in (lower case)."""
+    return _function_names()[0]
+
+
+def expression_function_names() -> frozenset[str]:
+    """Every scalar, aggregate and window function and macro DuckDB has built in (lower
+    case); a few names are both (``histogram``)."""
+    return _function_names()[1]
+
+
+@functools.cache
+def _function_names() -> tuple[frozenset[str], frozenset[str]]:
     connection = connect(":memory:", memory_limit_bytes=_PARSER_MEMORY_BYTES)
     try:
         rows = connection.execute(
-            "SELECT DISTINCT lower(function_name) FROM duckdb_functions() "
-            "WHERE function_type IN ('table', 'table_macro')"
+            "SELECT DISTINCT lower(function_name), function_type IN ('table', 'table_macro') "
+            "FROM duckdb_functions() WHERE function_type <> 'pragma'"
         ).fetchall()
     finally:
         connection.close()
-    return frozenset(str(row[0]) for row in rows)
+    return (
+        frozenset(str(name) for name, is_table in rows if is_table),
+        frozenset(str(name) for name, is_table in rows if not is_table),
+    )
 
 
 def translate(error: duckdb.Error) -> errors.TopicbaseError:
