@@ -6,6 +6,8 @@ from __future__ import annotations
 
 import logging
 import re
+import subprocess
+import sys
 from pathlib import Path
 
 import psycopg
@@ -22,6 +24,7 @@ from tests.security.resource_servers import (
     running_server,
 )
 
+REPO = Path(__file__).resolve().parents[2]
 SECRET = "secret-detail-/etc/shadow"
 MARKER = "needle-7f3a"  # in statements whose text must not reach the log
 
@@ -142,3 +145,38 @@ def test_log_statement_is_for_superusers_to_turn_on(
     assert f"{MARKER}-ddl" in logged and f"{MARKER}-all" in logged
     assert f"{MARKER}-select" not in logged and f"{MARKER}-mod" not in logged
     assert f"{MARKER}-after-reset" not in logged
+
+
+def _serve(tmp_path: Path, *options: str) -> tuple[subprocess.Popen[str], int]:
+    command = [sys.executable, "-c", "import sys; from sql.console import main; "
+               "sys.exit(main(sys.argv[1:]))", "--data-dir", str(tmp_path / "data"), "serve",
+               "--auth", "trust", "--port", "0", "--flight-port", "0", *options]  # fmt: skip
+    process = subprocess.Popen(command, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                               text=True, cwd=REPO)  # fmt: skip
+    assert process.stdout is not None
+    line = process.stdout.readline()
+    assert "serving" in line, line
+    return process, int(line.rsplit(":", 1)[1])
+
+
+def _stop(process: subprocess.Popen[str]) -> str:
+    """Stop the server; its log (stderr)."""
+    process.terminate()
+    _, log_text = process.communicate(timeout=30)
+    return log_text
+
+
+@pytest.mark.parametrize("options", [(), ("--log-statement", "all")])
+def test_topicbase_serve_logs_statements_only_when_asked(tmp_path: Path, options) -> None:
+    process, port = _serve(tmp_path, *options, "--idle-session-timeout", "5min")
+    try:
+        for _ in range(2):  # a second client is served as well
+            with psycopg.connect(host="127.0.0.1", port=port, user="u", autocommit=True,
+                                 connect_timeout=10) as connection:  # fmt: skip
+                assert connection.execute("SHOW idle_session_timeout").fetchone() == ("300000ms",)
+                connection.execute(f"SELECT '{MARKER}'")
+                with pytest.raises(psycopg.Error):
+                    connection.execute(f"SELEC '{MARKER}-typo'")
+    finally:
+        log_text = _stop(process)
+    assert (MARKER in log_text) == bool(options), log_text
