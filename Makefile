@@ -33,8 +33,13 @@ test: lint spark-jar
 	$(PY) -m pytest -q -p no:cacheprovider; rc=$$?; \
 	if [ $$rc -eq 5 ]; then echo "pytest collected no tests: failing"; exit 1; fi; exit $$rc
 
-# The main job: YDB's resharding scenario, a worker killed midway, then verified.
-demo: $(STAMP)
+# The main job: the pipeline on Spark (topicbase serve + Spark streaming queries), the
+# resharding query killed midway and restarted from its checkpoint, then verified.
+demo: $(STAMP) java
+	$(PY) -m bench.demo_spark --data-dir ./demo-data/spark
+
+# The same scenario in SQL transactions, with no Spark: workers killed midway, verified.
+demo-sql: $(STAMP)
 	$(PY) -m bench.demo_pipeline --data-dir ./demo-data
 
 # The storage walk-through: two producers, a resend skipped as duplicates.

@@ -44,20 +44,33 @@ def parse(argv: list[str]) -> argparse.Namespace:
 
 
 def session(master: str) -> object:
+    """A SparkSession with the source registered (an editable install hides the
+    ``pyspark_topicbase`` module from Spark's discovery); local masters stay on loopback."""
     from pyspark.sql import SparkSession
 
-    return (SparkSession.builder.master(master).appName("topicbase-pipeline")
-            .config("spark.ui.enabled", "false")
-            .config("spark.sql.shuffle.partitions", "2")
-            .config("spark.sql.session.timeZone", "UTC")
-            .config("spark.driver.extraJavaOptions", "-XX:+UseSerialGC")
-            .getOrCreate())  # fmt: skip
+    import spark_sql_ext
+
+    # Spark's Python workers run this interpreter (its packages: pyarrow, spark_sql_ext).
+    os.environ.setdefault("PYSPARK_PYTHON", sys.executable)
+    builder = (SparkSession.builder.master(master).appName("topicbase-pipeline")
+               .config("spark.ui.enabled", "false")
+               .config("spark.ui.showConsoleProgress", "false")
+               .config("spark.sql.shuffle.partitions", "2")
+               .config("spark.sql.session.timeZone", "UTC")
+               .config("spark.driver.extraJavaOptions", "-XX:+UseSerialGC"))  # fmt: skip
+    if master.startswith("local"):
+        os.environ.setdefault("SPARK_LOCAL_IP", "127.0.0.1")
+        builder = (builder.config("spark.driver.host", "127.0.0.1")
+                   .config("spark.driver.bindAddress", "127.0.0.1"))  # fmt: skip
+    spark = builder.getOrCreate()
+    spark.sparkContext.setLogLevel("ERROR")
+    spark_sql_ext.register(spark)
+    return spark
 
 
 def main(argv: list[str] | None = None) -> int:
     arguments = parse(sys.argv[1:] if argv is None else argv)
     spark = session(arguments.master)
-    spark.sparkContext.setLogLevel("ERROR")  # type: ignore[attr-defined]
     connection = pipelines.Connection(arguments.url, arguments.user, arguments.password)
     common = {"consumer": arguments.consumer, "once": arguments.once,
               "interval": arguments.interval, "max_per_trigger": arguments.max_per_trigger}
