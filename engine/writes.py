@@ -200,15 +200,29 @@ def _nulls(count: int, kind: pa.DataType) -> pa.Array:
     return cached
 
 
+def _bounds(values: pa.Array) -> tuple[int, int] | None:
+    """The smallest and largest of an int64 or timestamp array as integers, nulls left
+    out; None if all are null. Without nulls, numpy over the data buffer: a compute call
+    costs several microseconds, and this runs for every statement."""
+    count = len(values)
+    if values.null_count == count:
+        return None
+    if values.null_count == 0:
+        raw = np.frombuffer(values.buffers()[1], dtype=np.int64, count=count,
+                            offset=values.offset * 8)  # fmt: skip
+        return int(raw.min()), int(raw.max())
+    bounds = pc.min_max(pc.cast(values, pa.int64())).as_py()
+    return bounds["min"], bounds["max"]
+
+
 def _non_negative(column: pa.Array, name: str) -> pa.Array:
     """``column`` (int64) if no value is negative; else 22003 (the upper end, 2^63-1, is
     int64's own: a bigger value already failed its cast)."""
-    if column.null_count < len(column):
-        lowest = pc.min(column).as_py()
-        if lowest is not None and lowest < 0:
-            raise NumericValueOutOfRangeError(
-                f'column "{name}": {lowest} is out of range (0 to {INT64_MAX})'
-            )
+    bounds = _bounds(column)
+    if bounds is not None and bounds[0] < 0:
+        raise NumericValueOutOfRangeError(
+            f'column "{name}": {bounds[0]} is out of range (0 to {INT64_MAX})'
+        )
     return column
 
 
@@ -218,7 +232,9 @@ def _created_at(table: pa.Table, count: int, clock: Clock) -> pa.Array:
         return pa.Array.from_buffers(TIMESTAMP, count, [None, pa.py_buffer(now)])
     column = _single_chunk(table.column("created_at"))
     try:
-        if pa.types.is_timestamp(column.type) or pa.types.is_date(column.type):
+        if column.type == TIMESTAMP:
+            stamps = column
+        elif pa.types.is_timestamp(column.type) or pa.types.is_date(column.type):
             stamps = pc.cast(column, TIMESTAMP)
         elif pa.types.is_integer(column.type) or pa.types.is_null(column.type):
             stamps = pc.cast(pc.cast(column, pa.int64()), TIMESTAMP)  # microseconds
@@ -246,11 +262,8 @@ def _instant(value: str | None) -> datetime | None:
 
 def _readable_instants(stamps: pa.Array) -> pa.Array:
     """``stamps`` if every one lies in years 1..9999 (what readers return); else 22008."""
-    if stamps.null_count == len(stamps):
-        return stamps
-    micros = pc.cast(stamps, pa.int64())
-    bounds = pc.min_max(micros).as_py()
-    if bounds["min"] < CREATED_AT_US_MIN or bounds["max"] > CREATED_AT_US_MAX:
+    bounds = _bounds(stamps)
+    if bounds is not None and (bounds[0] < CREATED_AT_US_MIN or bounds[1] > CREATED_AT_US_MAX):
         raise DatetimeFieldOverflowError(
             'column "created_at": timestamp out of range (finite, years 1 to 9999 UTC)'
         )
