@@ -28,6 +28,7 @@ from __future__ import annotations
 
 import bisect
 import functools
+import itertools
 import re
 import sys
 from collections.abc import Iterator
@@ -150,7 +151,7 @@ def statement_spans(source: SourceText) -> list[tuple[int, int]]:
 # -- statement complexity -------------------------------------------------------------------
 _OPENERS = "([{"
 _CLOSERS = {")": "(", "]": "[", "}": "{"}
-_COMPLEX_WORD = re.compile(r"case|union|except|intersect", re.IGNORECASE)
+_COMPLEX_WORDS = ("case", "union", "except", "intersect")
 _COMPLEXITY_ITEM = re.compile(
     r"""
     (?P<skip>(?<![\w$])[eE]'(?:[^'\\]|\\.|'')*'|'(?:[^']|'')*'|"(?:[^"]|"")*"|`[^`]*`
@@ -162,6 +163,16 @@ _COMPLEXITY_ITEM = re.compile(
     """,
     re.VERBOSE,
 )
+# Strings, quoted identifiers and line comments, as _COMPLEXITY_ITEM's "skip" reads them.
+_NOT_CODE = re.compile(
+    r"""(?<![\w$])[eE]'(?:[^'\\]|\\.|'')*'|'(?:[^']|'')*'|"(?:[^"]|"")*"|`[^`]*`|--[^\n]*"""
+)
+# Over lower-cased text without strings.
+_CASE_OR_END = re.compile(r"(?<![\w$])(?:case|end)(?![\w$])")
+_SET_OPERATION = re.compile(r"(?<![\w$])(?:union|except|intersect)(?![\w$])")
+_NOT_BRACKET = re.compile(r"[^()]+")
+_AS_PARENTHESES = str.maketrans("[{]}", "(())")
+_DEPTH_CHANGE = {"(": 1, ")": -1}
 
 
 def check_complexity(source: SourceText, start: int, end: int) -> None:
@@ -171,12 +182,53 @@ def check_complexity(source: SourceText, start: int, end: int) -> None:
     comments do not count.
 
     Most statements are cleared by two C-speed scans (bracket count, no CASE or set
-    operation word at all); the rest take one regex pass that skips strings whole.
+    operation word at all); most others (a long ``VALUES`` list) by a few more, over the
+    text without its strings; only a statement with block comments, dollar quotes or one
+    about to be refused takes the exact pass, item by item, that names the place.
     """
     text = source.text
-    opened = sum(text.count(mark, start, end) for mark in _OPENERS)
-    if opened <= limits.NESTING_DEPTH_MAX and _COMPLEX_WORD.search(text, start, end) is None:
+    segment = text[start:end]
+    opened = sum(segment.count(mark) for mark in _OPENERS)
+    if opened <= limits.NESTING_DEPTH_MAX:
+        lowered = segment.lower()
+        if not any(word in lowered for word in _COMPLEX_WORDS):
+            return
+    if "/*" not in segment and "$" not in segment and _within_limits(segment):
         return
+    _check_exactly(source, start, end)
+
+
+def _within_limits(segment: str) -> bool:
+    """True if ``segment`` (without block comments or dollar quotes) is surely within
+    both limits; False means "look exactly"."""
+    code = _code_of(segment).lower()
+    if any(word in code for word in _COMPLEX_WORDS[1:]) and (
+        len(_SET_OPERATION.findall(code)) > limits.SET_OPERATIONS_MAX
+    ):
+        return False
+    if "case" in code:  # without CASE, an END closes nothing
+        code = _CASE_OR_END.sub(lambda word: "(" if word.group() == "case" else ")", code)
+    brackets = _NOT_BRACKET.sub("", code.translate(_AS_PARENTHESES))
+    if not brackets:
+        return True
+    depths = itertools.accumulate(map(_DEPTH_CHANGE.__getitem__, brackets))
+    # A stray closer would hide that many levels from the running sum: look exactly.
+    lowest = min(itertools.accumulate(map(_DEPTH_CHANGE.__getitem__, brackets)))
+    return lowest >= 0 and max(depths) <= limits.NESTING_DEPTH_MAX
+
+
+def _code_of(segment: str) -> str:
+    """``segment`` without its strings, quoted identifiers and line comments. Plain ''
+    strings alone (a long VALUES list) are cut out by one split: the pieces between
+    quotes alternate code, string (an escaped '' gives an empty code piece)."""
+    if '"' in segment or "`" in segment or "--" in segment or _may_have_escape_string(segment):
+        return _NOT_CODE.sub(" ", segment)
+    return " ".join(segment.split("'")[0::2])
+
+
+def _check_exactly(source: SourceText, start: int, end: int) -> None:
+    """The item-by-item pass of ``check_complexity``; raises at the item over a limit."""
+    text = source.text
     stack: list[str] = []
     set_operations = 0
     position = start

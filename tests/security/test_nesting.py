@@ -117,6 +117,37 @@ def test_the_prescan_skips_strings_identifiers_comments_and_dollar_quotes() -> N
         check_complexity(SourceText(sql), 0, len(sql))  # no error
 
 
+# Ways to hide depth from a scan that does not read strings, identifiers and comments
+# as the parsers do; each is still too deep.
+EVASIONS = {
+    "closers in strings": "SELECT " + "(')' " * 300 + "1" + ")" * 300,
+    "closers in identifiers": "SELECT " + '(")" ' * 300 + "1" + ")" * 300,
+    "closers in comments": "SELECT " + "(-- )\n" * 300 + "1" + ")" * 300,
+    "closers in block comments": "SELECT " + "(/* ) */ " * 300 + "1" + ")" * 300,
+    "stray closers first": "SELECT " + ")" * 500 + "(" * 300 + "1" + ")" * 300,
+    "END in strings": "SELECT " + "CASE WHEN 'end' = 'x' THEN " * 300 + "1" + " END" * 300,
+    "mixed brackets": "SELECT " + "[{(" * 70 + "1" + ")}]" * 70,
+}
+
+
+@pytest.mark.parametrize("sql", EVASIONS.values(), ids=EVASIONS.keys())
+def test_hidden_depth_is_still_found(sql: str) -> None:
+    from grammar.split import SourceText
+
+    with pytest.raises(StatementTooComplexError):
+        check_complexity(SourceText(sql), 0, len(sql))
+
+
+def test_long_values_lists_are_not_too_complex() -> None:
+    from grammar.split import SourceText
+
+    rows = ", ".join(f"('message ({index}', {index})" for index in range(20_000))
+    sql = f"INSERT INTO TOPIC ev (data, seq_no) VALUES {rows}"
+    check_complexity(SourceText(sql), 0, len(sql))
+    words = " UNION ALL ".join(["SELECT 'union except intersect'"] * 500)
+    check_complexity(SourceText(words), 0, len(words))
+
+
 def test_raising_duckdb_expression_depth_is_refused_so_deep_expressions_cannot_crash(
     session: Session,
 ) -> None:
