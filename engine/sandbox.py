@@ -32,7 +32,8 @@ The rules, each a way out of the sandbox that is closed here:
   iteration and DuckDB's catalog metadata, which the pg_catalog emulation uses); every
   other built-in one is refused wherever it is called (``read_*``, ``glob``,
   ``parquet_*``, ``sniff_csv`` read files; ``query``, ``query_table``,
-  ``json_execute_serialized_sql`` and ``histogram`` run SQL given as a string;
+  ``json_execute_serialized_sql`` and the table macro ``histogram`` (not the aggregate of
+  that name) run SQL given as a string, or read a table named in an argument;
   ``checkpoint``, ``enable_logging``, ``arrow_scan``, ``which_secret`` … change state or
   reach memory and secrets).
 - **The internal catalog.** No identifier anywhere in a statement may name the schema
@@ -44,8 +45,8 @@ Statements DuckDB itself cannot parse are let through: DuckDB refuses to run the
 its own syntax error. Nesting too deep for the parsers is ``StatementTooComplexError``
 (54001), never a ``RecursionError``.
 
-Pure apart from DuckDB's parser and lexer; results are cached by SQL text, so a
-repeated statement is classified once. Thread-safe.
+Pure apart from DuckDB's parser and lexer; results are cached by SQL text (statements
+up to ``CACHED_SQL_CHARS_MAX``), so a repeated statement is classified once. Thread-safe.
 """
 
 from __future__ import annotations
@@ -64,6 +65,8 @@ from planner.operations import Plan, RunQuery
 from storage.errors import InsufficientPrivilegeError, StatementTooComplexError
 
 CLASSIFICATION_CACHE_ENTRIES = 2048
+# Only statements up to this long are cached: 2,048 scripts of 16 MiB would hold 32 GiB.
+CACHED_SQL_CHARS_MAX = 8192
 
 ALLOWED_TABLE_FUNCTIONS = frozenset(
     {"range", "generate_series", "unnest", "repeat", "repeat_row"}
@@ -124,14 +127,16 @@ def check_plan(plan: Plan, identity: Identity) -> None:
 def check_sql(sql: str, *, superuser: bool) -> None:
     """Refuse ``sql`` (one DuckDB statement) unless the sandbox allows it."""
     try:
-        reason = _refusal(sql, superuser)
+        if len(sql) <= CACHED_SQL_CHARS_MAX:
+            reason = _cached_refusal(sql, superuser)
+        else:
+            reason = _refusal(sql, superuser)
     except RecursionError:
         raise StatementTooComplexError("statement too complex: nested too deeply") from None
     if reason is not None:
         raise InsufficientPrivilegeError(f"permission denied: {reason}")
 
 
-@functools.lru_cache(maxsize=CLASSIFICATION_CACHE_ENTRIES)
 def _refusal(sql: str, superuser: bool) -> str | None:
     """Why ``sql`` is refused, or None if it may run."""
     kinds = tables.statement_types(sql)
@@ -150,6 +155,9 @@ def _refusal(sql: str, superuser: bool) -> str | None:
     if check is None:
         return _REFUSED_TYPES.get(kind, f"DuckDB {kind} statements are not allowed")
     return check(sql, tokens, superuser)
+
+
+_cached_refusal = functools.lru_cache(maxsize=CLASSIFICATION_CACHE_ENTRIES)(_refusal)
 
 
 # -- what DuckDB's lexer sees --------------------------------------------------------------
