@@ -115,6 +115,8 @@ ESCAPES = [
     ("PRAGMA enable_profiling", "PRAGMA enable_profiling"),
     ("PRAGMA database_list", "PRAGMA database_list"),
     ("PRAGMA disable_checkpoint_on_shutdown", "PRAGMA disable_checkpoint_on_shutdown"),
+    ("PRAGMA force_checkpoint", "PRAGMA force_checkpoint"),
+    ("PRAGMA storage_info('t')", "PRAGMA storage_info"),
     # functions that run SQL from strings, reach memory or change state
     ("SELECT * FROM query('SELECT 1')", "runs SQL given as a string"),
     ("SELECT * FROM query_table('t')", "runs SQL given as a string"),
@@ -130,6 +132,9 @@ ESCAPES = [
     ("SELECT * FROM duckdb_databases()", "duckdb_databases()"),
     ("SELECT * FROM duckdb_temporary_files()", "duckdb_temporary_files()"),
     ("SELECT * FROM add_grammar_extension('x')", "add_grammar_extension()"),
+    ("SELECT * FROM test_all_types()", "test_all_types()"),
+    ("SELECT * FROM duckdb_extensions()", "duckdb_extensions()"),
+    ("SELECT * FROM python_map_function('t', 'f')", "python_map_function()"),
     ("CALL pragma_version()", "pragma_version()"),
     ("CALL dbgen(sf = 1)", "CALL"),
     # transaction control is Topicbase's
@@ -232,12 +237,15 @@ def test_global_settings_stay_as_topicbase_set_them(database: Database, session:
     settings = dict(rows(database.connect(), "SELECT name, value FROM duckdb_settings() WHERE "
                          "name IN ('enable_external_access', 'lock_configuration', "
                          "'autoinstall_known_extensions', 'autoload_known_extensions', "
-                         "'max_expression_depth', 'temp_directory')"))  # fmt: skip
+                         "'max_expression_depth', 'temp_directory', "
+                         "'python_enable_replacements')"))  # fmt: skip
     assert settings["enable_external_access"] == "false"
     assert settings["lock_configuration"] == "true"
     assert settings["autoinstall_known_extensions"] == "false"
     assert settings["autoload_known_extensions"] == "false"
     assert settings["max_expression_depth"] == "1000"
+    # A name in FROM never reads a Python variable of the engine's calling frame.
+    assert settings["python_enable_replacements"] == "false"
     assert settings["temp_directory"] == os.path.join(database.path, "tmp")
     assert os.path.isdir(settings["temp_directory"])
 
