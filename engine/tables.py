@@ -246,7 +246,7 @@ def translate(error: duckdb.Error) -> errors.TopicbaseError:
     text = _strip_prefix(message)
     lowered = message.lower()
     if isinstance(error, duckdb.ParserException | duckdb.BinderException) and (
-        "max expression depth" in lowered
+        text.lower().startswith("max expression depth")  # not the quoted query after it
     ):
         return errors.StatementTooComplexError(
             f"statement too complex: nesting deeper than {limits.DUCKDB_EXPRESSION_DEPTH_MAX}"
