@@ -241,10 +241,16 @@ def run_serve(argv: list[str]) -> int:
     limits, settings = serve_configuration(arguments)
     data_dir = arguments.data_dir or os.environ.get("TOPICBASE_DATA_DIR") or DEFAULT_DATA_DIR
 
-    def ready(port: int) -> None:
-        print(f"topicbase: serving {data_dir} on {arguments.host}:{port}", flush=True)
-
     flight_door = None
+
+    def ready(port: int) -> None:
+        # "serving" comes first: scripts and tests wait for that line.
+        print(f"topicbase: serving {data_dir} on {arguments.host}:{port}", flush=True)
+        if flight_door is not None:
+            scheme = "topicbase+tls" if arguments.tls_cert else "topicbase"
+            print(f"topicbase: Arrow Flight at {scheme}://{arguments.host}:{flight_door.port}",
+                  flush=True)  # fmt: skip
+
     try:
         flight_door = _start_flight_door(arguments, data_dir)
         server.serve(data_dir, arguments.host, arguments.port, arguments.auth, ready,
@@ -279,11 +285,15 @@ def _start_flight_door(arguments: argparse.Namespace, data_dir: str) -> Any:
                             users_file=arguments.users_file, tls_cert=arguments.tls_cert,
                             tls_key=arguments.tls_key,
                             staging_bytes_max=arguments.flight_staging_mb << 20)  # fmt: skip
+    except OSError:
+        database.close()
+        raise
+    except Exception as error:  # pyarrow reports a port in use as a generic ArrowException
+        database.close()
+        raise OSError(f"Arrow Flight on port {arguments.flight_port}: {error}") from error
     except BaseException:
         database.close()
         raise
-    scheme = "topicbase+tls" if arguments.tls_cert else "topicbase"
-    print(f"topicbase: Arrow Flight at {scheme}://{arguments.host}:{door.port}", flush=True)
     return door
 
 

@@ -435,12 +435,13 @@ def test_malformed_users_file_while_running_keeps_the_last_good_one(
 # -- the default: `topicbase serve` asks for SCRAM ----------------------------------------------
 def test_serve_defaults_to_scram_and_refuses_to_start_without_users(tmp_path: Path) -> None:
     data_dir = str(tmp_path / "data")
-    done = subprocess.run([TOPICBASE, "serve", "--data-dir", data_dir, "--port", "0"],
+    done = subprocess.run([TOPICBASE, "serve", "--data-dir", data_dir, "--port", "0",
+                           "--flight-port", "0"],
                           capture_output=True, text=True, timeout=60)  # fmt: skip
     assert done.returncode == 1
     assert "F0000" in done.stderr and "topicbase user add" in done.stderr
     assert run_user_add("frank", "--data-dir", data_dir, password="pw").returncode == 0
-    command = [TOPICBASE, "serve", "--data-dir", data_dir, "--port", "0"]
+    command = [TOPICBASE, "serve", "--data-dir", data_dir, "--port", "0", "--flight-port", "0"]
     process = subprocess.Popen(command, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
     try:
         assert process.stdout is not None

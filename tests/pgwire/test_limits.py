@@ -115,7 +115,7 @@ def test_cancel_is_served_when_full(limited: ServerThread, open_conn) -> None:
 def test_serve_max_connections_flag(tmp_path: Path) -> None:
     code = "import sys; from sql.console import main; sys.exit(main(sys.argv[1:]))"
     command = [sys.executable, "-c", code, "--data-dir", str(tmp_path / "d"), "serve",
-               "--auth", "trust"]  # fmt: skip
+               "--auth", "trust", "--flight-port", "0"]  # fmt: skip
     refused = subprocess.run([*command, "--max-connections", "0"], capture_output=True,
                              text=True, cwd=REPO, timeout=60)  # fmt: skip
     assert refused.returncode == 2 and "at least 1" in refused.stderr

@@ -157,7 +157,7 @@ def test_serve_command(tmp_path) -> None:
     code = "import sys; from sql.console import main; sys.exit(main(sys.argv[1:]))"
     process = subprocess.Popen(
         [sys.executable, "-c", code, "--data-dir", str(tmp_path / "d"), "serve", "--port", "0",
-         "--auth", "trust"],  # the default is scram, which needs a users file
+         "--flight-port", "0", "--auth", "trust"],  # scram, the default, needs a users file
         stdout=subprocess.PIPE, text=True, cwd=Path(__file__).parents[2],
     )  # fmt: skip
     try:
