@@ -295,6 +295,8 @@ def topicbase_server(directory: str) -> Iterator[int]:
         "127.0.0.1",
         "--port",
         "0",
+        "--flight-port",
+        "0",
         "--auth",
         "trust",
     ]
