@@ -6,7 +6,7 @@ streams its range's stored Arrow frames (``DoGet``) and yields them as Arrow rec
 whose types are the Spark schema's. A table is one task reading it through SQL. With
 ``spark.sql.python.filterPushdown.enabled``, filters on ``partition`` and ``offset`` are
 applied exactly by narrowing the ranges, and ``written_at >= t`` narrows them (Spark
-still checks it).
+still checks it) — with the source option ``pushFilters = true`` as well.
 
 Writes (batch and streaming, ``streaming.py``), exactly once: the writer object is pickled
 once, so the id made in its ``__init__`` names this write in every task and in the driver's
@@ -75,7 +75,10 @@ class TopicbaseDataSource(DataSource):
         request = _catalog_request(self.options)
         if request is not None:
             return CatalogRequestReader(dict(self.options), *request)
-        return TopicbaseReader(parse_options(self.options), schema)
+        options = parse_options(self.options)
+        if options.push_filters:
+            return TopicbaseFilteringReader(options, schema)
+        return TopicbaseReader(options, schema)
 
     def writer(self, schema: StructType, overwrite: bool) -> DataSourceArrowWriter:
         return TopicbaseWriter(parse_options(self.options), schema, overwrite)
@@ -154,39 +157,6 @@ class TopicbaseReader(DataSourceReader):
         self._high: int | None = None  # offsets < _high
         self._since_us: int | None = None
 
-    def pushFilters(self, filters: list[Filter]) -> Any:
-        """Keep the filters on partition and offset (applied exactly through the ranges);
-        written_at >= t narrows the ranges but stays with Spark too."""
-        for item in filters:
-            if self.options.topic and self._push(item):
-                continue
-            yield item
-
-    def _push(self, item: Filter) -> bool:
-        column = item.attribute[0] if len(item.attribute) == 1 else None
-        value = getattr(item, "value", None)
-        if column == "partition" and isinstance(item, EqualTo | In):
-            wanted = {int(v) for v in (value if isinstance(item, In) else (value,))}
-            self._partitions = wanted if self._partitions is None else self._partitions & wanted
-            return True
-        if column == "offset" and isinstance(value, int):
-            bounds = {GreaterThan: (value + 1, None), GreaterThanOrEqual: (value, None),
-                      LessThan: (None, value), LessThanOrEqual: (None, value + 1),
-                      EqualTo: (value, value + 1)}  # fmt: skip
-            low, high = bounds.get(type(item), (None, None))
-            if low is None and high is None:
-                return False
-            if low is not None:
-                self._low = low if self._low is None else max(self._low, low)
-            if high is not None:
-                self._high = high if self._high is None else min(self._high, high)
-            return True
-        if column == "written_at" and isinstance(item, GreaterThan | GreaterThanOrEqual):
-            moment = value
-            if hasattr(moment, "timestamp"):
-                self._since_us = int(moment.timestamp() * 1_000_000)
-        return False
-
     def partitions(self) -> Sequence[InputPartition]:
         options = self.options
         columns = list(options.columns) if options.columns else [f.name for f in self.schema]
@@ -221,6 +191,45 @@ class TopicbaseReader(DataSourceReader):
         if not isinstance(partition, RangePartition):
             return  # Spark's stand-in InputPartition(None) when there is no range to read
         yield from read_ticket(self.options, self.schema, partition.ticket)
+
+
+class TopicbaseFilteringReader(TopicbaseReader):
+    """The reader with filter pushdown: chosen by the option ``pushFilters = true``, to be
+    set together with ``spark.sql.python.filterPushdown.enabled`` (Spark 4.3 refuses a
+    reader that implements ``pushFilters`` while that setting is off)."""
+
+    def pushFilters(self, filters: list[Filter]) -> Any:
+        """Keep the filters on partition and offset (applied exactly through the ranges);
+        written_at >= t narrows the ranges but stays with Spark too."""
+        for item in filters:
+            if self.options.topic and self._push(item):
+                continue
+            yield item
+
+    def _push(self, item: Filter) -> bool:
+        column = item.attribute[0] if len(item.attribute) == 1 else None
+        value = getattr(item, "value", None)
+        if column == "partition" and isinstance(item, EqualTo | In):
+            wanted = {int(v) for v in (value if isinstance(item, In) else (value,))}
+            self._partitions = wanted if self._partitions is None else self._partitions & wanted
+            return True
+        if column == "offset" and isinstance(value, int):
+            bounds = {GreaterThan: (value + 1, None), GreaterThanOrEqual: (value, None),
+                      LessThan: (None, value), LessThanOrEqual: (None, value + 1),
+                      EqualTo: (value, value + 1)}  # fmt: skip
+            low, high = bounds.get(type(item), (None, None))
+            if low is None and high is None:
+                return False
+            if low is not None:
+                self._low = low if self._low is None else max(self._low, low)
+            if high is not None:
+                self._high = high if self._high is None else min(self._high, high)
+            return True
+        if column == "written_at" and isinstance(item, GreaterThan | GreaterThanOrEqual):
+            moment = value
+            if hasattr(moment, "timestamp"):
+                self._since_us = int(moment.timestamp() * 1_000_000)
+        return False
 
 
 @dataclass(frozen=True)

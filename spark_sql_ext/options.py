@@ -10,7 +10,9 @@ advisory, the read itself is positioned by Spark's checkpoint), ``splitRows`` (m
 per task at most), ``sinkId`` (writes: the idempotency key of a sink; required for
 streaming writes so a restarted query recognises its own batches), ``batchId`` (a batch
 write's id within its sink, e.g. foreachBatch's), ``mode`` (table writes: ``append``,
-``upsert`` or ``add`` — rows summed by key and added to the table's totals) and ``key``.
+``upsert`` or ``add`` — rows summed by key and added to the table's totals) and ``key``,
+``pushFilters`` (``true``: push filters on partition, offset and written_at; needs
+``spark.sql.python.filterPushdown.enabled``).
 
 Invariant: an ``Options`` is plain data (picklable), so readers and writers carry it to
 the tasks; the Flight client is made where it is used.
@@ -69,6 +71,7 @@ class Options:
     write_mode: str = "append"
     key: tuple[str, ...] = ()
     batch_id: int | None = None
+    push_filters: bool = False
 
     @property
     def target(self) -> dict[str, str]:
@@ -156,6 +159,7 @@ def parse_options(raw: Mapping[str, Any], *, streaming: bool = False) -> Options
         write_mode=_mode(options), key=tuple(
             k.strip() for k in options.get("key", "").split(",") if k.strip()),
         batch_id=None if options.get("batchid") is None else int(options["batchid"]),
+        push_filters=options.get("pushfilters", "false").lower() == "true",
     )  # fmt: skip
 
 

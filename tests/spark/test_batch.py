@@ -49,7 +49,8 @@ def test_columns_offsets_and_pushed_filters(spark, database, options) -> None:
     _fill(database)
     def reader():  # a DataFrameReader keeps the options set on it: one per read
         return spark.read.format("topicbase").options(**options, topic="events",
-                                                      columns="partition,offset,data")
+                                                      columns="partition,offset,data",
+                                                      pushFilters="true")
 
     frame = reader().option("startingOffsets", json.dumps({"0": 290, "1": -2})).option(
         "endingOffsets", json.dumps({"0": -1, "1": 5})).load()
@@ -123,3 +124,14 @@ def test_a_replayed_driver_commit_publishes_once(spark, database, options, clien
     writer.commit(ids)
     assert writer.last_outcome == {"status": "duplicate", "rows": 0}
     assert sql_rows(database, "SELECT count(*) AS n FROM TOPIC out") == [{"n": 4}]
+
+
+def test_reads_work_with_spark_filter_pushdown_off(spark, database, options) -> None:
+    """Spark's default: pushdown off. The plain reader (no pushFilters) must serve it."""
+    _fill(database, partitions=1, rows=5)
+    spark.conf.set("spark.sql.python.filterPushdown.enabled", "false")
+    try:
+        frame = spark.read.format("topicbase").options(**options, topic="events").load()
+        assert sorted(r.offset for r in frame.where("offset > 2").collect()) == [3, 4]
+    finally:
+        spark.conf.set("spark.sql.python.filterPushdown.enabled", "true")
