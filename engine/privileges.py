@@ -29,7 +29,7 @@ from typing import Any
 from engine import privilege_cache, tables
 from engine.catalog import OWNER_SUPERUSER, SCHEMA
 from engine.identity import Identity
-from planner.access import Access, relation_access, view_reads
+from planner.access import DATABASE_NAME, Access, relation_access, view_reads
 from planner.operations import (
     AlterTopicEntry,
     AppendRecords,
@@ -141,8 +141,13 @@ def require(session: Any, kind: str, name: str, privilege: str) -> None:
         return
     if kind == "topic":
         _require_topic(session, identity, name, privilege.upper())
-    else:
-        _require_relation(session, identity.name, name.lower(), privilege.upper(), 0)
+        return
+    parts = name.lower().split(".")
+    if parts[:1] == [DATABASE_NAME] and len(parts) == 3:
+        parts = parts[1:]
+    if parts[:1] == ["main"] and len(parts) == 2:
+        parts = parts[1:]  # main.t and tables.main.t are t, as planner.access names them
+    _require_relation(session, identity.name, ".".join(parts), privilege.upper(), 0)
 
 
 def _check_query(

@@ -278,6 +278,7 @@ def test_require_for_plan_less_doors(database: Database, admin: Session, alice: 
     admin.execute("GRANT SELECT ON TOPIC ev TO alice; GRANT INSERT ON t TO alice")
     privileges.require(alice, "topic", "ev", "SELECT")
     privileges.require(alice, "table", "t", "INSERT")
+    privileges.require(alice, "table", "tables.main.T", "insert")
     with pytest.raises(InsufficientPrivilegeError, match="table t"):
         privileges.require(alice, "table", "t", "SELECT")
     privileges.require(admin, "table", "t", "DELETE")  # a superuser
