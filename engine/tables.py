@@ -243,7 +243,7 @@ def _function_names() -> tuple[frozenset[str], frozenset[str]]:
 def translate(error: duckdb.Error) -> errors.TopicbaseError:
     """Map a DuckDB exception to a Topicbase error carrying a SQLSTATE."""
     message = str(error)
-    text = _strip_prefix(message)
+    text = _hidden_hints(_strip_prefix(message))
     lowered = message.lower()
     if isinstance(error, duckdb.ParserException | duckdb.BinderException) and (
         text.lower().startswith("max expression depth")  # not the quoted query after it
@@ -302,6 +302,15 @@ def translate(error: duckdb.Error) -> errors.TopicbaseError:
 
 def _strip_prefix(message: str) -> str:
     return re.sub(r"^[A-Za-z ]+ Error: ", "", message, count=1)
+
+
+# DuckDB's "Did you mean ...?" hint when it names the internal schema's tables: a user
+# who misspells a table must not learn the internal catalog's names from it.
+_INTERNAL_HINT = re.compile(r'\nDid you mean "__topicbase\.[^"\n]*"\?', re.IGNORECASE)
+
+
+def _hidden_hints(text: str) -> str:
+    return _INTERNAL_HINT.sub("", text) if "__topicbase" in text.lower() else text
 
 
 @contextmanager

@@ -361,3 +361,21 @@ def test_dbapi_refuses_escapes_as_the_console_does(tmp_path: Path) -> None:
     cursor.execute("SELECT 1")
     assert cursor.fetchall() == [(1,)]
     connection.close()
+
+
+def test_error_hints_do_not_name_the_internal_catalog(session: Session) -> None:
+    # DuckDB suggests the closest table it knows, the internal ones included.
+    for sql in ("SELECT * FROM offsets", "SELECT * FROM topcs", "SELECT * FROM transaction"):
+        error = refusal(session, sql)
+        assert "__topicbase" not in error.message, error.message
+
+
+def test_translated_hint_keeps_other_suggestions() -> None:
+    connection = tables.connect(":memory:")
+    try:
+        tables.run(connection, "CREATE TABLE orders (a INT)")
+        with pytest.raises(TopicbaseError) as caught:
+            tables.run(connection, "SELECT * FROM order_s")
+        assert 'Did you mean "orders"' in caught.value.message
+    finally:
+        connection.close()
