@@ -302,7 +302,7 @@ def _check_set(sql: str, tokens: list[tables.SqlToken], superuser: bool) -> str 
     if name not in SESSION_SETTINGS or scope == "GLOBAL":
         return _global_setting_refusal(name)
     value = assignment.expression
-    if not isinstance(value, exp.Literal | exp.Column | exp.Identifier):
+    if not isinstance(value, exp.Literal | exp.Var | exp.Column | exp.Identifier):
         return f"SET {name} takes a schema name or a list of them"
     if any(_identifier(part.strip()) == INTERNAL_SCHEMA
            for entry in value.name.split(",") for part in entry.split(".")):  # fmt: skip

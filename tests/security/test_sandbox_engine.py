@@ -167,6 +167,9 @@ INTERNAL = [
     "PRAGMA table_info('__topicbase.topics')",
     "SET search_path = '__topicbase'",
     "SET search_path = 'main,\"__TOPICBASE\"'",
+    "SET search_path = __topicbase",
+    "SET search_path TO ' __TOPICBASE '",
+    "SET SESSION search_path = 'tables.__topicbase'",
     "SET schema = '__topicbase'",
     "USE __topicbase",
     "PREPARE p AS SELECT * FROM __topicbase.topics",
@@ -282,6 +285,9 @@ def test_session_settings_on_the_allow_list_work(database: Database) -> None:
     admin.execute("SET search_path = 's2,main'")
     assert rows(admin, "SELECT x FROM only_here") == [(7,)]
     admin.execute("SET schema = 'main'")
+    admin.execute("SET search_path = s2")  # a bare name too
+    assert rows(admin, "SELECT x FROM only_here") == [(7,)]
+    admin.execute("SET search_path TO 'main'")
     other = database.connect()  # per connection: another session keeps its own path
     assert refusal(other, "SELECT x FROM only_here").sqlstate == "42P01"
     admin.close()
