@@ -133,12 +133,14 @@ class ConnectionCatalog:
         self.savepoints: list[str] = []
         self.changes = SettingChanges(lambda: self.settings)  # rollback and ParameterStatus
 
-    def start(self, parameters: dict[str, str]) -> None:
-        """Take the StartupMessage's user, database and application_name."""
+    def start(self, parameters: dict[str, str], *, superuser: bool = True) -> None:
+        """Take the StartupMessage's user, database and application_name, and whether the
+        authenticated user is a superuser."""
         self.user = parameters.get("user") or "topicbase"
         self.database = parameters.get("database") or self.user
         self.settings = PgSettings(
-            self.server_version, self.user, parameters.get("application_name", ""), self.defaults
+            self.server_version, self.user, parameters.get("application_name", ""), self.defaults,
+            superuser=superuser,
         )
 
     def execute(self, session: Session, statement: ast.Statement, parameters: Any) -> Result:

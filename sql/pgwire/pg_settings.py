@@ -239,8 +239,10 @@ class PgSettings:
     """The settings of one connection. ``values`` maps lower-case names to shown values."""
 
     def __init__(self, server_version: str, user: str, application_name: str,
-                 defaults: Mapping[str, str] | None = None) -> None:  # fmt: skip
-        """``defaults``: the server's own defaults for settings (checked here: 22023)."""
+                 defaults: Mapping[str, str] | None = None, *,
+                 superuser: bool = True) -> None:  # fmt: skip
+        """``defaults``: the server's own defaults for settings (checked here: 22023);
+        ``superuser``: whether the session's user is one (``is_superuser``)."""
         self._defaults = {key: setting.default for key, setting in _BY_NAME.items()}
         for name, value in (defaults or {}).items():
             setting = _BY_NAME[self.canonical(name)]
@@ -248,6 +250,7 @@ class PgSettings:
             self._defaults[self.canonical(name)] = setting.check(value)
         self._defaults["server_version"] = server_version
         self._defaults["session_authorization"] = user
+        self._defaults["is_superuser"] = "on" if superuser else "off"
         self._defaults["application_name"] = application_name
         self.values = dict(self._defaults)
 

@@ -436,7 +436,7 @@ class Connection:
             "session_authorization": identity.name,
             "application_name": startup.parameters.get("application_name", ""),
         }
-        self.catalog.start(startup.parameters)
+        self.catalog.start(startup.parameters, superuser=identity.superuser)
         self.send(m.authentication_ok())
         for name, value in parameters.items():
             self.send(m.parameter_status(name, value))

@@ -1,6 +1,6 @@
-"""SQL-level PREPARE/EXECUTE cannot reach what the door refuses: an ordinary user gets 42501
-when preparing (or, at the latest, executing) a statement over a table not granted to it,
-and never its rows."""
+"""What an ordinary user meets at the wire door: SQL PREPARE/EXECUTE cannot reach what the
+door refuses (42501 when preparing or, at the latest, executing a statement over a table
+not granted; never its rows), and ``SHOW is_superuser`` tells the truth."""
 
 from __future__ import annotations
 
@@ -24,3 +24,8 @@ def test_prepare_execute_reads_nothing_ungranted(wire_server) -> None:
     with pytest.raises(psycopg.errors.InsufficientPrivilege):
         alice.execute("SELECT * FROM secret")
     assert admin.execute("SELECT v FROM secret").fetchall() == [(42,)]
+
+
+def test_show_is_superuser_tells_the_truth(wire_server) -> None:
+    assert wire_server.login("alice").execute("SHOW is_superuser").fetchone() == ("off",)
+    assert wire_server.login("admin").execute("SHOW is_superuser").fetchone() == ("on",)
