@@ -254,6 +254,9 @@ def _allowed(sql: str, tokens: list[tables.SqlToken], superuser: bool) -> str | 
 
 def _check_definition(sql: str, tokens: list[tables.SqlToken], superuser: bool) -> str | None:
     """CREATE, DROP, ALTER of the object kinds users have; not secrets."""
+    # Secrets first, from DuckDB's own tokens, whatever sqlglot makes of the statement.
+    if _object_kind(tokens) == "SECRET":
+        return "secrets hold credentials for server-side file and network access; not allowed"
     tree = _tree(sql)
     if isinstance(tree, exp.Alter | exp.Comment):
         return None
@@ -264,20 +267,19 @@ def _check_definition(sql: str, tokens: list[tables.SqlToken], superuser: bool) 
         return f"CREATE/DROP {kind} is not allowed"
     if tokens and tokens[0].text.upper() == "DEALLOCATE":
         return None  # drops one of this connection's own prepared statements
-    if _created_kind(tokens) == "TYPE":
+    if _object_kind(tokens) == "TYPE" and tokens[0].text.upper() == "CREATE":
         return None  # CREATE TYPE mood AS ENUM (...): sqlglot cannot read it; nothing to reach
-    words = {token.text.upper() for token in tokens[:6] if token.kind == "keyword"}
-    if "SECRET" in words:
-        return "secrets hold credentials for server-side file and network access; not allowed"
     return "this definition is not one the sandbox can check (tables, views, macros, ...)"
 
 
-def _created_kind(tokens: list[tables.SqlToken]) -> str:
-    """The object kind of ``CREATE [OR REPLACE] [TEMP|TEMPORARY] kind ...``, else ''."""
+def _object_kind(tokens: list[tables.SqlToken]) -> str:
+    """The object kind of ``{CREATE|DROP|ALTER} [OR REPLACE] [TEMP|TEMPORARY|PERSISTENT]
+    kind ...`` as DuckDB's lexer reads it (upper case), else ''."""
     words = [token.text.upper() for token in tokens[:6]]
-    if not words or words[0] != "CREATE":
+    if not words or words[0] not in ("CREATE", "DROP", "ALTER"):
         return ""
-    rest = [w for w in words[1:] if w not in ("OR", "REPLACE", "TEMP", "TEMPORARY")]
+    modifiers = ("OR", "REPLACE", "TEMP", "TEMPORARY", "PERSISTENT")
+    rest = [word for word in words[1:] if word not in modifiers]
     return rest[0] if rest else ""
 
 

@@ -95,6 +95,8 @@ ESCAPES = [
     ("CREATE SECRET s (TYPE s3, KEY_ID 'k', SECRET 'v')", "secrets"),
     ("CREATE PERSISTENT SECRET s (TYPE s3, KEY_ID 'k', SECRET 'v')", "secrets"),
     ("DROP SECRET s", "secrets"),
+    ("CREATE OR REPLACE TEMPORARY SECRET s (TYPE s3, KEY_ID 'k', SECRET 'v')", "secrets"),
+    ("DROP PERSISTENT SECRET IF EXISTS s", "secrets"),
     ("SELECT * FROM duckdb_secrets()", "duckdb_secrets()"),
     ("SELECT * FROM which_secret('s3://b/k', 's3')", "which_secret()"),
     # global settings
@@ -297,6 +299,7 @@ def test_session_settings_on_the_allow_list_work(database: Database) -> None:
 def test_topicbase_features_work_inside_the_sandbox(database: Database) -> None:
     admin = database.connect()
     admin.execute("CREATE TABLE summary (a INT); INSERT INTO summary (a) VALUES (3)")
+    admin.execute("CREATE TABLE secret (a INT); DROP TABLE secret")  # a table, not a secret
     assert rows(admin, "SELECT a FROM summary") == [(3,)]  # a table named like a function
     assert rows(admin, "SELECT count(*) FROM range(5)") == [(5,)]
     # histogram() is also DuckDB's table macro over a named table; as an aggregate it stays
