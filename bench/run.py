@@ -28,6 +28,7 @@ SUITES: dict[str, str] = {
     "transactions": "bench.transactions_bench",
     "pgwire": "bench.pgwire_bench",
     "security": "bench.security_bench",
+    "spark": "bench.spark_bench",
 }
 
 

@@ -1,0 +1,154 @@
+"""Spark + Topicbase, next to Spark + Parquet in the same run (``bench.run`` name ``spark``).
+
+Data: N messages of 1 KiB (full 1M, quick 200k) in a topic of 4 partitions behind
+``topicbase serve`` (its own process, free loopback ports), and the same rows as Parquet
+written by Spark. Figures (rows/s):
+
+- batch write: Spark writes the rows to the topic (tasks DoPut, the driver commits) —
+  next to Spark writing them as Parquet; target >= 1x.
+- batch read: ``sum(length(data))`` and a ``groupBy(partition).count()`` over the topic —
+  next to the same over the Parquet files (which Spark must read, not answer from
+  metadata); target >= 0.8x.
+- streaming reshard: the ``reshard`` pipeline (AvailableNow) over the topic.
+- Flight DoGet of the whole topic (one client) — next to reading the segment files in
+  process (``engine.bulk_read``, after the server stopped).
+"""
+
+from __future__ import annotations
+
+import os
+import shutil
+import signal
+import sys
+import tempfile
+import time
+from typing import Any
+
+from bench.demo_spark import PASSWORD, USER, kill_group, start_server
+from spark_sql_ext import pipelines
+from spark_sql_ext.client import TopicbaseClient
+from sql.pgwire.users import add_user, default_users_path
+
+PARTITIONS = 4
+
+
+def _spark() -> Any:
+    from pyspark.sql import SparkSession
+
+    import spark_sql_ext
+
+    os.environ.setdefault("PYSPARK_PYTHON", sys.executable)
+    os.environ.setdefault("SPARK_LOCAL_IP", "127.0.0.1")
+    spark = (SparkSession.builder.master("local[2]").appName("topicbase-bench")
+             .config("spark.ui.enabled", "false").config("spark.ui.showConsoleProgress", "false")
+             .config("spark.sql.shuffle.partitions", "2")
+             .config("spark.driver.host", "127.0.0.1")
+             .config("spark.driver.bindAddress", "127.0.0.1")
+             .config("spark.driver.memory", "2g")
+             .config("spark.sql.session.timeZone", "UTC").getOrCreate())  # fmt: skip
+    spark.sparkContext.setLogLevel("ERROR")
+    spark_sql_ext.register(spark)
+    return spark
+
+
+def _timed(action: Any) -> float:
+    started = time.perf_counter()
+    action()
+    return time.perf_counter() - started
+
+
+def _rows(spark: Any, count: int) -> Any:
+    return spark.range(0, count, numPartitions=8).selectExpr(
+        "CAST(concat(lpad(CAST(id AS STRING), 12, '0'), repeat('x', 1012)) AS BINARY) AS data",
+        f"CAST(id % {PARTITIONS} AS INT) AS partition")
+
+
+def _scan(frame: Any) -> None:
+    frame.selectExpr("sum(length(data))").collect()
+    frame.groupBy("partition").count().collect()
+
+
+def run(recorder: Any) -> None:
+    count = 1_000_000 if recorder.suite == "full" else 200_000
+    # Each commit writes at most 100,000 messages to one partition (the engine's publish
+    # limit): a bigger write goes as several Spark writes.
+    chunk = PARTITIONS * 90_000
+    work = tempfile.mkdtemp(prefix="topicbase-spark-bench-")
+    data_dir = os.path.join(work, "data")
+    os.makedirs(data_dir)
+    add_user(default_users_path(data_dir), USER, PASSWORD, superuser=True)
+    server, port = start_server(data_dir)
+    url = f"topicbase://127.0.0.1:{port}"
+    options = {"url": url, "user": USER, "password": PASSWORD}
+    spark = _spark()
+    try:
+        with TopicbaseClient(url, USER, PASSWORD) as client:
+            client.action("execute", {"sql": f"CREATE TOPIC bench WITH (min_active_partitions "
+                                              f"= {PARTITIONS})"})  # fmt: skip
+            client.action("execute", {"sql": "CREATE TOPIC bench_by_key WITH "
+                                              "(min_active_partitions = 2)"})  # fmt: skip
+        recorder.progress(f"spark: writing {count:,} x 1 KiB rows as Parquet and to a topic")
+        parquet = os.path.join(work, "parquet")
+        _rows(spark, 1000).write.mode("overwrite").parquet(parquet)  # warm up
+        parquet_write = _timed(lambda: _rows(spark, count).write.mode("overwrite")
+                               .parquet(parquet))  # fmt: skip
+
+        def write_topic() -> None:
+            for start in range(0, count, chunk):
+                size = min(chunk, count - start)
+                (_rows(spark, size).write.format("topicbase").options(**options, topic="bench")
+                 .mode("append").save())  # fmt: skip
+
+        topic_write = _timed(write_topic)
+        _record_pair(recorder, "batch write", count, topic_write, parquet_write, 1.0)
+        recorder.progress("spark: batch reads")
+        topic = spark.read.format("topicbase").options(**options, topic="bench",
+                                                       columns="partition,data")
+        _scan(spark.read.parquet(parquet))  # warm up both paths once
+        _scan(topic.option("endingOffsets", '{"0": 1000, "1": 1000, "2": 1000, "3": 1000}')
+              .load())  # fmt: skip
+        topic = spark.read.format("topicbase").options(**options, topic="bench",
+                                                       columns="partition,data")
+        parquet_read = _timed(lambda: _scan(spark.read.parquet(parquet)))
+        topic_read = _timed(lambda: _scan(topic.load()))
+        _record_pair(recorder, "batch read (sum + groupBy)", count, topic_read, parquet_read, 0.8)
+        recorder.progress("spark: streaming reshard")
+        connection = pipelines.Connection(url, USER, PASSWORD)
+        reshard_s = _timed(lambda: pipelines.reshard(
+            spark, connection, "bench", "bench_by_key", "k", os.path.join(work, "cp"),
+            max_per_trigger=100_000).awaitTermination())  # fmt: skip
+        recorder.add("spark streaming reshard", count / reshard_s, "msgs/s", group="spark")
+        recorder.progress("spark: Flight DoGet")
+        with TopicbaseClient(url, USER, PASSWORD) as client:
+            doget_s = _timed(lambda: client.read_all({"topic": "bench", "columns": ["data"]}))
+    finally:
+        spark.stop()
+        kill_group(server, signal.SIGTERM)
+    segments_s = _read_segments(data_dir)
+    recorder.add("Flight DoGet of the topic (1 client)", count / doget_s, "msgs/s", group="spark",
+                 baseline="segment files read in process", baseline_value=count / segments_s)
+    shutil.rmtree(work, ignore_errors=True)
+
+
+def _read_segments(data_dir: str) -> float:
+    from engine.database import Database
+
+    database = Database.open(data_dir, retention_interval_s=None)
+    session = database.connect()
+    try:
+        started = time.perf_counter()
+        for offsets in session.bulk_cut("bench"):
+            for _ in session.bulk_read("bench", offsets, ["data"]):
+                pass
+        return time.perf_counter() - started
+    finally:
+        session.close()
+        database.close()
+
+
+def _record_pair(recorder: Any, name: str, count: int, topic_s: float, parquet_s: float,
+                 target: float) -> None:  # fmt: skip
+    ratio = parquet_s / topic_s
+    recorder.add(f"spark {name}", count / topic_s, "msgs/s", group="spark",
+                 baseline=f"Spark Parquet {name}", baseline_value=count / parquet_s,
+                 target=f">= {target}x Parquet", met=ratio >= target)  # fmt: skip
