@@ -29,7 +29,15 @@ from engine.writes import INSERT_COLUMNS
 from grammar import ast
 from grammar import settings as setting_rules
 from grammar.parse import parse, parse_one
-from grammar.split import SourceText, Token, split_statements, tokenize, unquote_identifier
+from grammar.split import (
+    SourceText,
+    Token,
+    matching_parenthesis,
+    split_statements,
+    tokenize,
+    unquote_identifier,
+    unquote_string,
+)
 
 __all__ = [
     "ABANDON_AFTER_S_DEFAULT",
@@ -52,6 +60,7 @@ __all__ = [
     "ast",
     "check_database",
     "from_table",
+    "matching_parenthesis",
     "parse",
     "parse_one",
     "parse_statements",
@@ -61,5 +70,6 @@ __all__ = [
     "split_statements",
     "tokenize",
     "unquote_identifier",
+    "unquote_string",
     "use_role_lookup",
 ]

@@ -45,15 +45,18 @@ from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
 
-from engine.check import check_database
-from engine.clock import SYSTEM_CLOCK
-from engine.database import Database
-from engine.session import Result, Session
-from engine.transaction import SessionState
-from grammar import ast
-from grammar import settings as setting_rules
-from grammar.parse import parse
-from grammar.split import split_statements
+from engine.api import (
+    SYSTEM_CLOCK,
+    Database,
+    Result,
+    Session,
+    SessionState,
+    ast,
+    check_database,
+    parse,
+    setting_rules,
+    split_statements,
+)
 from sql import formatting
 from sql.internal_error import internal_error
 from storage.errors import TopicbaseError

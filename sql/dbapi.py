@@ -40,11 +40,7 @@ from typing import Any
 
 import pyarrow as pa
 
-from engine.database import Database
-from engine.session import Result, Session, parse_statements
-from engine.transaction import SessionState
-from grammar import ast
-from grammar.parse import parse_one
+from engine.api import Database, Result, Session, SessionState, ast, parse_one, parse_statements
 from sql.formatting import iter_rows
 from sql.internal_error import internal_error
 from storage.errors import TopicbaseError

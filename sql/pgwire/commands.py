@@ -19,11 +19,7 @@ import asyncio
 import re
 from typing import TYPE_CHECKING, Any
 
-from engine.session import Result
-from engine.transaction import SessionState
-from grammar import ast
-from grammar.parse import parse
-from grammar.split import split_statements
+from engine.api import Result, SessionState, ast, parse, split_statements
 from sql.pgwire import copy, copy_statement, cursors, pg_catalog, result_stream, spill, types
 from sql.pgwire import messages as m
 from sql.pgwire.copy_format import error_context

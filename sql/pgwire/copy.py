@@ -27,9 +27,7 @@ import struct
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
-from engine import bulk
-from engine.writes import INSERT_COLUMNS
-from grammar.parse import parse
+from engine.api import INSERT_COLUMNS, parse, run_over_relation
 from sql.pgwire import copy_binary, result_stream, types
 from sql.pgwire import limits as wire_limits
 from sql.pgwire import messages as m
@@ -271,7 +269,7 @@ def _write(session: Any, decoder: CopyDecoder | BinaryCopyDecoder, target: _Targ
         condition = " OR ".join(f"bad{i}" for i, _, _ in checks)
         probe = (f"SELECT * FROM (SELECT {LINE_COLUMN}, {', '.join(names)}, {flags} FROM "
                  f"{{relation}}) WHERE {condition} ORDER BY {LINE_COLUMN} LIMIT 1")  # fmt: skip
-        found = bulk.run_over_relation(session, relation, [probe])[0].table
+        found = run_over_relation(session, relation, [probe])[0].table
         assert found is not None
         if found.num_rows:
             _raise_bad_value(found.to_pylist()[0], checks, target, decoder.relation)
@@ -285,7 +283,7 @@ def _write(session: Any, decoder: CopyDecoder | BinaryCopyDecoder, target: _Targ
         first, last = lines[start], lines[min(start + step, relation.num_rows) - 1]
         texts.append(f"{target.insert_head} SELECT {select} FROM {{relation}} WHERE "
                      f"{LINE_COLUMN} BETWEEN {first} AND {last}{order}")  # fmt: skip
-    bulk.run_over_relation(session, relation, texts)
+    run_over_relation(session, relation, texts)
 
 
 def _raise_bad_value(row: dict[str, Any], checks: list[tuple[int, str, str]], target: _Target,

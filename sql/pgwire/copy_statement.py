@@ -15,7 +15,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any
 
-from grammar.split import (
+from engine.api import (
     SourceText,
     Token,
     matching_parenthesis,

@@ -33,9 +33,15 @@ from typing import Any
 
 import pyarrow as pa
 
-from engine.session import Result, Session
-from engine.transaction import SessionState
-from grammar.split import SourceText, Token, tokenize, unquote_identifier
+from engine.api import (
+    Result,
+    Session,
+    SessionState,
+    SourceText,
+    Token,
+    tokenize,
+    unquote_identifier,
+)
 from storage.errors import (
     LimitExceededError,
     ObjectNotInPrerequisiteStateError,

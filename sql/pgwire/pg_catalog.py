@@ -41,9 +41,7 @@ import pyarrow as pa
 import sqlglot
 from sqlglot import expressions as exp
 
-from engine.session import Result, Session
-from engine.transaction import SessionState
-from grammar import ast
+from engine.api import Result, Session, SessionState, ast
 from sql.pgwire import pg_rewrite
 from sql.pgwire.pg_settings import PgSettings
 from sql.pgwire.setting_changes import SettingChanges

@@ -30,8 +30,7 @@ from typing import TYPE_CHECKING, Any
 
 import pyarrow as pa
 
-from engine.streams import BATCH_ROWS, RowStream, from_table
-from grammar import ast
+from engine.api import BATCH_ROWS, RowStream, ast, from_table
 from sql.pgwire import limits as wire_limits
 from sql.pgwire import types
 from storage.errors import LimitExceededError, TopicbaseError

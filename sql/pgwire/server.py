@@ -50,14 +50,18 @@ from typing import Any
 
 import pyarrow as pa
 
-from engine import privileges
-from engine.database import Database
-from engine.describe import Description
-from engine.identity import LOCAL_SUPERUSER_NAME, Identity
-from engine.session import Result, Session
-from engine.transaction import SessionState
-from grammar import ast
-from grammar.parse import parse
+from engine.api import (
+    LOCAL_SUPERUSER_NAME,
+    Database,
+    Description,
+    Identity,
+    Result,
+    Session,
+    SessionState,
+    ast,
+    parse,
+    use_role_lookup,
+)
 from sql.internal_error import internal_error
 from sql.pgwire import arrays, malloc_tuning, result_stream, types
 from sql.pgwire import auth as wire_auth
@@ -454,8 +458,8 @@ class Connection:
         if users is None:
             return Identity(user or LOCAL_SUPERUSER_NAME, superuser=True)
         # The engine asks too, for the owner of a view being read (engine.privileges).
-        privileges.use_role_lookup(self.server.database, users.is_superuser,
-                                   lambda: [entry.name for entry in users.entries()])
+        use_role_lookup(self.server.database, users.is_superuser,
+                        lambda: [entry.name for entry in users.entries()])
         return Identity(user, superuser=users.is_superuser(user))
 
     async def serve_messages(self) -> None:

@@ -18,8 +18,7 @@ from __future__ import annotations
 from collections.abc import Callable
 from typing import Any
 
-from engine.session import Session
-from engine.transaction import SessionState
+from engine.api import Session, SessionState
 from sql.pgwire.pg_settings import PgSettings
 
 # Settings whose changes PostgreSQL reports with ParameterStatus (its GUC_REPORT flag).
