@@ -35,8 +35,8 @@ from storage import errors, limits
 
 TABLES_FILE = "tables.duckdb"
 # The settings every DuckDB database of Topicbase is opened with; see the module doc.
+# (External access is turned off right after the open, see ``connect``.)
 SANDBOX_CONFIG: dict[str, Any] = {
-    "enable_external_access": False,
     "autoinstall_known_extensions": False,
     "autoload_known_extensions": False,
     "allow_community_extensions": False,
@@ -93,6 +93,7 @@ def connect(
     read_only: bool = False,
     memory_limit_bytes: int | None = None,
     temp_directory: str | None = None,
+    threads: int | None = None,
 ) -> Connection:
     """Open the DuckDB file (or ``:memory:``) sandboxed, refusing a file another process holds.
 
@@ -107,15 +108,20 @@ def connect(
     # An empty temp directory turns spilling off (else DuckDB would pick ``.tmp`` in the
     # working directory, or beside the file).
     config["temp_directory"] = temp_directory or ""
+    if temp_directory:
+        size_bytes = _temp_directory_bytes_max(temp_directory)
+        config["max_temp_directory_size"] = f"{size_bytes}B"
+    if threads is not None:  # else DuckDB's default: one per core
+        config["threads"] = threads
     try:
         connection = duckdb.connect(path, read_only=read_only, config=config)
     except duckdb.IOException as error:
         raise errors.ObjectInUseError(f"cannot open {path}: {error}") from error
-    if temp_directory:
-        # Set after the open: in the open's config, DuckDB 2.0.1 may apply it before the
-        # temp directory and then refuse that as a change made with external access off.
-        size_bytes = _temp_directory_bytes_max(temp_directory)
-        connection.execute(f"SET max_temp_directory_size = '{size_bytes}B'")
+    # External access goes off after the open, not in its config: DuckDB 2.0.1 applies the
+    # config's entries in hash order, and refuses the temp directory ("modifying the
+    # temp_directory has been disabled") whenever this one happens to come first. No SQL
+    # has run yet, and nothing can turn it back on.
+    connection.execute("SET enable_external_access = false")
     # From here on no statement can change a global setting (the sandbox refuses them
     # with 42501 before DuckDB would, but this holds even for a statement it missed).
     connection.execute("SET lock_configuration = true")
@@ -208,7 +214,8 @@ _parsers = threading.local()
 def _parser() -> Connection:
     connection = getattr(_parsers, "connection", None)
     if connection is None:
-        connection = connect(":memory:", memory_limit_bytes=_PARSER_MEMORY_BYTES)
+        # One thread: it only parses, and a database per thread should not bring a pool.
+        connection = connect(":memory:", memory_limit_bytes=_PARSER_MEMORY_BYTES, threads=1)
         _parsers.connection = connection
     return connection
 
