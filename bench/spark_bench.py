@@ -70,8 +70,9 @@ def _scan(frame: Any) -> None:
 
 def run(recorder: Any) -> None:
     count = 1_000_000 if recorder.suite == "full" else 200_000
-    # A transaction writes at most 64 MiB (and 100,000 messages) to one partition (the
-    # engine's publish limit): a bigger write goes as several Spark writes.
+    # A transaction writes at most 64 MiB (and 100,000 messages) to one partition: a
+    # bigger write would go in parts (engine.bulk_publish); several Spark writes keep each
+    # one atomic.
     chunk = PARTITIONS * 60_000
     work = tempfile.mkdtemp(prefix="topicbase-spark-bench-")
     data_dir = os.path.join(work, "data")

@@ -6,9 +6,11 @@ as Arrow IPC stream files under ``<data>/bulk_writes/<write id>/`` — not in me
 write is bounded by the staging disk cap (``staging_bytes_max``), not by the in-memory
 transaction limit. ``commit`` publishes a set of writes atomically, in one transaction of
 the caller's session, together with an idempotency record ``(sink id, batch id)`` in the
-catalog schema: a commit whose record exists already publishes nothing and reports
-``duplicate`` (a replay after a crash, or a second driver). Two concurrent commits of the
-same record cannot both succeed: the record's primary key fails the second at COMMIT.
+catalog schema (``engine.bulk_publish``, which also says how a batch over a transaction's
+per-partition limit goes in parts): a commit whose record exists already publishes
+nothing and reports ``duplicate`` (a replay after a crash, or a second driver). Two
+concurrent commits of the same record cannot both succeed: the record's primary key fails
+the second at COMMIT.
 
 Layout and invariants:
 - ``<write id>/write.json`` names the target and owner; it is written first, so a
@@ -41,12 +43,10 @@ from typing import Any
 
 import pyarrow as pa
 
-from engine import privileges, tables
-from engine.bulk import run_over_relation
-from engine.catalog import SCHEMA
+from engine import bulk_publish, privileges, tables
+from engine.bulk_publish import IDEMPOTENCY_DDL, IDEMPOTENCY_TABLE
 from engine.transaction import PendingWrite
 from engine.writes import build_batches
-from grammar.parse import parse_one
 from storage.errors import (
     InsufficientPrivilegeError,
     InvalidParameterValueError,
@@ -62,12 +62,6 @@ ABANDON_AFTER_S_DEFAULT = 3600.0
 TOPIC_BATCH_ROWS = 50_000
 WRITE_MODES = ("append", "upsert", "add")  # under storage.limits.BATCH_MESSAGES_MAX
 _WRITE_ID = re.compile(r"[A-Za-z0-9][A-Za-z0-9_.-]{0,127}")
-IDEMPOTENCY_TABLE = f"{SCHEMA}.sink_batches"
-_IDEMPOTENCY_DDL = (
-    f"CREATE TABLE IF NOT EXISTS {IDEMPOTENCY_TABLE} (sink_id VARCHAR NOT NULL, "
-    "batch_id BIGINT NOT NULL, rows BIGINT NOT NULL, committed_at_us BIGINT NOT NULL, "
-    "PRIMARY KEY (sink_id, batch_id))"
-)
 
 
 @dataclass(frozen=True)
@@ -103,7 +97,7 @@ class BulkWrites:
         self._staged_bytes = sum(w.bytes for w in self._scan())
         cursor = database.root.cursor()
         try:
-            tables.run(cursor, _IDEMPOTENCY_DDL)
+            tables.run(cursor, IDEMPOTENCY_DDL)
         finally:
             cursor.close()
 
@@ -310,26 +304,9 @@ class BulkWrites:
 
     def _publish(self, session: Any, sink_id: str, batch_id: int,
                  metas: dict[str, dict[str, str]]) -> int:  # fmt: skip
-        session.execute_statement(parse_one("BEGIN"))
-        try:
-            rows = 0
-            for write_id, meta in metas.items():
-                data = self.read_write(write_id)
-                if data.num_rows == 0:
-                    continue
-                rows += data.num_rows
-                if meta["kind"] == "topic":
-                    self._stage_topic(session, meta["name"], data)
-                else:
-                    run_over_relation(session, data, [_table_insert(meta, data.column_names)])
-            tables.run(session.cursor, f"INSERT INTO {IDEMPOTENCY_TABLE} VALUES (?, ?, ?, ?)",
-                       [sink_id, batch_id, rows, self.database.clock.now_us()])  # fmt: skip
-        except BaseException:
-            with contextlib.suppress(TopicbaseError):
-                session.execute_statement(parse_one("ROLLBACK"))
-            raise
-        session.execute_statement(parse_one("COMMIT"))
-        return rows
+        writes = [(meta, self.read_write(write_id)) for write_id, meta in metas.items()]
+        return bulk_publish.publish(session, sink_id, batch_id, writes, self._stage_topic,
+                                    self.database.clock.now_us())  # fmt: skip
 
     def _stage_topic(self, session: Any, name: str, data: pa.Table) -> None:
         privileges.require(session, "topic", name, "INSERT")
@@ -377,44 +354,9 @@ def _check_target(session: Any, kind: str, name: str) -> None:
         raise InvalidParameterValueError(f"a write targets a topic or a table, not {kind!r}")
 
 
-def _table_insert(meta: dict[str, Any], columns: list[str]) -> str:
-    """The statement that publishes a staged table write, by its mode."""
-    names = ", ".join(_quote_column(c) for c in columns)
-    target = _quote(meta["name"])
-    mode, key = meta.get("mode", "append"), list(meta.get("key") or [])
-    if mode == "append":
-        return f"INSERT INTO {target} ({names}) SELECT {names} FROM {{relation}}"
-    missing = [k for k in key if k not in columns]
-    if missing:
-        raise InvalidParameterValueError(f'the rows have no key column "{missing[0]}"')
-    keys = ", ".join(_quote_column(k) for k in key)
-    others = [c for c in columns if c not in key]
-    if mode == "upsert":
-        updates = ", ".join(f"{_quote_column(c)} = EXCLUDED.{_quote_column(c)}" for c in others)
-        source = f"SELECT {names} FROM {{relation}}"
-    else:
-        # DuckDB applies one row per key of an upsert batch: sum by key first.
-        updates = ", ".join(f"{_quote_column(c)} = {target}.{_quote_column(c)} + "
-                            f"EXCLUDED.{_quote_column(c)}" for c in others)  # fmt: skip
-        sums = ", ".join(f"sum({_quote_column(c)}) AS {_quote_column(c)}" for c in others)
-        source = f"SELECT {keys}, {sums} FROM {{relation}} GROUP BY {keys}"
-        names = ", ".join([keys, *(_quote_column(c) for c in others)])
-    action = f"DO UPDATE SET {updates}" if others else "DO NOTHING"
-    return f"INSERT INTO {target} ({names}) {source} ON CONFLICT ({keys}) {action}"
-
-
-def _quote_column(name: str) -> str:
-    return '"' + name.replace('"', '""') + '"'
-
-
 def _read_meta(path: str) -> dict[str, str]:
     with open(path, encoding="utf-8") as handle:
         return json.load(handle)
-
-
-def _quote(name: str) -> str:
-    """A (possibly schema-qualified) name quoted part by part."""
-    return ".".join('"' + part.replace('"', '""') + '"' for part in name.split("."))
 
 
 def _wall_clock_s() -> float:

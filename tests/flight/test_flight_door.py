@@ -90,7 +90,7 @@ def test_a_user_without_the_privilege_is_refused(database, client) -> None:
 
 def _count(database, topic: str = "events") -> int:
     return _sql_rows(database, f"SELECT count(*) AS n FROM TOPIC {topic} "
-                     "WITH (max_messages = 100000)")[0]["n"]
+                     "WITH (max_messages = 1000000)")[0]["n"]
 
 
 def test_a_replayed_commit_publishes_once(database, client) -> None:
@@ -184,3 +184,33 @@ def test_table_writes_append_upsert_and_add_by_key(database, client) -> None:
     with pytest.raises(TopicbaseFlightError) as caught:
         writer.put({"topic": "nope", "mode": "add"}, [latest], latest.schema)
     assert caught.value.sqlstate in ("42P01", "22023")
+
+
+def test_a_batch_over_the_partition_limit_goes_in_parts_exactly_once(
+        database, client, monkeypatch) -> None:  # fmt: skip
+    from engine import bulk_publish
+
+    _fill(database, partitions=1, rows=0)
+    count = bulk_publish.PART_ROWS * 2 + 10  # three parts into one partition
+    batch = pa.record_batch({"data": pa.array([b"%d" % i for i in range(count)])})
+    writer = client()
+    real = bulk_publish._transaction
+    calls = []
+
+    def crash_at_third(*args, **kwargs):  # the process dies after two parts committed
+        calls.append(1)
+        if len(calls) == 4:  # 1: the whole batch (refused, 54000), 2-3: parts, 4: crash
+            raise RuntimeError("killed")
+        return real(*args, **kwargs)
+
+    monkeypatch.setattr(bulk_publish, "_transaction", crash_at_third)
+    with pytest.raises(TopicbaseFlightError):
+        writer.commit("big", 0, [writer.put({"topic": "events"}, [batch], batch.schema)])
+    monkeypatch.setattr(bulk_publish, "_transaction", real)
+    assert _count(database) == 2 * bulk_publish.PART_ROWS  # two parts are out
+    again = writer.put({"topic": "events"}, [batch], batch.schema)  # the replay
+    assert writer.commit("big", 0, [again]) == {"status": "committed", "rows": count}
+    assert writer.commit("big", 0, []) == {"status": "duplicate", "rows": 0}
+    rows = _sql_rows(database, 'SELECT "offset", data FROM TOPIC events '
+                     "WITH (max_messages = 1000000) ORDER BY 1")  # fmt: skip
+    assert [r["data"] for r in rows] == [b"%d" % i for i in range(count)]

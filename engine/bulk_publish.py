@@ -1,0 +1,166 @@
+"""Publishing staged bulk writes (``engine.bulk_write``) exactly once.
+
+A commit publishes its writes in ONE transaction of the caller's session together with the
+idempotency record ``(sink id, batch id)``: all or nothing, and a replay finds the record.
+
+A transaction writes at most ``BATCH_BYTES_MAX``/``BATCH_MESSAGES_MAX`` to one partition
+(``engine.commit`` refuses more with 54000, before anything is staged). A commit whose
+topic rows are over that goes *in parts*: consecutive slices of its topic rows, each under
+the limits for the whole topic (so under them for any one partition), each published in a
+transaction of its own with a part record ``(sink id, batch id, part)``; the last part
+also carries the table rows and the batch's record. A replay (after a crash in between)
+skips the parts already recorded and publishes the rest, so every message is published
+exactly once; what is given up is atomicity: readers may see the first parts of such a
+batch before its last. The slicing depends only on the rows and their order, which a
+replayed Spark batch reproduces.
+
+Invariants: a part's record and its messages commit together; the batch's record commits
+with the last part, so a batch is "committed" exactly when every part is.
+"""
+
+from __future__ import annotations
+
+import contextlib
+from collections.abc import Callable
+from typing import Any
+
+import pyarrow as pa
+
+from engine import tables
+from engine.bulk import run_over_relation
+from engine.catalog import SCHEMA
+from grammar.parse import parse_one
+from storage import limits
+from storage.errors import InvalidParameterValueError, LimitExceededError, TopicbaseError
+
+IDEMPOTENCY_TABLE = f"{SCHEMA}.sink_batches"
+PARTS_TABLE = f"{SCHEMA}.sink_batch_parts"
+IDEMPOTENCY_DDL = (
+    f"CREATE TABLE IF NOT EXISTS {IDEMPOTENCY_TABLE} (sink_id VARCHAR NOT NULL, "
+    "batch_id BIGINT NOT NULL, rows BIGINT NOT NULL, committed_at_us BIGINT NOT NULL, "
+    "PRIMARY KEY (sink_id, batch_id));"
+    f"CREATE TABLE IF NOT EXISTS {PARTS_TABLE} (sink_id VARCHAR NOT NULL, "
+    "batch_id BIGINT NOT NULL, part INTEGER NOT NULL, PRIMARY KEY (sink_id, batch_id, part))"
+)
+# A part stays well under the per-partition limits (room for the frame's own columns).
+PART_ROWS = limits.BATCH_MESSAGES_MAX * 9 // 10
+PART_BYTES = limits.BATCH_BYTES_MAX * 8 // 10
+
+Write = tuple[dict[str, Any], pa.Table]  # (the write's meta, its rows)
+StageTopic = Callable[[Any, str, pa.Table], None]
+
+
+def publish(session: Any, sink_id: str, batch_id: int, writes: list[Write],
+            stage_topic: StageTopic, now_us: int) -> int:  # fmt: skip
+    """Publish ``writes`` as ``(sink_id, batch_id)``; returns the rows published."""
+    rows = sum(data.num_rows for _, data in writes)
+    topic_rows = [(m, d) for m, d in writes if m["kind"] == "topic" and d.num_rows]
+    try:
+        _transaction(session, topic_rows, [w for w in writes if w[0]["kind"] != "topic"],
+                     stage_topic, lambda: _record(session, sink_id, batch_id, rows, now_us))
+        return rows
+    except LimitExceededError:
+        size = sum(d.num_rows for _, d in topic_rows)
+        nbytes = sum(d.nbytes for _, d in topic_rows)
+        if size <= PART_ROWS and nbytes <= PART_BYTES:
+            raise  # not the per-partition limit: one part could not be smaller
+    parts = _slices(topic_rows)
+    done = _parts_done(session, sink_id, batch_id)
+    for number, part in enumerate(parts):
+        if number in done:
+            continue
+        last = number == len(parts) - 1
+        tables_rows = [w for w in writes if w[0]["kind"] != "topic"] if last else []
+
+        def records(number: int = number, last: bool = last) -> None:
+            tables.run(session.cursor, f"INSERT INTO {PARTS_TABLE} VALUES (?, ?, ?)",
+                       [sink_id, batch_id, number])  # fmt: skip
+            if last:
+                _record(session, sink_id, batch_id, rows, now_us)
+
+        _transaction(session, part, tables_rows, stage_topic, records)
+    return rows
+
+
+def _record(session: Any, sink_id: str, batch_id: int, rows: int, now_us: int) -> None:
+    tables.run(session.cursor, f"INSERT INTO {IDEMPOTENCY_TABLE} VALUES (?, ?, ?, ?)",
+               [sink_id, batch_id, rows, now_us])  # fmt: skip
+
+
+def _transaction(session: Any, topic_rows: list[Write], table_rows: list[Write],
+                 stage_topic: StageTopic, records: Callable[[], None]) -> None:  # fmt: skip
+    session.execute_statement(parse_one("BEGIN"))
+    try:
+        for meta, data in topic_rows:
+            stage_topic(session, meta["name"], data)
+        for meta, data in table_rows:
+            if data.num_rows:
+                run_over_relation(session, data, [table_insert(meta, data.column_names)])
+        records()
+    except BaseException:
+        with contextlib.suppress(TopicbaseError):
+            session.execute_statement(parse_one("ROLLBACK"))
+        raise
+    session.execute_statement(parse_one("COMMIT"))
+
+
+def _slices(topic_rows: list[Write]) -> list[list[Write]]:
+    """The topic rows cut into parts of at most PART_ROWS rows and PART_BYTES bytes."""
+    parts: list[list[Write]] = [[]]
+    room_rows, room_bytes = PART_ROWS, PART_BYTES
+    for meta, data in topic_rows:
+        per_row = max(1, data.nbytes // max(1, data.num_rows))
+        start = 0
+        while start < data.num_rows:
+            take = min(data.num_rows - start, room_rows, max(room_bytes // per_row, 0))
+            if take == 0:
+                parts.append([])
+                room_rows, room_bytes = PART_ROWS, PART_BYTES
+                continue
+            parts[-1].append((meta, data.slice(start, take)))
+            start += take
+            room_rows -= take
+            room_bytes -= take * per_row
+    return [p for p in parts if p]
+
+
+def _parts_done(session: Any, sink_id: str, batch_id: int) -> set[int]:
+    table = tables.query_arrow(
+        session.cursor, f"SELECT part FROM {PARTS_TABLE} WHERE sink_id = ? AND batch_id = ?",
+        [sink_id, batch_id])  # fmt: skip
+    return set() if table is None else set(table.column(0).to_pylist())
+
+
+def table_insert(meta: dict[str, Any], columns: list[str]) -> str:
+    """The statement that publishes a staged table write, by its mode."""
+    names = ", ".join(quote_column(c) for c in columns)
+    target = quote_name(meta["name"])
+    mode, key = meta.get("mode", "append"), list(meta.get("key") or [])
+    if mode == "append":
+        return f"INSERT INTO {target} ({names}) SELECT {names} FROM {{relation}}"
+    missing = [k for k in key if k not in columns]
+    if missing:
+        raise InvalidParameterValueError(f'the rows have no key column "{missing[0]}"')
+    keys = ", ".join(quote_column(k) for k in key)
+    others = [c for c in columns if c not in key]
+    if mode == "upsert":
+        updates = ", ".join(f"{quote_column(c)} = EXCLUDED.{quote_column(c)}" for c in others)
+        source = f"SELECT {names} FROM {{relation}}"
+    else:
+        # DuckDB applies one row per key of an upsert batch: sum by key first.
+        updates = ", ".join(f"{quote_column(c)} = {target}.{quote_column(c)} + "
+                            f"EXCLUDED.{quote_column(c)}" for c in others)  # fmt: skip
+        sums = ", ".join(f"sum({quote_column(c)}) AS {quote_column(c)}" for c in others)
+        source = f"SELECT {keys}, {sums} FROM {{relation}} GROUP BY {keys}"
+        names = ", ".join([keys, *(quote_column(c) for c in others)])
+    action = f"DO UPDATE SET {updates}" if others else "DO NOTHING"
+    return f"INSERT INTO {target} ({names}) {source} ON CONFLICT ({keys}) {action}"
+
+
+def quote_column(name: str) -> str:
+    return '"' + name.replace('"', '""') + '"'
+
+
+def quote_name(name: str) -> str:
+    """A (possibly schema-qualified) name quoted part by part."""
+    return ".".join(quote_column(part) for part in name.split("."))
