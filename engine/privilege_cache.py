@@ -12,9 +12,12 @@ Correctness rests on three rules:
   may cache what is about to change). When it ends (commit or rollback; noticed by the
   next lookup) the generation moves on and everything cached is dropped.
 - Topic DDL commits at once in the catalog; its change counter is part of the generation.
-- Only sessions outside an explicit transaction fill the cache (their DuckDB reads see
-  the latest commit; an older snapshot must not be remembered for everyone), and a value
-  read under one generation is never stored under another.
+- A value read under one generation is never stored under another, and a session in an
+  explicit transaction fills the cache only if the generation has not moved since its
+  BEGIN (``generation_now``, taken before DuckDB's snapshot): then no change of owners or
+  grants committed after its snapshot, which therefore shows the latest ones. (A topic
+  workload runs inside BEGIN … COMMIT; without this every such transaction would read
+  owners and grants from DuckDB again.)
 
 Thread-safe: one lock per database guards the cache.
 """
@@ -71,6 +74,14 @@ def note_write(session: Any) -> None:
         cache.values.clear()
 
 
+def generation_now(database: Any) -> int:
+    """The current generation, for a transaction about to begin."""
+    cache = _cache_of(database)
+    with cache.lock:
+        cache.sweep()
+        return cache.generation
+
+
 def cached(session: Any, key: tuple[Any, ...], read: Callable[[], Any]) -> Any:
     """``read()``'s value for ``key``, from the cache when the rules above allow."""
     cache = _cache_of(session.database)
@@ -84,7 +95,12 @@ def cached(session: Any, key: tuple[Any, ...], read: Callable[[], Any]) -> Any:
             return cache.values[full_key]
     value = read()
     transaction = session.transaction
-    if not usable or (transaction is not None and transaction.explicit):
+    stale_snapshot = (
+        transaction is not None
+        and transaction.explicit
+        and transaction.privilege_generation != generation
+    )
+    if not usable or stale_snapshot:
         return value
     with cache.lock:
         if cache.generation == generation and not cache.writers:

@@ -25,7 +25,15 @@ from typing import Any
 
 import pyarrow as pa
 
-from engine import describe, introspection, privileges, sandbox, streams, tables
+from engine import (
+    describe,
+    introspection,
+    privilege_cache,
+    privileges,
+    sandbox,
+    streams,
+    tables,
+)
 from engine.commit import PublishItem, route_writes
 from engine.ddl import run_alter, run_create, run_drop
 from engine.identity import LOCAL_SUPERUSER, Identity
@@ -373,10 +381,12 @@ class Session:
                 raise LimitExceededError(
                     f"too many open transactions (limit {limits.OPEN_TRANSACTIONS_MAX})"
                 )
+            generation = privilege_cache.generation_now(self.database)  # before the snapshot
             tables.run(self.cursor, "BEGIN TRANSACTION")
             self.transaction = Transaction(
                 explicit=True, started_s=self.database.clock.monotonic_s(),
                 staging=TransactionStaging(self.database.staged_writes),
+                privilege_generation=generation,
             )  # fmt: skip
             self.state = SessionState.IN_TRANSACTION
             self.database.open_transactions += 1

@@ -93,6 +93,10 @@ class Transaction:
     # Explicit transactions: the memory buffer and spill file of their writes (None:
     # writes stay in memory, as an autocommit statement's, which never wait for COMMIT).
     staging: TransactionStaging | None = None
+    # engine.privilege_cache's generation when BEGIN ran (before DuckDB took this
+    # transaction's snapshot): while it has not moved, what this transaction reads of
+    # owners and grants is what everyone would read, and may be cached.
+    privilege_generation: int | None = None
 
     def read_position(self, key: ReadKey) -> int | None:
         """Where this transaction's next read of ``key`` continues, if it read before."""
