@@ -34,6 +34,7 @@ from sqlglot import expressions as exp
 from sql.pgwire import pg_relations as rel
 from sql.pgwire.pg_functions import FUNCTIONS, quote, to_regtype
 from sql.pgwire.pg_types import format_type_sql
+from storage.errors import StatementTooComplexError
 
 REWRITE_CACHE_ENTRIES = 512
 _MARKERS = re.compile(
@@ -68,9 +69,18 @@ def might_need_rewrite(sql: str) -> bool:
     return _QUERY_START.match(sql) is not None and _MARKERS.search(sql) is not None
 
 
-@functools.lru_cache(maxsize=REWRITE_CACHE_ENTRIES)
 def rewrite(sql: str, context: RewriteContext) -> str | None:
-    """DuckDB SQL for ``sql`` over the emulated catalog; None if nothing is emulated."""
+    """DuckDB SQL for ``sql`` over the emulated catalog; None if nothing is emulated.
+
+    A statement nested too deeply for sqlglot's recursion is 54001, as in the engine."""
+    try:
+        return _rewrite(sql, context)
+    except RecursionError:
+        raise StatementTooComplexError("statement too complex (nested too deeply)") from None
+
+
+@functools.lru_cache(maxsize=REWRITE_CACHE_ENTRIES)
+def _rewrite(sql: str, context: RewriteContext) -> str | None:
     text = _COLLATE_DEFAULT.sub("", _OPERATOR.sub(r" \1 ", sql))
     try:
         tree = sqlglot.parse_one(text, read="postgres")
