@@ -133,6 +133,9 @@ def run(recorder: Any) -> None:
 
 def _read_segments(data_dir: str) -> float:
     from engine.database import Database
+    from sql.pgwire import malloc_tuning
+
+    malloc_tuning.reuse_large_blocks()  # as topicbase serve does: reads reuse their buffers
 
     database = Database.open(data_dir, retention_interval_s=None)
     session = database.connect()
