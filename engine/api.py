@@ -38,6 +38,7 @@ from grammar.split import (
     unquote_identifier,
     unquote_string,
 )
+from grammar.text_cache import text_cache
 
 __all__ = [
     "ABANDON_AFTER_S_DEFAULT",
@@ -68,6 +69,7 @@ __all__ = [
     "run_over_relation",
     "setting_rules",
     "split_statements",
+    "text_cache",
     "tokenize",
     "unquote_identifier",
     "unquote_string",

@@ -17,7 +17,6 @@ order.
 from __future__ import annotations
 
 import contextlib
-import functools
 import itertools
 import threading
 from dataclasses import dataclass, field
@@ -45,6 +44,7 @@ from engine.writes import RETURNING_COLUMNS, build_batches, table_from_rows
 from grammar import ast
 from grammar import settings as rules
 from grammar.parse import parse
+from grammar.text_cache import text_cache
 from planner import planner
 from planner.catalog import SessionCatalog
 from planner.operations import (
@@ -772,7 +772,7 @@ def parse_statements(sql: str) -> list[ast.Statement]:
     return list(_parse_cached(sql))
 
 
-@functools.lru_cache(maxsize=PARSE_CACHE_ENTRIES)
+@text_cache(PARSE_CACHE_ENTRIES)
 def _parse_cached(sql: str) -> tuple[ast.Statement, ...]:
     """Parsed scripts by text: statements are immutable, so a repeated script
     (a worker's loop) is parsed once."""

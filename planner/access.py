@@ -21,12 +21,12 @@ Pure functions of the SQL text, cached; no I/O; thread-safe.
 
 from __future__ import annotations
 
-import functools
 from dataclasses import dataclass
 
 import sqlglot
 from sqlglot import expressions as exp
 
+from grammar.text_cache import text_cache
 from planner.duckdb_sql import parse_duckdb
 
 DATABASE_NAME = "tables"  # DuckDB's name of the tables file (engine.tables.TABLES_FILE)
@@ -54,7 +54,7 @@ class Access:
     opaque: str | None = None  # why the relations cannot be known
 
 
-@functools.lru_cache(maxsize=ANALYSIS_CACHE_ENTRIES)
+@text_cache(ANALYSIS_CACHE_ENTRIES)
 def relation_access(sql: str) -> Access:
     try:
         tree = parse_duckdb(sql)
@@ -74,7 +74,7 @@ def relation_access(sql: str) -> Access:
     return _tree_access(tree)
 
 
-@functools.lru_cache(maxsize=ANALYSIS_CACHE_ENTRIES)
+@text_cache(ANALYSIS_CACHE_ENTRIES)
 def view_reads(create_sql: str) -> Access:
     """What the query of a view (DuckDB's ``CREATE VIEW ... AS query`` text) reads."""
     try:

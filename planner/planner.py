@@ -12,7 +12,6 @@ view of the same name wins); that needs a ``SessionCatalog``, so a plain
 
 from __future__ import annotations
 
-import functools
 from collections.abc import Callable
 from dataclasses import replace
 from typing import Any
@@ -21,6 +20,7 @@ import sqlglot
 from sqlglot import expressions as exp
 
 from grammar import ast
+from grammar.text_cache import text_cache
 from planner.catalog import Catalog, SessionCatalog, TopicInfo
 from planner.column_names import pg_column_names
 from planner.ddl import plan_alter_topic, plan_create_topic, plan_drop_topic
@@ -170,7 +170,7 @@ def _checked_read(info: TopicInfo, placeholder: str, options: dict[str, Any]) ->
     return ReadRecords(info.name, info.topic_id, partitions, placeholder, consumer, options)
 
 
-@functools.lru_cache(maxsize=SQL_ANALYSIS_CACHE_ENTRIES)
+@text_cache(SQL_ANALYSIS_CACHE_ENTRIES)
 def analyse_sql(sql: str) -> RunQuery:
     """Tables read and written by plain SQL, and whether it returns rows."""
     try:
@@ -223,7 +223,7 @@ def analyse_sql(sql: str) -> RunQuery:
     )
 
 
-@functools.lru_cache(maxsize=SQL_ANALYSIS_CACHE_ENTRIES)
+@text_cache(SQL_ANALYSIS_CACHE_ENTRIES)
 def _column_names(sql: str) -> tuple[str, ...] | None:
     try:
         tree = parse_duckdb(sql)
@@ -266,7 +266,7 @@ _CLAUSES_THAT_NEED_DUCKDB = (
 )
 
 
-@functools.lru_cache(maxsize=SQL_ANALYSIS_CACHE_ENTRIES)
+@text_cache(SQL_ANALYSIS_CACHE_ENTRIES)
 def _plain_projection(sql: str, placeholder: str) -> tuple[str, tuple[tuple[str, str], ...]] | None:
     """``SELECT a, b AS c FROM <placeholder>`` -> its columns; None for anything more."""
     try:
@@ -307,7 +307,7 @@ TOPIC_COLUMNS = frozenset(
 )
 
 
-@functools.lru_cache(maxsize=SQL_ANALYSIS_CACHE_ENTRIES)
+@text_cache(SQL_ANALYSIS_CACHE_ENTRIES)
 def _text_casts_of_data(sql: str) -> str:
     """``CAST(data AS VARCHAR)`` -> ``decode(data)`` in statements that read topics.
 

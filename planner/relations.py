@@ -38,7 +38,6 @@ which is asked only about names that also name a topic.
 
 from __future__ import annotations
 
-import functools
 from collections.abc import Iterator
 from dataclasses import dataclass
 
@@ -46,6 +45,7 @@ import sqlglot
 from sqlglot import expressions as exp
 
 from grammar.parse import PLACEHOLDER_PREFIX
+from grammar.text_cache import text_cache
 from planner.catalog import SessionCatalog, TopicInfo
 from planner.duckdb_sql import parse_duckdb
 from planner.operations import ReadRecords
@@ -164,7 +164,7 @@ def _check_target(verb: str | None, info: TopicInfo) -> TopicInfo | None:
     return None
 
 
-@functools.lru_cache(maxsize=RELATION_CACHE_ENTRIES)
+@text_cache(RELATION_CACHE_ENTRIES)
 def _candidates(sql: str) -> _Candidates | None:
     """Names in ``sql`` that could stand for topics; None if there are none."""
     tree = _parse(sql)
@@ -235,7 +235,7 @@ def _plain_name(table: exp.Table) -> _Candidate | None:
     return _Candidate(name, bool(identifier.args.get("quoted")))
 
 
-@functools.lru_cache(maxsize=RELATION_CACHE_ENTRIES)
+@text_cache(RELATION_CACHE_ENTRIES)
 def _rewrite(sql: str, by_name: tuple[tuple[str, str], ...]) -> str:
     """``FROM events e`` -> ``FROM __topic_scan_<n> AS e``; ``main.events.c`` -> ``events.c``.
 

@@ -98,3 +98,8 @@ DUCKDB_MEMORY_FRACTION = 0.4
 # free when the database opens (DuckDB's own default is 90 %, which would leave topic
 # appends on the same disk without room).
 DUCKDB_TEMP_DISK_FRACTION = 0.25
+
+# Statement texts longer than this are parsed and analysed afresh each time, never kept in
+# the text-keyed caches (grammar.text_cache): a few hundred entries of 16 MiB statements
+# would otherwise hold gigabytes. 64 KiB keeps a 1000-placeholder INSERT cached.
+CACHED_TEXT_CHARS_MAX = 64 * 1024

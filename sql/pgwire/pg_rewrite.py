@@ -24,13 +24,13 @@ Thread-safe (pure functions and an lru cache).
 
 from __future__ import annotations
 
-import functools
 import re
 from dataclasses import dataclass
 
 import sqlglot
 from sqlglot import expressions as exp
 
+from engine.api import text_cache
 from sql.pgwire import pg_relations as rel
 from sql.pgwire.pg_functions import FUNCTIONS, quote, to_regtype
 from sql.pgwire.pg_types import format_type_sql
@@ -79,7 +79,7 @@ def rewrite(sql: str, context: RewriteContext) -> str | None:
         raise StatementTooComplexError("statement too complex (nested too deeply)") from None
 
 
-@functools.lru_cache(maxsize=REWRITE_CACHE_ENTRIES)
+@text_cache(REWRITE_CACHE_ENTRIES)
 def _rewrite(sql: str, context: RewriteContext) -> str | None:
     text = _COLLATE_DEFAULT.sub("", _OPERATOR.sub(r" \1 ", sql))
     try:

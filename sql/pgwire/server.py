@@ -38,7 +38,6 @@ from __future__ import annotations
 import asyncio
 import concurrent.futures
 import contextlib
-import functools
 import logging
 import re
 import secrets
@@ -60,6 +59,7 @@ from engine.api import (
     SessionState,
     ast,
     parse,
+    text_cache,
     use_role_lookup,
 )
 from sql.internal_error import internal_error
@@ -130,13 +130,13 @@ def statement_logged(mode: str, text: str) -> bool:
     return word in _DDL_WORDS or (mode == "mod" and word in _MOD_WORDS)
 
 
-@functools.lru_cache(maxsize=PARSE_CACHE_ENTRIES)
+@text_cache(PARSE_CACHE_ENTRIES)
 def _parse(text: str) -> tuple[ast.Statement, ...]:
     """Parsed query strings by text (statements are immutable; clients repeat queries)."""
     return tuple(parse(text))
 
 
-@functools.lru_cache(maxsize=PARSE_CACHE_ENTRIES)
+@text_cache(PARSE_CACHE_ENTRIES)
 def _prepare_text(text: str) -> tuple[tuple[ast.Statement, ...], int]:
     """What Parse needs of a query text: its statements (ours, or parsed) and its highest
     ``$n``. Depends on the text alone (no catalog), so it is kept by text: psycopg sends
