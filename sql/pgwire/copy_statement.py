@@ -24,7 +24,12 @@ from engine.api import (
     unquote_string,
 )
 from sql.pgwire.copy_format import CopyFormat
-from storage.errors import FeatureNotSupportedError, InvalidParameterValueError, SqlSyntaxError
+from storage.errors import (
+    FeatureNotSupportedError,
+    InsufficientPrivilegeError,
+    InvalidParameterValueError,
+    SqlSyntaxError,
+)
 
 
 @dataclass(frozen=True)
@@ -89,9 +94,10 @@ def parse_copy(text: str) -> CopyStatement:
     at += 1
     where = tokens[at:at + 1]
     if not where or not where[0].is_word("STDOUT" if to_client else "STDIN"):
-        raise FeatureNotSupportedError(
-            "COPY to or from a file or program is not supported; use STDIN or STDOUT "
-            "(psql's \\copy reads and writes local files)")  # fmt: skip
+        raise InsufficientPrivilegeError(
+            "COPY to or from a file or program is not allowed: the server's files are out of "
+            "reach of every user; use STDIN or STDOUT (psql's \\copy reads and writes local "
+            "files)")  # fmt: skip
     if query is not None and not to_client:
         raise _syntax(source, tokens, at - 1)
     options = _options(source, tokens, at + 1)
