@@ -217,18 +217,42 @@ class Portal:
 
 
 def error_fields(error: BaseException, query: str | None = None) -> tuple[str, str, int | None]:
-    """SQLSTATE, message and 1-based character position (if known) of ``error``."""
+    """SQLSTATE, message and 1-based character position (if known) of ``error``.
+
+    A syntax error's "LINE n: …" excerpt and caret (the console shows them) become the
+    Position field instead, as PostgreSQL sends it: clients such as psql draw their own."""
     if isinstance(error, TopicbaseError):
+        message, line, column = _without_caret(error.message)
+        if isinstance(error, SqlSyntaxError) and error.line and error.column:
+            line, column = error.line, error.column
         position = None
-        if isinstance(error, SqlSyntaxError) and query and error.line and error.column:
+        if query and line and column:
             lines = query.split("\n")
-            position = sum(len(line) + 1 for line in lines[: error.line - 1]) + error.column
-        return error.sqlstate, error.message, position
+            if line <= len(lines):
+                position = sum(len(text) + 1 for text in lines[: line - 1]) + column
+        return error.sqlstate, message, position
     if isinstance(error, KeyboardInterrupt):
         return "57014", "canceling statement due to user request", None
     # A bug: the traceback goes to the log under an id; the client gets only the id.
     internal = internal_error(error, "a wire statement")
     return internal.sqlstate, internal.message, None
+
+
+_CARET = re.compile(r"\n*LINE (\d+): ([^\n]*)\n( *)\^+ *$")
+
+
+def _without_caret(message: str) -> tuple[str, int | None, int | None]:
+    """``message`` without a trailing "LINE n: text" + caret excerpt, and the 1-based line
+    and column the caret points at (None when there is none, or the excerpt was cut)."""
+    found = _CARET.search(message)
+    if found is None:
+        return message, None, None
+    prefix = len(f"LINE {found.group(1)}: ")
+    column = len(found.group(3)) - prefix + 1
+    excerpt_cut = found.group(2).startswith("...")
+    if column < 1 or excerpt_cut:
+        return message[: found.start()], None, None
+    return message[: found.start()], int(found.group(1)), column
 
 
 def _result_formats(count: int, formats: list[int]) -> list[int]:
