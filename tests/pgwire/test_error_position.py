@@ -25,7 +25,8 @@ def test_position_and_plain_message(server: ServerThread, sql: str, position: in
         with pytest.raises(psycopg.errors.SyntaxError) as error:
             client.execute(sql)
         diag = error.value.diag
-        assert "LINE" not in (diag.message_primary or "") and "^" not in (diag.message_primary or "")
+        primary = diag.message_primary or ""
+        assert "LINE" not in primary and "^" not in primary
         assert diag.statement_position is not None
         at = int(diag.statement_position)
         if position is not None:
