@@ -4,7 +4,7 @@ VENV   := .venv
 PY     := $(VENV)/bin/python
 STAMP  := $(VENV)/.installed
 
-.PHONY: venv test lint demo demo-sql demo-storage bench bench-quick chaos clean java spark-jar
+.PHONY: venv test lint demo demo-sql demo-storage bench bench-quick chaos clean java spark-jar pgjdbc
 
 $(STAMP): pyproject.toml
 	test -x $(PY) || $(PYTHON) -m venv $(VENV)
@@ -24,12 +24,18 @@ java:
 	@command -v java >/dev/null 2>&1 && command -v javac >/dev/null 2>&1 || \
 	  { apt-get update -q && apt-get install -y -q --no-install-recommends openjdk-17-jdk-headless; }
 
+# The PostgreSQL JDBC driver (Debian's libpostgresql-jdbc-java, ~1 MB): the wire tests run
+# it as Spark's JDBC writer does.
+pgjdbc: java
+	@test -f /usr/share/java/postgresql.jar || \
+	  { apt-get update -q && apt-get install -y -q --no-install-recommends libpostgresql-jdbc-java; }
+
 # The Spark SQL catalog's jar (spark_sql_ext/java -> spark_sql_ext/jars), ~5 s.
 spark-jar: $(STAMP) java
 	$(PY) -m spark_sql_ext.build_jar
 
 # pytest exits 5 when no test ran: treat that as failure like any other non-zero code.
-test: lint spark-jar
+test: lint spark-jar pgjdbc
 	$(PY) -m pytest -q -p no:cacheprovider; rc=$$?; \
 	if [ $$rc -eq 5 ]; then echo "pytest collected no tests: failing"; exit 1; fi; exit $$rc
 

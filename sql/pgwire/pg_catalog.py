@@ -289,6 +289,8 @@ class ConnectionCatalog:
                 name = "default_transaction_isolation"
             elif name == "transaction isolation level":
                 name = "transaction_isolation"
+            if name.endswith("isolation"):  # a level is words (READ COMMITTED), not a list
+                raw = "'" + " ".join(raw.rstrip(";").split()) + "'"
         else:
             named = _SET_NAMED.match(body)
             if named is None:
