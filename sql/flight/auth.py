@@ -26,7 +26,7 @@ from typing import Any
 
 import pyarrow.flight as flight
 
-from engine.identity import LOCAL_SUPERUSER_NAME, Identity
+from engine.api import LOCAL_SUPERUSER_NAME, Identity
 from sql.pgwire.auth import ScramVerifier
 from sql.pgwire.users import UsersFile
 

@@ -41,9 +41,13 @@ from typing import Any
 import pyarrow as pa
 import pyarrow.flight as flight
 
-from engine.bulk_read import OffsetRange, project_schema
-from engine.bulk_write import ABANDON_AFTER_S_DEFAULT, STAGING_BYTES_MAX_DEFAULT
-from engine.database import Database
+from engine.api import (
+    ABANDON_AFTER_S_DEFAULT,
+    STAGING_BYTES_MAX_DEFAULT,
+    Database,
+    OffsetRange,
+    project_schema,
+)
 from sql.flight.auth import AuthMiddlewareFactory, FlightAuthenticator, NoHandshakeCheck
 from sql.pgwire.users import UsersFile, default_users_path
 from storage.errors import InvalidParameterValueError, TopicbaseError
