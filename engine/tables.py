@@ -302,6 +302,12 @@ def translate(error: duckdb.Error) -> errors.TopicbaseError:
         return errors.StorageIOError(text)
     if isinstance(error, duckdb.NotImplementedException):
         return errors.FeatureNotSupportedError(text)
+    if isinstance(error, duckdb.OutOfMemoryException):
+        # DuckDB's advice (SET threads, …) names settings users may not change.
+        return errors.OutOfMemoryError(
+            "out of memory: " + text.split("\n", 1)[0] + " (the statement needs more memory "
+            "than the server's limit and could not spill to disk)"
+        )
     if isinstance(error, duckdb.InterruptException):
         return errors.QueryCanceledError("canceling statement due to user request")
     return errors.TopicbaseError(text)

@@ -140,6 +140,12 @@ class InsufficientResourcesError(TopicbaseError):
     sqlstate = "53000"
 
 
+class OutOfMemoryError(InsufficientResourcesError):
+    """A statement needed more memory than its limit allows (and could not spill)."""
+
+    sqlstate = "53200"
+
+
 class TooManyConnectionsError(InsufficientResourcesError):
     sqlstate = "53300"
 
