@@ -1,6 +1,6 @@
 """The atomic commit of a transaction across topics, offsets and tables.
 
-Protocol (DESIGN.md §4, YDB's "stage, then publish"):
+Protocol (docs/DESIGN.md §5, YDB's "stage, then publish"):
 
 1. *stage*: the transaction's topic writes, routed to their partitions, are
    appended to the staging log; the staging syncer thread fdatasyncs them

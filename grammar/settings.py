@@ -46,7 +46,7 @@ Where the facts come from (YDB documentation and the YQL translator, read as fac
   are 0 disabled, 1 database, 2 object, 3 detailed.
 
 Topicbase's own choices: a topic accepts raw, gzip and zstd unless told otherwise;
-choices are spelled in lower case; 'up' is accepted for 'scale_up' (DESIGN.md);
+choices are spelled in lower case; 'up' is accepted for 'scale_up' (docs/DESIGN.md §1);
 'scale_up_and_down' and type 'shared' are refused with 0A000 until they are built.
 """
 

@@ -221,7 +221,7 @@ def test_explain_shows_the_move(two) -> None:
 
 
 def test_moving_offsets_needs_select_on_the_topic(two) -> None:
-    """Moving a consumer is consuming (DESIGN's topic SELECT: peek, consume)."""
+    """Moving a consumer is consuming (docs/DESIGN.md §6: topic SELECT covers it)."""
     two.execute("SET ROLE alice")
     with pytest.raises(InsufficientPrivilegeError):
         two.execute(SET + "EARLIEST")

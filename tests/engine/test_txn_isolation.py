@@ -5,8 +5,8 @@
   after a reopen, whose recovery deletes staging no commit record needs).
 - Publishing appends one frame per partition, each visible whole, so a reader
   of one partition never sees part of a transaction's batch for that
-  partition. Across partitions, DESIGN §4 ("Published data is visible to
-  readers only whole") asks that one read see a transaction in all its
+  partition. Across partitions, docs/DESIGN.md §5 ("Visibility": all at once,
+  or not at all) asks that one read see a transaction in all its
   partitions or in none, also while the commit is between two partitions'
   publishes (``commit.mid_publish``). Separate statements read at separate
   moments: reading partition 0, then partition 1 later, may of course see a
@@ -225,7 +225,7 @@ def test_a_reader_never_sees_part_of_a_transactions_batch_in_a_partition(databas
 
 
 def test_one_read_sees_a_transaction_in_all_its_partitions_or_in_none(database, monkeypatch):
-    """DESIGN §4: "Published data is visible to readers only whole". The commit is paused
+    """docs/DESIGN.md §5, "Visibility": a transaction appears all at once. The commit is paused
     between the publish of partition 0's frame and partition 1's (at
     ``commit.mid_publish``) while another session reads all of ``b`` in one statement
     (in a transaction, so that it does not wait for the commit lock at its end): it
