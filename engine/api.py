@@ -25,10 +25,10 @@ from engine.privileges import use_role_lookup
 from engine.session import Result, Session, parse_statements
 from engine.streams import BATCH_ROWS, RowStream, from_table
 from engine.transaction import SessionState
-from engine.writes import INSERT_COLUMNS
 from grammar import ast
 from grammar import settings as setting_rules
 from grammar.parse import parse, parse_one
+from grammar.settings import INSERT_COLUMNS
 from grammar.split import (
     SourceText,
     Token,

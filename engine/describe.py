@@ -51,8 +51,8 @@ from sqlglot import expressions as exp
 
 from engine import introspection, tables
 from engine.topic_relation import SCHEMA as TOPIC_SCHEMA
-from engine.writes import RETURNING_COLUMNS
 from grammar import ast
+from grammar.settings import RETURNING_COLUMNS
 from planner.operations import (
     AppendRecords,
     Introspect,
@@ -110,6 +110,8 @@ _RETURNING_SQL_TYPES = {
     "status": ("VARCHAR", pa.string()),
     "seq_no": ("BIGINT", pa.int64()),
     "producer_id": ("VARCHAR", pa.string()),
+    "message_group_id": ("VARCHAR", pa.string()),
+    "created_at": ("TIMESTAMP WITH TIME ZONE", pa.timestamp("us", tz="UTC")),
 }
 _OTHER_OPERAND = (exp.EQ, exp.NEQ, exp.GT, exp.GTE, exp.LT, exp.LTE, exp.Add, exp.Sub,
                   exp.Mul, exp.Div, exp.Mod, exp.Like, exp.ILike, exp.NullSafeEQ,

@@ -40,10 +40,11 @@ from engine.offset_reset import set_consumer_offsets
 from engine.reads import CURRENT_PROGRESS, ReadProgress, read_records, stream_records
 from engine.staged_writes import TransactionStaging
 from engine.transaction import PendingWrite, SessionState, Transaction
-from engine.writes import RETURNING_COLUMNS, build_batches, table_from_rows
+from engine.writes import build_batches, table_from_rows
 from grammar import ast
 from grammar import settings as rules
 from grammar.parse import parse
+from grammar.settings import RETURNING_COLUMNS
 from grammar.text_cache import text_cache
 from planner import planner
 from planner.catalog import SessionCatalog
@@ -597,16 +598,15 @@ class Session:
                         ),
                         "seq_no": batch.column("seq_no"),
                         "producer_id": batch.column("producer_id"),
+                        "message_group_id": batch.column("message_group_id"),
+                        "created_at": batch.column("created_at"),
                     }
                 )
             )
         if not operation.returning:
             return Result(f"INSERT 0 {written}")
-        unknown = [c for c in operation.returning if c not in RETURNING_COLUMNS and c != "*"]
-        if unknown:
-            raise InvalidParameterValueError(
-                f'RETURNING column "{unknown[0]}" is not one of {", ".join(RETURNING_COLUMNS)}'
-            )
+        # The grammar admits only RETURNING_COLUMNS (grammar.settings, the one list).
+        assert set(operation.returning) <= {*RETURNING_COLUMNS, "*"}, operation.returning
         table = pa.concat_tables(pieces) if pieces else _empty_returning()
         if "*" not in operation.returning:
             table = table.select(list(operation.returning))
@@ -807,7 +807,8 @@ def _empty_returning() -> pa.Table:
     return pa.table({
         "partition": pa.array([], pa.int32()), "offset": pa.array([], pa.int64()),
         "status": pa.array([], pa.string()), "seq_no": pa.array([], pa.int64()),
-        "producer_id": pa.array([], pa.string()),
+        "producer_id": pa.array([], pa.string()), "message_group_id": pa.array([], pa.string()),
+        "created_at": pa.array([], pa.timestamp("us", tz="UTC")),
     })
 
 

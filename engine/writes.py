@@ -39,17 +39,6 @@ from storage.errors import (
 )
 from storage.record_batch import METADATA_TYPE, TIMESTAMP, WIRE_SCHEMA
 
-INSERT_COLUMNS = (
-    "data",
-    "producer_id",
-    "seq_no",
-    "message_group_id",
-    "partition",
-    "created_at",
-    "metadata",
-    "codec",
-)
-RETURNING_COLUMNS = ("partition", "offset", "status", "seq_no", "producer_id")
 # The instants a reader can return (Python's datetime, as psycopg and the DB-API build
 # it): 0001-01-01 to 9999-12-31 23:59:59.999999 UTC, in microseconds since 1970.
 CREATED_AT_US_MIN = -62_135_596_800_000_000

@@ -672,7 +672,7 @@ _CONVERTERS = {
 }
 
 
-# -- the columns of a topic write ------------------------------------------------------------
+# -- the columns of a topic write: the one list of each, which the engine imports ----------------
 INSERT_COLUMNS = (
     "data",
     "producer_id",
@@ -683,16 +683,15 @@ INSERT_COLUMNS = (
     "metadata",
     "codec",
 )
+# What an autocommit INSERT INTO TOPIC ... RETURNING gives per message, in this order.
 RETURNING_COLUMNS = (
     "partition",
     "offset",
+    "status",
     "seq_no",
     "producer_id",
     "message_group_id",
     "created_at",
-    "written_at",
-    "codec",
-    "status",
 )
 
 

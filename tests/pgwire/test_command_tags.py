@@ -63,3 +63,20 @@ def test_jsonb_is_accepted_as_a_type_name(server: ServerThread) -> None:
         client.execute("""INSERT INTO docs VALUES (1, '{"a": 1}'::jsonb)""")
         row = client.execute("SELECT body->>'a', CAST(body AS JSONB) FROM docs").fetchone()
         assert row is not None and row[0] == "1" and row[1] == {"a": 1}
+
+
+def test_returning_gives_every_column_the_grammar_admits(server: ServerThread) -> None:
+    with psycopg.connect(host="127.0.0.1", port=server.port, user="tester",
+                         autocommit=True, connect_timeout=10) as client:  # fmt: skip
+        client.execute("CREATE TOPIC r")
+        cursor = client.execute(
+            "INSERT INTO TOPIC r (data, producer_id, seq_no, message_group_id) "
+            "VALUES ('a', 'p', 1, 'g') RETURNING *"
+        )
+        names = [c.name for c in cursor.description or ()]
+        assert names == ["partition", "offset", "status", "seq_no", "producer_id",
+                         "message_group_id", "created_at"]  # fmt: skip
+        row = cursor.fetchone()
+        assert row is not None and row[2:6] == ("written", 1, "p", "g")
+        with pytest.raises(psycopg.errors.UndefinedColumn):
+            client.execute("INSERT INTO TOPIC r (data) VALUES ('b') RETURNING written_at")
