@@ -27,6 +27,7 @@ from engine.clock import SYSTEM_CLOCK, Clock
 from engine.commit import Committer
 from engine.identity import LOCAL_SUPERUSER, Identity
 from engine.leases import DEFAULT_LEASE_TIMEOUT_S, LeaseRegistry
+from engine.reads import RoundRobin
 from engine.retention import DEFAULT_RETENTION_INTERVAL_S, RetentionService, run_retention_pass
 from engine.staged_writes import SPILL_DIRECTORY, StagedWrites
 from planner.catalog import TopicInfo
@@ -84,6 +85,8 @@ class Database:
         # Held while a transaction publishes to all its partitions; readers take
         # their cut of end offsets under it, so they see a publish whole or not at all.
         self.publish_lock = threading.Lock()
+        # Where each consumer's last poll stopped: the next starts after it (engine.reads).
+        self.read_round_robin = RoundRobin()
         self._references = 0
         self.open_transactions = 0
         self.leases = LeaseRegistry(clock, lease_timeout_s)

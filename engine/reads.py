@@ -18,17 +18,19 @@ How much one read returns (the rule the README states):
 - A **consumer read** is a poll: at most ``max_messages`` (default
   ``DEFAULT_MAX_MESSAGES``) and ``max_bytes`` (default ``DEFAULT_MAX_BYTES``);
   what is left waits for the next read.
-- A bounded read is **fair**: the message budget is shared max-min fairly
-  among the partitions that have data (each gets what it has, up to an equal
-  level; the units left over go one each, round robin), and the byte budget in
-  equal parts of what is left, partition by partition, as Kafka's fetch
-  sessions and YDB's read sessions share theirs. A partition flooded with
-  writes cannot starve the others.
-- The round robin starts at partition ``sum(start offsets) mod n`` of the
-  partitions read: every message read advances it by one, so a read starts
-  where the last one stopped (exactly so when every partition has data)
-  without any state kept between reads, across sessions, members and restarts.
-  A member with leases reads its own partitions the same way.
+- A **consumer poll** is fair across polls, round robin from where that
+  consumer's last read stopped (``RoundRobin``, kept in memory per topic and
+  consumer): a poll fills its budgets from the partition after the last one the
+  previous poll read, partition after partition, so a partition flooded with
+  writes cannot starve the others, and a poll reads whole stretches of few
+  partitions (a frame is read and checked whole: splitting a small budget over
+  every partition would read a frame per partition for a few messages each).
+  A member with leases takes its own partitions in the same turn.
+- A **bounded peek** (no consumer, so no memory of earlier reads) is fair
+  within the read: the message budget is shared max-min fairly among the
+  partitions that have data (each gets what it has, up to an equal level; the
+  units left over go one each, round robin from partition ``sum(start offsets)
+  mod n``), and the byte budget in equal parts of what is left.
 
 Results hold each partition's messages in offset order, partitions in the
 order the plan lists them.
@@ -38,6 +40,7 @@ from __future__ import annotations
 
 import contextlib
 import contextvars
+import threading
 from collections.abc import Callable, Iterator
 from contextlib import AbstractContextManager
 from dataclasses import dataclass
@@ -110,6 +113,27 @@ def _count(batch: pa.RecordBatch) -> None:
         progress.bytes += batch.nbytes
 
 
+class RoundRobin:
+    """Where each consumer's (or member's) last poll stopped: its next poll starts at the
+    partition after that one. Memory only (a restart begins again at the first partition: fairness
+    needs no durability). Thread-safe."""
+
+    def __init__(self) -> None:
+        self._last: dict[tuple[str, str, str], int] = {}  # (topic id, consumer, member)
+        self._lock = threading.Lock()
+
+    def order(self, key: tuple[str, str, str], partitions: list[int]) -> list[int]:
+        with self._lock:
+            last = self._last.get(key)
+        if last is None:
+            return partitions
+        return [p for p in partitions if p > last] + [p for p in partitions if p <= last]
+
+    def note(self, key: tuple[str, str, str], partition: int) -> None:
+        with self._lock:
+            self._last[key] = partition
+
+
 def read_records(
     operation: ReadRecords,
     topic: TopicLog,
@@ -118,6 +142,7 @@ def read_records(
     clock: Clock,
     cancelled: Callable[[], bool] = lambda: False,
     publish_gate: AbstractContextManager[Any] | None = None,
+    round_robin: RoundRobin | None = None,
 ) -> pa.Table:
     """Read the operation's partitions; ``committed`` maps partition -> committed offset.
 
@@ -130,7 +155,7 @@ def read_records(
     }
     wait: timedelta = options.get("wait") or timedelta(0)
     gate = publish_gate if publish_gate is not None else contextlib.nullcontext()
-    batches = _read_all(operation, topic, starts, gate)
+    batches = _read_all(operation, topic, starts, gate, round_robin)
     if not batches and wait > timedelta(0):
         deadline = clock.monotonic_s() + wait.total_seconds()
         while not batches:
@@ -140,7 +165,7 @@ def read_records(
             if remaining <= 0:
                 break
             if topic.wait_for_any(starts, min(remaining, CANCEL_CHECK_S)):
-                batches = _read_all(operation, topic, starts, gate)
+                batches = _read_all(operation, topic, starts, gate, round_robin)
     if operation.consumer is not None:
         _record_ranges(operation, starts, batches, committed, transaction)
     decode = bool(options.get("decode", True))
@@ -250,8 +275,10 @@ def _read_all(
     topic: TopicLog,
     starts: dict[int, int],
     publish_gate: AbstractContextManager[Any],
+    round_robin: RoundRobin | None = None,
 ) -> list[tuple[int, pa.RecordBatch]]:
-    """Read the partitions up to one consistent cut of their end offsets, fairly.
+    """Read the partitions up to one consistent cut of their end offsets, fairly: a
+    consumer poll in its turn (``round_robin``), anything else shared within the read.
 
     The cut is taken under ``publish_gate``, which transactional publishes
     hold while they append to all their partitions, so a read sees a
@@ -261,7 +288,15 @@ def _read_all(
     with publish_gate:
         ends = {p: topic.partition(p).end_offset for p in starts}
     positions = dict(starts)
-    read = _read_fair(topic, _rotated(list(starts), starts), positions, ends, bounds)
+    if operation.consumer is not None and round_robin is not None:
+        # per member too: members take their own partitions in their own turn
+        key = (operation.topic_id, operation.consumer, str(operation.options.get("member")))
+        read = _read_in_turn(topic, round_robin.order(key, list(starts)), positions, ends,
+                             bounds)  # fmt: skip
+        if read:
+            round_robin.note(key, list(read)[-1])
+    else:
+        read = _read_fair(topic, _rotated(list(starts), starts), positions, ends, bounds)
     if bounds.complete and any(positions[p] < ends[p] for p in positions):
         raise LimitExceededError(
             f"topic {operation.topic} holds more than one read may return "
@@ -277,6 +312,42 @@ def _rotated(partitions: list[int], starts: dict[int, int]) -> list[int]:
         return partitions
     first = sum(starts.values()) % len(partitions)
     return partitions[first:] + partitions[:first]
+
+
+def _read_in_turn(
+    topic: TopicLog,
+    order: list[int],
+    positions: dict[int, int],
+    ends: dict[int, int],
+    bounds: ReadBounds,
+) -> dict[int, list[pa.RecordBatch]]:
+    """Fill the budgets partition after partition in ``order``; ``positions`` advance.
+    The result's keys are in the order read (its last is where this poll stopped)."""
+    read: dict[int, list[pa.RecordBatch]] = {}
+    messages, budget = bounds.messages, bounds.bytes
+    for partition_id in order:
+        while messages > 0 and budget > 0 and positions[partition_id] < ends[partition_id]:
+            result = topic.partition(partition_id).read(
+                positions[partition_id],
+                max_messages=min(messages, ends[partition_id] - positions[partition_id]),
+                max_bytes=budget,
+            )
+            if not result.batches:
+                positions[partition_id] = ends[partition_id]  # nothing left below the cut
+                break
+            for batch in result.batches:
+                batch = _within_cut(batch, ends[partition_id])
+                if batch.num_rows == 0:
+                    positions[partition_id] = ends[partition_id]
+                    break
+                read.setdefault(partition_id, []).append(batch)
+                _count(batch)
+                positions[partition_id] = batch.column("offset")[-1].as_py() + 1
+                messages -= batch.num_rows
+                budget -= batch.nbytes
+        if messages <= 0 or budget <= 0:
+            break
+    return read
 
 
 def _read_fair(

@@ -518,6 +518,7 @@ class Session:
             self.database.clock,
             cancelled=lambda: self._cancel_requested,
             publish_gate=self.database.publish_lock,
+            round_robin=self.database.read_round_robin,
         )
 
     def _join_as_member(self, operation: ReadRecords, member: str) -> ReadRecords:

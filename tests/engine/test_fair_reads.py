@@ -1,7 +1,8 @@
 """Reads that are fair and never silently partial (engine.reads).
 
-A consumer read is a poll whose budgets are shared across the partitions that have data
-(round robin, no starvation); a peek without bounds is whole or refused (54000); a whole
+A consumer read is a poll, and consecutive polls take the partitions that have data in
+turn (round robin from where the last one stopped, no starvation); a bounded peek shares
+its budget within the read; a peek without bounds is whole or refused (54000); a whole
 cut of any size streams in bounded batches.
 """
 
@@ -74,19 +75,31 @@ def test_the_budget_goes_round_robin_from_where_the_last_read_stopped(four) -> N
     assert sorted(order[4:]) == [0, 1, 2, 3], order
 
 
-def test_a_read_takes_an_equal_share_of_each_partition_with_data(four) -> None:
+def test_consecutive_polls_take_turns_and_a_short_partition_passes_the_rest_on(four) -> None:
+    _fill(four, 0, 100)
+    _fill(four, 1, 100)
+    _fill(four, 3, 2)  # less than a poll: the rest of that poll goes to the next partition
+    poll = "SELECT partition FROM TOPIC t WITH (consumer = 'c', max_messages = 20)"
+    polls = [_partitions_read(four, poll) for _ in range(4)]
+    counts = [{p: got.count(p) for p in dict.fromkeys(got)} for got in polls]
+    assert counts == [{0: 20}, {1: 20}, {3: 2, 0: 18}, {1: 20}], counts
+    # each partition's messages come together, in offset order
+    offsets = rows(four, 'SELECT partition, "offset" FROM TOPIC t WITH '
+                   "(consumer = 'c', max_messages = 30)")  # fmt: skip
+    assert offsets == sorted(offsets, key=lambda r: (r["partition"] != 0, r["offset"]))
+
+
+def test_a_bounded_peek_shares_its_budget_within_the_read(four) -> None:
     _fill(four, 0, 100)
     _fill(four, 1, 100)
     _fill(four, 3, 2)  # less than its share: the rest goes to the others
-    got = _partitions_read(
-        four, "SELECT partition FROM TOPIC t WITH (consumer = 'c', max_messages = 20)"
-    )
+    got = _partitions_read(four, "SELECT partition FROM TOPIC t WITH (max_messages = 20)")
     counts = {p: got.count(p) for p in set(got)}
     assert counts == {0: 9, 1: 9, 3: 2}, counts
     assert got == sorted(got), "each partition's messages come together, in partition order"
 
 
-def test_the_byte_budget_is_shared_too(session) -> None:
+def _one_frame_per_message(session) -> None:
     session.execute("CREATE TOPIC t (CONSUMER c) WITH (min_active_partitions = 2)")
     payload = "x" * 1000
     for _ in range(10):  # one frame per message, so a byte budget can stop between them
@@ -94,9 +107,19 @@ def test_the_byte_budget_is_shared_too(session) -> None:
             session.execute(
                 f"INSERT INTO TOPIC t (data, partition) VALUES ('{payload}', {partition})"
             )
-    got = _partitions_read(
-        session, "SELECT partition FROM TOPIC t WITH (consumer = 'c', max_bytes = 9000)"
-    )
+
+
+def test_the_byte_budget_bounds_a_poll_and_polls_take_turns(session) -> None:
+    _one_frame_per_message(session)
+    poll = "SELECT partition FROM TOPIC t WITH (consumer = 'c', max_bytes = 5000)"
+    first, second = _partitions_read(session, poll), _partitions_read(session, poll)
+    assert 0 < len(first) < 10 and set(first) == {0}, first
+    assert 0 < len(second) < 10 and set(second) == {1}, second
+
+
+def test_a_peek_shares_its_byte_budget_too(session) -> None:
+    _one_frame_per_message(session)
+    got = _partitions_read(session, "SELECT partition FROM TOPIC t WITH (max_bytes = 9000)")
     assert 0 < len(got) < 20, got
     assert abs(got.count(0) - got.count(1)) <= 1, got
 
@@ -262,3 +285,25 @@ def test_a_batch_read_past_the_cut_is_trimmed_to_it() -> None:
     assert _within_cut(batch, 8).column("offset").to_pylist() == [5, 6, 7]
     assert _within_cut(batch, 10) is batch
     assert _within_cut(batch, 5).num_rows == 0
+
+
+def test_one_members_polls_do_not_move_anothers_turn(database) -> None:
+    """w2 polling its partition 1 between w1's polls must not keep w1 on partition 2."""
+    first, second = database.connect(), database.connect()
+    try:
+        first.execute("CREATE TOPIC t (CONSUMER c) WITH (min_active_partitions = 4)")
+        member_read = "SELECT partition FROM TOPIC t WITH (consumer = 'c', member = '{}', {})"
+        first.execute(member_read.format("w1", "max_messages = 10"))
+        second.execute(member_read.format("w2", "max_messages = 10"))
+        _fill(first, 0, 30)
+        w1_partitions: list[int] = []
+        for _ in range(6):
+            _fill(first, 2, 10)  # partition 2 always has a poll's worth
+            _fill(first, 1, 10)
+            w1_partitions += _partitions_read(first, member_read.format("w1", "max_messages = 10"))
+            assert set(_partitions_read(second, member_read.format("w2", "max_messages = 10"))) \
+                <= {1, 3}  # fmt: skip
+        assert w1_partitions.count(0) == 30, w1_partitions  # partition 0 had its turns
+    finally:
+        second.close()
+        first.close()
