@@ -20,6 +20,8 @@ its own, since a DuckDB connection may not be used by two threads at once.
 
 from __future__ import annotations
 
+import atexit
+import contextlib
 import functools
 import os
 import re
@@ -209,6 +211,11 @@ def statement_types(sql: str) -> list[tuple[str, str]] | None:
 # connection).
 _PARSER_MEMORY_BYTES = 64 * 1024 * 1024
 _parsers = threading.local()
+# Every parser connection made, closed at exit: one left for the interpreter's teardown
+# to destroy can abort the process after DuckDB's module is gone ("terminate called
+# after throwing an instance of ''", seen once in CI at a console's exit).
+_parser_connections: list[Connection] = []
+_parser_connections_lock = threading.Lock()
 
 
 def _parser() -> Connection:
@@ -217,7 +224,18 @@ def _parser() -> Connection:
         # One thread: it only parses, and a database per thread should not bring a pool.
         connection = connect(":memory:", memory_limit_bytes=_PARSER_MEMORY_BYTES, threads=1)
         _parsers.connection = connection
+        with _parser_connections_lock:
+            _parser_connections.append(connection)
     return connection
+
+
+@atexit.register
+def _close_parsers() -> None:
+    with _parser_connections_lock:
+        connections, _parser_connections[:] = list(_parser_connections), []
+    for connection in connections:
+        with contextlib.suppress(Exception):
+            connection.close()
 
 
 def table_function_names() -> frozenset[str]:
