@@ -1,65 +1,46 @@
-"""A small PNG line chart for the demos, with no plotting library: numpy pixels + zlib.
+"""The demo's chart: throughput and lag of the resharding pipeline over time (matplotlib).
 
-``write_chart(path, samples)`` draws, over time, the throughput of messages written and
-resharded (messages/s between samples, top half) and the resharding lag (messages, bottom
-half). Colours: written blue, resharded green, lag red; no text (the demo prints the same
-figures as a table).
+``write_chart(path, samples, events)`` draws two panels over time: messages per second
+written by the simulated servers and resharded by the Spark query (top), and the
+resharding lag in messages (bottom), with the demo's events (the kill, the restart)
+marked as vertical lines. Written with matplotlib's Agg backend (no display needed).
 """
 
 from __future__ import annotations
 
 import itertools
-import struct
-import zlib
 from collections.abc import Sequence
 
-import numpy as np
+import matplotlib
 
-WIDTH, HEIGHT, MARGIN = 900, 500, 20
-BLUE, GREEN, RED, GREY = (40, 90, 200), (30, 150, 60), (200, 40, 40), (200, 200, 200)
-
-
-def _line(pixels: np.ndarray, points: list[tuple[int, int]], colour: tuple[int, int, int]) -> None:
-    for (x0, y0), (x1, y1) in itertools.pairwise(points):
-        steps = max(abs(x1 - x0), abs(y1 - y0), 1)
-        for t in np.linspace(0.0, 1.0, steps + 1):
-            x, y = round(x0 + (x1 - x0) * t), round(y0 + (y1 - y0) * t)
-            pixels[max(0, y - 1):y + 2, max(0, x - 1):x + 2] = colour
+matplotlib.use("Agg")
+import matplotlib.pyplot as plt  # after the backend is chosen
 
 
-def _panel(pixels: np.ndarray, top: int, bottom: int, times: Sequence[float],
-           series: list[tuple[Sequence[float], tuple[int, int, int]]]) -> None:  # fmt: skip
-    pixels[bottom, MARGIN:WIDTH - MARGIN] = GREY
-    pixels[top:bottom, MARGIN] = GREY
-    span = max(times[-1] - times[0], 1e-9)
-    peak = max([max(values) for values, _ in series] + [1])
-    for values, colour in series:
-        points = [(MARGIN + round((t - times[0]) / span * (WIDTH - 2 * MARGIN)),
-                   bottom - round(v / peak * (bottom - top))) for t, v in zip(times, values,
-                                                                              strict=True)]
-        _line(pixels, points, colour)
-
-
-def write_chart(path: str, samples: Sequence[tuple[float, int, int, int]]) -> None:
-    """``samples``: (seconds, messages written, messages resharded, lag) over time."""
-    pixels = np.full((HEIGHT, WIDTH, 3), 255, dtype=np.uint8)
-    if len(samples) >= 2:
-        times = [s[0] for s in samples]
-        rates = []
-        for index in (1, 2):
-            rate = [0.0] + [max(0.0, (b[index] - a[index]) / max(b[0] - a[0], 1e-9))
-                            for a, b in itertools.pairwise(samples)]  # fmt: skip
-            rates.append(rate)
-        middle = HEIGHT // 2
-        _panel(pixels, MARGIN, middle - MARGIN, times, [(rates[0], BLUE), (rates[1], GREEN)])
-        _panel(pixels, middle + MARGIN, HEIGHT - MARGIN, times, [([s[3] for s in samples], RED)])
-    raw = b"".join(b"\0" + pixels[row].tobytes() for row in range(HEIGHT))
-
-    def chunk(kind: bytes, data: bytes) -> bytes:
-        return (struct.pack(">I", len(data)) + kind + data
-                + struct.pack(">I", zlib.crc32(kind + data) & 0xFFFFFFFF))  # fmt: skip
-
-    header = struct.pack(">IIBBBBB", WIDTH, HEIGHT, 8, 2, 0, 0, 0)
-    with open(path, "wb") as handle:
-        handle.write(b"\x89PNG\r\n\x1a\n" + chunk(b"IHDR", header)
-                     + chunk(b"IDAT", zlib.compress(raw, 6)) + chunk(b"IEND", b""))
+def write_chart(path: str, samples: Sequence[tuple[float, int, int, int]],
+                events: Sequence[tuple[float, str]] = ()) -> None:  # fmt: skip
+    """``samples``: (seconds, messages written, messages resharded, lag) over time;
+    ``events``: (seconds, label) to mark."""
+    figure, (top, bottom) = plt.subplots(2, 1, figsize=(9, 5.5), sharex=True)
+    times = [s[0] for s in samples]
+    for index, label, colour in ((1, "written by the servers", "tab:blue"),
+                                 (2, "resharded by Spark", "tab:green")):  # fmt: skip
+        rate = [0.0] + [max(0.0, (b[index] - a[index]) / max(b[0] - a[0], 1e-9))
+                        for a, b in itertools.pairwise(samples)]  # fmt: skip
+        top.plot(times, rate, label=label, color=colour)
+    top.set_ylabel("messages / s")
+    top.set_title("Resharding logs_by_server -> logs_by_user on Spark")
+    top.legend(loc="upper left")
+    bottom.plot(times, [s[3] for s in samples], color="tab:red", label="lag")
+    bottom.set_ylabel("lag (messages)")
+    bottom.set_xlabel("seconds since the demo started")
+    for axes in (top, bottom):
+        axes.grid(alpha=0.3)
+        for at, _label in events:
+            axes.axvline(at, color="grey", linestyle="--", linewidth=1)
+    for at, label in events:
+        top.annotate(label, (at, 1.0), xycoords=("data", "axes fraction"), rotation=90,
+                     va="top", ha="right", fontsize=8, color="grey")  # fmt: skip
+    figure.tight_layout()
+    figure.savefig(path, dpi=100)
+    plt.close(figure)

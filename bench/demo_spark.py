@@ -64,11 +64,16 @@ def start_server(data_dir: str) -> tuple[subprocess.Popen, int]:
 
 
 def pipeline(url: str, checkpoint: str, *arguments: str) -> subprocess.Popen:
-    """A pipeline in a process group of its own, so a kill takes Spark's JVM with it."""
+    """A pipeline in a process group of its own, so a kill takes Spark's JVM with it. Its
+    output (Spark's log, a killed query's stack traces) goes to ``<checkpoint>.log``, so
+    the terminal shows the demo's progress only."""
     env = {**os.environ, "TOPICBASE_PASSWORD": PASSWORD}
-    return subprocess.Popen(
-        [*topicbase_command(), "pipeline", "--url", url, "--user", USER, "--checkpoint",
-         checkpoint, *arguments], env=env, start_new_session=True)  # fmt: skip
+    os.makedirs(os.path.dirname(checkpoint), exist_ok=True)
+    with open(checkpoint + ".log", "a", encoding="utf-8") as log:
+        return subprocess.Popen(
+            [*topicbase_command(), "pipeline", "--url", url, "--user", USER, "--checkpoint",
+             checkpoint, *arguments], env=env, start_new_session=True,
+            stdout=log, stderr=subprocess.STDOUT)  # fmt: skip
 
 
 def kill_group(process: subprocess.Popen, sig: int = signal.SIGKILL) -> None:
@@ -83,7 +88,8 @@ def user_of(server: int, seq: int) -> str:
 
 def alive(process: subprocess.Popen) -> None:
     if process.poll() is not None:
-        raise SystemExit(f"the pipeline exited with status {process.returncode}")
+        raise SystemExit(f"the pipeline exited with status {process.returncode} (its log: "
+                         "<checkpoint>.log under the data directory's checkpoints/)")
 
 
 class Producers(threading.Thread):
@@ -170,8 +176,12 @@ def run(data_dir: str, url: str, arguments: argparse.Namespace, started: float) 
         sample("reshard running")
     kill_group(worker)
     sample("reshard KILLED (-9)")
+    events = [(samples[-1][0], "reshard killed (SIGKILL), restarted")]
     worker = pipeline(url, os.path.join(checkpoint, "reshard"), *reshard_args)
-    producers.join()
+    while producers.is_alive():  # progress while the servers still write
+        producers.join(timeout=1)
+        alive(worker)
+        sample("reshard restarted")
     while totals(client, "logs_by_user") < totals(client, "logs_by_server"):
         time.sleep(1)
         alive(worker)
@@ -184,12 +194,14 @@ def run(data_dir: str, url: str, arguments: argparse.Namespace, started: float) 
                       "counter", "to-table", "logs_by_user", "clicks_per_user", "--key",
                       "user", "--key-column", "user_id", "--count-column", "clicks")  # fmt: skip
     if folder.wait() != 0:
-        print("to-table failed", file=sys.stderr)
+        print(f"to-table failed: see {os.path.join(checkpoint, 'to_table')}.log",
+              file=sys.stderr)  # fmt: skip
         return 1
     ok = verify(client, total)
     chart = os.path.join(data_dir, "pipeline.png")
-    write_chart(chart, samples)
+    write_chart(chart, samples, events)
     print(f"chart: {chart}  ({time.monotonic() - started:.0f} s in all)")
+    print(f"Spark's own logs: {checkpoint}/*.log")
     client.close()
     return 0 if ok else 1
 
