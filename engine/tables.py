@@ -213,26 +213,33 @@ _PARSER_MEMORY_BYTES = 64 * 1024 * 1024
 _parsers = threading.local()
 # Every parser connection made, closed at exit: one left for the interpreter's teardown
 # to destroy can abort the process after DuckDB's module is gone ("terminate called
-# after throwing an instance of ''", seen once in CI at a console's exit).
+# after throwing an instance of ''", seen in CI at a console's exit). Each holds DuckDB's
+# native threads too (about 8, even with threads = 1), so a process about to fork closes
+# them first (``close_parsers``); a thread's next parse then opens a new one.
 _parser_connections: list[Connection] = []
 _parser_connections_lock = threading.Lock()
+_parser_generation = 0  # moves at each close_parsers: a thread's older connection is closed
 
 
 def _parser() -> Connection:
     connection = getattr(_parsers, "connection", None)
-    if connection is None:
+    if connection is None or getattr(_parsers, "generation", None) != _parser_generation:
         # One thread: it only parses, and a database per thread should not bring a pool.
         connection = connect(":memory:", memory_limit_bytes=_PARSER_MEMORY_BYTES, threads=1)
-        _parsers.connection = connection
         with _parser_connections_lock:
+            _parsers.connection, _parsers.generation = connection, _parser_generation
             _parser_connections.append(connection)
     return connection
 
 
 @atexit.register
-def _close_parsers() -> None:
+def close_parsers() -> None:
+    """Close every thread's parser connection (and so DuckDB's threads behind them): at
+    exit, and before a fork (``tests/sim/chaos.py``)."""
+    global _parser_generation
     with _parser_connections_lock:
         connections, _parser_connections[:] = list(_parser_connections), []
+        _parser_generation += 1
     for connection in connections:
         with contextlib.suppress(Exception):
             connection.close()

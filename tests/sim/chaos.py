@@ -63,6 +63,7 @@ from collections.abc import Callable
 from pathlib import Path
 
 from engine import commit as commit_module
+from engine import tables
 from engine.check import check_database
 from engine.database import Database
 from storage import failpoints as failpoint_switch
@@ -223,6 +224,7 @@ def warm_up_for_forking() -> None:
     running (DuckDB's end with its database), since forking would not be safe then."""
     before = _threads()
     warm_up()
+    tables.close_parsers()  # the sandbox's DuckDB parser connections hold native threads
     gc.collect()
     after = _threads()
     if after > before:
