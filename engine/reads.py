@@ -327,24 +327,9 @@ def _read_in_turn(
     messages, budget = bounds.messages, bounds.bytes
     for partition_id in order:
         while messages > 0 and budget > 0 and positions[partition_id] < ends[partition_id]:
-            result = topic.partition(partition_id).read(
-                positions[partition_id],
-                max_messages=min(messages, ends[partition_id] - positions[partition_id]),
-                max_bytes=budget,
-            )
-            if not result.batches:
-                positions[partition_id] = ends[partition_id]  # nothing left below the cut
-                break
-            for batch in result.batches:
-                batch = _within_cut(batch, ends[partition_id])
-                if batch.num_rows == 0:
-                    positions[partition_id] = ends[partition_id]
-                    break
-                read.setdefault(partition_id, []).append(batch)
-                _count(batch)
-                positions[partition_id] = batch.column("offset")[-1].as_py() + 1
-                messages -= batch.num_rows
-                budget -= batch.nbytes
+            wanted = min(messages, ends[partition_id] - positions[partition_id])
+            taken, taken_bytes = _take(topic, partition_id, positions, ends, read, wanted, budget)
+            messages, budget = messages - taken, budget - taken_bytes
         if messages <= 0 or budget <= 0:
             break
     return read
@@ -377,23 +362,41 @@ def _read_fair(
             if budget <= 0:
                 break
             byte_share = max(1, budget // (len(takers) - index))
-            result = topic.partition(partition_id).read(
-                positions[partition_id], max_messages=shares[partition_id], max_bytes=byte_share
+            taken, taken_bytes = _take(
+                topic, partition_id, positions, ends, read, shares[partition_id], byte_share
             )
-            if not result.batches:
-                positions[partition_id] = ends[partition_id]  # nothing left below the cut
-                continue
-            for batch in result.batches:
-                batch = _within_cut(batch, ends[partition_id])
-                if batch.num_rows == 0:
-                    positions[partition_id] = ends[partition_id]
-                    break
-                read.setdefault(partition_id, []).append(batch)
-                _count(batch)
-                positions[partition_id] = batch.column("offset")[-1].as_py() + 1
-                messages -= batch.num_rows
-                budget -= batch.nbytes
+            messages, budget = messages - taken, budget - taken_bytes
     return read
+
+
+def _take(
+    topic: TopicLog,
+    partition_id: int,
+    positions: dict[int, int],
+    ends: dict[int, int],
+    read: dict[int, list[pa.RecordBatch]],
+    max_messages: int,
+    max_bytes: int,
+) -> tuple[int, int]:
+    """One storage read of ``partition_id`` from its position, trimmed to the cut, added
+    to ``read``; the position advances (to the cut when nothing is left below it).
+    Returns the messages and bytes taken."""
+    result = topic.partition(partition_id).read(
+        positions[partition_id], max_messages=max_messages, max_bytes=max_bytes
+    )
+    taken = taken_bytes = 0
+    if not result.batches:
+        positions[partition_id] = ends[partition_id]  # nothing left below the cut
+    for batch in result.batches:
+        batch = _within_cut(batch, ends[partition_id])
+        if batch.num_rows == 0:
+            positions[partition_id] = ends[partition_id]
+            break
+        read.setdefault(partition_id, []).append(batch)
+        _count(batch)
+        positions[partition_id] = batch.column("offset")[-1].as_py() + 1
+        taken, taken_bytes = taken + batch.num_rows, taken_bytes + batch.nbytes
+    return taken, taken_bytes
 
 
 def _within_cut(batch: pa.RecordBatch, end: int) -> pa.RecordBatch:
