@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import contextlib
 import itertools
+import re
 import threading
 from dataclasses import dataclass, field
 from typing import Any
@@ -193,6 +194,8 @@ class Session:
         the read is cancelled (57014). The stream must be closed before the session runs
         anything else.
         """
+        if no_rows is None and not _looks_like_a_query(statement):
+            return None  # a write or a command: not planned twice (the caller runs it)
         with self._lock:
             if self._closed:
                 raise InvalidParameterValueError("the session is closed")
@@ -778,6 +781,18 @@ def _parse_cached(sql: str) -> tuple[ast.Statement, ...]:
     """Parsed scripts by text: statements are immutable, so a repeated script
     (a worker's loop) is parsed once."""
     return tuple(parse(sql))
+
+
+# Where a statement that may be streamed starts. Only a shortcut: a statement it lets
+# through is planned and classified from its tree like any other, and one it stops runs
+# on the ordinary path, so it decides no privilege, only where work is saved.
+_QUERY_START = re.compile(r"\s*(?:\(\s*)*(?:SELECT|WITH|VALUES|TABLE|FROM)\b", re.IGNORECASE)
+
+
+def _looks_like_a_query(statement: ast.Statement) -> bool:
+    """Whether ``statement`` could be a plain query (a statement that is not, such as a
+    1 MB literal INSERT, is then not analysed once here and again when it runs)."""
+    return isinstance(statement, ast.SqlStatement) and bool(_QUERY_START.match(statement.sql))
 
 
 def _offset_text(offset: int | None) -> str:
