@@ -1,8 +1,8 @@
 """``check_database``: the offline check of a data directory behind ``topicbase check``.
 
-Holds the store's lock for the whole check, so no ``Database`` opens the
-directory meanwhile, and never opens one itself (opening recovers: it would
-change what is being checked). Steps:
+Holds the store's lock for the whole check when it can, so no ``Database`` opens
+the directory meanwhile (else: the live check below), and never opens one itself
+(opening recovers: it would change what is being checked). Steps:
 
 1. the storage check (``storage.check``) of ``<data>/store`` and
    ``<data>/staging``, repairing only with ``repair``;
@@ -18,20 +18,45 @@ change what is being checked). Steps:
 
 Nothing of DuckDB is ever repaired here: catalog and records change only
 through the engine. Problems are reported as ``storage.check_report.Problem``.
+
+**Live check.** When another process (a running ``topicbase serve``) owns the
+directory, a check without ``repair`` still runs, read-only and without any lock
+(``--repair`` is refused with ``in_use``: only the owner may change the files):
+
+- the storage files are read in place. The owner keeps writing while they are read,
+  so a run can see an append in flight (a torn tail), a temp file of an atomic
+  rename, or a file that vanishes (retention); such findings belong to a moment,
+  damage stays. A run that finds nothing ends the check; otherwise it is run again,
+  up to ``LIVE_RUNS_MAX`` runs ``LIVE_PAUSE_S`` apart, and only the problems found
+  by every run (same kind, file and byte position) are reported.
+- DuckDB holds an exclusive lock on ``tables.duckdb`` (a read-only open is refused
+  while the server has it), so the file and its WAL are copied to a temporary
+  directory and the copy is opened read-only (DuckDB replays the copied WAL in
+  memory). A copy is kept only when neither file changed size or mtime while it was
+  taken (up to ``COPY_ATTEMPTS_MAX`` attempts): it is then the file as of one moment
+  between two commits. The copy costs the file's size in temporary space, once a run.
+
+The report says it was live (``CheckReport.live``): a point-in-time check of a
+directory in use, not a proof that no write after it damages anything.
 """
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
+import shutil
+import tempfile
+import time
+from collections.abc import Iterable
 
 from engine import tables
 from engine.catalog import SCHEMA
 from engine.database import STAGING_DIRECTORY, STORE_DIRECTORY
 from storage.check import check_store_files, locked_store
 from storage.check_frames import staged_batch_issue
-from storage.check_report import MISSING, UNREADABLE, CheckReport, Problem
-from storage.errors import TopicbaseError
+from storage.check_report import IN_USE, MISSING, UNREADABLE, CheckReport, Problem
+from storage.errors import StorageIOError, TopicbaseError
 from storage.fs import DEFAULT_FILE_SYSTEM, FileSystem
 
 CATALOG_MISMATCH = "catalog_mismatch"
@@ -39,6 +64,12 @@ BAD_RECORD = "bad_record"
 # The layout of a data directory, as ``engine.database`` opens it.
 # Commit records live until the next checkpoint (every 256 commits); a bound all the same.
 RECORDS_MAX = 1_000_000
+# A live check (another process owns the directory): runs until one is clean, at most this many.
+LIVE_RUNS_MAX = 3
+LIVE_PAUSE_S = 0.5
+# Copies of tables.duckdb taken until one saw the file unchanged from start to end.
+COPY_ATTEMPTS_MAX = 5
+WAL_SUFFIX = ".wal"
 
 
 def check_database(
@@ -53,25 +84,115 @@ def check_database(
         report.add(Problem(MISSING, path, text))
         report.ran = False
         return report
-    staging_directory = os.path.join(path, STAGING_DIRECTORY)
     with locked_store(store_root, report, fs) as held:
         if held:
-            check_store_files(
-                report, store_root, repair=repair, staging_directory=staging_directory, fs=fs
-            )
-            check_tables(report, os.path.join(path, tables.TABLES_FILE), staging_directory, fs)
+            _check_run(report, path, fs, repair=repair)
+    in_use = [problem for problem in report.problems if problem.kind == IN_USE]
+    if not report.ran and in_use and not repair:
+        return check_live(path, in_use[0].message, fs)
     return report
 
 
+def check_live(path: str, owner: str, fs: FileSystem = DEFAULT_FILE_SYSTEM) -> CheckReport:
+    """The read-only check of a directory another process owns (see the module docstring).
+
+    ``owner`` is why the lock was refused (it names the owner's pid); the report carries it.
+    """
+    runs: list[CheckReport] = []
+    for run in range(LIVE_RUNS_MAX):
+        if run:
+            time.sleep(LIVE_PAUSE_S)
+        report = CheckReport(path, repair=False, live=owner)
+        try:
+            _check_run(report, path, fs, repair=False)
+        except (FileNotFoundError, StorageIOError) as error:  # a file went while it was read
+            report.add(Problem(UNREADABLE, path, f"changed while read: {error}"))
+        runs.append(report)
+        if not report.problems and not report.problems_dropped:
+            return report
+    last = runs[-1]
+    last.problems = [problem for problem in last.problems if _in_every(problem, runs[:-1])]
+    return last
+
+
+def _in_every(problem: Problem, runs: Iterable[CheckReport]) -> bool:
+    key = (problem.kind, problem.path, problem.position)
+    return all(
+        any((other.kind, other.path, other.position) == key for other in run.problems)
+        for run in runs
+    )
+
+
+def _check_run(report: CheckReport, path: str, fs: FileSystem, *, repair: bool) -> None:
+    """Steps 1 to 4 once; the caller holds the lock, or ``report.live`` says who does."""
+    store_root = os.path.join(path, STORE_DIRECTORY)
+    staging_directory = os.path.join(path, STAGING_DIRECTORY)
+    check_store_files(
+        report, store_root, repair=repair, staging_directory=staging_directory, fs=fs
+    )
+    tables_path = os.path.join(path, tables.TABLES_FILE)
+    if report.live is None or not fs.exists(tables_path):
+        check_tables(report, tables_path, staging_directory, fs)
+        return
+    with tempfile.TemporaryDirectory(prefix="topicbase-check-") as scratch:
+        copy = _stable_copy(tables_path, os.path.join(scratch, tables.TABLES_FILE))
+        if copy is None:
+            text = (
+                f"changed during each of {COPY_ATTEMPTS_MAX} copies (the owner is writing "
+                "it): the catalog was not checked; run the check again"
+            )
+            report.add(Problem(UNREADABLE, tables_path, text))
+            return
+        check_tables(report, tables_path, staging_directory, fs, open_path=copy)
+
+
+def _stable_copy(source: str, target: str) -> str | None:
+    """Copy ``source`` and its WAL to ``target``; None if every copy saw them change."""
+    for attempt in range(COPY_ATTEMPTS_MAX):
+        if attempt:
+            time.sleep(LIVE_PAUSE_S)
+        before = _file_states(source)
+        for suffix in ("", WAL_SUFFIX):
+            if os.path.exists(target + suffix):
+                os.remove(target + suffix)
+            # No WAL (just checkpointed), or it went away meanwhile: the states tell.
+            with contextlib.suppress(FileNotFoundError):
+                shutil.copyfile(source + suffix, target + suffix)
+        if _file_states(source) == before:
+            return target
+    return None
+
+
+def _file_states(path: str) -> tuple[tuple[int, int] | None, ...]:
+    """(size, mtime in ns) of the DuckDB file and of its WAL, None for a missing one."""
+    states = []
+    for suffix in ("", WAL_SUFFIX):
+        try:
+            stat = os.stat(path + suffix)
+        except FileNotFoundError:
+            states.append(None)
+            continue
+        states.append((stat.st_size, stat.st_mtime_ns))
+    return tuple(states)
+
+
 def check_tables(
-    report: CheckReport, tables_path: str, staging_directory: str, fs: FileSystem
+    report: CheckReport,
+    tables_path: str,
+    staging_directory: str,
+    fs: FileSystem,
+    *,
+    open_path: str | None = None,
 ) -> None:
-    """Steps 2 and 3, after the storage check filled ``report`` with what it saw."""
+    """Steps 2 to 4, after the storage check filled ``report`` with what it saw.
+
+    ``open_path`` is the file DuckDB opens (a live check's copy); problems name ``tables_path``.
+    """
     if not fs.exists(tables_path):
         report.add(Problem(MISSING, tables_path, "the tables and catalog file is missing"))
         return
     try:
-        connection = tables.connect(tables_path, read_only=True)
+        connection = tables.connect(open_path or tables_path, read_only=True)
     except TopicbaseError as error:
         report.add(Problem(UNREADABLE, tables_path, error.message))
         return

@@ -2,7 +2,8 @@
 
 Usage: ``topicbase [--data-dir DIR] [-c SQL]... [-f FILE] [--format table|csv|json] [-q]``,
 or ``topicbase check [--data-dir DIR] [--repair] [--format table|json]`` to check the data
-directory's files offline (``engine.check``; exit 0 when no problem is left), or
+directory's files (``engine.check``; exit 0 when no problem is left; read-only and live while a
+server owns the directory, where ``--repair`` is refused), or
 ``topicbase serve [--data-dir DIR] [--host 127.0.0.1] [--port 5433] [--auth
 scram|md5|password|trust] [--users-file FILE] [--tls-cert F --tls-key F]`` to serve it
 over the PostgreSQL protocol (``sql.pgwire``) until Ctrl-C, or ``topicbase user add NAME
@@ -386,10 +387,12 @@ def _run_user_add(arguments: argparse.Namespace, path: str) -> int:
 def run_check(argv: list[str]) -> int:
     parser = argparse.ArgumentParser(
         prog="topicbase check",
-        description="Check the data directory's files offline; --repair fixes what loses nothing.",
+        description="Check the data directory's files (read-only while a server runs on it); "
+        "--repair fixes what loses nothing and needs the directory free.",
     )
     parser.add_argument("--data-dir", help="data directory (default as for topicbase)")
-    parser.add_argument("--repair", action="store_true", help="cut torn tails, rebuild indexes")
+    parser.add_argument("--repair", action="store_true",
+                        help="cut torn tails, rebuild indexes (not while a server runs)")
     parser.add_argument("--format", choices=("table", "json"), default="table")
     arguments = parser.parse_args(argv)
     data_dir = arguments.data_dir or os.environ.get("TOPICBASE_DATA_DIR") or DEFAULT_DATA_DIR

@@ -66,6 +66,8 @@ class CheckReport:
     root: str
     repair: bool = False
     ran: bool = True  # False when nothing could be checked (in use, no store)
+    # Set by a live check (another process owns the directory): why the lock was refused.
+    live: str | None = None
     problems: list[Problem] = field(default_factory=list)
     problems_dropped: int = 0
     topics: int = 0
@@ -107,6 +109,8 @@ class CheckReport:
         if not self.ran:
             return f"check not run on {self.root}"
         total = len(self.problems) + self.problems_dropped
+        if self.live is not None:
+            checked += f" (live, read-only: {self.live})"
         if total == 0:
             return f"ok: no problems in {checked}"
         repaired = total - len(self.remaining) - self.problems_dropped
@@ -128,6 +132,7 @@ class CheckReport:
         return {
             "root": self.root,
             "ok": self.ok,
+            "live": self.live,
             "problems": [problem.to_json() for problem in self.problems],
             "problems_not_listed": self.problems_dropped,
             "checked": {

@@ -3,7 +3,8 @@
 One module-scoped run of ``topicbase`` creates topics, a table and messages (plain
 and transactional) and exits; each test damages its own copy of that directory
 and runs ``topicbase check`` on it: exit codes, what the output names, ``--repair``,
-and the refusal to check a directory another process holds.
+the refusal to repair a directory another process holds, and the live, read-only check
+of a directory a running ``topicbase serve`` owns.
 """
 
 from __future__ import annotations
@@ -12,11 +13,15 @@ import hashlib
 import json
 import os
 import shutil
+import signal
 import subprocess
 import sys
+import threading
 import time
+from collections.abc import Iterator
 from pathlib import Path
 
+import psycopg
 import pytest
 
 from engine import tables
@@ -182,3 +187,111 @@ def test_a_missing_data_directory_exits_1_and_is_not_created(tmp_path: Path) -> 
     assert f"error: missing: {missing}: not a Topicbase data directory" in result.stdout
     assert not missing.exists()
     assert os.listdir(tmp_path) == []
+
+
+# -- the live check: a real ``topicbase serve`` owns the directory -----------------------------
+@pytest.fixture
+def served(data_dir: Path) -> Iterator[tuple[Path, int]]:
+    """``topicbase serve`` on a copy of the written directory: (directory, port)."""
+    assert TOPICBASE is not None
+    process = subprocess.Popen(
+        [TOPICBASE, "--data-dir", str(data_dir), "serve", "--port", "0", "--flight-port", "0",
+         "--auth", "trust"],
+        stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+    )  # fmt: skip
+    try:
+        assert process.stdout is not None
+        line = process.stdout.readline()
+        assert "serving" in line, line + process.stderr.read() if process.stderr else line
+        yield data_dir, int(line.rsplit(":", 1)[1])
+    finally:
+        process.send_signal(signal.SIGTERM)
+        try:
+            process.wait(timeout=RUN_TIMEOUT_S)
+        finally:
+            if process.poll() is None:
+                process.kill()
+                process.wait()
+
+
+def test_a_running_server_s_directory_is_checked_live_and_read_only(
+    served: tuple[Path, int],
+) -> None:
+    data_dir, port = served
+    with psycopg.connect(host="127.0.0.1", port=port, autocommit=True) as conn:
+        conn.execute("CREATE TOPIC served WITH (min_active_partitions = 2)")
+        conn.execute("INSERT INTO TOPIC served (data) VALUES ('a'), ('b'), ('c')")
+    before = file_hashes(data_dir)
+    result = check(data_dir)
+    assert result.returncode == 0, result.stdout + result.stderr
+    (line,) = result.stdout.splitlines()
+    # The topic the server created is in the store and in the catalog (the copy of it).
+    assert line.startswith("ok: no problems in 3 topics, 5 partitions, "), line
+    assert "(live, read-only: data directory " in line and "in use by another process" in line
+    assert file_hashes(data_dir) == before
+    as_json = json.loads(check(data_dir, "--format", "json").stdout)
+    assert as_json["ok"] and "in use by another process" in as_json["live"]
+    refused = check(data_dir, "--repair")  # only the owner may change the files
+    assert refused.returncode == 1 and "error: in_use: " in refused.stdout
+
+
+def test_a_live_check_under_concurrent_writes_stays_clean(served: tuple[Path, int]) -> None:
+    data_dir, port = served
+    stop = threading.Event()
+    written: list[int] = []
+
+    def write() -> None:
+        with psycopg.connect(host="127.0.0.1", port=port, autocommit=True) as conn:
+            while not stop.is_set():
+                conn.execute("INSERT INTO TOPIC logs (data) VALUES ('x'), ('y')")
+                conn.execute("INSERT INTO users VALUES (%s)", [f"u{len(written)}"])
+                written.append(1)
+
+    writer = threading.Thread(target=write)
+    writer.start()
+    try:
+        while not written:
+            assert writer.is_alive()
+            time.sleep(0.01)
+        results = [check(data_dir) for _ in range(3)]
+    finally:
+        stop.set()
+        writer.join(timeout=RUN_TIMEOUT_S)
+    assert len(written) > 1
+    for result in results:
+        assert result.returncode == 0, result.stdout + result.stderr
+
+
+def test_damage_under_a_running_server_is_reported_live(served: tuple[Path, int]) -> None:
+    data_dir, _ = served
+    log = events_log(data_dir)
+    raw = bytearray(log.read_bytes())
+    raw[60] ^= 0xFF  # inside the body of the first frame, as in the offline test
+    log.write_bytes(bytes(raw))
+    result = check(data_dir)
+    assert result.returncode == 1, result.stdout + result.stderr
+    assert f"error: corrupt_frame: {log} at byte 0: checksum mismatch" in result.stdout
+    assert "(live, read-only: " in result.stdout.splitlines()[-1]
+
+
+def test_a_live_check_reports_only_what_every_run_finds(
+    data_dir: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A finding of one moment (an append in flight) is dropped; damage that stays is kept."""
+    from engine import check as engine_check
+    from storage.check_report import BROKEN_FRAME, TORN_TAIL, CheckReport, Problem
+
+    runs: list[int] = []
+
+    def fake_run(report: CheckReport, path: str, fs: object, *, repair: bool) -> None:
+        assert not repair and report.live == "held by pid 7"
+        runs.append(1)
+        report.add(Problem(BROKEN_FRAME, "a.log", "damage", 0))
+        report.add(Problem(TORN_TAIL, "b.log", "append in flight", 100 * len(runs)))
+
+    monkeypatch.setattr(engine_check, "_check_run", fake_run)
+    monkeypatch.setattr(engine_check, "LIVE_PAUSE_S", 0)
+    report = engine_check.check_live(str(data_dir), "held by pid 7")
+    assert len(runs) == engine_check.LIVE_RUNS_MAX
+    assert [(p.kind, p.path) for p in report.problems] == [(BROKEN_FRAME, "a.log")]
+    assert not report.ok
