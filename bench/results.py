@@ -2,12 +2,23 @@
 
 ``bench/results.json`` is a list of records, one per metric name::
 
-    {"name", "group", "value", "unit", "baseline", "baseline_value", "ratio",
-     "target", "met", "note", "machine", "date", "commit", "suite", "load_avg"}
+    {"name", "group", "value", "min", "max", "reps", "unit", "baseline",
+     "baseline_value", "baseline_min", "baseline_max", "ratio", "ratio_min",
+     "ratio_max", "higher_is_better", "target", "target_ratio", "met", "note",
+     "machine", "date", "commit", "suite", "load_avg"}
 
-``ratio`` is ``value / baseline_value`` (null without a baseline); ``target``
-is text such as ``">= 0.5x raw"`` (or null) and ``met`` whether this run met
-it (null without a target); ``date`` is when the run started; ``load_avg`` is
+``value`` is the median over ``reps`` repetitions and ``min``/``max`` their
+range (``bench.harness`` runs Topicbase and its baseline alternately, A B A B,
+and fills both sides' fields); a single measurement has ``reps`` 1 or null.
+``ratio`` reads "higher is better" always: ``value / baseline_value`` for
+throughput, ``baseline_value / value`` for latencies (``higher_is_better``
+false; the unit then says ``ratio = baseline / Topicbase``); null without a
+baseline. ``ratio_min``/``ratio_max`` are the range of the per-repetition
+ratios (repetition i of Topicbase against repetition i of the baseline).
+``target`` is text such as ``">= 0.5x raw"`` (or null), ``target_ratio`` the
+ratio it asks for in the same direction (``<= 8x PostgreSQL`` for a latency is
+``target_ratio`` 0.125), and ``met`` whether this run met it (null without a
+target); ``date`` is when the run started; ``load_avg`` is
 the machine's 1/5/15-minute load when the metric was recorded (other work on
 these 2-core machines skews every figure). Saving merges: a record replaces
 the stored record of the same name, every other stored record stays.
@@ -31,16 +42,35 @@ BENCH_DIR = os.path.dirname(os.path.abspath(__file__))
 REPO_DIR = os.path.dirname(BENCH_DIR)
 RESULTS_JSON = os.path.join(BENCH_DIR, "results.json")
 RESULTS_MD = os.path.join(BENCH_DIR, "RESULTS.md")
+CHARTS_DIR = os.path.join(BENCH_DIR, "charts")  # PNGs embedded in RESULTS.md (bench.charts)
+FINDINGS_MD = os.path.join(BENCH_DIR, "findings.md")  # hand-written, appended to RESULTS.md
+LOWER_IS_BETTER_UNIT = "ratio = baseline / Topicbase"
+# Names earlier versions recorded that no suite writes any more: dropped on save.
+RETIRED_PREFIXES = (
+    "transactions.move.c1.topicbase.",
+    "transactions.move.c4.topicbase.",
+    "transactions.move.c1.postgres.",
+    "transactions.move.c4.postgres.",
+)
 
 FIELDS = (
     "name",
     "group",
     "value",
+    "min",
+    "max",
+    "reps",
     "unit",
     "baseline",
     "baseline_value",
+    "baseline_min",
+    "baseline_max",
     "ratio",
+    "ratio_min",
+    "ratio_max",
+    "higher_is_better",
     "target",
+    "target_ratio",
     "met",
     "note",
     "machine",
@@ -167,19 +197,43 @@ class Recorder:
         target: str | None = None,
         met: bool | None = None,
         note: str | None = None,
+        spread: tuple[float, float] | None = None,
+        baseline_spread: tuple[float, float] | None = None,
+        reps: int | None = None,
+        ratio_range: tuple[float, float] | None = None,
+        higher_is_better: bool = True,
+        target_ratio: float | None = None,
     ) -> dict[str, Any]:
-        ratio = None
-        if baseline_value:
-            ratio = value / baseline_value
+        """Record one metric (see the module docstring for the fields).
+
+        ``met`` defaults to ``ratio >= target_ratio`` when both are known.
+        """
+        ratio = ratio_of(value, baseline_value, higher_is_better)
+        if not higher_is_better and baseline is not None and LOWER_IS_BETTER_UNIT not in unit:
+            unit = f"{unit} ({LOWER_IS_BETTER_UNIT})"
+        if met is None and target_ratio is not None and ratio is not None:
+            met = ratio >= target_ratio
+        low, high = spread if spread is not None else (None, None)
+        base_low, base_high = baseline_spread if baseline_spread is not None else (None, None)
+        ratio_low, ratio_high = ratio_range if ratio_range is not None else (None, None)
         record = {
             "name": name,
             "group": group,
             "value": _plain(value),
+            "min": _plain(low),
+            "max": _plain(high),
+            "reps": reps,
             "unit": unit,
             "baseline": baseline,
             "baseline_value": _plain(baseline_value),
+            "baseline_min": _plain(base_low),
+            "baseline_max": _plain(base_high),
             "ratio": None if ratio is None else round(ratio, 4),
+            "ratio_min": None if ratio_low is None else round(ratio_low, 4),
+            "ratio_max": None if ratio_high is None else round(ratio_high, 4),
+            "higher_is_better": higher_is_better,
             "target": target,
+            "target_ratio": None if target_ratio is None else round(target_ratio, 6),
             "met": None if met is None else bool(met),
             "note": note,
             "machine": self.machine,
@@ -191,6 +245,8 @@ class Recorder:
         self.records = [r for r in self.records if r["name"] != name]
         self.records.append(record)
         line = f"  {name} = {format_value(value)} {unit}"
+        if spread is not None:
+            line += f" [{format_value(low)}..{format_value(high)}]"
         if baseline_value is not None:
             line += f"  (baseline {format_value(baseline_value)}, ratio {format_ratio(ratio)})"
         if target is not None:
@@ -198,12 +254,32 @@ class Recorder:
         self.progress(line.strip())
         return record
 
-    def save(self) -> list[dict[str, Any]]:
-        """Merge this run's records into the JSON file and regenerate the Markdown."""
+    def save(self, *, charts_dir: str | None = None) -> list[dict[str, Any]]:
+        """Merge this run's records into the JSON file and regenerate the Markdown; with
+        ``charts_dir``, first redraw the PNG charts there (``bench.charts``, matplotlib)."""
         merged = merge_records(load_records(self.json_path), self.records)
         _write_atomic(self.json_path, json.dumps(merged, indent=2) + "\n")
-        _write_atomic(self.md_path, render_markdown(merged))
+        if charts_dir is not None:
+            from bench import charts  # matplotlib: imported only when drawing
+
+            charts.draw_all(merged, charts_dir)
+        md_dir = os.path.dirname(os.path.abspath(self.md_path))
+        _write_atomic(
+            self.md_path,
+            render_markdown(merged, charts_dir=charts_dir or CHARTS_DIR, md_dir=md_dir),
+        )
         return merged
+
+
+def ratio_of(
+    value: float | None, baseline_value: float | None, higher_is_better: bool = True
+) -> float | None:
+    """Topicbase / baseline for throughput, baseline / Topicbase for latencies: > 1 is better."""
+    if value is None or not baseline_value:
+        return None
+    if higher_is_better:
+        return value / baseline_value
+    return baseline_value / value if value else None
 
 
 def load_records(path: str = RESULTS_JSON) -> list[dict[str, Any]]:
@@ -224,6 +300,8 @@ def merge_records(
     fresh = {record["name"]: record for record in new}
     merged = []
     for record in stored:
+        if record["name"].startswith(RETIRED_PREFIXES) and record["name"] not in fresh:
+            continue
         merged.append(fresh.pop(record["name"], record))
     merged.extend(fresh.values())
     return merged
@@ -276,11 +354,90 @@ def _describe_machine(machine: dict[str, Any]) -> str:
     )
 
 
-def render_markdown(records: list[dict[str, Any]]) -> str:
+def _with_range(value: float | None, low: float | None, high: float | None) -> str:
+    text = format_value(value)
+    if low is not None and high is not None and value is not None:
+        text += f" ({format_value(low)}–{format_value(high)})"
+    return text
+
+
+def _ratio_cell(record: dict[str, Any]) -> str:
+    text = format_ratio(record.get("ratio"))
+    low, high = record.get("ratio_min"), record.get("ratio_max")
+    if record.get("ratio") is not None and low is not None and high is not None:
+        text += f" ({low:.2f}–{high:.2f})"
+    return text
+
+
+def _shortfall(record: dict[str, Any]) -> str:
+    """How far a ratio is from its target: "met", or "missed: 0.43x of the 1.5x asked"."""
+    ratio, wanted = record.get("ratio"), record.get("target_ratio")
+    if ratio is None or wanted is None:
+        return _met(record.get("met"))
+    if ratio >= wanted:
+        return "yes"
+    return f"**NO** ({ratio / wanted:.2f} of it)"
+
+
+def _headline(records: list[dict[str, Any]]) -> list[str]:
+    """The records that carry a numeric target: one table, before the groups."""
+    targeted = [r for r in records if r.get("target_ratio") is not None]
+    if not targeted:
+        return []
+    lines = [
+        "## Targets",
+        "",
+        "Medians of alternating repetitions (A B A B …), with min–max; `ratio` is "
+        "Topicbase / baseline, or baseline / Topicbase for latencies (higher is better in "
+        "both), its range the per-repetition ratios.",
+        "",
+        "| record | Topicbase | baseline | baseline value | ratio | target | met |",
+        "|---|---:|---|---:|---:|---|---|",
+    ]
+    for r in targeted:
+        lines.append(
+            "| "
+            + " | ".join(
+                [
+                    f"`{r['name']}`",
+                    _with_range(r["value"], r.get("min"), r.get("max")) + f" {r['unit']}",
+                    r["baseline"] or "-",
+                    _with_range(r["baseline_value"], r.get("baseline_min"), r.get("baseline_max")),
+                    _ratio_cell(r),
+                    r["target"] or "-",
+                    _shortfall(r),
+                ]
+            )
+            + " |"
+        )
+    lines.append("")
+    return lines
+
+
+def _charts(charts_dir: str | None, md_dir: str) -> list[str]:
+    if not charts_dir or not os.path.isdir(charts_dir):
+        return []
+    names = sorted(n for n in os.listdir(charts_dir) if n.endswith(".png"))
+    lines = []
+    for name in names:
+        relative = os.path.relpath(os.path.join(charts_dir, name), md_dir)
+        title = name[: -len(".png")].replace("_", " ")
+        lines += [f"![{title}]({relative})", ""]
+    return (["## Charts", "", *lines]) if lines else []
+
+
+def render_markdown(
+    records: list[dict[str, Any]],
+    *,
+    charts_dir: str | None = CHARTS_DIR,
+    findings_path: str | None = FINDINGS_MD,
+    md_dir: str = BENCH_DIR,
+) -> str:
     lines = [
         "# Topicbase benchmark results",
         "",
-        "Generated by `python -m bench.run` from `bench/results.json`; do not edit by hand.",
+        "Generated by `python -m bench.run` from `bench/results.json` (and "
+        "`bench/findings.md`); do not edit by hand.",
         "",
     ]
     if not records:
@@ -294,6 +451,11 @@ def render_markdown(records: list[dict[str, Any]]) -> str:
     lines.append(f"- Machine{'s' if len(machines) > 1 else ''}: " + "; ".join(machines))
     lines.append(f"- Latest run: {latest}")
     lines.append("")
+    lines += _headline(records)
+    lines += _charts(charts_dir, md_dir)
+    if findings_path and os.path.exists(findings_path):
+        with open(findings_path, encoding="utf-8") as file:
+            lines += [file.read().rstrip(), ""]
     groups: dict[str, list[dict[str, Any]]] = {}
     for record in records:
         groups.setdefault(record.get("group") or "other", []).append(record)
@@ -310,18 +472,20 @@ def render_markdown(records: list[dict[str, Any]]) -> str:
                 f"1-minute load average up to {load:g}."
             )
         lines.append("")
-        lines.append("| metric | value | unit | baseline | baseline value | ratio | target | met |")
+        lines.append(
+            "| metric | value (min–max) | unit | baseline | baseline value | ratio | target | met |"
+        )
         lines.append("|---|---:|---|---|---:|---:|---|---|")
         for r in members:
             cells = [
                 r["name"] + (f" ({r['note']})" if r.get("note") else ""),
-                format_value(r["value"]),
+                _with_range(r["value"], r.get("min"), r.get("max")),
                 r["unit"],
                 r["baseline"] or "-",
-                format_value(r["baseline_value"]),
-                format_ratio(r["ratio"]),
+                _with_range(r["baseline_value"], r.get("baseline_min"), r.get("baseline_max")),
+                _ratio_cell(r),
                 r["target"] or "-",
-                _met(r["met"]),
+                _shortfall(r),
             ]
             lines.append("| " + " | ".join(cells) + " |")
         lines.append("")
