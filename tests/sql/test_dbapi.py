@@ -501,3 +501,31 @@ def test_unknown_topic_inside_a_transaction_fails_the_transaction(
     with pytest.raises(sql.InternalError) as aborted:
         connection.execute("SELECT 1")
     assert aborted.value.sqlstate == "25P02"
+
+
+# -- cost ------------------------------------------------------------------------------------
+def test_a_repeated_operation_is_parsed_once(
+    admin: dbapi.Connection, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The DB-API goes through the session's parse cache: a loop of one statement text
+    (execute and executemany alike) parses it once, however many times it runs."""
+    import grammar.parse
+    from engine import session
+    from grammar.split import SourceText
+
+    parsed: list[str] = []
+    original = grammar.parse._parse_statement
+
+    def counting(source: SourceText, start: int, end: int) -> object:
+        parsed.append(source.text[start:end].strip())
+        return original(source, start, end)
+
+    monkeypatch.setattr(grammar.parse, "_parse_statement", counting)
+    session._parse_cached.cache_clear()  # type: ignore[attr-defined]
+    operation = "INSERT INTO items VALUES (?, 'parsed once')"
+    cursor = admin.cursor()
+    for key in range(20):
+        cursor.execute(operation, [key])
+    cursor.executemany(operation, [[key] for key in range(20, 40)])
+    assert count(admin, "SELECT count(*) FROM items WHERE name = 'parsed once'") == 40
+    assert parsed.count(operation) == 1
