@@ -14,6 +14,7 @@ from engine.catalog import OWNER_SUPERUSER, TopicEntry
 from engine.clock import utc_from_us
 from planner.operations import AlterTopicEntry, CreateTopicEntry, DropTopicEntry
 from storage import limits
+from storage.autopartition import AutoPartitioning
 from storage.codecs import parse_codec_list
 from storage.config import TopicConfig
 
@@ -44,6 +45,20 @@ def storage_config(settings: dict[str, Any], base: TopicConfig, partitions: int)
     ).validate()
 
 
+def autopartitioning_of(settings: dict[str, Any]) -> AutoPartitioning:
+    """The autopartitioning and write-speed knobs implied by a topic's YDB settings."""
+    window = settings.get("auto_partitioning_stabilization_window")
+    return AutoPartitioning(
+        strategy=str(settings.get("auto_partitioning_strategy") or "disabled"),
+        up_percent=int(settings.get("auto_partitioning_up_utilization_percent") or 80),
+        down_percent=int(settings.get("auto_partitioning_down_utilization_percent") or 30),
+        window_us=300_000_000 if window is None else int(window.total_seconds() * 1_000_000),
+        max_active=int(settings.get("max_active_partitions") or 0),
+        write_speed=int(settings.get("partition_write_speed_bytes_per_second") or 0),
+        burst=int(settings.get("partition_write_burst_bytes") or 0),
+    ).validate()
+
+
 def segment_ms_for(retention_ms: int | None) -> int:
     """Segment age at which a topic with this retention rolls (see ``storage_config``)."""
     if retention_ms is None:
@@ -55,6 +70,13 @@ def run_create(database: Any, operation: CreateTopicEntry, owner: str = OWNER_SU
     partitions = int(operation.settings["min_active_partitions"])
     base = TopicConfig(fsync_policy=database.fsync_policy)
     topic = database.store.create_topic(storage_config(operation.settings, base, partitions))
+    try:
+        auto = autopartitioning_of(operation.settings)
+        if auto != topic.autopartitioning:
+            topic.alter(topic.config, auto)
+    except BaseException:
+        database.store.drop_topic(topic.topic_id)
+        raise
     entry = TopicEntry(
         operation.name,
         topic.topic_id,
@@ -72,14 +94,15 @@ def run_create(database: Any, operation: CreateTopicEntry, owner: str = OWNER_SU
 def run_alter(database: Any, operation: AlterTopicEntry) -> None:
     entry = database.catalog.entry(operation.name)
     topic = database.topic_log(operation.topic_id)
-    partitions = len(topic.partition_ids()) + operation.added_partitions
+    partitions = topic.config.partition_count + operation.added_partitions
     config = storage_config(operation.settings, topic.config, partitions)
+    auto = autopartitioning_of(operation.settings)
     database.catalog.update_topic(
         TopicEntry(
             entry.name, entry.topic_id, operation.settings, operation.consumers, entry.created_at
         )
     )
-    topic.alter(config)
+    topic.alter(config, auto)
 
 
 def run_drop(database: Any, operation: DropTopicEntry) -> None:

@@ -18,8 +18,10 @@ is on disk.
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import threading
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 
 import numpy as np
@@ -108,6 +110,9 @@ class PartitionLog:
         self.config = config
         self.clock = clock
         self.active = True
+        # Where a transactional publish to this partition goes once it is inactive
+        # (its topic sets it: the active descendants by key); None: refused.
+        self.redirect: Callable[[list[pa.RecordBatch], int], None] | None = None
         self.data_ready = data_ready or threading.Condition()
         self.recovery = RecoveryReport()
         self._write_lock = threading.Lock()
@@ -207,14 +212,39 @@ class PartitionLog:
         for batch in batches:
             check_wire_batch(batch)
             self._check_codecs(batch)
+        if not self.active and self.redirect is not None:
+            return self._redirected(batches, transaction_id)
         with self._write_lock:
-            self._check_writable()
-            results = [
-                self._write_decision(self.producers.decide(batch), transaction_id)
-                for batch in batches
-            ]
-            self._publish()
+            if not self.active and self.redirect is not None and not self._closed:
+                redirect = True
+            else:
+                redirect = False
+                self._check_writable()
+                results = [
+                    self._write_decision(self.producers.decide(batch), transaction_id)
+                    for batch in batches
+                ]
+                self._publish()
+        if redirect:
+            return self._redirected(batches, transaction_id)
         return results
+
+    def _redirected(self, batches: list[pa.RecordBatch], transaction_id: int) -> list[AppendResult]:
+        """Hand a transactional publish to ``redirect`` (this partition split); the
+        results say nothing was written here."""
+        assert self.redirect is not None
+        self.redirect(batches, transaction_id)
+        return [
+            AppendResult(self.partition_id, np.full(b.num_rows, WRITTEN, np.uint8),
+                         np.full(b.num_rows, -1, np.int64))
+            for b in batches
+        ]  # fmt: skip
+
+    @contextlib.contextmanager
+    def writes_paused(self) -> Iterator[None]:
+        """Hold the write lock: no write is in flight while the caller runs (a split)."""
+        with self._write_lock:
+            yield
 
     def contains_transaction(self, transaction_id: int, since_us: int) -> bool:
         """True if a frame of ``transaction_id`` was written at or after ``since_us``.

@@ -6,26 +6,52 @@ and partition list, replaced atomically) and one directory per partition,
 a user's name, so no name can reach outside the data directory.
 
 Routing: messages with the same key (producer id, else message group id) go to
-one partition. A key is bound round-robin over active partitions on first use;
-the binding lives in the partitions' producer state, so it survives restarts
-and expires with it (14 days without writes by default).
+one partition. Without autopartitioning a key is bound round-robin over active
+partitions on first use; the binding lives in the partitions' producer state, so
+it survives restarts and expires with it (14 days without writes by default).
+With autopartitioning every active partition owns a range of the key hash space
+and a key goes to the one whose range holds its hash (``storage.autopartition``,
+docs/autopartitioning.md); messages without a key go round-robin.
 
 Partitions have a lineage (parent, children) and may be inactive (read-only
-after an autopartitioning split); routing never picks an inactive partition.
+after a split); routing never picks an inactive partition. A split
+(``split``) is atomic: the children's directories (empty logs, each seeded with
+the parent's producer states of its half, so seq_no dedup follows a producer)
+are made and synced first, then one replace of ``topic.json`` makes the parent
+inactive and the children active. A crash before that replace leaves directories
+that ``topic.json`` does not list: ``_load`` deletes them. A write that meets the
+parent already inactive was not written and is routed again; a transactional
+publish aimed at an inactive partition goes to the active descendant holding
+each message's key (``_publish_to_lineage``), idempotently.
+
+Write speed: each write waits for its partition's token bucket
+(``autopartition.WriteSpeed``) outside every lock, then is metered; after a
+write the partition splits if the rule holds (``_maybe_split``).
 """
 
 from __future__ import annotations
 
+import bisect
 import json
 import os
 import threading
-from dataclasses import dataclass
+import time
+from collections.abc import Callable
+from dataclasses import dataclass, replace
 
 import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
 
 from storage import failpoints, file_names, limits
+from storage.autopartition import (
+    THROTTLE_DELAY_S_MAX,
+    AutoPartitioning,
+    KeyRange,
+    WriteSpeed,
+    even_ranges,
+    key_hash,
+)
 from storage.clock import Clock
 from storage.codecs import Codec
 from storage.config import FsyncPolicy, TopicConfig
@@ -33,9 +59,11 @@ from storage.errors import (
     InvalidParameterValueError,
     LimitExceededError,
     ObjectNotInPrerequisiteStateError,
+    PartitionInactiveError,
 )
 from storage.fs import FileSystem
 from storage.partition_log import WRITTEN, AppendResult, PartitionLog, ReadResult
+from storage.producer_state import ProducerStateManager
 
 METADATA_FILE = "topic.json"
 
@@ -46,6 +74,8 @@ class PartitionInfo:
     active: bool
     parent: int | None
     children: tuple[int, ...]
+    key_range: KeyRange | None = None  # set on topics with autopartitioning
+    split_at_us: int | None = None  # when the partition split (inactive ones)
 
 
 @dataclass(frozen=True, slots=True)
@@ -78,21 +108,34 @@ class TopicLog:
         self._round_robin = 0
         self._pending_bindings: dict[str, int] = {}
         self.config = TopicConfig()
+        self.autopartitioning = AutoPartitioning()
         self._partitions: dict[int, PartitionLog] = {}
         self._info: dict[int, PartitionInfo] = {}
+        self._speeds: dict[int, WriteSpeed] = {}
+        self._next_id = 0
+        # Active ranges by their low end, for routing: (lows, partition ids), sorted.
+        self._range_lows: list[int] = []
+        self._range_owners: list[int] = []
+        self.sleep: Callable[[float], None] = time.sleep  # tests inject a fake one
+        self.splits = 0
         if not create:
             self._load()
 
     # -- creation and metadata --------------------------------------------------------
-    def create(self, config: TopicConfig) -> None:
+    def create(self, config: TopicConfig, autopartitioning: AutoPartitioning | None = None) -> None:
         config.validate()
         self.fs.make_directory(self.directory)
         self.config = config
+        self.autopartitioning = (autopartitioning or AutoPartitioning()).validate()
+        ranges = even_ranges(config.partition_count) if self.autopartitioning.ranged else None
         for partition_id in range(config.partition_count):
-            self._info[partition_id] = PartitionInfo(partition_id, True, None, ())
+            key_range = None if ranges is None else ranges[partition_id]
+            self._info[partition_id] = PartitionInfo(partition_id, True, None, (), key_range)
+        self._next_id = config.partition_count
         self._save()
         for partition_id in self._info:
             self._open_partition(partition_id)
+        self._index_ranges()
 
     def _load(self) -> None:
         # A replace of topic.json cut short (before its rename) leaves the temp file; the
@@ -100,24 +143,44 @@ class TopicLog:
         self.fs.remove(os.path.join(self.directory, METADATA_FILE + file_names.TEMP_SUFFIX))
         payload = json.loads(self.fs.read_file(os.path.join(self.directory, METADATA_FILE)))
         self.config = _config_from_json(payload["config"])
+        self.autopartitioning = AutoPartitioning.from_json(payload.get("autopartitioning"))
         for item in payload["partitions"]:
             info = PartitionInfo(
-                item["id"], item["active"], item["parent"], tuple(item["children"])
+                item["id"],
+                item["active"],
+                item["parent"],
+                tuple(item["children"]),
+                KeyRange.from_json(item.get("range")),
+                item.get("split_at_us"),
             )
             self._info[info.partition_id] = info
+        self._next_id = payload.get("next_partition_id", self.config.partition_count)
+        self._remove_unlisted_partitions()
         for partition_id in self._info:
             self._open_partition(partition_id)
+        self._index_ranges()
+
+    def _remove_unlisted_partitions(self) -> None:
+        """Delete partition directories ``topic.json`` does not list: a split that
+        crashed before its commit point (the children), or a removal after it."""
+        for name in self.fs.list_directory(self.directory):
+            if name.startswith("p") and name[1:].isdigit() and int(name[1:]) not in self._info:
+                self.fs.remove_tree(os.path.join(self.directory, name))
 
     def _save(self) -> None:
         payload = {
             "id": self.topic_id,
             "config": _config_to_json(self.config),
+            "autopartitioning": self.autopartitioning.to_json(),
+            "next_partition_id": self._next_id,
             "partitions": [
                 {
                     "id": i.partition_id,
                     "active": i.active,
                     "parent": i.parent,
                     "children": list(i.children),
+                    "range": None if i.key_range is None else i.key_range.to_json(),
+                    "split_at_us": i.split_at_us,
                 }
                 for i in sorted(self._info.values(), key=lambda i: i.partition_id)
             ],
@@ -136,27 +199,81 @@ class TopicLog:
             self.data_ready,
         )
         partition.active = self._info[partition_id].active
+        partition.redirect = self._redirect_of(partition_id)
         self._partitions[partition_id] = partition
+        self._speeds[partition_id] = WriteSpeed(
+            self.autopartitioning.speed, self.autopartitioning.burst, self.clock.now_us()
+        )
         return partition
 
-    def alter(self, config: TopicConfig) -> None:
-        """Change storage settings; adding partitions is allowed, removing is not."""
+    def _redirect_of(self, partition_id: int) -> Callable[[list[pa.RecordBatch], int], None]:
+        def redirect(batches: list[pa.RecordBatch], transaction_id: int) -> None:
+            for batch in batches:
+                self._publish_to_lineage(partition_id, batch, transaction_id)
+
+        return redirect
+
+    def _index_ranges(self) -> None:
+        """Rebuild the routing index of active ranges (caller holds ``_lock`` or owns us)."""
+        owned = sorted(
+            (i.key_range.low, i.partition_id)
+            for i in self._info.values()
+            if i.active and i.key_range is not None
+        )
+        self._range_lows = [low for low, _ in owned]
+        self._range_owners = [partition_id for _, partition_id in owned]
+
+    def alter(self, config: TopicConfig, autopartitioning: AutoPartitioning | None = None) -> None:
+        """Change storage settings; adding partitions is allowed, removing is not.
+
+        On a ranged topic (autopartitioning on) partitions are added by splitting
+        the widest active ranges. Turning autopartitioning on gives the active
+        partitions even ranges; it cannot be turned off again.
+        """
         config.validate()
+        auto = (autopartitioning or self.autopartitioning).validate()
+        if self.autopartitioning.ranged and not auto.ranged:
+            raise ObjectNotInPrerequisiteStateError(
+                "auto-partitioning, once enabled, cannot be disabled; pause it instead"
+            )
         with self._lock:
-            # Ids handed out so far: retention may have removed some (inactive, expired).
-            current = self.config.partition_count
-            if config.partition_count < current:
+            current = self._next_id  # ids handed out so far (splits included)
+            added = config.partition_count - self.config.partition_count
+            if added < 0:
                 raise InvalidParameterValueError(
-                    f"partitions can be added but not removed (topic has {current})"
+                    f"partitions can be added but not removed (topic has "
+                    f"{self.config.partition_count})"
                 )
-            self.config = config
+            if auto.ranged and not self.autopartitioning.ranged:
+                active = self.active_partition_ids()
+                for partition_id, key_range in zip(active, even_ranges(len(active)), strict=True):
+                    self._info[partition_id] = replace(
+                        self._info[partition_id], key_range=key_range
+                    )
+            self.autopartitioning = auto
+            for speed in self._speeds.values():
+                speed.configure(auto.speed, auto.burst)
+            ranged = auto.ranged
+            new_ids = [] if ranged else list(range(current, current + added))
+            self.config = replace(
+                config, partition_count=self.config.partition_count + len(new_ids)
+            )
             for partition in self._partitions.values():
-                partition.config = config
-            for partition_id in range(current, config.partition_count):
+                partition.config = self.config
+            for partition_id in new_ids:
                 self._info[partition_id] = PartitionInfo(partition_id, True, None, ())
+            self._next_id = current + len(new_ids)
             self._save()
-            for partition_id in range(current, config.partition_count):
+            for partition_id in new_ids:
                 self._open_partition(partition_id)
+            self._index_ranges()
+        for _ in range(added if ranged else 0):
+            widest = max(
+                self.active_partition_ids(),
+                key=lambda p: self._info[p].key_range.high - self._info[p].key_range.low,  # type: ignore[union-attr]
+            )
+            if self.split(widest, force=True) is None:
+                break
 
     # -- partitions ---------------------------------------------------------------------
     def partition(self, partition_id: int) -> PartitionLog:
@@ -175,6 +292,10 @@ class TopicLog:
 
     def active_partition_ids(self) -> list[int]:
         return [i for i in sorted(self._info) if self._info[i].active]
+
+    def write_speed(self, partition_id: int) -> WriteSpeed:
+        """The partition's token bucket and meter (memory only; restarts begin anew)."""
+        return self._speeds[partition_id]
 
     def mark_inactive(self, partition_id: int, children: tuple[int, ...]) -> None:
         """Make a partition read-only with the given children (autopartitioning).
@@ -202,13 +323,89 @@ class TopicLog:
                     )
             for child in children:
                 child_info = self._info[child]
-                self._info[child] = PartitionInfo(
-                    child, child_info.active, partition_id, child_info.children
-                )
-            self._info[partition_id] = PartitionInfo(partition_id, False, info.parent, children)
+                self._info[child] = replace(child_info, parent=partition_id)
+            self._info[partition_id] = replace(
+                info, active=False, children=children, split_at_us=self.clock.now_us()
+            )
             self._partitions[partition_id].active = False
             failpoints.hit("split.before_save")
             self._save()
+            self._index_ranges()
+
+    def split(self, partition_id: int, *, force: bool = False) -> tuple[int, int] | None:
+        """Split an active ranged partition at the middle of its range; the children's ids.
+
+        None when it cannot (inactive, unranged, a one-hash range, or at the
+        limit of active partitions unless ``force``, which ALTER's adds use).
+        Atomic: see the module docstring. Writes to the parent wait for its write
+        lock meanwhile and then find it inactive.
+        """
+        with self._lock:
+            info = self._info.get(partition_id)
+            if info is None or not info.active or info.key_range is None:
+                return None
+            if info.key_range.high - info.key_range.low < 2:
+                return None
+            active = len(self.active_partition_ids())
+            if not force and active >= self._max_active():
+                return None
+            if active + 1 > limits.PARTITIONS_PER_TOPIC_MAX:
+                return None
+            parent = self._partitions[partition_id]
+            with parent.writes_paused():
+                return self._split_locked(info, parent)
+
+    def _max_active(self) -> int:
+        limit = self.autopartitioning.max_active
+        return (
+            min(limit, limits.PARTITIONS_PER_TOPIC_MAX)
+            if limit
+            else limits.PARTITIONS_PER_TOPIC_MAX
+        )
+
+    def _split_locked(self, info: PartitionInfo, parent: PartitionLog) -> tuple[int, int]:
+        assert info.key_range is not None and info.active
+        halves = info.key_range.halves()
+        child_ids = (self._next_id, self._next_id + 1)
+        states = {key: parent.producers.entry(key) for key in parent.producers.live_keys()}
+        for child_id, half in zip(child_ids, halves, strict=True):
+            directory = os.path.join(self.directory, f"p{child_id}")
+            self.fs.remove_tree(directory)  # a crashed split's leftover, if any
+            self.fs.make_directory(directory)
+            seeded = ProducerStateManager(
+                self.fs, directory, self.clock, self.config.producer_expiry_ms * 1000
+            )
+            mine = {k: e for k, e in states.items() if e is not None and half.contains(key_hash(k))}
+            seeded.apply_read_batch(_producer_states_batch(mine))
+            seeded.write_snapshot(0, durable=True)
+            failpoints.hit("split.after_child")
+        self.fs.sync_directory(self.directory)
+        saved = dict(self._info), self._next_id, self.config
+        now_us = self.clock.now_us()
+        self._info[info.partition_id] = replace(
+            info, active=False, children=child_ids, split_at_us=now_us
+        )
+        for child_id, half in zip(child_ids, halves, strict=True):
+            self._info[child_id] = PartitionInfo(child_id, True, info.partition_id, (), half)
+        self._next_id += 2
+        self.config = replace(self.config, partition_count=self.config.partition_count + 2)
+        try:
+            failpoints.hit("split.before_save")
+            self._save()  # the commit point
+        except BaseException:
+            self._info, self._next_id, self.config = saved[0], saved[1], saved[2]
+            for child_id in child_ids:
+                self.fs.remove_tree(os.path.join(self.directory, f"p{child_id}"))
+            raise
+        failpoints.hit("split.after_save")
+        parent.active = False
+        for partition in self._partitions.values():
+            partition.config = self.config
+        for child_id in child_ids:
+            self._open_partition(child_id)
+        self._index_ranges()
+        self.splits += 1
+        return child_ids
 
     def remove_partition(self, partition_id: int) -> None:
         """Delete an inactive partition (all its data expired)."""
@@ -217,16 +414,19 @@ class TopicLog:
                 raise ObjectNotInPrerequisiteStateError("an active partition cannot be removed")
             partition = self._partitions.pop(partition_id)
             del self._info[partition_id]
+            self._speeds.pop(partition_id, None)
             self._save()
         partition.delete()
 
     # -- routing and appends -----------------------------------------------------------
     def partition_for_key(self, key: str) -> int:
-        """The partition bound to ``key``; binds it round-robin on first use."""
+        """The partition of ``key``: its range's (ranged topics), else its binding."""
         with self._lock:
             return self._partition_for_key_locked(key)
 
     def _partition_for_key_locked(self, key: str) -> int:
+        if self.autopartitioning.ranged:
+            return self._partition_for_hash(key_hash(key))
         best: tuple[int, int] | None = None
         for partition_id, partition in self._partitions.items():
             entry = partition.producers.entry(key)
@@ -245,6 +445,14 @@ class TopicLog:
         self._pending_bindings[key] = partition_id
         return partition_id
 
+    def _partition_for_hash(self, value: int) -> int:
+        index = bisect.bisect_right(self._range_lows, value) - 1
+        assert index >= 0, "the active ranges cover the hash space"
+        partition_id = self._range_owners[index]
+        key_range = self._info[partition_id].key_range
+        assert key_range is not None and key_range.contains(value)
+        return partition_id
+
     def _next_round_robin(self) -> int:
         active = self.active_partition_ids()
         if not active:
@@ -258,23 +466,76 @@ class TopicLog:
         partition_id = self.partition_for_key(producer_id)
         return self._partitions[partition_id].last_seq_no(producer_id)
 
-    def append(self, batch: pa.RecordBatch, partition: int | None = None) -> TopicAppendResult:
-        """Append a wire batch, routing each message by its key unless ``partition`` is given."""
+    def append(
+        self,
+        batch: pa.RecordBatch,
+        partition: int | None = None,
+        *,
+        max_delay_s: float = THROTTLE_DELAY_S_MAX,
+    ) -> TopicAppendResult:
+        """Append a wire batch, routing each message by its key unless ``partition`` is given.
+
+        Each partition's share first waits for that partition's write speed (at most
+        ``max_delay_s``, else 53000 and nothing written). A share that meets its
+        partition inactive (a split meanwhile: nothing was written) is routed again.
+        """
         if partition is not None:
-            result = self.partition(partition).append(batch)
+            log = self.partition(partition)
+            self._throttle(partition, batch, max_delay_s)
+            result = log.append(batch)
+            self._after_write(partition, batch)
             return _topic_result([(np.arange(batch.num_rows), result)], batch.num_rows)
-        targets = self.route(batch)
-        pieces = []
-        for partition_id in np.unique(targets):
-            rows = np.flatnonzero(targets == partition_id)
-            piece = batch if len(rows) == batch.num_rows else batch.take(pa.array(rows))
-            pieces.append((rows, self._partitions[int(partition_id)].append(piece)))
+        pieces: list[tuple[np.ndarray, AppendResult]] = []
+        pending = [(np.arange(batch.num_rows), batch)]
+        for _ in range(limits.PARTITIONS_PER_TOPIC_MAX):
+            if not pending:
+                break
+            rows, part = pending.pop()
+            targets = self.route(part)
+            for partition_id in np.unique(targets):
+                chosen = np.flatnonzero(targets == partition_id)
+                piece = part if len(chosen) == part.num_rows else part.take(pa.array(chosen))
+                self._throttle(int(partition_id), piece, max_delay_s)
+                try:
+                    result = self._partitions[int(partition_id)].append(piece)
+                except PartitionInactiveError:
+                    pending.append((rows[chosen], piece))
+                    continue
+                pieces.append((rows[chosen], result))
+                self._after_write(int(partition_id), piece)
+        assert not pending, "routing settles: each retry follows a split that happened"
         return _topic_result(pieces, batch.num_rows)
+
+    def _throttle(self, partition_id: int, batch: pa.RecordBatch, max_delay_s: float) -> None:
+        if not self.autopartitioning.throttled:
+            return
+        speed = self._speeds[partition_id]
+        delay_s = speed.reserve(_payload_bytes(batch), self.clock.now_us(), max_delay_s)
+        if delay_s > 0:
+            self.sleep(delay_s)
+
+    def _after_write(self, partition_id: int, batch: pa.RecordBatch) -> None:
+        """Meter the write; split the partition if the rule now holds."""
+        speed = self._speeds.get(partition_id)
+        if speed is None:
+            return
+        now_us = self.clock.now_us()
+        speed.record(_payload_bytes(batch), now_us)
+        auto = self.autopartitioning
+        if not auto.splits or not self._info[partition_id].active:
+            return
+        threshold = auto.speed * auto.up_percent / 100
+        if speed.above_for(threshold, auto.window_seconds, now_us):
+            self.split(partition_id)
 
     def publish_transactional(
         self, batch: pa.RecordBatch, partition: int | None, transaction_id: int
     ) -> TopicAppendResult:
-        """Publish a committed transaction's batch (see ``PartitionLog.publish_transactional``)."""
+        """Publish a committed transaction's batch (see ``PartitionLog.publish_transactional``).
+
+        Aimed at an inactive partition (it split after the commit routed the batch),
+        each message goes to the active descendant holding its key instead.
+        """
         targets = (
             np.full(batch.num_rows, partition, dtype=np.int64)
             if partition is not None
@@ -285,8 +546,66 @@ class TopicLog:
             rows = np.flatnonzero(targets == partition_id)
             piece = batch if len(rows) == batch.num_rows else batch.take(pa.array(rows))
             log = self.partition(int(partition_id))
-            pieces.append((rows, log.publish_transactional([piece], transaction_id)[0]))
+            try:
+                pieces.append((rows, log.publish_transactional([piece], transaction_id)[0]))
+            except PartitionInactiveError:
+                pieces.extend(
+                    (rows[inner], result)
+                    for inner, result in self._publish_to_lineage(
+                        int(partition_id), piece, transaction_id
+                    )
+                )
+            self._after_write(int(partition_id), piece)
         return _topic_result(pieces, batch.num_rows)
+
+    def _publish_to_lineage(
+        self, partition_id: int, batch: pa.RecordBatch, transaction_id: int
+    ) -> list[tuple[np.ndarray, AppendResult]]:
+        """Publish ``batch`` of a transaction to the active descendants of an inactive
+        partition by key hash; messages without a key go to the lowest range's.
+
+        Idempotent: a descendant that holds frames of the transaction already (a
+        publish cut short, then retried or recovered) gets nothing again. Routing is
+        deterministic, so each descendant's share is the same every time.
+        """
+        keys = pc.coalesce(batch.column(1), batch.column(2)).to_pylist()
+        with self._lock:
+            targets = np.array(
+                [self._descendant_for(partition_id, key) for key in keys], dtype=np.int64
+            )
+        results = []
+        for target in np.unique(targets):
+            rows = np.flatnonzero(targets == target)
+            piece = batch if len(rows) == batch.num_rows else batch.take(pa.array(rows))
+            log = self._partitions[int(target)]
+            split_at = self._info[partition_id].split_at_us or 0
+            if log.contains_transaction(transaction_id, split_at - 60 * 1_000_000):
+                continue
+            results.append((rows, log.publish_transactional([piece], transaction_id)[0]))
+        return results
+
+    def _descendant_for(self, partition_id: int, key: str | None) -> int:
+        """The active partition below ``partition_id`` in the lineage that holds ``key``."""
+        current = self._info[partition_id]
+        value = None if key is None else key_hash(key)
+        for _ in range(HASH_BITS_DEPTH):
+            if current.active:
+                return current.partition_id
+            children = [self._info[c] for c in current.children if c in self._info]
+            if not children:
+                raise ObjectNotInPrerequisiteStateError(
+                    f"partition {current.partition_id} is inactive and has no children"
+                )
+            chosen = children[0]
+            for child in children:
+                if (
+                    value is not None
+                    and child.key_range is not None
+                    and child.key_range.contains(value)
+                ):
+                    chosen = child
+            current = chosen
+        raise ObjectNotInPrerequisiteStateError("partition lineage is too deep")
 
     def route(self, batch: pa.RecordBatch) -> np.ndarray:
         """The partition of every message of ``batch`` (binding new keys round-robin)."""
@@ -300,6 +619,14 @@ class TopicLog:
         positions = pc.index_in(keys, value_set=unique).fill_null(len(bound))
         lookup = np.array([*bound, keyless], dtype=np.int64)
         return lookup[positions.to_numpy()]
+
+    def routing(self) -> list[tuple[int, KeyRange]]:
+        """The active partitions' key ranges, lowest first (empty when unranged)."""
+        with self._lock:
+            return [
+                (p, self._info[p].key_range)  # type: ignore[misc]
+                for p in self._range_owners
+            ]
 
     # -- reads --------------------------------------------------------------------------
     def read(self, partition_id: int, offset: int, **limits_: int) -> ReadResult:
@@ -329,6 +656,34 @@ class TopicLog:
     def delete(self) -> None:
         self.close()
         self.fs.remove_tree(self.directory)
+
+
+# A lineage is at most this deep: each split halves a range of a 64-bit space.
+HASH_BITS_DEPTH = 65
+
+
+def _producer_states_batch(entries: dict) -> pa.RecordBatch:
+    """Producer states as the read rows a replay applies (``apply_read_batch``): each
+    key's last seq_no and write time, at offset -1 (no offset of the child's own)."""
+    keys = list(entries)
+    return pa.RecordBatch.from_pydict(
+        {
+            "producer_id": pa.array(keys, pa.string()),
+            "message_group_id": pa.nulls(len(keys), pa.string()),
+            "seq_no": pa.array([entries[k].last_seq_no for k in keys], pa.int64()),
+            "offset": pa.array([-1] * len(keys), pa.int64()),
+            "written_at": pa.array([entries[k].last_written_at_us for k in keys], pa.int64()),
+        }
+    )
+
+
+def _payload_bytes(batch: pa.RecordBatch) -> int:
+    """The bytes a write counts against its partition's speed: the messages' data."""
+    data = batch.column(5)
+    if not len(data):
+        return 0
+    ends = np.frombuffer(data.buffers()[1], np.int32, len(data) + 1, data.offset * 4)
+    return int(ends[-1] - ends[0])
 
 
 def _topic_result(pieces: list[tuple[np.ndarray, AppendResult]], count: int) -> TopicAppendResult:
