@@ -54,7 +54,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
-from sql.pgwire import messages as m
+from sql.pgwire.codec import messages as m
 from sql.pgwire.login_throttle import LoginThrottle
 from storage.errors import TopicbaseError
 

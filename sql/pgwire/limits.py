@@ -50,7 +50,7 @@ from dataclasses import dataclass
 
 import pyarrow as pa
 
-from sql.pgwire.messages import ProtocolError, message_length
+from sql.pgwire.codec.messages import ProtocolError, message_length
 from storage.errors import LimitExceededError, TooManyConnectionsError
 
 MIB = 1024 * 1024

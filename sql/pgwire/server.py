@@ -63,17 +63,19 @@ from engine.api import (
     use_role_lookup,
 )
 from sql.internal_error import internal_error
-from sql.pgwire import arrays, malloc_tuning, result_stream, types
 from sql.pgwire import auth as wire_auth
-from sql.pgwire import commands as wire_commands
 from sql.pgwire import limits as wire_limits
-from sql.pgwire import messages as m
-from sql.pgwire import pg_catalog as wire_catalog  # SET/SHOW, savepoints, pg_catalog
+from sql.pgwire import malloc_tuning
 from sql.pgwire import tls as wire_tls
+from sql.pgwire.codec import arrays, wire_types
+from sql.pgwire.codec import messages as m
+from sql.pgwire.codec.row_encoding import DataRows
+from sql.pgwire.connection import commands as wire_commands
+from sql.pgwire.connection import result_stream
+from sql.pgwire.connection.output import GatheringWriter
+from sql.pgwire.emulation import surface
+from sql.pgwire.emulation.pg_settings import PgSettings, milliseconds
 from sql.pgwire.limits import REFUSAL_PACKETS_MAX, REFUSAL_TIMEOUT_S, Admission, ServerLimits
-from sql.pgwire.output import GatheringWriter
-from sql.pgwire.pg_settings import PgSettings, milliseconds
-from sql.pgwire.row_encoding import DataRows
 from sql.pgwire.users import ConfigFileError, default_users_path
 from storage.errors import (
     FeatureNotSupportedError,
@@ -96,7 +98,7 @@ _STATUS = {SessionState.IDLE: "I", SessionState.IN_TRANSACTION: "T", SessionStat
 _PARAMETER = re.compile(r"\$(\d+)")
 # Messages the loop answers with nothing of their own: Flush (H) only asks for the drain,
 # and CopyData/CopyDone/CopyFail (d, c, f) arriving after a COPY failed are ignored, as
-# PostgreSQL does (sql.pgwire.copy handles them during a COPY).
+# PostgreSQL does (sql.pgwire.connection.copy_exchange handles them during a COPY).
 _NOTHING_TO_DO = frozenset({b"H", b"d", b"c", b"f"})
 PARSE_CACHE_ENTRIES = 512
 
@@ -142,7 +144,7 @@ def _prepare_text(text: str) -> tuple[tuple[ast.Statement, ...], int]:
     ``$n``. Depends on the text alone (no catalog), so it is kept by text: psycopg sends
     a 1000-placeholder INSERT's Parse 6 times, and scanning it costs milliseconds."""
     # BEGIN ISOLATION LEVEL … comes through Parse too (psycopg's executemany).
-    statements = wire_commands.prepared_statements(text) or _parse(wire_catalog.plain_begin(text))
+    statements = wire_commands.prepared_statements(text) or _parse(surface.plain_begin(text))
     return statements, max(map(int, _PARAMETER.findall(text)), default=0)
 
 
@@ -268,7 +270,7 @@ def _result_formats(count: int, formats: list[int]) -> list[int]:
 
 
 def _columns(table: pa.Table, formats: list[int]) -> tuple[list[int], list[int]]:
-    return [types.type_oid(f.type) for f in table.schema], _result_formats(
+    return [wire_types.type_oid(f.type) for f in table.schema], _result_formats(
         table.num_columns, formats
     )
 
@@ -280,7 +282,7 @@ def _row_description(table: pa.Table, oids: list[int], formats: list[int]) -> by
 def _described_row(names: list[str], oids: list[int], formats: list[int]) -> bytes:
     return m.row_description(
         [
-            m.Column(name, oid, types.type_size(oid), -1, fmt)
+            m.Column(name, oid, wire_types.type_size(oid), -1, fmt)
             for name, oid, fmt in zip(names, oids, formats, strict=True)
         ]
     )
@@ -301,7 +303,7 @@ def _described_oids(described: list[tuple[str, int]], oids: list[int]) -> list[i
     """The OIDs a described statement's rows go out with: its description's, which may
     only add what Arrow cannot tell (UUID, JSON for text). Anything else means the tables
     changed since the description; the client must prepare again, as with PostgreSQL."""
-    refined = [(types.TEXT, types.UUID), (types.TEXT, types.JSON)]
+    refined = [(wire_types.TEXT, wire_types.UUID), (wire_types.TEXT, wire_types.JSON)]
     if len(described) != len(oids) or any(
         oid != wanted and (oid, wanted) not in refined
         for (_, wanted), oid in zip(described, oids, strict=False)
@@ -318,12 +320,12 @@ def _described(prepared: Prepared, description: Description | None) -> None:
     declared = [*prepared.parameter_oids, *[0] * (count - len(prepared.parameter_oids))]
     inferred += [None] * (count - len(inferred))
     prepared.parameter_oids = [
-        oid if oid not in (0, types.UNKNOWN) else types.sql_type_oid(sql_type)
+        oid if oid not in (0, wire_types.UNKNOWN) else wire_types.sql_type_oid(sql_type)
         for oid, sql_type in zip(declared, inferred, strict=True)
     ]
     columns = None if description is None else description.columns
     prepared.columns = None if columns is None else [
-        (c.name, types.column_oid(c.arrow_type, c.sql_type)) for c in columns
+        (c.name, wire_types.column_oid(c.arrow_type, c.sql_type)) for c in columns
     ]  # fmt: skip
     # A statement the wire server runs itself (FETCH ...) has no engine description:
     # Describe of its portal still runs it to find its rows.
@@ -343,7 +345,7 @@ class Connection:
         self.statements: dict[str, Prepared] = {}
         self.portals: dict[str, Portal] = {}
         self.skipping = False  # after an extended-protocol error, until Sync
-        self.catalog = wire_catalog.ConnectionCatalog(SERVER_VERSION, self.statements,
+        self.catalog = surface.ConnectionCatalog(SERVER_VERSION, self.statements,
                                                       server.settings)  # fmt: skip
         self.has_slot = False  # counted in server.sessions (one of connections_max)
         self.waiting_for_query = False  # ReadyForQuery sent, no message since: idle
@@ -488,7 +490,7 @@ class Connection:
 
     async def serve_messages(self) -> None:
         # Responses are kept until a drain (Sync, Flush, end of Query, before COPY data is
-        # awaited): one socket write per flight instead of one per message (sql.pgwire.output).
+        # awaited): one socket write per flight instead of one per message (connection.output).
         self.writer = GatheringWriter(self.writer)
         while True:
             header = await self._next_header()
@@ -600,11 +602,11 @@ class Connection:
     # -- simple query --------------------------------------------------------------------------
     async def simple_query(self, query: str) -> None:
         self.log_statement(query)
-        if wire_commands.handles(query):  # COPY and SQL cursors (sql.pgwire.commands)
+        if wire_commands.handles(query):  # COPY and SQL cursors (sql.pgwire.connection.commands)
             await wire_commands.simple_query(self, query)
             return
         self.skipping = False
-        query = wire_catalog.plain_begin(query)  # BEGIN ISOLATION LEVEL … (psycopg) -> BEGIN
+        query = surface.plain_begin(query)  # BEGIN ISOLATION LEVEL … (psycopg) -> BEGIN
         try:
             statements = await self.call(_parse, query)  # off the event loop: may be long
         except TopicbaseError:
@@ -640,7 +642,7 @@ class Connection:
         table = result.table
         if table is not None:
             oids, formats = _columns(table, [])
-            if types.TEXT in oids:
+            if wire_types.TEXT in oids:
                 oids = await self._text_column_oids(statement, table, oids)
             self.send(_row_description(table, oids, formats))
             await self.send_rows(table, oids, formats)
@@ -671,11 +673,11 @@ class Connection:
         """DataRow messages of ``table``: each chunk's per-value encoding runs on the worker
         thread, then its messages are joined and written a block (<= 120 KiB) at a time,
         draining between blocks, so neither we nor the transport hold a chunk-sized buffer
-        (``sql.pgwire.row_encoding``: with default malloc settings those fault in fresh pages)."""
+        (``codec.row_encoding``: with default malloc settings those fault in fresh pages)."""
         if table.num_rows * max(table.num_columns, 1) <= INLINE_VALUES:
             # A few values (SELECT 1, a lookup by key): encoding them value by value here
             # costs microseconds, a hop to the worker thread and back several hundred.
-            fields = types.encode_rows(table, oids, formats)
+            fields = wire_types.encode_rows(table, oids, formats)
             self.send(b"".join(m.data_row(row) for row in fields))
             return
         for start in range(0, table.num_rows, ROWS_PER_CHUNK):
@@ -752,7 +754,7 @@ class Connection:
             formats = (formats or [0]) * count
         elif len(formats) != count:
             raise ProtocolViolation("bind message has a wrong number of parameter formats")
-        values = types.decode_parameters(message.parameters, prepared.parameter_oids, formats)
+        values = wire_types.decode_parameters(message.parameters, prepared.parameter_oids, formats)
         if message.portal and message.portal in self.portals:
             raise DuplicateCursorError(f'cursor "{message.portal}" already exists')
         portal = Portal(prepared, values, message.result_formats)
@@ -762,7 +764,7 @@ class Connection:
                 for index, (value, oid, fmt) in enumerate(
                     zip(message.parameters, prepared.parameter_oids, formats, strict=True)
                 )
-                if oid in (0, types.UNKNOWN) and fmt == 0 and value is not None
+                if oid in (0, wire_types.UNKNOWN) and fmt == 0 and value is not None
                 and value[:1] == b"{"
             ]  # fmt: skip
         self.portals[message.portal] = portal
@@ -780,7 +782,7 @@ class Connection:
         for index, value in candidates:
             oid = portal.prepared.parameter_oids[index]
             if oid in arrays.ELEMENT_OIDS:
-                portal.parameters[index] = types.decode_parameter(value, oid, 0)
+                portal.parameters[index] = wire_types.decode_parameter(value, oid, 0)
 
     def _portal(self, name: str) -> Portal:
         portal = self.portals.get(name)
@@ -820,13 +822,13 @@ class Connection:
             described = portal.prepared.columns
             if described is not None:  # the client decodes by the statement's description
                 portal.oids = _described_oids(described, portal.oids)
-            elif any(types.type_oid(f.type) == types.TEXT for f in table.schema):
+            elif any(wire_types.type_oid(f.type) == wire_types.TEXT for f in table.schema):
                 portal.oids = await self._text_column_oids(
                     portal.prepared.statement, table, portal.oids
                 )
             for fmt, oid in zip(portal.formats, portal.oids, strict=True):
                 if fmt == 1:
-                    types.column_encoder(oid, 1)  # raises for types without binary output
+                    wire_types.column_encoder(oid, 1)  # raises for types without binary output
         return True
 
     async def _revalidate(self, prepared: Prepared) -> None:
@@ -838,7 +840,7 @@ class Connection:
         description = await self.call(self._describe, prepared.statement)
         columns = description.columns
         fresh = None if columns is None else [
-            (c.name, types.column_oid(c.arrow_type, c.sql_type)) for c in columns
+            (c.name, wire_types.column_oid(c.arrow_type, c.sql_type)) for c in columns
         ]  # fmt: skip
         if fresh != prepared.columns:
             raise CachedPlanChangedError("cached plan must not change result type")
@@ -871,7 +873,7 @@ class Connection:
             formats = _result_formats(len(described), portal.result_formats)
             for fmt, (_, oid) in zip(formats, described, strict=True):
                 if fmt == 1:
-                    types.column_encoder(oid, 1)  # raises for types without binary output
+                    wire_types.column_encoder(oid, 1)  # raises for types without binary output
             names = [name for name, _ in described]
             self.send(_described_row(names, [oid for _, oid in described], formats))
             return
@@ -899,12 +901,12 @@ class Connection:
         if columns is None or len(columns) != table.num_columns:
             return oids
         return [
-            types.column_oid(f.type, c.sql_type) if oid == types.TEXT else oid
+            wire_types.column_oid(f.type, c.sql_type) if oid == wire_types.TEXT else oid
             for f, c, oid in zip(table.schema, columns, oids, strict=True)
         ]
 
     async def _describe_statement(self, prepared: Prepared) -> None:
-        """Ask the engine, once per prepared statement, for its parameter and result types."""
+        """Ask the engine, once per prepared statement, for its parameter and result wire_types."""
         if prepared.described:
             return
         statement = prepared.statement
@@ -966,7 +968,7 @@ class PgServer:
         """``auth``: scram, md5, password or trust (``sql.pgwire.auth``); ``users_file``
         defaults to ``<data-dir>/users.json``; TLS is offered when ``tls_cert`` and
         ``tls_key`` (PEM) are given; ``settings``: the server's defaults of session
-        settings (``idle_session_timeout``, ``log_statement``…, ``sql.pgwire.pg_settings``).
+        settings (``idle_session_timeout``, ``log_statement``…, ``emulation.pg_settings``).
         Bad settings raise before anything listens."""
         silence_sql_logging()
         self.settings = dict(settings or {})

@@ -26,7 +26,7 @@ import os
 import ssl
 import stat
 
-from sql.pgwire import messages as m
+from sql.pgwire.codec import messages as m
 from sql.pgwire.users import ConfigFileError
 
 log = logging.getLogger(__name__)

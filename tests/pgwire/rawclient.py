@@ -9,7 +9,7 @@ from __future__ import annotations
 import socket
 import struct
 
-from sql.pgwire import messages as m
+from sql.pgwire.codec import messages as m
 
 TIMEOUT_S = 20.0
 

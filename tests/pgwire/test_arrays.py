@@ -1,4 +1,4 @@
-"""Array parameters (``sql.pgwire.arrays``): what psycopg and asyncpg send for a list."""
+"""Array parameters (``sql.pgwire.codec.arrays``): what psycopg and asyncpg send for a list."""
 
 from __future__ import annotations
 
@@ -7,8 +7,8 @@ import struct
 
 import pytest
 
-from sql.pgwire import arrays
-from sql.pgwire import messages as m
+from sql.pgwire.codec import arrays
+from sql.pgwire.codec import messages as m
 from sql.pgwire.server import ServerThread
 from tests.pgwire import rawclient
 from tests.pgwire.rawclient import RawClient

@@ -26,7 +26,7 @@ import psycopg
 import pytest
 
 from sql.pgwire import auth, users
-from sql.pgwire import messages as m
+from sql.pgwire.codec import messages as m
 from sql.pgwire.server import ServerThread
 
 TOPICBASE = str(Path(sys.executable).with_name("topicbase"))

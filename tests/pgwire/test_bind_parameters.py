@@ -16,9 +16,9 @@ from typing import Any
 
 import pytest
 
-from sql.pgwire import messages as m
-from sql.pgwire import types
-from sql.pgwire.output import FLUSH_BYTES, GatheringWriter
+from sql.pgwire.codec import messages as m
+from sql.pgwire.codec import wire_types
+from sql.pgwire.connection.output import FLUSH_BYTES, GatheringWriter
 from storage.errors import TopicbaseError
 from tests.pgwire.rawclient import RawClient, error_fields
 
@@ -95,24 +95,24 @@ def test_parse_parse_reads_parameter_oids() -> None:
 
 # -- decode_parameters -------------------------------------------------------------------------
 CASES: list[tuple[bytes | None, int, int]] = [
-    (None, types.BYTEA, 1),
-    (b"\x00\xffbin", types.BYTEA, 1),
-    (b"", types.BYTEA, 1),
-    (b"\\x00ff41", types.BYTEA, 0),
-    (b"\\xABcd", types.BYTEA, 0),
-    (b"\\x00 ff", types.BYTEA, 0),  # whitespace between digit pairs: the general path
-    (b"\\x0", types.BYTEA, 0),  # odd count of digits: an error, as before
-    (b"\\xzz", types.BYTEA, 0),
-    (b"\\x\xc3\xa9", types.BYTEA, 0),  # not hex, not even ASCII
-    (b"\\001\\\\x", types.BYTEA, 0),  # escape format
-    (b"plain", types.BYTEA, 0),
-    (b"\\x", types.BYTEA, 0),
-    (struct.pack("!i", 7), types.INT4, 1),
-    (b"12", types.INT4, 0),
-    (b"abc", types.INT4, 0),
+    (None, wire_types.BYTEA, 1),
+    (b"\x00\xffbin", wire_types.BYTEA, 1),
+    (b"", wire_types.BYTEA, 1),
+    (b"\\x00ff41", wire_types.BYTEA, 0),
+    (b"\\xABcd", wire_types.BYTEA, 0),
+    (b"\\x00 ff", wire_types.BYTEA, 0),  # whitespace between digit pairs: the general path
+    (b"\\x0", wire_types.BYTEA, 0),  # odd count of digits: an error, as before
+    (b"\\xzz", wire_types.BYTEA, 0),
+    (b"\\x\xc3\xa9", wire_types.BYTEA, 0),  # not hex, not even ASCII
+    (b"\\001\\\\x", wire_types.BYTEA, 0),  # escape format
+    (b"plain", wire_types.BYTEA, 0),
+    (b"\\x", wire_types.BYTEA, 0),
+    (struct.pack("!i", 7), wire_types.INT4, 1),
+    (b"12", wire_types.INT4, 0),
+    (b"abc", wire_types.INT4, 0),
     (b"text", 0, 0),
-    (b"\xff", types.TEXT, 0),
-    (b"x", types.BYTEA, 2),  # unsupported format code
+    (b"\xff", wire_types.TEXT, 0),
+    (b"x", wire_types.BYTEA, 2),  # unsupported format code
 ]
 
 
@@ -126,23 +126,23 @@ def outcome(decode: Any, *arguments: Any) -> tuple[str, Any]:
 @pytest.mark.parametrize(("value", "oid", "fmt"), CASES)
 def test_decode_parameters_matches_decode_parameter(value: bytes | None, oid: int,
                                                     fmt: int) -> None:  # fmt: skip
-    expected = outcome(types.decode_parameter, value, oid, fmt)
-    got = outcome(lambda *a: types.decode_parameters(*a)[0], [value], [oid], [fmt])
+    expected = outcome(wire_types.decode_parameter, value, oid, fmt)
+    got = outcome(lambda *a: wire_types.decode_parameters(*a)[0], [value], [oid], [fmt])
     assert got == expected
 
 
 def test_decode_parameters_in_bulk() -> None:
-    good = [case for case in CASES if outcome(types.decode_parameter, *case)[0] == "value"]
+    good = [case for case in CASES if outcome(wire_types.decode_parameter, *case)[0] == "value"]
     values, oids, formats = (list(column) for column in zip(*good, strict=True))
-    assert types.decode_parameters(values, oids, formats) == [
-        types.decode_parameter(*case) for case in good
+    assert wire_types.decode_parameters(values, oids, formats) == [
+        wire_types.decode_parameter(*case) for case in good
     ]
     payloads: list[bytes | None] = [bytes([i % 256]) * 1024 for i in range(1000)]
     payloads[10] = None
-    decoded = types.decode_parameters(payloads, [types.BYTEA] * 1000, [1] * 1000)
+    decoded = wire_types.decode_parameters(payloads, [wire_types.BYTEA] * 1000, [1] * 1000)
     assert decoded == payloads and decoded is not payloads
     with pytest.raises(ValueError):  # counts that differ are the caller's bug, not data
-        types.decode_parameters([b"a", b"b"], [types.BYTEA], [1, 1])
+        wire_types.decode_parameters([b"a", b"b"], [wire_types.BYTEA], [1, 1])
 
 
 # -- through psycopg ---------------------------------------------------------------------------

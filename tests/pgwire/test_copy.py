@@ -20,10 +20,10 @@ import psycopg.types.json
 import pyarrow as pa
 import pytest
 
-from sql.pgwire import copy_format, types
-from sql.pgwire import messages as m
-from sql.pgwire.copy_binary import BINARY_HEADER, BINARY_TRAILER, BinaryCopyDecoder
-from sql.pgwire.copy_format import (
+from sql.pgwire.codec import copy_format, wire_types
+from sql.pgwire.codec import messages as m
+from sql.pgwire.codec.copy_binary import BINARY_HEADER, BINARY_TRAILER, BinaryCopyDecoder
+from sql.pgwire.codec.copy_format import (
     LINE_COLUMN,
     CharacterNotInRepertoireError,
     CopyDecoder,
@@ -31,7 +31,7 @@ from sql.pgwire.copy_format import (
     InvalidTextRepresentationError,
     encode_table,
 )
-from sql.pgwire.copy_statement import parse_copy
+from sql.pgwire.connection.copy_statement import parse_copy
 from sql.pgwire.limits import ServerLimits
 from sql.pgwire.server import ServerThread
 from storage.errors import FeatureNotSupportedError
@@ -725,7 +725,7 @@ def test_both_decoders_keep_rows_in_order_across_arrow_chunks(
     assert table.column("a").to_pylist() == [str(i) for i in range(10)]
     assert table.column("b").to_pylist() == [bytes([i]) for i in range(10)]
     assert table.column(LINE_COLUMN).to_pylist() == list(range(1, 11))
-    binary = BinaryCopyDecoder([types.INT4, types.DATE], ["a", "d"], "t")
+    binary = BinaryCopyDecoder([wire_types.INT4, wire_types.DATE], ["a", "d"], "t")
     binary.feed(BINARY_HEADER)
     for index in range(7):
         binary.feed(struct.pack("!hiiii", 2, 4, index, 4, index))

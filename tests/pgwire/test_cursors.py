@@ -15,10 +15,10 @@ import pyarrow as pa
 import pytest
 
 from engine.streams import RowStream
-from sql.pgwire import spill
-from sql.pgwire.cursors import Fetch, parse_cursor_command
+from sql.pgwire.connection import spill
+from sql.pgwire.connection.cursors import Fetch, parse_cursor_command
+from sql.pgwire.connection.result_stream import ResultStream
 from sql.pgwire.limits import ServerLimits
-from sql.pgwire.result_stream import ResultStream
 from sql.pgwire.server import ServerThread
 from storage.errors import LimitExceededError
 

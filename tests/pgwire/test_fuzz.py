@@ -31,7 +31,7 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from sql.pgwire import messages as m
+from sql.pgwire.codec import messages as m
 from sql.pgwire.server import ServerThread
 from tests.pgwire.rawclient import RawClient, error_fields, query, startup_packet
 

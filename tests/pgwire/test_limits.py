@@ -15,7 +15,7 @@ from pathlib import Path
 import psycopg
 import pytest
 
-from sql.pgwire import messages as m
+from sql.pgwire.codec import messages as m
 from sql.pgwire.limits import ServerLimits
 from sql.pgwire.server import ServerThread
 from tests.pgwire.rawclient import RawClient, errors, query, startup_packet

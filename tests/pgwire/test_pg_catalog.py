@@ -1,4 +1,4 @@
-"""The emulated PostgreSQL catalog (``sql.pgwire.pg_catalog``) through psycopg: functions,
+"""The emulated PostgreSQL catalog (``sql.pgwire.emulation.surface``) through psycopg: functions,
 ``pg_catalog``/``information_schema`` relations, session commands and their errors."""
 
 from __future__ import annotations

@@ -1,12 +1,12 @@
-"""``sql.pgwire.pg_rewrite`` and ``pg_settings`` as pure functions (no server)."""
+"""``sql.pgwire.emulation.pg_rewrite`` and ``pg_settings`` as pure functions (no server)."""
 
 from __future__ import annotations
 
 import pytest
 
-from sql.pgwire.pg_catalog import plain_begin
-from sql.pgwire.pg_rewrite import RewriteContext, might_need_rewrite, rewrite
-from sql.pgwire.pg_settings import CantChangeRuntimeParameterError, PgSettings
+from sql.pgwire.emulation.pg_rewrite import RewriteContext, might_need_rewrite, rewrite
+from sql.pgwire.emulation.pg_settings import CantChangeRuntimeParameterError, PgSettings
+from sql.pgwire.emulation.surface import plain_begin
 from storage.errors import FeatureNotSupportedError, InvalidParameterValueError
 
 CONTEXT = RewriteContext("ann", "shop", "15.0 (Topicbase 0.1)", (("datestyle", "ISO, MDY"),),

@@ -6,7 +6,7 @@ import struct
 
 import pytest
 
-from sql.pgwire import messages as m
+from sql.pgwire.codec import messages as m
 from tests.pgwire.rawclient import RawClient as Client
 from tests.pgwire.rawclient import error_fields as fields
 

@@ -1,5 +1,5 @@
 """``row_encoding.encode_data_rows`` sends exactly the bytes of the reference path
-(``types.encode_rows`` + ``messages.data_row``), for every column type and format."""
+(``wire_types.encode_rows`` + ``messages.data_row``), for every column type and format."""
 
 from __future__ import annotations
 
@@ -12,17 +12,17 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from sql.pgwire import messages as m
-from sql.pgwire import types
-from sql.pgwire.row_encoding import encode_data_rows
+from sql.pgwire.codec import messages as m
+from sql.pgwire.codec import wire_types
+from sql.pgwire.codec.row_encoding import encode_data_rows
 
 
 def reference(table: pa.Table, oids: list[int], formats: list[int]) -> bytes:
-    return b"".join(m.data_row(row) for row in types.encode_rows(table, oids, formats))
+    return b"".join(m.data_row(row) for row in wire_types.encode_rows(table, oids, formats))
 
 
 def both(table: pa.Table, format_code: int) -> tuple[bytes, bytes]:
-    oids = [types.type_oid(f.type) for f in table.schema]
+    oids = [wire_types.type_oid(f.type) for f in table.schema]
     formats = [format_code] * table.num_columns
     return encode_data_rows(table, oids, formats), reference(table, oids, formats)
 

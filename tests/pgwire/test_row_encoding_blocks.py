@@ -1,6 +1,6 @@
 """``row_encoding.DataRows``: blocks of whole DataRow messages, the column fast paths
 (bytea hex per block, zero-copy slices, Arrow integer casts) against the reference path
-(``types.encode_rows`` + ``messages.data_row``), and rows through a real server."""
+(``wire_types.encode_rows`` + ``messages.data_row``), and rows through a real server."""
 
 from __future__ import annotations
 
@@ -13,14 +13,14 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from sql.pgwire import messages as m
-from sql.pgwire import row_encoding, types
-from sql.pgwire.row_encoding import DataRows, encode_data_rows
+from sql.pgwire.codec import messages as m
+from sql.pgwire.codec import row_encoding, wire_types
+from sql.pgwire.codec.row_encoding import DataRows, encode_data_rows
 from storage.errors import FeatureNotSupportedError, LimitExceededError
 
 
 def reference(table: pa.Table, oids: list[int], formats: list[int]) -> bytes:
-    return b"".join(m.data_row(row) for row in types.encode_rows(table, oids, formats))
+    return b"".join(m.data_row(row) for row in wire_types.encode_rows(table, oids, formats))
 
 
 def split_messages(data: bytes) -> list[bytes]:
@@ -50,8 +50,8 @@ def test_null_slot_that_spans_bytes_is_sent_as_null(format_code: int) -> None:
     array = null_slot_with_bytes()
     assert array.to_pylist() == [b"ab", None, b"cd"]
     table = pa.table({"b": array})
-    data = encode_data_rows(table, [types.BYTEA], [format_code])
-    assert data == reference(table, [types.BYTEA], [format_code])
+    data = encode_data_rows(table, [wire_types.BYTEA], [format_code])
+    assert data == reference(table, [wire_types.BYTEA], [format_code])
     second = split_messages(data)[1]
     assert second == b"D" + struct.pack("!ihi", 10, 1, -1)  # no \x, no bytes
 
@@ -61,7 +61,7 @@ def test_null_slot_that_spans_bytes_is_sent_as_null(format_code: int) -> None:
 def test_blocks_are_whole_messages_in_order(format_code: int, block_bytes: int) -> None:
     values = [b"x" * (i * 7 % 50) if i % 5 else None for i in range(60)]
     table = pa.table({"b": pa.array(values, pa.binary()), "n": pa.array(range(60), pa.int64())})
-    oids, formats = [types.BYTEA, types.INT8], [format_code] * 2
+    oids, formats = [wire_types.BYTEA, wire_types.INT8], [format_code] * 2
     blocks = list(DataRows(table, oids, formats).blocks(block_bytes))
     for block in blocks:
         messages = split_messages(block)
@@ -72,10 +72,10 @@ def test_blocks_are_whole_messages_in_order(format_code: int, block_bytes: int) 
 
 def test_a_row_larger_than_a_block_is_a_block_alone() -> None:
     table = pa.table({"b": pa.array([b"a", b"z" * 5000, b"c"], pa.binary())})
-    blocks = list(DataRows(table, [types.BYTEA], [0]).blocks(100))
+    blocks = list(DataRows(table, [wire_types.BYTEA], [0]).blocks(100))
     assert [len(split_messages(block)) for block in blocks] == [1, 1, 1]
     assert len(blocks[1]) == 1 + 4 + 2 + 4 + 2 + 10000
-    assert b"".join(blocks) == reference(table, [types.BYTEA], [0])
+    assert b"".join(blocks) == reference(table, [wire_types.BYTEA], [0])
 
 
 def test_sliced_and_chunked_columns_in_both_formats() -> None:
@@ -84,7 +84,7 @@ def test_sliced_and_chunked_columns_in_both_formats() -> None:
     table = pa.table({"b": blobs, "t": texts})
     for candidate in (table.slice(3, 30), pa.concat_tables([table.slice(0, 7), table.slice(9)])):
         for format_code in (0, 1):
-            oids, formats = [types.BYTEA, types.TEXT], [format_code] * 2
+            oids, formats = [wire_types.BYTEA, wire_types.TEXT], [format_code] * 2
             for block_bytes in (50, 10**6):
                 rows = DataRows(candidate, oids, formats)
                 joined = b"".join(rows.blocks(block_bytes))
@@ -93,9 +93,9 @@ def test_sliced_and_chunked_columns_in_both_formats() -> None:
 
 @pytest.mark.parametrize(
     ("arrow_type", "oid"),
-    [(pa.int8(), types.INT2), (pa.uint8(), types.INT2), (pa.int16(), types.INT2),
-     (pa.uint16(), types.INT4), (pa.int32(), types.INT4), (pa.uint32(), types.INT8),
-     (pa.int64(), types.INT8), (pa.int32(), types.INT8), (pa.int16(), types.INT4)],
+    [(pa.int8(), wire_types.INT2), (pa.uint8(), wire_types.INT2), (pa.int16(), wire_types.INT2),
+     (pa.uint16(), wire_types.INT4), (pa.int32(), wire_types.INT4), (pa.uint32(), wire_types.INT8),
+     (pa.int64(), wire_types.INT8), (pa.int32(), wire_types.INT8), (pa.int16(), wire_types.INT4)],
 )  # fmt: skip
 def test_integers_in_both_formats(arrow_type: pa.DataType, oid: int) -> None:
     info = np.iinfo(arrow_type.to_pandas_dtype())
@@ -108,19 +108,23 @@ def test_integers_in_both_formats(arrow_type: pa.DataType, oid: int) -> None:
 
 def test_integer_wider_than_its_described_type_fails_as_the_reference_does() -> None:
     table = pa.table({"n": pa.array([1, 2**40], pa.int64())})
-    with pytest.raises(types.NumericValueOutOfRangeError):
-        reference(table, [types.INT4], [1])
-    with pytest.raises(types.NumericValueOutOfRangeError) as raised:
-        encode_data_rows(table, [types.INT4], [1])
+    with pytest.raises(wire_types.NumericValueOutOfRangeError):
+        reference(table, [wire_types.INT4], [1])
+    with pytest.raises(wire_types.NumericValueOutOfRangeError) as raised:
+        encode_data_rows(table, [wire_types.INT4], [1])
     assert raised.value.sqlstate == "22003"
     small = pa.table({"n": pa.array([1, -5, None], pa.int64())})  # fits: same bytes
-    assert encode_data_rows(small, [types.INT4], [1]) == reference(small, [types.INT4], [1])
+    int4 = [wire_types.INT4]
+    assert encode_data_rows(small, int4, [1]) == reference(small, int4, [1])
 
 
-@pytest.mark.parametrize("oid", [types.TEXT, types.VARCHAR, types.JSON, types.JSONB, types.UUID])
+@pytest.mark.parametrize(
+    "oid",
+    [wire_types.TEXT, wire_types.VARCHAR, wire_types.JSON, wire_types.JSONB, wire_types.UUID],
+)
 def test_strings_under_text_like_types(oid: int) -> None:
     values = ['{"a": 1}', None, "00000000-0000-0000-0000-000000000001"]
-    if oid == types.UUID:
+    if oid == wire_types.UUID:
         values = ["00000000-0000-0000-0000-000000000001", None, str(uuid.uuid4())]
     table = pa.table({"s": pa.array(values, pa.string())})
     for format_code in (0, 1):
@@ -159,7 +163,7 @@ def test_a_row_over_the_message_limit_is_refused() -> None:
 def test_random_blobs_in_random_blocks(blobs, block_bytes: int, format_code: int) -> None:
     table = pa.table({"b": pa.array(blobs, pa.binary()),
                       "i": pa.array(range(len(blobs)), pa.int32())})  # fmt: skip
-    oids, formats = [types.BYTEA, types.INT4], [format_code] * 2
+    oids, formats = [wire_types.BYTEA, wire_types.INT4], [format_code] * 2
     blocks = list(DataRows(table, oids, formats).blocks(block_bytes))
     assert b"".join(blocks) == reference(table, oids, formats)
     assert all(split_messages(block) for block in blocks)
@@ -194,7 +198,7 @@ def test_bools_floats_and_integers_over_many_rows(format_code: int) -> None:
         "n": pa.array([None if i % 13 == 0 else i * 7919 - 10**6 for i in range(count)],
                       pa.int32()),
     })  # fmt: skip
-    oids = [types.BOOL, types.FLOAT8, types.INT4]
+    oids = [wire_types.BOOL, wire_types.FLOAT8, wire_types.INT4]
     formats = [format_code] * 3
     assert encode_data_rows(table, oids, formats) == reference(table, oids, formats)
     assert encode_data_rows(table.slice(1000, 1100), oids, formats) == reference(
@@ -206,7 +210,7 @@ def test_no_rows_gives_no_blocks_but_still_checks_the_types() -> None:
     empty = pa.chunked_array([], pa.binary())
     assert empty.num_chunks == 0
     table = pa.table({"b": empty})
-    assert list(DataRows(table, [types.BYTEA], [0]).blocks()) == []
-    assert encode_data_rows(table.slice(0, 0), [types.BYTEA], [1]) == b""
+    assert list(DataRows(table, [wire_types.BYTEA], [0]).blocks()) == []
+    assert encode_data_rows(table.slice(0, 0), [wire_types.BYTEA], [1]) == b""
     with pytest.raises(FeatureNotSupportedError):
         DataRows(table, [9999], [1])

@@ -1,4 +1,4 @@
-"""SET in transactions and ParameterStatus (``sql.pgwire.setting_changes``), with psycopg.
+"""SET in transactions and ParameterStatus (``sql.pgwire.emulation.setting_changes``), with psycopg.
 
 psycopg keeps the last ParameterStatus of each name (``conn.info.parameter_status``), so
 what the server reported is read back from the client itself.

@@ -23,8 +23,8 @@ import asyncpg
 import psycopg
 import pytest
 
-from sql.pgwire import messages as m
 from sql.pgwire import users
+from sql.pgwire.codec import messages as m
 from sql.pgwire.server import ServerThread
 
 PASSWORD = "tls and scram"

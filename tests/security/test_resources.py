@@ -20,7 +20,7 @@ import psycopg
 import pytest
 
 from engine.staged_writes import SPILL_DIRECTORY
-from sql.pgwire import messages as m
+from sql.pgwire.codec import messages as m
 from sql.pgwire.limits import ServerLimits
 from sql.pgwire.server import ServerThread
 from storage import limits

@@ -50,7 +50,7 @@ import numpy as np
 import pyarrow as pa
 
 from sql import formatting
-from sql.pgwire import arrays
+from sql.pgwire.codec import arrays
 from storage.errors import DataError, FeatureNotSupportedError, InvalidBinaryDataError
 
 BOOL, BYTEA, INT8, INT2, INT4, TEXT, JSON = 16, 17, 20, 21, 23, 25, 114
@@ -711,7 +711,7 @@ def decode_parameter(value: bytes | None, oid: int, format_code: int) -> Any:
 
 def _decode_array(value: bytes, element_oid: int, format_code: int) -> list[Any]:
     """An array parameter as nested lists, its elements decoded as parameters of their
-    type (``sql.pgwire.arrays``)."""
+    type (``sql.pgwire.codec.arrays``)."""
     if format_code == 1:
         return arrays.decode_binary(
             value, element_oid, lambda data: decode_parameter(data, element_oid, 1)

@@ -33,8 +33,8 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from sql.pgwire import pg_privileges
-from sql.pgwire.pg_types import all_types, duckdb_type_oid_sql
+from sql.pgwire.emulation import pg_privileges
+from sql.pgwire.emulation.pg_types import all_types, duckdb_type_oid_sql
 
 HIDDEN_SCHEMAS = ("__topicbase", "pg_catalog", "information_schema")
 TOPIC_OID_BASE = 1_000_000_000
@@ -119,7 +119,7 @@ SELECT oid, relname, relnamespace, relkind, relnatts, relhasindex, relchecks, re
        false AS relhassubclass, false AS relrowsecurity, false AS relforcerowsecurity,
        true AS relispopulated, 'd' AS relreplident, false AS relispartition,
        0::BIGINT AS relrewrite, 0::BIGINT AS relfrozenxid, 0::BIGINT AS relminmxid,
-       -- owners and grants (sql.pgwire.pg_privileges); tables, views and topics live in main
+       -- owners and grants (emulation.pg_privileges); tables, views and topics live in main
        (SELECT a.acl FROM __pg_acl AS a WHERE c.relkind IN ('r', 'v', 'f')
           AND c.relnamespace = {_MAIN_OID} AND a.is_topic = (c.relkind = 'f')
           AND a.relname = CASE WHEN c.relkind = 'f' THEN c.relname ELSE lower(c.relname) END)

@@ -20,9 +20,11 @@ import re
 from typing import TYPE_CHECKING, Any
 
 from engine.api import Result, SessionState, ast, parse, split_statements
-from sql.pgwire import copy, copy_statement, cursors, pg_catalog, result_stream, spill, types
-from sql.pgwire import messages as m
-from sql.pgwire.copy_format import error_context
+from sql.pgwire.codec import messages as m
+from sql.pgwire.codec import wire_types
+from sql.pgwire.codec.copy_format import error_context
+from sql.pgwire.connection import copy_exchange, copy_statement, cursors, result_stream, spill
+from sql.pgwire.emulation import surface
 from storage.errors import (
     InFailedTransactionError,
     SqlSyntaxError,
@@ -98,7 +100,7 @@ async def simple_query(connection: Connection, query: str) -> None:
             if is_wire_text(text):
                 await _run_simple(connection, text)
             else:
-                for statement in parse(pg_catalog.plain_begin(text)):
+                for statement in parse(surface.plain_begin(text)):
                     await connection.send_result(await execute(connection, statement))
         except (asyncio.IncompleteReadError, ConnectionError, m.ProtocolError):
             raise  # the connection is gone or out of step: the server closes it
@@ -131,9 +133,9 @@ async def _run_simple(connection: Connection, text: str) -> None:
 async def _run_copy(connection: Connection, text: str) -> None:
     statement = copy_statement.parse_copy(text)
     if statement.to_client:
-        await copy.copy_to_client(connection, statement)
+        await copy_exchange.copy_to_client(connection, statement)
     else:
-        await copy.copy_from_client(connection, statement)
+        await copy_exchange.copy_from_client(connection, statement)
 
 
 def is_copy_statement(statement: ast.Statement | None) -> bool:
@@ -219,7 +221,7 @@ def describe_cursor(connection: Connection, name: str) -> bytes | None:
     table = cursor.table
     fmt = 1 if cursor.binary else 0
     return m.row_description([
-        m.Column(field.name, oid, types.type_size(oid), -1, fmt)
-        for field, oid in ((f, types.type_oid(f.type)) for f in table.schema)
+        m.Column(field.name, oid, wire_types.type_size(oid), -1, fmt)
+        for field, oid in ((f, wire_types.type_oid(f.type)) for f in table.schema)
     ])
 

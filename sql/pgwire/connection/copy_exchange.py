@@ -28,11 +28,11 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
 from engine.api import INSERT_COLUMNS, parse, run_over_relation
-from sql.pgwire import copy_binary, result_stream, types
 from sql.pgwire import limits as wire_limits
-from sql.pgwire import messages as m
-from sql.pgwire.copy_binary import BinaryCopyDecoder
-from sql.pgwire.copy_format import (
+from sql.pgwire.codec import copy_binary, wire_types
+from sql.pgwire.codec import messages as m
+from sql.pgwire.codec.copy_binary import BinaryCopyDecoder
+from sql.pgwire.codec.copy_format import (
     LINE_COLUMN,
     ROWS_PER_CHUNK,
     CopyDecoder,
@@ -40,7 +40,8 @@ from sql.pgwire.copy_format import (
     encode_header,
     encode_lines,
 )
-from sql.pgwire.copy_statement import CopyStatement
+from sql.pgwire.connection import result_stream
+from sql.pgwire.connection.copy_statement import CopyStatement
 from storage import limits
 from storage.errors import (
     FeatureNotSupportedError,
@@ -59,10 +60,10 @@ _INT16 = struct.Struct("!h")
 _TOPIC_TYPES = {"data": "BLOB", "producer_id": "VARCHAR", "seq_no": "BIGINT",
                 "message_group_id": "VARCHAR", "partition": "INTEGER",
                 "created_at": "TIMESTAMPTZ", "metadata": "VARCHAR", "codec": "VARCHAR"}  # fmt: skip
-_TOPIC_OIDS = {"data": types.BYTEA, "producer_id": types.TEXT, "seq_no": types.INT8,
-               "message_group_id": types.TEXT, "partition": types.INT4,
-               "created_at": types.TIMESTAMPTZ, "metadata": types.TEXT,
-               "codec": types.TEXT}  # fmt: skip
+_TOPIC_OIDS = {"data": wire_types.BYTEA, "producer_id": wire_types.TEXT, "seq_no": wire_types.INT8,
+               "message_group_id": wire_types.TEXT, "partition": wire_types.INT4,
+               "created_at": wire_types.TIMESTAMPTZ, "metadata": wire_types.TEXT,
+               "codec": wire_types.TEXT}  # fmt: skip
 
 
 class UndefinedColumnError(TopicbaseError):
@@ -222,7 +223,7 @@ async def _column_oids(connection: Connection, statement: CopyStatement, target:
     probe = parse(f"SELECT {columns} FROM {statement.relation} LIMIT 0")[0]
     result = await connection.call(connection._session().execute_statement, probe)
     assert result.table is not None
-    return [types.column_oid(f.type, sql_type)  # as Describe reports them (UUID, JSON)
+    return [wire_types.column_oid(f.type, sql_type)  # as Describe reports them (UUID, JSON)
             for f, sql_type in zip(result.table.schema, target.duckdb_types, strict=True)]
 
 

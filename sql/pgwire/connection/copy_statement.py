@@ -23,7 +23,7 @@ from engine.api import (
     unquote_identifier,
     unquote_string,
 )
-from sql.pgwire.copy_format import CopyFormat
+from sql.pgwire.codec.copy_format import CopyFormat
 from storage.errors import (
     FeatureNotSupportedError,
     InsufficientPrivilegeError,

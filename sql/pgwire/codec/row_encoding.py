@@ -1,6 +1,6 @@
 """DataRow messages for a chunk of result rows, built a column at a time.
 
-The same bytes as ``types.encode_rows`` + ``messages.data_row`` (which stay the reference:
+The same bytes as ``wire_types.encode_rows`` + ``messages.data_row`` (which stay the reference:
 ``tests/pgwire/test_row_encoding*.py`` compare the two), with few Python operations per
 row, because sending result rows is the hot path of every SELECT through the server.
 
@@ -16,7 +16,7 @@ a run of rows as bytes-like pieces. The common columns never go through Python v
   word, below);
 - integers in text format are Arrow's decimal cast (== ``str(int)``); integers, ``bool``
   and ``float8`` in binary format and ``bool`` in text are a numpy cast to the wire bytes;
-- every other column uses ``types.column_encoder`` value by value (the reference encoder).
+- every other column uses ``wire_types.column_encoder`` value by value (the reference encoder).
 
 The fixed-size bytes in front of each field (before the first one the DataRow header
 ``'D'``, message length and column count; the field's length word; ``\\x`` for text
@@ -50,7 +50,7 @@ from typing import Any
 import numpy as np
 import pyarrow as pa
 
-from sql.pgwire import types
+from sql.pgwire.codec import wire_types
 from storage.errors import LimitExceededError
 
 HEX_LEAD = b"\\x"  # text-format bytea: PostgreSQL's bytea_output = hex
@@ -64,13 +64,14 @@ SMALL_VALUE_BYTES = 768
 MESSAGE_BYTES_MAX = 2**31 - 1  # a message's length word is an int32
 _ROW_OVERHEAD = 4 + 2  # the message length word and the column count
 _FIELD_OVERHEAD = 4  # each field's length word
-# Arrow string columns whose text of a non-NULL value is the string itself (types._TEXT_
-# ENCODERS / _plain_text return a str unchanged for these), in text and binary format.
-_STRING_AS_IS_TEXT = (types.TEXT, types.VARCHAR, types.BPCHAR, types.JSON, types.JSONB,
-                      types.UUID)  # fmt: skip
-_STRING_AS_IS_BINARY = (types.TEXT, types.VARCHAR, types.BPCHAR, types.JSON)
-_INTEGER_TEXT_OIDS = (types.INT2, types.INT4, types.INT8, types.NUMERIC)  # NUMERIC: uint64
-_INTEGER_BINARY_WIDTHS = {types.INT2: 2, types.INT4: 4, types.INT8: 8}
+# Arrow string columns whose text of a non-NULL value is the string itself (wire_types.
+# _TEXT_ENCODERS / _plain_text return a str unchanged for these), in text and binary format.
+_STRING_AS_IS_TEXT = (wire_types.TEXT, wire_types.VARCHAR, wire_types.BPCHAR, wire_types.JSON,
+                      wire_types.JSONB, wire_types.UUID)  # fmt: skip
+_STRING_AS_IS_BINARY = (wire_types.TEXT, wire_types.VARCHAR, wire_types.BPCHAR, wire_types.JSON)
+# NUMERIC: uint64
+_INTEGER_TEXT_OIDS = (wire_types.INT2, wire_types.INT4, wire_types.INT8, wire_types.NUMERIC)
+_INTEGER_BINARY_WIDTHS = {wire_types.INT2: 2, wire_types.INT4: 4, wire_types.INT8: 8}
 
 
 class _Fields(ABC):
@@ -203,8 +204,8 @@ def _integer_fits(data_type: pa.DataType, width: int) -> bool:
 
 
 def _encoded_fields(array: pa.Array, oid: int, format_code: int) -> _Fields:
-    """The reference encoder (``types.column_encoder``), value by value."""
-    encode: Callable[[Any], bytes] = types.column_encoder(oid, format_code)
+    """The reference encoder (``wire_types.column_encoder``), value by value."""
+    encode: Callable[[Any], bytes] = wire_types.column_encoder(oid, format_code)
     pieces: list[Any] = [b"" if v is None else encode(v) for v in array.to_pylist()]
     lengths = np.fromiter(map(len, pieces), dtype=np.int64, count=len(pieces))
     nulls = _null_rows(array)
@@ -215,12 +216,12 @@ def _encoded_fields(array: pa.Array, oid: int, format_code: int) -> _Fields:
 
 def column_fields(column: pa.ChunkedArray, oid: int, format_code: int) -> _Fields:
     """The wire fields of one column of type ``oid`` in ``format_code`` (0 text, 1 binary),
-    which ``types.column_encoder`` supports."""
+    which ``wire_types.column_encoder`` supports."""
     array = _one_array(column)
     data_type = array.type
     is_binary = pa.types.is_binary(data_type) or pa.types.is_large_binary(data_type)
     is_string = pa.types.is_string(data_type) or pa.types.is_large_string(data_type)
-    if is_binary and oid == types.BYTEA:
+    if is_binary and oid == wire_types.BYTEA:
         return _BufferFields(array, hex_text=format_code == 0)
     as_is = _STRING_AS_IS_TEXT if format_code == 0 else _STRING_AS_IS_BINARY
     if is_string and oid in as_is:
@@ -232,12 +233,12 @@ def column_fields(column: pa.ChunkedArray, oid: int, format_code: int) -> _Field
         if format_code == 1 and width is not None and _integer_fits(data_type, width):
             values = array.fill_null(0).to_numpy(zero_copy_only=False)
             return _fixed_width_fields(array, values.astype(f">i{width}"))
-    if pa.types.is_boolean(data_type) and oid == types.BOOL:
+    if pa.types.is_boolean(data_type) and oid == wire_types.BOOL:
         truth = array.fill_null(False).to_numpy(zero_copy_only=False)
         if format_code == 1:
             return _fixed_width_fields(array, truth.astype(np.uint8))  # 1 or 0, as "!?"
         return _fixed_width_fields(array, np.where(truth, b"t", b"f"))
-    if pa.types.is_float64(data_type) and oid == types.FLOAT8 and format_code == 1:
+    if pa.types.is_float64(data_type) and oid == wire_types.FLOAT8 and format_code == 1:
         values = array.fill_null(0.0).to_numpy(zero_copy_only=False)
         return _fixed_width_fields(array, values.astype(">f8"))  # the same bits as "!d"
     return _encoded_fields(array, oid, format_code)
@@ -314,7 +315,7 @@ class DataRows:
         assert len(oids) == len(formats) == table.num_columns
         self.count = table.num_rows
         for oid, fmt in zip(oids, formats, strict=True):
-            types.column_encoder(oid, fmt)  # refuses a format or binary type it cannot send
+            wire_types.column_encoder(oid, fmt)  # refuses a format or binary type it cannot send
         self._columns = [] if self.count == 0 else [
             column_fields(table.column(i), oid, fmt)
             for i, (oid, fmt) in enumerate(zip(oids, formats, strict=True))

@@ -31,9 +31,9 @@ import sqlglot
 from sqlglot import expressions as exp
 
 from engine.api import text_cache
-from sql.pgwire import pg_relations as rel
-from sql.pgwire.pg_functions import FUNCTIONS, quote, to_regtype
-from sql.pgwire.pg_types import format_type_sql
+from sql.pgwire.emulation import pg_relations as rel
+from sql.pgwire.emulation.pg_functions import FUNCTIONS, quote, to_regtype
+from sql.pgwire.emulation.pg_types import format_type_sql
 from storage.errors import StatementTooComplexError
 
 REWRITE_CACHE_ENTRIES = 512

@@ -396,7 +396,7 @@ def authentication_sasl_final(data: bytes) -> bytes:
     return message(b"R", _INT32.pack(AUTH_SASL_FINAL) + data)
 
 
-# -- COPY (appended for sql.pgwire.copy) ----------------------------------------------------------
+# -- COPY (for sql.pgwire.connection.copy_exchange) ------------------------------------------
 def copy_in_response(column_count: int, binary: bool = False) -> bytes:
     """CopyInResponse: text (or binary) format overall and for each of the columns."""
     code = 1 if binary else 0

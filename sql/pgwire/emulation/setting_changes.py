@@ -19,7 +19,7 @@ from collections.abc import Callable
 from typing import Any
 
 from engine.api import Session, SessionState
-from sql.pgwire.pg_settings import PgSettings
+from sql.pgwire.emulation.pg_settings import PgSettings
 
 # Settings whose changes PostgreSQL reports with ParameterStatus (its GUC_REPORT flag).
 REPORTED = frozenset({

@@ -7,7 +7,7 @@ an int32 of flags (bit 16: OIDs included, refused), an int32 header-extension le
 that many bytes; then one tuple after another: an int16 field count (-1 ends the data),
 and per field an int32 length (-1 for NULL) and the value in the type's binary send
 format. Values are decoded by the type OID the server describes for the target column
-(``sql.pgwire.types``), as the client encodes them by that OID; they are encoded out by
+(``sql.pgwire.codec.wire_types``), as the client encodes them by that OID; they are encoded out by
 the result column's type OID with ``types``' binary encoders (what binary results use).
 
 Invariants: like the text decoder, the decoder holds at most one unfinished tuple
@@ -30,8 +30,8 @@ from typing import Any
 
 import pyarrow as pa
 
-from sql.pgwire import types
-from sql.pgwire.copy_format import BadCopyFormatError, RowBuffer
+from sql.pgwire.codec import wire_types
+from sql.pgwire.codec.copy_format import BadCopyFormatError, RowBuffer
 from storage.errors import DataError, FeatureNotSupportedError
 
 SIGNATURE = b"PGCOPY\n\xff\r\n\x00"
@@ -90,24 +90,24 @@ def _interval(raw: bytes) -> pa.MonthDayNano:
 
 # type OID -> (decode one value, Arrow type of the column handed to DuckDB)
 _DECODERS: dict[int, tuple[Callable[[bytes], Any], pa.DataType]] = {
-    types.BOOL: (lambda raw: raw != b"\x00", pa.bool_()),
-    types.INT2: (_fixed("!h"), pa.int16()),
-    types.INT4: (_fixed("!i"), pa.int32()),
-    types.INT8: (_fixed("!q"), pa.int64()),
-    types.FLOAT4: (_fixed("!f"), pa.float32()),
-    types.FLOAT8: (_fixed("!d"), pa.float64()),
-    types.TEXT: (lambda raw: raw.decode("utf-8"), pa.string()),
-    types.VARCHAR: (lambda raw: raw.decode("utf-8"), pa.string()),
-    types.JSON: (lambda raw: raw.decode("utf-8"), pa.string()),
-    types.JSONB: (lambda raw: raw[1:].decode("utf-8"), pa.string()),
-    types.BYTEA: (bytes, pa.binary()),
-    types.DATE: (lambda raw: _INT32.unpack(raw)[0] + _EPOCH_2000_DAYS, pa.int32()),
-    types.TIMESTAMP: (_timestamp_us, pa.timestamp("us")),
-    types.TIMESTAMPTZ: (_timestamp_us, pa.timestamp("us", tz="UTC")),
-    types.TIME: (_time, pa.time64("us")),
-    types.UUID: (lambda raw: str(uuid.UUID(bytes=raw)), pa.string()),
-    types.NUMERIC: (_numeric, pa.string()),
-    types.INTERVAL: (_interval, pa.month_day_nano_interval()),
+    wire_types.BOOL: (lambda raw: raw != b"\x00", pa.bool_()),
+    wire_types.INT2: (_fixed("!h"), pa.int16()),
+    wire_types.INT4: (_fixed("!i"), pa.int32()),
+    wire_types.INT8: (_fixed("!q"), pa.int64()),
+    wire_types.FLOAT4: (_fixed("!f"), pa.float32()),
+    wire_types.FLOAT8: (_fixed("!d"), pa.float64()),
+    wire_types.TEXT: (lambda raw: raw.decode("utf-8"), pa.string()),
+    wire_types.VARCHAR: (lambda raw: raw.decode("utf-8"), pa.string()),
+    wire_types.JSON: (lambda raw: raw.decode("utf-8"), pa.string()),
+    wire_types.JSONB: (lambda raw: raw[1:].decode("utf-8"), pa.string()),
+    wire_types.BYTEA: (bytes, pa.binary()),
+    wire_types.DATE: (lambda raw: _INT32.unpack(raw)[0] + _EPOCH_2000_DAYS, pa.int32()),
+    wire_types.TIMESTAMP: (_timestamp_us, pa.timestamp("us")),
+    wire_types.TIMESTAMPTZ: (_timestamp_us, pa.timestamp("us", tz="UTC")),
+    wire_types.TIME: (_time, pa.time64("us")),
+    wire_types.UUID: (lambda raw: str(uuid.UUID(bytes=raw)), pa.string()),
+    wire_types.NUMERIC: (_numeric, pa.string()),
+    wire_types.INTERVAL: (_interval, pa.month_day_nano_interval()),
 }
 
 
@@ -235,9 +235,9 @@ class BinaryCopyDecoder(RowBuffer):
         arrays: dict[str, pa.Array] = {}
         for name, oid, values in zip(self.column_names, self.oids, self.columns, strict=True):
             _, arrow_type = _DECODERS[oid]
-            if oid == types.DATE:
+            if oid == wire_types.DATE:
                 arrays[name] = pa.array(values, pa.int32()).cast(pa.date32())
-            elif oid in (types.TIMESTAMP, types.TIMESTAMPTZ):
+            elif oid in (wire_types.TIMESTAMP, wire_types.TIMESTAMPTZ):
                 arrays[name] = pa.array(values, pa.int64()).cast(arrow_type)
             else:
                 arrays[name] = pa.array(values, arrow_type)
@@ -248,7 +248,7 @@ def encode_binary_tuples(table: pa.Table, oids: list[int]) -> list[bytes]:
     """One binary tuple per row of ``table`` (columns of the type OIDs ``oids``)."""
     field_count = _INT16.pack(len(oids))
     tuples: list[bytes] = []
-    for row in types.encode_rows(table, oids, [1] * len(oids)):
+    for row in wire_types.encode_rows(table, oids, [1] * len(oids)):
         parts = [field_count]
         for value in row:
             parts.append(_NULL_FIELD if value is None else _INT32.pack(len(value)) + value)

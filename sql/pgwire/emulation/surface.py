@@ -42,9 +42,9 @@ import sqlglot
 from sqlglot import expressions as exp
 
 from engine.api import Result, Session, SessionState, ast
-from sql.pgwire import pg_rewrite
-from sql.pgwire.pg_settings import PgSettings
-from sql.pgwire.setting_changes import SettingChanges
+from sql.pgwire.emulation import pg_rewrite
+from sql.pgwire.emulation.pg_settings import PgSettings
+from sql.pgwire.emulation.setting_changes import SettingChanges
 from storage.errors import (
     ActiveSqlTransactionError,
     QueryCanceledError,

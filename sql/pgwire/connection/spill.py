@@ -21,7 +21,7 @@ import tempfile
 
 import pyarrow as pa
 
-from sql.pgwire.result_stream import ResultStream
+from sql.pgwire.connection.result_stream import ResultStream
 
 SPILL_BYTES = 8 * 1024 * 1024
 SPILL_PREFIX = "topicbase-cursor-"

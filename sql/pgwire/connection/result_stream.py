@@ -32,7 +32,7 @@ import pyarrow as pa
 
 from engine.api import BATCH_ROWS, RowStream, ast, from_table
 from sql.pgwire import limits as wire_limits
-from sql.pgwire import types
+from sql.pgwire.codec import wire_types
 from storage.errors import LimitExceededError, TopicbaseError
 
 if TYPE_CHECKING:
@@ -92,7 +92,7 @@ def try_stream(connection: Connection, statement: ast.Statement, parameters: Any
     if rows is None:
         return None
     assert rows.duckdb_types is not None
-    oids = [types.column_oid(f.type, sql_type)
+    oids = [wire_types.column_oid(f.type, sql_type)
             for f, sql_type in zip(rows.schema, rows.duckdb_types, strict=True)]  # fmt: skip
     return ResultStream(rows, oids, connection.server.limits.result_bytes_max)
 
@@ -114,7 +114,7 @@ def open_stream(connection: Connection, statement: ast.Statement, parameters: An
     if error is not None:
         raise error
     table = result.table
-    oids = [types.type_oid(f.type) for f in table.schema]
+    oids = [wire_types.type_oid(f.type) for f in table.schema]
     return ResultStream(from_table(table, result.notices), oids, limit)
 
 

@@ -26,7 +26,7 @@ from typing import Any
 
 import pyarrow as pa
 
-from sql.pgwire import types
+from sql.pgwire.codec import wire_types
 from storage.errors import DataError, TopicbaseError
 
 ROWS_PER_CHUNK = 2000
@@ -59,10 +59,10 @@ class CharacterNotInRepertoireError(DataError):
 
 @dataclass(frozen=True)
 class CopyFormat:
-    """The options that shape COPY data (already checked by ``sql.pgwire.copy``)."""
+    """The options that shape COPY data (already checked by ``connection.copy_statement``)."""
 
     csv: bool = False
-    binary: bool = False  # sql.pgwire.copy_binary
+    binary: bool = False  # sql.pgwire.codec.copy_binary
     delimiter: str = "\t"
     null: str = "\\N"
     header: bool = False
@@ -90,7 +90,7 @@ def encode_table(table: pa.Table, fmt: CopyFormat, rows_per_chunk: int = ROWS_PE
     Each chunk holds at most ``rows_per_chunk`` rows, so a large result never becomes
     one large bytes object.
     """
-    oids = [types.type_oid(f.type) for f in table.schema]
+    oids = [wire_types.type_oid(f.type) for f in table.schema]
     header = encode_header(table.column_names, fmt)
     if header:
         yield header
@@ -113,7 +113,7 @@ def encode_rows(table: pa.Table, fmt: CopyFormat, oids: list[int]) -> bytes:
 def encode_lines(table: pa.Table, fmt: CopyFormat, oids: list[int]) -> list[bytes]:
     """One line (newline included) per row of ``table``."""
     forced = _forced_columns(table.column_names, fmt)
-    rows = types.encode_rows(table, oids, [0] * len(oids))
+    rows = wire_types.encode_rows(table, oids, [0] * len(oids))
     return [_encode_line(row, fmt, fmt.null.encode(), forced) for row in rows]
 
 

@@ -11,9 +11,9 @@ from __future__ import annotations
 from collections.abc import Callable
 from typing import Any, Protocol
 
-from sql.pgwire import pg_privileges
-from sql.pgwire import pg_relations as rel
-from sql.pgwire.pg_types import all_types, format_type_sql
+from sql.pgwire.emulation import pg_privileges
+from sql.pgwire.emulation import pg_relations as rel
+from sql.pgwire.emulation.pg_types import all_types, format_type_sql
 
 
 class Rewriter(Protocol):
