@@ -47,7 +47,8 @@ Where the facts come from (YDB documentation and the YQL translator, read as fac
 
 Topicbase's own choices: a topic accepts raw, gzip and zstd unless told otherwise;
 choices are spelled in lower case; 'up' is accepted for 'scale_up' (docs/DESIGN.md §1);
-'scale_up_and_down' and type 'shared' are refused with 0A000 until they are built.
+'scale_up_and_down' is accepted and acts like 'scale_up' (partitions split, merging is not
+built; docs/autopartitioning.md); type 'shared' is refused with 0A000 until it is built.
 """
 
 from __future__ import annotations
@@ -171,9 +172,6 @@ TOPIC_SETTINGS: Mapping[str, SettingSpec] = {
             _C,
             "disabled",
             choices=_STRATEGIES,
-            not_built=(
-                ("scale_up_and_down", "merging partitions is not built yet; use 'scale_up'"),
-            ),
         ),
         _spec(
             "auto_partitioning_up_utilization_percent",
@@ -433,8 +431,9 @@ def check_strategy_change(old_strategy: str, new_strategy: str) -> None:
     """Auto-partitioning, once enabled, can be paused but not disabled."""
     if old_strategy != "disabled" and new_strategy == "disabled":
         raise _rule_error(
-            f"auto-partitioning is '{old_strategy}' and cannot be disabled; "
-            "set auto_partitioning_strategy = 'paused' to stop it",
+            f"auto-partitioning is '{old_strategy}' and cannot be disabled (rule: once "
+            "enabled, auto_partitioning_strategy can be paused but never set back to "
+            "'disabled'); set auto_partitioning_strategy = 'paused' to stop splits",
             "auto_partitioning_strategy",
         )
 

@@ -244,6 +244,16 @@ class TopicLog:
                     f"partitions can be added but not removed (topic has "
                     f"{self.config.partition_count})"
                 )
+            by_splits = self.autopartitioning.ranged  # ranged already: adds are splits
+            new_ids = [] if by_splits else list(range(current, current + added))
+            self.config = replace(
+                config, partition_count=self.config.partition_count + len(new_ids)
+            )
+            for partition in self._partitions.values():
+                partition.config = self.config
+            for partition_id in new_ids:
+                self._info[partition_id] = PartitionInfo(partition_id, True, None, ())
+            self._next_id = current + len(new_ids)
             if auto.ranged and not self.autopartitioning.ranged:
                 active = self.active_partition_ids()
                 for partition_id, key_range in zip(active, even_ranges(len(active)), strict=True):
@@ -253,27 +263,21 @@ class TopicLog:
             self.autopartitioning = auto
             for speed in self._speeds.values():
                 speed.configure(auto.speed, auto.burst)
-            ranged = auto.ranged
-            new_ids = [] if ranged else list(range(current, current + added))
-            self.config = replace(
-                config, partition_count=self.config.partition_count + len(new_ids)
-            )
-            for partition in self._partitions.values():
-                partition.config = self.config
-            for partition_id in new_ids:
-                self._info[partition_id] = PartitionInfo(partition_id, True, None, ())
-            self._next_id = current + len(new_ids)
             self._save()
             for partition_id in new_ids:
                 self._open_partition(partition_id)
             self._index_ranges()
-        for _ in range(added if ranged else 0):
-            widest = max(
-                self.active_partition_ids(),
-                key=lambda p: self._info[p].key_range.high - self._info[p].key_range.low,  # type: ignore[union-attr]
-            )
-            if self.split(widest, force=True) is None:
+        for _ in range(added if by_splits else 0):
+            if self.split(self._widest_active(), force=True) is None:
                 break
+
+    def _widest_active(self) -> int:
+        def width(partition_id: int) -> int:
+            key_range = self._info[partition_id].key_range
+            assert key_range is not None
+            return key_range.high - key_range.low
+
+        return max(self.active_partition_ids(), key=width)
 
     # -- partitions ---------------------------------------------------------------------
     def partition(self, partition_id: int) -> PartitionLog:
