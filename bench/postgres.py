@@ -89,6 +89,11 @@ def ensure_psycopg(log: Callable[[str], None] = print) -> ModuleType:
     return importlib.import_module("psycopg")
 
 
+def short_version(version: str) -> str:
+    """``postgres (PostgreSQL) 15.18 (Debian ...)`` -> ``PostgreSQL 15.18``."""
+    return version.replace("postgres (PostgreSQL) ", "PostgreSQL ").split(" (")[0]
+
+
 def ensure_user(name: str = BENCH_USER) -> pwd.struct_passwd:
     try:
         return pwd.getpwnam(name)

@@ -1,36 +1,31 @@
 """Transaction benchmarks: the move transaction against PostgreSQL, and YDB's latency test.
 
-1. **move** (Topicbase): one transaction consumes 100 messages of 1 KiB
-   (semi-compressible JSON-like, see ``storage_bench.make_messages``) from the
-   4-partition topic ``a`` with consumer ``mover`` (each worker a member
-   ``w<i>``, so each owns its partitions), writes them to topic ``b``
-   (``INSERT INTO TOPIC b SELECT data FROM TOPIC a ...``), upserts its own
-   counter row in a DuckDB table, and COMMITs; 1 and 4 sessions (threads). A
-   40001 is retried and counted. Each point runs on a fresh data directory:
-   topic ``a`` is prefilled through the storage API (1000-message batches,
-   untimed), a warm-up phase (which also settles the members' leases) measures
-   the rate, ``a`` is topped up for the timed phase (2x the warm-up rate), then
-   the timed phase. Figures: transactions/s, p50/p99 of COMMIT and of the whole
-   transaction (first BEGIN to the COMMIT that succeeded, retries included),
-   and fsyncs per commit, split in two. *Commit path*: our counted syncs
-   (``store.fs.fsync_count`` + ``directory_fsync_count``: the staging group
-   commit, and any segment roll while publishing) minus the partition syncs of
-   checkpoints, plus one DuckDB WAL ``fdatasync`` per session COMMIT (DuckDB's
-   fsync is *not* in our counter). *Background*: the checkpoints, which run in
-   their own thread every 256 commits: their partition syncs
-   (``committer.checkpoint_syncs``) and one DuckDB commit each
-   (``committer.checkpoints``); and the directory sync of each staging file
-   the staging syncer creates ahead of need (``spare_directory_syncs``, one per
-   64 MiB staged). The target applies to the commit path; the
-   total is reported beside it. When ``strace`` is there, a short extra phase
-   counts every ``fsync``/``fdatasync`` of the process (all threads, DuckDB's
-   and the background's included) as a cross-check.
-2. **move** (PostgreSQL 15 baseline, ``bench.postgres``): the same workload on
-   queue tables, durable (``synchronous_commit = on``), over loopback TCP with
-   psycopg 3: ``WITH moved AS (DELETE FROM queue_a WHERE id IN (SELECT id FROM
-   queue_a ORDER BY id LIMIT 100 FOR UPDATE SKIP LOCKED) RETURNING payload)
-   INSERT INTO log_b (payload) SELECT payload FROM moved``, a counter upsert
-   per client, COMMIT. Prefilled with binary COPY, vacuumed before each phase.
+1. **The move workloads** (``WORKLOADS``), each against PostgreSQL 15 in the same
+   run, the two sides alternating (``bench.harness``: Topicbase, PostgreSQL,
+   Topicbase, …, ``reps`` timed repetitions each after one warm-up each):
+   ``move_topics`` (100 messages of 1 KiB from topic ``a`` with consumer ``mover``
+   to topic ``b``, no table: 4 and 16 sessions), ``move`` (the same plus an upsert
+   of the session's counter row in a DuckDB table: 1, 4, 16 sessions) and
+   ``bulk_move`` (1000 messages, no table, 4 sessions; messages/s). Topicbase runs
+   in this process (sessions in threads; each a consumer member ``w<i>`` of topic
+   ``a``, which has one partition per session, at least 4): ``INSERT INTO TOPIC b
+   SELECT data FROM TOPIC a WITH (consumer, member, max_messages)``, the upsert,
+   COMMIT; a 40001 is retried and counted. Topic ``a`` is filled through the
+   storage API (untimed) before each repetition. Figures per repetition:
+   transactions/s (or messages/s), p50/p99 of COMMIT and of the whole transaction,
+   and fsyncs per commit on the commit path: our counted syncs
+   (``store.fs.fsync_count`` + ``directory_fsync_count``) minus the background's
+   (checkpoints' partition syncs, staging files made ahead), plus one DuckDB WAL
+   ``fdatasync`` per session COMMIT that reaches DuckDB (not in our counter, so
+   counted as COMMIT statements through ``engine.tables.run``). In the full suite
+   a short extra phase under ``strace -f -c`` counts every ``fsync``/``fdatasync``
+   of the process as a cross-check.
+2. **PostgreSQL's side** (``bench.postgres``): queue table -> log table, durable
+   (``synchronous_commit = on``), over loopback TCP with psycopg 3 clients in
+   threads: ``WITH moved AS (DELETE FROM queue_a WHERE id IN (SELECT id FROM
+   queue_a ORDER BY id LIMIT n FOR UPDATE SKIP LOCKED) RETURNING payload) INSERT
+   INTO log_b (payload) SELECT payload FROM moved``, the counter upsert for
+   ``move``, COMMIT. Filled with binary COPY and vacuumed before each repetition.
 3. **YDB's article test, scaled down**: a topic with 100 partitions; a writer
    session generates 1 KiB messages at a fixed rate (open loop: each message
    is stamped ``created_at`` with its scheduled time on the writer's clock),
@@ -60,8 +55,8 @@ from typing import Any
 
 import numpy as np
 
-from bench import postgres
-from bench.results import Recorder, ratio_target
+from bench import harness, postgres
+from bench.results import Recorder
 from bench.storage_bench import make_messages, zstd_ratio
 from engine import tables
 from engine.database import Database
@@ -70,26 +65,22 @@ from storage.record_batch import build_wire_batch
 
 MB = 1_000_000
 MOVE_BATCH = 100
-PARTITIONS_A = 4
+PARTITIONS_A = 4  # at least; one per session when there are more sessions
 FILL_BATCH = 1000
-THROUGHPUT_TARGET = 5.0  # Topicbase move txn/s vs PostgreSQL
-FSYNC_TARGET = 2.0  # fsyncs per commit on the commit path, ours + DuckDB's
-FACTS_POSTGRES = {1: 134.0, 4: 219.0}  # shared/FACTS.md, this kind of machine
 YDB_PARTITIONS = 100
 YDB_TICK_S = 0.05
 YDB_COMMIT_S = 0.5
 YDB_WARMUP_S = 1.0
-G_MOVE = "transactions: move 100 msgs A->B + counter upsert, COMMIT (1 KiB messages)"
 G_YDB = "transactions: YDB-style write/read latency (100 partitions, COMMIT every 0.5 s)"
 
 TB_SETUP = (
-    f"CREATE TOPIC a (CONSUMER mover) WITH (min_active_partitions = {PARTITIONS_A}); "
-    f"CREATE TOPIC b WITH (min_active_partitions = {PARTITIONS_A}); "
+    "CREATE TOPIC a (CONSUMER mover) WITH (min_active_partitions = {partitions}); "
+    "CREATE TOPIC b WITH (min_active_partitions = {partitions}); "
     "CREATE TABLE counters (k VARCHAR PRIMARY KEY, n BIGINT NOT NULL)"
 )
 TB_MOVE = (
     "INSERT INTO TOPIC b (data) SELECT data FROM TOPIC a "
-    "WITH (consumer = 'mover', member = '{member}', max_messages = " + str(MOVE_BATCH) + ")"
+    "WITH (consumer = 'mover', member = '{{member}}', max_messages = {batch})"
 )
 TB_UPSERT = "INSERT INTO counters VALUES (?, ?) ON CONFLICT (k) DO UPDATE SET n = n + EXCLUDED.n"
 PG_SETUP = """
@@ -100,7 +91,7 @@ CREATE TABLE counters (k TEXT PRIMARY KEY, n BIGINT NOT NULL);
 """
 PG_MOVE = (
     "WITH moved AS (DELETE FROM queue_a WHERE id IN ("
-    f"SELECT id FROM queue_a ORDER BY id LIMIT {MOVE_BATCH} FOR UPDATE SKIP LOCKED) "
+    "SELECT id FROM queue_a ORDER BY id LIMIT {batch} FOR UPDATE SKIP LOCKED) "
     "RETURNING payload) INSERT INTO log_b (payload) SELECT payload FROM moved"
 )
 PG_UPSERT = (
@@ -110,20 +101,22 @@ PG_UPSERT = (
 
 @dataclass(frozen=True)
 class Params:
-    move_seconds: float
+    move_seconds: float  # one timed repetition of one side
     warmup_seconds: float
-    strace_seconds: float
+    reps: int
+    strace_seconds: float  # 0: no strace cross-check
     ydb_seconds: float
     ydb_mb_s: float
-    clients: tuple[int, ...] = (1, 4)
 
 
 QUICK = Params(
-    move_seconds=5.0, warmup_seconds=1.0, strace_seconds=1.5, ydb_seconds=8.0, ydb_mb_s=1.0
-)
+    move_seconds=1.0, warmup_seconds=0.4, reps=3, strace_seconds=0.0, ydb_seconds=4.0,
+    ydb_mb_s=1.0,
+)  # fmt: skip
 FULL = Params(
-    move_seconds=15.0, warmup_seconds=3.0, strace_seconds=3.0, ydb_seconds=20.0, ydb_mb_s=4.0
-)
+    move_seconds=6.0, warmup_seconds=2.0, reps=5, strace_seconds=3.0, ydb_seconds=20.0,
+    ydb_mb_s=4.0,
+)  # fmt: skip
 
 
 # -- shared -----------------------------------------------------------------------------
@@ -311,12 +304,44 @@ class SyscallCounter:
                     self.calls += int(parts[3])
 
 
-# -- Topicbase move ---------------------------------------------------------------------
-def _fill_topic(database: Database, pool: Sequence[bytes], per_partition: int, start: int) -> int:
+# -- the move workloads -----------------------------------------------------------------
+@dataclass(frozen=True)
+class Workload:
+    """A move transaction: ``batch`` messages from topic ``a`` to ``b``, with or without the
+    counter upsert; records ``transactions.<name>.c<clients>``."""
+
+    name: str
+    batch: int
+    counter: bool
+    clients: tuple[int, ...]
+    targets: dict[int, float]  # clients -> ratio asked of Topicbase / PostgreSQL
+    per_message: bool = False  # the headline in messages/s instead of txn/s
+    fsync_target: float | None = None  # fsyncs per commit on the commit path
+
+    def describe(self) -> str:
+        what = f"move {self.batch} msgs A->B" + (" + counter upsert" if self.counter else "")
+        return f"transactions: {what}, COMMIT (1 KiB messages)"
+
+
+WORKLOADS = (
+    Workload("move_topics", MOVE_BATCH, False, (4, 16), {4: 1.5, 16: 1.5}, fsync_target=1.0),
+    Workload("move", MOVE_BATCH, True, (1, 4, 16), {1: 0.6, 4: 0.6, 16: 1.0}, fsync_target=2.0),
+    Workload("bulk_move", 1000, False, (4,), {4: 5.0}, per_message=True),
+)
+
+
+def _partitions(clients: int) -> int:
+    """Topic ``a``'s partitions: each session is a consumer member owning at least one."""
+    return max(PARTITIONS_A, clients)
+
+
+def _fill_topic(
+    database: Database, pool: Sequence[bytes], per_partition: int, start: int, partitions: int
+) -> int:
     """Append ``per_partition`` pool messages to each partition of ``a`` (storage API)."""
     topic = database.topic_log(database.catalog.entry("a").topic_id)
     position = start
-    for partition in range(PARTITIONS_A):
+    for partition in range(partitions):
         left = per_partition
         while left > 0:
             count = min(FILL_BATCH, left)
@@ -337,89 +362,131 @@ def _remaining(database: Database) -> int:
     return left
 
 
-def _fill_for(rate: float, seconds: float) -> int:
-    """Messages per partition that ``seconds`` at twice ``rate`` txn/s need."""
-    need = max(rate, 50.0) * 2.0 * seconds * MOVE_BATCH
-    return int(np.ceil(need / PARTITIONS_A / FILL_BATCH)) * FILL_BATCH
+def _messages_for(rate: float, seconds: float, batch: int) -> int:
+    """Messages that ``seconds`` at 1.6 times ``rate`` txn/s (at least 50) need."""
+    return int(max(rate, 50.0) * 1.6 * seconds * batch)
 
 
-def topicbase_move(
-    rec: Recorder, parent: str, clients: int, params: Params, pool: Sequence[bytes]
-) -> tuple[Phase, tuple[int, int] | None]:
-    """One point: the timed phase, and (fsync+fdatasync calls, commits) seen by strace."""
-    root = tempfile.mkdtemp(prefix="tb-move-", dir=parent)
-    database = Database.open(os.path.join(root, "data"))
-    sessions: list[Any] = []
-    try:
-        setup = database.connect()
-        setup.execute(TB_SETUP)
+def _phase_figures(phase: Phase, per_message: bool) -> dict[str, float]:
+    figures = {
+        "rate": phase.messages / phase.seconds if per_message else phase.rate,
+        "commit_p50_ms": phase.pct_ms("commit", 50),
+        "commit_p99_ms": phase.pct_ms("commit", 99),
+        "txn_p50_ms": phase.pct_ms("txn", 50),
+        "txn_p99_ms": phase.pct_ms("txn", 99),
+        "retries_per_txn": phase.retries / max(phase.transactions, 1),
+        "ran_dry": float(phase.ran_dry),
+    }
+    return figures
+
+
+class TopicbaseMove:
+    """Topicbase's side of one point: a fresh database, ``clients`` sessions in threads."""
+
+    def __init__(
+        self, parent: str, work: Workload, clients: int, pool: Sequence[bytes], strace: float
+    ) -> None:
+        self.work, self.clients, self.pool, self.strace = work, clients, pool, strace
+        self.partitions = _partitions(clients)
+        self.root = tempfile.mkdtemp(prefix="tb-move-", dir=parent)
+        self.database = Database.open(os.path.join(self.root, "data"))
+        self.sessions: list[Any] = []
+        self.position = 0
+        self.rate = 600.0 if work.batch <= MOVE_BATCH else 60.0
+        self.traced: tuple[int, int] | None = None
+        setup = self.database.connect()
+        setup.execute(TB_SETUP.format(partitions=self.partitions))
         setup.close()
-        position = _fill_topic(database, pool, _fill_for(600, params.warmup_seconds), 0)
-        sessions = [database.connect() for _ in range(clients)]
+        self.sessions = [self.database.connect() for _ in range(clients)]
+        self.move = TB_MOVE.format(batch=work.batch)
 
-        def transaction(index: int) -> tuple[int, float, float]:
-            session = sessions[index]
-            member = f"w{index + 1}"
-            session.execute("BEGIN")
-            tag = session.execute(TB_MOVE.format(member=member))[-1].tag
-            moved = int(tag.split()[-1])
-            if moved == 0:
-                session.execute("ROLLBACK")
-                return 0, 0.0, 0.0
+    def close(self) -> None:
+        for session in self.sessions:
+            with contextlib.suppress(Exception):
+                session.close()
+        self.database.close()
+        shutil.rmtree(self.root, ignore_errors=True)
+
+    def transaction(self, index: int) -> tuple[int, float, float]:
+        session = self.sessions[index]
+        member = f"w{index + 1}"
+        session.execute("BEGIN")
+        tag = session.execute(self.move.format(member=member))[-1].tag
+        moved = int(tag.split()[-1])
+        if moved == 0:
+            session.execute("ROLLBACK")
+            return 0, 0.0, 0.0
+        if self.work.counter:
             session.execute(TB_UPSERT, [member, moved])
-            started = time.perf_counter()
-            session.execute("COMMIT")
-            return moved, time.perf_counter() - started, started
+        started = time.perf_counter()
+        session.execute("COMMIT")
+        return moved, time.perf_counter() - started, started
 
-        def rollback(index: int) -> None:
-            sessions[index].execute("ROLLBACK")  # a notice only if already rolled back
+    def rollback(self, index: int) -> None:
+        self.sessions[index].execute("ROLLBACK")  # a notice only if already rolled back
 
-        def retryable(error: BaseException) -> bool:
-            return isinstance(error, SerializationFailure)
+    @staticmethod
+    def retryable(error: BaseException) -> bool:
+        return isinstance(error, SerializationFailure)
 
-        warm = run_phase(clients, params.warmup_seconds, transaction, retryable, rollback)
-        rec.progress(f"topicbase move, {clients} session(s), warm-up: {warm.describe()}")
-        timed_seconds = params.move_seconds + params.strace_seconds
-        want = _fill_for(warm.rate, timed_seconds) * PARTITIONS_A
-        missing = want - _remaining(database)
+    def top_up(self, seconds: float) -> None:
+        missing = _messages_for(self.rate, seconds, self.work.batch) - _remaining(self.database)
         if missing > 0:
-            per_partition = int(np.ceil(missing / PARTITIONS_A / FILL_BATCH)) * FILL_BATCH
-            position = _fill_topic(database, pool, per_partition, position)
-        fs, committer = database.store.fs, database.committer
+            per_partition = -(-missing // self.partitions // FILL_BATCH) * FILL_BATCH
+            self.position = _fill_topic(
+                self.database, self.pool, per_partition, self.position, self.partitions
+            )
+
+    def warm_up(self, seconds: float) -> Phase:
+        self.top_up(seconds)
+        phase = run_phase(self.clients, seconds, self.transaction, self.retryable, self.rollback)
+        self.rate = max(phase.rate, 1.0)
+        return phase
+
+    def timed(self, seconds: float) -> dict[str, float]:
+        self.top_up(seconds)
+        fs, committer = self.database.store.fs, self.database.committer
         with DuckDBCommitCounter() as duck:
             fsyncs = fs.fsync_count + fs.directory_fsync_count
             checkpoints, checkpoint_syncs = committer.checkpoints, committer.checkpoint_syncs
-            spare_syncs = committer.staging.spare_directory_syncs
-            phase = run_phase(clients, params.move_seconds, transaction, retryable, rollback)
+            spare = committer.staging.spare_directory_syncs
+            phase = run_phase(self.clients, seconds, self.transaction, self.retryable,
+                              self.rollback)  # fmt: skip
             phase.our_fsyncs = fs.fsync_count + fs.directory_fsync_count - fsyncs
             phase.duckdb_commits = duck.count
             phase.checkpoints = committer.checkpoints - checkpoints
             phase.checkpoint_syncs = committer.checkpoint_syncs - checkpoint_syncs
-            phase.spare_syncs = committer.staging.spare_directory_syncs - spare_syncs
-        rec.progress(f"topicbase move, {clients} session(s): {phase.describe()}")
-        traced = None
-        if SyscallCounter.available() and params.strace_seconds > 0:
-            try:
-                with SyscallCounter(root) as counter:
-                    sample = run_phase(
-                        clients, params.strace_seconds, transaction, retryable, rollback
-                    )
-                if sample.transactions:
-                    rec.progress(
-                        f"strace sample: {counter.calls} fsync+fdatasync for "
-                        f"{sample.transactions} commits = {counter.calls / sample.transactions:.2f}"
-                        " per commit (all threads, DuckDB's included)"
-                    )
-                    traced = (counter.calls, sample.transactions)
-            except (OSError, RuntimeError) as error:
-                rec.progress(f"strace sample skipped: {error}")
-        return phase, traced
-    finally:
-        for session in sessions:
-            with contextlib.suppress(Exception):
-                session.close()
-        database.close()
-        shutil.rmtree(root, ignore_errors=True)
+            phase.spare_syncs = committer.staging.spare_directory_syncs - spare
+        self.rate = max(phase.rate, 1.0)
+        count = max(phase.transactions, 1)
+        session_commits = phase.duckdb_commits - phase.checkpoints
+        background_ours = phase.checkpoint_syncs + phase.spare_syncs
+        ours = (phase.our_fsyncs - background_ours) / count
+        figures = _phase_figures(phase, self.work.per_message)
+        figures["fsyncs_per_commit"] = ours + session_commits / count
+        figures["our_fsyncs_per_commit"] = ours
+        figures["duckdb_commits_per_txn"] = session_commits / count
+        figures["background_fsyncs_per_commit"] = (background_ours + phase.checkpoints) / count
+        return figures
+
+    def strace_sample(self, progress: Callable[[str], None]) -> None:
+        """``strace -f -c`` over a short extra phase: every fsync/fdatasync of the process."""
+        if not SyscallCounter.available() or self.strace <= 0:
+            return
+        self.top_up(self.strace)
+        try:
+            with SyscallCounter(self.root) as counter:
+                sample = run_phase(self.clients, self.strace, self.transaction, self.retryable,
+                                   self.rollback)  # fmt: skip
+        except (OSError, RuntimeError) as error:
+            progress(f"strace sample skipped: {error}")
+            return
+        if sample.transactions:
+            self.traced = (counter.calls, sample.transactions)
+            progress(
+                f"strace sample: {counter.calls} fsync+fdatasync for {sample.transactions} "
+                f"commits = {counter.calls / sample.transactions:.2f} per commit (all threads)"
+            )
 
 
 # -- PostgreSQL move --------------------------------------------------------------------
@@ -438,67 +505,101 @@ def _pg_vacuum(dsn: str, psycopg: Any) -> None:
         conn.execute("VACUUM ANALYZE queue_a, log_b, counters")
 
 
-def postgres_move(
-    rec: Recorder, dsn: str, psycopg: Any, clients: int, params: Params, pool: Sequence[bytes]
-) -> Phase:
-    with psycopg.connect(dsn, autocommit=True) as admin:
-        admin.execute(PG_SETUP)
-    conns = [psycopg.connect(dsn) for _ in range(clients)]
-    try:
-        position = _pg_fill(conns[0], pool, _fill_for(600, params.warmup_seconds) * PARTITIONS_A, 0)
-        _pg_vacuum(dsn, psycopg)
+class PostgresMove:
+    """PostgreSQL's side: queue table -> log table (+ the counter upsert), psycopg clients."""
 
-        def transaction(index: int) -> tuple[int, float, float]:
-            conn = conns[index]
-            with conn.cursor() as cur:
-                cur.execute(PG_MOVE)  # psycopg opens the transaction (BEGIN)
-                moved = cur.rowcount
-                if moved <= 0:
-                    conn.rollback()
-                    return 0, 0.0, 0.0
-                cur.execute(PG_UPSERT, (f"w{index + 1}", moved))
-            started = time.perf_counter()
-            conn.commit()
-            return moved, time.perf_counter() - started, started
+    def __init__(
+        self, dsn: str, psycopg: Any, work: Workload, clients: int, pool: Sequence[bytes]
+    ) -> None:
+        self.dsn, self.psycopg, self.work, self.clients, self.pool = (
+            dsn, psycopg, work, clients, pool
+        )  # fmt: skip
+        with psycopg.connect(dsn, autocommit=True) as admin:
+            admin.execute(PG_SETUP)
+        self.conns = [psycopg.connect(dsn) for _ in range(clients)]
+        self.move = PG_MOVE.format(batch=work.batch)
+        self.position = 0
+        self.rate = 600.0 if work.batch <= MOVE_BATCH else 60.0
 
-        def rollback(index: int) -> None:
-            conns[index].rollback()
-
-        def retryable(error: BaseException) -> bool:
-            return isinstance(
-                error, psycopg.errors.SerializationFailure | psycopg.errors.DeadlockDetected
-            )
-
-        warm = run_phase(clients, params.warmup_seconds, transaction, retryable, rollback)
-        rec.progress(f"postgres move, {clients} client(s), warm-up: {warm.describe()}")
-        with conns[0].cursor() as cur:
-            left = cur.execute("SELECT count(*) FROM queue_a").fetchone()[0]
-        conns[0].commit()
-        missing = _fill_for(warm.rate, params.move_seconds) * PARTITIONS_A - left
-        if missing > 0:
-            position = _pg_fill(conns[0], pool, missing, position)
-        _pg_vacuum(dsn, psycopg)
-        phase = run_phase(clients, params.move_seconds, transaction, retryable, rollback)
-        rec.progress(f"postgres move, {clients} client(s): {phase.describe()}")
-        return phase
-    finally:
-        for conn in conns:
+    def close(self) -> None:
+        for conn in self.conns:
             with contextlib.suppress(Exception):
                 conn.close()
 
+    def transaction(self, index: int) -> tuple[int, float, float]:
+        conn = self.conns[index]
+        with conn.cursor() as cur:
+            cur.execute(self.move)  # psycopg opens the transaction (BEGIN)
+            moved = cur.rowcount
+            if moved <= 0:
+                conn.rollback()
+                return 0, 0.0, 0.0
+            if self.work.counter:
+                cur.execute(PG_UPSERT, (f"w{index + 1}", moved))
+        started = time.perf_counter()
+        conn.commit()
+        return moved, time.perf_counter() - started, started
 
-def postgres_points(
-    rec: Recorder, params: Params, pool: Sequence[bytes]
-) -> tuple[dict[int, Phase], str]:
-    psycopg = postgres.ensure_psycopg(rec.progress)
-    results: dict[int, Phase] = {}
-    with postgres.Cluster(
-        parent=os.environ.get("TOPICBASE_BENCH_DIR") or None, log=rec.progress
-    ) as cluster:
-        rec.progress(f"{cluster.version} on 127.0.0.1:{cluster.port} in {cluster.root}")
-        for clients in params.clients:
-            results[clients] = postgres_move(rec, cluster.dsn, psycopg, clients, params, pool)
-        return results, cluster.version
+    def rollback(self, index: int) -> None:
+        self.conns[index].rollback()
+
+    def retryable(self, error: BaseException) -> bool:
+        errors = self.psycopg.errors
+        return isinstance(error, errors.SerializationFailure | errors.DeadlockDetected)
+
+    def top_up(self, seconds: float) -> None:
+        conn = self.conns[0]
+        with conn.cursor() as cur:
+            left = cur.execute("SELECT count(*) FROM queue_a").fetchone()[0]
+        conn.commit()
+        missing = _messages_for(self.rate, seconds, self.work.batch) - left
+        if missing > 0:
+            self.position = _pg_fill(conn, self.pool, missing, self.position)
+        _pg_vacuum(self.dsn, self.psycopg)
+
+    def warm_up(self, seconds: float) -> Phase:
+        self.top_up(seconds)
+        phase = run_phase(self.clients, seconds, self.transaction, self.retryable, self.rollback)
+        self.rate = max(phase.rate, 1.0)
+        return phase
+
+    def timed(self, seconds: float) -> dict[str, float]:
+        self.top_up(seconds)
+        phase = run_phase(self.clients, seconds, self.transaction, self.retryable, self.rollback)
+        self.rate = max(phase.rate, 1.0)
+        return _phase_figures(phase, self.work.per_message)
+
+
+def move_point(
+    rec: Recorder,
+    parent: str,
+    cluster: postgres.Cluster | None,
+    psycopg: Any,
+    work: Workload,
+    clients: int,
+    params: Params,
+    pool: Sequence[bytes],
+) -> tuple[dict[str, harness.Spread], dict[str, harness.Spread] | None, TopicbaseMove]:
+    """Warm both sides up, then Topicbase and PostgreSQL alternately, ``params.reps`` times."""
+    ours = TopicbaseMove(parent, work, clients, pool, params.strace_seconds)
+    theirs = None
+    try:
+        warm = ours.warm_up(params.warmup_seconds)
+        rec.progress(f"topicbase {work.name} c{clients} warm-up: {warm.describe()}")
+        sides = [harness.Side("topicbase", lambda rep: ours.timed(params.move_seconds))]
+        if cluster is not None:
+            theirs = PostgresMove(cluster.dsn, psycopg, work, clients, pool)
+            warm = theirs.warm_up(params.warmup_seconds)
+            rec.progress(f"postgres {work.name} c{clients} warm-up: {warm.describe()}")
+            sides.append(harness.Side("postgres", lambda rep: theirs.timed(params.move_seconds)))
+        spreads = harness.alternate(sides, params.reps, rec.progress)
+        if work.fsync_target is not None:
+            ours.strace_sample(rec.progress)
+        return spreads["topicbase"], spreads.get("postgres"), ours
+    finally:
+        ours.close()
+        if theirs is not None:
+            theirs.close()
 
 
 # -- YDB-style latency ------------------------------------------------------------------
@@ -619,115 +720,67 @@ def ydb_latency(rec: Recorder, parent: str, params: Params, pool: Sequence[bytes
 
 
 # -- recording --------------------------------------------------------------------------
-def _record_move(
+def _record_point(
     rec: Recorder,
-    tb: dict[int, tuple[Phase, tuple[int, int] | None]],
-    pg: dict[int, Phase],
+    work: Workload,
+    clients: int,
+    ours: dict[str, harness.Spread],
+    theirs: dict[str, harness.Spread] | None,
     pg_label: str,
+    traced: tuple[int, int] | None,
 ) -> None:
-    for clients, (phase, traced) in tb.items():
-        base = pg.get(clients)
-        who = f"{clients} session{'s' if clients > 1 else ''}"
-        name = f"transactions.move.c{clients}.topicbase"
-        baseline = f"{pg_label}, {clients} client{'s' if clients > 1 else ''}" if base else None
-        ratio = phase.rate / base.rate if base and base.rate else None
-        rec.add(
-            f"{name}.txn_s",
-            phase.rate,
-            "txn/s",
-            group=G_MOVE,
-            baseline=baseline,
-            baseline_value=base.rate if base else None,
-            target=ratio_target(THROUGHPUT_TARGET, "PostgreSQL"),
-            met=None if ratio is None else ratio >= THROUGHPUT_TARGET,
-            note=(
-                f"{who}; {phase.retries} 40001 retries"
-                f" ({phase.retries / max(phase.transactions, 1):.3f}/txn)"
-                + ("; source ran dry early" if phase.ran_dry else "")
-                + "; in-process engine vs PostgreSQL over loopback TCP"
-            ),
-        )
-        for which, label in (("commit", "COMMIT"), ("txn", "whole transaction")):
-            for q in (50, 99):
-                rec.add(
-                    f"{name}.{which}_p{q}_ms",
-                    phase.pct_ms(which, q),
-                    "ms",
-                    group=G_MOVE,
-                    baseline=baseline,
-                    baseline_value=base.pct_ms(which, q) if base else None,
-                    note=f"{label} latency p{q}, {who}"
-                    + ("; first BEGIN to COMMIT, retries included" if which == "txn" else ""),
-                )
-        count = max(phase.transactions, 1)
-        session_commits = phase.duckdb_commits - phase.checkpoints
-        background_ours = phase.checkpoint_syncs + phase.spare_syncs
-        ours_commit_path = (phase.our_fsyncs - background_ours) / count
-        commit_path = ours_commit_path + session_commits / count
-        background = (background_ours + phase.checkpoints) / count
-        rec.add(
-            f"{name}.fsyncs_per_commit",
-            commit_path,
-            "fsyncs/commit",
-            group=G_MOVE,
-            target=f"<= {FSYNC_TARGET:g} fsyncs/commit on the commit path",
-            met=commit_path <= FSYNC_TARGET,
-            note=(
-                f"{who}; commit path: ours {ours_commit_path:.3f} (staging group commit, "
-                "segment rolls; fs.fsync_count + directory syncs, minus the background's) + "
-                f"DuckDB {session_commits / count:.3f} (one WAL fdatasync per session COMMIT, "
-                "not in our counter, so counted as COMMITs); the background (checkpoints, "
-                f"staging's next file made ahead) adds {background:.3f} more (total "
-                f"{commit_path + background:.3f})"
-                + (
-                    f"; strace cross-check: {traced[0] / traced[1]:.2f} fsync+fdatasync/commit"
-                    " over all threads, background included"
-                    if traced
-                    else ""
-                )
-            ),
-        )
-        rec.add(
-            f"{name}.fsyncs_per_commit_total",
-            commit_path + background,
-            "fsyncs/commit",
-            group=G_MOVE,
-            note=(
-                f"{who}; commit path {commit_path:.3f} + background {background:.3f} "
-                f"({phase.checkpoints} checkpoint(s) in {phase.transactions} commits: "
-                f"{phase.checkpoint_syncs} partition syncs + one DuckDB commit each; "
-                f"{phase.spare_syncs} directory sync(s) for staging's next file)"
-            ),
-        )
-        rec.add(
-            f"{name}.our_fsyncs_per_commit",
-            phase.our_fsyncs / count,
-            "fsyncs/commit",
-            group=G_MOVE,
-            note=f"{who}; fs.fsync_count + directory syncs, all threads; DuckDB's WAL "
-            "fdatasync not included",
-        )
-        rec.add(
-            f"{name}.duckdb_commits_per_txn",
-            phase.duckdb_commits / count,
-            "commits/txn",
-            group=G_MOVE,
-            note=f"{who}; COMMITs issued: sessions' + background checkpoints'",
-        )
-    for clients, phase in pg.items():
-        rec.add(
-            f"transactions.move.c{clients}.postgres.txn_s",
-            phase.rate,
-            "txn/s",
-            group=G_MOVE,
-            baseline="shared/FACTS.md earlier measurement",
-            baseline_value=FACTS_POSTGRES.get(clients),
-            note=(
-                f"{pg_label}, {clients} client(s), synchronous_commit on; COMMIT p50 "
-                f"{phase.pct_ms('commit', 50):.2f} ms p99 {phase.pct_ms('commit', 99):.2f} ms; "
-                f"{phase.retries} retries" + ("; queue ran dry early" if phase.ran_dry else "")
-            ),
-        )
+    name = f"transactions.{work.name}.c{clients}"
+    who = f"{clients} session{'s' if clients > 1 else ''}"
+    group = work.describe()
+    baseline = f"{pg_label} queue table -> log table" + (" + counter" if work.counter else "")
+    retries = ours["retries_per_txn"].median
+    dry = ours["ran_dry"].high > 0
+    harness.record(
+        rec, name, ours["rate"], theirs["rate"] if theirs else None,
+        unit="msgs/s" if work.per_message else "txn/s", group=group,
+        baseline=baseline if theirs else None, target_ratio=work.targets[clients],
+        target_label="PostgreSQL",
+        note=f"{who}, {work.batch} msgs/txn; {retries:.3f} 40001 retries/txn"
+        + ("; source ran dry early" if dry else "")
+        + "; in-process engine vs PostgreSQL over loopback TCP (synchronous_commit on)",
+    )  # fmt: skip
+    for metric, label in (
+        ("commit_p50_ms", "COMMIT p50"),
+        ("commit_p99_ms", "COMMIT p99"),
+        ("txn_p50_ms", "whole transaction p50"),
+        ("txn_p99_ms", "whole transaction p99"),
+    ):
+        harness.record(
+            rec, f"{name}.{metric}", ours[metric], theirs[metric] if theirs else None,
+            unit="ms", group=group, baseline=baseline if theirs else None,
+            higher_is_better=False, note=f"{label}, {who}",
+        )  # fmt: skip
+    fsyncs = ours["fsyncs_per_commit"]
+    cross = (
+        f"; strace cross-check: {traced[0] / traced[1]:.2f} fsync+fdatasync/commit over all "
+        "threads, background included"
+        if traced
+        else ""
+    )
+    rec.add(
+        f"{name}.fsyncs_per_commit",
+        fsyncs.median,
+        "fsyncs/commit",
+        group=group,
+        spread=(fsyncs.low, fsyncs.high),
+        reps=fsyncs.reps,
+        target=None if work.fsync_target is None else f"<= {work.fsync_target:g} (commit path)",
+        met=None if work.fsync_target is None else fsyncs.median <= work.fsync_target,
+        note=(
+            f"{who}; commit path = ours {ours['our_fsyncs_per_commit'].median:.3f} (staging or "
+            "topic-log group commit, segment rolls: fs.fsync_count + directory syncs, minus "
+            "the background's) + DuckDB "
+            f"{ours['duckdb_commits_per_txn'].median:.3f} (one WAL fdatasync per session "
+            "COMMIT that reaches DuckDB, counted as COMMITs); background (checkpoints, "
+            f"staging files made ahead) adds {ours['background_fsyncs_per_commit'].median:.3f}"
+            + cross
+        ),
+    )
 
 
 def _record_ydb(rec: Recorder, run: LatencyRun, params: Params) -> None:
@@ -766,27 +819,32 @@ def _record_ydb(rec: Recorder, run: LatencyRun, params: Params) -> None:
 # -- entry point ------------------------------------------------------------------------
 def run(rec: Recorder) -> None:
     params = QUICK if rec.quick else FULL
-    parent = tempfile.mkdtemp(
-        prefix="topicbase-bench-", dir=os.environ.get("TOPICBASE_BENCH_DIR") or None
-    )
+    bench_dir = os.environ.get("TOPICBASE_BENCH_DIR") or None
+    parent = tempfile.mkdtemp(prefix="topicbase-bench-", dir=bench_dir)
     try:
         pool = make_messages()
         single, joined = zstd_ratio(pool)
         rec.progress(
             f"data: {len(pool)} distinct 1 KiB messages, zstd-1 ratio {single:.2f}x per message, "
-            f"{joined:.2f}x joined; temp dir {parent}"
+            f"{joined:.2f}x joined; temp dir {parent}; {params.reps} alternating repetitions "
+            f"of {params.move_seconds:g}s per side"
         )
-        tb: dict[int, tuple[Phase, tuple[int, int] | None]] = {}
-        for clients in params.clients:
-            tb[clients] = topicbase_move(rec, parent, clients, params, pool)
-        pg: dict[int, Phase] = {}
-        pg_label = "PostgreSQL queue tables"
-        try:
-            pg, version = postgres_points(rec, params, pool)
-            pg_label = version.replace("postgres (PostgreSQL) ", "PostgreSQL ").split(" (")[0]
-        except Exception as error:  # the Topicbase figures stand without the baseline
-            rec.progress(f"PostgreSQL baseline FAILED: {type(error).__name__}: {error}")
-        _record_move(rec, tb, pg, pg_label)
+        with contextlib.ExitStack() as stack:
+            cluster, psycopg, pg_label = None, None, "PostgreSQL"
+            try:
+                psycopg = postgres.ensure_psycopg(rec.progress)
+                cluster = stack.enter_context(postgres.Cluster(parent=bench_dir, log=rec.progress))
+                pg_label = postgres.short_version(cluster.version)
+                rec.progress(f"{cluster.version} on 127.0.0.1:{cluster.port}")
+            except Exception as error:  # the Topicbase figures stand without the baseline
+                rec.progress(f"PostgreSQL baseline FAILED: {type(error).__name__}: {error}")
+            for work in WORKLOADS:
+                for clients in work.clients:
+                    rec.progress(f"-- {work.name}, {clients} session(s)")
+                    ours, theirs, tb = move_point(
+                        rec, parent, cluster, psycopg, work, clients, params, pool
+                    )
+                    _record_point(rec, work, clients, ours, theirs, pg_label, tb.traced)
         latency = ydb_latency(rec, parent, params, pool)
         rec.progress(
             f"ydb-style: {latency.messages:,} msgs, {latency.commits} commits, "
