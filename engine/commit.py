@@ -63,10 +63,10 @@ import pyarrow as pa
 from engine import tables
 from engine.catalog import SCHEMA
 from engine.commit_order import CommitOrder, CommitSlot
-from storage import failpoints, limits
+from storage import commit_log, failpoints, limits
 from storage.errors import LimitExceededError, StorageIOError, UndefinedTopicError
 from storage.record_batch import check_wire_batch
-from storage.staging import StagedBatch, StagingLog, StagingTicket
+from storage.staging import StagedBatch, StagingLog, StagingTicket, encode_batches
 
 log = logging.getLogger(__name__)
 
@@ -87,6 +87,16 @@ CREATE TABLE IF NOT EXISTS {SCHEMA}.transactions (
 # index costs ~0.3 ms per commit (DuckDB 2.0, this machine); a checkpoint's delete
 # scans at most a few hundred rows. Tables created by earlier versions keep theirs.
 RECORD_INSERT = f"INSERT INTO {SCHEMA}.transactions VALUES (?, ?, ?, ?)"
+# The commit log's checkpoint watermark: every commit record in the staging log up to
+# (file_number, position) has its offsets in the offsets table (one row at most).
+WATERMARK_DDL = f"""
+CREATE TABLE IF NOT EXISTS {SCHEMA}.commit_log_watermark (
+    file_number BIGINT NOT NULL, position BIGINT NOT NULL);
+"""
+LogPosition = tuple[int, int]  # (staging file number, position just past a commit record)
+# A published transaction, counted for the checkpoint: id, the partitions it published
+# to, and for a transaction committed in the log, where its commit record ends.
+Published = tuple[int, list[tuple[str, int]], LogPosition | None]
 
 
 @dataclass(frozen=True, slots=True)
@@ -163,20 +173,29 @@ class Committer:
         self._checkpoint_lock = threading.Lock()
         self._cursor = database.root.cursor()
         tables.run(self._cursor, RECORDS_DDL)
+        tables.run(self._cursor, WATERMARK_DDL)
         self._last_id = 0
-        self._published: list[tuple[int, list[tuple[str, int]]]] = []
-        self._unfinished: list[tuple[int, list[PublishItem]]] = []
+        self._published: list[Published] = []
+        self._unfinished: list[tuple[int, list[PublishItem], LogPosition | None]] = []
+        self._watermark: LogPosition = (0, 0)  # the commit log's, as in DuckDB
+        # Set when a commit record's sync failed or was interrupted: that transaction's
+        # outcome is unknown until recovery reads the log, so no commit may follow.
+        self._failure: BaseException | None = None
         self._order = CommitOrder(database.commit_lock)  # claims and publish turns
         # Offset moves committed since the last checkpoint (their keys).
         self._moved: dict[tuple[str, str, int], int] = {}
         # The background checkpointer: started at the first due checkpoint.
         self._checkpointer: threading.Thread | None = None
+        # Commit record ends of log-committed transactions between commit point and publish.
+        self._log_ends: dict[int, LogPosition] = {}
         self._closing = False
         # Published count that wakes the checkpointer after a failed checkpoint (None:
         # ``CHECKPOINT_TRANSACTIONS``, read when used so that tests may lower it).
         self._retry_due: int | None = None
         # Counters for benchmarks and tests.
         self.checkpoints = 0  # checkpoints that deleted records or wrote offsets
+        self.log_commits = 0  # transactions committed by a commit record in the log
+        self.table_commits = 0  # transactions committed by a DuckDB record row and COMMIT
         self.checkpoint_syncs = 0  # partition syncs made by checkpoints
         self.background_failures = 0
 
@@ -217,6 +236,7 @@ class Committer:
             if i.staged is not None
         ]
         offsets = [[t, c, p, o] for (t, c, p), o in moves.items()]
+        self.table_commits += 1  # attempts; a COMMIT that fails is rare
         tables.run(
             cursor,
             RECORD_INSERT,
@@ -234,7 +254,77 @@ class Committer:
     ) -> CommitSlot:
         """Validate and claim ``keys`` just before the DuckDB COMMIT (``CommitOrder.enter``);
         end the slot with ``finish`` (committed) or ``leave`` (not)."""
-        return self._order.enter(keys, validate, recorded=recorded)
+
+        def checked() -> None:
+            self._check_usable()
+            validate()
+
+        return self._order.enter(keys, checked, recorded=recorded)
+
+    def _check_usable(self) -> None:
+        if self._failure is not None:
+            raise StorageIOError(
+                "a commit record's sync failed earlier, so a commit's outcome is unknown "
+                f"until the database is reopened (recovery decides it): {self._failure}"
+            )
+
+    # -- the topic-only commit: one append to the log -------------------------------------
+    def commit_in_log(
+        self,
+        transaction_id: int,
+        items: list[PublishItem],
+        moves: dict[tuple[str, str, int], int],
+        validate: Callable[[], None],
+    ) -> tuple[CommitSlot, list[PublishItem]]:
+        """Commit a transaction that touches no table: its batches and its commit record
+        (``storage.commit_log``), encoded here, are appended in one write under the commit
+        lock right after ``validate`` (so log order is validation and turn order), then
+        made durable by the staging log's group-committed sync: the commit point. Returns
+        the slot and the items with their staged places; the caller ends the slot with
+        ``finish``. A failed validation or append commits nothing; a failed or
+        interrupted sync leaves the outcome unknown (the record may or may not be on
+        disk), so the committer refuses every later commit (``_check_usable``)."""
+        parts, lengths = encode_batches(transaction_id, [i.batch for i in items]) if items else (
+            [], []
+        )
+        payload = json.dumps(
+            {
+                "at": self._database.clock.now_us(),
+                "items": [[i.topic_id, i.partition] for i in items],
+                "offsets": [[t, c, p, o] for (t, c, p), o in moves.items()],
+            },
+            separators=(",", ":"),
+        ).encode()
+        record = commit_log.encode_record(transaction_id, len(items), payload)
+        appended: list[StagingTicket] = []
+
+        def validate_and_append() -> None:
+            self._check_usable()
+            validate()
+            failpoints.hit("commit.before_log_append")
+            appended.append(self.staging.append(transaction_id, parts, lengths, record))
+
+        slot = self._order.enter(set(moves), validate_and_append, recorded=True)
+        ticket = appended[0]
+        try:
+            failpoints.hit("commit.after_log_append")
+            self.staging.wait_durable(ticket)
+        except BaseException as error:
+            with self._lock:
+                if self._failure is None:
+                    self._failure = error
+            self.leave(slot)
+            raise StorageIOError(
+                f"the commit of transaction {transaction_id} is in doubt (its commit record "
+                f"may or may not be durable): {error}; reopen the database to resolve it"
+            ) from error
+        self.log_commits += 1
+        staged = [
+            PublishItem(i.topic_id, i.partition, i.batch, s)
+            for i, s in zip(items, ticket.placed, strict=True)
+        ]
+        self._log_ends[transaction_id] = (ticket.file_number, ticket.end)
+        return slot, staged
 
     def leave(self, slot: CommitSlot) -> None:
         """The slot's COMMIT failed or never ran: release its claims and its turn."""
@@ -269,11 +359,12 @@ class Committer:
         failure = self._order.wait_turn(slot) or failure
         try:
             if transaction_id is not None:
+                log_end = self._log_ends.pop(transaction_id, None)
                 if failure is not None:
                     with self._lock:
-                        self._unfinished.append((transaction_id, items))
+                        self._unfinished.append((transaction_id, items, log_end))
                 else:
-                    self._publish_in_turn(transaction_id, items)
+                    self._publish_in_turn(transaction_id, items, log_end)
         finally:
             self._order.done(slot)
         if failure is not None:
@@ -284,7 +375,9 @@ class Committer:
         the commit lock, so none can enter): DDL then sees every committed offset move."""
         self._order.quiesce()
 
-    def _publish_in_turn(self, transaction_id: int, items: list[PublishItem]) -> None:
+    def _publish_in_turn(
+        self, transaction_id: int, items: list[PublishItem], log_end: LogPosition | None
+    ) -> None:
         """Step 3 (caller has the turn): one tagged frame per partition, no sync."""
         try:
             if self._unfinished:
@@ -297,14 +390,16 @@ class Committer:
                     self._publish_item(transaction_id, item)
         except BaseException:
             with self._lock:
-                self._unfinished.append((transaction_id, items))
+                self._unfinished.append((transaction_id, items, log_end))
             raise
-        self._note_done(transaction_id, [(i.topic_id, i.partition) for i in items])
+        self._note_done(transaction_id, [(i.topic_id, i.partition) for i in items], log_end)
 
-    def _note_done(self, transaction_id: int, targets: list[tuple[str, int]]) -> None:
+    def _note_done(
+        self, transaction_id: int, targets: list[tuple[str, int]], log_end: LogPosition | None
+    ) -> None:
         """Count a finished transaction for the checkpoint; wake the checkpointer if due."""
         with self._wake:
-            self._published.append((transaction_id, targets))
+            self._published.append((transaction_id, targets, log_end))
             if len(self._published) < self._due():
                 return
             if self._checkpointer is None and not self._closing:
@@ -313,6 +408,11 @@ class Committer:
                 )
                 self._checkpointer.start()
             self._wake.notify_all()
+
+    @property
+    def backlog(self) -> int:
+        """Published transactions not yet checkpointed."""
+        return len(self._published)
 
     def _due(self) -> int:
         return CHECKPOINT_TRANSACTIONS if self._retry_due is None else self._retry_due
@@ -341,11 +441,12 @@ class Committer:
     def _finish_unfinished(self) -> None:
         """Publish what failed publishes left out (caller holds the commit lock and ``_lock``)."""
         while self._unfinished:
-            transaction_id, items = self._unfinished[0]
+            transaction_id, items, log_end = self._unfinished[0]
             for item in items:
                 self._publish_item(transaction_id, item, check=True)
             self._unfinished.pop(0)  # only once all of it is published
-            self._published.append((transaction_id, [(i.topic_id, i.partition) for i in items]))
+            targets = [(i.topic_id, i.partition) for i in items]
+            self._published.append((transaction_id, targets, log_end))
 
     def abandon(self, transaction_id: int) -> None:
         """The transaction will never commit: its staging may go."""
@@ -400,11 +501,9 @@ class Committer:
                 raise
 
     def _checkpoint_locked(
-        self,
-        published: list[tuple[int, list[tuple[str, int]]]],
-        moved: dict[tuple[str, str, int], int],
+        self, published: list[Published], moved: dict[tuple[str, str, int], int]
     ) -> None:
-        partitions = {p for _, targets in published for p in targets}
+        partitions = {p for _, targets, _ in published for p in targets}
         for topic_id, partition in sorted(partitions):
             try:
                 topic = self._database.topic_log(topic_id)
@@ -412,7 +511,9 @@ class Committer:
                 continue  # dropped since: nothing to sync
             topic.partition(partition).sync()
             self.checkpoint_syncs += 1
-        ids = [transaction_id for transaction_id, _ in published]
+        ids = [transaction_id for transaction_id, _, log_end in published if log_end is None]
+        ends = [log_end for _, _, log_end in published if log_end is not None]
+        watermark = max([self._watermark, *ends])
         failpoints.hit("commit.checkpoint_before_delete")
         catalog = self._database.catalog
         current = {key: catalog.committed(*key) for key in moved}
@@ -431,23 +532,30 @@ class Committer:
                     f"(SELECT unnest(?::BIGINT[]))",
                     [ids],
                 )
+            if watermark != self._watermark:
+                tables.run(self._cursor, f"DELETE FROM {SCHEMA}.commit_log_watermark")
+                tables.run(
+                    self._cursor,
+                    f"INSERT INTO {SCHEMA}.commit_log_watermark VALUES (?, ?)",
+                    list(watermark),
+                )
             tables.run(self._cursor, "COMMIT")
         except BaseException:
             tables.run(self._cursor, "ROLLBACK")
             raise
+        self._watermark = watermark
         self.checkpoints += 1
-        self.staging.release(set(ids))
+        failpoints.hit("commit.checkpoint_before_release")
+        self.staging.release({transaction_id for transaction_id, _, _ in published})
 
     def recover(self) -> int:
-        """Re-publish what committed transactions left unpublished. Returns how many."""
-        result = tables.query_arrow(
-            self._cursor,
-            f"SELECT transaction_id, committed_at_us, items, offsets FROM {SCHEMA}.transactions "
-            "ORDER BY transaction_id",
-        )
-        assert result is not None
+        """Re-publish what committed transactions left unpublished. Returns how many.
+
+        Committed transactions are those with a DuckDB record row and those with a
+        whole commit record in the staging log past the watermark; they are replayed
+        together in transaction id order (``_committed_rows``)."""
         republished = 0
-        for row in result.to_pylist():
+        for row in self._committed_rows():
             transaction_id = row["transaction_id"]
             self._last_id = max(self._last_id, transaction_id)
             catalog = self._database.catalog
@@ -474,10 +582,57 @@ class Committer:
                     republished += 1
                     failpoints.hit("recovery.after_republish")
                 targets.append((topic_id, partition))
-            self._published.append((transaction_id, targets))
+            log_end = row.get("log_end")
+            if log_end is not None:
+                self.staging.keep(transaction_id, [StagedBatch(log_end[0], 0, 0)])
+            self._published.append((transaction_id, targets, log_end))
         self.staging.release(set())  # files no record needs: aborted or undecided staging
         self.checkpoint()
         return republished
+
+    def _committed_rows(self) -> list[dict]:
+        """Every committed transaction not checkpointed yet, in transaction id order:
+        DuckDB's record rows and the staging log's commit records past the watermark
+        (``storage.commit_log.scan``: a torn or damaged tail is not committed)."""
+        result = tables.query_arrow(
+            self._cursor,
+            f"SELECT transaction_id, committed_at_us, items, offsets FROM {SCHEMA}.transactions "
+            "ORDER BY transaction_id",
+        )
+        assert result is not None
+        rows = result.to_pylist()
+        mark = tables.query_arrow(
+            self._cursor, f"SELECT file_number, position FROM {SCHEMA}.commit_log_watermark"
+        )
+        assert mark is not None
+        marks = [(r["file_number"], r["position"]) for r in mark.to_pylist()]
+        self._watermark = max([(0, 0), *marks])
+        self.staging.start_after(self._watermark[0])
+        for number in self.staging.file_numbers():
+            if number < self._watermark[0]:
+                continue
+            for found in commit_log.scan(self.staging.read_file(number)):
+                if (number, found.end) <= self._watermark:
+                    continue
+                payload = json.loads(found.payload)
+                assert len(payload["items"]) == len(found.batches), payload
+                items = [
+                    [topic_id, partition, number, position, length]
+                    for (topic_id, partition), (position, length) in zip(
+                        payload["items"], found.batches, strict=True
+                    )
+                ]
+                rows.append(
+                    {
+                        "transaction_id": found.transaction_id,
+                        "committed_at_us": payload["at"],
+                        "items": json.dumps(items),
+                        "offsets": json.dumps(payload["offsets"]),
+                        "log_end": (number, found.end),
+                    }
+                )
+        rows.sort(key=lambda row: row["transaction_id"])
+        return rows
 
     def close(self) -> None:
         """Stop the checkpointer, run a last checkpoint, close staging and the cursor."""

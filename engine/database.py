@@ -162,6 +162,25 @@ class Database:
             self.root.close()
             self.store.close()
 
+    def commit_counters(self) -> dict[str, int]:
+        """Counters of the commit paths so far (cheap: a few attribute reads), for
+        benchmarks: ``log_commits`` (topic-only transactions, committed in the staging
+        log), ``table_commits`` (committed through DuckDB: each also costs DuckDB's WAL
+        fsync, which ``storage.fs`` does not see), ``staging_syncs`` (fdatasyncs of the
+        staging log: group commit shares one among concurrent commits of either kind),
+        ``checkpoint_syncs`` (partition syncs by checkpoints, off the commit path) and
+        ``fs_fsyncs`` (``storage.fs``'s ``fsync_count`` of this database's file system,
+        shared by every database opened on it). Fsyncs per commit on the commit path:
+        ``(staging_syncs + table_commits) / (log_commits + table_commits)``."""
+        committer = self.committer
+        return {
+            "log_commits": committer.log_commits,
+            "table_commits": committer.table_commits,
+            "staging_syncs": committer.staging.syncs,
+            "checkpoint_syncs": committer.checkpoint_syncs,
+            "fs_fsyncs": self.store.fs.fsync_count,
+        }
+
     def run_retention(self) -> RetentionReport:
         """Run one retention pass now (the background service runs them periodically)."""
         return run_retention_pass(self)

@@ -23,6 +23,15 @@ from typing import Any
 import pyarrow as pa
 
 from engine.staged_writes import SpilledBatch, TransactionStaging
+from planner.operations import (
+    AppendRecords,
+    CommitConsumerOffsets,
+    Introspect,
+    ReadRecords,
+    RunQuery,
+    SetConsumerOffsets,
+    TransactionControl,
+)
 
 ReadKey = tuple[str, str, int]  # (topic id, consumer, partition)
 
@@ -86,6 +95,11 @@ class Transaction:
     offset_moves: dict[ReadKey, int] = field(default_factory=dict)
     # An autocommit statement's DuckDB transaction was opened by the commit itself.
     duckdb_open: bool = False
+    # Whether a statement of the transaction may have changed a DuckDB table (or the
+    # catalog's tables): such a transaction commits through DuckDB (a record row and
+    # DuckDB's COMMIT); one that did not commits in the staging log alone
+    # (``engine.commit``). Set conservatively by ``note_plan`` and ``note_table_write``.
+    touches_tables: bool = False
     # Set once the transaction passed its commit point (its COMMIT succeeded); never for
     # one that rolled back, explicitly, as a failed transaction, or at a failed COMMIT.
     # Fronts read it after the fact (a WITH HOLD cursor outlives only a committed one).
@@ -97,6 +111,17 @@ class Transaction:
     # transaction's snapshot): while it has not moved, what this transaction reads of
     # owners and grants is what everyone would read, and may be cached.
     privilege_generation: int | None = None
+
+    def note_plan(self, plan: Any) -> None:
+        """Before a statement of the transaction runs: note whether it may write tables.
+        Only topic reads and writes, offset commands, introspection and SELECTs that
+        write no table are known not to; anything else counts as a table write."""
+        if not self.touches_tables and not all(map(_table_free, plan.operations)):
+            self.touches_tables = True
+
+    def note_table_write(self) -> None:
+        """A front wrote a table through the session's cursor itself (in this transaction)."""
+        self.touches_tables = True
 
     def read_position(self, key: ReadKey) -> int | None:
         """Where this transaction's next read of ``key`` continues, if it read before."""
@@ -129,3 +154,20 @@ class Transaction:
         """The transaction ended: give its staged bytes back, delete its spill file."""
         if self.staging is not None:
             self.staging.release()
+
+
+_TABLE_FREE = (
+    ReadRecords, AppendRecords, CommitConsumerOffsets, SetConsumerOffsets, Introspect,
+    TransactionControl,
+)  # fmt: skip
+
+
+def _table_free(operation: Any) -> bool:
+    """True for an operation known not to change any DuckDB table."""
+    if isinstance(operation, _TABLE_FREE):
+        return True
+    if isinstance(operation, RunQuery):
+        return operation.projection is not None or (
+            operation.tag == "SELECT" and not operation.tables_written
+        )
+    return False

@@ -76,6 +76,28 @@ class StagingTicket:
     end: int
 
 
+def encode_batches(
+    transaction_id: int, batches: list[pa.RecordBatch]
+) -> tuple[list[bytes | pa.Buffer], list[int]]:
+    """Frames of ``batches`` for ``StagingLog.append`` (no lock needed): the parts to
+    write back to back and each frame's length."""
+    assert transaction_id > 0
+    parts: list[bytes | pa.Buffer] = []
+    lengths = []
+    for index, batch in enumerate(batches):
+        body = serialize_body_buffer(batch)
+        header = encode_frame_header(
+            body,
+            base_offset=index,
+            written_at_us=0,
+            record_count=batch.num_rows,
+            transaction_id=transaction_id,
+        )
+        parts += (header, body)
+        lengths.append(len(header) + body.size)
+    return parts, lengths
+
+
 class StagingLog:
     def __init__(self, fs: FileSystem, directory: str, file_bytes_max: int = FILE_BYTES_MAX):
         self._fs = fs
@@ -96,6 +118,7 @@ class StagingLog:
         self._closed = False
         self._syncer: threading.Thread | None = None
         self.sync_rounds = 0  # syncs made by the syncer thread
+        self.rotation_syncs = 0  # syncs of a full file before it is closed
         self.spare_directory_syncs = 0  # directory syncs made ahead for spare files
 
     def file_numbers(self) -> list[int]:
@@ -115,36 +138,52 @@ class StagingLog:
 
     def write(self, transaction_id: int, batches: list[pa.RecordBatch]) -> StagingTicket:
         """Append ``batches`` (not yet durable: see ``wait_durable``) and wake the syncer."""
-        assert transaction_id > 0 and batches
-        parts: list[bytes | pa.Buffer] = []
-        lengths = []
-        for index, batch in enumerate(batches):
-            body = serialize_body_buffer(batch)
-            header = encode_frame_header(
-                body,
-                base_offset=index,
-                written_at_us=0,
-                record_count=batch.num_rows,
-                transaction_id=transaction_id,
-            )
-            parts += (header, body)
-            lengths.append(len(header) + body.size)
+        parts, lengths = encode_batches(transaction_id, batches)
+        return self.append(transaction_id, parts, lengths)
+
+    def append(
+        self,
+        transaction_id: int,
+        parts: list[bytes | pa.Buffer],
+        lengths: list[int],
+        record: bytes | None = None,
+    ) -> StagingTicket:
+        """Append encoded batch frames (``encode_batches``) and, if given, the commit
+        record after them (``storage.commit_log``), in one write to one file; not yet
+        durable (``wait_durable``). The ticket's ``end`` is past the record."""
+        assert transaction_id > 0 and (lengths or record is not None)
+        if record is not None:
+            parts = [*parts, record]
         with self._changed:
             if self._closed:
                 raise StorageIOError("the staging log is closed")
             self._make_room()
             assert self._fd is not None
             position = self._size
+            if record is not None and failpoints.ACTIVE:
+                self._torn_record_failpoint(parts, position)
             self._fs.pwritev(self._fd, parts, position)
             placed = []
             for length in lengths:
                 placed.append(StagedBatch(self._file_number, position, length))
                 position += length
+            if record is not None:
+                position += len(record)
             self._size = position
             self._users.setdefault(self._file_number, set()).add(transaction_id)
             self._start_syncer()
             self._changed.notify_all()
             return StagingTicket(tuple(placed), self._file_number, position)
+
+    def _torn_record_failpoint(self, parts: list[bytes | pa.Buffer], position: int) -> None:
+        """``staging.torn_record``: write all but the last 8 bytes of a commit append
+        (its record torn), then crash or fail there (the full write follows if not due)."""
+        if not failpoints.armed("staging.torn_record"):
+            return
+        joined = b"".join(memoryview(part).cast("B") for part in parts)
+        assert self._fd is not None
+        self._fs.pwritev(self._fd, [joined[:-8]], position)
+        failpoints.hit("staging.torn_record")
 
     def wait_durable(self, ticket: StagingTicket) -> None:
         """Block until the ticket's frames are synced; raise the error of a failed sync."""
@@ -183,6 +222,7 @@ class StagingLog:
                     self._changed.notify_all()
                     raise
                 self._durable[number] = self._size
+                self.rotation_syncs += 1
                 self._changed.notify_all()
             self._fs.close(self._fd)
             self._fd = None
@@ -273,7 +313,28 @@ class StagingLog:
                 self._changed.notify_all()
             self._prepare_spare()
 
+    @property
+    def syncs(self) -> int:
+        """Data syncs of staging files so far (the syncer's and rotations')."""
+        return self.sync_rounds + self.rotation_syncs
+
+    def start_after(self, number: int) -> None:
+        """Recovery, before any write: new files get numbers above ``number`` (a commit
+        log watermark names a file that may be gone; numbers never repeat below it)."""
+        with self._lock:
+            assert self._fd is None, "only before the first write"
+            self._file_number = max(self._file_number, number + 1)
+
     # -- reading back (recovery) ----------------------------------------------------------
+    def read_file(self, number: int) -> bytes:
+        """The whole of staging file ``number`` (recovery scans it for commit records)."""
+        path = self._path(number)
+        fd = self._fs.open_read(path)
+        try:
+            return self._fs.pread(fd, self._fs.file_size(fd), 0)
+        finally:
+            self._fs.close(fd)
+
     def read(self, staged: StagedBatch) -> pa.RecordBatch:
         """The staged batch, checksum verified."""
         path = self._path(staged.file_number)

@@ -180,17 +180,25 @@ def test_the_background_checkpoint_deletes_records_nobody_asked_for(database, mo
     session.close()
 
 
-def test_a_session_checkpoints_itself_when_the_background_falls_behind(database, monkeypatch):
-    """With the background checkpointer unable to run, records pile up to the backlog
-    bound; the committing session then checkpoints after its commit."""
+@pytest.mark.parametrize("kind", ["topic-only", "table"])
+def test_a_session_checkpoints_itself_when_the_background_falls_behind(
+    database, monkeypatch, kind
+):
+    """With the background checkpointer unable to run, committed transactions not yet
+    checkpointed (DuckDB record rows, or commit records in the log) pile up to the
+    backlog bound; the committing session then checkpoints after its commit."""
     monkeypatch.setattr(commit, "CHECKPOINT_TRANSACTIONS", 2)
     monkeypatch.setattr(commit.Committer, "_checkpoint_loop", lambda self: None)
     session = database.connect()
+    session.execute("CREATE TABLE t (x INTEGER)")
+    table = "INSERT INTO t VALUES (1); " if kind == "table" else ""
     backlog_max = commit.CHECKPOINT_BACKLOG_FACTOR * 2
     for number in range(backlog_max - 1):
-        session.execute(f"BEGIN; INSERT INTO TOPIC b (data) VALUES ('{number}'); COMMIT")
-    assert _records(database) == backlog_max - 1
-    session.execute("BEGIN; INSERT INTO TOPIC b (data) VALUES ('last'); COMMIT")
+        session.execute(f"BEGIN; {table}INSERT INTO TOPIC b (data) VALUES ('{number}'); COMMIT")
+    assert database.committer.backlog == backlog_max - 1
+    assert _records(database) == (backlog_max - 1 if kind == "table" else 0)
+    session.execute(f"BEGIN; {table}INSERT INTO TOPIC b (data) VALUES ('last'); COMMIT")
+    assert database.committer.backlog == 0
     assert _records(database) == 0
     session.close()
 

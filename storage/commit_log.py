@@ -1,0 +1,113 @@
+"""Commit records in the staging log: the commit point of topic-only transactions.
+
+A transaction that touches no table commits by one append to the staging log
+(``storage.staging``): its staged batch frames, then one *commit record*
+directly after them, written by a single ``pwritev`` and made durable by the
+staging log's group-committed fdatasync. The record is the commit point: a
+transaction whose whole, checksummed record is in the log committed.
+
+Record layout (little-endian, a multiple of 8 bytes, like every staging frame)::
+
+    0  magic          4s   b"TBc1"
+    4  crc32c         u32  CRC-32C of bytes [8, 24) and of the payload (padding included)
+    8  transaction_id u64
+    16 payload_bytes  u32  length of the payload before padding
+    20 batch_count    u32  the record's batch frames, the ones directly before it
+    24 payload             opaque to storage (the engine's JSON), zero-padded to 8
+
+``scan`` walks a staging file frame by frame (batch frames, ``record_batch``'s
+``TBb1``, and records) and yields each valid record with where its batches lie.
+It stops at the first frame that is not whole and valid: a torn or corrupt tail
+(a crash mid-append, or pages of an unsynced append lost) means "not
+committed" for that record and everything after it in the file, none of which
+was acknowledged (an append is acknowledged only after a sync that covers it,
+and syncs cover a file's prefix). A record counts only if its batch frames are
+valid too.
+
+Invariant: a record's batches are the ``batch_count`` frames directly before it,
+so positions need not be known when it is encoded (outside any lock).
+"""
+
+from __future__ import annotations
+
+import struct
+from collections.abc import Iterator
+from dataclasses import dataclass
+
+import crc32c
+
+from storage.record_batch import HEADER_BYTES, decode_header, frame_checksum_ok
+
+MAGIC = b"TBc1"
+RECORD_HEADER = struct.Struct("<4sIQII")
+RECORD_HEADER_BYTES = RECORD_HEADER.size
+assert RECORD_HEADER_BYTES == 24
+_COVERED = struct.Struct("<QII")  # bytes [8, 24)
+BATCH_MAGIC = b"TBb1"
+PAYLOAD_BYTES_MAX = 64 * 1024 * 1024
+
+
+@dataclass(frozen=True, slots=True)
+class FoundRecord:
+    """A valid commit record found by ``scan``: where it and its batches lie."""
+
+    transaction_id: int
+    payload: bytes
+    position: int  # of the record
+    end: int  # just past the record
+    batches: tuple[tuple[int, int], ...]  # (position, frame bytes) of each batch, in order
+
+
+def encode_record(transaction_id: int, batch_count: int, payload: bytes) -> bytes:
+    """The record's bytes (header, payload, padding)."""
+    assert transaction_id > 0 and batch_count >= 0
+    assert len(payload) <= PAYLOAD_BYTES_MAX
+    padded = payload + b"\0" * (-len(payload) % 8)
+    covered = _COVERED.pack(transaction_id, len(payload), batch_count)
+    crc = crc32c.crc32c(padded, crc32c.crc32c(covered))
+    return MAGIC + struct.pack("<I", crc) + covered + padded
+
+
+def scan(raw: bytes | memoryview) -> Iterator[FoundRecord]:
+    """The valid commit records of one staging file's bytes, in file order; stops at the
+    first frame that is not whole and valid (see the module doc)."""
+    view = memoryview(raw)
+    position = 0
+    frames: list[tuple[int, int]] = []  # batch frames since the last record
+    size = len(view)
+    while position + 8 <= size:
+        magic = bytes(view[position : position + 4])
+        if magic == BATCH_MAGIC:
+            if position + HEADER_BYTES > size:
+                return
+            header = decode_header(view[position : position + HEADER_BYTES])
+            if header is None or position + header.frame_bytes > size:
+                return
+            body = view[position + HEADER_BYTES : position + header.frame_bytes]
+            if not frame_checksum_ok(header, view[position : position + HEADER_BYTES], body):
+                return
+            frames.append((position, header.frame_bytes))
+            position += header.frame_bytes
+            continue
+        if magic != MAGIC or position + RECORD_HEADER_BYTES > size:
+            return
+        _, crc, transaction_id, payload_bytes, batch_count = RECORD_HEADER.unpack_from(
+            view, position
+        )
+        padded = payload_bytes + (-payload_bytes % 8)
+        end = position + RECORD_HEADER_BYTES + padded
+        if end > size or batch_count > len(frames):
+            return
+        body = view[position + RECORD_HEADER_BYTES : end]
+        covered = view[position + 8 : position + RECORD_HEADER_BYTES]
+        if crc32c.crc32c(body, crc32c.crc32c(covered)) != crc:
+            return
+        batches = tuple(frames[len(frames) - batch_count :]) if batch_count else ()
+        expected = position - sum(length for _, length in batches)
+        if batches and batches[0][0] != expected:
+            return  # not directly before the record: damage
+        yield FoundRecord(
+            transaction_id, bytes(body[:payload_bytes]), position, end, batches
+        )
+        frames = []
+        position = end
