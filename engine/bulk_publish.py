@@ -90,6 +90,7 @@ def _record(session: Any, sink_id: str, batch_id: int, rows: int, now_us: int) -
 def _transaction(session: Any, topic_rows: list[Write], table_rows: list[Write],
                  stage_topic: StageTopic, records: Callable[[], None]) -> None:  # fmt: skip
     session.execute_statement(parse_one("BEGIN"))
+    session.transaction.note_table_write()  # its records go into tables: a DuckDB commit
     try:
         for meta, data in topic_rows:
             stage_topic(session, meta["name"], data)

@@ -337,6 +337,7 @@ class Session:
         if autocommit:
             self.transaction = Transaction(explicit=False)
         assert self.transaction is not None
+        self.transaction.note_plan(plan)
         try:
             result = self._run(plan, parameters)
             if autocommit:
@@ -628,7 +629,8 @@ class Session:
 
     # -- commit and rollback -----------------------------------------------------------------
     def _commit(self) -> None:
-        """Stage, validate, commit in DuckDB (the commit point), publish. See engine.commit."""
+        """Commit in the staging log alone if no statement touched a table, else stage,
+        validate, commit in DuckDB (the commit point); then publish. See engine.commit."""
         transaction = self.transaction
         assert transaction is not None
         database = self.database
@@ -641,6 +643,11 @@ class Session:
             moves.update(transaction.offset_moves)
             if transaction.writes or moves:
                 transaction_id = committer.next_transaction_id()
+                if not transaction.touches_tables and not transaction.duckdb_open:
+                    self._commit_in_log(transaction, transaction_id, moves)
+                    self._end_transaction()
+                    committer.catch_up()
+                    return
             ticket = None
             if transaction.writes:
                 items = route_writes(database, transaction.writes_to_commit())
@@ -669,7 +676,7 @@ class Session:
             committed = transaction.committed = True
             committer.finish(slot, transaction_id, moves, items)
         except BaseException:
-            if committed:
+            if committed or transaction.committed:
                 # Past the commit point nothing is undone: recovery publishes the rest.
                 self._end_transaction()
                 raise
@@ -679,6 +686,37 @@ class Session:
             raise
         self._end_transaction()
         committer.catch_up()
+
+    def _commit_in_log(
+        self, transaction: Transaction, transaction_id: int, moves: dict[Any, int]
+    ) -> None:
+        """A transaction that touched no table: its batches and commit record go to the
+        staging log in one group-committed append (``Committer.commit_in_log``), with no
+        DuckDB statement before the commit point (``transaction.committed`` is set
+        there). An explicit transaction's DuckDB transaction (read-only) ends after the
+        publish."""
+        committer = self.database.committer
+        items: list[PublishItem] = []
+        if transaction.writes:
+            items = route_writes(self.database, transaction.writes_to_commit())
+        slot, items = committer.commit_in_log(
+            transaction_id, items, moves, lambda: self._validate(transaction)
+        )
+        transaction.committed = True
+        try:
+            committer.finish(slot, transaction_id, moves, items)
+        finally:
+            if transaction.explicit:
+                self._end_read_only_duckdb_transaction()
+
+    def _end_read_only_duckdb_transaction(self) -> None:
+        """End the DuckDB transaction of an explicit transaction that wrote no table (a
+        COMMIT without changes writes nothing); if that fails, roll it back."""
+        try:
+            tables.run(self.cursor, "COMMIT")
+        except TopicbaseError:
+            with contextlib.suppress(TopicbaseError):
+                tables.run(self.cursor, "ROLLBACK")
 
     def _validate(self, transaction: Transaction) -> None:
         """Leases still held and every range read still starts at the committed offset."""
