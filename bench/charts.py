@@ -63,7 +63,7 @@ def draw_targets(records: list[dict[str, Any]], path: str) -> bool:
     ax.set_yticklabels([r["name"] for r in rows], fontsize=8)
     ax.set_xlabel("ratio to baseline (higher is better; blue met, red missed)", fontsize=8)
     ax.tick_params(axis="x", labelsize=8)
-    ax.legend(fontsize=7, loc="lower right")
+    ax.legend(fontsize=7, loc="best")
     ax.set_title("Targets: median ratio, min-max of the repetitions", fontsize=9)
     fig.tight_layout()
     fig.savefig(path, dpi=DPI)

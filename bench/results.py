@@ -29,6 +29,7 @@ from __future__ import annotations
 
 import datetime as _dt
 import json
+import math
 import os
 import platform
 import socket
@@ -319,7 +320,8 @@ def _plain(value: float | None) -> float | int | None:
         return None
     if isinstance(value, int):
         return value
-    return round(float(value), 6)
+    value = float(value)
+    return round(value, 6) if math.isfinite(value) else None  # JSON has no NaN
 
 
 # -- Markdown ---------------------------------------------------------------------------

@@ -20,7 +20,14 @@ import sys
 import time
 import traceback
 
-from bench.results import RESULTS_JSON, RESULTS_MD, Recorder, format_ratio, format_value
+from bench.results import (
+    CHARTS_DIR,
+    RESULTS_JSON,
+    RESULTS_MD,
+    Recorder,
+    format_ratio,
+    format_value,
+)
 
 # name -> module exposing run(recorder). Later modules (transactions, pgwire) add a line.
 SUITES: dict[str, str] = {
@@ -29,6 +36,7 @@ SUITES: dict[str, str] = {
     "pgwire": "bench.pgwire_bench",
     "security": "bench.security_bench",
     "spark": "bench.spark_bench",
+    "streams": "bench.streams_bench",
 }
 
 
@@ -44,6 +52,7 @@ def _parse(argv: list[str] | None) -> argparse.Namespace:
     parser.add_argument("--list", action="store_true", help="list the benchmarks and exit")
     parser.add_argument("--results", default=RESULTS_JSON, help="results JSON (merged into)")
     parser.add_argument("--markdown", default=RESULTS_MD, help="Markdown report (regenerated)")
+    parser.add_argument("--charts", default=CHARTS_DIR, help="directory of the PNG charts")
     parser.add_argument(
         "--strict", action="store_true", help="exit with status 2 when a target is missed"
     )
@@ -86,6 +95,10 @@ def main(argv: list[str] | None = None) -> int:
         finally:
             recorder.save()  # keep whatever this module recorded, even after a failure
         recorder.progress(f"== {name} done in {time.perf_counter() - started:.1f}s ==")
+    try:
+        recorder.save(charts_dir=args.charts)
+    except Exception:  # the JSON and the Markdown are written; the charts are extra
+        traceback.print_exc()
     _summary(recorder)
     print(f"results: {args.results}\nreport:  {args.markdown}")
     if failed:
