@@ -37,6 +37,7 @@ Thread-safety: none; one call owns the files while it holds the store lock.
 
 from __future__ import annotations
 
+import itertools
 import json
 import os
 from collections.abc import Callable, Iterator
@@ -45,6 +46,7 @@ from functools import partial
 from typing import Any
 
 from storage import file_names
+from storage.autopartition import HASH_SPACE
 from storage.check_frames import (
     LogWalk,
     index_entries,
@@ -227,7 +229,13 @@ class _Checker:
             elif number.isdigit() and os.path.isdir(path):
                 on_disk.append(int(number))
                 if listed is not None and int(number) not in listed:
-                    self.problem(LEFTOVER, path, f"partition directory not in {METADATA_FILE}")
+                    self.problem(
+                        LEFTOVER,
+                        path,
+                        f"partition directory not in {METADATA_FILE}: a split cut short before "
+                        "its commit point (opening and repair delete it)",
+                        fix=partial(self.fs.remove_tree, path),
+                    )
             else:
                 self.problem(UNKNOWN_FILE, path, "not a file of a topic")
         partition_ids = listed if listed is not None else sorted(on_disk)
@@ -454,4 +462,56 @@ def _topic_metadata_issue(payload: Any, topic_id: str) -> str | None:
     ids = [item.get("id") for item in partitions]
     if not all(isinstance(i, int) and i >= 0 for i in ids) or len(set(ids)) != len(ids):
         return f"malformed partition ids {ids!r}"
+    return _lineage_issue(payload, partitions)
+
+
+def _lineage_issue(payload: dict[str, Any], partitions: list[dict[str, Any]]) -> str | None:
+    """What is wrong with the partitions' lineage and key ranges (autopartitioning splits).
+
+    A child names its parent and the parent lists it; a partition with children is
+    inactive; ids lie below ``next_partition_id``; on a ranged topic the active
+    ranges cover the hash space without overlap, and a split parent's range is its
+    children's together. A parent deleted by retention leaves children naming it.
+    """
+    by_id = {item["id"]: item for item in partitions}
+    next_id = payload.get("next_partition_id")
+    if isinstance(next_id, int) and any(i >= next_id for i in by_id):
+        return f"a partition id is not below next_partition_id {next_id}"
+    for item in partitions:
+        parent = item.get("parent")
+        children = item.get("children") or []
+        if children and item.get("active"):
+            return f"partition {item['id']} has children but is active"
+        if (
+            parent is not None
+            and parent in by_id
+            and item["id"] not in (by_id[parent].get("children") or [])
+        ):
+            return f"partition {item['id']} names parent {parent}, which does not list it"
+        for child in children:
+            if child in by_id and by_id[child].get("parent") != item["id"]:
+                return f"partition {item['id']} lists child {child}, which names another parent"
+    ranges = [(item["id"], item.get("range")) for item in partitions]
+    if all(key_range is None for _, key_range in ranges):
+        return None
+    if any(not (isinstance(r, list) and len(r) == 2) for _, r in ranges):
+        return "some partitions have a key range and some do not"
+    active = sorted(tuple(r) for (i, r) in ranges if by_id[i].get("active"))
+    position = 0
+    for low, high in active:
+        if low != position or high <= low:
+            return f"the active key ranges do not tile the hash space at {position:#x}"
+        position = high
+    if position != HASH_SPACE:
+        return "the active key ranges do not reach the end of the hash space"
+    for item in partitions:
+        kids = [by_id[c] for c in item.get("children") or [] if c in by_id]
+        if len(kids) == len(item.get("children") or []) and kids:
+            spans = sorted(tuple(k["range"]) for k in kids)
+            if (
+                spans[0][0] != item["range"][0]
+                or spans[-1][1] != item["range"][1]
+                or any(a[1] != b[0] for a, b in itertools.pairwise(spans))
+            ):
+                return f"the children of partition {item['id']} do not split its key range"
     return None
