@@ -75,3 +75,36 @@ def test_bare_names_and_a_stream_from_a_catalog_table(spark, database, url, tmp_
             "one", "two"]
     finally:
         spark.conf.set("spark.sql.defaultCatalog", previous)
+
+
+def test_write_stream_to_table_through_the_catalog(spark, database, url, client,
+                                                   tmp_path) -> None:  # fmt: skip
+    """``writeStream.toTable("<catalog>.main.<topic>")``: the catalog resolves the topic and
+    the stream's options (its sink id) reach the source's stream writer, so a restarted
+    query publishes each message once."""
+    session = database.connect()
+    session.execute("CREATE TOPIC src WITH (min_active_partitions = 2)")
+    session.execute("CREATE TOPIC dst WITH (min_active_partitions = 2)")
+    session.execute("INSERT INTO TOPIC src (data, partition) VALUES ('a', 0), ('b', 1)")
+    session.close()
+    tb = _catalog(spark, url)
+    checkpoint = str(tmp_path / "cp")
+
+    def run() -> None:
+        stream = spark.readStream.option("startingOffsets", "earliest").table(f"{tb}.main.src")
+        query = (stream.select("data", "partition").writeStream.option("sinkId", "src-to-dst")
+                 .option("checkpointLocation", checkpoint).trigger(availableNow=True)
+                 .toTable(f"{tb}.main.dst"))  # fmt: skip
+        query.awaitTermination(120)
+        assert query.exception() is None, query.exception()
+
+    run()
+    session = database.connect()
+    session.execute("INSERT INTO TOPIC src (data, partition) VALUES ('c', 0)")
+    session.close()
+    run()  # restarted from the checkpoint: only 'c' is new
+    rows = sql_rows(database, "SELECT partition, CAST(data AS VARCHAR) AS d FROM TOPIC dst "
+                    "ORDER BY partition, offset")  # fmt: skip
+    assert rows == [{"partition": 0, "d": "a"}, {"partition": 0, "d": "c"},
+                    {"partition": 1, "d": "b"}]  # fmt: skip
+    assert client.action("last_batch", {"sink_id": "src-to-dst"}) == {"batch_id": 1}
