@@ -19,10 +19,13 @@ lint: $(STAMP)
 	$(VENV)/bin/lint-imports
 
 # Spark (the test extra pins pyspark) needs Java 17: installed through apt when java or
-# javac is missing (openjdk-17-jdk-headless, ~230 MB on disk).
+# javac is missing (openjdk-17-jdk-headless and its JRE: ~115 MB download, ~265 MB on
+# disk, up to ~330 MB with the libraries and fonts it pulls into a bare image).
+# `make java APT_GET=echo` is a dry run (tests/spark/test_make_java.py runs it).
+APT_GET ?= apt-get
 java:
 	@command -v java >/dev/null 2>&1 && command -v javac >/dev/null 2>&1 || \
-	  { apt-get update -q && apt-get install -y -q --no-install-recommends openjdk-17-jdk-headless; }
+	  { $(APT_GET) update -q && $(APT_GET) install -y -q --no-install-recommends openjdk-17-jdk-headless; }
 
 # The PostgreSQL JDBC driver (Debian's libpostgresql-jdbc-java, ~1 MB): the wire tests run
 # it as Spark's JDBC writer does.
