@@ -34,6 +34,16 @@ How much one read returns (the rule the README states):
 
 Results hold each partition's messages in offset order, partitions in the
 order the plan lists them.
+
+Parents before children (autopartitioning): a consumer reads a split partition
+to its end before any of its children (``readable_partitions``): a child is
+polled only once every ancestor still in the topic is inactive and this
+consumer's position in it (this transaction's read or move, else the committed
+offset) has reached its end; a member whose lease holds a child waits for
+whoever holds the parent. A bounded peek drops what it read of a child whose
+ancestor it did not read to the cut, and a whole peek lists parents first (lower
+ids), so a producer's messages come out in order there too. The Spark source
+applies the same rule to ``PartitionBounds.parent`` in its offsets.
 """
 
 from __future__ import annotations
@@ -153,6 +163,15 @@ def read_records(
     starts = {
         p: _start(operation, topic, p, committed, transaction, clock) for p in operation.partitions
     }
+    if operation.consumer is not None:
+
+        def position(partition_id: int) -> int:
+            if partition_id in starts:
+                return starts[partition_id]
+            return _start(operation, topic, partition_id, committed, transaction, clock)
+
+        readable = set(readable_partitions(topic, list(starts), position))
+        starts = {p: start for p, start in starts.items() if p in readable}
     wait: timedelta = options.get("wait") or timedelta(0)
     gate = publish_gate if publish_gate is not None else contextlib.nullcontext()
     batches = _read_all(operation, topic, starts, gate, round_robin)
@@ -297,6 +316,9 @@ def _read_all(
             round_robin.note(key, list(read)[-1])
     else:
         read = _read_fair(topic, _rotated(list(starts), starts), positions, ends, bounds)
+        if not bounds.complete:
+            done = set(readable_partitions(topic, list(read), _peek_position(positions, ends)))
+            read = {p: batches for p, batches in read.items() if p in done}
     if bounds.complete and any(positions[p] < ends[p] for p in positions):
         raise LimitExceededError(
             f"topic {operation.topic} holds more than one read may return "
@@ -304,6 +326,42 @@ def _read_all(
             "FROM TOPIC ... WITH (partition = ..., from_offset = ..., max_messages = ...)"
         )
     return [(p, batch) for p in starts for batch in read.get(p, ())]
+
+
+def readable_partitions(
+    topic: TopicLog, partitions: list[int], position: Callable[[int], int]
+) -> list[int]:
+    """Those of ``partitions`` a reader may read now: every ancestor still in the topic
+    is inactive (split) and ``position(ancestor)`` has reached its end. The one rule of
+    parent-before-child order for every reader; ``partitions`` keep their order."""
+    present = set(topic.partition_ids())
+    readable = []
+    for partition_id in partitions:
+        parent = topic.partition_info(partition_id).parent
+        for _ in range(len(present) + 1):
+            if parent is None or parent not in present:
+                readable.append(partition_id)
+                break
+            info = topic.partition_info(parent)
+            if info.active or position(parent) < topic.partition(parent).end_offset:
+                break
+            parent = info.parent
+    return readable
+
+
+def _peek_position(positions: dict[int, int], ends: dict[int, int]) -> Callable[[int], int]:
+    """A bounded peek's position in an ancestor: where its read stopped when it read
+    the ancestor (its end if that reached the cut); an ancestor it did not read counts
+    as read (the peek chose its partitions)."""
+
+    def position(partition_id: int) -> int:
+        if partition_id not in positions:
+            return 2**63 - 1
+        if positions[partition_id] >= ends[partition_id]:
+            return 2**63 - 1  # read to the cut: later writes cannot reach an inactive one
+        return positions[partition_id]
+
+    return position
 
 
 def _rotated(partitions: list[int], starts: dict[int, int]) -> list[int]:
