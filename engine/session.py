@@ -512,8 +512,9 @@ class Session:
         assert self.transaction is not None
         member = operation.options.get("member")
         if member is not None:
+            # Every partition's committed offset stays: a leased child waits for its
+            # parent to be read to its end (engine.reads.readable_partitions).
             operation = self._join_as_member(operation, str(member))
-            committed = {p: committed.get(p) for p in operation.partitions}
         return read_records(
             operation,
             topic,
