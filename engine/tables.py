@@ -293,7 +293,8 @@ def translate(error: duckdb.Error) -> errors.TopicbaseError:
         return errors.InFailedTransactionError(
             "current transaction is aborted, commands ignored until end of transaction block"
         )
-    if isinstance(error, duckdb.TransactionException) or "conflict" in lowered:
+    # Only DuckDB's own words: a quoted statement (``LINE 1: … ON CONFLICT …``) is not one.
+    if isinstance(error, duckdb.TransactionException) or "conflict" in lowered.split("\n", 1)[0]:
         return errors.SerializationFailure(
             f"could not serialize access due to concurrent update: {text}"
         )
@@ -456,3 +457,106 @@ def batch_reader(
     assert relation is not None, "only queries that return rows are streamed"
     duckdb_types = [str(t) for t in relation.types]
     return relation.to_arrow_reader(batch_rows), duckdb_types
+
+
+# -- the counter upsert's shortcut (``planner.duckdb_sql.upsert_shape``) -------------------
+# Key types whose equality in a WHERE is the equality of DuckDB's unique index.
+_UPSERT_KEY_TYPES = frozenset({
+    "VARCHAR", "BIGINT", "INTEGER", "SMALLINT", "TINYINT", "HUGEINT", "UBIGINT", "UINTEGER",
+    "USMALLINT", "UTINYINT", "UUID", "DATE",
+})  # fmt: skip
+_UPSERT_REFUSED_WORDS = ("COLLATE", "GENERATED", " AS (")
+
+
+def upsert_columns(
+    cursor: Connection, table: str, conflict: tuple[str, ...]
+) -> tuple[tuple[str, str], ...] | None:
+    """The columns ((name, DuckDB type), in order, lower case) of ``table`` as this cursor's
+    transaction sees it, if the counter-upsert shortcut is sound on it, else None.
+
+    Sound means: exactly one relation of that name in every schema this connection sees
+    (so any search path resolves it to this base table or fails, for the UPDATE as for
+    the INSERT), its only unique constraint is exactly ``conflict`` (a primary key or
+    UNIQUE, so the INSERT conflicts only on it), no CHECK or FOREIGN KEY constraint, no
+    other index, no collation, no generated column, and key types compared as the index
+    compares them.
+    """
+    wanted = table.lower()
+    with translated():
+        cursor.execute(
+            "SELECT database_name, schema_name, sql FROM duckdb_tables() "
+            "WHERE lower(table_name) = ? UNION ALL "
+            "SELECT database_name, schema_name, NULL FROM duckdb_views() "
+            "WHERE lower(view_name) = ?",
+            [wanted, wanted],
+        )
+        relations = cursor.fetchall()
+        if len(relations) != 1 or relations[0][2] is None:
+            return None
+        database, schema, sql = relations[0]
+        if any(word in sql.upper() for word in _UPSERT_REFUSED_WORDS):
+            return None
+        key = [database, schema, wanted]
+        cursor.execute(
+            "SELECT constraint_type, constraint_column_names FROM duckdb_constraints() "
+            "WHERE database_name = ? AND schema_name = ? AND lower(table_name) = ?",
+            key,
+        )
+        constraints = cursor.fetchall()
+        cursor.execute(
+            "SELECT count(*) FROM duckdb_indexes() "
+            "WHERE database_name = ? AND schema_name = ? AND lower(table_name) = ?",
+            key,
+        )
+        indexes = cursor.fetchone()
+        cursor.execute(
+            "SELECT lower(column_name), data_type FROM duckdb_columns() "
+            "WHERE database_name = ? AND schema_name = ? AND lower(table_name) = ? "
+            "ORDER BY column_index",
+            key,
+        )
+        columns = tuple((str(name), str(kind)) for name, kind in cursor.fetchall())
+    unique = [sorted(c.lower() for c in names) for kind, names in constraints
+              if kind in ("PRIMARY KEY", "UNIQUE")]  # fmt: skip
+    others = [kind for kind, _ in constraints if kind not in ("PRIMARY KEY", "UNIQUE", "NOT NULL")]
+    types = dict(columns)
+    if (unique != [sorted(conflict)] or others or (indexes and indexes[0])
+            or any(types.get(k) not in _UPSERT_KEY_TYPES for k in conflict)):  # fmt: skip
+        return None
+    return columns
+
+
+class SchemaGenerations:
+    """Whether two DuckDB snapshots see the same tables: a generation that moves around
+    every commit that may change the schema (DDL), and a count of such commits under way.
+
+    A statement that may change the schema calls ``changing`` before its commit can start
+    and ``changed`` after it ended. A transaction reads ``stable()`` before and after its
+    BEGIN: when both are the same number, no schema change committed around its snapshot,
+    so every snapshot taken at that generation sees the same schema (its own uncommitted
+    DDL aside: the session tracks that itself).
+    """
+
+    def __init__(self) -> None:
+        self._lock = threading.Lock()
+        self._generation = 0
+        self._under_way = 0
+
+    def changing(self) -> None:
+        with self._lock:
+            self._under_way += 1
+            self._generation += 1
+
+    def changed(self) -> None:
+        with self._lock:
+            assert self._under_way > 0, "changed() without changing()"
+            self._under_way -= 1
+            self._generation += 1
+
+    def stable(self) -> int | None:
+        """The generation, or None while a schema change may be committing."""
+        with self._lock:
+            return None if self._under_way else self._generation
+
+
+SCHEMA_GENERATIONS = SchemaGenerations()  # one per process: DuckDB files are per process

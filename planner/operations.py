@@ -38,6 +38,19 @@ class ReadRecords:
 
 
 @dataclass(frozen=True)
+class UpsertShape:
+    """A one-row ``INSERT … ON CONFLICT (keys) DO UPDATE SET`` of arithmetic: the pieces
+    ``counter_update`` needs. ``values`` are DuckDB SQL texts, each a literal or ``$n``
+    (1-based, the statement's own parameter numbers); names are lower case."""
+
+    table: str
+    columns: tuple[str, ...] | None  # the INSERT's column list, None: the table's order
+    values: tuple[str, ...]
+    conflict: tuple[str, ...]
+    assignments: tuple[tuple[str, str], ...]  # (column, expression as DuckDB SQL)
+
+
+@dataclass(frozen=True)
 class RunQuery:
     """Run DuckDB SQL over tables and the relations earlier ``ReadRecords`` produced."""
 
@@ -55,6 +68,8 @@ class RunQuery:
     # PostgreSQL's names of the result columns (``planner.column_names``), which the
     # engine gives DuckDB's result; None when the text does not tell (``*``).
     column_names: tuple[str, ...] | None = None
+    # A counter-style upsert the engine may run as an UPDATE first (``upsert_shape``).
+    upsert: UpsertShape | None = None
 
     def describe(self) -> str:
         read = ",".join(self.tables_read) or "-"

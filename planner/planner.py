@@ -24,7 +24,7 @@ from grammar.text_cache import text_cache
 from planner.catalog import Catalog, SessionCatalog, TopicInfo
 from planner.column_names import pg_column_names
 from planner.ddl import plan_alter_topic, plan_create_topic, plan_drop_topic
-from planner.duckdb_sql import parse_duckdb
+from planner.duckdb_sql import parse_duckdb, upsert_shape
 from planner.offsets import plan_set_offsets
 from planner.operations import (
     AppendRecords,
@@ -220,6 +220,7 @@ def analyse_sql(sql: str) -> RunQuery:
         views,
         uses_parameters,
         column_names=names,
+        upsert=upsert_shape(tree),
     )
 
 
