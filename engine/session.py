@@ -49,6 +49,7 @@ from grammar.settings import RETURNING_COLUMNS
 from grammar.text_cache import text_cache
 from planner import planner
 from planner.catalog import SessionCatalog
+from planner.duckdb_sql import counter_update
 from planner.operations import (
     AlterTopicEntry,
     AppendRecords,
@@ -77,6 +78,8 @@ from storage.errors import (
 
 _session_ids = itertools.count(1)
 DML_TAGS = ("INSERT", "UPDATE", "DELETE", "MERGE")
+# Statements that never change DuckDB's schema; any other may (``_schema_may_change``).
+_SCHEMA_KEEPING_TAGS = (*DML_TAGS, "SELECT", "EMPTY", "SHOW", "DESCRIBE", "EXPLAIN")
 PARSE_CACHE_ENTRIES = 512
 
 
@@ -115,6 +118,14 @@ class Session:
         self._stream_open = False
         # Topic messages and bytes the running statement has read (a console's progress).
         self.read_progress = ReadProgress()
+        # The counter-upsert shortcut (``_upsert_by_update``): the UPDATE for each upsert
+        # text, with the schema generation it was worked out at; the generation this
+        # transaction's snapshot was taken at (None: unknown); whether this transaction
+        # ran DDL; whether a schema change's commit is under way (``tables.SchemaGenerations``).
+        self._upserts: dict[str, tuple[int, tuple[str, tuple[int, ...]] | None]] = {}
+        self._schema_basis: int | None = None
+        self._changed_schema = False
+        self._schema_change_open = False
 
     # -- entry points -------------------------------------------------------------------
     def execute(self, sql: str, parameters: Any = None) -> list[Result]:
@@ -151,6 +162,9 @@ class Session:
                 return self._execute(statement, parameters)
             finally:
                 CURRENT_PROGRESS.reset(token)
+                if self._schema_change_open:  # its commit (or rollback) has ended
+                    self._schema_change_open = False
+                    tables.SCHEMA_GENERATIONS.changed()
 
     def describe(self, statement: ast.Statement) -> describe.Description:
         """Parameter types and result columns of ``statement``, without running it.
@@ -387,7 +401,11 @@ class Session:
                     f"too many open transactions (limit {limits.OPEN_TRANSACTIONS_MAX})"
                 )
             generation = privilege_cache.generation_now(self.database)  # before the snapshot
+            schema_basis = tables.SCHEMA_GENERATIONS.stable()
             tables.run(self.cursor, "BEGIN TRANSACTION")
+            after = tables.SCHEMA_GENERATIONS.stable()
+            self._schema_basis = schema_basis if schema_basis == after else None
+            self._changed_schema = False
             self.transaction = Transaction(
                 explicit=True, started_s=self.database.clock.monotonic_s(),
                 staging=TransactionStaging(self.database.staged_writes),
@@ -401,6 +419,8 @@ class Session:
         if operation.action == "rollback" or self.state is SessionState.FAILED:
             self._rollback()
             return Result("ROLLBACK")
+        if self._changed_schema:  # ended in execute_statement, after the commit
+            self._open_schema_change()
         self._commit()
         return Result("COMMIT")
 
@@ -430,12 +450,16 @@ class Session:
                     bound = parameters if operation.uses_parameters else None
                     offset = statement_line_offset(plan)
                     if operation.tag in DML_TAGS and not operation.returns_rows:
-                        count = tables.execute_count(
-                            self.cursor, operation.sql, bound, line_offset=offset
-                        )
+                        count = self._upsert_by_update(operation, bound)
+                        if count is None:
+                            count = tables.execute_count(
+                                self.cursor, operation.sql, bound, line_offset=offset
+                            )
                         prefix = "INSERT 0" if operation.tag == "INSERT" else operation.tag
                         result = Result(f"{prefix} {count or 0}")
                         continue
+                    if operation.tag not in _SCHEMA_KEEPING_TAGS:
+                        self._schema_may_change()
                     existed = (privileges.prepare_ddl(self, operation)
                                if privileges.is_relation_ddl(operation) else None)  # fmt: skip
                     query_table = tables.query_arrow(
@@ -456,6 +480,55 @@ class Session:
                     # DuckDB refuses this inside an aborted transaction; retried at rollback.
                     self._leftover_views.append(name)
         return result
+
+    def _schema_may_change(self) -> None:
+        """A statement that may change DuckDB's schema runs: in autocommit its commit is
+        bracketed now; in a transaction, at COMMIT (``_transaction_control``)."""
+        self._changed_schema = True
+        self._upserts.clear()
+        if self.transaction is not None and not self.transaction.explicit:
+            self._open_schema_change()
+
+    def _open_schema_change(self) -> None:
+        if not self._schema_change_open:
+            self._schema_change_open = True
+            tables.SCHEMA_GENERATIONS.changing()
+
+    def _upsert_by_update(self, operation: RunQuery, parameters: Any) -> int | None:
+        """A counter upsert run as the UPDATE of its row (``planner.duckdb_sql``): the
+        rows it changed, or None when the statement itself must run (no such row in this
+        snapshot, or the shortcut is not known sound here).
+
+        Only inside an explicit transaction (the UPDATE and the INSERT that may follow
+        are one DuckDB transaction), with no DDL of its own, on a snapshot whose schema
+        generation is known; the table is checked once per generation
+        (``tables.upsert_columns``). No value may be NULL (the statement then runs, so
+        NOT NULL is checked as it checks it).
+        """
+        shape = operation.upsert
+        transaction = self.transaction
+        basis = self._schema_basis
+        if (shape is None or transaction is None or not transaction.explicit
+                or basis is None or self._changed_schema):  # fmt: skip
+            return None
+        numbers = sorted({int(v[1:]) for v in shape.values if v.startswith("$")})
+        given = [] if parameters is None else parameters
+        if (isinstance(given, dict) or numbers != list(range(1, len(numbers) + 1))
+                or len(given) != len(numbers) or any(v is None for v in given)):  # fmt: skip
+            return None
+        entry = self._upserts.get(operation.sql)
+        if entry is None or entry[0] != basis:
+            columns = tables.upsert_columns(self.cursor, shape.table, shape.conflict)
+            entry = (basis, None if columns is None else counter_update(shape, columns))
+            if len(self._upserts) >= PARSE_CACHE_ENTRIES:
+                self._upserts.clear()
+            self._upserts[operation.sql] = entry
+        if entry[1] is None:
+            return None
+        update_sql, order = entry[1]
+        count = tables.execute_count(self.cursor, update_sql, [given[i] for i in order])
+        assert count is None or count <= 1, "one unique key matches one row"
+        return count or None
 
     def _run_other(self, operation: Any, plan: Plan) -> Result:
         database = self.database
