@@ -86,14 +86,17 @@ def topics_view(database: Database) -> pa.Table:
 
 def partitions_view(database: Database, entries: list[TopicEntry] | None = None) -> pa.Table:
     rows = []
+    now_us = database.clock.now_us()
     for entry in entries or database.catalog.entries():
         topic = database.topic_log(entry.topic_id)
         for partition_id in topic.partition_ids():
             try:
                 partition = topic.partition(partition_id)
                 info = topic.partition_info(partition_id)
+                speed = topic.write_speed(partition_id)
             except (InvalidParameterValueError, KeyError):
                 continue  # removed by retention since the list was taken
+            key_range = info.key_range
             rows.append(
                 {
                     "topic": entry.name,
@@ -104,6 +107,14 @@ def partitions_view(database: Database, entries: list[TopicEntry] | None = None)
                     "segments": len(partition.segments),
                     "active": info.active,
                     "parent": info.parent,
+                    "children": ",".join(map(str, info.children)),
+                    "state": "active" if info.active else "inactive",
+                    "key_range_start": None if key_range is None else f"{key_range.low:016x}",
+                    "key_range_end": None if key_range is None else f"{key_range.high - 1:016x}",
+                    "write_speed_bytes_per_second": speed.speed_now(now_us),
+                    "write_speed_limit": speed.speed if topic.autopartitioning.throttled else None,
+                    "throttled_ms": speed.throttled_us // 1000,
+                    "split_at": None if info.split_at_us is None else utc_from_us(info.split_at_us),
                 }
             )
     schema = pa.schema(
@@ -116,6 +127,17 @@ def partitions_view(database: Database, entries: list[TopicEntry] | None = None)
             ("segments", pa.int32()),
             ("active", pa.bool_()),
             ("parent", pa.int32()),
+            # Autopartitioning: lineage, the key range (hex, both ends inclusive, of the
+            # 64-bit hash space, docs/autopartitioning.md), the write speed measured over
+            # the last whole second, the speed limit, and the time writes waited for it.
+            ("children", pa.string()),
+            ("state", pa.string()),
+            ("key_range_start", pa.string()),
+            ("key_range_end", pa.string()),
+            ("write_speed_bytes_per_second", pa.int64()),
+            ("write_speed_limit", pa.int64()),
+            ("throttled_ms", pa.int64()),
+            ("split_at", pa.timestamp("us", tz="UTC")),
         ]
     )
     return pa.Table.from_pylist(rows, schema=schema)
@@ -210,11 +232,10 @@ def describe_topic(database: Database, name: str) -> pa.Table:
         )
         rows.append({"section": "consumer", "name": consumer, "value": shown})
     for row in partitions_view(database, [entry]).to_pylist():
-        value = (
-            f"start={row['start_offset']} end={row['end_offset']} bytes={row['bytes']} "
-            f"{'active' if row['active'] else 'inactive'}"
+        rows.append(
+            {"section": "partition", "name": str(row["partition"]), "value": _partition_text(row)}
         )
-        rows.append({"section": "partition", "name": str(row["partition"]), "value": value})
+    rows.append({"section": "routing", "name": "writes", "value": routing_text(database, entry)})
     for row in consumers_view(database, [entry]).to_pylist():
         value = (
             f"committed={_committed_text(row['committed_offset'])} lag={row['lag_messages']} "
@@ -227,6 +248,42 @@ def describe_topic(database: Database, name: str) -> pa.Table:
         rows,
         schema=pa.schema([("section", pa.string()), ("name", pa.string()), ("value", pa.string())]),
     )
+
+
+def routing_text(database: Database, entry: TopicEntry) -> str:
+    """How writes to the topic find their partition (DESCRIBE TOPIC, EXPLAIN)."""
+    topic = database.topic_log(entry.topic_id)
+    auto = topic.autopartitioning
+    if not auto.ranged:
+        return (
+            "a producer id (else message group id) is bound round-robin to an active "
+            "partition on first use; partition = n writes there"
+        )
+    ranges = " ".join(f"p{p}=[{r.low:016x}..{r.high - 1:016x}]" for p, r in topic.routing())
+    return (
+        f"key hash (BLAKE2b-64 of the producer id, else message group id; "
+        f"strategy {auto.strategy}): {ranges}; messages without a key round-robin"
+    )
+
+
+def _partition_text(row: dict[str, Any]) -> str:
+    """One partition of DESCRIBE TOPIC: offsets, state, lineage, key range, write speed."""
+    text = (
+        f"start={row['start_offset']} end={row['end_offset']} bytes={row['bytes']} "
+        f"{'active' if row['active'] else 'inactive'}"
+    )
+    if row["parent"] is not None:
+        text += f" parent={row['parent']}"
+    if row["children"]:
+        text += f" children={row['children']}"
+    if row["key_range_start"] is not None:
+        text += f" keys=[{row['key_range_start']}..{row['key_range_end']}]"
+    if row["write_speed_limit"] is not None:
+        text += (
+            f" write_speed={row['write_speed_bytes_per_second']}/{row['write_speed_limit']}B/s"
+            f" throttled_ms={row['throttled_ms']}"
+        )
+    return text
 
 
 def _committed_text(offset: int | None) -> str:

@@ -29,6 +29,8 @@ import pyarrow as pa
 import pyarrow.compute as pc
 
 from engine.clock import Clock
+from engine.introspection import routing_text
+from planner.operations import AppendRecords
 from storage import limits
 from storage.codecs import Codec, encode, parse_codec
 from storage.errors import (
@@ -294,3 +296,14 @@ def _metadata_items(value: Any) -> list[tuple[str, bytes]]:
             raise InvalidParameterValueError(_METADATA_SHAPE)
         items.append((key, text.encode() if isinstance(text, str) else text))
     return items
+
+
+def explain_lines(plan: Any, database: Any) -> list[str]:
+    """EXPLAIN's lines: the plan, and for each topic write how its messages are routed."""
+    lines = plan.describe().splitlines()
+    for operation in plan.operations:
+        if isinstance(operation, AppendRecords):
+            entry = database.catalog.entry(operation.topic)
+            if entry is not None:
+                lines.append(f"Routing topic={operation.topic}: {routing_text(database, entry)}")
+    return lines

@@ -11,6 +11,7 @@ import pytest
 from engine.database import Database
 from engine.session import Session
 from storage import errors
+from storage.clock import ManualClock
 
 TOPIC = (
     "CREATE TOPIC ev (CONSUMER c) WITH (auto_partitioning_strategy = 'paused', "
@@ -135,3 +136,54 @@ def test_a_bounded_peek_leaves_out_children_of_a_parent_it_did_not_finish(
     assert {r["partition"] for r in got} == {0}
     whole = rows(session, "SELECT seq_no FROM TOPIC ev")
     assert [r["seq_no"] for r in whole] == list(range(1, 26))  # parents first: in order
+
+
+def test_sys_partitions_describe_and_explain_show_lineage_ranges_and_routing(
+    session: Session, database: Database
+) -> None:
+    session.execute(TOPIC)
+    _write(session, "p", 1, 2)
+    _split(database, 0)
+    got = rows(session, "SELECT partition, parent, children, state, key_range_start, "
+                        "key_range_end, write_speed_limit, throttled_ms, split_at IS NOT NULL AS s "
+                        "FROM sys.partitions ORDER BY partition")  # fmt: skip
+    assert got[0] == {"partition": 0, "parent": None, "children": "1,2", "state": "inactive",
+                      "key_range_start": "0000000000000000", "key_range_end": "ffffffffffffffff",
+                      "write_speed_limit": 100_000_000, "throttled_ms": 0, "s": True}  # fmt: skip
+    children = [
+        (r["parent"], r["state"], r["key_range_start"], r["key_range_end"]) for r in got[1:]
+    ]
+    assert children == [
+        (0, "active", "0000000000000000", "7fffffffffffffff"),
+        (0, "active", "8000000000000000", "ffffffffffffffff"),
+    ]  # fmt: skip
+    described = {(r["section"], r["name"]): r["value"] for r in rows(session, "DESCRIBE TOPIC ev")}
+    assert "children=1,2" in described[("partition", "0")]
+    assert "keys=[8000000000000000..ffffffffffffffff]" in described[("partition", "2")]
+    assert "BLAKE2b-64" in described[("routing", "writes")]
+    plan = [r["plan"] for r in rows(session, "EXPLAIN INSERT INTO TOPIC ev (data) VALUES ('x')")]
+    assert any(
+        line.startswith("Routing topic=ev: key hash") and "p1=[0000000000000000..7fffffffffffffff]"
+        in line for line in plan
+    )  # fmt: skip
+
+
+def test_a_throttled_write_shows_its_wait_in_sys_partitions(tmp_path) -> None:
+    clock = ManualClock()  # stands still: no tokens come back while the writes run
+    database = Database.open(str(tmp_path / "manual"), clock=clock, retention_interval_s=None)
+    session = database.connect()
+    try:
+        session.execute("CREATE TOPIC slow WITH (auto_partitioning_strategy = 'paused', "
+                        "partition_write_speed_bytes_per_second = 20000)")  # fmt: skip
+        topic = database.topic_log(database.catalog.entry("slow").topic_id)
+        waits: list[float] = []
+        topic.sleep = waits.append
+        payload = "x" * 10_000
+        for _ in range(3):  # 20000 free (the burst is one second's worth), then 10000: 0.5 s
+            session.execute(f"INSERT INTO TOPIC slow (data) VALUES ('{payload}')")
+        got = rows(session, "SELECT throttled_ms, end_offset FROM sys.partitions")
+        assert got == [{"throttled_ms": 500, "end_offset": 3}]
+        assert waits == [0.5]
+    finally:
+        session.close()
+        database.close()
