@@ -41,7 +41,7 @@ from engine.offset_reset import set_consumer_offsets
 from engine.reads import CURRENT_PROGRESS, ReadProgress, read_records, stream_records
 from engine.staged_writes import TransactionStaging
 from engine.transaction import PendingWrite, SessionState, Transaction
-from engine.writes import build_batches, table_from_rows
+from engine.writes import build_batches, explain_lines, table_from_rows
 from grammar import ast
 from grammar import settings as rules
 from grammar.parse import parse
@@ -344,7 +344,7 @@ class Session:
                 self.state = SessionState.FAILED
             raise
         if plan.explain_only:
-            return Result("EXPLAIN", pa.table({"plan": plan.describe().splitlines()}))
+            return Result("EXPLAIN", pa.table({"plan": explain_lines(plan, self.database)}))
         if isinstance(statement, ast.Begin | ast.Commit | ast.Rollback):
             return self._transaction_control(plan)
         autocommit = self.state is SessionState.IDLE
