@@ -37,6 +37,7 @@ SUITES: dict[str, str] = {
     "security": "bench.security_bench",
     "spark": "bench.spark_bench",
     "streams": "bench.streams_bench",
+    "scale": "bench.scale_bench",
 }
 
 

@@ -1,0 +1,180 @@
+"""Scale: many partitions, and more data. Through the DB-API (``sql.dbapi``), in process.
+
+1. ``scale.partitions_1000``: produce and consume throughput of a topic with 1000
+   partitions against the same topic with 10, the two alternating (``bench.harness``:
+   1000, 10, 1000, 10, …). Produce: autocommit ``INSERT INTO TOPIC t (data,
+   producer_id) SELECT unnest(?), unnest(?)`` of 5,000 messages of 1 KiB from 2,000
+   producer ids (so each statement spreads over the partitions), repeated for a
+   fixed time (at least one statement); consume: a consumer reads everything the
+   repetition produced, ``max_messages = 20000`` per read (offsets committed by each
+   read). Target: 1000 partitions >= 70 % of 10, for each.
+2. ``scale.growth``: how cost grows with data: 1000-message INSERTs into a
+   4-partition topic until it holds ``growth_bytes`` (10 GB in the full suite, 0.2 GB
+   in the quick one), produce rate measured per slice; then one consumer reads it
+   all, rate per slice. Recorded: the last slice against the first (the ratio says
+   what growing 10x costs); every slice's rate in the note. Sequential by nature,
+   so not alternated.
+"""
+
+from __future__ import annotations
+
+import os
+import shutil
+import tempfile
+import time
+from collections.abc import Sequence
+from dataclasses import dataclass
+
+from bench import harness
+from bench.results import Recorder
+from bench.storage_bench import make_messages
+from sql import dbapi
+
+GB = 1_000_000_000
+MESSAGE_BYTES = 1024
+PRODUCE_BATCH = 5000
+PRODUCERS = 2000
+CONSUME_BATCH = 20_000
+GROWTH_BATCH = 1000
+PARTITIONS_TARGET = 0.7
+G_PARTITIONS = "scale: 1000 partitions vs 10 (DB-API, 5,000-message INSERTs, 2,000 producers)"
+G_GROWTH = "scale: data growth (DB-API, 1000-message INSERTs, 4 partitions)"
+INSERT = "INSERT INTO TOPIC {topic} (data, producer_id) SELECT unnest(?), unnest(?)"
+GROWTH_INSERT = "INSERT INTO TOPIC g (data) SELECT unnest(?)"
+
+
+@dataclass(frozen=True)
+class Params:
+    produce_seconds: float
+    reps: int
+    growth_bytes: int
+    growth_slices: int
+
+
+QUICK = Params(produce_seconds=1.0, reps=3, growth_bytes=GB // 5, growth_slices=4)
+FULL = Params(produce_seconds=5.0, reps=5, growth_bytes=10 * GB, growth_slices=10)
+
+
+def _read_all(cursor: dbapi.Cursor, topic: str, count: int) -> float:
+    """Read ``count`` messages with consumer ``c``: msgs/s."""
+    read = f"SELECT data FROM TOPIC {topic} WITH (consumer = 'c', max_messages = {CONSUME_BATCH})"
+    started = time.perf_counter()
+    got = 0
+    while got < count:
+        cursor.execute(read)
+        rows = len(cursor.fetchall())
+        assert rows, f"{topic}: ran dry after {got} of {count}"
+        got += rows
+    return got / (time.perf_counter() - started)
+
+
+def _read_slices(cursor: dbapi.Cursor, per_slice: int, slices: int) -> list[float]:
+    """Read topic ``g`` whole with consumer ``c``; msgs/s over each slice of it (a read
+    that crosses a slice boundary counts in the slice where it ends)."""
+    read = f"SELECT data FROM TOPIC g WITH (consumer = 'c', max_messages = {CONSUME_BATCH})"
+    rates = []
+    got, mark, mark_got = 0, time.perf_counter(), 0
+    while len(rates) < slices:
+        cursor.execute(read)
+        rows = len(cursor.fetchall())
+        assert rows, f"g: ran dry after {got} of {per_slice * slices}"
+        got += rows
+        if got >= per_slice * (len(rates) + 1):
+            now = time.perf_counter()
+            rates.append((got - mark_got) / (now - mark))
+            mark, mark_got = now, got
+    return rates
+
+
+def bench_partitions(rec: Recorder, parent: str, params: Params, pool: Sequence[bytes]) -> None:
+    conn = dbapi.connect(os.path.join(parent, "partitions"), autocommit=True)
+    try:
+        cursor = conn.cursor()
+        for partitions in (1000, 10):
+            cursor.execute(
+                f"CREATE TOPIC p{partitions} (CONSUMER c) "
+                f"WITH (min_active_partitions = {partitions})"
+            )
+        data = [pool[i % len(pool)] for i in range(PRODUCE_BATCH)]
+        ids = [f"producer-{i % PRODUCERS}" for i in range(PRODUCE_BATCH)]
+
+        def side(partitions: int) -> harness.Side:
+            topic = f"p{partitions}"
+            statement = INSERT.format(topic=topic)
+
+            def run(rep: int) -> dict[str, float]:
+                started = time.perf_counter()
+                sent = 0
+                while True:
+                    cursor.execute(statement, [data, ids])
+                    sent += PRODUCE_BATCH
+                    if time.perf_counter() - started >= params.produce_seconds:
+                        break
+                produce = sent / (time.perf_counter() - started)
+                return {"produce": produce, "consume": _read_all(cursor, topic, sent)}
+
+            return harness.Side(topic, run)
+
+        spreads = harness.alternate([side(1000), side(10)], params.reps, rec.progress)
+        descriptors = len(os.listdir("/proc/self/fd"))
+        for metric in ("produce", "consume"):
+            harness.record(
+                rec, f"scale.partitions_1000.{metric}", spreads["p1000"][metric],
+                spreads["p10"][metric], unit="msgs/s", group=G_PARTITIONS,
+                baseline="the same topic with 10 partitions", target_ratio=PARTITIONS_TARGET,
+                target=f">= {PARTITIONS_TARGET:.0%} of 10 partitions",
+                note=f"{descriptors:,} open file descriptors in the process after the run"
+                if metric == "produce" else f"reads of up to {CONSUME_BATCH:,}",
+            )  # fmt: skip
+    finally:
+        conn.close()
+
+
+def bench_growth(rec: Recorder, parent: str, params: Params, pool: Sequence[bytes]) -> None:
+    conn = dbapi.connect(os.path.join(parent, "growth"), autocommit=True)
+    try:
+        cursor = conn.cursor()
+        cursor.execute("CREATE TOPIC g (CONSUMER c) WITH (min_active_partitions = 4)")
+        slice_messages = params.growth_bytes // params.growth_slices // MESSAGE_BYTES
+        statements = max(1, slice_messages // GROWTH_BATCH)
+        data = [pool[i % len(pool)] for i in range(GROWTH_BATCH)]
+        produce: list[float] = []
+        for index in range(params.growth_slices):
+            started = time.perf_counter()
+            for _ in range(statements):
+                cursor.execute(GROWTH_INSERT, [data])
+            produce.append(statements * GROWTH_BATCH / (time.perf_counter() - started))
+            rec.progress(
+                f"growth: {(index + 1) * statements * GROWTH_BATCH * MESSAGE_BYTES / GB:.1f} GB "
+                f"written, last slice {produce[-1]:,.0f} msgs/s"
+            )
+        consume = _read_slices(cursor, statements * GROWTH_BATCH, params.growth_slices)
+        total_gb = params.growth_slices * statements * GROWTH_BATCH * MESSAGE_BYTES / GB
+        first_gb = total_gb / params.growth_slices
+        for metric, rates in (("produce", produce), ("consume", consume)):
+            shown = ", ".join(f"{r / 1000:.0f}k" for r in rates)
+            harness.record(
+                rec, f"scale.growth.{metric}", harness.Spread.of(rates[-1:]),
+                harness.Spread.of(rates[:1]), unit="msgs/s", group=G_GROWTH,
+                baseline=f"the first {first_gb:g} GB slice",
+                note=f"rate of the last of {params.growth_slices} slices ({total_gb:g} GB in "
+                f"all) against the first; every slice: {shown} msgs/s",
+            )  # fmt: skip
+    finally:
+        conn.close()
+
+
+def run(rec: Recorder) -> None:
+    params = QUICK if rec.quick else FULL
+    parent = tempfile.mkdtemp(
+        prefix="topicbase-scale-", dir=os.environ.get("TOPICBASE_BENCH_DIR") or None
+    )
+    try:
+        pool = make_messages()
+        for name, body in (("partitions", bench_partitions), ("growth", bench_growth)):
+            started = time.perf_counter()
+            rec.progress(f"-- {name}")
+            body(rec, parent, params, pool)
+            rec.progress(f"-- {name} done in {time.perf_counter() - started:.1f}s")
+    finally:
+        shutil.rmtree(parent, ignore_errors=True)
