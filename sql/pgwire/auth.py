@@ -1,8 +1,7 @@
 """Password authentication of pgwire connections: SCRAM-SHA-256, md5, cleartext or trust.
 
-Owns the verifiers (RFC 5802/7677 SCRAM-SHA-256 in PostgreSQL's text form
-``SCRAM-SHA-256$<iterations>:<salt>$<StoredKey>:<ServerKey>``, and PostgreSQL's
-``md5<hex>``) and the server side of each exchange, after the StartupMessage:
+Owns the server side of each exchange, after the StartupMessage (the verifiers it checks
+against are ``sql.pgwire.verifiers``, the users file that holds them ``sql.pgwire.users``):
 
 - ``scram``: AuthenticationSASL [SCRAM-SHA-256] → SASLInitialResponse (client-first) →
   SASLContinue (server-first: nonce, salt, iterations) → SASLResponse (client-final with
@@ -30,10 +29,6 @@ the connection is in the throttle's penalty box (the channel's ``on_penalty`` te
 server, which then stops counting it among connections still authenticating); an address
 or user whose box is full is refused before its exchange (53300).
 
-Passwords are prepared with SASLprep (RFC 4013, Python's ``stringprep`` tables, i.e.
-Unicode 3.2); a password SASLprep rejects is used as its raw UTF-8 bytes, as PostgreSQL
-and libpq do.
-
 Thread-safety: ``Authenticator`` holds no per-connection state; each exchange has its own
 ``ScramExchange``.
 """
@@ -41,37 +36,35 @@ Thread-safety: ``Authenticator`` holds no per-connection state; each exchange ha
 from __future__ import annotations
 
 import asyncio
-import base64
 import binascii
 import enum
 import hashlib
 import hmac
 import logging
 import secrets
-import stringprep
-import unicodedata
 from collections.abc import Callable
-from dataclasses import dataclass
-from typing import TYPE_CHECKING
 
 from sql.pgwire.codec import messages as m
 from sql.pgwire.login_throttle import LoginThrottle
+from sql.pgwire.users import ConfigFileError, UsersFile
+from sql.pgwire.verifiers import (
+    SCRAM_ITERATIONS,
+    SCRAM_KEY_BYTES,
+    SCRAM_MECHANISM,
+    SCRAM_SALT_BYTES,
+    ScramVerifier,
+    b64,
+    hmac_sha256,
+    md5_response,
+    unb64,
+)
 from storage.errors import TopicbaseError
-
-if TYPE_CHECKING:
-    from sql.pgwire.users import UsersFile
 
 log = logging.getLogger(__name__)
 
-SCRAM_MECHANISM = "SCRAM-SHA-256"
 SCRAM_PLUS_MECHANISM = "SCRAM-SHA-256-PLUS"
 CHANNEL_BINDING_TYPE = "tls-server-end-point"
-SCRAM_ITERATIONS = 4096
-SCRAM_SALT_BYTES = 16
 SCRAM_NONCE_BYTES = 18
-SCRAM_KEY_BYTES = 32  # SHA-256
-# A verifier with more iterations than this is refused (cleartext checks run PBKDF2).
-SCRAM_ITERATIONS_MAX = 10_000_000
 AUTH_FAILURE_DELAY_S = 0.5
 # Startup negotiation, TLS handshake and authentication together. PostgreSQL's default
 # is 60 s; 10 s is ample for a TLS handshake plus SCRAM's round trips over a slow link
@@ -94,111 +87,6 @@ class InvalidAuthorizationError(TopicbaseError):
 
 class InvalidPasswordError(TopicbaseError):
     sqlstate = "28P01"
-
-
-# -- passwords and verifiers -------------------------------------------------------------
-_PROHIBITED = (
-    stringprep.in_table_c12, stringprep.in_table_c21, stringprep.in_table_c22,
-    stringprep.in_table_c3, stringprep.in_table_c4, stringprep.in_table_c5,
-    stringprep.in_table_c6, stringprep.in_table_c7, stringprep.in_table_c8,
-    stringprep.in_table_c9, stringprep.in_table_a1,
-)  # fmt: skip
-
-
-def saslprep(text: str) -> str | None:
-    """RFC 4013 SASLprep of ``text`` (as a stored string), or None if it is prohibited."""
-    mapped = "".join(
-        " " if stringprep.in_table_c12(c) else c for c in text if not stringprep.in_table_b1(c)
-    )
-    prepared = unicodedata.normalize("NFKC", mapped)
-    if any(check(c) for c in prepared for check in _PROHIBITED):
-        return None
-    if any(stringprep.in_table_d1(c) for c in prepared):
-        if any(stringprep.in_table_d2(c) for c in prepared):
-            return None
-        if not (stringprep.in_table_d1(prepared[0]) and stringprep.in_table_d1(prepared[-1])):
-            return None
-    return prepared
-
-
-def _password_bytes(password: str) -> bytes:
-    prepared = saslprep(password)
-    return (password if prepared is None else prepared).encode("utf-8")
-
-
-def _hmac(key: bytes, data: bytes) -> bytes:
-    return hmac.new(key, data, hashlib.sha256).digest()
-
-
-def _b64(data: bytes) -> str:
-    return base64.b64encode(data).decode("ascii")
-
-
-def _unb64(text: str) -> bytes:
-    """Strict base64 decoding; ValueError (binascii.Error) on bad input."""
-    return base64.b64decode(text.encode("ascii"), validate=True)
-
-
-@dataclass(frozen=True)
-class ScramVerifier:
-    """What the server keeps of a SCRAM-SHA-256 password (RFC 5802 section 3)."""
-
-    iterations: int
-    salt: bytes
-    stored_key: bytes
-    server_key: bytes
-
-    @classmethod
-    def parse(cls, text: str) -> ScramVerifier:
-        """PostgreSQL's ``SCRAM-SHA-256$<iter>:<salt>$<StoredKey>:<ServerKey>``; ValueError."""
-        try:
-            mechanism, parameters, keys = text.split("$")
-            iterations_text, salt_text = parameters.split(":")
-            stored_text, server_text = keys.split(":")
-            verifier = cls(int(iterations_text), _unb64(salt_text), _unb64(stored_text),
-                           _unb64(server_text))  # fmt: skip
-        except (ValueError, binascii.Error, UnicodeEncodeError):
-            raise ValueError("malformed SCRAM-SHA-256 verifier") from None
-        if mechanism != SCRAM_MECHANISM:
-            raise ValueError(f"verifier is not {SCRAM_MECHANISM}")
-        if not 1 <= verifier.iterations <= SCRAM_ITERATIONS_MAX or not verifier.salt:
-            raise ValueError("SCRAM-SHA-256 verifier has a bad iteration count or salt")
-        if len(verifier.stored_key) != SCRAM_KEY_BYTES or len(verifier.server_key) != 32:
-            raise ValueError("SCRAM-SHA-256 verifier keys are not 32 bytes")
-        return verifier
-
-    def to_text(self) -> str:
-        return (f"{SCRAM_MECHANISM}${self.iterations}:{_b64(self.salt)}$"
-                f"{_b64(self.stored_key)}:{_b64(self.server_key)}")  # fmt: skip
-
-    def matches_password(self, password: str) -> bool:
-        """True if ``password`` derives this verifier (PBKDF2: slow on purpose)."""
-        candidate = make_scram_verifier(password, salt=self.salt, iterations=self.iterations)
-        return hmac.compare_digest(candidate.stored_key, self.stored_key) and hmac.compare_digest(
-            candidate.server_key, self.server_key
-        )
-
-
-def make_scram_verifier(password: str, *, salt: bytes | None = None,
-                        iterations: int = SCRAM_ITERATIONS) -> ScramVerifier:  # fmt: skip
-    """A SCRAM-SHA-256 verifier of ``password`` with ``salt`` (fresh random if None)."""
-    salt = secrets.token_bytes(SCRAM_SALT_BYTES) if salt is None else salt
-    salted = hashlib.pbkdf2_hmac("sha256", _password_bytes(password), salt, iterations)
-    stored_key = hashlib.sha256(_hmac(salted, b"Client Key")).digest()
-    verifier = ScramVerifier(iterations, salt, stored_key, _hmac(salted, b"Server Key"))
-    assert len(verifier.stored_key) == len(verifier.server_key) == SCRAM_KEY_BYTES
-    return verifier
-
-
-def make_md5_verifier(user: str, password: str) -> str:
-    """PostgreSQL's stored md5 password: ``md5`` + hex md5(password + user name)."""
-    return "md5" + hashlib.md5((password + user).encode("utf-8")).hexdigest()
-
-
-def md5_response(md5_verifier: str, salt: bytes) -> str:
-    """What a client that knows the password answers to AuthenticationMD5Password(salt)."""
-    assert md5_verifier.startswith("md5") and len(salt) == 4
-    return "md5" + hashlib.md5(md5_verifier[3:].encode("ascii") + salt).hexdigest()
 
 
 # -- SCRAM exchange ------------------------------------------------------------------------
@@ -230,7 +118,7 @@ class ScramExchange:
         self.verifier = verifier
         self.channel_binding = channel_binding
         self.binding_offered = binding_offered
-        self.server_nonce = server_nonce or _b64(secrets.token_bytes(SCRAM_NONCE_BYTES))
+        self.server_nonce = server_nonce or b64(secrets.token_bytes(SCRAM_NONCE_BYTES))
         self.gs2_header = ""
         self.client_first_bare = ""
         self.server_first = ""
@@ -254,7 +142,7 @@ class ScramExchange:
         self.gs2_header = f"{parts[0]},{parts[1]},"
         self.client_first_bare = ",".join(parts[2:])
         self.nonce = client_nonce + self.server_nonce
-        self.server_first = (f"r={self.nonce},s={_b64(self.verifier.salt)},"
+        self.server_first = (f"r={self.nonce},s={b64(self.verifier.salt)},"
                              f"i={self.verifier.iterations}")  # fmt: skip
         return self.server_first.encode("ascii")
 
@@ -281,8 +169,8 @@ class ScramExchange:
         if len(parts) < 3:
             raise _malformed("client-final-message has too few attributes")
         try:
-            binding = _unb64(_attribute(parts[0], "c"))
-            proof = _unb64(_attribute(parts[-1], "p"))
+            binding = unb64(_attribute(parts[0], "c"))
+            proof = unb64(_attribute(parts[-1], "p"))
         except (binascii.Error, UnicodeEncodeError):
             raise _malformed("invalid base64") from None
         if binding != self.gs2_header.encode("utf-8") + (self.channel_binding or b""):
@@ -293,12 +181,12 @@ class ScramExchange:
             raise _malformed("client proof has the wrong length")
         without_proof = ",".join(parts[:-1])
         auth_message = f"{self.client_first_bare},{self.server_first},{without_proof}"
-        client_signature = _hmac(self.verifier.stored_key, auth_message.encode("utf-8"))
+        client_signature = hmac_sha256(self.verifier.stored_key, auth_message.encode("utf-8"))
         client_key = bytes(a ^ b for a, b in zip(proof, client_signature, strict=True))
         if not hmac.compare_digest(hashlib.sha256(client_key).digest(), self.verifier.stored_key):
             return None
-        server_signature = _hmac(self.verifier.server_key, auth_message.encode("utf-8"))
-        return f"v={_b64(server_signature)}".encode("ascii")
+        server_signature = hmac_sha256(self.verifier.server_key, auth_message.encode("utf-8"))
+        return f"v={b64(server_signature)}".encode("ascii")
 
 
 def _decode(data: bytes) -> str:
@@ -401,7 +289,7 @@ class Authenticator:
 
     def _mock_verifier(self, user: str) -> ScramVerifier:
         """A verifier no password matches, with a salt stable per user name."""
-        salt = _hmac(self._mock_secret, user.encode("utf-8"))[:SCRAM_SALT_BYTES]
+        salt = hmac_sha256(self._mock_secret, user.encode("utf-8"))[:SCRAM_SALT_BYTES]
         keys = secrets.token_bytes(2 * SCRAM_KEY_BYTES)
         return ScramVerifier(SCRAM_ITERATIONS, salt, keys[:SCRAM_KEY_BYTES], keys[SCRAM_KEY_BYTES:])
 
@@ -459,7 +347,6 @@ def make_authenticator(method: AuthMethod, users_path: str,
                        failure_delay_s: float = AUTH_FAILURE_DELAY_S) -> Authenticator:  # fmt: skip
     """The authenticator of a server; for a password method the users file at
     ``users_path`` must be well-formed and name at least one user (ConfigFileError)."""
-    from sql.pgwire.users import ConfigFileError, UsersFile
 
     if method is AuthMethod.TRUST:
         return Authenticator(method, None, failure_delay_s)

@@ -39,7 +39,7 @@ import threading
 from collections.abc import Iterator
 from dataclasses import dataclass
 
-from sql.pgwire.auth import ScramVerifier, make_md5_verifier, make_scram_verifier
+from sql.pgwire.verifiers import ScramVerifier, make_md5_verifier, make_scram_verifier
 from storage.errors import TopicbaseError
 
 USERS_FILE_NAME = "users.json"

@@ -25,7 +25,7 @@ import asyncpg
 import psycopg
 import pytest
 
-from sql.pgwire import auth, users
+from sql.pgwire import auth, users, verifiers
 from sql.pgwire.codec import messages as m
 from sql.pgwire.server import ServerThread
 
@@ -190,8 +190,8 @@ def test_scram_wrong_proof_from_a_raw_client_for_a_real_user_gets_28P01(start_se
     client = RawClient(server.port)
     try:
         attributes = scram_first_round(client, "alice")
-        verifier = auth.ScramVerifier.parse(users.read_users(server.server.authenticator.users.path)
-                                            ["alice"].scram)  # type: ignore[union-attr]  # fmt: skip
+        users_path = server.server.authenticator.users.path  # type: ignore[union-attr]
+        verifier = verifiers.ScramVerifier.parse(users.read_users(users_path)["alice"].scram)
         assert base64.b64decode(attributes["s"]) == verifier.salt
         client.send(b"p", f"c=biws,r={attributes['r']},p={base64.b64encode(bytes(32)).decode()}"
                     .encode())  # fmt: skip
@@ -386,7 +386,7 @@ def test_user_add_console_script_writes_verifiers_then_login_works(tmp_path: Pat
     text = path.read_text()
     assert "Tr0ub4dor" not in text and "md5" not in text
     entry = json.loads(text)["users"]["carol"]
-    verifier = auth.ScramVerifier.parse(entry["scram"])
+    verifier = verifiers.ScramVerifier.parse(entry["scram"])
     assert verifier.iterations == 4096 and len(verifier.salt) == 16
     assert [name for name in os.listdir(path.parent) if ".tmp" in name] == []
 
@@ -409,8 +409,8 @@ def test_user_add_defaults_to_the_data_directory_and_md5_only_on_request(tmp_pat
     done = run_user_add("dave", "--data-dir", str(data_dir), "--md5", password="pw")
     assert done.returncode == 0, done.stderr
     entry = json.loads((data_dir / "users.json").read_text())["users"]["dave"]
-    assert entry["md5"] == auth.make_md5_verifier("dave", "pw")
-    assert auth.ScramVerifier.parse(entry["scram"]).matches_password("pw")
+    assert entry["md5"] == verifiers.make_md5_verifier("dave", "pw")
+    assert verifiers.ScramVerifier.parse(entry["scram"]).matches_password("pw")
 
 
 def test_user_add_refuses_bad_input_and_writes_nothing(tmp_path: Path) -> None:
@@ -463,7 +463,7 @@ def test_serve_defaults_to_scram_and_refuses_to_start_without_users(tmp_path: Pa
 def test_scram_exchange_matches_the_rfc_7677_example() -> None:
     # RFC 7677 section 3: user "user", password "pencil".
     salt = base64.b64decode("W22ZaJ0SNY7soEsUEjb6gQ==")
-    verifier = auth.make_scram_verifier("pencil", salt=salt, iterations=4096)
+    verifier = verifiers.make_scram_verifier("pencil", salt=salt, iterations=4096)
     exchange = auth.ScramExchange(verifier, server_nonce="%hvYDpWUa2RaTCAfuxFIlj)hNlF$k0")
     server_first = exchange.first(b"n,,n=user,r=rOprNGfwEbeRWgbNEkqO")
     assert server_first == (b"r=rOprNGfwEbeRWgbNEkqO%hvYDpWUa2RaTCAfuxFIlj)hNlF$k0,"
@@ -471,33 +471,33 @@ def test_scram_exchange_matches_the_rfc_7677_example() -> None:
     client_final = (b"c=biws,r=rOprNGfwEbeRWgbNEkqO%hvYDpWUa2RaTCAfuxFIlj)hNlF$k0,"
                     b"p=dHzbZapWIk4jUhN+Ute9ytag9zjfMHgsqmmiz7AndVQ=")  # fmt: skip
     assert exchange.final(client_final) == b"v=6rriTRBi23WpRR/wtup+mMhUZUn/dB5nLTJRsjl95G4="
-    wrong = auth.ScramExchange(auth.make_scram_verifier("pencil2", salt=salt),
+    wrong = auth.ScramExchange(verifiers.make_scram_verifier("pencil2", salt=salt),
                                server_nonce="%hvYDpWUa2RaTCAfuxFIlj)hNlF$k0")  # fmt: skip
     wrong.first(b"n,,n=user,r=rOprNGfwEbeRWgbNEkqO")
     assert wrong.final(client_final) is None
 
 
 def test_verifier_text_round_trips_and_malformed_ones_are_refused() -> None:
-    verifier = auth.make_scram_verifier("secret")
-    assert auth.ScramVerifier.parse(verifier.to_text()) == verifier
+    verifier = verifiers.make_scram_verifier("secret")
+    assert verifiers.ScramVerifier.parse(verifier.to_text()) == verifier
     assert verifier.matches_password("secret") and not verifier.matches_password("Secret")
     for text in ("", "md5abc", "SCRAM-SHA-1$4096:c2FsdA==$AAAA:AAAA",
                  "SCRAM-SHA-256$0:c2FsdA==$" + verifier.to_text().split("$")[2],
                  "SCRAM-SHA-256$4096:c2FsdA==$AAAA:AAAA",
                  "SCRAM-SHA-256$4096:!!$" + verifier.to_text().split("$")[2]):  # fmt: skip
         with pytest.raises(ValueError):
-            auth.ScramVerifier.parse(text)
+            verifiers.ScramVerifier.parse(text)
 
 
 def test_saslprep_follows_rfc_4013_examples() -> None:
-    assert auth.saslprep("I\u00adX") == "IX"  # soft hyphen mapped to nothing
-    assert auth.saslprep("user") == "user"
-    assert auth.saslprep("\u00aa") == "a"  # NFKC
-    assert auth.saslprep("\u2168") == "IX"
-    assert auth.saslprep("\u0007") is None  # prohibited: control character
-    assert auth.saslprep("\u0627\u0031") is None  # bidi: RandALCat must end the string
+    assert verifiers.saslprep("I\u00adX") == "IX"  # soft hyphen mapped to nothing
+    assert verifiers.saslprep("user") == "user"
+    assert verifiers.saslprep("\u00aa") == "a"  # NFKC
+    assert verifiers.saslprep("\u2168") == "IX"
+    assert verifiers.saslprep("\u0007") is None  # prohibited: control character
+    assert verifiers.saslprep("\u0627\u0031") is None  # bidi: RandALCat must end the string
     # A password SASLprep refuses is used raw (as libpq does): still a working verifier.
-    assert auth.make_scram_verifier("\u0007bell").matches_password("\u0007bell")
+    assert verifiers.make_scram_verifier("\u0007bell").matches_password("\u0007bell")
 
 
 def test_user_add_prompts_twice_and_refuses_a_mismatch(tmp_path: Path) -> None:
@@ -518,7 +518,7 @@ def test_user_add_prompts_twice_and_refuses_a_mismatch(tmp_path: Path) -> None:
             assert "passwords do not match" in (child.before or "")
             assert not os.path.exists(path)
     entry = users.read_users(path)["gina"]
-    assert auth.ScramVerifier.parse(entry.scram).matches_password("s3cret!")
+    assert verifiers.ScramVerifier.parse(entry.scram).matches_password("s3cret!")
     assert "s3cret" not in Path(path).read_text()
 
 

@@ -22,7 +22,7 @@ import pytest
 from psycopg import errors
 from psycopg.types.json import Json, Jsonb
 
-from sql.pgwire import server as server_module
+from sql.pgwire.connection import connection as connection_module
 
 UTC = datetime.UTC
 PLUS_TWO = datetime.timezone(datetime.timedelta(hours=2))
@@ -127,7 +127,7 @@ def test_round_trip_sync(connect, name: str, inline: bool, monkeypatch) -> None:
     """Small results are encoded value by value on the event loop, larger ones by
     ``row_encoding.DataRows``: every type goes through both (``INLINE_VALUES = 0``)."""
     if not inline:
-        monkeypatch.setattr(server_module, "INLINE_VALUES", 0)
+        monkeypatch.setattr(connection_module, "INLINE_VALUES", 0)
     _check_round_trip(connect(autocommit=True), CASES[name])
 
 

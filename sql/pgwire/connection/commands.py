@@ -17,22 +17,20 @@ from __future__ import annotations
 
 import asyncio
 import re
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 from engine.api import Result, SessionState, ast, parse, split_statements
 from sql.pgwire.codec import messages as m
 from sql.pgwire.codec import wire_types
 from sql.pgwire.codec.copy_format import error_context
 from sql.pgwire.connection import copy_exchange, copy_statement, cursors, result_stream, spill
+from sql.pgwire.connection.context import CommandContext
 from sql.pgwire.emulation import surface
 from storage.errors import (
     InFailedTransactionError,
     SqlSyntaxError,
     TopicbaseError,
 )
-
-if TYPE_CHECKING:
-    from sql.pgwire.server import Connection
 
 _WIRE_WORDS = ("COPY", "DECLARE", "FETCH", "MOVE", "CLOSE")
 _MAYBE_WIRE = re.compile(r"\b(?:COPY|DECLARE|FETCH|MOVE|CLOSE)\b", re.IGNORECASE)
@@ -71,71 +69,63 @@ def is_wire_statement(statement: ast.Statement | None) -> bool:
     return isinstance(statement, ast.SqlStatement) and is_wire_text(statement.text)
 
 
-def cursor_set(connection: Connection) -> cursors.CursorSet:
-    existing = getattr(connection, "sql_cursors", None)
-    if existing is None:
-        existing = cursors.CursorSet()
-        connection.sql_cursors = existing  # type: ignore[attr-defined]
-    return existing
 
-
-async def execute(connection: Connection, statement: ast.Statement,
+async def execute(context: CommandContext, statement: ast.Statement,
                   parameters: Any = None) -> Result:  # fmt: skip
     """Run an ordinary statement as the server runs it (through the connection's
     catalog layer: SET/SHOW, pg_catalog rewrites), on the connection's worker thread."""
-    session = connection._session()
-    return await connection.call(connection.catalog.execute, session, statement, parameters)
+    session = context.session
+    return await context.call(context.catalog.execute, session, statement, parameters)
 
 
 # -- simple query -------------------------------------------------------------------------------
-async def simple_query(connection: Connection, query: str) -> None:
+async def simple_query(context: CommandContext, query: str) -> None:
     """A Query message with at least one of our statements; ends with ReadyForQuery."""
-    connection.skipping = False
-    session = connection._session()
+    session = context.session
     pieces = split_statements(query)
     if not pieces:
-        connection.send(m.empty_query_response())
+        context.send(m.empty_query_response())
     for text, _ in pieces:
         try:
             if is_wire_text(text):
-                await _run_simple(connection, text)
+                await _run_simple(context, text)
             else:
                 for statement in parse(surface.plain_begin(text)):
-                    await connection.send_result(await execute(connection, statement))
+                    await context.send_result(await execute(context, statement))
         except (asyncio.IncompleteReadError, ConnectionError, m.ProtocolError):
             raise  # the connection is gone or out of step: the server closes it
         except Exception as error:
             session.fail_transaction()
-            _send_error(connection, error, text)
+            _send_error(context, error, text)
             break
         finally:
-            cursor_set(connection).prune(session)
-    connection.send(connection.ready_for_query())
+            context.cursors.prune(session)
+    context.send(context.ready_for_query())
 
 
-def _send_error(connection: Connection, error: BaseException, text: str) -> None:
-    context = error_context(error) if isinstance(error, TopicbaseError) else None
-    if context is not None and isinstance(error, TopicbaseError):
-        connection.send(m.error_response_with_context(error.sqlstate, error.message, context))
+def _send_error(context: CommandContext, error: BaseException, text: str) -> None:
+    where = error_context(error) if isinstance(error, TopicbaseError) else None
+    if where is not None and isinstance(error, TopicbaseError):
+        context.send(m.error_response_with_context(error.sqlstate, error.message, where))
     else:
-        connection.send_error(error, text)
+        context.send_error(error, text)
 
 
-async def _run_simple(connection: Connection, text: str) -> None:
-    _refuse_in_failed_transaction(connection)
+async def _run_simple(context: CommandContext, text: str) -> None:
+    _refuse_in_failed_transaction(context)
     if text[:4].upper() == "COPY":
-        await _run_copy(connection, text)
+        await _run_copy(context, text)
         return
-    result = await run_cursor_command(connection, text, None)
-    await connection.send_result(result)
+    result = await run_cursor_command(context, text, None)
+    await context.send_result(result)
 
 
-async def _run_copy(connection: Connection, text: str) -> None:
+async def _run_copy(context: CommandContext, text: str) -> None:
     statement = copy_statement.parse_copy(text)
     if statement.to_client:
-        await copy_exchange.copy_to_client(connection, statement)
+        await copy_exchange.copy_to_client(context, statement)
     else:
-        await copy_exchange.copy_from_client(connection, statement)
+        await copy_exchange.copy_from_client(context, statement)
 
 
 def is_copy_statement(statement: ast.Statement | None) -> bool:
@@ -143,51 +133,51 @@ def is_copy_statement(statement: ast.Statement | None) -> bool:
         and is_wire_text(statement.text)
 
 
-async def execute_copy(connection: Connection, statement: ast.Statement | None) -> None:
+async def execute_copy(context: CommandContext, statement: ast.Statement | None) -> None:
     """Execute of a Parse'd COPY (pg8000 sends COPY so): the whole exchange happens here;
     Flush and Sync that arrive during COPY IN are ignored, as PostgreSQL does."""
     assert isinstance(statement, ast.SqlStatement)
     try:
-        _refuse_in_failed_transaction(connection)
-        await _run_copy(connection, statement.text)
+        _refuse_in_failed_transaction(context)
+        await _run_copy(context, statement.text)
     except Exception:
-        connection._session().fail_transaction()
+        context.session.fail_transaction()
         raise
 
 
-def _refuse_in_failed_transaction(connection: Connection) -> None:
-    if connection._session().state is SessionState.FAILED:
+def _refuse_in_failed_transaction(context: CommandContext) -> None:
+    if context.session.state is SessionState.FAILED:
         raise InFailedTransactionError(
             "current transaction is aborted, commands ignored until end of transaction block"
         )
 
 
 # -- cursors (both protocols) -----------------------------------------------------------------
-async def run_cursor_command(connection: Connection, text: str, parameters: Any) -> Result:
+async def run_cursor_command(context: CommandContext, text: str, parameters: Any) -> Result:
     """Run DECLARE, FETCH, MOVE or CLOSE; the result to send (rows for FETCH)."""
-    session = connection._session()
+    session = context.session
     command = cursors.parse_cursor_command(text)
-    cursor_set_ = cursor_set(connection)
+    cursor_set_ = context.cursors
     cursor_set_.prune(session)
     if isinstance(command, cursors.Declare):
         cursor_set_.check_declare(session, command)
         query = _parse_query(command.query)
-        return await connection.call(_declare, connection, cursor_set_, command, query,
-                                     parameters)  # fmt: skip
+        return await context.call(_declare, context, cursor_set_, command, query,
+                                  parameters)  # fmt: skip
     if isinstance(command, cursors.Close):
-        return await connection.call(cursor_set_.close, session, command)
-    return await connection.call(cursor_set_.fetch, session, command)
+        return await context.call(cursor_set_.close, session, command)
+    return await context.call(cursor_set_.fetch, session, command)
 
 
-def _declare(connection: Connection, cursor_set_: cursors.CursorSet, command: cursors.Declare,
+def _declare(context: CommandContext, cursor_set_: cursors.CursorSet, command: cursors.Declare,
              query: ast.Statement, parameters: Any) -> Result:  # fmt: skip
     """Run the query of a DECLARE and keep its rows (worker thread): read in batches, each
     within the result limit, and spilled to a file once large (``spill``)."""
     stream = result_stream.open_stream(
-        connection, query, parameters,
+        context, query, parameters,
         SqlSyntaxError("DECLARE CURSOR needs a query that returns rows"))  # fmt: skip
     rows = spill.collect(stream)
-    return cursor_set_.declare(connection._session(), command, rows)
+    return cursor_set_.declare(context.session, command, rows)
 
 
 def _parse_query(query: str) -> ast.Statement:
@@ -197,25 +187,26 @@ def _parse_query(query: str) -> ast.Statement:
     return statements[0]
 
 
-async def run_in_portal(connection: Connection, statement: ast.Statement,
+async def run_in_portal(context: CommandContext, statement: ast.Statement,
                         parameters: Any) -> Result:  # fmt: skip
     """Execute of a Parse'd statement of ours (extended protocol)."""
     assert isinstance(statement, ast.SqlStatement)
     try:
-        _refuse_in_failed_transaction(connection)
+        _refuse_in_failed_transaction(context)
         if statement.text[:4].upper() == "COPY":
             return Result("COPY")  # Describe of a COPY portal: NoData; Execute runs it
-        return await run_cursor_command(connection, statement.text, parameters)
+        return await run_cursor_command(context, statement.text, parameters)
     except Exception:
-        connection._session().fail_transaction()
+        context.session.fail_transaction()
         raise
 
 
-def describe_cursor(connection: Connection, name: str) -> bytes | None:
+def describe_cursor(context: CommandContext, name: str) -> bytes | None:
     """RowDescription of the SQL cursor ``name`` (Describe portal), or None if none."""
-    if connection.session is None:
+    session = context.current_session()
+    if session is None:
         return None
-    cursor = cursor_set(connection).find(name, connection.session)
+    cursor = context.cursors.find(name, session)
     if cursor is None:
         return None
     table = cursor.table

@@ -25,7 +25,7 @@ from __future__ import annotations
 import asyncio
 import struct
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 from engine.api import INSERT_COLUMNS, parse, run_over_relation
 from sql.pgwire import limits as wire_limits
@@ -41,6 +41,7 @@ from sql.pgwire.codec.copy_format import (
     encode_lines,
 )
 from sql.pgwire.connection import result_stream
+from sql.pgwire.connection.context import CommandContext
 from sql.pgwire.connection.copy_statement import CopyStatement
 from storage import limits
 from storage.errors import (
@@ -51,9 +52,6 @@ from storage.errors import (
     TopicbaseError,
     UndefinedTopicError,
 )
-
-if TYPE_CHECKING:
-    from sql.pgwire.server import Connection
 
 COPY_IN_BYTES_MAX = 256 * 1024 * 1024
 _INT16 = struct.Struct("!h")
@@ -88,7 +86,7 @@ def _source_query(statement: CopyStatement) -> str:
     return f"SELECT {columns} FROM {statement.relation}"
 
 
-async def copy_to_client(connection: Connection, statement: CopyStatement) -> None:
+async def copy_to_client(context: CommandContext, statement: CopyStatement) -> None:
     """Start the source query, then CopyOutResponse, CopyData, CopyDone, COPY n.
 
     As PostgreSQL does, each row goes in a CopyData of its own (psycopg's ``read_row`` reads
@@ -100,32 +98,32 @@ async def copy_to_client(connection: Connection, statement: CopyStatement) -> No
     statements = parse(_source_query(statement))
     if len(statements) != 1:
         raise SqlSyntaxError("COPY takes exactly one query")
-    stream = await connection.call(
-        result_stream.open_stream, connection, statements[0], None,
+    stream = await context.call(
+        result_stream.open_stream, context, statements[0], None,
         FeatureNotSupportedError("COPY query must return rows (a SELECT, VALUES or a "
                                  "statement with RETURNING)"))  # fmt: skip
     binary = statement.fmt.binary
     try:
         for notice in stream.notices:
-            connection.send(m.notice_response(notice))
-        connection.send(_copy_out_response(len(stream.oids), binary))
+            context.send(m.notice_response(notice))
+        context.send(_copy_out_response(len(stream.oids), binary))
         header = copy_binary.BINARY_HEADER if binary else b""
         if not binary and statement.fmt.header:
-            connection.send(m.copy_data(encode_header(stream.schema.names, statement.fmt)))
+            context.send(m.copy_data(encode_header(stream.schema.names, statement.fmt)))
         while True:
-            chunks = await connection.call(_next_messages, stream, statement, header)
+            chunks = await context.call(_next_messages, stream, statement, header)
             if chunks is None:
                 break
             header = b""
             for chunk in chunks:
-                connection.send(chunk)
-                await connection.writer.drain()
+                context.send(chunk)
+                await context.drain()
         if binary:
-            connection.send(m.copy_data(header + copy_binary.BINARY_TRAILER))
+            context.send(m.copy_data(header + copy_binary.BINARY_TRAILER))
     finally:
-        await connection.call(stream.close)
-    connection.send(m.copy_done())
-    connection.send(m.command_complete(f"COPY {stream.row_count}"))
+        await context.call(stream.close)
+    context.send(m.copy_done())
+    context.send(m.command_complete(f"COPY {stream.row_count}"))
 
 
 def _copy_out_response(column_count: int, binary: bool) -> bytes:
@@ -166,10 +164,10 @@ class _Target:
     ordered: bool  # topics keep the input order
 
 
-async def _target(connection: Connection, statement: CopyStatement) -> _Target:
-    session = connection._session()
+async def _target(context: CommandContext, statement: CopyStatement) -> _Target:
+    session = context.session
     if statement.topic is not None:
-        if connection.server.database.catalog.entry(statement.topic) is None:
+        if context.database.catalog.entry(statement.topic) is None:
             raise UndefinedTopicError(f'topic "{statement.topic}" does not exist')
         columns = list(statement.columns or ("data",))
         for name in columns:
@@ -180,7 +178,7 @@ async def _target(connection: Connection, statement: CopyStatement) -> _Target:
         return _Target(columns, [_TOPIC_TYPES[c] for c in columns], head, True)
     assert statement.relation is not None
     describe = parse(f"DESCRIBE SELECT * FROM {statement.relation}")[0]
-    described = await connection.call(session.execute_statement, describe)
+    described = await context.call(session.execute_statement, describe)
     assert described.table is not None
     types_by_name = dict(zip(described.table.column("column_name").to_pylist(),
                              described.table.column("column_type").to_pylist(), strict=True))
@@ -193,52 +191,52 @@ async def _target(connection: Connection, statement: CopyStatement) -> _Target:
     return _Target(columns, [types_by_name[c] for c in columns], head, False)
 
 
-async def copy_from_client(connection: Connection, statement: CopyStatement) -> None:
+async def copy_from_client(context: CommandContext, statement: CopyStatement) -> None:
     """CopyInResponse, then CopyData until CopyDone; write all rows or none."""
-    target = await _target(connection, statement)
+    target = await _target(context, statement)
     relation_name = statement.topic or statement.relation or ""
     decoder: CopyDecoder | BinaryCopyDecoder
     if statement.fmt.binary:
-        oids = await _column_oids(connection, statement, target)
+        oids = await _column_oids(context, statement, target)
         decoder = BinaryCopyDecoder(oids, target.columns, relation_name)
     else:
         blobs = frozenset(i for i, kind in enumerate(target.duckdb_types) if kind == "BLOB")
         decoder = CopyDecoder(statement.fmt, target.columns, relation_name, blobs)
-    connection.send(m.copy_in_response(len(target.columns), statement.fmt.binary))
-    await connection.writer.drain()
-    await _receive(connection, decoder)
-    await connection.call(decoder.finish)
+    context.send(m.copy_in_response(len(target.columns), statement.fmt.binary))
+    await context.drain()
+    await _receive(context, decoder)
+    await context.call(decoder.finish)
     count = decoder.row_count
     if count:
-        await connection.call(_write, connection._session(), decoder, target)
-    connection.send(m.command_complete(f"COPY {count}"))
+        await context.call(_write, context.session, decoder, target)
+    context.send(m.command_complete(f"COPY {count}"))
 
 
-async def _column_oids(connection: Connection, statement: CopyStatement, target: _Target
+async def _column_oids(context: CommandContext, statement: CopyStatement, target: _Target
                        ) -> list[int]:  # fmt: skip
     """The type OIDs clients were told for the target columns (binary values follow them)."""
     if statement.topic is not None:
         return [_TOPIC_OIDS[c] for c in target.columns]
     columns = ", ".join(map(_quote, target.columns))
     probe = parse(f"SELECT {columns} FROM {statement.relation} LIMIT 0")[0]
-    result = await connection.call(connection._session().execute_statement, probe)
+    result = await context.call(context.session.execute_statement, probe)
     assert result.table is not None
     return [wire_types.column_oid(f.type, sql_type)  # as Describe reports them (UUID, JSON)
             for f, sql_type in zip(result.table.schema, target.duckdb_types, strict=True)]
 
 
-async def _receive(connection: Connection, decoder: CopyDecoder | BinaryCopyDecoder) -> None:
+async def _receive(context: CommandContext, decoder: CopyDecoder | BinaryCopyDecoder) -> None:
     """Feed CopyData to the decoder until CopyDone; CopyFail and strangers are errors."""
     while True:
-        header = await connection.reader.readexactly(5)
-        body = await connection.reader.readexactly(
-            wire_limits.message_body_length(header, connection.server.limits))
+        header = await context.reader.readexactly(5)
+        body = await context.reader.readexactly(
+            wire_limits.message_body_length(header, context.limits))
         kind = header[:1]
         if kind == b"d":
             if decoder.bytes_seen + len(body) > COPY_IN_BYTES_MAX:
                 raise LimitExceededError(f"COPY FROM STDIN data exceeds the limit of "
                                          f"{COPY_IN_BYTES_MAX} bytes")  # fmt: skip
-            await connection.call(decoder.feed, body)
+            await context.call(decoder.feed, body)
         elif kind == b"c":
             return
         elif kind == b"f":

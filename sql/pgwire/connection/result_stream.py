@@ -26,17 +26,15 @@ Invariants:
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 import pyarrow as pa
 
 from engine.api import BATCH_ROWS, RowStream, ast, from_table
 from sql.pgwire import limits as wire_limits
 from sql.pgwire.codec import wire_types
+from sql.pgwire.connection.context import CommandContext
 from storage.errors import LimitExceededError, TopicbaseError
-
-if TYPE_CHECKING:
-    from sql.pgwire.server import Connection
 
 __all__ = ["BATCH_ROWS", "ResultStream", "open_stream", "try_stream"]
 
@@ -77,40 +75,38 @@ class ResultStream:
         self.rows.close()
 
 
-def try_stream(connection: Connection, statement: ast.Statement, parameters: Any,
+def try_stream(context: CommandContext, statement: ast.Statement, parameters: Any,
                no_rows: TopicbaseError | None) -> ResultStream | None:  # fmt: skip
     """``statement``'s rows streamed by the engine if it is a plain query, else None (the
     caller runs it whole). Worker thread."""
-    session = connection.session
-    assert session is not None
-    catalog = connection.catalog
+    session = context.session
+    catalog = context.catalog
     if catalog.is_session_command(statement):
         return None  # SET, SHOW …: answered by the PostgreSQL emulation
     rows = session.open_stream(
         catalog.engine_statement(statement), parameters,
-        no_rows=no_rows, timeout_s=_statement_timeout_s(connection))  # fmt: skip
+        no_rows=no_rows, timeout_s=_statement_timeout_s(context))  # fmt: skip
     if rows is None:
         return None
     assert rows.duckdb_types is not None
     oids = [wire_types.column_oid(f.type, sql_type)
             for f, sql_type in zip(rows.schema, rows.duckdb_types, strict=True)]  # fmt: skip
-    return ResultStream(rows, oids, connection.server.limits.result_bytes_max)
+    return ResultStream(rows, oids, context.limits.result_bytes_max)
 
 
-def open_stream(connection: Connection, statement: ast.Statement, parameters: Any,
+def open_stream(context: CommandContext, statement: ast.Statement, parameters: Any,
                 no_rows: TopicbaseError) -> ResultStream:  # fmt: skip
     """Start ``statement``; its rows as a stream (worker thread). ``no_rows`` is raised if
     the statement returns no rows."""
-    limit = connection.server.limits.result_bytes_max
-    streamed = try_stream(connection, statement, parameters, no_rows)
+    limit = context.limits.result_bytes_max
+    streamed = try_stream(context, statement, parameters, no_rows)
     if streamed is not None:
         return streamed
-    session = connection.session
-    assert session is not None
-    result = connection.catalog.execute(session, statement, parameters)
+    session = context.session
+    result = context.catalog.execute(session, statement, parameters)
     if result.table is None:
         raise no_rows
-    error = wire_limits.result_error(result.table, connection.server.limits)
+    error = wire_limits.result_error(result.table, context.limits)
     if error is not None:
         raise error
     table = result.table
@@ -118,9 +114,9 @@ def open_stream(connection: Connection, statement: ast.Statement, parameters: An
     return ResultStream(from_table(table, result.notices), oids, limit)
 
 
-def _statement_timeout_s(connection: Connection) -> float | None:
+def _statement_timeout_s(context: CommandContext) -> float | None:
     """``statement_timeout`` in seconds (None if 0), as the catalog layer keeps it for the
     statements it runs."""
-    shown = connection.catalog.settings.show("statement_timeout")
+    shown = context.catalog.settings.show("statement_timeout")
     milliseconds = int(shown[:-2]) if shown.endswith("ms") else int(shown)
     return milliseconds / 1000 if milliseconds else None

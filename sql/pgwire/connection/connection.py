@@ -1,0 +1,836 @@
+"""``Connection``: one client of the PostgreSQL-wire server, from startup to close.
+
+The server (``sql.pgwire.server``) accepts a socket and hands it to a ``Connection``, which
+negotiates TLS and authenticates (``sql.pgwire.tls``, ``sql.pgwire.auth``), opens the
+engine ``Session`` and runs the message loop: the simple query protocol and the extended
+one (Parse/Bind/Describe/Execute/Sync, with ``portals``). Statements the wire server runs
+itself (COPY, SQL cursors) go to ``commands`` with the connection's ``CommandContext``;
+everything else goes through the connection's PostgreSQL surface
+(``emulation.surface.ConnectionCatalog``) to the engine, on the connection's worker
+thread. The connection knows its server only as ``ServerSide``: what it asks of it.
+
+One engine ``Session`` per connection. Every engine call (and the encoding of result
+rows) runs on the connection's own worker thread, so the event loop only moves bytes
+and one slow statement never holds up another connection; a session always runs on
+the same thread. Authentication is SCRAM-SHA-256 (default), md5, cleartext or trust
+against the users file (``sql.pgwire.auth``, ``sql.pgwire.users``); TLS is offered after
+an SSLRequest when a certificate is configured, else declined (``N``), and GSS
+encryption is always declined (``sql.pgwire.tls``).
+
+Protocol: the simple query protocol (several statements per Query, results sent as each
+statement finishes, the first error ends the Query) and the extended protocol (named and
+unnamed statements and portals, text and binary parameters, Describe, Execute with a row
+limit, Sync, Flush, Close; after an error, messages are skipped until Sync). Describe of
+a statement asks the engine for a description without running it (``Session.describe``):
+parameter types the client left unspecified (OID 0 or 705) are inferred, text where the
+context tells nothing, and fixed for the statement's binds; its rows are described with
+the same OIDs Execute then uses. Describe of a portal of an undescribed statement runs
+the statement and keeps the result for Execute. CancelRequest cancels the running
+statement of the connection it names.
+A malformed startup packet or message gets an ErrorResponse and the connection closes;
+the server keeps running.
+
+Connection lifecycle (``sql.pgwire.limits.Admission``): a socket must log in within the
+authentication deadline (10 s) and, until it has, counts among the sockets still logging
+in (their own cap; a flood's oldest are pushed out), never among the sessions of
+``max_connections``, whose last ``superuser_reserved_connections`` are for superusers
+(53300). Failed logins are throttled per address and user name (``sql.pgwire.
+login_throttle``). A session idle past ``idle_session_timeout`` or, in a transaction,
+``idle_in_transaction_session_timeout`` gets FATAL 57P05 / 25P03 and is closed (its
+transaction rolled back, its staged writes freed). An exception that is not a
+``TopicbaseError`` reaches the client as XX000 with an id, its traceback only in the log
+(``sql.internal_error``). Statement text reaches the log only under ``log_statement``.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import concurrent.futures
+import contextlib
+import logging
+import re
+import secrets
+import ssl
+from collections.abc import Callable
+from typing import Any, Protocol
+
+import pyarrow as pa
+
+from engine.api import (
+    LOCAL_SUPERUSER_NAME,
+    Database,
+    Description,
+    Identity,
+    Result,
+    Session,
+    SessionState,
+    ast,
+    parse,
+    text_cache,
+    use_role_lookup,
+)
+from sql.pgwire import auth as wire_auth
+from sql.pgwire import limits as wire_limits
+from sql.pgwire import tls as wire_tls
+from sql.pgwire.codec import arrays, wire_types
+from sql.pgwire.codec import messages as m
+from sql.pgwire.codec.row_encoding import DataRows
+from sql.pgwire.connection import commands as wire_commands
+from sql.pgwire.connection import result_stream
+from sql.pgwire.connection.context import CommandContext
+from sql.pgwire.connection.output import GatheringWriter
+from sql.pgwire.connection.portals import (
+    CachedPlanChangedError,
+    DuplicateCursorError,
+    DuplicateStatementError,
+    Portal,
+    Prepared,
+    ProtocolViolation,
+    UndefinedCursorError,
+    UndefinedStatementError,
+    apply_description,
+    described_oids,
+    described_row,
+    error_fields,
+    result_columns,
+    result_formats,
+    revalidation_error,
+    row_description,
+)
+from sql.pgwire.emulation import surface
+from sql.pgwire.emulation.pg_settings import milliseconds
+from sql.pgwire.limits import ServerLimits
+from storage.errors import (
+    FeatureNotSupportedError,
+    IdleInTransactionSessionTimeoutError,
+    IdleSessionTimeoutError,
+    LimitExceededError,
+    SqlSyntaxError,
+    TooManyConnectionsError,
+    TopicbaseError,
+)
+
+log = logging.getLogger(__name__)
+
+SERVER_VERSION = "15.0 (Topicbase 0.1)"
+
+
+class ServerSide(Protocol):
+    """What a connection uses of its server (``server.PgServer`` is one)."""
+
+    database: Database
+    settings: dict[str, str]
+    limits: ServerLimits
+    authenticator: wire_auth.Authenticator
+    tls_context: ssl.SSLContext | None
+    tls_channel_binding: bytes | None
+    connections: dict[int, Connection]
+
+    def claim_slot(self, connection: Connection, superuser: bool) -> None: ...
+
+    def release_slot(self) -> None: ...
+
+    def leave_unauthenticated(self, task: asyncio.Task[Any] | None) -> None: ...
+
+    def register(self, connection: Connection) -> int: ...
+
+    def cancel(self, process_id: int, secret_key: int) -> None: ...
+
+
+ROWS_PER_CHUNK = 1000
+INLINE_VALUES = 64  # results this small are encoded on the event loop (send_rows)
+_STATUS = {SessionState.IDLE: "I", SessionState.IN_TRANSACTION: "T", SessionState.FAILED: "E"}
+_PARAMETER = re.compile(r"\$(\d+)")
+# Messages the loop answers with nothing of their own: Flush (H) only asks for the drain,
+# and CopyData/CopyDone/CopyFail (d, c, f) arriving after a COPY failed are ignored, as
+# PostgreSQL does (sql.pgwire.connection.copy_exchange handles them during a COPY).
+_NOTHING_TO_DO = frozenset({b"H", b"d", b"c", b"f"})
+PARSE_CACHE_ENTRIES = 512
+
+
+# Statements log_statement = ddl logs (by first keyword; mod adds _MOD_WORDS).
+_DDL_WORDS = frozenset({"CREATE", "ALTER", "DROP", "TRUNCATE", "COMMENT", "GRANT", "REVOKE"})
+_MOD_WORDS = frozenset({"INSERT", "UPDATE", "DELETE", "MERGE", "COPY", "UPSERT"})
+_FIRST_WORD = re.compile(r"\s*(?:--[^\n]*\n\s*|/\*.*?\*/\s*)*(\w+)", re.DOTALL)
+
+
+def statement_logged(mode: str, text: str) -> bool:
+    """Whether ``log_statement = mode`` logs a statement of ``text`` (PostgreSQL's
+    classes: ``mod`` includes ``ddl``; COPY counts as a write, as COPY FROM does)."""
+    if mode == "all":
+        return True
+    if mode == "none":
+        return False
+    match = _FIRST_WORD.match(text)
+    word = match.group(1).upper() if match else ""
+    return word in _DDL_WORDS or (mode == "mod" and word in _MOD_WORDS)
+
+
+@text_cache(PARSE_CACHE_ENTRIES)
+def _parse(text: str) -> tuple[ast.Statement, ...]:
+    """Parsed query strings by text (statements are immutable; clients repeat queries)."""
+    return tuple(parse(text))
+
+
+@text_cache(PARSE_CACHE_ENTRIES)
+def _prepare_text(text: str) -> tuple[tuple[ast.Statement, ...], int]:
+    """What Parse needs of a query text: its statements (ours, or parsed) and its highest
+    ``$n``. Depends on the text alone (no catalog), so it is kept by text: psycopg sends
+    a 1000-placeholder INSERT's Parse 6 times, and scanning it costs milliseconds."""
+    # BEGIN ISOLATION LEVEL … comes through Parse too (psycopg's executemany).
+    statements = wire_commands.prepared_statements(text) or _parse(surface.plain_begin(text))
+    return statements, max(map(int, _PARAMETER.findall(text)), default=0)
+
+
+def _start_stream(context: CommandContext, statement: ast.Statement
+                  ) -> tuple[result_stream.ResultStream, pa.Table | None] | None:  # fmt: skip
+    """Worker thread: open ``statement``'s stream and read its first batch; a result that
+    fits in one batch is read to its end and closed here. None if not streamed."""
+    stream = result_stream.try_stream(context, statement, None, None)
+    if stream is None:
+        return None
+    try:
+        first = stream.next_batch()
+        if first is None or first.num_rows < result_stream.BATCH_ROWS:
+            more = stream.next_batch()
+            if more is not None:  # a short batch was not the last: keep streaming
+                return stream, pa.concat_tables([first, more]) if first is not None else more
+            stream.close()
+    except BaseException:
+        stream.close()
+        raise
+    return stream, first
+
+
+class Connection:
+    """One client connection: its startup, its message loop and its session."""
+
+    def __init__(self, server: ServerSide, reader: asyncio.StreamReader,
+                 writer: asyncio.StreamWriter) -> None:  # fmt: skip
+        self.server = server
+        self.reader = reader
+        self.writer = writer
+        self.session: Session | None = None
+        self.process_id = 0
+        self.secret_key = secrets.randbits(31)
+        self.executor = concurrent.futures.ThreadPoolExecutor(1, "topicbase-pgwire")
+        self.statements: dict[str, Prepared] = {}
+        self.portals: dict[str, Portal] = {}
+        self.skipping = False  # after an extended-protocol error, until Sync
+        self.catalog = surface.ConnectionCatalog(SERVER_VERSION, self.statements,
+                                                      server.settings)  # fmt: skip
+        self.has_slot = False  # counted in server.sessions (one of connections_max)
+        self.waiting_for_query = False  # ReadyForQuery sent, no message since: idle
+        # What the command handlers (connection.commands and below) see of this connection.
+        self.context = CommandContext(
+            database=server.database, limits=server.limits, catalog=self.catalog,
+            reader=reader, current_session=lambda: self.session, call=self.call,
+            send=self.send, send_error=self.send_error, send_result=self.send_result,
+            ready_for_query=self.ready_for_query, drain=lambda: self.writer.drain(),
+        )  # fmt: skip
+
+    async def call(self, function: Callable[..., Any], *arguments: Any) -> Any:
+        loop = asyncio.get_running_loop()
+        return await loop.run_in_executor(self.executor, function, *arguments)
+
+    def send(self, data: bytes) -> None:
+        self.writer.write(data)
+
+    def send_error(self, error: BaseException, query: str | None = None) -> None:
+        """Send ``error`` to the client; a lost client is not the statement's error: its
+        ConnectionError goes on up to ``run``, which closes the connection quietly."""
+        if isinstance(error, ConnectionError):
+            raise error
+        sqlstate, text, position = error_fields(error, query)
+        self.send(m.error_response(sqlstate, text, position))
+
+    def status(self) -> str:
+        return "I" if self.session is None else _STATUS[self.session.state]
+
+    def ready_for_query(self) -> bytes:
+        """ParameterStatus for each reported setting changed since the last ReadyForQuery
+        (SET, RESET, or a rollback that put one back), then ReadyForQuery."""
+        reports = self.catalog.changes.take_reports()
+        statuses = b"".join(m.parameter_status(name, value) for name, value in reports)
+        self.waiting_for_query = True  # idle from now until the next message
+        return statuses + m.ready_for_query(self.status())
+
+    # -- lifetime --------------------------------------------------------------------------
+    async def run(self) -> None:
+        try:
+            if await self.startup():
+                await self.serve_messages()
+        except (asyncio.IncompleteReadError, ConnectionError):
+            log.debug("connection %d: the client went away", self.process_id)
+        except m.ProtocolError as error:
+            self.send(m.error_response(error.sqlstate, error.message, severity="FATAL"))
+        except (IdleSessionTimeoutError, IdleInTransactionSessionTimeoutError) as error:
+            log.info("connection %d: %s", self.process_id, error.message)
+            self.send(m.error_response(error.sqlstate, error.message, severity="FATAL"))
+        finally:
+            await self.close()
+
+    async def close(self) -> None:
+        """End the connection: its transaction is rolled back (staged writes freed) and its
+        session slot given back."""
+        self.server.connections.pop(self.process_id, None)
+        if self.has_slot:
+            self.has_slot = False
+            self.server.release_slot()
+        if self.session is not None:
+            try:
+                await self.call(self.session.close)
+            except Exception:
+                log.exception("closing a session failed")
+        self.executor.shutdown(wait=False)
+        with contextlib.suppress(ConnectionError):
+            await self.writer.drain()
+        self.writer.close()
+
+    async def startup(self) -> bool:
+        """Negotiate (TLS when the server has a certificate, ``sql.pgwire.tls``) until a v3
+        StartupMessage, authenticate its user (``sql.pgwire.auth``); True when the session
+        is ready. All of it must end within ``AUTHENTICATION_TIMEOUT_S``."""
+        authenticator = self.server.authenticator
+        try:
+            timeout_s = (self.server.limits.authentication_timeout_s
+                         or wire_auth.AUTHENTICATION_TIMEOUT_S)  # fmt: skip
+            async with asyncio.timeout(timeout_s):
+                startup = await wire_tls.negotiate(self.reader, self.writer,
+                                                   self.server.tls_context)  # fmt: skip
+                if startup.code == m.CANCEL_REQUEST:
+                    self.server.cancel(startup.process_id, startup.secret_key)
+                    return False
+                if startup.code != m.PROTOCOL_V3:
+                    major, minor = startup.code >> 16, startup.code & 0xFFFF
+                    raise FeatureNotSupportedError(
+                        f"unsupported frontend protocol {major}.{minor}"
+                    )
+                user = startup.parameters.get("user", "")
+                if not user and authenticator.method is not wire_auth.AuthMethod.TRUST:
+                    raise wire_auth.InvalidAuthorizationError(
+                        "no PostgreSQL user name specified in startup packet"
+                    )
+                channel = wire_auth.AuthChannel(self.reader, self.writer,
+                                                self.server.tls_channel_binding)  # fmt: skip
+                task = asyncio.current_task()
+                channel.on_penalty = lambda: self.server.leave_unauthenticated(task)
+                await authenticator.authenticate(channel, user)
+                self.server.claim_slot(self, authenticator.is_superuser(user))
+        except TimeoutError:
+            log.warning("startup of %s timed out", self.writer.get_extra_info("peername"))
+            return False
+        except (FeatureNotSupportedError, wire_auth.InvalidAuthorizationError,
+                wire_auth.InvalidPasswordError, TooManyConnectionsError) as error:  # fmt: skip
+            self.send(m.error_response(error.sqlstate, error.message, severity="FATAL"))
+            return False
+        identity = self._identity(user)
+        try:
+            self.session = await self.call(self.server.database.connect, identity)
+        except TopicbaseError as error:
+            sqlstate, text, _ = error_fields(error)
+            self.send(m.error_response(sqlstate, text, severity="FATAL"))
+            return False
+        self.process_id = self.server.register(self)
+        parameters = {
+            "server_version": SERVER_VERSION,
+            "server_encoding": "UTF8",
+            "client_encoding": "UTF8",
+            "standard_conforming_strings": "on",
+            "DateStyle": "ISO, MDY",
+            "integer_datetimes": "on",
+            "TimeZone": "UTC",
+            "IntervalStyle": "postgres",
+            "is_superuser": "on" if identity.superuser else "off",
+            "session_authorization": identity.name,
+            "application_name": startup.parameters.get("application_name", ""),
+        }
+        self.catalog.start(startup.parameters, superuser=identity.superuser)
+        self.send(m.authentication_ok())
+        for name, value in parameters.items():
+            self.send(m.parameter_status(name, value))
+        self.send(m.backend_key_data(self.process_id, self.secret_key))
+        self.send(self.ready_for_query())
+        await self.writer.drain()
+        return True
+
+    def _identity(self, user: str) -> Identity:
+        """Who the session acts as: the authenticated user, a superuser if the users file
+        says so. Under ``--auth trust`` nothing is proved and no users file is read, so
+        every session is a superuser, as the local console is: trust is for a machine
+        with no other users."""
+        users = self.server.authenticator.users
+        if users is None:
+            return Identity(user or LOCAL_SUPERUSER_NAME, superuser=True)
+        # The engine asks too, for the owner of a view being read (engine.privileges).
+        use_role_lookup(self.server.database, users.is_superuser,
+                        lambda: [entry.name for entry in users.entries()])
+        return Identity(user, superuser=users.is_superuser(user))
+
+    async def serve_messages(self) -> None:
+        # Responses are kept until a drain (Sync, Flush, end of Query, before COPY data is
+        # awaited): one socket write per flight instead of one per message (connection.output).
+        self.writer = GatheringWriter(self.writer)
+        while True:
+            header = await self._next_header()
+            body = await self.reader.readexactly(
+                wire_limits.message_body_length(header, self.server.limits)
+            )
+            kind = header[:1]
+            if kind in (b"Q", b"P") and await self._statement_too_large(kind, body):
+                continue
+            if kind == b"X":
+                return
+            if kind == b"Q":
+                await self.simple_query(m.parse_query(body))
+            elif kind == b"S":
+                self.skipping = False
+                if self.session is not None and self.session.state is SessionState.IDLE:
+                    self.portals.clear()
+                self.send(self.ready_for_query())
+            elif kind in (b"P", b"B", b"D", b"E", b"C"):
+                if not self.skipping:
+                    try:
+                        await self.extended(kind, body)
+                    except m.ProtocolError:
+                        raise
+                    except Exception as error:
+                        self.send_error(error, self._query_of(kind, body))
+                        self.skipping = True
+            elif kind not in _NOTHING_TO_DO:
+                raise m.ProtocolError(f"invalid frontend message type {kind!r}")
+            if kind in (b"Q", b"S", b"H"):
+                await self.writer.drain()
+
+    # -- idle timeouts and the statement log --------------------------------------------------
+    async def _next_header(self) -> bytes:
+        """The next message's header. While the session is idle (ReadyForQuery went out and
+        nothing came since) its idle timeout runs: past it, ``IdleInTransactionSession-
+        TimeoutError`` (25P03) inside a transaction, else ``IdleSessionTimeoutError`` (57P05);
+        ``run`` sends it as FATAL and ``close`` rolls the transaction back."""
+        limit = self._idle_limit() if self.waiting_for_query else None
+        if limit is None:
+            header = await self.reader.readexactly(5)
+        else:
+            timeout_s, error = limit
+            try:
+                async with asyncio.timeout(timeout_s):
+                    header = await self.reader.readexactly(5)
+            except TimeoutError:
+                raise error from None
+        self.waiting_for_query = False
+        return header
+
+    def _idle_limit(self) -> tuple[float, TopicbaseError] | None:
+        """The idle timeout in force (seconds) and its error, or None. Read on the event
+        loop while no statement runs, so the session's state is still."""
+        session = self.session
+        if session is None:
+            return None
+        settings = self.catalog.settings
+        if session.state is SessionState.IDLE:
+            timeout_ms = milliseconds(settings.show("idle_session_timeout"))
+            error: TopicbaseError = IdleSessionTimeoutError(
+                "terminating connection due to idle-session timeout")  # fmt: skip
+        else:
+            timeout_ms = milliseconds(settings.show("idle_in_transaction_session_timeout"))
+            error = IdleInTransactionSessionTimeoutError(
+                "terminating connection due to idle-in-transaction timeout")  # fmt: skip
+        return None if timeout_ms == 0 else (timeout_ms / 1000, error)
+
+    def log_statement(self, text: str) -> None:
+        """Log ``text`` if the session's ``log_statement`` asks for it (none by default:
+        statement text may hold secrets and personal data, so it is opt-in)."""
+        if statement_logged(self.catalog.settings.show("log_statement"), text):
+            log.info("statement (user %s, pid %d): %s", self.catalog.user, self.process_id, text)
+
+    # -- limits (sql.pgwire.limits) -----------------------------------------------------------
+    async def _statement_too_large(self, kind: bytes, body: bytes) -> bool:
+        """Refuse a Query/Parse over ``statement_bytes_max`` (54000) without parsing it.
+
+        True when refused: the error is sent (a Query also gets ReadyForQuery, a Parse
+        starts skipping to Sync) and an open transaction is failed, as by any error.
+        """
+        error = wire_limits.statement_error(body, self.server.limits)
+        if error is None:
+            return False
+        if kind == b"P" and self.skipping:
+            return True
+        await self._fail_transaction()
+        self.send_error(error)
+        if kind == b"Q":
+            self.send(self.ready_for_query())
+            await self.writer.drain()
+        else:
+            self.skipping = True
+        return True
+
+    async def _refuse_result(self, result: Result) -> None:
+        """Raise 54000 for a result over ``result_bytes_max``, failing an open transaction
+        so that a refused consumer read never commits its offsets."""
+        error = wire_limits.result_error(result.table, self.server.limits)
+        if error is not None:
+            await self._fail_transaction()
+            raise error
+
+    async def _fail_transaction(self) -> None:
+        session = self.session
+        if session is not None:
+            await self.call(session.fail_transaction)
+
+    # -- simple query --------------------------------------------------------------------------
+    async def simple_query(self, query: str) -> None:
+        self.log_statement(query)
+        self.skipping = False
+        if wire_commands.handles(query):  # COPY and SQL cursors (connection.commands)
+            await wire_commands.simple_query(self.context, query)
+            return
+        query = surface.plain_begin(query)  # BEGIN ISOLATION LEVEL … (psycopg) -> BEGIN
+        try:
+            statements = await self.call(_parse, query)  # off the event loop: may be long
+        except TopicbaseError:
+            # Run it through Session.execute: it raises the same error and fails an
+            # open transaction, as any failed statement does.
+            try:
+                await self.call(self._session().execute, query)
+            except Exception as error:
+                self.send_error(error, query)
+            self.send(self.ready_for_query())
+            return
+        if not statements:
+            self.send(m.empty_query_response())
+        for statement in statements:
+            try:
+                if not await self._send_streamed(statement):
+                    result = await self.call(self.catalog.execute, self._session(), statement,
+                                             None)  # fmt: skip
+                    await self.send_result(result, statement)
+                if statement is not statements[-1]:  # each statement's results as it ends
+                    await self.writer.drain()
+            except Exception as error:
+                self.send_error(error, query)
+                break
+        self.send(self.ready_for_query())
+
+    async def send_result(self, result: Result, statement: ast.Statement | None = None) -> None:
+        """RowDescription, DataRows and CommandComplete of a simple-protocol result. With
+        ``statement``, text columns DuckDB knows as UUID or JSON are described so."""
+        await self._refuse_result(result)
+        for notice in result.notices:
+            self.send(m.notice_response(notice))
+        table = result.table
+        if table is not None:
+            oids, formats = result_columns(table, [])
+            if wire_types.TEXT in oids:
+                oids = await self._text_column_oids(statement, table, oids)
+            self.send(row_description(table, oids, formats))
+            await self.send_rows(table, oids, formats)
+        self.send(m.command_complete(result.tag))
+
+    async def _send_streamed(self, statement: ast.Statement) -> bool:
+        """Send a plain query's rows batch by batch as the engine reads them from DuckDB, so
+        a result of any size is never held whole (PostgreSQL streams too); False if the
+        engine does not stream ``statement`` (the caller runs it whole). A small result
+        costs one worker hop: it is opened, read and closed there."""
+        started = await self.call(_start_stream, self.context, statement)
+        if started is None:
+            return False
+        stream, first = started
+        try:
+            formats = [0] * len(stream.oids)
+            self.send(row_description(stream.schema.empty_table(), stream.oids, formats))
+            batch = first
+            while batch is not None:
+                await self.send_rows(batch, stream.oids, formats)
+                batch = await self.call(stream.next_batch)
+        finally:
+            await self.call(stream.close)
+        self.send(m.command_complete(f"SELECT {stream.row_count}"))
+        return True
+
+    async def send_rows(self, table: pa.Table, oids: list[int], formats: list[int]) -> None:
+        """DataRow messages of ``table``: each chunk's per-value encoding runs on the worker
+        thread, then its messages are joined and written a block (<= 120 KiB) at a time,
+        draining between blocks, so neither we nor the transport hold a chunk-sized buffer
+        (``codec.row_encoding``: with default malloc settings those fault in fresh pages)."""
+        if table.num_rows * max(table.num_columns, 1) <= INLINE_VALUES:
+            # A few values (SELECT 1, a lookup by key): encoding them value by value here
+            # costs microseconds, a hop to the worker thread and back several hundred.
+            fields = wire_types.encode_rows(table, oids, formats)
+            self.send(b"".join(m.data_row(row) for row in fields))
+            return
+        for start in range(0, table.num_rows, ROWS_PER_CHUNK):
+            chunk = table.slice(start, ROWS_PER_CHUNK)
+            rows = await self.call(DataRows, chunk, oids, formats)
+            for block in rows.blocks():
+                self.send(block)
+                await self.writer.drain()
+
+    # -- extended protocol -----------------------------------------------------------------------
+    def _session(self) -> Session:
+        assert self.session is not None
+        return self.session
+
+    def _query_of(self, kind: bytes, body: bytes) -> str | None:
+        try:
+            if kind == b"P":
+                return m.parse_parse(body).query
+            if kind == b"B":
+                prepared = self.statements.get(m.parse_bind(body).statement)
+                return None if prepared is None else prepared.query
+        except m.ProtocolError:
+            return None
+        return None
+
+    async def extended(self, kind: bytes, body: bytes) -> None:
+        if kind == b"P":
+            await self.on_parse(m.parse_parse(body))
+        elif kind == b"B":
+            self.on_bind(m.parse_bind(body))
+        elif kind == b"D":
+            await self.on_describe(m.parse_describe(body))
+        elif kind == b"E":
+            await self.on_execute(m.parse_execute(body))
+        else:
+            close = m.parse_close(body)
+            (self.statements if close.kind == "S" else self.portals).pop(close.name, None)
+            self.send(m.close_complete())
+
+    async def on_parse(self, message: m.Parse) -> None:
+        try:
+            statements, highest = await self.call(_prepare_text, message.query)
+        except TopicbaseError:
+            await self.call(self._session().execute, message.query)  # raises, fails the txn
+            raise
+        if len(statements) > 1:
+            raise SqlSyntaxError("cannot insert multiple commands into a prepared statement")
+        if message.name and message.name in self.statements:
+            raise DuplicateStatementError(f'prepared statement "{message.name}" already exists')
+        if highest > m.PARAMETERS_MAX:  # no Bind could supply it
+            raise LimitExceededError(f"there is no parameter ${highest}: a statement takes at "
+                                     f"most {m.PARAMETERS_MAX} parameters")  # fmt: skip
+        count = max(len(message.parameter_oids), highest)
+        oids = [*message.parameter_oids, *[0] * (count - len(message.parameter_oids))]
+        self.statements[message.name] = Prepared(
+            message.query, statements[0] if statements else None, oids
+        )
+        self.send(m.parse_complete())
+
+    def on_bind(self, message: m.Bind) -> None:
+        prepared = self.statements.get(message.statement)
+        if prepared is None:
+            raise UndefinedStatementError(
+                f'prepared statement "{message.statement}" does not exist'
+            )
+        count = len(message.parameters)
+        if count != len(prepared.parameter_oids):
+            raise ProtocolViolation(
+                f"bind message supplies {count} parameters, but prepared statement "
+                f'"{message.statement}" requires {len(prepared.parameter_oids)}'
+            )
+        formats = message.parameter_formats
+        if len(formats) <= 1:
+            formats = (formats or [0]) * count
+        elif len(formats) != count:
+            raise ProtocolViolation("bind message has a wrong number of parameter formats")
+        values = wire_types.decode_parameters(message.parameters, prepared.parameter_oids, formats)
+        if message.portal and message.portal in self.portals:
+            raise DuplicateCursorError(f'cursor "{message.portal}" already exists')
+        portal = Portal(prepared, values, message.result_formats)
+        if not prepared.described:  # psycopg sends a list of str or an empty one untyped
+            portal.untyped_arrays = [
+                (index, value)
+                for index, (value, oid, fmt) in enumerate(
+                    zip(message.parameters, prepared.parameter_oids, formats, strict=True)
+                )
+                if oid in (0, wire_types.UNKNOWN) and fmt == 0 and value is not None
+                and value[:1] == b"{"
+            ]  # fmt: skip
+        self.portals[message.portal] = portal
+        self.send(m.bind_complete())
+
+    async def _decode_untyped_arrays(self, portal: Portal) -> None:
+        """Decode the portal's untyped ``{...}`` parameters as arrays where the statement
+        (described now, as a Describe would) takes a list; others stay text."""
+        candidates, portal.untyped_arrays = portal.untyped_arrays, []
+        try:
+            await self._describe_statement(portal.prepared)
+        except TopicbaseError:  # not describable: the values stay text, as before
+            log.debug("describing for untyped array parameters failed", exc_info=True)
+            return
+        for index, value in candidates:
+            oid = portal.prepared.parameter_oids[index]
+            if oid in arrays.ELEMENT_OIDS:
+                portal.parameters[index] = wire_types.decode_parameter(value, oid, 0)
+
+    def _portal(self, name: str) -> Portal:
+        portal = self.portals.get(name)
+        if portal is None:
+            raise UndefinedCursorError(f'portal "{name}" does not exist')
+        return portal
+
+    async def _run_portal(self, portal: Portal) -> bool:
+        """Run the portal's statement once; False when the statement's description went
+        stale (then the error went out and messages are skipped until Sync)."""
+        if portal.executed:
+            return True
+        portal.executed = True
+        statement = portal.prepared.statement
+        if portal.untyped_arrays and statement is not None:
+            await self._decode_untyped_arrays(portal)
+        if statement is None:
+            return True
+        self.log_statement(portal.prepared.query)
+        try:
+            await self._revalidate(portal.prepared)
+        except CachedPlanChangedError as error:
+            self.send(revalidation_error(error.message))
+            self.skipping = True
+            return False
+        parameters = portal.parameters or None
+        if wire_commands.is_wire_statement(statement):  # DECLARE/FETCH/MOVE/CLOSE (commands)
+            result = await wire_commands.run_in_portal(self.context, statement, parameters)
+        else:
+            result = await self.call(self.catalog.execute, self._session(), statement,
+                                     parameters)  # fmt: skip
+        await self._refuse_result(result)
+        portal.result = result
+        table = portal.result.table
+        if table is not None:
+            portal.oids, portal.formats = result_columns(table, portal.result_formats)
+            described = portal.prepared.columns
+            if described is not None:  # the client decodes by the statement's description
+                portal.oids = described_oids(described, portal.oids)
+            elif any(wire_types.type_oid(f.type) == wire_types.TEXT for f in table.schema):
+                portal.oids = await self._text_column_oids(
+                    portal.prepared.statement, table, portal.oids
+                )
+            for fmt, oid in zip(portal.formats, portal.oids, strict=True):
+                if fmt == 1:
+                    wire_types.column_encoder(oid, 1)  # raises for types without binary output
+        return True
+
+    async def _revalidate(self, prepared: Prepared) -> None:
+        """Before a described row-returning statement runs: its rows must still be what the
+        client was told (PostgreSQL's RevalidateCachedQuery). The engine keeps descriptions
+        while its catalog stands still, so this is cheap when nothing changed."""
+        if not prepared.described or prepared.columns is None or prepared.statement is None:
+            return
+        description = await self.call(self._describe, prepared.statement)
+        columns = description.columns
+        fresh = None if columns is None else [
+            (c.name, wire_types.column_oid(c.arrow_type, c.sql_type)) for c in columns
+        ]  # fmt: skip
+        if fresh != prepared.columns:
+            raise CachedPlanChangedError("cached plan must not change result type")
+
+    async def on_describe(self, message: m.Describe) -> None:
+        if message.kind == "S":
+            prepared = self.statements.get(message.name)
+            if prepared is None:
+                raise UndefinedStatementError(f'prepared statement "{message.name}" does not exist')
+            await self._describe_statement(prepared)
+            self.send(m.parameter_description(prepared.parameter_oids))
+            if prepared.columns is None:
+                self.send(m.no_data())
+            else:
+                names = [name for name, _ in prepared.columns]
+                oids = [oid for _, oid in prepared.columns]
+                self.send(described_row(names, oids, [0] * len(oids)))
+            return
+        if message.name not in self.portals:  # a DECLAREd cursor is a portal too
+            description = wire_commands.describe_cursor(self.context, message.name)
+            if description is not None:
+                self.send(description)
+                return
+        portal = self._portal(message.name)
+        described = portal.prepared.columns
+        if portal.prepared.described and not portal.executed:  # no need to run it first
+            if described is None:
+                self.send(m.no_data())
+                return
+            formats = result_formats(len(described), portal.result_formats)
+            for fmt, (_, oid) in zip(formats, described, strict=True):
+                if fmt == 1:
+                    wire_types.column_encoder(oid, 1)  # raises for types without binary output
+            names = [name for name, _ in described]
+            self.send(described_row(names, [oid for _, oid in described], formats))
+            return
+        if not await self._run_portal(portal):
+            return
+        result = portal.result
+        if result is None or result.table is None:
+            self.send(m.no_data())
+        else:
+            self.send(row_description(result.table, portal.oids, portal.formats))
+
+    async def _text_column_oids(self, statement: ast.Statement | None, table: pa.Table,
+                                oids: list[int]) -> list[int]:  # fmt: skip
+        """``oids`` with UUID and JSON for the text columns DuckDB knows as such (both are
+        Arrow strings), from the statement's description (which the engine keeps while
+        DuckDB's catalog does not move, so a repeated query pays for it once)."""
+        if statement is None or wire_commands.is_wire_statement(statement):
+            return oids
+        try:
+            description = await self.call(self._describe, statement)
+        except Exception:  # the statement ran; its rows go out as text then
+            log.debug("describing an executed statement failed", exc_info=True)
+            return oids
+        columns = description.columns
+        if columns is None or len(columns) != table.num_columns:
+            return oids
+        return [
+            wire_types.column_oid(f.type, c.sql_type) if oid == wire_types.TEXT else oid
+            for f, c, oid in zip(table.schema, columns, oids, strict=True)
+        ]
+
+    async def _describe_statement(self, prepared: Prepared) -> None:
+        """Ask the engine, once per prepared statement, for its parameter and result wire_types."""
+        if prepared.described:
+            return
+        statement = prepared.statement
+        description = None
+        if statement is not None and not wire_commands.is_wire_statement(statement):
+            description = await self.call(self._describe, statement)
+        apply_description(prepared, description)
+
+    def _describe(self, statement: ast.Statement) -> Description:
+        """The engine's description of what Execute runs for ``statement``: a catalog query
+        is described as rewritten, SHOW as its one-column SELECT (``pg_catalog``). Runs on
+        the connection's worker thread."""
+        return self._session().describe(self.catalog.engine_statement(statement))
+
+    async def on_execute(self, message: m.Execute) -> None:
+        portal = self._portal(message.portal)
+        if wire_commands.is_copy_statement(portal.prepared.statement):  # COPY (commands)
+            self.log_statement(portal.prepared.query)
+            await wire_commands.execute_copy(self.context, portal.prepared.statement)
+            return
+        if not await self._run_portal(portal):
+            return
+        result = portal.result
+        if result is None:
+            self.send(m.empty_query_response())
+            return
+        if not portal.position:
+            for notice in result.notices:
+                self.send(m.notice_response(notice))
+        table = result.table
+        if table is None:
+            if not portal.position:
+                portal.position = 1
+                self.send(m.command_complete(result.tag))
+            else:
+                self.send(m.command_complete(result.tag.split(" ")[0]))
+            return
+        remaining = table.num_rows - portal.position
+        count = remaining if message.max_rows <= 0 else min(message.max_rows, remaining)
+        rows = table.slice(portal.position, count)
+        portal.position += count
+        await self.send_rows(rows, portal.oids, portal.formats)
+        if portal.position < table.num_rows:
+            self.send(m.portal_suspended())
+        elif result.tag.startswith("SELECT "):
+            self.send(m.command_complete(f"SELECT {count}"))
+        else:
+            self.send(m.command_complete(result.tag))

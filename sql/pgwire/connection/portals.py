@@ -1,0 +1,187 @@
+"""Prepared statements and portals of the extended protocol, and how rows are described.
+
+``Prepared`` (a Parse: the statement, its parameter OIDs, once described its columns) and
+``Portal`` (a Bind: parameters, result formats, the result as Execute sends it); the
+errors of the extended protocol; ``error_fields`` (SQLSTATE, message and Position of any
+error, the caret of a syntax error turned into Position); RowDescription builders; and
+the revalidation of a described statement (PostgreSQL's ``RevalidateCachedQuery``).
+Used by ``connection`` only; nothing here talks to a socket or runs a statement.
+"""
+
+from __future__ import annotations
+
+import re
+from dataclasses import dataclass, field
+from typing import Any
+
+import pyarrow as pa
+
+from engine.api import Description, Result, ast
+from sql.internal_error import internal_error
+from sql.pgwire.codec import messages as m
+from sql.pgwire.codec import wire_types
+from storage.errors import FeatureNotSupportedError, SqlSyntaxError, TopicbaseError
+
+
+class UndefinedStatementError(TopicbaseError):
+    sqlstate = "26000"
+
+
+class UndefinedCursorError(TopicbaseError):
+    sqlstate = "34000"
+
+
+class ProtocolViolation(TopicbaseError):
+    """A message that parsed but does not fit (08P01); unlike ProtocolError, not fatal."""
+
+    sqlstate = "08P01"
+
+
+class DuplicateStatementError(TopicbaseError):
+    sqlstate = "42P05"
+
+
+class DuplicateCursorError(TopicbaseError):
+    sqlstate = "42P03"
+
+
+@dataclass
+class Prepared:
+    """A parsed statement. ``parameter_oids`` holds the client's OIDs (0: unspecified)
+    until Describe fills the zeros with the types the engine inferred (text where it
+    could not); ``columns`` is then the described result, (name, OID) pairs, or None."""
+
+    query: str
+    statement: ast.Statement | None  # None: an empty query
+    parameter_oids: list[int]
+    described: bool = False
+    columns: list[tuple[str, int]] | None = None
+
+
+@dataclass
+class Portal:
+    prepared: Prepared
+    parameters: list[Any]
+    result_formats: list[int]
+    result: Result | None = None
+    executed: bool = False
+    position: int = 0
+    oids: list[int] = field(default_factory=list)
+    formats: list[int] = field(default_factory=list)
+    # Untyped text parameters that look like array literals ({...}), by index, as sent:
+    # decoded as arrays at Execute if the statement, described then, takes a list there.
+    untyped_arrays: list[tuple[int, bytes]] = field(default_factory=list)
+
+
+def error_fields(error: BaseException, query: str | None = None) -> tuple[str, str, int | None]:
+    """SQLSTATE, message and 1-based character position (if known) of ``error``.
+
+    A syntax error's "LINE n: …" excerpt and caret (the console shows them) become the
+    Position field instead, as PostgreSQL sends it: clients such as psql draw their own."""
+    if isinstance(error, TopicbaseError):
+        message, line, column = _without_caret(error.message)
+        if isinstance(error, SqlSyntaxError) and error.line and error.column:
+            line, column = error.line, error.column
+        position = None
+        if query and line and column:
+            lines = query.split("\n")
+            if line <= len(lines):
+                position = sum(len(text) + 1 for text in lines[: line - 1]) + column
+        return error.sqlstate, message, position
+    if isinstance(error, KeyboardInterrupt):
+        return "57014", "canceling statement due to user request", None
+    # A bug: the traceback goes to the log under an id; the client gets only the id.
+    internal = internal_error(error, "a wire statement")
+    return internal.sqlstate, internal.message, None
+
+
+_CARET = re.compile(r"\n*LINE (\d+): ([^\n]*)\n( *)\^+ *$")
+
+
+def _without_caret(message: str) -> tuple[str, int | None, int | None]:
+    """``message`` without a trailing "LINE n: text" + caret excerpt, and the 1-based line
+    and column the caret points at (None when there is none, or the excerpt was cut)."""
+    found = _CARET.search(message)
+    if found is None:
+        return message, None, None
+    prefix = len(f"LINE {found.group(1)}: ")
+    column = len(found.group(3)) - prefix + 1
+    excerpt_cut = found.group(2).startswith("...")
+    if column < 1 or excerpt_cut:
+        return message[: found.start()], None, None
+    return message[: found.start()], int(found.group(1)), column
+
+
+def result_formats(count: int, formats: list[int]) -> list[int]:
+    """Bind's result format codes for ``count`` columns (none: all text; one: for all)."""
+    if not formats:
+        return [0] * count
+    if len(formats) == 1:
+        return formats * count
+    if len(formats) != count:
+        raise ProtocolViolation(f"bind message has {len(formats)} result formats but query has "
+                                f"{count} columns")  # fmt: skip
+    return formats
+
+
+def result_columns(table: pa.Table, formats: list[int]) -> tuple[list[int], list[int]]:
+    return [wire_types.type_oid(f.type) for f in table.schema], result_formats(
+        table.num_columns, formats
+    )
+
+
+def row_description(table: pa.Table, oids: list[int], formats: list[int]) -> bytes:
+    return described_row(table.column_names, oids, formats)
+
+
+def described_row(names: list[str], oids: list[int], formats: list[int]) -> bytes:
+    return m.row_description(
+        [
+            m.Column(name, oid, wire_types.type_size(oid), -1, fmt)
+            for name, oid, fmt in zip(names, oids, formats, strict=True)
+        ]
+    )
+
+
+class CachedPlanChangedError(FeatureNotSupportedError):
+    """A prepared statement's rows no longer match its description (0A000). Sent with
+    PostgreSQL's routine name, by which clients (asyncpg) know to prepare again."""
+
+
+def revalidation_error(text: str) -> bytes:
+    fields = [b"S" + m.cstr("ERROR"), b"V" + m.cstr("ERROR"), b"C" + m.cstr("0A000"),
+              b"M" + m.cstr(text), b"R" + m.cstr("RevalidateCachedQuery")]  # fmt: skip
+    return m.message(b"E", b"".join(fields) + b"\0")
+
+
+def described_oids(described: list[tuple[str, int]], oids: list[int]) -> list[int]:
+    """The OIDs a described statement's rows go out with: its description's, which may
+    only add what Arrow cannot tell (UUID, JSON for text). Anything else means the tables
+    changed since the description; the client must prepare again, as with PostgreSQL."""
+    refined = [(wire_types.TEXT, wire_types.UUID), (wire_types.TEXT, wire_types.JSON)]
+    if len(described) != len(oids) or any(
+        oid != wanted and (oid, wanted) not in refined
+        for (_, wanted), oid in zip(described, oids, strict=False)
+    ):
+        raise FeatureNotSupportedError("cached plan must not change result type")
+    return [oid for _, oid in described]
+
+
+def apply_description(prepared: Prepared, description: Description | None) -> None:
+    """Fix ``prepared``'s parameter types and result columns from the engine's description
+    (parameters the client typed keep the client's type)."""
+    inferred = [] if description is None else list(description.parameter_types)
+    count = max(len(prepared.parameter_oids), len(inferred))
+    declared = [*prepared.parameter_oids, *[0] * (count - len(prepared.parameter_oids))]
+    inferred += [None] * (count - len(inferred))
+    prepared.parameter_oids = [
+        oid if oid not in (0, wire_types.UNKNOWN) else wire_types.sql_type_oid(sql_type)
+        for oid, sql_type in zip(declared, inferred, strict=True)
+    ]
+    columns = None if description is None else description.columns
+    prepared.columns = None if columns is None else [
+        (c.name, wire_types.column_oid(c.arrow_type, c.sql_type)) for c in columns
+    ]  # fmt: skip
+    # A statement the wire server runs itself (FETCH ...) has no engine description:
+    # Describe of its portal still runs it to find its rows.
+    prepared.described = description is not None
