@@ -1,50 +1,77 @@
 """The atomic commit of a transaction across topics, offsets and tables.
 
-Protocol (docs/DESIGN.md §5, YDB's "stage, then publish"):
+Two kinds of commit (docs/DESIGN.md §5, YDB's "stage, then publish"); the session
+picks one (``Transaction.touches_tables``, set conservatively per statement):
 
-1. *stage*: the transaction's topic writes, routed to their partitions, are
-   appended to the staging log; the staging syncer thread fdatasyncs them
-   (fsync 1; concurrent transactions share it) while the committing session
-   writes the record row below, and the session waits for that sync before
-   step 2's COMMIT. Invisible to every reader.
-2. *commit point*: one DuckDB transaction holds the session's table changes
-   and one record row of the transaction (id, time, its consumer offset moves,
-   and where its staged batches lie), and commits (fsync 2: DuckDB's WAL).
-   The offset ranges read are validated (and claimed) under the commit lock
-   just before the COMMIT; the record row is written before, the COMMIT after
-   the lock, which covers validation only.
-3. *publish*: each partition gets the transaction's batches as one frame
-   tagged with the transaction id, without a sync, in commit order; readers
-   see it whole.
-4. *checkpoint* (in a background thread once ``CHECKPOINT_TRANSACTIONS``
-   commits are published, and at DDL and close): sync the partitions published
-   to, then in one DuckDB transaction write the current committed offsets of
-   every consumer moved into the offsets table and delete the records of those
-   transactions; release their staging. Between checkpoints the records are
-   the durable home of offset moves (append-only: one statement per commit
-   instead of an upsert per consumer partition). Nothing depends on a
-   checkpoint having run: a record is deleted only after the data it
-   describes is synced in its partitions and its offsets are in the table.
+**Topic-only** (no statement may have changed a table: topic->topic moves, consumer
+reads with topic writes, offset commits) — ``commit_in_log``; no DuckDB statement
+before the commit point:
 
-Recovery (``recover``) replays the records' offset moves in order over the
-offsets table and re-publishes, for every record, the batches whose tagged
-frame is not in its partition: idempotent, so a crash during recovery is
-harmless. Staging that no record needs is deleted.
+1. *append*: the transaction's batches, routed to their partitions and encoded
+   outside any lock, and after them a checksummed *commit record*
+   (``storage.commit_log``: transaction id, commit time, its consumer offset moves,
+   the partitions of the batches just before it) go to the staging log in ONE
+   ``pwritev``, under the commit lock, right after validation and the claim of the
+   offsets moved, in the same critical section as the turn taken: the log's order
+   of records is the validation order and the publish order.
+2. *commit point*: the staging syncer's fdatasync covering the record returns (fsync
+   1, shared by every append made meanwhile: group commit; the only fsync of the
+   commit path). A failed (or interrupted) sync leaves the record on disk or not:
+   the commit is reported in doubt and the committer refuses every later commit
+   until the database is reopened, when recovery decides it.
+
+**Table-touching** — ``stage``, ``write_record``, ``enter``, DuckDB COMMIT:
+
+1. *stage*: the topic writes are appended to the staging log; the syncer
+   fdatasyncs them (fsync 1, shared) while the session writes the record row
+   below, and the session waits for that sync before step 2's COMMIT.
+2. *commit point*: one DuckDB transaction holds the session's table changes and one
+   record row (id, time, its consumer offset moves, where its staged batches lie),
+   and commits (fsync 2: DuckDB's WAL). The offset ranges read are validated (and
+   claimed) under the commit lock just before the COMMIT.
+
+Both kinds then:
+
+3. *publish*: each partition gets the transaction's batches as one frame tagged
+   with the transaction id, without a sync, in turn (commit) order; readers see
+   it whole.
+4. *checkpoint* (in a background thread once ``CHECKPOINT_TRANSACTIONS`` commits
+   are published, and at DDL and close): sync the partitions published to, then in
+   one DuckDB transaction write the current committed offsets of every consumer
+   moved into the offsets table, delete the record rows of those transactions and
+   move the commit log's *watermark* (``commit_log_watermark``: the end of the last
+   checkpointed commit record) past their commit records; then release their
+   staging (files no transaction needs are deleted: that releases the log).
+   Between checkpoints the records are the durable home of offset moves. Nothing
+   depends on a checkpoint having run: a record stops counting only after the data
+   it describes is synced in its partitions and its offsets are in the table.
+
+Recovery (``recover``) reads the record rows and the commit records past the
+watermark (a torn or corrupt record, necessarily at the unsynced tail of a file, is
+"not committed"; ``storage.commit_log.scan``), merges them by transaction id,
+replays their offset moves in that order over the offsets table and re-publishes,
+for every one, the batches whose tagged frame is not in its partition: idempotent,
+so a crash during recovery is harmless. Staging that no record needs is deleted; new
+staging files are numbered past the watermark's. Ids order conflicting transactions
+as commits did: a transaction that read offsets another moved took its id (at
+COMMIT) after that one's commit.
 
 Concurrency (``engine.commit_order``): validation and the claim of the
-offsets a transaction moves happen under ``database.commit_lock``; the DuckDB
-COMMIT, the mirror update and the publish happen outside it, so sessions
-COMMIT concurrently, while claims keep validation exact and publish turns keep
-each partition in commit order. Locks are taken in this order:
-``database.commit_lock``, the commit order's lock, ``_checkpoint_lock``,
-``_lock`` (this object's lists, held briefly). A checkpoint takes the commit
+offsets a transaction moves (and, topic-only, the append of its record) happen
+under ``database.commit_lock``; the sync wait, the DuckDB COMMIT, the mirror
+update and the publish happen outside it, so sessions commit concurrently (and
+their syncs are shared), while claims keep validation exact and publish turns
+keep each partition in commit order. Locks are taken in this order:
+``database.commit_lock``, the commit order's lock, the staging log's lock,
+``_checkpoint_lock``, ``_lock`` (this object's lists, held briefly). A checkpoint takes the commit
 lock only to finish failed publishes, and never while it holds
 ``_checkpoint_lock``; no session waits for a checkpoint while it is in a slot.
 Why a checkpoint may run beside commits: it reads the catalog's mirror of
-committed offsets (only ever moved after a DuckDB commit, forward) and deletes
-only records of transactions counted before its snapshot, which are counted in
-turn order; a transaction that depends on another (the same consumer
-partition, or rows it saw) took a later turn, so no record left behind holds an
+committed offsets (only ever moved after a commit point, forward) and deletes
+(or passes with the watermark) only records of transactions counted before its
+snapshot, which are counted in turn order, the log's order for commit records;
+a transaction that depends on another (the same consumer partition, or rows it
+saw) took a later turn, so no record left behind holds an
 offset older than one the checkpoint writes. A checkpoint waits while a failed
 publish is unfinished, for the same reason.
 """

@@ -5,6 +5,12 @@ usual format (``record_batch``): each staged batch is one frame whose
 ``transaction_id`` is the transaction and whose ``base_offset`` is the
 batch's index within it. Nothing here is visible to readers of topics.
 
+Commit records (``storage.commit_log``) share these files: a topic-only
+transaction appends its frames and its commit record in one ``append`` (one
+``pwritev``, so its batches lie directly before the record); recovery reads the
+files back whole (``read_file``) to find them. Frame and record both start at a
+multiple of 8 bytes.
+
 Staging is append-only and split in two steps so that the sync overlaps the
 committer's other work: ``write`` appends a transaction's frames (no sync)
 and returns where they lie plus a ``StagingTicket``; a background *syncer*

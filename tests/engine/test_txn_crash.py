@@ -74,12 +74,24 @@ tw = sys.modules.get("txn_worker") or _load_worker_module()
 KILLS = int(os.environ.get("TXN_KILLS", "25"))
 CRASHED = 137  # os._exit code of a failpoint crash
 KILLED = -9  # SIGKILL
+# The move is topic-only: it commits by one append to the staging log (engine.commit).
 MOVE_FAILPOINTS = (
-    "staging.after_sync",
-    "commit.after_stage",
+    "commit.before_log_append",  # validated, nothing appended: not committed
+    "staging.torn_record",  # the append torn inside its commit record: not committed
+    "commit.after_log_append",  # appended, maybe not synced: either outcome, consistent
+    "staging.after_sync",  # the record durable: committed, nothing published
     "commit.after_commit_point",
     "commit.mid_publish",
     "commit.checkpoint_before_delete",
+    "commit.checkpoint_before_release",  # offsets and watermark in DuckDB, log not released
+)
+# Both kinds of commit on one consumer (txn_worker's mode mix).
+MIX_FAILPOINTS = (
+    "staging.torn_record",
+    "commit.after_log_append",
+    "commit.after_commit_point",
+    "commit.checkpoint_before_delete",
+    "commit.checkpoint_before_release",
 )
 FAILPOINT_HITS = (1, 3)
 # Limits that only catch a hung worker, never a slow one: on 2 shared cores under load a
@@ -260,8 +272,8 @@ def _unconsumed(data: Path, mode: str) -> int:
     """Messages of ``a`` the mode's consumer has not committed, counted (and checked) on a
     copy, so that the next worker still runs the recovery itself."""
     with _opened(data, copy=True) as session:
-        if mode == "move":
-            found = tw.check_moved(session)
+        if mode in ("move", "mix"):
+            found = tw.check_moved(session, table=mode == "mix")
             return found.a_messages - found.consumed
         return len(tw.topic_rows(session, "a")) - tw.check_counted(session)
 
@@ -456,6 +468,55 @@ def test_resharding_loop_moves_every_message_exactly_once_across_kills_and_failp
             assert found.b_partitions_used == tw.B_PARTITIONS
             assert tw.committed_offsets(session, "mover") == tw.end_offsets(session, "a")
     print(f"resharding: {found.a_messages} messages moved; rounds by outcome: {outcomes}")
+
+
+def _check_mixed(session):
+    return tw.check_moved(session, table=True)
+
+
+def test_topic_only_and_table_commits_on_one_consumer_stay_exactly_once_across_crashes(
+    tmp_path: Path, server
+) -> None:
+    """The mix: one consumer ``mover`` whose transactions either move messages to topic
+    ``b`` (topic-only: committed by a commit record in the staging log) or into table
+    ``moved`` (committed through DuckDB), chosen at random per transaction. Killed
+    ~TXN_KILLS/2 times and crashed at both paths' failpoints (1st and 2nd hit), with
+    checkpoints every 3 or 5 commits: after each crash and recovery, ``b`` and ``moved``
+    together hold exactly the messages below ``mover``'s committed offsets, each once
+    (the offsets of both kinds end where the commit order says); at the end, all of
+    ``a`` and the offsets at ``a``'s end."""
+    seed = _seed()
+    print(f"TXN_SEED={seed}")
+    rng = random.Random(seed)
+    data = tmp_path / "data"
+    source = Source(data, INITIAL_PER_SOURCE)
+    rounds: list[tuple[str, str]] = [("kill", "")] * max(1, KILLS // 2)
+    rounds += [("failpoint", f"{n}=crash@{k}") for n in MIX_FAILPOINTS for k in (1, 2)]
+    rng.shuffle(rounds)
+    check: CopyCheck | None = None
+    for number, (kind, failpoint) in enumerate(rounds):
+        what = f"round {number} ({kind} {failpoint})".strip()
+        every = rng.choice((3, 5))
+        with _reported(seed, what):
+            if kind == "kill":
+                _kill_round(server, data, "mix", rng, checkpoint_every=every, max_messages=20)
+            else:
+                unconsumed = source.top_up(_unconsumed(data, "mix"))
+                _failpoint_round(server, data, "mix", failpoint, rng, unconsumed,
+                                 checkpoint_every=every, max_messages=20)  # fmt: skip
+        if check is not None:
+            found = check.join(seed)
+            source.top_up(found.a_messages - found.consumed)
+        check = CopyCheck(data, number, _check_mixed, what)
+    if check is not None:
+        check.join(seed)
+    with _reported(seed, "final run"):
+        _run_to_completion(server, data, "mix", rng)
+        with _opened(data, copy=False) as session:
+            found = tw.check_moved(session, table=True)
+            assert found.consumed == found.a_messages
+            assert tw.committed_offsets(session, "mover") == tw.end_offsets(session, "a")
+    print(f"mix: {found.a_messages} messages, {found.b_messages} of them through b")
 
 
 def test_topic_to_table_counts_every_message_exactly_once_across_kills(

@@ -2,7 +2,7 @@
 
 Run as a subprocess by ``test_txn_crash.py`` (and importable for its helpers)::
 
-    python txn_worker.py --data DIR --mode move|count|open
+    python txn_worker.py --data DIR --mode move|count|mix|open
         [--seed N] [--min-messages N] [--max-messages N] [--checkpoint-every N]
     python txn_worker.py --serve    # fork server: starts such workers fast (``serve``)
 
@@ -15,6 +15,12 @@ Modes (each transaction is retried on 40001):
   message_group_id, count(*) FROM TOPIC a WITH (consumer = 'counter', ...)
   GROUP BY 1 ON CONFLICT (k) DO UPDATE SET n = n + EXCLUDED.n; COMMIT`` until a
   read finds nothing left;
+- ``mix`` (both kinds of commit on one consumer): each transaction is, at random,
+  the ``move`` transaction (topic-only: committed in the staging log) or moves the
+  messages read with the same consumer ``mover`` into table ``moved`` instead
+  (touches a table: committed through DuckDB), so the two commit paths interleave
+  on the same consumer partitions and ``b`` plus ``moved`` must hold each consumed
+  message exactly once (``check_moved(session, table=True)``);
 - ``open``: open the database (recovery runs) and close it.
 
 ``k`` is drawn from ``min-messages..max-messages`` per transaction (seeded). Crash points
@@ -72,7 +78,8 @@ SETUP = (
     f"CREATE TOPIC a (CONSUMER mover, CONSUMER counter) "
     f"WITH (min_active_partitions = {A_PARTITIONS}); "
     f"CREATE TOPIC b WITH (min_active_partitions = {B_PARTITIONS}); "
-    "CREATE TABLE counts (k VARCHAR PRIMARY KEY, n BIGINT NOT NULL)"
+    "CREATE TABLE counts (k VARCHAR PRIMARY KEY, n BIGINT NOT NULL); "
+    "CREATE TABLE moved (data BLOB NOT NULL, message_group_id VARCHAR)"
 )
 MOVE = (
     "INSERT INTO TOPIC b (data, message_group_id) SELECT data, message_group_id "
@@ -82,6 +89,10 @@ COUNT = (
     "INSERT INTO counts SELECT message_group_id, count(*) FROM TOPIC a "
     "WITH (consumer = 'counter', max_messages = {k}) GROUP BY 1 "
     "ON CONFLICT (k) DO UPDATE SET n = n + EXCLUDED.n"
+)
+MOVE_TO_TABLE = (
+    "INSERT INTO moved SELECT data, message_group_id "
+    "FROM TOPIC a WITH (consumer = 'mover', max_messages = {k})"
 )
 ALL = 1_000_000  # max_messages that reads a whole (test-sized) topic
 
@@ -149,7 +160,7 @@ class MoveCheck:
     b_partitions_used: int
 
 
-def check_moved(session) -> MoveCheck:
+def check_moved(session, table: bool = False) -> MoveCheck:
     """Assert the resharding invariants on an open (recovered) database.
 
     - ``a`` is as produced: each source in one partition, seq_nos increasing;
@@ -198,6 +209,15 @@ def check_moved(session) -> MoveCheck:
             f"s{source}:{last_in_partition[key]}"
         )
         last_in_partition[key] = seq
+    if table:  # mode mix: the messages moved into table ``moved`` count as moved too
+        rows = session.execute("SELECT data, message_group_id FROM moved")[-1].table
+        assert rows is not None
+        for row in rows.to_pylist():
+            source, seq, user = parse(row["data"])
+            earlier = seen.get((source, seq))
+            assert earlier is None, f"s{source}:{seq} moved twice: at {earlier} and in moved"
+            seen[(source, seq)] = (-1, -1)
+            assert row["message_group_id"] == user, row
     missing = sorted(expected - seen.keys())
     extra = sorted(seen.keys() - expected)
     assert not missing, f"{len(missing)} consumed messages missing from b, e.g. {missing[:5]}"
@@ -229,14 +249,19 @@ def a_totals(session) -> dict[str, int]:
 
 
 # -- the worker ---------------------------------------------------------------------------
-def run_loop(session, statement: str, rng: random.Random, low: int, high: int) -> int:
-    """Run transactions of ``statement`` until one finds nothing to read; returns commits."""
+def run_loop(
+    session, statement: str | tuple[str, ...], rng: random.Random, low: int, high: int
+) -> int:
+    """Run transactions of ``statement`` (of one of them, at random) until one finds
+    nothing to read; returns commits."""
     commits = 0
+    choices = (statement,) if isinstance(statement, str) else statement
     while True:
         k = rng.randint(low, high)
+        chosen = rng.choice(choices)
         try:
             session.execute("BEGIN")
-            result = session.execute(statement.format(k=k))[-1]
+            result = session.execute(chosen.format(k=k))[-1]
             if result.tag == "INSERT 0 0":  # nothing left to read
                 session.execute("ROLLBACK")
                 return commits
@@ -249,7 +274,7 @@ def run_loop(session, statement: str, rng: random.Random, low: int, high: int) -
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser()
     parser.add_argument("--data", required=True)
-    parser.add_argument("--mode", choices=("move", "count", "open"), required=True)
+    parser.add_argument("--mode", choices=("move", "count", "mix", "open"), required=True)
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--min-messages", type=int, default=1)
     parser.add_argument("--max-messages", type=int, default=20)
@@ -269,6 +294,8 @@ def main(argv: list[str] | None = None) -> int:
             commits = run_loop(session, MOVE, rng, *bounds)
         elif args.mode == "count":
             commits = run_loop(session, COUNT, rng, *bounds)
+        elif args.mode == "mix":
+            commits = run_loop(session, (MOVE, MOVE_TO_TABLE), rng, *bounds)
         session.close()
         database.close()
     except BaseException:
