@@ -92,6 +92,10 @@ FAILPOINTS = (
     "commit.after_commit_point",
     "commit.mid_publish",
     "commit.checkpoint_before_delete",
+    "commit.before_log_append",
+    "commit.after_log_append",
+    "staging.torn_record",
+    "commit.checkpoint_before_release",
     "recovery.after_republish",
     "retention.before_delete",
     "split.before_save",
@@ -116,6 +120,7 @@ RARE_FAILPOINTS = frozenset(
         "segment.roll_after_seal",
         "segment.roll_before_snapshot",
         "recovery.after_republish",
+        "commit.checkpoint_before_release",
         "retention.before_delete",
         "split.before_save",
         "retention.before_roll",
@@ -134,7 +139,9 @@ CHECKED_FAILPOINTS = frozenset(
     }
 )
 # A crash at these leaves a committed transaction unpublished: the next recovery republishes.
-REPUBLISHING_FAILPOINTS = frozenset({"commit.after_commit_point", "commit.mid_publish"})
+REPUBLISHING_FAILPOINTS = frozenset(
+    {"commit.after_commit_point", "commit.mid_publish", "staging.after_sync"}
+)
 CHECK_EVERY = 25
 FULL_OBSERVATION_EVERY = 100  # cycles; the other checks' observations read only tails
 WORKER_SECONDS = 1.5

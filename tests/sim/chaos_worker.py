@@ -12,7 +12,10 @@ history file (see ``tests.sim.history``) before the next one:
   publish), and writes without a producer id (no dedup), with RETURNING;
 - *mover* transactions: read ``src`` with consumer ``mover`` and write each
   message's value to ``dst`` as ``m:<value>@<txn id>`` (exactly-once resharding:
-  the runner checks every consumed value arrives once);
+  the runner checks every consumed value arrives once). Half of them touch no
+  table (committed by a commit record in the staging log, ``engine.commit``); the
+  other half also insert a row into ``move_notes`` (committed through DuckDB), so
+  both kinds of commit interleave on consumer ``mover``;
 - *tabler* transactions: read ``dst`` with consumer ``tabler`` and append
   ``x:<value>#<txn id>`` to rows of the table ``lists`` (list-append keys
   ``r:<row>``), reading two rows too (recorded as summaries: count, digest and
@@ -165,6 +168,7 @@ def setup(data_dir: str) -> None:
             "CREATE TOPIC IF NOT EXISTS dst (CONSUMER tabler WITH (important = true)) "
             f"WITH (min_active_partitions = {PARTITIONS});"
             "CREATE TABLE IF NOT EXISTS lists (k VARCHAR PRIMARY KEY, v VARCHAR);"
+            "CREATE TABLE IF NOT EXISTS move_notes (t VARCHAR);"
             f"CREATE TOPIC IF NOT EXISTS {AGED} (CONSUMER {REAPER} WITH (important = true)) "
             f"WITH (min_active_partitions = {AGED_PARTITIONS});"
             f"CREATE TOPIC IF NOT EXISTS {fork_of(1)} WITH (min_active_partitions = 1);"
@@ -634,6 +638,8 @@ class Worker:
                     values = ", ".join(f"('{v}')" for v in part)
                     self.session.execute(f"INSERT INTO TOPIC dst (data) VALUES {values}")
             ops += [append_op(topic_key("dst"), v) for v in moved]
+            if self.rng.random() < 0.5:  # a table write: this one commits through DuckDB
+                self.session.execute("INSERT INTO move_notes VALUES (?)", [txn_id])
             self._commit(txn_id, ops)
         except TopicbaseError:
             self._abort(txn_id)
