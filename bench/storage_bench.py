@@ -43,6 +43,7 @@ import numpy as np
 import pyarrow as pa
 import zstandard
 
+from bench import harness
 from bench.results import Recorder, ratio_target, value_target
 from storage.config import FsyncPolicy, TopicConfig
 from storage.fs import FileSystem
@@ -218,10 +219,15 @@ class Run:
     log_bytes: int
     seconds: float
     fsyncs: int = 0
+    cpu_seconds: float = 0.0  # time.process_time() of the run: this process's CPU, all threads
 
     @property
     def mb_s(self) -> float:
         return self.log_bytes / MB / self.seconds
+
+    @property
+    def mb_per_cpu_s(self) -> float:
+        return self.log_bytes / MB / self.cpu_seconds if self.cpu_seconds else 0.0
 
     @property
     def msgs_s(self) -> float:
@@ -252,6 +258,29 @@ def warm_up(parent: str, pool: Sequence[bytes]) -> None:
     del scratch, block
 
 
+def dirty_mb() -> float:
+    """Dirty + Writeback of /proc/meminfo, MB: what the kernel has yet to write back."""
+    total_kb = 0
+    with open("/proc/meminfo", encoding="ascii") as file:
+        for line in file:
+            if line.startswith(("Dirty:", "Writeback:")):
+                total_kb += int(line.split()[1])
+    return total_kb * 1024 / MB
+
+
+def dirty_settings() -> str:
+    """The vm.dirty_* settings that decide when writers get throttled."""
+    values = []
+    for name in ("dirty_background_ratio", "dirty_ratio", "dirty_background_bytes",
+                 "dirty_bytes"):  # fmt: skip
+        try:
+            with open(f"/proc/sys/vm/{name}", encoding="ascii") as file:
+                values.append(f"{name}={file.read().strip()}")
+        except OSError:
+            pass
+    return ", ".join(values)
+
+
 # -- append -----------------------------------------------------------------------------
 def append_prebuilt(parent: str, policy: FsyncPolicy, batches: Sequence, seconds: float) -> Run:
     with Partition(parent, policy) as part:
@@ -260,6 +289,7 @@ def append_prebuilt(parent: str, policy: FsyncPolicy, batches: Sequence, seconds
         fsyncs = part.fs.fsync_count
         done = 0
         clock = time.perf_counter
+        cpu = time.process_time()
         start = clock()
         deadline = start + seconds
         for batch in batches:
@@ -268,9 +298,12 @@ def append_prebuilt(parent: str, policy: FsyncPolicy, batches: Sequence, seconds
             if clock() >= deadline:
                 break
         elapsed = clock() - start
+        cpu = time.process_time() - cpu
         messages = part.log.end_offset
         assert messages == sum(b.num_rows for b in batches[:done]), "appends were dropped"
-        return Run(done, messages, part.log.size_bytes, elapsed, part.fs.fsync_count - fsyncs)
+        return Run(
+            done, messages, part.log.size_bytes, elapsed, part.fs.fsync_count - fsyncs, cpu
+        )
 
 
 def append_with_build(
@@ -313,6 +346,7 @@ def raw_write(
     try:
         write, fdatasync = os.write, os.fdatasync
         gc.collect()
+        cpu = time.process_time()
         start = time.perf_counter()
         if sync:
             for frame in frames:
@@ -331,12 +365,13 @@ def raw_write(
             for frame in frames:
                 write(fd, frame)
         elapsed = time.perf_counter() - start
+        cpu = time.process_time() - cpu
         size = os.fstat(fd).st_size
     finally:
         os.close(fd)
         os.remove(path)
     assert size == sum(len(f) for f in frames)
-    return Run(len(frames), messages, size, elapsed, syncs)
+    return Run(len(frames), messages, size, elapsed, syncs, cpu)
 
 
 def bench_append(rec: Recorder, parent: str, params: Params, pool: Sequence[bytes]) -> dict:
@@ -365,11 +400,17 @@ def bench_append(rec: Recorder, parent: str, params: Params, pool: Sequence[byte
     # Under never: raw with no sync at all (page cache only), next to the same-pattern raw.
     cached: dict[int, list[Run]] = {size: [] for size in BATCH_SIZES}
     builds: dict[int, list[Run]] = {size: [] for size in BATCH_SIZES}
+    dirty: list[float] = []  # MB not yet written back when a headline run starts
     for rep in range(params.reps):
         for policy, size in cases:
+            headline = policy is FsyncPolicy.NEVER and size == 1000
+            if headline:
+                dirty.append(dirty_mb())
             run = append_prebuilt(parent, policy, prebuilt[size], params.append_seconds)
             written = frames[size][: run.batches]
             never = policy is FsyncPolicy.NEVER
+            if headline:
+                dirty.append(dirty_mb())
             raw = raw_write(
                 parent, written, run.messages, not never, SEGMENT_BYTES if never else None
             )
@@ -390,6 +431,8 @@ def bench_append(rec: Recorder, parent: str, params: Params, pool: Sequence[byte
                 f"{build.mb_s:7.1f} MB/s {build.msgs_s:10,.0f} msgs/s"
             )
 
+    _record_headline_append(rec, group, runs[FsyncPolicy.NEVER, 1000],
+                            raws[FsyncPolicy.NEVER, 1000], dirty)  # fmt: skip
     summary = {}
     for policy, size in cases:
         run, raw = median_run(runs[policy, size]), median_run(raws[policy, size])
@@ -402,6 +445,9 @@ def bench_append(rec: Recorder, parent: str, params: Params, pool: Sequence[byte
         headline = policy is FsyncPolicy.NEVER and size == 1000
         ratio = run.mb_s / raw.mb_s
         name = f"storage.append.{policy.value}.batch{size}"
+        ours = harness.Spread.of([r.mb_s for r in runs[policy, size]])
+        theirs = harness.Spread.of([r.mb_s for r in raws[policy, size]])
+        paired = harness.paired_ratios(ours, theirs)
         rec.add(
             f"{name}.mb_s",
             run.mb_s,
@@ -409,8 +455,16 @@ def bench_append(rec: Recorder, parent: str, params: Params, pool: Sequence[byte
             group=group,
             baseline=baseline,
             baseline_value=raw.mb_s,
+            spread=(ours.low, ours.high),
+            baseline_spread=(theirs.low, theirs.high),
+            reps=ours.reps,
+            ratio_range=(min(paired), max(paired)),
             target=ratio_target(APPEND_TARGET, "raw") if headline else None,
+            target_ratio=APPEND_TARGET if headline else None,
             met=(ratio >= APPEND_TARGET) if headline else None,
+            note="value: the repetition with the median MB/s (its bytes and messages "
+            "consistent); range over the repetitions; storage and raw alternate"
+            + ("; wall clock: see mb_per_cpu_s and bench/findings.md" if headline else ""),
         )
         rec.add(
             f"{name}.msgs_s",
@@ -445,6 +499,30 @@ def bench_append(rec: Recorder, parent: str, params: Params, pool: Sequence[byte
             note="build_wire_batch + append",
         )
     return summary
+
+
+def _record_headline_append(
+    rec: Recorder, group: str, runs: list[Run], raws: list[Run], dirty: list[float]
+) -> None:
+    """The batched append per CPU-second (its wall-clock MB/s is the ``.mb_s`` record).
+
+    On these shared 2-core machines the wall-clock ratio swings (0.3x to 1.6x within one
+    run under load) while the kernel's dirty data at each run's start stays tens of MB,
+    far below the throttling thresholds; the CPU-time ratio stays within ~±10 %.
+    """
+    note = (
+        f"repetitions alternate storage and raw; dirty+writeback at the start of each run "
+        f"{min(dirty):.0f}-{max(dirty):.0f} MB ({dirty_settings()}); see bench/findings.md"
+    )
+    harness.record(
+        rec, "storage.append.never.batch1000.mb_per_cpu_s",
+        harness.Spread.of([r.mb_per_cpu_s for r in runs]),
+        harness.Spread.of([r.mb_per_cpu_s for r in raws]),
+        unit="MB per CPU-second", group=group,
+        baseline="raw os.write, same pattern, per CPU-second",
+        note="time.process_time() of each run (this process's CPU, kernel time of its write "
+        "and sync calls included; the kernel's flusher threads not): " + note,
+    )  # fmt: skip
 
 
 # -- read -------------------------------------------------------------------------------
@@ -648,9 +726,9 @@ def bench_group_commit(rec: Recorder, parent: str, params: Params, pool: Sequenc
         group=group,
         baseline="fsync policy always",
         baseline_value=always.msgs_s,
-        target=ratio_target(GROUP_TARGET, "always"),
-        met=grouped.msgs_s / always.msgs_s >= GROUP_TARGET,
-        note=f"{grouped.fsyncs:,} fsyncs",
+        note=f"{grouped.fsyncs:,} fsyncs; the >= {GROUP_TARGET:g}x target was retired in issue "
+        "14 (in one process it measured the kernel merging the threads' fdatasyncs): "
+        "produce.durable.c16 measures group commit over the wire",
     )
     rec.add(
         "storage.group_commit.group.msgs_per_fsync",
