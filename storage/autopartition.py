@@ -12,7 +12,7 @@ cuts a range at its middle, ``(low + high) // 2``: the lower child owns
 
 Scaling rule (``AutoPartitioning``): a partition splits when, in every one of
 the last ``ceil(window)`` whole seconds, it was written at least
-``up_percent``% of its write speed, it existed for all of them, the strategy is
+``up_percent``% of its write speed (its meter running in all of them), the strategy is
 ``scale_up`` (or ``scale_up_and_down``, which acts like it: merging is not
 built), and the topic has fewer than ``max_active`` active partitions.
 
@@ -250,11 +250,12 @@ class WriteSpeed:
 
     def above_for(self, threshold_bytes: float, seconds: int, now_us: int) -> bool:
         """True if each of the ``seconds`` whole seconds before ``now_us`` saw at least
-        ``threshold_bytes`` written, and the meter ran for all of them."""
+        ``threshold_bytes`` written, and the meter ran in all of them (it may have started
+        inside the first: what it did not see only makes that second look slower)."""
         assert seconds >= 1
         current = now_us // SECOND_US
         first = current - seconds
-        if self.started_us > first * SECOND_US:
+        if self.started_us >= (first + 1) * SECOND_US:
             return False
         with self._lock:
             sizes = {start: size for start, size in self._seconds if first <= start < current}

@@ -297,6 +297,11 @@ class TopicLog:
     def active_partition_ids(self) -> list[int]:
         return [i for i in sorted(self._info) if self._info[i].active]
 
+    @property
+    def next_partition_id(self) -> int:
+        """The id the next new partition gets (a split's children take it and the next)."""
+        return self._next_id
+
     def write_speed(self, partition_id: int) -> WriteSpeed:
         """The partition's token bucket and meter (memory only; restarts begin anew)."""
         return self._speeds[partition_id]

@@ -210,3 +210,30 @@ def test_a_transactional_publish_to_a_split_partition_lands_once_in_the_child(
                 total += 1
     assert total == 20
     assert np.all(topic.publish_transactional(batch, 0, 78).partitions >= 0)
+
+
+def test_a_meter_started_inside_the_first_second_counts_what_it_saw(
+    open_topic: OpenTopic, clock: ManualClock
+) -> None:
+    clock.advance(seconds=0.5)  # the topic (and its meter) starts half way into a second
+    topic = open_topic(1, strategy="scale_up", write_speed=1000, burst=2000,
+                       up_percent=50, window_us=SECOND_US)  # fmt: skip
+    _write_second(topic, clock, 600)  # 600 seen in the half second: above 500
+    assert topic.active_partition_ids() == [0]
+    _write_second(topic, clock, 1)
+    assert topic.splits == 1
+
+
+def test_a_meter_started_after_the_window_began_does_not_split(
+    open_topic: OpenTopic, clock: ManualClock
+) -> None:
+    topic = open_topic(1, strategy="scale_up", write_speed=1000, burst=2000,
+                       up_percent=50, window_us=2 * SECOND_US)  # fmt: skip
+    clock.advance(seconds=1)
+    topic.close()
+    reopened = open_topic()  # the meter begins again in second 1: second 0 was not seen
+    _write_second(reopened, clock, 600)
+    _write_second(reopened, clock, 600)
+    assert reopened.splits == 0  # the window is seconds 0 and 1: the meter missed second 0
+    _write_second(reopened, clock, 1)
+    assert reopened.splits == 1  # seconds 1 and 2, both seen and above 500
