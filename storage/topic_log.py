@@ -63,7 +63,6 @@ from storage.errors import (
 )
 from storage.fs import FileSystem
 from storage.partition_log import WRITTEN, AppendResult, PartitionLog, ReadResult
-from storage.producer_state import ProducerStateManager
 
 METADATA_FILE = "topic.json"
 
@@ -381,12 +380,8 @@ class TopicLog:
             directory = os.path.join(self.directory, f"p{child_id}")
             self.fs.remove_tree(directory)  # a crashed split's leftover, if any
             self.fs.make_directory(directory)
-            seeded = ProducerStateManager(
-                self.fs, directory, self.clock, self.config.producer_expiry_ms * 1000
-            )
             mine = {k: e for k, e in states.items() if e is not None and half.contains(key_hash(k))}
-            seeded.apply_read_batch(_producer_states_batch(mine))
-            seeded.write_snapshot(0, durable=True)
+            _write_seed_snapshot(self.fs, directory, mine)
             failpoints.hit("split.after_child")
         self.fs.sync_directory(self.directory)
         saved = dict(self._info), self._next_id, self.config
@@ -671,19 +666,18 @@ class TopicLog:
 HASH_BITS_DEPTH = 65
 
 
-def _producer_states_batch(entries: dict) -> pa.RecordBatch:
-    """Producer states as the read rows a replay applies (``apply_read_batch``): each
-    key's last seq_no and write time, at offset -1 (no offset of the child's own)."""
-    keys = list(entries)
-    return pa.RecordBatch.from_pydict(
-        {
-            "producer_id": pa.array(keys, pa.string()),
-            "message_group_id": pa.nulls(len(keys), pa.string()),
-            "seq_no": pa.array([entries[k].last_seq_no for k in keys], pa.int64()),
-            "offset": pa.array([-1] * len(keys), pa.int64()),
-            "written_at": pa.array([entries[k].last_written_at_us for k in keys], pa.int64()),
-        }
-    )
+def _write_seed_snapshot(fs: FileSystem, directory: str, entries: dict) -> None:
+    """A child's first producer snapshot, ``0.snapshot``: each key's last seq_no and write
+    time at offset -1 (none of the child's own), in ``ProducerStateManager``'s snapshot
+    format, synced. Opening the child loads it as the state at its offset 0."""
+    payload = {
+        "offset": 0,
+        "producers": {
+            key: [entry.last_seq_no, -1, entry.last_written_at_us] for key, entry in entries.items()
+        },
+    }
+    path = os.path.join(directory, file_names.snapshot_file(0))
+    fs.write_file_atomic(path, json.dumps(payload).encode(), durable=True)
 
 
 def _payload_bytes(batch: pa.RecordBatch) -> int:
