@@ -54,6 +54,27 @@ def test_range_reads_equal_a_sql_read_of_the_same_cut(database, client) -> None:
     assert len(got) == 1800
 
 
+def test_a_read_of_partition_and_offset_reads_no_frame(database, client, monkeypatch) -> None:
+    """A count or a GROUP BY partition moves no message: the range gives both columns, equal
+    to a SQL read of them; a range past the partition's end is still refused."""
+    _fill(database, partitions=2, rows=300)
+    expected = _sql_rows(database, 'SELECT "offset", partition FROM TOPIC events WITH '
+                         "(max_messages = 1000) ORDER BY partition, 1")  # fmt: skip
+    from storage.partition_log import PartitionLog
+
+    def no_frames(*args, **kwargs):
+        raise AssertionError("a frame was read")
+
+    monkeypatch.setattr(PartitionLog, "read", no_frames)
+    got = client().read_all({"topic": "events", "columns": ["offset", "partition"],
+                             "split_rows": 100}).to_pylist()  # fmt: skip
+    assert got == expected and len(got) == 600
+    with pytest.raises(TopicbaseFlightError) as caught:
+        list(client().read_ticket({"topic": "events", "partition": 0, "start": 250, "end": 301,
+                                   "columns": ["partition"]}))  # fmt: skip
+    assert caught.value.sqlstate == "22023"
+
+
 def test_read_from_offsets_to_ends_and_a_table(database, client) -> None:
     _fill(database, partitions=2, rows=10)
     table = client().read_all({"topic": "events", "columns": ["offset"],
