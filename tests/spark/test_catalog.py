@@ -108,3 +108,34 @@ def test_write_stream_to_table_through_the_catalog(spark, database, url, client,
     assert rows == [{"partition": 0, "d": "a"}, {"partition": 0, "d": "c"},
                     {"partition": 1, "d": "b"}]  # fmt: skip
     assert client.action("last_batch", {"sink_id": "src-to-dst"}) == {"batch_id": 1}
+
+
+def test_the_catalog_reads_only_the_columns_a_query_needs(spark, database, url,
+                                                          monkeypatch) -> None:  # fmt: skip
+    """Column pruning (Spark's Python tables have none): a GROUP BY partition and a count
+    over a topic read no frame, a projection of data still reads it, and a table read asks
+    for its columns."""
+    session = database.connect()
+    session.execute("CREATE TOPIC events WITH (min_active_partitions = 2)")
+    session.execute("INSERT INTO TOPIC events (data, partition) VALUES ('a', 0), ('b', 1), "
+                    "('c', 1)")  # fmt: skip
+    session.execute("CREATE TABLE people (id BIGINT, name VARCHAR, note VARCHAR); "
+                    "INSERT INTO people VALUES (1, 'ann', 'x')")  # fmt: skip
+    session.close()
+    tb = _catalog(spark, url)
+    assert [tuple(r) for r in spark.sql(f"SELECT data FROM {tb}.main.events ORDER BY offset, "
+                                        "partition").collect()] == [(b"a",), (b"b",), (b"c",)]
+    from storage.partition_log import PartitionLog
+
+    def no_frames(*args, **kwargs):
+        raise AssertionError("a frame was read")
+
+    monkeypatch.setattr(PartitionLog, "read", no_frames)  # the door runs in this process
+    counts = spark.sql(f"SELECT partition, count(*) AS n FROM {tb}.main.events "
+                       "GROUP BY partition ORDER BY partition").collect()  # fmt: skip
+    assert [tuple(r) for r in counts] == [(0, 1), (1, 2)]
+    assert spark.sql(f"SELECT count(*) AS n FROM {tb}.main.events").first().n == 3
+    plan = spark.sql(f"SELECT name FROM {tb}.main.people")._jdf.queryExecution().toString()
+    scanned = plan.split("BatchScan topicbase[")[1].split("]")[0]
+    assert scanned.startswith("name#") and "," not in scanned, plan  # not id, name, note
+    assert [r.name for r in spark.sql(f"SELECT name FROM {tb}.main.people").collect()] == ["ann"]

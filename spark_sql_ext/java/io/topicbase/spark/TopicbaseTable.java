@@ -85,8 +85,7 @@ final class TopicbaseTable implements SupportsRead, SupportsWrite {
 
     @Override
     public ScanBuilder newScanBuilder(CaseInsensitiveStringMap given) {
-        CaseInsensitiveStringMap all = merged(given);
-        return ((SupportsRead) fresh(all)).newScanBuilder(all);
+        return new PruningScanBuilder(schema(), merged(given));
     }
 
     @Override
