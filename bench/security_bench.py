@@ -22,6 +22,7 @@ import time
 from collections.abc import Callable, Iterator
 from typing import Any
 
+from bench import harness
 from bench.results import Recorder
 
 GROUP = "security: cost of the door's checks"
@@ -190,22 +191,19 @@ def run(recorder: Recorder) -> None:
             note="time inside sandbox.check_plan + privileges.check_plan over the workload's "
             "wall time (server and client in one process), median of the checked rounds",
         )
-        on = statistics.median(figures[(name, True)])
-        off = statistics.median(figures[(name, False)])
+        on = harness.Spread.of(figures[(name, True)])
+        off = harness.Spread.of(figures[(name, False)])
         latency = name.endswith("(us)")
-        kept = off / on if latency else on / off
-        recorder.add(
+        harness.record(
+            recorder,
             f"security checks on vs off: {name}",
             on,
-            "us" if latency else name.rsplit("(", 1)[1].rstrip(")"),
+            off,
+            unit="us" if latency else name.rsplit("(", 1)[1].rstrip(")"),
             group=GROUP,
             baseline="same workload, checks replaced by no-ops",
-            baseline_value=off,
+            higher_is_better=not latency,
+            target_ratio=TARGET,
             target=f">= {TARGET:g} of the unchecked speed",
-            met=kept >= TARGET,
-            note=(
-                f"kept {kept:.3f} of the unchecked speed; on min-max "
-                f"{min(figures[(name, True)]):.0f}-{max(figures[(name, True)]):.0f}, off "
-                f"{min(figures[(name, False)]):.0f}-{max(figures[(name, False)]):.0f}"
-            ),
+            note="ratio: the fraction of the unchecked speed kept; rounds A B, B A, ...",
         )
