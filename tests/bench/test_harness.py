@@ -136,3 +136,20 @@ def test_markdown_shows_ranges_shortfall_and_charts(tmp_path: Path) -> None:
     assert "**NO** (0.83 of it)" in text  # 0.5 of the 0.6 asked
     assert "![targets](charts/targets.png)" in text
     assert "the dirty pages." in text
+
+
+def test_charts_are_drawn_for_targeted_records_and_removed_without(tmp_path: Path) -> None:
+    from bench import charts
+
+    rec = _recorder(tmp_path)
+    harness.record(
+        rec, "consume.embedded", Spread.of([9, 12, 10]), Spread.of([1, 1, 1]),
+        unit="msgs/s", group="g", baseline="Redis", target_ratio=10.0,
+    )  # fmt: skip
+    directory = tmp_path / "charts"
+    written = charts.draw_all(rec.records, str(directory))
+    assert sorted(Path(p).name for p in written) == ["absolute.png", "targets.png"]
+    for path in written:
+        assert Path(path).read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+    assert charts.draw_all([], str(directory)) == []
+    assert list(directory.iterdir()) == []  # no stale chart left behind
