@@ -61,11 +61,14 @@ demo-storage: $(STAMP)
 chaos: $(STAMP)
 	$(PY) -m tests.sim.chaos --cycles $${CHAOS_CYCLES:-50}
 
+# Benchmarks: Topicbase and its baselines (PostgreSQL 15, Redis: started and stopped on
+# loopback by the harness) alternate, repetition by repetition; bench/results.json and
+# bench/RESULTS.md (with PNG charts in bench/charts). ONLY=transactions,pgwire runs some.
 bench: $(STAMP)
-	$(PY) -m bench.run --suite full
+	$(PY) -m bench.run --suite full $(if $(ONLY),--only $(ONLY))
 
 bench-quick: $(STAMP)
-	$(PY) -m bench.run --suite quick
+	$(PY) -m bench.run --suite quick $(if $(ONLY),--only $(ONLY))
 
 clean:
 	rm -rf $(VENV) demo-data build *.egg-info
