@@ -8,7 +8,15 @@ it reads ``recorder.suite`` ("full" or "quick"; quick runs shortened variants),
 reports progress with ``recorder.progress`` and records every metric with
 ``recorder.add``. After each module its records are merged into
 ``bench/results.json`` and ``bench/RESULTS.md`` is regenerated, so a failure in
-a later module keeps the earlier results.
+a later module keeps the earlier results; at the end the PNG charts
+(``bench.charts``) are redrawn into ``bench/charts`` and embedded in RESULTS.md.
+
+Modules compare Topicbase with a baseline through ``bench.harness``: the sides
+alternate repetition by repetition (A B A B …) and each record carries the
+median and min-max of both sides, the ratio (higher is better) with its
+per-repetition range, and its target. Baselines are started and stopped by the
+modules on loopback: PostgreSQL 15 (``bench.postgres``) and Redis
+(``bench.redis``).
 """
 
 from __future__ import annotations
@@ -29,7 +37,7 @@ from bench.results import (
     format_value,
 )
 
-# name -> module exposing run(recorder). Later modules (transactions, pgwire) add a line.
+# name -> module exposing run(recorder), in the order a full run takes them.
 SUITES: dict[str, str] = {
     "storage": "bench.storage_bench",
     "transactions": "bench.transactions_bench",
