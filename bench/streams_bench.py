@@ -254,7 +254,8 @@ def bench_produce(
     harness.record(
         rec, f"{name}.msgs_per_fsync", ours["msgs_per_fsync"], pg["msgs_per_fsync"],
         unit="msgs/fsync", group=G_PRODUCE, baseline=f"{pg_label} (pg_stat_wal.wal_sync)",
-        note="the server's fs.fsync_count (bench.served); PostgreSQL: WAL syncs",
+        note="Topicbase: the server's fs.fsync_count (bench.served; a DuckDB WAL fdatasync, "
+        "if a commit reaches DuckDB, is not in it); PostgreSQL: pg_stat_wal.wal_sync",
     )  # fmt: skip
     harness.record(rec, "produce.machine.fdatasync_p50_ms", p50, None, unit="ms",
                    group=G_PRODUCE, note="1 KiB append + fdatasync, one thread, before each "
