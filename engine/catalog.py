@@ -106,26 +106,24 @@ class CatalogStore:
         self._load()
 
     def _load(self) -> None:
-        result = tables.query_arrow(
+        topics = tables.fetch_rows(
             self._cursor,
             f"SELECT name, topic_id, settings, consumers, created_at FROM {SCHEMA}.topics",
         )
-        assert result is not None
-        for row in result.to_pylist():
-            consumers = json.loads(row["consumers"])
-            self._topics[row["name"]] = TopicEntry(
-                row["name"],
-                row["topic_id"],
-                decode_settings(row["settings"]),
-                {name: decode_settings(json.dumps(s)) for name, s in consumers.items()},
-                row["created_at"],
+        for name, topic_id, settings, consumers_text, created_at in topics:
+            consumers = json.loads(consumers_text)
+            self._topics[name] = TopicEntry(
+                name,
+                topic_id,
+                decode_settings(settings),
+                {consumer: decode_settings(json.dumps(s)) for consumer, s in consumers.items()},
+                created_at,
             )
-        result = tables.query_arrow(
+        offsets = tables.fetch_rows(
             self._cursor, f"SELECT topic_id, consumer, partition, committed FROM {SCHEMA}.offsets"
         )
-        assert result is not None
-        for row in result.to_pylist():
-            self._offsets[(row["topic_id"], row["consumer"], row["partition"])] = row["committed"]
+        for topic_id, consumer, partition, committed in offsets:
+            self._offsets[(topic_id, consumer, partition)] = committed
 
     # -- reads ------------------------------------------------------------------------
     def entry(self, name: str) -> TopicEntry | None:

@@ -183,9 +183,8 @@ def _revoke(session: Any, namespace: str, name: str, grantee: str, privilege: st
 
 
 def _rows(session: Any, sql: str, parameters: list[Any]) -> list[tuple[Any, ...]]:
-    table = tables.query_arrow(session.cursor, sql, parameters)
-    assert table is not None
-    return [tuple(row.values()) for row in table.to_pylist()]
+    """A few rows as tuples (``fetchall``: no Arrow result is built for them)."""
+    return tables.fetch_rows(session.cursor, sql, parameters)
 
 
 # -- SET ROLE and SET SESSION AUTHORIZATION -------------------------------------------------
