@@ -101,6 +101,8 @@ FAILPOINTS = (
     "split.before_save",
     "retention.before_roll",
     "retention.after_roll",
+    "split.after_child",
+    "split.after_save",
 )
 # An idle cycle (``chaos_worker.idle_cycle``: no writes, retention passes on the idle
 # topic) arms one of these: the steps of rolling and deleting an expired active segment.
@@ -125,6 +127,8 @@ RARE_FAILPOINTS = frozenset(
         "split.before_save",
         "retention.before_roll",
         "retention.after_roll",
+        "split.after_child",
+        "split.after_save",
     }
 )
 # A crash there is followed by recovery and ``topicbase check`` (``check_recovered``).
@@ -132,6 +136,8 @@ CHECKED_FAILPOINTS = frozenset(
     {
         "retention.before_delete",
         "split.before_save",
+        "split.after_child",
+        "split.after_save",
         "retention.before_roll",
         "retention.after_roll",
         "segment.roll_after_seal",

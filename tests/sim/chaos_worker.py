@@ -42,14 +42,17 @@ history file (see ``tests.sim.history``) before the next one:
   ``segment.roll_*``, ``retention.after_roll`` and ``retention.before_delete`` land.
   Each pass checks that nothing it deleted was younger than the retention period, and
   is followed by an observation of the topic with its log starts;
-- *splits* on the topic ``fork<g>`` (``fork_of``: a new one every
+- *automatic splits* on the topic ``fork<g>`` (``fork_of``: a new one every
   ``FORK_GENERATION_CYCLES`` cycles, the previous one dropped, which keeps its
-  partition count bounded): writes without a producer id, and at most one split per
-  worker through the storage API (add two partitions, then
-  ``TopicLog.mark_inactive(parent, children)``, where ``split.before_save`` lies),
-  recorded as ``split`` invoke/ok and followed by a ``lineage`` observation. The
-  engine routes writes to active partitions only, but the src/dst workload stays off
-  split topics all the same.
+  partition count bounded; autopartitioning ``scale_up`` with a 1 s stabilization
+  window and a low write speed, ``FORK_SETTINGS``): writes without a producer id, and
+  at most one split per worker driven by load: the worker writes one message group
+  above its partition's up threshold (``FORK_GROUP_BYTES`` a write, throttled to the
+  write speed) until the partition splits by itself (``TopicLog._maybe_split``, where
+  ``split.after_child``, ``split.before_save`` and ``split.after_save`` lie), recorded
+  as ``split`` invoke (parent and the children ids it will get) / ok and followed by a
+  ``lineage`` observation. Keyless writes stay far below the threshold, so no other
+  split comes first. The src/dst workload stays off split topics.
 
 A transaction logs an ``invoke`` with its planned ops before COMMIT; if the
 process dies there, the runner turns it into an ``info`` transaction.
@@ -106,6 +109,16 @@ AGED_RETENTION_BYTES = 4096
 REAPER = "reaper"  # important consumer of AGED
 FORK_GENERATION_CYCLES = 5
 FORK_PARTITIONS_MAX = 1 + 2 * FORK_GENERATION_CYCLES  # one split per cycle at most
+# Autopartitioning of the split topics: 2000 B/s, splits above 50 % for a whole second.
+FORK_SETTINGS = (
+    "min_active_partitions = 1, auto_partitioning_strategy = 'scale_up', "
+    f"max_active_partitions = {1 + FORK_GENERATION_CYCLES}, "
+    "auto_partitioning_up_utilization_percent = 50, "
+    "auto_partitioning_stabilization_window = Interval('PT1S'), "
+    "partition_write_speed_bytes_per_second = 2000"
+)
+FORK_GROUP_BYTES = 300  # one driving write: above 1000 B/s at a few writes a second
+FORK_DRIVE_S = 3.0  # the longest a worker drives one split
 IDLE = "idle"  # the idle retention topic
 IDLE_PARTITIONS = 2
 IDLE_RETENTION_US = 1_000_000  # its retention_period, PT1S
@@ -171,7 +184,7 @@ def setup(data_dir: str) -> None:
             "CREATE TABLE IF NOT EXISTS move_notes (t VARCHAR);"
             f"CREATE TOPIC IF NOT EXISTS {AGED} (CONSUMER {REAPER} WITH (important = true)) "
             f"WITH (min_active_partitions = {AGED_PARTITIONS});"
-            f"CREATE TOPIC IF NOT EXISTS {fork_of(1)} WITH (min_active_partitions = 1);"
+            f"CREATE TOPIC IF NOT EXISTS {fork_of(1)} WITH ({FORK_SETTINGS});"
             f"CREATE TOPIC IF NOT EXISTS {IDLE} (CONSUMER {KEEPER} WITH (important = true)) "
             f"WITH (min_active_partitions = {IDLE_PARTITIONS}, "
             "retention_period = Interval('PT1S'))"
@@ -591,29 +604,37 @@ class Worker:
         for entry in self.db.catalog.entries():
             if entry.name.startswith("fork") and entry.name != self.fork:
                 self.session.execute(f"DROP TOPIC IF EXISTS {entry.name}")
-        self.session.execute(
-            f"CREATE TOPIC IF NOT EXISTS {self.fork} WITH (min_active_partitions = 1)"
-        )
+        self.session.execute(f"CREATE TOPIC IF NOT EXISTS {self.fork} WITH ({FORK_SETTINGS})")
 
     def write_fork(self) -> None:
         self._write_values(self.fork, "f")
 
     def split(self) -> None:
-        """Split an active partition of the split topic in two (once per worker): add
-        two partitions, then mark the parent inactive with them as children."""
+        """Drive one automatic split of the split topic (once per worker): write one
+        message group above its partition's up threshold until that partition splits."""
         if self.split_tried:
             return
         self.split_tried = True
         log = _topic_log(self.db, self.fork)
-        ids = log.partition_ids()
-        if len(ids) + 2 > FORK_PARTITIONS_MAX:
+        if not log.autopartitioning.splits or len(log.partition_ids()) + 2 > FORK_PARTITIONS_MAX:
             return
-        parent = self.rng.choice(log.active_partition_ids())
-        children = (max(ids) + 1, max(ids) + 2)
+        group = f"g{self.rng.randint(0, 999)}"
+        parent = log.partition_for_key(group)
+        children = (log.next_partition_id, log.next_partition_id + 1)
         self.history.split(self.fork, parent, children, "invoke")
-        log.alter(dataclasses.replace(log.config, partition_count=children[-1] + 1))
-        log.mark_inactive(parent, children)
-        self.history.split(self.fork, parent, children, "ok")
+        deadline = time.monotonic() + FORK_DRIVE_S
+        while log.partition_info(parent).active and time.monotonic() < deadline:
+            value = self._value("f") + ":" + "x" * FORK_GROUP_BYTES
+            self.history.invoke(self.fork, None, None, value=value)
+            row = self.session.execute(
+                f"INSERT INTO TOPIC {self.fork} (data, message_group_id) VALUES "
+                f"('{value}', '{group}') RETURNING partition, \"offset\""
+            )[0].table.to_pylist()[0]
+            self.history.ack(self.fork, None, None, row["partition"], row["offset"], value=value)
+            time.sleep(0.02)
+        if not log.partition_info(parent).active:
+            assert log.partition_info(parent).children == children
+            self.history.split(self.fork, parent, children, "ok")
         self.history.lineage(self.fork, lineage_of(log))
 
     # -- transactions ----------------------------------------------------------------------
