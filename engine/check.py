@@ -58,12 +58,10 @@ from storage.check_frames import staged_batch_issue
 from storage.check_report import IN_USE, MISSING, UNREADABLE, CheckReport, Problem
 from storage.errors import StorageIOError, TopicbaseError
 from storage.fs import DEFAULT_FILE_SYSTEM, FileSystem
+from storage.limits import CHECK_RECORDS_MAX
 
 CATALOG_MISMATCH = "catalog_mismatch"
 BAD_RECORD = "bad_record"
-# The layout of a data directory, as ``engine.database`` opens it.
-# Commit records live until the next checkpoint (every 256 commits); a bound all the same.
-RECORDS_MAX = 1_000_000
 # A live check (another process owns the directory): runs until one is clean, at most this many.
 LIVE_RUNS_MAX = 3
 LIVE_PAUSE_S = 0.5
@@ -290,7 +288,7 @@ def _check_records(
     result = tables.query_arrow(
         connection,
         f"SELECT transaction_id, items FROM {SCHEMA}.transactions "
-        f"ORDER BY transaction_id LIMIT {RECORDS_MAX}",
+        f"ORDER BY transaction_id LIMIT {CHECK_RECORDS_MAX}",
     )
     assert result is not None
     for row in result.to_pylist():

@@ -85,13 +85,8 @@ from storage.errors import (
     SqlSyntaxError,
     TopicbaseError,
 )
+from storage.limits import NAME_COMPONENT_BYTES_MAX, SQL_TEXT_BYTES_MAX
 
-# The whole script, in UTF-8 bytes. Big enough for tens of thousands of short VALUES
-# rows; small enough that parsing stays well under a second.
-SQL_TEXT_BYTES_MAX = 16 * 1024 * 1024
-# One path component of a topic name, or a consumer name: the common file-name limit,
-# since the engine keeps topics and consumers as directories and files.
-NAME_COMPONENT_BYTES_MAX = 255
 PLACEHOLDER_PREFIX = "__topic_scan_"
 # INSERT INTO TOPIC name ( c1 , c2 ... ) and the body's first token, for column lists
 # up to 64 names; a longer list cannot be valid and is left to the grammar to refuse.

@@ -1,13 +1,15 @@
 """What ``topicbase check`` finds: problem kinds, one ``Problem``, the ``CheckReport``.
 
 Kinds are plain strings so the engine's check (``engine.check``) can add its own.
-A report keeps at most ``PROBLEMS_MAX`` problems and counts the ones it drops.
+A report keeps at most ``storage.limits.CHECK_PROBLEMS_MAX`` problems and counts the ones it drops.
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass, field
 from typing import Any
+
+from storage.limits import CHECK_PROBLEMS_MAX
 
 # Problem kinds (strings, so the engine's check can add its own).
 IN_USE = "in_use"
@@ -24,8 +26,6 @@ TIME_BACKWARDS = "time_backwards"
 BAD_INDEX = "bad_index"
 BAD_SNAPSHOT = "bad_snapshot"
 
-# A badly damaged store could yield a problem per frame; the report keeps this many.
-PROBLEMS_MAX = 10_000
 
 
 @dataclass(frozen=True, slots=True)
@@ -82,7 +82,7 @@ class CheckReport:
     published: dict[tuple[str, int], set[int]] = field(default_factory=dict)
 
     def add(self, problem: Problem) -> None:
-        if len(self.problems) >= PROBLEMS_MAX:
+        if len(self.problems) >= CHECK_PROBLEMS_MAX:
             self.problems_dropped += 1
             return
         self.problems.append(problem)

@@ -66,6 +66,19 @@ class DatetimeFieldOverflowError(DataError):
     sqlstate = "22008"
 
 
+class InvalidTextRepresentationError(DataError):
+    """A value whose text is not of its type (``'x'::int``, bad bytea in COPY data).
+
+    ``where`` (optional, keyword): the CONTEXT line of a COPY data error."""
+
+    sqlstate = "22P02"
+
+
+# -- class 23: integrity constraint violation -----------------------------------------------
+class NotNullViolationError(TopicbaseError):
+    sqlstate = "23502"
+
+
 # -- class 25: invalid transaction state ------------------------------------------------
 class InvalidTransactionStateError(TopicbaseError):
     sqlstate = "25000"
@@ -79,6 +92,24 @@ class ActiveSqlTransactionError(InvalidTransactionStateError):
     """A statement that cannot run inside a transaction block (topic DDL)."""
 
     sqlstate = "25001"
+
+
+class NoActiveSqlTransactionError(InvalidTransactionStateError):
+    """A command that needs a transaction block outside one (SAVEPOINT, DECLARE … WITHOUT
+    HOLD)."""
+
+    sqlstate = "25P01"
+
+
+# -- class 26/34: invalid SQL statement name, invalid cursor name ------------------------------
+class UndefinedPreparedStatementError(TopicbaseError):
+    sqlstate = "26000"
+
+
+class UndefinedCursorError(TopicbaseError):
+    """A cursor or portal that does not exist."""
+
+    sqlstate = "34000"
 
 
 # -- class 40: transaction rollback ---------------------------------------------------
@@ -120,6 +151,16 @@ class DuplicateTopicError(TopicbaseError):
 
 class InvalidNameError(TopicbaseError):
     sqlstate = "42602"
+
+
+class UndefinedColumnError(TopicbaseError):
+    sqlstate = "42703"
+
+
+class DuplicateCursorError(TopicbaseError):
+    """A cursor or portal name already in use."""
+
+    sqlstate = "42P03"
 
 
 # -- class 53/54: resources and limits -------------------------------------------------

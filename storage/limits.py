@@ -1,6 +1,8 @@
 """Every limit of Topicbase, in one place, each with its reason.
 
-This module imports nothing of the project. Going over a limit raises
+The storage's and the engine's, the PostgreSQL-wire server's (protocol facts and
+Topicbase's choices; ``sql.pgwire.limits.ServerLimits`` takes its defaults from here) and
+the statement text's. This module imports nothing of the project. Going over a limit raises
 ``LimitExceededError`` (SQLSTATE 54000) where it is checked; nothing waits or
 grows without bound.
 """
@@ -103,3 +105,75 @@ DUCKDB_TEMP_DISK_FRACTION = 0.25
 # the text-keyed caches (grammar.text_cache): a few hundred entries of 16 MiB statements
 # would otherwise hold gigabytes. 64 KiB keeps a 1000-placeholder INSERT cached.
 CACHED_TEXT_CHARS_MAX = 64 * 1024
+
+# -- the PostgreSQL-wire server (sql.pgwire) ------------------------------------------------
+# Protocol facts first. Not to be confused with MESSAGE_BYTES_MAX above, one topic
+# message's payload: these bound messages of the PostgreSQL protocol.
+# A frontend message's length as PostgreSQL accepts it at most (PQ_LARGE_MESSAGE_LIMIT,
+# 1 GiB); the server's configured WIRE_MESSAGE_BYTES_MAX_DEFAULT is far lower.
+WIRE_MESSAGE_LENGTH_MAX = 1 << 30
+# A backend message's length word is an int32: a DataRow over this cannot be sent at all.
+WIRE_ROW_MESSAGE_BYTES_MAX = 2**31 - 1
+# The startup packet (user, database, options): PostgreSQL's MAX_STARTUP_PACKET_LENGTH.
+WIRE_STARTUP_LENGTH_MAX = 10_000
+# Parse, Bind and ParameterDescription count parameters in an unsigned Int16.
+WIRE_PARAMETERS_MAX = 65535
+# PostgreSQL's PG_MAX_AUTH_TOKEN_LENGTH: a password or SASL message longer than this is refused.
+WIRE_PASSWORD_MESSAGE_LENGTH_MAX = 65535
+# Encryption requests before the StartupMessage: SSL then GSS (and back) at most this often.
+WIRE_NEGOTIATION_PACKETS_MAX = 4
+# PostgreSQL's NUMERIC_MAX_PRECISION: the digits of a NUMERIC value on the wire.
+NUMERIC_DIGITS_MAX = 1000
+# PostgreSQL's MAXDIM: the dimensions of an array parameter.
+ARRAY_DIMENSIONS_MAX = 6
+# A duration setting (statement_timeout, idle_session_timeout …) in ms: PostgreSQL's INT_MAX.
+SETTING_DURATION_MS_MAX = 2**31 - 1
+
+# Then Topicbase's choices. The server's configurable limits (``sql.pgwire.limits.
+# ServerLimits``, ``topicbase serve --max-connections``) default to these.
+MIB = 1024 * 1024
+# Open client sockets at once (PostgreSQL's max_connections default).
+CONNECTIONS_MAX_DEFAULT = 100
+# One frontend message (Query, Parse, Bind, CopyData ...). 64 MiB = the largest
+# batch one append may carry (BATCH_BYTES_MAX): a bigger message could not be
+# written anyway, and 100 connections each holding one stay in memory.
+WIRE_MESSAGE_BYTES_MAX_DEFAULT = 64 * MIB
+# The text of one Query or Parse message (~3 s of parsing at ~5 MB/s).
+STATEMENT_BYTES_MAX_DEFAULT = 16 * MIB
+# Arrow bytes of one statement's result (Result.table.nbytes).
+RESULT_BYTES_MAX_DEFAULT = 1024 * MIB
+# Sockets still logging in at once (outside CONNECTIONS_MAX_DEFAULT). Logins take
+# milliseconds, so 64 serve hundreds of logins a second; more only feeds a flood.
+UNAUTHENTICATED_MAX_DEFAULT = 64
+# Of connections_max, the slots only superusers may take (PostgreSQL's default).
+SUPERUSER_RESERVED_CONNECTIONS_DEFAULT = 3
+# How long a refused client may take to send its startup packet before it is dropped.
+REFUSAL_TIMEOUT_S = 10.0
+# Startup negotiation packets (SSLRequest, GSSENCRequest) a refused client may send.
+REFUSAL_PACKETS_MAX = 4
+# SQL cursors (DECLARE) one connection holds at once.
+CURSORS_PER_CONNECTION_MAX = 1000
+# The data of one COPY FROM STDIN, read before anything is written (as TRANSACTION_
+# STAGED_BYTES_MAX bounds what a transaction stages).
+COPY_IN_BYTES_MAX = 256 * MIB
+# The users file (read whole at every login that finds it changed).
+USERS_FILE_BYTES_MAX = 16 * MIB
+# PostgreSQL truncates role names to NAMEDATALEN - 1 bytes; we refuse longer ones.
+USER_NAME_BYTES_MAX = 63
+PASSWORD_BYTES_MAX = 1024
+# A stored SCRAM verifier with more PBKDF2 iterations is refused (cleartext checks run them).
+SCRAM_ITERATIONS_MAX = 10_000_000
+
+# -- topicbase check (engine.check) ---------------------------------------------------------
+# A badly damaged store could yield a problem per frame; a check's report keeps this many.
+CHECK_PROBLEMS_MAX = 10_000
+# Commit records live until the next checkpoint (every 256 commits); a bound all the same.
+CHECK_RECORDS_MAX = 1_000_000
+
+# -- statement text (grammar) -----------------------------------------------------------
+# The whole script, in UTF-8 bytes. Big enough for tens of thousands of short VALUES
+# rows; small enough that parsing stays well under a second.
+SQL_TEXT_BYTES_MAX = 16 * MIB
+# One path component of a topic name, or a consumer name: the common file-name limit,
+# since the engine keeps topics and consumers as directories and files.
+NAME_COMPONENT_BYTES_MAX = 255

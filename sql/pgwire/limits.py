@@ -1,8 +1,9 @@
 """Limits of the PostgreSQL-wire server, each with its reason.
 
 ``PgServer`` takes each as a constructor parameter (``topicbase serve
---max-connections N`` sets the first); these are the defaults. Going over one is
-an error with a SQLSTATE, never a hang or a dead server:
+--max-connections N`` sets the first); their defaults, with the reasons for them, live
+with every other limit in ``storage.limits``. Going over one is an error with a
+SQLSTATE, never a hang or a dead server:
 
 - connections: ``connections_max`` counts sessions (logged-in connections), as
   PostgreSQL's ``max_connections``. When all are taken, a new socket gets ``FATAL
@@ -52,28 +53,14 @@ import pyarrow as pa
 
 from sql.pgwire.codec.messages import ProtocolError, message_length
 from storage.errors import LimitExceededError, TooManyConnectionsError
-
-MIB = 1024 * 1024
-
-# Open client sockets at once (PostgreSQL's max_connections default).
-CONNECTIONS_MAX_DEFAULT = 100
-# One frontend message (Query, Parse, Bind, CopyData ...). 64 MiB = the largest
-# batch one append may carry (storage.limits.BATCH_BYTES_MAX): a bigger message
-# could not be written anyway, and 100 connections each holding one stay in memory.
-MESSAGE_BYTES_MAX_DEFAULT = 64 * MIB
-# The text of one Query or Parse message (~3 s of parsing at ~5 MB/s).
-STATEMENT_BYTES_MAX_DEFAULT = 16 * MIB
-# Arrow bytes of one statement's result (Result.table.nbytes).
-RESULT_BYTES_MAX_DEFAULT = 1024 * MIB
-# Sockets still logging in at once (outside CONNECTIONS_MAX_DEFAULT). Logins take
-# milliseconds, so 64 serve hundreds of logins a second; more only feeds a flood.
-UNAUTHENTICATED_MAX_DEFAULT = 64
-# Of connections_max, the slots only superusers may take (PostgreSQL's default).
-SUPERUSER_RESERVED_CONNECTIONS_DEFAULT = 3
-# How long a refused client may take to send its startup packet before it is dropped.
-REFUSAL_TIMEOUT_S = 10.0
-# Startup negotiation packets (SSLRequest, GSSENCRequest) a refused client may send.
-REFUSAL_PACKETS_MAX = 4
+from storage.limits import (
+    CONNECTIONS_MAX_DEFAULT,
+    RESULT_BYTES_MAX_DEFAULT,
+    STATEMENT_BYTES_MAX_DEFAULT,
+    SUPERUSER_RESERVED_CONNECTIONS_DEFAULT,
+    UNAUTHENTICATED_MAX_DEFAULT,
+    WIRE_MESSAGE_BYTES_MAX_DEFAULT,
+)
 
 
 @dataclass(frozen=True)
@@ -81,7 +68,7 @@ class ServerLimits:
     """The limits one server enforces; every value is positive."""
 
     connections_max: int = CONNECTIONS_MAX_DEFAULT
-    message_bytes_max: int = MESSAGE_BYTES_MAX_DEFAULT
+    message_bytes_max: int = WIRE_MESSAGE_BYTES_MAX_DEFAULT
     statement_bytes_max: int = STATEMENT_BYTES_MAX_DEFAULT
     result_bytes_max: int = RESULT_BYTES_MAX_DEFAULT
     unauthenticated_max: int = UNAUTHENTICATED_MAX_DEFAULT

@@ -24,9 +24,10 @@ from sql.pgwire import tls as wire_tls
 from sql.pgwire.codec import messages as m
 from sql.pgwire.connection.connection import SERVER_VERSION, Connection
 from sql.pgwire.emulation.pg_settings import PgSettings
-from sql.pgwire.limits import REFUSAL_PACKETS_MAX, REFUSAL_TIMEOUT_S, Admission, ServerLimits
+from sql.pgwire.limits import Admission, ServerLimits
 from sql.pgwire.users import ConfigFileError, default_users_path
 from storage.errors import FeatureNotSupportedError, TooManyConnectionsError
+from storage.limits import REFUSAL_PACKETS_MAX, REFUSAL_TIMEOUT_S
 
 log = logging.getLogger(__name__)
 

@@ -13,7 +13,7 @@ SCRAM-SHA-256-PLUS (``sql.pgwire.auth``); a certificate without a single signatu
 Invariants: TLS 1.2 or newer; no plaintext byte that arrived before the handshake is
 ever read as if it had come through TLS (a client that pipelines data after its
 SSLRequest is refused, as PostgreSQL does since CVE-2021-23214); the key file must not
-be readable by everyone; at most NEGOTIATION_PACKETS_MAX encryption requests per
+be readable by everyone; at most WIRE_NEGOTIATION_PACKETS_MAX encryption requests per
 connection.
 """
 
@@ -28,6 +28,7 @@ import stat
 
 from sql.pgwire.codec import messages as m
 from sql.pgwire.users import ConfigFileError
+from storage.limits import WIRE_NEGOTIATION_PACKETS_MAX
 
 log = logging.getLogger(__name__)
 
@@ -78,8 +79,6 @@ async def accept_tls(reader: asyncio.StreamReader, writer: asyncio.StreamWriter,
     assert writer.get_extra_info("ssl_object") is not None, "the stream is encrypted"
 
 
-# Encryption requests before the StartupMessage: SSL then GSS (and back) at most this often.
-NEGOTIATION_PACKETS_MAX = 4
 
 
 async def negotiate(reader: asyncio.StreamReader, writer: asyncio.StreamWriter,
@@ -88,7 +87,7 @@ async def negotiate(reader: asyncio.StreamReader, writer: asyncio.StreamWriter,
     is set, else ``N``) and GSSENCRequest (``N``), and return the first other packet
     (StartupMessage, CancelRequest or an unknown protocol version) for the caller."""
     encrypted = False
-    for _ in range(NEGOTIATION_PACKETS_MAX):
+    for _ in range(WIRE_NEGOTIATION_PACKETS_MAX):
         length = m.startup_length(await reader.readexactly(4))
         startup = m.parse_startup(await reader.readexactly(length - 4))
         if startup.code == m.SSL_REQUEST and encrypted:

@@ -40,15 +40,12 @@ from collections.abc import Iterator
 from dataclasses import dataclass
 
 from sql.pgwire.verifiers import ScramVerifier, make_md5_verifier, make_scram_verifier
-from storage.errors import TopicbaseError
+from storage.errors import InvalidNameError, InvalidParameterValueError, TopicbaseError
+from storage.limits import PASSWORD_BYTES_MAX, USER_NAME_BYTES_MAX, USERS_FILE_BYTES_MAX
 
 USERS_FILE_NAME = "users.json"
 FORMAT = "topicbase-users-1"
 FILE_MODE = 0o600
-USERS_FILE_BYTES_MAX = 16 << 20
-# PostgreSQL truncates role names to NAMEDATALEN - 1 bytes; we refuse longer ones.
-USER_NAME_BYTES_MAX = 63
-PASSWORD_BYTES_MAX = 1024
 _MD5_VERIFIER = re.compile(r"md5[0-9a-f]{32}")
 
 
@@ -58,12 +55,12 @@ class ConfigFileError(TopicbaseError):
     sqlstate = "F0000"
 
 
-class InvalidUserNameError(TopicbaseError):
-    sqlstate = "42602"  # invalid_name
+class InvalidUserNameError(InvalidNameError):
+    """A user name the users file cannot hold (42602, invalid_name)."""
 
 
-class InvalidPasswordValueError(TopicbaseError):
-    sqlstate = "22023"
+class InvalidPasswordValueError(InvalidParameterValueError):
+    """An empty or otherwise unusable password (22023)."""
 
 
 @dataclass(frozen=True)

@@ -20,12 +20,12 @@ import stringprep
 import unicodedata
 from dataclasses import dataclass
 
+from storage.limits import SCRAM_ITERATIONS_MAX
+
 SCRAM_MECHANISM = "SCRAM-SHA-256"
 SCRAM_ITERATIONS = 4096
 SCRAM_SALT_BYTES = 16
 SCRAM_KEY_BYTES = 32  # SHA-256
-# A verifier with more iterations than this is refused (cleartext checks run PBKDF2).
-SCRAM_ITERATIONS_MAX = 10_000_000
 
 
 _PROHIBITED = (

@@ -19,9 +19,8 @@ import struct
 from collections.abc import Callable
 from typing import Any
 
-from storage.errors import TopicbaseError
-
-DIMENSIONS_MAX = 6  # PostgreSQL's MAXDIM
+from storage.errors import InvalidBinaryDataError, InvalidTextRepresentationError, TopicbaseError
+from storage.limits import ARRAY_DIMENSIONS_MAX
 
 # Array type OID -> element type OID.
 ELEMENT_OIDS = {
@@ -36,12 +35,12 @@ _DIMENSION = struct.Struct("!ii")
 _LENGTH = struct.Struct("!i")
 
 
-class ArrayTextError(TopicbaseError):
-    sqlstate = "22P02"
+class ArrayTextError(InvalidTextRepresentationError):
+    """A malformed array literal (``{1,2``) (22P02)."""
 
 
-class ArrayBinaryError(TopicbaseError):
-    sqlstate = "22P03"
+class ArrayBinaryError(InvalidBinaryDataError):
+    """A malformed binary array parameter (22P03)."""
 
 
 class ArrayElementTypeError(TopicbaseError):
@@ -66,7 +65,7 @@ def decode_binary(data: bytes, element_oid: int, element: Callable[[bytes], Any]
             raise ArrayElementTypeError(
                 f"wrong element type in a binary array: OID {oid}, expected {element_oid}"
             )
-        if not 0 <= dimensions <= DIMENSIONS_MAX:
+        if not 0 <= dimensions <= ARRAY_DIMENSIONS_MAX:
             raise ArrayBinaryError(f"invalid number of dimensions: {dimensions}")
         position = _HEADER.size
         sizes = []
@@ -124,8 +123,8 @@ class _TextParser:
 
     def array(self, depth: int) -> list[Any]:
         self.skip_blanks()
-        if depth >= DIMENSIONS_MAX:
-            raise self.error(f"more than {DIMENSIONS_MAX} dimensions")
+        if depth >= ARRAY_DIMENSIONS_MAX:
+            raise self.error(f"more than {ARRAY_DIMENSIONS_MAX} dimensions")
         if self.position >= len(self.text) or self.text[self.position] != "{":
             raise self.error('array value must start with "{" or dimension information')
         self.position += 1

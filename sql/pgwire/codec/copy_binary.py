@@ -32,7 +32,7 @@ import pyarrow as pa
 
 from sql.pgwire.codec import wire_types
 from sql.pgwire.codec.copy_format import BadCopyFormatError, RowBuffer
-from storage.errors import DataError, FeatureNotSupportedError
+from storage.errors import FeatureNotSupportedError, InvalidBinaryDataError
 
 SIGNATURE = b"PGCOPY\n\xff\r\n\x00"
 _EPOCH_2000_DAYS = 10957
@@ -43,12 +43,6 @@ BINARY_HEADER = SIGNATURE + _INT32.pack(0) + _INT32.pack(0)  # no flags, no exte
 BINARY_TRAILER = _INT16.pack(-1)
 _NULL_FIELD = _INT32.pack(-1)
 
-
-class InvalidBinaryRepresentationError(DataError):
-    sqlstate = "22P03"
-
-    def __init__(self, message: str, where: str | None = None) -> None:
-        super().__init__(message, where=where)
 
 
 def _fixed(shape: str) -> Callable[[bytes], Any]:
@@ -225,9 +219,9 @@ class BinaryCopyDecoder(RowBuffer):
         try:
             return decode(raw)
         except (struct.error, ValueError, UnicodeDecodeError, decimal.InvalidOperation):
-            raise InvalidBinaryRepresentationError(
+            raise InvalidBinaryDataError(
                 "incorrect binary data format",
-                f"COPY {self.relation}, line {self.line_number}, column "
+                where=f"COPY {self.relation}, line {self.line_number}, column "
                 f"{self.column_names[index]}") from None  # fmt: skip
 
     def _column_arrays(self) -> dict[str, pa.Array]:

@@ -27,7 +27,11 @@ from typing import Any
 import pyarrow as pa
 
 from sql.pgwire.codec import wire_types
-from storage.errors import DataError, TopicbaseError
+from storage.errors import (
+    DataError,
+    InvalidTextRepresentationError,
+    TopicbaseError,
+)
 
 ROWS_PER_CHUNK = 2000
 ARROW_CHUNK_ROWS = 65536  # COPY FROM rows held as Python strings before becoming Arrow
@@ -38,13 +42,6 @@ class BadCopyFormatError(DataError):
     """Malformed COPY data: wrong number of columns, an unterminated quote (22P04)."""
 
     sqlstate = "22P04"
-
-    def __init__(self, message: str, where: str | None = None) -> None:
-        super().__init__(message, where=where)
-
-
-class InvalidTextRepresentationError(DataError):
-    sqlstate = "22P02"
 
     def __init__(self, message: str, where: str | None = None) -> None:
         super().__init__(message, where=where)
@@ -403,7 +400,7 @@ class CopyDecoder(RowBuffer):
         except ValueError:
             column = self.column_names[index]
             raise InvalidTextRepresentationError(
-                "invalid input syntax for type bytea", self._context(column)) from None
+                "invalid input syntax for type bytea", where=self._context(column)) from None
 
     def _hex(self, index: int, digits: bytes) -> bytes:
         try:
@@ -411,7 +408,7 @@ class CopyDecoder(RowBuffer):
         except ValueError:
             raise InvalidTextRepresentationError(
                 "invalid input syntax for type bytea",
-                self._context(self.column_names[index])) from None  # fmt: skip
+                where=self._context(self.column_names[index])) from None  # fmt: skip
 
     def _decode(self, value: bytes) -> str:
         try:

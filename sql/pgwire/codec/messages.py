@@ -10,18 +10,20 @@ import struct
 from dataclasses import dataclass, field
 
 from storage.errors import TopicbaseError
+from storage.limits import (
+    WIRE_MESSAGE_LENGTH_MAX,
+    WIRE_PASSWORD_MESSAGE_LENGTH_MAX,
+    WIRE_STARTUP_LENGTH_MAX,
+)
 
 PROTOCOL_V3 = 196608  # 3 << 16
 SSL_REQUEST = 80877103
 GSSENC_REQUEST = 80877104
 CANCEL_REQUEST = 80877102
-STARTUP_LENGTH_MAX = 10_000
-MESSAGE_LENGTH_MAX = 1 << 30
 
 _INT32 = struct.Struct("!i")
 _INT16 = struct.Struct("!h")
 _UINT16 = struct.Struct("!H")
-PARAMETERS_MAX = 65535  # Parse, Bind and ParameterDescription count them in an unsigned Int16
 
 
 class ProtocolError(TopicbaseError):
@@ -91,7 +93,7 @@ class Startup:
 def startup_length(header: bytes) -> int:
     """The length of a startup packet from its first 4 bytes (the length counts itself)."""
     (length,) = _INT32.unpack(header)
-    if length < 8 or length > STARTUP_LENGTH_MAX:
+    if length < 8 or length > WIRE_STARTUP_LENGTH_MAX:
         raise ProtocolError("invalid length of startup packet")
     return length
 
@@ -116,7 +118,7 @@ def parse_startup(body: bytes) -> Startup:
 def message_length(header: bytes) -> int:
     """The body length of a message from its 5-byte header (type byte + length)."""
     (length,) = _INT32.unpack(header[1:5])
-    if length < 4 or length > MESSAGE_LENGTH_MAX:
+    if length < 4 or length > WIRE_MESSAGE_LENGTH_MAX:
         raise ProtocolError(f"invalid message length {length}")
     return length - 4
 
@@ -170,7 +172,7 @@ def parse_bind(body: bytes) -> Bind:
     """A Bind message. Its parameter values are read in one tight loop (a statement of
     1000 rows binds 1000 values), with the same checks as field by field: a length
     below -1 or past the end of the body is a ProtocolError. Counts are unsigned, as
-    PostgreSQL reads them (up to PARAMETERS_MAX parameters)."""
+    PostgreSQL reads them (up to WIRE_PARAMETERS_MAX parameters)."""
     reader = Reader(body)
     portal, statement = reader.cstring(), reader.cstring()
     formats = reader.int16_array(reader.uint16())
@@ -300,7 +302,7 @@ def portal_suspended() -> bytes:
 
 
 def parameter_description(oids: list[int]) -> bytes:
-    """ParameterDescription; ``oids`` holds at most PARAMETERS_MAX OIDs."""
+    """ParameterDescription; ``oids`` holds at most WIRE_PARAMETERS_MAX OIDs."""
     return message(b"t", struct.pack(f"!H{len(oids)}i", len(oids), *oids))
 
 
@@ -323,8 +325,6 @@ def notice_response(text: str, sqlstate: str = "00000") -> bytes:
 
 
 # -- authentication (sql.pgwire.auth drives the exchange) ---------------------------------------
-# PostgreSQL's PG_MAX_AUTH_TOKEN_LENGTH: a password or SASL message longer than this is refused.
-PASSWORD_MESSAGE_LENGTH_MAX = 65535
 AUTH_OK, AUTH_CLEARTEXT, AUTH_MD5 = 0, 3, 5
 AUTH_SASL, AUTH_SASL_CONTINUE, AUTH_SASL_FINAL = 10, 11, 12
 
@@ -338,13 +338,13 @@ class SaslInitialResponse:
 def password_message_length(header: bytes) -> int:
     """The body length of a PasswordMessage (``p``) from its 5-byte header.
 
-    Any other message type, or a body over PASSWORD_MESSAGE_LENGTH_MAX, is a ProtocolError:
+    Any other message type, or a body over WIRE_PASSWORD_MESSAGE_LENGTH_MAX, is a ProtocolError:
     during authentication nothing else may arrive.
     """
     if header[:1] != b"p":
         raise ProtocolError(f"expected password response, got message type {header[:1]!r}")
     length = message_length(header)
-    if length > PASSWORD_MESSAGE_LENGTH_MAX:
+    if length > WIRE_PASSWORD_MESSAGE_LENGTH_MAX:
         raise ProtocolError(f"invalid password message length {length}")
     return length
 

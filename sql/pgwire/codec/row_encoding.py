@@ -52,6 +52,7 @@ import pyarrow as pa
 
 from sql.pgwire.codec import wire_types
 from storage.errors import LimitExceededError
+from storage.limits import WIRE_ROW_MESSAGE_BYTES_MAX
 
 HEX_LEAD = b"\\x"  # text-format bytea: PostgreSQL's bytea_output = hex
 # Blocks of DataRow messages (and the hex of a block's bytea) stay below glibc malloc's
@@ -61,7 +62,6 @@ BLOCK_BYTES = 120 * 1024
 # of a block's hex) rather than viewed (a ``memoryview`` costs ~150 ns whatever its size;
 # a copy of 1 KiB about as much, of 4 KiB far more).
 SMALL_VALUE_BYTES = 768
-MESSAGE_BYTES_MAX = 2**31 - 1  # a message's length word is an int32
 _ROW_OVERHEAD = 4 + 2  # the message length word and the column count
 _FIELD_OVERHEAD = 4  # each field's length word
 # Arrow string columns whose text of a non-NULL value is the string itself (wire_types.
@@ -249,7 +249,7 @@ def _message_sizes(columns: list[_Fields], count: int) -> np.ndarray:
     sizes = np.full(count, _ROW_OVERHEAD, dtype=np.int64)
     for fields in columns:
         sizes += _FIELD_OVERHEAD + np.maximum(fields.lengths, 0)
-    if count and int(sizes.max()) > MESSAGE_BYTES_MAX:
+    if count and int(sizes.max()) > WIRE_ROW_MESSAGE_BYTES_MAX:
         raise LimitExceededError("a result row is too large to send (over 2 GiB)")
     return sizes
 

@@ -51,7 +51,15 @@ import pyarrow as pa
 
 from sql import formatting
 from sql.pgwire.codec import arrays
-from storage.errors import DataError, FeatureNotSupportedError, InvalidBinaryDataError
+from storage.errors import (
+    DataError,
+    DatetimeFieldOverflowError,
+    FeatureNotSupportedError,
+    InvalidBinaryDataError,
+    InvalidTextRepresentationError,
+    NumericValueOutOfRangeError,
+)
+from storage.limits import NUMERIC_DIGITS_MAX
 
 BOOL, BYTEA, INT8, INT2, INT4, TEXT, JSON = 16, 17, 20, 21, 23, 25, 114
 FLOAT4, FLOAT8, UNKNOWN, BPCHAR, VARCHAR = 700, 701, 705, 1042, 1043
@@ -64,23 +72,10 @@ _POSTGRES_EPOCH_DATE = datetime.date(2000, 1, 1)
 _POSTGRES_EPOCH = datetime.datetime(2000, 1, 1)
 _POSTGRES_EPOCH_UTC = datetime.datetime(2000, 1, 1, tzinfo=datetime.UTC)
 _MICROSECOND = datetime.timedelta(microseconds=1)
-NUMERIC_DIGITS_MAX = 1000  # PostgreSQL's NUMERIC_MAX_PRECISION
-
-
-class InvalidTextRepresentationError(DataError):
-    sqlstate = "22P02"
-
-
-class NumericValueOutOfRangeError(DataError):
-    sqlstate = "22003"
 
 
 class InvalidDatetimeFormatError(DataError):
     sqlstate = "22007"
-
-
-class DatetimeFieldOverflowError(DataError):
-    sqlstate = "22008"
 
 
 # -- OIDs ---------------------------------------------------------------------------------------

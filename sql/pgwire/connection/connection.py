@@ -81,13 +81,10 @@ from sql.pgwire.connection.context import CommandContext
 from sql.pgwire.connection.output import GatheringWriter
 from sql.pgwire.connection.portals import (
     CachedPlanChangedError,
-    DuplicateCursorError,
     DuplicateStatementError,
     Portal,
     Prepared,
     ProtocolViolation,
-    UndefinedCursorError,
-    UndefinedStatementError,
     apply_description,
     described_oids,
     described_row,
@@ -101,6 +98,7 @@ from sql.pgwire.emulation import surface
 from sql.pgwire.emulation.pg_settings import milliseconds
 from sql.pgwire.limits import ServerLimits
 from storage.errors import (
+    DuplicateCursorError,
     FeatureNotSupportedError,
     IdleInTransactionSessionTimeoutError,
     IdleSessionTimeoutError,
@@ -108,7 +106,10 @@ from storage.errors import (
     SqlSyntaxError,
     TooManyConnectionsError,
     TopicbaseError,
+    UndefinedCursorError,
+    UndefinedPreparedStatementError,
 )
+from storage.limits import WIRE_PARAMETERS_MAX
 
 log = logging.getLogger(__name__)
 
@@ -606,9 +607,9 @@ class Connection:
             raise SqlSyntaxError("cannot insert multiple commands into a prepared statement")
         if message.name and message.name in self.statements:
             raise DuplicateStatementError(f'prepared statement "{message.name}" already exists')
-        if highest > m.PARAMETERS_MAX:  # no Bind could supply it
+        if highest > WIRE_PARAMETERS_MAX:  # no Bind could supply it
             raise LimitExceededError(f"there is no parameter ${highest}: a statement takes at "
-                                     f"most {m.PARAMETERS_MAX} parameters")  # fmt: skip
+                                     f"most {WIRE_PARAMETERS_MAX} parameters")  # fmt: skip
         count = max(len(message.parameter_oids), highest)
         oids = [*message.parameter_oids, *[0] * (count - len(message.parameter_oids))]
         self.statements[message.name] = Prepared(
@@ -619,7 +620,7 @@ class Connection:
     def on_bind(self, message: m.Bind) -> None:
         prepared = self.statements.get(message.statement)
         if prepared is None:
-            raise UndefinedStatementError(
+            raise UndefinedPreparedStatementError(
                 f'prepared statement "{message.statement}" does not exist'
             )
         count = len(message.parameters)
@@ -728,7 +729,9 @@ class Connection:
         if message.kind == "S":
             prepared = self.statements.get(message.name)
             if prepared is None:
-                raise UndefinedStatementError(f'prepared statement "{message.name}" does not exist')
+                raise UndefinedPreparedStatementError(
+                    f'prepared statement "{message.name}" does not exist'
+                )
             await self._describe_statement(prepared)
             self.send(m.parameter_description(prepared.parameter_oids))
             if prepared.columns is None:

@@ -43,17 +43,18 @@ from sql.pgwire.codec.copy_format import (
 from sql.pgwire.connection import result_stream
 from sql.pgwire.connection.context import CommandContext
 from sql.pgwire.connection.copy_statement import CopyStatement
+from sql.pgwire.connection.portals import ProtocolViolation
 from storage import limits
 from storage.errors import (
     FeatureNotSupportedError,
     LimitExceededError,
     QueryCanceledError,
     SqlSyntaxError,
-    TopicbaseError,
+    UndefinedColumnError,
     UndefinedTopicError,
 )
+from storage.limits import COPY_IN_BYTES_MAX
 
-COPY_IN_BYTES_MAX = 256 * 1024 * 1024
 _INT16 = struct.Struct("!h")
 _TOPIC_TYPES = {"data": "BLOB", "producer_id": "VARCHAR", "seq_no": "BIGINT",
                 "message_group_id": "VARCHAR", "partition": "INTEGER",
@@ -63,13 +64,6 @@ _TOPIC_OIDS = {"data": wire_types.BYTEA, "producer_id": wire_types.TEXT, "seq_no
                "created_at": wire_types.TIMESTAMPTZ, "metadata": wire_types.TEXT,
                "codec": wire_types.TEXT}  # fmt: skip
 
-
-class UndefinedColumnError(TopicbaseError):
-    sqlstate = "42703"
-
-
-class CopyProtocolViolation(TopicbaseError):
-    sqlstate = "08P01"
 
 
 # -- COPY TO STDOUT ---------------------------------------------------------------------------
@@ -245,7 +239,7 @@ async def _receive(context: CommandContext, decoder: CopyDecoder | BinaryCopyDec
         elif kind == b"X":
             raise asyncio.IncompleteReadError(b"", None)
         elif kind not in (b"H", b"S"):  # Flush and Sync are ignored during COPY IN
-            raise CopyProtocolViolation(
+            raise ProtocolViolation(
                 f"unexpected message type 0x{kind[0]:02X} during COPY from stdin")
 
 
@@ -292,5 +286,5 @@ def _raise_bad_value(row: dict[str, Any], checks: list[tuple[int, str, str]], ta
             column, value = target.columns[index], row[name]
             raise InvalidTextRepresentationError(
                 f'invalid input syntax for type {kind.lower()}: "{value}"',
-                f'COPY {relation}, line {row[LINE_COLUMN]}, column {column}: "{value}"')
+                where=f'COPY {relation}, line {row[LINE_COLUMN]}, column {column}: "{value}"')
     raise AssertionError("a probed row has a bad column")

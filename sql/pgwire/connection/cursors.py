@@ -43,25 +43,14 @@ from engine.api import (
     unquote_identifier,
 )
 from storage.errors import (
+    DuplicateCursorError,
     LimitExceededError,
+    NoActiveSqlTransactionError,
     ObjectNotInPrerequisiteStateError,
     SqlSyntaxError,
-    TopicbaseError,
+    UndefinedCursorError,
 )
-
-CURSORS_PER_CONNECTION_MAX = 1000
-
-
-class UndefinedCursorError(TopicbaseError):
-    sqlstate = "34000"
-
-
-class DuplicateCursorError(TopicbaseError):
-    sqlstate = "42P03"
-
-
-class NoActiveSqlTransactionError(TopicbaseError):
-    sqlstate = "25P01"
+from storage.limits import CURSORS_PER_CONNECTION_MAX
 
 
 @dataclass

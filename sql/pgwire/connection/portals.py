@@ -20,15 +20,11 @@ from engine.api import Description, Result, ast
 from sql.internal_error import internal_error
 from sql.pgwire.codec import messages as m
 from sql.pgwire.codec import wire_types
-from storage.errors import FeatureNotSupportedError, SqlSyntaxError, TopicbaseError
-
-
-class UndefinedStatementError(TopicbaseError):
-    sqlstate = "26000"
-
-
-class UndefinedCursorError(TopicbaseError):
-    sqlstate = "34000"
+from storage.errors import (
+    FeatureNotSupportedError,
+    SqlSyntaxError,
+    TopicbaseError,
+)
 
 
 class ProtocolViolation(TopicbaseError):
@@ -39,10 +35,6 @@ class ProtocolViolation(TopicbaseError):
 
 class DuplicateStatementError(TopicbaseError):
     sqlstate = "42P05"
-
-
-class DuplicateCursorError(TopicbaseError):
-    sqlstate = "42P03"
 
 
 @dataclass

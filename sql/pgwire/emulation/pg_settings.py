@@ -37,7 +37,9 @@ from storage.errors import (
     InsufficientPrivilegeError,
     InvalidParameterValueError,
     TopicbaseError,
+    UndefinedObjectError,
 )
+from storage.limits import SETTING_DURATION_MS_MAX
 
 
 class CantChangeRuntimeParameterError(TopicbaseError):
@@ -46,10 +48,8 @@ class CantChangeRuntimeParameterError(TopicbaseError):
     sqlstate = "55P02"
 
 
-class UndefinedSettingError(TopicbaseError):
+class UndefinedSettingError(UndefinedObjectError):
     """``SHOW``/``current_setting`` of a setting nobody knows (42704)."""
-
-    sqlstate = "42704"
 
 
 @dataclass(frozen=True)
@@ -97,14 +97,13 @@ def _duration_ms(value: str) -> str:
         raise InvalidParameterValueError(f'invalid value "{value}": expected a duration')
     factor = {None: 1, "ms": 1, "s": 1000, "min": 60_000, "h": 3_600_000, "d": 86_400_000}
     milliseconds = int(match.group(1)) * factor[match.group(2)]
-    if milliseconds > DURATION_MS_MAX:
+    if milliseconds > SETTING_DURATION_MS_MAX:
         raise InvalidParameterValueError(
-            f'invalid value "{value}": at most {DURATION_MS_MAX} ms (PostgreSQL\'s INT_MAX)'
+            f'invalid value "{value}": at most {SETTING_DURATION_MS_MAX} ms (PostgreSQL\'s INT_MAX)'
         )
     return "0" if milliseconds == 0 else f"{milliseconds}ms"
 
 
-DURATION_MS_MAX = 2**31 - 1
 
 
 def milliseconds(shown: str) -> int:

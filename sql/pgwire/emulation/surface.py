@@ -47,22 +47,16 @@ from sql.pgwire.emulation.pg_settings import PgSettings
 from sql.pgwire.emulation.setting_changes import SettingChanges
 from storage.errors import (
     ActiveSqlTransactionError,
+    NoActiveSqlTransactionError,
     QueryCanceledError,
     SqlSyntaxError,
     TopicbaseError,
+    UndefinedPreparedStatementError,
 )
-
-
-class NoActiveSqlTransactionError(TopicbaseError):
-    sqlstate = "25P01"
 
 
 class InvalidSavepointError(TopicbaseError):
     sqlstate = "3B001"
-
-
-class UndefinedPreparedStatementError(TopicbaseError):
-    sqlstate = "26000"
 
 
 _SESSION_COMMAND = re.compile(
