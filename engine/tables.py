@@ -16,6 +16,20 @@ which DuckDB keeps per connection, stay settable). ``statement_types`` and
 ``sql_tokens`` give ``engine.sandbox`` DuckDB's own view of a statement: its parser's
 statement types and its lexer's tokens; each thread parses on a DuckDB connection of
 its own, since a DuckDB connection may not be used by two threads at once.
+
+Two process-wide settings come from measurements (issue 14; figures in
+``docs/statement_cost.md``):
+
+- DuckDB's ``threads``: one per core (``duckdb_threads``; ``TOPICBASE_DUCKDB_THREADS``
+  overrides it). One thread saves ~0.04 ms per small statement of a lone session, but
+  with 4 and 16 sessions committing small transactions two threads did 25-40 % more
+  transactions per second on this 2-core machine, and a group-by over 1M rows ran up
+  to 1.7x faster with a free core.
+- Python's switch interval: ``SWITCH_INTERVAL_S`` (1 ms instead of Python's 5 ms), set
+  by ``set_switch_interval`` when a database opens. A thread coming back from DuckDB (which
+  releases the GIL while it runs) waits for the GIL up to one interval while another
+  thread computes: a DuckDB loop beside a CPU-bound Python thread did 2.2-2.5x the
+  transactions at 1 ms, the CPU-bound thread itself within the noise of the 5 ms runs.
 """
 
 from __future__ import annotations
@@ -25,6 +39,7 @@ import contextlib
 import functools
 import os
 import re
+import sys
 import threading
 from collections.abc import Iterator
 from contextlib import contextmanager
@@ -84,6 +99,36 @@ class DuplicateTableError(errors.TopicbaseError):
 Connection = duckdb.DuckDBPyConnection
 
 
+# Python's default switch interval (``sys.getswitchinterval()`` in a fresh interpreter).
+PYTHON_SWITCH_INTERVAL_S = 0.005
+SWITCH_INTERVAL_S = 0.001
+THREADS_VARIABLE = "TOPICBASE_DUCKDB_THREADS"
+
+
+def duckdb_threads() -> int:
+    """DuckDB's worker threads: ``$TOPICBASE_DUCKDB_THREADS`` if set, else one per core."""
+    text = os.environ.get(THREADS_VARIABLE, "").strip()
+    if text:
+        try:
+            threads = int(text)
+        except ValueError:
+            threads = 0
+        if threads < 1:
+            raise errors.InvalidParameterValueError(
+                f"{THREADS_VARIABLE} must be a whole number of threads, at least 1 (got {text!r})"
+            )
+        return threads
+    return max(os.cpu_count() or 1, 1)
+
+
+def set_switch_interval() -> None:
+    """Python's thread switch interval to ``SWITCH_INTERVAL_S``, unless the process chose
+    its own already (anything but Python's default stays as it is). Called where a
+    database opens, which every front (wire server, DB-API, console, Flight) goes through."""
+    if sys.getswitchinterval() == PYTHON_SWITCH_INTERVAL_S:
+        sys.setswitchinterval(SWITCH_INTERVAL_S)
+
+
 # PostgreSQL's arithmetic in DuckDB's SQL: ``/`` of integers is integer division (5/2 = 2)
 # and any division by zero raises (22012), where DuckDB would give 2.5 and inf or NULL.
 DIALECT_CONFIG = {"integer_division": True, "error_on_division_by_zero": True}
@@ -113,8 +158,7 @@ def connect(
     if temp_directory:
         size_bytes = _temp_directory_bytes_max(temp_directory)
         config["max_temp_directory_size"] = f"{size_bytes}B"
-    if threads is not None:  # else DuckDB's default: one per core
-        config["threads"] = threads
+    config["threads"] = duckdb_threads() if threads is None else threads
     try:
         connection = duckdb.connect(path, read_only=read_only, config=config)
     except duckdb.IOException as error:
