@@ -67,6 +67,7 @@ class Database:
         self.path = path
         self.clock = clock
         self.fsync_policy = fsync_policy
+        tables.set_switch_interval()  # every front opens a database: see engine.tables
         self.store = Store.open(os.path.join(path, STORE_DIRECTORY), fs=fs, clock=clock)
         try:
             temp_directory = os.path.join(path, TEMP_DIRECTORY)
