@@ -237,3 +237,37 @@ def test_a_meter_started_after_the_window_began_does_not_split(
     assert reopened.splits == 0  # the window is seconds 0 and 1: the meter missed second 0
     _write_second(reopened, clock, 1)
     assert reopened.splits == 1  # seconds 1 and 2, both seen and above 500
+
+
+def test_retention_deletes_an_emptied_parent_and_the_lineage_stays_valid(
+    open_topic: OpenTopic, clock: ManualClock, tmp_path
+) -> None:
+    from storage.cleaner import NoGuard, apply_retention
+    from storage.config import TopicConfig
+
+    topic = open_topic(1, strategy="paused")
+    topic.alter(TopicConfig(partition_count=1, retention_ms=1000, segment_ms=1000))
+    topic.append(build_wire_batch([b"old"], producer_id="k", seq_no=[1]))
+    topic.split(0)
+    topic.append(build_wire_batch([b"new"], producer_id="k", seq_no=[2]))
+    clock.advance(seconds=2)
+    topic.append(build_wire_batch([b"newer"], producer_id="k", seq_no=[3]))
+    report = apply_retention(topic, NoGuard(), clock.now_us())
+    assert report.partitions_removed == 1
+    assert topic.partition_ids() == [1, 2]
+    topic.close()
+    again = open_topic()
+    assert again.partition_ids() == [1, 2] and again.partition_info(1).parent == 0
+    assert again.last_seq_no("k") == 3
+
+
+def test_adding_partitions_to_an_autopartitioning_topic_splits_the_widest_ranges(
+    open_topic: OpenTopic,
+) -> None:
+    from dataclasses import replace
+
+    topic = open_topic(2, strategy="paused")
+    topic.alter(replace(topic.config, partition_count=topic.config.partition_count + 3))
+    assert len(topic.active_partition_ids()) == 5
+    widths = sorted(r.high - r.low for _, r in topic.routing())
+    assert widths == [HASH_SPACE // 8] * 2 + [HASH_SPACE // 4] * 3
