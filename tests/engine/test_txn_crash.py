@@ -141,7 +141,7 @@ class WorkerServer:
     def close(self) -> None:
         assert self.proc.stdin is not None
         self.proc.stdin.close()
-        self.proc.wait(timeout=30)
+        self.proc.wait(timeout=WORKER_START_S)  # a hang bound only (loaded machines)
 
     def start(self, data: Path, mode: str, *, seed: int, failpoints: str = "", **options):
         """Fork a worker (``txn_worker.main`` with these arguments); returns its handle."""
