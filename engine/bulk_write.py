@@ -41,16 +41,20 @@ from collections.abc import Iterable
 from dataclasses import dataclass
 from typing import Any
 
+import numpy as np
 import pyarrow as pa
+import pyarrow.compute as pc
 
 from engine import bulk_publish, privileges, tables
 from engine.bulk_publish import IDEMPOTENCY_DDL, IDEMPOTENCY_TABLE
 from engine.transaction import PendingWrite
 from engine.writes import build_batches
+from storage import limits
 from storage.errors import (
     InsufficientPrivilegeError,
     InvalidParameterValueError,
     LimitExceededError,
+    NumericValueOutOfRangeError,
     TopicbaseError,
     UndefinedObjectError,
     UndefinedTopicError,
@@ -59,7 +63,6 @@ from storage.errors import (
 WRITES_DIRECTORY = "bulk_writes"
 STAGING_BYTES_MAX_DEFAULT = 16 << 30
 ABANDON_AFTER_S_DEFAULT = 3600.0
-TOPIC_BATCH_ROWS = 50_000
 WRITE_MODES = ("append", "upsert", "add")  # under storage.limits.BATCH_MESSAGES_MAX
 _WRITE_ID = re.compile(r"[A-Za-z0-9][A-Za-z0-9_.-]{0,127}")
 
@@ -304,7 +307,22 @@ class BulkWrites:
 
     def _publish(self, session: Any, sink_id: str, batch_id: int,
                  metas: dict[str, dict[str, str]]) -> int:  # fmt: skip
-        writes = [(meta, self.read_write(write_id)) for write_id, meta in metas.items()]
+        writes: list[bulk_publish.Write] = []
+        # The tasks' rows of one topic with one schema go as one write (one batch per
+        # partition, published without concatenation); rows of another shape stay apart
+        # (a task without a partition column is routed by the topic).
+        topics: dict[tuple[str, str], int] = {}
+        for write_id, meta in metas.items():
+            data = self.read_write(write_id)
+            shape = (meta["name"], data.schema.to_string(show_schema_metadata=False))
+            if meta["kind"] != "topic" or data.num_columns == 0:
+                writes.append((meta, data))
+            elif shape in topics:
+                index = topics[shape]
+                writes[index] = (writes[index][0], pa.concat_tables([writes[index][1], data]))
+            else:
+                topics[shape] = len(writes)
+                writes.append((meta, data))
         return bulk_publish.publish(session, sink_id, batch_id, writes, self._stage_topic,
                                     self.database.clock.now_us())  # fmt: skip
 
@@ -315,11 +333,15 @@ class BulkWrites:
             raise UndefinedTopicError(f'topic "{name}" does not exist')
         transaction = session.transaction
         assert transaction is not None, "inside the commit's BEGIN"
-        for start in range(0, data.num_rows, TOPIC_BATCH_ROWS):
-            piece = data.slice(start, TOPIC_BATCH_ROWS)
-            for partition, batch in build_batches(piece, {}, self.database.clock):
-                if batch.num_rows:
-                    transaction.add_write(PendingWrite(entry.topic_id, batch, partition))
+        # One wire batch per partition (of at most BATCH_MESSAGES_MAX rows): the commit
+        # then publishes each partition's batch as it is, with no concatenation.
+        for partition, rows in partition_groups(data):
+            for start in range(0, rows.num_rows, limits.BATCH_MESSAGES_MAX):
+                piece = rows.slice(start, limits.BATCH_MESSAGES_MAX)
+                for routed, batch in build_batches(piece, {}, self.database.clock):
+                    if batch.num_rows:
+                        target = routed if partition is None else partition
+                        transaction.add_write(PendingWrite(entry.topic_id, batch, target))
 
     def _discard(self, metas: dict[str, dict[str, str]]) -> None:
         for write_id in metas:
@@ -341,6 +363,34 @@ def for_database(database: Any, **settings: Any) -> BulkWrites:
             for key, value in settings.items():
                 setattr(writes, key, value)
         return writes
+
+
+def partition_groups(data: pa.Table) -> list[tuple[int | None, pa.Table]]:
+    """Topic rows grouped by their ``partition`` (without that column), each group in the
+    rows' order; ``[(None, data)]`` when no row names a partition (the topic routes them).
+
+    Refuses a partition given for some rows only (22023) or negative (22003), as an
+    ``INSERT INTO TOPIC`` does.
+    """
+    if "partition" not in data.column_names:
+        return [(None, data)]
+    column = data.column("partition")
+    if column.null_count == data.num_rows:
+        return [(None, data.drop_columns(["partition"]))]
+    if column.null_count:
+        raise InvalidParameterValueError("partition must be given for every row or for none")
+    try:
+        values = pc.cast(column, pa.int64()).to_numpy()
+    except (pa.ArrowInvalid, pa.ArrowNotImplementedError) as error:
+        raise InvalidParameterValueError(f'column "partition": {error}') from None
+    if values.size and values.min() < 0:
+        raise NumericValueOutOfRangeError(
+            f'column "partition": {values.min()} is out of range (0 to {2**63 - 1})')
+    rows = data.drop_columns(["partition"])
+    if values.size and values.min() == values.max():
+        return [(int(values[0]), rows)]
+    return [(int(p), rows.filter(pa.array(values == p)).combine_chunks())
+            for p in np.unique(values)]  # fmt: skip
 
 
 def _check_target(session: Any, kind: str, name: str) -> None:

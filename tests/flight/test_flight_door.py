@@ -137,6 +137,41 @@ def test_a_replayed_commit_publishes_once(database, client) -> None:
     assert writer.staged() == []  # both the published and the replayed writes are gone
 
 
+def test_tasks_writes_publish_in_order_per_partition_and_bad_partitions_are_refused(
+        database, client) -> None:  # fmt: skip
+    """The commit publishes every task's rows of a topic as one batch per partition: each
+    partition holds its rows in task order, then row order; a partition named for some rows
+    only, or negative, is refused as INSERT INTO TOPIC refuses it."""
+    _fill(database, partitions=3, rows=0)
+    writer = client()
+    ids = []
+    for task in range(3):
+        batch = pa.record_batch({
+            "data": pa.array([f"t{task}-{i}".encode() for i in range(30)]),
+            "partition": pa.array([(i + task) % 3 for i in range(30)], pa.int32())})
+        ids.append(writer.put({"topic": "events"}, [batch.slice(0, 10), batch.slice(10)],
+                              batch.schema))  # fmt: skip
+    routed = pa.record_batch({"data": pa.array([b"r0", b"r1"])})
+    ids.append(writer.put({"topic": "events"}, [routed], routed.schema))
+    assert writer.commit("sink-order", 1, ids) == {"status": "committed", "rows": 92}
+    for partition in range(3):
+        got = [r["d"] for r in _sql_rows(
+            database, "SELECT CAST(data AS VARCHAR) AS d FROM TOPIC events WITH "
+            f"(partition = {partition}, max_messages = 1000) ORDER BY offset")]  # fmt: skip
+        expected = [f"t{task}-{i}" for task in range(3) for i in range(30)
+                    if (i + task) % 3 == partition]  # fmt: skip
+        assert [d for d in got if d.startswith("t")] == expected
+    assert _count(database) == 92
+    bad = {"22023": pa.array([0, None], pa.int64()), "22003": pa.array([0, -1], pa.int64())}
+    for sqlstate, partitions in bad.items():
+        batch = pa.record_batch({"data": pa.array([b"a", b"b"]), "partition": partitions})
+        write_id = writer.put({"topic": "events"}, [batch], batch.schema)
+        with pytest.raises(TopicbaseFlightError) as caught:
+            writer.commit(f"sink-{sqlstate}", 1, [write_id])
+        assert caught.value.sqlstate == sqlstate
+    assert _count(database) == 92
+
+
 def test_an_abort_leaves_nothing_staged(database, client) -> None:
     _fill(database, partitions=1, rows=0)
     writer = client()
