@@ -7,8 +7,11 @@ member, max_messages = 100)``; the counter upsert unless ``--topics-only``;
 prints: the wall time per transaction split by statement (BEGIN, move, upsert,
 COMMIT), then the functions with the most own time and the most cumulative
 time, per transaction. ``--out FILE`` also writes the pstats file (for
-``snakeviz`` or ``python -m pstats``). For RESULTS.md's "why a target is
-missed" and the closing note's profile.
+``snakeviz`` or ``python -m pstats``). As the suite ``profile`` of ``bench.run`` it profiles
+both moves (topic-only, and with the counter upsert), records the time per
+statement and writes the top functions to ``bench/profile.md``, which
+``bench/RESULTS.md`` includes: the profile behind RESULTS.md's "why a target is
+missed" and the closing note's.
 """
 
 from __future__ import annotations
@@ -21,7 +24,9 @@ import pstats
 import shutil
 import tempfile
 import time
+from dataclasses import dataclass
 
+from bench.results import REPO_DIR, Recorder
 from bench.storage_bench import make_messages
 from bench.transactions_bench import (
     FILL_BATCH,
@@ -34,14 +39,40 @@ from bench.transactions_bench import (
 )
 from engine.database import Database
 
+GROUP = "profile: one move transaction, 1 session, under cProfile"
+PROFILE_MD = os.path.join(os.path.dirname(os.path.abspath(__file__)), "profile.md")
+TOP = 15
 
-def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(prog="python -m bench.profile_move")
-    parser.add_argument("--transactions", type=int, default=300)
-    parser.add_argument("--topics-only", action="store_true", help="no counter upsert")
-    parser.add_argument("--top", type=int, default=25)
-    parser.add_argument("--out", help="write the pstats file here")
-    args = parser.parse_args(argv)
+
+@dataclass
+class Profile:
+    """One profiled run: wall ms per transaction, ms per statement, the pstats."""
+
+    kind: str
+    transactions: int
+    wall_ms: float
+    steps_ms: dict[str, float]
+    stats: pstats.Stats
+
+    def table(self, order: str, top: int) -> str:
+        """The ``top`` functions by ``order`` (tottime or cumulative), ms per transaction."""
+        rows = []
+        raw = self.stats.stats  # type: ignore[attr-defined]
+        key = 2 if order == "tottime" else 3
+        ranked = sorted(raw.items(), key=lambda item: item[1][key], reverse=True)[:top]
+        for (path, line, function), (_, calls, own, cumulative, _) in ranked:
+            where = os.path.relpath(path, REPO_DIR) if path.startswith(REPO_DIR) else path
+            where = where if "site-packages" not in where else where.split("site-packages/")[1]
+            label = function if path == "~" else f"{where}:{line}({function})"
+            rows.append(f"| `{label}` | {calls / self.transactions:.2f} | "
+                        f"{own / self.transactions * 1000:.3f} | "
+                        f"{cumulative / self.transactions * 1000:.3f} |")  # fmt: skip
+        return "\n".join(["| function | calls/txn | own ms/txn | cumulative ms/txn |",
+                          "|---|---:|---:|---:|", *rows])  # fmt: skip
+
+
+def profile(transactions: int, topics_only: bool) -> Profile:
+    """Run ``transactions`` moves of one session under cProfile, after 50 unprofiled."""
     root = tempfile.mkdtemp(prefix="topicbase-profile-move-",
                             dir=os.environ.get("TOPICBASE_BENCH_DIR") or None)  # fmt: skip
     database = Database.open(os.path.join(root, "data"))
@@ -49,7 +80,7 @@ def main(argv: list[str] | None = None) -> int:
         session = database.connect()
         session.execute(TB_SETUP.format(partitions=PARTITIONS_A))
         warm = 50
-        total = (args.transactions + warm) * MOVE_BATCH
+        total = (transactions + warm) * MOVE_BATCH
         per_partition = -(-total // PARTITIONS_A // FILL_BATCH) * FILL_BATCH
         _fill_topic(database, make_messages(), per_partition, 0, PARTITIONS_A)
         move = TB_MOVE.format(batch=MOVE_BATCH).format(member="w1")
@@ -62,7 +93,7 @@ def main(argv: list[str] | None = None) -> int:
             t1 = clock()
             session.execute(move)
             t2 = clock()
-            if not args.topics_only:
+            if not topics_only:
                 session.execute(TB_UPSERT, ["w1", MOVE_BATCH])
             t3 = clock()
             session.execute("COMMIT")
@@ -76,7 +107,7 @@ def main(argv: list[str] | None = None) -> int:
         profiler = cProfile.Profile()
         started = time.perf_counter()
         profiler.enable()
-        for _ in range(args.transactions):
+        for _ in range(transactions):
             transaction()
         profiler.disable()
         wall = time.perf_counter() - started
@@ -84,22 +115,73 @@ def main(argv: list[str] | None = None) -> int:
     finally:
         database.close()
         shutil.rmtree(root, ignore_errors=True)
-    count = args.transactions
-    kind = "topic-only move" if args.topics_only else "move + counter upsert"
-    print(f"{kind}, 1 session, {count} transactions under cProfile: "
-          f"{wall / count * 1000:.2f} ms per transaction (profiling adds overhead)")  # fmt: skip
-    for name, spent in steps.items():
-        print(f"  {name:7} {spent / count * 1000:6.2f} ms")
+    if topics_only:
+        del steps["upsert"]
+    return Profile(
+        "topic-only move" if topics_only else "move + counter upsert",
+        transactions,
+        wall / transactions * 1000,
+        {name: spent / transactions * 1000 for name, spent in steps.items()},
+        pstats.Stats(profiler, stream=io.StringIO()),
+    )
+
+
+def run(rec: Recorder) -> None:
+    """Suite ``profile``: both moves profiled; records per statement, ``bench/profile.md``."""
+    transactions = 200 if rec.quick else 1000
+    sections = [
+        "## Profile of one move transaction",
+        "",
+        f"`python -m bench.profile_move` ({transactions} transactions of one session under "
+        "cProfile, which adds overhead; run "
+        f"{rec.date}, commit `{rec.commit}`, load average {os.getloadavg()[0]:.1f}).",
+        "",
+    ]
+    for topics_only in (True, False):
+        result = profile(transactions, topics_only)
+        name = "profile.move_topics" if topics_only else "profile.move"
+        rec.add(f"{name}.txn_ms", result.wall_ms, "ms/txn (profiled)", group=GROUP,
+                note=f"{result.kind}, 1 session, under cProfile")  # fmt: skip
+        for step, spent in result.steps_ms.items():
+            rec.add(f"{name}.{step.lower()}_ms", spent, "ms/txn (profiled)", group=GROUP,
+                    note=f"{result.kind}: wall time in {step}")  # fmt: skip
+        split = ", ".join(f"{step} {spent:.2f}" for step, spent in result.steps_ms.items())
+        sections += [
+            f"### {result.kind}: {result.wall_ms:.2f} ms per transaction ({split} ms)",
+            "",
+            "Most own time (cProfile measures wall time, so a lock's `acquire` is time spent "
+            "waiting: for the group commit's fsync, made by another thread, or for the GIL-free "
+            "DuckDB call of another session):",
+            "",
+            result.table("tottime", TOP),
+            "",
+        ]
+    _write(PROFILE_MD, "\n".join(sections) + "\n")
+
+
+def _write(path: str, text: str) -> None:
+    with open(path + ".tmp", "w", encoding="utf-8") as file:
+        file.write(text)
+    os.replace(path + ".tmp", path)
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(prog="python -m bench.profile_move")
+    parser.add_argument("--transactions", type=int, default=300)
+    parser.add_argument("--topics-only", action="store_true", help="no counter upsert")
+    parser.add_argument("--top", type=int, default=25)
+    parser.add_argument("--out", help="write the pstats file here")
+    args = parser.parse_args(argv)
+    result = profile(args.transactions, args.topics_only)
+    print(f"{result.kind}, 1 session, {result.transactions} transactions under cProfile: "
+          f"{result.wall_ms:.2f} ms per transaction (profiling adds overhead)")  # fmt: skip
+    for name, spent in result.steps_ms.items():
+        print(f"  {name:7} {spent:6.2f} ms")
     if args.out:
-        profiler.dump_stats(args.out)
+        result.stats.dump_stats(args.out)
     for order in ("tottime", "cumulative"):
-        text = io.StringIO()
-        stats = pstats.Stats(profiler, stream=text)
-        stats.sort_stats(order).print_stats(args.top)
-        print(f"\n-- by {order} (seconds over {count} transactions) --")
-        lines = text.getvalue().splitlines()
-        start = next(i for i, line in enumerate(lines) if line.strip().startswith("ncalls"))
-        print("\n".join(lines[start:]))
+        print(f"\n-- by {order}, per transaction --")
+        print(result.table(order, args.top))
     return 0
 
 

@@ -45,6 +45,7 @@ RESULTS_JSON = os.path.join(BENCH_DIR, "results.json")
 RESULTS_MD = os.path.join(BENCH_DIR, "RESULTS.md")
 CHARTS_DIR = os.path.join(BENCH_DIR, "charts")  # PNGs embedded in RESULTS.md (bench.charts)
 FINDINGS_MD = os.path.join(BENCH_DIR, "findings.md")  # hand-written, appended to RESULTS.md
+PROFILE_MD = os.path.join(BENCH_DIR, "profile.md")  # written by bench.profile_move, appended
 LOWER_IS_BETTER_UNIT = "ratio = baseline / Topicbase"
 # Names earlier versions recorded that no suite writes any more: dropped on save.
 RETIRED_PREFIXES = (
@@ -433,6 +434,7 @@ def render_markdown(
     *,
     charts_dir: str | None = CHARTS_DIR,
     findings_path: str | None = FINDINGS_MD,
+    profile_path: str | None = PROFILE_MD,
     md_dir: str = BENCH_DIR,
 ) -> str:
     lines = [
@@ -455,9 +457,10 @@ def render_markdown(
     lines.append("")
     lines += _headline(records)
     lines += _charts(charts_dir, md_dir)
-    if findings_path and os.path.exists(findings_path):
-        with open(findings_path, encoding="utf-8") as file:
-            lines += [file.read().rstrip(), ""]
+    for path in (findings_path, profile_path):
+        if path and os.path.exists(path):
+            with open(path, encoding="utf-8") as file:
+                lines += [file.read().rstrip(), ""]
     groups: dict[str, list[dict[str, Any]]] = {}
     for record in records:
         groups.setdefault(record.get("group") or "other", []).append(record)

@@ -46,6 +46,7 @@ SUITES: dict[str, str] = {
     "spark": "bench.spark_bench",
     "streams": "bench.streams_bench",
     "scale": "bench.scale_bench",
+    "profile": "bench.profile_move",
 }
 
 

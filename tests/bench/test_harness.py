@@ -127,7 +127,11 @@ def test_markdown_shows_ranges_shortfall_and_charts(tmp_path: Path) -> None:
     findings = tmp_path / "findings.md"
     findings.write_text("## Findings\n\nthe dirty pages.\n")
     text = render_markdown(
-        rec.records, charts_dir=str(charts), findings_path=str(findings), md_dir=str(tmp_path)
+        rec.records,
+        charts_dir=str(charts),
+        findings_path=str(findings),
+        profile_path=None,
+        md_dir=str(tmp_path),
     )
     assert "## Targets" in text
     assert "110 (100–120) txn/s" in text
