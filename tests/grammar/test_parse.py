@@ -22,8 +22,7 @@ from typing import Any
 
 import pytest
 
-import grammar.parse as grammar_parse
-from grammar import ast
+from grammar import ast, tree_builder
 from grammar.parse import SQL_TEXT_BYTES_MAX, parse, parse_one
 from storage.errors import LimitExceededError, SqlSyntaxError, TopicbaseError
 
@@ -268,13 +267,13 @@ def test_five_thousand_literal_rows_go_through_lark_once_not_per_row(
     )
     text = f"INSERT INTO TOPIC events (data, producer_id, seq_no) VALUES {rows} RETURNING *"
     lark_calls: list[str] = []
-    real_parse = grammar_parse._PARSER.parse
+    real_parse = tree_builder.PARSER.parse
 
     def counting_parse(statement_text: str, start: str) -> object:
         lark_calls.append(start)
         return real_parse(statement_text, start=start)
 
-    monkeypatch.setattr(grammar_parse._PARSER, "parse", counting_parse)
+    monkeypatch.setattr(tree_builder.PARSER, "parse", counting_parse)
     started = time.perf_counter()
     insert = parse_one(text)
     elapsed_seconds = time.perf_counter() - started
