@@ -101,7 +101,7 @@ class Params:
 
 
 FULL = Params(statements=100, round_trips=5000)
-QUICK = Params(statements=20, round_trips=1000)
+QUICK = Params(statements=40, round_trips=1000)
 
 
 def insert_sql(placeholder: Callable[[int], str]) -> str:
@@ -120,22 +120,6 @@ def batches(pool: list[bytes], params: Params) -> Iterator[list[bytes]]:
     for i in range(params.statements):
         start = (i * ROWS_PER_STATEMENT) % (len(pool) - ROWS_PER_STATEMENT)
         yield pool[start : start + ROWS_PER_STATEMENT]
-
-
-def percentiles_us(samples_ns: list[int]) -> tuple[float, float]:
-    values = np.array(samples_ns, dtype=np.float64) / 1000.0
-    return float(np.percentile(values, 50)), float(np.percentile(values, 99))
-
-
-@dataclass
-class Figures:
-    """Medians over the rounds (rates) and percentiles over all samples (latency)."""
-
-    produce_msgs_s: float
-    consume_msgs_s: float
-    select1_p50_us: float
-    select1_p99_us: float
-    consume_binary_msgs_s: float | None = None
 
 
 @dataclass
@@ -409,20 +393,8 @@ def run(recorder: Recorder) -> None:
         consume = consume_rounds(ways, params)
         latency = select1_rounds(ways, params)
         lookups = lookup_rounds(ways, params)
-        med = {name: float(np.median(v)) for name, v in produce.items()}
-        consumed = {name: float(np.median(v)) for name, v in consume.items()}
-        pooled = {name: percentiles_us([int(x * 1000) for x in np.concatenate(v)])
-                  for name, v in latency.items()}  # fmt: skip
-        figures = {
-            name: Figures(med.get(name, 0.0), consumed[name], *pooled.get(name, (0.0, 0.0)))
-            for name in ("embedded", "wire", "postgres")
-        }
-        figures["wire"].consume_binary_msgs_s = consumed["wire binary"]
-        raw = (med["wire $n"], med["postgres $n"])
-        _record(
-            recorder, figures["embedded"], figures["wire"], figures["postgres"], cluster.version
-        )
-        _record_raw_produce(recorder, *raw, figures["embedded"].produce_msgs_s, cluster.version)
+        _record(recorder, produce, consume, latency, cluster.version)
+        _record_raw_produce(recorder, produce, cluster.version)
         label = postgres.short_version(cluster.version)
         _record_targets(recorder, consume, latency, lookups, label)
 
@@ -462,98 +434,63 @@ def _record_targets(
             )  # fmt: skip
 
 
-def _record_raw_produce(
-    rec: Recorder, wire: float, pg: float, embedded: float, version: str
-) -> None:
+def _spread(rounds: dict[str, list[float]], name: str) -> harness.Spread:
+    return harness.Spread.of(rounds[name])
+
+
+def _record_raw_produce(rec: Recorder, produce: dict[str, list[float]], version: str) -> None:
     """Produce with server-side ``$n`` placeholders (``raw_produce_way``)."""
-    rec.add(
-        "pgwire produce, $n placeholders (psycopg RawCursor): topicbase serve",
-        wire,
-        "msgs/s",
-        group=G_THROUGHPUT,
-        baseline="embedded Session",
-        baseline_value=embedded,
+    harness.record(
+        rec, "pgwire produce, $n placeholders (psycopg RawCursor): topicbase serve",
+        _spread(produce, "wire $n"), _spread(produce, "embedded"), unit="msgs/s",
+        group=G_THROUGHPUT, baseline="embedded Session", target_ratio=THROUGHPUT_TARGET,
         target=ratio_target(THROUGHPUT_TARGET, "embedded"),
-        met=wire >= THROUGHPUT_TARGET * embedded,
         note="the same statement with $1..$1000 sent as written: no client-side %s rewrite",
-    )
-    rec.add(
-        "pgwire produce, $n placeholders (psycopg RawCursor): topicbase serve vs PostgreSQL",
-        wire,
-        "msgs/s",
-        group=G_THROUGHPUT,
-        baseline=version,
-        baseline_value=pg,
-    )
+    )  # fmt: skip
+    harness.record(
+        rec, "pgwire produce, $n placeholders (psycopg RawCursor): topicbase serve vs PostgreSQL",
+        _spread(produce, "wire $n"), _spread(produce, "postgres $n"), unit="msgs/s",
+        group=G_THROUGHPUT, baseline=version,
+    )  # fmt: skip
 
 
-def _record(rec: Recorder, embedded: Figures, wire: Figures, pg: Figures, version: str) -> None:
+def _record(
+    rec: Recorder,
+    produce: dict[str, list[float]],
+    consume: dict[str, list[float]],
+    select1: dict[str, list[np.ndarray]],
+    version: str,
+) -> None:
     unit = "msgs/s"
     target = ratio_target(THROUGHPUT_TARGET, "embedded")
-    for name, value, base, targeted in (
-        ("produce", wire.produce_msgs_s, embedded.produce_msgs_s, True),
-        ("consume (text results)", wire.consume_msgs_s, embedded.consume_msgs_s, False),
-        ("consume (binary results)", wire.consume_binary_msgs_s or 0.0, embedded.consume_msgs_s,
-         True),
-    ):  # fmt: skip
-        rec.add(
-            f"pgwire {name}: psycopg via topicbase serve",
-            value,
-            unit,
-            group=G_THROUGHPUT,
-            baseline="embedded Session",
-            baseline_value=base,
-            target=target if targeted else None,
-            met=value >= THROUGHPUT_TARGET * base if targeted else None,
+    for name, rounds, way, targeted in (
+        ("produce", produce, "wire", True),
+        ("consume (text results)", consume, "wire", False),
+        ("consume (binary results)", consume, "wire binary", True),
+    ):
+        harness.record(
+            rec, f"pgwire {name}: psycopg via topicbase serve", _spread(rounds, way),
+            _spread(rounds, "embedded"), unit=unit, group=G_THROUGHPUT,
+            baseline="embedded Session", target=target if targeted else None,
+            target_ratio=THROUGHPUT_TARGET if targeted else None,
             note=None if targeted else "target retired in issue 14 (psycopg's own text bytea "
             "parser costs as much as the embedded read)",
-        )
-    rec.add("pgwire produce: embedded Session", embedded.produce_msgs_s, unit, group=G_THROUGHPUT)
-    rec.add(
-        "pgwire consume: embedded Session (Arrow result)",
-        embedded.consume_msgs_s,
-        unit,
-        group=G_THROUGHPUT,
-    )
-    rec.add(
-        "pgwire produce: topicbase serve vs PostgreSQL table INSERT",
-        wire.produce_msgs_s,
-        unit,
-        group=G_THROUGHPUT,
+        )  # fmt: skip
+    harness.record(rec, "pgwire produce: embedded Session", _spread(produce, "embedded"), None,
+                   unit=unit, group=G_THROUGHPUT)  # fmt: skip
+    harness.record(rec, "pgwire consume: embedded Session (Arrow result)",
+                   _spread(consume, "embedded"), None, unit=unit, group=G_THROUGHPUT)  # fmt: skip
+    harness.record(
+        rec, "pgwire produce: topicbase serve vs PostgreSQL table INSERT", _spread(produce, "wire"),
+        _spread(produce, "postgres"), unit=unit, group=G_THROUGHPUT, baseline=version,
+    )  # fmt: skip
+    harness.record(
+        rec, "pgwire consume (text): topicbase serve vs PostgreSQL log table + offset row",
+        _spread(consume, "wire"), _spread(consume, "postgres"), unit=unit, group=G_THROUGHPUT,
         baseline=version,
-        baseline_value=pg.produce_msgs_s,
-    )
-    rec.add(
-        "pgwire consume (text): topicbase serve vs PostgreSQL log table + offset row",
-        wire.consume_msgs_s,
-        unit,
-        group=G_THROUGHPUT,
-        baseline=version,
-        baseline_value=pg.consume_msgs_s,
-    )
-    rec.add(
-        "pgwire SELECT 1 p50: topicbase serve",
-        wire.select1_p50_us,
-        "us",
-        group=G_LATENCY,
-        baseline=version,
-        baseline_value=pg.select1_p50_us,
-        higher_is_better=False,
-        note=f"the engine alone takes {embedded.select1_p50_us:.0f} us; the target is on "
-        "pgwire.select1 (<= 8x PostgreSQL; the earlier <= 2x was retired in issue 14)",
-    )
-    rec.add(
-        "pgwire SELECT 1 p99: topicbase serve",
-        wire.select1_p99_us,
-        "us",
-        group=G_LATENCY,
-        baseline=version,
-        baseline_value=pg.select1_p99_us,
-        higher_is_better=False,
-    )
-    rec.add(
-        "pgwire SELECT 1 p50: embedded Session (no network)",
-        embedded.select1_p50_us,
-        "us",
-        group=G_LATENCY,
-    )
+    )  # fmt: skip
+    embedded = harness.Spread.of([float(np.percentile(r, 50)) for r in select1["embedded"]])
+    harness.record(
+        rec, "pgwire SELECT 1 p50: embedded Session (no network)", embedded, None, unit="us",
+        group=G_LATENCY, note="the engine alone; through the wire see pgwire.select1",
+    )  # fmt: skip

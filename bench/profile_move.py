@@ -150,8 +150,7 @@ def run(rec: Recorder) -> None:
             f"### {result.kind}: {result.wall_ms:.2f} ms per transaction ({split} ms)",
             "",
             "Most own time (cProfile measures wall time, so a lock's `acquire` is time spent "
-            "waiting: for the group commit's fsync, made by another thread, or for the GIL-free "
-            "DuckDB call of another session):",
+            "waiting, here mostly for the group commit's fsync, which another thread makes):",
             "",
             result.table("tottime", TOP),
             "",

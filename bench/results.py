@@ -53,6 +53,8 @@ RETIRED_PREFIXES = (
     "transactions.move.c4.topicbase.",
     "transactions.move.c1.postgres.",
     "transactions.move.c4.postgres.",
+    "pgwire SELECT 1 p50: topicbase serve",  # now pgwire.select1
+    "pgwire SELECT 1 p99: topicbase serve",  # now pgwire.select1.p99
 )
 
 FIELDS = (
