@@ -46,6 +46,7 @@ RESULTS_MD = os.path.join(BENCH_DIR, "RESULTS.md")
 CHARTS_DIR = os.path.join(BENCH_DIR, "charts")  # PNGs embedded in RESULTS.md (bench.charts)
 FINDINGS_MD = os.path.join(BENCH_DIR, "findings.md")  # hand-written, appended to RESULTS.md
 PROFILE_MD = os.path.join(BENCH_DIR, "profile.md")  # written by bench.profile_move, appended
+SUITE_CHARTS = ("autopartitioning.png",)  # drawn by a suite itself into bench/, embedded too
 LOWER_IS_BETTER_UNIT = "ratio = baseline / Topicbase"
 # Names earlier versions recorded that no suite writes any more: dropped on save.
 RETIRED_PREFIXES = (
@@ -420,12 +421,15 @@ def _headline(records: list[dict[str, Any]]) -> list[str]:
 
 
 def _charts(charts_dir: str | None, md_dir: str) -> list[str]:
-    if not charts_dir or not os.path.isdir(charts_dir):
-        return []
-    names = sorted(n for n in os.listdir(charts_dir) if n.endswith(".png"))
+    paths = [os.path.join(BENCH_DIR, name) for name in SUITE_CHARTS]
+    if charts_dir and os.path.isdir(charts_dir):
+        paths = [os.path.join(charts_dir, n) for n in sorted(os.listdir(charts_dir))] + paths
     lines = []
-    for name in names:
-        relative = os.path.relpath(os.path.join(charts_dir, name), md_dir)
+    for path in paths:
+        if not path.endswith(".png") or not os.path.exists(path):
+            continue
+        name = os.path.basename(path)
+        relative = os.path.relpath(path, md_dir)
         title = name[: -len(".png")].replace("_", " ")
         lines += [f"![{title}]({relative})", ""]
     return (["## Charts", "", *lines]) if lines else []

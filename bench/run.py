@@ -47,6 +47,7 @@ SUITES: dict[str, str] = {
     "streams": "bench.streams_bench",
     "scale": "bench.scale_bench",
     "profile": "bench.profile_move",
+    "autopartitioning": "bench.autopartitioning_bench",
 }
 
 

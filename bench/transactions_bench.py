@@ -110,7 +110,7 @@ class Params:
 
 
 QUICK = Params(
-    move_seconds=1.0, warmup_seconds=0.4, reps=3, strace_seconds=0.0, ydb_seconds=4.0,
+    move_seconds=0.8, warmup_seconds=0.3, reps=3, strace_seconds=0.0, ydb_seconds=4.0,
     ydb_mb_s=1.0,
 )  # fmt: skip
 FULL = Params(
