@@ -75,3 +75,42 @@ def test_stream_resumes_exactly_and_a_replayed_batch_publishes_once(
     assert [r["end_offset"] for r in rows] == [400, 400]
     assert all(r["committed_offset"] is not None and r["committed_offset"] >= 300
                for r in rows), rows
+
+
+def test_a_stream_reads_a_split_parent_before_its_children(spark, database, options,
+                                                           tmp_path) -> None:  # fmt: skip
+    """Across an autopartitioning split (storage's ``TopicLog.split``), a stream with a read
+    limit finishes the parent before it reads the children, so every producer's messages
+    reach the sink in the order they were written."""
+    session = database.connect()
+    session.execute("CREATE TOPIC src WITH (auto_partitioning_strategy = 'paused')")
+    session.execute("CREATE TOPIC dst")
+    topic = database.topic_log(database.catalog.entry("src").topic_id)
+
+    def produce(phase: int) -> None:
+        values = ", ".join(f"('{phase}-{i:02d}-k{i % 4}', 'k{i % 4}')" for i in range(40))
+        session.execute(f"INSERT INTO TOPIC src (data, producer_id) VALUES {values}")
+
+    produce(0)
+    assert topic.split(0) == (1, 2)
+    produce(1)  # into the children, by producer id
+    session.close()
+    assert {p: topic.partition(p).end_offset for p in (0, 1, 2)}[0] == 40
+    stream = (spark.readStream.format("topicbase")
+              .options(**options, topic="src", columns="partition,offset,data",
+                       startingOffsets="earliest", maxMessagesPerTrigger="15").load())  # fmt: skip
+    query = (stream.selectExpr("data", "0 AS partition").writeStream.format("topicbase")
+             .options(**options, topic="dst", sinkId="split-src")
+             .option("checkpointLocation", str(tmp_path / "cp"))
+             .trigger(availableNow=True).start())  # fmt: skip
+    query.awaitTermination(120)
+    assert query.exception() is None, query.exception()
+    rows = sql_rows(database, "SELECT CAST(data AS VARCHAR) AS d FROM TOPIC dst "
+                    "WITH (max_messages = 1000) ORDER BY offset")  # fmt: skip
+    copied = [r["d"] for r in rows]
+    assert sorted(copied) == sorted(f"{p}-{i:02d}-k{i % 4}" for p in (0, 1) for i in range(40))
+    for key in ("k0", "k1", "k2", "k3"):
+        mine = [d for d in copied if d.endswith(key)]
+        assert mine == sorted(mine), mine  # phase 0 (the parent) first, each in order
+    # The parent alone filled the first batches: no child was read before its end.
+    assert copied[:40] == sorted(copied[:40]) and all(d.startswith("0-") for d in copied[:40])
