@@ -341,6 +341,8 @@ class Committer:
                 if self._failure is None:
                     self._failure = error
             self.leave(slot)
+            if not isinstance(error, Exception):
+                raise  # an interrupt stays one (the committer is stopped all the same)
             raise StorageIOError(
                 f"the commit of transaction {transaction_id} is in doubt (its commit record "
                 f"may or may not be durable): {error}; reopen the database to resolve it"
