@@ -37,7 +37,7 @@ import shutil
 import threading
 import time
 import uuid
-from collections.abc import Iterable
+from collections.abc import Iterable, Iterator
 from dataclasses import dataclass
 from typing import Any
 
@@ -365,18 +365,22 @@ def for_database(database: Any, **settings: Any) -> BulkWrites:
         return writes
 
 
-def partition_groups(data: pa.Table) -> list[tuple[int | None, pa.Table]]:
+def partition_groups(data: pa.Table) -> Iterator[tuple[int | None, pa.Table]]:
     """Topic rows grouped by their ``partition`` (without that column), each group in the
-    rows' order; ``[(None, data)]`` when no row names a partition (the topic routes them).
+    rows' order; one group ``(None, data)`` when no row names a partition (the topic routes
+    them). Groups are made one at a time, so only one is in memory beside ``data`` (which
+    is memory-mapped) while the caller stages it.
 
     Refuses a partition given for some rows only (22023) or negative (22003), as an
-    ``INSERT INTO TOPIC`` does.
+    ``INSERT INTO TOPIC`` does, before the first group.
     """
     if "partition" not in data.column_names:
-        return [(None, data)]
+        yield None, data
+        return
     column = data.column("partition")
     if column.null_count == data.num_rows:
-        return [(None, data.drop_columns(["partition"]))]
+        yield None, data.drop_columns(["partition"])
+        return
     if column.null_count:
         raise InvalidParameterValueError("partition must be given for every row or for none")
     try:
@@ -388,9 +392,10 @@ def partition_groups(data: pa.Table) -> list[tuple[int | None, pa.Table]]:
             f'column "partition": {values.min()} is out of range (0 to {2**63 - 1})')
     rows = data.drop_columns(["partition"])
     if values.size and values.min() == values.max():
-        return [(int(values[0]), rows)]
-    return [(int(p), rows.filter(pa.array(values == p)).combine_chunks())
-            for p in np.unique(values)]  # fmt: skip
+        yield int(values[0]), rows
+        return
+    for partition in np.unique(values):
+        yield int(partition), rows.filter(pa.array(values == partition)).combine_chunks()
 
 
 def _check_target(session: Any, kind: str, name: str) -> None:
