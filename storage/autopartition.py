@@ -221,6 +221,12 @@ class WriteSpeed:
             self.throttled_us += round(delay_s * SECOND_US)
             return delay_s
 
+    def refund(self, size_bytes: int, delay_s: float) -> None:
+        """Give back a reservation whose write did not happen (cancelled while waiting)."""
+        with self._lock:
+            self._tokens = min(float(self.capacity), self._tokens + size_bytes)
+            self.throttled_us = max(0, self.throttled_us - round(delay_s * SECOND_US))
+
     def record(self, size_bytes: int, now_us: int) -> None:
         """Count bytes written at ``now_us`` in the meter."""
         second = now_us // SECOND_US

@@ -60,11 +60,13 @@ from storage.errors import (
     LimitExceededError,
     ObjectNotInPrerequisiteStateError,
     PartitionInactiveError,
+    QueryCanceledError,
 )
 from storage.fs import FileSystem
 from storage.partition_log import WRITTEN, AppendResult, PartitionLog, ReadResult
 
 METADATA_FILE = "topic.json"
+CANCEL_CHECK_S = 0.1  # how often a throttled write looks at its statement's cancel flag
 
 
 @dataclass(frozen=True, slots=True)
@@ -476,16 +478,18 @@ class TopicLog:
         partition: int | None = None,
         *,
         max_delay_s: float = THROTTLE_DELAY_S_MAX,
+        cancelled: Callable[[], bool] | None = None,
     ) -> TopicAppendResult:
         """Append a wire batch, routing each message by its key unless ``partition`` is given.
 
         Each partition's share first waits for that partition's write speed (at most
-        ``max_delay_s``, else 53000 and nothing written). A share that meets its
-        partition inactive (a split meanwhile: nothing was written) is routed again.
+        ``max_delay_s``, else 53000 and nothing written; ``cancelled`` turning true
+        during the wait ends it with 57014, the share not written). A share that meets
+        its partition inactive (a split meanwhile: nothing was written) is routed again.
         """
         if partition is not None:
             log = self.partition(partition)
-            self._throttle(partition, batch, max_delay_s)
+            self._throttle(partition, batch, max_delay_s, cancelled)
             result = log.append(batch)
             self._after_write(partition, batch)
             return _topic_result([(np.arange(batch.num_rows), result)], batch.num_rows)
@@ -499,7 +503,7 @@ class TopicLog:
             for partition_id in np.unique(targets):
                 chosen = np.flatnonzero(targets == partition_id)
                 piece = part if len(chosen) == part.num_rows else part.take(pa.array(chosen))
-                self._throttle(int(partition_id), piece, max_delay_s)
+                self._throttle(int(partition_id), piece, max_delay_s, cancelled)
                 try:
                     result = self._partitions[int(partition_id)].append(piece)
                 except PartitionInactiveError:
@@ -510,13 +514,34 @@ class TopicLog:
         assert not pending, "routing settles: each retry follows a split that happened"
         return _topic_result(pieces, batch.num_rows)
 
-    def _throttle(self, partition_id: int, batch: pa.RecordBatch, max_delay_s: float) -> None:
+    def _throttle(
+        self,
+        partition_id: int,
+        batch: pa.RecordBatch,
+        max_delay_s: float,
+        cancelled: Callable[[], bool] | None,
+    ) -> None:
         if not self.autopartitioning.throttled:
             return
         speed = self._speeds[partition_id]
-        delay_s = speed.reserve(_payload_bytes(batch), self.clock.now_us(), max_delay_s)
-        if delay_s > 0:
+        size = _payload_bytes(batch)
+        delay_s = speed.reserve(size, self.clock.now_us(), max_delay_s)
+        if delay_s <= 0:
+            return
+        if cancelled is None:
             self.sleep(delay_s)
+            return
+        left = delay_s
+        while left > 0:  # in slices, so that a cancel (statement_timeout) ends the wait
+            if cancelled():
+                speed.refund(size, left)
+                raise QueryCanceledError(
+                    "canceling statement due to user request (while waiting for the "
+                    "partition's write speed)"
+                )
+            step = min(left, CANCEL_CHECK_S)
+            self.sleep(step)
+            left -= step
 
     def _after_write(self, partition_id: int, batch: pa.RecordBatch) -> None:
         """Meter the write; split the partition if the rule now holds."""

@@ -81,3 +81,18 @@ def test_measured_speed_is_the_last_whole_second(open_topic: OpenTopic, clock) -
     assert topic.write_speed(0).speed_now(clock.now_us()) == 0  # this second is not over
     clock.advance(seconds=1)
     assert topic.write_speed(0).speed_now(clock.now_us()) == 1000
+
+
+def test_a_cancel_ends_the_wait_with_57014_and_nothing_written(
+    open_topic: OpenTopic, sleeps: SleepRecorder
+) -> None:
+    from storage.errors import QueryCanceledError
+
+    topic = open_topic(1, strategy="paused", write_speed=1000)
+    topic.append(build_wire_batch([b"a" * 1000]))  # the bucket is empty now
+    with pytest.raises(QueryCanceledError) as cancelled:
+        topic.append(build_wire_batch([b"b" * 2000]), cancelled=lambda: len(sleeps.delays) >= 3)
+    assert cancelled.value.sqlstate == "57014"
+    assert sleeps.delays == pytest.approx([0.1, 0.1, 0.1])  # slices of the 2 s wait
+    assert topic.partition(0).end_offset == 1
+    assert topic.write_speed(0).throttled_us == 300_000  # what was waited, not the 2 s
