@@ -665,7 +665,9 @@ class Session:
         for partition, batch in batches:
             if batch.num_rows == 0:
                 continue
-            outcome = topic.append(batch, partition)
+            outcome = topic.append(
+                batch, partition, cancelled=lambda: self._cancel_requested
+            )  # a write waiting for its partition's write speed ends at a cancel (57014)
             written += outcome.written_count
             pieces.append(
                 pa.table(
