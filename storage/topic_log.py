@@ -532,7 +532,7 @@ class TopicLog:
             self.sleep(delay_s)
             return
         left = delay_s
-        while left > 0:  # in slices, so that a cancel (statement_timeout) ends the wait
+        while left > 1e-9:  # in slices, so that a cancel (statement_timeout) ends the wait
             if cancelled():
                 speed.refund(size, left)
                 raise QueryCanceledError(

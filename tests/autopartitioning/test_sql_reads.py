@@ -183,7 +183,7 @@ def test_a_throttled_write_shows_its_wait_in_sys_partitions(tmp_path) -> None:
             session.execute(f"INSERT INTO TOPIC slow (data) VALUES ('{payload}')")
         got = rows(session, "SELECT throttled_ms, end_offset FROM sys.partitions")
         assert got == [{"throttled_ms": 500, "end_offset": 3}]
-        assert waits == [0.5]
+        assert sum(waits) == pytest.approx(0.5)  # in slices: a cancel may end the wait
     finally:
         session.close()
         database.close()
