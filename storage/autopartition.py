@@ -191,6 +191,8 @@ class WriteSpeed:
         self._seconds: deque[list[int]] = deque()  # [second, bytes], oldest first
         self.throttled_us = 0
         self.written_bytes = 0
+        # The last ``above_for`` answer: ((current second, threshold, seconds), verdict).
+        self._verdict: tuple[tuple[int, float, int] | None, bool] = (None, False)
 
     def configure(self, speed: int, burst: int) -> None:
         with self._lock:
@@ -260,9 +262,18 @@ class WriteSpeed:
         inside the first: what it did not see only makes that second look slower)."""
         assert seconds >= 1
         current = now_us // SECOND_US
+        question = (current, threshold_bytes, seconds)
+        if self._verdict[0] == question:  # whole seconds before ``current`` no longer change
+            return self._verdict[1]
         first = current - seconds
-        if self.started_us >= (first + 1) * SECOND_US:
-            return False
-        with self._lock:
-            sizes = {start: size for start, size in self._seconds if first <= start < current}
-        return all(sizes.get(second, 0) >= threshold_bytes for second in range(first, current))
+        verdict = self.started_us < (first + 1) * SECOND_US
+        if verdict:
+            with self._lock:
+                sizes = {}
+                for start, size in reversed(self._seconds):
+                    if start < first:
+                        break
+                    sizes[start] = size
+            verdict = all(sizes.get(s, 0) >= threshold_bytes for s in range(first, current))
+        self._verdict = (question, verdict)
+        return verdict
