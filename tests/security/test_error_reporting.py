@@ -127,7 +127,7 @@ def test_no_statement_text_in_the_log_by_default(
 def test_log_statement_is_for_superusers_to_turn_on(
     tmp_path: Path, caplog: pytest.LogCaptureFixture
 ) -> None:
-    caplog.set_level(logging.INFO, logger="sql.pgwire.server")
+    caplog.set_level(logging.INFO, logger="sql.pgwire")  # the statement log is the connection's
     with running_server(tmp_path, settings={"log_statement": "ddl"}) as server:
         with login(server, ALICE, ALICE_PASSWORD) as ordinary:
             with pytest.raises(psycopg.errors.InsufficientPrivilege):
