@@ -489,9 +489,10 @@ class TopicLog:
         """
         if partition is not None:
             log = self.partition(partition)
-            self._throttle(partition, batch, max_delay_s, cancelled)
+            size = _payload_bytes(batch)
+            self._throttle(partition, size, max_delay_s, cancelled)
             result = log.append(batch)
-            self._after_write(partition, batch)
+            self._after_write(partition, size)
             return _topic_result([(np.arange(batch.num_rows), result)], batch.num_rows)
         pieces: list[tuple[np.ndarray, AppendResult]] = []
         pending = [(np.arange(batch.num_rows), batch)]
@@ -503,28 +504,29 @@ class TopicLog:
             for partition_id in np.unique(targets):
                 chosen = np.flatnonzero(targets == partition_id)
                 piece = part if len(chosen) == part.num_rows else part.take(pa.array(chosen))
-                self._throttle(int(partition_id), piece, max_delay_s, cancelled)
+                size = _payload_bytes(piece)
+                self._throttle(int(partition_id), size, max_delay_s, cancelled)
                 try:
                     result = self._partitions[int(partition_id)].append(piece)
                 except PartitionInactiveError:
                     pending.append((rows[chosen], piece))
                     continue
                 pieces.append((rows[chosen], result))
-                self._after_write(int(partition_id), piece)
+                self._after_write(int(partition_id), size)
         assert not pending, "routing settles: each retry follows a split that happened"
         return _topic_result(pieces, batch.num_rows)
 
     def _throttle(
         self,
         partition_id: int,
-        batch: pa.RecordBatch,
+        size: int,
         max_delay_s: float,
         cancelled: Callable[[], bool] | None,
     ) -> None:
+        """Wait for ``size`` bytes of the partition's write speed (see ``append``)."""
         if not self.autopartitioning.throttled:
             return
         speed = self._speeds[partition_id]
-        size = _payload_bytes(batch)
         delay_s = speed.reserve(size, self.clock.now_us(), max_delay_s)
         if delay_s <= 0:
             return
@@ -543,13 +545,13 @@ class TopicLog:
             self.sleep(step)
             left -= step
 
-    def _after_write(self, partition_id: int, batch: pa.RecordBatch) -> None:
+    def _after_write(self, partition_id: int, size: int) -> None:
         """Meter the write; split the partition if the rule now holds."""
         speed = self._speeds.get(partition_id)
         if speed is None:
             return
         now_us = self.clock.now_us()
-        speed.record(_payload_bytes(batch), now_us)
+        speed.record(size, now_us)
         auto = self.autopartitioning
         if not auto.splits or not self._info[partition_id].active:
             return
@@ -584,7 +586,7 @@ class TopicLog:
                         int(partition_id), piece, transaction_id
                     )
                 )
-            self._after_write(int(partition_id), piece)
+            self._after_write(int(partition_id), _payload_bytes(piece))
         return _topic_result(pieces, batch.num_rows)
 
     def _publish_to_lineage(
