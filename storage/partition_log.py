@@ -113,6 +113,8 @@ class PartitionLog:
         # Where a transactional publish to this partition goes once it is inactive
         # (its topic sets it: the active descendants by key); None: refused.
         self.redirect: Callable[[list[pa.RecordBatch], int], None] | None = None
+        # Syncs the partitions ``redirect`` wrote to since the last call (set with it).
+        self.sync_redirected: Callable[[], None] | None = None
         self.data_ready = data_ready or threading.Condition()
         self.recovery = RecoveryReport()
         self._write_lock = threading.Lock()
@@ -268,7 +270,8 @@ class PartitionLog:
         return False
 
     def sync(self) -> None:
-        """Make everything written so far durable (checkpoints of published data)."""
+        """Make everything written so far durable (checkpoints of published data),
+        including what publishes to this partition were redirected to (``redirect``)."""
         with self._write_lock:
             if self._closed:
                 return
@@ -282,6 +285,8 @@ class PartitionLog:
             except StorageIOError as error:
                 self._fence(error)
                 raise
+        if self.sync_redirected is not None:
+            self.sync_redirected()
 
     def _flush_group(self, requests: list[Request]) -> None:
         """Group-commit leader: write every request, sync once, publish."""

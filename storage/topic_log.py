@@ -113,6 +113,8 @@ class TopicLog:
         self._partitions: dict[int, PartitionLog] = {}
         self._info: dict[int, PartitionInfo] = {}
         self._speeds: dict[int, WriteSpeed] = {}
+        # Per inactive partition: where redirected publishes wrote since its last sync.
+        self._redirected: dict[int, set[int]] = {}
         self._next_id = 0
         # Active ranges by their low end, for routing: (lows, partition ids), sorted.
         self._range_lows: list[int] = []
@@ -201,6 +203,7 @@ class TopicLog:
         )
         partition.active = self._info[partition_id].active
         partition.redirect = self._redirect_of(partition_id)
+        partition.sync_redirected = self._sync_redirected_of(partition_id)
         self._partitions[partition_id] = partition
         self._speeds[partition_id] = WriteSpeed(
             self.autopartitioning.speed, self.autopartitioning.burst, self.clock.now_us()
@@ -213,6 +216,26 @@ class TopicLog:
                 self._publish_to_lineage(partition_id, batch, transaction_id)
 
         return redirect
+
+    def _sync_redirected_of(self, partition_id: int) -> Callable[[], None]:
+        """Sync the partitions that publishes redirected from ``partition_id`` wrote to:
+        a checkpoint syncs the partition a transaction was routed to before it deletes
+        the commit record, so that sync must cover where the data really went."""
+
+        def sync_redirected() -> None:
+            with self._lock:
+                targets = self._redirected.pop(partition_id, set())
+            try:
+                for target in sorted(targets):
+                    log = self._partitions.get(target)
+                    if log is not None:
+                        log.sync()
+            except BaseException:
+                with self._lock:
+                    self._redirected.setdefault(partition_id, set()).update(targets)
+                raise
+
+        return sync_redirected
 
     def _index_ranges(self) -> None:
         """Rebuild the routing index of active ranges (caller holds ``_lock`` or owns us)."""
@@ -610,6 +633,8 @@ class TopicLog:
             piece = batch if len(rows) == batch.num_rows else batch.take(pa.array(rows))
             log = self._partitions[int(target)]
             split_at = self._info[partition_id].split_at_us or 0
+            with self._lock:  # synced with ``partition_id`` (published now or before)
+                self._redirected.setdefault(partition_id, set()).add(int(target))
             if log.contains_transaction(transaction_id, split_at - 60 * 1_000_000):
                 continue
             results.append((rows, log.publish_transactional([piece], transaction_id)[0]))

@@ -271,3 +271,23 @@ def test_adding_partitions_to_an_autopartitioning_topic_splits_the_widest_ranges
     assert len(topic.active_partition_ids()) == 5
     widths = sorted(r.high - r.low for _, r in topic.routing())
     assert widths == [HASH_SPACE // 8] * 2 + [HASH_SPACE // 4] * 3
+
+
+def test_syncing_a_split_partition_syncs_where_its_redirected_publishes_went(
+    open_topic: OpenTopic,
+) -> None:
+    topic = open_topic(1, strategy="paused")
+    topic.split(0)
+    synced: list[int] = []
+    for child in (1, 2):
+        log = topic.partition(child)
+        original = log.sync
+        log.sync = lambda original=original, child=child: (synced.append(child), original())[1]  # type: ignore[method-assign]
+    keys = [f"k{i}" for i in range(20)]
+    batch = build_wire_batch([k.encode() for k in keys], producer_id=keys, seq_no=[1] * 20)
+    topic.partition(0).publish_transactional([batch], 91)  # routed to 0 before the split
+    topic.partition(0).sync()  # what a commit checkpoint does before deleting the record
+    assert sorted(synced) == [1, 2]  # fails without the redirect sync: a power cut loses it
+    synced.clear()
+    topic.partition(0).sync()
+    assert synced == []  # nothing redirected since
