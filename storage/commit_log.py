@@ -32,7 +32,7 @@ from __future__ import annotations
 
 import struct
 from collections.abc import Iterator
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 import crc32c
 
@@ -111,3 +111,88 @@ def scan(raw: bytes | memoryview) -> Iterator[FoundRecord]:
         )
         frames = []
         position = end
+
+
+# -- checking a staging file (``topicbase check``) ---------------------------------------------
+@dataclass
+class StagingWalk:
+    """What ``walk_staging`` found in one staging file."""
+
+    size_bytes: int
+    frames: int = 0  # valid batch frames
+    records: int = 0  # valid commit records
+    # Damage followed by valid content, not repairable (what follows may be committed):
+    # (position, damaged bytes, whether a frame or record with a bad checksum kept its
+    # place (its well-formed header's length leads to the next valid one)).
+    damage: list[tuple[int, int, bool]] = field(default_factory=list)
+    tail_position: int | None = None  # where a torn tail (nothing valid after) starts
+
+
+def walk_staging(raw: bytes | memoryview) -> StagingWalk:
+    """Walk every batch frame and commit record of a staging file. Unlike ``scan`` (which
+    stops at the first invalid frame: recovery's rule), damage followed by a valid frame
+    or record is reported and skipped; only damage with nothing valid after it is a torn
+    tail, which a repair may cut."""
+    view = memoryview(raw)
+    walk = StagingWalk(len(view))
+    position = 0
+    while position < len(view):
+        kind = _unit_at(view, position)
+        if kind is not None:
+            if kind[0] == "frame":
+                walk.frames += 1
+            else:
+                walk.records += 1
+            position += kind[1]
+            continue
+        claimed = _claimed_length(view, position)
+        if claimed and position + claimed < len(view) and _unit_at(view, position + claimed):
+            walk.damage.append((position, claimed, True))
+            position += claimed
+            continue
+        resume = next(
+            (p for p in range(position + 8, len(view), 8) if _unit_at(view, p) is not None), None
+        )
+        if resume is None:
+            walk.tail_position = position
+            break
+        walk.damage.append((position, resume - position, False))
+        position = resume
+    return walk
+
+
+def _unit_at(view: memoryview, position: int) -> tuple[str, int] | None:
+    """("frame" | "record", its length) if a valid one starts at ``position``."""
+    size = len(view)
+    magic = bytes(view[position : position + 4])
+    if magic == BATCH_MAGIC and position + HEADER_BYTES <= size:
+        header = decode_header(view[position : position + HEADER_BYTES])
+        if header is None or position + header.frame_bytes > size:
+            return None
+        body = view[position + HEADER_BYTES : position + header.frame_bytes]
+        if not frame_checksum_ok(header, view[position : position + HEADER_BYTES], body):
+            return None
+        return "frame", header.frame_bytes
+    if magic == MAGIC and position + RECORD_HEADER_BYTES <= size:
+        _, crc, _, payload_bytes, _ = RECORD_HEADER.unpack_from(view, position)
+        end = position + RECORD_HEADER_BYTES + payload_bytes + (-payload_bytes % 8)
+        if end > size:
+            return None
+        covered = view[position + 8 : position + RECORD_HEADER_BYTES]
+        body = view[position + RECORD_HEADER_BYTES : end]
+        if crc32c.crc32c(body, crc32c.crc32c(covered)) != crc:
+            return None
+        return "record", end - position
+    return None
+
+
+def _claimed_length(view: memoryview, position: int) -> int | None:
+    """The length a well-formed header at ``position`` claims (checksum not verified)."""
+    magic = bytes(view[position : position + 4])
+    if magic == BATCH_MAGIC and position + HEADER_BYTES <= len(view):
+        header = decode_header(view[position : position + HEADER_BYTES])
+        return None if header is None else header.frame_bytes
+    if magic == MAGIC and position + RECORD_HEADER_BYTES <= len(view):
+        payload_bytes = RECORD_HEADER.unpack_from(view, position)[3]
+        return RECORD_HEADER_BYTES + payload_bytes + (-payload_bytes % 8)
+    return None

@@ -339,3 +339,28 @@ def test_concurrent_topic_only_commits_share_fsyncs(database, monkeypatch):
     assert _records(database) == 0
     for session in sessions:
         session.close()
+
+
+def test_topicbase_check_finds_commit_records_valid_and_repair_keeps_them(
+    tmp_path: Path, monkeypatch
+):
+    """``topicbase check`` walks staging files: commit records not yet checkpointed are
+    valid content, not a torn tail that ``--repair`` would cut (which would undo commits
+    at the next recovery)."""
+    from engine.check import check_database
+
+    _no_background_checkpoints(monkeypatch)
+    database = _setup(tmp_path / "data")
+    session = database.connect()
+    for _ in range(3):
+        _move(session, MOVE, 10)
+    session.close()
+    _crash_close(database, monkeypatch)
+    monkeypatch.undo()
+    report = check_database(str(tmp_path / "data"), repair=True)
+    assert report.problems == [], report.lines()
+    database = Database.open(str(tmp_path / "data"))
+    session = database.connect()
+    assert sum(_offsets(session).values()) == 30
+    session.close()
+    database.close()

@@ -74,3 +74,26 @@ def test_a_flipped_byte_hides_that_record_and_the_later_ones_only() -> None:
         found = [r.transaction_id for r in commit_log.scan(bytes(damaged))]
         expected = [t for t, end in zip([11, 12, 14], ends, strict=True) if end <= position]
         assert found == expected, position
+
+
+def test_the_checker_walk_counts_frames_and_records_and_finds_only_real_damage() -> None:
+    """``walk_staging`` (``topicbase check``): commit records are valid content, a cut
+    inside a unit is a torn tail, and damage inside a record followed by valid content
+    is reported in place (never a tail that a repair would cut)."""
+    raw, _ = _file()
+    walk = commit_log.walk_staging(raw)
+    assert (walk.frames, walk.records, walk.damage, walk.tail_position) == (4, 3, [], None)
+    boundaries = {0}
+    for found in commit_log.scan(raw):
+        boundaries |= {found.position, found.end}
+        boundaries |= {p for start, length in found.batches for p in (start, start + length)}
+    for cut in range(len(raw)):
+        walk = commit_log.walk_staging(raw[:cut])
+        assert (walk.tail_position is None) == (cut in boundaries), cut
+        assert walk.damage == [], cut
+    record = next(r for r in commit_log.scan(raw) if r.transaction_id == 12)
+    damaged = bytearray(raw)
+    damaged[record.position + 30] ^= 0x01  # inside the record's payload
+    walk = commit_log.walk_staging(bytes(damaged))
+    assert walk.damage == [(record.position, record.end - record.position, True)]
+    assert (walk.records, walk.tail_position) == (2, None)
