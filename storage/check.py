@@ -60,6 +60,7 @@ from storage.check_report import (
     BAD_METADATA,
     BAD_SNAPSHOT,
     BROKEN_FRAME,
+    CORRUPT_FRAME,
     IN_USE,
     LEFTOVER,
     MISSING,
@@ -71,6 +72,7 @@ from storage.check_report import (
     CheckReport,
     Problem,
 )
+from storage.commit_log import walk_staging
 from storage.errors import ObjectInUseError, StorageIOError
 from storage.fs import DEFAULT_FILE_SYSTEM, FileSystem
 from storage.offset_index import OffsetIndex
@@ -386,7 +388,8 @@ class _Checker:
 
     # -- staging ------------------------------------------------------------------------------
     def check_staging(self, directory: str) -> None:
-        """Staged frames carry no offset chain; a torn tail is an unsynced, uncommitted stage."""
+        """Staged frames carry no offset chain, and commit records (``storage.commit_log``)
+        lie between them; a torn tail is an unsynced, uncommitted append."""
         for name in self.fs.list_directory(directory):
             path = os.path.join(directory, name)
             if file_names.parse_offset(name, STAGE_SUFFIX) is None:
@@ -394,12 +397,17 @@ class _Checker:
                 continue
             self.report.staging_files += 1
             try:
-                walk = walk_frames(self.fs, path, None)
-            except StorageIOError as error:
+                walk = walk_staging(self.fs.read_file(path))
+            except (FileNotFoundError, StorageIOError) as error:
                 self.problem(UNREADABLE, path, str(error))
                 continue
-            for kind, position, text in walk.damage:
-                self.problem(kind, path, text, position)
+            for position, damaged, kept_place in walk.damage:
+                if kept_place:
+                    text = "checksum mismatch; the frame keeps its place (not repairable)"
+                    self.problem(CORRUPT_FRAME, path, text, position)
+                    continue
+                text = f"{damaged} damaged bytes before the next valid frame (not repairable)"
+                self.problem(BROKEN_FRAME, path, text, position)
             if walk.tail_position is not None:
                 torn = walk.size_bytes - walk.tail_position
                 text = f"the last {torn} bytes hold no valid frame: a torn tail (repair cuts it)"
