@@ -441,6 +441,10 @@ class TopicLog:
         with self._lock:
             if self._info[partition_id].active:
                 raise ObjectNotInPrerequisiteStateError("an active partition cannot be removed")
+            if self._redirected.get(partition_id):
+                raise ObjectNotInPrerequisiteStateError(
+                    f"partition {partition_id} has redirected publishes not synced yet"
+                )
             partition = self._partitions.pop(partition_id)
             del self._info[partition_id]
             self._speeds.pop(partition_id, None)
