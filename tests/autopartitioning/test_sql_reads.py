@@ -187,3 +187,17 @@ def test_a_throttled_write_shows_its_wait_in_sys_partitions(tmp_path) -> None:
     finally:
         session.close()
         database.close()
+
+
+def test_a_read_of_one_child_sees_the_parent_committed_to_its_end(
+    session: Session, database: Database
+) -> None:
+    session.execute(TOPIC)
+    _write(session, "p", 1, 2)
+    children = _split(database, 0)
+    _write(session, "p", 3, 1)
+    child = next(c for c in children if database.topic_log(
+        database.catalog.entry("ev").topic_id).partition(c).end_offset)  # fmt: skip
+    assert _poll(session, f", partition = {child}") == []  # the parent is not read yet
+    assert [d for _, d in _poll(session, ", partition = 0")] == ["p:1", "p:2"]
+    assert _poll(session, f", partition = {child}") == [(child, "p:3")]
