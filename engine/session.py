@@ -570,7 +570,7 @@ class Session:
             catalog = self.database.catalog
             committed = {
                 p: catalog.committed(operation.topic_id, operation.consumer, p)
-                for p in operation.partitions
+                for p in topic.partition_ids()  # a child's parent too, read or not
             }
             consumer_settings = self.database.catalog.entry(operation.topic).consumers[
                 operation.consumer
