@@ -484,40 +484,62 @@ _ROW_ARROW_TYPES: dict[str, pa.DataType] = {
 }  # fmt: skip
 SMALL_RESULT_ROWS = 64
 _SMALL_RESULT_TEXTS_MAX = 1024
-_small_results: dict[str, bool] = {}  # statement text -> its last result was small and plain
+# Statement text -> whether its last result was small and plain (True: the rows' way).
+_small_results: dict[str, bool] = {}
 
 
-def _learn(sql: str, duckdb_types: list[str], rows: int) -> None:
-    small = rows <= SMALL_RESULT_ROWS and all(kind in _ROW_ARROW_TYPES for kind in duckdb_types)
-    if small and len(sql) <= limits.CACHED_TEXT_CHARS_MAX:
-        if len(_small_results) >= _SMALL_RESULT_TEXTS_MAX:
-            _small_results.clear()
-        _small_results[sql] = True
-    elif sql in _small_results:
-        _small_results.pop(sql, None)
+def _learn(sql: str, duckdb_types: list[str], rows: int | None) -> None:
+    """Remember how ``sql``'s result came out; ``rows`` None: not known yet (a stream), the
+    text is tried on the rows' way unless it was already known big."""
+    plain = all(kind in _ROW_ARROW_TYPES for kind in duckdb_types)
+    if rows is None:
+        if not plain or sql in _small_results:
+            return
+        small = True
+    else:
+        small = plain and rows <= SMALL_RESULT_ROWS
+    if len(sql) > limits.CACHED_TEXT_CHARS_MAX:
+        return
+    if len(_small_results) >= _SMALL_RESULT_TEXTS_MAX:
+        _small_results.clear()
+    _small_results[sql] = small
 
 
 def _query_small(cursor: Connection, sql: str, parameters: Any) -> pa.Table | None:
+    head, more = _small_head(cursor, sql, parameters)
+    if not more:
+        return head
+    rest = _rest_as_arrow(cursor)  # a big result after all, or other types
+    if head is None or rest is None:
+        return head if rest is None else rest
+    return pa.concat_tables([head, rest])
+
+
+def _small_head(
+    cursor: Connection, sql: str, parameters: Any
+) -> tuple[pa.Table | None, bool]:
+    """Execute ``sql``; its first rows as Arrow built from them (``SMALL_RESULT_ROWS``
+    and one), and whether the result holds more. A result of other types (changed by
+    DDL) gives no head and more = True: all of it is left to DuckDB."""
     cursor.execute(sql, parameters or None)
     description = cursor.description
     if description is None:
-        return None
+        return None, False
     types = [_ROW_ARROW_TYPES.get(str(column[1])) for column in description]
-    if None in types:  # the text's result types changed (DDL): DuckDB's Arrow this time
-        _small_results.pop(sql, None)
-        return _rest_as_arrow(cursor)
+    if None in types:
+        _small_results[sql] = False
+        return None, True
     rows = cursor.fetchmany(SMALL_RESULT_ROWS + 1)
+    more = len(rows) > SMALL_RESULT_ROWS
+    if more:
+        _small_results[sql] = False  # a big result: the relation's way from now on
     names = [str(column[0]) for column in description]
     columns = list(zip(*rows, strict=True)) if rows else [() for _ in names]
     head = pa.Table.from_arrays(
         [pa.array(values, kind) for values, kind in zip(columns, types, strict=True)],
         schema=pa.schema([pa.field(n, t) for n, t in zip(names, types, strict=True)]),
     )
-    if len(rows) <= SMALL_RESULT_ROWS:
-        return head
-    _small_results.pop(sql, None)  # a big result: the relation's way from now on
-    rest = _rest_as_arrow(cursor)
-    return head if rest is None else pa.concat_tables([head, rest])
+    return head, more
 
 
 def _rest_as_arrow(cursor: Connection) -> pa.Table | None:
@@ -566,15 +588,68 @@ def interrupt(cursor: Connection) -> None:
 
 def batch_reader(
     cursor: Connection, sql: str, parameters: Any, batch_rows: int
-) -> tuple[pa.RecordBatchReader, list[str]]:
+) -> tuple[pa.RecordBatchReader | ChainedReader, list[str]]:
     """Start a query; its Arrow batch reader and DuckDB's type name of each column.
 
     The caller translates errors (``translated``) and must close the reader before the
     cursor runs anything else."""
+    if _small_results.get(sql):
+        return _small_reader(cursor, sql, parameters, batch_rows)
     relation = cursor.sql(sql, params=parameters or None)
     assert relation is not None, "only queries that return rows are streamed"
     duckdb_types = [str(t) for t in relation.types]
+    _learn(sql, duckdb_types, None)
     return relation.to_arrow_reader(batch_rows), duckdb_types
+
+
+def _small_reader(
+    cursor: Connection, sql: str, parameters: Any, batch_rows: int
+) -> tuple[pa.RecordBatchReader | ChainedReader, list[str]]:
+    """``batch_reader`` on the rows' way (see ``query_arrow``): the head built from rows,
+    then, should the result hold more, DuckDB's own reader over the rest."""
+    head, more = _small_head(cursor, sql, parameters)
+    description = cursor.description
+    assert description is not None, "only queries that return rows are streamed"
+    duckdb_types = [str(column[1]) for column in description]
+    if not more:
+        assert head is not None
+        return pa.RecordBatchReader.from_batches(head.schema, head.to_batches()), duckdb_types
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", UserWarning)  # the copy it warns of: rare here
+        rest = cursor.to_arrow_reader(batch_rows)
+    if head is None:
+        return rest, duckdb_types
+    return _chained(head, rest), duckdb_types
+
+
+class ChainedReader:
+    """A batch reader over ``head``'s batches and then ``rest``'s, as far as
+    ``engine.streams`` reads one (``schema``, ``read_next_batch``, ``read_all``,
+    ``close``); closing it closes ``rest``, which holds the cursor until then."""
+
+    def __init__(self, head: pa.Table, rest: pa.RecordBatchReader) -> None:
+        assert head.schema.equals(rest.schema), (head.schema, rest.schema)
+        self.schema = head.schema
+        self._head = list(head.to_batches())
+        self._rest = rest
+
+    def read_next_batch(self) -> pa.RecordBatch:
+        if self._head:
+            return self._head.pop(0)
+        return self._rest.read_next_batch()  # StopIteration at the end, as pyarrow's
+
+    def read_all(self) -> pa.Table:
+        batches = [*self._head, *self._rest]
+        self._head = []
+        return pa.Table.from_batches(batches, schema=self.schema)
+
+    def close(self) -> None:
+        self._head = []
+        self._rest.close()
+
+
+def _chained(head: pa.Table, rest: pa.RecordBatchReader) -> ChainedReader:
+    return ChainedReader(head, rest)
 
 
 # -- the counter upsert's shortcut (``planner.duckdb_sql.upsert_shape``) -------------------

@@ -114,7 +114,7 @@ def test_a_text_whose_types_changed_gives_duckdb_s_arrow(
     assert small_path == [sql]
     expected = cursor.sql(sql).to_arrow_table()
     assert table is not None and table.equals(expected, check_metadata=True)
-    assert sql not in tables._small_results
+    assert tables._small_results[sql] is False
 
 
 def test_statements_without_rows_and_dml_counts_match(
@@ -145,3 +145,38 @@ def test_errors_are_translated_on_the_rows_way(
         tables.query_arrow(cursor, sql, [0])
     assert small_path == [sql]
     assert cursor.execute("SELECT 3").fetchall() == [(3,)]
+
+
+# -- streams (the wire's queries): ``tables.batch_reader`` ----------------------------------
+def _read_all(cursor: tables.Connection, sql: str, parameters: Any = None) -> tuple[Any, Any]:
+    reader, duckdb_types = tables.batch_reader(cursor, sql, parameters, 8)
+    try:
+        return reader.read_all(), duckdb_types
+    finally:
+        reader.close()
+
+
+def test_a_small_plain_stream_takes_the_rows_way_the_second_time(
+    cursor: tables.Connection, small_path: list[str]
+) -> None:
+    sql = "SELECT i AS n, 'v' || i AS v, NULL::BLOB AS b FROM range(20) r(i) WHERE i < ?"
+    first, first_types = _read_all(cursor, sql, [20])
+    assert tables._small_results[sql] is True
+    second, second_types = _read_all(cursor, sql, [20])
+    assert second.equals(first, check_metadata=True)
+    assert first_types == second_types == ["BIGINT", "VARCHAR", "BLOB"]
+    assert cursor.execute("SELECT 7").fetchall() == [(7,)]
+
+
+def test_a_stream_that_grew_reads_whole_or_closes_early(cursor: tables.Connection) -> None:
+    sql = "SELECT i FROM range(?) r(i)"
+    tables.query_arrow(cursor, sql, [3])
+    assert tables._small_results[sql] is True
+    whole, _ = _read_all(cursor, sql, [1000])
+    assert whole.column(0).to_pylist() == list(range(1000))
+    assert tables._small_results[sql] is False
+    tables._small_results[sql] = True
+    reader, _ = tables.batch_reader(cursor, sql, [1000], 8)
+    assert reader.read_next_batch().num_rows > 0
+    reader.close()  # early: the cursor is free again
+    assert cursor.execute("SELECT 8").fetchall() == [(8,)]
