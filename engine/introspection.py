@@ -18,7 +18,7 @@ from typing import TYPE_CHECKING, Any
 
 import pyarrow as pa
 
-from engine import privilege_views
+from engine import privilege_views, routing
 from engine.catalog import TopicEntry, encode_settings
 from engine.clock import utc_from_us
 from storage.errors import InvalidParameterValueError, StorageIOError
@@ -251,19 +251,8 @@ def describe_topic(database: Database, name: str) -> pa.Table:
 
 
 def routing_text(database: Database, entry: TopicEntry) -> str:
-    """How writes to the topic find their partition (DESCRIBE TOPIC, EXPLAIN)."""
-    topic = database.topic_log(entry.topic_id)
-    auto = topic.autopartitioning
-    if not auto.ranged:
-        return (
-            "a producer id (else message group id) is bound round-robin to an active "
-            "partition on first use; partition = n writes there"
-        )
-    ranges = " ".join(f"p{p}=[{r.low:016x}..{r.high - 1:016x}]" for p, r in topic.routing())
-    return (
-        f"key hash (BLAKE2b-64 of the producer id, else message group id; "
-        f"strategy {auto.strategy}): {ranges}; messages without a key round-robin"
-    )
+    """How writes to the topic find their partition (``engine.routing``)."""
+    return routing.routing_text(database.topic_log(entry.topic_id))
 
 
 def _partition_text(row: dict[str, Any]) -> str:

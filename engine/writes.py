@@ -29,7 +29,7 @@ import pyarrow as pa
 import pyarrow.compute as pc
 
 from engine.clock import Clock
-from engine.introspection import routing_text
+from engine.routing import routing_text
 from planner.operations import AppendRecords
 from storage import limits
 from storage.codecs import Codec, encode, parse_codec
@@ -303,7 +303,6 @@ def explain_lines(plan: Any, database: Any) -> list[str]:
     lines = plan.describe().splitlines()
     for operation in plan.operations:
         if isinstance(operation, AppendRecords):
-            entry = database.catalog.entry(operation.topic)
-            if entry is not None:
-                lines.append(f"Routing topic={operation.topic}: {routing_text(database, entry)}")
+            topic = database.topic_log(operation.topic_id)
+            lines.append(f"Routing topic={operation.topic}: {routing_text(topic)}")
     return lines
