@@ -642,6 +642,7 @@ class TopicLog:
             if log.contains_transaction(transaction_id, split_at - 60 * 1_000_000):
                 continue
             results.append((rows, log.publish_transactional([piece], transaction_id)[0]))
+            failpoints.hit("split.mid_redirect")  # one child has its share, others not yet
         return results
 
     def _descendant_for(self, partition_id: int, key: str | None) -> int:

@@ -291,3 +291,24 @@ def test_syncing_a_split_partition_syncs_where_its_redirected_publishes_went(
     synced.clear()
     topic.partition(0).sync()
     assert synced == []  # nothing redirected since
+
+
+def test_a_redirected_publish_cut_short_then_retried_lands_once(open_topic: OpenTopic) -> None:
+    from storage import failpoints
+    from storage.errors import StorageIOError
+
+    topic = open_topic(1, strategy="paused")
+    topic.split(0)
+    keys = [f"k{i}" for i in range(20)]
+    # message groups, no producer ids: no seq_no dedup, only the transaction check
+    batch = build_wire_batch([k.encode() for k in keys], message_group_id=keys)
+    failpoints.activate("split.mid_redirect=error@1")
+    try:
+        with pytest.raises(StorageIOError):
+            topic.partition(0).publish_transactional([batch], 55)
+    finally:
+        failpoints.deactivate()
+    first = [topic.partition(c).end_offset for c in (1, 2)]
+    assert sorted(first)[0] == 0 and sum(first) > 0  # one child has its share, one not
+    topic.partition(0).publish_transactional([batch], 55)  # recovery publishes again
+    assert sum(topic.partition(c).end_offset for c in (1, 2)) == 20
