@@ -1,0 +1,355 @@
+"""The extended query protocol of a connection: Parse, Bind, Describe, Execute, Close.
+
+``ExtendedProtocol`` is mixed into ``connection.Connection`` (it keeps the connection's
+prepared statements and portals and uses its worker thread, its sending and its session;
+the members it uses are declared below). Describe of a statement asks the engine for a
+description without running it (``Session.describe``): parameter types the client left
+unspecified (OID 0 or 705) are inferred, text where the context tells nothing, and fixed
+for the statement's binds; its rows are described with the same OIDs Execute then uses.
+Describe of a portal of an undescribed statement runs the statement and keeps the result
+for Execute. A described statement is revalidated before it runs (``portals``). After an
+error, the connection skips messages until Sync.
+"""
+
+from __future__ import annotations
+
+import logging
+import re
+from collections.abc import Awaitable, Callable
+from typing import Any
+
+import pyarrow as pa
+
+from engine.api import Description, Result, Session, ast, parse, text_cache
+from sql.pgwire.codec import arrays, wire_types
+from sql.pgwire.codec import messages as m
+from sql.pgwire.connection import commands as wire_commands
+from sql.pgwire.connection.context import CommandContext
+from sql.pgwire.connection.portals import (
+    CachedPlanChangedError,
+    DuplicateStatementError,
+    Portal,
+    Prepared,
+    ProtocolViolation,
+    apply_description,
+    described_oids,
+    described_row,
+    result_columns,
+    result_formats,
+    revalidation_error,
+    row_description,
+)
+from sql.pgwire.emulation import surface
+from storage.errors import (
+    DuplicateCursorError,
+    LimitExceededError,
+    SqlSyntaxError,
+    TopicbaseError,
+    UndefinedCursorError,
+    UndefinedPreparedStatementError,
+)
+from storage.limits import WIRE_PARAMETERS_MAX
+
+log = logging.getLogger(__name__)
+
+_PARAMETER = re.compile(r"\$(\d+)")
+PARSE_CACHE_ENTRIES = 512
+
+
+@text_cache(PARSE_CACHE_ENTRIES)
+def parse_text(text: str) -> tuple[ast.Statement, ...]:
+    """Parsed query strings by text (statements are immutable; clients repeat queries)."""
+    return tuple(parse(text))
+
+
+@text_cache(PARSE_CACHE_ENTRIES)
+def _prepare_text(text: str) -> tuple[tuple[ast.Statement, ...], int]:
+    """What Parse needs of a query text: its statements (ours, or parsed) and its highest
+    ``$n``. Depends on the text alone (no catalog), so it is kept by text: psycopg sends
+    a 1000-placeholder INSERT's Parse 6 times, and scanning it costs milliseconds."""
+    # BEGIN ISOLATION LEVEL … comes through Parse too (psycopg's executemany).
+    statements = wire_commands.prepared_statements(text) or parse_text(surface.plain_begin(text))
+    return statements, max(map(int, _PARAMETER.findall(text)), default=0)
+
+
+class ExtendedProtocol:
+    """Parse, Bind, Describe, Execute and Close of one connection (mixed into it)."""
+
+    # What the connection provides (``connection.Connection``).
+    statements: dict[str, Prepared]
+    portals: dict[str, Portal]
+    skipping: bool
+    catalog: surface.ConnectionCatalog
+    context: CommandContext
+    call: Callable[..., Awaitable[Any]]
+    send: Callable[[bytes], None]
+    log_statement: Callable[[str], None]
+    send_rows: Callable[[pa.Table, list[int], list[int]], Awaitable[None]]
+    _refuse_result: Callable[[Result], Awaitable[None]]
+    _session: Callable[[], Session]
+
+    def _query_of(self, kind: bytes, body: bytes) -> str | None:
+        try:
+            if kind == b"P":
+                return m.parse_parse(body).query
+            if kind == b"B":
+                prepared = self.statements.get(m.parse_bind(body).statement)
+                return None if prepared is None else prepared.query
+        except m.ProtocolError:
+            return None
+        return None
+
+    async def extended(self, kind: bytes, body: bytes) -> None:
+        if kind == b"P":
+            await self.on_parse(m.parse_parse(body))
+        elif kind == b"B":
+            self.on_bind(m.parse_bind(body))
+        elif kind == b"D":
+            await self.on_describe(m.parse_describe(body))
+        elif kind == b"E":
+            await self.on_execute(m.parse_execute(body))
+        else:
+            close = m.parse_close(body)
+            (self.statements if close.kind == "S" else self.portals).pop(close.name, None)
+            self.send(m.close_complete())
+
+    async def on_parse(self, message: m.Parse) -> None:
+        try:
+            statements, highest = await self.call(_prepare_text, message.query)
+        except TopicbaseError:
+            await self.call(self._session().execute, message.query)  # raises, fails the txn
+            raise
+        if len(statements) > 1:
+            raise SqlSyntaxError("cannot insert multiple commands into a prepared statement")
+        if message.name and message.name in self.statements:
+            raise DuplicateStatementError(f'prepared statement "{message.name}" already exists')
+        if highest > WIRE_PARAMETERS_MAX:  # no Bind could supply it
+            raise LimitExceededError(f"there is no parameter ${highest}: a statement takes at "
+                                     f"most {WIRE_PARAMETERS_MAX} parameters")  # fmt: skip
+        count = max(len(message.parameter_oids), highest)
+        oids = [*message.parameter_oids, *[0] * (count - len(message.parameter_oids))]
+        self.statements[message.name] = Prepared(
+            message.query, statements[0] if statements else None, oids
+        )
+        self.send(m.parse_complete())
+
+    def on_bind(self, message: m.Bind) -> None:
+        prepared = self.statements.get(message.statement)
+        if prepared is None:
+            raise UndefinedPreparedStatementError(
+                f'prepared statement "{message.statement}" does not exist'
+            )
+        count = len(message.parameters)
+        if count != len(prepared.parameter_oids):
+            raise ProtocolViolation(
+                f"bind message supplies {count} parameters, but prepared statement "
+                f'"{message.statement}" requires {len(prepared.parameter_oids)}'
+            )
+        formats = message.parameter_formats
+        if len(formats) <= 1:
+            formats = (formats or [0]) * count
+        elif len(formats) != count:
+            raise ProtocolViolation("bind message has a wrong number of parameter formats")
+        values = wire_types.decode_parameters(message.parameters, prepared.parameter_oids, formats)
+        if message.portal and message.portal in self.portals:
+            raise DuplicateCursorError(f'cursor "{message.portal}" already exists')
+        portal = Portal(prepared, values, message.result_formats)
+        if not prepared.described:  # psycopg sends a list of str or an empty one untyped
+            portal.untyped_arrays = [
+                (index, value)
+                for index, (value, oid, fmt) in enumerate(
+                    zip(message.parameters, prepared.parameter_oids, formats, strict=True)
+                )
+                if oid in (0, wire_types.UNKNOWN) and fmt == 0 and value is not None
+                and value[:1] == b"{"
+            ]  # fmt: skip
+        self.portals[message.portal] = portal
+        self.send(m.bind_complete())
+
+    async def _decode_untyped_arrays(self, portal: Portal) -> None:
+        """Decode the portal's untyped ``{...}`` parameters as arrays where the statement
+        (described now, as a Describe would) takes a list; others stay text."""
+        candidates, portal.untyped_arrays = portal.untyped_arrays, []
+        try:
+            await self._describe_statement(portal.prepared)
+        except TopicbaseError:  # not describable: the values stay text, as before
+            log.debug("describing for untyped array parameters failed", exc_info=True)
+            return
+        for index, value in candidates:
+            oid = portal.prepared.parameter_oids[index]
+            if oid in arrays.ELEMENT_OIDS:
+                portal.parameters[index] = wire_types.decode_parameter(value, oid, 0)
+
+    def _portal(self, name: str) -> Portal:
+        portal = self.portals.get(name)
+        if portal is None:
+            raise UndefinedCursorError(f'portal "{name}" does not exist')
+        return portal
+
+    async def _run_portal(self, portal: Portal) -> bool:
+        """Run the portal's statement once; False when the statement's description went
+        stale (then the error went out and messages are skipped until Sync)."""
+        if portal.executed:
+            return True
+        portal.executed = True
+        statement = portal.prepared.statement
+        if portal.untyped_arrays and statement is not None:
+            await self._decode_untyped_arrays(portal)
+        if statement is None:
+            return True
+        self.log_statement(portal.prepared.query)
+        try:
+            await self._revalidate(portal.prepared)
+        except CachedPlanChangedError as error:
+            self.send(revalidation_error(error.message))
+            self.skipping = True
+            return False
+        parameters = portal.parameters or None
+        if wire_commands.is_wire_statement(statement):  # DECLARE/FETCH/MOVE/CLOSE (commands)
+            result = await wire_commands.run_in_portal(self.context, statement, parameters)
+        else:
+            result = await self.call(self.catalog.execute, self._session(), statement,
+                                     parameters)  # fmt: skip
+        await self._refuse_result(result)
+        portal.result = result
+        table = portal.result.table
+        if table is not None:
+            portal.oids, portal.formats = result_columns(table, portal.result_formats)
+            described = portal.prepared.columns
+            if described is not None:  # the client decodes by the statement's description
+                portal.oids = described_oids(described, portal.oids)
+            elif any(wire_types.type_oid(f.type) == wire_types.TEXT for f in table.schema):
+                portal.oids = await self._text_column_oids(
+                    portal.prepared.statement, table, portal.oids
+                )
+            for fmt, oid in zip(portal.formats, portal.oids, strict=True):
+                if fmt == 1:
+                    wire_types.column_encoder(oid, 1)  # raises for types without binary output
+        return True
+
+    async def _revalidate(self, prepared: Prepared) -> None:
+        """Before a described row-returning statement runs: its rows must still be what the
+        client was told (PostgreSQL's RevalidateCachedQuery). The engine keeps descriptions
+        while its catalog stands still, so this is cheap when nothing changed."""
+        if not prepared.described or prepared.columns is None or prepared.statement is None:
+            return
+        description = await self.call(self._describe, prepared.statement)
+        columns = description.columns
+        fresh = None if columns is None else [
+            (c.name, wire_types.column_oid(c.arrow_type, c.sql_type)) for c in columns
+        ]  # fmt: skip
+        if fresh != prepared.columns:
+            raise CachedPlanChangedError("cached plan must not change result type")
+
+    async def on_describe(self, message: m.Describe) -> None:
+        if message.kind == "S":
+            prepared = self.statements.get(message.name)
+            if prepared is None:
+                raise UndefinedPreparedStatementError(
+                    f'prepared statement "{message.name}" does not exist'
+                )
+            await self._describe_statement(prepared)
+            self.send(m.parameter_description(prepared.parameter_oids))
+            if prepared.columns is None:
+                self.send(m.no_data())
+            else:
+                names = [name for name, _ in prepared.columns]
+                oids = [oid for _, oid in prepared.columns]
+                self.send(described_row(names, oids, [0] * len(oids)))
+            return
+        if message.name not in self.portals:  # a DECLAREd cursor is a portal too
+            description = wire_commands.describe_cursor(self.context, message.name)
+            if description is not None:
+                self.send(description)
+                return
+        portal = self._portal(message.name)
+        described = portal.prepared.columns
+        if portal.prepared.described and not portal.executed:  # no need to run it first
+            if described is None:
+                self.send(m.no_data())
+                return
+            formats = result_formats(len(described), portal.result_formats)
+            for fmt, (_, oid) in zip(formats, described, strict=True):
+                if fmt == 1:
+                    wire_types.column_encoder(oid, 1)  # raises for types without binary output
+            names = [name for name, _ in described]
+            self.send(described_row(names, [oid for _, oid in described], formats))
+            return
+        if not await self._run_portal(portal):
+            return
+        result = portal.result
+        if result is None or result.table is None:
+            self.send(m.no_data())
+        else:
+            self.send(row_description(result.table, portal.oids, portal.formats))
+
+    async def _text_column_oids(self, statement: ast.Statement | None, table: pa.Table,
+                                oids: list[int]) -> list[int]:  # fmt: skip
+        """``oids`` with UUID and JSON for the text columns DuckDB knows as such (both are
+        Arrow strings), from the statement's description (which the engine keeps while
+        DuckDB's catalog does not move, so a repeated query pays for it once)."""
+        if statement is None or wire_commands.is_wire_statement(statement):
+            return oids
+        try:
+            description = await self.call(self._describe, statement)
+        except Exception:  # the statement ran; its rows go out as text then
+            log.debug("describing an executed statement failed", exc_info=True)
+            return oids
+        columns = description.columns
+        if columns is None or len(columns) != table.num_columns:
+            return oids
+        return [
+            wire_types.column_oid(f.type, c.sql_type) if oid == wire_types.TEXT else oid
+            for f, c, oid in zip(table.schema, columns, oids, strict=True)
+        ]
+
+    async def _describe_statement(self, prepared: Prepared) -> None:
+        """Ask the engine, once per prepared statement, for its parameter and result wire_types."""
+        if prepared.described:
+            return
+        statement = prepared.statement
+        description = None
+        if statement is not None and not wire_commands.is_wire_statement(statement):
+            description = await self.call(self._describe, statement)
+        apply_description(prepared, description)
+
+    def _describe(self, statement: ast.Statement) -> Description:
+        """The engine's description of what Execute runs for ``statement``: a catalog query
+        is described as rewritten, SHOW as its one-column SELECT (``pg_catalog``). Runs on
+        the connection's worker thread."""
+        return self._session().describe(self.catalog.engine_statement(statement))
+
+    async def on_execute(self, message: m.Execute) -> None:
+        portal = self._portal(message.portal)
+        if wire_commands.is_copy_statement(portal.prepared.statement):  # COPY (commands)
+            self.log_statement(portal.prepared.query)
+            await wire_commands.execute_copy(self.context, portal.prepared.statement)
+            return
+        if not await self._run_portal(portal):
+            return
+        result = portal.result
+        if result is None:
+            self.send(m.empty_query_response())
+            return
+        if not portal.position:
+            for notice in result.notices:
+                self.send(m.notice_response(notice))
+        table = result.table
+        if table is None:
+            if not portal.position:
+                portal.position = 1
+                self.send(m.command_complete(result.tag))
+            else:
+                self.send(m.command_complete(result.tag.split(" ")[0]))
+            return
+        remaining = table.num_rows - portal.position
+        count = remaining if message.max_rows <= 0 else min(message.max_rows, remaining)
+        rows = table.slice(portal.position, count)
+        portal.position += count
+        await self.send_rows(rows, portal.oids, portal.formats)
+        if portal.position < table.num_rows:
+            self.send(m.portal_suspended())
+        elif result.tag.startswith("SELECT "):
+            self.send(m.command_complete(f"SELECT {count}"))
+        else:
+            self.send(m.command_complete(result.tag))
