@@ -79,8 +79,6 @@ KNOWN_CIRCLES: tuple[frozenset[str], ...] = (
             "engine.introspection",
             "engine.offset_reset",
             "engine.session",
-            # joined this round: engine.writes imports engine.introspection.routing_text
-            "engine.writes",
         }
     ),
     frozenset({"engine.grants", "engine.privileges"}),
