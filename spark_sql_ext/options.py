@@ -26,6 +26,8 @@ from dataclasses import dataclass
 from datetime import UTC, datetime
 from typing import Any
 
+import pyarrow as pa
+
 from spark_sql_ext.client import TopicbaseClient
 
 TOPIC_COLUMNS = ("partition", "offset", "seq_no", "producer_id", "message_group_id",
@@ -34,6 +36,13 @@ TOPIC_DDL = {
     "partition": "INT", "offset": "BIGINT", "seq_no": "BIGINT", "producer_id": "STRING",
     "message_group_id": "STRING", "created_at": "TIMESTAMP", "written_at": "TIMESTAMP",
     "codec": "STRING", "data": "BINARY", "metadata": "MAP<STRING, BINARY>",
+}  # fmt: skip
+# The same columns as Arrow types (what the Flight door streams).
+TOPIC_ARROW_TYPES = {
+    "partition": pa.int32(), "offset": pa.int64(), "seq_no": pa.int64(),
+    "producer_id": pa.string(), "message_group_id": pa.string(),
+    "created_at": pa.timestamp("us", tz="UTC"), "written_at": pa.timestamp("us", tz="UTC"),
+    "codec": pa.string(), "data": pa.binary(), "metadata": pa.map_(pa.string(), pa.binary()),
 }  # fmt: skip
 EARLIEST, LATEST = -2, -1
 DEFAULT_SPLIT_ROWS = 1_000_000

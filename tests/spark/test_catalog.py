@@ -139,3 +139,34 @@ def test_the_catalog_reads_only_the_columns_a_query_needs(spark, database, url,
     scanned = plan.split("BatchScan topicbase[")[1].split("]")[0]
     assert scanned.startswith("name#") and "," not in scanned, plan  # not id, name, note
     assert [r.name for r in spark.sql(f"SELECT name FROM {tb}.main.people").collect()] == ["ann"]
+
+
+def test_the_catalog_resolves_a_name_in_one_call(spark, database, url) -> None:
+    """A name resolves through one schema() call of the source (option ``describe``), not
+    a Spark job listing every relation: a topic gets the source's topic schema, a table its
+    own, a missing name is Spark's table-not-found."""
+    from pyspark.errors import AnalysisException
+
+    from spark_sql_ext.options import TOPIC_DDL
+
+    session = database.connect()
+    session.execute("CREATE TOPIC events")
+    session.execute("CREATE TABLE people (id BIGINT, name VARCHAR)")
+    session.close()
+    tb = _catalog(spark, url)
+    jobs = spark.sparkContext.statusTracker()
+    before = len(jobs.getJobIdsForGroup(None))
+    topic_schema = spark.table(f"{tb}.main.events").schema
+    table_schema = spark.table(f"{tb}.main.people").schema
+    assert len(jobs.getJobIdsForGroup(None)) == before  # no job ran to resolve them
+    ddl = ", ".join(f"`{c}` {t}" for c, t in TOPIC_DDL.items())
+    assert topic_schema == spark.createDataFrame([], ddl).schema
+    assert [(f.name, f.dataType.simpleString()) for f in table_schema] == [
+        ("id", "bigint"), ("name", "string")]
+    assert all(not f.metadata for f in topic_schema)
+    try:
+        spark.table(f"{tb}.main.nothing")
+    except AnalysisException as error:
+        assert "TABLE_OR_VIEW_NOT_FOUND" in str(error)
+    else:
+        raise AssertionError("a missing relation resolved")

@@ -23,6 +23,7 @@ import org.apache.spark.sql.connector.catalog.TableCatalog;
 import org.apache.spark.sql.connector.catalog.TableChange;
 import org.apache.spark.sql.connector.expressions.Transform;
 import org.apache.spark.sql.execution.datasources.v2.python.PythonDataSourceV2;
+import org.apache.spark.sql.types.Metadata;
 import org.apache.spark.sql.types.StructField;
 import org.apache.spark.sql.types.StructType;
 import org.apache.spark.sql.util.CaseInsensitiveStringMap;
@@ -46,6 +47,9 @@ import org.apache.spark.sql.util.CaseInsensitiveStringMap;
 public class TopicbaseCatalog implements TableCatalog, SupportsNamespaces {
     private static final String NAMESPACE = "main";
     static final String SOURCE = "topicbase";
+    /** Marks a missing relation in the source's error (spark_sql_ext.datasource.describe). */
+    static final String NO_SUCH_RELATION = "TOPICBASE_NO_SUCH_RELATION";
+    static final String KIND_METADATA = "topicbase.kind";
     private static final Pattern PLAIN_NAME = Pattern.compile("[A-Za-z_][A-Za-z0-9_]*");
     private static final String[] CONNECTION_KEYS = {"url", "user", "password", "tlsRootCerts",
         "splitRows"};
@@ -126,17 +130,38 @@ public class TopicbaseCatalog implements TableCatalog, SupportsNamespaces {
 
     @Override
     public Table loadTable(Identifier ident) throws NoSuchTableException {
-        String kind = inNamespace(ident.namespace()) ? relations().get(ident.name()) : null;
-        if (kind == null) {
+        if (!inNamespace(ident.namespace())) {
             throw new NoSuchTableException(ident);
         }
-        Map<String, String> properties = new HashMap<>(connection);
-        properties.put(kind, ident.name());
+        // One call of the source's schema() with option "describe" (no Spark job): the
+        // relation's columns, its kind ("topic" or "table") in the first one's metadata.
         PythonDataSourceV2 provider = new PythonDataSourceV2();
         provider.setShortName(SOURCE);
-        StructType schema = provider.inferSchema(new CaseInsensitiveStringMap(properties));
-        return new TopicbaseTable(provider.getTable(schema, new Transform[0], properties),
-            properties);
+        Map<String, String> probe = new HashMap<>(connection);
+        probe.put("describe", ident.name());
+        StructType described;
+        try {
+            described = provider.inferSchema(new CaseInsensitiveStringMap(probe));
+        } catch (Exception e) { // Spark's AnalysisException is checked in Java's eyes
+            if (String.valueOf(e.getMessage()).contains(NO_SUCH_RELATION)) {
+                throw new NoSuchTableException(ident);
+            }
+            throw TopicbaseCatalog.<RuntimeException>rethrow(e);
+        }
+        StructField[] fields = described.fields().clone();
+        String kind = fields[0].metadata().getString(KIND_METADATA);
+        fields[0] = new StructField(fields[0].name(), fields[0].dataType(), fields[0].nullable(),
+            Metadata.empty());
+        Map<String, String> properties = new HashMap<>(connection);
+        properties.put(kind, ident.name());
+        return new TopicbaseTable(provider.getTable(new StructType(fields), new Transform[0],
+            properties), properties);
+    }
+
+    /** Throws {@code e} as it is (checked or not); declared to return for {@code throw}. */
+    @SuppressWarnings("unchecked")
+    private static <E extends Exception> E rethrow(Exception e) throws E {
+        throw (E) e;
     }
 
     @Override
