@@ -458,25 +458,46 @@ class TopicLog:
             return self._partition_for_key_locked(key)
 
     def _partition_for_key_locked(self, key: str) -> int:
+        return self._partitions_for_keys_locked([key])[0]
+
+    def _partitions_for_keys_locked(self, keys: list[str]) -> list[int]:
+        """The partition of each of ``keys`` (distinct): its range's (ranged topics), else
+        the active partition holding the key's newest live producer entry (the first such
+        in partition order on a tie), else its pending binding, else the next partition
+        round-robin, bound in the order of ``keys``.
+
+        One pass over the partitions, each intersecting ``keys`` with its producer table,
+        rather than one pass per key: the cost grows with partitions + keys, not their
+        product.
+        """
         if self.autopartitioning.ranged:
-            return self._partition_for_hash(key_hash(key))
-        best: tuple[int, int] | None = None
+            return [self._partition_for_hash(key_hash(key)) for key in keys]
+        wanted = set(keys)
+        assert len(wanted) == len(keys), "keys are distinct"
+        best: dict[str, tuple[int, int]] = {}
         for partition_id, partition in self._partitions.items():
-            entry = partition.producers.entry(key)
-            newer = entry is not None and (best is None or entry.last_written_at_us > best[0])
-            if newer and partition.active:
-                assert entry is not None
-                best = (entry.last_written_at_us, partition_id)
-        if best is not None:
-            return best[1]
-        pending = self._pending_bindings.get(key)
-        if pending is not None and self._info[pending].active:
-            return pending
-        partition_id = self._next_round_robin()
-        if len(self._pending_bindings) > limits.PRODUCERS_PER_PARTITION_MAX:
-            self._pending_bindings.clear()
-        self._pending_bindings[key] = partition_id
-        return partition_id
+            if not partition.active:
+                continue
+            for key, entry in partition.producers.live_entries(wanted).items():
+                held = best.get(key)
+                if held is None or entry.last_written_at_us > held[0]:
+                    best[key] = (entry.last_written_at_us, partition_id)
+        chosen = []
+        for key in keys:
+            held = best.get(key)
+            if held is not None:
+                chosen.append(held[1])
+                continue
+            pending = self._pending_bindings.get(key)
+            if pending is not None and self._info[pending].active:
+                chosen.append(pending)
+                continue
+            partition_id = self._next_round_robin()
+            if len(self._pending_bindings) > limits.PRODUCERS_PER_PARTITION_MAX:
+                self._pending_bindings.clear()
+            self._pending_bindings[key] = partition_id
+            chosen.append(partition_id)
+        return chosen
 
     def _partition_for_hash(self, value: int) -> int:
         index = bisect.bisect_right(self._range_lows, value) - 1
@@ -674,7 +695,7 @@ class TopicLog:
         with self._lock:
             keyless = self._next_round_robin() if keys.null_count else -1
             unique = pc.unique(keys.drop_null())
-            bound = [self._partition_for_key_locked(k) for k in unique.to_pylist()]
+            bound = self._partitions_for_keys_locked(unique.to_pylist())
         if not bound:
             return np.full(batch.num_rows, keyless, dtype=np.int64)
         positions = pc.index_in(keys, value_set=unique).fill_null(len(bound))
