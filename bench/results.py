@@ -269,10 +269,8 @@ class Recorder:
 
             charts.draw_all(merged, charts_dir)
         md_dir = os.path.dirname(os.path.abspath(self.md_path))
-        _write_atomic(
-            self.md_path,
-            render_markdown(merged, charts_dir=charts_dir or CHARTS_DIR, md_dir=md_dir),
-        )
+        charts_dir = charts_dir or os.path.join(md_dir, "charts")  # the report's own charts
+        _write_atomic(self.md_path, render_markdown(merged, charts_dir=charts_dir, md_dir=md_dir))
         return merged
 
 

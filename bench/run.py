@@ -63,7 +63,10 @@ def _parse(argv: list[str] | None) -> argparse.Namespace:
     parser.add_argument("--list", action="store_true", help="list the benchmarks and exit")
     parser.add_argument("--results", default=RESULTS_JSON, help="results JSON (merged into)")
     parser.add_argument("--markdown", default=RESULTS_MD, help="Markdown report (regenerated)")
-    parser.add_argument("--charts", default=CHARTS_DIR, help="directory of the PNG charts")
+    parser.add_argument(
+        "--charts",
+        help=f"directory of the PNG charts (default: charts/ beside the Markdown, {CHARTS_DIR})",
+    )
     parser.add_argument(
         "--strict", action="store_true", help="exit with status 2 when a target is missed"
     )
@@ -107,7 +110,9 @@ def main(argv: list[str] | None = None) -> int:
             recorder.save()  # keep whatever this module recorded, even after a failure
         recorder.progress(f"== {name} done in {time.perf_counter() - started:.1f}s ==")
     try:
-        recorder.save(charts_dir=args.charts)
+        charts = args.charts or os.path.join(os.path.dirname(os.path.abspath(args.markdown)),
+                                             "charts")  # fmt: skip
+        recorder.save(charts_dir=charts)
     except Exception:  # the JSON and the Markdown are written; the charts are extra
         traceback.print_exc()
     _summary(recorder)

@@ -157,3 +157,24 @@ def test_charts_are_drawn_for_targeted_records_and_removed_without(tmp_path: Pat
         assert Path(path).read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
     assert charts.draw_all([], str(directory)) == []
     assert list(directory.iterdir()) == []  # no stale chart left behind
+
+
+def test_a_run_writes_results_markdown_and_charts_beside_each_other(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    from bench import run
+    from tests.bench import fake_suite
+
+    monkeypatch.setitem(run.SUITES, "fake", "tests.bench.fake_suite")
+    fake_suite.ORDER.clear()
+    code = run.main(
+        ["--suite", "quick", "--only", "fake", "--results", str(tmp_path / "r.json"),
+         "--markdown", str(tmp_path / "R.md")]
+    )  # fmt: skip
+    assert code == 0
+    assert fake_suite.ORDER == ["topicbase", "baseline"] * 3
+    (stored,) = load_records(str(tmp_path / "r.json"))
+    assert (stored["value"], stored["min"], stored["max"]) == (11.0, 10.0, 12.0)
+    assert stored["ratio"] == round(11.0 / 6.0, 4) and stored["met"] is True
+    assert (tmp_path / "charts" / "targets.png").exists()  # beside R.md, not in bench/
+    assert "![targets](charts/targets.png)" in (tmp_path / "R.md").read_text()
