@@ -22,6 +22,10 @@ BASE = "#a0aec0"
 MISSED = "#c53030"
 
 
+def _label(name: str, width: int = 42) -> str:
+    return name if len(name) <= width else name[: width - 1] + "…"
+
+
 def _targeted(records: list[dict[str, Any]]) -> list[dict[str, Any]]:
     return [r for r in records if r.get("target_ratio") is not None and r.get("ratio")]
 
@@ -40,7 +44,7 @@ def draw_targets(records: list[dict[str, Any]], path: str) -> bool:
 
     rows = list(reversed(rows))  # first record at the top
     height = 0.32 * len(rows) + 1.2
-    fig, ax = plt.subplots(figsize=(7.5, height), dpi=DPI)
+    fig, ax = plt.subplots(figsize=(9.0, height), dpi=DPI)
     ys = range(len(rows))
     ratios = [r["ratio"] for r in rows]
     lows = [r.get("ratio_min") or r["ratio"] for r in rows]
@@ -60,7 +64,7 @@ def draw_targets(records: list[dict[str, Any]], path: str) -> bool:
     values = [*ratios, *lows, *highs, *(r["target_ratio"] for r in rows)]
     ax.set_xlim(min(values) / 1.5, max(values) * 1.5)
     ax.set_yticks(list(ys))
-    ax.set_yticklabels([r["name"] for r in rows], fontsize=8)
+    ax.set_yticklabels([_label(r["name"]) for r in rows], fontsize=8)
     ax.set_xlabel("ratio to baseline (higher is better; blue met, red missed)", fontsize=8)
     ax.tick_params(axis="x", labelsize=8)
     ax.legend(fontsize=7, loc="best")
