@@ -64,10 +64,10 @@ chaos: $(STAMP)
 # Benchmarks: Topicbase and its baselines (PostgreSQL 15, Redis: started and stopped on
 # loopback by the harness) alternate, repetition by repetition; bench/results.json and
 # bench/RESULTS.md (with PNG charts in bench/charts). ONLY=transactions,pgwire runs some.
-bench: $(STAMP)
+bench: $(STAMP) spark-jar
 	$(PY) -m bench.run --suite full $(if $(ONLY),--only $(ONLY))
 
-bench-quick: $(STAMP)
+bench-quick: $(STAMP) spark-jar
 	$(PY) -m bench.run --suite quick $(if $(ONLY),--only $(ONLY))
 
 clean:
