@@ -52,13 +52,14 @@ import re
 import secrets
 import ssl
 from collections.abc import Callable
-from typing import Any, Protocol
+from typing import Any, NamedTuple, Protocol
 
 import pyarrow as pa
 
 from engine.api import (
     LOCAL_SUPERUSER_NAME,
     Database,
+    Description,
     Identity,
     Result,
     Session,
@@ -75,7 +76,12 @@ from sql.pgwire.codec.row_encoding import DataRows
 from sql.pgwire.connection import commands as wire_commands
 from sql.pgwire.connection import result_stream
 from sql.pgwire.connection.context import CommandContext
-from sql.pgwire.connection.extended import ExtendedProtocol, parse_text
+from sql.pgwire.connection.extended import (
+    PARSED,
+    ExtendedProtocol,
+    parse_text,
+    refined_text_oids,
+)
 from sql.pgwire.connection.output import GatheringWriter
 from sql.pgwire.connection.portals import (
     Portal,
@@ -149,8 +155,16 @@ def statement_logged(mode: str, text: str) -> bool:
     return word in _DDL_WORDS or (mode == "mod" and word in _MOD_WORDS)
 
 
-def _start_stream(context: CommandContext, statement: ast.Statement
-                  ) -> tuple[result_stream.ResultStream, pa.Table | None] | None:  # fmt: skip
+class _Started(NamedTuple):
+    """A statement's stream and its first batch; ``ended``: the result fitted in that batch
+    and the stream is closed already (no further hop to the worker for it)."""
+
+    stream: result_stream.ResultStream
+    first: pa.Table | None
+    ended: bool
+
+
+def _start_stream(context: CommandContext, statement: ast.Statement) -> _Started | None:
     """Worker thread: open ``statement``'s stream and read its first batch; a result that
     fits in one batch is read to its end and closed here. None if not streamed."""
     stream = result_stream.try_stream(context, statement, None, None)
@@ -161,12 +175,22 @@ def _start_stream(context: CommandContext, statement: ast.Statement
         if first is None or first.num_rows < result_stream.BATCH_ROWS:
             more = stream.next_batch()
             if more is not None:  # a short batch was not the last: keep streaming
-                return stream, pa.concat_tables([first, more]) if first is not None else more
+                both = pa.concat_tables([first, more]) if first is not None else more
+                return _Started(stream, both, ended=False)
             stream.close()
+            return _Started(stream, first, ended=True)
     except BaseException:
         stream.close()
         raise
-    return stream, first
+    return _Started(stream, first, ended=False)
+
+
+class _Ran(NamedTuple):
+    """A statement the engine did not stream, run whole, with the description that refines
+    its text columns (``ExtendedProtocol.text_description``)."""
+
+    result: Result
+    text_description: Description | None
 
 
 class Connection(ExtendedProtocol):
@@ -453,8 +477,11 @@ class Connection(ExtendedProtocol):
             await wire_commands.simple_query(self.context, query)
             return
         query = surface.plain_begin(query)  # BEGIN ISOLATION LEVEL … (psycopg) -> BEGIN
+        statements = PARSED.get(query)
         try:
-            statements = await self.call(parse_text, query)  # off the event loop: may be long
+            if statements is None:
+                statements = await self.call(parse_text, query)  # off the loop: may be long
+                PARSED.put(query, statements)
         except TopicbaseError:
             # Run it through Session.execute: it raises the same error and fails an
             # open transaction, as any failed statement does.
@@ -468,10 +495,14 @@ class Connection(ExtendedProtocol):
             self.send(m.empty_query_response())
         for statement in statements:
             try:
-                if not await self._send_streamed(statement):
-                    result = await self.call(self.catalog.execute, self._session(), statement,
-                                             None)  # fmt: skip
-                    await self.send_result(result, statement)
+                # One hop to the worker: the statement is streamed or, if the engine does
+                # not stream it, run whole there.
+                outcome = await self.call(self._start_or_run, statement)
+                if isinstance(outcome, _Ran):
+                    await self.send_result(outcome.result, text_description=outcome.
+                                           text_description)  # fmt: skip
+                else:
+                    await self._send_streamed(outcome)
                 if statement is not statements[-1]:  # each statement's results as it ends
                     await self.writer.drain()
             except Exception as error:
@@ -479,9 +510,11 @@ class Connection(ExtendedProtocol):
                 break
         self.send(self.ready_for_query())
 
-    async def send_result(self, result: Result, statement: ast.Statement | None = None) -> None:
-        """RowDescription, DataRows and CommandComplete of a simple-protocol result. With
-        ``statement``, text columns DuckDB knows as UUID or JSON are described so."""
+    async def send_result(self, result: Result, statement: ast.Statement | None = None, *,
+                          text_description: Description | None = None) -> None:  # fmt: skip
+        """RowDescription, DataRows and CommandComplete of a simple-protocol result. Text
+        columns DuckDB knows as UUID or JSON are described so, by ``text_description``
+        (asked of the engine here if only ``statement`` is given)."""
         await self._refuse_result(result)
         for notice in result.notices:
             self.send(m.notice_response(notice))
@@ -489,31 +522,39 @@ class Connection(ExtendedProtocol):
         if table is not None:
             oids, formats = result_columns(table, [])
             if wire_types.TEXT in oids:
-                oids = await self._text_column_oids(statement, table, oids)
+                if text_description is None and statement is not None:
+                    text_description = await self.call(self.text_description, statement, table)
+                oids = refined_text_oids(text_description, table, oids)
             self.send(row_description(table, oids, formats))
             await self.send_rows(table, oids, formats)
         self.send(m.command_complete(result.tag))
 
-    async def _send_streamed(self, statement: ast.Statement) -> bool:
-        """Send a plain query's rows batch by batch as the engine reads them from DuckDB, so
-        a result of any size is never held whole (PostgreSQL streams too); False if the
-        engine does not stream ``statement`` (the caller runs it whole). A small result
-        costs one worker hop: it is opened, read and closed there."""
-        started = await self.call(_start_stream, self.context, statement)
-        if started is None:
-            return False
-        stream, first = started
+    def _start_or_run(self, statement: ast.Statement) -> _Started | _Ran:
+        """Worker thread: ``statement``'s stream and first batch (``_start_stream``), or, if
+        the engine does not stream it, its whole result (``_Ran``)."""
+        started = _start_stream(self.context, statement)
+        if started is not None:
+            return started
+        result = self.catalog.execute(self._session(), statement, None)
+        return _Ran(result, self.text_description(statement, result.table))
+
+    async def _send_streamed(self, started: _Started) -> None:
+        """Send a plain query's rows batch by batch as the engine reads them from DuckDB
+        (``_start_or_run`` opened the stream and read its first batch), so a result of any
+        size is never held whole (PostgreSQL streams too). A result that fitted in the
+        first batch was read and closed on the worker already: it costs no further hop."""
+        stream = started.stream
         try:
             formats = [0] * len(stream.oids)
             self.send(row_description(stream.schema.empty_table(), stream.oids, formats))
-            batch = first
+            batch = started.first
             while batch is not None:
                 await self.send_rows(batch, stream.oids, formats)
-                batch = await self.call(stream.next_batch)
+                batch = None if started.ended else await self.call(stream.next_batch)
         finally:
-            await self.call(stream.close)
+            if not started.ended:
+                await self.call(stream.close)
         self.send(m.command_complete(f"SELECT {stream.row_count}"))
-        return True
 
     async def send_rows(self, table: pa.Table, oids: list[int], formats: list[int]) -> None:
         """DataRow messages of ``table``: each chunk's per-value encoding runs on the worker

@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import logging
 import re
+import threading
 from collections.abc import Awaitable, Callable
 from typing import Any
 
@@ -48,12 +49,46 @@ from storage.errors import (
     UndefinedCursorError,
     UndefinedPreparedStatementError,
 )
-from storage.limits import WIRE_PARAMETERS_MAX
+from storage.limits import CACHED_TEXT_CHARS_MAX, WIRE_PARAMETERS_MAX
 
 log = logging.getLogger(__name__)
 
 _PARAMETER = re.compile(r"\$(\d+)")
 PARSE_CACHE_ENTRIES = 512
+
+
+class ParsedTexts:
+    """Parse results by text that the event loop finds without a hop to a worker thread
+    (parsing depends on the text alone; ``parse_text`` and ``_prepare_text`` are cached
+    on the workers too, but asking there costs tens of microseconds of thread wake-ups).
+    Bounded like ``text_cache``: at most ``entries`` texts, none over
+    ``CACHED_TEXT_CHARS_MAX``; the least recently used goes first. Thread-safe (a
+    process may run several servers, each on its own event loop thread)."""
+
+    def __init__(self, entries: int) -> None:
+        self.entries = entries
+        self._kept: dict[str, Any] = {}
+        self._lock = threading.Lock()
+
+    def get(self, text: str) -> Any:
+        """What ``put`` kept for ``text``, or None."""
+        with self._lock:
+            value = self._kept.pop(text, None)
+            if value is not None:
+                self._kept[text] = value  # most recently used: last
+            return value
+
+    def put(self, text: str, value: Any) -> None:
+        if len(text) > CACHED_TEXT_CHARS_MAX:
+            return
+        with self._lock:
+            self._kept[text] = value
+            while len(self._kept) > self.entries:
+                del self._kept[next(iter(self._kept))]
+
+
+PARSED = ParsedTexts(PARSE_CACHE_ENTRIES)  # parse_text's results (simple query)
+PREPARED = ParsedTexts(PARSE_CACHE_ENTRIES)  # _prepare_text's results (Parse)
 
 
 @text_cache(PARSE_CACHE_ENTRIES)
@@ -70,6 +105,19 @@ def _prepare_text(text: str) -> tuple[tuple[ast.Statement, ...], int]:
     # BEGIN ISOLATION LEVEL … comes through Parse too (psycopg's executemany).
     statements = wire_commands.prepared_statements(text) or parse_text(surface.plain_begin(text))
     return statements, max(map(int, _PARAMETER.findall(text)), default=0)
+
+
+def refined_text_oids(description: Description | None, table: pa.Table,
+                      oids: list[int]) -> list[int]:  # fmt: skip
+    """``oids`` with UUID and JSON for the text columns ``description`` (the executed
+    statement's, ``ExtendedProtocol.text_description``) knows as such."""
+    columns = None if description is None else description.columns
+    if columns is None or len(columns) != table.num_columns:
+        return oids
+    return [
+        wire_types.column_oid(f.type, c.sql_type) if oid == wire_types.TEXT else oid
+        for f, c, oid in zip(table.schema, columns, oids, strict=True)
+    ]
 
 
 class ExtendedProtocol:
@@ -114,11 +162,15 @@ class ExtendedProtocol:
             self.send(m.close_complete())
 
     async def on_parse(self, message: m.Parse) -> None:
-        try:
-            statements, highest = await self.call(_prepare_text, message.query)
-        except TopicbaseError:
-            await self.call(self._session().execute, message.query)  # raises, fails the txn
-            raise
+        prepared = PREPARED.get(message.query)
+        if prepared is None:
+            try:
+                prepared = await self.call(_prepare_text, message.query)
+            except TopicbaseError:
+                await self.call(self._session().execute, message.query)  # raises, fails txn
+                raise
+            PREPARED.put(message.query, prepared)
+        statements, highest = prepared
         if len(statements) > 1:
             raise SqlSyntaxError("cannot insert multiple commands into a prepared statement")
         if message.name and message.name in self.statements:
@@ -198,18 +250,18 @@ class ExtendedProtocol:
         if statement is None:
             return True
         self.log_statement(portal.prepared.query)
+        parameters = portal.parameters or None
+        text_description = None
         try:
-            await self._revalidate(portal.prepared)
+            if wire_commands.is_wire_statement(statement):  # DECLARE/FETCH/MOVE/CLOSE
+                result = await wire_commands.run_in_portal(self.context, statement, parameters)
+            else:  # one hop to the worker: revalidate, run, describe text columns
+                result, text_description = await self.call(self._execute_prepared,
+                                                           portal.prepared, parameters)  # fmt: skip
         except CachedPlanChangedError as error:
             self.send(revalidation_error(error.message))
             self.skipping = True
             return False
-        parameters = portal.parameters or None
-        if wire_commands.is_wire_statement(statement):  # DECLARE/FETCH/MOVE/CLOSE (commands)
-            result = await wire_commands.run_in_portal(self.context, statement, parameters)
-        else:
-            result = await self.call(self.catalog.execute, self._session(), statement,
-                                     parameters)  # fmt: skip
         await self._refuse_result(result)
         portal.result = result
         table = portal.result.table
@@ -218,23 +270,35 @@ class ExtendedProtocol:
             described = portal.prepared.columns
             if described is not None:  # the client decodes by the statement's description
                 portal.oids = described_oids(described, portal.oids)
-            elif any(wire_types.type_oid(f.type) == wire_types.TEXT for f in table.schema):
-                portal.oids = await self._text_column_oids(
-                    portal.prepared.statement, table, portal.oids
-                )
+            else:
+                portal.oids = refined_text_oids(text_description, table, portal.oids)
             for fmt, oid in zip(portal.formats, portal.oids, strict=True):
                 if fmt == 1:
                     wire_types.column_encoder(oid, 1)  # raises for types without binary output
         return True
 
-    async def _revalidate(self, prepared: Prepared) -> None:
+    def _execute_prepared(self, prepared: Prepared, parameters: Any
+                          ) -> tuple[Result, Description | None]:  # fmt: skip
+        """Worker thread: run ``prepared``'s statement (not one the wire server runs itself)
+        with everything the engine is asked around it, so that a portal costs one hop to
+        this thread: the revalidation of a described statement before it runs (raises
+        ``CachedPlanChangedError``), and for an undescribed one with text columns, the
+        description that tells UUID and JSON apart from text (``text_description``)."""
+        statement = prepared.statement
+        assert statement is not None
+        self._revalidate(prepared)
+        result = self.catalog.execute(self._session(), statement, parameters)
+        if prepared.columns is not None:
+            return result, None
+        return result, self.text_description(statement, result.table)
+
+    def _revalidate(self, prepared: Prepared) -> None:
         """Before a described row-returning statement runs: its rows must still be what the
         client was told (PostgreSQL's RevalidateCachedQuery). The engine keeps descriptions
-        while its catalog stands still, so this is cheap when nothing changed."""
+        while its catalog stands still, so this is cheap when nothing changed. Worker thread."""
         if not prepared.described or prepared.columns is None or prepared.statement is None:
             return
-        description = await self.call(self._describe, prepared.statement)
-        columns = description.columns
+        columns = self._describe(prepared.statement).columns
         fresh = None if columns is None else [
             (c.name, wire_types.column_oid(c.arrow_type, c.sql_type)) for c in columns
         ]  # fmt: skip
@@ -283,25 +347,21 @@ class ExtendedProtocol:
         else:
             self.send(row_description(result.table, portal.oids, portal.formats))
 
-    async def _text_column_oids(self, statement: ast.Statement | None, table: pa.Table,
-                                oids: list[int]) -> list[int]:  # fmt: skip
-        """``oids`` with UUID and JSON for the text columns DuckDB knows as such (both are
-        Arrow strings), from the statement's description (which the engine keeps while
-        DuckDB's catalog does not move, so a repeated query pays for it once)."""
-        if statement is None or wire_commands.is_wire_statement(statement):
-            return oids
+    def text_description(self, statement: ast.Statement | None, table: pa.Table | None
+                         ) -> Description | None:  # fmt: skip
+        """Worker thread: the engine's description of an executed ``statement`` if ``table``
+        has text columns it may refine (UUID and JSON are Arrow strings too; the engine keeps
+        descriptions while DuckDB's catalog does not move, so a repeated query pays for it
+        once), else None; None too if it cannot be described (its rows go out as text)."""
+        if table is None or statement is None or wire_commands.is_wire_statement(statement):
+            return None
+        if not any(wire_types.type_oid(f.type) == wire_types.TEXT for f in table.schema):
+            return None
         try:
-            description = await self.call(self._describe, statement)
+            return self._describe(statement)
         except Exception:  # the statement ran; its rows go out as text then
             log.debug("describing an executed statement failed", exc_info=True)
-            return oids
-        columns = description.columns
-        if columns is None or len(columns) != table.num_columns:
-            return oids
-        return [
-            wire_types.column_oid(f.type, c.sql_type) if oid == wire_types.TEXT else oid
-            for f, c, oid in zip(table.schema, columns, oids, strict=True)
-        ]
+            return None
 
     async def _describe_statement(self, prepared: Prepared) -> None:
         """Ask the engine, once per prepared statement, for its parameter and result wire_types."""
