@@ -32,11 +32,13 @@ write the partition splits if the rule holds (``_maybe_split``).
 from __future__ import annotations
 
 import bisect
+import itertools
 import json
 import os
 import threading
 import time
 from collections.abc import Callable
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, replace
 
 import numpy as np
@@ -548,21 +550,49 @@ class TopicLog:
             if not pending:
                 break
             rows, part = pending.pop()
-            targets = self.route(part)
-            for partition_id in np.unique(targets):
-                chosen = np.flatnonzero(targets == partition_id)
-                piece = part if len(chosen) == part.num_rows else part.take(pa.array(chosen))
+            shares = _shares(part, self.route(part))
+            if self._in_parallel(len(shares)):
+                outcomes = _append_in_parallel(
+                    [(self._partitions[partition_id], piece) for partition_id, _, piece in shares]
+                )
+            else:
+                outcomes = None
+            failure: BaseException | None = None
+            for index, (partition_id, chosen, piece) in enumerate(shares):
                 size = _payload_bytes(piece)
-                self._throttle(int(partition_id), size, max_delay_s, cancelled)
-                try:
-                    result = self._partitions[int(partition_id)].append(piece)
-                except PartitionInactiveError:
-                    pending.append((rows[chosen], piece))
-                    continue
+                if outcomes is None:
+                    self._throttle(partition_id, size, max_delay_s, cancelled)
+                    try:
+                        result = self._partitions[partition_id].append(piece)
+                    except PartitionInactiveError:
+                        pending.append((rows[chosen], piece))
+                        continue
+                else:
+                    outcome = outcomes[index]
+                    if isinstance(outcome, PartitionInactiveError):
+                        pending.append((rows[chosen], piece))
+                        continue
+                    if isinstance(outcome, BaseException):
+                        failure = failure or outcome
+                        continue
+                    result = outcome
                 pieces.append((rows[chosen], result))
-                self._after_write(int(partition_id), size)
+                self._after_write(partition_id, size)
+            if failure is not None:  # the other shares were written and metered
+                raise failure
         assert not pending, "routing settles: each retry follows a split that happened"
         return _topic_result(pieces, batch.num_rows)
+
+    def _in_parallel(self, shares: int) -> bool:
+        """Whether a statement's shares are appended concurrently (``_append_in_parallel``):
+        when there are many, each waits for a sync, and none waits for a write speed or
+        may split (unthrottled topics only: their writes are neither metered nor split)."""
+        return (
+            shares >= PARALLEL_SHARES_MIN
+            and not self.autopartitioning.throttled
+            and not self.autopartitioning.splits
+            and self.config.fsync_policy is not FsyncPolicy.NEVER
+        )
 
     def _throttle(
         self,
@@ -738,6 +768,56 @@ class TopicLog:
     def delete(self) -> None:
         self.close()
         self.fs.remove_tree(self.directory)
+
+
+# A statement spreading over at least this many partitions appends to them concurrently.
+PARALLEL_SHARES_MIN = 4
+# Threads that append a statement's shares: each mostly waits in its partition's
+# fdatasync (the GIL released), and the kernel merges concurrent syncs' journal commits.
+APPEND_THREADS = 16
+_append_pool: ThreadPoolExecutor | None = None
+_append_pool_lock = threading.Lock()
+
+
+def _shares(
+    batch: pa.RecordBatch, targets: np.ndarray
+) -> list[tuple[int, np.ndarray, pa.RecordBatch]]:
+    """``batch`` split by target partition: (partition id, its rows in ``batch`` in order,
+    those rows as a batch), lowest partition first. One stable sort, not a pass over the
+    batch per partition."""
+    if len(targets) and (targets == targets[0]).all():
+        return [(int(targets[0]), np.arange(batch.num_rows), batch)]
+    order = np.argsort(targets, kind="stable")
+    ordered = targets[order]
+    bounds = [0, *(np.flatnonzero(np.diff(ordered)) + 1).tolist(), len(ordered)]
+    shares = []
+    for start, end in itertools.pairwise(bounds):
+        chosen = order[start:end]
+        shares.append((int(ordered[start]), chosen, batch.take(pa.array(chosen))))
+    return shares
+
+
+def _append_in_parallel(
+    appends: list[tuple[PartitionLog, pa.RecordBatch]],
+) -> list[AppendResult | BaseException]:
+    """``log.append(piece)`` for each pair, concurrently; each one's result or error, in
+    order. Every append has ended when this returns (none is left running), so the
+    caller's view of what was written is complete. Each append is the partition's own
+    (its group commit, its sync before its publish): only their overlap is new, as if
+    that many sessions had written one share each."""
+    global _append_pool
+    with _append_pool_lock:
+        if _append_pool is None:
+            _append_pool = ThreadPoolExecutor(APPEND_THREADS, thread_name_prefix="topic-append")
+        pool = _append_pool
+
+    def one(pair: tuple[PartitionLog, pa.RecordBatch]) -> AppendResult | BaseException:
+        try:
+            return pair[0].append(pair[1])
+        except Exception as error:  # handed to the caller, who raises the first
+            return error
+
+    return list(pool.map(one, appends))
 
 
 # A lineage is at most this deep: each split halves a range of a 64-bit space.
