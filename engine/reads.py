@@ -116,11 +116,11 @@ CURRENT_PROGRESS: contextvars.ContextVar[ReadProgress | None] = contextvars.Cont
 )
 
 
-def _count(batch: pa.RecordBatch) -> None:
+def _count(messages: int, size: int) -> None:
     progress = CURRENT_PROGRESS.get()
     if progress is not None:
-        progress.messages += batch.num_rows
-        progress.bytes += batch.nbytes
+        progress.messages += messages
+        progress.bytes += size
 
 
 class RoundRobin:
@@ -243,7 +243,7 @@ def stream_records(
                     if batch.num_rows == 0:
                         position = end
                         break
-                    _count(batch)
+                    _count(batch.num_rows, batch.nbytes)
                     yield relation_batch(partition_id, batch, decode=decode)
                     position = batch.column("offset")[-1].as_py() + 1
 
@@ -443,17 +443,24 @@ def _take(
         positions[partition_id], max_messages=max_messages, max_bytes=max_bytes
     )
     taken = taken_bytes = 0
-    if not result.batches:
+    batches = result.batches
+    if len(batches) > 1:
+        # One batch per storage read, not one per frame: a partition written by many
+        # small statements holds many small frames, and each batch costs a fixed amount
+        # here and in ``relation_batch`` whatever its size (its offsets are contiguous).
+        batches = [pa.concat_batches(batches)]
+    if not batches:
         positions[partition_id] = ends[partition_id]  # nothing left below the cut
-    for batch in result.batches:
+    for batch in batches:
         batch = _within_cut(batch, ends[partition_id])
         if batch.num_rows == 0:
             positions[partition_id] = ends[partition_id]
             break
         read.setdefault(partition_id, []).append(batch)
-        _count(batch)
+        size = batch.nbytes
+        _count(batch.num_rows, size)
         positions[partition_id] = batch.column("offset")[-1].as_py() + 1
-        taken, taken_bytes = taken + batch.num_rows, taken_bytes + batch.nbytes
+        taken, taken_bytes = taken + batch.num_rows, taken_bytes + size
     return taken, taken_bytes
 
 
