@@ -8,8 +8,9 @@ whose types are the Spark schema's. A table is one task reading it through SQL. 
 applied exactly by narrowing the ranges, and ``written_at >= t`` narrows them (Spark
 still checks it) — with the source option ``pushFilters = true`` as well.
 
-Writes (batch and streaming, ``streaming.py``), exactly once: the writer object is pickled
-once, so the id made in its ``__init__`` names this write in every task and in the driver's
+Writes (batch and streaming, ``streaming.py``; a task's side in ``tasks.py``), exactly
+once: the writer object is pickled once, so the id made in its ``__init__`` names this
+write in every task and in the driver's
 commit. Each task stages its rows through ``DoPut`` under ``<write>-<partition>-<attempt>``
 and returns that id; the driver's ``commit`` publishes every id in one Topicbase
 transaction recorded as ``(sink id, batch id)``: a replayed commit is a no-op, an abort
@@ -24,10 +25,8 @@ to Spark's Python workers; every process opens its own Flight connection.
 
 from __future__ import annotations
 
-import itertools
 import uuid
 from collections.abc import Iterator, Sequence
-from dataclasses import dataclass
 from typing import Any
 
 import pyarrow as pa
@@ -45,7 +44,7 @@ from pyspark.sql.datasource import (
     LessThanOrEqual,
     WriterCommitMessage,
 )
-from pyspark.sql.pandas.types import from_arrow_schema, to_arrow_schema
+from pyspark.sql.pandas.types import from_arrow_schema
 from pyspark.sql.types import StructField, StructType
 
 from spark_sql_ext.options import (
@@ -56,9 +55,14 @@ from spark_sql_ext.options import (
     parse_options,
     resolve,
 )
-
-WRITE_COLUMNS = ("data", "producer_id", "seq_no", "message_group_id", "partition",
-                 "created_at", "metadata", "codec")  # fmt: skip
+from spark_sql_ext.tasks import (
+    RangePartition,
+    StagedMessage,
+    discard,
+    publish,
+    read_ticket,
+    stage_task,
+)
 
 
 class TopicbaseDataSource(DataSource):
@@ -163,27 +167,6 @@ class CatalogRequestReader(DataSourceReader):
                 yield (client.action("execute", {"sql": self.argument})["tag"],)
 
 
-@dataclass(frozen=True)
-class RangePartition(InputPartition):
-    """One task's read: a Flight ticket (a topic range, or a whole table)."""
-
-    ticket: dict[str, Any]
-
-
-def read_ticket(options: Options, schema: StructType, ticket: dict[str, Any]
-                ) -> Iterator[pa.RecordBatch]:  # fmt: skip
-    """The batches of one ticket, cast to the Arrow types of Spark's schema when needed."""
-    target = to_arrow_schema(schema, timezone="UTC", prefers_large_types=False)
-    with options.connect() as client:
-        for batch in client.read_ticket(ticket):
-            if batch.num_rows == 0:
-                continue
-            if batch.schema != target:
-                batch = pa.RecordBatch.from_arrays(
-                    [batch.column(f.name).cast(f.type) for f in target], schema=target)
-            yield batch
-
-
 class TopicbaseReader(DataSourceReader):
     def __init__(self, options: Options, schema: StructType) -> None:
         self.options = options
@@ -266,76 +249,6 @@ class TopicbaseFilteringReader(TopicbaseReader):
             if hasattr(moment, "timestamp"):
                 self._since_us = int(moment.timestamp() * 1_000_000)
         return False
-
-
-@dataclass(frozen=True)
-class StagedMessage(WriterCommitMessage):
-    """What a task staged: its write id (None when it had no rows) and row count."""
-
-    write_id: str | None
-    rows: int
-
-
-def stage_task(options: Options, prefix: str, iterator: Iterator[pa.RecordBatch]
-               ) -> StagedMessage:  # fmt: skip
-    """A task's part of a write: its batches staged under its own write id."""
-    from pyspark import TaskContext
-
-    context = TaskContext.get()
-    task = f"{context.partitionId()}-{context.attemptNumber()}" if context else uuid.uuid4().hex
-    write_id = f"{prefix}-{task}"
-    first = next(iterator, None)
-    if first is None:
-        return StagedMessage(None, 0)
-    rows = 0
-
-    def batches() -> Iterator[pa.RecordBatch]:
-        nonlocal rows
-        for item in itertools.chain([first], iterator):
-            rows += item.num_rows
-            yield _writable(options, item)
-
-    with options.connect() as client:
-        try:
-            client.put(options.write_target, batches(), _writable(options, first).schema,
-                       write_id)  # fmt: skip
-        except BaseException:
-            client.abort([write_id])
-            raise
-    return StagedMessage(write_id, rows)
-
-
-def _writable(options: Options, batch: pa.RecordBatch) -> pa.RecordBatch:
-    """Topic rows keep the topic's write columns only (a read's offset, written_at …
-    are the server's to set); table rows go as they are."""
-    if not options.topic:
-        return batch
-    names = [n for n in batch.schema.names if n in WRITE_COLUMNS]
-    if "data" not in names:
-        raise ValueError('a write to a topic needs a "data" column')
-    return batch.select(names)
-
-
-def publish(options: Options, prefix: str, sink_id: str, batch_id: int,
-            messages: list[StagedMessage | None]) -> dict[str, Any]:  # fmt: skip
-    """The driver's commit: publish the tasks' writes as ``(sink_id, batch_id)``, then
-    discard anything else staged under this write's prefix (failed attempts)."""
-    write_ids = [m.write_id for m in messages if m is not None and m.write_id]
-    with options.connect() as client:
-        outcome = client.commit(sink_id, batch_id, write_ids)
-        _discard_prefix(client, prefix)
-    return outcome
-
-
-def discard(options: Options, prefix: str) -> None:
-    with options.connect() as client:
-        _discard_prefix(client, prefix)
-
-
-def _discard_prefix(client: Any, prefix: str) -> None:
-    leftovers = [w["write_id"] for w in client.staged() if w["write_id"].startswith(prefix + "-")]
-    if leftovers:
-        client.abort(leftovers)
 
 
 class TopicbaseWriter(DataSourceArrowWriter):

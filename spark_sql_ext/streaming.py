@@ -37,8 +37,8 @@ from pyspark.sql.streaming.datasource import (
 )
 from pyspark.sql.types import StructType
 
-from spark_sql_ext.datasource import RangePartition, discard, publish, read_ticket, stage_task
 from spark_sql_ext.options import OptionError, Options, resolve
+from spark_sql_ext.tasks import RangePartition, discard, publish, read_ticket, stage_task
 
 
 def _decode(offset: dict[str, Any]) -> dict[int, int]:
