@@ -2,7 +2,8 @@
 
 A front hands in an Arrow table and SQL texts that name it as ``{relation}``; the table
 is registered on the session's DuckDB cursor under a unique name, and each text runs as
-an ordinary statement of the session (``Session.execute_statement``), so it joins the
+an ordinary statement of the session (``Session.execute_statement``; this module
+knows the session as ``engine.protocols.StatementRunner``), so it joins the
 session's transaction exactly as a typed ``INSERT ... SELECT`` would: inside BEGIN it is
 part of that transaction (ROLLBACK undoes it, an error fails it); in autocommit the
 statements run as one transaction of their own when there are several of them.
@@ -21,7 +22,8 @@ from collections.abc import Sequence
 import pyarrow as pa
 
 from engine import tables
-from engine.session import Result, Session
+from engine.protocols import StatementRunner
+from engine.result import Result
 from engine.transaction import SessionState
 from grammar.parse import parse_one
 from storage.errors import InFailedTransactionError, TopicbaseError
@@ -29,7 +31,7 @@ from storage.errors import InFailedTransactionError, TopicbaseError
 _relation_numbers = itertools.count(1)
 
 
-def run_over_relation(session: Session, relation: pa.Table, sql_texts: Sequence[str]
+def run_over_relation(session: StatementRunner, relation: pa.Table, sql_texts: Sequence[str]
                       ) -> list[Result]:  # fmt: skip
     """Run each text with ``{relation}`` naming ``relation``; one result per text.
 
@@ -62,4 +64,4 @@ def run_over_relation(session: Session, relation: pa.Table, sql_texts: Sequence[
         try:
             tables.unregister(session.cursor, name)
         except TopicbaseError:
-            session._leftover_views.append(name)  # dropped by the session's rollback
+            session.drop_at_rollback(name)

@@ -14,21 +14,19 @@ leaves every view; one removed while a view is being built is skipped, not an er
 from __future__ import annotations
 
 from datetime import timedelta
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 import pyarrow as pa
 
 from engine import privilege_views, routing
 from engine.catalog import TopicEntry, encode_settings
 from engine.clock import utc_from_us
+from engine.protocols import TopicSource
 from storage.errors import InvalidParameterValueError, StorageIOError
 from storage.partition_log import PartitionLog
 
-if TYPE_CHECKING:  # avoids an import cycle
-    from engine.database import Database
 
-
-def show_topics(database: Database) -> pa.Table:
+def show_topics(database: TopicSource) -> pa.Table:
     rows = []
     for entry in database.catalog.entries():
         topic = database.topic_log(entry.topic_id)
@@ -55,7 +53,7 @@ def show_topics(database: Database) -> pa.Table:
     )
 
 
-def topics_view(database: Database) -> pa.Table:
+def topics_view(database: TopicSource) -> pa.Table:
     rows = []
     for entry in database.catalog.entries():
         topic = database.topic_log(entry.topic_id)
@@ -84,7 +82,7 @@ def topics_view(database: Database) -> pa.Table:
     return pa.Table.from_pylist(rows, schema=schema)
 
 
-def partitions_view(database: Database, entries: list[TopicEntry] | None = None) -> pa.Table:
+def partitions_view(database: TopicSource, entries: list[TopicEntry] | None = None) -> pa.Table:
     rows = []
     now_us = database.clock.now_us()
     for entry in entries or database.catalog.entries():
@@ -143,7 +141,7 @@ def partitions_view(database: Database, entries: list[TopicEntry] | None = None)
     return pa.Table.from_pylist(rows, schema=schema)
 
 
-def consumers_view(database: Database, entries: list[TopicEntry] | None = None) -> pa.Table:
+def consumers_view(database: TopicSource, entries: list[TopicEntry] | None = None) -> pa.Table:
     rows = []
     now_us = database.clock.now_us()
     for entry in entries or database.catalog.entries():
@@ -212,7 +210,7 @@ SYSTEM_VIEWS = {
 }
 
 
-def describe_topic(database: Database, name: str) -> pa.Table:
+def describe_topic(database: TopicSource, name: str) -> pa.Table:
     """Settings, consumers and partitions of one topic as (section, name, value) rows."""
     entry = database.catalog.entry(name)
     assert entry is not None
@@ -250,7 +248,7 @@ def describe_topic(database: Database, name: str) -> pa.Table:
     )
 
 
-def routing_text(database: Database, entry: TopicEntry) -> str:
+def routing_text(database: TopicSource, entry: TopicEntry) -> str:
     """How writes to the topic find their partition (``engine.routing``)."""
     return routing.routing_text(database.topic_log(entry.topic_id))
 

@@ -34,18 +34,14 @@ Offsets are dense and a move sets the committed offset, i.e. the next offset to 
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING
-
+from engine.protocols import TopicSource
 from engine.transaction import ReadRange, Transaction
 from planner.operations import SetConsumerOffsets
 from storage.errors import InvalidParameterValueError, ObjectInUseError
 
-if TYPE_CHECKING:  # avoids an import cycle
-    from engine.database import Database
-
 
 def set_consumer_offsets(
-    database: Database, transaction: Transaction, operation: SetConsumerOffsets
+    database: TopicSource, transaction: Transaction, operation: SetConsumerOffsets
 ) -> int:
     """Stage the moves of ``operation`` in ``transaction``; returns how many partitions."""
     if not operation.force:
@@ -63,7 +59,7 @@ def set_consumer_offsets(
     return len(targets)
 
 
-def _targets(database: Database, operation: SetConsumerOffsets) -> dict[int, int]:
+def _targets(database: TopicSource, operation: SetConsumerOffsets) -> dict[int, int]:
     topic = database.topic_log(operation.topic_id)
     with database.publish_lock:
         ends = {p: topic.partition(p).end_offset for p in operation.partitions}

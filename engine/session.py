@@ -20,7 +20,6 @@ import contextlib
 import itertools
 import re
 import threading
-from dataclasses import dataclass, field
 from typing import Any
 
 import pyarrow as pa
@@ -39,6 +38,7 @@ from engine.ddl import run_alter, run_create, run_drop
 from engine.identity import LOCAL_SUPERUSER, Identity
 from engine.offset_reset import set_consumer_offsets
 from engine.reads import CURRENT_PROGRESS, ReadProgress, read_records, stream_records
+from engine.result import Result
 from engine.staged_writes import TransactionStaging
 from engine.transaction import PendingWrite, SessionState, Transaction
 from engine.writes import build_batches, explain_lines, table_from_rows
@@ -81,26 +81,6 @@ DML_TAGS = ("INSERT", "UPDATE", "DELETE", "MERGE")
 # Statements that never change DuckDB's schema; any other may (``_schema_may_change``).
 _SCHEMA_KEEPING_TAGS = (*DML_TAGS, "SELECT", "EMPTY", "SHOW", "DESCRIBE", "EXPLAIN")
 PARSE_CACHE_ENTRIES = 512
-
-
-@dataclass
-class Result:
-    """One statement's outcome: a command tag and, for row-returning statements, a table."""
-
-    tag: str
-    table: pa.Table | None = None
-    notices: tuple[str, ...] = field(default=())
-
-    @property
-    def columns(self) -> list[str]:
-        return [] if self.table is None else self.table.column_names
-
-    @property
-    def rowcount(self) -> int:
-        if self.table is not None:
-            return self.table.num_rows
-        last = self.tag.rsplit(" ", 1)[-1]
-        return int(last) if last.isdigit() else -1
 
 
 class Session:
@@ -840,6 +820,11 @@ class Session:
         with self._lock:
             if self.state is SessionState.IN_TRANSACTION:
                 self.state = SessionState.FAILED
+
+    def drop_at_rollback(self, view: str) -> None:
+        """Leave ``view`` (one DuckDB refused to drop: an aborted transaction) to this
+        session's rollback, which drops it (``engine.bulk``)."""
+        self._leftover_views.append(view)
 
     # -- bulk doors (the Arrow Flight door): engine.bulk_read and engine.bulk_write ------
     def bulk_partitions(self, topic: str) -> list[Any]:
