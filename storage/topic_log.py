@@ -721,11 +721,18 @@ class TopicLog:
 
     def route(self, batch: pa.RecordBatch) -> np.ndarray:
         """The partition of every message of ``batch`` (binding new keys round-robin)."""
-        keys = pc.coalesce(batch.column(1), batch.column(2))
+        producer_ids, groups = batch.column(1), batch.column(2)
+        if producer_ids.null_count == groups.null_count == batch.num_rows:
+            with self._lock:  # keyless: the next partition round-robin, no Arrow call
+                return np.full(batch.num_rows, self._next_round_robin(), dtype=np.int64)
+        # Arrow calls release the GIL: made outside the lock, or every concurrent
+        # statement queues on it behind one waiting to get the GIL back (a convoy).
+        keys = pc.coalesce(producer_ids, groups)
+        unique = pc.unique(keys.drop_null())
+        names = unique.to_pylist()
         with self._lock:
             keyless = self._next_round_robin() if keys.null_count else -1
-            unique = pc.unique(keys.drop_null())
-            bound = self._partitions_for_keys_locked(unique.to_pylist())
+            bound = self._partitions_for_keys_locked(names)
         if not bound:
             return np.full(batch.num_rows, keyless, dtype=np.int64)
         positions = pc.index_in(keys, value_set=unique).fill_null(len(bound))
