@@ -115,6 +115,9 @@ CURRENT_PROGRESS: contextvars.ContextVar[ReadProgress | None] = contextvars.Cont
     "topicbase_read_progress", default=None
 )
 
+# Batches of a storage read averaging at most this many rows are concatenated (``_take``).
+SMALL_BATCH_ROWS = 64
+
 
 def _count(messages: int, size: int) -> None:
     progress = CURRENT_PROGRESS.get()
@@ -444,10 +447,10 @@ def _take(
     )
     taken = taken_bytes = 0
     batches = result.batches
-    if len(batches) > 1:
-        # One batch per storage read, not one per frame: a partition written by many
-        # small statements holds many small frames, and each batch costs a fixed amount
-        # here and in ``relation_batch`` whatever its size (its offsets are contiguous).
+    if len(batches) > 1 and result.message_count <= SMALL_BATCH_ROWS * len(batches):
+        # One batch per storage read when its batches are small (a partition written by
+        # many small statements): each batch costs a fixed amount here and in
+        # ``relation_batch`` whatever its size; large ones are not worth a copy.
         batches = [pa.concat_batches(batches)]
     if not batches:
         positions[partition_id] = ends[partition_id]  # nothing left below the cut

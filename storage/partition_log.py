@@ -43,11 +43,20 @@ from storage.fs import FileSystem
 from storage.group_commit import GroupCommitter, Request
 from storage.log_loader import RecoveryReport, load_segments
 from storage.producer_state import SMALL_BATCH_ROWS, DedupDecision, ProducerStateManager
-from storage.record_batch import FrameEncoder, check_wire_batch, decode_body
+from storage.record_batch import (
+    FrameEncoder,
+    FrameHeader,
+    check_wire_batch,
+    decode_bodies,
+    decode_body,
+)
 from storage.segment import LogSegment
 
 log = logging.getLogger(__name__)
 
+# Frames of at most this many messages are decoded in runs on a read (``decode_bodies``):
+# their fixed cost dominates, and copying their few messages once is cheap.
+SMALL_FRAME_ROWS = 64
 WRITTEN = 0
 DUPLICATE = 1
 assert (WRITTEN, DUPLICATE) == (False, True)  # a status array is the duplicate mask as uint8
@@ -520,17 +529,35 @@ class PartitionLog:
             last = index == len(visible.segments) - 1
             limit = visible.last_segment_bytes if last else segment.size_bytes
             window = _window_bytes(segment, offset, remaining, budget)
+            # Consecutive small frames are decoded together (``decode_bodies``): one batch
+            # for the run, sliced to what this read takes of it.
+            run: list[tuple[FrameHeader, pa.Buffer]] = []
+            run_skip = run_rows = 0
             for frame in segment.scan(offset, limit, window):
-                batch = decode_body(frame.header, frame.body)
-                skip = offset - frame.header.base_offset
-                if skip > 0 or batch.num_rows - skip > remaining:
-                    batch = batch.slice(skip, remaining)
-                batches.append(batch)
-                offset += batch.num_rows
-                remaining -= batch.num_rows
-                budget -= frame.header.frame_bytes
+                header = frame.header
+                skip = offset - header.base_offset
+                assert 0 <= skip < header.record_count, (offset, header.base_offset)
+                rows = min(header.record_count - skip, remaining)
+                if header.record_count > SMALL_FRAME_ROWS:
+                    if run:
+                        batches.append(_decode_run(run, run_skip, run_rows))
+                        run, run_rows = [], 0
+                    batch = decode_body(header, frame.body)
+                    if skip > 0 or rows < batch.num_rows:
+                        batch = batch.slice(skip, rows)
+                    batches.append(batch)
+                else:
+                    if not run:
+                        run_skip = skip
+                    run.append((header, frame.body))
+                    run_rows += rows
+                offset += rows
+                remaining -= rows
+                budget -= header.frame_bytes
                 if remaining <= 0 or budget <= 0:
                     break
+            if run:
+                batches.append(_decode_run(run, run_skip, run_rows))
             if remaining <= 0 or budget <= 0:
                 break  # stopped inside this segment: ``offset`` is where to resume
             index = index + 1 if index + 1 < len(visible.segments) else None
@@ -648,6 +675,14 @@ class PartitionLog:
             for frame in segment.scan(offset, limit, 4 * 1024 * 1024, skip_corrupt=True):
                 self.producers.apply_read_batch(decode_body(frame.header, frame.body))
         self.producers.expire()
+
+
+def _decode_run(run: list[tuple[FrameHeader, pa.Buffer]], skip: int, rows: int) -> pa.RecordBatch:
+    """The ``rows`` messages from ``skip`` on of a run of consecutive frames, as one batch."""
+    batch = decode_bodies(run)
+    if skip > 0 or rows < batch.num_rows:
+        batch = batch.slice(skip, rows)
+    return batch
 
 
 def _segment_index(segments: tuple[LogSegment, ...], offset: int) -> int | None:

@@ -316,6 +316,45 @@ def decode_body(header: FrameHeader, body: pa.Buffer) -> pa.RecordBatch:
     )
 
 
+def decode_bodies(frames: Sequence[tuple[FrameHeader, pa.Buffer]]) -> pa.RecordBatch:
+    """Turn a run of consecutive frames (each one's offsets follow the previous one's)
+    into one read batch, as ``decode_body`` of each concatenated, in fewer steps.
+
+    For small frames: the per-frame cost of ``decode_body`` is mostly building the
+    ``offset`` and ``written_at`` columns and the batch (about 30 us against 3 us for
+    the Arrow IPC read); here those are built once for the run. The messages' bytes
+    are copied once (the concatenation), so large frames are better decoded alone.
+    """
+    assert frames
+    if len(frames) == 1:
+        return decode_body(*frames[0])
+    wires = []
+    counts = np.empty(len(frames), dtype=np.int64)
+    written_ats = np.empty(len(frames), dtype=np.int64)
+    base = frames[0][0].base_offset
+    expected = base
+    for index, (header, body) in enumerate(frames):
+        assert header.base_offset == expected, (header.base_offset, expected)
+        wire = pa.ipc.read_record_batch(body, WIRE_SCHEMA)
+        assert wire.num_rows == header.record_count, (wire.num_rows, header.record_count)
+        wires.append(wire)
+        counts[index] = header.record_count
+        written_ats[index] = header.written_at_us
+        expected += header.record_count
+    count = expected - base
+    wire = pa.concat_batches(wires)
+    offsets = pa.Array.from_buffers(
+        pa.int64(), count, [None, pa.py_buffer(np.arange(base, expected, dtype=np.int64))]
+    )
+    written = pa.Array.from_buffers(
+        TIMESTAMP, count, [None, pa.py_buffer(np.repeat(written_ats, counts))]
+    )
+    columns = wire.columns
+    return pa.RecordBatch.from_arrays(
+        [offsets, *columns[:4], written, *columns[4:]], schema=READ_SCHEMA
+    )
+
+
 def check_wire_batch(batch: pa.RecordBatch) -> None:
     """Refuse batches of another schema or over the size limits (54000).
 
