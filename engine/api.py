@@ -15,7 +15,7 @@ from __future__ import annotations
 
 from engine.bulk import run_over_relation
 from engine.bulk_read import OffsetRange, project_schema
-from engine.bulk_write import ABANDON_AFTER_S_DEFAULT, STAGING_BYTES_MAX_DEFAULT
+from engine.bulk_write import ABANDON_AFTER_S_DEFAULT
 from engine.check import check_database
 from engine.clock import SYSTEM_CLOCK
 from engine.database import Database
@@ -46,7 +46,6 @@ __all__ = [
     "INSERT_COLUMNS",
     "LOCAL_SUPERUSER",
     "LOCAL_SUPERUSER_NAME",
-    "STAGING_BYTES_MAX_DEFAULT",
     "SYSTEM_CLOCK",
     "Database",
     "Description",

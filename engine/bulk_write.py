@@ -61,7 +61,6 @@ from storage.errors import (
 )
 
 WRITES_DIRECTORY = "bulk_writes"
-STAGING_BYTES_MAX_DEFAULT = 16 << 30
 ABANDON_AFTER_S_DEFAULT = 3600.0
 WRITE_MODES = ("append", "upsert", "add")  # under storage.limits.BATCH_MESSAGES_MAX
 _WRITE_ID = re.compile(r"[A-Za-z0-9][A-Za-z0-9_.-]{0,127}")
@@ -89,7 +88,8 @@ def check_write_id(write_id: str) -> str:
 class BulkWrites:
     """The staged writes of one database (one per database: see ``for_database``)."""
 
-    def __init__(self, database: Any, staging_bytes_max: int = STAGING_BYTES_MAX_DEFAULT,
+    def __init__(self, database: Any,
+                 staging_bytes_max: int = limits.BULK_STAGING_BYTES_MAX_DEFAULT,
                  abandon_after_s: float = ABANDON_AFTER_S_DEFAULT) -> None:  # fmt: skip
         self.database = database
         self.root = os.path.join(database.path, WRITES_DIRECTORY)

@@ -61,10 +61,10 @@ from planner.operations import (
     RunQuery,
 )
 from planner.planner import parse_duckdb
+from storage import limits
 from storage.errors import TopicbaseError
 
 UNKNOWN_PARAMETER_TYPE = "VARCHAR"  # how an untyped parameter is read while binding
-PARAMETERS_MAX = 65535  # the protocol's limit (an int16 count)
 
 # DuckDB type names of the columns and options parameters can stand for.
 INSERT_COLUMN_TYPES = {
@@ -167,7 +167,6 @@ def describe_plan(
 
 
 MEMO_ENTRIES = 128  # per session
-MEMO_TEXT_CHARS_MAX = 8192  # longer statements (bulk INSERTs) are described afresh
 _MEMO: weakref.WeakKeyDictionary[Any, dict[str, tuple[int, Description]]]
 _MEMO = weakref.WeakKeyDictionary()
 
@@ -186,7 +185,7 @@ def _statement_key(statement: ast.Statement) -> str | None:
     """The statement's own text, and for plain SQL also what DuckDB gets (a front may
     rewrite the SQL of a statement and keep its text)."""
     text = getattr(statement, "text", None)
-    if not isinstance(text, str) or len(text) > MEMO_TEXT_CHARS_MAX:
+    if not isinstance(text, str) or len(text) > limits.DESCRIBE_MEMO_TEXT_CHARS_MAX:
         return None
     sql = statement.sql if isinstance(statement, ast.SqlStatement) else ""
     return f"{type(statement).__name__}\0{text}\0{sql}"
@@ -245,7 +244,8 @@ def _note_options(found: dict[int, str | None], options: Any) -> None:
 
 def _note(found: dict[int, str | None], value: Any, sql_type: str | None) -> None:
     known = isinstance(value, ast.Parameter) and found.get(value.index) is not None
-    if isinstance(value, ast.Parameter) and 0 < value.index <= PARAMETERS_MAX and not known:
+    numbered = isinstance(value, ast.Parameter) and 0 < value.index <= limits.WIRE_PARAMETERS_MAX
+    if numbered and not known:
         found[value.index] = sql_type
 
 
@@ -395,7 +395,7 @@ def _placeholders(tree: exp.Expression) -> Iterator[tuple[int, exp.Placeholder]]
         if name is None:
             question_marks += 1
             yield question_marks, node
-        elif str(name).isdigit() and 0 < int(name) <= PARAMETERS_MAX:
+        elif str(name).isdigit() and 0 < int(name) <= limits.WIRE_PARAMETERS_MAX:
             yield int(name), node
 
 

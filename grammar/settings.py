@@ -65,14 +65,14 @@ from grammar.split import SourceText, parse_point_in_time
 from storage import limits
 from storage.errors import (
     DatetimeFieldOverflowError,
-    DuplicateObjectError,
+    DuplicateColumnError,
     FeatureNotSupportedError,
     InvalidParameterValueError,
     LimitExceededError,
+    NotNullViolationError,
     NumericValueOutOfRangeError,
     SqlSyntaxError,
-    TopicbaseError,
-    UndefinedObjectError,
+    UndefinedColumnError,
 )
 
 KNOWN_CODECS = ("raw", "gzip", "lzop", "zstd")
@@ -692,18 +692,6 @@ RETURNING_COLUMNS = (
     "message_group_id",
     "created_at",
 )
-
-
-class UndefinedColumnError(UndefinedObjectError):
-    sqlstate = "42703"
-
-
-class DuplicateColumnError(DuplicateObjectError):
-    sqlstate = "42701"
-
-
-class NotNullViolationError(TopicbaseError):
-    sqlstate = "23502"
 
 
 def check_insert_columns(columns: tuple[str, ...], position: SourcePosition | None) -> None:

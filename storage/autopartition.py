@@ -31,6 +31,7 @@ from collections import deque
 from dataclasses import dataclass
 
 from storage.errors import InsufficientResourcesError, InvalidParameterValueError
+from storage.limits import THROTTLE_DELAY_S_MAX as THROTTLE_DELAY_S_MAX  # storage.topic_log's
 
 HASH_BITS = 64
 HASH_SPACE = 1 << HASH_BITS
@@ -40,8 +41,6 @@ WRITE_SPEED_DEFAULT = 1024 * 1024
 # The YQL default of partition_write_speed_bytes_per_second: a topic at this speed with
 # autopartitioning disabled is not throttled (Topicbase's choice, docs/autopartitioning.md).
 UNTHROTTLED_DEFAULT_SPEED = 2 * 1024 * 1024
-# The longest a write waits for its write-speed tokens; longer is 53000.
-THROTTLE_DELAY_S_MAX = 10.0
 STRATEGIES = ("disabled", "scale_up", "scale_up_and_down", "paused")
 SECOND_US = 1_000_000
 

@@ -36,6 +36,7 @@ from dataclasses import dataclass, field
 
 import crc32c
 
+from storage import limits
 from storage.record_batch import HEADER_BYTES, decode_header, frame_checksum_ok
 
 MAGIC = b"TBc1"
@@ -44,7 +45,6 @@ RECORD_HEADER_BYTES = RECORD_HEADER.size
 assert RECORD_HEADER_BYTES == 24
 _COVERED = struct.Struct("<QII")  # bytes [8, 24)
 BATCH_MAGIC = b"TBb1"
-PAYLOAD_BYTES_MAX = 64 * 1024 * 1024
 
 
 @dataclass(frozen=True, slots=True)
@@ -61,7 +61,7 @@ class FoundRecord:
 def encode_record(transaction_id: int, batch_count: int, payload: bytes) -> bytes:
     """The record's bytes (header, payload, padding)."""
     assert transaction_id > 0 and batch_count >= 0
-    assert len(payload) <= PAYLOAD_BYTES_MAX
+    assert len(payload) <= limits.COMMIT_RECORD_PAYLOAD_BYTES_MAX
     padded = payload + b"\0" * (-len(payload) % 8)
     covered = _COVERED.pack(transaction_id, len(payload), batch_count)
     crc = crc32c.crc32c(padded, crc32c.crc32c(covered))

@@ -157,6 +157,10 @@ class UndefinedColumnError(TopicbaseError):
     sqlstate = "42703"
 
 
+class DuplicateColumnError(TopicbaseError):
+    sqlstate = "42701"
+
+
 class DuplicateCursorError(TopicbaseError):
     """A cursor or portal name already in use."""
 

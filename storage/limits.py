@@ -105,6 +105,20 @@ DUCKDB_TEMP_DISK_FRACTION = 0.25
 # the text-keyed caches (grammar.text_cache): a few hundred entries of 16 MiB statements
 # would otherwise hold gigabytes. 64 KiB keeps a 1000-placeholder INSERT cached.
 CACHED_TEXT_CHARS_MAX = 64 * 1024
+# A session's memo of statement descriptions (engine.describe, 128 entries) keeps texts up
+# to this long; longer ones (bulk INSERTs) are described afresh each time.
+DESCRIBE_MEMO_TEXT_CHARS_MAX = 8192
+
+# -- storage files -------------------------------------------------------------------------
+# One commit record's payload (storage.commit_log): one transaction's consumer offsets
+# and publishes. Encoding a longer one is a bug (asserted).
+COMMIT_RECORD_PAYLOAD_BYTES_MAX = 64 * 1024 * 1024
+# The staging log (storage.staging) starts a new file past this many bytes: one directory
+# sync per file, not per transaction, and files small enough to delete one at a time.
+STAGING_FILE_BYTES_MAX = 64 * 1024 * 1024
+# The longest a write waits for its write-speed tokens (storage.autopartition's throttle);
+# a write that would wait longer takes nothing and fails with 53000.
+THROTTLE_DELAY_S_MAX = 10.0
 
 # -- the PostgreSQL-wire server (sql.pgwire) ------------------------------------------------
 # Protocol facts first. Not to be confused with MESSAGE_BYTES_MAX above, one topic
@@ -163,6 +177,15 @@ USER_NAME_BYTES_MAX = 63
 PASSWORD_BYTES_MAX = 1024
 # A stored SCRAM verifier with more PBKDF2 iterations is refused (cleartext checks run them).
 SCRAM_ITERATIONS_MAX = 10_000_000
+
+# -- the Arrow Flight door (sql.flight, engine.bulk_write) ----------------------------------
+# One Flight command or action body (JSON naming topics, ranges, write ids); longer is 54000.
+FLIGHT_COMMAND_BYTES_MAX = 1 << 20
+# Bearer tokens remembered at once; past this many, a login first forgets the expired ones.
+FLIGHT_TOKENS_MAX = 100_000
+# Bytes of the bulk writes staged on disk and not yet committed or aborted, by default
+# (the server's setting); a write past it fails with 54000.
+BULK_STAGING_BYTES_MAX_DEFAULT = 16 << 30
 
 # -- topicbase check (engine.check) ---------------------------------------------------------
 # A badly damaged store could yield a problem per frame; a check's report keeps this many.

@@ -47,7 +47,7 @@ from dataclasses import dataclass
 import pyarrow as pa
 import pyarrow.ipc
 
-from storage import failpoints, file_names
+from storage import failpoints, file_names, limits
 from storage.errors import CorruptSegmentError, StorageIOError
 from storage.fs import FileSystem
 from storage.record_batch import (
@@ -60,7 +60,6 @@ from storage.record_batch import (
 )
 
 STAGE_SUFFIX = ".stage"
-FILE_BYTES_MAX = 64 * 1024 * 1024
 SPARE_AT_FRACTION = 0.75
 
 
@@ -105,7 +104,8 @@ def encode_batches(
 
 
 class StagingLog:
-    def __init__(self, fs: FileSystem, directory: str, file_bytes_max: int = FILE_BYTES_MAX):
+    def __init__(self, fs: FileSystem, directory: str,
+                 file_bytes_max: int = limits.STAGING_FILE_BYTES_MAX) -> None:
         self._fs = fs
         self._directory = directory
         self._file_bytes_max = file_bytes_max

@@ -27,13 +27,13 @@ from typing import Any
 import pyarrow.flight as flight
 
 from engine.api import LOCAL_SUPERUSER_NAME, Identity
-from sql.pgwire.auth import ScramVerifier
 from sql.pgwire.users import UsersFile
+from sql.pgwire.verifiers import ScramVerifier
+from storage import limits
 
 log = logging.getLogger(__name__)
 
 TOKEN_LIFETIME_S = 12 * 3600.0
-TOKENS_MAX = 100_000
 AUTH_FAILURE_DELAY_S = 0.5
 
 
@@ -59,7 +59,7 @@ class FlightAuthenticator:
         token = secrets.token_urlsafe(32)
         now = time.monotonic()
         with self._lock:
-            if len(self._tokens) >= TOKENS_MAX:
+            if len(self._tokens) >= limits.FLIGHT_TOKENS_MAX:
                 self._tokens = {k: t for k, t in self._tokens.items() if t.expires_s > now}
             self._tokens[token] = _Token(identity, now + TOKEN_LIFETIME_S)
         return token, identity

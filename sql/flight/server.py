@@ -43,20 +43,19 @@ import pyarrow.flight as flight
 
 from engine.api import (
     ABANDON_AFTER_S_DEFAULT,
-    STAGING_BYTES_MAX_DEFAULT,
     Database,
     OffsetRange,
     project_schema,
 )
 from sql.flight.auth import AuthMiddlewareFactory, FlightAuthenticator, NoHandshakeCheck
 from sql.pgwire.users import UsersFile, default_users_path
+from storage import limits
 from storage.errors import InvalidParameterValueError, TopicbaseError
 
 log = logging.getLogger(__name__)
 
 DEFAULT_FLIGHT_PORT = 5434
 COLLECT_INTERVAL_S = 60.0
-COMMAND_BYTES_MAX = 1 << 20
 
 
 def _flight_errors(method: Callable[..., Any]) -> Callable[..., Any]:
@@ -82,9 +81,9 @@ def _as_flight_error(error: TopicbaseError) -> Exception:
 
 
 def _command(data: bytes) -> dict[str, Any]:
-    if len(data) > COMMAND_BYTES_MAX:
+    if len(data) > limits.FLIGHT_COMMAND_BYTES_MAX:
         raise InvalidParameterValueError(
-            f"a Flight command is limited to {COMMAND_BYTES_MAX} bytes")
+            f"a Flight command is limited to {limits.FLIGHT_COMMAND_BYTES_MAX} bytes")
     try:
         value = json.loads(data or b"{}")
     except (ValueError, UnicodeDecodeError):
@@ -129,7 +128,7 @@ class TopicbaseFlightServer(flight.FlightServerBase):
 
     def __init__(self, database: Database, location: str, authenticator: FlightAuthenticator,
                  *, tls_certificates: list[tuple[bytes, bytes]] | None = None,
-                 staging_bytes_max: int = STAGING_BYTES_MAX_DEFAULT,
+                 staging_bytes_max: int = limits.BULK_STAGING_BYTES_MAX_DEFAULT,
                  abandon_after_s: float = ABANDON_AFTER_S_DEFAULT,
                  collect_interval_s: float = COLLECT_INTERVAL_S) -> None:  # fmt: skip
         super().__init__(
