@@ -14,6 +14,9 @@ the identity privileges are checked against; SET SESSION AUTHORIZATION (only whe
 authenticated user is a superuser) changes the session user too. ``current_user`` and
 ``session_user`` answer with them (temporary macros on the session's connection). Inside
 a transaction block they are undone by ROLLBACK, as in PostgreSQL.
+
+This module builds on ``engine.privileges`` (who owns and holds what); privileges knows
+nothing of it, and the session runs these statements through ``run``.
 """
 
 from __future__ import annotations
@@ -47,6 +50,13 @@ class InvalidGrantOperationError(TopicbaseError):
 
 class InvalidSchemaNameError(TopicbaseError):
     sqlstate = "3F000"
+
+
+def run(session: Any, operation: ChangePrivileges | SwitchRole) -> str:
+    """GRANT/REVOKE or SET ROLE; the command tag."""
+    if isinstance(operation, SwitchRole):
+        return switch_role(session, operation)
+    return change_privileges(session, operation)
 
 
 # -- GRANT and REVOKE --------------------------------------------------------------------

@@ -371,14 +371,5 @@ def open_duckdb_transaction(session: Any) -> None:
         transaction.duckdb_open = True
 
 
-def run(session: Any, operation: ChangePrivileges | SwitchRole) -> str:
-    """GRANT/REVOKE or SET ROLE; the command tag (``engine.grants`` does the work)."""
-    from engine import grants
-
-    if isinstance(operation, SwitchRole):
-        return grants.switch_role(session, operation)
-    return grants.change_privileges(session, operation)
-
-
 def namespace_of(kind: str) -> str:
     return _KIND_NAMESPACE[kind]

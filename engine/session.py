@@ -26,6 +26,7 @@ import pyarrow as pa
 
 from engine import (
     describe,
+    grants,
     introspection,
     privilege_cache,
     privileges,
@@ -519,7 +520,7 @@ class Session:
             set_consumer_offsets(database, self.transaction, operation)
             return Result(plan.tag, notices=plan.notes)
         if isinstance(operation, ChangePrivileges | SwitchRole):  # GRANT, REVOKE, SET ROLE
-            privileges.run(self, operation)
+            grants.run(self, operation)
             return Result(plan.tag)
         if isinstance(operation, Introspect):
             if operation.what == "topics":
@@ -649,6 +650,8 @@ class Session:
                 batch, partition, cancelled=lambda: self._cancel_requested
             )  # a write waiting for its partition's write speed ends at a cancel (57014)
             written += outcome.written_count
+            if not operation.returning:
+                continue  # building the RETURNING table costs as much as the write's own CPU
             pieces.append(
                 pa.table(
                     {
