@@ -650,8 +650,6 @@ class Session:
                 batch, partition, cancelled=lambda: self._cancel_requested
             )  # a write waiting for its partition's write speed ends at a cancel (57014)
             written += outcome.written_count
-            if not operation.returning:
-                continue  # building the RETURNING table costs as much as the write's own CPU
             pieces.append(
                 pa.table(
                     {
