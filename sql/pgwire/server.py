@@ -92,6 +92,7 @@ class PgServer:
         self.connections: dict[int, Connection] = {}
         self._next_process_id = 1000
         self._server: asyncio.Server | None = None
+        self._loop: asyncio.AbstractEventLoop | None = None
         self._tasks: set[asyncio.Task[None]] = set()
         self.limits = limits or ServerLimits()
         self.admission = Admission(self.limits)  # session slots, sockets still logging in
@@ -120,8 +121,20 @@ class PgServer:
         if connection is not None and connection.secret_key == secret_key and connection.session:
             connection.session.cancel()
 
+    def call_soon(self, function: Callable[[], Any]) -> None:
+        """Run ``function`` on the server's event loop thread, from a connection's own
+        thread (``connection.own_thread``); dropped if the loop is closed already."""
+        loop = self._loop
+        if loop is None:
+            return
+        try:
+            loop.call_soon_threadsafe(function)
+        except RuntimeError:  # closed: the server stopped
+            log.debug("the server's loop is closed")
+
     async def start(self) -> int:
         """Start listening; returns the port (useful with port 0)."""
+        self._loop = asyncio.get_running_loop()
         self._server = await asyncio.start_server(self._handle, self.host, self.port)
         self.port = self._server.sockets[0].getsockname()[1]
         return self.port
@@ -186,7 +199,7 @@ class PgServer:
         if self._server is not None:
             self._server.close()
             for connection in list(self.connections.values()):
-                connection.writer.close()
+                connection.close_socket()
             if self._tasks:
                 _, pending = await asyncio.wait(list(self._tasks), timeout=5)
                 for task in pending:

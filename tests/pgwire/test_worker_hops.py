@@ -1,12 +1,14 @@
-"""A statement costs one hop to its connection's worker thread.
+"""A statement costs one engine call of its connection (``Connection.call``).
 
-Every engine call of a connection runs on its worker thread; a hop there and back costs
-tens of microseconds of thread wake-ups, as much as the rest of the wire's own work on a
-``SELECT 1``. So the per-statement work the engine is asked for goes in one hop: the
-revalidation of a described statement, the statement itself and the description that
-tells UUID and JSON text columns apart (extended protocol), or the stream's opening,
-its first batch and its closing when that batch is the whole result, else the whole
-result (simple query). Counted, not timed: ``Connection.call`` is wrapped.
+Before login, and for TLS connections, every engine call runs on the connection's worker
+thread: a hop there and back costs tens of microseconds of thread wake-ups, as much as the
+rest of the wire's own work on a ``SELECT 1`` (plaintext connections run them inline on
+their own thread once logged in: ``test_own_thread``). So the per-statement work the
+engine is asked for goes in one call: the revalidation of a described statement, the
+statement itself and the description that tells UUID and JSON text columns apart (extended
+protocol), or the stream's opening, its first batch and its closing when that batch is the
+whole result, else the whole result (simple query). Counted, not timed:
+``Connection.call`` is wrapped.
 """
 
 from __future__ import annotations

@@ -9,13 +9,18 @@ everything else goes through the connection's PostgreSQL surface
 (``emulation.surface.ConnectionCatalog``) to the engine, on the connection's worker
 thread. The connection knows its server only as ``ServerSide``: what it asks of it.
 
-One engine ``Session`` per connection. Every engine call (and the encoding of result
-rows) runs on the connection's own worker thread, so the event loop only moves bytes
-and one slow statement never holds up another connection; a session always runs on
-the same thread. Authentication is SCRAM-SHA-256 (default), md5, cleartext or trust
-against the users file (``sql.pgwire.auth``, ``sql.pgwire.users``); TLS is offered after
-an SSLRequest when a certificate is configured, else declined (``N``), and GSS
-encryption is always declined (``sql.pgwire.tls``).
+One engine ``Session`` per connection. Once logged in, a plaintext connection moves to a
+thread of its own with an event loop of its own (``own_thread``): its message loop reads
+the socket there and runs every engine call (and the encoding of result rows) inline, as
+a PostgreSQL backend does, so a statement costs no thread hand-off and one slow statement
+never holds up another connection. Before that (startup), and for the whole of a TLS
+connection, the server's event loop moves the bytes and engine calls run on the
+connection's worker thread. Either way a session runs on one thread at a time.
+
+Authentication is SCRAM-SHA-256 (default), md5, cleartext or trust against the users file
+(``sql.pgwire.auth``, ``sql.pgwire.users``); TLS is offered after an SSLRequest when a
+certificate is configured, else declined (``N``), and GSS encryption is always declined
+(``sql.pgwire.tls``).
 
 Protocol: the simple query protocol (several statements per Query, results sent as each
 statement finishes, the first error ends the Query) and the extended protocol (named and
@@ -51,7 +56,7 @@ import logging
 import re
 import secrets
 import ssl
-from collections.abc import Callable
+from collections.abc import Callable, Coroutine
 from typing import Any, NamedTuple, Protocol
 
 import pyarrow as pa
@@ -74,7 +79,7 @@ from sql.pgwire.codec import messages as m
 from sql.pgwire.codec import wire_types
 from sql.pgwire.codec.row_encoding import DataRows
 from sql.pgwire.connection import commands as wire_commands
-from sql.pgwire.connection import result_stream
+from sql.pgwire.connection import own_thread, result_stream
 from sql.pgwire.connection.context import CommandContext
 from sql.pgwire.connection.extended import (
     PARSED,
@@ -127,8 +132,11 @@ class ServerSide(Protocol):
 
     def cancel(self, process_id: int, secret_key: int) -> None: ...
 
+    def call_soon(self, function: Callable[[], Any]) -> None: ...
+
 
 ROWS_PER_CHUNK = 1000
+OWN_THREAD_STOP_S = 5  # a cancelled connection's thread is waited for this long
 INLINE_VALUES = 64  # results this small are encoded on the event loop (send_rows)
 _STATUS = {SessionState.IDLE: "I", SessionState.IN_TRANSACTION: "T", SessionState.FAILED: "E"}
 # Messages the loop answers with nothing of their own: Flush (H) only asks for the drain,
@@ -205,6 +213,8 @@ class Connection(ExtendedProtocol):
         self.process_id = 0
         self.secret_key = secrets.randbits(31)
         self.executor = concurrent.futures.ThreadPoolExecutor(1, "topicbase-pgwire")
+        # Set once the logged-in connection's socket moved to a thread of its own.
+        self.own_thread: own_thread.OwnThread | None = None
         self.statements: dict[str, Prepared] = {}
         self.portals: dict[str, Portal] = {}
         self.skipping = False  # after an extended-protocol error, until Sync
@@ -221,6 +231,10 @@ class Connection(ExtendedProtocol):
         )  # fmt: skip
 
     async def call(self, function: Callable[..., Any], *arguments: Any) -> Any:
+        """Run ``function`` where the connection's engine calls run: inline once the
+        connection has its own thread (``own_thread``), else on its worker thread."""
+        if self.own_thread is not None:
+            return function(*arguments)
         loop = asyncio.get_running_loop()
         return await loop.run_in_executor(self.executor, function, *arguments)
 
@@ -248,9 +262,26 @@ class Connection(ExtendedProtocol):
 
     # -- lifetime --------------------------------------------------------------------------
     async def run(self) -> None:
+        """Startup on the server's loop; then the message loop, on a thread of its own
+        for a plaintext connection (``own_thread``), else here."""
+        moved = False
         try:
-            if await self.startup():
-                await self.serve_messages()
+            if not await self._until_the_end(self.startup()):
+                return
+            if own_thread.movable(self.writer):
+                moved = True
+                await self._serve_on_own_thread()
+            else:
+                await self._until_the_end(self.serve_messages())
+        finally:
+            if not moved:
+                await self.close()
+
+    async def _until_the_end(self, step: Coroutine[Any, Any, Any]) -> Any:
+        """Run ``step`` of the connection; a lost client, a protocol error or an idle
+        timeout ends it (the last two with a FATAL error). None then."""
+        try:
+            return await step
         except (asyncio.IncompleteReadError, ConnectionError):
             log.debug("connection %d: the client went away", self.process_id)
         except m.ProtocolError as error:
@@ -258,8 +289,39 @@ class Connection(ExtendedProtocol):
         except (IdleSessionTimeoutError, IdleInTransactionSessionTimeoutError) as error:
             log.info("connection %d: %s", self.process_id, error.message)
             self.send(m.error_response(error.sqlstate, error.message, severity="FATAL"))
-        finally:
-            await self.close()
+        return None
+
+    async def _serve_on_own_thread(self) -> None:
+        """Move the socket to a thread of its own and serve the messages there; returns
+        when the connection ended there (closed there too). Cancelled (the server stops,
+        ``PgServer.stop``), it cancels the connection's thread and waits for its end."""
+        moved, pending = own_thread.detach(self.reader, self.writer)
+
+        async def serve_there() -> None:
+            try:
+                self.reader, self.writer = await own_thread.attach(moved, pending)
+                self.context.reader = self.reader
+                await self._until_the_end(self.serve_messages())
+            finally:
+                await self.close()
+
+        self.own_thread = own_thread.OwnThread(f"topicbase-pgwire-{self.process_id}",
+                                               serve_there)  # fmt: skip
+        done = asyncio.wrap_future(self.own_thread.done)
+        try:
+            await asyncio.shield(done)
+        except asyncio.CancelledError:
+            self.own_thread.cancel()
+            with contextlib.suppress(BaseException):
+                await asyncio.wait_for(done, timeout=OWN_THREAD_STOP_S)
+            raise
+
+    def close_socket(self) -> None:
+        """Close the connection's socket from the server's loop (``PgServer.stop``)."""
+        if self.own_thread is None:
+            self.writer.close()
+        else:
+            self.own_thread.call_soon(lambda: self.writer.close())
 
     async def close(self) -> None:
         """End the connection: its transaction is rolled back (staged writes freed) and its
@@ -267,7 +329,10 @@ class Connection(ExtendedProtocol):
         self.server.connections.pop(self.process_id, None)
         if self.has_slot:
             self.has_slot = False
-            self.server.release_slot()
+            if self.own_thread is None:
+                self.server.release_slot()
+            else:  # the server's bookkeeping belongs to its loop's thread
+                self.server.call_soon(self.server.release_slot)
         if self.session is not None:
             try:
                 await self.call(self.session.close)
