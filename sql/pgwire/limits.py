@@ -129,7 +129,9 @@ def statement_error(body: bytes, limits: ServerLimits) -> LimitExceededError | N
 
 def result_error(table: pa.Table | None, limits: ServerLimits) -> LimitExceededError | None:
     """The error for a result whose Arrow size is over ``result_bytes_max``."""
-    if table is None or table.nbytes <= limits.result_bytes_max:
+    if table is None or table.get_total_buffer_size() <= limits.result_bytes_max:
+        return None  # the buffers' whole size bounds nbytes (a slice's share): cheaper
+    if table.nbytes <= limits.result_bytes_max:
         return None
     return LimitExceededError(
         f"result of {table.num_rows} rows is {table.nbytes} bytes, over the limit of "

@@ -80,17 +80,31 @@ class InvalidDatetimeFormatError(DataError):
 
 # -- OIDs ---------------------------------------------------------------------------------------
 def type_oid(data_type: pa.DataType) -> int:
-    """The PostgreSQL type OID a column of ``data_type`` is described with."""
+    """The PostgreSQL type OID a column of ``data_type`` is described with (kept per type:
+    every result asks it for each of its columns)."""
+    oid = _TYPE_OIDS.get(data_type)
+    if oid is None:
+        oid = _type_oid(data_type)
+        if len(_TYPE_OIDS) < TYPE_OIDS_KEPT:  # results bring few distinct types
+            _TYPE_OIDS[data_type] = oid
+    return oid
+
+
+TYPE_OIDS_KEPT = 1024
+_TYPE_OIDS: dict[pa.DataType, int] = {}
+
+
+def _type_oid(data_type: pa.DataType) -> int:
     t = data_type
     if pa.types.is_dictionary(t):
-        return type_oid(t.value_type)
+        return _type_oid(t.value_type)
     if isinstance(t, pa.ExtensionType):
         name = getattr(t, "extension_name", "")
         if "json" in name:
             return JSON
         if "uuid" in name:
             return UUID
-        return type_oid(t.storage_type)
+        return _type_oid(t.storage_type)
     checks: list[tuple[Callable[[pa.DataType], bool], int]] = [
         (pa.types.is_boolean, BOOL),
         (lambda x: x in (pa.int8(), pa.int16(), pa.uint8()), INT2),
