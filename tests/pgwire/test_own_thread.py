@@ -106,6 +106,23 @@ def test_tls_state_keeps_a_connection_on_the_servers_loop() -> None:
     assert not own_thread.movable(Writer({"ssl_object": object(), "socket": None}))  # type: ignore[arg-type]
 
 
+def test_a_socket_with_unsent_output_stays() -> None:
+    import socket
+
+    async def main() -> tuple[bool, bool]:
+        left, right = socket.socketpair()
+        _reader, writer = await own_thread.attach(left, b"")
+        empty = own_thread.movable(writer)
+        writer.transport.pause_reading()
+        writer.write(b"x" * 50_000_000)  # more than the socket takes: the rest is held
+        held = own_thread.movable(writer)
+        writer.transport.abort()
+        right.close()
+        return empty, held
+
+    assert asyncio.run(main()) == (True, False)
+
+
 @pytest.mark.parametrize("pending", [b"", b"Q\0\0\0\x0dSELECT 1\0"])
 def test_attach_reads_pending_bytes_first(pending: bytes) -> None:
     import socket

@@ -28,9 +28,12 @@ from typing import Any
 
 
 def movable(writer: asyncio.StreamWriter) -> bool:
-    """Whether ``writer``'s socket can move: a plain socket transport (not TLS)."""
-    return writer.get_extra_info("ssl_object") is None and isinstance(
-        writer.get_extra_info("socket"), asyncio.trsock.TransportSocket
+    """Whether ``writer``'s socket can move: a plain socket transport (not TLS) that holds
+    nothing unsent (closing it would drop that)."""
+    return (
+        writer.get_extra_info("ssl_object") is None
+        and isinstance(writer.get_extra_info("socket"), asyncio.trsock.TransportSocket)
+        and writer.transport.get_write_buffer_size() == 0
     )
 
 
