@@ -29,6 +29,7 @@ from engine.identity import LOCAL_SUPERUSER, Identity
 from engine.leases import DEFAULT_LEASE_TIMEOUT_S, LeaseRegistry
 from engine.reads import RoundRobin
 from engine.retention import DEFAULT_RETENTION_INTERVAL_S, RetentionService, run_retention_pass
+from engine.session import Session
 from engine.staged_writes import SPILL_DIRECTORY, StagedWrites
 from planner.catalog import TopicInfo
 from planner.paths import DEFAULT_DATABASE_PATH, check_database_path
@@ -141,11 +142,9 @@ class Database:
             database._references += 1
             return database
 
-    def connect(self, identity: Identity = LOCAL_SUPERUSER):  # -> Session (lazy import)
+    def connect(self, identity: Identity = LOCAL_SUPERUSER) -> Session:
         """A new session acting as ``identity`` (the local superuser by default: the
         console and DB-API; the servers pass the authenticated user)."""
-        from engine.session import Session
-
         return Session(self, identity)
 
     def close(self) -> None:
