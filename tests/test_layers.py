@@ -60,9 +60,10 @@ def test_import_walker_sees_every_import_form(tmp_path: Path) -> None:
 
 
 # -- no import circles inside a package ---------------------------------------------------------
-# import-linter 2.x has no contract for cycles, so this walks the imports itself: every import
-# statement of a module (inside functions and ``if TYPE_CHECKING:`` too: a circle drawn only
-# for the type checker is a circle all the same), resolved to the modules of the project.
+# import-linter's acyclic_siblings contract (pyproject.toml) refuses them too; this walks the
+# imports itself as a second, independent reading: every import statement of a module (inside
+# functions and ``if TYPE_CHECKING:`` too: a circle drawn only for the type checker is a
+# circle all the same), resolved to the modules of the project.
 PACKAGES = ("sql", "spark_sql_ext", "engine", "planner", "grammar", "storage")
 
 
