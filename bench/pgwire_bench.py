@@ -20,7 +20,8 @@ In one run, with the same 1 KiB JSON-like messages (``storage_bench.make_message
    Produce is measured twice on both servers: with psycopg's default cursor (``%s``,
    rewritten to ``$n`` by the client on every execute: milliseconds of client CPU for
    this 1000-parameter statement) and with ``RawCursor`` and ``$n`` as written.
-4. **SELECT 1 round trip**: ``conn.execute("SELECT 1").fetchone()`` repeated, p50/p99,
+4. **SELECT 1 round trip**: ``conn.execute("SELECT 1").fetchone()`` repeated, p50/p99
+   (psycopg sends it as a simple query, and prepared, Bind/Execute/Sync, once it ran 5 times),
    on the Topicbase server and on PostgreSQL (embedded shown for context).
 
 All three systems are up at once and take turns (``ROUNDS`` rounds, in rotating
@@ -417,7 +418,8 @@ def _record_targets(
         "read, 1000 rows past it, row updated, COMMIT",
     )  # fmt: skip
     for name, samples, target, what in (
-        ("pgwire.select1", select1, SELECT1_TARGET, "SELECT 1 (simple query: no parameter)"),
+        ("pgwire.select1", select1, SELECT1_TARGET,
+         "SELECT 1 (no parameter: psycopg's simple query, prepared from the 6th run on)"),
         ("pgwire.point_lookup", lookups, LOOKUP_TARGET,
          f"SELECT v FROM kv WHERE k = %s on a {LOOKUP_ROWS:,}-row table, random keys "
          "(extended protocol: Parse/Bind/Execute, named after 5 runs)"),
