@@ -452,6 +452,16 @@ def _take(
         # many small statements): each batch costs a fixed amount here and in
         # ``relation_batch`` whatever its size; large ones are not worth a copy.
         batches = [pa.concat_batches(batches)]
+    if batches and result.next_offset <= ends[partition_id]:
+        # The usual case: the read stopped below the cut, so every batch is within it and
+        # the position is where storage stopped (its batches' offsets are contiguous).
+        for batch in batches:
+            read.setdefault(partition_id, []).append(batch)
+            size = batch.nbytes
+            _count(batch.num_rows, size)
+            taken, taken_bytes = taken + batch.num_rows, taken_bytes + size
+        positions[partition_id] = result.next_offset
+        return taken, taken_bytes
     if not batches:
         positions[partition_id] = ends[partition_id]  # nothing left below the cut
     for batch in batches:
