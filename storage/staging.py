@@ -110,7 +110,11 @@ class StagingLog:
         self._directory = directory
         self._file_bytes_max = file_bytes_max
         self._lock = threading.Lock()
-        self._changed = threading.Condition(self._lock)  # writes, syncs, file changes
+        self._changed = threading.Condition(self._lock)  # syncs, file changes, close
+        # The syncer alone waits here, for bytes to sync (or close): an append wakes it
+        # without waking every committer waiting on ``_changed`` for its sync (with 16
+        # committing sessions, each append woke all of them only to sleep again).
+        self._wanted = threading.Condition(self._lock)
         fs.make_directory(directory)
         numbers = self.file_numbers()
         self._file_number = (numbers[-1] + 1) if numbers else 1
@@ -178,7 +182,7 @@ class StagingLog:
             self._size = position
             self._users.setdefault(self._file_number, set()).add(transaction_id)
             self._start_syncer()
-            self._changed.notify_all()
+            self._wanted.notify()
             return StagingTicket(tuple(placed), self._file_number, position)
 
     def _torn_record_failpoint(self, parts: list[bytes | pa.Buffer], position: int) -> None:
@@ -296,9 +300,9 @@ class StagingLog:
     def _sync_loop(self) -> None:
         """Sync the current file whenever it holds unsynced bytes, until ``close``."""
         while True:
-            with self._changed:
+            with self._lock:
                 while not self._closed and not self._sync_wanted():
-                    self._changed.wait()
+                    self._wanted.wait()
                 if self._closed:
                     return
                 fd, number, target = self._fd, self._file_number, self._size
@@ -391,6 +395,7 @@ class StagingLog:
         with self._changed:
             self._closed = True
             self._changed.notify_all()
+            self._wanted.notify_all()
         if self._syncer is not None:
             self._syncer.join()
         with self._lock:
