@@ -786,6 +786,17 @@ _append_pool: ThreadPoolExecutor | None = None
 _append_pool_lock = threading.Lock()
 
 
+def _forget_append_pool() -> None:
+    """In a forked child: the parent's pool threads do not exist there (a pool that
+    believes they do would never run a task), nor does whoever held the lock."""
+    global _append_pool, _append_pool_lock
+    _append_pool = None
+    _append_pool_lock = threading.Lock()
+
+
+os.register_at_fork(after_in_child=_forget_append_pool)
+
+
 def _shares(
     batch: pa.RecordBatch, targets: np.ndarray
 ) -> list[tuple[int, np.ndarray, pa.RecordBatch]]:

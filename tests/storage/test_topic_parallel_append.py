@@ -10,11 +10,14 @@ written.
 from __future__ import annotations
 
 import os
+import signal
 import threading
+import time
 from typing import Any
 
 import pytest
 
+from storage import topic_log
 from storage.clock import ManualClock
 from storage.config import FsyncPolicy, TopicConfig
 from storage.errors import StorageIOError
@@ -101,3 +104,39 @@ def test_a_failing_share_fails_the_append_after_the_others_are_written(
         assert ends == [8, 8, 8, 0, 8, 8, 8, 8]
     finally:
         topic.close()
+
+
+def test_a_forked_child_appends_in_parallel_with_its_own_pool(
+    tmp_path: Any, fs: FileSystem, clock: ManualClock, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # A pool of one thread, which the parent's append starts: its pool is full, so one
+    # inherited as is would never start a thread in the child.
+    monkeypatch.setattr(topic_log, "_append_pool", None)
+    monkeypatch.setattr(topic_log, "APPEND_THREADS", 1)
+    parent = _topic(tmp_path, fs, clock, FsyncPolicy.GROUP)
+    try:
+        parent.append(_batch(64))
+        pid = os.fork()
+        if pid == 0:  # the child: a pool inherited as is would never run the shares
+            code = 1
+            try:
+                child_dir = os.path.join(str(tmp_path), "child")
+                os.mkdir(child_dir)
+                topic = _topic(child_dir, FileSystem(), clock, FsyncPolicy.GROUP)
+                result = topic.append(_batch(64))
+                topic.close()
+                code = 0 if sorted(set(result.partitions.tolist())) == list(range(8)) else 2
+            finally:
+                os._exit(code)
+        for _ in range(600):  # a guard against a hang, not a speed assertion
+            done, status = os.waitpid(pid, os.WNOHANG)
+            if done:
+                break
+            time.sleep(0.1)
+        else:
+            os.kill(pid, signal.SIGKILL)
+            os.waitpid(pid, 0)
+            pytest.fail("the forked child's parallel append hung")
+        assert os.waitstatus_to_exitcode(status) == 0
+    finally:
+        parent.close()
