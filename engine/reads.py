@@ -57,6 +57,7 @@ from dataclasses import dataclass
 from datetime import datetime, timedelta
 from typing import Any
 
+import numpy as np
 import pyarrow as pa
 
 from engine.clock import Clock
@@ -190,10 +191,28 @@ def read_records(
                 batches = _read_all(operation, topic, starts, gate, round_robin)
     if operation.consumer is not None:
         _record_ranges(operation, starts, batches, committed, transaction)
-    decode = bool(options.get("decode", True))
-    return pa.Table.from_batches(
-        [relation_batch(p, b, decode=decode) for p, b in batches], schema=SCHEMA
+    return _relation(batches, decode=bool(options.get("decode", True)))
+
+
+def _relation(batches: list[tuple[int, pa.RecordBatch]], *, decode: bool) -> pa.Table:
+    """The topic relation of a read's batches, in their order.
+
+    Small batches (a read over many partitions holding a few messages each) become one
+    relation batch: the batches concatenated, with the partition column repeated per
+    batch, instead of a ``relation_batch`` call per batch. Large ones are not worth a copy.
+    """
+    rows = sum(b.num_rows for _, b in batches)
+    if len(batches) < 2 or rows > SMALL_BATCH_ROWS * len(batches):
+        return pa.Table.from_batches(
+            [relation_batch(p, b, decode=decode) for p, b in batches], schema=SCHEMA
+        )
+    combined = relation_batch(0, pa.concat_batches([b for _, b in batches]), decode=decode)
+    partitions = np.repeat(
+        np.array([p for p, _ in batches], dtype=np.int32), [b.num_rows for _, b in batches]
     )
+    assert SCHEMA.field(0).name == "partition"
+    combined = combined.set_column(0, SCHEMA.field(0), pa.array(partitions))
+    return pa.Table.from_batches([combined], schema=SCHEMA)
 
 
 def stream_records(
