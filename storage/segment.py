@@ -215,9 +215,11 @@ class LogSegment:
         window_bytes = max(budget_bytes + HEADER_BYTES, READ_WINDOW_BYTES_MIN)
         fd = self.fs.open_read(self.log_path)
         try:
-            if limit_bytes - position >= HEADER_BYTES:
+            if limit_bytes - position > window_bytes:
                 # Peek at the first frame's size so the first window holds it whole: a
                 # frame a little over the window (1000 messages of 1 KiB) was read twice.
+                # (No peek when the window holds the rest of the segment anyway: a
+                # partition of a few small frames is read with one pread.)
                 first = self._header_at(self.fs.pread(fd, HEADER_BYTES, position), 0, position)
                 window_bytes = max(window_bytes, first.frame_bytes)
             while position < limit_bytes:

@@ -11,8 +11,10 @@ from __future__ import annotations
 from typing import Any
 
 import pyarrow as pa
+import pytest
 
 from storage.clock import ManualClock
+from storage.fs import FileSystem
 from storage.partition_log import SMALL_FRAME_ROWS, PartitionLog
 from storage.record_batch import decode_bodies, decode_body
 from tests.storage.conftest import read_all_rows
@@ -74,3 +76,21 @@ def test_decode_bodies_equals_the_frames_concatenated(open_partition: Any, batch
     together = decode_bodies(frames)
     alone = pa.Table.from_batches([decode_body(h, b) for h, b in frames])
     assert pa.Table.from_batches([together]).equals(alone)
+
+
+def test_a_segment_that_fits_the_window_is_read_with_one_pread(
+    open_partition: Any, batch: Any, clock: Any, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    partition = open_partition()
+    _fill(partition, batch, clock, [3] * 4)
+    reads = []
+    original = FileSystem.pread
+
+    def counted(self: FileSystem, fd: int, size: int, position: int) -> Any:
+        reads.append((size, position))
+        return original(self, fd, size, position)
+
+    monkeypatch.setattr(FileSystem, "pread", counted)
+    result = partition.read(0)
+    assert result.message_count == 12
+    assert reads == [(partition.size_bytes, 0)]  # no separate peek at the first header
