@@ -20,6 +20,11 @@ BATCH_MESSAGES_MAX = 100_000
 PRODUCER_ID_BYTES_MAX = 2048
 METADATA_ITEMS_MAX = 64
 
+# -- system calls -------------------------------------------------------------------
+# Buffers one ``pwritev`` takes (POSIX IOV_MAX, 1024 on Linux; EINVAL past it).
+# ``storage.fs`` writes longer lists of parts in runs of this many.
+IOV_MAX = 1024
+
 # -- segments and indexes -------------------------------------------------------------
 SEGMENT_BYTES_DEFAULT = 64 * 1024 * 1024
 SEGMENT_BYTES_MIN = 1024
