@@ -65,36 +65,15 @@ SANDBOX_CONFIG: dict[str, Any] = {
 }
 
 
-class UndefinedColumnError(errors.TopicbaseError):
-    sqlstate = "42703"
-
-
-class UndefinedFunctionError(errors.TopicbaseError):
-    sqlstate = "42883"
-
-
-class UniqueViolationError(errors.TopicbaseError):
-    sqlstate = "23505"
-
-
-class NotNullViolationError(errors.TopicbaseError):
-    sqlstate = "23502"
-
-
-class NumericOutOfRangeError(errors.TopicbaseError):
-    sqlstate = "22003"
-
-
-class DivisionByZeroError(errors.TopicbaseError):
-    sqlstate = "22012"
-
-
-class InvalidTextRepresentationError(errors.TopicbaseError):
-    sqlstate = "22P02"
-
-
-class DuplicateTableError(errors.TopicbaseError):
-    sqlstate = "42P07"
+# DuckDB's errors map to these classes of storage.errors (one home for errors).
+UndefinedColumnError = errors.UndefinedColumnError
+UndefinedFunctionError = errors.UndefinedFunctionError
+UniqueViolationError = errors.UniqueViolationError
+NotNullViolationError = errors.NotNullViolationError
+NumericOutOfRangeError = errors.NumericValueOutOfRangeError
+DivisionByZeroError = errors.DivisionByZeroError
+InvalidTextRepresentationError = errors.InvalidTextRepresentationError
+DuplicateTableError = errors.DuplicateTableError
 
 
 Connection = duckdb.DuckDBPyConnection

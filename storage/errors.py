@@ -60,6 +60,10 @@ class NumericValueOutOfRangeError(DataError):
     sqlstate = "22003"
 
 
+class DivisionByZeroError(DataError):
+    sqlstate = "22012"
+
+
 class DatetimeFieldOverflowError(DataError):
     """A timestamp outside the range readers can return (years 1..9999, finite)."""
 
@@ -147,6 +151,20 @@ class DuplicateObjectError(TopicbaseError):
 
 class DuplicateTopicError(TopicbaseError):
     sqlstate = "42P07"
+
+
+class DuplicateTableError(TopicbaseError):
+    """A table or view of that name exists (DuckDB's catalog error, mapped)."""
+
+    sqlstate = "42P07"
+
+
+class UndefinedFunctionError(TopicbaseError):
+    sqlstate = "42883"
+
+
+class UniqueViolationError(TopicbaseError):
+    sqlstate = "23505"
 
 
 class InvalidNameError(TopicbaseError):

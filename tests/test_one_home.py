@@ -16,16 +16,8 @@ PACKAGES = ("sql", "spark_sql_ext", "engine", "planner", "grammar", "storage")
 HOMES = ("storage/errors.py", "storage/limits.py")
 LIMIT_NAME = re.compile(r"[A-Z][A-Z0-9_]*_MAX(_[A-Z]+)?")
 
-# Error classes that still repeat a SQLSTATE of storage.errors (DuckDB's errors mapped in
-# engine.tables; the pgwire server's "message too large").
-KNOWN_DUPLICATE_ERRORS = {
-    ("engine/tables.py", "UndefinedColumnError"),
-    ("engine/tables.py", "NotNullViolationError"),
-    ("engine/tables.py", "NumericOutOfRangeError"),
-    ("engine/tables.py", "InvalidTextRepresentationError"),
-    ("engine/tables.py", "DuplicateTableError"),
-    ("sql/pgwire/limits.py", "MessageTooLargeError"),
-}
+# Error classes that still repeat a SQLSTATE of storage.errors: none left.
+KNOWN_DUPLICATE_ERRORS: set[tuple[str, str]] = set()
 # Constants named like limits that stay beside their code: facts of a format (INT64_MAX,
 # the latest timestamp), defaults of a read's options, and bounds of one module's caches
 # and retries that nothing else reads.

@@ -96,10 +96,11 @@ class ServerLimits:
         return min(self.superuser_reserved_connections, self.connections_max - 1)
 
 
-class MessageTooLargeError(ProtocolError):
-    """A frontend message over ``message_bytes_max``: fatal, the body is never read."""
+class MessageTooLargeError(LimitExceededError, ProtocolError):
+    """A frontend message over ``message_bytes_max``: fatal, the body is never read.
 
-    sqlstate = "54000"
+    A limit (54000, from ``LimitExceededError``, first in the order) and a protocol error
+    (the connection ends, as for every ``ProtocolError``)."""
 
 
 def message_body_length(header: bytes, limits: ServerLimits) -> int:
