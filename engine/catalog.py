@@ -31,10 +31,10 @@ from engine import tables
 from engine.clock import Clock, utc_from_us
 from engine.identity import LOCAL_SUPERUSER_NAME
 from planner.catalog import TopicInfo
+from storage import limits
 from storage.errors import InvalidParameterValueError, LimitExceededError
 
 SCHEMA = "__topicbase"
-PENDING_RANGES_MAX = 10_000
 OffsetKey = tuple[str, str, int]  # (topic id, consumer, partition)
 
 DDL = f"""
@@ -301,9 +301,9 @@ class CatalogStore:
                     if range_start <= position < range_end:
                         position = range_end
                 self._pending[key] = [r for r in pending if r[1] > position]
-                if len(self._pending[key]) > PENDING_RANGES_MAX:
+                if len(self._pending[key]) > limits.PENDING_RANGES_MAX:
                     raise LimitExceededError(
-                        f"more than {PENDING_RANGES_MAX} uncommitted offset ranges"
+                        f"more than {limits.PENDING_RANGES_MAX} uncommitted offset ranges"
                     )
                 if position != committed:
                     moves[key] = position

@@ -45,9 +45,9 @@ from planner.operations import (
     SwitchRole,
     TransactionControl,
 )
+from storage import limits
 from storage.errors import InsufficientPrivilegeError
 
-VIEW_DEPTH_MAX = 16  # views over views, checked as their owners
 _DDL_TAGS = ("CREATE", "DROP", "ALTER")
 # Touch no relation (transactions, SHOW/DESCRIBE TOPIC: catalogs are everyone's), are
 # judged when they run (GRANT/REVOKE and SET ROLE: engine.grants), or name no topic
@@ -203,8 +203,10 @@ def _require_relation(session: Any, user: str, name: str, privilege: str, depth:
         )
     if kind != "view" or is_superuser_name(session.database, owner):
         return
-    if depth >= VIEW_DEPTH_MAX:
-        raise InsufficientPrivilegeError(f"view {name} nests more than {VIEW_DEPTH_MAX} views")
+    if depth >= limits.VIEW_DEPTH_MAX:
+        raise InsufficientPrivilegeError(
+            f"view {name} nests more than {limits.VIEW_DEPTH_MAX} views"
+        )
     access = _view_access(session, name)
     if access.opaque is not None:
         raise InsufficientPrivilegeError(

@@ -15,8 +15,8 @@ How much one read returns (the rule the README states):
   the single-read limit (``limits.READ_MESSAGES_MAX`` messages,
   ``limits.READ_BYTES_MAX`` bytes) and refused with 54000 beyond it, never cut
   short. ``stream_records`` reads a whole cut of any size in bounded batches.
-- A **consumer read** is a poll: at most ``max_messages`` (default
-  ``DEFAULT_MAX_MESSAGES``) and ``max_bytes`` (default ``DEFAULT_MAX_BYTES``);
+- A **consumer read** is a poll: at most ``max_messages`` and ``max_bytes`` (defaults
+  ``limits.POLL_MESSAGES_MAX_DEFAULT`` and ``limits.POLL_BYTES_MAX_DEFAULT``);
   what is left waits for the next read.
 - A **consumer poll** is fair across polls, round robin from where that
   consumer's last read stopped (``RoundRobin``, kept in memory per topic and
@@ -68,9 +68,6 @@ from storage import limits
 from storage.errors import InvalidParameterValueError, LimitExceededError, QueryCanceledError
 from storage.topic_log import TopicLog
 
-# A consumer read is a poll: without options it returns at most this much.
-DEFAULT_MAX_MESSAGES = 10_000
-DEFAULT_MAX_BYTES = 64 * 1024 * 1024
 CANCEL_CHECK_S = 0.1
 # What ``stream_records`` holds at a time: one storage read of one partition.
 STREAM_BATCH_MESSAGES = 65_536
@@ -93,8 +90,8 @@ def read_bounds(operation: ReadRecords) -> ReadBounds:
     if operation.consumer is None and max_messages is None and max_bytes is None:
         return ReadBounds(limits.READ_MESSAGES_MAX, limits.READ_BYTES_MAX, complete=True)
     return ReadBounds(
-        int(max_messages or DEFAULT_MAX_MESSAGES),
-        int(max_bytes or DEFAULT_MAX_BYTES),
+        int(max_messages or limits.POLL_MESSAGES_MAX_DEFAULT),
+        int(max_bytes or limits.POLL_BYTES_MAX_DEFAULT),
         complete=bool(options.get("complete")),
     )
 

@@ -39,6 +39,10 @@ WRITEBACK_INTERVAL_BYTES = 4 * 1024 * 1024
 # -- reads --------------------------------------------------------------------------
 READ_BYTES_MAX = 256 * 1024 * 1024
 READ_MESSAGES_MAX = 1_000_000
+# A consumer read is a poll: without max_messages/max_bytes it returns at most this much
+# (the rest is left for the next poll; a peek without them is whole, up to the READ_* above).
+POLL_MESSAGES_MAX_DEFAULT = 10_000
+POLL_BYTES_MAX_DEFAULT = 64 * 1024 * 1024
 WAIT_MS_MAX = 5 * 60 * 1000
 
 # -- topics, partitions, files --------------------------------------------------------
@@ -58,6 +62,9 @@ GROUP_COMMIT_WINDOW_US_DEFAULT = 0
 GROUP_COMMIT_WINDOW_US_MAX = 10_000
 
 # -- transactions -------------------------------------------------------------------
+# Uncommitted offset ranges one consumer partition may hold at once (engine.catalog:
+# claims of concurrent transactions waiting to commit).
+PENDING_RANGES_MAX = 10_000
 # Topic writes a transaction may stage before COMMIT (read back into memory at COMMIT).
 TRANSACTION_STAGED_BYTES_MAX = 256 * 1024 * 1024
 # Of those, what one open transaction keeps in memory; the rest waits in its spill file
@@ -78,6 +85,8 @@ TRANSACTION_DURATION_MS_MAX = 10 * 60 * 1000
 OPEN_TRANSACTIONS_MAX = 1000
 
 # -- statement complexity and the sandboxed DuckDB (issue 10) -----------------------------
+# Views over views, each checked with its owner's privileges (engine.privileges).
+VIEW_DEPTH_MAX = 16
 # Nesting of (), [], {} and CASE ... END in one statement. Parsing and planning recurse
 # once per level (sqlglot ~24 Python frames a parenthesis, DuckDB's transformer and binder
 # a C++ frame or more); PostgreSQL runs a few hundred levels, so ordinary generated SQL

@@ -22,13 +22,9 @@ KNOWN_DUPLICATE_ERRORS: set[tuple[str, str]] = set()
 # the latest timestamp), defaults of a read's options, and bounds of one module's caches
 # and retries that nothing else reads.
 KNOWN_LIMITS_ELSEWHERE = {
-    ("engine/catalog.py", "PENDING_RANGES_MAX"),
     ("engine/check.py", "COPY_ATTEMPTS_MAX"),
     ("engine/check.py", "LIVE_RUNS_MAX"),
     ("engine/privilege_cache.py", "ENTRIES_MAX"),
-    ("engine/privileges.py", "VIEW_DEPTH_MAX"),
-    ("engine/reads.py", "DEFAULT_MAX_BYTES"),
-    ("engine/reads.py", "DEFAULT_MAX_MESSAGES"),
     ("engine/sandbox.py", "CACHED_SQL_CHARS_MAX"),
     ("engine/writes.py", "CREATED_AT_US_MAX"),
     ("engine/writes.py", "INT64_MAX"),

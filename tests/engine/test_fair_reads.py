@@ -15,11 +15,12 @@ import pytest
 
 from engine import tables
 from engine.database import Database
-from engine.reads import DEFAULT_MAX_MESSAGES, fair_shares, stream_records
+from engine.reads import fair_shares, stream_records
 from planner.operations import ReadRecords
 from planner.planner import require_topic
 from storage import limits
 from storage.errors import LimitExceededError
+from storage.limits import POLL_MESSAGES_MAX_DEFAULT as DEFAULT_MAX_MESSAGES
 from tests.engine.conftest import rows
 
 
