@@ -573,7 +573,9 @@ def main(argv: list[str] | None = None) -> int:
     print(
         f"chaos: {sum(outcomes.values())} cycles, {outcomes['kill']} kills, "
         f"{outcomes['failpoint']} failpoints, {outcomes['power']} power cuts, "
-        f"{messages} messages, {transactions} transactions, {violations} violations"
+        f"{messages} messages, {transactions} transactions, "
+        f"{stats.get('splits_done', 0)} automatic splits (of {stats.get('splits_driven', 0)} "
+        f"driven), {violations} violations"
     )
     return 1 if violations else 0
 

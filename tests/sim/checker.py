@@ -512,6 +512,8 @@ class _Checker:
         for status in TXN_STATUSES:
             stats[f"txns_{status}"] = sum(1 for t in self.txns if t.status == status)
         stats["producer_writes"] = len(self.prods)
+        stats["splits_driven"] = sum(1 for _, e in self.splits if e["status"] == "invoke")
+        stats["splits_done"] = sum(1 for _, e in self.splits if e["status"] == "ok")
         stats["nodes"] = len(self.nodes)
         for bit, name in _EDGE_NAME.items():
             stats[f"edges_{name}"] = sum(1 for d in self.adj for m in d.values() if m & bit)

@@ -20,12 +20,16 @@ def test_short_chaos_run_finds_no_violation(tmp_path, capsys):
     last = capsys.readouterr().out.strip().splitlines()[-1]
     match = re.fullmatch(
         r"chaos: (\d+) cycles, (\d+) kills, (\d+) failpoints, (\d+) power cuts, "
-        r"(\d+) messages, (\d+) transactions, (\d+) violations",
+        r"(\d+) messages, (\d+) transactions, "
+        r"(\d+) automatic splits \(of (\d+) driven\), (\d+) violations",
         last,
     )
     assert match, last
-    cycles, kills, failpoints, cuts, messages, transactions, violations = map(int, match.groups())
+    cycles, kills, failpoints, cuts, messages, transactions, split, driven, violations = map(
+        int, match.groups()
+    )
     assert status == 0 and violations == 0, last
+    assert split <= driven
     assert cycles == 6 and kills + failpoints + cuts >= 3
     assert messages > 0 and transactions > 0
 
