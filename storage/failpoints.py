@@ -13,9 +13,13 @@ Names in use: ``fs.before_sync``, ``fs.after_sync`` (every counted fsync),
 ``segment.roll_after_seal``, ``segment.roll_before_snapshot``,
 ``retention.before_roll``, ``retention.after_roll`` (an idle partition's expired
 active segment rolled by retention), ``retention.before_delete``,
-``split.before_save``, ``staging.after_sync``,
-``commit.after_stage``, ``commit.after_commit_point``, ``commit.mid_publish``,
-``commit.checkpoint_before_delete``, ``recovery.after_republish``.
+``split.after_child``, ``split.before_save``, ``split.after_save`` (inside an
+autopartitioning split), ``split.mid_redirect`` (between the children of a publish
+redirected from a split partition), ``staging.after_sync``, ``staging.torn_record``
+(half a commit record written), ``commit.after_stage``, ``commit.after_commit_point``,
+``commit.before_log_append``, ``commit.after_log_append`` (a topic-only commit),
+``commit.mid_publish``, ``commit.checkpoint_before_delete``,
+``commit.checkpoint_before_release``, ``recovery.after_republish``.
 """
 
 from __future__ import annotations

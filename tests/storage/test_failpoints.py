@@ -71,3 +71,23 @@ def test_crash_failpoint_kills_the_process_with_status_137(tmp_path):
         partition = store.topic(store.topic_ids()[0]).partition(0)
         assert partition.end_offset == 6  # the torn seventh frame was cut
         assert partition.recovery.truncated_bytes > 0
+
+
+def test_the_module_docstring_names_every_failpoint_in_use() -> None:
+    """The list of names in ``storage.failpoints``' docstring is the reference tests and
+    TOPICBASE_FAILPOINTS users read: every ``failpoints.hit("…")`` in the code is in it."""
+    import re
+    from pathlib import Path
+
+    from storage import failpoints
+
+    root = Path(failpoints.__file__).resolve().parent.parent
+    used = {
+        name
+        for package in ("storage", "engine")
+        for path in (root / package).rglob("*.py")
+        for name in re.findall(r'failpoints\.hit\(\s*"([a-z_.]+)"', path.read_text())
+    }
+    assert len(used) >= 20
+    documented = set(re.findall(r"``([a-z_]+\.[a-z_]+)``", failpoints.__doc__ or ""))
+    assert used - documented == set()
