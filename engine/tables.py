@@ -239,8 +239,10 @@ _parsers = threading.local()
 # to destroy can abort the process after DuckDB's module is gone ("terminate called
 # after throwing an instance of ''", seen in CI at a console's exit). Each holds DuckDB's
 # native threads too (about 8, even with threads = 1), so a process about to fork closes
-# them first (``close_parsers``); a thread's next parse then opens a new one.
-_parser_connections: list[Connection] = []
+# them first (``close_parsers``); a thread's next parse then opens a new one. A thread
+# that ended leaves its connection here: the next new parser closes those (a server
+# gives every client a thread of its own, so they would pile up otherwise).
+_parser_connections: list[tuple[threading.Thread, Connection]] = []
 _parser_connections_lock = threading.Lock()
 _parser_generation = 0  # moves at each close_parsers: a thread's older connection is closed
 
@@ -252,7 +254,14 @@ def _parser() -> Connection:
         connection = connect(":memory:", memory_limit_bytes=_PARSER_MEMORY_BYTES, threads=1)
         with _parser_connections_lock:
             _parsers.connection, _parsers.generation = connection, _parser_generation
-            _parser_connections.append(connection)
+            ended = [c for thread, c in _parser_connections if not thread.is_alive()]
+            _parser_connections[:] = [
+                (thread, c) for thread, c in _parser_connections if thread.is_alive()
+            ]
+            _parser_connections.append((threading.current_thread(), connection))
+        for old in ended:
+            with contextlib.suppress(Exception):
+                old.close()
     return connection
 
 
@@ -264,7 +273,7 @@ def close_parsers() -> None:
     with _parser_connections_lock:
         connections, _parser_connections[:] = list(_parser_connections), []
         _parser_generation += 1
-    for connection in connections:
+    for _, connection in connections:
         with contextlib.suppress(Exception):
             connection.close()
 
