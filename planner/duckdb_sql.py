@@ -62,7 +62,7 @@ def _space_after_parameters(sql: str) -> str:
 # ``UPDATE t SET n = n + CAST(v AS type) WHERE k = CAST(key AS type)`` followed, when it
 # changed no row, by the statement itself (in the same DuckDB transaction) has the same
 # effect and the same errors; ``counter_update`` writes that UPDATE once the table's
-# columns are known (the engine checks the table: ``engine.tables.upsert_table``).
+# columns are known (the engine checks the table: ``engine.tables.upsert_columns``).
 # Arithmetic only in SET: every EXCLUDED value is evaluated (and so cast, with the
 # statement's own conversion errors) whenever the UPDATE changes a row.
 _SET_NODES = (exp.Column, exp.Identifier, exp.Literal, exp.Add, exp.Sub, exp.Mul, exp.Paren,

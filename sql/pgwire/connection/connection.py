@@ -296,6 +296,7 @@ class Connection(ExtendedProtocol):
         when the connection ended there (closed there too). Cancelled (the server stops,
         ``PgServer.stop``), it cancels the connection's thread and waits for its end."""
         moved, pending = own_thread.detach(self.reader, self.writer)
+        self.executor.shutdown(wait=False)  # engine calls run inline from now on
 
         async def serve_there() -> None:
             try:
@@ -305,8 +306,10 @@ class Connection(ExtendedProtocol):
             finally:
                 await self.close()
 
+        # Set before the thread starts: its first ``call``/``close`` already reads it.
         self.own_thread = own_thread.OwnThread(f"topicbase-pgwire-{self.process_id}",
                                                serve_there)  # fmt: skip
+        self.own_thread.start()
         done = asyncio.wrap_future(self.own_thread.done)
         try:
             await asyncio.shield(done)

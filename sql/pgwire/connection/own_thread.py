@@ -65,7 +65,8 @@ async def attach(moved: socket.socket, pending: bytes
 
 
 class OwnThread:
-    """A coroutine run on a thread of its own with an event loop of its own.
+    """A coroutine run on a thread of its own with an event loop of its own, from
+    ``start`` on (so the owner can keep a reference before the coroutine runs).
 
     ``done`` (a ``concurrent.futures.Future``) ends with the coroutine; ``call_soon`` runs
     a function on that loop from any thread (ignored once the loop is closed); ``cancel``
@@ -78,6 +79,9 @@ class OwnThread:
         self._make = make
         self._started = threading.Event()
         self._thread = threading.Thread(target=self._main, name=name, daemon=True)
+
+    def start(self) -> None:
+        """Start the thread; returns once its loop holds the coroutine's task."""
         self._thread.start()
         self._started.wait()
 
