@@ -23,7 +23,9 @@ completed in increasing order with no gap (a failed or interrupted slot still
 completes its turn). Thread-safety: all state is under one lock (``_mutex``);
 ``enter`` takes the database's commit lock before it, never the reverse, and
 nothing here waits while holding the commit lock except ``quiesce``, whose
-waiters' slots need only this lock.
+waiters' slots need only this lock, and the caller's ``validate`` (a topic-only
+commit appends its record there, so that log order is validation order), which
+runs under the commit lock but not under ``_mutex``.
 
 Wake-ups are targeted: a slot waiting for its turn sleeps on its own condition
 (``_turn_waiters[turn]``), woken only by the ``done`` that makes it current;
@@ -73,16 +75,23 @@ class CommitOrder:
         take the next turn. End the slot with ``release`` + ``wait_turn`` + ``done``."""
         wanted = frozenset(keys)
         while True:
-            with self._commit_lock, self._mutex:
-                if not self._claimed & wanted:
+            with self._commit_lock:
+                with self._mutex:
+                    free = not self._claimed & wanted
+                if free:
+                    # ``validate`` may do I/O (a topic-only commit appends its record in
+                    # it): not under ``_mutex``, which every publish turn needs. Claims
+                    # are only added here, under the commit lock, so ``free`` still holds.
                     validate()
-                    self._claimed |= wanted
-                    self._in_flight += 1
-                    turn = None
-                    if recorded:
-                        turn = self._next_turn
-                        self._next_turn += 1
-                    return CommitSlot(wanted, turn)
+                    with self._mutex:
+                        assert not self._claimed & wanted
+                        self._claimed |= wanted
+                        self._in_flight += 1
+                        turn = None
+                        if recorded:
+                            turn = self._next_turn
+                            self._next_turn += 1
+                        return CommitSlot(wanted, turn)
             with self._mutex:
                 self._claim_waiters += 1
                 try:
