@@ -91,7 +91,12 @@ from engine import tables
 from engine.catalog import SCHEMA
 from engine.commit_order import CommitOrder, CommitSlot
 from storage import commit_log, failpoints, limits
-from storage.errors import LimitExceededError, StorageIOError, UndefinedTopicError
+from storage.errors import (
+    LimitExceededError,
+    PartitionInactiveError,
+    StorageIOError,
+    UndefinedTopicError,
+)
 from storage.record_batch import check_wire_batch
 from storage.staging import StagedBatch, StagingLog, StagingTicket, encode_batches
 
@@ -137,12 +142,37 @@ class PublishItem:
 
 
 def route_writes(database, writes) -> list[PublishItem]:
-    """Split pending writes by target partition; one batch per partition, in write order."""
+    """Split pending writes by target partition; one batch per partition, in write order.
+
+    Every target is active when routing ends, so a transaction never has two shares
+    that land in one partition: a partition split later sends its share to children
+    that did not exist when the others were routed, and the publish's per-partition
+    "holds this transaction already" check (``TopicLog._publish_to_lineage``, recovery)
+    stays exact. A split during routing routes again; an explicit ``partition`` that
+    is inactive is refused (55000), as an autocommit write to it is.
+    """
+    while True:
+        items = _route_once(database, writes)
+        if all(
+            database.topic_log(item.topic_id).partition_info(item.partition).active
+            for item in items
+        ):
+            break
+    for item in items:
+        _check_publishable(database, item)
+    return items
+
+
+def _route_once(database, writes) -> list[PublishItem]:
     grouped: dict[tuple[str, int], list[pa.RecordBatch]] = {}
     for write in writes:
         topic = database.topic_log(write.topic_id)
         if write.partition is not None:
             topic.partition(write.partition)  # refuses an unknown partition now
+            if not topic.partition_info(write.partition).active:
+                raise PartitionInactiveError(
+                    f"partition {write.partition} is inactive (read-only after a split)"
+                )
             grouped.setdefault((write.topic_id, write.partition), []).append(write.batch)
             continue
         targets = topic.route(write.batch)
@@ -155,15 +185,12 @@ def route_writes(database, writes) -> list[PublishItem]:
             grouped.setdefault((write.topic_id, int(partition)), []).append(
                 write.batch.take(pa.array(rows))
             )
-    items = [
+    return [
         PublishItem(
             topic_id, partition, batches[0] if len(batches) == 1 else pa.concat_batches(batches)
         )
         for (topic_id, partition), batches in grouped.items()
     ]
-    for item in items:
-        _check_publishable(database, item)
-    return items
 
 
 def _check_publishable(database, item: PublishItem) -> None:

@@ -201,3 +201,23 @@ def test_a_read_of_one_child_sees_the_parent_committed_to_its_end(
     assert _poll(session, f", partition = {child}") == []  # the parent is not read yet
     assert [d for _, d in _poll(session, ", partition = 0")] == ["p:1", "p:2"]
     assert _poll(session, f", partition = {child}") == [(child, "p:3")]
+
+
+def test_a_transaction_writing_to_a_split_partition_by_number_is_refused_whole(
+    session: Session, database: Database
+) -> None:
+    """A share written with ``partition = 0`` and a keyed share that routes to a child of
+    0 would both land in that child at publish, and the second would be skipped as
+    "already holding this transaction": the COMMIT is refused (55000) instead, and
+    nothing of the transaction is published."""
+    session.execute(TOPIC)
+    session.execute("BEGIN")
+    session.execute("INSERT INTO TOPIC ev (data, partition) VALUES ('by-number', 0)")
+    _split(database, 0)
+    session.execute("INSERT INTO TOPIC ev (data, producer_id) VALUES ('by-key', 'q')")
+    with pytest.raises(errors.ObjectNotInPrerequisiteStateError) as refused:
+        session.execute("COMMIT")
+    assert refused.value.sqlstate == "55000"
+    assert rows(session, "SELECT count(*) AS n FROM ev") == [{"n": 0}]
+    _write(session, "q", 1, 1)  # the topic takes writes as before
+    assert rows(session, "SELECT count(*) AS n FROM ev") == [{"n": 1}]
