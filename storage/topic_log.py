@@ -26,7 +26,7 @@ each message's key (``_publish_to_lineage``), idempotently.
 
 Write speed: each write waits for its partition's token bucket
 (``autopartition.WriteSpeed``) outside every lock, then is metered; after a
-write the partition splits if the rule holds (``_maybe_split``).
+write the partition splits if the rule holds (``_after_write``).
 """
 
 from __future__ import annotations
@@ -533,9 +533,12 @@ class TopicLog:
         """Append a wire batch, routing each message by its key unless ``partition`` is given.
 
         Each partition's share first waits for that partition's write speed (at most
-        ``max_delay_s``, else 53000 and nothing written; ``cancelled`` turning true
-        during the wait ends it with 57014, the share not written). A share that meets
-        its partition inactive (a split meanwhile: nothing was written) is routed again.
+        ``max_delay_s``, else 53000 and that share not written; ``cancelled`` turning
+        true during the wait ends it with 57014, the share not written). Shares of other
+        partitions appended before it stay written: like any failure of a write that
+        spreads over partitions, it is atomic per partition, not across them (a
+        transaction is). A share that meets its partition inactive (a split meanwhile:
+        nothing was written) is routed again.
         """
         if partition is not None:
             log = self.partition(partition)

@@ -48,7 +48,7 @@ history file (see ``tests.sim.history``) before the next one:
   window and a low write speed, ``FORK_SETTINGS``): writes without a producer id, and
   at most one split per worker driven by load: the worker writes one message group
   above its partition's up threshold (``FORK_GROUP_BYTES`` a write, throttled to the
-  write speed) until the partition splits by itself (``TopicLog._maybe_split``, where
+  write speed) until the partition splits by itself (``TopicLog._after_write``, where
   ``split.after_child``, ``split.before_save`` and ``split.after_save`` lie), recorded
   as ``split`` invoke (parent and the children ids it will get) / ok and followed by a
   ``lineage`` observation. Keyless writes stay far below the threshold, so no other
