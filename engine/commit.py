@@ -52,9 +52,11 @@ watermark (a torn or corrupt record, necessarily at the unsynced tail of a file,
 replays their offset moves in that order over the offsets table and re-publishes,
 for every one, the batches whose tagged frame is not in its partition: idempotent,
 so a crash during recovery is harmless. Staging that no record needs is deleted; new
-staging files are numbered past the watermark's. Ids order conflicting transactions
-as commits did: a transaction that read offsets another moved took its id (at
-COMMIT) after that one's commit.
+staging files are numbered past the watermark's. Ids order conflicting reads as
+commits did: a transaction that read offsets another moved took its id (at COMMIT)
+after that one's commit. Two concurrent transactions that move one consumer
+partition by ``COMMIT OFFSETS`` alone, without reading it, are not ordered so:
+recovery may replay them in the other order (a known limit).
 
 Concurrency (``engine.commit_order``): validation and the claim of the
 offsets a transaction moves (and, topic-only, the append of its record) happen
