@@ -142,7 +142,10 @@ class RoundRobin:
 
     def note(self, key: tuple[str, str, str], partition: int) -> None:
         with self._lock:
+            self._last.pop(key, None)  # re-inserted last: the dict is in poll order
             self._last[key] = partition
+            if len(self._last) > limits.ROUND_ROBIN_POSITIONS_MAX:
+                del self._last[next(iter(self._last))]  # the least recently polled
 
 
 def read_records(

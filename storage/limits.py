@@ -43,6 +43,11 @@ READ_MESSAGES_MAX = 1_000_000
 # (the rest is left for the next poll; a peek without them is whole, up to the READ_* above).
 POLL_MESSAGES_MAX_DEFAULT = 10_000
 POLL_BYTES_MAX_DEFAULT = 64 * 1024 * 1024
+# Where consumers' (and members') last polls stopped, kept for fair polls
+# (engine.reads.RoundRobin): the least recently polled are forgotten past this many,
+# so short-lived member names do not grow memory (a forgotten one starts at the first
+# partition again: fairness needs no durability).
+ROUND_ROBIN_POSITIONS_MAX = 65_536
 WAIT_MS_MAX = 5 * 60 * 1000
 
 # -- topics, partitions, files --------------------------------------------------------

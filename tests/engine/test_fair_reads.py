@@ -308,3 +308,21 @@ def test_one_members_polls_do_not_move_anothers_turn(database) -> None:
     finally:
         second.close()
         first.close()
+
+
+def test_round_robin_positions_are_bounded_forgetting_the_least_recently_polled(
+    monkeypatch,
+) -> None:
+    from engine.reads import RoundRobin
+    from storage import limits
+
+    monkeypatch.setattr(limits, "ROUND_ROBIN_POSITIONS_MAX", 3)
+    positions = RoundRobin()
+    for member in ("a", "b", "c"):
+        positions.note(("t", "c", member), 1)
+    positions.note(("t", "c", "a"), 2)  # a is the most recent again
+    positions.note(("t", "c", "d"), 0)  # b, the least recent, is forgotten
+    assert positions.order(("t", "c", "b"), [0, 1, 2]) == [0, 1, 2]
+    assert positions.order(("t", "c", "a"), [0, 1, 2, 3]) == [3, 0, 1, 2]
+    assert positions.order(("t", "c", "d"), [0, 1, 2]) == [1, 2, 0]
+    assert len(positions._last) == 3
