@@ -12,6 +12,16 @@ still start at the committed offset it was read from, and leases must still be
 held, else 40001 and nothing changes) and COMMIT in DuckDB: the commit point.
 Then the catalog mirror moves and the staged writes are published, in commit
 order.
+
+BEGIN opens no DuckDB transaction: the first statement of the transaction that
+needs DuckDB does (``Session.cursor``: any table read or write, a catalog or
+privilege look-up that misses the cache, a ``sys.`` view, a registered topic
+read). DuckDB takes the snapshot at that statement, as it did when BEGIN opened
+the DuckDB transaction at once (DuckDB's snapshot starts at a transaction's first
+statement, as a PostgreSQL REPEATABLE READ snapshot starts at the first statement
+after BEGIN). A transaction that never needs DuckDB (topic->topic moves, consumer
+reads, offset commands) commits in the staging log alone, with no DuckDB
+statement at all.
 """
 
 from __future__ import annotations
@@ -89,7 +99,9 @@ class Session:
         self.database = database
         self.identity = identity
         self.session_id = next(_session_ids)
-        self.cursor = database.root.cursor()
+        # The DuckDB connection of this session; ``cursor`` hands it out, opening an
+        # explicit transaction's DuckDB transaction first (``_open_duckdb_transaction``).
+        self._cursor = database.root.cursor()
         self.state = SessionState.IDLE
         self.transaction: Transaction | None = None
         self._lock = threading.Lock()
@@ -128,7 +140,7 @@ class Session:
         """Cancel the running statement from another thread (57014): a DuckDB
         query is interrupted, a long-polling topic read stops waiting."""
         self._cancel_requested = True
-        tables.interrupt(self.cursor)
+        tables.interrupt(self._cursor)
         self.database.wake_readers()
 
     def execute_statement(self, statement: ast.Statement, parameters: Any = None) -> Result:
@@ -260,7 +272,7 @@ class Session:
     def _unregister(self, names: list[str]) -> None:
         for name in names:
             try:
-                tables.unregister(self.cursor, name)
+                tables.unregister(self._cursor, name)
             except TopicbaseError:
                 self._leftover_views.append(name)  # dropped by the rollback
 
@@ -289,7 +301,52 @@ class Session:
                 self._rollback()
             self.database.leases.leave_session(self.session_id)
             self._closed = True
-            self.cursor.close()
+            self._cursor.close()
+
+    # -- the DuckDB connection, and the lazy DuckDB transaction --------------------------
+    @property
+    def cursor(self) -> Any:
+        """This session's DuckDB connection, for a statement that uses DuckDB.
+
+        Inside an explicit transaction the first use opens the DuckDB transaction
+        (``_open_duckdb_transaction``): BEGIN itself opens none, so a transaction whose
+        statements never reach DuckDB (topic reads and writes, offset commands) commits
+        in the staging log alone without a DuckDB BEGIN or COMMIT. Everything that runs
+        SQL on the session's connection in a transaction gets it here, so every such
+        statement runs in the transaction; only cancel, rollback, close and the removal
+        of registered relations use the connection without opening one.
+        """
+        transaction = self.transaction
+        if transaction is not None and transaction.explicit and not transaction.duckdb_open:
+            self._open_duckdb_transaction(transaction)
+        return self._cursor
+
+    def _open_duckdb_transaction(self, transaction: Transaction) -> None:
+        """Open the DuckDB transaction of ``transaction``; for an explicit one, note what
+        its snapshot may be compared with.
+
+        DuckDB takes a transaction's snapshot at its first statement that reads the
+        database, not at BEGIN (as PostgreSQL's REPEATABLE READ snapshot starts at the
+        first statement after BEGIN): opened here, just before the first statement that
+        needs it, the snapshot is taken by that statement, as it was when BEGIN opened the
+        DuckDB transaction at once. Taken before BEGIN (so before the snapshot): the
+        privilege cache's generation (``engine.privilege_cache``: what this transaction
+        reads of owners and grants may be cached only while it has not moved) and the
+        schema generation (``_schema_basis``, checked again by ``_upsert_by_update``
+        around its own statement, which may be the one that takes the snapshot).
+        """
+        assert not transaction.duckdb_open
+        if not transaction.explicit:
+            tables.run(self._cursor, "BEGIN TRANSACTION")
+            transaction.duckdb_open = True
+            return
+        generation = privilege_cache.generation_now(self.database)
+        schema_basis = tables.SCHEMA_GENERATIONS.stable()
+        tables.run(self._cursor, "BEGIN TRANSACTION")
+        transaction.duckdb_open = True
+        transaction.privilege_generation = generation
+        after = tables.SCHEMA_GENERATIONS.stable()
+        self._schema_basis = schema_basis if schema_basis == after else None
 
     # -- planning: topics by name, as the planner sees them from this session ------------
     @property
@@ -381,16 +438,13 @@ class Session:
                 raise LimitExceededError(
                     f"too many open transactions (limit {limits.OPEN_TRANSACTIONS_MAX})"
                 )
-            generation = privilege_cache.generation_now(self.database)  # before the snapshot
-            schema_basis = tables.SCHEMA_GENERATIONS.stable()
-            tables.run(self.cursor, "BEGIN TRANSACTION")
-            after = tables.SCHEMA_GENERATIONS.stable()
-            self._schema_basis = schema_basis if schema_basis == after else None
+            # No DuckDB transaction yet: the first statement that needs one opens it
+            # (the ``cursor`` property), so a topic-only transaction never has one.
+            self._schema_basis = None
             self._changed_schema = False
             self.transaction = Transaction(
                 explicit=True, started_s=self.database.clock.monotonic_s(),
                 staging=TransactionStaging(self.database.staged_writes),
-                privilege_generation=generation,
             )  # fmt: skip
             self.state = SessionState.IN_TRANSACTION
             self.database.open_transactions += 1
@@ -456,7 +510,7 @@ class Session:
         finally:
             for name in registered:
                 try:
-                    tables.unregister(self.cursor, name)
+                    tables.unregister(self._cursor, name)
                 except TopicbaseError:
                     # DuckDB refuses this inside an aborted transaction; retried at rollback.
                     self._leftover_views.append(name)
@@ -485,30 +539,50 @@ class Session:
         generation is known; the table is checked once per generation
         (``tables.upsert_columns``). No value may be NULL (the statement then runs, so
         NOT NULL is checked as it checks it).
+
+        The snapshot's schema is the basis generation's when the generation has not
+        moved from before the DuckDB transaction opened until after the snapshot was
+        taken, which is at the latest by this statement's own query: checked before (a
+        schema change since: the statement runs itself) and after (a schema change
+        committed while this query ran, which may have taken the snapshot: 40001).
         """
         shape = operation.upsert
         transaction = self.transaction
-        basis = self._schema_basis
         if (shape is None or transaction is None or not transaction.explicit
-                or basis is None or self._changed_schema):  # fmt: skip
+                or self._changed_schema):  # fmt: skip
+            return None
+        cursor = self.cursor  # the DuckDB transaction opens: ``_schema_basis`` is set
+        basis = self._schema_basis
+        if basis is None:
             return None
         numbers = sorted({int(v[1:]) for v in shape.values if v.startswith("$")})
         given = [] if parameters is None else parameters
         if (isinstance(given, dict) or numbers != list(range(1, len(numbers) + 1))
                 or len(given) != len(numbers) or any(v is None for v in given)):  # fmt: skip
             return None
+        if tables.SCHEMA_GENERATIONS.stable() != basis:
+            self._schema_basis = None  # this snapshot may see that change or not
+            return None
         entry = self._upserts.get(operation.sql)
         if entry is None or entry[0] != basis:
-            columns = tables.upsert_columns(self.cursor, shape.table, shape.conflict)
+            columns = tables.upsert_columns(cursor, shape.table, shape.conflict)
             entry = (basis, None if columns is None else counter_update(shape, columns))
             if len(self._upserts) >= PARSE_CACHE_ENTRIES:
                 self._upserts.clear()
             self._upserts[operation.sql] = entry
-        if entry[1] is None:
+        count = None
+        if entry[1] is not None:
+            update_sql, order = entry[1]
+            count = tables.execute_count(cursor, update_sql, [given[i] for i in order])
+            assert count is None or count <= 1, "one unique key matches one row"
+        if tables.SCHEMA_GENERATIONS.stable() != basis:
+            self._schema_basis = None
+            self._upserts.pop(operation.sql, None)  # worked out on a snapshot of unknown schema
+            if entry[1] is not None:
+                raise SerializationFailure(
+                    "a schema change committed while this statement took its snapshot; retry"
+                )
             return None
-        update_sql, order = entry[1]
-        count = tables.execute_count(self.cursor, update_sql, [given[i] for i in order])
-        assert count is None or count <= 1, "one unique key matches one row"
         return count or None
 
     def _run_other(self, operation: Any, plan: Plan) -> Result:
@@ -689,7 +763,11 @@ class Session:
     # -- commit and rollback -----------------------------------------------------------------
     def _commit(self) -> None:
         """Commit in the staging log alone if no statement touched a table, else stage,
-        validate, commit in DuckDB (the commit point); then publish. See engine.commit."""
+        validate, commit in DuckDB (the commit point); then publish. See engine.commit.
+
+        A transaction with nothing to move, no lease to check and no DuckDB transaction
+        open (an explicit one whose statements never needed DuckDB, see ``cursor``) has
+        nothing to commit: it ends at once."""
         transaction = self.transaction
         assert transaction is not None
         database = self.database
@@ -702,7 +780,11 @@ class Session:
             moves.update(transaction.offset_moves)
             if transaction.writes or moves:
                 transaction_id = committer.next_transaction_id()
-                if not transaction.touches_tables and not transaction.duckdb_open:
+                # An autocommit statement's DuckDB transaction is open only if it wrote
+                # there; an explicit one's is open for any DuckDB statement, reads too.
+                if not transaction.touches_tables and (
+                    transaction.explicit or not transaction.duckdb_open
+                ):
                     self._commit_in_log(transaction, transaction_id, moves)
                     self._end_transaction()
                     committer.catch_up()
@@ -711,24 +793,22 @@ class Session:
             if transaction.writes:
                 items = route_writes(database, transaction.writes_to_commit())
                 items, ticket = committer.stage(transaction_id, items)
-            if (transaction_id is None and not transaction.explicit and not transaction.leases
-                    and not transaction.duckdb_open):  # fmt: skip
+            if transaction_id is None and not transaction.leases and not transaction.duckdb_open:
                 transaction.committed = True
-                self._end_transaction()  # an autocommit statement that moved nothing
+                self._end_transaction()  # moved nothing, and DuckDB saw nothing of it
                 return
             if transaction_id is not None:
-                if not transaction.explicit and not transaction.duckdb_open:
-                    tables.run(self.cursor, "BEGIN TRANSACTION")
-                    transaction.duckdb_open = True
-                committer.write_record(self.cursor, transaction_id, items, moves)
+                if not transaction.duckdb_open:
+                    self._open_duckdb_transaction(transaction)
+                committer.write_record(self._cursor, transaction_id, items, moves)
             if ticket is not None:
                 committer.wait_staged(ticket)  # its sync ran while the record was written
             slot = committer.enter(
                 set(moves), lambda: self._validate(transaction), recorded=transaction_id is not None
             )
             try:
-                if transaction.explicit or transaction.duckdb_open:
-                    tables.run(self.cursor, "COMMIT")
+                if transaction.duckdb_open:
+                    tables.run(self._cursor, "COMMIT")
             except BaseException:
                 committer.leave(slot)
                 raise
@@ -752,8 +832,8 @@ class Session:
         """A transaction that touched no table: its batches and commit record go to the
         staging log in one group-committed append (``Committer.commit_in_log``), with no
         DuckDB statement before the commit point (``transaction.committed`` is set
-        there). An explicit transaction's DuckDB transaction (read-only) ends after the
-        publish."""
+        there). An explicit transaction's DuckDB transaction, if a statement opened one
+        (it only read), ends after the publish."""
         committer = self.database.committer
         items: list[PublishItem] = []
         if transaction.writes:
@@ -765,17 +845,17 @@ class Session:
         try:
             committer.finish(slot, transaction_id, moves, items)
         finally:
-            if transaction.explicit:
+            if transaction.duckdb_open:
                 self._end_read_only_duckdb_transaction()
 
     def _end_read_only_duckdb_transaction(self) -> None:
         """End the DuckDB transaction of an explicit transaction that wrote no table (a
         COMMIT without changes writes nothing); if that fails, roll it back."""
         try:
-            tables.run(self.cursor, "COMMIT")
+            tables.run(self._cursor, "COMMIT")
         except TopicbaseError:
             with contextlib.suppress(TopicbaseError):
-                tables.run(self.cursor, "ROLLBACK")
+                tables.run(self._cursor, "ROLLBACK")
 
     def _validate(self, transaction: Transaction) -> None:
         """Leases still held and every range read still starts at the committed offset."""
@@ -804,15 +884,13 @@ class Session:
         self.state = SessionState.IDLE
 
     def _rollback(self) -> None:
-        if self.transaction is not None and (
-            self.transaction.explicit or self.transaction.duckdb_open
-        ):
+        if self.transaction is not None and self.transaction.duckdb_open:
             # DuckDB may have aborted the transaction itself already.
             with contextlib.suppress(TopicbaseError):
-                tables.run(self.cursor, "ROLLBACK")
+                tables.run(self._cursor, "ROLLBACK")
         for name in self._leftover_views:
             with contextlib.suppress(TopicbaseError):
-                tables.unregister(self.cursor, name)
+                tables.unregister(self._cursor, name)
         self._leftover_views.clear()
         self._end_transaction()
 

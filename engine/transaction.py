@@ -93,7 +93,10 @@ class Transaction:
     leases: dict[ReadKey, Any] = field(default_factory=dict)
     # Offset moves of explicit COMMIT OFFSETS statements, committed with the transaction.
     offset_moves: dict[ReadKey, int] = field(default_factory=dict)
-    # An autocommit statement's DuckDB transaction was opened by the commit itself.
+    # A DuckDB transaction is open on the session's connection for this transaction: an
+    # explicit one's from its first statement that needed DuckDB (``Session.cursor``; BEGIN
+    # opens none), an autocommit statement's when it wrote catalog rows or its commit
+    # opened one for its record row. Only an open one is committed or rolled back.
     duckdb_open: bool = False
     # Whether a statement of the transaction may have changed a DuckDB table (or the
     # catalog's tables): such a transaction commits through DuckDB (a record row and
@@ -107,9 +110,10 @@ class Transaction:
     # Explicit transactions: the memory buffer and spill file of their writes (None:
     # writes stay in memory, as an autocommit statement's, which never wait for COMMIT).
     staging: TransactionStaging | None = None
-    # engine.privilege_cache's generation when BEGIN ran (before DuckDB took this
-    # transaction's snapshot): while it has not moved, what this transaction reads of
-    # owners and grants is what everyone would read, and may be cached.
+    # engine.privilege_cache's generation when the DuckDB transaction opened (before
+    # DuckDB took this transaction's snapshot; None before that): while it has not
+    # moved, what this transaction reads of owners and grants is what everyone would
+    # read, and may be cached.
     privilege_generation: int | None = None
 
     def note_plan(self, plan: Any) -> None:
