@@ -14,7 +14,7 @@ contract in ``pyproject.toml`` enforces it.
 from __future__ import annotations
 
 from engine.bulk import run_over_relation
-from engine.bulk_read import OffsetRange, project_schema
+from engine.bulk_read import OffsetRange, project_schema, read_range
 from engine.bulk_write import ABANDON_AFTER_S_DEFAULT
 from engine.check import check_database
 from engine.clock import SYSTEM_CLOCK
@@ -28,6 +28,7 @@ from engine.transaction import SessionState
 from grammar import ast
 from grammar import settings as setting_rules
 from grammar.parse import parse, parse_one
+from grammar.range_read import RangeRead, match_range_read
 from grammar.settings import INSERT_COLUMNS
 from grammar.split import (
     SourceText,
@@ -51,6 +52,7 @@ __all__ = [
     "Description",
     "Identity",
     "OffsetRange",
+    "RangeRead",
     "Result",
     "RowStream",
     "Session",
@@ -60,11 +62,13 @@ __all__ = [
     "ast",
     "check_database",
     "from_table",
+    "match_range_read",
     "matching_parenthesis",
     "parse",
     "parse_one",
     "parse_statements",
     "project_schema",
+    "read_range",
     "run_over_relation",
     "setting_rules",
     "split_statements",

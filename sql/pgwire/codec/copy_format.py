@@ -60,6 +60,7 @@ class CopyFormat:
 
     csv: bool = False
     binary: bool = False  # sql.pgwire.codec.copy_binary
+    arrow: bool = False  # sql.pgwire.codec.copy_arrow (COPY TO only, binary on the wire)
     delimiter: str = "\t"
     null: str = "\\N"
     header: bool = False

@@ -7,11 +7,12 @@ Supported:
 - ``COPY table [(columns)] FROM STDIN``, ``COPY TOPIC name [(columns)] FROM STDIN``
   with the topic write columns of ``INSERT INTO TOPIC`` (default: ``data``).
 
-Formats text, CSV and binary (``copy_binary``) both ways; files and programs are refused
-(0A000). COPY TO starts the query and reads its rows in batches (``result_stream``: a plain
-query straight from DuckDB's Arrow reader, at most ``result_stream.BATCH_ROWS`` rows held
-at a time, each batch within the result limit), sent one CopyData per row, as PostgreSQL
-does.
+Formats text, CSV and binary (``copy_binary``) both ways, and Arrow for COPY TO
+(``copy_arrow``: one Arrow IPC stream, straight from storage for a topic range read);
+files and programs are refused (0A000). COPY TO starts the query and reads its rows in
+batches (``result_stream``: a plain query straight from DuckDB's Arrow reader, at most
+``result_stream.BATCH_ROWS`` rows held at a time, each batch within the result limit),
+sent one CopyData per row, as PostgreSQL does.
 COPY FROM parses the data as it arrives (off the event loop), holds it as string
 columns, checks every value against the target column's type (22P02 with the line of
 the first bad row, nothing written), then inserts everything with one Arrow-backed
@@ -40,7 +41,7 @@ from sql.pgwire.codec.copy_format import (
     encode_header,
     encode_lines,
 )
-from sql.pgwire.connection import result_stream
+from sql.pgwire.connection import copy_arrow, result_stream
 from sql.pgwire.connection.context import CommandContext
 from sql.pgwire.connection.copy_statement import CopyStatement
 from sql.pgwire.connection.portals import ProtocolViolation
@@ -88,10 +89,13 @@ async def copy_to_client(context: CommandContext, statement: CopyStatement) -> N
     trailer, if there is none) and the trailer alone. The rows are read and encoded one batch
     at a time (``result_stream``): what is held is one batch, each within the result limit
     (54000), never the whole result. The stream is closed however the exchange ends (DuckDB
-    refuses other statements on the session while it is open)."""
+    refuses other statements on the session while it is open). FORMAT arrow: ``copy_arrow``."""
     statements = parse(_source_query(statement))
     if len(statements) != 1:
         raise SqlSyntaxError("COPY takes exactly one query")
+    if statement.fmt.arrow:
+        await copy_arrow.copy_arrow_to_client(context, statements[0])
+        return
     stream = await context.call(
         result_stream.open_stream, context, statements[0], None,
         FeatureNotSupportedError("COPY query must return rows (a SELECT, VALUES or a "

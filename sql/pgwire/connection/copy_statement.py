@@ -6,6 +6,8 @@ and ``COPY TOPIC name [(columns)] ...``, followed by options either as the
 [DELIMITER [AS] 'c'] [NULL [AS] 's'] [CSV [HEADER] [QUOTE [AS] 'q'] [ESCAPE [AS] 'e']
 [FORCE QUOTE cols | * | FORCE NOT NULL cols]]``). Files and programs
 are refused with 0A000, unknown options with 42601, bad values with 22023.
+``FORMAT arrow`` (Topicbase's own, ``copy_exchange.copy_arrow``) is COPY TO only (0A000
+for COPY FROM) and takes no other option (22023).
 
 Pure functions over the coarse tokens of ``grammar.split``; no I/O.
 """
@@ -221,6 +223,8 @@ def _single_char(name: str, value: Any) -> str:
 
 def _format(options: dict[str, Any], to_client: bool) -> CopyFormat:
     """Check the options as PostgreSQL does and build the data format."""
+    if str(options.get("format", "")).lower() == "arrow":
+        return _arrow_format(options, to_client)
     known = {"format", "delimiter", "null", "header", "quote", "escape", "force_quote",
              "force_not_null", "force_null", "encoding", "freeze"}  # fmt: skip
     for name in options:
@@ -277,6 +281,18 @@ def _binary_format(options: dict[str, Any], to_client: bool) -> CopyFormat:
         if name not in ("format", "freeze", "encoding"):
             raise SqlSyntaxError(f"cannot specify {name.upper()} in BINARY mode")
     return CopyFormat(binary=True)
+
+
+def _arrow_format(options: dict[str, Any], to_client: bool) -> CopyFormat:
+    """FORMAT arrow: COPY TO only (0A000 for COPY FROM), no other option (22023)."""
+    if not to_client:
+        raise FeatureNotSupportedError("COPY FROM with FORMAT arrow is not supported; use "
+                                       "text, csv or binary, or INSERT")  # fmt: skip
+    for name in options:
+        if name != "format":
+            raise InvalidParameterValueError(f"COPY option {name.upper()} cannot be used "
+                                             "with FORMAT arrow")  # fmt: skip
+    return CopyFormat(binary=True, arrow=True)
 
 
 def _names(value: Any) -> tuple[str, ...]:

@@ -1,0 +1,78 @@
+"""``COPY ... TO STDOUT (FORMAT arrow)``: a result as one Arrow IPC stream in CopyData messages.
+
+The data of the COPY, all CopyData payloads put end to end, is exactly one Arrow IPC
+*stream* (the streaming format, not the file format): the schema message, one record batch
+message per batch, then the end-of-stream marker (continuation 0xFFFFFFFF and a zero
+length). Any reader of the format reads it (``pyarrow.ipc.open_stream``, Java's
+``ArrowStreamReader``); message boundaries and CopyData boundaries are unrelated.
+
+Invariants: dictionary-encoded columns are sent decoded (no dictionary batches: the stream
+is schema, batches, end), so a reader needs no dictionary support; every CopyData payload
+is at most ``CHUNK_BYTES``; batches are serialised one at a time, so what is held is one
+batch and its message, never the whole result. Pure code, no I/O.
+"""
+
+from __future__ import annotations
+
+import struct
+
+import pyarrow as pa
+
+CHUNK_BYTES = 1 << 20  # the largest CopyData payload sent
+END_OF_STREAM = b"\xff\xff\xff\xff\x00\x00\x00\x00"
+_COPY_DATA = struct.Struct("!cI")
+
+
+def plain_type(kind: pa.DataType) -> pa.DataType:
+    """``kind`` with dictionaries replaced by their value type (nested ones too)."""
+    if pa.types.is_dictionary(kind):
+        return plain_type(kind.value_type)
+    if pa.types.is_list(kind) or pa.types.is_large_list(kind):
+        value = kind.value_field
+        return type(kind)(value.with_type(plain_type(value.type)))  # type: ignore[call-arg]
+    if pa.types.is_struct(kind):
+        return pa.struct([kind.field(i).with_type(plain_type(kind.field(i).type))
+                          for i in range(kind.num_fields)])  # fmt: skip
+    return kind
+
+
+def plain_schema(schema: pa.Schema) -> pa.Schema:
+    """The schema sent for ``schema``: the same columns, no dictionary encoding."""
+    return pa.schema([f.with_type(plain_type(f.type)) for f in schema], metadata=schema.metadata)
+
+
+def plain_batch(batch: pa.RecordBatch, schema: pa.Schema) -> pa.RecordBatch:
+    """``batch`` as a batch of ``schema`` (``plain_schema`` of its own): dictionaries cast."""
+    if batch.schema.equals(schema):
+        return batch
+    columns = [column if column.type == field.type else column.cast(field.type)
+               for column, field in zip(batch.columns, schema, strict=True)]  # fmt: skip
+    return pa.RecordBatch.from_arrays(columns, schema=schema)
+
+
+def copy_data(message: pa.Buffer | bytes, chunk_bytes: int = CHUNK_BYTES) -> list[bytes]:
+    """``message`` (bytes of the IPC stream) as CopyData messages of at most ``chunk_bytes``."""
+    assert chunk_bytes > 0
+    view = memoryview(message)
+    return [
+        _COPY_DATA.pack(b"d", len(piece) + 4) + piece
+        for piece in (view[start:start + chunk_bytes]
+                      for start in range(0, len(view), chunk_bytes))
+    ]  # fmt: skip
+
+
+def schema_messages(schema: pa.Schema) -> list[bytes]:
+    """CopyData of the stream's first message, the schema."""
+    return copy_data(schema.serialize())
+
+
+def batch_messages(batch: pa.RecordBatch, schema: pa.Schema) -> list[bytes]:
+    """CopyData of one record batch message (an empty batch gives none)."""
+    if batch.num_rows == 0:
+        return []
+    return copy_data(plain_batch(batch, schema).serialize())
+
+
+def end_messages() -> list[bytes]:
+    """CopyData of the end-of-stream marker."""
+    return copy_data(END_OF_STREAM)

@@ -1,0 +1,195 @@
+"""``COPY ... TO STDOUT (FORMAT arrow)``: a result sent as one Arrow IPC stream.
+
+The exchange is PostgreSQL's COPY OUT: CopyOutResponse (overall format 1, binary, and one
+column of format 1 per result column, as PostgreSQL announces a binary COPY), CopyData
+messages whose payloads together are one Arrow IPC stream (``codec.copy_arrow``: schema,
+batches, end-of-stream; each payload at most 1 MiB), CopyDone, then ``COPY <rows>``.
+Clients read it as any binary COPY (psycopg: ``b"".join(cursor.copy(...))``; psql:
+``\\copy (...) TO 'file'``) and hand the bytes to an Arrow stream reader.
+
+Two ways to the batches, giving the same rows:
+
+- a topic range read, ``SELECT <columns> FROM TOPIC t WHERE partition = p AND offset >= a
+  AND offset < b`` (``*`` for all columns; recognised on the parsed statement by
+  ``engine.api.match_range_read``, never on text), streams the stored frames of that range
+  with only those columns (``engine.api.read_range``: the SELECT privilege is checked, a
+  range cut by retention or reaching past the partition's end is 22023, nothing is decoded
+  message by message). Its columns have the types of ``engine.api.project_schema``;
+- anything else (tables, topics, views, sys views, VALUES) is run as the query it is,
+  through the session's one door (``result_stream``): its Arrow batches go out as they come,
+  one at a time, each within the result limit (54000), never converted to rows.
+
+Errors found before the first batch (privileges, a bad range, a bad query) come before
+CopyOutResponse, as an ordinary error; an error after it ends the COPY with ErrorResponse,
+as in PostgreSQL. ``statement_timeout`` covers both ways (57014).
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Iterator
+from dataclasses import dataclass, field
+
+import pyarrow as pa
+
+from engine.api import (
+    OffsetRange,
+    SessionState,
+    ast,
+    match_range_read,
+    project_schema,
+    read_range,
+)
+from sql.pgwire.codec import copy_arrow
+from sql.pgwire.codec import messages as m
+from sql.pgwire.connection import result_stream
+from sql.pgwire.connection.context import CommandContext
+from storage.errors import FeatureNotSupportedError, QueryCanceledError
+
+_TOPIC_COLUMNS = frozenset(project_schema(None).names)
+
+
+@dataclass
+class _RangeSource:
+    """The batches of a topic range read (worker thread)."""
+
+    batches: Iterator[pa.RecordBatch]
+    schema: pa.Schema
+    deadline: float | None
+    row_count: int = 0
+    notices: tuple[str, ...] = field(default=())
+
+    def next_batch(self) -> pa.RecordBatch | None:
+        if self.deadline is not None and time.monotonic() > self.deadline:
+            raise QueryCanceledError("canceling statement due to statement timeout")
+        batch = next(self.batches, None)
+        if batch is not None:
+            self.row_count += batch.num_rows
+        return batch
+
+    def close(self) -> None:
+        close = getattr(self.batches, "close", None)
+        if close is not None:
+            close()
+
+
+@dataclass
+class _QuerySource:
+    """The batches of any other query, as the engine streams them (worker thread)."""
+
+    stream: result_stream.ResultStream
+    pending: list[pa.RecordBatch] = field(default_factory=list)
+
+    @property
+    def schema(self) -> pa.Schema:
+        return self.stream.schema
+
+    @property
+    def notices(self) -> tuple[str, ...]:
+        return self.stream.notices
+
+    @property
+    def row_count(self) -> int:
+        return self.stream.row_count
+
+    def next_batch(self) -> pa.RecordBatch | None:
+        while not self.pending:
+            table = self.stream.next_batch()
+            if table is None:
+                return None
+            self.pending = table.to_batches()
+        return self.pending.pop(0)
+
+    def close(self) -> None:
+        self.stream.close()
+
+
+_Source = _RangeSource | _QuerySource
+
+
+def range_source(context: CommandContext, statement: ast.Statement) -> _RangeSource | None:
+    """``statement`` as a topic range read started on storage, or None if it is not one (or
+    the session is in a failed transaction, which the ordinary path refuses). Worker thread."""
+    match = match_range_read(statement)
+    if match is None or context.session.state is SessionState.FAILED:
+        return None
+    if any(name not in _TOPIC_COLUMNS for name in match.columns):
+        return None  # the ordinary path reports the unknown column as DuckDB does
+    columns = list(match.columns) or None
+    schema = project_schema(columns)
+    offsets = OffsetRange(match.partition, match.start, match.end)
+    batches = read_range(context.session, match.topic, offsets, columns)
+    timeout_s = _statement_timeout_s(context)
+    deadline = None if timeout_s is None else time.monotonic() + timeout_s
+    return _RangeSource(batches, schema, deadline)
+
+
+def _statement_timeout_s(context: CommandContext) -> float | None:
+    """``statement_timeout`` in seconds (None if 0), as ``result_stream`` reads it."""
+    shown = context.catalog.settings.show("statement_timeout")
+    milliseconds = int(shown[:-2]) if shown.endswith("ms") else int(shown)
+    return milliseconds / 1000 if milliseconds else None
+
+
+def _open(context: CommandContext, statement: ast.Statement
+          ) -> tuple[_Source, list[bytes], bool]:  # fmt: skip
+    """Start the source and read up to its first batch, so that errors found there come
+    before CopyOutResponse: the source, the first messages (schema and first batch, or
+    schema and end of stream) and whether they end the stream. Worker thread."""
+    source: _Source | None = range_source(context, statement)
+    if source is None:
+        source = _QuerySource(result_stream.open_stream(
+            context, statement, None,
+            FeatureNotSupportedError("COPY query must return rows (a SELECT, VALUES or a "
+                                     "statement with RETURNING)")))  # fmt: skip
+    try:
+        schema = copy_arrow.plain_schema(source.schema)
+        first = source.next_batch()
+        messages = copy_arrow.schema_messages(schema)
+        if first is not None:
+            messages += copy_arrow.batch_messages(first, schema)
+        else:
+            messages += copy_arrow.end_messages()
+    except BaseException:
+        source.close()
+        raise
+    return source, messages, first is None
+
+
+def _next_messages(source: _Source, schema: pa.Schema) -> list[bytes] | None:
+    """CopyData of the next batch; the end-of-stream marker at the end, then None."""
+    batch = source.next_batch()
+    if batch is None:
+        return None
+    return copy_arrow.batch_messages(batch, schema)
+
+
+async def copy_arrow_to_client(context: CommandContext, statement: ast.Statement) -> None:
+    """Run ``statement`` and send its result as an Arrow IPC stream in a COPY OUT."""
+    source, messages, ended = await context.call(_open, context, statement)
+    schema = copy_arrow.plain_schema(source.schema)
+    try:
+        for notice in source.notices:
+            context.send(m.notice_response(notice))
+        context.send(_copy_out_response(len(schema)))
+        while True:
+            for message in messages:
+                context.send(message)
+                await context.drain()
+            if ended:
+                break
+            following = await context.call(_next_messages, source, schema)
+            if following is None:
+                messages, ended = copy_arrow.end_messages(), True
+            else:
+                messages = following
+    finally:
+        await context.call(source.close)
+    context.send(m.copy_done())
+    context.send(m.command_complete(f"COPY {source.row_count}"))
+
+
+def _copy_out_response(column_count: int) -> bytes:
+    """CopyOutResponse of a binary COPY: format 1 overall and for each column."""
+    body = bytes([1]) + column_count.to_bytes(2, "big") + b"\x00\x01" * column_count
+    return m.message(b"H", body)
