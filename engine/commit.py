@@ -135,12 +135,15 @@ Published = tuple[int, list[tuple[str, int]], LogPosition | None]
 
 @dataclass(frozen=True, slots=True)
 class PublishItem:
-    """One partition's share of a transaction: a batch and where it is staged."""
+    """One partition's share of a transaction: a batch and where it is staged; ``body``
+    is the batch encoded as its staging frame holds it (``serialize_body_buffer``),
+    which the publish reuses for the partition's frame (the same body bytes)."""
 
     topic_id: str
     partition: int
     batch: pa.RecordBatch
     staged: StagedBatch | None = None
+    body: pa.Buffer | None = None
 
 
 def route_writes(database, writes) -> list[PublishItem]:
@@ -377,9 +380,10 @@ class Committer:
                 f"may or may not be durable): {error}; reopen the database to resolve it"
             ) from error
         self.log_commits += 1
+        bodies = parts[1::2]  # encode_batches: each frame's header, then its body
         staged = [
-            PublishItem(i.topic_id, i.partition, i.batch, s)
-            for i, s in zip(items, ticket.placed, strict=True)
+            PublishItem(i.topic_id, i.partition, i.batch, s, body)
+            for i, s, body in zip(items, ticket.placed, bodies, strict=True)
         ]
         self._log_ends[transaction_id] = (ticket.file_number, ticket.end)
         return slot, staged
@@ -494,7 +498,7 @@ class Committer:
             since = transaction_id - CLOCK_SLACK_US  # ids are commit-time microseconds
             if topic.partition(item.partition).contains_transaction(transaction_id, since):
                 return
-        topic.publish_transactional(item.batch, item.partition, transaction_id)
+        topic.publish_transactional(item.batch, item.partition, transaction_id, item.body)
 
     def _finish_unfinished(self) -> None:
         """Publish what failed publishes left out (caller holds the commit lock and ``_lock``)."""

@@ -210,15 +210,20 @@ class PartitionLog:
         return results
 
     def publish_transactional(
-        self, batches: list[pa.RecordBatch], transaction_id: int
+        self,
+        batches: list[pa.RecordBatch],
+        transaction_id: int,
+        bodies: list[pa.Buffer] | None = None,
     ) -> list[AppendResult]:
         """Append a committed transaction's batches, tagged with its id, without a sync.
 
         The transaction's data is already durable in staging and its commit
         record in DuckDB, so this write need not be synced now: recovery finds
         the tagged frames (``contains_transaction``) or publishes them again.
-        The batches become visible to readers together.
+        The batches become visible to readers together. ``bodies``, if given, are
+        the batches' encoded bodies (``serialize_body_buffer``, as staged): reused.
         """
+        assert bodies is None or len(bodies) == len(batches)
         assert transaction_id > 0
         for batch in batches:
             check_wire_batch(batch)
@@ -232,8 +237,12 @@ class PartitionLog:
                 redirect = False
                 self._check_writable()
                 results = [
-                    self._write_decision(self.producers.decide(batch), transaction_id)
-                    for batch in batches
+                    self._write_decision(
+                        self.producers.decide(batch),
+                        transaction_id,
+                        None if bodies is None else bodies[index],
+                    )
+                    for index, batch in enumerate(batches)
                 ]
                 self._publish()
         if redirect:
@@ -385,7 +394,9 @@ class PartitionLog:
             results.append(self._write_decision(decision))
         return results
 
-    def _write_decision(self, decision: DedupDecision, transaction_id: int = 0) -> AppendResult:
+    def _write_decision(
+        self, decision: DedupDecision, transaction_id: int = 0, body: pa.Buffer | None = None
+    ) -> AppendResult:
         batch = decision.batch
         count = batch.num_rows
         written_count = count - decision.duplicate_count
@@ -394,6 +405,7 @@ class PartitionLog:
             return AppendResult(self.partition_id, status, decision.earlier_offsets)
         if written_count < count:
             batch = batch.filter(pa.array(~decision.duplicate))
+            body = None  # encoded for the whole batch
         now_us = self.clock.now_us()
         segment = self._segment_for_append(now_us)
         base_offset = segment.next_offset
@@ -404,6 +416,7 @@ class PartitionLog:
             base_offset=base_offset,
             written_at_us=written_at_us,
             transaction_id=transaction_id,
+            body=body,
         )
         try:
             segment.append_frame_parts(parts, header)

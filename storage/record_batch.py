@@ -169,8 +169,14 @@ class FrameEncoder:
         base_offset: int,
         written_at_us: int,
         transaction_id: int = 0,
+        body: pa.Buffer | None = None,
     ) -> tuple[list[bytes | pa.Buffer], FrameHeader]:
-        """The frame of ``batch`` as buffers (header first) and its decoded header."""
+        """The frame of ``batch`` as buffers (header first) and its decoded header.
+
+        ``body``, if given, is ``serialize_body_buffer(batch)`` made earlier (a
+        transaction's staging frame holds the same bytes): the frame reuses it."""
+        if body is not None:
+            return _framed(body, batch.num_rows, base_offset, written_at_us, transaction_id)
         small = batch.get_total_buffer_size() <= _JOINED_BELOW_BYTES
         if small and batch.schema.equals(WIRE_SCHEMA):  # another schema: the writer refuses it
             return _encode_joined(batch, base_offset, written_at_us, transaction_id)
@@ -222,8 +228,15 @@ def _encode_joined(
     the zero-copy path (a 1-message batch: ~9 us against ~80 us); group commit
     and single-message appends take this path.
     """
-    body = serialize_body_buffer(batch)
-    count = batch.num_rows
+    return _framed(
+        serialize_body_buffer(batch), batch.num_rows, base_offset, written_at_us, transaction_id
+    )
+
+
+def _framed(
+    body: pa.Buffer, count: int, base_offset: int, written_at_us: int, transaction_id: int
+) -> tuple[list[bytes | pa.Buffer], FrameHeader]:
+    """The frame of an encoded ``body`` of ``count`` messages: its header and the body."""
     header_bytes = encode_frame_header(
         body,
         base_offset=base_offset,

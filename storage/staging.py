@@ -85,7 +85,8 @@ def encode_batches(
     transaction_id: int, batches: list[pa.RecordBatch]
 ) -> tuple[list[bytes | pa.Buffer], list[int]]:
     """Frames of ``batches`` for ``StagingLog.append`` (no lock needed): the parts to
-    write back to back and each frame's length."""
+    write back to back (each frame's header, then its body: ``serialize_body_buffer``,
+    which a transaction's publish reuses) and each frame's length."""
     assert transaction_id > 0
     parts: list[bytes | pa.Buffer] = []
     lengths = []

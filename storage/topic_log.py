@@ -641,9 +641,14 @@ class TopicLog:
             self.split(partition_id)
 
     def publish_transactional(
-        self, batch: pa.RecordBatch, partition: int | None, transaction_id: int
+        self,
+        batch: pa.RecordBatch,
+        partition: int | None,
+        transaction_id: int,
+        body: pa.Buffer | None = None,
     ) -> TopicAppendResult:
-        """Publish a committed transaction's batch (see ``PartitionLog.publish_transactional``).
+        """Publish a committed transaction's batch (see ``PartitionLog.publish_transactional``;
+        ``body``: the batch's encoded body, reused when the batch goes whole to one partition).
 
         Aimed at an inactive partition (it split after the commit routed the batch),
         each message goes to the active descendant holding its key instead.
@@ -658,8 +663,11 @@ class TopicLog:
             rows = np.flatnonzero(targets == partition_id)
             piece = batch if len(rows) == batch.num_rows else batch.take(pa.array(rows))
             log = self.partition(int(partition_id))
+            bodies = [body] if body is not None and piece is batch else None
             try:
-                pieces.append((rows, log.publish_transactional([piece], transaction_id)[0]))
+                pieces.append(
+                    (rows, log.publish_transactional([piece], transaction_id, bodies)[0])
+                )
             except PartitionInactiveError:
                 pieces.extend(
                     (rows[inner], result)

@@ -1,0 +1,93 @@
+"""A transaction's publish reuses the body its staging frame holds (no second encode).
+
+What must hold: the partition frame built from a given body is, byte for byte, the
+frame the encoder makes from the batch (one format: readers, recovery and check know
+only it); a publish whose batch loses duplicates writes the filtered batch, not the
+given body; a topic-only commit hands the staged bodies to the publish.
+"""
+
+from __future__ import annotations
+
+import os
+
+import pyarrow as pa
+
+from engine.database import Database
+from storage import record_batch
+from storage.clock import ManualClock
+from storage.config import FsyncPolicy, TopicConfig
+from storage.fs import FileSystem
+from storage.partition_log import PartitionLog
+from storage.record_batch import FrameEncoder, build_wire_batch, serialize_body_buffer
+
+
+def _joined(parts: list) -> bytes:
+    return b"".join(bytes(memoryview(part)) for part in parts)
+
+
+def test_a_frame_from_a_given_body_is_the_encoded_frame() -> None:
+    small = build_wire_batch([b"a", b"bc"], seq_no=[0, 1], producer_id="p")
+    large = build_wire_batch([b"x" * 1024] * 100, seq_no=list(range(100)), producer_id="p")
+    assert large.get_total_buffer_size() > record_batch._JOINED_BELOW_BYTES  # zero-copy path
+    for batch in (small, large, large.slice(3)):
+        encoded, header = FrameEncoder().encode(
+            batch, base_offset=7, written_at_us=11, transaction_id=13
+        )
+        body = serialize_body_buffer(batch)
+        reused, reused_header = FrameEncoder().encode(
+            batch, base_offset=7, written_at_us=11, transaction_id=13, body=body
+        )
+        assert _joined(reused) == _joined(encoded)
+        assert reused_header == header
+        assert any(part is body for part in reused)  # the body itself, not a copy
+
+
+def _log(tmp_path: os.PathLike) -> PartitionLog:
+    directory = os.path.join(str(tmp_path), "p0")
+    os.makedirs(directory)
+    config = TopicConfig(fsync_policy=FsyncPolicy.NEVER, retention_ms=None)
+    return PartitionLog(FileSystem(), directory, 0, config, ManualClock())
+
+
+def test_a_publish_that_drops_duplicates_does_not_write_the_given_body(tmp_path) -> None:
+    log = _log(tmp_path)
+    first = build_wire_batch([b"a", b"b"], seq_no=[1, 2], producer_id="p")
+    log.append(first)
+    again = build_wire_batch([b"a", b"b", b"c"], seq_no=[1, 2, 3], producer_id="p")
+    body = serialize_body_buffer(again)  # the whole batch's: must not be written
+    results = log.publish_transactional([again], 99, [body])
+    assert results[0].written_count == 1
+    read = log.read(0, max_messages=10)
+    data = [v for b in read.batches for v in b.column("data").to_pylist()]
+    assert data == [b"a", b"b", b"c"]
+    log.close()
+
+
+def test_a_topic_only_commit_publishes_the_staged_bodies(tmp_path, monkeypatch) -> None:
+    database = Database.open(str(tmp_path / "data"))
+    try:
+        session = database.connect()
+        session.execute("CREATE TOPIC a (CONSUMER c); CREATE TOPIC b")
+        session.execute("INSERT INTO TOPIC a (data) SELECT 'm' || i FROM range(50) t(i)")
+        given: list[pa.Buffer | None] = []
+        original = PartitionLog.publish_transactional
+
+        def spy(self, batches, transaction_id, bodies=None):  # type: ignore[no-untyped-def]
+            given.extend(bodies or [None])
+            return original(self, batches, transaction_id, bodies)
+
+        monkeypatch.setattr(PartitionLog, "publish_transactional", spy)
+        session.execute("BEGIN")
+        session.execute(
+            "INSERT INTO TOPIC b (data) SELECT data FROM TOPIC a WITH (consumer = 'c')"
+        )
+        session.execute("COMMIT")
+        assert len(given) == 1 and given[0] is not None
+        result = session.execute(
+            "SELECT CAST(data AS VARCHAR) AS d FROM TOPIC b WITH (max_messages = 1000)"
+        )[-1]
+        assert result.table is not None
+        assert sorted(result.table.column("d").to_pylist()) == sorted(f"m{i}" for i in range(50))
+        session.close()
+    finally:
+        database.close()
