@@ -4,7 +4,10 @@
 source through the ``pyspark_topicbase`` module) makes ``format("topicbase")`` available;
 ``configure(builder, url=..., user=..., password=...)`` also installs the Java catalog
 (``spark_sql_ext/java``, built into ``spark_sql_ext/jars/topicbase-spark.jar`` by ``make
-spark-jar``). Everything talks to ``topicbase serve`` through its Arrow Flight door.
+spark-jar``). Everything talks to ``topicbase serve`` through its Arrow Flight door, except,
+with ``wire_url``, the catalog's batch reads of topics: the catalog's JVM reads them over the
+server's PostgreSQL wire (``COPY ... TO STDOUT (FORMAT arrow)``) as columnar batches, with no
+Python worker (``spark_sql_ext/java/io/topicbase/spark/WireScan.java``).
 """
 
 from __future__ import annotations
@@ -29,9 +32,14 @@ def register(spark: Any) -> None:
 
 
 def configure(builder: Any, *, url: str, user: str, password: str = "",
-              catalog: str = "topicbase", default: bool = False) -> Any:  # fmt: skip
+              catalog: str = "topicbase", default: bool = False, wire_url: str | None = None,
+              sslmode: str | None = None, sslrootcert: str | None = None) -> Any:  # fmt: skip
     """``builder`` with the catalog jar and settings in place: ``SELECT * FROM
-    topicbase.main.events`` (or bare names with ``default=True``) once the session starts."""
+    topicbase.main.events`` (or bare names with ``default=True``) once the session starts.
+
+    ``wire_url``: ``host:port`` (or ``postgresql://host:port``) of the server's PostgreSQL
+    wire, for the JVM's batch reads of topics (same user and password); ``sslmode``
+    (``require`` or ``verify-full``) and ``sslrootcert`` (a PEM file of the CA) for TLS."""
     if not os.path.exists(JAR_PATH):
         raise FileNotFoundError(f"{JAR_PATH} is missing: build it with `make spark-jar`")
     prefix = f"spark.sql.catalog.{catalog}"
@@ -40,6 +48,14 @@ def configure(builder: Any, *, url: str, user: str, password: str = "",
                .config(f"{prefix}.url", url)
                .config(f"{prefix}.user", user)
                .config(f"{prefix}.password", password))  # fmt: skip
+    if wire_url is not None:
+        address = wire_url.split("://", 1)[-1].rstrip("/")
+        if ":" not in address or "/" in address or "@" in address:
+            raise ValueError(f"wire_url {wire_url!r} is not host:port")
+        builder = builder.config(f"{prefix}.wire", address)
+        for key, value in (("sslmode", sslmode), ("sslrootcert", sslrootcert)):
+            if value is not None:
+                builder = builder.config(f"{prefix}.{key}", value)
     if default:
         builder = builder.config("spark.sql.defaultCatalog", catalog)
     return builder

@@ -25,18 +25,32 @@ import org.apache.spark.sql.util.CaseInsensitiveStringMap;
  * them (filter pushdown on), the scan is not pruned, since a pushed filter may name a column
  * the query does not read. An empty column list (a count) reads {@code partition} of a topic;
  * a table is then read whole.
+ *
+ * <p>With the catalog's {@code wire} option (host:port of the PostgreSQL-wire server), a
+ * batch scan of a topic is a {@link WireScan} instead: read in the JVM, pruned the same way,
+ * no filter pushed (Spark applies them all). Options the wire scan does not implement
+ * ({@code startingOffsets}, {@code endingOffsets}, {@code pushFilters}) keep the Python
+ * scan; so do streaming reads, which Spark asks of the Python scan (its {@code
+ * toMicroBatchStream}).
  */
 final class PruningScanBuilder implements SupportsPushDownFilters, SupportsPushDownRequiredColumns {
     private final StructType schema;
     private final Map<String, String> options;
     private final PythonScanBuilder whole;
     private StructType required;
+    private final boolean wire;
+    private static final String[] PYTHON_ONLY = {"startingOffsets", "endingOffsets", "pushFilters"};
 
     PruningScanBuilder(StructType schema, CaseInsensitiveStringMap options) {
         this.schema = schema;
         this.options = new HashMap<>(options.asCaseSensitiveMap());
         this.whole = new PythonScanBuilder(provider(), TopicbaseCatalog.SOURCE, schema, options);
         this.required = schema;
+        boolean overWire = options.containsKey("wire") && options.containsKey("topic");
+        for (String key : PYTHON_ONLY) {
+            overWire = overWire && !options.containsKey(key);
+        }
+        this.wire = overWire;
     }
 
     private static PythonDataSourceV2 provider() {
@@ -47,12 +61,12 @@ final class PruningScanBuilder implements SupportsPushDownFilters, SupportsPushD
 
     @Override
     public Filter[] pushFilters(Filter[] filters) {
-        return whole.pushFilters(filters);
+        return wire ? filters : whole.pushFilters(filters);
     }
 
     @Override
     public Filter[] pushedFilters() {
-        return whole.pushedFilters();
+        return wire ? new Filter[0] : whole.pushedFilters();
     }
 
     @Override
@@ -63,6 +77,15 @@ final class PruningScanBuilder implements SupportsPushDownFilters, SupportsPushD
     @Override
     public Scan build() {
         StructType read = readSchema();
+        if (wire) {
+            return new WireScan(read, options) {
+                @Override
+                public org.apache.spark.sql.connector.read.streaming.MicroBatchStream
+                        toMicroBatchStream(String checkpointLocation) {
+                    return whole.build().toMicroBatchStream(checkpointLocation);
+                }
+            };
+        }
         if (whole.pushedFilters().length > 0 || read.fields().length == schema.fields().length) {
             return whole.build();
         }

@@ -40,6 +40,12 @@ import org.apache.spark.sql.util.CaseInsensitiveStringMap;
  * the options {@code relations} or {@code execute}. Settings: {@code
  * spark.sql.catalog.<name>.url|user|password} (and {@code tlsRootCerts}, {@code splitRows}).
  *
+ * <p>With {@code spark.sql.catalog.<name>.wire} ({@code host:port} of {@code topicbase
+ * serve}'s PostgreSQL wire; {@code sslmode} {@code require}/{@code verify-full} and {@code
+ * sslrootcert} for TLS) a topic is resolved over that wire in the JVM (one query, no Python)
+ * and its batch scans are read there as Arrow ({@link WireScan}); tables, writes and
+ * streaming reads still go through the Python source.
+ *
  * <p>{@code CREATE TABLE t (...)} makes a DuckDB table; {@code CREATE TABLE t (...)
  * TBLPROPERTIES ('kind' = 'topic', 'partitions' = '4')} makes a topic (its columns are the
  * topic relation's, whatever the statement lists).
@@ -52,7 +58,11 @@ public class TopicbaseCatalog implements TableCatalog, SupportsNamespaces {
     static final String KIND_METADATA = "topicbase.kind";
     private static final Pattern PLAIN_NAME = Pattern.compile("[A-Za-z_][A-Za-z0-9_]*");
     private static final String[] CONNECTION_KEYS = {"url", "user", "password", "tlsRootCerts",
-        "splitRows"};
+        "splitRows", "wire", "sslmode", "sslrootcert"};
+    /** A topic's columns (spark_sql_ext.options.TOPIC_DDL, as the Python source gives them). */
+    static final StructType TOPIC_SCHEMA = StructType.fromDDL("`partition` INT, `offset` BIGINT, "
+        + "seq_no BIGINT, producer_id STRING, message_group_id STRING, created_at TIMESTAMP, "
+        + "written_at TIMESTAMP, codec STRING, data BINARY, metadata MAP<STRING, BINARY>");
 
     private String catalogName;
     private final Map<String, String> connection = new HashMap<>();
@@ -133,6 +143,14 @@ public class TopicbaseCatalog implements TableCatalog, SupportsNamespaces {
         if (!inNamespace(ident.namespace())) {
             throw new NoSuchTableException(ident);
         }
+        if (connection.containsKey("wire") && isTopic(ident.name())) {
+            Map<String, String> properties = new HashMap<>(connection);
+            properties.put("topic", ident.name());
+            PythonDataSourceV2 provider = new PythonDataSourceV2();
+            provider.setShortName(SOURCE);
+            return new TopicbaseTable(provider.getTable(TOPIC_SCHEMA, new Transform[0],
+                properties), properties);
+        }
         // One call of the source's schema() with option "describe" (no Spark job): the
         // relation's columns, its kind ("topic" or "table") in the first one's metadata.
         PythonDataSourceV2 provider = new PythonDataSourceV2();
@@ -156,6 +174,17 @@ public class TopicbaseCatalog implements TableCatalog, SupportsNamespaces {
         properties.put(kind, ident.name());
         return new TopicbaseTable(provider.getTable(new StructType(fields), new Transform[0],
             properties), properties);
+    }
+
+    /** Whether {@code name} is a topic, asked over the wire (sys.topics). */
+    private boolean isTopic(String name) {
+        try (PgWireClient client = PgWireClient.connect(connection.get("wire"), connection)) {
+            return !client.query("SELECT name FROM sys.topics WHERE name = "
+                + WireScan.quoteLiteral(name)).isEmpty();
+        } catch (java.io.IOException e) {
+            throw new java.io.UncheckedIOException("cannot reach " + connection.get("wire")
+                + ": " + e.getMessage(), e);
+        }
     }
 
     /** Throws {@code e} as it is (checked or not); declared to return for {@code throw}. */

@@ -1,0 +1,604 @@
+package io.topicbase.spark;
+
+import java.io.BufferedInputStream;
+import java.io.BufferedOutputStream;
+import java.io.ByteArrayOutputStream;
+import java.io.Closeable;
+import java.io.DataInputStream;
+import java.io.EOFException;
+import java.io.FileInputStream;
+import java.io.IOException;
+import java.io.InputStream;
+import java.io.OutputStream;
+import java.net.InetSocketAddress;
+import java.net.Socket;
+import java.nio.charset.StandardCharsets;
+import java.security.GeneralSecurityException;
+import java.security.KeyStore;
+import java.security.MessageDigest;
+import java.security.SecureRandom;
+import java.security.cert.Certificate;
+import java.security.cert.CertificateFactory;
+import java.util.ArrayList;
+import java.util.Arrays;
+import java.util.Base64;
+import java.util.HashMap;
+import java.util.List;
+import java.util.Map;
+
+import javax.crypto.Mac;
+import javax.crypto.SecretKeyFactory;
+import javax.crypto.spec.PBEKeySpec;
+import javax.crypto.spec.SecretKeySpec;
+import javax.net.ssl.SNIHostName;
+import javax.net.ssl.SSLContext;
+import javax.net.ssl.SSLParameters;
+import javax.net.ssl.SSLSocket;
+import javax.net.ssl.TrustManagerFactory;
+
+/**
+ * A small PostgreSQL-wire (protocol 3.0) client of {@code topicbase serve}, JDK only: the
+ * startup, password authentication (SCRAM-SHA-256 of RFC 5802/7677 with the server's
+ * signature verified, md5 and cleartext when the server asks for them), the simple query
+ * protocol with text results, and {@code COPY ... TO STDOUT} read as one {@link InputStream}
+ * over the CopyData payloads. TLS: with {@code sslmode} {@code require} or {@code
+ * verify-full} the client sends SSLRequest and wraps the socket, trusting the certificates
+ * of the PEM file {@code sslrootcert} (the JDK's trust store without one) and checking the
+ * host name (verify-full and require alike: a wrong host is refused).
+ *
+ * <p>Invariants: one statement at a time; after {@link #query} or the end of a COPY stream
+ * the connection is at ReadyForQuery again. A server error becomes a {@link
+ * PgWireException} carrying its SQLSTATE; after an error inside a COPY the connection is
+ * closed (the stream's reader is in an unknown place).
+ */
+final class PgWireClient implements Closeable {
+    static final int CONNECT_TIMEOUT_MS = 30_000;
+    private static final int PROTOCOL_3 = 196608;
+    private static final int SSL_REQUEST = 80877103;
+    private static final int MESSAGE_MAX = 1 << 30;
+
+    /** An ErrorResponse of the server (or a failure of the exchange, SQLSTATE 08xxx). */
+    static final class PgWireException extends IOException {
+        final String sqlstate;
+
+        PgWireException(String sqlstate, String message) {
+            super(message + " (SQLSTATE " + sqlstate + ")");
+            this.sqlstate = sqlstate;
+        }
+    }
+
+    private final Socket socket;
+    private final DataInputStream in;
+    private final OutputStream out;
+    private boolean broken;
+
+    private PgWireClient(Socket socket) throws IOException {
+        this.socket = socket;
+        this.in = new DataInputStream(new BufferedInputStream(socket.getInputStream(), 1 << 16));
+        this.out = new BufferedOutputStream(socket.getOutputStream(), 1 << 14);
+    }
+
+    /**
+     * A connection to {@code host:port} as {@code user}, authenticated and ready for a query.
+     * {@code sslmode}: null or "disable" for plaintext, "require"/"verify-full" for TLS.
+     */
+    static PgWireClient connect(String host, int port, String user, String password,
+            String database, String sslmode, String sslrootcert) throws IOException {
+        Socket plain = new Socket();
+        plain.setTcpNoDelay(true);
+        plain.setReceiveBufferSize(1 << 20);
+        plain.connect(new InetSocketAddress(host, port), CONNECT_TIMEOUT_MS);
+        Socket socket = plain;
+        try {
+            if (sslmode != null && !sslmode.equals("disable")) {
+                if (!sslmode.equals("require") && !sslmode.equals("verify-full")) {
+                    throw new IllegalArgumentException("sslmode " + sslmode
+                        + " is not supported (disable, require or verify-full)");
+                }
+                socket = startTls(plain, host, port, sslrootcert);
+            }
+            PgWireClient client = new PgWireClient(socket);
+            client.startup(user, password == null ? "" : password,
+                database == null ? "topicbase" : database);
+            return client;
+        } catch (IOException | RuntimeException e) {
+            socket.close();
+            throw e;
+        }
+    }
+
+    /** "host:port" (a bare host means port 5432). */
+    static PgWireClient connect(String address, Map<String, String> options) throws IOException {
+        int colon = address.lastIndexOf(':');
+        String host = colon < 0 ? address : address.substring(0, colon);
+        int port = colon < 0 ? 5432 : Integer.parseInt(address.substring(colon + 1));
+        return connect(host, port, options.get("user"), options.get("password"),
+            options.get("database"), options.get("sslmode"), options.get("sslrootcert"));
+    }
+
+    // -- TLS --------------------------------------------------------------------------------
+    private static Socket startTls(Socket plain, String host, int port, String rootCert)
+            throws IOException {
+        DataInputStream in = new DataInputStream(plain.getInputStream());
+        OutputStream out = plain.getOutputStream();
+        byte[] request = new byte[8];
+        putInt(request, 0, 8);
+        putInt(request, 4, SSL_REQUEST);
+        out.write(request);
+        out.flush();
+        int answer = in.read();
+        if (answer != 'S') {
+            throw new PgWireException("08004", "the server at " + host + ":" + port
+                + " does not offer TLS (sslmode asks for it)");
+        }
+        try {
+            SSLContext context = SSLContext.getInstance("TLS");
+            TrustManagerFactory trust =
+                TrustManagerFactory.getInstance(TrustManagerFactory.getDefaultAlgorithm());
+            trust.init(rootCert == null ? null : trustStore(rootCert));
+            context.init(null, trust.getTrustManagers(), new SecureRandom());
+            SSLSocket tls = (SSLSocket) context.getSocketFactory()
+                .createSocket(plain, host, port, true);
+            SSLParameters parameters = tls.getSSLParameters();
+            parameters.setEndpointIdentificationAlgorithm("HTTPS"); // host name checked
+            if (!host.isEmpty() && !Character.isDigit(host.charAt(0)) && host.indexOf(':') < 0) {
+                parameters.setServerNames(List.of(new SNIHostName(host)));
+            }
+            parameters.setProtocols(new String[] {"TLSv1.3", "TLSv1.2"});
+            tls.setSSLParameters(parameters);
+            tls.startHandshake();
+            return tls;
+        } catch (GeneralSecurityException e) {
+            throw new IOException("cannot set up TLS with " + rootCert + ": " + e, e);
+        }
+    }
+
+    private static KeyStore trustStore(String pemFile) throws IOException, GeneralSecurityException {
+        KeyStore store = KeyStore.getInstance(KeyStore.getDefaultType());
+        store.load(null, null);
+        try (FileInputStream file = new FileInputStream(pemFile)) {
+            int n = 0;
+            for (Certificate certificate : CertificateFactory.getInstance("X.509")
+                    .generateCertificates(file)) {
+                store.setCertificateEntry("ca" + n++, certificate);
+            }
+            if (n == 0) {
+                throw new IOException("no certificate in " + pemFile);
+            }
+        }
+        return store;
+    }
+
+    // -- messages -----------------------------------------------------------------------------
+    private static void putInt(byte[] buffer, int at, int value) {
+        buffer[at] = (byte) (value >>> 24);
+        buffer[at + 1] = (byte) (value >>> 16);
+        buffer[at + 2] = (byte) (value >>> 8);
+        buffer[at + 3] = (byte) value;
+    }
+
+    private void send(char type, byte[] body) throws IOException {
+        byte[] header = new byte[5];
+        header[0] = (byte) type;
+        putInt(header, 1, body.length + 4);
+        out.write(header);
+        out.write(body);
+    }
+
+    private static byte[] cstring(String s) {
+        byte[] bytes = s.getBytes(StandardCharsets.UTF_8);
+        return Arrays.copyOf(bytes, bytes.length + 1);
+    }
+
+    /** One message from the server: its type and body. */
+    private static final class Message {
+        final char type;
+        final byte[] body;
+        int at;
+
+        Message(char type, byte[] body) {
+            this.type = type;
+            this.body = body;
+        }
+
+        int int32() {
+            int v = ((body[at] & 0xff) << 24) | ((body[at + 1] & 0xff) << 16)
+                | ((body[at + 2] & 0xff) << 8) | (body[at + 3] & 0xff);
+            at += 4;
+            return v;
+        }
+
+        int int16() {
+            int v = ((body[at] & 0xff) << 8) | (body[at + 1] & 0xff);
+            at += 2;
+            return v;
+        }
+
+        String cstring() {
+            int end = at;
+            while (body[end] != 0) {
+                end++;
+            }
+            String s = new String(body, at, end - at, StandardCharsets.UTF_8);
+            at = end + 1;
+            return s;
+        }
+
+        String rest() {
+            return new String(body, at, body.length - at, StandardCharsets.UTF_8);
+        }
+    }
+
+    private Message receive() throws IOException {
+        char type = (char) in.readUnsignedByte();
+        int length = in.readInt();
+        if (length < 4 || length > MESSAGE_MAX) {
+            broken = true;
+            throw new PgWireException("08P01", "bad message length " + length + " from server");
+        }
+        byte[] body = new byte[length - 4];
+        in.readFully(body);
+        return new Message(type, body);
+    }
+
+    /** The next message that is not a notice or a parameter status. */
+    private Message receiveRelevant() throws IOException {
+        while (true) {
+            Message message = receive();
+            if (message.type != 'N' && message.type != 'S' && message.type != 'A') {
+                return message;
+            }
+        }
+    }
+
+    private static PgWireException error(Message message) {
+        Map<Character, String> fields = new HashMap<>();
+        while (message.at < message.body.length && message.body[message.at] != 0) {
+            char code = (char) message.body[message.at++];
+            fields.put(code, message.cstring());
+        }
+        String detail = fields.containsKey('D') ? " (" + fields.get('D') + ")" : "";
+        return new PgWireException(fields.getOrDefault('C', "XX000"),
+            fields.getOrDefault('M', "error") + detail);
+    }
+
+    /** Reads up to ReadyForQuery, then throws {@code failure}. */
+    private PgWireException afterError(PgWireException failure) throws IOException {
+        while (receive().type != 'Z') {
+            // skip to the end of the statement
+        }
+        return failure;
+    }
+
+    // -- startup and authentication --------------------------------------------------------
+    private void startup(String user, String password, String database) throws IOException {
+        ByteArrayOutputStream body = new ByteArrayOutputStream();
+        byte[] version = new byte[4];
+        putInt(version, 0, PROTOCOL_3);
+        body.write(version);
+        for (String s : new String[] {"user", user, "database", database,
+                "application_name", "topicbase-spark", "client_encoding", "UTF8"}) {
+            body.write(cstring(s));
+        }
+        body.write(0);
+        byte[] startup = body.toByteArray();
+        byte[] length = new byte[4];
+        putInt(length, 0, startup.length + 4);
+        out.write(length);
+        out.write(startup);
+        out.flush();
+        Scram scram = null;
+        while (true) {
+            Message message = receiveRelevant();
+            if (message.type == 'E') {
+                throw error(message);
+            }
+            if (message.type == 'Z') {
+                return;
+            }
+            if (message.type == 'K') {
+                continue;
+            }
+            if (message.type != 'R') {
+                throw new PgWireException("08P01", "unexpected message " + message.type
+                    + " during startup");
+            }
+            int code = message.int32();
+            switch (code) {
+                case 0: // AuthenticationOk
+                    break;
+                case 3: // cleartext
+                    send('p', cstring(password));
+                    out.flush();
+                    break;
+                case 5: { // md5
+                    byte[] salt = Arrays.copyOfRange(message.body, 4, 8);
+                    send('p', cstring(md5Response(user, password, salt)));
+                    out.flush();
+                    break;
+                }
+                case 10: { // SASL: the mechanisms offered
+                    List<String> mechanisms = new ArrayList<>();
+                    for (String m = message.cstring(); !m.isEmpty(); m = message.cstring()) {
+                        mechanisms.add(m);
+                    }
+                    if (!mechanisms.contains(Scram.MECHANISM)) {
+                        throw new PgWireException("28000", "the server offers " + mechanisms
+                            + ", not " + Scram.MECHANISM);
+                    }
+                    scram = new Scram(password);
+                    byte[] first = scram.clientFirst().getBytes(StandardCharsets.UTF_8);
+                    ByteArrayOutputStream initial = new ByteArrayOutputStream();
+                    initial.write(cstring(Scram.MECHANISM));
+                    byte[] n = new byte[4];
+                    putInt(n, 0, first.length);
+                    initial.write(n);
+                    initial.write(first);
+                    send('p', initial.toByteArray());
+                    out.flush();
+                    break;
+                }
+                case 11: // SASLContinue
+                    if (scram == null) {
+                        throw new PgWireException("08P01", "SASLContinue before SASL");
+                    }
+                    send('p', scram.clientFinal(message.rest()).getBytes(StandardCharsets.UTF_8));
+                    out.flush();
+                    break;
+                case 12: // SASLFinal
+                    if (scram == null) {
+                        throw new PgWireException("08P01", "SASLFinal before SASL");
+                    }
+                    scram.verifyServerFinal(message.rest());
+                    break;
+                default:
+                    throw new PgWireException("28000", "authentication method " + code
+                        + " is not supported");
+            }
+        }
+    }
+
+    private static String md5Response(String user, String password, byte[] salt)
+            throws IOException {
+        try {
+            MessageDigest md5 = MessageDigest.getInstance("MD5");
+            String inner = hex(md5.digest((password + user).getBytes(StandardCharsets.UTF_8)));
+            md5.update(inner.getBytes(StandardCharsets.US_ASCII));
+            md5.update(salt);
+            return "md5" + hex(md5.digest());
+        } catch (GeneralSecurityException e) {
+            throw new IOException(e);
+        }
+    }
+
+    private static String hex(byte[] bytes) {
+        StringBuilder s = new StringBuilder();
+        for (byte b : bytes) {
+            s.append(String.format("%02x", b & 0xff));
+        }
+        return s.toString();
+    }
+
+    /** The client side of SCRAM-SHA-256 without channel binding (gs2 header "n,,"). */
+    static final class Scram {
+        static final String MECHANISM = "SCRAM-SHA-256";
+        private final String password;
+        private final String clientNonce;
+        private String clientFirstBare;
+        private byte[] serverSignature;
+
+        Scram(String password) {
+            this.password = password;
+            byte[] random = new byte[18];
+            new SecureRandom().nextBytes(random);
+            this.clientNonce = Base64.getEncoder().encodeToString(random);
+        }
+
+        String clientFirst() {
+            clientFirstBare = "n=,r=" + clientNonce; // PostgreSQL takes the startup's user
+            return "n,," + clientFirstBare;
+        }
+
+        String clientFinal(String serverFirst) throws IOException {
+            String nonce = null;
+            String salt = null;
+            int iterations = -1;
+            for (String part : serverFirst.split(",")) {
+                if (part.startsWith("r=")) {
+                    nonce = part.substring(2);
+                } else if (part.startsWith("s=")) {
+                    salt = part.substring(2);
+                } else if (part.startsWith("i=")) {
+                    iterations = Integer.parseInt(part.substring(2));
+                }
+            }
+            if (nonce == null || salt == null || iterations < 1 || !nonce.startsWith(clientNonce)
+                    || nonce.length() == clientNonce.length()) {
+                throw new PgWireException("08P01", "malformed SCRAM server-first message");
+            }
+            String withoutProof = "c=biws,r=" + nonce;
+            String authMessage = clientFirstBare + "," + serverFirst + "," + withoutProof;
+            try {
+                SecretKeyFactory pbkdf2 = SecretKeyFactory.getInstance("PBKDF2WithHmacSHA256");
+                byte[] salted = pbkdf2.generateSecret(new PBEKeySpec(password.toCharArray(),
+                    Base64.getDecoder().decode(salt), iterations, 256)).getEncoded();
+                byte[] clientKey = hmac(salted, "Client Key".getBytes(StandardCharsets.UTF_8));
+                byte[] storedKey = MessageDigest.getInstance("SHA-256").digest(clientKey);
+                byte[] signature = hmac(storedKey, authMessage.getBytes(StandardCharsets.UTF_8));
+                byte[] proof = new byte[clientKey.length];
+                for (int i = 0; i < proof.length; i++) {
+                    proof[i] = (byte) (clientKey[i] ^ signature[i]);
+                }
+                byte[] serverKey = hmac(salted, "Server Key".getBytes(StandardCharsets.UTF_8));
+                serverSignature = hmac(serverKey, authMessage.getBytes(StandardCharsets.UTF_8));
+                return withoutProof + ",p=" + Base64.getEncoder().encodeToString(proof);
+            } catch (GeneralSecurityException | IllegalArgumentException e) {
+                throw new PgWireException("08P01", "SCRAM: " + e);
+            }
+        }
+
+        void verifyServerFinal(String serverFinal) throws IOException {
+            if (serverFinal.startsWith("e=")) {
+                throw new PgWireException("28P01", "SCRAM: " + serverFinal.substring(2));
+            }
+            byte[] given;
+            try {
+                given = serverFinal.startsWith("v=")
+                    ? Base64.getDecoder().decode(serverFinal.substring(2).split(",")[0])
+                    : new byte[0];
+            } catch (IllegalArgumentException e) {
+                given = new byte[0];
+            }
+            if (serverSignature == null || !MessageDigest.isEqual(given, serverSignature)) {
+                throw new PgWireException("28000", "SCRAM: the server's signature is wrong "
+                    + "(it does not know the password)");
+            }
+        }
+
+        private static byte[] hmac(byte[] key, byte[] data) throws GeneralSecurityException {
+            Mac mac = Mac.getInstance("HmacSHA256");
+            mac.init(new SecretKeySpec(key, "HmacSHA256"));
+            return mac.doFinal(data);
+        }
+    }
+
+    // -- simple queries -------------------------------------------------------------------------
+    /** The rows of {@code sql} (the last result's), every value as text (null for NULL). */
+    List<String[]> query(String sql) throws IOException {
+        send('Q', cstring(sql));
+        out.flush();
+        List<String[]> rows = new ArrayList<>();
+        PgWireException failure = null;
+        while (true) {
+            Message message = receiveRelevant();
+            switch (message.type) {
+                case 'T':
+                    rows.clear();
+                    break;
+                case 'D': {
+                    int n = message.int16();
+                    String[] row = new String[n];
+                    for (int i = 0; i < n; i++) {
+                        int length = message.int32();
+                        if (length >= 0) {
+                            row[i] = new String(message.body, message.at, length,
+                                StandardCharsets.UTF_8);
+                            message.at += length;
+                        }
+                    }
+                    rows.add(row);
+                    break;
+                }
+                case 'E':
+                    failure = error(message);
+                    break;
+                case 'H': // a COPY TO in a simple query: not what query() is for
+                    broken = true;
+                    throw new PgWireException("08P01", "query() got a COPY result");
+                case 'Z':
+                    if (failure != null) {
+                        throw failure;
+                    }
+                    return rows;
+                default: // C, I and the like
+                    break;
+            }
+        }
+    }
+
+    // -- COPY TO STDOUT ---------------------------------------------------------------------------
+    /**
+     * Runs {@code copy} (a {@code COPY ... TO STDOUT}) and returns its data as one stream: the
+     * CopyData payloads back to back, end of stream after CopyDone and ReadyForQuery. An error
+     * before the data is thrown here; one during it is thrown by the stream's read.
+     */
+    InputStream copyOut(String copy) throws IOException {
+        send('Q', cstring(copy));
+        out.flush();
+        while (true) {
+            Message message = receiveRelevant();
+            if (message.type == 'E') {
+                throw afterError(error(message));
+            }
+            if (message.type == 'H') {
+                return new CopyStream();
+            }
+            if (message.type == 'Z') {
+                throw new PgWireException("08P01", "no COPY data for " + copy);
+            }
+        }
+    }
+
+    private final class CopyStream extends InputStream {
+        private int left; // bytes of the current CopyData still unread
+        private boolean done;
+
+        /** Moves to the next CopyData with data; false at the end of the COPY. */
+        private boolean advance() throws IOException {
+            while (left == 0) {
+                if (done) {
+                    return false;
+                }
+                char type = (char) in.readUnsignedByte();
+                int length = in.readInt();
+                if (type == 'd') {
+                    left = length - 4;
+                    continue;
+                }
+                byte[] body = new byte[length - 4];
+                in.readFully(body);
+                Message message = new Message(type, body);
+                if (type == 'E') {
+                    done = true;
+                    broken = true;
+                    throw error(message);
+                }
+                if (type == 'Z') {
+                    done = true;
+                }
+                // c (CopyDone), C (CommandComplete), N, S: read on
+            }
+            return true;
+        }
+
+        @Override
+        public int read() throws IOException {
+            if (!advance()) {
+                return -1;
+            }
+            left--;
+            return in.readUnsignedByte();
+        }
+
+        @Override
+        public int read(byte[] buffer, int offset, int length) throws IOException {
+            if (length == 0) {
+                return 0;
+            }
+            if (!advance()) {
+                return -1;
+            }
+            int n = in.read(buffer, offset, Math.min(length, left));
+            if (n < 0) {
+                broken = true;
+                throw new EOFException("the server closed the connection during COPY");
+            }
+            left -= n;
+            return n;
+        }
+    }
+
+    @Override
+    public void close() throws IOException {
+        try {
+            if (!broken && !socket.isClosed()) {
+                send('X', new byte[0]);
+                out.flush();
+            }
+        } catch (IOException e) {
+            // closing anyway
+        } finally {
+            socket.close();
+        }
+    }
+}

@@ -1,0 +1,133 @@
+package io.topicbase.spark;
+
+import java.io.IOException;
+import java.io.Serializable;
+import java.io.UncheckedIOException;
+import java.util.ArrayList;
+import java.util.HashMap;
+import java.util.List;
+import java.util.Map;
+
+import org.apache.spark.sql.connector.read.Batch;
+import org.apache.spark.sql.connector.read.InputPartition;
+import org.apache.spark.sql.connector.read.PartitionReaderFactory;
+import org.apache.spark.sql.connector.read.Scan;
+import org.apache.spark.sql.types.StructField;
+import org.apache.spark.sql.types.StructType;
+
+/**
+ * A batch scan of one topic through the JVM: the driver cuts the topic into ranges of at
+ * most {@code splitRows} messages ({@code [start, end)} of one partition, from {@code
+ * sys.partitions} over one PostgreSQL-wire connection), and each Spark task reads its range
+ * with {@link WireBatchReader} ({@code COPY ... TO STDOUT (FORMAT arrow)}) as columnar
+ * batches. No Python worker takes part.
+ *
+ * <p>The cut is read partition by partition (the view takes no common lock), so a
+ * transaction that commits to several partitions while the cut is taken may be seen in
+ * some of them only; the Flight path's cut ({@code engine.bulk_read.partition_bounds}) is
+ * one consistent cut. Every range is read exactly as cut: messages that retention deleted
+ * since fail the task (the server's error), none are skipped.
+ */
+class WireScan implements Scan, Batch {
+    /** The Python source's default (spark_sql_ext.options.DEFAULT_SPLIT_ROWS). */
+    static final long DEFAULT_SPLIT_ROWS = 1_000_000L;
+
+    private final StructType schema;
+    private final HashMap<String, String> options;
+    private final String topic;
+
+    WireScan(StructType schema, Map<String, String> options) {
+        assert options.containsKey("wire") && options.containsKey("topic");
+        this.schema = schema;
+        this.options = new HashMap<>(options);
+        this.topic = options.get("topic");
+    }
+
+    @Override
+    public StructType readSchema() {
+        return schema;
+    }
+
+    @Override
+    public String description() {
+        return "TopicbaseWireScan(topic=" + topic + ", columns=" + String.join(",", columns()) + ")";
+    }
+
+    @Override
+    public Batch toBatch() {
+        return this;
+    }
+
+    private List<String> columns() {
+        List<String> names = new ArrayList<>();
+        for (StructField field : schema.fields()) {
+            names.add(field.name());
+        }
+        return names;
+    }
+
+    static String quoteIdentifier(String name) {
+        return '"' + name.replace("\"", "\"\"") + '"';
+    }
+
+    static String quoteLiteral(String value) {
+        return "'" + value.replace("'", "''") + "'";
+    }
+
+    private long splitRows() {
+        String given = options.get("splitRows");
+        long rows = given == null ? DEFAULT_SPLIT_ROWS : Long.parseLong(given.trim());
+        if (rows < 1) {
+            throw new IllegalArgumentException("splitRows must be at least 1, not " + given);
+        }
+        return rows;
+    }
+
+    /** One range of a partition: messages [start, end). */
+    static final class Range implements InputPartition, Serializable {
+        private static final long serialVersionUID = 1L;
+        final int partition;
+        final long start;
+        final long end;
+
+        Range(int partition, long start, long end) {
+            assert start < end;
+            this.partition = partition;
+            this.start = start;
+            this.end = end;
+        }
+    }
+
+    @Override
+    public InputPartition[] planInputPartitions() {
+        long split = splitRows();
+        List<InputPartition> ranges = new ArrayList<>();
+        try (PgWireClient client = PgWireClient.connect(options.get("wire"), options)) {
+            List<String[]> rows = client.query("SELECT partition, start_offset, end_offset "
+                + "FROM sys.partitions WHERE topic = " + quoteLiteral(topic)
+                + " ORDER BY partition");
+            if (rows.isEmpty()) {
+                // no partition: a missing topic, or one the catalog listed but was dropped
+                client.query("SELECT count(*) FROM TOPIC " + quoteIdentifier(topic)
+                    + " WHERE false");
+            }
+            for (String[] row : rows) {
+                int partition = Integer.parseInt(row[0]);
+                long start = Long.parseLong(row[1]);
+                long end = Long.parseLong(row[2]);
+                for (long at = start; at < end; at += split) {
+                    ranges.add(new Range(partition, at, Math.min(end, at + split)));
+                }
+            }
+        } catch (IOException e) {
+            throw new UncheckedIOException("cannot cut topic " + topic + " at "
+                + options.get("wire") + ": " + e.getMessage(), e);
+        }
+        return ranges.toArray(new InputPartition[0]);
+    }
+
+    @Override
+    public PartitionReaderFactory createReaderFactory() {
+        return new WireBatchReader.Factory(options, topic, schema);
+    }
+}
