@@ -24,6 +24,7 @@ from engine.clock import utc_from_us
 from engine.protocols import TopicSource
 from storage.errors import InvalidParameterValueError, StorageIOError
 from storage.partition_log import PartitionLog
+from storage.topic_log import TopicLog
 
 
 def show_topics(database: TopicSource) -> pa.Table:
@@ -82,14 +83,31 @@ def topics_view(database: TopicSource) -> pa.Table:
     return pa.Table.from_pylist(rows, schema=schema)
 
 
+def _end_offsets(topic: TopicLog) -> dict[int, int]:
+    ends = {}
+    for partition_id in topic.partition_ids():
+        try:
+            ends[partition_id] = topic.partition(partition_id).end_offset
+        except (InvalidParameterValueError, KeyError):
+            continue  # removed by retention since the list was taken
+    return ends
+
+
 def partitions_view(database: TopicSource, entries: list[TopicEntry] | None = None) -> pa.Table:
+    """One row per partition. The end offsets are one cut, taken under the publish lock (as
+    ``engine.bulk_read.partition_bounds`` takes it): a transaction's publish is in them whole
+    or not at all, so ranges planned from them (a Spark read) never split one."""
     rows = []
     now_us = database.clock.now_us()
-    for entry in entries or database.catalog.entries():
-        topic = database.topic_log(entry.topic_id)
+    entries = entries or database.catalog.entries()
+    logs = [database.topic_log(entry.topic_id) for entry in entries]
+    with database.publish_lock:
+        cuts = [_end_offsets(topic) for topic in logs]
+    for entry, topic, cut in zip(entries, logs, cuts, strict=True):
         for partition_id in topic.partition_ids():
             try:
                 partition = topic.partition(partition_id)
+                end = cut[partition_id] if partition_id in cut else partition.end_offset
                 info = topic.partition_info(partition_id)
                 speed = topic.write_speed(partition_id)
             except (InvalidParameterValueError, KeyError):
@@ -99,8 +117,8 @@ def partitions_view(database: TopicSource, entries: list[TopicEntry] | None = No
                 {
                     "topic": entry.name,
                     "partition": partition_id,
-                    "start_offset": partition.start_offset,
-                    "end_offset": partition.end_offset,
+                    "start_offset": min(partition.start_offset, end),
+                    "end_offset": end,
                     "bytes": partition.size_bytes,
                     "segments": len(partition.segments),
                     "active": info.active,
