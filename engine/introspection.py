@@ -104,10 +104,9 @@ def partitions_view(database: TopicSource, entries: list[TopicEntry] | None = No
     with database.publish_lock:
         cuts = [_end_offsets(topic) for topic in logs]
     for entry, topic, cut in zip(entries, logs, cuts, strict=True):
-        for partition_id in topic.partition_ids():
+        for partition_id, end in cut.items():  # a partition made since the cut is not in it
             try:
                 partition = topic.partition(partition_id)
-                end = cut[partition_id] if partition_id in cut else partition.end_offset
                 info = topic.partition_info(partition_id)
                 speed = topic.write_speed(partition_id)
             except (InvalidParameterValueError, KeyError):
