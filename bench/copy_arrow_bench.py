@@ -1,0 +1,134 @@
+"""COPY (range read) TO STDOUT (FORMAT arrow) over the PostgreSQL wire vs Flight DoGet.
+
+One topic of one partition holding ``--rows`` messages of 1 KiB (default 200k), served by
+``topicbase serve`` in a process of its own (wire and Flight ports). The sides, alternated
+(A B C A B C ..., ``bench.harness.alternate``), each read all of ``[0, rows)`` with every
+column of the topic relation and end with a ``pyarrow.Table`` in the client:
+
+- ``copy_range``: psycopg ``COPY (SELECT * FROM TOPIC t WHERE partition = 0 AND "offset"
+  >= 0 AND "offset" < rows) TO STDOUT (FORMAT arrow)``, the CopyData joined and read by
+  ``pyarrow.ipc.open_stream`` (the storage fast path, ``engine.api.read_range``);
+- ``flight_doget``: the Flight door's DoGet of the same range (``spark_sql_ext.client``);
+- ``copy_general``: the same query with ``ORDER BY "offset"``, so not the range shape: the
+  ordinary engine path (DuckDB over a peek of the topic), for comparison.
+
+Run: ``.venv/bin/python -m bench.copy_arrow_bench [--rows N] [--reps N]``. Prints the
+spreads (median, min-max) in messages/s and MB/s; records nothing (docs/copy_arrow.md has
+the figures).
+"""
+
+from __future__ import annotations
+
+import argparse
+import contextlib
+import shutil
+import signal
+import socket
+import subprocess
+import tempfile
+import time
+from collections.abc import Callable
+
+import psycopg
+import pyarrow as pa
+
+from bench.demo_spark import free_port, kill_group, topicbase_command
+from bench.harness import Side, alternate
+from engine.database import Database
+from spark_sql_ext.client import TopicbaseClient
+from sql.pgwire.users import add_user, default_users_path
+
+USER, PASSWORD = "bench", "bench-password"
+MESSAGE_BYTES = 1024
+
+
+def _fill(data_dir: str, rows: int) -> None:
+    database = Database.open(data_dir, retention_interval_s=None)
+    session = database.connect()
+    session.execute("CREATE TOPIC bench")
+    for start in range(0, rows, 10000):
+        count = min(10000, rows - start)
+        session.execute("INSERT INTO TOPIC bench (data) SELECT CAST(repeat(CAST(i % 10 AS "
+                        f"VARCHAR), {MESSAGE_BYTES}) AS BLOB) FROM range({count}) t(i)")
+    session.close()
+    database.close()
+    add_user(default_users_path(data_dir), USER, PASSWORD, superuser=True)
+
+
+def _serve(data_dir: str) -> tuple[subprocess.Popen, int, int]:
+    wire, flight = free_port(), free_port()
+    server = subprocess.Popen(
+        [*topicbase_command(), "serve", "--data-dir", data_dir, "--host", "127.0.0.1",
+         "--port", str(wire), "--flight-port", str(flight)],
+        stdout=subprocess.DEVNULL, start_new_session=True)  # fmt: skip
+    deadline = time.monotonic() + 60
+    while time.monotonic() < deadline:
+        with (contextlib.suppress(OSError), socket.create_connection(("127.0.0.1", flight), 0.2),
+              socket.create_connection(("127.0.0.1", wire), 0.2)):  # fmt: skip
+            return server, wire, flight
+        time.sleep(0.2)
+    kill_group(server)
+    raise SystemExit("the server did not start")
+
+
+def _copy_reader(wire: int, query: str) -> Callable[[], pa.Table]:
+    connection = psycopg.connect(host="127.0.0.1", port=wire, user=USER, password=PASSWORD,
+                                 dbname="topicbase", autocommit=True)  # fmt: skip
+
+    def read() -> pa.Table:
+        with connection.cursor().copy(f"COPY ({query}) TO STDOUT (FORMAT arrow)") as copy:
+            data = b"".join(copy)
+        return pa.ipc.open_stream(data).read_all()
+
+    return read
+
+
+def _timed_side(name: str, read: Callable[[], pa.Table], rows: int) -> Side:
+    def run(_rep: int) -> dict[str, float]:
+        start = time.perf_counter()
+        table = read()
+        seconds = time.perf_counter() - start
+        assert table.num_rows == rows, (name, table.num_rows)
+        return {"msgs/s": rows / seconds, "MB/s": rows * MESSAGE_BYTES / seconds / 1e6}
+
+    return Side(name, run)
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(prog="python -m bench.copy_arrow_bench")
+    parser.add_argument("--rows", type=int, default=200_000)
+    parser.add_argument("--reps", type=int, default=5)
+    args = parser.parse_args(argv)
+    work = tempfile.mkdtemp(prefix="copy-arrow-bench-")
+    data_dir = f"{work}/data"
+    _fill(data_dir, args.rows)
+    server, wire, flight = _serve(data_dir)
+    try:
+        query = (f'SELECT * FROM TOPIC bench WHERE partition = 0 AND "offset" >= 0 '
+                 f'AND "offset" < {args.rows}')  # fmt: skip
+        client = TopicbaseClient(f"topicbase://127.0.0.1:{flight}", USER, PASSWORD)
+        ticket = {"topic": "bench", "partition": 0, "start": 0, "end": args.rows,
+                  "columns": None}  # fmt: skip
+
+        def doget() -> pa.Table:
+            return pa.Table.from_batches(list(client.read_ticket(ticket)))
+
+        sides = [
+            _timed_side("copy_range", _copy_reader(wire, query), args.rows),
+            _timed_side("flight_doget", doget, args.rows),
+            _timed_side("copy_general", _copy_reader(wire, query + ' ORDER BY "offset"'),
+                        args.rows),
+        ]  # fmt: skip
+        spreads = alternate(sides, args.reps, progress=print)
+        for side, metrics in spreads.items():
+            for metric, spread in metrics.items():
+                print(f"{side:>13} {metric:>6}: {spread.describe()}")
+        client.close()
+    finally:
+        kill_group(server, signal.SIGTERM)
+        shutil.rmtree(work, ignore_errors=True)
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
