@@ -127,10 +127,11 @@ class TransactionStaging:
     def spill_path(self) -> str | None:
         return self._path
 
-    def place(self, batch: pa.RecordBatch) -> SpilledBatch | None:
-        """Account for ``batch``; None if it stays in memory, else where it was spilled.
-        54000 if it would take the database's staged writes past their cap."""
-        nbytes = batch.nbytes
+    def place(self, batch: pa.RecordBatch, nbytes: int | None = None) -> SpilledBatch | None:
+        """Account for ``batch`` (``nbytes``: its ``batch.nbytes`` if the caller has it,
+        ~20 us a batch); None if it stays in memory, else where it was spilled. 54000 if it
+        would take the database's staged writes past their cap."""
+        nbytes = batch.nbytes if nbytes is None else nbytes
         wanted = self.memory_bytes + nbytes <= limits.TRANSACTION_MEMORY_BYTES_MAX
         in_memory = self._staged.reserve(nbytes, in_memory=wanted)
         self.total_bytes += nbytes

@@ -77,7 +77,7 @@ class PendingWrite:
     def place(self, staging: TransactionStaging) -> None:
         """Account for the write in ``staging``: it stays in memory or goes to disk."""
         assert self._batch is not None and self._staging is None
-        spilled = staging.place(self._batch)
+        spilled = staging.place(self._batch, self.nbytes)
         if spilled is not None:
             self._batch, self._spilled, self._staging = None, spilled, staging
 
