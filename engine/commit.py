@@ -268,11 +268,14 @@ class Committer:
     def stage(
         self, transaction_id: int, items: list[PublishItem]
     ) -> tuple[list[PublishItem], StagingTicket]:
-        """Append the items to staging (synced in the background: see ``wait_staged``)."""
-        ticket = self.staging.write(transaction_id, [item.batch for item in items])
+        """Append the items to staging (synced in the background: see ``wait_staged``);
+        the items come back with their staged places and encoded bodies."""
+        parts, lengths = encode_batches(transaction_id, [item.batch for item in items])
+        ticket = self.staging.append(transaction_id, parts, lengths)
+        bodies = parts[1::2]  # encode_batches: each frame's header, then its body
         staged = [
-            PublishItem(i.topic_id, i.partition, i.batch, s)
-            for i, s in zip(items, ticket.placed, strict=True)
+            PublishItem(i.topic_id, i.partition, i.batch, s, body)
+            for i, s, body in zip(items, ticket.placed, bodies, strict=True)
         ]
         return staged, ticket
 

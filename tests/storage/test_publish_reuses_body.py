@@ -3,7 +3,7 @@
 What must hold: the partition frame built from a given body is, byte for byte, the
 frame the encoder makes from the batch (one format: readers, recovery and check know
 only it); a publish whose batch loses duplicates writes the filtered batch, not the
-given body; a topic-only commit hands the staged bodies to the publish.
+given body; a commit (of either kind) hands the staged bodies to the publish.
 """
 
 from __future__ import annotations
@@ -11,6 +11,7 @@ from __future__ import annotations
 import os
 
 import pyarrow as pa
+import pytest
 
 from engine.database import Database
 from storage import record_batch
@@ -63,11 +64,12 @@ def test_a_publish_that_drops_duplicates_does_not_write_the_given_body(tmp_path)
     log.close()
 
 
-def test_a_topic_only_commit_publishes_the_staged_bodies(tmp_path, monkeypatch) -> None:
+@pytest.mark.parametrize("kind", ["topic-only", "table"])
+def test_a_commit_publishes_the_staged_bodies(tmp_path, monkeypatch, kind) -> None:
     database = Database.open(str(tmp_path / "data"))
     try:
         session = database.connect()
-        session.execute("CREATE TOPIC a (CONSUMER c); CREATE TOPIC b")
+        session.execute("CREATE TOPIC a (CONSUMER c); CREATE TOPIC b; CREATE TABLE t (v INT)")
         session.execute("INSERT INTO TOPIC a (data) SELECT 'm' || i FROM range(50) t(i)")
         given: list[pa.Buffer | None] = []
         original = PartitionLog.publish_transactional
@@ -78,9 +80,9 @@ def test_a_topic_only_commit_publishes_the_staged_bodies(tmp_path, monkeypatch) 
 
         monkeypatch.setattr(PartitionLog, "publish_transactional", spy)
         session.execute("BEGIN")
-        session.execute(
-            "INSERT INTO TOPIC b (data) SELECT data FROM TOPIC a WITH (consumer = 'c')"
-        )
+        session.execute("INSERT INTO TOPIC b (data) SELECT data FROM TOPIC a WITH (consumer = 'c')")
+        if kind == "table":
+            session.execute("INSERT INTO t VALUES (1)")  # commits through DuckDB
         session.execute("COMMIT")
         assert len(given) == 1 and given[0] is not None
         result = session.execute(
