@@ -17,6 +17,8 @@ WHERE = 'partition = 2 AND "offset" >= 5 AND "offset" < 10'
     ('written_at, partition, "offset"', WHERE, ("written_at", "partition", "offset")),
     ("data", '"offset" < 10 AND partition = 2 AND "offset" >= 5', ("data",)),
     ("data", "partition = 2 AND offset >= 5 AND offset < 10", ("data",)),  # unquoted offset
+    ('"data", "partition"', '"partition" = 2 AND "offset" >= 5 AND "offset" < 10',
+     ("data", "partition")),  # everything quoted (the JVM reader's spelling)
 ])  # fmt: skip
 def test_the_shape_is_recognised(columns: str, where: str, expected: tuple[str, ...]) -> None:
     statement = parse_one(SHAPE.format(columns=columns, where=where))

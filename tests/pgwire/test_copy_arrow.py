@@ -298,3 +298,28 @@ def test_timestamps_are_utc_microseconds(connect: Connect) -> None:
     written = table.column("written_at")[0].as_py()
     assert written.tzinfo is not None and written.utcoffset() == dt.timedelta(0)
     assert db.execute("SELECT written_at FROM TOPIC events").fetchone() == (written,)
+
+
+def test_statement_timeout_ends_a_range_read_between_batches(
+        connect: Connect, monkeypatch: pytest.MonkeyPatch) -> None:  # fmt: skip
+    """The range read checks ``statement_timeout`` before each batch: past it, the COPY
+    ends with 57014 after its data began (no end-of-stream marker), and the connection
+    stays usable. The clock is the test's: each look at it is one second later."""
+    db = connect(autocommit=True)
+    _fill(db, "big", partitions=1, rows=30000, size=64)
+
+    class Clock:
+        now = 0.0
+
+        def monotonic(self) -> float:
+            self.now += 1.0
+            return self.now
+
+    monkeypatch.setattr(copy_arrow, "time", Clock())
+    db.execute("SET statement_timeout = '1500ms'")
+    with pytest.raises(psycopg.errors.QueryCanceled):
+        copy_arrow_blocks(db, RANGE.format(columns="data", topic="big", p=0, a=0, b=30000))
+    db.execute("SET statement_timeout = 0")
+    assert db.execute("SELECT count(*) FROM TOPIC big").fetchone() == (30000,)
+    table = read_arrow(db, RANGE.format(columns="data", topic="big", p=0, a=0, b=30000))
+    assert table.num_rows == 30000
