@@ -22,11 +22,11 @@ import org.apache.spark.sql.types.StructType;
  * with {@link WireBatchReader} ({@code COPY ... TO STDOUT (FORMAT arrow)}) as columnar
  * batches. No Python worker takes part.
  *
- * <p>The cut is read partition by partition (the view takes no common lock), so a
- * transaction that commits to several partitions while the cut is taken may be seen in
- * some of them only; the Flight path's cut ({@code engine.bulk_read.partition_bounds}) is
- * one consistent cut. Every range is read exactly as cut: messages that retention deleted
- * since fail the task (the server's error), none are skipped.
+ * <p>The end offsets of one {@code sys.partitions} query are one consistent cut (taken under
+ * the server's publish lock, as the Flight door's; docs/copy_arrow.md): a transaction's
+ * publish across partitions is in it whole or not at all. Every range is read exactly as
+ * cut: messages that retention removed since fail the task (the server's 22023), none are
+ * skipped.
  */
 class WireScan implements Scan, Batch {
     /** The Python source's default (spark_sql_ext.options.DEFAULT_SPLIT_ROWS). */
