@@ -323,3 +323,19 @@ def test_statement_timeout_ends_a_range_read_between_batches(
     assert db.execute("SELECT count(*) FROM TOPIC big").fetchone() == (30000,)
     table = read_arrow(db, RANGE.format(columns="data", topic="big", p=0, a=0, b=30000))
     assert table.num_rows == 30000
+
+
+def test_a_missing_topic_is_42p01_and_a_failed_transaction_25p02(connect: Connect) -> None:
+    admin = connect(autocommit=True)
+    admin.execute("CREATE TOPIC events")
+    admin.execute("INSERT INTO TOPIC events (data) VALUES ('a')")
+    with pytest.raises(psycopg.errors.UndefinedTable):
+        read_arrow(admin, RANGE.format(columns="data", topic="missing", p=0, a=0, b=1))
+    db = connect()
+    with pytest.raises(psycopg.errors.DivisionByZero):
+        db.execute("SELECT 1 / 0")
+    with pytest.raises(psycopg.errors.InFailedSqlTransaction):
+        read_arrow(db, RANGE.format(columns="data", topic="events", p=0, a=0, b=1))
+    db.rollback()
+    assert read_arrow(db, RANGE.format(columns="data", topic="events", p=0, a=0, b=1)
+                      ).to_pylist() == [{"data": b"a"}]  # fmt: skip
