@@ -179,7 +179,10 @@ class Session:
                 )
             plan = planner.plan(statement, self.planning_catalog)
             self._guard(plan)
-            return describe.describe_plan(plan, statement, self.cursor, self.database, self)
+            # Queries that only project topic reads bind against their stand-ins alone (no
+            # table is read): describing them opens no DuckDB transaction (``cursor``).
+            cursor = self._cursor if _reads_no_table(plan) else self.cursor
+            return describe.describe_plan(plan, statement, cursor, self.database, self)
 
     def open_stream(
         self,
@@ -988,6 +991,13 @@ def _streamable(operation: RunQuery) -> bool:
         and operation.tag == "SELECT"
         and not operation.tables_written
         and not operation.system_views
+    )
+
+
+def _reads_no_table(plan: Plan) -> bool:
+    """True if every query of the plan is a projection of a topic read (none reads DuckDB)."""
+    return all(
+        op.projection is not None for op in plan.operations if isinstance(op, RunQuery)
     )
 
 

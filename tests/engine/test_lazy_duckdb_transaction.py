@@ -27,6 +27,7 @@ from engine import commit, tables
 from engine.catalog import SCHEMA
 from engine.database import Database
 from engine.identity import Identity
+from engine.session import parse_statements
 from storage.errors import InsufficientPrivilegeError, SerializationFailure, TopicbaseError
 
 ALICE = Identity("alice", superuser=False)
@@ -273,3 +274,20 @@ def test_the_upsert_shortcut_sees_a_table_recreated_after_begin(database):
     assert _count(session, "SELECT n FROM counters WHERE k = 'w'") == 3
     session.close()
     other.close()
+
+
+def test_describing_a_topic_move_opens_no_duckdb_transaction(database):
+    """A front's Describe (the wire's extended protocol) of a statement that reads no
+    table leaves the transaction without DuckDB; one that reads a table opens it."""
+    session = database.connect()
+    session.execute("BEGIN")
+    (move,) = parse_statements(MOVE.format(k=2))
+    assert session.describe(move).columns is None  # no RETURNING: no rows
+    assert session.transaction is not None and not session.transaction.duckdb_open
+    session.execute(MOVE.format(k=2))
+    (query,) = parse_statements("SELECT count(*) AS n FROM t")
+    assert session.describe(query).columns is not None
+    assert session.transaction.duckdb_open  # its binding sees the transaction's tables
+    session.execute("COMMIT")
+    assert _moved(session) == 2
+    session.close()
