@@ -2,12 +2,14 @@
 
 One topic of one partition holding ``--rows`` messages of 1 KiB (default 200k), served by
 ``topicbase serve`` in a process of its own (wire and Flight ports). The sides, alternated
-(A B C A B C ..., ``bench.harness.alternate``), each read all of ``[0, rows)`` with every
+(A B C D A B C D ..., ``bench.harness.alternate``), each read all of ``[0, rows)`` with every
 column of the topic relation and end with a ``pyarrow.Table`` in the client:
 
 - ``copy_range``: psycopg ``COPY (SELECT * FROM TOPIC t WHERE partition = 0 AND "offset"
   >= 0 AND "offset" < rows) TO STDOUT (FORMAT arrow)``, the CopyData joined and read by
   ``pyarrow.ipc.open_stream`` (the storage fast path, ``engine.api.read_range``);
+- ``copy_streamed``: the same COPY, its CopyData read by pyarrow as they arrive (a file
+  object over psycopg's blocks, ``CopyReader``), never joined into one bytes object;
 - ``flight_doget``: the Flight door's DoGet of the same range (``spark_sql_ext.client``);
 - ``copy_general``: the same query with ``ORDER BY "offset"``, so not the range shape: the
   ordinary engine path (DuckDB over a peek of the topic), for comparison.
@@ -21,6 +23,7 @@ from __future__ import annotations
 
 import argparse
 import contextlib
+import io
 import shutil
 import signal
 import socket
@@ -28,6 +31,7 @@ import subprocess
 import tempfile
 import time
 from collections.abc import Callable
+from typing import Any
 
 import psycopg
 import pyarrow as pa
@@ -83,6 +87,47 @@ def _copy_reader(wire: int, query: str) -> Callable[[], pa.Table]:
     return read
 
 
+class CopyReader(io.RawIOBase):
+    """The CopyData payloads of a psycopg ``Copy`` as one readable byte stream."""
+
+    def __init__(self, copy: Any) -> None:
+        self._blocks = iter(copy)
+        self._view = memoryview(b"")
+
+    def readable(self) -> bool:
+        return True
+
+    def readinto(self, buffer: Any) -> int:
+        while not self._view:
+            block = next(self._blocks, None)
+            if block is None:
+                return 0
+            self._view = memoryview(block)
+        count = min(len(buffer), len(self._view))
+        buffer[:count] = self._view[:count]
+        self._view = self._view[count:]
+        return count
+
+    def drain(self) -> None:
+        """Read what follows the stream's end (psycopg needs the COPY read to its end)."""
+        for _ in self._blocks:
+            pass
+
+
+def _streamed_reader(wire: int, query: str) -> Callable[[], pa.Table]:
+    connection = psycopg.connect(host="127.0.0.1", port=wire, user=USER, password=PASSWORD,
+                                 dbname="topicbase", autocommit=True)  # fmt: skip
+
+    def read() -> pa.Table:
+        with connection.cursor().copy(f"COPY ({query}) TO STDOUT (FORMAT arrow)") as copy:
+            stream = CopyReader(copy)
+            table = pa.ipc.open_stream(io.BufferedReader(stream, 1 << 20)).read_all()
+            stream.drain()
+        return table
+
+    return read
+
+
 def _timed_side(name: str, read: Callable[[], pa.Table], rows: int) -> Side:
     def run(_rep: int) -> dict[str, float]:
         start = time.perf_counter()
@@ -115,6 +160,7 @@ def main(argv: list[str] | None = None) -> int:
 
         sides = [
             _timed_side("copy_range", _copy_reader(wire, query), args.rows),
+            _timed_side("copy_streamed", _streamed_reader(wire, query), args.rows),
             _timed_side("flight_doget", doget, args.rows),
             _timed_side("copy_general", _copy_reader(wire, query + ' ORDER BY "offset"'),
                         args.rows),
