@@ -57,7 +57,9 @@ class PendingWrite:
     def __init__(self, topic_id: str, batch: pa.RecordBatch, partition: int | None) -> None:
         self.topic_id = topic_id
         self.partition = partition
-        self.nbytes = batch.nbytes
+        # What the batch holds in memory: its buffers, a sliced one counted whole (it
+        # stays alive whole). ``batch.nbytes`` (slices counted by range) costs ~20 us.
+        self.nbytes = batch.get_total_buffer_size()
         self._batch: pa.RecordBatch | None = batch
         self._spilled: SpilledBatch | None = None
         self._staging: TransactionStaging | None = None
