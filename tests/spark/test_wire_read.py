@@ -222,3 +222,29 @@ def test_configure_sets_the_wire_address() -> None:
         Builder(), url="topicbase://h:1", user="u").settings
     with pytest.raises(ValueError, match="is not host:port"):
         spark_sql_ext.configure(Builder(), url="topicbase://h:1", user="u", wire_url="h")
+
+
+def test_streams_and_writes_of_a_wire_catalog_keep_the_python_source(
+        spark, database, url, wire, tmp_path) -> None:  # fmt: skip
+    _fill(database)
+    tb = _catalog(spark, url, wire)
+    spark.sql(f"INSERT INTO {tb}.main.events (data) VALUES (CAST('w1' AS BINARY)), "
+              "(CAST('w2' AS BINARY))")  # fmt: skip
+    assert sql_rows(database, "SELECT count(*) AS n FROM TOPIC events") == [{"n": 53}]
+
+    out = str(tmp_path / "out")
+
+    def drain() -> None:  # from the checkpoint's offsets (the first run: latest)
+        stream = spark.readStream.table(f"{tb}.main.events")
+        query = (stream.selectExpr("CAST(data AS STRING) AS d").writeStream.format("parquet")
+                 .option("path", out).option("checkpointLocation", str(tmp_path / "cp"))
+                 .trigger(availableNow=True).start())  # fmt: skip
+        query.awaitTermination(120)
+        assert query.exception() is None
+
+    drain()
+    session = database.connect()
+    session.execute("INSERT INTO TOPIC events (data) VALUES ('s1'), ('s2')")
+    session.close()
+    drain()
+    assert sorted(r.d for r in spark.read.parquet(out).collect()) == ["s1", "s2"]

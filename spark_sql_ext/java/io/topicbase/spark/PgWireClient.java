@@ -86,7 +86,6 @@ final class PgWireClient implements Closeable {
             String database, String sslmode, String sslrootcert) throws IOException {
         Socket plain = new Socket();
         plain.setTcpNoDelay(true);
-        plain.setReceiveBufferSize(1 << 20);
         plain.connect(new InetSocketAddress(host, port), CONNECT_TIMEOUT_MS);
         Socket socket = plain;
         try {
