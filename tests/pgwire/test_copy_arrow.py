@@ -254,18 +254,72 @@ def test_a_range_cut_by_retention_is_22023(tmp_path: Path) -> None:
 
 
 # -- refusals ----------------------------------------------------------------------------------
-def test_copy_from_with_arrow_is_0a000_and_other_options_22023(connect: Connect) -> None:
+def test_options_other_than_format_are_22023(connect: Connect) -> None:
     db = connect(autocommit=True)
     db.execute("CREATE TABLE t (k INTEGER)")
-    with pytest.raises(psycopg.errors.FeatureNotSupported), \
-            db.cursor().copy("COPY t FROM STDIN (FORMAT arrow)") as copy:  # fmt: skip
-        copy.write(b"")
     for options in ("FORMAT arrow, HEADER", "FORMAT arrow, DELIMITER ','",
                     "FORMAT arrow, FREEZE"):  # fmt: skip
         with pytest.raises(psycopg.errors.InvalidParameterValue, match="FORMAT arrow"), \
                 db.cursor().copy(f"COPY (SELECT 1) TO STDOUT ({options})") as copy:  # fmt: skip
             list(copy)
+        with pytest.raises(psycopg.errors.InvalidParameterValue, match="FORMAT arrow"), \
+                db.cursor().copy(f"COPY t FROM STDIN ({options})") as copy:  # fmt: skip
+            copy.write(b"")
     assert db.execute("SELECT count(*) FROM t").fetchone() == (0,)
+
+
+# -- COPY FROM STDIN (FORMAT arrow) ------------------------------------------------------------
+def _stream(table: pa.Table) -> bytes:
+    sink = pa.BufferOutputStream()
+    with pa.ipc.new_stream(sink, table.schema) as writer:
+        writer.write_table(table, max_chunksize=2)
+    return sink.getvalue().to_pybytes()
+
+
+def copy_in_arrow(connection: psycopg.Connection, statement: str, data: bytes,
+                  piece: int = 100) -> int:  # fmt: skip
+    cursor = connection.cursor()
+    with cursor.copy(f"{statement} FROM STDIN (FORMAT arrow)") as copy:
+        for start in range(0, len(data), piece):  # CopyData cut anywhere in the stream
+            copy.write(data[start:start + piece])
+    return cursor.rowcount
+
+
+def test_copy_from_arrow_round_trips_a_table_and_writes_a_topic(connect: Connect) -> None:
+    db = connect(autocommit=True)
+    db.execute("CREATE TABLE t (k INTEGER, big BIGINT, s VARCHAR, b BLOB, ts TIMESTAMP, "
+               "flag BOOLEAN, x DOUBLE)")  # fmt: skip
+    db.execute("INSERT INTO t VALUES (1, 10000000000, 'a', '\\x00\\xFF'::BLOB, "
+               "TIMESTAMP '2024-01-02 03:04:05.678901', true, 1.5), "
+               "(2, NULL, NULL, NULL, NULL, NULL, NULL), (3, -1, '', '', NULL, false, 0)")
+    out = read_arrow(db, "SELECT * FROM t ORDER BY k")
+    db.execute("CREATE TABLE u AS SELECT * FROM t WHERE false")
+    assert copy_in_arrow(db, "COPY u", _stream(out)) == 3
+    assert db.execute("SELECT * FROM u ORDER BY k").fetchall() == \
+        db.execute("SELECT * FROM t ORDER BY k").fetchall()  # fmt: skip
+    # Columns by position, cast to the column types; a topic keeps the stream's order.
+    db.execute("CREATE TOPIC events WITH (min_active_partitions = 2)")
+    rows = pa.table({"payload": pa.array([b"m0", b"m1", b"m2", b"m3"], pa.binary()),
+                     "p": pa.array([1, 0, 1, 1], pa.int64())})  # fmt: skip
+    assert copy_in_arrow(db, "COPY TOPIC events (data, partition)", _stream(rows), 7) == 4
+    assert db.execute('SELECT partition, "offset", data FROM TOPIC events '
+                      'ORDER BY partition, "offset"').fetchall() == [
+        (0, 0, b"m1"), (1, 0, b"m0"), (1, 1, b"m2"), (1, 2, b"m3")]  # fmt: skip
+
+
+def test_bad_arrow_copy_data_is_22p04_and_writes_nothing(connect: Connect) -> None:
+    db = connect(autocommit=True)
+    db.execute("CREATE TABLE t (k INTEGER, s VARCHAR)")
+    good = _stream(pa.table({"k": [1, 2, 3], "s": ["a", "b", "c"]}))
+    for data in (b"not arrow at all", good[:-20],
+                 _stream(pa.table({"k": [1]}))):  # fmt: skip
+        with pytest.raises(psycopg.errors.BadCopyFileFormat):
+            copy_in_arrow(db, "COPY t", data)
+        assert db.execute("SELECT count(*) FROM t").fetchone() == (0,)
+    with pytest.raises(psycopg.errors.DataError):  # 'x' is not an INTEGER: DuckDB's cast
+        copy_in_arrow(db, "COPY t", _stream(pa.table({"k": ["1", "x"], "s": ["a", "b"]})))
+    assert db.execute("SELECT count(*) FROM t").fetchone() == (0,)
+    assert copy_in_arrow(db, "COPY t", good) == 3
 
 
 # -- psql --------------------------------------------------------------------------------------

@@ -18,6 +18,8 @@ import struct
 
 import pyarrow as pa
 
+from sql.pgwire.codec.copy_format import BadCopyFormatError
+
 CHUNK_BYTES = 1 << 20  # the largest CopyData payload sent
 END_OF_STREAM = b"\xff\xff\xff\xff\x00\x00\x00\x00"
 _COPY_DATA = struct.Struct("!cI")
@@ -76,3 +78,51 @@ def batch_messages(batch: pa.RecordBatch, schema: pa.Schema) -> list[bytes]:
 def end_messages() -> list[bytes]:
     """CopyData of the end-of-stream marker."""
     return copy_data(END_OF_STREAM)
+
+
+# -- COPY FROM STDIN (FORMAT arrow) -------------------------------------------------------------
+class ArrowCopyDecoder:
+    """COPY FROM data that is one Arrow IPC stream, as the rows of the COPY's columns.
+
+    The CopyData payloads are held as they come (the caller bounds their total, as for every
+    COPY FROM format) and read as one stream at ``finish``. The stream's columns are the
+    COPY's columns by position (names are not looked at); a stream that is not Arrow, is
+    cut short, or has another number of columns is 22P04 and nothing is written. ``to_arrow``
+    gives the columns (renamed by the caller) plus ``line_column``, the 1-based row number,
+    so ``copy_exchange`` inserts them as it inserts any COPY FROM rows."""
+
+    def __init__(self, column_names: list[str], relation: str, line_column: str) -> None:
+        self.column_names = column_names
+        self.relation = relation
+        self.line_column = line_column
+        self.bytes_seen = 0
+        self._chunks: list[bytes] = []
+        self._table: pa.Table | None = None
+
+    def feed(self, data: bytes) -> None:
+        self.bytes_seen += len(data)
+        self._chunks.append(bytes(data))
+
+    def finish(self) -> None:
+        data, self._chunks = b"".join(self._chunks), []
+        try:
+            table = pa.ipc.open_stream(data).read_all()
+        except (pa.ArrowInvalid, OSError) as error:
+            raise BadCopyFormatError(f"COPY data is not one Arrow IPC stream: {error}",
+                                     where=f"COPY {self.relation}") from None  # fmt: skip
+        if table.num_columns != len(self.column_names):
+            raise BadCopyFormatError(
+                f"the Arrow stream has {table.num_columns} columns, the COPY "
+                f"{len(self.column_names)} ({', '.join(self.column_names)})",
+                where=f"COPY {self.relation}")  # fmt: skip
+        plain = plain_schema(table.schema)
+        self._table = table.cast(plain) if not plain.equals(table.schema) else table
+
+    @property
+    def row_count(self) -> int:
+        return 0 if self._table is None else self._table.num_rows
+
+    def to_arrow(self) -> pa.Table:
+        assert self._table is not None, "finish first"
+        lines = pa.array(range(1, self._table.num_rows + 1), pa.int64())
+        return self._table.append_column(self.line_column, lines)

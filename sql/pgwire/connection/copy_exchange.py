@@ -7,8 +7,8 @@ Supported:
 - ``COPY table [(columns)] FROM STDIN``, ``COPY TOPIC name [(columns)] FROM STDIN``
   with the topic write columns of ``INSERT INTO TOPIC`` (default: ``data``).
 
-Formats text, CSV and binary (``copy_binary``) both ways, and Arrow for COPY TO
-(``copy_arrow``: one Arrow IPC stream, straight from storage for a topic range read);
+Formats text, CSV, binary (``copy_binary``) and Arrow (``copy_arrow``: one Arrow IPC
+stream; COPY TO reads a topic range straight from storage) both ways;
 files and programs are refused (0A000). COPY TO starts the query and reads its rows in
 batches (``result_stream``: a plain query straight from DuckDB's Arrow reader, at most
 ``result_stream.BATCH_ROWS`` rows held at a time, each batch within the result limit),
@@ -32,6 +32,7 @@ from engine.api import INSERT_COLUMNS, parse, run_over_relation
 from sql.pgwire import limits as wire_limits
 from sql.pgwire.codec import copy_binary, wire_types
 from sql.pgwire.codec import messages as m
+from sql.pgwire.codec.copy_arrow import ArrowCopyDecoder
 from sql.pgwire.codec.copy_binary import BinaryCopyDecoder
 from sql.pgwire.codec.copy_format import (
     LINE_COLUMN,
@@ -193,8 +194,10 @@ async def copy_from_client(context: CommandContext, statement: CopyStatement) ->
     """CopyInResponse, then CopyData until CopyDone; write all rows or none."""
     target = await _target(context, statement)
     relation_name = statement.topic or statement.relation or ""
-    decoder: CopyDecoder | BinaryCopyDecoder
-    if statement.fmt.binary:
+    decoder: CopyDecoder | BinaryCopyDecoder | ArrowCopyDecoder
+    if statement.fmt.arrow:
+        decoder = ArrowCopyDecoder(target.columns, relation_name, LINE_COLUMN)
+    elif statement.fmt.binary:
         oids = await _column_oids(context, statement, target)
         decoder = BinaryCopyDecoder(oids, target.columns, relation_name)
     else:
@@ -223,7 +226,8 @@ async def _column_oids(context: CommandContext, statement: CopyStatement, target
             for f, sql_type in zip(result.table.schema, target.duckdb_types, strict=True)]
 
 
-async def _receive(context: CommandContext, decoder: CopyDecoder | BinaryCopyDecoder) -> None:
+async def _receive(context: CommandContext,
+                   decoder: CopyDecoder | BinaryCopyDecoder | ArrowCopyDecoder) -> None:
     """Feed CopyData to the decoder until CopyDone; CopyFail and strangers are errors."""
     while True:
         header = await context.reader.readexactly(5)
@@ -247,11 +251,14 @@ async def _receive(context: CommandContext, decoder: CopyDecoder | BinaryCopyDec
                 f"unexpected message type 0x{kind[0]:02X} during COPY from stdin")
 
 
-def _write(session: Any, decoder: CopyDecoder | BinaryCopyDecoder, target: _Target) -> None:
+def _write(session: Any, decoder: CopyDecoder | BinaryCopyDecoder | ArrowCopyDecoder,
+           target: _Target) -> None:  # fmt: skip
     """Check every value against its column type, then insert all rows (worker thread).
 
-    The rows are held as text (bytes for BLOB columns); DuckDB casts them to the column
-    types, after a probe with TRY_CAST has found no value that does not convert."""
+    Text and CSV rows are held as text (bytes for BLOB columns); DuckDB casts them to the
+    column types, after a probe with TRY_CAST has found no value that does not convert.
+    Binary and Arrow rows come typed: DuckDB casts them (a value that does not fit is its
+    error, and nothing is written)."""
     strings = decoder.to_arrow()
     names = [f"c{index}" for index in range(len(target.columns))]
     relation = strings.rename_columns([*names, LINE_COLUMN])

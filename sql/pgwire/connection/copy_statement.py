@@ -6,8 +6,8 @@ and ``COPY TOPIC name [(columns)] ...``, followed by options either as the
 [DELIMITER [AS] 'c'] [NULL [AS] 's'] [CSV [HEADER] [QUOTE [AS] 'q'] [ESCAPE [AS] 'e']
 [FORCE QUOTE cols | * | FORCE NOT NULL cols]]``). Files and programs
 are refused with 0A000, unknown options with 42601, bad values with 22023.
-``FORMAT arrow`` (Topicbase's own, ``copy_exchange.copy_arrow``) is COPY TO only (0A000
-for COPY FROM) and takes no other option (22023).
+``FORMAT arrow`` (Topicbase's own: one Arrow IPC stream, ``connection.copy_arrow``) takes no
+other option (22023).
 
 Pure functions over the coarse tokens of ``grammar.split``; no I/O.
 """
@@ -284,10 +284,7 @@ def _binary_format(options: dict[str, Any], to_client: bool) -> CopyFormat:
 
 
 def _arrow_format(options: dict[str, Any], to_client: bool) -> CopyFormat:
-    """FORMAT arrow: COPY TO only (0A000 for COPY FROM), no other option (22023)."""
-    if not to_client:
-        raise FeatureNotSupportedError("COPY FROM with FORMAT arrow is not supported; use "
-                                       "text, csv or binary, or INSERT")  # fmt: skip
+    """FORMAT arrow: no other option (22023)."""
     for name in options:
         if name != "format":
             raise InvalidParameterValueError(f"COPY option {name.upper()} cannot be used "
