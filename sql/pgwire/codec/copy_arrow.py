@@ -1,4 +1,4 @@
-"""``COPY ... TO STDOUT (FORMAT arrow)``: a result as one Arrow IPC stream in CopyData messages.
+"""``COPY ... (FORMAT arrow)``: one Arrow IPC stream in CopyData messages, both ways.
 
 The data of the COPY, all CopyData payloads put end to end, is exactly one Arrow IPC
 *stream* (the streaming format, not the file format): the schema message, one record batch
@@ -9,7 +9,8 @@ length). Any reader of the format reads it (``pyarrow.ipc.open_stream``, Java's
 Invariants: dictionary-encoded columns are sent decoded (no dictionary batches: the stream
 is schema, batches, end), so a reader needs no dictionary support; every CopyData payload
 is at most ``CHUNK_BYTES``; batches are serialised one at a time, so what is held is one
-batch and its message, never the whole result. Pure code, no I/O.
+batch and its message, never the whole result. COPY FROM reads the same format
+(``ArrowCopyDecoder``). Pure code, no I/O.
 """
 
 from __future__ import annotations
