@@ -341,6 +341,18 @@ def test_psql_copies_arrow_to_a_file_that_pyarrow_reads(server: ServerThread, co
     table = pa.ipc.open_stream(target.read_bytes()).read_all()
     assert table.column("offset").to_pylist() == list(range(100, 300))
     assert table.column("data").to_pylist()[0] == b"0" * 8
+    # And back: \copy FROM the file into a table, by position.
+    db.execute('CREATE TABLE back ("offset" BIGINT, data BLOB)')
+    done = subprocess.run(
+        [shutil.which("psql") or "psql", "-X", "-h", "127.0.0.1", "-p", str(server.port),
+         "-U", "tester", "-d", "topicbase", "-v", "ON_ERROR_STOP=1",
+         "-c", f"\\copy back FROM '{target}' (FORMAT arrow)"],
+        capture_output=True, text=True, timeout=60, check=False,
+        env={**os.environ, "PGCONNECT_TIMEOUT": "10", "PGSSLMODE": "disable"})  # fmt: skip
+    assert done.returncode == 0, done.stderr
+    assert done.stdout.strip() == "COPY 200"
+    assert db.execute('SELECT min("offset"), max("offset"), count(*) FROM back').fetchone() == (
+        100, 299, 200)  # fmt: skip
 
 
 def test_timestamps_are_utc_microseconds(connect: Connect) -> None:
