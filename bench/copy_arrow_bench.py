@@ -14,9 +14,9 @@ column of the topic relation and end with a ``pyarrow.Table`` in the client:
 - ``copy_general``: the same query with ``ORDER BY "offset"``, so not the range shape: the
   ordinary engine path (DuckDB over a peek of the topic), for comparison.
 
-Run: ``.venv/bin/python -m bench.copy_arrow_bench [--rows N] [--reps N]``. Prints the
-spreads (median, min-max) in messages/s and MB/s; records nothing (docs/copy_arrow.md has
-the figures).
+Run alone: ``.venv/bin/python -m bench.copy_arrow_bench [--rows N] [--reps N]`` prints the
+spreads (median, min-max) in messages/s and MB/s; ``python -m bench.run --only copy_arrow``
+records them (``run``). docs/copy_arrow.md has the figures.
 """
 
 from __future__ import annotations
@@ -37,7 +37,8 @@ import psycopg
 import pyarrow as pa
 
 from bench.demo_spark import free_port, kill_group, topicbase_command
-from bench.harness import Side, alternate
+from bench.harness import Side, Spread, alternate, record
+from bench.results import Recorder
 from engine.database import Database
 from spark_sql_ext.client import TopicbaseClient
 from sql.pgwire.users import add_user, default_users_path
@@ -139,40 +140,68 @@ def _timed_side(name: str, read: Callable[[], pa.Table], rows: int) -> Side:
     return Side(name, run)
 
 
-def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(prog="python -m bench.copy_arrow_bench")
-    parser.add_argument("--rows", type=int, default=200_000)
-    parser.add_argument("--reps", type=int, default=5)
-    args = parser.parse_args(argv)
+def measure(rows: int, reps: int, progress: Callable[[str], None]
+            ) -> dict[str, dict[str, Spread]]:  # fmt: skip
+    """Fill a topic of ``rows`` messages, serve it, and alternate the four sides ``reps``
+    times: side -> metric -> spread."""
     work = tempfile.mkdtemp(prefix="copy-arrow-bench-")
     data_dir = f"{work}/data"
-    _fill(data_dir, args.rows)
+    _fill(data_dir, rows)
     server, wire, flight = _serve(data_dir)
     try:
         query = (f'SELECT * FROM TOPIC bench WHERE partition = 0 AND "offset" >= 0 '
-                 f'AND "offset" < {args.rows}')  # fmt: skip
+                 f'AND "offset" < {rows}')  # fmt: skip
         client = TopicbaseClient(f"topicbase://127.0.0.1:{flight}", USER, PASSWORD)
-        ticket = {"topic": "bench", "partition": 0, "start": 0, "end": args.rows,
-                  "columns": None}  # fmt: skip
+        ticket = {"topic": "bench", "partition": 0, "start": 0, "end": rows, "columns": None}
 
         def doget() -> pa.Table:
             return pa.Table.from_batches(list(client.read_ticket(ticket)))
 
         sides = [
-            _timed_side("copy_range", _copy_reader(wire, query), args.rows),
-            _timed_side("copy_streamed", _streamed_reader(wire, query), args.rows),
-            _timed_side("flight_doget", doget, args.rows),
-            _timed_side("copy_general", _copy_reader(wire, query + ' ORDER BY "offset"'),
-                        args.rows),
-        ]  # fmt: skip
-        spreads = alternate(sides, args.reps, progress=print)
-        for side, metrics in spreads.items():
-            for metric, spread in metrics.items():
-                print(f"{side:>13} {metric:>6}: {spread.describe()}")
-        client.close()
+            _timed_side("copy_range", _copy_reader(wire, query), rows),
+            _timed_side("copy_streamed", _streamed_reader(wire, query), rows),
+            _timed_side("flight_doget", doget, rows),
+            _timed_side("copy_general", _copy_reader(wire, query + ' ORDER BY "offset"'), rows),
+        ]
+        try:
+            return alternate(sides, reps, progress=progress)
+        finally:
+            client.close()
     finally:
         kill_group(server, signal.SIGTERM)
         shutil.rmtree(work, ignore_errors=True)
+
+
+def run(recorder: Recorder) -> None:
+    """``bench.run``'s entry: quick 100k messages x 3 repetitions, full 200k x 5."""
+    rows, reps = (100_000, 3) if recorder.suite == "quick" else (200_000, 5)
+    recorder.progress(f"copy_arrow: {rows} x 1 KiB, COPY (FORMAT arrow) vs Flight DoGet")
+    spreads = measure(rows, reps, recorder.progress)
+    flight = spreads["flight_doget"]["msgs/s"]
+    what = f"{rows // 1000}k x 1 KiB, 1 partition, all columns"
+    record(recorder, f"COPY range read (FORMAT arrow), streamed client ({what})",
+           spreads["copy_streamed"]["msgs/s"], flight, unit="msgs/s", group="copy_arrow",
+           baseline="Flight DoGet of the same range",
+           note="psycopg COPY, CopyData fed to pyarrow.ipc.open_stream as they come")  # fmt: skip
+    record(recorder, f"COPY range read (FORMAT arrow), joined client ({what})",
+           spreads["copy_range"]["msgs/s"], flight, unit="msgs/s", group="copy_arrow",
+           baseline="Flight DoGet of the same range",
+           note='b"".join(copy), then pyarrow.ipc.open_stream')  # fmt: skip
+    record(recorder, f"COPY range read (FORMAT arrow) vs the general path ({what})",
+           spreads["copy_range"]["msgs/s"], spreads["copy_general"]["msgs/s"], unit="msgs/s",
+           group="copy_arrow", baseline='the same COPY with ORDER BY "offset" (DuckDB path)',
+           note="both joined clients")  # fmt: skip
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(prog="python -m bench.copy_arrow_bench")
+    parser.add_argument("--rows", type=int, default=200_000)
+    parser.add_argument("--reps", type=int, default=5)
+    args = parser.parse_args(argv)
+    spreads = measure(args.rows, args.reps, print)
+    for side, metrics in spreads.items():
+        for metric, spread in metrics.items():
+            print(f"{side:>13} {metric:>6}: {spread.describe()}")
     return 0
 
 

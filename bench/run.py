@@ -48,6 +48,7 @@ SUITES: dict[str, str] = {
     "scale": "bench.scale_bench",
     "profile": "bench.profile_move",
     "autopartitioning": "bench.autopartitioning_bench",
+    "copy_arrow": "bench.copy_arrow_bench",
 }
 
 
