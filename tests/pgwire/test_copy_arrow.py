@@ -103,6 +103,21 @@ def test_topic_and_sys_view_results_equal_select(connect: Connect) -> None:
         (0, 0, 2), (1, 0, 1)]  # fmt: skip
 
 
+def test_nested_and_enum_columns_are_sent_without_dictionaries(connect: Connect) -> None:
+    db = connect(autocommit=True)
+    db.execute("CREATE TYPE mood AS ENUM ('sad', 'ok')")
+    db.execute("CREATE TABLE t (k INTEGER, m mood, ms mood[], l INTEGER[])")
+    db.execute("INSERT INTO t VALUES (1, 'ok', ['sad', 'ok'], [1, 2]), (2, NULL, [], NULL)")
+    table = read_arrow(db, "SELECT k, m, ms, l, {'a': m} AS s, MAP {'x': m} AS mp "
+                           "FROM t ORDER BY k")  # fmt: skip
+    assert table.schema.types[1:4] == [pa.string(), pa.list_(pa.string()),
+                                       pa.list_(pa.int32())]  # fmt: skip
+    assert table.schema.field("s").type == pa.struct([("a", pa.string())])
+    assert table.column("ms").to_pylist() == [["sad", "ok"], []]
+    assert table.column("l").to_pylist() == [[1, 2], None]
+    assert table.column("mp").to_pylist() == [[("x", "ok")], [("x", None)]]
+
+
 def test_an_empty_result_is_a_stream_of_its_schema_alone(connect: Connect) -> None:
     db = connect(autocommit=True)
     table = read_arrow(db, "SELECT 1 AS one, 'x' AS two WHERE false")

@@ -30,13 +30,22 @@ def plain_type(kind: pa.DataType) -> pa.DataType:
     """``kind`` with dictionaries replaced by their value type (nested ones too)."""
     if pa.types.is_dictionary(kind):
         return plain_type(kind.value_type)
-    if pa.types.is_list(kind) or pa.types.is_large_list(kind):
-        value = kind.value_field
-        return type(kind)(value.with_type(plain_type(value.type)))  # type: ignore[call-arg]
+    if pa.types.is_list(kind):
+        return pa.list_(_plain_field(kind.value_field))
+    if pa.types.is_large_list(kind):
+        return pa.large_list(_plain_field(kind.value_field))
+    if pa.types.is_fixed_size_list(kind):
+        return pa.list_(_plain_field(kind.value_field), kind.list_size)
+    if pa.types.is_map(kind):
+        return pa.map_(_plain_field(kind.key_field), _plain_field(kind.item_field),
+                       kind.keys_sorted)  # fmt: skip
     if pa.types.is_struct(kind):
-        return pa.struct([kind.field(i).with_type(plain_type(kind.field(i).type))
-                          for i in range(kind.num_fields)])  # fmt: skip
+        return pa.struct([_plain_field(kind.field(i)) for i in range(kind.num_fields)])
     return kind
+
+
+def _plain_field(value: pa.Field) -> pa.Field:
+    return value.with_type(plain_type(value.type))
 
 
 def plain_schema(schema: pa.Schema) -> pa.Schema:

@@ -157,7 +157,7 @@ def _open(context: CommandContext, statement: ast.Statement
 
 
 def _next_messages(source: _Source, schema: pa.Schema) -> list[bytes] | None:
-    """CopyData of the next batch; the end-of-stream marker at the end, then None."""
+    """CopyData of the next batch (none for an empty batch); None at the end."""
     batch = source.next_batch()
     if batch is None:
         return None
