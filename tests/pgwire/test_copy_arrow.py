@@ -420,3 +420,18 @@ def test_a_missing_topic_is_42p01_and_a_failed_transaction_25p02(connect: Connec
     db.rollback()
     assert read_arrow(db, RANGE.format(columns="data", topic="events", p=0, a=0, b=1)
                       ).to_pylist() == [{"data": b"a"}]  # fmt: skip
+
+
+def test_a_range_read_in_a_transaction_open_too_long_is_54000(
+        connect: Connect, monkeypatch: pytest.MonkeyPatch) -> None:  # fmt: skip
+    """The range read makes the session's duration check, as every statement does."""
+    from storage import limits
+
+    admin = connect(autocommit=True)
+    _fill(admin, "events", partitions=1, rows=3)
+    db = connect()
+    assert read_arrow(db, RANGE.format(columns="data", topic="events", p=0, a=0, b=3)
+                      ).num_rows == 3  # fmt: skip
+    monkeypatch.setattr(limits, "TRANSACTION_DURATION_MS_MAX", -1)
+    with pytest.raises(psycopg.errors.ProgramLimitExceeded, match="rolled back"):
+        read_arrow(db, RANGE.format(columns="data", topic="events", p=0, a=0, b=3))

@@ -118,6 +118,7 @@ def range_source(context: CommandContext, statement: ast.Statement) -> _RangeSou
     columns = list(match.columns) or None
     schema = project_schema(columns)
     offsets = OffsetRange(match.partition, match.start, match.end)
+    context.session.check_duration()  # as every statement: a too old transaction is 54000
     batches = read_range(context.session, match.topic, offsets, columns)
     timeout_s = _statement_timeout_s(context)
     deadline = None if timeout_s is None else time.monotonic() + timeout_s
