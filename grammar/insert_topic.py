@@ -6,10 +6,23 @@ The head (``INSERT INTO TOPIC name [(columns)]``) and the tail (``[WITH (...)]
 plain literals are read by a scanner (``split.scan_value_rows``, no Lark tree per value:
 a 5,000-row INSERT is one Lark parse); rows with expressions, and queries, go to the
 SQL path (``topic_scans.sql_statement``, which must find a query).
+
+The skeleton's statement object is cached by the skeleton's *shape*
+(``skeleton_shape``): the head, ``BODY_MARK`` with at most one blank, and the tail.
+Statements that differ only in their rows (a client sending one literal message per
+statement) then pay a scan of their rows and a dictionary look-up, not a Lark parse.
+Exactness: the shape and the padded skeleton differ only in the length of one run of
+whitespace after ``BODY_MARK``, which the grammar ignores (``topic.lark``); so Lark
+accepts both alike and builds equal trees whose tokens after the body sit at shifted
+offsets. A successful build reads offsets only for the statement's ``position`` and
+``text``, which are set from the real source on every use; a failing one is never
+cached: the statement is parsed again from its padded skeleton, whose errors carry
+the exact positions (``tests/grammar/test_insert_shape_cache.py``).
 """
 
 from __future__ import annotations
 
+from dataclasses import replace
 from itertools import islice
 
 from grammar import settings
@@ -25,8 +38,10 @@ from grammar.split import (
     scan_value_rows,
     tokenize,
 )
+from grammar.text_cache import text_cache
 from grammar.topic_scans import ScanMatch, find_topic_scans, sql_statement
 from grammar.tree_builder import parse_with_grammar
+from storage.errors import TopicbaseError
 
 # INSERT INTO TOPIC name ( c1 , c2 ... ) and the body's first token, for column lists
 # up to 64 names; a longer list cannot be valid and is left to the grammar to refuse.
@@ -36,7 +51,8 @@ _QUERY_STARTS = ("VALUES", "SELECT", "WITH", "FROM", "TABLE")
 # Stands for the rows or query of INSERT INTO TOPIC when its head and tail go
 # through the grammar (see topic.lark).
 BODY_MARK = "\ue000"
-
+# Skeleton shapes kept (``_skeleton_statement``); a shape is an INSERT without its rows.
+SHAPE_CACHE_ENTRIES = 512
 
 
 def parse_insert(source: SourceText, start: int, end: int) -> InsertTopic:
@@ -99,12 +115,37 @@ def _insert_skeleton(
     source: SourceText, start: int, end: int, body_start: int, body_end: int
 ) -> InsertTopic:
     text = source.text
+    try:
+        cached = _skeleton_statement(skeleton_shape(text, start, end, body_start, body_end))
+    except TopicbaseError:
+        cached = None  # parsed again below, for the error's exact position
+    if cached is not None:
+        return replace(cached, position=source.position(start), text=text[start:end])
     body = text[body_start:body_end]
     # Only the length must hold: positions are computed from offsets, not Lark's lines.
     mark = BODY_MARK + " " * (len(body) - 1) if body else ""
     skeleton = text[start:body_start] + mark + text[body_end:end]
     assert len(skeleton) == end - start
     insert = parse_with_grammar(source, start, end, skeleton)
+    assert isinstance(insert, InsertTopic)
+    return insert
+
+
+def skeleton_shape(text: str, start: int, end: int, body_start: int, body_end: int) -> str:
+    """The skeleton of ``text[start:end]`` with its body's padding cut to one blank: equal
+    for INSERTs that differ only in their rows or query (not in their length)."""
+    if body_end == body_start:
+        return text[start:end]
+    mark = BODY_MARK + " " if body_end - body_start > 1 else BODY_MARK
+    return text[start:body_start] + mark + text[body_end:end]
+
+
+@text_cache(SHAPE_CACHE_ENTRIES)
+def _skeleton_statement(shape: str) -> InsertTopic:
+    """The statement object of a skeleton shape, its ``position`` and ``text`` the
+    shape's own (the caller sets the real ones). Raises as the grammar does; errors are
+    not cached (``functools.lru_cache``)."""
+    insert = parse_with_grammar(SourceText(shape), 0, len(shape), shape)
     assert isinstance(insert, InsertTopic)
     return insert
 
