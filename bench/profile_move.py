@@ -7,11 +7,13 @@ member, max_messages = 100)``; the counter upsert unless ``--topics-only``;
 prints: the wall time per transaction split by statement (BEGIN, move, upsert,
 COMMIT), then the functions with the most own time and the most cumulative
 time, per transaction. ``--out FILE`` also writes the pstats file (for
-``snakeviz`` or ``python -m pstats``). As the suite ``profile`` of ``bench.run`` it profiles
-both moves (topic-only, and with the counter upsert), records the time per
-statement and writes the top functions to ``bench/profile.md``, which
-``bench/RESULTS.md`` includes: the profile behind RESULTS.md's "why a target is
-missed" and the closing note's.
+``snakeviz`` or ``python -m pstats``); ``--plain`` runs without cProfile and
+prints the real wall time per statement and the process's CPU time per
+transaction. As the suite ``profile`` of ``bench.run`` it profiles both moves
+(topic-only, and with the counter upsert), records the time per statement and
+writes the top functions to ``bench/profile.md``, which ``bench/RESULTS.md``
+includes: the profile behind RESULTS.md's "why a target is missed" and the
+closing note's.
 """
 
 from __future__ import annotations
@@ -46,17 +48,20 @@ TOP = 15
 
 @dataclass
 class Profile:
-    """One profiled run: wall ms per transaction, ms per statement, the pstats."""
+    """One profiled run: wall ms per transaction, ms per statement, the pstats (None for
+    a plain run), the process's CPU ms per transaction (all threads)."""
 
     kind: str
     transactions: int
     wall_ms: float
     steps_ms: dict[str, float]
-    stats: pstats.Stats
+    stats: pstats.Stats | None
+    cpu_ms: float = 0.0
 
     def table(self, order: str, top: int) -> str:
         """The ``top`` functions by ``order`` (tottime or cumulative), ms per transaction."""
         rows = []
+        assert self.stats is not None, "a plain run has no profile"
         raw = self.stats.stats  # type: ignore[attr-defined]
         key = 2 if order == "tottime" else 3
         ranked = sorted(raw.items(), key=lambda item: item[1][key], reverse=True)[:top]
@@ -71,8 +76,10 @@ class Profile:
                           "|---|---:|---:|---:|", *rows])  # fmt: skip
 
 
-def profile(transactions: int, topics_only: bool) -> Profile:
-    """Run ``transactions`` moves of one session under cProfile, after 50 unprofiled."""
+def profile(transactions: int, topics_only: bool, *, plain: bool = False) -> Profile:
+    """Run ``transactions`` moves of one session under cProfile, after 50 unprofiled.
+    With ``plain``, without cProfile: the times are then the real ones, and
+    ``cpu_ms`` (the process's CPU time, every thread's) is set."""
     root = tempfile.mkdtemp(prefix="topicbase-profile-move-",
                             dir=os.environ.get("TOPICBASE_BENCH_DIR") or None)  # fmt: skip
     database = Database.open(os.path.join(root, "data"))
@@ -105,12 +112,14 @@ def profile(transactions: int, topics_only: bool) -> Profile:
             transaction()
         steps = dict.fromkeys(steps, 0.0)
         profiler = cProfile.Profile()
-        started = time.perf_counter()
-        profiler.enable()
+        started, cpu_started = time.perf_counter(), time.process_time()
+        if not plain:
+            profiler.enable()
         for _ in range(transactions):
             transaction()
         profiler.disable()
         wall = time.perf_counter() - started
+        cpu = time.process_time() - cpu_started
         session.close()
     finally:
         database.close()
@@ -122,7 +131,8 @@ def profile(transactions: int, topics_only: bool) -> Profile:
         transactions,
         wall / transactions * 1000,
         {name: spent / transactions * 1000 for name, spent in steps.items()},
-        pstats.Stats(profiler, stream=io.StringIO()),
+        None if plain else pstats.Stats(profiler, stream=io.StringIO()),
+        cpu / transactions * 1000,
     )
 
 
@@ -170,8 +180,17 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--topics-only", action="store_true", help="no counter upsert")
     parser.add_argument("--top", type=int, default=25)
     parser.add_argument("--out", help="write the pstats file here")
+    parser.add_argument("--plain", action="store_true",
+                        help="no cProfile: real wall and CPU time per transaction and statement")
     args = parser.parse_args(argv)
-    result = profile(args.transactions, args.topics_only)
+    result = profile(args.transactions, args.topics_only, plain=args.plain)
+    if args.plain:
+        print(f"{result.kind}, 1 session, {result.transactions} transactions: "
+              f"{result.wall_ms:.3f} ms wall, {result.cpu_ms:.3f} ms process CPU (all "
+              "threads) per transaction")
+        for name, spent in result.steps_ms.items():
+            print(f"  {name:7} {spent:6.3f} ms")
+        return 0
     print(f"{result.kind}, 1 session, {result.transactions} transactions under cProfile: "
           f"{result.wall_ms:.2f} ms per transaction (profiling adds overhead)")  # fmt: skip
     for name, spent in result.steps_ms.items():
