@@ -83,23 +83,28 @@ def build_batches(
         raise LimitExceededError(
             f"{count} messages in one statement exceed the limit of {limits.BATCH_MESSAGES_MAX}"
         )
+    names = frozenset(table.column_names)
     codec_default = options.get("codec")
-    codecs = _codec_column(table, codec_default, count)
+    codecs = _codec_column(table, names, codec_default, count)
     data = _data_column(table)
     if data.null_count:
         raise InvalidParameterValueError("message data must not be NULL")
-    data = _compress(data, codecs)
+    if codecs is None:  # every message raw: nothing to compress
+        codec_array = _raw_codecs(count)
+    else:
+        data = _compress(data, codecs)
+        codec_array = pa.array(codecs, pa.uint8())
     columns = [
-        _non_negative(_column(table, "seq_no", options, pa.int64(), count), "seq_no"),
-        _column(table, "producer_id", options, pa.string(), count),
-        _column(table, "message_group_id", options, pa.string(), count),
-        _created_at(table, count, clock),
-        pa.array(codecs, pa.uint8()),
+        _non_negative(_column(table, names, "seq_no", options, pa.int64(), count), "seq_no"),
+        _column(table, names, "producer_id", options, pa.string(), count),
+        _column(table, names, "message_group_id", options, pa.string(), count),
+        _created_at(table, names, count, clock),
+        codec_array,
         data,
-        _metadata(table, count),
+        _metadata(table, names, count),
     ]
     batch = pa.RecordBatch.from_arrays(columns, schema=WIRE_SCHEMA)
-    partitions = _non_negative(_column(table, "partition", options, pa.int64(), count),
+    partitions = _non_negative(_column(table, names, "partition", options, pa.int64(), count),
                                "partition")  # fmt: skip
     if partitions.null_count == count:
         return [(None, batch)]
@@ -126,8 +131,12 @@ def _data_column(table: pa.Table) -> pa.Array:
         raise InvalidParameterValueError(f'column "data": {error}') from None
 
 
-def _codec_column(table: pa.Table, default: Any, count: int) -> np.ndarray:
-    if "codec" in table.column_names:
+def _codec_column(
+    table: pa.Table, names: frozenset[str], default: Any, count: int
+) -> np.ndarray | None:
+    """Each message's codec, or None when every one is raw (no codec column and the
+    statement's default raw or unset). A bad codec name is 22023 either way."""
+    if "codec" in names:
         names = table.column("codec").to_pylist()
         for name in names:
             if name is not None and not isinstance(name, str):
@@ -136,7 +145,20 @@ def _codec_column(table: pa.Table, default: Any, count: int) -> np.ndarray:
                 )
         return np.array([parse_codec(n or default or "raw").value for n in names], dtype=np.uint8)
     codec = parse_codec(default or "raw")
+    if codec is Codec.RAW:
+        return None
     return np.full(count, codec.value, dtype=np.uint8)
+
+
+def _raw_codecs(count: int) -> pa.Array:
+    """The codec column of ``count`` raw messages; cached by length like ``_nulls``."""
+    cached = _RAW_CODECS.get(count)
+    if cached is None:
+        if len(_RAW_CODECS) >= NULLS_CACHED_MAX:
+            _RAW_CODECS.clear()
+        raw = np.full(count, Codec.RAW.value, dtype=np.uint8)
+        cached = _RAW_CODECS[count] = pa.array(raw, pa.uint8())
+    return cached
 
 
 def _compress(data: pa.Array, codecs: np.ndarray) -> pa.Array:
@@ -148,9 +170,14 @@ def _compress(data: pa.Array, codecs: np.ndarray) -> pa.Array:
 
 
 def _column(
-    table: pa.Table, name: str, options: dict[str, Any], kind: pa.DataType, count: int
+    table: pa.Table,
+    names: frozenset[str],
+    name: str,
+    options: dict[str, Any],
+    kind: pa.DataType,
+    count: int,
 ) -> pa.Array:
-    if name in table.column_names:
+    if name in names:
         column = _single_chunk(table.column(name))
         if pa.types.is_null(column.type) and options.get(name) is not None:
             return pa.array([options[name]] * count, kind)
@@ -176,6 +203,7 @@ def _single_chunk(column: pa.ChunkedArray) -> pa.Array:
 
 
 _NULLS: dict[tuple[pa.DataType, int], pa.Array] = {}
+_RAW_CODECS: dict[int, pa.Array] = {}
 NULLS_CACHED_MAX = 64
 
 
@@ -217,8 +245,8 @@ def _non_negative(column: pa.Array, name: str) -> pa.Array:
     return column
 
 
-def _created_at(table: pa.Table, count: int, clock: Clock) -> pa.Array:
-    if "created_at" not in table.column_names:
+def _created_at(table: pa.Table, names: frozenset[str], count: int, clock: Clock) -> pa.Array:
+    if "created_at" not in names:
         now = np.full(count, clock.now_us(), dtype=np.int64)
         return pa.Array.from_buffers(TIMESTAMP, count, [None, pa.py_buffer(now)])
     column = _single_chunk(table.column("created_at"))
@@ -261,8 +289,8 @@ def _readable_instants(stamps: pa.Array) -> pa.Array:
     return stamps
 
 
-def _metadata(table: pa.Table, count: int) -> pa.Array:
-    if "metadata" not in table.column_names:
+def _metadata(table: pa.Table, names: frozenset[str], count: int) -> pa.Array:
+    if "metadata" not in names:
         return _nulls(count, METADATA_TYPE)
     values = table.column("metadata").to_pylist()
     rows = [None if value is None else _metadata_items(value) for value in values]
