@@ -39,24 +39,23 @@ from storage.errors import (
     StorageIOError,
     UnsupportedCodecError,
 )
+from storage.frame_read import SMALL_SLICE_ROWS, FrameRead, FrameSlice, decode_slices
 from storage.fs import FileSystem
 from storage.group_commit import GroupCommitter, Request
 from storage.log_loader import RecoveryReport, load_segments
 from storage.producer_state import SMALL_BATCH_ROWS, DedupDecision, ProducerStateManager
 from storage.record_batch import (
     FrameEncoder,
-    FrameHeader,
     check_wire_batch,
-    decode_bodies,
     decode_body,
 )
 from storage.segment import LogSegment
 
 log = logging.getLogger(__name__)
 
-# Frames of at most this many messages are decoded in runs on a read (``decode_bodies``):
+# Frames of at most this many messages are decoded in runs on a read (``decode_slices``):
 # their fixed cost dominates, and copying their few messages once is cheap.
-SMALL_FRAME_ROWS = 64
+SMALL_FRAME_ROWS = SMALL_SLICE_ROWS
 WRITTEN = 0
 DUPLICATE = 1
 assert (WRITTEN, DUPLICATE) == (False, True)  # a status array is the duplicate mask as uint8
@@ -529,12 +528,38 @@ class PartitionLog:
                 continue
         raise StorageIOError(f"partition {self.partition_id}: segments vanished during a read")
 
+    def read_frames(
+        self,
+        start_offset: int,
+        *,
+        max_messages: int = 1000,
+        max_bytes: int = 8 * 1024 * 1024,
+    ) -> FrameRead:
+        """``read``, left undecoded: the frame slices it would decode (``storage.frame_read``),
+        so that a reader of many partitions decodes them all at once."""
+        _check_read_limits(max_messages, max_bytes)
+        for _ in range(3):  # retention may delete a segment under us: retry
+            visible = self._visible
+            try:
+                return self._scan_visible(visible, start_offset, max_messages, max_bytes)
+            except FileNotFoundError:
+                continue
+        raise StorageIOError(f"partition {self.partition_id}: segments vanished during a read")
+
     def _read_visible(
         self, visible: Visible, start_offset: int, max_messages: int, max_bytes: int
     ) -> ReadResult:
+        found = self._scan_visible(visible, start_offset, max_messages, max_bytes)
+        # Consecutive small frames are decoded together: one batch for the run.
+        batches = decode_slices(found.slices) if found.slices else []
+        return ReadResult(batches, found.next_offset, found.start_offset, found.end_offset)
+
+    def _scan_visible(
+        self, visible: Visible, start_offset: int, max_messages: int, max_bytes: int
+    ) -> FrameRead:
         log_start = visible.segments[0].base_offset
         offset = max(start_offset, log_start)
-        batches: list[pa.RecordBatch] = []
+        slices: list[FrameSlice] = []
         remaining, budget = max_messages, max_bytes
         index = _segment_index(visible.segments, offset)
         while offset < visible.end_offset and remaining > 0 and budget > 0 and index is not None:
@@ -542,41 +567,23 @@ class PartitionLog:
             last = index == len(visible.segments) - 1
             limit = visible.last_segment_bytes if last else segment.size_bytes
             window = _window_bytes(segment, offset, remaining, budget)
-            # Consecutive small frames are decoded together (``decode_bodies``): one batch
-            # for the run, sliced to what this read takes of it.
-            run: list[tuple[FrameHeader, pa.Buffer]] = []
-            run_skip = run_rows = 0
             for frame in segment.scan(offset, limit, window):
                 header = frame.header
                 skip = offset - header.base_offset
                 assert 0 <= skip < header.record_count, (offset, header.base_offset)
                 rows = min(header.record_count - skip, remaining)
-                if header.record_count > SMALL_FRAME_ROWS:
-                    if run:
-                        batches.append(_decode_run(run, run_skip, run_rows))
-                        run, run_rows = [], 0
-                    batch = decode_body(header, frame.body)
-                    if skip > 0 or rows < batch.num_rows:
-                        batch = batch.slice(skip, rows)
-                    batches.append(batch)
-                else:
-                    if not run:
-                        run_skip = skip
-                    run.append((header, frame.body))
-                    run_rows += rows
+                slices.append(FrameSlice(header, frame.body, skip, rows))
                 offset += rows
                 remaining -= rows
                 budget -= header.frame_bytes
                 if remaining <= 0 or budget <= 0:
                     break
-            if run:
-                batches.append(_decode_run(run, run_skip, run_rows))
             if remaining <= 0 or budget <= 0:
                 break  # stopped inside this segment: ``offset`` is where to resume
             index = index + 1 if index + 1 < len(visible.segments) else None
             if index is not None:
                 offset = max(offset, visible.segments[index].base_offset)
-        return ReadResult(batches, offset, log_start, visible.end_offset)
+        return FrameRead(slices, offset, log_start, visible.end_offset)
 
     def offset_for_time(self, written_at_us: int) -> int:
         """The first offset whose ``written_at`` is at or after the given time (or the end)."""
@@ -688,14 +695,6 @@ class PartitionLog:
             for frame in segment.scan(offset, limit, 4 * 1024 * 1024, skip_corrupt=True):
                 self.producers.apply_read_batch(decode_body(frame.header, frame.body))
         self.producers.expire()
-
-
-def _decode_run(run: list[tuple[FrameHeader, pa.Buffer]], skip: int, rows: int) -> pa.RecordBatch:
-    """The ``rows`` messages from ``skip`` on of a run of consecutive frames, as one batch."""
-    batch = decode_bodies(run)
-    if skip > 0 or rows < batch.num_rows:
-        batch = batch.slice(skip, rows)
-    return batch
 
 
 def _segment_index(segments: tuple[LogSegment, ...], offset: int) -> int | None:

@@ -1,0 +1,153 @@
+"""Reads left as frames: what a read found, decoded later, many partitions at once.
+
+A partition read (``PartitionLog.read_frames``) stops before decoding: it returns
+``FrameSlice``s, each one frame's header and body and the part of it the read takes
+(``skip`` messages from its start, then ``rows``). A reader that reads many partitions
+(a consumer poll over 1000 partitions holding a few messages each) decodes all their
+slices in one step (``decode_slices``): one Arrow IPC read per frame, then the columns
+and the batch built once for the whole read, instead of once per partition. Large
+frames are decoded alone, without copying their messages.
+
+Invariants: ``0 <= skip``, ``1 <= rows`` and ``skip + rows <= header.record_count``;
+the offsets of a slice are ``first_offset .. next_offset - 1``. A slice's ``size`` is
+its share of the frame's bytes (header and body, prorated by messages), the unit the
+storage read's own byte budget counts in.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass
+
+import numpy as np
+import pyarrow as pa
+
+from storage.record_batch import (
+    HEADER_BYTES,
+    READ_SCHEMA,
+    TIMESTAMP,
+    WIRE_SCHEMA,
+    FrameHeader,
+    decode_body,
+)
+
+# Slices of at most this many messages are decoded together (``decode_slices``): their
+# fixed cost dominates, and copying their few messages once is cheap.
+SMALL_SLICE_ROWS = 64
+
+
+@dataclass(frozen=True, slots=True)
+class FrameSlice:
+    """``rows`` messages from message ``skip`` on of one checked frame."""
+
+    header: FrameHeader
+    body: pa.Buffer
+    skip: int
+    rows: int
+
+    def __post_init__(self) -> None:
+        assert self.skip >= 0 and self.rows >= 1, (self.skip, self.rows)
+        assert self.skip + self.rows <= self.header.record_count, (self.skip, self.rows)
+
+    @property
+    def first_offset(self) -> int:
+        return self.header.base_offset + self.skip
+
+    @property
+    def next_offset(self) -> int:
+        return self.header.base_offset + self.skip + self.rows
+
+    @property
+    def size(self) -> int:
+        """The slice's share of the frame's bytes (at least 1)."""
+        frame_bytes = HEADER_BYTES + self.header.body_bytes
+        if self.rows == self.header.record_count:
+            return frame_bytes
+        return max(1, frame_bytes * self.rows // self.header.record_count)
+
+    def below(self, end: int) -> FrameSlice | None:
+        """This slice without the offsets at or past ``end`` (None if nothing is left)."""
+        if self.next_offset <= end:
+            return self
+        rows = end - self.first_offset
+        return FrameSlice(self.header, self.body, self.skip, rows) if rows > 0 else None
+
+
+@dataclass(frozen=True, slots=True)
+class FrameRead:
+    """A partition read before decoding (``PartitionLog.read_frames``)."""
+
+    slices: list[FrameSlice]
+    next_offset: int  # where the next read should start
+    start_offset: int  # the log start offset when read
+    end_offset: int  # the visible end offset when read
+
+    @property
+    def message_count(self) -> int:
+        return sum(s.rows for s in self.slices)
+
+    @property
+    def size(self) -> int:
+        return sum(s.size for s in self.slices)
+
+
+def decode_slices(slices: Sequence[FrameSlice]) -> list[pa.RecordBatch]:
+    """The read batches of ``slices``, in order: each large slice (over
+    ``SMALL_SLICE_ROWS`` messages) alone and zero-copy, each run of small ones as one
+    batch. The slices need not be consecutive, nor of one partition: the ``offset``
+    column is each slice's own offsets."""
+    batches: list[pa.RecordBatch] = []
+    run: list[FrameSlice] = []
+    for piece in slices:
+        if piece.header.record_count > SMALL_SLICE_ROWS:
+            if run:
+                batches.append(decode_small(run))
+                run = []
+            batch = decode_body(piece.header, piece.body)
+            if piece.skip > 0 or piece.rows < batch.num_rows:
+                batch = batch.slice(piece.skip, piece.rows)
+            batches.append(batch)
+        else:
+            run.append(piece)
+    if run:
+        batches.append(decode_small(run))
+    return batches
+
+
+def decode_small(slices: Sequence[FrameSlice]) -> pa.RecordBatch:
+    """One read batch of ``slices`` (the messages copied once): as ``decode_body`` of
+    each frame, sliced and concatenated, with the ``offset`` and ``written_at`` columns
+    built once for all of them."""
+    assert slices
+    count = len(slices)
+    wires = []
+    rows = np.empty(count, dtype=np.int64)
+    firsts = np.empty(count, dtype=np.int64)
+    written_ats = np.empty(count, dtype=np.int64)
+    for index, piece in enumerate(slices):
+        header = piece.header
+        wire = pa.ipc.read_record_batch(piece.body, WIRE_SCHEMA)
+        assert wire.num_rows == header.record_count, (wire.num_rows, header.record_count)
+        if piece.skip > 0 or piece.rows < header.record_count:
+            wire = wire.slice(piece.skip, piece.rows)
+        wires.append(wire)
+        rows[index] = piece.rows
+        firsts[index] = header.base_offset + piece.skip
+        written_ats[index] = header.written_at_us
+    wire = wires[0] if count == 1 else pa.concat_batches(wires)
+    total = int(rows.sum())
+    # offset of row i of slice k: firsts[k] + (i - where slice k starts in the batch)
+    starts = np.zeros(count, dtype=np.int64)
+    np.cumsum(rows[:-1], out=starts[1:])
+    offsets = np.arange(total, dtype=np.int64) + np.repeat(firsts - starts, rows)
+    written = np.repeat(written_ats, rows)
+    columns = wire.columns
+    return pa.RecordBatch.from_arrays(
+        [
+            pa.Array.from_buffers(pa.int64(), total, [None, pa.py_buffer(offsets)]),
+            *columns[:4],
+            pa.Array.from_buffers(TIMESTAMP, total, [None, pa.py_buffer(written)]),
+            *columns[4:],
+        ],
+        schema=READ_SCHEMA,
+    )
