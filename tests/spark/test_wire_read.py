@@ -28,8 +28,8 @@ _names = itertools.count(1)
 class _Wire:
     """``topicbase serve``'s PostgreSQL wire over an open database, on a thread of its own."""
 
-    def __init__(self, database: Database, **options: object) -> None:
-        self.server = PgServer(database, "127.0.0.1", 0, "scram", **options)
+    def __init__(self, database: Database, port: int = 0, **options: object) -> None:
+        self.server = PgServer(database, "127.0.0.1", port, "scram", **options)
         self.loop = asyncio.new_event_loop()
         self.port = self.loop.run_until_complete(self.server.start())
         self.thread = threading.Thread(target=self.loop.run_forever, daemon=True)
@@ -248,3 +248,25 @@ def test_streams_and_writes_of_a_wire_catalog_keep_the_python_source(
     session.close()
     drain()
     assert sorted(r.d for r in spark.read.parquet(out).collect()) == ["s1", "s2"]
+
+
+def test_connections_kept_idle_and_closed_by_a_restart_are_replaced(spark, database,
+                                                                    url) -> None:  # fmt: skip
+    _fill(database)
+    server = _Wire(database)
+    port = server.port
+    tb = _catalog(spark, url, server)
+    query = f"SELECT partition, count(*) AS n FROM {tb}.main.events GROUP BY partition"
+    expected = [(0, 17), (1, 18), (2, 16)]
+    try:
+        assert sorted(tuple(r) for r in spark.sql(query).collect()) == expected
+        assert sorted(tuple(r) for r in spark.sql(query).collect()) == expected  # reused
+    finally:
+        server.stop()  # closes the connections the JVM keeps idle
+    server = _Wire(database, port=port)
+    try:
+        assert sorted(tuple(r) for r in spark.sql(query).collect()) == expected
+        counted = spark.sql(f"SELECT count(data) AS n FROM {tb}.main.events").first().n
+        assert counted == 51
+    finally:
+        server.stop()

@@ -178,9 +178,10 @@ public class TopicbaseCatalog implements TableCatalog, SupportsNamespaces {
 
     /** Whether {@code name} is a topic, asked over the wire (sys.topics). */
     private boolean isTopic(String name) {
-        try (PgWireClient client = PgWireClient.connect(connection.get("wire"), connection)) {
-            return !client.query("SELECT name FROM sys.topics WHERE name = "
-                + WireScan.quoteLiteral(name)).isEmpty();
+        try {
+            return PgWireClient.run(connection.get("wire"), connection,
+                client -> !client.query("SELECT name FROM sys.topics WHERE name = "
+                    + WireScan.quoteLiteral(name)).isEmpty());
         } catch (java.io.IOException e) {
             throw new java.io.UncheckedIOException("cannot reach " + connection.get("wire")
                 + ": " + e.getMessage(), e);

@@ -79,6 +79,7 @@ final class WireBatchReader implements PartitionReader<ColumnarBatch> {
     private PgWireClient client;
     private ArrowStreamReader reader;
     private ColumnarBatch batch;
+    private InputStream copyData;
 
     WireBatchReader(Map<String, String> options, String topic, StructType schema,
             WireScan.Range range) {
@@ -99,8 +100,22 @@ final class WireBatchReader implements PartitionReader<ColumnarBatch> {
 
     private void open() throws IOException {
         allocator = new RootAllocator(Long.MAX_VALUE);
-        client = PgWireClient.connect(options.get("wire"), options);
-        reader = new ArrowStreamReader(checkedStart(client.copyOut(copy)), allocator);
+        client = PgWireClient.borrow(options.get("wire"), options);
+        InputStream data;
+        try {
+            data = client.copyOut(copy);
+        } catch (PgWireClient.PgWireException e) {
+            throw e;
+        } catch (IOException e) { // a reused connection closed while idle: once more, anew
+            if (!client.wasReused()) {
+                throw e;
+            }
+            client.close();
+            client = PgWireClient.borrowNew(options.get("wire"), options);
+            data = client.copyOut(copy);
+        }
+        copyData = data;
+        reader = new ArrowStreamReader(checkedStart(data), allocator);
         VectorSchemaRoot root = reader.getVectorSchemaRoot();
         List<FieldVector> vectors = root.getFieldVectors();
         if (vectors.size() != schema.size()) {
@@ -154,6 +169,11 @@ final class WireBatchReader implements PartitionReader<ColumnarBatch> {
                     throw new IOException(received + " messages came of the " + expected
                         + " cut (deleted by retention since the cut?)");
                 }
+                // past the stream's end: CopyDone, CommandComplete, ReadyForQuery, so
+                // that the connection can be reused
+                if (copyData.read(new byte[1]) >= 0) {
+                    throw new IOException("data after the Arrow stream's end");
+                }
                 return false;
             }
             int rows = reader.getVectorSchemaRoot().getRowCount();
@@ -180,7 +200,7 @@ final class WireBatchReader implements PartitionReader<ColumnarBatch> {
         } finally {
             try {
                 if (client != null) {
-                    client.close();
+                    client.release(); // kept only if the COPY was read to its end
                 }
             } finally {
                 if (allocator != null) {

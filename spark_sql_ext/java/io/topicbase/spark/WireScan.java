@@ -102,26 +102,29 @@ class WireScan implements Scan, Batch {
     public InputPartition[] planInputPartitions() {
         long split = splitRows();
         List<InputPartition> ranges = new ArrayList<>();
-        try (PgWireClient client = PgWireClient.connect(options.get("wire"), options)) {
-            List<String[]> rows = client.query("SELECT partition, start_offset, end_offset "
-                + "FROM sys.partitions WHERE topic = " + quoteLiteral(topic)
-                + " ORDER BY partition");
-            if (rows.isEmpty()) {
-                // no partition: a missing topic, or one the catalog listed but was dropped
-                client.query("SELECT count(*) FROM TOPIC " + quoteIdentifier(topic)
-                    + " WHERE false");
-            }
-            for (String[] row : rows) {
-                int partition = Integer.parseInt(row[0]);
-                long start = Long.parseLong(row[1]);
-                long end = Long.parseLong(row[2]);
-                for (long at = start; at < end; at += split) {
-                    ranges.add(new Range(partition, at, Math.min(end, at + split)));
+        List<String[]> rows;
+        try {
+            rows = PgWireClient.run(options.get("wire"), options, client -> {
+                List<String[]> found = client.query("SELECT partition, start_offset, "
+                    + "end_offset FROM sys.partitions WHERE topic = " + quoteLiteral(topic)
+                    + " ORDER BY partition");
+                if (found.isEmpty()) { // a missing topic (dropped since it was resolved)
+                    client.query("SELECT count(*) FROM TOPIC " + quoteIdentifier(topic)
+                        + " WHERE false");
                 }
-            }
+                return found;
+            });
         } catch (IOException e) {
             throw new UncheckedIOException("cannot cut topic " + topic + " at "
                 + options.get("wire") + ": " + e.getMessage(), e);
+        }
+        for (String[] row : rows) {
+            int partition = Integer.parseInt(row[0]);
+            long start = Long.parseLong(row[1]);
+            long end = Long.parseLong(row[2]);
+            for (long at = start; at < end; at += split) {
+                ranges.add(new Range(partition, at, Math.min(end, at + split)));
+            }
         }
         return ranges.toArray(new InputPartition[0]);
     }
