@@ -513,21 +513,45 @@ def _small_head(
     description = cursor.description
     if description is None:
         return None, False
-    types = [_ROW_ARROW_TYPES.get(str(column[1])) for column in description]
-    if None in types:
+    shape = _row_shape(description)
+    if shape is None:
         _small_results[sql] = False
         return None, True
+    types, schema = shape
     rows = cursor.fetchmany(SMALL_RESULT_ROWS + 1)
     more = len(rows) > SMALL_RESULT_ROWS
     if more:
         _small_results[sql] = False  # a big result: the relation's way from now on
-    names = [str(column[0]) for column in description]
-    columns = list(zip(*rows, strict=True)) if rows else [() for _ in names]
+    columns = list(zip(*rows, strict=True)) if rows else [() for _ in types]
     head = pa.Table.from_arrays(
         [pa.array(values, kind) for values, kind in zip(columns, types, strict=True)],
-        schema=pa.schema([pa.field(n, t) for n, t in zip(names, types, strict=True)]),
+        schema=schema,
     )
     return head, more
+
+
+_ROW_SHAPES_MAX = 1024
+# (column name, DuckDB type name) of each column -> the Arrow types and schema of the rows'
+# way, or None if a column's type is not one of ``_ROW_ARROW_TYPES``. Depends on the key
+# alone, so it is kept: a repeated statement's schema is built once, not per execution.
+_row_shapes: dict[tuple[tuple[str, str], ...], tuple[list[pa.DataType], pa.Schema] | None] = {}
+
+
+def _row_shape(description: Any) -> tuple[list[pa.DataType], pa.Schema] | None:
+    """The Arrow types and schema of a result of DuckDB's ``description`` on the rows'
+    way (None: a column of another type)."""
+    key = tuple((str(column[0]), str(column[1])) for column in description)
+    if key in _row_shapes:
+        return _row_shapes[key]
+    types = [_ROW_ARROW_TYPES.get(kind) for _, kind in key]
+    shape = None
+    if None not in types:
+        fields = [pa.field(name, kind) for (name, _), kind in zip(key, types, strict=True)]
+        shape = (types, pa.schema(fields))
+    if len(_row_shapes) >= _ROW_SHAPES_MAX:
+        _row_shapes.clear()
+    _row_shapes[key] = shape
+    return shape
 
 
 def _rest_as_arrow(cursor: Connection) -> pa.Table | None:

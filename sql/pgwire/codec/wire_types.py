@@ -392,20 +392,30 @@ def column_encoder(oid: int, format_code: int) -> Callable[[Any], bytes]:
         return binary
     if format_code != 0:
         raise InvalidBinaryDataError(f"unsupported format code: {format_code}")
-    text = _text_encoder(oid)
-    return lambda v: text(v).encode("utf-8")
+    encode = _TEXT_COLUMN_ENCODERS.get(oid)
+    if encode is None:
+        text = _text_encoder(oid)
+
+        def encode(v: Any) -> bytes:
+            return text(v).encode("utf-8")
+
+        _TEXT_COLUMN_ENCODERS[oid] = encode
+    return encode
+
+
+# Text-format encoders by OID, made once (every result asks for one per column).
+_TEXT_COLUMN_ENCODERS: dict[int, Callable[[Any], bytes]] = {}
 
 
 def encode_rows(table: pa.Table, oids: list[int], formats: list[int]) -> list[list[bytes | None]]:
-    """The rows of ``table`` as lists of wire fields (None for NULL)."""
+    """The rows of ``table`` as lists of wire fields (None for NULL). Column by column:
+    ``to_pylist`` of a chunked column reads every chunk (no batch objects are made)."""
     encoders = [column_encoder(o, f) for o, f in zip(oids, formats, strict=True)]
-    rows: list[list[bytes | None]] = []
-    for batch in table.to_batches():
-        columns = []
-        for encode, column in zip(encoders, batch.columns, strict=True):
-            columns.append([None if v is None else encode(v) for v in column.to_pylist()])
-        rows.extend(list(row) for row in zip(*columns, strict=True))
-    return rows
+    columns = [
+        [None if v is None else encode(v) for v in column.to_pylist()]
+        for encode, column in zip(encoders, table.columns, strict=True)
+    ]
+    return [list(row) for row in zip(*columns, strict=True)]
 
 
 # -- parameters: text in ---------------------------------------------------------------------

@@ -180,9 +180,11 @@ class ExtendedProtocol:
                                      f"most {WIRE_PARAMETERS_MAX} parameters")  # fmt: skip
         count = max(len(message.parameter_oids), highest)
         oids = [*message.parameter_oids, *[0] * (count - len(message.parameter_oids))]
-        self.statements[message.name] = Prepared(
-            message.query, statements[0] if statements else None, oids
-        )
+        statement = statements[0] if statements else None
+        wire = wire_commands.is_wire_statement(statement)
+        copy = wire_commands.is_copy_statement(statement)
+        self.statements[message.name] = Prepared(message.query, statement, oids, wire=wire,
+                                                 copy=copy)  # fmt: skip
         self.send(m.parse_complete())
 
     def on_bind(self, message: m.Bind) -> None:
@@ -253,7 +255,7 @@ class ExtendedProtocol:
         parameters = portal.parameters or None
         text_description = None
         try:
-            if wire_commands.is_wire_statement(statement):  # DECLARE/FETCH/MOVE/CLOSE
+            if portal.prepared.wire:  # DECLARE/FETCH/MOVE/CLOSE
                 result = await wire_commands.run_in_portal(self.context, statement, parameters)
             else:  # one hop to the worker: revalidate, run, describe text columns
                 result, text_description = await self.call(self._execute_prepared,
@@ -290,7 +292,7 @@ class ExtendedProtocol:
         result = self.catalog.execute(self._session(), statement, parameters)
         if prepared.columns is not None:
             return result, None
-        return result, self.text_description(statement, result.table)
+        return result, self.text_description(statement, result.table, wire=False)
 
     def _revalidate(self, prepared: Prepared) -> None:
         """Before a described row-returning statement runs: its rows must still be what the
@@ -347,13 +349,16 @@ class ExtendedProtocol:
         else:
             self.send(row_description(result.table, portal.oids, portal.formats))
 
-    def text_description(self, statement: ast.Statement | None, table: pa.Table | None
-                         ) -> Description | None:  # fmt: skip
+    def text_description(self, statement: ast.Statement | None, table: pa.Table | None,
+                         *, wire: bool | None = None) -> Description | None:  # fmt: skip
         """Worker thread: the engine's description of an executed ``statement`` if ``table``
         has text columns it may refine (UUID and JSON are Arrow strings too; the engine keeps
         descriptions while DuckDB's catalog does not move, so a repeated query pays for it
-        once), else None; None too if it cannot be described (its rows go out as text)."""
-        if table is None or statement is None or wire_commands.is_wire_statement(statement):
+        once), else None; None too if it cannot be described (its rows go out as text).
+        ``wire``: whether the statement is one the wire server runs itself, if known."""
+        if table is None or statement is None:
+            return None
+        if wire if wire is not None else wire_commands.is_wire_statement(statement):
             return None
         if not any(wire_types.type_oid(f.type) == wire_types.TEXT for f in table.schema):
             return None
@@ -369,7 +374,7 @@ class ExtendedProtocol:
             return
         statement = prepared.statement
         description = None
-        if statement is not None and not wire_commands.is_wire_statement(statement):
+        if statement is not None and not prepared.wire:
             description = await self.call(self._describe, statement)
         apply_description(prepared, description)
 
@@ -381,7 +386,7 @@ class ExtendedProtocol:
 
     async def on_execute(self, message: m.Execute) -> None:
         portal = self._portal(message.portal)
-        if wire_commands.is_copy_statement(portal.prepared.statement):  # COPY (commands)
+        if portal.prepared.copy:  # COPY (commands)
             self.log_statement(portal.prepared.query)
             await wire_commands.execute_copy(self.context, portal.prepared.statement)
             return

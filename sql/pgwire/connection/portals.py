@@ -41,13 +41,18 @@ class DuplicateStatementError(TopicbaseError):
 class Prepared:
     """A parsed statement. ``parameter_oids`` holds the client's OIDs (0: unspecified)
     until Describe fills the zeros with the types the engine inferred (text where it
-    could not); ``columns`` is then the described result, (name, OID) pairs, or None."""
+    could not); ``columns`` is then the described result, (name, OID) pairs, or None.
+    ``wire``/``copy``: the statement is one the wire server runs itself
+    (``commands.is_wire_statement``), a COPY (``commands.is_copy_statement``); worked
+    out once at Parse, not again at each Bind, Describe and Execute."""
 
     query: str
     statement: ast.Statement | None  # None: an empty query
     parameter_oids: list[int]
     described: bool = False
     columns: list[tuple[str, int]] | None = None
+    wire: bool = field(kw_only=True)
+    copy: bool = field(kw_only=True)
 
 
 @dataclass
