@@ -60,6 +60,12 @@ class GroupCommitter:
         self._leader_active = False
         self.rounds = 0
 
+    @property
+    def busy(self) -> bool:
+        """Whether a round is forming or syncing: a request submitted now joins the next
+        round. A hint for routing (read without the mutex; it may change at once)."""
+        return self._leader_active
+
     def submit(self, payload: Any) -> Any:
         request = Request(payload)
         with self._mutex:

@@ -172,6 +172,11 @@ class PartitionLog:
     def last_seq_no(self, producer_id: str) -> int | None:
         return self.producers.last_seq_no(producer_id)
 
+    @property
+    def committing(self) -> bool:
+        """Whether a group-commit round is in progress (``GroupCommitter.busy``: a hint)."""
+        return self._committer.busy
+
     # -- appends -----------------------------------------------------------------------
     def append(self, batch: pa.RecordBatch) -> AppendResult:
         """Append one wire batch; returns once it meets the fsync policy.
