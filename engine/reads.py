@@ -66,6 +66,8 @@ from engine.transaction import Transaction
 from planner.operations import ReadRecords
 from storage import limits
 from storage.errors import InvalidParameterValueError, LimitExceededError, QueryCanceledError
+from storage.frame_read import SMALL_SLICE_ROWS, FrameSlice, decode_small
+from storage.record_batch import decode_body
 from storage.topic_log import TopicLog
 
 CANCEL_CHECK_S = 0.1
@@ -112,9 +114,6 @@ class ReadProgress:
 CURRENT_PROGRESS: contextvars.ContextVar[ReadProgress | None] = contextvars.ContextVar(
     "topicbase_read_progress", default=None
 )
-
-# Batches of a storage read averaging at most this many rows are concatenated (``_take``).
-SMALL_BATCH_ROWS = 64
 
 
 def _count(messages: int, size: int) -> None:
@@ -194,25 +193,40 @@ def read_records(
     return _relation(batches, decode=bool(options.get("decode", True)))
 
 
-def _relation(batches: list[tuple[int, pa.RecordBatch]], *, decode: bool) -> pa.Table:
-    """The topic relation of a read's batches, in their order.
+def _relation(slices: list[tuple[int, FrameSlice]], *, decode: bool) -> pa.Table:
+    """The topic relation of a read's frame slices, in their order.
 
-    Small batches (a read over many partitions holding a few messages each) become one
-    relation batch: the batches concatenated, with the partition column repeated per
-    batch, instead of a ``relation_batch`` call per batch. Large ones are not worth a copy.
+    The read is decoded here, once for all its partitions: each run of small slices
+    (``SMALL_SLICE_ROWS``; a read over many partitions holding a few messages each)
+    becomes one relation batch, its partition column repeated per slice, instead of a
+    decode, a concatenation and a ``relation_batch`` per partition. A large slice is
+    decoded alone, without copying its messages.
     """
-    rows = sum(b.num_rows for _, b in batches)
-    if len(batches) < 2 or rows > SMALL_BATCH_ROWS * len(batches):
-        return pa.Table.from_batches(
-            [relation_batch(p, b, decode=decode) for p, b in batches], schema=SCHEMA
+    batches: list[pa.RecordBatch] = []
+    run: list[tuple[int, FrameSlice]] = []
+
+    def flush() -> None:
+        combined = decode_small([piece for _, piece in run])
+        partitions = np.repeat(
+            np.array([p for p, _ in run], dtype=np.int32),
+            np.array([piece.rows for _, piece in run], dtype=np.int64),
         )
-    combined = relation_batch(0, pa.concat_batches([b for _, b in batches]), decode=decode)
-    partitions = np.repeat(
-        np.array([p for p, _ in batches], dtype=np.int32), [b.num_rows for _, b in batches]
-    )
-    assert SCHEMA.field(0).name == "partition"
-    combined = combined.set_column(0, SCHEMA.field(0), pa.array(partitions))
-    return pa.Table.from_batches([combined], schema=SCHEMA)
+        batches.append(relation_batch(0, combined, decode=decode, partitions=partitions))
+        run.clear()
+
+    for partition_id, piece in slices:
+        if piece.header.record_count <= SMALL_SLICE_ROWS:
+            run.append((partition_id, piece))
+            continue
+        if run:
+            flush()
+        batch = decode_body(piece.header, piece.body)
+        if piece.skip > 0 or piece.rows < batch.num_rows:
+            batch = batch.slice(piece.skip, piece.rows)
+        batches.append(relation_batch(partition_id, batch, decode=decode))
+    if run:
+        flush()
+    return pa.Table.from_batches(batches, schema=SCHEMA)
 
 
 def stream_records(
@@ -243,10 +257,8 @@ def stream_records(
     starts = {p: _start(operation, topic, p, {}, transaction, clock) for p in operation.partitions}
     gate = publish_gate if publish_gate is not None else contextlib.nullcontext()
     if not read_bounds(operation).complete:
-        pairs = _read_all(operation, topic, starts, gate)
-        return pa.RecordBatchReader.from_batches(
-            SCHEMA, [relation_batch(p, b, decode=decode) for p, b in pairs]
-        )
+        table = _relation(_read_all(operation, topic, starts, gate), decode=decode)
+        return pa.RecordBatchReader.from_batches(SCHEMA, table.to_batches())
     with gate:
         ends = {p: topic.partition(p).end_offset for p in starts}
 
@@ -317,7 +329,7 @@ def _read_all(
     starts: dict[int, int],
     publish_gate: AbstractContextManager[Any],
     round_robin: RoundRobin | None = None,
-) -> list[tuple[int, pa.RecordBatch]]:
+) -> list[tuple[int, FrameSlice]]:
     """Read the partitions up to one consistent cut of their end offsets, fairly: a
     consumer poll in its turn (``round_robin``), anything else shared within the read.
 
@@ -347,7 +359,7 @@ def _read_all(
             f"({bounds.messages} messages, {bounds.bytes} bytes); read it in ranges with "
             "FROM TOPIC ... WITH (partition = ..., from_offset = ..., max_messages = ...)"
         )
-    return [(p, batch) for p in starts for batch in read.get(p, ())]
+    return [(p, piece) for p in starts for piece in read.get(p, ())]
 
 
 def readable_partitions(
@@ -400,10 +412,10 @@ def _read_in_turn(
     positions: dict[int, int],
     ends: dict[int, int],
     bounds: ReadBounds,
-) -> dict[int, list[pa.RecordBatch]]:
+) -> dict[int, list[FrameSlice]]:
     """Fill the budgets partition after partition in ``order``; ``positions`` advance.
     The result's keys are in the order read (its last is where this poll stopped)."""
-    read: dict[int, list[pa.RecordBatch]] = {}
+    read: dict[int, list[FrameSlice]] = {}
     messages, budget = bounds.messages, bounds.bytes
     for partition_id in order:
         while messages > 0 and budget > 0 and positions[partition_id] < ends[partition_id]:
@@ -421,7 +433,7 @@ def _read_fair(
     positions: dict[int, int],
     ends: dict[int, int],
     bounds: ReadBounds,
-) -> dict[int, list[pa.RecordBatch]]:
+) -> dict[int, list[FrameSlice]]:
     """Read with the budgets shared fairly; ``positions`` advance to where each stopped.
 
     In rounds: each round shares what is left of both budgets among the partitions
@@ -430,7 +442,7 @@ def _read_fair(
     byte share stopped early gets another. Every round moves some position forward
     or empties a budget, so the rounds end.
     """
-    read: dict[int, list[pa.RecordBatch]] = {}
+    read: dict[int, list[FrameSlice]] = {}
     messages, budget = bounds.messages, bounds.bytes
     while messages > 0 and budget > 0:
         wanting = [(p, ends[p] - positions[p]) for p in order if positions[p] < ends[p]]
@@ -454,45 +466,39 @@ def _take(
     partition_id: int,
     positions: dict[int, int],
     ends: dict[int, int],
-    read: dict[int, list[pa.RecordBatch]],
+    read: dict[int, list[FrameSlice]],
     max_messages: int,
     max_bytes: int,
 ) -> tuple[int, int]:
     """One storage read of ``partition_id`` from its position, trimmed to the cut, added
-    to ``read``; the position advances (to the cut when nothing is left below it).
-    Returns the messages and bytes taken."""
-    result = topic.partition(partition_id).read(
+    to ``read`` as frame slices (decoded later, with every partition's: ``_relation``);
+    the position advances (to the cut when nothing is left below it). Returns the
+    messages and bytes taken (bytes: the frames' bytes, prorated for a partial frame)."""
+    result = topic.partition(partition_id).read_frames(
         positions[partition_id], max_messages=max_messages, max_bytes=max_bytes
     )
-    taken = taken_bytes = 0
-    batches = result.batches
-    if len(batches) > 1 and result.message_count <= SMALL_BATCH_ROWS * len(batches):
-        # One batch per storage read when its batches are small (a partition written by
-        # many small statements): each batch costs a fixed amount here and in
-        # ``relation_batch`` whatever its size; large ones are not worth a copy.
-        batches = [pa.concat_batches(batches)]
-    if batches and result.next_offset <= ends[partition_id]:
-        # The usual case: the read stopped below the cut, so every batch is within it and
-        # the position is where storage stopped (its batches' offsets are contiguous).
-        for batch in batches:
-            read.setdefault(partition_id, []).append(batch)
-            size = batch.nbytes
-            _count(batch.num_rows, size)
-            taken, taken_bytes = taken + batch.num_rows, taken_bytes + size
+    slices, end = result.slices, ends[partition_id]
+    if slices and result.next_offset <= end:
+        # The usual case: the read stopped below the cut, so every slice is within it.
+        taken, taken_bytes = result.message_count, result.size
+        read.setdefault(partition_id, []).extend(slices)
         positions[partition_id] = result.next_offset
+        _count(taken, taken_bytes)
         return taken, taken_bytes
-    if not batches:
-        positions[partition_id] = ends[partition_id]  # nothing left below the cut
-    for batch in batches:
-        batch = _within_cut(batch, ends[partition_id])
-        if batch.num_rows == 0:
-            positions[partition_id] = ends[partition_id]
+    taken = taken_bytes = 0
+    if not slices:
+        positions[partition_id] = end  # nothing left below the cut
+    for piece in slices:
+        # Retention may have moved the log start under the read, which then read from the
+        # new start: the cut still bounds what this read sees.
+        kept = piece.below(end)
+        if kept is None:
+            positions[partition_id] = end
             break
-        read.setdefault(partition_id, []).append(batch)
-        size = batch.nbytes
-        _count(batch.num_rows, size)
-        positions[partition_id] = batch.column("offset")[-1].as_py() + 1
-        taken, taken_bytes = taken + batch.num_rows, taken_bytes + size
+        read.setdefault(partition_id, []).append(kept)
+        positions[partition_id] = kept.next_offset
+        taken, taken_bytes = taken + kept.rows, taken_bytes + kept.size
+    _count(taken, taken_bytes)
     return taken, taken_bytes
 
 
@@ -537,15 +543,14 @@ def fair_shares(demands: list[tuple[int, int]], budget: int) -> dict[int, int]:
 def _record_ranges(
     operation: ReadRecords,
     starts: dict[int, int],
-    batches: list[tuple[int, pa.RecordBatch]],
+    slices: list[tuple[int, FrameSlice]],
     committed: dict[int, int | None],
     transaction: Transaction,
 ) -> None:
     assert operation.consumer is not None
     ends = dict(starts)
-    for partition_id, batch in batches:
-        last = batch.column("offset")[-1].as_py()
-        ends[partition_id] = max(ends[partition_id], last + 1)
+    for partition_id, piece in slices:
+        ends[partition_id] = max(ends[partition_id], piece.next_offset)
     for partition_id, start in starts.items():
         key = (operation.topic_id, operation.consumer, partition_id)
         if (

@@ -40,9 +40,20 @@ _CODEC_LABELS = pa.array(
 )
 
 
-def relation_batch(partition: int, batch: pa.RecordBatch, *, decode: bool = True) -> pa.RecordBatch:
-    """Turn one storage read batch into a batch of the topic relation."""
+def relation_batch(
+    partition: int,
+    batch: pa.RecordBatch,
+    *,
+    decode: bool = True,
+    partitions: np.ndarray | None = None,
+) -> pa.RecordBatch:
+    """Turn one storage read batch into a batch of the topic relation: every row of
+    ``partition``, or, when given, of ``partitions`` (int32, one per row: a batch
+    decoded from many partitions' frames at once)."""
     count = batch.num_rows
+    if partitions is None:
+        partitions = np.full(count, partition, dtype=np.int32)
+    assert partitions.dtype == np.int32 and len(partitions) == count
     codec_ids = batch.column("codec")
     data = batch.column("data")
     if decode:
@@ -54,7 +65,7 @@ def relation_batch(partition: int, batch: pa.RecordBatch, *, decode: bool = True
     labels = pa.DictionaryArray.from_arrays(indices, _CODEC_LABELS)
     return pa.RecordBatch.from_arrays(
         [
-            pa.array(np.full(count, partition, dtype=np.int32)),
+            pa.Array.from_buffers(pa.int32(), count, [None, pa.py_buffer(partitions)]),
             batch.column("offset"),
             batch.column("seq_no"),
             batch.column("producer_id"),
