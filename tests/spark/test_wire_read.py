@@ -270,3 +270,20 @@ def test_connections_kept_idle_and_closed_by_a_restart_are_replaced(spark, datab
         assert counted == 51
     finally:
         server.stop()
+
+
+def test_filters_on_partition_and_offset_narrow_the_cut(spark, database, url, wire) -> None:
+    _fill(database)
+    tb = _catalog(spark, url, wire, splitRows="4")
+    frame = spark.sql(f"SELECT partition, `offset` FROM {tb}.main.events "
+                      "WHERE partition IN (1, 2) AND `offset` >= 5 AND `offset` < 11")  # fmt: skip
+    scan = frame._jdf.queryExecution().executedPlan().collectLeaves().head()
+    assert "partitions=[1, 2], offsets=[5, 11)" in scan.toString()
+    assert scan.inputPartitions().size() == 4  # [5, 9) and [9, 11) of each, of 14 ranges
+    expected = sql_rows(database, 'SELECT partition, "offset" FROM TOPIC events WHERE '
+                        'partition IN (1, 2) AND "offset" >= 5 AND "offset" < 11')  # fmt: skip
+    assert sorted(tuple(r) for r in frame.collect()) == sorted(
+        (r["partition"], r["offset"]) for r in expected)
+    both = spark.sql(f"SELECT count(*) AS n FROM {tb}.main.events WHERE partition = 0 "
+                     "AND partition = 1")  # fmt: skip
+    assert both.first().n == 0

@@ -27,8 +27,9 @@ import org.apache.spark.sql.util.CaseInsensitiveStringMap;
  * a table is then read whole.
  *
  * <p>With the catalog's {@code wire} option (host:port of the PostgreSQL-wire server), a
- * batch scan of a topic is a {@link WireScan} instead: read in the JVM, pruned the same way,
- * no filter pushed (Spark applies them all). Options the wire scan does not implement
+ * batch scan of a topic is a {@link WireScan} instead: read in the JVM, pruned the same way;
+ * filters on {@code partition} and {@code offset} narrow its cut ({@link WireBounds}) and
+ * Spark still applies every filter. Options the wire scan does not implement
  * ({@code startingOffsets}, {@code endingOffsets}, {@code pushFilters}) keep the Python
  * scan; so do streaming reads, which Spark asks of the Python scan (its {@code
  * toMicroBatchStream}).
@@ -39,6 +40,7 @@ final class PruningScanBuilder implements SupportsPushDownFilters, SupportsPushD
     private final PythonScanBuilder whole;
     private StructType required;
     private final boolean wire;
+    private WireBounds bounds = WireBounds.of(new Filter[0]);
     private static final String[] PYTHON_ONLY = {"startingOffsets", "endingOffsets", "pushFilters"};
 
     PruningScanBuilder(StructType schema, CaseInsensitiveStringMap options) {
@@ -61,12 +63,16 @@ final class PruningScanBuilder implements SupportsPushDownFilters, SupportsPushD
 
     @Override
     public Filter[] pushFilters(Filter[] filters) {
-        return wire ? filters : whole.pushFilters(filters);
+        if (wire) {
+            bounds = WireBounds.of(filters);
+            return filters; // all still evaluated by Spark: the bounds only narrow the cut
+        }
+        return whole.pushFilters(filters);
     }
 
     @Override
     public Filter[] pushedFilters() {
-        return wire ? new Filter[0] : whole.pushedFilters();
+        return wire ? bounds.used() : whole.pushedFilters();
     }
 
     @Override
@@ -78,7 +84,7 @@ final class PruningScanBuilder implements SupportsPushDownFilters, SupportsPushD
     public Scan build() {
         StructType read = readSchema();
         if (wire) {
-            return new WireScan(read, options) {
+            return new WireScan(read, options, bounds) {
                 @Override
                 public org.apache.spark.sql.connector.read.streaming.MicroBatchStream
                         toMicroBatchStream(String checkpointLocation) {

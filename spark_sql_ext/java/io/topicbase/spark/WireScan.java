@@ -35,12 +35,14 @@ class WireScan implements Scan, Batch {
     private final StructType schema;
     private final HashMap<String, String> options;
     private final String topic;
+    private final WireBounds bounds;
 
-    WireScan(StructType schema, Map<String, String> options) {
+    WireScan(StructType schema, Map<String, String> options, WireBounds bounds) {
         assert options.containsKey("wire") && options.containsKey("topic");
         this.schema = schema;
         this.options = new HashMap<>(options);
         this.topic = options.get("topic");
+        this.bounds = bounds;
     }
 
     @Override
@@ -50,7 +52,8 @@ class WireScan implements Scan, Batch {
 
     @Override
     public String description() {
-        return "TopicbaseWireScan(topic=" + topic + ", columns=" + String.join(",", columns()) + ")";
+        return "TopicbaseWireScan(topic=" + topic + ", " + bounds + "columns="
+            + String.join(",", columns()) + ")";
     }
 
     @Override
@@ -120,8 +123,11 @@ class WireScan implements Scan, Batch {
         }
         for (String[] row : rows) {
             int partition = Integer.parseInt(row[0]);
-            long start = Long.parseLong(row[1]);
-            long end = Long.parseLong(row[2]);
+            if (!bounds.wants(partition)) {
+                continue;
+            }
+            long start = bounds.from(Long.parseLong(row[1]));
+            long end = bounds.to(Long.parseLong(row[2]));
             for (long at = start; at < end; at += split) {
                 ranges.add(new Range(partition, at, Math.min(end, at + split)));
             }
