@@ -61,10 +61,11 @@ class GroupCommitter:
         self.rounds = 0
 
     @property
-    def busy(self) -> bool:
-        """Whether a round is forming or syncing: a request submitted now joins the next
-        round. A hint for routing (read without the mutex; it may change at once)."""
-        return self._leader_active
+    def waiting(self) -> int:
+        """Requests queued for the next round while a round runs: a request submitted now
+        would share the next sync with them. A hint for routing (read without the mutex;
+        it may change at once)."""
+        return len(self._queue) if self._leader_active else 0
 
     def submit(self, payload: Any) -> Any:
         request = Request(payload)

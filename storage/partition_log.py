@@ -173,9 +173,10 @@ class PartitionLog:
         return self.producers.last_seq_no(producer_id)
 
     @property
-    def committing(self) -> bool:
-        """Whether a group-commit round is in progress (``GroupCommitter.busy``: a hint)."""
-        return self._committer.busy
+    def sync_waiters(self) -> int:
+        """Appends waiting for the next group-commit round (``GroupCommitter.waiting``:
+        a hint)."""
+        return self._committer.waiting
 
     # -- appends -----------------------------------------------------------------------
     def append(self, batch: pa.RecordBatch) -> AppendResult:

@@ -525,16 +525,21 @@ class TopicLog:
 
     def _keyless_partition(self, messages: int) -> int:
         """The partition of a keyless batch (caller holds the lock): the last keyless
-        batch's partition while a group-commit round is in progress there and fewer than
-        ``KEYLESS_JOIN_MESSAGES_MAX`` messages have joined it; else the next one
-        round-robin.
+        batch's partition while appends there already wait for its next group-commit
+        round and fewer than ``KEYLESS_JOIN_MESSAGES_MAX`` messages have joined it; else
+        the next one round-robin.
 
-        Joining a round in progress costs the batch nothing (it waits for the next sync
-        either way) and shares that sync: 16 concurrent one-message statements over 4
-        partitions make ~2 messages per fsync round-robin and ~6 joining (Kafka's sticky
-        partitioner makes the same trade for its batches). Statements one after another
-        never find a round in progress, so they still go round-robin; the cap keeps a
-        busy topic's partitions evenly filled over any stretch of a few hundred messages.
+        Joining shares a sync that is coming anyway: 16 concurrent one-message
+        statements over 4 partitions made ~2.1 messages per fsync round-robin, ~2.9
+        joining, with ~16 % less server CPU a message (Kafka's sticky partitioner makes
+        the same trade for its batches). Only a round that already has company is
+        joined: with a lone round (few clients) the batch would wait for the running
+        sync and then sync alone, twice the latency of leading a round on another
+        partition (joining any running round: 2 clients 0.6x msgs/s; 16 clients 6.8
+        messages per fsync but no more msgs/s than this rule).
+        Statements one after another never find waiting appends, so they go round-robin;
+        the cap keeps a busy topic's partitions evenly filled over any stretch of a few
+        hundred messages.
         """
         last = self._keyless_last
         info = None if last is None else self._info.get(last)
@@ -545,7 +550,7 @@ class TopicLog:
             and info is not None
             and info.active
             and log is not None
-            and log.committing
+            and log.sync_waiters > 0
         ):
             self._keyless_joined += messages
             return last

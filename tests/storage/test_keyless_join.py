@@ -1,12 +1,12 @@
-"""Keyless batches join the group-commit round in progress (``TopicLog._keyless_partition``).
+"""Keyless batches join a group-commit round that has company (``TopicLog._keyless_partition``).
 
 Durable produce by many connections (issue 14, ``produce.durable.c16``): a keyless
 one-message statement went to the next partition round-robin, so 16 concurrent ones
 spread over 4 partitions' group commits and shared ~2 messages per fsync. Now a keyless
-batch goes to the partition of the last keyless batch while a round is in progress there
-(it would wait for a sync anyway), up to ``KEYLESS_JOIN_MESSAGES_MAX`` messages, then on
-round-robin. Statements one after another never see a round in progress: round-robin as
-before (``test_topic_log.test_keyless_messages_spread_round_robin``).
+batch goes to the partition of the last keyless batch while appends there already wait
+for its next round (it shares that sync), up to ``KEYLESS_JOIN_MESSAGES_MAX`` messages,
+then on round-robin. Statements one after another never find appends waiting:
+round-robin as before (``test_topic_log.test_keyless_messages_spread_round_robin``).
 """
 
 from __future__ import annotations
@@ -28,7 +28,7 @@ from storage.record_batch import build_wire_batch
 from storage.topic_log import KEYLESS_JOIN_MESSAGES_MAX, TopicLog
 
 
-def test_a_committer_is_busy_exactly_while_a_round_runs() -> None:
+def test_a_committer_counts_the_requests_waiting_for_its_next_round() -> None:
     entered, release = threading.Event(), threading.Event()
 
     def flush(requests: list[Request]) -> None:
@@ -38,15 +38,23 @@ def test_a_committer_is_busy_exactly_while_a_round_runs() -> None:
             request.result = "ok"
 
     committer = GroupCommitter(flush)
-    assert not committer.busy
-    worker = threading.Thread(target=committer.submit, args=("a",))
-    worker.start()
+    assert committer.waiting == 0
+    leader = threading.Thread(target=committer.submit, args=("a",))
+    leader.start()
     assert entered.wait(10)
-    assert committer.busy
+    assert committer.waiting == 0  # a round runs, nobody waits for the next one
+    follower = threading.Thread(target=committer.submit, args=("b",))
+    follower.start()
+    for _ in range(10_000):  # until it is queued (no timing: a bounded poll)
+        if committer.waiting:
+            break
+        threading.Event().wait(0.001)
+    assert committer.waiting == 1
     release.set()
-    worker.join(10)
-    assert not worker.is_alive()
-    assert not committer.busy
+    leader.join(10)
+    follower.join(10)
+    assert not leader.is_alive() and not follower.is_alive()
+    assert committer.waiting == 0
 
 
 @pytest.fixture
@@ -59,12 +67,12 @@ def topic(tmp_path: Any, fs: FileSystem, clock: ManualClock) -> Iterator[TopicLo
 
 @pytest.fixture
 def busy(monkeypatch: pytest.MonkeyPatch) -> set[int]:
-    """Partitions whose group commit is made to look in progress."""
-    committing: set[int] = set()
+    """Partitions made to look as if appends waited for their next group-commit round."""
+    waiting: set[int] = set()
     monkeypatch.setattr(
-        PartitionLog, "committing", property(lambda log: log.partition_id in committing)
+        PartitionLog, "sync_waiters", property(lambda log: int(log.partition_id in waiting))
     )
-    return committing
+    return waiting
 
 
 def _partition(topic: TopicLog, messages: int) -> int:
@@ -77,7 +85,7 @@ def test_keyless_batches_join_a_round_in_progress_up_to_the_cap(
     topic: TopicLog, busy: set[int]
 ) -> None:
     first = _partition(topic, 2)
-    assert _partition(topic, 2) != first  # no round in progress: round-robin
+    assert _partition(topic, 2) != first  # nobody waits for a sync: round-robin
     last = _partition(topic, 2)
     busy.add(last)
     joined = [_partition(topic, 2) for _ in range(KEYLESS_JOIN_MESSAGES_MAX // 2 - 1)]
