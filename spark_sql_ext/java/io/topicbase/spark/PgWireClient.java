@@ -281,7 +281,15 @@ final class PgWireClient implements Closeable {
     static PgWireClient connect(String address, Map<String, String> options) throws IOException {
         int colon = address.lastIndexOf(':');
         String host = colon < 0 ? address : address.substring(0, colon);
-        int port = colon < 0 ? 5432 : Integer.parseInt(address.substring(colon + 1));
+        int port;
+        try {
+            port = colon < 0 ? 5432 : Integer.parseInt(address.substring(colon + 1));
+        } catch (NumberFormatException e) {
+            throw new IllegalArgumentException("wire address " + address + " is not host:port");
+        }
+        if (options.get("user") == null) {
+            throw new IllegalArgumentException("no user for the wire at " + address);
+        }
         return connect(host, port, options.get("user"), options.get("password"),
             options.get("database"), options.get("sslmode"), options.get("sslrootcert"));
     }
