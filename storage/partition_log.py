@@ -18,6 +18,7 @@ is on disk.
 
 from __future__ import annotations
 
+import bisect
 import contextlib
 import logging
 import threading
@@ -705,8 +706,8 @@ class PartitionLog:
 
 def _segment_index(segments: tuple[LogSegment, ...], offset: int) -> int | None:
     """Index of the segment holding ``offset`` (bases are sorted)."""
-    bases = [s.base_offset for s in segments]
-    position = int(np.searchsorted(bases, offset, side="right")) - 1
+    # bisect, not numpy: a read of a partition of a few segments pays ~1 us, not ~10
+    position = bisect.bisect_right(segments, offset, key=lambda s: s.base_offset) - 1
     return None if position < 0 else position
 
 

@@ -21,18 +21,14 @@ import os
 from collections.abc import Iterator
 from dataclasses import dataclass
 
+import crc32c
 import pyarrow as pa
 
 from storage import failpoints, file_names, limits
 from storage.errors import CorruptSegmentError
 from storage.fs import FileSystem
 from storage.offset_index import OffsetIndex
-from storage.record_batch import (
-    HEADER_BYTES,
-    FrameHeader,
-    decode_header,
-    frame_checksum_ok,
-)
+from storage.record_batch import HEADER, HEADER_BYTES, MAGIC, FrameHeader
 from storage.time_index import TimeIndex
 
 READ_WINDOW_BYTES_MIN = 1024 * 1024
@@ -226,17 +222,19 @@ class LogSegment:
                 size = min(window_bytes, limit_bytes - position)
                 raw = self.fs.pread(fd, size, position)
                 buffer = pa.py_buffer(raw)
+                view = memoryview(raw)
+                available = len(raw)
                 consumed = 0
-                while consumed + HEADER_BYTES <= len(raw):
+                while consumed + HEADER_BYTES <= available:
                     header = self._header_at(raw, consumed, position + consumed)
-                    end = consumed + header.frame_bytes
-                    if end > len(raw):
+                    end = consumed + HEADER_BYTES + header.body_bytes
+                    if end > available:
                         window_bytes = max(window_bytes, header.frame_bytes)
                         break
-                    if header.next_offset > start_offset:
-                        body_view = memoryview(raw)[consumed + HEADER_BYTES : end]
-                        header_view = memoryview(raw)[consumed : consumed + HEADER_BYTES]
-                        if not frame_checksum_ok(header, header_view, body_view):
+                    if header.base_offset + header.record_count > start_offset:
+                        # The checksum covers header bytes [8, 48) and the body, which
+                        # follow each other here: one pass (as ``frame_checksum_ok``).
+                        if crc32c.crc32c(view[consumed + 8 : end]) != header.crc:
                             if skip_corrupt:
                                 consumed = end
                                 continue
@@ -271,7 +269,10 @@ class LogSegment:
             self.fs.close(fd)
 
     def _header_at(self, raw: bytes, index: int, position: int) -> FrameHeader:
-        header = decode_header(memoryview(raw)[index : index + HEADER_BYTES])
-        if header is None or header.body_bytes % 8 or header.record_count == 0:
+        """The header at ``raw[index:]`` (as ``decode_header``), checked."""
+        magic, crc, base, written, count, body_bytes, attributes, _, transaction = (
+            HEADER.unpack_from(raw, index)
+        )
+        if magic != MAGIC or body_bytes % 8 or count == 0:
             raise CorruptSegmentError("bad frame header", path=self.log_path, position=position)
-        return header
+        return FrameHeader(crc, base, written, count, body_bytes, attributes, transaction)
