@@ -173,12 +173,9 @@ _MEMO = weakref.WeakKeyDictionary()
 
 def _catalog_version(cursor: Any) -> int | None:
     """DuckDB's count of statements that may change what a name binds to (2.0's binder
-    API); None where the connection does not tell."""
-    version = getattr(cursor, "_catalog_version", None)
-    try:
-        return int(version()) if version is not None else None
-    except (TypeError, ValueError, RuntimeError):
-        return None
+    API), less the moves of the engine's own kept plans (``tables.catalog_version``);
+    None where the connection does not tell."""
+    return tables.catalog_version(cursor)
 
 
 def _statement_key(statement: ast.Statement) -> str | None:

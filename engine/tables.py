@@ -42,6 +42,7 @@ import re
 import sys
 import threading
 import warnings
+import weakref
 from collections.abc import Iterator
 from contextlib import contextmanager
 from typing import Any, NamedTuple
@@ -509,14 +510,36 @@ def _small_head(
     """Execute ``sql``; its first rows as Arrow built from them (``SMALL_RESULT_ROWS``
     and one), and whether the result holds more. A result of other types (changed by
     DDL) gives no head and more = True: all of it is left to DuckDB."""
-    cursor.execute(sql, parameters or None)
+    head, more, _ = _small_rows(cursor, sql, parameters)
+    return head, more
+
+
+def _small_rows(
+    cursor: Connection, sql: str, parameters: Any
+) -> tuple[pa.Table | None, bool, list[str] | None]:
+    """``_small_head``, and DuckDB's type name of each result column (None: no result).
+    A text without parameters runs from its kept plan (``CursorPlans``) once it has one:
+    afterwards the cursor may hold another statement's result (the PREPARE) unless more
+    is True, so its ``description`` is read here."""
+    plans = None if parameters else _plans_of(cursor)
+    plan = None if plans is None else plans.name(sql)
+    if plan is None:
+        cursor.execute(sql, parameters or None)
+    else:
+        assert plans is not None
+        try:
+            plans.run(cursor, f"EXECUTE {plan}")
+        except duckdb.Error:
+            plans.failed(sql, plan)
+            raise
     description = cursor.description
     if description is None:
-        return None, False
+        return None, False, None
+    duckdb_types = [str(column[1]) for column in description]
     shape = _row_shape(description)
     if shape is None:
         _small_results[sql] = False
-        return None, True
+        return None, True, duckdb_types
     types, schema = shape
     rows = cursor.fetchmany(SMALL_RESULT_ROWS + 1)
     more = len(rows) > SMALL_RESULT_ROWS
@@ -527,7 +550,129 @@ def _small_head(
         [pa.array(values, kind) for values, kind in zip(columns, types, strict=True)],
         schema=schema,
     )
-    return head, more
+    if plans is not None and plan is None and not more:
+        plans.succeeded(cursor, sql)  # the result is read whole: the cursor is free
+    return head, more, duckdb_types
+
+
+# DuckDB's plans of repeated queries. ``execute("SELECT 1")`` parses, binds, plans and
+# optimizes the text on every run (~200 us); ``EXECUTE`` of the same text PREPAREd once
+# on the same connection runs its kept plan (~60-100 us). DuckDB binds a prepared
+# statement again whenever what it was bound against moved (DDL, a registered relation
+# replaced, ``SET search_path``/``schema``, a temp table shadowing a table: the same
+# binding as the text's, docs/statement_cost.md), so the plan gives what the text would.
+PLAN_PREFIX = "__topicbase_plan_"
+PLANS_PER_CURSOR = 64
+# A query on the rows' way, without parameters, one statement: SELECT and no ';' at all.
+_PLANNABLE = re.compile(r"\s*SELECT\b", re.IGNORECASE)
+_plan_numbers = iter(range(1, sys.maxsize))
+_plans_lock = threading.Lock()
+
+
+class CursorPlans:
+    """The prepared plans of one DuckDB connection (cursor), by statement text.
+
+    A text is PREPAREd the second time it succeeds on the rows' way, right after it ran
+    in the same transaction (a PREPARE that failed would abort an open transaction; one
+    of a text that just bound cannot fail), and EXECUTEd from then on. At most
+    ``PLANS_PER_CURSOR`` texts are remembered; the least recently used is DEALLOCATEd.
+    A plan whose EXECUTE failed (its table dropped, say: the error is the text's, but
+    without DuckDB's ``LINE n:`` excerpt) is forgotten, and DEALLOCATEd at the next
+    PREPARE, when the cursor's transaction is known good. Used by one thread at a time
+    (the cursor's session), so only the registry ``_plans`` is locked."""
+
+    def __init__(self) -> None:
+        self._names: dict[str, str | None] = {}  # text -> plan, None: seen once
+        self._dropped: list[str] = []
+        # How far this object's own PREPARE/EXECUTE/DEALLOCATE moved DuckDB's catalog
+        # version (``catalog_version``), measured around each of them.
+        self.own_moves = 0
+
+    def run(self, cursor: Connection, sql: str) -> None:
+        """Run one of this object's statements, counting the catalog version it moves."""
+        before = _raw_catalog_version(cursor)
+        try:
+            cursor.execute(sql)
+        finally:
+            after = _raw_catalog_version(cursor)
+            if before is not None and after is not None:
+                self.own_moves += after - before
+
+    def name(self, sql: str) -> str | None:
+        """The plan of ``sql`` if it has one (the text becomes the most recently used)."""
+        if sql not in self._names:
+            return None
+        name = self._names.pop(sql)
+        self._names[sql] = name
+        return name
+
+    def failed(self, sql: str, name: str) -> None:
+        if self._names.get(sql) == name:
+            del self._names[sql]
+        self._dropped.append(name)
+
+    def succeeded(self, cursor: Connection, sql: str) -> None:
+        """``sql`` just ran and its result was read whole: note it, or PREPARE it if it
+        was seen before."""
+        if (
+            len(sql) > limits.CACHED_TEXT_CHARS_MAX
+            or ";" in sql
+            or not _PLANNABLE.match(sql)
+        ):
+            return
+        if sql not in self._names:
+            self._names[sql] = None
+            self._evict(cursor)
+            return
+        name = f"{PLAN_PREFIX}{next(_plan_numbers)}"
+        for dropped in self._dropped:
+            self.run(cursor, f"DEALLOCATE {dropped}")
+        self._dropped.clear()
+        self.run(cursor, f"PREPARE {name} AS {sql}")
+        self._names[sql] = name
+        self._evict(cursor)
+
+    def _evict(self, cursor: Connection) -> None:
+        while len(self._names) > PLANS_PER_CURSOR:
+            oldest = next(iter(self._names))
+            name = self._names.pop(oldest)
+            if name is not None:
+                self.run(cursor, f"DEALLOCATE {name}")
+
+    def __len__(self) -> int:
+        return sum(1 for name in self._names.values() if name is not None)
+
+
+_plans: weakref.WeakKeyDictionary[Connection, CursorPlans] = weakref.WeakKeyDictionary()
+
+
+def _raw_catalog_version(cursor: Any) -> int | None:
+    version = getattr(cursor, "_catalog_version", None)
+    try:
+        return int(version()) if version is not None else None
+    except (TypeError, ValueError, RuntimeError):
+        return None
+
+
+def catalog_version(cursor: Any) -> int | None:
+    """DuckDB's count of statements that may change what a name binds to on ``cursor``
+    (2.0's binder API; None where the connection does not tell), less what the engine's
+    kept plans moved it by: PREPARE, EXECUTE and DEALLOCATE count there, and a plan run
+    changes no binding. Read by the cursor's own thread."""
+    version = _raw_catalog_version(cursor)
+    if version is None:
+        return None
+    with _plans_lock:
+        plans = _plans.get(cursor)
+    return version if plans is None else version - plans.own_moves
+
+
+def _plans_of(cursor: Connection) -> CursorPlans:
+    with _plans_lock:
+        plans = _plans.get(cursor)
+        if plans is None:
+            plans = _plans[cursor] = CursorPlans()
+        return plans
 
 
 _ROW_SHAPES_MAX = 1024
@@ -619,10 +764,8 @@ def _small_reader(
 ) -> tuple[pa.RecordBatchReader | ChainedReader, list[str]]:
     """``batch_reader`` on the rows' way (see ``query_arrow``): the head built from rows,
     then, should the result hold more, DuckDB's own reader over the rest."""
-    head, more = _small_head(cursor, sql, parameters)
-    description = cursor.description
-    assert description is not None, "only queries that return rows are streamed"
-    duckdb_types = [str(column[1]) for column in description]
+    head, more, duckdb_types = _small_rows(cursor, sql, parameters)
+    assert duckdb_types is not None, "only queries that return rows are streamed"
     if not more:
         assert head is not None
         return pa.RecordBatchReader.from_batches(head.schema, head.to_batches()), duckdb_types

@@ -18,6 +18,7 @@ from sql.pgwire.codec import messages as m
 from sql.pgwire.codec import wire_types
 from sql.pgwire.connection.extended import ExtendedProtocol
 from sql.pgwire.connection.portals import Prepared
+from storage import errors
 
 
 @pytest.fixture
@@ -26,6 +27,7 @@ def cursor() -> Iterator[tables.Connection]:
     tables._small_results.clear()
     tables._row_shapes.clear()
     yield connection.cursor()
+    tables._small_results.clear()
     connection.close()
 
 
@@ -87,3 +89,125 @@ def test_a_parse_says_once_whether_the_wire_server_runs_its_statement() -> None:
         asyncio.run(connection.on_parse(m.Parse(name, query, [])))
     flags = {name: (p.wire, p.copy) for name, p in connection.statements.items()}
     assert flags == {"q": (False, False), "c": (True, True), "f": (True, False)}
+
+
+# -- DuckDB's kept plans (engine.tables.CursorPlans) ------------------------------------------
+def _plans_in_duckdb(cursor: tables.Connection) -> list[str]:
+    rows = cursor.execute("SELECT name FROM duckdb_prepared_statements()").fetchall()
+    return sorted(name for (name,) in rows if name.startswith(tables.PLAN_PREFIX))
+
+
+def _rows(cursor: tables.Connection, sql: str) -> list[dict[str, object]]:
+    table = tables.query_arrow(cursor, sql)
+    assert table is not None
+    return table.to_pylist()
+
+
+def _kept(cursor: tables.Connection, sql: str) -> list[dict[str, object]]:
+    """Run ``sql`` until it runs from a kept plan (relation, rows, rows + PREPARE)."""
+    for _ in range(3):
+        rows = _rows(cursor, sql)
+    assert tables._plans_of(cursor).name(sql) is not None
+    return rows
+
+
+def test_a_repeated_query_runs_from_its_kept_plan(cursor: tables.Connection) -> None:
+    cursor.execute("CREATE TABLE t (a INTEGER)")
+    cursor.execute("INSERT INTO t VALUES (1), (2)")
+    sql = "SELECT sum(a)::BIGINT AS s FROM t"
+    assert _rows(cursor, sql) == [{"s": 3}]  # the relation's way
+    assert _rows(cursor, sql) == [{"s": 3}]  # the rows' way, seen once
+    assert _plans_in_duckdb(cursor) == []
+    assert _rows(cursor, sql) == [{"s": 3}]  # seen twice: PREPAREd
+    assert len(_plans_in_duckdb(cursor)) == 1
+    cursor.execute("INSERT INTO t VALUES (4)")
+    assert _rows(cursor, sql) == [{"s": 7}]  # EXECUTEd: the data of now
+    assert len(_plans_in_duckdb(cursor)) == 1
+    assert tables.query_arrow(cursor, "SELECT $1::INTEGER AS p", [5]).to_pylist() == [{"p": 5}]
+
+
+def test_a_kept_plan_binds_as_its_text_after_ddl_and_search_path(
+    cursor: tables.Connection,
+) -> None:
+    cursor.execute("CREATE TABLE t (a INTEGER)")
+    cursor.execute("INSERT INTO t VALUES (1)")
+    sql = "SELECT * FROM t"
+    assert _kept(cursor, sql) == [{"a": 1}]
+    cursor.execute("ALTER TABLE t ADD COLUMN b VARCHAR DEFAULT 'x'")
+    assert _rows(cursor, sql) == [{"a": 1, "b": "x"}]
+    cursor.execute("CREATE SCHEMA s")
+    cursor.execute("CREATE TABLE s.t (z BIGINT)")
+    cursor.execute("INSERT INTO s.t VALUES (42)")
+    cursor.execute("SET search_path = 's'")
+    assert _rows(cursor, sql) == [{"z": 42}]
+    cursor.execute("SET search_path = 'main'")
+    cursor.execute("CREATE TEMP TABLE t (q INTEGER)")
+    cursor.execute("INSERT INTO temp.t VALUES (7)")
+    assert _rows(cursor, sql) == [{"q": 7}]
+
+
+def test_a_plan_whose_table_is_gone_fails_as_its_text_and_is_forgotten(
+    cursor: tables.Connection,
+) -> None:
+    cursor.execute("CREATE TABLE t (a INTEGER)")
+    sql = "SELECT count(*) AS n FROM t"
+    assert _kept(cursor, sql) == [{"n": 0}]
+    cursor.execute("DROP TABLE t")
+    with pytest.raises(errors.TopicbaseError) as raised:
+        tables.query_arrow(cursor, sql)
+    assert raised.value.sqlstate == "42P01"
+    assert tables._plans_of(cursor).name(sql) is None
+    cursor.execute("CREATE TABLE t (a VARCHAR)")
+    cursor.execute("INSERT INTO t VALUES ('x'), ('y')")
+    assert _kept(cursor, sql) == [{"n": 2}]
+    assert len(_plans_in_duckdb(cursor)) == 1  # the failed plan was DEALLOCATEd
+
+
+def test_a_plan_made_in_a_rolled_back_transaction_still_runs(cursor: tables.Connection) -> None:
+    cursor.execute("CREATE TABLE t (a INTEGER)")
+    cursor.execute("BEGIN")
+    cursor.execute("INSERT INTO t VALUES (5)")
+    assert _kept(cursor, "SELECT max(a) AS m FROM t") == [{"m": 5}]
+    cursor.execute("ROLLBACK")
+    assert _rows(cursor, "SELECT max(a) AS m FROM t") == [{"m": None}]
+
+
+def test_plans_are_bounded_per_cursor(cursor: tables.Connection) -> None:
+    for number in range(tables.PLANS_PER_CURSOR + 10):
+        _kept(cursor, f"SELECT {number} AS n")
+    assert len(_plans_in_duckdb(cursor)) <= tables.PLANS_PER_CURSOR
+    assert _rows(cursor, "SELECT 3 AS n") == [{"n": 3}]
+
+
+def test_only_single_parameterless_selects_are_kept(cursor: tables.Connection) -> None:
+    cursor.execute("CREATE TABLE t (a INTEGER)")
+    for sql in ("SELECT 1 AS a; SELECT 2 AS a", "WITH x AS (SELECT 1 AS a) SELECT a FROM x"):
+        for _ in range(3):
+            tables.query_arrow(cursor, sql)
+        assert tables._plans_of(cursor).name(sql) is None
+    for _ in range(3):
+        tables.query_arrow(cursor, "SELECT $1::INTEGER AS a", [1])
+    assert _plans_in_duckdb(cursor) == []
+
+
+def test_plan_runs_do_not_move_the_catalog_version_descriptions_are_kept_by(
+    cursor: tables.Connection,
+) -> None:
+    cursor.execute("CREATE TABLE t (a INTEGER)")
+    _kept(cursor, "SELECT count(*) AS n FROM t")
+    before = tables.catalog_version(cursor)
+    for _ in range(3):
+        _rows(cursor, "SELECT count(*) AS n FROM t")
+    assert tables.catalog_version(cursor) == before
+    cursor.execute("ALTER TABLE t ADD COLUMN b INTEGER")
+    assert tables.catalog_version(cursor) != before
+
+
+def test_streamed_results_from_a_kept_plan_keep_their_duckdb_types(
+    cursor: tables.Connection,
+) -> None:
+    sql = "SELECT 1 AS a, 'x' AS b"
+    _kept(cursor, sql)
+    reader, duckdb_types = tables.batch_reader(cursor, sql, None, 100)
+    assert duckdb_types == ["INTEGER", "VARCHAR"]
+    assert reader.read_all().to_pylist() == [{"a": 1, "b": "x"}]
