@@ -584,6 +584,10 @@ class CursorPlans:
     def __init__(self) -> None:
         self._names: dict[str, str | None] = {}  # text -> plan, None: seen once
         self._dropped: list[str] = []
+        # Relations registered on the cursor now (``register``; the engine registers topic
+        # reads and system views for one statement): a text run while any is registered
+        # is not kept, so that no plan holds a registered table alive past its statement.
+        self.registered: set[str] = set()
         # How far this object's own PREPARE/EXECUTE/DEALLOCATE moved DuckDB's catalog
         # version (``catalog_version``), measured around each of them.
         self.own_moves = 0
@@ -615,7 +619,8 @@ class CursorPlans:
         """``sql`` just ran and its result was read whole: note it, or PREPARE it if it
         was seen before."""
         if (
-            len(sql) > limits.CACHED_TEXT_CHARS_MAX
+            self.registered
+            or len(sql) > limits.CACHED_TEXT_CHARS_MAX
             or ";" in sql
             or not _PLANNABLE.match(sql)
         ):
@@ -732,9 +737,11 @@ def fetch_rows(cursor: Connection, sql: str, parameters: Any = None) -> list[tup
 def register(cursor: Connection, name: str, table: pa.Table) -> None:
     with translated():
         cursor.register(name, table)
+    _plans_of(cursor).registered.add(name)
 
 
 def unregister(cursor: Connection, name: str) -> None:
+    _plans_of(cursor).registered.discard(name)
     with translated():
         cursor.unregister(name)
 

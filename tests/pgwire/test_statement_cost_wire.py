@@ -211,3 +211,13 @@ def test_streamed_results_from_a_kept_plan_keep_their_duckdb_types(
     reader, duckdb_types = tables.batch_reader(cursor, sql, None, 100)
     assert duckdb_types == ["INTEGER", "VARCHAR"]
     assert reader.read_all().to_pylist() == [{"a": 1, "b": "x"}]
+
+
+def test_a_query_over_a_registered_relation_is_not_kept(cursor: tables.Connection) -> None:
+    sql = "SELECT count(*) AS n FROM stand_in"
+    for rows in ([1, 2], [1, 2, 3], [4]):
+        tables.register(cursor, "stand_in", pa.table({"a": rows}))
+        assert _rows(cursor, sql) == [{"n": len(rows)}]
+        tables.unregister(cursor, "stand_in")
+    assert tables._plans_of(cursor).name(sql) is None
+    assert _plans_in_duckdb(cursor) == []
