@@ -28,7 +28,9 @@ import pyarrow as pa
 
 from engine import privileges
 from engine.topic_relation import SCHEMA, relation_batch
+from storage import limits
 from storage.errors import InvalidParameterValueError, UndefinedTopicError
+from storage.frame_read import decode_slices
 
 DEFAULT_SPLIT_ROWS = 1_000_000
 READ_CHUNK_MESSAGES = 8192
@@ -169,24 +171,36 @@ def read_range(
         return
     position = offsets.start
     while position < offsets.end:
-        result = partition.read(
+        # Each stored frame is read (pread, checked) and decoded once, then cut into
+        # batches of at most READ_CHUNK_MESSAGES: a read of READ_CHUNK_MESSAGES messages at
+        # a time re-read and re-decoded a large frame (a Flight/Spark commit's, up to
+        # BATCH_BYTES_MAX) once per chunk. The read stops after READ_CHUNK_BYTES of frames
+        # or after one frame larger than that, so at most that much is held at once.
+        found = partition.read_frames(
             position,
-            max_messages=min(READ_CHUNK_MESSAGES, offsets.end - position),
+            max_messages=min(limits.READ_MESSAGES_MAX, offsets.end - position),
             max_bytes=READ_CHUNK_BYTES,
         )
-        if not result.batches:
+        if not found.slices:
             raise InvalidParameterValueError(
                 f"partition {offsets.partition} of topic {name} ends at {position}, "
                 f"before the range's end {offsets.end}"
             )
-        for batch in result.batches:
-            relation = relation_batch(offsets.partition, batch).select(schema.names)
-            if "codec" in schema.names:
-                index = schema.get_field_index("codec")
-                relation = relation.set_column(
-                    index, schema.field(index), relation.column(index).dictionary_decode())
-            yield relation
-            position = batch.column("offset")[-1].as_py() + 1
+        for batch in decode_slices(found.slices):
+            for start in range(0, batch.num_rows, READ_CHUNK_MESSAGES):
+                yield _project(offsets.partition, batch.slice(start, READ_CHUNK_MESSAGES),
+                               schema)  # fmt: skip
+        position = found.next_offset
+
+
+def _project(partition: int, batch: pa.RecordBatch, schema: pa.Schema) -> pa.RecordBatch:
+    """A read batch of ``partition`` as the relation's columns of ``schema``."""
+    relation = relation_batch(partition, batch).select(schema.names)
+    if "codec" in schema.names:
+        index = schema.get_field_index("codec")
+        relation = relation.set_column(
+            index, schema.field(index), relation.column(index).dictionary_decode())
+    return relation
 
 
 def _range_only(offsets: OffsetRange, schema: pa.Schema) -> Iterator[pa.RecordBatch]:
