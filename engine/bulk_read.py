@@ -34,7 +34,11 @@ from storage.frame_read import decode_slices
 
 DEFAULT_SPLIT_ROWS = 1_000_000
 READ_CHUNK_MESSAGES = 8192
-READ_CHUNK_BYTES = 16 * 1024 * 1024
+# Frames read at once (plus at most one larger frame, read whole): the window one pread
+# fills. Larger windows cost more CPU per byte (fresh memory for each pread): for 200k
+# messages of 1 KiB in frames of 10k, 0.040 s at 4 MiB vs 0.115 s at 16 MiB; in frames of
+# 1,024, 0.066 vs 0.119 s (in-process CPU, medians of 5).
+READ_CHUNK_BYTES = 4 * 1024 * 1024
 TOPIC_COLUMNS = tuple(SCHEMA.names)
 # The relation's schema with the codec as plain text: Arrow clients (Spark among them) need
 # no dictionary support, and IPC streams need no dictionary batch up front.
