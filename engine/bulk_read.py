@@ -190,6 +190,11 @@ def read_range(
                 f"partition {offsets.partition} of topic {name} ends at {position}, "
                 f"before the range's end {offsets.end}"
             )
+        if found.slices[0].first_offset != position:  # storage clamps to the log start
+            raise InvalidParameterValueError(
+                f"offsets {position}..{found.slices[0].first_offset} of partition "
+                f"{offsets.partition} of topic {name} were removed by retention"
+            )
         for batch in decode_slices(found.slices):
             for start in range(0, batch.num_rows, READ_CHUNK_MESSAGES):
                 yield _project(offsets.partition, batch.slice(start, READ_CHUNK_MESSAGES),

@@ -88,3 +88,29 @@ def test_many_small_frames_read_as_before(session) -> None:
     table = pa.Table.from_batches(batches)
     assert table.column("offset").to_pylist() == list(range(3, total - 2))
     assert all(b.num_rows <= READ_CHUNK_MESSAGES for b in batches)
+
+
+def test_retention_during_a_range_read_fails_rather_than_skipping(session, monkeypatch) -> None:
+    """Storage clamps a read to the log start: a range read that retention overtook between
+    two reads refuses (22023) instead of skipping the removed messages."""
+    from storage.errors import InvalidParameterValueError
+    from storage.partition_log import PartitionLog
+
+    session.execute("CREATE TOPIC r")
+    for _ in range(3):
+        session.execute("INSERT INTO TOPIC r (data) SELECT CAST(repeat('y', 1024) AS BLOB) "
+                        "FROM range(5000) AS g(i)")  # fmt: skip
+    original = PartitionLog.read_frames
+    calls: list[int] = []
+
+    def overtaken(self, start_offset: int, **limits):
+        calls.append(start_offset)
+        # From the second read on, as if retention had removed the next 10 messages.
+        return original(self, start_offset + (10 if len(calls) > 1 else 0), **limits)
+
+    monkeypatch.setattr(PartitionLog, "read_frames", overtaken)
+    monkeypatch.setattr(bulk_read, "READ_CHUNK_BYTES", 1)  # one frame per storage read
+    batches = read_range(session, "r", OffsetRange(0, 0, 15_000))
+    with pytest.raises(InvalidParameterValueError, match="removed by retention"):
+        list(batches)
+    assert len(calls) == 2
