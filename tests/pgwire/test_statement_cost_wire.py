@@ -10,6 +10,7 @@ import asyncio
 from collections.abc import Callable, Iterator
 from typing import Any
 
+import psycopg
 import pyarrow as pa
 import pytest
 
@@ -221,3 +222,31 @@ def test_a_query_over_a_registered_relation_is_not_kept(cursor: tables.Connectio
         tables.unregister(cursor, "stand_in")
     assert tables._plans_of(cursor).name(sql) is None
     assert _plans_in_duckdb(cursor) == []
+
+
+def test_kept_plans_through_the_wire_follow_the_tables(
+    connect: Callable[..., psycopg.Connection],
+) -> None:
+    """psycopg, simple and prepared: a repeated query keeps giving what its text gives
+    while its table changes under it, in and out of transactions."""
+    conn = connect(autocommit=True)
+    conn.execute("CREATE TABLE t (a INTEGER)")
+    conn.execute("INSERT INTO t VALUES (1)")
+    query = "SELECT count(*) AS n, max(a) AS m FROM t"
+    for prepare in (False, True):
+        for _ in range(4):
+            assert conn.execute(query, prepare=prepare).fetchone() == (1, 1)
+    with tables._plans_lock:  # the server runs in this process: its session kept a plan
+        assert any(len(plans) for plans in tables._plans.values())
+    conn.execute("INSERT INTO t VALUES (5)")
+    assert conn.execute(query, prepare=True).fetchone() == (2, 5)
+    with conn.transaction():
+        conn.execute("INSERT INTO t VALUES (9)")
+        assert conn.execute(query, prepare=False).fetchone() == (3, 9)
+    conn.execute("DROP TABLE t")
+    with pytest.raises(psycopg.errors.UndefinedTable):
+        conn.execute(query, prepare=True)
+    conn.execute("CREATE TABLE t (a VARCHAR)")
+    conn.execute("INSERT INTO t VALUES ('x')")
+    for prepare in (True, False, True):
+        assert conn.execute(query, prepare=prepare).fetchone() == (1, "x")
