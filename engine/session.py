@@ -393,6 +393,10 @@ class Session:
             self.transaction = Transaction(explicit=False)
         assert self.transaction is not None
         self.transaction.note_plan(plan)
+        if autocommit and self.transaction.touches_tables and _moves_topics(plan):
+            # its table writes must commit with its offset moves / topic writes: one
+            # DuckDB transaction from the start, committed by ``_commit`` (or rolled back)
+            self._open_duckdb_transaction(self.transaction)
         try:
             result = self._run(plan, parameters)
             if autocommit:
@@ -991,6 +995,15 @@ def _streamable(operation: RunQuery) -> bool:
         and operation.tag == "SELECT"
         and not operation.tables_written
         and not operation.system_views
+    )
+
+
+def _moves_topics(plan: Plan) -> bool:
+    """Whether the plan reads with a consumer, writes a topic or moves offsets."""
+    return any(
+        (isinstance(op, ReadRecords) and op.consumer is not None)
+        or isinstance(op, AppendRecords | CommitConsumerOffsets | SetConsumerOffsets)
+        for op in plan.operations
     )
 
 

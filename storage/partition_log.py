@@ -244,11 +244,14 @@ class PartitionLog:
                 self._check_writable()
                 results = [
                     self._write_decision(
-                        self.producers.decide(batch),
+                        decision,
                         transaction_id,
-                        None if bodies is None else bodies[index],
+                        # decide() may rewrite the batch (server-assigned seq_nos): the
+                        # staged body is the batch as staged, reusable only if unchanged
+                        None if bodies is None or decision.batch is not batch else bodies[index],
                     )
                     for index, batch in enumerate(batches)
+                    for decision in (self.producers.decide(batch),)
                 ]
                 self._publish()
         if redirect:

@@ -115,6 +115,9 @@ class TopicLog:
         # commit is in progress (``_keyless_partition``); messages sent to it since.
         self._keyless_last: int | None = None
         self._keyless_joined = 0
+        # keyless messages routed per active partition, since the active set last changed
+        self._keyless_sent: dict[int, int] = {}
+        self._keyless_active: tuple[int, ...] = ()
         self._pending_bindings: dict[str, int] = {}
         self.config = TopicConfig()
         self.autopartitioning = AutoPartitioning()
@@ -537,9 +540,10 @@ class TopicLog:
         sync and then sync alone, twice the latency of leading a round on another
         partition (joining any running round: 2 clients 0.6x msgs/s; 16 clients 6.8
         messages per fsync but no more msgs/s than this rule).
-        Statements one after another never find waiting appends, so they go round-robin;
-        the cap keeps a busy topic's partitions evenly filled over any stretch of a few
-        hundred messages.
+        Statements one after another never find waiting appends, so they go round-robin.
+        Moving on picks the active partition keyless messages have filled least (round-robin
+        order on ties), so joins, even onto a partition kept busy by keyed writers, never
+        tilt the spread by more than one run of the cap.
         """
         last = self._keyless_last
         info = None if last is None else self._info.get(last)
@@ -553,8 +557,21 @@ class TopicLog:
             and log.sync_waiters > 0
         ):
             self._keyless_joined += messages
+            self._keyless_sent[last] = self._keyless_sent.get(last, 0) + messages
             return last
-        partition_id = self._next_round_robin()
+        # Moving on: the active partition that keyless traffic has filled least (round-robin
+        # order on ties), so joins never tilt the spread by more than one run of the cap.
+        active = self.active_partition_ids()
+        if not active:
+            raise ObjectNotInPrerequisiteStateError("topic has no active partition")
+        if tuple(active) != self._keyless_active:  # a split or ALTER: a fresh tally, else
+            self._keyless_active = tuple(active)  # new children would take a burst
+            self._keyless_sent = {}
+        start = self._round_robin % len(active)
+        order = active[start:] + active[:start]
+        partition_id = min(order, key=lambda p: self._keyless_sent.get(p, 0))
+        self._round_robin += 1
+        self._keyless_sent[partition_id] = self._keyless_sent.get(partition_id, 0) + messages
         self._keyless_last, self._keyless_joined = partition_id, messages
         return partition_id
 

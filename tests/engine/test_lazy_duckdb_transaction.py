@@ -291,3 +291,35 @@ def test_describing_a_topic_move_opens_no_duckdb_transaction(database):
     session.execute("COMMIT")
     assert _moved(session) == 2
     session.close()
+
+
+def test_an_autocommit_consumer_read_into_a_table_refused_at_commit_writes_no_row(
+    database, monkeypatch
+):
+    """``INSERT INTO t SELECT … FROM TOPIC a WITH (consumer = 'c')`` in autocommit: its
+    table rows and its offset move are one transaction. Another session commits a read of
+    the same consumer while the statement runs: the statement fails 40001 and ``t`` holds
+    none of its rows (before, DuckDB had committed them on its own)."""
+    first, other = database.connect(), database.connect()
+    other.execute("BEGIN")
+    other.execute("SELECT data FROM TOPIC a WITH (consumer = 'c')")
+    original, fired = tables.execute_count, []
+
+    def commit_the_other_meanwhile(cursor, sql, *args, **kwargs):
+        out = original(cursor, sql, *args, **kwargs)
+        if sql.lstrip().upper().startswith("INSERT INTO T") and not fired:
+            fired.append(sql)
+            other.execute("COMMIT")
+        return out
+
+    monkeypatch.setattr(tables, "execute_count", commit_the_other_meanwhile)
+    with pytest.raises(SerializationFailure):
+        first.execute(
+            "INSERT INTO t SELECT CAST(octet_length(data) AS INTEGER) FROM TOPIC a "
+            "WITH (consumer = 'c')"
+        )
+    monkeypatch.setattr(tables, "execute_count", original)
+    assert fired, "the table write did not go through execute_count: the test proves nothing"
+    assert _count(first, "SELECT count(*) FROM t") == 0
+    first.close()
+    other.close()

@@ -123,3 +123,21 @@ def test_keyed_batches_are_not_affected(topic: TopicLog, busy: set[int]) -> None
     bound = topic.route(build_wire_batch([b"m"] * 8, producer_id=producers)).tolist()
     assert len(set(bound)) == 4  # new producers are bound round-robin, not joined
     assert _partition(topic, 1) == last
+
+
+def test_joins_onto_a_partition_busy_with_keyed_writes_keep_the_spread_even(
+    tmp_path, monkeypatch
+) -> None:
+    """Partition 0 always has appends waiting (a hot keyed producer bound there): keyless
+    batches join it at most one run of the cap at a time and otherwise fill the others, so
+    each partition gets about a quarter (joining by waiters alone gave partition 0 ~95 %)."""
+    log = TopicLog(FileSystem(), os.path.join(str(tmp_path), "t1"), "t1", ManualClock(),
+                   create=True)  # fmt: skip
+    log.create(TopicConfig(partition_count=4, fsync_policy=FsyncPolicy.GROUP))
+    monkeypatch.setattr(PartitionLog, "sync_waiters",
+                        property(lambda p: int(p.partition_id == 0)))  # fmt: skip
+    counts = [0, 0, 0, 0]
+    for _ in range(6400):
+        counts[int(log.route(build_wire_batch([b"m"]))[0])] += 1
+    log.close()
+    assert max(counts) - min(counts) <= KEYLESS_JOIN_MESSAGES_MAX, counts

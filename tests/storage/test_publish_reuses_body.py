@@ -93,3 +93,39 @@ def test_a_commit_publishes_the_staged_bodies(tmp_path, monkeypatch, kind) -> No
         session.close()
     finally:
         database.close()
+
+
+def _bare_log(tmp_path) -> PartitionLog:
+    directory = os.path.join(str(tmp_path), "p0")
+    os.makedirs(directory, exist_ok=True)
+    config = TopicConfig(fsync_policy=FsyncPolicy.NEVER, retention_ms=None)
+    return PartitionLog(FileSystem(), directory, 0, config, ManualClock())
+
+
+def test_server_assigned_seq_nos_reach_the_frame_not_the_staged_body(tmp_path) -> None:
+    """A producer's batch without seq_nos is numbered by the producer state at publish
+    (last + 1, …): the frame must hold those numbers, so the given (staged, unnumbered)
+    body cannot be reused; after a crash the producer's last seq_no comes back from the
+    frames, and a resend is a duplicate."""
+    log = _bare_log(tmp_path)
+    batch = build_wire_batch([b"x1", b"x2"], producer_id="p")
+    log.publish_transactional([batch], 99, [serialize_body_buffer(batch)])
+    assert log.last_seq_no("p") == 1
+    read = log.read(0)
+    assert [s for b in read.batches for s in b.column("seq_no").to_pylist()] == [0, 1]
+    again = _bare_log(tmp_path)  # reopened without a clean close: replay of the frames
+    assert again.last_seq_no("p") == 1
+
+
+def test_a_transaction_numbers_a_producers_messages_as_autocommit_does(tmp_path) -> None:
+    database = Database.open(str(tmp_path / "data"))
+    session = database.connect()
+    session.execute("CREATE TOPIC t WITH (min_active_partitions = 1)")
+    session.execute("BEGIN")
+    session.execute("INSERT INTO TOPIC t (data, producer_id) VALUES ('x1', 'p'), ('x2', 'p')")
+    session.execute("COMMIT")
+    result = session.execute("SELECT seq_no FROM TOPIC t")[-1]
+    assert result.table is not None
+    assert result.table.column("seq_no").to_pylist() == [0, 1]
+    session.close()
+    database.close()
