@@ -29,7 +29,14 @@ from typing import Any
 from engine import privilege_cache, tables
 from engine.catalog import OWNER_SUPERUSER, SCHEMA
 from engine.identity import Identity
-from planner.access import DATABASE_NAME, Access, relation_access, view_reads
+from planner.access import (
+    DATABASE_NAME,
+    Access,
+    executed_statement,
+    prepared_statement,
+    relation_access,
+    view_reads,
+)
 from planner.operations import (
     AlterTopicEntry,
     AppendRecords,
@@ -95,10 +102,24 @@ role_undo: weakref.WeakKeyDictionary[Any, tuple[Any, Callable[[], None]]] = (
 )
 
 
+# What each session PREPAREd under a name (DuckDB keeps prepared statements per
+# connection, and a session has its own): EXECUTE is judged as the statement it runs,
+# with the privileges of the moment, as PostgreSQL checks them at EXECUTE, not at PREPARE.
+prepared_texts: weakref.WeakKeyDictionary[Any, dict[str, str]] = weakref.WeakKeyDictionary()
+
+
+def _note_prepares(plan: Plan, session: Any) -> None:
+    for operation in plan.operations:
+        if isinstance(operation, RunQuery) and (found := prepared_statement(operation.sql)):
+            name, inner = found
+            prepared_texts.setdefault(session, {})[name] = inner
+
+
 def check_plan(plan: Plan, identity: Identity, session: Any) -> None:
     """Refuse (42501) a plan that touches a relation ``identity`` has no privilege on."""
     if role_undo and session in role_undo:
         identity = _settle_role(session)
+    _note_prepares(plan, session)  # also a superuser's: a later SET ROLE must not run it
     if identity.superuser:
         return
     placeholders = {op.placeholder for op in plan.operations if isinstance(op, ReadRecords)}
@@ -153,7 +174,17 @@ def require(session: Any, kind: str, name: str, privilege: str) -> None:
 def _check_query(
     session: Any, identity: Identity, operation: RunQuery, placeholders: set[str]
 ) -> None:
-    access = relation_access(operation.sql)
+    executed = executed_statement(operation.sql)
+    if executed is not None:
+        inner = prepared_texts.get(session, {}).get(executed)
+        if inner is None:
+            raise InsufficientPrivilegeError(
+                f'permission denied: EXECUTE of "{executed}", which this session did not '
+                "PREPARE as a statement that can be checked"
+            )
+        access = relation_access(inner)
+    else:
+        access = relation_access(operation.sql)
     if access.opaque is not None:
         raise InsufficientPrivilegeError(
             f"permission denied: {access.opaque} is for superusers (the relations it "

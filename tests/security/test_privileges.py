@@ -441,3 +441,32 @@ def test_set_role_in_a_transaction_is_undone_by_rollback(admin: Session) -> None
     assert rows(admin, "SELECT current_user") == [("alice",)]
     admin.execute("RESET ROLE")
     assert rows(admin, "SELECT current_user") == [("topicbase",)]
+
+
+# -- EXECUTE is judged when it runs -----------------------------------------------------------
+def test_execute_after_a_revoke_is_refused_as_the_statement_would_be(
+    admin: Session, alice: Session
+) -> None:
+    """PostgreSQL checks a prepared statement's privileges at EXECUTE: a REVOKE between
+    PREPARE and EXECUTE counts (before, EXECUTE ran what PREPARE had been allowed)."""
+    admin.execute("GRANT SELECT ON t TO alice")
+    alice.execute("PREPARE p AS SELECT a FROM t ORDER BY a")
+    assert rows(alice, "EXECUTE p") == [(1,), (2,)]
+    admin.execute("REVOKE SELECT ON t FROM alice")
+    refused(alice, "EXECUTE p", "permission denied for table t")
+    admin.execute("GRANT SELECT ON t TO alice")
+    assert rows(alice, "EXECUTE p") == [(1,), (2,)]
+
+
+def test_a_superusers_prepared_statement_does_not_run_after_set_role(admin: Session) -> None:
+    admin.execute('PREPARE "Secret" AS SELECT a FROM t')
+    admin.execute("SET ROLE alice")
+    refused(admin, 'EXECUTE "Secret"', "permission denied for table t")
+    admin.execute("RESET ROLE")
+    assert len(rows(admin, 'EXECUTE "Secret"')) == 2
+
+
+def test_execute_of_a_name_never_prepared_through_the_checks_is_refused(alice: Session) -> None:
+    """A statement the engine prepares on the session's connection for itself (kept
+    plans) or one whose PREPARE could not be read is not a user's to EXECUTE."""
+    refused(alice, "EXECUTE __topicbase_plan_1", "did not PREPARE")
