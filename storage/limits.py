@@ -219,3 +219,7 @@ SQL_TEXT_BYTES_MAX = 16 * MIB
 # One path component of a topic name, or a consumer name: the common file-name limit,
 # since the engine keeps topics and consumers as directories and files.
 NAME_COMPONENT_BYTES_MAX = 255
+
+# Keyless messages that may join one partition's waiting group commit in a row
+# (storage.topic_log.TopicLog._keyless_partition), then round robin goes on.
+KEYLESS_JOIN_MESSAGES_MAX = 64

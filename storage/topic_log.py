@@ -69,8 +69,6 @@ from storage.partition_log import WRITTEN, AppendResult, PartitionLog, ReadResul
 
 METADATA_FILE = "topic.json"
 CANCEL_CHECK_S = 0.1  # how often a throttled write looks at its statement's cancel flag
-# Keyless messages that may join one partition's group commit in a row (_keyless_partition).
-KEYLESS_JOIN_MESSAGES_MAX = 64
 
 
 @dataclass(frozen=True, slots=True)
@@ -115,8 +113,10 @@ class TopicLog:
         # commit is in progress (``_keyless_partition``); messages sent to it since.
         self._keyless_last: int | None = None
         self._keyless_joined = 0
-        # keyless messages routed per active partition, since the active set last changed
+        # keyless batches routed per active partition, since the active set last changed
+        # (batches, not messages: without joins the least-filled rule is exact round robin)
         self._keyless_sent: dict[int, int] = {}
+        self._keyless_total = 0
         self._keyless_active: tuple[int, ...] = ()
         self._pending_bindings: dict[str, int] = {}
         self.config = TopicConfig()
@@ -529,7 +529,7 @@ class TopicLog:
     def _keyless_partition(self, messages: int) -> int:
         """The partition of a keyless batch (caller holds the lock): the last keyless
         batch's partition while appends there already wait for its next group-commit
-        round and fewer than ``KEYLESS_JOIN_MESSAGES_MAX`` messages have joined it; else
+        round and fewer than ``limits.KEYLESS_JOIN_MESSAGES_MAX`` messages have joined it; else
         the next one round-robin.
 
         Joining shares a sync that is coming anyway: 16 concurrent one-message
@@ -541,39 +541,41 @@ class TopicLog:
         partition (joining any running round: 2 clients 0.6x msgs/s; 16 clients 6.8
         messages per fsync but no more msgs/s than this rule).
         Statements one after another never find waiting appends, so they go round-robin.
-        Moving on picks the active partition keyless messages have filled least (round-robin
-        order on ties), so joins, even onto a partition kept busy by keyed writers, never
-        tilt the spread by more than one run of the cap.
+        A partition joins only while it has taken fewer keyless batches than the average
+        of the active partitions plus the cap: a partition kept busy by keyed writers
+        (always with appends waiting) would otherwise draw most keyless traffic; with the
+        guard no partition runs ahead of the average by more than one run of the cap.
+        Moving on is plain round robin (shared with new producers' bindings).
         """
         last = self._keyless_last
         info = None if last is None else self._info.get(last)
         log = None if last is None else self._partitions.get(last)
+        share = max(1, len(self._keyless_active))
         if (
             last is not None
-            and self._keyless_joined < KEYLESS_JOIN_MESSAGES_MAX
+            and self._keyless_joined < limits.KEYLESS_JOIN_MESSAGES_MAX
             and info is not None
             and info.active
             and log is not None
             and log.sync_waiters > 0
+            and self._keyless_sent.get(last, 0) * share
+            < self._keyless_total + limits.KEYLESS_JOIN_MESSAGES_MAX * share
         ):
             self._keyless_joined += messages
-            self._keyless_sent[last] = self._keyless_sent.get(last, 0) + messages
+            self._count_keyless(last)
             return last
-        # Moving on: the active partition that keyless traffic has filled least (round-robin
-        # order on ties), so joins never tilt the spread by more than one run of the cap.
+        partition_id = self._next_round_robin()
         active = self.active_partition_ids()
-        if not active:
-            raise ObjectNotInPrerequisiteStateError("topic has no active partition")
-        if tuple(active) != self._keyless_active:  # a split or ALTER: a fresh tally, else
-            self._keyless_active = tuple(active)  # new children would take a burst
-            self._keyless_sent = {}
-        start = self._round_robin % len(active)
-        order = active[start:] + active[:start]
-        partition_id = min(order, key=lambda p: self._keyless_sent.get(p, 0))
-        self._round_robin += 1
-        self._keyless_sent[partition_id] = self._keyless_sent.get(partition_id, 0) + messages
+        if tuple(active) != self._keyless_active:  # a split or ALTER: a fresh tally
+            self._keyless_active = tuple(active)
+            self._keyless_sent, self._keyless_total = {}, 0
+        self._count_keyless(partition_id)
         self._keyless_last, self._keyless_joined = partition_id, messages
         return partition_id
+
+    def _count_keyless(self, partition_id: int) -> None:
+        self._keyless_sent[partition_id] = self._keyless_sent.get(partition_id, 0) + 1
+        self._keyless_total += 1
 
     def last_seq_no(self, producer_id: str) -> int | None:
         """The producer's largest written seq_no, to continue after a restart."""

@@ -23,9 +23,10 @@ from storage.clock import ManualClock
 from storage.config import FsyncPolicy, TopicConfig
 from storage.fs import FileSystem
 from storage.group_commit import GroupCommitter, Request
+from storage.limits import KEYLESS_JOIN_MESSAGES_MAX
 from storage.partition_log import PartitionLog
 from storage.record_batch import build_wire_batch
-from storage.topic_log import KEYLESS_JOIN_MESSAGES_MAX, TopicLog
+from storage.topic_log import TopicLog
 
 
 def test_a_committer_counts_the_requests_waiting_for_its_next_round() -> None:
@@ -130,7 +131,8 @@ def test_joins_onto_a_partition_busy_with_keyed_writes_keep_the_spread_even(
 ) -> None:
     """Partition 0 always has appends waiting (a hot keyed producer bound there): keyless
     batches join it at most one run of the cap at a time and otherwise fill the others, so
-    each partition gets about a quarter (joining by waiters alone gave partition 0 ~95 %)."""
+    no partition runs ahead of the average by more than one run of the cap, so each gets
+    about a quarter (joining by waiters alone gave partition 0 ~95 %)."""
     log = TopicLog(FileSystem(), os.path.join(str(tmp_path), "t1"), "t1", ManualClock(),
                    create=True)  # fmt: skip
     log.create(TopicConfig(partition_count=4, fsync_policy=FsyncPolicy.GROUP))
@@ -140,4 +142,5 @@ def test_joins_onto_a_partition_busy_with_keyed_writes_keep_the_spread_even(
     for _ in range(6400):
         counts[int(log.route(build_wire_batch([b"m"]))[0])] += 1
     log.close()
-    assert max(counts) - min(counts) <= KEYLESS_JOIN_MESSAGES_MAX, counts
+    assert counts[0] - sum(counts) / 4 <= KEYLESS_JOIN_MESSAGES_MAX, counts
+    assert counts[0] / sum(counts) < 0.3, counts
