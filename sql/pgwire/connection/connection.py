@@ -215,6 +215,7 @@ class Connection(ExtendedProtocol):
         self.executor = concurrent.futures.ThreadPoolExecutor(1, "topicbase-pgwire")
         # Set once the logged-in connection's socket moved to a thread of its own.
         self.own_thread: own_thread.OwnThread | None = None
+        self.socket_closed = False  # PgServer.stop closed (or is closing) the socket
         self.statements: dict[str, Prepared] = {}
         self.portals: dict[str, Portal] = {}
         self.skipping = False  # after an extended-protocol error, until Sync
@@ -302,6 +303,8 @@ class Connection(ExtendedProtocol):
             try:
                 self.reader, self.writer = await own_thread.attach(moved, pending)
                 self.context.reader = self.reader
+                if self.socket_closed:  # the server stopped while the socket moved: the
+                    self.writer.close()  # close it asked for found the old writer
                 await self._until_the_end(self.serve_messages())
             finally:
                 await self.close()
@@ -321,6 +324,7 @@ class Connection(ExtendedProtocol):
 
     def close_socket(self) -> None:
         """Close the connection's socket from the server's loop (``PgServer.stop``)."""
+        self.socket_closed = True  # read on the own thread once its socket is attached
         if self.own_thread is None:
             self.writer.close()
         else:
