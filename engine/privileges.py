@@ -22,6 +22,8 @@ the objects it creates or drops.
 
 from __future__ import annotations
 
+import dataclasses
+import re
 import weakref
 from collections.abc import Callable
 from typing import Any
@@ -32,8 +34,6 @@ from engine.identity import Identity
 from planner.access import (
     DATABASE_NAME,
     Access,
-    executed_statement,
-    prepared_statement,
     relation_access,
     view_reads,
 )
@@ -56,6 +56,7 @@ from storage import limits
 from storage.errors import InsufficientPrivilegeError
 
 _DDL_TAGS = ("CREATE", "DROP", "ALTER")
+_EXECUTE_WORD = re.compile(r"\bEXECUTE\b", re.IGNORECASE)
 # Touch no relation (transactions, SHOW/DESCRIBE TOPIC: catalogs are everyone's), are
 # judged when they run (GRANT/REVOKE and SET ROLE: engine.grants), or name no topic
 # (DROP TOPIC IF EXISTS of none; one that exists is checked above).
@@ -102,24 +103,10 @@ role_undo: weakref.WeakKeyDictionary[Any, tuple[Any, Callable[[], None]]] = (
 )
 
 
-# What each session PREPAREd under a name (DuckDB keeps prepared statements per
-# connection, and a session has its own): EXECUTE is judged as the statement it runs,
-# with the privileges of the moment, as PostgreSQL checks them at EXECUTE, not at PREPARE.
-prepared_texts: weakref.WeakKeyDictionary[Any, dict[str, str]] = weakref.WeakKeyDictionary()
-
-
-def _note_prepares(plan: Plan, session: Any) -> None:
-    for operation in plan.operations:
-        if isinstance(operation, RunQuery) and (found := prepared_statement(operation.sql)):
-            name, inner = found
-            prepared_texts.setdefault(session, {})[name] = inner
-
-
 def check_plan(plan: Plan, identity: Identity, session: Any) -> None:
     """Refuse (42501) a plan that touches a relation ``identity`` has no privilege on."""
     if role_undo and session in role_undo:
         identity = _settle_role(session)
-    _note_prepares(plan, session)  # also a superuser's: a later SET ROLE must not run it
     if identity.superuser:
         return
     placeholders = {op.placeholder for op in plan.operations if isinstance(op, ReadRecords)}
@@ -174,17 +161,15 @@ def require(session: Any, kind: str, name: str, privilege: str) -> None:
 def _check_query(
     session: Any, identity: Identity, operation: RunQuery, placeholders: set[str]
 ) -> None:
-    executed = executed_statement(operation.sql)
-    if executed is not None:
-        inner = prepared_texts.get(session, {}).get(executed)
-        if inner is None:
-            raise InsufficientPrivilegeError(
-                f'permission denied: EXECUTE of "{executed}", which this session did not '
-                "PREPARE as a statement that can be checked"
-            )
-        access = relation_access(inner)
-    else:
-        access = relation_access(operation.sql)
+    executed = _executed_name(operation.sql)
+    if executed is not None:  # judged as what it runs, now (PostgreSQL checks at EXECUTE)
+        for inner in _prepared_statements(session, executed):
+            if _executed_name(inner) is not None:  # DuckDB never holds one; never loop
+                raise InsufficientPrivilegeError("permission denied: EXECUTE of an EXECUTE")
+            _check_query(session, identity, dataclasses.replace(operation, sql=inner),
+                         placeholders)  # fmt: skip
+        return
+    access = relation_access(operation.sql)
     if access.opaque is not None:
         raise InsufficientPrivilegeError(
             f"permission denied: {access.opaque} is for superusers (the relations it "
@@ -199,6 +184,30 @@ def _check_query(
             _require_owner(session, identity, "relation", name)
         else:
             _require_relation(session, identity.name, name, privilege, 0)
+
+
+def _executed_name(sql: str) -> str | None:
+    """The name an ``EXECUTE name [(arguments)]`` runs, read with DuckDB's own lexer
+    (comments and quoting as DuckDB sees them), else None."""
+    if _EXECUTE_WORD.search(sql) is None:  # cheap: most statements never mention it
+        return None
+    tokens = tables.sql_tokens(sql)
+    if len(tokens) < 2 or tokens[0].text.upper() != "EXECUTE":
+        return None
+    name = tokens[1].text
+    return name[1:-1].replace('""', '"') if name.startswith('"') else name
+
+
+def _prepared_statements(session: Any, name: str) -> list[str]:
+    """The statements DuckDB holds under ``name`` on the session's connection (EXECUTE
+    matches names without case), as DuckDB itself renders them: the authority on what
+    an EXECUTE runs, whatever comments or quoting its PREPARE used."""
+    rows = tables.fetch_rows(
+        session.cursor,
+        "SELECT statement FROM duckdb_prepared_statements() WHERE lower(name) = lower(?)",
+        [name],
+    )
+    return [str(row[0]) for row in rows]
 
 
 def _require_topic(session: Any, identity: Identity, topic: str, privilege: str) -> None:

@@ -21,7 +21,6 @@ Pure functions of the SQL text, cached; no I/O; thread-safe.
 
 from __future__ import annotations
 
-import re
 from dataclasses import dataclass
 
 import sqlglot
@@ -111,42 +110,6 @@ def _command_access(tree: exp.Command, sql: str) -> Access:
     if verb in _PASSIVE_COMMANDS:
         return Access(())
     return Access((), opaque=verb)
-
-
-def prepared_statement(sql: str) -> tuple[str, str] | None:
-    """``PREPARE name [(types)] AS stmt``: (name, lowercased and unquoted; stmt), else None."""
-    words = sql.split(None, 1)
-    if len(words) < 2 or words[0].upper() != "PREPARE":
-        return None
-    head, separator, inner = _split_as(words[1])
-    if not separator or not inner.strip():
-        return None
-    name = _statement_name(head)
-    return None if name is None else (name, inner.strip())
-
-
-def executed_statement(sql: str) -> str | None:
-    """``EXECUTE name [(arguments)]``: the name (lowercased, unquoted), else None."""
-    words = sql.split(None, 1)
-    if len(words) < 2 or words[0].upper() != "EXECUTE":
-        return None
-    return _statement_name(words[1])
-
-
-def _split_as(text: str) -> tuple[str, str, str]:
-    match = re.search(r"(?i)\bAS\b", text)
-    if match is None:
-        return text, "", ""
-    return text[: match.start()], match.group(0), text[match.end() :]
-
-
-def _statement_name(text: str) -> str | None:
-    """The prepared statement's name at the start of ``text`` (before ``(`` or a blank)."""
-    match = re.match(r'\s*("(?:[^"]|"")+"|[A-Za-z_][A-Za-z0-9_$]*)', text)
-    if match is None:
-        return None
-    name = match.group(1)
-    return name[1:-1].replace('""', '"') if name.startswith('"') else name.lower()
 
 
 def _tree_access(tree: exp.Expression) -> Access:

@@ -466,7 +466,16 @@ def test_a_superusers_prepared_statement_does_not_run_after_set_role(admin: Sess
     assert len(rows(admin, 'EXECUTE "Secret"')) == 2
 
 
-def test_execute_of_a_name_never_prepared_through_the_checks_is_refused(alice: Session) -> None:
-    """A statement the engine prepares on the session's connection for itself (kept
-    plans) or one whose PREPARE could not be read is not a user's to EXECUTE."""
-    refused(alice, "EXECUTE __topicbase_plan_1", "did not PREPARE")
+def test_execute_is_judged_by_what_duckdb_holds_whatever_the_prepare_text_said(
+    admin: Session,
+) -> None:
+    """The statement an EXECUTE runs is read from DuckDB (``duckdb_prepared_statements``),
+    not from the PREPARE's text: a comment that looks like ``AS <harmless>`` or a name
+    in other case or quotes changes nothing."""
+    admin.execute("PREPARE Hidden /* AS SELECT 1 */ AS SELECT a FROM t")
+    admin.execute("SET ROLE alice")
+    for spelling in ("EXECUTE hidden", 'EXECUTE "Hidden"', "/* x */ EXECUTE HIDDEN",
+                     "EXECUTE/**/hidden"):  # fmt: skip
+        refused(admin, spelling, "permission denied for table t")
+    admin.execute("RESET ROLE")
+    assert len(rows(admin, "EXECUTE hidden")) == 2
