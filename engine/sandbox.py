@@ -266,6 +266,10 @@ def _check_definition(sql: str, tokens: list[tables.SqlToken], superuser: bool) 
             return None
         return f"CREATE/DROP {kind} is not allowed"
     if tokens and tokens[0].text.upper() == "DEALLOCATE":
+        skip = 2 if len(tokens) > 2 and tokens[1].text.upper() == "PREPARE" else 1
+        named = tokens[skip : skip + 1]
+        if named and _reserved_statement_name(named[0].text):
+            return _RESERVED_NAME_REFUSAL
         return None  # drops one of this connection's own prepared statements
     if _object_kind(tokens) == "TYPE" and tokens[0].text.upper() == "CREATE":
         return None  # CREATE TYPE mood AS ENUM (...): sqlglot cannot read it; nothing to reach
@@ -353,10 +357,23 @@ def _check_prepare(sql: str, tokens: list[tables.SqlToken], superuser: bool) -> 
     inner = _prepared_statement(sql, tokens)
     if inner is None:
         return "this form of PREPARE is not allowed"
+    if _reserved_statement_name(tokens[1].text):
+        return _RESERVED_NAME_REFUSAL
     kinds = tables.statement_types(inner)
     if kinds is not None and len(kinds) == 1 and kinds[0][0] in ("PREPARE", "EXECUTE"):
         return "PREPARE of PREPARE or EXECUTE is not allowed"
     return _refusal(inner, superuser)
+
+
+# The engine's own prepared statements (``engine.tables.PLAN_PREFIX``: kept plans of a
+# session's repeated SELECTs) run when their text runs, judged as that text: a user's
+# statement planted under such a name would run in their place, unchecked.
+_RESERVED_NAME_REFUSAL = "prepared statement names starting with __topicbase are reserved"
+
+
+def _reserved_statement_name(token: str) -> bool:
+    name = token[1:-1].replace('""', '"') if token.startswith('"') else token
+    return name.lower().startswith("__topicbase")
 
 
 def _prepared_statement(sql: str, tokens: list[tables.SqlToken]) -> str | None:

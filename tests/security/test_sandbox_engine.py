@@ -280,6 +280,25 @@ def test_prepare_is_judged_by_the_statement_it_wraps(database: Database) -> None
     admin.close()
 
 
+def test_the_engines_plan_names_are_reserved(database: Database) -> None:
+    """The engine keeps plans of a session's repeated SELECTs as prepared statements
+    named ``__topicbase_plan_<n>`` and runs them when their text runs: a statement planted
+    under such a name (or a kept plan dropped under the engine) would run in the text's
+    place, judged as the text. PREPARE and DEALLOCATE of those names are refused."""
+    admin = database.connect()
+    for _ in range(3):  # the second success keeps a plan, the third runs it
+        assert rows(admin, "SELECT 41 + 1") == [(42,)]
+    kept = [name for (name,) in rows(admin, "SELECT name FROM duckdb_prepared_statements()")
+            if name.startswith("__topicbase_plan_")]  # fmt: skip
+    assert kept, "no kept plan: the test proves nothing"
+    for sql in (f"PREPARE {kept[0]} AS SELECT 0", f'PREPARE "{kept[0].upper()}" AS SELECT 0',
+                "PREPARE __topicbase_plan_999999 AS SELECT 0", f"DEALLOCATE {kept[0]}",
+                f"DEALLOCATE PREPARE {kept[0]}"):  # fmt: skip
+        assert "reserved" in str(refusal(admin, sql))
+    assert rows(admin, "SELECT 41 + 1") == [(42,)]
+    admin.close()
+
+
 def test_session_settings_on_the_allow_list_work(database: Database) -> None:
     admin = database.connect()
     admin.execute("CREATE SCHEMA s2; CREATE TABLE s2.only_here (x INT); "
