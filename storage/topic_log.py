@@ -113,8 +113,8 @@ class TopicLog:
         # commit is in progress (``_keyless_partition``); messages sent to it since.
         self._keyless_last: int | None = None
         self._keyless_joined = 0
-        # keyless batches routed per active partition, since the active set last changed
-        # (batches, not messages: without joins the least-filled rule is exact round robin)
+        # keyless batches routed per active partition (and in all) since the active set
+        # last changed: the fair-share guard on joins (``_keyless_partition``)
         self._keyless_sent: dict[int, int] = {}
         self._keyless_total = 0
         self._keyless_active: tuple[int, ...] = ()
@@ -529,8 +529,8 @@ class TopicLog:
     def _keyless_partition(self, messages: int) -> int:
         """The partition of a keyless batch (caller holds the lock): the last keyless
         batch's partition while appends there already wait for its next group-commit
-        round and fewer than ``limits.KEYLESS_JOIN_MESSAGES_MAX`` messages have joined it; else
-        the next one round-robin.
+        round and fewer than ``limits.KEYLESS_JOIN_MESSAGES_MAX`` messages have joined
+        it; else the next one round-robin.
 
         Joining shares a sync that is coming anyway: 16 concurrent one-message
         statements over 4 partitions made ~2.1 messages per fsync round-robin, ~2.9
