@@ -393,11 +393,12 @@ class Session:
             self.transaction = Transaction(explicit=False)
         assert self.transaction is not None
         self.transaction.note_plan(plan)
-        if autocommit and self.transaction.touches_tables and _moves_topics(plan):
-            # its table writes must commit with its offset moves / topic writes: one
-            # DuckDB transaction from the start, committed by ``_commit`` (or rolled back)
-            self._open_duckdb_transaction(self.transaction)
         try:
+            if autocommit and self.transaction.touches_tables and _moves_topics(plan):
+                # its table writes must commit with its offset moves / topic writes: one
+                # DuckDB transaction from the start, committed by ``_commit`` (or rolled
+                # back below)
+                self._open_duckdb_transaction(self.transaction)
             result = self._run(plan, parameters)
             if autocommit:
                 self._commit()
