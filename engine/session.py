@@ -143,6 +143,16 @@ class Session:
         tables.interrupt(self._cursor)
         self.database.wake_readers()
 
+    def begin_front_read(self) -> None:
+        """A front starts reading through the engine outside ``execute`` (the wire's COPY
+        range reads): a cancel from now on is this read's (``cancel_requested``)."""
+        self._cancel_requested = False
+
+    @property
+    def cancel_requested(self) -> bool:
+        """Whether ``cancel`` was called since the running statement (or front read) began."""
+        return self._cancel_requested
+
     def execute_statement(self, statement: ast.Statement, parameters: Any = None) -> Result:
         with self._lock:
             if self._closed:

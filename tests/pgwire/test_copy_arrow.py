@@ -406,6 +406,29 @@ def test_statement_timeout_ends_a_range_read_between_batches(
     assert table.num_rows == 30000
 
 
+def test_a_cancel_request_ends_a_range_read_before_its_next_batch(connect: Connect) -> None:
+    """A range read streams batch by batch; a CancelRequest that arrives while it streams
+    ends it with 57014 before its next batch (no end-of-stream marker), and the connection
+    stays usable. 60 MB do not fit the socket buffers, so the server is still reading
+    when the client cancels after its first CopyData."""
+    db = connect(autocommit=True)
+    _fill(db, "huge", partitions=1, rows=60000, size=1024)
+    query = RANGE.format(columns="data", topic="huge", p=0, a=0, b=60000)
+    received = 0
+    with (
+        pytest.raises(psycopg.errors.QueryCanceled, match="user request"),
+        db.cursor().copy(f"COPY ({query}) TO STDOUT (FORMAT arrow)") as copy,
+    ):
+        for block in copy:
+            if received == 0:
+                db.cancel_safe()  # a CancelRequest on its own connection
+            received += len(block)
+    assert 0 < received < 60000 * 1024  # the stream stopped early
+    assert db.execute("SELECT count(*) FROM TOPIC huge").fetchone() == (60000,)
+    assert read_arrow(db, RANGE.format(columns="data", topic="huge", p=0, a=0, b=10)
+                      ).num_rows == 10  # fmt: skip
+
+
 def test_a_missing_topic_is_42p01_and_a_failed_transaction_25p02(connect: Connect) -> None:
     admin = connect(autocommit=True)
     admin.execute("CREATE TOPIC events")

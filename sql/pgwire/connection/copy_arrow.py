@@ -21,13 +21,14 @@ Two ways to the batches, giving the same rows:
 
 Errors found before the first batch (privileges, a bad range, a bad query) come before
 CopyOutResponse, as an ordinary error; an error after it ends the COPY with ErrorResponse,
-as in PostgreSQL. ``statement_timeout`` covers both ways (57014).
+as in PostgreSQL. ``statement_timeout`` covers both ways (57014), and a CancelRequest
+ends a range read before its next batch (57014).
 """
 
 from __future__ import annotations
 
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 
 import pyarrow as pa
@@ -56,12 +57,15 @@ class _RangeSource:
     batches: Iterator[pa.RecordBatch]
     schema: pa.Schema
     deadline: float | None
+    cancelled: Callable[[], bool] = lambda: False  # a CancelRequest came for the session
     row_count: int = 0
     notices: tuple[str, ...] = field(default=())
 
     def next_batch(self) -> pa.RecordBatch | None:
         if self.deadline is not None and time.monotonic() > self.deadline:
             raise QueryCanceledError("canceling statement due to statement timeout")
+        if self.cancelled():
+            raise QueryCanceledError("canceling statement due to user request")
         batch = next(self.batches, None)
         if batch is not None:
             self.row_count += batch.num_rows
@@ -118,11 +122,13 @@ def range_source(context: CommandContext, statement: ast.Statement) -> _RangeSou
     columns = list(match.columns) or None
     schema = project_schema(columns)
     offsets = OffsetRange(match.partition, match.start, match.end)
-    context.session.check_duration()  # as every statement: a too old transaction is 54000
-    batches = read_range(context.session, match.topic, offsets, columns)
+    session = context.session
+    session.check_duration()  # as every statement: a too old transaction is 54000
+    session.begin_front_read()  # a CancelRequest from now on ends this read (57014)
+    batches = read_range(session, match.topic, offsets, columns)
     timeout_s = _statement_timeout_s(context)
     deadline = None if timeout_s is None else time.monotonic() + timeout_s
-    return _RangeSource(batches, schema, deadline)
+    return _RangeSource(batches, schema, deadline, lambda: bool(session.cancel_requested))
 
 
 def _statement_timeout_s(context: CommandContext) -> float | None:
