@@ -529,14 +529,10 @@ class PartitionLog:
         that the first starts at ``start_offset`` and the total respects
         ``max_messages``.
         """
-        _check_read_limits(max_messages, max_bytes)
-        for _ in range(3):  # retention may delete a segment under us: retry
-            visible = self._visible
-            try:
-                return self._read_visible(visible, start_offset, max_messages, max_bytes)
-            except FileNotFoundError:
-                continue
-        raise StorageIOError(f"partition {self.partition_id}: segments vanished during a read")
+        found = self.read_frames(start_offset, max_messages=max_messages, max_bytes=max_bytes)
+        # Consecutive small frames are decoded together: one batch for the run.
+        batches = decode_slices(found.slices) if found.slices else []
+        return ReadResult(batches, found.next_offset, found.start_offset, found.end_offset)
 
     def read_frames(
         self,
@@ -555,14 +551,6 @@ class PartitionLog:
             except FileNotFoundError:
                 continue
         raise StorageIOError(f"partition {self.partition_id}: segments vanished during a read")
-
-    def _read_visible(
-        self, visible: Visible, start_offset: int, max_messages: int, max_bytes: int
-    ) -> ReadResult:
-        found = self._scan_visible(visible, start_offset, max_messages, max_bytes)
-        # Consecutive small frames are decoded together: one batch for the run.
-        batches = decode_slices(found.slices) if found.slices else []
-        return ReadResult(batches, found.next_offset, found.start_offset, found.end_offset)
 
     def _scan_visible(
         self, visible: Visible, start_offset: int, max_messages: int, max_bytes: int
