@@ -10,29 +10,14 @@ from __future__ import annotations
 
 import threading
 import types
-from typing import ClassVar
 
 import pytest
 
 import engine.commit_order as commit_order_module
 from engine.commit_order import CommitOrder
+from tests.storage.test_staging_wakeups import CountingCondition
 
 WAIT_S = 30  # a bound on waits for other threads, never a timing assertion
-
-
-class CountingCondition(threading.Condition):
-    """A condition that counts, per thread name, the waits that returned."""
-
-    woken: ClassVar[dict[str, int]] = {}
-    waiting: ClassVar[dict[str, threading.Event]] = {}
-
-    def wait(self, timeout: float | None = None) -> bool:
-        name = threading.current_thread().name
-        CountingCondition.waiting.setdefault(name, threading.Event()).set()
-        try:
-            return super().wait(timeout)
-        finally:
-            CountingCondition.woken[name] = CountingCondition.woken.get(name, 0) + 1
 
 
 def test_a_slot_waiting_for_its_turn_wakes_once(monkeypatch: pytest.MonkeyPatch) -> None:
