@@ -22,12 +22,9 @@ records them (``run``). docs/copy_arrow.md has the figures.
 from __future__ import annotations
 
 import argparse
-import contextlib
 import io
 import shutil
 import signal
-import socket
-import subprocess
 import tempfile
 import time
 from collections.abc import Callable
@@ -36,7 +33,7 @@ from typing import Any
 import psycopg
 import pyarrow as pa
 
-from bench.demo_spark import free_port, kill_group, topicbase_command
+from bench.demo_spark import kill_group, start_server
 from bench.harness import Side, Spread, alternate, record
 from bench.results import Recorder
 from engine.database import Database
@@ -58,22 +55,6 @@ def _fill(data_dir: str, rows: int) -> None:
     session.close()
     database.close()
     add_user(default_users_path(data_dir), USER, PASSWORD, superuser=True)
-
-
-def _serve(data_dir: str) -> tuple[subprocess.Popen, int, int]:
-    wire, flight = free_port(), free_port()
-    server = subprocess.Popen(
-        [*topicbase_command(), "serve", "--data-dir", data_dir, "--host", "127.0.0.1",
-         "--port", str(wire), "--flight-port", str(flight)],
-        stdout=subprocess.DEVNULL, start_new_session=True)  # fmt: skip
-    deadline = time.monotonic() + 60
-    while time.monotonic() < deadline:
-        with (contextlib.suppress(OSError), socket.create_connection(("127.0.0.1", flight), 0.2),
-              socket.create_connection(("127.0.0.1", wire), 0.2)):  # fmt: skip
-            return server, wire, flight
-        time.sleep(0.2)
-    kill_group(server)
-    raise SystemExit("the server did not start")
 
 
 def _copy_reader(wire: int, query: str) -> Callable[[], pa.Table]:
@@ -147,7 +128,7 @@ def measure(rows: int, reps: int, progress: Callable[[str], None]
     work = tempfile.mkdtemp(prefix="copy-arrow-bench-")
     data_dir = f"{work}/data"
     _fill(data_dir, rows)
-    server, wire, flight = _serve(data_dir)
+    server, wire, flight = start_server(data_dir, timeout_s=60)
     try:
         query = (f'SELECT * FROM TOPIC bench WHERE partition = 0 AND "offset" >= 0 '
                  f'AND "offset" < {rows}')  # fmt: skip

@@ -48,18 +48,21 @@ def topicbase_command() -> list[str]:
     return [sys.executable, "-c", "import sys; from sql.console import main; sys.exit(main())"]
 
 
-def start_server(data_dir: str) -> tuple[subprocess.Popen, int]:
+def start_server(data_dir: str, timeout_s: float = 30) -> tuple[subprocess.Popen, int, int]:
+    """``topicbase serve`` on free loopback ports, in a process group of its own (stop it
+    with ``kill_group``): (process, wire port, Flight port), once both accept."""
     wire, flight = free_port(), free_port()
     server = subprocess.Popen(
         [*topicbase_command(), "serve", "--data-dir", data_dir, "--host", "127.0.0.1",
          "--port", str(wire), "--flight-port", str(flight)],
         stdout=subprocess.DEVNULL, start_new_session=True)  # fmt: skip
-    deadline = time.monotonic() + 30
+    deadline = time.monotonic() + timeout_s
     while time.monotonic() < deadline:
-        with contextlib.suppress(OSError), socket.create_connection(("127.0.0.1", flight), 0.2):
-            return server, flight
+        with (contextlib.suppress(OSError), socket.create_connection(("127.0.0.1", flight), 0.2),
+              socket.create_connection(("127.0.0.1", wire), 0.2)):  # fmt: skip
+            return server, wire, flight
         time.sleep(0.2)
-    server.kill()
+    kill_group(server)
     raise SystemExit("the server did not start")
 
 
@@ -136,7 +139,7 @@ def main() -> int:
     shutil.rmtree(data_dir, ignore_errors=True)
     os.makedirs(data_dir)
     add_user(default_users_path(data_dir), USER, PASSWORD, superuser=True)
-    server, flight_port = start_server(data_dir)
+    server, _, flight_port = start_server(data_dir)
     url = f"topicbase://127.0.0.1:{flight_port}"
     started = time.monotonic()
     try:

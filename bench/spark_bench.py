@@ -20,42 +20,22 @@ written by Spark. Figures (rows/s):
 
 from __future__ import annotations
 
-import contextlib
 import os
 import shutil
 import signal
-import socket
 import statistics
-import subprocess
 import sys
 import tempfile
 import time
 from typing import Any
 
-from bench.demo_spark import PASSWORD, USER, free_port, kill_group, topicbase_command
+from bench.demo_spark import PASSWORD, USER, kill_group, start_server
 from spark_sql_ext import pipelines
 from spark_sql_ext.client import TopicbaseClient
 from sql.pgwire.users import add_user, default_users_path
 
 PARTITIONS = 4
 READ_ROUNDS = 3  # alternating runs of each read; the medians are recorded
-
-
-def _start_server(data_dir: str) -> tuple[subprocess.Popen, int, int]:
-    """``topicbase serve`` in a process group of its own: (process, wire port, Flight port)."""
-    wire, flight = free_port(), free_port()
-    server = subprocess.Popen(
-        [*topicbase_command(), "serve", "--data-dir", data_dir, "--host", "127.0.0.1",
-         "--port", str(wire), "--flight-port", str(flight)],
-        stdout=subprocess.DEVNULL, start_new_session=True)  # fmt: skip
-    deadline = time.monotonic() + 30
-    while time.monotonic() < deadline:
-        with (contextlib.suppress(OSError), socket.create_connection(("127.0.0.1", flight), 0.2),
-              socket.create_connection(("127.0.0.1", wire), 0.2)):  # fmt: skip
-            return server, wire, flight
-        time.sleep(0.2)
-    server.kill()
-    raise SystemExit("the server did not start")
 
 
 def _spark(url: str, wire_port: int) -> Any:
@@ -111,7 +91,7 @@ def run(recorder: Any) -> None:
     data_dir = os.path.join(work, "data")
     os.makedirs(data_dir)
     add_user(default_users_path(data_dir), USER, PASSWORD, superuser=True)
-    server, wire_port, port = _start_server(data_dir)
+    server, wire_port, port = start_server(data_dir)
     url = f"topicbase://127.0.0.1:{port}"
     options = {"url": url, "user": USER, "password": PASSWORD}
     spark = _spark(url, wire_port)
