@@ -3,8 +3,6 @@ certificate reads; a plaintext client cannot talk to it."""
 
 from __future__ import annotations
 
-import os
-import subprocess
 from pathlib import Path
 
 import pytest
@@ -12,19 +10,12 @@ import pytest
 from spark_sql_ext.client import TopicbaseClient, TopicbaseFlightError
 from sql.flight.server import start_flight
 from tests.flight.conftest import PASSWORDS
+from tests.tls_certificates import self_signed
 
 
 @pytest.fixture
 def certificate(tmp_path: Path) -> tuple[str, str]:
-    cert, key = str(tmp_path / "server.crt"), str(tmp_path / "server.key")
-    subprocess.run(
-        ["/usr/bin/openssl", "req", "-x509", "-newkey", "rsa:2048", "-nodes", "-days", "2",
-         "-subj", "/CN=localhost", "-addext", "subjectAltName=IP:127.0.0.1,DNS:localhost",
-         "-keyout", key, "-out", cert],
-        check=True, capture_output=True, timeout=120,
-    )  # fmt: skip
-    os.chmod(key, 0o600)
-    return cert, key
+    return self_signed(tmp_path, alt_names="IP:127.0.0.1,DNS:localhost")
 
 
 def test_tls_door(database, certificate) -> None:

@@ -26,6 +26,7 @@ import pytest
 from sql.pgwire import users
 from sql.pgwire.codec import messages as m
 from sql.pgwire.server import ServerThread
+from tests.tls_certificates import self_signed
 
 PASSWORD = "tls and scram"
 SSL_REQUEST = struct.pack("!ii", 8, m.SSL_REQUEST)
@@ -34,15 +35,7 @@ GSSENC_REQUEST = struct.pack("!ii", 8, m.GSSENC_REQUEST)
 
 @pytest.fixture(scope="module")
 def certificate(tmp_path_factory: pytest.TempPathFactory) -> tuple[str, str]:
-    directory = tmp_path_factory.mktemp("tls")
-    cert, key = str(directory / "server.crt"), str(directory / "server.key")
-    subprocess.run(
-        ["/usr/bin/openssl", "req", "-x509", "-newkey", "rsa:2048", "-nodes", "-days", "2",
-         "-subj", "/CN=localhost", "-keyout", key, "-out", cert],
-        check=True, capture_output=True, timeout=120,
-    )  # fmt: skip
-    os.chmod(key, 0o600)
-    return cert, key
+    return self_signed(tmp_path_factory.mktemp("tls"), alt_names=None)
 
 
 @pytest.fixture

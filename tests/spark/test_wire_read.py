@@ -9,8 +9,6 @@ from __future__ import annotations
 
 import asyncio
 import itertools
-import os
-import subprocess
 import threading
 from collections.abc import Iterator
 
@@ -21,6 +19,7 @@ from spark_sql_ext import CATALOG_CLASS
 from sql.pgwire.server import PgServer
 from sql.pgwire.users import add_user, default_users_path
 from tests.spark.conftest import PASSWORD, sql_rows
+from tests.tls_certificates import self_signed
 
 _names = itertools.count(1)
 
@@ -169,16 +168,7 @@ def test_a_range_cut_then_deleted_by_retention_fails_clearly(spark, tmp_path, ur
 @pytest.fixture(scope="module")
 def certificate(tmp_path_factory: pytest.TempPathFactory) -> tuple[str, str]:
     """A self-signed certificate for 127.0.0.1 (its own CA): (certificate, key)."""
-    directory = tmp_path_factory.mktemp("tls")
-    cert, key = str(directory / "server.crt"), str(directory / "server.key")
-    subprocess.run(
-        ["/usr/bin/openssl", "req", "-x509", "-newkey", "rsa:2048", "-nodes", "-days", "2",
-         "-subj", "/CN=localhost", "-addext", "subjectAltName=IP:127.0.0.1",
-         "-keyout", key, "-out", cert],
-        check=True, capture_output=True, timeout=120,
-    )  # fmt: skip
-    os.chmod(key, 0o600)
-    return cert, key
+    return self_signed(tmp_path_factory.mktemp("tls"))
 
 
 def test_a_read_over_tls(spark, database, url, certificate, tmp_path) -> None:
@@ -190,13 +180,9 @@ def test_a_read_over_tls(spark, database, url, certificate, tmp_path) -> None:
         rows = spark.sql(f"SELECT partition, count(*) AS n FROM {tb}.main.events "
                          "GROUP BY partition").collect()  # fmt: skip
         assert sorted(tuple(r) for r in rows) == [(0, 17), (1, 18), (2, 16)]
-        other = tmp_path / "other.crt"  # a CA that did not sign the server's certificate
-        subprocess.run(
-            ["/usr/bin/openssl", "req", "-x509", "-newkey", "rsa:2048", "-nodes", "-days", "2",
-             "-subj", "/CN=other", "-keyout", str(tmp_path / "o.key"), "-out", str(other)],
-            check=True, capture_output=True, timeout=120,
-        )  # fmt: skip
-        untrusted = _catalog(spark, url, server, sslmode="require", sslrootcert=str(other))
+        # a CA that did not sign the server's certificate
+        other, _ = self_signed(tmp_path, common_name="other", alt_names=None)
+        untrusted = _catalog(spark, url, server, sslmode="require", sslrootcert=other)
         with pytest.raises(Exception, match=r"PKIX path building failed"):
             spark.table(f"{untrusted}.main.events").collect()
     finally:
