@@ -518,8 +518,10 @@ class TopicLog:
         assert key_range is not None and key_range.contains(value)
         return partition_id
 
-    def _next_round_robin(self) -> int:
-        active = self.active_partition_ids()
+    def _next_round_robin(self, active: list[int] | None = None) -> int:
+        """The next active partition in turn (``active``: the active ids, if the caller
+        has them already)."""
+        active = self.active_partition_ids() if active is None else active
         if not active:
             raise ObjectNotInPrerequisiteStateError("topic has no active partition")
         partition_id = active[self._round_robin % len(active)]
@@ -564,8 +566,8 @@ class TopicLog:
             self._keyless_joined += messages
             self._count_keyless(last)
             return last
-        partition_id = self._next_round_robin()
         active = self.active_partition_ids()
+        partition_id = self._next_round_robin(active)
         if tuple(active) != self._keyless_active:  # a split or ALTER: a fresh tally
             self._keyless_active = tuple(active)
             self._keyless_sent, self._keyless_total = {}, 0
