@@ -43,6 +43,7 @@ from engine import (
     sandbox,
     streams,
     tables,
+    write_statements,
 )
 from engine.commit import PublishItem, route_writes
 from engine.ddl import run_alter, run_create, run_drop
@@ -154,6 +155,12 @@ class Session:
         return self._cancel_requested
 
     def execute_statement(self, statement: ast.Statement, parameters: Any = None) -> Result:
+        if isinstance(statement, ast.CommitWrites | ast.AbortWrites):
+            # Outside the lock: a publish runs its own BEGIN and COMMIT through here.
+            if self._closed:
+                raise InvalidParameterValueError("the session is closed")
+            plan = planner.plan(statement, self.planning_catalog)
+            return write_statements.run(self, plan)
         with self._lock:
             if self._closed:
                 raise InvalidParameterValueError("the session is closed")
