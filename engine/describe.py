@@ -49,7 +49,7 @@ import pyarrow as pa
 import sqlglot
 from sqlglot import expressions as exp
 
-from engine import introspection, tables
+from engine import introspection, tables, write_statements
 from engine.topic_relation import SCHEMA as TOPIC_SCHEMA
 from grammar import ast
 from grammar.settings import RETURNING_COLUMNS
@@ -61,6 +61,7 @@ from planner.operations import (
     RunQuery,
 )
 from planner.planner import parse_duckdb
+from planner.write_statements import AbortStagedWrites, CommitStagedWrites
 from storage import limits
 from storage.errors import TopicbaseError
 
@@ -202,6 +203,9 @@ def _describe(plan: Plan, statement: ast.Statement, cursor: Any, database: Any) 
                 columns = _returning_columns(operation)
             elif isinstance(operation, Introspect):
                 columns = _introspection_columns(operation, database)
+            elif isinstance(operation, CommitStagedWrites | AbortStagedWrites):
+                columns = tuple(_column(f.name, f.type, _sql_type_of(f.type))
+                                for f in write_statements.result_schema(operation))  # fmt: skip
     return Description(_as_tuple(parameters), columns)
 
 

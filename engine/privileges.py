@@ -52,6 +52,7 @@ from planner.operations import (
     SwitchRole,
     TransactionControl,
 )
+from planner.write_statements import AbortStagedWrites, CommitStagedWrites
 from storage import limits
 from storage.errors import InsufficientPrivilegeError
 
@@ -60,7 +61,8 @@ _EXECUTE_WORD = re.compile(r"\bEXECUTE\b", re.IGNORECASE)
 # Touch no relation (transactions, SHOW/DESCRIBE TOPIC: catalogs are everyone's), are
 # judged when they run (GRANT/REVOKE and SET ROLE: engine.grants), or name no topic
 # (DROP TOPIC IF EXISTS of none; one that exists is checked above).
-_UNCHECKED = (TransactionControl, Introspect, ChangePrivileges, SwitchRole, DropTopicEntry)
+_UNCHECKED = (TransactionControl, Introspect, ChangePrivileges, SwitchRole, DropTopicEntry,
+              CommitStagedWrites, AbortStagedWrites)  # engine.bulk_write checks the writes
 _KIND_NAMESPACE = {"table": "relation", "view": "relation", "topic": "topic", "schema": "schema"}
 
 # Who is a superuser, by name, for a database, and which users exist: the wire server

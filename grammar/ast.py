@@ -199,6 +199,28 @@ class CommitOffsets:
 
 
 @dataclass(frozen=True)
+class CommitWrites:
+    """``COMMIT WRITES ('id', ...) SINK 's' BATCH n``: publish staged writes exactly once,
+    recorded as ``(sink, batch)`` (``engine.write_statements``). Ids are distinct, in the
+    order written."""
+
+    write_ids: tuple[str, ...]
+    sink_id: str
+    batch_id: int
+    position: SourcePosition
+    text: str
+
+
+@dataclass(frozen=True)
+class AbortWrites:
+    """``ABORT WRITES ('id', ...)``: discard staged writes (unknown ids are ignored)."""
+
+    write_ids: tuple[str, ...]
+    position: SourcePosition
+    text: str
+
+
+@dataclass(frozen=True)
 class SetOffsets:
     """``ALTER TOPIC t ALTER CONSUMER c SET OFFSETS TO target [FORCE]``: move a consumer's
     committed offsets anywhere (Kafka's ``--reset-offsets``), with the transaction.
@@ -310,6 +332,8 @@ Statement: TypeAlias = (
     | ShowTopics
     | DescribeTopic
     | CommitOffsets
+    | CommitWrites
+    | AbortWrites
     | SetOffsets
     | InsertTopic
     | SqlStatement

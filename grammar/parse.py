@@ -29,8 +29,10 @@ from __future__ import annotations
 from itertools import islice
 
 from grammar.ast import (
+    AbortWrites,
     Begin,
     Commit,
+    CommitWrites,
     Explain,
     Rollback,
     Statement,
@@ -132,7 +134,7 @@ def _parse_explain(source: SourceText, start: int, end: int, head: list[Token]) 
         raise source.syntax_error(end, "syntax error at end of input")
     inner_start = head[inner_index].start
     inner = _parse_statement(source, inner_start, end)
-    if isinstance(inner, Explain | Begin | Commit | Rollback):
+    if isinstance(inner, Explain | Begin | Commit | Rollback | CommitWrites | AbortWrites):
         raise source.syntax_error(
             inner_start, f"EXPLAIN cannot explain {type(inner).__name__.upper()}"
         )

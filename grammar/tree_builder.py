@@ -21,6 +21,7 @@ from lark.exceptions import UnexpectedInput, UnexpectedToken
 
 from grammar import settings
 from grammar.ast import (
+    AbortWrites,
     AddConsumer,
     AlterAction,
     AlterConsumerReset,
@@ -29,6 +30,7 @@ from grammar.ast import (
     Begin,
     Commit,
     CommitOffsets,
+    CommitWrites,
     ConsumerDefinition,
     CreateTopic,
     DescribeTopic,
@@ -59,6 +61,7 @@ from grammar.split import (
 from storage.errors import (
     DuplicateObjectError,
     FeatureNotSupportedError,
+    NumericValueOutOfRangeError,
     SqlSyntaxError,
     TopicbaseError,
 )
@@ -300,6 +303,33 @@ class TreeBuilder:
             ranges=ranges,
             **self.place,  # type: ignore[arg-type]
         )
+
+    def _build_commit_writes(self, tree: Tree) -> CommitWrites:
+        ids_tree = _subtree(tree, "write_ids")
+        assert ids_tree is not None
+        sink, batch = (t for t in tree.children if isinstance(t, LarkToken))
+        batch_id = int(batch)
+        if batch_id > 2**63 - 1:
+            raise NumericValueOutOfRangeError(f"BATCH {batch_id} is out of range (0 to "
+                                              f"{2**63 - 1})")  # fmt: skip
+        return CommitWrites(self.write_ids(ids_tree), unquote_string(sink), batch_id,
+                            **self.place)  # type: ignore[arg-type]
+
+    def _build_abort_writes(self, tree: Tree) -> AbortWrites:
+        ids_tree = _subtree(tree, "write_ids")
+        assert ids_tree is not None
+        return AbortWrites(self.write_ids(ids_tree), **self.place)  # type: ignore[arg-type]
+
+    def write_ids(self, tree: Tree) -> tuple[str, ...]:
+        """The listed write ids, each once (42601 for a repeat: a typo, not a request)."""
+        ids = [unquote_string(token) for token in tree.children]
+        seen: set[str] = set()
+        for token, write_id in zip(tree.children, ids, strict=True):
+            if write_id in seen:
+                raise self.source.syntax_error(
+                    self.start + token.start_pos, f"write {write_id!r} is listed more than once")
+            seen.add(write_id)
+        return tuple(ids)
 
     def _build_set_offsets(self, tree: Tree) -> SetOffsets:
         topic_tree, consumer_tree = _subtrees(tree, "name")

@@ -40,6 +40,7 @@ from planner.operations import (
 )
 from planner.paths import database_path_of, relative_statement
 from planner.relations import names_a_topic, plain_insert, resolve_plain_relations
+from planner.write_statements import plan_abort_writes, plan_commit_writes
 from storage.errors import StatementTooComplexError, UndefinedObjectError, UndefinedTopicError
 
 SYSTEM_VIEWS = ("topics", "partitions", "consumers", "owners", "grants", "roles")
@@ -442,6 +443,8 @@ _PLANNERS: dict[type, Callable[[Any, Catalog], Plan]] = {
     ast.SqlStatement: _plan_sql,
     ast.InsertTopic: _plan_insert,
     ast.CommitOffsets: _plan_commit_offsets,
+    ast.CommitWrites: plan_commit_writes,
+    ast.AbortWrites: plan_abort_writes,
     ast.SetOffsets: plan_set_offsets,
     ast.CreateTopic: plan_create_topic,
     ast.AlterTopic: plan_alter_topic,

@@ -7,7 +7,8 @@ and ``COPY TOPIC name [(columns)] ...``, followed by options either as the
 [FORCE QUOTE cols | * | FORCE NOT NULL cols]]``). Files and programs
 are refused with 0A000, unknown options with 42601, bad values with 22023.
 ``FORMAT arrow`` (Topicbase's own: one Arrow IPC stream, ``connection.copy_arrow``) takes no
-other option (22023).
+other option (22023) but, FROM STDIN only, ``WRITE_ID 'id'``: the rows are staged under that
+write id and published later by ``COMMIT WRITES`` (``connection.copy_staged``).
 
 Pure functions over the coarse tokens of ``grammar.split``; no I/O.
 """
@@ -44,6 +45,7 @@ class CopyStatement:
     topic: str | None
     columns: tuple[str, ...]  # unquoted column names; empty: all
     fmt: CopyFormat
+    write_id: str | None = None  # FROM STDIN (FORMAT arrow, WRITE_ID 'id'): staged, unpublished
 
 
 def is_copy(tokens: list[Token]) -> bool:
@@ -103,8 +105,24 @@ def parse_copy(text: str) -> CopyStatement:
     if query is not None and not to_client:
         raise _syntax(source, tokens, at - 1)
     options = _options(source, tokens, at + 1)
+    write_id = _write_id(options, to_client)
     fmt = _format(options, to_client)
-    return CopyStatement(to_client, query, relation, topic, columns, fmt)
+    return CopyStatement(to_client, query, relation, topic, columns, fmt, write_id)
+
+
+def _write_id(options: dict[str, Any], to_client: bool) -> str | None:
+    """``WRITE_ID 'id'`` (taken out of ``options``): a COPY FROM STDIN (FORMAT arrow) that
+    stages its rows under that id instead of writing them (``copy_staged``); 22023 with
+    another format, with COPY TO, or without a string value."""
+    if "write_id" not in options:
+        return None
+    value = options.pop("write_id")
+    if str(options.get("format", "")).lower() != "arrow" or to_client:
+        raise InvalidParameterValueError("COPY option WRITE_ID is only for COPY FROM STDIN "
+                                         "(FORMAT arrow)")  # fmt: skip
+    if not isinstance(value, str) or not value:
+        raise InvalidParameterValueError("COPY option WRITE_ID takes the write id as a string")
+    return value
 
 
 def _text(tokens: list[Token], index: int) -> str:
