@@ -101,6 +101,7 @@ from storage.errors import (
 )
 from storage.record_batch import check_wire_batch
 from storage.staging import StagedBatch, StagingLog, StagingTicket, encode_batches
+from storage.topic_log import TopicAppendResult
 
 log = logging.getLogger(__name__)
 
@@ -405,14 +406,16 @@ class Committer:
         transaction_id: int | None,
         moves: dict[tuple[str, str, int], int],
         items: list[PublishItem],
-    ) -> None:
+    ) -> list[TopicAppendResult | None]:
         """After the commit point: move the offsets in the catalog's mirror, release the
         claims, then, in turn, publish (step 3) and count the transaction for the
         checkpoint. Publishing outside the commit lock lets the next transaction's
         COMMIT overlap this publish; turns keep publishes in commit order. A publish
         that fails is finished by the next publish or checkpoint, exactly as recovery
-        would after a crash; its error is raised."""
+        would after a crash; its error is raised. Returns each item's publish outcome
+        (an autocommit write reports them, ``engine.spread_append``)."""
         failure: BaseException | None = None
+        results: list[TopicAppendResult | None] = []
         try:
             failpoints.hit("commit.after_commit_point")
         except BaseException as raised:  # committed all the same: publish later
@@ -429,11 +432,12 @@ class Committer:
                     with self._lock:
                         self._unfinished.append((transaction_id, items, log_end))
                 else:
-                    self._publish_in_turn(transaction_id, items, log_end)
+                    results = self._publish_in_turn(transaction_id, items, log_end)
         finally:
             self._order.done(slot)
         if failure is not None:
             raise failure
+        return results
 
     def quiesce(self) -> None:
         """Wait until no transaction is between ``enter`` and its end (the caller holds
@@ -442,8 +446,9 @@ class Committer:
 
     def _publish_in_turn(
         self, transaction_id: int, items: list[PublishItem], log_end: LogPosition | None
-    ) -> None:
+    ) -> list[TopicAppendResult | None]:
         """Step 3 (caller has the turn): one tagged frame per partition, no sync."""
+        results = []
         try:
             if self._unfinished:
                 with self._lock:
@@ -452,12 +457,13 @@ class Committer:
                 for index, item in enumerate(items):
                     if index == 1:
                         failpoints.hit("commit.mid_publish")
-                    self._publish_item(transaction_id, item)
+                    results.append(self._publish_item(transaction_id, item))
         except BaseException:
             with self._lock:
                 self._unfinished.append((transaction_id, items, log_end))
             raise
         self._note_done(transaction_id, [(i.topic_id, i.partition) for i in items], log_end)
+        return results
 
     def _note_done(
         self, transaction_id: int, targets: list[tuple[str, int]], log_end: LogPosition | None
@@ -494,14 +500,17 @@ class Committer:
         except Exception as error:
             log.warning("checkpoint after a commit failed (kept for the next): %s", error)
 
-    def _publish_item(self, transaction_id: int, item: PublishItem, *, check: bool = False) -> None:
-        """Publish one partition's batch; with ``check``, only if it is not there yet."""
+    def _publish_item(
+        self, transaction_id: int, item: PublishItem, *, check: bool = False
+    ) -> TopicAppendResult | None:
+        """Publish one partition's batch; with ``check``, only if it is not there yet (then
+        None: its outcome was reported, or lost with a crash)."""
         topic = self._database.topic_log(item.topic_id)
         if check:
             since = transaction_id - CLOCK_SLACK_US  # ids are commit-time microseconds
             if topic.partition(item.partition).contains_transaction(transaction_id, since):
-                return
-        topic.publish_transactional(item.batch, item.partition, transaction_id, item.body)
+                return None
+        return topic.publish_transactional(item.batch, item.partition, transaction_id, item.body)
 
     def _finish_unfinished(self) -> None:
         """Publish what failed publishes left out (caller holds the commit lock and ``_lock``)."""

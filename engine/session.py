@@ -41,6 +41,7 @@ from engine import (
     privilege_cache,
     privileges,
     sandbox,
+    spread_append,
     streams,
     tables,
     write_statements,
@@ -739,14 +740,14 @@ class Session:
     def _append_now(
         self, operation: AppendRecords, batches: list[tuple[int | None, pa.RecordBatch]], rows: int
     ) -> Result:
-        topic = self.database.topic_log(operation.topic_id)
         pieces = []
         written = 0
         for partition, batch in batches:
             if batch.num_rows == 0:
                 continue
-            outcome = topic.append(
-                batch, partition, cancelled=lambda: self._cancel_requested
+            outcome = spread_append.append_now(
+                self.database, operation.topic_id, batch, partition,
+                lambda: self._cancel_requested,
             )  # a write waiting for its partition's write speed ends at a cancel (57014)
             written += outcome.written_count
             if not operation.returning:

@@ -199,6 +199,13 @@ class PartitionLog:
             self._publish()
         return result
 
+    def check_append(self, batch: pa.RecordBatch) -> None:
+        """Raise what ``append(batch)`` would raise before writing anything: a bad schema,
+        a limit, a codec the topic refuses, a closed, fenced or inactive partition."""
+        check_wire_batch(batch)
+        self._check_codecs(batch)
+        self._check_writable()
+
     def append_many(self, batches: list[pa.RecordBatch]) -> list[AppendResult]:
         """Append batches together: one write, one sync, visible to readers at once."""
         for batch in batches:

@@ -591,8 +591,10 @@ class TopicLog:
         *,
         max_delay_s: float = THROTTLE_DELAY_S_MAX,
         cancelled: Callable[[], bool] | None = None,
+        targets: np.ndarray | None = None,
     ) -> TopicAppendResult:
-        """Append a wire batch, routing each message by its key unless ``partition`` is given.
+        """Append a wire batch, routing each message by its key unless ``partition`` is given
+        (``targets``: the batch's ``route``, if the caller routed it already).
 
         Each partition's share first waits for that partition's write speed (at most
         ``max_delay_s``, else 53000 and that share not written; ``cancelled`` turning
@@ -615,7 +617,9 @@ class TopicLog:
             if not pending:
                 break
             rows, part = pending.pop()
-            shares = _shares(part, self.route(part))
+            routed = self.route(part) if targets is None else targets
+            targets = None  # a retry (after a split) routes again
+            shares = _shares(part, routed)
             if self._in_parallel(len(shares)):
                 outcomes = _append_in_parallel(
                     [(self._partitions[partition_id], piece) for partition_id, _, piece in shares]
@@ -647,6 +651,25 @@ class TopicLog:
                 raise failure
         assert not pending, "routing settles: each retry follows a split that happened"
         return _topic_result(pieces, batch.num_rows)
+
+    def spread_commit_allowed(self) -> bool:
+        """Whether a write spreading over many partitions may be made durable by one sync
+        elsewhere (a caller's durable record of all its shares, which recovery replays
+        into the partitions) and then written to each partition without its own sync:
+        on synced topics whose writes are neither throttled nor metered for splits
+        (``publish_transactional`` waits for no write speed)."""
+        return (
+            self.config.fsync_policy is not FsyncPolicy.NEVER
+            and not self.autopartitioning.throttled
+            and not self.autopartitioning.splits
+        )
+
+    def shares(
+        self, batch: pa.RecordBatch, targets: np.ndarray
+    ) -> list[tuple[int, np.ndarray, pa.RecordBatch]]:
+        """``batch`` split by ``targets`` (its ``route``): (partition id, its rows in
+        ``batch`` in order, those rows as a batch), lowest partition first."""
+        return _shares(batch, targets)
 
     def _in_parallel(self, shares: int) -> bool:
         """Whether a statement's shares are appended concurrently (``_append_in_parallel``):

@@ -1,0 +1,111 @@
+"""An autocommit topic write that spreads over many partitions: one sync, not one each.
+
+A statement such as ``INSERT INTO TOPIC t SELECT ...`` of 5,000 messages from 2,000
+producers lands in every partition of a 1000-partition topic. Appended share by share,
+each partition runs its own group commit and ``fdatasync`` before it acknowledges: 1000
+syncs per statement. Here such a statement commits the way a topic-only transaction
+does (``engine.commit.Committer.commit_in_log``): its shares, each encoded as a frame,
+and a commit record naming their partitions go to the staging log in one append, made
+durable by the staging log's group-committed sync (the commit point); then each
+partition gets its share as one frame tagged with the statement's transaction id,
+without a sync. Recovery republishes from the staging log every share whose frame is
+not in its partition, and the checkpoint syncs the partitions before it lets the
+staging go (engine.commit). So the per-partition guarantees hold as for a plain append:
+
+- dedup by producer id and seq_no is decided at publish time, under the partition's
+  write lock, against its producer state, as a plain append decides it (a republish
+  decides again against the state recovered from the partition, so a message is
+  written once);
+- the messages of one share stay in order in one frame; publishes are in commit order;
+- after a crash the statement is wholly there (its record was synced: recovery
+  publishes what is missing) or absent (no whole record: nothing was published,
+  since publishing starts after the sync), never in some partitions only.
+
+Used when the topic allows it (``TopicLog.spread_commit_allowed``: synced, neither
+throttled nor splitting), no partition is given, and the write spreads over at least
+``SPREAD_SHARES_MIN`` partitions; otherwise the plain ``TopicLog.append``. Unlike a plain
+append the whole statement is refused (nothing written) when one share cannot be
+written (a fenced partition), because every share is checked before the commit point.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from typing import Any
+
+import numpy as np
+import pyarrow as pa
+
+from engine.commit import PublishItem
+from storage.errors import LimitExceededError
+from storage.record_batch import check_wire_batch
+from storage.topic_log import TopicAppendResult, TopicLog
+
+# A write over at least this many partitions commits through the staging log. The log
+# costs one extra write of the data and one sync; the plain path one sync per partition
+# (concurrent on ``storage.topic_log.APPEND_THREADS`` threads).
+SPREAD_SHARES_MIN = 4
+
+
+def append_now(
+    database: Any,
+    topic_id: str,
+    batch: pa.RecordBatch,
+    partition: int | None,
+    cancelled: Callable[[], bool] | None,
+) -> TopicAppendResult:
+    """Append an autocommit statement's batch to the topic (see the module doc)."""
+    topic = database.topic_log(topic_id)
+    if partition is not None or not topic.spread_commit_allowed():
+        return topic.append(batch, partition, cancelled=cancelled)
+    targets = topic.route(batch)
+    first = targets[0] if len(targets) else 0
+    if len(targets) == 0 or (targets == first).all() or not _spreads(targets):
+        return topic.append(batch, None, cancelled=cancelled, targets=targets)
+    try:
+        check_wire_batch(batch)  # every share is a part of it: none is over a limit
+    except LimitExceededError:
+        return topic.append(batch, None, cancelled=cancelled, targets=targets)
+    shares = topic.shares(batch, targets)
+    for partition_id, _, piece in shares:
+        if not topic.partition_info(partition_id).active:  # split since: route again
+            return topic.append(batch, None, cancelled=cancelled)
+        topic.partition(partition_id).check_append(piece)
+    return _commit_in_log(database, topic, topic_id, shares, batch.num_rows)
+
+
+def _spreads(targets: np.ndarray) -> bool:
+    """Whether the write reaches ``SPREAD_SHARES_MIN`` partitions or more."""
+    if len(targets) < SPREAD_SHARES_MIN:
+        return False
+    return len(np.unique(targets)) >= SPREAD_SHARES_MIN
+
+
+def _commit_in_log(
+    database: Any,
+    topic: TopicLog,
+    topic_id: str,
+    shares: list[tuple[int, np.ndarray, pa.RecordBatch]],
+    count: int,
+) -> TopicAppendResult:
+    """Commit the shares by one record in the staging log, publish them, and return each
+    message's outcome in the batch's order."""
+    committer = database.committer
+    transaction_id = committer.next_transaction_id()
+    items = [PublishItem(topic_id, partition_id, piece) for partition_id, _, piece in shares]
+    slot, staged = committer.commit_in_log(transaction_id, items, {}, _nothing_to_validate)
+    results = committer.finish(slot, transaction_id, {}, staged)
+    partitions = np.empty(count, dtype=np.int64)
+    status = np.empty(count, dtype=np.uint8)
+    offsets = np.empty(count, dtype=np.int64)
+    for (_, rows, _), result in zip(shares, results, strict=True):
+        assert result is not None, "a publish in turn reports its outcome"
+        partitions[rows] = result.partitions
+        status[rows] = result.status
+        offsets[rows] = result.offsets
+    committer.catch_up()
+    return TopicAppendResult(partitions, status, offsets)
+
+
+def _nothing_to_validate() -> None:
+    """An autocommit write reads nothing: there is nothing to validate."""
