@@ -28,7 +28,7 @@ import struct
 from dataclasses import dataclass
 from typing import Any
 
-from engine.api import INSERT_COLUMNS, parse, parse_statements, run_over_relation
+from engine.api import INSERT_COLUMNS, parse, run_over_relation
 from sql.pgwire import limits as wire_limits
 from sql.pgwire.codec import copy_binary, wire_types
 from sql.pgwire.codec import messages as m
@@ -42,7 +42,7 @@ from sql.pgwire.codec.copy_format import (
     encode_header,
     encode_lines,
 )
-from sql.pgwire.connection import copy_arrow, copy_commit, copy_staged, result_stream
+from sql.pgwire.connection import copy_arrow, copy_staged, result_stream
 from sql.pgwire.connection.context import CommandContext
 from sql.pgwire.connection.copy_statement import CopyStatement
 from sql.pgwire.connection.portals import ProtocolViolation
@@ -91,14 +91,14 @@ async def copy_to_client(context: CommandContext, statement: CopyStatement) -> N
     at a time (``result_stream``): what is held is one batch, each within the result limit
     (54000), never the whole result. The stream is closed however the exchange ends (DuckDB
     refuses other statements on the session while it is open). FORMAT arrow: ``copy_arrow``."""
-    statements = parse_statements(_source_query(statement))  # cached: a reader's loop repeats it
+    statements = parse(_source_query(statement))
     if len(statements) != 1:
         raise SqlSyntaxError("COPY takes exactly one query")
     if statement.fmt.arrow:
         await copy_arrow.copy_arrow_to_client(context, statements[0])
         return
-    stream, held = await context.call(
-        copy_commit.open_held, context, statements[0],
+    stream = await context.call(
+        result_stream.open_stream, context, statements[0], None,
         FeatureNotSupportedError("COPY query must return rows (a SELECT, VALUES or a "
                                  "statement with RETURNING)"))  # fmt: skip
     binary = statement.fmt.binary
@@ -117,12 +117,10 @@ async def copy_to_client(context: CommandContext, statement: CopyStatement) -> N
             for chunk in chunks:
                 context.send(chunk)
                 await context.drain()
-        await context.call(held.commit)  # a consumer read's offsets: all rows were sent
         if binary:
             context.send(m.copy_data(header + copy_binary.BINARY_TRAILER))
     finally:
         await context.call(stream.close)
-        await context.call(held.rollback)  # if not committed
     context.send(m.copy_done())
     context.send(m.command_complete(f"COPY {stream.row_count}"))
 
