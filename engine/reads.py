@@ -67,7 +67,6 @@ from planner.operations import ReadRecords
 from storage import limits
 from storage.errors import InvalidParameterValueError, LimitExceededError, QueryCanceledError
 from storage.frame_read import SMALL_SLICE_ROWS, FrameSlice, decode_small
-from storage.record_batch import decode_body
 from storage.topic_log import TopicLog
 
 CANCEL_CHECK_S = 0.1
@@ -220,10 +219,7 @@ def _relation(slices: list[tuple[int, FrameSlice]], *, decode: bool) -> pa.Table
             continue
         if run:
             flush()
-        batch = decode_body(piece.header, piece.body)
-        if piece.skip > 0 or piece.rows < batch.num_rows:
-            batch = batch.slice(piece.skip, piece.rows)
-        batches.append(relation_batch(partition_id, batch, decode=decode))
+        batches.append(relation_batch(partition_id, piece.decode(), decode=decode))
     if run:
         flush()
     return pa.Table.from_batches(batches, schema=SCHEMA)

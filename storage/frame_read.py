@@ -12,12 +12,18 @@ Invariants: ``0 <= skip``, ``1 <= rows`` and ``skip + rows <= header.record_coun
 the offsets of a slice are ``first_offset .. next_offset - 1``. A slice's ``size`` is
 its share of the frame's bytes (header and body, prorated by messages), the unit the
 storage read's own byte budget counts in.
+
+A partition keeps the large frame its last read stopped inside (``FrameCache``), so a
+sequence of small reads from one big frame (a move of 100 messages from frames of 1000)
+reads, checks and decodes it once instead of once per read.
 """
 
 from __future__ import annotations
 
+import threading
+from collections import OrderedDict
 from collections.abc import Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 import numpy as np
 import pyarrow as pa
@@ -34,6 +40,44 @@ from storage.record_batch import (
 # Slices of at most this many messages are decoded together (``decode_slices``): their
 # fixed cost dominates, and copying their few messages once is cheap.
 SMALL_SLICE_ROWS = 64
+# What the frames kept for the next read (``FrameCache``) may hold in all, in the bytes of
+# the read windows they keep alive.
+FRAME_CACHE_BYTES = 64 * 1024 * 1024
+
+
+class CachedFrame:
+    """One checked large frame of a segment, kept for the next read of its partition,
+    with its read batch decoded on first use (``batch``). The frame's bytes never
+    change while its segment is in the partition's visible list (appends go after
+    published frames, a fence cuts only unpublished bytes, retention removes whole
+    segments), so the entry is valid exactly while ``segment`` is listed there.
+    Two threads may decode it at once; both get equal batches and one is kept."""
+
+    __slots__ = ("_batch", "body", "header", "position", "segment")
+
+    def __init__(self, segment: object, position: int, header: FrameHeader, body: pa.Buffer):
+        self.segment = segment
+        self.position = position
+        self.header = header
+        self.body = body
+        self._batch: pa.RecordBatch | None = None
+
+    @property
+    def kept_bytes(self) -> int:
+        """The bytes this entry keeps alive: its body's whole read window."""
+        parent = self.body.parent
+        return parent.size if parent is not None else self.body.size
+
+    def holds(self, segment: object, offset: int) -> bool:
+        header = self.header
+        return self.segment is segment and header.base_offset <= offset < header.next_offset
+
+    def batch(self) -> pa.RecordBatch:
+        """The whole frame's read batch (``decode_body``), decoded once."""
+        batch = self._batch
+        if batch is None:
+            batch = self._batch = decode_body(self.header, self.body)
+        return batch
 
 
 @dataclass(frozen=True, slots=True)
@@ -44,6 +88,9 @@ class FrameSlice:
     body: pa.Buffer
     skip: int
     rows: int
+    # The partition's kept copy of this frame (``FrameCache``), whose decode is shared
+    # by every read of it; None for a frame no later read is expected to need.
+    cached: CachedFrame | None = field(default=None, compare=False, repr=False)
 
     def __post_init__(self) -> None:
         assert self.skip >= 0 and self.rows >= 1, (self.skip, self.rows)
@@ -70,7 +117,20 @@ class FrameSlice:
         if self.next_offset <= end:
             return self
         rows = end - self.first_offset
-        return FrameSlice(self.header, self.body, self.skip, rows) if rows > 0 else None
+        if rows <= 0:
+            return None
+        return FrameSlice(self.header, self.body, self.skip, rows, self.cached)
+
+    def decode(self) -> pa.RecordBatch:
+        """This slice's read batch, alone and zero-copy (for a large frame; runs of
+        small ones go through ``decode_small``)."""
+        if self.cached is not None:
+            batch = self.cached.batch()
+        else:
+            batch = decode_body(self.header, self.body)
+        if self.skip > 0 or self.rows < batch.num_rows:
+            batch = batch.slice(self.skip, self.rows)
+        return batch
 
 
 @dataclass(frozen=True, slots=True)
@@ -103,10 +163,7 @@ def decode_slices(slices: Sequence[FrameSlice]) -> list[pa.RecordBatch]:
             if run:
                 batches.append(decode_small(run))
                 run = []
-            batch = decode_body(piece.header, piece.body)
-            if piece.skip > 0 or piece.rows < batch.num_rows:
-                batch = batch.slice(piece.skip, piece.rows)
-            batches.append(batch)
+            batches.append(piece.decode())
         else:
             run.append(piece)
     if run:
@@ -151,3 +208,60 @@ def decode_small(slices: Sequence[FrameSlice]) -> pa.RecordBatch:
         ],
         schema=READ_SCHEMA,
     )
+
+
+class FrameCache:
+    """For each partition, the large frame (over ``SMALL_SLICE_ROWS`` messages) its last
+    read stopped inside: the next read of that partition usually starts there (a
+    consumer's next poll, the next move), and takes it from here instead of reading,
+    checking and decoding the whole frame again (issue 14: each 100-message move from
+    frames of 1000 re-read 1 MiB).
+
+    Bounded: one entry per partition, and at most ``capacity_bytes`` kept alive in
+    all (``CachedFrame.kept_bytes``), least recently used entries dropped first; an
+    entry larger than that is not kept. Keys are the partitions themselves (by
+    identity); a partition drops its entry when it deletes segments or closes.
+    Thread-safe.
+    """
+
+    def __init__(self, capacity_bytes: int = FRAME_CACHE_BYTES) -> None:
+        assert capacity_bytes >= 0
+        self.capacity_bytes = capacity_bytes
+        self._entries: OrderedDict[object, CachedFrame] = OrderedDict()
+        self._bytes = 0
+        self._lock = threading.Lock()
+
+    @property
+    def kept_bytes(self) -> int:
+        return self._bytes
+
+    def get(self, owner: object) -> CachedFrame | None:
+        with self._lock:
+            entry = self._entries.get(owner)
+            if entry is not None:
+                self._entries.move_to_end(owner)
+            return entry
+
+    def put(self, owner: object, entry: CachedFrame) -> None:
+        size = entry.kept_bytes
+        with self._lock:
+            old = self._entries.pop(owner, None)
+            if old is not None:
+                self._bytes -= old.kept_bytes
+            if size > self.capacity_bytes:
+                return
+            while self._entries and self._bytes + size > self.capacity_bytes:
+                _, evicted = self._entries.popitem(last=False)
+                self._bytes -= evicted.kept_bytes
+            self._entries[owner] = entry
+            self._bytes += size
+
+    def discard(self, owner: object) -> None:
+        with self._lock:
+            old = self._entries.pop(owner, None)
+            if old is not None:
+                self._bytes -= old.kept_bytes
+
+
+# The process's cache, shared by every partition (its bound is for the whole process).
+FRAME_CACHE = FrameCache()

@@ -40,7 +40,15 @@ from storage.errors import (
     StorageIOError,
     UnsupportedCodecError,
 )
-from storage.frame_read import SMALL_SLICE_ROWS, FrameRead, FrameSlice, decode_slices
+from storage.frame_read import (
+    FRAME_CACHE,
+    SMALL_SLICE_ROWS,
+    CachedFrame,
+    FrameCache,
+    FrameRead,
+    FrameSlice,
+    decode_slices,
+)
 from storage.fs import FileSystem
 from storage.group_commit import GroupCommitter, Request
 from storage.log_loader import RecoveryReport, load_segments
@@ -50,7 +58,7 @@ from storage.record_batch import (
     check_wire_batch,
     decode_body,
 )
-from storage.segment import LogSegment
+from storage.segment import Frame, LogSegment
 
 log = logging.getLogger(__name__)
 
@@ -128,6 +136,8 @@ class PartitionLog:
         self.recovery = RecoveryReport()
         self._write_lock = threading.Lock()
         self._frame_encoder = FrameEncoder()  # used under ``_write_lock`` only
+        # Where the large frame the last read stopped inside is kept (None: nowhere).
+        self._frame_cache: FrameCache | None = FRAME_CACHE
         self._fenced: StorageIOError | None = None
         self._closed = False
         self.producers = ProducerStateManager(
@@ -506,6 +516,7 @@ class PartitionLog:
         log back to the published end, so no reopen trusts them.
         """
         self._fenced = error
+        self._forget_frame()
         visible = self._visible
         try:
             for segment in self._segments[len(visible.segments) :]:
@@ -514,6 +525,11 @@ class PartitionLog:
             last.truncate_to(visible.last_segment_bytes, visible.end_offset)
         except StorageIOError as cut_error:
             log.error("could not cut the unacknowledged tail: %s", cut_error)
+
+    def _forget_frame(self) -> None:
+        """Drop the frame kept for the next read (its segment may be going away)."""
+        if self._frame_cache is not None:
+            self._frame_cache.discard(self)
 
     def _publish(self) -> None:
         segment = self._segments[-1]
@@ -567,17 +583,36 @@ class PartitionLog:
         slices: list[FrameSlice] = []
         remaining, budget = max_messages, max_bytes
         index = _segment_index(visible.segments, offset)
+        kept = self._frame_cache.get(self) if self._frame_cache is not None else None
         while offset < visible.end_offset and remaining > 0 and budget > 0 and index is not None:
             segment = visible.segments[index]
             last = index == len(visible.segments) - 1
             limit = visible.last_segment_bytes if last else segment.size_bytes
+            position = None
+            if kept is not None and kept.holds(segment, offset):
+                # The large frame the last read stopped inside: no pread, check or decode.
+                header = kept.header
+                skip = offset - header.base_offset
+                rows = min(header.record_count - skip, remaining)
+                slices.append(FrameSlice(header, kept.body, skip, rows, kept))
+                offset += rows
+                remaining -= rows
+                budget -= header.frame_bytes
+                if remaining <= 0 or budget <= 0:
+                    break
+                position = kept.position + header.frame_bytes  # the scan goes on from there
             window = _window_bytes(segment, offset, remaining, budget)
-            for frame in segment.scan(offset, limit, window):
+            frames = segment.scan(offset, limit, window, position=position)
+            for frame in frames if position is None or position < limit else ():
                 header = frame.header
                 skip = offset - header.base_offset
                 assert 0 <= skip < header.record_count, (offset, header.base_offset)
                 rows = min(header.record_count - skip, remaining)
-                slices.append(FrameSlice(header, frame.body, skip, rows))
+                cached = None
+                if rows < header.record_count - skip and header.record_count > SMALL_FRAME_ROWS:
+                    # Stopped inside a large frame: the next read starts there.
+                    cached = self._keep(segment, frame)
+                slices.append(FrameSlice(header, frame.body, skip, rows, cached))
                 offset += rows
                 remaining -= rows
                 budget -= header.frame_bytes
@@ -589,6 +624,19 @@ class PartitionLog:
             if index is not None:
                 offset = max(offset, visible.segments[index].base_offset)
         return FrameRead(slices, offset, log_start, visible.end_offset)
+
+    def _keep(self, segment: LogSegment, frame: Frame) -> CachedFrame | None:
+        """Keep ``frame`` (large, a read stopped inside it) for the next read."""
+        if self._frame_cache is None:
+            return None
+        body = frame.body
+        parent = body.parent
+        if parent is not None and parent.size > 2 * frame.header.frame_bytes:
+            # Keep only this frame, not the whole read window it came in.
+            body = pa.py_buffer(body.to_pybytes())
+        cached = CachedFrame(segment, frame.position, frame.header, body)
+        self._frame_cache.put(self, cached)
+        return cached
 
     def offset_for_time(self, written_at_us: int) -> int:
         """The first offset whose ``written_at`` is at or after the given time (or the end)."""
@@ -657,6 +705,7 @@ class PartitionLog:
                 return 0
             self._segments = self._segments[len(doomed) :]
             self._publish()
+            self._forget_frame()
             # The new log start must survive a crash (it never moves back): rename the
             # doomed log files, oldest first, and sync the directory before any removal.
             # A crash among the renames leaves a renamed prefix, so a start in between.
@@ -674,6 +723,7 @@ class PartitionLog:
             if self._closed:
                 return
             self._closed = True
+            self._forget_frame()
             if self._fenced is None:
                 durable = self.config.fsync_policy is not FsyncPolicy.NEVER
                 self._segments[-1].sync() if durable else None

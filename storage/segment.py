@@ -198,7 +198,13 @@ class LogSegment:
 
     # -- reading (any thread) -----------------------------------------------------------
     def scan(
-        self, start_offset: int, limit_bytes: int, budget_bytes: int, *, skip_corrupt: bool = False
+        self,
+        start_offset: int,
+        limit_bytes: int,
+        budget_bytes: int,
+        *,
+        skip_corrupt: bool = False,
+        position: int | None = None,
     ) -> Iterator[Frame]:
         """Yield verified frames holding offsets >= ``start_offset``, up to byte ``limit_bytes``.
 
@@ -206,8 +212,18 @@ class LogSegment:
         and hands out zero-copy slices of them. A frame that fails its checks
         raises ``CorruptSegmentError`` with the file and position, unless
         ``skip_corrupt`` (recovery's producer replay) asks to pass over it.
+        ``position``, when given, is a frame boundary at or before the first frame
+        wanted (a caller that knows where the frame after one it holds starts);
+        else the offset index says where to start.
+
+        A window that ends inside a frame is followed by one that starts at that
+        frame and holds it whole, plus what is left of ``budget_bytes``, not a whole
+        window more (an 8 MiB window ending inside a 1 MiB frame was followed by 8 MiB more).
         """
-        position = self.offset_index.lookup(start_offset) if start_offset > self.base_offset else 0
+        if position is None:
+            position = (
+                self.offset_index.lookup(start_offset) if start_offset > self.base_offset else 0
+            )
         window_bytes = max(budget_bytes + HEADER_BYTES, READ_WINDOW_BYTES_MIN)
         fd = self.fs.open_read(self.log_path)
         try:
@@ -218,6 +234,7 @@ class LogSegment:
                 # partition of a few small frames is read with one pread.)
                 first = self._header_at(self.fs.pread(fd, HEADER_BYTES, position), 0, position)
                 window_bytes = max(window_bytes, first.frame_bytes)
+            left = window_bytes  # of what the budget asks to read from the first position
             while position < limit_bytes:
                 size = min(window_bytes, limit_bytes - position)
                 raw = self.fs.pread(fd, size, position)
@@ -229,7 +246,11 @@ class LogSegment:
                     header = self._header_at(raw, consumed, position + consumed)
                     end = consumed + HEADER_BYTES + header.body_bytes
                     if end > available:
-                        window_bytes = max(window_bytes, header.frame_bytes)
+                        # Read from this frame on: it whole, and what the budget still
+                        # wants (the short reads of a few small frames aside).
+                        window_bytes = max(
+                            header.frame_bytes, left - consumed, READ_WINDOW_BYTES_MIN
+                        )
                         break
                     if header.base_offset + header.record_count > start_offset:
                         # The checksum covers header bytes [8, 48) and the body, which
@@ -265,6 +286,7 @@ class LogSegment:
                     window_bytes = header.frame_bytes
                     continue
                 position += consumed
+                left -= consumed
         finally:
             self.fs.close(fd)
 
