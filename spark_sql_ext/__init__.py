@@ -5,9 +5,11 @@ source through the ``pyspark_topicbase`` module) makes ``format("topicbase")`` a
 ``configure(builder, url=..., user=..., password=...)`` also installs the Java catalog
 (``spark_sql_ext/java``, built into ``spark_sql_ext/jars/topicbase-spark.jar`` by ``make
 spark-jar``). Everything talks to ``topicbase serve`` through its Arrow Flight door, except,
-with ``wire_url``, the catalog's batch reads of topics: the catalog's JVM reads them over the
-server's PostgreSQL wire (``COPY ... TO STDOUT (FORMAT arrow)``) as columnar batches, with no
-Python worker (``spark_sql_ext/java/io/topicbase/spark/WireScan.java``).
+with ``wire_url``, the catalog's batch reads and batch writes of topics: the catalog's JVM
+reads them over the server's PostgreSQL wire (``COPY ... TO STDOUT (FORMAT arrow)``) as
+columnar batches (``spark_sql_ext/java/io/topicbase/spark/WireScan.java``) and writes them as
+Arrow staged by each task (``COPY ... FROM STDIN (FORMAT arrow, WRITE_ID ...)``) and published
+once by the driver (``COMMIT WRITES``, ``WireWrite.java``), with no Python worker.
 """
 
 from __future__ import annotations
@@ -38,7 +40,7 @@ def configure(builder: Any, *, url: str, user: str, password: str = "",
     topicbase.main.events`` (or bare names with ``default=True``) once the session starts.
 
     ``wire_url``: ``host:port`` (or ``postgresql://host:port``) of the server's PostgreSQL
-    wire, for the JVM's batch reads of topics (same user and password); ``sslmode``
+    wire, for the JVM's batch reads and writes of topics (same user and password); ``sslmode``
     (``require`` or ``verify-full``) and ``sslrootcert`` (a PEM file of the CA) for TLS."""
     if not os.path.exists(JAR_PATH):
         raise FileNotFoundError(f"{JAR_PATH} is missing: build it with `make spark-jar`")

@@ -210,8 +210,9 @@ def test_configure_sets_the_wire_address() -> None:
         spark_sql_ext.configure(Builder(), url="topicbase://h:1", user="u", wire_url="h")
 
 
-def test_streams_and_writes_of_a_wire_catalog_keep_the_python_source(
+def test_streams_of_a_wire_catalog_keep_the_python_source(
         spark, database, url, wire, tmp_path) -> None:  # fmt: skip
+    """Streaming reads go through the Python source (batch writes: test_wire_write)."""
     _fill(database)
     tb = _catalog(spark, url, wire)
     spark.sql(f"INSERT INTO {tb}.main.events (data) VALUES (CAST('w1' AS BINARY)), "

@@ -41,8 +41,9 @@ import javax.net.ssl.TrustManagerFactory;
  * A small PostgreSQL-wire (protocol 3.0) client of {@code topicbase serve}, JDK only: the
  * startup, password authentication (SCRAM-SHA-256 of RFC 5802/7677 with the server's
  * signature verified, md5 and cleartext when the server asks for them), the simple query
- * protocol with text results, and {@code COPY ... TO STDOUT} read as one {@link InputStream}
- * over the CopyData payloads. TLS: with {@code sslmode} {@code require} or {@code
+ * protocol with text results, {@code COPY ... TO STDOUT} read as one {@link InputStream}
+ * over the CopyData payloads, and {@code COPY ... FROM STDIN} written through an {@link
+ * OutputStream} cut into CopyData messages ({@link #copyIn}). TLS: with {@code sslmode} {@code require} or {@code
  * verify-full} the client sends SSLRequest and wraps the socket, trusting the certificates
  * of the PEM file {@code sslrootcert} (the JDK's trust store without one) and checking the
  * host name (verify-full and require alike: a wrong host is refused).
@@ -777,6 +778,149 @@ final class PgWireClient implements Closeable {
             }
             left -= n;
             return n;
+        }
+    }
+
+    // -- COPY FROM STDIN ---------------------------------------------------------------------------
+    /**
+     * Runs {@code copy} (a {@code COPY ... FROM STDIN}) and returns the stream its data is
+     * written to: the bytes go to the server as CopyData messages of at most {@code
+     * CopyIn.CHUNK} bytes. {@link CopyIn#finish} ends the COPY (CopyDone) and returns its row
+     * count; {@link CopyIn#fail} gives it up (CopyFail). An error before the data (privileges,
+     * an unknown target) is thrown here; one during it by {@code finish}.
+     */
+    CopyIn copyIn(String copy) throws IOException {
+        ready = false;
+        send('Q', cstring(copy));
+        out.flush();
+        while (true) {
+            Message message = receiveRelevant();
+            if (message.type == 'E') {
+                throw afterError(error(message));
+            }
+            if (message.type == 'G') {
+                return new CopyIn();
+            }
+            if (message.type == 'Z') {
+                ready = true;
+                throw new PgWireException("08P01", "no COPY IN for " + copy);
+            }
+        }
+    }
+
+    /** The data of a COPY FROM STDIN; not thread-safe (one writer). */
+    final class CopyIn extends OutputStream {
+        static final int CHUNK = 1 << 20;
+        private final byte[] buffer = new byte[CHUNK];
+        private int used;
+        private boolean ended;
+
+        @Override
+        public void write(int b) throws IOException {
+            if (used == CHUNK) {
+                flushChunk();
+            }
+            buffer[used++] = (byte) b;
+        }
+
+        @Override
+        public void write(byte[] data, int offset, int length) throws IOException {
+            while (length > 0) {
+                if (used == 0 && length >= CHUNK) { // a whole chunk straight from the caller
+                    sendData(data, offset, CHUNK);
+                    offset += CHUNK;
+                    length -= CHUNK;
+                    continue;
+                }
+                int n = Math.min(length, CHUNK - used);
+                System.arraycopy(data, offset, buffer, used, n);
+                used += n;
+                offset += n;
+                length -= n;
+                if (used == CHUNK) {
+                    flushChunk();
+                }
+            }
+        }
+
+        private void flushChunk() throws IOException {
+            if (used > 0) {
+                sendData(buffer, 0, used);
+                used = 0;
+            }
+        }
+
+        private void sendData(byte[] data, int offset, int length) throws IOException {
+            if (ended) {
+                throw new IOException("the COPY has ended");
+            }
+            byte[] header = new byte[5];
+            header[0] = (byte) 'd';
+            putInt(header, 1, length + 4);
+            try {
+                out.write(header);
+                out.write(data, offset, length);
+            } catch (IOException e) {
+                broken = true;
+                throw e;
+            }
+        }
+
+        /** Sends what is left and CopyDone; the COPY's row count (its tag, {@code COPY n}). */
+        long finish() throws IOException {
+            flushChunk();
+            ended = true;
+            send('c', new byte[0]);
+            out.flush();
+            return endOfCopy(null);
+        }
+
+        /** Gives the COPY up (CopyFail with {@code reason}); the server's answer is read. */
+        void fail(String reason) throws IOException {
+            if (ended) {
+                return;
+            }
+            ended = true;
+            send('f', cstring(reason));
+            out.flush();
+            try {
+                endOfCopy(reason);
+            } catch (PgWireException expected) {
+                // 57014, or the error that had ended the COPY already
+            }
+        }
+
+        private long endOfCopy(String failed) throws IOException {
+            long rows = -1;
+            PgWireException failure = null;
+            while (true) {
+                Message message = receiveRelevant();
+                switch (message.type) {
+                    case 'C': {
+                        String tag = message.cstring();
+                        if (tag.startsWith("COPY ")) {
+                            rows = Long.parseLong(tag.substring(5).trim());
+                        }
+                        break;
+                    }
+                    case 'E':
+                        failure = error(message);
+                        break;
+                    case 'Z':
+                        ready = true;
+                        if (failure != null) {
+                            throw failure;
+                        }
+                        return rows;
+                    default:
+                        break;
+                }
+            }
+        }
+
+        @Override
+        public void close() {
+            // finish or fail end the COPY; closing the stream alone does nothing
         }
     }
 

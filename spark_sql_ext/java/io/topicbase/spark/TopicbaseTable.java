@@ -25,6 +25,10 @@ import org.apache.spark.sql.util.CaseInsensitiveStringMap;
  * options, so an {@code INSERT INTO} would otherwise reach the source without its url,
  * credentials and target; and a Python table keeps the data source it first made, so a
  * {@code readStream.table(...).option("startingOffsets", ...)} would lose its options.)
+ *
+ * <p>With the catalog's {@code wire} option a topic's batch scans ({@link WireScan}) and
+ * batch writes ({@link WireWrite}) run in the JVM over the PostgreSQL wire; streaming and
+ * tables keep the Python source.
  */
 final class TopicbaseTable implements SupportsRead, SupportsWrite {
     private final Table delegate;
@@ -117,6 +121,10 @@ final class TopicbaseTable implements SupportsRead, SupportsWrite {
                 return info.metadataSchema();
             }
         };
-        return ((SupportsWrite) fresh(all)).newWriteBuilder(withOptions);
+        WriteBuilder python = ((SupportsWrite) fresh(all)).newWriteBuilder(withOptions);
+        if (all.containsKey("wire") && all.containsKey("topic")) {
+            return new WireWrite.Builder(all.asCaseSensitiveMap(), info.schema(), python);
+        }
+        return python;
     }
 }

@@ -1,0 +1,382 @@
+package io.topicbase.spark;
+
+import java.io.IOException;
+import java.io.Serializable;
+import java.io.UncheckedIOException;
+import java.util.ArrayList;
+import java.util.HashMap;
+import java.util.List;
+import java.util.Locale;
+import java.util.Map;
+import java.util.UUID;
+
+import org.apache.arrow.memory.BufferAllocator;
+import org.apache.arrow.memory.RootAllocator;
+import org.apache.arrow.vector.VectorSchemaRoot;
+import org.apache.arrow.vector.ipc.ArrowStreamWriter;
+import org.apache.spark.sql.catalyst.InternalRow;
+import org.apache.spark.sql.catalyst.expressions.GenericInternalRow;
+import org.apache.spark.sql.connector.write.BatchWrite;
+import org.apache.spark.sql.connector.write.DataWriter;
+import org.apache.spark.sql.connector.write.DataWriterFactory;
+import org.apache.spark.sql.connector.write.PhysicalWriteInfo;
+import org.apache.spark.sql.connector.write.SupportsTruncate;
+import org.apache.spark.sql.connector.write.Write;
+import org.apache.spark.sql.connector.write.WriteBuilder;
+import org.apache.spark.sql.connector.write.WriterCommitMessage;
+import org.apache.spark.sql.connector.write.streaming.StreamingWrite;
+import org.apache.spark.sql.execution.arrow.ArrowWriter;
+import org.apache.spark.sql.types.DataType;
+import org.apache.spark.sql.types.StructField;
+import org.apache.spark.sql.types.StructType;
+import org.apache.spark.sql.util.ArrowUtils;
+
+/**
+ * A catalog topic's batch write in the JVM, over the PostgreSQL wire (no Python worker):
+ * the staged-write protocol of {@code topicbase serve} spoken in SQL.
+ *
+ * <ul>
+ * <li>Each task ({@link TaskWriter}) turns its rows into Arrow record batches of at most
+ * {@code writeBatchRows} rows (default 4096) with Spark's {@link ArrowWriter} and streams
+ * them as ONE Arrow IPC stream in {@code COPY TOPIC t (columns) FROM STDIN (FORMAT arrow,
+ * WRITE_ID '<id>')} on its own connection: the server stages them under the task's write id
+ * and publishes nothing. Its commit message carries the id; a task without rows stages
+ * nothing. A failing task gives its COPY up (CopyFail) and sends {@code ABORT WRITES}.
+ * <li>The driver's commit ({@link Batch#commit}) publishes every task's write at once:
+ * {@code COMMIT WRITES ('id', ...) SINK '<sink>' BATCH <n>}, one transaction with the
+ * idempotency record (sink, batch): a replay of the same record publishes nothing. The sink
+ * id is the option {@code sinkId} or made once per write (a UUID); the batch is {@code
+ * batchId} or 0. The driver's abort sends {@code ABORT WRITES} of the tasks' ids.
+ * </ul>
+ *
+ * <p>Columns: the written rows' columns that a topic write takes ({@link #WRITE_COLUMNS},
+ * as the Python source's {@code _writable}): a read's {@code offset} or {@code written_at}
+ * are the server's to set and are left out; {@code data} is required. Streaming writes and
+ * truncation (overwrite, refused) stay with the Python source's write.
+ *
+ * <p>A write id is {@code <prefix>-<partition>-<task id>} with the prefix made once per
+ * write: attempts of one partition differ. An attempt killed with its executor leaves its
+ * staged write to the server's collection of abandoned writes.
+ */
+final class WireWrite implements Write {
+    static final String[] WRITE_COLUMNS = {"data", "producer_id", "seq_no", "message_group_id",
+        "partition", "created_at", "metadata", "codec"};
+    static final int DEFAULT_BATCH_ROWS = 4096;
+
+    /** The builder: a wire write, but truncation and streaming go to the Python source's. */
+    static final class Builder implements WriteBuilder, SupportsTruncate {
+        private final Map<String, String> options;
+        private final StructType schema;
+        private final WriteBuilder python;
+
+        Builder(Map<String, String> options, StructType schema, WriteBuilder python) {
+            this.options = options;
+            this.schema = schema;
+            this.python = python;
+        }
+
+        @Override
+        public WriteBuilder truncate() {
+            return ((SupportsTruncate) python).truncate();
+        }
+
+        @Override
+        public Write build() {
+            return new WireWrite(options, schema, python);
+        }
+    }
+
+    private final HashMap<String, String> options;
+    private final String topic;
+    private final StructType written; // the columns sent
+    private final int[] ordinals; // their places in the rows Spark hands over
+    private final WriteBuilder python;
+
+    WireWrite(Map<String, String> options, StructType schema, WriteBuilder python) {
+        this.options = new HashMap<>(options);
+        this.topic = options.get("topic");
+        this.python = python;
+        List<StructField> fields = new ArrayList<>();
+        List<Integer> places = new ArrayList<>();
+        for (String name : WRITE_COLUMNS) {
+            for (int i = 0; i < schema.fields().length; i++) {
+                if (schema.fields()[i].name().toLowerCase(Locale.ROOT).equals(name)) {
+                    StructField field = schema.fields()[i];
+                    fields.add(new StructField(name, field.dataType(), true, field.metadata()));
+                    places.add(i);
+                    break;
+                }
+            }
+        }
+        if (fields.isEmpty() || !fields.get(0).name().equals("data")) {
+            throw new IllegalArgumentException("a write to a topic needs a \"data\" column");
+        }
+        this.written = new StructType(fields.toArray(new StructField[0]));
+        this.ordinals = places.stream().mapToInt(Integer::intValue).toArray();
+    }
+
+    @Override
+    public String description() {
+        return "TopicbaseWireWrite(" + topic + ")";
+    }
+
+    @Override
+    public BatchWrite toBatch() {
+        return new Batch(this);
+    }
+
+    @Override
+    public StreamingWrite toStreaming() {
+        return python.build().toStreaming();
+    }
+
+    /** What a task staged: its write id (null without rows) and row count. */
+    static final class Staged implements WriterCommitMessage {
+        private static final long serialVersionUID = 1L;
+        final String writeId;
+        final long rows;
+
+        Staged(String writeId, long rows) {
+            this.writeId = writeId;
+            this.rows = rows;
+        }
+    }
+
+    /** The driver's side: the tasks' factory, then COMMIT WRITES or ABORT WRITES. */
+    static final class Batch implements BatchWrite {
+        private final WireWrite write;
+        private final String prefix = "spark-" + UUID.randomUUID().toString().replace("-", "");
+        private final String sinkId;
+        private final long batchId;
+        /** The server's answer to the commit: "committed" or "duplicate", and the rows. */
+        String status;
+        long rows;
+
+        Batch(WireWrite write) {
+            this.write = write;
+            String sink = write.options.get("sinkId");
+            this.sinkId = sink == null || sink.isEmpty() ? prefix : sink;
+            String batch = write.options.get("batchId");
+            this.batchId = batch == null ? 0 : Long.parseLong(batch.trim());
+        }
+
+        @Override
+        public DataWriterFactory createBatchWriterFactory(PhysicalWriteInfo info) {
+            return new Factory(write.options, write.topic, write.written, write.ordinals, prefix);
+        }
+
+        @Override
+        public void commit(WriterCommitMessage[] messages) {
+            String sql = "COMMIT WRITES (" + idList(messages) + ") SINK "
+                + WireScan.quoteLiteral(sinkId) + " BATCH " + batchId;
+            List<String[]> answer = run(sql);
+            status = answer.get(0)[0];
+            rows = Long.parseLong(answer.get(0)[1]);
+        }
+
+        @Override
+        public void abort(WriterCommitMessage[] messages) {
+            String ids = idList(messages);
+            if (!ids.isEmpty()) {
+                run("ABORT WRITES (" + ids + ")");
+            }
+        }
+
+        private List<String[]> run(String sql) {
+            try {
+                return PgWireClient.run(write.options.get("wire"), write.options,
+                    client -> client.query(sql));
+            } catch (IOException e) {
+                throw new UncheckedIOException(e.getMessage(), e);
+            }
+        }
+
+        private static String idList(WriterCommitMessage[] messages) {
+            List<String> ids = new ArrayList<>();
+            for (WriterCommitMessage message : messages) {
+                if (message instanceof Staged && ((Staged) message).writeId != null) {
+                    ids.add(WireScan.quoteLiteral(((Staged) message).writeId));
+                }
+            }
+            return String.join(", ", ids);
+        }
+    }
+
+    /** Serializable: sent to the executors. */
+    static final class Factory implements DataWriterFactory, Serializable {
+        private static final long serialVersionUID = 1L;
+        private final HashMap<String, String> options;
+        private final String topic;
+        private final StructType written;
+        private final int[] ordinals;
+        private final String prefix;
+
+        Factory(HashMap<String, String> options, String topic, StructType written, int[] ordinals,
+                String prefix) {
+            this.options = options;
+            this.topic = topic;
+            this.written = written;
+            this.ordinals = ordinals;
+            this.prefix = prefix;
+        }
+
+        @Override
+        public DataWriter<InternalRow> createWriter(int partitionId, long taskId) {
+            return new TaskWriter(options, topic, written, ordinals,
+                prefix + "-" + partitionId + "-" + taskId);
+        }
+    }
+
+    /** One task's rows: one COPY of one Arrow stream under the task's write id. */
+    static final class TaskWriter implements DataWriter<InternalRow> {
+        private final Map<String, String> options;
+        private final String copySql;
+        private final StructType written;
+        private final int[] ordinals;
+        private final DataType[] types;
+        private final boolean projected;
+        private final String writeId;
+        private final int batchRows;
+        private BufferAllocator allocator;
+        private VectorSchemaRoot root;
+        private ArrowWriter arrow;
+        private ArrowStreamWriter stream;
+        private PgWireClient client;
+        private PgWireClient.CopyIn copy;
+        private GenericInternalRow row;
+        private int pending;
+        private long rows;
+
+        TaskWriter(Map<String, String> options, String topic, StructType written, int[] ordinals,
+                String writeId) {
+            this.options = options;
+            this.written = written;
+            this.ordinals = ordinals;
+            this.writeId = writeId;
+            String given = options.get("writeBatchRows");
+            this.batchRows = given == null ? DEFAULT_BATCH_ROWS : Integer.parseInt(given.trim());
+            if (batchRows < 1) {
+                throw new IllegalArgumentException("writeBatchRows must be at least 1");
+            }
+            List<String> columns = new ArrayList<>();
+            this.types = new DataType[ordinals.length];
+            boolean inPlace = true;
+            for (int i = 0; i < ordinals.length; i++) {
+                columns.add(WireScan.quoteIdentifier(written.fields()[i].name()));
+                types[i] = written.fields()[i].dataType();
+                inPlace = inPlace && ordinals[i] == i;
+            }
+            this.projected = !inPlace;
+            this.copySql = "COPY TOPIC " + WireScan.quoteIdentifier(topic) + " ("
+                + String.join(", ", columns) + ") FROM STDIN (FORMAT arrow, WRITE_ID "
+                + WireScan.quoteLiteral(writeId) + ")";
+        }
+
+        private void open() throws IOException {
+            client = PgWireClient.borrow(options.get("wire"), options);
+            try {
+                copy = client.copyIn(copySql);
+            } catch (IOException e) {
+                if (!client.wasReused() || e instanceof PgWireClient.PgWireException) {
+                    throw e;
+                }
+                client.close(); // kept idle and closed by the server meanwhile: once more
+                client = PgWireClient.borrowNew(options.get("wire"), options);
+                copy = client.copyIn(copySql);
+            }
+            allocator = new RootAllocator();
+            root = VectorSchemaRoot.create(ArrowUtils.toArrowSchema(written, "UTC", true),
+                allocator);
+            arrow = ArrowWriter.create(root);
+            stream = new ArrowStreamWriter(root, null, copy);
+            stream.start();
+            row = new GenericInternalRow(ordinals.length);
+        }
+
+        @Override
+        public void write(InternalRow record) throws IOException {
+            if (copy == null) {
+                open();
+            }
+            if (projected) {
+                for (int i = 0; i < ordinals.length; i++) {
+                    row.update(i, record.isNullAt(ordinals[i]) ? null
+                        : record.get(ordinals[i], types[i]));
+                }
+                arrow.write(row);
+            } else {
+                arrow.write(record);
+            }
+            rows++;
+            if (++pending >= batchRows) {
+                flushBatch();
+            }
+        }
+
+        private void flushBatch() throws IOException {
+            arrow.finish();
+            stream.writeBatch();
+            arrow.reset();
+            pending = 0;
+        }
+
+        @Override
+        public WriterCommitMessage commit() throws IOException {
+            if (copy == null) {
+                return new Staged(null, 0);
+            }
+            if (pending > 0) {
+                flushBatch();
+            }
+            stream.end();
+            long staged = copy.finish();
+            if (staged != rows) {
+                throw new IOException("the server staged " + staged + " rows of " + rows);
+            }
+            PgWireClient done = client;
+            client = null;
+            done.release();
+            return new Staged(writeId, rows);
+        }
+
+        @Override
+        public void abort() throws IOException {
+            if (copy == null) {
+                return; // nothing was staged
+            }
+            PgWireClient held = client;
+            client = null;
+            try {
+                if (held != null) {
+                    copy.fail("the Spark task failed");
+                    held.query("ABORT WRITES (" + WireScan.quoteLiteral(writeId) + ")");
+                    held.release();
+                    return;
+                }
+            } catch (IOException e) {
+                held.close(); // the connection is lost: abort on a new one
+            }
+            PgWireClient.run(options.get("wire"), options,
+                c -> c.query("ABORT WRITES (" + WireScan.quoteLiteral(writeId) + ")"));
+        }
+
+        @Override
+        public void close() throws IOException {
+            try {
+                if (root != null) {
+                    root.close();
+                }
+                if (allocator != null) {
+                    allocator.close();
+                }
+            } finally {
+                root = null;
+                allocator = null;
+                if (client != null) { // neither committed nor aborted: the COPY is half-sent
+                    client.close();
+                    client = null;
+                }
+            }
+        }
+    }
+}

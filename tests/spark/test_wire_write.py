@@ -1,0 +1,152 @@
+"""The catalog's JVM batch write of topics over the PostgreSQL wire (``WireWrite.java``):
+each task stages its rows with ``COPY TOPIC t (...) FROM STDIN (FORMAT arrow, WRITE_ID
+'id')`` on its own connection, the driver publishes them with one ``COMMIT WRITES``.
+
+The wire server runs in this process (``_Wire``), so the tests see which door the rows
+took (``copy_staged`` counted) and what is left staged on disk.
+"""
+
+from __future__ import annotations
+
+import os
+
+import pytest
+
+from engine.bulk_write import WRITES_DIRECTORY
+from sql.flight.server import TopicbaseFlightServer
+from sql.pgwire.connection import copy_staged
+from sql.pgwire.users import add_user, default_users_path
+from tests.spark.conftest import sql_rows
+from tests.spark.test_wire_read import _catalog, _Wire
+
+
+@pytest.fixture
+def wire(database):
+    server = _Wire(database)
+    yield server
+    server.stop()
+
+
+@pytest.fixture
+def staged_copies(monkeypatch: pytest.MonkeyPatch) -> list[str]:
+    """The write ids of the staged COPYs the wire server ran."""
+    seen: list[str] = []
+    original = copy_staged.copy_staged_from_client
+
+    async def counting(context, write_id, kind, name, columns):
+        seen.append(write_id)
+        return await original(context, write_id, kind, name, columns)
+
+    monkeypatch.setattr(copy_staged, "copy_staged_from_client", counting)
+    return seen
+
+
+@pytest.fixture
+def no_flight_puts(monkeypatch: pytest.MonkeyPatch) -> None:
+    """A write through the Flight door (the Python source) fails the test."""
+
+    def refuse(*args, **kwargs):
+        raise AssertionError("the write went through the Python source's DoPut")
+
+    monkeypatch.setattr(TopicbaseFlightServer, "do_put", refuse)
+
+
+def _staged(database) -> list[str]:
+    root = os.path.join(database.path, WRITES_DIRECTORY)
+    return sorted(os.listdir(root)) if os.path.isdir(root) else []
+
+
+def _create(database, topic: str = "events", partitions: int = 3) -> None:
+    session = database.connect()
+    session.execute(f"CREATE TOPIC {topic} WITH (min_active_partitions = {partitions})")
+    session.close()
+
+
+def test_insert_into_publishes_every_row_once_through_the_jvm(
+        spark, database, url, wire, staged_copies, no_flight_puts) -> None:  # fmt: skip
+    _create(database)
+    tb = _catalog(spark, url, wire)
+    spark.sql(f"INSERT INTO {tb}.main.events (data) VALUES (CAST('w1' AS BINARY)), "
+              "(CAST('w2' AS BINARY))")  # fmt: skip
+    assert sorted(r["d"] for r in sql_rows(
+        database, "SELECT CAST(data AS VARCHAR) AS d FROM TOPIC events")) == ["w1", "w2"]
+    assert staged_copies and _staged(database) == []
+    before = len(staged_copies)
+
+    frame = spark.range(0, 3000, numPartitions=4).selectExpr(
+        "CAST(CONCAT('m', id) AS BINARY) AS data", "CAST(id % 3 AS INT) AS partition",
+        "CAST(id AS BIGINT) AS seq_no", "'p1' AS producer_id")  # fmt: skip
+    frame.writeTo(f"{tb}.main.events").append()
+    rows = sql_rows(database, 'SELECT partition, "offset", CAST(data AS VARCHAR) AS d, seq_no '
+                    'FROM TOPIC events WHERE producer_id = \'p1\' ORDER BY partition, "offset"')
+    assert len(rows) == 3000
+    assert sorted(int(r["d"][1:]) for r in rows) == list(range(3000))
+    assert all(int(r["d"][1:]) % 3 == r["partition"] for r in rows)
+    for partition in range(3):  # each task's rows keep their order within a partition
+        ids = [r["seq_no"] for r in rows if r["partition"] == partition]
+        assert ids == sorted(ids)
+    assert _staged(database) == []
+    assert len(staged_copies) - before == 4  # one COPY per task
+
+
+def test_a_replayed_sink_and_batch_publishes_nothing(spark, database, url, wire,
+                                                     staged_copies) -> None:  # fmt: skip
+    _create(database)
+    tb = _catalog(spark, url, wire)
+    frame = spark.range(0, 100, numPartitions=2).selectExpr(
+        "CAST(CONCAT('r', id) AS BINARY) AS data")
+    for _ in range(2):
+        frame.writeTo(f"{tb}.main.events").option("sinkId", "job-7").option(
+            "batchId", "3").append()
+    assert sql_rows(database, "SELECT count(*) AS n FROM TOPIC events") == [{"n": 100}]
+    session = database.connect()
+    assert session.bulk_writes().committed_rows(session, "job-7", 3) == 100
+    session.close()
+    assert len(staged_copies) == 4 and _staged(database) == []
+
+
+def test_a_failing_task_leaves_nothing_staged_nor_published(spark, database, url, wire,
+                                                            staged_copies) -> None:  # fmt: skip
+    _create(database)
+    tb = _catalog(spark, url, wire)
+    frame = spark.range(0, 4000, numPartitions=4).selectExpr(
+        "CASE WHEN id = 3999 THEN CAST(raise_error('boom in the last task') AS BINARY) "
+        "ELSE CAST(CONCAT('x', id) AS BINARY) END AS data")  # fmt: skip
+    with pytest.raises(Exception, match="boom in the last task"):
+        frame.writeTo(f"{tb}.main.events").append()
+    assert sql_rows(database, "SELECT count(*) AS n FROM TOPIC events") == [{"n": 0}]
+    assert len(staged_copies) >= 2  # tasks had staged rows before the failure
+    assert _staged(database) == []  # the failed task's and the committed tasks' are gone
+
+
+def test_a_user_without_insert_gets_42501(spark, database, url, wire, staged_copies) -> None:
+    _create(database)
+    add_user(default_users_path(database.path), "reader", "reader-secret")
+    session = database.connect()
+    session.execute("GRANT SELECT ON TOPIC events TO reader")
+    session.close()
+    tb = _catalog(spark, url, wire, user="reader", password="reader-secret")
+    with pytest.raises(Exception, match=r"permission denied for topic events.*42501"):
+        spark.sql(f"INSERT INTO {tb}.main.events (data) VALUES (CAST('no' AS BINARY))")
+    assert staged_copies  # refused by the wire's staged COPY, before any data
+    assert sql_rows(database, "SELECT count(*) AS n FROM TOPIC events") == [{"n": 0}]
+    assert _staged(database) == []
+
+
+def test_a_streaming_write_of_a_wire_catalog_keeps_the_python_source(
+        spark, database, url, wire, staged_copies, tmp_path) -> None:  # fmt: skip
+    _create(database, "src", partitions=1)
+    _create(database, "events")
+    session = database.connect()
+    session.execute("INSERT INTO TOPIC src (data) VALUES ('s1'), ('s2'), ('s3')")
+    session.close()
+    tb = _catalog(spark, url, wire)
+    query = (spark.readStream.option("startingOffsets", "earliest").table(f"{tb}.main.src")
+             .select("data").writeStream
+             .option("checkpointLocation", str(tmp_path / "cp")).option("sinkId", "stream-1")
+             .trigger(availableNow=True).toTable(f"{tb}.main.events"))  # fmt: skip
+    query.awaitTermination(120)
+    assert query.exception() is None
+    assert sorted(r["d"] for r in sql_rows(
+        database, "SELECT CAST(data AS VARCHAR) AS d FROM TOPIC events")) == ["s1", "s2", "s3"]
+    assert staged_copies == []  # the Python source's streaming writer (Flight DoPut)
