@@ -47,17 +47,26 @@ PART_ROWS = limits.BATCH_MESSAGES_MAX * 9 // 10
 PART_BYTES = limits.BATCH_BYTES_MAX * 8 // 10
 
 Write = tuple[dict[str, Any], pa.Table]  # (the write's meta, its rows)
-StageTopic = Callable[[Any, str, pa.Table], None]
+# stage_topic(session, meta, rows, whole): stage a topic write's rows in the open
+# transaction; ``whole`` is True when they are all of the write's rows (not a part), which
+# may then be committed by reference to its files (``engine.staged_refs``).
+StageTopic = Callable[[Any, dict[str, Any], pa.Table, bool], None]
 
 
 def publish(session: Any, sink_id: str, batch_id: int, writes: list[Write],
-            stage_topic: StageTopic, now_us: int) -> int:  # fmt: skip
-    """Publish ``writes`` as ``(sink_id, batch_id)``; returns the rows published."""
+            stage_topic: StageTopic, now_us: int,
+            on_commit_point: Callable[[], None] | None = None) -> int:  # fmt: skip
+    """Publish ``writes`` as ``(sink_id, batch_id)``; returns the rows published.
+
+    ``on_commit_point`` is called once the transaction holding the whole of the writes
+    (not in parts) has passed its commit point, even if its publish then fails: from
+    there on, files it references belong to the committer."""
     rows = sum(data.num_rows for _, data in writes)
     topic_rows = [(m, d) for m, d in writes if m["kind"] == "topic" and d.num_rows]
     try:
         _transaction(session, topic_rows, [w for w in writes if w[0]["kind"] != "topic"],
-                     stage_topic, lambda: _record(session, sink_id, batch_id, rows, now_us))
+                     stage_topic, lambda: _record(session, sink_id, batch_id, rows, now_us),
+                     whole=True, on_commit_point=on_commit_point)  # fmt: skip
         return rows
     except LimitExceededError:
         size = sum(d.num_rows for _, d in topic_rows)
@@ -88,12 +97,14 @@ def _record(session: Any, sink_id: str, batch_id: int, rows: int, now_us: int) -
 
 
 def _transaction(session: Any, topic_rows: list[Write], table_rows: list[Write],
-                 stage_topic: StageTopic, records: Callable[[], None]) -> None:  # fmt: skip
+                 stage_topic: StageTopic, records: Callable[[], None], *, whole: bool = False,
+                 on_commit_point: Callable[[], None] | None = None) -> None:  # fmt: skip
     session.execute_statement(parse_one("BEGIN"))
-    session.transaction.note_table_write()  # its records go into tables: a DuckDB commit
+    transaction = session.transaction
+    transaction.note_table_write()  # its records go into tables: a DuckDB commit
     try:
         for meta, data in topic_rows:
-            stage_topic(session, meta["name"], data)
+            stage_topic(session, meta, data, whole)
         for meta, data in table_rows:
             if data.num_rows:
                 run_over_relation(session, data, [table_insert(meta, data.column_names)])
@@ -102,7 +113,11 @@ def _transaction(session: Any, topic_rows: list[Write], table_rows: list[Write],
         with contextlib.suppress(TopicbaseError):
             session.execute_statement(parse_one("ROLLBACK"))
         raise
-    session.execute_statement(parse_one("COMMIT"))
+    try:
+        session.execute_statement(parse_one("COMMIT"))
+    finally:
+        if transaction.committed and on_commit_point is not None:
+            on_commit_point()
 
 
 def _slices(topic_rows: list[Write]) -> list[list[Write]]:

@@ -37,30 +37,30 @@ import shutil
 import threading
 import time
 import uuid
-from collections.abc import Iterable, Iterator
+from collections.abc import Iterable
 from dataclasses import dataclass
 from typing import Any
 
-import numpy as np
 import pyarrow as pa
-import pyarrow.compute as pc
 
-from engine import bulk_publish, privileges, tables
+from engine import bulk_publish, privileges, staged_refs, tables
 from engine.bulk_publish import IDEMPOTENCY_DDL, IDEMPOTENCY_TABLE
+from engine.staged_refs import ReferencedWrite, partition_groups
 from engine.transaction import PendingWrite
 from engine.writes import build_batches
-from storage import limits
+from storage import failpoints, limits
 from storage.errors import (
     InsufficientPrivilegeError,
     InvalidParameterValueError,
     LimitExceededError,
-    NumericValueOutOfRangeError,
     TopicbaseError,
     UndefinedObjectError,
     UndefinedTopicError,
 )
 
 WRITES_DIRECTORY = "bulk_writes"
+COMMITS_DIRECTORY = "bulk_commits"  # writes moved out for a commit by reference
+MANIFEST = "commit.json"
 ABANDON_AFTER_S_DEFAULT = 3600.0
 WRITE_MODES = ("append", "upsert", "add")  # under storage.limits.BATCH_MESSAGES_MAX
 _WRITE_ID = re.compile(r"[A-Za-z0-9][A-Za-z0-9_.-]{0,127}")
@@ -96,13 +96,16 @@ class BulkWrites:
         self.staging_bytes_max = staging_bytes_max
         self.abandon_after_s = abandon_after_s
         self._lock = threading.Lock()
+        self.commits_root = os.path.join(database.path, COMMITS_DIRECTORY)
         os.makedirs(self.root, exist_ok=True)
-        self._staged_bytes = sum(w.bytes for w in self._scan())
+        os.makedirs(self.commits_root, exist_ok=True)
         cursor = database.root.cursor()
         try:
             tables.run(cursor, IDEMPOTENCY_DDL)
+            self._settle_commits(cursor)
         finally:
             cursor.close()
+        self._staged_bytes = sum(w.bytes for w in self._scan())
 
     # -- staging ------------------------------------------------------------------------
     def start(self, session: Any, write_id: str, kind: str, name: str,
@@ -271,7 +274,9 @@ class BulkWrites:
         """Publish the writes and record ``(sink_id, batch_id)`` in one transaction.
 
         Returns ``{"status": "committed"|"duplicate", "rows": n}``; the writes' staged
-        files are deleted in either case. The session must be idle (no open transaction).
+        files are deleted in either case (those committed by reference once the commit's
+        checkpoint made the partitions durable: ``engine.staged_refs``). The session must
+        be idle (no open transaction). See ``_publish`` for the by-reference protocol.
         """
         if not sink_id or not isinstance(batch_id, int):
             raise InvalidParameterValueError("a commit needs a sink id and an integer batch id")
@@ -281,13 +286,23 @@ class BulkWrites:
             self.abort(session, write_ids)
             return {"status": "duplicate", "rows": 0}
         metas = {w: self._meta(session, w) for w in dict.fromkeys(write_ids)}
+        handed: list[str] = []  # the commit directory, once the committer owns it
+        moved: dict[str, str] = {}  # write id -> its directory under the commit directory
         try:
-            rows = self._publish(session, sink_id, batch_id, metas)
+            rows = self._publish(session, sink_id, batch_id, metas, moved, handed)
         except TopicbaseError:
+            if not handed:
+                self._move_back(moved)
             if self.committed_rows(session, sink_id, batch_id) is None:
                 raise
             rows = None  # a concurrent commit of the same record won: ours is a replay
-        self._discard(metas)
+        except BaseException:
+            if not handed:
+                self._move_back(moved)
+            raise
+        if moved and not handed:  # committed in parts (copied): the files are not needed
+            self._move_back(moved)
+        self._discard({w: m for w, m in metas.items() if w not in moved or not handed})
         if rows is None:
             return {"status": "duplicate", "rows": 0}
         return {"status": "committed", "rows": rows}
@@ -306,12 +321,30 @@ class BulkWrites:
         return None if table is None else table.column(0)[0].as_py()
 
     def _publish(self, session: Any, sink_id: str, batch_id: int,
-                 metas: dict[str, dict[str, str]]) -> int:  # fmt: skip
+                 metas: dict[str, dict[str, str]], moved: dict[str, str],
+                 handed: list[str]) -> int:  # fmt: skip
+        """Publish the writes in one transaction (``engine.bulk_publish``).
+
+        Data written once: the topic writes whose rows all name their partition are
+        committed *by reference* (``engine.staged_refs``) instead of being copied to the
+        transaction's spill and the staging log. Before the transaction, their write
+        directories are moved (renamed, each whole) into a new commit directory
+        ``bulk_commits/<uuid>/`` beside a manifest naming the commit's ``(sink id, batch
+        id)`` and the writes, and the files and directories are synced in one pass; the
+        record row then names the files (size, CRC-32C) and the publish derives each
+        partition's batch from them. ``moved`` gets the moved writes (moved back if the
+        transaction ends before its commit point); ``handed`` gets the commit directory
+        once the commit point passed: from then on the committer deletes it, after the
+        checkpoint that makes the partitions durable. A crash before the commit point
+        leaves a commit directory without a committed record, which ``_settle_commits``
+        moves back at the next start.
+        """
         writes: list[bulk_publish.Write] = []
         # The tasks' rows of one topic with one schema go as one write (one batch per
         # partition, published without concatenation); rows of another shape stay apart
         # (a task without a partition column is routed by the topic).
         topics: dict[tuple[str, str], int] = {}
+        sources: dict[int, list[str]] = {}  # index in writes -> its write ids
         for write_id, meta in metas.items():
             data = self.read_write(write_id)
             shape = (meta["name"], data.schema.to_string(show_schema_metadata=False))
@@ -320,19 +353,107 @@ class BulkWrites:
             elif shape in topics:
                 index = topics[shape]
                 writes[index] = (writes[index][0], pa.concat_tables([writes[index][1], data]))
+                sources[index].append(write_id)
             else:
                 topics[shape] = len(writes)
+                sources[len(writes)] = [write_id]
                 writes.append((meta, data))
-        return bulk_publish.publish(session, sink_id, batch_id, writes, self._stage_topic,
-                                    self.database.clock.now_us())  # fmt: skip
+        eligible = [i for i in sources if staged_refs.by_reference(writes[i][1])]
+        if eligible:
+            directory = self._move_for_commit(
+                sink_id, batch_id, {w: metas[w] for i in eligible for w in sources[i]}, moved)
+            for index in eligible:
+                meta, _ = writes[index]
+                files = [staged_refs.file_entry(self.database.path, path)
+                         for w in sources[index] for path in _staged_files(moved[w])]
+                meta = {**meta, "files": files,
+                        "dirs": [os.path.relpath(directory, self.database.path)]}  # fmt: skip
+                # Read back from the moved files: the rows the record names.
+                writes[index] = (meta, staged_refs.read_files(self.database.path, files,
+                                                              check=False))  # fmt: skip
+            staged_refs.sync_files(
+                self.database.path, [f for i in eligible for f in writes[i][0]["files"]],
+                [os.path.relpath(d, self.database.path)
+                 for d in [*moved.values(), directory, self.commits_root, self.root]])
+            failpoints.hit("bulk.before_commit")
 
-    def _stage_topic(self, session: Any, name: str, data: pa.Table) -> None:
+        def committed() -> None:
+            if moved:
+                handed.append(os.path.dirname(next(iter(moved.values()))))
+
+        return bulk_publish.publish(session, sink_id, batch_id, writes, self._stage_topic,
+                                    self.database.clock.now_us(), committed)  # fmt: skip
+
+    def _move_for_commit(self, sink_id: str, batch_id: int, metas: dict[str, dict[str, str]],
+                         moved: dict[str, str]) -> str:  # fmt: skip
+        """Move the writes' directories into a new commit directory (manifest first)."""
+        directory = os.path.join(self.commits_root, uuid.uuid4().hex)
+        os.makedirs(directory)
+        with open(os.path.join(directory, MANIFEST), "w", encoding="utf-8") as handle:
+            json.dump({"sink_id": sink_id, "batch_id": batch_id, "writes": list(metas)}, handle)
+            handle.flush()
+            os.fdatasync(handle.fileno())
+        # The manifest's name is durable before any write moves (``_settle_commits``
+        # finds every moved write through it).
+        staged_refs.sync_files(self.database.path, [], [directory, self.commits_root])
+        for write_id in metas:
+            target = os.path.join(directory, write_id)
+            os.rename(os.path.join(self.root, write_id), target)
+            moved[write_id] = target
+            self._release(_directory_bytes(target))
+            failpoints.hit("bulk.mid_move")
+        return directory
+
+    def _move_back(self, moved: dict[str, str]) -> None:
+        """The commit did not reach its commit point: the writes are staged again."""
+        for write_id, path in moved.items():
+            size = _directory_bytes(path)
+            _restore(path, os.path.join(self.root, write_id))
+            with self._lock:
+                self._staged_bytes += size
+        if moved:
+            shutil.rmtree(os.path.dirname(next(iter(moved.values()))), ignore_errors=True)
+        moved.clear()
+
+    def _settle_commits(self, cursor: Any) -> None:
+        """At start (recovery has run): a commit directory whose record committed is no
+        longer needed (its partitions are durable: recovery's checkpoint); one whose
+        record did not commit goes back to staged writes, as if the commit never ran."""
+        for name in sorted(os.listdir(self.commits_root)):
+            directory = os.path.join(self.commits_root, name)
+            manifest = os.path.join(directory, MANIFEST)
+            if os.path.exists(manifest):
+                meta = _read_meta(manifest)
+                found = tables.query_arrow(
+                    cursor, f"SELECT rows FROM {IDEMPOTENCY_TABLE} WHERE sink_id = ? "
+                    "AND batch_id = ?", [meta["sink_id"], meta["batch_id"]])  # fmt: skip
+                if found is not None and found.num_rows == 0:
+                    for write_id in meta["writes"]:
+                        path = os.path.join(directory, write_id)
+                        if os.path.isdir(path):
+                            _restore(path, os.path.join(self.root, write_id))
+            shutil.rmtree(directory, ignore_errors=True)
+
+    def _stage_topic(self, session: Any, meta: dict[str, Any], data: pa.Table,
+                     whole: bool) -> None:  # fmt: skip
+        name = meta["name"]
         privileges.require(session, "topic", name, "INSERT")
         entry = self.database.catalog.entry(name)
         if entry is None:
             raise UndefinedTopicError(f'topic "{name}" does not exist')
         transaction = session.transaction
         assert transaction is not None, "inside the commit's BEGIN"
+        if whole and "files" in meta:
+            # By reference: one batch per partition, derived as recovery will derive it.
+            at = self.database.clock.now_us()
+            for partition, rows in partition_groups(data):
+                assert partition is not None, "every row names its partition"
+                reference = {"files": meta["files"], "dirs": meta["dirs"],
+                             "partition": partition, "at": at}  # fmt: skip
+                batch = staged_refs.wire_batch(rows, at)
+                transaction.add_write(ReferencedWrite(entry.topic_id, batch, partition,
+                                                      reference))  # fmt: skip
+            return
         # One wire batch per partition (of at most BATCH_MESSAGES_MAX rows): the commit
         # then publishes each partition's batch as it is, with no concatenation.
         for partition, rows in partition_groups(data):
@@ -365,39 +486,6 @@ def for_database(database: Any, **settings: Any) -> BulkWrites:
         return writes
 
 
-def partition_groups(data: pa.Table) -> Iterator[tuple[int | None, pa.Table]]:
-    """Topic rows grouped by their ``partition`` (without that column), each group in the
-    rows' order; one group ``(None, data)`` when no row names a partition (the topic routes
-    them). Groups are made one at a time, so only one is in memory beside ``data`` (which
-    is memory-mapped) while the caller stages it.
-
-    Refuses a partition given for some rows only (22023) or negative (22003), as an
-    ``INSERT INTO TOPIC`` does, before the first group.
-    """
-    if "partition" not in data.column_names:
-        yield None, data
-        return
-    column = data.column("partition")
-    if column.null_count == data.num_rows:
-        yield None, data.drop_columns(["partition"])
-        return
-    if column.null_count:
-        raise InvalidParameterValueError("partition must be given for every row or for none")
-    try:
-        values = pc.cast(column, pa.int64()).to_numpy()
-    except (pa.ArrowInvalid, pa.ArrowNotImplementedError) as error:
-        raise InvalidParameterValueError(f'column "partition": {error}') from None
-    if values.size and values.min() < 0:
-        raise NumericValueOutOfRangeError(
-            f'column "partition": {values.min()} is out of range (0 to {2**63 - 1})')
-    rows = data.drop_columns(["partition"])
-    if values.size and values.min() == values.max():
-        yield int(values[0]), rows
-        return
-    for partition in np.unique(values):
-        yield int(partition), rows.filter(pa.array(values == partition)).combine_chunks()
-
-
 def _check_target(session: Any, kind: str, name: str) -> None:
     if kind == "topic":
         if session.database.catalog.entry(name) is None:
@@ -407,6 +495,27 @@ def _check_target(session: Any, kind: str, name: str) -> None:
         privileges.require(session, "table", name, "INSERT")
     else:
         raise InvalidParameterValueError(f"a write targets a topic or a table, not {kind!r}")
+
+
+def _staged_files(directory: str) -> list[str]:
+    return [os.path.join(directory, n) for n in sorted(os.listdir(directory))
+            if n.endswith(".arrows")]  # fmt: skip
+
+
+def _directory_bytes(directory: str) -> int:
+    with contextlib.suppress(FileNotFoundError):
+        return sum(os.path.getsize(os.path.join(directory, n)) for n in os.listdir(directory)
+                   if n.endswith((".arrows", ".part")))  # fmt: skip
+    return 0
+
+
+def _restore(path: str, target: str) -> None:
+    """Move a write's directory back to the staged writes (a write started again under
+    the same id meanwhile wins: the moved one is dropped)."""
+    try:
+        os.rename(path, target)
+    except OSError:
+        shutil.rmtree(path, ignore_errors=True)
 
 
 def _read_meta(path: str) -> dict[str, str]:

@@ -89,7 +89,7 @@ from dataclasses import dataclass
 import numpy as np
 import pyarrow as pa
 
-from engine import tables
+from engine import staged_refs, tables
 from engine.catalog import SCHEMA
 from engine.commit_order import CommitOrder, CommitSlot
 from storage import commit_log, failpoints, limits
@@ -145,6 +145,9 @@ class PublishItem:
     batch: pa.RecordBatch
     staged: StagedBatch | None = None
     body: pa.Buffer | None = None
+    # The share is committed by reference (``engine.staged_refs``): not staged; the
+    # record names these references, from which recovery derives the same batch.
+    references: tuple[staged_refs.Reference, ...] | None = None
 
 
 def route_writes(database, writes) -> list[PublishItem]:
@@ -171,7 +174,16 @@ def route_writes(database, writes) -> list[PublishItem]:
 
 def _route_once(database, writes) -> list[PublishItem]:
     grouped: dict[tuple[str, int], list[pa.RecordBatch]] = {}
+    # A share is committed by reference when every write of it is (in write order).
+    references: dict[tuple[str, int], list[staged_refs.Reference] | None] = {}
     for write in writes:
+        reference = getattr(write, "reference", None)
+        if write.partition is not None:
+            key = (write.topic_id, write.partition)
+            known = references.get(key, [])
+            references[key] = None if known is None or reference is None else [*known, reference]
+        else:
+            assert reference is None, "a write by reference names its partition"
         topic = database.topic_log(write.topic_id)
         if write.partition is not None:
             topic.partition(write.partition)  # refuses an unknown partition now
@@ -193,10 +205,17 @@ def _route_once(database, writes) -> list[PublishItem]:
             )
     return [
         PublishItem(
-            topic_id, partition, batches[0] if len(batches) == 1 else pa.concat_batches(batches)
+            topic_id,
+            partition,
+            batches[0] if len(batches) == 1 else pa.concat_batches(batches),
+            references=_references_of(references.get((topic_id, partition))),
         )
         for (topic_id, partition), batches in grouped.items()
     ]
+
+
+def _references_of(found: list[staged_refs.Reference] | None) -> tuple | None:
+    return None if not found else tuple(found)
 
 
 def _check_publishable(database, item: PublishItem) -> None:
@@ -248,6 +267,9 @@ class Committer:
         self._checkpointer: threading.Thread | None = None
         # Commit record ends of log-committed transactions between commit point and publish.
         self._log_ends: dict[int, LogPosition] = {}
+        # Files of transactions committed by reference (``engine.staged_refs``), from the
+        # record row's writing to the checkpoint that releases them (or ``abandon``).
+        self._references: dict[int, list[staged_refs.Reference]] = {}
         self._closing = False
         # Published count that wakes the checkpointer after a failed checkpoint (None:
         # ``CHECKPOINT_TRANSACTIONS``, read when used so that tests may lower it).
@@ -268,16 +290,23 @@ class Committer:
     # -- steps 1 and 2 (session threads) -------------------------------------------------
     def stage(
         self, transaction_id: int, items: list[PublishItem]
-    ) -> tuple[list[PublishItem], StagingTicket]:
+    ) -> tuple[list[PublishItem], StagingTicket | None]:
         """Append the items to staging (synced in the background: see ``wait_staged``);
-        the items come back with their staged places and encoded bodies."""
-        parts, lengths = encode_batches(transaction_id, [item.batch for item in items])
+        the items come back with their staged places and encoded bodies. Items committed
+        by reference are not staged (their files are durable already: the record names
+        them); the ticket is None when no item was staged."""
+        copied = [item for item in items if item.references is None]
+        if not copied:
+            return list(items), None
+        parts, lengths = encode_batches(transaction_id, [item.batch for item in copied])
         ticket = self.staging.append(transaction_id, parts, lengths)
-        bodies = parts[1::2]  # encode_batches: each frame's header, then its body
+        bodies = iter(parts[1::2])  # encode_batches: each frame's header, then its body
+        placed = iter(ticket.placed)
         staged = [
-            PublishItem(i.topic_id, i.partition, i.batch, s, body)
-            for i, s, body in zip(items, ticket.placed, bodies, strict=True)
-        ]
+            i if i.references is not None
+            else PublishItem(i.topic_id, i.partition, i.batch, next(placed), next(bodies))
+            for i in items
+        ]  # fmt: skip
         return staged, ticket
 
     def wait_staged(self, ticket: StagingTicket) -> None:
@@ -295,10 +324,13 @@ class Committer:
         """Insert the commit record through the session's cursor (inside its transaction)."""
         payload = [
             [i.topic_id, i.partition, i.staged.file_number, i.staged.position, i.staged.frame_bytes]
+            if i.references is None
+            else [i.topic_id, i.partition, {"references": list(i.references)}]
             for i in items
-            if i.staged is not None
+            if i.staged is not None or i.references is not None
         ]
         offsets = [[t, c, p, o] for (t, c, p), o in moves.items()]
+        self._keep_references(transaction_id, items)  # ``abandon`` forgets them
         self.table_commits += 1  # attempts; a COMMIT that fails is rare
         tables.run(
             cursor,
@@ -347,6 +379,7 @@ class Committer:
         ``finish``. A failed validation or append commits nothing; a failed or
         interrupted sync leaves the outcome unknown (the record may or may not be on
         disk), so the committer refuses every later commit (``_check_usable``)."""
+        assert all(i.references is None for i in items), "references need a record row"
         parts, lengths = encode_batches(transaction_id, [i.batch for i in items]) if items else (
             [], []
         )
@@ -522,9 +555,26 @@ class Committer:
             targets = [(i.topic_id, i.partition) for i in items]
             self._published.append((transaction_id, targets, log_end))
 
+    def _keep_references(self, transaction_id: int, items: list[PublishItem]) -> None:
+        found = [r for i in items if i.references is not None for r in i.references]
+        if found:
+            with self._lock:
+                self._references.setdefault(transaction_id, []).extend(found)
+
+    def _release_references(self, transaction_ids: set[int]) -> None:
+        """Delete the files of released transactions committed by reference (after their
+        partitions were synced and their record rows deleted: nothing needs them)."""
+        with self._lock:
+            found = [r for t in transaction_ids for r in self._references.pop(t, [])]
+        if found:
+            staged_refs.release(self._database.path, found)
+
     def abandon(self, transaction_id: int) -> None:
-        """The transaction will never commit: its staging may go."""
+        """The transaction will never commit: its staging may go (files it referenced
+        belong to their writer again: they stay)."""
         self.staging.release({transaction_id})
+        with self._lock:
+            self._references.pop(transaction_id, None)
 
     # -- step 4: checkpoints -------------------------------------------------------------
     def _checkpoint_loop(self) -> None:
@@ -620,7 +670,9 @@ class Committer:
         self._watermark = watermark
         self.checkpoints += 1
         failpoints.hit("commit.checkpoint_before_release")
-        self.staging.release({transaction_id for transaction_id, _, _ in published})
+        released = {transaction_id for transaction_id, _, _ in published}
+        self.staging.release(released)
+        self._release_references(released)
 
     def recover(self) -> int:
         """Re-publish what committed transactions left unpublished. Returns how many.
@@ -641,9 +693,17 @@ class Committer:
             catalog.apply_offsets(moves)
             self._moved.update(moves)
             targets = []
-            for topic_id, partition, number, position, length in json.loads(row["items"]):
-                staged = StagedBatch(number, position, length)
-                self.staging.keep(transaction_id, [staged])
+            for entry in json.loads(row["items"]):
+                if len(entry) == 3:  # committed by reference: [topic, partition, {...}]
+                    topic_id, partition, by_reference = entry
+                    references = by_reference["references"]
+                    with self._lock:
+                        self._references.setdefault(transaction_id, []).extend(references)
+                    staged = None
+                else:
+                    topic_id, partition, number, position, length = entry
+                    staged = StagedBatch(number, position, length)
+                    self.staging.keep(transaction_id, [staged])
                 try:
                     topic = self._database.topic_log(topic_id)
                 except UndefinedTopicError:
@@ -651,7 +711,10 @@ class Committer:
                 log_ = topic.partition(partition)
                 since = row["committed_at_us"] - CLOCK_SLACK_US
                 if not log_.contains_transaction(transaction_id, since):
-                    batch = self.staging.read(staged)
+                    if staged is None:
+                        batch = staged_refs.derive_all(self._database.path, references)
+                    else:
+                        batch = self.staging.read(staged)
                     log_.publish_transactional([batch], transaction_id)
                     republished += 1
                     failpoints.hit("recovery.after_republish")

@@ -11,6 +11,10 @@ Across every open transaction, staged bytes (in memory and spilled) are capped b
 database carries on. A transaction's bytes are given back and its spill file deleted
 when it ends (commit, rollback, a failed commit, a closed or timed-out session).
 
+A batch committed *by reference* (a bulk write's, ``engine.staged_refs``) is counted
+against the same cap but never spilled (``TransactionStaging.count``): its rows are in
+files on disk already, which the commit's record names instead of a staging copy.
+
 At COMMIT the spilled batches are read back into memory for staging and publishing
 (``engine.commit``); at most ``SPILLED_COMMITS_MAX`` commits do so at once (the others
 wait, holding no lock of the commit path), which bounds the memory large commits take.
@@ -139,6 +143,13 @@ class TransactionStaging:
             self.memory_bytes += nbytes
             return None
         return self._spill(batch)
+
+    def count(self, nbytes: int) -> None:
+        """Account for a batch committed *by reference* (``engine.staged_refs``): its rows
+        are on disk already, in files its record will name, so it is counted against the
+        database's cap (54000 past it) but neither spilled nor counted as memory."""
+        self._staged.reserve(nbytes, in_memory=False)
+        self.total_bytes += nbytes
 
     def _spill(self, batch: pa.RecordBatch) -> SpilledBatch:
         fs = self._staged.fs

@@ -1,0 +1,199 @@
+"""Topic writes committed *by reference*: the batch is derived from files already on disk.
+
+A bulk commit (``engine.bulk_write``) used to copy its rows three times on the server
+before the partition write: the transaction's spill (``engine.staged_writes``), the
+staging log (``storage.staging``, the commit's durable copy) and back. Its rows are on disk
+already, as the write's staged Arrow IPC stream files, so the commit's durable record
+instead names those files, and a partition's share is *derived* from them by one pure
+function (``derive``), at commit and again, identically, by recovery.
+
+A *reference* (JSON, kept in the commit's record row: ``engine.commit``) is::
+
+    {"files": [[path, size, crc32c], ...], "dirs": [path, ...], "partition": p, "at": us}
+
+``files`` (paths relative to the data directory) are read in order and concatenated;
+the rows whose ``partition`` column is ``p`` become one wire batch built by
+``engine.writes.build_batches`` with a clock stopped at ``at`` (the only input of the
+derivation that is not in the files: rows without ``created_at`` get it). ``dirs`` are
+the write directories the files live in, deleted once the transaction no longer needs
+them (``release``).
+
+Invariants:
+- the files are durable (fdatasynced, their directory entries synced) before the record
+  that names them commits (``sync_files``), and are not changed or deleted until the
+  transaction is released by the checkpoint that made its partitions durable;
+- ``derive`` depends only on the reference and the files' bytes, which the sizes and
+  CRC-32Cs check (a damaged file raises ``CorruptSegmentError``: recovery stops rather
+  than publish other rows than those committed);
+- only rows that all name their partition are committed by reference (routing by key or
+  round robin depends on the topic's state, which may change before recovery).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import mmap
+import os
+import shutil
+from collections.abc import Iterator
+
+import crc32c
+import numpy as np
+import pyarrow as pa
+import pyarrow.compute as pc
+
+from engine.staged_writes import TransactionStaging
+from engine.transaction import PendingWrite
+from engine.writes import build_batches
+from storage import failpoints
+from storage.clock import ManualClock
+from storage.errors import (
+    CorruptSegmentError,
+    InvalidParameterValueError,
+    NumericValueOutOfRangeError,
+)
+
+Reference = dict  # the JSON form above
+
+
+def file_entry(root: str, path: str) -> list:
+    """``[path relative to root, size, crc32c]`` of a staged file (read once, mapped)."""
+    size = os.path.getsize(path)
+    crc = 0
+    if size:
+        with (
+            open(path, "rb") as handle,
+            mmap.mmap(handle.fileno(), 0, access=mmap.ACCESS_READ) as mapped,
+        ):
+            crc = crc32c.crc32c(mapped)
+    return [os.path.relpath(path, root), size, crc]
+
+
+def sync_files(root: str, files: list[list], dirs: list[str]) -> None:
+    """Make the files and their directory entries durable (one pass: each file's
+    fdatasync, then each directory's fsync)."""
+    for relative, _, _ in files:
+        fd = os.open(os.path.join(root, relative), os.O_RDONLY)
+        try:
+            os.fdatasync(fd)
+        finally:
+            os.close(fd)
+    for relative in dirs:
+        fd = os.open(os.path.join(root, relative), os.O_RDONLY)
+        try:
+            os.fsync(fd)
+        finally:
+            os.close(fd)
+
+
+def read_files(root: str, files: list[list], *, check: bool) -> pa.Table:
+    """The files' rows, in order, as one table (memory-mapped, zero-copy); with ``check``,
+    each file's size and CRC-32C are verified first (recovery)."""
+    pieces = []
+    for relative, size, crc in files:
+        path = os.path.join(root, relative)
+        source = pa.memory_map(path)
+        if check:
+            found = source.size()
+            if found != size or (size and crc32c.crc32c(source.read_buffer(size)) != crc):
+                raise CorruptSegmentError(
+                    f"a committed bulk write's staged file is damaged ({found} bytes, "
+                    f"{size} committed)", path=path, position=0)  # fmt: skip
+            source.seek(0)
+        pieces.append(pa.ipc.open_stream(source).read_all())
+    if not pieces:
+        return pa.table({})
+    return pa.concat_tables(pieces, promote_options="permissive")
+
+
+def partition_groups(data: pa.Table) -> Iterator[tuple[int | None, pa.Table]]:
+    """Topic rows grouped by their ``partition`` (without that column), each group in the
+    rows' order; one group ``(None, data)`` when no row names a partition (the topic routes
+    them). Groups are made one at a time, so only one is in memory beside ``data`` (which
+    is memory-mapped) while the caller stages it.
+
+    Refuses a partition given for some rows only (22023) or negative (22003), as an
+    ``INSERT INTO TOPIC`` does, before the first group.
+    """
+    if "partition" not in data.column_names:
+        yield None, data
+        return
+    column = data.column("partition")
+    if column.null_count == data.num_rows:
+        yield None, data.drop_columns(["partition"])
+        return
+    if column.null_count:
+        raise InvalidParameterValueError("partition must be given for every row or for none")
+    try:
+        values = pc.cast(column, pa.int64()).to_numpy()
+    except (pa.ArrowInvalid, pa.ArrowNotImplementedError) as error:
+        raise InvalidParameterValueError(f'column "partition": {error}') from None
+    if values.size and values.min() < 0:
+        raise NumericValueOutOfRangeError(
+            f'column "partition": {values.min()} is out of range (0 to {2**63 - 1})')
+    rows = data.drop_columns(["partition"])
+    if values.size and values.min() == values.max():
+        yield int(values[0]), rows
+        return
+    for partition in np.unique(values):
+        yield int(partition), rows.filter(pa.array(values == partition)).combine_chunks()
+
+
+def by_reference(data: pa.Table) -> bool:
+    """Whether ``data``'s rows can be committed by reference: every row names its partition."""
+    return (
+        data.num_rows > 0
+        and "partition" in data.column_names
+        and data.column("partition").null_count == 0
+    )
+
+
+def wire_batch(rows: pa.Table, at_us: int) -> pa.RecordBatch:
+    """One partition group's wire batch, built as at commit (clock stopped at ``at_us``)."""
+    batches = [b for _, b in build_batches(rows, {}, ManualClock(at_us)) if b.num_rows]
+    assert batches, "a group has rows"
+    return batches[0] if len(batches) == 1 else pa.concat_batches(batches)
+
+
+def derive(root: str, reference: Reference) -> pa.RecordBatch:
+    """The batch a reference names, verified (recovery's side of ``wire_batch``)."""
+    data = read_files(root, reference["files"], check=True)
+    for partition, rows in partition_groups(data):
+        if partition == reference["partition"]:
+            return wire_batch(rows, reference["at"])
+    raise CorruptSegmentError(
+        f"a committed bulk write's files hold no row of partition {reference['partition']}",
+        path=os.path.join(root, reference["files"][0][0]), position=0)  # fmt: skip
+
+
+def derive_all(root: str, references: list[Reference]) -> pa.RecordBatch:
+    """A partition's share: its references' batches, concatenated in order."""
+    batches = [derive(root, reference) for reference in references]
+    return batches[0] if len(batches) == 1 else pa.concat_batches(batches)
+
+
+def release(root: str, references: list[Reference]) -> None:
+    """Delete the write directories the references name (idempotent: once the
+    transaction's partitions are durable and its record is gone)."""
+    dirs = sorted({d for reference in references for d in reference["dirs"]})
+    for index, relative in enumerate(dirs):
+        if index == 1:
+            failpoints.hit("bulk.mid_release")
+        with contextlib.suppress(FileNotFoundError):
+            shutil.rmtree(os.path.join(root, relative))
+
+
+class ReferencedWrite(PendingWrite):
+    """A topic write of an open transaction whose rows are on disk already (``reference``):
+    counted against the staged-bytes cap at ``place`` without a spill copy; the commit
+    records the reference instead of staging the batch (``engine.commit``)."""
+
+    __slots__ = ("reference",)
+
+    def __init__(self, topic_id: str, batch: pa.RecordBatch, partition: int,
+                 reference: Reference) -> None:  # fmt: skip
+        super().__init__(topic_id, batch, partition)
+        self.reference = reference
+
+    def place(self, staging: TransactionStaging) -> None:
+        staging.count(self.nbytes)

@@ -1,0 +1,104 @@
+"""A process that stages a bulk write and commits it, for ``test_bulk_commit_crash.py``.
+
+    python bulk_commit_child.py DATA_DIR stage-and-commit|stage|commit|open
+
+``stage-and-commit`` creates topic ``t`` (``PARTITIONS`` partitions) and table ``totals``
+if needed, stages ``ROWS`` messages over ``WRITES`` write ids ``w0``.. (each row names its
+partition, ``row % PARTITIONS``, as Spark's tasks do) plus one table row under ``wt``,
+commits them as ``(SINK, BATCH)`` and runs a checkpoint (so that crash points inside it
+are reached); ``stage`` only stages, ``commit`` only commits (and checkpoints); ``open``
+only opens and closes (recovery runs). Crash points come from ``TOPICBASE_FAILPOINTS`` (exit 137);
+a clean run prints ``done <status>`` and exits 0.
+"""
+
+from __future__ import annotations
+
+import sys
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
+
+import pyarrow as pa
+
+from engine import bulk_write
+from engine.database import Database
+
+PARTITIONS = 4
+WRITES = 4
+ROWS = 2000
+SINK, BATCH = "sink", 1
+TABLE_WRITE = "wt"
+
+
+def message(index: int) -> bytes:
+    return b"m%06d-" % index + b"x" * 200
+
+
+def expected() -> dict[int, list[bytes]]:
+    """Each partition's messages, sorted."""
+    per_write = ROWS // WRITES
+    found: dict[int, list[bytes]] = {p: [] for p in range(PARTITIONS)}
+    for index in range(per_write * WRITES):
+        found[index % PARTITIONS].append(message(index))
+    return found
+
+
+def write_ids() -> list[str]:
+    return [f"w{i}" for i in range(WRITES)] + [TABLE_WRITE]
+
+
+def stage(database: Database) -> None:
+    session = database.connect()
+    try:
+        if database.catalog.entry("t") is None:
+            session.execute(f"CREATE TOPIC t WITH (min_active_partitions = {PARTITIONS})")
+            session.execute("CREATE TABLE totals (k VARCHAR, n BIGINT)")
+        bulk = bulk_write.for_database(database)
+        per_write = ROWS // WRITES
+        for number in range(WRITES):
+            indexes = range(number * per_write, (number + 1) * per_write)
+            batch = pa.record_batch({
+                "data": pa.array([message(i) for i in indexes], pa.binary()),
+                "partition": pa.array([i % PARTITIONS for i in indexes], pa.int32())})
+            bulk.start(session, f"w{number}", "topic", "t")
+            half = per_write // 2  # two files per write
+            bulk.append(session, f"w{number}", [batch.slice(0, half)], batch.schema)
+            bulk.append(session, f"w{number}", [batch.slice(half)], batch.schema)
+        rows = pa.record_batch({"k": ["a"], "n": pa.array([1], pa.int64())})
+        bulk.start(session, TABLE_WRITE, "table", "totals")
+        bulk.append(session, TABLE_WRITE, [rows], rows.schema)
+    finally:
+        session.close()
+
+
+def commit(database: Database) -> str:
+    session = database.connect()
+    try:
+        outcome = bulk_write.for_database(database).commit(session, SINK, BATCH, write_ids())
+    finally:
+        session.close()
+    database.committer.checkpoint()
+    return outcome["status"]
+
+
+def main() -> None:
+    data, action = sys.argv[1], sys.argv[2]
+    database = Database.open(data, retention_interval_s=None)
+    try:
+        status = "opened"
+        if action == "stage-and-commit":
+            stage(database)
+            status = commit(database)
+        elif action == "stage":
+            stage(database)
+        elif action == "commit":
+            status = commit(database)
+        else:
+            assert action == "open", action
+    finally:
+        database.close()
+    print(f"done {status}", flush=True)
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,199 @@
+"""A bulk commit by reference (``engine.staged_refs``) killed at each of its steps.
+
+``bulk_commit_child.py`` stages writes (each row names its partition) and one table row,
+then commits them as ``(sink, 1)`` and checkpoints, in a child process crashed at a
+failpoint (``os._exit(137)``, like SIGKILL: no cleanup, no flush) or killed with SIGKILL
+at a random moment. Then the data directory is opened here (recovery runs) and checked:
+the topic holds all of the batch or none of it, and the table row with it; the staged
+writes are back (none published) or gone (published). A retry of the commit with the same
+write ids (as a restarted driver does) then publishes the batch (``committed``) or finds
+it recorded (``duplicate``), and the topic holds every message exactly once (in its
+partition), and nothing is left in ``bulk_writes``/``bulk_commits``.
+
+Crash points, in the protocol's order:
+``bulk.mid_move`` (one write moved to the commit directory), ``bulk.before_commit``
+(all moved, files and directories synced, no transaction yet), ``commit.after_commit_point``
+(record committed, nothing published), ``commit.mid_publish`` (one partition published),
+``commit.checkpoint_before_delete`` (partitions synced, record still there),
+``commit.checkpoint_before_release`` (record deleted, files not yet),
+and recovery itself killed after its first republish
+(``recovery.after_republish``). A damaged file of a committed, unpublished batch stops
+recovery (``CorruptSegmentError``) instead of publishing other rows.
+"""
+
+from __future__ import annotations
+
+import os
+import random
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+
+from engine import bulk_write
+from engine.database import Database
+from storage.errors import CorruptSegmentError
+
+HERE = Path(__file__).resolve().parent
+CHILD = HERE / "bulk_commit_child.py"
+sys.path.insert(0, str(HERE))
+import bulk_commit_child as child  # noqa: E402
+
+CRASHED = 137
+
+
+def _run(data: Path, action: str, failpoints: str = "", timeout: float = 300) -> int:
+    environment = {k: v for k, v in os.environ.items() if k != "TOPICBASE_FAILPOINTS"}
+    if failpoints:
+        environment["TOPICBASE_FAILPOINTS"] = failpoints
+    done = subprocess.run([sys.executable, str(CHILD), str(data), action], env=environment,
+                          capture_output=True, text=True, timeout=timeout)  # fmt: skip
+    assert done.returncode in (0, CRASHED), done.stderr
+    return done.returncode
+
+
+def _published(database: Database) -> dict[int, list[bytes]]:
+    entry = database.catalog.entry("t")
+    assert entry is not None
+    topic = database.topic_log(entry.topic_id)
+    found: dict[int, list[bytes]] = {}
+    for partition in topic.partition_ids():
+        log = topic.partition(partition)
+        messages: list[bytes] = []
+        offset = log.start_offset
+        while offset < log.end_offset:
+            read = log.read(offset, max_messages=100_000)
+            for batch in read.batches:
+                messages += batch.column("data").to_pylist()
+            offset = read.next_offset
+        found[partition] = sorted(messages)  # a write's files are read in name order
+        assert len(set(messages)) == len(messages), "a message published twice"
+    return found
+
+
+def _totals(database: Database) -> list[dict]:
+    session = database.connect()
+    try:
+        table = session.execute("SELECT k, n FROM totals")[-1].table
+        assert table is not None
+        return table.to_pylist()
+    finally:
+        session.close()
+
+
+def _check_and_retry(data: Path) -> str:
+    """Open (recovery), check all-or-nothing, retry the commit, check exactly once."""
+    database = Database.open(str(data), retention_interval_s=None)
+    try:
+        bulk = bulk_write.for_database(database)  # settles commit directories
+        published = _published(database)
+        everything = child.expected()
+        empty = {p: [] for p in everything}
+        assert published in (everything, empty), {p: len(m) for p, m in published.items()}
+        assert _totals(database) == ([{"k": "a", "n": 1}] if published == everything else [])
+        assert os.listdir(bulk.commits_root) == []
+        staged = sorted(os.listdir(bulk.root))
+        if published == empty:
+            assert staged == sorted(child.write_ids()), staged  # back to staged writes
+        session = database.connect()
+        try:
+            outcome = bulk.commit(session, child.SINK, child.BATCH, child.write_ids())
+        finally:
+            session.close()
+        assert outcome["status"] == ("committed" if published == empty else "duplicate")
+        database.committer.checkpoint()
+        assert _published(database) == everything
+        assert _totals(database) == [{"k": "a", "n": 1}]
+        assert os.listdir(bulk.root) == [] and os.listdir(bulk.commits_root) == []
+        assert bulk.staged_bytes == 0
+        return "nothing" if published == empty else "all"
+    finally:
+        database.close()
+
+
+@pytest.mark.parametrize(("failpoint", "outcome"), [
+    ("bulk.mid_move", "nothing"),
+    ("bulk.before_commit", "nothing"),
+    ("commit.after_commit_point", "all"),
+    ("commit.mid_publish", "all"),
+    ("commit.checkpoint_before_delete", "all"),
+    ("commit.checkpoint_before_release", "all"),
+])  # fmt: skip
+def test_a_commit_crashed_at_each_step_publishes_all_or_nothing_once(
+        tmp_path: Path, failpoint: str, outcome: str) -> None:  # fmt: skip
+    data = tmp_path / "data"
+    assert _run(data, "stage") == 0
+    assert _run(data, "commit", f"{failpoint}=crash") == CRASHED
+    assert _check_and_retry(data) == outcome
+
+
+def test_recovery_killed_while_it_republishes_finishes_at_the_next_open(tmp_path: Path) -> None:
+    data = tmp_path / "data"
+    assert _run(data, "stage") == 0
+    assert _run(data, "commit", "commit.after_commit_point=crash") == CRASHED
+    assert _run(data, "open", "recovery.after_republish=crash@2") == CRASHED
+    assert _check_and_retry(data) == "all"
+
+
+def test_a_damaged_file_of_a_committed_batch_stops_recovery(tmp_path: Path) -> None:
+    data = tmp_path / "data"
+    assert _run(data, "stage") == 0
+    assert _run(data, "commit", "commit.after_commit_point=crash") == CRASHED
+    commits = data / bulk_write.COMMITS_DIRECTORY
+    (directory,) = list(commits.iterdir())
+    victim = sorted(directory.glob("w0/*.arrows"))[0]
+    with open(victim, "r+b") as handle:
+        handle.truncate(victim.stat().st_size - 8)  # a torn tail
+    with pytest.raises(CorruptSegmentError):
+        Database.open(str(data), retention_interval_s=None)
+
+
+def test_sigkill_at_random_moments_of_a_commit(tmp_path: Path) -> None:
+    """SIGKILL anywhere in stage, commit, publish and checkpoint: all or nothing, once."""
+    seed = int(os.environ.get("BULK_CRASH_SEED") or random.SystemRandom().randrange(2**32))
+    chooser = random.Random(seed)
+    environment = {k: v for k, v in os.environ.items() if k != "TOPICBASE_FAILPOINTS"}
+    for round_ in range(4):
+        data = tmp_path / f"data{round_}"
+        proc = subprocess.Popen([sys.executable, str(CHILD), str(data), "stage-and-commit"],
+                                env=environment, stdout=subprocess.DEVNULL,
+                                stderr=subprocess.DEVNULL)  # fmt: skip
+        time.sleep(chooser.uniform(1.0, 6.0))  # imports take ~1-3 s on a loaded machine
+        proc.send_signal(signal.SIGKILL)
+        proc.wait()
+        if not (data / "catalog").exists() and not any(data.glob("*")):
+            continue  # killed before the database was created
+        if child_topic_missing(data):
+            continue
+        _check_and_retry(data)
+    print(f"BULK_CRASH_SEED={seed}")
+
+
+def child_topic_missing(data: Path) -> bool:
+    """Killed before the topic or all writes existed: nothing to check (the retry needs
+    the staged writes)."""
+    database = Database.open(str(data), retention_interval_s=None)
+    try:
+        if database.catalog.entry("t") is None:
+            return True
+        bulk = bulk_write.for_database(database)
+        staged = set(os.listdir(bulk.root))
+        complete = all(w in staged for w in child.write_ids())
+        session = database.connect()
+        try:
+            recorded = bulk.committed_rows(session, child.SINK, child.BATCH) is not None
+        finally:
+            session.close()
+        if recorded:
+            return False
+        if not complete:
+            return True
+        # Every write exists, but the last append may have been cut: count the files.
+        return any(len([n for n in os.listdir(os.path.join(bulk.root, w))
+                        if n.endswith(".arrows")]) != (2 if w != child.TABLE_WRITE else 1)
+                   for w in child.write_ids())  # fmt: skip
+    finally:
+        database.close()
