@@ -4,8 +4,14 @@ Data: N messages of 1 KiB (full 1M, quick 200k) in a topic of 4 partitions behin
 ``topicbase serve`` (its own process, free loopback ports), and the same rows as Parquet
 written by Spark. Figures (rows/s):
 
-- batch write: Spark writes the rows to the topic (tasks DoPut, the driver commits) —
-  next to Spark writing them as Parquet; target >= 1x.
+- batch write: Spark writes the rows to a topic through the catalog (``writeTo``), in the
+  JVM over the PostgreSQL wire: each task stages its rows as Arrow with ``COPY ... FROM
+  STDIN (FORMAT arrow, WRITE_ID ...)``, the driver publishes them with one ``COMMIT
+  WRITES`` — next to Spark writing them as Parquet; target >= 1x. Medians of alternating
+  runs (Parquet, wire), each wire run into a fresh topic; the server's and the Spark JVM's
+  CPU seconds and the driver's commit per wire write are shown in the progress lines.
+  Recorded beside it: the Python source's write (tasks DoPut over Flight, the driver
+  commits; ``format("topicbase")``, one run), which also fills the topic the reads use.
 - batch read: ``sum(length(data))`` and a ``groupBy(partition).count()`` over the topic
   through the catalog (``topicbase.main.bench``: read in the JVM over the PostgreSQL wire,
   ``COPY ... (FORMAT arrow)`` into columnar batches, with column pruning, so the groupBy
@@ -20,6 +26,7 @@ written by Spark. Figures (rows/s):
 
 from __future__ import annotations
 
+import functools
 import os
 import shutil
 import signal
@@ -36,6 +43,14 @@ from sql.pgwire.users import add_user, default_users_path
 
 PARTITIONS = 4
 READ_ROUNDS = 3  # alternating runs of each read; the medians are recorded
+WRITE_ROUNDS = 3  # alternating runs of each write
+
+
+def _cpu_s(pid: int) -> float:
+    """CPU seconds (user + system) of process ``pid`` so far (Linux /proc)."""
+    with open(f"/proc/{pid}/stat", encoding="ascii") as handle:
+        fields = handle.read().rsplit(")", 1)[1].split()
+    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
 
 
 def _spark(url: str, wire_port: int) -> Any:
@@ -104,8 +119,39 @@ def run(recorder: Any) -> None:
         recorder.progress(f"spark: writing {count:,} x 1 KiB rows as Parquet and to a topic")
         parquet = os.path.join(work, "parquet")
         _rows(spark, 1000).write.mode("overwrite").parquet(parquet)  # warm up
-        parquet_write = _timed(lambda: _rows(spark, count).write.mode("overwrite")
-                               .parquet(parquet))  # fmt: skip
+        execute = functools.partial(_execute, url)
+        execute(f"CREATE TOPIC bench_w0 WITH (min_active_partitions = {PARTITIONS})")
+        _rows(spark, 1000).writeTo("topicbase.main.bench_w0").append()  # warm up
+        execute("DROP TOPIC bench_w0")
+        jvm_pid = spark._jvm.java.lang.ProcessHandle.current().pid()
+        stats = spark._jvm.io.topicbase.spark.WireWriteStats
+        writes: dict[str, list[float]] = {"parquet": [], "wire": []}
+        for round_ in range(1, WRITE_ROUNDS + 1):
+            parquet_cpu = _cpu_s(jvm_pid)
+            writes["parquet"].append(_timed(lambda: _rows(spark, count).write.mode("overwrite")
+                                            .parquet(parquet)))  # fmt: skip
+            parquet_cpu = _cpu_s(jvm_pid) - parquet_cpu
+            name = f"bench_w{round_}"
+            execute(f"CREATE TOPIC {name} WITH (min_active_partitions = {PARTITIONS})")
+            server_cpu, jvm_cpu, commit_s = _cpu_s(server.pid), _cpu_s(jvm_pid), 0.0
+
+            def write_wire(name: str = name) -> None:
+                nonlocal commit_s
+                for start in range(0, count, chunk):  # each write one atomic transaction
+                    _rows(spark, min(chunk, count - start)).writeTo(
+                        f"topicbase.main.{name}").append()
+                    commit_s += stats.lastCommitSeconds()
+
+            writes["wire"].append(_timed(write_wire))
+            recorder.progress(
+                f"spark: wire write {round_}: {writes['wire'][-1]:.2f} s (Parquet "
+                f"{writes['parquet'][-1]:.2f} s, its JVM CPU {parquet_cpu:.2f} s); server CPU "
+                f"{_cpu_s(server.pid) - server_cpu:.2f} s, Spark JVM CPU "
+                f"{_cpu_s(jvm_pid) - jvm_cpu:.2f} s, driver's COMMIT WRITES {commit_s:.2f} s")
+            execute(f"DROP TOPIC {name}")
+        median = {name: statistics.median(times) for name, times in writes.items()}
+        _record_pair(recorder, "batch write", count, median["wire"], median["parquet"], 1.0,
+                     writes["wire"], writes["parquet"])  # fmt: skip
 
         def write_topic() -> None:
             for start in range(0, count, chunk):
@@ -113,8 +159,12 @@ def run(recorder: Any) -> None:
                 (_rows(spark, size).write.format("topicbase").options(**options, topic="bench")
                  .mode("append").save())  # fmt: skip
 
-        topic_write = _timed(write_topic)
-        _record_pair(recorder, "batch write", count, topic_write, parquet_write, 1.0)
+        python_write = _timed(write_topic)
+        recorder.progress(f"spark: Python source write {python_write:.2f} s")
+        recorder.add("spark batch write, format(topicbase) (Python source over Flight)",
+                     count / python_write, "msgs/s", group="spark",
+                     baseline="Spark Parquet batch write",
+                     baseline_value=count / median["parquet"])  # fmt: skip
         recorder.progress("spark: batch reads")
         topic = spark.read.format("topicbase").options(**options, topic="bench",
                                                        columns="partition,data")
@@ -182,9 +232,24 @@ def _read_segments(data_dir: str) -> float:
         database.close()
 
 
+def _execute(url: str, sql: str) -> None:
+    with TopicbaseClient(url, USER, PASSWORD) as client:
+        client.action("execute", {"sql": sql})
+
+
 def _record_pair(recorder: Any, name: str, count: int, topic_s: float, parquet_s: float,
-                 target: float) -> None:  # fmt: skip
+                 target: float, topic_runs: list[float] | None = None,
+                 parquet_runs: list[float] | None = None) -> None:  # fmt: skip
     ratio = parquet_s / topic_s
+    spreads: dict[str, Any] = {}
+    if topic_runs and parquet_runs:
+        spreads = {"spread": (count / max(topic_runs), count / min(topic_runs)),
+                   "baseline_spread": (count / max(parquet_runs), count / min(parquet_runs)),
+                   "ratio_range": (min(p / t for p, t in zip(parquet_runs, topic_runs,
+                                                             strict=True)),
+                                   max(p / t for p, t in zip(parquet_runs, topic_runs,
+                                                             strict=True))),
+                   "reps": len(topic_runs)}  # fmt: skip
     recorder.add(f"spark {name}", count / topic_s, "msgs/s", group="spark",
                  baseline=f"Spark Parquet {name}", baseline_value=count / parquet_s,
-                 target=f">= {target}x Parquet", met=ratio >= target)  # fmt: skip
+                 target=f">= {target}x Parquet", met=ratio >= target, **spreads)  # fmt: skip

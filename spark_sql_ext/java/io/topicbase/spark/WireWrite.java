@@ -169,9 +169,12 @@ final class WireWrite implements Write {
         public void commit(WriterCommitMessage[] messages) {
             String sql = "COMMIT WRITES (" + idList(messages) + ") SINK "
                 + WireScan.quoteLiteral(sinkId) + " BATCH " + batchId;
+            long started = System.nanoTime();
             List<String[]> answer = run(sql);
             status = answer.get(0)[0];
             rows = Long.parseLong(answer.get(0)[1]);
+            int writes = idList(messages).isEmpty() ? 0 : idList(messages).split(", ").length;
+            WireWriteStats.commitDone((System.nanoTime() - started) / 1e9, writes, rows);
         }
 
         @Override
