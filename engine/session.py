@@ -202,6 +202,14 @@ class Session:
             cursor = self._cursor if _reads_no_table(plan) else self.cursor
             return describe.describe_plan(plan, statement, cursor, self.database, self)
 
+    def catalog_version(self) -> int | None:
+        """DuckDB's catalog version on this session's connection (``tables.catalog_version``;
+        None where DuckDB does not tell). ``describe`` keeps a statement's description
+        while it stays where it was (``engine.describe``), and so may a front that asks
+        again for a statement it already ran."""
+        with self._lock:
+            return tables.catalog_version(self._cursor)
+
     def open_stream(
         self,
         statement: ast.Statement,

@@ -7,6 +7,7 @@ the wire server runs itself (``Prepared.wire``/``copy``)."""
 from __future__ import annotations
 
 import asyncio
+import uuid
 from collections.abc import Callable, Iterator
 from typing import Any
 
@@ -250,3 +251,39 @@ def test_kept_plans_through_the_wire_follow_the_tables(
     conn.execute("INSERT INTO t VALUES ('x')")
     for prepare in (True, False, True):
         assert conn.execute(query, prepare=prepare).fetchone() == (1, "x")
+
+
+def test_an_executed_statement_is_described_again_only_when_the_catalog_moved(
+    connect: Callable[..., psycopg.Connection], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """An undescribed prepared query with text columns gets its UUID and JSON columns told
+    apart by the engine's description after each run; the connection keeps it while
+    DuckDB's catalog version stands still, and asks again once anything moved it."""
+    from engine.session import Session
+
+    described: list[str] = []
+    describe = Session.describe
+
+    def counting(self: Session, statement: Any) -> Any:
+        described.append(statement.text)
+        return describe(self, statement)
+
+    monkeypatch.setattr(Session, "describe", counting)
+    conn = connect(autocommit=True)
+    conn.execute("CREATE TABLE u (k INTEGER, v VARCHAR)")
+    conn.execute("INSERT INTO u VALUES (1, 'x')")
+    query = "SELECT v FROM u WHERE k = %s"
+    assert conn.execute(query, [1], prepare=True).fetchone() == ("x",)
+    before = len(described)
+    for _ in range(6):
+        assert conn.execute(query, [1], prepare=True).fetchone() == ("x",)
+    assert len(described) == before  # kept: nothing moved the catalog
+    conn.execute("INSERT INTO u VALUES (2, 'y')")  # a write moves it
+    assert conn.execute(query, [2], prepare=True).fetchone() == ("y",)
+    assert len(described) == before + 1
+    conn.execute("DROP TABLE u")
+    conn.execute("CREATE TABLE u (k INTEGER, v UUID)")
+    conn.execute("INSERT INTO u VALUES (1, '00000000-0000-0000-0000-000000000001')")
+    for _ in range(3):  # the same prepared text: now a UUID column, sent as one
+        (value,) = conn.execute(query, [1], prepare=True).fetchone() or (None,)
+        assert isinstance(value, uuid.UUID) and value.int == 1

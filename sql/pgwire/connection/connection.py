@@ -218,6 +218,7 @@ class Connection(ExtendedProtocol):
         self.socket_closed = False  # PgServer.stop closed (or is closing) the socket
         self.statements: dict[str, Prepared] = {}
         self.portals: dict[str, Portal] = {}
+        self.kept_descriptions = {}  # ExtendedProtocol._describe_again
         self.skipping = False  # after an extended-protocol error, until Sync
         self.catalog = surface.ConnectionCatalog(SERVER_VERSION, self.statements,
                                                       server.settings)  # fmt: skip

@@ -55,6 +55,7 @@ log = logging.getLogger(__name__)
 
 _PARAMETER = re.compile(r"\$(\d+)")
 PARSE_CACHE_ENTRIES = 512
+KEPT_DESCRIPTIONS = 64  # per connection (``ExtendedProtocol._describe_again``)
 
 
 class ParsedTexts:
@@ -126,6 +127,8 @@ class ExtendedProtocol:
     # What the connection provides (``connection.Connection``).
     statements: dict[str, Prepared]
     portals: dict[str, Portal]
+    # id(statement) -> (statement, catalog version, description): ``_describe_again``
+    kept_descriptions: dict[int, tuple[ast.Statement, int, Description]]
     skipping: bool
     catalog: surface.ConnectionCatalog
     context: CommandContext
@@ -300,7 +303,7 @@ class ExtendedProtocol:
         while its catalog stands still, so this is cheap when nothing changed. Worker thread."""
         if not prepared.described or prepared.columns is None or prepared.statement is None:
             return
-        columns = self._describe(prepared.statement).columns
+        columns = self._describe_again(prepared.statement).columns
         fresh = None if columns is None else [
             (c.name, wire_types.column_oid(c.arrow_type, c.sql_type)) for c in columns
         ]  # fmt: skip
@@ -363,7 +366,7 @@ class ExtendedProtocol:
         if not any(wire_types.type_oid(f.type) == wire_types.TEXT for f in table.schema):
             return None
         try:
-            return self._describe(statement)
+            return self._describe_again(statement)
         except Exception:  # the statement ran; its rows go out as text then
             log.debug("describing an executed statement failed", exc_info=True)
             return None
@@ -383,6 +386,30 @@ class ExtendedProtocol:
         is described as rewritten, SHOW as its one-column SELECT (``pg_catalog``). Runs on
         the connection's worker thread."""
         return self._session().describe(self.catalog.engine_statement(statement))
+
+    def _describe_again(self, statement: ast.Statement) -> Description:
+        """``_describe`` for the description of a statement that runs now (its revalidation)
+        or has just run (``text_description``), kept per statement while the engine's
+        catalog version stays where it was: the criterion of the engine's own memo
+        (``engine.describe``), whose lookup still plans and checks the statement (~30-50 us
+        a lookup; the run itself is planned and checked as ever). Only statements the
+        surface hands to the engine unchanged are kept (a rewritten catalog query depends
+        on the connection's settings too). Describe messages ask ``_describe``."""
+        session = self._session()
+        kept = self.kept_descriptions.get(id(statement))
+        if kept is not None and kept[0] is statement:
+            version = session.catalog_version()
+            if version is not None and version == kept[1]:
+                return kept[2]
+        engine_statement = self.catalog.engine_statement(statement)
+        description = session.describe(engine_statement)
+        if engine_statement is statement:
+            version = session.catalog_version()  # after: describing may move it
+            if version is not None:
+                if len(self.kept_descriptions) >= KEPT_DESCRIPTIONS:
+                    self.kept_descriptions.clear()
+                self.kept_descriptions[id(statement)] = (statement, version, description)
+        return description
 
     async def on_execute(self, message: m.Execute) -> None:
         portal = self._portal(message.portal)
