@@ -19,6 +19,11 @@ Two ways to the batches, giving the same rows:
   through the session's one door (``result_stream``): its Arrow batches go out as they come,
   one at a time, each within the result limit (54000), never converted to rows.
 
+A statement with effects on the general path (a consumer's read, which moves its offsets;
+a write with RETURNING) commits them only once its batches were sent, before the stream's
+end marker (``copy_commit``): a COPY that fails, is cancelled or loses its client before
+that commits nothing.
+
 Errors found before the first batch (privileges, a bad range, a bad query) come before
 CopyOutResponse, as an ordinary error; an error after it ends the COPY with ErrorResponse,
 as in PostgreSQL. ``statement_timeout`` covers both ways (57014), and a CancelRequest
@@ -43,7 +48,7 @@ from engine.api import (
 )
 from sql.pgwire.codec import copy_arrow
 from sql.pgwire.codec import messages as m
-from sql.pgwire.connection import result_stream
+from sql.pgwire.connection import copy_commit, result_stream
 from sql.pgwire.connection.context import CommandContext
 from storage.errors import FeatureNotSupportedError, QueryCanceledError
 
@@ -79,9 +84,12 @@ class _RangeSource:
 
 @dataclass
 class _QuerySource:
-    """The batches of any other query, as the engine streams them (worker thread)."""
+    """The batches of any other query, as the engine streams them (worker thread); a
+    statement with effects (a consumer read) holds them in ``held`` until the COPY was
+    sent (``copy_commit``)."""
 
     stream: result_stream.ResultStream
+    held: copy_commit.Held
     pending: list[pa.RecordBatch] = field(default_factory=list)
 
     @property
@@ -97,6 +105,8 @@ class _QuerySource:
         return self.stream.row_count
 
     def next_batch(self) -> pa.RecordBatch | None:
+        if self.held.context.session.cancel_requested:  # since the statement began
+            raise QueryCanceledError("canceling statement due to user request")
         while not self.pending:
             table = self.stream.next_batch()
             if table is None:
@@ -105,7 +115,11 @@ class _QuerySource:
         return self.pending.pop(0)
 
     def close(self) -> None:
-        self.stream.close()
+        """Free the stream; effects not committed by now are rolled back."""
+        try:
+            self.stream.close()
+        finally:
+            self.held.rollback()
 
 
 _Source = _RangeSource | _QuerySource
@@ -145,8 +159,8 @@ def _open(context: CommandContext, statement: ast.Statement
     schema and end of stream) and whether they end the stream. Worker thread."""
     source: _Source | None = range_source(context, statement)
     if source is None:
-        source = _QuerySource(result_stream.open_stream(
-            context, statement, None,
+        source = _QuerySource(*copy_commit.open_held(
+            context, statement,
             FeatureNotSupportedError("COPY query must return rows (a SELECT, VALUES or a "
                                      "statement with RETURNING)")))  # fmt: skip
     try:
@@ -161,6 +175,12 @@ def _open(context: CommandContext, statement: ast.Statement
         source.close()
         raise
     return source, messages, first is None
+
+
+def _commit(source: _Source) -> None:
+    """Commit what the statement holds (``copy_commit``), once its data was sent."""
+    if isinstance(source, _QuerySource):
+        source.held.commit()
 
 
 def _next_messages(source: _Source, schema: pa.Schema) -> list[bytes] | None:
@@ -179,6 +199,8 @@ async def copy_arrow_to_client(context: CommandContext, statement: ast.Statement
         for notice in source.notices:
             context.send(m.notice_response(notice))
         context.send(_copy_out_response(len(schema)))
+        if ended:  # an empty result: its end marker is among the first messages
+            await context.call(_commit, source)
         while True:
             for message in messages:
                 context.send(message)
@@ -187,6 +209,7 @@ async def copy_arrow_to_client(context: CommandContext, statement: ast.Statement
                 break
             following = await context.call(_next_messages, source, schema)
             if following is None:
+                await context.call(_commit, source)  # all but the end marker was sent
                 messages, ended = copy_arrow.end_messages(), True
             else:
                 messages = following

@@ -12,7 +12,8 @@ stream; COPY TO reads a topic range straight from storage) both ways;
 files and programs are refused (0A000). COPY TO starts the query and reads its rows in
 batches (``result_stream``: a plain query straight from DuckDB's Arrow reader, at most
 ``result_stream.BATCH_ROWS`` rows held at a time, each batch within the result limit),
-sent one CopyData per row, as PostgreSQL does.
+sent one CopyData per row, as PostgreSQL does. A statement with effects (a consumer's
+read) commits them once its rows were sent (``copy_commit``), before the binary trailer.
 COPY FROM parses the data as it arrives (off the event loop), holds it as string
 columns, checks every value against the target column's type (22P02 with the line of
 the first bad row, nothing written), then inserts everything with one Arrow-backed
@@ -28,7 +29,7 @@ import struct
 from dataclasses import dataclass
 from typing import Any
 
-from engine.api import INSERT_COLUMNS, parse, run_over_relation
+from engine.api import INSERT_COLUMNS, parse, parse_statements, run_over_relation
 from sql.pgwire import limits as wire_limits
 from sql.pgwire.codec import copy_binary, wire_types
 from sql.pgwire.codec import messages as m
@@ -42,7 +43,7 @@ from sql.pgwire.codec.copy_format import (
     encode_header,
     encode_lines,
 )
-from sql.pgwire.connection import copy_arrow, copy_staged, result_stream
+from sql.pgwire.connection import copy_arrow, copy_commit, copy_staged, result_stream
 from sql.pgwire.connection.context import CommandContext
 from sql.pgwire.connection.copy_statement import CopyStatement
 from sql.pgwire.connection.portals import ProtocolViolation
@@ -91,14 +92,14 @@ async def copy_to_client(context: CommandContext, statement: CopyStatement) -> N
     at a time (``result_stream``): what is held is one batch, each within the result limit
     (54000), never the whole result. The stream is closed however the exchange ends (DuckDB
     refuses other statements on the session while it is open). FORMAT arrow: ``copy_arrow``."""
-    statements = parse(_source_query(statement))
+    statements = parse_statements(_source_query(statement))  # cached: a reader's loop repeats it
     if len(statements) != 1:
         raise SqlSyntaxError("COPY takes exactly one query")
     if statement.fmt.arrow:
         await copy_arrow.copy_arrow_to_client(context, statements[0])
         return
-    stream = await context.call(
-        result_stream.open_stream, context, statements[0], None,
+    stream, held = await context.call(
+        copy_commit.open_held, context, statements[0],
         FeatureNotSupportedError("COPY query must return rows (a SELECT, VALUES or a "
                                  "statement with RETURNING)"))  # fmt: skip
     binary = statement.fmt.binary
@@ -117,10 +118,12 @@ async def copy_to_client(context: CommandContext, statement: CopyStatement) -> N
             for chunk in chunks:
                 context.send(chunk)
                 await context.drain()
+        await context.call(held.commit)  # a consumer read's offsets: all rows were sent
         if binary:
             context.send(m.copy_data(header + copy_binary.BINARY_TRAILER))
     finally:
         await context.call(stream.close)
+        await context.call(held.rollback)  # if not committed
     context.send(m.copy_done())
     context.send(m.command_complete(f"COPY {stream.row_count}"))
 
