@@ -39,7 +39,7 @@ import pyarrow as pa
 from engine.commit import PublishItem
 from storage.errors import LimitExceededError
 from storage.record_batch import check_wire_batch
-from storage.topic_log import TopicAppendResult, TopicLog
+from storage.topic_log import TopicAppendResult
 
 # A write over at least this many partitions commits through the staging log. The log
 # costs one extra write of the data and one sync; the plain path one sync per partition
@@ -67,11 +67,15 @@ def append_now(
     except LimitExceededError:
         return topic.append(batch, None, cancelled=cancelled, targets=targets)
     shares = topic.shares(batch, targets)
-    for partition_id, _, piece in shares:
+    # Checked now, not at the publish (past the commit point it would fail for ever):
+    # the whole batch once (schema, limits, codecs: each share is a part of it, and the
+    # partitions share the topic's settings), and each partition's state.
+    topic.partition(shares[0][0]).check_append(batch)
+    for partition_id, _, _ in shares:
         if not topic.partition_info(partition_id).active:  # split since: route again
             return topic.append(batch, None, cancelled=cancelled)
-        topic.partition(partition_id).check_append(piece)
-    return _commit_in_log(database, topic, topic_id, shares, batch.num_rows)
+        topic.partition(partition_id).check_writable()
+    return _commit_in_log(database, topic_id, shares, batch.num_rows)
 
 
 def _spreads(targets: np.ndarray) -> bool:
@@ -83,7 +87,6 @@ def _spreads(targets: np.ndarray) -> bool:
 
 def _commit_in_log(
     database: Any,
-    topic: TopicLog,
     topic_id: str,
     shares: list[tuple[int, np.ndarray, pa.RecordBatch]],
     count: int,
@@ -95,14 +98,15 @@ def _commit_in_log(
     items = [PublishItem(topic_id, partition_id, piece) for partition_id, _, piece in shares]
     slot, staged = committer.commit_in_log(transaction_id, items, {}, _nothing_to_validate)
     results = committer.finish(slot, transaction_id, {}, staged)
+    assert all(r is not None for r in results), "a publish in turn reports its outcome"
+    # The shares' rows, one after another, are a permutation of the batch's rows.
+    rows = np.concatenate([chosen for _, chosen, _ in shares])
     partitions = np.empty(count, dtype=np.int64)
     status = np.empty(count, dtype=np.uint8)
     offsets = np.empty(count, dtype=np.int64)
-    for (_, rows, _), result in zip(shares, results, strict=True):
-        assert result is not None, "a publish in turn reports its outcome"
-        partitions[rows] = result.partitions
-        status[rows] = result.status
-        offsets[rows] = result.offsets
+    partitions[rows] = np.concatenate([r.partitions for r in results])  # type: ignore[union-attr]
+    status[rows] = np.concatenate([r.status for r in results])  # type: ignore[union-attr]
+    offsets[rows] = np.concatenate([r.offsets for r in results])  # type: ignore[union-attr]
     committer.catch_up()
     return TopicAppendResult(partitions, status, offsets)
 

@@ -216,6 +216,11 @@ class PartitionLog:
         self._check_codecs(batch)
         self._check_writable()
 
+    def check_writable(self) -> None:
+        """Raise what an append would raise for the partition's state alone: closed,
+        fenced (after an I/O failure) or inactive (after a split)."""
+        self._check_writable()
+
     def append_many(self, batches: list[pa.RecordBatch]) -> list[AppendResult]:
         """Append batches together: one write, one sync, visible to readers at once."""
         for batch in batches:

@@ -212,10 +212,15 @@ class ProducerStateManager:
         maximum + 1; rows without a producer are never duplicates.
         """
         count = len(keys)
-        seq_nos: list[int | None] = batch.column(SEQ_NO_COLUMN).to_pylist()
-        for seq_no in seq_nos:
-            if seq_no is not None and seq_no < 0:
-                raise InvalidParameterValueError("seq_no must not be negative")
+        column = batch.column(SEQ_NO_COLUMN)
+        seq_nos: list[int | None]
+        if column.null_count == count:  # every seq_no left to us: no conversion
+            seq_nos = [None] * count
+        else:
+            seq_nos = column.to_pylist()
+            for seq_no in seq_nos:
+                if seq_no is not None and seq_no < 0:
+                    raise InvalidParameterValueError("seq_no must not be negative")
         running: dict[str, int] = {}  # key -> largest seq_no so far
         duplicate_rows: list[tuple[int, str, int]] = []
         entries: dict[str, ProducerEntry | None] = {}
@@ -245,7 +250,7 @@ class ProducerStateManager:
                 earlier[row] = _earlier_offset(entry, seq_no)
         if filled:
             batch = batch.set_column(
-                SEQ_NO_COLUMN, batch.schema.field(SEQ_NO_COLUMN), pa.array(seq_nos, pa.int64())
+                SEQ_NO_COLUMN, batch.schema.field(SEQ_NO_COLUMN), _int64_array(seq_nos)
             )
         return DedupDecision(batch, duplicate, earlier, len(duplicate_rows), None, keys, seq_nos)
 
@@ -532,6 +537,14 @@ def group_rows(column: pa.Array) -> list[tuple[str, np.ndarray]]:
         if number >= 0:
             groups.append((keys[number], rows))
     return groups
+
+
+def _int64_array(values: list[int | None]) -> pa.Array:
+    """``values`` as an int64 array: through numpy when none is null (a few us, against
+    ~14 us for ``pa.array`` of a Python list)."""
+    if None in values:
+        return pa.array(values, pa.int64())
+    return pa.array(np.array(values, dtype=np.int64))
 
 
 @functools.lru_cache(maxsize=8)

@@ -55,6 +55,8 @@ _INT32 = struct.Struct("<i")
 TRANSACTIONAL = 1
 _ENCODED_PARTS_MAX = 128  # buffers of one encoded body (WIRE_SCHEMA gives about 30)
 _JOINED_BELOW_BYTES = 64 * 1024  # FrameEncoder copies batches this small (see _encode_joined)
+_JOINED_ROWS_MAX = 64  # and slices of at most this many rows with this little data
+_ROW_BYTES_ESTIMATE = 128  # a row's bytes besides its data (ids, seq_no, times, codec)
 
 TIMESTAMP = pa.timestamp("us", tz="UTC")
 METADATA_TYPE = pa.map_(pa.string(), pa.binary())
@@ -177,7 +179,7 @@ class FrameEncoder:
         transaction's staging frame holds the same bytes): the frame reuses it."""
         if body is not None:
             return _framed(body, batch.num_rows, base_offset, written_at_us, transaction_id)
-        small = batch.get_total_buffer_size() <= _JOINED_BELOW_BYTES
+        small = batch.get_total_buffer_size() <= _JOINED_BELOW_BYTES or _few_small_rows(batch)
         if small and batch.schema.equals(WIRE_SCHEMA):  # another schema: the writer refuses it
             return _encode_joined(batch, base_offset, written_at_us, transaction_id)
         parts = self._parts
@@ -217,6 +219,25 @@ class FrameEncoder:
         writer.write_batch(pa.RecordBatch.from_pylist([], schema=WIRE_SCHEMA))
         self._parts.clear()
         return writer
+
+
+def _few_small_rows(batch: pa.RecordBatch) -> bool:
+    """A slice of a few rows whose data is small: worth copying (``_encode_joined``)
+    although ``get_total_buffer_size`` counts its parent's whole buffers (a statement's
+    share of one partition, ``TopicLog.shares``)."""
+    count = batch.num_rows
+    if count > _JOINED_ROWS_MAX or batch.num_columns != len(WIRE_SCHEMA):
+        return False
+    data = batch.column(5)
+    if not pa.types.is_binary(data.type):
+        return False
+    offsets = data.buffers()[1]
+    first = data.offset
+    if first == 0 and offsets.size <= 4 * (count + 1):
+        return False  # not a slice: ``get_total_buffer_size`` was exact
+    (start,) = _INT32.unpack_from(offsets, 4 * first)
+    (end,) = _INT32.unpack_from(offsets, 4 * (first + count))
+    return end - start + count * _ROW_BYTES_ESTIMATE <= _JOINED_BELOW_BYTES
 
 
 def _encode_joined(

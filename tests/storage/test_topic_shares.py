@@ -1,0 +1,73 @@
+"""``TopicLog.shares``: one take, then slices, that encode as small as a take per share.
+
+A statement spread over many partitions is split by ``TopicLog.shares``: each share must
+hold exactly its rows in order, encode (staging's ``serialize_body_buffer``, a
+partition's ``FrameEncoder``) to a body that decodes to its rows and is about as small
+as its own take's (not the whole statement's buffers), and take the copying encoder
+path although ``get_total_buffer_size`` of a slice counts the whole statement's.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+import pyarrow as pa
+
+from storage import record_batch
+from storage.record_batch import (
+    WIRE_SCHEMA,
+    FrameEncoder,
+    build_wire_batch,
+    decode_header,
+    serialize_body,
+    serialize_body_buffer,
+)
+from storage.topic_log import TopicLog
+
+
+def _statement(count: int = 2000, metadata: bool = False) -> tuple[pa.RecordBatch, np.ndarray]:
+    batch = build_wire_batch(
+        [bytes([65 + i % 26]) * (100 + i % 7) for i in range(count)],
+        producer_id=[f"p{i % 300}" for i in range(count)],
+        metadata=[{"k": b"v"} if i % 2 else None for i in range(count)] if metadata else None,
+    )
+    targets = np.array([(i % 300) * 7 % 100 for i in range(count)], dtype=np.int64)
+    return batch, targets
+
+
+def test_each_share_holds_its_rows_in_order_and_encodes_as_its_own_take() -> None:
+    batch, targets = _statement()
+    shares = TopicLog.shares(None, batch, targets)  # type: ignore[arg-type]
+    assert [p for p, _, _ in shares] == sorted(set(targets.tolist()))
+    assert sorted(np.concatenate([rows for _, rows, _ in shares]).tolist()) == list(range(2000))
+    for partition, rows, piece in shares:
+        assert (targets[rows] == partition).all() and (np.diff(rows) > 0).all()
+        taken = batch.take(pa.array(rows))
+        assert piece.equals(taken)
+        # its rows, in about the take's bytes (a few bitmap bytes more), not the
+        # whole statement's buffers
+        body = serialize_body_buffer(piece)
+        assert pa.ipc.read_record_batch(body, WIRE_SCHEMA).equals(taken)
+        assert body.size <= len(serialize_body(taken)) + 512
+        assert piece.get_total_buffer_size() > 20 * taken.get_total_buffer_size()
+
+
+def test_a_small_slice_takes_the_copying_encoder_path_with_the_same_bytes() -> None:
+    batch, targets = _statement()
+    _, rows, piece = TopicLog.shares(None, batch, targets)[5]  # type: ignore[arg-type]
+    assert piece.get_total_buffer_size() > record_batch._JOINED_BELOW_BYTES
+    parts, header = FrameEncoder().encode(piece, base_offset=7, written_at_us=1)
+    assert len(parts) == 2, "joined: header and one body"
+    joined = b"".join(memoryview(p).cast("B") for p in parts)
+    assert decode_header(joined) == header and header.record_count == len(rows)
+    assert joined[record_batch.HEADER_BYTES :] == serialize_body(piece)
+    body = pa.py_buffer(joined[record_batch.HEADER_BYTES :])
+    assert pa.ipc.read_record_batch(body, WIRE_SCHEMA).equals(batch.take(pa.array(rows)))
+
+
+def test_shares_with_metadata_are_taken_one_by_one() -> None:
+    """A sliced map column would be encoded with its parent's child offsets whole."""
+    batch, targets = _statement(metadata=True)
+    for _, rows, piece in TopicLog.shares(None, batch, targets):  # type: ignore[arg-type]
+        taken = batch.take(pa.array(rows))
+        assert piece.equals(taken)
+        assert piece.get_total_buffer_size() == taken.get_total_buffer_size()
