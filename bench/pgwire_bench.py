@@ -37,9 +37,9 @@ Targets: wire produce and binary consume >= 0.5x embedded; ``consume.wire`` (the
 binary results and COPY arrow) >= 2x PostgreSQL's log-table consumer (binary results);
 ``pgwire.select1`` p50 <= 8x and ``pgwire.point_lookup`` (1M-row table, extended
 protocol) p50 <= 5x PostgreSQL's (latency ratios are baseline / Topicbase; the earlier
-``SELECT 1`` <= 2x and text consume >= 0.5x embedded were retired in issue 14). The server is a separate process (as PostgreSQL's
-backends are), so client and server do not share a GIL. Temp dirs go under
-``$TOPICBASE_BENCH_DIR`` (or ``$TMPDIR``) and are deleted.
+``SELECT 1`` <= 2x and text consume >= 0.5x embedded were retired in issue 14). The
+server is a separate process (as PostgreSQL's backends are), so client and server do not
+share a GIL. Temp dirs go under ``$TOPICBASE_BENCH_DIR`` (or ``$TMPDIR``) and are deleted.
 """
 
 from __future__ import annotations
