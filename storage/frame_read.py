@@ -36,10 +36,14 @@ from storage.record_batch import (
     FrameHeader,
     decode_body,
 )
+from storage.wire_columns import decode_wire_bodies
 
 # Slices of at most this many messages are decoded together (``decode_slices``): their
 # fixed cost dominates, and copying their few messages once is cheap.
 SMALL_SLICE_ROWS = 64
+# Runs of at least this many small slices are decoded column by column across their
+# frames (``wire_columns``); fewer go through one Arrow IPC read each.
+COLUMNAR_MIN_SLICES = 8
 # What the frames kept for the next read (``FrameCache``) may hold in all, in the bytes of
 # the read windows they keep alive.
 FRAME_CACHE_BYTES = 64 * 1024 * 1024
@@ -174,25 +178,30 @@ def decode_slices(slices: Sequence[FrameSlice]) -> list[pa.RecordBatch]:
 def decode_small(slices: Sequence[FrameSlice]) -> pa.RecordBatch:
     """One read batch of ``slices`` (the messages copied once): as ``decode_body`` of
     each frame, sliced and concatenated, with the ``offset`` and ``written_at`` columns
-    built once for all of them."""
+    built once for all of them. Many slices are decoded column by column across their
+    frames (``wire_columns``), without an Arrow IPC read per frame; a frame that does
+    not fit that path sends the whole run through Arrow, frame by frame."""
     assert slices
     count = len(slices)
-    wires = []
     rows = np.empty(count, dtype=np.int64)
+    skips = np.empty(count, dtype=np.int64)
+    counts = np.empty(count, dtype=np.int64)
     firsts = np.empty(count, dtype=np.int64)
     written_ats = np.empty(count, dtype=np.int64)
     for index, piece in enumerate(slices):
         header = piece.header
-        wire = pa.ipc.read_record_batch(piece.body, WIRE_SCHEMA)
-        assert wire.num_rows == header.record_count, (wire.num_rows, header.record_count)
-        if piece.skip > 0 or piece.rows < header.record_count:
-            wire = wire.slice(piece.skip, piece.rows)
-        wires.append(wire)
         rows[index] = piece.rows
+        skips[index] = piece.skip
+        counts[index] = header.record_count
         firsts[index] = header.base_offset + piece.skip
         written_ats[index] = header.written_at_us
-    wire = wires[0] if count == 1 else pa.concat_batches(wires)
+    wire = None
+    if count >= COLUMNAR_MIN_SLICES:
+        wire = decode_wire_bodies([piece.body for piece in slices], counts, skips, rows)
+    if wire is None:
+        wire = _read_each(slices)
     total = int(rows.sum())
+    assert wire.num_rows == total, (wire.num_rows, total)
     # offset of row i of slice k: firsts[k] + (i - where slice k starts in the batch)
     starts = np.zeros(count, dtype=np.int64)
     np.cumsum(rows[:-1], out=starts[1:])
@@ -208,6 +217,19 @@ def decode_small(slices: Sequence[FrameSlice]) -> pa.RecordBatch:
         ],
         schema=READ_SCHEMA,
     )
+
+
+def _read_each(slices: Sequence[FrameSlice]) -> pa.RecordBatch:
+    """The wire batch of ``slices``: an Arrow IPC read of each frame, sliced, concatenated."""
+    wires = []
+    for piece in slices:
+        header = piece.header
+        wire = pa.ipc.read_record_batch(piece.body, WIRE_SCHEMA)
+        assert wire.num_rows == header.record_count, (wire.num_rows, header.record_count)
+        if piece.skip > 0 or piece.rows < header.record_count:
+            wire = wire.slice(piece.skip, piece.rows)
+        wires.append(wire)
+    return wires[0] if len(wires) == 1 else pa.concat_batches(wires)
 
 
 class FrameCache:
