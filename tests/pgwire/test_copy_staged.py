@@ -228,3 +228,23 @@ def test_staging_needs_insert_and_a_write_is_its_owners(users_server: ServerThre
         assert alice.execute("SELECT count(*) FROM TOPIC events").fetchone() == (4,)
         assert alice.execute("COMMIT WRITES ('alices') SINK 'a' BATCH 0").fetchone() == (
             "committed", 4)
+
+
+def test_staged_copies_collect_abandoned_writes(db: psycopg.Connection, server: ServerThread,
+                                                monkeypatch: pytest.MonkeyPatch) -> None:
+    """A server without the Flight door still deletes writes nobody committed or aborted."""
+    from sql.pgwire.connection import copy_staged
+
+    stage(db, "TOPIC events", "forgotten", arrow_stream(messages(10)))
+    session = server.database.connect()
+    writes = session.bulk_writes()
+    monkeypatch.setattr(writes, "abandon_after_s", 0.0)  # everything idle is abandoned now
+    monkeypatch.setattr(copy_staged, "_last_collect", [float("-inf")])
+    stage(db, "TOPIC events", "fresh", arrow_stream(messages(5)))  # collects first
+    session.close()
+    assert staged_ids(server) == ["fresh"]
+    with pytest.raises(psycopg.errors.UndefinedObject):
+        db.execute("COMMIT WRITES ('forgotten') SINK 'f' BATCH 0")
+    assert db.execute("COMMIT WRITES ('fresh') SINK 'f' BATCH 0").fetchone() == ("committed", 5)
+    stage(db, "TOPIC events", "later", arrow_stream(messages(5)))  # within the minute: kept
+    assert staged_ids(server) == ["later"]

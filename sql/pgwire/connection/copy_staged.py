@@ -25,6 +25,9 @@ through ``_Pipe``, which holds at most about ``PIPE_BYTES`` (the loop waits for 
 before reading the next message), so a stream of any size is staged with bounded memory.
 The staging thread uses the session only through ``BulkWrites.append``, while the
 connection runs nothing else (it is in COPY IN until this returns).
+
+Abandoned writes (a client that staged and never committed nor aborted) are collected by
+the staged COPYs themselves, at most once a minute, as the Flight door's collector does.
 """
 
 from __future__ import annotations
@@ -34,6 +37,7 @@ import collections
 import concurrent.futures
 import contextlib
 import threading
+import time
 from collections.abc import Iterator
 from typing import Any
 
@@ -49,6 +53,9 @@ from sql.pgwire.connection.portals import ProtocolViolation
 from storage.errors import QueryCanceledError
 
 PIPE_BYTES = 8 << 20  # CopyData held between the event loop and the staging thread
+COLLECT_INTERVAL_S = 60.0  # the staged COPYs collect abandoned writes at most this often
+_last_collect = [float("-inf")]  # monotonic time of the last collection in this process
+_collect_lock = threading.Lock()
 
 
 class _Pipe:
@@ -139,6 +146,7 @@ async def copy_staged_from_client(context: CommandContext, write_id: str, kind: 
     or ``table``) ``name``; then ``COPY <rows>``. Nothing is published."""
     session = context.session
     writes = await context.call(session.bulk_writes)
+    await context.call(_collect_now_and_then, writes)
     await context.call(writes.start, session, write_id, kind, name)
     context.send(m.copy_in_response(len(columns), True))
     await context.drain()
@@ -161,6 +169,19 @@ async def copy_staged_from_client(context: CommandContext, write_id: str, kind: 
     pipe.close()
     rows = await staged
     context.send(m.command_complete(f"COPY {rows}"))
+
+
+def _collect_now_and_then(writes: Any) -> None:
+    """Delete abandoned staged writes (``BulkWrites.collect``: untouched for its
+    ``abandon_after_s``, e.g. a Spark task killed with its executor), at most once every
+    ``COLLECT_INTERVAL_S`` per process: a server without the Flight door (whose thread
+    collects every minute) has no other collector."""
+    now = time.monotonic()
+    with _collect_lock:
+        if now - _last_collect[0] < COLLECT_INTERVAL_S:
+            return
+        _last_collect[0] = now
+    writes.collect()
 
 
 async def _receive(context: CommandContext, pipe: _Pipe, staged: asyncio.Future[int]) -> None:

@@ -1,0 +1,83 @@
+"""A ``topicbase serve`` killed (SIGKILL) in the middle of a staged COPY: after the restart
+the write holds exactly its COPYs that ended, and ``COMMIT WRITES`` publishes those once.
+
+The server is a process of its own (``serve --flight-port 0``: the staged-write protocol
+without the Flight door), killed while the second COPY's stream is half sent and its file
+is being written (a ``.part`` file of the write exists).
+"""
+
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import psycopg
+import pyarrow as pa
+import pytest
+
+from engine.bulk_write import WRITES_DIRECTORY
+from tests.pgwire.test_copy_staged import arrow_stream, messages, stage
+
+ROOT = Path(__file__).parents[2]
+CODE = "import sys; from sql.console import main; sys.exit(main(sys.argv[1:]))"
+
+
+def _serve(data_dir: Path) -> tuple[subprocess.Popen[str], int]:
+    process = subprocess.Popen(
+        [sys.executable, "-c", CODE, "--data-dir", str(data_dir), "serve", "--port", "0",
+         "--flight-port", "0", "--auth", "trust"],
+        stdout=subprocess.PIPE, text=True, cwd=ROOT)  # fmt: skip
+    line = process.stdout.readline() if process.stdout else ""
+    assert "serving" in line, line
+    return process, int(line.rsplit(":", 1)[1])
+
+
+def _connect(port: int) -> psycopg.Connection:
+    return psycopg.connect(host="127.0.0.1", port=port, autocommit=True, connect_timeout=10)
+
+
+def _wait_for(predicate, timeout_s: float = 20.0) -> None:
+    deadline = time.monotonic() + timeout_s
+    while not predicate():
+        assert time.monotonic() < deadline, "timed out"
+        time.sleep(0.02)
+
+
+def test_a_server_killed_mid_copy_keeps_only_the_whole_copies(tmp_path: Path) -> None:
+    data_dir = tmp_path / "data"
+    process, port = _serve(data_dir)
+    try:
+        with _connect(port) as db:
+            db.execute("CREATE TOPIC events")
+            assert stage(db, "TOPIC events", "w", arrow_stream(messages(100))) == 100
+            write_dir = data_dir / WRITES_DIRECTORY / "w"
+            big = pa.table({"data": pa.array([os.urandom(1024)] * 20_000, pa.binary())})
+            stream = arrow_stream(big, max_chunksize=1000)
+            copy_sql = "COPY TOPIC events FROM STDIN (FORMAT arrow, WRITE_ID 'w')"
+            with pytest.raises(psycopg.OperationalError), db.cursor().copy(copy_sql) as copy:
+                copy.write(stream[: len(stream) // 2])
+                _wait_for(lambda: any(n.endswith(".part") for n in os.listdir(write_dir)))
+                process.send_signal(signal.SIGKILL)
+                process.wait(timeout=20)
+                copy.write(stream[len(stream) // 2:])
+    finally:
+        if process.poll() is None:
+            process.kill()
+        process.wait()
+    process, port = _serve(data_dir)
+    try:
+        with _connect(port) as db:
+            assert db.execute("SELECT count(*) FROM TOPIC events").fetchone() == (0,)
+            assert db.execute("COMMIT WRITES ('w') SINK 's' BATCH 0").fetchone() == (
+                "committed", 100)
+            assert db.execute("SELECT count(*) FROM TOPIC events").fetchone() == (100,)
+            assert db.execute("COMMIT WRITES ('w') SINK 's' BATCH 0").fetchone() == (
+                "duplicate", 0)
+            assert not (data_dir / WRITES_DIRECTORY / "w").exists()
+    finally:
+        process.send_signal(signal.SIGTERM)
+        process.wait(timeout=20)
