@@ -541,7 +541,13 @@ class Committer:
         topic = self._database.topic_log(item.topic_id)
         if check:
             since = transaction_id - CLOCK_SLACK_US  # ids are commit-time microseconds
-            if topic.partition(item.partition).contains_transaction(transaction_id, since):
+            log_ = topic.partition(item.partition)
+            present = log_.published_prefix(item.batch, transaction_id, since)
+            if present == item.batch.num_rows:
+                return None
+            if present:  # a share cut into frames lost its tail: publish the rest
+                topic.publish_transactional(item.batch.slice(present), item.partition,
+                                            transaction_id)  # fmt: skip
                 return None
         return topic.publish_transactional(item.batch, item.partition, transaction_id, item.body)
 
@@ -702,7 +708,7 @@ class Committer:
                     staged = None
                 else:
                     topic_id, partition, number, position, length = entry
-                    staged = StagedBatch(number, position, length)
+                    staged, references = StagedBatch(number, position, length), None
                     self.staging.keep(transaction_id, [staged])
                 try:
                     topic = self._database.topic_log(topic_id)
@@ -710,11 +716,13 @@ class Committer:
                     continue  # the topic was dropped since
                 log_ = topic.partition(partition)
                 since = row["committed_at_us"] - CLOCK_SLACK_US
-                if not log_.contains_transaction(transaction_id, since):
-                    if staged is None:
-                        batch = staged_refs.derive_all(self._database.path, references)
-                    else:
-                        batch = self.staging.read(staged)
+                if log_.contains_transaction(transaction_id, since):
+                    # Whole, or a share cut into frames that lost its tail in the crash.
+                    batch = self._recovered_batch(staged, references)
+                    batch = batch.slice(log_.published_prefix(batch, transaction_id, since))
+                else:
+                    batch = self._recovered_batch(staged, references)
+                if batch.num_rows:
                     log_.publish_transactional([batch], transaction_id)
                     republished += 1
                     failpoints.hit("recovery.after_republish")
@@ -726,6 +734,13 @@ class Committer:
         self.staging.release(set())  # files no record needs: aborted or undecided staging
         self.checkpoint()
         return republished
+
+    def _recovered_batch(self, staged: StagedBatch | None, references: list | None):
+        """A committed share read back: from the staging log or derived by reference."""
+        if staged is None:
+            assert references is not None
+            return staged_refs.derive_all(self._database.path, references)
+        return self.staging.read(staged)
 
     def _committed_rows(self) -> list[dict]:
         """Every committed transaction not checkpointed yet, in transaction id order:

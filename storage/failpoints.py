@@ -19,7 +19,11 @@ redirected from a split partition), ``staging.after_sync``, ``staging.torn_recor
 (half a commit record written), ``commit.after_stage``, ``commit.after_commit_point``,
 ``commit.before_log_append``, ``commit.after_log_append`` (a topic-only commit),
 ``commit.mid_publish``, ``commit.checkpoint_before_delete``,
-``commit.checkpoint_before_release``, ``recovery.after_republish``.
+``commit.checkpoint_before_release``, ``recovery.after_republish``; a bulk commit by
+reference (``engine.staged_refs``): ``bulk.mid_move`` (one write moved to its commit
+directory), ``bulk.before_commit`` (files synced, no transaction yet), ``bulk.mid_release``
+(between two commit directories deleted); ``publish.mid_share`` (between two frames of a
+transactional publish: a share cut into bounded frames, ``storage.frame_cuts``).
 """
 
 from __future__ import annotations

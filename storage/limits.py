@@ -16,6 +16,12 @@ MESSAGE_BYTES_MAX = 16 * 1024 * 1024
 # One appended batch (its encoded body) must fit in memory twice (build + write).
 BATCH_BYTES_MAX = 64 * 1024 * 1024
 BATCH_MESSAGES_MAX = 100_000
+# A committed transaction's share of a partition is published as frames of at most this
+# many messages and about this much message data (``storage.frame_cuts``): a reader pays
+# for a whole frame (docs/bounded_frames.md: 4 MiB reads cheapest per byte and keeps a
+# poll of 100 messages under 1 ms).
+FRAME_TARGET_BYTES = 4 * 1024 * 1024
+FRAME_TARGET_MESSAGES = 4096
 # Producer ids and message group ids: YDB allows up to 2,048 bytes.
 PRODUCER_ID_BYTES_MAX = 2048
 METADATA_ITEMS_MAX = 64

@@ -40,6 +40,7 @@ from storage.errors import (
     StorageIOError,
     UnsupportedCodecError,
 )
+from storage.frame_cuts import cuttable, frame_slices
 from storage.frame_read import (
     FRAME_CACHE,
     SMALL_SLICE_ROWS,
@@ -250,6 +251,9 @@ class PartitionLog:
         the tagged frames (``contains_transaction``) or publishes them again.
         The batches become visible to readers together. ``bodies``, if given, are
         the batches' encoded bodies (``serialize_body_buffer``, as staged): reused.
+        A batch over the frame target is written as several frames, in row order
+        (``storage.frame_cuts``; its body is not reused then): a crash keeps a prefix of
+        them, which ``published_prefix`` counts. One result per batch, as given.
         """
         assert bodies is None or len(bodies) == len(batches)
         assert transaction_id > 0
@@ -258,27 +262,28 @@ class PartitionLog:
             self._check_codecs(batch)
         if not self.active and self.redirect is not None:
             return self._redirected(batches, transaction_id)
+        frames = [(index, piece, bodies[index] if bodies is not None and piece is batch else None)
+                  for index, batch in enumerate(batches)
+                  for piece in frame_slices(batch)]  # fmt: skip
         with self._write_lock:
             if not self.active and self.redirect is not None and not self._closed:
                 redirect = True
             else:
                 redirect = False
                 self._check_writable()
-                results = [
-                    self._write_decision(
-                        decision,
-                        transaction_id,
-                        # decide() may rewrite the batch (server-assigned seq_nos): the
-                        # staged body is the batch as staged, reusable only if unchanged
-                        None if bodies is None or decision.batch is not batch else bodies[index],
-                    )
-                    for index, batch in enumerate(batches)
-                    for decision in (self.producers.decide(batch),)
-                ]
+                written = []
+                for number, (index, piece, body) in enumerate(frames):
+                    if number:  # between two frames of one publish (a cut share's)
+                        failpoints.hit("publish.mid_share")
+                    decision = self.producers.decide(piece)
+                    # decide() may rewrite the batch (server-assigned seq_nos): the staged
+                    # body is the batch as staged, reusable only if unchanged
+                    reused = None if decision.batch is not piece else body
+                    written.append((index, self._write_decision(decision, transaction_id, reused)))
                 self._publish()
         if redirect:
             return self._redirected(batches, transaction_id)
-        return results
+        return _joined(written, len(batches), self.partition_id)
 
     def _redirected(self, batches: list[pa.RecordBatch], transaction_id: int) -> list[AppendResult]:
         """Hand a transactional publish to ``redirect`` (this partition split); the
@@ -296,6 +301,32 @@ class PartitionLog:
         """Hold the write lock: no write is in flight while the caller runs (a split)."""
         with self._write_lock:
             yield
+
+    def published_prefix(self, batch: pa.RecordBatch, transaction_id: int, since_us: int) -> int:
+        """How many leading rows of ``batch``, the transaction's share of this partition, are
+        published here already: a share cut into frames (``storage.frame_cuts``) may have
+        lost its tail in a crash; one that stays one frame is there whole or not at all."""
+        if not cuttable(batch):
+            return batch.num_rows if self.contains_transaction(transaction_id, since_us) else 0
+        return min(batch.num_rows, self.transaction_rows(transaction_id, since_us))
+
+    def transaction_rows(self, transaction_id: int, since_us: int) -> int:
+        """Messages in the frames of ``transaction_id`` written at or after ``since_us``."""
+        visible = self._visible
+        start = self.offset_for_time(since_us)
+        if start >= visible.end_offset:
+            return 0
+        rows = 0
+        index = _segment_index(visible.segments, start)
+        while index is not None and index < len(visible.segments):
+            segment = visible.segments[index]
+            last = index == len(visible.segments) - 1
+            limit = visible.last_segment_bytes if last else segment.size_bytes
+            for frame in segment.scan(start, limit, 1024 * 1024):
+                if frame.header.transaction_id == transaction_id:
+                    rows += frame.header.record_count
+            index += 1
+        return rows
 
     def contains_transaction(self, transaction_id: int, since_us: int) -> bool:
         """True if a frame of ``transaction_id`` was written at or after ``since_us``.
@@ -755,6 +786,23 @@ class PartitionLog:
             for frame in segment.scan(offset, limit, 4 * 1024 * 1024, skip_corrupt=True):
                 self.producers.apply_read_batch(decode_body(frame.header, frame.body))
         self.producers.expire()
+
+
+def _joined(
+    written: list[tuple[int, AppendResult]], count: int, partition: int
+) -> list[AppendResult]:
+    """One result per published batch from its frames' results (in row order)."""
+    parts: list[list[AppendResult]] = [[] for _ in range(count)]
+    for index, result in written:
+        parts[index].append(result)
+    return [
+        found[0] if len(found) == 1 else AppendResult(
+            partition,
+            np.concatenate([r.status for r in found]),
+            np.concatenate([r.offsets for r in found]),
+        )
+        for found in parts
+    ]  # fmt: skip
 
 
 def _segment_index(segments: tuple[LogSegment, ...], offset: int) -> int | None:

@@ -8,11 +8,14 @@ partition, ``row % PARTITIONS``, as Spark's tasks do) plus one table row under `
 commits them as ``(SINK, BATCH)`` and runs a checkpoint (so that crash points inside it
 are reached); ``stage`` only stages, ``commit`` only commits (and checkpoints); ``open``
 only opens and closes (recovery runs). Crash points come from ``TOPICBASE_FAILPOINTS`` (exit 137);
-a clean run prints ``done <status>`` and exits 0.
+a clean run prints ``done <status>`` and exits 0. ``BULK_FRAME_MESSAGES`` lowers
+``limits.FRAME_TARGET_MESSAGES`` so that each partition's share is published as several
+frames (``storage.frame_cuts``).
 """
 
 from __future__ import annotations
 
+import os
 import sys
 from pathlib import Path
 
@@ -22,6 +25,7 @@ import pyarrow as pa
 
 from engine import bulk_write
 from engine.database import Database
+from storage import limits
 
 PARTITIONS = 4
 WRITES = 4
@@ -83,6 +87,8 @@ def commit(database: Database) -> str:
 
 def main() -> None:
     data, action = sys.argv[1], sys.argv[2]
+    if os.environ.get("BULK_FRAME_MESSAGES"):  # small frames: each share is cut in several
+        limits.FRAME_TARGET_MESSAGES = int(os.environ["BULK_FRAME_MESSAGES"])
     database = Database.open(data, retention_interval_s=None)
     try:
         status = "opened"

@@ -14,6 +14,7 @@ Crash points, in the protocol's order:
 ``bulk.mid_move`` (one write moved to the commit directory), ``bulk.before_commit``
 (all moved, files and directories synced, no transaction yet), ``commit.after_commit_point``
 (record committed, nothing published), ``commit.mid_publish`` (one partition published),
+``publish.mid_share`` (some frames of a share cut into frames, the last maybe torn),
 ``commit.checkpoint_before_delete`` (partitions synced, record still there),
 ``commit.checkpoint_before_release`` (record deleted, files not yet),
 and recovery itself killed after its first republish
@@ -45,8 +46,11 @@ import bulk_commit_child as child  # noqa: E402
 CRASHED = 137
 
 
-def _run(data: Path, action: str, failpoints: str = "", timeout: float = 300) -> int:
+def _run(data: Path, action: str, failpoints: str = "", timeout: float = 300,
+         frame_messages: int | None = None) -> int:  # fmt: skip
     environment = {k: v for k, v in os.environ.items() if k != "TOPICBASE_FAILPOINTS"}
+    if frame_messages is not None:
+        environment["BULK_FRAME_MESSAGES"] = str(frame_messages)
     if failpoints:
         environment["TOPICBASE_FAILPOINTS"] = failpoints
     done = subprocess.run([sys.executable, str(CHILD), str(data), action], env=environment,
@@ -128,6 +132,35 @@ def test_a_commit_crashed_at_each_step_publishes_all_or_nothing_once(
     assert _run(data, "stage") == 0
     assert _run(data, "commit", f"{failpoint}=crash") == CRASHED
     assert _check_and_retry(data) == outcome
+
+
+@pytest.mark.parametrize("torn", [False, True])
+def test_a_publish_crashed_between_the_frames_of_a_share_is_finished_by_recovery(
+        tmp_path: Path, torn: bool) -> None:  # fmt: skip
+    """Shares cut into frames of 64 messages (500 per partition: 8 frames), the process
+    killed after the 4th frame of the first share; with ``torn``, that frame is then torn
+    (its segment cut 8 bytes short), so the partition holds only 3 frames of it."""
+    data = tmp_path / "data"
+    assert _run(data, "stage") == 0
+    assert _run(data, "commit", "publish.mid_share=crash@4", frame_messages=64) == CRASHED
+    if torn:
+        logs = sorted((p for p in data.rglob("*.log") if "topics" in p.parts),
+                      key=lambda p: p.stat().st_size)
+        victim = logs[-1]  # the partition published to (the others are empty)
+        with open(victim, "r+b") as handle:
+            handle.truncate(victim.stat().st_size - 8)
+    database = Database.open(str(data), retention_interval_s=None)
+    try:
+        topic = database.topic_log(database.catalog.entry("t").topic_id)
+        counts = sorted([f.header.record_count for s in topic.partition(p).segments
+                         for f in s.scan(0, s.size_bytes, 1 << 20)]
+                        for p in topic.partition_ids())  # fmt: skip
+        kept = 3 if torn else 4  # frames of the first share that survived the crash
+        # Recovery (here, with the default frame target) published the rest as one frame.
+        assert counts[0] == sorted([64] * kept + [500 - 64 * kept]), counts
+    finally:
+        database.close()
+    assert _check_and_retry(data) == "all"
 
 
 def test_recovery_killed_while_it_republishes_finishes_at_the_next_open(tmp_path: Path) -> None:
