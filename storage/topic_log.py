@@ -822,8 +822,11 @@ class TopicLog:
             split_at = self._info[partition_id].split_at_us or 0
             with self._lock:  # synced with ``partition_id`` (published now or before)
                 self._redirected.setdefault(partition_id, set()).add(int(target))
-            if log.contains_transaction(transaction_id, split_at - 60 * 1_000_000):
+            present = log.published_prefix(piece, transaction_id, split_at - 60 * 1_000_000)
+            if present == piece.num_rows:
                 continue
+            if present:  # frames of the share were published before a crash: the rest
+                rows, piece = rows[present:], piece.slice(present)
             results.append((rows, log.publish_transactional([piece], transaction_id)[0]))
             failpoints.hit("split.mid_redirect")  # one child has its share, others not yet
         return results
