@@ -39,19 +39,6 @@ def test_duckdb_runs_one_thread_per_core_unless_the_variable_says(
     assert _threads(tables.connect(":memory:", threads=2)) == 2  # the caller's own choice
 
 
-def test_every_duckdb_thread_is_a_sessions_own(monkeypatch: pytest.MonkeyPatch) -> None:
-    """``external_threads`` = ``threads``: DuckDB keeps no background worker to wake for
-    each statement; the thread that runs a statement does its work."""
-    monkeypatch.delenv(tables.THREADS_VARIABLE, raising=False)
-    monkeypatch.setattr(tables.os, "cpu_count", lambda: 3)
-    for connection in (tables.connect(":memory:"), tables.connect(":memory:", threads=2)):
-        try:
-            row = connection.execute("SELECT current_setting('external_threads')").fetchone()
-            assert row is not None and int(row[0]) == _threads(connection)
-        finally:
-            connection.close()
-
-
 @pytest.mark.parametrize("text", ["0", "-2", "two"])
 def test_a_bad_thread_count_is_refused_with_22023(
     monkeypatch: pytest.MonkeyPatch, text: str
