@@ -21,7 +21,12 @@ import pyarrow as pa
 
 from sql.pgwire.codec.copy_format import BadCopyFormatError
 
-CHUNK_BYTES = 1 << 20  # the largest CopyData payload sent
+# The largest CopyData payload sent. Below glibc malloc's default mmap threshold (128 KiB):
+# libpq holds each CopyData whole and copies it into a buffer of its own, and psycopg into
+# a bytes object; at 1 MiB both were mapped afresh for every message (~256 page faults
+# each), which cost a psycopg client ~1 ms of CPU per 1 MB consumer read (measured: 1.8
+# -> 0.8 ms per COPY of 1000 x 1 KiB messages), more than decoding the stream.
+CHUNK_BYTES = 64 * 1024
 END_OF_STREAM = b"\xff\xff\xff\xff\x00\x00\x00\x00"
 _COPY_DATA = struct.Struct("!cI")
 

@@ -3,7 +3,7 @@
 The exchange is PostgreSQL's COPY OUT: CopyOutResponse (overall format 1, binary, and one
 column of format 1 per result column, as PostgreSQL announces a binary COPY), CopyData
 messages whose payloads together are one Arrow IPC stream (``codec.copy_arrow``: schema,
-batches, end-of-stream; each payload at most 1 MiB), CopyDone, then ``COPY <rows>``.
+batches, end-of-stream; each payload at most 64 KiB), CopyDone, then ``COPY <rows>``.
 Clients read it as any binary COPY (psycopg: ``b"".join(cursor.copy(...))``; psql:
 ``\\copy (...) TO 'file'``) and hand the bytes to an Arrow stream reader.
 
