@@ -15,9 +15,11 @@ the second at COMMIT.
 Layout and invariants:
 - ``<write id>/write.json`` names the target and owner; it is written first, so a
   directory without it is a write that never started (collected like an abandoned one).
-- a batch file is written as ``*.part`` and renamed to ``*.arrows`` once whole; only
-  ``.arrows`` files are published, so a writer killed mid-stream leaves nothing that a
-  commit could pick up.
+- a batch file is written as ``*.part`` and renamed to ``<uuid>.<crc32c>.arrows`` once
+  whole (its CRC-32C, taken then, is what a commit by reference records; the kernel is
+  asked then to start writing it back, so the commit's sync finds little left to do);
+  only ``.arrows`` files are published, so a writer killed mid-stream leaves nothing
+  that a commit could pick up.
 - a write's directory is deleted after its commit (or duplicate), its abort, or when it
   has not been touched for ``abandon_after_s`` (``collect``).
 - privileges: starting or adding to a write needs INSERT on the target; the commit's
@@ -163,7 +165,8 @@ class BulkWrites:
                     self._reserve(grown)
             self._reserve(os.path.getsize(base + ".part") - written)
             written = os.path.getsize(base + ".part")
-            os.replace(base + ".part", base + ".arrows")
+            checksum = staged_refs.seal_file(base + ".part", self.database.store.fs)
+            os.replace(base + ".part", f"{base}.{checksum:08x}.arrows")
         except BaseException:
             with contextlib.suppress(FileNotFoundError):
                 os.remove(base + ".part")

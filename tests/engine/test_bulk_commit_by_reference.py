@@ -169,3 +169,17 @@ def test_a_release_that_fails_midway_is_finished_at_the_next_start(tmp_path) -> 
         assert len(_messages(database)) == 100
     finally:
         database.close()
+
+
+def test_a_staged_file_carries_its_checksum_and_the_commit_records_it(database) -> None:
+    import crc32c
+
+    _stage(database, "a", 100)
+    bulk = bulk_write.for_database(database)
+    (name,) = [n for n in os.listdir(os.path.join(bulk.root, "a")) if n.endswith(".arrows")]
+    with open(os.path.join(bulk.root, "a", name), "rb") as handle:
+        assert name.split(".")[1] == f"{crc32c.crc32c(handle.read()):08x}"
+    assert _commit(database, 1, ["a"])["rows"] == 100
+    (items,) = [r for r in _records(database) if r]
+    (file_,) = items[0][2]["references"][0]["files"]
+    assert file_[0].endswith(name) and f"{file_[2]:08x}" == name.split(".")[1]
