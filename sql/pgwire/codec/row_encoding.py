@@ -49,6 +49,7 @@ from typing import Any
 
 import numpy as np
 import pyarrow as pa
+import pyarrow.compute as pc
 
 from sql.pgwire.codec import wire_types
 from storage.errors import LimitExceededError
@@ -86,6 +87,9 @@ class _Fields(ABC):
     def __init__(self, lengths: np.ndarray, lead: bytes = b"") -> None:
         self.lengths = lengths
         self.lead = lead
+        # The fields as an Arrow ``binary`` array (a NULL row's slot null), when they are
+        # the values of one as they are: ``DataRows`` then joins the messages in Arrow.
+        self.arrow: pa.Array | None = None
 
     @abstractmethod
     def pieces(self, start: int, stop: int) -> list[Any]:
@@ -127,6 +131,8 @@ class _BufferFields(_Fields):
         if nulls is not None:
             lengths[nulls] = -1
         super().__init__(lengths, HEX_LEAD if hex_text else b"")
+        if not hex_text and not self._small and pa.types.is_binary(array.type):
+            self.arrow = array  # (small values: ``pieces``' copies cost less than the join)
 
     def pieces(self, start: int, stop: int) -> list[Any]:
         starts = self._bounds[start:stop]
@@ -272,11 +278,12 @@ def _cut(data: bytes, width: int, count: int) -> list[bytes]:
     return pieces
 
 
-def _fronts(columns: list[_Fields], sizes: np.ndarray) -> list[list[bytes]]:
-    """For each column, the bytes in front of each row's field piece: the DataRow header
-    before the first column, then the field's length word and (non-NULL) its lead."""
+def _front_records(columns: list[_Fields], sizes: np.ndarray) -> list[np.ndarray]:
+    """For each column, a record per row of the bytes in front of its field piece: the
+    DataRow header before the first column, then the field's length word and its lead
+    (which a NULL field does not have: ``_fronts`` cuts it off)."""
     count = len(sizes)
-    fronts: list[list[bytes]] = []
+    fronts: list[np.ndarray] = []
     for index, fields in enumerate(columns):
         layout: list[tuple[str, str]] = []
         if index == 0:
@@ -292,12 +299,47 @@ def _fronts(columns: list[_Fields], sizes: np.ndarray) -> list[list[bytes]]:
         records["length"] = fields.lengths
         if fields.lead:
             records["lead"] = fields.lead
-        front = _cut(records.tobytes(), records.dtype.itemsize, count)
+        fronts.append(records)
+    return fronts
+
+
+def _fronts(columns: list[_Fields], records: list[np.ndarray]) -> list[list[bytes]]:
+    """For each column, the bytes in front of each row's field piece (``_front_records``
+    cut per row)."""
+    fronts: list[list[bytes]] = []
+    for fields, front_records in zip(columns, records, strict=True):
+        front = _cut(front_records.tobytes(), front_records.dtype.itemsize, len(front_records))
         if fields.lead:  # a NULL has no lead: its field is the length word alone
             for row in np.flatnonzero(fields.lengths < 0).tolist():
                 front[row] = front[row][: -len(fields.lead)]
         fronts.append(front)
     return fronts
+
+
+def _joined_in_arrow(columns: list[_Fields], records: list[np.ndarray]) -> memoryview | None:
+    """Every row's DataRow message, end to end, joined by Arrow's C++ kernel
+    (``binary_join_element_wise``: per row, each column's front record then its field,
+    a NULL field as nothing) when every column's fields are an Arrow ``binary`` array of
+    large values without a lead (a consumer's ``data``); else None. Measured on 1000 rows
+    of 1 KiB: 0.20 ms to build and join, against 0.30 ms for ``blocks``' Python join.
+    The joined buffer comes from Arrow's memory pool, which keeps and reuses its memory
+    (no fresh pages per chunk, unlike glibc's large blocks)."""
+    if not columns or any(f.arrow is None or f.lead for f in columns):
+        return None
+    parts: list[pa.Array] = []
+    for fields, front_records in zip(columns, records, strict=True):
+        assert fields.arrow is not None
+        width, count = front_records.dtype.itemsize, len(front_records)
+        starts = np.arange(0, width * (count + 1), width, dtype=np.int32)  # a record a row
+        fronts = pa.Array.from_buffers(pa.binary(), count, [
+            None, pa.py_buffer(starts), pa.py_buffer(front_records)])  # fmt: skip
+        parts += [fronts, fields.arrow]
+    joined = pc.binary_join_element_wise(*parts, b"", null_handling="replace",
+                                         null_replacement="")  # fmt: skip
+    bounds = joined.buffers()[1], joined.buffers()[2]
+    assert bounds[0] is not None and bounds[1] is not None
+    offsets = _offsets(joined)
+    return memoryview(bounds[1])[int(offsets[0]) : int(offsets[-1])]
 
 
 class DataRows:
@@ -306,7 +348,10 @@ class DataRows:
     Building it does the per-value work (every column's fields, each row's fixed bytes);
     ``blocks`` then joins the messages, in order, into blocks of whole messages of about
     ``block_bytes`` each (at least one row; a larger row is a block alone), one block per
-    step, so nothing of the size of the whole result is allocated. A type or value that
+    step, so nothing of the size of the whole result is allocated. Rows of large binary
+    values only (a consumer's ``data``) are joined whole by Arrow instead
+    (``_joined_in_arrow``: one buffer of Arrow's pool for the table, which the caller
+    keeps to a chunk of rows) and the blocks are views of it. A type or value that
     cannot be sent raises while building (for a type, even with no rows), before any block
     exists.
     """
@@ -321,10 +366,10 @@ class DataRows:
             for i, (oid, fmt) in enumerate(zip(oids, formats, strict=True))
         ]  # fmt: skip
         sizes = _message_sizes(self._columns, self.count)
-        self._fronts = _fronts(self._columns, sizes) if self._columns else []
+        self._records = _front_records(self._columns, sizes) if self._columns else []
         self._ends: list[int] = np.cumsum(sizes + 1).tolist()  # each message's end
 
-    def blocks(self, block_bytes: int | None = None) -> Iterator[bytes]:
+    def blocks(self, block_bytes: int | None = None) -> Iterator[bytes | memoryview]:
         """The messages joined into blocks of about ``block_bytes`` (``BLOCK_BYTES``)."""
         block_bytes = block_bytes or BLOCK_BYTES
         count, ends = self.count, self._ends
@@ -334,14 +379,24 @@ class DataRows:
             for start in range(0, count, per_block):
                 yield header * min(per_block, count - start)
             return
+        joined = _joined_in_arrow(self._columns, self._records)
+        if joined is not None:  # blocks are views of the one joined buffer
+            assert len(joined) == ends[-1]
+            start = 0
+            while start < count:
+                reached = ends[start - 1] if start else 0
+                stop = max(start + 1, bisect.bisect_right(ends, reached + block_bytes, start))
+                yield joined[reached : ends[stop - 1]]
+                start = stop
+            return
+        fronts = _fronts(self._columns, self._records)
         stride = 2 * len(self._columns)
         start = 0
         while start < count:
             reached = ends[start - 1] if start else 0
             stop = max(start + 1, bisect.bisect_right(ends, reached + block_bytes, start))
             parts: list[Any] = [b""] * (stride * (stop - start))
-            for index, (front, fields) in enumerate(zip(self._fronts, self._columns,
-                                                        strict=True)):  # fmt: skip
+            for index, (front, fields) in enumerate(zip(fronts, self._columns, strict=True)):
                 parts[2 * index :: stride] = front[start:stop]
                 parts[2 * index + 1 :: stride] = fields.pieces(start, stop)
             yield b"".join(parts)
