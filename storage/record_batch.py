@@ -34,7 +34,7 @@ from __future__ import annotations
 
 import struct
 from collections.abc import Sequence
-from dataclasses import dataclass
+from typing import NamedTuple
 
 import crc32c
 import numpy as np
@@ -83,8 +83,11 @@ READ_SCHEMA = pa.schema(
 )
 
 
-@dataclass(frozen=True, slots=True)
-class FrameHeader:
+class FrameHeader(NamedTuple):
+    """A frame's decoded header. A named tuple, not a frozen dataclass: a read makes one
+    per frame (4,000 for a poll over 1000 partitions), and a frozen dataclass costs
+    ~2 us to build against ~0.3 us (issue 14)."""
+
     crc: int
     base_offset: int
     written_at_us: int

@@ -10,16 +10,22 @@ start writing the new bytes to disk (``FileSystem.start_writeback``, a hint that
 promises nothing), so the sync that seals a full segment, even under fsync
 policy ``never``, finds little left to write instead of tens of megabytes.
 
-Thread-safety: one writer (the partition's) appends; readers use ``scan`` with
-their own descriptors and never see bytes past the limit the partition
-published, so they never block or observe a half-written frame.
+Thread-safety: one writer (the partition's) appends; readers use ``scan`` and
+never see bytes past the limit the partition published, so they never block or
+observe a half-written frame. While the writer's descriptor is open (the active
+segment), scans ``pread`` through it instead of opening the file for each read
+(an ``open`` and a ``close`` cost about as much as a small ``pread``, paid by every
+partition of a read over 1000): a count of the scans using it defers its close to
+the last of them, so a descriptor is never closed under a scan, nor its number
+reused by another file while one reads through it.
 """
 
 from __future__ import annotations
 
 import os
+import threading
 from collections.abc import Iterator
-from dataclasses import dataclass
+from typing import NamedTuple
 
 import crc32c
 import pyarrow as pa
@@ -34,9 +40,21 @@ from storage.time_index import TimeIndex
 READ_WINDOW_BYTES_MIN = 1024 * 1024
 
 
-@dataclass(frozen=True, slots=True)
-class Frame:
-    """A verified frame read from a segment; ``body`` is a zero-copy Arrow buffer."""
+class _SharedDescriptor:
+    """The writer's descriptor as scans share it: closed once released by the writer
+    and left by every scan (``readers``), under the segment's ``_fd_lock``."""
+
+    __slots__ = ("fd", "readers", "released")
+
+    def __init__(self, fd: int) -> None:
+        self.fd = fd
+        self.readers = 0
+        self.released = False
+
+
+class Frame(NamedTuple):
+    """A verified frame read from a segment; ``body`` is a zero-copy Arrow buffer. (A
+    named tuple: one is built per frame read, cheaper than a frozen dataclass.)"""
 
     position: int
     header: FrameHeader
@@ -61,6 +79,8 @@ class LogSegment:
         self.last_written_at_us: int | None = None
         self._bytes_since_index = 0
         self._write_fd: int | None = None
+        self._shared: _SharedDescriptor | None = None  # ``_write_fd`` as scans share it
+        self._fd_lock = threading.Lock()
         self._marked_deleted = False  # the log file is renamed to *.deleted
         # Log bytes below this position are synced or already handed to writeback.
         self._writeback_position = 0
@@ -172,8 +192,14 @@ class LogSegment:
         self.offset_index.close()
         self.time_index.close()
         if self._write_fd is not None:
-            self.fs.close(self._write_fd)
-            self._write_fd = None
+            fd, self._write_fd = self._write_fd, None
+            with self._fd_lock:
+                shared, self._shared = self._shared, None
+                busy = shared is not None and shared.readers > 0
+                if shared is not None:
+                    shared.released = True
+            if not busy:
+                self.fs.close(fd)  # else the last scan reading through it closes it
 
     def mark_deleted(self) -> None:
         """Rename the log file to ``*.deleted``: once the directory is synced, recovery
@@ -193,8 +219,31 @@ class LogSegment:
 
     def _fd(self) -> int:
         if self._write_fd is None:
-            self._write_fd = self.fs.open_write(self.log_path)
+            fd = self.fs.open_write(self.log_path)
+            with self._fd_lock:
+                self._shared = _SharedDescriptor(fd)
+            self._write_fd = fd
         return self._write_fd
+
+    def _scan_fd(self) -> tuple[int, _SharedDescriptor | None]:
+        """A descriptor to read with: the writer's while it is open (counted), else one
+        of the scan's own (FileNotFoundError once the file is gone)."""
+        with self._fd_lock:
+            shared = self._shared
+            if shared is not None:
+                shared.readers += 1
+                return shared.fd, shared
+        return self.fs.open_read(self.log_path), None
+
+    def _scan_done(self, fd: int, shared: _SharedDescriptor | None) -> None:
+        if shared is None:
+            self.fs.close(fd)
+            return
+        with self._fd_lock:
+            shared.readers -= 1
+            last = shared.released and shared.readers == 0
+        if last:
+            self.fs.close(shared.fd)  # the writer closed it while this scan read
 
     # -- reading (any thread) -----------------------------------------------------------
     def scan(
@@ -225,7 +274,7 @@ class LogSegment:
                 self.offset_index.lookup(start_offset) if start_offset > self.base_offset else 0
             )
         window_bytes = max(budget_bytes + HEADER_BYTES, READ_WINDOW_BYTES_MIN)
-        fd = self.fs.open_read(self.log_path)
+        fd, shared = self._scan_fd()
         try:
             if limit_bytes - position > window_bytes:
                 # Peek at the first frame's size so the first window holds it whole: a
@@ -288,7 +337,7 @@ class LogSegment:
                 position += consumed
                 left -= consumed
         finally:
-            self.fs.close(fd)
+            self._scan_done(fd, shared)
 
     def _header_at(self, raw: bytes, index: int, position: int) -> FrameHeader:
         """The header at ``raw[index:]`` (as ``decode_header``), checked."""

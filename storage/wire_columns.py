@@ -140,12 +140,11 @@ def decode_wire_bodies(
     if layout is None:
         return None
     prefix = layout.prefix
-    views = [memoryview(body) for body in bodies]
-    sizes = np.fromiter((view.nbytes for view in views), dtype=np.int64, count=count)
+    sizes = np.fromiter((body.size for body in bodies), dtype=np.int64, count=count)
     if int(sizes.min()) < prefix or np.any(sizes % 8):
         return None
-    heads = np.frombuffer(b"".join([view[:prefix] for view in views]), dtype=np.uint8)
-    heads = heads.reshape(count, prefix)
+    heads = np.empty((count, prefix), dtype=np.uint8)
+    _copy_ranges(heads, bodies, [0] * count, [prefix] * count)
     if not np.array_equal(heads[:, layout.structure], np.broadcast_to(
         layout.template[layout.structure], (count, int(layout.structure.sum()))
     )):  # fmt: skip
@@ -175,12 +174,9 @@ def decode_wire_bodies(
     data_buffer = _NODE_BUFFERS[DATA][2]
     cut_from = prefix + positions[:, data_buffer]
     cut_to = prefix + positions[:, data_buffer + 1]
-    pieces: list[memoryview] = []
-    for view, left, right in zip(views, cut_from.tolist(), cut_to.tolist(), strict=True):
-        pieces.append(view[:left])
-        pieces.append(view[right:])
-    rest = np.frombuffer(b"".join(pieces), dtype=np.uint8)
     kept = sizes - (cut_to - cut_from)
+    rest = np.empty(int(kept.sum()), dtype=np.uint8)
+    _copy_ranges(rest, bodies, [0] * count, cut_from.tolist(), cut_to.tolist(), sizes.tolist())
     data_at = cut_from.copy()  # where the data bytes start in each body
     positions[:, data_buffer + 1 :] -= (cut_to - cut_from)[:, None]
     columns = _Columns(rest, _starts(kept) + prefix, nodes, buffers)
@@ -191,7 +187,7 @@ def decode_wire_bodies(
             columns.variable(GROUP_ID, skips, rows, pa.string()),
             columns.fixed(CREATED_AT, skips, rows, 8, TIMESTAMP),
             columns.fixed(CODEC, skips, rows, 1, pa.uint8()),
-            columns.variable(DATA, skips, rows, pa.binary(), views=views, data_at=data_at),
+            columns.variable(DATA, skips, rows, pa.binary(), bodies=bodies, data_at=data_at),
             columns.map(skips, rows),
         ]
     except _Mismatch:
@@ -291,24 +287,23 @@ class _Columns:
         rows: np.ndarray,
         kind: pa.DataType,
         *,
-        views: list[memoryview] | None = None,
+        bodies: Sequence[pa.Buffer] | None = None,
         data_at: np.ndarray | None = None,
     ) -> pa.Array:
-        """A string or binary column; its bytes from ``big``, or, when given, from the
-        bodies ``views`` (where they start in each: ``data_at``)."""
+        """A string or binary column; its bytes from ``big``, or, when given, straight
+        from the ``bodies`` (where they start in each: ``data_at``)."""
         validity, nulls = self._validity(node, skips, rows)
         data_buffer = _NODE_BUFFERS[node][2]
         firsts, lasts, lengths = self._spans(node, skips, rows)
         if np.any(lasts > self.buffers[:, data_buffer, 1]):
             raise _Mismatch
-        if views is None:
+        if bodies is None:
             data = pa.py_buffer(self.big[_ranges(self._at(data_buffer) + firsts, lasts - firsts)])
         else:
             assert data_at is not None
-            froms, tos = (data_at + firsts).tolist(), (data_at + lasts).tolist()
-            data = pa.py_buffer(
-                b"".join([view[a:b] for view, a, b in zip(views, froms, tos, strict=True)])
-            )
+            copied = np.empty(int((lasts - firsts).sum()), dtype=np.uint8)
+            _copy_ranges(copied, bodies, (data_at + firsts).tolist(), (data_at + lasts).tolist())
+            data = pa.py_buffer(copied)
         offsets = np.zeros(len(lengths) + 1, dtype=np.int64)
         np.cumsum(lengths, out=offsets[1:])
         if offsets[-1] > np.iinfo(np.int32).max:
@@ -363,3 +358,29 @@ def _starts(counts: np.ndarray) -> np.ndarray:
 def _ranges(firsts: np.ndarray, counts: np.ndarray) -> np.ndarray:
     """``firsts[k] .. firsts[k] + counts[k] - 1`` for every k, concatenated."""
     return np.repeat(firsts - _starts(counts), counts) + np.arange(int(counts.sum()))
+
+
+def _copy_ranges(
+    out: np.ndarray,
+    bodies: Sequence[pa.Buffer],
+    froms: list[int],
+    tos: list[int],
+    then_froms: list[int] | None = None,
+    then_tos: list[int] | None = None,
+) -> None:
+    """Copy ``body[froms[k]:tos[k]]`` (then ``body[then_froms[k]:then_tos[k]]``) of every
+    body back to back into ``out``. One slice assignment at a time: no list of thousands
+    of views is held (they would survive into the garbage collector's older
+    generations and bring on full collections)."""
+    target = memoryview(out.reshape(-1)).cast("b")  # a pa.Buffer's views are signed bytes
+    position = 0
+    for index, body in enumerate(bodies):
+        view = memoryview(body)
+        size = tos[index] - froms[index]
+        target[position : position + size] = view[froms[index] : tos[index]]
+        position += size
+        if then_froms is not None and then_tos is not None:
+            size = then_tos[index] - then_froms[index]
+            target[position : position + size] = view[then_froms[index] : then_tos[index]]
+            position += size
+    assert position == out.size, (position, out.size)
