@@ -5,7 +5,7 @@ source through the ``pyspark_topicbase`` module) makes ``format("topicbase")`` a
 ``configure(builder, url=..., user=..., password=...)`` also installs the Java catalog
 (``spark_sql_ext/java``, built into ``spark_sql_ext/jars/topicbase-spark.jar`` by ``make
 spark-jar``). Everything talks to ``topicbase serve`` through its Arrow Flight door, except,
-with ``wire_url``, the catalog's batch reads and batch writes of topics: the catalog's JVM
+with ``wire_url``, the catalog's batch reads and its writes of topics: the catalog's JVM
 reads them over the server's PostgreSQL wire (``COPY ... TO STDOUT (FORMAT arrow)``) as
 columnar batches (``spark_sql_ext/java/io/topicbase/spark/WireScan.java``) and writes them as
 Arrow staged by each task (``COPY ... FROM STDIN (FORMAT arrow, WRITE_ID ...)``) and published

@@ -1,6 +1,7 @@
-"""The catalog's JVM batch write of topics over the PostgreSQL wire (``WireWrite.java``):
-each task stages its rows with ``COPY TOPIC t (...) FROM STDIN (FORMAT arrow, WRITE_ID
-'id')`` on its own connection, the driver publishes them with one ``COMMIT WRITES``.
+"""The catalog's JVM writes of topics over the PostgreSQL wire (``WireWrite.java``): each
+task stages its rows with ``COPY TOPIC t (...) FROM STDIN (FORMAT arrow, WRITE_ID 'id')``
+on its own connection, the driver publishes them with one ``COMMIT WRITES`` (per
+micro-batch for a streaming write, as ``(sinkId, epoch)``).
 
 The wire server runs in this process (``_Wire``), so the tests see which door the rows
 took (``copy_staged`` counted) and what is left staged on disk.
@@ -9,6 +10,7 @@ took (``copy_staged`` counted) and what is left staged on disk.
 from __future__ import annotations
 
 import os
+import time
 
 import pytest
 
@@ -114,9 +116,15 @@ def test_a_failing_task_leaves_nothing_staged_nor_published(spark, database, url
         "ELSE CAST(CONCAT('x', id) AS BINARY) END AS data")  # fmt: skip
     with pytest.raises(Exception, match="boom in the last task"):
         frame.writeTo(f"{tb}.main.events").append()
-    assert sql_rows(database, "SELECT count(*) AS n FROM TOPIC events") == [{"n": 0}]
     assert len(staged_copies) >= 2  # tasks had staged rows before the failure
-    assert _staged(database) == []  # the failed task's and the committed tasks' are gone
+    # The failed task's write and the committed tasks' (the driver's abort) go at once; a
+    # task still running when the job failed is killed and aborts its own on the executor,
+    # which may end just after the job's error reached us: wait for it.
+    deadline = time.monotonic() + 60
+    while _staged(database) and time.monotonic() < deadline:
+        time.sleep(0.1)
+    assert _staged(database) == []
+    assert sql_rows(database, "SELECT count(*) AS n FROM TOPIC events") == [{"n": 0}]
 
 
 def test_a_user_without_insert_gets_42501(spark, database, url, wire, staged_copies) -> None:
@@ -133,20 +141,47 @@ def test_a_user_without_insert_gets_42501(spark, database, url, wire, staged_cop
     assert _staged(database) == []
 
 
-def test_a_streaming_write_of_a_wire_catalog_keeps_the_python_source(
-        spark, database, url, wire, staged_copies, tmp_path) -> None:  # fmt: skip
+def test_a_streaming_write_publishes_each_micro_batch_once_through_the_jvm(
+        spark, database, url, wire, staged_copies, no_flight_puts, tmp_path) -> None:  # fmt: skip
     _create(database, "src", partitions=1)
     _create(database, "events")
-    session = database.connect()
-    session.execute("INSERT INTO TOPIC src (data) VALUES ('s1'), ('s2'), ('s3')")
-    session.close()
     tb = _catalog(spark, url, wire)
-    query = (spark.readStream.option("startingOffsets", "earliest").table(f"{tb}.main.src")
-             .select("data").writeStream
-             .option("checkpointLocation", str(tmp_path / "cp")).option("sinkId", "stream-1")
-             .trigger(availableNow=True).toTable(f"{tb}.main.events"))  # fmt: skip
-    query.awaitTermination(120)
-    assert query.exception() is None
-    assert sorted(r["d"] for r in sql_rows(
-        database, "SELECT CAST(data AS VARCHAR) AS d FROM TOPIC events")) == ["s1", "s2", "s3"]
-    assert staged_copies == []  # the Python source's streaming writer (Flight DoPut)
+
+    def insert(*values: str) -> None:
+        session = database.connect()
+        rows = ", ".join(f"('{v}')" for v in values)
+        session.execute(f"INSERT INTO TOPIC src (data) VALUES {rows}")
+        session.close()
+
+    def run_stream() -> None:  # AvailableNow from the checkpoint (the first run: earliest)
+        query = (spark.readStream.option("startingOffsets", "earliest").table(f"{tb}.main.src")
+                 .select("data").writeStream
+                 .option("checkpointLocation", str(tmp_path / "cp")).option("sinkId", "stream-1")
+                 .trigger(availableNow=True).toTable(f"{tb}.main.events"))  # fmt: skip
+        query.awaitTermination(120)
+        assert query.exception() is None
+
+    insert("s1", "s2", "s3")
+    run_stream()
+    insert("s4")
+    run_stream()
+    assert sorted(r["d"] for r in sql_rows(database, "SELECT CAST(data AS VARCHAR) AS d FROM "
+                                           "TOPIC events")) == ["s1", "s2", "s3", "s4"]
+    assert staged_copies and _staged(database) == []
+    session = database.connect()
+    writes = session.bulk_writes()
+    assert writes.last_batch(session, "stream-1") is not None  # micro-batches by epoch
+    session.close()
+
+
+def test_a_streaming_write_needs_a_sink_id(spark, database, url, wire, tmp_path) -> None:
+    _create(database, "src", partitions=1)
+    _create(database, "events")
+    tb = _catalog(spark, url, wire)
+    with pytest.raises(Exception, match="sinkId"):
+        query = (spark.readStream.table(f"{tb}.main.src").select("data").writeStream
+                 .option("checkpointLocation", str(tmp_path / "cp"))
+                 .trigger(availableNow=True).toTable(f"{tb}.main.events"))  # fmt: skip
+        query.awaitTermination(60)
+        if query.exception() is not None:
+            raise Exception(str(query.exception()))

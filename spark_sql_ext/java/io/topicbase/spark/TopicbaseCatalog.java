@@ -43,8 +43,8 @@ import org.apache.spark.sql.util.CaseInsensitiveStringMap;
  * <p>With {@code spark.sql.catalog.<name>.wire} ({@code host:port} of {@code topicbase
  * serve}'s PostgreSQL wire; {@code sslmode} {@code require}/{@code verify-full} and {@code
  * sslrootcert} for TLS) a topic is resolved over that wire in the JVM (one query, no Python)
- * and its batch scans are read there as Arrow ({@link WireScan}) and its batch writes
- * staged and committed there ({@link WireWrite}); tables and streaming reads and writes
+ * and its batch scans are read there as Arrow ({@link WireScan}) and its writes (batch and
+ * streaming) staged and committed there ({@link WireWrite}); tables and streaming reads
  * still go through the Python source.
  *
  * <p>{@code CREATE TABLE t (...)} makes a DuckDB table; {@code CREATE TABLE t (...)

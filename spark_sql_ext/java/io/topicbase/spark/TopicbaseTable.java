@@ -27,8 +27,8 @@ import org.apache.spark.sql.util.CaseInsensitiveStringMap;
  * {@code readStream.table(...).option("startingOffsets", ...)} would lose its options.)
  *
  * <p>With the catalog's {@code wire} option a topic's batch scans ({@link WireScan}) and
- * batch writes ({@link WireWrite}) run in the JVM over the PostgreSQL wire; streaming and
- * tables keep the Python source.
+ * its writes, batch and streaming ({@link WireWrite}), run in the JVM over the PostgreSQL
+ * wire; streaming reads and tables keep the Python source.
  */
 final class TopicbaseTable implements SupportsRead, SupportsWrite {
     private final Table delegate;

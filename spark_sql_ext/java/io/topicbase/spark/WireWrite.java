@@ -24,6 +24,7 @@ import org.apache.spark.sql.connector.write.SupportsTruncate;
 import org.apache.spark.sql.connector.write.Write;
 import org.apache.spark.sql.connector.write.WriteBuilder;
 import org.apache.spark.sql.connector.write.WriterCommitMessage;
+import org.apache.spark.sql.connector.write.streaming.StreamingDataWriterFactory;
 import org.apache.spark.sql.connector.write.streaming.StreamingWrite;
 import org.apache.spark.sql.execution.arrow.ArrowWriter;
 import org.apache.spark.sql.types.DataType;
@@ -51,8 +52,12 @@ import org.apache.spark.sql.util.ArrowUtils;
  *
  * <p>Columns: the written rows' columns that a topic write takes ({@link #WRITE_COLUMNS},
  * as the Python source's {@code _writable}): a read's {@code offset} or {@code written_at}
- * are the server's to set and are left out; {@code data} is required. Streaming writes and
- * truncation (overwrite, refused) stay with the Python source's write.
+ * are the server's to set and are left out; {@code data} is required. Truncation
+ * (overwrite, refused) stays with the Python source's write.
+ *
+ * <p>Streaming writes ({@link Streaming}) stage the same way and commit each micro-batch as
+ * {@code (sinkId, epoch id)}: the option {@code sinkId} is required (the same for every run
+ * of one query), so a micro-batch replayed after a restart publishes nothing.
  *
  * <p>A write id is {@code <prefix>-<partition>-<task id>} with the prefix made once per
  * write: attempts of one partition differ. An attempt killed with its executor leaves its
@@ -63,7 +68,7 @@ final class WireWrite implements Write {
         "partition", "created_at", "metadata", "codec"};
     static final int DEFAULT_BATCH_ROWS = 4096;
 
-    /** The builder: a wire write, but truncation and streaming go to the Python source's. */
+    /** The builder: a wire write, but truncation goes to the Python source's (which refuses). */
     static final class Builder implements WriteBuilder, SupportsTruncate {
         private final Map<String, String> options;
         private final StructType schema;
@@ -82,7 +87,7 @@ final class WireWrite implements Write {
 
         @Override
         public Write build() {
-            return new WireWrite(options, schema, python);
+            return new WireWrite(options, schema);
         }
     }
 
@@ -90,12 +95,10 @@ final class WireWrite implements Write {
     private final String topic;
     private final StructType written; // the columns sent
     private final int[] ordinals; // their places in the rows Spark hands over
-    private final WriteBuilder python;
 
-    WireWrite(Map<String, String> options, StructType schema, WriteBuilder python) {
+    WireWrite(Map<String, String> options, StructType schema) {
         this.options = new HashMap<>(options);
         this.topic = options.get("topic");
-        this.python = python;
         List<StructField> fields = new ArrayList<>();
         List<Integer> places = new ArrayList<>();
         for (String name : WRITE_COLUMNS) {
@@ -127,7 +130,13 @@ final class WireWrite implements Write {
 
     @Override
     public StreamingWrite toStreaming() {
-        return python.build().toStreaming();
+        String sink = options.get("sinkId");
+        if (sink == null || sink.isEmpty()) {
+            throw new IllegalArgumentException("a streaming write needs the option \"sinkId\": "
+                + "the same for every run of one query (its batches are recognised by it after "
+                + "a restart), unique per query");
+        }
+        return new Streaming(this, sink);
     }
 
     /** What a task staged: its write id (null without rows) and row count. */
@@ -170,7 +179,7 @@ final class WireWrite implements Write {
             String sql = "COMMIT WRITES (" + idList(messages) + ") SINK "
                 + WireScan.quoteLiteral(sinkId) + " BATCH " + batchId;
             long started = System.nanoTime();
-            List<String[]> answer = run(sql);
+            List<String[]> answer = run(write, sql);
             status = answer.get(0)[0];
             rows = Long.parseLong(answer.get(0)[1]);
             int writes = idList(messages).isEmpty() ? 0 : idList(messages).split(", ").length;
@@ -181,11 +190,11 @@ final class WireWrite implements Write {
         public void abort(WriterCommitMessage[] messages) {
             String ids = idList(messages);
             if (!ids.isEmpty()) {
-                run("ABORT WRITES (" + ids + ")");
+                run(write, "ABORT WRITES (" + ids + ")");
             }
         }
 
-        private List<String[]> run(String sql) {
+        static List<String[]> run(WireWrite write, String sql) {
             try {
                 return PgWireClient.run(write.options.get("wire"), write.options,
                     client -> client.query(sql));
@@ -194,7 +203,7 @@ final class WireWrite implements Write {
             }
         }
 
-        private static String idList(WriterCommitMessage[] messages) {
+        static String idList(WriterCommitMessage[] messages) {
             List<String> ids = new ArrayList<>();
             for (WriterCommitMessage message : messages) {
                 if (message instanceof Staged && ((Staged) message).writeId != null) {
@@ -202,6 +211,44 @@ final class WireWrite implements Write {
                 }
             }
             return String.join(", ", ids);
+        }
+    }
+
+    /**
+     * A streaming write: each micro-batch (epoch) as a batch write of its own, published as
+     * {@code (sinkId, epoch)}, so a micro-batch that Spark replays after a restart (the same
+     * epoch id) publishes nothing. Its tasks' write ids carry the epoch.
+     */
+    static final class Streaming implements StreamingWrite {
+        private final WireWrite write;
+        private final String prefix = "spark-" + UUID.randomUUID().toString().replace("-", "");
+        private final String sinkId;
+
+        Streaming(WireWrite write, String sinkId) {
+            this.write = write;
+            this.sinkId = sinkId;
+        }
+
+        @Override
+        public StreamingDataWriterFactory createStreamingWriterFactory(PhysicalWriteInfo info) {
+            Factory batches = new Factory(write.options, write.topic, write.written,
+                write.ordinals, prefix);
+            return (partitionId, taskId, epochId) ->
+                batches.writer("b" + epochId + "-" + partitionId + "-" + taskId);
+        }
+
+        @Override
+        public void commit(long epochId, WriterCommitMessage[] messages) {
+            Batch.run(write, "COMMIT WRITES (" + Batch.idList(messages) + ") SINK "
+                + WireScan.quoteLiteral(sinkId) + " BATCH " + epochId);
+        }
+
+        @Override
+        public void abort(long epochId, WriterCommitMessage[] messages) {
+            String ids = Batch.idList(messages);
+            if (!ids.isEmpty()) {
+                Batch.run(write, "ABORT WRITES (" + ids + ")");
+            }
         }
     }
 
@@ -225,8 +272,11 @@ final class WireWrite implements Write {
 
         @Override
         public DataWriter<InternalRow> createWriter(int partitionId, long taskId) {
-            return new TaskWriter(options, topic, written, ordinals,
-                prefix + "-" + partitionId + "-" + taskId);
+            return writer(partitionId + "-" + taskId);
+        }
+
+        DataWriter<InternalRow> writer(String suffix) {
+            return new TaskWriter(options, topic, written, ordinals, prefix + "-" + suffix);
         }
     }
 
