@@ -361,7 +361,13 @@ class BulkWrites:
                 topics[shape] = len(writes)
                 sources[len(writes)] = [write_id]
                 writes.append((meta, data))
-        eligible = [i for i in sources if staged_refs.by_reference(writes[i][1])]
+        # By reference only if every topic write of its topic is: a share mixing rows by
+        # reference with rows routed by the topic is copied (its record could not derive
+        # it), and its files would then wait for the next start to be deleted.
+        copied = {writes[i][0]["name"] for i in sources
+                  if writes[i][1].num_rows and not staged_refs.by_reference(writes[i][1])}
+        eligible = [i for i in sources if staged_refs.by_reference(writes[i][1])
+                    and writes[i][0]["name"] not in copied]  # fmt: skip
         if eligible:
             directory = self._move_for_commit(
                 sink_id, batch_id, {w: metas[w] for i in eligible for w in sources[i]}, moved)

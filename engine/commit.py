@@ -99,6 +99,7 @@ from storage.errors import (
     StorageIOError,
     UndefinedTopicError,
 )
+from storage.frame_cuts import cuttable
 from storage.record_batch import check_wire_batch
 from storage.staging import StagedBatch, StagingLog, StagingTicket, encode_batches
 from storage.topic_log import TopicAppendResult
@@ -174,16 +175,14 @@ def route_writes(database, writes) -> list[PublishItem]:
 
 def _route_once(database, writes) -> list[PublishItem]:
     grouped: dict[tuple[str, int], list[pa.RecordBatch]] = {}
-    # A share is committed by reference when every write of it is (in write order).
-    references: dict[tuple[str, int], list[staged_refs.Reference] | None] = {}
+    # The references of each share's writes by reference (each gives the share one batch):
+    # a share is committed by reference when every batch of it came from one.
+    references: dict[tuple[str, int], list[staged_refs.Reference]] = {}
     for write in writes:
         reference = getattr(write, "reference", None)
-        if write.partition is not None:
-            key = (write.topic_id, write.partition)
-            known = references.get(key, [])
-            references[key] = None if known is None or reference is None else [*known, reference]
-        else:
-            assert reference is None, "a write by reference names its partition"
+        if reference is not None:
+            assert write.partition is not None, "a write by reference names its partition"
+            references.setdefault((write.topic_id, write.partition), []).append(reference)
         topic = database.topic_log(write.topic_id)
         if write.partition is not None:
             topic.partition(write.partition)  # refuses an unknown partition now
@@ -208,14 +207,15 @@ def _route_once(database, writes) -> list[PublishItem]:
             topic_id,
             partition,
             batches[0] if len(batches) == 1 else pa.concat_batches(batches),
-            references=_references_of(references.get((topic_id, partition))),
+            references=_references_of(references.get((topic_id, partition), []), batches),
         )
         for (topic_id, partition), batches in grouped.items()
     ]
 
 
-def _references_of(found: list[staged_refs.Reference] | None) -> tuple | None:
-    return None if not found else tuple(found)
+def _references_of(found: list[staged_refs.Reference], batches: list) -> tuple | None:
+    """The share's references if all of its batches came from writes by reference."""
+    return tuple(found) if found and len(found) == len(batches) else None
 
 
 def _check_publishable(database, item: PublishItem) -> None:
@@ -687,7 +687,13 @@ class Committer:
         whole commit record in the staging log past the watermark; they are replayed
         together in transaction id order (``_committed_rows``)."""
         republished = 0
-        for row in self._committed_rows():
+        rows = self._committed_rows()
+        # The transactions each partition holds frames of, from one scan of its headers
+        # since the oldest record (a scan per record and partition took minutes after a
+        # crash among many writes spread over 1000 partitions: engine.spread_append).
+        earliest = min((row["committed_at_us"] for row in rows), default=0) - CLOCK_SLACK_US
+        present: dict[tuple[str, int], dict[int, int]] = {}
+        for row in rows:
             transaction_id = row["transaction_id"]
             self._last_id = max(self._last_id, transaction_id)
             catalog = self._database.catalog
@@ -715,15 +721,20 @@ class Committer:
                 except UndefinedTopicError:
                     continue  # the topic was dropped since
                 log_ = topic.partition(partition)
-                since = row["committed_at_us"] - CLOCK_SLACK_US
-                if log_.contains_transaction(transaction_id, since):
+                found = present.get((topic_id, partition))
+                if found is None:
+                    found = present[(topic_id, partition)] = log_.transaction_rows_since(earliest)
+                if transaction_id in found:
                     # Whole, or a share cut into frames that lost its tail in the crash.
                     batch = self._recovered_batch(staged, references)
-                    batch = batch.slice(log_.published_prefix(batch, transaction_id, since))
+                    # ``published_prefix``, from the one scan (it covers the record's time)
+                    done = found[transaction_id] if cuttable(batch) else batch.num_rows
+                    batch = batch.slice(min(batch.num_rows, done))
                 else:
                     batch = self._recovered_batch(staged, references)
                 if batch.num_rows:
                     log_.publish_transactional([batch], transaction_id)
+                    found[transaction_id] = found.get(transaction_id, 0) + batch.num_rows
                     republished += 1
                     failpoints.hit("recovery.after_republish")
                 targets.append((topic_id, partition))

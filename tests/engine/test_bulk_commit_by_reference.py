@@ -183,3 +183,17 @@ def test_a_staged_file_carries_its_checksum_and_the_commit_records_it(database) 
     (items,) = [r for r in _records(database) if r]
     (file_,) = items[0][2]["references"][0]["files"]
     assert file_[0].endswith(name) and f"{file_[2]:08x}" == name.split(".")[1]
+
+
+def test_rows_by_reference_and_routed_rows_of_one_topic_are_copied_together(database) -> None:
+    """One commit with rows naming their partitions and rows the topic routes: both land
+    in the same partitions, so the shares are copied (a record naming the files could not
+    derive the routed rows) and every row is published once."""
+    _stage(database, "a", 100)
+    _stage(database, "b", 100, partitions=False)
+    assert _commit(database, 1, ["a", "b"])["rows"] == 200
+    bulk = bulk_write.for_database(database)
+    assert os.listdir(bulk.commits_root) == [] and os.listdir(bulk.root) == []
+    assert all(len(item) == 5 for record in _records(database) for item in record)
+    expected = sorted([b"a-%d" % i for i in range(100)] + [b"b-%d" % i for i in range(100)])
+    assert _messages(database) == expected
