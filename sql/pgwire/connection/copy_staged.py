@@ -100,7 +100,7 @@ class _Pipe:
             self._condition.notify()
 
     # -- the staging thread's side -----------------------------------------------------
-    def read(self, size: int = -1) -> bytes:
+    def read(self, size: int = -1) -> bytearray:
         with self._condition:
             while self._error is None and not self._closed and (
                     size < 0 or self._held < size):  # fmt: skip
@@ -121,7 +121,7 @@ class _Pipe:
             self._held -= take
             if self._held < PIPE_BYTES:
                 self._make_room()
-            return bytes(out)
+            return out  # pyarrow takes any buffer: no second copy of a batch's body
 
     def finish(self) -> None:
         """The reader stops reading (done or failed): drop what is held and let the loop on."""
