@@ -22,6 +22,7 @@ from engine.database import Database
 from engine.describe import Description
 from engine.identity import LOCAL_SUPERUSER, LOCAL_SUPERUSER_NAME, Identity
 from engine.privileges import use_role_lookup
+from engine.result import Rows
 from engine.session import Result, Session, parse_statements
 from engine.streams import BATCH_ROWS, RowStream, from_table
 from engine.transaction import SessionState
@@ -55,6 +56,7 @@ __all__ = [
     "RangeRead",
     "Result",
     "RowStream",
+    "Rows",
     "Session",
     "SessionState",
     "SourceText",

@@ -51,7 +51,7 @@ from engine.ddl import run_alter, run_create, run_drop
 from engine.identity import LOCAL_SUPERUSER, Identity
 from engine.offset_reset import set_consumer_offsets
 from engine.reads import CURRENT_PROGRESS, ReadProgress, read_records, stream_records
-from engine.result import Result
+from engine.result import Result, Rows
 from engine.staged_writes import TransactionStaging
 from engine.transaction import PendingWrite, SessionState, Transaction
 from engine.writes import build_batches, explain_lines, table_from_rows
@@ -531,9 +531,11 @@ class Session:
                         self._schema_may_change()
                     existed = (privileges.prepare_ddl(self, operation)
                                if privileges.is_relation_ddl(operation) else None)  # fmt: skip
-                    query_table = tables.query_arrow(
-                        self.cursor, operation.sql, bound, line_offset=offset
-                    )
+                    # The last query's small result may stay Python values (``Rows``):
+                    # its ``Result`` builds the Arrow table only if it is read.
+                    query = (tables.query_rows if operation.returns_rows
+                             and operation is plan.operations[-1] else tables.query_arrow)
+                    query_table = query(self.cursor, operation.sql, bound, line_offset=offset)
                     if existed is not None:  # owners of tables and views, in the same transaction
                         privileges.record_ddl(self, operation, existed)
                     result = _query_result(operation, query_table)
@@ -1063,8 +1065,14 @@ def statement_line_offset(plan: Plan) -> int:
     return plan.line - 1
 
 
-def _query_result(operation: RunQuery, table: pa.Table | None) -> Result:
-    if table is not None and operation.returns_rows:
+def _query_result(operation: RunQuery, table: pa.Table | Rows | None) -> Result:
+    if isinstance(table, Rows):
+        names = operation.column_names
+        if not operation.returns_rows:
+            table = table.to_arrow()
+        elif names is not None and len(names) == table.num_columns != 0:  # as streams.named
+            table = table.rename_columns(list(names))
+    if isinstance(table, pa.Table) and operation.returns_rows:
         table = streams.named(table, operation.column_names)
     dml_count = table is not None and table.column_names == ["Count"] and not operation.returns_rows
     if table is not None and table.column_names == ["Success"] and not operation.returns_rows:

@@ -50,6 +50,7 @@ from typing import Any, NamedTuple
 import duckdb
 import pyarrow as pa
 
+from engine.result import Rows
 from storage import errors, limits
 
 TABLES_FILE = "tables.duckdb"
@@ -462,6 +463,25 @@ def query_arrow(
         return table
 
 
+def query_rows(
+    cursor: Connection, sql: str, parameters: Any = None, *, line_offset: int = 0
+) -> pa.Table | Rows | None:
+    """``query_arrow``, except that a result the rows' way read whole comes as ``Rows``
+    (the same values and schema, its Arrow table not built: ``Rows.to_arrow`` gives it).
+    For a caller that hands the result on (``Session``: ``Result`` builds the table
+    when it is read)."""
+    with translated(line_offset):
+        if _small_results.get(sql):
+            head, more, _ = _small_rows(cursor, sql, parameters)
+            if not more:
+                return head
+            rest = _rest_as_arrow(cursor)  # a big result after all, or other types
+            if head is None or rest is None:
+                return head.to_arrow() if rest is None and head is not None else rest
+            return pa.concat_tables([head.to_arrow(), rest])
+    return query_arrow(cursor, sql, parameters, line_offset=line_offset)
+
+
 # Column types whose Python values (``fetchmany``) convert to DuckDB's own Arrow types
 # exactly (``tests/engine/test_statement_cost_results.py`` compares both ways); dates and
 # timestamps are not among them (DuckDB gives Python its infinities as the largest date).
@@ -511,13 +531,14 @@ def _small_head(
     and one), and whether the result holds more. A result of other types (changed by
     DDL) gives no head and more = True: all of it is left to DuckDB."""
     head, more, _ = _small_rows(cursor, sql, parameters)
-    return head, more
+    return (None if head is None else head.to_arrow()), more
 
 
 def _small_rows(
     cursor: Connection, sql: str, parameters: Any
-) -> tuple[pa.Table | None, bool, list[str] | None]:
-    """``_small_head``, and DuckDB's type name of each result column (None: no result).
+) -> tuple[Rows | None, bool, list[str] | None]:
+    """``_small_head`` with the head as ``Rows`` (its Arrow table not built), and DuckDB's
+    type name of each result column (None: no result).
     A text without parameters runs from its kept plan (``CursorPlans``) once it has one:
     afterwards the cursor may hold another statement's result (the PREPARE) unless more
     is True, so its ``description`` is read here."""
@@ -540,19 +561,14 @@ def _small_rows(
     if shape is None:
         _small_results[sql] = False
         return None, True, duckdb_types
-    types, schema = shape
+    _, schema = shape
     rows = cursor.fetchmany(SMALL_RESULT_ROWS + 1)
     more = len(rows) > SMALL_RESULT_ROWS
     if more:
         _small_results[sql] = False  # a big result: the relation's way from now on
-    columns = list(zip(*rows, strict=True)) if rows else [() for _ in types]
-    head = pa.Table.from_arrays(
-        [pa.array(values, kind) for values, kind in zip(columns, types, strict=True)],
-        schema=schema,
-    )
     if plans is not None and plan is None and not more:
         plans.succeeded(cursor, sql)  # the result is read whole: the cursor is free
-    return head, more, duckdb_types
+    return Rows(rows, schema), more, duckdb_types
 
 
 # DuckDB's plans of repeated queries. ``execute("SELECT 1")`` parses, binds, plans and
@@ -771,8 +787,9 @@ def _small_reader(
 ) -> tuple[pa.RecordBatchReader | ChainedReader, list[str]]:
     """``batch_reader`` on the rows' way (see ``query_arrow``): the head built from rows,
     then, should the result hold more, DuckDB's own reader over the rest."""
-    head, more, duckdb_types = _small_rows(cursor, sql, parameters)
+    rows, more, duckdb_types = _small_rows(cursor, sql, parameters)
     assert duckdb_types is not None, "only queries that return rows are streamed"
+    head = None if rows is None else rows.to_arrow()
     if not more:
         assert head is not None
         return pa.RecordBatchReader.from_batches(head.schema, head.to_batches()), duckdb_types

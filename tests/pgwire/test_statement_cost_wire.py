@@ -287,3 +287,53 @@ def test_an_executed_statement_is_described_again_only_when_the_catalog_moved(
     for _ in range(3):  # the same prepared text: now a UUID column, sent as one
         (value,) = conn.execute(query, [1], prepare=True).fetchone() or (None,)
         assert isinstance(value, uuid.UUID) and value.int == 1
+
+
+@pytest.mark.parametrize("binary", [False, True])
+def test_small_results_sent_from_rows_equal_those_sent_from_arrow(
+    connect: Callable[..., psycopg.Connection], binary: bool,
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:  # fmt: skip
+    """The first run of a text goes out from DuckDB's Arrow table, the later ones from the
+    rows as Python values (``engine.api.Rows``): the same values, text and binary."""
+    from tests.engine.test_statement_cost_results import VALUES
+
+    from_rows: list[int] = []
+    encode = wire_types.encode_value_rows
+
+    def counting(rows: Any, oids: list[int], formats: list[int]) -> Any:
+        from_rows.append(len(rows))
+        return encode(rows, oids, formats)
+
+    monkeypatch.setattr(wire_types, "encode_value_rows", counting)
+    conn = connect(autocommit=True)
+    for kind, values in VALUES.items():
+        if binary and kind.startswith("U") and kind != "UUID":
+            continue  # unsigned types have no binary output (PostgreSQL has none)
+        sql = f"SELECT x, 7 AS n FROM unnest({values}::{kind}[]) AS t(x)"
+        runs = [conn.cursor(binary=binary).execute(sql, prepare=True).fetchall()
+                for _ in range(4)]  # fmt: skip
+        assert all(repr(run) == repr(runs[0]) for run in runs), (kind, runs)
+    assert len(from_rows) >= 2 * 9  # the later runs of every type went out from rows
+
+
+def test_a_small_result_over_the_result_limit_is_still_refused(tmp_path: Any) -> None:
+    from sql.pgwire.limits import ServerLimits
+    from sql.pgwire.server import ServerThread
+
+    running = ServerThread(str(tmp_path / "data"), "127.0.0.1", 0,
+                           ServerLimits(result_bytes_max=2000))  # fmt: skip
+    try:
+        with psycopg.connect(host="127.0.0.1", port=running.port, user="tester",
+                             autocommit=True) as conn:  # fmt: skip
+            # 1500 characters: over the rows' bound (4 bytes a character), under the
+            # limit as Arrow; 2500: over it either way.
+            for size in (10, 2500, 1500, 10, 2500, 1500, 2500, 1500):
+                sql = "SELECT repeat('x', %s::INTEGER) AS v"
+                if size < 2000:
+                    assert conn.execute(sql, [size], prepare=True).fetchone() == ("x" * size,)
+                else:
+                    with pytest.raises(psycopg.errors.ProgramLimitExceeded):
+                        conn.execute(sql, [size], prepare=True)
+    finally:
+        running.stop()

@@ -418,6 +418,17 @@ def encode_rows(table: pa.Table, oids: list[int], formats: list[int]) -> list[li
     return [list(row) for row in zip(*columns, strict=True)]
 
 
+def encode_value_rows(rows: list[tuple[Any, ...]], oids: list[int], formats: list[int]
+                      ) -> list[list[bytes | None]]:  # fmt: skip
+    """``encode_rows`` of a small result held as Python values (``engine.api.Rows``: the
+    values ``to_pylist`` would give of its Arrow table), row by row."""
+    encoders = [column_encoder(o, f) for o, f in zip(oids, formats, strict=True)]
+    return [
+        [None if v is None else encode(v) for encode, v in zip(encoders, row, strict=True)]
+        for row in rows
+    ]
+
+
 # -- parameters: text in ---------------------------------------------------------------------
 _INT_RANGES = {INT2: (-(2**15), 2**15 - 1), INT4: (-(2**31), 2**31 - 1),
                INT8: (-(2**63), 2**63 - 1)}  # fmt: skip

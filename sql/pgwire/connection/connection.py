@@ -67,6 +67,7 @@ from engine.api import (
     Description,
     Identity,
     Result,
+    Rows,
     Session,
     SessionState,
     ast,
@@ -532,6 +533,9 @@ class Connection(ExtendedProtocol):
     async def _refuse_result(self, result: Result) -> None:
         """Raise 54000 for a result over ``result_bytes_max``, failing an open transaction
         so that a refused consumer read never commits its offsets."""
+        rows = result.rows
+        if rows is not None and rows.nbytes_bound() <= self.server.limits.result_bytes_max:
+            return  # within the limit whatever its Arrow table's size: left unbuilt
         error = wire_limits.result_error(result.table, self.server.limits)
         if error is not None:
             await self._fail_transaction()
@@ -629,7 +633,8 @@ class Connection(ExtendedProtocol):
                 await self.call(stream.close)
         self.send(m.command_complete(f"SELECT {stream.row_count}"))
 
-    async def send_rows(self, table: pa.Table, oids: list[int], formats: list[int]) -> None:
+    async def send_rows(self, table: pa.Table | Rows, oids: list[int], formats: list[int]
+                        ) -> None:  # fmt: skip
         """DataRow messages of ``table``: each chunk's per-value encoding runs on the worker
         thread, then its messages are joined and written a block (<= 120 KiB) at a time,
         draining between blocks, so neither we nor the transport hold a chunk-sized buffer
@@ -637,9 +642,14 @@ class Connection(ExtendedProtocol):
         if table.num_rows * max(table.num_columns, 1) <= INLINE_VALUES:
             # A few values (SELECT 1, a lookup by key): encoding them value by value here
             # costs microseconds, a hop to the worker thread and back several hundred.
-            fields = wire_types.encode_rows(table, oids, formats)
+            if isinstance(table, Rows):
+                fields = wire_types.encode_value_rows(table.rows, oids, formats)
+            else:
+                fields = wire_types.encode_rows(table, oids, formats)
             self.send(b"".join(m.data_row(row) for row in fields))
             return
+        if isinstance(table, Rows):
+            table = table.to_arrow()
         for start in range(0, table.num_rows, ROWS_PER_CHUNK):
             chunk = table.slice(start, ROWS_PER_CHUNK)
             rows = await self.call(DataRows, chunk, oids, formats)

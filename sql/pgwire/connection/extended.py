@@ -21,7 +21,7 @@ from typing import Any
 
 import pyarrow as pa
 
-from engine.api import Description, Result, Session, ast, parse, text_cache
+from engine.api import Description, Result, Rows, Session, ast, parse, text_cache
 from sql.pgwire.codec import arrays, wire_types
 from sql.pgwire.codec import messages as m
 from sql.pgwire.connection import commands as wire_commands
@@ -108,7 +108,7 @@ def _prepare_text(text: str) -> tuple[tuple[ast.Statement, ...], int]:
     return statements, max(map(int, _PARAMETER.findall(text)), default=0)
 
 
-def refined_text_oids(description: Description | None, table: pa.Table,
+def refined_text_oids(description: Description | None, table: pa.Table | Rows,
                       oids: list[int]) -> list[int]:  # fmt: skip
     """``oids`` with UUID and JSON for the text columns ``description`` (the executed
     statement's, ``ExtendedProtocol.text_description``) knows as such."""
@@ -119,6 +119,12 @@ def refined_text_oids(description: Description | None, table: pa.Table,
         wire_types.column_oid(f.type, c.sql_type) if oid == wire_types.TEXT else oid
         for f, c, oid in zip(table.schema, columns, oids, strict=True)
     ]
+
+
+def result_rows(result: Result) -> pa.Table | Rows | None:
+    """``result``'s rows as the engine gave them: ``Rows`` (Python values) for a small
+    result read that way, whose Arrow table is then never built, else its table."""
+    return result.rows if result.rows is not None else result.table
 
 
 class ExtendedProtocol:
@@ -135,7 +141,7 @@ class ExtendedProtocol:
     call: Callable[..., Awaitable[Any]]
     send: Callable[[bytes], None]
     log_statement: Callable[[str], None]
-    send_rows: Callable[[pa.Table, list[int], list[int]], Awaitable[None]]
+    send_rows: Callable[[pa.Table | Rows, list[int], list[int]], Awaitable[None]]
     _refuse_result: Callable[[Result], Awaitable[None]]
     _session: Callable[[], Session]
 
@@ -269,7 +275,7 @@ class ExtendedProtocol:
             return False
         await self._refuse_result(result)
         portal.result = result
-        table = portal.result.table
+        table = result_rows(portal.result)
         if table is not None:
             portal.oids, portal.formats = result_columns(table, portal.result_formats)
             described = portal.prepared.columns
@@ -295,7 +301,7 @@ class ExtendedProtocol:
         result = self.catalog.execute(self._session(), statement, parameters)
         if prepared.columns is not None:
             return result, None
-        return result, self.text_description(statement, result.table, wire=False)
+        return result, self.text_description(statement, result_rows(result), wire=False)
 
     def _revalidate(self, prepared: Prepared) -> None:
         """Before a described row-returning statement runs: its rows must still be what the
@@ -347,12 +353,13 @@ class ExtendedProtocol:
         if not await self._run_portal(portal):
             return
         result = portal.result
-        if result is None or result.table is None:
+        table = None if result is None else result_rows(result)
+        if table is None:
             self.send(m.no_data())
         else:
-            self.send(row_description(result.table, portal.oids, portal.formats))
+            self.send(row_description(table, portal.oids, portal.formats))
 
-    def text_description(self, statement: ast.Statement | None, table: pa.Table | None,
+    def text_description(self, statement: ast.Statement | None, table: pa.Table | Rows | None,
                          *, wire: bool | None = None) -> Description | None:  # fmt: skip
         """Worker thread: the engine's description of an executed ``statement`` if ``table``
         has text columns it may refine (UUID and JSON are Arrow strings too; the engine keeps
@@ -426,7 +433,7 @@ class ExtendedProtocol:
         if not portal.position:
             for notice in result.notices:
                 self.send(m.notice_response(notice))
-        table = result.table
+        table = result_rows(result)
         if table is None:
             if not portal.position:
                 portal.position = 1

@@ -16,7 +16,7 @@ from typing import Any
 
 import pyarrow as pa
 
-from engine.api import Description, Result, ast
+from engine.api import Description, Result, Rows, ast
 from sql.internal_error import internal_error
 from sql.pgwire.codec import messages as m
 from sql.pgwire.codec import wire_types
@@ -121,13 +121,13 @@ def result_formats(count: int, formats: list[int]) -> list[int]:
     return formats
 
 
-def result_columns(table: pa.Table, formats: list[int]) -> tuple[list[int], list[int]]:
+def result_columns(table: pa.Table | Rows, formats: list[int]) -> tuple[list[int], list[int]]:
     return [wire_types.type_oid(f.type) for f in table.schema], result_formats(
         table.num_columns, formats
     )
 
 
-def row_description(table: pa.Table, oids: list[int], formats: list[int]) -> bytes:
+def row_description(table: pa.Table | Rows, oids: list[int], formats: list[int]) -> bytes:
     return described_row(table.column_names, oids, formats)
 
 
