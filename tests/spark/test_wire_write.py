@@ -185,3 +185,25 @@ def test_a_streaming_write_needs_a_sink_id(spark, database, url, wire, tmp_path)
         query.awaitTermination(60)
         if query.exception() is not None:
             raise Exception(str(query.exception()))
+
+
+def test_every_write_column_keeps_its_value(spark, database, url, wire, staged_copies) -> None:
+    """Spark's types of the topic's write columns (TIMESTAMP, MAP<STRING, BINARY> ...) as
+    the JVM's Arrow sends them are what the server takes; a read's offset is dropped."""
+    _create(database, partitions=2)
+    tb = _catalog(spark, url, wire)
+    spark.sql(f"INSERT INTO {tb}.main.events SELECT 1 AS partition, 99 AS offset, 7 AS seq_no, "
+              "'prod' AS producer_id, 'g1' AS message_group_id, "
+              "TIMESTAMP '2024-05-06 07:08:09.123456' AS created_at, "
+              "TIMESTAMP '2000-01-01' AS written_at, CAST(NULL AS STRING) AS codec, "
+              "CAST('payload' AS BINARY) AS data, "
+              "map('k', CAST('v' AS BINARY)) AS metadata")  # fmt: skip
+    rows = sql_rows(database, 'SELECT partition, "offset", seq_no, producer_id, '
+                    "message_group_id, created_at, CAST(data AS VARCHAR) AS d, metadata "
+                    "FROM TOPIC events")  # fmt: skip
+    assert len(rows) == 1 and staged_copies
+    row = rows[0]
+    assert (row["partition"], row["offset"], row["seq_no"], row["producer_id"],
+            row["message_group_id"], row["d"]) == (1, 0, 7, "prod", "g1", "payload")
+    assert row["created_at"].isoformat().startswith("2024-05-06T07:08:09.123456")
+    assert dict(row["metadata"]) == {"k": b"v"}
