@@ -436,7 +436,7 @@ class BulkWrites:
                 found = tables.query_arrow(
                     cursor, f"SELECT rows FROM {IDEMPOTENCY_TABLE} WHERE sink_id = ? "
                     "AND batch_id = ?", [meta["sink_id"], meta["batch_id"]])  # fmt: skip
-                if found is not None and found.num_rows == 0:
+                if found is None or found.num_rows == 0:  # not committed: staged again
                     for write_id in meta["writes"]:
                         path = os.path.join(directory, write_id)
                         if os.path.isdir(path):
