@@ -196,3 +196,31 @@ def test_a_refill_after_a_cut_frame_reads_that_frame_not_a_whole_window(
     # Before: the window of 8 MiB that ended inside the 8th frame was followed by another
     # 8 MiB (16 MiB read for 8 frames); now by that frame alone (its head read twice).
     assert sum(size for size, _ in preads) <= 9 * frame
+
+
+def test_reads_with_kept_frames_see_every_message_once_under_concurrent_appends(
+    open_partition: Any, batch: Any
+) -> None:
+    partition = open_partition(segment_bytes=128 * KIB)
+    partition._frame_cache = FrameCache()
+    total = 12_000
+    done = threading.Event()
+
+    def writer() -> None:
+        rng = random.Random(3)
+        while partition.end_offset < total:
+            size = min(rng.choice([2, 90, 300]), total - partition.end_offset)
+            partition.append(batch(size, first=partition.end_offset, size_bytes=64))
+        done.set()
+
+    thread = threading.Thread(target=writer)
+    thread.start()
+    rng = random.Random(4)
+    offset, seen = 0, []
+    while offset < total:
+        got, offset = _rows(partition, offset, max_messages=rng.choice([1, 30, 70, 500]))
+        seen += [(row["offset"], bytes(row["data"]).rstrip(b".")) for row in got]
+        if not got:
+            done.wait(0.001)
+    thread.join()
+    assert seen == [(i, f"m{i}".encode()) for i in range(total)]
