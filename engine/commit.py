@@ -99,6 +99,7 @@ from storage.errors import (
     StorageIOError,
     UndefinedTopicError,
 )
+from storage.frame_cuts import cuttable
 from storage.record_batch import check_wire_batch
 from storage.staging import StagedBatch, StagingLog, StagingTicket, encode_batches
 from storage.topic_log import TopicAppendResult
@@ -686,7 +687,13 @@ class Committer:
         whole commit record in the staging log past the watermark; they are replayed
         together in transaction id order (``_committed_rows``)."""
         republished = 0
-        for row in self._committed_rows():
+        rows = self._committed_rows()
+        # The transactions each partition holds frames of, from one scan of its headers
+        # since the oldest record (a scan per record and partition took minutes after a
+        # crash among many writes spread over 1000 partitions: engine.spread_append).
+        earliest = min((row["committed_at_us"] for row in rows), default=0) - CLOCK_SLACK_US
+        present: dict[tuple[str, int], dict[int, int]] = {}
+        for row in rows:
             transaction_id = row["transaction_id"]
             self._last_id = max(self._last_id, transaction_id)
             catalog = self._database.catalog
@@ -714,15 +721,20 @@ class Committer:
                 except UndefinedTopicError:
                     continue  # the topic was dropped since
                 log_ = topic.partition(partition)
-                since = row["committed_at_us"] - CLOCK_SLACK_US
-                if log_.contains_transaction(transaction_id, since):
+                found = present.get((topic_id, partition))
+                if found is None:
+                    found = present[(topic_id, partition)] = log_.transaction_rows_since(earliest)
+                if transaction_id in found:
                     # Whole, or a share cut into frames that lost its tail in the crash.
                     batch = self._recovered_batch(staged, references)
-                    batch = batch.slice(log_.published_prefix(batch, transaction_id, since))
+                    # ``published_prefix``, from the one scan (it covers the record's time)
+                    done = found[transaction_id] if cuttable(batch) else batch.num_rows
+                    batch = batch.slice(min(batch.num_rows, done))
                 else:
                     batch = self._recovered_batch(staged, references)
                 if batch.num_rows:
                     log_.publish_transactional([batch], transaction_id)
+                    found[transaction_id] = found.get(transaction_id, 0) + batch.num_rows
                     republished += 1
                     failpoints.hit("recovery.after_republish")
                 targets.append((topic_id, partition))

@@ -17,10 +17,11 @@ from pathlib import Path
 
 import pytest
 
-from engine import spread_append
+from engine import commit, spread_append
 from engine.database import Database
 from storage import errors
 from storage.config import FsyncPolicy
+from storage.partition_log import PartitionLog
 
 INSERT = (
     "INSERT INTO TOPIC t (data, producer_id, seq_no) SELECT unnest(?), unnest(?), unnest(?)"
@@ -188,5 +189,41 @@ def test_other_writes_take_the_plain_path(tmp_path: Path, case: str) -> None:
             session.execute(INSERT, _rows(0, 96, producers))
         assert database.commit_counters()["log_commits"] == 0
         session.close()
+    finally:
+        database.close()
+
+
+def test_recovery_scans_each_partition_once_whatever_the_number_of_records(
+    tmp_path: Path, monkeypatch
+) -> None:
+    """Commit records of spread writes not checkpointed (a crash): recovery learns which
+    transactions each partition holds from one scan of its frame headers, not one per
+    record (``transaction_rows_since``), and republishes nothing that is there."""
+    monkeypatch.setattr(commit, "CHECKPOINT_TRANSACTIONS", 10**9)
+    database = Database.open(str(tmp_path / "data"))
+    session = database.connect()
+    session.execute("CREATE TOPIC t WITH (min_active_partitions = 8)")
+    for n in range(5):
+        session.execute(INSERT, _rows(96 * n, 96))
+    session.close()
+    monkeypatch.setattr(database.committer, "checkpoint", lambda: None)  # as a crash
+    database.close()
+    monkeypatch.undo()
+    scans = []
+    original = PartitionLog.transaction_rows_since
+    monkeypatch.setattr(
+        PartitionLog,
+        "transaction_rows_since",
+        lambda self, since: (scans.append(self.partition_id), original(self, since))[1],
+    )
+
+    def refused(*_: object) -> bool:
+        raise AssertionError("a scan per record")
+
+    monkeypatch.setattr(PartitionLog, "contains_transaction", refused)
+    database = Database.open(str(tmp_path / "data"))
+    try:
+        assert sorted(scans) == list(range(8))  # 5 records x 8 partitions: 8 scans
+        assert len(_all_messages(database)) == 5 * 96  # nothing republished twice
     finally:
         database.close()
