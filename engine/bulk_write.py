@@ -98,6 +98,10 @@ class BulkWrites:
         self.staging_bytes_max = staging_bytes_max
         self.abandon_after_s = abandon_after_s
         self._lock = threading.Lock()
+        # A commit by reference holds its partitions' batches in memory from their
+        # derivation to the publish (none are spilled): as many at once as spilled
+        # commits may read back (``limits.SPILLED_COMMITS_MAX``), the others wait.
+        self._by_reference_turns = threading.BoundedSemaphore(limits.SPILLED_COMMITS_MAX)
         self.commits_root = os.path.join(database.path, COMMITS_DIRECTORY)
         os.makedirs(self.root, exist_ok=True)
         os.makedirs(self.commits_root, exist_ok=True)
@@ -368,24 +372,39 @@ class BulkWrites:
                   if writes[i][1].num_rows and not staged_refs.by_reference(writes[i][1])}
         eligible = [i for i in sources if staged_refs.by_reference(writes[i][1])
                     and writes[i][0]["name"] not in copied]  # fmt: skip
-        if eligible:
-            directory = self._move_for_commit(
-                sink_id, batch_id, {w: metas[w] for i in eligible for w in sources[i]}, moved)
-            for index in eligible:
-                meta, _ = writes[index]
-                files = [staged_refs.file_entry(self.database.path, path)
-                         for w in sources[index] for path in _staged_files(moved[w])]
-                meta = {**meta, "files": files,
-                        "dirs": [os.path.relpath(directory, self.database.path)]}  # fmt: skip
-                # Read back from the moved files: the rows the record names.
-                writes[index] = (meta, staged_refs.read_files(self.database.path, files,
-                                                              check=False))  # fmt: skip
-            staged_refs.sync_files(
-                self.database.path, [f for i in eligible for f in writes[i][0]["files"]],
-                [os.path.relpath(d, self.database.path)
-                 for d in [*moved.values(), directory, self.commits_root, self.root]])
-            failpoints.hit("bulk.before_commit")
+        if not eligible:
+            return self._publish_writes(session, sink_id, batch_id, writes, moved, handed)
+        with self._by_reference_turns:
+            return self._publish_by_reference(session, sink_id, batch_id, writes, metas,
+                                              sources, eligible, moved, handed)  # fmt: skip
 
+    def _publish_by_reference(self, session: Any, sink_id: str, batch_id: int,
+                              writes: list[bulk_publish.Write],
+                              metas: dict[str, dict[str, str]], sources: dict[int, list[str]],
+                              eligible: list[int], moved: dict[str, str],
+                              handed: list[str]) -> int:  # fmt: skip
+        """Move, checksum and sync the eligible writes' files, then publish (``_publish``)."""
+        directory = self._move_for_commit(
+            sink_id, batch_id, {w: metas[w] for i in eligible for w in sources[i]}, moved)
+        for index in eligible:
+            meta, _ = writes[index]
+            files = [staged_refs.file_entry(self.database.path, path)
+                     for w in sources[index] for path in _staged_files(moved[w])]
+            meta = {**meta, "files": files,
+                    "dirs": [os.path.relpath(directory, self.database.path)]}  # fmt: skip
+            # Read back from the moved files: the rows the record names.
+            writes[index] = (meta, staged_refs.read_files(self.database.path, files,
+                                                          check=False))  # fmt: skip
+        staged_refs.sync_files(
+            self.database.path, [f for i in eligible for f in writes[i][0]["files"]],
+            [os.path.relpath(d, self.database.path)
+             for d in [*moved.values(), directory, self.commits_root, self.root]])
+        failpoints.hit("bulk.before_commit")
+        return self._publish_writes(session, sink_id, batch_id, writes, moved, handed)
+
+    def _publish_writes(self, session: Any, sink_id: str, batch_id: int,
+                        writes: list[bulk_publish.Write], moved: dict[str, str],
+                        handed: list[str]) -> int:  # fmt: skip
         def committed() -> None:
             if moved:
                 handed.append(os.path.dirname(next(iter(moved.values()))))

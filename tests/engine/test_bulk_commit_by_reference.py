@@ -197,3 +197,33 @@ def test_rows_by_reference_and_routed_rows_of_one_topic_are_copied_together(data
     assert all(len(item) == 5 for record in _records(database) for item in record)
     expected = sorted([b"a-%d" % i for i in range(100)] + [b"b-%d" % i for i in range(100)])
     assert _messages(database) == expected
+
+
+def test_commits_by_reference_take_a_turn_that_bounds_their_memory(database) -> None:
+    """The batches of a commit by reference are in memory from their derivation to the
+    publish: such commits run at most ``SPILLED_COMMITS_MAX`` at once (a turn each)."""
+    import threading
+
+    from storage import limits
+
+    bulk = bulk_write.for_database(database)
+    turns = []
+
+    class Turns:
+        def __init__(self) -> None:
+            self._inner = threading.BoundedSemaphore(limits.SPILLED_COMMITS_MAX)
+
+        def __enter__(self):
+            turns.append("taken")
+            return self._inner.__enter__()
+
+        def __exit__(self, *exc):
+            turns.append("given back")
+            return self._inner.__exit__(*exc)
+
+    bulk._by_reference_turns = Turns()
+    _stage(database, "a", 100)
+    assert _commit(database, 1, ["a"])["rows"] == 100
+    _stage(database, "b", 100, partitions=False)  # routed: copied, no turn
+    assert _commit(database, 2, ["b"])["rows"] == 100
+    assert turns == ["taken", "given back"]
