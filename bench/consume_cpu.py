@@ -1,0 +1,137 @@
+"""CPU per consumer read over the wire: client and server, Topicbase against PostgreSQL.
+
+``python -m bench.consume_cpu [reads per round] [rounds]`` (default 100 x 5). The ways of
+``bench.pgwire_bench``'s ``consume.wire`` (reads of 1000 x 1 KiB through psycopg):
+Topicbase with binary results and with ``COPY (...) TO STDOUT (FORMAT arrow)`` decoded by
+pyarrow, PostgreSQL 15's log-table consumer with binary results and with a binary COPY,
+alternated in rotating order, every way ``reads`` reads per round. For each way and round:
+the client's CPU (``time.process_time`` of this process) and the server's (``topicbase
+serve``'s process, PostgreSQL's backend of the connection; from ``/proc/<pid>/stat``,
+Linux only, clock-tick resolution) per read, printed as medians with min-max.
+
+Why CPU: on the shared 2-core machines the wall clock of a quick run swung 5-8x within
+one run (load average 8-11), while CPU per read holds still; with one client and one
+server taking turns, a read's wall time on an idle machine is about its CPU total.
+Not part of ``bench.run``: a diagnostic, its figures are quoted in docs/copy_arrow.md.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+from collections.abc import Callable, Iterator
+
+from bench import postgres
+from bench.pgwire_bench import (
+    PG_SETUP,
+    ROWS_PER_STATEMENT,
+    consume_sql,
+    copy_arrow_consumer,
+    insert_sql,
+    postgres_consumer,
+    postgres_copy_consumer,
+)
+from bench.results import REPO_DIR
+from bench.storage_bench import make_messages
+
+CONSUMERS = ("c_binary", "c_arrow")
+
+
+def process_cpu_s(pid: int) -> float:
+    """User + system CPU seconds of process ``pid`` so far."""
+    with open(f"/proc/{pid}/stat") as stat:
+        fields = stat.read().rsplit(")", 1)[1].split()
+    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+
+
+@contextlib.contextmanager
+def serve(directory: str) -> Iterator[tuple[int, int]]:
+    """``topicbase serve`` on a free loopback port: (pid, port)."""
+    code = "import sys; from sql.console import main; sys.exit(main(sys.argv[1:]))"
+    command = [sys.executable, "-c", code, "--data-dir", directory, "serve", "--host",
+               "127.0.0.1", "--port", "0", "--flight-port", "0", "--auth", "trust"]  # fmt: skip
+    process = subprocess.Popen(command, stdout=subprocess.PIPE, text=True, cwd=REPO_DIR)
+    try:
+        assert process.stdout is not None
+        line = process.stdout.readline()
+        if "serving" not in line:
+            raise RuntimeError(f"topicbase serve did not start: {line!r}")
+        yield process.pid, int(line.rsplit(":", 1)[1])
+    finally:
+        process.terminate()
+        process.wait()
+
+
+def measure(ways: dict[str, tuple[int, Callable[[], int]]], reads: int, rounds: int
+            ) -> dict[str, dict[str, list[float]]]:  # fmt: skip
+    """ms of client and server CPU per read, per way and round, ways in rotating order."""
+    for _, consume in ways.values():
+        consume()  # warm-up
+    figures: dict[str, dict[str, list[float]]] = {n: {"server": [], "client": []} for n in ways}
+    names = list(ways)
+    for index in range(rounds):
+        shift = index % len(names)
+        for name in names[shift:] + names[:shift]:
+            pid, consume = ways[name]
+            server, client = process_cpu_s(pid), time.process_time()
+            got = sum(consume() for _ in range(reads))
+            assert got == reads * ROWS_PER_STATEMENT, f"{name}: {got} messages"
+            figures[name]["server"].append(1000 * (process_cpu_s(pid) - server) / reads)
+            figures[name]["client"].append(1000 * (time.process_time() - client) / reads)
+    return figures
+
+
+def main(argv: list[str]) -> int:
+    reads = int(argv[0]) if argv else 100
+    rounds = int(argv[1]) if len(argv) > 1 else 5
+    psycopg = postgres.ensure_psycopg()
+    statements = reads * rounds + 3  # and the warm-up reads
+    pool = make_messages(count=4 * ROWS_PER_STATEMENT, size=1024)
+    chunks = [pool[(i * 1000) % 3000 : (i * 1000) % 3000 + 1000] for i in range(statements)]
+    with contextlib.ExitStack() as stack:
+        root = stack.enter_context(tempfile.TemporaryDirectory(prefix="topicbase-consume-"))
+        pid, port = stack.enter_context(serve(os.path.join(root, "served")))
+        wire = stack.enter_context(psycopg.connect(host="127.0.0.1", port=port, user="bench",
+                                                  autocommit=True))  # fmt: skip
+        wire.execute(f"CREATE TOPIC t ({', '.join(f'CONSUMER {c}' for c in CONSUMERS)}) "
+                     "WITH (min_active_partitions = 1)")  # fmt: skip
+        raw = psycopg.RawCursor(wire)
+        for chunk in chunks:
+            raw.execute(insert_sql(lambda i: f"${i}"), chunk)
+        cursor = wire.cursor(binary=True)
+        read = consume_sql("c_binary")
+        ways: dict[str, tuple[int, Callable[[], int]]] = {
+            "Topicbase, binary results": (pid, lambda: len(cursor.execute(read).fetchall())),
+            "Topicbase, COPY arrow": (pid, copy_arrow_consumer(wire, "c_arrow")),
+        }
+        parent = os.environ.get("TOPICBASE_BENCH_DIR") or None  # as pgwire_bench's
+        cluster = stack.enter_context(postgres.Cluster(parent=parent, log=lambda _: None))
+        baseline = stack.enter_context(psycopg.connect(cluster.dsn, autocommit=True))
+        baseline.execute(PG_SETUP)
+        insert = "INSERT INTO t (data) VALUES " + ", ".join(["(%s)"] * ROWS_PER_STATEMENT)
+        for chunk in chunks:
+            baseline.execute(insert, chunk)
+        baseline.execute("VACUUM ANALYZE t")
+        backend = baseline.execute("SELECT pg_backend_pid()").fetchone()[0]
+        ways[f"{postgres.short_version(cluster.version)}, binary results"] = (
+            backend, postgres_consumer(baseline, "c_binary", True))  # fmt: skip
+        ways[f"{postgres.short_version(cluster.version)}, COPY binary"] = (
+            backend, postgres_copy_consumer(baseline, "c_copy"))  # fmt: skip
+        figures = measure(ways, reads, rounds)
+    print(f"CPU ms per read of {ROWS_PER_STATEMENT} x 1 KiB: medians of {rounds} rounds of "
+          f"{reads} reads [min..max]; load average {os.getloadavg()[0]:.1f}")  # fmt: skip
+    for name, taken in figures.items():
+        total = [s + c for s, c in zip(taken["server"], taken["client"], strict=True)]
+        cells = [f"{kind} {statistics.median(v):.2f} [{min(v):.2f}..{max(v):.2f}]"
+                 for kind, v in (*taken.items(), ("total", total))]  # fmt: skip
+        print(f"  {name:34s} " + "  ".join(cells))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main(sys.argv[1:]))
