@@ -23,7 +23,8 @@ staging go (engine.commit). So the per-partition guarantees hold as for a plain 
 
 Used when the topic allows it (``TopicLog.spread_commit_allowed``: synced, neither
 throttled nor splitting), no partition is given, and the write spreads over at least
-``SPREAD_SHARES_MIN`` partitions; otherwise the plain ``TopicLog.append``. Unlike a plain
+``SPREAD_SHARES_MIN`` partitions with small shares (``SPREAD_SHARE_BYTES_MAX``);
+otherwise the plain ``TopicLog.append``. Unlike a plain
 append the whole statement is refused (nothing written) when one share cannot be
 written (a fenced partition), because every share is checked before the commit point.
 """
@@ -45,6 +46,10 @@ from storage.topic_log import TopicAppendResult
 # costs one extra write of the data and one sync; the plain path one sync per partition
 # (concurrent on ``storage.topic_log.APPEND_THREADS`` threads).
 SPREAD_SHARES_MIN = 4
+# ... if its shares average at most this much message data: the log writes every byte
+# twice (and the checkpoint syncs it in the partitions later), a sync costs about what
+# writing half a MiB durably does here (docs/scale.md), so big shares gain nothing.
+SPREAD_SHARE_BYTES_MAX = 512 * 1024
 
 
 def append_now(
@@ -60,7 +65,7 @@ def append_now(
         return topic.append(batch, partition, cancelled=cancelled)
     targets = topic.route(batch)
     first = targets[0] if len(targets) else 0
-    if len(targets) == 0 or (targets == first).all() or not _spreads(targets):
+    if len(targets) == 0 or (targets == first).all() or not _spreads(batch, targets):
         return topic.append(batch, None, cancelled=cancelled, targets=targets)
     try:
         check_wire_batch(batch)  # every share is a part of it: none is over a limit
@@ -78,11 +83,16 @@ def append_now(
     return _commit_in_log(database, topic_id, shares, batch.num_rows)
 
 
-def _spreads(targets: np.ndarray) -> bool:
-    """Whether the write reaches ``SPREAD_SHARES_MIN`` partitions or more."""
+def _spreads(batch: pa.RecordBatch, targets: np.ndarray) -> bool:
+    """Whether the write reaches ``SPREAD_SHARES_MIN`` partitions or more with shares of
+    at most ``SPREAD_SHARE_BYTES_MAX`` of data on average."""
     if len(targets) < SPREAD_SHARES_MIN:
         return False
-    return len(np.unique(targets)) >= SPREAD_SHARES_MIN
+    shares = len(np.unique(targets))
+    data = batch.column(5)  # binary: its value offsets give the data's size
+    offsets = np.frombuffer(data.buffers()[1], np.int32, len(data) + 1, data.offset * 4)
+    data_bytes = int(offsets[-1] - offsets[0])
+    return shares >= SPREAD_SHARES_MIN and data_bytes <= SPREAD_SHARE_BYTES_MAX * shares
 
 
 def _commit_in_log(

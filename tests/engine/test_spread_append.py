@@ -173,7 +173,9 @@ def test_metadata_survives_the_spread_write(database) -> None:
     session.close()
 
 
-@pytest.mark.parametrize("case", ["explicit partition", "few partitions", "fsync never"])
+@pytest.mark.parametrize(
+    "case", ["explicit partition", "few partitions", "fsync never", "big shares"]
+)
 def test_other_writes_take_the_plain_path(tmp_path: Path, case: str) -> None:
     policy = FsyncPolicy.NEVER if case == "fsync never" else FsyncPolicy.GROUP
     database = Database.open(str(tmp_path / "data"), fsync_policy=policy)
@@ -184,6 +186,10 @@ def test_other_writes_take_the_plain_path(tmp_path: Path, case: str) -> None:
             session.execute(
                 "INSERT INTO TOPIC t (data, partition) SELECT 'm' || i, 2 FROM range(50) r(i)"
             )
+        elif case == "big shares":  # 8 shares of 768 KiB: the log would write them twice
+            rows = _rows(0, 96)
+            rows[0] = [bytes(64 * 1024)] * 96
+            session.execute(INSERT, rows)
         else:
             producers = spread_append.SPREAD_SHARES_MIN - 1 if case == "few partitions" else 32
             session.execute(INSERT, _rows(0, 96, producers))
