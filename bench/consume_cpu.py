@@ -7,7 +7,8 @@ pyarrow, PostgreSQL 15's log-table consumer with binary results and with a binar
 alternated in rotating order, every way ``reads`` reads per round. For each way and round:
 the client's CPU (``time.process_time`` of this process) and the server's (``topicbase
 serve``'s process, PostgreSQL's backend of the connection; from ``/proc/<pid>/stat``,
-Linux only, clock-tick resolution) per read, printed as medians with min-max.
+Linux only, clock-tick resolution) per read, and the wall clock per read, printed as
+medians with min-max (``total`` is client + server CPU).
 
 Why CPU: on the shared 2-core machines the wall clock of a quick run swung 5-8x within
 one run (load average 8-11), while CPU per read holds still; with one client and one
@@ -69,20 +70,23 @@ def serve(directory: str) -> Iterator[tuple[int, int]]:
 
 def measure(ways: dict[str, tuple[int, Callable[[], int]]], reads: int, rounds: int
             ) -> dict[str, dict[str, list[float]]]:  # fmt: skip
-    """ms of client and server CPU per read, per way and round, ways in rotating order."""
+    """ms of client and server CPU and of wall clock per read, per way and round, ways in
+    rotating order."""
     for _, consume in ways.values():
         consume()  # warm-up
-    figures: dict[str, dict[str, list[float]]] = {n: {"server": [], "client": []} for n in ways}
+    figures: dict[str, dict[str, list[float]]] = {
+        n: {"server": [], "client": [], "wall": []} for n in ways}  # fmt: skip
     names = list(ways)
     for index in range(rounds):
         shift = index % len(names)
         for name in names[shift:] + names[:shift]:
             pid, consume = ways[name]
-            server, client = process_cpu_s(pid), time.process_time()
+            server, client, wall = process_cpu_s(pid), time.process_time(), time.perf_counter()
             got = sum(consume() for _ in range(reads))
             assert got == reads * ROWS_PER_STATEMENT, f"{name}: {got} messages"
             figures[name]["server"].append(1000 * (process_cpu_s(pid) - server) / reads)
             figures[name]["client"].append(1000 * (time.process_time() - client) / reads)
+            figures[name]["wall"].append(1000 * (time.perf_counter() - wall) / reads)
     return figures
 
 
@@ -126,7 +130,7 @@ def main(argv: list[str]) -> int:
     print(f"CPU ms per read of {ROWS_PER_STATEMENT} x 1 KiB: medians of {rounds} rounds of "
           f"{reads} reads [min..max]; load average {os.getloadavg()[0]:.1f}")  # fmt: skip
     for name, taken in figures.items():
-        total = [s + c for s, c in zip(taken["server"], taken["client"], strict=True)]
+        total = [s + c for s, c in zip(taken["server"], taken["client"], strict=True)]  # CPU
         cells = [f"{kind} {statistics.median(v):.2f} [{min(v):.2f}..{max(v):.2f}]"
                  for kind, v in (*taken.items(), ("total", total))]  # fmt: skip
         print(f"  {name:34s} " + "  ".join(cells))
