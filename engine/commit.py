@@ -110,6 +110,10 @@ CHECKPOINT_TRANSACTIONS = 256
 # Past this many published-but-not-checkpointed transactions (the background
 # checkpoint fell behind), a committing session runs the checkpoint itself.
 CHECKPOINT_BACKLOG_FACTOR = 4
+# A checkpoint is also due once log commits staged this many bytes since the last one:
+# it is what releases their staging (autocommit writes spread over 1000 partitions
+# stage ~5 MB each, so 256 of them held ~1.3 GB).
+CHECKPOINT_STAGED_BYTES = 256 * 1024 * 1024
 # Published frames are searched from this long before the commit time, in
 # case the wall clock stepped back a little between commit and publish.
 CLOCK_SLACK_US = 60 * 1_000_000
@@ -274,6 +278,7 @@ class Committer:
         # Published count that wakes the checkpointer after a failed checkpoint (None:
         # ``CHECKPOINT_TRANSACTIONS``, read when used so that tests may lower it).
         self._retry_due: int | None = None
+        self._staged_bytes = 0  # staged by log commits since the last checkpoint began
         # Counters for benchmarks and tests.
         self.checkpoints = 0  # checkpoints that deleted records or wrote offsets
         self.log_commits = 0  # transactions committed by a commit record in the log
@@ -417,6 +422,8 @@ class Committer:
                 f"may or may not be durable): {error}; reopen the database to resolve it"
             ) from error
         self.log_commits += 1
+        with self._lock:
+            self._staged_bytes += sum(lengths) + len(record)
         bodies = parts[1::2]  # encode_batches: each frame's header, then its body
         staged = [
             PublishItem(i.topic_id, i.partition, i.batch, s, body)
@@ -504,7 +511,7 @@ class Committer:
         """Count a finished transaction for the checkpoint; wake the checkpointer if due."""
         with self._wake:
             self._published.append((transaction_id, targets, log_end))
-            if len(self._published) < self._due():
+            if not self._checkpoint_wanted():
                 return
             if self._checkpointer is None and not self._closing:
                 self._checkpointer = threading.Thread(
@@ -517,6 +524,14 @@ class Committer:
     def backlog(self) -> int:
         """Published transactions not yet checkpointed."""
         return len(self._published)
+
+    def _checkpoint_wanted(self) -> bool:
+        """Whether the background checkpoint is due (caller holds ``_lock``): enough
+        transactions published, or enough bytes staged by log commits."""
+        return (
+            len(self._published) >= self._due()
+            or (bool(self._published) and self._staged_bytes >= CHECKPOINT_STAGED_BYTES)
+        )
 
     def _due(self) -> int:
         return CHECKPOINT_TRANSACTIONS if self._retry_due is None else self._retry_due
@@ -591,7 +606,7 @@ class Committer:
         """
         while True:
             with self._wake:
-                while not self._closing and len(self._published) < self._due():
+                while not self._closing and not self._checkpoint_wanted():
                     self._wake.wait()
                 if self._closing:
                     return
@@ -620,6 +635,7 @@ class Committer:
                     raise StorageIOError("a failed publish is not finished yet; checkpoint later")
                 published, self._published = self._published, []
                 moved, self._moved = self._moved, {}
+                self._staged_bytes = 0
             if not published and not moved:
                 return
             try:

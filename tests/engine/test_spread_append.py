@@ -233,3 +233,23 @@ def test_recovery_scans_each_partition_once_whatever_the_number_of_records(
         assert len(_all_messages(database)) == 5 * 96  # nothing republished twice
     finally:
         database.close()
+
+
+def test_staged_bytes_make_a_checkpoint_due_before_the_transaction_count(
+    database, monkeypatch
+) -> None:
+    """Spread writes stage their data: the checkpoint that releases it is due after
+    ``CHECKPOINT_STAGED_BYTES`` too, not only after ``CHECKPOINT_TRANSACTIONS`` commits."""
+    monkeypatch.setattr(commit, "CHECKPOINT_TRANSACTIONS", 10**9)
+    monkeypatch.setattr(commit, "CHECKPOINT_STAGED_BYTES", 4096)
+    session = database.connect()
+    for n in range(3):
+        session.execute(INSERT, _rows(96 * n, 96))  # ~7 KB staged each
+    session.close()
+    committer = database.committer
+    for _ in range(WAIT_S * 10):  # a bound on waiting for the background thread
+        if committer.checkpoints and not committer.backlog:
+            break
+        threading.Event().wait(0.1)
+    assert committer.checkpoints >= 1 and committer.backlog == 0
+    assert len(committer.staging.file_numbers()) <= 2  # released: the current and a spare
