@@ -21,7 +21,7 @@ import os
 import threading
 from typing import ClassVar
 
-from engine import tables
+from engine import gc_tuning, tables
 from engine.catalog import CatalogStore, TopicEntry
 from engine.clock import SYSTEM_CLOCK, Clock
 from engine.commit import Committer
@@ -103,6 +103,8 @@ class Database:
         self._retention = (
             None if retention_interval_s is None else RetentionService(self, retention_interval_s)
         )
+        # Once per process, now that the long-lived objects exist (engine.gc_tuning).
+        gc_tuning.configure()
 
     @classmethod
     def open(

@@ -1,0 +1,92 @@
+"""Python's cyclic garbage collector, tuned for a process that holds a database open.
+
+Why: a process with a database open holds many long-lived objects (catalog entries,
+per-partition state, indexes, producer tables, sessions), and CPython's collector
+(3.11: generations with thresholds ``(700, 10, 10)``) walks all of them in every full
+(generation-2) collection. A statement that allocates many container objects at once (a
+consumer read of 20,000 messages over 1000 partitions holds thousands of frame slices and
+headers) promotes them into the older generations and triggers full collections inside
+the statement: 30-60 ms of a ~100 ms read (docs/scale.md, "Garbage collection").
+
+What ``configure`` does, once per process, when a database opens (``engine.database``):
+
+- thresholds ``GC_THRESHOLDS`` = ``(50_000, 20, 100)``: a young collection every 50,000
+  net container allocations instead of 700, so a statement's short-lived objects mostly
+  die by reference count before a collection sees them, and are not promoted; full
+  collections are rarer still (CPython also skips a full one until the objects waiting
+  for it are a quarter of those already in the oldest generation).
+- ``gc.collect()`` then ``gc.freeze()``: what exists once the first database is open (the
+  modules, the catalog, the partitions opened) moves to the permanent generation, which
+  no collection walks. Garbage in it is never freed; the collect before it frees what is
+  garbage at that moment, so only live objects are frozen, once.
+
+Cyclic garbage is still collected: the collector stays enabled; cycles made after the
+freeze are found by the next young (or, if they survived one, older) collection.
+
+Setting: the environment variable ``TOPICBASE_GC`` read when ``configure`` runs:
+
+- unset or ``tuned`` (the default): thresholds and freeze as above;
+- ``threshold``: the thresholds only; ``freeze``: the freeze only;
+- ``python``: leave Python's collector as it is (so does an unknown value, with a warning).
+
+A process that already chose its own thresholds (anything but Python's defaults), or
+disabled the collector, is left as it is. A forked child inherits the parent's
+thresholds and frozen objects (CPython keeps both across ``fork``), so it needs nothing.
+"""
+
+from __future__ import annotations
+
+import gc
+import logging
+import os
+import threading
+
+ENVIRONMENT_VARIABLE = "TOPICBASE_GC"
+PYTHON_THRESHOLDS = (700, 10, 10)  # CPython 3.11's defaults
+GC_THRESHOLDS = (50_000, 20, 100)
+MODES = ("tuned", "threshold", "freeze", "python")
+DEFAULT_MODE = "tuned"
+
+log = logging.getLogger(__name__)
+
+_lock = threading.Lock()
+_configured_mode: str | None = None  # the mode the first ``configure`` applied
+
+
+def mode_from_environment() -> str:
+    """The mode ``TOPICBASE_GC`` asks for (``DEFAULT_MODE`` when unset or empty; an
+    unknown value is logged and leaves the collector as it is: ``python``)."""
+    mode = os.environ.get(ENVIRONMENT_VARIABLE, "").strip().lower() or DEFAULT_MODE
+    if mode not in MODES:
+        log.warning(
+            "%s=%r is not one of %s: Python's collector left as it is",
+            ENVIRONMENT_VARIABLE, mode, ", ".join(MODES),
+        )  # fmt: skip
+        return "python"
+    return mode
+
+
+def configure() -> str:
+    """Tune the collector for this process (the first call only; later calls return the
+    mode applied then). Returns the mode in effect: ``mode_from_environment()``, or
+    ``python`` when the process had its own settings already."""
+    global _configured_mode
+    with _lock:
+        if _configured_mode is not None:
+            return _configured_mode
+        mode = mode_from_environment()
+        if not gc.isenabled() or gc.get_threshold() != PYTHON_THRESHOLDS:
+            mode = "python"  # the process chose for itself
+        if mode in ("tuned", "threshold"):
+            gc.set_threshold(*GC_THRESHOLDS)
+        if mode in ("tuned", "freeze"):
+            gc.collect()  # only live objects go to the permanent generation
+            gc.freeze()
+        _configured_mode = mode
+        assert _configured_mode in MODES
+        return mode
+
+
+def configured_mode() -> str | None:
+    """The mode ``configure`` applied in this process (None: not yet called)."""
+    return _configured_mode

@@ -1,0 +1,134 @@
+"""``engine.gc_tuning``: the collector is tuned once per process when a database opens,
+as ``TOPICBASE_GC`` says, and garbage cycles are still freed.
+
+Each case runs in a fresh interpreter (the setting is per process, and the test process
+itself may have opened databases already); the child prints what it saw as JSON.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+import textwrap
+from pathlib import Path
+
+from engine import gc_tuning
+
+ROOT = Path(__file__).resolve().parents[2]
+
+# Opens two databases, then makes garbage cycles without calling gc.collect, then forks.
+CHILD = textwrap.dedent(
+    """
+    import gc, json, os, sys
+    from engine import gc_tuning
+    from engine.database import Database
+
+    if sys.argv[2] == "own":
+        gc.set_threshold(1000, 15, 15)
+    seen = {"before": list(gc.get_threshold())}
+    first = Database.open(os.path.join(sys.argv[1], "a"), retention_interval_s=None)
+    seen["threshold"] = list(gc.get_threshold())
+    seen["frozen"] = gc.get_freeze_count()
+    seen["mode"] = gc_tuning.configured_mode()
+    second = Database.open(os.path.join(sys.argv[1], "b"), retention_interval_s=None)
+    seen["frozen_after_second_open"] = gc.get_freeze_count()
+    seen["threshold_after_second_open"] = list(gc.get_threshold())
+
+    class Node:
+        freed = 0
+        def __init__(self):
+            self.me = self  # a cycle: reference counting alone never frees it
+        def __del__(self):
+            Node.freed += 1
+
+    for _ in range(300_000):
+        Node()
+    seen["cycles_made"] = 300_000
+    seen["cycles_freed"] = Node.freed
+    seen["gc_enabled"] = gc.isenabled()
+
+    read, write = os.pipe()
+    pid = os.fork()
+    if pid == 0:  # the child: inherits the parent's tuning; configure does nothing again
+        os.close(read)
+        frozen = gc.get_freeze_count()
+        mode = gc_tuning.configure()
+        child = {"threshold": list(gc.get_threshold()), "mode": mode,
+                 "frozen_same": gc.get_freeze_count() == frozen}
+        os.write(write, json.dumps(child).encode())
+        os._exit(0)
+    os.close(write)
+    os.waitpid(pid, 0)
+    seen["forked"] = json.loads(os.read(read, 65536))
+    second.close()
+    first.close()
+    print(json.dumps(seen))
+    """
+)
+
+
+def _run(tmp_path: Path, gc_setting: str | None, start: str = "default") -> dict:
+    environment = {k: v for k, v in os.environ.items() if k != gc_tuning.ENVIRONMENT_VARIABLE}
+    if gc_setting is not None:
+        environment[gc_tuning.ENVIRONMENT_VARIABLE] = gc_setting
+    environment["PYTHONPATH"] = str(ROOT)
+    done = subprocess.run(
+        [sys.executable, "-c", CHILD, str(tmp_path), start],
+        env=environment, capture_output=True, text=True, timeout=300, cwd=ROOT,
+    )  # fmt: skip
+    assert done.returncode == 0, done.stderr
+    return json.loads(done.stdout.strip().splitlines()[-1])
+
+
+def test_default_tunes_once_freezes_and_still_frees_cycles(tmp_path: Path) -> None:
+    seen = _run(tmp_path, None)
+    assert seen["before"] == list(gc_tuning.PYTHON_THRESHOLDS)
+    assert seen["mode"] == "tuned"
+    assert seen["threshold"] == list(gc_tuning.GC_THRESHOLDS)
+    assert seen["frozen"] > 10_000  # the modules and the open database's objects
+    # once per process: a second open freezes nothing more
+    assert seen["frozen_after_second_open"] == seen["frozen"]
+    assert seen["threshold_after_second_open"] == list(gc_tuning.GC_THRESHOLDS)
+    # the collector still runs: all but at most the last young generation's cycles are gone
+    assert seen["gc_enabled"]
+    assert seen["cycles_freed"] >= seen["cycles_made"] - 2 * gc_tuning.GC_THRESHOLDS[0]
+    # a forked child keeps the tuning and does not apply it again
+    assert seen["forked"] == {
+        "threshold": list(gc_tuning.GC_THRESHOLDS), "mode": "tuned", "frozen_same": True,
+    }  # fmt: skip
+
+
+def test_python_setting_leaves_the_collector_alone(tmp_path: Path) -> None:
+    seen = _run(tmp_path, "python")
+    assert seen["mode"] == "python"
+    assert seen["threshold"] == list(gc_tuning.PYTHON_THRESHOLDS)
+    assert seen["frozen"] == 0
+    assert seen["cycles_freed"] >= seen["cycles_made"] - 2 * gc_tuning.PYTHON_THRESHOLDS[0]
+
+
+def test_threshold_and_freeze_settings_apply_one_half_each(tmp_path: Path) -> None:
+    only_threshold = _run(tmp_path / "t", "threshold")
+    assert only_threshold["threshold"] == list(gc_tuning.GC_THRESHOLDS)
+    assert only_threshold["frozen"] == 0
+    only_freeze = _run(tmp_path / "f", "freeze")
+    assert only_freeze["threshold"] == list(gc_tuning.PYTHON_THRESHOLDS)
+    assert only_freeze["frozen"] > 10_000
+
+
+def test_a_process_with_its_own_thresholds_is_left_alone(tmp_path: Path) -> None:
+    seen = _run(tmp_path, None, start="own")
+    assert seen["mode"] == "python"
+    assert seen["threshold"] == [1000, 15, 15]
+    assert seen["frozen"] == 0
+
+
+def test_unknown_setting_is_python_with_a_warning(monkeypatch, caplog) -> None:
+    monkeypatch.setenv(gc_tuning.ENVIRONMENT_VARIABLE, "fast")
+    assert gc_tuning.mode_from_environment() == "python"
+    assert "TOPICBASE_GC" in caplog.text
+    monkeypatch.setenv(gc_tuning.ENVIRONMENT_VARIABLE, " Tuned ")
+    assert gc_tuning.mode_from_environment() == "tuned"
+    monkeypatch.delenv(gc_tuning.ENVIRONMENT_VARIABLE)
+    assert gc_tuning.mode_from_environment() == gc_tuning.DEFAULT_MODE
