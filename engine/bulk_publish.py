@@ -16,6 +16,16 @@ replayed Spark batch reproduces.
 
 Invariants: a part's record and its messages commit together; the batch's record commits
 with the last part, so a batch is "committed" exactly when every part is.
+
+Sinks belong to a user (``SINKS_TABLE``): every transaction that writes a record of a sink
+claims the sink for the committing user if no one has (``claim``), in that transaction,
+and is refused (42501) if another user holds it. So only the sink's owner (or a
+superuser, as everywhere in ``engine.privileges``) can record its batches, see whether a
+batch is recorded, or read its last batch (``require_sink``): no one can pre-record
+another user's future batches. A sink whose records predate the claims (a database made
+before them) has no claim row: its first commit claims it. Two users committing one new
+sink at once cannot both claim it: the claim's primary key fails the second (40001 at its
+COMMIT, then 42501 once the claim is visible, ``engine.bulk_write``).
 """
 
 from __future__ import annotations
@@ -31,16 +41,24 @@ from engine.bulk import run_over_relation
 from engine.catalog import SCHEMA
 from grammar.parse import parse_one
 from storage import limits
-from storage.errors import InvalidParameterValueError, LimitExceededError, TopicbaseError
+from storage.errors import (
+    InsufficientPrivilegeError,
+    InvalidParameterValueError,
+    LimitExceededError,
+    TopicbaseError,
+)
 
 IDEMPOTENCY_TABLE = f"{SCHEMA}.sink_batches"
 PARTS_TABLE = f"{SCHEMA}.sink_batch_parts"
+SINKS_TABLE = f"{SCHEMA}.sinks"
 IDEMPOTENCY_DDL = (
     f"CREATE TABLE IF NOT EXISTS {IDEMPOTENCY_TABLE} (sink_id VARCHAR NOT NULL, "
     "batch_id BIGINT NOT NULL, rows BIGINT NOT NULL, committed_at_us BIGINT NOT NULL, "
     "PRIMARY KEY (sink_id, batch_id));"
     f"CREATE TABLE IF NOT EXISTS {PARTS_TABLE} (sink_id VARCHAR NOT NULL, "
-    "batch_id BIGINT NOT NULL, part INTEGER NOT NULL, PRIMARY KEY (sink_id, batch_id, part))"
+    "batch_id BIGINT NOT NULL, part INTEGER NOT NULL, PRIMARY KEY (sink_id, batch_id, part));"
+    f"CREATE TABLE IF NOT EXISTS {SINKS_TABLE} (sink_id VARCHAR PRIMARY KEY, "
+    "owner VARCHAR NOT NULL)"
 )
 # A part stays well under the per-partition limits (room for the frame's own columns).
 PART_ROWS = limits.BATCH_MESSAGES_MAX * 9 // 10
@@ -55,18 +73,28 @@ StageTopic = Callable[[Any, dict[str, Any], pa.Table, bool], None]
 
 def publish(session: Any, sink_id: str, batch_id: int, writes: list[Write],
             stage_topic: StageTopic, now_us: int,
-            on_commit_point: Callable[[], None] | None = None) -> int:  # fmt: skip
+            on_commit_point: Callable[[], None] | None = None,
+            on_recorded: Callable[[], None] | None = None) -> int:  # fmt: skip
     """Publish ``writes`` as ``(sink_id, batch_id)``; returns the rows published.
 
     ``on_commit_point`` is called once the transaction holding the whole of the writes
     (not in parts) has passed its commit point, even if its publish then fails: from
-    there on, files it references belong to the committer."""
+    there on, files it references belong to the committer. ``on_recorded`` is called
+    once the transaction carrying the batch's record (the whole, or the last part) has
+    passed its commit point, even if it then fails: the record is this call's."""
+
+    def whole_committed() -> None:
+        if on_commit_point is not None:
+            on_commit_point()
+        if on_recorded is not None:
+            on_recorded()
+
     rows = sum(data.num_rows for _, data in writes)
     topic_rows = [(m, d) for m, d in writes if m["kind"] == "topic" and d.num_rows]
     try:
         _transaction(session, topic_rows, [w for w in writes if w[0]["kind"] != "topic"],
                      stage_topic, lambda: _record(session, sink_id, batch_id, rows, now_us),
-                     whole=True, on_commit_point=on_commit_point)  # fmt: skip
+                     whole=True, on_commit_point=whole_committed)  # fmt: skip
         return rows
     except LimitExceededError:
         size = sum(d.num_rows for _, d in topic_rows)
@@ -82,16 +110,45 @@ def publish(session: Any, sink_id: str, batch_id: int, writes: list[Write],
         tables_rows = [w for w in writes if w[0]["kind"] != "topic"] if last else []
 
         def records(number: int = number, last: bool = last) -> None:
+            claim(session, sink_id)
             tables.run(session.cursor, f"INSERT INTO {PARTS_TABLE} VALUES (?, ?, ?)",
                        [sink_id, batch_id, number])  # fmt: skip
             if last:
                 _record(session, sink_id, batch_id, rows, now_us)
 
-        _transaction(session, part, tables_rows, stage_topic, records)
+        _transaction(session, part, tables_rows, stage_topic, records,
+                     on_commit_point=on_recorded if last else None)  # fmt: skip
     return rows
 
 
+def sink_owner(session: Any, sink_id: str) -> str | None:
+    """The user who claimed ``sink_id`` (None: unclaimed), as the session sees it."""
+    table = tables.query_arrow(
+        session.cursor, f"SELECT owner FROM {SINKS_TABLE} WHERE sink_id = ?", [sink_id])
+    return None if table is None or table.num_rows == 0 else table.column(0)[0].as_py()
+
+
+def require_sink(session: Any, sink_id: str) -> str | None:
+    """Refuse (42501) unless the session's user owns ``sink_id``, nobody has claimed it,
+    or the user is a superuser; returns the owner."""
+    owner = sink_owner(session, sink_id)
+    identity = session.identity
+    if owner is not None and owner != identity.name and not identity.superuser:
+        raise InsufficientPrivilegeError(f"permission denied for sink {sink_id!r}: it "
+                                         "belongs to another user")  # fmt: skip
+    return owner
+
+
+def claim(session: Any, sink_id: str) -> None:
+    """In the open transaction: claim ``sink_id`` for the session's user unless claimed;
+    42501 if another user holds it (a superuser may record any sink's batches)."""
+    if require_sink(session, sink_id) is None:
+        tables.run(session.cursor, f"INSERT INTO {SINKS_TABLE} VALUES (?, ?)",
+                   [sink_id, session.identity.name])  # fmt: skip
+
+
 def _record(session: Any, sink_id: str, batch_id: int, rows: int, now_us: int) -> None:
+    claim(session, sink_id)
     tables.run(session.cursor, f"INSERT INTO {IDEMPOTENCY_TABLE} VALUES (?, ?, ?, ?)",
                [sink_id, batch_id, rows, now_us])  # fmt: skip
 

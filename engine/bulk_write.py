@@ -25,8 +25,13 @@ Layout and invariants:
 - privileges: starting or adding to a write needs INSERT on the target; the commit's
   table inserts run as SQL statements of the session (planned and checked as any
   statement), topic writes are checked again with ``privileges.require``.
-Thread-safety: the staged-bytes counter and the directory set are guarded by a lock;
-a write id should be appended to by one stream at a time (each stream has its own file).
+- a sink belongs to the user whose commit first recorded it (``engine.bulk_publish``):
+  a commit, duplicate check or ``last_batch`` of another user's sink gets 42501.
+- a write being committed takes no appends (55000): its files were read, and are
+  deleted, by the commit; a write with an append in flight cannot start committing.
+Thread-safety: the staged-bytes counter, the directory set and the committing/appending
+marks are guarded by a lock; a write id may be appended to by several streams at once
+(each stream has its own file).
 """
 
 from __future__ import annotations
@@ -39,7 +44,7 @@ import shutil
 import threading
 import time
 import uuid
-from collections.abc import Iterable
+from collections.abc import Iterable, Iterator
 from dataclasses import dataclass
 from typing import Any
 
@@ -55,6 +60,7 @@ from storage.errors import (
     InsufficientPrivilegeError,
     InvalidParameterValueError,
     LimitExceededError,
+    ObjectNotInPrerequisiteStateError,
     TopicbaseError,
     UndefinedObjectError,
     UndefinedTopicError,
@@ -98,6 +104,10 @@ class BulkWrites:
         self.staging_bytes_max = staging_bytes_max
         self.abandon_after_s = abandon_after_s
         self._lock = threading.Lock()
+        # Writes being committed, and appends in flight per write (under ``_lock``): a
+        # write is never appended to while it is committed (the rows would be lost).
+        self._committing: set[str] = set()
+        self._appending: dict[str, int] = {}
         # A commit by reference holds its partitions' batches in memory from their
         # derivation to the publish (none are spilled): as many at once as spilled
         # commits may read back (``limits.SPILLED_COMMITS_MAX``), the others wait.
@@ -157,6 +167,21 @@ class BulkWrites:
         """
         meta = self._meta(session, write_id)
         _check_target(session, meta["kind"], meta["name"])
+        with self._lock:
+            if write_id in self._committing:
+                raise ObjectNotInPrerequisiteStateError(
+                    f"write {write_id} is being committed: no rows can be added to it now")
+            self._appending[write_id] = self._appending.get(write_id, 0) + 1
+        try:
+            return self._append(write_id, batches, schema)
+        finally:
+            with self._lock:
+                self._appending[write_id] -= 1
+                if not self._appending[write_id]:
+                    del self._appending[write_id]
+
+    def _append(self, write_id: str, batches: Iterable[pa.RecordBatch],
+                schema: pa.Schema) -> int:  # fmt: skip
         base = os.path.join(self.root, write_id, uuid.uuid4().hex)
         rows = written = 0
         try:
@@ -287,22 +312,35 @@ class BulkWrites:
         """
         if not sink_id or not isinstance(batch_id, int):
             raise InvalidParameterValueError("a commit needs a sink id and an integer batch id")
+        bulk_publish.require_sink(session, sink_id)  # the sink is this user's (or unclaimed)
         if self.committed_rows(session, sink_id, batch_id) is not None:
             # A replay: its writes were published (and deleted) by the first commit, or
             # are a re-run's copies, which go unpublished.
             self.abort(session, write_ids)
             return {"status": "duplicate", "rows": 0}
         metas = {w: self._meta(session, w) for w in dict.fromkeys(write_ids)}
+        with self._committing_writes(list(metas)):
+            return self._commit(session, sink_id, batch_id, metas)
+
+    def _commit(self, session: Any, sink_id: str, batch_id: int,
+                metas: dict[str, dict[str, str]]) -> dict[str, Any]:  # fmt: skip
         handed: list[str] = []  # the commit directory, once the committer owns it
         moved: dict[str, str] = {}  # write id -> its directory under the commit directory
+        recorded: list[bool] = []  # set once the transaction with our record committed
         try:
-            rows = self._publish(session, sink_id, batch_id, metas, moved, handed)
+            rows = self._publish(session, sink_id, batch_id, metas, moved, handed, recorded)
         except TopicbaseError:
             if not handed:
                 self._move_back(moved)
-            if self.committed_rows(session, sink_id, batch_id) is None:
-                raise
-            rows = None  # a concurrent commit of the same record won: ours is a replay
+            if recorded:  # past our commit point (its publish finishes later): committed
+                rows = self.committed_rows(session, sink_id, batch_id)
+                assert rows is not None, "a committed record is visible to its session"
+            else:
+                # A concurrent commit by another user may have claimed the sink: 42501.
+                bulk_publish.require_sink(session, sink_id)
+                if self.committed_rows(session, sink_id, batch_id) is None:
+                    raise
+                rows = None  # a concurrent commit of the same record won: ours is a replay
         except BaseException:
             if not handed:
                 self._move_back(moved)
@@ -314,6 +352,25 @@ class BulkWrites:
             return {"status": "duplicate", "rows": 0}
         return {"status": "committed", "rows": rows}
 
+    @contextlib.contextmanager
+    def _committing_writes(self, write_ids: list[str]) -> Iterator[None]:
+        """Mark the writes as being committed: appends to them (and other commits or
+        aborts of them) are refused with 55000 until the commit ends; a write with an
+        append in flight cannot start committing (its rows would be lost)."""
+        with self._lock:
+            for write_id in write_ids:
+                if write_id in self._committing or self._appending.get(write_id):
+                    raise ObjectNotInPrerequisiteStateError(
+                        f"write {write_id} is being "
+                        f"{'committed' if write_id in self._committing else 'appended to'}"
+                        "; retry once that has ended")  # fmt: skip
+            self._committing.update(write_ids)
+        try:
+            yield
+        finally:
+            with self._lock:
+                self._committing.difference_update(write_ids)
+
     def committed_rows(self, session: Any, sink_id: str, batch_id: int) -> int | None:
         table = tables.query_arrow(
             session.cursor, f"SELECT rows FROM {IDEMPOTENCY_TABLE} WHERE sink_id = ? "
@@ -321,7 +378,9 @@ class BulkWrites:
         return None if table is None or table.num_rows == 0 else table.column(0)[0].as_py()
 
     def last_batch(self, session: Any, sink_id: str) -> int | None:
-        """The largest batch id committed for ``sink_id`` (None if none)."""
+        """The largest batch id committed for ``sink_id`` (None if none); 42501 if the
+        sink belongs to another user."""
+        bulk_publish.require_sink(session, sink_id)
         table = tables.query_arrow(
             session.cursor, f"SELECT max(batch_id) FROM {IDEMPOTENCY_TABLE} WHERE sink_id = ?",
             [sink_id])  # fmt: skip
@@ -329,7 +388,7 @@ class BulkWrites:
 
     def _publish(self, session: Any, sink_id: str, batch_id: int,
                  metas: dict[str, dict[str, str]], moved: dict[str, str],
-                 handed: list[str]) -> int:  # fmt: skip
+                 handed: list[str], recorded: list[bool]) -> int:  # fmt: skip
         """Publish the writes in one transaction (``engine.bulk_publish``).
 
         Data written once: the topic writes whose rows all name their partition are
@@ -373,16 +432,18 @@ class BulkWrites:
         eligible = [i for i in sources if staged_refs.by_reference(writes[i][1])
                     and writes[i][0]["name"] not in copied]  # fmt: skip
         if not eligible:
-            return self._publish_writes(session, sink_id, batch_id, writes, moved, handed)
+            return self._publish_writes(session, sink_id, batch_id, writes, moved, handed,
+                                        recorded)  # fmt: skip
         with self._by_reference_turns:
             return self._publish_by_reference(session, sink_id, batch_id, writes, metas,
-                                              sources, eligible, moved, handed)  # fmt: skip
+                                              sources, eligible, moved, handed,
+                                              recorded)  # fmt: skip
 
     def _publish_by_reference(self, session: Any, sink_id: str, batch_id: int,
                               writes: list[bulk_publish.Write],
                               metas: dict[str, dict[str, str]], sources: dict[int, list[str]],
                               eligible: list[int], moved: dict[str, str],
-                              handed: list[str]) -> int:  # fmt: skip
+                              handed: list[str], recorded: list[bool]) -> int:  # fmt: skip
         """Move, checksum and sync the eligible writes' files, then publish (``_publish``)."""
         directory = self._move_for_commit(
             sink_id, batch_id, {w: metas[w] for i in eligible for w in sources[i]}, moved)
@@ -400,17 +461,18 @@ class BulkWrites:
             [os.path.relpath(d, self.database.path)
              for d in [*moved.values(), directory, self.commits_root, self.root]])
         failpoints.hit("bulk.before_commit")
-        return self._publish_writes(session, sink_id, batch_id, writes, moved, handed)
+        return self._publish_writes(session, sink_id, batch_id, writes, moved, handed, recorded)
 
     def _publish_writes(self, session: Any, sink_id: str, batch_id: int,
                         writes: list[bulk_publish.Write], moved: dict[str, str],
-                        handed: list[str]) -> int:  # fmt: skip
+                        handed: list[str], recorded: list[bool]) -> int:  # fmt: skip
         def committed() -> None:
             if moved:
                 handed.append(os.path.dirname(next(iter(moved.values()))))
 
         return bulk_publish.publish(session, sink_id, batch_id, writes, self._stage_topic,
-                                    self.database.clock.now_us(), committed)  # fmt: skip
+                                    self.database.clock.now_us(), committed,
+                                    lambda: recorded.append(True))  # fmt: skip
 
     def _move_for_commit(self, sink_id: str, batch_id: int, metas: dict[str, dict[str, str]],
                          moved: dict[str, str]) -> str:  # fmt: skip
