@@ -158,7 +158,7 @@ def test_two_users_claiming_one_new_sink_at_once_never_both_win(database, monkey
         try:
             outcomes[identity.name] = _commit(database, identity, "new-sink", batch_id,
                                               [write_id])  # fmt: skip
-        except Exception as error:  # noqa: BLE001 - the outcome under test
+        except Exception as error:  # the outcome under test
             outcomes[identity.name] = error
 
     threads = [threading.Thread(target=run, args=(ALICE, "a-1", 1)),
@@ -182,8 +182,9 @@ def test_two_users_claiming_one_new_sink_at_once_never_both_win(database, monkey
 
 
 @pytest.mark.parametrize("by_reference", [False, True])
-def test_a_commit_failing_after_its_commit_point_answers_committed(database,
-                                                                   by_reference) -> None:  # fmt: skip
+def test_a_commit_failing_after_its_commit_point_answers_committed(
+    database, by_reference: bool
+) -> None:
     _stage(database, ALICE, "w-1", 50, partitions=by_reference)
     failpoints.activate("commit.after_commit_point=error")
     assert _commit(database, ALICE, "s", 1, ["w-1"]) == {"status": "committed", "rows": 50}

@@ -1,0 +1,74 @@
+"""COMMIT WRITES over the wire: a sink belongs to the user whose commit first recorded it
+(``engine.bulk_publish``); another user cannot pre-record its batches (R1's forgery:
+empty COMMIT WRITES of a victim's future batches made its real commit a silent
+duplicate), nor probe them."""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from pathlib import Path
+
+import psycopg
+import pytest
+
+from sql.pgwire.server import ServerThread
+from sql.pgwire.users import add_user
+from tests.pgwire.test_copy_staged import arrow_stream, messages, stage
+
+
+@pytest.fixture
+def users_server(tmp_path: Path) -> Iterator[ServerThread]:
+    users_file = str(tmp_path / "users.json")
+    add_user(users_file, "alice", "alice-pw", superuser=True)
+    add_user(users_file, "bob", "bob-pw")
+    add_user(users_file, "mallory", "mallory-pw")
+    running = ServerThread(str(tmp_path / "data"), "127.0.0.1", 0, auth="scram",
+                           users_file=users_file)  # fmt: skip
+    yield running
+    running.stop()
+
+
+def _login(server: ServerThread, user: str) -> psycopg.Connection:
+    return psycopg.connect(host="127.0.0.1", port=server.port, user=user,
+                           password=f"{user}-pw", dbname="topicbase", autocommit=True,
+                           connect_timeout=10)  # fmt: skip
+
+
+def test_an_unprivileged_user_cannot_pre_record_another_users_sink(users_server) -> None:
+    with _login(users_server, "alice") as alice:
+        alice.execute("CREATE TOPIC events")
+        alice.execute("GRANT INSERT ON TOPIC events TO bob")
+    with _login(users_server, "bob") as bob:
+        stage(bob, "TOPIC events", "w-0", arrow_stream(messages(10)))
+        assert bob.execute("COMMIT WRITES ('w-0') SINK 'orders-stream' BATCH 0").fetchone() == (
+            "committed", 10)
+    with _login(users_server, "mallory") as mallory:  # no privilege on anything
+        for batch in range(1, 4):
+            with pytest.raises(psycopg.errors.InsufficientPrivilege, match="another user"):
+                mallory.execute(f"COMMIT WRITES () SINK 'orders-stream' BATCH {batch}")
+        assert mallory.execute("SELECT 1").fetchone() == (1,)
+    with _login(users_server, "bob") as bob:
+        stage(bob, "TOPIC events", "w-1", arrow_stream(messages(100)))
+        assert bob.execute("COMMIT WRITES ('w-1') SINK 'orders-stream' BATCH 1").fetchone() == (
+            "committed", 100)
+        assert bob.execute("COMMIT WRITES () SINK 'orders-stream' BATCH 1").fetchone() == (
+            "duplicate", 0)  # the owner's replay
+    with _login(users_server, "alice") as alice:  # a superuser may act on any sink
+        assert alice.execute("COMMIT WRITES () SINK 'orders-stream' BATCH 1").fetchone() == (
+            "duplicate", 0)
+        assert alice.execute("SELECT count(*) FROM TOPIC events").fetchone() == (110,)
+
+
+def test_a_squatted_sink_is_refused_loudly_and_the_writes_stay(users_server) -> None:
+    with _login(users_server, "alice") as alice:
+        alice.execute("CREATE TOPIC events")
+        alice.execute("GRANT INSERT ON TOPIC events TO bob")
+    with _login(users_server, "mallory") as mallory:
+        assert mallory.execute("COMMIT WRITES () SINK 'orders-stream' BATCH 1").fetchone() == (
+            "committed", 0)
+    with _login(users_server, "bob") as bob:
+        stage(bob, "TOPIC events", "w-1", arrow_stream(messages(100)))
+        with pytest.raises(psycopg.errors.InsufficientPrivilege, match="another user"):
+            bob.execute("COMMIT WRITES ('w-1') SINK 'orders-stream' BATCH 1")
+        assert bob.execute("COMMIT WRITES ('w-1') SINK 'bobs-stream' BATCH 1").fetchone() == (
+            "committed", 100)
