@@ -52,6 +52,11 @@ class TopicConfig:
             raise InvalidParameterValueError(
                 f"segment_bytes must be at least {limits.SEGMENT_BYTES_MIN}"
             )
+        if self.segment_bytes > limits.SEGMENT_BYTES_MAX:
+            raise InvalidParameterValueError(
+                f"segment_bytes must be at most {limits.SEGMENT_BYTES_MAX} (2 GiB), "
+                f"got {self.segment_bytes}"
+            )
         if self.segment_ms <= 0 or self.producer_expiry_ms <= 0:
             raise InvalidParameterValueError("segment_ms and producer_expiry_ms must be positive")
         if self.retention_ms is not None and self.retention_ms <= 0:

@@ -34,6 +34,10 @@ IOV_MAX = 1024
 # -- segments and indexes -------------------------------------------------------------
 SEGMENT_BYTES_DEFAULT = 64 * 1024 * 1024
 SEGMENT_BYTES_MIN = 1024
+# A segment rolls once it passes ``segment_bytes``, so it may exceed it by one frame;
+# its offset index stores positions as uint32 (``storage.offset_index``): 2 GiB leaves
+# room for that frame under 4 GiB. (Before this cap, a 4 GiB setting was accepted.)
+SEGMENT_BYTES_MAX = 2 * 1024 * 1024 * 1024
 SEGMENT_MS_DEFAULT = 7 * 24 * 3600 * 1000
 # One offset-index entry per this many log bytes (Kafka's index.interval.bytes).
 INDEX_INTERVAL_BYTES = 4096

@@ -55,9 +55,10 @@ from storage.group_commit import GroupCommitter, Request
 from storage.log_loader import RecoveryReport, load_segments
 from storage.producer_state import SMALL_BATCH_ROWS, DedupDecision, ProducerStateManager
 from storage.record_batch import (
+    WIRE_SCHEMA,
     FrameEncoder,
+    FrameHeader,
     check_wire_batch,
-    decode_body,
 )
 from storage.segment import Frame, LogSegment
 
@@ -67,6 +68,10 @@ log = logging.getLogger(__name__)
 # their fixed cost dominates, and copying their few messages once is cheap.
 SMALL_FRAME_ROWS = SMALL_SLICE_ROWS
 REPLAY_RUN_ROWS = 16_384  # messages per producer-state replay call on open
+REPLAY_RUN_BYTES = 4 * 1024 * 1024  # ... or this many bytes of its kept columns (_ReplayRun)
+# The columns of a frame the producer-state replay reads (besides offsets and times,
+# which come from the frame's header).
+REPLAY_COLUMNS = ("seq_no", "producer_id", "message_group_id")
 WRITTEN = 0
 DUPLICATE = 1
 assert (WRITTEN, DUPLICATE) == (False, True)  # a status array is the duplicate mask as uint8
@@ -803,27 +808,75 @@ class PartitionLog:
         end = self._visible.end_offset
         replay_from = max(self.producers.load_snapshot(end), self.start_offset)
         offset = replay_from
-        visible = self._visible
-        # Frames are replayed in runs of up to ``REPLAY_RUN_ROWS`` messages, one
-        # ``apply_read_batch`` each (it keeps per key the largest seq_no, offset and time,
-        # so a run gives what its frames one by one would): ~1.5 ms per call, and a
-        # partition written by statements spread over 1000 partitions holds one frame
-        # of a few messages per statement.
-        run: list[pa.RecordBatch] = []
-        rows = 0
-        for segment in visible.segments:
+        run = _ReplayRun()
+        for segment in self._visible.segments:
             if segment.next_offset <= offset:
                 continue
             limit = segment.size_bytes
             for frame in segment.scan(offset, limit, 4 * 1024 * 1024, skip_corrupt=True):
-                run.append(decode_body(frame.header, frame.body))
-                rows += frame.header.record_count
-                if rows >= REPLAY_RUN_ROWS:
-                    self.producers.apply_read_batch(pa.concat_batches(run))
-                    run, rows = [], 0
-        if run:
-            self.producers.apply_read_batch(pa.concat_batches(run))
+                if run.add(frame.header, frame.body):
+                    self.producers.apply_read_batch(run.take())
+        if run.rows:
+            self.producers.apply_read_batch(run.take())
         self.producers.expire()
+
+
+class _ReplayRun:
+    """The frames of one producer-state replay call, reduced to what the replay reads.
+
+    Frames are replayed in runs, one ``apply_read_batch`` each (it keeps per key the
+    largest seq_no, offset and time, so a run gives what its frames one by one would):
+    ~1.5 ms per call, and a partition written by statements spread over 1000
+    partitions holds one frame of a few messages per statement.
+
+    Invariants: a run holds no frame's body, only a copy of its ``REPLAY_COLUMNS``
+    (so the read windows are released as the scan moves on, and the messages' data is
+    never copied); it ends at ``REPLAY_RUN_ROWS`` messages or ``REPLAY_RUN_BYTES`` of
+    kept columns, whichever comes first (so its memory is bounded whatever the
+    messages' sizes, and no joined column can pass Arrow's 2 GiB offset limit).
+    """
+
+    __slots__ = ("_bases", "_batches", "_counts", "_written_ats", "nbytes", "rows")
+
+    def __init__(self) -> None:
+        self._reset()
+
+    def _reset(self) -> None:
+        self._batches: list[pa.RecordBatch] = []
+        self._bases: list[int] = []
+        self._counts: list[int] = []
+        self._written_ats: list[int] = []
+        self.rows = 0
+        self.nbytes = 0
+
+    def add(self, header: FrameHeader, body: pa.Buffer) -> bool:
+        """Keep a copy of the frame's replayed columns; True when the run is full."""
+        wire = pa.ipc.read_record_batch(body, WIRE_SCHEMA)
+        assert wire.num_rows == header.record_count, (wire.num_rows, header.record_count)
+        kept = pa.concat_batches([wire.select(REPLAY_COLUMNS)])  # a copy: ``body`` goes
+        self._batches.append(kept)
+        self._bases.append(header.base_offset)
+        self._counts.append(header.record_count)
+        self._written_ats.append(header.written_at_us)
+        self.rows += header.record_count
+        self.nbytes += kept.nbytes
+        return self.rows >= REPLAY_RUN_ROWS or self.nbytes >= REPLAY_RUN_BYTES
+
+    def take(self) -> pa.RecordBatch:
+        """The run as one batch of the columns ``apply_read_batch`` reads; empties it."""
+        assert self.rows > 0
+        counts = np.array(self._counts, dtype=np.int64)
+        starts = np.cumsum(counts) - counts  # each frame's first row in the run
+        bases = np.array(self._bases, dtype=np.int64)
+        offsets = np.repeat(bases - starts, counts) + np.arange(self.rows, dtype=np.int64)
+        written_at = np.repeat(np.array(self._written_ats, dtype=np.int64), counts)
+        kept = pa.concat_batches(self._batches)
+        batch = pa.RecordBatch.from_arrays(
+            [*kept.columns, pa.array(offsets), pa.array(written_at)],
+            names=[*REPLAY_COLUMNS, "offset", "written_at"],
+        )
+        self._reset()
+        return batch
 
 
 def _joined(
