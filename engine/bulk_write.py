@@ -61,6 +61,7 @@ from storage.errors import (
     InvalidParameterValueError,
     LimitExceededError,
     ObjectNotInPrerequisiteStateError,
+    SerializationFailure,
     TopicbaseError,
     UndefinedObjectError,
     UndefinedTopicError,
@@ -235,6 +236,10 @@ class BulkWrites:
             if not os.path.isdir(os.path.join(self.root, write_id)):
                 continue
             self._meta(session, write_id)
+            with self._lock:
+                if write_id in self._committing:
+                    raise ObjectNotInPrerequisiteStateError(
+                        f"write {write_id} is being committed: it cannot be aborted now")
             self._remove(write_id)
             count += 1
         return count
@@ -243,7 +248,9 @@ class BulkWrites:
         """Delete writes untouched for ``abandon_after_s`` (a killed writer's leftovers)."""
         collected = []
         for write in self._scan():
-            if write.idle_s >= self.abandon_after_s:
+            with self._lock:
+                busy = write.write_id in self._committing or write.write_id in self._appending
+            if write.idle_s >= self.abandon_after_s and not busy:
                 self._remove(write.write_id)
                 collected.append(write.write_id)
         return collected
@@ -312,7 +319,7 @@ class BulkWrites:
         """
         if not sink_id or not isinstance(batch_id, int):
             raise InvalidParameterValueError("a commit needs a sink id and an integer batch id")
-        bulk_publish.require_sink(session, sink_id)  # the sink is this user's (or unclaimed)
+        owner = bulk_publish.require_sink(session, sink_id)  # this user's, or unclaimed
         if self.committed_rows(session, sink_id, batch_id) is not None:
             # A replay: its writes were published (and deleted) by the first commit, or
             # are a re-run's copies, which go unpublished.
@@ -320,7 +327,15 @@ class BulkWrites:
             return {"status": "duplicate", "rows": 0}
         metas = {w: self._meta(session, w) for w in dict.fromkeys(write_ids)}
         with self._committing_writes(list(metas)):
-            return self._commit(session, sink_id, batch_id, metas)
+            try:
+                return self._commit(session, sink_id, batch_id, metas)
+            except SerializationFailure:
+                # Two commits of one user claimed a new sink at once and ours lost (the
+                # claim's key): nothing of ours committed, the sink is ours: once more.
+                if owner is not None or bulk_publish.sink_owner(
+                        session, sink_id) != session.identity.name:  # fmt: skip
+                    raise
+                return self._commit(session, sink_id, batch_id, metas)
 
     def _commit(self, session: Any, sink_id: str, batch_id: int,
                 metas: dict[str, dict[str, str]]) -> dict[str, Any]:  # fmt: skip
@@ -354,9 +369,10 @@ class BulkWrites:
 
     @contextlib.contextmanager
     def _committing_writes(self, write_ids: list[str]) -> Iterator[None]:
-        """Mark the writes as being committed: appends to them (and other commits or
-        aborts of them) are refused with 55000 until the commit ends; a write with an
-        append in flight cannot start committing (its rows would be lost)."""
+        """Mark the writes as being committed: appends to them, other commits and aborts
+        of them are refused with 55000 (and ``collect`` leaves them) until the commit
+        ends; a write with an append in flight cannot start committing (its rows would be
+        lost)."""
         with self._lock:
             for write_id in write_ids:
                 if write_id in self._committing or self._appending.get(write_id):

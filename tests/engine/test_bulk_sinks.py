@@ -181,6 +181,44 @@ def test_two_users_claiming_one_new_sink_at_once_never_both_win(database, monkey
     assert _last_batch(database, winner, "new-sink") == 1
 
 
+def test_one_users_two_commits_claiming_a_new_sink_at_once_both_commit(
+    database, monkeypatch
+) -> None:
+    _stage(database, ALICE, "a-1", 20)
+    _stage(database, ALICE, "a-2", 30)
+    both_claimed = threading.Barrier(2)
+    claim = bulk_publish.claim
+    calls: list[str] = []
+
+    def claim_then_wait(session, sink_id: str) -> None:
+        calls.append(sink_id)
+        try:
+            claim(session, sink_id)
+        finally:
+            if len(calls) <= 2:  # the first two claims meet; the loser's retry goes alone
+                both_claimed.wait()
+
+    monkeypatch.setattr(bulk_publish, "claim", claim_then_wait)
+    outcomes: dict[int, object] = {}
+
+    def run(write_id: str, batch_id: int) -> None:
+        try:
+            outcomes[batch_id] = _commit(database, ALICE, "new-sink", batch_id, [write_id])
+        except Exception as error:  # the outcome under test
+            outcomes[batch_id] = error
+
+    threads = [threading.Thread(target=run, args=("a-1", 1)),
+               threading.Thread(target=run, args=("a-2", 2))]  # fmt: skip
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join()
+    assert outcomes == {1: {"status": "committed", "rows": 20},
+                        2: {"status": "committed", "rows": 30}}, outcomes  # fmt: skip
+    assert len(calls) == 3  # the claims did race: one commit went twice
+    assert _count(database) == 50
+
+
 @pytest.mark.parametrize("by_reference", [False, True])
 def test_a_commit_failing_after_its_commit_point_answers_committed(
     database, by_reference: bool
@@ -206,16 +244,21 @@ def test_a_write_being_committed_refuses_appends(database, monkeypatch) -> None:
         table = read_write(self, write_id)
         session = database.connect(ALICE)
         try:  # another stream of the same write arrives while the commit runs
-            bulk.append(session, write_id, [_batch(5)], _batch(5).schema)
-        except ObjectNotInPrerequisiteStateError as error:
-            refused.append(error)
+            for attempt in (
+                lambda: bulk.append(session, write_id, [_batch(5)], _batch(5).schema),
+                lambda: bulk.abort(session, [write_id]),
+                lambda: bulk.commit(session, "s", 2, [write_id]),
+            ):
+                with pytest.raises(ObjectNotInPrerequisiteStateError) as caught:
+                    attempt()
+                refused.append(caught.value)
         finally:
             session.close()
         return table
 
     monkeypatch.setattr(bulk_write.BulkWrites, "read_write", read_then_append)
     assert _commit(database, ALICE, "s", 1, ["w-1"]) == {"status": "committed", "rows": 10}
-    assert len(refused) == 1 and refused[0].sqlstate == "55000"
+    assert [error.sqlstate for error in refused] == ["55000"] * 3
     assert _count(database) == 10
 
 
