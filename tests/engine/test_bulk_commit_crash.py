@@ -34,8 +34,9 @@ from pathlib import Path
 
 import pytest
 
-from engine import bulk_write
+from engine import bulk_publish, bulk_write
 from engine.database import Database
+from engine.identity import LOCAL_SUPERUSER_NAME
 from storage.errors import CorruptSegmentError
 
 HERE = Path(__file__).resolve().parent
@@ -88,6 +89,14 @@ def _totals(database: Database) -> list[dict]:
         session.close()
 
 
+def _sink_owner(database: Database) -> str | None:
+    session = database.connect()
+    try:
+        return bulk_publish.sink_owner(session, child.SINK)
+    finally:
+        session.close()
+
+
 def _check_and_retry(data: Path) -> str:
     """Open (recovery), check all-or-nothing, retry the commit, check exactly once."""
     database = Database.open(str(data), retention_interval_s=None)
@@ -98,6 +107,8 @@ def _check_and_retry(data: Path) -> str:
         empty = {p: [] for p in everything}
         assert published in (everything, empty), {p: len(m) for p, m in published.items()}
         assert _totals(database) == ([{"k": "a", "n": 1}] if published == everything else [])
+        # The sink's claim commits with its record (``engine.bulk_publish.claim``).
+        assert _sink_owner(database) == (None if published == empty else LOCAL_SUPERUSER_NAME)
         assert os.listdir(bulk.commits_root) == []
         staged = sorted(os.listdir(bulk.root))
         if published == empty:
@@ -113,6 +124,7 @@ def _check_and_retry(data: Path) -> str:
         assert _totals(database) == [{"k": "a", "n": 1}]
         assert os.listdir(bulk.root) == [] and os.listdir(bulk.commits_root) == []
         assert bulk.staged_bytes == 0
+        assert _sink_owner(database) == LOCAL_SUPERUSER_NAME
         return "nothing" if published == empty else "all"
     finally:
         database.close()
