@@ -709,7 +709,10 @@ class Committer:
         # crash among many writes spread over 1000 partitions: engine.spread_append).
         earliest = min((row["committed_at_us"] for row in rows), default=0) - CLOCK_SLACK_US
         present: dict[tuple[str, int], dict[int, int]] = {}
+        # A record's shares by reference: each of its file lists read and checked once.
+        derivation = staged_refs.Derivation(self._database.path)
         for row in rows:
+            derivation.clear()  # the previous record's files
             transaction_id = row["transaction_id"]
             self._last_id = max(self._last_id, transaction_id)
             catalog = self._database.catalog
@@ -742,12 +745,12 @@ class Committer:
                     found = present[(topic_id, partition)] = log_.transaction_rows_since(earliest)
                 if transaction_id in found:
                     # Whole, or a share cut into frames that lost its tail in the crash.
-                    batch = self._recovered_batch(staged, references)
+                    batch = self._recovered_batch(staged, references, derivation)
                     # ``published_prefix``, from the one scan (it covers the record's time)
                     done = found[transaction_id] if cuttable(batch) else batch.num_rows
                     batch = batch.slice(min(batch.num_rows, done))
                 else:
-                    batch = self._recovered_batch(staged, references)
+                    batch = self._recovered_batch(staged, references, derivation)
                 if batch.num_rows:
                     log_.publish_transactional([batch], transaction_id)
                     found[transaction_id] = found.get(transaction_id, 0) + batch.num_rows
@@ -758,15 +761,17 @@ class Committer:
             if log_end is not None:
                 self.staging.keep(transaction_id, [StagedBatch(log_end[0], 0, 0)])
             self._published.append((transaction_id, targets, log_end))
+        derivation.clear()
         self.staging.release(set())  # files no record needs: aborted or undecided staging
         self.checkpoint()
         return republished
 
-    def _recovered_batch(self, staged: StagedBatch | None, references: list | None):
+    def _recovered_batch(self, staged: StagedBatch | None, references: list | None,
+                         derivation: staged_refs.Derivation):  # fmt: skip
         """A committed share read back: from the staging log or derived by reference."""
         if staged is None:
             assert references is not None
-            return staged_refs.derive_all(self._database.path, references)
+            return derivation.derive_all(references)
         return self.staging.read(staged)
 
     def _committed_rows(self) -> list[dict]:

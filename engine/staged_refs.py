@@ -5,7 +5,8 @@ before the partition write: the transaction's spill (``engine.staged_writes``), 
 staging log (``storage.staging``, the commit's durable copy) and back. Its rows are on disk
 already, as the write's staged Arrow IPC stream files, so the commit's durable record
 instead names those files, and a partition's share is *derived* from them by one pure
-function (``derive``), at commit and again, identically, by recovery.
+function (``derive``), at commit and again, identically, by recovery (``Derivation``:
+each of a record's file lists read, checked and grouped once for all of its partitions).
 
 A *reference* (JSON, kept in the commit's record row: ``engine.commit``) is::
 
@@ -133,35 +134,73 @@ def read_files(root: str, files: list[list], *, check: bool) -> pa.Table:
 
 def partition_groups(data: pa.Table) -> Iterator[tuple[int | None, pa.Table]]:
     """Topic rows grouped by their ``partition`` (without that column), each group in the
-    rows' order; one group ``(None, data)`` when no row names a partition (the topic routes
-    them). Groups are made one at a time, so only one is in memory beside ``data`` (which
-    is memory-mapped) while the caller stages it.
+    rows' order, groups in ascending partition order; one group ``(None, data)`` when no row
+    names a partition (the topic routes them). Groups are made one at a time, so only one
+    is in memory beside ``data`` (which is memory-mapped) while the caller stages it.
 
     Refuses a partition given for some rows only (22023) or negative (22003), as an
     ``INSERT INTO TOPIC`` does, before the first group.
     """
-    if "partition" not in data.column_names:
-        yield None, data
+    values = _partition_values(data)
+    if values is None:
+        has = "partition" in data.column_names
+        yield None, data.drop_columns(["partition"]) if has else data
         return
+    groups = PartitionGroups(data.drop_columns(["partition"]), values)
+    for partition in groups.partitions:
+        rows = groups.rows_of(int(partition))
+        assert rows is not None
+        yield int(partition), rows
+
+
+def _partition_values(data: pa.Table) -> np.ndarray | None:
+    """Each row's partition (int64), checked as ``partition_groups`` documents; None when
+    no row names one (no ``partition`` column, or only nulls, or no rows)."""
+    if "partition" not in data.column_names:
+        return None
     column = data.column("partition")
     if column.null_count == data.num_rows:
-        yield None, data.drop_columns(["partition"])
-        return
+        return None
     if column.null_count:
         raise InvalidParameterValueError("partition must be given for every row or for none")
     try:
         values = pc.cast(column, pa.int64()).to_numpy()
     except (pa.ArrowInvalid, pa.ArrowNotImplementedError) as error:
         raise InvalidParameterValueError(f'column "partition": {error}') from None
-    if values.size and values.min() < 0:
+    if values.min() < 0:
         raise NumericValueOutOfRangeError(
             f'column "partition": {values.min()} is out of range (0 to {2**63 - 1})')
-    rows = data.drop_columns(["partition"])
-    if values.size and values.min() == values.max():
-        yield int(values[0]), rows
-        return
-    for partition in np.unique(values):
-        yield int(partition), rows.filter(pa.array(values == partition)).combine_chunks()
+    return values
+
+
+class PartitionGroups:
+    """``rows`` grouped by ``values`` (each row's partition), without copying them: one
+    stable sort of the row numbers by partition, cut where the partition changes (a
+    filter per partition cost P passes over all rows). A group is taken (copied) only
+    when asked for, its rows in their order in ``rows``: the same rows as a filter.
+
+    Invariant: ``partitions`` ascending and distinct; ``_bounds[i]:_bounds[i + 1]`` are
+    the positions in ``_order`` of the rows of ``partitions[i]``."""
+
+    __slots__ = ("_bounds", "_order", "partitions", "rows")
+
+    def __init__(self, rows: pa.Table, values: np.ndarray) -> None:
+        assert len(values) == rows.num_rows > 0
+        self.rows = rows
+        self._order = np.argsort(values, kind="stable")
+        self.partitions, starts = np.unique(values[self._order], return_index=True)
+        self._bounds = np.append(starts, len(values))
+
+    def rows_of(self, partition: int) -> pa.Table | None:
+        """The rows of ``partition`` (None if it has none); all of ``rows`` when every row
+        is of it (no copy)."""
+        index = int(np.searchsorted(self.partitions, partition))
+        if index == len(self.partitions) or self.partitions[index] != partition:
+            return None
+        if len(self.partitions) == 1:
+            return self.rows
+        positions = self._order[self._bounds[index]:self._bounds[index + 1]]
+        return self.rows.take(pa.array(positions)).combine_chunks()
 
 
 def by_reference(data: pa.Table) -> bool:
@@ -180,21 +219,60 @@ def wire_batch(rows: pa.Table, at_us: int) -> pa.RecordBatch:
     return batches[0] if len(batches) == 1 else pa.concat_batches(batches)
 
 
+class Derivation:
+    """Derives references' batches (``derive``) for one recovery, reading and checking each
+    distinct file list once: every reference of a write names all of its files (one per
+    partition the write spans), so deriving each alone read and checksummed all of the
+    write's files, and grouped their rows, once per partition (P x the write's bytes).
+
+    Each file list's rows stay memory-mapped, grouped (``PartitionGroups``: the row
+    numbers sorted by partition), until ``clear`` (the caller's scope: one commit record,
+    whose writes' files are all needed for its shares); a group is copied when derived.
+    The batches are those ``derive`` alone gives (the same pure function of reference
+    and files)."""
+
+    __slots__ = ("_groups", "root")
+
+    def __init__(self, root: str) -> None:
+        self.root = root
+        self._groups: dict[tuple, PartitionGroups | None] = {}
+
+    def derive(self, reference: Reference) -> pa.RecordBatch:
+        """The batch a reference names, verified (recovery's side of ``wire_batch``)."""
+        key = tuple(tuple(entry) for entry in reference["files"])
+        if key not in self._groups:
+            data = read_files(self.root, reference["files"], check=True)
+            values = _partition_values(data)
+            self._groups[key] = (
+                None if values is None
+                else PartitionGroups(data.drop_columns(["partition"]), values))  # fmt: skip
+        groups = self._groups[key]
+        rows = None if groups is None else groups.rows_of(reference["partition"])
+        if rows is None:
+            raise CorruptSegmentError(
+                "a committed bulk write's files hold no row of partition "
+                f"{reference['partition']}",
+                path=os.path.join(self.root, reference["files"][0][0]), position=0)  # fmt: skip
+        return wire_batch(rows, reference["at"])
+
+    def derive_all(self, references: list[Reference]) -> pa.RecordBatch:
+        """A partition's share: its references' batches, concatenated in order."""
+        batches = [self.derive(reference) for reference in references]
+        return batches[0] if len(batches) == 1 else pa.concat_batches(batches)
+
+    def clear(self) -> None:
+        """Forget the files read (unmapped once their groups are no longer referenced)."""
+        self._groups.clear()
+
+
 def derive(root: str, reference: Reference) -> pa.RecordBatch:
-    """The batch a reference names, verified (recovery's side of ``wire_batch``)."""
-    data = read_files(root, reference["files"], check=True)
-    for partition, rows in partition_groups(data):
-        if partition == reference["partition"]:
-            return wire_batch(rows, reference["at"])
-    raise CorruptSegmentError(
-        f"a committed bulk write's files hold no row of partition {reference['partition']}",
-        path=os.path.join(root, reference["files"][0][0]), position=0)  # fmt: skip
+    """The batch a reference names, verified (one reference alone: ``Derivation``)."""
+    return Derivation(root).derive(reference)
 
 
 def derive_all(root: str, references: list[Reference]) -> pa.RecordBatch:
     """A partition's share: its references' batches, concatenated in order."""
-    batches = [derive(root, reference) for reference in references]
-    return batches[0] if len(batches) == 1 else pa.concat_batches(batches)
+    return Derivation(root).derive_all(references)
 
 
 def release(root: str, references: list[Reference]) -> None:
