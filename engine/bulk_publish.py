@@ -19,13 +19,15 @@ with the last part, so a batch is "committed" exactly when every part is.
 
 Sinks belong to a user (``SINKS_TABLE``): every transaction that writes a record of a sink
 claims the sink for the committing user if no one has (``claim``), in that transaction,
-and is refused (42501) if another user holds it. So only the sink's owner (or a
-superuser, as everywhere in ``engine.privileges``) can record its batches, see whether a
-batch is recorded, or read its last batch (``require_sink``): no one can pre-record
-another user's future batches. A sink whose records predate the claims (a database made
-before them) has no claim row: its first commit claims it. Two users committing one new
-sink at once cannot both claim it: the claim's primary key fails the second (40001 at its
-COMMIT, then 42501 once the claim is visible, ``engine.bulk_write``).
+and is refused (42501) if another user holds it. So only the sink's owner can record its
+batches, see whether a batch is recorded, or read its last batch (``require_sink``): no
+one can pre-record another user's future batches. Superusers may read any sink's last
+batch and commit to sinks of superusers, not to a sink a non-superuser claimed (see
+``require_sink``: a squatted name is refused loudly rather than taken as a replay). A
+sink whose records predate the claims (a database made before them) has no claim row:
+its first commit claims it. Two users committing one new sink at once cannot both claim
+it: the claim's primary key fails the second (40001 at its COMMIT, then 42501 once the
+claim is visible, ``engine.bulk_write``; one user's two commits: the loser retries).
 """
 
 from __future__ import annotations
@@ -36,7 +38,7 @@ from typing import Any
 
 import pyarrow as pa
 
-from engine import tables
+from engine import privileges, tables
 from engine.bulk import run_over_relation
 from engine.catalog import SCHEMA
 from grammar.parse import parse_one
@@ -128,15 +130,22 @@ def sink_owner(session: Any, sink_id: str) -> str | None:
     return None if table is None or table.num_rows == 0 else table.column(0)[0].as_py()
 
 
-def require_sink(session: Any, sink_id: str) -> str | None:
-    """Refuse (42501) unless the session's user owns ``sink_id``, nobody has claimed it,
-    or the user is a superuser; returns the owner."""
+def require_sink(session: Any, sink_id: str, *, commit: bool = True) -> str | None:
+    """Refuse (42501) unless the session's user owns ``sink_id`` or nobody has claimed
+    it; returns the owner. A superuser may read any sink (``commit=False``) and commit to
+    a sink of any superuser, but not to one a non-superuser claimed: the sink id is all
+    that names a stream, so a superuser's commit cannot tell a squatter's sink (claimed
+    with pre-recorded batches before the superuser's first commit) from its own, and
+    would take the squatter's records for its replays (a silent loss of its writes)."""
     owner = sink_owner(session, sink_id)
     identity = session.identity
-    if owner is not None and owner != identity.name and not identity.superuser:
-        raise InsufficientPrivilegeError(f"permission denied for sink {sink_id!r}: it "
-                                         "belongs to another user")  # fmt: skip
-    return owner
+    if owner is None or owner == identity.name:
+        return owner
+    if identity.superuser and (not commit or privileges.is_superuser_name(session.database,
+                                                                          owner)):  # fmt: skip
+        return owner
+    raise InsufficientPrivilegeError(f"permission denied for sink {sink_id!r}: it belongs "
+                                     f"to another user")  # fmt: skip
 
 
 def claim(session: Any, sink_id: str) -> None:

@@ -395,8 +395,8 @@ class BulkWrites:
 
     def last_batch(self, session: Any, sink_id: str) -> int | None:
         """The largest batch id committed for ``sink_id`` (None if none); 42501 if the
-        sink belongs to another user."""
-        bulk_publish.require_sink(session, sink_id)
+        sink belongs to another user (any sink's for a superuser)."""
+        bulk_publish.require_sink(session, sink_id, commit=False)
         table = tables.query_arrow(
             session.cursor, f"SELECT max(batch_id) FROM {IDEMPOTENCY_TABLE} WHERE sink_id = ?",
             [sink_id])  # fmt: skip

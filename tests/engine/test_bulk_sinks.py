@@ -12,7 +12,7 @@ import pytest
 
 from engine import bulk_publish, bulk_write
 from engine.database import Database
-from engine.identity import Identity
+from engine.identity import LOCAL_SUPERUSER, Identity
 from storage import failpoints
 from storage.errors import (
     InsufficientPrivilegeError,
@@ -112,17 +112,30 @@ def test_a_sink_claimed_by_another_user_refuses_loudly_and_keeps_the_writes(data
                                                                 "rows": 100}  # fmt: skip
 
 
-def test_the_owners_replay_is_a_duplicate_and_a_superuser_may_act_on_any_sink(database) -> None:
+def test_the_owners_replay_is_a_duplicate(database) -> None:
     assert _commit(database, ALICE, "orders", 0, []) == {"status": "committed", "rows": 0}
     _stage(database, ALICE, "w-1", 10)
     assert _commit(database, ALICE, "orders", 1, ["w-1"]) == {"status": "committed", "rows": 10}
     _stage(database, ALICE, "w-2", 10)
     assert _commit(database, ALICE, "orders", 1, ["w-2"]) == {"status": "duplicate", "rows": 0}
-    root = Identity("root", superuser=True)
-    assert _commit(database, root, "orders", 1, []) == {"status": "duplicate", "rows": 0}
-    assert _commit(database, root, "orders", 2, []) == {"status": "committed", "rows": 0}
-    assert _last_batch(database, ALICE, "orders") == 2
+    assert _last_batch(database, ALICE, "orders") == 1
     assert _count(database) == 10
+
+
+def test_a_superuser_reads_any_sink_and_commits_to_superusers_sinks_only(database) -> None:
+    root = Identity("root", superuser=True)
+    assert _commit(database, MALLORY, "orders", 3, []) == {"status": "committed", "rows": 0}
+    assert _last_batch(database, root, "orders") == 3
+    # A sink a non-superuser claimed first (a squatted name) is refused loudly: taking its
+    # records for replays would silently drop the superuser's writes (R1's repro).
+    _stage(database, root, "w-1", 10)
+    with pytest.raises(InsufficientPrivilegeError):
+        _commit(database, root, "orders", 3, ["w-1"])
+    assert _commit(database, LOCAL_SUPERUSER, "ops", 1, []) == {"status": "committed", "rows": 0}
+    assert _commit(database, root, "ops", 1, []) == {"status": "duplicate", "rows": 0}
+    assert _commit(database, root, "ops", 2, ["w-1"]) == {"status": "committed", "rows": 10}
+    with pytest.raises(InsufficientPrivilegeError):
+        _commit(database, MALLORY, "ops", 3, [])
 
 
 def test_records_made_before_claims_are_claimed_by_the_first_commit(database) -> None:

@@ -19,8 +19,11 @@ def test_another_users_sink_cannot_be_committed_to_nor_read(database, client) ->
     bob = client("bob")
     assert bob.commit("bobs-sink", 0, [bob.put({"topic": "events"}, [batch], batch.schema)]) == {
         "status": "committed", "rows": 50}
-    writer = client("alice")  # a superuser may act on any sink
+    writer = client("alice")  # a superuser reads any sink, commits to superusers' only
     assert writer.action("last_batch", {"sink_id": "bobs-sink"}) == {"batch_id": 0}
+    with pytest.raises(TopicbaseFlightError) as caught:
+        writer.commit("bobs-sink", 1, [])
+    assert caught.value.sqlstate == "42501"
     assert writer.commit("alices-sink", 9, []) == {"status": "committed", "rows": 0}
     for forged in ({"sink_id": "alices-sink", "batch_id": 10, "write_ids": []},
                    {"sink_id": "alices-sink", "batch_id": 9, "write_ids": []}):  # fmt: skip

@@ -53,10 +53,29 @@ def test_an_unprivileged_user_cannot_pre_record_another_users_sink(users_server)
             "committed", 100)
         assert bob.execute("COMMIT WRITES () SINK 'orders-stream' BATCH 1").fetchone() == (
             "duplicate", 0)  # the owner's replay
-    with _login(users_server, "alice") as alice:  # a superuser may act on any sink
-        assert alice.execute("COMMIT WRITES () SINK 'orders-stream' BATCH 1").fetchone() == (
-            "duplicate", 0)
+    with _login(users_server, "alice") as alice:  # a superuser, but not bob's sink
+        with pytest.raises(psycopg.errors.InsufficientPrivilege, match="another user"):
+            alice.execute("COMMIT WRITES () SINK 'orders-stream' BATCH 1")
         assert alice.execute("SELECT count(*) FROM TOPIC events").fetchone() == (110,)
+
+
+def test_r1_repro_a_superusers_squatted_sink_is_refused_not_a_silent_duplicate(
+    users_server,
+) -> None:
+    with _login(users_server, "alice") as alice:
+        alice.execute("CREATE TOPIC events")
+    with _login(users_server, "mallory") as mallory:  # no privilege on anything
+        for batch in range(3):
+            assert mallory.execute(
+                f"COMMIT WRITES () SINK 'orders-stream' BATCH {batch}").fetchone() == (
+                "committed", 0)  # fmt: skip
+    with _login(users_server, "alice") as alice:
+        stage(alice, "TOPIC events", "w-1", arrow_stream(messages(100)))
+        with pytest.raises(psycopg.errors.InsufficientPrivilege, match="another user"):
+            alice.execute("COMMIT WRITES ('w-1') SINK 'orders-stream' BATCH 1")
+        assert alice.execute("COMMIT WRITES ('w-1') SINK 'alices-stream' BATCH 1").fetchone() == (
+            "committed", 100)  # the writes stayed staged
+        assert alice.execute("SELECT count(*) FROM TOPIC events").fetchone() == (100,)
 
 
 def test_a_squatted_sink_is_refused_loudly_and_the_writes_stay(users_server) -> None:
