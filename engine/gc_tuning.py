@@ -6,15 +6,19 @@ per-partition state, indexes, producer tables, sessions), and CPython's collecto
 (generation-2) collection. A statement that allocates many container objects at once (a
 consumer read of 20,000 messages over 1000 partitions holds thousands of frame slices and
 headers) promotes them into the older generations and triggers full collections inside
-the statement: 30-60 ms of a ~100 ms read (docs/scale.md, "Garbage collection").
+the statement: with Python's defaults, half of such reads took one, of 60-170 ms, on top
+of ~75 ms of work (docs/scale.md, "Round 5: the garbage collector").
 
 What ``configure`` does, once per process, when a database opens (``engine.database``):
 
-- thresholds ``GC_THRESHOLDS`` = ``(50_000, 20, 100)``: a young collection every 50,000
+- thresholds ``GC_THRESHOLDS`` = ``(50_000, 20, 10)``: a young collection every 50,000
   net container allocations instead of 700, so a statement's short-lived objects mostly
-  die by reference count before a collection sees them, and are not promoted; full
-  collections are rarer still (CPython also skips a full one until the objects waiting
-  for it are a quarter of those already in the oldest generation).
+  die by reference count before a collection sees them and are not promoted; a full
+  collection is considered every 10,000,000 (CPython also skips it until the objects
+  waiting for it are a quarter of those already in the oldest generation). The third
+  threshold stays 10, not higher, to bound how long garbage that reached the oldest
+  generation (a closed session's, say) waits; with the freeze a full collection walks
+  only what was made since the open, so it is cheap when it comes.
 - ``gc.collect()`` then ``gc.freeze()``: what exists once the first database is open (the
   modules, the catalog, the partitions opened) moves to the permanent generation, which
   no collection walks. Garbage in it is never freed; the collect before it frees what is
@@ -43,7 +47,7 @@ import threading
 
 ENVIRONMENT_VARIABLE = "TOPICBASE_GC"
 PYTHON_THRESHOLDS = (700, 10, 10)  # CPython 3.11's defaults
-GC_THRESHOLDS = (50_000, 20, 100)
+GC_THRESHOLDS = (50_000, 20, 10)
 MODES = ("tuned", "threshold", "freeze", "python")
 DEFAULT_MODE = "tuned"
 
