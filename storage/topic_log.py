@@ -820,15 +820,19 @@ class TopicLog:
             piece = batch if len(rows) == batch.num_rows else batch.take(pa.array(rows))
             log = self._partitions[int(target)]
             split_at = self._info[partition_id].split_at_us or 0
-            with self._lock:  # synced with ``partition_id`` (published now or before)
-                self._redirected.setdefault(partition_id, set()).add(int(target))
             present = log.published_prefix(piece, transaction_id, split_at - 60 * 1_000_000)
-            if present == piece.num_rows:
-                continue
-            if present:  # frames of the share were published before a crash: the rest
-                rows, piece = rows[present:], piece.slice(present)
-            results.append((rows, log.publish_transactional([piece], transaction_id)[0]))
-            failpoints.hit("split.mid_redirect")  # one child has its share, others not yet
+            missing = present < piece.num_rows
+            if missing:
+                if present:  # frames of the share were published before a crash: the rest
+                    rows, piece = rows[present:], piece.slice(present)
+                results.append((rows, log.publish_transactional([piece], transaction_id)[0]))
+            # Recorded only once the share is in ``target`` (published now or before): a
+            # checkpoint's ``sync_redirected`` pops the set, so a target recorded before
+            # its write could be synced (and forgotten) ahead of the frame it must cover.
+            with self._lock:
+                self._redirected.setdefault(partition_id, set()).add(int(target))
+            if missing:
+                failpoints.hit("split.mid_redirect")  # one child has its share, others not yet
         return results
 
     def _descendant_for(self, partition_id: int, key: str | None) -> int:

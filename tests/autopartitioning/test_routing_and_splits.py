@@ -293,6 +293,41 @@ def test_syncing_a_split_partition_syncs_where_its_redirected_publishes_went(
     assert synced == []  # nothing redirected since
 
 
+def test_a_checkpoint_between_recording_and_writing_a_redirect_leaves_it_for_the_next_sync(
+    open_topic: OpenTopic,
+) -> None:
+    """T1's checkpoint syncs the split partition's children while T2 is inside its
+    redirected publish, before T2's frame is in child 1: T2's own checkpoint must still
+    sync child 1 after that frame (fails if the target is recorded before the write)."""
+    topic = open_topic(1, strategy="paused")
+    topic.split(0)
+    synced: list[tuple[int, int]] = []  # (child, its end offset when synced)
+    for child in (1, 2):
+        log = topic.partition(child)
+        original = log.sync
+        log.sync = lambda original=original, child=child, log=log: (  # type: ignore[method-assign]
+            synced.append((child, log.end_offset)),
+            original(),
+        )[1]
+    keys = [f"k{i}" for i in range(20)]
+    batch = build_wire_batch([k.encode() for k in keys], message_group_id=keys)
+    topic.partition(0).publish_transactional([batch], 91)  # T1, redirected to 1 and 2
+    child = topic.partition(1)
+    real_publish = child.publish_transactional
+
+    def publish_with_a_checkpoint_first(batches, transaction_id, bodies=None):  # type: ignore[no-untyped-def]
+        if transaction_id == 92:
+            topic.partition(0).sync()  # T1's checkpoint runs now
+        return real_publish(batches, transaction_id, bodies)
+
+    child.publish_transactional = publish_with_a_checkpoint_first  # type: ignore[method-assign]
+    topic.partition(0).publish_transactional([batch], 92)  # T2
+    end_after_t2 = topic.partition(1).end_offset
+    synced.clear()
+    topic.partition(0).sync()  # T2's checkpoint, before it deletes T2's commit record
+    assert (1, end_after_t2) in synced
+
+
 def test_a_redirected_publish_cut_short_then_retried_lands_once(open_topic: OpenTopic) -> None:
     from storage import failpoints
     from storage.errors import StorageIOError
