@@ -401,6 +401,7 @@ class Committer:
 
         def validate_and_append() -> None:
             self._check_usable()
+            self._check_topics_exist(items)
             validate()
             failpoints.hit("commit.before_log_append")
             appended.append(self.staging.append(transaction_id, parts, lengths, record))
@@ -431,6 +432,21 @@ class Committer:
         ]
         self._log_ends[transaction_id] = (ticket.file_number, ticket.end)
         return slot, staged
+
+    def _check_topics_exist(self, items: list[PublishItem]) -> None:
+        """Refuse (42P01), under the commit lock and before the record is appended, a
+        commit to a topic dropped since its writes were routed: past the commit point its
+        record would name a topic that is gone. DDL takes the commit lock and waits for
+        every slot to end (``quiesce``), so a topic found here outlives the publish; a
+        topic re-created under the same name has another id, so it does not count."""
+        for topic_id in sorted({item.topic_id for item in items}):
+            try:
+                self._database.topic_log(topic_id)
+            except UndefinedTopicError:
+                raise UndefinedTopicError(
+                    f"topic {topic_id} was dropped while this statement or transaction "
+                    "wrote to it; nothing was committed"
+                ) from None
 
     def leave(self, slot: CommitSlot) -> None:
         """The slot's COMMIT failed or never ran: release its claims and its turn."""
@@ -552,8 +568,14 @@ class Committer:
         self, transaction_id: int, item: PublishItem, *, check: bool = False
     ) -> TopicAppendResult | None:
         """Publish one partition's batch; with ``check``, only if it is not there yet (then
-        None: its outcome was reported, or lost with a crash)."""
-        topic = self._database.topic_log(item.topic_id)
+        None: its outcome was reported, or lost with a crash). A topic dropped since (a
+        table-touching commit routed its writes before a DROP took the commit lock) gets
+        nothing, and None: as after a commit followed by the drop, as ``recover`` and the
+        checkpoint treat it; else its record would fail to publish for ever."""
+        try:
+            topic = self._database.topic_log(item.topic_id)
+        except UndefinedTopicError:
+            return None
         if check:
             since = transaction_id - CLOCK_SLACK_US  # ids are commit-time microseconds
             log_ = topic.partition(item.partition)
