@@ -16,6 +16,16 @@ Committed offsets only grow and the catalog's are applied after their commit is
 durable, so the guard may lag behind, never run ahead: a lagging answer keeps
 more, never less.
 
+Retention also never deletes a frame of a transaction whose commit record is not
+checkpointed yet: recovery counts the rows of such a transaction still in a
+partition and takes them as the share's leading rows (``published_prefix``), so a
+deleted first frame would make it publish rows again (duplicates, or expired data
+back). A pass therefore starts with a checkpoint, under the commit lock after
+``quiesce`` (no publish in flight, none can start), and takes every partition's end
+offset then as a floor (``checkpointed_ends``): below it every transactional frame's
+record is checkpointed; what is published after it waits for the next pass. The
+floor applies to time- and size-based retention alike (it is part of the guard).
+
 A pass runs under the commit lock, one topic at a time, so DDL (which also takes
 it) never drops or alters a topic in the middle of its pass; commits wait at most
 for one topic's segment deletions. ``RetentionService`` runs passes in a daemon
@@ -72,10 +82,41 @@ class ImportantConsumersGuard:
         return min(needed, default=None)
 
 
+class CheckpointedGuard:
+    """A guard that also keeps every offset at or above the partition's checkpoint
+    floor (``checkpointed_ends``); a partition the floors do not know (created since)
+    keeps everything."""
+
+    def __init__(self, inner: ImportantConsumersGuard, floors: dict[tuple[str, int], int]) -> None:
+        self._inner = inner
+        self._floors = floors
+
+    def protected_offset(self, topic_id: str, partition_id: int) -> int | None:
+        floor = self._floors.get((topic_id, partition_id), 0)
+        needed = self._inner.protected_offset(topic_id, partition_id)
+        return floor if needed is None else min(floor, needed)
+
+
+def checkpointed_ends(database: Any) -> dict[tuple[str, int], int]:
+    """Checkpoint every published transaction, then each partition's end offset: no
+    frame below it belongs to a transaction whose commit record is still to be
+    checkpointed (see the module doc). Raises if the checkpoint fails (the pass is
+    then retried; nothing is deleted meanwhile)."""
+    floors: dict[tuple[str, int], int] = {}
+    with database.commit_lock:
+        database.committer.quiesce()
+        database.committer.checkpoint()
+        for entry in database.catalog.entries():
+            topic = database.topic_log(entry.topic_id)
+            for partition_id in topic.partition_ids():
+                floors[(entry.topic_id, partition_id)] = topic.partition(partition_id).end_offset
+    return floors
+
+
 def run_retention_pass(database: Any) -> RetentionReport:
     """One retention pass over every topic; the totals of what was deleted."""
     total = RetentionReport()
-    guard = ImportantConsumersGuard(database)
+    guard = CheckpointedGuard(ImportantConsumersGuard(database), checkpointed_ends(database))
     for entry in database.catalog.entries():
         with database.commit_lock:
             if database.catalog.entry(entry.name) is not entry:

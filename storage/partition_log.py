@@ -311,7 +311,13 @@ class PartitionLog:
     def published_prefix(self, batch: pa.RecordBatch, transaction_id: int, since_us: int) -> int:
         """How many leading rows of ``batch``, the transaction's share of this partition, are
         published here already: a share cut into frames (``storage.frame_cuts``) may have
-        lost its tail in a crash; one that stays one frame is there whole or not at all."""
+        lost its tail in a crash; one that stays one frame is there whole or not at all.
+
+        Counts the transaction's rows still here as the leading ones, so it is exact only
+        while none of its frames was deleted by retention: the caller keeps retention
+        below such frames until the transaction's commit record is gone
+        (``engine.retention``: a pass checkpoints first and deletes only below the end
+        offsets as of that checkpoint)."""
         if not cuttable(batch):
             return batch.num_rows if self.contains_transaction(transaction_id, since_us) else 0
         return min(batch.num_rows, self.transaction_rows(transaction_id, since_us))
