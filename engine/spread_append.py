@@ -38,7 +38,7 @@ import numpy as np
 import pyarrow as pa
 
 from engine.commit import PublishItem
-from storage.errors import LimitExceededError
+from storage.errors import LimitExceededError, QueryCanceledError
 from storage.record_batch import check_wire_batch
 from storage.topic_log import TopicAppendResult
 
@@ -80,7 +80,7 @@ def append_now(
         if not topic.partition_info(partition_id).active:  # split since: route again
             return topic.append(batch, None, cancelled=cancelled)
         topic.partition(partition_id).check_writable()
-    return _commit_in_log(database, topic_id, shares, batch.num_rows)
+    return _commit_in_log(database, topic_id, shares, batch.num_rows, cancelled)
 
 
 def _spreads(batch: pa.RecordBatch, targets: np.ndarray) -> bool:
@@ -100,13 +100,20 @@ def _commit_in_log(
     topic_id: str,
     shares: list[tuple[int, np.ndarray, pa.RecordBatch]],
     count: int,
+    cancelled: Callable[[], bool] | None,
 ) -> TopicAppendResult:
     """Commit the shares by one record in the staging log, publish them, and return each
-    message's outcome in the batch's order."""
+    message's outcome in the batch's order. A cancel (or statement_timeout) requested
+    before the commit point refuses the statement (57014), nothing written."""
     committer = database.committer
     transaction_id = committer.next_transaction_id()
     items = [PublishItem(topic_id, partition_id, piece) for partition_id, _, piece in shares]
-    slot, staged = committer.commit_in_log(transaction_id, items, {}, _nothing_to_validate)
+
+    def validate() -> None:  # under the commit lock, just before the record's append
+        if cancelled is not None and cancelled():
+            raise QueryCanceledError("canceling statement due to user request")
+
+    slot, staged = committer.commit_in_log(transaction_id, items, {}, validate)
     results = committer.finish(slot, transaction_id, {}, staged)
     assert all(r is not None for r in results), "a publish in turn reports its outcome"
     # The shares' rows, one after another, are a permutation of the batch's rows.
@@ -119,7 +126,3 @@ def _commit_in_log(
     offsets[rows] = np.concatenate([r.offsets for r in results])  # type: ignore[union-attr]
     committer.catch_up()
     return TopicAppendResult(partitions, status, offsets)
-
-
-def _nothing_to_validate() -> None:
-    """An autocommit write reads nothing: there is nothing to validate."""

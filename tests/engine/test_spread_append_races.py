@@ -152,3 +152,28 @@ def test_a_table_commit_overtaken_by_a_drop_commits_and_publishes_nothing_there(
     assert _data(session, "v") == [b"y", b"z"]
     session.close()
     database.close()
+
+
+def test_a_cancel_before_the_commit_point_refuses_the_spread_write(tmp_path: Path) -> None:
+    database = Database.open(str(tmp_path / "data"))
+    session = database.connect()
+    session.execute("CREATE TOPIC t WITH (min_active_partitions = 8)")
+    committer = database.committer
+    original = committer.commit_in_log
+
+    def cancelled_first(*args, **kwargs):
+        committer.commit_in_log = original
+        session.cancel()  # as statement_timeout's timer or a client's cancel request does
+        return original(*args, **kwargs)
+
+    committer.commit_in_log = cancelled_first
+    commits = database.commit_counters()["log_commits"]
+    with pytest.raises(errors.QueryCanceledError) as raised:
+        session.execute(INSERT, _rows(0, 64))
+    assert raised.value.sqlstate == "57014"
+    assert database.commit_counters()["log_commits"] == commits
+    assert _data(session, "t") == []
+    session.execute(INSERT, _rows(0, 64))  # the next statement is not cancelled
+    assert len(_data(session, "t")) == 64
+    session.close()
+    database.close()
