@@ -20,11 +20,12 @@ Retention also never deletes a frame of a transaction whose commit record is not
 checkpointed yet: recovery counts the rows of such a transaction still in a
 partition and takes them as the share's leading rows (``published_prefix``), so a
 deleted first frame would make it publish rows again (duplicates, or expired data
-back). A pass therefore starts with a checkpoint, under the commit lock after
-``quiesce`` (no publish in flight, none can start), and takes every partition's end
-offset then as a floor (``checkpointed_ends``): below it every transactional frame's
-record is checkpointed; what is published after it waits for the next pass. The
-floor applies to time- and size-based retention alike (it is part of the guard).
+back). A pass therefore first takes every partition's end offset under the commit
+lock after ``quiesce`` (no publish in flight, none can start), then checkpoints
+(``checkpointed_ends``): below those ends every transactional frame's record is then
+checkpointed, and they are the pass's floor; what is published after them waits
+for the next pass. The floor applies to time- and size-based retention alike (it is
+part of the guard).
 
 A pass runs under the commit lock, one topic at a time, so DDL (which also takes
 it) never drops or alters a topic in the middle of its pass; commits wait at most
@@ -98,18 +99,23 @@ class CheckpointedGuard:
 
 
 def checkpointed_ends(database: Any) -> dict[tuple[str, int], int]:
-    """Checkpoint every published transaction, then each partition's end offset: no
-    frame below it belongs to a transaction whose commit record is still to be
-    checkpointed (see the module doc). Raises if the checkpoint fails (the pass is
-    then retried; nothing is deleted meanwhile)."""
+    """Each partition's end offset, below which no frame belongs to a transaction whose
+    commit record is still to be checkpointed (see the module doc).
+
+    The ends are taken under the commit lock with no publish in flight (``quiesce``):
+    every transaction with a frame below them has then finished its publish and is
+    counted for the checkpoint (or failed, and is finished by the checkpoint first).
+    The checkpoint then runs outside the commit lock, as the background one does, so
+    commits wait only for the ends to be read. Raises if the checkpoint fails (the
+    pass is then retried; nothing is deleted meanwhile)."""
     floors: dict[tuple[str, int], int] = {}
     with database.commit_lock:
         database.committer.quiesce()
-        database.committer.checkpoint()
         for entry in database.catalog.entries():
             topic = database.topic_log(entry.topic_id)
             for partition_id in topic.partition_ids():
                 floors[(entry.topic_id, partition_id)] = topic.partition(partition_id).end_offset
+    database.committer.checkpoint()
     return floors
 
 
