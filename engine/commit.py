@@ -45,6 +45,9 @@ Both kinds then:
    Between checkpoints the records are the durable home of offset moves. Nothing
    depends on a checkpoint having run: a record stops counting only after the data
    it describes is synced in its partitions and its offsets are in the table.
+   A partition fenced by an I/O failure cannot be synced until reopen: the
+   checkpoint stops before the first transaction that published to it and keeps that
+   one and every later one (records, staging) for the next open's recovery.
 
 Recovery (``recover``) reads the record rows and the commit records past the
 watermark (a torn or corrupt record, necessarily at the unsynced tail of a file, is
@@ -95,6 +98,7 @@ from engine.commit_order import CommitOrder, CommitSlot
 from storage import commit_log, failpoints, limits
 from storage.errors import (
     LimitExceededError,
+    PartitionFencedError,
     PartitionInactiveError,
     StorageIOError,
     UndefinedTopicError,
@@ -633,19 +637,22 @@ class Committer:
                 if self._closing:
                     return
             try:
-                self.checkpoint()
+                whole = self.checkpoint()  # False: it set ``_retry_due`` itself
             except Exception as error:  # kept for the next one; recovery needs none
                 self.background_failures += 1
                 log.warning("background checkpoint failed (kept for the next): %s", error)
                 with self._wake:
                     self._retry_due = len(self._published) + CHECKPOINT_TRANSACTIONS
             else:
-                with self._wake:
-                    self._retry_due = None
+                if whole:
+                    with self._wake:
+                        self._retry_due = None
 
-    def checkpoint(self) -> None:
+    def checkpoint(self) -> bool:
         """Sync published partitions, write moved offsets, delete their records, release
-        their staging. Runs beside commits; see the module doc for why that is safe."""
+        their staging. Runs beside commits; see the module doc for why that is safe.
+        Returns False when transactions were set aside behind a fenced partition
+        (``_checkpoint_locked``): the rest is checkpointed all the same."""
         if self._unfinished:
             with self._database.commit_lock, self._lock:
                 self._finish_unfinished()
@@ -659,26 +666,52 @@ class Committer:
                 moved, self._moved = self._moved, {}
                 self._staged_bytes = 0
             if not published and not moved:
-                return
+                return True
             try:
-                self._checkpoint_locked(published, moved)
+                kept = self._checkpoint_locked(published, moved)
             except BaseException:
                 with self._lock:  # not durable, or not recorded: keep them
                     self._published = published + self._published
                     self._moved = {**moved, **self._moved}
                 raise
+            if kept:
+                with self._lock:  # set aside behind a fenced partition: for the next open
+                    self._published = kept + self._published
+                    # tried again after as many more commits, not at every one
+                    self._retry_due = len(self._published) + CHECKPOINT_TRANSACTIONS
+            return not kept
 
     def _checkpoint_locked(
         self, published: list[Published], moved: dict[tuple[str, str, int], int]
-    ) -> None:
+    ) -> list[Published]:
+        """Checkpoint ``published`` up to its first transaction that touched a partition
+        fenced by an I/O failure (its frames there may never reach the disk; only a
+        reopen, whose recovery republishes them from the staging log, can make them
+        durable); return that one and all after it, kept with their records and staging.
+        Keeping a suffix, never a transaction here and there, keeps what a checkpoint
+        relies on: the watermark passes only records before every kept one, and a record
+        kept replays, in order, no older offset than the ones written now (as for the
+        transactions published after the snapshot). Without it one fenced partition
+        made every checkpoint, and so all topic DDL and close, fail until reopen."""
         partitions = {p for _, targets, _ in published for p in targets}
+        fenced: set[tuple[str, int]] = set()
         for topic_id, partition in sorted(partitions):
             try:
                 topic = self._database.topic_log(topic_id)
             except UndefinedTopicError:
                 continue  # dropped since: nothing to sync
-            topic.partition(partition).sync()
+            try:
+                topic.partition(partition).sync()
+            except PartitionFencedError as error:
+                fenced.add((topic_id, partition))
+                log.warning("checkpoint sets aside the transactions from the first one "
+                            "that wrote to a fenced partition until reopen: %s", error)  # fmt: skip
+                continue
             self.checkpoint_syncs += 1
+        kept: list[Published] = []
+        if fenced:
+            cut = next(i for i, (_, targets, _) in enumerate(published) if fenced & set(targets))
+            published, kept = published[:cut], published[cut:]
         ids = [transaction_id for transaction_id, _, log_end in published if log_end is None]
         ends = [log_end for _, _, log_end in published if log_end is not None]
         watermark = max([self._watermark, *ends])
@@ -717,6 +750,7 @@ class Committer:
         released = {transaction_id for transaction_id, _, _ in published}
         self.staging.release(released)
         self._release_references(released)
+        return kept
 
     def recover(self) -> int:
         """Re-publish what committed transactions left unpublished. Returns how many.

@@ -177,3 +177,39 @@ def test_a_cancel_before_the_commit_point_refuses_the_spread_write(tmp_path: Pat
     assert len(_data(session, "t")) == 64
     session.close()
     database.close()
+
+
+def test_a_partition_fenced_after_a_spread_write_is_set_aside_by_the_checkpoint(
+    tmp_path: Path,
+) -> None:
+    database = Database.open(str(tmp_path / "data"))
+    session = database.connect()
+    session.execute("CREATE TOPIC t WITH (min_active_partitions = 8)")
+    session.execute("CREATE TOPIC other WITH (min_active_partitions = 8)")
+    into_other = INSERT.replace("TOPIC t", "TOPIC other")
+    session.execute(into_other, _rows(0, 64))  # before: checkpointed as usual
+    session.execute(INSERT, _rows(0, 64))  # published to all 8 partitions, none synced
+    entry = database.catalog.entry("t")
+    assert entry is not None
+    database.topic_log(entry.topic_id).partition(3)._fence(
+        errors.StorageIOError("EIO on a later write (simulated)")
+    )
+    session.execute(into_other, _rows(64, 64))  # after: kept with it (a suffix is kept)
+    assert database.committer.backlog == 3
+    # The checkpoint syncs what it can, releases the first write and keeps the spread
+    # write to t and the one after it with their records and staging; topic DDL, which
+    # checkpoints first, works.
+    assert database.committer.checkpoint() is False
+    assert database.committer.backlog == 2
+    session.execute("CREATE TOPIC u")
+    session.execute("DROP TOPIC u")
+    session.execute("ALTER TOPIC t SET (retention_period = Interval('PT1H'))")
+    session.close()
+    database.close()  # its checkpoint sets them aside too: no error
+    database = Database.open(str(tmp_path / "data"))  # recovery republishes what is missing
+    session = database.connect()
+    assert _data(session, "t") == sorted(_rows(0, 64)[0])
+    assert _data(session, "other") == sorted(_rows(0, 128)[0])
+    assert database.committer.backlog == 0  # the recovery's checkpoint released them
+    session.close()
+    database.close()
