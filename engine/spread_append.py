@@ -39,6 +39,7 @@ import pyarrow as pa
 
 from engine.commit import PublishItem
 from storage.errors import LimitExceededError, QueryCanceledError
+from storage.limits import SPREAD_SHARE_BYTES_MAX
 from storage.record_batch import check_wire_batch
 from storage.topic_log import TopicAppendResult
 
@@ -46,10 +47,7 @@ from storage.topic_log import TopicAppendResult
 # costs one extra write of the data and one sync; the plain path one sync per partition
 # (concurrent on ``storage.topic_log.APPEND_THREADS`` threads).
 SPREAD_SHARES_MIN = 4
-# ... if its shares average at most this much message data: the log writes every byte
-# twice (and the checkpoint syncs it in the partitions later), a sync costs about what
-# writing half a MiB durably does here (docs/scale.md), so big shares gain nothing.
-SPREAD_SHARE_BYTES_MAX = 512 * 1024
+# ... if its shares average at most ``limits.SPREAD_SHARE_BYTES_MAX`` of message data.
 
 
 def append_now(

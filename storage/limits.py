@@ -22,6 +22,12 @@ BATCH_MESSAGES_MAX = 100_000
 # poll of 100 messages under 1 ms).
 FRAME_TARGET_BYTES = 4 * 1024 * 1024
 FRAME_TARGET_MESSAGES = 4096
+# An autocommit write over many partitions commits through the staging log
+# (``engine.spread_append``) only if its shares average at most this much message data:
+# the log writes every byte twice (the checkpoint syncs it in the partitions later), and
+# a sync costs about what writing half a MiB durably does here (docs/scale.md), so big
+# shares gain nothing.
+SPREAD_SHARE_BYTES_MAX = 512 * 1024
 # Producer ids and message group ids: YDB allows up to 2,048 bytes.
 PRODUCER_ID_BYTES_MAX = 2048
 METADATA_ITEMS_MAX = 64
