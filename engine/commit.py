@@ -242,6 +242,12 @@ def _check_publishable(database, item: PublishItem) -> None:
         ) from None
 
 
+class CheckpointSetAside(PartitionFencedError):
+    """A checkpoint kept the transactions from the first one that wrote to a partition
+    fenced by an I/O failure (to be recovered at the next open) and checkpointed the
+    rest: raised to callers, which accept it unless they need a whole checkpoint."""
+
+
 class Committer:
     """Stages, records, publishes and checkpoints transactions (see the module doc).
 
@@ -565,6 +571,8 @@ class Committer:
             return
         try:
             self.checkpoint()
+        except CheckpointSetAside:
+            pass  # kept until reopen (``_checkpoint_locked``); the rest is checkpointed
         except Exception as error:
             log.warning("checkpoint after a commit failed (kept for the next): %s", error)
 
@@ -637,22 +645,27 @@ class Committer:
                 if self._closing:
                     return
             try:
-                whole = self.checkpoint()  # False: it set ``_retry_due`` itself
+                self.checkpoint()
+            except CheckpointSetAside:
+                pass  # the rest was checkpointed; it set ``_retry_due`` itself
             except Exception as error:  # kept for the next one; recovery needs none
                 self.background_failures += 1
                 log.warning("background checkpoint failed (kept for the next): %s", error)
                 with self._wake:
                     self._retry_due = len(self._published) + CHECKPOINT_TRANSACTIONS
             else:
-                if whole:
-                    with self._wake:
-                        self._retry_due = None
+                with self._wake:
+                    self._retry_due = None
 
-    def checkpoint(self) -> bool:
+    def checkpoint(self) -> None:
         """Sync published partitions, write moved offsets, delete their records, release
         their staging. Runs beside commits; see the module doc for why that is safe.
-        Returns False when transactions were set aside behind a fenced partition
-        (``_checkpoint_locked``): the rest is checkpointed all the same."""
+
+        Transactions behind a fenced partition (``_checkpoint_locked``) are kept and the
+        rest checkpointed all the same; then it raises ``CheckpointSetAside``, so that a
+        caller relying on a whole checkpoint (a retention pass deletes below the ends it
+        saw before it) never takes a partial one for one; close, DDL and the background
+        checkpointer accept it."""
         if self._unfinished:
             with self._database.commit_lock, self._lock:
                 self._finish_unfinished()
@@ -666,7 +679,7 @@ class Committer:
                 moved, self._moved = self._moved, {}
                 self._staged_bytes = 0
             if not published and not moved:
-                return True
+                return
             try:
                 kept = self._checkpoint_locked(published, moved)
             except BaseException:
@@ -679,7 +692,10 @@ class Committer:
                     self._published = kept + self._published
                     # tried again after as many more commits, not at every one
                     self._retry_due = len(self._published) + CHECKPOINT_TRANSACTIONS
-            return not kept
+                raise CheckpointSetAside(
+                    f"{len(kept)} transactions wrote to a partition fenced by an I/O "
+                    "failure: they stay to be checkpointed after the database is reopened"
+                )
 
     def _checkpoint_locked(
         self, published: list[Published], moved: dict[tuple[str, str, int], int]
@@ -884,6 +900,8 @@ class Committer:
             checkpointer.join()
         try:
             self.checkpoint()
+        except CheckpointSetAside:
+            pass  # the next open's recovery publishes and checkpoints what was kept
         finally:
             self.staging.close()
             self._cursor.close()

@@ -46,7 +46,7 @@ from engine import (
     tables,
     write_statements,
 )
-from engine.commit import PublishItem, route_writes
+from engine.commit import CheckpointSetAside, PublishItem, route_writes
 from engine.ddl import run_alter, run_create, run_drop
 from engine.identity import LOCAL_SUPERUSER, Identity
 from engine.offset_reset import set_consumer_offsets
@@ -642,7 +642,14 @@ class Session:
             # Offset moves still only in commit records reach the offsets table first,
             # so a dropped and re-created consumer never inherits old moves.
             database.committer.quiesce()
-            database.committer.checkpoint()
+            try:
+                database.committer.checkpoint()
+            except CheckpointSetAside:
+                # Transactions behind a partition fenced by an I/O failure were set
+                # aside (their records replay at reopen): fine unless this drops a
+                # consumer, as one re-created under its name would inherit their moves.
+                if _drops_consumers(database, operation):
+                    raise
             if isinstance(operation, CreateTopicEntry):
                 run_create(database, operation, self.identity.name)
             elif isinstance(operation, AlterTopicEntry):
@@ -1009,6 +1016,14 @@ def _looks_like_a_query(statement: ast.Statement) -> bool:
     """Whether ``statement`` could be a plain query (a statement that is not, such as a
     1 MB literal INSERT, is then not analysed once here and again when it runs)."""
     return isinstance(statement, ast.SqlStatement) and bool(_QUERY_START.match(statement.sql))
+
+
+def _drops_consumers(database: Any, operation: Any) -> bool:
+    """Whether the topic DDL ``operation`` removes a consumer of an existing topic."""
+    if not isinstance(operation, AlterTopicEntry):
+        return False
+    entry = database.catalog.entry(operation.name)
+    return entry is not None and not set(entry.consumers) <= set(operation.consumers)
 
 
 def _offset_text(offset: int | None) -> str:
