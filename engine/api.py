@@ -20,6 +20,7 @@ from engine.check import check_database
 from engine.clock import SYSTEM_CLOCK
 from engine.database import Database
 from engine.describe import Description
+from engine.gc_tuning import freeze_owned_process
 from engine.identity import LOCAL_SUPERUSER, LOCAL_SUPERUSER_NAME, Identity
 from engine.privileges import use_role_lookup
 from engine.result import Rows
@@ -63,6 +64,7 @@ __all__ = [
     "Token",
     "ast",
     "check_database",
+    "freeze_owned_process",
     "from_table",
     "match_range_read",
     "matching_parenthesis",

@@ -9,7 +9,8 @@ headers) promotes them into the older generations and triggers full collections 
 the statement: with Python's defaults, half of such reads took one, of 60-170 ms, on top
 of ~75 ms of work (docs/scale.md, "Round 5: the garbage collector").
 
-What ``configure`` does, once per process, when a database opens (``engine.database``):
+What ``configure`` does, once per process, when a database opens (``engine.database``),
+and ``freeze_owned_process`` when Topicbase owns the process (``topicbase serve``):
 
 - thresholds ``GC_THRESHOLDS`` = ``(50_000, 20, 10)``: a young collection every 50,000
   net container allocations instead of 700, so a statement's short-lived objects mostly
@@ -19,18 +20,24 @@ What ``configure`` does, once per process, when a database opens (``engine.datab
   threshold stays 10, not higher, to bound how long garbage that reached the oldest
   generation (a closed session's, say) waits; with the freeze a full collection walks
   only what was made since the open, so it is cheap when it comes.
-- ``gc.collect()`` then ``gc.freeze()``: what exists once the first database is open (the
-  modules, the catalog, the partitions opened) moves to the permanent generation, which
-  no collection walks. Garbage in it is never freed; the collect before it frees what is
-  garbage at that moment, so only live objects are frozen, once.
+- ``gc.collect()`` then ``gc.freeze()``, only in a process Topicbase owns (the server calls
+  ``freeze_owned_process`` once its database is open): what exists then (the modules, the
+  catalog, the partitions opened) moves to the permanent generation, which no collection
+  walks. Garbage in it is never freed; the collect before it frees what is garbage at
+  that moment, so only live objects are frozen, once. Embedded (the DB-API, the console,
+  a Spark driver) nothing is frozen: a freeze there would keep the host's own cyclic data
+  alive for ever once it became garbage, and the first ``Database`` after its ``close``;
+  the thresholds alone gave the same read CPU (77.7 ms against 77.0 with the freeze,
+  docs/scale.md).
 
 Cyclic garbage is still collected: the collector stays enabled; cycles made after the
 freeze are found by the next young (or, if they survived one, older) collection.
 
 Setting: the environment variable ``TOPICBASE_GC`` read when ``configure`` runs:
 
-- unset or ``tuned`` (the default): thresholds and freeze as above;
-- ``threshold``: the thresholds only; ``freeze``: the freeze only;
+- unset or ``tuned`` (the default): the thresholds, and the freeze in an owned process;
+- ``threshold``: the thresholds only; ``freeze``: the freeze only (at the first open,
+  embedded too: the process asked for it);
 - ``python``: leave Python's collector as it is (so does an unknown value, with a warning).
 
 A process that already chose its own thresholds (anything but Python's defaults), or
@@ -55,6 +62,7 @@ log = logging.getLogger(__name__)
 
 _lock = threading.Lock()
 _configured_mode: str | None = None  # the mode the first ``configure`` applied
+_frozen = False  # gc.freeze ran (once per process)
 
 
 def mode_from_environment() -> str:
@@ -83,12 +91,30 @@ def configure() -> str:
             mode = "python"  # the process chose for itself
         if mode in ("tuned", "threshold"):
             gc.set_threshold(*GC_THRESHOLDS)
-        if mode in ("tuned", "freeze"):
-            gc.collect()  # only live objects go to the permanent generation
-            gc.freeze()
+        if mode == "freeze":
+            _freeze_locked()
         _configured_mode = mode
         assert _configured_mode in MODES
         return mode
+
+
+def freeze_owned_process() -> bool:
+    """In a process Topicbase owns (the server), once its database is open: move what is
+    alive to the permanent generation if the mode says so (``tuned`` or ``freeze``).
+    Returns whether the process is frozen now. Needs ``configure`` to have run."""
+    with _lock:
+        assert _configured_mode is not None, "configure() runs when a database opens"
+        if _configured_mode in ("tuned", "freeze"):
+            _freeze_locked()
+        return _frozen
+
+
+def _freeze_locked() -> None:
+    global _frozen
+    if not _frozen:
+        gc.collect()  # only live objects go to the permanent generation
+        gc.freeze()
+        _frozen = True
 
 
 def configured_mode() -> str | None:

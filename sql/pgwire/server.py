@@ -17,7 +17,7 @@ import threading
 from collections.abc import Callable
 from typing import Any
 
-from engine.api import Database
+from engine.api import Database, freeze_owned_process
 from sql.pgwire import auth as wire_auth
 from sql.pgwire import malloc_tuning
 from sql.pgwire import tls as wire_tls
@@ -222,6 +222,7 @@ def serve(data_dir: str, host: str = DEFAULT_HOST, port: int = DEFAULT_PORT,
                             format="%(asctime)s %(levelname)s %(name)s: %(message)s")  # fmt: skip
     silence_sql_logging()
     database = Database.open(data_dir)
+    freeze_owned_process()  # this process is the server's (engine.gc_tuning)
     try:
         server = PgServer(database, host, port, auth, limits=limits, users_file=users_file,
                           tls_cert=tls_cert, tls_key=tls_key, settings=settings)  # fmt: skip

@@ -1,5 +1,6 @@
 """``engine.gc_tuning``: the collector is tuned once per process when a database opens,
-as ``TOPICBASE_GC`` says, and garbage cycles are still freed.
+as ``TOPICBASE_GC`` says, and garbage cycles are still freed; only a process Topicbase owns
+(the server) freezes its long-lived objects, so an embedded database leaks nothing.
 
 Each case runs in a fresh interpreter (the setting is per process, and the test process
 itself may have opened databases already); the child prints what it saw as JSON.
@@ -21,7 +22,7 @@ ROOT = Path(__file__).resolve().parents[2]
 # Opens two databases, then makes garbage cycles without calling gc.collect, then forks.
 CHILD = textwrap.dedent(
     """
-    import gc, json, os, sys
+    import gc, json, os, sys, weakref
     from engine import gc_tuning
     from engine.database import Database
 
@@ -32,6 +33,9 @@ CHILD = textwrap.dedent(
     seen["threshold"] = list(gc.get_threshold())
     seen["frozen"] = gc.get_freeze_count()
     seen["mode"] = gc_tuning.configured_mode()
+    if sys.argv[2] == "owned":  # what the server does once its database is open
+        seen["owned_frozen"] = gc_tuning.freeze_owned_process()
+        seen["frozen"] = gc.get_freeze_count()
     second = Database.open(os.path.join(sys.argv[1], "b"), retention_interval_s=None)
     seen["frozen_after_second_open"] = gc.get_freeze_count()
     seen["threshold_after_second_open"] = list(gc.get_threshold())
@@ -64,6 +68,10 @@ CHILD = textwrap.dedent(
     seen["forked"] = json.loads(os.read(read, 65536))
     second.close()
     first.close()
+    first_ref = weakref.ref(first)
+    del first
+    gc.collect()
+    seen["closed_database_freed"] = first_ref() is None
     print(json.dumps(seen))
     """
 )
@@ -82,10 +90,21 @@ def _run(tmp_path: Path, gc_setting: str | None, start: str = "default") -> dict
     return json.loads(done.stdout.strip().splitlines()[-1])
 
 
-def test_default_tunes_once_freezes_and_still_frees_cycles(tmp_path: Path) -> None:
+def test_embedded_default_tunes_thresholds_and_freezes_nothing(tmp_path: Path) -> None:
     seen = _run(tmp_path, None)
     assert seen["before"] == list(gc_tuning.PYTHON_THRESHOLDS)
     assert seen["mode"] == "tuned"
+    assert seen["threshold"] == list(gc_tuning.GC_THRESHOLDS)
+    assert seen["frozen"] == 0 == seen["frozen_after_second_open"]
+    # nothing of the host process is kept: a closed database is garbage like any object
+    assert seen["closed_database_freed"]
+    assert seen["cycles_freed"] >= seen["cycles_made"] - 2 * gc_tuning.GC_THRESHOLDS[0]
+
+
+def test_owned_process_tunes_once_freezes_and_still_frees_cycles(tmp_path: Path) -> None:
+    seen = _run(tmp_path, None, start="owned")
+    assert seen["mode"] == "tuned"
+    assert seen["owned_frozen"]
     assert seen["threshold"] == list(gc_tuning.GC_THRESHOLDS)
     assert seen["frozen"] > 10_000  # the modules and the open database's objects
     # once per process: a second open freezes nothing more
