@@ -27,8 +27,9 @@ history file (see ``tests.sim.history``) before the next one:
   ``AGED_RETENTION_BYTES`` size budget per partition, important consumer ``reaper``):
   writes without a producer id, autocommit reads by ``reaper`` (``read`` events), and
   retention passes on this one topic (``storage.cleaner.apply_retention`` with the
-  engine's guard, ``engine.retention.ImportantConsumersGuard``, which protects what
-  important consumers have not committed), each followed by an observation of the topic with
+  engine's guards, ``engine.retention.ImportantConsumersGuard``, which protects what
+  important consumers have not committed, inside ``CheckpointedGuard``, which keeps
+  frames of transactions not yet checkpointed), each followed by an observation of the topic with
   its log starts (``final`` with ``start``) and the consumers' committed offsets;
   the failpoint ``retention.before_delete`` lies in such a pass;
 - *idle retention* on the topic ``idle`` (``IDLE_PARTITIONS`` partitions, a 1 s
@@ -79,7 +80,7 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 
 from engine.database import Database
-from engine.retention import ImportantConsumersGuard
+from engine.retention import CheckpointedGuard, ImportantConsumersGuard, checkpointed_ends
 from storage.cleaner import apply_retention
 from storage.errors import SerializationFailure, TopicbaseError
 from storage.fs import DEFAULT_FILE_SYSTEM, FileSystem
@@ -553,6 +554,11 @@ class Worker:
             self.idle_pass()
             time.sleep(IDLE_PASS_PAUSE_S)
 
+    def _guard(self) -> CheckpointedGuard:
+        """The engine's retention guard, as its pass builds it: the consumers' floors and
+        the checkpoint's (no frame of a transaction not yet checkpointed goes)."""
+        return CheckpointedGuard(ImportantConsumersGuard(self.db), checkpointed_ends(self.db))
+
     def idle_pass(self) -> None:
         """One retention pass over the idle topic (under the commit lock, as the engine
         runs it), checked: a message it deleted must have been written more than the
@@ -562,8 +568,9 @@ class Worker:
             f"{IDLE} WITH (max_messages = {READ_MESSAGES_MAX})"
         )[0].table.to_pylist()
         log = _topic_log(self.db, IDLE)
+        guard = self._guard()
         with self.db.commit_lock:
-            apply_retention(log, ImportantConsumersGuard(self.db), self.db.clock.now_us())
+            apply_retention(log, guard, self.db.clock.now_us())
         ended_us = self.db.clock.now_us()
         starts = {p: log.partition(p).start_offset for p in log.partition_ids()}
         for row in before:
@@ -585,7 +592,7 @@ class Worker:
         """A retention pass over the aged topic, then an observation of it (log starts
         and the committed offsets retention had to respect)."""
         log = _topic_log(self.db, AGED)
-        apply_retention(log, ImportantConsumersGuard(self.db), self.db.clock.now_us())
+        apply_retention(log, self._guard(), self.db.clock.now_us())
         observe_aged(self.session, self.history, self.observed)
         consumers = self.session.execute(
             "SELECT consumer, partition, important, committed_offset FROM sys.consumers "
