@@ -324,21 +324,11 @@ class PartitionLog:
 
     def transaction_rows(self, transaction_id: int, since_us: int) -> int:
         """Messages in the frames of ``transaction_id`` written at or after ``since_us``."""
-        visible = self._visible
-        start = self.offset_for_time(since_us)
-        if start >= visible.end_offset:
-            return 0
-        rows = 0
-        index = _segment_index(visible.segments, start)
-        while index is not None and index < len(visible.segments):
-            segment = visible.segments[index]
-            last = index == len(visible.segments) - 1
-            limit = visible.last_segment_bytes if last else segment.size_bytes
-            for frame in segment.scan(start, limit, 1024 * 1024):
-                if frame.header.transaction_id == transaction_id:
-                    rows += frame.header.record_count
-            index += 1
-        return rows
+        return sum(
+            header.record_count
+            for header in self._frame_headers_since(since_us)
+            if header.transaction_id == transaction_id
+        )
 
     def contains_transaction(self, transaction_id: int, since_us: int) -> bool:
         """True if a frame of ``transaction_id`` was written at or after ``since_us``.
@@ -346,44 +336,40 @@ class PartitionLog:
         Scans frame headers only, from the time index's position for
         ``since_us`` to the end.
         """
-        visible = self._visible
-        start = self.offset_for_time(since_us)
-        if start >= visible.end_offset:
-            return False  # nothing written since (the log file may not even exist)
-        index = _segment_index(visible.segments, start)
-        while index is not None and index < len(visible.segments):
-            segment = visible.segments[index]
-            last = index == len(visible.segments) - 1
-            limit = visible.last_segment_bytes if last else segment.size_bytes
-            for frame in segment.scan(start, limit, 1024 * 1024):
-                if frame.header.transaction_id == transaction_id:
-                    return True
-            index += 1
-        return False
+        return any(
+            header.transaction_id == transaction_id
+            for header in self._frame_headers_since(since_us)
+        )
 
     def transaction_rows_since(self, since_us: int) -> dict[int, int]:
         """For every transaction with a frame written at or after ``since_us``, the messages
         of its frames there: ``contains_transaction`` and ``transaction_rows`` for many ids
         at the price of one scan of frame headers (recovery asks once per partition, not
         once per commit record)."""
-        visible = self._visible
         found: dict[int, int] = {}
+        for header in self._frame_headers_since(since_us):
+            if header.transaction_id:
+                found[header.transaction_id] = found.get(header.transaction_id, 0) + (
+                    header.record_count
+                )
+        return found
+
+    def _frame_headers_since(self, since_us: int) -> Iterator[FrameHeader]:
+        """The headers of the visible frames from the time index's position for
+        ``since_us`` to the end (nothing if nothing was written since: the log file may
+        not even exist). Reads headers in 1 MiB windows; bodies are not checked."""
+        visible = self._visible
         start = self.offset_for_time(since_us)
         if start >= visible.end_offset:
-            return found
+            return
         index = _segment_index(visible.segments, start)
         while index is not None and index < len(visible.segments):
             segment = visible.segments[index]
             last = index == len(visible.segments) - 1
             limit = visible.last_segment_bytes if last else segment.size_bytes
             for frame in segment.scan(start, limit, 1024 * 1024):
-                header = frame.header
-                if header.transaction_id:
-                    found[header.transaction_id] = (
-                        found.get(header.transaction_id, 0) + header.record_count
-                    )
+                yield frame.header
             index += 1
-        return found
 
     def sync(self) -> None:
         """Make everything written so far durable (checkpoints of published data),
