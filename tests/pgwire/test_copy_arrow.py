@@ -27,7 +27,7 @@ from engine.database import Database
 from sql.pgwire.codec.copy_arrow import CHUNK_BYTES
 from sql.pgwire.connection import copy_arrow
 from sql.pgwire.server import ServerThread
-from sql.pgwire.users import add_user
+from tests.pgwire.scram_users import login, scram_server
 
 Connect = Callable[..., psycopg.Connection]
 RANGE = 'SELECT {columns} FROM TOPIC {topic} WHERE partition = {p} AND "offset" >= {a} ' \
@@ -209,19 +209,11 @@ def test_range_errors_keep_the_connection(connect: Connect, range_reads: list[tu
 # -- privileges and retention ------------------------------------------------------------------
 @pytest.fixture
 def users_server(tmp_path: Path) -> Iterator[ServerThread]:
-    users_file = str(tmp_path / "users.json")
-    add_user(users_file, "alice", "alice-pw", superuser=True)
-    add_user(users_file, "bob", "bob-pw")
-    running = ServerThread(str(tmp_path / "data"), "127.0.0.1", 0, auth="scram",
-                           users_file=users_file)  # fmt: skip
-    yield running
-    running.stop()
+    with scram_server(tmp_path) as running:
+        yield running
 
 
-def _login(server: ServerThread, user: str) -> psycopg.Connection:
-    return psycopg.connect(host="127.0.0.1", port=server.port, user=user,
-                           password=f"{user}-pw", dbname="topicbase", autocommit=True,
-                           connect_timeout=10)  # fmt: skip
+_login = login
 
 
 def test_a_user_without_select_gets_42501_and_keeps_the_connection(

@@ -17,7 +17,7 @@ import pytest
 
 from engine.bulk_write import WRITES_DIRECTORY
 from sql.pgwire.server import ServerThread
-from sql.pgwire.users import add_user
+from tests.pgwire.scram_users import login, scram_server
 
 Connect = Callable[..., psycopg.Connection]
 
@@ -189,19 +189,11 @@ def test_a_bad_value_fails_the_commit_and_keeps_the_writes(db: psycopg.Connectio
 # -- privileges -----------------------------------------------------------------------------
 @pytest.fixture
 def users_server(tmp_path: Path) -> Iterator[ServerThread]:
-    users_file = str(tmp_path / "users.json")
-    add_user(users_file, "alice", "alice-pw", superuser=True)
-    add_user(users_file, "bob", "bob-pw")
-    running = ServerThread(str(tmp_path / "data"), "127.0.0.1", 0, auth="scram",
-                           users_file=users_file)  # fmt: skip
-    yield running
-    running.stop()
+    with scram_server(tmp_path) as running:
+        yield running
 
 
-def _login(server: ServerThread, user: str) -> psycopg.Connection:
-    return psycopg.connect(host="127.0.0.1", port=server.port, user=user,
-                           password=f"{user}-pw", dbname="topicbase", autocommit=True,
-                           connect_timeout=10)  # fmt: skip
+_login = login
 
 
 def test_staging_needs_insert_and_a_write_is_its_owners(users_server: ServerThread) -> None:

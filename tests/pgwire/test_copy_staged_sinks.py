@@ -12,26 +12,17 @@ import psycopg
 import pytest
 
 from sql.pgwire.server import ServerThread
-from sql.pgwire.users import add_user
+from tests.pgwire.scram_users import login, scram_server
 from tests.pgwire.test_copy_staged import arrow_stream, messages, stage
 
 
 @pytest.fixture
 def users_server(tmp_path: Path) -> Iterator[ServerThread]:
-    users_file = str(tmp_path / "users.json")
-    add_user(users_file, "alice", "alice-pw", superuser=True)
-    add_user(users_file, "bob", "bob-pw")
-    add_user(users_file, "mallory", "mallory-pw")
-    running = ServerThread(str(tmp_path / "data"), "127.0.0.1", 0, auth="scram",
-                           users_file=users_file)  # fmt: skip
-    yield running
-    running.stop()
+    with scram_server(tmp_path, "mallory") as running:
+        yield running
 
 
-def _login(server: ServerThread, user: str) -> psycopg.Connection:
-    return psycopg.connect(host="127.0.0.1", port=server.port, user=user,
-                           password=f"{user}-pw", dbname="topicbase", autocommit=True,
-                           connect_timeout=10)  # fmt: skip
+_login = login
 
 
 def test_an_unprivileged_user_cannot_pre_record_another_users_sink(users_server) -> None:
