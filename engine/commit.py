@@ -243,9 +243,9 @@ def _check_publishable(database, item: PublishItem) -> None:
 
 
 class CheckpointSetAside(PartitionFencedError):
-    """A checkpoint kept the transactions from the first one that wrote to a partition
-    fenced by an I/O failure (to be recovered at the next open) and checkpointed the
-    rest: raised to callers, which accept it unless they need a whole checkpoint."""
+    """A checkpoint that had to be whole (``Committer.checkpoint_whole``) kept the
+    transactions from the first one that wrote to a partition fenced by an I/O failure
+    (to be recovered at the next open) and checkpointed only the rest."""
 
 
 class Committer:
@@ -570,9 +570,7 @@ class Committer:
         if len(self._published) < backlog_max:
             return
         try:
-            self.checkpoint()
-        except CheckpointSetAside:
-            pass  # kept until reopen (``_checkpoint_locked``); the rest is checkpointed
+            self.checkpoint()  # what it sets aside stays until reopen (``_checkpoint_locked``)
         except Exception as error:
             log.warning("checkpoint after a commit failed (kept for the next): %s", error)
 
@@ -645,9 +643,7 @@ class Committer:
                 if self._closing:
                     return
             try:
-                self.checkpoint()
-            except CheckpointSetAside:
-                pass  # the rest was checkpointed; it set ``_retry_due`` itself
+                self.checkpoint()  # one that sets some aside sets ``_retry_due`` itself
             except Exception as error:  # kept for the next one; recovery needs none
                 self.background_failures += 1
                 log.warning("background checkpoint failed (kept for the next): %s", error)
@@ -657,15 +653,24 @@ class Committer:
                 with self._wake:
                     self._retry_due = None
 
-    def checkpoint(self) -> None:
+    def checkpoint_whole(self) -> None:
+        """``checkpoint``, for a caller that relies on a whole one (a retention pass
+        deletes below the ends it saw before it; DDL that drops a consumer): raises
+        ``CheckpointSetAside`` if transactions were set aside."""
+        kept = self.checkpoint()
+        if kept:
+            raise CheckpointSetAside(
+                f"{kept} transactions wrote to a partition fenced by an I/O failure: they "
+                "stay to be checkpointed after the database is reopened"
+            )
+
+    def checkpoint(self) -> int:
         """Sync published partitions, write moved offsets, delete their records, release
         their staging. Runs beside commits; see the module doc for why that is safe.
 
-        Transactions behind a fenced partition (``_checkpoint_locked``) are kept and the
-        rest checkpointed all the same; then it raises ``CheckpointSetAside``, so that a
-        caller relying on a whole checkpoint (a retention pass deletes below the ends it
-        saw before it) never takes a partial one for one; close, DDL and the background
-        checkpointer accept it."""
+        Transactions behind a fenced partition (``_checkpoint_locked``) are kept for the
+        next open and the rest checkpointed all the same. Returns how many were kept
+        (0: a whole checkpoint); ``checkpoint_whole`` refuses a partial one."""
         if self._unfinished:
             with self._database.commit_lock, self._lock:
                 self._finish_unfinished()
@@ -679,7 +684,7 @@ class Committer:
                 moved, self._moved = self._moved, {}
                 self._staged_bytes = 0
             if not published and not moved:
-                return
+                return 0
             try:
                 kept = self._checkpoint_locked(published, moved)
             except BaseException:
@@ -692,10 +697,7 @@ class Committer:
                     self._published = kept + self._published
                     # tried again after as many more commits, not at every one
                     self._retry_due = len(self._published) + CHECKPOINT_TRANSACTIONS
-                raise CheckpointSetAside(
-                    f"{len(kept)} transactions wrote to a partition fenced by an I/O "
-                    "failure: they stay to be checkpointed after the database is reopened"
-                )
+            return len(kept)
 
     def _checkpoint_locked(
         self, published: list[Published], moved: dict[tuple[str, str, int], int]
@@ -899,9 +901,7 @@ class Committer:
         if checkpointer is not None:
             checkpointer.join()
         try:
-            self.checkpoint()
-        except CheckpointSetAside:
-            pass  # the next open's recovery publishes and checkpoints what was kept
+            self.checkpoint()  # the next open's recovery publishes what it keeps
         finally:
             self.staging.close()
             self._cursor.close()

@@ -106,7 +106,7 @@ def checkpointed_ends(database: Any) -> dict[tuple[str, int], int]:
     every transaction with a frame below them has then finished its publish and is
     counted for the checkpoint (or failed, and is finished by the checkpoint first).
     The checkpoint then runs outside the commit lock, as the background one does, so
-    commits wait only for the ends to be read. Raises if the checkpoint fails (the
+    commits wait only for the ends to be read. Raises if the checkpoint fails or is not whole (the
     pass is then retried; nothing is deleted meanwhile)."""
     floors: dict[tuple[str, int], int] = {}
     with database.commit_lock:
@@ -115,7 +115,7 @@ def checkpointed_ends(database: Any) -> dict[tuple[str, int], int]:
             topic = database.topic_log(entry.topic_id)
             for partition_id in topic.partition_ids():
                 floors[(entry.topic_id, partition_id)] = topic.partition(partition_id).end_offset
-    database.committer.checkpoint()
+    database.committer.checkpoint_whole()
     return floors
 
 

@@ -46,7 +46,7 @@ from engine import (
     tables,
     write_statements,
 )
-from engine.commit import CheckpointSetAside, PublishItem, route_writes
+from engine.commit import PublishItem, route_writes
 from engine.ddl import run_alter, run_create, run_drop
 from engine.identity import LOCAL_SUPERUSER, Identity
 from engine.offset_reset import set_consumer_offsets
@@ -642,14 +642,13 @@ class Session:
             # Offset moves still only in commit records reach the offsets table first,
             # so a dropped and re-created consumer never inherits old moves.
             database.committer.quiesce()
-            try:
+            # Transactions set aside behind a partition fenced by an I/O failure (their
+            # records replay at reopen) are fine unless this drops a consumer: one
+            # re-created under its name would inherit their moves.
+            if _drops_consumers(database, operation):
+                database.committer.checkpoint_whole()
+            else:
                 database.committer.checkpoint()
-            except CheckpointSetAside:
-                # Transactions behind a partition fenced by an I/O failure were set
-                # aside (their records replay at reopen): fine unless this drops a
-                # consumer, as one re-created under its name would inherit their moves.
-                if _drops_consumers(database, operation):
-                    raise
             if isinstance(operation, CreateTopicEntry):
                 run_create(database, operation, self.identity.name)
             elif isinstance(operation, AlterTopicEntry):
