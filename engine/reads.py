@@ -65,6 +65,7 @@ from engine.topic_relation import SCHEMA, relation_batch
 from engine.transaction import Transaction
 from planner.operations import ReadRecords
 from storage import limits
+from storage.bulk_scan import ScannedFrames, scan_many
 from storage.errors import InvalidParameterValueError, LimitExceededError, QueryCanceledError
 from storage.frame_read import SMALL_SLICE_ROWS, FrameSlice, decode_small
 from storage.topic_log import TopicLog
@@ -73,6 +74,12 @@ CANCEL_CHECK_S = 0.1
 # What ``stream_records`` holds at a time: one storage read of one partition.
 STREAM_BATCH_MESSAGES = 65_536
 STREAM_BATCH_BYTES = 16 * 1024 * 1024
+# A consumer poll reads its partitions into one buffer (``storage.bulk_scan``) when it
+# takes at most this many messages per partition on average (so its frames are likely
+# small: a poll over many partitions holding a few messages each), from at least
+# ``SCAN_PARTITIONS_MIN`` partitions.
+SCAN_ROWS_PER_PARTITION = 4 * SMALL_SLICE_ROWS
+SCAN_PARTITIONS_MIN = 2
 
 
 @dataclass(frozen=True)
@@ -192,15 +199,22 @@ def read_records(
     return _relation(batches, decode=bool(options.get("decode", True)))
 
 
-def _relation(slices: list[tuple[int, FrameSlice]], *, decode: bool) -> pa.Table:
+def _relation(slices: list[tuple[int, FrameSlice]] | ScannedFrames, *, decode: bool) -> pa.Table:
     """The topic relation of a read's frame slices, in their order.
 
     The read is decoded here, once for all its partitions: each run of small slices
     (``SMALL_SLICE_ROWS``; a read over many partitions holding a few messages each)
     becomes one relation batch, its partition column repeated per slice, instead of a
     decode, a concatenation and a ``relation_batch`` per partition. A large slice is
-    decoded alone, without copying its messages.
+    decoded alone, without copying its messages. A read into one buffer
+    (``ScannedFrames``, small slices only) is one relation batch.
     """
+    if isinstance(slices, ScannedFrames):
+        if not len(slices):
+            return SCHEMA.empty_table()
+        partitions = np.repeat(slices.partitions, slices.rows)
+        batch = relation_batch(0, slices.decode(), decode=decode, partitions=partitions)
+        return pa.Table.from_batches([batch], schema=SCHEMA)
     batches: list[pa.RecordBatch] = []
     run: list[tuple[int, FrameSlice]] = []
 
@@ -325,13 +339,15 @@ def _read_all(
     starts: dict[int, int],
     publish_gate: AbstractContextManager[Any],
     round_robin: RoundRobin | None = None,
-) -> list[tuple[int, FrameSlice]]:
+) -> list[tuple[int, FrameSlice]] | ScannedFrames:
     """Read the partitions up to one consistent cut of their end offsets, fairly: a
     consumer poll in its turn (``round_robin``), anything else shared within the read.
 
     The cut is taken under ``publish_gate``, which transactional publishes
     hold while they append to all their partitions, so a read sees a
-    transaction's messages in every partition or in none.
+    transaction's messages in every partition or in none. A consumer poll over many
+    partitions of small frames reads them into one buffer (``_scan_in_turn``): the
+    slices ``_read_in_turn`` would read, as arrays.
     """
     bounds = read_bounds(operation)
     with publish_gate:
@@ -340,8 +356,13 @@ def _read_all(
     if operation.consumer is not None and round_robin is not None:
         # per member too: members take their own partitions in their own turn
         key = (operation.topic_id, operation.consumer, str(operation.options.get("member")))
-        read = _read_in_turn(topic, round_robin.order(key, list(starts)), positions, ends,
-                             bounds)  # fmt: skip
+        order = round_robin.order(key, list(starts))
+        scanned = _scan_in_turn(topic, order, positions, ends, bounds)
+        if scanned is not None:
+            round_robin.note(key, int(scanned.partitions[-1]))
+            _check_complete(operation, bounds, positions, ends)
+            return scanned.in_order(list(starts))
+        read = _read_in_turn(topic, order, positions, ends, bounds)
         if read:
             round_robin.note(key, list(read)[-1])
     else:
@@ -349,13 +370,20 @@ def _read_all(
         if not bounds.complete:
             done = set(readable_partitions(topic, list(read), _peek_position(positions, ends)))
             read = {p: batches for p, batches in read.items() if p in done}
+    _check_complete(operation, bounds, positions, ends)
+    return [(p, piece) for p in starts for piece in read.get(p, ())]
+
+
+def _check_complete(
+    operation: ReadRecords, bounds: ReadBounds, positions: dict[int, int], ends: dict[int, int]
+) -> None:
+    """A read that must not stop short (``bounds.complete``) refuses to, with 54000."""
     if bounds.complete and any(positions[p] < ends[p] for p in positions):
         raise LimitExceededError(
             f"topic {operation.topic} holds more than one read may return "
             f"({bounds.messages} messages, {bounds.bytes} bytes); read it in ranges with "
             "FROM TOPIC ... WITH (partition = ..., from_offset = ..., max_messages = ...)"
         )
-    return [(p, piece) for p in starts for piece in read.get(p, ())]
 
 
 def readable_partitions(
@@ -400,6 +428,45 @@ def _rotated(partitions: list[int], starts: dict[int, int]) -> list[int]:
         return partitions
     first = sum(starts.values()) % len(partitions)
     return partitions[first:] + partitions[:first]
+
+
+def _scan_in_turn(
+    topic: TopicLog,
+    order: list[int],
+    positions: dict[int, int],
+    ends: dict[int, int],
+    bounds: ReadBounds,
+) -> ScannedFrames | None:
+    """``_read_in_turn`` into one buffer (``storage.bulk_scan``), or None when that path
+    does not apply (few partitions, many messages each, or anything ``scan_many``
+    leaves to the partition reads; then nothing was read and ``positions`` are as
+    given). The plan is ``_read_in_turn``'s: partition after partition in ``order``,
+    each taking what it holds below the cut, up to what is left of the message budget.
+    ``scan_many`` applies only when the byte budget stops no partition, so exactly
+    those messages are read, and ``positions`` advance as ``_read_in_turn``'s would."""
+    messages = bounds.messages
+    if messages <= 0 or bounds.bytes <= 0:
+        return None
+    plan = []
+    for partition_id in order:
+        available = ends[partition_id] - positions[partition_id]
+        if available > 0:
+            wanted = min(messages, available)
+            plan.append((partition_id, topic.partition(partition_id), positions[partition_id],
+                         wanted))  # fmt: skip
+            messages -= wanted
+            if messages <= 0:
+                break
+    taken = bounds.messages - messages
+    if len(plan) < SCAN_PARTITIONS_MIN or taken > SCAN_ROWS_PER_PARTITION * len(plan):
+        return None
+    scanned = scan_many(plan, bounds.bytes)
+    if scanned is None:
+        return None
+    assert scanned.message_count == taken, (scanned.message_count, taken)
+    positions.update(scanned.next_offsets)
+    _count(scanned.message_count, scanned.size)
+    return scanned
 
 
 def _read_in_turn(
@@ -539,14 +606,18 @@ def fair_shares(demands: list[tuple[int, int]], budget: int) -> dict[int, int]:
 def _record_ranges(
     operation: ReadRecords,
     starts: dict[int, int],
-    slices: list[tuple[int, FrameSlice]],
+    slices: list[tuple[int, FrameSlice]] | ScannedFrames,
     committed: dict[int, int | None],
     transaction: Transaction,
 ) -> None:
     assert operation.consumer is not None
     ends = dict(starts)
-    for partition_id, piece in slices:
-        ends[partition_id] = max(ends[partition_id], piece.next_offset)
+    if isinstance(slices, ScannedFrames):
+        for partition_id, next_offset in slices.next_offsets.items():
+            ends[partition_id] = max(ends[partition_id], next_offset)
+    else:
+        for partition_id, piece in slices:
+            ends[partition_id] = max(ends[partition_id], piece.next_offset)
     for partition_id, start in starts.items():
         key = (operation.topic_id, operation.consumer, partition_id)
         if (

@@ -202,6 +202,16 @@ def decode_small(slices: Sequence[FrameSlice]) -> pa.RecordBatch:
         wire = decode_wire_bodies([piece.body for piece in slices], counts, skips, rows)
     if wire is None:
         wire = _read_each(slices)
+    return read_batch(wire, rows, firsts, written_ats)
+
+
+def read_batch(
+    wire: pa.RecordBatch, rows: np.ndarray, firsts: np.ndarray, written_ats: np.ndarray
+) -> pa.RecordBatch:
+    """The read batch (``READ_SCHEMA``) of ``wire``, the wire rows of slices of ``rows[k]``
+    messages from offset ``firsts[k]`` of frames written at ``written_ats[k]``, in order:
+    the ``offset`` and ``written_at`` columns built in one numpy step each."""
+    count = len(rows)
     total = int(rows.sum())
     assert wire.num_rows == total, (wire.num_rows, total)
     # offset of row i of slice k: firsts[k] + (i - where slice k starts in the batch)

@@ -119,6 +119,14 @@ class FileSystem:
         except OSError as error:
             raise _io_error("read", self._paths.get(fd, str(fd)), error) from error
 
+    def pread_into(self, fd: int, target: memoryview, position: int) -> int:
+        """Read up to ``len(target)`` bytes at ``position`` into ``target`` (no bytes
+        object made); the bytes read (fewer at end of file)."""
+        try:
+            return os.preadv(fd, [target], position)
+        except OSError as error:
+            raise _io_error("read", self._paths.get(fd, str(fd)), error) from error
+
     def start_writeback(self, fd: int, position: int, size: int) -> None:
         """Ask the kernel to start writing ``size`` bytes at ``position`` to disk, without waiting.
 

@@ -633,6 +633,33 @@ class PartitionLog:
                 continue
         raise StorageIOError(f"partition {self.partition_id}: segments vanished during a read")
 
+    def frame_window(
+        self, start_offset: int, count: int, window_max: int
+    ) -> tuple[LogSegment, int, int] | None:
+        """Where a read of ``count`` messages from ``start_offset`` finds its frames: the
+        segment and the byte range ``[from, to)`` of it holding them (from the indexed
+        frame at or before ``start_offset`` to the published end of the segment), for a
+        read of many partitions into one buffer (``storage.bulk_scan``). None when the
+        messages are not all published in one segment, start below the log start, or
+        the range is over ``window_max`` bytes (``read_frames`` handles those)."""
+        visible = self._visible
+        segments = visible.segments
+        if count <= 0 or start_offset < segments[0].base_offset:
+            return None
+        index = _segment_index(segments, start_offset)
+        assert index is not None
+        segment = segments[index]
+        last = index == len(segments) - 1
+        if start_offset + count > (visible.end_offset if last else segment.next_offset):
+            return None
+        limit = visible.last_segment_bytes if last else segment.size_bytes
+        position = (
+            segment.offset_index.lookup(start_offset) if start_offset > segment.base_offset else 0
+        )
+        if limit - position > window_max:
+            return None
+        return segment, position, limit
+
     def _scan_visible(
         self, visible: Visible, start_offset: int, max_messages: int, max_bytes: int
     ) -> FrameRead:

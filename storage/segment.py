@@ -246,6 +246,16 @@ class LogSegment:
             self.fs.close(shared.fd)  # the writer closed it while this scan read
 
     # -- reading (any thread) -----------------------------------------------------------
+    def read_into(self, target: memoryview, position: int) -> int:
+        """Read ``len(target)`` bytes at ``position`` into ``target`` (fewer at the end of
+        the file): the bytes read. Unchecked: the caller checks the frames (a read of
+        many partitions into one buffer, ``storage.bulk_scan``)."""
+        fd, shared = self._scan_fd()
+        try:
+            return self.fs.pread_into(fd, target, position)
+        finally:
+            self._scan_done(fd, shared)
+
     def scan(
         self,
         start_offset: int,

@@ -149,27 +149,11 @@ def decode_wire_bodies(
         layout.template[layout.structure], (count, int(layout.structure.sum()))
     )):  # fmt: skip
         return None
-    numbers = heads.view("<i8")
-    lengths = numbers[:, layout.length_at // 8]
-    nodes = numbers[:, layout.nodes_at // 8 : layout.nodes_at // 8 + 2 * _NODES]
-    nodes = nodes.reshape(count, _NODES, 2)
-    buffers = numbers[:, layout.buffers_at // 8 : layout.buffers_at // 8 + 2 * _BUFFERS]
-    buffers = buffers.reshape(count, _BUFFERS, 2).copy()
-    # Buffers in order within their body's bytes, rows within the batch, every top
-    # field as long as the batch.
-    positions, extents = buffers[:, :, 0], buffers[:, :, 1]
-    if np.any(extents < 0) or np.any(positions % 8) or np.any(positions < 0):
+    checked = _numbers(layout, heads.view("<i8"), sizes, counts, skips, rows)
+    if checked is None:
         return None
-    if np.any(positions[:, :-1] + extents[:, :-1] > positions[:, 1:]):
-        return None
-    if np.any(prefix + positions[:, -1] + extents[:, -1] > sizes):
-        return None
-    if np.any(lengths != counts) or np.any(skips < 0) or np.any(rows < 1):
-        return None
-    if np.any(skips + rows > lengths):
-        return None
-    if np.any(nodes[:, : METADATA + 1, 0] != lengths[:, None]):
-        return None
+    nodes, buffers = checked
+    positions = buffers[:, :, 0]
     # Every body without its ``data`` bytes (from that buffer to the next one), joined.
     data_buffer = _NODE_BUFFERS[DATA][2]
     cut_from = prefix + positions[:, data_buffer]
@@ -193,6 +177,93 @@ def decode_wire_bodies(
     except _Mismatch:
         return None
     return pa.RecordBatch.from_arrays(arrays, schema=WIRE_SCHEMA)
+
+
+def decode_wire_spans(
+    big: np.ndarray,
+    starts: np.ndarray,
+    sizes: np.ndarray,
+    counts: np.ndarray,
+    skips: np.ndarray,
+    rows: np.ndarray,
+) -> pa.RecordBatch | None:
+    """As ``decode_wire_bodies``, for bodies that lie in one array: body ``k`` is
+    ``big[starts[k] : starts[k] + sizes[k]]`` (a read of many partitions into one
+    buffer, ``storage.bulk_scan``). Nothing but the ``data`` bytes is copied: the other
+    columns are gathered from ``big`` by index. ``big`` is uint8, its length a multiple
+    of 8; the starts must be 8-aligned (frames are), else None."""
+    count = len(starts)
+    assert count > 0 and len(sizes) == count and len(skips) == count and len(rows) == count
+    assert big.dtype == np.uint8 and big.size % 8 == 0
+    if np.any(starts % 8) or np.any(starts < 0) or np.any(starts + sizes > big.size):
+        return None
+    first = int(starts[0])
+    layout = _layout(pa.py_buffer(big[first : first + int(sizes[0])]))
+    if layout is None:
+        return None
+    prefix = layout.prefix
+    if int(sizes.min()) < prefix or np.any(sizes % 8):
+        return None
+    words = big.view("<i8")
+    numbers = words[(starts // 8)[:, None] + np.arange(prefix // 8)]
+    heads = numbers.view(np.uint8).reshape(count, prefix)
+    if not np.array_equal(heads[:, layout.structure], np.broadcast_to(
+        layout.template[layout.structure], (count, int(layout.structure.sum()))
+    )):  # fmt: skip
+        return None
+    checked = _numbers(layout, numbers, sizes, counts, skips, rows)
+    if checked is None:
+        return None
+    nodes, buffers = checked
+    columns = _Columns(big, starts + prefix, nodes, buffers)
+    try:
+        arrays = [
+            columns.fixed(SEQ_NO, skips, rows, 8, pa.int64()),
+            columns.variable(PRODUCER_ID, skips, rows, pa.string()),
+            columns.variable(GROUP_ID, skips, rows, pa.string()),
+            columns.fixed(CREATED_AT, skips, rows, 8, TIMESTAMP),
+            columns.fixed(CODEC, skips, rows, 1, pa.uint8()),
+            columns.variable(DATA, skips, rows, pa.binary(), spans=True),
+            columns.map(skips, rows),
+        ]
+    except _Mismatch:
+        return None
+    return pa.RecordBatch.from_arrays(arrays, schema=WIRE_SCHEMA)
+
+
+def _numbers(
+    layout: _Layout,
+    numbers: np.ndarray,
+    sizes: np.ndarray,
+    counts: np.ndarray,
+    skips: np.ndarray,
+    rows: np.ndarray,
+) -> tuple[np.ndarray, np.ndarray] | None:
+    """The nodes ``(count, _NODES, 2)`` and buffers ``(count, _BUFFERS, 2)`` of the bodies
+    whose metadata words are ``numbers`` (one row per body), checked: buffers in order
+    within their body's bytes, rows within the batch, every top field as long as the
+    batch. None when a body fails."""
+    count = len(numbers)
+    prefix = layout.prefix
+    lengths = numbers[:, layout.length_at // 8]
+    nodes = numbers[:, layout.nodes_at // 8 : layout.nodes_at // 8 + 2 * _NODES]
+    nodes = nodes.reshape(count, _NODES, 2)
+    buffers = numbers[:, layout.buffers_at // 8 : layout.buffers_at // 8 + 2 * _BUFFERS]
+    buffers = buffers.reshape(count, _BUFFERS, 2).copy()
+    positions, extents = buffers[:, :, 0], buffers[:, :, 1]
+    if np.any(extents < 0) or np.any(positions % 8) or np.any(positions < 0):
+        return None
+    if np.any(positions[:, :-1] + extents[:, :-1] > positions[:, 1:]):
+        return None
+    if np.any(prefix + positions[:, -1] + extents[:, -1] > sizes):
+        return None
+    if np.any(lengths != counts) or np.any(skips < 0) or np.any(rows < 1):
+        return None
+    if np.any(skips + rows > lengths):
+        return None
+    if np.any(nodes[:, : METADATA + 1, 0] != lengths[:, None]):
+        return None
+    return nodes, buffers
 
 
 class _Mismatch(Exception):
@@ -289,15 +360,23 @@ class _Columns:
         *,
         bodies: Sequence[pa.Buffer] | None = None,
         data_at: np.ndarray | None = None,
+        spans: bool = False,
     ) -> pa.Array:
         """A string or binary column; its bytes from ``big``, or, when given, straight
-        from the ``bodies`` (where they start in each: ``data_at``)."""
+        from the ``bodies`` (where they start in each: ``data_at``). ``spans``: from
+        ``big`` too, but one copy per body rather than a gather by byte (the ``data``
+        column, most of a read's bytes)."""
         validity, nulls = self._validity(node, skips, rows)
         data_buffer = _NODE_BUFFERS[node][2]
         firsts, lasts, lengths = self._spans(node, skips, rows)
         if np.any(lasts > self.buffers[:, data_buffer, 1]):
             raise _Mismatch
-        if bodies is None:
+        if spans:
+            at = self._at(data_buffer)
+            copied = np.empty(int((lasts - firsts).sum()), dtype=np.uint8)
+            _copy_spans(copied, self.big, (at + firsts).tolist(), (at + lasts).tolist())
+            data = pa.py_buffer(copied)
+        elif bodies is None:
             data = pa.py_buffer(self.big[_ranges(self._at(data_buffer) + firsts, lasts - firsts)])
         else:
             assert data_at is not None
@@ -383,4 +462,16 @@ def _copy_ranges(
             size = then_tos[index] - then_froms[index]
             target[position : position + size] = view[then_froms[index] : then_tos[index]]
             position += size
+    assert position == out.size, (position, out.size)
+
+
+def _copy_spans(out: np.ndarray, big: np.ndarray, froms: list[int], tos: list[int]) -> None:
+    """Copy ``big[froms[k]:tos[k]]`` for every k back to back into ``out``."""
+    target = memoryview(out)
+    source = memoryview(big)
+    position = 0
+    for start, end in zip(froms, tos, strict=True):
+        size = end - start
+        target[position : position + size] = source[start:end]
+        position += size
     assert position == out.size, (position, out.size)

@@ -405,6 +405,11 @@ class FaultyFileSystem(FileSystem):
             self._check_alive()
             return super().pread(fd, size, position)
 
+    def pread_into(self, fd: int, target: memoryview, position: int) -> int:
+        with self._model_lock:
+            self._check_alive()
+            return super().pread_into(fd, target, position)
+
     # -- paths ----------------------------------------------------------------------------
     def make_directory(self, path: str) -> None:
         path = os.path.normpath(os.path.abspath(path))

@@ -20,7 +20,7 @@ import pytest
 from storage import frame_read
 from storage.frame_read import FrameSlice, decode_small
 from storage.record_batch import WIRE_SCHEMA, FrameHeader, build_wire_batch, serialize_body
-from storage.wire_columns import decode_wire_bodies
+from storage.wire_columns import decode_wire_bodies, decode_wire_spans
 
 
 def _random_batch(rng: random.Random, count: int) -> pa.RecordBatch:
@@ -94,6 +94,53 @@ def test_columns_equal_arrow_reads_sliced_and_concatenated(seed: int) -> None:
     decoded.validate(full=True)
     assert decoded.equals(expected)
     assert decoded.to_pylist() == expected.to_pylist()
+
+
+def _spans(bodies: list[pa.Buffer], gaps: list[int]) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """The bodies laid in one array, each after ``gaps[k]`` bytes of other bytes (as a
+    read of many partitions lays frames after their headers): array, starts, sizes."""
+    parts, starts, at = [], [], 0
+    for body, gap in zip(bodies, gaps, strict=True):
+        parts += [b"\xee" * gap, body.to_pybytes()]
+        starts.append(at + gap)
+        at += gap + body.size
+    big = np.frombuffer(b"".join(parts) + bytes(-at % 8), dtype=np.uint8).copy()
+    sizes = np.array([body.size for body in bodies], dtype=np.int64)
+    return big, np.array(starts, dtype=np.int64), sizes
+
+
+@pytest.mark.parametrize("seed", range(12))
+def test_spans_of_one_array_equal_arrow_reads(seed: int) -> None:
+    rng = random.Random(seed)
+    bodies, counts, skips, rows = [], [], [], []
+    for _ in range(rng.randrange(1, 40)):
+        count = rng.randrange(1, 12)
+        bodies.append(pa.py_buffer(serialize_body(_random_batch(rng, count))))
+        skip = rng.randrange(count)
+        counts.append(count)
+        skips.append(skip)
+        rows.append(rng.randrange(1, count - skip + 1))
+    big, starts, sizes = _spans(bodies, [8 * rng.randrange(7) for _ in bodies])
+    decoded = decode_wire_spans(
+        big, starts, sizes, np.array(counts), np.array(skips), np.array(rows)
+    )
+    assert decoded is not None
+    expected = _reference(bodies, skips, rows)
+    decoded.validate(full=True)
+    assert decoded.equals(expected)
+    assert decoded.to_pylist() == expected.to_pylist()
+
+
+def test_spans_of_another_layout_or_misaligned_are_refused(batch: Any) -> None:
+    plain = pa.py_buffer(serialize_body(batch(3)))
+    compressed = _compressed_body(batch(3))
+    ones = np.array([3, 3]), np.array([0, 0]), np.array([3, 3])
+    big, starts, sizes = _spans([plain, compressed], [48, 48])
+    assert decode_wire_spans(big, starts, sizes, *ones) is None
+    big, starts, sizes = _spans([plain, plain], [48, 48])
+    assert decode_wire_spans(big, starts, sizes, *ones) is not None
+    assert decode_wire_spans(big, starts, sizes, np.array([3, 4]), *ones[1:]) is None
+    assert decode_wire_spans(big, starts + 4, sizes, *ones) is None  # not 8-aligned
 
 
 def test_bodies_without_nulls_or_metadata(batch: Any) -> None:

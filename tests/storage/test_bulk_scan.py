@@ -1,0 +1,166 @@
+"""A read of many partitions into one buffer (``storage.bulk_scan``; issue 14, consume at
+1000 partitions).
+
+Property: for any plan it accepts, ``scan_many`` finds exactly the slices that
+``read_frames`` of each partition in turn finds (frames, skips, rows, sizes), the same
+next offsets, and decodes to the same read batch; it makes one read per partition and
+no per-partition ``read_frames``. Everything it does not handle is refused (None)
+before the caller's own reads: a range over two segments or below the log start, a
+large frame, a damaged frame, a byte budget the frames reach, a window over the cap.
+"""
+
+from __future__ import annotations
+
+import os
+import random
+from typing import Any
+
+import pytest
+
+from storage import bulk_scan
+from storage.bulk_scan import scan_many
+from storage.errors import CorruptSegmentError
+from storage.frame_read import decode_small
+from storage.partition_log import PartitionLog
+
+BIG = 1 << 26
+
+
+def _partitions(open_partition: Any, tmp_path: Any, count: int, **settings: Any) -> list:
+    return [
+        open_partition(directory=os.path.join(str(tmp_path), f"p{index}"), **settings)
+        for index in range(count)
+    ]
+
+
+def _reference(plan: list[tuple[int, PartitionLog, int, int]]) -> tuple[list, dict[int, int]]:
+    slices, nexts = [], {}
+    for partition_id, log, start, count in plan:
+        found = log.read_frames(start, max_messages=count, max_bytes=BIG)
+        slices += [(partition_id, piece) for piece in found.slices]
+        nexts[partition_id] = found.next_offset
+    return slices, nexts
+
+
+def _check_same(plan: list[tuple[int, PartitionLog, int, int]]) -> None:
+    expected, nexts = _reference(plan)
+    scanned = scan_many(plan, BIG)
+    assert scanned is not None
+    assert scanned.next_offsets == nexts
+    got = list(zip(
+        scanned.partitions.tolist(), scanned.firsts.tolist(), scanned.skips.tolist(),
+        scanned.rows.tolist(), scanned.counts.tolist(), strict=True,
+    ))  # fmt: skip
+    assert got == [(p, s.first_offset, s.skip, s.rows, s.header.record_count) for p, s in expected]
+    assert scanned.message_count == sum(s.rows for _, s in expected)
+    assert scanned.size == sum(s.size for _, s in expected)
+    decoded = scanned.decode()
+    decoded.validate(full=True)
+    assert decoded.equals(decode_small([s for _, s in expected]))
+
+
+@pytest.mark.parametrize("seed", range(8))
+def test_the_slices_of_read_frames_in_turn(
+    open_partition: Any, batch: Any, tmp_path: Any, seed: int
+) -> None:
+    rng = random.Random(seed)
+    logs = _partitions(open_partition, tmp_path, 12)
+    ends = []
+    for log in logs:
+        offset = 0
+        for _ in range(rng.randrange(1, 30)):
+            count = rng.randrange(1, 65)
+            log.append(batch(count, first=offset, size_bytes=rng.randrange(1, 300)))
+            offset += count
+        ends.append(offset)
+    for _ in range(10):
+        plan = []
+        for index in rng.sample(range(len(logs)), rng.randrange(1, len(logs) + 1)):
+            start = rng.randrange(ends[index])  # anywhere: inside a frame, after many
+            count = rng.randrange(1, ends[index] - start + 1)  # to the end or inside a frame
+            plan.append((index, logs[index], start, count))
+        _check_same(plan)
+
+
+def test_one_read_per_partition_and_no_read_frames(
+    open_partition: Any, batch: Any, tmp_path: Any, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    logs = _partitions(open_partition, tmp_path, 20)
+    for log in logs:
+        for index in range(4):
+            log.append(batch(5, first=5 * index))
+    reads = []
+    segment_type = type(logs[0].segments[0])
+    original = segment_type.read_into
+
+    def counted(self: Any, *args: Any) -> int:
+        reads.append(self)
+        return original(self, *args)
+
+    def refused(*_: Any, **__: Any) -> Any:
+        raise AssertionError("read_frames called")
+
+    monkeypatch.setattr(segment_type, "read_into", counted)
+    monkeypatch.setattr(PartitionLog, "read_frames", refused)
+    scanned = scan_many([(i, log, 0, 20) for i, log in enumerate(logs)], BIG)
+    assert scanned is not None and scanned.message_count == 400 and len(scanned) == 80
+    assert len(reads) == 20
+    rows = scanned.decode().to_pylist()
+    assert [r["offset"] for r in rows] == list(range(20)) * 20
+    assert [bytes(r["data"]).rstrip(b".") for r in rows] == [
+        f"m{o}".encode() for o in range(20)
+    ] * 20
+
+
+def test_in_order_groups_partitions_as_asked(open_partition: Any, batch: Any, tmp_path: Any):
+    logs = _partitions(open_partition, tmp_path, 3)
+    for log in logs:
+        log.append(batch(2))
+        log.append(batch(3, first=2))
+    scanned = scan_many([(2, logs[2], 0, 5), (0, logs[0], 1, 4), (1, logs[1], 4, 1)], BIG)
+    assert scanned is not None
+    ordered = scanned.in_order([0, 1, 2])
+    assert ordered.partitions.tolist() == [0, 0, 1, 2, 2]
+    assert ordered.firsts.tolist() == [1, 2, 4, 0, 2]
+    rows = ordered.decode().to_pylist()
+    assert [r["offset"] for r in rows] == [1, 2, 3, 4, 4, 0, 1, 2, 3, 4]
+
+
+def test_what_it_does_not_handle_is_refused(
+    open_partition: Any, batch: Any, tmp_path: Any, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    small, large, rolled, tiny = _partitions(open_partition, tmp_path, 4)
+    for index in range(4):
+        small.append(batch(5, first=5 * index))
+    large.append(batch(65))  # over SMALL_SLICE_ROWS: read alone and zero-copy
+    rolled.append(batch(5))
+    rolled.roll()
+    rolled.append(batch(5, first=5))
+    tiny.append(batch(1))
+    assert scan_many([(0, small, 0, 20), (1, large, 0, 65)], BIG) is None
+    assert scan_many([(0, small, 0, 20), (2, rolled, 0, 10)], BIG) is None  # two segments
+    assert scan_many([(0, small, 0, 20), (2, rolled, 5, 5)], BIG) is not None
+    assert scan_many([(0, small, 0, 20), (3, tiny, 0, 2)], BIG) is None  # past the end
+    frame_bytes = small.segments[0].size_bytes
+    assert scan_many([(0, small, 0, 20), (3, tiny, 0, 1)], frame_bytes) is None  # budget
+    assert scan_many([(0, small, 0, 20)], frame_bytes + 1) is not None
+    monkeypatch.setattr(bulk_scan, "SCAN_WINDOW_BYTES", frame_bytes - 1)
+    assert scan_many([(0, small, 0, 20)], BIG) is None
+
+
+def test_a_damaged_frame_is_refused_and_read_frames_reports_it(
+    open_partition: Any, batch: Any, tmp_path: Any
+) -> None:
+    first, second = _partitions(open_partition, tmp_path, 2)
+    for log in (first, second):
+        for index in range(3):
+            log.append(batch(5, first=5 * index))
+    segment = second.segments[0]
+    with open(segment.log_path, "r+b") as file:
+        file.seek(segment.size_bytes - 3)
+        file.write(b"\xff\xff\xff")  # the last frame's body
+    plan = [(0, first, 0, 15), (1, second, 0, 15)]
+    assert scan_many(plan, BIG) is None
+    assert scan_many([plan[0], (1, second, 0, 10)], BIG) is not None  # not read
+    with pytest.raises(CorruptSegmentError):
+        second.read_frames(0, max_messages=15)
