@@ -83,6 +83,7 @@ publish is unfinished, for the same reason.
 
 from __future__ import annotations
 
+import itertools
 import json
 import logging
 import threading
@@ -520,10 +521,11 @@ class Committer:
                 with self._lock:
                     self._finish_unfinished()
             with self._database.publish_lock:
-                for index, item in enumerate(items):
-                    if index == 1:
-                        failpoints.hit("commit.mid_publish")
-                    results.append(self._publish_item(transaction_id, item))
+                if items:
+                    results.append(self._publish_item(transaction_id, items[0]))
+                if len(items) > 1:
+                    failpoints.hit("commit.mid_publish")
+                    results.extend(self._publish_items(transaction_id, items[1:]))
         except BaseException:
             with self._lock:
                 self._unfinished.append((transaction_id, items, log_end))
@@ -597,6 +599,23 @@ class Committer:
                                             transaction_id)  # fmt: skip
                 return None
         return topic.publish_transactional(item.batch, item.partition, transaction_id, item.body)
+
+    def _publish_items(
+        self, transaction_id: int, items: list[PublishItem]
+    ) -> list[TopicAppendResult | None]:
+        """``_publish_item`` of each item, in order; each run of one topic's items goes to
+        the topic in one call (``TopicLog.publish_transactional_many``: a statement spread
+        over many partitions publishes its shares together)."""
+        results: list[TopicAppendResult | None] = []
+        for topic_id, run in itertools.groupby(items, key=lambda item: item.topic_id):
+            shares = [(item.partition, item.batch, item.body) for item in run]
+            try:
+                topic = self._database.topic_log(topic_id)
+            except UndefinedTopicError:  # dropped since: nothing to publish (``_publish_item``)
+                results.extend([None] * len(shares))
+                continue
+            results.extend(topic.publish_transactional_many(shares, transaction_id))
+        return results
 
     def _finish_unfinished(self) -> None:
         """Publish what failed publishes left out (caller holds the commit lock and ``_lock``)."""

@@ -23,7 +23,9 @@ redirected from a split partition), ``staging.after_sync``, ``staging.torn_recor
 reference (``engine.staged_refs``): ``bulk.mid_move`` (one write moved to its commit
 directory), ``bulk.before_commit`` (files synced, no transaction yet), ``bulk.mid_release``
 (between two commit directories deleted); ``publish.mid_share`` (between two frames of a
-transactional publish: a share cut into bounded frames, ``storage.frame_cuts``).
+transactional publish: a share cut into bounded frames, ``storage.frame_cuts``);
+``publish.mid_spread`` (between two partitions' shares of a publish over many
+partitions, ``storage.spread_publish``).
 """
 
 from __future__ import annotations

@@ -53,7 +53,13 @@ from storage.frame_read import (
 from storage.fs import FileSystem
 from storage.group_commit import GroupCommitter, Request
 from storage.log_loader import RecoveryReport, load_segments
-from storage.producer_state import SMALL_BATCH_ROWS, DedupDecision, ProducerStateManager
+from storage.producer_state import (
+    SMALL_BATCH_ROWS,
+    DedupDecision,
+    ProducerStateManager,
+    ShareRecord,
+    record_share,
+)
 from storage.record_batch import (
     WIRE_SCHEMA,
     FrameEncoder,
@@ -490,6 +496,24 @@ class PartitionLog:
         if written_count < count:
             batch = batch.filter(pa.array(~decision.duplicate))
             body = None  # encoded for the whole batch
+        base_offset, written_at_us = self._write_frame(batch, transaction_id, body)
+        if written_count == count:
+            self.producers.record_decision(decision, base_offset, written_at_us)
+            status = np.zeros(count, dtype=np.uint8)  # WRITTEN
+            offsets = np.arange(base_offset, base_offset + count, dtype=np.int64)
+            return AppendResult(self.partition_id, status, offsets)
+        self.producers.record(batch, base_offset, written_at_us)
+        status = decision.duplicate.astype(np.uint8)  # DUPLICATE == 1, WRITTEN == 0
+        offsets = decision.earlier_offsets
+        offsets[~decision.duplicate] = np.arange(base_offset, base_offset + written_count)
+        return AppendResult(self.partition_id, status, offsets)
+
+    def _write_frame(
+        self, batch: pa.RecordBatch, transaction_id: int, body: pa.Buffer | None
+    ) -> tuple[int, int]:
+        """Write ``batch`` (decided: no duplicate in it) as one frame at the log end, not
+        yet published; returns its base offset and written-at time. Caller holds the
+        lock. An I/O error fences the partition and is raised."""
         now_us = self.clock.now_us()
         segment = self._segment_for_append(now_us)
         base_offset = segment.next_offset
@@ -508,16 +532,32 @@ class PartitionLog:
             self._fence(error)
             raise
         self._last_written_at_us = written_at_us
-        if written_count == count:
-            self.producers.record_decision(decision, base_offset, written_at_us)
-            status = np.zeros(count, dtype=np.uint8)  # WRITTEN
-            offsets = np.arange(base_offset, base_offset + count, dtype=np.int64)
-            return AppendResult(self.partition_id, status, offsets)
-        self.producers.record(batch, base_offset, written_at_us)
-        status = decision.duplicate.astype(np.uint8)  # DUPLICATE == 1, WRITTEN == 0
-        offsets = decision.earlier_offsets
-        offsets[~decision.duplicate] = np.arange(base_offset, base_offset + written_count)
-        return AppendResult(self.partition_id, status, offsets)
+        return base_offset, written_at_us
+
+    # -- one share of a publish over many partitions (``storage.spread_publish``) --------
+    def publishable_locked(self) -> bool:
+        """Whether a transactional publish may write here now (caller holds the lock,
+        ``writes_paused``): open, not fenced, active."""
+        assert self._write_lock.locked()
+        return not self._closed and self._fenced is None and self.active
+
+    def write_share_locked(
+        self,
+        batch: pa.RecordBatch,
+        transaction_id: int,
+        body: pa.Buffer | None,
+        record: ShareRecord,
+    ) -> int:
+        """Write a decided share (``producer_state.decide_shares``: no duplicate) as one
+        frame tagged with ``transaction_id``, record its producer state (``record``, as
+        ``record_share``), then publish it; returns the base offset. Caller holds the
+        lock (``writes_paused``) and checked ``publishable_locked``. ``body``: the
+        batch's encoded body, if at hand."""
+        assert self._write_lock.locked() and transaction_id > 0
+        base_offset, written_at_us = self._write_frame(batch, transaction_id, body)
+        record_share(self.producers, record, base_offset, written_at_us)
+        self._publish()
+        return base_offset
 
     def _segment_for_append(self, now_us: int) -> LogSegment:
         """The active segment, rolled first if it is full or too old."""

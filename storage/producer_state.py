@@ -18,6 +18,7 @@ mutating methods; ``last_seq_no`` may be read from any thread.
 from __future__ import annotations
 
 import functools
+import itertools
 import json
 import os
 from dataclasses import dataclass, field
@@ -598,3 +599,150 @@ def _int64_with_mask(column: pa.Array) -> tuple[np.ndarray, np.ndarray]:
     values = column.fill_null(-1).to_numpy(zero_copy_only=False).astype(np.int64)
     valid = column.is_valid().to_numpy(zero_copy_only=False)
     return values, valid
+
+
+# -- many partitions' shares at once (a statement spread over a topic's partitions) -----
+
+
+@dataclass(frozen=True, slots=True)
+class ShareRecord:
+    """What ``record_share`` puts in one partition's producer state after its share was
+    written: per key of the share, in key order, its largest seq_no, the row (in the
+    share) of its last message, and, for a key of several messages, their seq_nos and
+    rows (the entry's recent seq_nos and offsets, as ``_record_small`` keeps them)."""
+
+    keys: list[str]
+    largest: list[int]
+    last_rows: list[int]
+    recent: list[tuple[np.ndarray, np.ndarray] | None]
+
+
+@dataclass(frozen=True, slots=True)
+class SpreadDecision:
+    """``decide_shares``' verdict: no share holds a duplicate. ``batches``: the shares,
+    with seq_nos filled in where the producers left them to us; ``records``: one per
+    share, for ``record_share`` once that share is written."""
+
+    batches: list[pa.RecordBatch]
+    records: list[ShareRecord]
+
+
+def decide_shares(
+    managers: list[ProducerStateManager], batches: list[pa.RecordBatch]
+) -> SpreadDecision | None:
+    """``decide`` for many partitions' shares at once (share ``i`` goes to the partition
+    of ``managers[i]``, all different): one dictionary encoding and a few numpy passes
+    over all rows, and one Python step per (partition, producer) pair, instead of the
+    per-share calls of ``decide`` and ``record_decision``.
+
+    Only the usual case is decided here, with the result ``decide`` would give: every
+    message has a producer id; either every seq_no is null (the writer numbers each
+    producer's messages on from its last seq_no) or none is and each producer's seq_nos
+    rise strictly past its last (then nothing is a duplicate). Anything else (a message
+    without a producer, mixed nulls, a duplicate, a negative seq_no, a partition that
+    would pass ``limits.PRODUCERS_PER_PARTITION_MAX``) returns None: the caller decides
+    share by share with ``decide``. Pure: no state changes (``record_share`` does that).
+    The caller holds every partition's write lock from here to the last ``record_share``.
+    """
+    assert len(managers) == len(batches) and batches
+    counts = np.fromiter((b.num_rows for b in batches), np.int64, len(batches))
+    total = int(counts.sum())
+    seq_columns = [b.column(SEQ_NO_COLUMN) for b in batches]
+    null_seq_nos = sum(c.null_count for c in seq_columns)
+    if null_seq_nos not in (0, total):
+        return None
+    producers = pa.concat_arrays([b.column(PRODUCER_COLUMN) for b in batches])
+    if producers.null_count or not pa.types.is_string(producers.type):
+        return None
+    encoded = producers.dictionary_encode()
+    keys = encoded.dictionary.to_pylist()
+    key_numbers = encoded.indices.to_numpy(zero_copy_only=False).astype(np.int64)
+    share_of_row = np.repeat(np.arange(len(batches), dtype=np.int64), counts)
+    share_starts = np.concatenate(([0], np.cumsum(counts)[:-1]))
+    pairs = share_of_row * len(keys) + key_numbers
+    order = np.argsort(pairs, kind="stable")  # by share, then key, then row
+    sorted_pairs = pairs[order]
+    group_starts = np.concatenate(([0], np.flatnonzero(np.diff(sorted_pairs)) + 1))
+    group_ends = np.append(group_starts[1:], total)
+    group_pairs = sorted_pairs[group_starts]
+    group_shares = (group_pairs // len(keys)).tolist()
+    group_keys = [keys[k] for k in (group_pairs % len(keys)).tolist()]
+    # The producers' last seq_nos (as ``entry``: expired entries read as absent), and
+    # how many keys each partition would learn.
+    lasts = np.empty(len(group_starts), np.int64)
+    raw_lasts: list[int | None] = []  # the stored entry's, expired or not (``_record_small``)
+    new_keys = [0] * len(batches)
+    now = managers[0]._clock.now_us()
+    for group, (share, key) in enumerate(zip(group_shares, group_keys, strict=True)):
+        manager = managers[share]
+        entry = manager._entries.get(key)
+        if entry is None:
+            new_keys[share] += 1
+            lasts[group] = -1
+            raw_lasts.append(None)
+            continue
+        raw_lasts.append(entry.last_seq_no)
+        live = entry.last_written_at_us + manager._expiry_us > now
+        lasts[group] = -1 if not live or entry.last_seq_no is None else entry.last_seq_no
+    for manager, adding in zip(managers, new_keys, strict=True):
+        if adding and len(manager._entries) + adding > limits.PRODUCERS_PER_PARTITION_MAX:
+            return None  # ``_put`` would expire, then maybe refuse: the per-share path
+    sizes = group_ends - group_starts
+    rank = np.arange(total, dtype=np.int64) - np.repeat(group_starts, sizes)
+    if null_seq_nos:
+        sorted_seq_nos = np.repeat(lasts, sizes) + 1 + rank
+        seq_nos = np.empty(total, np.int64)
+        seq_nos[order] = sorted_seq_nos
+    else:
+        seq_nos = np.concatenate(
+            [c.to_numpy(zero_copy_only=False).astype(np.int64, copy=False) for c in seq_columns]
+        )
+        sorted_seq_nos = seq_nos[order]
+        if (sorted_seq_nos[group_starts] <= lasts).any():  # a negative one too: last >= -1
+            return None
+        rising = np.diff(sorted_seq_nos) > 0
+        rising[group_starts[1:] - 1] = True  # across two groups: no order needed
+        if not rising.all():
+            return None
+    largest = sorted_seq_nos[group_ends - 1].tolist()
+    sorted_rows = (order - share_starts[share_of_row[order]]).tolist()
+    last_rows = [sorted_rows[end - 1] for end in group_ends.tolist()]
+    recent: list[tuple[np.ndarray, np.ndarray] | None] = []
+    sorted_rows_array = np.array(sorted_rows, dtype=np.int64)
+    for group, (start, end) in enumerate(zip(group_starts.tolist(), group_ends.tolist(),
+                                             strict=True)):  # fmt: skip
+        raw = raw_lasts[group]
+        if end - start == 1 and (raw is None or largest[group] >= raw):
+            recent.append(None)  # ``_record_small``: the last seq_no alone finds it
+        else:
+            recent.append((sorted_seq_nos[start:end].copy(), sorted_rows_array[start:end].copy()))
+    share_bounds = np.searchsorted(np.array(group_shares, np.int64),
+                                   np.arange(len(batches) + 1)).tolist()  # fmt: skip
+    records = [
+        ShareRecord(group_keys[a:b], largest[a:b], last_rows[a:b], recent[a:b])
+        for a, b in itertools.pairwise(share_bounds)
+    ]
+    if null_seq_nos:
+        filled = pa.array(seq_nos, pa.int64())
+        field_ = batches[0].schema.field(SEQ_NO_COLUMN)
+        batches = [
+            b.set_column(SEQ_NO_COLUMN, field_, filled.slice(int(start), b.num_rows))
+            for b, start in zip(batches, share_starts.tolist(), strict=True)
+        ]
+    return SpreadDecision(batches, records)
+
+
+def record_share(
+    manager: ProducerStateManager, record: ShareRecord, base_offset: int, written_at_us: int
+) -> None:
+    """Update ``manager`` after its share of a ``decide_shares`` decision was written at
+    ``base_offset``: the entries ``record_decision`` would make for that share."""
+    put = manager._put
+    for key, largest, last_row, recent in zip(
+        record.keys, record.largest, record.last_rows, record.recent, strict=True
+    ):
+        if recent is None:
+            put(key, largest, base_offset + last_row, written_at_us, _EMPTY, _EMPTY)
+        else:
+            seq_nos, rows = recent
+            put(key, largest, base_offset + last_row, written_at_us, seq_nos, rows + base_offset)

@@ -38,7 +38,7 @@ import os
 import struct
 import threading
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, replace
 
@@ -68,6 +68,7 @@ from storage.errors import (
 from storage.fs import FileSystem
 from storage.partition_log import WRITTEN, AppendResult, PartitionLog, ReadResult
 from storage.record_batch import METADATA_TYPE, WIRE_SCHEMA
+from storage.spread_publish import publish_shares
 
 METADATA_FILE = "topic.json"
 CANCEL_CHECK_S = 0.1  # how often a throttled write looks at its statement's cancel flag
@@ -748,6 +749,72 @@ class TopicLog:
         threshold = auto.speed * auto.up_percent / 100
         if speed.above_for(threshold, auto.window_seconds, now_us):
             self.split(partition_id)
+
+    def publish_transactional_many(
+        self,
+        shares: Sequence[tuple[int, pa.RecordBatch, pa.Buffer | None]],
+        transaction_id: int,
+    ) -> list[TopicAppendResult]:
+        """``publish_transactional`` of each (partition, batch, body) in turn, one result
+        each. Shares to distinct active partitions, ascending, are published together
+        (``storage.spread_publish``: one producer-state pass over all of them) when the
+        usual case holds; otherwise, or when a share fails its checks, one by one."""
+        if len(shares) > 1 and self._spread_publishable(shares):
+            logs = [self.partition(partition) for partition, _, _ in shares]
+            batches = [batch for _, batch, _ in shares]
+            try:
+                for log, batch in zip(logs, batches, strict=True):
+                    log.check_append(batch)
+            except Exception:  # one by one, it is raised where it was
+                published = None
+            else:
+                published = publish_shares(
+                    logs, batches, [body for _, _, body in shares], transaction_id
+                )
+            if published is not None:
+                return self._published_shares(shares, published)
+        return [
+            self.publish_transactional(batch, partition, transaction_id, body)
+            for partition, batch, body in shares
+        ]
+
+    def _published_shares(
+        self,
+        shares: Sequence[tuple[int, pa.RecordBatch, pa.Buffer | None]],
+        bases: list[int],
+    ) -> list[TopicAppendResult]:
+        """Meter each share published whole at its base offset, and its result: views of
+        three arrays for all shares (no arrays made per share)."""
+        counts = np.fromiter((batch.num_rows for _, batch, _ in shares), np.int64, len(shares))
+        ends = np.cumsum(counts)
+        starts = ends - counts
+        partitions = np.repeat(np.array([p for p, _, _ in shares], np.int64), counts)
+        status = np.zeros(int(ends[-1]), np.uint8)  # WRITTEN
+        offsets = np.arange(int(ends[-1]), dtype=np.int64)
+        offsets += np.repeat(np.array(bases, np.int64) - starts, counts)
+        results = []
+        for (partition, batch, _), start, end in zip(
+            shares, starts.tolist(), ends.tolist(), strict=True
+        ):
+            self._after_write(partition, _payload_bytes(batch))
+            results.append(
+                TopicAppendResult(partitions[start:end], status[start:end], offsets[start:end])
+            )
+        return results
+
+    def _spread_publishable(
+        self, shares: Sequence[tuple[int, pa.RecordBatch, pa.Buffer | None]]
+    ) -> bool:
+        """Distinct active partitions, ascending, of a topic that does not split (shares
+        to split partitions follow their redirects, share by share)."""
+        if self.autopartitioning.splits:
+            return False
+        previous = -1
+        for partition, _, _ in shares:
+            if partition <= previous or not self._info[partition].active:
+                return False
+            previous = partition
+        return True
 
     def publish_transactional(
         self,

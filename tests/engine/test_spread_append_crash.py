@@ -50,6 +50,7 @@ FAILPOINTS = (
     "staging.after_sync",  # the record durable, nothing published: recovery publishes
     "commit.after_commit_point",
     "commit.mid_publish",  # some partitions have their share: recovery adds the rest
+    "publish.mid_spread",  # the same, inside the publish of the other shares together
     "commit.checkpoint_before_delete",
     "commit.checkpoint_before_release",
     "recovery.after_republish",  # a crash in the recovery of a crash
@@ -168,15 +169,20 @@ def test_spread_writes_are_whole_or_absent_across_failpoints_and_kills(tmp_path:
     assert intents == acks and present == len(acks), f"seed {seed}"
 
 
-@pytest.mark.parametrize("failpoint", ["staging.after_sync", "commit.mid_publish"])
+@pytest.mark.parametrize(
+    ("failpoint", "hit"),
+    # publish.mid_spread: hit 6 times a statement (8 shares: the first is published
+    # alone, the other 7 together), so the 9th is in the second statement
+    [("staging.after_sync", 2), ("commit.mid_publish", 2), ("publish.mid_spread", 9)],
+)
 def test_a_crash_after_the_commit_point_is_published_by_recovery(
-    tmp_path: Path, failpoint: str
+    tmp_path: Path, failpoint: str, hit: int
 ) -> None:
     """The statement crashed after its record was synced, before (or while) publishing:
     it was not acknowledged, yet recovery puts all of it in the partitions, and the resent
     statement is wholly duplicate."""
     data, journal = tmp_path / "data", tmp_path / "journal"
-    code, _ = _run_worker(data, journal, statements=2, failpoints=f"{failpoint}=crash@2")
+    code, _ = _run_worker(data, journal, statements=2, failpoints=f"{failpoint}=crash@{hit}")
     assert code == CRASHED
     intents, acks = sw.read_journal(str(journal))
     assert intents - acks == {1}

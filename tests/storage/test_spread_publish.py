@@ -1,0 +1,133 @@
+"""``TopicLog.publish_transactional_many``: a transaction's shares of many partitions
+published together (``storage.spread_publish``) give what publishing them one by one
+gives: the same results, frames (one per share, tagged with the transaction), messages,
+seq_nos and producer state; resends and other unusual cases go share by share; an I/O
+error part-way leaves the partitions before it written, as share by share.
+"""
+
+from __future__ import annotations
+
+import os
+from typing import Any
+
+import numpy as np
+import pyarrow as pa
+import pytest
+
+from storage import failpoints
+from storage.clock import ManualClock
+from storage.config import FsyncPolicy, TopicConfig
+from storage.errors import StorageIOError
+from storage.fs import FileSystem
+from storage.partition_log import DUPLICATE, PartitionLog
+from storage.record_batch import build_wire_batch
+from storage.topic_log import TopicLog
+
+PARTITIONS = 6
+
+
+def _topic(tmp_path: Any, clock: ManualClock, name: str) -> TopicLog:
+    topic = TopicLog(FileSystem(), os.path.join(str(tmp_path), name), name, clock, create=True)
+    topic.create(TopicConfig(partition_count=PARTITIONS, fsync_policy=FsyncPolicy.GROUP))
+    return topic
+
+
+def _shares(statement: int, seq_nos: bool) -> list[tuple[int, pa.RecordBatch, None]]:
+    shares = []
+    for partition in range(PARTITIONS):
+        producers = [f"p{partition}-{k % 3}" for k in range(partition + 2)]
+        batch = build_wire_batch(
+            [f"{statement}:{partition}:{k}".encode() for k in range(len(producers))],
+            producer_id=producers,
+            seq_no=[10 * statement + k for k in range(len(producers))] if seq_nos else None,
+        )
+        shares.append((partition, batch, None))
+    return shares
+
+
+def _rows(topic: TopicLog) -> list[list[tuple[Any, ...]]]:
+    rows = []
+    for partition in range(PARTITIONS):
+        result = topic.partition(partition).read(0, max_messages=10_000)
+        rows.append(
+            [
+                (r["offset"], r["seq_no"], r["producer_id"], r["data"])
+                for batch in result.batches
+                for r in batch.to_pylist()
+            ]
+        )
+    return rows
+
+
+def _same(a: list[Any], b: list[Any]) -> None:
+    assert len(a) == len(b)
+    for x, y in zip(a, b, strict=True):
+        assert x.partitions.tolist() == y.partitions.tolist()
+        assert x.status.tolist() == y.status.tolist()
+        assert x.offsets.tolist() == y.offsets.tolist()
+
+
+@pytest.mark.parametrize("seq_nos", [False, True])
+def test_together_is_the_same_as_one_by_one(
+    tmp_path: Any, clock: ManualClock, seq_nos: bool, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    together, alone = _topic(tmp_path, clock, "a"), _topic(tmp_path, clock, "b")
+    for statement in range(3):
+        shares = _shares(statement, seq_nos)
+        expected = [alone.publish_transactional(b, p, 100 + statement) for p, b, _ in shares]
+        with monkeypatch.context() as patched:  # the usual case never goes share by share
+            patched.setattr(PartitionLog, "publish_transactional", _refused)
+            got = together.publish_transactional_many(shares, 100 + statement)
+        _same(got, expected)
+        clock.advance(microseconds=1)
+    assert _rows(together) == _rows(alone)
+    for partition in range(PARTITIONS):
+        log = together.partition(partition)
+        assert all(log.contains_transaction(100 + s, 0) for s in range(3))
+        for key in {f"p{partition}-{k % 3}" for k in range(partition + 2)}:
+            assert log.last_seq_no(key) == alone.partition(partition).last_seq_no(key)
+    # a resend of the last statement is wholly duplicate, as one by one
+    shares = _shares(2, seq_nos=True) if seq_nos else None
+    if shares is not None:
+        resent = together.publish_transactional_many(shares, 200)
+        assert all((r.status == DUPLICATE).all() for r in resent)
+        _same(resent, [alone.publish_transactional(b, p, 200) for p, b, _ in shares])
+    together.close()
+    alone.close()
+
+
+def _refused(*args: Any, **kwargs: Any) -> Any:
+    raise AssertionError("published share by share")
+
+
+def test_state_survives_a_reopen(tmp_path: Any, clock: ManualClock) -> None:
+    topic = _topic(tmp_path, clock, "a")
+    topic.publish_transactional_many(_shares(0, seq_nos=False), 7)
+    for partition in range(PARTITIONS):
+        topic.partition(partition).sync()
+    topic.close()
+    reopened = TopicLog(FileSystem(), os.path.join(str(tmp_path), "a"), "a", clock, create=False)
+    # server-numbered: each producer's messages got 0, 1, ... in its partition
+    for partition in range(PARTITIONS):
+        counts = np.bincount([k % 3 for k in range(partition + 2)])
+        for k, count in enumerate(counts.tolist()):
+            assert reopened.partition(partition).last_seq_no(f"p{partition}-{k}") == count - 1
+    reopened.close()
+
+
+def test_an_io_error_part_way_keeps_the_shares_before_it(tmp_path: Any, clock: ManualClock) -> None:
+    topic = _topic(tmp_path, clock, "a")
+    shares = _shares(0, seq_nos=True)
+    failpoints.activate("publish.mid_spread=error@2")  # before the third share
+    try:
+        with pytest.raises(StorageIOError):
+            topic.publish_transactional_many(shares, 7)
+    finally:
+        failpoints.deactivate()
+    written = [len(rows) for rows in _rows(topic)]
+    assert written[:2] == [2, 3] and written[2:] == [0] * (PARTITIONS - 2)
+    # what a retry of the unfinished publish does: the rest, and the first two as duplicates
+    again = topic.publish_transactional_many(shares, 7)
+    assert [int((r.status == DUPLICATE).sum()) for r in again] == [2, 3, 0, 0, 0, 0]
+    assert [len(rows) for rows in _rows(topic)] == [p + 2 for p in range(PARTITIONS)]
+    topic.close()
