@@ -41,6 +41,7 @@ import pyarrow as pa
 from engine import privileges, tables
 from engine.bulk import run_over_relation
 from engine.catalog import SCHEMA
+from engine.staged_refs import FramedRows
 from grammar.parse import parse_one
 from storage import limits
 from storage.errors import (
@@ -66,7 +67,8 @@ IDEMPOTENCY_DDL = (
 PART_ROWS = limits.BATCH_MESSAGES_MAX * 9 // 10
 PART_BYTES = limits.BATCH_BYTES_MAX * 8 // 10
 
-Write = tuple[dict[str, Any], pa.Table]  # (the write's meta, its rows)
+# (the write's meta, its rows; a write staged as frames: ``FramedRows``, counted unread)
+Write = tuple[dict[str, Any], "pa.Table | FramedRows"]
 # stage_topic(session, meta, rows, whole): stage a topic write's rows in the open
 # transaction; ``whole`` is True when they are all of the write's rows (not a part), which
 # may then be committed by reference to its files (``engine.staged_refs``).
@@ -103,6 +105,8 @@ def publish(session: Any, sink_id: str, batch_id: int, writes: list[Write],
         nbytes = sum(d.nbytes for _, d in topic_rows)
         if size <= PART_ROWS and nbytes <= PART_BYTES:
             raise  # not the per-partition limit: one part could not be smaller
+    # Parts slice the rows: writes staged as frames are decoded for that.
+    topic_rows = [(m, d.table() if isinstance(d, FramedRows) else d) for m, d in topic_rows]
     parts = _slices(topic_rows)
     done = _parts_done(session, sink_id, batch_id)
     for number, part in enumerate(parts):

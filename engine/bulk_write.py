@@ -37,6 +37,7 @@ marks are guarded by a lock; a write id may be appended to by several streams at
 from __future__ import annotations
 
 import contextlib
+import itertools
 import json
 import os
 import re
@@ -52,7 +53,7 @@ import pyarrow as pa
 
 from engine import bulk_publish, privileges, staged_refs, tables
 from engine.bulk_publish import IDEMPOTENCY_DDL, IDEMPOTENCY_TABLE
-from engine.staged_refs import ReferencedWrite, partition_groups
+from engine.staged_refs import FramedWrite, ReferencedWrite, partition_groups
 from engine.transaction import PendingWrite
 from engine.writes import build_batches
 from storage import failpoints, limits
@@ -66,10 +67,13 @@ from storage.errors import (
     UndefinedObjectError,
     UndefinedTopicError,
 )
+from storage.staged_frames import FrameFileWriter
 
 WRITES_DIRECTORY = "bulk_writes"
 COMMITS_DIRECTORY = "bulk_commits"  # writes moved out for a commit by reference
 MANIFEST = "commit.json"
+FRAMES_SUFFIX = ".frames"  # a staged file of frames (``storage.staged_frames``)
+STAGED_SUFFIXES = (".arrows", FRAMES_SUFFIX)  # whole staged files
 ABANDON_AFTER_S_DEFAULT = 3600.0
 WRITE_MODES = ("append", "upsert", "add")  # under storage.limits.BATCH_MESSAGES_MAX
 _WRITE_ID = re.compile(r"[A-Za-z0-9][A-Za-z0-9_.-]{0,127}")
@@ -184,6 +188,12 @@ class BulkWrites:
     def _append(self, write_id: str, batches: Iterable[pa.RecordBatch],
                 schema: pa.Schema) -> int:  # fmt: skip
         base = os.path.join(self.root, write_id, uuid.uuid4().hex)
+        if self._meta_of(write_id)["kind"] == "topic":
+            batches = iter(batches)
+            first = next((b for b in batches if b.num_rows), None)
+            if first is not None and staged_refs.framed_stream(schema, first):
+                return self._append_framed(base, itertools.chain([first], batches))
+            batches = itertools.chain([] if first is None else [first], batches)
         rows = written = 0
         try:
             with pa.OSFile(base + ".part", "wb") as sink, pa.ipc.new_stream(sink, schema) as out:
@@ -203,6 +213,36 @@ class BulkWrites:
             self._release(written)
             raise
         return rows
+
+    def _append_framed(self, base: str, batches: Iterable[pa.RecordBatch]) -> int:
+        """Stage a topic stream whose rows name their partition as a frames file
+        (``storage.staged_frames``): the rows grouped by partition and encoded as the
+        partitions' frames now, so that the commit copies them as they are. The file is
+        fdatasynced when whole (the commit then syncs directories only), then renamed
+        ``<uuid>.<crc32c>.frames``."""
+        writer = FrameFileWriter(self.database.store.fs, base + ".part")
+        rows = reserved = 0
+        try:
+            for batch in batches:
+                for partition, wire in staged_refs.framed_groups(batch, self.database.clock):
+                    writer.add(partition, wire)
+                rows += batch.num_rows
+                self._reserve(writer.size - reserved)
+                reserved = writer.size
+            writer.finish()
+            self._reserve(writer.size - reserved)
+            reserved = writer.size
+            os.replace(base + ".part", f"{base}.{writer.crc:08x}{FRAMES_SUFFIX}")
+        except BaseException:
+            writer.close()
+            with contextlib.suppress(FileNotFoundError):
+                os.remove(base + ".part")
+            self._release(reserved)
+            raise
+        return rows
+
+    def _meta_of(self, write_id: str) -> dict[str, str]:
+        return _read_meta(os.path.join(self.root, write_id, "write.json"))
 
     def _reserve(self, grown: int) -> None:
         with self._lock:
@@ -267,9 +307,9 @@ class BulkWrites:
                 meta_path = os.path.join(directory, "write.json")
                 meta = _read_meta(meta_path) if os.path.exists(meta_path) else {
                     "kind": "?", "name": "?", "owner": "?"}  # fmt: skip
-                files = sum(1 for e in entries if e.endswith(".arrows"))
+                files = sum(1 for e in entries if e.endswith(STAGED_SUFFIXES))
                 size = sum(s.st_size for e, s in zip(entries, stats, strict=False)
-                           if e.endswith((".arrows", ".part")))  # fmt: skip
+                           if e.endswith((*STAGED_SUFFIXES, ".part")))  # fmt: skip
                 writes.append(WriteInfo(write_id, meta["kind"], meta["name"], meta["owner"],
                                         files, size, now - touched))  # fmt: skip
         return writes
@@ -279,7 +319,7 @@ class BulkWrites:
         size = 0
         with contextlib.suppress(FileNotFoundError):
             for entry in os.listdir(directory):
-                if entry.endswith((".arrows", ".part")):
+                if entry.endswith((*STAGED_SUFFIXES, ".part")):
                     size += os.path.getsize(os.path.join(directory, entry))
         shutil.rmtree(directory, ignore_errors=True)
         self._release(size)
@@ -296,13 +336,17 @@ class BulkWrites:
         return meta
 
     def read_write(self, write_id: str) -> pa.Table:
-        """Every whole staged file of the write as one table (memory-mapped, no copy)."""
+        """Every whole staged file of the write as one table (memory-mapped, no copy; a
+        frames file decoded, with its ``WIRE_SCHEMA`` columns and ``partition``)."""
         directory = os.path.join(self.root, write_id)
         pieces = []
         for entry in sorted(os.listdir(directory)):
+            path = os.path.join(directory, entry)
             if entry.endswith(".arrows"):
-                source = pa.memory_map(os.path.join(directory, entry))
-                pieces.append(pa.ipc.open_stream(source).read_all())
+                pieces.append(pa.ipc.open_stream(pa.memory_map(path)).read_all())
+            elif entry.endswith(FRAMES_SUFFIX):
+                fs = self.database.store.fs
+                pieces.append(staged_refs.framed_table(fs, staged_refs.index_framed(fs, [path])))
         if not pieces:
             return pa.table({})
         return pa.concat_tables(pieces, promote_options="permissive")
@@ -427,7 +471,11 @@ class BulkWrites:
         # (a task without a partition column is routed by the topic).
         topics: dict[tuple[str, str], int] = {}
         sources: dict[int, list[str]] = {}  # index in writes -> its write ids
+        framed = self._framed_topics(metas)
+        framed_ids = {w for ids in framed.values() for w in ids}
         for write_id, meta in metas.items():
+            if write_id in framed_ids:
+                continue
             data = self.read_write(write_id)
             shape = (meta["name"], data.schema.to_string(show_schema_metadata=False))
             if meta["kind"] != "topic" or data.num_columns == 0:
@@ -446,29 +494,65 @@ class BulkWrites:
         copied = {writes[i][0]["name"] for i in sources
                   if writes[i][1].num_rows and not staged_refs.by_reference(writes[i][1])}
         eligible = [i for i in sources if staged_refs.by_reference(writes[i][1])
-                    and writes[i][0]["name"] not in copied]  # fmt: skip
-        if not eligible:
+                    and writes[i][0]["name"] not in copied
+                    and all(p.endswith(".arrows") for w in sources[i]
+                            for p in _staged_files(os.path.join(self.root, w)))]  # fmt: skip
+        if not eligible and not framed:
             return self._publish_writes(session, sink_id, batch_id, writes, moved, handed,
                                         recorded)  # fmt: skip
-        with self._by_reference_turns:
+        # Framed writes hold nothing in memory (their frames are copied file to file):
+        # only derived batches need a turn.
+        with self._by_reference_turns if eligible else contextlib.nullcontext():
             return self._publish_by_reference(session, sink_id, batch_id, writes, metas,
-                                              sources, eligible, moved, handed,
+                                              sources, eligible, framed, moved, handed,
                                               recorded)  # fmt: skip
+
+    def _framed_topics(self, metas: dict[str, dict[str, str]]) -> dict[str, list[str]]:
+        """The topics whose every write of this commit was staged as frames (and within
+        what one transaction may write to a partition), with their write ids: their
+        frames are published as staged (``engine.staged_refs.FramedWrite``). A topic with
+        other writes too has its frames decoded and copied with them (``read_write``)."""
+        others: set[str] = set()
+        framed: dict[str, list[str]] = {}
+        for write_id, meta in metas.items():
+            if meta["kind"] != "topic":
+                continue
+            files = _staged_files(os.path.join(self.root, write_id))
+            if files and all(p.endswith(FRAMES_SUFFIX) for p in files):
+                framed.setdefault(meta["name"], []).append(write_id)
+            elif files:
+                others.add(meta["name"])
+        fs = self.database.store.fs
+        return {
+            name: ids for name, ids in framed.items()
+            if name not in others and not staged_refs.framed_over_limits(staged_refs.index_framed(
+                fs, [p for w in ids for p in _staged_files(os.path.join(self.root, w))]))
+        }  # fmt: skip
 
     def _publish_by_reference(self, session: Any, sink_id: str, batch_id: int,
                               writes: list[bulk_publish.Write],
                               metas: dict[str, dict[str, str]], sources: dict[int, list[str]],
-                              eligible: list[int], moved: dict[str, str],
-                              handed: list[str], recorded: list[bool]) -> int:  # fmt: skip
-        """Move, checksum and sync the eligible writes' files, then publish (``_publish``)."""
+                              eligible: list[int], framed: dict[str, list[str]],
+                              moved: dict[str, str], handed: list[str],
+                              recorded: list[bool]) -> int:  # fmt: skip
+        """Move, checksum and sync the eligible and framed writes' files, then publish
+        (``_publish``). Frames files were synced when staged: only directories are here."""
         directory = self._move_for_commit(
-            sink_id, batch_id, {w: metas[w] for i in eligible for w in sources[i]}, moved)
+            sink_id, batch_id, {w: metas[w] for i in eligible for w in sources[i]}
+            | {w: metas[w] for ids in framed.values() for w in ids}, moved)  # fmt: skip
+        relative = os.path.relpath(directory, self.database.path)
+        fs = self.database.store.fs
+        for ids in framed.values():
+            paths = [p for w in ids for p in _staged_files(moved[w])]
+            meta = {**metas[ids[0]], "dirs": [relative],
+                    "frames": [staged_refs.file_entry(self.database.path, p) for p in paths]}
+            writes.append((meta, staged_refs.FramedRows(fs, paths,
+                                                        staged_refs.index_framed(fs, paths))))
         for index in eligible:
             meta, _ = writes[index]
             files = [staged_refs.file_entry(self.database.path, path)
                      for w in sources[index] for path in _staged_files(moved[w])]
-            meta = {**meta, "files": files,
-                    "dirs": [os.path.relpath(directory, self.database.path)]}  # fmt: skip
+            meta = {**meta, "files": files, "dirs": [relative]}
             # Read back from the moved files: the rows the record names.
             writes[index] = (meta, staged_refs.read_files(self.database.path, files,
                                                           check=False))  # fmt: skip
@@ -549,6 +633,19 @@ class BulkWrites:
             raise UndefinedTopicError(f'topic "{name}" does not exist')
         transaction = session.transaction
         assert transaction is not None, "inside the commit's BEGIN"
+        if whole and "frames" in meta:
+            # Staged as frames: each partition's frames, published as they are.
+            assert isinstance(data, staged_refs.FramedRows)
+            topic = self.database.topic_log(entry.topic_id)
+            for partition, frames in data.frames.items():
+                topic.partition(partition).check_staged()  # 0A000/fenced before the commit
+                reference = {"frames": meta["frames"], "dirs": meta["dirs"],
+                             "partition": partition}  # fmt: skip
+                transaction.add_write(FramedWrite(entry.topic_id, partition, frames,
+                                                  reference, self.database.store.fs))  # fmt: skip
+            return
+        if isinstance(data, staged_refs.FramedRows):  # a commit in parts: the rows
+            data = data.table()
         if whole and "files" in meta:
             # By reference: one batch per partition, derived as recovery will derive it.
             at = self.database.clock.now_us()
@@ -605,13 +702,13 @@ def _check_target(session: Any, kind: str, name: str) -> None:
 
 def _staged_files(directory: str) -> list[str]:
     return [os.path.join(directory, n) for n in sorted(os.listdir(directory))
-            if n.endswith(".arrows")]  # fmt: skip
+            if n.endswith(STAGED_SUFFIXES)]  # fmt: skip
 
 
 def _directory_bytes(directory: str) -> int:
     with contextlib.suppress(FileNotFoundError):
         return sum(os.path.getsize(os.path.join(directory, n)) for n in os.listdir(directory)
-                   if n.endswith((".arrows", ".part")))  # fmt: skip
+                   if n.endswith((*STAGED_SUFFIXES, ".part")))  # fmt: skip
     return 0
 
 

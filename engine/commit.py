@@ -106,6 +106,7 @@ from storage.errors import (
 )
 from storage.frame_cuts import cuttable
 from storage.record_batch import check_wire_batch
+from storage.staged_frames import StagedFrame, skip_rows
 from storage.staging import StagedBatch, StagingLog, StagingTicket, encode_batches
 from storage.topic_log import TopicAppendResult
 
@@ -152,12 +153,15 @@ class PublishItem:
 
     topic_id: str
     partition: int
-    batch: pa.RecordBatch
+    batch: pa.RecordBatch | None  # None for a share of ``frames``
     staged: StagedBatch | None = None
     body: pa.Buffer | None = None
     # The share is committed by reference (``engine.staged_refs``): not staged; the
     # record names these references, from which recovery derives the same batch.
     references: tuple[staged_refs.Reference, ...] | None = None
+    # The share was staged as frames (``storage.staged_frames``; its references name
+    # their files): published by copying them, in order, and derived again by recovery.
+    frames: tuple[StagedFrame, ...] | None = None
 
 
 def route_writes(database, writes) -> list[PublishItem]:
@@ -187,18 +191,19 @@ def _route_once(database, writes) -> list[PublishItem]:
     # The references of each share's writes by reference (each gives the share one batch):
     # a share is committed by reference when every batch of it came from one.
     references: dict[tuple[str, int], list[staged_refs.Reference]] = {}
+    framed: dict[tuple[str, int], list] = {}  # shares staged as frames: their writes
     for write in writes:
+        if getattr(write, "frames", None) is not None:
+            _check_partition(database, write.topic_id, write.partition)
+            framed.setdefault((write.topic_id, write.partition), []).append(write)
+            continue
         reference = getattr(write, "reference", None)
         if reference is not None:
             assert write.partition is not None, "a write by reference names its partition"
             references.setdefault((write.topic_id, write.partition), []).append(reference)
         topic = database.topic_log(write.topic_id)
         if write.partition is not None:
-            topic.partition(write.partition)  # refuses an unknown partition now
-            if not topic.partition_info(write.partition).active:
-                raise PartitionInactiveError(
-                    f"partition {write.partition} is inactive (read-only after a split)"
-                )
+            _check_partition(database, write.topic_id, write.partition)
             grouped.setdefault((write.topic_id, write.partition), []).append(write.batch)
             continue
         targets = topic.route(write.batch)
@@ -211,7 +216,11 @@ def _route_once(database, writes) -> list[PublishItem]:
             grouped.setdefault((write.topic_id, int(partition)), []).append(
                 write.batch.take(pa.array(rows))
             )
-    return [
+    for key, framed_writes in framed.items():
+        if key in grouped:  # mixed with rows of another kind (not a bulk commit's): decoded
+            grouped[key].extend(write.batch for write in framed_writes)
+            references.pop(key, None)
+    items = [
         PublishItem(
             topic_id,
             partition,
@@ -220,6 +229,24 @@ def _route_once(database, writes) -> list[PublishItem]:
         )
         for (topic_id, partition), batches in grouped.items()
     ]
+    items.extend(
+        PublishItem(topic_id, partition, None,
+                    references=tuple(write.reference for write in found),
+                    frames=tuple(frame for write in found for frame in write.frames))
+        for (topic_id, partition), found in framed.items()
+        if (topic_id, partition) not in grouped
+    )  # fmt: skip
+    return items
+
+
+def _check_partition(database, topic_id: str, partition: int) -> None:
+    """Refuse a write to an unknown (22023) or inactive (55000) partition now."""
+    topic = database.topic_log(topic_id)
+    topic.partition(partition)
+    if not topic.partition_info(partition).active:
+        raise PartitionInactiveError(
+            f"partition {partition} is inactive (read-only after a split)"
+        )
 
 
 def _references_of(found: list[staged_refs.Reference], batches: list) -> tuple | None:
@@ -232,7 +259,10 @@ def _check_publishable(database, item: PublishItem) -> None:
     publish could not write (over ``BATCH_BYTES_MAX`` or ``BATCH_MESSAGES_MAX``): past the
     commit point the publish would fail, and be retried, for ever."""
     try:
-        check_wire_batch(item.batch)
+        if item.frames is not None:
+            _check_frames(item.frames)
+        else:
+            check_wire_batch(item.batch)
     except LimitExceededError as error:
         names = [e.name for e in database.catalog.entries() if e.topic_id == item.topic_id]
         name = names[0] if names else item.topic_id
@@ -241,6 +271,19 @@ def _check_publishable(database, item: PublishItem) -> None:
             f"{limits.BATCH_MESSAGES_MAX} messages to one partition (topic {name}, partition "
             f"{item.partition}): {error}; commit in smaller transactions"
         ) from None
+
+
+def _check_frames(frames: tuple[StagedFrame, ...]) -> None:
+    """``check_wire_batch``'s limits for a share staged as frames (each frame was checked
+    when staged): its messages and bytes together."""
+    count = sum(frame.record_count for frame in frames)
+    size = sum(frame.body_bytes for frame in frames)
+    if count > limits.BATCH_MESSAGES_MAX:
+        raise LimitExceededError(
+            f"batch of {count} messages exceeds the limit of {limits.BATCH_MESSAGES_MAX}")
+    if size > limits.BATCH_BYTES_MAX:
+        raise LimitExceededError(
+            f"batch of {size} bytes exceeds the limit of {limits.BATCH_BYTES_MAX} bytes")
 
 
 class CheckpointSetAside(PartitionFencedError):
@@ -588,6 +631,14 @@ class Committer:
             topic = self._database.topic_log(item.topic_id)
         except UndefinedTopicError:
             return None
+        if item.frames is not None:  # staged as frames: copied as they are
+            frames = list(item.frames)
+            if check:  # a partition holds whole frames of the share: skip them
+                since = transaction_id - CLOCK_SLACK_US
+                present = topic.partition(item.partition).transaction_rows(transaction_id, since)
+                frames = skip_rows(frames, present)
+            topic.publish_staged(frames, item.partition, transaction_id)
+            return None
         if check:
             since = transaction_id - CLOCK_SLACK_US  # ids are commit-time microseconds
             log_ = topic.partition(item.partition)
@@ -606,6 +657,8 @@ class Committer:
         """``_publish_item`` of each item, in order; each run of one topic's items goes to
         the topic in one call (``TopicLog.publish_transactional_many``: a statement spread
         over many partitions publishes its shares together)."""
+        if any(item.frames is not None for item in items):  # shares staged as frames
+            return [self._publish_item(transaction_id, item) for item in items]
         results: list[TopicAppendResult | None] = []
         for topic_id, run in itertools.groupby(items, key=lambda item: item.topic_id):
             shares = [(item.partition, item.batch, item.body) for item in run]
@@ -804,8 +857,10 @@ class Committer:
         present: dict[tuple[str, int], dict[int, int]] = {}
         # A record's shares by reference: each of its file lists read and checked once.
         derivation = staged_refs.Derivation(self._database.path)
+        checked: dict[tuple, dict] = {}  # a record's frames files, checked and indexed once
         for row in rows:
             derivation.clear()  # the previous record's files
+            checked.clear()
             transaction_id = row["transaction_id"]
             self._last_id = max(self._last_id, transaction_id)
             catalog = self._database.catalog
@@ -836,6 +891,19 @@ class Committer:
                 found = present.get((topic_id, partition))
                 if found is None:
                     found = present[(topic_id, partition)] = log_.transaction_rows_since(earliest)
+                if references is not None and "frames" in references[0]:
+                    # Staged as frames: the ones the partition lacks (whole frames of the share).
+                    frames = staged_refs.framed_reference_frames(
+                        self._database.path, self._database.store.fs, references, checked)
+                    frames = skip_rows(frames, found.get(transaction_id, 0))
+                    if frames:
+                        topic.publish_staged(frames, partition, transaction_id)
+                        found[transaction_id] = found.get(transaction_id, 0) + sum(
+                            frame.record_count for frame in frames)
+                        republished += 1
+                        failpoints.hit("recovery.after_republish")
+                    targets.append((topic_id, partition))
+                    continue
                 if transaction_id in found:
                     # Whole, or a share cut into frames that lost its tail in the crash.
                     batch = self._recovered_batch(staged, references, derivation)

@@ -46,7 +46,7 @@ import pyarrow.compute as pc
 from engine.staged_writes import TransactionStaging
 from engine.transaction import PendingWrite
 from engine.writes import build_batches
-from storage import failpoints
+from storage import failpoints, limits
 from storage.clock import ManualClock
 from storage.errors import (
     CorruptSegmentError,
@@ -55,6 +55,8 @@ from storage.errors import (
     StorageIOError,
 )
 from storage.fs import FileSystem
+from storage.staged_frames import StagedFrame, file_crc, index_file
+from storage.staged_frames import decode as decode_frames
 
 Reference = dict  # the JSON form above
 
@@ -300,3 +302,152 @@ class ReferencedWrite(PendingWrite):
 
     def place(self, staging: TransactionStaging) -> None:
         staging.count(self.nbytes)
+
+
+# -- writes staged as frames (``storage.staged_frames``) ---------------------------------
+# A topic stream is staged as frames when its columns are among these (no producer id,
+# message group, metadata or codec: its frames are never deduplicated, record no producer
+# state, are cut freely and are raw) and they include ``partition``, and its first rows
+# all name their partition. Any other stream is staged as it came.
+FRAMED_COLUMNS = frozenset({"data", "partition", "seq_no", "created_at"})
+_FRAMED_PIECE_ROWS = 65_536  # an incoming batch is framed in pieces of at most this
+
+
+def framed_stream(schema: pa.Schema, first: pa.RecordBatch) -> bool:
+    """Whether a topic stream of ``schema`` whose first rows are ``first`` is staged as
+    frames (see ``FRAMED_COLUMNS``)."""
+    names = set(schema.names)
+    return (
+        "partition" in names and "data" in names and names <= FRAMED_COLUMNS
+        and first.num_rows > 0 and first.column(schema.get_field_index("partition")).null_count == 0
+    )  # fmt: skip
+
+
+def framed_groups(batch: pa.RecordBatch, clock) -> Iterator[tuple[int, pa.RecordBatch]]:
+    """An incoming batch of a framed stream as wire batches per partition (ascending),
+    each in the rows' order: ``build_batches`` (at the staging clock: rows without
+    ``created_at`` get the staging time) then one stable sort by partition. Refuses, as
+    the commit would, a partition missing for some rows (22023) or negative (22003)."""
+    for start in range(0, batch.num_rows, _FRAMED_PIECE_ROWS):
+        table = pa.Table.from_batches([batch.slice(start, _FRAMED_PIECE_ROWS)])
+        values = _partition_values(table)
+        if values is None:
+            raise InvalidParameterValueError(
+                "partition must be given for every row or for none")
+        ((_, wire),) = build_batches(table.drop_columns(["partition"]), {}, clock)
+        groups = PartitionGroups(pa.Table.from_batches([wire]), values)
+        for partition in groups.partitions:
+            rows = groups.rows_of(int(partition))
+            assert rows is not None
+            yield int(partition), rows.combine_chunks().to_batches()[0]
+
+
+class FramedRows:
+    """A framed write's rows as ``engine.bulk_publish`` counts them (``num_rows``,
+    ``nbytes``) without reading them; ``table`` decodes them (a copy) for the paths that
+    need the rows: a commit in parts."""
+
+    __slots__ = ("files", "frames", "fs", "nbytes", "num_rows")
+
+    def __init__(self, fs: FileSystem, files: list[str],
+                 frames: dict[int, list[StagedFrame]]) -> None:  # fmt: skip
+        self.fs = fs
+        self.files = files
+        self.frames = frames
+        self.num_rows = sum(f.record_count for share in frames.values() for f in share)
+        self.nbytes = sum(f.body_bytes for share in frames.values() for f in share)
+
+    def table(self) -> pa.Table:
+        """The rows with their ``partition`` column, partition by partition."""
+        return framed_table(self.fs, self.frames)
+
+
+def index_framed(fs: FileSystem, paths: list[str]) -> dict[int, list[StagedFrame]]:
+    """The frames of whole frames files per partition: each partition's frames in file
+    order then frame order (its rows' order)."""
+    frames: dict[int, list[StagedFrame]] = {}
+    for path in paths:
+        for partition, found in index_file(fs, path, os.path.getsize(path)).items():
+            frames.setdefault(partition, []).extend(found)
+    return dict(sorted(frames.items()))
+
+
+def framed_table(fs: FileSystem, frames: dict[int, list[StagedFrame]]) -> pa.Table:
+    """Frames decoded into a table of the ``FRAMED_COLUMNS`` (the others of
+    ``WIRE_SCHEMA`` are null or raw in a frame: their defaults), ``partition`` last."""
+    pieces = []
+    for partition, share in frames.items():
+        batch = decode_frames(fs, share).select(["seq_no", "created_at", "data"])
+        pieces.append(pa.Table.from_batches([batch]).append_column(
+            "partition", pa.array(np.full(batch.num_rows, partition, dtype=np.int64))))
+    if not pieces:
+        return pa.table({})
+    return pa.concat_tables(pieces)
+
+
+def framed_over_limits(frames: dict[int, list[StagedFrame]]) -> bool:
+    """Whether a partition's share is over what one transaction may write to it."""
+    return any(
+        sum(f.record_count for f in share) > limits.BATCH_MESSAGES_MAX
+        or sum(f.body_bytes for f in share) > limits.BATCH_BYTES_MAX
+        for share in frames.values()
+    )
+
+
+class FramedWrite(PendingWrite):
+    """A topic write of an open transaction staged as frames (``storage.staged_frames``):
+    its share of one partition, counted against the staged-bytes cap (never spilled); the
+    commit records ``reference`` and publishes ``frames`` by copying them
+    (``engine.commit``). ``batch`` decodes them, for a transaction that must mix them
+    with rows of another kind in one partition."""
+
+    __slots__ = ("_fs", "frames", "reference")
+
+    def __init__(self, topic_id: str, partition: int, frames: list[StagedFrame],
+                 reference: Reference, fs: FileSystem) -> None:  # fmt: skip
+        self.topic_id = topic_id
+        self.partition = partition
+        self.nbytes = sum(frame.body_bytes for frame in frames)
+        self._batch = None
+        self._spilled = None
+        self._staging = None
+        self._fs = fs
+        self.frames = frames
+        self.reference = reference
+
+    @property
+    def batch(self) -> pa.RecordBatch:
+        return decode_frames(self._fs, self.frames)
+
+    def place(self, staging: TransactionStaging) -> None:
+        staging.count(self.nbytes)
+
+
+def framed_reference_frames(root: str, fs: FileSystem, references: list[Reference],
+                            checked: dict[tuple, dict[int, list[StagedFrame]]],
+                            ) -> list[StagedFrame]:  # fmt: skip
+    """Recovery: a framed share's frames from its references (each names the files and
+    the partition). Each distinct file list is checked (sizes, CRC-32Cs: a damaged file
+    raises ``CorruptSegmentError``) and indexed once, kept in ``checked``."""
+    frames: list[StagedFrame] = []
+    for reference in references:
+        key = tuple(tuple(entry) for entry in reference["frames"])
+        if key not in checked:
+            paths = []
+            for relative, size, crc in reference["frames"]:
+                path = os.path.join(root, relative)
+                found = os.path.getsize(path) if os.path.exists(path) else -1
+                if found != size or file_crc(fs, path, size) != crc:
+                    raise CorruptSegmentError(
+                        f"a committed bulk write's staged frames file is damaged ({found} "
+                        f"bytes, {size} committed)", path=path, position=0)  # fmt: skip
+                paths.append(path)
+            checked[key] = index_framed(fs, paths)
+        share = checked[key].get(reference["partition"])
+        if not share:
+            raise CorruptSegmentError(
+                "a committed bulk write's frames hold no row of partition "
+                f"{reference['partition']}",
+                path=os.path.join(root, reference["frames"][0][0]), position=0)  # fmt: skip
+        frames.extend(share)
+    return frames

@@ -29,6 +29,8 @@ from storage import failpoints
 from storage.errors import ObjectInUseError, StorageIOError
 from storage.limits import IOV_MAX
 
+_COPY_PIECE_BYTES = 4 * 1024 * 1024  # ``copy_range`` through this process: read in pieces
+
 
 class FileSystem:
     """Plain POSIX files. Thread-safe: descriptors are used with pread/pwrite only."""
@@ -111,6 +113,40 @@ class FileSystem:
             joined = b"".join(memoryview(part).cast("B") for part in parts)
             self.pwrite(fd, memoryview(joined)[written:], position + written)
         return total
+
+    def copy_range(self, source_fd: int, source_position: int, fd: int, position: int,
+                   size: int) -> None:  # fmt: skip
+        """Copy ``size`` bytes of ``source_fd`` at ``source_position`` to ``fd`` at
+        ``position``, in the kernel (``copy_file_range``: the bytes never reach this
+        process); a short copy is retried to the end. Where the kernel cannot (another
+        file system, no such call), or in a subclass that models writes (its ``pwrite``
+        is its own: a test file system sees every byte written), the bytes are read and
+        written in pieces. A source shorter than ``size`` is an error (``StorageIOError``)."""
+        done = 0
+        native = type(self).pwrite is FileSystem.pwrite and hasattr(os, "copy_file_range")
+        try:
+            while done < size and native:
+                try:
+                    copied = os.copy_file_range(
+                        source_fd, fd, size - done, source_position + done, position + done)
+                except OSError as error:
+                    if error.errno not in (errno.EXDEV, errno.ENOSYS, errno.EINVAL,
+                                           errno.EOPNOTSUPP):  # fmt: skip
+                        raise
+                    native = False
+                    break
+                if copied == 0:
+                    raise OSError(errno.EIO, "the source ended before the copy")
+                done += copied
+            while done < size:
+                piece = os.pread(source_fd, min(size - done, _COPY_PIECE_BYTES),
+                                 source_position + done)  # fmt: skip
+                if not piece:
+                    raise OSError(errno.EIO, "the source ended before the copy")
+                self.pwrite(fd, piece, position + done)
+                done += len(piece)
+        except OSError as error:
+            raise _io_error("copy into", self._paths.get(fd, str(fd)), error) from error
 
     def pread(self, fd: int, size: int, position: int) -> bytes:
         """Read up to ``size`` bytes at ``position`` (fewer at end of file)."""

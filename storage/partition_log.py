@@ -67,6 +67,7 @@ from storage.record_batch import (
     check_wire_batch,
 )
 from storage.segment import Frame, LogSegment
+from storage.staged_frames import StagedFrame, publish_header
 
 log = logging.getLogger(__name__)
 
@@ -296,6 +297,56 @@ class PartitionLog:
         if redirect:
             return self._redirected(batches, transaction_id)
         return _joined(written, len(batches), self.partition_id)
+
+    def publish_staged(self, frames: list[StagedFrame], transaction_id: int) -> int:
+        """``publish_transactional`` of a share staged as frames (``storage.staged_frames``):
+        each frame's header written and its body copied in the kernel from the staged
+        file, in order, visible together; returns the messages written. No frame holds a
+        producer id, a message group or metadata, so none is a duplicate and the producer
+        state has nothing to record; they are raw (codec 0), which the topic must accept.
+        An inactive partition raises ``PartitionInactiveError`` (the caller publishes
+        the decoded rows by key instead)."""
+        assert transaction_id > 0
+        if int(Codec.RAW) not in self._codec_ids:
+            raise UnsupportedCodecError("codec raw is not supported by this topic")
+        written = 0
+        with self._write_lock:
+            self._check_writable()
+            sources: dict[str, int] = {}
+            try:
+                for number, frame in enumerate(frames):
+                    if number:  # between two frames of one publish (a cut share's)
+                        failpoints.hit("publish.mid_share")
+                    source = sources.get(frame.path)
+                    if source is None:
+                        source = sources[frame.path] = self.fs.open_read(frame.path)
+                    now_us = self.clock.now_us()
+                    segment = self._segment_for_append(now_us)
+                    written_at_us = max(now_us, self._last_written_at_us)
+                    header_bytes, header = publish_header(
+                        frame, segment.next_offset, written_at_us, transaction_id)
+                    try:
+                        segment.append_frame_copy(header_bytes, header, source,
+                                                  frame.body_position)  # fmt: skip
+                    except StorageIOError as error:
+                        self._fence(error)
+                        raise
+                    self._last_written_at_us = written_at_us
+                    written += frame.record_count
+            finally:
+                for source in sources.values():
+                    self.fs.close(source)
+            self._publish()
+        return written
+
+    def check_staged(self) -> None:
+        """Raise what ``publish_staged`` would raise before writing anything: a topic that
+        refuses raw messages, a closed or fenced partition (an inactive one is published
+        by key, ``TopicLog.publish_staged``)."""
+        if int(Codec.RAW) not in self._codec_ids:
+            raise UnsupportedCodecError("codec raw is not supported by this topic")
+        if self._closed or self._fenced is not None:
+            self._check_writable()
 
     def _redirected(self, batches: list[pa.RecordBatch], transaction_id: int) -> list[AppendResult]:
         """Hand a transactional publish to ``redirect`` (this partition split); the

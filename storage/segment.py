@@ -115,6 +115,28 @@ class LogSegment:
         if self.size_bytes - self._writeback_position >= limits.WRITEBACK_INTERVAL_BYTES:
             self._start_writeback(fd)
 
+    def append_frame_copy(self, header_bytes: bytes, header: FrameHeader, source_fd: int,
+                          body_position: int) -> None:  # fmt: skip
+        """``append_frame`` of a frame whose body is already encoded in another file (a
+        staged frame, ``storage.staged_frames``): the header written, then the body's
+        ``header.body_bytes`` copied in the kernel from ``source_fd`` at ``body_position``
+        (``FileSystem.copy_range``). A crash between the two leaves a torn frame at the
+        end, which the loader cuts like any other."""
+        assert header.base_offset == self.next_offset, (header.base_offset, self.next_offset)
+        assert self.size_bytes % 8 == 0 and len(header_bytes) == HEADER_BYTES
+        fd = self._fd()
+        if failpoints.ACTIVE and failpoints.armed("segment.torn_write"):
+            self.fs.pwrite(fd, header_bytes, self.size_bytes)
+            self.fs.copy_range(source_fd, body_position, fd, self.size_bytes + HEADER_BYTES,
+                               header.body_bytes // 2)  # fmt: skip
+            failpoints.hit("segment.torn_write")
+        self.fs.pwrite(fd, header_bytes, self.size_bytes)
+        self.fs.copy_range(source_fd, body_position, fd, self.size_bytes + HEADER_BYTES,
+                           header.body_bytes)  # fmt: skip
+        self._note_frame(self.size_bytes, header)
+        if self.size_bytes - self._writeback_position >= limits.WRITEBACK_INTERVAL_BYTES:
+            self._start_writeback(fd)
+
     def _start_writeback(self, fd: int) -> None:
         """Hand the bytes written since the last hint to the kernel's writeback (no wait)."""
         position = self._writeback_position

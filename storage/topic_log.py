@@ -46,7 +46,7 @@ import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
 
-from storage import failpoints, file_names, limits
+from storage import failpoints, file_names, limits, staged_frames
 from storage.autopartition import (
     THROTTLE_DELAY_S_MAX,
     AutoPartitioning,
@@ -69,6 +69,7 @@ from storage.fs import FileSystem
 from storage.partition_log import WRITTEN, AppendResult, PartitionLog, ReadResult
 from storage.record_batch import METADATA_TYPE, WIRE_SCHEMA
 from storage.spread_publish import publish_shares
+from storage.staged_frames import StagedFrame
 
 METADATA_FILE = "topic.json"
 CANCEL_CHECK_S = 0.1  # how often a throttled write looks at its statement's cancel flag
@@ -749,6 +750,26 @@ class TopicLog:
         threshold = auto.speed * auto.up_percent / 100
         if speed.above_for(threshold, auto.window_seconds, now_us):
             self.split(partition_id)
+
+    def publish_staged(self, frames: list[StagedFrame], partition: int,
+                       transaction_id: int) -> None:  # fmt: skip
+        """Publish a committed share staged as frames (``storage.staged_frames``) to
+        ``partition`` (``PartitionLog.publish_staged``: no re-encoding, the bodies copied
+        in the kernel). A partition that split since gets the decoded rows, published by
+        key to its active descendants as ``publish_transactional`` does."""
+        if not frames:
+            return
+        size = sum(frame.body_bytes for frame in frames)
+        if self._info[partition].active:
+            try:
+                self.partition(partition).publish_staged(frames, transaction_id)
+            except PartitionInactiveError:
+                pass  # split since the check: by key, below
+            else:
+                self._after_write(partition, size)
+                return
+        batch = staged_frames.decode(self.fs, frames)
+        self.publish_transactional(batch, partition, transaction_id)
 
     def publish_transactional_many(
         self,

@@ -10,7 +10,10 @@ are reached); ``stage`` only stages, ``commit`` only commits (and checkpoints); 
 only opens and closes (recovery runs). Crash points come from ``TOPICBASE_FAILPOINTS`` (exit 137);
 a clean run prints ``done <status>`` and exits 0. ``BULK_FRAME_MESSAGES`` lowers
 ``limits.FRAME_TARGET_MESSAGES`` so that each partition's share is published as several
-frames (``storage.frame_cuts``).
+frames (``storage.frame_cuts``). Topic rows are staged as frames (``storage.staged_frames``)
+unless ``BULK_STAGE_FORMAT=arrows``, which adds a column of null message groups (outside
+``engine.staged_refs.FRAMED_COLUMNS``): the rows are then staged as they came and
+committed by reference to those files.
 """
 
 from __future__ import annotations
@@ -61,9 +64,12 @@ def stage(database: Database) -> None:
         per_write = ROWS // WRITES
         for number in range(WRITES):
             indexes = range(number * per_write, (number + 1) * per_write)
-            batch = pa.record_batch({
+            columns = {
                 "data": pa.array([message(i) for i in indexes], pa.binary()),
-                "partition": pa.array([i % PARTITIONS for i in indexes], pa.int32())})
+                "partition": pa.array([i % PARTITIONS for i in indexes], pa.int32())}
+            if os.environ.get("BULK_STAGE_FORMAT") == "arrows":
+                columns["message_group_id"] = pa.nulls(len(indexes), pa.string())
+            batch = pa.record_batch(columns)
             bulk.start(session, f"w{number}", "topic", "t")
             half = per_write // 2  # two files per write
             bulk.append(session, f"w{number}", [batch.slice(0, half)], batch.schema)

@@ -47,9 +47,13 @@ import bulk_commit_child as child  # noqa: E402
 CRASHED = 137
 
 
+FORMATS = ("frames", "arrows")  # how the child stages its topic rows (``bulk_commit_child``)
+
+
 def _run(data: Path, action: str, failpoints: str = "", timeout: float = 300,
-         frame_messages: int | None = None) -> int:  # fmt: skip
+         frame_messages: int | None = None, stage_format: str = "frames") -> int:  # fmt: skip
     environment = {k: v for k, v in os.environ.items() if k != "TOPICBASE_FAILPOINTS"}
+    environment["BULK_STAGE_FORMAT"] = stage_format
     if frame_messages is not None:
         environment["BULK_FRAME_MESSAGES"] = str(frame_messages)
     if failpoints:
@@ -130,6 +134,7 @@ def _check_and_retry(data: Path) -> str:
         database.close()
 
 
+@pytest.mark.parametrize("stage_format", FORMATS)
 @pytest.mark.parametrize(("failpoint", "outcome"), [
     ("bulk.mid_move", "nothing"),
     ("bulk.before_commit", "nothing"),
@@ -139,11 +144,35 @@ def _check_and_retry(data: Path) -> str:
     ("commit.checkpoint_before_release", "all"),
 ])  # fmt: skip
 def test_a_commit_crashed_at_each_step_publishes_all_or_nothing_once(
-        tmp_path: Path, failpoint: str, outcome: str) -> None:  # fmt: skip
+        tmp_path: Path, failpoint: str, outcome: str, stage_format: str) -> None:  # fmt: skip
+    data = tmp_path / "data"
+    assert _run(data, "stage", stage_format=stage_format) == 0
+    assert _run(data, "commit", f"{failpoint}=crash", stage_format=stage_format) == CRASHED
+    assert _check_and_retry(data) == outcome
+
+
+@pytest.mark.parametrize("failpoint", ["segment.torn_write=crash@3", "publish.mid_share=crash@3"])
+def test_a_framed_publish_torn_or_killed_inside_a_share_is_finished_by_recovery(
+        tmp_path: Path, failpoint: str) -> None:  # fmt: skip
+    """Staged as frames, each partition's share is 8 frames (4 writes of 2 files, each
+    file's rows of a partition one frame); the publish killed while it writes (the 3rd
+    frame's header and half its body copied: a torn frame at the log end) or between
+    two frames. Recovery keeps the whole frames, cuts the torn one, copies the rest of
+    the share's frames as staged (same frames: 8 of them, every message once)."""
     data = tmp_path / "data"
     assert _run(data, "stage") == 0
-    assert _run(data, "commit", f"{failpoint}=crash") == CRASHED
-    assert _check_and_retry(data) == outcome
+    assert _run(data, "commit", failpoint) == CRASHED
+    database = Database.open(str(data), retention_interval_s=None)
+    try:
+        topic = database.topic_log(database.catalog.entry("t").topic_id)
+        counts = [[f.header.record_count for s in topic.partition(p).segments
+                   for f in s.scan(0, s.size_bytes, 1 << 20)]
+                  for p in topic.partition_ids()]  # fmt: skip
+        assert [len(c) for c in counts] == [8] * child.PARTITIONS, counts
+        assert [sum(c) for c in counts] == [child.ROWS // child.PARTITIONS] * child.PARTITIONS
+    finally:
+        database.close()
+    assert _check_and_retry(data) == "all"
 
 
 @pytest.mark.parametrize("torn", [False, True])
@@ -153,8 +182,9 @@ def test_a_publish_crashed_between_the_frames_of_a_share_is_finished_by_recovery
     killed after the 4th frame of the first share; with ``torn``, that frame is then torn
     (its segment cut 8 bytes short), so the partition holds only 3 frames of it."""
     data = tmp_path / "data"
-    assert _run(data, "stage") == 0
-    assert _run(data, "commit", "publish.mid_share=crash@4", frame_messages=64) == CRASHED
+    assert _run(data, "stage", stage_format="arrows") == 0
+    assert _run(data, "commit", "publish.mid_share=crash@4", frame_messages=64,
+                stage_format="arrows") == CRASHED  # fmt: skip
     if torn:
         logs = sorted((p for p in data.rglob("*.log") if "topics" in p.parts),
                       key=lambda p: p.stat().st_size)
@@ -175,21 +205,27 @@ def test_a_publish_crashed_between_the_frames_of_a_share_is_finished_by_recovery
     assert _check_and_retry(data) == "all"
 
 
-def test_recovery_killed_while_it_republishes_finishes_at_the_next_open(tmp_path: Path) -> None:
+@pytest.mark.parametrize("stage_format", FORMATS)
+def test_recovery_killed_while_it_republishes_finishes_at_the_next_open(
+        tmp_path: Path, stage_format: str) -> None:  # fmt: skip
     data = tmp_path / "data"
-    assert _run(data, "stage") == 0
-    assert _run(data, "commit", "commit.after_commit_point=crash") == CRASHED
+    assert _run(data, "stage", stage_format=stage_format) == 0
+    assert _run(data, "commit", "commit.after_commit_point=crash",
+                stage_format=stage_format) == CRASHED  # fmt: skip
     assert _run(data, "open", "recovery.after_republish=crash@2") == CRASHED
     assert _check_and_retry(data) == "all"
 
 
-def test_a_damaged_file_of_a_committed_batch_stops_recovery(tmp_path: Path) -> None:
+@pytest.mark.parametrize("stage_format", FORMATS)
+def test_a_damaged_file_of_a_committed_batch_stops_recovery(
+        tmp_path: Path, stage_format: str) -> None:  # fmt: skip
     data = tmp_path / "data"
-    assert _run(data, "stage") == 0
-    assert _run(data, "commit", "commit.after_commit_point=crash") == CRASHED
+    assert _run(data, "stage", stage_format=stage_format) == 0
+    assert _run(data, "commit", "commit.after_commit_point=crash",
+                stage_format=stage_format) == CRASHED  # fmt: skip
     commits = data / bulk_write.COMMITS_DIRECTORY
     (directory,) = list(commits.iterdir())
-    victim = sorted(directory.glob("w0/*.arrows"))[0]
+    victim = sorted(directory.glob(f"w0/*.{stage_format}"))[0]
     with open(victim, "r+b") as handle:
         handle.truncate(victim.stat().st_size - 8)  # a torn tail
     with pytest.raises(CorruptSegmentError):
@@ -238,7 +274,8 @@ def child_topic_missing(data: Path) -> bool:
             return True
         # Every write exists, but the last append may have been cut: count the files.
         return any(len([n for n in os.listdir(os.path.join(bulk.root, w))
-                        if n.endswith(".arrows")]) != (2 if w != child.TABLE_WRITE else 1)
+                        if n.endswith(bulk_write.STAGED_SUFFIXES)])
+                   != (2 if w != child.TABLE_WRITE else 1)
                    for w in child.write_ids())  # fmt: skip
     finally:
         database.close()

@@ -55,8 +55,9 @@ def test_recovery_reads_and_checks_each_file_of_a_commit_by_reference_once(
     """``child``: 4 writes of 2 files each, every write over all 4 partitions: 16
     references naming 2 files each (per-reference derivation read 32 files, 4 x each)."""
     data = tmp_path / "data"
-    assert _run(data, "stage") == 0
-    assert _run(data, "commit", "commit.after_commit_point=crash") == CRASHED
+    assert _run(data, "stage", stage_format="arrows") == 0
+    assert _run(data, "commit", "commit.after_commit_point=crash",
+                stage_format="arrows") == CRASHED  # fmt: skip
     files = _files_named(data)
     topic_files = {f for f in files if os.sep + child.TABLE_WRITE + os.sep not in f}
     assert len(topic_files) == child.WRITES * 2

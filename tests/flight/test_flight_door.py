@@ -162,11 +162,13 @@ def test_tasks_writes_publish_in_order_per_partition_and_bad_partitions_are_refu
                     if (i + task) % 3 == partition]  # fmt: skip
         assert [d for d in got if d.startswith("t")] == expected
     assert _count(database) == 92
+    # Rows that all name their partition are encoded as frames when staged
+    # (``storage.staged_frames``): a negative one fails the put itself.
     bad = {"22023": pa.array([0, None], pa.int64()), "22003": pa.array([0, -1], pa.int64())}
     for sqlstate, partitions in bad.items():
         batch = pa.record_batch({"data": pa.array([b"a", b"b"]), "partition": partitions})
-        write_id = writer.put({"topic": "events"}, [batch], batch.schema)
         with pytest.raises(TopicbaseFlightError) as caught:
+            write_id = writer.put({"topic": "events"}, [batch], batch.schema)
             writer.commit(f"sink-{sqlstate}", 1, [write_id])
         assert caught.value.sqlstate == sqlstate
     assert _count(database) == 92

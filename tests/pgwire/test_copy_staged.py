@@ -177,13 +177,29 @@ def test_bad_input_is_refused_with_its_sqlstate_and_stages_nothing(
 
 
 def test_a_bad_value_fails_the_commit_and_keeps_the_writes(db: psycopg.Connection) -> None:
-    """Rows keep their Arrow types until the commit, whose cast refuses a bad value."""
-    stage(db, "TOPIC events (data, partition)", "v-1",
-          arrow_stream(messages(3).append_column("partition", pa.array([0, -1, 0]))))
+    """Rows staged as they came (a message group column keeps them out of the frames
+    format) keep their Arrow types until the commit, whose cast refuses a bad value."""
+    table = messages(3).append_column("partition", pa.array([0, -1, 0]))
+    table = table.append_column("message_group_id", pa.nulls(3, pa.string()))
+    stage(db, "TOPIC events (data, partition, message_group_id)", "v-1", arrow_stream(table))
     with pytest.raises(psycopg.errors.NumericValueOutOfRange):
         db.execute("COMMIT WRITES ('v-1') SINK 'v' BATCH 0")
     assert topic_rows(db, "events") == []
     assert db.execute("ABORT WRITES ('v-1')").fetchone() == (1,)
+
+
+def test_a_bad_value_of_a_stream_staged_as_frames_fails_its_copy(
+        db: psycopg.Connection) -> None:  # fmt: skip
+    """Rows that all name their partition are encoded as the partitions' frames when
+    staged (``storage.staged_frames``): a bad value fails the COPY with the SQLSTATE the
+    commit gave, and nothing of that COPY stays staged (an earlier COPY of the write does)."""
+    stage(db, "TOPIC events (data, partition)", "v-1",
+          arrow_stream(messages(3).append_column("partition", pa.array([0, 1, 0]))))
+    with pytest.raises(psycopg.errors.NumericValueOutOfRange):
+        stage(db, "TOPIC events (data, partition)", "v-1",
+              arrow_stream(messages(3).append_column("partition", pa.array([0, -1, 0]))))
+    assert db.execute("COMMIT WRITES ('v-1') SINK 'v' BATCH 0").fetchone() == ("committed", 3)
+    assert len(topic_rows(db, "events")) == 3
 
 
 # -- privileges -----------------------------------------------------------------------------

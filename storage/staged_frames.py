@@ -1,0 +1,268 @@
+"""Staged frame files: a bulk write's rows pre-encoded as partition frames when staged.
+
+A bulk write (``engine.bulk_write``) stages a stream of topic rows that all name their
+partition. Instead of keeping the rows as they came (an Arrow IPC stream) and, at the
+commit, grouping them by partition, encoding frames and writing them into the
+partitions (docs/bulk_commit.md: the commit's whole cost), the stream is staged as a
+*frames file*: the rows grouped by partition and cut into frame bodies exactly as a
+transactional publish cuts a share (``storage.frame_cuts``), each body the Arrow IPC
+message of a ``WIRE_SCHEMA`` batch (``record_batch.serialize_body``) with its CRC-32C.
+Publishing a frame is then a 48-byte header (offset, time, transaction: known only at
+publish; its checksum is the header's CRC combined with the body's, ``crc_combine``)
+and an in-kernel copy of the body (``FileSystem.copy_range``): Python never touches the
+data again, and the partition's frame holds the very bytes ``FrameEncoder`` would have
+written for that batch.
+
+File layout (little-endian): frames back to back from position 0, each a 24-byte staged
+header then its body::
+
+    0  magic          4s  b"TBs1"
+    4  body_crc32c    u32 CRC-32C of the body alone
+    8  partition      i64 the partition whose share the frame belongs to
+    16 record_count   u32 messages in the body (>= 1)
+    20 body_bytes     u32 length of the body, a multiple of 8
+
+Invariants:
+- a partition's frames, in file order, hold its rows in the stream's order; frames of
+  different partitions interleave (one file per stream whatever the partition count);
+- every frame is within the frame targets (``limits.FRAME_TARGET_*``; a single larger
+  message alone), holds no producer id and no metadata (``frame_cuts.cuttable``): no
+  message of it is ever a duplicate, so a publish writes every frame whole, and a
+  partition holding a prefix of a share's frames holds whole frames of it;
+- the file is written as ``*.part``, fdatasynced, then renamed whole by the caller; its
+  CRC-32C (``FrameFileWriter.crc``) is combined from the frames' without a second pass.
+"""
+
+from __future__ import annotations
+
+import struct
+from collections.abc import Iterable
+from typing import NamedTuple
+
+import crc32c
+import numpy as np
+import pyarrow as pa
+
+from storage import limits
+from storage.crc_combine import crc32c_combine
+from storage.errors import CorruptSegmentError
+from storage.frame_cuts import cuttable, frame_slices
+from storage.fs import FileSystem
+from storage.record_batch import (
+    HEADER,
+    MAGIC,
+    TRANSACTIONAL,
+    WIRE_SCHEMA,
+    FrameHeader,
+    check_wire_batch,
+    serialize_body_buffer,
+)
+
+STAGED_MAGIC = b"TBs1"
+STAGED_HEADER = struct.Struct("<4sIqII")
+STAGED_HEADER_BYTES = STAGED_HEADER.size
+assert STAGED_HEADER_BYTES == 24
+# Rows held per stream before being cut into frames: a partition's rows wait until they
+# fill a frame, and past this many bytes of waiting rows the largest waiting share is
+# written as a smaller frame (memory stays bounded whatever the partition count).
+PENDING_BYTES = 16 * 1024 * 1024
+_CHECK_WINDOW_BYTES = 4 * 1024 * 1024
+
+
+class StagedFrame(NamedTuple):
+    """One staged frame: where its body is and what the publish's header needs."""
+
+    path: str
+    body_position: int
+    record_count: int
+    body_bytes: int
+    body_crc: int
+
+
+class FrameFileWriter:
+    """Writes a frames file: rows given per partition (``add``), cut into frames as they
+    fill one (``frame_cuts.frame_slices``), the rest at ``finish``. Not thread-safe: one
+    stream's staging thread owns it."""
+
+    def __init__(self, fs: FileSystem, path: str) -> None:
+        self.fs = fs
+        self.path = path
+        self._fd = fs.open_write(path)
+        self.size = 0
+        self.crc = 0  # of the bytes written so far
+        self.rows = 0
+        self._pending: dict[int, list[pa.RecordBatch]] = {}
+        self._pending_rows: dict[int, int] = {}
+        self._pending_data: dict[int, int] = {}
+        self._pending_total = 0
+
+    def add(self, partition: int, batch: pa.RecordBatch) -> None:
+        """Queue ``batch`` (``WIRE_SCHEMA``, cuttable, within the wire limits) as the next
+        rows of ``partition``; writes every frame they fill."""
+        assert partition >= 0 and batch.num_rows > 0
+        assert batch.schema.equals(WIRE_SCHEMA) and cuttable(batch)
+        check_wire_batch(batch)
+        data = _data_bytes(batch)
+        self._pending.setdefault(partition, []).append(batch)
+        self._pending_rows[partition] = self._pending_rows.get(partition, 0) + batch.num_rows
+        self._pending_data[partition] = self._pending_data.get(partition, 0) + data
+        self._pending_total += data
+        if (self._pending_rows[partition] >= limits.FRAME_TARGET_MESSAGES
+                or self._pending_data[partition] >= limits.FRAME_TARGET_BYTES):  # fmt: skip
+            self._flush(partition, whole=False)
+        while self._pending_total > PENDING_BYTES:
+            largest = max(self._pending_data, key=self._pending_data.__getitem__)
+            self._flush(largest, whole=True)
+
+    def finish(self) -> None:
+        """Write every partition's waiting rows, fdatasync and close the file."""
+        for partition in sorted(self._pending):
+            self._flush(partition, whole=True)
+        try:
+            self.fs.sync(self._fd)
+        finally:
+            self.close()
+
+    def close(self) -> None:
+        if self._fd is not None:
+            fd, self._fd = self._fd, None
+            self.fs.close(fd)
+
+    def _flush(self, partition: int, *, whole: bool) -> None:
+        """Write ``partition``'s waiting rows as frames; unless ``whole``, a last frame
+        that is not full stays waiting."""
+        batches = self._pending.pop(partition)
+        self._pending_total -= self._pending_data.pop(partition)
+        del self._pending_rows[partition]
+        joined = batches[0] if len(batches) == 1 else pa.concat_batches(batches)
+        pieces = frame_slices(joined)
+        if not whole and not _full(pieces[-1]):
+            rest = pieces.pop()
+            self._pending[partition] = [rest]
+            self._pending_rows[partition] = rest.num_rows
+            self._pending_data[partition] = _data_bytes(rest)
+            self._pending_total += self._pending_data[partition]
+        for piece in pieces:
+            self._write_frame(partition, piece)
+
+    def _write_frame(self, partition: int, batch: pa.RecordBatch) -> None:
+        body = serialize_body_buffer(batch)
+        body_crc = crc32c.crc32c(body)
+        header = STAGED_HEADER.pack(STAGED_MAGIC, body_crc, partition, batch.num_rows, body.size)
+        assert self._fd is not None
+        self.fs.pwritev(self._fd, [header, body], self.size)
+        self.crc = crc32c_combine(self.crc, crc32c.crc32c(header), STAGED_HEADER_BYTES)
+        self.crc = crc32c_combine(self.crc, body_crc, body.size)
+        self.size += STAGED_HEADER_BYTES + body.size
+        self.rows += batch.num_rows
+
+
+def _full(batch: pa.RecordBatch) -> bool:
+    return (batch.num_rows >= limits.FRAME_TARGET_MESSAGES
+            or _data_bytes(batch) >= limits.FRAME_TARGET_BYTES)  # fmt: skip
+
+
+def _data_bytes(batch: pa.RecordBatch) -> int:
+    data = batch.column(5)
+    if len(data) == 0:
+        return 0
+    offsets = np.frombuffer(data.buffers()[1], dtype=np.int32, count=len(data) + 1,
+                            offset=data.offset * 4)  # fmt: skip
+    return int(offsets[-1] - offsets[0])
+
+
+def index_file(fs: FileSystem, path: str, size: int) -> dict[int, list[StagedFrame]]:
+    """The frames of a whole frames file of ``size`` bytes, per partition in file order
+    (headers only are read). A header that does not parse, or a frame past ``size``, is
+    ``CorruptSegmentError`` (the file was written whole and its size recorded)."""
+    found: dict[int, list[StagedFrame]] = {}
+    fd = fs.open_read(path)
+    try:
+        position = 0
+        while position < size:
+            raw = fs.pread(fd, STAGED_HEADER_BYTES, position)
+            if len(raw) < STAGED_HEADER_BYTES:
+                raise CorruptSegmentError("a staged frames file is short", path=path,
+                                          position=position)  # fmt: skip
+            magic, body_crc, partition, count, body_bytes = STAGED_HEADER.unpack(raw)
+            end = position + STAGED_HEADER_BYTES + body_bytes
+            if magic != STAGED_MAGIC or count < 1 or body_bytes % 8 or end > size:
+                raise CorruptSegmentError("a staged frames file has a bad frame header",
+                                          path=path, position=position)  # fmt: skip
+            found.setdefault(partition, []).append(
+                StagedFrame(path, position + STAGED_HEADER_BYTES, count, body_bytes, body_crc))
+            position = end
+    finally:
+        fs.close(fd)
+    return found
+
+
+def file_crc(fs: FileSystem, path: str, size: int) -> int:
+    """The CRC-32C of the file's first ``size`` bytes, read (recovery's check)."""
+    fd = fs.open_read(path)
+    try:
+        crc = 0
+        position = 0
+        while position < size:
+            chunk = fs.pread(fd, min(_CHECK_WINDOW_BYTES, size - position), position)
+            if not chunk:
+                break
+            crc = crc32c.crc32c(chunk, crc)
+            position += len(chunk)
+        return crc
+    finally:
+        fs.close(fd)
+
+
+def publish_header(frame: StagedFrame, base_offset: int, written_at_us: int,
+                   transaction_id: int) -> tuple[bytes, FrameHeader]:  # fmt: skip
+    """The segment frame header of ``frame`` published at ``base_offset``: the checksum
+    covers header bytes [8, 48) then the body, combined from the body's staged CRC."""
+    attributes = TRANSACTIONAL if transaction_id else 0
+    fields = (base_offset, written_at_us, frame.record_count, frame.body_bytes, attributes, 0,
+              transaction_id)  # fmt: skip
+    covered = HEADER.pack(MAGIC, 0, *fields)[8:]
+    crc = crc32c_combine(crc32c.crc32c(covered), frame.body_crc, frame.body_bytes)
+    header = FrameHeader(crc, base_offset, written_at_us, frame.record_count,
+                         frame.body_bytes, attributes, transaction_id)  # fmt: skip
+    return HEADER.pack(MAGIC, crc, *fields), header
+
+
+def decode(fs: FileSystem, frames: Iterable[StagedFrame]) -> pa.RecordBatch:
+    """The frames' rows as one ``WIRE_SCHEMA`` batch (a copy; for the paths that need
+    the rows themselves: a publish redirected by key after a split, a commit in parts).
+    Each body's CRC-32C is checked."""
+    batches = []
+    fds: dict[str, int] = {}
+    try:
+        for frame in frames:
+            fd = fds.get(frame.path)
+            if fd is None:
+                fd = fds[frame.path] = fs.open_read(frame.path)
+            body = fs.pread(fd, frame.body_bytes, frame.body_position)
+            if len(body) != frame.body_bytes or crc32c.crc32c(body) != frame.body_crc:
+                raise CorruptSegmentError("a staged frame's body is damaged", path=frame.path,
+                                          position=frame.body_position)  # fmt: skip
+            batch = pa.ipc.read_record_batch(pa.py_buffer(body), WIRE_SCHEMA)
+            assert batch.num_rows == frame.record_count
+            batches.append(batch)
+    finally:
+        for fd in fds.values():
+            fs.close(fd)
+    if not batches:
+        return pa.RecordBatch.from_pylist([], schema=WIRE_SCHEMA)
+    return batches[0] if len(batches) == 1 else pa.concat_batches(batches)
+
+
+def skip_rows(frames: list[StagedFrame], rows: int, path_hint: str = "") -> list[StagedFrame]:
+    """The frames after the first ``rows`` rows, which must end on a frame boundary (a
+    partition keeps whole frames of a share: see the module doc)."""
+    index = 0
+    while rows > 0 and index < len(frames):
+        rows -= frames[index].record_count
+        index += 1
+    if rows != 0:
+        where = frames[0].path if frames else path_hint
+        raise CorruptSegmentError("a partition holds part of a staged frame of a committed "
+                                  "transaction", path=where, position=0)  # fmt: skip
+    return frames[index:]

@@ -1,0 +1,158 @@
+"""A bulk write whose rows all name their partition is staged as frames
+(``storage.staged_frames``) and its commit copies them into the partitions as they are:
+no grouping, no encoding, no spill, no staging log (``engine.staged_refs.FramedWrite``);
+writes it cannot take so are decoded and copied as before. Crash points:
+``test_bulk_commit_crash.py`` (both formats)."""
+
+from __future__ import annotations
+
+import json
+import os
+
+import pyarrow as pa
+
+from engine import bulk_publish, bulk_write
+from engine.catalog import SCHEMA
+from engine.database import Database
+from engine.staged_writes import TransactionStaging
+from storage import limits
+from storage.partition_log import PartitionLog
+from storage.record_batch import FrameEncoder
+
+
+def _open(tmp_path) -> Database:
+    database = Database.open(str(tmp_path / "data"), retention_interval_s=None)
+    session = database.connect()
+    session.execute("CREATE TOPIC t WITH (min_active_partitions = 2)")
+    session.close()
+    return database
+
+
+def _stage(database, write_id: str, start: int, count: int, *, extra: bool = False,
+           piece: int = 100) -> None:  # fmt: skip
+    columns = {"data": pa.array([b"m%05d" % i for i in range(start, start + count)]),
+               "partition": pa.array([i % 2 for i in range(start, start + count)], pa.int32())}
+    if extra:  # a column outside the frames format: staged as it came
+        columns["message_group_id"] = pa.nulls(count, pa.string())
+    batch = pa.record_batch(columns)
+    session = database.connect()
+    try:
+        bulk = bulk_write.for_database(database)
+        bulk.start(session, write_id, "topic", "t")
+        pieces = [batch.slice(s, piece) for s in range(0, count, piece)]
+        bulk.append(session, write_id, pieces, batch.schema)
+    finally:
+        session.close()
+
+
+def _commit(database, batch_id: int, write_ids: list[str]) -> dict:
+    session = database.connect()
+    try:
+        return bulk_write.for_database(database).commit(session, "s", batch_id, write_ids)
+    finally:
+        session.close()
+
+
+def _partitions(database) -> dict[int, list[bytes]]:
+    session = database.connect()
+    try:
+        table = session.execute('SELECT partition, data FROM TOPIC t ORDER BY "offset"')[-1].table
+    finally:
+        session.close()
+    found: dict[int, list[bytes]] = {0: [], 1: []}
+    for row in table.to_pylist():
+        found[row["partition"]].append(row["data"])
+    return found
+
+
+def _expected(*ranges: tuple[int, int]) -> dict[int, list[bytes]]:
+    found: dict[int, list[bytes]] = {0: [], 1: []}
+    for start, count in ranges:
+        for i in range(start, start + count):
+            found[i % 2].append(b"m%05d" % i)
+    return found
+
+
+def test_a_framed_commit_copies_the_staged_frames_and_encodes_nothing(
+        tmp_path, monkeypatch) -> None:  # fmt: skip
+    database = _open(tmp_path)
+    try:
+        _stage(database, "a", 0, 300)
+        _stage(database, "b", 300, 200)
+        bulk = bulk_write.for_database(database)
+        assert [n.endswith(".frames") for w in ("a", "b")
+                for n in os.listdir(os.path.join(bulk.root, w)) if n != "write.json"] == [
+            True, True]  # fmt: skip
+
+        def refused(*args, **kwargs):
+            raise AssertionError("a framed share was spilled, encoded or decoded")
+
+        monkeypatch.setattr(TransactionStaging, "_spill", refused)
+        monkeypatch.setattr(FrameEncoder, "encode", refused)
+        monkeypatch.setattr(PartitionLog, "publish_transactional", refused)
+        monkeypatch.setattr(bulk_write.BulkWrites, "read_write", refused)
+        database.committer.checkpoint()
+        staging = os.path.join(database.path, "staging")
+        before = sum(os.path.getsize(os.path.join(staging, n)) for n in os.listdir(staging))
+        assert _commit(database, 1, ["a", "b"]) == {"status": "committed", "rows": 500}
+        after = sum(os.path.getsize(os.path.join(staging, n)) for n in os.listdir(staging))
+        assert after == before  # nothing went to the staging log
+        assert _partitions(database) == _expected((0, 300), (300, 200))
+        cursor = database.root.cursor()
+        try:
+            (items,) = [json.loads(i) for (i,) in cursor.execute(
+                f"SELECT items FROM {SCHEMA}.transactions").fetchall() if json.loads(i)]
+        finally:
+            cursor.close()
+        for _, partition, by_reference in items:
+            (reference,) = by_reference["references"]
+            assert reference["partition"] == partition and len(reference["frames"]) == 2
+        assert os.listdir(bulk.root) == [] and len(os.listdir(bulk.commits_root)) == 1
+        database.committer.checkpoint()
+        assert os.listdir(bulk.commits_root) == []  # released with the record
+        assert _commit(database, 1, ["a", "b"]) == {"status": "duplicate", "rows": 0}
+    finally:
+        database.close()
+
+
+def test_framed_writes_mixed_with_writes_staged_as_they_came_are_copied_together(
+        tmp_path) -> None:  # fmt: skip
+    database = _open(tmp_path)
+    try:
+        _stage(database, "a", 0, 300)
+        _stage(database, "b", 300, 200, extra=True)
+        assert _commit(database, 1, ["a", "b"]) == {"status": "committed", "rows": 500}
+        assert _partitions(database) == _expected((0, 300), (300, 200))
+    finally:
+        database.close()
+
+
+def test_framed_writes_over_a_transactions_share_go_in_parts(tmp_path, monkeypatch) -> None:
+    monkeypatch.setattr(limits, "BATCH_MESSAGES_MAX", 300)
+    monkeypatch.setattr(bulk_publish, "PART_ROWS", 270)
+    database = _open(tmp_path)
+    try:
+        _stage(database, "a", 0, 800)  # 400 rows a partition: over 300
+        assert _commit(database, 1, ["a"]) == {"status": "committed", "rows": 800}
+        assert _partitions(database) == _expected((0, 800))
+        assert os.listdir(bulk_write.for_database(database).root) == []
+    finally:
+        database.close()
+
+
+def test_a_framed_commit_survives_a_restart_before_its_checkpoint(tmp_path) -> None:
+    """The record names the frames files; after a clean close and open, nothing is
+    published twice and the files are gone."""
+    database = _open(tmp_path)
+    try:
+        _stage(database, "a", 0, 300)
+        assert _commit(database, 1, ["a"]) == {"status": "committed", "rows": 300}
+    finally:
+        database.close()
+    database = Database.open(str(tmp_path / "data"), retention_interval_s=None)
+    try:
+        assert _partitions(database) == _expected((0, 300))
+        bulk = bulk_write.for_database(database)
+        assert os.listdir(bulk.commits_root) == [] and os.listdir(bulk.root) == []
+    finally:
+        database.close()

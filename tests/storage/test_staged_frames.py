@@ -1,0 +1,162 @@
+"""Staged frame files (``storage.staged_frames``), the CRC combination they rely on
+(``storage.crc_combine``) and their publish by copy (``PartitionLog.publish_staged``)."""
+
+from __future__ import annotations
+
+import os
+import random
+
+import crc32c
+import pyarrow as pa
+import pytest
+
+from storage import limits
+from storage.clock import ManualClock
+from storage.config import TopicConfig
+from storage.crc_combine import crc32c_combine
+from storage.errors import CorruptSegmentError
+from storage.fs import FileSystem
+from storage.partition_log import PartitionLog
+from storage.record_batch import build_wire_batch
+from storage.staged_frames import (
+    STAGED_HEADER_BYTES,
+    FrameFileWriter,
+    decode,
+    file_crc,
+    index_file,
+    skip_rows,
+)
+
+
+def test_crc32c_combine_is_the_crc_of_the_concatenation() -> None:
+    chooser = random.Random(7)
+    for length_a, length_b in [(0, 0), (0, 5), (5, 0), (1, 1), (40, 8), (48, 4 << 20),
+                               (3, 1001), *[(chooser.randrange(200), chooser.randrange(5000))
+                                            for _ in range(50)]]:  # fmt: skip
+        a, b = chooser.randbytes(length_a), chooser.randbytes(length_b)
+        combined = crc32c_combine(crc32c.crc32c(a), crc32c.crc32c(b), length_b)
+        assert combined == crc32c.crc32c(a + b), (length_a, length_b)
+
+
+def _rows(start: int, count: int, size: int = 100) -> pa.RecordBatch:
+    return build_wire_batch([b"%08d" % i + b"x" * (size - 8) for i in range(start, start + count)],
+                            created_at_us=1)  # fmt: skip
+
+
+def _written(tmp_path, pieces: list[tuple[int, pa.RecordBatch]]) -> tuple[str, FrameFileWriter]:
+    path = str(tmp_path / "s.frames")
+    writer = FrameFileWriter(FileSystem(), path)
+    for partition, batch in pieces:
+        writer.add(partition, batch)
+    writer.finish()
+    return path, writer
+
+
+def test_a_frames_file_holds_each_partitions_rows_in_order_cut_at_the_frame_target(
+        tmp_path, monkeypatch) -> None:  # fmt: skip
+    monkeypatch.setattr(limits, "FRAME_TARGET_MESSAGES", 50)
+    pieces = [(p, _rows(1000 * p + 30 * i, 30)) for i in range(7) for p in (0, 3)]
+    path, writer = _written(tmp_path, pieces)
+    fs = FileSystem()
+    size = os.path.getsize(path)
+    assert writer.size == size and writer.crc == file_crc(fs, path, size)  # combined = read
+    found = index_file(fs, path, size)
+    assert sorted(found) == [0, 3]
+    for partition, frames in found.items():
+        # 210 rows: four full frames of 50 written as they filled, the rest at the end
+        assert [f.record_count for f in frames] == [50, 50, 50, 50, 10]
+        batch = decode(fs, frames)
+        expected = pa.concat_batches([b for p, b in pieces if p == partition])
+        assert batch.equals(expected)
+        for frame, start in zip(frames, range(0, 210, 50), strict=True):
+            assert decode(fs, [frame]).equals(expected.slice(start, frame.record_count))
+
+
+def test_waiting_rows_stay_bounded_whatever_the_partition_count(tmp_path, monkeypatch) -> None:
+    """Past ``PENDING_BYTES`` of rows waiting to fill frames, the largest share is
+    written as a smaller frame."""
+    from storage import staged_frames
+
+    monkeypatch.setattr(staged_frames, "PENDING_BYTES", 10_000)
+    pieces = [(p, _rows(p * 100 + i, 1)) for i in range(20) for p in range(50)]
+    path = str(tmp_path / "s.frames")
+    writer = FrameFileWriter(FileSystem(), path)
+    for partition, batch in pieces:
+        writer.add(partition, batch)
+        assert writer._pending_total <= 10_000
+    writer.finish()
+    found = index_file(FileSystem(), path, os.path.getsize(path))
+    assert sorted(found) == list(range(50))
+    assert all(sum(f.record_count for f in frames) == 20 for frames in found.values())
+
+
+def test_a_damaged_header_or_a_short_file_is_corrupt(tmp_path) -> None:
+    path, _ = _written(tmp_path, [(0, _rows(0, 10)), (1, _rows(10, 10))])
+    size = os.path.getsize(path)
+    with pytest.raises(CorruptSegmentError):
+        index_file(FileSystem(), path, size - 8)  # a frame past the recorded size
+    with open(path, "r+b") as handle:
+        handle.write(b"XXXX")
+    with pytest.raises(CorruptSegmentError):
+        index_file(FileSystem(), path, size)
+
+
+def test_a_damaged_body_fails_its_decode(tmp_path) -> None:
+    path, _ = _written(tmp_path, [(0, _rows(0, 10))])
+    with open(path, "r+b") as handle:
+        handle.seek(STAGED_HEADER_BYTES + 16)
+        handle.write(b"\xff")
+    frames = index_file(FileSystem(), path, os.path.getsize(path))[0]
+    with pytest.raises(CorruptSegmentError):
+        decode(FileSystem(), frames)
+
+
+def test_skip_rows_drops_whole_frames_only(tmp_path, monkeypatch) -> None:
+    monkeypatch.setattr(limits, "FRAME_TARGET_MESSAGES", 4)
+    path, _ = _written(tmp_path, [(0, _rows(0, 10))])
+    frames = index_file(FileSystem(), path, os.path.getsize(path))[0]
+    assert [f.record_count for f in frames] == [4, 4, 2]
+    assert skip_rows(frames, 0) == frames
+    assert skip_rows(frames, 8) == frames[2:]
+    assert skip_rows(frames, 10) == []
+    with pytest.raises(CorruptSegmentError):
+        skip_rows(frames, 5)
+
+
+class _ModelledWrites(FileSystem):
+    """A file system with its own ``pwrite`` (as the test ones that model the disk)."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.written = 0
+
+    def pwrite(self, fd, data, position) -> None:
+        self.written += len(memoryview(data))
+        super().pwrite(fd, data, position)
+
+
+@pytest.mark.parametrize("fs_class", [FileSystem, _ModelledWrites])
+def test_a_published_share_is_the_staged_frames_verified_on_read(tmp_path, monkeypatch,
+                                                                 fs_class) -> None:  # fmt: skip
+    """The partition's frames are the staged bodies behind headers whose checksums were
+    combined (a read verifies every one); with a file system that models writes, the
+    copy goes through its ``pwrite``."""
+    monkeypatch.setattr(limits, "FRAME_TARGET_MESSAGES", 16)
+    path, _ = _written(tmp_path, [(0, _rows(0, 40)), (1, _rows(100, 5)), (0, _rows(40, 30))])
+    fs = fs_class()
+    frames = index_file(fs, path, os.path.getsize(path))[0]
+    log = PartitionLog(fs, str(tmp_path / "p0"), 0, TopicConfig(), ManualClock(5_000_000))
+    try:
+        log.append(_rows(900, 3))  # something before the share
+        assert log.publish_staged(frames, transaction_id=77) == 70
+        read = log.read(0, max_messages=1000)
+        data = pa.concat_batches(read.batches).column("data").to_pylist()
+        assert data == [b"%08d" % i + b"x" * 92 for i in [900, 901, 902, *range(70)]]
+        assert log.transaction_rows(77, 0) == 70
+        headers = [f.header for s in log.segments for f in s.scan(0, s.size_bytes, 1 << 20)]
+        assert [h.record_count for h in headers] == [3, 16, 16, 16, 16, 6]
+        assert all(h.transaction_id == 77 for h in headers[1:])
+        if isinstance(fs, _ModelledWrites):
+            assert fs.written >= sum(f.body_bytes for f in frames)
+    finally:
+        log.close()
