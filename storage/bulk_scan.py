@@ -125,25 +125,14 @@ def scan_many(
         total += window[2] - window[1]
     if total == 0:
         return None
-    buffer = np.empty(-(-total // 8) * 8, dtype=np.uint8)
+    # From Arrow's pool, which keeps freed memory for the next read (a fresh array of
+    # ~20 MB faults in every page again).
+    buffer = np.frombuffer(pa.allocate_buffer(-(-total // 8) * 8), dtype=np.uint8)
     view = memoryview(buffer)
-    partitions: list[int] = []
-    body_starts: list[int] = []
-    body_sizes: list[int] = []
-    counts: list[int] = []
-    skips: list[int] = []
-    rows_taken: list[int] = []
-    firsts: list[int] = []
-    written_ats: list[int] = []
-    next_offsets: dict[int, int] = {}
-    unpack = HEADER.unpack_from
-    crc = crc32c.crc32c
+    lows = np.empty(len(plan), dtype=np.int64)
+    highs = np.empty(len(plan), dtype=np.int64)
     at = 0
-    frame_bytes = 0  # every frame taken, whole, as the read's byte budget counts them
-    size = 0
-    for (partition_id, _, start, count), (segment, position, limit) in zip(
-        plan, windows, strict=True
-    ):
+    for index, (segment, position, limit) in enumerate(windows):
         end = at + limit - position
         assert at % 8 == 0 and end % 8 == 0, (at, end)  # frames are 8-byte multiples
         try:
@@ -152,54 +141,136 @@ def scan_many(
             return None  # retention deleted the segment: read_frames retries
         if got != end - at:
             return None
-        offset, remaining = start, count
-        while remaining > 0:
-            if at + HEADER_BYTES > end:
-                return None
-            magic, checksum, base, written, frame_rows, body_bytes, _, _, _ = unpack(view, at)
-            frame_end = at + HEADER_BYTES + body_bytes
-            if magic != MAGIC or body_bytes % 8 or frame_rows == 0 or frame_end > end:
-                return None
-            if base + frame_rows <= offset:
-                at = frame_end  # before the start (the index is sparse): not checked
-                continue
-            skip = offset - base
-            if (
-                skip < 0
-                or frame_rows > SMALL_SLICE_ROWS
-                or crc(view[at + 8 : frame_end]) != checksum
-            ):
-                return None
-            rows = min(frame_rows - skip, remaining)
-            whole = HEADER_BYTES + body_bytes
-            partitions.append(partition_id)
-            body_starts.append(at + HEADER_BYTES)
-            body_sizes.append(body_bytes)
-            counts.append(frame_rows)
-            skips.append(skip)
-            rows_taken.append(rows)
-            firsts.append(offset)
-            written_ats.append(written)
-            frame_bytes += whole
-            size += whole if rows == frame_rows else max(1, whole * rows // frame_rows)
-            offset += rows
-            remaining -= rows
-            at = frame_end
-        next_offsets[partition_id] = offset
+        lows[index], highs[index] = at, end
         at = end
-    if frame_bytes >= max_bytes:
+    starts = np.fromiter((entry[2] for entry in plan), np.int64, len(plan))
+    wanted = np.fromiter((entry[3] for entry in plan), np.int64, len(plan))
+    walked = _walk(buffer, lows, highs, starts, wanted)
+    if walked is None:
+        return None
+    frames, offsets = walked
+    where, at, body, count, skip, rows, first, written, checksum = frames
+    crc = crc32c.crc32c
+    for low, high, expected in zip(
+        (at + 8).tolist(), (at + HEADER_BYTES + body).tolist(), checksum.tolist(), strict=True
+    ):
+        if crc(view[low:high]) != expected:
+            return None  # damage: read_frames reports it
+    whole = HEADER_BYTES + body
+    if int(whole.sum()) >= max_bytes:
         return None  # the budget would have stopped the read somewhere: read as before
+    sizes = np.where(rows == count, whole, np.maximum(1, whole * rows // count))
+    ids = np.fromiter((entry[0] for entry in plan), np.int32, len(plan))
     return ScannedFrames(
         buffer,
-        np.array(partitions, dtype=np.int32),
-        np.array(body_starts, dtype=np.int64),
-        np.array(body_sizes, dtype=np.int64),
-        np.array(counts, dtype=np.int64),
-        np.array(skips, dtype=np.int64),
-        np.array(rows_taken, dtype=np.int64),
-        np.array(firsts, dtype=np.int64),
-        np.array(written_ats, dtype=np.int64),
-        next_offsets,
-        sum(rows_taken),
-        size,
+        ids[where],
+        at + HEADER_BYTES,
+        body,
+        count,
+        skip,
+        rows,
+        first,
+        written,
+        dict(zip(ids.tolist(), offsets.tolist(), strict=True)),
+        int(rows.sum()),
+        int(sizes.sum()),
     )
+
+
+# While at least this many partitions are still being walked, a step walks one frame of
+# each at once in numpy; the last few are walked frame by frame in Python.
+_WALK_VECTOR_MIN = 16
+_MAGIC_WORD = int.from_bytes(MAGIC, "little")
+_Frames = tuple[np.ndarray, ...]
+
+
+def _walk(
+    buffer: np.ndarray, lows: np.ndarray, highs: np.ndarray, starts: np.ndarray,
+    wanted: np.ndarray,
+) -> tuple[_Frames, np.ndarray] | None:  # fmt: skip
+    """The frames to take of each window ``buffer[lows[k]:highs[k]]``: from the one
+    holding offset ``starts[k]`` on, ``wanted[k]`` messages (frames before it, where
+    the sparse index started the window, passed over). Returns the frames' arrays
+    (window, position, body bytes, messages, skip, rows, first offset, written_at,
+    checksum), in buffer order, and each window's next offset; None on anything not
+    plain (a bad or cut header, a gap, a large frame)."""
+    u32 = buffer.view("<u4")
+    i64 = buffer.view("<i8")
+    position = lows.copy()
+    offset = starts.copy()
+    remaining = wanted.copy()
+    active = np.flatnonzero(remaining > 0)
+    found: list[_Frames] = []
+    while active.size >= _WALK_VECTOR_MIN:
+        at = position[active]
+        high = highs[active]
+        if np.any(at + HEADER_BYTES > high):
+            return None
+        words, longs = at // 4, at // 8
+        body = u32[words + 7].astype(np.int64)
+        count = u32[words + 6].astype(np.int64)
+        base = i64[longs + 1]
+        ends = at + HEADER_BYTES + body
+        if np.any(u32[words] != _MAGIC_WORD) or np.any(body % 8) or np.any(count == 0):
+            return None
+        if np.any(ends > high):
+            return None
+        from_offset = offset[active]
+        taking = base + count > from_offset  # else before the start: passed over
+        if taking.any():
+            taken = active[taking]
+            skip = from_offset[taking] - base[taking]
+            count = count[taking]
+            if np.any(skip < 0) or np.any(count > SMALL_SLICE_ROWS):
+                return None
+            rows = np.minimum(count - skip, remaining[taken])
+            found.append((
+                taken, at[taking], body[taking], count, skip, rows, from_offset[taking],
+                i64[longs[taking] + 2], u32[words[taking] + 1].astype(np.int64),
+            ))  # fmt: skip
+            offset[taken] += rows
+            remaining[taken] -= rows
+        position[active] = ends
+        active = active[remaining[active] > 0]
+    for window in active.tolist():
+        tail = _walk_one(buffer, window, int(position[window]), int(highs[window]),
+                         int(offset[window]), int(remaining[window]))  # fmt: skip
+        if tail is None:
+            return None
+        found.append(tail[0])
+        offset[window] = tail[1]
+    if not found:
+        return None
+    frames = tuple(np.concatenate(parts) for parts in zip(*found, strict=True))
+    order = np.argsort(frames[1], kind="stable")
+    return tuple(column[order] for column in frames), offset
+
+
+def _walk_one(
+    buffer: np.ndarray, window: int, at: int, high: int, offset: int, remaining: int
+) -> tuple[_Frames, int] | None:
+    """``_walk`` of one window, frame by frame (in Python)."""
+    view = memoryview(buffer)
+    unpack = HEADER.unpack_from
+    columns: list[list[int]] = [[] for _ in range(9)]
+    while remaining > 0:
+        if at + HEADER_BYTES > high:
+            return None
+        magic, checksum, base, written, count, body, _, _, _ = unpack(view, at)
+        end = at + HEADER_BYTES + body
+        if magic != MAGIC or body % 8 or count == 0 or end > high:
+            return None
+        if base + count > offset:
+            skip = offset - base
+            if skip < 0 or count > SMALL_SLICE_ROWS:
+                return None
+            rows = min(count - skip, remaining)
+            for column, value in zip(
+                columns, (window, at, body, count, skip, rows, offset, written, checksum),
+                strict=True,
+            ):  # fmt: skip
+                column.append(value)
+            offset += rows
+            remaining -= rows
+        at = end
+    return tuple(np.array(column, dtype=np.int64) for column in columns), offset

@@ -59,16 +59,23 @@ def _check_same(plan: list[tuple[int, PartitionLog, int, int]]) -> None:
     assert decoded.equals(decode_small([s for _, s in expected]))
 
 
-@pytest.mark.parametrize("seed", range(8))
+@pytest.mark.parametrize("vector_min", [1, 16, 10**9])  # numpy steps, both, Python only
+@pytest.mark.parametrize("seed", range(6))
 def test_the_slices_of_read_frames_in_turn(
-    open_partition: Any, batch: Any, tmp_path: Any, seed: int
+    open_partition: Any,
+    batch: Any,
+    tmp_path: Any,
+    monkeypatch: pytest.MonkeyPatch,
+    seed: int,
+    vector_min: int,
 ) -> None:
+    monkeypatch.setattr(bulk_scan, "_WALK_VECTOR_MIN", vector_min)
     rng = random.Random(seed)
-    logs = _partitions(open_partition, tmp_path, 12)
+    logs = _partitions(open_partition, tmp_path, 30)
     ends = []
     for log in logs:
         offset = 0
-        for _ in range(rng.randrange(1, 30)):
+        for _ in range(rng.randrange(1, 12)):
             count = rng.randrange(1, 65)
             log.append(batch(count, first=offset, size_bytes=rng.randrange(1, 300)))
             offset += count
@@ -148,17 +155,30 @@ def test_what_it_does_not_handle_is_refused(
     assert scan_many([(0, small, 0, 20)], BIG) is None
 
 
+@pytest.mark.parametrize("vector_min", [1, 10**9])
+@pytest.mark.parametrize("damage", ["body", "magic"])
 def test_a_damaged_frame_is_refused_and_read_frames_reports_it(
-    open_partition: Any, batch: Any, tmp_path: Any
+    open_partition: Any,
+    batch: Any,
+    tmp_path: Any,
+    monkeypatch: pytest.MonkeyPatch,
+    damage: str,
+    vector_min: int,
 ) -> None:
+    monkeypatch.setattr(bulk_scan, "_WALK_VECTOR_MIN", vector_min)
     first, second = _partitions(open_partition, tmp_path, 2)
     for log in (first, second):
         for index in range(3):
             log.append(batch(5, first=5 * index))
     segment = second.segments[0]
+    third = segment.size_bytes // 3 * 2 if damage == "magic" else None  # frames of one size
     with open(segment.log_path, "r+b") as file:
-        file.seek(segment.size_bytes - 3)
-        file.write(b"\xff\xff\xff")  # the last frame's body
+        if third is None:
+            file.seek(segment.size_bytes - 3)
+            file.write(b"\xff\xff\xff")  # the last frame's body
+        else:
+            file.seek(third)
+            file.write(b"XXXX")  # the last frame's header
     plan = [(0, first, 0, 15), (1, second, 0, 15)]
     assert scan_many(plan, BIG) is None
     assert scan_many([plan[0], (1, second, 0, 10)], BIG) is not None  # not read
