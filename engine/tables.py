@@ -435,7 +435,13 @@ def _shift_lines(error: errors.SqlSyntaxError, offset: int) -> errors.SqlSyntaxE
 
 def run(cursor: Connection, sql: str, parameters: Any = None) -> None:
     with translated():
-        cursor.execute(sql, parameters)
+        _execute(cursor, sql, parameters)
+
+
+def _execute(cursor: Connection, sql: str, parameters: Any = None) -> None:
+    """``cursor.execute(sql, parameters)``, from ``sql``'s parsed statement once the cursor
+    has one (``CursorPlans.statement``): DuckDB's parse of the text is skipped."""
+    cursor.execute(_plans_of(cursor).statement(cursor, sql), parameters)
 
 
 def query_arrow(
@@ -542,12 +548,11 @@ def _small_rows(
     A text without parameters runs from its kept plan (``CursorPlans``) once it has one:
     afterwards the cursor may hold another statement's result (the PREPARE) unless more
     is True, so its ``description`` is read here."""
-    plans = None if parameters else _plans_of(cursor)
-    plan = None if plans is None else plans.name(sql)
+    plans = _plans_of(cursor)
+    plan = None if parameters else plans.name(sql)
     if plan is None:
-        cursor.execute(sql, parameters or None)
+        cursor.execute(plans.statement(cursor, sql), parameters or None)
     else:
-        assert plans is not None
         try:
             plans.run(cursor, f"EXECUTE {plan}")
         except duckdb.Error:
@@ -566,7 +571,7 @@ def _small_rows(
     more = len(rows) > SMALL_RESULT_ROWS
     if more:
         _small_results[sql] = False  # a big result: the relation's way from now on
-    if plans is not None and plan is None and not more:
+    if not parameters and plan is None and not more:
         plans.succeeded(cursor, sql)  # the result is read whole: the cursor is free
     return Rows(rows, schema), more, duckdb_types
 
@@ -579,6 +584,7 @@ def _small_rows(
 # binding as the text's, docs/statement_cost.md), so the plan gives what the text would.
 PLAN_PREFIX = "__topicbase_plan_"
 PLANS_PER_CURSOR = 64
+PARSED_PER_CURSOR = 128  # parsed statements kept per cursor (``CursorPlans.statement``)
 # A query on the rows' way, without parameters, one statement: SELECT and no ';' at all.
 _PLANNABLE = re.compile(r"\s*SELECT\b", re.IGNORECASE)
 _plan_numbers = iter(range(1, sys.maxsize))
@@ -594,8 +600,10 @@ class CursorPlans:
     ``PLANS_PER_CURSOR`` texts are remembered; the least recently used is DEALLOCATEd.
     A plan whose EXECUTE failed (its table dropped, say: the error is the text's, but
     without DuckDB's ``LINE n:`` excerpt) is forgotten, and DEALLOCATEd at the next
-    PREPARE, when the cursor's transaction is known good. Used by one thread at a time
-    (the cursor's session), so only the registry ``_plans`` is locked."""
+    PREPARE, when the cursor's transaction is known good. It also keeps the texts the
+    cursor runs as DuckDB parsed them (``statement``, at most ``PARSED_PER_CURSOR``),
+    for every statement with or without parameters. Used by one thread at a time (the
+    cursor's session), so only the registry ``_plans`` is locked."""
 
     def __init__(self) -> None:
         self._names: dict[str, str | None] = {}  # text -> plan, None: seen once
@@ -607,12 +615,52 @@ class CursorPlans:
         # How far this object's own PREPARE/EXECUTE/DEALLOCATE moved DuckDB's catalog
         # version (``catalog_version``), measured around each of them.
         self.own_moves = 0
+        # text -> its one statement as DuckDB parsed it (None: not one statement), and
+        # the characters of those texts together.
+        self._parsed: dict[str, duckdb.Statement | None] = {}
+        self._parsed_chars = 0
+
+    def statement(self, cursor: Connection, sql: str) -> duckdb.Statement | str:
+        """What to hand ``cursor.execute`` for ``sql``: the statement DuckDB parsed from it
+        (kept: DuckDB's parse costs ~20-40 us a statement, and executing a parsed statement
+        skips it), or the text itself when it is not exactly one statement, too long to
+        keep, or does not parse (executing the text then gives DuckDB's own error). At
+        most ``PARSED_PER_CURSOR`` texts of ``limits.PARSED_CHARS_PER_CURSOR_MAX``
+        characters together are kept; the least recently used goes first.
+
+        Executing the parsed statement is executing the text: DuckDB's Python client
+        parses a text into statements and executes those, and the parse depends on the
+        text alone (the parser's settings are locked by ``connect``). The statement binds
+        afresh on every run (names, types, search path, parameters), and its errors quote
+        the text as the text's do (``tests/engine/test_statement_cost_parsed.py``)."""
+        if sql in self._parsed:
+            parsed = self._parsed.pop(sql)
+            self._parsed[sql] = parsed  # most recently used: last
+            return sql if parsed is None else parsed
+        if len(sql) > limits.PARSED_TEXT_CHARS_MAX:
+            return sql
+        try:
+            statements = cursor.extract_statements(sql)
+        except duckdb.Error:
+            return sql
+        parsed = statements[0] if len(statements) == 1 else None
+        self._parsed[sql] = parsed
+        self._parsed_chars += len(sql)
+        while (
+            len(self._parsed) > PARSED_PER_CURSOR
+            or self._parsed_chars > limits.PARSED_CHARS_PER_CURSOR_MAX
+        ):
+            oldest = next(iter(self._parsed))
+            del self._parsed[oldest]
+            self._parsed_chars -= len(oldest)
+        assert self._parsed_chars >= 0
+        return sql if parsed is None else parsed
 
     def run(self, cursor: Connection, sql: str) -> None:
         """Run one of this object's statements, counting the catalog version it moves."""
         before = _raw_catalog_version(cursor)
         try:
-            cursor.execute(sql)
+            cursor.execute(self.statement(cursor, sql))
         finally:
             after = _raw_catalog_version(cursor)
             if before is not None and after is not None:
@@ -735,7 +783,7 @@ def execute_count(
     Cheaper than ``query_arrow`` for DML: no Arrow result is built.
     """
     with translated(line_offset):
-        cursor.execute(sql, parameters or None)
+        _execute(cursor, sql, parameters or None)
         if cursor.description is None or cursor.description[0][0] != "Count":
             return None
         row = cursor.fetchone()
@@ -746,7 +794,7 @@ def fetch_rows(cursor: Connection, sql: str, parameters: Any = None) -> list[tup
     """Run a query whose few rows the engine reads itself (catalog, privileges): rows as
     tuples through ``fetchall``, ~0.1-0.2 ms cheaper than an Arrow result per statement."""
     with translated():
-        cursor.execute(sql, parameters or None)
+        _execute(cursor, sql, parameters or None)
         return cursor.fetchall()
 
 

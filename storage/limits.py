@@ -143,6 +143,13 @@ CACHED_TEXT_CHARS_MAX = 64 * 1024
 # A session's memo of statement descriptions (engine.describe, 128 entries) keeps texts up
 # to this long; longer ones (bulk INSERTs) are described afresh each time.
 DESCRIBE_MEMO_TEXT_CHARS_MAX = 8192
+# A DuckDB cursor keeps the parsed statements of texts up to this long, of at most
+# PARSED_CHARS_PER_CURSOR_MAX characters together (engine.tables, ``CursorPlans.statement``):
+# DuckDB's parse of a text takes ~35 bytes of memory a character (measured: 404 KiB for
+# 11.7k characters), so a cursor holds at most ~1 MiB of them; a session's repeated
+# statements are short.
+PARSED_TEXT_CHARS_MAX = 2048
+PARSED_CHARS_PER_CURSOR_MAX = 32 * 1024
 
 # -- storage files -------------------------------------------------------------------------
 # One commit record's payload (storage.commit_log): one transaction's consumer offsets
