@@ -28,28 +28,41 @@ from collections.abc import Sequence
 
 import numpy as np
 import pyarrow as pa
+import pyarrow.compute as pc
 
 from storage import failpoints, limits
+from storage.config import TopicConfig
 from storage.partition_log import PartitionLog
 from storage.producer_state import decide_shares
+from storage.record_batch import WIRE_SCHEMA, serialize_body_buffer
+
+CODEC_COLUMN = 4  # of ``record_batch.WIRE_SCHEMA``
+DATA_COLUMN = 5
+# Shares of at most this much message data are encoded into one body here (a copy, the
+# bytes ``FrameEncoder`` writes either way); larger ones go to its zero-copy path.
+COPIED_BYTES_MAX = 32 * 1024
 
 
 def publish_shares(
     logs: Sequence[PartitionLog],
     batches: Sequence[pa.RecordBatch],
     bodies: Sequence[pa.Buffer | None],
+    data_bytes: Sequence[int],
     transaction_id: int,
 ) -> list[int] | None:
     """Publish ``batches[i]`` to ``logs[i]`` (distinct partitions, ascending ids), each as
     one frame tagged ``transaction_id``; ``bodies[i]``: its encoded body, reused if the
     batch is written unchanged. Returns each share's base offset: every message was
     written, the share's ``k``-th at base + ``k``. None (nothing written) when the usual
-    case does not hold (see the module doc). The batches passed
-    ``PartitionLog.check_append``."""
-    assert len(logs) == len(batches) == len(bodies) and transaction_id > 0
+    case does not hold (see the module doc). The batches passed ``checked_data_bytes``,
+    which gave ``data_bytes``."""
+    assert len(logs) == len(batches) == len(bodies) == len(data_bytes) and transaction_id > 0
     assert all(a.partition_id < b.partition_id for a, b in itertools.pairwise(logs))
-    if not all(_one_frame(batch) for batch in batches):
-        return None
+    messages, target = limits.FRAME_TARGET_MESSAGES, limits.FRAME_TARGET_BYTES
+    if any(
+        b.num_rows > messages or size > target for b, size in zip(batches, data_bytes, strict=True)
+    ):
+        return None  # cut into several frames (``frame_cuts.frame_slices``): share by share
     with contextlib.ExitStack() as locks:
         for log in logs:
             locks.enter_context(log.writes_paused())
@@ -59,22 +72,40 @@ def publish_shares(
         if decision is None:
             return None
         bases: list[int] = []
-        for log, original, batch, body, record in zip(
-            logs, batches, decision.batches, bodies, decision.records, strict=True
+        for log, original, batch, body, size, record in zip(
+            logs, batches, decision.batches, bodies, data_bytes, decision.records, strict=True
         ):
             if bases:  # between two partitions' shares
                 failpoints.hit("publish.mid_spread")
-            reused = body if batch is original else None
-            bases.append(log.write_share_locked(batch, transaction_id, reused, record))
+            if batch is not original or body is None:
+                # A small share is copied into one body, as ``FrameEncoder`` would copy it
+                # (the same bytes), without its checks of the size first.
+                body = serialize_body_buffer(batch) if size <= COPIED_BYTES_MAX else None
+            bases.append(log.write_share_locked(batch, transaction_id, body, record))
     return bases
 
 
-def _one_frame(batch: pa.RecordBatch) -> bool:
-    """Whether the share is published as one frame (``frame_cuts.frame_slices``)."""
-    if batch.num_rows > limits.FRAME_TARGET_MESSAGES:
-        return False
-    data = batch.column(5)
-    if not len(data):
-        return False
-    offsets = np.frombuffer(data.buffers()[1], np.int32, len(data) + 1, data.offset * 4)
-    return int(offsets[-1] - offsets[0]) <= limits.FRAME_TARGET_BYTES
+def checked_data_bytes(batches: Sequence[pa.RecordBatch], config: TopicConfig) -> list[int] | None:
+    """Each batch's message bytes, if every batch passes the checks of itself that
+    ``PartitionLog.check_append`` makes (``check_wire_batch``: the schema, its messages'
+    count and sizes, its buffers' size; the topic's codecs), else None (share by share,
+    the failing check raises). One pass over all batches' columns together."""
+    for batch in batches:
+        if (
+            not batch.schema.equals(WIRE_SCHEMA)
+            or not 0 < batch.num_rows <= limits.BATCH_MESSAGES_MAX
+            or batch.get_total_buffer_size() > limits.BATCH_BYTES_MAX
+        ):
+            return None
+    lengths = pc.binary_length(pa.chunked_array([b.column(DATA_COLUMN) for b in batches]))
+    sizes = lengths.to_numpy().astype(np.int64)
+    if int(sizes.max()) > limits.MESSAGE_BYTES_MAX:
+        return None
+    codecs = pa.chunked_array([b.column(CODEC_COLUMN) for b in batches])
+    if codecs.null_count:
+        return None
+    supported = {int(codec) for codec in config.supported_codecs}
+    if not set(np.unique(codecs.to_numpy()).tolist()) <= supported:
+        return None
+    counts = np.fromiter((b.num_rows for b in batches), np.int64, len(batches))
+    return np.add.reduceat(sizes, np.cumsum(counts) - counts).tolist()

@@ -68,7 +68,7 @@ from storage.errors import (
 from storage.fs import FileSystem
 from storage.partition_log import WRITTEN, AppendResult, PartitionLog, ReadResult
 from storage.record_batch import METADATA_TYPE, WIRE_SCHEMA
-from storage.spread_publish import publish_shares
+from storage.spread_publish import checked_data_bytes, publish_shares
 from storage.staged_frames import StagedFrame
 
 METADATA_FILE = "topic.json"
@@ -783,17 +783,15 @@ class TopicLog:
         if len(shares) > 1 and self._spread_publishable(shares):
             logs = [self.partition(partition) for partition, _, _ in shares]
             batches = [batch for _, batch, _ in shares]
-            try:
-                for log, batch in zip(logs, batches, strict=True):
-                    log.check_append(batch)
-            except Exception:  # one by one, it is raised where it was
-                published = None
-            else:
-                published = publish_shares(
-                    logs, batches, [body for _, _, body in shares], transaction_id
-                )
+            sizes = checked_data_bytes(batches, self.config)
+            bodies = [body for _, _, body in shares]
+            published = (
+                None if sizes is None
+                else publish_shares(logs, batches, bodies, sizes, transaction_id)
+            )  # fmt: skip
             if published is not None:
-                return self._published_shares(shares, published)
+                assert sizes is not None
+                return self._published_shares(shares, published, sizes)
         return [
             self.publish_transactional(batch, partition, transaction_id, body)
             for partition, batch, body in shares
@@ -803,6 +801,7 @@ class TopicLog:
         self,
         shares: Sequence[tuple[int, pa.RecordBatch, pa.Buffer | None]],
         bases: list[int],
+        data_bytes: list[int],
     ) -> list[TopicAppendResult]:
         """Meter each share published whole at its base offset, and its result: views of
         three arrays for all shares (no arrays made per share)."""
@@ -814,10 +813,10 @@ class TopicLog:
         offsets = np.arange(int(ends[-1]), dtype=np.int64)
         offsets += np.repeat(np.array(bases, np.int64) - starts, counts)
         results = []
-        for (partition, batch, _), start, end in zip(
-            shares, starts.tolist(), ends.tolist(), strict=True
+        for (partition, _, _), size, start, end in zip(
+            shares, data_bytes, starts.tolist(), ends.tolist(), strict=True
         ):
-            self._after_write(partition, _payload_bytes(batch))
+            self._after_write(partition, size)
             results.append(
                 TopicAppendResult(partitions[start:end], status[start:end], offsets[start:end])
             )

@@ -8,19 +8,22 @@ error part-way leaves the partitions before it written, as share by share.
 from __future__ import annotations
 
 import os
+from dataclasses import replace
 from typing import Any
 
 import numpy as np
 import pyarrow as pa
 import pytest
 
-from storage import failpoints
+from storage import failpoints, limits
 from storage.clock import ManualClock
+from storage.codecs import Codec
 from storage.config import FsyncPolicy, TopicConfig
-from storage.errors import StorageIOError
+from storage.errors import StorageIOError, UnsupportedCodecError
 from storage.fs import FileSystem
 from storage.partition_log import DUPLICATE, PartitionLog
 from storage.record_batch import build_wire_batch
+from storage.spread_publish import checked_data_bytes
 from storage.topic_log import TopicLog
 
 PARTITIONS = 6
@@ -28,7 +31,9 @@ PARTITIONS = 6
 
 def _topic(tmp_path: Any, clock: ManualClock, name: str) -> TopicLog:
     topic = TopicLog(FileSystem(), os.path.join(str(tmp_path), name), name, clock, create=True)
-    topic.create(TopicConfig(partition_count=PARTITIONS, fsync_policy=FsyncPolicy.GROUP))
+    config = TopicConfig(partition_count=PARTITIONS, fsync_policy=FsyncPolicy.GROUP,
+                         supported_codecs=frozenset({Codec.RAW}))  # fmt: skip
+    topic.create(config)
     return topic
 
 
@@ -130,4 +135,32 @@ def test_an_io_error_part_way_keeps_the_shares_before_it(tmp_path: Any, clock: M
     again = topic.publish_transactional_many(shares, 7)
     assert [int((r.status == DUPLICATE).sum()) for r in again] == [2, 3, 0, 0, 0, 0]
     assert [len(rows) for rows in _rows(topic)] == [p + 2 for p in range(PARTITIONS)]
+    topic.close()
+
+
+def test_checked_data_bytes_gives_each_shares_bytes_or_refuses(tmp_path: Any) -> None:
+    config = TopicConfig(partition_count=2, supported_codecs=frozenset({Codec.RAW}))
+    shares = [build_wire_batch([b"ab", b"c"]), build_wire_batch([b"x" * 100])]
+    assert checked_data_bytes(shares, config) == [3, 100]
+    zstd = build_wire_batch([b"a"], codec=Codec.ZSTD)
+    assert checked_data_bytes([shares[0], zstd], config) is None  # a codec the topic refuses
+    assert checked_data_bytes([shares[0], zstd], replace(config, supported_codecs=frozenset(
+        {Codec.RAW, Codec.ZSTD}))) == [3, 1]  # fmt: skip
+    other = pa.RecordBatch.from_arrays([pa.array([1])], names=["x"])
+    assert checked_data_bytes([shares[0], other], config) is None
+    big = build_wire_batch([b"x" * (limits.MESSAGE_BYTES_MAX + 1)])
+    assert checked_data_bytes([shares[0], big], config) is None
+
+
+def test_a_share_that_fails_its_checks_is_refused_as_one_by_one(
+    tmp_path: Any, clock: ManualClock
+) -> None:
+    topic = _topic(tmp_path, clock, "a")
+    shares = _shares(0, seq_nos=True)
+    bad = build_wire_batch([b"z"], producer_id="q", seq_no=[1], codec=Codec.ZSTD)
+    shares[3] = (3, bad, None)
+    with pytest.raises(UnsupportedCodecError):
+        topic.publish_transactional_many(shares, 7)
+    # one by one: the shares before it were written, none after
+    assert [len(rows) for rows in _rows(topic)] == [2, 3, 4, 0, 0, 0]
     topic.close()
