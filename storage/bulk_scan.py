@@ -6,8 +6,9 @@ object, a checksum, a body buffer and a ``FrameSlice``; the poll then decodes th
 slices of all partitions together. At 1000 partitions of 4 frames of 5 messages, the
 objects and calls per frame and per partition were most of the poll's CPU.
 ``scan_many`` reads the same frames with one ``pread`` per partition straight into one
-array (``LogSegment.read_into``), walks the headers there, checks each frame's
-checksum, and keeps what it found as numbers in arrays (``ScannedFrames``); the
+array (``LogSegment.read_into``), walks the headers there (a frame of every partition
+at a time, in numpy: ``_walk``), checks each frame's checksum, and keeps what it found
+as numbers in arrays (``ScannedFrames``); the
 decode gathers the columns from that array (``wire_columns.decode_wire_spans``).
 
 It is a fast path, all or nothing: it handles only the plain case, and returns None for
@@ -15,8 +16,9 @@ anything else, before or after reading (the caller then reads as before, which a
 raises the errors that belong to the case): a range over two segments or below the
 log start, a read window over ``SCAN_WINDOW_BYTES``, a frame over ``SMALL_SLICE_ROWS``
 messages (read alone and zero-copy as before, and kept in the frame cache), a bad header
-or checksum, a short read, a segment deleted under it, a byte budget the frames would
-reach (a poll stopped by bytes is read as before).
+or checksum, a short read, a segment deleted under it, a byte budget the frames (or
+the windows) would reach (a poll stopped by bytes is read as before). The first window
+is walked as soon as it is read, so a poll of large frames reads no other.
 
 Invariant: for a plan ``[(partition, log, start, count)]`` it accepts, the slices are
 exactly those ``log.read_frames(start, max_messages=count, max_bytes=B)`` would return
@@ -123,7 +125,9 @@ def scan_many(
             return None
         windows.append(window)
         total += window[2] - window[1]
-    if total == 0:
+    if total == 0 or total > max_bytes:
+        # Windows over the byte budget: it would likely stop the read. (This also bounds
+        # what the path holds at once, as the budget bounds the partition reads.)
         return None
     # From Arrow's pool, which keeps freed memory for the next read (a fresh array of
     # ~20 MB faults in every page again).
@@ -141,6 +145,8 @@ def scan_many(
             return None  # retention deleted the segment: read_frames retries
         if got != end - at:
             return None
+        if index == 0 and _walk_one(buffer, 0, at, end, plan[0][2], plan[0][3]) is None:
+            return None  # the first window is not plain (large frames?): read no more
         lows[index], highs[index] = at, end
         at = end
     starts = np.fromiter((entry[2] for entry in plan), np.int64, len(plan))

@@ -151,6 +151,7 @@ def test_what_it_does_not_handle_is_refused(
     frame_bytes = small.segments[0].size_bytes
     assert scan_many([(0, small, 0, 20), (3, tiny, 0, 1)], frame_bytes) is None  # budget
     assert scan_many([(0, small, 0, 20)], frame_bytes + 1) is not None
+    assert scan_many([(0, small, 15, 5)], frame_bytes // 4) is None  # the window is over it
     monkeypatch.setattr(bulk_scan, "SCAN_WINDOW_BYTES", frame_bytes - 1)
     assert scan_many([(0, small, 0, 20)], BIG) is None
 
@@ -184,3 +185,22 @@ def test_a_damaged_frame_is_refused_and_read_frames_reports_it(
     assert scan_many([plan[0], (1, second, 0, 10)], BIG) is not None  # not read
     with pytest.raises(CorruptSegmentError):
         second.read_frames(0, max_messages=15)
+
+
+def test_a_first_window_of_large_frames_reads_no_other(
+    open_partition: Any, batch: Any, tmp_path: Any, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    large, small = _partitions(open_partition, tmp_path, 2)
+    large.append(batch(65))
+    small.append(batch(5))
+    reads = []
+    segment_type = type(large.segments[0])
+    original = segment_type.read_into
+
+    def counted(self: Any, *args: Any) -> int:
+        reads.append(self)
+        return original(self, *args)
+
+    monkeypatch.setattr(segment_type, "read_into", counted)
+    assert scan_many([(0, large, 0, 65), (1, small, 0, 5)], BIG) is None
+    assert reads == [large.segments[0]]
