@@ -220,6 +220,7 @@ class Connection(ExtendedProtocol):
         self.statements: dict[str, Prepared] = {}
         self.portals: dict[str, Portal] = {}
         self.kept_descriptions = {}  # ExtendedProtocol._describe_again
+        self.held = None  # ExtendedProtocol: a consumer read's portal until its rows are out
         self.skipping = False  # after an extended-protocol error, until Sync
         self.catalog = surface.ConnectionCatalog(SERVER_VERSION, self.statements,
                                                       server.settings)  # fmt: skip
@@ -446,6 +447,8 @@ class Connection(ExtendedProtocol):
                 continue
             if kind == b"X":
                 return
+            if self.held is not None and kind not in (b"E", b"D", b"H"):
+                await self.settle_held()  # its rows will not all go out: offsets stay
             if kind == b"Q":
                 await self.simple_query(m.parse_query(body))
             elif kind == b"S":

@@ -24,6 +24,15 @@ client has all but what the two socket buffers hold; the end marker, CopyDone an
 ``COPY n`` follow the commit, so a client that sees them knows the offsets moved, and a
 failed commit ends the COPY with ErrorResponse before the end marker (a truncated stream).
 
+The same rule holds for a consumer read whose rows go out as DataRows (``hold``, used by
+``extended`` and ``connection``'s simple query): in autocommit the read runs in a
+transaction of its own, its rows are sent and drained, and the commit runs before
+``CommandComplete``, which a failed commit replaces with its ErrorResponse (PostgreSQL also
+commits an implicit transaction after its rows went out: at the end of a simple query,
+at Sync in the extended protocol). A read whose rows are not all sent (the client went
+away, an error, a portal not executed to its end) is rolled back. Besides the guarantee,
+the commit's fsync then overlaps the client's receiving and decoding of the rows.
+
 Runs on the connection's worker thread, like every engine call.
 """
 
@@ -77,6 +86,17 @@ def reads_with_consumer(statement: ast.Statement) -> bool:
     return isinstance(statement, ast.SqlStatement) and any(
         name == "consumer" for scan in statement.topic_scans for name, _ in scan.options
     )
+
+
+def hold(context: CommandContext, statement: ast.Statement) -> Held:
+    """Before ``statement`` runs: the transaction that holds its effects until its rows were
+    sent. Opened (``BEGIN``) only for a consumer read in autocommit; otherwise an empty
+    ``Held`` (the statement commits as it runs, or with its block)."""
+    session = context.session
+    opens = session.state is SessionState.IDLE and reads_with_consumer(statement)
+    if opens:
+        context.catalog.execute(session, _BEGIN, None)
+    return Held(context, opens)
 
 
 def open_held(context: CommandContext, statement: ast.Statement,

@@ -8,7 +8,10 @@ unspecified (OID 0 or 705) are inferred, text where the context tells nothing, a
 for the statement's binds; its rows are described with the same OIDs Execute then uses.
 Describe of a portal of an undescribed statement runs the statement and keeps the result
 for Execute. A described statement is revalidated before it runs (``portals``). After an
-error, the connection skips messages until Sync.
+error, the connection skips messages until Sync. A consumer read in autocommit commits its
+offsets only once its rows were sent, before CommandComplete (``copy_commit.hold``); its
+portal holds that transaction meanwhile (``held``), and any message but the Execute that
+goes on with it rolls it back (``settle_held``).
 """
 
 from __future__ import annotations
@@ -25,6 +28,7 @@ from engine.api import Description, Result, Rows, Session, ast, parse, text_cach
 from sql.pgwire.codec import arrays, wire_types
 from sql.pgwire.codec import messages as m
 from sql.pgwire.connection import commands as wire_commands
+from sql.pgwire.connection import copy_commit
 from sql.pgwire.connection.context import CommandContext
 from sql.pgwire.connection.portals import (
     CachedPlanChangedError,
@@ -135,6 +139,9 @@ class ExtendedProtocol:
     portals: dict[str, Portal]
     # id(statement) -> (statement, catalog version, description): ``_describe_again``
     kept_descriptions: dict[int, tuple[ast.Statement, int, Description]]
+    # The portal whose consumer read ran and holds its transaction until its rows were
+    # sent (``copy_commit.hold``), and that transaction; None when there is none.
+    held: tuple[Portal, copy_commit.Held] | None
     skipping: bool
     catalog: surface.ConnectionCatalog
     context: CommandContext
@@ -255,6 +262,8 @@ class ExtendedProtocol:
         if portal.executed:
             return True
         portal.executed = True
+        if self.held is not None:  # another portal's read: it is not going on
+            await self.settle_held()
         statement = portal.prepared.statement
         if portal.untyped_arrays and statement is not None:
             await self._decode_untyped_arrays(portal)
@@ -267,13 +276,19 @@ class ExtendedProtocol:
             if portal.prepared.wire:  # DECLARE/FETCH/MOVE/CLOSE
                 result = await wire_commands.run_in_portal(self.context, statement, parameters)
             else:  # one hop to the worker: revalidate, run, describe text columns
-                result, text_description = await self.call(self._execute_prepared,
-                                                           portal.prepared, parameters)  # fmt: skip
+                result, text_description, held = await self.call(
+                    self._execute_prepared, portal.prepared, parameters)  # fmt: skip
+                if held.began:
+                    self.held = (portal, held)
         except CachedPlanChangedError as error:
             self.send(revalidation_error(error.message))
             self.skipping = True
             return False
-        await self._refuse_result(result)
+        try:
+            await self._refuse_result(result)
+        except BaseException:
+            await self.settle_held()
+            raise
         portal.result = result
         table = result_rows(portal.result)
         if table is not None:
@@ -289,19 +304,39 @@ class ExtendedProtocol:
         return True
 
     def _execute_prepared(self, prepared: Prepared, parameters: Any
-                          ) -> tuple[Result, Description | None]:  # fmt: skip
+                          ) -> tuple[Result, Description | None, copy_commit.Held]:  # fmt: skip
         """Worker thread: run ``prepared``'s statement (not one the wire server runs itself)
         with everything the engine is asked around it, so that a portal costs one hop to
         this thread: the revalidation of a described statement before it runs (raises
-        ``CachedPlanChangedError``), and for an undescribed one with text columns, the
-        description that tells UUID and JSON apart from text (``text_description``)."""
+        ``CachedPlanChangedError``), the transaction that holds a consumer read's offsets
+        until its rows were sent (``copy_commit.hold``), and for an undescribed statement
+        with text columns, the description that tells UUID and JSON apart from text
+        (``text_description``)."""
         statement = prepared.statement
         assert statement is not None
         self._revalidate(prepared)
-        result = self.catalog.execute(self._session(), statement, parameters)
+        held = copy_commit.hold(self.context, statement)
+        try:
+            result = self.catalog.execute(self._session(), statement, parameters)
+        except BaseException:
+            held.rollback()
+            raise
         if prepared.columns is not None:
-            return result, None
-        return result, self.text_description(statement, result_rows(result), wire=False)
+            return result, None, held
+        return result, self.text_description(statement, result_rows(result), wire=False), held
+
+    async def settle_held(self, portal: Portal | None = None) -> copy_commit.Held | None:
+        """The held transaction of ``portal`` (taken off the connection: the caller commits
+        or rolls it back), or None if it holds none. A transaction held by another portal
+        (or any, when ``portal`` is None) is rolled back here: its rows were not all sent,
+        so its consumer's offsets stay where they were."""
+        if self.held is None:
+            return None
+        (holder, held), self.held = self.held, None
+        if holder is portal:
+            return held
+        await self.call(held.rollback)
+        return None
 
     def _revalidate(self, prepared: Prepared) -> None:
         """Before a described row-returning statement runs: its rows must still be what the
@@ -435,6 +470,9 @@ class ExtendedProtocol:
                 self.send(m.notice_response(notice))
         table = result_rows(result)
         if table is None:
+            held = await self.settle_held(portal)
+            if held is not None:  # a consumer statement without rows (INSERT ... SELECT)
+                await self.call(held.commit)
             if not portal.position:
                 portal.position = 1
                 self.send(m.command_complete(result.tag))
@@ -445,7 +483,19 @@ class ExtendedProtocol:
         count = remaining if message.max_rows <= 0 else min(message.max_rows, remaining)
         rows = table.slice(portal.position, count)
         portal.position += count
-        await self.send_rows(rows, portal.oids, portal.formats)
+        held = await self.settle_held(portal)
+        if held is not None and portal.position < table.num_rows:
+            self.held = (portal, held)  # more Executes to come: held until the last one
+            held = None
+        try:
+            await self.send_rows(rows, portal.oids, portal.formats)
+            if held is not None:  # every row is out: commit before CommandComplete
+                await self.writer.drain()  # handed to the kernel (the commit blocks the loop)
+                await self.call(held.commit)
+                held = None
+        finally:
+            if held is not None:  # not all sent (a lost client, an error): nothing commits
+                await self.call(held.rollback)
         if portal.position < table.num_rows:
             self.send(m.portal_suspended())
         elif result.tag.startswith("SELECT "):
