@@ -1,14 +1,20 @@
 """CPU per consumer read over the wire: client and server, Topicbase against PostgreSQL.
 
-``python -m bench.consume_cpu [reads per round] [rounds]`` (default 100 x 5). The ways of
+``python -m bench.consume_cpu [reads per round] [rounds] [--base TREE] [--only WORD,...]``
+(default 100 x 5). The ways of
 ``bench.pgwire_bench``'s ``consume.wire`` (reads of 1000 x 1 KiB through psycopg):
 Topicbase with binary results and with ``COPY (...) TO STDOUT (FORMAT arrow)`` decoded by
 pyarrow, PostgreSQL 15's log-table consumer with binary results and with a binary COPY,
 alternated in rotating order, every way ``reads`` reads per round. For each way and round:
 the client's CPU (``time.process_time`` of this process) and the server's (``topicbase
-serve``'s process, PostgreSQL's backend of the connection; from ``/proc/<pid>/stat``,
-Linux only, clock-tick resolution) per read, and the wall clock per read, printed as
-medians with min-max (``total`` is client + server CPU).
+serve``'s process, PostgreSQL's backend of the connection; its threads' run time in
+``/proc/<pid>/task/*/schedstat``, Linux only) per read, and the wall clock per read, printed
+as medians with min-max (``total`` is client + server CPU).
+
+``--base TREE`` also starts ``topicbase serve`` from another checkout (e.g. ``git worktree
+add /tmp/base <rev>``) and adds its binary-results and COPY ways (named ``base``), alternated
+with the others: a before/after comparison in one run. ``--only`` keeps the ways whose
+names contain one of the words (e.g. ``--only binary``).
 
 Why CPU: on the shared 2-core machines the wall clock of a quick run swung 5-8x within
 one run (load average 8-11), while CPU per read holds still; with one client and one
@@ -26,6 +32,7 @@ import sys
 import tempfile
 import time
 from collections.abc import Callable, Iterator
+from typing import Any
 
 from bench import postgres
 from bench.pgwire_bench import (
@@ -44,19 +51,26 @@ CONSUMERS = ("c_binary", "c_arrow")
 
 
 def process_cpu_s(pid: int) -> float:
-    """User + system CPU seconds of process ``pid`` so far."""
-    with open(f"/proc/{pid}/stat") as stat:
-        fields = stat.read().rsplit(")", 1)[1].split()
-    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+    """CPU seconds of the live threads of process ``pid`` so far: their run time from
+    ``/proc/<pid>/task/*/schedstat``, in nanoseconds (``stat``'s clock ticks of 10 ms were
+    a tenth of a round's figure per read). A thread that ends within a round takes its
+    time with it; the threads that serve a read (the connection's, the staging log's)
+    live through the run."""
+    total_ns = 0
+    for task in os.listdir(f"/proc/{pid}/task"):
+        path = f"/proc/{pid}/task/{task}/schedstat"
+        with contextlib.suppress(FileNotFoundError, ProcessLookupError), open(path) as stat:
+            total_ns += int(stat.read().split()[0])
+    return total_ns / 1e9
 
 
 @contextlib.contextmanager
-def serve(directory: str) -> Iterator[tuple[int, int]]:
-    """``topicbase serve`` on a free loopback port: (pid, port)."""
+def serve(directory: str, tree: str = REPO_DIR) -> Iterator[tuple[int, int]]:
+    """``topicbase serve`` of the checkout ``tree`` on a free loopback port: (pid, port)."""
     code = "import sys; from sql.console import main; sys.exit(main(sys.argv[1:]))"
     command = [sys.executable, "-c", code, "--data-dir", directory, "serve", "--host",
                "127.0.0.1", "--port", "0", "--flight-port", "0", "--auth", "trust"]  # fmt: skip
-    process = subprocess.Popen(command, stdout=subprocess.PIPE, text=True, cwd=REPO_DIR)
+    process = subprocess.Popen(command, stdout=subprocess.PIPE, text=True, cwd=tree)
     try:
         assert process.stdout is not None
         line = process.stdout.readline()
@@ -90,29 +104,55 @@ def measure(ways: dict[str, tuple[int, Callable[[], int]]], reads: int, rounds: 
     return figures
 
 
+def topicbase_ways(stack: contextlib.ExitStack, psycopg: Any, directory: str, tree: str,
+                   chunks: list[list[bytes]], label: str
+                   ) -> dict[str, tuple[int, Callable[[], int]]]:  # fmt: skip
+    """A ``topicbase serve`` of ``tree`` holding ``chunks`` in topic ``t``: its ways."""
+    pid, port = stack.enter_context(serve(directory, tree))
+    wire = stack.enter_context(psycopg.connect(host="127.0.0.1", port=port, user="bench",
+                                              autocommit=True))  # fmt: skip
+    wire.execute(f"CREATE TOPIC t ({', '.join(f'CONSUMER {c}' for c in CONSUMERS)}) "
+                 "WITH (min_active_partitions = 1)")  # fmt: skip
+    raw = psycopg.RawCursor(wire)
+    for chunk in chunks:
+        raw.execute(insert_sql(lambda i: f"${i}"), chunk)
+    cursor = wire.cursor(binary=True)
+    read = consume_sql("c_binary")
+    return {
+        f"{label}, binary results": (pid, lambda: len(cursor.execute(read).fetchall())),
+        f"{label}, COPY arrow": (pid, copy_arrow_consumer(wire, "c_arrow")),
+    }
+
+
+def options(argv: list[str]) -> tuple[list[str], str | None, list[str]]:
+    """(positional arguments, ``--base`` tree or None, ``--only`` words)."""
+    positional, base, only = [], None, []
+    items = iter(argv)
+    for item in items:
+        if item == "--base":
+            base = os.path.abspath(next(items))
+        elif item == "--only":
+            only += [word for word in next(items).split(",") if word]
+        else:
+            positional.append(item)
+    return positional, base, only
+
+
 def main(argv: list[str]) -> int:
-    reads = int(argv[0]) if argv else 100
-    rounds = int(argv[1]) if len(argv) > 1 else 5
+    positional, base, only = options(argv)
+    reads = int(positional[0]) if positional else 100
+    rounds = int(positional[1]) if len(positional) > 1 else 5
     psycopg = postgres.ensure_psycopg()
     statements = reads * rounds + 3  # and the warm-up reads
     pool = make_messages(count=4 * ROWS_PER_STATEMENT, size=1024)
     chunks = [pool[(i * 1000) % 3000 : (i * 1000) % 3000 + 1000] for i in range(statements)]
     with contextlib.ExitStack() as stack:
         root = stack.enter_context(tempfile.TemporaryDirectory(prefix="topicbase-consume-"))
-        pid, port = stack.enter_context(serve(os.path.join(root, "served")))
-        wire = stack.enter_context(psycopg.connect(host="127.0.0.1", port=port, user="bench",
-                                                  autocommit=True))  # fmt: skip
-        wire.execute(f"CREATE TOPIC t ({', '.join(f'CONSUMER {c}' for c in CONSUMERS)}) "
-                     "WITH (min_active_partitions = 1)")  # fmt: skip
-        raw = psycopg.RawCursor(wire)
-        for chunk in chunks:
-            raw.execute(insert_sql(lambda i: f"${i}"), chunk)
-        cursor = wire.cursor(binary=True)
-        read = consume_sql("c_binary")
-        ways: dict[str, tuple[int, Callable[[], int]]] = {
-            "Topicbase, binary results": (pid, lambda: len(cursor.execute(read).fetchall())),
-            "Topicbase, COPY arrow": (pid, copy_arrow_consumer(wire, "c_arrow")),
-        }
+        ways = topicbase_ways(stack, psycopg, os.path.join(root, "served"), REPO_DIR, chunks,
+                              "Topicbase")  # fmt: skip
+        if base is not None:
+            ways |= topicbase_ways(stack, psycopg, os.path.join(root, "base"), base, chunks,
+                                   "base")  # fmt: skip
         parent = os.environ.get("TOPICBASE_BENCH_DIR") or None  # as pgwire_bench's
         cluster = stack.enter_context(postgres.Cluster(parent=parent, log=lambda _: None))
         baseline = stack.enter_context(psycopg.connect(cluster.dsn, autocommit=True))
@@ -126,6 +166,8 @@ def main(argv: list[str]) -> int:
             backend, postgres_consumer(baseline, "c_binary", True))  # fmt: skip
         ways[f"{postgres.short_version(cluster.version)}, COPY binary"] = (
             backend, postgres_copy_consumer(baseline, "c_copy"))  # fmt: skip
+        if only:
+            ways = {n: w for n, w in ways.items() if any(word in n for word in only)}
         figures = measure(ways, reads, rounds)
     print(f"CPU ms per read of {ROWS_PER_STATEMENT} x 1 KiB: medians of {rounds} rounds of "
           f"{reads} reads [min..max]; load average {os.getloadavg()[0]:.1f}")  # fmt: skip
