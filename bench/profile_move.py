@@ -9,7 +9,11 @@ COMMIT), then the functions with the most own time and the most cumulative
 time, per transaction. ``--out FILE`` also writes the pstats file (for
 ``snakeviz`` or ``python -m pstats``); ``--plain`` runs without cProfile and
 prints the real wall time per statement and the process's CPU time per
-transaction. As the suite ``profile`` of ``bench.run`` it profiles both moves
+transaction; ``--split`` (a plain run) also times the commit's steps, per
+transaction: the committer's calls (``Committer.stage_early``, ``stage_for_commit``,
+``write_record``, ``wait_staged``, ``enter``, ``commit_in_log``, ``finish``) and each
+kind of DuckDB statement through ``engine.tables`` (BEGIN, the upsert's UPDATE, the
+record INSERT, COMMIT). As the suite ``profile`` of ``bench.run`` it profiles both moves
 (topic-only, and with the counter upsert), records the time per statement and
 writes the top functions to ``bench/profile.md``, which ``bench/RESULTS.md``
 includes: the profile behind RESULTS.md's "why a target is missed" and the
@@ -19,6 +23,8 @@ closing note's.
 from __future__ import annotations
 
 import argparse
+import collections
+import contextlib
 import cProfile
 import io
 import os
@@ -39,6 +45,8 @@ from bench.transactions_bench import (
     TB_UPSERT,
     _fill_topic,
 )
+from engine import tables
+from engine.commit import Committer
 from engine.database import Database
 
 GROUP = "profile: one move transaction, 1 session, under cProfile"
@@ -57,6 +65,7 @@ class Profile:
     steps_ms: dict[str, float]
     stats: pstats.Stats | None
     cpu_ms: float = 0.0
+    split_ms: dict[str, tuple[float, float]] | None = None  # step -> (ms, calls) per txn
 
     def table(self, order: str, top: int) -> str:
         """The ``top`` functions by ``order`` (tottime or cumulative), ms per transaction."""
@@ -76,7 +85,47 @@ class Profile:
                           "|---|---:|---:|---:|", *rows])  # fmt: skip
 
 
-def profile(transactions: int, topics_only: bool, *, plain: bool = False) -> Profile:
+SPLIT_METHODS = ("stage_early", "stage_for_commit", "write_record", "wait_staged", "enter",
+                 "commit_in_log", "finish")  # fmt: skip
+
+
+@contextlib.contextmanager
+def _split_timers(spent: dict[str, float], calls: collections.Counter):
+    """Time the committer's steps and each kind of DuckDB statement (its first word) while
+    inside: wall seconds and calls, summed into ``spent`` and ``calls``."""
+
+    def timed(label: str, function):
+        def wrapper(*args, **kwargs):
+            started = time.perf_counter()
+            try:
+                return function(*args, **kwargs)
+            finally:
+                spent[label] += time.perf_counter() - started
+                calls[label] += 1
+
+        return wrapper
+
+    saved = {name: getattr(Committer, name) for name in SPLIT_METHODS}
+    saved_run, saved_count = tables.run, tables.execute_count
+    for name, method in saved.items():
+        setattr(Committer, name, timed(name, method))
+
+    def run(cursor, sql, parameters=None):
+        return timed("DuckDB " + sql.split(None, 1)[0], saved_run)(cursor, sql, parameters)
+
+    tables.run = run
+    tables.execute_count = timed("DuckDB UPDATE (upsert, execute_count)", saved_count)
+    try:
+        yield
+    finally:
+        for name, method in saved.items():
+            setattr(Committer, name, method)
+        tables.run, tables.execute_count = saved_run, saved_count
+
+
+def profile(
+    transactions: int, topics_only: bool, *, plain: bool = False, split: bool = False
+) -> Profile:
     """Run ``transactions`` moves of one session under cProfile, after 50 unprofiled.
     With ``plain``, without cProfile: the times are then the real ones, and
     ``cpu_ms`` (the process's CPU time, every thread's) is set."""
@@ -112,11 +161,15 @@ def profile(transactions: int, topics_only: bool, *, plain: bool = False) -> Pro
             transaction()
         steps = dict.fromkeys(steps, 0.0)
         profiler = cProfile.Profile()
+        spent: dict[str, float] = collections.defaultdict(float)
+        calls: collections.Counter = collections.Counter()
+        timers = _split_timers(spent, calls) if split else contextlib.nullcontext()
         started, cpu_started = time.perf_counter(), time.process_time()
         if not plain:
             profiler.enable()
-        for _ in range(transactions):
-            transaction()
+        with timers:
+            for _ in range(transactions):
+                transaction()
         profiler.disable()
         wall = time.perf_counter() - started
         cpu = time.process_time() - cpu_started
@@ -133,7 +186,9 @@ def profile(transactions: int, topics_only: bool, *, plain: bool = False) -> Pro
         {name: spent / transactions * 1000 for name, spent in steps.items()},
         None if plain else pstats.Stats(profiler, stream=io.StringIO()),
         cpu / transactions * 1000,
-    )
+        {label: (spent[label] / transactions * 1000, calls[label] / transactions)
+         for label in sorted(spent, key=spent.__getitem__, reverse=True)} if split else None,
+    )  # fmt: skip
 
 
 def run(rec: Recorder) -> None:
@@ -182,14 +237,19 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--out", help="write the pstats file here")
     parser.add_argument("--plain", action="store_true",
                         help="no cProfile: real wall and CPU time per transaction and statement")
+    parser.add_argument("--split", action="store_true",
+                        help="a plain run that also times the commit's steps and DuckDB calls")
     args = parser.parse_args(argv)
-    result = profile(args.transactions, args.topics_only, plain=args.plain)
-    if args.plain:
+    plain = args.plain or args.split
+    result = profile(args.transactions, args.topics_only, plain=plain, split=args.split)
+    if plain:
         print(f"{result.kind}, 1 session, {result.transactions} transactions: "
               f"{result.wall_ms:.3f} ms wall, {result.cpu_ms:.3f} ms process CPU (all "
               "threads) per transaction")
         for name, spent in result.steps_ms.items():
             print(f"  {name:7} {spent:6.3f} ms")
+        for label, (spent, calls) in (result.split_ms or {}).items():
+            print(f"    {label:40} {spent:6.3f} ms  ({calls:.2f} calls)")
         return 0
     print(f"{result.kind}, 1 session, {result.transactions} transactions under cProfile: "
           f"{result.wall_ms:.2f} ms per transaction (profiling adds overhead)")  # fmt: skip
