@@ -1,6 +1,7 @@
 """A consumer read whose rows go out as DataRows (the extended protocol: psycopg's binary
-results, JDBC) commits its offsets only once its rows were sent, before CommandComplete
-(``connection.copy_commit.hold``), as a COPY read commits before its end marker.
+results, JDBC; and a simple query's text results) commits its offsets only once its rows
+were sent, before CommandComplete (``connection.copy_commit.hold``), as a COPY read commits
+before its end marker.
 
 Against the real server, with a raw frontend (``rawclient``) so that a test can stop
 reading in the middle of a result, and psycopg for the rest: while the rows are being sent
@@ -52,10 +53,13 @@ def binary_read(db: psycopg.Connection, topic: str, count: int) -> list[bytes]:
     return [bytes(row[0]) for row in cursor.execute(READ.format(topic=topic, count=count))]
 
 
-def read_flight(topic: str, count: int, *, execute: bool = True) -> bytes:
+def read_flight(topic: str, count: int, *, execute: bool = True, simple: bool = False) -> bytes:
     """Parse, Bind (binary results), Describe (runs the read), Execute (unless not
-    ``execute``) of the unnamed portal, then Sync: what psycopg sends for a binary read."""
+    ``execute``) of the unnamed portal, then Sync: what psycopg sends for a binary read;
+    ``simple``: a Query message instead (text results)."""
     text = READ.format(topic=topic, count=count)
+    if simple:
+        return m.message(b"Q", m.cstr(text))
     parse = m.message(b"P", m.cstr("") + m.cstr(text) + struct.pack("!h", 0))
     bind = m.message(b"B", m.cstr("") + m.cstr("") + struct.pack("!hhhh", 0, 0, 1, 1))
     describe = m.message(b"D", b"P\0")
@@ -113,15 +117,20 @@ def _wait_until_closed(server: ServerThread, count: int) -> None:
         time.sleep(0.02)
 
 
-def test_the_offsets_move_once_the_rows_were_sent(connect: Connect, raw) -> None:
+FLIGHTS = pytest.mark.parametrize("simple", [False, True], ids=["extended", "simple"])
+FIRST = {False: [b"1", b"2", b"T", b"D"], True: [b"T", b"D"]}
+
+
+@FLIGHTS
+def test_the_offsets_move_once_the_rows_were_sent(connect: Connect, raw, simple: bool) -> None:
     """30 MB of rows: while the server is still sending them (its client has read the
     first), another connection sees the offsets where they were; once CommandComplete
     came they are past the read, and reads through psycopg go on from there."""
     admin = connect(autocommit=True)
     written = _fill(admin, "big", rows=3000, size=10240)
     client = raw()
-    client.send(read_flight("big", 2990))
-    assert _until_first_row(client) == [b"1", b"2", b"T", b"D"]
+    client.send(read_flight("big", 2990, simple=simple))
+    assert _until_first_row(client) == FIRST[simple]
     assert committed(admin, "big") is None  # the rows are on their way: nothing moved
     rows, tail = _rest(client)
     assert rows == 2989
@@ -131,15 +140,16 @@ def test_the_offsets_move_once_the_rows_were_sent(connect: Connect, raw) -> None
     assert binary_read(admin, "big", 100) == written[2990:]
 
 
-def test_a_client_gone_mid_result_commits_nothing(connect: Connect, raw,
-                                                  server: ServerThread) -> None:  # fmt: skip
+@FLIGHTS
+def test_a_client_gone_mid_result_commits_nothing(connect: Connect, raw, server: ServerThread,
+                                                  simple: bool) -> None:  # fmt: skip
     """The client resets its connection after the first rows of a 30 MB result: the
     server's send fails, the read's transaction is rolled back, and another connection's
     read returns the same messages."""
     admin = connect(autocommit=True)
     written = _fill(admin, "big", rows=3000, size=10240)
     lost = raw()
-    lost.send(read_flight("big", 3000))
+    lost.send(read_flight("big", 3000, simple=simple))
     _until_first_row(lost)
     lost.sock.setsockopt(socket.SOL_SOCKET, socket.SO_LINGER, struct.pack("ii", 1, 0))
     lost.close()  # with unread data and a zero linger: a reset, as a client that dies
@@ -163,14 +173,15 @@ def test_a_portal_described_but_not_executed_commits_nothing(connect: Connect, r
     assert committed(admin, "small") == 10
 
 
-def test_a_refused_commit_replaces_command_complete(connect: Connect, raw) -> None:
+@FLIGHTS
+def test_a_refused_commit_replaces_command_complete(connect: Connect, raw, simple: bool) -> None:
     """Another read moves the offsets while a read's rows are still being sent: that
     read's commit is refused with 40001 after its rows, in place of CommandComplete, and
     the other read's offsets stay."""
     admin = connect(autocommit=True)
     written = _fill(admin, "big", rows=3000, size=10240)
     client = raw()
-    client.send(read_flight("big", 3000))
+    client.send(read_flight("big", 3000, simple=simple))
     _until_first_row(client)
     assert binary_read(admin, "big", 100) == written[:100]  # moves the offsets meanwhile
     rows, tail = _rest(client)

@@ -80,7 +80,7 @@ from sql.pgwire.codec import messages as m
 from sql.pgwire.codec import wire_types
 from sql.pgwire.codec.row_encoding import DataRows
 from sql.pgwire.connection import commands as wire_commands
-from sql.pgwire.connection import own_thread, result_stream
+from sql.pgwire.connection import copy_commit, own_thread, result_stream
 from sql.pgwire.connection.context import CommandContext
 from sql.pgwire.connection.extended import (
     PARSED,
@@ -196,10 +196,12 @@ def _start_stream(context: CommandContext, statement: ast.Statement) -> _Started
 
 class _Ran(NamedTuple):
     """A statement the engine did not stream, run whole, with the description that refines
-    its text columns (``ExtendedProtocol.text_description``)."""
+    its text columns (``ExtendedProtocol.text_description``) and the transaction that holds
+    a consumer read's offsets until its rows were sent (``copy_commit.hold``)."""
 
     result: Result
     text_description: Description | None
+    held: copy_commit.Held | None = None
 
 
 class Connection(ExtendedProtocol):
@@ -580,7 +582,7 @@ class Connection(ExtendedProtocol):
                 outcome = await self.call(self._start_or_run, statement)
                 if isinstance(outcome, _Ran):
                     await self.send_result(outcome.result, text_description=outcome.
-                                           text_description)  # fmt: skip
+                                           text_description, held=outcome.held)  # fmt: skip
                 else:
                     await self._send_streamed(outcome)
                 if statement is not statements[-1]:  # each statement's results as it ends
@@ -591,10 +593,27 @@ class Connection(ExtendedProtocol):
         self.send(self.ready_for_query())
 
     async def send_result(self, result: Result, statement: ast.Statement | None = None, *,
-                          text_description: Description | None = None) -> None:  # fmt: skip
+                          text_description: Description | None = None,
+                          held: copy_commit.Held | None = None) -> None:  # fmt: skip
         """RowDescription, DataRows and CommandComplete of a simple-protocol result. Text
         columns DuckDB knows as UUID or JSON are described so, by ``text_description``
-        (asked of the engine here if only ``statement`` is given)."""
+        (asked of the engine here if only ``statement`` is given). ``held``: the statement's
+        transaction (a consumer read's), committed once the rows were sent, before
+        CommandComplete, or rolled back if they were not all sent."""
+        try:
+            await self._send_result(result, statement, text_description)
+            if held is not None and held.began:
+                await self.writer.drain()  # handed to the kernel (the commit blocks the loop)
+                await self.call(held.commit)
+        except BaseException:
+            if held is not None and held.began:
+                await self.call(held.rollback)
+            raise
+        self.send(m.command_complete(result.tag))
+
+    async def _send_result(self, result: Result, statement: ast.Statement | None,
+                           text_description: Description | None) -> None:  # fmt: skip
+        """``send_result`` but for CommandComplete."""
         await self._refuse_result(result)
         for notice in result.notices:
             self.send(m.notice_response(notice))
@@ -607,16 +626,23 @@ class Connection(ExtendedProtocol):
                 oids = refined_text_oids(text_description, table, oids)
             self.send(row_description(table, oids, formats))
             await self.send_rows(table, oids, formats)
-        self.send(m.command_complete(result.tag))
 
     def _start_or_run(self, statement: ast.Statement) -> _Started | _Ran:
         """Worker thread: ``statement``'s stream and first batch (``_start_stream``), or, if
-        the engine does not stream it, its whole result (``_Ran``)."""
-        started = _start_stream(self.context, statement)
-        if started is not None:
-            return started
-        result = self.catalog.execute(self._session(), statement, None)
-        return _Ran(result, self.text_description(statement, result.table))
+        the engine does not stream it, its whole result (``_Ran``). A consumer read is never
+        streamed (not asked: that costs a planning) and in autocommit runs in a transaction
+        held until its rows were sent (``copy_commit.hold``)."""
+        if not copy_commit.reads_with_consumer(statement):
+            started = _start_stream(self.context, statement)
+            if started is not None:
+                return started
+        held = copy_commit.hold(self.context, statement)
+        try:
+            result = self.catalog.execute(self._session(), statement, None)
+        except BaseException:
+            held.rollback()
+            raise
+        return _Ran(result, self.text_description(statement, result.table), held)
 
     async def _send_streamed(self, started: _Started) -> None:
         """Send a plain query's rows batch by batch as the engine reads them from DuckDB
