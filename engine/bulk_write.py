@@ -188,12 +188,28 @@ class BulkWrites:
     def _append(self, write_id: str, batches: Iterable[pa.RecordBatch],
                 schema: pa.Schema) -> int:  # fmt: skip
         base = os.path.join(self.root, write_id, uuid.uuid4().hex)
+        batches = iter(batches)
         if self._meta_of(write_id)["kind"] == "topic":
-            batches = iter(batches)
             first = next((b for b in batches if b.num_rows), None)
-            if first is not None and staged_refs.framed_stream(schema, first):
-                return self._append_framed(base, itertools.chain([first], batches))
             batches = itertools.chain([] if first is None else [first], batches)
+            if first is not None and staged_refs.framed_batch(first):
+                rows, rest, framed = self._append_framed(base, batches)
+                if rest is None:
+                    return rows
+                # A batch the frames cannot hold: the rest of the stream as it came, in a
+                # file named to sort right after the frames file (the stream's order).
+                try:
+                    return rows + self._append_arrows(base + "~", rest, schema)
+                except BaseException:
+                    size = os.path.getsize(framed)
+                    os.remove(framed)
+                    self._release(size)
+                    raise
+        return self._append_arrows(base, batches, schema)
+
+    def _append_arrows(self, base: str, batches: Iterable[pa.RecordBatch],
+                       schema: pa.Schema) -> int:  # fmt: skip
+        """Stage the batches as they came: one Arrow IPC stream file."""
         rows = written = 0
         try:
             with pa.OSFile(base + ".part", "wb") as sink, pa.ipc.new_stream(sink, schema) as out:
@@ -214,16 +230,25 @@ class BulkWrites:
             raise
         return rows
 
-    def _append_framed(self, base: str, batches: Iterable[pa.RecordBatch]) -> int:
+    def _append_framed(self, base: str, batches: Iterator[pa.RecordBatch]
+                       ) -> tuple[int, Iterator[pa.RecordBatch] | None, str]:  # fmt: skip
         """Stage a topic stream whose rows name their partition as a frames file
         (``storage.staged_frames``): the rows grouped by partition and encoded as the
         partitions' frames now, so that the commit copies them as they are. The file is
         fdatasynced when whole (the commit then syncs directories only), then renamed
-        ``<uuid>.<crc32c>.frames``."""
+        ``<uuid>.<crc32c>.frames``. Stops at the first batch that frames cannot hold
+        (``staged_refs.framed_batch``): returns the rows framed, the rest of the stream
+        from that batch on (None: none) and the frames file's path."""
         writer = FrameFileWriter(self.database.store.fs, base + ".part")
         rows = reserved = 0
+        rest: Iterator[pa.RecordBatch] | None = None
         try:
             for batch in batches:
+                if not batch.num_rows:
+                    continue
+                if not staged_refs.framed_batch(batch):
+                    rest = itertools.chain([batch], batches)
+                    break
                 for partition, wire in staged_refs.framed_groups(batch, self.database.clock):
                     writer.add(partition, wire)
                 rows += batch.num_rows
@@ -232,14 +257,15 @@ class BulkWrites:
             writer.finish()
             self._reserve(writer.size - reserved)
             reserved = writer.size
-            os.replace(base + ".part", f"{base}.{writer.crc:08x}{FRAMES_SUFFIX}")
+            path = f"{base}.{writer.crc:08x}{FRAMES_SUFFIX}"
+            os.replace(base + ".part", path)
         except BaseException:
             writer.close()
             with contextlib.suppress(FileNotFoundError):
                 os.remove(base + ".part")
             self._release(reserved)
             raise
-        return rows
+        return rows, rest, path
 
     def _meta_of(self, write_id: str) -> dict[str, str]:
         return _read_meta(os.path.join(self.root, write_id, "write.json"))

@@ -305,22 +305,26 @@ class ReferencedWrite(PendingWrite):
 
 
 # -- writes staged as frames (``storage.staged_frames``) ---------------------------------
-# A topic stream is staged as frames when its columns are among these (no producer id,
-# message group, metadata or codec: its frames are never deduplicated, record no producer
-# state, are cut freely and are raw) and they include ``partition``, and its first rows
-# all name their partition. Any other stream is staged as it came.
+# A topic stream is staged as frames while its batches' rows all name their partition and
+# use no column but these (its frames are then never deduplicated, record no producer
+# state, are cut freely and are raw); the columns of ``_NULL_ONLY`` may be there, null in
+# every row (Spark's writer sends every write column). Any other batch, and the rest of
+# its stream, is staged as it came.
 FRAMED_COLUMNS = frozenset({"data", "partition", "seq_no", "created_at"})
+_NULL_ONLY = frozenset({"producer_id", "message_group_id", "metadata", "codec"})
 _FRAMED_PIECE_ROWS = 65_536  # an incoming batch is framed in pieces of at most this
 
 
-def framed_stream(schema: pa.Schema, first: pa.RecordBatch) -> bool:
-    """Whether a topic stream of ``schema`` whose first rows are ``first`` is staged as
-    frames (see ``FRAMED_COLUMNS``)."""
-    names = set(schema.names)
-    return (
-        "partition" in names and "data" in names and names <= FRAMED_COLUMNS
-        and first.num_rows > 0 and first.column(schema.get_field_index("partition")).null_count == 0
-    )  # fmt: skip
+def framed_batch(batch: pa.RecordBatch) -> bool:
+    """Whether ``batch`` (rows of a topic stream) can be staged as frames (see above)."""
+    names = batch.schema.names
+    if "partition" not in names or "data" not in names:
+        return False
+    for name, column in zip(names, batch.columns, strict=True):
+        if name not in FRAMED_COLUMNS and not (
+                name in _NULL_ONLY and column.null_count == len(column)):  # fmt: skip
+            return False
+    return batch.column(names.index("partition")).null_count == 0
 
 
 def framed_groups(batch: pa.RecordBatch, clock) -> Iterator[tuple[int, pa.RecordBatch]]:
@@ -329,7 +333,9 @@ def framed_groups(batch: pa.RecordBatch, clock) -> Iterator[tuple[int, pa.Record
     ``created_at`` get the staging time) then one stable sort by partition. Refuses, as
     the commit would, a partition missing for some rows (22023) or negative (22003)."""
     for start in range(0, batch.num_rows, _FRAMED_PIECE_ROWS):
-        table = pa.Table.from_batches([batch.slice(start, _FRAMED_PIECE_ROWS)])
+        piece = batch.slice(start, _FRAMED_PIECE_ROWS)
+        table = pa.Table.from_batches([piece]).select(
+            [name for name in piece.schema.names if name in FRAMED_COLUMNS])
         values = _partition_values(table)
         if values is None:
             raise InvalidParameterValueError(

@@ -11,8 +11,8 @@ only opens and closes (recovery runs). Crash points come from ``TOPICBASE_FAILPO
 a clean run prints ``done <status>`` and exits 0. ``BULK_FRAME_MESSAGES`` lowers
 ``limits.FRAME_TARGET_MESSAGES`` so that each partition's share is published as several
 frames (``storage.frame_cuts``). Topic rows are staged as frames (``storage.staged_frames``)
-unless ``BULK_STAGE_FORMAT=arrows``, which adds a column of null message groups (outside
-``engine.staged_refs.FRAMED_COLUMNS``): the rows are then staged as they came and
+unless ``BULK_STAGE_FORMAT=arrows``, which adds a codec column ("raw": a column frames
+cannot hold, ``engine.staged_refs.framed_batch``): the rows are then staged as they came and
 committed by reference to those files.
 """
 
@@ -68,7 +68,7 @@ def stage(database: Database) -> None:
                 "data": pa.array([message(i) for i in indexes], pa.binary()),
                 "partition": pa.array([i % PARTITIONS for i in indexes], pa.int32())}
             if os.environ.get("BULK_STAGE_FORMAT") == "arrows":
-                columns["message_group_id"] = pa.nulls(len(indexes), pa.string())
+                columns["codec"] = pa.array(["raw"] * len(indexes))
             batch = pa.record_batch(columns)
             bulk.start(session, f"w{number}", "topic", "t")
             half = per_write // 2  # two files per write

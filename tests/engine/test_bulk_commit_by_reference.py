@@ -30,12 +30,12 @@ def database(tmp_path):
 
 
 def _stage(database, write_id: str, count: int, *, partitions: bool = True) -> None:
-    """Stage rows as they came (an Arrow stream file): a column of null message groups
-    keeps them out of the frames format (``engine.staged_refs.FRAMED_COLUMNS``; that
-    one: ``test_bulk_commit_framed.py``)."""
+    """Stage rows as they came (an Arrow stream file): a codec column keeps them out of
+    the frames format (``engine.staged_refs.framed_batch``; that one:
+    ``test_bulk_commit_framed.py``)."""
     session = database.connect()
     columns = {"data": pa.array([b"%s-%d" % (write_id.encode(), i) for i in range(count)]),
-               "message_group_id": pa.nulls(count, pa.string())}  # fmt: skip
+               "codec": pa.array(["raw"] * count)}  # fmt: skip
     if partitions:
         columns["partition"] = pa.array([i % 2 for i in range(count)], pa.int32())
     batch = pa.record_batch(columns)

@@ -33,7 +33,7 @@ def _stage(database, write_id: str, start: int, count: int, *, extra: bool = Fal
     columns = {"data": pa.array([b"m%05d" % i for i in range(start, start + count)]),
                "partition": pa.array([i % 2 for i in range(start, start + count)], pa.int32())}
     if extra:  # a column outside the frames format: staged as it came
-        columns["message_group_id"] = pa.nulls(count, pa.string())
+        columns["codec"] = pa.array(["raw"] * count)
     batch = pa.record_batch(columns)
     session = database.connect()
     try:
@@ -154,5 +154,60 @@ def test_a_framed_commit_survives_a_restart_before_its_checkpoint(tmp_path) -> N
         assert _partitions(database) == _expected((0, 300))
         bulk = bulk_write.for_database(database)
         assert os.listdir(bulk.commits_root) == [] and os.listdir(bulk.root) == []
+    finally:
+        database.close()
+
+
+def _spark_like(start: int, count: int, group: str | None = None) -> pa.RecordBatch:
+    """Rows as Spark's writer sends them: every write column, the unset ones null."""
+    return pa.record_batch({
+        "data": pa.array([b"m%05d" % i for i in range(start, start + count)], pa.large_binary()),
+        "producer_id": pa.nulls(count, pa.large_string()),
+        "seq_no": pa.nulls(count, pa.int64()),
+        "message_group_id": pa.array([group] * count, pa.large_string()),
+        "partition": pa.array([i % 2 for i in range(start, start + count)], pa.int32()),
+        "created_at": pa.nulls(count, pa.timestamp("us", tz="UTC")),
+        "metadata": pa.nulls(count, pa.map_(pa.large_string(), pa.large_binary())),
+        "codec": pa.nulls(count, pa.large_string()),
+    })  # fmt: skip
+
+
+def test_null_columns_of_every_write_column_are_staged_as_frames(tmp_path) -> None:
+    database = _open(tmp_path)
+    try:
+        session = database.connect()
+        bulk = bulk_write.for_database(database)
+        bulk.start(session, "a", "topic", "t")
+        batches = [_spark_like(0, 100), _spark_like(100, 150)]
+        assert bulk.append(session, "a", batches, batches[0].schema) == 250
+        session.close()
+        names = [n for n in os.listdir(os.path.join(bulk.root, "a")) if n != "write.json"]
+        assert len(names) == 1 and names[0].endswith(".frames")
+        assert _commit(database, 1, ["a"]) == {"status": "committed", "rows": 250}
+        assert _partitions(database) == _expected((0, 250))
+    finally:
+        database.close()
+
+
+def test_a_batch_frames_cannot_hold_stages_the_rest_of_its_stream_as_it_came(tmp_path) -> None:
+    """A message group in the third batch: the first two are frames, the rest of the
+    stream an Arrow file named to sort after them; the commit decodes and copies both,
+    in the stream's order, the groups kept."""
+    database = _open(tmp_path)
+    try:
+        session = database.connect()
+        bulk = bulk_write.for_database(database)
+        bulk.start(session, "a", "topic", "t")
+        batches = [_spark_like(0, 100), _spark_like(100, 100), _spark_like(200, 100, "g"),
+                   _spark_like(300, 100)]  # fmt: skip
+        assert bulk.append(session, "a", batches, batches[0].schema) == 400
+        names = sorted(n for n in os.listdir(os.path.join(bulk.root, "a")) if n != "write.json")
+        assert [n.rsplit(".", 1)[1] for n in names] == ["frames", "arrows"]
+        assert _commit(database, 1, ["a"]) == {"status": "committed", "rows": 400}
+        assert _partitions(database) == _expected((0, 400))
+        groups = session.execute(
+            'SELECT count(*) AS n FROM TOPIC t WHERE message_group_id = \'g\'')[-1].table
+        assert groups.column("n").to_pylist() == [100]
+        session.close()
     finally:
         database.close()

@@ -177,11 +177,11 @@ def test_bad_input_is_refused_with_its_sqlstate_and_stages_nothing(
 
 
 def test_a_bad_value_fails_the_commit_and_keeps_the_writes(db: psycopg.Connection) -> None:
-    """Rows staged as they came (a message group column keeps them out of the frames
-    format) keep their Arrow types until the commit, whose cast refuses a bad value."""
+    """Rows staged as they came (a codec column keeps them out of the frames format)
+    keep their Arrow types until the commit, whose cast refuses a bad value."""
     table = messages(3).append_column("partition", pa.array([0, -1, 0]))
-    table = table.append_column("message_group_id", pa.nulls(3, pa.string()))
-    stage(db, "TOPIC events (data, partition, message_group_id)", "v-1", arrow_stream(table))
+    table = table.append_column("codec", pa.array(["raw"] * 3))
+    stage(db, "TOPIC events (data, partition, codec)", "v-1", arrow_stream(table))
     with pytest.raises(psycopg.errors.NumericValueOutOfRange):
         db.execute("COMMIT WRITES ('v-1') SINK 'v' BATCH 0")
     assert topic_rows(db, "events") == []
