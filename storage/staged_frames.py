@@ -35,6 +35,7 @@ Invariants:
 
 from __future__ import annotations
 
+import contextlib
 import struct
 from collections.abc import Iterable
 from typing import NamedTuple
@@ -45,7 +46,7 @@ import pyarrow as pa
 
 from storage import limits
 from storage.crc_combine import crc32c_combine
-from storage.errors import CorruptSegmentError
+from storage.errors import CorruptSegmentError, StorageIOError
 from storage.frame_cuts import cuttable, frame_slices
 from storage.fs import FileSystem
 from storage.record_batch import (
@@ -90,6 +91,7 @@ class FrameFileWriter:
         self._fd = fs.open_write(path)
         self.size = 0
         self.crc = 0  # of the bytes written so far
+        self._writeback_position = 0  # bytes below it were handed to the kernel's writeback
         self.rows = 0
         self._pending: dict[int, list[pa.RecordBatch]] = {}
         self._pending_rows: dict[int, int] = {}
@@ -155,6 +157,12 @@ class FrameFileWriter:
         self.crc = crc32c_combine(self.crc, body_crc, body.size)
         self.size += STAGED_HEADER_BYTES + body.size
         self.rows += batch.num_rows
+        if self.size - self._writeback_position >= limits.WRITEBACK_INTERVAL_BYTES:
+            # A hint (as segments give): the sync at ``finish`` then finds little to write.
+            with contextlib.suppress(StorageIOError):  # ``finish``'s sync will tell
+                self.fs.start_writeback(self._fd, self._writeback_position,
+                                        self.size - self._writeback_position)  # fmt: skip
+            self._writeback_position = self.size
 
 
 def _full(batch: pa.RecordBatch) -> bool:
