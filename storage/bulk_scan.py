@@ -36,9 +36,11 @@ import numpy as np
 import pyarrow as pa
 
 from storage import limits
+from storage.buffer_pool import BUFFERS
 from storage.frame_read import SMALL_SLICE_ROWS, read_batch
 from storage.partition_log import PartitionLog
 from storage.record_batch import HEADER, HEADER_BYTES, MAGIC, WIRE_SCHEMA
+from storage.segment import LogSegment
 from storage.wire_columns import decode_wire_spans
 
 # A partition whose wanted frames lie in a read window larger than this is left to
@@ -46,7 +48,7 @@ from storage.wire_columns import decode_wire_spans
 SCAN_WINDOW_BYTES = 4 * 1024 * 1024
 
 
-@dataclass(frozen=True, slots=True)
+@dataclass(slots=True)
 class ScannedFrames:
     """The frame slices of one ``scan_many``, as arrays (one entry per slice, grouped by
     partition in the plan's order): slice ``k`` is ``rows[k]`` messages from message
@@ -65,6 +67,7 @@ class ScannedFrames:
     next_offsets: dict[int, int]  # partition -> where its next read starts
     message_count: int
     size: int  # the slices' share of their frames' bytes, as ``FrameSlice.size`` counts
+    released: bool = False  # ``buffer`` went back to the pool (``decode``)
 
     def __len__(self) -> int:
         return len(self.rows)
@@ -77,6 +80,7 @@ class ScannedFrames:
         order = np.argsort(keys, kind="stable")
         if np.array_equal(order, np.arange(len(order))):
             return self
+        assert not self.released
         return ScannedFrames(
             self.buffer, self.partitions[order], self.body_starts[order],
             self.body_sizes[order], self.counts[order], self.skips[order], self.rows[order],
@@ -85,13 +89,17 @@ class ScannedFrames:
         )  # fmt: skip
 
     def decode(self) -> pa.RecordBatch:
-        """One read batch (``READ_SCHEMA``) of all the slices, in order."""
-        assert len(self) > 0
+        """One read batch (``READ_SCHEMA``) of all the slices, in order. Once only: the
+        buffer then goes back to the pool (``storage.buffer_pool``)."""
+        assert len(self) > 0 and not self.released
         wire = decode_wire_spans(
             self.buffer, self.body_starts, self.body_sizes, self.counts, self.skips, self.rows
         )
         if wire is None:  # a body of another layout: an Arrow IPC read per frame
-            wire = self._read_each()
+            wire = self._read_each()  # zero-copy: the batch keeps the buffer
+        else:
+            BUFFERS.give(self.buffer)  # the columnar decode copied all it keeps
+        self.released = True
         return read_batch(wire, self.rows, self.firsts, self.written_ats)
 
     def _read_each(self) -> pa.RecordBatch:
@@ -129,9 +137,21 @@ def scan_many(
         # Windows over the byte budget: it would likely stop the read. (This also bounds
         # what the path holds at once, as the budget bounds the partition reads.)
         return None
-    # From Arrow's pool, which keeps freed memory for the next read (a fresh array of
-    # ~20 MB faults in every page again).
-    buffer = np.frombuffer(pa.allocate_buffer(-(-total // 8) * 8), dtype=np.uint8)
+    # Pooled: a fresh array of ~24 MB faults in its pages again (``buffer_pool``).
+    buffer = BUFFERS.take(-(-total // 8) * 8)
+    found = _scan_into(buffer, plan, windows, max_bytes)
+    if found is None:
+        BUFFERS.give(buffer)
+    return found
+
+
+def _scan_into(
+    buffer: np.ndarray,
+    plan: Sequence[tuple[int, PartitionLog, int, int]],
+    windows: list[tuple[LogSegment, int, int]],
+    max_bytes: int,
+) -> ScannedFrames | None:
+    """``scan_many`` once the windows are known, into ``buffer``."""
     view = memoryview(buffer)
     lows = np.empty(len(plan), dtype=np.int64)
     highs = np.empty(len(plan), dtype=np.int64)

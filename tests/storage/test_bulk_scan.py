@@ -17,7 +17,7 @@ from typing import Any
 
 import pytest
 
-from storage import bulk_scan
+from storage import buffer_pool, bulk_scan
 from storage.bulk_scan import scan_many
 from storage.errors import CorruptSegmentError
 from storage.frame_read import decode_small
@@ -204,3 +204,40 @@ def test_a_first_window_of_large_frames_reads_no_other(
     monkeypatch.setattr(segment_type, "read_into", counted)
     assert scan_many([(0, large, 0, 65), (1, small, 0, 5)], BIG) is None
     assert reads == [large.segments[0]]
+
+
+def test_the_buffer_is_reused_and_earlier_results_stay_intact(
+    open_partition: Any, batch: Any, tmp_path: Any, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The scan buffer goes back to the pool after the decode and the next scan reads
+    into it; what the first decode returned does not change (it copied what it keeps)."""
+    monkeypatch.setattr(buffer_pool, "POOLED_BYTES_MIN", 1)
+    monkeypatch.setattr(bulk_scan, "BUFFERS", buffer_pool.BufferPool())
+    logs = _partitions(open_partition, tmp_path, 20)
+    for index, log in enumerate(logs):
+        for frame in range(3):
+            log.append(batch(5, first=5 * frame, size_bytes=40 + index))
+    first = scan_many([(i, log, 0, 15) for i, log in enumerate(logs)], BIG)
+    assert first is not None
+    decoded = first.decode()
+    expected = decoded.to_pylist()
+    assert first.released and bulk_scan.BUFFERS.idle_bytes == first.buffer.base.size
+    second = scan_many([(i, log, 5, 10) for i, log in enumerate(logs)], BIG)
+    assert second is not None and second.buffer.base is first.buffer.base  # reused
+    assert second.decode().to_pylist() != expected
+    assert decoded.to_pylist() == expected
+    with pytest.raises(AssertionError):
+        first.decode()  # once only: its buffer is someone else's now
+
+
+def test_the_pool_keeps_few_arrays_and_fits_them() -> None:
+    pool = buffer_pool.BufferPool(keep_arrays=2, keep_bytes=10 << 20)
+    small = pool.take(1 << 20)
+    large = pool.take(4 << 20)
+    huge = pool.take(8 << 20)
+    for array in (small, large, huge):
+        pool.give(array)
+    assert pool.idle_bytes == 8 << 20  # two arrays at most, 10 MiB: the largest kept
+    assert pool.take(3 << 20).base is huge.base  # 8 MiB serves 3 MiB (within 4x)
+    assert pool.take(1 << 20).base is not huge.base
+    assert pool.take(100).base is None  # under POOLED_BYTES_MIN: not pooled
