@@ -461,7 +461,7 @@ def query_arrow(
     with translated(line_offset):
         if _small_results.get(sql):
             return _query_small(cursor, sql, parameters)
-        relation = cursor.sql(sql, params=parameters or None)
+        relation = cursor.sql(_plans_of(cursor).statement(cursor, sql), params=parameters or None)
         if relation is None:
             return None
         table = relation.to_arrow_table()
@@ -823,7 +823,7 @@ def batch_reader(
     cursor runs anything else."""
     if _small_results.get(sql):
         return _small_reader(cursor, sql, parameters, batch_rows)
-    relation = cursor.sql(sql, params=parameters or None)
+    relation = cursor.sql(_plans_of(cursor).statement(cursor, sql), params=parameters or None)
     assert relation is not None, "only queries that return rows are streamed"
     duckdb_types = [str(t) for t in relation.types]
     _learn(sql, duckdb_types, None)

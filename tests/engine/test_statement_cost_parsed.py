@@ -26,6 +26,11 @@ def _statement(cursor: tables.Connection, sql: str) -> duckdb.Statement | str:
     return tables._plans_of(cursor).statement(cursor, sql)
 
 
+def _parsed(cursor: tables.Connection, sql: str) -> bool:
+    """Whether running ``sql`` left its parsed statement with the cursor."""
+    return isinstance(tables._plans_of(cursor)._parsed.get(sql), duckdb.Statement)
+
+
 def test_a_text_is_parsed_once_per_cursor(cursor: tables.Connection) -> None:
     sql = "SELECT v FROM t WHERE k = ?"
     first = _statement(cursor, sql)
@@ -71,7 +76,7 @@ def test_a_parsed_statement_binds_afresh_on_each_run(cursor: tables.Connection) 
 
     assert rows(1) == [{"k": 1, "v": "a"}]  # the relation's way
     assert rows(2) == [{"k": 2, "v": "b"}]  # the rows' way, parsed statement
-    assert isinstance(_statement(cursor, sql), duckdb.Statement)
+    assert _parsed(cursor, sql)
     cursor.execute("ALTER TABLE t ADD COLUMN w INTEGER DEFAULT 7")
     assert rows(1) == [{"k": 1, "v": "a", "w": 7}]
     cursor.execute("CREATE SCHEMA s")
@@ -91,7 +96,7 @@ def test_a_parsed_statement_fails_as_its_text(cursor: tables.Connection) -> None
     sql = "SELECT k FROM t WHERE k = ?::INTEGER"
     assert tables.query_arrow(cursor, sql, [1]) is not None
     assert tables.query_arrow(cursor, sql, [1]) is not None
-    assert isinstance(_statement(cursor, sql), duckdb.Statement)
+    assert _parsed(cursor, sql)
     failures = []
     for parameters in (["x"], [1, 2]):
         with pytest.raises(errors.TopicbaseError) as raised:
@@ -121,7 +126,7 @@ def test_dml_counts_and_internal_statements_run_parsed(cursor: tables.Connection
     insert = "INSERT INTO t VALUES (?, ?)"
     for key in range(3):
         assert tables.execute_count(cursor, insert, [key, 10]) == 1
-    assert isinstance(_statement(cursor, insert), duckdb.Statement)
+    assert _parsed(cursor, insert)
     update = "UPDATE t SET n = n + ? WHERE k < ?"
     assert tables.execute_count(cursor, update, [1, 2]) == 2
     assert tables.execute_count(cursor, update, [1, 9]) == 3
@@ -134,3 +139,29 @@ def test_dml_counts_and_internal_statements_run_parsed(cursor: tables.Connection
     assert tables.fetch_rows(cursor, "SELECT k, n FROM t ORDER BY k") == [
         (0, 12), (1, 12), (2, 11)
     ]  # fmt: skip
+
+
+def test_relations_and_streams_run_parsed(cursor: tables.Connection) -> None:
+    """The relation's way (results over ``SMALL_RESULT_ROWS``, DDL) and streamed reads run
+    from the parsed statement too, with the same results and binding."""
+    create = "CREATE TABLE t AS SELECT range AS a FROM range(1000)"
+    assert tables.query_arrow(cursor, create) is not None
+    assert _parsed(cursor, create)
+    with pytest.raises(errors.TopicbaseError) as again:  # the text's error, parsed or not
+        tables.query_arrow(cursor, create)
+    assert again.value.sqlstate == "42P07"
+    sql = "SELECT a FROM t WHERE a >= ? ORDER BY a"
+    for low in (0, 10, 990):
+        table = tables.query_arrow(cursor, sql, [low])
+        assert table is not None and table.column("a").to_pylist() == list(range(low, 1000))
+    assert _parsed(cursor, sql)
+    streamed = "SELECT a * 2 AS b FROM t ORDER BY a"
+    for _ in range(2):
+        reader, kinds = tables.batch_reader(cursor, streamed, None, 100)
+        assert kinds == ["BIGINT"]
+        assert reader.read_all().column("b").to_pylist() == [2 * a for a in range(1000)]
+        reader.close()
+    assert _parsed(cursor, streamed)
+    cursor.execute("ALTER TABLE t ADD COLUMN c VARCHAR DEFAULT 'x'")
+    table = tables.query_arrow(cursor, "SELECT * FROM t WHERE a >= ? ORDER BY a", [998])
+    assert table is not None and table.to_pylist() == [{"a": 998, "c": "x"}, {"a": 999, "c": "x"}]
