@@ -223,3 +223,35 @@ def test_a_move_without_rows_commits_as_before(connect: Connect) -> None:
     assert committed(admin, "a") == 5
     moved = admin.execute("SELECT data FROM TOPIC b ORDER BY \"offset\"").fetchall()
     assert [bytes(row[0]) for row in moved] == written[:5]
+
+
+def test_a_portal_fetched_in_parts_commits_with_its_last_part(connect: Connect, raw) -> None:
+    """Execute with a row limit (PortalSuspended) keeps the read's transaction; the Execute
+    that sends the last rows commits it; a portal left suspended at Sync is rolled back."""
+    admin = connect(autocommit=True)
+    written = _fill(admin, "small", rows=50, size=100)
+    text = READ.format(topic="small", count=10)
+    parse = m.message(b"P", m.cstr("") + m.cstr(text) + struct.pack("!h", 0))
+    bind = m.message(b"B", m.cstr("") + m.cstr("") + struct.pack("!hhhh", 0, 0, 1, 1))
+    describe = m.message(b"D", b"P\0")
+    client = raw()
+    client.send(parse + bind + describe + m.message(b"E", m.cstr("") + struct.pack("!i", 3))
+                + m.message(b"H"))  # Flush: the first part now  # fmt: skip
+    kinds = []
+    while not kinds or kinds[-1] != b"s":
+        item = client.read()
+        assert item is not None
+        kinds.append(item[0])
+    assert kinds == [b"1", b"2", b"T", b"D", b"D", b"D", b"s"]
+    assert committed(admin, "small") is None  # 7 rows still to send
+    client.send(m.message(b"E", m.cstr("") + struct.pack("!i", 0)) + SYNC)
+    got = client.until_ready()
+    assert [kind for kind, _ in got] == [b"D"] * 7 + [b"C", b"Z"]
+    assert committed(admin, "small") == 10
+    client.send(parse + bind + describe + m.message(b"E", m.cstr("") + struct.pack("!i", 3))
+                + SYNC)  # fmt: skip
+    got = client.until_ready()
+    assert [kind for kind, _ in got] == [b"1", b"2", b"T", b"D", b"D", b"D", b"s", b"Z"]
+    assert got[-1][1] == b"I"
+    assert committed(admin, "small") == 10  # the suspended read was rolled back
+    assert binary_read(admin, "small", 5) == written[10:15]
