@@ -121,7 +121,8 @@ class _BufferFields(_Fields):
         self._small = last - first < SMALL_VALUE_BYTES * len(array)  # on average
         buffer = array.buffers()[2]
         self._data = memoryview(buffer)[first:last] if buffer is not None else memoryview(b"")
-        self._bounds = (offsets - first).tolist()
+        self._offsets = offsets
+        self._bounds_list: list[int] | None = None  # made by ``pieces``' first call
         lengths = offsets[1:] - offsets[:-1]
         self._hex = hex_text
         if hex_text:
@@ -134,9 +135,18 @@ class _BufferFields(_Fields):
         if not hex_text and not self._small and pa.types.is_binary(array.type):
             self.arrow = array  # (small values: ``pieces``' copies cost less than the join)
 
+    @property
+    def _bounds(self) -> list[int]:
+        """Each value's start in ``_data``, and the end of the last (``len + 1`` ints):
+        made once, only if pieces are asked for (Arrow's join needs none)."""
+        if self._bounds_list is None:
+            self._bounds_list = (self._offsets - self._offsets[0]).tolist()
+        return self._bounds_list
+
     def pieces(self, start: int, stop: int) -> list[Any]:
-        starts = self._bounds[start:stop]
-        stops = self._bounds[start + 1 : stop + 1]
+        bounds = self._bounds
+        starts = bounds[start:stop]
+        stops = bounds[start + 1 : stop + 1]
         if self._hex:
             base = starts[0] if starts else 0
             run: Any = binascii.hexlify(self._data[base : stops[-1] if stops else 0])
@@ -367,12 +377,12 @@ class DataRows:
         ]  # fmt: skip
         sizes = _message_sizes(self._columns, self.count)
         self._records = _front_records(self._columns, sizes) if self._columns else []
-        self._ends: list[int] = np.cumsum(sizes + 1).tolist()  # each message's end
+        self._end_array: np.ndarray = np.cumsum(sizes + 1)  # each message's end
 
     def blocks(self, block_bytes: int | None = None) -> Iterator[bytes | memoryview]:
         """The messages joined into blocks of about ``block_bytes`` (``BLOCK_BYTES``)."""
         block_bytes = block_bytes or BLOCK_BYTES
-        count, ends = self.count, self._ends
+        count = self.count
         if not self._columns:  # rows without columns: the header alone
             header = b"D" + _ROW_OVERHEAD.to_bytes(4, "big") + bytes(2)
             per_block = max(1, block_bytes // len(header))
@@ -381,14 +391,9 @@ class DataRows:
             return
         joined = _joined_in_arrow(self._columns, self._records)
         if joined is not None:  # blocks are views of the one joined buffer
-            assert len(joined) == ends[-1]
-            start = 0
-            while start < count:
-                reached = ends[start - 1] if start else 0
-                stop = max(start + 1, bisect.bisect_right(ends, reached + block_bytes, start))
-                yield joined[reached : ends[stop - 1]]
-                start = stop
+            yield from _views(joined, self._end_array, block_bytes)
             return
+        ends: list[int] = self._end_array.tolist()
         fronts = _fronts(self._columns, self._records)
         stride = 2 * len(self._columns)
         start = 0
@@ -401,6 +406,19 @@ class DataRows:
                 parts[2 * index + 1 :: stride] = fields.pieces(start, stop)
             yield b"".join(parts)
             start = stop
+
+
+def _views(joined: memoryview, ends: np.ndarray, block_bytes: int) -> Iterator[memoryview]:
+    """``joined`` (messages end to end; ``ends[i]`` is message i's end) cut into views of
+    whole messages of about ``block_bytes`` each (a larger message is a view alone)."""
+    assert len(joined) == int(ends[-1])
+    count, start, reached = len(ends), 0, 0
+    while start < count:
+        # the first message past the block's budget, but at least one message a block
+        stop = max(start + 1, int(np.searchsorted(ends, reached + block_bytes, "right")))
+        end = int(ends[stop - 1])
+        yield joined[reached:end]
+        start, reached = stop, end
 
 
 def encode_data_rows(table: pa.Table, oids: list[int], formats: list[int]) -> bytes:
