@@ -472,8 +472,8 @@ def _record_targets(
         baseline=f"{pg_label} log table + offset row, binary results",
         target_ratio=CONSUME_WIRE_TARGET, target_label="PostgreSQL",
         note=f"the better of the two ways here: {ways[best]}; reads of 1000 x 1 KiB "
-        "through psycopg; Topicbase: SELECT FROM TOPIC with a consumer (offsets committed by "
-        "the read, by a COPY once it was sent); PostgreSQL: offset row read, 1000 rows past "
+        "through psycopg; Topicbase: SELECT FROM TOPIC with a consumer (its offsets committed "
+        "once its rows or its COPY were sent); PostgreSQL: offset row read, 1000 rows past "
         "it with a binary cursor, row updated, COMMIT",
     )  # fmt: skip
     for way, how in ways.items():
