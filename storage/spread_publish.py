@@ -90,18 +90,22 @@ def checked_data_bytes(batches: Sequence[pa.RecordBatch], config: TopicConfig) -
     ``PartitionLog.check_append`` makes (``check_wire_batch``: the schema, its messages'
     count and sizes, its buffers' size; the topic's codecs), else None (share by share,
     the failing check raises). One pass over all batches' columns together."""
-    for batch in batches:
-        if (
-            not batch.schema.equals(WIRE_SCHEMA)
-            or not 0 < batch.num_rows <= limits.BATCH_MESSAGES_MAX
-            or batch.get_total_buffer_size() > limits.BATCH_BYTES_MAX
-        ):
-            return None
-    lengths = pc.binary_length(pa.chunked_array([b.column(DATA_COLUMN) for b in batches]))
-    sizes = lengths.to_numpy().astype(np.int64)
+    if not all(0 < batch.num_rows <= limits.BATCH_MESSAGES_MAX for batch in batches):
+        return None
+    try:
+        table = pa.Table.from_batches(batches, WIRE_SCHEMA)  # all columns of all shares
+    except (pa.ArrowInvalid, TypeError):  # another schema
+        return None
+    # Buffers shared by the shares (slices of one batch) are counted once here; a share's
+    # own count is at most the total, so only a total over the limit needs each share's.
+    if table.get_total_buffer_size() > limits.BATCH_BYTES_MAX and any(
+        batch.get_total_buffer_size() > limits.BATCH_BYTES_MAX for batch in batches
+    ):
+        return None
+    sizes = pc.binary_length(table.column(DATA_COLUMN)).to_numpy().astype(np.int64)
     if int(sizes.max()) > limits.MESSAGE_BYTES_MAX:
         return None
-    codecs = pa.chunked_array([b.column(CODEC_COLUMN) for b in batches])
+    codecs = table.column(CODEC_COLUMN)
     if codecs.null_count:
         return None
     supported = {int(codec) for codec in config.supported_codecs}
