@@ -18,6 +18,7 @@ import pytest
 from engine import tables
 from sql.pgwire.codec import messages as m
 from sql.pgwire.codec import wire_types
+from sql.pgwire.connection import portals
 from sql.pgwire.connection.extended import ExtendedProtocol
 from sql.pgwire.connection.portals import Prepared
 from storage import errors
@@ -71,6 +72,20 @@ def test_text_encoders_are_made_once_per_type() -> None:
     table = pa.table({"a": pa.array([1, None], pa.int32()), "b": ["x", "y"]})
     rows = wire_types.encode_rows(table, [wire_types.INT4, wire_types.TEXT], [0, 0])
     assert rows == [[b"1", b"x"], [None, b"y"]]
+
+
+def test_a_row_description_is_encoded_once_per_shape() -> None:
+    first = portals.described_row(["v", "n"], [wire_types.TEXT, wire_types.INT8], [0, 1])
+    assert portals.described_row(["v", "n"], [wire_types.TEXT, wire_types.INT8], [0, 1]) is first
+    fields = [m.Column("v", wire_types.TEXT, -1, -1, 0), m.Column("n", wire_types.INT8, 8, -1, 1)]
+    assert first == m.row_description(fields)
+    other = portals.described_row(["v", "n"], [wire_types.TEXT, wire_types.INT8], [0, 0])
+    assert other != first  # formats are part of the shape, as are names and OIDs
+    with pytest.raises(ValueError):
+        portals.described_row(["v"], [wire_types.TEXT, wire_types.INT8], [0, 0])
+    long_names = ["x" * 5000]
+    assert portals.described_row(long_names, [wire_types.TEXT], [0]) is not (
+        portals.described_row(long_names, [wire_types.TEXT], [0]))  # fmt: skip
 
 
 def test_a_parse_says_once_whether_the_wire_server_runs_its_statement() -> None:

@@ -131,13 +131,28 @@ def row_description(table: pa.Table | Rows, oids: list[int], formats: list[int])
     return described_row(table.column_names, oids, formats)
 
 
+_ROW_DESCRIPTIONS_KEPT = 1024
+_ROW_DESCRIPTION_NAME_CHARS = 4096  # longer names together (expressions): not kept
+# (names, OIDs, formats) -> the RowDescription message: a repeated statement's is encoded
+# once (it depends on these alone); cleared when full. Thread-safe as dict operations are.
+_row_descriptions: dict[tuple[tuple[str, ...], tuple[int, ...], tuple[int, ...]], bytes] = {}
+
+
 def described_row(names: list[str], oids: list[int], formats: list[int]) -> bytes:
-    return m.row_description(
-        [
-            m.Column(name, oid, wire_types.type_size(oid), -1, fmt)
-            for name, oid, fmt in zip(names, oids, formats, strict=True)
-        ]
-    )
+    key = (tuple(names), tuple(oids), tuple(formats))
+    message = _row_descriptions.get(key)
+    if message is None:
+        message = m.row_description(
+            [
+                m.Column(name, oid, wire_types.type_size(oid), -1, fmt)
+                for name, oid, fmt in zip(names, oids, formats, strict=True)
+            ]
+        )
+        if sum(map(len, names)) <= _ROW_DESCRIPTION_NAME_CHARS:
+            if len(_row_descriptions) >= _ROW_DESCRIPTIONS_KEPT:
+                _row_descriptions.clear()
+            _row_descriptions[key] = message
+    return message
 
 
 class CachedPlanChangedError(FeatureNotSupportedError):
