@@ -359,6 +359,12 @@ class PartitionLog:
             for b in batches
         ]  # fmt: skip
 
+    @property
+    def write_lock(self) -> threading.Lock:
+        """The lock every write holds (``writes_paused`` holds it as a context); a publish
+        over many partitions (``storage.spread_publish``) takes theirs in ascending order."""
+        return self._write_lock
+
     @contextlib.contextmanager
     def writes_paused(self) -> Iterator[None]:
         """Hold the write lock: no write is in flight while the caller runs (a split)."""
@@ -603,12 +609,19 @@ class PartitionLog:
         frame tagged with ``transaction_id``, record its producer state (``record``, as
         ``record_share``), then publish it; returns the base offset. Caller holds the
         lock (``writes_paused``) and checked ``publishable_locked``. ``body``: the
-        batch's encoded body, if at hand."""
+        batch's encoded body, if at hand. Readers waiting for data are not woken here:
+        the caller calls ``notify_readers`` once it has published its shares."""
         assert self._write_lock.locked() and transaction_id > 0
         base_offset, written_at_us = self._write_frame(batch, transaction_id, body)
         record_share(self.producers, record, base_offset, written_at_us)
-        self._publish()
+        self._publish(notify=False)
         return base_offset
+
+    def notify_readers(self) -> None:
+        """Wake the readers waiting for data (``data_ready``, the topic's: once for many
+        partitions' publishes)."""
+        with self.data_ready:
+            self.data_ready.notify_all()
 
     def _segment_for_append(self, now_us: int) -> LogSegment:
         """The active segment, rolled first if it is full or too old."""
@@ -680,11 +693,12 @@ class PartitionLog:
         if self._frame_cache is not None:
             self._frame_cache.discard(self)
 
-    def _publish(self) -> None:
+    def _publish(self, *, notify: bool = True) -> None:
         segment = self._segments[-1]
         self._visible = Visible(segment.next_offset, self._segments, segment.size_bytes)
-        with self.data_ready:
-            self.data_ready.notify_all()
+        if notify:
+            with self.data_ready:
+                self.data_ready.notify_all()
 
     # -- reads -------------------------------------------------------------------------
     def read(

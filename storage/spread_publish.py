@@ -22,8 +22,8 @@ the caller then publishes share by share.
 
 from __future__ import annotations
 
-import contextlib
 import itertools
+import threading
 from collections.abc import Sequence
 
 import numpy as np
@@ -63,15 +63,17 @@ def publish_shares(
         b.num_rows > messages or size > target for b, size in zip(batches, data_bytes, strict=True)
     ):
         return None  # cut into several frames (``frame_cuts.frame_slices``): share by share
-    with contextlib.ExitStack() as locks:
+    taken: list[threading.Lock] = []
+    bases: list[int] = []
+    try:
         for log in logs:
-            locks.enter_context(log.writes_paused())
+            log.write_lock.acquire()
+            taken.append(log.write_lock)
         if not all(log.publishable_locked() for log in logs):
             return None
         decision = decide_shares([log.producers for log in logs], list(batches))
         if decision is None:
             return None
-        bases: list[int] = []
         for log, original, batch, body, size, record in zip(
             logs, batches, decision.batches, bodies, data_bytes, decision.records, strict=True
         ):
@@ -82,6 +84,13 @@ def publish_shares(
                 # (the same bytes), without its checks of the size first.
                 body = serialize_body_buffer(batch) if size <= COPIED_BYTES_MAX else None
             bases.append(log.write_share_locked(batch, transaction_id, body, record))
+    finally:
+        for lock in taken:
+            lock.release()
+        # Wake the readers once per condition (a topic's partitions share its one).
+        written = {id(log.data_ready): log for log in logs[: len(bases)]}
+        for log in written.values():
+            log.notify_readers()
     return bases
 
 

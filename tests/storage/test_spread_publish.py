@@ -164,3 +164,15 @@ def test_a_share_that_fails_its_checks_is_refused_as_one_by_one(
     # one by one: the shares before it were written, none after
     assert [len(rows) for rows in _rows(topic)] == [2, 3, 4, 0, 0, 0]
     topic.close()
+
+
+def test_waiting_readers_are_woken_once(tmp_path: Any, clock: ManualClock) -> None:
+    topic = _topic(tmp_path, clock, "a")
+    woken = []
+    condition = topic.partition(0).data_ready
+    assert all(topic.partition(p).data_ready is condition for p in range(PARTITIONS))
+    original = condition.notify_all
+    condition.notify_all = lambda: (woken.append(1), original())  # type: ignore[method-assign]
+    topic.publish_transactional_many(_shares(0, seq_nos=False), 7)
+    assert woken == [1]
+    topic.close()
