@@ -1,32 +1,39 @@
-"""Large transient byte arrays kept for the next read instead of returned to the system
-(issue 14).
+"""Large read buffers kept for the next read instead of returned to the system (issue 14).
 
-A consumer poll over 1000 partitions reads ~24 MB of frames into one array
-(``storage.bulk_scan``), decodes them (copying what it keeps) and drops the array.
-A fresh array of that size is mapped anew by the allocator (glibc maps one at or above
-its dynamic threshold, which its own last free set; Arrow's mimalloc returns freed
-memory after 10 ms), so a poll faulted in ~6,000 pages again (1,000-2,700 faults, the
-poll's CPU doubling from one poll to the next). The pool keeps a few idle arrays,
-already faulted in, for the next poll. (Memory handed on to a result, the ``data``
-column, stays a plain numpy array: its free keeps glibc's thresholds where the rest of
-the process's reads, a 10-partition read's windows and the rows a client makes, find
-their pages mapped. Pooling it too made those fault, ~3,500 pages a read.)
+A read allocates large byte arrays: a consumer poll over 1000 partitions reads ~24 MB
+of frames into one array (``storage.bulk_scan``); a poll over 10 partitions reads 2 MB
+windows whose frames it decodes in place (``LogSegment.scan``). A fresh array of that
+size is mapped anew by the allocator (glibc maps one at or above its dynamic threshold,
+Arrow's mimalloc returns freed memory after 10 ms), so each read faulted its pages in
+again: 1,000-4,000 faults a poll, up to a third of its CPU, and the count moved with
+whatever else the process had freed. The pool keeps idle arrays, already faulted in,
+for the next read.
 
 ``take(size)`` gives an array of exactly ``size`` bytes (a view of a pooled one when one
-is large enough, and not much larger); ``give`` returns it once nothing refers to it.
+is large enough, and not much larger); ``give`` returns it once nothing refers to it
+(the scan buffer, after a decode that copied what it keeps). ``take(size, lease=True)``
+is for memory handed on (a scan window that frame bodies, cached frames and zero-copy
+batches refer to): the array returns by itself once the view given out is gone.
+
+What a result keeps (the ``data`` column of a poll over small frames) is a plain numpy
+array, not pooled: its free keeps glibc's thresholds where the rows a client makes of a
+result find their pages still mapped (pooling it too made every poll fault ~3,700 pages
+for those rows).
 
 Bounded: at most ``KEEP_ARRAYS`` idle arrays and ``KEEP_BYTES`` idle bytes (the
-smallest dropped first); arrays under ``POOLED_BYTES_MIN`` are not pooled. Thread-safe.
+smallest dropped first); arrays under ``POOLED_BYTES_MIN`` are not pooled (small reads
+keep their ``pread``). Thread-safe.
 """
 
 from __future__ import annotations
 
 import threading
+import weakref
 
 import numpy as np
 
 POOLED_BYTES_MIN = 1024 * 1024
-KEEP_ARRAYS = 2
+KEEP_ARRAYS = 32
 KEEP_BYTES = 64 * 1024 * 1024
 # An idle array serves a request of at least this share of its size (a small request
 # does not pin a large array).
@@ -39,14 +46,19 @@ class BufferPool:
         self._keep_arrays = keep_arrays
         self._keep_bytes = keep_bytes
         self._lock = threading.Lock()
+        self.takes = self.leases = self.fresh = 0  # counts, for tests and profiles
 
     @property
     def idle_bytes(self) -> int:
         with self._lock:
             return sum(array.size for array in self._idle)
 
-    def take(self, size: int) -> np.ndarray:
-        """A uint8 array of ``size`` bytes, contents undefined."""
+    def take(self, size: int, *, lease: bool = False) -> np.ndarray:
+        """A uint8 array of ``size`` bytes, contents undefined. ``lease``: for memory
+        handed on (a read window that frame bodies and zero-copy batches refer to): the
+        array returns to the pool by itself once the view returned is gone; whoever
+        holds the view must not make a numpy slice of it (a slice refers to the pooled
+        array, not to the view: Arrow buffers and memoryviews of the view hold it)."""
         assert size >= 0
         if size < POOLED_BYTES_MIN:
             return np.empty(size, dtype=np.uint8)
@@ -60,9 +72,18 @@ class BufferPool:
                     best = index
             if best is not None:
                 base = self._idle.pop(best)
+        fresh = base is None
         if base is None:
             base = np.empty(size, dtype=np.uint8)
-        return base[:size]
+        view = base[:size]
+        if lease:
+            self.leases += 1
+            weakref.finalize(view, self._keep, base)  # back once the view is gone
+        else:
+            self.takes += 1
+        if fresh:
+            self.fresh += 1
+        return view
 
     def give(self, array: np.ndarray) -> None:
         """Return ``array`` (from ``take``): nothing may refer to it any more."""

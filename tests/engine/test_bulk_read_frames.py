@@ -38,7 +38,15 @@ def _counted_preads(monkeypatch: pytest.MonkeyPatch) -> list[int]:
         sizes.append(len(data))
         return data
 
+    original_into = FileSystem.pread_into
+
+    def counting_into(self: FileSystem, fd: int, target: memoryview, position: int) -> int:
+        got = original_into(self, fd, target, position)  # a large window (buffer_pool)
+        sizes.append(got)
+        return got
+
     monkeypatch.setattr(FileSystem, "pread", counting)
+    monkeypatch.setattr(FileSystem, "pread_into", counting_into)
     return sizes
 
 

@@ -228,16 +228,3 @@ def test_the_buffer_is_reused_and_earlier_results_stay_intact(
     assert decoded.to_pylist() == expected
     with pytest.raises(AssertionError):
         first.decode()  # once only: its buffer is someone else's now
-
-
-def test_the_pool_keeps_few_arrays_and_fits_them() -> None:
-    pool = buffer_pool.BufferPool(keep_arrays=2, keep_bytes=10 << 20)
-    small = pool.take(1 << 20)
-    large = pool.take(4 << 20)
-    huge = pool.take(8 << 20)
-    for array in (small, large, huge):
-        pool.give(array)
-    assert pool.idle_bytes == 8 << 20  # two arrays at most, 10 MiB: the largest kept
-    assert pool.take(3 << 20).base is huge.base  # 8 MiB serves 3 MiB (within 4x)
-    assert pool.take(1 << 20).base is not huge.base
-    assert pool.take(100).base is None  # under POOLED_BYTES_MIN: not pooled

@@ -1,0 +1,74 @@
+"""Large read windows come from a pool and go back to it (``storage.buffer_pool``; issue
+14: fresh arrays of megabytes faulted in their pages on every read).
+
+Properties: a leased array goes back to the pool only once nothing refers to the view
+given out (an Arrow buffer, a slice of it, a batch decoded from it); a batch read from
+pooled windows stays intact while later reads reuse the pool; ``give`` and the bounds.
+"""
+
+from __future__ import annotations
+
+import gc
+from typing import Any
+
+import pyarrow as pa
+import pytest
+
+from storage import buffer_pool, segment
+from storage.buffer_pool import BufferPool
+from storage.record_batch import build_wire_batch
+
+
+def test_a_lease_returns_only_when_the_view_is_gone() -> None:
+    pool = BufferPool()
+    view = pool.take(2 << 20, lease=True)
+    buffer = pa.py_buffer(view)
+    body = buffer.slice(100, 1000)
+    del view, buffer
+    gc.collect()
+    assert pool.idle_bytes == 0  # the slice still holds it
+    del body
+    gc.collect()
+    assert pool.idle_bytes == 2 << 20
+    assert pool.take(2 << 20).base is not None and pool.idle_bytes == 0
+
+
+def test_give_fit_and_bounds() -> None:
+    pool = BufferPool(keep_arrays=2, keep_bytes=10 << 20)
+    arrays = [pool.take(size) for size in (1 << 20, 4 << 20, 8 << 20)]
+    for array in arrays:
+        pool.give(array)
+    assert pool.idle_bytes == 8 << 20  # two arrays at most, 10 MiB: the largest kept
+    assert pool.take(3 << 20).base is arrays[2].base  # 8 MiB serves 3 MiB (within 4x)
+    assert pool.take(1 << 20).base is not arrays[2].base
+    assert pool.take(100).base is None  # under POOLED_BYTES_MIN: not pooled
+
+
+def test_batches_from_pooled_windows_stay_intact_while_the_pool_is_reused(
+    open_partition: Any, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    pool = BufferPool()
+    monkeypatch.setattr(segment, "BUFFERS", pool)
+    partition = open_partition()
+    for index in range(6):  # frames of ~0.5 MiB: windows of 1 MiB and more, pooled
+        data = [bytes([index]) * 1000 + f"{index}-{i}".encode() for i in range(500)]
+        partition.append(build_wire_batch(data))
+    kept = partition.read(0, max_messages=1000, max_bytes=1 << 20)
+    expected = [row["data"] for batch in kept.batches for row in batch.to_pylist()]
+    assert pool.leases > 0 and len(expected) == 1000
+    for _ in range(5):
+        for start in (1000, 2000, 500):
+            partition.read(start, max_messages=1000, max_bytes=1 << 20)
+        gc.collect()
+    assert pool.fresh < pool.leases  # windows were reused
+    again = [row["data"] for batch in kept.batches for row in batch.to_pylist()]
+    assert again == expected
+    assert again[0].startswith(b"\x00" * 1000) and again[-1].endswith(b"1-499")
+
+
+def test_small_windows_are_not_pooled(open_partition: Any, batch: Any) -> None:
+    partition = open_partition()
+    partition.append(batch(5))
+    before = buffer_pool.BUFFERS.leases
+    partition.read(0, max_messages=5, max_bytes=1000)
+    assert buffer_pool.BUFFERS.leases == before
