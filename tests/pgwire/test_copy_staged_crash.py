@@ -47,17 +47,26 @@ def _wait_for(predicate, timeout_s: float = 20.0) -> None:
         time.sleep(0.02)
 
 
-def test_a_server_killed_mid_copy_keeps_only_the_whole_copies(tmp_path: Path) -> None:
+@pytest.mark.parametrize("framed", [False, True])
+def test_a_server_killed_mid_copy_keeps_only_the_whole_copies(tmp_path: Path,
+                                                              framed: bool) -> None:  # fmt: skip
+    """``framed``: the rows name their partitions, so each COPY is staged as a frames
+    file (``storage.staged_frames``), killed while its ``.part`` is written."""
     data_dir = tmp_path / "data"
     process, port = _serve(data_dir)
+    columns = "(data, partition)" if framed else ""
+    partitions = 2 if framed else None
     try:
         with _connect(port) as db:
-            db.execute("CREATE TOPIC events")
-            assert stage(db, "TOPIC events", "w", arrow_stream(messages(100))) == 100
+            db.execute("CREATE TOPIC events WITH (min_active_partitions = 2)")
+            assert stage(db, f"TOPIC events {columns}", "w",
+                         arrow_stream(messages(100, partitions=partitions))) == 100  # fmt: skip
             write_dir = data_dir / WRITES_DIRECTORY / "w"
-            big = pa.table({"data": pa.array([os.urandom(1024)] * 20_000, pa.binary())})
-            stream = arrow_stream(big, max_chunksize=1000)
-            copy_sql = "COPY TOPIC events FROM STDIN (FORMAT arrow, WRITE_ID 'w')"
+            big = {"data": pa.array([os.urandom(1024)] * 20_000, pa.binary())}
+            if framed:
+                big["partition"] = pa.array([i % 2 for i in range(20_000)], pa.int32())
+            stream = arrow_stream(pa.table(big), max_chunksize=1000)
+            copy_sql = f"COPY TOPIC events {columns} FROM STDIN (FORMAT arrow, WRITE_ID 'w')"
             with pytest.raises(psycopg.OperationalError), db.cursor().copy(copy_sql) as copy:
                 copy.write(stream[: len(stream) // 2])
                 _wait_for(lambda: any(n.endswith(".part") for n in os.listdir(write_dir)))
@@ -78,6 +87,9 @@ def test_a_server_killed_mid_copy_keeps_only_the_whole_copies(tmp_path: Path) ->
             assert db.execute("COMMIT WRITES ('w') SINK 's' BATCH 0").fetchone() == (
                 "duplicate", 0)
             assert not (data_dir / WRITES_DIRECTORY / "w").exists()
+            if framed:  # every row in the partition it named
+                assert db.execute("SELECT count(*) FROM TOPIC events WHERE partition = 0"
+                                  ).fetchone() == (50,)  # fmt: skip
     finally:
         process.send_signal(signal.SIGTERM)
         process.wait(timeout=20)
