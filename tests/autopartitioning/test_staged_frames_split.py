@@ -1,0 +1,27 @@
+"""A share staged as frames (``storage.staged_frames``) published to a partition that
+split since it was routed: its decoded rows go to the children by key, once."""
+
+from __future__ import annotations
+
+import os
+
+from storage.fs import FileSystem
+from storage.record_batch import build_wire_batch
+from storage.staged_frames import FrameFileWriter, index_file
+from tests.autopartitioning.conftest import OpenTopic
+
+
+def test_staged_frames_published_to_a_split_partition_land_once_in_its_children(
+        open_topic: OpenTopic, tmp_path) -> None:  # fmt: skip
+    topic = open_topic(1, strategy="paused")
+    path = str(tmp_path / "s.frames")
+    writer = FrameFileWriter(FileSystem(), path)
+    writer.add(0, build_wire_batch([b"m%02d" % i for i in range(20)]))
+    writer.finish()
+    frames = index_file(FileSystem(), path, os.path.getsize(path))[0]
+    topic.split(0)
+    topic.publish_staged(frames, 0, 77)
+    assert topic.partition(0).end_offset == 0
+    found = sorted(data for child in (1, 2) for record in topic.read(child, 0).batches
+                   for data in record.column("data").to_pylist())  # fmt: skip
+    assert found == [b"m%02d" % i for i in range(20)]
