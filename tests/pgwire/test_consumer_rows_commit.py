@@ -255,3 +255,31 @@ def test_a_portal_fetched_in_parts_commits_with_its_last_part(connect: Connect, 
     assert got[-1][1] == b"I"
     assert committed(admin, "small") == 10  # the suspended read was rolled back
     assert binary_read(admin, "small", 5) == written[10:15]
+
+
+def test_a_copy_executed_while_a_read_is_held_runs_on_its_own(connect: Connect, raw) -> None:
+    """A COPY portal bound before a read's portal was described (which runs the read and
+    holds its transaction) and executed next: the held read is rolled back first, and the
+    COPY reads and commits in a transaction of its own, not inside the held one."""
+    admin = connect(autocommit=True)
+    written = _fill(admin, "small", rows=50, size=100)
+    read = READ.format(topic="small", count=10)
+    copy = f"COPY ({READ.format(topic='small', count=5)}) TO STDOUT"
+    no_types = struct.pack("!h", 0)
+    client = raw()
+    client.send(
+        m.message(b"P", m.cstr("s_read") + m.cstr(read) + no_types)
+        + m.message(b"P", m.cstr("s_copy") + m.cstr(copy) + no_types)
+        + m.message(b"B", m.cstr("p_copy") + m.cstr("s_copy") + struct.pack("!hhh", 0, 0, 0))
+        + m.message(b"B", m.cstr("") + m.cstr("s_read") + struct.pack("!hhhh", 0, 0, 1, 1))
+        + m.message(b"D", b"P\0")  # runs the read: its transaction is held
+        + m.message(b"E", m.cstr("p_copy") + struct.pack("!i", 0))
+        + SYNC
+    )
+    got = client.until_ready()
+    kinds = [kind for kind, _ in got]
+    assert kinds[:5] == [b"1", b"1", b"2", b"2", b"T"] and kinds[-1] == b"Z"
+    assert b"E" not in kinds and b"H" in kinds and b"C" in kinds
+    assert got[-1][1] == b"I"
+    assert committed(admin, "small") == 5  # the COPY's own read, from the start
+    assert binary_read(admin, "small", 5) == written[5:10]

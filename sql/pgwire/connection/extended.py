@@ -456,6 +456,8 @@ class ExtendedProtocol:
     async def on_execute(self, message: m.Execute) -> None:
         portal = self._portal(message.portal)
         if portal.prepared.copy:  # COPY (commands)
+            if self.held is not None:  # another portal's read: it is not going on
+                await self.settle_held()
             self.log_statement(portal.prepared.query)
             await wire_commands.execute_copy(self.context, portal.prepared.statement)
             return
