@@ -29,6 +29,7 @@ from __future__ import annotations
 
 import threading
 import weakref
+from collections import deque
 
 import numpy as np
 
@@ -46,11 +47,16 @@ class BufferPool:
         self._keep_arrays = keep_arrays
         self._keep_bytes = keep_bytes
         self._lock = threading.Lock()
+        # Leased arrays whose views are gone, appended by their finalizers without the
+        # lock (a finalizer may run in a garbage collection inside a locked section) and
+        # taken into ``_idle`` by the next call.
+        self._returned: deque[np.ndarray] = deque()
         self.takes = self.leases = self.fresh = 0  # counts, for tests and profiles
 
     @property
     def idle_bytes(self) -> int:
         with self._lock:
+            self._collect_returned()
             return sum(array.size for array in self._idle)
 
     def take(self, size: int, *, lease: bool = False) -> np.ndarray:
@@ -64,6 +70,7 @@ class BufferPool:
             return np.empty(size, dtype=np.uint8)
         base = None
         with self._lock:
+            self._collect_returned()
             best = None  # by index: arrays compare by value, not identity
             for index, array in enumerate(self._idle):
                 if size <= array.size <= FIT_SHARE * size and (
@@ -78,7 +85,7 @@ class BufferPool:
         view = base[:size]
         if lease:
             self.leases += 1
-            weakref.finalize(view, self._keep, base)  # back once the view is gone
+            weakref.finalize(view, self._returned.append, base)  # back once it is gone
         else:
             self.takes += 1
         if fresh:
@@ -94,14 +101,24 @@ class BufferPool:
 
     def _keep(self, base: np.ndarray) -> None:
         with self._lock:
-            if any(array is base for array in self._idle):
-                return
-            self._idle.append(base)
-            self._idle.sort(key=lambda array: array.size, reverse=True)
-            while len(self._idle) > self._keep_arrays or (
-                sum(array.size for array in self._idle) > self._keep_bytes
-            ):
-                self._idle.pop()  # the smallest: large polls are the ones to serve
+            self._add(base)
+            self._collect_returned()
+
+    def _collect_returned(self) -> None:
+        """Under the lock: the returned arrays into ``_idle``."""
+        while self._returned:
+            self._add(self._returned.popleft())
+
+    def _add(self, base: np.ndarray) -> None:
+        """Under the lock: ``base`` idle, within the bounds."""
+        if any(array is base for array in self._idle):
+            return
+        self._idle.append(base)
+        self._idle.sort(key=lambda array: array.size, reverse=True)
+        while len(self._idle) > self._keep_arrays or (
+            sum(array.size for array in self._idle) > self._keep_bytes
+        ):
+            self._idle.pop()  # the smallest: large polls are the ones to serve
 
 
 # The process's pool, shared by every read.

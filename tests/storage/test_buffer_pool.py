@@ -9,6 +9,7 @@ pooled windows stays intact while later reads reuse the pool; ``give`` and the b
 from __future__ import annotations
 
 import gc
+import threading
 from typing import Any
 
 import pyarrow as pa
@@ -72,3 +73,21 @@ def test_small_windows_are_not_pooled(open_partition: Any, batch: Any) -> None:
     before = buffer_pool.BUFFERS.leases
     partition.read(0, max_messages=5, max_bytes=1000)
     assert buffer_pool.BUFFERS.leases == before
+
+
+def test_a_lease_returned_while_the_pool_is_locked_does_not_deadlock() -> None:
+    """A finalizer may run inside the pool's own locked section (a garbage collection
+    there): it only queues the array, which the next call takes in."""
+    pool = BufferPool()
+    view = pool.take(2 << 20, lease=True)
+
+    def drop_under_the_lock() -> None:
+        nonlocal view
+        with pool._lock:
+            del view  # the finalizer runs here, in this thread, the lock held
+
+    worker = threading.Thread(target=drop_under_the_lock, daemon=True)
+    worker.start()
+    worker.join(60)
+    assert not worker.is_alive(), "the finalizer waited for the pool's lock"
+    assert pool.idle_bytes == 2 << 20
