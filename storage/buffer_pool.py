@@ -27,6 +27,7 @@ keep their ``pread``). Thread-safe.
 
 from __future__ import annotations
 
+import os
 import threading
 import weakref
 from collections import deque
@@ -120,6 +121,14 @@ class BufferPool:
         ):
             self._idle.pop()  # the smallest: large polls are the ones to serve
 
+    def forget(self) -> None:
+        """Start empty with a new lock (a forked child: the lock may have been held by a
+        thread of the parent that the child does not have)."""
+        self._lock = threading.Lock()
+        self._idle = []
+        self._returned = deque()
+
 
 # The process's pool, shared by every read.
 BUFFERS = BufferPool()
+os.register_at_fork(after_in_child=BUFFERS.forget)

@@ -9,6 +9,8 @@ pooled windows stays intact while later reads reuse the pool; ``give`` and the b
 from __future__ import annotations
 
 import gc
+import os
+import signal
 import threading
 from typing import Any
 
@@ -91,3 +93,19 @@ def test_a_lease_returned_while_the_pool_is_locked_does_not_deadlock() -> None:
     worker.join(60)
     assert not worker.is_alive(), "the finalizer waited for the pool's lock"
     assert pool.idle_bytes == 2 << 20
+
+
+def test_a_forked_child_starts_with_an_empty_pool_and_a_free_lock() -> None:
+    buffer_pool.BUFFERS.give(buffer_pool.BUFFERS.take(2 << 20))
+    with buffer_pool.BUFFERS._lock:  # held by this thread when the child is forked
+        child = os.fork()
+        if child == 0:
+            signal.alarm(60)  # a child stuck on the parent's lock dies instead of hanging
+            try:
+                ok = buffer_pool.BUFFERS.idle_bytes == 0
+                buffer_pool.BUFFERS.give(buffer_pool.BUFFERS.take(2 << 20))
+                os._exit(0 if ok and buffer_pool.BUFFERS.idle_bytes == 2 << 20 else 1)
+            finally:
+                os._exit(2)
+    _, status = os.waitpid(child, 0)
+    assert os.WIFEXITED(status) and os.WEXITSTATUS(status) == 0
