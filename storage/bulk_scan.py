@@ -75,9 +75,11 @@ class ScannedFrames:
     def in_order(self, partitions: Sequence[int]) -> ScannedFrames:
         """The same slices, partitions in the order of ``partitions`` (each partition's
         slices keep their order)."""
-        rank = {p: index for index, p in enumerate(partitions)}
-        keys = np.fromiter((rank[p] for p in self.partitions.tolist()), np.int64, len(self))
-        order = np.argsort(keys, kind="stable")
+        ids = np.fromiter(partitions, np.int64, len(partitions))
+        by_id = np.argsort(ids, kind="stable")
+        at = np.searchsorted(ids[by_id], self.partitions)
+        assert np.array_equal(ids[by_id][at], self.partitions), "a partition not listed"
+        order = np.argsort(by_id[at], kind="stable")  # each slice's partition's rank
         if np.array_equal(order, np.arange(len(order))):
             return self
         assert not self.released
