@@ -46,7 +46,7 @@ import pyarrow as pa
 
 from storage import limits
 from storage.crc_combine import crc32c_combine
-from storage.errors import CorruptSegmentError, StorageIOError
+from storage.errors import CorruptSegmentError, LimitExceededError, StorageIOError
 from storage.frame_cuts import cuttable, frame_slices
 from storage.fs import FileSystem
 from storage.record_batch import (
@@ -55,7 +55,6 @@ from storage.record_batch import (
     TRANSACTIONAL,
     WIRE_SCHEMA,
     FrameHeader,
-    check_wire_batch,
     serialize_body_buffer,
 )
 
@@ -103,8 +102,12 @@ class FrameFileWriter:
         rows of ``partition``; writes every frame they fill."""
         assert partition >= 0 and batch.num_rows > 0
         assert batch.schema.equals(WIRE_SCHEMA) and cuttable(batch)
-        check_wire_batch(batch)
+        # Per-message limits only: ``batch`` may be a slice of a larger incoming batch
+        # (whose buffers ``get_total_buffer_size`` would count whole) and its rows are cut
+        # into frames below; each frame is checked against the batch limits when written.
         data = _data_bytes(batch)
+        if data > limits.MESSAGE_BYTES_MAX:
+            _check_messages(batch)
         self._pending.setdefault(partition, []).append(batch)
         self._pending_rows[partition] = self._pending_rows.get(partition, 0) + batch.num_rows
         self._pending_data[partition] = self._pending_data.get(partition, 0) + data
@@ -149,6 +152,11 @@ class FrameFileWriter:
 
     def _write_frame(self, partition: int, batch: pa.RecordBatch) -> None:
         body = serialize_body_buffer(batch)
+        if batch.num_rows > limits.BATCH_MESSAGES_MAX or body.size > limits.BATCH_BYTES_MAX:
+            raise LimitExceededError(
+                f"a frame of {batch.num_rows} messages and {body.size} bytes exceeds the "
+                f"limits of {limits.BATCH_MESSAGES_MAX} messages and "
+                f"{limits.BATCH_BYTES_MAX} bytes")  # fmt: skip
         body_crc = crc32c.crc32c(body)
         header = STAGED_HEADER.pack(STAGED_MAGIC, body_crc, partition, batch.num_rows, body.size)
         assert self._fd is not None
@@ -168,6 +176,17 @@ class FrameFileWriter:
 def _full(batch: pa.RecordBatch) -> bool:
     return (batch.num_rows >= limits.FRAME_TARGET_MESSAGES
             or _data_bytes(batch) >= limits.FRAME_TARGET_BYTES)  # fmt: skip
+
+
+def _check_messages(batch: pa.RecordBatch) -> None:
+    """Refuse (54000) a message over ``MESSAGE_BYTES_MAX``."""
+    data = batch.column(5)
+    offsets = np.frombuffer(data.buffers()[1], dtype=np.int32, count=len(data) + 1,
+                            offset=data.offset * 4)  # fmt: skip
+    largest = int(np.max(np.diff(offsets)))
+    if largest > limits.MESSAGE_BYTES_MAX:
+        raise LimitExceededError(
+            f"message of {largest} bytes exceeds the limit of {limits.MESSAGE_BYTES_MAX} bytes")
 
 
 def _data_bytes(batch: pa.RecordBatch) -> int:

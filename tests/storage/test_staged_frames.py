@@ -14,7 +14,7 @@ from storage import limits
 from storage.clock import ManualClock
 from storage.config import TopicConfig
 from storage.crc_combine import crc32c_combine
-from storage.errors import CorruptSegmentError
+from storage.errors import CorruptSegmentError, LimitExceededError
 from storage.fs import FileSystem
 from storage.partition_log import PartitionLog
 from storage.record_batch import build_wire_batch
@@ -160,3 +160,31 @@ def test_a_published_share_is_the_staged_frames_verified_on_read(tmp_path, monke
             assert fs.written >= sum(f.body_bytes for f in frames)
     finally:
         log.close()
+
+
+def test_one_partitions_rows_over_a_batchs_bytes_are_cut_into_frames_not_refused(
+        tmp_path, monkeypatch) -> None:  # fmt: skip
+    # Rows given as a slice of a larger batch, and a partition's waiting rows over the
+    # batch limit, are not a batch: they are cut into frames, each within the limits.
+    monkeypatch.setattr(limits, "BATCH_BYTES_MAX", 64 * 1024)
+    monkeypatch.setattr(limits, "FRAME_TARGET_BYTES", 16 * 1024)
+    big = _rows(0, 2000, 200)  # ~400 KiB of buffers
+    pieces = [(0, big.slice(s, 100)) for s in range(0, 2000, 100)]
+    path, writer = _written(tmp_path, pieces)
+    frames = index_file(FileSystem(), path, writer.size)[0]
+    assert len(frames) > 1 and all(f.body_bytes <= 64 * 1024 for f in frames)
+    assert decode(FileSystem(), frames).column(5).to_pylist() == big.column(5).to_pylist()
+
+
+def test_a_message_over_the_limit_or_a_frame_over_a_batch_is_refused(
+        tmp_path, monkeypatch) -> None:  # fmt: skip
+    writer = FrameFileWriter(FileSystem(), str(tmp_path / "m.frames"))
+    monkeypatch.setattr(limits, "MESSAGE_BYTES_MAX", 150)
+    with pytest.raises(LimitExceededError, match="message of 200 bytes"):
+        writer.add(0, _rows(0, 3, 200))
+    monkeypatch.setattr(limits, "MESSAGE_BYTES_MAX", 1 << 20)
+    monkeypatch.setattr(limits, "BATCH_BYTES_MAX", 100)  # below one message's frame
+    with pytest.raises(LimitExceededError, match="a frame of 1 messages"):
+        writer.add(0, _rows(0, 1, 200))
+        writer.finish()
+    writer.close()
