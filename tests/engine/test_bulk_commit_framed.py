@@ -129,6 +129,7 @@ def test_framed_writes_mixed_with_writes_staged_as_they_came_are_copied_together
 
 def test_framed_writes_over_a_transactions_share_go_in_parts(tmp_path, monkeypatch) -> None:
     monkeypatch.setattr(limits, "BATCH_MESSAGES_MAX", 300)
+    monkeypatch.setattr(limits, "FRAME_TARGET_MESSAGES", 100)  # a frame within a batch
     monkeypatch.setattr(bulk_publish, "PART_ROWS", 270)
     database = _open(tmp_path)
     try:
