@@ -152,11 +152,12 @@ class FrameFileWriter:
 
     def _write_frame(self, partition: int, batch: pa.RecordBatch) -> None:
         body = serialize_body_buffer(batch)
-        if batch.num_rows > limits.BATCH_MESSAGES_MAX or body.size > limits.BATCH_BYTES_MAX:
+        # Its messages are bounded by the frame target (``frame_cuts``); its bytes by the
+        # target plus one message, checked as a batch's would be.
+        if body.size > limits.BATCH_BYTES_MAX:
             raise LimitExceededError(
-                f"a frame of {batch.num_rows} messages and {body.size} bytes exceeds the "
-                f"limits of {limits.BATCH_MESSAGES_MAX} messages and "
-                f"{limits.BATCH_BYTES_MAX} bytes")  # fmt: skip
+                f"a frame of {body.size} bytes exceeds the limit of {limits.BATCH_BYTES_MAX} "
+                "bytes")  # fmt: skip
         body_crc = crc32c.crc32c(body)
         header = STAGED_HEADER.pack(STAGED_MAGIC, body_crc, partition, batch.num_rows, body.size)
         assert self._fd is not None
