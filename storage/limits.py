@@ -28,6 +28,10 @@ FRAME_TARGET_MESSAGES = 4096
 # a sync costs about what writing half a MiB durably does here (docs/scale.md), so big
 # shares gain nothing.
 SPREAD_SHARE_BYTES_MAX = 512 * 1024
+# A spread publish (storage.spread_publish) encodes shares of at most this much message
+# data into one body itself (a copy: the bytes FrameEncoder writes either way); larger
+# shares go to FrameEncoder's zero-copy path.
+SPREAD_COPIED_BYTES_MAX = 32 * 1024
 # Producer ids and message group ids: YDB allows up to 2,048 bytes.
 PRODUCER_ID_BYTES_MAX = 2048
 METADATA_ITEMS_MAX = 64

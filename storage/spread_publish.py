@@ -38,9 +38,6 @@ from storage.record_batch import WIRE_SCHEMA, serialize_body_buffer
 
 CODEC_COLUMN = 4  # of ``record_batch.WIRE_SCHEMA``
 DATA_COLUMN = 5
-# Shares of at most this much message data are encoded into one body here (a copy, the
-# bytes ``FrameEncoder`` writes either way); larger ones go to its zero-copy path.
-COPIED_BYTES_MAX = 32 * 1024
 
 
 def publish_shares(
@@ -82,7 +79,8 @@ def publish_shares(
             if batch is not original or body is None:
                 # A small share is copied into one body, as ``FrameEncoder`` would copy it
                 # (the same bytes), without its checks of the size first.
-                body = serialize_body_buffer(batch) if size <= COPIED_BYTES_MAX else None
+                small = size <= limits.SPREAD_COPIED_BYTES_MAX
+                body = serialize_body_buffer(batch) if small else None
             bases.append(log.write_share_locked(batch, transaction_id, body, record))
     finally:
         for lock in taken:
