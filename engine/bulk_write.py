@@ -570,8 +570,12 @@ class BulkWrites:
         fs = self.database.store.fs
         for ids in framed.values():
             paths = [p for w in ids for p in _staged_files(moved[w])]
-            meta = {**metas[ids[0]], "dirs": [relative],
-                    "frames": [staged_refs.file_entry(self.database.path, p) for p in paths]}
+            entries = [staged_refs.file_entry(self.database.path, p) for p in paths]
+            # The bytes the record will name, checked before the commit point: a file
+            # damaged since it was staged is refused (XX001) and the writes moved back.
+            for path, (_, size, crc) in zip(paths, entries, strict=True):
+                staged_refs.check_frames_file(fs, path, size, crc, "staged")
+            meta = {**metas[ids[0]], "dirs": [relative], "frames": entries}
             writes.append((meta, staged_refs.FramedRows(fs, paths,
                                                         staged_refs.index_framed(fs, paths))))
         for index in eligible:

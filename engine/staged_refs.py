@@ -429,6 +429,17 @@ class FramedWrite(PendingWrite):
         staging.count(self.nbytes)
 
 
+def check_frames_file(fs: FileSystem, path: str, size: int, crc: int, what: str) -> None:
+    """Raise ``CorruptSegmentError`` (XX001) unless the frames file at ``path`` is ``size``
+    bytes whose CRC-32C is ``crc`` (read whole: the commit, before its commit point, and
+    recovery)."""
+    found = os.path.getsize(path) if os.path.exists(path) else -1
+    if found != size or file_crc(fs, path, size) != crc:
+        raise CorruptSegmentError(
+            f"a {what} bulk write's frames file is damaged ({found} bytes, {size} "
+            f"{what})", path=path, position=0)  # fmt: skip
+
+
 def framed_reference_frames(root: str, fs: FileSystem, references: list[Reference],
                             checked: dict[tuple, dict[int, list[StagedFrame]]],
                             ) -> list[StagedFrame]:  # fmt: skip
@@ -442,11 +453,7 @@ def framed_reference_frames(root: str, fs: FileSystem, references: list[Referenc
             paths = []
             for relative, size, crc in reference["frames"]:
                 path = os.path.join(root, relative)
-                found = os.path.getsize(path) if os.path.exists(path) else -1
-                if found != size or file_crc(fs, path, size) != crc:
-                    raise CorruptSegmentError(
-                        f"a committed bulk write's staged frames file is damaged ({found} "
-                        f"bytes, {size} committed)", path=path, position=0)  # fmt: skip
+                check_frames_file(fs, path, size, crc, "committed")
                 paths.append(path)
             checked[key] = index_framed(fs, paths)
         share = checked[key].get(reference["partition"])

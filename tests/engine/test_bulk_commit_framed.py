@@ -8,14 +8,17 @@ from __future__ import annotations
 
 import json
 import os
+import shutil
 
 import pyarrow as pa
+import pytest
 
 from engine import bulk_publish, bulk_write
 from engine.catalog import SCHEMA
 from engine.database import Database
 from engine.staged_writes import TransactionStaging
 from storage import limits
+from storage.errors import CorruptSegmentError
 from storage.partition_log import PartitionLog
 from storage.record_batch import FrameEncoder
 
@@ -212,3 +215,60 @@ def test_a_batch_frames_cannot_hold_stages_the_rest_of_its_stream_as_it_came(tmp
         session.close()
     finally:
         database.close()
+
+
+def _flip_a_body_byte(database, write_id: str) -> tuple[str, int]:
+    (path,) = [os.path.join(root, name)
+               for root, _, names in os.walk(os.path.join(database.path, "bulk_writes", write_id))
+               for name in names if name.endswith(".frames")]  # fmt: skip
+    position = 24 + 200  # inside the first frame's body
+    with open(path, "r+b") as handle:
+        handle.seek(position)
+        value = handle.read(1)[0]
+        handle.seek(position)
+        handle.write(bytes([value ^ 0xFF]))
+    return path, value
+
+
+def test_a_frames_file_damaged_after_staging_is_refused_and_stays_staged(tmp_path) -> None:
+    # The commit checks the staged bytes before its commit point: nothing is published
+    # (before, the damaged frame was published and its readers failed, and a crash
+    # before the checkpoint left a database that refused to open); the write is moved
+    # back, still staged: once repaired it commits, or it can be aborted.
+    database = _open(tmp_path)
+    try:
+        _stage(database, "a", 0, 200)
+        path, value = _flip_a_body_byte(database, "a")
+        with pytest.raises(CorruptSegmentError, match="frames file is damaged") as raised:
+            _commit(database, 1, ["a"])
+        assert raised.value.sqlstate == "XX001"
+        assert _partitions(database) == {0: [], 1: []}
+        session = database.connect()
+        try:
+            assert [w.write_id for w in bulk_write.for_database(database).list(session)] == ["a"]
+        finally:
+            session.close()
+        assert not os.listdir(os.path.join(database.path, "bulk_commits"))
+        # A crash now: the files as they are, opened again.
+        shutil.copytree(database.path, str(tmp_path / "crash"))
+        with open(path, "r+b") as handle:  # repaired: the very write commits
+            handle.seek(24 + 200)
+            handle.write(bytes([value]))
+        assert _commit(database, 1, ["a"]) == {"status": "committed", "rows": 200}
+        assert _partitions(database) == _expected((0, 200))
+    finally:
+        database.close()
+    reopened = Database.open(str(tmp_path / "crash"), retention_interval_s=None)
+    try:
+        assert _partitions(reopened) == {0: [], 1: []}
+        session = reopened.connect()
+        try:
+            bulk = bulk_write.for_database(reopened)
+            assert [w.write_id for w in bulk.list(session)] == ["a"]
+            with pytest.raises(CorruptSegmentError):
+                bulk.commit(session, "s", 1, ["a"])
+            assert bulk.abort(session, ["a"]) == 1
+        finally:
+            session.close()
+    finally:
+        reopened.close()
