@@ -121,7 +121,8 @@ class FileSystem:
         process); a short copy is retried to the end. Where the kernel cannot (another
         file system, no such call), or in a subclass that models writes (its ``pwrite``
         is its own: a test file system sees every byte written), the bytes are read and
-        written in pieces. A source shorter than ``size`` is an error (``StorageIOError``)."""
+        written in pieces (also once the kernel copies nothing: 0 before ``size``). A source
+        shorter than ``size`` is an error (``StorageIOError``)."""
         done = 0
         native = type(self).pwrite is FileSystem.pwrite and hasattr(os, "copy_file_range")
         try:
@@ -136,7 +137,10 @@ class FileSystem:
                     native = False
                     break
                 if copied == 0:
-                    raise OSError(errno.EIO, "the source ended before the copy")
+                    # Some file systems copy nothing where they cannot (rather than an
+                    # error): the loop below copies the rest, and tells a real end of file.
+                    native = False
+                    break
                 done += copied
             while done < size:
                 piece = os.pread(source_fd, min(size - done, _COPY_PIECE_BYTES),

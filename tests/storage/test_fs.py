@@ -145,3 +145,32 @@ def test_pwritev_of_more_buffers_than_the_kernel_takes_writes_them_all(tmp_path:
     with open(path, "rb") as handle:
         data = handle.read()
     assert data == b"\0" * 5 + b"".join(parts)
+
+
+@pytest.mark.skipif(not hasattr(os, "copy_file_range"), reason="no copy_file_range")
+def test_copy_range_falls_back_when_the_kernel_copies_nothing(tmp_path: Any, monkeypatch) -> None:
+    # copy_file_range returning 0 before the end (a file system that copies nothing
+    # where it cannot) is not an end of file: the bytes are read and written instead.
+    data = os.urandom(300_007)
+    (tmp_path / "src").write_bytes(data)
+    real = os.copy_file_range
+    calls = []
+
+    def first_then_nothing(source, target, count, source_position, target_position):
+        calls.append(count)
+        if len(calls) == 1:
+            return real(source, target, 1000, source_position, target_position)
+        return 0
+
+    monkeypatch.setattr(os, "copy_file_range", first_then_nothing)
+    fs = FileSystem()
+    source = fs.open_read(str(tmp_path / "src"))
+    target = fs.open_write(str(tmp_path / "dst"))
+    try:
+        fs.copy_range(source, 3, target, 8, len(data) - 3)
+        assert (tmp_path / "dst").read_bytes()[8:] == data[3:]
+        with pytest.raises(StorageIOError):  # a real end of file is still an error
+            fs.copy_range(source, len(data) - 10, target, 0, 20)
+    finally:
+        fs.close(source)
+        fs.close(target)
