@@ -6,6 +6,19 @@ message and when it last wrote. A message of a producer whose ``seq_no`` is not
 above that largest one is a duplicate: skipped and reported, never written.
 Keys that have not written for ``expiry_us`` are forgotten (YDB: 14 days).
 
+Expiry is forgetting, whole: an entry whose key has been silent for ``expiry_us``
+reads as absent to every decision (``entry``, ``live_entries``, ``decide_shares``) and,
+when the key writes again, is *replaced* by a new entry, never merged into
+(``_put``): its old last seq_no, offsets and recent seq_nos are gone. So a producer
+that restarts after its expiry at a low seq_no (5 after 100) is a new producer, and its
+next messages (6, 7, ...) are not taken for duplicates of the forgotten 100. That is the
+rule of the systems this model follows: Kafka's partition leader expires a producer id
+after ``producer.id.expiration.ms`` without a write, and once its state is removed the
+producer is unknown (``UnknownProducerIdException``: the producer's metadata is removed
+and it starts over); YDB keeps a source's seq_no for dedup only while it writes within
+the retention of that state. The write time decides (``written_at_us`` of the write,
+the frames' times in replay), so live writes and recovery agree.
+
 Persistence: a JSON snapshot ``<offset>.snapshot`` taken at segment roll and
 clean close records the state as of ``offset``; on open the newest snapshot not
 past the log end is loaded and the log from its offset on is replayed
@@ -342,6 +355,8 @@ class ProducerStateManager:
                 self._put(key, None, offset, written_at_us, _EMPTY, _EMPTY)
                 continue
             entry = self._entries.get(key)
+            if entry is not None and entry.last_written_at_us + self._expiry_us <= written_at_us:
+                entry = None  # expired: ``_put`` replaces it
             if len(rows) == 1 and (
                 entry is None or entry.last_seq_no is None or largest >= entry.last_seq_no
             ):
@@ -363,8 +378,23 @@ class ProducerStateManager:
         written_at_us: int,
         recent_seq_nos: np.ndarray,
         recent_offsets: np.ndarray,
+        first_written_at_us: int | None = None,
     ) -> None:
+        """Merge a write of ``key`` into its entry, or make a new one.
+
+        An entry already expired when this write came (``first_written_at_us``, the
+        time of the key's first message in it; ``written_at_us`` unless a replay run
+        aggregated several writes) is replaced wholesale, not merged (the module doc):
+        its key is a new producer. It does not count against the producer limit (it
+        held its place until ``expire`` ran).
+        """
         entry = self._entries.get(key)
+        came_at = written_at_us if first_written_at_us is None else first_written_at_us
+        if entry is not None and entry.last_written_at_us + self._expiry_us <= came_at:
+            self._entries[key] = ProducerEntry(
+                seq_no, offset, written_at_us, recent_seq_nos, recent_offsets
+            )
+            return
         if entry is None:
             if len(self._entries) >= limits.PRODUCERS_PER_PARTITION_MAX:
                 self.expire()
@@ -396,17 +426,42 @@ class ProducerStateManager:
         ).filter(pc.is_valid(pc.field("key")))
         if table.num_rows == 0:
             return
+        times = table.column("written_at")
+        if pc.max(times).as_py() - pc.min(times).as_py() >= self._expiry_us:
+            table = self._after_last_expiry(table)  # a key may have expired inside the run
         grouped = table.group_by("key").aggregate(
-            [("seq_no", "max"), ("offset", "max"), ("written_at", "max")]
+            [("seq_no", "max"), ("offset", "max"), ("written_at", "max"), ("written_at", "min")]
         )
-        for key, seq_no, offset, written_at in zip(
+        for key, seq_no, offset, written_at, first_at in zip(
             *(
                 grouped.column(name).to_pylist()
-                for name in ("key", "seq_no_max", "offset_max", "written_at_max")
+                for name in ("key", "seq_no_max", "offset_max", "written_at_max", "written_at_min")
             ),
             strict=True,
         ):
-            self._put(key, seq_no, offset, written_at, np.empty(0, np.int64), np.empty(0, np.int64))
+            self._put(key, seq_no, offset, written_at, _EMPTY, _EMPTY, first_written_at_us=first_at)
+
+    def _after_last_expiry(self, table: pa.Table) -> pa.Table:
+        """The rows of ``table`` (a replay run: key, seq_no, offset, written_at) written
+        after each key's last silence of ``expiry_us`` or more inside the run: the key
+        expired there, so its earlier rows are forgotten (``_put`` forgets an entry
+        expired before a write in the same way)."""
+        keys = table.column("key").combine_chunks().dictionary_encode().indices
+        numbers = keys.to_numpy(zero_copy_only=False).astype(np.int64)
+        offsets = table.column("offset").to_numpy().astype(np.int64)
+        times = table.column("written_at").to_numpy().astype(np.int64)
+        order = np.lexsort((offsets, numbers))  # by key, then offset (write order)
+        sorted_keys, sorted_times = numbers[order], times[order]
+        new_key = np.ones(len(order), dtype=bool)
+        new_key[1:] = sorted_keys[1:] != sorted_keys[:-1]
+        silence = np.zeros(len(order), dtype=bool)
+        silence[1:] = sorted_times[1:] - sorted_times[:-1] >= self._expiry_us
+        stretch = np.cumsum(new_key | silence)  # a key's run of writes without expiry
+        key_index = np.cumsum(new_key) - 1
+        key_ends = np.append(np.flatnonzero(new_key)[1:] - 1, len(order) - 1)
+        keep = np.empty(len(order), dtype=bool)
+        keep[order] = stretch == stretch[key_ends][key_index]
+        return table.filter(pa.array(keep))
 
     def expire(self) -> int:
         """Forget keys silent for longer than the expiry; returns how many."""
@@ -673,7 +728,6 @@ def decide_shares(
     # The producers' last seq_nos (as ``entry``: expired entries read as absent), and
     # how many keys each partition would learn.
     lasts = np.empty(len(group_starts), np.int64)
-    raw_lasts: list[int | None] = []  # the stored entry's, expired or not (``_record_small``)
     new_keys = [0] * len(batches)
     now = managers[0]._clock.now_us()
     for group, (share, key) in enumerate(zip(group_shares, group_keys, strict=True)):
@@ -682,9 +736,8 @@ def decide_shares(
         if entry is None:
             new_keys[share] += 1
             lasts[group] = -1
-            raw_lasts.append(None)
             continue
-        raw_lasts.append(entry.last_seq_no)
+        # An expired entry is absent (and ``_put`` replaces it: it adds no key).
         live = entry.last_written_at_us + manager._expiry_us > now
         lasts[group] = -1 if not live or entry.last_seq_no is None else entry.last_seq_no
     for manager, adding in zip(managers, new_keys, strict=True):
@@ -710,11 +763,11 @@ def decide_shares(
     last_rows = [sorted_rows[end - 1] for end in group_ends.tolist()]
     recent: list[tuple[np.ndarray, np.ndarray] | None] = []
     sorted_rows_array = np.array(sorted_rows, dtype=np.int64)
-    for group, (start, end) in enumerate(zip(group_starts.tolist(), group_ends.tolist(),
-                                             strict=True)):  # fmt: skip
-        raw = raw_lasts[group]
-        if end - start == 1 and (raw is None or largest[group] >= raw):
-            recent.append(None)  # ``_record_small``: the last seq_no alone finds it
+    for start, end in zip(group_starts.tolist(), group_ends.tolist(), strict=True):
+        # One message past the live last seq_no (an expired entry is replaced):
+        # ``_record_small`` keeps no arrays, the last seq_no alone finds it.
+        if end - start == 1:
+            recent.append(None)
         else:
             recent.append((sorted_seq_nos[start:end].copy(), sorted_rows_array[start:end].copy()))
     share_bounds = np.searchsorted(np.array(group_shares, np.int64),
