@@ -58,6 +58,7 @@ from engine.transaction import PendingWrite
 from engine.writes import build_batches
 from storage import failpoints, limits
 from storage.errors import (
+    DuplicateColumnError,
     InsufficientPrivilegeError,
     InvalidParameterValueError,
     LimitExceededError,
@@ -168,10 +169,17 @@ class BulkWrites:
                schema: pa.Schema) -> int:  # fmt: skip
         """Stage ``batches`` as one file of write ``write_id``; returns the rows staged.
 
-        Past the staging disk cap the file is deleted and 54000 raised.
+        Past the staging disk cap the file is deleted and 54000 raised; a schema naming
+        a column twice is refused (42701) before anything is staged.
         """
         meta = self._meta(session, write_id)
         _check_target(session, meta["kind"], meta["name"])
+        names = schema.names
+        if len(set(names)) != len(names):
+            twice = sorted({name for name in names if names.count(name) > 1})
+            raise DuplicateColumnError(
+                f"a bulk write's rows name column{'s' if len(twice) > 1 else ''} "
+                f"{', '.join(repr(n) for n in twice)} more than once")
         with self._lock:
             if write_id in self._committing:
                 raise ObjectNotInPrerequisiteStateError(

@@ -18,7 +18,7 @@ from engine.catalog import SCHEMA
 from engine.database import Database
 from engine.staged_writes import TransactionStaging
 from storage import limits
-from storage.errors import CorruptSegmentError
+from storage.errors import CorruptSegmentError, DuplicateColumnError
 from storage.partition_log import PartitionLog
 from storage.record_batch import FrameEncoder
 
@@ -272,3 +272,31 @@ def test_a_frames_file_damaged_after_staging_is_refused_and_stays_staged(tmp_pat
             session.close()
     finally:
         reopened.close()
+
+
+def test_a_stream_naming_a_column_twice_is_refused_before_staging(tmp_path) -> None:
+    # Before: a KeyError (XX000) while staging, whichever format took the stream.
+    database = _open(tmp_path)
+    try:
+        session = database.connect()
+        try:
+            bulk = bulk_write.for_database(database)
+            bulk.start(session, "a", "topic", "t")
+            for names, columns in [
+                (["data", "partition", "partition"],
+                 [pa.array([b"x", b"y"]), pa.array([0, 1]), pa.array([1, 0])]),
+                (["data", "data", "partition", "codec"],
+                 [pa.array([b"x"]), pa.array([b"y"]), pa.array([0]), pa.array(["raw"])]),
+            ]:  # fmt: skip
+                batch = pa.RecordBatch.from_arrays(columns, names=names)
+                with pytest.raises(DuplicateColumnError) as raised:
+                    bulk.append(session, "a", [batch], batch.schema)
+                assert raised.value.sqlstate == "42701"
+            assert [w.files for w in bulk.list(session)] == [0]
+        finally:
+            session.close()
+        _stage(database, "a", 0, 10)
+        assert _commit(database, 1, ["a"]) == {"status": "committed", "rows": 10}
+        assert _partitions(database) == _expected((0, 10))
+    finally:
+        database.close()
