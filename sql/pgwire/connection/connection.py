@@ -637,12 +637,12 @@ class Connection(ExtendedProtocol):
             if started is not None:
                 return started
         held = copy_commit.hold(self.context, statement)
-        try:
+        try:  # anything raised before ``_Ran`` reaches the caller: nobody else rolls back
             result = self.catalog.execute(self._session(), statement, None)
+            return _Ran(result, self.text_description(statement, result.table), held)
         except BaseException:
             held.rollback()
             raise
-        return _Ran(result, self.text_description(statement, result.table), held)
 
     async def _send_streamed(self, started: _Started) -> None:
         """Send a plain query's rows batch by batch as the engine reads them from DuckDB

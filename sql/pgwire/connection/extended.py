@@ -316,14 +316,15 @@ class ExtendedProtocol:
         assert statement is not None
         self._revalidate(prepared)
         held = copy_commit.hold(self.context, statement)
-        try:
+        try:  # anything raised before the return reaches the caller: nobody else rolls back
             result = self.catalog.execute(self._session(), statement, parameters)
+            if prepared.columns is not None:
+                return result, None, held
+            description = self.text_description(statement, result_rows(result), wire=False)
+            return result, description, held
         except BaseException:
             held.rollback()
             raise
-        if prepared.columns is not None:
-            return result, None, held
-        return result, self.text_description(statement, result_rows(result), wire=False), held
 
     async def settle_held(self, portal: Portal | None = None) -> copy_commit.Held | None:
         """The held transaction of ``portal`` (taken off the connection: the caller commits
