@@ -31,7 +31,6 @@ import crc32c
 import pyarrow as pa
 
 from storage import failpoints, file_names, limits
-from storage.buffer_pool import BUFFERS, POOLED_BYTES_MIN
 from storage.errors import CorruptSegmentError
 from storage.fs import FileSystem
 from storage.offset_index import OffsetIndex
@@ -319,11 +318,13 @@ class LogSegment:
             left = window_bytes  # of what the budget asks to read from the first position
             while position < limit_bytes:
                 size = min(window_bytes, limit_bytes - position)
-                buffer, view = self._read_window(fd, size, position)
-                available = len(view)
+                raw = self.fs.pread(fd, size, position)
+                buffer = pa.py_buffer(raw)
+                view = memoryview(raw)
+                available = len(raw)
                 consumed = 0
                 while consumed + HEADER_BYTES <= available:
-                    header = self._header_at(view, consumed, position + consumed)
+                    header = self._header_at(raw, consumed, position + consumed)
                     end = consumed + HEADER_BYTES + header.body_bytes
                     if end > available:
                         # Read from this frame on: it whole, and what the budget still
@@ -350,13 +351,13 @@ class LogSegment:
                 if consumed == 0:
                     # One frame larger than the window: read exactly that frame. A
                     # length running past the limit is damage; re-reading would loop.
-                    if available < HEADER_BYTES:
+                    if len(raw) < HEADER_BYTES:
                         raise CorruptSegmentError(
                             "segment ends inside a frame header",
                             path=self.log_path,
                             position=position,
                         )
-                    header = self._header_at(view, 0, position)
+                    header = self._header_at(raw, 0, position)
                     if position + header.frame_bytes > limit_bytes:
                         raise CorruptSegmentError(
                             "frame runs past the end of the segment",
@@ -370,23 +371,7 @@ class LogSegment:
         finally:
             self._scan_done(fd, shared)
 
-    def _read_window(self, fd: int, size: int, position: int) -> tuple[pa.Buffer, memoryview]:
-        """Up to ``size`` bytes at ``position``: a buffer to slice frame bodies from and
-        a view of the same bytes. A large window is read into a pooled array leased to
-        the buffer (``storage.buffer_pool``: back in the pool once nothing holds the
-        buffer, a body or a batch decoded from it), not a fresh one, which faulted in
-        its pages on every read (a 10-partition poll: ~4,000 faults, a third of its CPU)."""
-        if size < POOLED_BYTES_MIN:
-            raw = self.fs.pread(fd, size, position)
-            return pa.py_buffer(raw), memoryview(raw)
-        leased = BUFFERS.take(size, lease=True)
-        got = self.fs.pread_into(fd, memoryview(leased), position)
-        # No numpy slice of ``leased`` (it would not hold the lease): Arrow slices and
-        # memoryviews of it do.
-        buffer = pa.py_buffer(leased)
-        return (buffer if got == size else buffer.slice(0, got)), memoryview(leased)[:got]
-
-    def _header_at(self, raw: bytes | memoryview, index: int, position: int) -> FrameHeader:
+    def _header_at(self, raw: bytes, index: int, position: int) -> FrameHeader:
         """The header at ``raw[index:]`` (as ``decode_header``), checked."""
         magic, crc, base, written, count, body_bytes, attributes, _, transaction = (
             HEADER.unpack_from(raw, index)
