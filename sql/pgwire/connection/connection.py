@@ -223,6 +223,7 @@ class Connection(ExtendedProtocol):
         self.portals: dict[str, Portal] = {}
         self.kept_descriptions = {}  # ExtendedProtocol._describe_again
         self.held = None  # ExtendedProtocol: a consumer read's portal until its rows are out
+        self.abandoned_reads = {}  # ExtendedProtocol: portals whose held read was rolled back
         self.skipping = False  # after an extended-protocol error, until Sync
         self.catalog = surface.ConnectionCatalog(SERVER_VERSION, self.statements,
                                                       server.settings)  # fmt: skip

@@ -11,7 +11,10 @@ for Execute. A described statement is revalidated before it runs (``portals``). 
 error, the connection skips messages until Sync. A consumer read in autocommit commits its
 offsets only once its rows were sent, before CommandComplete (``copy_commit.hold``); its
 portal holds that transaction meanwhile (``held``), and any message but the Execute that
-goes on with it rolls it back (``settle_held``).
+goes on with it rolls it back (``settle_held``). A portal whose held read was rolled back
+that way is kept in ``abandoned_reads``: a later Execute of it is an ErrorResponse (55000),
+not the rest of its rows and CommandComplete, since its offsets did not move and the next
+read returns the same messages again.
 """
 
 from __future__ import annotations
@@ -48,6 +51,7 @@ from sql.pgwire.emulation import surface
 from storage.errors import (
     DuplicateCursorError,
     LimitExceededError,
+    ObjectNotInPrerequisiteStateError,
     SqlSyntaxError,
     TopicbaseError,
     UndefinedCursorError,
@@ -142,6 +146,10 @@ class ExtendedProtocol:
     # The portal whose consumer read ran and holds its transaction until its rows were
     # sent (``copy_commit.hold``), and that transaction; None when there is none.
     held: tuple[Portal, copy_commit.Held] | None
+    # Portals whose held read ``settle_held`` rolled back (by id; the value is the portal,
+    # so the id is not reused while it is here): their later Executes fail. Only portals
+    # still in ``portals`` are kept (pruned whenever one is added).
+    abandoned_reads: dict[int, Portal]
     skipping: bool
     catalog: surface.ConnectionCatalog
     context: CommandContext
@@ -337,7 +345,19 @@ class ExtendedProtocol:
         if holder is portal:
             return held
         await self.call(held.rollback)
+        live = {id(p) for p in self.portals.values()}
+        self.abandoned_reads = {k: p for k, p in self.abandoned_reads.items() if k in live}
+        self.abandoned_reads[id(holder)] = holder
         return None
+
+    def _refuse_abandoned(self, portal: Portal) -> None:
+        """Raise if ``portal``'s consumer read was rolled back before all its rows were
+        sent (``settle_held``): the rows it would send now were never to be committed, and
+        its offsets stay where they were (the next read returns the same messages)."""
+        if self.abandoned_reads.get(id(portal)) is portal:
+            raise ObjectNotInPrerequisiteStateError(
+                "the consumer read's offsets were rolled back: another statement ran before "
+                "all its rows were fetched; the next read returns the same messages again")
 
     def _revalidate(self, prepared: Prepared) -> None:
         """Before a described row-returning statement runs: its rows must still be what the
@@ -462,6 +482,7 @@ class ExtendedProtocol:
             self.log_statement(portal.prepared.query)
             await wire_commands.execute_copy(self.context, portal.prepared.statement)
             return
+        self._refuse_abandoned(portal)
         if not await self._run_portal(portal):
             return
         result = portal.result
