@@ -67,6 +67,19 @@ assert STAGED_HEADER_BYTES == 24
 # fill a frame, and past this many bytes of waiting rows the largest waiting share is
 # written as a smaller frame (memory stays bounded whatever the partition count).
 PENDING_BYTES = 16 * 1024 * 1024
+# What a waiting batch costs beyond its messages' bytes: each held batch its Arrow arrays
+# and Python objects (3.5-7 KiB measured for a one-row batch), each row its fixed-width
+# columns, offsets and validity bits. Past ``PENDING_OVERHEAD_BYTES`` of it (small batches
+# over many partitions: messages' bytes alone would let a stream of one-row batches hold
+# 4095 batches a partition) the partition holding the most batches is merged into one,
+# and once every partition holds one, the one with the most rows is written as a smaller
+# frame. A partition holding more than ``MERGE_BATCHES`` batches is merged whatever the
+# total. Merging never changes the frames written (their rows are cut from the
+# partition's rows joined in order either way).
+PENDING_OVERHEAD_BYTES = 16 * 1024 * 1024
+HELD_BATCH_BYTES = 4096
+ROW_BYTES = 48
+MERGE_BATCHES = 32
 _CHECK_WINDOW_BYTES = 4 * 1024 * 1024
 
 
@@ -96,7 +109,13 @@ class FrameFileWriter:
         self._pending: dict[int, list[pa.RecordBatch]] = {}
         self._pending_rows: dict[int, int] = {}
         self._pending_data: dict[int, int] = {}
-        self._pending_total = 0
+        self._pending_total = 0  # messages' bytes waiting (``PENDING_BYTES``)
+        self._pending_overhead = 0  # their batches' and rows' cost (``PENDING_OVERHEAD_BYTES``)
+
+    @property
+    def pending_batches(self) -> int:
+        """The batches waiting to fill frames, all partitions together."""
+        return sum(len(batches) for batches in self._pending.values())
 
     def add(self, partition: int, batch: pa.RecordBatch) -> None:
         """Queue ``batch`` (``WIRE_SCHEMA``, cuttable, within the wire limits) as the next
@@ -109,16 +128,36 @@ class FrameFileWriter:
         data = _data_bytes(batch)
         if data > limits.MESSAGE_BYTES_MAX:
             _check_messages(batch)
-        self._pending.setdefault(partition, []).append(batch)
+        held = self._pending.setdefault(partition, [])
+        held.append(batch)
         self._pending_rows[partition] = self._pending_rows.get(partition, 0) + batch.num_rows
         self._pending_data[partition] = self._pending_data.get(partition, 0) + data
         self._pending_total += data
+        self._pending_overhead += HELD_BATCH_BYTES + batch.num_rows * ROW_BYTES
         if (self._pending_rows[partition] >= limits.FRAME_TARGET_MESSAGES
                 or self._pending_data[partition] >= limits.FRAME_TARGET_BYTES):  # fmt: skip
             self._flush(partition, whole=False)
+        elif len(held) > MERGE_BATCHES:
+            self._merge(partition)
         while self._pending_total > PENDING_BYTES:
             largest = max(self._pending_data, key=self._pending_data.__getitem__)
             self._flush(largest, whole=True)
+        while self._pending_overhead > PENDING_OVERHEAD_BYTES:
+            most = max(self._pending, key=lambda p: len(self._pending[p]))
+            if len(self._pending[most]) > 1:
+                self._merge(most)
+            else:
+                self._flush(max(self._pending_rows, key=self._pending_rows.__getitem__),
+                            whole=True)  # fmt: skip
+        assert self._pending_overhead >= 0 and self._pending_total <= PENDING_BYTES
+
+    def _merge(self, partition: int) -> None:
+        """Join ``partition``'s waiting batches into one (a copy: the small batches'
+        memory is released); its rows and their order are unchanged."""
+        batches = self._pending[partition]
+        assert len(batches) > 1
+        self._pending[partition] = [pa.concat_batches(batches)]
+        self._pending_overhead -= (len(batches) - 1) * HELD_BATCH_BYTES
 
     def finish(self) -> None:
         """Write every partition's waiting rows, fdatasync and close the file."""
@@ -139,7 +178,8 @@ class FrameFileWriter:
         that is not full stays waiting."""
         batches = self._pending.pop(partition)
         self._pending_total -= self._pending_data.pop(partition)
-        del self._pending_rows[partition]
+        self._pending_overhead -= (len(batches) * HELD_BATCH_BYTES
+                                   + self._pending_rows.pop(partition) * ROW_BYTES)  # fmt: skip
         joined = batches[0] if len(batches) == 1 else pa.concat_batches(batches)
         pieces = frame_slices(joined)
         if not whole and not _full(pieces[-1]):
@@ -148,6 +188,7 @@ class FrameFileWriter:
             self._pending_rows[partition] = rest.num_rows
             self._pending_data[partition] = _data_bytes(rest)
             self._pending_total += self._pending_data[partition]
+            self._pending_overhead += HELD_BATCH_BYTES + rest.num_rows * ROW_BYTES
         for piece in pieces:
             self._write_frame(partition, piece)
 

@@ -90,6 +90,57 @@ def test_waiting_rows_stay_bounded_whatever_the_partition_count(tmp_path, monkey
     assert all(sum(f.record_count for f in frames) == 20 for frames in found.values())
 
 
+def test_small_batches_are_merged_not_held_one_by_one(tmp_path, monkeypatch) -> None:
+    """A partition fed one-row batches holds at most ``MERGE_BATCHES`` of them (each
+    held batch costs KiBs whatever its rows); its frames are cut as without merging."""
+    from storage import staged_frames
+
+    monkeypatch.setattr(limits, "FRAME_TARGET_MESSAGES", 100)
+    pieces = [(p, _rows(1000 * p + i, 1)) for i in range(250) for p in (0, 1)]
+    path = str(tmp_path / "s.frames")
+    writer = FrameFileWriter(FileSystem(), path)
+    for partition, batch in pieces:
+        writer.add(partition, batch)
+        assert max(map(len, writer._pending.values()), default=0) <= staged_frames.MERGE_BATCHES
+    writer.finish()
+    fs = FileSystem()
+    found = index_file(fs, path, os.path.getsize(path))
+    for partition, frames in found.items():
+        assert [f.record_count for f in frames] == [100, 100, 50]
+        expected = pa.concat_batches([b for p, b in pieces if p == partition])
+        assert decode(fs, frames).equals(expected)
+
+
+def test_held_batches_stay_bounded_by_count_not_only_bytes(tmp_path, monkeypatch) -> None:
+    """One-row batches over many partitions: their messages' bytes are far under
+    ``PENDING_BYTES`` but the batches held (and their rows' fixed cost) stay under
+    ``PENDING_OVERHEAD_BYTES``; every row is staged, in order, per partition."""
+    from storage import staged_frames
+
+    bound = 64 * 1024
+    monkeypatch.setattr(staged_frames, "PENDING_OVERHEAD_BYTES", bound)
+    held_cost, row_cost = staged_frames.HELD_BATCH_BYTES, staged_frames.ROW_BYTES
+    partitions, rounds = 40, 100
+    pieces = [(p, _rows(p * 1000 + i, 1, size=10))
+              for i in range(rounds) for p in range(partitions)]  # fmt: skip
+    path = str(tmp_path / "s.frames")
+    writer = FrameFileWriter(FileSystem(), path)
+    for partition, batch in pieces:
+        writer.add(partition, batch)
+        batches = sum(len(held) for held in writer._pending.values())
+        rows = sum(b.num_rows for held in writer._pending.values() for b in held)
+        assert batches * held_cost + rows * row_cost <= bound
+        assert writer.pending_batches == batches
+    assert writer._pending_total < staged_frames.PENDING_BYTES // 100  # bytes never bound
+    writer.finish()
+    fs = FileSystem()
+    found = index_file(fs, path, os.path.getsize(path))
+    assert sorted(found) == list(range(partitions))
+    for partition, frames in found.items():
+        expected = pa.concat_batches([b for p, b in pieces if p == partition])
+        assert decode(fs, frames).equals(expected)
+
+
 def test_a_damaged_header_or_a_short_file_is_corrupt(tmp_path) -> None:
     path, _ = _written(tmp_path, [(0, _rows(0, 10)), (1, _rows(10, 10))])
     size = os.path.getsize(path)
