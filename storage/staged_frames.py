@@ -183,7 +183,9 @@ class FrameFileWriter:
         joined = batches[0] if len(batches) == 1 else pa.concat_batches(batches)
         pieces = frame_slices(joined)
         if not whole and not _full(pieces[-1]):
-            rest = pieces.pop()
+            # A copy: the slice would keep all of ``joined`` (a whole incoming batch's
+            # rows may be there) in memory while only its own rows are counted.
+            rest = pa.concat_batches([pieces.pop()])
             self._pending[partition] = [rest]
             self._pending_rows[partition] = rest.num_rows
             self._pending_data[partition] = _data_bytes(rest)

@@ -111,6 +111,20 @@ def test_small_batches_are_merged_not_held_one_by_one(tmp_path, monkeypatch) -> 
         assert decode(fs, frames).equals(expected)
 
 
+def test_the_rows_left_waiting_after_a_frame_do_not_keep_the_whole_batch(
+        tmp_path, monkeypatch) -> None:  # fmt: skip
+    """A large batch cut into frames leaves its last rows waiting as their own copy:
+    the memory held is what is counted, not the whole incoming batch."""
+    monkeypatch.setattr(limits, "FRAME_TARGET_MESSAGES", 100)
+    big = _rows(0, 1050)
+    writer = FrameFileWriter(FileSystem(), str(tmp_path / "s.frames"))
+    writer.add(7, big)
+    (rest,) = writer._pending[7]
+    assert rest.num_rows == 50 and rest.equals(big.slice(1000))
+    assert rest.get_total_buffer_size() * 10 < big.get_total_buffer_size()
+    writer.close()
+
+
 def test_held_batches_stay_bounded_by_count_not_only_bytes(tmp_path, monkeypatch) -> None:
     """One-row batches over many partitions: their messages' bytes are far under
     ``PENDING_BYTES`` but the batches held (and their rows' fixed cost) stay under
