@@ -125,10 +125,6 @@ CHECKPOINT_BACKLOG_FACTOR = 4
 # it is what releases their staging (autocommit writes spread over 1000 partitions
 # stage ~5 MB each, so 256 of them held ~1.3 GB).
 CHECKPOINT_STAGED_BYTES = 256 * 1024 * 1024
-# A table-touching transaction's topic writes are staged before its COMMIT only up to this
-# many bytes (``Committer.stage_early``): their encoded bodies are held until the COMMIT,
-# beside the batches the transaction holds already, outside ``engine.staged_writes``' cap.
-EARLY_STAGE_BYTES = 4 * 1024 * 1024
 # Published frames are searched from this long before the commit time, in
 # case the wall clock stepped back a little between commit and publish.
 CLOCK_SLACK_US = 60 * 1_000_000
@@ -410,8 +406,7 @@ class Committer:
         unique, never a commit's id; the real id is taken at COMMIT, after every commit it
         may depend on). Once per transaction, and only for writes all in memory; nothing
         is staged when routing or the append fails (the COMMIT stages, and reports, as
-        before), and only up to ``EARLY_STAGE_BYTES`` (the encoded bodies are held until the
-        COMMIT). Staged frames no record names are never published: ``stage_for_commit``
+        before). Staged frames no record names are never published: ``stage_for_commit``
         uses them only if the writes are still exactly these, else they are released, as
         at a rollback (``EarlyStage.discard``) and by recovery after a crash."""
         writes = transaction.writes
@@ -424,8 +419,6 @@ class Committer:
         ):
             return
         transaction.early_tried = True
-        if transaction.staged_bytes > EARLY_STAGE_BYTES:
-            return
         if not all(isinstance(w, PendingWrite) and not w.spilled for w in writes):
             return
         try:

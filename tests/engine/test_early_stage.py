@@ -109,21 +109,6 @@ def test_writes_after_the_early_staging_are_staged_again_at_commit(database):
     session.close()
 
 
-def test_writes_over_the_early_bytes_wait_for_commit(database, monkeypatch):
-    """Past ``EARLY_STAGE_BYTES`` the writes stay unstaged until the COMMIT (their bodies
-    would be held beside the batches until then)."""
-    monkeypatch.setattr(commit, "EARLY_STAGE_BYTES", 100)  # under the 7 messages' batch
-    session = database.connect()
-    session.execute("BEGIN")
-    session.execute(MOVE)
-    session.execute(UPSERT, ["moved", 7])
-    assert session.transaction.early is None
-    session.execute("COMMIT")
-    assert database.committer.early_stages == 0
-    assert len(_b(session)) == 7 and _counter(session) == 7
-    session.close()
-
-
 def test_a_rollback_releases_the_early_staging(database):
     session = database.connect()
     session.execute("BEGIN")
