@@ -89,7 +89,6 @@ import logging
 import threading
 from collections.abc import Callable
 from dataclasses import dataclass
-from typing import TYPE_CHECKING
 
 import numpy as np
 import pyarrow as pa
@@ -97,7 +96,6 @@ import pyarrow as pa
 from engine import staged_refs, tables
 from engine.catalog import SCHEMA
 from engine.commit_order import CommitOrder, CommitSlot
-from engine.transaction import PendingWrite
 from storage import commit_log, failpoints, limits
 from storage.errors import (
     LimitExceededError,
@@ -111,9 +109,6 @@ from storage.record_batch import check_wire_batch
 from storage.staged_frames import StagedFrame, skip_rows
 from storage.staging import StagedBatch, StagingLog, StagingTicket, encode_batches
 from storage.topic_log import TopicAppendResult
-
-if TYPE_CHECKING:
-    from engine.transaction import Transaction
 
 log = logging.getLogger(__name__)
 
@@ -291,22 +286,6 @@ def _check_frames(frames: tuple[StagedFrame, ...]) -> None:
             f"batch of {size} bytes exceeds the limit of {limits.BATCH_BYTES_MAX} bytes")
 
 
-@dataclass(slots=True)
-class EarlyStage:
-    """A transaction's topic writes staged before its COMMIT (``Committer.stage_early``)
-    under a provisional id; ``stage_for_commit`` hands them to the commit or drops them."""
-
-    committer: Committer
-    provisional_id: int
-    writes: int  # how many of the transaction's writes (the first ones) it holds
-    items: list[PublishItem]  # routed, with their staged places and bodies
-    ticket: StagingTicket | None
-
-    def discard(self) -> None:
-        """Not committed with these frames: their staging may go."""
-        self.committer.abandon(self.provisional_id)
-
-
 class CheckpointSetAside(PartitionFencedError):
     """A checkpoint that had to be whole (``Committer.checkpoint_whole``) kept the
     transactions from the first one that wrote to a partition fenced by an I/O failure
@@ -359,8 +338,6 @@ class Committer:
         self.log_commits = 0  # transactions committed by a commit record in the log
         self.table_commits = 0  # transactions committed by a DuckDB record row and COMMIT
         self.checkpoint_syncs = 0  # partition syncs made by checkpoints
-        self.early_stages = 0  # transactions whose writes were staged before COMMIT
-        self.early_stages_used = 0  # ... and committed with those frames
         self.background_failures = 0
 
     def next_transaction_id(self) -> int:
@@ -395,74 +372,6 @@ class Committer:
         """Block until the staged frames are durable; call before the commit point."""
         self.staging.wait_durable(ticket)
         failpoints.hit("commit.after_stage")
-
-    # -- early staging: a table-touching transaction's writes, before its COMMIT ----------
-    def stage_early(self, transaction: Transaction) -> None:
-        """Stage an explicit transaction's topic writes before its COMMIT, once it may
-        touch a table (the session calls this before each statement): the staging sync
-        then runs while its table statements do, instead of after them at COMMIT.
-
-        The writes are routed and appended under a provisional id (``next_transaction_id``:
-        unique, never a commit's id; the real id is taken at COMMIT, after every commit it
-        may depend on). Once per transaction, and only for writes all in memory; nothing
-        is staged when routing or the append fails (the COMMIT stages, and reports, as
-        before). Staged frames no record names are never published: ``stage_for_commit``
-        uses them only if the writes are still exactly these, else they are released, as
-        at a rollback (``EarlyStage.discard``) and by recovery after a crash."""
-        writes = transaction.writes
-        if (
-            transaction.early is not None
-            or transaction.early_tried
-            or not writes
-            or not transaction.explicit
-            or not transaction.touches_tables
-        ):
-            return
-        transaction.early_tried = True
-        if not all(isinstance(w, PendingWrite) and not w.spilled for w in writes):
-            return
-        try:
-            items = route_writes(self._database, writes)
-        except Exception:  # the COMMIT routes again and reports it
-            return
-        if any(item.references is not None for item in items):
-            return
-        provisional = self.next_transaction_id()
-        try:
-            staged, ticket = self.stage(provisional, items)
-        except Exception:  # the COMMIT stages again and reports it
-            self.abandon(provisional)
-            return
-        transaction.early = EarlyStage(self, provisional, len(writes), staged, ticket)
-        self.early_stages += 1
-        failpoints.hit("commit.after_early_stage")
-
-    def stage_for_commit(
-        self, transaction: Transaction, transaction_id: int
-    ) -> tuple[list[PublishItem], StagingTicket | None]:
-        """``stage`` for a table-touching COMMIT: the early staging, if the transaction's
-        writes are still the ones it staged and every partition it routed to is still
-        active (a split since would route them elsewhere: routed and staged again), now
-        needed by ``transaction_id``; else route and stage now (the early frames go)."""
-        early, transaction.early = transaction.early, None
-        if early is not None:
-            if early.writes == len(transaction.writes) and self._still_active(early.items):
-                placed = [item.staged for item in early.items if item.staged is not None]
-                self.staging.transfer(early.provisional_id, transaction_id, placed)
-                self.early_stages_used += 1
-                return early.items, early.ticket
-            early.discard()
-        items = route_writes(self._database, transaction.writes_to_commit())
-        return self.stage(transaction_id, items)
-
-    def _still_active(self, items: list[PublishItem]) -> bool:
-        try:
-            return all(
-                self._database.topic_log(i.topic_id).partition_info(i.partition).active
-                for i in items
-            )
-        except UndefinedTopicError:  # dropped since: the COMMIT's routing refuses it
-            return False
 
     def write_record(
         self,

@@ -420,9 +420,6 @@ class Session:
         assert self.transaction is not None
         self.transaction.note_plan(plan)
         try:
-            if not autocommit and self.transaction.touches_tables:
-                # its topic writes so far, staged now: their sync overlaps this statement
-                self.database.committer.stage_early(self.transaction)
             if autocommit and self.transaction.touches_tables and _moves_topics(plan):
                 # its table writes must commit with its offset moves / topic writes: one
                 # DuckDB transaction from the start, committed by ``_commit`` (or rolled
@@ -836,7 +833,8 @@ class Session:
                     return
             ticket = None
             if transaction.writes:
-                items, ticket = committer.stage_for_commit(transaction, transaction_id)
+                items = route_writes(database, transaction.writes_to_commit())
+                items, ticket = committer.stage(transaction_id, items)
             if transaction_id is None and not transaction.leases and not transaction.duckdb_open:
                 transaction.committed = True
                 self._end_transaction()  # moved nothing, and DuckDB saw nothing of it

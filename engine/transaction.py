@@ -117,10 +117,6 @@ class Transaction:
     # moved, what this transaction reads of owners and grants is what everyone would
     # read, and may be cached.
     privilege_generation: int | None = None
-    # Its topic writes staged before COMMIT (``engine.commit.EarlyStage``), once it may
-    # touch a table: the COMMIT uses them or lets them go; ``release`` lets them go.
-    early: Any = None
-    early_tried: bool = False  # staged early once already (or found it could not)
 
     def note_plan(self, plan: Any) -> None:
         """Before a statement of the transaction runs: note whether it may write tables.
@@ -161,13 +157,9 @@ class Transaction:
         return self.writes
 
     def release(self) -> None:
-        """The transaction ended: give its staged bytes back, delete its spill file, let
-        writes staged early that its COMMIT did not take go."""
+        """The transaction ended: give its staged bytes back, delete its spill file."""
         if self.staging is not None:
             self.staging.release()
-        early, self.early = self.early, None
-        if early is not None:
-            early.discard()
 
 
 _TABLE_FREE = (

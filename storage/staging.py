@@ -373,16 +373,6 @@ class StagingLog:
             for item in staged:
                 self._users.setdefault(item.file_number, set()).add(transaction_id)
 
-    def transfer(self, old_id: int, new_id: int, staged: list[StagedBatch]) -> None:
-        """The files of ``staged``, written for ``old_id``, are needed by ``new_id`` instead
-        (a transaction staged its writes early under a provisional id and commits them
-        under its own): they stay until ``new_id`` is released."""
-        with self._lock:
-            for item in staged:
-                users = self._users.setdefault(item.file_number, set())
-                users.discard(old_id)
-                users.add(new_id)
-
     def release(self, transaction_ids: set[int]) -> int:
         """Forget transactions (published and synced, or never committed); delete
         every file no transaction needs any more, except the one being written and
