@@ -10,7 +10,7 @@ time, per transaction. ``--out FILE`` also writes the pstats file (for
 ``snakeviz`` or ``python -m pstats``); ``--plain`` runs without cProfile and
 prints the real wall time per statement and the process's CPU time per
 transaction; ``--split`` (a plain run) also times the commit's steps, per
-transaction: the committer's calls (``Committer.stage_early``, ``stage_for_commit``,
+transaction: the committer's calls (``Committer.stage``,
 ``write_record``, ``wait_staged``, ``enter``, ``commit_in_log``, ``finish``) and each
 kind of DuckDB statement through ``engine.tables`` (BEGIN, the upsert's UPDATE, the
 record INSERT, COMMIT). As the suite ``profile`` of ``bench.run`` it profiles both moves
@@ -85,8 +85,7 @@ class Profile:
                           "|---|---:|---:|---:|", *rows])  # fmt: skip
 
 
-SPLIT_METHODS = ("stage_early", "stage_for_commit", "write_record", "wait_staged", "enter",
-                 "commit_in_log", "finish")  # fmt: skip
+SPLIT_METHODS = ("stage", "write_record", "wait_staged", "enter", "commit_in_log", "finish")
 
 
 @contextlib.contextmanager
