@@ -26,6 +26,7 @@ from __future__ import annotations
 import struct
 from collections.abc import Sequence
 from dataclasses import dataclass
+from typing import Any
 
 import numpy as np
 import pyarrow as pa
@@ -165,19 +166,7 @@ def decode_wire_bodies(
     data_at = cut_from.copy()  # where the data bytes start in each body
     positions[:, data_buffer + 1 :] -= (cut_to - cut_from)[:, None]
     columns = _Columns(rest, _starts(kept) + prefix, nodes, buffers)
-    try:
-        arrays = [
-            columns.fixed(SEQ_NO, skips, rows, 8, pa.int64()),
-            columns.variable(PRODUCER_ID, skips, rows, pa.string()),
-            columns.variable(GROUP_ID, skips, rows, pa.string()),
-            columns.fixed(CREATED_AT, skips, rows, 8, TIMESTAMP),
-            columns.fixed(CODEC, skips, rows, 1, pa.uint8()),
-            columns.variable(DATA, skips, rows, pa.binary(), bodies=bodies, data_at=data_at),
-            columns.map(skips, rows),
-        ]
-    except _Mismatch:
-        return None
-    return pa.RecordBatch.from_arrays(arrays, schema=WIRE_SCHEMA)
+    return _wire_batch(columns, skips, rows, {"bodies": bodies, "data_at": data_at})
 
 
 def decode_wire_spans(
@@ -218,6 +207,14 @@ def decode_wire_spans(
         return None
     nodes, buffers = checked
     columns = _Columns(big, starts + prefix, nodes, buffers)
+    return _wire_batch(columns, skips, rows, {"spans": True})
+
+
+def _wire_batch(columns: _Columns, skips: np.ndarray, rows: np.ndarray,
+                data_from: dict[str, Any]) -> pa.RecordBatch | None:  # fmt: skip
+    """The ``WIRE_SCHEMA`` batch of the rows ``columns`` finds (``data_from``: where the
+    ``data`` bytes come from, as ``_Columns.variable`` takes it), or None where a body's
+    buffers do not fit its numbers (the caller decodes with Arrow instead)."""
     try:
         arrays = [
             columns.fixed(SEQ_NO, skips, rows, 8, pa.int64()),
@@ -225,7 +222,7 @@ def decode_wire_spans(
             columns.variable(GROUP_ID, skips, rows, pa.string()),
             columns.fixed(CREATED_AT, skips, rows, 8, TIMESTAMP),
             columns.fixed(CODEC, skips, rows, 1, pa.uint8()),
-            columns.variable(DATA, skips, rows, pa.binary(), spans=True),
+            columns.variable(DATA, skips, rows, pa.binary(), **data_from),
             columns.map(skips, rows),
         ]
     except _Mismatch:
