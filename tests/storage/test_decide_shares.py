@@ -26,9 +26,8 @@ from storage.errors import InvalidParameterValueError
 from storage.fs import FileSystem
 from storage.producer_state import ProducerStateManager, decide_shares, record_share
 from storage.record_batch import build_wire_batch
+from tests.storage.producer_helpers import DAY_US, EXPIRY_US, write_per_share
 
-DAY_US = 24 * 3600 * 1_000_000
-EXPIRY_US = 14 * DAY_US
 KEYS = [f"p{k}" for k in range(12)]
 
 
@@ -46,16 +45,7 @@ def _batch(
     )
 
 
-def _old_write(manager: ProducerStateManager, batch: pa.RecordBatch, base: int, at: int) -> Any:
-    """The partition writer's per-share path (``PartitionLog._write_decision``)."""
-    decision = manager.decide(batch)
-    if decision.duplicate_count == 0:
-        manager.record_decision(decision, base, at)
-    else:
-        written = decision.batch.filter(pa.array(~decision.duplicate))
-        if written.num_rows:
-            manager.record(written, base, at)
-    return decision
+_old_write = write_per_share
 
 
 def _history(rng: random.Random, managers: list[list[ProducerStateManager]],

@@ -29,29 +29,15 @@ from storage.producer_state import (
     record_share,
 )
 from storage.record_batch import build_wire_batch
+from tests.storage.producer_helpers import EXPIRY_US, id_batch, new_manager, write_per_share
 
-DAY_US = 24 * 3600 * 1_000_000
-EXPIRY_US = 14 * DAY_US
-
-
-def _manager(tmp_path: Any, clock: ManualClock) -> ProducerStateManager:
-    return ProducerStateManager(FileSystem(), str(tmp_path), clock, EXPIRY_US)
-
-
-def _batch(producers: list[str | None], seq_nos: list[int | None]) -> pa.RecordBatch:
-    return build_wire_batch([b"x"] * len(seq_nos), seq_no=seq_nos, producer_id=producers)
+_manager = new_manager
+_batch = id_batch
 
 
 def _write(manager: ProducerStateManager, batch: pa.RecordBatch, base: int, at: int) -> list[bool]:
-    """The partition writer's per-share path (``PartitionLog._write_decision``)."""
-    decision = manager.decide(batch)
-    if decision.duplicate_count == 0:
-        manager.record_decision(decision, base, at)
-    else:
-        written = decision.batch.filter(pa.array(~decision.duplicate))
-        if written.num_rows:
-            manager.record(written, base, at)
-    return decision.duplicate.tolist()
+    """The per-share path; which messages it found duplicates."""
+    return write_per_share(manager, batch, base, at).duplicate.tolist()
 
 
 @pytest.mark.parametrize(

@@ -15,7 +15,6 @@ from hypothesis import strategies as st
 from storage import file_names, producer_state
 from storage.clock import ManualClock
 from storage.errors import InvalidParameterValueError
-from storage.fs import FileSystem
 from storage.producer_state import ProducerStateManager
 from storage.record_batch import (
     HEADER_BYTES,
@@ -25,17 +24,10 @@ from storage.record_batch import (
     encode_frame,
     serialize_body,
 )
+from tests.storage.producer_helpers import EXPIRY_US, id_batch, new_manager
 
-DAY_US = 24 * 3600 * 1_000_000
-EXPIRY_US = 14 * DAY_US
-
-
-def _manager(tmp_path: Any, clock: ManualClock) -> ProducerStateManager:
-    return ProducerStateManager(FileSystem(), str(tmp_path), clock, EXPIRY_US)
-
-
-def _batch(producers: list[str | None], seq_nos: list[int | None]) -> pa.RecordBatch:
-    return build_wire_batch([b"x"] * len(seq_nos), seq_no=seq_nos, producer_id=producers)
+_manager = new_manager
+_batch = id_batch
 
 
 def _write(
