@@ -64,19 +64,20 @@ STAGED_HEADER = struct.Struct("<4sIqII")
 STAGED_HEADER_BYTES = STAGED_HEADER.size
 assert STAGED_HEADER_BYTES == 24
 # Rows held per stream before being cut into frames: a partition's rows wait until they
-# fill a frame, and past this many bytes of waiting rows the largest waiting share is
-# written as a smaller frame (memory stays bounded whatever the partition count).
+# fill a frame, and past this many bytes of waiting rows the largest waiting shares are
+# written as smaller frames (memory stays bounded whatever the partition count).
 PENDING_BYTES = 16 * 1024 * 1024
 # What a waiting batch costs beyond its messages' bytes: each held batch its Arrow arrays
 # and Python objects (3.5-7 KiB measured for a one-row batch), each row its fixed-width
 # columns, offsets and validity bits. Past ``PENDING_OVERHEAD_BYTES`` of it (small batches
 # over many partitions: messages' bytes alone would let a stream of one-row batches hold
-# 4095 batches a partition) the partition holding the most batches is merged into one,
-# and once every partition holds one, the one with the most rows is written as a smaller
-# frame. A partition holding more than ``MERGE_BATCHES`` batches is merged whatever the
-# total. Merging never changes the frames written (their rows are cut from the
-# partition's rows joined in order either way).
-PENDING_OVERHEAD_BYTES = 16 * 1024 * 1024
+# 4095 batches a partition) every partition holding several batches is merged into one,
+# then the partitions with the most rows are written as smaller frames until the cost is
+# under 3/4 of the bound (``FrameFileWriter._flush_down``). A partition holding more than
+# ``MERGE_BATCHES`` batches is merged whatever the total, and a held batch that is a view
+# of a larger one is copied. Merging never changes the frames written (their rows are cut
+# from the partition's rows joined in order either way).
+PENDING_OVERHEAD_BYTES = 32 * 1024 * 1024
 HELD_BATCH_BYTES = 4096
 ROW_BYTES = 48
 MERGE_BATCHES = 32
@@ -139,17 +140,29 @@ class FrameFileWriter:
             self._flush(partition, whole=False)
         elif len(held) > MERGE_BATCHES:
             self._merge(partition)
-        while self._pending_total > PENDING_BYTES:
-            largest = max(self._pending_data, key=self._pending_data.__getitem__)
-            self._flush(largest, whole=True)
-        while self._pending_overhead > PENDING_OVERHEAD_BYTES:
-            most = max(self._pending, key=lambda p: len(self._pending[p]))
-            if len(self._pending[most]) > 1:
-                self._merge(most)
-            else:
-                self._flush(max(self._pending_rows, key=self._pending_rows.__getitem__),
-                            whole=True)  # fmt: skip
+        elif held[-1] is batch and _pins_more(batch, data):
+            # A view of a larger incoming batch (a zero-copy piece): held as it is, it
+            # would keep that whole batch in memory while only its own rows are counted.
+            held[-1] = pa.concat_batches([batch])
+        if self._pending_total > PENDING_BYTES:
+            self._flush_down(self._pending_data, "_pending_total", PENDING_BYTES)
+        if self._pending_overhead > PENDING_OVERHEAD_BYTES:
+            for waiting, batches in self._pending.items():
+                if len(batches) > 1:
+                    self._merge(waiting)
+            self._flush_down(self._pending_rows, "_pending_overhead", PENDING_OVERHEAD_BYTES)
         assert self._pending_overhead >= 0 and self._pending_total <= PENDING_BYTES
+        assert self._pending_overhead <= PENDING_OVERHEAD_BYTES
+
+    def _flush_down(self, sizes: dict[int, int], total: str, bound: int) -> None:
+        """Write whole the partitions largest by ``sizes`` until the count named ``total``
+        is at most 3/4 of ``bound``: one pass when a bound is crossed, not one partition
+        per add (with many partitions a pass per add cost ~12x the CPU)."""
+        low = bound * 3 // 4
+        for partition in sorted(sizes, key=sizes.__getitem__, reverse=True):
+            if getattr(self, total) <= low:
+                return
+            self._flush(partition, whole=True)
 
     def _merge(self, partition: int) -> None:
         """Join ``partition``'s waiting batches into one (a copy: the small batches'
@@ -216,6 +229,12 @@ class FrameFileWriter:
                 self.fs.start_writeback(self._fd, self._writeback_position,
                                         self.size - self._writeback_position)  # fmt: skip
             self._writeback_position = self.size
+
+
+def _pins_more(batch: pa.RecordBatch, data: int) -> bool:
+    """Whether ``batch``'s buffers are much larger than its own rows need (it is a slice
+    of a larger batch, whose buffers ``get_total_buffer_size`` counts whole)."""
+    return batch.get_total_buffer_size() > 2 * (data + batch.num_rows * ROW_BYTES) + 65536
 
 
 def _full(batch: pa.RecordBatch) -> bool:
