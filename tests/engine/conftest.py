@@ -4,6 +4,7 @@ from collections.abc import Iterator
 
 import pytest
 
+from engine import tables
 from engine.database import Database
 from engine.session import Session
 
@@ -20,6 +21,16 @@ def session(database: Database) -> Iterator[Session]:
     s = database.connect()
     yield s
     s.close()
+
+
+@pytest.fixture
+def cursor() -> Iterator[tables.Connection]:
+    """A DuckDB cursor of a fresh in-memory connection, the small-results cache cleared
+    (the statement-cost tests)."""
+    connection = tables.connect(":memory:")
+    tables._small_results.clear()
+    yield connection.cursor()
+    connection.close()
 
 
 def rows(session: Session, sql: str, parameters=None) -> list[dict]:

@@ -17,6 +17,7 @@ from engine.database import Database
 from engine.staged_writes import TransactionStaging
 from storage import failpoints
 from storage.errors import LimitExceededError, StorageIOError, TopicbaseError
+from tests.engine.bulk_helpers import commit_writes
 
 
 @pytest.fixture
@@ -45,12 +46,7 @@ def _stage(database, write_id: str, count: int, *, partitions: bool = True) -> N
     session.close()
 
 
-def _commit(database, batch_id: int, write_ids: list[str]) -> dict:
-    session = database.connect()
-    try:
-        return bulk_write.for_database(database).commit(session, "s", batch_id, write_ids)
-    finally:
-        session.close()
+_commit = commit_writes
 
 
 def _staging_bytes(database) -> int:

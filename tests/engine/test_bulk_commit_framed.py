@@ -21,6 +21,7 @@ from storage import limits
 from storage.errors import CorruptSegmentError, DuplicateColumnError
 from storage.partition_log import PartitionLog
 from storage.record_batch import FrameEncoder
+from tests.engine.bulk_helpers import commit_writes
 
 
 def _open(tmp_path) -> Database:
@@ -48,12 +49,7 @@ def _stage(database, write_id: str, start: int, count: int, *, extra: bool = Fal
         session.close()
 
 
-def _commit(database, batch_id: int, write_ids: list[str]) -> dict:
-    session = database.connect()
-    try:
-        return bulk_write.for_database(database).commit(session, "s", batch_id, write_ids)
-    finally:
-        session.close()
+_commit = commit_writes
 
 
 def _partitions(database) -> dict[int, list[bytes]]:

@@ -5,21 +5,11 @@ parameters of each run, the text's errors with their ``LINE n:`` excerpt."""
 
 from __future__ import annotations
 
-from collections.abc import Iterator
-
 import duckdb
 import pytest
 
 from engine import tables
 from storage import errors, limits
-
-
-@pytest.fixture
-def cursor() -> Iterator[tables.Connection]:
-    connection = tables.connect(":memory:")
-    tables._small_results.clear()
-    yield connection.cursor()
-    connection.close()
 
 
 def _statement(cursor: tables.Connection, sql: str) -> duckdb.Statement | str:

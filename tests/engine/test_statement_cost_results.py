@@ -5,21 +5,12 @@ Arrow table built from its rows is the one DuckDB's relation gives, type for typ
 from __future__ import annotations
 
 import math
-from collections.abc import Iterator
 from typing import Any
 
 import pyarrow as pa
 import pytest
 
 from engine import tables
-
-
-@pytest.fixture
-def cursor() -> Iterator[tables.Connection]:
-    connection = tables.connect(":memory:")
-    tables._small_results.clear()
-    yield connection.cursor()
-    connection.close()
 
 
 @pytest.fixture

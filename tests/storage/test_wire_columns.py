@@ -77,9 +77,9 @@ def _decode(
     )
 
 
-@pytest.mark.parametrize("seed", range(12))
-def test_columns_equal_arrow_reads_sliced_and_concatenated(seed: int) -> None:
-    rng = random.Random(seed)
+def _random_bodies(rng: random.Random) -> tuple[list[pa.Buffer], list[int], list[int], list[int]]:
+    """1-39 random frame bodies of 1-11 rows, each with a random run of rows to take:
+    bodies, row counts, rows skipped, rows taken."""
     bodies, counts, skips, rows = [], [], [], []
     for _ in range(rng.randrange(1, 40)):
         count = rng.randrange(1, 12)
@@ -88,6 +88,13 @@ def test_columns_equal_arrow_reads_sliced_and_concatenated(seed: int) -> None:
         counts.append(count)
         skips.append(skip)
         rows.append(rng.randrange(1, count - skip + 1))
+    return bodies, counts, skips, rows
+
+
+@pytest.mark.parametrize("seed", range(12))
+def test_columns_equal_arrow_reads_sliced_and_concatenated(seed: int) -> None:
+    rng = random.Random(seed)
+    bodies, counts, skips, rows = _random_bodies(rng)
     decoded = _decode(bodies, counts, skips, rows)
     assert decoded is not None
     expected = _reference(bodies, skips, rows)
@@ -112,14 +119,7 @@ def _spans(bodies: list[pa.Buffer], gaps: list[int]) -> tuple[np.ndarray, np.nda
 @pytest.mark.parametrize("seed", range(12))
 def test_spans_of_one_array_equal_arrow_reads(seed: int) -> None:
     rng = random.Random(seed)
-    bodies, counts, skips, rows = [], [], [], []
-    for _ in range(rng.randrange(1, 40)):
-        count = rng.randrange(1, 12)
-        bodies.append(pa.py_buffer(serialize_body(_random_batch(rng, count))))
-        skip = rng.randrange(count)
-        counts.append(count)
-        skips.append(skip)
-        rows.append(rng.randrange(1, count - skip + 1))
+    bodies, counts, skips, rows = _random_bodies(rng)
     big, starts, sizes = _spans(bodies, [8 * rng.randrange(7) for _ in bodies])
     decoded = decode_wire_spans(
         big, starts, sizes, np.array(counts), np.array(skips), np.array(rows)
