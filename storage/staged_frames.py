@@ -38,7 +38,7 @@ from __future__ import annotations
 import contextlib
 import mmap
 import struct
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable
 from typing import NamedTuple
 
 import crc32c
@@ -145,22 +145,23 @@ class FrameFileWriter:
             # would keep that whole batch in memory while only its own rows are counted.
             held[-1] = pa.concat_batches([batch])
         if self._pending_total > PENDING_BYTES:
-            self._flush_down(self._pending_data, "_pending_total", PENDING_BYTES)
+            self._flush_down(self._pending_data, lambda: self._pending_total, PENDING_BYTES)
         if self._pending_overhead > PENDING_OVERHEAD_BYTES:
             for waiting, batches in self._pending.items():
                 if len(batches) > 1:
                     self._merge(waiting)
-            self._flush_down(self._pending_rows, "_pending_overhead", PENDING_OVERHEAD_BYTES)
+            self._flush_down(self._pending_rows, lambda: self._pending_overhead,
+                             PENDING_OVERHEAD_BYTES)  # fmt: skip
         assert self._pending_overhead >= 0 and self._pending_total <= PENDING_BYTES
         assert self._pending_overhead <= PENDING_OVERHEAD_BYTES
 
-    def _flush_down(self, sizes: dict[int, int], total: str, bound: int) -> None:
-        """Write whole the partitions largest by ``sizes`` until the count named ``total``
-        is at most 3/4 of ``bound``: one pass when a bound is crossed, not one partition
+    def _flush_down(self, sizes: dict[int, int], total: Callable[[], int], bound: int) -> None:
+        """Write whole the partitions largest by ``sizes`` until ``total()`` is at most
+        3/4 of ``bound``: one pass when a bound is crossed, not one partition
         per add (with many partitions a pass per add cost ~12x the CPU)."""
         low = bound * 3 // 4
         for partition in sorted(sizes, key=sizes.__getitem__, reverse=True):
-            if getattr(self, total) <= low:
+            if total() <= low:
                 return
             self._flush(partition, whole=True)
 
