@@ -30,6 +30,7 @@ from dataclasses import dataclass, field
 import pyarrow as pa
 
 from engine import tables
+from engine.result import Rows
 from storage.errors import QueryCanceledError
 
 BATCH_ROWS = 8192  # rows of one batch read from DuckDB
@@ -40,7 +41,9 @@ class RowStream:
     """The batches of one result, read one at a time.
 
     ``duckdb_types`` holds DuckDB's own type names when the rows come straight from
-    DuckDB (they tell UUID and JSON from text), else None.
+    DuckDB (they tell UUID and JSON from text), else None. ``whole``: the whole result as
+    ``Rows`` when DuckDB's rows were read whole already (``tables.RowsReader``), for a
+    reader that takes them at once (``take_whole``) instead of as Arrow batches.
     """
 
     schema: pa.Schema
@@ -49,9 +52,22 @@ class RowStream:
     _batches: Iterator[pa.RecordBatch]
     _close: Callable[[], None] = field(default=lambda: None)
     row_count: int = 0
+    whole: Rows | None = None
+
+    def take_whole(self) -> Rows | None:
+        """The whole result as ``Rows`` (with this stream's ``schema``) if it was read
+        whole and no batch was read yet, the stream then at its end; else None (read the
+        batches)."""
+        whole, self.whole = self.whole, None
+        if whole is None or self.row_count:
+            return None
+        self._batches = iter(())
+        self.row_count = whole.num_rows
+        return whole
 
     def next_batch(self) -> pa.RecordBatch | None:
         """The next non-empty batch, or None at the end."""
+        self.whole = None  # read as batches from now on
         for batch in self._batches:
             if batch.num_rows:
                 self.row_count += batch.num_rows
@@ -154,4 +170,7 @@ def duckdb_stream(
         finally:
             on_close()
 
-    return RowStream(schema, (), duckdb_types, batches(), close)
+    whole = None
+    if isinstance(reader, tables.RowsReader):
+        whole = Rows(reader.rows.rows, schema)
+    return RowStream(schema, (), duckdb_types, batches(), close, whole=whole)

@@ -816,7 +816,7 @@ def interrupt(cursor: Connection) -> None:
 
 def batch_reader(
     cursor: Connection, sql: str, parameters: Any, batch_rows: int
-) -> tuple[pa.RecordBatchReader | ChainedReader, list[str]]:
+) -> tuple[pa.RecordBatchReader | ChainedReader | RowsReader, list[str]]:
     """Start a query; its Arrow batch reader and DuckDB's type name of each column.
 
     The caller translates errors (``translated``) and must close the reader before the
@@ -832,21 +832,53 @@ def batch_reader(
 
 def _small_reader(
     cursor: Connection, sql: str, parameters: Any, batch_rows: int
-) -> tuple[pa.RecordBatchReader | ChainedReader, list[str]]:
-    """``batch_reader`` on the rows' way (see ``query_arrow``): the head built from rows,
-    then, should the result hold more, DuckDB's own reader over the rest."""
+) -> tuple[pa.RecordBatchReader | ChainedReader | RowsReader, list[str]]:
+    """``batch_reader`` on the rows' way (see ``query_arrow``): a result read whole as
+    ``RowsReader`` (its Arrow built only if a batch is asked for); else the head built
+    from rows, then DuckDB's own reader over the rest."""
     rows, more, duckdb_types = _small_rows(cursor, sql, parameters)
     assert duckdb_types is not None, "only queries that return rows are streamed"
-    head = None if rows is None else rows.to_arrow()
     if not more:
-        assert head is not None
-        return pa.RecordBatchReader.from_batches(head.schema, head.to_batches()), duckdb_types
+        assert rows is not None
+        return RowsReader(rows), duckdb_types
+    head = None if rows is None else rows.to_arrow()
     with warnings.catch_warnings():
         warnings.simplefilter("ignore", UserWarning)  # the copy it warns of: rare here
         rest = cursor.to_arrow_reader(batch_rows)
     if head is None:
         return rest, duckdb_types
     return _chained(head, rest), duckdb_types
+
+
+class RowsReader:
+    """A batch reader over a result read whole on the rows' way (``rows``: DuckDB's
+    Python values, nothing left on the cursor), as far as ``engine.streams`` reads one.
+    Its Arrow table is built the first time a batch is asked for: a front that encodes
+    the values itself (the wire server's simple query) takes ``rows`` instead and never
+    pays for it (~40-60 us right after DuckDB ran, docs/statement_cost.md)."""
+
+    def __init__(self, rows: Rows) -> None:
+        self.rows = rows
+        self.schema = rows.schema
+        self._batches: list[pa.RecordBatch] | None = None
+
+    def _pending(self) -> list[pa.RecordBatch]:
+        if self._batches is None:
+            self._batches = list(self.rows.to_arrow().to_batches())
+        return self._batches
+
+    def read_next_batch(self) -> pa.RecordBatch:
+        pending = self._pending()
+        if not pending:
+            raise StopIteration  # at the end, as pyarrow's
+        return pending.pop(0)
+
+    def read_all(self) -> pa.Table:
+        batches, self._batches = self._pending(), []
+        return pa.Table.from_batches(batches, schema=self.schema)
+
+    def close(self) -> None:
+        self._batches = []
 
 
 class ChainedReader:

@@ -92,6 +92,7 @@ from sql.pgwire.connection.output import GatheringWriter
 from sql.pgwire.connection.portals import (
     Portal,
     Prepared,
+    described_row,
     error_fields,
     result_columns,
     row_description,
@@ -169,17 +170,23 @@ class _Started(NamedTuple):
     and the stream is closed already (no further hop to the worker for it)."""
 
     stream: result_stream.ResultStream
-    first: pa.Table | None
+    first: pa.Table | Rows | None
     ended: bool
 
 
 def _start_stream(context: CommandContext, statement: ast.Statement) -> _Started | None:
     """Worker thread: open ``statement``'s stream and read its first batch; a result that
-    fits in one batch is read to its end and closed here. None if not streamed."""
+    fits in one batch is read to its end and closed here. None if not streamed. A small
+    result the engine read whole (``ResultStream.whole_rows``) comes as ``Rows``: its
+    values are encoded as they are, no Arrow table built."""
     stream = result_stream.try_stream(context, statement, None, None)
     if stream is None:
         return None
     try:
+        whole = stream.whole_rows()
+        if whole is not None:
+            stream.close()
+            return _Started(stream, whole if whole.num_rows else None, ended=True)
         first = stream.next_batch()
         if first is None or first.num_rows < result_stream.BATCH_ROWS:
             more = stream.next_batch()
@@ -653,7 +660,7 @@ class Connection(ExtendedProtocol):
         stream = started.stream
         try:
             formats = [0] * len(stream.oids)
-            self.send(row_description(stream.schema.empty_table(), stream.oids, formats))
+            self.send(described_row(stream.schema.names, stream.oids, formats))
             batch = started.first
             while batch is not None:
                 await self.send_rows(batch, stream.oids, formats)

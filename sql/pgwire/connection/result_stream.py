@@ -30,7 +30,7 @@ from typing import Any
 
 import pyarrow as pa
 
-from engine.api import BATCH_ROWS, RowStream, ast, from_table
+from engine.api import BATCH_ROWS, Rows, RowStream, ast, from_table
 from sql.pgwire import limits as wire_limits
 from sql.pgwire.codec import wire_types
 from sql.pgwire.connection.context import CommandContext
@@ -70,6 +70,22 @@ class ResultStream:
                 f"a batch of {table.num_rows} rows of the result is {table.nbytes} bytes, "
                 f"over the limit of {self.result_bytes_max} bytes")  # fmt: skip
         return table
+
+    def whole_rows(self) -> Rows | None:
+        """The whole result as ``Rows`` if the engine read it whole already and no batch
+        was taken (the stream is then at its end: close it), else None; 54000 if it is
+        over the limit (judged as a batch of it is: its Arrow size, built only when the
+        bound ``Rows.nbytes_bound`` does not settle it)."""
+        whole = self.rows.take_whole()
+        if whole is None:
+            return None
+        if whole.nbytes_bound() > self.result_bytes_max:
+            nbytes = whole.to_arrow().nbytes
+            if nbytes > self.result_bytes_max:
+                raise LimitExceededError(
+                    f"a batch of {whole.num_rows} rows of the result is {nbytes} bytes, "
+                    f"over the limit of {self.result_bytes_max} bytes")  # fmt: skip
+        return whole
 
     def close(self) -> None:
         self.rows.close()
