@@ -45,7 +45,7 @@ import shutil
 import threading
 import time
 import uuid
-from collections.abc import Iterable, Iterator
+from collections.abc import Callable, Iterable, Iterator
 from dataclasses import dataclass
 from typing import Any
 
@@ -68,7 +68,7 @@ from storage.errors import (
     UndefinedObjectError,
     UndefinedTopicError,
 )
-from storage.staged_frames import FrameFileWriter
+from storage.staged_frames import STAGED_HEADER_BYTES, FrameFileWriter, read_incoming
 
 WRITES_DIRECTORY = "bulk_writes"
 COMMITS_DIRECTORY = "bulk_commits"  # writes moved out for a commit by reference
@@ -180,13 +180,64 @@ class BulkWrites:
             raise DuplicateColumnError(
                 f"a bulk write's rows name column{'s' if len(twice) > 1 else ''} "
                 f"{', '.join(repr(n) for n in twice)} more than once")
+        with self._adding(write_id):
+            return self._append(write_id, batches, schema)
+
+    def append_frames(self, session: Any, write_id: str,
+                      read: Callable[[int], bytes | bytearray]) -> int:  # fmt: skip
+        """Stage a client's stream of partition frames (``COPY TOPIC t FROM STDIN (FORMAT
+        frames, WRITE_ID 'id')``, read with ``read(n)``: ``staged_frames.read_incoming``)
+        as one frames file of topic
+        write ``write_id``, each frame checked (``staged_refs.check_incoming_frame``) and
+        written as it came; returns the messages staged. The first refused frame fails
+        the whole stream: its file is deleted, nothing of it is staged."""
+        meta = self._meta(session, write_id)
+        _check_target(session, meta["kind"], meta["name"])
+        if meta["kind"] != "topic":
+            raise InvalidParameterValueError("staged frames are a topic's rows: write "
+                                             f"{write_id} targets a table")  # fmt: skip
+        entry = self.database.catalog.entry(meta["name"])
+        if entry is None:
+            raise UndefinedTopicError(f'topic "{meta["name"]}" does not exist')
+        topic = self.database.topic_log(entry.topic_id)
+        with self._adding(write_id):
+            base = os.path.join(self.root, write_id, uuid.uuid4().hex)
+            writer = FrameFileWriter(self.database.store.fs, base + ".part")
+            reserved = 0
+            known: set[int] = set()
+            try:
+                for frame, body in read_incoming(read):
+                    if frame.partition not in known:
+                        topic.partition(frame.partition)  # 22023 if the topic has none
+                        known.add(frame.partition)
+                    staged_refs.check_incoming_frame(frame, body)
+                    self._reserve(STAGED_HEADER_BYTES + frame.body_bytes)
+                    reserved += STAGED_HEADER_BYTES + frame.body_bytes
+                    writer.add_checked(frame, body)
+                if writer.rows:
+                    writer.finish()
+                    os.replace(base + ".part", f"{base}.{writer.crc:08x}{FRAMES_SUFFIX}")
+                else:  # an empty stream stages nothing
+                    writer.close()
+                    os.remove(base + ".part")
+            except BaseException:
+                writer.close()
+                with contextlib.suppress(FileNotFoundError):
+                    os.remove(base + ".part")
+                self._release(reserved)
+                raise
+            return writer.rows
+
+    @contextlib.contextmanager
+    def _adding(self, write_id: str) -> Iterator[None]:
+        """An append in flight to ``write_id`` (none may start while it is committed)."""
         with self._lock:
             if write_id in self._committing:
                 raise ObjectNotInPrerequisiteStateError(
                     f"write {write_id} is being committed: no rows can be added to it now")
             self._appending[write_id] = self._appending.get(write_id, 0) + 1
         try:
-            return self._append(write_id, batches, schema)
+            yield
         finally:
             with self._lock:
                 self._appending[write_id] -= 1

@@ -45,7 +45,7 @@ import pyarrow.compute as pc
 
 from engine.staged_writes import TransactionStaging
 from engine.transaction import PendingWrite
-from engine.writes import build_batches
+from engine.writes import _non_negative, _readable_instants, build_batches
 from storage import failpoints, limits
 from storage.clock import ManualClock
 from storage.errors import (
@@ -55,7 +55,14 @@ from storage.errors import (
     StorageIOError,
 )
 from storage.fs import FileSystem
-from storage.staged_frames import StagedFrame, file_crc, index_file
+from storage.staged_frames import (
+    BadStagedFrameError,
+    IncomingFrame,
+    StagedFrame,
+    check_incoming,
+    file_crc,
+    index_file,
+)
 from storage.staged_frames import decode as decode_frames
 
 Reference = dict  # the JSON form above
@@ -346,6 +353,18 @@ def framed_groups(batch: pa.RecordBatch, clock) -> Iterator[tuple[int, pa.Record
             rows = groups.rows_of(int(partition))
             assert rows is not None
             yield int(partition), rows.combine_chunks().to_batches()[0]
+
+
+def check_incoming_frame(frame: IncomingFrame, body: pa.Buffer) -> None:
+    """A client's staged frame checked as ``staged_frames.check_incoming`` does (22P04,
+    54000), and its values as ``build_batches`` bounds a write's: ``seq_no`` not negative
+    (22003), ``created_at`` given for every message and within years 1-9999 (22008)."""
+    batch = check_incoming(frame, body)
+    _non_negative(batch.column(0), "seq_no")
+    created = batch.column(3)
+    if created.null_count:
+        raise BadStagedFrameError("a staged frame holds a message without created_at")
+    _readable_instants(created)
 
 
 class FramedRows:

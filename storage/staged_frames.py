@@ -38,7 +38,7 @@ from __future__ import annotations
 import contextlib
 import mmap
 import struct
-from collections.abc import Callable, Iterable
+from collections.abc import Callable, Iterable, Iterator
 from typing import NamedTuple
 
 import crc32c
@@ -46,8 +46,15 @@ import numpy as np
 import pyarrow as pa
 
 from storage import limits
+from storage.codecs import Codec
 from storage.crc_combine import crc32c_combine
-from storage.errors import CorruptSegmentError, LimitExceededError, StorageIOError
+from storage.errors import (
+    CorruptSegmentError,
+    DataError,
+    LimitExceededError,
+    NumericValueOutOfRangeError,
+    StorageIOError,
+)
 from storage.frame_cuts import cuttable, frame_slices
 from storage.fs import FileSystem
 from storage.record_batch import (
@@ -58,6 +65,7 @@ from storage.record_batch import (
     FrameHeader,
     serialize_body_buffer,
 )
+from storage.wire_columns import _layout as wire_layout
 
 STAGED_MAGIC = b"TBs1"
 STAGED_HEADER = struct.Struct("<4sIqII")
@@ -82,6 +90,29 @@ HELD_BATCH_BYTES = 4096
 ROW_BYTES = 48
 MERGE_BATCHES = 32
 _CHECK_WINDOW_BYTES = 4 * 1024 * 1024
+# An incoming frame's body (``read_incoming``): a frame is within the frame targets or
+# one message alone, so its body is at most one message plus the metadata of a batch.
+INCOMING_BODY_BYTES_MAX = max(limits.FRAME_TARGET_BYTES, limits.MESSAGE_BYTES_MAX) + (1 << 20)
+_INCOMING_OVERHEAD_BYTES = 64 * 1024  # a body's bytes besides its messages' (metadata,
+#                                       validity, offsets of 4096 rows: ~60 KiB at most)
+
+
+class BadStagedFrameError(DataError):
+    """An incoming staged frame that is not one (``read_incoming``, ``check_incoming``):
+    malformed COPY data (22P04)."""
+
+    sqlstate = "22P04"
+
+
+class IncomingFrame(NamedTuple):
+    """A staged frame as a client sent it (``read_incoming``): its 24-byte header as
+    received and the fields it holds; its body comes beside it."""
+
+    header: bytes
+    body_crc: int
+    partition: int
+    record_count: int
+    body_bytes: int
 
 
 class StagedFrame(NamedTuple):
@@ -208,6 +239,13 @@ class FrameFileWriter:
         for piece in pieces:
             self._write_frame(partition, piece)
 
+    def add_checked(self, frame: IncomingFrame, body: pa.Buffer | bytes) -> None:
+        """Append a frame that came whole and checked (``check_incoming``) as it came:
+        its header and body, no re-encoding. Not mixed with ``add`` (whose rows wait)."""
+        assert not self._pending, "checked frames are not mixed with rows cut here"
+        assert len(body) == frame.body_bytes and len(frame.header) == STAGED_HEADER_BYTES
+        self._write(frame.header, body, frame.body_crc, frame.record_count)
+
     def _write_frame(self, partition: int, batch: pa.RecordBatch) -> None:
         body = serialize_body_buffer(batch)
         # Its messages are bounded by the frame target (``frame_cuts``); its bytes by the
@@ -218,18 +256,114 @@ class FrameFileWriter:
                 "bytes")  # fmt: skip
         body_crc = crc32c.crc32c(body)
         header = STAGED_HEADER.pack(STAGED_MAGIC, body_crc, partition, batch.num_rows, body.size)
+        self._write(header, body, body_crc, batch.num_rows)
+
+    def _write(self, header: bytes, body: pa.Buffer | bytes, body_crc: int, rows: int) -> None:
+        size = len(body)
         assert self._fd is not None
         self.fs.pwritev(self._fd, [header, body], self.size)
         self.crc = crc32c_combine(self.crc, crc32c.crc32c(header), STAGED_HEADER_BYTES)
-        self.crc = crc32c_combine(self.crc, body_crc, body.size)
-        self.size += STAGED_HEADER_BYTES + body.size
-        self.rows += batch.num_rows
+        self.crc = crc32c_combine(self.crc, body_crc, size)
+        self.size += STAGED_HEADER_BYTES + size
+        self.rows += rows
         if self.size - self._writeback_position >= limits.WRITEBACK_INTERVAL_BYTES:
             # A hint (as segments give): the sync at ``finish`` then finds little to write.
             with contextlib.suppress(StorageIOError):  # ``finish``'s sync will tell
                 self.fs.start_writeback(self._fd, self._writeback_position,
                                         self.size - self._writeback_position)  # fmt: skip
             self._writeback_position = self.size
+
+
+def read_incoming(read: Callable[[int], bytes | bytearray]
+                  ) -> Iterator[tuple[IncomingFrame, pa.Buffer]]:  # fmt: skip
+    """The frames of a client's stream of staged frames (the frames file format above,
+    ``COPY ... (FORMAT frames)``), each header checked before its body is read (so a
+    header cannot make the server read or hold more than ``INCOMING_BODY_BYTES_MAX``).
+    ``read(n)`` returns exactly ``n`` bytes, fewer only at the stream's end. The bodies
+    are not checked here: ``check_incoming``. A stream ending inside a frame, or a header
+    that is not one, is ``BadStagedFrameError`` (22P04); a negative partition 22003."""
+    while True:
+        raw = bytes(read(STAGED_HEADER_BYTES))
+        if not raw:
+            return
+        if len(raw) < STAGED_HEADER_BYTES:
+            raise BadStagedFrameError(f"the frames stream ends inside a frame header "
+                                      f"({len(raw)} of {STAGED_HEADER_BYTES} bytes)")  # fmt: skip
+        magic, body_crc, partition, count, body_bytes = STAGED_HEADER.unpack(raw)
+        if magic != STAGED_MAGIC:
+            raise BadStagedFrameError(f"a staged frame starts with {magic!r}, not "
+                                      f"{STAGED_MAGIC!r}")  # fmt: skip
+        if partition < 0:
+            raise NumericValueOutOfRangeError(
+                f'column "partition": {partition} is out of range (0 to {2**63 - 1})')
+        if not 1 <= count <= limits.FRAME_TARGET_MESSAGES:
+            raise BadStagedFrameError(f"a staged frame holds {count} messages: 1 to "
+                                      f"{limits.FRAME_TARGET_MESSAGES}")  # fmt: skip
+        if body_bytes % 8 or not 8 <= body_bytes <= INCOMING_BODY_BYTES_MAX:
+            raise BadStagedFrameError(f"a staged frame's body of {body_bytes} bytes: a "
+                                      f"multiple of 8 up to {INCOMING_BODY_BYTES_MAX}")  # fmt: skip
+        body = read(body_bytes)
+        if len(body) < body_bytes:
+            raise BadStagedFrameError(f"the frames stream ends inside a frame body "
+                                      f"({len(body)} of {body_bytes} bytes)")  # fmt: skip
+        yield (IncomingFrame(raw, body_crc, partition, count, body_bytes),
+               pa.py_buffer(body))  # fmt: skip
+
+
+def check_incoming(frame: IncomingFrame, body: pa.Buffer) -> pa.RecordBatch:
+    """The body of an incoming frame as its ``WIRE_SCHEMA`` batch (zero-copy over
+    ``body``), once everything a reader of the partition relies on is checked: the
+    CRC-32C; one uncompressed Arrow IPC record-batch message of ``WIRE_SCHEMA``'s layout
+    (``wire_columns``' fast path reads it) and nothing after it; the header's row count;
+    every buffer, offset and value valid (``validate(full=True)``: a malformed body never
+    reaches a partition log); within the frame targets (more than one message: at most
+    ``FRAME_TARGET_BYTES`` of data), no message over ``MESSAGE_BYTES_MAX`` (54000); no
+    producer id, message group or metadata, and raw messages (what a frame published
+    by copy may hold: ``frame_cuts.cuttable``). Otherwise 22P04. The values the engine
+    bounds (``seq_no``, ``created_at``) are the caller's to check."""
+    if crc32c.crc32c(body) != frame.body_crc:
+        raise BadStagedFrameError("a staged frame's body does not match its CRC-32C")
+    layout = wire_layout(body)
+    if layout is None:
+        raise BadStagedFrameError("a staged frame's body is not one uncompressed Arrow IPC "
+                                  "record batch message of the wire schema")  # fmt: skip
+    try:
+        message = pa.ipc.read_message(body)
+        if message.type != "record batch" or (
+                8 + message.metadata.size + message.body.size != body.size):  # fmt: skip
+            raise BadStagedFrameError("a staged frame's body is not exactly one Arrow IPC "
+                                      "record batch message")  # fmt: skip
+        batch = pa.ipc.read_record_batch(message, WIRE_SCHEMA)
+        batch.validate(full=True)
+    except (pa.ArrowInvalid, pa.ArrowNotImplementedError, pa.ArrowIndexError, OSError,
+            ValueError) as error:  # fmt: skip
+        raise BadStagedFrameError(f"a staged frame's body is not a valid batch of the wire "
+                                  f"schema: {error}") from None  # fmt: skip
+    count = batch.num_rows
+    if count != frame.record_count:
+        raise BadStagedFrameError(f"a staged frame's header counts {frame.record_count} "
+                                  f"messages, its body holds {count}")  # fmt: skip
+    data = batch.column(5)
+    if data.null_count:
+        raise BadStagedFrameError("a staged frame holds a message without data")
+    size = _data_bytes(batch)
+    if size > limits.MESSAGE_BYTES_MAX:
+        _check_messages(batch)
+    if count > 1 and size > limits.FRAME_TARGET_BYTES:
+        raise BadStagedFrameError(f"a staged frame of {count} messages holds {size} bytes "
+                                  f"of data: over the frame target of "
+                                  f"{limits.FRAME_TARGET_BYTES}")  # fmt: skip
+    if body.size > size + _INCOMING_OVERHEAD_BYTES:
+        raise BadStagedFrameError(f"a staged frame's body of {body.size} bytes holds "
+                                  f"{size} bytes of data")  # fmt: skip
+    if not cuttable(batch) or batch.column(2).null_count != count:
+        raise BadStagedFrameError("a staged frame holds a producer id, message group or "
+                                  "metadata")  # fmt: skip
+    codecs = batch.column(4)
+    if codecs.null_count or np.any(codecs.to_numpy(zero_copy_only=False) != Codec.RAW.value):
+        raise BadStagedFrameError("a staged frame holds compressed messages (codec other "
+                                  "than raw)")  # fmt: skip
+    return batch
 
 
 def _pins_more(batch: pa.RecordBatch, data: int) -> bool:

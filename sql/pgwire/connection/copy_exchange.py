@@ -200,7 +200,8 @@ async def copy_from_client(context: CommandContext, statement: CopyStatement) ->
         kind, name = (("topic", statement.topic) if statement.topic is not None
                       else ("table", copy_staged.table_name(statement.relation or "")))
         await copy_staged.copy_staged_from_client(context, statement.write_id, kind, name,
-                                                  target.columns)  # fmt: skip
+                                                  target.columns,
+                                                  frames=statement.frames)  # fmt: skip
         return
     relation_name = statement.topic or statement.relation or ""
     decoder: CopyDecoder | BinaryCopyDecoder | ArrowCopyDecoder

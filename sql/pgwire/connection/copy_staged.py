@@ -141,9 +141,11 @@ class _Pipe:
 
 
 async def copy_staged_from_client(context: CommandContext, write_id: str, kind: str,
-                                  name: str, columns: list[str]) -> None:  # fmt: skip
-    """Stage the COPY's Arrow stream as (part of) write ``write_id`` of ``kind`` (``topic``
-    or ``table``) ``name``; then ``COPY <rows>``. Nothing is published."""
+                                  name: str, columns: list[str], *,
+                                  frames: bool = False) -> None:  # fmt: skip
+    """Stage the COPY's Arrow stream (with ``frames``: its staged partition frames) as
+    (part of) write ``write_id`` of ``kind`` (``topic`` or ``table``) ``name``; then
+    ``COPY <rows>``. Nothing is published."""
     session = context.session
     writes = await context.call(session.bulk_writes)
     await context.call(_collect_now_and_then, writes)
@@ -154,7 +156,8 @@ async def copy_staged_from_client(context: CommandContext, write_id: str, kind: 
     pipe = _Pipe(loop)
     done: concurrent.futures.Future[int] = concurrent.futures.Future()
     thread = threading.Thread(
-        target=_stage, args=(done, pipe, writes, session, write_id, columns, name),
+        target=_stage_frames if frames else _stage,
+        args=(done, pipe, writes, session, write_id, columns, name),
         name=f"copy-staged-{write_id}", daemon=True)  # fmt: skip
     thread.start()
     staged = asyncio.wrap_future(done)
@@ -227,6 +230,22 @@ def _stage(done: concurrent.futures.Future[int], pipe: _Pipe, writes: Any, sessi
         schema = pa.schema([f.with_name(n) for f, n in zip(plain, columns, strict=True)])
         rows = writes.append(session, write_id, _batches(reader, plain, schema, relation),
                              schema)  # fmt: skip
+    except BaseException as error:
+        pipe.finish()
+        done.set_exception(error)
+        return
+    pipe.finish()
+    done.set_result(rows)
+
+
+def _stage_frames(done: concurrent.futures.Future[int], pipe: _Pipe, writes: Any,
+                  session: Any, write_id: str, columns: list[str],
+                  relation: str) -> None:  # fmt: skip
+    """The staging thread of ``FORMAT frames``: the stream's frames, each checked, appended
+    to the write as they came (``BulkWrites.append_frames``)."""
+    del columns, relation  # a frame's columns are the wire schema's
+    try:
+        rows = writes.append_frames(session, write_id, pipe.read)
     except BaseException as error:
         pipe.finish()
         done.set_exception(error)

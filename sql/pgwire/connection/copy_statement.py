@@ -46,6 +46,7 @@ class CopyStatement:
     columns: tuple[str, ...]  # unquoted column names; empty: all
     fmt: CopyFormat
     write_id: str | None = None  # FROM STDIN (FORMAT arrow, WRITE_ID 'id'): staged, unpublished
+    frames: bool = False  # COPY TOPIC t FROM STDIN (FORMAT frames, WRITE_ID 'id'): staged frames
 
 
 def is_copy(tokens: list[Token]) -> bool:
@@ -106,8 +107,13 @@ def parse_copy(text: str) -> CopyStatement:
         raise _syntax(source, tokens, at - 1)
     options = _options(source, tokens, at + 1)
     write_id = _write_id(options, to_client)
+    frames = str(options.get("format", "")).lower() == "frames"
+    if frames and (write_id is None or topic is None or columns):
+        raise InvalidParameterValueError(
+            "FORMAT frames is only for COPY TOPIC t FROM STDIN (FORMAT frames, WRITE_ID 'id'), "
+            "without a column list")
     fmt = _format(options, to_client)
-    return CopyStatement(to_client, query, relation, topic, columns, fmt, write_id)
+    return CopyStatement(to_client, query, relation, topic, columns, fmt, write_id, frames)
 
 
 def _write_id(options: dict[str, Any], to_client: bool) -> str | None:
@@ -117,9 +123,9 @@ def _write_id(options: dict[str, Any], to_client: bool) -> str | None:
     if "write_id" not in options:
         return None
     value = options.pop("write_id")
-    if str(options.get("format", "")).lower() != "arrow" or to_client:
+    if str(options.get("format", "")).lower() not in ("arrow", "frames") or to_client:
         raise InvalidParameterValueError("COPY option WRITE_ID is only for COPY FROM STDIN "
-                                         "(FORMAT arrow)")  # fmt: skip
+                                         "(FORMAT arrow or frames)")  # fmt: skip
     if not isinstance(value, str) or not value:
         raise InvalidParameterValueError("COPY option WRITE_ID takes the write id as a string")
     return value
@@ -241,7 +247,7 @@ def _single_char(name: str, value: Any) -> str:
 
 def _format(options: dict[str, Any], to_client: bool) -> CopyFormat:
     """Check the options as PostgreSQL does and build the data format."""
-    if str(options.get("format", "")).lower() == "arrow":
+    if str(options.get("format", "")).lower() in ("arrow", "frames"):
         return _arrow_format(options, to_client)
     known = {"format", "delimiter", "null", "header", "quote", "escape", "force_quote",
              "force_not_null", "force_null", "encoding", "freeze"}  # fmt: skip
