@@ -57,18 +57,30 @@ class CachedFrame:
     segments), so the entry is valid exactly while ``segment`` is listed there.
     Two threads may decode it at once; both get equal batches and one is kept."""
 
-    __slots__ = ("_batch", "body", "header", "position", "segment")
+    __slots__ = ("_batch", "body", "header", "mapped", "position", "segment")
 
-    def __init__(self, segment: object, position: int, header: FrameHeader, body: pa.Buffer):
+    def __init__(
+        self,
+        segment: object,
+        position: int,
+        header: FrameHeader,
+        body: pa.Buffer,
+        *,
+        mapped: bool = False,
+    ):
         self.segment = segment
         self.position = position
         self.header = header
         self.body = body
+        self.mapped = mapped  # ``body`` is a view of the segment's map (``Frame.mapped``)
         self._batch: pa.RecordBatch | None = None
 
     @property
     def kept_bytes(self) -> int:
-        """The bytes this entry keeps alive: its body's whole read window."""
+        """The bytes this entry keeps alive: its body's whole read window (for a view of
+        a segment's map, which holds no heap memory, the frame's own bytes)."""
+        if self.mapped:
+            return self.header.frame_bytes
         parent = self.body.parent
         return parent.size if parent is not None else self.body.size
 

@@ -25,7 +25,9 @@ import shutil
 import threading
 from collections.abc import Callable
 
-from storage import failpoints
+import pyarrow as pa
+
+from storage import failpoints, file_map
 from storage.errors import ObjectInUseError, StorageIOError
 from storage.limits import IOV_MAX
 
@@ -166,6 +168,15 @@ class FileSystem:
             return os.preadv(fd, [target], position)
         except OSError as error:
             raise _io_error("read", self._paths.get(fd, str(fd)), error) from error
+
+    def map_read(self, fd: int, size: int) -> pa.Buffer | None:
+        """A read-only map of bytes ``[0, size)`` of ``fd``'s file (``storage.file_map``),
+        or None: then the caller reads with ``pread``. Only for bytes that never change
+        while the map lives. A file system that models reads itself (a subclass with its
+        own ``pread``: faults, page-cache images) gets None, so every read goes through it."""
+        if type(self).pread is not FileSystem.pread or size <= 0:
+            return None
+        return file_map.map_file(fd, size)
 
     def start_writeback(self, fd: int, position: int, size: int) -> None:
         """Ask the kernel to start writing ``size`` bytes at ``position`` to disk, without waiting.

@@ -792,7 +792,9 @@ class PartitionLog:
                     break
                 position = kept.position + header.frame_bytes  # the scan goes on from there
             window = _window_bytes(segment, offset, remaining, budget)
-            frames = segment.scan(offset, limit, window, position=position)
+            # A segment before the last visible one is sealed and never changes again
+            # (a fence cuts only unpublished bytes): it is read through its map.
+            frames = segment.scan(offset, limit, window, position=position, mapped=not last)
             for frame in frames if position is None or position < limit else ():
                 header = frame.header
                 skip = offset - header.base_offset
@@ -821,10 +823,12 @@ class PartitionLog:
             return None
         body = frame.body
         parent = body.parent
-        if parent is not None and parent.size > 2 * frame.header.frame_bytes:
+        if frame.mapped:
+            pass  # a view of the segment's map: it holds no heap memory to free
+        elif parent is not None and parent.size > 2 * frame.header.frame_bytes:
             # Keep only this frame, not the whole read window it came in.
             body = pa.py_buffer(body.to_pybytes())
-        cached = CachedFrame(segment, frame.position, frame.header, body)
+        cached = CachedFrame(segment, frame.position, frame.header, body, mapped=frame.mapped)
         self._frame_cache.put(self, cached)
         return cached
 

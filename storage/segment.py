@@ -59,6 +59,9 @@ class Frame(NamedTuple):
     position: int
     header: FrameHeader
     body: pa.Buffer
+    # The body is a view of the segment's map (``LogSegment.scan(mapped=True)``), not of
+    # a read window: keeping it keeps the page cache's pages mapped, no heap memory.
+    mapped: bool = False
 
 
 class LogSegment:
@@ -84,6 +87,10 @@ class LogSegment:
         self._marked_deleted = False  # the log file is renamed to *.deleted
         # Log bytes below this position are synced or already handed to writeback.
         self._writeback_position = 0
+        # The read-only map of the sealed log (``_mapped``) and its view; None until a
+        # scan asks for it, and again once closed. ``_map_refused``: no map could be made.
+        self._map: tuple[pa.Buffer, memoryview] | None = None
+        self._map_refused = False
 
     # -- writing (single writer) --------------------------------------------------------
     def append_frame(self, frame: bytes, header: FrameHeader) -> None:
@@ -211,6 +218,9 @@ class LogSegment:
         self._writeback_position = min(self._writeback_position, position)
 
     def close(self) -> None:
+        with self._fd_lock:
+            # Batches read through the map keep it alive (``storage.file_map``).
+            self._map = None
         self.offset_index.close()
         self.time_index.close()
         if self._write_fd is not None:
@@ -278,6 +288,31 @@ class LogSegment:
         finally:
             self._scan_done(fd, shared)
 
+    def _mapped(self, limit_bytes: int) -> tuple[pa.Buffer, memoryview] | None:
+        """The segment's log mapped whole (``FileSystem.map_read``), made on first use;
+        None when it cannot be (then scans ``pread``) or holds less than ``limit_bytes``.
+        Only for a segment whose first ``limit_bytes`` bytes never change again: one
+        before the partition's last visible segment (``scan(mapped=True)``)."""
+        found = self._map
+        if found is None:
+            if self._map_refused:
+                return None
+            with self._fd_lock:
+                found = self._map
+                if found is None and not self._map_refused:
+                    fd = self.fs.open_read(self.log_path)  # FileNotFoundError: retention
+                    try:
+                        buffer = self.fs.map_read(fd, limit_bytes)
+                    finally:
+                        self.fs.close(fd)
+                    if buffer is None:
+                        self._map_refused = True
+                        return None
+                    found = self._map = (buffer, memoryview(buffer))
+        if found is None or found[0].size < limit_bytes:
+            return None
+        return found
+
     def scan(
         self,
         start_offset: int,
@@ -286,6 +321,7 @@ class LogSegment:
         *,
         skip_corrupt: bool = False,
         position: int | None = None,
+        mapped: bool = False,
     ) -> Iterator[Frame]:
         """Yield verified frames holding offsets >= ``start_offset``, up to byte ``limit_bytes``.
 
@@ -300,11 +336,66 @@ class LogSegment:
         A window that ends inside a frame is followed by one that starts at that
         frame and holds it whole, plus what is left of ``budget_bytes``, not a whole
         window more (an 8 MiB window ending inside a 1 MiB frame was followed by 8 MiB more).
+
+        ``mapped`` (the caller's promise that bytes ``[0, limit_bytes)`` never change
+        again: a sealed segment) reads through the segment's map instead: no window,
+        no copy, the bodies views of the map (``Frame.mapped``), the same checks.
         """
         if position is None:
             position = (
                 self.offset_index.lookup(start_offset) if start_offset > self.base_offset else 0
             )
+        if mapped and limit_bytes > 0:
+            found = self._mapped(limit_bytes)
+            if found is not None:
+                return self._scan_map(found, start_offset, limit_bytes, position, skip_corrupt)
+        return self._scan_read(start_offset, limit_bytes, budget_bytes, skip_corrupt, position)
+
+    def _scan_map(
+        self,
+        found: tuple[pa.Buffer, memoryview],
+        start_offset: int,
+        limit_bytes: int,
+        position: int,
+        skip_corrupt: bool,
+    ) -> Iterator[Frame]:
+        """``scan`` through the map: frames checked in place, bodies zero-copy views."""
+        buffer, view = found
+        header_at, crc = self._header_at, crc32c.crc32c
+        while position < limit_bytes:
+            if position + HEADER_BYTES > limit_bytes:
+                raise CorruptSegmentError(
+                    "segment ends inside a frame header", path=self.log_path, position=position
+                )
+            header = header_at(view, position, position)
+            end = position + HEADER_BYTES + header.body_bytes
+            if end > limit_bytes:
+                raise CorruptSegmentError(
+                    "frame runs past the end of the segment", path=self.log_path, position=position
+                )
+            if header.base_offset + header.record_count > start_offset:
+                # The checksum covers header bytes [8, 48) and the body (``frame_checksum_ok``).
+                if crc(view[position + 8 : end]) != header.crc:
+                    if not skip_corrupt:
+                        raise CorruptSegmentError(
+                            "checksum mismatch in a log frame",
+                            path=self.log_path,
+                            position=position,
+                        )
+                else:
+                    body = buffer.slice(position + HEADER_BYTES, header.body_bytes)
+                    yield Frame(position, header, body, True)
+            position = end
+
+    def _scan_read(
+        self,
+        start_offset: int,
+        limit_bytes: int,
+        budget_bytes: int,
+        skip_corrupt: bool,
+        position: int,
+    ) -> Iterator[Frame]:
+        """``scan`` through ``pread`` windows."""
         window_bytes = max(budget_bytes + HEADER_BYTES, READ_WINDOW_BYTES_MIN)
         fd, shared = self._scan_fd()
         try:
@@ -371,7 +462,7 @@ class LogSegment:
         finally:
             self._scan_done(fd, shared)
 
-    def _header_at(self, raw: bytes, index: int, position: int) -> FrameHeader:
+    def _header_at(self, raw: bytes | memoryview, index: int, position: int) -> FrameHeader:
         """The header at ``raw[index:]`` (as ``decode_header``), checked."""
         magic, crc, base, written, count, body_bytes, attributes, _, transaction = (
             HEADER.unpack_from(raw, index)

@@ -1,0 +1,109 @@
+"""Read-only memory maps of files that no longer change (sealed segments), as Arrow buffers.
+
+A read of a sealed segment through a map pays no copy: the page cache's pages are
+mapped into the process, the checksum and the Arrow decode read them in place, and
+the batches a read returns are views of them (zero-copy). A ``pread`` copies every
+byte once more into a fresh buffer first, which cost as much as the checksum (the
+read path's two largest costs: docs/storage_read.md).
+
+The map is made with ``mmap(2)`` through libc (``ctypes``), not Python's ``mmap``
+module: that one keeps a duplicate of the file's descriptor open for as long as the
+map lives (``trackfd`` arrived in Python 3.13), one descriptor per sealed segment read.
+Here the descriptor can be closed as soon as the map exists.
+
+Lifetime: the map is owned by a ``_Mapping``; every Arrow buffer over it
+(``pa.foreign_buffer`` with the owner as its base, and every slice of it, and every
+array decoded from a slice) keeps the owner alive, and the owner unmaps when the last
+of them is gone. So a batch a caller holds never sees its bytes unmapped.
+
+Invariants the callers keep (``LogSegment``): only bytes that never change are mapped
+(a segment before the last visible one: sealed, fully published, never truncated
+while the partition is open; retention unlinks it, which leaves a map valid), and a
+map is never read past the size it was made with. What a map cannot do that ``pread``
+does: report a disk error on a page not in the page cache as ``EIO`` (the kernel sends
+``SIGBUS`` instead), and survive another process truncating the file under it. Both
+are outside what the storage promises for its own files (see the docs).
+
+Bounded: at most ``MAPS_MAX`` maps live at once (the kernel's ``vm.max_map_count``
+is 65,530 by default, shared with the allocator); past it ``map_file`` returns None and
+the caller reads with ``pread``. Thread-safe.
+"""
+
+from __future__ import annotations
+
+import ctypes
+import mmap
+import threading
+
+import pyarrow as pa
+
+MAPS_MAX = 4096
+
+
+def _load_libc() -> tuple[object, object] | None:
+    """libc's ``mmap`` and ``munmap``, or None where they cannot be found."""
+    try:
+        libc = ctypes.CDLL(None, use_errno=True)
+        map_function, unmap_function = libc.mmap, libc.munmap
+    except (OSError, AttributeError):
+        return None
+    map_function.argtypes = [
+        ctypes.c_void_p, ctypes.c_size_t, ctypes.c_int, ctypes.c_int, ctypes.c_int,
+        ctypes.c_int64,
+    ]  # fmt: skip
+    map_function.restype = ctypes.c_void_p
+    unmap_function.argtypes = [ctypes.c_void_p, ctypes.c_size_t]
+    unmap_function.restype = ctypes.c_int
+    return map_function, unmap_function
+
+
+_LIBC = _load_libc()
+_MAP_FAILED = ctypes.c_void_p(-1).value
+_lock = threading.Lock()
+_live = 0  # maps made and not yet unmapped
+
+
+class _Mapping:
+    """One ``mmap(2)`` region; unmapped when this object is freed (its last buffer gone)."""
+
+    __slots__ = ("address", "size")
+
+    def __init__(self, address: int, size: int) -> None:
+        self.address = address
+        self.size = size
+
+    def __del__(self) -> None:
+        global _live
+        libc = _LIBC
+        if libc is None:  # interpreter shutdown cleared the module
+            return
+        libc[1](self.address, self.size)  # type: ignore[operator]
+        with _lock:
+            _live -= 1
+
+
+def live_maps() -> int:
+    """How many maps are live (tests, profiles)."""
+    return _live
+
+
+def map_file(fd: int, size: int) -> pa.Buffer | None:
+    """A read-only map of bytes ``[0, size)`` of the file open as ``fd``, as an Arrow
+    buffer that keeps the map alive; None when no map can be made (no libc ``mmap``,
+    ``MAPS_MAX`` reached, the kernel refused). The caller closes ``fd`` when it likes.
+    The file must be at least ``size`` bytes long and never shrink below that while the
+    map lives."""
+    global _live
+    assert size > 0
+    if _LIBC is None:
+        return None
+    with _lock:
+        if _live >= MAPS_MAX:
+            return None
+        _live += 1
+    address = _LIBC[0](None, size, mmap.PROT_READ, mmap.MAP_SHARED, fd, 0)  # type: ignore[operator]
+    if address is None or address == _MAP_FAILED:
+        with _lock:
+            _live -= 1
+        return None
+    return pa.foreign_buffer(address, size, base=_Mapping(address, size))

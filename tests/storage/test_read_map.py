@@ -1,0 +1,181 @@
+"""Reads of sealed segments through a read-only map (``storage.file_map``,
+``LogSegment.scan(mapped=True)``): no ``pread`` copy, the batches views of the map.
+
+What must hold: the map is used for every segment before the last visible one and
+never for the active one; a batch the caller holds keeps its bytes (the map lives as
+long as any view of it) across later reads, retention deleting the segment and the
+partition closing; a frame damaged on disk, even after the map was made, is still
+refused with its file and position; a file system that models reads itself, or the
+bound on live maps, sends reads back to ``pread`` with the same results.
+"""
+
+from __future__ import annotations
+
+import gc
+import os
+from typing import Any
+
+import pytest
+
+from storage import file_map
+from storage.errors import CorruptSegmentError
+from storage.fs import FileSystem
+from storage.segment import LogSegment
+
+KIB = 1024
+
+
+def _count_preads(monkeypatch: pytest.MonkeyPatch) -> list[int]:
+    positions: list[int] = []
+    original = FileSystem.pread
+
+    def counted(self: FileSystem, fd: int, size: int, position: int) -> Any:
+        positions.append(position)
+        return original(self, fd, size, position)
+
+    monkeypatch.setattr(FileSystem, "pread", counted)
+    return positions
+
+
+def _fill(partition: Any, batch: Any, frames: int, per_frame: int = 100) -> None:
+    for _ in range(frames):
+        partition.append(batch(per_frame, first=partition.end_offset, size_bytes=KIB))
+
+
+def _flip(path: str, position: int) -> None:
+    """Damage one byte in place (the map is shared: it sees the change)."""
+    fd = os.open(path, os.O_RDWR)
+    try:
+        value = os.pread(fd, 1, position)[0]
+        os.pwrite(fd, bytes([value ^ 0x5A]), position)
+    finally:
+        os.close(fd)
+
+
+def _live() -> int:
+    """Live maps once garbage (earlier tests' batches in cycles) is collected."""
+    gc.collect()
+    return file_map.live_maps()
+
+
+def _data(batches: list[Any]) -> list[bytes]:
+    return [value for b in batches for value in b.column("data").to_pylist()]
+
+
+def test_sealed_segments_are_read_through_their_map_and_the_active_one_with_pread(
+    open_partition: Any, batch: Any, read_all: Any, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    partition = open_partition(segment_bytes=256 * KIB)
+    _fill(partition, batch, frames=12)  # ~100 KiB a frame (large: zero-copy): 4 segments
+    assert len(partition.segments) >= 3
+    sealed_end = partition.segments[-1].base_offset
+    preads = _count_preads(monkeypatch)
+    live = _live()
+    rows = read_all(partition)
+    assert [row["offset"] for row in rows] == list(range(partition.end_offset))
+    assert [row["data"][:4] for row in rows[:2]] == [b"m0..", b"m1.."]
+    # Every sealed segment mapped once; only the active segment was read with pread.
+    assert file_map.live_maps() == live + len(partition.segments) - 1
+    preads.clear()
+    result = partition.read(0, max_messages=sealed_end)
+    assert result.message_count == sealed_end and preads == []
+    partition.read(sealed_end)
+    assert preads  # the active segment grows: never mapped
+    assert file_map.live_maps() == live + len(partition.segments) - 1
+
+
+def test_a_held_batch_keeps_its_bytes_across_later_reads_retention_and_close(
+    open_partition: Any, batch: Any
+) -> None:
+    partition = open_partition(segment_bytes=256 * KIB)
+    _fill(partition, batch, frames=12)
+    live = _live()
+    first = partition.segments[0]
+    held = partition.read(0, max_messages=first.next_offset).batches
+    expected = [f"m{i}".encode().ljust(KIB, b".") for i in range(first.next_offset)]
+    assert _data(held) == expected
+    assert file_map.live_maps() == live + 1  # the batches are views of the map
+    for offset in range(0, partition.end_offset, 7):  # later reads, other frames
+        partition.read(offset, max_messages=30)
+    assert partition.delete_segments_before(first.next_offset) == 1
+    assert not os.path.exists(first.log_path)
+    partition.close()
+    gc.collect()
+    assert _data(held) == expected  # unmapped only when the last view goes
+    assert file_map.live_maps() == live + 1
+    del held
+    gc.collect()
+    assert file_map.live_maps() == live
+
+
+def test_a_frame_damaged_after_the_map_was_made_is_refused_with_its_position(
+    open_partition: Any, batch: Any, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    partition = open_partition(segment_bytes=256 * KIB)
+    _fill(partition, batch, frames=12)
+    segment = partition.segments[0]
+    frames = list(segment.scan(0, segment.size_bytes, 1, mapped=True))
+    assert all(frame.mapped for frame in frames) and len(frames) >= 2
+    preads = _count_preads(monkeypatch)
+    bad = frames[1]
+    assert partition.read(0, max_messages=50).message_count == 50  # the map exists now
+    _flip(segment.log_path, bad.position + 100)
+    assert partition.read(0, max_messages=bad.header.base_offset).message_count == (
+        bad.header.base_offset
+    )
+    with pytest.raises(CorruptSegmentError) as raised:
+        partition.read(bad.header.base_offset)
+    assert (raised.value.path, raised.value.position) == (segment.log_path, bad.position)
+    assert preads == []  # found through the map, not a pread
+    # Recovery's replay passes over it; the frames after it still come.
+    kept = list(segment.scan(0, segment.size_bytes, 1, skip_corrupt=True, mapped=True))
+    assert [f.position for f in kept] == [f.position for f in frames if f is not bad]
+
+
+def test_a_frame_running_past_the_mapped_limit_is_refused(open_partition: Any, batch: Any) -> None:
+    partition = open_partition(segment_bytes=256 * KIB)
+    _fill(partition, batch, frames=12)
+    segment: LogSegment = partition.segments[0]
+    last = list(segment.scan(0, segment.size_bytes, 1, mapped=True))[-1]
+    torn = LogSegment(segment.fs, os.path.dirname(segment.log_path), segment.base_offset)
+    with pytest.raises(CorruptSegmentError, match="runs past") as raised:
+        list(torn.scan(0, segment.size_bytes - 8, 1, mapped=True))
+    assert raised.value.position == last.position
+    with pytest.raises(CorruptSegmentError, match="inside a frame header"):
+        list(torn.scan(0, last.position + 8, 1, mapped=True, position=last.position))
+    torn.close()
+
+
+def test_a_file_system_with_its_own_pread_is_never_bypassed(
+    tmp_path: Any, open_partition: Any, batch: Any, read_all: Any
+) -> None:
+    class Modelled(FileSystem):
+        def __init__(self) -> None:
+            super().__init__()
+            self.preads = 0
+
+        def pread(self, fd: int, size: int, position: int) -> bytes:
+            self.preads += 1
+            return super().pread(fd, size, position)
+
+    fs = Modelled()
+    partition = open_partition(segment_bytes=256 * KIB, file_system=fs)
+    _fill(partition, batch, frames=12)
+    live = _live()
+    fs.preads = 0
+    assert len(read_all(partition)) == partition.end_offset
+    assert fs.preads >= len(partition.segments) and file_map.live_maps() == live
+
+
+def test_past_the_bound_on_live_maps_reads_fall_back_to_pread(
+    open_partition: Any, batch: Any, read_all: Any, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    partition = open_partition(segment_bytes=256 * KIB)
+    _fill(partition, batch, frames=12)
+    live = _live()
+    monkeypatch.setattr(file_map, "MAPS_MAX", live)
+    preads = _count_preads(monkeypatch)
+    rows = read_all(partition)
+    assert [row["offset"] for row in rows] == list(range(partition.end_offset))
+    assert file_map.live_maps() == live
+    assert len(preads) >= len(partition.segments)  # each segment read with pread
