@@ -152,6 +152,10 @@ class Way:
     consume: Callable[[], int] | None  # one read of up to 1000 messages; returns how many
     select1: Callable[[], None] | None
     lookup: Callable[[int], None] | None = None  # one primary-key lookup of the 1M-row table
+    # The CPU seconds (user + system) of the process serving this way so far, or None: the
+    # latency rounds record the server's CPU per round trip, which the machine's other
+    # load disturbs far less than wall time.
+    server_cpu_s: Callable[[], float] | None = None
 
 
 def _rotated(ways: list[Way], round_index: int) -> list[Way]:
@@ -192,12 +196,32 @@ def consume_rounds(ways: list[Way], params: Params) -> dict[str, list[float]]:
     return rates
 
 
+def process_cpu_s(pid: int) -> float:
+    """CPU seconds of process ``pid``'s live threads so far, in nanoseconds' resolution
+    (``bench.consume_cpu.process_cpu_s``: ``/proc/<pid>/task/*/schedstat``; a round of
+    PostgreSQL's ``SELECT 1`` is a few milliseconds of its backend, under one tick of
+    ``/proc/<pid>/stat``)."""
+    from bench.consume_cpu import process_cpu_s as schedstat_cpu_s  # it imports this module
+
+    return schedstat_cpu_s(pid)
+
+
+@dataclass
+class Latency:
+    """Round trips (us) of each way, one array per round, and the serving process's CPU
+    per round trip (us, one figure per round) for the ways that tell it."""
+
+    samples: dict[str, list[np.ndarray]]
+    server_cpu_us: dict[str, list[float]]
+
+
 def latency_rounds(
     ways: list[Way], count: int, pick: Callable[[Way], Callable[[int], None] | None]
-) -> dict[str, list[np.ndarray]]:
+) -> Latency:
     """Round trips (us) of ``pick(way)(i)`` per way and round, sampled in turns."""
     chosen = [w for w in ways if pick(w) is not None]
     samples: dict[str, list[np.ndarray]] = {w.name: [] for w in chosen}
+    cpu: dict[str, list[float]] = {w.name: [] for w in chosen if w.server_cpu_s is not None}
     per_round = count // ROUNDS
     keys = np.random.default_rng(7).integers(0, LOOKUP_ROWS, size=per_round * ROUNDS)
     for index in range(ROUNDS):
@@ -205,22 +229,25 @@ def latency_rounds(
             call = pick(way)
             assert call is not None
             taken = np.empty(per_round)
+            cpu_before = None if way.server_cpu_s is None else way.server_cpu_s()
             for i in range(per_round):
                 key = int(keys[index * per_round + i])
                 begun = time.perf_counter_ns()
                 call(key)
                 taken[i] = (time.perf_counter_ns() - begun) / 1000.0
             samples[way.name].append(taken)
-    return samples
+            if way.server_cpu_s is not None and cpu_before is not None:
+                cpu[way.name].append((way.server_cpu_s() - cpu_before) / per_round * 1e6)
+    return Latency(samples, cpu)
 
 
-def select1_rounds(ways: list[Way], params: Params) -> dict[str, list[np.ndarray]]:
+def select1_rounds(ways: list[Way], params: Params) -> Latency:
     return latency_rounds(
         ways, params.round_trips, lambda w: None if w.select1 is None else (lambda k: w.select1())
     )
 
 
-def lookup_rounds(ways: list[Way], params: Params) -> dict[str, list[np.ndarray]]:
+def lookup_rounds(ways: list[Way], params: Params) -> Latency:
     return latency_rounds(ways, params.round_trips, lambda w: w.lookup)
 
 
@@ -244,7 +271,7 @@ def embedded_way(session: Any, pool: list[bytes]) -> Way:
     )
 
 
-def wire_ways(conn: Any, pool: list[bytes]) -> list[Way]:
+def wire_ways(conn: Any, pool: list[bytes], server_pid: int) -> list[Way]:
     """Text results (psycopg's default) and binary results, from one connection."""
     conn.execute(TOPIC_SETUP)
     statement = insert_sql(lambda i: "%s")
@@ -267,6 +294,7 @@ def wire_ways(conn: Any, pool: list[bytes]) -> list[Way]:
                 consume,
                 None if binary else (lambda: conn.execute("SELECT 1").fetchone()),
                 None if binary else (lambda key: conn.execute(LOOKUP, [key]).fetchone()),
+                None if binary else (lambda: process_cpu_s(server_pid)),
             )
         )
     with conn.cursor().copy(f"COPY ({consume_sql('c_arrow').replace('1000)', '1)')}) TO "
@@ -346,12 +374,16 @@ def postgres_way(conn: Any, pool: list[bytes]) -> Way:
     conn.execute(PG_SETUP)
     statement = "INSERT INTO t (data) VALUES " + ", ".join(["(%s)"] * ROWS_PER_STATEMENT)
     conn.execute(statement, pool[:ROWS_PER_STATEMENT])
+    row = conn.execute("SELECT pg_backend_pid()").fetchone()
+    assert row is not None
+    backend = int(row[0])  # this connection's backend process (same machine, loopback)
     return Way(
         "postgres",
         lambda chunk: conn.execute(statement, chunk),
         postgres_consumer(conn, "c", False),
         lambda: conn.execute("SELECT 1").fetchone(),
         lambda key: conn.execute(LOOKUP, [key]).fetchone(),
+        lambda: process_cpu_s(backend),
     )
 
 
@@ -380,8 +412,9 @@ def lookup_tables(wire: Any, baseline: Any, progress: Callable[[str], None]) -> 
 
 # -- through the server ---------------------------------------------------------------------------
 @contextlib.contextmanager
-def topicbase_server(directory: str) -> Iterator[int]:
-    """``topicbase serve --auth trust`` on a free loopback port; yields the port."""
+def topicbase_server(directory: str) -> Iterator[tuple[int, int]]:
+    """``topicbase serve --auth trust`` on a free loopback port; yields the port and the
+    server's process id."""
     code = "import sys; from sql.console import main; sys.exit(main(sys.argv[1:]))"
     command = [
         sys.executable,
@@ -405,7 +438,7 @@ def topicbase_server(directory: str) -> Iterator[int]:
         line = process.stdout.readline()
         if "serving" not in line:
             raise RuntimeError(f"topicbase serve did not start: {line!r}")
-        yield int(line.rsplit(":", 1)[1])
+        yield int(line.rsplit(":", 1)[1]), process.pid
     finally:
         process.terminate()
         try:
@@ -429,7 +462,7 @@ def run(recorder: Recorder) -> None:
         stack.callback(database.close)
         session = database.connect()
         stack.callback(session.close)
-        port = stack.enter_context(topicbase_server(os.path.join(root, "served")))
+        port, server_pid = stack.enter_context(topicbase_server(os.path.join(root, "served")))
         wire = stack.enter_context(
             psycopg.connect(host="127.0.0.1", port=port, user="bench", autocommit=True)
         )
@@ -439,14 +472,15 @@ def run(recorder: Recorder) -> None:
             f"{cluster.version} on 127.0.0.1:{cluster.port}; topicbase serve on "
             f"127.0.0.1:{port}; {params.messages} messages, {ROUNDS} rounds"
         )
-        ways = [embedded_way(session, pool), *wire_ways(wire, pool), *postgres_ways(baseline, pool)]
+        ways = [embedded_way(session, pool), *wire_ways(wire, pool, server_pid),
+                *postgres_ways(baseline, pool)]  # fmt: skip
         lookup_tables(wire, baseline, recorder.progress)
         produce = produce_rounds(ways, pool, params)
         baseline.execute("VACUUM ANALYZE t")
         consume = consume_rounds(ways, params)
         latency = select1_rounds(ways, params)
         lookups = lookup_rounds(ways, params)
-        _record(recorder, produce, consume, latency, cluster.version)
+        _record(recorder, produce, consume, latency.samples, cluster.version)
         _record_raw_produce(recorder, produce, cluster.version)
         label = postgres.short_version(cluster.version)
         _record_targets(recorder, consume, latency, lookups, label)
@@ -455,8 +489,8 @@ def run(recorder: Recorder) -> None:
 def _record_targets(
     rec: Recorder,
     consume: dict[str, list[float]],
-    select1: dict[str, list[np.ndarray]],
-    lookups: dict[str, list[np.ndarray]],
+    select1: Latency,
+    lookups: Latency,
     pg_label: str,
 ) -> None:
     """consume.wire, pgwire.select1, pgwire.point_lookup: per-round figures, min-max."""
@@ -491,13 +525,14 @@ def _record_targets(
         note="the same consumer with PostgreSQL's rows read by a binary COPY, against "
         "Topicbase's better way",
     )  # fmt: skip
-    for name, samples, target, what in (
+    for name, latency, target, what in (
         ("pgwire.select1", select1, SELECT1_TARGET,
          "SELECT 1 (no parameter: psycopg's simple query, prepared from the 6th run on)"),
         ("pgwire.point_lookup", lookups, LOOKUP_TARGET,
          f"SELECT v FROM kv WHERE k = %s on a {LOOKUP_ROWS:,}-row table, random keys "
          "(extended protocol: Parse/Bind/Execute, named after 5 runs)"),
     ):  # fmt: skip
+        samples = latency.samples
         for q in (50, 99):
             ours = harness.Spread.of([float(np.percentile(r, q)) for r in samples["wire"]])
             base = harness.Spread.of([float(np.percentile(r, q)) for r in samples["postgres"]])
@@ -507,6 +542,17 @@ def _record_targets(
                 target_ratio=1 / target if q == 50 else None, target_label="PostgreSQL",
                 note=f"{what}: round trip through psycopg, p{q} of each round, median over "
                 "the rounds",
+            )  # fmt: skip
+        cpu = latency.server_cpu_us
+        if cpu.get("wire") and cpu.get("postgres"):
+            harness.record(
+                rec, f"{name}.server_cpu", harness.Spread.of(cpu["wire"]),
+                harness.Spread.of(cpu["postgres"]), unit="us CPU", group=G_TARGETS,
+                baseline=f"{pg_label} backend", higher_is_better=False,
+                note=f"{what}: CPU time of the serving process per round trip (topicbase "
+                "serve's threads; PostgreSQL's backend of the connection), from /proc, "
+                "median over the rounds; less disturbed by the machine's other load than "
+                "the round trip",
             )  # fmt: skip
 
 
