@@ -54,7 +54,7 @@ from engine.reads import CURRENT_PROGRESS, ReadProgress, read_records, stream_re
 from engine.result import Result, Rows
 from engine.staged_writes import TransactionStaging
 from engine.transaction import PendingWrite, SessionState, Transaction
-from engine.writes import build_batches, explain_lines, table_from_rows
+from engine.writes import build_batches, explain_lines, plain_batches, table_from_rows
 from grammar import ast
 from grammar import settings as rules
 from grammar.parse import parse
@@ -721,9 +721,15 @@ class Session:
 
     def _append(self, operation: AppendRecords, query: pa.Table | None, parameters: Any) -> Result:
         assert self.transaction is not None
+        batches = None
         if operation.rows is not None:
             rows = [tuple(_bind(v, parameters) for v in row) for row in operation.rows]
-            source = table_from_rows(operation.columns or ("data",), rows)
+            columns = operation.columns or ("data",)
+            if not operation.options:  # plain messages need no Arrow table (writes.py)
+                batches = plain_batches(columns, rows, self.database.clock)
+            if batches is None:
+                source = table_from_rows(columns, rows)
+            count = len(rows)
         else:
             assert query is not None, "INSERT ... SELECT runs its query first"
             source = query
@@ -734,10 +740,12 @@ class Session:
                         f"returns {source.num_columns}"
                     )
                 source = source.rename_columns(list(operation.columns))
-        options = {k: _bind(v, parameters) for k, v in operation.options.items()}
-        batches = build_batches(source, options, self.database.clock)
+        if batches is None:
+            options = {k: _bind(v, parameters) for k, v in operation.options.items()}
+            batches = build_batches(source, options, self.database.clock)
+            count = source.num_rows
         if not self.transaction.explicit:
-            return self._append_now(operation, batches, source.num_rows)
+            return self._append_now(operation, batches, count)
         for partition, batch in batches:
             if batch.num_rows:
                 self.transaction.add_write(PendingWrite(operation.topic_id, batch, partition))
@@ -751,7 +759,7 @@ class Session:
                 "RETURNING is only available outside a transaction block (offsets are "
                 "assigned at COMMIT)"
             )
-        return Result(f"INSERT 0 {source.num_rows}")
+        return Result(f"INSERT 0 {count}")
 
     def _append_now(
         self, operation: AppendRecords, batches: list[tuple[int | None, pa.RecordBatch]], rows: int
