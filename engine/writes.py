@@ -72,6 +72,73 @@ def table_from_rows(columns: Sequence[str], rows: Sequence[Sequence[Any]]) -> pa
     return pa.table(data)
 
 
+def plain_batches(
+    columns: Sequence[str], rows: Sequence[Sequence[Any]], clock: Clock
+) -> list[tuple[int | None, pa.RecordBatch]] | None:
+    """``build_batches(table_from_rows(columns, rows), {}, clock)`` for rows of ``data``
+    alone whose every value is ``bytes`` or ``str`` (a statement with no options), built
+    directly; None for any other rows (the caller goes the general way, which gives
+    their errors).
+
+    Such rows need no conversion and no check but the statement's message count: the
+    data column is one joined buffer (text as UTF-8), the other columns are the cached
+    all-null and raw-codec arrays and the clock's now, exactly the general way's values.
+    ~8 us instead of ~21 us for a one-message statement in a warm loop (2.5-5x both in a
+    busy server): the Arrow table and the per-column conversions are what it skips.
+    """
+    if tuple(columns) != ("data",) or not rows:
+        return None
+    data = _plain_data(rows)
+    if data is None:
+        return None
+    count = len(data)
+    if count > limits.BATCH_MESSAGES_MAX:
+        raise LimitExceededError(
+            f"{count} messages in one statement exceed the limit of {limits.BATCH_MESSAGES_MAX}"
+        )
+    columns_ = [
+        _nulls(count, pa.int64()),
+        _nulls(count, pa.string()),
+        _nulls(count, pa.string()),
+        _now(count, clock),
+        _raw_codecs(count),
+        data,
+        _nulls(count, METADATA_TYPE),
+    ]
+    return [(None, pa.RecordBatch.from_arrays(columns_, schema=WIRE_SCHEMA))]
+
+
+# The most data built directly: the binary array's int32 value offsets must not
+# overflow (more goes the general way, which refuses or handles it as Arrow does).
+PLAIN_DATA_BYTES_MAX = 2**31 - 1
+
+
+def _plain_data(rows: Sequence[Sequence[Any]]) -> pa.Array | None:
+    """The one-column rows' values as a binary array (text as UTF-8) if every value is
+    ``bytes`` or ``str`` and they fit ``PLAIN_DATA_BYTES_MAX``; else None."""
+    values = []
+    for row in rows:
+        value = row[0]
+        kind = type(value)
+        if kind is str:
+            value = value.encode()
+        elif kind is not bytes:
+            return None
+        values.append(value)
+    body = values[0] if len(values) == 1 else b"".join(values)
+    if len(body) > PLAIN_DATA_BYTES_MAX:
+        return None
+    if len(values) == 1:
+        offsets = np.array([0, len(body)], dtype=np.int32)
+    else:
+        offsets = np.zeros(len(values) + 1, dtype=np.int32)
+        np.cumsum(np.fromiter(map(len, values), np.int64, len(values)), out=offsets[1:],
+                  dtype=np.int32)  # fmt: skip
+    return pa.Array.from_buffers(
+        pa.binary(), len(values), [None, pa.py_buffer(offsets), pa.py_buffer(body)]
+    )
+
+
 def build_batches(
     table: pa.Table, options: dict[str, Any], clock: Clock
 ) -> list[tuple[int | None, pa.RecordBatch]]:
@@ -247,8 +314,7 @@ def _non_negative(column: pa.Array, name: str) -> pa.Array:
 
 def _created_at(table: pa.Table, names: frozenset[str], count: int, clock: Clock) -> pa.Array:
     if "created_at" not in names:
-        now = np.full(count, clock.now_us(), dtype=np.int64)
-        return pa.Array.from_buffers(TIMESTAMP, count, [None, pa.py_buffer(now)])
+        return _now(count, clock)
     column = _single_chunk(table.column("created_at"))
     try:
         if column.type == TIMESTAMP:
@@ -266,6 +332,12 @@ def _created_at(table: pa.Table, names: frozenset[str], count: int, clock: Clock
     except (pa.ArrowInvalid, OverflowError):  # past int64 microseconds: out of any range
         raise DatetimeFieldOverflowError('column "created_at": timestamp out of range') from None
     return _readable_instants(stamps)
+
+
+def _now(count: int, clock: Clock) -> pa.Array:
+    """``count`` copies of the clock's now as a timestamp column."""
+    now = np.full(count, clock.now_us(), dtype=np.int64)
+    return pa.Array.from_buffers(TIMESTAMP, count, [None, pa.py_buffer(now)])
 
 
 def _instant(value: str | None) -> datetime | None:
