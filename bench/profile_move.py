@@ -123,10 +123,15 @@ def _split_timers(spent: dict[str, float], calls: collections.Counter):
 
 
 def profile(
-    transactions: int, topics_only: bool, *, plain: bool = False, split: bool = False
+    transactions: int,
+    topics_only: bool,
+    *,
+    plain: bool = False,
+    split: bool = False,
+    batch: int = MOVE_BATCH,
 ) -> Profile:
-    """Run ``transactions`` moves of one session under cProfile, after 50 unprofiled.
-    With ``plain``, without cProfile: the times are then the real ones, and
+    """Run ``transactions`` moves of ``batch`` messages by one session under cProfile, after
+    50 unprofiled. With ``plain``, without cProfile: the times are then the real ones, and
     ``cpu_ms`` (the process's CPU time, every thread's) is set."""
     root = tempfile.mkdtemp(prefix="topicbase-profile-move-",
                             dir=os.environ.get("TOPICBASE_BENCH_DIR") or None)  # fmt: skip
@@ -135,10 +140,10 @@ def profile(
         session = database.connect()
         session.execute(TB_SETUP.format(partitions=PARTITIONS_A))
         warm = 50
-        total = (transactions + warm) * MOVE_BATCH
+        total = (transactions + warm) * batch
         per_partition = -(-total // PARTITIONS_A // FILL_BATCH) * FILL_BATCH
         _fill_topic(database, make_messages(), per_partition, 0, PARTITIONS_A)
-        move = TB_MOVE.format(batch=MOVE_BATCH).format(member="w1")
+        move = TB_MOVE.format(batch=batch).format(member="w1")
         steps = {"BEGIN": 0.0, "move": 0.0, "upsert": 0.0, "COMMIT": 0.0}
 
         def transaction() -> None:
@@ -149,7 +154,7 @@ def profile(
             session.execute(move)
             t2 = clock()
             if not topics_only:
-                session.execute(TB_UPSERT, ["w1", MOVE_BATCH])
+                session.execute(TB_UPSERT, ["w1", batch])
             t3 = clock()
             session.execute("COMMIT")
             t4 = clock()
@@ -178,8 +183,9 @@ def profile(
         shutil.rmtree(root, ignore_errors=True)
     if topics_only:
         del steps["upsert"]
+    kind = "topic-only move" if topics_only else "move + counter upsert"
     return Profile(
-        "topic-only move" if topics_only else "move + counter upsert",
+        kind if batch == MOVE_BATCH else f"{kind} of {batch} messages",
         transactions,
         wall / transactions * 1000,
         {name: spent / transactions * 1000 for name, spent in steps.items()},
@@ -232,19 +238,32 @@ def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="python -m bench.profile_move")
     parser.add_argument("--transactions", type=int, default=300)
     parser.add_argument("--topics-only", action="store_true", help="no counter upsert")
+    parser.add_argument(
+        "--batch", type=int, default=MOVE_BATCH, help="messages per move (1000: the bulk move)"
+    )
     parser.add_argument("--top", type=int, default=25)
     parser.add_argument("--out", help="write the pstats file here")
-    parser.add_argument("--plain", action="store_true",
-                        help="no cProfile: real wall and CPU time per transaction and statement")
-    parser.add_argument("--split", action="store_true",
-                        help="a plain run that also times the commit's steps and DuckDB calls")
+    parser.add_argument(
+        "--plain",
+        action="store_true",
+        help="no cProfile: real wall and CPU time per transaction and statement",
+    )
+    parser.add_argument(
+        "--split",
+        action="store_true",
+        help="a plain run that also times the commit's steps and DuckDB calls",
+    )
     args = parser.parse_args(argv)
     plain = args.plain or args.split
-    result = profile(args.transactions, args.topics_only, plain=plain, split=args.split)
+    result = profile(
+        args.transactions, args.topics_only, plain=plain, split=args.split, batch=args.batch
+    )
     if plain:
-        print(f"{result.kind}, 1 session, {result.transactions} transactions: "
-              f"{result.wall_ms:.3f} ms wall, {result.cpu_ms:.3f} ms process CPU (all "
-              "threads) per transaction")
+        print(
+            f"{result.kind}, 1 session, {result.transactions} transactions: "
+            f"{result.wall_ms:.3f} ms wall, {result.cpu_ms:.3f} ms process CPU (all "
+            "threads) per transaction"
+        )
         for name, spent in result.steps_ms.items():
             print(f"  {name:7} {spent:6.3f} ms")
         for label, (spent, calls) in (result.split_ms or {}).items():
