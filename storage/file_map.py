@@ -1,6 +1,6 @@
-"""Read-only memory maps of files that no longer change (sealed segments), as Arrow buffers.
+"""Read-only memory maps of log files, as Arrow buffers: reads of published bytes without a copy.
 
-A read of a sealed segment through a map pays no copy: the page cache's pages are
+A read of a segment through a map pays no copy: the page cache's pages are
 mapped into the process, the checksum and the Arrow decode read them in place, and
 the batches a read returns are views of them (zero-copy). A ``pread`` copies every
 byte once more into a fresh buffer first, which cost as much as the checksum (the
@@ -16,11 +16,13 @@ Lifetime: the map is owned by a ``_Mapping``; every Arrow buffer over it
 array decoded from a slice) keeps the owner alive, and the owner unmaps when the last
 of them is gone. So a batch a caller holds never sees its bytes unmapped.
 
-Invariants the callers keep (``LogSegment``): only bytes that never change are mapped
-(a segment before the last visible one: sealed, fully published, never truncated
-while the partition is open; retention unlinks it, which leaves a map valid), and a
-map is never read past the size it was made with. What a map cannot do that ``pread``
-does: report a disk error on a page not in the page cache as ``EIO`` (the kernel sends
+Invariants the callers keep (``LogSegment``): only published bytes are read through a
+map, and they never change again (appends go after them, a fence cuts only unpublished
+bytes, retention unlinks a whole file, which leaves a map valid). A map may reach past
+the end of the file (the active segment is mapped as large as it will grow, so it is
+not mapped again at every append); those pages are not read until the file holds them
+(reading a page wholly past the end would raise ``SIGBUS``). What a map cannot do that
+``pread`` does: report a disk error on a page not in the page cache as ``EIO`` (the kernel sends
 ``SIGBUS`` instead), and survive another process truncating the file under it. Both
 are outside what the storage promises for its own files (see the docs).
 
@@ -91,8 +93,8 @@ def map_file(fd: int, size: int) -> pa.Buffer | None:
     """A read-only map of bytes ``[0, size)`` of the file open as ``fd``, as an Arrow
     buffer that keeps the map alive; None when no map can be made (no libc ``mmap``,
     ``MAPS_MAX`` reached, the kernel refused). The caller closes ``fd`` when it likes.
-    The file must be at least ``size`` bytes long and never shrink below that while the
-    map lives."""
+    The map may reach past the end of the file; no byte past the end may be read, and
+    the file must never shrink below a byte that was read, while the map lives."""
     global _live
     assert size > 0
     if _LIBC is None:

@@ -792,9 +792,18 @@ class PartitionLog:
                     break
                 position = kept.position + header.frame_bytes  # the scan goes on from there
             window = _window_bytes(segment, offset, remaining, budget)
-            # A segment before the last visible one is sealed and never changes again
-            # (a fence cuts only unpublished bytes): it is read through its map.
-            frames = segment.scan(offset, limit, window, position=position, mapped=not last)
+            # Published bytes never change again (a fence cuts only unpublished ones):
+            # they are read through the segment's map, the active segment's map made
+            # as large as the segment will grow (a full segment's frames may run a
+            # little past ``segment_bytes``: it is mapped again, twice as large).
+            frames = segment.scan(
+                offset,
+                limit,
+                window,
+                position=position,
+                mapped=True,
+                map_bytes=self.config.segment_bytes if last else limit,
+            )
             for frame in frames if position is None or position < limit else ():
                 header = frame.header
                 skip = offset - header.base_offset

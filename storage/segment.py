@@ -87,8 +87,8 @@ class LogSegment:
         self._marked_deleted = False  # the log file is renamed to *.deleted
         # Log bytes below this position are synced or already handed to writeback.
         self._writeback_position = 0
-        # The read-only map of the sealed log (``_mapped``) and its view; None until a
-        # scan asks for it, and again once closed. ``_map_refused``: no map could be made.
+        # The read-only map of the log (``_mapped``) and its view; None until a scan
+        # asks for it, and again once closed. ``_map_refused``: no map could be made.
         self._map: tuple[pa.Buffer, memoryview] | None = None
         self._map_refused = False
 
@@ -288,30 +288,36 @@ class LogSegment:
         finally:
             self._scan_done(fd, shared)
 
-    def _mapped(self, limit_bytes: int) -> tuple[pa.Buffer, memoryview] | None:
-        """The segment's log mapped whole (``FileSystem.map_read``), made on first use;
-        None when it cannot be (then scans ``pread``) or holds less than ``limit_bytes``.
-        Only for a segment whose first ``limit_bytes`` bytes never change again: one
-        before the partition's last visible segment (``scan(mapped=True)``)."""
+    def _mapped(self, limit_bytes: int, map_bytes: int) -> tuple[pa.Buffer, memoryview] | None:
+        """The segment's log mapped (``FileSystem.map_read``) over at least its first
+        ``limit_bytes``, made on first use and made again larger when the log grew past
+        it (``map_bytes`` or more, past the end of the file: bytes the map may hold but
+        no scan reads until they are published); None when no map can be made (then
+        scans ``pread``). Only for bytes ``[0, limit_bytes)`` that never change again
+        (published: ``scan(mapped=True)``)."""
         found = self._map
-        if found is None:
+        if found is not None and found[0].size >= limit_bytes:
+            return found
+        if self._map_refused:
+            return None
+        with self._fd_lock:
+            found = self._map
+            if found is not None and found[0].size >= limit_bytes:
+                return found
             if self._map_refused:
                 return None
-            with self._fd_lock:
-                found = self._map
-                if found is None and not self._map_refused:
-                    fd = self.fs.open_read(self.log_path)  # FileNotFoundError: retention
-                    try:
-                        buffer = self.fs.map_read(fd, limit_bytes)
-                    finally:
-                        self.fs.close(fd)
-                    if buffer is None:
-                        self._map_refused = True
-                        return None
-                    found = self._map = (buffer, memoryview(buffer))
-        if found is None or found[0].size < limit_bytes:
-            return None
-        return found
+            size = max(limit_bytes, map_bytes, 2 * found[0].size if found else 0)
+            fd = self.fs.open_read(self.log_path)  # FileNotFoundError: retention
+            try:
+                buffer = self.fs.map_read(fd, size)
+            finally:
+                self.fs.close(fd)
+            if buffer is None:
+                self._map_refused = True
+                return None
+            # Batches read through the old map keep it alive (``storage.file_map``).
+            found = self._map = (buffer, memoryview(buffer))
+            return found
 
     def scan(
         self,
@@ -322,6 +328,7 @@ class LogSegment:
         skip_corrupt: bool = False,
         position: int | None = None,
         mapped: bool = False,
+        map_bytes: int = 0,
     ) -> Iterator[Frame]:
         """Yield verified frames holding offsets >= ``start_offset``, up to byte ``limit_bytes``.
 
@@ -338,15 +345,18 @@ class LogSegment:
         window more (an 8 MiB window ending inside a 1 MiB frame was followed by 8 MiB more).
 
         ``mapped`` (the caller's promise that bytes ``[0, limit_bytes)`` never change
-        again: a sealed segment) reads through the segment's map instead: no window,
-        no copy, the bodies views of the map (``Frame.mapped``), the same checks.
+        again: they are published, and a fence cuts only unpublished bytes) reads
+        through the segment's map instead: no window, no copy, the bodies views of the
+        map (``Frame.mapped``), the same checks. ``map_bytes``: how much a new map may
+        cover past ``limit_bytes`` (the active segment's size to come), so that a
+        growing segment is not mapped again at every read.
         """
         if position is None:
             position = (
                 self.offset_index.lookup(start_offset) if start_offset > self.base_offset else 0
             )
         if mapped and limit_bytes > 0:
-            found = self._mapped(limit_bytes)
+            found = self._mapped(limit_bytes, map_bytes)
             if found is not None:
                 return self._scan_map(found, start_offset, limit_bytes, position, skip_corrupt)
         return self._scan_read(start_offset, limit_bytes, budget_bytes, skip_corrupt, position)

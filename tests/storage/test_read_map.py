@@ -18,7 +18,8 @@ from typing import Any
 import pytest
 
 from storage import file_map
-from storage.errors import CorruptSegmentError
+from storage.config import FsyncPolicy
+from storage.errors import CorruptSegmentError, StorageIOError
 from storage.fs import FileSystem
 from storage.segment import LogSegment
 
@@ -62,26 +63,87 @@ def _data(batches: list[Any]) -> list[bytes]:
     return [value for b in batches for value in b.column("data").to_pylist()]
 
 
-def test_sealed_segments_are_read_through_their_map_and_the_active_one_with_pread(
+def test_every_segment_is_read_through_its_map_without_pread(
     open_partition: Any, batch: Any, read_all: Any, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     partition = open_partition(segment_bytes=256 * KIB)
     _fill(partition, batch, frames=12)  # ~100 KiB a frame (large: zero-copy): 4 segments
     assert len(partition.segments) >= 3
-    sealed_end = partition.segments[-1].base_offset
     preads = _count_preads(monkeypatch)
     live = _live()
     rows = read_all(partition)
     assert [row["offset"] for row in rows] == list(range(partition.end_offset))
     assert [row["data"][:4] for row in rows[:2]] == [b"m0..", b"m1.."]
-    # Every sealed segment mapped once; only the active segment was read with pread.
-    assert file_map.live_maps() == live + len(partition.segments) - 1
-    preads.clear()
-    result = partition.read(0, max_messages=sealed_end)
-    assert result.message_count == sealed_end and preads == []
-    partition.read(sealed_end)
-    assert preads  # the active segment grows: never mapped
-    assert file_map.live_maps() == live + len(partition.segments) - 1
+    assert file_map.live_maps() == live + len(partition.segments)  # one map each
+    assert preads == []
+    assert partition.read(0).message_count == 1000 and preads == []
+
+
+def test_the_active_segment_map_covers_what_is_appended_after_it_was_made(
+    open_partition: Any, batch: Any, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    partition = open_partition(segment_bytes=4 * 1024 * KIB)
+    _fill(partition, batch, frames=2)
+    preads = _count_preads(monkeypatch)
+    live = _live()
+    held = partition.read(0, max_messages=100).batches
+    assert file_map.live_maps() == live + 1
+    _fill(partition, batch, frames=3)  # past the end of the file when it was mapped
+    result = partition.read(100, max_messages=400)
+    assert [row["offset"] for b in result.batches for row in b.to_pylist()] == list(range(100, 500))
+    assert _data(result.batches)[-1] == b"m499".ljust(KIB, b".")
+    assert file_map.live_maps() == live + 1 and preads == []  # the same map, no pread
+    assert _data(held) == [f"m{i}".encode().ljust(KIB, b".") for i in range(100)]
+
+
+def test_a_segment_grown_past_its_map_is_mapped_again_and_old_batches_keep_theirs(
+    open_partition: Any, batch: Any, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    partition = open_partition(segment_bytes=64 * KIB)  # frames of ~100 KiB: one a segment
+    _fill(partition, batch, frames=1)
+    partition.append(batch(20, first=100, size_bytes=KIB))  # rolls: a new segment
+    preads = _count_preads(monkeypatch)
+    live = _live()
+    held = partition.read(100, max_messages=20).batches  # its map: 64 KiB, past the file
+    first_map = partition.segments[-1]._map
+    assert first_map is not None and first_map[0].size == 64 * KIB
+    partition.append(batch(100, first=120, size_bytes=KIB))  # grows it past that map
+    again = partition.read(120).batches
+    assert _data(again) == [f"m{i}".encode().ljust(KIB, b".") for i in range(120, 220)]
+    assert partition.segments[-1]._map[0].size >= 128 * KIB and preads == []
+    assert _data(held) == [f"m{i}".encode().ljust(KIB, b".") for i in range(100, 120)]
+    assert file_map.live_maps() == live + 2  # the old map lives while views of it do
+    del first_map, held
+    assert _live() == live + 1
+
+
+class _FailingSync(FileSystem):
+    def __init__(self) -> None:
+        super().__init__()
+        self.fail = False
+
+    def sync(self, fd: int) -> None:
+        if self.fail:
+            raise StorageIOError("could not fsync (test)", path="?")
+        super().sync(fd)
+
+
+def test_a_fence_cutting_the_active_segment_leaves_its_map_and_held_batches_whole(
+    open_partition: Any, batch: Any, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    failing = _FailingSync()
+    partition = open_partition(file_system=failing, fsync_policy=FsyncPolicy.ALWAYS)
+    _fill(partition, batch, frames=2)
+    preads = _count_preads(monkeypatch)
+    held = partition.read(0).batches
+    failing.fail = True
+    with pytest.raises(StorageIOError):
+        partition.append(batch(100, first=200, size_bytes=KIB))
+    # The unsynced frame was cut from the file; the published ones stay readable.
+    assert os.path.getsize(partition.segments[-1].log_path) == partition.size_bytes
+    expected = [f"m{i}".encode().ljust(KIB, b".") for i in range(200)]
+    assert _data(held) == expected
+    assert _data(partition.read(0).batches) == expected and preads == []
 
 
 def test_a_held_batch_keeps_its_bytes_across_later_reads_retention_and_close(

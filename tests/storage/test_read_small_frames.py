@@ -11,7 +11,6 @@ from __future__ import annotations
 from typing import Any
 
 import pyarrow as pa
-import pytest
 
 from storage.clock import ManualClock
 from storage.fs import FileSystem
@@ -79,18 +78,19 @@ def test_decode_bodies_equals_the_frames_concatenated(open_partition: Any, batch
 
 
 def test_a_segment_that_fits_the_window_is_read_with_one_pread(
-    open_partition: Any, batch: Any, clock: Any, monkeypatch: pytest.MonkeyPatch
+    open_partition: Any, batch: Any, clock: Any
 ) -> None:
-    partition = open_partition()
-    _fill(partition, batch, clock, [3] * 4)
     reads = []
-    original = FileSystem.pread
 
-    def counted(self: FileSystem, fd: int, size: int, position: int) -> Any:
-        reads.append((size, position))
-        return original(self, fd, size, position)
+    class Counted(FileSystem):
+        # A file system with its own ``pread`` gets no map: reads take the pread path.
+        def pread(self, fd: int, size: int, position: int) -> bytes:
+            reads.append((size, position))
+            return super().pread(fd, size, position)
 
-    monkeypatch.setattr(FileSystem, "pread", counted)
+    partition = open_partition(file_system=Counted())
+    _fill(partition, batch, clock, [3] * 4)
+    reads.clear()
     result = partition.read(0)
     assert result.message_count == 12
     assert reads == [(partition.size_bytes, 0)]  # no separate peek at the first header
