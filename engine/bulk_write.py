@@ -15,7 +15,7 @@ the second at COMMIT.
 Layout and invariants:
 - ``<write id>/write.json`` names the target and owner; it is written first, so a
   directory without it is a write that never started (collected like an abandoned one).
-- a batch file is written as ``*.part`` and renamed to ``<uuid>.<crc32c>.arrows`` once
+- a batch file is written as ``*.part`` and renamed to ``<name>.<crc32c>.arrows`` once
   whole (its CRC-32C, taken then, is what a commit by reference records; the kernel is
   asked then to start writing it back, so the commit's sync finds little left to do);
   only ``.arrows`` files are published, so a writer killed mid-stream leaves nothing
@@ -201,7 +201,7 @@ class BulkWrites:
             raise UndefinedTopicError(f'topic "{meta["name"]}" does not exist')
         topic = self.database.topic_log(entry.topic_id)
         with self._adding(write_id):
-            base = os.path.join(self.root, write_id, uuid.uuid4().hex)
+            base = os.path.join(self.root, write_id, _staged_name())
             writer = FrameFileWriter(self.database.store.fs, base + ".part")
             reserved = 0
             known: set[int] = set()
@@ -246,7 +246,7 @@ class BulkWrites:
 
     def _append(self, write_id: str, batches: Iterable[pa.RecordBatch],
                 schema: pa.Schema) -> int:  # fmt: skip
-        base = os.path.join(self.root, write_id, uuid.uuid4().hex)
+        base = os.path.join(self.root, write_id, _staged_name())
         batches = iter(batches)
         if self._meta_of(write_id)["kind"] == "topic":
             first = next((b for b in batches if b.num_rows), None)
@@ -295,7 +295,7 @@ class BulkWrites:
         (``storage.staged_frames``): the rows grouped by partition and encoded as the
         partitions' frames now, so that the commit copies them as they are. The file is
         fdatasynced when whole (the commit then syncs directories only), then renamed
-        ``<uuid>.<crc32c>.frames``. Stops at the first batch that frames cannot hold
+        ``<name>.<crc32c>.frames``. Stops at the first batch that frames cannot hold
         (``staged_refs.framed_batch``): returns the rows framed, the rest of the stream
         from that batch on (None: none) and the frames file's path."""
         writer = FrameFileWriter(self.database.store.fs, base + ".part")
@@ -787,6 +787,14 @@ def _check_target(session: Any, kind: str, name: str) -> None:
         privileges.require(session, "table", name, "INSERT")
     else:
         raise InvalidParameterValueError(f"a write targets a topic or a table, not {kind!r}")
+
+
+def _staged_name() -> str:
+    """A new staged file's name (before its suffixes): the staging time first, so a
+    write's files sort in the order they were staged (a client that sends a stream's
+    rows in two COPYs one after the other, e.g. partition frames then an Arrow stream,
+    keeps their order: a write's files are read in name order), then a random part."""
+    return f"{time.time_ns():016x}-{uuid.uuid4().hex}"
 
 
 def _staged_files(directory: str) -> list[str]:

@@ -93,8 +93,12 @@ _CHECK_WINDOW_BYTES = 4 * 1024 * 1024
 # An incoming frame's body (``read_incoming``): a frame is within the frame targets or
 # one message alone, so its body is at most one message plus the metadata of a batch.
 INCOMING_BODY_BYTES_MAX = max(limits.FRAME_TARGET_BYTES, limits.MESSAGE_BYTES_MAX) + (1 << 20)
-_INCOMING_OVERHEAD_BYTES = 64 * 1024  # a body's bytes besides its messages' (metadata,
-#                                       validity, offsets of 4096 rows: ~60 KiB at most)
+# A body's bytes besides its messages' data: its metadata (~1 KiB) and per row the
+# fixed-width values, offsets and validity bits of every column (~34 bytes written by
+# pyarrow or Arrow Java: 140 KiB for 4096 rows); more is refused (buffers padded with
+# bytes no row uses).
+_INCOMING_OVERHEAD_BYTES = 64 * 1024
+_INCOMING_ROW_OVERHEAD_BYTES = 64
 
 
 class BadStagedFrameError(DataError):
@@ -353,7 +357,7 @@ def check_incoming(frame: IncomingFrame, body: pa.Buffer) -> pa.RecordBatch:
         raise BadStagedFrameError(f"a staged frame of {count} messages holds {size} bytes "
                                   f"of data: over the frame target of "
                                   f"{limits.FRAME_TARGET_BYTES}")  # fmt: skip
-    if body.size > size + _INCOMING_OVERHEAD_BYTES:
+    if body.size > size + _INCOMING_OVERHEAD_BYTES + count * _INCOMING_ROW_OVERHEAD_BYTES:
         raise BadStagedFrameError(f"a staged frame's body of {body.size} bytes holds "
                                   f"{size} bytes of data")  # fmt: skip
     if not cuttable(batch) or batch.column(2).null_count != count:

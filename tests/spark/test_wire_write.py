@@ -12,12 +12,17 @@ from __future__ import annotations
 import os
 import time
 
+import numpy as np
+import pyarrow as pa
 import pytest
 
+from engine import staged_refs
 from engine.bulk_write import WRITES_DIRECTORY
 from sql.flight.server import TopicbaseFlightServer
 from sql.pgwire.connection import copy_staged
 from sql.pgwire.users import add_user, default_users_path
+from storage.record_batch import WIRE_SCHEMA, serialize_body_buffer
+from storage.wire_columns import decode_wire_bodies
 from tests.spark.conftest import sql_rows
 from tests.spark.test_wire_read import _catalog, _Wire
 
@@ -35,11 +40,25 @@ def staged_copies(monkeypatch: pytest.MonkeyPatch) -> list[str]:
     seen: list[str] = []
     original = copy_staged.copy_staged_from_client
 
-    async def counting(context, write_id, kind, name, columns):
+    async def counting(context, write_id, kind, name, columns, **options):
         seen.append(write_id)
-        return await original(context, write_id, kind, name, columns)
+        return await original(context, write_id, kind, name, columns, **options)
 
     monkeypatch.setattr(copy_staged, "copy_staged_from_client", counting)
+    return seen
+
+
+@pytest.fixture
+def copy_formats(monkeypatch: pytest.MonkeyPatch) -> list[str]:
+    """The format of each staged COPY the wire server ran: ``frames`` or ``arrow``."""
+    seen: list[str] = []
+    original = copy_staged.copy_staged_from_client
+
+    async def recording(context, write_id, kind, name, columns, *, frames=False):
+        seen.append("frames" if frames else "arrow")
+        return await original(context, write_id, kind, name, columns, frames=frames)
+
+    monkeypatch.setattr(copy_staged, "copy_staged_from_client", recording)
     return seen
 
 
@@ -207,3 +226,101 @@ def test_every_write_column_keeps_its_value(spark, database, url, wire, staged_c
             row["message_group_id"], row["d"]) == (1, 0, 7, "prod", "g1", "payload")
     assert row["created_at"].isoformat().startswith("2024-05-06T07:08:09.123456")
     assert dict(row["metadata"]) == {"k": b"v"}
+
+
+@pytest.fixture
+def frame_bodies(monkeypatch: pytest.MonkeyPatch) -> list[tuple[int, pa.Buffer]]:
+    """The bodies of the staged frames the server checked: (messages, a copy)."""
+    seen: list[tuple[int, pa.Buffer]] = []
+    original = staged_refs.check_incoming_frame
+
+    def recording(frame, body):
+        original(frame, body)
+        seen.append((frame.record_count, pa.py_buffer(body.to_pybytes())))
+
+    monkeypatch.setattr(staged_refs, "check_incoming_frame", recording)
+    return seen
+
+
+def test_rows_naming_their_partition_go_as_frames_exactly_once(
+        spark, database, url, wire, copy_formats, no_flight_puts,
+        frame_bodies) -> None:  # fmt: skip
+    """Tasks whose rows name their partition group them by partition in the JVM and send
+    them as staged frames (``WireFrames``: ``COPY ... (FORMAT frames)``); every row is
+    published once, each task's rows in order within a partition, ``seq_no`` and a given
+    ``created_at`` kept, a missing one filled; a replayed (sink, batch) publishes nothing.
+    1 KiB rows, 5000 a partition: frames cut at the target (4096 rows, 4 MiB) + 904."""
+    _create(database, partitions=3)
+    tb = _catalog(spark, url, wire)
+    frame = spark.range(0, 15000, numPartitions=1).selectExpr(
+        "CAST(CONCAT(lpad(CAST(id AS STRING), 8, '0'), repeat('z', 1016)) AS BINARY) AS data",
+        "CAST(id % 3 AS INT) AS partition", "id AS seq_no",
+        "CASE WHEN id % 2 = 0 THEN TIMESTAMP '2024-05-06 07:08:09.123456' END AS created_at",
+    )  # fmt: skip
+    before = time.time()
+    for _ in range(2):
+        frame.writeTo(f"{tb}.main.events").option("sinkId", "frames-1").option(
+            "batchId", "1").append()
+    assert copy_formats == ["frames"] * 2  # one task, twice
+    rows = sql_rows(database, 'SELECT partition, "offset", seq_no, created_at, '
+                    'CAST(data AS VARCHAR) AS d FROM TOPIC events ORDER BY partition, "offset"')
+    assert len(rows) == 15000
+    assert sorted(r["seq_no"] for r in rows) == list(range(15000))
+    for row in rows:
+        assert row["seq_no"] % 3 == row["partition"]
+        assert row["d"] == f"{row['seq_no']:08d}" + "z" * 1016
+        if row["seq_no"] % 2 == 0:
+            assert row["created_at"].isoformat().startswith("2024-05-06T07:08:09.123456")
+        else:
+            assert before - 5 <= row["created_at"].timestamp() <= time.time() + 5
+    for partition in range(3):  # the task's rows keep their order within a partition
+        assert [r["seq_no"] for r in rows if r["partition"] == partition] == list(
+            range(partition, 15000, 3))
+    assert _staged(database) == []
+    # The JVM's bodies have one layout: a read decodes runs of them column by column
+    # (``wire_columns``' fast path), as it does pyarrow's; a run mixing the two writers'
+    # bodies goes through Arrow frame by frame.
+    assert len(frame_bodies) == 12 and sorted(c for c, _ in frame_bodies) == [904] * 6 + [
+        4096] * 6  # fmt: skip
+    counts = np.array([c for c, _ in frame_bodies], dtype=np.int64)
+    bodies = [b for _, b in frame_bodies]
+    fast = decode_wire_bodies(bodies, counts, np.zeros_like(counts), counts)
+    assert fast is not None
+    assert fast.equals(pa.concat_batches(
+        [pa.ipc.read_record_batch(b, WIRE_SCHEMA) for b in bodies]))  # fmt: skip
+    mine = serialize_body_buffer(pa.ipc.read_record_batch(bodies[0], WIRE_SCHEMA))
+    mixed = decode_wire_bodies([bodies[0], mine], counts[:1].repeat(2), np.zeros(2, np.int64),
+                               counts[:1].repeat(2))  # fmt: skip
+    assert mixed is None or mixed.num_rows == 2 * counts[0]
+
+
+def test_a_row_frames_cannot_hold_sends_the_rest_of_the_task_as_arrow(
+        spark, database, url, wire, copy_formats) -> None:  # fmt: skip
+    """A task's rows go as frames until one that a frame cannot hold (here a producer id
+    from the 60th row on): the frames' COPY ends and the rest go in an Arrow COPY of the
+    same write id; every row once, each partition's rows in the task's order."""
+    _create(database, partitions=2)
+    tb = _catalog(spark, url, wire)
+    frame = spark.range(0, 100, numPartitions=1).selectExpr(
+        "CAST(CONCAT('n', id) AS BINARY) AS data", "CAST(id % 2 AS INT) AS partition",
+        "id AS seq_no", "CASE WHEN id >= 60 THEN 'p' END AS producer_id")  # fmt: skip
+    frame.writeTo(f"{tb}.main.events").append()
+    assert copy_formats == ["frames", "arrow"]
+    rows = sql_rows(database, 'SELECT partition, seq_no, producer_id FROM TOPIC events '
+                    'ORDER BY partition, "offset"')  # fmt: skip
+    assert [(r["partition"], r["seq_no"]) for r in rows] == (
+        [(0, i) for i in range(0, 100, 2)] + [(1, i) for i in range(1, 100, 2)])
+    assert [r["seq_no"] for r in rows if r["producer_id"] == "p"] == (
+        list(range(60, 100, 2)) + list(range(61, 100, 2)))
+    assert _staged(database) == []
+
+
+def test_write_frames_false_sends_one_arrow_stream(spark, database, url, wire,
+                                                   copy_formats) -> None:  # fmt: skip
+    _create(database, partitions=2)
+    tb = _catalog(spark, url, wire)
+    frame = spark.range(0, 10, numPartitions=1).selectExpr(
+        "CAST(CONCAT('a', id) AS BINARY) AS data", "CAST(id % 2 AS INT) AS partition")
+    frame.writeTo(f"{tb}.main.events").option("writeFrames", "false").append()
+    assert copy_formats == ["arrow"]
+    assert sql_rows(database, "SELECT count(*) AS n FROM TOPIC events") == [{"n": 10}]

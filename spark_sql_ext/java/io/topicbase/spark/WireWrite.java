@@ -284,6 +284,9 @@ final class WireWrite implements Write {
     static final class TaskWriter implements DataWriter<InternalRow> {
         private final Map<String, String> options;
         private final String copySql;
+        private final String framesSql; // null: the task's columns cannot go as frames
+        private WireFrames frames; // the task's rows go as partition frames
+        private long stagedBefore; // rows of the task's frames COPY, when it switched
         private final StructType written;
         private final int[] ordinals;
         private final DataType[] types;
@@ -323,20 +326,58 @@ final class WireWrite implements Write {
             this.copySql = "COPY TOPIC " + WireScan.quoteIdentifier(topic) + " ("
                 + String.join(", ", columns) + ") FROM STDIN (FORMAT arrow, WRITE_ID "
                 + WireScan.quoteLiteral(writeId) + ")";
+            boolean framed = !"false".equalsIgnoreCase(options.getOrDefault("writeFrames", "true"))
+                && WireFrames.eligible(written);
+            this.framesSql = framed ? "COPY TOPIC " + WireScan.quoteIdentifier(topic)
+                + " FROM STDIN (FORMAT frames, WRITE_ID " + WireScan.quoteLiteral(writeId) + ")"
+                : null;
         }
 
-        private void open() throws IOException {
+        /**
+         * The COPY of the task, opened at its first row: as partition frames
+         * ({@link WireFrames}) when the columns allow it and that row names its partition
+         * (then every row must), else as one Arrow stream.
+         */
+        private void open(InternalRow first) throws IOException {
+            WireFrames framed = framesSql == null ? null : new WireFrames(written, ordinals);
+            if (framed != null && !framed.holds(first)) {
+                framed.close();
+                framed = null;
+            }
+            String sql = framed != null ? framesSql : copySql;
             client = PgWireClient.borrow(options.get("wire"), options);
             try {
-                copy = client.copyIn(copySql);
+                copy = client.copyIn(sql);
             } catch (IOException e) {
                 if (!client.wasReused() || e instanceof PgWireClient.PgWireException) {
                     throw e;
                 }
                 client.close(); // kept idle and closed by the server meanwhile: once more
                 client = PgWireClient.borrowNew(options.get("wire"), options);
-                copy = client.copyIn(copySql);
+                copy = client.copyIn(sql);
             }
+            frames = framed;
+            if (framed == null) {
+                openArrow();
+            }
+        }
+
+        /** A row frames cannot hold: the frames sent, their COPY ended, the rest of the
+         * task's rows go as an Arrow stream in a new COPY of the same write id. */
+        private void switchToArrow() throws IOException {
+            frames.finish(copy);
+            long staged = copy.finish();
+            if (staged != rows) {
+                throw new IOException("the server staged " + staged + " frames' rows of " + rows);
+            }
+            stagedBefore = staged;
+            frames.close();
+            frames = null;
+            copy = client.copyIn(copySql);
+            openArrow();
+        }
+
+        private void openArrow() throws IOException {
             allocator = new RootAllocator();
             root = VectorSchemaRoot.create(ArrowUtils.toArrowSchema(written, "UTC", true),
                 allocator);
@@ -349,7 +390,15 @@ final class WireWrite implements Write {
         @Override
         public void write(InternalRow record) throws IOException {
             if (copy == null) {
-                open();
+                open(record);
+            }
+            if (frames != null) {
+                if (frames.holds(record)) {
+                    frames.write(record, copy);
+                    rows++;
+                    return;
+                }
+                switchToArrow();
             }
             if (projected) {
                 for (int i = 0; i < ordinals.length; i++) {
@@ -378,11 +427,15 @@ final class WireWrite implements Write {
             if (copy == null) {
                 return new Staged(null, 0);
             }
-            if (pending > 0) {
-                flushBatch();
+            if (frames != null) {
+                frames.finish(copy);
+            } else {
+                if (pending > 0) {
+                    flushBatch();
+                }
+                stream.end();
             }
-            stream.end();
-            long staged = copy.finish();
+            long staged = stagedBefore + copy.finish();
             if (staged != rows) {
                 throw new IOException("the server staged " + staged + " rows of " + rows);
             }
@@ -416,6 +469,10 @@ final class WireWrite implements Write {
         @Override
         public void close() throws IOException {
             try {
+                if (frames != null) {
+                    frames.close();
+                    frames = null;
+                }
                 if (root != null) {
                     root.close();
                 }

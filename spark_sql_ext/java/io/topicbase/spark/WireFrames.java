@@ -1,0 +1,362 @@
+package io.topicbase.spark;
+
+import java.io.ByteArrayOutputStream;
+import java.io.IOException;
+import java.io.OutputStream;
+import java.nio.ByteBuffer;
+import java.nio.ByteOrder;
+import java.nio.channels.Channels;
+import java.util.ArrayList;
+import java.util.Arrays;
+import java.util.HashMap;
+import java.util.List;
+import java.util.Locale;
+import java.util.Map;
+import java.util.zip.CRC32C;
+
+import org.apache.arrow.memory.BufferAllocator;
+import org.apache.arrow.memory.RootAllocator;
+import org.apache.arrow.vector.BigIntVector;
+import org.apache.arrow.vector.TimeStampMicroTZVector;
+import org.apache.arrow.vector.UInt1Vector;
+import org.apache.arrow.vector.VarBinaryVector;
+import org.apache.arrow.vector.VectorSchemaRoot;
+import org.apache.arrow.vector.VectorUnloader;
+import org.apache.arrow.vector.ipc.WriteChannel;
+import org.apache.arrow.vector.ipc.message.ArrowRecordBatch;
+import org.apache.arrow.vector.ipc.message.MessageSerializer;
+import org.apache.arrow.vector.types.TimeUnit;
+import org.apache.arrow.vector.types.pojo.ArrowType;
+import org.apache.arrow.vector.types.pojo.Field;
+import org.apache.arrow.vector.types.pojo.FieldType;
+import org.apache.arrow.vector.types.pojo.Schema;
+import org.apache.spark.sql.catalyst.InternalRow;
+import org.apache.spark.sql.types.BinaryType;
+import org.apache.spark.sql.types.ByteType;
+import org.apache.spark.sql.types.DataType;
+import org.apache.spark.sql.types.IntegerType;
+import org.apache.spark.sql.types.LongType;
+import org.apache.spark.sql.types.ShortType;
+import org.apache.spark.sql.types.StringType;
+import org.apache.spark.sql.types.StructField;
+import org.apache.spark.sql.types.StructType;
+import org.apache.spark.sql.types.TimestampType;
+
+/**
+ * One task's topic rows sent as staged partition frames ({@code COPY TOPIC t FROM STDIN
+ * (FORMAT frames, WRITE_ID 'id')}): the rows grouped by their {@code partition} here, in the
+ * task, so that the server only checks each frame and writes it as it came
+ * ({@code storage.staged_frames}: no decode into rows, no grouping, no re-encoding there).
+ *
+ * <p>The stream is the frames file format: per frame a 24-byte little-endian header (magic
+ * {@code TBs1}, the body's CRC-32C, partition i64, messages u32, body bytes u32) then the
+ * body, one Arrow IPC record-batch message of the server's wire schema ({@code seq_no},
+ * {@code producer_id}, {@code message_group_id}, {@code created_at}, {@code codec},
+ * {@code data}, {@code metadata}; no partition column). Invariants, as the server checks:
+ * <ul>
+ * <li>a partition's frames hold its rows in the task's order;
+ * <li>a frame holds at most {@link #TARGET_MESSAGES} messages and, unless it is one message,
+ * at most {@link #TARGET_BYTES} of data (a partition's rows are cut where the server cuts);
+ * <li>messages are raw (codec 1) without producer id, message group or metadata;
+ * {@code created_at} is the row's or, when it has none, the task's clock when the row came.
+ * </ul>
+ * A row a frame cannot hold ({@link #holds}: no partition, or a producer id, message group,
+ * metadata or codec given) ends the frames: the task sends what waits, ends that COPY and
+ * sends its remaining rows as an Arrow stream in a second COPY of the same write id (the
+ * server reads a write's files in the order they were staged). Memory is bounded: past {@link #PENDING_BYTES} of rows waiting (data, 48 bytes a row and
+ * 4 KiB a partition holding rows) the partitions holding the most are sent as smaller frames
+ * until 3/4 of it is left.
+ */
+final class WireFrames implements AutoCloseable {
+    static final int TARGET_MESSAGES = 4096; // storage.limits.FRAME_TARGET_MESSAGES
+    static final long TARGET_BYTES = 4L << 20; // storage.limits.FRAME_TARGET_BYTES
+    static final long PENDING_BYTES = 16L << 20;
+    static final long PARTITION_COST = 4096;
+    static final long ROW_COST = 48;
+    static final int HEADER_BYTES = 24;
+    private static final byte RAW = 1; // storage.codecs.Codec.RAW
+
+    /** Columns a frame holds only as nulls (a row with one set goes as an Arrow stream). */
+    static final List<String> NULL_ONLY = List.of("producer_id", "message_group_id", "metadata",
+        "codec");
+
+    /** Whether a task's rows of these columns may go as frames: {@code partition} given as an
+     * integer, {@code data} as bytes or text, {@code seq_no} and {@code created_at} of their
+     * types, and the {@link #NULL_ONLY} columns (of any type) null in the rows sent so. */
+    static boolean eligible(StructType written) {
+        boolean partition = false;
+        for (StructField field : written.fields()) {
+            DataType type = field.dataType();
+            switch (field.name().toLowerCase(Locale.ROOT)) {
+                case "data":
+                    if (!(type instanceof BinaryType || type instanceof StringType)) {
+                        return false;
+                    }
+                    break;
+                case "partition":
+                    partition = integral(type);
+                    if (!partition) {
+                        return false;
+                    }
+                    break;
+                case "seq_no":
+                    if (!integral(type)) {
+                        return false;
+                    }
+                    break;
+                case "created_at":
+                    if (!(type instanceof TimestampType)) {
+                        return false;
+                    }
+                    break;
+                default:
+                    if (!NULL_ONLY.contains(field.name().toLowerCase(Locale.ROOT))) {
+                        return false;
+                    }
+            }
+        }
+        return partition;
+    }
+
+    private static boolean integral(DataType type) {
+        return type instanceof LongType || type instanceof IntegerType || type instanceof ShortType
+            || type instanceof ByteType;
+    }
+
+    private static long integer(InternalRow row, int at, DataType type) {
+        if (type instanceof LongType) {
+            return row.getLong(at);
+        }
+        if (type instanceof IntegerType) {
+            return row.getInt(at);
+        }
+        if (type instanceof ShortType) {
+            return row.getShort(at);
+        }
+        return row.getByte(at);
+    }
+
+    /** A partition's rows waiting to fill a frame. */
+    private static final class Pending {
+        byte[][] data = new byte[16][];
+        long[] seq = new long[16];
+        boolean[] seqNull = new boolean[16];
+        long[] created = new long[16];
+        int count;
+        long bytes;
+
+        void add(byte[] value, long seqNo, boolean noSeq, long createdAt) {
+            if (count == data.length) {
+                int grown = count * 2;
+                data = Arrays.copyOf(data, grown);
+                seq = Arrays.copyOf(seq, grown);
+                seqNull = Arrays.copyOf(seqNull, grown);
+                created = Arrays.copyOf(created, grown);
+            }
+            data[count] = value;
+            seq[count] = seqNo;
+            seqNull[count] = noSeq;
+            created[count] = createdAt;
+            count++;
+            bytes += value.length;
+        }
+
+        long cost() {
+            return PARTITION_COST + bytes + count * ROW_COST;
+        }
+    }
+
+    /** A byte array stream whose buffer is read in place (no copy per frame). */
+    private static final class Body extends ByteArrayOutputStream {
+        byte[] buffer() {
+            return buf;
+        }
+    }
+
+    private final int dataAt;
+    private final boolean dataIsText;
+    private final int partitionAt;
+    private final DataType partitionType;
+    private final int seqAt;
+    private final DataType seqType;
+    private final int createdAt;
+    private final int[] nullOnly; // where the NULL_ONLY columns are in the rows
+    private final Map<Long, Pending> pending = new HashMap<>();
+    private long pendingCost;
+    private final BufferAllocator allocator = new RootAllocator();
+    private final VectorSchemaRoot root;
+    private final Body body = new Body();
+    private final ByteBuffer header = ByteBuffer.allocate(HEADER_BYTES)
+        .order(ByteOrder.LITTLE_ENDIAN);
+    private final CRC32C crc = new CRC32C();
+    long rows;
+    long frames;
+
+    /** {@code ordinals[i]} is where {@code written}'s column i is in the rows handed over. */
+    WireFrames(StructType written, int[] ordinals) {
+        int data = -1, partition = -1, seq = -1, created = -1;
+        List<Integer> nulls = new ArrayList<>();
+        DataType partitionKind = null, seqKind = null;
+        boolean text = false;
+        for (int i = 0; i < written.fields().length; i++) {
+            StructField field = written.fields()[i];
+            switch (field.name().toLowerCase(Locale.ROOT)) {
+                case "data":
+                    data = ordinals[i];
+                    text = field.dataType() instanceof StringType;
+                    break;
+                case "partition":
+                    partition = ordinals[i];
+                    partitionKind = field.dataType();
+                    break;
+                case "seq_no":
+                    seq = ordinals[i];
+                    seqKind = field.dataType();
+                    break;
+                case "created_at":
+                    created = ordinals[i];
+                    break;
+                default:
+                    nulls.add(ordinals[i]);
+            }
+        }
+        this.nullOnly = nulls.stream().mapToInt(Integer::intValue).toArray();
+        this.dataAt = data;
+        this.dataIsText = text;
+        this.partitionAt = partition;
+        this.partitionType = partitionKind;
+        this.seqAt = seq;
+        this.seqType = seqKind;
+        this.createdAt = created;
+        this.root = VectorSchemaRoot.create(wireSchema(), allocator);
+    }
+
+    /** The server's {@code storage.record_batch.WIRE_SCHEMA} (its buffers' layout is what
+     * a body carries: the names and nullability are not in a record-batch message). */
+    static Schema wireSchema() {
+        Field entries = new Field("entries", FieldType.notNullable(ArrowType.Struct.INSTANCE),
+            List.of(new Field("key", FieldType.notNullable(ArrowType.Utf8.INSTANCE), null),
+                new Field("value", FieldType.nullable(ArrowType.Binary.INSTANCE), null)));
+        List<Field> fields = new ArrayList<>();
+        fields.add(new Field("seq_no", FieldType.nullable(new ArrowType.Int(64, true)), null));
+        fields.add(new Field("producer_id", FieldType.nullable(ArrowType.Utf8.INSTANCE), null));
+        fields.add(new Field("message_group_id", FieldType.nullable(ArrowType.Utf8.INSTANCE),
+            null));
+        fields.add(new Field("created_at", FieldType.nullable(
+            new ArrowType.Timestamp(TimeUnit.MICROSECOND, "UTC")), null));
+        fields.add(new Field("codec", FieldType.notNullable(new ArrowType.Int(8, false)), null));
+        fields.add(new Field("data", FieldType.notNullable(ArrowType.Binary.INSTANCE), null));
+        fields.add(new Field("metadata", FieldType.nullable(new ArrowType.Map(false)),
+            List.of(entries)));
+        return new Schema(fields);
+    }
+
+    /** Whether a frame can hold {@code row}: it names its partition, and its
+     * {@link #NULL_ONLY} columns are null. */
+    boolean holds(InternalRow row) {
+        if (row.isNullAt(partitionAt)) {
+            return false;
+        }
+        for (int at : nullOnly) {
+            if (!row.isNullAt(at)) {
+                return false;
+            }
+        }
+        return true;
+    }
+
+    /** Adds a row that {@link #holds}; sends the frames it fills to {@code out}. */
+    void write(InternalRow row, OutputStream out) throws IOException {
+        assert holds(row);
+        if (row.isNullAt(dataAt)) {
+            throw new IllegalArgumentException("message data must not be NULL");
+        }
+        long partition = integer(row, partitionAt, partitionType);
+        byte[] value = dataIsText ? row.getUTF8String(dataAt).getBytes() : row.getBinary(dataAt);
+        boolean noSeq = seqAt < 0 || row.isNullAt(seqAt);
+        long seq = noSeq ? 0 : integer(row, seqAt, seqType);
+        long created = createdAt >= 0 && !row.isNullAt(createdAt) ? row.getLong(createdAt)
+            : System.currentTimeMillis() * 1000L;
+        Pending share = pending.get(partition);
+        if (share != null && share.bytes + value.length > TARGET_BYTES) {
+            flush(partition, out); // the frame is full: this row starts the next one
+            share = null;
+        }
+        if (share == null) {
+            share = new Pending();
+            pending.put(partition, share);
+            pendingCost += PARTITION_COST;
+        }
+        share.add(value, seq, noSeq, created);
+        pendingCost += value.length + ROW_COST;
+        rows++;
+        if (share.count >= TARGET_MESSAGES || share.bytes >= TARGET_BYTES) {
+            flush(partition, out);
+        }
+        if (pendingCost > PENDING_BYTES) {
+            List<Map.Entry<Long, Pending>> shares = new ArrayList<>(pending.entrySet());
+            shares.sort((a, b) -> Long.compare(b.getValue().cost(), a.getValue().cost()));
+            for (Map.Entry<Long, Pending> entry : shares) {
+                if (pendingCost <= PENDING_BYTES * 3 / 4) {
+                    break;
+                }
+                flush(entry.getKey(), out);
+            }
+        }
+    }
+
+    /** Sends every waiting row (partitions in ascending order). */
+    void finish(OutputStream out) throws IOException {
+        List<Long> partitions = new ArrayList<>(pending.keySet());
+        partitions.sort(null);
+        for (long partition : partitions) {
+            flush(partition, out);
+        }
+        assert pending.isEmpty() && pendingCost == 0;
+    }
+
+    private void flush(long partition, OutputStream out) throws IOException {
+        Pending share = pending.remove(partition);
+        pendingCost -= share.cost();
+        int count = share.count;
+        root.allocateNew();
+        BigIntVector seq = (BigIntVector) root.getVector(0);
+        TimeStampMicroTZVector created = (TimeStampMicroTZVector) root.getVector(3);
+        UInt1Vector codec = (UInt1Vector) root.getVector(4);
+        VarBinaryVector data = (VarBinaryVector) root.getVector(5);
+        for (int i = 0; i < count; i++) {
+            if (share.seqNull[i]) {
+                seq.setNull(i);
+            } else {
+                seq.setSafe(i, share.seq[i]);
+            }
+            created.setSafe(i, share.created[i]);
+            codec.setSafe(i, RAW);
+            data.setSafe(i, share.data[i]);
+        }
+        root.setRowCount(count); // producer_id, message_group_id, metadata: null
+        body.reset();
+        try (ArrowRecordBatch batch = new VectorUnloader(root).getRecordBatch()) {
+            MessageSerializer.serialize(new WriteChannel(Channels.newChannel(body)), batch);
+        }
+        root.clear();
+        int size = body.size();
+        assert size % 8 == 0 : size;
+        crc.reset();
+        crc.update(body.buffer(), 0, size);
+        header.clear();
+        header.put((byte) 'T').put((byte) 'B').put((byte) 's').put((byte) '1');
+        header.putInt((int) crc.getValue()).putLong(partition).putInt(count).putInt(size);
+        out.write(header.array(), 0, HEADER_BYTES);
+        out.write(body.buffer(), 0, size);
+        frames++;
+    }
+
+    @Override
+    public void close() {
+        pending.clear();
+        pendingCost = 0;
+        root.close();
+        allocator.close();
+    }
+}
