@@ -26,6 +26,10 @@ not mapped again at every append); those pages are not read until the file holds
 ``SIGBUS`` instead), and survive another process truncating the file under it. Both
 are outside what the storage promises for its own files (see the docs).
 
+``TOPICBASE_READ_MAPS=0`` in the environment turns maps off (``ENABLED``): every read
+then uses ``pread``, for a deployment that would rather see a failing disk as an error
+than as ``SIGBUS``.
+
 Bounded: at most ``MAPS_MAX`` maps live at once (the kernel's ``vm.max_map_count``
 is 65,530 by default, shared with the allocator); past it ``map_file`` returns None and
 the caller reads with ``pread``. Thread-safe.
@@ -35,11 +39,13 @@ from __future__ import annotations
 
 import ctypes
 import mmap
+import os
 import threading
 
 import pyarrow as pa
 
 MAPS_MAX = 4096
+ENABLED = os.environ.get("TOPICBASE_READ_MAPS", "1") != "0"
 
 
 def _load_libc() -> tuple[object, object] | None:
@@ -97,7 +103,7 @@ def map_file(fd: int, size: int) -> pa.Buffer | None:
     the file must never shrink below a byte that was read, while the map lives."""
     global _live
     assert size > 0
-    if _LIBC is None:
+    if _LIBC is None or not ENABLED:
         return None
     with _lock:
         if _live >= MAPS_MAX:

@@ -241,3 +241,16 @@ def test_past_the_bound_on_live_maps_reads_fall_back_to_pread(
     assert [row["offset"] for row in rows] == list(range(partition.end_offset))
     assert file_map.live_maps() == live
     assert len(preads) >= len(partition.segments)  # each segment read with pread
+
+
+def test_maps_turned_off_read_everything_with_pread(
+    open_partition: Any, batch: Any, read_all: Any, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    partition = open_partition(segment_bytes=256 * KIB)
+    _fill(partition, batch, frames=12)
+    monkeypatch.setattr(file_map, "ENABLED", False)
+    live = _live()
+    preads = _count_preads(monkeypatch)
+    rows = read_all(partition)
+    assert [row["offset"] for row in rows] == list(range(partition.end_offset))
+    assert file_map.live_maps() == live and len(preads) >= len(partition.segments)
