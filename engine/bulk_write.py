@@ -184,7 +184,7 @@ class BulkWrites:
             return self._append(write_id, batches, schema)
 
     def append_frames(self, session: Any, write_id: str,
-                      read: Callable[[int], bytes | bytearray]) -> int:  # fmt: skip
+                      read: Callable[[int], bytes | bytearray | memoryview]) -> int:  # fmt: skip
         """Stage a client's stream of partition frames (``COPY TOPIC t FROM STDIN (FORMAT
         frames, WRITE_ID 'id')``, read with ``read(n)``: ``staged_frames.read_incoming``)
         as one frames file of topic

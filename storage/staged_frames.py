@@ -278,7 +278,7 @@ class FrameFileWriter:
             self._writeback_position = self.size
 
 
-def read_incoming(read: Callable[[int], bytes | bytearray]
+def read_incoming(read: Callable[[int], bytes | bytearray | memoryview]
                   ) -> Iterator[tuple[IncomingFrame, pa.Buffer]]:  # fmt: skip
     """The frames of a client's stream of staged frames (the frames file format above,
     ``COPY ... (FORMAT frames)``), each header checked before its body is read (so a

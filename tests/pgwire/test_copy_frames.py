@@ -7,6 +7,7 @@ refused frame fails the COPY with its SQLSTATE and nothing of that COPY stays st
 
 from __future__ import annotations
 
+import asyncio
 import glob
 import os
 import struct
@@ -19,6 +20,7 @@ import pytest
 
 from engine.bulk_write import WRITES_DIRECTORY
 from engine.writes import build_batches
+from sql.pgwire.connection import copy_staged
 from sql.pgwire.server import ServerThread
 from storage import limits
 from storage.clock import ManualClock
@@ -182,3 +184,26 @@ def test_frames_are_only_a_topic_s_staged_copy(db: psycopg.Connection, statement
     db.execute("CREATE TABLE t (data BLOB)")
     with pytest.raises(psycopg.errors.InvalidParameterValue), db.cursor().copy(statement):
         pass
+
+
+def test_the_pipe_hands_a_whole_copy_data_over_without_a_copy() -> None:
+    """A frame sent as one CopyData message reaches the check as a view of that message
+    (``_Pipe.read_view``); a frame cut across messages is joined (a copy)."""
+    loop = asyncio.new_event_loop()
+    try:
+        pipe = copy_staged._Pipe(loop)
+        whole, cut = frame(0, wire([b"w"])), frame(1, wire([b"c"]))
+        pipe.feed(whole)
+        pipe.feed(cut[:40])
+        pipe.feed(cut[40:])
+        pipe.close()
+        header = pipe.read_view(24)
+        body = pipe.read_view(len(whole) - 24)
+        assert isinstance(body, memoryview) and body.obj is whole
+        assert bytes(header) + bytes(body) == whole
+        assert bytes(pipe.read_view(24)) == cut[:24]
+        joined = pipe.read_view(len(cut) - 24)
+        assert not isinstance(joined, memoryview) and bytes(joined) == cut[24:]
+        assert pipe.read_view(24) == b""
+    finally:
+        loop.close()

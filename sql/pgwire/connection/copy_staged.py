@@ -123,6 +123,23 @@ class _Pipe:
                 self._make_room()
             return out  # pyarrow takes any buffer: no second copy of a batch's body
 
+    def read_view(self, size: int) -> memoryview | bytearray:
+        """``read(size)`` without a copy when the next CopyData holds all ``size`` bytes
+        (a view of it: a client that sends each staged frame as one message has its
+        bodies checked and written where they arrived); else a copy as ``read``."""
+        with self._condition:
+            if self._error is None and self._chunks and len(self._chunks[0]) >= size > 0:
+                chunk = self._chunks[0]
+                if len(chunk) == size:
+                    self._chunks.popleft()
+                else:
+                    self._chunks[0] = chunk[size:]
+                self._held -= size
+                if self._held < PIPE_BYTES:
+                    self._make_room()
+                return chunk[:size]
+        return self.read(size)
+
     def finish(self) -> None:
         """The reader stops reading (done or failed): drop what is held and let the loop on."""
         with self._condition:
@@ -245,7 +262,7 @@ def _stage_frames(done: concurrent.futures.Future[int], pipe: _Pipe, writes: Any
     to the write as they came (``BulkWrites.append_frames``)."""
     del columns, relation  # a frame's columns are the wire schema's
     try:
-        rows = writes.append_frames(session, write_id, pipe.read)
+        rows = writes.append_frames(session, write_id, pipe.read_view)
     except BaseException as error:
         pipe.finish()
         done.set_exception(error)

@@ -866,6 +866,31 @@ final class PgWireClient implements Closeable {
             }
         }
 
+        /**
+         * {@code head} then {@code body} as ONE CopyData message of their own (what was
+         * written before goes first): a receiver gets the unit whole, without joining
+         * pieces (a staged frame: {@link WireFrames}). Keep it well under the server's
+         * message limit ({@code message_bytes_max}, 64 MiB by default).
+         */
+        void writeMessage(byte[] head, int headLength, byte[] body, int bodyLength)
+                throws IOException {
+            flushChunk();
+            if (ended) {
+                throw new IOException("the COPY has ended");
+            }
+            byte[] header = new byte[5];
+            header[0] = (byte) 'd';
+            putInt(header, 1, headLength + bodyLength + 4);
+            try {
+                out.write(header);
+                out.write(head, 0, headLength);
+                out.write(body, 0, bodyLength);
+            } catch (IOException e) {
+                broken = true;
+                throw e;
+            }
+        }
+
         /** Sends what is left and CopyDone; the COPY's row count (its tag, {@code COPY n}). */
         long finish() throws IOException {
             flushChunk();

@@ -75,6 +75,10 @@ final class WireFrames implements AutoCloseable {
     static final long ROW_COST = 48;
     static final int HEADER_BYTES = 24;
     private static final byte RAW = 1; // storage.codecs.Codec.RAW
+    /** A frame up to this size goes as one CopyData message (the server then checks and
+     * writes the body where it arrived, no copy to join pieces); a larger one (a single
+     * large message) in the COPY's 1 MiB pieces. */
+    static final int ONE_MESSAGE_BYTES = 8 << 20;
 
     /** Columns a frame holds only as nulls (a row with one set goes as an Arrow stream). */
     static final List<String> NULL_ONLY = List.of("producer_id", "message_group_id", "metadata",
@@ -347,8 +351,13 @@ final class WireFrames implements AutoCloseable {
         header.clear();
         header.put((byte) 'T').put((byte) 'B').put((byte) 's').put((byte) '1');
         header.putInt((int) crc.getValue()).putLong(partition).putInt(count).putInt(size);
-        out.write(header.array(), 0, HEADER_BYTES);
-        out.write(body.buffer(), 0, size);
+        if (out instanceof PgWireClient.CopyIn && size <= ONE_MESSAGE_BYTES) {
+            ((PgWireClient.CopyIn) out).writeMessage(header.array(), HEADER_BYTES,
+                body.buffer(), size);
+        } else {
+            out.write(header.array(), 0, HEADER_BYTES);
+            out.write(body.buffer(), 0, size);
+        }
         frames++;
     }
 
