@@ -7,6 +7,8 @@ batch goes to the partition of the last keyless batch while appends there alread
 for its next round (it shares that sync), up to ``KEYLESS_JOIN_MESSAGES_MAX`` messages,
 then on round-robin. Statements one after another never find appends waiting:
 round-robin as before (``test_topic_log.test_keyless_messages_spread_round_robin``).
+A round that runs with nobody waiting yet is joined as well while at least
+``KEYLESS_JOIN_BUSY_APPENDS`` other appends of the topic are in progress.
 """
 
 from __future__ import annotations
@@ -23,7 +25,7 @@ from storage.clock import ManualClock
 from storage.config import FsyncPolicy, TopicConfig
 from storage.fs import FileSystem
 from storage.group_commit import GroupCommitter, Request
-from storage.limits import KEYLESS_JOIN_MESSAGES_MAX
+from storage.limits import KEYLESS_JOIN_BUSY_APPENDS, KEYLESS_JOIN_MESSAGES_MAX
 from storage.partition_log import PartitionLog
 from storage.record_batch import build_wire_batch
 from storage.topic_log import TopicLog
@@ -144,3 +146,70 @@ def test_joins_onto_a_partition_busy_with_keyed_writes_keep_the_spread_even(
     log.close()
     assert counts[0] - sum(counts) / 4 <= KEYLESS_JOIN_MESSAGES_MAX, counts
     assert counts[0] / sum(counts) < 0.3, counts
+
+
+# -- a running round joined while the topic is busy (KEYLESS_JOIN_BUSY_APPENDS) --------
+def test_a_committer_says_whether_a_round_runs() -> None:
+    entered, release = threading.Event(), threading.Event()
+
+    def flush(requests: list[Request]) -> None:
+        entered.set()
+        assert release.wait(10)
+
+    committer = GroupCommitter(flush)
+    assert not committer.running
+    leader = threading.Thread(target=committer.submit, args=("a",))
+    leader.start()
+    assert entered.wait(10)
+    assert committer.running and committer.waiting == 0  # running, nobody queued
+    release.set()
+    leader.join(10)
+    assert not leader.is_alive()
+    assert not committer.running
+
+
+@pytest.fixture
+def running(monkeypatch: pytest.MonkeyPatch) -> set[int]:
+    """Partitions made to look as if a group-commit round ran there (nobody waiting)."""
+    syncing: set[int] = set()
+    monkeypatch.setattr(
+        PartitionLog, "sync_running", property(lambda log: log.partition_id in syncing)
+    )
+    return syncing
+
+
+def test_a_running_round_is_joined_only_while_the_topic_is_busy(
+    topic: TopicLog, running: set[int]
+) -> None:
+    last = _partition(topic, 1)
+    running.add(last)
+    topic._appending = KEYLESS_JOIN_BUSY_APPENDS - 1  # few appends: a lone round, not joined
+    assert _partition(topic, 1) != last
+    last = _partition(topic, 1)
+    running.add(last)
+    topic._appending = KEYLESS_JOIN_BUSY_APPENDS  # busy: the next round will have company
+    joined = [_partition(topic, 1) for _ in range(KEYLESS_JOIN_MESSAGES_MAX - 1)]
+    assert joined == [last] * len(joined)
+    assert _partition(topic, 1) != last  # the cap holds as for waiting rounds
+    running.clear()
+    last = _partition(topic, 1)
+    assert _partition(topic, 1) != last  # busy, but no round runs there: round-robin
+
+
+def test_appends_in_progress_are_counted_until_they_end(
+    topic: TopicLog, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    seen: list[int] = []
+
+    def append(log: PartitionLog, batch: Any) -> Any:
+        seen.append(topic._appending)
+        raise OSError("refused")  # an append that fails still leaves the count
+
+    monkeypatch.setattr(PartitionLog, "append", append)
+    assert topic._appending == 0
+    with pytest.raises(OSError):
+        topic.append(build_wire_batch([b"m"]))
+    with pytest.raises(OSError):
+        topic.append(build_wire_batch([b"m"]), 2)
+    assert seen == [1, 1]
+    assert topic._appending == 0
