@@ -67,6 +67,12 @@ class GroupCommitter:
         it may change at once)."""
         return len(self._queue) if self._leader_active else 0
 
+    @property
+    def running(self) -> bool:
+        """Whether a round runs (or is about to): a request submitted now waits for it to
+        end and goes in the next. A hint for routing (read without the mutex)."""
+        return self._leader_active
+
     def submit(self, payload: Any) -> Any:
         request = Request(payload)
         with self._mutex:

@@ -250,3 +250,7 @@ NAME_COMPONENT_BYTES_MAX = 255
 # Keyless messages that may join one partition's waiting group commit in a row
 # (storage.topic_log.TopicLog._keyless_partition), then round robin goes on.
 KEYLESS_JOIN_MESSAGES_MAX = 64
+# ... and a keyless batch joins the next round of that partition's running group commit
+# (not only one that appends already wait for) while at least this many other appends
+# of the topic are in progress: busy enough that the next round will have company.
+KEYLESS_JOIN_BUSY_APPENDS = 6

@@ -203,6 +203,11 @@ class PartitionLog:
         a hint)."""
         return self._committer.waiting
 
+    @property
+    def sync_running(self) -> bool:
+        """Whether a group-commit round runs now (``GroupCommitter.running``: a hint)."""
+        return self._committer.running
+
     # -- appends -----------------------------------------------------------------------
     def append(self, batch: pa.RecordBatch) -> AppendResult:
         """Append one wire batch; returns once it meets the fsync policy.

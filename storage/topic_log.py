@@ -117,6 +117,10 @@ class TopicLog:
         # commit is in progress (``_keyless_partition``); messages sent to it since.
         self._keyless_last: int | None = None
         self._keyless_joined = 0
+        # Appends in progress on the topic (``append``, from its routing on when the
+        # caller routed first): a hint for joining a running round (``_keyless_partition``).
+        self._appending = 0
+        self._appending_lock = threading.Lock()
         # keyless batches routed per active partition (and in all) since the active set
         # last changed: the fair-share guard on joins (``_keyless_partition``)
         self._keyless_sent: dict[int, int] = {}
@@ -546,6 +550,11 @@ class TopicLog:
         sync and then sync alone, twice the latency of leading a round on another
         partition (joining any running round: 2 clients 0.6x msgs/s; 16 clients 6.8
         messages per fsync but no more msgs/s than this rule).
+        A running round with nobody waiting yet is joined too while at least
+        ``limits.KEYLESS_JOIN_BUSY_APPENDS`` other appends of the topic are in progress
+        (``_appending``): the next round is bound to have company then. 16 clients over
+        the wire: 2.8 -> 5.7 messages per fsync, ~8-10 % less server CPU a message; 2 and
+        4 clients never meet the bound (unchanged: docs/durable_produce.md, round 4).
         Statements one after another never find waiting appends, so they go round-robin.
         A partition joins only while it has taken fewer keyless batches than the average
         of the active partitions plus the cap: a partition kept busy by keyed writers
@@ -563,7 +572,10 @@ class TopicLog:
             and info is not None
             and info.active
             and log is not None
-            and log.sync_waiters > 0
+            and (
+                log.sync_waiters > 0
+                or (log.sync_running and self._appending >= limits.KEYLESS_JOIN_BUSY_APPENDS)
+            )
             and self._keyless_sent.get(last, 0) * share
             < self._keyless_total + limits.KEYLESS_JOIN_MESSAGES_MAX * share
         ):
@@ -608,6 +620,23 @@ class TopicLog:
         transaction is). A share that meets its partition inactive (a split meanwhile:
         nothing was written) is routed again.
         """
+        with self._appending_lock:
+            self._appending += 1
+        try:
+            return self._append(batch, partition, max_delay_s, cancelled, targets)
+        finally:
+            with self._appending_lock:
+                self._appending -= 1
+
+    def _append(
+        self,
+        batch: pa.RecordBatch,
+        partition: int | None,
+        max_delay_s: float,
+        cancelled: Callable[[], bool] | None,
+        targets: np.ndarray | None,
+    ) -> TopicAppendResult:
+        """``append``'s work (counted in ``_appending`` by it)."""
         if partition is not None:
             log = self.partition(partition)
             size = _payload_bytes(batch)
