@@ -1152,6 +1152,12 @@ def _payload_bytes(batch: pa.RecordBatch) -> int:
 
 
 def _topic_result(pieces: list[tuple[np.ndarray, AppendResult]], count: int) -> TopicAppendResult:
+    if len(pieces) == 1 and len(pieces[0][0]) == count:  # one share: the rows in order
+        rows, result = pieces[0]
+        assert count == 0 or (rows[0] == 0 and rows[-1] == count - 1)
+        return TopicAppendResult(
+            np.full(count, result.partition, dtype=np.int64), result.status, result.offsets
+        )
     partitions = np.empty(count, dtype=np.int64)
     status = np.empty(count, dtype=np.uint8)
     offsets = np.empty(count, dtype=np.int64)
