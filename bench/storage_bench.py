@@ -15,7 +15,10 @@ exactly-once path) and codec RAW.
   and the append including ``build_wire_batch``.
 - read: ``PartitionLog.read`` (batches of 1000, into Arrow) over a whole
   partition in the page cache, against ``os.preadv`` of its ``.log`` files in
-  8 MiB chunks into one reused buffer.
+  8 MiB chunks into one reused buffer. The storage reads published bytes through
+  read-only maps of the segments (``storage.file_map``); the same read with maps
+  off (``pread`` of each window, as before) is reported beside it, and so is the
+  checksum alone over the mapped files (the floor of any checked read).
 - group commit: 16 threads appending single-message batches (own producer id
   and seq_nos each) to one partition for a fixed time under ``group`` and
   under ``always``: messages/s and fsyncs.
@@ -30,6 +33,7 @@ from __future__ import annotations
 
 import gc
 import itertools
+import mmap
 import os
 import random
 import shutil
@@ -39,12 +43,14 @@ import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 
+import crc32c
 import numpy as np
 import pyarrow as pa
 import zstandard
 
 from bench import harness
 from bench.results import Recorder, ratio_target, value_target
+from storage import file_map
 from storage.config import FsyncPolicy, TopicConfig
 from storage.fs import FileSystem
 from storage.partition_log import PartitionLog
@@ -560,6 +566,31 @@ def raw_read(paths: Sequence[tuple[str, int]]) -> int:
     return total
 
 
+def crc_mapped(paths: Sequence[tuple[str, int]]) -> int:
+    """CRC-32C of the files through read-only maps, 1 MiB at a time: what checking every
+    byte costs with no copy at all, the floor of a read that checks its frames."""
+    total = 0
+    for path, size in paths:
+        with open(path, "rb") as file, mmap.mmap(file.fileno(), size, access=mmap.ACCESS_READ) as m:
+            view = memoryview(m)
+            try:
+                for start in range(0, size, 1 << 20):
+                    crc32c.crc32c(view[start : start + (1 << 20)])
+            finally:
+                view.release()
+        total += size
+    return total
+
+
+def _timed(run: Callable[[], int]) -> tuple[float, float, int]:
+    """(wall seconds, CPU seconds, result) of ``run()``."""
+    gc.collect()
+    cpu = time.process_time()
+    start = time.perf_counter()
+    result = run()
+    return time.perf_counter() - start, time.process_time() - cpu, result
+
+
 def bench_read(rec: Recorder, parent: str, params: Params, pool: Sequence[bytes]) -> None:
     group = "storage: read into Arrow (warm page cache)"
     count = params.read_messages // 1000
@@ -579,23 +610,27 @@ def bench_read(rec: Recorder, parent: str, params: Params, pool: Sequence[bytes]
         )
         read_partition(log, 1000)  # warm the page cache and the code path
         raw_read(paths)
-        runs, raws = [], []
+        runs, raws, preads, crcs = [], [], [], []
         for rep in range(params.reps):
-            gc.collect()
-            start = time.perf_counter()
-            messages, _ = read_partition(log, 1000)
-            run = Run(0, messages, total_bytes, time.perf_counter() - start)
+            wall, cpu, messages = _timed(lambda: read_partition(log, 1000)[0])
             assert messages == total_messages, (messages, total_messages)
-            gc.collect()
-            start = time.perf_counter()
-            raw_bytes = raw_read(paths)
-            raw = Run(0, total_messages, raw_bytes, time.perf_counter() - start)
+            run = Run(0, total_messages, total_bytes, wall, cpu_seconds=cpu)
+            wall, cpu, raw_bytes = _timed(lambda: raw_read(paths))
+            raw = Run(0, total_messages, raw_bytes, wall, cpu_seconds=cpu)
+            wall, cpu, messages = _timed(lambda: read_without_maps(log))
+            assert messages == total_messages, (messages, total_messages)
+            pread = Run(0, total_messages, total_bytes, wall, cpu_seconds=cpu)
+            wall, cpu, _ = _timed(lambda: crc_mapped(paths))
+            crcs.append(Run(0, total_messages, total_bytes, wall, cpu_seconds=cpu))
             runs.append(run)
             raws.append(raw)
+            preads.append(pread)
             rec.progress(
                 f"read rep {rep + 1}/{params.reps}: {run.mb_s:7.1f} MB/s "
-                f"{run.msgs_s:12,.0f} msgs/s (raw {raw.mb_s:7.1f} MB/s)"
+                f"{run.msgs_s:12,.0f} msgs/s (raw {raw.mb_s:7.1f} MB/s; maps off "
+                f"{pread.mb_s:7.1f}; crc alone {crcs[-1].mb_s:7.1f})"
             )
+    _record_read_diagnostics(rec, group, runs, raws, preads, crcs)
     run, raw = median_run(runs), median_run(raws)
     baseline = "raw os.preadv of the .log files, 8 MiB chunks into one buffer"
     rec.add(
@@ -618,6 +653,57 @@ def bench_read(rec: Recorder, parent: str, params: Params, pool: Sequence[bytes]
         target=value_target(READ_MSGS_TARGET, "msgs/s"),
         met=run.msgs_s >= READ_MSGS_TARGET,
     )
+
+
+def read_without_maps(log: PartitionLog) -> int:
+    """``read_partition`` with read maps off (``storage.file_map.ENABLED``): every window
+    ``pread`` into a fresh buffer, the read path before maps. The segments' maps are set
+    aside for it and put back after, so the next mapped read finds them as it left them."""
+    segments = log.segments
+    kept = [(segment._map, segment._map_refused) for segment in segments]
+    saved = file_map.ENABLED
+    file_map.ENABLED = False
+    try:
+        for segment in segments:
+            segment._map = None
+            segment._map_refused = False
+        return read_partition(log, 1000)[0]
+    finally:
+        file_map.ENABLED = saved
+        for segment, (found, refused) in zip(segments, kept, strict=True):
+            segment._map, segment._map_refused = found, refused
+
+
+def _record_read_diagnostics(
+    rec: Recorder, group: str, runs: list[Run], raws: list[Run], preads: list[Run],
+    crcs: list[Run],
+) -> None:  # fmt: skip
+    """Beside the headline read: per CPU-second, with maps off, and the checksum alone."""
+    harness.record(
+        rec, "storage.read.batch1000.mb_per_cpu_s",
+        harness.Spread.of([r.mb_per_cpu_s for r in runs]),
+        harness.Spread.of([r.mb_per_cpu_s for r in raws]),
+        unit="MB per CPU-second", group=group,
+        baseline="raw os.preadv, per CPU-second",
+        note="time.process_time() of each run; repetitions alternate the cases",
+    )  # fmt: skip
+    harness.record(
+        rec, "storage.read.maps_off.batch1000.mb_s",
+        harness.Spread.of([r.mb_s for r in preads]),
+        harness.Spread.of([r.mb_s for r in raws]),
+        unit="MB/s", group=group,
+        baseline="raw os.preadv of the .log files, 8 MiB chunks into one buffer",
+        note="diagnostic: the read with TOPICBASE_READ_MAPS=0 (pread of each window)",
+    )  # fmt: skip
+    harness.record(
+        rec, "storage.read.crc_alone.mb_s",
+        harness.Spread.of([r.mb_s for r in crcs]),
+        harness.Spread.of([r.mb_s for r in raws]),
+        unit="MB/s", group=group,
+        baseline="raw os.preadv of the .log files, 8 MiB chunks into one buffer",
+        note="diagnostic: CRC-32C of the mapped files, no copy, no decode: the floor of a "
+        "checked read",
+    )  # fmt: skip
 
 
 # -- group commit -----------------------------------------------------------------------

@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import gc
 import os
+import threading
 from typing import Any
 
 import pytest
@@ -254,3 +255,48 @@ def test_maps_turned_off_read_everything_with_pread(
     rows = read_all(partition)
     assert [row["offset"] for row in rows] == list(range(partition.end_offset))
     assert file_map.live_maps() == live and len(preads) >= len(partition.segments)
+
+
+def test_readers_racing_appends_rolls_and_retention_see_whole_frames(
+    open_partition: Any, batch: Any
+) -> None:
+    partition = open_partition(segment_bytes=256 * KIB)
+    stop = threading.Event()
+    errors: list[BaseException] = []
+    held: list[tuple[int, list[Any]]] = []
+
+    def reader() -> None:
+        try:
+            while not stop.is_set():
+                start = partition.start_offset
+                result = partition.read(start, max_messages=150)
+                for found in result.batches:
+                    first = found.column("offset")[0].as_py()
+                    assert _data([found]) == [
+                        f"m{i}".encode().ljust(KIB, b".")
+                        for i in range(first, first + found.num_rows)
+                    ]
+                    if len(held) < 50:
+                        held.append((first, [found]))
+        except BaseException as error:  # reported by the main thread
+            errors.append(error)
+
+    threads = [threading.Thread(target=reader) for _ in range(2)]
+    for thread in threads:
+        thread.start()
+    try:
+        for _ in range(40):
+            _fill(partition, batch, frames=1)
+            if len(partition.segments) > 3:
+                partition.delete_segments_before(partition.segments[-2].base_offset)
+    finally:
+        stop.set()
+        for thread in threads:
+            thread.join()
+    assert not errors, errors
+    assert partition.start_offset > 0 and held  # retention ran under the readers
+    for first, batches in held:  # still whole after their segments were deleted
+        count = batches[0].num_rows
+        assert _data(batches) == [
+            f"m{i}".encode().ljust(KIB, b".") for i in range(first, first + count)
+        ]
