@@ -35,8 +35,10 @@ from storage.config import TopicConfig
 from storage.partition_log import PartitionLog
 from storage.producer_state import decide_shares
 from storage.record_batch import WIRE_SCHEMA, serialize_body_buffer
+from storage.wire_columns import refill_seq_nos
 
-CODEC_COLUMN = 4  # of ``record_batch.WIRE_SCHEMA``
+SEQ_NO_COLUMN = 0  # of ``record_batch.WIRE_SCHEMA``
+CODEC_COLUMN = 4
 DATA_COLUMN = 5
 
 
@@ -71,16 +73,12 @@ def publish_shares(
         decision = decide_shares([log.producers for log in logs], list(batches))
         if decision is None:
             return None
-        for log, original, batch, body, size, record in zip(
-            logs, batches, decision.batches, bodies, data_bytes, decision.records, strict=True
+        final = _frame_bodies(batches, decision.batches, bodies, data_bytes)
+        for log, batch, body, record in zip(
+            logs, decision.batches, final, decision.records, strict=True
         ):
             if bases:  # between two partitions' shares
                 failpoints.hit("publish.mid_spread")
-            if batch is not original or body is None:
-                # A small share is copied into one body, as ``FrameEncoder`` would copy it
-                # (the same bytes), without its checks of the size first.
-                small = size <= limits.SPREAD_COPIED_BYTES_MAX
-                body = serialize_body_buffer(batch) if small else None
             bases.append(log.write_share_locked(batch, transaction_id, body, record))
     finally:
         for lock in taken:
@@ -90,6 +88,44 @@ def publish_shares(
         for log in written.values():
             log.notify_readers()
     return bases
+
+
+def _frame_bodies(
+    originals: Sequence[pa.RecordBatch],
+    decided: Sequence[pa.RecordBatch],
+    staged: Sequence[pa.Buffer | None],
+    data_bytes: Sequence[int],
+) -> list[pa.Buffer | None]:
+    """Each decided share's body for its frame. A share written unchanged keeps its
+    staged body. A share the decision numbered (its seq_nos were all null: the writer
+    numbers them) differs from its staged body only in that column: a small one gets the
+    staged body with the seq_nos filled in (``wire_columns.refill_seq_nos``, the bytes
+    ``serialize_body_buffer`` would give, for all such shares at once); a large one, or
+    any a refill does not take, is serialized if small (as ``FrameEncoder`` would copy
+    it, without its size checks first), else left to the frame encoder (None)."""
+    final: list[pa.Buffer | None] = []
+    refill: list[int] = []
+    for index, (original, batch, body, size) in enumerate(
+        zip(originals, decided, staged, data_bytes, strict=True)
+    ):
+        if batch is original and body is not None:
+            final.append(body)
+            continue
+        final.append(None)
+        if size <= limits.SPREAD_COPIED_BYTES_MAX:
+            refill.append(index)
+    if refill:
+        given = [staged[i] for i in refill]
+        seq_nos = pa.chunked_array([decided[i].column(SEQ_NO_COLUMN) for i in refill])
+        refilled = None
+        if seq_nos.null_count == 0 and all(body is not None for body in given):
+            counts = np.fromiter((decided[i].num_rows for i in refill), np.int64, len(refill))
+            values = seq_nos.to_numpy().astype(np.int64, copy=False)
+            refilled = refill_seq_nos(given, counts, values)  # type: ignore[arg-type]
+        bodies = refilled or [serialize_body_buffer(decided[i]) for i in refill]
+        for index, body in zip(refill, bodies, strict=True):
+            final[index] = body
+    return final
 
 
 def checked_data_bytes(batches: Sequence[pa.RecordBatch], config: TopicConfig) -> list[int] | None:
