@@ -215,7 +215,7 @@ class BulkWrites:
                     reserved += STAGED_HEADER_BYTES + frame.body_bytes
                     writer.add_checked(frame, body)
                 if writer.rows:
-                    writer.finish()
+                    writer.finish(sync=False)  # synced by the commit that names it
                     os.replace(base + ".part", f"{base}.{writer.crc:08x}{FRAMES_SUFFIX}")
                 else:  # an empty stream stages nothing
                     writer.close()
@@ -294,8 +294,8 @@ class BulkWrites:
         """Stage a topic stream whose rows name their partition as a frames file
         (``storage.staged_frames``): the rows grouped by partition and encoded as the
         partitions' frames now, so that the commit copies them as they are. The file is
-        fdatasynced when whole (the commit then syncs directories only), then renamed
-        ``<name>.<crc32c>.frames``. Stops at the first batch that frames cannot hold
+        renamed ``<name>.<crc32c>.frames`` when whole (fdatasynced by the commit that
+        names it, as the Arrow files are). Stops at the first batch that frames cannot hold
         (``staged_refs.framed_batch``): returns the rows framed, the rest of the stream
         from that batch on (None: none) and the frames file's path."""
         writer = FrameFileWriter(self.database.store.fs, base + ".part")
@@ -313,7 +313,7 @@ class BulkWrites:
                 rows += batch.num_rows
                 self._reserve(writer.size - reserved)
                 reserved = writer.size
-            writer.finish()
+            writer.finish(sync=False)  # synced by the commit that names it
             self._reserve(writer.size - reserved)
             reserved = writer.size
             path = f"{base}.{writer.crc:08x}{FRAMES_SUFFIX}"
@@ -621,15 +621,19 @@ class BulkWrites:
                               moved: dict[str, str], handed: list[str],
                               recorded: list[bool]) -> int:  # fmt: skip
         """Move, checksum and sync the eligible and framed writes' files, then publish
-        (``_publish``). Frames files were synced when staged: only directories are here."""
+        (``_publish``). Every file the record names is fdatasynced here, before the
+        commit point (none is synced when staged: a COPY's reply does not wait for the
+        disk, the kernel was asked to write the files back as they were written)."""
         directory = self._move_for_commit(
             sink_id, batch_id, {w: metas[w] for i in eligible for w in sources[i]}
             | {w: metas[w] for ids in framed.values() for w in ids}, moved)  # fmt: skip
         relative = os.path.relpath(directory, self.database.path)
         fs = self.database.store.fs
+        named: list[list] = []  # every file the record names, synced below
         for ids in framed.values():
             paths = [p for w in ids for p in _staged_files(moved[w])]
             entries = [staged_refs.file_entry(self.database.path, p) for p in paths]
+            named.extend(entries)
             # The bytes the record will name, checked before the commit point: a file
             # damaged since it was staged is refused (XX001) and the writes moved back.
             for path, (_, size, crc) in zip(paths, entries, strict=True):
@@ -645,8 +649,9 @@ class BulkWrites:
             # Read back from the moved files: the rows the record names.
             writes[index] = (meta, staged_refs.read_files(self.database.path, files,
                                                           check=False))  # fmt: skip
+        named.extend(f for i in eligible for f in writes[i][0]["files"])
         staged_refs.sync_files(
-            self.database.path, [f for i in eligible for f in writes[i][0]["files"]],
+            self.database.path, named,
             [os.path.relpath(d, self.database.path)
              for d in [*moved.values(), directory, self.commits_root, self.root]])
         failpoints.hit("bulk.before_commit")

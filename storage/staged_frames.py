@@ -29,7 +29,8 @@ Invariants:
   message alone), holds no producer id and no metadata (``frame_cuts.cuttable``): no
   message of it is ever a duplicate, so a publish writes every frame whole, and a
   partition holding a prefix of a share's frames holds whole frames of it;
-- the file is written as ``*.part``, fdatasynced, then renamed whole by the caller; its
+- the file is written as ``*.part`` (its writeback started every 4 MiB), then renamed
+  whole by the caller, who makes it durable (fdatasync) before any record names it; its
   CRC-32C (``FrameFileWriter.crc``) is combined from the frames' without a second pass.
 """
 
@@ -208,12 +209,14 @@ class FrameFileWriter:
         self._pending[partition] = [pa.concat_batches(batches)]
         self._pending_overhead -= (len(batches) - 1) * HELD_BATCH_BYTES
 
-    def finish(self) -> None:
-        """Write every partition's waiting rows, fdatasync and close the file."""
+    def finish(self, *, sync: bool = True) -> None:
+        """Write every partition's waiting rows, fdatasync (unless not ``sync``: the
+        caller makes the file durable before anything names it) and close the file."""
         for partition in sorted(self._pending):
             self._flush(partition, whole=True)
         try:
-            self.fs.sync(self._fd)
+            if sync:
+                self.fs.sync(self._fd)
         finally:
             self.close()
 

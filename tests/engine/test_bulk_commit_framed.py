@@ -6,9 +6,11 @@ writes it cannot take so are decoded and copied as before. Crash points:
 
 from __future__ import annotations
 
+import io
 import json
 import os
 import shutil
+from pathlib import Path
 
 import pyarrow as pa
 import pytest
@@ -296,3 +298,45 @@ def test_a_stream_naming_a_column_twice_is_refused_before_staging(tmp_path) -> N
         assert _partitions(database) == _expected((0, 10))
     finally:
         database.close()
+
+
+def test_frames_files_are_synced_by_the_commit_that_names_them(tmp_path, monkeypatch) -> None:
+    """Staging does not wait for the disk (no fdatasync of a frames file when its stream
+    ends); the commit fdatasyncs every frames file its record names, before the record
+    commits (``bulk.before_commit``), whichever door staged it (rows framed here, or
+    frames a client sent: ``append_frames``)."""
+    database = _open(tmp_path)
+    synced: list[str] = []
+    real_fdatasync = os.fdatasync
+
+    def fdatasync(fd: int) -> None:
+        synced.append(os.readlink(f"/proc/self/fd/{fd}"))
+        real_fdatasync(fd)
+
+    def before_commit() -> None:
+        synced.append("<commit point>")
+
+    monkeypatch.setattr(os, "fdatasync", fdatasync)
+    monkeypatch.setattr(bulk_write.failpoints, "hit", lambda name: before_commit()
+                        if name == "bulk.before_commit" else None)  # fmt: skip
+    _stage(database, "w1", 0, 300)
+    session = database.connect()
+    bulk = bulk_write.for_database(database)
+    bulk.start(session, "w2", "topic", "t")
+    frames = b"".join(Path(p).read_bytes() for p in _frames_files(database, "w1"))
+    stream = io.BytesIO(frames)
+    assert bulk.append_frames(session, "w2", stream.read) == 300
+    session.close()
+    staged = [os.path.basename(p) for w in ("w1", "w2") for p in _frames_files(database, w)]
+    assert len(staged) == 2
+    assert not [p for p in synced if p.endswith((".frames", ".part"))]  # staging: no sync
+    assert _commit(database, 0, ["w1", "w2"])["rows"] == 600
+    point = synced.index("<commit point>")
+    assert {n for n in staged} <= {os.path.basename(p) for p in synced[:point]}
+    assert _partitions(database) == {p: _expected((0, 300))[p] * 2 for p in (0, 1)}
+
+
+def _frames_files(database, write_id: str) -> list[str]:
+    directory = os.path.join(database.path, bulk_write.WRITES_DIRECTORY, write_id)
+    return sorted(os.path.join(directory, n) for n in os.listdir(directory)
+                  if n.endswith(".frames"))  # fmt: skip
