@@ -4,6 +4,10 @@ Run as a subprocess by ``test_crash_kill.py`` (and importable for its helpers)::
 
     python crash_writer.py --root DIR --acks FILE --fsync never|group|always
         [--segment-bytes N] [--threads N] [--seed N] [--max-seconds S] [--inject MODE:N]
+        [--keyless-share F]
+
+``--keyless-share``: the share of batches made of keyless messages alone (1 to 3 of
+them), so that many threads' keyless batches join running group-commit rounds.
 
 Every message carries a *message id* ``mid`` = ``<key>|<seq>`` at the start of
 its payload (see ``payload``), so a checker can tell what every stored message
@@ -299,6 +303,7 @@ class Writer:
         self.batch_lock = threading.Lock()
         self.next_batch = 0
         self.roll_count = 0
+        self.joined = False
         self.stop = threading.Event()
 
     def take_batch_id(self) -> int:
@@ -363,6 +368,9 @@ class Writer:
                 self.resend_previous(previous[rng.choice(sorted(previous))])
                 continue
             batch = self.take_batch_id()
+            if rng.random() < self.args.keyless_share:
+                self.append_keyless(batch, rng)
+                continue
             big = rng.random() < 0.03
             streams = []
             for pid in rng.sample(producers, rng.choice((1, 1, 2))):
@@ -396,6 +404,21 @@ class Writer:
                     [mids[i] for i in own],
                     [(int(result.partitions[i]), int(result.offsets[i])) for i in own],
                 )
+
+    def append_keyless(self, batch: int, rng: random.Random) -> None:
+        """A batch of keyless messages alone (routed by ``TopicLog._keyless_partition``,
+        which may join a running group-commit round); prints ``joined`` once, the first
+        time a batch went to a partition keyless batches had joined already."""
+        # No intent line is logged for them, so a batch id may come again after a kill
+        # (``max_batch`` is read from the log): the run's seed keeps the ids unique.
+        mids = [f"K{self.args.seed}x{batch}.{i}|0" for i in range(rng.randint(1, 3))]
+        result = self.topic.append(wire_batch(mids))
+        if not (result.status == WRITTEN).all():
+            fail(f"batch {batch}: keyless messages reported duplicate: {result.status}")
+        self.acks.line(f"A {batch} {ack_items(mids, result)} E")
+        if not self.joined and self.topic._keyless_joined > len(mids):
+            self.joined = True
+            os.write(1, b"joined\n")
 
     def resend_previous(self, previous: tuple[list[str], list[tuple[int, int]]]) -> None:
         mids, where = previous
@@ -484,6 +507,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--max-seconds", type=float, default=20.0)
     parser.add_argument("--inject", default="none")
+    parser.add_argument("--keyless-share", type=float, default=0.0)
     args = parser.parse_args(argv)
     mode, _, n = args.inject.partition(":")
     args.inject_mode, args.inject_n = mode, int(n or 0)

@@ -66,7 +66,16 @@ def _seed() -> int:
 class WriterProcess:
     """One run of crash_writer.py; its stdout lines arrive on a queue."""
 
-    def __init__(self, tmp: Path, *, fsync: str, seed: int, segment_bytes: int, inject: str):
+    def __init__(
+        self,
+        tmp: Path,
+        *,
+        fsync: str,
+        seed: int,
+        segment_bytes: int,
+        inject: str,
+        extra: tuple[str, ...] = (),
+    ):
         self.stderr_path = tmp / f"writer-{seed}.err"
         with open(self.stderr_path, "wb") as stderr:
             self.proc = subprocess.Popen(
@@ -80,6 +89,7 @@ class WriterProcess:
                     f"--seed={seed}",
                     f"--inject={inject}",
                     "--max-seconds=30",
+                    *extra,
                 ],
                 cwd=ROOT,
                 stdout=subprocess.PIPE,
@@ -242,3 +252,40 @@ def test_sigkill_around_segment_rolls(tmp_path: Path) -> None:
     )
     assert stats.segments > 3 * done // 2
     assert injected >= done // 3, "most injected kills inside rolls did not happen"
+
+
+@pytest.mark.slow
+def test_sigkill_while_keyless_batches_join_running_rounds(tmp_path: Path) -> None:
+    """Ten threads, most batches keyless: keyless batches join running group-commit
+    rounds (``TopicLog._keyless_partition``: while appends wait there, or while the topic
+    is busy); killed at random moments after the first join, every acknowledged message
+    is there exactly once where it was acknowledged, across kills and recoveries."""
+    seed = _seed()
+    rng = random.Random(seed)
+    rounds = max(MIN_KILLS, TOTAL_KILLS // 8)
+    joined = 0
+    stats = cw.CheckStats()
+    for round_no in range(rounds):
+        with _reported(seed, f"keyless round {round_no}"):
+            writer = WriterProcess(
+                tmp_path,
+                fsync="group",
+                seed=rng.randrange(2**31),
+                segment_bytes=256 * 1024,
+                inject="none",
+                extra=("--threads=10", "--keyless-share=0.85"),
+            )
+            try:
+                assert writer.wait_for("ready", 15), "writer did not get ready"
+                joined += writer.wait_for("joined", 15)
+                time.sleep(rng.uniform(0.0, 0.3))
+            finally:
+                writer.kill()
+            writer.finish()
+            stats = _check(tmp_path, in_place=round_no % 2 == 0)
+    print(
+        f"\nkeyless SIGKILL loop (CRASH_SEED={seed}): {rounds} kills, {joined} with joins, "
+        f"{stats.messages} messages stored, {stats.acked_checked} acknowledged checked"
+    )
+    assert joined > 0, "no keyless batch joined a running round"
+    assert stats.acked_checked > 0
