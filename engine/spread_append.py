@@ -63,7 +63,7 @@ def append_now(
         return topic.append(batch, partition, cancelled=cancelled)
     targets = topic.route(batch)
     first = targets[0] if len(targets) else 0
-    if len(targets) == 0 or (targets == first).all() or not _spreads(batch, targets):
+    if len(targets) <= 1 or (targets == first).all() or not _spreads(batch, targets):
         return topic.append(batch, None, cancelled=cancelled, targets=targets)
     try:
         check_wire_batch(batch)  # every share is a part of it: none is over a limit

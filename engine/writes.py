@@ -20,6 +20,7 @@ and ``INSERT … SELECT`` rows are checked only here.
 from __future__ import annotations
 
 import json
+import struct
 from collections.abc import Sequence
 from datetime import datetime
 from typing import Any
@@ -141,8 +142,8 @@ def _plain_data(rows: Sequence[Sequence[Any]]) -> pa.Array | None:
     body = values[0] if len(values) == 1 else b"".join(values)
     if len(body) > PLAIN_DATA_BYTES_MAX:
         return None
-    if len(values) == 1:
-        offsets = np.array([0, len(body)], dtype=np.int32)
+    if len(values) == 1:  # packed, not an ndarray: this runs for every statement
+        offsets = _OFFSETS_OF_ONE.pack(0, len(body))
     else:
         offsets = np.zeros(len(values) + 1, dtype=np.int32)
         np.cumsum(np.fromiter(map(len, values), np.int64, len(values)), out=offsets[1:],
@@ -347,8 +348,16 @@ def _created_at(table: pa.Table, names: frozenset[str], count: int, clock: Clock
     return _readable_instants(stamps)
 
 
+_OFFSETS_OF_ONE = struct.Struct("<ii")  # a binary array's value offsets for one value
+_INT64 = struct.Struct("<q")
+
+
 def _now(count: int, clock: Clock) -> pa.Array:
     """``count`` copies of the clock's now as a timestamp column."""
+    if count == 1:
+        return pa.Array.from_buffers(
+            TIMESTAMP, 1, [None, pa.py_buffer(_INT64.pack(clock.now_us()))]
+        )
     now = np.full(count, clock.now_us(), dtype=np.int64)
     return pa.Array.from_buffers(TIMESTAMP, count, [None, pa.py_buffer(now)])
 
