@@ -61,8 +61,12 @@ ITEMS = json.dumps([["0f1e2d3c4b5a69788796a5b4c3d2e1f0", 3, 12, 1234567, 104_000
 OFFSETS = json.dumps([["00112233445566778899aabbccddeeff", "mover", 3, 1234567]])
 
 
-def sessions_run(sessions: int, seconds: float, topics_only: bool, batch: int) -> str:
-    """The move from ``sessions`` threads: a report (rate, CPU, split)."""
+def sessions_run(
+    sessions: int, seconds: float, topics_only: bool, batch: int, fill_rate: float = 800.0
+) -> str:
+    """The move from ``sessions`` threads: a report (rate, CPU, split). Topic ``a`` gets
+    enough messages for ``fill_rate`` moves a second (of 100 messages; 10x for a batch over
+    100), so that the run does not run dry."""
     root = tempfile.mkdtemp(prefix="topicbase-move-ceiling-",
                             dir=os.environ.get("TOPICBASE_BENCH_DIR") or None)  # fmt: skip
     database = Database.open(os.path.join(root, "data"))
@@ -71,7 +75,7 @@ def sessions_run(sessions: int, seconds: float, topics_only: bool, batch: int) -
         setup = database.connect()
         setup.execute(TB_SETUP.format(partitions=partitions))
         setup.close()
-        wanted = int(800 * (seconds + 0.5) * MOVE_BATCH * (10 if batch > MOVE_BATCH else 1))
+        wanted = int(fill_rate * (seconds + 0.5) * MOVE_BATCH * (10 if batch > MOVE_BATCH else 1))
         per_partition = -(-wanted // partitions // FILL_BATCH) * FILL_BATCH
         _fill_topic(database, make_messages(), per_partition, 0, partitions)
         connected = [database.connect() for _ in range(sessions)]
