@@ -5,7 +5,7 @@ import java.io.IOException;
 import java.io.OutputStream;
 import java.nio.ByteBuffer;
 import java.nio.ByteOrder;
-import java.nio.channels.Channels;
+import java.nio.channels.WritableByteChannel;
 import java.util.ArrayList;
 import java.util.Arrays;
 import java.util.HashMap;
@@ -170,10 +170,30 @@ final class WireFrames implements AutoCloseable {
         }
     }
 
-    /** A byte array stream whose buffer is read in place (no copy per frame). */
-    private static final class Body extends ByteArrayOutputStream {
+    /** A byte array stream whose buffer is read in place (no copy per frame), and a
+     * channel onto it that copies a buffer once (Channels.newChannel copies a direct
+     * buffer through a temporary array: twice). */
+    private static final class Body extends ByteArrayOutputStream
+            implements WritableByteChannel {
         byte[] buffer() {
             return buf;
+        }
+
+        @Override
+        public int write(ByteBuffer source) {
+            int length = source.remaining();
+            int at = count;
+            if (buf.length - at < length) {
+                buf = Arrays.copyOf(buf, Math.max(buf.length * 2, at + length));
+            }
+            source.get(buf, at, length);
+            count = at + length;
+            return length;
+        }
+
+        @Override
+        public boolean isOpen() {
+            return true;
         }
     }
 
@@ -323,11 +343,17 @@ final class WireFrames implements AutoCloseable {
         Pending share = pending.remove(partition);
         pendingCost -= share.cost();
         int count = share.count;
-        root.allocateNew();
+        for (int nulls : new int[] {1, 2, 6}) { // producer_id, message_group_id, metadata
+            root.getVector(nulls).allocateNew();
+        }
         BigIntVector seq = (BigIntVector) root.getVector(0);
         TimeStampMicroTZVector created = (TimeStampMicroTZVector) root.getVector(3);
         UInt1Vector codec = (UInt1Vector) root.getVector(4);
         VarBinaryVector data = (VarBinaryVector) root.getVector(5);
+        seq.allocateNew(count); // sized once: setSafe then never grows (copies) a buffer
+        created.allocateNew(count);
+        codec.allocateNew(count);
+        data.allocateNew(Math.max(1, share.bytes), count);
         for (int i = 0; i < count; i++) {
             if (share.seqNull[i]) {
                 seq.setNull(i);
@@ -341,7 +367,7 @@ final class WireFrames implements AutoCloseable {
         root.setRowCount(count); // producer_id, message_group_id, metadata: null
         body.reset();
         try (ArrowRecordBatch batch = new VectorUnloader(root).getRecordBatch()) {
-            MessageSerializer.serialize(new WriteChannel(Channels.newChannel(body)), batch);
+            MessageSerializer.serialize(new WriteChannel(body), batch);
         }
         root.clear();
         int size = body.size();
