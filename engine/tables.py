@@ -455,11 +455,13 @@ def query_arrow(
     before running it, ~0.3-0.6 ms more per statement) and ``execute`` + ``fetchmany`` with
     the Arrow table built here from the rows. The second is taken for a text whose last
     result had only ``_ROW_ARROW_TYPES`` columns and at most ``SMALL_RESULT_ROWS`` rows
-    (``_small_results``, learnt per text); should a result turn out bigger, the rest comes
-    as Arrow from DuckDB and the text goes back to the relation.
+    (``_small_results``, learnt per text), and for a text not seen yet whose shape (the
+    text with its literals taken out) gave such results and never a big one
+    (``_rows_way``); should a result turn out bigger, the rest comes as Arrow from DuckDB
+    and the text (and its shape, for good) goes back to the relation.
     """
     with translated(line_offset):
-        if _small_results.get(sql):
+        if _rows_way(sql):
             return _query_small(cursor, sql, parameters)
         relation = cursor.sql(_plans_of(cursor).statement(cursor, sql), params=parameters or None)
         if relation is None:
@@ -477,7 +479,7 @@ def query_rows(
     For a caller that hands the result on (``Session``: ``Result`` builds the table
     when it is read)."""
     with translated(line_offset):
-        if _small_results.get(sql):
+        if _rows_way(sql):
             head, more, _ = _small_rows(cursor, sql, parameters)
             if not more:
                 return head
@@ -499,8 +501,82 @@ _ROW_ARROW_TYPES: dict[str, pa.DataType] = {
 }  # fmt: skip
 SMALL_RESULT_ROWS = 64
 _SMALL_RESULT_TEXTS_MAX = 1024
-# Statement text -> whether its last result was small and plain (True: the rows' way).
-_small_results: dict[str, bool] = {}
+_LITERAL_KINDS = frozenset({"string_const", "numeric_const"})
+
+
+class _SmallResults(dict[str, bool]):
+    """Statement text -> whether its last result was small and plain (True: the rows'
+    way), and beside it ``shapes``: a text's shape (its DuckDB tokens with every string and
+    number literal taken out: the texts of a client that binds values on its side, such as
+    psycopg's ``ClientCursor`` and psycopg2, differ only there) -> True once a text of that
+    shape gave a small plain result, False for good once one gave another (a big result
+    on the rows' way costs ~3x its relation's: DuckDB copies an executed result's rows for
+    Arrow). A shape only decides for a text not seen yet. ``clear`` forgets both.
+
+    Shared by every session's thread: lookups are single dict reads; changes are made
+    under ``_lock``, so a shape once False is never set True again (until cleared)."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.shapes: dict[str, bool] = {}
+        self.shape_of: dict[str, str | None] = {}  # text -> its shape (None: none)
+        self._lock = threading.Lock()
+
+    def clear(self) -> None:
+        with self._lock:
+            super().clear()
+            self.shapes.clear()
+            self.shape_of.clear()
+
+    def shape(self, sql: str) -> str | None:
+        """``sql``'s shape (None for a text too long to keep or that does not tokenize)."""
+        known = self.shape_of.get(sql, _NO_SHAPE)
+        if known is not _NO_SHAPE:
+            return known  # type: ignore[return-value]
+        shape = None
+        if len(sql) <= limits.CACHED_TEXT_CHARS_MAX:
+            try:
+                tokens = sql_tokens(sql)
+            except (errors.TopicbaseError, duckdb.Error):  # DuckDB's error at run time
+                tokens = None
+            if tokens is not None:
+                shape = "\x1f".join(
+                    "?" if token.kind in _LITERAL_KINDS else token.text for token in tokens
+                )
+            with self._lock:
+                if len(self.shape_of) >= _SMALL_RESULT_TEXTS_MAX:
+                    self.shape_of.clear()
+                self.shape_of[sql] = shape
+        return shape
+
+    def mark(self, sql: str, small: bool) -> None:
+        """Remember ``sql``'s outcome, and its shape's (a shape not small stays so)."""
+        if len(sql) > limits.CACHED_TEXT_CHARS_MAX:
+            return
+        shape = self.shape(sql)
+        with self._lock:
+            if len(self) >= _SMALL_RESULT_TEXTS_MAX:
+                super().clear()  # the texts only: shapes have their own bound
+            self[sql] = small
+            if shape is None or self.shapes.get(shape) is False:
+                return
+            if len(self.shapes) >= _SMALL_RESULT_TEXTS_MAX:
+                self.shapes.clear()
+            self.shapes[shape] = small
+
+
+_NO_SHAPE = object()
+_small_results = _SmallResults()
+
+
+def _rows_way(sql: str) -> bool:
+    """Whether ``sql`` runs on the rows' way: as its last result says, or for a text not
+    seen yet, as the results of its shape say."""
+    known = _small_results.get(sql)
+    if known is not None:
+        return known
+    shape = _small_results.shape(sql)
+    return shape is not None and _small_results.shapes.get(shape) is True
 
 
 def _learn(sql: str, duckdb_types: list[str], rows: int | None) -> None:
@@ -513,11 +589,7 @@ def _learn(sql: str, duckdb_types: list[str], rows: int | None) -> None:
         small = True
     else:
         small = plain and rows <= SMALL_RESULT_ROWS
-    if len(sql) > limits.CACHED_TEXT_CHARS_MAX:
-        return
-    if len(_small_results) >= _SMALL_RESULT_TEXTS_MAX:
-        _small_results.clear()
-    _small_results[sql] = small
+    _small_results.mark(sql, small)
 
 
 def _query_small(cursor: Connection, sql: str, parameters: Any) -> pa.Table | None:
@@ -564,13 +636,13 @@ def _small_rows(
     duckdb_types = [str(column[1]) for column in description]
     shape = _row_shape(description)
     if shape is None:
-        _small_results[sql] = False
+        _small_results.mark(sql, False)
         return None, True, duckdb_types
     _, schema = shape
     rows = cursor.fetchmany(SMALL_RESULT_ROWS + 1)
     more = len(rows) > SMALL_RESULT_ROWS
     if more:
-        _small_results[sql] = False  # a big result: the relation's way from now on
+        _small_results.mark(sql, False)  # a big result: the relation's way from now on
     if not parameters and plan is None and not more:
         plans.succeeded(cursor, sql)  # the result is read whole: the cursor is free
     return Rows(rows, schema), more, duckdb_types
@@ -821,7 +893,7 @@ def batch_reader(
 
     The caller translates errors (``translated``) and must close the reader before the
     cursor runs anything else."""
-    if _small_results.get(sql):
+    if _rows_way(sql):
         return _small_reader(cursor, sql, parameters, batch_rows)
     relation = cursor.sql(_plans_of(cursor).statement(cursor, sql), params=parameters or None)
     assert relation is not None, "only queries that return rows are streamed"

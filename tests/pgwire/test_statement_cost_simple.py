@@ -148,3 +148,28 @@ def test_a_stream_read_whole_gives_batches_or_rows_alike(session: Session) -> No
     first = seen[0][1]
     assert first.column_names == ["key", "v"]
     assert all(table.equals(first) for _, table in seen), seen
+
+
+def test_client_side_bound_lookups_take_the_rows_way_after_the_first(
+    connect: Callable[..., psycopg.Connection], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """psycopg's ``ClientCursor`` sends each lookup as a text of its own (the simple
+    protocol): after the first, each takes the rows' way by its shape
+    (``tables._rows_way``), and every value is right."""
+    taken: list[str] = []
+    original = tables._small_rows
+
+    def spying(cursor: Any, sql: str, parameters: Any) -> Any:
+        taken.append(sql)
+        return original(cursor, sql, parameters)
+
+    monkeypatch.setattr(tables, "_small_rows", spying)
+    tables._small_results.clear()  # no shape known from another test
+    conn = connect(autocommit=True)
+    conn.execute("CREATE TABLE kv (k BIGINT PRIMARY KEY, v VARCHAR NOT NULL)")
+    conn.execute("INSERT INTO kv SELECT i, 'value ' || i FROM range(100) t(i)")
+    cursor = psycopg.ClientCursor(conn)
+    for key in (5, 17, 42, 99, 100):
+        row = cursor.execute("SELECT v FROM kv WHERE k = %s", [key]).fetchone()
+        assert row == (None if key == 100 else (f"value {key}",))
+    assert len([sql for sql in taken if sql.startswith("SELECT v FROM kv")]) == 4
