@@ -1,12 +1,15 @@
-"""Reads of sealed segments through a read-only map (``storage.file_map``,
+"""Reads of published bytes through a read-only map of the segment (``storage.file_map``,
 ``LogSegment.scan(mapped=True)``): no ``pread`` copy, the batches views of the map.
 
-What must hold: the map is used for every segment before the last visible one and
-never for the active one; a batch the caller holds keeps its bytes (the map lives as
-long as any view of it) across later reads, retention deleting the segment and the
-partition closing; a frame damaged on disk, even after the map was made, is still
-refused with its file and position; a file system that models reads itself, or the
-bound on live maps, sends reads back to ``pread`` with the same results.
+What must hold: every segment is read through its map, the active one too (its map
+reaching past the end of the file covers what is appended later; a segment grown past
+its map is mapped again); a batch the caller holds keeps its bytes (the map lives as
+long as any view of it) across later reads, appends, a fence cutting the active
+segment, retention deleting the segment and the partition closing, also with readers
+racing the writer; a frame damaged on disk, even after the map was made, is still
+refused with its file and position, and a frame running past the mapped limit too; a
+file system that models reads itself, the bound on live maps and maps turned off send
+reads back to ``pread`` with the same results.
 """
 
 from __future__ import annotations
