@@ -18,6 +18,11 @@ segment), scans ``pread`` through it instead of opening the file for each read
 partition of a read over 1000): a count of the scans using it defers its close to
 the last of them, so a descriptor is never closed under a scan, nor its number
 reused by another file while one reads through it.
+
+Partition reads read published bytes through a read-only map of the log instead
+(``scan(mapped=True)``, ``storage.file_map``): no copy, the frames' bodies views of the
+map, which lives as long as any of them; ``pread`` remains for the other scans and
+wherever no map can be made.
 """
 
 from __future__ import annotations
