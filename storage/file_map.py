@@ -82,11 +82,11 @@ class _Mapping:
 
     def __del__(self) -> None:
         global _live
-        libc = _LIBC
-        if libc is None:  # interpreter shutdown cleared the module
+        libc, lock = _LIBC, _lock
+        if libc is None or lock is None:  # interpreter shutdown cleared the module
             return
         libc[1](self.address, self.size)  # type: ignore[operator]
-        with _lock:
+        with lock:
             _live -= 1
 
 
