@@ -207,6 +207,31 @@ def duckdb_alone(threads: int, seconds: float, record: bool, group: int) -> str:
     )
 
 
+def against_postgres(threads: int, seconds: float, rounds: int) -> str:
+    """DuckDB alone (with the record row) and PostgreSQL's whole move with the counter
+    (``transactions_bench.PostgresMove``, the bench's baseline, on a cluster started here)
+    at ``threads`` clients, alternated ``rounds`` times: a report, one line per run."""
+    from bench import postgres
+    from bench.transactions_bench import WORKLOADS, PostgresMove
+
+    work = next(w for w in WORKLOADS if w.name == "move")
+    psycopg = postgres.ensure_psycopg(lambda text: None)
+    lines = []
+    with postgres.Cluster(log=lambda text: None) as cluster:
+        theirs = PostgresMove(cluster.dsn, psycopg, work, threads, make_messages())
+        try:
+            theirs.warm_up(1.0)
+            for _ in range(rounds):
+                lines.append(duckdb_alone(threads, seconds, True, 1))
+                figures = theirs.timed(seconds)
+                lines.append(f"PostgreSQL's whole move + counter, {threads} clients: "
+                             f"{figures['rate']:.0f} transactions/s, "
+                             f"load {os.getloadavg()[0]:.1f}")  # fmt: skip
+        finally:
+            theirs.close()
+    return "\n".join(lines)
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="python -m bench.move_ceiling")
     parser.add_argument("mode", choices=("sessions", "duckdb"))
@@ -222,6 +247,13 @@ def main(argv: list[str] | None = None) -> int:
         default=1,
         help="transactions per DuckDB transaction (mode duckdb, one thread)",
     )
+    parser.add_argument(
+        "--postgres",
+        type=int,
+        default=0,
+        metavar="ROUNDS",
+        help="mode duckdb: alternate with PostgreSQL's whole move, ROUNDS times",
+    )
     args = parser.parse_args(argv)
     if args.sessions < 1 or args.threads < 1 or args.group < 1 or args.seconds <= 0:
         parser.error("--sessions, --threads and --group must be >= 1, --seconds > 0")
@@ -230,6 +262,9 @@ def main(argv: list[str] | None = None) -> int:
     else:
         if args.group > 1 and args.threads > 1:
             parser.error("--group runs from one thread")
+        if args.postgres:
+            print(against_postgres(args.threads, args.seconds, args.postgres))
+            return 0
         print(duckdb_alone(args.threads, args.seconds, not args.no_record, args.group))
     return 0
 
