@@ -37,12 +37,18 @@ import org.apache.spark.sql.util.ArrowUtils;
  * the staged-write protocol of {@code topicbase serve} spoken in SQL.
  *
  * <ul>
- * <li>Each task ({@link TaskWriter}) turns its rows into Arrow record batches of at most
- * {@code writeBatchRows} rows (default 4096) with Spark's {@link ArrowWriter} and streams
- * them as ONE Arrow IPC stream in {@code COPY TOPIC t (columns) FROM STDIN (FORMAT arrow,
- * WRITE_ID '<id>')} on its own connection: the server stages them under the task's write id
- * and publishes nothing. Its commit message carries the id; a task without rows stages
- * nothing. A failing task gives its COPY up (CopyFail) and sends {@code ABORT WRITES}.
+ * <li>Each task ({@link TaskWriter}) whose rows name their partition (and whose columns
+ * {@link WireFrames#eligible} allows) groups them by partition itself and sends them as
+ * staged partition frames in {@code COPY TOPIC t FROM STDIN (FORMAT frames, WRITE_ID
+ * '<id>')} ({@link WireFrames}): the server checks each frame and writes it as it came.
+ * Other tasks turn their rows into Arrow record batches of at most {@code writeBatchRows}
+ * rows (default 4096) with Spark's {@link ArrowWriter} and stream them as ONE Arrow IPC
+ * stream in {@code COPY TOPIC t (columns) FROM STDIN (FORMAT arrow, WRITE_ID '<id>')}; so
+ * does a frames task from its first row that a frame cannot hold (a second COPY of the same
+ * id), and every task with the option {@code writeFrames=false}. Either way each task uses
+ * its own connection, the server stages the rows under the task's write id and publishes
+ * nothing. Its commit message carries the id; a task without rows stages nothing. A failing
+ * task gives its COPY up (CopyFail) and sends {@code ABORT WRITES}.
  * <li>The driver's commit ({@link Batch#commit}) publishes every task's write at once:
  * {@code COMMIT WRITES ('id', ...) SINK '<sink>' BATCH <n>}, one transaction with the
  * idempotency record (sink, batch): a replay of the same record publishes nothing. The sink
