@@ -24,7 +24,9 @@ class Rows:
     """Rows of Python values (tuples, one value per column, None for NULL) and their
     Arrow ``schema``. Invariant: every value converts to its column's Arrow type exactly
     (``pa.array(values, type)``), as ``engine.tables`` guarantees for the types it makes
-    these of."""
+    these of (``tables._ROW_ARROW_TYPES``, by DuckDB's type name): so a string column of
+    ``Rows`` is DuckDB's VARCHAR, never its UUID or JSON (Arrow strings too, which a front
+    describes apart: the wire server asks no description for ``Rows``)."""
 
     rows: list[tuple[Any, ...]]
     schema: pa.Schema

@@ -173,3 +173,41 @@ def test_client_side_bound_lookups_take_the_rows_way_after_the_first(
         row = cursor.execute("SELECT v FROM kv WHERE k = %s", [key]).fetchone()
         assert row == (None if key == 100 else (f"value {key}",))
     assert len([sql for sql in taken if sql.startswith("SELECT v FROM kv")]) == 4
+
+
+def test_results_as_rows_ask_no_description_and_uuid_json_still_go_out_as_such(
+    connect: Callable[..., psycopg.Connection], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A small result read as ``Rows`` has only DuckDB VARCHAR string columns: the wire
+    asks the engine for no description to tell UUID and JSON apart, prepared or simple;
+    UUID and JSON columns (never ``Rows``) still go out as UUID and JSON."""
+    import uuid
+
+    described: list[str] = []
+    describe = Session.describe
+
+    def counting(self: Session, statement: Any) -> Any:
+        described.append(statement.text)
+        return describe(self, statement)
+
+    monkeypatch.setattr(Session, "describe", counting)
+    conn = connect(autocommit=True)
+    conn.execute("CREATE TABLE w (k INTEGER, v VARCHAR, u UUID, j JSON)")
+    conn.execute("INSERT INTO w VALUES (1, 'x', '00000000-0000-0000-0000-000000000001', "
+                 "'{\"a\": 1}')")  # fmt: skip
+    for prepare in (True, False):
+        conn.execute("SELECT v FROM w WHERE k = %s", [1], prepare=prepare)  # first: Arrow
+        before = len(described)
+        for _ in range(4):
+            row = conn.execute("SELECT v FROM w WHERE k = %s", [1], prepare=prepare).fetchone()
+            assert row == ("x",)
+        conn.execute("INSERT INTO w VALUES (9, 'z', NULL, NULL)")  # moves the catalog
+        assert conn.execute("SELECT v FROM w WHERE k = %s", [9], prepare=prepare).fetchone() \
+            == ("z",)
+        assert len(described) == before, prepare
+        conn.execute("DELETE FROM w WHERE k = 9")
+    for _ in range(3):
+        value, document = conn.execute("SELECT u, j FROM w WHERE k = %s", [1],
+                                       prepare=True).fetchone() or (None, None)  # fmt: skip
+        assert isinstance(value, uuid.UUID) and value.int == 1
+        assert document == {"a": 1}

@@ -273,7 +273,11 @@ def test_an_executed_statement_is_described_again_only_when_the_catalog_moved(
 ) -> None:
     """An undescribed prepared query with text columns gets its UUID and JSON columns told
     apart by the engine's description after each run; the connection keeps it while
-    DuckDB's catalog version stands still, and asks again once anything moved it."""
+    DuckDB's catalog version stands still, and asks again once anything moved it. (A
+    DATE column keeps the result off the rows' way: a result as ``Rows`` asks for no
+    description at all, ``test_statement_cost_simple``.)"""
+    import datetime
+
     from engine.session import Session
 
     described: list[str] = []
@@ -285,22 +289,23 @@ def test_an_executed_statement_is_described_again_only_when_the_catalog_moved(
 
     monkeypatch.setattr(Session, "describe", counting)
     conn = connect(autocommit=True)
-    conn.execute("CREATE TABLE u (k INTEGER, v VARCHAR)")
-    conn.execute("INSERT INTO u VALUES (1, 'x')")
-    query = "SELECT v FROM u WHERE k = %s"
-    assert conn.execute(query, [1], prepare=True).fetchone() == ("x",)
+    conn.execute("CREATE TABLE u (k INTEGER, v VARCHAR, d DATE)")
+    conn.execute("INSERT INTO u VALUES (1, 'x', DATE '2024-01-02')")
+    query = "SELECT v, d FROM u WHERE k = %s"
+    day = datetime.date(2024, 1, 2)
+    assert conn.execute(query, [1], prepare=True).fetchone() == ("x", day)
     before = len(described)
     for _ in range(6):
-        assert conn.execute(query, [1], prepare=True).fetchone() == ("x",)
+        assert conn.execute(query, [1], prepare=True).fetchone() == ("x", day)
     assert len(described) == before  # kept: nothing moved the catalog
-    conn.execute("INSERT INTO u VALUES (2, 'y')")  # a write moves it
-    assert conn.execute(query, [2], prepare=True).fetchone() == ("y",)
+    conn.execute("INSERT INTO u VALUES (2, 'y', DATE '2024-01-02')")  # a write moves it
+    assert conn.execute(query, [2], prepare=True).fetchone() == ("y", day)
     assert len(described) == before + 1
     conn.execute("DROP TABLE u")
-    conn.execute("CREATE TABLE u (k INTEGER, v UUID)")
-    conn.execute("INSERT INTO u VALUES (1, '00000000-0000-0000-0000-000000000001')")
+    conn.execute("CREATE TABLE u (k INTEGER, v UUID, d DATE)")
+    conn.execute("INSERT INTO u VALUES (1, '00000000-0000-0000-0000-000000000001', NULL)")
     for _ in range(3):  # the same prepared text: now a UUID column, sent as one
-        (value,) = conn.execute(query, [1], prepare=True).fetchone() or (None,)
+        (value, _day) = conn.execute(query, [1], prepare=True).fetchone() or (None, None)
         assert isinstance(value, uuid.UUID) and value.int == 1
 
 

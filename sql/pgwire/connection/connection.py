@@ -87,6 +87,7 @@ from sql.pgwire.connection.extended import (
     ExtendedProtocol,
     parse_text,
     refined_text_oids,
+    result_rows,
 )
 from sql.pgwire.connection.output import GatheringWriter
 from sql.pgwire.connection.portals import (
@@ -625,7 +626,7 @@ class Connection(ExtendedProtocol):
         await self._refuse_result(result)
         for notice in result.notices:
             self.send(m.notice_response(notice))
-        table = result.table
+        table = result_rows(result)  # ``Rows`` (a small result) are sent as they are
         if table is not None:
             oids, formats = result_columns(table, [])
             if wire_types.TEXT in oids:
@@ -647,7 +648,7 @@ class Connection(ExtendedProtocol):
         held = copy_commit.hold(self.context, statement)
         try:  # anything raised before ``_Ran`` reaches the caller: nobody else rolls back
             result = self.catalog.execute(self._session(), statement, None)
-            return _Ran(result, self.text_description(statement, result.table), held)
+            return _Ran(result, self.text_description(statement, result_rows(result)), held)
         except BaseException:
             held.rollback()
             raise

@@ -326,7 +326,8 @@ class ExtendedProtocol:
         held = copy_commit.hold(self.context, statement)
         try:  # anything raised before the return reaches the caller: nobody else rolls back
             result = self.catalog.execute(self._session(), statement, parameters)
-            if prepared.columns is not None:
+            if prepared.columns is not None or result.rows is not None:
+                # ``Rows``' string columns are DuckDB's VARCHAR: nothing to tell apart
                 return result, None, held
             description = self.text_description(statement, result_rows(result), wire=False)
             return result, description, held
@@ -422,8 +423,8 @@ class ExtendedProtocol:
         descriptions while DuckDB's catalog does not move, so a repeated query pays for it
         once), else None; None too if it cannot be described (its rows go out as text).
         ``wire``: whether the statement is one the wire server runs itself, if known."""
-        if table is None or statement is None:
-            return None
+        if table is None or statement is None or isinstance(table, Rows):
+            return None  # ``Rows``' string columns are DuckDB's VARCHAR, never UUID or JSON
         if wire if wire is not None else wire_commands.is_wire_statement(statement):
             return None
         if not any(wire_types.type_oid(f.type) == wire_types.TEXT for f in table.schema):
