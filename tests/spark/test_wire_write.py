@@ -291,7 +291,7 @@ def test_rows_naming_their_partition_go_as_frames_exactly_once(
     mine = serialize_body_buffer(pa.ipc.read_record_batch(bodies[0], WIRE_SCHEMA))
     mixed = decode_wire_bodies([bodies[0], mine], counts[:1].repeat(2), np.zeros(2, np.int64),
                                counts[:1].repeat(2))  # fmt: skip
-    assert mixed is None or mixed.num_rows == 2 * counts[0]
+    assert mixed is None  # the two writers lay their metadata out differently
 
 
 def test_a_row_frames_cannot_hold_sends_the_rest_of_the_task_as_arrow(
