@@ -254,3 +254,9 @@ KEYLESS_JOIN_MESSAGES_MAX = 64
 # (not only one that appends already wait for) while at least this many other appends
 # of the topic are in progress: busy enough that the next round will have company.
 KEYLESS_JOIN_BUSY_APPENDS = 6
+# Keyless batches combined into one append while the topic is busy
+# (storage.topic_log.TopicLog.append_keyless): at most this many messages and bytes of
+# data each, and at most COMBINED_MESSAGES_MAX messages in one combined append.
+COMBINE_MESSAGES_MAX = 64
+COMBINE_BYTES_MAX = 256 * 1024
+COMBINED_MESSAGES_MAX = 4096

@@ -66,6 +66,7 @@ from storage.errors import (
     QueryCanceledError,
 )
 from storage.fs import FileSystem
+from storage.group_commit import GroupCommitter, Request
 from storage.partition_log import WRITTEN, AppendResult, PartitionLog, ReadResult
 from storage.record_batch import METADATA_TYPE, WIRE_SCHEMA
 from storage.spread_publish import checked_data_bytes, publish_shares
@@ -121,6 +122,8 @@ class TopicLog:
         # caller routed first): a hint for joining a running round (``_keyless_partition``).
         self._appending = 0
         self._appending_lock = threading.Lock()
+        # Small keyless batches of many sessions combined into one append (``append_keyless``).
+        self._combiner = GroupCommitter(self._append_combined)
         # keyless batches routed per active partition (and in all) since the active set
         # last changed: the fair-share guard on joins (``_keyless_partition``)
         self._keyless_sent: dict[int, int] = {}
@@ -627,6 +630,73 @@ class TopicLog:
         finally:
             with self._appending_lock:
                 self._appending -= 1
+
+    def append_keyless(self, batch: pa.RecordBatch) -> TopicAppendResult:
+        """``append(batch)`` for a keyless batch (no producer id, no message group), which
+        while the topic is busy is combined with other sessions' into one append.
+
+        Combined: a batch of at most ``limits.COMBINE_MESSAGES_MAX`` messages and
+        ``limits.COMBINE_BYTES_MAX`` bytes of data, while at least
+        ``limits.KEYLESS_JOIN_BUSY_APPENDS`` other appends of the topic are in progress,
+        is first checked as ``append`` would check it (schema, limits, codecs: the topic's
+        settings, the same for every partition), then queued; one thread at a time takes
+        everything queued, appends it as one batch (routed once, one frame in its
+        partition's group commit) and hands each batch its own slice of the outcome. A
+        batch is acknowledged only once that append returned, i.e. after its sync; a
+        failing append fails exactly the batches that were in it. Keyless messages have
+        no producer state to deduplicate against and no key to keep together, so the
+        combined append stores each as its own append would have (only the partition and
+        the frame are shared). Otherwise: ``append``.
+        """
+        count = batch.num_rows
+        assert batch.column(1).null_count == count and batch.column(2).null_count == count
+        if (
+            self._appending < limits.KEYLESS_JOIN_BUSY_APPENDS
+            or count > limits.COMBINE_MESSAGES_MAX
+            or _payload_bytes(batch) > limits.COMBINE_BYTES_MAX
+        ):
+            return self.append(batch)
+        active = self.active_partition_ids()
+        if active:  # none: ``append`` gives the error
+            self._partitions[active[0]].check_append(batch)
+        with self._appending_lock:
+            self._appending += 1
+        try:
+            return self._combiner.submit(batch)
+        finally:
+            with self._appending_lock:
+                self._appending -= 1
+
+    def _append_combined(self, requests: list[Request]) -> None:
+        """The combiner's round: every queued batch in one ``append`` (chunked to the
+        batch limits), each request's result its rows' slice; a failing append sets its
+        error on the requests it held (the others stand)."""
+        start = 0
+        while start < len(requests):
+            end, messages = start, 0
+            while end < len(requests) and messages + requests[end].payload.num_rows <= (
+                limits.COMBINED_MESSAGES_MAX
+            ):
+                messages += requests[end].payload.num_rows
+                end += 1
+            assert end > start, "a combined batch is far below the limit"
+            chunk = requests[start:end]
+            batches = [request.payload for request in chunk]
+            try:
+                combined = batches[0] if len(batches) == 1 else pa.concat_batches(batches)
+                result = self.append(combined)
+            except Exception as error:  # the chunk's statements fail with it, alone
+                for request in chunk:
+                    request.error = error
+            else:
+                row = 0
+                for request, piece in zip(chunk, batches, strict=True):
+                    rows = slice(row, row + piece.num_rows)
+                    request.result = TopicAppendResult(
+                        result.partitions[rows], result.status[rows], result.offsets[rows]
+                    )
+                    row = rows.stop
+            start = end
 
     def _append(
         self,
