@@ -61,6 +61,9 @@ def append_now(
     topic = database.topic_log(topic_id)
     if partition is not None or not topic.spread_commit_allowed():
         return topic.append(batch, partition, cancelled=cancelled)
+    count = batch.num_rows
+    if batch.column(1).null_count == count and batch.column(2).null_count == count:
+        return topic.append_keyless(batch)  # keyless: combined with others' while busy
     targets = topic.route(batch)
     first = targets[0] if len(targets) else 0
     if len(targets) <= 1 or (targets == first).all() or not _spreads(batch, targets):

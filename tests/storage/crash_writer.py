@@ -7,7 +7,8 @@ Run as a subprocess by ``test_crash_kill.py`` (and importable for its helpers)::
         [--keyless-share F]
 
 ``--keyless-share``: the share of batches made of keyless messages alone (1 to 3 of
-them), so that many threads' keyless batches join running group-commit rounds.
+them, through ``append_keyless``), so that many threads' keyless batches are
+combined and join running group-commit rounds.
 
 Every message carries a *message id* ``mid`` = ``<key>|<seq>`` at the start of
 its payload (see ``payload``), so a checker can tell what every stored message
@@ -304,6 +305,7 @@ class Writer:
         self.next_batch = 0
         self.roll_count = 0
         self.joined = False
+        self.exercised = False
         self.stop = threading.Event()
 
     def take_batch_id(self) -> int:
@@ -406,19 +408,22 @@ class Writer:
                 )
 
     def append_keyless(self, batch: int, rng: random.Random) -> None:
-        """A batch of keyless messages alone (routed by ``TopicLog._keyless_partition``,
-        which may join a running group-commit round); prints ``joined`` once, the first
-        time a batch went to a partition keyless batches had joined already."""
+        """A batch of keyless messages alone, through ``TopicLog.append_keyless`` (combined
+        with other threads' while the topic is busy; routed by ``_keyless_partition``,
+        which may join a running group-commit round); prints ``exercised`` once, when
+        combined appends happened and a batch went to a partition keyless batches had
+        joined already."""
         # No intent line is logged for them, so a batch id may come again after a kill
         # (``max_batch`` is read from the log): the run's seed keeps the ids unique.
         mids = [f"K{self.args.seed}x{batch}.{i}|0" for i in range(rng.randint(1, 3))]
-        result = self.topic.append(wire_batch(mids))
+        result = self.topic.append_keyless(wire_batch(mids))
         if not (result.status == WRITTEN).all():
             fail(f"batch {batch}: keyless messages reported duplicate: {result.status}")
         self.acks.line(f"A {batch} {ack_items(mids, result)} E")
-        if not self.joined and self.topic._keyless_joined > len(mids):
-            self.joined = True
-            os.write(1, b"joined\n")
+        self.joined = self.joined or self.topic._keyless_joined > len(mids)
+        if self.joined and not self.exercised and self.topic._combiner.rounds:
+            self.exercised = True
+            os.write(1, b"exercised\n")
 
     def resend_previous(self, previous: tuple[list[str], list[tuple[int, int]]]) -> None:
         mids, where = previous

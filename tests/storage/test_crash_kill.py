@@ -256,10 +256,11 @@ def test_sigkill_around_segment_rolls(tmp_path: Path) -> None:
 
 @pytest.mark.slow
 def test_sigkill_while_keyless_batches_join_running_rounds(tmp_path: Path) -> None:
-    """Ten threads, most batches keyless: keyless batches join running group-commit
-    rounds (``TopicLog._keyless_partition``: while appends wait there, or while the topic
-    is busy); killed at random moments after the first join, every acknowledged message
-    is there exactly once where it was acknowledged, across kills and recoveries."""
+    """Ten threads, most batches keyless: keyless batches are combined into one append
+    while the topic is busy (``TopicLog.append_keyless``) and join running group-commit
+    rounds (``TopicLog._keyless_partition``); killed at random moments after both
+    happened, every acknowledged message is there exactly once where it was
+    acknowledged, across kills and recoveries."""
     seed = _seed()
     rng = random.Random(seed)
     rounds = max(MIN_KILLS, TOTAL_KILLS // 8)
@@ -277,15 +278,16 @@ def test_sigkill_while_keyless_batches_join_running_rounds(tmp_path: Path) -> No
             )
             try:
                 assert writer.wait_for("ready", 15), "writer did not get ready"
-                joined += writer.wait_for("joined", 15)
+                joined += writer.wait_for("exercised", 15)
                 time.sleep(rng.uniform(0.0, 0.3))
             finally:
                 writer.kill()
             writer.finish()
             stats = _check(tmp_path, in_place=round_no % 2 == 0)
     print(
-        f"\nkeyless SIGKILL loop (CRASH_SEED={seed}): {rounds} kills, {joined} with joins, "
+        f"\nkeyless SIGKILL loop (CRASH_SEED={seed}): {rounds} kills, {joined} "
+        f"with combined and joined appends, "
         f"{stats.messages} messages stored, {stats.acked_checked} acknowledged checked"
     )
-    assert joined > 0, "no keyless batch joined a running round"
+    assert joined > 0, "no keyless batch was combined and joined a running round"
     assert stats.acked_checked > 0

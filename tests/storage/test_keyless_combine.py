@@ -1,0 +1,149 @@
+"""Keyless batches of many sessions combined into one append while the topic is busy
+(``TopicLog.append_keyless``).
+
+Below ``KEYLESS_JOIN_BUSY_APPENDS`` appends in progress, or for a batch over
+``COMBINE_MESSAGES_MAX`` messages or ``COMBINE_BYTES_MAX`` bytes, a keyless batch is
+appended alone (``append``). Busy, it is checked as ``append`` would check it, queued,
+and one thread appends everything queued as one batch; each batch gets its own rows'
+outcome, a failing combined append fails exactly the batches in it.
+"""
+
+from __future__ import annotations
+
+import os
+import threading
+from collections.abc import Iterator
+from typing import Any
+
+import pytest
+
+from storage import limits
+from storage.clock import ManualClock
+from storage.codecs import Codec
+from storage.config import FsyncPolicy, TopicConfig
+from storage.errors import UnsupportedCodecError
+from storage.fs import FileSystem
+from storage.record_batch import build_wire_batch
+from storage.topic_log import TopicAppendResult, TopicLog
+
+BUSY = limits.KEYLESS_JOIN_BUSY_APPENDS
+
+
+@pytest.fixture
+def topic(tmp_path: Any, fs: FileSystem, clock: ManualClock) -> Iterator[TopicLog]:
+    log = TopicLog(fs, os.path.join(str(tmp_path), "t1"), "t1", clock, create=True)
+    log.create(TopicConfig(partition_count=4, fsync_policy=FsyncPolicy.GROUP))
+    yield log
+    log.close()
+
+
+def _stored(topic: TopicLog, result: TopicAppendResult) -> list[bytes]:
+    """The data stored at each message's reported partition and offset."""
+    out = []
+    for partition, offset in zip(result.partitions.tolist(), result.offsets.tolist(), strict=True):
+        read = topic.read(partition, offset, max_messages=1)
+        out.append(read.batches[0].column("data")[0].as_py())
+    return out
+
+
+def test_a_quiet_topic_appends_alone(topic: TopicLog) -> None:
+    result = topic.append_keyless(build_wire_batch([b"a", b"b"]))
+    assert _stored(topic, result) == [b"a", b"b"]
+    assert topic._combiner.rounds == 0
+
+
+def test_big_batches_append_alone_even_when_busy(topic: TopicLog) -> None:
+    topic._appending = BUSY
+    many = build_wire_batch([b"m"] * (limits.COMBINE_MESSAGES_MAX + 1))
+    large = build_wire_batch([b"x" * (limits.COMBINE_BYTES_MAX + 1)])
+    for batch in (many, large):
+        result = topic.append_keyless(batch)
+        assert (result.status == 0).all()
+    assert topic._combiner.rounds == 0
+    assert topic._appending == BUSY
+
+
+def test_concurrent_batches_are_combined_and_each_gets_its_own_rows(
+    topic: TopicLog, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The first round is held until nine more batches queued: the second round carries
+    all nine as one append (one partition, consecutive offsets), each its own slice."""
+    topic._appending = BUSY
+    entered, release = threading.Event(), threading.Event()
+    append = TopicLog.append
+    calls: list[int] = []
+
+    def held(self: TopicLog, batch: Any, *args: Any, **kwargs: Any) -> TopicAppendResult:
+        calls.append(batch.num_rows)
+        if len(calls) == 1:
+            entered.set()
+            assert release.wait(10)
+        return append(self, batch, *args, **kwargs)
+
+    monkeypatch.setattr(TopicLog, "append", held)
+    results: dict[int, TopicAppendResult] = {}
+
+    def run(index: int) -> None:
+        data = [b"%d.%d" % (index, j) for j in range(index % 3 + 1)]
+        results[index] = topic.append_keyless(build_wire_batch(data))
+
+    first = threading.Thread(target=run, args=(0,))
+    first.start()
+    assert entered.wait(10)
+    others = [threading.Thread(target=run, args=(i,)) for i in range(1, 10)]
+    for thread in others:
+        thread.start()
+    for _ in range(10_000):  # until all nine queued (a bounded poll, no timing)
+        if topic._combiner.waiting == 9:
+            break
+        threading.Event().wait(0.001)
+    assert topic._combiner.waiting == 9
+    release.set()
+    for thread in [first, *others]:
+        thread.join(10)
+        assert not thread.is_alive()
+    assert calls == [1, sum(i % 3 + 1 for i in range(1, 10))]  # two appends in all
+    assert topic._combiner.rounds == 2
+    for index, result in results.items():
+        assert _stored(topic, result) == [b"%d.%d" % (index, j) for j in range(index % 3 + 1)]
+        assert (result.status == 0).all()
+    combined = [results[i] for i in range(1, 10)]
+    assert len({int(r.partitions[0]) for r in combined}) == 1  # one append, one partition
+    offsets = sorted(o for r in combined for o in r.offsets.tolist())
+    assert offsets == list(range(offsets[0], offsets[0] + len(offsets)))
+    assert topic._appending == BUSY
+
+
+def test_a_failing_combined_append_fails_the_batches_in_it_alone(
+    topic: TopicLog, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Chunked at three messages: the round's first chunk fails, the second is written."""
+    from storage.group_commit import Request
+
+    monkeypatch.setattr(limits, "COMBINED_MESSAGES_MAX", 3)
+    append = TopicLog.append
+    seen: list[int] = []
+
+    def failing_first(self: TopicLog, batch: Any, *args: Any, **kwargs: Any) -> Any:
+        seen.append(batch.num_rows)
+        if len(seen) == 1:
+            raise OSError("disk gone")
+        return append(self, batch, *args, **kwargs)
+
+    monkeypatch.setattr(TopicLog, "append", failing_first)
+    requests = [Request(build_wire_batch([b"r%d" % i])) for i in range(5)]
+    topic._append_combined(requests)
+    assert seen == [3, 2]
+    assert all(isinstance(r.error, OSError) for r in requests[:3])
+    assert all(r.error is None for r in requests[3:])
+    assert [_stored(topic, r.result) for r in requests[3:]] == [[b"r3"], [b"r4"]]
+
+
+def test_a_batch_the_topic_refuses_is_refused_before_it_is_queued(topic: TopicLog) -> None:
+    topic.alter(TopicConfig(partition_count=4, fsync_policy=FsyncPolicy.GROUP,
+                            supported_codecs=frozenset({Codec.RAW})))  # fmt: skip
+    topic._appending = BUSY
+    with pytest.raises(UnsupportedCodecError):
+        topic.append_keyless(build_wire_batch([b"z"], codec=Codec.GZIP))
+    assert topic._combiner.rounds == 0
+    assert topic._appending == BUSY
