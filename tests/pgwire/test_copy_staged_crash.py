@@ -3,7 +3,8 @@ the write holds exactly its COPYs that ended, and ``COMMIT WRITES`` publishes th
 
 The server is a process of its own (``serve --flight-port 0``: the staged-write protocol
 without the Flight door), killed while the second COPY's stream is half sent and its file
-is being written (a ``.part`` file of the write exists).
+is being written (a ``.part`` file of the write exists), for Arrow streams and for a
+client's partition frames (``FORMAT frames``).
 """
 
 from __future__ import annotations
@@ -20,6 +21,7 @@ import pyarrow as pa
 import pytest
 
 from engine.bulk_write import WRITES_DIRECTORY
+from tests.pgwire.test_copy_frames import frame, wire
 from tests.pgwire.test_copy_staged import arrow_stream, messages, stage
 
 ROOT = Path(__file__).parents[2]
@@ -90,6 +92,52 @@ def test_a_server_killed_mid_copy_keeps_only_the_whole_copies(tmp_path: Path,
             if framed:  # every row in the partition it named
                 assert db.execute("SELECT count(*) FROM TOPIC events WHERE partition = 0"
                                   ).fetchone() == (50,)  # fmt: skip
+    finally:
+        process.send_signal(signal.SIGTERM)
+        process.wait(timeout=20)
+
+
+def test_a_server_killed_mid_frames_copy_keeps_only_the_whole_copies(tmp_path: Path) -> None:
+    """``COPY ... (FORMAT frames)`` (a client's partition frames, written as they came:
+    ``BulkWrites.append_frames``) killed while its ``.part`` is written: after the restart
+    the write holds its whole COPY only, the commit publishes it once, each row in its
+    partition."""
+    data_dir = tmp_path / "data"
+    process, port = _serve(data_dir)
+    try:
+        with _connect(port) as db:
+            db.execute("CREATE TOPIC events WITH (min_active_partitions = 2)")
+            first = b"".join(frame(p, wire([b"w%d-%d" % (p, i) for i in range(50)]))
+                             for p in (0, 1))  # fmt: skip
+            cursor = db.cursor()
+            sql = "COPY TOPIC events FROM STDIN (FORMAT frames, WRITE_ID 'w')"
+            with cursor.copy(sql) as copy:
+                copy.write(first)
+            assert cursor.rowcount == 100
+            write_dir = data_dir / WRITES_DIRECTORY / "w"
+            payload = os.urandom(1024)
+            stream = b"".join(frame(i % 2, wire([payload] * 1000)) for i in range(20))
+            with pytest.raises(psycopg.OperationalError), db.cursor().copy(sql) as copy:
+                copy.write(stream[: len(stream) // 2])
+                _wait_for(lambda: any(n.endswith(".part") for n in os.listdir(write_dir)))
+                process.send_signal(signal.SIGKILL)
+                process.wait(timeout=20)
+                copy.write(stream[len(stream) // 2:])
+    finally:
+        if process.poll() is None:
+            process.kill()
+        process.wait()
+    process, port = _serve(data_dir)
+    try:
+        with _connect(port) as db:
+            assert db.execute("SELECT count(*) FROM TOPIC events").fetchone() == (0,)
+            assert db.execute("COMMIT WRITES ('w') SINK 's' BATCH 0").fetchone() == (
+                "committed", 100)
+            assert db.execute("SELECT partition, count(*) FROM TOPIC events GROUP BY partition "
+                              "ORDER BY partition").fetchall() == [(0, 50), (1, 50)]  # fmt: skip
+            assert db.execute("COMMIT WRITES ('w') SINK 's' BATCH 0").fetchone() == (
+                "duplicate", 0)
+            assert not (data_dir / WRITES_DIRECTORY / "w").exists()
     finally:
         process.send_signal(signal.SIGTERM)
         process.wait(timeout=20)
