@@ -36,6 +36,7 @@ def _break_topic_writes(monkeypatch: pytest.MonkeyPatch) -> None:
         raise RuntimeError(f"{SECRET} (a bug)")
 
     monkeypatch.setattr(engine_session, "build_batches", broken)
+    monkeypatch.setattr(engine_session, "plain_batches", broken)  # rows of data alone
 
 
 def _logged_id(caplog: pytest.LogCaptureFixture, error_id: str) -> logging.LogRecord:
