@@ -495,7 +495,8 @@ def refill_seq_nos(
     column's null count, its two buffers, every later buffer's offset and the body
     length, all moved back by the bitmap's padded size), the seq_nos, and the staged
     body's bytes after the old values, unchanged. One numpy pass over all bodies'
-    metadata, then a join per body (``serialize`` costs ~7 us a body, a join ~1 us)."""
+    metadata, then three copies into a new buffer per body (1000 bodies of 5 messages:
+    ~5 ms of CPU, against ~8 ms for a ``serialize`` each)."""
     count = len(bodies)
     assert count > 0 and len(counts) == count and seq_nos.dtype == np.int64
     assert int(counts.sum()) == len(seq_nos)
@@ -518,8 +519,9 @@ def refill_seq_nos(
         return None
     nodes, buffers = checked
     validity, values = _NODE_BUFFERS[SEQ_NO]
-    # The bitmap (all zero; its length is Arrow's: a slice's bits may start within a
-    # byte) is the first buffer, the values follow it at the next multiple of 8.
+    # The bitmap (every row null: its bits are dropped; its length is Arrow's, as a
+    # slice's bits may start within a byte) is the first buffer, the values follow it at
+    # the next multiple of 8.
     padded = -(-buffers[:, validity, 1] // 8) * 8
     if not (
         np.array_equal(nodes[:, SEQ_NO, 1], counts)
@@ -541,7 +543,7 @@ def refill_seq_nos(
     new_sizes = (sizes - padded).tolist()
     rows = np.cumsum(counts).tolist()
     heads = heads.view(np.int8)  # a pa.Buffer's views are signed bytes
-    seq_bytes = memoryview(seq_nos).cast("b")
+    seq_bytes = memoryview(np.ascontiguousarray(seq_nos)).cast("b")
     filled = []
     start = 0
     for index, body in enumerate(bodies):
