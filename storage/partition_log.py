@@ -235,6 +235,12 @@ class PartitionLog:
         self._check_codecs(batch)
         self._check_writable()
 
+    def check_batch(self, batch: pa.RecordBatch) -> None:
+        """Raise what ``append(batch)`` would raise for the batch itself, whatever the
+        partition's state: a bad schema, a limit, a codec the topic refuses."""
+        check_wire_batch(batch)
+        self._check_codecs(batch)
+
     def check_writable(self) -> None:
         """Raise what an append would raise for the partition's state alone: closed,
         fenced (after an I/O failure) or inactive (after a split)."""

@@ -638,15 +638,16 @@ class TopicLog:
         Combined: a batch of at most ``limits.COMBINE_MESSAGES_MAX`` messages and
         ``limits.COMBINE_BYTES_MAX`` bytes of data, while at least
         ``limits.KEYLESS_JOIN_BUSY_APPENDS`` other appends of the topic are in progress,
-        is first checked as ``append`` would check it (schema, limits, codecs: the topic's
-        settings, the same for every partition), then queued; one thread at a time takes
-        everything queued, appends it as one batch (routed once, one frame in its
-        partition's group commit) and hands each batch its own slice of the outcome. A
-        batch is acknowledged only once that append returned, i.e. after its sync; a
-        failing append fails exactly the batches that were in it. Keyless messages have
-        no producer state to deduplicate against and no key to keep together, so the
-        combined append stores each as its own append would have (only the partition and
-        the frame are shared). Otherwise: ``append``.
+        is first checked as ``append`` would check the batch itself (schema, limits,
+        codecs: the topic's settings, the same for every partition), then queued; one
+        thread at a time takes everything queued, appends it as one batch (routed once,
+        one frame in its partition's group commit) and hands each batch its own slice of
+        the outcome. A batch is acknowledged only once that append returned, i.e. after
+        its sync; a failing append fails exactly the batches that were in it. Keyless
+        messages have no producer state to deduplicate against and no key to keep
+        together, so the combined append stores each as its own append would have (only
+        the partition and the frame are shared); a partition's state (fenced, inactive)
+        is the combined append's to meet, as it is ``append``'s. Otherwise: ``append``.
         """
         count = batch.num_rows
         assert batch.column(1).null_count == count and batch.column(2).null_count == count
@@ -657,8 +658,8 @@ class TopicLog:
         ):
             return self.append(batch)
         active = self.active_partition_ids()
-        if active:  # none: ``append`` gives the error
-            self._partitions[active[0]].check_append(batch)
+        if active:  # none: ``append`` gives the error (the partitions' state is its too)
+            self._partitions[active[0]].check_batch(batch)
         with self._appending_lock:
             self._appending += 1
         try:
