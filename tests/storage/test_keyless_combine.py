@@ -147,3 +147,19 @@ def test_a_batch_the_topic_refuses_is_refused_before_it_is_queued(topic: TopicLo
         topic.append_keyless(build_wire_batch([b"z"], codec=Codec.GZIP))
     assert topic._combiner.rounds == 0
     assert topic._appending == BUSY
+
+
+def test_the_check_before_queueing_is_the_batchs_not_a_partitions_state(
+    topic: TopicLog,
+) -> None:
+    """A fenced first partition does not refuse a combined batch: routing decides where it
+    goes, as for ``append``."""
+    from storage.errors import StorageIOError
+
+    first = topic.active_partition_ids()[0]
+    topic.partition(first)._fenced = StorageIOError("gone")
+    topic._round_robin = 1  # keyless routing goes on from the next partition
+    topic._appending = BUSY
+    result = topic.append_keyless(build_wire_batch([b"ok"]))
+    assert int(result.partitions[0]) != first
+    assert _stored(topic, result) == [b"ok"]
