@@ -419,12 +419,19 @@ class LogSegment:
                 # frame a little over the window (1000 messages of 1 KiB) was read twice.
                 # (No peek when the window holds the rest of the segment anyway: a
                 # partition of a few small frames is read with one pread.)
-                first = self._header_at(self.fs.pread(fd, HEADER_BYTES, position), 0, position)
+                head = self.fs.pread(fd, HEADER_BYTES, position)
+                if len(head) < HEADER_BYTES:
+                    raise self._shorter_than_published(position)
+                first = self._header_at(head, 0, position)
                 window_bytes = max(window_bytes, first.frame_bytes)
             left = window_bytes  # of what the budget asks to read from the first position
             while position < limit_bytes:
                 size = min(window_bytes, limit_bytes - position)
                 raw = self.fs.pread(fd, size, position)
+                if len(raw) < size:
+                    # Published bytes are all in the file: a short read means something
+                    # outside the server cut it (reading again would loop for ever).
+                    raise self._shorter_than_published(position + len(raw))
                 buffer = pa.py_buffer(raw)
                 view = memoryview(raw)
                 available = len(raw)
@@ -476,6 +483,11 @@ class LogSegment:
                 left -= consumed
         finally:
             self._scan_done(fd, shared)
+
+    def _shorter_than_published(self, position: int) -> CorruptSegmentError:
+        return CorruptSegmentError(
+            "segment file is shorter than its published size", path=self.log_path, position=position
+        )
 
     def _header_at(self, raw: bytes | memoryview, index: int, position: int) -> FrameHeader:
         """The header at ``raw[index:]`` (as ``decode_header``), checked."""
