@@ -69,6 +69,7 @@ _LIBC = _load_libc()
 _MAP_FAILED = ctypes.c_void_p(-1).value
 _lock = threading.Lock()
 _live = 0  # maps made and not yet unmapped
+_freed = 0  # maps unmapped so far (``room``)
 
 
 class _Mapping:
@@ -81,18 +82,26 @@ class _Mapping:
         self.size = size
 
     def __del__(self) -> None:
-        global _live
+        global _live, _freed
         libc, lock = _LIBC, _lock
         if libc is None or lock is None:  # interpreter shutdown cleared the module
             return
         libc[1](self.address, self.size)  # type: ignore[operator]
         with lock:
             _live -= 1
+            _freed += 1
 
 
 def live_maps() -> int:
     """How many maps are live (tests, profiles)."""
     return _live
+
+
+def room() -> tuple[int, int]:
+    """A token that changes whenever a map refused before may now be made (a map was
+    freed, or the bound moved): a caller refused a map tries again only once it changed,
+    not at every read."""
+    return _freed, MAPS_MAX
 
 
 def map_file(fd: int, size: int) -> pa.Buffer | None:

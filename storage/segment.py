@@ -27,22 +27,53 @@ wherever no map can be made.
 
 from __future__ import annotations
 
+import itertools
 import os
 import threading
+import weakref
 from collections.abc import Iterator
 from typing import NamedTuple
 
 import crc32c
 import pyarrow as pa
 
-from storage import failpoints, file_names, limits
-from storage.errors import CorruptSegmentError
+from storage import failpoints, file_map, file_names, limits
+from storage.errors import CorruptSegmentError, StorageIOError
 from storage.fs import FileSystem
 from storage.offset_index import OffsetIndex
 from storage.record_batch import HEADER, HEADER_BYTES, MAGIC, FrameHeader
 from storage.time_index import TimeIndex
 
 READ_WINDOW_BYTES_MIN = 1024 * 1024
+
+# Segments holding a cached map (``LogSegment._map``), each with the tick of its last
+# read through it (``_map_used``): when live maps near ``file_map.MAPS_MAX`` the least
+# recently read of those without a writer let their maps go (``_release_idle_maps``),
+# so a catch-up over many sealed segments keeps mapping. Batches read through a map
+# released so keep it alive (``storage.file_map``); only the segment's reference goes.
+_map_ticks = itertools.count()
+_cached_lock = threading.Lock()
+_cached: weakref.WeakSet[LogSegment] = weakref.WeakSet()  # a dropped segment leaves it
+
+
+def _release_at() -> int:
+    """Live maps from which idle segments' cached maps are released."""
+    return file_map.MAPS_MAX - file_map.MAPS_MAX // 8
+
+
+def _release_idle_maps(keep: LogSegment) -> None:
+    """Drop the cached maps of the least recently read half of the segments without a
+    writer (never ``keep``). A segment busy under its lock is passed over (no lock is
+    waited for while another is held: no lock order to keep)."""
+    with _cached_lock:
+        idle = [s for s in _cached if s is not keep and s._shared is None]
+    idle.sort(key=lambda s: s._map_used)
+    for segment in idle[: max(1, len(idle) // 2)]:
+        if segment._fd_lock.acquire(blocking=False):
+            try:
+                segment._drop_map()
+            finally:
+                segment._fd_lock.release()
 
 
 class _SharedDescriptor:
@@ -93,9 +124,12 @@ class LogSegment:
         # Log bytes below this position are synced or already handed to writeback.
         self._writeback_position = 0
         # The read-only map of the log (``_mapped``) and its view; None until a scan
-        # asks for it, and again once closed. ``_map_refused``: no map could be made.
+        # asks for it, and again once closed or released (``_release_idle_maps``).
+        # ``_map_refused``: no map could be made, as ``file_map.room()`` stood then (a
+        # map is tried again once that changed); ``_map_used``: the last read's tick.
         self._map: tuple[pa.Buffer, memoryview] | None = None
-        self._map_refused = False
+        self._map_refused: tuple[int, int] | None = None
+        self._map_used = 0
 
     # -- writing (single writer) --------------------------------------------------------
     def append_frame(self, frame: bytes, header: FrameHeader) -> None:
@@ -224,8 +258,7 @@ class LogSegment:
 
     def close(self) -> None:
         with self._fd_lock:
-            # Batches read through the map keep it alive (``storage.file_map``).
-            self._map = None
+            self._drop_map()
         self.offset_index.close()
         self.time_index.close()
         if self._write_fd is not None:
@@ -299,30 +332,55 @@ class LogSegment:
         it (``map_bytes`` or more, past the end of the file: bytes the map may hold but
         no scan reads until they are published); None when no map can be made (then
         scans ``pread``). Only for bytes ``[0, limit_bytes)`` that never change again
-        (published: ``scan(mapped=True)``)."""
+        (published: ``scan(mapped=True)``).
+
+        The map is made through the writer's descriptor while it is open (a tail read
+        needs no new descriptor), else through one opened for it and closed at once; an
+        ``open`` failing with anything but ``FileNotFoundError`` (retention) makes this
+        read ``pread`` instead. A refused map is tried again once ``file_map.room()``
+        changed."""
         found = self._map
         if found is not None and found[0].size >= limit_bytes:
+            self._map_used = next(_map_ticks)
             return found
-        if self._map_refused:
+        if self._map_refused is not None and self._map_refused == file_map.room():
             return None
+        if file_map.live_maps() >= _release_at():
+            _release_idle_maps(self)
         with self._fd_lock:
             found = self._map
             if found is not None and found[0].size >= limit_bytes:
                 return found
-            if self._map_refused:
-                return None
             size = max(limit_bytes, map_bytes, 2 * found[0].size if found else 0)
-            fd = self.fs.open_read(self.log_path)  # FileNotFoundError: retention
-            try:
-                buffer = self.fs.map_read(fd, size)
-            finally:
-                self.fs.close(fd)
+            room = file_map.room()
+            if self._shared is not None:
+                # The writer's descriptor: ``close`` releases it under this lock only.
+                buffer = self.fs.map_read(self._shared.fd, size)
+            else:
+                try:
+                    fd = self.fs.open_read(self.log_path)  # FileNotFoundError: retention
+                except StorageIOError:
+                    return None  # no descriptor left (EMFILE) or the like: this read preads
+                try:
+                    buffer = self.fs.map_read(fd, size)
+                finally:
+                    self.fs.close(fd)
             if buffer is None:
-                self._map_refused = True
+                self._map_refused = room
                 return None
+            self._map_refused = None
+            self._map_used = next(_map_ticks)
             # Batches read through the old map keep it alive (``storage.file_map``).
             found = self._map = (buffer, memoryview(buffer))
+            with _cached_lock:
+                _cached.add(self)
             return found
+
+    def _drop_map(self) -> None:
+        """Let the cached map go (under ``_fd_lock``); batches read through it keep it."""
+        self._map = None
+        with _cached_lock:
+            _cached.discard(self)
 
     def scan(
         self,
