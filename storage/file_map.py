@@ -21,18 +21,26 @@ map, and they never change again (appends go after them, a fence cuts only unpub
 bytes, retention unlinks a whole file, which leaves a map valid). A map may reach past
 the end of the file (the active segment is mapped as large as it will grow, so it is
 not mapped again at every append); those pages are not read until the file holds them
-(reading a page wholly past the end would raise ``SIGBUS``). What a map cannot do that
-``pread`` does: report a disk error on a page not in the page cache as ``EIO`` (the kernel sends
-``SIGBUS`` instead), and survive another process truncating the file under it. Both
-are outside what the storage promises for its own files (see the docs).
+(reading a page wholly past the end would raise ``SIGBUS``).
 
-``TOPICBASE_READ_MAPS=0`` in the environment turns maps off (``ENABLED``): every read
-then uses ``pread``, for a deployment that would rather see a failing disk as an error
-than as ``SIGBUS``.
+The price, plainly: a read through a map that the kernel cannot serve raises ``SIGBUS``,
+and ``SIGBUS`` KILLS THE SERVER PROCESS (every session, every partition), where
+``pread`` would fail that one read with an error (``StorageIOError`` /
+``CorruptSegmentError``). It happens when a segment file is truncated or modified by
+anything outside the server (another process, an operator, a restore tool, a file
+system that loses data), and on a disk read error on a page not in the page cache
+(``EIO``). The storage itself never shrinks a published byte, so a healthy disk and
+files left alone never see it. ``TOPICBASE_READ_MAPS=0`` in the environment turns
+maps off (``ENABLED``): every read then uses ``pread``, trading the maps' read speed
+(~1.8x the read throughput of maps off in the storage bench, docs/storage_read.md) for
+a failing disk or a file cut under the server being an error on one read, not the end
+of the process.
 
 Bounded: at most ``MAPS_MAX`` maps live at once (the kernel's ``vm.max_map_count``
 is 65,530 by default, shared with the allocator); past it ``map_file`` returns None and
-the caller reads with ``pread``. Thread-safe.
+the caller reads with ``pread``, trying again once ``room()`` changed (a map freed).
+Segments release their cached maps, least recently read first, when live maps near the
+bound (``storage.segment``). Thread-safe.
 """
 
 from __future__ import annotations

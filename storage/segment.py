@@ -22,7 +22,9 @@ reused by another file while one reads through it.
 Partition reads read published bytes through a read-only map of the log instead
 (``scan(mapped=True)``, ``storage.file_map``): no copy, the frames' bodies views of the
 map, which lives as long as any of them; ``pread`` remains for the other scans and
-wherever no map can be made.
+wherever no map can be made. A file cut or changed under a map, or a disk error on an
+uncached page, kills the process with ``SIGBUS`` (``storage.file_map``); under
+``pread`` it fails the one read (a file shorter than published: ``CorruptSegmentError``).
 """
 
 from __future__ import annotations
