@@ -666,7 +666,7 @@ def read_without_maps(log: PartitionLog) -> int:
     try:
         for segment in segments:
             segment._map = None
-            segment._map_refused = False
+            segment._map_refused = None
         return read_partition(log, 1000)[0]
     finally:
         file_map.ENABLED = saved
