@@ -36,7 +36,7 @@ maps off (``ENABLED``): every read then uses ``pread``, trading the maps' read s
 a failing disk or a file cut under the server being an error on one read, not the end
 of the process.
 
-Bounded: at most ``MAPS_MAX`` maps live at once (the kernel's ``vm.max_map_count``
+Bounded: at most ``limits.READ_MAPS_MAX`` maps live at once (the kernel's ``vm.max_map_count``
 is 65,530 by default, shared with the allocator); past it ``map_file`` returns None and
 the caller reads with ``pread``, trying again once ``room()`` changed (a map freed).
 Segments release their cached maps, least recently read first, when live maps near the
@@ -52,7 +52,8 @@ import threading
 
 import pyarrow as pa
 
-MAPS_MAX = 4096
+from storage import limits
+
 ENABLED = os.environ.get("TOPICBASE_READ_MAPS", "1") != "0"
 
 
@@ -109,13 +110,13 @@ def room() -> tuple[int, int]:
     """A token that changes whenever a map refused before may now be made (a map was
     freed, or the bound moved): a caller refused a map tries again only once it changed,
     not at every read."""
-    return _freed, MAPS_MAX
+    return _freed, limits.READ_MAPS_MAX
 
 
 def map_file(fd: int, size: int) -> pa.Buffer | None:
     """A read-only map of bytes ``[0, size)`` of the file open as ``fd``, as an Arrow
     buffer that keeps the map alive; None when no map can be made (no libc ``mmap``,
-    ``MAPS_MAX`` reached, the kernel refused). The caller closes ``fd`` when it likes.
+    ``limits.READ_MAPS_MAX`` reached, the kernel refused). The caller closes ``fd`` when it likes.
     The map may reach past the end of the file; no byte past the end may be read, and
     the file must never shrink below a byte that was read, while the map lives."""
     global _live
@@ -123,7 +124,7 @@ def map_file(fd: int, size: int) -> pa.Buffer | None:
     if _LIBC is None or not ENABLED:
         return None
     with _lock:
-        if _live >= MAPS_MAX:
+        if _live >= limits.READ_MAPS_MAX:
             return None
         _live += 1
     address = _LIBC[0](None, size, mmap.PROT_READ, mmap.MAP_SHARED, fd, 0)  # type: ignore[operator]

@@ -260,3 +260,12 @@ KEYLESS_JOIN_BUSY_APPENDS = 6
 COMBINE_MESSAGES_MAX = 64
 COMBINE_BYTES_MAX = 256 * 1024
 COMBINED_MESSAGES_MAX = 4096
+
+# Read-only maps of segment files live at once (storage.file_map): far under the kernel's
+# vm.max_map_count (65,530 by default); past it reads use pread.
+READ_MAPS_MAX = 4096
+# The body of a frame a client sends staged (COPY ... (FORMAT frames), storage.staged_frames
+# .read_incoming): a frame is within the frame targets or one message alone, so its body is
+# at most one message plus the metadata of a batch; a header claiming more is refused
+# before the body is read.
+INCOMING_FRAME_BODY_BYTES_MAX = max(FRAME_TARGET_BYTES, MESSAGE_BYTES_MAX) + MIB

@@ -49,7 +49,7 @@ from storage.time_index import TimeIndex
 READ_WINDOW_BYTES_MIN = 1024 * 1024
 
 # Segments holding a cached map (``LogSegment._map``), each with the tick of its last
-# read through it (``_map_used``): when live maps near ``file_map.MAPS_MAX`` the least
+# read through it (``_map_used``): when live maps near ``limits.READ_MAPS_MAX`` the least
 # recently read of those without a writer let their maps go (``_release_idle_maps``),
 # so a catch-up over many sealed segments keeps mapping. Batches read through a map
 # released so keep it alive (``storage.file_map``); only the segment's reference goes.
@@ -60,7 +60,7 @@ _cached: weakref.WeakSet[LogSegment] = weakref.WeakSet()  # a dropped segment le
 
 def _release_at() -> int:
     """Live maps from which idle segments' cached maps are released."""
-    return file_map.MAPS_MAX - file_map.MAPS_MAX // 8
+    return limits.READ_MAPS_MAX - limits.READ_MAPS_MAX // 8
 
 
 def _release_idle_maps(keep: LogSegment) -> None:

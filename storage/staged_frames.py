@@ -91,9 +91,6 @@ HELD_BATCH_BYTES = 4096
 ROW_BYTES = 48
 MERGE_BATCHES = 32
 _CHECK_WINDOW_BYTES = 4 * 1024 * 1024
-# An incoming frame's body (``read_incoming``): a frame is within the frame targets or
-# one message alone, so its body is at most one message plus the metadata of a batch.
-INCOMING_BODY_BYTES_MAX = max(limits.FRAME_TARGET_BYTES, limits.MESSAGE_BYTES_MAX) + (1 << 20)
 # A body's bytes besides its messages' data: its metadata (~1 KiB) and per row the
 # fixed-width values, offsets and validity bits of every column (~34 bytes written by
 # pyarrow or Arrow Java: 140 KiB for 4096 rows); more is refused (buffers padded with
@@ -285,7 +282,7 @@ def read_incoming(read: Callable[[int], bytes | bytearray | memoryview]
                   ) -> Iterator[tuple[IncomingFrame, pa.Buffer]]:  # fmt: skip
     """The frames of a client's stream of staged frames (the frames file format above,
     ``COPY ... (FORMAT frames)``), each header checked before its body is read (so a
-    header cannot make the server read or hold more than ``INCOMING_BODY_BYTES_MAX``).
+    header cannot make the server read or hold more than ``limits.INCOMING_FRAME_BODY_BYTES_MAX``).
     ``read(n)`` returns exactly ``n`` bytes, fewer only at the stream's end. The bodies
     are not checked here: ``check_incoming``. A stream ending inside a frame, or a header
     that is not one, is ``BadStagedFrameError`` (22P04); a negative partition 22003."""
@@ -306,9 +303,10 @@ def read_incoming(read: Callable[[int], bytes | bytearray | memoryview]
         if not 1 <= count <= limits.FRAME_TARGET_MESSAGES:
             raise BadStagedFrameError(f"a staged frame holds {count} messages: 1 to "
                                       f"{limits.FRAME_TARGET_MESSAGES}")  # fmt: skip
-        if body_bytes % 8 or not 8 <= body_bytes <= INCOMING_BODY_BYTES_MAX:
+        if body_bytes % 8 or not 8 <= body_bytes <= limits.INCOMING_FRAME_BODY_BYTES_MAX:
+            bound = limits.INCOMING_FRAME_BODY_BYTES_MAX
             raise BadStagedFrameError(f"a staged frame's body of {body_bytes} bytes: a "
-                                      f"multiple of 8 up to {INCOMING_BODY_BYTES_MAX}")  # fmt: skip
+                                      f"multiple of 8 up to {bound}")  # fmt: skip
         body = read(body_bytes)
         if len(body) < body_bytes:
             raise BadStagedFrameError(f"the frames stream ends inside a frame body "

@@ -29,6 +29,7 @@ KNOWN_LIMITS_ELSEWHERE = {
     ("engine/writes.py", "CREATED_AT_US_MAX"),
     ("engine/writes.py", "INT64_MAX"),
     ("engine/writes.py", "NULLS_CACHED_MAX"),
+    ("engine/writes.py", "PLAIN_DATA_BYTES_MAX"),  # Arrow binary's int32 offsets
     ("sql/console.py", "REPL_ROWS_SHOWN_MAX"),
     ("sql/pgwire/login_throttle.py", "DELAY_S_MAX"),
     ("sql/pgwire/login_throttle.py", "KEYS_MAX"),

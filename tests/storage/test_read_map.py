@@ -21,7 +21,7 @@ from typing import Any
 
 import pytest
 
-from storage import file_map
+from storage import file_map, limits
 from storage.config import FsyncPolicy
 from storage.errors import CorruptSegmentError, StorageIOError
 from storage.fs import FileSystem
@@ -239,7 +239,7 @@ def test_past_the_bound_on_live_maps_reads_fall_back_to_pread(
     partition = open_partition(segment_bytes=256 * KIB)
     _fill(partition, batch, frames=12)
     live = _live()
-    monkeypatch.setattr(file_map, "MAPS_MAX", live)
+    monkeypatch.setattr(limits, "READ_MAPS_MAX", live)
     preads = _count_preads(monkeypatch)
     rows = read_all(partition)
     assert [row["offset"] for row in rows] == list(range(partition.end_offset))

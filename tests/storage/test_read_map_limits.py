@@ -19,7 +19,7 @@ from typing import Any
 
 import pytest
 
-from storage import file_map
+from storage import file_map, limits
 from storage.errors import CorruptSegmentError, StorageIOError
 from storage.fs import FileSystem
 
@@ -121,11 +121,11 @@ def test_a_map_refused_at_the_bound_is_made_once_there_is_room(
     partition = open_partition()
     _fill(partition, batch, 3)
     gc.collect()
-    monkeypatch.setattr(file_map, "MAPS_MAX", file_map.live_maps())  # the bound reached now
+    monkeypatch.setattr(limits, "READ_MAPS_MAX", file_map.live_maps())  # the bound reached now
     assert partition.read(0, max_messages=1000).message_count == 300  # with pread
     assert partition.segments[-1]._map_refused is not None
     assert partition.segments[-1]._map is None
-    monkeypatch.setattr(file_map, "MAPS_MAX", file_map.live_maps() + 1)  # room again
+    monkeypatch.setattr(limits, "READ_MAPS_MAX", file_map.live_maps() + 1)  # room again
     assert partition.read(0, max_messages=1000).message_count == 300
     assert partition.segments[-1]._map is not None
 
@@ -145,7 +145,7 @@ def test_a_map_refused_is_made_once_a_map_was_freed(
     kept = list(sealed.scan(0, sealed.size_bytes, 64 * KIB, mapped=True))  # its map lives
     assert [frame.mapped for frame in kept] == [True]
     gc.collect()
-    monkeypatch.setattr(file_map, "MAPS_MAX", file_map.live_maps())  # the bound reached now
+    monkeypatch.setattr(limits, "READ_MAPS_MAX", file_map.live_maps())  # the bound reached now
     assert _scan_mapped(last) == [False]
     assert last._map_refused is not None
     assert _scan_mapped(last) == [False]  # nothing freed: still no room
@@ -164,7 +164,7 @@ def test_idle_sealed_segments_release_their_maps_least_recently_read_first(
     assert len(segments) > 20
     gc.collect()
     # Room for 16 maps: a catch-up over every segment must keep mapping.
-    monkeypatch.setattr(file_map, "MAPS_MAX", file_map.live_maps() + 16)
+    monkeypatch.setattr(limits, "READ_MAPS_MAX", file_map.live_maps() + 16)
     expected = _data(partition.read(0, max_messages=100).batches)
     held = partition.read(0, max_messages=100).batches  # keeps the first segment's map
     first = segments[0]
@@ -186,5 +186,5 @@ def test_idle_sealed_segments_release_their_maps_least_recently_read_first(
     assert preads == 0
     assert hot._map is not None
     assert first._map is None  # released, least recently read
-    assert file_map.live_maps() <= file_map.MAPS_MAX
+    assert file_map.live_maps() <= limits.READ_MAPS_MAX
     assert _data(held) == expected  # a batch read through a released map keeps its bytes
