@@ -255,11 +255,15 @@ KEYLESS_JOIN_MESSAGES_MAX = 64
 # of the topic are in progress: busy enough that the next round will have company.
 KEYLESS_JOIN_BUSY_APPENDS = 6
 # Keyless batches combined into one append while the topic is busy
-# (storage.topic_log.TopicLog.append_keyless): at most this many messages and bytes of
-# data each, and at most COMBINED_MESSAGES_MAX messages in one combined append.
+# (storage.topic_log.TopicLog.append_keyless): at most this many messages and bytes each
+# (the batch's buffers, as check_wire_batch counts them: data, metadata, offsets), and at
+# most COMBINED_MESSAGES_MAX messages and COMBINED_BYTES_MAX bytes in one combined append
+# (well under BATCH_BYTES_MAX, so a combined append never meets a limit its batches do
+# not; it also bounds the copy that joins them).
 COMBINE_MESSAGES_MAX = 64
 COMBINE_BYTES_MAX = 256 * 1024
 COMBINED_MESSAGES_MAX = 4096
+COMBINED_BYTES_MAX = 16 * 1024 * 1024
 
 # Read-only maps of segment files live at once (storage.file_map): far under the kernel's
 # vm.max_map_count (65,530 by default); past it reads use pread.

@@ -68,7 +68,7 @@ from storage.errors import (
 from storage.fs import FileSystem
 from storage.group_commit import GroupCommitter, Request
 from storage.partition_log import WRITTEN, AppendResult, PartitionLog, ReadResult
-from storage.record_batch import METADATA_TYPE, WIRE_SCHEMA
+from storage.record_batch import METADATA_TYPE, WIRE_SCHEMA, check_wire_batch
 from storage.spread_publish import checked_data_bytes, publish_shares
 from storage.staged_frames import StagedFrame
 
@@ -636,7 +636,8 @@ class TopicLog:
         while the topic is busy is combined with other sessions' into one append.
 
         Combined: a batch of at most ``limits.COMBINE_MESSAGES_MAX`` messages and
-        ``limits.COMBINE_BYTES_MAX`` bytes of data, while at least
+        ``limits.COMBINE_BYTES_MAX`` bytes (all its buffers, metadata too: what
+        ``check_wire_batch`` counts against ``BATCH_BYTES_MAX``), while at least
         ``limits.KEYLESS_JOIN_BUSY_APPENDS`` other appends of the topic are in progress,
         is first checked as ``append`` would check the batch itself (schema, limits,
         codecs: the topic's settings, the same for every partition), then queued; one
@@ -654,7 +655,7 @@ class TopicLog:
         if (
             self._appending < limits.KEYLESS_JOIN_BUSY_APPENDS
             or count > limits.COMBINE_MESSAGES_MAX
-            or _payload_bytes(batch) > limits.COMBINE_BYTES_MAX
+            or batch.get_total_buffer_size() > limits.COMBINE_BYTES_MAX
         ):
             return self.append(batch)
         active = self.active_partition_ids()
@@ -669,35 +670,62 @@ class TopicLog:
                 self._appending -= 1
 
     def _append_combined(self, requests: list[Request]) -> None:
-        """The combiner's round: every queued batch in one ``append`` (chunked to the
-        batch limits), each request's result its rows' slice; a failing append sets its
-        error on the requests it held (the others stand)."""
+        """The combiner's round: every queued batch in one ``append``, chunked at
+        ``limits.COMBINED_MESSAGES_MAX`` messages and ``limits.COMBINED_BYTES_MAX`` bytes
+        (the batches' total buffer sizes), each request's result its rows' slice; a
+        failing append sets its error on the requests it held (the others stand).
+
+        A chunk whose joined batch the topic refuses before anything is written (a size
+        limit, an Arrow error joining it) is appended one request at a time, so each
+        session meets only its own batch's outcome, never a limit of a batch it did not
+        send.
+        """
         start = 0
         while start < len(requests):
-            end, messages = start, 0
-            while end < len(requests) and messages + requests[end].payload.num_rows <= (
-                limits.COMBINED_MESSAGES_MAX
-            ):
-                messages += requests[end].payload.num_rows
+            end, messages, size = start, 0, 0
+            while end < len(requests):
+                payload = requests[end].payload
+                grown = size + payload.get_total_buffer_size()
+                if end > start and (
+                    messages + payload.num_rows > limits.COMBINED_MESSAGES_MAX
+                    or grown > limits.COMBINED_BYTES_MAX
+                ):
+                    break
+                messages, size = messages + payload.num_rows, grown
                 end += 1
-            assert end > start, "a combined batch is far below the limit"
+            assert end > start, "every chunk holds at least one request"
             chunk = requests[start:end]
             batches = [request.payload for request in chunk]
-            try:
-                combined = batches[0] if len(batches) == 1 else pa.concat_batches(batches)
-                result = self.append(combined)
-            except Exception as error:  # the chunk's statements fail with it, alone
-                for request in chunk:
-                    request.error = error
+            if len(batches) == 1:
+                self._append_requests(chunk, batches[0])
             else:
-                row = 0
-                for request, piece in zip(chunk, batches, strict=True):
-                    rows = slice(row, row + piece.num_rows)
-                    request.result = TopicAppendResult(
-                        result.partitions[rows], result.status[rows], result.offsets[rows]
-                    )
-                    row = rows.stop
+                try:  # nothing is written yet: a refusal here is the joined batch's
+                    combined = pa.concat_batches(batches)
+                    check_wire_batch(combined)
+                except (LimitExceededError, pa.ArrowInvalid):
+                    for request in chunk:
+                        self._append_requests([request], request.payload)
+                else:
+                    self._append_requests(chunk, combined)
             start = end
+
+    def _append_requests(self, chunk: list[Request], combined: pa.RecordBatch) -> None:
+        """Append ``combined`` (the chunk's batches in order) and give each request its
+        rows' slice of the outcome, or the append's error."""
+        try:
+            result = self.append(combined)
+        except Exception as error:  # the chunk's statements fail with it, alone
+            for request in chunk:
+                request.error = error
+            return
+        row = 0
+        for request in chunk:
+            rows = slice(row, row + request.payload.num_rows)
+            request.result = TopicAppendResult(
+                result.partitions[rows], result.status[rows], result.offsets[rows]
+            )
+            row = rows.stop
+        assert row == combined.num_rows
 
     def _append(
         self,

@@ -2,10 +2,12 @@
 (``TopicLog.append_keyless``).
 
 Below ``KEYLESS_JOIN_BUSY_APPENDS`` appends in progress, or for a batch over
-``COMBINE_MESSAGES_MAX`` messages or ``COMBINE_BYTES_MAX`` bytes, a keyless batch is
-appended alone (``append``). Busy, it is checked as ``append`` would check it, queued,
-and one thread appends everything queued as one batch; each batch gets its own rows'
-outcome, a failing combined append fails exactly the batches in it.
+``COMBINE_MESSAGES_MAX`` messages or ``COMBINE_BYTES_MAX`` bytes (all its buffers), a
+keyless batch is appended alone (``append``). Busy, it is checked as ``append`` would
+check it, queued, and one thread appends everything queued in chunks of at most
+``COMBINED_MESSAGES_MAX`` messages and ``COMBINED_BYTES_MAX`` bytes; each batch gets its
+own rows' outcome, a failing combined append fails exactly the batches in it, and a
+joined batch the topic refuses before writing is appended one batch at a time.
 """
 
 from __future__ import annotations
@@ -21,8 +23,9 @@ from storage import limits
 from storage.clock import ManualClock
 from storage.codecs import Codec
 from storage.config import FsyncPolicy, TopicConfig
-from storage.errors import UnsupportedCodecError
+from storage.errors import LimitExceededError, UnsupportedCodecError
 from storage.fs import FileSystem
+from storage.group_commit import Request
 from storage.record_batch import build_wire_batch
 from storage.topic_log import TopicAppendResult, TopicLog
 
@@ -118,8 +121,6 @@ def test_a_failing_combined_append_fails_the_batches_in_it_alone(
     topic: TopicLog, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     """Chunked at three messages: the round's first chunk fails, the second is written."""
-    from storage.group_commit import Request
-
     monkeypatch.setattr(limits, "COMBINED_MESSAGES_MAX", 3)
     append = TopicLog.append
     seen: list[int] = []
@@ -163,3 +164,69 @@ def test_the_check_before_queueing_is_the_batchs_not_a_partitions_state(
     result = topic.append_keyless(build_wire_batch([b"ok"]))
     assert int(result.partitions[0]) != first
     assert _stored(topic, result) == [b"ok"]
+
+
+def test_a_batch_heavy_in_metadata_appends_alone_even_when_busy(topic: TopicLog) -> None:
+    """The combine gate counts every buffer (as ``check_wire_batch`` does), not only the
+    data: one byte of data with large metadata is not combined."""
+    topic._appending = BUSY
+    heavy = build_wire_batch([b"x"], metadata=[{"k": b"m" * limits.COMBINE_BYTES_MAX}])
+    result = topic.append_keyless(heavy)
+    assert _stored(topic, result) == [b"x"]
+    assert topic._combiner.rounds == 0
+
+
+def test_a_round_is_chunked_by_bytes_so_no_chunk_passes_the_batch_limit(
+    topic: TopicLog, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """R2's repro: enough one-message batches, each just under the combine gate, that
+    together they pass ``BATCH_BYTES_MAX``; chunked at ``COMBINED_BYTES_MAX`` each is
+    written (before: one combined batch, every statement refused with 54000)."""
+    append = TopicLog.append
+    seen: list[int] = []
+
+    def counting(self: TopicLog, batch: Any, *args: Any, **kwargs: Any) -> Any:
+        seen.append(batch.get_total_buffer_size())
+        return append(self, batch, *args, **kwargs)
+
+    monkeypatch.setattr(TopicLog, "append", counting)
+    message = b"x" * (limits.COMBINE_BYTES_MAX - 1024)
+    count = limits.BATCH_BYTES_MAX // limits.COMBINE_BYTES_MAX + 4
+    requests = [Request(build_wire_batch([message])) for _ in range(count)]
+    assert all(r.payload.get_total_buffer_size() <= limits.COMBINE_BYTES_MAX for r in requests)
+    assert sum(r.payload.get_total_buffer_size() for r in requests) > limits.BATCH_BYTES_MAX
+    topic._append_combined(requests)
+    assert [r.error for r in requests] == [None] * count
+    assert all((r.result.status == 0).all() for r in requests)
+    assert len(seen) > 1 and max(seen) <= limits.COMBINED_BYTES_MAX
+    assert [_stored(topic, r.result) for r in requests[:: count - 1]] == [[message]] * 2
+
+
+def test_a_joined_batch_the_topic_refuses_is_appended_one_request_at_a_time(
+    topic: TopicLog, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """R2's second repro, with the chunk bound lifted (the safety net): two batches of
+    one data byte and metadata over half the batch limit each are written alone (before:
+    both refused, for a batch neither sent); one refused alone fails only itself."""
+    monkeypatch.setattr(limits, "BATCH_BYTES_MAX", 1024 * 1024)
+    monkeypatch.setattr(limits, "COMBINED_BYTES_MAX", 64 * 1024 * 1024)
+    append = TopicLog.append
+    seen: list[int] = []
+
+    def counting(self: TopicLog, batch: Any, *args: Any, **kwargs: Any) -> Any:
+        seen.append(batch.num_rows)
+        return append(self, batch, *args, **kwargs)
+
+    monkeypatch.setattr(TopicLog, "append", counting)
+    half = {"k": b"m" * (limits.BATCH_BYTES_MAX // 2 + 1024)}
+    whole = {"k": b"m" * limits.BATCH_BYTES_MAX}
+    requests = [
+        Request(build_wire_batch([b"a"], metadata=[half])),
+        Request(build_wire_batch([b"b"], metadata=[whole])),  # over the limit alone too
+        Request(build_wire_batch([b"c"], metadata=[half])),
+    ]
+    topic._append_combined(requests)
+    assert seen == [1, 1, 1]  # the joined batch never reached ``append``
+    assert isinstance(requests[1].error, LimitExceededError)
+    assert requests[0].error is None and requests[2].error is None
+    assert [_stored(topic, requests[i].result) for i in (0, 2)] == [[b"a"], [b"c"]]
