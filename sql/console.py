@@ -458,7 +458,10 @@ def run_cancellable(session: Session, statement: ast.Statement) -> Result:
     """Run one statement on a worker thread; Ctrl-C cancels it through ``Session.cancel``.
 
     The interrupt never lands inside the engine's own code (a commit half
-    done): the main thread only waits, and asks the session to stop.
+    done): the main thread only waits, and asks the session to stop. Once asked, it asks
+    again at every tick until the statement ends: a statement clears an earlier request
+    when it begins (``Session.execute_statement``), so a Ctrl-C that came while the worker
+    was still starting would otherwise be lost and a waiting read served to its end.
     """
     outcome: dict[str, Any] = {}
     # An Event, not Thread.join: a join interrupted by Ctrl-C can wrongly
@@ -475,10 +478,13 @@ def run_cancellable(session: Session, statement: ast.Statement) -> Result:
 
     worker = threading.Thread(target=target, name="topicbase-statement", daemon=True)
     worker.start()
+    interrupted = False
     while not done.is_set():
         try:
             done.wait(0.1)
         except KeyboardInterrupt:
+            interrupted = True
+        if interrupted and not done.is_set():
             session.cancel()
     if "error" in outcome:
         raise outcome["error"]
