@@ -35,6 +35,7 @@ from planner.operations import AppendRecords
 from storage import limits
 from storage.codecs import Codec, encode, parse_codec
 from storage.errors import (
+    CharacterNotInRepertoireError,
     DatetimeFieldOverflowError,
     InvalidParameterValueError,
     LimitExceededError,
@@ -68,9 +69,19 @@ def table_from_rows(columns: Sequence[str], rows: Sequence[Sequence[Any]]) -> pa
             raise NumericValueOutOfRangeError(
                 f'column "{name}": a value is out of range for a 64-bit integer'
             ) from None
+        except UnicodeEncodeError as error:  # a lone surrogate in a str parameter
+            raise _not_in_repertoire(name, error) from None
         except (pa.ArrowInvalid, pa.ArrowTypeError, TypeError) as error:
             raise InvalidParameterValueError(f'column "{name}": {error}') from None
     return pa.table(data)
+
+
+def _not_in_repertoire(column: str, error: UnicodeEncodeError) -> CharacterNotInRepertoireError:
+    """22021 for text of ``column`` that UTF-8 cannot encode (``error`` from encoding it)."""
+    bad = error.object[error.start : error.end]
+    return CharacterNotInRepertoireError(
+        f'column "{column}": character {bad!a} has no UTF-8 encoding (a lone surrogate)'
+    )
 
 
 def plain_batches(
@@ -135,7 +146,10 @@ def _plain_data(rows: Sequence[Sequence[Any]]) -> pa.Array | None:
         value = row[0]
         kind = type(value)
         if kind is str:
-            value = value.encode()
+            try:
+                value = value.encode()
+            except UnicodeEncodeError as error:
+                raise _not_in_repertoire("data", error) from None
         elif kind is not bytes:
             return None
         values.append(value)

@@ -78,6 +78,15 @@ class InvalidTextRepresentationError(DataError):
     sqlstate = "22P02"
 
 
+class CharacterNotInRepertoireError(DataError):
+    """Text that is not UTF-8: a Python ``str`` with a lone surrogate (no UTF-8 bytes), or
+    COPY data bytes that do not decode.
+
+    ``where`` (optional, keyword): the CONTEXT line of a COPY data error."""
+
+    sqlstate = "22021"
+
+
 # -- class 23: integrity constraint violation -----------------------------------------------
 class NotNullViolationError(TopicbaseError):
     sqlstate = "23502"

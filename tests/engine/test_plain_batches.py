@@ -113,3 +113,33 @@ def test_statements_write_the_same_messages_either_way(tmp_path: pytest.TempPath
 def test_the_data_column_is_binary() -> None:
     [(_, batch)] = plain_batches(("data",), [("a",), (b"b",)], CLOCK) or [(None, None)]
     assert batch is not None and batch.column("data").type == pa.binary()
+
+
+@pytest.mark.parametrize(
+    ("sql", "params"),
+    [
+        ("INSERT INTO TOPIC t (data) VALUES (?)", ("a\udc80b",)),  # the plain way
+        ("INSERT INTO TOPIC t (data) VALUES (?) WITH (codec = 'raw')", ("a\udc80b",)),
+        ("INSERT INTO TOPIC t (data) VALUES (?), (?)", ("ok", "\ud800")),
+        ("INSERT INTO TOPIC t (data, producer_id) VALUES (?, ?)", (b"x", "p\udc80")),
+    ],
+)
+def test_a_lone_surrogate_is_22021_not_an_internal_error(
+    tmp_path: pytest.TempPathFactory, sql: str, params: tuple
+) -> None:
+    """A Python ``str`` parameter with a lone surrogate has no UTF-8 bytes: the statement
+    is refused with 22021 (character_not_in_repertoire), nothing written, the session
+    usable; both the plain way and the general way (``table_from_rows``)."""
+    from sql import dbapi
+
+    connection = dbapi.connect(str(tmp_path) + "/data", autocommit=True)
+    cursor = connection.cursor()
+    cursor.execute("CREATE TOPIC t")
+    with pytest.raises(dbapi.DataError) as raised:
+        cursor.execute(sql, params)
+    assert raised.value.sqlstate == "22021"
+    assert "surrogate" in str(raised.value)
+    cursor.execute("INSERT INTO TOPIC t (data) VALUES (?)", ("fine",))
+    cursor.execute("SELECT data FROM t")
+    assert cursor.fetchall() == [(b"fine",)]
+    connection.close()

@@ -28,6 +28,7 @@ import pyarrow as pa
 
 from sql.pgwire.codec import wire_types
 from storage.errors import (
+    CharacterNotInRepertoireError,
     DataError,
     InvalidTextRepresentationError,
     TopicbaseError,
@@ -42,13 +43,6 @@ class BadCopyFormatError(DataError):
     """Malformed COPY data: wrong number of columns, an unterminated quote (22P04)."""
 
     sqlstate = "22P04"
-
-    def __init__(self, message: str, where: str | None = None) -> None:
-        super().__init__(message, where=where)
-
-
-class CharacterNotInRepertoireError(DataError):
-    sqlstate = "22021"
 
     def __init__(self, message: str, where: str | None = None) -> None:
         super().__init__(message, where=where)
@@ -416,7 +410,8 @@ class CopyDecoder(RowBuffer):
             return value.decode("utf-8")
         except UnicodeDecodeError:
             raise CharacterNotInRepertoireError(
-                'invalid byte sequence for encoding "UTF8"', self._context()) from None  # fmt: skip
+                'invalid byte sequence for encoding "UTF8"', where=self._context()
+            ) from None
 
     def _add_row(self, row: list[str | bytes | None]) -> None:
         expected = len(self.column_names)
