@@ -5,10 +5,11 @@ over 1000 partitions that hold a few messages each).
 object, a checksum, a body buffer and a ``FrameSlice``; the poll then decodes the
 slices of all partitions together. At 1000 partitions of 4 frames of 5 messages, the
 objects and calls per frame and per partition were most of the poll's CPU.
-``scan_many`` reads the same frames with one ``pread`` per partition straight into one
-array (``LogSegment.read_into``), walks the headers there (a frame of every partition
-at a time, in numpy: ``_walk``), checks each frame's checksum, and keeps what it found
-as numbers in arrays (``ScannedFrames``); the
+``scan_many`` copies the same frames into one array, from each segment's read-only map
+where it has one (``LogSegment._mapped``, the map single-partition reads check frames
+in), else with one ``pread`` per partition (``LogSegment.read_into``), walks the
+headers there (a frame of every partition at a time, in numpy: ``_walk``), checks each
+frame's checksum, and keeps what it found as numbers in arrays (``ScannedFrames``); the
 decode gathers the columns from that array (``wire_columns.decode_wire_spans``).
 
 It is a fast path, all or nothing: it handles only the plain case, and returns None for
@@ -155,14 +156,25 @@ def _scan_into(
 ) -> ScannedFrames | None:
     """``scan_many`` once the windows are known, into ``buffer``."""
     view = memoryview(buffer)
+    signed = view.cast("b")  # as an Arrow buffer's view is, for the copy from a map
     lows = np.empty(len(plan), dtype=np.int64)
     highs = np.empty(len(plan), dtype=np.int64)
     at = 0
-    for index, (segment, position, limit) in enumerate(windows):
+    for index, ((_, log, _, _), (segment, position, limit)) in enumerate(
+        zip(plan, windows, strict=True)
+    ):
         end = at + limit - position
         assert at % 8 == 0 and end % 8 == 0, (at, end)  # frames are 8-byte multiples
         try:
-            got = segment.read_into(view[at:end], position)
+            mapped = segment._mapped(limit, log.config.segment_bytes)
+            if mapped is not None:
+                # The published bytes, copied from the segment's map: no ``pread``
+                # (~4 us less a partition). The map (kept by ``mapped`` while copying)
+                # is never handed out: what this scan returns holds only ``buffer``.
+                signed[at:end] = mapped[1][position:limit]
+                got = end - at
+            else:
+                got = segment.read_into(view[at:end], position)
         except FileNotFoundError:
             return None  # retention deleted the segment: read_frames retries
         if got != end - at:

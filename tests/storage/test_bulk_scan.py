@@ -11,13 +11,14 @@ large frame, a damaged frame, a byte budget the frames reach, a window over the 
 
 from __future__ import annotations
 
+import gc
 import os
 import random
 from typing import Any
 
 import pytest
 
-from storage import buffer_pool, bulk_scan
+from storage import buffer_pool, bulk_scan, file_map
 from storage.bulk_scan import scan_many
 from storage.errors import CorruptSegmentError
 from storage.frame_read import decode_small
@@ -89,29 +90,47 @@ def test_the_slices_of_read_frames_in_turn(
         _check_same(plan)
 
 
+def _count_reads(segment_type: Any, monkeypatch: pytest.MonkeyPatch) -> dict[str, list]:
+    """Record each segment read by ``pread`` (``read_into``) and each map asked for."""
+    reads: dict[str, list] = {"pread": [], "map": []}
+    pread, mapped = segment_type.read_into, segment_type._mapped
+
+    def counted_pread(self: Any, *args: Any) -> int:
+        reads["pread"].append(self)
+        return pread(self, *args)
+
+    def counted_map(self: Any, *args: Any) -> Any:
+        found = mapped(self, *args)
+        if found is not None:
+            reads["map"].append(self)
+        return found
+
+    monkeypatch.setattr(segment_type, "read_into", counted_pread)
+    monkeypatch.setattr(segment_type, "_mapped", counted_map)
+    return reads
+
+
+@pytest.mark.parametrize("maps", [True, False])
 def test_one_read_per_partition_and_no_read_frames(
-    open_partition: Any, batch: Any, tmp_path: Any, monkeypatch: pytest.MonkeyPatch
+    open_partition: Any, batch: Any, tmp_path: Any, monkeypatch: pytest.MonkeyPatch, maps: bool
 ) -> None:
+    """With maps (the default) each window is copied from its segment's map, no
+    ``pread``; without them, one ``pread`` a partition."""
+    monkeypatch.setattr(file_map, "ENABLED", maps)
     logs = _partitions(open_partition, tmp_path, 20)
     for log in logs:
         for index in range(4):
             log.append(batch(5, first=5 * index))
-    reads = []
-    segment_type = type(logs[0].segments[0])
-    original = segment_type.read_into
-
-    def counted(self: Any, *args: Any) -> int:
-        reads.append(self)
-        return original(self, *args)
+    reads = _count_reads(type(logs[0].segments[0]), monkeypatch)
 
     def refused(*_: Any, **__: Any) -> Any:
         raise AssertionError("read_frames called")
 
-    monkeypatch.setattr(segment_type, "read_into", counted)
     monkeypatch.setattr(PartitionLog, "read_frames", refused)
     scanned = scan_many([(i, log, 0, 20) for i, log in enumerate(logs)], BIG)
     assert scanned is not None and scanned.message_count == 400 and len(scanned) == 80
-    assert len(reads) == 20
+    expected = [log.segments[0] for log in logs]
+    assert reads == ({"pread": [], "map": expected} if maps else {"pread": expected, "map": []})
     rows = scanned.decode().to_pylist()
     assert [r["offset"] for r in rows] == list(range(20)) * 20
     assert [bytes(r["data"]).rstrip(b".") for r in rows] == [
@@ -193,17 +212,9 @@ def test_a_first_window_of_large_frames_reads_no_other(
     large, small = _partitions(open_partition, tmp_path, 2)
     large.append(batch(65))
     small.append(batch(5))
-    reads = []
-    segment_type = type(large.segments[0])
-    original = segment_type.read_into
-
-    def counted(self: Any, *args: Any) -> int:
-        reads.append(self)
-        return original(self, *args)
-
-    monkeypatch.setattr(segment_type, "read_into", counted)
+    reads = _count_reads(type(large.segments[0]), monkeypatch)
     assert scan_many([(0, large, 0, 65), (1, small, 0, 5)], BIG) is None
-    assert reads == [large.segments[0]]
+    assert reads["pread"] + reads["map"] == [large.segments[0]]
 
 
 def test_the_buffer_is_reused_and_earlier_results_stay_intact(
@@ -228,3 +239,25 @@ def test_the_buffer_is_reused_and_earlier_results_stay_intact(
     assert decoded.to_pylist() == expected
     with pytest.raises(AssertionError):
         first.decode()  # once only: its buffer is someone else's now
+
+
+def test_a_batch_read_through_maps_holds_no_map(
+    open_partition: Any, batch: Any, tmp_path: Any
+) -> None:
+    """The windows are copied out of the segments' maps: once the segments are closed
+    (their maps let go), no map is live, and the decoded batch still reads the same."""
+    logs = _partitions(open_partition, tmp_path, 20)
+    for log in logs:
+        for index in range(3):
+            log.append(batch(5, first=5 * index))
+    gc.collect()  # maps of earlier tests' segments freed now, not during this one
+    before = file_map.live_maps()
+    scanned = scan_many([(i, log, 0, 15) for i, log in enumerate(logs)], BIG)
+    assert scanned is not None
+    assert file_map.live_maps() == before + 20  # read through the segments' maps
+    decoded = scanned.decode()
+    expected = decoded.to_pylist()
+    for log in logs:
+        log.close()
+    assert file_map.live_maps() == before
+    assert decoded.to_pylist() == expected
