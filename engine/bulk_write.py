@@ -238,6 +238,11 @@ class BulkWrites:
             self._appending[write_id] = self._appending.get(write_id, 0) + 1
         try:
             yield
+        except FileNotFoundError as error:
+            if os.path.exists(os.path.join(self.root, write_id, "write.json")):
+                raise
+            raise UndefinedObjectError(f"write {write_id} was aborted while rows were being "
+                                       "added to it: nothing of them is staged") from error
         finally:
             with self._lock:
                 self._appending[write_id] -= 1
@@ -354,18 +359,41 @@ class BulkWrites:
         return [w for w in self._scan() if identity.superuser or w.owner == identity.name]
 
     def abort(self, session: Any, write_ids: Iterable[str]) -> int:
-        """Discard the writes (unknown ids are ignored: an abort may be replayed)."""
+        """Discard the writes (unknown ids are ignored: an abort may be replayed).
+
+        An id ending in ``*`` (``'job-7-*'``: a write id's shape, then ``*``) names every
+        staged write of this user (any user's for a superuser; others' are skipped, where
+        a named one is 42501) whose id starts with what precedes it: the writes of a job
+        whose driver did not learn every task's id (a Spark task that staged its rows just
+        as the job failed, its commit message dropped). A write's directory is renamed out
+        of the staged writes at once, then deleted: a COPY still adding to it fails (42704:
+        its file's directory is gone) and leaves nothing staged."""
         count = 0
-        for write_id in write_ids:
-            check_write_id(write_id)
+        for write_id, named in _expand(self.root, write_ids):
             if not os.path.isdir(os.path.join(self.root, write_id)):
                 continue
-            self._meta(session, write_id)
+            try:
+                self._meta(session, write_id)
+            except UndefinedObjectError:  # removed meanwhile (another abort, a commit)
+                continue
+            except InsufficientPrivilegeError:
+                if named:
+                    raise
+                continue  # matched by a prefix: another user's write is not this abort's
             with self._lock:
                 if write_id in self._committing:
                     raise ObjectNotInPrerequisiteStateError(
                         f"write {write_id} is being committed: it cannot be aborted now")
-            self._remove(write_id)
+                discarded = os.path.join(self.commits_root, f"aborted-{uuid.uuid4().hex}")
+                try:  # no manifest: the next start deletes it if this process dies now
+                    os.rename(os.path.join(self.root, write_id), discarded)
+                except FileNotFoundError:
+                    continue
+                # A COPY in flight releases its own ``.part``'s bytes (a crash's are ours).
+                size = _directory_bytes(discarded, STAGED_SUFFIXES if write_id in
+                                        self._appending else (*STAGED_SUFFIXES, ".part"))
+            shutil.rmtree(discarded, ignore_errors=True)
+            self._release(size)
             count += 1
         return count
 
@@ -807,11 +835,32 @@ def _staged_files(directory: str) -> list[str]:
             if n.endswith(STAGED_SUFFIXES)]  # fmt: skip
 
 
-def _directory_bytes(directory: str) -> int:
+def _directory_bytes(directory: str,
+                     suffixes: tuple[str, ...] = (*STAGED_SUFFIXES, ".part")) -> int:  # fmt: skip
+    total = 0
     with contextlib.suppress(FileNotFoundError):
-        return sum(os.path.getsize(os.path.join(directory, n)) for n in os.listdir(directory)
-                   if n.endswith((*STAGED_SUFFIXES, ".part")))  # fmt: skip
-    return 0
+        for name in os.listdir(directory):
+            if name.endswith(suffixes):
+                with contextlib.suppress(FileNotFoundError):  # a COPY's .part, just renamed
+                    total += os.path.getsize(os.path.join(directory, name))
+    return total
+
+
+def _expand(root: str, write_ids: Iterable[str]) -> list[tuple[str, bool]]:
+    """The ids an abort names, each once with whether it was named itself: each checked
+    (22023), an id ending in ``*`` replaced by the staged writes whose ids start with what
+    precedes it (which must be a write id's shape: ``'*'`` alone is refused)."""
+    found: dict[str, bool] = {}
+    for write_id in write_ids:
+        if isinstance(write_id, str) and write_id.endswith("*"):
+            prefix = check_write_id(write_id[:-1])
+            with contextlib.suppress(FileNotFoundError):
+                for name in sorted(os.listdir(root)):
+                    if name.startswith(prefix):
+                        found.setdefault(name, False)
+        else:
+            found[check_write_id(write_id)] = True
+    return list(found.items())
 
 
 def _restore(path: str, target: str) -> None:
