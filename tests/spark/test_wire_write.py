@@ -10,6 +10,7 @@ took (``copy_staged`` counted) and what is left staged on disk.
 from __future__ import annotations
 
 import os
+import threading
 import time
 
 import numpy as np
@@ -17,7 +18,7 @@ import pyarrow as pa
 import pytest
 
 from engine import staged_refs
-from engine.bulk_write import WRITES_DIRECTORY
+from engine.bulk_write import WRITES_DIRECTORY, BulkWrites
 from sql.flight.server import TopicbaseFlightServer
 from sql.pgwire.connection import copy_staged
 from sql.pgwire.users import add_user, default_users_path
@@ -139,6 +140,45 @@ def test_a_failing_task_leaves_nothing_staged_nor_published(spark, database, url
     # The failed task's write and the committed tasks' (the driver's abort) go at once; a
     # task still running when the job failed is killed and aborts its own on the executor,
     # which may end just after the job's error reached us: wait for it.
+    deadline = time.monotonic() + 60
+    while _staged(database) and time.monotonic() < deadline:
+        time.sleep(0.1)
+    assert _staged(database) == []
+    assert sql_rows(database, "SELECT count(*) AS n FROM TOPIC events") == [{"n": 0}]
+
+
+def test_a_task_that_staged_as_the_job_failed_leaves_nothing_staged(
+        spark, database, url, wire, monkeypatch) -> None:  # fmt: skip
+    """A task whose COPY ends (its rows staged, its commit granted) just as another task
+    fails the job: Spark drops its commit message, so the driver's abort cannot name its
+    write id; the abort of the job's prefix discards it. The wire server holds that
+    task's COPY reply until the driver's abort has come (the race, made certain)."""
+    _create(database)
+    tb = _catalog(spark, url, wire)
+    driver_aborted = threading.Event()
+    original_abort, original_append = BulkWrites.abort, BulkWrites.append
+
+    def abort(self, session, write_ids):
+        write_ids = list(write_ids)
+        if any(w.endswith("*") or w.split("-")[2] != "3" for w in write_ids):
+            driver_aborted.set()  # not the failing task's own abort (partition 3)
+        return original_abort(self, session, write_ids)
+
+    def append(self, session, write_id, *args, **kwargs):
+        rows = original_append(self, session, write_id, *args, **kwargs)
+        if write_id.split("-")[2] == "2":
+            driver_aborted.wait(60)  # bounded: without the driver's abort, it goes on
+        return rows
+
+    monkeypatch.setattr(BulkWrites, "abort", abort)
+    monkeypatch.setattr(BulkWrites, "append", append)
+    frame = spark.range(0, 4000, numPartitions=4).selectExpr(
+        "CASE WHEN id = 3999 THEN CAST(raise_error('boom in the last task') AS BINARY) "
+        "ELSE CAST(CONCAT('x', id) AS BINARY) END AS data")  # fmt: skip
+    with pytest.raises(Exception, match="boom in the last task"):
+        frame.writeTo(f"{tb}.main.events").append()
+    assert driver_aborted.wait(60)
+    # The held task's COPY ends after the driver's abort; it may still be ending now.
     deadline = time.monotonic() + 60
     while _staged(database) and time.monotonic() < deadline:
         time.sleep(0.1)

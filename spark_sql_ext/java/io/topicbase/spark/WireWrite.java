@@ -53,7 +53,8 @@ import org.apache.spark.sql.util.ArrowUtils;
  * {@code COMMIT WRITES ('id', ...) SINK '<sink>' BATCH <n>}, one transaction with the
  * idempotency record (sink, batch): a replay of the same record publishes nothing. The sink
  * id is the option {@code sinkId} or made once per write (a UUID); the batch is {@code
- * batchId} or 0. The driver's abort sends {@code ABORT WRITES} of the tasks' ids.
+ * batchId} or 0. The driver's abort sends {@code ABORT WRITES} of the tasks' ids and of the
+ * job's prefix (below).
  * </ul>
  *
  * <p>Columns: the written rows' columns that a topic write takes ({@link #WRITE_COLUMNS},
@@ -66,8 +67,11 @@ import org.apache.spark.sql.util.ArrowUtils;
  * of one query), so a micro-batch replayed after a restart publishes nothing.
  *
  * <p>A write id is {@code <prefix>-<partition>-<task id>} with the prefix made once per
- * write: attempts of one partition differ. An attempt killed with its executor leaves its
- * staged write to the server's collection of abandoned writes.
+ * write: attempts of one partition differ. The driver's abort discards every id with the
+ * prefix ({@code ABORT WRITES ('<prefix>-*')}), so a task that staged its rows just as the
+ * job failed (its commit message dropped by Spark) leaves nothing staged either; an attempt
+ * killed with its executor after that abort leaves its staged write to the server's
+ * collection of abandoned writes.
  */
 final class WireWrite implements Write {
     static final String[] WRITE_COLUMNS = {"data", "producer_id", "seq_no", "message_group_id",
@@ -192,12 +196,22 @@ final class WireWrite implements Write {
             WireWriteStats.commitDone((System.nanoTime() - started) / 1e9, writes, rows);
         }
 
+        /**
+         * Every write of this job is aborted: the tasks' ids that reached the driver, and
+         * every id with the job's prefix ({@code 'prefix-*'}): a task that staged its rows
+         * just as the job failed has its commit message dropped by Spark, its write would
+         * otherwise wait for the server's collection of abandoned writes.
+         */
         @Override
         public void abort(WriterCommitMessage[] messages) {
+            run(write, "ABORT WRITES (" + jobIds(messages, prefix + "-") + ")");
+        }
+
+        /** The messages' ids and the pattern of every id starting with {@code prefix}. */
+        static String jobIds(WriterCommitMessage[] messages, String prefix) {
             String ids = idList(messages);
-            if (!ids.isEmpty()) {
-                run(write, "ABORT WRITES (" + ids + ")");
-            }
+            String pattern = WireScan.quoteLiteral(prefix + "*");
+            return ids.isEmpty() ? pattern : ids + ", " + pattern;
         }
 
         static List<String[]> run(WireWrite write, String sql) {
@@ -251,10 +265,9 @@ final class WireWrite implements Write {
 
         @Override
         public void abort(long epochId, WriterCommitMessage[] messages) {
-            String ids = Batch.idList(messages);
-            if (!ids.isEmpty()) {
-                Batch.run(write, "ABORT WRITES (" + ids + ")");
-            }
+            // The epoch's every write, as a batch write's abort (its tasks' ids carry it).
+            Batch.run(write, "ABORT WRITES (" + Batch.jobIds(messages, prefix + "-b" + epochId
+                + "-") + ")");
         }
     }
 
