@@ -6,7 +6,7 @@ object, a checksum, a body buffer and a ``FrameSlice``; the poll then decodes th
 slices of all partitions together. At 1000 partitions of 4 frames of 5 messages, the
 objects and calls per frame and per partition were most of the poll's CPU.
 ``scan_many`` copies the same frames into one array, from each segment's read-only map
-where it has one (``LogSegment._mapped``, the map single-partition reads check frames
+where it has one (``LogSegment.mapped``, the map single-partition reads check frames
 in), else with one ``pread`` per partition (``LogSegment.read_into``), walks the
 headers there (a frame of every partition at a time, in numpy: ``_walk``), checks each
 frame's checksum, and keeps what it found as numbers in arrays (``ScannedFrames``); the
@@ -166,7 +166,7 @@ def _scan_into(
         end = at + limit - position
         assert at % 8 == 0 and end % 8 == 0, (at, end)  # frames are 8-byte multiples
         try:
-            mapped = segment._mapped(limit, log.config.segment_bytes)
+            mapped = segment.mapped(limit, log.config.segment_bytes)
             if mapped is not None:
                 # The published bytes, copied from the segment's map: no ``pread``
                 # (~4 us less a partition). The map (kept by ``mapped`` while copying)

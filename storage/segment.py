@@ -125,7 +125,7 @@ class LogSegment:
         self._marked_deleted = False  # the log file is renamed to *.deleted
         # Log bytes below this position are synced or already handed to writeback.
         self._writeback_position = 0
-        # The read-only map of the log (``_mapped``) and its view; None until a scan
+        # The read-only map of the log (``mapped``) and its view; None until a scan
         # asks for it, and again once closed or released (``_release_idle_maps``).
         # ``_map_refused``: no map could be made, as ``file_map.room()`` stood then (a
         # map is tried again once that changed); ``_map_used``: the last read's tick.
@@ -328,7 +328,7 @@ class LogSegment:
         finally:
             self._scan_done(fd, shared)
 
-    def _mapped(self, limit_bytes: int, map_bytes: int) -> tuple[pa.Buffer, memoryview] | None:
+    def mapped(self, limit_bytes: int, map_bytes: int) -> tuple[pa.Buffer, memoryview] | None:
         """The segment's log mapped (``FileSystem.map_read``) over at least its first
         ``limit_bytes``, made on first use and made again larger when the log grew past
         it (``map_bytes`` or more, past the end of the file: bytes the map may hold but
@@ -421,7 +421,7 @@ class LogSegment:
                 self.offset_index.lookup(start_offset) if start_offset > self.base_offset else 0
             )
         if mapped and limit_bytes > 0:
-            found = self._mapped(limit_bytes, map_bytes)
+            found = self.mapped(limit_bytes, map_bytes)
             if found is not None:
                 return self._scan_map(found, start_offset, limit_bytes, position, skip_corrupt)
         return self._scan_read(start_offset, limit_bytes, budget_bytes, skip_corrupt, position)

@@ -93,7 +93,7 @@ def test_the_slices_of_read_frames_in_turn(
 def _count_reads(segment_type: Any, monkeypatch: pytest.MonkeyPatch) -> dict[str, list]:
     """Record each segment read by ``pread`` (``read_into``) and each map asked for."""
     reads: dict[str, list] = {"pread": [], "map": []}
-    pread, mapped = segment_type.read_into, segment_type._mapped
+    pread, mapped = segment_type.read_into, segment_type.mapped
 
     def counted_pread(self: Any, *args: Any) -> int:
         reads["pread"].append(self)
@@ -106,7 +106,7 @@ def _count_reads(segment_type: Any, monkeypatch: pytest.MonkeyPatch) -> dict[str
         return found
 
     monkeypatch.setattr(segment_type, "read_into", counted_pread)
-    monkeypatch.setattr(segment_type, "_mapped", counted_map)
+    monkeypatch.setattr(segment_type, "mapped", counted_map)
     return reads
 
 
