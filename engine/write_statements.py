@@ -13,7 +13,9 @@ door's ``commit`` and ``abort`` actions, with the same semantics:
   runs its own transaction. Unknown ids are 42704, a malformed id or an empty sink 22023,
   another user's write 42501, a target without INSERT 42501 (nothing is published).
 - ``ABORT WRITES ('a', ...)`` discards the writes and answers ``(aborted)``, the number
-  of writes that existed; unknown ids are ignored (an abort may be replayed).
+  of writes that existed; unknown ids are ignored (an abort may be replayed). An id
+  ending in ``*`` (``'job-7-*'``) discards every staged write of the user whose id starts
+  with the rest (a superuser's: every user's); ``'*'`` alone is 22023.
 
 Neither is transactional, so both are refused inside a transaction block (25001).
 
