@@ -616,20 +616,39 @@ def _small_rows(
     cursor: Connection, sql: str, parameters: Any
 ) -> tuple[Rows | None, bool, list[str] | None]:
     """``_small_head`` with the head as ``Rows`` (its Arrow table not built), and DuckDB's
-    type name of each result column (None: no result).
+    type name of each result column (None: no result). With more = True the rest of the
+    result is still the cursor's, streamed by DuckDB (``execute`` of a query streams to
+    ``fetchmany``; ``FetchReader`` reads it on).
     A text without parameters runs from its kept plan (``CursorPlans``) once it has one:
     afterwards the cursor may hold another statement's result (the PREPARE) unless more
-    is True, so its ``description`` is read here."""
+    is True, so its ``description`` is read here. A plan gives at most the head and one
+    row (DuckDB runs an EXECUTE to its end, holding its whole result): when its result
+    is not small and plain after all, the plan is dropped and the text runs again,
+    streamed (nothing of the plan's run was returned; a SELECT's only effect is
+    nextval's, which may leave gaps as any sequence may)."""
     plans = _plans_of(cursor)
     plan = None if parameters else plans.name(sql)
-    if plan is None:
-        cursor.execute(plans.statement(cursor, sql), parameters or None)
-    else:
+    if plan is not None:
         try:
             plans.run(cursor, f"EXECUTE {plan}")
         except duckdb.Error:
             plans.failed(sql, plan)
             raise
+        head = _fetch_head(cursor, sql)
+        if not head[1] and plans.describes(sql, cursor.description):
+            return head
+        plans.failed(sql, plan)  # grown, other types or other names: the text itself
+        cursor.abort()  # the plan's result, unfinished
+    cursor.execute(plans.statement(cursor, sql), parameters or None)
+    head = _fetch_head(cursor, sql)
+    if not parameters and not head[1] and head[0] is not None:
+        plans.succeeded(cursor, sql)  # the result is read whole: the cursor is free
+    return head
+
+
+def _fetch_head(cursor: Connection, sql: str) -> tuple[Rows | None, bool, list[str] | None]:
+    """The head of the result ``cursor`` just executed for ``sql`` (see ``_small_rows``),
+    and what it says of ``sql`` learnt (``_small_results``)."""
     description = cursor.description
     if description is None:
         return None, False, None
@@ -643,8 +662,6 @@ def _small_rows(
     more = len(rows) > SMALL_RESULT_ROWS
     if more:
         _small_results.mark(sql, False)  # a big result: the relation's way from now on
-    if not parameters and plan is None and not more:
-        plans.succeeded(cursor, sql)  # the result is read whole: the cursor is free
     return Rows(rows, schema), more, duckdb_types
 
 
@@ -679,6 +696,7 @@ class CursorPlans:
 
     def __init__(self) -> None:
         self._names: dict[str, str | None] = {}  # text -> plan, None: seen once
+        self._columns: dict[str, tuple[str, ...]] = {}  # text with a plan -> column names
         self._dropped: list[str] = []
         # Relations registered on the cursor now (``register``; the engine registers topic
         # reads and system views for one statement): a text run while any is registered
@@ -749,7 +767,18 @@ class CursorPlans:
     def failed(self, sql: str, name: str) -> None:
         if self._names.get(sql) == name:
             del self._names[sql]
+            self._columns.pop(sql, None)
         self._dropped.append(name)
+
+    def describes(self, sql: str, description: Any) -> bool:
+        """Whether a result of ``sql``'s plan with DuckDB's ``description`` has the column
+        names ``sql`` had when PREPAREd (the plan reads the text as a subquery)."""
+        names = self._columns.get(sql)
+        return (
+            names is not None
+            and len(names) == len(description)
+            and all(name == column[0] for name, column in zip(names, description, strict=True))
+        )
 
     def succeeded(self, cursor: Connection, sql: str) -> None:
         """``sql`` just ran and its result was read whole: note it, or PREPARE it if it
@@ -765,18 +794,27 @@ class CursorPlans:
             self._names[sql] = None
             self._evict(cursor)
             return
+        names = tuple(str(column[0]) for column in cursor.description or ())
+        if len({name.lower() for name in names}) != len(names):
+            return  # a subquery would rename the repeated names
         name = f"{PLAN_PREFIX}{next(_plan_numbers)}"
         for dropped in self._dropped:
             self.run(cursor, f"DEALLOCATE {dropped}")
         self._dropped.clear()
-        self.run(cursor, f"PREPARE {name} AS {sql}")
+        # At most the head and one row (``_small_rows``): DuckDB holds an EXECUTE's whole
+        # result. The newline ends a trailing ``--`` comment of the text.
+        self.run(
+            cursor, f"PREPARE {name} AS SELECT * FROM (\n{sql}\n) LIMIT {SMALL_RESULT_ROWS + 1}"
+        )
         self._names[sql] = name
+        self._columns[sql] = names
         self._evict(cursor)
 
     def _evict(self, cursor: Connection) -> None:
         while len(self._names) > PLANS_PER_CURSOR:
             oldest = next(iter(self._names))
             name = self._names.pop(oldest)
+            self._columns.pop(oldest, None)
             if name is not None:
                 self.run(cursor, f"DEALLOCATE {name}")
 
@@ -895,11 +933,7 @@ def batch_reader(
     cursor runs anything else."""
     if _rows_way(sql):
         return _small_reader(cursor, sql, parameters, batch_rows)
-    relation = cursor.sql(_plans_of(cursor).statement(cursor, sql), params=parameters or None)
-    assert relation is not None, "only queries that return rows are streamed"
-    duckdb_types = [str(t) for t in relation.types]
-    _learn(sql, duckdb_types, None)
-    return relation.to_arrow_reader(batch_rows), duckdb_types
+    return _relation_reader(cursor, sql, parameters, batch_rows)
 
 
 def _small_reader(
@@ -913,13 +947,68 @@ def _small_reader(
     if not more:
         assert rows is not None
         return RowsReader(rows), duckdb_types
-    head = None if rows is None else rows.to_arrow()
-    with warnings.catch_warnings():
-        warnings.simplefilter("ignore", UserWarning)  # the copy it warns of: rare here
-        rest = cursor.to_arrow_reader(batch_rows)
-    if head is None:
-        return rest, duckdb_types
-    return _chained(head, rest), duckdb_types
+    if rows is None:
+        # Other types (DDL, or a literal of another type in a learnt shape): nothing was
+        # read, and DuckDB's Arrow over an executed result would take all of it out first.
+        # The statement runs again on the relation's way (a SELECT's only effect is
+        # nextval's, which may leave gaps as any sequence may); the text is marked big.
+        cursor.abort()  # the executed result, unfinished (DuckDB refuses other work)
+        return _relation_reader(cursor, sql, parameters, batch_rows)
+    return _chained(rows.to_arrow(), FetchReader(cursor, rows.schema, batch_rows)), duckdb_types
+
+
+def _relation_reader(
+    cursor: Connection, sql: str, parameters: Any, batch_rows: int
+) -> tuple[pa.RecordBatchReader, list[str]]:
+    relation = cursor.sql(_plans_of(cursor).statement(cursor, sql), params=parameters or None)
+    assert relation is not None, "only queries that return rows are streamed"
+    duckdb_types = [str(t) for t in relation.types]
+    _learn(sql, duckdb_types, None)
+    return relation.to_arrow_reader(batch_rows), duckdb_types
+
+
+class FetchReader:
+    """The rest of a result executed on ``cursor`` (``execute``, its head already fetched)
+    as Arrow batches of at most ``batch_rows`` rows built from ``fetchmany``, as far as
+    ``engine.streams`` reads one. DuckDB streams an executed result to ``fetchmany`` one
+    batch at a time, whereas its Arrow reader over an executed result takes the whole rest
+    out of it first (a result of any size held at once, outside DuckDB's memory limit):
+    so a stream whose text or shape was learnt small holds one batch at a time however big
+    its result came out. Only for ``_ROW_ARROW_TYPES`` columns (``schema``); holds the
+    cursor until read out or closed (``close`` cancels the rest: DuckDB refuses other work
+    on a connection whose executed result is unfinished)."""
+
+    def __init__(self, cursor: Connection, schema: pa.Schema, batch_rows: int) -> None:
+        assert batch_rows > 0, batch_rows
+        self.schema = schema
+        self._cursor: Connection | None = cursor
+        self._batch_rows = batch_rows
+
+    def read_next_batch(self) -> pa.RecordBatch:
+        if self._cursor is None:
+            raise StopIteration  # at the end, as pyarrow's
+        rows = self._cursor.fetchmany(self._batch_rows)
+        if len(rows) < self._batch_rows:
+            self._cursor = None  # read out: the cursor is free
+        if not rows:
+            raise StopIteration
+        table = Rows(rows, self.schema).to_arrow()
+        return table.combine_chunks().to_batches()[0]
+
+    def __iter__(self) -> Iterator[pa.RecordBatch]:
+        while True:
+            try:
+                yield self.read_next_batch()
+            except StopIteration:
+                return
+
+    def read_all(self) -> pa.Table:
+        return pa.Table.from_batches(list(self), schema=self.schema)
+
+    def close(self) -> None:
+        cursor, self._cursor = self._cursor, None
+        if cursor is not None:
+            cursor.abort()
 
 
 class RowsReader:
@@ -958,7 +1047,7 @@ class ChainedReader:
     ``engine.streams`` reads one (``schema``, ``read_next_batch``, ``read_all``,
     ``close``); closing it closes ``rest``, which holds the cursor until then."""
 
-    def __init__(self, head: pa.Table, rest: pa.RecordBatchReader) -> None:
+    def __init__(self, head: pa.Table, rest: pa.RecordBatchReader | FetchReader) -> None:
         assert head.schema.equals(rest.schema), (head.schema, rest.schema)
         self.schema = head.schema
         self._head = list(head.to_batches())
@@ -979,7 +1068,7 @@ class ChainedReader:
         self._rest.close()
 
 
-def _chained(head: pa.Table, rest: pa.RecordBatchReader) -> ChainedReader:
+def _chained(head: pa.Table, rest: pa.RecordBatchReader | FetchReader) -> ChainedReader:
     return ChainedReader(head, rest)
 
 
