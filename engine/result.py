@@ -5,7 +5,8 @@ and what the session returns share it without importing ``engine.session``.
 
 ``Rows`` is a small result as DuckDB's Python values (``engine.tables``' rows' way: at
 most ``SMALL_RESULT_ROWS`` rows of plain column types) with the Arrow schema the engine
-would give them. A ``Result`` made from one builds its Arrow table only when asked
+would give them; ``tables.FetchReader`` also builds the batches of a bigger result that
+the rows' way streams from ones. A ``Result`` made from one builds its Arrow table only when asked
 (``Result.table``): building even a one-value table costs ~40-60 us right after DuckDB
 ran (docs/statement_cost.md), and a front that encodes the values itself (the wire
 server) never needs it.
