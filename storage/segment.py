@@ -68,7 +68,10 @@ def _release_idle_maps(keep: LogSegment) -> None:
     writer (never ``keep``). A segment busy under its lock is passed over (no lock is
     waited for while another is held: no lock order to keep)."""
     with _cached_lock:
-        idle = [s for s in _cached if s is not keep and s._shared is None]
+        try:
+            idle = [s for s in _cached if s is not keep and s._shared is None]
+        except RuntimeError:  # a segment collected meanwhile (the WeakSet's callback takes
+            return  # no lock): skip this pass, the next slow-path map tries again
     idle.sort(key=lambda s: s._map_used)
     for segment in idle[: max(1, len(idle) // 2)]:
         if segment._fd_lock.acquire(blocking=False):

@@ -705,6 +705,9 @@ class TopicLog:
                 except (LimitExceededError, pa.ArrowInvalid):
                     for request in chunk:
                         self._append_requests([request], request.payload)
+                except Exception as error:  # this chunk's statements fail, alone: earlier
+                    for request in chunk:  # chunks are written and keep their results
+                        request.error = error
                 else:
                     self._append_requests(chunk, combined)
             start = end

@@ -17,15 +17,16 @@ import threading
 from collections.abc import Iterator
 from typing import Any
 
+import pyarrow as pa
 import pytest
 
-from storage import limits
+from storage import limits, topic_log
 from storage.clock import ManualClock
 from storage.codecs import Codec
 from storage.config import FsyncPolicy, TopicConfig
 from storage.errors import LimitExceededError, UnsupportedCodecError
 from storage.fs import FileSystem
-from storage.group_commit import Request
+from storage.group_commit import GroupCommitter, Request, _outcome
 from storage.record_batch import build_wire_batch
 from storage.topic_log import TopicAppendResult, TopicLog
 
@@ -230,3 +231,32 @@ def test_a_joined_batch_the_topic_refuses_is_appended_one_request_at_a_time(
     assert isinstance(requests[1].error, LimitExceededError)
     assert requests[0].error is None and requests[2].error is None
     assert [_stored(topic, requests[i].result) for i in (0, 2)] == [[b"a"], [b"c"]]
+
+
+def test_a_later_chunk_failing_to_join_leaves_the_written_chunks_their_results(
+    topic: TopicLog, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Any error joining a chunk (here Arrow out of memory) fails that chunk's statements
+    only: the chunks written and synced before it keep their results (a session told its
+    stored rows failed would send them again)."""
+    monkeypatch.setattr(limits, "COMBINED_MESSAGES_MAX", 2)  # two chunks of two requests
+    real, joins = pa.concat_batches, []
+
+    def failing_second_join(batches: list[pa.RecordBatch]) -> pa.RecordBatch:
+        joins.append(len(batches))
+        if len(joins) == 2:
+            raise pa.ArrowMemoryError("malloc of size 1234 failed")
+        return real(batches)
+
+    monkeypatch.setattr(topic_log.pa, "concat_batches", failing_second_join)
+    requests = [Request(build_wire_batch([f"m{i}".encode()])) for i in range(4)]
+    committer = GroupCommitter(topic._append_combined)
+    committer._queue = list(requests)
+    committer._leader_active = True
+    committer._lead()
+    assert [_outcome(r).offsets.tolist() for r in requests[:2]] == [[0], [1]]
+    for request in requests[2:]:
+        with pytest.raises(pa.ArrowMemoryError):
+            _outcome(request)
+    stored = topic.read(0, 0, max_messages=10)
+    assert [m for b in stored.batches for m in b.column("data").to_pylist()] == [b"m0", b"m1"]
