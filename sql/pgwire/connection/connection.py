@@ -449,11 +449,15 @@ class Connection(ExtendedProtocol):
         # awaited): one socket write per flight instead of one per message (connection.output).
         self.writer = GatheringWriter(self.writer)
         while True:
-            header = await self._next_header()
-            body = await self.reader.readexactly(
-                wire_limits.message_body_length(header, self.server.limits)
-            )
-            kind = header[:1]
+            taken = self._buffered_message()
+            if taken is None:
+                header = await self._next_header()
+                body = await self.reader.readexactly(
+                    wire_limits.message_body_length(header, self.server.limits)
+                )
+                kind = header[:1]
+            else:
+                kind, body = taken
             if kind in (b"Q", b"P") and await self._statement_too_large(kind, body):
                 continue
             if kind == b"X":
@@ -480,6 +484,28 @@ class Connection(ExtendedProtocol):
                 raise m.ProtocolError(f"invalid frontend message type {kind!r}")
             if kind in (b"Q", b"S", b"H"):
                 await self.writer.drain()
+
+    def _buffered_message(self) -> tuple[bytes, bytes] | None:
+        """The next message's type and body when the reader already holds all of it, taken
+        without awaiting (a client's flight, e.g. Bind/Describe/Execute/Sync, arrives in one
+        segment: two ``readexactly`` coroutines a message cost more than the message's own
+        handling), else None and nothing is taken: the caller awaits it the usual way, which
+        runs the idle timeout and reports the reader's error or end. The length is checked
+        exactly as there (``message_body_length``: a bad one raises before anything is
+        taken). Relies on ``StreamReader._buffer``, as ``own_thread.detach`` does."""
+        reader = self.reader
+        buffer = reader._buffer  # no public way to look at what is buffered
+        if len(buffer) < 5 or reader._exception is not None:
+            return None
+        header = bytes(buffer[:5])
+        end = 5 + wire_limits.message_body_length(header, self.server.limits)
+        if len(buffer) < end:
+            return None
+        body = bytes(buffer[5:end])
+        del buffer[:end]
+        reader._maybe_resume_transport()
+        self.waiting_for_query = False
+        return header[:1], body
 
     # -- idle timeouts and the statement log --------------------------------------------------
     async def _next_header(self) -> bytes:
@@ -520,7 +546,7 @@ class Connection(ExtendedProtocol):
     def log_statement(self, text: str) -> None:
         """Log ``text`` if the session's ``log_statement`` asks for it (none by default:
         statement text may hold secrets and personal data, so it is opt-in)."""
-        if statement_logged(self.catalog.settings.show("log_statement"), text):
+        if statement_logged(self.catalog.settings.values["log_statement"], text):
             log.info("statement (user %s, pid %d): %s", self.catalog.user, self.process_id, text)
 
     # -- limits (sql.pgwire.limits) -----------------------------------------------------------

@@ -21,6 +21,7 @@ from __future__ import annotations
 import asyncio
 import concurrent.futures
 import contextlib
+import selectors
 import socket
 import threading
 from collections.abc import Callable, Coroutine
@@ -64,6 +65,32 @@ async def attach(moved: socket.socket, pending: bytes
     return reader, asyncio.StreamWriter(transport, protocol, reader, loop)
 
 
+class QuietSelector(selectors.DefaultSelector):  # type: ignore[misc,valid-type]
+    """The selector of a connection's own loop: a zero-timeout poll right after a poll
+    that returned events is skipped (answered "nothing ready") once.
+
+    asyncio polls on every turn of its loop; after a read woke the message loop's task,
+    the next turn (which runs that task) polls again with timeout 0. On a server of many
+    connection threads every poll lets go of the GIL, and getting it back is a futex
+    hand-off between threads: a kernel cost per message of its own. Skipping that one
+    poll delays nothing that matters: the events of the poll just made are being handled,
+    anything newer is seen by the next poll, which is at most one turn later (a skip only
+    follows a poll that found events, so a busy loop still polls every other turn and I/O
+    is never starved); a poll that may block (timeout None or > 0) is never skipped."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self._fresh = False  # the last poll found events, and no poll was skipped since
+
+    def select(self, timeout: float | None = None) -> list[tuple[selectors.SelectorKey, int]]:
+        if self._fresh and timeout is not None and timeout <= 0:
+            self._fresh = False
+            return []
+        ready = super().select(timeout)
+        self._fresh = bool(ready)
+        return ready
+
+
 class OwnThread:
     """A coroutine run on a thread of its own with an event loop of its own, from
     ``start`` on (so the owner can keep a reference before the coroutine runs).
@@ -86,7 +113,7 @@ class OwnThread:
         self._started.wait()
 
     def _main(self) -> None:
-        loop = asyncio.new_event_loop()
+        loop = asyncio.SelectorEventLoop(QuietSelector())
         self._loop = loop
         self._task = loop.create_task(self._make())
         self._started.set()
