@@ -127,18 +127,12 @@ def _layout(body: pa.Buffer) -> _Layout | None:
     return _Layout(len(raw), fields[3], batch_fields[0], nodes_at, buffers_at, structure, template)
 
 
-def decode_wire_bodies(
-    bodies: Sequence[pa.Buffer], counts: np.ndarray, skips: np.ndarray, rows: np.ndarray
-) -> pa.RecordBatch | None:
-    """The wire batch of rows ``skips[k] .. skips[k] + rows[k] - 1`` of each body, in
-    order, or None if some body does not have the first one's layout or does not hold
-    ``counts[k]`` rows (see the module).
-
-    The bodies' bytes are copied once: the ``data`` bytes of the rows taken straight
-    into the column, everything else (metadata and the small buffers) into one array
-    that the other columns are gathered from."""
+def _heads(bodies: Sequence[pa.Buffer]) -> tuple[_Layout, np.ndarray, np.ndarray] | None:
+    """The first body's layout, every body's size and its metadata prefix (one row of
+    ``layout.prefix`` bytes a body), or None when some body is shorter than that prefix,
+    not a multiple of 8 long, or differs from the first one's in a byte that is not a
+    number (so every body has that layout, only its numbers are left to check)."""
     count = len(bodies)
-    assert count > 0 and len(skips) == count and len(rows) == count
     layout = _layout(bodies[0])
     if layout is None:
         return None
@@ -152,6 +146,26 @@ def decode_wire_bodies(
         layout.template[layout.structure], (count, int(layout.structure.sum()))
     )):  # fmt: skip
         return None
+    return layout, sizes, heads
+
+
+def decode_wire_bodies(
+    bodies: Sequence[pa.Buffer], counts: np.ndarray, skips: np.ndarray, rows: np.ndarray
+) -> pa.RecordBatch | None:
+    """The wire batch of rows ``skips[k] .. skips[k] + rows[k] - 1`` of each body, in
+    order, or None if some body does not have the first one's layout or does not hold
+    ``counts[k]`` rows (see the module).
+
+    The bodies' bytes are copied once: the ``data`` bytes of the rows taken straight
+    into the column, everything else (metadata and the small buffers) into one array
+    that the other columns are gathered from."""
+    count = len(bodies)
+    assert count > 0 and len(skips) == count and len(rows) == count
+    headed = _heads(bodies)
+    if headed is None:
+        return None
+    layout, sizes, heads = headed
+    prefix = layout.prefix
     checked = _numbers(layout, heads.view("<i8"), sizes, counts, skips, rows)
     if checked is None:
         return None
@@ -500,19 +514,11 @@ def refill_seq_nos(
     count = len(bodies)
     assert count > 0 and len(counts) == count and seq_nos.dtype == np.int64
     assert int(counts.sum()) == len(seq_nos)
-    layout = _layout(bodies[0])
-    if layout is None:
+    headed = _heads(bodies)
+    if headed is None:
         return None
+    layout, sizes, heads = headed
     prefix = layout.prefix
-    sizes = np.fromiter((body.size for body in bodies), dtype=np.int64, count=count)
-    if int(sizes.min()) < prefix or np.any(sizes % 8):
-        return None
-    heads = np.empty((count, prefix), dtype=np.uint8)
-    _copy_ranges(heads, bodies, [0] * count, [prefix] * count)
-    if not np.array_equal(heads[:, layout.structure], np.broadcast_to(
-        layout.template[layout.structure], (count, int(layout.structure.sum()))
-    )):  # fmt: skip
-        return None
     words = heads.view("<i8")  # (count, prefix // 8): every number is one aligned word
     checked = _numbers(layout, words, sizes, counts, np.zeros(count, np.int64), counts)
     if checked is None:
