@@ -221,10 +221,7 @@ class BulkWrites:
                     writer.close()
                     os.remove(base + ".part")
             except BaseException:
-                writer.close()
-                with contextlib.suppress(FileNotFoundError):
-                    os.remove(base + ".part")
-                self._release(reserved)
+                self._drop_part(base, reserved, writer)
                 raise
             return writer.rows
 
@@ -288,9 +285,7 @@ class BulkWrites:
             checksum = staged_refs.seal_file(base + ".part", self.database.store.fs)
             os.replace(base + ".part", f"{base}.{checksum:08x}.arrows")
         except BaseException:
-            with contextlib.suppress(FileNotFoundError):
-                os.remove(base + ".part")
-            self._release(written)
+            self._drop_part(base, written)
             raise
         return rows
 
@@ -324,12 +319,19 @@ class BulkWrites:
             path = f"{base}.{writer.crc:08x}{FRAMES_SUFFIX}"
             os.replace(base + ".part", path)
         except BaseException:
-            writer.close()
-            with contextlib.suppress(FileNotFoundError):
-                os.remove(base + ".part")
-            self._release(reserved)
+            self._drop_part(base, reserved, writer)
             raise
         return rows, rest, path
+
+    def _drop_part(self, base: str, reserved: int,
+                   writer: FrameFileWriter | None = None) -> None:  # fmt: skip
+        """Undo an append that failed: close its frames ``writer`` (if any), delete its
+        half-written ``base.part`` (if it exists) and give back the ``reserved`` bytes."""
+        if writer is not None:
+            writer.close()
+        with contextlib.suppress(FileNotFoundError):
+            os.remove(base + ".part")
+        self._release(reserved)
 
     def _meta_of(self, write_id: str) -> dict[str, str]:
         return _read_meta(os.path.join(self.root, write_id, "write.json"))
