@@ -38,7 +38,7 @@ import concurrent.futures
 import contextlib
 import threading
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from typing import Any
 
 import pyarrow as pa
@@ -234,7 +234,8 @@ async def _receive(context: CommandContext, pipe: _Pipe, staged: asyncio.Future[
 def _stage(done: concurrent.futures.Future[int], pipe: _Pipe, writes: Any, session: Any,
            write_id: str, columns: list[str], relation: str) -> None:  # fmt: skip
     """The staging thread: the stream's batches appended to the write (its own file)."""
-    try:
+
+    def append() -> int:
         try:
             reader = pa.ipc.open_stream(pipe)
         except (pa.ArrowInvalid, OSError) as error:
@@ -245,14 +246,10 @@ def _stage(done: concurrent.futures.Future[int], pipe: _Pipe, writes: Any, sessi
                 f"({', '.join(columns)})", where=f"COPY {relation}")  # fmt: skip
         plain = plain_schema(reader.schema)
         schema = pa.schema([f.with_name(n) for f, n in zip(plain, columns, strict=True)])
-        rows = writes.append(session, write_id, _batches(reader, plain, schema, relation),
+        return writes.append(session, write_id, _batches(reader, plain, schema, relation),
                              schema)  # fmt: skip
-    except BaseException as error:
-        pipe.finish()
-        done.set_exception(error)
-        return
-    pipe.finish()
-    done.set_result(rows)
+
+    _settle(done, pipe, append)
 
 
 def _stage_frames(done: concurrent.futures.Future[int], pipe: _Pipe, writes: Any,
@@ -261,8 +258,15 @@ def _stage_frames(done: concurrent.futures.Future[int], pipe: _Pipe, writes: Any
     """The staging thread of ``FORMAT frames``: the stream's frames, each checked, appended
     to the write as they came (``BulkWrites.append_frames``)."""
     del columns, relation  # a frame's columns are the wire schema's
+    _settle(done, pipe, lambda: writes.append_frames(session, write_id, pipe.read_view))
+
+
+def _settle(done: concurrent.futures.Future[int], pipe: _Pipe,
+            stage: Callable[[], int]) -> None:  # fmt: skip
+    """Run a staging thread's ``stage``; whatever it does, the pipe is finished first (so
+    its feeder is never left blocked), then ``done`` gets the rows staged or the error."""
     try:
-        rows = writes.append_frames(session, write_id, pipe.read_view)
+        rows = stage()
     except BaseException as error:
         pipe.finish()
         done.set_exception(error)
