@@ -49,6 +49,18 @@ def _wait_for(predicate, timeout_s: float = 20.0) -> None:
         time.sleep(0.02)
 
 
+def _kill_mid_copy(process: subprocess.Popen[str], db: psycopg.Connection, sql: str,
+                   stream: bytes, write_dir: Path) -> None:  # fmt: skip
+    """COPY ``sql`` sends half of ``stream``; the server is SIGKILLed once the write has a
+    ``.part`` file (the COPY's file being written), then the rest is sent: the COPY fails."""
+    with pytest.raises(psycopg.OperationalError), db.cursor().copy(sql) as copy:
+        copy.write(stream[: len(stream) // 2])
+        _wait_for(lambda: any(n.endswith(".part") for n in os.listdir(write_dir)))
+        process.send_signal(signal.SIGKILL)
+        process.wait(timeout=20)
+        copy.write(stream[len(stream) // 2:])
+
+
 @pytest.mark.parametrize("framed", [False, True])
 def test_a_server_killed_mid_copy_keeps_only_the_whole_copies(tmp_path: Path,
                                                               framed: bool) -> None:  # fmt: skip
@@ -69,12 +81,7 @@ def test_a_server_killed_mid_copy_keeps_only_the_whole_copies(tmp_path: Path,
                 big["partition"] = pa.array([i % 2 for i in range(20_000)], pa.int32())
             stream = arrow_stream(pa.table(big), max_chunksize=1000)
             copy_sql = f"COPY TOPIC events {columns} FROM STDIN (FORMAT arrow, WRITE_ID 'w')"
-            with pytest.raises(psycopg.OperationalError), db.cursor().copy(copy_sql) as copy:
-                copy.write(stream[: len(stream) // 2])
-                _wait_for(lambda: any(n.endswith(".part") for n in os.listdir(write_dir)))
-                process.send_signal(signal.SIGKILL)
-                process.wait(timeout=20)
-                copy.write(stream[len(stream) // 2:])
+            _kill_mid_copy(process, db, copy_sql, stream, write_dir)
     finally:
         if process.poll() is None:
             process.kill()
@@ -117,12 +124,7 @@ def test_a_server_killed_mid_frames_copy_keeps_only_the_whole_copies(tmp_path: P
             write_dir = data_dir / WRITES_DIRECTORY / "w"
             payload = os.urandom(1024)
             stream = b"".join(frame(i % 2, wire([payload] * 1000)) for i in range(20))
-            with pytest.raises(psycopg.OperationalError), db.cursor().copy(sql) as copy:
-                copy.write(stream[: len(stream) // 2])
-                _wait_for(lambda: any(n.endswith(".part") for n in os.listdir(write_dir)))
-                process.send_signal(signal.SIGKILL)
-                process.wait(timeout=20)
-                copy.write(stream[len(stream) // 2:])
+            _kill_mid_copy(process, db, sql, stream, write_dir)
     finally:
         if process.poll() is None:
             process.kill()
