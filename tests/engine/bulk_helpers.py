@@ -3,9 +3,13 @@ their own."""
 
 from __future__ import annotations
 
+import contextlib
+from collections.abc import Iterator
+from pathlib import Path
 from typing import Any
 
 from engine import bulk_write
+from engine.database import Database
 
 
 def commit_writes(database: Any, batch_id: int, write_ids: list[str], sink: str = "s") -> dict:
@@ -15,3 +19,19 @@ def commit_writes(database: Any, batch_id: int, write_ids: list[str], sink: str 
         return bulk_write.for_database(database).commit(session, sink, batch_id, write_ids)
     finally:
         session.close()
+
+
+@contextlib.contextmanager
+def topic_for_alice_and_bob(tmp_path: Path) -> Iterator[Database]:
+    """A database (no retention thread) with topic ``t`` of 2 partitions that users
+    ``alice`` and ``bob`` may insert into; closed on exit."""
+    db = Database.open(str(tmp_path / "data"), retention_interval_s=None)
+    session = db.connect()
+    session.execute("CREATE TOPIC t WITH (min_active_partitions = 2)")
+    session.execute("GRANT INSERT ON TOPIC t TO alice")
+    session.execute("GRANT INSERT ON TOPIC t TO bob")
+    session.close()
+    try:
+        yield db
+    finally:
+        db.close()

@@ -19,6 +19,7 @@ from storage.errors import (
     InvalidParameterValueError,
     UndefinedObjectError,
 )
+from tests.engine.bulk_helpers import topic_for_alice_and_bob
 
 ALICE = Identity("alice", superuser=False)
 BOB = Identity("bob", superuser=False)
@@ -27,14 +28,8 @@ SCHEMA = pa.schema([("data", pa.binary())])
 
 @pytest.fixture
 def database(tmp_path):
-    db = Database.open(str(tmp_path / "data"), retention_interval_s=None)
-    session = db.connect()
-    session.execute("CREATE TOPIC t WITH (min_active_partitions = 2)")
-    session.execute("GRANT INSERT ON TOPIC t TO alice")
-    session.execute("GRANT INSERT ON TOPIC t TO bob")
-    session.close()
-    yield db
-    db.close()
+    with topic_for_alice_and_bob(tmp_path) as db:
+        yield db
 
 
 def _batch(count: int) -> pa.RecordBatch:

@@ -11,7 +11,6 @@ import pyarrow as pa
 import pytest
 
 from engine import bulk_publish, bulk_write
-from engine.database import Database
 from engine.identity import LOCAL_SUPERUSER, Identity
 from storage import failpoints
 from storage.errors import (
@@ -19,6 +18,7 @@ from storage.errors import (
     ObjectNotInPrerequisiteStateError,
     SerializationFailure,
 )
+from tests.engine.bulk_helpers import topic_for_alice_and_bob
 
 ALICE = Identity("alice", superuser=False)
 BOB = Identity("bob", superuser=False)
@@ -27,15 +27,9 @@ MALLORY = Identity("mallory", superuser=False)
 
 @pytest.fixture
 def database(tmp_path):
-    db = Database.open(str(tmp_path / "data"), retention_interval_s=None)
-    session = db.connect()
-    session.execute("CREATE TOPIC t WITH (min_active_partitions = 2)")
-    session.execute("GRANT INSERT ON TOPIC t TO alice")
-    session.execute("GRANT INSERT ON TOPIC t TO bob")
-    session.close()
-    yield db
-    failpoints.deactivate()
-    db.close()
+    with topic_for_alice_and_bob(tmp_path) as db:
+        yield db
+        failpoints.deactivate()
 
 
 def _batch(count: int, *, partitions: bool = False) -> pa.RecordBatch:
