@@ -73,6 +73,7 @@ BATCH_SIZES = (1, 100, 1000)
 APPEND_TARGET = 0.5  # batched append (1000) at never vs raw MB/s
 READ_TARGET = 0.5  # read MB/s vs raw read MB/s
 READ_MSGS_TARGET = 1_000_000
+READ_BASELINE = "raw os.preadv of the .log files, 8 MiB chunks into one buffer"
 GROUP_TARGET = 10.0  # group vs always messages/s
 
 
@@ -520,11 +521,9 @@ def _record_headline_append(
         f"repetitions alternate storage and raw; dirty+writeback at the start of each run "
         f"{min(dirty):.0f}-{max(dirty):.0f} MB ({dirty_settings()}); see bench/findings.md"
     )
-    harness.record(
-        rec, "storage.append.never.batch1000.mb_per_cpu_s",
-        harness.Spread.of([r.mb_per_cpu_s for r in runs]),
-        harness.Spread.of([r.mb_per_cpu_s for r in raws]),
-        unit="MB per CPU-second", group=group,
+    _record_against(
+        rec, "storage.append.never.batch1000.mb_per_cpu_s", runs, raws,
+        lambda r: r.mb_per_cpu_s, unit="MB per CPU-second", group=group,
         baseline="raw os.write, same pattern, per CPU-second",
         note="time.process_time() of each run (this process's CPU, kernel time of its write "
         "and sync calls included; the kernel's flusher threads not): " + note,
@@ -632,7 +631,7 @@ def bench_read(rec: Recorder, parent: str, params: Params, pool: Sequence[bytes]
             )
     _record_read_diagnostics(rec, group, runs, raws, preads, crcs)
     run, raw = median_run(runs), median_run(raws)
-    baseline = "raw os.preadv of the .log files, 8 MiB chunks into one buffer"
+    baseline = READ_BASELINE
     rec.add(
         "storage.read.batch1000.mb_s",
         run.mb_s,
@@ -679,30 +678,35 @@ def _record_read_diagnostics(
     crcs: list[Run],
 ) -> None:  # fmt: skip
     """Beside the headline read: per CPU-second, with maps off, and the checksum alone."""
-    harness.record(
-        rec, "storage.read.batch1000.mb_per_cpu_s",
-        harness.Spread.of([r.mb_per_cpu_s for r in runs]),
-        harness.Spread.of([r.mb_per_cpu_s for r in raws]),
+    _record_against(
+        rec, "storage.read.batch1000.mb_per_cpu_s", runs, raws, lambda r: r.mb_per_cpu_s,
         unit="MB per CPU-second", group=group,
         baseline="raw os.preadv, per CPU-second",
         note="time.process_time() of each run; repetitions alternate the cases",
     )  # fmt: skip
-    harness.record(
-        rec, "storage.read.maps_off.batch1000.mb_s",
-        harness.Spread.of([r.mb_s for r in preads]),
-        harness.Spread.of([r.mb_s for r in raws]),
-        unit="MB/s", group=group,
-        baseline="raw os.preadv of the .log files, 8 MiB chunks into one buffer",
+    _record_against(
+        rec, "storage.read.maps_off.batch1000.mb_s", preads, raws, lambda r: r.mb_s,
+        unit="MB/s", group=group, baseline=READ_BASELINE,
         note="diagnostic: the read with TOPICBASE_READ_MAPS=0 (pread of each window)",
     )  # fmt: skip
-    harness.record(
-        rec, "storage.read.crc_alone.mb_s",
-        harness.Spread.of([r.mb_s for r in crcs]),
-        harness.Spread.of([r.mb_s for r in raws]),
-        unit="MB/s", group=group,
-        baseline="raw os.preadv of the .log files, 8 MiB chunks into one buffer",
+    _record_against(
+        rec, "storage.read.crc_alone.mb_s", crcs, raws, lambda r: r.mb_s,
+        unit="MB/s", group=group, baseline=READ_BASELINE,
         note="diagnostic: CRC-32C of the mapped files, no copy, no decode: the floor of a "
         "checked read",
+    )  # fmt: skip
+
+
+def _record_against(
+    rec: Recorder, name: str, runs: list[Run], raws: list[Run], value: Callable[[Run], float],
+    *, unit: str, group: str, baseline: str, note: str,
+) -> None:  # fmt: skip
+    """One record of ``value`` of each run against the same of each raw run (the
+    repetitions paired in order: they alternate)."""
+    harness.record(
+        rec, name, harness.Spread.of([value(r) for r in runs]),
+        harness.Spread.of([value(r) for r in raws]),
+        unit=unit, group=group, baseline=baseline, note=note,
     )  # fmt: skip
 
 
