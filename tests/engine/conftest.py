@@ -1,6 +1,7 @@
 from __future__ import annotations
 
 from collections.abc import Iterator
+from typing import Any
 
 import pytest
 
@@ -31,6 +32,27 @@ def cursor() -> Iterator[tables.Connection]:
     tables._small_results.clear()
     yield connection.cursor()
     connection.close()
+
+
+@pytest.fixture
+def rows_way(monkeypatch: pytest.MonkeyPatch) -> list[str]:
+    """The texts that went through the rows' way (``tables._small_rows``), in order (the
+    statement-cost tests)."""
+    return spy_rows_way(monkeypatch)
+
+
+def spy_rows_way(monkeypatch: pytest.MonkeyPatch) -> list[str]:
+    """A list that each text run on the rows' way (``tables._small_rows``) is appended to,
+    for as long as ``monkeypatch`` lasts."""
+    taken: list[str] = []
+    original = tables._small_rows
+
+    def spying(cursor: Any, sql: str, parameters: Any) -> Any:
+        taken.append(sql)
+        return original(cursor, sql, parameters)
+
+    monkeypatch.setattr(tables, "_small_rows", spying)
+    return taken
 
 
 def rows(session: Session, sql: str, parameters=None) -> list[dict]:

@@ -14,20 +14,6 @@ import pytest
 from engine import tables
 
 
-@pytest.fixture
-def rows_way(monkeypatch: pytest.MonkeyPatch) -> list[str]:
-    """The texts that went through the rows' way (``tables._small_rows``)."""
-    taken: list[str] = []
-    original = tables._small_rows
-
-    def spying(cursor: Any, sql: str, parameters: Any) -> Any:
-        taken.append(sql)
-        return original(cursor, sql, parameters)
-
-    monkeypatch.setattr(tables, "_small_rows", spying)
-    return taken
-
-
 def _relation(cursor: tables.Connection, sql: str) -> pa.Table:
     return cursor.sql(sql).to_arrow_table()
 

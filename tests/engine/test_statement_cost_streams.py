@@ -29,20 +29,6 @@ _FAILS_LATE = (
 _BATCH_ROWS = 1000
 
 
-@pytest.fixture
-def rows_way(monkeypatch: pytest.MonkeyPatch) -> list[str]:
-    """The texts that went through the rows' way (``tables._small_rows``)."""
-    taken: list[str] = []
-    original = tables._small_rows
-
-    def spying(cursor: Any, sql: str, parameters: Any) -> Any:
-        taken.append(sql)
-        return original(cursor, sql, parameters)
-
-    monkeypatch.setattr(tables, "_small_rows", spying)
-    return taken
-
-
 def _read_all(cursor: tables.Connection, sql: str) -> tuple[Any, pa.Table]:
     reader, _ = tables.batch_reader(cursor, sql, None, _BATCH_ROWS)
     try:

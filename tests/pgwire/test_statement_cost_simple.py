@@ -18,6 +18,7 @@ from engine import tables
 from engine.api import Database, Rows, parse_statements
 from engine.session import Session
 from sql.pgwire.codec import wire_types
+from tests.engine.conftest import spy_rows_way
 from tests.engine.test_statement_cost_results import VALUES
 
 
@@ -156,14 +157,7 @@ def test_client_side_bound_lookups_take_the_rows_way_after_the_first(
     """psycopg's ``ClientCursor`` sends each lookup as a text of its own (the simple
     protocol): after the first, each takes the rows' way by its shape
     (``tables._rows_way``), and every value is right."""
-    taken: list[str] = []
-    original = tables._small_rows
-
-    def spying(cursor: Any, sql: str, parameters: Any) -> Any:
-        taken.append(sql)
-        return original(cursor, sql, parameters)
-
-    monkeypatch.setattr(tables, "_small_rows", spying)
+    taken = spy_rows_way(monkeypatch)
     tables._small_results.clear()  # no shape known from another test
     conn = connect(autocommit=True)
     conn.execute("CREATE TABLE kv (k BIGINT PRIMARY KEY, v VARCHAR NOT NULL)")
