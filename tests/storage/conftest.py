@@ -16,6 +16,7 @@ import pytest
 
 from storage.clock import ManualClock
 from storage.config import FsyncPolicy, TopicConfig
+from storage.errors import StorageIOError
 from storage.fs import FileSystem
 from storage.partition_log import PartitionLog
 from storage.record_batch import build_wire_batch
@@ -34,6 +35,25 @@ def fs() -> FileSystem:
 @pytest.fixture
 def partition_dir(tmp_path: Any) -> str:
     return os.path.join(str(tmp_path), "p0")
+
+
+class _FailingSync(FileSystem):
+    """A file system whose ``sync`` fails (``StorageIOError``) while ``fail`` is set."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.fail = False
+
+    def sync(self, fd: int) -> None:
+        if self.fail:
+            raise StorageIOError("could not fsync (test)", path="?")
+        super().sync(fd)
+
+
+@pytest.fixture
+def failing_sync() -> FileSystem:
+    """A fresh file system whose fsyncs fail once the test sets its ``fail`` to True."""
+    return _FailingSync()
 
 
 @pytest.fixture

@@ -518,21 +518,10 @@ def test_never_syncs_only_when_a_segment_is_sealed(
     assert fs.fsync_count - before == rolls
 
 
-class _FailingSync(FileSystem):
-    def __init__(self) -> None:
-        super().__init__()
-        self.fail = False
-
-    def sync(self, fd: int) -> None:
-        if self.fail:
-            raise StorageIOError("could not fsync (test)", path="?")
-        super().sync(fd)
-
-
 def test_failed_fsync_fences_the_partition_until_reopen(
-    open_partition: OpenPartition, batch: MakeBatch, read_all: ReadAll
+    open_partition: OpenPartition, batch: MakeBatch, read_all: ReadAll, failing_sync: Any
 ) -> None:
-    failing = _FailingSync()
+    failing = failing_sync
     partition = open_partition(file_system=failing, fsync_policy=FsyncPolicy.ALWAYS)
     partition.append(batch(1))
     failing.fail = True

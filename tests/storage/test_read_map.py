@@ -121,21 +121,10 @@ def test_a_segment_grown_past_its_map_is_mapped_again_and_old_batches_keep_their
     assert _live() == live + 1
 
 
-class _FailingSync(FileSystem):
-    def __init__(self) -> None:
-        super().__init__()
-        self.fail = False
-
-    def sync(self, fd: int) -> None:
-        if self.fail:
-            raise StorageIOError("could not fsync (test)", path="?")
-        super().sync(fd)
-
-
 def test_a_fence_cutting_the_active_segment_leaves_its_map_and_held_batches_whole(
-    open_partition: Any, batch: Any, monkeypatch: pytest.MonkeyPatch
+    open_partition: Any, batch: Any, monkeypatch: pytest.MonkeyPatch, failing_sync: Any
 ) -> None:
-    failing = _FailingSync()
+    failing = failing_sync
     partition = open_partition(file_system=failing, fsync_policy=FsyncPolicy.ALWAYS)
     _fill(partition, batch, frames=2)
     preads = _count_preads(monkeypatch)
