@@ -4,10 +4,12 @@ from __future__ import annotations
 
 from collections.abc import Callable, Iterator
 from pathlib import Path
+from typing import Any
 
 import psycopg
 import pytest
 
+from engine.session import Session
 from sql.pgwire.server import ServerThread
 
 
@@ -33,3 +35,18 @@ def connect(server: ServerThread) -> Iterator[Callable[..., psycopg.Connection]]
     yield open_connection
     for connection in opened:
         connection.close()
+
+
+@pytest.fixture
+def described(monkeypatch: pytest.MonkeyPatch) -> list[str]:
+    """The texts of the statements the engine is asked to describe (``Session.describe``,
+    in the server's threads of this process), in order."""
+    described: list[str] = []
+    describe = Session.describe
+
+    def counting(self: Session, statement: Any) -> Any:
+        described.append(statement.text)
+        return describe(self, statement)
+
+    monkeypatch.setattr(Session, "describe", counting)
+    return described

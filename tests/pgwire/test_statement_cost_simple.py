@@ -170,21 +170,13 @@ def test_client_side_bound_lookups_take_the_rows_way_after_the_first(
 
 
 def test_results_as_rows_ask_no_description_and_uuid_json_still_go_out_as_such(
-    connect: Callable[..., psycopg.Connection], monkeypatch: pytest.MonkeyPatch
+    connect: Callable[..., psycopg.Connection], described: list[str]
 ) -> None:
     """A small result read as ``Rows`` has only DuckDB VARCHAR string columns: the wire
     asks the engine for no description to tell UUID and JSON apart, prepared or simple;
     UUID and JSON columns (never ``Rows``) still go out as UUID and JSON."""
     import uuid
 
-    described: list[str] = []
-    describe = Session.describe
-
-    def counting(self: Session, statement: Any) -> Any:
-        described.append(statement.text)
-        return describe(self, statement)
-
-    monkeypatch.setattr(Session, "describe", counting)
     conn = connect(autocommit=True)
     conn.execute("CREATE TABLE w (k INTEGER, v VARCHAR, u UUID, j JSON)")
     conn.execute("INSERT INTO w VALUES (1, 'x', '00000000-0000-0000-0000-000000000001', "

@@ -269,7 +269,7 @@ def test_kept_plans_through_the_wire_follow_the_tables(
 
 
 def test_an_executed_statement_is_described_again_only_when_the_catalog_moved(
-    connect: Callable[..., psycopg.Connection], monkeypatch: pytest.MonkeyPatch
+    connect: Callable[..., psycopg.Connection], described: list[str]
 ) -> None:
     """An undescribed prepared query with text columns gets its UUID and JSON columns told
     apart by the engine's description after each run; the connection keeps it while
@@ -278,16 +278,6 @@ def test_an_executed_statement_is_described_again_only_when_the_catalog_moved(
     description at all, ``test_statement_cost_simple``.)"""
     import datetime
 
-    from engine.session import Session
-
-    described: list[str] = []
-    describe = Session.describe
-
-    def counting(self: Session, statement: Any) -> Any:
-        described.append(statement.text)
-        return describe(self, statement)
-
-    monkeypatch.setattr(Session, "describe", counting)
     conn = connect(autocommit=True)
     conn.execute("CREATE TABLE u (k INTEGER, v VARCHAR, d DATE)")
     conn.execute("INSERT INTO u VALUES (1, 'x', DATE '2024-01-02')")
