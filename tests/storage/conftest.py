@@ -20,6 +20,7 @@ from storage.errors import StorageIOError
 from storage.fs import FileSystem
 from storage.partition_log import PartitionLog
 from storage.record_batch import build_wire_batch
+from storage.topic_log import TopicLog
 
 
 @pytest.fixture
@@ -80,6 +81,16 @@ def open_partition(
     yield open_
     for partition in opened:
         partition.close()
+
+
+@pytest.fixture
+def topic(tmp_path: Any, fs: FileSystem, clock: ManualClock) -> Iterator[TopicLog]:
+    """Topic ``t1`` of 4 partitions with GROUP fsync (the keyless append tests); closed
+    at teardown."""
+    log = TopicLog(fs, os.path.join(str(tmp_path), "t1"), "t1", clock, create=True)
+    log.create(TopicConfig(partition_count=4, fsync_policy=FsyncPolicy.GROUP))
+    yield log
+    log.close()
 
 
 def make_batch(

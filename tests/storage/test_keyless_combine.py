@@ -12,33 +12,21 @@ joined batch the topic refuses before writing is appended one batch at a time.
 
 from __future__ import annotations
 
-import os
 import threading
-from collections.abc import Iterator
 from typing import Any
 
 import pyarrow as pa
 import pytest
 
 from storage import limits, topic_log
-from storage.clock import ManualClock
 from storage.codecs import Codec
 from storage.config import FsyncPolicy, TopicConfig
 from storage.errors import LimitExceededError, UnsupportedCodecError
-from storage.fs import FileSystem
 from storage.group_commit import GroupCommitter, Request, _outcome
 from storage.record_batch import build_wire_batch
 from storage.topic_log import TopicAppendResult, TopicLog
 
 BUSY = limits.KEYLESS_JOIN_BUSY_APPENDS
-
-
-@pytest.fixture
-def topic(tmp_path: Any, fs: FileSystem, clock: ManualClock) -> Iterator[TopicLog]:
-    log = TopicLog(fs, os.path.join(str(tmp_path), "t1"), "t1", clock, create=True)
-    log.create(TopicConfig(partition_count=4, fsync_policy=FsyncPolicy.GROUP))
-    yield log
-    log.close()
 
 
 def _stored(topic: TopicLog, result: TopicAppendResult) -> list[bytes]:

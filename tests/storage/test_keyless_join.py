@@ -16,7 +16,6 @@ from __future__ import annotations
 import dataclasses
 import os
 import threading
-from collections.abc import Iterator
 from typing import Any
 
 import pytest
@@ -58,14 +57,6 @@ def test_a_committer_counts_the_requests_waiting_for_its_next_round() -> None:
     follower.join(10)
     assert not leader.is_alive() and not follower.is_alive()
     assert committer.waiting == 0
-
-
-@pytest.fixture
-def topic(tmp_path: Any, fs: FileSystem, clock: ManualClock) -> Iterator[TopicLog]:
-    log = TopicLog(fs, os.path.join(str(tmp_path), "t1"), "t1", clock, create=True)
-    log.create(TopicConfig(partition_count=4, fsync_policy=FsyncPolicy.GROUP))
-    yield log
-    log.close()
 
 
 @pytest.fixture
