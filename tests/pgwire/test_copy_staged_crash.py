@@ -9,11 +9,13 @@ client's partition frames (``FORMAT frames``).
 
 from __future__ import annotations
 
+import contextlib
 import os
 import signal
 import subprocess
 import sys
 import time
+from collections.abc import Iterator
 from pathlib import Path
 
 import psycopg
@@ -61,6 +63,27 @@ def _kill_mid_copy(process: subprocess.Popen[str], db: psycopg.Connection, sql: 
         copy.write(stream[len(stream) // 2:])
 
 
+@contextlib.contextmanager
+def _restarted(data_dir: Path) -> Iterator[psycopg.Connection]:
+    """The server started again on ``data_dir`` after the kill, and a connection to it.
+    Checked on entry: nothing is published and ``COMMIT WRITES`` publishes the 100 rows
+    of the whole COPY; on leaving: the same commit again is a duplicate and the write is
+    gone. The server is stopped (SIGTERM) either way."""
+    process, port = _serve(data_dir)
+    try:
+        with _connect(port) as db:
+            assert db.execute("SELECT count(*) FROM TOPIC events").fetchone() == (0,)
+            assert db.execute("COMMIT WRITES ('w') SINK 's' BATCH 0").fetchone() == (
+                "committed", 100)
+            yield db
+            assert db.execute("COMMIT WRITES ('w') SINK 's' BATCH 0").fetchone() == (
+                "duplicate", 0)
+            assert not (data_dir / WRITES_DIRECTORY / "w").exists()
+    finally:
+        process.send_signal(signal.SIGTERM)
+        process.wait(timeout=20)
+
+
 @pytest.mark.parametrize("framed", [False, True])
 def test_a_server_killed_mid_copy_keeps_only_the_whole_copies(tmp_path: Path,
                                                               framed: bool) -> None:  # fmt: skip
@@ -86,22 +109,11 @@ def test_a_server_killed_mid_copy_keeps_only_the_whole_copies(tmp_path: Path,
         if process.poll() is None:
             process.kill()
         process.wait()
-    process, port = _serve(data_dir)
-    try:
-        with _connect(port) as db:
-            assert db.execute("SELECT count(*) FROM TOPIC events").fetchone() == (0,)
-            assert db.execute("COMMIT WRITES ('w') SINK 's' BATCH 0").fetchone() == (
-                "committed", 100)
-            assert db.execute("SELECT count(*) FROM TOPIC events").fetchone() == (100,)
-            assert db.execute("COMMIT WRITES ('w') SINK 's' BATCH 0").fetchone() == (
-                "duplicate", 0)
-            assert not (data_dir / WRITES_DIRECTORY / "w").exists()
-            if framed:  # every row in the partition it named
-                assert db.execute("SELECT count(*) FROM TOPIC events WHERE partition = 0"
-                                  ).fetchone() == (50,)  # fmt: skip
-    finally:
-        process.send_signal(signal.SIGTERM)
-        process.wait(timeout=20)
+    with _restarted(data_dir) as db:
+        assert db.execute("SELECT count(*) FROM TOPIC events").fetchone() == (100,)
+        if framed:  # every row in the partition it named
+            assert db.execute("SELECT count(*) FROM TOPIC events WHERE partition = 0"
+                              ).fetchone() == (50,)  # fmt: skip
 
 
 def test_a_server_killed_mid_frames_copy_keeps_only_the_whole_copies(tmp_path: Path) -> None:
@@ -129,17 +141,6 @@ def test_a_server_killed_mid_frames_copy_keeps_only_the_whole_copies(tmp_path: P
         if process.poll() is None:
             process.kill()
         process.wait()
-    process, port = _serve(data_dir)
-    try:
-        with _connect(port) as db:
-            assert db.execute("SELECT count(*) FROM TOPIC events").fetchone() == (0,)
-            assert db.execute("COMMIT WRITES ('w') SINK 's' BATCH 0").fetchone() == (
-                "committed", 100)
-            assert db.execute("SELECT partition, count(*) FROM TOPIC events GROUP BY partition "
-                              "ORDER BY partition").fetchall() == [(0, 50), (1, 50)]  # fmt: skip
-            assert db.execute("COMMIT WRITES ('w') SINK 's' BATCH 0").fetchone() == (
-                "duplicate", 0)
-            assert not (data_dir / WRITES_DIRECTORY / "w").exists()
-    finally:
-        process.send_signal(signal.SIGTERM)
-        process.wait(timeout=20)
+    with _restarted(data_dir) as db:
+        assert db.execute("SELECT partition, count(*) FROM TOPIC events GROUP BY partition "
+                          "ORDER BY partition").fetchall() == [(0, 50), (1, 50)]  # fmt: skip
