@@ -27,6 +27,7 @@ from storage.clock import ManualClock
 from storage.record_batch import WIRE_SCHEMA, serialize_body_buffer
 from storage.staged_frames import STAGED_HEADER, STAGED_MAGIC
 from tests.pgwire.test_copy_staged import Connect, topic_rows
+from tests.storage.test_wire_columns import _compressed_body
 
 AT_US = 1_700_000_000_000_000
 
@@ -92,16 +93,6 @@ def test_frames_are_staged_as_sent_and_published_once(db: psycopg.Connection,
     assert len(topic_rows(db, "events")) == 6
 
 
-def _compressed_body(batch: pa.RecordBatch) -> bytes:
-    sink = pa.BufferOutputStream()
-    options = pa.ipc.IpcWriteOptions(compression="zstd")
-    with pa.ipc.new_stream(sink, batch.schema, options=options) as writer:
-        writer.write_batch(batch)
-    reader = pa.ipc.MessageReader.open_stream(sink.getvalue())
-    reader.read_next_message()  # the schema
-    return reader.read_next_message().serialize().to_pybytes()
-
-
 def _padded(body: bytes) -> bytes:
     return body + b"\0" * (-len(body) % 8)
 
@@ -140,7 +131,7 @@ def _bad_offsets() -> bytes:
     (frame(2, GOOD), "22023"),  # the topic has partitions 0 and 1
     (frame(0, GOOD, body=_padded(OTHER_SCHEMA.serialize().to_pybytes())), "22P04"),
     (frame(0, GOOD, body=b"\xff" * 64), "22P04"),
-    (frame(0, GOOD, body=_padded(_compressed_body(GOOD))), "22P04"),
+    (frame(0, GOOD, body=_compressed_body(GOOD).to_pybytes()), "22P04"),
     (frame(0, GOOD, body=serialize_body_buffer(GOOD).to_pybytes() + b"\0" * 8), "22P04"),
     (frame(0, GOOD, body=_bad_offsets()), "22P04"),
     (frame(0, WITH_PRODUCER), "22P04"),  # producer state: not a frame published by copy
