@@ -29,6 +29,7 @@ import shutil
 import tempfile
 import threading
 import time
+from collections.abc import Callable
 
 from bench.profile_move import _split_timers
 from bench.storage_bench import make_messages
@@ -103,24 +104,14 @@ def sessions_run(
                     continue
                 counts[index] += 1
 
-        def phase(length: float) -> None:
-            stop.clear()
-            threads = [threading.Thread(target=body, args=(i,)) for i in range(sessions)]
-            for thread in threads:
-                thread.start()
-            time.sleep(length)
-            stop.set()
-            for thread in threads:
-                thread.join()
-
-        phase(0.5)
+        _run_threads(body, sessions, 0.5, stop)
         counts[:] = [0] * sessions
         retries[:] = [0] * sessions
         spent: dict[str, float] = collections.defaultdict(float)
         calls: collections.Counter = collections.Counter()
         cpu, wall = time.process_time(), time.perf_counter()
         with _split_timers(spent, calls):
-            phase(seconds)
+            _run_threads(body, sessions, seconds, stop)
         cpu, wall = time.process_time() - cpu, time.perf_counter() - wall
         for session in connected:
             session.close()
@@ -136,6 +127,20 @@ def sessions_run(
     lines += [f"    {label:40} {spent[label] / total * 1000:7.3f} ms/txn (summed over threads)"
               for label in sorted(spent, key=spent.__getitem__, reverse=True)]  # fmt: skip
     return "\n".join(lines)
+
+
+def _run_threads(body: Callable[[int], None], count: int, seconds: float,
+                 stop: threading.Event) -> None:  # fmt: skip
+    """``count`` threads run ``body(index)`` for ``seconds``: ``stop`` is cleared, the
+    threads started, ``stop`` set after ``seconds``; returns when every thread ended."""
+    stop.clear()
+    workers = [threading.Thread(target=body, args=(i,)) for i in range(count)]
+    for worker in workers:
+        worker.start()
+    time.sleep(seconds)
+    stop.set()
+    for worker in workers:
+        worker.join()
 
 
 def duckdb_alone(threads: int, seconds: float, record: bool, group: int) -> str:
@@ -186,14 +191,8 @@ def duckdb_alone(threads: int, seconds: float, record: bool, group: int) -> str:
                                    "< ?", [first])  # fmt: skip
             cursor.close()
 
-        workers = [threading.Thread(target=body, args=(i,)) for i in range(threads)]
         cpu, wall = time.process_time(), time.perf_counter()
-        for worker in workers:
-            worker.start()
-        time.sleep(seconds)
-        stop.set()
-        for worker in workers:
-            worker.join()
+        _run_threads(body, threads, seconds, stop)
         cpu, wall = time.process_time() - cpu, time.perf_counter() - wall
     finally:
         connection.close()
