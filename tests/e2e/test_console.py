@@ -45,6 +45,13 @@ def run(
     )
 
 
+def default_ctrl_c() -> None:
+    """In the child before exec: Ctrl-C (SIGINT) as a terminal's program gets it. A shell
+    starts background commands with SIGINT ignored, and an ignored signal stays ignored
+    across exec, so a suite launched with ``&`` would run its consoles deaf to Ctrl-C."""
+    signal.signal(signal.SIGINT, signal.SIG_DFL)
+
+
 def start(data_dir: Path, *arguments: str) -> subprocess.Popen[str]:
     return subprocess.Popen(
         command(data_dir, *arguments),
@@ -52,6 +59,7 @@ def start(data_dir: Path, *arguments: str) -> subprocess.Popen[str]:
         stdout=subprocess.PIPE,
         stderr=subprocess.PIPE,
         text=True,
+        preexec_fn=default_ctrl_c,
     )
 
 

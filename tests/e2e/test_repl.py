@@ -12,6 +12,8 @@ from pathlib import Path
 import pexpect
 import pytest
 
+from tests.e2e.test_console import default_ctrl_c
+
 TOPICBASE = shutil.which("topicbase", path=str(Path(sys.executable).parent))
 PROMPT = r"topicbase=>"
 CONTINUATION = r"->"
@@ -39,6 +41,7 @@ def repl(tmp_path: Path, history_file: Path):  # -> pexpect.spawn
         encoding="utf-8",
         timeout=30,
         dimensions=(40, 120),
+        preexec_fn=default_ctrl_c,  # Ctrl-C heard even if the suite runs in the background
     )
     child.expect(PROMPT)
     yield child
