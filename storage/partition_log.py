@@ -843,10 +843,9 @@ class PartitionLog:
             return None
         body = frame.body
         parent = body.parent
-        if frame.mapped:
-            pass  # a view of the segment's map: it holds no heap memory to free
-        elif parent is not None and parent.size > 2 * frame.header.frame_bytes:
-            # Keep only this frame, not the whole read window it came in.
+        # Keep only this frame, not the whole read window it came in (a view of the
+        # segment's map holds no heap memory: kept as it is).
+        if not frame.mapped and parent is not None and parent.size > 2 * frame.header.frame_bytes:
             body = pa.py_buffer(body.to_pybytes())
         cached = CachedFrame(segment, frame.position, frame.header, body, mapped=frame.mapped)
         self._frame_cache.put(self, cached)
