@@ -137,3 +137,44 @@ def test_attach_reads_pending_bytes_first(pending: bytes) -> None:
         return data
 
     assert asyncio.run(main()) == pending + b"after"
+
+
+def _own_connection(server: ServerThread) -> Connection:
+    (connection,) = server.server.connections.values()
+    deadline = time.monotonic() + 10
+    while connection.direct is None and time.monotonic() < deadline:
+        time.sleep(0.01)  # it moves right after the login's ReadyForQuery
+    assert connection.own_thread is not None and connection.direct is not None
+    return connection
+
+
+def test_statements_are_read_without_turns_of_the_loop(server, connect) -> None:
+    conn = connect(autocommit=True)
+    connection = _own_connection(server)
+    loop = connection.own_thread._loop  # type: ignore[union-attr]
+    assert loop is not None
+    selector = loop._selector  # type: ignore[attr-defined]
+    polls: list[float | None] = []
+    original = selector.select
+
+    def counting(timeout: float | None = None) -> Any:
+        polls.append(timeout)
+        return original(timeout)
+
+    selector.select = counting
+    for value in range(50):
+        assert conn.execute("SELECT %s::INTEGER", [value]).fetchone() == (value,)
+    assert conn.execute("SELECT 1").fetchone() == (1,)
+    # Through the loop, every statement polled at least once (waiting for the client).
+    assert len(polls) < 5, polls
+
+
+def test_a_call_for_the_loop_wakes_a_connection_waiting_for_its_client(server, connect) -> None:
+    conn = connect(autocommit=True)
+    assert conn.execute("SELECT 1").fetchone() == (1,)
+    connection = _own_connection(server)
+    time.sleep(0.1)  # idle: its thread waits for the client's next bytes
+    ran = threading.Event()
+    connection.own_thread.call_soon(ran.set)  # type: ignore[union-attr]
+    assert ran.wait(5), "the queued call waited for the client"
+    assert conn.execute("SELECT 2").fetchone() == (2,)  # and the connection goes on

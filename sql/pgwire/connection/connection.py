@@ -226,6 +226,8 @@ class Connection(ExtendedProtocol):
         self.executor = concurrent.futures.ThreadPoolExecutor(1, "topicbase-pgwire")
         # Set once the logged-in connection's socket moved to a thread of its own.
         self.own_thread: own_thread.OwnThread | None = None
+        # Reads from the socket without the loop, once on the own thread (``own_thread``).
+        self.direct: own_thread.DirectReads | None = None
         self.socket_closed = False  # PgServer.stop closed (or is closing) the socket
         self.statements: dict[str, Prepared] = {}
         self.portals: dict[str, Portal] = {}
@@ -317,6 +319,9 @@ class Connection(ExtendedProtocol):
             try:
                 self.reader, self.writer = await own_thread.attach(moved, pending)
                 self.context.reader = self.reader
+                assert self.own_thread is not None
+                self.direct = own_thread.DirectReads(self.reader, self.writer, moved,
+                                                     self.own_thread.wake_fd)  # fmt: skip
                 if self.socket_closed:  # the server stopped while the socket moved: the
                     self.writer.close()  # close it asked for found the old writer
                 await self._until_the_end(self.serve_messages())
@@ -450,6 +455,8 @@ class Connection(ExtendedProtocol):
         self.writer = GatheringWriter(self.writer)
         while True:
             taken = self._buffered_message()
+            if taken is None and self.direct is not None and self._read_directly():
+                continue  # more bytes in the buffer: look again
             if taken is None:
                 header = await self._next_header()
                 body = await self.reader.readexactly(
@@ -506,6 +513,19 @@ class Connection(ExtendedProtocol):
         reader._maybe_resume_transport()
         self.waiting_for_query = False
         return header[:1], body
+
+    def _read_directly(self) -> bool:
+        """Wait for the client's next bytes on the connection's own thread without a turn
+        of its event loop (``own_thread.DirectReads``); True when some came. While the
+        session is idle its idle timeout runs, as in ``_next_header`` (restarted by each
+        part of a message that comes). False: the loop's read takes over."""
+        assert self.direct is not None
+        limit = self._idle_limit() if self.waiting_for_query else None
+        came = self.direct.wait(None if limit is None else limit[0])
+        if came is None:
+            assert limit is not None
+            raise limit[1]
+        return came
 
     # -- idle timeouts and the statement log --------------------------------------------------
     async def _next_header(self) -> bytes:
