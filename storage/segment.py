@@ -125,6 +125,11 @@ class LogSegment:
         self._write_fd: int | None = None
         self._shared: _SharedDescriptor | None = None  # ``_write_fd`` as scans share it
         self._fd_lock = threading.Lock()
+        # Syncs of the log, one at a time (a checkpoint's runs outside the partition's
+        # write lock: ``sync_published``), and the error of a failed one, which every
+        # later sync raises (``_sync_log``).
+        self._sync_lock = threading.Lock()
+        self._sync_failed: StorageIOError | None = None
         self._marked_deleted = False  # the log file is renamed to *.deleted
         # Log bytes below this position are synced or already handed to writeback.
         self._writeback_position = 0
@@ -235,8 +240,57 @@ class LogSegment:
         self.offset_index.flush()
         self.time_index.flush()
         if self._write_fd is not None:
-            self.fs.sync(self._write_fd)
+            self._sync_log(self._write_fd)
             self._writeback_position = self.size_bytes
+
+    def flush_for_sync(self) -> _SharedDescriptor | None:
+        """``sync``'s part under the partition's write lock, for a sync of the log made
+        outside it (``sync_published``): the indexes flushed (not synced, as ``sync``),
+        and the writer's descriptor held for that sync (as a scan holds it: a close
+        meanwhile, at a roll, leaves it open to the holder); None when the log is not
+        open for writing (nothing written since the segment was opened or sealed, and a
+        sealed log was synced at its seal)."""
+        self.offset_index.flush()
+        self.time_index.flush()
+        with self._fd_lock:
+            shared = self._shared
+            if shared is None:
+                return None
+            shared.readers += 1
+        self._writeback_position = self.size_bytes
+        return shared
+
+    def sync_published(self, held: _SharedDescriptor) -> None:
+        """Sync the log through the descriptor ``flush_for_sync`` held, without the
+        partition's write lock, then let it go: everything written before that call is
+        durable when this returns. Appends may go on meanwhile (a checkpoint syncing 1000
+        partitions no longer makes a publish, which takes every partition's lock, wait
+        for each sync in turn). A failure is raised here and by every later sync of
+        this log (``_sync_log``)."""
+        try:
+            self._sync_log(held.fd)
+        finally:
+            self._scan_done(held.fd, held)
+
+    def _sync_log(self, fd: int) -> None:
+        """``fdatasync`` the log, one sync at a time. Once a sync failed, every later
+        one raises that error without syncing: the kernel reports a failed writeback to
+        one ``fdatasync`` of the file only, so a sync made after another one saw the
+        failure (a writer's group commit after a checkpoint's) could succeed although
+        bytes written before it were lost. The partition fences on the error (reopen
+        recovers); until it does, no sync here succeeds."""
+        with self._sync_lock:
+            failed = self._sync_failed
+            if failed is not None:
+                raise StorageIOError(
+                    f"an earlier sync of this log failed ({failed}); reopen to recover",
+                    path=self.log_path,
+                )
+            try:
+                self.fs.sync(fd)
+            except StorageIOError as error:
+                self._sync_failed = error
+                raise
 
     def seal(self, *, durable: bool) -> None:
         """Called at roll: the log is always synced, the indexes when ``durable``.
@@ -247,7 +301,7 @@ class LogSegment:
         before a newer one. Indexes are rebuilt when they do not fit.
         """
         if self._write_fd is not None:
-            self.fs.sync(self._write_fd)
+            self._sync_log(self._write_fd)
         self.offset_index.flush(sync=durable)
         self.time_index.flush(sync=durable)
         self.close()
