@@ -168,19 +168,49 @@ def parse_parse(body: bytes) -> Parse:
     return Parse(name, query, oids)
 
 
+def _cstring_at(body: bytes, at: int) -> tuple[str, int]:
+    """The C string at ``at`` of ``body`` and the offset after its NUL (``Reader.cstring``
+    without a reader: the same errors)."""
+    end = body.find(b"\0", at)
+    if end < 0:
+        raise ProtocolError("unterminated string in message")
+    try:
+        return body[at:end].decode("utf-8"), end + 1
+    except UnicodeDecodeError:
+        raise ProtocolError("invalid UTF-8 in message") from None
+
+
+def _int16s_at(body: bytes, at: int) -> tuple[list[int], int]:
+    """A count (unsigned Int16) and that many Int16 fields at ``at``; the offset after."""
+    if at + 2 > len(body):
+        raise ProtocolError("message is shorter than its fields")
+    (count,) = _UINT16.unpack_from(body, at)
+    at += 2
+    if not count:
+        return [], at
+    end = at + 2 * count
+    if end > len(body):
+        raise ProtocolError("message is shorter than its fields")
+    return list(struct.unpack_from(f"!{count}h", body, at)), end
+
+
 def parse_bind(body: bytes) -> Bind:
     """A Bind message. Its parameter values are read in one tight loop (a statement of
     1000 rows binds 1000 values), with the same checks as field by field: a length
     below -1 or past the end of the body is a ProtocolError. Counts are unsigned, as
-    PostgreSQL reads them (up to WIRE_PARAMETERS_MAX parameters)."""
-    reader = Reader(body)
-    portal, statement = reader.cstring(), reader.cstring()
-    formats = reader.int16_array(reader.uint16())
-    count = reader.uint16()
+    PostgreSQL reads them (up to WIRE_PARAMETERS_MAX parameters). Read with offsets, no
+    ``Reader``: a flight's Bind is parsed on every statement."""
+    portal, at = _cstring_at(body, 0)
+    statement, at = _cstring_at(body, at)
+    formats, at = _int16s_at(body, at)
+    end = len(body)
+    if at + 2 > end:
+        raise ProtocolError("message is shorter than its fields")
+    (count,) = _UINT16.unpack_from(body, at)
+    at += 2
     values: list[bytes | None] = []
     append = values.append
     unpack_length = _INT32.unpack_from
-    at, end = reader.at, len(body)
     for _ in range(count):
         if at + 4 > end:
             raise ProtocolError("message is shorter than its fields")
@@ -193,35 +223,51 @@ def parse_bind(body: bytes) -> Bind:
             raise ProtocolError("message is shorter than its fields")
         append(body[at : at + length])
         at += length
-    reader.at = at
-    result_formats = reader.int16_array(reader.uint16())
+    result_formats, _ = _int16s_at(body, at)
     return Bind(portal, statement, formats, values, result_formats)
 
 
+def _kind_and_name(body: bytes, message: str) -> tuple[str, str]:
+    """A Describe's or Close's subtype (S or P) and name."""
+    if not body:
+        raise ProtocolError("message is shorter than its fields")
+    kind = _SUBTYPES.get(body[0])
+    if kind is None:
+        raise ProtocolError(f"invalid {message} message subtype {chr(body[0])!r}")
+    return kind, _cstring_at(body, 1)[0]
+
+
+_SUBTYPES = {ord("S"): "S", ord("P"): "P"}
+
+
 def parse_describe(body: bytes) -> Describe:
-    reader = Reader(body)
-    kind = reader.byte().decode("latin-1")
-    if kind not in ("S", "P"):
-        raise ProtocolError(f"invalid DESCRIBE message subtype {kind!r}")
-    return Describe(kind, reader.cstring())
+    return Describe(*_kind_and_name(body, "DESCRIBE"))
 
 
 def parse_close(body: bytes) -> Close:
-    reader = Reader(body)
-    kind = reader.byte().decode("latin-1")
-    if kind not in ("S", "P"):
-        raise ProtocolError(f"invalid CLOSE message subtype {kind!r}")
-    return Close(kind, reader.cstring())
+    return Close(*_kind_and_name(body, "CLOSE"))
 
 
 def parse_execute(body: bytes) -> Execute:
-    reader = Reader(body)
-    return Execute(reader.cstring(), reader.int32())
+    portal, at = _cstring_at(body, 0)
+    if at + 4 > len(body):
+        raise ProtocolError("message is shorter than its fields")
+    return Execute(portal, _INT32.unpack_from(body, at)[0])
 
 
 # -- backend messages -------------------------------------------------------------------------
 def message(kind: bytes, body: bytes = b"") -> bytes:
     return kind + _INT32.pack(len(body) + 4) + body
+
+
+# Messages without fields, made once.
+_EMPTY_QUERY_RESPONSE = message(b"I")
+_PARSE_COMPLETE = message(b"1")
+_BIND_COMPLETE = message(b"2")
+_CLOSE_COMPLETE = message(b"3")
+_NO_DATA = message(b"n")
+_PORTAL_SUSPENDED = message(b"s")
+_READY = {status: message(b"Z", status.encode("ascii")) for status in "ITE"}
 
 
 def cstr(text: str) -> bytes:
@@ -241,7 +287,8 @@ def backend_key_data(process_id: int, secret_key: int) -> bytes:
 
 
 def ready_for_query(status: str) -> bytes:
-    return message(b"Z", status.encode("ascii"))
+    ready = _READY.get(status)
+    return message(b"Z", status.encode("ascii")) if ready is None else ready
 
 
 @dataclass
@@ -278,27 +325,27 @@ def command_complete(tag: str) -> bytes:
 
 
 def empty_query_response() -> bytes:
-    return message(b"I")
+    return _EMPTY_QUERY_RESPONSE
 
 
 def parse_complete() -> bytes:
-    return message(b"1")
+    return _PARSE_COMPLETE
 
 
 def bind_complete() -> bytes:
-    return message(b"2")
+    return _BIND_COMPLETE
 
 
 def close_complete() -> bytes:
-    return message(b"3")
+    return _CLOSE_COMPLETE
 
 
 def no_data() -> bytes:
-    return message(b"n")
+    return _NO_DATA
 
 
 def portal_suspended() -> bytes:
-    return message(b"s")
+    return _PORTAL_SUSPENDED
 
 
 def parameter_description(oids: list[int]) -> bytes:

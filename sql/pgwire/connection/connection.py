@@ -56,6 +56,7 @@ import logging
 import re
 import secrets
 import ssl
+import struct
 from collections.abc import Callable, Coroutine
 from typing import Any, NamedTuple, Protocol
 
@@ -108,6 +109,7 @@ from storage.errors import (
     TooManyConnectionsError,
     TopicbaseError,
 )
+from storage.limits import WIRE_MESSAGE_LENGTH_MAX
 
 log = logging.getLogger(__name__)
 
@@ -138,6 +140,8 @@ class ServerSide(Protocol):
     def call_soon(self, function: Callable[[], Any]) -> None: ...
 
 
+_LENGTH = struct.Struct("!i")
+_KINDS = [bytes([code]) for code in range(256)]  # a message's type byte as ``bytes``
 ROWS_PER_CHUNK = 1000
 OWN_THREAD_STOP_S = 5  # a cancelled connection's thread is waited for this long
 INLINE_VALUES = 64  # results this small are encoded on the event loop (send_rows)
@@ -202,6 +206,15 @@ def _start_stream(context: CommandContext, statement: ast.Statement) -> _Started
     return _Started(stream, first, ended=False)
 
 
+def _idle_error(in_transaction: bool) -> TopicbaseError:
+    """What an idle session past its timeout gets (FATAL): 25P03 in a transaction, else
+    57P05 (``Connection._idle_limit``)."""
+    if in_transaction:
+        return IdleInTransactionSessionTimeoutError(
+            "terminating connection due to idle-in-transaction timeout")  # fmt: skip
+    return IdleSessionTimeoutError("terminating connection due to idle-session timeout")
+
+
 class _Ran(NamedTuple):
     """A statement the engine did not stream, run whole, with the description that refines
     its text columns (``ExtendedProtocol.text_description``) and the transaction that holds
@@ -239,6 +252,8 @@ class Connection(ExtendedProtocol):
                                                       server.settings)  # fmt: skip
         self.has_slot = False  # counted in server.sessions (one of connections_max)
         self.waiting_for_query = False  # ReadyForQuery sent, no message since: idle
+        # The largest length word ``message_body_length`` accepts (the type byte aside).
+        self._length_max = 4 + min(WIRE_MESSAGE_LENGTH_MAX - 4, server.limits.message_bytes_max)
         # What the command handlers (connection.commands and below) see of this connection.
         self.context = CommandContext(
             database=server.database, limits=server.limits, catalog=self.catalog,
@@ -504,15 +519,20 @@ class Connection(ExtendedProtocol):
         buffer = reader._buffer  # no public way to look at what is buffered
         if len(buffer) < 5 or reader._exception is not None:
             return None
-        header = bytes(buffer[:5])
-        end = 5 + wire_limits.message_body_length(header, self.server.limits)
+        (length,) = _LENGTH.unpack_from(buffer, 1)  # counts itself, not the type byte
+        if not 4 <= length <= self._length_max:  # raises the error the length deserves
+            wire_limits.message_body_length(bytes(buffer[:5]), self.server.limits)
+            raise AssertionError("message_body_length accepted a length outside its bounds")
+        end = 1 + length
         if len(buffer) < end:
             return None
+        kind = _KINDS[buffer[0]]
         body = bytes(buffer[5:end])
         del buffer[:end]
-        reader._maybe_resume_transport()
+        if reader._paused:  # as ``readexactly`` resumes it
+            reader._maybe_resume_transport()
         self.waiting_for_query = False
-        return header[:1], body
+        return kind, body
 
     def _read_directly(self) -> bool:
         """Wait for the client's next bytes on the connection's own thread without a turn
@@ -524,7 +544,7 @@ class Connection(ExtendedProtocol):
         came = self.direct.wait(None if limit is None else limit[0])
         if came is None:
             assert limit is not None
-            raise limit[1]
+            raise _idle_error(limit[1])
         return came
 
     # -- idle timeouts and the statement log --------------------------------------------------
@@ -537,31 +557,27 @@ class Connection(ExtendedProtocol):
         if limit is None:
             header = await self.reader.readexactly(5)
         else:
-            timeout_s, error = limit
+            timeout_s, in_transaction = limit
             try:
                 async with asyncio.timeout(timeout_s):
                     header = await self.reader.readexactly(5)
             except TimeoutError:
-                raise error from None
+                raise _idle_error(in_transaction) from None
         self.waiting_for_query = False
         return header
 
-    def _idle_limit(self) -> tuple[float, TopicbaseError] | None:
-        """The idle timeout in force (seconds) and its error, or None. Read on the event
-        loop while no statement runs, so the session's state is still."""
+    def _idle_limit(self) -> tuple[float, bool] | None:
+        """The idle timeout in force (seconds) and whether it is the one of a transaction
+        (``_idle_error``), or None. Read on the event loop while no statement runs, so the
+        session's state is still."""
         session = self.session
         if session is None:
             return None
-        settings = self.catalog.settings
-        if session.state is SessionState.IDLE:
-            timeout_ms = milliseconds(settings.show("idle_session_timeout"))
-            error: TopicbaseError = IdleSessionTimeoutError(
-                "terminating connection due to idle-session timeout")  # fmt: skip
-        else:
-            timeout_ms = milliseconds(settings.show("idle_in_transaction_session_timeout"))
-            error = IdleInTransactionSessionTimeoutError(
-                "terminating connection due to idle-in-transaction timeout")  # fmt: skip
-        return None if timeout_ms == 0 else (timeout_ms / 1000, error)
+        values = self.catalog.settings.values  # the shown values, by canonical name
+        in_transaction = session.state is not SessionState.IDLE
+        name = "idle_in_transaction_session_timeout" if in_transaction else "idle_session_timeout"
+        timeout_ms = milliseconds(values[name])
+        return None if timeout_ms == 0 else (timeout_ms / 1000, in_transaction)
 
     def log_statement(self, text: str) -> None:
         """Log ``text`` if the session's ``log_statement`` asks for it (none by default:

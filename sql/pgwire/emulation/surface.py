@@ -20,7 +20,8 @@
 - Queries that read ``pg_catalog``/``information_schema`` or call PostgreSQL's catalog
   functions are rewritten into DuckDB SQL (``pg_rewrite``) and run as ordinary SQL by
   the engine, in the session's transaction.
-- Everything else goes to the engine untouched; the check costs a few anchored regexes.
+- Everything else goes to the engine untouched; the check costs a few anchored regexes,
+  once per text (``_goes_unchanged`` keeps the answer by text).
 
 ``plain_begin`` (called before parsing) turns ``BEGIN ISOLATION LEVEL …`` into ``BEGIN``
 for the levels every transaction already provides.
@@ -53,6 +54,7 @@ from storage.errors import (
     TopicbaseError,
     UndefinedPreparedStatementError,
 )
+from storage.limits import CACHED_TEXT_CHARS_MAX
 
 
 class InvalidSavepointError(TopicbaseError):
@@ -85,6 +87,31 @@ _SERIAL = re.compile(r"\b(SMALL|BIG)?SERIAL\b", re.IGNORECASE)
 _CREATE_TABLE = re.compile(r"^\s*CREATE\s+(?:TEMP\w*\s+)?TABLE\b", re.IGNORECASE)
 _SERIAL_TYPES = {"SMALLSERIAL": "SMALLINT", "SERIAL": "INTEGER", "BIGSERIAL": "BIGINT"}
 _VALUE = re.compile(r"\s*('(?:[^']|'')*'|\"(?:[^\"]|\"\")*\"|[^,\s]+)\s*(?:,|$)")
+
+
+_UNCHANGED_KEPT = 1024
+# SQL text -> whether ``ConnectionCatalog`` hands it to the engine as it is, whatever the
+# connection's settings: no session command, no CREATE TABLE (SERIAL columns), no SHOW,
+# nothing ``pg_rewrite`` may rewrite. Depends on the text alone; cleared when full.
+_unchanged: dict[str, bool] = {}
+
+
+def _goes_unchanged(sql: str) -> bool:
+    """Whether ``sql`` certainly goes to the engine untouched (``_unchanged``): a repeated
+    statement pays for the regexes once."""
+    unchanged = _unchanged.get(sql)
+    if unchanged is None:
+        unchanged = (
+            _SESSION_COMMAND.match(sql) is None
+            and _CREATE_TABLE.match(sql) is None
+            and _SHOW.match(sql) is None
+            and not pg_rewrite.might_need_rewrite(sql)
+        )
+        if len(sql) <= CACHED_TEXT_CHARS_MAX:
+            if len(_unchanged) >= _UNCHANGED_KEPT:
+                _unchanged.clear()
+            _unchanged[sql] = unchanged
+    return unchanged
 
 
 _BEGIN_WITH_MODES = re.compile(
@@ -154,7 +181,8 @@ class ConnectionCatalog:
     def _execute(self, session: Session, statement: ast.Statement, parameters: Any) -> Result:
         if session.state is SessionState.IDLE:
             self.savepoints.clear()
-        if not isinstance(statement, ast.SqlStatement) or statement.topic_scans:
+        if (not isinstance(statement, ast.SqlStatement) or statement.topic_scans
+                or _goes_unchanged(statement.sql)):  # fmt: skip
             return self._run_with_timeout(session, statement, parameters)
         sql = statement.sql
         if session.state is not SessionState.FAILED and _SESSION_COMMAND.match(sql):
@@ -170,7 +198,7 @@ class ConnectionCatalog:
         self, session: Session, statement: ast.Statement, parameters: Any
     ) -> Result:
         """Run ``statement``; past ``statement_timeout`` it is cancelled as by CancelRequest."""
-        timeout_ms = _milliseconds(self.settings.show("statement_timeout"))
+        timeout_ms = _milliseconds(self.settings.values["statement_timeout"])
         if timeout_ms == 0:
             return session.execute_statement(statement, parameters)
         timer = threading.Timer(timeout_ms / 1000, session.cancel)

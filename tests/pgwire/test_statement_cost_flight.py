@@ -1,0 +1,118 @@
+"""A prepared statement's flight (Bind/Describe/Execute/Sync) without repeated work
+(issue 14, docs/statement_cost.md "Round 6 (wire)"): the PostgreSQL surface classifies a
+text once (``surface._goes_unchanged``), the flight's messages are taken from the
+reader's buffer with the same length checks, and the parsers of Bind, Describe, Execute
+and Close answer hostile bytes with the same errors as field-by-field reading."""
+
+from __future__ import annotations
+
+import re
+import struct
+from typing import Any
+
+import pytest
+
+from sql.pgwire.codec import messages as m
+from sql.pgwire.emulation import surface
+
+
+class _CountingPattern:
+    """A compiled pattern that counts its ``match`` calls."""
+
+    def __init__(self, pattern: re.Pattern[str]) -> None:
+        self.pattern = pattern
+        self.texts: list[str] = []
+
+    def match(self, text: str, *arguments: Any) -> re.Match[str] | None:
+        self.texts.append(text)
+        return self.pattern.match(text, *arguments)
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self.pattern, name)
+
+
+def test_a_repeated_statement_is_classified_once(connect, monkeypatch) -> None:
+    counting = _CountingPattern(surface._SESSION_COMMAND)
+    monkeypatch.setattr(surface, "_SESSION_COMMAND", counting)
+    surface._unchanged.clear()
+    conn = connect(autocommit=True)
+    text = "SELECT 40 + %s::INTEGER AS answer"
+    for value in range(12):  # psycopg prepares it from the 6th run on
+        assert conn.execute(text, [value]).fetchone() == (40 + value,)
+    assert counting.texts.count("SELECT 40 + $1::INTEGER AS answer") == 1
+    # Session commands and catalog queries are still the surface's.
+    conn.execute("SET statement_timeout = '5s'")
+    for _ in range(3):
+        assert conn.execute("SHOW statement_timeout").fetchone() == ("5000ms",)
+        assert conn.execute("SELECT current_setting('statement_timeout')").fetchone() == ("5000ms",)
+        assert conn.execute("SELECT count(*) FROM pg_catalog.pg_type WHERE typname = 'int4'"
+                            ).fetchone() == (1,)  # fmt: skip
+
+
+def test_surface_keeps_a_bounded_number_of_texts(monkeypatch) -> None:
+    monkeypatch.setattr(surface, "_UNCHANGED_KEPT", 4)
+    surface._unchanged.clear()
+    for value in range(10):
+        assert surface._goes_unchanged(f"SELECT {value}")
+    assert len(surface._unchanged) <= 4
+    assert not surface._goes_unchanged("SHOW search_path")
+    assert not surface._goes_unchanged("  set search_path = x")
+    assert not surface._goes_unchanged("CREATE TABLE t (id SERIAL)")
+    assert not surface._goes_unchanged("SELECT * FROM pg_catalog.pg_class")
+    surface._unchanged.clear()
+
+
+def _reference_describe(body: bytes) -> tuple[str, str]:
+    reader = m.Reader(body)
+    kind = reader.byte().decode("latin-1")
+    if kind not in ("S", "P"):
+        raise m.ProtocolError(f"invalid DESCRIBE message subtype {kind!r}")
+    return kind, reader.cstring()
+
+
+def _reference_execute(body: bytes) -> tuple[str, int]:
+    reader = m.Reader(body)
+    return reader.cstring(), reader.int32()
+
+
+def _outcome(function: Any, body: bytes) -> Any:
+    try:
+        return function(body)
+    except m.ProtocolError as error:
+        return ("error", error.sqlstate, error.message)
+
+
+@pytest.mark.parametrize(
+    "body",
+    [b"", b"P", b"S\0", b"Pname\0", b"X\0", b"\xff\0", b"Pna\xc3\x28\0", b"Pname",
+     b"S\0extra"],
+)  # fmt: skip
+def test_describe_reads_as_field_by_field(body: bytes) -> None:
+    def parsed(data: bytes) -> tuple[str, str]:
+        describe = m.parse_describe(data)
+        return describe.kind, describe.name
+
+    assert _outcome(parsed, body) == _outcome(_reference_describe, body)
+
+
+@pytest.mark.parametrize(
+    "body",
+    [b"", b"\0", b"\0\0\0\0\0", b"p\0" + struct.pack("!i", 7), b"p\0\0\0", b"\xc3\x28\0\0\0\0\0",
+     b"portal", b"\0" + struct.pack("!i", -3) + b"more"],
+)  # fmt: skip
+def test_execute_reads_as_field_by_field(body: bytes) -> None:
+    def parsed(data: bytes) -> tuple[str, int]:
+        execute = m.parse_execute(data)
+        return execute.portal, execute.max_rows
+
+    assert _outcome(parsed, body) == _outcome(_reference_execute, body)
+
+
+@pytest.mark.parametrize(
+    "body",
+    [b"\0\0", b"\0\0\0", b"\0\0\0\x01", b"\0\0\0\x01\0", b"\0\0\xff\xff", b"\0\0\0\0\0\x01",
+     b"\0\0\0\0\0\x01\xff\xff\xff\xfe", b"\0\0\0\0\0\x01\0\0\0\x05ab", b"\0\0\0\0\0\0\0\x01"],
+)  # fmt: skip
+def test_bind_refuses_what_field_by_field_reading_refuses(body: bytes) -> None:
+    with pytest.raises(m.ProtocolError, match="shorter than its fields"):
+        m.parse_bind(body)
