@@ -116,3 +116,39 @@ def test_execute_reads_as_field_by_field(body: bytes) -> None:
 def test_bind_refuses_what_field_by_field_reading_refuses(body: bytes) -> None:
     with pytest.raises(m.ProtocolError, match="shorter than its fields"):
         m.parse_bind(body)
+
+
+def test_a_result_shape_goes_out_without_working_out_its_description_again(
+    connect, monkeypatch
+) -> None:
+    from sql.pgwire.connection import extended, portals
+
+    made: list[tuple[str, ...]] = []
+    original = portals.described_row
+
+    def counting(names: list[str], oids: list[int], formats: list[int]) -> bytes:
+        made.append(tuple(names))
+        return original(names, oids, formats)
+
+    monkeypatch.setattr(portals, "described_row", counting)
+    def of_table(table: Any, oids: list[int], formats: list[int]) -> bytes:
+        return counting(table.column_names, oids, formats)
+
+    monkeypatch.setattr(extended, "row_description", of_table)
+    portals._rows_shapes.clear()
+    conn = connect(autocommit=True)
+    text = "SELECT %s::INTEGER AS n, 'v' || %s::INTEGER AS s, %s::DOUBLE AS d"
+    for value in range(8):  # psycopg prepares it from the 6th run on
+        conn.execute(text, [value] * 3).fetchone()
+    assert ("n", "s", "d") in made
+    del made[:]
+    for value in range(8, 14):
+        assert conn.execute(text, [value] * 3).fetchone() == (value, f"v{value}", float(value))
+    assert made == []  # made for the shape, not per run
+    binary = conn.cursor(binary=True)
+    assert binary.execute(text, [1] * 3, prepare=True).fetchone() == (1, "v1", 1.0)
+    assert made == [("n", "s", "d")]  # binary formats: a shape of its own
+    for value in range(3):
+        assert binary.execute(text, [value] * 3, prepare=True).fetchone() == (
+            value, f"v{value}", float(value))  # fmt: skip
+    assert made == [("n", "s", "d")]

@@ -46,6 +46,7 @@ from sql.pgwire.connection.portals import (
     result_formats,
     revalidation_error,
     row_description,
+    rows_shape,
 )
 from sql.pgwire.emulation import surface
 from storage.errors import (
@@ -299,16 +300,22 @@ class ExtendedProtocol:
             raise
         portal.result = result
         table = result_rows(portal.result)
-        if table is not None:
-            portal.oids, portal.formats = result_columns(table, portal.result_formats)
-            described = portal.prepared.columns
-            if described is not None:  # the client decodes by the statement's description
-                portal.oids = described_oids(described, portal.oids)
-            else:
-                portal.oids = refined_text_oids(text_description, table, portal.oids)
-            for fmt, oid in zip(portal.formats, portal.oids, strict=True):
-                if fmt == 1:
-                    wire_types.column_encoder(oid, 1)  # raises for types without binary output
+        if table is None:
+            return True
+        described = portal.prepared.columns
+        if isinstance(table, Rows) and described is None:  # a result shape seen before
+            shape = rows_shape(table.schema, portal.result_formats)
+            portal.oids, portal.formats, portal.row_description = shape.oids, shape.formats, \
+                shape.row_description  # fmt: skip
+            return True
+        portal.oids, portal.formats = result_columns(table, portal.result_formats)
+        if described is not None:  # the client decodes by the statement's description
+            portal.oids = described_oids(described, portal.oids)
+        else:
+            portal.oids = refined_text_oids(text_description, table, portal.oids)
+        for fmt, oid in zip(portal.formats, portal.oids, strict=True):
+            if fmt == 1:
+                wire_types.column_encoder(oid, 1)  # raises for types without binary output
         return True
 
     def _execute_prepared(self, prepared: Prepared, parameters: Any
@@ -413,6 +420,8 @@ class ExtendedProtocol:
         table = None if result is None else result_rows(result)
         if table is None:
             self.send(m.no_data())
+        elif portal.row_description is not None:
+            self.send(portal.row_description)
         else:
             self.send(row_description(table, portal.oids, portal.formats))
 
@@ -484,7 +493,7 @@ class ExtendedProtocol:
             await wire_commands.execute_copy(self.context, portal.prepared.statement)
             return
         self._refuse_abandoned(portal)
-        if not await self._run_portal(portal):
+        if not portal.executed and not await self._run_portal(portal):
             return
         result = portal.result
         if result is None:
@@ -506,9 +515,9 @@ class ExtendedProtocol:
             return
         remaining = table.num_rows - portal.position
         count = remaining if message.max_rows <= 0 else min(message.max_rows, remaining)
-        rows = table.slice(portal.position, count)
+        rows = table if count == table.num_rows else table.slice(portal.position, count)
         portal.position += count
-        held = await self.settle_held(portal)
+        held = None if self.held is None else await self.settle_held(portal)
         if held is not None and portal.position < table.num_rows:
             self.held = (portal, held)  # more Executes to come: held until the last one
             held = None

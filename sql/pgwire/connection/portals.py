@@ -68,6 +68,8 @@ class Portal:
     # Untyped text parameters that look like array literals ({...}), by index, as sent:
     # decoded as arrays at Execute if the statement, described then, takes a list there.
     untyped_arrays: list[tuple[int, bytes]] = field(default_factory=list)
+    # The RowDescription of the result when a kept shape gave it (``rows_shape``).
+    row_description: bytes | None = None
 
 
 def error_fields(error: BaseException, query: str | None = None) -> tuple[str, str, int | None]:
@@ -153,6 +155,45 @@ def described_row(names: list[str], oids: list[int], formats: list[int]) -> byte
                 _row_descriptions.clear()
             _row_descriptions[key] = message
     return message
+
+
+@dataclass(frozen=True)
+class RowsShape:
+    """How the rows of one result shape go out: OIDs, formats, the RowDescription."""
+
+    schema: pa.Schema
+    oids: list[int]
+    formats: list[int]
+    row_description: bytes
+
+
+_ROWS_SHAPES_KEPT = 1024
+# (id of a ``Rows`` schema, result formats) -> its ``RowsShape``. The engine keeps one
+# schema object per result shape (``engine.tables``' rows' way, ``Result``'s renaming),
+# so a repeated statement finds its shape here instead of working out OIDs, formats and
+# the RowDescription per run. The schema is held, so its id is not reused while kept.
+_rows_shapes: dict[tuple[int, tuple[int, ...]], RowsShape] = {}
+
+
+def rows_shape(schema: pa.Schema, asked: list[int]) -> RowsShape:
+    """The OIDs, formats (``asked``: Bind's result formats) and RowDescription of
+    ``Rows`` of ``schema``, as ``result_columns`` and ``row_description`` make them (a
+    ``Rows`` string column is VARCHAR: no description refines it). Raises as they do for
+    a wrong count of formats or a binary format a type cannot send."""
+    key = (id(schema), tuple(asked))
+    shape = _rows_shapes.get(key)
+    if shape is not None and shape.schema is schema:
+        return shape
+    oids = [wire_types.type_oid(f.type) for f in schema]
+    formats = result_formats(len(oids), asked)
+    for fmt, oid in zip(formats, oids, strict=True):
+        if fmt == 1:
+            wire_types.column_encoder(oid, 1)  # raises for types without binary output
+    shape = RowsShape(schema, oids, formats, described_row(schema.names, oids, formats))
+    if len(_rows_shapes) >= _ROWS_SHAPES_KEPT:
+        _rows_shapes.clear()
+    _rows_shapes[key] = shape
+    return shape
 
 
 class CachedPlanChangedError(FeatureNotSupportedError):
