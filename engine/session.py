@@ -502,9 +502,11 @@ class Session:
         try:
             for operation in plan.operations:
                 if isinstance(operation, ReadRecords):
-                    table = self._read(operation, parameters)
+                    projected = _projected(plan, operation.placeholder)
+                    table = self._read(operation, parameters,
+                                       _projected_columns(plan) if projected else None)  # fmt: skip
                     read_tables[operation.placeholder] = table
-                    if not _projected(plan, operation.placeholder):
+                    if not projected:
                         tables.register(self.cursor, operation.placeholder, table)
                         registered.append(operation.placeholder)
                 elif isinstance(operation, RunQuery) and operation.projection is not None:
@@ -659,7 +661,10 @@ class Session:
         return Result(plan.tag, notices=plan.notes)
 
     # -- topic reads and writes ---------------------------------------------------------------
-    def _read(self, operation: ReadRecords, parameters: Any) -> pa.Table:
+    def _read(
+        self, operation: ReadRecords, parameters: Any, columns: tuple[str, ...] | None = None
+    ) -> pa.Table:
+        """The read's relation (only ``columns`` if given: ``read_records``)."""
         operation = _bind_read_options(operation, parameters, self.database)
         topic = self.database.topic_log(operation.topic_id)
         committed: dict[int, int | None] = {}
@@ -694,6 +699,7 @@ class Session:
             cancelled=lambda: self._cancel_requested,
             publish_gate=self.database.publish_lock,
             round_robin=self.database.read_round_robin,
+            columns=columns,
         )
 
     def _join_as_member(self, operation: ReadRecords, member: str) -> ReadRecords:
@@ -1071,6 +1077,12 @@ def _projected(plan: Plan, placeholder: str) -> bool:
     return bool(queries) and all(
         q.projection is not None and q.projection[0] == placeholder for q in queries
     )
+
+
+def _projected_columns(plan: Plan) -> tuple[str, ...]:
+    """The relation columns a ``_projected`` plan's queries take, each once."""
+    queries = [q for q in plan.operations if isinstance(q, RunQuery) and q.projection]
+    return tuple(dict.fromkeys(c for q in queries for c, _ in q.projection[1]))  # type: ignore[index]
 
 
 def _empty_returning() -> pa.Table:

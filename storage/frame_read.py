@@ -139,6 +139,19 @@ class FrameSlice:
             return None
         return FrameSlice(self.header, self.body, self.skip, rows, self.cached)
 
+    def wire_batch(self) -> pa.RecordBatch:
+        """This slice's stored columns (``WIRE_SCHEMA``'s, by name; a kept frame's decoded
+        batch has them too), zero-copy: for a reader that needs none of the columns
+        ``decode_body`` adds (``offset``, ``written_at``), e.g. a read of ``data`` alone."""
+        if self.cached is not None:
+            batch = self.cached.batch()
+        else:
+            batch = pa.ipc.read_record_batch(self.body, WIRE_SCHEMA)
+            assert batch.num_rows == self.header.record_count
+        if self.skip > 0 or self.rows < batch.num_rows:
+            batch = batch.slice(self.skip, self.rows)
+        return batch
+
     def decode(self) -> pa.RecordBatch:
         """This slice's read batch, alone and zero-copy (for a large frame; runs of
         small ones go through ``decode_small``)."""
