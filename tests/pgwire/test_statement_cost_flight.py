@@ -152,3 +152,45 @@ def test_a_result_shape_goes_out_without_working_out_its_description_again(
         assert binary.execute(text, [value] * 3, prepare=True).fetchone() == (
             value, f"v{value}", float(value))  # fmt: skip
     assert made == [("n", "s", "d")]
+
+
+def test_a_fixed_width_shape_s_bound_is_worked_out_once_and_still_refuses(
+    tmp_path, monkeypatch
+) -> None:
+    import psycopg
+
+    from engine.api import Rows
+    from sql.pgwire.connection import connection as wire_connection
+    from sql.pgwire.limits import ServerLimits
+    from sql.pgwire.server import ServerThread
+
+    bounds: list[int] = []
+    original = Rows.nbytes_bound
+
+    def counting(self: Rows) -> int:
+        bounds.append(len(self.rows))
+        return original(self)
+
+    monkeypatch.setattr(Rows, "nbytes_bound", counting)
+    wire_connection._fixed_bounds.clear()
+    # 10 BIGINT columns: 64 rows take 5,120 bytes as Arrow, over this limit; the bound of
+    # one or two rows (2,560 bytes) is within it.
+    running = ServerThread(str(tmp_path / "data"), "127.0.0.1", 0,
+                           limits=ServerLimits(result_bytes_max=3_000))  # fmt: skip
+    try:
+        with psycopg.connect(f"host=127.0.0.1 port={running.port} user=u dbname=x",
+                             autocommit=True) as conn:  # fmt: skip
+            columns = ", ".join(f"i + {n} AS c{n}" for n in range(10))
+            text = f"SELECT {columns} FROM range(%s::BIGINT) t(i)"
+            for _ in range(12):  # prepared from the 6th run on
+                assert conn.execute(text, [1]).fetchone() == tuple(range(10))
+            del bounds[:]
+            for _ in range(6):
+                assert conn.execute(text, [1]).fetchone() == tuple(range(10))
+            assert bounds == []  # kept for the shape and row count
+            with pytest.raises(psycopg.errors.ProgramLimitExceeded):
+                conn.execute(text, [64]).fetchall()
+            assert bounds == [64]
+            assert conn.execute(text, [2]).fetchall()[1] == tuple(range(1, 11))
+    finally:
+        running.stop()

@@ -206,6 +206,35 @@ def _start_stream(context: CommandContext, statement: ast.Statement) -> _Started
     return _Started(stream, first, ended=False)
 
 
+_FIXED_BOUNDS_KEPT = 1024
+# (id of a ``Rows`` schema of fixed-width columns only, row count) -> (the schema, its
+# ``nbytes_bound``): such rows' bound depends on their count alone, and the engine keeps
+# one schema object per result shape, so a repeated statement's is worked out once.
+_fixed_bounds: dict[tuple[int, int], tuple[pa.Schema, int]] = {}
+
+
+def _bytes_bound(rows: Rows) -> int:
+    """``rows.nbytes_bound()``, kept for a schema whose every column has a fixed width."""
+    schema = rows.schema
+    key = (id(schema), len(rows.rows))
+    kept = _fixed_bounds.get(key)
+    if kept is not None and kept[0] is schema:
+        return kept[1]
+    bound = rows.nbytes_bound()
+    if all(_fixed_width(f.type) for f in schema):
+        if len(_fixed_bounds) >= _FIXED_BOUNDS_KEPT:
+            _fixed_bounds.clear()
+        _fixed_bounds[key] = (schema, bound)
+    return bound
+
+
+def _fixed_width(kind: pa.DataType) -> bool:
+    try:
+        return kind.bit_width > 0
+    except ValueError:  # Arrow: "Non-fixed width type"
+        return False
+
+
 def _idle_error(in_transaction: bool) -> TopicbaseError:
     """What an idle session past its timeout gets (FATAL): 25P03 in a transaction, else
     57P05 (``Connection._idle_limit``)."""
@@ -496,7 +525,10 @@ class Connection(ExtendedProtocol):
             elif kind in (b"P", b"B", b"D", b"E", b"C"):
                 if not self.skipping:
                     try:
-                        await self.extended(kind, body)
+                        if kind == b"B":  # a flight's first message: no coroutine for it
+                            self.on_bind(m.parse_bind(body))
+                        else:
+                            await self.extended(kind, body)
                     except m.ProtocolError:
                         raise
                     except Exception as error:
@@ -610,7 +642,7 @@ class Connection(ExtendedProtocol):
         """Raise 54000 for a result over ``result_bytes_max``, failing an open transaction
         so that a refused consumer read never commits its offsets."""
         rows = result.rows
-        if rows is not None and rows.nbytes_bound() <= self.server.limits.result_bytes_max:
+        if rows is not None and _bytes_bound(rows) <= self.server.limits.result_bytes_max:
             return  # within the limit whatever its Arrow table's size: left unbuilt
         error = wire_limits.result_error(result.table, self.server.limits)
         if error is not None:

@@ -173,14 +173,16 @@ class ExtendedProtocol:
         return None
 
     async def extended(self, kind: bytes, body: bytes) -> None:
-        if kind == b"P":
-            await self.on_parse(m.parse_parse(body))
-        elif kind == b"B":
+        """One message of the extended protocol (Parse, Bind, Describe, Execute, Close).
+        The message loop runs a Bind itself (no coroutine for it)."""
+        if kind == b"B":
             self.on_bind(m.parse_bind(body))
-        elif kind == b"D":
-            await self.on_describe(m.parse_describe(body))
         elif kind == b"E":
             await self.on_execute(m.parse_execute(body))
+        elif kind == b"D":
+            await self.on_describe(m.parse_describe(body))
+        elif kind == b"P":
+            await self.on_parse(m.parse_parse(body))
         else:
             close = m.parse_close(body)
             (self.statements if close.kind == "S" else self.portals).pop(close.name, None)
