@@ -191,6 +191,8 @@ def _int16s_at(body: bytes, at: int) -> tuple[list[int], int]:
     end = at + 2 * count
     if end > len(body):
         raise ProtocolError("message is shorter than its fields")
+    if count == 1:  # one format for all (what most clients send)
+        return [_INT16.unpack_from(body, at)[0]], end
     return list(struct.unpack_from(f"!{count}h", body, at)), end
 
 

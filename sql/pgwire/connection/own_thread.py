@@ -194,7 +194,7 @@ class DirectReads:
         events = self._poll.poll(timeout_ms)
         if not events:
             return None
-        if any(fd == self.wake_fd for fd, _ in events):
+        if len(events) > 1 or events[0][0] == self.wake_fd:
             with contextlib.suppress(BlockingIOError):
                 os.eventfd_read(self.wake_fd)
             return False
@@ -206,5 +206,7 @@ class DirectReads:
             return False  # the loop's own read meets it again and reports it
         if count == 0:
             return False  # the end: the loop's read sees it too
-        self.reader.feed_data(self._view[:count])
+        # What ``feed_data`` does, less waking a waiter (none: nothing awaits the reader)
+        # and pausing the transport (not reading: the message loop reads what it needs).
+        self.reader._buffer += self._view[:count]
         return True
