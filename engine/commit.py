@@ -83,6 +83,7 @@ publish is unfinished, for the same reason.
 
 from __future__ import annotations
 
+import concurrent.futures
 import itertools
 import json
 import logging
@@ -123,6 +124,8 @@ CHECKPOINT_STAGED_BYTES = 256 * 1024 * 1024
 # Published frames are searched from this long before the commit time, in
 # case the wall clock stepped back a little between commit and publish.
 CLOCK_SLACK_US = 60 * 1_000_000
+# Shares staged as frames published at once by a commit (``Committer._publish_framed``).
+FRAMED_PUBLISH_THREADS = 4
 
 RECORDS_DDL = f"""
 CREATE TABLE IF NOT EXISTS {SCHEMA}.transactions (
@@ -658,7 +661,7 @@ class Committer:
         the topic in one call (``TopicLog.publish_transactional_many``: a statement spread
         over many partitions publishes its shares together)."""
         if any(item.frames is not None for item in items):  # shares staged as frames
-            return [self._publish_item(transaction_id, item) for item in items]
+            return self._publish_framed(transaction_id, items)
         results: list[TopicAppendResult | None] = []
         for topic_id, run in itertools.groupby(items, key=lambda item: item.topic_id):
             shares = [(item.partition, item.batch, item.body) for item in run]
@@ -669,6 +672,24 @@ class Committer:
                 continue
             results.extend(topic.publish_transactional_many(shares, transaction_id))
         return results
+
+    def _publish_framed(
+        self, transaction_id: int, items: list[PublishItem]
+    ) -> list[TopicAppendResult | None]:
+        """``_publish_item`` of each item, shares of distinct partitions at once, a thread
+        each (at most ``FRAMED_PUBLISH_THREADS``): a share staged as frames is copied file
+        to file in the kernel, without the GIL (200 MB over 4 partitions: 0.09 s in one
+        thread), while the client waits for its commit. Each partition's frames still go
+        in order under its write lock; which partitions a crash or an error leaves
+        published is any subset, which recovery and ``_finish_unfinished`` handle per
+        partition (``check``) as they do a prefix. Raises the first error once all ended."""
+        targets = {(item.topic_id, item.partition) for item in items}
+        if len(items) == 1 or len(targets) < len(items):
+            return [self._publish_item(transaction_id, item) for item in items]
+        workers = min(len(items), FRAMED_PUBLISH_THREADS)
+        with concurrent.futures.ThreadPoolExecutor(workers, "topicbase-publish") as pool:
+            futures = [pool.submit(self._publish_item, transaction_id, item) for item in items]
+        return [future.result() for future in futures]
 
     def _finish_unfinished(self) -> None:
         """Publish what failed publishes left out (caller holds the commit lock and ``_lock``)."""
