@@ -778,7 +778,10 @@ class Connection(ExtendedProtocol):
                 fields = wire_types.encode_value_rows(table.rows, oids, formats)
             else:
                 fields = wire_types.encode_rows(table, oids, formats)
-            self.send(b"".join(m.data_row(row) for row in fields))
+            if len(fields) == 1:  # a lookup's one row
+                self.send(m.data_row(fields[0]))
+            else:
+                self.send(b"".join([m.data_row(row) for row in fields]))
             return
         if isinstance(table, Rows):
             table = table.to_arrow()

@@ -83,8 +83,10 @@ def reads_with_consumer(statement: ast.Statement) -> bool:
     """Whether ``statement`` reads a topic as a consumer (it moves the consumer's offsets).
     Only a shortcut: such a statement is never a plain query (``Session.open_stream``
     plans it and says so), so asking costs a planning for nothing."""
-    return isinstance(statement, ast.SqlStatement) and any(
-        name == "consumer" for scan in statement.topic_scans for name, _ in scan.options
+    return (
+        isinstance(statement, ast.SqlStatement)
+        and bool(statement.topic_scans)
+        and any(name == "consumer" for scan in statement.topic_scans for name, _ in scan.options)
     )
 
 
@@ -92,8 +94,10 @@ def hold(context: CommandContext, statement: ast.Statement) -> Held:
     """Before ``statement`` runs: the transaction that holds its effects until its rows were
     sent. Opened (``BEGIN``) only for a consumer read in autocommit; otherwise an empty
     ``Held`` (the statement commits as it runs, or with its block)."""
+    if not reads_with_consumer(statement):  # most statements: no session asked
+        return Held(context, False)
     session = context.session
-    opens = session.state is SessionState.IDLE and reads_with_consumer(statement)
+    opens = session.state is SessionState.IDLE
     if opens:
         context.catalog.execute(session, _BEGIN, None)
     return Held(context, opens)

@@ -235,7 +235,7 @@ class ExtendedProtocol:
         if message.portal and message.portal in self.portals:
             raise DuplicateCursorError(f'cursor "{message.portal}" already exists')
         portal = Portal(prepared, values, message.result_formats)
-        if not prepared.described:  # psycopg sends a list of str or an empty one untyped
+        if not prepared.described and values:  # psycopg sends lists of str untyped
             portal.untyped_arrays = [
                 (index, value)
                 for index, (value, oid, fmt) in enumerate(
