@@ -455,15 +455,19 @@ class PartitionLog:
         those syncs (a 1000-partition statement stalled ~0.8 s behind a checkpoint). A
         sync that fails fences the partition, as under the lock; until the fence, every
         other sync of that log fails too (``LogSegment._sync_log``), so no write is
-        acknowledged as synced after the failure."""
+        acknowledged as synced after the failure.
+
+        A fence in that gap (a write that failed meanwhile) makes this sync raise
+        ``PartitionFencedError`` even when its ``fdatasync`` succeeded: the fence's cut
+        of the log may have been the sync the kernel reported a lost writeback to, so
+        success here does not prove the bytes are on disk, and a checkpoint must set the
+        partition's transactions aside (``engine.commit``) rather than delete their
+        commit records."""
         with self._write_lock:
             if self._closed:
                 return
             if self._fenced is not None:
-                raise PartitionFencedError(
-                    f"partition {self.partition_id} cannot be synced after an I/O failure "
-                    f"({self._fenced}); reopen the store to recover"
-                )
+                raise self._fenced_error()
             segment = self._segments[-1]
             try:
                 held = segment.flush_for_sync()
@@ -477,7 +481,14 @@ class PartitionLog:
                 with self._write_lock:
                     if self._fenced is None and not self._closed:
                         self._fence(error)
+                        raise
+                    fenced = self._fenced
+                if fenced is not None and fenced is not error:
+                    raise self._fenced_error() from error  # fenced in the gap
                 raise
+            with self._write_lock:
+                if self._fenced is not None:  # fenced in the gap (checked None above)
+                    raise self._fenced_error()
         if self.sync_redirected is not None:
             self.sync_redirected()
 
@@ -697,6 +708,13 @@ class PartitionLog:
         except StorageIOError as error:
             self._fence(error)
             raise
+
+    def _fenced_error(self) -> PartitionFencedError:
+        """The error a sync of this fenced partition raises."""
+        return PartitionFencedError(
+            f"partition {self.partition_id} cannot be synced after an I/O failure "
+            f"({self._fenced}); reopen the store to recover"
+        )
 
     def _fence(self, error: StorageIOError) -> None:
         """Refuse writes until reopen, and cut everything not acknowledged from the files.

@@ -292,6 +292,20 @@ class LogSegment:
                 self._sync_failed = error
                 raise
 
+    def _sync_cut(self, fd: int) -> None:
+        """``fdatasync`` a cut of the log (``truncate_to``), one sync at a time with the
+        others (``_sync_log``). Unlike ``_sync_log`` it syncs after a failure too: it
+        acknowledges no write, it only makes the cut durable (a reopen after a power
+        cut must not find the failed tail). Its own failure is kept for every later
+        sync, as ``_sync_log`` keeps one."""
+        with self._sync_lock:
+            try:
+                self.fs.sync(fd)
+            except StorageIOError as error:
+                if self._sync_failed is None:
+                    self._sync_failed = error
+                raise
+
     def seal(self, *, durable: bool) -> None:
         """Called at roll: the log is always synced, the indexes when ``durable``.
 
@@ -307,10 +321,16 @@ class LogSegment:
         self.close()
 
     def truncate_to(self, position: int, next_offset: int) -> None:
-        """Cut the log at ``position`` (a frame boundary) and drop index entries past it."""
+        """Cut the log at ``position`` (a frame boundary) and drop index entries past it.
+
+        The cut is synced (``_sync_cut``) even after a failed sync of the log, and a
+        failure of that sync is kept as any sync's (``_sync_failed``): a fence cuts the
+        log while a checkpoint may be syncing it outside the write lock, and the kernel
+        reports a failed writeback to one ``fdatasync`` only, so a cut's sync that saw it
+        must make the checkpoint's fail too."""
         fd = self._fd()
         self.fs.truncate(fd, position)
-        self.fs.sync(fd)
+        self._sync_cut(fd)
         self.size_bytes = position
         self.next_offset = next_offset
         self._writeback_position = min(self._writeback_position, position)
