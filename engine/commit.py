@@ -1044,7 +1044,10 @@ class Committer:
             checkpointer.join()
         self.deltas.close()  # applies what is durable (one in doubt stays for recovery)
         try:
-            self.checkpoint()  # the next open's recovery publishes what it keeps
+            if self.deltas.pending:  # not applied: records and staging stay for recovery
+                log.warning("%d commits' counter deltas are left to recovery", self.deltas.pending)
+            else:
+                self.checkpoint()  # the next open's recovery publishes what it keeps
         finally:
             self.staging.close()
             self._cursor.close()

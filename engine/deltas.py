@@ -292,6 +292,7 @@ class DeltaApplier:
         self._bounds: dict[tuple[str, str, str], _Bound] = {}
         self._reserved: dict[tuple[str, str, str], int] = {}
         self._halted: BaseException | None = None
+        self._failing: BaseException | None = None  # the last group's error, until one applies
         self._closing = False
         self._thread: threading.Thread | None = None
         self.applied_through: LogPosition = (0, 0)
@@ -448,6 +449,11 @@ class DeltaApplier:
                         "counter deltas wait behind a commit whose outcome is in doubt; "
                         f"reopen the database: {self._halted}"
                     )
+                if self._failing is not None:
+                    raise StorageIOError(
+                        "committed counter deltas cannot be applied to their tables yet (the "
+                        f"applier retries; a reopen applies them): {self._failing}"
+                    )
                 self._changed.wait()
 
     drain = wait_visible
@@ -484,6 +490,11 @@ class DeltaApplier:
             try:
                 self._apply([d for e in group for d in e.deltas], group[-1].log_end, group)
             except Exception as error:  # never dropped: retried until it applies
+                with self._mutex:
+                    self._failing = error
+                    self._changed.notify_all()
+                    if self._closing:
+                        return  # left for the next open's recovery (the position did not move)
                 self.stats.retries += 1
                 log.warning("counter deltas not applied yet (retried): %s", error)
                 time.sleep(delay)
@@ -531,6 +542,7 @@ class DeltaApplier:
                         if bound is not None:
                             bound.value += r.amount
                 self._applied += len(group)
+                self._failing = None
                 self.stats.groups += 1
                 self.stats.records += len(group)
                 self.stats.keys += len(sums)
