@@ -460,6 +460,13 @@ def check_exactly_once_moves(report: Report) -> list[str]:
                 landed[value.removeprefix("x:").rsplit("#", 1)[0]] += 1
     problems += [f"{v!r} tabled {landed[v]} times" for v in tabled if landed[v] != 1]
     problems += [f"{v!r} tabled without being consumed" for v in set(landed) - set(tabled)]
+    counted = report.counters.get("move_counts")
+    if counted is not None:  # the counting moves' messages, each counted exactly once
+        moved = sum(1 for key, values in report.final.items() if key.startswith("t:dst/")
+                    for value in values if value.rsplit("@", 1)[-1].startswith("C"))  # fmt: skip
+        if moved != counted:
+            problems.append(f"move_counts adds up to {counted}, the counting moves put "
+                            f"{moved} messages in dst")  # fmt: skip
     return problems
 
 
