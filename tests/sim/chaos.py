@@ -103,6 +103,8 @@ FAILPOINTS = (
     "retention.after_roll",
     "split.after_child",
     "split.after_save",
+    "deltas.before_commit",  # inside a counter-delta group (engine.deltas), not committed
+    "deltas.after_commit",  # the group and its applied-through position committed
 )
 # An idle cycle (``chaos_worker.idle_cycle``: no writes, retention passes on the idle
 # topic) arms one of these: the steps of rolling and deleting an expired active segment.

@@ -280,7 +280,7 @@ def observe(
             important=row["important"],
         )
     counted = session.execute("SELECT coalesce(sum(n), 0) AS n FROM move_counts")[0]
-    history.record("counter", key="move_counts", value=counted.table.to_pylist()[0]["n"])
+    history.record("counter", key="move_counts", value=int(counted.table.to_pylist()[0]["n"]))
     observe_aged(session, history, known)
     observe_aged(session, history, known, IDLE)
     for topic in forks:
