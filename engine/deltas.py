@@ -281,6 +281,9 @@ class DeltaApplier:
         self._database = database
         self._cursor = database.root.cursor()
         tables.run(self._cursor, APPLIED_DDL)
+        # One row, moved by an UPDATE in each group's transaction (one statement, not two).
+        tables.run(self._cursor, f"INSERT INTO {APPLIED_TABLE} SELECT 0, 0 WHERE NOT EXISTS "
+                                 f"(SELECT 1 FROM {APPLIED_TABLE})")  # fmt: skip
         self._mutex = threading.Lock()
         self._changed = threading.Condition(self._mutex)
         self._apply_lock = threading.Lock()
@@ -521,8 +524,8 @@ class DeltaApplier:
                 for (shape, key_values), amounts in sums.items():
                     self._add(cursor, shapes[shape], key_values, amounts)
                 failpoints.hit("deltas.before_commit")
-                tables.run(cursor, f"DELETE FROM {APPLIED_TABLE}")
-                tables.run(cursor, f"INSERT INTO {APPLIED_TABLE} VALUES (?, ?)", list(log_end))
+                tables.run(cursor, f"UPDATE {APPLIED_TABLE} SET file_number = ?, position = ?",
+                           list(log_end))  # fmt: skip
                 tables.run(cursor, "COMMIT")
             except BaseException:
                 with contextlib.suppress(Exception):  # DuckDB may have aborted it already
