@@ -61,8 +61,10 @@ from __future__ import annotations
 
 import collections
 import contextlib
+import itertools
 import logging
 import os
+import re
 import threading
 import time
 from dataclasses import dataclass, field
@@ -81,6 +83,10 @@ APPLIED_DDL = f"""
 CREATE TABLE IF NOT EXISTS {APPLIED_TABLE} (file_number BIGINT NOT NULL, position BIGINT NOT NULL);
 """
 GROUP_MAX = 256  # commit records applied in one DuckDB transaction at most
+# A failure of the head group is persistent (reads raise 58030 instead of waiting) once this
+# many attempts in a row failed (~0.25 s of retries with the backoff): a transient error
+# that the next attempt fixes makes nobody fail.
+FAILURES_PERSISTENT = 8
 INTEGER_MAX = {"TINYINT": 2**7 - 1, "SMALLINT": 2**15 - 1, "INTEGER": 2**31 - 1,
                "BIGINT": 2**63 - 1}  # fmt: skip
 KEY_TYPES = frozenset({"VARCHAR", *INTEGER_MAX})
@@ -105,6 +111,8 @@ class DeltaPlan:
     amount_parameters: tuple[int, ...]  # 0-based parameter of each counter column
     parameter_count: int
     limit: int  # the smallest counter type's maximum
+    table_oid: int  # DuckDB's oid of the table when planned (``relation_of``)
+    columns: tuple[tuple[str, str], ...]  # (name, type) of the table when planned
 
     def bind(self, parameters: Any) -> Delta | None:
         """The delta of one execution, or None if a value breaks rule 2 (module doc)."""
@@ -114,7 +122,7 @@ class DeltaPlan:
         amounts = tuple(parameters[i] for i in self.amount_parameters)
         for value, kind in zip(keys, self.key_types, strict=True):
             if kind == "VARCHAR":
-                if type(value) is not str or "\x00" in value:
+                if type(value) is not str or "\x00" in value or not _utf8(value):
                     return None
             elif type(value) is not int or not -INTEGER_MAX[kind] - 1 <= value <= INTEGER_MAX[kind]:
                 return None
@@ -122,6 +130,16 @@ class DeltaPlan:
             if type(value) is not int or not -INTEGER_MAX[kind] - 1 <= value <= INTEGER_MAX[kind]:
                 return None
         return Delta(self, keys, amounts)
+
+
+def _utf8(text: str) -> bool:
+    """Whether ``text`` encodes as UTF-8 (a lone surrogate does not: DuckDB refuses it
+    with 22P02 at the statement, which the applier could never apply)."""
+    try:
+        text.encode("utf-8")
+    except UnicodeEncodeError:
+        return False
+    return True
 
 
 @dataclass(frozen=True, slots=True)
@@ -160,9 +178,10 @@ def stored(delta: Delta) -> StoredDelta:
 
 
 def plan_delta(shape: UpsertShape, columns: tuple[tuple[str, str], ...],
-               relation: tuple[str, str]) -> DeltaPlan | None:  # fmt: skip
+               relation: tuple[str, str, int]) -> DeltaPlan | None:  # fmt: skip
     """The delta plan of ``shape`` on a table of ``columns`` ((name, type), lower case) in
-    ``relation`` (database, schema), or None unless rules 1-2 of the module doc hold.
+    ``relation`` (database, schema, table oid: ``relation_of``), or None unless rules 1-2
+    of the module doc hold.
     The caller has checked the table with ``tables.upsert_columns`` (rule 1's table part)."""
     if relation[0] == "temp":
         return None
@@ -194,7 +213,7 @@ def plan_delta(shape: UpsertShape, columns: tuple[tuple[str, str], ...],
         (relation[0], relation[1], shape.table), keys, tuple(types[k] for k in keys), counters,
         tuple(types[c] for c in counters), tuple(position[k] for k in keys),
         tuple(position[c] for c in counters), len(numbers),
-        min(INTEGER_MAX[types[c]] for c in counters),
+        min(INTEGER_MAX[types[c]] for c in counters), relation[2], columns,
     )  # fmt: skip
 
 
@@ -219,14 +238,70 @@ def _is_blind_increment(text: str, column: str, table: str) -> bool:
     return len(own) == 1 and len(excluded) == 1
 
 
-def relation_of(cursor: Any, table: str) -> tuple[str, str] | None:
-    """(database, schema) of the one base table ``table`` this cursor sees."""
+_SIMPLE_NAME = re.compile(r"[A-Za-z_][A-Za-z0-9_$]*")
+
+
+def relation_of(cursor: Any, table: str) -> tuple[str, str, int] | None:
+    """(database, schema, table_oid) of the base table an unqualified ``table`` names for
+    this connection, or None unless it is known to be exactly the one DuckDB resolves.
+
+    Kept only when ``table`` is the name of exactly one relation (table or view) in every
+    database and schema this connection sees, and that relation is a base table in the
+    connection's current schema of its current database: the first entry of its search
+    path (an empty search path: ``main``), given as a plain name or ``database.schema``.
+    DuckDB resolves an unqualified name through that entry first (temporary objects
+    before it; none can have the name), so the DuckDB way's statement writes this table
+    and no other. A table in another schema (``__topicbase`` included), a quoted or
+    unusual search path, a temporary table: None, so the statement runs the DuckDB way
+    (which resolves the name itself, or fails). The oid names the table as it is now
+    (a rename keeps it, a new table of the name gets another: ``check_unmoved``)."""
     rows = tables.fetch_rows(
         cursor,
-        "SELECT database_name, schema_name FROM duckdb_tables() WHERE lower(table_name) = ?",
-        [table.lower()],
+        "SELECT database_name, schema_name, table_oid FROM duckdb_tables() "
+        "WHERE lower(table_name) = ? UNION ALL "
+        "SELECT database_name, schema_name, NULL FROM duckdb_views() WHERE lower(view_name) = ?",
+        [table.lower(), table.lower()],
     )
-    return (str(rows[0][0]), str(rows[0][1])) if len(rows) == 1 else None
+    if len(rows) != 1 or rows[0][2] is None:
+        return None
+    database, schema, oid = str(rows[0][0]), str(rows[0][1]), int(rows[0][2])
+    if schema.lower() == SCHEMA.lower() or database.lower() in ("temp", "system"):
+        return None
+    current = tables.fetch_rows(
+        cursor, "SELECT current_database(), current_setting('search_path')", None
+    )
+    if len(current) != 1:
+        return None
+    current_database, path = str(current[0][0]), str(current[0][1])
+    first = path.split(",")[0].strip() if path.strip() else "main"
+    parts = first.split(".")
+    if len(parts) == 1:
+        parts = [current_database, parts[0]]
+    if len(parts) != 2 or not all(_SIMPLE_NAME.fullmatch(part) for part in parts):
+        return None
+    if [parts[0].lower(), parts[1].lower()] != [database.lower(), schema.lower()]:
+        return None
+    if database.lower() != current_database.lower():
+        return None
+    return database, schema, oid
+
+
+def _summed(deltas: list[StoredDelta]) -> tuple[dict[tuple, list[int]], dict[tuple, StoredDelta]]:
+    """The deltas' amounts summed per (shape, key), and one delta of each shape."""
+    sums: dict[tuple, list[int]] = {}
+    shapes: dict[tuple, StoredDelta] = {}
+    for d in deltas:
+        shape = (d.table, d.keys, d.key_types, d.counters, d.counter_types)
+        shapes.setdefault(shape, d)
+        found = sums.setdefault((shape, d.key_values), [0] * len(d.amounts))
+        for i, amount in enumerate(d.amounts):
+            found[i] += amount
+    return sums, shapes
+
+
+def _applied_position(cursor: Any) -> LogPosition:
+    rows = tables.fetch_rows(cursor, f"SELECT file_number, position FROM {APPLIED_TABLE}")
+    return max([(0, 0), *((int(a), int(b)) for a, b in rows)])
 
 
 def _quote(name: str) -> str:
@@ -296,6 +371,7 @@ class DeltaApplier:
         self._reserved: dict[tuple[str, str, str], int] = {}
         self._halted: BaseException | None = None
         self._failing: BaseException | None = None  # the last group's error, until one applies
+        self._failures = 0  # attempts of the head group that failed in a row
         self._closing = False
         self._thread: threading.Thread | None = None
         self.applied_through: LogPosition = (0, 0)
@@ -303,8 +379,7 @@ class DeltaApplier:
 
     # -- recovery ---------------------------------------------------------------------
     def read_applied_through(self) -> LogPosition:
-        rows = tables.fetch_rows(self._cursor, f"SELECT file_number, position FROM {APPLIED_TABLE}")
-        self.applied_through = max([(0, 0), *((int(a), int(b)) for a, b in rows)])
+        self.applied_through = _applied_position(self._cursor)
         return self.applied_through
 
     def recover(self, records: list[tuple[LogPosition, list[list]]]) -> int:
@@ -314,21 +389,30 @@ class DeltaApplier:
         pending = sorted((end, ds) for end, ds in records if end > through and ds)
         if not pending:
             return 0
-        deltas = [StoredDelta.from_json(d) for _, ds in pending for d in ds]
-        self._apply(deltas, pending[-1][0])
+        self._apply([(end, [StoredDelta.from_json(d) for d in ds]) for end, ds in pending])
         return len(pending)
 
     # -- the statement: may this delta be kept? -------------------------------------------
-    def reserve(self, delta: Delta, learn_cursor: Any) -> Reservation | None:
+    def epoch_now(self) -> int:
+        """The writers' epoch, read before a statement's delta plan is worked out: a plan
+        may be used only if no DuckDB-way writer (DDL included) began since (``reserve``)."""
+        with self._mutex:
+            return self._epoch
+
+    def reserve(self, delta: Delta, learn_cursor: Any, epoch: int) -> Reservation | None:
         """Rule 3 and 4 at the statement: a reservation if the delta may be kept, else None
-        (the statement then runs the DuckDB way). ``learn_cursor`` reads the table's bound
-        when it is not known (a cursor outside any open DuckDB transaction)."""
+        (the statement then runs the DuckDB way). ``epoch`` is ``epoch_now`` from before
+        the delta's plan was worked out: a writer that began since (a DROP and CREATE of
+        the table, say) may have made the plan stale, so nothing is kept. Nothing is kept
+        either while the applier fails on a group (it may be this kind of delta that it
+        cannot apply). ``learn_cursor`` reads the table's bound when it is not known (a
+        cursor outside any open DuckDB transaction)."""
         plan = delta.plan
         amount = max(abs(a) for a in delta.amounts)
         with self._mutex:
-            if self._writers or self._halted is not None or self._closing:
+            if (self._writers or self._halted is not None or self._closing
+                    or self._failing is not None or self._epoch != epoch):  # fmt: skip
                 return None
-            epoch = self._epoch
             bound = self._bounds.get(plan.table)
             known = bound is not None and bound.epoch == epoch
         if not known:
@@ -452,7 +536,7 @@ class DeltaApplier:
                         "counter deltas wait behind a commit whose outcome is in doubt; "
                         f"reopen the database: {self._halted}"
                     )
-                if self._failing is not None:
+                if self._failing is not None and self._failures >= FAILURES_PERSISTENT:
                     raise StorageIOError(
                         "committed counter deltas cannot be applied to their tables yet (the "
                         f"applier retries; a reopen applies them): {self._failing}"
@@ -491,10 +575,11 @@ class DeltaApplier:
                         break
                     group.append(entry)
             try:
-                self._apply([d for e in group for d in e.deltas], group[-1].log_end, group)
+                self._apply([(e.log_end, e.deltas) for e in group], group)
             except Exception as error:  # never dropped: retried until it applies
                 with self._mutex:
                     self._failing = error
+                    self._failures += 1
                     self._changed.notify_all()
                     if self._closing:
                         return  # left for the next open's recovery (the position did not move)
@@ -505,25 +590,27 @@ class DeltaApplier:
                 continue
             delay = 0.001
 
-    def _apply(self, deltas: list[StoredDelta], log_end: LogPosition,
+    def _apply(self, records: list[tuple[LogPosition, list[StoredDelta]]],
                group: list[_Entry] | None = None) -> None:  # fmt: skip
-        """Add ``deltas`` (summed per key) and move the applied-through position to
-        ``log_end`` in one DuckDB transaction; then (``group``) count them applied."""
-        sums: dict[tuple, list[int]] = {}
-        shapes: dict[tuple, StoredDelta] = {}
-        for d in deltas:
-            shape = (d.table, d.keys, d.key_types, d.counters, d.counter_types)
-            shapes.setdefault(shape, d)
-            found = sums.setdefault((shape, d.key_values), [0] * len(d.amounts))
-            for i, amount in enumerate(d.amounts):
-                found[i] += amount
+        """Add the deltas of ``records`` (log order; summed per key) and move the
+        applied-through position to the last record's end in one DuckDB transaction; then
+        (``group``) count them applied.
+
+        Idempotent, so any attempt may be retried: the position is read in the same DuckDB
+        transaction and the records at or before it are skipped (an earlier attempt
+        committed them and then failed, at ``deltas.after_commit`` say); if none is left
+        only the bookkeeping runs."""
+        assert records and all(a[0] < b[0] for a, b in itertools.pairwise(records))
         cursor = self._cursor
         with self._apply_lock:
             tables.run(cursor, "BEGIN TRANSACTION")
             try:
+                through = _applied_position(cursor)
+                sums, shapes = _summed([d for end, ds in records if end > through for d in ds])
                 for (shape, key_values), amounts in sums.items():
                     self._add(cursor, shapes[shape], key_values, amounts)
                 failpoints.hit("deltas.before_commit")
+                log_end = max(through, records[-1][0])
                 tables.run(cursor, f"UPDATE {APPLIED_TABLE} SET file_number = ?, position = ?",
                            list(log_end))  # fmt: skip
                 tables.run(cursor, "COMMIT")
@@ -546,6 +633,7 @@ class DeltaApplier:
                             bound.value += r.amount
                 self._applied += len(group)
                 self._failing = None
+                self._failures = 0
                 self.stats.groups += 1
                 self.stats.records += len(group)
                 self.stats.keys += len(sums)

@@ -95,6 +95,8 @@ DML_TAGS = ("INSERT", "UPDATE", "DELETE", "MERGE")
 # Statements that never change DuckDB's schema; any other may (``_schema_may_change``).
 _SCHEMA_KEEPING_TAGS = (*DML_TAGS, "SELECT", "EMPTY", "SHOW", "DESCRIBE", "EXPLAIN")
 PARSE_CACHE_ENTRIES = 512
+# Statements that cannot change how a table name resolves (kept delta plans stay valid).
+_PLAIN_TAGS = frozenset({"SELECT", "INSERT", "UPDATE", "DELETE", "MERGE"})
 
 
 class Session:
@@ -435,6 +437,8 @@ class Session:
         if autocommit:
             self.transaction = Transaction(explicit=False)
         assert self.transaction is not None
+        if any(isinstance(o, RunQuery) and o.tag not in _PLAIN_TAGS for o in plan.operations):
+            self._delta_plans.clear()  # SET search_path, EXECUTE, DDL: names may resolve anew
         try:
             if not autocommit and self._keep_delta(plan, parameters):
                 return Result("INSERT 0 1")
@@ -662,6 +666,7 @@ class Session:
         if (not isinstance(operation, RunQuery) or operation.upsert is None
                 or operation.tag != "INSERT" or operation.returns_rows):  # fmt: skip
             return False
+        epoch = self._applier.epoch_now()  # before the plan: a writer since makes it stale
         delta_plan = self._delta_plan(operation)
         if delta_plan is None:
             return False
@@ -669,7 +674,7 @@ class Session:
         delta = delta_plan.bind(bound)
         if delta is None:
             return False
-        reservation = self._applier.reserve(delta, self._cursor)  # no DuckDB transaction open
+        reservation = self._applier.reserve(delta, self._cursor, epoch)  # no DuckDB txn open
         if reservation is None:
             return False
         transaction.deltas.append(delta)
@@ -714,6 +719,7 @@ class Session:
         transaction (opened here): a later statement touches DuckDB, or the deltas may not
         commit as such. The transaction then commits the DuckDB way."""
         statements = transaction.delta_statements
+        plans = {id(d.plan): d.plan for d in transaction.deltas}
         self._applier.release(transaction.reservations)
         transaction.deltas.clear()
         transaction.delta_statements = []
@@ -721,8 +727,25 @@ class Session:
         self._begin_writer(transaction)  # every committed delta applied before
         if not transaction.duckdb_open:
             self._open_duckdb_transaction(transaction)
+        for delta_plan in plans.values():
+            self._check_unmoved(delta_plan)
         for sql, parameters in statements:
             tables.execute_count(self._cursor, sql, parameters)
+
+    def _check_unmoved(self, delta_plan: deltas.DeltaPlan) -> None:
+        """Refuse (40001) to run a kept statement whose table is no longer the one it was
+        kept for (renamed, dropped and created again, altered, another search path): the
+        text would now write another table, perhaps one this identity may not write, where
+        the DuckDB way ran it at its statement and its COMMIT would fail with 40001."""
+        name = delta_plan.table[2]
+        relation = deltas.relation_of(self._cursor, name)
+        columns = tables.upsert_columns(self._cursor, name, delta_plan.keys)
+        kept_for = (*delta_plan.table[:2], delta_plan.table_oid)
+        if relation != kept_for or columns != delta_plan.columns:
+            raise SerializationFailure(
+                f'table "{name}", which this transaction added to, was changed (renamed, dropped '
+                "or altered) by another transaction since; retry"
+            )
 
     def _run_other(self, operation: Any, plan: Plan) -> Result:
         database = self.database
