@@ -87,6 +87,11 @@ GROUP_MAX = 256  # commit records applied in one DuckDB transaction at most
 # many attempts in a row failed (~0.25 s of retries with the backoff): a transient error
 # that the next attempt fixes makes nobody fail.
 FAILURES_PERSISTENT = 8
+# A transaction's kept deltas take at most this many bytes of its commit record (bounded
+# by ``Delta.record_bytes``); a further upsert runs the DuckDB way with the kept ones
+# (``Session._flush_deltas``), so the record stays far below its cap
+# (``limits.COMMIT_RECORD_PAYLOAD_BYTES_MAX``).
+RECORD_BYTES_MAX = 8 << 20
 INTEGER_MAX = {"TINYINT": 2**7 - 1, "SMALLINT": 2**15 - 1, "INTEGER": 2**31 - 1,
                "BIGINT": 2**63 - 1}  # fmt: skip
 KEY_TYPES = frozenset({"VARCHAR", *INTEGER_MAX})
@@ -147,6 +152,17 @@ class Delta:
     plan: DeltaPlan
     key_values: tuple[Any, ...]
     amounts: tuple[int, ...]
+
+    def record_bytes(self) -> int:
+        """A bound of this delta's bytes in the commit record's JSON (``to_json``): a
+        character of a key takes at most 12 bytes there (a surrogate pair of escapes), an
+        integer at most 21, the plan's names their text, escaped, plus separators."""
+        p = self.plan
+        names = sum(len(n) for n in (*p.table, *p.keys, *p.key_types, *p.counters,
+                                      *p.counter_types))  # fmt: skip
+        keys = sum(len(v) if type(v) is str else 4 for v in self.key_values)
+        fields = len(p.keys) * 2 + len(p.counters) * 2 + 3 + len(self.key_values)
+        return 12 * (names + keys) + 24 * (len(self.amounts) + fields) + 64
 
     def to_json(self) -> list:
         p = self.plan
@@ -312,6 +328,11 @@ def _qualified(table: tuple[str, str, str]) -> str:
     return ".".join(_quote(part) for part in table)
 
 
+class DeltasOutdated(SerializationFailure):
+    """A commit's kept deltas may no longer commit as such (a DuckDB-way writer began since
+    they were kept): nothing was committed; they may run the DuckDB way instead."""
+
+
 @dataclass(slots=True)
 class Reservation:
     """A kept delta's share of its table's ``R`` (rule 3), taken at its statement."""
@@ -466,11 +487,20 @@ class DeltaApplier:
 
     # -- the commit (caller holds the commit lock) ----------------------------------------
     def check_commit(self, reservations: list[Reservation]) -> None:
-        """Refuse (40001) a commit whose deltas were kept before a DuckDB-way writer began."""
+        """Refuse a commit whose deltas were kept before a DuckDB-way writer began
+        (``DeltasOutdated``: the session then runs them the DuckDB way and commits so), or
+        while the applier stopped at a record in doubt (58030)."""
+        with self._mutex:
+            halted = self._halted
+        if halted is not None:
+            raise StorageIOError(
+                f"counter deltas wait behind a commit whose outcome is in doubt: {halted}; "
+                "reopen the database"
+            )
         if not self.still_valid(reservations):
-            raise SerializationFailure(
-                "a table this transaction added to was written meanwhile by another "
-                "transaction (or the database is in doubt); retry"
+            raise DeltasOutdated(
+                "another transaction began writing tables while this one committed its "
+                "counter upserts as deltas; retry"
             )
 
     def register(self, deltas: list[Delta], reservations: list[Reservation],

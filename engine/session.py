@@ -674,10 +674,14 @@ class Session:
         delta = delta_plan.bind(bound)
         if delta is None:
             return False
+        size = delta.record_bytes()
+        if transaction.delta_bytes + size > deltas.RECORD_BYTES_MAX:
+            return False  # runs the DuckDB way, the kept ones before it: a bounded record
         reservation = self._applier.reserve(delta, self._cursor, epoch)  # no DuckDB txn open
         if reservation is None:
             return False
         transaction.deltas.append(delta)
+        transaction.delta_bytes += size
         transaction.reservations.append(reservation)
         transaction.delta_statements.append((operation.sql, bound))
         return True
@@ -723,6 +727,7 @@ class Session:
         self._applier.release(transaction.reservations)
         transaction.deltas.clear()
         transaction.delta_statements = []
+        transaction.delta_bytes = 0
         transaction.touches_tables = True
         self._begin_writer(transaction)  # every committed delta applied before
         if not transaction.duckdb_open:
@@ -967,10 +972,16 @@ class Session:
                 if not transaction.touches_tables and (
                     transaction.explicit or not transaction.duckdb_open
                 ):
-                    self._commit_in_log(transaction, transaction_id, moves)
-                    self._end_transaction()
-                    committer.catch_up()
-                    return
+                    try:
+                        self._commit_in_log(transaction, transaction_id, moves)
+                    except deltas.DeltasOutdated:
+                        # a writer began after the check above: nothing committed; the
+                        # deltas run the DuckDB way and the transaction commits so
+                        self._flush_deltas(transaction)
+                    else:
+                        self._end_transaction()
+                        committer.catch_up()
+                        return
             ticket = None
             if transaction.writes:
                 items = route_writes(database, transaction.writes_to_commit())

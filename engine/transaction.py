@@ -123,6 +123,7 @@ class Transaction:
     deltas: list[Any] = field(default_factory=list)
     reservations: list[Any] = field(default_factory=list)
     delta_statements: list[tuple[str, Any]] = field(default_factory=list)
+    delta_bytes: int = 0  # bound of the kept deltas' bytes in the commit record
     # Whether this transaction counts as a DuckDB-way writer (``DeltaApplier.writer_begins``).
     delta_writer: bool = False
 

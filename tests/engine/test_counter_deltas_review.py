@@ -233,3 +233,46 @@ def test_a_kept_statement_never_writes_a_re_created_table_it_has_no_privilege_on
     with pytest.raises(SerializationFailure):
         alice.execute("COMMIT")
     assert rows(root, "SELECT * FROM c") == []
+
+
+def test_a_writer_that_begins_during_the_commit_makes_it_commit_the_duckdb_way(
+    db, monkeypatch
+) -> None:
+    """A DuckDB-way write to another table landing between COMMIT's check of the deltas and
+    the commit record: the deltas run the DuckDB way and the COMMIT succeeds (no 40001)."""
+    session, other = db.connect(), db.connect()
+    session.execute("CREATE TABLE c (k INTEGER PRIMARY KEY, n BIGINT)")
+    session.execute("CREATE TABLE unrelated (x INTEGER)")
+    session.execute("BEGIN")
+    session.execute(UPSERT, [1, 1])
+    assert session.transaction.deltas
+    original = deltas.DeltaApplier.still_valid
+    fired = []
+
+    def still_valid(self, reservations):
+        valid = original(self, reservations)
+        if not fired:  # an autocommit INSERT elsewhere lands right after COMMIT's check
+            fired.append(1)
+            other.execute("INSERT INTO unrelated VALUES (1)")
+        return valid
+
+    monkeypatch.setattr(deltas.DeltaApplier, "still_valid", still_valid)
+    session.execute("COMMIT")
+    monkeypatch.undo()
+    assert fired
+    assert rows(other, "SELECT k, n FROM c") == [{"k": 1, "n": 1}]
+    assert rows(other, "SELECT x FROM unrelated") == [{"x": 1}]
+
+
+def test_a_transaction_s_kept_deltas_stay_far_below_the_record_cap(db) -> None:
+    """Keys whose JSON escapes take 6 bytes a character: 70 of them would make a 84 MiB
+    record (over the 64 MiB cap); past ``RECORD_BYTES_MAX`` the upserts run the DuckDB way."""
+    session = db.connect()
+    session.execute("CREATE TABLE c (k VARCHAR PRIMARY KEY, n BIGINT)")
+    session.execute("BEGIN")
+    keys = [f"{i:02d}" + "\x01" * (200 << 10) for i in range(70)]
+    for key in keys:
+        session.execute(UPSERT, [key, 1])
+    session.execute("COMMIT")
+    got = rows(session, "SELECT left(k, 2) AS p, n, length(k) AS l FROM c ORDER BY k")
+    assert got == [{"p": key[:2], "n": 1, "l": len(key)} for key in keys]
