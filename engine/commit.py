@@ -84,6 +84,7 @@ publish is unfinished, for the same reason.
 from __future__ import annotations
 
 import concurrent.futures
+import contextlib
 import itertools
 import json
 import logging
@@ -1033,6 +1034,16 @@ class Committer:
                 )
         rows.sort(key=lambda row: row["transaction_id"])
         return rows
+
+    def close_unrecovered(self) -> None:
+        """The database's open failed (in ``recover``): close what is open, write nothing
+        (no checkpoint: the staging log stays as it is for the next open)."""
+        with contextlib.suppress(Exception):
+            self.deltas.close()
+        with contextlib.suppress(Exception):
+            self.staging.close()
+        with contextlib.suppress(Exception):
+            self._cursor.close()
 
     def close(self) -> None:
         """Stop the checkpointer, run a last checkpoint, close staging and the cursor."""

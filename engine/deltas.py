@@ -405,12 +405,26 @@ class DeltaApplier:
 
     def recover(self, records: list[tuple[LogPosition, list[list]]]) -> int:
         """Apply the deltas of committed records past the applied-through position, in one
-        DuckDB transaction with the position (idempotent). Returns how many records."""
+        DuckDB transaction with the position (idempotent). Returns how many records.
+
+        If they cannot be applied the database does not open (58030, naming the cause):
+        each is a committed transaction's, so dropping one would lose it silently, and
+        opening with tables that miss it would let reads see a state that never was.
+        Every cause known to make an apply fail is refused at the statement (the rules
+        of the module doc), so what is left is an I/O error (the next open retries) or a
+        bug; the records stay in the staging log (the checkpoint never passed them)."""
         through = self.read_applied_through()
         pending = sorted((end, ds) for end, ds in records if end > through and ds)
         if not pending:
             return 0
-        self._apply([(end, [StoredDelta.from_json(d) for d in ds]) for end, ds in pending])
+        try:
+            self._apply([(end, [StoredDelta.from_json(d) for d in ds]) for end, ds in pending])
+        except Exception as error:
+            raise StorageIOError(
+                f"{len(pending)} committed commit records' counter deltas (after log position "
+                f"{through}) cannot be applied to their tables: {error}; they are kept in the "
+                "staging log and applied at the next open that can"
+            ) from error
         return len(pending)
 
     # -- the statement: may this delta be kept? -------------------------------------------

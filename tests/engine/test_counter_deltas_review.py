@@ -25,7 +25,7 @@ from engine import bulk_write, deltas
 from engine.database import Database
 from engine.identity import Identity
 from storage import failpoints
-from storage.errors import SerializationFailure, TopicbaseError
+from storage.errors import SerializationFailure, StorageIOError, TopicbaseError
 from tests.engine.conftest import rows
 
 UPSERT = "INSERT INTO c VALUES ($1, $2) ON CONFLICT (k) DO UPDATE SET n = n + EXCLUDED.n"
@@ -276,3 +276,27 @@ def test_a_transaction_s_kept_deltas_stay_far_below_the_record_cap(db) -> None:
     session.execute("COMMIT")
     got = rows(session, "SELECT left(k, 2) AS p, n, length(k) AS l FROM c ORDER BY k")
     assert got == [{"p": key[:2], "n": 1, "l": len(key)} for key in keys]
+
+
+def test_deltas_recovery_cannot_apply_fail_the_open_and_are_kept(tmp_path: Path, monkeypatch):
+    """Recovery never drops a committed delta: an open that cannot apply them fails with
+    58030 naming the cause; a later open that can applies them."""
+    path = str(tmp_path / "data")
+    database = Database.open(path, retention_interval_s=None)
+    session = database.connect()
+    session.execute("CREATE TABLE c (k INTEGER PRIMARY KEY, n BIGINT)")
+
+    def failing(*args, **kwargs):
+        raise OSError("the table cannot be written")
+
+    with monkeypatch.context() as patch:
+        patch.setattr(deltas.DeltaApplier, "_add", staticmethod(failing))
+        assert _kept(session, UPSERT, [1, 7])
+        session.close()
+        database.close()  # unapplied: left to recovery
+        with pytest.raises(StorageIOError, match="cannot be written") as refused:
+            Database.open(path, retention_interval_s=None)
+        assert refused.value.sqlstate == "58030"
+    database = Database.open(path, retention_interval_s=None)
+    assert rows(database.connect(), "SELECT k, n FROM c") == [{"k": 1, "n": 7}]
+    database.close()
