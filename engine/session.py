@@ -680,6 +680,9 @@ class Session:
         reservation = self._applier.reserve(delta, self._cursor, epoch)  # no DuckDB txn open
         if reservation is None:
             return False
+        if transaction.staging is not None and not transaction.staging.hold(size):
+            self._applier.release([reservation])  # over the staged-memory budget
+            return False
         transaction.deltas.append(delta)
         transaction.delta_bytes += size
         transaction.reservations.append(reservation)

@@ -300,3 +300,21 @@ def test_deltas_recovery_cannot_apply_fail_the_open_and_are_kept(tmp_path: Path,
     database = Database.open(path, retention_interval_s=None)
     assert rows(database.connect(), "SELECT k, n FROM c") == [{"k": 1, "n": 7}]
     database.close()
+
+
+def test_kept_deltas_count_in_the_staged_memory_budget(db) -> None:
+    session = db.connect()
+    session.execute("CREATE TABLE c (k VARCHAR PRIMARY KEY, n BIGINT)")
+    staged = db.staged_writes
+    session.execute("BEGIN")
+    session.execute(UPSERT, ["x" * 1000, 1])
+    assert session.transaction.deltas
+    assert staged.memory_bytes >= 1000  # held while the transaction is open
+    session.execute("COMMIT")
+    assert staged.memory_bytes == 0
+    staged.memory_bytes_max = staged.memory_bytes + 500  # nearly full: nothing more kept
+    session.execute("BEGIN")
+    session.execute(UPSERT, ["x" * 1000, 2])
+    assert not session.transaction.deltas  # ran the DuckDB way
+    session.execute("COMMIT")
+    assert rows(session, "SELECT n FROM c") == [{"n": 3}]
