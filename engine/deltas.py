@@ -19,11 +19,17 @@ a delta is kept; otherwise the statement runs the DuckDB way, as before):
    exactly ``c = c + EXCLUDED.c``; the table's only unique constraint is exactly the
    conflict key, it has no CHECK / FOREIGN KEY / other index / generated column /
    collation (``tables.upsert_columns``), it is a base table of a persistent database
-   (not ``temp``), and is named by its qualified name in the delta.
+   (not ``temp``), and is named by its qualified name in the delta. *Which* table: the
+   one DuckDB resolves the bare name to, and only when that is certain (``relation_of``:
+   the only relation of that name anywhere, in the current schema of the search path's
+   first entry; never the internal schema), so the delta writes what the statement would
+   have written, the table the sandbox and privileges checked by that name. A session's
+   plans are forgotten after any statement but a plain query or DML (``SET search_path``).
 2. *Types*: counter columns are TINYINT, SMALLINT, INTEGER or BIGINT; key columns VARCHAR
    or one of those; the given key values are Python ``str`` / ``int`` of the key's type and
-   range and the amounts ``int`` (no NULL, no bool, no float, no text to cast): no cast of
-   the applier can fail and keys compare in DuckDB as they compare in Python.
+   range and the amounts ``int`` (no NULL, no bool, no float, no text to cast), and text
+   encodes as UTF-8 (a lone surrogate does not): no cast of the applier can fail and keys
+   compare in DuckDB as they compare in Python.
 3. *No overflow*, by a bound that cannot be wrong: per table, ``B`` bounds ``|v|`` of every
    counter value of every row as DuckDB holds it, and ``R`` is the sum, over the deltas
    kept and not yet folded into ``B``, of each delta's largest ``|amount|``. Any value the
@@ -38,10 +44,22 @@ a delta is kept; otherwise the statement runs the DuckDB way, as before):
    statement runs: under the commit lock it counts itself, moves the epoch and then waits
    until every delta registered so far is applied. While a writer is open no delta is
    kept, and a kept delta whose epoch moved before its commit is run the DuckDB way at
-   COMMIT (or refused with 40001 if the epoch moved during the commit's validation).
+   COMMIT (also when the epoch moved during the commit's validation: ``DeltasOutdated``).
+   The plan must be as fresh: the epoch is read before the statement's plan is worked
+   out and must be unchanged at ``reserve`` (a DROP and CREATE in between would make a
+   stale plan); nor is a delta kept while the applier fails on a group. A kept statement
+   run the DuckDB way runs only on the table it was kept for (same oid and columns, else
+   40001: ``Session._check_unmoved``), never on another table that took its name.
    So the applier never writes a table while a DuckDB-way writer is open (no write-write
    conflict, no DDL in between, no value changed behind ``B``); it retries a group that
-   fails all the same (a conflict, an I/O error) and never drops one.
+   fails all the same (a conflict, an I/O error) and never drops one. Every attempt is
+   idempotent (the position is read in the attempt's DuckDB transaction and the records
+   at or before it skipped), reads wait through failures and raise 58030 only once
+   ``FAILURES_PERSISTENT`` attempts in a row failed, and recovery that cannot apply them
+   fails the open (58030) rather than drop a committed delta.
+5. *Bounded*: a transaction's kept deltas take at most ``RECORD_BYTES_MAX`` of its commit
+   record and count in the staged-writes memory budget; past either the upsert runs the
+   DuckDB way (with the kept ones before it).
 
 Reads see committed deltas: every statement that uses the session's DuckDB cursor first
 waits (``wait_visible``) until every delta registered before it is applied (a compare of
