@@ -658,16 +658,19 @@ class DeltaApplier:
         applied-through position to the last record's end in one DuckDB transaction; then
         (``group``) count them applied.
 
-        Idempotent, so any attempt may be retried: the position is read in the same DuckDB
-        transaction and the records at or before it are skipped (an earlier attempt
-        committed them and then failed, at ``deltas.after_commit`` say); if none is left
-        only the bookkeeping runs."""
+        Idempotent, so any attempt may be retried: the records at or before the position
+        are skipped (an earlier attempt committed them and then failed, at
+        ``deltas.after_commit`` say); if none is left only the bookkeeping runs. The
+        position is read in the same DuckDB transaction for recovery and for a retry (the
+        outcome of the failed attempt is known only there); a first attempt after one that
+        succeeded knows it (``applied_through``, one DuckDB statement less per group)."""
         assert records and all(a[0] < b[0] for a, b in itertools.pairwise(records))
         cursor = self._cursor
         with self._apply_lock:
             tables.run(cursor, "BEGIN TRANSACTION")
             try:
-                through = _applied_position(cursor)
+                retry = group is None or self._failures > 0
+                through = _applied_position(cursor) if retry else self.applied_through
                 sums, shapes = _summed([d for end, ds in records if end > through for d in ds])
                 for (shape, key_values), amounts in sums.items():
                     self._add(cursor, shapes[shape], key_values, amounts)
