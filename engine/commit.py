@@ -84,6 +84,7 @@ publish is unfinished, for the same reason.
 from __future__ import annotations
 
 import concurrent.futures
+import contextlib
 import itertools
 import json
 import logging
@@ -97,6 +98,7 @@ import pyarrow as pa
 from engine import staged_refs, tables
 from engine.catalog import SCHEMA
 from engine.commit_order import CommitOrder, CommitSlot
+from engine.deltas import Delta, DeltaApplier, Reservation
 from storage import commit_log, failpoints, limits
 from storage.errors import (
     LimitExceededError,
@@ -314,6 +316,9 @@ class Committer:
         self._cursor = database.root.cursor()
         tables.run(self._cursor, RECORDS_DDL)
         tables.run(self._cursor, WATERMARK_DDL)
+        # Counter deltas committed in the log, applied to DuckDB in the background
+        # (``engine.deltas``); the checkpoint passes a record only once they are applied.
+        self.deltas = DeltaApplier(database)
         self._last_id = 0
         self._published: list[Published] = []
         self._unfinished: list[tuple[int, list[PublishItem], LogPosition | None]] = []
@@ -432,6 +437,8 @@ class Committer:
         items: list[PublishItem],
         moves: dict[tuple[str, str, int], int],
         validate: Callable[[], None],
+        deltas: list[Delta] | None = None,
+        reservations: list[Reservation] | None = None,
     ) -> tuple[CommitSlot, list[PublishItem]]:
         """Commit a transaction that touches no table: its batches and its commit record
         (``storage.commit_log``), encoded here, are appended in one write under the commit
@@ -440,8 +447,15 @@ class Committer:
         the slot and the items with their staged places; the caller ends the slot with
         ``finish``. A failed validation or append commits nothing; a failed or
         interrupted sync leaves the outcome unknown (the record may or may not be on
-        disk), so the committer refuses every later commit (``_check_usable``)."""
+        disk), so the committer refuses every later commit (``_check_usable``).
+
+        ``deltas`` (``engine.deltas``: counter upserts kept by the transaction) go into the
+        record and are registered with the applier under the commit lock right after the
+        append (log order), once ``DeltaApplier.check_commit`` found their reservations
+        still valid (else 40001); the applier applies them once the record is durable."""
         assert all(i.references is None for i in items), "references need a record row"
+        deltas = deltas or []
+        reservations = reservations if reservations is not None else []
         parts, lengths = encode_batches(transaction_id, [i.batch for i in items]) if items else (
             [], []
         )
@@ -450,18 +464,26 @@ class Committer:
                 "at": self._database.clock.now_us(),
                 "items": [[i.topic_id, i.partition] for i in items],
                 "offsets": [[t, c, p, o] for (t, c, p), o in moves.items()],
+                **({"deltas": [d.to_json() for d in deltas]} if deltas else {}),
             },
             separators=(",", ":"),
         ).encode()
         record = commit_log.encode_record(transaction_id, len(items), payload)
         appended: list[StagingTicket] = []
+        registered = []
 
         def validate_and_append() -> None:
             self._check_usable()
             self._check_topics_exist(items)
             validate()
+            if deltas:
+                self.deltas.check_commit(reservations)
             failpoints.hit("commit.before_log_append")
-            appended.append(self.staging.append(transaction_id, parts, lengths, record))
+            ticket = self.staging.append(transaction_id, parts, lengths, record)
+            appended.append(ticket)
+            if deltas:
+                registered.append(
+                    self.deltas.register(deltas, reservations, (ticket.file_number, ticket.end)))
 
         slot = self._order.enter(set(moves), validate_and_append, recorded=True)
         ticket = appended[0]
@@ -469,6 +491,8 @@ class Committer:
             failpoints.hit("commit.after_log_append")
             self.staging.wait_durable(ticket)
         except BaseException as error:
+            if registered:
+                self.deltas.in_doubt(registered[0], error)
             with self._lock:
                 if self._failure is None:
                     self._failure = error
@@ -479,6 +503,8 @@ class Committer:
                 f"the commit of transaction {transaction_id} is in doubt (its commit record "
                 f"may or may not be durable): {error}; reopen the database to resolve it"
             ) from error
+        if registered:
+            self.deltas.durable(registered[0])
         self.log_commits += 1
         with self._lock:
             self._staged_bytes += sum(lengths) + len(record)
@@ -779,6 +805,8 @@ class Committer:
             if not published and not moved:
                 return 0
             try:
+                # No record may be passed while its deltas are unapplied (engine.deltas).
+                self.deltas.drain()
                 kept = self._checkpoint_locked(published, moved)
             except BaseException:
                 with self._lock:  # not durable, or not recorded: keep them
@@ -871,6 +899,10 @@ class Committer:
         together in transaction id order (``_committed_rows``)."""
         republished = 0
         rows = self._committed_rows()
+        # Counter deltas of records past the applied-through position, applied first (in
+        # one DuckDB transaction with the position): tables then hold every committed one.
+        self.deltas.recover(
+            [(row["log_end"], row["deltas"]) for row in rows if row.get("deltas")])
         # The transactions each partition holds frames of, from one scan of its headers
         # since the oldest record (a scan per record and partition took minutes after a
         # crash among many writes spread over 1000 partitions: engine.spread_append).
@@ -974,6 +1006,8 @@ class Committer:
         marks = [(r["file_number"], r["position"]) for r in mark.to_pylist()]
         self._watermark = max([(0, 0), *marks])
         self.staging.start_after(self._watermark[0])
+        # never a file number at or below the applied-through position's again
+        self.staging.start_after(self.deltas.read_applied_through()[0])
         for number in self.staging.file_numbers():
             if number < self._watermark[0]:
                 continue
@@ -995,10 +1029,21 @@ class Committer:
                         "items": json.dumps(items),
                         "offsets": json.dumps(payload["offsets"]),
                         "log_end": (number, found.end),
+                        "deltas": payload.get("deltas"),
                     }
                 )
         rows.sort(key=lambda row: row["transaction_id"])
         return rows
+
+    def close_unrecovered(self) -> None:
+        """The database's open failed (in ``recover``): close what is open, write nothing
+        (no checkpoint: the staging log stays as it is for the next open)."""
+        with contextlib.suppress(Exception):
+            self.deltas.close()
+        with contextlib.suppress(Exception):
+            self.staging.close()
+        with contextlib.suppress(Exception):
+            self._cursor.close()
 
     def close(self) -> None:
         """Stop the checkpointer, run a last checkpoint, close staging and the cursor."""
@@ -1008,8 +1053,12 @@ class Committer:
             checkpointer = self._checkpointer
         if checkpointer is not None:
             checkpointer.join()
+        self.deltas.close()  # applies what is durable (one in doubt stays for recovery)
         try:
-            self.checkpoint()  # the next open's recovery publishes what it keeps
+            if self.deltas.pending:  # not applied: records and staging stay for recovery
+                log.warning("%d commits' counter deltas are left to recovery", self.deltas.pending)
+            else:
+                self.checkpoint()  # the next open's recovery publishes what it keeps
         finally:
             self.staging.close()
             self._cursor.close()

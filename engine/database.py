@@ -81,6 +81,21 @@ class Database:
         except BaseException:
             self.store.close()
             raise
+        try:
+            self._open_rest(clock, lease_timeout_s, retention_interval_s)
+        except BaseException:  # a failed open (recovery, say) leaves nothing open
+            committer = getattr(self, "committer", None)
+            if committer is not None:
+                committer.close_unrecovered()
+            self.root.close()
+            self.store.close()
+            raise
+
+    def _open_rest(
+        self, clock: Clock, lease_timeout_s: float, retention_interval_s: float | None
+    ) -> None:
+        """The database's parts past its files, then recovery (``__init__``)."""
+        path = self.path
         self.catalog = CatalogStore(self.root.cursor(), clock)
         # Serialises the validate-then-commit step of transactions and DDL.
         self.commit_lock = threading.RLock()

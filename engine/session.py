@@ -35,6 +35,7 @@ from typing import Any
 import pyarrow as pa
 
 from engine import (
+    deltas,
     describe,
     grants,
     introspection,
@@ -94,6 +95,8 @@ DML_TAGS = ("INSERT", "UPDATE", "DELETE", "MERGE")
 # Statements that never change DuckDB's schema; any other may (``_schema_may_change``).
 _SCHEMA_KEEPING_TAGS = (*DML_TAGS, "SELECT", "EMPTY", "SHOW", "DESCRIBE", "EXPLAIN")
 PARSE_CACHE_ENTRIES = 512
+# Statements that cannot change how a table name resolves (kept delta plans stay valid).
+_PLAIN_TAGS = frozenset({"SELECT", "INSERT", "UPDATE", "DELETE", "MERGE"})
 
 
 class Session:
@@ -121,6 +124,9 @@ class Session:
         self._schema_basis: int | None = None
         self._changed_schema = False
         self._schema_change_open = False
+        # Counter deltas (``engine.deltas``): each upsert text's delta plan (None: not one)
+        # with the schema generation it was worked out at.
+        self._delta_plans: dict[str, tuple[int, deltas.DeltaPlan | None]] = {}
 
     # -- entry points -------------------------------------------------------------------
     def execute(self, sql: str, parameters: Any = None) -> list[Result]:
@@ -346,9 +352,22 @@ class Session:
         of registered relations use the connection without opening one.
         """
         transaction = self.transaction
-        if transaction is not None and transaction.explicit and not transaction.duckdb_open:
-            self._open_duckdb_transaction(transaction)
+        if transaction is not None and transaction.explicit:
+            if not transaction.duckdb_open:
+                if transaction.deltas:
+                    self._flush_deltas(transaction)  # opens the DuckDB transaction
+                else:
+                    self._applier.wait_visible()  # before this transaction's snapshot
+                    self._open_duckdb_transaction(transaction)
+        else:
+            applier = self._applier
+            if applier.pending:
+                applier.wait_visible()  # every delta committed before this statement
         return self._cursor
+
+    @property
+    def _applier(self) -> deltas.DeltaApplier:
+        return self.database.committer.deltas
 
     def _open_duckdb_transaction(self, transaction: Transaction) -> None:
         """Open the DuckDB transaction of ``transaction``; for an explicit one, note what
@@ -418,8 +437,18 @@ class Session:
         if autocommit:
             self.transaction = Transaction(explicit=False)
         assert self.transaction is not None
+        if any(isinstance(o, RunQuery) and o.tag not in _PLAIN_TAGS for o in plan.operations):
+            self._delta_plans.clear()  # SET search_path, EXECUTE, DDL: names may resolve anew
+        try:
+            if not autocommit and self._keep_delta(plan, parameters):
+                return Result("INSERT 0 1")
+        except BaseException:
+            self.state = SessionState.FAILED
+            raise
         self.transaction.note_plan(plan)
         try:
+            if self.transaction.touches_tables and not self.transaction.delta_writer:
+                self._begin_writer(self.transaction)
             if autocommit and self.transaction.touches_tables and _moves_topics(plan):
                 # its table writes must commit with its offset moves / topic writes: one
                 # DuckDB transaction from the start, committed by ``_commit`` (or rolled
@@ -622,6 +651,109 @@ class Session:
                 )
             return None
         return count or None
+
+    # -- counter deltas (engine.deltas) ----------------------------------------------------
+    def _keep_delta(self, plan: Plan, parameters: Any) -> bool:
+        """Keep a counter upsert of an explicit transaction that has not touched DuckDB as
+        a delta (``engine.deltas``: rules 1-4 of its module doc); False: run it as before.
+        The statement was checked (sandbox, privileges) as every statement is."""
+        transaction = self.transaction
+        if (len(plan.operations) != 1 or transaction is None or not transaction.explicit
+                or transaction.duckdb_open or transaction.touches_tables
+                or self._changed_schema or not deltas.enabled()):  # fmt: skip
+            return False
+        operation = plan.operations[0]
+        if (not isinstance(operation, RunQuery) or operation.upsert is None
+                or operation.tag != "INSERT" or operation.returns_rows):  # fmt: skip
+            return False
+        epoch = self._applier.epoch_now()  # before the plan: a writer since makes it stale
+        delta_plan = self._delta_plan(operation)
+        if delta_plan is None:
+            return False
+        bound = parameters if operation.uses_parameters else None
+        delta = delta_plan.bind(bound)
+        if delta is None:
+            return False
+        size = delta.record_bytes()
+        if transaction.delta_bytes + size > deltas.RECORD_BYTES_MAX:
+            return False  # runs the DuckDB way, the kept ones before it: a bounded record
+        reservation = self._applier.reserve(delta, self._cursor, epoch)  # no DuckDB txn open
+        if reservation is None:
+            return False
+        if transaction.staging is not None and not transaction.staging.hold(size):
+            self._applier.release([reservation])  # over the staged-memory budget
+            return False
+        transaction.deltas.append(delta)
+        transaction.delta_bytes += size
+        transaction.reservations.append(reservation)
+        transaction.delta_statements.append((operation.sql, bound))
+        return True
+
+    def _delta_plan(self, operation: RunQuery) -> deltas.DeltaPlan | None:
+        """The delta plan of an upsert text on the current schema generation, worked out
+        through this connection outside any DuckDB transaction (its own temporary tables
+        and search path count) and kept while the generation stays."""
+        generation = tables.SCHEMA_GENERATIONS.stable()
+        if generation is None:
+            return None
+        found = self._delta_plans.get(operation.sql)
+        if found is not None and found[0] == generation:
+            return found[1]
+        shape = operation.upsert
+        assert shape is not None
+        columns = tables.upsert_columns(self._cursor, shape.table, shape.conflict)
+        plan = None
+        if columns is not None and counter_update(shape, columns) is not None:
+            relation = deltas.relation_of(self._cursor, shape.table)
+            if relation is not None:
+                plan = deltas.plan_delta(shape, columns, relation)
+        if tables.SCHEMA_GENERATIONS.stable() != generation:
+            return None  # the schema changed while it was read: not kept
+        if len(self._delta_plans) >= PARSE_CACHE_ENTRIES:
+            self._delta_plans.clear()
+        self._delta_plans[operation.sql] = (generation, plan)
+        return plan
+
+    def _begin_writer(self, transaction: Transaction) -> None:
+        """The transaction may write tables the DuckDB way from now on (``engine.deltas``
+        rule 4): no delta is kept meanwhile, and the committed ones are applied first."""
+        if not transaction.delta_writer:
+            self._applier.writer_begins()
+            transaction.delta_writer = True
+
+    def _flush_deltas(self, transaction: Transaction) -> None:
+        """Run the transaction's kept counter upserts the DuckDB way, in its DuckDB
+        transaction (opened here): a later statement touches DuckDB, or the deltas may not
+        commit as such. The transaction then commits the DuckDB way."""
+        statements = transaction.delta_statements
+        plans = {id(d.plan): d.plan for d in transaction.deltas}
+        self._applier.release(transaction.reservations)
+        transaction.deltas.clear()
+        transaction.delta_statements = []
+        transaction.delta_bytes = 0
+        transaction.touches_tables = True
+        self._begin_writer(transaction)  # every committed delta applied before
+        if not transaction.duckdb_open:
+            self._open_duckdb_transaction(transaction)
+        for delta_plan in plans.values():
+            self._check_unmoved(delta_plan)
+        for sql, parameters in statements:
+            tables.execute_count(self._cursor, sql, parameters)
+
+    def _check_unmoved(self, delta_plan: deltas.DeltaPlan) -> None:
+        """Refuse (40001) to run a kept statement whose table is no longer the one it was
+        kept for (renamed, dropped and created again, altered, another search path): the
+        text would now write another table, perhaps one this identity may not write, where
+        the DuckDB way ran it at its statement and its COMMIT would fail with 40001."""
+        name = delta_plan.table[2]
+        relation = deltas.relation_of(self._cursor, name)
+        columns = tables.upsert_columns(self._cursor, name, delta_plan.keys)
+        kept_for = (*delta_plan.table[:2], delta_plan.table_oid)
+        if relation != kept_for or columns != delta_plan.columns:
+            raise SerializationFailure(
+                f'table "{name}", which this transaction added to, was changed (renamed, dropped '
+                "or altered) by another transaction since; retry"
+            )
 
     def _run_other(self, operation: Any, plan: Plan) -> Result:
         database = self.database
@@ -832,19 +964,27 @@ class Session:
         items: list[PublishItem] = []
         committed = False
         try:
+            if transaction.deltas and not self._applier.still_valid(transaction.reservations):
+                self._flush_deltas(transaction)  # a DuckDB-way writer came in between
             moves = {key: read.end for key, read in transaction.reads.items()}
             moves.update(transaction.offset_moves)
-            if transaction.writes or moves:
+            if transaction.writes or moves or transaction.deltas:
                 transaction_id = committer.next_transaction_id()
                 # An autocommit statement's DuckDB transaction is open only if it wrote
                 # there; an explicit one's is open for any DuckDB statement, reads too.
                 if not transaction.touches_tables and (
                     transaction.explicit or not transaction.duckdb_open
                 ):
-                    self._commit_in_log(transaction, transaction_id, moves)
-                    self._end_transaction()
-                    committer.catch_up()
-                    return
+                    try:
+                        self._commit_in_log(transaction, transaction_id, moves)
+                    except deltas.DeltasOutdated:
+                        # a writer began after the check above: nothing committed; the
+                        # deltas run the DuckDB way and the transaction commits so
+                        self._flush_deltas(transaction)
+                    else:
+                        self._end_transaction()
+                        committer.catch_up()
+                        return
             ticket = None
             if transaction.writes:
                 items = route_writes(database, transaction.writes_to_commit())
@@ -895,7 +1035,8 @@ class Session:
         if transaction.writes:
             items = route_writes(self.database, transaction.writes_to_commit())
         slot, items = committer.commit_in_log(
-            transaction_id, items, moves, lambda: self._validate(transaction)
+            transaction_id, items, moves, lambda: self._validate(transaction),
+            transaction.deltas, transaction.reservations,
         )
         transaction.committed = True
         try:
@@ -936,8 +1077,17 @@ class Session:
             self.database.open_transactions -= 1
         if self.transaction is not None:
             self.transaction.release()  # staged bytes back, spill file deleted
+            self._end_deltas(self.transaction)
         self.transaction = None
         self.state = SessionState.IDLE
+
+    def _end_deltas(self, transaction: Transaction) -> None:
+        """Give back reservations of deltas not committed; end the writer's exclusion."""
+        if transaction.reservations:
+            self._applier.release(transaction.reservations)
+        if transaction.delta_writer:
+            transaction.delta_writer = False
+            self._applier.writer_ends()
 
     def _rollback(self) -> None:
         if self.transaction is not None and self.transaction.duckdb_open:

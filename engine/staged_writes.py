@@ -102,6 +102,17 @@ class StagedWrites:
                 self.memory_bytes += nbytes
             return keep
 
+    def hold(self, nbytes: int) -> bool:
+        """Count ``nbytes`` more in memory if both budgets allow, else count nothing and
+        return False (for what cannot spill: a transaction's kept counter deltas)."""
+        with self._lock:
+            if (self.total_bytes + nbytes > self.total_bytes_max
+                    or self.memory_bytes + nbytes > self.memory_bytes_max):  # fmt: skip
+                return False
+            self.total_bytes += nbytes
+            self.memory_bytes += nbytes
+            return True
+
     def release(self, total_bytes: int, memory_bytes: int) -> None:
         with self._lock:
             self.total_bytes -= total_bytes
@@ -143,6 +154,18 @@ class TransactionStaging:
             self.memory_bytes += nbytes
             return None
         return self._spill(batch)
+
+    def hold(self, nbytes: int) -> bool:
+        """Account for ``nbytes`` this transaction keeps in memory and cannot spill (its
+        counter deltas, ``engine.deltas``): False, counting nothing, past its memory budget
+        or the database's (the caller then does without: the upsert runs the DuckDB way)."""
+        if self.memory_bytes + nbytes > limits.TRANSACTION_MEMORY_BYTES_MAX:
+            return False
+        if not self._staged.hold(nbytes):
+            return False
+        self.total_bytes += nbytes
+        self.memory_bytes += nbytes
+        return True
 
     def count(self, nbytes: int) -> None:
         """Account for a batch committed *by reference* (``engine.staged_refs``): its rows

@@ -117,6 +117,15 @@ class Transaction:
     # moved, what this transaction reads of owners and grants is what everyone would
     # read, and may be cached.
     privilege_generation: int | None = None
+    # Counter upserts kept as deltas (``engine.deltas``), with their reservations and the
+    # statements (text, parameters) to run the DuckDB way if the transaction touches
+    # DuckDB later or its deltas may not commit as such.
+    deltas: list[Any] = field(default_factory=list)
+    reservations: list[Any] = field(default_factory=list)
+    delta_statements: list[tuple[str, Any]] = field(default_factory=list)
+    delta_bytes: int = 0  # bound of the kept deltas' bytes in the commit record
+    # Whether this transaction counts as a DuckDB-way writer (``DeltaApplier.writer_begins``).
+    delta_writer: bool = False
 
     def note_plan(self, plan: Any) -> None:
         """Before a statement of the transaction runs: note whether it may write tables.

@@ -24,6 +24,7 @@ def test_the_update_is_the_shortcut_the_engine_runs(tmp_path: Path, monkeypatch)
         return original(cursor, sql, parameters, **kwargs)
 
     monkeypatch.setattr(tables, "execute_count", recording)
+    monkeypatch.setenv("TOPICBASE_COUNTER_DELTAS", "0")  # the DuckDB way's shortcut (engine.deltas)
     database = Database.open(str(tmp_path / "data"))
     try:
         session = database.connect()

@@ -25,6 +25,13 @@ COUNTERS = "CREATE TABLE counters (k VARCHAR PRIMARY KEY, n BIGINT NOT NULL)"
 Step = tuple[int, str, Sequence[Any] | None]  # (session, sql, parameters)
 
 
+@pytest.fixture(autouse=True)
+def _without_counter_deltas(monkeypatch: pytest.MonkeyPatch) -> None:
+    """The shortcut is the DuckDB way's: counter deltas (``engine.deltas``, which keep
+    such upserts of a transaction that has not touched DuckDB) are off here."""
+    monkeypatch.setenv("TOPICBASE_COUNTER_DELTAS", "0")
+
+
 # -- the shape (pure) ----------------------------------------------------------------------
 @pytest.mark.parametrize(
     "sql",

@@ -21,6 +21,13 @@ Modes (each transaction is retried on 40001):
   (touches a table: committed through DuckDB), so the two commit paths interleave
   on the same consumer partitions and ``b`` plus ``moved`` must hold each consumed
   message exactly once (``check_moved(session, table=True)``);
+- ``delta`` (counter deltas, ``engine.deltas``): the ``move`` transaction followed by
+  ``INSERT INTO totals VALUES (?, ?) ON CONFLICT (k) DO UPDATE SET n = n + EXCLUDED.n``
+  adding the number moved to one of ``TOTAL_KEYS`` keys (kept as a delta, committed in the
+  log record, applied by the background applier); in about one transaction in five a
+  ``SELECT`` of ``totals`` follows in the same transaction (its deltas then run the DuckDB
+  way and it commits through DuckDB). ``check_totals``: the totals add up to ``b``'s
+  messages, exactly;
 - ``open``: open the database (recovery runs) and close it.
 
 ``k`` is drawn from ``min-messages..max-messages`` per transaction (seeded). Crash points
@@ -79,8 +86,11 @@ SETUP = (
     f"WITH (min_active_partitions = {A_PARTITIONS}); "
     f"CREATE TOPIC b WITH (min_active_partitions = {B_PARTITIONS}); "
     "CREATE TABLE counts (k VARCHAR PRIMARY KEY, n BIGINT NOT NULL); "
-    "CREATE TABLE moved (data BLOB NOT NULL, message_group_id VARCHAR)"
+    "CREATE TABLE moved (data BLOB NOT NULL, message_group_id VARCHAR); "
+    "CREATE TABLE totals (k VARCHAR PRIMARY KEY, n BIGINT NOT NULL)"
 )
+TOTAL_KEYS = 3
+ADD_TOTAL = "INSERT INTO totals VALUES (?, ?) ON CONFLICT (k) DO UPDATE SET n = n + EXCLUDED.n"
 MOVE = (
     "INSERT INTO TOPIC b (data, message_group_id) SELECT data, message_group_id "
     "FROM TOPIC a WITH (consumer = 'mover', max_messages = {k})"
@@ -241,6 +251,39 @@ def check_counted(session) -> int:
     return sum(expected.values())
 
 
+def check_totals(session) -> MoveCheck:
+    """``check_moved``, and the totals (mode ``delta``) add up to ``b``'s messages: every
+    committed move's count was added once, none of an uncommitted one."""
+    found = check_moved(session)
+    result = session.execute("SELECT coalesce(sum(n), 0) AS n FROM totals")[-1]
+    assert result.table is not None
+    total = result.table.to_pylist()[0]["n"]
+    assert total == found.b_messages, f"totals add up to {total}, b holds {found.b_messages}"
+    return found
+
+
+def run_delta_loop(session, rng: random.Random, low: int, high: int) -> int:
+    """Mode ``delta``: move, add the count to ``totals`` (sometimes read it back in the
+    same transaction), commit; until a read finds nothing. Returns commits."""
+    commits = 0
+    while True:
+        k = rng.randint(low, high)
+        try:
+            session.execute("BEGIN")
+            result = session.execute(MOVE.format(k=k))[-1]
+            if result.tag == "INSERT 0 0":
+                session.execute("ROLLBACK")
+                return commits
+            moved = int(result.tag.rsplit(" ", 1)[1])
+            session.execute(ADD_TOTAL, [f"w{rng.randrange(TOTAL_KEYS)}", moved])
+            if rng.random() < 0.2:
+                session.execute("SELECT sum(n) FROM totals")
+            session.execute("COMMIT")
+            commits += 1
+        except SerializationFailure:
+            session.execute("ROLLBACK")
+
+
 def a_totals(session) -> dict[str, int]:
     totals: dict[str, int] = defaultdict(int)
     for row in topic_rows(session, "a"):
@@ -274,7 +317,7 @@ def run_loop(
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser()
     parser.add_argument("--data", required=True)
-    parser.add_argument("--mode", choices=("move", "count", "mix", "open"), required=True)
+    parser.add_argument("--mode", choices=("move", "count", "mix", "delta", "open"), required=True)
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--min-messages", type=int, default=1)
     parser.add_argument("--max-messages", type=int, default=20)
@@ -296,6 +339,8 @@ def main(argv: list[str] | None = None) -> int:
             commits = run_loop(session, COUNT, rng, *bounds)
         elif args.mode == "mix":
             commits = run_loop(session, (MOVE, MOVE_TO_TABLE), rng, *bounds)
+        elif args.mode == "delta":
+            commits = run_delta_loop(session, rng, *bounds)
         session.close()
         database.close()
     except BaseException:

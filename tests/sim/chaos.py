@@ -103,6 +103,8 @@ FAILPOINTS = (
     "retention.after_roll",
     "split.after_child",
     "split.after_save",
+    "deltas.before_commit",  # inside a counter-delta group (engine.deltas), not committed
+    "deltas.after_commit",  # the group and its applied-through position committed
 )
 # An idle cycle (``chaos_worker.idle_cycle``: no writes, retention passes on the idle
 # topic) arms one of these: the steps of rolling and deleting an expired active segment.
@@ -460,6 +462,13 @@ def check_exactly_once_moves(report: Report) -> list[str]:
                 landed[value.removeprefix("x:").rsplit("#", 1)[0]] += 1
     problems += [f"{v!r} tabled {landed[v]} times" for v in tabled if landed[v] != 1]
     problems += [f"{v!r} tabled without being consumed" for v in set(landed) - set(tabled)]
+    counted = report.counters.get("move_counts")
+    if counted is not None:  # the counting moves' messages, each counted exactly once
+        moved = sum(1 for key, values in report.final.items() if key.startswith("t:dst/")
+                    for value in values if value.rsplit("@", 1)[-1].startswith("C"))  # fmt: skip
+        if moved != counted:
+            problems.append(f"move_counts adds up to {counted}, the counting moves put "
+                            f"{moved} messages in dst")  # fmt: skip
     return problems
 
 

@@ -15,7 +15,12 @@ history file (see ``tests.sim.history``) before the next one:
   the runner checks every consumed value arrives once). Half of them touch no
   table (committed by a commit record in the staging log, ``engine.commit``); the
   other half also insert a row into ``move_notes`` (committed through DuckDB), so
-  both kinds of commit interleave on consumer ``mover``;
+  both kinds of commit interleave on consumer ``mover``. A third of the moves (txn ids
+  ``C…``) add their count to ``move_counts`` by a counter upsert (kept as a counter delta,
+  ``engine.deltas``: committed in the log record, applied by the background applier;
+  one in five of them reads the table back, so its deltas run the DuckDB way); each
+  observation records the table's sum (a ``counter`` event), which the runner compares
+  with the ``C…`` moves' messages in ``dst``;
 - *tabler* transactions: read ``dst`` with consumer ``tabler`` and append
   ``x:<value>#<txn id>`` to rows of the table ``lists`` (list-append keys
   ``r:<row>``), reading two rows too (recorded as summaries: count, digest and
@@ -183,6 +188,7 @@ def setup(data_dir: str) -> None:
             f"WITH (min_active_partitions = {PARTITIONS});"
             "CREATE TABLE IF NOT EXISTS lists (k VARCHAR PRIMARY KEY, v VARCHAR);"
             "CREATE TABLE IF NOT EXISTS move_notes (t VARCHAR);"
+            "CREATE TABLE IF NOT EXISTS move_counts (k VARCHAR PRIMARY KEY, n BIGINT NOT NULL);"
             f"CREATE TOPIC IF NOT EXISTS {AGED} (CONSUMER {REAPER} WITH (important = true)) "
             f"WITH (min_active_partitions = {AGED_PARTITIONS});"
             f"CREATE TOPIC IF NOT EXISTS {fork_of(1)} WITH ({FORK_SETTINGS});"
@@ -273,6 +279,8 @@ def observe(
             row["committed_offset"] or 0,
             important=row["important"],
         )
+    counted = session.execute("SELECT coalesce(sum(n), 0) AS n FROM move_counts")[0]
+    history.record("counter", key="move_counts", value=int(counted.table.to_pylist()[0]["n"]))
     observe_aged(session, history, known)
     observe_aged(session, history, known, IDLE)
     for topic in forks:
@@ -647,7 +655,9 @@ class Worker:
     # -- transactions ----------------------------------------------------------------------
     def move(self) -> None:
         limit = self.rng.randint(1, 20)
-        txn_id = self._value("T")
+        kind = self.rng.random()
+        counted = kind < 1 / 3  # adds its count to move_counts (a counter delta)
+        txn_id = self._value("C" if counted else "T")
         self.session.execute("BEGIN")
         try:
             read = self.session.execute(
@@ -666,7 +676,13 @@ class Worker:
                     values = ", ".join(f"('{v}')" for v in part)
                     self.session.execute(f"INSERT INTO TOPIC dst (data) VALUES {values}")
             ops += [append_op(topic_key("dst"), v) for v in moved]
-            if self.rng.random() < 0.5:  # a table write: this one commits through DuckDB
+            if counted and moved:
+                self.session.execute(
+                    "INSERT INTO move_counts VALUES (?, ?) ON CONFLICT (k) DO UPDATE "
+                    "SET n = n + EXCLUDED.n", [f"w{self.rng.randrange(3)}", len(moved)])
+                if self.rng.random() < 0.2:  # its deltas then run the DuckDB way
+                    self.session.execute("SELECT sum(n) FROM move_counts")
+            elif kind > 2 / 3:  # a table write: this one commits through DuckDB
                 self.session.execute("INSERT INTO move_notes VALUES (?)", [txn_id])
             self._commit(txn_id, ops)
         except TopicbaseError:

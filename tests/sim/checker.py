@@ -190,6 +190,8 @@ class Report:
     final: dict[str, list] = field(default_factory=dict)
     final_offsets: dict[str, list[int] | None] = field(default_factory=dict)
     committed: dict[tuple[str, str, int], int] = field(default_factory=dict)
+    # The last observed value of each counter (``counter`` events: a table's sum).
+    counters: dict[str, int] = field(default_factory=dict)
 
     @property
     def ok(self) -> bool:
@@ -529,6 +531,7 @@ class _Checker:
             "offsets": self.on_offsets,
             "split": self.on_split,
             "lineage": self.on_lineage,
+            "counter": self.on_counter,
         }
         prods: dict[Any, _Prod] = {}
         self._prod_by_value = prods
@@ -765,6 +768,10 @@ class _Checker:
         if not isinstance(event["topic"], str):
             raise TypeError("a split needs a topic")
         self.splits.append((i, event))
+
+    def on_counter(self, i: int, event: Mapping) -> None:
+        """``{"key", "value"}``: a counter observed after recovery (the runner checks it)."""
+        self.report_.counters[str(event["key"])] = int(event["value"])
 
     def on_lineage(self, i: int, event: Mapping) -> None:
         partitions = event["partitions"]

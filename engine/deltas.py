@@ -1,0 +1,739 @@
+"""Counter deltas: blind counter upserts committed in the staging log, applied to DuckDB later.
+
+A statement ``INSERT INTO t VALUES ($1, $2) ON CONFLICT (k) DO UPDATE SET n = n + EXCLUDED.n``
+(the shape ``planner.duckdb_sql.counter_update`` recognises, narrowed by ``plan_delta``) in
+an explicit transaction that has not touched DuckDB otherwise is not run at its statement:
+the session keeps it as a *delta* (table, key values, amounts) and the transaction stays
+topic-only. It commits by ``Committer.commit_in_log`` (one group-committed fsync) with its
+deltas in its commit record. The ``DeltaApplier`` of the database then adds committed deltas
+to DuckDB in log order, in groups (summed per key: additions commute), and in the same DuckDB
+transaction moves a durable *applied-through* position (``APPLIED_TABLE``). Recovery applies
+the deltas of records past that position (idempotent: the position and the rows commit
+together); the checkpoint waits until every registered delta is applied before it may pass a
+record (``drain``), so no record whose deltas are unapplied is ever dropped.
+
+**Why the applier can never fail on a committed delta** (the rule, all of it checked before
+a delta is kept; otherwise the statement runs the DuckDB way, as before):
+
+1. *Shape*: every value of the INSERT is a parameter; every non-key column is assigned
+   exactly ``c = c + EXCLUDED.c``; the table's only unique constraint is exactly the
+   conflict key, it has no CHECK / FOREIGN KEY / other index / generated column /
+   collation (``tables.upsert_columns``), it is a base table of a persistent database
+   (not ``temp``), and is named by its qualified name in the delta. *Which* table: the
+   one DuckDB resolves the bare name to, and only when that is certain (``relation_of``:
+   the only relation of that name anywhere, in the current schema of the search path's
+   first entry; never the internal schema), so the delta writes what the statement would
+   have written, the table the sandbox and privileges checked by that name. A session's
+   plans are forgotten after any statement but a plain query or DML (``SET search_path``).
+2. *Types*: counter columns are TINYINT, SMALLINT, INTEGER or BIGINT; key columns VARCHAR
+   or one of those; the given key values are Python ``str`` / ``int`` of the key's type and
+   range and the amounts ``int`` (no NULL, no bool, no float, no text to cast), and text
+   encodes as UTF-8 (a lone surrogate does not): no cast of the applier can fail and keys
+   compare in DuckDB as they compare in Python.
+3. *No overflow*, by a bound that cannot be wrong: per table, ``B`` bounds ``|v|`` of every
+   counter value of every row as DuckDB holds it, and ``R`` is the sum, over the deltas
+   kept and not yet folded into ``B``, of each delta's largest ``|amount|``. Any value the
+   row can take in any order of applying them is within ``B + R`` of zero; a delta is kept
+   only if ``B + R + max|amount| <= `` the smallest counter type's maximum. ``B`` is
+   learned by reading ``min``/``max`` of the counter columns under the apply lock (no group
+   commits meanwhile), is grown by ``R``'s share when a group is applied, and is valid only
+   while no DuckDB-way writer could have changed the table (the *epoch* below).
+4. *No other writer meanwhile*: every session transaction that may write DuckDB tables the
+   DuckDB way (any statement ``Transaction.note_plan`` counts as writing, DDL, DROP,
+   ALTER, GRANT and a flushed delta included) calls ``writer_begins`` before that
+   statement runs: under the commit lock it counts itself, moves the epoch and then waits
+   until every delta registered so far is applied. While a writer is open no delta is
+   kept, and a kept delta whose epoch moved before its commit is run the DuckDB way at
+   COMMIT (also when the epoch moved during the commit's validation: ``DeltasOutdated``).
+   The plan must be as fresh: the epoch is read before the statement's plan is worked
+   out and must be unchanged at ``reserve`` (a DROP and CREATE in between would make a
+   stale plan); nor is a delta kept while the applier fails on a group. A kept statement
+   run the DuckDB way runs only on the table it was kept for (same oid and columns, else
+   40001: ``Session._check_unmoved``), never on another table that took its name.
+   So the applier never writes a table while a DuckDB-way writer is open (no write-write
+   conflict, no DDL in between, no value changed behind ``B``); it retries a group that
+   fails all the same (a conflict, an I/O error) and never drops one. Every attempt is
+   idempotent (the position is read in the attempt's DuckDB transaction and the records
+   at or before it skipped), reads wait through failures and raise 58030 only once
+   ``FAILURES_PERSISTENT`` attempts in a row failed, and recovery that cannot apply them
+   fails the open (58030) rather than drop a committed delta.
+5. *Bounded*: a transaction's kept deltas take at most ``RECORD_BYTES_MAX`` of its commit
+   record and count in the staged-writes memory budget; past either the upsert runs the
+   DuckDB way (with the kept ones before it).
+
+Reads see committed deltas: every statement that uses the session's DuckDB cursor first
+waits (``wait_visible``) until every delta registered before it is applied (a compare of
+two counters when none are pending); an explicit transaction does so when its DuckDB
+transaction opens, before its snapshot. A later statement of the transaction that keeps
+deltas and touches DuckDB first runs the kept statements in its DuckDB transaction
+(``Session._flush_deltas``), which then commits the DuckDB way. Semantics change: two
+sessions adding to one key no longer meet DuckDB's write-write conflict (serializable for
+blind increments, which commute).
+
+Thread-safety: ``_mutex`` guards the counters, entries and bounds; ``_apply_lock`` is held
+while a group is applied or a bound learned; the commit lock is taken before ``_mutex``,
+never after. Nothing here waits while holding the commit lock.
+"""
+
+from __future__ import annotations
+
+import collections
+import contextlib
+import itertools
+import logging
+import os
+import re
+import threading
+import time
+from dataclasses import dataclass, field
+from typing import Any
+
+from engine import tables
+from engine.catalog import SCHEMA
+from planner.operations import UpsertShape
+from storage import failpoints
+from storage.errors import SerializationFailure, StorageIOError
+
+log = logging.getLogger(__name__)
+
+APPLIED_TABLE = f"{SCHEMA}.delta_applied"
+APPLIED_DDL = f"""
+CREATE TABLE IF NOT EXISTS {APPLIED_TABLE} (file_number BIGINT NOT NULL, position BIGINT NOT NULL);
+"""
+GROUP_MAX = 256  # commit records applied in one DuckDB transaction at most
+# A failure of the head group is persistent (reads raise 58030 instead of waiting) once this
+# many attempts in a row failed (~0.25 s of retries with the backoff): a transient error
+# that the next attempt fixes makes nobody fail.
+FAILURES_PERSISTENT = 8
+# A transaction's kept deltas take at most this many bytes of its commit record (bounded
+# by ``Delta.record_bytes``); a further upsert runs the DuckDB way with the kept ones
+# (``Session._flush_deltas``), so the record stays far below its cap
+# (``limits.COMMIT_RECORD_PAYLOAD_BYTES_MAX``).
+RECORD_BYTES_MAX = 8 << 20
+INTEGER_MAX = {"TINYINT": 2**7 - 1, "SMALLINT": 2**15 - 1, "INTEGER": 2**31 - 1,
+               "BIGINT": 2**63 - 1}  # fmt: skip
+KEY_TYPES = frozenset({"VARCHAR", *INTEGER_MAX})
+LogPosition = tuple[int, int]
+
+
+def enabled() -> bool:
+    """Counter deltas are on unless ``TOPICBASE_COUNTER_DELTAS=0`` (for A/B measurements)."""
+    return os.environ.get("TOPICBASE_COUNTER_DELTAS", "1") != "0"
+
+
+@dataclass(frozen=True, slots=True)
+class DeltaPlan:
+    """How one upsert text becomes a delta on one schema generation (``plan_delta``)."""
+
+    table: tuple[str, str, str]  # database, schema, table
+    keys: tuple[str, ...]
+    key_types: tuple[str, ...]
+    counters: tuple[str, ...]
+    counter_types: tuple[str, ...]
+    key_parameters: tuple[int, ...]  # 0-based parameter of each key column
+    amount_parameters: tuple[int, ...]  # 0-based parameter of each counter column
+    parameter_count: int
+    limit: int  # the smallest counter type's maximum
+    table_oid: int  # DuckDB's oid of the table when planned (``relation_of``)
+    columns: tuple[tuple[str, str], ...]  # (name, type) of the table when planned
+
+    def bind(self, parameters: Any) -> Delta | None:
+        """The delta of one execution, or None if a value breaks rule 2 (module doc)."""
+        if not isinstance(parameters, list | tuple) or len(parameters) != self.parameter_count:
+            return None
+        keys = tuple(parameters[i] for i in self.key_parameters)
+        amounts = tuple(parameters[i] for i in self.amount_parameters)
+        for value, kind in zip(keys, self.key_types, strict=True):
+            if kind == "VARCHAR":
+                if type(value) is not str or "\x00" in value or not _utf8(value):
+                    return None
+            elif type(value) is not int or not -INTEGER_MAX[kind] - 1 <= value <= INTEGER_MAX[kind]:
+                return None
+        for value, kind in zip(amounts, self.counter_types, strict=True):
+            if type(value) is not int or not -INTEGER_MAX[kind] - 1 <= value <= INTEGER_MAX[kind]:
+                return None
+        return Delta(self, keys, amounts)
+
+
+def _utf8(text: str) -> bool:
+    """Whether ``text`` encodes as UTF-8 (a lone surrogate does not: DuckDB refuses it
+    with 22P02 at the statement, which the applier could never apply)."""
+    try:
+        text.encode("utf-8")
+    except UnicodeEncodeError:
+        return False
+    return True
+
+
+@dataclass(frozen=True, slots=True)
+class Delta:
+    plan: DeltaPlan
+    key_values: tuple[Any, ...]
+    amounts: tuple[int, ...]
+
+    def record_bytes(self) -> int:
+        """A bound of this delta's bytes in the commit record's JSON (``to_json``): a
+        character of a key takes at most 12 bytes there (a surrogate pair of escapes), an
+        integer at most 21, the plan's names their text, escaped, plus separators."""
+        p = self.plan
+        names = sum(len(n) for n in (*p.table, *p.keys, *p.key_types, *p.counters,
+                                      *p.counter_types))  # fmt: skip
+        keys = sum(len(v) if type(v) is str else 4 for v in self.key_values)
+        fields = len(p.keys) * 2 + len(p.counters) * 2 + 3 + len(self.key_values)
+        return 12 * (names + keys) + 24 * (len(self.amounts) + fields) + 64
+
+    def to_json(self) -> list:
+        p = self.plan
+        return [list(p.table), list(p.keys), list(p.key_types), list(p.counters),
+                list(p.counter_types), list(self.key_values), list(self.amounts)]  # fmt: skip
+
+
+@dataclass(frozen=True, slots=True)
+class StoredDelta:
+    """A delta as its commit record holds it (what the applier and recovery need)."""
+
+    table: tuple[str, str, str]
+    keys: tuple[str, ...]
+    key_types: tuple[str, ...]
+    counters: tuple[str, ...]
+    counter_types: tuple[str, ...]
+    key_values: tuple[Any, ...]
+    amounts: tuple[int, ...]
+
+    @staticmethod
+    def from_json(item: list) -> StoredDelta:
+        table, keys, key_types, counters, counter_types, key_values, amounts = item
+        return StoredDelta(tuple(table), tuple(keys), tuple(key_types), tuple(counters),
+                           tuple(counter_types), tuple(key_values), tuple(amounts))  # type: ignore[arg-type]  # fmt: skip
+
+
+def stored(delta: Delta) -> StoredDelta:
+    return StoredDelta.from_json(delta.to_json())
+
+
+def plan_delta(shape: UpsertShape, columns: tuple[tuple[str, str], ...],
+               relation: tuple[str, str, int]) -> DeltaPlan | None:  # fmt: skip
+    """The delta plan of ``shape`` on a table of ``columns`` ((name, type), lower case) in
+    ``relation`` (database, schema, table oid: ``relation_of``), or None unless rules 1-2
+    of the module doc hold.
+    The caller has checked the table with ``tables.upsert_columns`` (rule 1's table part)."""
+    if relation[0] == "temp":
+        return None
+    types = dict(columns)
+    names = tuple(name for name, _ in columns)
+    given = shape.columns if shape.columns is not None else names
+    if len(given) != len(shape.values) or sorted(given) != sorted(names):
+        return None
+    if not all(v.startswith("$") and v[1:].isdigit() for v in shape.values):
+        return None
+    position = {column: int(value[1:]) - 1 for column, value in zip(given, shape.values,
+                                                                     strict=True)}  # fmt: skip
+    numbers = sorted(position.values())
+    if numbers != list(range(len(numbers))):
+        return None  # a parameter used twice or a gap: not this shape
+    keys = tuple(shape.conflict)
+    counters = tuple(name for name in names if name not in keys)
+    assigned = {column: text for column, text in shape.assignments}
+    if sorted(assigned) != sorted(counters) or not counters:
+        return None
+    for column in counters:
+        if not _is_blind_increment(assigned[column], column, shape.table):
+            return None
+    if any(types[k] not in KEY_TYPES for k in keys):
+        return None
+    if any(types[c] not in INTEGER_MAX for c in counters):
+        return None
+    return DeltaPlan(
+        (relation[0], relation[1], shape.table), keys, tuple(types[k] for k in keys), counters,
+        tuple(types[c] for c in counters), tuple(position[k] for k in keys),
+        tuple(position[c] for c in counters), len(numbers),
+        min(INTEGER_MAX[types[c]] for c in counters), relation[2], columns,
+    )  # fmt: skip
+
+
+def _is_blind_increment(text: str, column: str, table: str) -> bool:
+    """``column + EXCLUDED.column`` (or the sum the other way round), nothing else."""
+    import sqlglot
+    from sqlglot import expressions as exp
+
+    try:
+        tree = sqlglot.parse_one(text, read="duckdb")
+    except sqlglot.errors.SqlglotError:
+        return False
+    while isinstance(tree, exp.Paren):
+        tree = tree.this
+    if not isinstance(tree, exp.Add):
+        return False
+    sides = [tree.this, tree.expression]
+    own = [s for s in sides if isinstance(s, exp.Column) and s.name.lower() == column
+           and s.table.lower() in ("", table)]  # fmt: skip
+    excluded = [s for s in sides if isinstance(s, exp.Column) and s.name.lower() == column
+                and s.table.lower() == "excluded"]  # fmt: skip
+    return len(own) == 1 and len(excluded) == 1
+
+
+_SIMPLE_NAME = re.compile(r"[A-Za-z_][A-Za-z0-9_$]*")
+
+
+def relation_of(cursor: Any, table: str) -> tuple[str, str, int] | None:
+    """(database, schema, table_oid) of the base table an unqualified ``table`` names for
+    this connection, or None unless it is known to be exactly the one DuckDB resolves.
+
+    Kept only when ``table`` is the name of exactly one relation (table or view) in every
+    database and schema this connection sees, and that relation is a base table in the
+    connection's current schema of its current database: the first entry of its search
+    path (an empty search path: ``main``), given as a plain name or ``database.schema``.
+    DuckDB resolves an unqualified name through that entry first (temporary objects
+    before it; none can have the name), so the DuckDB way's statement writes this table
+    and no other. A table in another schema (``__topicbase`` included), a quoted or
+    unusual search path, a temporary table: None, so the statement runs the DuckDB way
+    (which resolves the name itself, or fails). The oid names the table as it is now
+    (a rename keeps it, a new table of the name gets another: ``check_unmoved``)."""
+    rows = tables.fetch_rows(
+        cursor,
+        "SELECT database_name, schema_name, table_oid FROM duckdb_tables() "
+        "WHERE lower(table_name) = ? UNION ALL "
+        "SELECT database_name, schema_name, NULL FROM duckdb_views() WHERE lower(view_name) = ?",
+        [table.lower(), table.lower()],
+    )
+    if len(rows) != 1 or rows[0][2] is None:
+        return None
+    database, schema, oid = str(rows[0][0]), str(rows[0][1]), int(rows[0][2])
+    if schema.lower() == SCHEMA.lower() or database.lower() in ("temp", "system"):
+        return None
+    current = tables.fetch_rows(
+        cursor, "SELECT current_database(), current_setting('search_path')", None
+    )
+    if len(current) != 1:
+        return None
+    current_database, path = str(current[0][0]), str(current[0][1])
+    first = path.split(",")[0].strip() if path.strip() else "main"
+    parts = first.split(".")
+    if len(parts) == 1:
+        parts = [current_database, parts[0]]
+    if len(parts) != 2 or not all(_SIMPLE_NAME.fullmatch(part) for part in parts):
+        return None
+    if [parts[0].lower(), parts[1].lower()] != [database.lower(), schema.lower()]:
+        return None
+    if database.lower() != current_database.lower():
+        return None
+    return database, schema, oid
+
+
+def _summed(deltas: list[StoredDelta]) -> tuple[dict[tuple, list[int]], dict[tuple, StoredDelta]]:
+    """The deltas' amounts summed per (shape, key), and one delta of each shape."""
+    sums: dict[tuple, list[int]] = {}
+    shapes: dict[tuple, StoredDelta] = {}
+    for d in deltas:
+        shape = (d.table, d.keys, d.key_types, d.counters, d.counter_types)
+        shapes.setdefault(shape, d)
+        found = sums.setdefault((shape, d.key_values), [0] * len(d.amounts))
+        for i, amount in enumerate(d.amounts):
+            found[i] += amount
+    return sums, shapes
+
+
+def _applied_position(cursor: Any) -> LogPosition:
+    rows = tables.fetch_rows(cursor, f"SELECT file_number, position FROM {APPLIED_TABLE}")
+    return max([(0, 0), *((int(a), int(b)) for a, b in rows)])
+
+
+def _quote(name: str) -> str:
+    return '"' + name.replace('"', '""') + '"'
+
+
+def _qualified(table: tuple[str, str, str]) -> str:
+    return ".".join(_quote(part) for part in table)
+
+
+class DeltasOutdated(SerializationFailure):
+    """A commit's kept deltas may no longer commit as such (a DuckDB-way writer began since
+    they were kept): nothing was committed; they may run the DuckDB way instead."""
+
+
+@dataclass(slots=True)
+class Reservation:
+    """A kept delta's share of its table's ``R`` (rule 3), taken at its statement."""
+
+    table: tuple[str, str, str]
+    amount: int
+    epoch: int
+
+
+@dataclass(slots=True)
+class _Entry:
+    """One commit record's deltas, registered under the commit lock in log order."""
+
+    deltas: list[StoredDelta]
+    reservations: list[Reservation]
+    log_end: LogPosition
+    durable: bool = False
+    doubt: BaseException | None = None
+
+
+@dataclass(slots=True)
+class _Bound:
+    epoch: int
+    value: int
+
+
+@dataclass(slots=True)
+class ApplierStats:
+    groups: int = 0
+    records: int = 0
+    retries: int = 0
+    keys: int = 0
+    waits: int = 0
+    learned: int = 0
+    refused: dict[str, int] = field(default_factory=dict)
+
+
+class DeltaApplier:
+    """Applies committed counter deltas to DuckDB in log order (see the module doc)."""
+
+    def __init__(self, database: Any) -> None:
+        self._database = database
+        self._cursor = database.root.cursor()
+        tables.run(self._cursor, APPLIED_DDL)
+        # One row, moved by an UPDATE in each group's transaction (one statement, not two).
+        tables.run(self._cursor, f"INSERT INTO {APPLIED_TABLE} SELECT 0, 0 WHERE NOT EXISTS "
+                                 f"(SELECT 1 FROM {APPLIED_TABLE})")  # fmt: skip
+        self._mutex = threading.Lock()
+        self._changed = threading.Condition(self._mutex)
+        self._apply_lock = threading.Lock()
+        self._entries: collections.deque[_Entry] = collections.deque()
+        self._registered = 0
+        self._applied = 0
+        self._writers = 0
+        self._epoch = 0
+        self._bounds: dict[tuple[str, str, str], _Bound] = {}
+        self._reserved: dict[tuple[str, str, str], int] = {}
+        self._halted: BaseException | None = None
+        self._failing: BaseException | None = None  # the last group's error, until one applies
+        self._failures = 0  # attempts of the head group that failed in a row
+        self._closing = False
+        self._thread: threading.Thread | None = None
+        self.applied_through: LogPosition = (0, 0)
+        self.stats = ApplierStats()
+
+    # -- recovery ---------------------------------------------------------------------
+    def read_applied_through(self) -> LogPosition:
+        self.applied_through = _applied_position(self._cursor)
+        return self.applied_through
+
+    def recover(self, records: list[tuple[LogPosition, list[list]]]) -> int:
+        """Apply the deltas of committed records past the applied-through position, in one
+        DuckDB transaction with the position (idempotent). Returns how many records.
+
+        If they cannot be applied the database does not open (58030, naming the cause):
+        each is a committed transaction's, so dropping one would lose it silently, and
+        opening with tables that miss it would let reads see a state that never was.
+        Every cause known to make an apply fail is refused at the statement (the rules
+        of the module doc), so what is left is an I/O error (the next open retries) or a
+        bug; the records stay in the staging log (the checkpoint never passed them)."""
+        through = self.read_applied_through()
+        pending = sorted((end, ds) for end, ds in records if end > through and ds)
+        if not pending:
+            return 0
+        try:
+            self._apply([(end, [StoredDelta.from_json(d) for d in ds]) for end, ds in pending])
+        except Exception as error:
+            raise StorageIOError(
+                f"{len(pending)} committed commit records' counter deltas (after log position "
+                f"{through}) cannot be applied to their tables: {error}; they are kept in the "
+                "staging log and applied at the next open that can"
+            ) from error
+        return len(pending)
+
+    # -- the statement: may this delta be kept? -------------------------------------------
+    def epoch_now(self) -> int:
+        """The writers' epoch, read before a statement's delta plan is worked out: a plan
+        may be used only if no DuckDB-way writer (DDL included) began since (``reserve``)."""
+        with self._mutex:
+            return self._epoch
+
+    def reserve(self, delta: Delta, learn_cursor: Any, epoch: int) -> Reservation | None:
+        """Rule 3 and 4 at the statement: a reservation if the delta may be kept, else None
+        (the statement then runs the DuckDB way). ``epoch`` is ``epoch_now`` from before
+        the delta's plan was worked out: a writer that began since (a DROP and CREATE of
+        the table, say) may have made the plan stale, so nothing is kept. Nothing is kept
+        either while the applier fails on a group (it may be this kind of delta that it
+        cannot apply). ``learn_cursor`` reads the table's bound when it is not known (a
+        cursor outside any open DuckDB transaction)."""
+        plan = delta.plan
+        amount = max(abs(a) for a in delta.amounts)
+        with self._mutex:
+            if (self._writers or self._halted is not None or self._closing
+                    or self._failing is not None or self._epoch != epoch):  # fmt: skip
+                return None
+            bound = self._bounds.get(plan.table)
+            known = bound is not None and bound.epoch == epoch
+        if not known:
+            learned = self._learn(plan, learn_cursor, epoch)
+            if learned is None:
+                return None
+        with self._mutex:
+            if self._writers or self._epoch != epoch:
+                return None
+            bound = self._bounds.get(plan.table)
+            if bound is None or bound.epoch != epoch:
+                return None
+            reserved = self._reserved.get(plan.table, 0)
+            if bound.value + reserved + amount > plan.limit:
+                self.stats.refused["overflow"] = self.stats.refused.get("overflow", 0) + 1
+                return None
+            self._reserved[plan.table] = reserved + amount
+            return Reservation(plan.table, amount, epoch)
+
+    def _learn(self, plan: DeltaPlan, cursor: Any, epoch: int) -> int | None:
+        """Read the table's largest ``|value|`` while no group commits (``_apply_lock``)."""
+        columns = ", ".join(f"min({_quote(c)}), max({_quote(c)})" for c in plan.counters)
+        with self._apply_lock:
+            with self._mutex:
+                if self._writers or self._epoch != epoch:
+                    return None
+            rows = tables.fetch_rows(cursor, f"SELECT {columns} FROM {_qualified(plan.table)}")
+            values = [abs(int(v)) for v in rows[0] if v is not None] if rows else []
+            value = max(values, default=0)
+            with self._mutex:
+                if self._writers or self._epoch != epoch:
+                    return None
+                self._bounds[plan.table] = _Bound(epoch, value)
+                self.stats.learned += 1
+        return value
+
+    def release(self, reservations: list[Reservation]) -> None:
+        """Kept deltas that will not be applied (rollback, run the DuckDB way instead)."""
+        if not reservations:
+            return
+        with self._mutex:
+            for r in reservations:
+                self._reserved[r.table] -= r.amount
+                assert self._reserved[r.table] >= 0
+            reservations.clear()
+
+    def still_valid(self, reservations: list[Reservation]) -> bool:
+        with self._mutex:
+            return not self._writers and self._halted is None and all(
+                r.epoch == self._epoch for r in reservations)  # fmt: skip
+
+    # -- the commit (caller holds the commit lock) ----------------------------------------
+    def check_commit(self, reservations: list[Reservation]) -> None:
+        """Refuse a commit whose deltas were kept before a DuckDB-way writer began
+        (``DeltasOutdated``: the session then runs them the DuckDB way and commits so), or
+        while the applier stopped at a record in doubt (58030)."""
+        with self._mutex:
+            halted = self._halted
+        if halted is not None:
+            raise StorageIOError(
+                f"counter deltas wait behind a commit whose outcome is in doubt: {halted}; "
+                "reopen the database"
+            )
+        if not self.still_valid(reservations):
+            raise DeltasOutdated(
+                "another transaction began writing tables while this one committed its "
+                "counter upserts as deltas; retry"
+            )
+
+    def register(self, deltas: list[Delta], reservations: list[Reservation],
+                 log_end: LogPosition) -> _Entry:  # fmt: skip
+        """A commit record with ``deltas`` was appended (under the commit lock): queue it in
+        log order; the entry takes the reservations over."""
+        entry = _Entry([stored(d) for d in deltas], list(reservations), log_end)
+        reservations.clear()
+        with self._mutex:
+            assert self._writers == 0
+            self._entries.append(entry)
+            self._registered += 1
+        return entry
+
+    def durable(self, entry: _Entry) -> None:
+        """The entry's commit record is durable (committed): the applier may apply it."""
+        with self._mutex:
+            entry.durable = True
+            self._changed.notify_all()
+            self._start()
+
+    def in_doubt(self, entry: _Entry, error: BaseException) -> None:
+        """The entry's record's sync failed: its outcome is for recovery to decide, so the
+        applier stops at it until the database is reopened."""
+        with self._mutex:
+            entry.doubt = error
+            if self._halted is None:
+                self._halted = error
+            self._changed.notify_all()
+
+    # -- writers and readers ------------------------------------------------------------
+    def writer_begins(self) -> None:
+        """A transaction may now write tables the DuckDB way: no delta is kept until it
+        ends, and every delta committed so far is applied before this returns."""
+        with self._database.commit_lock, self._mutex:
+            self._writers += 1
+            self._epoch += 1
+        try:
+            self.wait_visible()
+        except BaseException:
+            self.writer_ends()
+            raise
+
+    def writer_ends(self) -> None:
+        with self._mutex:
+            assert self._writers > 0
+            self._writers -= 1
+            self._epoch += 1
+
+    def wait_visible(self) -> None:
+        """Wait until every delta registered before this call is applied (a statement is
+        about to take a DuckDB snapshot). Raises 58030 if the applier stopped at a
+        record in doubt (reopen the database)."""
+        with self._mutex:
+            target = self._registered
+            if self._applied >= target:
+                return
+            self.stats.waits += 1
+            self._start()
+            while self._applied < target:
+                if self._halted is not None:
+                    raise StorageIOError(
+                        "counter deltas wait behind a commit whose outcome is in doubt; "
+                        f"reopen the database: {self._halted}"
+                    )
+                if self._failing is not None and self._failures >= FAILURES_PERSISTENT:
+                    raise StorageIOError(
+                        "committed counter deltas cannot be applied to their tables yet (the "
+                        f"applier retries; a reopen applies them): {self._failing}"
+                    )
+                self._changed.wait()
+
+    drain = wait_visible
+
+    @property
+    def pending(self) -> int:
+        return self._registered - self._applied
+
+    # -- the applier thread -----------------------------------------------------------
+    def _start(self) -> None:
+        """Start the applier thread if needed (caller holds ``_mutex``)."""
+        if self._thread is None and not self._closing:
+            self._thread = threading.Thread(target=self._loop, name="topicbase-deltas",
+                                            daemon=True)  # fmt: skip
+            self._thread.start()
+
+    def _loop(self) -> None:
+        delay = 0.001
+        while True:
+            with self._mutex:
+                while not (self._entries and self._entries[0].durable) and not (
+                    self._closing and not self._entries
+                ):
+                    if self._closing and self._entries and self._entries[0].doubt is not None:
+                        return
+                    self._changed.wait()
+                if not self._entries:
+                    return
+                group = []
+                for entry in self._entries:
+                    if not entry.durable or len(group) >= GROUP_MAX:
+                        break
+                    group.append(entry)
+            try:
+                self._apply([(e.log_end, e.deltas) for e in group], group)
+            except Exception as error:  # never dropped: retried until it applies
+                with self._mutex:
+                    self._failing = error
+                    self._failures += 1
+                    self._changed.notify_all()
+                    if self._closing:
+                        return  # left for the next open's recovery (the position did not move)
+                self.stats.retries += 1
+                log.warning("counter deltas not applied yet (retried): %s", error)
+                time.sleep(delay)
+                delay = min(delay * 2, 1.0)
+                continue
+            delay = 0.001
+
+    def _apply(self, records: list[tuple[LogPosition, list[StoredDelta]]],
+               group: list[_Entry] | None = None) -> None:  # fmt: skip
+        """Add the deltas of ``records`` (log order; summed per key) and move the
+        applied-through position to the last record's end in one DuckDB transaction; then
+        (``group``) count them applied.
+
+        Idempotent, so any attempt may be retried: the records at or before the position
+        are skipped (an earlier attempt committed them and then failed, at
+        ``deltas.after_commit`` say); if none is left only the bookkeeping runs. The
+        position is read in the same DuckDB transaction for recovery and for a retry (the
+        outcome of the failed attempt is known only there); a first attempt after one that
+        succeeded knows it (``applied_through``, one DuckDB statement less per group)."""
+        assert records and all(a[0] < b[0] for a, b in itertools.pairwise(records))
+        cursor = self._cursor
+        with self._apply_lock:
+            tables.run(cursor, "BEGIN TRANSACTION")
+            try:
+                retry = group is None or self._failures > 0
+                through = _applied_position(cursor) if retry else self.applied_through
+                sums, shapes = _summed([d for end, ds in records if end > through for d in ds])
+                for (shape, key_values), amounts in sums.items():
+                    self._add(cursor, shapes[shape], key_values, amounts)
+                failpoints.hit("deltas.before_commit")
+                log_end = max(through, records[-1][0])
+                tables.run(cursor, f"UPDATE {APPLIED_TABLE} SET file_number = ?, position = ?",
+                           list(log_end))  # fmt: skip
+                tables.run(cursor, "COMMIT")
+            except BaseException:
+                with contextlib.suppress(Exception):  # DuckDB may have aborted it already
+                    tables.run(cursor, "ROLLBACK")
+                raise
+            failpoints.hit("deltas.after_commit")
+            self.applied_through = log_end
+            if group is None:
+                return
+            with self._mutex:
+                for entry in group:
+                    assert self._entries[0] is entry
+                    self._entries.popleft()
+                    for r in entry.reservations:  # folded into B (rule 3)
+                        self._reserved[r.table] -= r.amount
+                        bound = self._bounds.get(r.table)
+                        if bound is not None:
+                            bound.value += r.amount
+                self._applied += len(group)
+                self._failing = None
+                self._failures = 0
+                self.stats.groups += 1
+                self.stats.records += len(group)
+                self.stats.keys += len(sums)
+                self._changed.notify_all()
+
+    @staticmethod
+    def _add(cursor: Any, d: StoredDelta, key_values: tuple, amounts: list[int]) -> None:
+        """One key's summed amounts: UPDATE its row, or INSERT it when there is none."""
+        table = _qualified(d.table)
+        sets = ", ".join(f"{_quote(c)} = {_quote(c)} + CAST(${i + 1} AS {t})"
+                         for i, (c, t) in enumerate(zip(d.counters, d.counter_types,
+                                                        strict=True)))  # fmt: skip
+        first = len(amounts)
+        keys = zip(d.keys, d.key_types, strict=True)
+        where = " AND ".join(f"{_quote(k)} = CAST(${first + i + 1} AS {t})"
+                             for i, (k, t) in enumerate(keys))  # fmt: skip
+        count = tables.execute_count(cursor, f"UPDATE {table} SET {sets} WHERE {where}",
+                                     [*amounts, *key_values])  # fmt: skip
+        if count:
+            return
+        names = ", ".join(_quote(c) for c in (*d.keys, *d.counters))
+        values = ", ".join(f"CAST(${i + 1} AS {t})"
+                           for i, t in enumerate((*d.key_types, *d.counter_types)))  # fmt: skip
+        tables.run(cursor, f"INSERT INTO {table} ({names}) VALUES ({values})",
+                   [*key_values, *amounts])  # fmt: skip
+
+    def close(self) -> None:
+        """Apply what is durable and stop the thread (a record in doubt stays for recovery)."""
+        with self._mutex:
+            self._closing = True
+            self._changed.notify_all()
+            thread = self._thread
+            if thread is None and self._entries and self._halted is None:
+                self._thread = thread = threading.Thread(target=self._loop, daemon=True)
+                thread.start()
+        if thread is not None:
+            thread.join()
+        self._cursor.close()
