@@ -38,6 +38,7 @@ from engine import (
     describe,
     grants,
     introspection,
+    key_lookup,
     privilege_cache,
     privileges,
     sandbox,
@@ -121,6 +122,10 @@ class Session:
         self._schema_basis: int | None = None
         self._changed_schema = False
         self._schema_change_open = False
+        # Whether this session's unqualified names still resolve as on a fresh connection
+        # (no SET, no temporary relation: ``key_lookup.keeps_names``), which the key
+        # lookups' indexes assume.
+        self._names_plain = True
 
     # -- entry points -------------------------------------------------------------------
     def execute(self, sql: str, parameters: Any = None) -> list[Result]:
@@ -415,19 +420,28 @@ class Session:
         if isinstance(statement, ast.Begin | ast.Commit | ast.Rollback):
             return self._transaction_control(plan)
         autocommit = self.state is SessionState.IDLE
+        if self._names_plain and not key_lookup.keeps_names(plan):
+            self._names_plain = False
         if autocommit:
+            answered = self._key_lookup(plan, parameters)
+            if answered is not None:
+                return answered
             self.transaction = Transaction(explicit=False)
         assert self.transaction is not None
         self.transaction.note_plan(plan)
+        changes = self.transaction.tables_changed if autocommit else frozenset()
         try:
-            if autocommit and self.transaction.touches_tables and _moves_topics(plan):
-                # its table writes must commit with its offset moves / topic writes: one
-                # DuckDB transaction from the start, committed by ``_commit`` (or rolled
-                # back below)
-                self._open_duckdb_transaction(self.transaction)
-            result = self._run(plan, parameters)
-            if autocommit:
-                self._commit()
+            # An autocommit statement's DuckDB commit is inside it: bracketed for the key
+            # lookups' indexes (``key_lookup.changing_tables``), as an explicit COMMIT is.
+            with key_lookup.changing_tables(changes):
+                if autocommit and self.transaction.touches_tables and _moves_topics(plan):
+                    # its table writes must commit with its offset moves / topic writes:
+                    # one DuckDB transaction from the start, committed by ``_commit`` (or
+                    # rolled back below)
+                    self._open_duckdb_transaction(self.transaction)
+                result = self._run(plan, parameters)
+                if autocommit:
+                    self._commit()
             return result
         except BaseException:
             if autocommit:
@@ -435,6 +449,20 @@ class Session:
             else:
                 self.state = SessionState.FAILED
             raise
+
+    def _key_lookup(self, plan: Plan, parameters: Any) -> Result | None:
+        """An autocommit primary-key lookup answered from the table's index of committed
+        rows (``engine.key_lookup``), already planned and checked; None: DuckDB runs it.
+        Only while this session's names resolve as the index's build resolves them and
+        no relation is registered on its connection (one could shadow the table)."""
+        if not self._names_plain or self._leftover_views or tables.has_registered(self._cursor):
+            return None
+        answered = key_lookup.answer(self.database, self._cursor, plan, parameters)
+        if answered is None:
+            return None
+        operation = plan.operations[0]
+        assert isinstance(operation, RunQuery)
+        return _query_result(operation, answered)
 
     def _guard(self, plan: Plan) -> None:
         """The door's checks, before anything of ``plan`` runs: the sandbox (what DuckDB
@@ -490,7 +518,9 @@ class Session:
             return Result("ROLLBACK")
         if self._changed_schema:  # ended in execute_statement, after the commit
             self._open_schema_change()
-        self._commit()
+        assert self.transaction is not None
+        with key_lookup.changing_tables(self.transaction.tables_changed):
+            self._commit()
         return Result("COMMIT")
 
     def _run(self, plan: Plan, parameters: Any) -> Result:

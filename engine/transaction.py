@@ -22,6 +22,7 @@ from typing import Any
 
 import pyarrow as pa
 
+from engine.key_lookup import table_names
 from engine.staged_writes import SpilledBatch, TransactionStaging
 from planner.operations import (
     AppendRecords,
@@ -105,6 +106,11 @@ class Transaction:
     # DuckDB's COMMIT); one that did not commits in the staging log alone
     # (``engine.commit``). Set conservatively by ``note_plan`` and ``note_table_write``.
     touches_tables: bool = False
+    # The tables (``key_lookup.table_names``) its statements may have changed, None: any
+    # (DDL, a statement not understood, a front's own write); kept beside
+    # ``touches_tables`` by ``note_plan`` and ``note_table_write``. Its DuckDB commit is
+    # bracketed with them (``key_lookup.changing_tables``).
+    tables_changed: frozenset[str] | None = frozenset()
     # Set once the transaction passed its commit point (its COMMIT succeeded); never for
     # one that rolled back, explicitly, as a failed transaction, or at a failed COMMIT.
     # Fronts read it after the fact (a WITH HOLD cursor outlives only a committed one).
@@ -124,10 +130,20 @@ class Transaction:
         write no table are known not to; anything else counts as a table write."""
         if not self.touches_tables and not all(map(_table_free, plan.operations)):
             self.touches_tables = True
+        for operation in plan.operations:
+            if self.tables_changed is None or _table_free(operation):
+                continue
+            if (isinstance(operation, RunQuery) and operation.tag in _DML_TAGS
+                    and operation.tables_written):  # fmt: skip
+                named = operation.tables_written + operation.tables_read
+                self.tables_changed = self.tables_changed | table_names(named)
+            else:
+                self.tables_changed = None
 
     def note_table_write(self) -> None:
         """A front wrote a table through the session's cursor itself (in this transaction)."""
         self.touches_tables = True
+        self.tables_changed = None
 
     def read_position(self, key: ReadKey) -> int | None:
         """Where this transaction's next read of ``key`` continues, if it read before."""
@@ -162,6 +178,7 @@ class Transaction:
             self.staging.release()
 
 
+_DML_TAGS = ("INSERT", "UPDATE", "DELETE", "MERGE")
 _TABLE_FREE = (
     ReadRecords, AppendRecords, CommitConsumerOffsets, SetConsumerOffsets, Introspect,
     TransactionControl,

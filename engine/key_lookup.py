@@ -1,0 +1,546 @@
+"""Primary-key lookups answered beside DuckDB, from an index of a table's committed rows.
+
+``SELECT v FROM kv WHERE k = $1`` costs ~330 us of DuckDB CPU whatever the table
+(binding and optimizing again on every run, docs/statement_cost.md); answered from a
+sorted key array and the table's Arrow columns it costs a few microseconds. This module
+holds those indexes and the rules that keep them right.
+
+What it answers (``answer``): an autocommit statement (no transaction, so its snapshot
+would be the latest commit) whose plan is one plain SELECT of the lookup shape
+(``planner.key_lookup``) on a base table of schema ``main`` whose PRIMARY KEY is exactly
+the equalities' columns, of integer or VARCHAR keys, each value proved to compare as
+DuckDB compares it (else DuckDB runs it). The statement was planned and checked by the
+door (sandbox, privileges) as any statement before it gets here. Anything else, or
+anything in doubt, returns None and the statement runs in DuckDB as before.
+
+Coherence (``TableChanges``): a version per table name and one for every table, and a
+count of commits under way. Every DuckDB commit that may have written a table is
+bracketed by ``changing`` / ``changed`` (``changing_tables``): the session brackets
+an autocommit statement that may write tables (its DuckDB commit is inside it) and the
+COMMIT of an explicit transaction that may have (``Transaction.tables_changed``, None:
+any table). An index is used only while no change of its table is under way and the
+versions are those it was built at; it is built from a DuckDB snapshot taken after the
+versions were read, and kept only if they did not move meanwhile. So a lookup that
+starts after a writer's commit returned never sees the rows from before it: the
+writer's ``changing`` moved the version before its commit could become visible.
+
+When (``KeyIndexes``): an index is built only for a table looked up this way
+``threshold`` times since its last change (``FIRST_BUILD_LOOKUPS`` at first). A table
+written more often than that is never indexed; an index dropped by a change before its
+lookups paid for its build (``SAVING_PER_LOOKUP_S`` saved each) makes that table's
+threshold grow 4-fold, so alternating writes and bursts of lookups cost at most a
+bounded share of extra work. All indexes of a database together hold at most
+``KEY_INDEX_BYTES_MAX`` bytes, the least recently used dropped first; a table whose
+estimated size is above it is never built.
+
+Nothing is on disk: recovery needs nothing, and a restarted process rebuilds on use.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import re
+import threading
+import time
+import weakref
+from collections import OrderedDict
+from collections.abc import Iterator
+from dataclasses import dataclass, field
+from typing import Any
+
+import numpy as np
+import pyarrow as pa
+
+from engine import tables
+from engine.result import Rows
+from planner.key_lookup import LookupShape, Value, lookup_shape
+from planner.operations import Plan, RunQuery
+from storage import errors
+
+BYTES_VARIABLE = "TOPICBASE_KEY_INDEX_BYTES"
+KEY_INDEX_BYTES_DEFAULT = 256 * 1024 * 1024
+FIRST_BUILD_LOOKUPS = 64
+THRESHOLD_MAX = 1 << 20
+# DuckDB's CPU for one lookup that the index saves (docs/statement_cost.md: ~270-350 us).
+SAVING_PER_LOOKUP_S = 300e-6
+_STATS_MAX = 4096  # tables with lookup counts kept per database (then all forgotten)
+
+_INTEGER_RANGES = {
+    "TINYINT": (-(2**7), 2**7 - 1), "SMALLINT": (-(2**15), 2**15 - 1),
+    "INTEGER": (-(2**31), 2**31 - 1), "BIGINT": (-(2**63), 2**63 - 1),
+    "UTINYINT": (0, 2**8 - 1), "USMALLINT": (0, 2**16 - 1),
+    "UINTEGER": (0, 2**32 - 1), "UBIGINT": (0, 2**64 - 1),
+}  # fmt: skip
+_KEY_TYPES = frozenset({*_INTEGER_RANGES, "VARCHAR"})
+_CANONICAL_INTEGER = re.compile(r"-?[1-9][0-9]*|0")
+# Table definitions whose rows a plain read might not give as stored, or whose keys might
+# not compare as Python compares them: refused (the statement runs in DuckDB).
+_REFUSED_WORDS = ("COLLATE", "GENERATED", " AS (")
+# A rough bytes-per-row of a column for the size estimate before a build.
+_FIXED_WIDTHS = {"BOOLEAN": 1, "TINYINT": 1, "UTINYINT": 1, "SMALLINT": 2, "USMALLINT": 2,
+                 "INTEGER": 4, "UINTEGER": 4, "FLOAT": 4, "DATE": 4, "BIGINT": 8,
+                 "UBIGINT": 8, "DOUBLE": 8, "TIMESTAMP": 8}  # else 32  # fmt: skip
+
+
+def bytes_max() -> int:
+    """The byte cap of every database's indexes: ``$TOPICBASE_KEY_INDEX_BYTES`` if set
+    (0 turns the path off), else 256 MiB. A bad value is 22023."""
+    text = os.environ.get(BYTES_VARIABLE, "").strip()
+    if not text:
+        return KEY_INDEX_BYTES_DEFAULT
+    try:
+        value = int(text)
+    except ValueError:
+        value = -1
+    if value < 0:
+        raise errors.InvalidParameterValueError(
+            f"{BYTES_VARIABLE} must be a whole number of bytes, at least 0 (got {text!r})"
+        )
+    return value
+
+
+# -- which tables may have changed --------------------------------------------------------------
+_BUCKETS = 1024
+
+
+class TableChanges:
+    """Versions of tables by name (lower case, without schema; names hash into
+    ``_BUCKETS`` buckets, so a change of one may also invalidate another: never less)
+    and of every table, with counts of changes under way.
+
+    ``changing(names)`` is called before a commit that may change those tables (None:
+    any table) can start, ``changed(names)`` after it ended, whatever its outcome.
+    ``basis(name)`` is None while a change of ``name`` may be committing, else a value
+    that moves with every change of it."""
+
+    def __init__(self) -> None:
+        self._lock = threading.Lock()
+        self._versions = [0] * _BUCKETS
+        self._under_way = [0] * _BUCKETS
+        self._all_version = 0
+        self._all_under_way = 0
+
+    def changing(self, names: frozenset[str] | None) -> None:
+        with self._lock:
+            self._move(names, 1)
+
+    def changed(self, names: frozenset[str] | None) -> None:
+        with self._lock:
+            self._move(names, -1)
+
+    def _move(self, names: frozenset[str] | None, step: int) -> None:
+        if names is None:
+            self._all_under_way += step
+            self._all_version += 1
+            assert self._all_under_way >= 0, "changed() without changing()"
+            return
+        for bucket in {_bucket(name) for name in names}:
+            self._under_way[bucket] += step
+            self._versions[bucket] += 1
+            assert self._under_way[bucket] >= 0, "changed() without changing()"
+
+    def basis(self, name: str) -> tuple[int, int] | None:
+        bucket = _bucket(name)
+        with self._lock:
+            if self._all_under_way or self._under_way[bucket]:
+                return None
+            return self._all_version, self._versions[bucket]
+
+
+def _bucket(name: str) -> int:
+    return hash(name) % _BUCKETS
+
+
+TABLE_CHANGES = TableChanges()  # one per process, as DuckDB's files are
+
+
+def table_names(names: tuple[str, ...]) -> frozenset[str]:
+    """The names ``TableChanges`` knows tables by: the last part of each (possibly
+    qualified) name, lower case. An indexed table's name has no dot (``answer``)."""
+    return frozenset(name.rsplit(".", 1)[-1].lower() for name in names)
+
+
+@contextlib.contextmanager
+def changing_tables(names: frozenset[str] | None) -> Iterator[None]:
+    """Bracket a DuckDB commit that may change ``names`` (None: any table; an empty set:
+    none, nothing is done). The one call a writer of tables needs."""
+    if names is not None and not names:
+        yield
+        return
+    TABLE_CHANGES.changing(names)
+    try:
+        yield
+    finally:
+        TABLE_CHANGES.changed(names)
+
+
+# -- the indexes ------------------------------------------------------------------------------
+@dataclass
+class _Index:
+    """One table's committed rows: ``table`` (DuckDB's Arrow, one chunk a column), its
+    DuckDB type names, the key's columns; lookups through ``sorted_keys``/``order`` (one
+    integer key) or ``positions`` (any other key)."""
+
+    basis: tuple[int, int]
+    table: pa.Table
+    types: tuple[str, ...]
+    lower_names: dict[str, int]  # lower-case column name -> index (unique)
+    key_columns: tuple[int, ...]
+    sorted_keys: np.ndarray | None
+    order: np.ndarray | None
+    positions: dict[Any, int] | None
+    nbytes: int
+    build_s: float
+    served: int = 0
+
+    def row(self, key: tuple[Any, ...]) -> int | None:
+        if self.sorted_keys is not None:
+            value = key[0]
+            at = int(self.sorted_keys.searchsorted(value))
+            if at >= len(self.sorted_keys) or int(self.sorted_keys[at]) != value:
+                return None
+            return at if self.order is None else int(self.order[at])
+        assert self.positions is not None
+        return self.positions.get(key[0] if len(key) == 1 else key)
+
+
+@dataclass
+class _Stats:
+    basis: tuple[int, int] | None = None
+    lookups: int = 0
+    threshold: int = 0
+    too_big: bool = False  # until the table changes
+
+
+@dataclass
+class KeyIndexes:
+    """A database's indexes (least recently used first) and lookup counts per table."""
+
+    lock: threading.Lock = field(default_factory=threading.Lock)
+    indexes: OrderedDict[str, _Index] = field(default_factory=OrderedDict)
+    stats: dict[str, _Stats] = field(default_factory=dict)
+    building: set[str] = field(default_factory=set)
+    nbytes: int = 0
+
+    def drop(self, name: str) -> None:
+        """Forget ``name``'s index (under ``lock``); a change that came before its
+        lookups paid for its build raises the table's threshold."""
+        index = self.indexes.pop(name, None)
+        if index is None:
+            return
+        self.nbytes -= index.nbytes
+        stats = self.stats.get(name)
+        if stats is not None:
+            paid = index.served * SAVING_PER_LOOKUP_S >= index.build_s
+            stats.threshold = (FIRST_BUILD_LOOKUPS if paid
+                               else min(stats.threshold * 4, THRESHOLD_MAX))  # fmt: skip
+
+    def keep(self, name: str, index: _Index, cap: int) -> bool:
+        """Keep ``index`` (under ``lock``), dropping the least recently used to fit."""
+        self.drop(name)
+        if index.nbytes > cap:
+            return False
+        while self.indexes and self.nbytes + index.nbytes > cap:
+            oldest = next(iter(self.indexes))
+            self.drop(oldest)
+        self.indexes[name] = index
+        self.nbytes += index.nbytes
+        return True
+
+
+_databases: weakref.WeakKeyDictionary[Any, KeyIndexes] = weakref.WeakKeyDictionary()
+_databases_lock = threading.Lock()
+
+
+def indexes_of(database: Any) -> KeyIndexes:
+    found = _databases.get(database)
+    if found is None:
+        with _databases_lock:
+            found = _databases.setdefault(database, KeyIndexes())
+    return found
+
+
+# -- what a session may still look up --------------------------------------------------------
+# Statements after which a session's unqualified names still resolve as a fresh
+# connection's (``keeps_names``): no SET/RESET/USE (search_path, schema), nothing else.
+_NAME_KEEPING_TAGS = frozenset({
+    "SELECT", "INSERT", "UPDATE", "DELETE", "MERGE", "EMPTY", "SHOW", "DESCRIBE", "EXPLAIN",
+    "CREATE TABLE", "DROP TABLE", "ALTER TABLE", "CREATE VIEW", "DROP VIEW", "CREATE INDEX",
+    "DROP INDEX", "CREATE SEQUENCE", "DROP SEQUENCE", "TRUNCATE TABLE", "CREATE SCHEMA",
+    "DROP SCHEMA", "CHECKPOINT",
+})  # fmt: skip
+_TEMPORARY = re.compile(r"\bTEMP(?:ORARY)?\b", re.IGNORECASE)
+
+
+def keeps_names(plan: Plan) -> bool:
+    """Whether after ``plan`` the session's names still resolve as a fresh connection's:
+    every query of it is of ``_NAME_KEEPING_TAGS`` and creates nothing temporary (the word
+    anywhere in the text counts: a false alarm only costs this session its lookups)."""
+    return all(
+        operation.tag in _NAME_KEEPING_TAGS and not _TEMPORARY.search(operation.sql)
+        for operation in plan.operations
+        if isinstance(operation, RunQuery)
+    )
+
+
+# -- the door -----------------------------------------------------------------------------------
+def lookup_plan(plan: Plan) -> tuple[RunQuery, LookupShape] | None:
+    """The query and its lookup shape if ``plan`` is one plain SELECT of that shape."""
+    if plan.explain_only or len(plan.operations) != 1:
+        return None
+    operation = plan.operations[0]
+    if (not isinstance(operation, RunQuery) or operation.tag != "SELECT"
+            or not operation.returns_rows or operation.tables_written
+            or operation.system_views or operation.projection is not None
+            or len(operation.tables_read) != 1):  # fmt: skip
+        return None
+    shape = lookup_shape(operation.sql)
+    if (shape is None or "." in shape.table or shape.table.startswith("__")
+            or shape.table.lower() != operation.tables_read[0].lower()):  # fmt: skip
+        return None
+    return operation, shape
+
+
+def answer(database: Any, cursor: Any, plan: Plan, parameters: Any) -> pa.Table | Rows | None:
+    """The result of ``plan`` from the table's index, as DuckDB would give it (``Rows``
+    for plain column types, else DuckDB's Arrow), or None: DuckDB must run it.
+
+    The caller guarantees: an autocommit statement, planned and checked by the door,
+    on a session whose names resolve as the build's cursor resolves them (no SET, no
+    temporary relation of its own) and with no relation registered on ``cursor``."""
+    found = lookup_plan(plan)
+    if found is None:
+        return None
+    _, shape = found
+    cap = bytes_max()
+    if cap == 0:
+        return None
+    name = shape.table.lower()
+    basis = TABLE_CHANGES.basis(name)
+    if basis is None:
+        return None
+    registry = indexes_of(database)
+    index = registry.indexes.get(name)
+    if index is None or index.basis != basis:
+        index = _index_for(database, registry, name, basis, cap)
+        if index is None:
+            return None
+    key = _bound_key(index, shape, parameters)
+    if key is None:
+        return None
+    columns = _projected(index, shape)
+    if columns is None:
+        return None
+    if TABLE_CHANGES.basis(name) != index.basis:
+        return None  # a change began while the key was bound: DuckDB answers
+    index.served += 1
+    with registry.lock:
+        if name in registry.indexes:
+            registry.indexes.move_to_end(name)
+    row = index.row(key)
+    return _result(index, columns, row)
+
+
+def _index_for(database: Any, registry: KeyIndexes, name: str, basis: tuple[int, int],
+               cap: int) -> _Index | None:  # fmt: skip
+    """The index of ``name`` at ``basis``, built now if the table was looked up often
+    enough since its last change; None meanwhile."""
+    with registry.lock:
+        if name in registry.indexes and registry.indexes[name].basis != basis:
+            registry.drop(name)
+        stats = registry.stats.get(name)
+        if stats is None:
+            if len(registry.stats) >= _STATS_MAX:
+                registry.stats.clear()
+            stats = registry.stats[name] = _Stats(threshold=FIRST_BUILD_LOOKUPS)
+        if stats.basis != basis:
+            stats.basis, stats.lookups, stats.too_big = basis, 0, False
+        stats.lookups += 1
+        if stats.too_big or stats.lookups < stats.threshold or name in registry.building:
+            return None
+        registry.building.add(name)
+    try:
+        index = _build(database, name, basis, cap)
+    finally:
+        with registry.lock:
+            registry.building.discard(name)
+    with registry.lock:
+        if index is None:
+            stats.too_big = True  # not indexable as it stands: until it changes
+            return None
+        if TABLE_CHANGES.basis(name) != basis or not registry.keep(name, index, cap):
+            return None
+    return index
+
+
+def _build(database: Any, name: str, basis: tuple[int, int], cap: int) -> _Index | None:
+    """An index of ``name`` from one DuckDB snapshot taken after ``basis`` was read, or
+    None if the table is not one this path answers for (see the module)."""
+    started = time.perf_counter()
+    cursor = database.root.cursor()
+    try:
+        with tables.translated():
+            cursor.execute("BEGIN TRANSACTION")
+            try:
+                table = _read_table(cursor, name, cap)
+            finally:
+                cursor.execute("ROLLBACK")  # it only read
+    except errors.TopicbaseError:
+        return None
+    finally:
+        cursor.close()
+    if table is None or TABLE_CHANGES.basis(name) != basis:
+        return None
+    data, types, key_columns = table
+    return _indexed(data, types, key_columns, basis, time.perf_counter() - started)
+
+
+def _read_table(cursor: Any, name: str, cap: int
+                ) -> tuple[pa.Table, tuple[str, ...], tuple[int, ...]] | None:  # fmt: skip
+    """The table's rows as DuckDB's Arrow, its column types and key columns, if it is
+    the only relation of that name anywhere the connection looks, a base table of
+    ``main`` in the database's own catalog, with a primary key of integer or VARCHAR
+    columns, nothing in its definition that changes reads or comparisons, and an
+    estimated size within ``cap``."""
+    cursor.execute(
+        "SELECT database_name, schema_name, table_name, sql, estimated_size, temporary "
+        "FROM duckdb_tables() WHERE lower(table_name) = ? UNION ALL "
+        "SELECT database_name, schema_name, view_name, NULL, NULL, temporary FROM duckdb_views() "
+        "WHERE lower(view_name) = ?",
+        [name, name],
+    )
+    relations = cursor.fetchall()
+    cursor.execute("SELECT current_database(), current_setting('default_collation')")
+    current, collation = cursor.fetchone()
+    if len(relations) != 1:
+        return None
+    database_name, schema, table_name, sql, estimated, temporary = relations[0]
+    if (sql is None or temporary or schema != "main" or database_name != current or collation
+            or any(word in sql.upper() for word in _REFUSED_WORDS)):  # fmt: skip
+        return None
+    cursor.execute(
+        "SELECT constraint_type, constraint_column_names FROM duckdb_constraints() "
+        "WHERE database_name = ? AND schema_name = 'main' AND lower(table_name) = ? "
+        "AND constraint_type = 'PRIMARY KEY'",
+        [database_name, name],
+    )
+    keys = cursor.fetchall()
+    if len(keys) != 1:
+        return None
+    cursor.execute(
+        "SELECT column_name, data_type FROM duckdb_columns() WHERE database_name = ? "
+        "AND schema_name = 'main' AND lower(table_name) = ? ORDER BY column_index",
+        [database_name, name],
+    )
+    columns = cursor.fetchall()
+    lower = [str(c).lower() for c, _ in columns]
+    key_names = [str(k).lower() for k in keys[0][1]]
+    if len(set(lower)) != len(lower) or len(set(key_names)) != len(key_names):
+        return None
+    if any(k not in lower or columns[lower.index(k)][1] not in _KEY_TYPES for k in key_names):
+        return None
+    width = 16 + sum(_FIXED_WIDTHS.get(str(kind), 32) for _, kind in columns)
+    if (estimated or 0) * width > cap:
+        return None
+    relation = cursor.sql(f'SELECT * FROM "{_quote(database_name)}".main."{_quote(table_name)}"')
+    types = tuple(str(kind) for kind in relation.types)
+    if [str(column).lower() for column in relation.columns] != lower:
+        return None
+    data = relation.to_arrow_table()
+    return data, types, tuple(lower.index(k) for k in key_names)
+
+
+def _quote(identifier: str) -> str:
+    return identifier.replace('"', '""')
+
+
+def _indexed(data: pa.Table, types: tuple[str, ...], key_columns: tuple[int, ...],
+             basis: tuple[int, int], build_s: float) -> _Index:  # fmt: skip
+    """The lookup structure over ``data``: a sorted array for one integer key, else a
+    dict from the key (a value, or a tuple of them) to the row."""
+    data = data.combine_chunks()
+    sorted_keys = order = positions = None
+    extra = 0
+    if len(key_columns) == 1 and types[key_columns[0]] in _INTEGER_RANGES:
+        keys = data.column(key_columns[0]).to_numpy()
+        if len(keys) > 1 and not bool(np.all(keys[1:] > keys[:-1])):
+            order = np.argsort(keys, kind="stable")
+            keys = keys[order]
+        sorted_keys = keys
+        extra = keys.nbytes + (0 if order is None else order.nbytes)
+    else:
+        values = [data.column(i).to_pylist() for i in key_columns]
+        keys_list = values[0] if len(values) == 1 else list(zip(*values, strict=True))
+        positions = {key: row for row, key in enumerate(keys_list)}
+        extra = 100 * len(positions) + sum(data.column(i).nbytes for i in key_columns)
+    lower_names = {name.lower(): i for i, name in enumerate(data.column_names)}
+    return _Index(basis, data, types, lower_names, key_columns, sorted_keys, order,
+                  positions, data.nbytes + extra, build_s)  # fmt: skip
+
+
+def _bound_key(index: _Index, shape: LookupShape, parameters: Any) -> tuple[Any, ...] | None:
+    """The key the equalities give, in the key's column order, each value converted as
+    DuckDB converts it for that column; None when one cannot be proved the same (the
+    statement then runs in DuckDB, which answers or refuses it itself)."""
+    if shape.parameters:
+        if not isinstance(parameters, list | tuple) or len(parameters) != shape.parameters:
+            return None
+    elif parameters:
+        return None
+    by_column: dict[int, Any] = {}
+    for column, value in shape.equalities:
+        position = index.lower_names.get(column.lower())
+        if position is None or position in by_column:
+            return None
+        converted = _converted(index.types[position], value, parameters)
+        if converted is None:
+            return None
+        by_column[position] = converted
+    if set(by_column) != set(index.key_columns):
+        return None
+    return tuple(by_column[i] for i in index.key_columns)
+
+
+def _converted(kind: str, value: Value, parameters: Any) -> Any:
+    """``value`` as a key of DuckDB type ``kind``, or None if not proved DuckDB's."""
+    given = value.literal if value.parameter is None else parameters[value.parameter - 1]
+    if kind == "VARCHAR":
+        return given if type(given) is str else None
+    if type(given) is str:
+        if not _CANONICAL_INTEGER.fullmatch(given):
+            return None
+        given = int(given)
+    if type(given) is not int:
+        return None  # None (NULL), bool, float, Decimal...: DuckDB decides
+    low, high = _INTEGER_RANGES[kind]
+    return given if low <= given <= high else None
+
+
+def _projected(index: _Index, shape: LookupShape) -> list[tuple[int, str]] | None:
+    """(column index, DuckDB's output name) of each projected column."""
+    names = index.table.column_names
+    if shape.columns is None:
+        return list(enumerate(names))
+    projected = []
+    for column, alias in shape.columns:
+        position = index.lower_names.get(column.lower())
+        if position is None:
+            return None
+        projected.append((position, names[position] if alias is None else alias))
+    return projected
+
+
+def _result(index: _Index, columns: list[tuple[int, str]], row: int | None) -> pa.Table | Rows:
+    """The one row (or none) as DuckDB gives it: ``Rows`` when every column is of the rows'
+    way's plain types (``tables.row_schema``), else a slice of DuckDB's Arrow."""
+    schema = tables.row_schema([(name, index.types[i]) for i, name in columns])
+    if schema is not None:
+        rows = [] if row is None else [tuple(index.table.column(i)[row].as_py()
+                                             for i, _ in columns)]  # fmt: skip
+        return Rows(rows, schema)
+    # A copy of the row, not a slice: a slice keeps (and its buffer size counts) the
+    # whole table's buffers, and fronts bound results by buffer size.
+    table = index.table.select([i for i, _ in columns])
+    table = table.take(pa.array([] if row is None else [row], pa.int64()))
+    return table.rename_columns([name for _, name in columns])
