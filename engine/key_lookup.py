@@ -302,13 +302,13 @@ def lookup_plan(plan: Plan) -> tuple[RunQuery, LookupShape] | None:
     return operation, shape
 
 
-def answer(database: Any, cursor: Any, plan: Plan, parameters: Any) -> pa.Table | Rows | None:
+def answer(database: Any, plan: Plan, parameters: Any) -> pa.Table | Rows | None:
     """The result of ``plan`` from the table's index, as DuckDB would give it (``Rows``
     for plain column types, else DuckDB's Arrow), or None: DuckDB must run it.
 
     The caller guarantees: an autocommit statement, planned and checked by the door,
     on a session whose names resolve as the build's cursor resolves them (no SET, no
-    temporary relation of its own) and with no relation registered on ``cursor``."""
+    temporary relation of its own) and with no relation registered on its connection."""
     found = lookup_plan(plan)
     if found is None:
         return None

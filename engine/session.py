@@ -455,9 +455,14 @@ class Session:
         rows (``engine.key_lookup``), already planned and checked; None: DuckDB runs it.
         Only while this session's names resolve as the index's build resolves them and
         no relation is registered on its connection (one could shadow the table)."""
-        if not self._names_plain or self._leftover_views or tables.has_registered(self._cursor):
+        if not self._names_plain or self._leftover_views:
             return None
-        answered = key_lookup.answer(self.database, self._cursor, plan, parameters)
+        # ``cursor`` as every read takes it: it opens no DuckDB transaction here (there
+        # is no transaction), and it is where a read waits for writes committed but not
+        # yet in DuckDB.
+        if tables.has_registered(self.cursor):
+            return None
+        answered = key_lookup.answer(self.database, plan, parameters)
         if answered is None:
             return None
         operation = plan.operations[0]
