@@ -54,14 +54,13 @@ import pyarrow as pa
 
 from engine import tables
 from engine.result import Rows
-from planner.key_lookup import LookupShape, Value, lookup_shape
-from planner.operations import Plan, RunQuery
+from planner.operations import LookupShape, LookupValue, Plan, RunQuery
 from storage import errors
 
 BYTES_VARIABLE = "TOPICBASE_KEY_INDEX_BYTES"
 KEY_INDEX_BYTES_DEFAULT = 256 * 1024 * 1024
 FIRST_BUILD_LOOKUPS = 64
-THRESHOLD_MAX = 1 << 20
+THRESHOLD_CEILING = 1 << 20  # of the threshold (an algorithm's bound, not a limit users meet)
 # DuckDB's CPU for one lookup that the index saves (docs/statement_cost.md: ~270-350 us).
 SAVING_PER_LOOKUP_S = 300e-6
 _STATS_MAX = 4096  # tables with lookup counts kept per database (then all forgotten)
@@ -234,7 +233,7 @@ class KeyIndexes:
         if stats is not None:
             paid = index.served * SAVING_PER_LOOKUP_S >= index.build_s
             stats.threshold = (FIRST_BUILD_LOOKUPS if paid
-                               else min(stats.threshold * 4, THRESHOLD_MAX))  # fmt: skip
+                               else min(stats.threshold * 4, THRESHOLD_CEILING))  # fmt: skip
 
     def keep(self, name: str, index: _Index, cap: int) -> bool:
         """Keep ``index`` (under ``lock``), dropping the least recently used to fit."""
@@ -295,7 +294,7 @@ def lookup_plan(plan: Plan) -> tuple[RunQuery, LookupShape] | None:
             or operation.system_views or operation.projection is not None
             or len(operation.tables_read) != 1):  # fmt: skip
         return None
-    shape = lookup_shape(operation.sql)
+    shape = operation.lookup
     if (shape is None or "." in shape.table or shape.table.startswith("__")
             or shape.table.lower() != operation.tables_read[0].lower()):  # fmt: skip
         return None
@@ -502,7 +501,7 @@ def _bound_key(index: _Index, shape: LookupShape, parameters: Any) -> tuple[Any,
     return tuple(by_column[i] for i in index.key_columns)
 
 
-def _converted(kind: str, value: Value, parameters: Any) -> Any:
+def _converted(kind: str, value: LookupValue, parameters: Any) -> Any:
     """``value`` as a key of DuckDB type ``kind``, or None if not proved DuckDB's."""
     given = value.literal if value.parameter is None else parameters[value.parameter - 1]
     if kind == "VARCHAR":

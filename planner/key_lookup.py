@@ -17,41 +17,18 @@ text.
 
 from __future__ import annotations
 
-from dataclasses import dataclass
-
 import sqlglot
 from sqlglot import expressions as exp
 
 from grammar.text_cache import text_cache
 from planner.duckdb_sql import parse_duckdb
+from planner.operations import LookupShape, LookupValue
 
 SHAPE_CACHE_ENTRIES = 1024
 # sqlglot arguments of a SELECT that the shape allows to be set (``from`` in older
 # sqlglot, ``from_`` in newer).
 _ALLOWED_SELECT_ARGS = frozenset({"expressions", "from", "from_", "where"})
 _ALLOWED_TABLE_ARGS = frozenset({"this", "alias"})
-
-
-@dataclass(frozen=True)
-class Value:
-    """One side of an equality: a parameter (``parameter``: 1-based number) or a literal
-    (``literal``: a Python int of an integer literal or a str of a string literal)."""
-
-    parameter: int | None = None
-    literal: int | str | None = None
-
-
-@dataclass(frozen=True)
-class LookupShape:
-    """``table`` as written (an unqualified identifier's text); ``columns``: each
-    projected table column (as written) with its alias (None: DuckDB names it after the
-    column), None for ``*``; ``equalities``: (column as written, value), in text order;
-    ``parameters``: how many distinct parameters the text uses ($1..$n)."""
-
-    table: str
-    columns: tuple[tuple[str, str | None], ...] | None
-    equalities: tuple[tuple[str, Value], ...]
-    parameters: int
 
 
 @text_cache(SHAPE_CACHE_ENTRIES)
@@ -61,6 +38,11 @@ def lookup_shape(sql: str) -> LookupShape | None:
         tree = parse_duckdb(sql)
     except sqlglot.errors.ParseError:
         return None
+    return lookup_shape_of(tree)
+
+
+def lookup_shape_of(tree: exp.Expression | None) -> LookupShape | None:
+    """``lookup_shape`` of a statement's sqlglot tree (the planner's own parse)."""
     if type(tree) is not exp.Select:
         return None
     if any(value for key, value in tree.args.items() if key not in _ALLOWED_SELECT_ARGS):
@@ -166,30 +148,30 @@ def _is_value(node: exp.Expression) -> bool:
 
 def _number_parameters(
     pairs: list[tuple[str, exp.Expression]],
-) -> tuple[tuple[tuple[str, Value], ...], int] | None:
+) -> tuple[tuple[tuple[str, LookupValue], ...], int] | None:
     """Values with parameters numbered as DuckDB numbers them: ``$n`` as written, ``?``
     left to right; a text mixing both, or numbering parameters with gaps, has no shape
     (DuckDB's own answer or error is its business)."""
-    numbered: list[tuple[str, Value]] = []
+    numbered: list[tuple[str, LookupValue]] = []
     next_question = 1
     kinds = set()
     for column, node in pairs:
         if type(node) is exp.Placeholder:
             if node.this is None:
                 kinds.add("?")
-                numbered.append((column, Value(parameter=next_question)))
+                numbered.append((column, LookupValue(parameter=next_question)))
                 next_question += 1
                 continue
             text = str(node.this)
             if not text.isdigit() or int(text) < 1:
                 return None
             kinds.add("$")
-            numbered.append((column, Value(parameter=int(text))))
+            numbered.append((column, LookupValue(parameter=int(text))))
             continue
         literal = _literal(node)
         if literal is None:
             return None
-        numbered.append((column, Value(literal=literal)))
+        numbered.append((column, LookupValue(literal=literal)))
     if len(kinds) > 1:
         return None
     used = {value.parameter for _, value in numbered if value.parameter is not None}
