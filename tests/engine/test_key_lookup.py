@@ -202,7 +202,11 @@ def test_literal_keys_varchar_and_composite_keys(
     session.execute(
         "CREATE TABLE pairs (a INTEGER, b VARCHAR, c SMALLINT, v DOUBLE, PRIMARY KEY (b, a, c))"
     )
-    session.execute("INSERT INTO pairs VALUES (1, 'x', 7, 0.5), (1, 'y', 7, -0.0), (2, 'x', 7, 2)")
+    # hash(-1) == hash(-2) in Python: keys ('x', -1, 7) and ('x', -2, 7) hash alike.
+    session.execute(
+        "INSERT INTO pairs VALUES (1, 'x', 7, 0.5), (1, 'y', 7, -0.0), (2, 'x', 7, 2), "
+        "(-1, 'x', 7, -1), (-2, 'x', 7, -2)"
+    )
     cases = [
         ("SELECT v FROM names WHERE n = 'a'", None),
         ("SELECT v FROM names WHERE n = 'A'", None),
@@ -213,6 +217,9 @@ def test_literal_keys_varchar_and_composite_keys(
         ("SELECT v FROM pairs WHERE c = $3 AND b = $2 AND a = $1", [2, "x", 7]),
         ("SELECT v FROM pairs WHERE a = ? AND b = ? AND c = ?", [1, "x", 7]),
         ("SELECT v FROM pairs WHERE a = ? AND b = ? AND c = ?", [1, "z", 7]),
+        ("SELECT v FROM pairs WHERE a = ? AND b = ? AND c = ?", [-1, "x", 7]),
+        ("SELECT v FROM pairs WHERE a = ? AND b = ? AND c = ?", [-2, "x", 7]),
+        ("SELECT v FROM pairs WHERE a = -1 AND b = 'y' AND c = 7", None),
     ]
     before = 0
     for sql, parameters in cases:
