@@ -383,7 +383,10 @@ def _index_for(database: Any, registry: KeyIndexes, name: str, basis: tuple[int,
         if index is None:
             stats.too_big = True  # not indexable as it stands: until it changes
             return None
-        if TABLE_CHANGES.basis(name) != basis or not registry.keep(name, index, cap):
+        if TABLE_CHANGES.basis(name) != basis:
+            return None
+        if not registry.keep(name, index, cap):
+            stats.too_big = True  # bigger than its estimate said: until it changes
             return None
     return index
 
@@ -518,7 +521,14 @@ def _converted(kind: str, value: LookupValue, parameters: Any) -> Any:
     """``value`` as a key of DuckDB type ``kind``, or None if not proved DuckDB's."""
     given = value.literal if value.parameter is None else parameters[value.parameter - 1]
     if kind == "VARCHAR":
-        return given if type(given) is str else None
+        if type(given) is not str:
+            return None
+        if not given.isascii():
+            try:
+                given.encode()
+            except UnicodeEncodeError:
+                return None  # no UTF-8 (a lone surrogate): DuckDB's to refuse
+        return given
     if type(given) is str:
         if not _CANONICAL_INTEGER.fullmatch(given):
             return None

@@ -247,6 +247,9 @@ def test_values_of_other_types_and_partial_keys_are_duckdbs_to_judge(
     cases += [
         ("SELECT v FROM names WHERE n = $1", [1]),
         ("SELECT v FROM names WHERE n = $1", ["1"]),
+        ("SELECT v FROM names WHERE n = $1", ["a\x00"]),
+        ("SELECT v FROM names WHERE n = $1", ["\ud800"]),
+        ("SELECT v FROM names WHERE n = $1", ["A"]),
         ("SELECT v FROM names WHERE n = 1", None),
         ("SELECT v FROM small WHERE k = '1'", None),
         ("SELECT v FROM small WHERE k = '01'", None),
