@@ -395,18 +395,19 @@ def _build(database: Any, name: str, basis: tuple[int, int], cap: int) -> _Index
     """An index of ``name`` from one DuckDB snapshot taken after ``basis`` was read, or
     None if the table is not one this path answers for (see the module)."""
     started = time.perf_counter()
-    cursor = database.root.cursor()
     try:
-        with tables.translated():
-            cursor.execute("BEGIN TRANSACTION")
+        with tables.translated():  # DuckDB's errors (a database closing) as ours
+            cursor = database.root.cursor()
             try:
-                table = _read_table(cursor, name, cap)
+                cursor.execute("BEGIN TRANSACTION")
+                try:
+                    table = _read_table(cursor, name, cap)
+                finally:
+                    cursor.execute("ROLLBACK")  # it only read
             finally:
-                cursor.execute("ROLLBACK")  # it only read
-    except errors.TopicbaseError:
-        return None
-    finally:
-        cursor.close()
+                cursor.close()
+    except Exception:  # an index is optional: on any failure to build one (a database
+        return None  # closing, a type DuckDB gives no Arrow for, memory) DuckDB answers
     if table is None or TABLE_CHANGES.basis(name) != basis:
         return None
     data, types, key_columns = table

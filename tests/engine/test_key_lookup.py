@@ -543,3 +543,15 @@ def test_a_bad_byte_cap_is_refused(session: Session, monkeypatch: pytest.MonkeyP
     with pytest.raises(TopicbaseError) as refused:
         key_lookup.bytes_max()
     assert refused.value.sqlstate == "22023"
+
+
+def test_a_build_that_fails_leaves_the_lookup_to_duckdb(
+    kv: Session, served: list[int], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    def failing(*arguments: Any) -> None:
+        raise pa.ArrowNotImplementedError("no Arrow for this type")
+
+    monkeypatch.setattr(key_lookup, "_read_table", failing)
+    assert _value(kv, 5) == "v5"
+    assert _value(kv, 5) == "v5"
+    assert not served and _index(kv) is None
