@@ -160,6 +160,8 @@ TYPED_COLUMNS = {
     "li": ("INTEGER[]", lambda r: r.choice(["[1, NULL, 3]", "[]", None])),
     "st": ("STRUCT(a INTEGER, b VARCHAR)", lambda r: r.choice(["{'a': 1, 'b': 'x'}", None])),
     "mp": ("MAP(VARCHAR, INTEGER)", lambda r: r.choice(["MAP {'k': 1}", None])),
+    "en": ("ENUM('x', 'y')", lambda r: r.choice(["'y'", "'x'", None])),
+    "ar": ("VARCHAR[2]", lambda r: r.choice(["['a', NULL]", None])),
 }
 
 
@@ -186,6 +188,7 @@ def test_every_type_comes_back_as_duckdb_gives_it(
         "SELECT dec AS money, ts, tz, li, st, mp, u, j, hi FROM wide WHERE k = $1",
         "SELECT wide.S, wide.dt FROM wide WHERE k = $1",
         "SELECT f, f AS g FROM wide WHERE k = $1",
+        "SELECT en, ar, k FROM wide WHERE k = $1",
     ]
     for sql in queries:
         for key in [*keys, 99, -21]:
