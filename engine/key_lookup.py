@@ -52,7 +52,7 @@ import weakref
 from collections import OrderedDict
 from collections.abc import Iterator
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, NamedTuple
 
 import numpy as np
 import pyarrow as pa
@@ -316,9 +316,16 @@ def lookup_plan(plan: Plan) -> tuple[RunQuery, LookupShape] | None:
     return operation, shape
 
 
-def answer(database: Any, plan: Plan, parameters: Any) -> pa.Table | Rows | None:
-    """The result of ``plan`` from the table's index, as DuckDB would give it (``Rows``
-    for plain column types, else DuckDB's Arrow), or None: DuckDB must run it.
+class Answer(NamedTuple):
+    """A lookup's result as DuckDB would give it (``Rows`` for plain column types, else
+    DuckDB's Arrow) and DuckDB's type name of each of its columns."""
+
+    result: pa.Table | Rows
+    duckdb_types: list[str]
+
+
+def answer(database: Any, plan: Plan, parameters: Any) -> Answer | None:
+    """The result of ``plan`` from the table's index, or None: DuckDB must run it.
 
     The caller guarantees: an autocommit statement, planned and checked by the door,
     on a session whose names resolve as the build's cursor resolves them (no SET, no
@@ -353,7 +360,7 @@ def answer(database: Any, plan: Plan, parameters: Any) -> pa.Table | Rows | None
         if name in registry.indexes:
             registry.indexes.move_to_end(name)
     row = index.row(key)
-    return _result(index, columns, row)
+    return Answer(_result(index, columns, row), [index.types[i] for i, _ in columns])
 
 
 def _index_for(database: Any, registry: KeyIndexes, name: str, basis: tuple[int, int],

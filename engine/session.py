@@ -253,6 +253,11 @@ class Session:
                 return None
             self._guard(plan)
             self._check_duration()
+            answered = self._key_answer(plan, parameters)
+            if answered is not None:
+                return streams.answered(
+                    answered.result, answered.duckdb_types, operation.column_names
+                )
             peeks = self._register_peeks(plan, parameters)
             self._stream_open = True
         deadline = None if not timeout_s else streams.Deadline(timeout_s, self.cancel)
@@ -451,23 +456,28 @@ class Session:
             raise
 
     def _key_lookup(self, plan: Plan, parameters: Any) -> Result | None:
+        """``_key_answer`` as the statement's ``Result``."""
+        answered = self._key_answer(plan, parameters)
+        if answered is None:
+            return None
+        operation = plan.operations[0]
+        assert isinstance(operation, RunQuery)
+        return _query_result(operation, answered.result)
+
+    def _key_answer(self, plan: Plan, parameters: Any) -> key_lookup.Answer | None:
         """An autocommit primary-key lookup answered from the table's index of committed
         rows (``engine.key_lookup``), already planned and checked; None: DuckDB runs it.
-        Only while this session's names resolve as the index's build resolves them and
-        no relation is registered on its connection (one could shadow the table)."""
-        if not self._names_plain or self._leftover_views:
+        Only outside a transaction, while this session's names resolve as the index's
+        build resolves them and no relation is registered on its connection (one could
+        shadow the table)."""
+        if self.state is not SessionState.IDLE or not self._names_plain or self._leftover_views:
             return None
         # ``cursor`` as every read takes it: it opens no DuckDB transaction here (there
         # is no transaction), and it is where a read waits for writes committed but not
         # yet in DuckDB.
         if tables.has_registered(self.cursor):
             return None
-        answered = key_lookup.answer(self.database, plan, parameters)
-        if answered is None:
-            return None
-        operation = plan.operations[0]
-        assert isinstance(operation, RunQuery)
-        return _query_result(operation, answered)
+        return key_lookup.answer(self.database, plan, parameters)
 
     def _guard(self, plan: Plan) -> None:
         """The door's checks, before anything of ``plan`` runs: the sandbox (what DuckDB

@@ -41,10 +41,17 @@ def served(monkeypatch: pytest.MonkeyPatch) -> list[int]:
     return calls
 
 
-def _raw(connection: psycopg.Connection, sql: str, key: Any, binary: bool) -> tuple[Any, ...]:
-    """Names, type OIDs, modifiers, formats and the raw bytes of every value."""
-    cursor = connection.cursor(binary=binary)
-    cursor.execute(sql, [key], prepare=True)
+def _raw(
+    connection: psycopg.Connection, sql: str, key: Any, binary: bool | None
+) -> tuple[Any, ...]:
+    """Names, type OIDs, modifiers, formats and the raw bytes of every value; ``binary``
+    None: the key bound on the client's side, a simple Query (psycopg's ClientCursor)."""
+    if binary is None:
+        cursor: Any = psycopg.ClientCursor(connection)
+        cursor.execute(sql, [key])
+    else:
+        cursor = connection.cursor(binary=binary)
+        cursor.execute(sql, [key], prepare=True)
     result = cursor.pgresult
     assert result is not None
     columns = tuple(
@@ -72,7 +79,7 @@ def test_the_wire_sends_the_same_bytes_both_ways(
         "SELECT dec AS money, tz, u, j, li FROM wide WHERE k = %s",
     ]
     for sql in queries:
-        for binary in (False, True):
+        for binary in (False, True, None):
             for key in (1, 2, 3):
                 monkeypatch.setenv(key_lookup.BYTES_VARIABLE, "0")
                 duckdb_way = [_raw(connection, sql, key, binary) for _ in range(2)]
@@ -100,3 +107,30 @@ def test_a_copy_into_the_table_is_seen_by_the_next_lookup(
     assert reader.execute(lookup, [2]).fetchall() == [("two",)]
     assert reader.execute(lookup, [2]).fetchall() == [("two",)]
     assert served
+
+
+def test_copy_and_cursors_over_a_lookup_read_the_same_batches(
+    connect: Callable[..., psycopg.Connection],
+    served: list[int],
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    connection = connect(autocommit=True)
+    connection.execute(WIDE)
+    connection.execute(f"INSERT INTO wide VALUES {', '.join(ROWS)}")
+
+    def read() -> tuple[Any, ...]:
+        copied = []
+        for query in ("SELECT * FROM wide WHERE k = 1", "SELECT s, f FROM wide WHERE k = 2"):
+            with connection.cursor().copy(f"COPY ({query}) TO STDOUT") as copy:
+                copied.append(b"".join(bytes(chunk) for chunk in copy))
+        with connection.transaction(), connection.cursor(name="c") as named:
+            named.execute("SELECT s, d FROM wide WHERE k = 1")
+            fetched = named.fetchall()
+        return tuple(copied), fetched
+
+    monkeypatch.setenv(key_lookup.BYTES_VARIABLE, "0")
+    duckdb_way = [read() for _ in range(2)]
+    monkeypatch.delenv(key_lookup.BYTES_VARIABLE)
+    before = len(served)
+    assert [read() for _ in range(2)] == duckdb_way
+    assert len(served) > before
