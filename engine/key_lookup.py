@@ -225,6 +225,9 @@ class _Stats:
     lookups: int = 0
     threshold: int = 0
     too_big: bool = False  # until the table changes
+    # The key's columns (lower case) as the last build found them, until a schema change
+    # (DDL moves every table's basis): lookups by other columns are not counted.
+    key_columns: frozenset[str] | None = None
 
 
 @dataclass
@@ -344,7 +347,7 @@ def answer(database: Any, plan: Plan, parameters: Any) -> Answer | None:
     registry = indexes_of(database)
     index = registry.indexes.get(name)
     if index is None or index.basis != basis:
-        index = _index_for(database, registry, name, basis, cap)
+        index = _index_for(database, registry, name, basis, cap, shape)
         if index is None:
             return None
     key = _bound_key(index, shape, parameters)
@@ -364,9 +367,9 @@ def answer(database: Any, plan: Plan, parameters: Any) -> Answer | None:
 
 
 def _index_for(database: Any, registry: KeyIndexes, name: str, basis: tuple[int, int],
-               cap: int) -> _Index | None:  # fmt: skip
-    """The index of ``name`` at ``basis``, built now if the table was looked up often
-    enough since its last change; None meanwhile."""
+               cap: int, shape: LookupShape) -> _Index | None:  # fmt: skip
+    """The index of ``name`` at ``basis``, built now if the table was looked up by its key
+    often enough since its last change; None meanwhile."""
     with registry.lock:
         if name in registry.indexes and registry.indexes[name].basis != basis:
             registry.drop(name)
@@ -376,7 +379,12 @@ def _index_for(database: Any, registry: KeyIndexes, name: str, basis: tuple[int,
                 registry.stats.clear()
             stats = registry.stats[name] = _Stats(threshold=FIRST_BUILD_LOOKUPS)
         if stats.basis != basis:
+            if stats.basis is None or stats.basis[0] != basis[0]:
+                stats.key_columns = None  # a schema change may have changed the key
             stats.basis, stats.lookups, stats.too_big = basis, 0, False
+        wanted = frozenset(column.lower() for column, _ in shape.equalities)
+        if stats.key_columns is not None and wanted != stats.key_columns:
+            return None  # not a lookup by the key: no reason to build
         stats.lookups += 1
         if stats.too_big or stats.lookups < stats.threshold or name in registry.building:
             return None
@@ -390,6 +398,8 @@ def _index_for(database: Any, registry: KeyIndexes, name: str, basis: tuple[int,
         if index is None:
             stats.too_big = True  # not indexable as it stands: until it changes
             return None
+        stats.key_columns = frozenset(index.table.column_names[i].lower()
+                                      for i in index.key_columns)  # fmt: skip
         if TABLE_CHANGES.basis(name) != basis:
             return None
         if not registry.keep(name, index, cap):

@@ -558,3 +558,24 @@ def test_a_build_that_fails_leaves_the_lookup_to_duckdb(
     assert _value(kv, 5) == "v5"
     assert _value(kv, 5) == "v5"
     assert not served and _index(kv) is None
+
+
+def test_a_table_looked_up_by_other_columns_is_indexed_once_at_most(
+    session: Session, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The first build learns the key; lookups by other columns no longer count."""
+    monkeypatch.setattr(key_lookup, "FIRST_BUILD_LOOKUPS", 3)
+    built: list[str] = []
+    build = key_lookup._build
+    monkeypatch.setattr(key_lookup, "_build", lambda d, n, *a: built.append(n) or build(d, n, *a))
+    session.execute("CREATE TABLE t (k INTEGER PRIMARY KEY, j INTEGER)")
+    session.execute("INSERT INTO t SELECT i, i % 10 FROM range(100) r(i)")
+    for round_ in range(5):
+        for _ in range(20):  # counted, the threshold (3, then 12, 48) would be met twice
+            assert session.execute("SELECT k FROM t WHERE j = 3")[0].table.num_rows == 10
+        session.execute(f"UPDATE t SET j = j WHERE k = {round_}")
+    assert built == ["t"]
+    threshold = key_lookup.indexes_of(session.database).stats["t"].threshold  # 12: unpaid
+    for _ in range(threshold):
+        assert session.execute("SELECT j FROM t WHERE k = 42")[0].table.to_pylist() == [{"j": 2}]
+    assert built == ["t", "t"]
