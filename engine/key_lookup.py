@@ -1,8 +1,8 @@
 """Primary-key lookups answered beside DuckDB, from an index of a table's committed rows.
 
 ``SELECT v FROM kv WHERE k = $1`` costs ~330 us of DuckDB CPU whatever the table
-(binding and optimizing again on every run, docs/statement_cost.md); answered from a
-sorted key array and the table's Arrow columns it costs a few microseconds. This module
+(binding and optimizing again on every run, docs/statement_cost.md, round 6); answered
+from a sorted key array and the table's Arrow columns it costs a few microseconds. This module
 holds those indexes and the rules that keep them right.
 
 What it answers (``answer``): an autocommit statement (no transaction, so its snapshot
@@ -34,9 +34,14 @@ When (``KeyIndexes``): an index is built only for a table looked up this way
 written more often than that is never indexed; an index dropped by a change before its
 lookups paid for its build (``SAVING_PER_LOOKUP_S`` saved each) makes that table's
 threshold grow 4-fold, so alternating writes and bursts of lookups cost at most a
-bounded share of extra work. All indexes of a database together hold at most
-``KEY_INDEX_BYTES_MAX`` bytes, the least recently used dropped first; a table whose
+bounded share of extra work. Only lookups by the key count (as the last build found
+the key). All indexes of a database together hold at most ``bytes_max()`` bytes
+(``$TOPICBASE_KEY_INDEX_BYTES``), the least recently used dropped first; a table whose
 estimated size is above it is never built.
+
+Writers of tables outside a session's statements (a background applier of deltas, say)
+bracket their DuckDB commits with ``changing_tables`` too; a lookup takes the session's
+``cursor`` first, where a read waits for writes committed but not yet in DuckDB.
 
 Nothing is on disk: recovery needs nothing, and a restarted process rebuilds on use.
 """
