@@ -48,14 +48,17 @@ Nothing is on disk: recovery needs nothing, and a restarted process rebuilds on 
 
 from __future__ import annotations
 
+import bisect
 import contextlib
+import itertools
 import os
 import re
+import string
 import threading
 import time
 import weakref
 from collections import OrderedDict
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from typing import Any, NamedTuple
 
@@ -74,6 +77,17 @@ THRESHOLD_CEILING = 1 << 20  # of the threshold (an algorithm's bound, not a lim
 # DuckDB's CPU for one lookup that the index saves (docs/statement_cost.md: ~270-350 us).
 SAVING_PER_LOOKUP_S = 300e-6
 _STATS_MAX = 4096  # tables with lookup counts kept per database (then all forgotten)
+# While an index is read: batches of about _BATCH_BYTES (by the width of a sample of
+# _SAMPLE_ROWS rows), of _MIN_READ_ROWS to READ_ROWS rows (DuckDB's vector, its own unit),
+# gathered into chunks of up to _CHUNK_ROWS rows or _CHUNK_BYTES bytes.
+READ_ROWS = 2048
+_MIN_READ_ROWS = 16
+_SAMPLE_ROWS = 16
+_BATCH_BYTES = 1 << 20
+_CHUNK_ROWS = 1 << 16
+_CHUNK_BYTES = 16 << 20
+_KEY_BYTES_PER_ROW = 8  # a row's key value or hash in the index
+_PYTHON_KEY_BYTES = 64  # a hashed key's Python object while its hash is taken (a bound)
 
 _INTEGER_RANGES = {
     "TINYINT": (-(2**7), 2**7 - 1), "SMALLINT": (-(2**15), 2**15 - 1),
@@ -92,6 +106,15 @@ _FIXED_WIDTHS = {"BOOLEAN": 1, "TINYINT": 1, "UTINYINT": 1, "SMALLINT": 2, "USMA
                  "UBIGINT": 8, "DOUBLE": 8, "TIMESTAMP": 8}  # else 32  # fmt: skip
 
 
+def fold(name: str) -> str:
+    """``name`` as DuckDB compares names: ASCII letters folded to lower case, nothing else
+    ("Ä" and "ä" are two names to DuckDB)."""
+    return name.translate(_ASCII_LOWER)
+
+
+_ASCII_LOWER = str.maketrans(string.ascii_uppercase, string.ascii_lowercase)
+
+
 def bytes_max() -> int:
     """The byte cap of every database's indexes: ``$TOPICBASE_KEY_INDEX_BYTES`` if set
     (0 turns the path off), else 256 MiB. A bad value is 22023."""
@@ -107,6 +130,15 @@ def bytes_max() -> int:
             f"{BYTES_VARIABLE} must be a whole number of bytes, at least 0 (got {text!r})"
         )
     return value
+
+
+def _cap_or_off() -> int:
+    """``bytes_max`` for a lookup: a malformed value turns the path off (0) rather than
+    failing every statement of the lookup shape (DuckDB answers them all)."""
+    try:
+        return bytes_max()
+    except errors.InvalidParameterValueError:
+        return 0
 
 
 # -- which tables may have changed --------------------------------------------------------------
@@ -166,8 +198,9 @@ TABLE_CHANGES = TableChanges()  # one per process, as DuckDB's files are
 
 def table_names(names: tuple[str, ...]) -> frozenset[str]:
     """The names ``TableChanges`` knows tables by: the last part of each (possibly
-    qualified) name, lower case. An indexed table's name has no dot (``answer``)."""
-    return frozenset(name.rsplit(".", 1)[-1].lower() for name in names)
+    qualified) name, folded as DuckDB folds names (``fold``). An indexed table's name
+    has no dot (``answer``)."""
+    return frozenset(fold(name.rsplit(".", 1)[-1]) for name in names)
 
 
 @contextlib.contextmanager
@@ -187,17 +220,19 @@ def changing_tables(names: frozenset[str] | None) -> Iterator[None]:
 # -- the indexes ------------------------------------------------------------------------------
 @dataclass
 class _Index:
-    """One table's committed rows: ``table`` (DuckDB's Arrow, one chunk a column), its
-    DuckDB type names and the key's columns. ``sorted_keys`` (ascending) holds one integer
-    key's values, or else Python's ``hash`` of each key (its value, or the tuple of its
+    """One table's committed rows: ``table`` (DuckDB's Arrow; every column chunked alike,
+    chunk ``c`` starting at row ``starts[c]``), its DuckDB type names and the key's
+    columns. ``sorted_keys`` (ascending) holds one integer key's values (in the column's
+    own dtype), or else Python's ``hash`` of each key (its value, or the tuple of its
     values: equal keys hash alike within the process); ``order`` maps a position in it
     to the row (None: the rows are in that order already). A hashed key is confirmed by
     comparing the row's own key values (``hashed``)."""
 
     basis: tuple[int, int]
     table: pa.Table
+    starts: list[int]
     types: tuple[str, ...]
-    lower_names: dict[str, int]  # lower-case column name -> index (unique)
+    lower_names: dict[str, int]  # folded column name (``fold``) -> index (unique)
     key_columns: tuple[int, ...]
     sorted_keys: np.ndarray
     order: np.ndarray | None
@@ -209,8 +244,13 @@ class _Index:
     def row(self, key: tuple[Any, ...]) -> int | None:
         """The row whose key is ``key`` (values of the key columns' types), or None."""
         keys = self.sorted_keys
+        if not len(keys):
+            return None
         if not self.hashed:
-            at = int(keys.searchsorted(key[0]))
+            # A Python int against uint64 keys is compared as float64 (2**53 + 1 ==
+            # 2**53): as the keys' own dtype (``_converted`` proved it in the range).
+            wanted_key = np.uint64(key[0]) if keys.dtype == np.uint64 else key[0]
+            at = int(keys.searchsorted(wanted_key))
             if at >= len(keys) or int(keys[at]) != key[0]:
                 return None
             return at if self.order is None else int(self.order[at])
@@ -218,10 +258,21 @@ class _Index:
         at = int(keys.searchsorted(wanted))
         while at < len(keys) and int(keys[at]) == wanted:
             row = at if self.order is None else int(self.order[at])
-            if tuple(self.table.column(i)[row].as_py() for i in self.key_columns) == key:
+            if tuple(self.cell(i, row).as_py() for i in self.key_columns) == key:
                 return row
             at += 1
         return None
+
+    def chunk_of(self, row: int) -> tuple[int, int]:
+        """(chunk, row within it) of ``row``: every column is chunked alike."""
+        starts = self.starts
+        chunk = 0 if len(starts) == 1 else bisect.bisect_right(starts, row) - 1
+        assert 0 <= chunk < len(starts) and row >= starts[chunk], (row, chunk)
+        return chunk, row - starts[chunk]
+
+    def cell(self, column: int, row: int) -> Any:
+        chunk, at = self.chunk_of(row)
+        return self.table.column(column).chunk(chunk)[at]
 
 
 @dataclass
@@ -230,9 +281,11 @@ class _Stats:
     lookups: int = 0
     threshold: int = 0
     too_big: bool = False  # until the table changes
-    # The key's columns (lower case) as the last build found them, until a schema change
-    # (DDL moves every table's basis): lookups by other columns are not counted.
+    # The key's columns (``fold``) as the last build found them, while the schema
+    # generation (``tables.SCHEMA_GENERATIONS``) is ``key_schema``: lookups by other
+    # columns are not counted.
     key_columns: frozenset[str] | None = None
+    key_schema: int | None = None
 
 
 @dataclass
@@ -245,15 +298,16 @@ class KeyIndexes:
     building: set[str] = field(default_factory=set)
     nbytes: int = 0
 
-    def drop(self, name: str) -> None:
-        """Forget ``name``'s index (under ``lock``); a change that came before its
-        lookups paid for its build raises the table's threshold."""
+    def drop(self, name: str, *, changed: bool = True) -> None:
+        """Forget ``name``'s index (under ``lock``); a change of the table (``changed``)
+        or an eviction that came before its lookups paid for its build raises the
+        table's threshold (a change of other tables, ``changed=False``, does not)."""
         index = self.indexes.pop(name, None)
         if index is None:
             return
         self.nbytes -= index.nbytes
         stats = self.stats.get(name)
-        if stats is not None:
+        if stats is not None and changed:
             paid = index.served * SAVING_PER_LOOKUP_S >= index.build_s
             stats.threshold = (FIRST_BUILD_LOOKUPS if paid
                                else min(stats.threshold * 4, THRESHOLD_CEILING))  # fmt: skip
@@ -297,10 +351,12 @@ _TEMPORARY = re.compile(r"\bTEMP(?:ORARY)?\b", re.IGNORECASE)
 
 def keeps_names(plan: Plan) -> bool:
     """Whether after ``plan`` the session's names still resolve as a fresh connection's:
-    every query of it is of ``_NAME_KEEPING_TAGS`` and creates nothing temporary (the word
-    anywhere in the text counts: a false alarm only costs this session its lookups)."""
+    every query of it is of ``_NAME_KEEPING_TAGS`` and creates nothing temporary (only a
+    CREATE can; the word anywhere in its text counts: a false alarm only costs this
+    session its lookups). The text of other statements is not searched."""
     return all(
-        operation.tag in _NAME_KEEPING_TAGS and not _TEMPORARY.search(operation.sql)
+        operation.tag in _NAME_KEEPING_TAGS
+        and not (operation.tag.startswith("CREATE") and _TEMPORARY.search(operation.sql))
         for operation in plan.operations
         if isinstance(operation, RunQuery)
     )
@@ -319,7 +375,8 @@ def lookup_plan(plan: Plan) -> tuple[RunQuery, LookupShape] | None:
         return None
     shape = operation.lookup
     if (shape is None or "." in shape.table or shape.table.startswith("__")
-            or shape.table.lower() != operation.tables_read[0].lower()):  # fmt: skip
+            or not shape.table.isascii()
+            or fold(shape.table) != fold(operation.tables_read[0])):  # fmt: skip
         return None
     return operation, shape
 
@@ -332,27 +389,30 @@ class Answer(NamedTuple):
     duckdb_types: list[str]
 
 
-def answer(database: Any, plan: Plan, parameters: Any) -> Answer | None:
+def answer(database: Any, plan: Plan, parameters: Any,
+           stop: Callable[[], bool] = lambda: False) -> Answer | None:  # fmt: skip
     """The result of ``plan`` from the table's index, or None: DuckDB must run it.
 
     The caller guarantees: an autocommit statement, planned and checked by the door,
     on a session whose names resolve as the build's cursor resolves them (no SET, no
-    temporary relation of its own) and with no relation registered on its connection."""
+    temporary relation of its own) and with no relation registered on its connection.
+    ``stop`` says the statement was cancelled (or timed out): a build under way for it
+    then ends at its next batch with 57014."""
     found = lookup_plan(plan)
     if found is None:
         return None
     _, shape = found
-    cap = bytes_max()
+    cap = _cap_or_off()
     if cap == 0:
         return None
-    name = shape.table.lower()
+    name = fold(shape.table)
     basis = TABLE_CHANGES.basis(name)
     if basis is None:
         return None
     registry = indexes_of(database)
     index = registry.indexes.get(name)
     if index is None or index.basis != basis:
-        index = _index_for(database, registry, name, basis, cap, shape)
+        index = _index_for(database, registry, name, basis, cap, shape, stop)
         if index is None:
             return None
     key = _bound_key(index, shape, parameters)
@@ -372,22 +432,28 @@ def answer(database: Any, plan: Plan, parameters: Any) -> Answer | None:
 
 
 def _index_for(database: Any, registry: KeyIndexes, name: str, basis: tuple[int, int],
-               cap: int, shape: LookupShape) -> _Index | None:  # fmt: skip
+               cap: int, shape: LookupShape, stop: Callable[[], bool],
+               ) -> _Index | None:  # fmt: skip
     """The index of ``name`` at ``basis``, built now if the table was looked up by its key
-    often enough since its last change; None meanwhile."""
+    often enough since its last change; None meanwhile. A build stopped by ``stop`` raises
+    57014 (the statement was cancelled)."""
     with registry.lock:
-        if name in registry.indexes and registry.indexes[name].basis != basis:
-            registry.drop(name)
+        old = registry.indexes.get(name)
+        if old is not None and old.basis != basis:
+            # Only a change that may be this table's (its bucket moved, not only "every
+            # table") counts against the index's build.
+            registry.drop(name, changed=old.basis[1] != basis[1])
         stats = registry.stats.get(name)
         if stats is None:
             if len(registry.stats) >= _STATS_MAX:
                 registry.stats.clear()
             stats = registry.stats[name] = _Stats(threshold=FIRST_BUILD_LOOKUPS)
         if stats.basis != basis:
-            if stats.basis is None or stats.basis[0] != basis[0]:
-                stats.key_columns = None  # a schema change may have changed the key
             stats.basis, stats.lookups, stats.too_big = basis, 0, False
-        wanted = frozenset(column.lower() for column, _ in shape.equalities)
+        schema = tables.SCHEMA_GENERATIONS.stable()
+        if stats.key_schema is None or stats.key_schema != schema:
+            stats.key_columns = None  # a schema change may have changed the key
+        wanted = frozenset(fold(column) for column, _ in shape.equalities)
         if stats.key_columns is not None and wanted != stats.key_columns:
             return None  # not a lookup by the key: no reason to build
         stats.lookups += 1
@@ -395,7 +461,7 @@ def _index_for(database: Any, registry: KeyIndexes, name: str, basis: tuple[int,
             return None
         registry.building.add(name)
     try:
-        index = _build(database, name, basis, cap)
+        index = _build(database, name, basis, cap, stop)
     finally:
         with registry.lock:
             registry.building.discard(name)
@@ -403,8 +469,10 @@ def _index_for(database: Any, registry: KeyIndexes, name: str, basis: tuple[int,
         if index is None:
             stats.too_big = True  # not indexable as it stands: until it changes
             return None
-        stats.key_columns = frozenset(index.table.column_names[i].lower()
+        # As of the schema generation before the build (None: a change was under way).
+        stats.key_columns = frozenset(fold(index.table.column_names[i])
                                       for i in index.key_columns)  # fmt: skip
+        stats.key_schema = schema
         if TABLE_CHANGES.basis(name) != basis:
             return None
         if not registry.keep(name, index, cap):
@@ -413,9 +481,16 @@ def _index_for(database: Any, registry: KeyIndexes, name: str, basis: tuple[int,
     return index
 
 
-def _build(database: Any, name: str, basis: tuple[int, int], cap: int) -> _Index | None:
+class _Stopped(Exception):
+    """The statement building an index was cancelled (``stop``)."""
+
+
+def _build(database: Any, name: str, basis: tuple[int, int], cap: int,
+           stop: Callable[[], bool]) -> _Index | None:  # fmt: skip
     """An index of ``name`` from one DuckDB snapshot taken after ``basis`` was read, or
-    None if the table is not one this path answers for (see the module)."""
+    None if the table is not one this path answers for (see the module), holds more
+    than ``cap`` bytes, or changed meanwhile. Read batch by batch: it never holds more
+    than ``cap`` (and one batch) of the table, and ``stop`` is asked between batches."""
     started = time.perf_counter()
     try:
         with tables.translated():  # DuckDB's errors (a database closing) as ours
@@ -423,26 +498,46 @@ def _build(database: Any, name: str, basis: tuple[int, int], cap: int) -> _Index
             try:
                 cursor.execute("BEGIN TRANSACTION")
                 try:
-                    table = _read_table(cursor, name, cap)
+                    found = _read_table(cursor, name, cap, lambda: _stopped(stop, name, basis))
                 finally:
                     cursor.execute("ROLLBACK")  # it only read
             finally:
                 cursor.close()
+    except _Stopped:
+        raise errors.QueryCanceledError("canceling statement due to user request") from None
     except Exception:  # an index is optional: on any failure to build one (a database
         return None  # closing, a type DuckDB gives no Arrow for, memory) DuckDB answers
-    if table is None or TABLE_CHANGES.basis(name) != basis:
+    if found is None or TABLE_CHANGES.basis(name) != basis:
         return None
-    data, types, key_columns = table
-    return _indexed(data, types, key_columns, basis, time.perf_counter() - started)
+    return _indexed(*found, basis, time.perf_counter() - started)
 
 
-def _read_table(cursor: Any, name: str, cap: int
-                ) -> tuple[pa.Table, tuple[str, ...], tuple[int, ...]] | None:  # fmt: skip
+def _stopped(stop: Callable[[], bool], name: str, basis: tuple[int, int]) -> bool:
+    """Between two batches of a build: raise ``_Stopped`` if the statement was
+    cancelled; True if the table changed (the build is of no use any more)."""
+    if stop():
+        raise _Stopped
+    return TABLE_CHANGES.basis(name) != basis
+
+
+class _Read(NamedTuple):
+    """A table as ``_read_table`` read it: the batches (one chunk of every column each),
+    the key's values (integers) or hashes (anything else) in row order, the column types."""
+
+    table: pa.Table
+    keys: np.ndarray
+    types: tuple[str, ...]
+    key_columns: tuple[int, ...]
+
+
+def _read_table(cursor: Any, name: str, cap: int, give_up: Callable[[], bool]) -> _Read | None:
     """The table's rows as DuckDB's Arrow, its column types and key columns, if it is
     the only relation of that name anywhere the connection looks, a base table of
     ``main`` in the database's own catalog, with a primary key of integer or VARCHAR
-    columns, nothing in its definition that changes reads or comparisons, and an
-    estimated size within ``cap``."""
+    columns, nothing in its definition that changes reads or comparisons, and within
+    ``cap`` bytes (estimated first, then counted batch by batch as it is read, with its
+    key arrays: the read stops as soon as they pass ``cap``). ``give_up`` is asked
+    between batches."""
     cursor.execute(
         "SELECT database_name, schema_name, table_name, sql, estimated_size, temporary "
         "FROM duckdb_tables() WHERE lower(table_name) = ? UNION ALL "
@@ -450,7 +545,9 @@ def _read_table(cursor: Any, name: str, cap: int
         "WHERE lower(view_name) = ?",
         [name, name],
     )
-    relations = cursor.fetchall()
+    # DuckDB finds a relation by its name folded in ASCII only ("Ä" is not "ä"); its
+    # lower() folds all of Unicode: those of another name under it are left out.
+    relations = [r for r in cursor.fetchall() if fold(str(r[2])) == name]
     cursor.execute("SELECT current_database(), current_setting('default_collation')")
     current, collation = cursor.fetchone()
     if len(relations) != 1:
@@ -461,59 +558,126 @@ def _read_table(cursor: Any, name: str, cap: int
         return None
     cursor.execute(
         "SELECT constraint_type, constraint_column_names FROM duckdb_constraints() "
-        "WHERE database_name = ? AND schema_name = 'main' AND lower(table_name) = ? "
+        "WHERE database_name = ? AND schema_name = 'main' AND table_name = ? "
         "AND constraint_type = 'PRIMARY KEY'",
-        [database_name, name],
+        [database_name, table_name],
     )
     keys = cursor.fetchall()
     if len(keys) != 1:
         return None
     cursor.execute(
         "SELECT column_name, data_type FROM duckdb_columns() WHERE database_name = ? "
-        "AND schema_name = 'main' AND lower(table_name) = ? ORDER BY column_index",
-        [database_name, name],
+        "AND schema_name = 'main' AND table_name = ? ORDER BY column_index",
+        [database_name, table_name],
     )
     columns = cursor.fetchall()
-    lower = [str(c).lower() for c, _ in columns]
-    key_names = [str(k).lower() for k in keys[0][1]]
-    if len(set(lower)) != len(lower) or len(set(key_names)) != len(key_names):
+    folded = [fold(str(c)) for c, _ in columns]
+    key_names = [fold(str(k)) for k in keys[0][1]]
+    if len(set(folded)) != len(folded) or len(set(key_names)) != len(key_names):
         return None
-    if any(k not in lower or columns[lower.index(k)][1] not in _KEY_TYPES for k in key_names):
+    if any(k not in folded or columns[folded.index(k)][1] not in _KEY_TYPES for k in key_names):
         return None
     width = 16 + sum(_FIXED_WIDTHS.get(str(kind), 32) for _, kind in columns)
     if (estimated or 0) * width > cap:
         return None
-    relation = cursor.sql(f'SELECT * FROM "{_quote(database_name)}".main."{_quote(table_name)}"')
-    types = tuple(str(kind) for kind in relation.types)
-    if [str(column).lower() for column in relation.columns] != lower:
+    everything = f'SELECT * FROM "{_quote(database_name)}".main."{_quote(table_name)}"'
+    sample = cursor.sql(f"{everything} LIMIT {_SAMPLE_ROWS}").to_arrow_table()
+    if sample.nbytes > cap:
         return None
-    data = relation.to_arrow_table()
-    return data, types, tuple(lower.index(k) for k in key_names)
+    width = max(width, sample.nbytes // max(sample.num_rows, 1) + _KEY_BYTES_PER_ROW)
+    if (estimated or 0) * width > cap:
+        return None  # by the sample's width
+    relation = cursor.sql(everything)
+    types = tuple(str(kind) for kind in relation.types)
+    if [fold(str(column)) for column in relation.columns] != folded:
+        return None
+    key_columns = tuple(folded.index(k) for k in key_names)
+    hashed = not (len(key_columns) == 1 and types[key_columns[0]] in _INTEGER_RANGES)
+    rows = max(_MIN_READ_ROWS, min(READ_ROWS, _BATCH_BYTES // width))
+    reader = relation.to_arrow_reader(rows)
+    try:
+        read = _read_batches(reader, key_columns, hashed, cap, give_up)
+    finally:
+        reader.close()
+    if read is None:
+        return None
+    chunks, key_parts = read
+    table = pa.Table.from_batches(chunks, schema=reader.schema)
+    empty = np.empty(0, np.int64)
+    found = np.concatenate(key_parts) if key_parts else empty
+    return _Read(table, found, types, key_columns)
+
+
+def _read_batches(reader: pa.RecordBatchReader, key_columns: tuple[int, ...], hashed: bool,
+                  cap: int, give_up: Callable[[], bool],
+                  ) -> tuple[list[pa.RecordBatch], list[np.ndarray]] | None:  # fmt: skip
+    """DuckDB's batches gathered into chunks and each batch's keys (``_Read``), or None
+    once what the index would hold (the rows read and ``_KEY_BYTES_PER_ROW`` a row for
+    the keys), with a batch's keys as Python objects while they are hashed, would pass
+    ``cap``, or ``give_up`` says so. So a build holds at most ``cap``, one batch, and
+    while batches are gathered into a chunk their copy (at most ``_CHUNK_BYTES``)."""
+    chunks: list[pa.RecordBatch] = []
+    pending: list[pa.RecordBatch] = []
+    key_parts: list[np.ndarray] = []
+    held = pending_rows = pending_bytes = 0
+    for batch in reader:
+        if give_up():
+            return None
+        if not batch.num_rows:
+            continue
+        held += batch.nbytes + _KEY_BYTES_PER_ROW * batch.num_rows
+        pending_bytes += batch.nbytes
+        transient = 0
+        if hashed:  # the keys as Python objects while they are hashed
+            transient += batch.num_rows * _PYTHON_KEY_BYTES + sum(
+                batch.column(i).nbytes for i in key_columns
+            )
+        if held + transient > cap:
+            return None
+        pending.append(batch)
+        pending_rows += batch.num_rows
+        key_parts.append(_keys_of(batch, key_columns, hashed))
+        if pending_rows >= _CHUNK_ROWS or pending_bytes >= _CHUNK_BYTES:
+            chunks.append(_chunk(pending))
+            pending, pending_rows, pending_bytes = [], 0, 0
+    if pending:
+        chunks.append(_chunk(pending))
+    return chunks, key_parts
+
+
+def _chunk(batches: list[pa.RecordBatch]) -> pa.RecordBatch:
+    return batches[0] if len(batches) == 1 else pa.concat_batches(batches)
+
+
+def _keys_of(batch: pa.RecordBatch, key_columns: tuple[int, ...], hashed: bool) -> np.ndarray:
+    """One batch's keys: the integer key's values, or the keys' Python hashes."""
+    if not hashed:
+        return batch.column(key_columns[0]).to_numpy()
+    values = [batch.column(i).to_pylist() for i in key_columns]
+    keys_of = values[0] if len(values) == 1 else zip(*values, strict=True)
+    return np.fromiter(map(hash, keys_of), np.int64, count=batch.num_rows)
 
 
 def _quote(identifier: str) -> str:
     return identifier.replace('"', '""')
 
 
-def _indexed(data: pa.Table, types: tuple[str, ...], key_columns: tuple[int, ...],
-             basis: tuple[int, int], build_s: float) -> _Index:  # fmt: skip
+def _indexed(data: pa.Table, keys: np.ndarray, types: tuple[str, ...],
+             key_columns: tuple[int, ...], basis: tuple[int, int],
+             build_s: float) -> _Index:  # fmt: skip
     """The lookup structure over ``data`` (see ``_Index``): one integer key's values
     sorted, or the keys' hashes sorted (any other key: VARCHAR, several columns)."""
-    data = data.combine_chunks()
     hashed = not (len(key_columns) == 1 and types[key_columns[0]] in _INTEGER_RANGES)
-    if hashed:
-        values = [data.column(i).to_pylist() for i in key_columns]
-        keys_of = values[0] if len(values) == 1 else zip(*values, strict=True)
-        keys = np.fromiter(map(hash, keys_of), np.int64, count=data.num_rows)
-    else:
-        keys = data.column(key_columns[0]).to_numpy()
+    assert len(keys) == data.num_rows
     order = None
     if len(keys) > 1 and not bool(np.all(keys[1:] > keys[:-1])):
         order = np.argsort(keys, kind="stable")
         keys = keys[order]
-    extra = keys.nbytes + (0 if order is None else order.nbytes)
-    lower_names = {name.lower(): i for i, name in enumerate(data.column_names)}
-    return _Index(basis, data, types, lower_names, key_columns, keys, order, hashed,
+    lengths = [len(chunk) for chunk in data.column(0).chunks] if data.num_columns else []
+    starts = list(itertools.accumulate(lengths[:-1], initial=0)) if lengths else []
+    extra = keys.nbytes + (0 if order is None else order.nbytes) + 8 * len(starts)
+    lower_names = {fold(name): i for i, name in enumerate(data.column_names)}
+    return _Index(basis, data, starts, types, lower_names, key_columns, keys, order, hashed,
                   data.nbytes + extra, build_s)  # fmt: skip
 
 
@@ -528,7 +692,7 @@ def _bound_key(index: _Index, shape: LookupShape, parameters: Any) -> tuple[Any,
         return None
     by_column: dict[int, Any] = {}
     for column, value in shape.equalities:
-        position = index.lower_names.get(column.lower())
+        position = index.lower_names.get(fold(column))
         if position is None or position in by_column:
             return None
         converted = _converted(index.types[position], value, parameters)
@@ -569,7 +733,7 @@ def _projected(index: _Index, shape: LookupShape) -> list[tuple[int, str]] | Non
         return list(enumerate(names))
     projected = []
     for column, alias in shape.columns:
-        position = index.lower_names.get(column.lower())
+        position = index.lower_names.get(fold(column))
         if position is None:
             return None
         projected.append((position, names[position] if alias is None else alias))
@@ -578,14 +742,22 @@ def _projected(index: _Index, shape: LookupShape) -> list[tuple[int, str]] | Non
 
 def _result(index: _Index, columns: list[tuple[int, str]], row: int | None) -> pa.Table | Rows:
     """The one row (or none) as DuckDB gives it: ``Rows`` when every column is of the rows'
-    way's plain types (``tables.row_schema``), else a slice of DuckDB's Arrow."""
+    way's plain types (``tables.row_schema``), else DuckDB's Arrow of that row."""
     schema = tables.row_schema([(name, index.types[i]) for i, name in columns])
     if schema is not None:
-        rows = [] if row is None else [tuple(index.table.column(i)[row].as_py()
-                                             for i, _ in columns)]  # fmt: skip
-        return Rows(rows, schema)
-    # A copy of the row, not a slice: a slice keeps (and its buffer size counts) the
-    # whole table's buffers, and fronts bound results by buffer size.
-    table = index.table.select([i for i, _ in columns])
-    table = table.take(pa.array([] if row is None else [row], pa.int64()))
+        if row is None:
+            return Rows([], schema)
+        chunk, at = index.chunk_of(row)
+        table = index.table
+        return Rows([tuple(table.column(i).chunk(chunk)[at].as_py() for i, _ in columns)], schema)
+    # A copy of the row taken from its chunk, not a slice: a slice keeps (and its buffer
+    # size counts) the whole chunk's buffers, and fronts bound results by buffer size.
+    chunk, at = (0, None) if row is None else index.chunk_of(row)
+    if not index.table.column(0).num_chunks:  # no rows at all
+        table = index.table.select([i for i, _ in columns])
+    else:
+        arrays = [index.table.column(i).chunk(chunk) for i, _ in columns]
+        fields = [index.table.schema.field(i) for i, _ in columns]
+        table = pa.Table.from_arrays(arrays, schema=pa.schema(fields, index.table.schema.metadata))
+        table = table.take(pa.array([] if at is None else [at], pa.int64()))
     return table.rename_columns([name for _, name in columns])

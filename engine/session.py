@@ -30,6 +30,7 @@ import contextlib
 import itertools
 import re
 import threading
+import time
 from typing import Any
 
 import pyarrow as pa
@@ -86,6 +87,7 @@ from storage.errors import (
     InvalidParameterValueError,
     LimitExceededError,
     ObjectInUseError,
+    QueryCanceledError,
     SerializationFailure,
     TopicbaseError,
 )
@@ -253,7 +255,8 @@ class Session:
                 return None
             self._guard(plan)
             self._check_duration()
-            answered = self._key_answer(plan, parameters)
+            self._cancel_requested = False
+            answered = self._key_answer(plan, parameters, timeout_s)
             if answered is not None:
                 return streams.answered(
                     answered.result, answered.duckdb_types, operation.column_names
@@ -464,12 +467,15 @@ class Session:
         assert isinstance(operation, RunQuery)
         return _query_result(operation, answered.result)
 
-    def _key_answer(self, plan: Plan, parameters: Any) -> key_lookup.Answer | None:
+    def _key_answer(
+        self, plan: Plan, parameters: Any, timeout_s: float | None = None
+    ) -> key_lookup.Answer | None:
         """An autocommit primary-key lookup answered from the table's index of committed
         rows (``engine.key_lookup``), already planned and checked; None: DuckDB runs it.
         Only outside a transaction, while this session's names resolve as the index's
         build resolves them and no relation is registered on its connection (one could
-        shadow the table)."""
+        shadow the table). A cancel (or ``timeout_s`` passing) ends an index build the
+        statement started at its next batch (57014)."""
         if self.state is not SessionState.IDLE or not self._names_plain or self._leftover_views:
             return None
         # ``cursor`` as every read takes it: it opens no DuckDB transaction here (there
@@ -477,7 +483,17 @@ class Session:
         # yet in DuckDB.
         if tables.has_registered(self.cursor):
             return None
-        return key_lookup.answer(self.database, plan, parameters)
+        ends = None if not timeout_s else time.monotonic() + timeout_s
+
+        def stop() -> bool:
+            return self._cancel_requested or (ends is not None and time.monotonic() > ends)
+
+        try:
+            return key_lookup.answer(self.database, plan, parameters, stop)
+        except QueryCanceledError as error:
+            if self._cancel_requested or ends is None:
+                raise
+            raise QueryCanceledError("canceling statement due to statement timeout") from error
 
     def _guard(self, plan: Plan) -> None:
         """The door's checks, before anything of ``plan`` runs: the sandbox (what DuckDB

@@ -9,6 +9,9 @@ exactly the relation's primary key, whether the columns exist and the values com
 DuckDB compares them is the engine's business (``engine.key_lookup``), which knows the
 table; anything it cannot prove identical runs in DuckDB.
 
+The relation's name and qualifiers are ASCII (compared with ``lower()``, as DuckDB
+folds them); a column's name is the engine's to fold (``engine.key_lookup.fold``).
+
 Invariant: a shape is returned only for a text whose meaning is fully described by it
 (the relation named, the columns projected in order with their output names, and the
 conjunction of equalities), so that answering it from the table's rows is answering the
@@ -54,15 +57,15 @@ def lookup_shape_of(tree: exp.Expression | None) -> LookupShape | None:
     if any(value for key, value in table.args.items() if key not in _ALLOWED_TABLE_ARGS):
         return None
     name = _identifier(table.args.get("this"))
-    if name is None:
-        return None
+    if name is None or not name.isascii():
+        return None  # DuckDB folds names in ASCII only: not Python's lower()
     alias = table.args.get("alias")
     qualifiers = {name.lower()}
     if alias is not None:
         if type(alias) is not exp.TableAlias or alias.args.get("columns"):
             return None
         alias_name = _identifier(alias.args.get("this"))
-        if alias_name is None:
+        if alias_name is None or not alias_name.isascii():
             return None
         qualifiers = {alias_name.lower()}  # DuckDB: an aliased table is named by its alias
     columns = _projection(tree.expressions, qualifiers)
@@ -94,7 +97,7 @@ def _column(node: object, qualifiers: set[str]) -> str | None:
     qualifier = node.args.get("table")
     if qualifier is not None:
         text = _identifier(qualifier)
-        if text is None or text.lower() not in qualifiers:
+        if text is None or not text.isascii() or text.lower() not in qualifiers:
             return None
     return _identifier(node.args.get("this"))
 
