@@ -78,14 +78,12 @@ THRESHOLD_CEILING = 1 << 20  # of the threshold (an algorithm's bound, not a lim
 SAVING_PER_LOOKUP_S = 300e-6
 _STATS_MAX = 4096  # tables with lookup counts kept per database (then all forgotten)
 # While an index is read: batches of about _BATCH_BYTES (by the width of a sample of
-# _SAMPLE_ROWS rows), of _MIN_READ_ROWS to READ_ROWS rows (DuckDB's vector, its own unit),
-# gathered into chunks of up to _CHUNK_ROWS rows or _CHUNK_BYTES bytes.
+# _SAMPLE_ROWS rows), of _MIN_READ_ROWS to READ_ROWS rows (DuckDB's vector, its own unit);
+# each batch is a chunk of the index's columns (not copied again).
 READ_ROWS = 2048
 _MIN_READ_ROWS = 16
 _SAMPLE_ROWS = 16
 _BATCH_BYTES = 1 << 20
-_CHUNK_ROWS = 1 << 16
-_CHUNK_BYTES = 16 << 20
 _KEY_BYTES_PER_ROW = 8  # a row's key value or hash in the index
 _PYTHON_KEY_BYTES = 64  # a hashed key's Python object while its hash is taken (a bound)
 
@@ -240,6 +238,10 @@ class _Index:
     nbytes: int
     build_s: float
     served: int = 0
+    chunks: list[list[pa.Array]] = field(init=False, repr=False)  # of ``table``'s columns
+
+    def __post_init__(self) -> None:
+        self.chunks = [column.chunks for column in self.table.columns]
 
     def row(self, key: tuple[Any, ...]) -> int | None:
         """The row whose key is ``key`` (values of the key columns' types), or None."""
@@ -272,7 +274,7 @@ class _Index:
 
     def cell(self, column: int, row: int) -> Any:
         chunk, at = self.chunk_of(row)
-        return self.table.column(column).chunk(chunk)[at]
+        return self.chunks[column][chunk][at]
 
 
 @dataclass
@@ -601,8 +603,8 @@ def _read_table(cursor: Any, name: str, cap: int, give_up: Callable[[], bool]) -
         reader.close()
     if read is None:
         return None
-    chunks, key_parts = read
-    table = pa.Table.from_batches(chunks, schema=reader.schema)
+    batches, key_parts = read
+    table = pa.Table.from_batches(batches, schema=reader.schema)
     empty = np.empty(0, np.int64)
     found = np.concatenate(key_parts) if key_parts else empty
     return _Read(table, found, types, key_columns)
@@ -611,22 +613,19 @@ def _read_table(cursor: Any, name: str, cap: int, give_up: Callable[[], bool]) -
 def _read_batches(reader: pa.RecordBatchReader, key_columns: tuple[int, ...], hashed: bool,
                   cap: int, give_up: Callable[[], bool],
                   ) -> tuple[list[pa.RecordBatch], list[np.ndarray]] | None:  # fmt: skip
-    """DuckDB's batches gathered into chunks and each batch's keys (``_Read``), or None
-    once what the index would hold (the rows read and ``_KEY_BYTES_PER_ROW`` a row for
-    the keys), with a batch's keys as Python objects while they are hashed, would pass
-    ``cap``, or ``give_up`` says so. So a build holds at most ``cap``, one batch, and
-    while batches are gathered into a chunk their copy (at most ``_CHUNK_BYTES``)."""
-    chunks: list[pa.RecordBatch] = []
-    pending: list[pa.RecordBatch] = []
+    """DuckDB's batches and each one's keys (``_Read``), or None once what the index would
+    hold (the rows read and ``_KEY_BYTES_PER_ROW`` a row for the keys), with a batch's
+    keys as Python objects while they are hashed, would pass ``cap``, or ``give_up``
+    says so. So a build holds at most ``cap`` and one batch of the table."""
+    batches: list[pa.RecordBatch] = []
     key_parts: list[np.ndarray] = []
-    held = pending_rows = pending_bytes = 0
+    held = 0
     for batch in reader:
         if give_up():
             return None
         if not batch.num_rows:
             continue
         held += batch.nbytes + _KEY_BYTES_PER_ROW * batch.num_rows
-        pending_bytes += batch.nbytes
         transient = 0
         if hashed:  # the keys as Python objects while they are hashed
             transient += batch.num_rows * _PYTHON_KEY_BYTES + sum(
@@ -634,19 +633,9 @@ def _read_batches(reader: pa.RecordBatchReader, key_columns: tuple[int, ...], ha
             )
         if held + transient > cap:
             return None
-        pending.append(batch)
-        pending_rows += batch.num_rows
+        batches.append(batch)
         key_parts.append(_keys_of(batch, key_columns, hashed))
-        if pending_rows >= _CHUNK_ROWS or pending_bytes >= _CHUNK_BYTES:
-            chunks.append(_chunk(pending))
-            pending, pending_rows, pending_bytes = [], 0, 0
-    if pending:
-        chunks.append(_chunk(pending))
-    return chunks, key_parts
-
-
-def _chunk(batches: list[pa.RecordBatch]) -> pa.RecordBatch:
-    return batches[0] if len(batches) == 1 else pa.concat_batches(batches)
+    return batches, key_parts
 
 
 def _keys_of(batch: pa.RecordBatch, key_columns: tuple[int, ...], hashed: bool) -> np.ndarray:
@@ -748,15 +737,15 @@ def _result(index: _Index, columns: list[tuple[int, str]], row: int | None) -> p
         if row is None:
             return Rows([], schema)
         chunk, at = index.chunk_of(row)
-        table = index.table
-        return Rows([tuple(table.column(i).chunk(chunk)[at].as_py() for i, _ in columns)], schema)
+        chunks = index.chunks
+        return Rows([tuple(chunks[i][chunk][at].as_py() for i, _ in columns)], schema)
     # A copy of the row taken from its chunk, not a slice: a slice keeps (and its buffer
     # size counts) the whole chunk's buffers, and fronts bound results by buffer size.
     chunk, at = (0, None) if row is None else index.chunk_of(row)
     if not index.table.column(0).num_chunks:  # no rows at all
         table = index.table.select([i for i, _ in columns])
     else:
-        arrays = [index.table.column(i).chunk(chunk) for i, _ in columns]
+        arrays = [index.chunks[i][chunk] for i, _ in columns]
         fields = [index.table.schema.field(i) for i, _ in columns]
         table = pa.Table.from_arrays(arrays, schema=pa.schema(fields, index.table.schema.metadata))
         table = table.take(pa.array([] if at is None else [at], pa.int64()))
