@@ -2,8 +2,8 @@
 
 ``SELECT v FROM kv WHERE k = $1`` costs ~330 us of DuckDB CPU whatever the table
 (binding and optimizing again on every run, docs/statement_cost.md, round 6); answered
-from a sorted key array and the table's Arrow columns it costs a few microseconds. This module
-holds those indexes and the rules that keep them right.
+from a sorted key array and the table's Arrow columns it costs a few microseconds. This
+module holds those indexes and the rules that keep them right.
 
 What it answers (``answer``): an autocommit statement (no transaction, so its snapshot
 would be the latest commit) whose plan is one plain SELECT of the lookup shape
@@ -17,17 +17,24 @@ Coherence (``TableChanges``): a version per table name and one for every table, 
 count of commits under way. Every DuckDB commit that may have written a table is
 bracketed by ``changing`` / ``changed`` (``changing_tables``): the session brackets
 an autocommit statement that may write tables (its DuckDB commit is inside it) and the
-COMMIT of an explicit transaction that may have (``Transaction.tables_changed``, None:
-any table). An index is used only while no change of its table is under way and the
-versions are those it was built at; it is built from a DuckDB snapshot taken after the
-versions were read, and kept only if they did not move meanwhile. So a lookup that
+COMMIT of an explicit transaction that may have (``Transaction.tables_changed``: the
+tables its DML and DDL name, nothing for statements that change no table such as SHOW
+or DESCRIBE, None: any table). Names are folded as DuckDB folds them, in ASCII only
+(``fold``: "Ä" is not "ä"); a table whose name is not ASCII is not looked up. An
+index is used only while no change of its table is under way and the versions are
+those it was built at; it is built from a DuckDB snapshot taken after the versions were
+read, and kept only if they did not move meanwhile. So a lookup that
 starts after a writer's commit returned never sees the rows from before it: the
 writer's ``changing`` moved the version before its commit could become visible.
 
-The index: for one integer key, its values sorted (``searchsorted``); for any other key
-(VARCHAR, several columns), Python's hashes of the keys sorted, each hit confirmed on
-the row's own key values; both beside DuckDB's Arrow columns of the table (1M rows of
-``(k BIGINT, v VARCHAR)``: ~60-90 ms to build, 30 MiB, a probe ~1 us).
+The index: for one integer key, its values sorted (``searchsorted``, in the column's
+own dtype); for any other key (VARCHAR, several columns), Python's hashes of the keys
+sorted, each hit confirmed on the row's own key values; both beside DuckDB's Arrow
+columns of the table, each batch DuckDB handed the build one chunk (1M rows of
+``(k BIGINT, v VARCHAR)``: ~50-80 ms of CPU to build, 26 MiB, a probe ~1 us). A build
+reads batch by batch (sized by a sample's width, ~1 MiB) and gives up as soon as what
+it holds passes the cap, so it never holds more than the cap and one batch; between
+batches it stops for a cancel or statement timeout of its statement (57014).
 
 When (``KeyIndexes``): an index is built only for a table looked up this way
 ``threshold`` times since its last change (``FIRST_BUILD_LOOKUPS`` at first). A table
@@ -36,8 +43,10 @@ lookups paid for its build (``SAVING_PER_LOOKUP_S`` saved each) makes that table
 threshold grow 4-fold, so alternating writes and bursts of lookups cost at most a
 bounded share of extra work. Only lookups by the key count (as the last build found
 the key). All indexes of a database together hold at most ``bytes_max()`` bytes
-(``$TOPICBASE_KEY_INDEX_BYTES``), the least recently used dropped first; a table whose
-estimated size is above it is never built.
+(``$TOPICBASE_KEY_INDEX_BYTES``; malformed: the path is off), the least recently used
+dropped first; a table whose estimated size (rows, by a sample's width) is above it is
+never read. A change that may be of any table drops every index but raises no
+table's threshold.
 
 Writers of tables outside a session's statements (a background applier of deltas, say)
 bracket their DuckDB commits with ``changing_tables`` too; a lookup takes the session's

@@ -386,3 +386,25 @@ def test_a_statement_merely_mentioning_temp_keeps_the_sessions_lookups(
     served.clear()
     assert _rows(session, "SELECT v FROM kv WHERE k = 5") == [{"v": "temp"}]
     assert not served
+
+
+def test_a_new_key_after_ddl_that_names_the_table_is_learned_again(
+    session: Session, monkeypatch: pytest.MonkeyPatch, builds: list[str]
+) -> None:
+    """DDL now moves only its tables' versions: the key a build learned is forgotten at a
+    schema change all the same (``tables.SCHEMA_GENERATIONS``), so lookups by the new
+    key count towards a build again."""
+    monkeypatch.setattr(key_lookup, "FIRST_BUILD_LOOKUPS", 3)
+    monkeypatch.setattr(key_lookup, "SAVING_PER_LOOKUP_S", 1.0)  # the threshold stays 3
+    monkeypatch.delenv(key_lookup.BYTES_VARIABLE, raising=False)
+    session.execute("CREATE TABLE t (k INTEGER PRIMARY KEY, j INTEGER)")
+    session.execute("INSERT INTO t SELECT i, i + 100 FROM range(10) r(i)")
+    for _ in range(3):
+        assert _rows(session, "SELECT j FROM t WHERE k = 1") == [{"j": 101}]
+    assert builds == ["t"]
+    session.execute("CREATE OR REPLACE TABLE t (k INTEGER, j INTEGER PRIMARY KEY)")
+    session.execute("INSERT INTO t SELECT i, i + 100 FROM range(10) r(i)")
+    for _ in range(3):
+        assert _rows(session, "SELECT k FROM t WHERE j = 101") == [{"k": 1}]
+    assert builds == ["t", "t"]
+    assert key_lookup.indexes_of(session.database).indexes["t"].key_columns == (1,)
