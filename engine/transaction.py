@@ -186,8 +186,8 @@ _DML_TAGS = ("INSERT", "UPDATE", "DELETE", "MERGE")
 # as ``default_collation`` changes how every table's keys compare.
 _NO_TABLE_CHANGE_TAGS = frozenset({"SHOW", "DESCRIBE", "SUMMARIZE", "CHECKPOINT", "EMPTY"})
 # DDL whose relations ``planner.access.relation_access`` names (what it creates, drops,
-# renames, alters, indexes or truncates); any other (schemas, sequences, macros, types)
-# may change tables it does not name.
+# renames, alters, indexes or truncates, and what it reads); any other (schemas,
+# sequences, macros, types) may change tables it does not name.
 _NAMED_DDL_TAGS = frozenset({
     "CREATE TABLE", "DROP TABLE", "ALTER TABLE", "CREATE VIEW", "DROP VIEW", "CREATE INDEX",
     "TRUNCATE TABLE",
@@ -223,10 +223,11 @@ def _tables_changed_by(operation: Any) -> frozenset[str] | None:
         access = relation_access(operation.sql)
         if access.opaque is not None:
             return None
-        named = [name for name, privilege in access.needs if privilege != "SELECT"]
-        named += [*(name for name, _ in access.created), *access.dropped]
-        named += [name for pair in access.renamed for name in pair]
-        return table_names(tuple(named))
+        # Every relation it names (those it only reads too: a few more invalidations
+        # rather than one missed); none (something temporary, say): any table.
+        named = [name for name, _ in access.needs] + [name for name, _ in access.created]
+        named += [*access.dropped, *(name for pair in access.renamed for name in pair)]
+        return table_names(tuple(named)) if named else None
     return None
 
 
