@@ -171,7 +171,8 @@ def _transaction(session: Any, topic_rows: list[Write], table_rows: list[Write],
                  on_commit_point: Callable[[], None] | None = None) -> None:  # fmt: skip
     session.execute_statement(parse_one("BEGIN"))
     transaction = session.transaction
-    transaction.note_table_write()  # its records go into tables: a DuckDB commit
+    # its records go into tables (the named ones and the catalog's): a DuckDB commit
+    transaction.note_table_write(tuple(str(meta["name"]) for meta, _ in table_rows))
     try:
         for meta, data in topic_rows:
             stage_topic(session, meta, data, whole)

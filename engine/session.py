@@ -30,6 +30,7 @@ import contextlib
 import itertools
 import re
 import threading
+import time
 from typing import Any
 
 import pyarrow as pa
@@ -39,6 +40,7 @@ from engine import (
     describe,
     grants,
     introspection,
+    key_lookup,
     privilege_cache,
     privileges,
     sandbox,
@@ -86,6 +88,7 @@ from storage.errors import (
     InvalidParameterValueError,
     LimitExceededError,
     ObjectInUseError,
+    QueryCanceledError,
     SerializationFailure,
     TopicbaseError,
 )
@@ -127,6 +130,10 @@ class Session:
         # Counter deltas (``engine.deltas``): each upsert text's delta plan (None: not one)
         # with the schema generation it was worked out at.
         self._delta_plans: dict[str, tuple[int, deltas.DeltaPlan | None]] = {}
+        # Whether this session's unqualified names still resolve as on a fresh connection
+        # (no SET, no temporary relation: ``key_lookup.keeps_names``), which the key
+        # lookups' indexes assume.
+        self._names_plain = True
 
     # -- entry points -------------------------------------------------------------------
     def execute(self, sql: str, parameters: Any = None) -> list[Result]:
@@ -254,6 +261,12 @@ class Session:
                 return None
             self._guard(plan)
             self._check_duration()
+            self._cancel_requested = False
+            answered = self._key_answer(plan, parameters, timeout_s)
+            if answered is not None:
+                return streams.answered(
+                    answered.result, answered.duckdb_types, operation.column_names
+                )
             peeks = self._register_peeks(plan, parameters)
             self._stream_open = True
         deadline = None if not timeout_s else streams.Deadline(timeout_s, self.cancel)
@@ -434,7 +447,12 @@ class Session:
         if isinstance(statement, ast.Begin | ast.Commit | ast.Rollback):
             return self._transaction_control(plan)
         autocommit = self.state is SessionState.IDLE
+        if self._names_plain and not key_lookup.keeps_names(plan):
+            self._names_plain = False
         if autocommit:
+            answered = self._key_lookup(plan, parameters)
+            if answered is not None:
+                return answered
             self.transaction = Transaction(explicit=False)
         assert self.transaction is not None
         if any(isinstance(o, RunQuery) and o.tag not in _PLAIN_TAGS for o in plan.operations):
@@ -446,17 +464,21 @@ class Session:
             self.state = SessionState.FAILED
             raise
         self.transaction.note_plan(plan)
+        changes = self.transaction.tables_changed if autocommit else frozenset()
         try:
             if self.transaction.touches_tables and not self.transaction.delta_writer:
                 self._begin_writer(self.transaction)
-            if autocommit and self.transaction.touches_tables and _moves_topics(plan):
-                # its table writes must commit with its offset moves / topic writes: one
-                # DuckDB transaction from the start, committed by ``_commit`` (or rolled
-                # back below)
-                self._open_duckdb_transaction(self.transaction)
-            result = self._run(plan, parameters)
-            if autocommit:
-                self._commit()
+            # An autocommit statement's DuckDB commit is inside it: bracketed for the key
+            # lookups' indexes (``key_lookup.changing_tables``), as an explicit COMMIT is.
+            with key_lookup.changing_tables(changes):
+                if autocommit and self.transaction.touches_tables and _moves_topics(plan):
+                    # its table writes must commit with its offset moves / topic writes:
+                    # one DuckDB transaction from the start, committed by ``_commit`` (or
+                    # rolled back below)
+                    self._open_duckdb_transaction(self.transaction)
+                result = self._run(plan, parameters)
+                if autocommit:
+                    self._commit()
             return result
         except BaseException:
             if autocommit:
@@ -464,6 +486,43 @@ class Session:
             else:
                 self.state = SessionState.FAILED
             raise
+
+    def _key_lookup(self, plan: Plan, parameters: Any) -> Result | None:
+        """``_key_answer`` as the statement's ``Result``."""
+        answered = self._key_answer(plan, parameters)
+        if answered is None:
+            return None
+        operation = plan.operations[0]
+        assert isinstance(operation, RunQuery)
+        return _query_result(operation, answered.result)
+
+    def _key_answer(
+        self, plan: Plan, parameters: Any, timeout_s: float | None = None
+    ) -> key_lookup.Answer | None:
+        """An autocommit primary-key lookup answered from the table's index of committed
+        rows (``engine.key_lookup``), already planned and checked; None: DuckDB runs it.
+        Only outside a transaction, while this session's names resolve as the index's
+        build resolves them and no relation is registered on its connection (one could
+        shadow the table). A cancel (or ``timeout_s`` passing) ends an index build the
+        statement started at its next batch (57014)."""
+        if self.state is not SessionState.IDLE or not self._names_plain or self._leftover_views:
+            return None
+        # ``cursor`` as every read takes it: it opens no DuckDB transaction here (there
+        # is no transaction), and it is where a read waits for writes committed but not
+        # yet in DuckDB.
+        if tables.has_registered(self.cursor):
+            return None
+        ends = None if not timeout_s else time.monotonic() + timeout_s
+
+        def stop() -> bool:
+            return self._cancel_requested or (ends is not None and time.monotonic() > ends)
+
+        try:
+            return key_lookup.answer(self.database, plan, parameters, stop)
+        except QueryCanceledError as error:
+            if self._cancel_requested or ends is None:
+                raise
+            raise QueryCanceledError("canceling statement due to statement timeout") from error
 
     def _guard(self, plan: Plan) -> None:
         """The door's checks, before anything of ``plan`` runs: the sandbox (what DuckDB
@@ -519,7 +578,9 @@ class Session:
             return Result("ROLLBACK")
         if self._changed_schema:  # ended in execute_statement, after the commit
             self._open_schema_change()
-        self._commit()
+        assert self.transaction is not None
+        with key_lookup.changing_tables(self.transaction.tables_changed):
+            self._commit()
         return Result("COMMIT")
 
     def _run(self, plan: Plan, parameters: Any) -> Result:

@@ -94,6 +94,25 @@ def from_table(table: pa.Table, notices: tuple[str, ...] = ()) -> RowStream:
     )
 
 
+def answered(
+    result: pa.Table | Rows, duckdb_types: list[str], names: tuple[str, ...] | None
+) -> RowStream:
+    """A stream over a result the engine answered beside DuckDB (``engine.key_lookup``),
+    shaped as ``duckdb_stream`` shapes DuckDB's: the columns given ``names``, ``Rows``
+    offered whole (their Arrow built only if a batch is asked for)."""
+    schema = result.schema
+    if names is not None and len(names) == len(schema):
+        schema = pa.schema([f.with_name(n) for f, n in zip(schema, names, strict=True)])
+
+    def batches() -> Iterator[pa.RecordBatch]:
+        table = result.to_arrow() if isinstance(result, Rows) else result
+        for batch in table.to_batches(max_chunksize=BATCH_ROWS):
+            yield pa.RecordBatch.from_arrays(batch.columns, schema=schema)
+
+    whole = Rows(result.rows, schema) if isinstance(result, Rows) else None
+    return RowStream(schema, (), duckdb_types, batches(), whole=whole)
+
+
 class Deadline:
     """A statement timeout over a batched read: calls ``cancel`` when it passes."""
 

@@ -878,6 +878,18 @@ def _row_shape(description: Any) -> tuple[list[pa.DataType], pa.Schema] | None:
     return shape
 
 
+def row_schema(columns: list[tuple[str, str]]) -> pa.Schema | None:
+    """The Arrow schema the rows' way gives a result of these (name, DuckDB type name)
+    columns, or None when one is not of its plain types (the relation's way then)."""
+    shape = _row_shape(columns)
+    return None if shape is None else shape[1]
+
+
+def has_registered(cursor: Connection) -> bool:
+    """Whether a relation is registered on ``cursor`` (``register``) right now."""
+    return bool(_plans_of(cursor).registered)
+
+
 def _rest_as_arrow(cursor: Connection) -> pa.Table | None:
     """What the cursor's executed result still holds, as DuckDB's own Arrow table."""
     with warnings.catch_warnings():

@@ -17,12 +17,15 @@ share back and deletes the file when the transaction ends, however it ends.
 from __future__ import annotations
 
 import enum
+import re
 from dataclasses import dataclass, field
 from typing import Any
 
 import pyarrow as pa
 
+from engine.key_lookup import table_names
 from engine.staged_writes import SpilledBatch, TransactionStaging
+from planner.access import relation_access
 from planner.operations import (
     AppendRecords,
     CommitConsumerOffsets,
@@ -105,6 +108,11 @@ class Transaction:
     # DuckDB's COMMIT); one that did not commits in the staging log alone
     # (``engine.commit``). Set conservatively by ``note_plan`` and ``note_table_write``.
     touches_tables: bool = False
+    # The tables (``key_lookup.table_names``) its statements may have changed, None: any
+    # (DDL, a statement not understood, a front's own write); kept beside
+    # ``touches_tables`` by ``note_plan`` and ``note_table_write``. Its DuckDB commit is
+    # bracketed with them (``key_lookup.changing_tables``).
+    tables_changed: frozenset[str] | None = frozenset()
     # Set once the transaction passed its commit point (its COMMIT succeeded); never for
     # one that rolled back, explicitly, as a failed transaction, or at a failed COMMIT.
     # Fronts read it after the fact (a WITH HOLD cursor outlives only a committed one).
@@ -133,10 +141,20 @@ class Transaction:
         write no table are known not to; anything else counts as a table write."""
         if not self.touches_tables and not all(map(_table_free, plan.operations)):
             self.touches_tables = True
+        for operation in plan.operations:
+            if self.tables_changed is None:
+                break
+            changed = _tables_changed_by(operation)
+            self.tables_changed = None if changed is None else self.tables_changed | changed
 
-    def note_table_write(self) -> None:
-        """A front wrote a table through the session's cursor itself (in this transaction)."""
+    def note_table_write(self, names: tuple[str, ...] | None = None) -> None:
+        """A front wrote tables through the session's cursor itself (in this transaction):
+        ``names`` (as written: possibly qualified), None when not known (any table)."""
         self.touches_tables = True
+        if self.tables_changed is not None:
+            self.tables_changed = (
+                None if names is None else self.tables_changed | table_names(names)
+            )
 
     def read_position(self, key: ReadKey) -> int | None:
         """Where this transaction's next read of ``key`` continues, if it read before."""
@@ -171,10 +189,55 @@ class Transaction:
             self.staging.release()
 
 
+_DML_TAGS = ("INSERT", "UPDATE", "DELETE", "MERGE")
+# Statements that change no table's rows nor which table a name is (catalog listings,
+# descriptions, a checkpoint, a comment). Not SET, RESET, PRAGMA or CALL: a setting such
+# as ``default_collation`` changes how every table's keys compare.
+_NO_TABLE_CHANGE_TAGS = frozenset({"SHOW", "DESCRIBE", "SUMMARIZE", "CHECKPOINT", "EMPTY"})
+# DDL whose relations ``planner.access.relation_access`` names (what it creates, drops,
+# renames, alters, indexes or truncates, and what it reads); any other (schemas,
+# sequences, macros, types) may change tables it does not name.
+_NAMED_DDL_TAGS = frozenset({
+    "CREATE TABLE", "DROP TABLE", "ALTER TABLE", "CREATE VIEW", "DROP VIEW", "CREATE INDEX",
+    "TRUNCATE TABLE",
+})  # fmt: skip
+# PRAGMAs that only report (not ``PRAGMA x = ...``, a setting, nor import_database).
+_REPORTING_PRAGMA = re.compile(
+    r"PRAGMA\s+(version|platform|database_size|database_list|show_tables|show_tables_expanded"
+    r"|table_info|storage_info|show|functions|collations|metadata_info|user_agent)\s*(\(|;|$)",
+    re.IGNORECASE,
+)
+_EXPLAIN_ONLY = re.compile(r"EXPLAIN\s+(?!ANALY[SZ]E\b)[A-Za-z]", re.IGNORECASE)
 _TABLE_FREE = (
     ReadRecords, AppendRecords, CommitConsumerOffsets, SetConsumerOffsets, Introspect,
     TransactionControl,
 )  # fmt: skip
+
+
+def _tables_changed_by(operation: Any) -> frozenset[str] | None:
+    """The tables (``key_lookup.table_names``) ``operation`` may change; None: any."""
+    if _table_free(operation):
+        return frozenset()
+    if not isinstance(operation, RunQuery):
+        return None
+    if operation.tag in _DML_TAGS and operation.tables_written:
+        return table_names(operation.tables_written + operation.tables_read)
+    if operation.tag in _NO_TABLE_CHANGE_TAGS:
+        return frozenset()
+    if operation.tag == "EXPLAIN":  # without ANALYZE nothing runs
+        return frozenset() if _EXPLAIN_ONLY.match(operation.sql.lstrip()) else None
+    if operation.tag == "PRAGMA":
+        return frozenset() if _REPORTING_PRAGMA.match(operation.sql.strip()) else None
+    if operation.tag in _NAMED_DDL_TAGS:
+        access = relation_access(operation.sql)
+        if access.opaque is not None:
+            return None
+        # Every relation it names (those it only reads too: a few more invalidations
+        # rather than one missed); none (something temporary, say): any table.
+        named = [name for name, _ in access.needs] + [name for name, _ in access.created]
+        named += [*access.dropped, *(name for pair in access.renamed for name in pair)]
+        return table_names(tuple(named)) if named else None
+    return None
 
 
 def _table_free(operation: Any) -> bool:

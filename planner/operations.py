@@ -51,6 +51,29 @@ class UpsertShape:
 
 
 @dataclass(frozen=True)
+class LookupValue:
+    """One side of a lookup's equality: a parameter (``parameter``: 1-based number) or a
+    literal (``literal``: a Python int of an integer literal or a str of a string one)."""
+
+    parameter: int | None = None
+    literal: int | str | None = None
+
+
+@dataclass(frozen=True)
+class LookupShape:
+    """A SELECT of plain columns of one table whose WHERE is only equalities of a column
+    and a value (``planner.key_lookup``): ``table`` as written (unqualified); ``columns``
+    each projected table column (as written) with its alias (None: DuckDB names it after
+    the column), None for ``*``; ``equalities`` (column as written, value) in text order;
+    ``parameters`` how many distinct parameters the text uses ($1..$n)."""
+
+    table: str
+    columns: tuple[tuple[str, str | None], ...] | None
+    equalities: tuple[tuple[str, LookupValue], ...]
+    parameters: int
+
+
+@dataclass(frozen=True)
 class RunQuery:
     """Run DuckDB SQL over tables and the relations earlier ``ReadRecords`` produced."""
 
@@ -70,6 +93,8 @@ class RunQuery:
     column_names: tuple[str, ...] | None = None
     # A counter-style upsert the engine may run as an UPDATE first (``upsert_shape``).
     upsert: UpsertShape | None = None
+    # A primary-key lookup the engine may answer from an index (``planner.key_lookup``).
+    lookup: LookupShape | None = None
 
     def describe(self) -> str:
         read = ",".join(self.tables_read) or "-"

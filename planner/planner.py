@@ -25,6 +25,7 @@ from planner.catalog import Catalog, SessionCatalog, TopicInfo
 from planner.column_names import pg_column_names
 from planner.ddl import plan_alter_topic, plan_create_topic, plan_drop_topic
 from planner.duckdb_sql import parse_duckdb, upsert_shape
+from planner.key_lookup import lookup_shape_of
 from planner.offsets import plan_set_offsets
 from planner.operations import (
     AppendRecords,
@@ -222,6 +223,7 @@ def analyse_sql(sql: str) -> RunQuery:
         uses_parameters,
         column_names=names,
         upsert=upsert_shape(tree),
+        lookup=None if views else lookup_shape_of(tree),
     )
 
 
