@@ -88,7 +88,7 @@ import time
 from dataclasses import dataclass, field
 from typing import Any
 
-from engine import tables
+from engine import key_lookup, tables
 from engine.catalog import SCHEMA
 from planner.operations import UpsertShape
 from storage import failpoints
@@ -666,23 +666,29 @@ class DeltaApplier:
         succeeded knows it (``applied_through``, one DuckDB statement less per group)."""
         assert records and all(a[0] < b[0] for a, b in itertools.pairwise(records))
         cursor = self._cursor
+        changed = key_lookup.table_names(tuple(d.table[2] for _, ds in records for d in ds))
         with self._apply_lock:
-            tables.run(cursor, "BEGIN TRANSACTION")
-            try:
-                retry = group is None or self._failures > 0
-                through = _applied_position(cursor) if retry else self.applied_through
-                sums, shapes = _summed([d for end, ds in records if end > through for d in ds])
-                for (shape, key_values), amounts in sums.items():
-                    self._add(cursor, shapes[shape], key_values, amounts)
-                failpoints.hit("deltas.before_commit")
-                log_end = max(through, records[-1][0])
-                tables.run(cursor, f"UPDATE {APPLIED_TABLE} SET file_number = ?, position = ?",
-                           list(log_end))  # fmt: skip
-                tables.run(cursor, "COMMIT")
-            except BaseException:
-                with contextlib.suppress(Exception):  # DuckDB may have aborted it already
-                    tables.run(cursor, "ROLLBACK")
-                raise
+            # The key lookups' indexes of these tables are outdated from before this
+            # DuckDB commit can be seen until after it (``key_lookup.changing_tables``),
+            # and that ends before a reader waiting for the deltas is woken below.
+            with key_lookup.changing_tables(changed):
+                tables.run(cursor, "BEGIN TRANSACTION")
+                try:
+                    retry = group is None or self._failures > 0
+                    through = _applied_position(cursor) if retry else self.applied_through
+                    sums, shapes = _summed([d for end, ds in records if end > through
+                                            for d in ds])  # fmt: skip
+                    for (shape, key_values), amounts in sums.items():
+                        self._add(cursor, shapes[shape], key_values, amounts)
+                    failpoints.hit("deltas.before_commit")
+                    log_end = max(through, records[-1][0])
+                    tables.run(cursor, f"UPDATE {APPLIED_TABLE} SET file_number = ?, "
+                                       "position = ?", list(log_end))  # fmt: skip
+                    tables.run(cursor, "COMMIT")
+                except BaseException:
+                    with contextlib.suppress(Exception):  # DuckDB may have aborted it already
+                        tables.run(cursor, "ROLLBACK")
+                    raise
             failpoints.hit("deltas.after_commit")
             self.applied_through = log_end
             if group is None:

@@ -746,6 +746,10 @@ class Session:
             return False
         transaction.deltas.append(delta)
         transaction.delta_bytes += size
+        if transaction.tables_changed is not None:
+            # a kept delta may yet run the DuckDB way (``_flush_deltas``, also inside
+            # COMMIT): that COMMIT then changes its table (``key_lookup.changing_tables``)
+            transaction.tables_changed |= key_lookup.table_names((delta_plan.table[2],))
         transaction.reservations.append(reservation)
         transaction.delta_statements.append((operation.sql, bound))
         return True
