@@ -36,6 +36,11 @@ The rules, each a way out of the sandbox that is closed here:
   that name) run SQL given as a string, or read a table named in an argument;
   ``checkpoint``, ``enable_logging``, ``arrow_scan``, ``which_secret`` … change state or
   reach memory and secrets).
+- **No nested writes.** A data-modifying statement (INSERT, UPDATE, DELETE, MERGE)
+  beginning anywhere but at the root, as DuckDB's lexer shows it (``WITH u AS (UPDATE
+  ...) SELECT``, ``CREATE TABLE t AS WITH d AS (DELETE ...) ...``), is refused with
+  0A000, as the planner refuses it (``planner.nested_writes``): the privileges, tag
+  and read-only checks read a statement's writes from its root.
 - **The internal catalog.** No identifier anywhere in a statement may name the schema
   ``__topicbase`` (DuckDB's tokens are checked, so quoting, case, a ``tables.`` prefix,
   a view, CTE, macro, DESCRIBE, SUMMARIZE or SHOW all count), and no PRAGMA argument or
@@ -61,8 +66,13 @@ from engine import tables
 from engine.catalog import SCHEMA as INTERNAL_SCHEMA
 from engine.identity import Identity
 from planner.duckdb_sql import parse_duckdb
+from planner.nested_writes import REFUSAL as NESTED_WRITES_REFUSAL
 from planner.operations import Plan, RunQuery
-from storage.errors import InsufficientPrivilegeError, StatementTooComplexError
+from storage.errors import (
+    FeatureNotSupportedError,
+    InsufficientPrivilegeError,
+    StatementTooComplexError,
+)
 
 CLASSIFICATION_CACHE_ENTRIES = 2048
 # Only statements up to this long are cached: 2,048 scripts of 16 MiB would hold 32 GiB.
@@ -154,6 +164,10 @@ def _refusal(sql: str, superuser: bool) -> str | None:
     check = _CHECKS_BY_TYPE.get(kind)
     if check is None:
         return _REFUSED_TYPES.get(kind, f"DuckDB {kind} statements are not allowed")
+    # PREPARE's statement is judged by itself (``_check_prepare``).
+    allowed_writes = 1 if kind in _DATA_MODIFYING_TYPES else 0
+    if kind != "PREPARE" and _statements_begun(tokens) > allowed_writes:
+        raise FeatureNotSupportedError(NESTED_WRITES_REFUSAL)
     return check(sql, tokens, superuser)
 
 
@@ -161,6 +175,26 @@ _cached_refusal = functools.lru_cache(maxsize=CLASSIFICATION_CACHE_ENTRIES)(_ref
 
 
 # -- what DuckDB's lexer sees --------------------------------------------------------------
+_DATA_MODIFYING_TYPES = frozenset({"INSERT", "UPDATE", "DELETE", "MERGE_INTO"})
+_DATA_MODIFYING_WORDS = frozenset({"INSERT", "UPDATE", "DELETE", "MERGE"})
+
+
+def _statements_begun(tokens: list[tables.SqlToken]) -> int:
+    """How many data-modifying statements begin in ``tokens``: the keyword INSERT,
+    UPDATE, DELETE or MERGE at the start, or after ``(`` (a CTE's body) or ``)`` (after
+    a WITH list), the only places DuckDB's grammar lets one begin. The same words after
+    ON, DO, FOR or THEN (foreign-key actions, ON CONFLICT DO UPDATE, MERGE's actions) do
+    not count; a column unquoted named like one after a parenthesis does (refused,
+    which is safe)."""
+    return sum(
+        1
+        for index, token in enumerate(tokens)
+        if token.kind == "keyword"
+        and token.text.upper() in _DATA_MODIFYING_WORDS
+        and (index == 0 or tokens[index - 1].text in ("(", ")"))
+    )
+
+
 def _token_refusal(sql: str, tokens: list[tables.SqlToken]) -> str | None:
     """The internal schema named anywhere, or a refused function called anywhere."""
     denied, ambiguous = _denied_functions()

@@ -28,6 +28,7 @@ from sqlglot import expressions as exp
 
 from grammar.text_cache import text_cache
 from planner.duckdb_sql import parse_duckdb
+from planner.nested_writes import nested_writes
 
 DATABASE_NAME = "tables"  # DuckDB's name of the tables file (engine.tables.TABLES_FILE)
 ANALYSIS_CACHE_ENTRIES = 1024
@@ -159,8 +160,16 @@ def _tree_access(tree: exp.Expression) -> Access:
         target_node = tree.this
     elif target is not None:
         needs.extend((target, privilege) for privilege in _write_privileges(tree))
+    # A write nested below the root (``WITH u AS (UPDATE t ...)``) needs its own
+    # privileges on its target; the planner refuses such statements, this is the
+    # second line.
+    written = {id(target_node)} if target_node is not None else set()
+    for nested in nested_writes(tree):
+        if (node := _target(nested)) is not None and (name := _relation_name(node)) is not None:
+            needs.extend((name, privilege) for privilege in _write_privileges(nested))
+            written.add(id(node))
     for table in tree.find_all(exp.Table):
-        if table is target_node or isinstance(table.parent, exp.AlterRename):
+        if id(table) in written or isinstance(table.parent, exp.AlterRename):
             continue
         name = _relation_name(table)
         if name is not None and not _names_cte(table):

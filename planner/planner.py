@@ -26,6 +26,7 @@ from planner.column_names import pg_column_names
 from planner.ddl import plan_alter_topic, plan_create_topic, plan_drop_topic
 from planner.duckdb_sql import parse_duckdb, upsert_shape
 from planner.key_lookup import lookup_shape_of
+from planner.nested_writes import refuse_nested_writes
 from planner.offsets import plan_set_offsets
 from planner.operations import (
     AppendRecords,
@@ -184,6 +185,7 @@ def analyse_sql(sql: str) -> RunQuery:
         return RunQuery(sql, (), (), False, words[0].upper() if words else "EMPTY")
     if tree is None:
         return RunQuery(sql, (), (), False, "EMPTY", uses_parameters=False)
+    refuse_nested_writes(tree)  # its tag, writes and privileges would be the root's only
     if isinstance(tree, exp.TruncateTable):
         tree, sql = _truncate_without_only(tree)
     if any(t.this == exp.DataType.Type.JSONB for t in tree.find_all(exp.DataType)):

@@ -6,6 +6,7 @@ points of ``test_bulk_commit_crash.py``), never twice."""
 
 from __future__ import annotations
 
+import itertools
 import threading
 
 import pyarrow as pa
@@ -63,11 +64,27 @@ def _expected(*ranges: tuple[int, int]) -> dict[int, list[bytes]]:
 
 
 def test_framed_shares_are_copied_on_threads_of_their_own(tmp_path, monkeypatch) -> None:
+    """The first two copies on the publish threads are in progress at once: each waits
+    at a barrier for the other before copying (the first share, partition 0, is
+    published alone before the others, on the committing thread). Merely counting the
+    threads that copied is not enough: the pool hands the next share to a worker that
+    went idle, so on a loaded machine one worker may have copied all three. Copied one
+    after another, the first copy would wait alone; the barrier's timeout only keeps
+    that failure from hanging."""
     threads: dict[int, set[str]] = {}
     real = PartitionLog.publish_staged
+    both_copying = threading.Barrier(2, timeout=60)
+    calls = itertools.count()
+    alone: list[int] = []
 
     def spy(self: PartitionLog, frames: list, transaction_id: int) -> int:
-        threads.setdefault(self.partition_id, set()).add(threading.current_thread().name)
+        name = threading.current_thread().name
+        threads.setdefault(self.partition_id, set()).add(name)
+        if name.startswith("topicbase-publish") and next(calls) < 2:
+            try:
+                both_copying.wait()
+            except threading.BrokenBarrierError:
+                alone.append(self.partition_id)
         return real(self, frames, transaction_id)
 
     monkeypatch.setattr(PartitionLog, "publish_staged", spy)
@@ -80,6 +97,7 @@ def test_framed_shares_are_copied_on_threads_of_their_own(tmp_path, monkeypatch)
         names = set().union(*threads.values())
         assert sorted(threads) == list(range(PARTITIONS))
         assert len([n for n in names if n.startswith("topicbase-publish")]) >= 2
+        assert not alone, "two shares were not copied at the same time"
     finally:
         database.close()
 

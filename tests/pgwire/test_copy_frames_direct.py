@@ -9,6 +9,7 @@ mid-frame. TLS connections keep the transport's path.
 
 from __future__ import annotations
 
+import errno
 import glob
 import itertools
 import os
@@ -168,3 +169,18 @@ def test_over_tls_the_transport_reads_the_frames(tmp_path: Path,
         assert not direct_reads, "TLS state lives in the transport"
     finally:
         running.stop()
+
+
+def test_without_a_descriptor_to_spare_the_transport_reads_the_frames(
+        server: ServerThread, connect: Connect, direct_reads: list[int],
+        monkeypatch: pytest.MonkeyPatch) -> None:  # fmt: skip
+    def no_descriptor(*args: object) -> int:
+        raise OSError(errno.EMFILE, "Too many open files")
+
+    db = connect(autocommit=True)
+    db.execute("CREATE TOPIC events WITH (min_active_partitions = 2)")
+    monkeypatch.setattr(copy_staged.os, "eventfd", no_descriptor)
+    assert send(db, "e-1", frame(0, wire([b"a", b"b"])) + frame(1, GOOD)) == 4
+    assert not direct_reads
+    assert db.execute("COMMIT WRITES ('e-1') SINK 'e' BATCH 0").fetchone() == ("committed", 4)
+    assert len(topic_rows(db, "events")) == 4

@@ -297,8 +297,17 @@ class _SocketCopy:
         wrapped = transport.get_extra_info("socket")
         if not isinstance(wrapped, asyncio.trsock.TransportSocket):
             return None
+        try:  # a duplicate and an eventfd: none to be had (EMFILE), the transport reads
+            sock = wrapped.dup()
+        except OSError:
+            return None
         transport.pause_reading()
-        return cls(context, transport, wrapped.dup())
+        try:
+            return cls(context, transport, sock)
+        except OSError:
+            sock.close()
+            transport.resume_reading()
+            return None
 
     # -- the staging thread's side -------------------------------------------------------
     def read(self, size: int) -> memoryview:
