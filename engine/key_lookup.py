@@ -370,7 +370,7 @@ _NAME_KEEPING_TAGS = frozenset({
     "SELECT", "INSERT", "UPDATE", "DELETE", "MERGE", "EMPTY", "SHOW", "DESCRIBE", "EXPLAIN",
     "CREATE TABLE", "DROP TABLE", "ALTER TABLE", "CREATE VIEW", "DROP VIEW", "CREATE INDEX",
     "DROP INDEX", "CREATE SEQUENCE", "DROP SEQUENCE", "TRUNCATE TABLE", "CREATE SCHEMA",
-    "DROP SCHEMA", "CHECKPOINT",
+    "DROP SCHEMA", "CHECKPOINT", "ANALYZE", "VACUUM", "COMMENT",
 })  # fmt: skip
 _TEMPORARY = re.compile(r"\bTEMP(?:ORARY)?\b", re.IGNORECASE)
 
@@ -386,6 +386,45 @@ def keeps_names(plan: Plan) -> bool:
         for operation in plan.operations
         if isinstance(operation, RunQuery)
     )
+
+
+def names_may_change(plan: Plan, plain: bool | None) -> bool:
+    """Whether after ``plan`` a session must find again whether its names are plain
+    (``names_plain``), given what it knew before (``plain``; None: to be found anyway):
+    after anything but ``keeps_names``, and while not plain after any DROP or ALTER too
+    (of a temporary relation, say), so a session is never left without lookups for good."""
+    if plain is None:
+        return False
+    if not keeps_names(plan):
+        return True
+    return plain is False and any(
+        operation.tag.startswith(("DROP", "ALTER"))
+        for operation in plan.operations
+        if isinstance(operation, RunQuery)
+    )
+
+
+# A connection's names resolve as a fresh one's: DuckDB's default search path (or just
+# ``main``, what the wire sends at RESET ALL / DISCARD ALL), schema ``main``, no temporary
+# table or view of its own (DuckDB's internal views are temporary: not counted).
+_NAMES_SQL = (
+    "SELECT current_setting('search_path'), current_schema(), "
+    "(SELECT count(*) FROM duckdb_tables() WHERE temporary) "
+    "+ (SELECT count(*) FROM duckdb_views() WHERE temporary AND NOT internal)"
+)
+_PLAIN_SEARCH_PATHS = frozenset({"", "main"})
+
+
+def names_plain(cursor: Any) -> bool | None:
+    """Whether the names of a session's DuckDB connection ``cursor`` (outside any
+    transaction) resolve as a fresh connection's (``_NAMES_SQL``); None if it could not
+    be asked (the statement then runs in DuckDB; asked again next time)."""
+    try:
+        rows = cursor.execute(_NAMES_SQL).fetchall()
+    except Exception:  # a closing database, say: DuckDB answers the statement
+        return None
+    search_path, schema, temporary = rows[0]
+    return search_path.strip() in _PLAIN_SEARCH_PATHS and schema == "main" and not temporary
 
 
 # -- the door -----------------------------------------------------------------------------------
@@ -420,8 +459,9 @@ def answer(database: Any, plan: Plan, parameters: Any,
     """The result of ``plan`` from the table's index, or None: DuckDB must run it.
 
     The caller guarantees: an autocommit statement, planned and checked by the door,
-    on a session whose names resolve as the build's cursor resolves them (no SET, no
-    temporary relation of its own) and with no relation registered on its connection.
+    on a session whose names resolve as the build's cursor resolves them (``names_plain``:
+    the default search path or ``main``, no temporary relation of its own) and with no
+    relation registered on its connection.
     ``stop`` says the statement was cancelled (or timed out): a build under way for it
     then ends at its next batch with 57014."""
     found = lookup_plan(plan)

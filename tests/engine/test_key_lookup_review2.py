@@ -126,3 +126,101 @@ def test_writes_to_a_neighbour_do_not_raise_this_tables_threshold(
     finally:
         reader.close()
         writer.close()
+
+
+# -- C: settings and statistics change no table; a session's names found plain again ------------
+@pytest.mark.parametrize(
+    "other",
+    [
+        "SET search_path = 'main'",
+        "SET search_path TO main",
+        "SET schema = 'main'",
+        "ANALYZE",
+        "ANALYZE kv",
+        "VACUUM",
+        "COMMENT ON TABLE kv IS 'x'",
+        "COMMENT ON COLUMN kv.v IS 'x'",
+    ],
+)
+def test_a_setting_or_statistics_elsewhere_keeps_every_index(
+    database: Database, served: list[int], other: str
+) -> None:
+    """Before: another session's SET search_path (what the wire sends at RESET ALL and
+    DISCARD ALL), ANALYZE, VACUUM or COMMENT counted as a change of any table."""
+    reader, writer = database.connect(), database.connect()
+    try:
+        reader.execute("CREATE TABLE kv (k BIGINT PRIMARY KEY, v VARCHAR)")
+        reader.execute("INSERT INTO kv VALUES (1, 'a')")
+        assert _rows(reader, "SELECT v FROM kv WHERE k = 1") == [{"v": "a"}]
+        index = key_lookup.indexes_of(database).indexes["kv"]
+        basis = key_lookup.TABLE_CHANGES.basis("kv")
+        writer.execute(other)
+        assert key_lookup.TABLE_CHANGES.basis("kv") == basis
+        served.clear()
+        assert _rows(reader, "SELECT v FROM kv WHERE k = 1") == [{"v": "a"}]
+        assert served and key_lookup.indexes_of(database).indexes["kv"] is index
+    finally:
+        reader.close()
+        writer.close()
+
+
+def test_set_search_path_back_to_main_brings_lookups_back(
+    session: Session, served: list[int]
+) -> None:
+    """Before: any SET ended the session's lookups for good (a pooled connection after
+    RESET ALL / DISCARD ALL, which send SET search_path = 'main', never had them again).
+    Elsewhere (search path s, a temporary table kv) DuckDB answers, by its own names."""
+    session.execute("CREATE TABLE kv (k BIGINT PRIMARY KEY, v VARCHAR)")
+    session.execute("INSERT INTO kv VALUES (1, 'main')")
+    session.execute("CREATE SCHEMA s")
+    lookup = "SELECT v FROM kv WHERE k = 1"
+    assert _rows(session, lookup) == [{"v": "main"}] and served
+    for setting, expected, from_index in [
+        ("SET search_path = 's'", "main", False),
+        ("SET search_path = 'main'", "main", True),
+        ("SET schema = 's'", "main", False),
+        ("SET schema = 'main'", "main", True),
+        ("CREATE TEMP TABLE kv (k BIGINT PRIMARY KEY, v VARCHAR)", None, False),
+        ("INSERT INTO temp.kv VALUES (1, 'temp')", "temp", False),
+        ("DROP TABLE temp.kv", "main", True),
+    ]:
+        session.execute(setting)
+        if expected is None:
+            continue
+        for _ in range(3):
+            served.clear()
+            assert _rows(session, lookup) == [{"v": expected}], setting
+            assert bool(served) == from_index, setting
+
+
+def test_a_names_query_only_after_a_change_of_names(
+    session: Session, served: list[int], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The session asks DuckDB how its names resolve once after a SET (at its next
+    lookup), not at every statement; while they are not plain it does not ask again
+    until a SET, DROP or ALTER."""
+    session.execute("CREATE TABLE kv (k BIGINT PRIMARY KEY, v VARCHAR)")
+    session.execute("INSERT INTO kv VALUES (1, 'a')")
+    asked: list[bool | None] = []
+    names_plain = key_lookup.names_plain
+    monkeypatch.setattr(key_lookup, "names_plain",
+                        lambda cursor: asked.append(names_plain(cursor)) or asked[-1])  # fmt: skip
+    lookup = "SELECT v FROM kv WHERE k = 1"
+    for _ in range(3):
+        _rows(session, lookup)
+    assert asked == []
+    session.execute("SET search_path = 'main'")
+    session.execute("INSERT INTO kv VALUES (2, 'b')")  # no lookup: not asked
+    for _ in range(3):
+        _rows(session, lookup)
+    assert asked == [True]
+    session.execute("CREATE TEMP TABLE t (x INT)")
+    for _ in range(3):
+        _rows(session, lookup)
+    session.execute("INSERT INTO kv VALUES (3, 'c')")
+    _rows(session, lookup)
+    assert asked == [True, False]
+    session.execute("DROP TABLE t")
+    for _ in range(3):
+        _rows(session, lookup)
+    assert asked == [True, False, True]
