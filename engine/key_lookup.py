@@ -32,9 +32,10 @@ own dtype); for any other key (VARCHAR, several columns), Python's hashes of the
 sorted, each hit confirmed on the row's own key values; both beside DuckDB's Arrow
 columns of the table, each batch DuckDB handed the build one chunk (1M rows of
 ``(k BIGINT, v VARCHAR)``: ~50-80 ms of CPU to build, 26 MiB, a probe ~1 us). A build
-reads batch by batch (sized by a sample's width, ~1 MiB) and gives up as soon as what
-it holds passes the cap, so it never holds more than the cap and one batch; between
-batches it stops for a cancel or statement timeout of its statement (57014).
+first sums every row's bytes in one scan that holds no rows (a table past the cap is
+not read), then reads batch by batch (sized by the widest row, ~1 MiB) and still
+gives up as soon as what it holds passes the cap, so it never holds more than the cap
+and one batch; between batches it stops for a cancel or statement timeout of its statement (57014).
 
 When (``KeyIndexes``): an index is built only for a table looked up this way
 ``threshold`` times since its last change (``FIRST_BUILD_LOOKUPS`` at first). A table
@@ -44,9 +45,9 @@ threshold grow 4-fold, so alternating writes and bursts of lookups cost at most 
 bounded share of extra work. Only lookups by the key count (as the last build found
 the key). All indexes of a database together hold at most ``bytes_max()`` bytes
 (``$TOPICBASE_KEY_INDEX_BYTES``; malformed: the path is off), the least recently used
-dropped first; a table whose estimated size (rows, by a sample's width) is above it is
-never read. A change that may be of any table drops every index but raises no
-table's threshold.
+dropped first; a table whose estimated size (DuckDB's count of rows, then the scan's
+sum of the rows' bytes) is above it is never read. A change that may be of any table
+drops every index but raises no table's threshold.
 
 Writers of tables outside a session's statements (a background applier of deltas, say)
 bracket their DuckDB commits with ``changing_tables`` too; a lookup takes the session's
@@ -86,12 +87,11 @@ THRESHOLD_CEILING = 1 << 20  # of the threshold (an algorithm's bound, not a lim
 # DuckDB's CPU for one lookup that the index saves (docs/statement_cost.md: ~270-350 us).
 SAVING_PER_LOOKUP_S = 300e-6
 _STATS_MAX = 4096  # tables with lookup counts kept per database (then all forgotten)
-# While an index is read: batches of about _BATCH_BYTES (by the width of a sample of
-# _SAMPLE_ROWS rows), of _MIN_READ_ROWS to READ_ROWS rows (DuckDB's vector, its own unit);
+# While an index is read: batches of about _BATCH_BYTES (by the widest row's bytes,
+# ``_row_bytes``), of _MIN_READ_ROWS to READ_ROWS rows (DuckDB's vector, its own unit);
 # each batch is a chunk of the index's columns (not copied again).
 READ_ROWS = 2048
-_MIN_READ_ROWS = 16
-_SAMPLE_ROWS = 16
+_MIN_READ_ROWS = 1
 _BATCH_BYTES = 1 << 20
 _KEY_BYTES_PER_ROW = 8  # a row's key value or hash in the index
 _PYTHON_KEY_BYTES = 64  # a hashed key's Python object while its hash is taken (a bound)
@@ -149,23 +149,32 @@ def _cap_or_off() -> int:
 
 
 # -- which tables may have changed --------------------------------------------------------------
-_BUCKETS = 1024
+_NAMES_MAX = 1 << 16  # names with a version of their own (then the oldest share ``_floor``)
 
 
 class TableChanges:
-    """Versions of tables by name (lower case, without schema; names hash into
-    ``_BUCKETS`` buckets, so a change of one may also invalidate another: never less)
-    and of every table, with counts of changes under way.
+    """Versions of tables by name (folded, without schema) and of every table, with
+    counts of changes under way.
 
     ``changing(names)`` is called before a commit that may change those tables (None:
     any table) can start, ``changed(names)`` after it ended, whatever its outcome.
     ``basis(name)`` is None while a change of ``name`` may be committing, else a value
-    that moves with every change of it."""
+    that moves with every change of it, and only with changes of it or of every table
+    (names are exact: no other table's change moves it), except that once more than
+    ``_NAMES_MAX`` names changed the one changed longest ago (none under way) is
+    forgotten: its version becomes ``_floor``, the highest version forgotten, so a
+    never-changed name's version may move too (a false alarm, never a missed change).
+
+    Invariants: every version comes from ``_clock`` (strictly increasing); a name's
+    version is ``_versions[name]`` if kept, else ``_floor``; ``_floor`` <= ``_clock``;
+    a change gives the name ``_clock + 1``, above every version it had before."""
 
     def __init__(self) -> None:
         self._lock = threading.Lock()
-        self._versions = [0] * _BUCKETS
-        self._under_way = [0] * _BUCKETS
+        self._clock = 0
+        self._floor = 0
+        self._versions: dict[str, int] = {}  # least recently changed first
+        self._under_way: dict[str, int] = {}
         self._all_version = 0
         self._all_under_way = 0
 
@@ -183,21 +192,27 @@ class TableChanges:
             self._all_version += 1
             assert self._all_under_way >= 0, "changed() without changing()"
             return
-        for bucket in {_bucket(name) for name in names}:
-            self._under_way[bucket] += step
-            self._versions[bucket] += 1
-            assert self._under_way[bucket] >= 0, "changed() without changing()"
+        for name in names:
+            under_way = self._under_way.get(name, 0) + step
+            assert under_way >= 0, "changed() without changing()"
+            if under_way:
+                self._under_way[name] = under_way
+            else:
+                self._under_way.pop(name, None)
+            self._clock += 1
+            self._versions.pop(name, None)
+            self._versions[name] = self._clock  # the most recently changed last
+        while len(self._versions) > _NAMES_MAX:
+            oldest = next((n for n in self._versions if n not in self._under_way), None)
+            if oldest is None:
+                break
+            self._floor = max(self._floor, self._versions.pop(oldest))
 
     def basis(self, name: str) -> tuple[int, int] | None:
-        bucket = _bucket(name)
         with self._lock:
-            if self._all_under_way or self._under_way[bucket]:
+            if self._all_under_way or name in self._under_way:
                 return None
-            return self._all_version, self._versions[bucket]
-
-
-def _bucket(name: str) -> int:
-    return hash(name) % _BUCKETS
+            return self._all_version, self._versions.get(name, self._floor)
 
 
 TABLE_CHANGES = TableChanges()  # one per process, as DuckDB's files are
@@ -355,7 +370,7 @@ _NAME_KEEPING_TAGS = frozenset({
     "SELECT", "INSERT", "UPDATE", "DELETE", "MERGE", "EMPTY", "SHOW", "DESCRIBE", "EXPLAIN",
     "CREATE TABLE", "DROP TABLE", "ALTER TABLE", "CREATE VIEW", "DROP VIEW", "CREATE INDEX",
     "DROP INDEX", "CREATE SEQUENCE", "DROP SEQUENCE", "TRUNCATE TABLE", "CREATE SCHEMA",
-    "DROP SCHEMA", "CHECKPOINT",
+    "DROP SCHEMA", "CHECKPOINT", "ANALYZE", "VACUUM", "COMMENT",
 })  # fmt: skip
 _TEMPORARY = re.compile(r"\bTEMP(?:ORARY)?\b", re.IGNORECASE)
 
@@ -371,6 +386,45 @@ def keeps_names(plan: Plan) -> bool:
         for operation in plan.operations
         if isinstance(operation, RunQuery)
     )
+
+
+def names_may_change(plan: Plan, plain: bool | None) -> bool:
+    """Whether after ``plan`` a session must find again whether its names are plain
+    (``names_plain``), given what it knew before (``plain``; None: to be found anyway):
+    after anything but ``keeps_names``, and while not plain after any DROP or ALTER too
+    (of a temporary relation, say), so a session is never left without lookups for good."""
+    if plain is None:
+        return False
+    if not keeps_names(plan):
+        return True
+    return plain is False and any(
+        operation.tag.startswith(("DROP", "ALTER"))
+        for operation in plan.operations
+        if isinstance(operation, RunQuery)
+    )
+
+
+# A connection's names resolve as a fresh one's: DuckDB's default search path (or just
+# ``main``, what the wire sends at RESET ALL / DISCARD ALL), schema ``main``, no temporary
+# table or view of its own (DuckDB's internal views are temporary: not counted).
+_NAMES_SQL = (
+    "SELECT current_setting('search_path'), current_schema(), "
+    "(SELECT count(*) FROM duckdb_tables() WHERE temporary) "
+    "+ (SELECT count(*) FROM duckdb_views() WHERE temporary AND NOT internal)"
+)
+_PLAIN_SEARCH_PATHS = frozenset({"", "main"})
+
+
+def names_plain(cursor: Any) -> bool | None:
+    """Whether the names of a session's DuckDB connection ``cursor`` (outside any
+    transaction) resolve as a fresh connection's (``_NAMES_SQL``); None if it could not
+    be asked (the statement then runs in DuckDB; asked again next time)."""
+    try:
+        rows = cursor.execute(_NAMES_SQL).fetchall()
+    except Exception:  # a closing database, say: DuckDB answers the statement
+        return None
+    search_path, schema, temporary = rows[0]
+    return search_path.strip() in _PLAIN_SEARCH_PATHS and schema == "main" and not temporary
 
 
 # -- the door -----------------------------------------------------------------------------------
@@ -405,8 +459,9 @@ def answer(database: Any, plan: Plan, parameters: Any,
     """The result of ``plan`` from the table's index, or None: DuckDB must run it.
 
     The caller guarantees: an autocommit statement, planned and checked by the door,
-    on a session whose names resolve as the build's cursor resolves them (no SET, no
-    temporary relation of its own) and with no relation registered on its connection.
+    on a session whose names resolve as the build's cursor resolves them (``names_plain``:
+    the default search path or ``main``, no temporary relation of its own) and with no
+    relation registered on its connection.
     ``stop`` says the statement was cancelled (or timed out): a build under way for it
     then ends at its next batch with 57014."""
     found = lookup_plan(plan)
@@ -451,7 +506,7 @@ def _index_for(database: Any, registry: KeyIndexes, name: str, basis: tuple[int,
     with registry.lock:
         old = registry.indexes.get(name)
         if old is not None and old.basis != basis:
-            # Only a change that may be this table's (its bucket moved, not only "every
+            # Only a change of this table (its own version moved, not only "every
             # table") counts against the index's build.
             registry.drop(name, changed=old.basis[1] != basis[1])
         stats = registry.stats.get(name)
@@ -590,21 +645,24 @@ def _read_table(cursor: Any, name: str, cap: int, give_up: Callable[[], bool]) -
         return None
     width = 16 + sum(_FIXED_WIDTHS.get(str(kind), 32) for _, kind in columns)
     if (estimated or 0) * width > cap:
+        return None  # by DuckDB's estimate of the rows: not even scanned
+    relation_name = f'"{_quote(database_name)}".main."{_quote(table_name)}"'
+    everything = f"SELECT * FROM {relation_name}"
+    # Every row's bytes, summed and their maximum, in one scan that holds no rows: a
+    # table past the cap is not read, and a batch of the widest rows is still ~1 MiB.
+    total, widest = cursor.execute(
+        f"SELECT coalesce(sum(w), 0), coalesce(max(w), 0) "
+        f"FROM (SELECT {_row_bytes(columns)} AS w FROM {relation_name})"
+    ).fetchall()[0]
+    if int(total) > cap:
         return None
-    everything = f'SELECT * FROM "{_quote(database_name)}".main."{_quote(table_name)}"'
-    sample = cursor.sql(f"{everything} LIMIT {_SAMPLE_ROWS}").to_arrow_table()
-    if sample.nbytes > cap:
-        return None
-    width = max(width, sample.nbytes // max(sample.num_rows, 1) + _KEY_BYTES_PER_ROW)
-    if (estimated or 0) * width > cap:
-        return None  # by the sample's width
     relation = cursor.sql(everything)
     types = tuple(str(kind) for kind in relation.types)
     if [fold(str(column)) for column in relation.columns] != folded:
         return None
     key_columns = tuple(folded.index(k) for k in key_names)
     hashed = not (len(key_columns) == 1 and types[key_columns[0]] in _INTEGER_RANGES)
-    rows = max(_MIN_READ_ROWS, min(READ_ROWS, _BATCH_BYTES // width))
+    rows = max(_MIN_READ_ROWS, min(READ_ROWS, _BATCH_BYTES // max(int(widest), 1)))
     reader = relation.to_arrow_reader(rows)
     try:
         read = _read_batches(reader, key_columns, hashed, cap, give_up)
@@ -658,6 +716,24 @@ def _keys_of(batch: pa.RecordBatch, key_columns: tuple[int, ...], hashed: bool) 
 
 def _quote(identifier: str) -> str:
     return identifier.replace('"', '""')
+
+
+def _row_bytes(columns: list[tuple[Any, Any]]) -> str:
+    """A SQL expression of about the bytes one row takes in DuckDB's Arrow (and its key in
+    the index): fixed widths as they are, VARCHAR and BLOB by their bytes, anything else
+    (nested, DECIMAL, UUID...) by its text's bytes; 8 a column for offsets and validity."""
+    parts = [str(_KEY_BYTES_PER_ROW + 8 * len(columns))]
+    for column, kind in columns:
+        name, kind = f'"{_quote(str(column))}"', str(kind)
+        if kind in _FIXED_WIDTHS:
+            parts.append(str(_FIXED_WIDTHS[kind]))
+        elif kind == "VARCHAR":
+            parts.append(f"coalesce(strlen({name}), 0)")
+        elif kind == "BLOB":
+            parts.append(f"coalesce(octet_length({name}), 0)")
+        else:
+            parts.append(f"coalesce(strlen(CAST({name} AS VARCHAR)), 0)")
+    return " + ".join(parts)
 
 
 def _indexed(data: pa.Table, keys: np.ndarray, types: tuple[str, ...],

@@ -132,8 +132,8 @@ class Session:
         self._delta_plans: dict[str, tuple[int, deltas.DeltaPlan | None]] = {}
         # Whether this session's unqualified names still resolve as on a fresh connection
         # (no SET, no temporary relation: ``key_lookup.keeps_names``), which the key
-        # lookups' indexes assume.
-        self._names_plain = True
+        # lookups' indexes assume; None: to be found again (``key_lookup.names_plain``).
+        self._names_plain: bool | None = True
 
     # -- entry points -------------------------------------------------------------------
     def execute(self, sql: str, parameters: Any = None) -> list[Result]:
@@ -447,8 +447,8 @@ class Session:
         if isinstance(statement, ast.Begin | ast.Commit | ast.Rollback):
             return self._transaction_control(plan)
         autocommit = self.state is SessionState.IDLE
-        if self._names_plain and not key_lookup.keeps_names(plan):
-            self._names_plain = False
+        if key_lookup.names_may_change(plan, self._names_plain):
+            self._names_plain = None  # found again at the next lookup (``_key_answer``)
         if autocommit:
             answered = self._key_lookup(plan, parameters)
             if answered is not None:
@@ -505,12 +505,17 @@ class Session:
         build resolves them and no relation is registered on its connection (one could
         shadow the table). A cancel (or ``timeout_s`` passing) ends an index build the
         statement started at its next batch (57014)."""
-        if self.state is not SessionState.IDLE or not self._names_plain or self._leftover_views:
+        if self.state is not SessionState.IDLE or self._leftover_views:
             return None
         # ``cursor`` as every read takes it: it opens no DuckDB transaction here (there
         # is no transaction), and it is where a read waits for writes committed but not
         # yet in DuckDB.
         if tables.has_registered(self.cursor):
+            return None
+        if self._names_plain is None and key_lookup.lookup_plan(plan) is not None:
+            # After the check above (registered relations are not counted); once.
+            self._names_plain = key_lookup.names_plain(self.cursor)
+        if not self._names_plain:
             return None
         ends = None if not timeout_s else time.monotonic() + timeout_s
 

@@ -191,9 +191,18 @@ class Transaction:
 
 _DML_TAGS = ("INSERT", "UPDATE", "DELETE", "MERGE")
 # Statements that change no table's rows nor which table a name is (catalog listings,
-# descriptions, a checkpoint, a comment). Not SET, RESET, PRAGMA or CALL: a setting such
-# as ``default_collation`` changes how every table's keys compare.
-_NO_TABLE_CHANGE_TAGS = frozenset({"SHOW", "DESCRIBE", "SUMMARIZE", "CHECKPOINT", "EMPTY"})
+# descriptions, a checkpoint, statistics, a comment). Not RESET, PRAGMA, CALL nor any SET
+# but ``_SESSION_NAMES_SET``: a setting such as ``default_collation`` changes how every
+# table's keys compare.
+_NO_TABLE_CHANGE_TAGS = frozenset({
+    "SHOW", "DESCRIBE", "SUMMARIZE", "CHECKPOINT", "EMPTY", "ANALYZE", "VACUUM", "COMMENT",
+})  # fmt: skip
+# SET of the per-connection settings that say where names are looked up (the sandbox
+# allows no other SET): how this session's names resolve (``key_lookup.names_plain``),
+# not any table's rows nor how keys compare.
+_SESSION_NAMES_SET = re.compile(
+    r"SET\s+(?:SESSION\s+|LOCAL\s+)?(?:search_path|schema)\s*(?:=|TO\b)", re.IGNORECASE
+)
 # DDL whose relations ``planner.access.relation_access`` names (what it creates, drops,
 # renames, alters, indexes or truncates, and what it reads); any other (schemas,
 # sequences, macros, types) may change tables it does not name.
@@ -223,6 +232,8 @@ def _tables_changed_by(operation: Any) -> frozenset[str] | None:
     if operation.tag in _DML_TAGS and operation.tables_written:
         return table_names(operation.tables_written + operation.tables_read)
     if operation.tag in _NO_TABLE_CHANGE_TAGS:
+        return frozenset()
+    if operation.tag == "SET" and _SESSION_NAMES_SET.match(operation.sql.lstrip()):
         return frozenset()
     if operation.tag == "EXPLAIN":  # without ANALYZE nothing runs
         return frozenset() if _EXPLAIN_ONLY.match(operation.sql.lstrip()) else None

@@ -74,13 +74,20 @@ def read_bytes(monkeypatch: pytest.MonkeyPatch) -> list[int]:
 def test_a_build_stops_reading_once_it_passes_the_cap(
     session: Session, served: list[int], monkeypatch: pytest.MonkeyPatch, read_bytes: list[int]
 ) -> None:
-    """Narrow rows first (the estimate and the sample see a small table), then 40 MB of
-    documents: the build stops one batch past the 4 MiB cap instead of reading it all."""
+    """Narrow rows first (DuckDB's estimate sees a small table), then 40 MB of documents:
+    the scan of the rows' bytes finds the table past the 4 MiB cap and nothing is read;
+    and were that sum wrong (``_row_bytes`` saying 1 byte a row), the build still stops
+    one batch past the cap instead of reading it all."""
     cap = 4 << 20
     session.execute("CREATE TABLE docs (k BIGINT PRIMARY KEY, body VARCHAR)")
     session.execute("INSERT INTO docs SELECT i, 'x' FROM range(5000) t(i)")
     session.execute("INSERT INTO docs SELECT i, repeat('y', 2000) FROM range(5000, 25000) t(i)")
     monkeypatch.setenv(key_lookup.BYTES_VARIABLE, str(cap))
+    for _ in range(3):
+        assert _rows(session, "SELECT length(body) AS n FROM docs WHERE k = 1") == [{"n": 1}]
+    assert not served and read_bytes == []
+    session.execute("INSERT INTO docs VALUES (-1, 'z')")  # a change: the table is tried again
+    monkeypatch.setattr(key_lookup, "_row_bytes", lambda columns: "1")
     for _ in range(3):
         assert _rows(session, "SELECT length(body) AS n FROM docs WHERE k = 1") == [{"n": 1}]
         assert _rows(session, "SELECT k FROM docs WHERE k = 24999") == [{"k": 24999}]
