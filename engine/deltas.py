@@ -59,7 +59,10 @@ a delta is kept; otherwise the statement runs the DuckDB way, as before):
    fails the open (58030) rather than drop a committed delta.
 5. *Bounded*: a transaction's kept deltas take at most ``RECORD_BYTES_MAX`` of its commit
    record and count in the staged-writes memory budget; past either the upsert runs the
-   DuckDB way (with the kept ones before it).
+   DuckDB way (with the kept ones before it). The committed, unapplied deltas of the
+   database are bounded (``PENDING_*_MAX``): past it nothing is kept, and a commit that
+   would pass it runs its deltas the DuckDB way. Every wait of a statement for the
+   applier ends at the session's cancel (57014: CancelRequest, ``statement_timeout``).
 
 Reads see committed deltas: every statement that uses the session's DuckDB cursor first
 waits (``wait_visible``) until every delta registered before it is applied (a compare of
