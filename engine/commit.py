@@ -477,7 +477,7 @@ class Committer:
             self._check_topics_exist(items)
             validate()
             if deltas:
-                self.deltas.check_commit(reservations)
+                self.deltas.check_commit(reservations, deltas)
             failpoints.hit("commit.before_log_append")
             ticket = self.staging.append(transaction_id, parts, lengths, record)
             appended.append(ticket)

@@ -59,7 +59,10 @@ a delta is kept; otherwise the statement runs the DuckDB way, as before):
    fails the open (58030) rather than drop a committed delta.
 5. *Bounded*: a transaction's kept deltas take at most ``RECORD_BYTES_MAX`` of its commit
    record and count in the staged-writes memory budget; past either the upsert runs the
-   DuckDB way (with the kept ones before it).
+   DuckDB way (with the kept ones before it). The committed, unapplied deltas of the
+   database are bounded (``PENDING_*_MAX``): past it nothing is kept, and a commit that
+   would pass it runs its deltas the DuckDB way. Every wait of a statement for the
+   applier ends at the session's cancel (57014: CancelRequest, ``statement_timeout``).
 
 Reads see committed deltas: every statement that uses the session's DuckDB cursor first
 waits (``wait_visible``) until every delta registered before it is applied (a compare of
@@ -85,6 +88,7 @@ import os
 import re
 import threading
 import time
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -92,7 +96,7 @@ from engine import key_lookup, tables
 from engine.catalog import SCHEMA
 from planner.operations import UpsertShape
 from storage import failpoints
-from storage.errors import SerializationFailure, StorageIOError
+from storage.errors import QueryCanceledError, SerializationFailure, StorageIOError
 
 log = logging.getLogger(__name__)
 
@@ -110,10 +114,21 @@ FAILURES_PERSISTENT = 8
 # (``Session._flush_deltas``), so the record stays far below its cap
 # (``limits.COMMIT_RECORD_PAYLOAD_BYTES_MAX``).
 RECORD_BYTES_MAX = 8 << 20
+# Database-wide bound of committed deltas not yet applied (records, deltas, bytes by
+# ``Delta.record_bytes``): past any of them no new delta is kept (the upsert runs the
+# DuckDB way) and a commit whose deltas would go past them runs them the DuckDB way
+# (``DeltasOutdated``), so the queue, what a read or a writer waits for and what recovery
+# applies stay bounded. A DuckDB-way writer waits for the queue anyway (rule 4).
+PENDING_RECORDS_MAX = 1024
+PENDING_DELTAS_MAX = 4096
+PENDING_BYTES_MAX = 32 << 20
+# How often a wait (``wait_visible``, ``_learn``) looks at its statement's cancel flag.
+CANCEL_POLL_S = 0.02
 INTEGER_MAX = {"TINYINT": 2**7 - 1, "SMALLINT": 2**15 - 1, "INTEGER": 2**31 - 1,
                "BIGINT": 2**63 - 1}  # fmt: skip
 KEY_TYPES = frozenset({"VARCHAR", *INTEGER_MAX})
 LogPosition = tuple[int, int]
+Cancelled = Callable[[], bool]  # whether the waiting statement was cancelled (57014)
 
 
 def enabled() -> bool:
@@ -299,25 +314,63 @@ def relation_of(cursor: Any, table: str) -> tuple[str, str, int] | None:
     if len(rows) != 1 or rows[0][2] is None:
         return None
     database, schema, oid = str(rows[0][0]), str(rows[0][1]), int(rows[0][2])
-    if schema.lower() == SCHEMA.lower() or database.lower() in ("temp", "system"):
+    if not _first_in_path(cursor, database, schema):
         return None
+    return database, schema, oid
+
+
+def _first_in_path(cursor: Any, database: str, schema: str) -> bool:
+    """Whether ``database.schema`` is the current schema of the current database, the
+    first entry of the search path (an empty one: ``main``), given plainly; never the
+    internal schema, ``temp`` or ``system``."""
+    if schema.lower() == SCHEMA.lower() or database.lower() in ("temp", "system"):
+        return False
     current = tables.fetch_rows(
         cursor, "SELECT current_database(), current_setting('search_path')", None
     )
     if len(current) != 1:
-        return None
+        return False
     current_database, path = str(current[0][0]), str(current[0][1])
     first = path.split(",")[0].strip() if path.strip() else "main"
     parts = first.split(".")
     if len(parts) == 1:
         parts = [current_database, parts[0]]
     if len(parts) != 2 or not all(_SIMPLE_NAME.fullmatch(part) for part in parts):
-        return None
+        return False
     if [parts[0].lower(), parts[1].lower()] != [database.lower(), schema.lower()]:
-        return None
-    if database.lower() != current_database.lower():
-        return None
-    return database, schema, oid
+        return False
+    return database.lower() == current_database.lower()
+
+
+def resolves_to(cursor: Any, table: str, relation: tuple[str, str, int]) -> bool:
+    """Whether the unqualified ``table`` still names, for this connection, the base table
+    ``relation`` (database, schema, oid: ``relation_of`` when its delta was kept), as
+    DuckDB resolves it: the table of that oid still has the name and lives in the search
+    path's first entry, the current schema, and no temporary relation of the name comes
+    before it. Relations of the name elsewhere (another schema) do not matter here."""
+    database, schema, oid = relation
+    rows = tables.fetch_rows(
+        cursor,
+        "SELECT database_name, schema_name, lower(table_name) FROM duckdb_tables() "
+        "WHERE table_oid = ?",
+        [oid],
+    )
+    if len(rows) != 1 or [str(v).lower() for v in rows[0]] != [
+            database.lower(), schema.lower(), table.lower()]:  # fmt: skip
+        return False
+    shadows = tables.fetch_rows(
+        cursor,
+        "SELECT 1 FROM duckdb_tables() WHERE database_name = 'temp' AND lower(table_name) = ? "
+        "UNION ALL SELECT 1 FROM duckdb_views() WHERE database_name = 'temp' "
+        "AND lower(view_name) = ?",
+        [table.lower(), table.lower()],
+    )
+    return not shadows and _first_in_path(cursor, database, schema)
+
+
+def _check_cancelled(cancelled: Cancelled | None) -> None:
+    if cancelled is not None and cancelled():
+        raise QueryCanceledError("canceling statement due to user request")
 
 
 def _summed(deltas: list[StoredDelta]) -> tuple[dict[tuple, list[int]], dict[tuple, StoredDelta]]:
@@ -367,6 +420,7 @@ class _Entry:
     deltas: list[StoredDelta]
     reservations: list[Reservation]
     log_end: LogPosition
+    size: int = 0  # the deltas' ``record_bytes`` (the backlog bound)
     durable: bool = False
     doubt: BaseException | None = None
 
@@ -404,6 +458,8 @@ class DeltaApplier:
         self._entries: collections.deque[_Entry] = collections.deque()
         self._registered = 0
         self._applied = 0
+        self._queued_deltas = 0  # in ``_entries`` (the backlog bound)
+        self._queued_bytes = 0
         self._writers = 0
         self._epoch = 0
         self._bounds: dict[tuple[str, str, str], _Bound] = {}
@@ -435,8 +491,10 @@ class DeltaApplier:
         pending = sorted((end, ds) for end, ds in records if end > through and ds)
         if not pending:
             return 0
-        try:
-            self._apply([(end, [StoredDelta.from_json(d) for d in ds]) for end, ds in pending])
+        try:  # in groups as the applier applies them (each moves the position)
+            for start in range(0, len(pending), GROUP_MAX):
+                self._apply([(end, [StoredDelta.from_json(d) for d in ds])
+                             for end, ds in pending[start:start + GROUP_MAX]])  # fmt: skip
         except Exception as error:
             raise StorageIOError(
                 f"{len(pending)} committed commit records' counter deltas (after log position "
@@ -452,24 +510,31 @@ class DeltaApplier:
         with self._mutex:
             return self._epoch
 
-    def reserve(self, delta: Delta, learn_cursor: Any, epoch: int) -> Reservation | None:
+    def reserve(self, delta: Delta, learn_cursor: Any, epoch: int, kept: tuple[int, int] = (0, 0),
+                cancelled: Cancelled | None = None) -> Reservation | None:  # fmt: skip
         """Rule 3 and 4 at the statement: a reservation if the delta may be kept, else None
         (the statement then runs the DuckDB way). ``epoch`` is ``epoch_now`` from before
         the delta's plan was worked out: a writer that began since (a DROP and CREATE of
         the table, say) may have made the plan stale, so nothing is kept. Nothing is kept
         either while the applier fails on a group (it may be this kind of delta that it
         cannot apply). ``learn_cursor`` reads the table's bound when it is not known (a
-        cursor outside any open DuckDB transaction)."""
+        cursor outside any open DuckDB transaction). ``kept`` (deltas, bytes) the
+        transaction kept before this one: nothing is kept that would take the queue past
+        its bound (``PENDING_*_MAX``) at the commit. Waiting to learn a bound ends with 57014
+        when ``cancelled()``."""
         plan = delta.plan
         amount = max(abs(a) for a in delta.amounts)
         with self._mutex:
             if (self._writers or self._halted is not None or self._closing
                     or self._failing is not None or self._epoch != epoch):  # fmt: skip
                 return None
+            if self._over_bound(kept[0] + 1, kept[1] + delta.record_bytes()):
+                self.stats.refused["backlog"] = self.stats.refused.get("backlog", 0) + 1
+                return None
             bound = self._bounds.get(plan.table)
             known = bound is not None and bound.epoch == epoch
         if not known:
-            learned = self._learn(plan, learn_cursor, epoch)
+            learned = self._learn(plan, learn_cursor, epoch, cancelled)
             if learned is None:
                 return None
         with self._mutex:
@@ -485,10 +550,21 @@ class DeltaApplier:
             self._reserved[plan.table] = reserved + amount
             return Reservation(plan.table, amount, epoch)
 
-    def _learn(self, plan: DeltaPlan, cursor: Any, epoch: int) -> int | None:
-        """Read the table's largest ``|value|`` while no group commits (``_apply_lock``)."""
+    def _over_bound(self, deltas: int, size: int) -> bool:
+        """Whether a record of ``deltas`` deltas of ``size`` bytes would take the queue of
+        committed, unapplied deltas past its bound (caller holds ``_mutex``)."""
+        return (len(self._entries) + 1 > PENDING_RECORDS_MAX
+                or self._queued_deltas + deltas > PENDING_DELTAS_MAX
+                or self._queued_bytes + size > PENDING_BYTES_MAX)  # fmt: skip
+
+    def _learn(self, plan: DeltaPlan, cursor: Any, epoch: int,
+               cancelled: Cancelled | None = None) -> int | None:  # fmt: skip
+        """Read the table's largest ``|value|`` while no group commits (``_apply_lock``,
+        waited for with the statement's cancel honoured: 57014)."""
         columns = ", ".join(f"min({_quote(c)}), max({_quote(c)})" for c in plan.counters)
-        with self._apply_lock:
+        while not self._apply_lock.acquire(timeout=CANCEL_POLL_S):
+            _check_cancelled(cancelled)
+        try:
             with self._mutex:
                 if self._writers or self._epoch != epoch:
                     return None
@@ -500,6 +576,8 @@ class DeltaApplier:
                     return None
                 self._bounds[plan.table] = _Bound(epoch, value)
                 self.stats.learned += 1
+        finally:
+            self._apply_lock.release()
         return value
 
     def release(self, reservations: list[Reservation]) -> None:
@@ -518,10 +596,11 @@ class DeltaApplier:
                 r.epoch == self._epoch for r in reservations)  # fmt: skip
 
     # -- the commit (caller holds the commit lock) ----------------------------------------
-    def check_commit(self, reservations: list[Reservation]) -> None:
-        """Refuse a commit whose deltas were kept before a DuckDB-way writer began
-        (``DeltasOutdated``: the session then runs them the DuckDB way and commits so), or
-        while the applier stopped at a record in doubt (58030)."""
+    def check_commit(self, reservations: list[Reservation], deltas: list[Delta]) -> None:
+        """Refuse a commit whose deltas were kept before a DuckDB-way writer began, or
+        that would take the queue of unapplied deltas past its bound (``DeltasOutdated``:
+        the session then runs them the DuckDB way and commits so), or while the applier
+        stopped at a record in doubt (58030)."""
         with self._mutex:
             halted = self._halted
         if halted is not None:
@@ -534,17 +613,26 @@ class DeltaApplier:
                 "another transaction began writing tables while this one committed its "
                 "counter upserts as deltas; retry"
             )
+        with self._mutex:
+            over = self._over_bound(len(deltas), sum(d.record_bytes() for d in deltas))
+            if over:
+                self.stats.refused["backlog"] = self.stats.refused.get("backlog", 0) + 1
+        if over:
+            raise DeltasOutdated("too many committed counter deltas wait to be applied")
 
     def register(self, deltas: list[Delta], reservations: list[Reservation],
                  log_end: LogPosition) -> _Entry:  # fmt: skip
         """A commit record with ``deltas`` was appended (under the commit lock): queue it in
         log order; the entry takes the reservations over."""
-        entry = _Entry([stored(d) for d in deltas], list(reservations), log_end)
+        entry = _Entry([stored(d) for d in deltas], list(reservations), log_end,
+                       sum(d.record_bytes() for d in deltas))  # fmt: skip
         reservations.clear()
         with self._mutex:
             assert self._writers == 0
             self._entries.append(entry)
             self._registered += 1
+            self._queued_deltas += len(entry.deltas)
+            self._queued_bytes += entry.size
         return entry
 
     def durable(self, entry: _Entry) -> None:
@@ -564,14 +652,15 @@ class DeltaApplier:
             self._changed.notify_all()
 
     # -- writers and readers ------------------------------------------------------------
-    def writer_begins(self) -> None:
+    def writer_begins(self, cancelled: Cancelled | None = None) -> None:
         """A transaction may now write tables the DuckDB way: no delta is kept until it
-        ends, and every delta committed so far is applied before this returns."""
+        ends, and every delta committed so far is applied before this returns (waited for
+        outside the commit lock; 57014 when ``cancelled()``, the writer then ended)."""
         with self._database.commit_lock, self._mutex:
             self._writers += 1
             self._epoch += 1
         try:
-            self.wait_visible()
+            self.wait_visible(cancelled)
         except BaseException:
             self.writer_ends()
             raise
@@ -582,10 +671,13 @@ class DeltaApplier:
             self._writers -= 1
             self._epoch += 1
 
-    def wait_visible(self) -> None:
+    def wait_visible(self, cancelled: Cancelled | None = None) -> None:
         """Wait until every delta registered before this call is applied (a statement is
         about to take a DuckDB snapshot). Raises 58030 if the applier stopped at a
-        record in doubt (reopen the database)."""
+        record in doubt (reopen the database), 57014 once ``cancelled()`` (the session's
+        cancel flag, which a CancelRequest and ``statement_timeout`` set: looked at every
+        ``CANCEL_POLL_S``). Never called under the commit lock (nothing registers
+        meanwhile, and every commit would wait)."""
         with self._mutex:
             target = self._registered
             if self._applied >= target:
@@ -603,9 +695,17 @@ class DeltaApplier:
                         "committed counter deltas cannot be applied to their tables yet (the "
                         f"applier retries; a reopen applies them): {self._failing}"
                     )
-                self._changed.wait()
+                if cancelled is None:
+                    self._changed.wait()
+                else:
+                    self._changed.wait(CANCEL_POLL_S)
+                    if cancelled():
+                        raise QueryCanceledError("canceling statement due to user request")
 
-    drain = wait_visible
+    def drain(self) -> None:
+        """``wait_visible`` for the checkpoint: every registered delta applied (bounded by
+        ``PENDING_*_MAX``)."""
+        self.wait_visible()
 
     @property
     def pending(self) -> int:
@@ -697,6 +797,8 @@ class DeltaApplier:
                 for entry in group:
                     assert self._entries[0] is entry
                     self._entries.popleft()
+                    self._queued_deltas -= len(entry.deltas)
+                    self._queued_bytes -= entry.size
                     for r in entry.reservations:  # folded into B (rule 3)
                         self._reserved[r.table] -= r.amount
                         bound = self._bounds.get(r.table)

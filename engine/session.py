@@ -370,17 +370,21 @@ class Session:
                 if transaction.deltas:
                     self._flush_deltas(transaction)  # opens the DuckDB transaction
                 else:
-                    self._applier.wait_visible()  # before this transaction's snapshot
+                    self._applier.wait_visible(self._cancelled)  # before its snapshot
                     self._open_duckdb_transaction(transaction)
         else:
             applier = self._applier
             if applier.pending:
-                applier.wait_visible()  # every delta committed before this statement
+                applier.wait_visible(self._cancelled)  # every delta committed before it
         return self._cursor
 
     @property
     def _applier(self) -> deltas.DeltaApplier:
         return self.database.committer.deltas
+
+    def _cancelled(self) -> bool:
+        """Whether the running statement was cancelled (a wait for the applier ends: 57014)."""
+        return self._cancel_requested
 
     def _open_duckdb_transaction(self, transaction: Transaction) -> None:
         """Open the DuckDB transaction of ``transaction``; for an explicit one, note what
@@ -743,7 +747,9 @@ class Session:
         size = delta.record_bytes()
         if transaction.delta_bytes + size > deltas.RECORD_BYTES_MAX:
             return False  # runs the DuckDB way, the kept ones before it: a bounded record
-        reservation = self._applier.reserve(delta, self._cursor, epoch)  # no DuckDB txn open
+        reservation = self._applier.reserve(  # no DuckDB transaction open
+            delta, self._cursor, epoch, (len(transaction.deltas), transaction.delta_bytes),
+            self._cancelled)
         if reservation is None:
             return False
         if transaction.staging is not None and not transaction.staging.hold(size):
@@ -788,7 +794,7 @@ class Session:
         """The transaction may write tables the DuckDB way from now on (``engine.deltas``
         rule 4): no delta is kept meanwhile, and the committed ones are applied first."""
         if not transaction.delta_writer:
-            self._applier.writer_begins()
+            self._applier.writer_begins(self._cancelled)
             transaction.delta_writer = True
 
     def _flush_deltas(self, transaction: Transaction) -> None:
@@ -816,10 +822,10 @@ class Session:
         text would now write another table, perhaps one this identity may not write, where
         the DuckDB way ran it at its statement and its COMMIT would fail with 40001."""
         name = delta_plan.table[2]
-        relation = deltas.relation_of(self._cursor, name)
-        columns = tables.upsert_columns(self._cursor, name, delta_plan.keys)
         kept_for = (*delta_plan.table[:2], delta_plan.table_oid)
-        if relation != kept_for or columns != delta_plan.columns:
+        resolves = deltas.resolves_to(self._cursor, name, kept_for)
+        columns = tables.upsert_columns(self._cursor, name, delta_plan.keys, kept_for[:2])
+        if not resolves or columns != delta_plan.columns:
             raise SerializationFailure(
                 f'table "{name}", which this transaction added to, was changed (renamed, dropped '
                 "or altered) by another transaction since; retry"
@@ -842,6 +848,9 @@ class Session:
             return Result("DESCRIBE", introspection.describe_topic(database, operation.topic))
         if self.transaction is not None and self.transaction.explicit:
             raise ActiveSqlTransactionError("topic DDL cannot run inside a transaction block")
+        # The statement began as a DuckDB-way writer (``_begin_writer``): every committed
+        # delta was applied then, outside the commit lock, and none registers while it is
+        # open, so the checkpoint's drain below waits for nothing under the lock.
         with database.commit_lock:
             # Offset moves still only in commit records reach the offsets table first,
             # so a dropped and re-created consumer never inherits old moves.

@@ -1094,8 +1094,9 @@ _UPSERT_REFUSED_WORDS = ("COLLATE", "GENERATED", " AS (")
 
 
 def upsert_columns(
-    cursor: Connection, table: str, conflict: tuple[str, ...]
-) -> tuple[tuple[str, str], ...] | None:
+    cursor: Connection, table: str, conflict: tuple[str, ...],
+    where: tuple[str, str] | None = None,
+) -> tuple[tuple[str, str], ...] | None:  # fmt: skip
     """The columns ((name, DuckDB type), in order, lower case) of ``table`` as this cursor's
     transaction sees it, if the counter-upsert shortcut is sound on it, else None.
 
@@ -1104,16 +1105,18 @@ def upsert_columns(
     the INSERT), its only unique constraint is exactly ``conflict`` (a primary key or
     UNIQUE, so the INSERT conflicts only on it), no CHECK or FOREIGN KEY constraint, no
     other index, no collation, no generated column, and key types compared as the index
-    compares them.
+    compares them. ``where`` (database, schema): the table of that name there, whatever
+    other schemas hold (the caller knows the name resolves to it).
     """
     wanted = table.lower()
+    place = "" if where is None else " AND database_name = ? AND schema_name = ?"
     with translated():
         cursor.execute(
             "SELECT database_name, schema_name, sql FROM duckdb_tables() "
-            "WHERE lower(table_name) = ? UNION ALL "
+            f"WHERE lower(table_name) = ?{place} UNION ALL "
             "SELECT database_name, schema_name, NULL FROM duckdb_views() "
-            "WHERE lower(view_name) = ?",
-            [wanted, wanted],
+            f"WHERE lower(view_name) = ?{place}",
+            [wanted, *(where or ()), wanted, *(where or ())],
         )
         relations = cursor.fetchall()
         if len(relations) != 1 or relations[0][2] is None:

@@ -318,3 +318,146 @@ def test_kept_deltas_count_in_the_staged_memory_budget(db) -> None:
     assert not session.transaction.deltas  # ran the DuckDB way
     session.execute("COMMIT")
     assert rows(session, "SELECT n FROM c") == [{"n": 3}]
+
+
+# -- review R4: backpressure, cancellable waits, a same-named table elsewhere --------------
+def _until(predicate, what: str) -> None:
+    """Wait (bounded) for an expected event of another thread."""
+    for _ in range(1000):
+        if predicate():
+            return
+        time.sleep(0.01)
+    raise AssertionError(f"never happened: {what}")
+
+
+def _in_thread(work) -> tuple[threading.Thread, list]:
+    out: list = []
+
+    def run() -> None:
+        try:
+            out.append(work())
+        except TopicbaseError as error:
+            out.append(error)
+
+    thread = threading.Thread(target=run, daemon=True)
+    thread.start()
+    return thread, out
+
+
+@pytest.fixture
+def held(db):
+    """A database whose applier cannot apply a group (``_apply_lock`` held) until released;
+    a table ``c`` with one applied delta (its bound learned)."""
+    session = db.connect()
+    session.execute("CREATE TABLE c (k INTEGER PRIMARY KEY, n BIGINT)")
+    assert _kept(session, UPSERT, [1, 1])
+    rows(session, "SELECT * FROM c")
+    applier = db.committer.deltas
+    applier._apply_lock.acquire()
+    released = []
+
+    def release() -> None:
+        if not released:
+            released.append(True)
+            applier._apply_lock.release()
+
+    yield session, applier, release
+    release()
+
+
+def test_a_read_waiting_for_the_applier_ends_at_a_cancel(db, held) -> None:
+    session, applier, release = held
+    assert _kept(session, UPSERT, [1, 1])  # committed, not applied
+    reader = db.connect()
+    waits = applier.stats.waits
+    thread, out = _in_thread(lambda: rows(reader, "SELECT * FROM c"))
+    _until(lambda: applier.stats.waits > waits, "the read waits for the applier")
+    reader.cancel()
+    thread.join(10)
+    assert out and isinstance(out[0], TopicbaseError) and out[0].sqlstate == "57014"
+    release()
+    assert rows(reader, "SELECT * FROM c") == [{"k": 1, "n": 2}]
+
+
+def test_learning_a_bound_ends_at_a_cancel(db, held) -> None:
+    session, applier, release = held
+    session.execute("CREATE TABLE d (k INTEGER PRIMARY KEY, n BIGINT)")  # bound not known
+    writer = db.connect()
+    writer.execute("BEGIN")
+    thread, out = _in_thread(lambda: writer.execute(UPSERT.replace(" c ", " d "), [1, 1]))
+    _until(lambda: not thread.is_alive() or applier._apply_lock.locked(), "the statement runs")
+    writer.cancel()  # waits in ``_learn`` for the apply lock until then
+    thread.join(10)
+    assert out and isinstance(out[0], TopicbaseError) and out[0].sqlstate == "57014"
+    writer.execute("ROLLBACK")
+    release()
+
+
+def test_topic_ddl_waits_for_the_applier_outside_the_commit_lock_and_ends_at_a_cancel(
+        db, held) -> None:  # fmt: skip
+    session, applier, release = held
+    assert _kept(session, UPSERT, [1, 1])  # committed, not applied
+    ddl = db.connect()
+    waits = applier.stats.waits
+    thread, out = _in_thread(lambda: ddl.execute("CREATE TOPIC t WITH (min_active_partitions = 1)"))
+    _until(lambda: applier.stats.waits > waits, "the DDL waits for the applier")
+    assert db.commit_lock.acquire(timeout=10), "the DDL waits under the commit lock"
+    db.commit_lock.release()
+    ddl.cancel()
+    thread.join(10)
+    assert out and isinstance(out[0], TopicbaseError) and out[0].sqlstate == "57014"
+    release()
+    ddl.execute("CREATE TOPIC t WITH (min_active_partitions = 1)")
+    assert rows(session, "SELECT k, n FROM c") == [{"k": 1, "n": 2}]
+
+
+def test_committed_unapplied_deltas_are_bounded(db, held, monkeypatch) -> None:
+    """Past the database-wide bound no delta is kept: the upsert runs the DuckDB way
+    (which waits for the queue), so the queue never grows past it."""
+    session, applier, release = held
+    monkeypatch.setattr(deltas, "PENDING_RECORDS_MAX", 2)
+    assert _kept(session, UPSERT, [1, 1]) and _kept(session, UPSERT, [1, 1])
+    assert applier.pending == 2
+    thread, out = _in_thread(lambda: _kept(session, UPSERT, [1, 1]))
+    _until(lambda: applier.stats.refused.get("backlog", 0) >= 1, "the third is refused")
+    assert applier.pending == 2
+    release()
+    thread.join(10)
+    assert out == [False]  # ran the DuckDB way
+    assert rows(session, "SELECT n FROM c") == [{"n": 4}]
+
+
+def test_a_commit_past_the_bound_runs_its_deltas_the_duckdb_way(db, held, monkeypatch) -> None:
+    session, applier, release = held
+    monkeypatch.setattr(deltas, "PENDING_RECORDS_MAX", 1)
+    other = db.connect()
+    session.execute("BEGIN")
+    session.execute(UPSERT, [1, 1])
+    other.execute("BEGIN")
+    other.execute(UPSERT, [1, 1])
+    assert session.transaction.deltas and other.transaction.deltas
+    session.execute("COMMIT")  # the queue is full now
+    assert applier.pending == 1
+    thread, out = _in_thread(lambda: other.execute("COMMIT"))
+    _until(lambda: applier.stats.refused.get("backlog", 0) >= 1, "the commit is refused")
+    assert applier.pending == 1
+    release()
+    thread.join(10)
+    assert out and not isinstance(out[0], TopicbaseError)
+    assert rows(session, "SELECT n FROM c") == [{"n": 3}]
+
+
+def test_a_same_named_table_in_another_schema_does_not_refuse_commit(db) -> None:
+    """A kept statement run the DuckDB way (a DDL came in between) still writes its table
+    when another user created a table of its name in another schema: DuckDB resolves the
+    bare name through the search path to the same table, as the DuckDB way would."""
+    session, other = db.connect(), db.connect()
+    session.execute("CREATE TABLE c (k INTEGER PRIMARY KEY, n BIGINT)")
+    session.execute("BEGIN")
+    session.execute(UPSERT, [1, 1])
+    assert session.transaction.deltas
+    other.execute("CREATE SCHEMA s2")
+    other.execute("CREATE TABLE s2.c (x INTEGER)")
+    session.execute("COMMIT")
+    assert rows(other, "SELECT k, n FROM main.c") == [{"k": 1, "n": 1}]
+    assert rows(other, "SELECT * FROM s2.c") == []
