@@ -39,6 +39,13 @@ NESTED_WRITES = [
     "SELECT * FROM (WITH d AS (DELETE FROM kv RETURNING *) SELECT * FROM d) AS s",
     "WITH d AS (/* c */ DELETE FROM kv RETURNING *) SELECT 1",
 ]
+# Refused by the sandbox whatever the planner made of them (sqlglot reads PREPARE as a
+# command, and DuckDB's own binder refuses the last two too).
+SANDBOX_ALSO = [
+    f"PREPARE p AS {NESTED_WRITES[0]}",
+    "CREATE VIEW w AS WITH d AS (DELETE FROM kv RETURNING *) SELECT * FROM d",
+    "CREATE MACRO m() AS TABLE WITH d AS (DELETE FROM kv RETURNING *) SELECT * FROM d",
+]
 STILL_ALLOWED = [
     "WITH x AS (SELECT 5 AS k, 'five' AS v) INSERT INTO kv SELECT * FROM x",
     "INSERT INTO kv VALUES (1, 'z') ON CONFLICT (k) DO UPDATE SET v = excluded.v",
@@ -88,7 +95,7 @@ def test_the_planner_refuses_nested_writes(sql: str) -> None:
         analyse_sql(sql)
 
 
-@pytest.mark.parametrize("sql", [*NESTED_WRITES, f"PREPARE p AS {NESTED_WRITES[0]}"])
+@pytest.mark.parametrize("sql", NESTED_WRITES + SANDBOX_ALSO)
 def test_the_sandbox_refuses_nested_writes_by_itself(sql: str) -> None:
     for superuser in (True, False):
         with pytest.raises(FeatureNotSupportedError, match="data-modifying"):
@@ -112,7 +119,7 @@ def test_nested_writes_demand_their_privileges() -> None:
 
 
 def test_every_form_is_refused_and_changes_nothing(session: Session) -> None:
-    for sql in [*NESTED_WRITES, f"PREPARE p AS {NESTED_WRITES[0]}"]:
+    for sql in NESTED_WRITES + SANDBOX_ALSO:
         with pytest.raises(TopicbaseError) as caught:
             session.execute(sql)
         assert caught.value.sqlstate == "0A000", sql

@@ -55,8 +55,10 @@ import contextlib
 import logging
 import re
 import secrets
+import socket
 import ssl
 import struct
+import time
 from collections.abc import Callable, Coroutine
 from typing import Any, NamedTuple, Protocol
 
@@ -144,7 +146,11 @@ _LENGTH = struct.Struct("!i")
 _KINDS = [bytes([code]) for code in range(256)]  # a message's type byte as ``bytes``
 ROWS_PER_CHUNK = 1000
 OWN_THREAD_STOP_S = 5  # a cancelled connection's thread is waited for this long
+CLOSE_DRAIN_S = 10  # a closing connection's last output waits this long for the client
 INLINE_VALUES = 64  # results this small are encoded on the event loop (send_rows)
+# Output the transport may hold after a message before the loop waits for the client to
+# read some (besides Sync, Flush and a Query's end, where it always does).
+OUTPUT_HELD_MAX = 1024 * 1024
 _STATUS = {SessionState.IDLE: "I", SessionState.IN_TRANSACTION: "T", SessionState.FAILED: "E"}
 # Messages the loop answers with nothing of their own: Flush (H) only asks for the drain,
 # and CopyData/CopyDone/CopyFail (d, c, f) arriving after a COPY failed are ignored, as
@@ -281,6 +287,9 @@ class Connection(ExtendedProtocol):
                                                       server.settings)  # fmt: skip
         self.has_slot = False  # counted in server.sessions (one of connections_max)
         self.waiting_for_query = False  # ReadyForQuery sent, no message since: idle
+        # While idle: when its idle timeout ends (monotonic) and whether it is the one of a
+        # transaction; set as the wait begins, kept until a whole message came (_idle_deadline).
+        self._idle_until: tuple[float, bool] | None = None
         # The largest length word ``message_body_length`` accepts (the type byte aside).
         self._length_max = 4 + min(WIRE_MESSAGE_LENGTH_MAX - 4, server.limits.message_bytes_max)
         # What the command handlers (connection.commands and below) see of this connection.
@@ -319,6 +328,7 @@ class Connection(ExtendedProtocol):
         reports = self.catalog.changes.take_reports()
         statuses = b"".join(m.parameter_status(name, value) for name, value in reports)
         self.waiting_for_query = True  # idle from now until the next message
+        self._idle_until = None  # its idle timeout starts when the wait does
         return statuses + m.ready_for_query(self.status())
 
     # -- lifetime --------------------------------------------------------------------------
@@ -330,12 +340,11 @@ class Connection(ExtendedProtocol):
             if not await self._until_the_end(self.startup()):
                 return
             if own_thread.movable(self.writer):
-                moved = True
-                await self._serve_on_own_thread()
+                moved = await self._serve_on_own_thread()
             else:
                 await self._until_the_end(self.serve_messages())
         finally:
-            if not moved:
+            if not moved:  # else the connection's own thread closed it
                 await self.close()
 
     async def _until_the_end(self, step: Coroutine[Any, Any, Any]) -> Any:
@@ -352,14 +361,31 @@ class Connection(ExtendedProtocol):
             self.send(m.error_response(error.sqlstate, error.message, severity="FATAL"))
         return None
 
-    async def _serve_on_own_thread(self) -> None:
+    async def _serve_on_own_thread(self) -> bool:
         """Move the socket to a thread of its own and serve the messages there; returns
-        when the connection ended there (closed there too). Cancelled (the server stops,
-        ``PgServer.stop``), it cancels the connection's thread and waits for its end."""
-        moved, pending = own_thread.detach(self.reader, self.writer)
-        self.executor.shutdown(wait=False)  # engine calls run inline from now on
+        True when the connection ended there (closed there too). Cancelled (the server
+        stops, ``PgServer.stop``), it cancels the connection's thread and waits for its end.
 
-        async def serve_there() -> None:
+        False: the thread never started, and the caller closes the connection (its slot,
+        its session). If the thread's wake-up fd or the socket's duplicate cannot be had
+        (EMFILE), nothing moved yet and the connection is served here instead; if the
+        thread cannot start, the moved socket is closed and the connection ends."""
+        name = f"topicbase-pgwire-{self.process_id}"
+        try:
+            thread = own_thread.OwnThread(name, lambda: serve_there(moved, pending))
+        except OSError as error:  # its wake-up fd
+            log.warning("connection %d stays on the server's loop: %s", self.process_id, error)
+            await self._until_the_end(self.serve_messages())
+            return False
+        try:
+            moved, pending = own_thread.detach(self.reader, self.writer)
+        except OSError as error:  # the socket's duplicate: nothing was taken from the loop
+            thread.close()
+            log.warning("connection %d stays on the server's loop: %s", self.process_id, error)
+            await self._until_the_end(self.serve_messages())
+            return False
+
+        async def serve_there(moved: socket.socket, pending: bytes) -> None:
             try:
                 self.reader, self.writer = await own_thread.attach(moved, pending)
                 self.context.reader = self.reader
@@ -373,9 +399,16 @@ class Connection(ExtendedProtocol):
                 await self.close()
 
         # Set before the thread starts: its first ``call``/``close`` already reads it.
-        self.own_thread = own_thread.OwnThread(f"topicbase-pgwire-{self.process_id}",
-                                               serve_there)  # fmt: skip
-        self.own_thread.start()
+        self.own_thread = thread
+        try:
+            thread.start()
+        except RuntimeError:  # "can't start new thread": the socket has left the loop already
+            self.own_thread = None
+            thread.close()
+            moved.close()
+            log.warning("connection %d: its thread did not start", self.process_id)
+            return False
+        self.executor.shutdown(wait=False)  # engine calls run inline from now on
         done = asyncio.wrap_future(self.own_thread.done)
         try:
             await asyncio.shield(done)
@@ -384,14 +417,28 @@ class Connection(ExtendedProtocol):
             with contextlib.suppress(BaseException):
                 await asyncio.wait_for(done, timeout=OWN_THREAD_STOP_S)
             raise
+        return True
 
     def close_socket(self) -> None:
         """Close the connection's socket from the server's loop (``PgServer.stop``)."""
         self.socket_closed = True  # read on the own thread once its socket is attached
         if self.own_thread is None:
-            self.writer.close()
+            self._stop_writer()
         else:
-            self.own_thread.call_soon(lambda: self.writer.close())
+            self.own_thread.call_soon(self._stop_writer)
+
+    def _stop_writer(self) -> None:
+        """The server stops: close the socket, dropping output the transport still holds
+        (a client that does not read would hold the transport, and with it the
+        connection's thread and session, open for ever; what the kernel took still goes
+        out). Runs on the thread whose loop has the writer."""
+        writer = self.writer
+        if isinstance(writer, GatheringWriter):
+            writer.flush()
+        if writer.transport.get_write_buffer_size():
+            writer.transport.abort()
+        else:
+            writer.close()
 
     async def close(self) -> None:
         """End the connection: its transaction is rolled back (staged writes freed) and its
@@ -409,8 +456,15 @@ class Connection(ExtendedProtocol):
             except Exception:
                 log.exception("closing a session failed")
         self.executor.shutdown(wait=False)
-        with contextlib.suppress(ConnectionError):
-            await self.writer.drain()
+        if self.socket_closed:  # the server stops (``_stop_writer``): nothing more goes out
+            self.writer.transport.abort()
+            return
+        try:  # the last messages (a FATAL error) go out unless the client does not read
+            async with asyncio.timeout(CLOSE_DRAIN_S):
+                await self.writer.drain()
+        except (ConnectionError, TimeoutError):
+            self.writer.transport.abort()
+            return
         self.writer.close()
 
     async def startup(self) -> bool:
@@ -496,19 +550,13 @@ class Connection(ExtendedProtocol):
     async def serve_messages(self) -> None:
         # Responses are kept until a drain (Sync, Flush, end of Query, before COPY data is
         # awaited): one socket write per flight instead of one per message (connection.output).
+        transport = self.writer.transport
         self.writer = GatheringWriter(self.writer)
         while True:
             taken = self._buffered_message()
             if taken is None and self.direct is not None and self._read_directly():
                 continue  # more bytes in the buffer: look again
-            if taken is None:
-                header = await self._next_header()
-                body = await self.reader.readexactly(
-                    wire_limits.message_body_length(header, self.server.limits)
-                )
-                kind = header[:1]
-            else:
-                kind, body = taken
+            kind, body = taken if taken is not None else await self._next_message()
             if kind in (b"Q", b"P") and await self._statement_too_large(kind, body):
                 continue
             if kind == b"X":
@@ -536,7 +584,9 @@ class Connection(ExtendedProtocol):
                         self.skipping = True
             elif kind not in _NOTHING_TO_DO:
                 raise m.ProtocolError(f"invalid frontend message type {kind!r}")
-            if kind in (b"Q", b"S", b"H"):
+            if kind in (b"Q", b"S", b"H") or transport.get_write_buffer_size() > OUTPUT_HELD_MAX:
+                # A client that sends and does not read (Bind/Execute without Sync) waits
+                # with its messages unread until it reads: the output held stays bounded.
                 await self.writer.drain()
 
     def _buffered_message(self) -> tuple[bytes, bytes] | None:
@@ -569,34 +619,55 @@ class Connection(ExtendedProtocol):
     def _read_directly(self) -> bool:
         """Wait for the client's next bytes on the connection's own thread without a turn
         of its event loop (``own_thread.DirectReads``); True when some came. While the
-        session is idle its idle timeout runs, as in ``_next_header`` (restarted by each
-        part of a message that comes). False: the loop's read takes over."""
+        session is idle its idle timeout runs, as in ``_next_message`` (one deadline: a part
+        of a message that comes does not restart it). False: the loop's read takes over."""
         assert self.direct is not None
-        limit = self._idle_limit() if self.waiting_for_query else None
-        came = self.direct.wait(None if limit is None else limit[0])
+        deadline = self._idle_deadline() if self.waiting_for_query else None
+        if deadline is None:
+            came = self.direct.wait(None)
+        else:
+            came = self.direct.wait(max(0.0, deadline[0] - time.monotonic()))
         if came is None:
-            assert limit is not None
-            raise _idle_error(limit[1])
+            assert deadline is not None
+            raise _idle_error(deadline[1])
         return came
 
     # -- idle timeouts and the statement log --------------------------------------------------
-    async def _next_header(self) -> bytes:
-        """The next message's header. While the session is idle (ReadyForQuery went out and
-        nothing came since) its idle timeout runs: past it, ``IdleInTransactionSession-
-        TimeoutError`` (25P03) inside a transaction, else ``IdleSessionTimeoutError`` (57P05);
-        ``run`` sends it as FATAL and ``close`` rolls the transaction back."""
-        limit = self._idle_limit() if self.waiting_for_query else None
-        if limit is None:
-            header = await self.reader.readexactly(5)
+    async def _next_message(self) -> tuple[bytes, bytes]:
+        """The next message's type and body. While the session is idle (ReadyForQuery went
+        out and nothing came since) its idle timeout runs until the whole message came, as
+        in PostgreSQL (one deadline from the start of the wait: a client trickling a message
+        byte by byte does not dodge it): past it, ``IdleInTransactionSessionTimeoutError``
+        (25P03) inside a transaction, else ``IdleSessionTimeoutError`` (57P05); ``run``
+        sends it as FATAL and ``close`` rolls the transaction back."""
+        reader = self.reader
+        deadline = self._idle_deadline() if self.waiting_for_query else None
+        if deadline is None:
+            header = await reader.readexactly(5)
+            body = await reader.readexactly(
+                wire_limits.message_body_length(header, self.server.limits))  # fmt: skip
         else:
-            timeout_s, in_transaction = limit
             try:
-                async with asyncio.timeout(timeout_s):
-                    header = await self.reader.readexactly(5)
+                async with asyncio.timeout(max(0.0, deadline[0] - time.monotonic())):
+                    header = await reader.readexactly(5)
+                    body = await reader.readexactly(
+                        wire_limits.message_body_length(header, self.server.limits))  # fmt: skip
             except TimeoutError:
-                raise _idle_error(in_transaction) from None
+                raise _idle_error(deadline[1]) from None
         self.waiting_for_query = False
-        return header
+        return header[:1], body
+
+    def _idle_deadline(self) -> tuple[float, bool] | None:
+        """While the session is idle: when its idle timeout ends (``time.monotonic``) and
+        whether it is the one of a transaction, set by the first wait after ReadyForQuery
+        and kept by every later wait until a whole message came; None without a timeout."""
+        deadline = self._idle_until
+        if deadline is None:
+            limit = self._idle_limit()
+            if limit is None:
+                return None
+            deadline = self._idle_until = (time.monotonic() + limit[0], limit[1])
+        return deadline
 
     def _idle_limit(self) -> tuple[float, bool] | None:
         """The idle timeout in force (seconds) and whether it is the one of a transaction

@@ -47,12 +47,12 @@ def detach(reader: asyncio.StreamReader, writer: asyncio.StreamWriter
     """Event loop thread: a duplicate of ``writer``'s socket and the bytes ``reader`` holds
     unread; the transport stops reading and is closed (the duplicate keeps the connection
     open). Nothing may be written to ``writer`` after this: the caller drained it."""
+    moved = writer.get_extra_info("socket").dup()  # first: it may fail (EMFILE), nothing taken
     transport = writer.transport
     transport.pause_reading()
     held = reader._buffer  # no public way to take what is buffered
     pending = bytes(held)
     held.clear()
-    moved = writer.get_extra_info("socket").dup()
     transport.abort()  # closes its descriptor only: the duplicate holds the socket
     return moved, pending
 
@@ -134,6 +134,16 @@ class OwnThread:
             loop.close()
             with self._wake_lock:
                 fd, self.wake_fd = self.wake_fd, -1
+                if fd >= 0:
+                    os.close(fd)
+
+    def close(self) -> None:
+        """Give back the wake-up fd of a thread that never started (a started one closes
+        it as its loop ends)."""
+        assert not self._thread.is_alive() and self._loop is None
+        with self._wake_lock:
+            fd, self.wake_fd = self.wake_fd, -1
+            if fd >= 0:
                 os.close(fd)
 
     def call_soon(self, function: Callable[[], Any]) -> None:
