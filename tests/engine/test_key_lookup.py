@@ -21,6 +21,7 @@ from engine.result import Result
 from engine.session import Session
 from planner.key_lookup import lookup_shape
 from storage.errors import TopicbaseError
+from tests.key_lookup_spy import served_lookups
 
 ALICE = Identity("alice", superuser=False)
 
@@ -29,18 +30,7 @@ ALICE = Identity("alice", superuser=False)
 def served(monkeypatch: pytest.MonkeyPatch) -> list[int]:
     """Lookups the index answered (appended to by a spy), with builds after 1 lookup
     (and every build counted as paid for: the threshold stays 1)."""
-    monkeypatch.setattr(key_lookup, "FIRST_BUILD_LOOKUPS", 1)
-    monkeypatch.setattr(key_lookup, "SAVING_PER_LOOKUP_S", 1.0)
-    monkeypatch.delenv(key_lookup.BYTES_VARIABLE, raising=False)
-    calls: list[int] = []
-    original = key_lookup._result
-
-    def spy(*arguments: Any) -> Any:
-        calls.append(1)
-        return original(*arguments)
-
-    monkeypatch.setattr(key_lookup, "_result", spy)
-    return calls
+    return served_lookups(monkeypatch)
 
 
 def _outcome(session: Session, sql: str, parameters: Any = None) -> tuple[Any, ...]:

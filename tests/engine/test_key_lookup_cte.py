@@ -16,10 +16,10 @@ from typing import Any
 
 import pytest
 
-from engine import key_lookup
 from engine.database import Database
 from engine.session import Session
 from storage.errors import TopicbaseError
+from tests.key_lookup_spy import served_lookups
 
 WRITES = [
     "WITH u AS (UPDATE kv SET v = 'new' WHERE k = 1 RETURNING *) SELECT * FROM u",
@@ -31,18 +31,7 @@ WRITES = [
 @pytest.fixture
 def served(monkeypatch: pytest.MonkeyPatch) -> list[int]:
     """Lookups the key path answered (a spy), with an index built after one lookup."""
-    monkeypatch.setattr(key_lookup, "FIRST_BUILD_LOOKUPS", 1)
-    monkeypatch.setattr(key_lookup, "SAVING_PER_LOOKUP_S", 1.0)
-    monkeypatch.delenv(key_lookup.BYTES_VARIABLE, raising=False)
-    calls: list[int] = []
-    original = key_lookup._result
-
-    def spy(*arguments: Any) -> Any:
-        calls.append(1)
-        return original(*arguments)
-
-    monkeypatch.setattr(key_lookup, "_result", spy)
-    return calls
+    return served_lookups(monkeypatch)
 
 
 @pytest.fixture

@@ -25,6 +25,7 @@ from engine import deltas, key_lookup
 from engine.database import Database
 from engine.session import Session
 from storage import failpoints
+from tests.key_lookup_spy import served_lookups
 
 UPSERT = "INSERT INTO counters VALUES (?, ?) ON CONFLICT (k) DO UPDATE SET n = n + EXCLUDED.n"
 LOOKUP = "SELECT n FROM counters WHERE k = $1"
@@ -34,19 +35,8 @@ WAIT_S = 60  # a bound for a hung test, not a timing the test asserts
 @pytest.fixture
 def served(monkeypatch: pytest.MonkeyPatch) -> list[int]:
     """Lookups the key path answered (a spy), with an index built after one lookup."""
-    monkeypatch.setattr(key_lookup, "FIRST_BUILD_LOOKUPS", 1)
-    monkeypatch.setattr(key_lookup, "SAVING_PER_LOOKUP_S", 1.0)
-    monkeypatch.delenv(key_lookup.BYTES_VARIABLE, raising=False)
     monkeypatch.delenv("TOPICBASE_COUNTER_DELTAS", raising=False)
-    calls: list[int] = []
-    original = key_lookup._result
-
-    def spy(*arguments: Any) -> Any:
-        calls.append(1)
-        return original(*arguments)
-
-    monkeypatch.setattr(key_lookup, "_result", spy)
-    return calls
+    return served_lookups(monkeypatch)
 
 
 @pytest.fixture

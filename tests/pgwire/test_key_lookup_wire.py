@@ -10,6 +10,7 @@ import psycopg
 import pytest
 
 from engine import key_lookup
+from tests.key_lookup_spy import served_lookups
 
 WIDE = (
     "CREATE TABLE wide (k BIGINT PRIMARY KEY, b BOOLEAN, i2 SMALLINT, u4 UINTEGER, "
@@ -27,18 +28,8 @@ ROWS = [
 
 @pytest.fixture
 def served(monkeypatch: pytest.MonkeyPatch) -> list[int]:
-    monkeypatch.setattr(key_lookup, "FIRST_BUILD_LOOKUPS", 1)
-    monkeypatch.setattr(key_lookup, "SAVING_PER_LOOKUP_S", 1.0)
-    monkeypatch.delenv(key_lookup.BYTES_VARIABLE, raising=False)
-    calls: list[int] = []
-    original = key_lookup._result
-
-    def spy(*arguments: Any) -> Any:
-        calls.append(1)
-        return original(*arguments)
-
-    monkeypatch.setattr(key_lookup, "_result", spy)
-    return calls
+    """Lookups the key path answered (a spy), with an index built after one lookup."""
+    return served_lookups(monkeypatch)
 
 
 def _raw(
