@@ -22,6 +22,7 @@ import pytest
 from storage.config import FsyncPolicy
 from storage.errors import PartitionFencedError, StorageIOError
 from storage.fs import FileSystem
+from tests.storage_sync import flushed, two_records
 
 WAIT_S = 10.0  # a bound for a thread that should finish at once (never reached if green)
 
@@ -116,12 +117,8 @@ def test_a_failed_sync_of_a_cut_fails_every_later_sync_of_the_log(
     open_partition: Any, batch: Any
 ) -> None:
     fs = _FailingDisk()
-    partition = open_partition(file_system=fs, fsync_policy=FsyncPolicy.NEVER)
-    partition.append(batch(2))
-    segment = partition._segments[-1]
-    with partition._write_lock:
-        held = segment.flush_for_sync()
-    assert held is not None
+    partition = two_records(open_partition, batch, fs, FsyncPolicy.NEVER)
+    segment, held = flushed(partition)
     fs.writeback_error = True
     with pytest.raises(StorageIOError, match="test writeback"):
         segment.truncate_to(segment.size_bytes, segment.next_offset)
@@ -135,8 +132,7 @@ def test_a_fence_in_the_gap_fails_the_checkpoint_sync_that_succeeded(
     open_partition: Any, batch: Any
 ) -> None:
     fs = _FailingDisk()
-    partition = open_partition(file_system=fs, fsync_policy=FsyncPolicy.NEVER)
-    partition.append(batch(2))
+    partition = two_records(open_partition, batch, fs, FsyncPolicy.NEVER)
     checkpoint = _Checkpoint(partition)
     fs.fail_writes = True
     with pytest.raises(StorageIOError):
@@ -150,8 +146,7 @@ def test_a_fence_in_the_gap_fails_the_checkpoint_sync_that_succeeded(
 
 def test_a_cut_after_a_failed_sync_is_still_synced(open_partition: Any, batch: Any) -> None:
     fs = _FailingDisk()
-    partition = open_partition(file_system=fs, fsync_policy=FsyncPolicy.NEVER)
-    partition.append(batch(2))
+    partition = two_records(open_partition, batch, fs, FsyncPolicy.NEVER)
     segment = partition._segments[-1]
     fs.writeback_error = True
     with pytest.raises(StorageIOError):

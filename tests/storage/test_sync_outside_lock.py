@@ -20,6 +20,7 @@ import pytest
 from storage.config import FsyncPolicy
 from storage.errors import PartitionFencedError, StorageIOError
 from storage.fs import FileSystem
+from tests.storage_sync import flushed, two_records
 
 WAIT_S = 10.0  # a bound for a thread that should finish at once (never reached if green)
 
@@ -62,8 +63,7 @@ def test_appends_go_on_while_a_checkpoint_syncs(
     open_partition: Any, batch: Any, read_all: Any
 ) -> None:
     fs = _BlockingSync()
-    partition = open_partition(file_system=fs, fsync_policy=FsyncPolicy.NEVER)
-    partition.append(batch(2))
+    partition = two_records(open_partition, batch, fs, FsyncPolicy.NEVER)
     fs.block = True
     syncing, sync_errors = _in_thread(partition.sync)
     assert fs.entered.wait(WAIT_S)
@@ -89,11 +89,8 @@ def test_after_a_failed_sync_every_later_sync_of_the_log_fails(
     open_partition: Any, batch: Any
 ) -> None:
     fs = _BlockingSync()
-    partition = open_partition(file_system=fs, fsync_policy=FsyncPolicy.NEVER)
-    partition.append(batch(2))
-    segment = partition._segments[-1]
-    held = segment.flush_for_sync()
-    assert held is not None
+    partition = two_records(open_partition, batch, fs, FsyncPolicy.NEVER)
+    segment, held = flushed(partition, locked=False)
     fs.fail = True
     with pytest.raises(StorageIOError):
         segment.sync_published(held)  # a checkpoint's sync, before it fences
@@ -108,8 +105,7 @@ def test_a_failed_checkpoint_sync_fences_the_partition_and_no_sync_after_it_pass
     open_partition: Any, batch: Any
 ) -> None:
     fs = _BlockingSync()
-    partition = open_partition(file_system=fs, fsync_policy=FsyncPolicy.NEVER)
-    partition.append(batch(2))
+    partition = two_records(open_partition, batch, fs, FsyncPolicy.NEVER)
     segment = partition._segments[-1]
     fs.fail = True
     with pytest.raises(StorageIOError):
@@ -128,12 +124,8 @@ def test_a_group_commit_after_a_failed_checkpoint_sync_is_not_acknowledged(
     open_partition: Any, batch: Any
 ) -> None:
     fs = _BlockingSync()
-    partition = open_partition(file_system=fs, fsync_policy=FsyncPolicy.ALWAYS)
-    partition.append(batch(2))
-    segment = partition._segments[-1]
-    with partition._write_lock:
-        held = segment.flush_for_sync()
-    assert held is not None
+    partition = two_records(open_partition, batch, fs, FsyncPolicy.ALWAYS)
+    segment, held = flushed(partition)
     fs.fail = True
     with pytest.raises(StorageIOError):
         segment.sync_published(held)
