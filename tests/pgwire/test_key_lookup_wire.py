@@ -4,6 +4,7 @@ for every type, in text and binary, and a COPY into the table seen by the next l
 from __future__ import annotations
 
 from collections.abc import Callable
+from functools import partial
 from typing import Any
 
 import psycopg
@@ -30,6 +31,23 @@ ROWS = [
 def served(monkeypatch: pytest.MonkeyPatch) -> list[int]:
     """Lookups the key path answered (a spy), with an index built after one lookup."""
     return served_lookups(monkeypatch)
+
+
+def _wide(connect: Callable[..., psycopg.Connection]) -> psycopg.Connection:
+    """An autocommit connection to a database holding ``wide`` with ``ROWS``."""
+    connection = connect(autocommit=True)
+    connection.execute(WIDE)
+    connection.execute(f"INSERT INTO wide VALUES {', '.join(ROWS)}")
+    return connection
+
+
+def _twice_the_duckdb_way(monkeypatch: pytest.MonkeyPatch, read: Callable[[], Any]) -> list[Any]:
+    """``read`` run twice with the key path off (``TOPICBASE_KEY_INDEX_BYTES=0``), then
+    the path turned back on."""
+    monkeypatch.setenv(key_lookup.BYTES_VARIABLE, "0")
+    answers = [read() for _ in range(2)]
+    monkeypatch.delenv(key_lookup.BYTES_VARIABLE)
+    return answers
 
 
 def _raw(
@@ -61,9 +79,7 @@ def test_the_wire_sends_the_same_bytes_both_ways(
     served: list[int],
     monkeypatch: pytest.MonkeyPatch,
 ) -> None:
-    connection = connect(autocommit=True)
-    connection.execute(WIDE)
-    connection.execute(f"INSERT INTO wide VALUES {', '.join(ROWS)}")
+    connection = _wide(connect)
     queries = [
         "SELECT * FROM wide WHERE k = %s",
         "SELECT s, f, d, bl, b FROM wide WHERE k = %s",
@@ -72,9 +88,9 @@ def test_the_wire_sends_the_same_bytes_both_ways(
     for sql in queries:
         for binary in (False, True, None):
             for key in (1, 2, 3):
-                monkeypatch.setenv(key_lookup.BYTES_VARIABLE, "0")
-                duckdb_way = [_raw(connection, sql, key, binary) for _ in range(2)]
-                monkeypatch.delenv(key_lookup.BYTES_VARIABLE)
+                duckdb_way = _twice_the_duckdb_way(
+                    monkeypatch, partial(_raw, connection, sql, key, binary)
+                )
                 before = len(served)
                 index_way = [_raw(connection, sql, key, binary) for _ in range(2)]
                 assert index_way == duckdb_way, (sql, binary, key)
@@ -105,9 +121,7 @@ def test_copy_and_cursors_over_a_lookup_read_the_same_batches(
     served: list[int],
     monkeypatch: pytest.MonkeyPatch,
 ) -> None:
-    connection = connect(autocommit=True)
-    connection.execute(WIDE)
-    connection.execute(f"INSERT INTO wide VALUES {', '.join(ROWS)}")
+    connection = _wide(connect)
 
     def read() -> tuple[Any, ...]:
         copied = []
@@ -119,9 +133,7 @@ def test_copy_and_cursors_over_a_lookup_read_the_same_batches(
             fetched = named.fetchall()
         return tuple(copied), fetched
 
-    monkeypatch.setenv(key_lookup.BYTES_VARIABLE, "0")
-    duckdb_way = [read() for _ in range(2)]
-    monkeypatch.delenv(key_lookup.BYTES_VARIABLE)
+    duckdb_way = _twice_the_duckdb_way(monkeypatch, read)
     before = len(served)
     assert [read() for _ in range(2)] == duckdb_way
     assert len(served) > before
