@@ -498,13 +498,20 @@ def test_indexes_are_built_after_enough_lookups_and_held_under_the_cap(
     assert "t1" not in registry.indexes
 
 
-def test_a_table_written_between_few_lookups_is_never_indexed(
-    session: Session, monkeypatch: pytest.MonkeyPatch
-) -> None:
-    monkeypatch.setattr(key_lookup, "FIRST_BUILD_LOOKUPS", 4)
+def _builds(monkeypatch: pytest.MonkeyPatch, *, first: int) -> list[str]:
+    """The tables the index was built for, in order (a spy on ``key_lookup._build``),
+    with the first build after ``first`` lookups."""
+    monkeypatch.setattr(key_lookup, "FIRST_BUILD_LOOKUPS", first)
     built: list[str] = []
     build = key_lookup._build
     monkeypatch.setattr(key_lookup, "_build", lambda d, n, *a: built.append(n) or build(d, n, *a))
+    return built
+
+
+def test_a_table_written_between_few_lookups_is_never_indexed(
+    session: Session, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    built = _builds(monkeypatch, first=4)
     session.execute("CREATE TABLE hot (k INTEGER PRIMARY KEY, n INTEGER)")
     session.execute("INSERT INTO hot VALUES (1, 0)")
     for _round in range(20):
@@ -554,10 +561,7 @@ def test_a_table_looked_up_by_other_columns_is_indexed_once_at_most(
     session: Session, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     """The first build learns the key; lookups by other columns no longer count."""
-    monkeypatch.setattr(key_lookup, "FIRST_BUILD_LOOKUPS", 3)
-    built: list[str] = []
-    build = key_lookup._build
-    monkeypatch.setattr(key_lookup, "_build", lambda d, n, *a: built.append(n) or build(d, n, *a))
+    built = _builds(monkeypatch, first=3)
     session.execute("CREATE TABLE t (k INTEGER PRIMARY KEY, j INTEGER)")
     session.execute("INSERT INTO t SELECT i, i % 10 FROM range(100) r(i)")
     for round_ in range(5):
