@@ -16,6 +16,7 @@ from __future__ import annotations
 import random
 import threading
 import time
+from collections.abc import Callable
 from pathlib import Path
 
 import pytest
@@ -30,6 +31,15 @@ UPSERT2 = ("INSERT INTO pairs VALUES (?, ?, ?) ON CONFLICT (k) DO UPDATE "
            "SET a = a + EXCLUDED.a, b = EXCLUDED.b + b")  # fmt: skip
 TABLES = ("CREATE TABLE counters (k VARCHAR PRIMARY KEY, n BIGINT NOT NULL); "
           "CREATE TABLE pairs (k INTEGER PRIMARY KEY, a INTEGER NOT NULL, b SMALLINT)")  # fmt: skip
+
+
+def _in_threads(run: Callable[[int], None], count: int) -> None:
+    """``run(0)`` .. ``run(count - 1)`` at once on threads of their own, all joined."""
+    threads = [threading.Thread(target=run, args=(i,)) for i in range(count)]
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join()
 
 
 @pytest.fixture
@@ -80,11 +90,7 @@ def _workload(database: Database, seed: int) -> None:
                 session.execute("ROLLBACK")
         session.close()
 
-    threads = [threading.Thread(target=run, args=(i,)) for i in range(4)]
-    for thread in threads:
-        thread.start()
-    for thread in threads:
-        thread.join()
+    _in_threads(run, 4)
 
 
 def test_results_equal_the_duckdb_way_for_mixes_of_keys_amounts_and_sessions(
@@ -148,11 +154,7 @@ def test_concurrent_sessions_add_up_exactly(db: Database) -> None:
                 committed[key] = committed.get(key, 0) + amount
         session.close()
 
-    threads = [threading.Thread(target=run, args=(i,)) for i in range(4)]
-    for thread in threads:
-        thread.start()
-    for thread in threads:
-        thread.join()
+    _in_threads(run, 4)
     session = db.connect()
     assert {k: v["n"] for k, v in _counters(session).items()} == committed
     assert db.committer.table_commits == 0  # every one committed in the log

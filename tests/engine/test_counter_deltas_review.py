@@ -48,6 +48,13 @@ def _kept(session, sql: str, parameters) -> bool:
     return kept
 
 
+def _begin_kept(session, parameters) -> None:
+    """Begin a transaction left open holding one ``UPSERT`` kept as a delta."""
+    session.execute("BEGIN")
+    session.execute(UPSERT, parameters)
+    assert session.transaction.deltas
+
+
 @pytest.mark.parametrize("superuser", [True, False])
 def test_a_delta_never_writes_the_internal_schema(db, superuser: bool) -> None:
     """``sink_batches`` lives in ``__topicbase``: the DuckDB way cannot resolve the bare
@@ -201,9 +208,7 @@ def test_a_kept_statement_is_never_re_targeted_at_commit(db, change: str) -> Non
     session, other = db.connect(), db.connect()
     session.execute("CREATE TABLE c (k INTEGER PRIMARY KEY, n BIGINT)")
     session.execute("INSERT INTO c VALUES (1, 100)")
-    session.execute("BEGIN")
-    session.execute(UPSERT, [1, 1])
-    assert session.transaction.deltas
+    _begin_kept(session, [1, 1])
     if change == "rename":
         other.execute("ALTER TABLE c RENAME TO d")
         other.execute("CREATE TABLE c (k INTEGER PRIMARY KEY, n BIGINT)")
@@ -225,9 +230,7 @@ def test_a_kept_statement_never_writes_a_re_created_table_it_has_no_privilege_on
     root.execute("CREATE TABLE c (k INTEGER PRIMARY KEY, n BIGINT)")
     root.execute("GRANT INSERT, UPDATE, SELECT ON c TO alice")
     _kept(alice, UPSERT, [1, 1])  # warms alice's privilege cache
-    alice.execute("BEGIN")
-    alice.execute(UPSERT, [2, 1])
-    assert alice.transaction.deltas
+    _begin_kept(alice, [2, 1])
     root.execute("DROP TABLE c")
     root.execute("CREATE TABLE c (k INTEGER PRIMARY KEY, n BIGINT)")  # no grant to alice
     with pytest.raises(SerializationFailure):
@@ -243,9 +246,7 @@ def test_a_writer_that_begins_during_the_commit_makes_it_commit_the_duckdb_way(
     session, other = db.connect(), db.connect()
     session.execute("CREATE TABLE c (k INTEGER PRIMARY KEY, n BIGINT)")
     session.execute("CREATE TABLE unrelated (x INTEGER)")
-    session.execute("BEGIN")
-    session.execute(UPSERT, [1, 1])
-    assert session.transaction.deltas
+    _begin_kept(session, [1, 1])
     original = deltas.DeltaApplier.still_valid
     fired = []
 
@@ -306,9 +307,7 @@ def test_kept_deltas_count_in_the_staged_memory_budget(db) -> None:
     session = db.connect()
     session.execute("CREATE TABLE c (k VARCHAR PRIMARY KEY, n BIGINT)")
     staged = db.staged_writes
-    session.execute("BEGIN")
-    session.execute(UPSERT, ["x" * 1000, 1])
-    assert session.transaction.deltas
+    _begin_kept(session, ["x" * 1000, 1])
     assert staged.memory_bytes >= 1000  # held while the transaction is open
     session.execute("COMMIT")
     assert staged.memory_bytes == 0
@@ -453,9 +452,7 @@ def test_a_same_named_table_in_another_schema_does_not_refuse_commit(db) -> None
     bare name through the search path to the same table, as the DuckDB way would."""
     session, other = db.connect(), db.connect()
     session.execute("CREATE TABLE c (k INTEGER PRIMARY KEY, n BIGINT)")
-    session.execute("BEGIN")
-    session.execute(UPSERT, [1, 1])
-    assert session.transaction.deltas
+    _begin_kept(session, [1, 1])
     other.execute("CREATE SCHEMA s2")
     other.execute("CREATE TABLE s2.c (x INTEGER)")
     session.execute("COMMIT")
