@@ -304,19 +304,26 @@ def relation_of(cursor: Any, table: str) -> tuple[str, str, int] | None:
     unusual search path, a temporary table: None, so the statement runs the DuckDB way
     (which resolves the name itself, or fails). The oid names the table as it is now
     (a rename keeps it, a new table of the name gets another: ``check_unmoved``)."""
-    rows = tables.fetch_rows(
-        cursor,
-        "SELECT database_name, schema_name, table_oid FROM duckdb_tables() "
-        "WHERE lower(table_name) = ? UNION ALL "
-        "SELECT database_name, schema_name, NULL FROM duckdb_views() WHERE lower(view_name) = ?",
-        [table.lower(), table.lower()],
-    )
+    rows = _relations_named(cursor, table)
     if len(rows) != 1 or rows[0][2] is None:
         return None
     database, schema, oid = str(rows[0][0]), str(rows[0][1]), int(rows[0][2])
     if not _first_in_path(cursor, database, schema):
         return None
     return database, schema, oid
+
+
+def _relations_named(cursor: Any, table: str) -> list[tuple[Any, ...]]:
+    """Every relation named ``table`` (case-insensitively) in every database and schema
+    this connection sees, as (database, schema, oid): tables with their oid, views with
+    None."""
+    return tables.fetch_rows(
+        cursor,
+        "SELECT database_name, schema_name, table_oid FROM duckdb_tables() "
+        "WHERE lower(table_name) = ? UNION ALL "
+        "SELECT database_name, schema_name, NULL FROM duckdb_views() WHERE lower(view_name) = ?",
+        [table.lower(), table.lower()],
+    )
 
 
 def _first_in_path(cursor: Any, database: str, schema: str) -> bool:
@@ -358,13 +365,7 @@ def resolves_to(cursor: Any, table: str, relation: tuple[str, str, int]) -> bool
     if len(rows) != 1 or [str(v).lower() for v in rows[0]] != [
             database.lower(), schema.lower(), table.lower()]:  # fmt: skip
         return False
-    shadows = tables.fetch_rows(
-        cursor,
-        "SELECT 1 FROM duckdb_tables() WHERE database_name = 'temp' AND lower(table_name) = ? "
-        "UNION ALL SELECT 1 FROM duckdb_views() WHERE database_name = 'temp' "
-        "AND lower(view_name) = ?",
-        [table.lower(), table.lower()],
-    )
+    shadows = [row for row in _relations_named(cursor, table) if row[0] == "temp"]
     return not shadows and _first_in_path(cursor, database, schema)
 
 
