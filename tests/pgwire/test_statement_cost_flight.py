@@ -82,30 +82,34 @@ def _outcome(function: Any, body: bytes) -> Any:
         return ("error", error.sqlstate, error.message)
 
 
+def _parsed_describe(data: bytes) -> tuple[str, str]:
+    describe = m.parse_describe(data)
+    return describe.kind, describe.name
+
+
+def _parsed_execute(data: bytes) -> tuple[str, int]:
+    execute = m.parse_execute(data)
+    return execute.portal, execute.max_rows
+
+
+DESCRIBES = [b"", b"P", b"S\0", b"Pname\0", b"X\0", b"\xff\0", b"Pna\xc3\x28\0", b"Pname",
+             b"S\0extra"]  # fmt: skip
+EXECUTES = [b"", b"\0", b"\0\0\0\0\0", b"p\0" + struct.pack("!i", 7), b"p\0\0\0",
+            b"\xc3\x28\0\0\0\0\0", b"portal",
+            b"\0" + struct.pack("!i", -3) + b"more"]  # fmt: skip
+
+
 @pytest.mark.parametrize(
-    "body",
-    [b"", b"P", b"S\0", b"Pname\0", b"X\0", b"\xff\0", b"Pna\xc3\x28\0", b"Pname",
-     b"S\0extra"],
+    ("parsed", "reference", "body"),
+    [pytest.param(_parsed_describe, _reference_describe, body, id=f"describe-{body!r}")
+     for body in DESCRIBES]
+    + [pytest.param(_parsed_execute, _reference_execute, body, id=f"execute-{body!r}")
+       for body in EXECUTES],
 )  # fmt: skip
-def test_describe_reads_as_field_by_field(body: bytes) -> None:
-    def parsed(data: bytes) -> tuple[str, str]:
-        describe = m.parse_describe(data)
-        return describe.kind, describe.name
-
-    assert _outcome(parsed, body) == _outcome(_reference_describe, body)
-
-
-@pytest.mark.parametrize(
-    "body",
-    [b"", b"\0", b"\0\0\0\0\0", b"p\0" + struct.pack("!i", 7), b"p\0\0\0", b"\xc3\x28\0\0\0\0\0",
-     b"portal", b"\0" + struct.pack("!i", -3) + b"more"],
-)  # fmt: skip
-def test_execute_reads_as_field_by_field(body: bytes) -> None:
-    def parsed(data: bytes) -> tuple[str, int]:
-        execute = m.parse_execute(data)
-        return execute.portal, execute.max_rows
-
-    assert _outcome(parsed, body) == _outcome(_reference_execute, body)
+def test_describe_and_execute_read_as_field_by_field(
+    parsed: Any, reference: Any, body: bytes
+) -> None:
+    assert _outcome(parsed, body) == _outcome(reference, body)
 
 
 @pytest.mark.parametrize(
