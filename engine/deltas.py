@@ -98,6 +98,13 @@ from planner.operations import UpsertShape
 from storage import failpoints
 from storage.errors import QueryCanceledError, SerializationFailure, StorageIOError
 
+# The bounds of kept and of committed-but-unapplied deltas, with their reasons in
+# ``storage.limits``; read by these names (tests lower them on this module).
+from storage.limits import DELTAS_PENDING_BYTES_MAX as PENDING_BYTES_MAX
+from storage.limits import DELTAS_PENDING_DELTAS_MAX as PENDING_DELTAS_MAX
+from storage.limits import DELTAS_PENDING_RECORDS_MAX as PENDING_RECORDS_MAX
+from storage.limits import DELTAS_RECORD_BYTES_MAX as RECORD_BYTES_MAX  # noqa: F401 (session)
+
 log = logging.getLogger(__name__)
 
 APPLIED_TABLE = f"{SCHEMA}.delta_applied"
@@ -109,19 +116,6 @@ GROUP_MAX = 256  # commit records applied in one DuckDB transaction at most
 # many attempts in a row failed (~0.25 s of retries with the backoff): a transient error
 # that the next attempt fixes makes nobody fail.
 FAILURES_PERSISTENT = 8
-# A transaction's kept deltas take at most this many bytes of its commit record (bounded
-# by ``Delta.record_bytes``); a further upsert runs the DuckDB way with the kept ones
-# (``Session._flush_deltas``), so the record stays far below its cap
-# (``limits.COMMIT_RECORD_PAYLOAD_BYTES_MAX``).
-RECORD_BYTES_MAX = 8 << 20
-# Database-wide bound of committed deltas not yet applied (records, deltas, bytes by
-# ``Delta.record_bytes``): past any of them no new delta is kept (the upsert runs the
-# DuckDB way) and a commit whose deltas would go past them runs them the DuckDB way
-# (``DeltasOutdated``), so the queue, what a read or a writer waits for and what recovery
-# applies stay bounded. A DuckDB-way writer waits for the queue anyway (rule 4).
-PENDING_RECORDS_MAX = 1024
-PENDING_DELTAS_MAX = 4096
-PENDING_BYTES_MAX = 32 << 20
 # How often a wait (``wait_visible``, ``_learn``) looks at its statement's cancel flag.
 CANCEL_POLL_S = 0.02
 INTEGER_MAX = {"TINYINT": 2**7 - 1, "SMALLINT": 2**15 - 1, "INTEGER": 2**31 - 1,

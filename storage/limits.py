@@ -109,6 +109,19 @@ TRANSACTION_DURATION_MS_MAX = 10 * 60 * 1000
 # Explicit transactions open at once in one database.
 OPEN_TRANSACTIONS_MAX = 1000
 
+# Counter deltas (engine.deltas): a transaction's kept deltas take at most this many bytes
+# of its commit record (bounded by ``Delta.record_bytes``); a further upsert runs the
+# DuckDB way with the kept ones, so the record stays far below
+# COMMIT_RECORD_PAYLOAD_BYTES_MAX.
+DELTAS_RECORD_BYTES_MAX = 8 * 1024 * 1024
+# Committed counter deltas not yet applied to DuckDB, database-wide (records, deltas,
+# bytes by ``Delta.record_bytes``): past any of them no new delta is kept (the upsert runs
+# the DuckDB way) and a commit whose deltas would go past them runs them the DuckDB way,
+# so the queue, what a read or a writer waits for and what recovery applies stay bounded.
+DELTAS_PENDING_RECORDS_MAX = 1024
+DELTAS_PENDING_DELTAS_MAX = 4096
+DELTAS_PENDING_BYTES_MAX = 32 * 1024 * 1024
+
 # -- statement complexity and the sandboxed DuckDB (issue 10) -----------------------------
 # Views over views, each checked with its owner's privileges (engine.privileges).
 VIEW_DEPTH_MAX = 16
@@ -211,6 +224,10 @@ SUPERUSER_RESERVED_CONNECTIONS_DEFAULT = 3
 REFUSAL_TIMEOUT_S = 10.0
 # Startup negotiation packets (SSLRequest, GSSENCRequest) a refused client may send.
 REFUSAL_PACKETS_MAX = 4
+# Output a connection's transport may hold after a message before its loop waits for
+# the client to read some (besides Sync, Flush and a Query's end, where it always does):
+# a client pipelining Executes without reading cannot make the server hold more.
+OUTPUT_HELD_MAX = 1 * MIB
 # SQL cursors (DECLARE) one connection holds at once.
 CURSORS_PER_CONNECTION_MAX = 1000
 # The data of one COPY FROM STDIN, read before anything is written (as TRANSACTION_

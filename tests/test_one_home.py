@@ -22,6 +22,8 @@ KNOWN_DUPLICATE_ERRORS: set[tuple[str, str]] = set()
 # the latest timestamp), defaults of a read's options, and bounds of one module's caches
 # and retries that nothing else reads.
 KNOWN_LIMITS_ELSEWHERE = {
+    ("engine/deltas.py", "GROUP_MAX"),  # the applier's batching, not a bound on anyone
+    ("engine/deltas.py", "INTEGER_MAX"),  # DuckDB's integer types' ranges
     ("engine/check.py", "COPY_ATTEMPTS_MAX"),
     ("engine/check.py", "LIVE_RUNS_MAX"),
     ("engine/privilege_cache.py", "ENTRIES_MAX"),

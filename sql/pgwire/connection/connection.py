@@ -111,7 +111,7 @@ from storage.errors import (
     TooManyConnectionsError,
     TopicbaseError,
 )
-from storage.limits import WIRE_MESSAGE_LENGTH_MAX
+from storage.limits import OUTPUT_HELD_MAX, WIRE_MESSAGE_LENGTH_MAX
 
 log = logging.getLogger(__name__)
 
@@ -148,9 +148,6 @@ ROWS_PER_CHUNK = 1000
 OWN_THREAD_STOP_S = 5  # a cancelled connection's thread is waited for this long
 CLOSE_DRAIN_S = 10  # a closing connection's last output waits this long for the client
 INLINE_VALUES = 64  # results this small are encoded on the event loop (send_rows)
-# Output the transport may hold after a message before the loop waits for the client to
-# read some (besides Sync, Flush and a Query's end, where it always does).
-OUTPUT_HELD_MAX = 1024 * 1024
 _STATUS = {SessionState.IDLE: "I", SessionState.IN_TRANSACTION: "T", SessionState.FAILED: "E"}
 # Messages the loop answers with nothing of their own: Flush (H) only asks for the drain,
 # and CopyData/CopyDone/CopyFail (d, c, f) arriving after a COPY failed are ignored, as
