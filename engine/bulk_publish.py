@@ -42,6 +42,7 @@ from engine import privileges, tables
 from engine.bulk import run_over_relation
 from engine.catalog import SCHEMA
 from engine.staged_refs import FramedRows
+from engine.tables import quote_identifier
 from grammar.parse import parse_one
 from storage import limits
 from storage.errors import (
@@ -220,7 +221,7 @@ def _parts_done(session: Any, sink_id: str, batch_id: int) -> set[int]:
 
 def table_insert(meta: dict[str, Any], columns: list[str]) -> str:
     """The statement that publishes a staged table write, by its mode."""
-    names = ", ".join(quote_column(c) for c in columns)
+    names = ", ".join(quote_identifier(c) for c in columns)
     target = quote_name(meta["name"])
     mode, key = meta.get("mode", "append"), list(meta.get("key") or [])
     if mode == "append":
@@ -228,26 +229,24 @@ def table_insert(meta: dict[str, Any], columns: list[str]) -> str:
     missing = [k for k in key if k not in columns]
     if missing:
         raise InvalidParameterValueError(f'the rows have no key column "{missing[0]}"')
-    keys = ", ".join(quote_column(k) for k in key)
+    keys = ", ".join(quote_identifier(k) for k in key)
     others = [c for c in columns if c not in key]
     if mode == "upsert":
-        updates = ", ".join(f"{quote_column(c)} = EXCLUDED.{quote_column(c)}" for c in others)
+        updates = ", ".join(
+            f"{quote_identifier(c)} = EXCLUDED.{quote_identifier(c)}" for c in others
+        )
         source = f"SELECT {names} FROM {{relation}}"
     else:
         # DuckDB applies one row per key of an upsert batch: sum by key first.
-        updates = ", ".join(f"{quote_column(c)} = {target}.{quote_column(c)} + "
-                            f"EXCLUDED.{quote_column(c)}" for c in others)  # fmt: skip
-        sums = ", ".join(f"sum({quote_column(c)}) AS {quote_column(c)}" for c in others)
+        updates = ", ".join(f"{quote_identifier(c)} = {target}.{quote_identifier(c)} + "
+                            f"EXCLUDED.{quote_identifier(c)}" for c in others)  # fmt: skip
+        sums = ", ".join(f"sum({quote_identifier(c)}) AS {quote_identifier(c)}" for c in others)
         source = f"SELECT {keys}, {sums} FROM {{relation}} GROUP BY {keys}"
-        names = ", ".join([keys, *(quote_column(c) for c in others)])
+        names = ", ".join([keys, *(quote_identifier(c) for c in others)])
     action = f"DO UPDATE SET {updates}" if others else "DO NOTHING"
     return f"INSERT INTO {target} ({names}) {source} ON CONFLICT ({keys}) {action}"
 
 
-def quote_column(name: str) -> str:
-    return '"' + name.replace('"', '""') + '"'
-
-
 def quote_name(name: str) -> str:
     """A (possibly schema-qualified) name quoted part by part."""
-    return ".".join(quote_column(part) for part in name.split("."))
+    return ".".join(quote_identifier(part) for part in name.split("."))

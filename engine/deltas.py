@@ -94,6 +94,7 @@ from typing import Any
 
 from engine import key_lookup, tables
 from engine.catalog import SCHEMA
+from engine.tables import quote_identifier
 from planner.operations import UpsertShape
 from storage import failpoints
 from storage.errors import QueryCanceledError, SerializationFailure, StorageIOError
@@ -386,12 +387,8 @@ def _applied_position(cursor: Any) -> LogPosition:
     return max([(0, 0), *((int(a), int(b)) for a, b in rows)])
 
 
-def _quote(name: str) -> str:
-    return '"' + name.replace('"', '""') + '"'
-
-
 def _qualified(table: tuple[str, str, str]) -> str:
-    return ".".join(_quote(part) for part in table)
+    return ".".join(quote_identifier(part) for part in table)
 
 
 class DeltasOutdated(SerializationFailure):
@@ -556,7 +553,9 @@ class DeltaApplier:
                cancelled: Cancelled | None = None) -> int | None:  # fmt: skip
         """Read the table's largest ``|value|`` while no group commits (``_apply_lock``,
         waited for with the statement's cancel honoured: 57014)."""
-        columns = ", ".join(f"min({_quote(c)}), max({_quote(c)})" for c in plan.counters)
+        columns = ", ".join(
+            f"min({quote_identifier(c)}), max({quote_identifier(c)})" for c in plan.counters
+        )
         while not self._apply_lock.acquire(timeout=CANCEL_POLL_S):
             _check_cancelled(cancelled)
         try:
@@ -811,18 +810,18 @@ class DeltaApplier:
     def _add(cursor: Any, d: StoredDelta, key_values: tuple, amounts: list[int]) -> None:
         """One key's summed amounts: UPDATE its row, or INSERT it when there is none."""
         table = _qualified(d.table)
-        sets = ", ".join(f"{_quote(c)} = {_quote(c)} + CAST(${i + 1} AS {t})"
+        sets = ", ".join(f"{quote_identifier(c)} = {quote_identifier(c)} + CAST(${i + 1} AS {t})"
                          for i, (c, t) in enumerate(zip(d.counters, d.counter_types,
                                                         strict=True)))  # fmt: skip
         first = len(amounts)
         keys = zip(d.keys, d.key_types, strict=True)
-        where = " AND ".join(f"{_quote(k)} = CAST(${first + i + 1} AS {t})"
+        where = " AND ".join(f"{quote_identifier(k)} = CAST(${first + i + 1} AS {t})"
                              for i, (k, t) in enumerate(keys))  # fmt: skip
         count = tables.execute_count(cursor, f"UPDATE {table} SET {sets} WHERE {where}",
                                      [*amounts, *key_values])  # fmt: skip
         if count:
             return
-        names = ", ".join(_quote(c) for c in (*d.keys, *d.counters))
+        names = ", ".join(quote_identifier(c) for c in (*d.keys, *d.counters))
         values = ", ".join(f"CAST(${i + 1} AS {t})"
                            for i, t in enumerate((*d.key_types, *d.counter_types)))  # fmt: skip
         tables.run(cursor, f"INSERT INTO {table} ({names}) VALUES ({values})",

@@ -77,6 +77,7 @@ import pyarrow as pa
 
 from engine import tables
 from engine.result import Rows
+from engine.tables import quote_identifier
 from planner.operations import LookupShape, LookupValue, Plan, RunQuery
 from storage import errors
 
@@ -646,7 +647,7 @@ def _read_table(cursor: Any, name: str, cap: int, give_up: Callable[[], bool]) -
     width = 16 + sum(_FIXED_WIDTHS.get(str(kind), 32) for _, kind in columns)
     if (estimated or 0) * width > cap:
         return None  # by DuckDB's estimate of the rows: not even scanned
-    relation_name = f'"{_quote(database_name)}".main."{_quote(table_name)}"'
+    relation_name = f"{quote_identifier(database_name)}.main.{quote_identifier(table_name)}"
     everything = f"SELECT * FROM {relation_name}"
     # Every row's bytes, summed and their maximum, in one scan that holds no rows: a
     # table past the cap is not read, and a batch of the widest rows is still ~1 MiB.
@@ -714,17 +715,13 @@ def _keys_of(batch: pa.RecordBatch, key_columns: tuple[int, ...], hashed: bool) 
     return np.fromiter(map(hash, keys_of), np.int64, count=batch.num_rows)
 
 
-def _quote(identifier: str) -> str:
-    return identifier.replace('"', '""')
-
-
 def _row_bytes(columns: list[tuple[Any, Any]]) -> str:
     """A SQL expression of about the bytes one row takes in DuckDB's Arrow (and its key in
     the index): fixed widths as they are, VARCHAR and BLOB by their bytes, anything else
     (nested, DECIMAL, UUID...) by its text's bytes; 8 a column for offsets and validity."""
     parts = [str(_KEY_BYTES_PER_ROW + 8 * len(columns))]
     for column, kind in columns:
-        name, kind = f'"{_quote(str(column))}"', str(kind)
+        name, kind = quote_identifier(str(column)), str(kind)
         if kind in _FIXED_WIDTHS:
             parts.append(str(_FIXED_WIDTHS[kind]))
         elif kind == "VARCHAR":

@@ -182,6 +182,11 @@ class SqlToken(NamedTuple):
     start: int
 
 
+def quote_identifier(name: str) -> str:
+    """``name`` as a DuckDB quoted identifier (its double quotes doubled), whatever it holds."""
+    return '"' + name.replace('"', '""') + '"'
+
+
 def sql_tokens(sql: str) -> list[SqlToken]:
     """DuckDB's tokens of ``sql`` (its parser's own scanner), comments left out."""
     try:
