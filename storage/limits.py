@@ -285,6 +285,10 @@ COMBINED_BYTES_MAX = 16 * 1024 * 1024
 # Read-only maps of segment files live at once (storage.file_map): far under the kernel's
 # vm.max_map_count (65,530 by default); past it reads use pread.
 READ_MAPS_MAX = 4096
+# Runs of frames a segment remembers as verified by this process (storage.verified_frames):
+# a tailing consumer and the writer extend one; a few more for consumers at other places.
+# Past it the run verified longest ago is forgotten (its frames are checked again).
+VERIFIED_RUNS_MAX = 8
 # The body of a frame a client sends staged (COPY ... (FORMAT frames), storage.staged_frames
 # .read_incoming): a frame is within the frame targets or one message alone, so its body is
 # at most one message plus the metadata of a batch; a header claiming more is refused

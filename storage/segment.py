@@ -25,6 +25,8 @@ map, which lives as long as any of them; ``pread`` remains for the other scans a
 wherever no map can be made. A file cut or changed under a map, or a disk error on an
 uncached page, kills the process with ``SIGBUS`` (``storage.file_map``); under
 ``pread`` it fails the one read (a file shorter than published: ``CorruptSegmentError``).
+A frame read through the map is checked once per process (``storage.verified_frames``:
+on its write from memory or its first read); a ``pread`` read checks every frame.
 """
 
 from __future__ import annotations
@@ -39,12 +41,13 @@ from typing import NamedTuple
 import crc32c
 import pyarrow as pa
 
-from storage import failpoints, file_map, file_names, limits
+from storage import failpoints, file_map, file_names, limits, verified_frames
 from storage.errors import CorruptSegmentError, StorageIOError
 from storage.fs import FileSystem
 from storage.offset_index import OffsetIndex
 from storage.record_batch import HEADER, HEADER_BYTES, MAGIC, FrameHeader
 from storage.time_index import TimeIndex
+from storage.verified_frames import VerifiedRuns, covered
 
 READ_WINDOW_BYTES_MIN = 1024 * 1024
 
@@ -140,6 +143,9 @@ class LogSegment:
         self._map: tuple[pa.Buffer, memoryview] | None = None
         self._map_refused: tuple[int, int] | None = None
         self._map_used = 0
+        # Frames whose checksum this process verified or wrote from memory: reads
+        # through the map skip their check (``storage.verified_frames``).
+        self.verified = VerifiedRuns()
 
     # -- writing (single writer) --------------------------------------------------------
     def append_frame(self, frame: bytes, header: FrameHeader) -> None:
@@ -166,8 +172,12 @@ class LogSegment:
         if failpoints.ACTIVE:
             self._torn_write_failpoint(b"".join(memoryview(part).cast("B") for part in parts))
         fd = self._fd()
-        self.fs.pwritev(fd, parts, self.size_bytes)
-        self._note_frame(self.size_bytes, header)
+        position = self.size_bytes
+        self.fs.pwritev(fd, parts, position)
+        self._note_frame(position, header)
+        # The header's checksum was computed over these very buffers (``FrameEncoder``):
+        # the frame is verified as written (``storage.verified_frames``).
+        self.verified.add(position, position + header.frame_bytes)
         if self.size_bytes - self._writeback_position >= limits.WRITEBACK_INTERVAL_BYTES:
             self._start_writeback(fd)
 
@@ -329,6 +339,7 @@ class LogSegment:
         reports a failed writeback to one ``fdatasync`` only, so a cut's sync that saw it
         must make the checkpoint's fail too."""
         fd = self._fd()
+        self.verified.cut(position)
         self.fs.truncate(fd, position)
         self._sync_cut(fd)
         self.size_bytes = position
@@ -514,6 +525,8 @@ class LogSegment:
         """``scan`` through the map: frames checked in place, bodies zero-copy views."""
         buffer, view = found
         header_at, crc = self._header_at, crc32c.crc32c
+        # Frames verified before by this process are not checked again (``once``).
+        runs = self.verified.snapshot() if verified_frames.ONCE else ()
         while position < limit_bytes:
             if position + HEADER_BYTES > limit_bytes:
                 raise CorruptSegmentError(
@@ -527,7 +540,10 @@ class LogSegment:
                 )
             if header.base_offset + header.record_count > start_offset:
                 # The checksum covers header bytes [8, 48) and the body (``frame_checksum_ok``).
-                if crc(view[position + 8 : end]) != header.crc:
+                if covered(runs, position, end):
+                    body = buffer.slice(position + HEADER_BYTES, header.body_bytes)
+                    yield Frame(position, header, body, True)
+                elif crc(view[position + 8 : end]) != header.crc:
                     if not skip_corrupt:
                         raise CorruptSegmentError(
                             "checksum mismatch in a log frame",
@@ -535,6 +551,7 @@ class LogSegment:
                             position=position,
                         )
                 else:
+                    self.verified.add(position, end)
                     body = buffer.slice(position + HEADER_BYTES, header.body_bytes)
                     yield Frame(position, header, body, True)
             position = end

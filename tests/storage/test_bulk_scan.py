@@ -18,7 +18,7 @@ from typing import Any
 
 import pytest
 
-from storage import buffer_pool, bulk_scan, file_map
+from storage import buffer_pool, bulk_scan, file_map, verified_frames
 from storage.bulk_scan import scan_many
 from storage.errors import CorruptSegmentError
 from storage.frame_read import decode_small
@@ -186,6 +186,10 @@ def test_a_damaged_frame_is_refused_and_read_frames_reports_it(
     vector_min: int,
 ) -> None:
     monkeypatch.setattr(bulk_scan, "_WALK_VECTOR_MIN", vector_min)
+    # Damage under the live process after it wrote the frames: read_frames finds it when
+    # every read is checked (TOPICBASE_VERIFY_READS=always); by default a frame this
+    # process wrote or verified is not checked again (tests/storage/test_verified_frames.py).
+    monkeypatch.setattr(verified_frames, "ONCE", False)
     first, second = _partitions(open_partition, tmp_path, 2)
     for log in (first, second):
         for index in range(3):

@@ -21,7 +21,7 @@ from typing import Any
 
 import pytest
 
-from storage import file_map, limits
+from storage import file_map, limits, verified_frames
 from storage.config import FsyncPolicy
 from storage.errors import CorruptSegmentError, StorageIOError
 from storage.fs import FileSystem
@@ -166,6 +166,9 @@ def test_a_held_batch_keeps_its_bytes_across_later_reads_retention_and_close(
 def test_a_frame_damaged_after_the_map_was_made_is_refused_with_its_position(
     open_partition: Any, batch: Any, monkeypatch: pytest.MonkeyPatch
 ) -> None:
+    # Every read checked (TOPICBASE_VERIFY_READS=always): by default a frame this process
+    # wrote or verified is not checked again (tests/storage/test_verified_frames.py).
+    monkeypatch.setattr(verified_frames, "ONCE", False)
     partition = open_partition(segment_bytes=256 * KIB)
     _fill(partition, batch, frames=12)
     segment = partition.segments[0]

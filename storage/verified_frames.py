@@ -1,0 +1,83 @@
+"""Which byte ranges of a segment's log hold frames whose checksum this process verified.
+
+A read through a segment's map (``LogSegment.scan(mapped=True)``) checks each frame's
+CRC-32C over the page cache's bytes: 1 MB of a 1000 x 1 KiB frame costs ~40 us hot and
+~100 us cold, the largest single cost of a consumer's read after the socket. With
+``TOPICBASE_VERIFY_READS=once`` (the default) a frame is checked **once per process**:
+
+- when this process wrote it from memory (``LogSegment.append_frame_parts``: the
+  checksum was computed over the very buffers that ``pwritev`` wrote), or
+- when a read of this process first verified it (after a restart every frame is
+  verified again on its first read: the runs live in memory only);
+
+later reads of those bytes through the map are served unchecked. Published bytes never
+change under the server (appends go after them, a fence cuts only unpublished bytes,
+``truncate_to`` clips the runs to the cut, retention unlinks whole files), so what a
+verified range no longer protects against is damage that happens *after* it was
+verified, while the process lives: a page evicted from the page cache and read back
+wrong from a disk that reports no error, a segment file modified by something outside
+the server, or memory corruption of the page cache. Kafka's broker takes the same
+stand (it checks a producer's batch at append and the unflushed tail at recovery, never
+at fetch; its clients check the CRC), but SQL clients cannot check a frame's CRC, so it
+is stated here: such damage reaches the client instead of failing the read with
+``CorruptSegmentError``. ``topicbase check`` still reads and checks every frame, and
+``TOPICBASE_VERIFY_READS=always`` checks every read as before (as does every ``pread``
+read: maps off, the faulty file systems of the tests, recovery's scans).
+
+Bounded: at most ``limits.VERIFIED_RUNS_MAX`` disjoint runs per segment (a tailing consumer's reads
+and the writer's appends extend one run); past it the run verified longest ago is
+forgotten, which only costs a check again. Thread-safe (readers mark concurrently with
+the writer's appends and cuts).
+"""
+
+from __future__ import annotations
+
+import os
+import threading
+
+from storage import limits
+
+ONCE = os.environ.get("TOPICBASE_VERIFY_READS", "once") != "always"
+
+
+class VerifiedRuns:
+    """Disjoint, non-adjacent byte ranges ``[start, end)`` of whole frames verified by
+    this process. Invariant: every frame inside a run was verified (or written from
+    memory) at its position and its bytes have not been cut since."""
+
+    __slots__ = ("_lock", "_runs")
+
+    def __init__(self) -> None:
+        self._lock = threading.Lock()
+        # Newest-touched last; replaced whole under the lock, read without it.
+        self._runs: tuple[tuple[int, int], ...] = ()
+
+    def snapshot(self) -> tuple[tuple[int, int], ...]:
+        """The runs now (a read checks its frames against one snapshot: a run a cut
+        clipped meanwhile covered only unpublished bytes, which a read never reaches)."""
+        return self._runs
+
+    def add(self, start: int, end: int) -> None:
+        """``[start, end)`` (whole frames) was verified: merge it into the runs."""
+        assert 0 <= start < end
+        with self._lock:
+            kept: list[tuple[int, int]] = []
+            for run_start, run_end in self._runs:
+                if run_end < start or end < run_start:
+                    kept.append((run_start, run_end))
+                else:  # overlapping or adjacent: one run
+                    start, end = min(start, run_start), max(end, run_end)
+            kept.append((start, end))
+            self._runs = tuple(kept[-limits.VERIFIED_RUNS_MAX :])
+
+    def cut(self, position: int) -> None:
+        """The log was cut at ``position``: nothing at or past it is verified any more."""
+        with self._lock:
+            self._runs = tuple(
+                (start, min(end, position)) for start, end in self._runs if start < position
+            )
+
+
+def covered(runs: tuple[tuple[int, int], ...], start: int, end: int) -> bool:
+    """Whether ``[start, end)`` lies inside one of ``runs``."""
+    return any(run_start <= start and end <= run_end for run_start, run_end in runs)
