@@ -479,7 +479,8 @@ class Committer:
             if deltas:
                 self.deltas.check_commit(reservations, deltas)
             failpoints.hit("commit.before_log_append")
-            ticket = self.staging.append(transaction_id, parts, lengths, record)
+            ticket = self.staging.append(transaction_id, parts, lengths, record,
+                                          wake_syncer=False)  # it waits: leads the sync
             appended.append(ticket)
             if deltas:
                 registered.append(
