@@ -413,9 +413,10 @@ def _views(joined: memoryview, ends: np.ndarray, block_bytes: int) -> Iterator[m
     whole messages of about ``block_bytes`` each (a larger message is a view alone)."""
     assert len(joined) == int(ends[-1])
     count, start, reached = len(ends), 0, 0
+    search = ends.searchsorted  # the method: numpy's module function wraps it in Python
     while start < count:
         # the first message past the block's budget, but at least one message a block
-        stop = max(start + 1, int(np.searchsorted(ends, reached + block_bytes, "right")))
+        stop = max(start + 1, int(search(reached + block_bytes, "right")))
         end = int(ends[stop - 1])
         yield joined[reached:end]
         start, reached = stop, end
