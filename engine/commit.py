@@ -479,8 +479,7 @@ class Committer:
             if deltas:
                 self.deltas.check_commit(reservations, deltas)
             failpoints.hit("commit.before_log_append")
-            ticket = self.staging.append(transaction_id, parts, lengths, record,
-                                          wake_syncer=False)  # it waits: leads the sync
+            ticket = self.staging.append(transaction_id, parts, lengths, record)
             appended.append(ticket)
             if deltas:
                 registered.append(

@@ -124,10 +124,7 @@ class StagingLog:
         self._users: dict[int, set[int]] = {}  # file number -> transactions that need it
         self._durable: dict[int, int] = {}  # file number -> bytes known synced
         self._failed: dict[int, BaseException] = {}  # file number -> its failed sync
-        self._syncing = False  # the syncer or a leading committer holds ``_fd`` outside the lock
-        # The syncer syncs (and prepares the next file) only when asked: by an append that
-        # does not lead its own sync, or by a leading committer after its sync.
-        self._syncer_asked = False
+        self._syncing = False  # the syncer holds ``_fd`` outside the lock
         self._spare: tuple[int, int] | None = None  # (number, fd) of the next file, ready
         self._closed = False
         self._syncer: threading.Thread | None = None
@@ -161,15 +158,10 @@ class StagingLog:
         parts: list[bytes | pa.Buffer],
         lengths: list[int],
         record: bytes | None = None,
-        *,
-        wake_syncer: bool = True,
     ) -> StagingTicket:
         """Append encoded batch frames (``encode_batches``) and, if given, the commit
         record after them (``storage.commit_log``), in one write to one file; not yet
-        durable (``wait_durable``). The ticket's ``end`` is past the record.
-        ``wake_syncer=False``: the caller waits for the ticket right away and so syncs
-        it itself if no sync is under way (``wait_durable``); the syncer thread is not
-        woken for it."""
+        durable (``wait_durable``). The ticket's ``end`` is past the record."""
         assert transaction_id > 0 and (lengths or record is not None)
         if record is not None:
             parts = [*parts, record]
@@ -191,9 +183,7 @@ class StagingLog:
             self._size = position
             self._users.setdefault(self._file_number, set()).add(transaction_id)
             self._start_syncer()
-            if wake_syncer:
-                self._syncer_asked = True
-                self._wanted.notify()
+            self._wanted.notify()
             return StagingTicket(tuple(placed), self._file_number, position)
 
     def _torn_record_failpoint(self, parts: list[bytes | pa.Buffer], position: int) -> None:
@@ -207,15 +197,7 @@ class StagingLog:
         failpoints.hit("staging.torn_record")
 
     def wait_durable(self, ticket: StagingTicket) -> None:
-        """Block until the ticket's frames are synced; raise the error of a failed sync.
-
-        A waiter whose bytes no sync is covering yet syncs the file itself (it leads the
-        sync that the syncer thread would make), unless a sync is under way: a lone
-        committer's commit then costs no wake-up of the syncer thread and no wake-up back
-        (two thread hand-offs, each a scheduling delay on a busy machine, for one
-        ``fdatasync``). Concurrent committers still share syncs: those that come while a
-        sync runs wait for it, and the next sync (theirs or the syncer's) covers every
-        byte appended before it started."""
+        """Block until the ticket's frames are synced; raise the error of a failed sync."""
         number = ticket.file_number
         with self._changed:
             while self._durable.get(number, 0) < ticket.end:
@@ -224,39 +206,8 @@ class StagingLog:
                     raise failure
                 if self._closed:
                     raise StorageIOError("the staging log closed before the sync")
-                if not self._syncing and number == self._file_number and self._sync_wanted():
-                    self._sync_current()
-                    continue
                 self._changed.wait()
         failpoints.hit("staging.after_sync")
-
-    def _sync_current(self) -> None:
-        """Caller holds the lock (``_changed``), no sync runs: sync the current file up to
-        its size now, outside the lock, and tell every waiter."""
-        fd, number, target = self._fd, self._file_number, self._size
-        assert fd is not None and not self._syncing
-        self._syncing = True
-        self._lock.release()
-        error: BaseException | None = None
-        try:
-            self._fs.sync(fd)
-        except BaseException as raised:  # every waiter on the file must learn of it
-            error = raised
-        finally:
-            self._lock.acquire()
-        self._syncing = False
-        self.sync_rounds += 1
-        if error is None:
-            self._durable[number] = max(self._durable.get(number, 0), target)
-        else:
-            self._failed[number] = error
-        self._changed.notify_all()
-        if self._sync_wanted() or self._spare_due():
-            # Bytes appended during the sync (their writer may not wait: the syncer syncs
-            # them if no committer leads first), or the next file to prepare, as the
-            # syncer does after its own syncs (``_prepare_spare``).
-            self._syncer_asked = True
-            self._wanted.notify()
 
     def _make_room(self) -> None:
         """Caller holds the lock: open a file if none is open, or a new one past the
@@ -303,19 +254,15 @@ class StagingLog:
         self._size = self._fs.file_size(fd)
         self._durable[self._file_number] = self._size
 
-    def _spare_due(self) -> bool:
-        """Caller holds the lock: the current file is full enough to prepare the next."""
-        return (
-            self._spare is None
-            and self._fd is not None
-            and self._size >= self._file_bytes_max * SPARE_AT_FRACTION
-        )
-
     def _prepare_spare(self) -> None:
         """Syncer thread: create the next file before it is needed (errors are left to
         ``_rotate``, which then creates it itself)."""
         with self._lock:
-            wanted = self._spare_due()
+            wanted = (
+                self._spare is None
+                and self._fd is not None
+                and self._size >= self._file_bytes_max * SPARE_AT_FRACTION
+            )
             number = self._file_number + 1
         if not wanted:
             return
@@ -347,29 +294,21 @@ class StagingLog:
         number = self._file_number
         return (
             self._fd is not None
-            and not self._syncing
             and number not in self._failed
             and self._durable.get(number, 0) < self._size
         )
 
     def _sync_loop(self) -> None:
-        """Sync the current file when asked (``_syncer_asked``) and it holds unsynced bytes,
-        then prepare the next file if due; until ``close``."""
+        """Sync the current file whenever it holds unsynced bytes, until ``close``."""
         while True:
             with self._lock:
-                while not self._closed and not self._syncer_asked:
+                while not self._closed and not self._sync_wanted():
                     self._wanted.wait()
                 if self._closed:
                     return
-                self._syncer_asked = False
-                if not self._sync_wanted():  # a committer synced (``wait_durable``)
-                    fd = None
-                else:
-                    fd, number, target = self._fd, self._file_number, self._size
-                    self._syncing = True
-            if fd is None:
-                self._prepare_spare()
-                continue
+                fd, number, target = self._fd, self._file_number, self._size
+                self._syncing = True
+            assert fd is not None
             error: BaseException | None = None
             try:
                 self._fs.sync(fd)
@@ -460,9 +399,7 @@ class StagingLog:
             self._wanted.notify_all()
         if self._syncer is not None:
             self._syncer.join()
-        with self._changed:
-            while self._syncing:  # a committer leading a sync (``wait_durable``) uses ``_fd``
-                self._changed.wait()
+        with self._lock:
             if self._fd is not None:
                 self._fs.close(self._fd)
                 self._fd = None
