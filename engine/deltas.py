@@ -113,6 +113,9 @@ APPLIED_DDL = f"""
 CREATE TABLE IF NOT EXISTS {APPLIED_TABLE} (file_number BIGINT NOT NULL, position BIGINT NOT NULL);
 """
 GROUP_MAX = 256  # commit records applied in one DuckDB transaction at most
+# A table's keys of a group are applied by one UPDATE joined to them (``_add_set``) from
+# this many keys on; fewer by an UPDATE per key (cheaper for one: measured, move_profile.md).
+SET_BASED_MIN = 2
 # A failure of the head group is persistent (reads raise 58030 instead of waiting) once this
 # many attempts in a row failed (~0.25 s of retries with the backoff): a transient error
 # that the next attempt fixes makes nobody fail.
@@ -389,6 +392,73 @@ def _applied_position(cursor: Any) -> LogPosition:
 
 def _qualified(table: tuple[str, str, str]) -> str:
     return ".".join(quote_identifier(part) for part in table)
+
+
+def _per_shape(sums: dict[tuple, list[int]]) -> dict[tuple, list[tuple[tuple, list[int]]]]:
+    """``_summed``'s sums as (key values, amounts) rows per shape (a table's delta kind)."""
+    rows: dict[tuple, list[tuple[tuple, list[int]]]] = {}
+    for (shape, key_values), amounts in sums.items():
+        rows.setdefault(shape, []).append((key_values, amounts))
+    return rows
+
+
+def _add_one(cursor: Any, d: StoredDelta, key_values: tuple, amounts: list[int]) -> None:
+    """One key's summed amounts: UPDATE its row, or INSERT it when there is none."""
+    table = _qualified(d.table)
+    sets = ", ".join(f"{quote_identifier(c)} = {quote_identifier(c)} + CAST(${i + 1} AS {t})"
+                     for i, (c, t) in enumerate(zip(d.counters, d.counter_types,
+                                                    strict=True)))  # fmt: skip
+    first = len(amounts)
+    keys = zip(d.keys, d.key_types, strict=True)
+    where = " AND ".join(f"{quote_identifier(k)} = CAST(${first + i + 1} AS {t})"
+                         for i, (k, t) in enumerate(keys))  # fmt: skip
+    count = tables.execute_count(cursor, f"UPDATE {table} SET {sets} WHERE {where}",
+                                 [*amounts, *key_values])  # fmt: skip
+    if count:
+        return
+    names = ", ".join(quote_identifier(c) for c in (*d.keys, *d.counters))
+    values = ", ".join(f"CAST(${i + 1} AS {t})"
+                       for i, t in enumerate((*d.key_types, *d.counter_types)))  # fmt: skip
+    tables.run(cursor, f"INSERT INTO {table} ({names}) VALUES ({values})",
+               [*key_values, *amounts])  # fmt: skip
+
+
+def _add_set(cursor: Any, d: StoredDelta, rows: list[tuple[tuple, list[int]]]) -> None:
+    """Several keys' summed amounts in one UPDATE (and one INSERT of the keys it did not
+    find). The keys and amounts go in as one list parameter per column, cast to the
+    column's type (as ``_add_one`` casts each value; rule 2 makes every cast succeed),
+    and ``unnest`` zips them back into rows ``__v(k0.., a0..)``; every name is qualified
+    by its alias (``__t`` the table), so no column name of the table can capture one.
+    The statement texts depend on the shape only (DuckDB's parse is kept per text)."""
+    table = _qualified(d.table)
+    types = (*d.key_types, *d.counter_types)
+    lists = ", ".join(f"unnest(CAST(${i + 1} AS {t}[]))" for i, t in enumerate(types))
+    aliases = ", ".join([*(f'"k{i}"' for i in range(len(d.keys))),
+                         *(f'"a{i}"' for i in range(len(d.counters)))])  # fmt: skip
+    source = f'(SELECT {lists}) AS "__v"({aliases})'
+    match = " AND ".join(f'"__t".{quote_identifier(k)} = "__v"."k{i}"'
+                         for i, k in enumerate(d.keys))  # fmt: skip
+    sets = ", ".join(f'{quote_identifier(c)} = "__t".{quote_identifier(c)} + "__v"."a{i}"'
+                     for i, c in enumerate(d.counters))  # fmt: skip
+    parameters = [list(column) for column in zip(*(k + tuple(a) for k, a in rows),
+                                                  strict=True)]  # fmt: skip
+    updated = tables.execute_count(
+        cursor, f'UPDATE {table} AS "__t" SET {sets} FROM {source} WHERE {match}', parameters
+    )
+    if updated == len(rows):
+        return
+    names = ", ".join(quote_identifier(c) for c in (*d.keys, *d.counters))
+    inserted = tables.execute_count(
+        cursor,
+        f"INSERT INTO {table} ({names}) SELECT * FROM {source} WHERE NOT EXISTS "
+        f'(SELECT 1 FROM {table} AS "__t" WHERE {match})',
+        parameters,
+    )
+    if (updated or 0) + (inserted or 0) != len(rows):  # cannot be: each key is in one of them
+        raise StorageIOError(
+            f"counter deltas of {table}: {updated} rows updated and {inserted} inserted "
+            f"for {len(rows)} keys"
+        )
 
 
 class DeltasOutdated(SerializationFailure):
@@ -772,8 +842,8 @@ class DeltaApplier:
                     through = _applied_position(cursor) if retry else self.applied_through
                     sums, shapes = _summed([d for end, ds in records if end > through
                                             for d in ds])  # fmt: skip
-                    for (shape, key_values), amounts in sums.items():
-                        self._add(cursor, shapes[shape], key_values, amounts)
+                    for shape, rows in _per_shape(sums).items():
+                        self._add(cursor, shapes[shape], rows)
                     failpoints.hit("deltas.before_commit")
                     log_end = max(through, records[-1][0])
                     tables.run(cursor, f"UPDATE {APPLIED_TABLE} SET file_number = ?, "
@@ -807,25 +877,17 @@ class DeltaApplier:
                 self._changed.notify_all()
 
     @staticmethod
-    def _add(cursor: Any, d: StoredDelta, key_values: tuple, amounts: list[int]) -> None:
-        """One key's summed amounts: UPDATE its row, or INSERT it when there is none."""
-        table = _qualified(d.table)
-        sets = ", ".join(f"{quote_identifier(c)} = {quote_identifier(c)} + CAST(${i + 1} AS {t})"
-                         for i, (c, t) in enumerate(zip(d.counters, d.counter_types,
-                                                        strict=True)))  # fmt: skip
-        first = len(amounts)
-        keys = zip(d.keys, d.key_types, strict=True)
-        where = " AND ".join(f"{quote_identifier(k)} = CAST(${first + i + 1} AS {t})"
-                             for i, (k, t) in enumerate(keys))  # fmt: skip
-        count = tables.execute_count(cursor, f"UPDATE {table} SET {sets} WHERE {where}",
-                                     [*amounts, *key_values])  # fmt: skip
-        if count:
+    def _add(cursor: Any, d: StoredDelta, rows: list[tuple[tuple, list[int]]]) -> None:
+        """Add each key's summed amounts (``rows``: distinct keys) to ``d``'s table: UPDATE
+        the rows there, INSERT those that are not. One key: an UPDATE by the key (and an
+        INSERT if it changed nothing); more (``SET_BASED_MIN``): one UPDATE joined to the
+        keys and amounts passed as lists, and one INSERT of the keys it did not find, only
+        when it found fewer than all (the same rows: each key is updated or inserted once)."""
+        if len(rows) < SET_BASED_MIN:
+            for key_values, amounts in rows:
+                _add_one(cursor, d, key_values, amounts)
             return
-        names = ", ".join(quote_identifier(c) for c in (*d.keys, *d.counters))
-        values = ", ".join(f"CAST(${i + 1} AS {t})"
-                           for i, t in enumerate((*d.key_types, *d.counter_types)))  # fmt: skip
-        tables.run(cursor, f"INSERT INTO {table} ({names}) VALUES ({values})",
-                   [*key_values, *amounts])  # fmt: skip
+        _add_set(cursor, d, rows)
 
     def close(self) -> None:
         """Apply what is durable and stop the thread (a record in doubt stays for recovery)."""
