@@ -714,7 +714,7 @@ class DeltaApplier:
         """The entry's commit record is durable (committed): the applier may apply it."""
         with self._mutex:
             entry.durable = True
-            if self._idle or len(self._entries) >= GATHER_RECORDS:
+            if self._idle or len(self._entries) >= GATHER_RECORDS or self._backlog_half():
                 self._work.notify()
             self._start()
 
@@ -845,8 +845,9 @@ class DeltaApplier:
 
     def _gather(self) -> None:
         """Wait up to ``GATHER_S`` for more durable records (caller holds ``_mutex``, the
-        head is durable), unless someone waits for the deltas or ``GATHER_RECORDS`` are
-        durable already; a retry after a failure does not wait."""
+        head is durable), unless someone waits for the deltas, ``GATHER_RECORDS`` are
+        durable already or the backlog is half its bound; a retry after a failure does
+        not wait."""
         deadline = time.monotonic() + GATHER_S
         while not (
             self._hurry
@@ -855,11 +856,20 @@ class DeltaApplier:
             or self._failing is not None
             or self._halted is not None
             or self._durable_head() >= GATHER_RECORDS
+            or self._backlog_half()
         ):
             remaining = deadline - time.monotonic()
             if remaining <= 0:
                 return
             self._work.wait(remaining)
+
+    def _backlog_half(self) -> bool:
+        """Whether the committed, unapplied deltas take half of a ``PENDING_*_MAX`` bound
+        (caller holds ``_mutex``): the applier then gathers no longer (past the bound
+        commits run their deltas the DuckDB way)."""
+        return (2 * len(self._entries) >= PENDING_RECORDS_MAX
+                or 2 * self._queued_deltas >= PENDING_DELTAS_MAX
+                or 2 * self._queued_bytes >= PENDING_BYTES_MAX)  # fmt: skip
 
     def _durable_head(self) -> int:
         """How many records from the head on are durable, counted up to ``GATHER_RECORDS``

@@ -107,3 +107,21 @@ def test_close_applies_at_once(tmp_path: Path, db) -> None:
     applier = db.committer.deltas
     _promptly(applier.close)
     assert applier.pending == 0
+
+
+def test_a_backlog_at_half_its_bound_is_applied_without_a_reader(db, monkeypatch) -> None:
+    """Past its bound commits would run their deltas the DuckDB way: at half of it the
+    applier gathers no longer (nobody reads here)."""
+    monkeypatch.setattr(deltas, "PENDING_RECORDS_MAX", 4)
+    session = db.connect()
+    applier = db.committer.deltas
+    _promptly(applier.wait_visible)
+    for key in (1, 2):  # 2 records: half of 4
+        _commit(session, key, 1)
+    pause = threading.Event()  # never set: a bounded poll, not a timing assertion
+    for _ in range(int(PROMPT_S * 100)):
+        if applier.pending == 0:
+            break
+        pause.wait(0.01)
+    assert applier.pending == 0
+    assert applier.stats.waits == 1  # only the helper's own wait: no read hurried it
