@@ -131,6 +131,7 @@ class StagingLog:
         self._syncing = False  # the syncer holds ``_fd`` outside the lock
         self._spare: tuple[int, int] | None = None  # (number, fd) of the next file, ready
         self._preparing = False  # a thread is creating the spare (``_prepare_spare``)
+        self._plain_end = (0, 0)  # (file, end) of the last append without a commit record
         self._closed = False
         self._syncer: threading.Thread | None = None
         self.sync_rounds = 0  # syncs made by the syncer thread or a leader (``wait_durable``)
@@ -188,6 +189,7 @@ class StagingLog:
             self._size = position
             self._users.setdefault(self._file_number, set()).add(transaction_id)
             if record is None:  # a commit record's writer waits at once: it syncs itself
+                self._plain_end = (self._file_number, position)
                 self._start_syncer()
                 self._wanted.notify()
             return StagingTicket(tuple(placed), self._file_number, position)
@@ -332,7 +334,8 @@ class StagingLog:
         """Sync the current file whenever it holds unsynced bytes, until ``close``."""
         while True:
             with self._lock:
-                while not self._closed and not self._sync_wanted():
+                # One sync of the file at a time: never beside a leader's (``_syncing``).
+                while not self._closed and (self._syncing or not self._sync_wanted()):
                     self._wanted.wait()
                 if self._closed:
                     return
@@ -354,10 +357,16 @@ class StagingLog:
             self._syncing = False
             self.sync_rounds += 1
             if error is None:
-                self._durable[number] = max(self._durable.get(number, 0), target)
+                if number not in self._failed:  # a failed file never becomes durable
+                    self._durable[number] = max(self._durable.get(number, 0), target)
             else:
                 self._failed[number] = error
             self._changed.notify_all()
+            # Bytes appended without a record while this sync ran wait for the syncer,
+            # which waited for this sync to end (no waiter of theirs leads).
+            plain_number, plain_end = self._plain_end
+            if plain_number == self._file_number and self._durable.get(plain_number, 0) < plain_end:
+                self._wanted.notify()
         self._prepare_spare()
 
     @property
