@@ -7,7 +7,9 @@ the session keeps it as a *delta* (table, key values, amounts) and the transacti
 topic-only. It commits by ``Committer.commit_in_log`` (one group-committed fsync) with its
 deltas in its commit record. The ``DeltaApplier`` of the database then adds committed deltas
 to DuckDB in log order, in groups (summed per key: additions commute), and in the same DuckDB
-transaction moves a durable *applied-through* position (``APPLIED_TABLE``). Recovery applies
+transaction moves a durable *applied-through* position (``APPLIED_TABLE``); a group's keys of
+one table go in one set-based UPDATE (``_add_set``), and the applier gathers a group for up to
+``GATHER_S`` unless a statement waits for the deltas (``wait_visible``). Recovery applies
 the deltas of records past that position (idempotent: the position and the rows commit
 together); the checkpoint waits until every registered delta is applied before it may pass a
 record (``drain``), so no record whose deltas are unapplied is ever dropped.
