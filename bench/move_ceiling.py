@@ -25,6 +25,8 @@ import argparse
 import collections
 import json
 import os
+import re
+import resource
 import shutil
 import tempfile
 import threading
@@ -109,10 +111,18 @@ def sessions_run(
         retries[:] = [0] * sessions
         spent: dict[str, float] = collections.defaultdict(float)
         calls: collections.Counter = collections.Counter()
+        applier = database.committer.deltas.stats
+        applied = (applier.groups, applier.records, applier.keys)
+        threads_before = _thread_cpu()
+        switches = resource.getrusage(resource.RUSAGE_SELF).ru_nvcsw
         cpu, wall = time.process_time(), time.perf_counter()
         with _split_timers(spent, calls):
             _run_threads(body, sessions, seconds, stop)
         cpu, wall = time.process_time() - cpu, time.perf_counter() - wall
+        switches = resource.getrusage(resource.RUSAGE_SELF).ru_nvcsw - switches
+        threads_after = _thread_cpu()
+        applied = tuple(b - a for a, b in zip(applied, (applier.groups, applier.records,
+                                                        applier.keys), strict=True))  # fmt: skip
         for session in connected:
             session.close()
     finally:
@@ -126,7 +136,48 @@ def sessions_run(
              f"load {os.getloadavg()[0]:.1f}"]  # fmt: skip
     lines += [f"    {label:40} {spent[label] / total * 1000:7.3f} ms/txn (summed over threads)"
               for label in sorted(spent, key=spent.__getitem__, reverse=True)]  # fmt: skip
+    if applied[0]:
+        lines.append(f"  counter-delta applier: {applied[0] / total:.3f} groups per transaction, "
+                     f"{applied[1] / applied[0]:.1f} records and {applied[2] / applied[0]:.1f} "
+                     "keys per group")  # fmt: skip
+    by_kind: dict[str, float] = collections.defaultdict(float)
+    switched: dict[str, int] = collections.defaultdict(int)
+    for tid, (kind, ns, count) in threads_after.items():
+        by_kind[kind] += ns - threads_before.get(tid, (kind, 0, 0))[1]
+        switched[kind] += count - threads_before.get(tid, (kind, 0, 0))[2]
+    # The session threads start and end within the run: the rest of the process's figures.
+    by_kind["sessions"] = max(cpu * 1e9 - sum(by_kind.values()), 0)
+    switched["sessions"] = switches - sum(switched.values())
+    lines.append("  CPU ms per transaction by thread: " + ", ".join(
+        f"{kind} {ns / total / 1e6:.3f}" for kind, ns in sorted(
+            by_kind.items(), key=lambda item: -item[1]) if ns > 0))  # fmt: skip
+    lines.append("  voluntary context switches per transaction by thread: " + ", ".join(
+        f"{kind} {count / total:.1f}" for kind, count in sorted(
+            switched.items(), key=lambda item: -item[1]) if count > 0))  # fmt: skip
     return "\n".join(lines)
+
+
+def _thread_cpu() -> dict[int, tuple[str, int, int]]:
+    """Every thread of this process: its kind (the Python thread's name without its
+    number, else the OS name: DuckDB's workers), the nanoseconds it ran (schedstat) and
+    its voluntary context switches (``/proc``)."""
+    names = {t.native_id: re.sub(r"[-_ ]?\d+.*$", "", t.name) or t.name
+             for t in threading.enumerate()}  # fmt: skip
+    found = {}
+    for tid_text in os.listdir("/proc/self/task"):
+        tid = int(tid_text)
+        try:
+            with open(f"/proc/self/task/{tid}/schedstat") as stat:
+                ns = int(stat.read().split()[0])
+            with open(f"/proc/self/task/{tid}/comm") as comm:
+                os_name = comm.read().strip()
+            with open(f"/proc/self/task/{tid}/status") as status:
+                switches = sum(int(line.split()[1]) for line in status
+                               if line.startswith("voluntary_ctxt"))  # fmt: skip
+        except OSError:
+            continue
+        found[tid] = (names.get(tid) or re.sub(r"[-_ ]?\d+$", "", os_name), ns, switches)
+    return found
 
 
 def _run_threads(body: Callable[[int], None], count: int, seconds: float,

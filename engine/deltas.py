@@ -7,7 +7,9 @@ the session keeps it as a *delta* (table, key values, amounts) and the transacti
 topic-only. It commits by ``Committer.commit_in_log`` (one group-committed fsync) with its
 deltas in its commit record. The ``DeltaApplier`` of the database then adds committed deltas
 to DuckDB in log order, in groups (summed per key: additions commute), and in the same DuckDB
-transaction moves a durable *applied-through* position (``APPLIED_TABLE``). Recovery applies
+transaction moves a durable *applied-through* position (``APPLIED_TABLE``); a group's keys of
+one table go in one set-based UPDATE (``_add_set``), and the applier gathers a group for up to
+``GATHER_S`` unless a statement waits for the deltas (``wait_visible``). Recovery applies
 the deltas of records past that position (idempotent: the position and the rows commit
 together); the checkpoint waits until every registered delta is applied before it may pass a
 record (``drain``), so no record whose deltas are unapplied is ever dropped.
@@ -113,6 +115,17 @@ APPLIED_DDL = f"""
 CREATE TABLE IF NOT EXISTS {APPLIED_TABLE} (file_number BIGINT NOT NULL, position BIGINT NOT NULL);
 """
 GROUP_MAX = 256  # commit records applied in one DuckDB transaction at most
+# A table's keys of a group are applied by one UPDATE joined to them (``_add_set``) from
+# this many keys on; fewer by an UPDATE per key (cheaper for one: measured, move_profile.md).
+SET_BASED_MIN = 2
+# The applier gathers a group: once the head record is durable it waits up to GATHER_S for
+# more (until GATHER_RECORDS are durable), unless a statement waits for the deltas (a read,
+# a writer, the checkpoint's drain, close), which wakes it at once. Each group costs a DuckDB
+# transaction (~2-2.5 ms CPU at 4 sessions whatever its size: move_profile.md round 8), so
+# fewer, larger groups cost less; nobody sees the delay (every reader waits for the deltas
+# registered before it, and its wait starts the group).
+GATHER_S = 0.01
+GATHER_RECORDS = 64
 # A failure of the head group is persistent (reads raise 58030 instead of waiting) once this
 # many attempts in a row failed (~0.25 s of retries with the backoff): a transient error
 # that the next attempt fixes makes nobody fail.
@@ -391,6 +404,73 @@ def _qualified(table: tuple[str, str, str]) -> str:
     return ".".join(quote_identifier(part) for part in table)
 
 
+def _per_shape(sums: dict[tuple, list[int]]) -> dict[tuple, list[tuple[tuple, list[int]]]]:
+    """``_summed``'s sums as (key values, amounts) rows per shape (a table's delta kind)."""
+    rows: dict[tuple, list[tuple[tuple, list[int]]]] = {}
+    for (shape, key_values), amounts in sums.items():
+        rows.setdefault(shape, []).append((key_values, amounts))
+    return rows
+
+
+def _add_one(cursor: Any, d: StoredDelta, key_values: tuple, amounts: list[int]) -> None:
+    """One key's summed amounts: UPDATE its row, or INSERT it when there is none."""
+    table = _qualified(d.table)
+    sets = ", ".join(f"{quote_identifier(c)} = {quote_identifier(c)} + CAST(${i + 1} AS {t})"
+                     for i, (c, t) in enumerate(zip(d.counters, d.counter_types,
+                                                    strict=True)))  # fmt: skip
+    first = len(amounts)
+    keys = zip(d.keys, d.key_types, strict=True)
+    where = " AND ".join(f"{quote_identifier(k)} = CAST(${first + i + 1} AS {t})"
+                         for i, (k, t) in enumerate(keys))  # fmt: skip
+    count = tables.execute_count(cursor, f"UPDATE {table} SET {sets} WHERE {where}",
+                                 [*amounts, *key_values])  # fmt: skip
+    if count:
+        return
+    names = ", ".join(quote_identifier(c) for c in (*d.keys, *d.counters))
+    values = ", ".join(f"CAST(${i + 1} AS {t})"
+                       for i, t in enumerate((*d.key_types, *d.counter_types)))  # fmt: skip
+    tables.run(cursor, f"INSERT INTO {table} ({names}) VALUES ({values})",
+               [*key_values, *amounts])  # fmt: skip
+
+
+def _add_set(cursor: Any, d: StoredDelta, rows: list[tuple[tuple, list[int]]]) -> None:
+    """Several keys' summed amounts in one UPDATE (and one INSERT of the keys it did not
+    find). The keys and amounts go in as one list parameter per column, cast to the
+    column's type (as ``_add_one`` casts each value; rule 2 makes every cast succeed),
+    and ``unnest`` zips them back into rows ``__v(k0.., a0..)``; every name is qualified
+    by its alias (``__t`` the table), so no column name of the table can capture one.
+    The statement texts depend on the shape only (DuckDB's parse is kept per text)."""
+    table = _qualified(d.table)
+    types = (*d.key_types, *d.counter_types)
+    lists = ", ".join(f"unnest(CAST(${i + 1} AS {t}[]))" for i, t in enumerate(types))
+    aliases = ", ".join([*(f'"k{i}"' for i in range(len(d.keys))),
+                         *(f'"a{i}"' for i in range(len(d.counters)))])  # fmt: skip
+    source = f'(SELECT {lists}) AS "__v"({aliases})'
+    match = " AND ".join(f'"__t".{quote_identifier(k)} = "__v"."k{i}"'
+                         for i, k in enumerate(d.keys))  # fmt: skip
+    sets = ", ".join(f'{quote_identifier(c)} = "__t".{quote_identifier(c)} + "__v"."a{i}"'
+                     for i, c in enumerate(d.counters))  # fmt: skip
+    parameters = [list(column) for column in zip(*(k + tuple(a) for k, a in rows),
+                                                  strict=True)]  # fmt: skip
+    updated = tables.execute_count(
+        cursor, f'UPDATE {table} AS "__t" SET {sets} FROM {source} WHERE {match}', parameters
+    )
+    if updated == len(rows):
+        return
+    names = ", ".join(quote_identifier(c) for c in (*d.keys, *d.counters))
+    inserted = tables.execute_count(
+        cursor,
+        f"INSERT INTO {table} ({names}) SELECT * FROM {source} WHERE NOT EXISTS "
+        f'(SELECT 1 FROM {table} AS "__t" WHERE {match})',
+        parameters,
+    )
+    if (updated or 0) + (inserted or 0) != len(rows):  # cannot be: each key is in one of them
+        raise StorageIOError(
+            f"counter deltas of {table}: {updated} rows updated and {inserted} inserted "
+            f"for {len(rows)} keys"
+        )
+
+
 class DeltasOutdated(SerializationFailure):
     """A commit's kept deltas may no longer commit as such (a DuckDB-way writer began since
     they were kept): nothing was committed; they may run the DuckDB way instead."""
@@ -446,6 +526,9 @@ class DeltaApplier:
                                  f"(SELECT 1 FROM {APPLIED_TABLE})")  # fmt: skip
         self._mutex = threading.Lock()
         self._changed = threading.Condition(self._mutex)
+        self._work = threading.Condition(self._mutex)  # the applier's: work to do, or hurry
+        self._idle = False  # the applier waits for a durable head record (``_work``)
+        self._hurry = 0  # statements waiting for the applier (``wait_visible``)
         self._apply_lock = threading.Lock()
         self._entries: collections.deque[_Entry] = collections.deque()
         self._registered = 0
@@ -633,7 +716,8 @@ class DeltaApplier:
         """The entry's commit record is durable (committed): the applier may apply it."""
         with self._mutex:
             entry.durable = True
-            self._changed.notify_all()
+            if self._idle or len(self._entries) >= GATHER_RECORDS or self._backlog_half():
+                self._work.notify()
             self._start()
 
     def in_doubt(self, entry: _Entry, error: BaseException) -> None:
@@ -644,6 +728,7 @@ class DeltaApplier:
             if self._halted is None:
                 self._halted = error
             self._changed.notify_all()
+            self._work.notify()
 
     # -- writers and readers ------------------------------------------------------------
     def writer_begins(self, cancelled: Cancelled | None = None) -> None:
@@ -678,23 +763,32 @@ class DeltaApplier:
                 return
             self.stats.waits += 1
             self._start()
-            while self._applied < target:
-                if self._halted is not None:
-                    raise StorageIOError(
-                        "counter deltas wait behind a commit whose outcome is in doubt; "
-                        f"reopen the database: {self._halted}"
-                    )
-                if self._failing is not None and self._failures >= FAILURES_PERSISTENT:
-                    raise StorageIOError(
-                        "committed counter deltas cannot be applied to their tables yet (the "
-                        f"applier retries; a reopen applies them): {self._failing}"
-                    )
-                if cancelled is None:
-                    self._changed.wait()
-                else:
-                    self._changed.wait(CANCEL_POLL_S)
-                    if cancelled():
-                        raise QueryCanceledError("canceling statement due to user request")
+            self._hurry += 1
+            self._work.notify()
+            try:
+                self._wait_applied(target, cancelled)
+            finally:
+                self._hurry -= 1
+
+    def _wait_applied(self, target: int, cancelled: Cancelled | None) -> None:
+        """``wait_visible``'s wait (caller holds ``_mutex``)."""
+        while self._applied < target:
+            if self._halted is not None:
+                raise StorageIOError(
+                    "counter deltas wait behind a commit whose outcome is in doubt; "
+                    f"reopen the database: {self._halted}"
+                )
+            if self._failing is not None and self._failures >= FAILURES_PERSISTENT:
+                raise StorageIOError(
+                    "committed counter deltas cannot be applied to their tables yet (the "
+                    f"applier retries; a reopen applies them): {self._failing}"
+                )
+            if cancelled is None:
+                self._changed.wait()
+            else:
+                self._changed.wait(CANCEL_POLL_S)
+                if cancelled():
+                    raise QueryCanceledError("canceling statement due to user request")
 
     def drain(self) -> None:
         """``wait_visible`` for the checkpoint: every registered delta applied (bounded by
@@ -722,9 +816,14 @@ class DeltaApplier:
                 ):
                     if self._closing and self._entries and self._entries[0].doubt is not None:
                         return
-                    self._changed.wait()
+                    self._idle = True
+                    try:
+                        self._work.wait()
+                    finally:
+                        self._idle = False
                 if not self._entries:
                     return
+                self._gather()
                 group = []
                 for entry in self._entries:
                     if not entry.durable or len(group) >= GROUP_MAX:
@@ -745,6 +844,44 @@ class DeltaApplier:
                 delay = min(delay * 2, 1.0)
                 continue
             delay = 0.001
+
+    def _gather(self) -> None:
+        """Wait up to ``GATHER_S`` for more durable records (caller holds ``_mutex``, the
+        head is durable), unless someone waits for the deltas, ``GATHER_RECORDS`` are
+        durable already or the backlog is half its bound; a retry after a failure does
+        not wait."""
+        deadline = time.monotonic() + GATHER_S
+        while not (
+            self._hurry
+            or self._writers
+            or self._closing
+            or self._failing is not None
+            or self._halted is not None
+            or self._durable_head() >= GATHER_RECORDS
+            or self._backlog_half()
+        ):
+            remaining = deadline - time.monotonic()
+            if remaining <= 0:
+                return
+            self._work.wait(remaining)
+
+    def _backlog_half(self) -> bool:
+        """Whether the committed, unapplied deltas take half of a ``PENDING_*_MAX`` bound
+        (caller holds ``_mutex``): the applier then gathers no longer (past the bound
+        commits run their deltas the DuckDB way)."""
+        return (2 * len(self._entries) >= PENDING_RECORDS_MAX
+                or 2 * self._queued_deltas >= PENDING_DELTAS_MAX
+                or 2 * self._queued_bytes >= PENDING_BYTES_MAX)  # fmt: skip
+
+    def _durable_head(self) -> int:
+        """How many records from the head on are durable, counted up to ``GATHER_RECORDS``
+        (caller holds ``_mutex``)."""
+        count = 0
+        for entry in itertools.islice(self._entries, GATHER_RECORDS):
+            if not entry.durable:
+                break
+            count += 1
+        return count
 
     def _apply(self, records: list[tuple[LogPosition, list[StoredDelta]]],
                group: list[_Entry] | None = None) -> None:  # fmt: skip
@@ -772,8 +909,8 @@ class DeltaApplier:
                     through = _applied_position(cursor) if retry else self.applied_through
                     sums, shapes = _summed([d for end, ds in records if end > through
                                             for d in ds])  # fmt: skip
-                    for (shape, key_values), amounts in sums.items():
-                        self._add(cursor, shapes[shape], key_values, amounts)
+                    for shape, rows in _per_shape(sums).items():
+                        self._add(cursor, shapes[shape], rows)
                     failpoints.hit("deltas.before_commit")
                     log_end = max(through, records[-1][0])
                     tables.run(cursor, f"UPDATE {APPLIED_TABLE} SET file_number = ?, "
@@ -807,31 +944,24 @@ class DeltaApplier:
                 self._changed.notify_all()
 
     @staticmethod
-    def _add(cursor: Any, d: StoredDelta, key_values: tuple, amounts: list[int]) -> None:
-        """One key's summed amounts: UPDATE its row, or INSERT it when there is none."""
-        table = _qualified(d.table)
-        sets = ", ".join(f"{quote_identifier(c)} = {quote_identifier(c)} + CAST(${i + 1} AS {t})"
-                         for i, (c, t) in enumerate(zip(d.counters, d.counter_types,
-                                                        strict=True)))  # fmt: skip
-        first = len(amounts)
-        keys = zip(d.keys, d.key_types, strict=True)
-        where = " AND ".join(f"{quote_identifier(k)} = CAST(${first + i + 1} AS {t})"
-                             for i, (k, t) in enumerate(keys))  # fmt: skip
-        count = tables.execute_count(cursor, f"UPDATE {table} SET {sets} WHERE {where}",
-                                     [*amounts, *key_values])  # fmt: skip
-        if count:
+    def _add(cursor: Any, d: StoredDelta, rows: list[tuple[tuple, list[int]]]) -> None:
+        """Add each key's summed amounts (``rows``: distinct keys) to ``d``'s table: UPDATE
+        the rows there, INSERT those that are not. One key: an UPDATE by the key (and an
+        INSERT if it changed nothing); more (``SET_BASED_MIN``): one UPDATE joined to the
+        keys and amounts passed as lists, and one INSERT of the keys it did not find, only
+        when it found fewer than all (the same rows: each key is updated or inserted once)."""
+        if len(rows) < SET_BASED_MIN:
+            for key_values, amounts in rows:
+                _add_one(cursor, d, key_values, amounts)
             return
-        names = ", ".join(quote_identifier(c) for c in (*d.keys, *d.counters))
-        values = ", ".join(f"CAST(${i + 1} AS {t})"
-                           for i, t in enumerate((*d.key_types, *d.counter_types)))  # fmt: skip
-        tables.run(cursor, f"INSERT INTO {table} ({names}) VALUES ({values})",
-                   [*key_values, *amounts])  # fmt: skip
+        _add_set(cursor, d, rows)
 
     def close(self) -> None:
         """Apply what is durable and stop the thread (a record in doubt stays for recovery)."""
         with self._mutex:
             self._closing = True
             self._changed.notify_all()
+            self._work.notify_all()
             thread = self._thread
             if thread is None and self._entries and self._halted is None:
                 self._thread = thread = threading.Thread(target=self._loop, daemon=True)

@@ -173,12 +173,12 @@ def test_a_read_waits_through_a_failure_the_next_attempt_fixes(db, monkeypatch) 
     release = threading.Event()
     calls = []
 
-    def flaky(cursor, d, key_values, amounts):
+    def flaky(cursor, d, keyed):
         calls.append(1)
         if len(calls) == 1:
             raise OSError("a transient error")
         release.wait(10)
-        return original(cursor, d, key_values, amounts)
+        return original(cursor, d, keyed)
 
     monkeypatch.setattr(deltas.DeltaApplier, "_add", staticmethod(flaky))
     assert _kept(session, UPSERT, [1, 3])
