@@ -188,17 +188,37 @@ def quote_identifier(name: str) -> str:
 
 
 def sql_tokens(sql: str) -> list[SqlToken]:
-    """DuckDB's tokens of ``sql`` (its parser's own scanner), comments left out."""
+    """DuckDB's tokens of ``sql`` (its parser's own scanner), comments left out.
+
+    DuckDB gives each token's start in bytes of the UTF-8 text: for a text that is not
+    ASCII they are turned into character positions here (a token's text cut at byte
+    positions from the ``str`` would be shifted past every multi-byte character, and the
+    sandbox, which reads these texts, would miss a call after one)."""
     try:
         positions = duckdb.tokenize(sql)
     except duckdb.Error as error:
         raise translate(error) from error
+    if not sql.isascii():
+        positions = _character_positions(sql, positions)
     ends = [start for start, _ in positions[1:]] + [len(sql)]
     return [
         SqlToken(_TOKEN_KINDS[kind], sql[start:end].rstrip(), start)
         for (start, kind), end in zip(positions, ends, strict=True)
         if kind is not _COMMENT
     ]
+
+
+def _character_positions(sql: str, positions: list[tuple[int, Any]]) -> list[tuple[int, Any]]:
+    """DuckDB's token starts (bytes of ``sql``'s UTF-8 form) as positions in ``sql``."""
+    data = sql.encode("utf-8", "surrogatepass")
+    converted = []
+    character, byte = 0, 0
+    for start, kind in positions:
+        assert start >= byte, "DuckDB's tokens come in order"
+        character += len(data[byte:start].decode("utf-8", "surrogatepass"))
+        byte = start
+        converted.append((character, kind))
+    return converted
 
 
 # DuckDB's token kinds by member (``.name`` on each token costs more than the lexer).
