@@ -636,7 +636,8 @@ class Session:
                     # its ``Result`` builds the Arrow table only if it is read.
                     query = (tables.query_rows if operation.returns_rows
                              and operation is plan.operations[-1] else tables.query_arrow)
-                    query_table = query(self.cursor, operation.sql, bound, line_offset=offset)
+                    query_table = query(self._query_cursor(operation), operation.sql, bound,
+                                        line_offset=offset)  # fmt: skip
                     if existed is not None:  # owners of tables and views, in the same transaction
                         privileges.record_ddl(self, operation, existed)
                     result = _query_result(operation, query_table)
@@ -652,6 +653,23 @@ class Session:
                     # DuckDB refuses this inside an aborted transaction; retried at rollback.
                     self._leftover_views.append(name)
         return result
+
+    def _query_cursor(self, operation: RunQuery) -> Any:
+        """The DuckDB connection to run ``operation`` on: this session's (``cursor``), or for
+        a SELECT of literals and parameters alone (``RunQuery.literal_only``, confirmed by
+        DuckDB's tokens: ``tables.literal_tokens``) the thread's empty one without a worker
+        thread (``tables.literal_cursor``), which gives the same result, error and SQLSTATE:
+        such a SELECT reads no table and calls no function, operator or type a user could
+        define. Not for the first statement of an explicit transaction that has no DuckDB
+        transaction yet: that statement opens it (its snapshot), as before."""
+        transaction = self.transaction
+        if (
+            operation.literal_only
+            and (transaction is None or not transaction.explicit or transaction.duckdb_open)
+            and tables.literal_tokens(operation.sql)
+        ):
+            return tables.literal_cursor()
+        return self.cursor
 
     def _schema_may_change(self) -> None:
         """A statement that may change DuckDB's schema runs: in autocommit its commit is

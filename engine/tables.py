@@ -292,6 +292,90 @@ def _parser() -> Connection:
     return connection
 
 
+def literal_cursor() -> Connection:
+    """A connection of this thread to an empty sandboxed in-memory database with one DuckDB
+    thread (the parser's, ``_parser``), for a SELECT of literals and parameters alone
+    (``planner.literal_select``, ``literal_tokens``): it reads nothing of any database or
+    session, so it gives there what it gives on a session's connection, without a hand-off
+    to the database's worker thread (threads = 2 there: DuckDB schedules each statement's
+    tasks on its scheduler, which wakes the worker, ~50-60 us of server CPU a statement;
+    docs/statement_cost.md, round 7). The caller reads the result whole before anything
+    else runs on this thread's connection (``query_rows``: at most one row here)."""
+    return _parser()
+
+
+# Texts known to be (True) or not to be (False) a SELECT of literals and parameters alone
+# by DuckDB's own tokens (``literal_tokens``); bounded as the small results' texts are.
+_literal_texts: dict[str, bool] = {}
+_LITERAL_KEYWORDS = frozenset({"NULL", "TRUE", "FALSE"})
+
+
+def literal_tokens(sql: str) -> bool:
+    """Whether DuckDB's own tokens of ``sql`` are those of a SELECT of literals and
+    parameters alone: ``SELECT item, ...``, each item a number (a minus sign right before
+    it is folded into the constant by DuckDB's parser: not an operator call), a string,
+    a parameter (``$n``, ``?``), NULL, TRUE or FALSE, optionally followed by ``[AS] name``;
+    nothing else (no parenthesis, cast, dot, operator, other keyword, or name but an
+    alias). The planner's judgement of the same text (``RunQuery.literal_only``, from
+    sqlglot's tree) is relied on only with this one: a text the two parsers read
+    differently is not taken for one."""
+    known = _literal_texts.get(sql)
+    if known is not None:
+        return known
+    if len(sql) > limits.CACHED_TEXT_CHARS_MAX:
+        return False
+    try:
+        tokens = sql_tokens(sql)
+    except (errors.TopicbaseError, duckdb.Error):
+        tokens = []
+    literal = _literal_token_list(tokens)
+    if len(_literal_texts) >= _SMALL_RESULT_TEXTS_MAX:
+        _literal_texts.clear()
+    _literal_texts[sql] = literal
+    return literal
+
+
+def _literal_token_list(tokens: list[SqlToken]) -> bool:
+    """``SELECT item [, item ...]``, each item a value (``[-]number``, a string, ``$n``,
+    ``?``, NULL, TRUE, FALSE) and optionally ``[AS] name``."""
+    if not tokens or tokens[0].kind != "keyword" or tokens[0].text.upper() != "SELECT":
+        return False
+    index, count = 1, len(tokens)
+    while True:
+        index = _literal_value_end(tokens, index)
+        if index < 0:
+            return False
+        if index < count and tokens[index].kind == "keyword" and tokens[index].text.upper() == "AS":
+            index += 1
+            if index >= count or tokens[index].kind != "identifier":
+                return False
+        if index < count and tokens[index].kind == "identifier":
+            index += 1
+        if index == count:
+            return True
+        if tokens[index].kind != "operator" or tokens[index].text != ",":
+            return False
+        index += 1
+
+
+def _literal_value_end(tokens: list[SqlToken], index: int) -> int:
+    """The index after the value starting at ``index`` (see ``_literal_token_list``), or -1."""
+    if index >= len(tokens):
+        return -1
+    token = tokens[index]
+    if token.kind in ("numeric_const", "string_const"):
+        return index + 1
+    if token.kind == "keyword" and token.text.upper() in _LITERAL_KEYWORDS:
+        return index + 1
+    if token.kind == "operator" and token.text == "?":
+        return index + 1
+    if token.kind == "operator" and token.text in ("-", "$") and index + 1 < len(tokens):
+        following = tokens[index + 1]
+        if following.kind == "numeric_const" and (token.text == "-" or following.text.isdigit()):
+            return index + 2
+    return -1
+
+
 @atexit.register
 def close_parsers() -> None:
     """Close every thread's parser connection (and so DuckDB's threads behind them): at

@@ -95,6 +95,9 @@ class RunQuery:
     upsert: UpsertShape | None = None
     # A primary-key lookup the engine may answer from an index (``planner.key_lookup``).
     lookup: LookupShape | None = None
+    # A SELECT of literals and parameters alone (``planner.literal_select``): it reads
+    # nothing of the database or the session, so the engine may run it elsewhere.
+    literal_only: bool = False
 
     def describe(self) -> str:
         read = ",".join(self.tables_read) or "-"

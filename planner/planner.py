@@ -26,6 +26,7 @@ from planner.column_names import pg_column_names
 from planner.ddl import plan_alter_topic, plan_create_topic, plan_drop_topic
 from planner.duckdb_sql import parse_duckdb, upsert_shape
 from planner.key_lookup import lookup_shape_of
+from planner.literal_select import is_literal_select
 from planner.nested_writes import refuse_nested_writes
 from planner.offsets import plan_set_offsets
 from planner.operations import (
@@ -226,6 +227,7 @@ def analyse_sql(sql: str) -> RunQuery:
         column_names=names,
         upsert=upsert_shape(tree),
         lookup=None if views else lookup_shape_of(tree),
+        literal_only=is_literal_select(tree),
     )
 
 
