@@ -226,13 +226,22 @@ def table_names(names: tuple[str, ...]) -> frozenset[str]:
     return frozenset(fold(name.rsplit(".", 1)[-1]) for name in names)
 
 
-@contextlib.contextmanager
-def changing_tables(names: frozenset[str] | None) -> Iterator[None]:
+def changing_tables(
+    names: frozenset[str] | None,
+) -> contextlib.AbstractContextManager[None]:
     """Bracket a DuckDB commit that may change ``names`` (None: any table; an empty set:
-    none, nothing is done). The one call a writer of tables needs."""
+    none, nothing is done: a shared context that does nothing, as for every read-only
+    autocommit statement). The one call a writer of tables needs."""
     if names is not None and not names:
-        yield
-        return
+        return _NOTHING_CHANGES
+    return _changing(names)
+
+
+_NOTHING_CHANGES = contextlib.nullcontext()
+
+
+@contextlib.contextmanager
+def _changing(names: frozenset[str] | None) -> Iterator[None]:
     TABLE_CHANGES.changing(names)
     try:
         yield

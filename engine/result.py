@@ -14,6 +14,7 @@ server) never needs it.
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -44,7 +45,7 @@ class Rows:
     def column_names(self) -> list[str]:
         return self.schema.names
 
-    def rename_columns(self, names: list[str]) -> Rows:
+    def rename_columns(self, names: Sequence[str]) -> Rows:
         """These rows under ``names`` (as ``pa.Table.rename_columns``)."""
         return Rows(self.rows, _renamed(self.schema, tuple(names)))
 

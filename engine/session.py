@@ -511,12 +511,14 @@ class Session:
         statement started at its next batch (57014)."""
         if self.state is not SessionState.IDLE or self._leftover_views:
             return None
+        if key_lookup.lookup_plan(plan) is None:  # not of the shape: nothing to ask
+            return None
         # ``cursor`` as every read takes it: it opens no DuckDB transaction here (there
         # is no transaction), and it is where a read waits for writes committed but not
         # yet in DuckDB.
         if tables.has_registered(self.cursor):
             return None
-        if self._names_plain is None and key_lookup.lookup_plan(plan) is not None:
+        if self._names_plain is None:
             # After the check above (registered relations are not counted); once.
             self._names_plain = key_lookup.names_plain(self.cursor)
         if not self._names_plain:
@@ -1347,6 +1349,12 @@ def statement_line_offset(plan: Plan) -> int:
 
 
 def _query_result(operation: RunQuery, table: pa.Table | Rows | None) -> Result:
+    if type(table) is Rows and operation.returns_rows:  # the rows' way's small result
+        names = operation.column_names
+        if names is not None and len(names) == table.num_columns != 0:  # as streams.named
+            table = table.rename_columns(names)
+        tag = operation.tag
+        return Result(f"SELECT {len(table.rows)}" if tag in ("SELECT", "EMPTY") else tag, table)
     if isinstance(table, Rows):
         names = operation.column_names
         if not operation.returns_rows:

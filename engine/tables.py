@@ -44,7 +44,6 @@ import threading
 import warnings
 import weakref
 from collections.abc import Iterator
-from contextlib import contextmanager
 from typing import Any, NamedTuple
 
 import duckdb
@@ -496,33 +495,42 @@ def _hidden_hints(text: str) -> str:
     return _INTERNAL_HINT.sub("", text) if "__topicbase" in text.lower() else text
 
 
-@contextmanager
-def translated(line_offset: int = 0) -> Iterator[None]:
+class translated:  # lower case: used as ``with translated(...)``, as the function was
     """Run a block, turning DuckDB exceptions into Topicbase errors.
 
     ``line_offset`` moves the ``LINE n:`` of DuckDB's syntax errors to the
-    statement's place in its script.
+    statement's place in its script. A class rather than a generator's context manager:
+    every statement enters one or more (a generator's costs several times as much).
     """
-    try:
-        yield
-    except duckdb.Error as error:
-        translated_error = translate(error)
-        if line_offset and isinstance(translated_error, errors.SqlSyntaxError):
-            translated_error = _shift_lines(translated_error, line_offset)
-        raise translated_error from error
-    except pa.ArrowInvalid as error:
-        # A result type nested deeper than Arrow follows ([[[...]]] 150 levels deep).
-        if "recursion level" in str(error).lower():
-            raise errors.StatementTooComplexError(
-                f"statement too complex: its result type is nested too deeply ({error})"
-            ) from error
-        raise
-    except RuntimeError as error:  # DuckDB reports an interrupt this way
-        if "interrupted" in str(error).lower():
-            raise errors.QueryCanceledError(
-                "canceling statement due to user request"
-            ) from error
-        raise
+
+    __slots__ = ("line_offset",)
+
+    def __init__(self, line_offset: int = 0) -> None:
+        self.line_offset = line_offset
+
+    def __enter__(self) -> None:
+        return None
+
+    def __exit__(self, kind: type[BaseException] | None, error: BaseException | None,
+                 traceback: Any) -> bool:  # fmt: skip
+        if error is None:
+            return False
+        if isinstance(error, duckdb.Error):
+            translated_error = translate(error)
+            if self.line_offset and isinstance(translated_error, errors.SqlSyntaxError):
+                translated_error = _shift_lines(translated_error, self.line_offset)
+            raise translated_error from error
+        if isinstance(error, pa.ArrowInvalid):
+            # A result type nested deeper than Arrow follows ([[[...]]] 150 levels deep).
+            if "recursion level" in str(error).lower():
+                raise errors.StatementTooComplexError(
+                    f"statement too complex: its result type is nested too deeply ({error})"
+                ) from error
+            return False
+        if isinstance(error, RuntimeError) and "interrupted" in str(error).lower():
+            # DuckDB reports an interrupt this way
+            raise errors.QueryCanceledError("canceling statement due to user request") from error
+        return False
 
 
 def _shift_lines(error: errors.SqlSyntaxError, offset: int) -> errors.SqlSyntaxError:
@@ -743,26 +751,30 @@ def _small_rows(
         except duckdb.Error:
             plans.failed(sql, plan)
             raise
-        head = _fetch_head(cursor, sql)
-        if not head[1] and plans.describes(sql, cursor.description):
+        description = cursor.description
+        head = _fetch_head(cursor, sql, description)
+        if not head[1] and plans.describes(sql, description):
             return head
         plans.failed(sql, plan)  # grown, other types or other names: the text itself
         cursor.abort()  # the plan's result, unfinished
     cursor.execute(plans.statement(cursor, sql), parameters or None)
-    head = _fetch_head(cursor, sql)
+    head = _fetch_head(cursor, sql, cursor.description)
     if not parameters and not head[1] and head[0] is not None:
         plans.succeeded(cursor, sql)  # the result is read whole: the cursor is free
     return head
 
 
-def _fetch_head(cursor: Connection, sql: str) -> tuple[Rows | None, bool, list[str] | None]:
-    """The head of the result ``cursor`` just executed for ``sql`` (see ``_small_rows``),
-    and what it says of ``sql`` learnt (``_small_results``)."""
-    description = cursor.description
+def _fetch_head(
+    cursor: Connection, sql: str, description: Any
+) -> tuple[Rows | None, bool, list[str] | None]:
+    """The head of the result ``cursor`` just executed for ``sql`` (see ``_small_rows``;
+    ``description`` is the cursor's, read once by the caller), and what it says of ``sql``
+    learnt (``_small_results``)."""
     if description is None:
         return None, False, None
-    duckdb_types = [str(column[1]) for column in description]
-    shape = _row_shape(description)
+    key = _shape_key(description)
+    duckdb_types = [kind for _, kind in key]
+    shape = _row_shape(description, key)
     if shape is None:
         _small_results.mark(sql, False)
         return None, True, duckdb_types
@@ -970,12 +982,21 @@ _ROW_SHAPES_MAX = 1024
 _row_shapes: dict[tuple[tuple[str, str], ...], tuple[list[pa.DataType], pa.Schema] | None] = {}
 
 
-def _row_shape(description: Any) -> tuple[list[pa.DataType], pa.Schema] | None:
+def _shape_key(description: Any) -> tuple[tuple[str, str], ...]:
+    """(column name, DuckDB type name) of each column of DuckDB's ``description``."""
+    return tuple((str(column[0]), str(column[1])) for column in description)
+
+
+def _row_shape(
+    description: Any, key: tuple[tuple[str, str], ...] | None = None
+) -> tuple[list[pa.DataType], pa.Schema] | None:
     """The Arrow types and schema of a result of DuckDB's ``description`` on the rows'
-    way (None: a column of another type)."""
-    key = tuple((str(column[0]), str(column[1])) for column in description)
-    if key in _row_shapes:
-        return _row_shapes[key]
+    way (None: a column of another type); ``key``: its ``_shape_key`` if known."""
+    if key is None:
+        key = _shape_key(description)
+    shape = _row_shapes.get(key, _NO_SHAPE)
+    if shape is not _NO_SHAPE:
+        return shape  # type: ignore[return-value]
     types = [_ROW_ARROW_TYPES.get(kind) for _, kind in key]
     shape = None
     if None not in types:

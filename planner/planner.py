@@ -82,7 +82,9 @@ def _plan(statement: ast.Statement, catalog: Catalog) -> Plan:
     statement = relative_statement(statement, database_path_of(catalog))
     planner = _PLANNERS.get(type(statement))
     assert planner is not None, f"no planner for {type(statement).__name__}"
-    return replace(planner(statement, catalog), line=statement.position.line)
+    planned = planner(statement, catalog)
+    line = statement.position.line
+    return planned if planned.line == line else replace(planned, line=line)
 
 
 def require_topic(catalog: Catalog, name: str) -> TopicInfo:
