@@ -596,6 +596,15 @@ class Session:
 
     def _run(self, plan: Plan, parameters: Any) -> Result:
         assert self.transaction is not None
+        operations = plan.operations
+        if len(operations) == 1 and _plain_select(operations[0]):
+            # One SELECT over tables (no topic, no system view): what the loop below does
+            # for it, without the loop's tests.
+            operation = operations[0]
+            bound = parameters if operation.uses_parameters else None
+            table = tables.query_rows(self._query_cursor(operation), operation.sql, bound,
+                                      line_offset=statement_line_offset(plan))  # fmt: skip
+            return _query_result(operation, table)
         registered: list[str] = []
         read_tables: dict[str, pa.Table] = {}
         result = Result(plan.tag, notices=plan.notes)
@@ -1310,6 +1319,18 @@ def _moves_topics(plan: Plan) -> bool:
         (isinstance(op, ReadRecords) and op.consumer is not None)
         or isinstance(op, AppendRecords | CommitConsumerOffsets | SetConsumerOffsets)
         for op in plan.operations
+    )
+
+
+def _plain_select(operation: Any) -> bool:
+    """A query of rows over DuckDB alone: a SELECT that projects no topic read and reads no
+    system view (``Session._run`` registers nothing for it)."""
+    return (
+        type(operation) is RunQuery
+        and operation.tag == "SELECT"
+        and operation.returns_rows
+        and operation.projection is None
+        and not operation.system_views
     )
 
 
