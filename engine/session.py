@@ -267,6 +267,8 @@ class Session:
                 return streams.answered(
                     answered.result, answered.duckdb_types, operation.column_names
                 )
+            if len(plan.operations) == 1 and self._literal(operation):
+                return self._literal_stream(plan, operation, parameters)
             peeks = self._register_peeks(plan, parameters)
             self._stream_open = True
         deadline = None if not timeout_s else streams.Deadline(timeout_s, self.cancel)
@@ -281,6 +283,26 @@ class Session:
             on_close=lambda: self._stream_closed(peeks),
             names=operation.column_names,
         )
+
+    def _literal_stream(self, plan: Plan, operation: RunQuery, parameters: Any
+                        ) -> streams.RowStream:  # fmt: skip
+        """A SELECT of literals and parameters alone (``_query_cursor``) streamed: run on
+        the thread's empty database and read whole there (a row; the connection is the
+        thread's, so nothing of it stays open), then offered as DuckDB's stream would
+        offer it (``streams.answered``: the same names, types and rows). An error fails an
+        open transaction, as a stream's does."""
+        bound = parameters if operation.uses_parameters else None
+        try:
+            with tables.translated(statement_line_offset(plan)):
+                reader, duckdb_types = tables.batch_reader(
+                    tables.literal_cursor(), operation.sql, bound, streams.BATCH_ROWS
+                )
+                result = reader.rows if isinstance(reader, tables.RowsReader) else reader.read_all()
+        except BaseException:
+            if self.state is SessionState.IN_TRANSACTION:
+                self.state = SessionState.FAILED
+            raise
+        return streams.answered(result, duckdb_types, operation.column_names)
 
     def _plain_query_plan(self, statement: ast.Statement) -> Plan | None:
         """The plan of a statement that may be read straight from DuckDB: peeks of topics
@@ -673,14 +695,16 @@ class Session:
         such a SELECT reads no table and calls no function, operator or type a user could
         define. Not for the first statement of an explicit transaction that has no DuckDB
         transaction yet: that statement opens it (its snapshot), as before."""
+        return tables.literal_cursor() if self._literal(operation) else self.cursor
+
+    def _literal(self, operation: RunQuery) -> bool:
+        """Whether ``operation`` runs on the thread's empty database (``_query_cursor``)."""
         transaction = self.transaction
-        if (
+        return (
             operation.literal_only
             and (transaction is None or not transaction.explicit or transaction.duckdb_open)
             and tables.literal_tokens(operation.sql)
-        ):
-            return tables.literal_cursor()
-        return self.cursor
+        )
 
     def _schema_may_change(self) -> None:
         """A statement that may change DuckDB's schema runs: in autocommit its commit is

@@ -10,8 +10,9 @@ from typing import Any
 import pytest
 from sqlglot import expressions as exp
 
+from engine import session as session_module
 from engine import tables
-from engine.session import Session
+from engine.session import Session, SessionState
 from planner.duckdb_sql import parse_duckdb
 from planner.literal_select import is_literal_select
 from storage.errors import TopicbaseError
@@ -50,6 +51,13 @@ def literal_runs(monkeypatch: pytest.MonkeyPatch) -> list[str]:
         return cursor
 
     monkeypatch.setattr(Session, "_query_cursor", spying)
+    original_stream = Session._literal_stream
+
+    def spying_stream(self: Session, plan: Any, operation: Any, parameters: Any) -> Any:
+        taken.append(operation.sql)
+        return original_stream(self, plan, operation, parameters)
+
+    monkeypatch.setattr(Session, "_literal_stream", spying_stream)
     return taken
 
 
@@ -81,6 +89,48 @@ def test_literal_selects_give_what_the_session_s_connection_gives(
         theirs = [_outcome(other, sql, parameters) for _ in range(3)]
     assert mine == theirs
     assert literal_runs == [sql] * 3  # the other session ran none there
+
+
+def _streamed(session: Session, sql: str, parameters: Any, whole: bool) -> Any:
+    """``sql`` through ``open_stream`` (the simple protocol's way): its schema, DuckDB
+    types and rows (taken whole when offered and ``whole``, else as batches), or its error."""
+    statement = session_module.parse_statements(sql)[0]
+    try:
+        stream = session.open_stream(statement, parameters, no_rows=None)
+    except TopicbaseError as error:
+        return ("error", type(error).__name__, error.sqlstate, error.message, session.state)
+    assert stream is not None
+    try:
+        taken = stream.take_whole() if whole else None
+        if taken is not None:
+            rows = [tuple(row) for row in taken.rows]
+        else:
+            batches = []
+            while (batch := stream.next_batch()) is not None:
+                batches.append(batch)
+            rows = [tuple(r.values()) for b in batches for r in b.to_pylist()]
+        return (stream.schema, stream.schema.metadata, stream.duckdb_types, rows)
+    finally:
+        stream.close()
+
+
+@pytest.mark.parametrize("whole", [True, False])
+@pytest.mark.parametrize(("sql", "parameters"), LITERAL_TEXTS + ERROR_TEXTS)
+def test_literal_selects_stream_as_on_the_session_s_connection(
+    database: Any, literal_runs: list[str], sql: str, parameters: Any, whole: bool
+) -> None:
+    session = database.connect()
+    mine = [_streamed(session, sql, parameters, whole) for _ in range(3)]
+    assert literal_runs == [sql] * 3
+    with pytest.MonkeyPatch.context() as patch:
+        _on_the_session_s_connection(patch)
+        other = database.connect()
+        theirs = [_streamed(other, sql, parameters, whole) for _ in range(3)]
+    assert mine == theirs
+    session.execute("BEGIN")  # an error in a transaction fails it, as a stream's does
+    session.execute("SELECT 1")  # opens its DuckDB transaction
+    outcome = _streamed(session, sql, parameters, whole)
+    assert (session.state is SessionState.FAILED) == (outcome[0] == "error")
 
 
 def test_the_session_s_connection_keeps_no_plan_and_its_catalog_version(
