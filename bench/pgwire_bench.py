@@ -92,6 +92,10 @@ PG_KV_FILL = (
     f"INSERT INTO kv SELECT i, 'value ' || i FROM generate_series(0, {LOOKUP_ROWS - 1}) i"
 )
 LOOKUP = "SELECT v FROM kv WHERE k = %s"
+# pgwire.select_expr: as small as SELECT 1, but not a SELECT of literals alone (a cast and an
+# operator: DuckDB looks both up in the catalog), so the engine runs it on the session's own
+# DuckDB connection (docs/statement_cost.md, round 7): the per-statement cost of the rest.
+SELECT_EXPR = "SELECT %s::int + 1"
 
 
 @dataclass(frozen=True)
@@ -152,6 +156,7 @@ class Way:
     consume: Callable[[], int] | None  # one read of up to 1000 messages; returns how many
     select1: Callable[[], None] | None
     lookup: Callable[[int], None] | None = None  # one primary-key lookup of the 1M-row table
+    select_expr: Callable[[int], None] | None = None  # one SELECT_EXPR with a parameter
     # The CPU seconds (user + system) of the process serving this way so far, or None: the
     # latency rounds record the server's CPU per round trip, which the machine's other
     # load disturbs far less than wall time.
@@ -251,6 +256,10 @@ def lookup_rounds(ways: list[Way], params: Params) -> Latency:
     return latency_rounds(ways, params.round_trips, lambda w: w.lookup)
 
 
+def select_expr_rounds(ways: list[Way], params: Params) -> Latency:
+    return latency_rounds(ways, params.round_trips, lambda w: w.select_expr)
+
+
 # -- the three systems ----------------------------------------------------------------------------
 def embedded_way(session: Any, pool: list[bytes]) -> Way:
     session.execute(TOPIC_SETUP)
@@ -295,6 +304,7 @@ def wire_ways(conn: Any, pool: list[bytes], server_pid: int) -> list[Way]:
                 None if binary else (lambda: conn.execute("SELECT 1").fetchone()),
                 None if binary else (lambda key: conn.execute(LOOKUP, [key]).fetchone()),
                 None if binary else (lambda: process_cpu_s(server_pid)),
+                None if binary else (lambda key: conn.execute(SELECT_EXPR, [key]).fetchone()),
             )
         )
     with conn.cursor().copy(f"COPY ({consume_sql('c_arrow').replace('1000)', '1)')}) TO "
@@ -384,6 +394,7 @@ def postgres_way(conn: Any, pool: list[bytes]) -> Way:
         lambda: conn.execute("SELECT 1").fetchone(),
         lambda key: conn.execute(LOOKUP, [key]).fetchone(),
         lambda: process_cpu_s(backend),
+        lambda key: conn.execute(SELECT_EXPR, [key]).fetchone(),
     )
 
 
@@ -480,10 +491,11 @@ def run(recorder: Recorder) -> None:
         consume = consume_rounds(ways, params)
         latency = select1_rounds(ways, params)
         lookups = lookup_rounds(ways, params)
+        expressions = select_expr_rounds(ways, params)
         _record(recorder, produce, consume, latency.samples, cluster.version)
         _record_raw_produce(recorder, produce, cluster.version)
         label = postgres.short_version(cluster.version)
-        _record_targets(recorder, consume, latency, lookups, label)
+        _record_targets(recorder, consume, latency, lookups, label, expressions)
 
 
 def _record_targets(
@@ -492,8 +504,10 @@ def _record_targets(
     select1: Latency,
     lookups: Latency,
     pg_label: str,
+    expressions: Latency,
 ) -> None:
-    """consume.wire, pgwire.select1, pgwire.point_lookup: per-round figures, min-max."""
+    """consume.wire, pgwire.select1, pgwire.point_lookup (and pgwire.select_expr beside
+    pgwire.select1, without a target): per-round figures, min-max."""
     postgres_binary = harness.Spread.of(consume["postgres binary"])
     ways = {
         "wire binary": "binary results (psycopg fetchall)",
@@ -531,6 +545,10 @@ def _record_targets(
         ("pgwire.point_lookup", lookups, LOOKUP_TARGET,
          f"SELECT v FROM kv WHERE k = %s on a {LOOKUP_ROWS:,}-row table, random keys "
          "(extended protocol: Parse/Bind/Execute, named after 5 runs)"),
+        ("pgwire.select_expr", expressions, None,
+         f"{SELECT_EXPR} with random ints (extended protocol, named after 5 runs): as small "
+         "as SELECT 1 but not a SELECT of literals alone, so not on the engine's literal "
+         "path (it pays DuckDB's worker hand-off); beside pgwire.select1, no target"),
     ):  # fmt: skip
         samples = latency.samples
         for q in (50, 99):
@@ -539,7 +557,8 @@ def _record_targets(
             harness.record(
                 rec, name if q == 50 else f"{name}.p99", ours, base, unit=f"us p{q}",
                 group=G_TARGETS, baseline=pg_label, higher_is_better=False,
-                target_ratio=1 / target if q == 50 else None, target_label="PostgreSQL",
+                target_ratio=1 / target if q == 50 and target is not None else None,
+                target_label="PostgreSQL",
                 note=f"{what}: round trip through psycopg, p{q} of each round, median over "
                 "the rounds",
             )  # fmt: skip
