@@ -156,11 +156,11 @@ class Way:
     consume: Callable[[], int] | None  # one read of up to 1000 messages; returns how many
     select1: Callable[[], None] | None
     lookup: Callable[[int], None] | None = None  # one primary-key lookup of the 1M-row table
-    select_expr: Callable[[int], None] | None = None  # one SELECT_EXPR with a parameter
     # The CPU seconds (user + system) of the process serving this way so far, or None: the
     # latency rounds record the server's CPU per round trip, which the machine's other
     # load disturbs far less than wall time.
     server_cpu_s: Callable[[], float] | None = None
+    select_expr: Callable[[int], None] | None = None  # one SELECT_EXPR with a parameter
 
 
 def _rotated(ways: list[Way], round_index: int) -> list[Way]:
