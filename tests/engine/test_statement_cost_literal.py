@@ -61,6 +61,15 @@ def literal_runs(monkeypatch: pytest.MonkeyPatch) -> list[str]:
     return taken
 
 
+def _positional(batches: Any) -> list[tuple[Any, ...]]:
+    """The rows of Arrow tables or batches as tuples (not dicts: names may repeat)."""
+    return [
+        tuple(column[index].as_py() for column in batch.columns)
+        for batch in batches
+        for index in range(batch.num_rows)
+    ]
+
+
 def _outcome(session: Session, sql: str, parameters: Any) -> Any:
     try:
         result = session.execute(sql, parameters)[-1]
@@ -68,7 +77,20 @@ def _outcome(session: Session, sql: str, parameters: Any) -> Any:
         return ("error", type(error).__name__, error.sqlstate, error.message)
     table = result.table
     assert table is not None
-    return (result.tag, table.schema, table.schema.metadata, table.to_pylist())
+    return (result.tag, table.schema, table.schema.metadata, _positional([table]))
+
+
+def _three_runs(session: Session, run: Any, sql: str, rows_way: list[str]) -> list[Any]:
+    """Three runs of ``sql`` by ``run`` with nothing learnt of it before: the first takes
+    DuckDB's relation; the next two the rows' way (the third from a kept plan when it has
+    no parameters) if the result's types are all plain, else the relation again."""
+    tables._small_results.clear()
+    rows_way.clear()
+    outcomes = [run(session)]
+    assert rows_way == []
+    outcomes += [run(session), run(session)]
+    assert rows_way in ([], [sql, sql])
+    return outcomes
 
 
 def _on_the_session_s_connection(monkeypatch: pytest.MonkeyPatch) -> None:
@@ -77,16 +99,16 @@ def _on_the_session_s_connection(monkeypatch: pytest.MonkeyPatch) -> None:
 
 @pytest.mark.parametrize(("sql", "parameters"), LITERAL_TEXTS + ERROR_TEXTS)
 def test_literal_selects_give_what_the_session_s_connection_gives(
-    database: Any, literal_runs: list[str], sql: str, parameters: Any
+    database: Any, literal_runs: list[str], rows_way: list[str], sql: str, parameters: Any
 ) -> None:
-    session = database.connect()
-    # Three runs: the relation's way, the rows' way, then the kept plan (without parameters).
-    mine = [_outcome(session, sql, parameters) for _ in range(3)]
+    def run(session: Session) -> Any:
+        return _outcome(session, sql, parameters)
+
+    mine = _three_runs(database.connect(), run, sql, rows_way)
     assert literal_runs == [sql] * 3
     with pytest.MonkeyPatch.context() as patch:
         _on_the_session_s_connection(patch)
-        other = database.connect()
-        theirs = [_outcome(other, sql, parameters) for _ in range(3)]
+        theirs = _three_runs(database.connect(), run, sql, rows_way)
     assert mine == theirs
     assert literal_runs == [sql] * 3  # the other session ran none there
 
@@ -108,7 +130,7 @@ def _streamed(session: Session, sql: str, parameters: Any, whole: bool) -> Any:
             batches = []
             while (batch := stream.next_batch()) is not None:
                 batches.append(batch)
-            rows = [tuple(r.values()) for b in batches for r in b.to_pylist()]
+            rows = _positional(batches)
         return (stream.schema, stream.schema.metadata, stream.duckdb_types, rows)
     finally:
         stream.close()
@@ -117,20 +139,36 @@ def _streamed(session: Session, sql: str, parameters: Any, whole: bool) -> Any:
 @pytest.mark.parametrize("whole", [True, False])
 @pytest.mark.parametrize(("sql", "parameters"), LITERAL_TEXTS + ERROR_TEXTS)
 def test_literal_selects_stream_as_on_the_session_s_connection(
-    database: Any, literal_runs: list[str], sql: str, parameters: Any, whole: bool
+    database: Any, literal_runs: list[str], rows_way: list[str], sql: str, parameters: Any,
+    whole: bool,
 ) -> None:
+    def run(session: Session) -> Any:
+        return _streamed(session, sql, parameters, whole)
+
     session = database.connect()
-    mine = [_streamed(session, sql, parameters, whole) for _ in range(3)]
+    mine = _three_runs(session, run, sql, rows_way)
     assert literal_runs == [sql] * 3
     with pytest.MonkeyPatch.context() as patch:
         _on_the_session_s_connection(patch)
-        other = database.connect()
-        theirs = [_streamed(other, sql, parameters, whole) for _ in range(3)]
+        theirs = _three_runs(database.connect(), run, sql, rows_way)
     assert mine == theirs
     session.execute("BEGIN")  # an error in a transaction fails it, as a stream's does
     session.execute("SELECT 1")  # opens its DuckDB transaction
     outcome = _streamed(session, sql, parameters, whole)
     assert (session.state is SessionState.FAILED) == (outcome[0] == "error")
+
+
+@pytest.mark.parametrize("sql", ["SELECT 1", "SELECT 'a' AS x, 2, TRUE", "SELECT -5 n"])
+def test_plain_literal_selects_take_the_rows_way_after_their_first_run(
+    database: Any, literal_runs: list[str], rows_way: list[str], sql: str
+) -> None:
+    for literal in (True, False):
+        with pytest.MonkeyPatch.context() as patch:
+            if not literal:
+                _on_the_session_s_connection(patch)
+            _three_runs(database.connect(), lambda s: _outcome(s, sql, None), sql, rows_way)
+        assert rows_way == [sql, sql]
+    assert literal_runs == [sql] * 3
 
 
 def test_the_session_s_connection_keeps_no_plan_and_its_catalog_version(
