@@ -292,15 +292,38 @@ def _parser() -> Connection:
 
 
 def literal_cursor() -> Connection:
-    """A connection of this thread to an empty sandboxed in-memory database with one DuckDB
-    thread (the parser's, ``_parser``), for a SELECT of literals and parameters alone
-    (``planner.literal_select``, ``literal_tokens``): it reads nothing of any database or
-    session, so it gives there what it gives on a session's connection, without a hand-off
-    to the database's worker thread (threads = 2 there: DuckDB schedules each statement's
-    tasks on its scheduler, which wakes the worker, ~50-60 us of server CPU a statement;
-    docs/statement_cost.md, round 7). The caller reads the result whole before anything
-    else runs on this thread's connection (``query_rows``: at most one row here)."""
-    return _parser()
+    """This thread's cursor of one process-wide empty sandboxed in-memory database with one
+    DuckDB thread, for a SELECT of literals and parameters alone (``planner.literal_select``,
+    ``literal_tokens``): it reads nothing of any database or session, so it gives there
+    what it gives on a session's connection, without a hand-off to the database's worker
+    thread (threads = 2 there: DuckDB schedules each statement's tasks on its scheduler,
+    which wakes the worker, ~50-60 us of server CPU a statement; docs/statement_cost.md,
+    round 7). One database for the process, a cursor (connection) of it per thread: a
+    database per thread would bring DuckDB's native threads per client thread (review
+    R5-2). The caller reads the result whole before anything else runs on this thread's
+    cursor (``query_rows``: at most one row here)."""
+    global _literal_database
+    cursor = getattr(_literal_cursors, "cursor", None)
+    if cursor is not None and getattr(_literal_cursors, "generation", None) == _parser_generation:
+        return cursor
+    with _parser_connections_lock:
+        if _literal_database is None:
+            _literal_database = connect(":memory:", memory_limit_bytes=_PARSER_MEMORY_BYTES,
+                                        threads=1)  # fmt: skip
+        cursor = _literal_database.cursor()
+        _literal_cursors.cursor, _literal_cursors.generation = cursor, _parser_generation
+        ended = [c for thread, c in _literal_cursor_list if not thread.is_alive()]
+        _literal_cursor_list[:] = [(t, c) for t, c in _literal_cursor_list if t.is_alive()]
+        _literal_cursor_list.append((threading.current_thread(), cursor))
+    for old in ended:
+        with contextlib.suppress(Exception):
+            old.close()
+    return cursor
+
+
+_literal_database: Connection | None = None
+_literal_cursors = threading.local()
+_literal_cursor_list: list[tuple[threading.Thread, Connection]] = []
 
 
 # Texts known to be (True) or not to be (False) a SELECT of literals and parameters alone
@@ -377,11 +400,17 @@ def _literal_value_end(tokens: list[SqlToken], index: int) -> int:
 
 @atexit.register
 def close_parsers() -> None:
-    """Close every thread's parser connection (and so DuckDB's threads behind them): at
-    exit, and before a fork (``tests/sim/chaos.py``)."""
-    global _parser_generation
+    """Close every thread's parser connection and the literal database with its cursors
+    (``literal_cursor``), and so DuckDB's threads behind them: at exit, and before a fork
+    (``tests/sim/chaos.py``)."""
+    global _parser_generation, _literal_database
     with _parser_connections_lock:
         connections, _parser_connections[:] = list(_parser_connections), []
+        connections += _literal_cursor_list
+        _literal_cursor_list[:] = []
+        if _literal_database is not None:
+            connections.append((threading.current_thread(), _literal_database))
+            _literal_database = None
         _parser_generation += 1
     for _, connection in connections:
         with contextlib.suppress(Exception):

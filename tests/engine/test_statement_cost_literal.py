@@ -280,3 +280,34 @@ def test_the_planner_marks_only_literal_selects() -> None:
     assert is_literal_select(exp.select("1"))
     assert not is_literal_select(exp.select("1").from_("t"))
     assert not is_literal_select(exp.select("f(1)"))
+
+
+def test_threads_share_one_literal_database() -> None:
+    """Each thread gets a cursor of one process-wide database, not a database of its own
+    (with DuckDB's native threads each: review R5-2)."""
+    import os
+    import threading
+
+    def native_threads() -> int:
+        return len(os.listdir("/proc/self/task"))
+
+    tables.query_rows(tables.literal_cursor(), "SELECT 1")
+    before = native_threads()
+    release = threading.Event()
+    answers: list[Any] = []
+
+    def client() -> None:
+        answers.append(tables.query_rows(tables.literal_cursor(), "SELECT 7 AS seven"))
+        release.wait()
+
+    clients = [threading.Thread(target=client) for _ in range(20)]
+    for thread in clients:
+        thread.start()
+    while len(answers) < len(clients):
+        threading.Event().wait(0.01)
+    grown = native_threads() - before
+    release.set()
+    for thread in clients:
+        thread.join()
+    assert grown <= len(clients) + 2  # the client threads themselves
+    assert all(table.num_rows == 1 for table in answers)
