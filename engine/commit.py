@@ -95,7 +95,7 @@ from dataclasses import dataclass
 import numpy as np
 import pyarrow as pa
 
-from engine import staged_refs, tables
+from engine import moved_refs, staged_refs, tables
 from engine.catalog import SCHEMA
 from engine.commit_order import CommitOrder, CommitSlot
 from engine.deltas import Delta, DeltaApplier, Reservation
@@ -167,6 +167,9 @@ class PublishItem:
     # The share was staged as frames (``storage.staged_frames``; its references name
     # their files): published by copying them, in order, and derived again by recovery.
     frames: tuple[StagedFrame, ...] | None = None
+    # The share is ``moved_refs.moved_batch`` of these ranges' data: a topic-only commit
+    # may name them in its record instead of staging a copy (``engine.moved_refs``).
+    moved: moved_refs.MovedSource | None = None
 
 
 def route_writes(database, writes) -> list[PublishItem]:
@@ -197,6 +200,7 @@ def _route_once(database, writes) -> list[PublishItem]:
     # a share is committed by reference when every batch of it came from one.
     references: dict[tuple[str, int], list[staged_refs.Reference]] = {}
     framed: dict[tuple[str, int], list] = {}  # shares staged as frames: their writes
+    moved: dict[tuple[str, int], list] = {}  # each share's batches' sources (None: not moved)
     for write in writes:
         if getattr(write, "frames", None) is not None:
             _check_partition(database, write.topic_id, write.partition)
@@ -215,6 +219,8 @@ def _route_once(database, writes) -> list[PublishItem]:
         first = targets[0]
         if (targets == first).all():  # the usual case: one partition, no copy
             grouped.setdefault((write.topic_id, int(first)), []).append(write.batch)
+            moved.setdefault((write.topic_id, int(first)), []).append(
+                getattr(write, "moved", None))
             continue
         for partition in np.unique(targets):
             rows = np.flatnonzero(targets == partition)
@@ -231,6 +237,7 @@ def _route_once(database, writes) -> list[PublishItem]:
             partition,
             batches[0] if len(batches) == 1 else pa.concat_batches(batches),
             references=_references_of(references.get((topic_id, partition), []), batches),
+            moved=_moved_of(moved.get((topic_id, partition), []), batches),
         )
         for (topic_id, partition), batches in grouped.items()
     ]
@@ -257,6 +264,11 @@ def _check_partition(database, topic_id: str, partition: int) -> None:
 def _references_of(found: list[staged_refs.Reference], batches: list) -> tuple | None:
     """The share's references if all of its batches came from writes by reference."""
     return tuple(found) if found and len(found) == len(batches) else None
+
+
+def _moved_of(found: list, batches: list) -> moved_refs.MovedSource | None:
+    """The share's source if it is one moved write's batch alone (``engine.moved_refs``)."""
+    return found[0] if len(batches) == 1 and len(found) == 1 else None
 
 
 def _check_publishable(database, item: PublishItem) -> None:
@@ -289,6 +301,19 @@ def _check_frames(frames: tuple[StagedFrame, ...]) -> None:
     if size > limits.BATCH_BYTES_MAX:
         raise LimitExceededError(
             f"batch of {size} bytes exceeds the limit of {limits.BATCH_BYTES_MAX} bytes")
+
+
+@dataclass(slots=True)
+class _LogAppend:
+    """A topic-only commit's append (``Committer.commit_in_log``): the shares staged as
+    copies (in order, one frame each in ``parts``), those named by reference to their
+    source ranges, and the commit record."""
+
+    copied: list[PublishItem]
+    moved: list[PublishItem]
+    parts: list
+    lengths: list[int]
+    record: bytes
 
 
 class CheckpointSetAside(PartitionFencedError):
@@ -336,6 +361,10 @@ class Committer:
         # Files of transactions committed by reference (``engine.staged_refs``), from the
         # record row's writing to the checkpoint that releases them (or ``abandon``).
         self._references: dict[int, list[staged_refs.Reference]] = {}
+        # Source ranges (topic id, partition, start) of moves committed by reference
+        # (``engine.moved_refs``), from the append of the record to the checkpoint that
+        # passes it: retention keeps them (``moved_floor``).
+        self._pins: dict[int, list[tuple[str, int, int]]] = {}
         self._closing = False
         # Published count that wakes the checkpointer after a failed checkpoint (None:
         # ``CHECKPOINT_TRANSACTIONS``, read when used so that tests may lower it).
@@ -456,19 +485,34 @@ class Committer:
         assert all(i.references is None for i in items), "references need a record row"
         deltas = deltas or []
         reservations = reservations if reservations is not None else []
-        parts, lengths = encode_batches(transaction_id, [i.batch for i in items]) if items else (
-            [], []
-        )
-        payload = json.dumps(
-            {
-                "at": self._database.clock.now_us(),
-                "items": [[i.topic_id, i.partition] for i in items],
-                "offsets": [[t, c, p, o] for (t, c, p), o in moves.items()],
-                **({"deltas": [d.to_json() for d in deltas]} if deltas else {}),
-            },
-            separators=(",", ":"),
-        ).encode()
-        record = commit_log.encode_record(transaction_id, len(items), payload)
+        at_us = self._database.clock.now_us()
+
+        def encode(referenced: set[int]) -> _LogAppend:
+            """The append: copied shares' frames, then the record, which names the sources
+            of the shares in ``referenced`` (their ids; ``engine.moved_refs``)."""
+            moved = [i for i in items if id(i) in referenced]
+            copied = [i for i in items if id(i) not in referenced]
+            parts, lengths = (
+                encode_batches(transaction_id, [i.batch for i in copied]) if copied else ([], [])
+            )
+            payload = json.dumps(
+                {
+                    "at": at_us,
+                    "items": [[i.topic_id, i.partition] for i in copied],
+                    **({"moved": [[i.topic_id, i.partition, i.moved.to_json()] for i in moved
+                                  if i.moved is not None]} if moved else {}),
+                    "offsets": [[t, c, p, o] for (t, c, p), o in moves.items()],
+                    **({"deltas": [d.to_json() for d in deltas]} if deltas else {}),
+                },
+                separators=(",", ":"),
+            ).encode()  # fmt: skip
+            record = commit_log.encode_record(transaction_id, len(copied), payload)
+            return _LogAppend(copied, moved, parts, lengths, record)
+
+        # Sources made durable now stay so (``durable_end`` only grows); that they are
+        # still present is checked again under the commit lock, where retention deletes.
+        encoded = [encode({id(i) for i in items if i.moved is not None
+                           and moved_refs.make_durable(self._database, i.moved)})]  # fmt: skip
         appended: list[StagingTicket] = []
         registered = []
 
@@ -479,8 +523,17 @@ class Committer:
             if deltas:
                 self.deltas.check_commit(reservations, deltas)
             failpoints.hit("commit.before_log_append")
-            ticket = self.staging.append(transaction_id, parts, lengths, record)
+            if encoded[0].moved and not all(
+                i.moved is not None and moved_refs.usable(self._database, i.moved)
+                for i in encoded[0].moved
+            ):
+                encoded[0] = encode(set())  # a source went meanwhile (rare): copies, as before
+            append = encoded[0]
+            ticket = self.staging.append(transaction_id, append.parts, append.lengths,
+                                         append.record)  # fmt: skip
             appended.append(ticket)
+            if append.moved:  # kept by retention until the checkpoint passes the record
+                self._pin_sources(transaction_id, append.moved)
             if deltas:
                 registered.append(
                     self.deltas.register(deltas, reservations, (ticket.file_number, ticket.end)))
@@ -506,15 +559,39 @@ class Committer:
         if registered:
             self.deltas.durable(registered[0])
         self.log_commits += 1
+        append = encoded[0]
         with self._lock:
-            self._staged_bytes += sum(lengths) + len(record)
-        bodies = parts[1::2]  # encode_batches: each frame's header, then its body
-        staged = [
-            PublishItem(i.topic_id, i.partition, i.batch, s, body)
-            for i, s, body in zip(items, ticket.placed, bodies, strict=True)
-        ]
+            self._staged_bytes += sum(append.lengths) + len(append.record)
+        bodies = append.parts[1::2]  # encode_batches: each frame's header, then its body
+        placed = {
+            id(i): PublishItem(i.topic_id, i.partition, i.batch, s, body)
+            for i, s, body in zip(append.copied, ticket.placed, bodies, strict=True)
+        }
+        # Moved shares are published from their batches (encoded by the publish).
+        staged = [placed.get(id(i), i) for i in items]
         self._log_ends[transaction_id] = (ticket.file_number, ticket.end)
         return slot, staged
+
+    def _pin_sources(self, transaction_id: int, moved: list[PublishItem]) -> None:
+        """Keep the moved shares' source ranges from retention (``moved_floor``) until
+        the checkpoint that passes the transaction's record (``_release_references``)."""
+        pins = [(r.topic_id, r.partition, r.start)
+                for i in moved if i.moved is not None for r in i.moved.ranges]  # fmt: skip
+        with self._lock:
+            self._pins.setdefault(transaction_id, []).extend(pins)
+
+    def moved_floor(self, topic_id: str, partition: int) -> int | None:
+        """The lowest offset of the partition that a committed move's record, not yet
+        checkpointed, names as its source (``engine.moved_refs``); retention keeps it."""
+        with self._lock:
+            starts = [start for pins in self._pins.values()
+                      for t, p, start in pins if t == topic_id and p == partition]  # fmt: skip
+        return min(starts, default=None)
+
+    def pins_topic(self, topic_id: str) -> bool:
+        """Whether a record not yet checkpointed names a range of the topic as a source."""
+        with self._lock:
+            return any(t == topic_id for pins in self._pins.values() for t, _, _ in pins)
 
     def _check_topics_exist(self, items: list[PublishItem]) -> None:
         """Refuse (42P01), under the commit lock and before the record is appended, a
@@ -738,6 +815,8 @@ class Committer:
         partitions were synced and their record rows deleted: nothing needs them)."""
         with self._lock:
             found = [r for t in transaction_ids for r in self._references.pop(t, [])]
+            for transaction_id in transaction_ids:
+                self._pins.pop(transaction_id, None)
         if found:
             staged_refs.release(self._database.path, found)
 
@@ -747,6 +826,7 @@ class Committer:
         self.staging.release({transaction_id})
         with self._lock:
             self._references.pop(transaction_id, None)
+            self._pins.pop(transaction_id, None)
 
     # -- step 4: checkpoints -------------------------------------------------------------
     def _checkpoint_loop(self) -> None:
@@ -926,7 +1006,14 @@ class Committer:
             self._moved.update(moves)
             targets = []
             for entry in json.loads(row["items"]):
-                if len(entry) == 3:  # committed by reference: [topic, partition, {...}]
+                moved = None
+                if len(entry) == 3 and "moved" in entry[2]:  # by reference to topic ranges
+                    topic_id, partition, source = entry
+                    moved = moved_refs.MovedSource.from_json(source)
+                    self._pins.setdefault(transaction_id, []).extend(
+                        (r.topic_id, r.partition, r.start) for r in moved.ranges)
+                    staged, references = None, None
+                elif len(entry) == 3:  # committed by reference: [topic, partition, {...}]
                     topic_id, partition, by_reference = entry
                     references = by_reference["references"]
                     with self._lock:
@@ -959,12 +1046,12 @@ class Committer:
                     continue
                 if transaction_id in found:
                     # Whole, or a share cut into frames that lost its tail in the crash.
-                    batch = self._recovered_batch(staged, references, derivation)
+                    batch = self._recovered_batch(staged, references, derivation, moved)
                     # ``published_prefix``, from the one scan (it covers the record's time)
                     done = found[transaction_id] if cuttable(batch) else batch.num_rows
                     batch = batch.slice(min(batch.num_rows, done))
                 else:
-                    batch = self._recovered_batch(staged, references, derivation)
+                    batch = self._recovered_batch(staged, references, derivation, moved)
                 if batch.num_rows:
                     log_.publish_transactional([batch], transaction_id)
                     found[transaction_id] = found.get(transaction_id, 0) + batch.num_rows
@@ -981,8 +1068,12 @@ class Committer:
         return republished
 
     def _recovered_batch(self, staged: StagedBatch | None, references: list | None,
-                         derivation: staged_refs.Derivation):  # fmt: skip
-        """A committed share read back: from the staging log or derived by reference."""
+                         derivation: staged_refs.Derivation,
+                         moved: moved_refs.MovedSource | None = None):  # fmt: skip
+        """A committed share read back: from the staging log or derived by reference (to
+        staged files, or to the topic ranges it was moved from)."""
+        if moved is not None:
+            return moved_refs.derive(self._database, moved)
         if staged is None:
             assert references is not None
             return derivation.derive_all(references)
@@ -1022,6 +1113,7 @@ class Committer:
                         payload["items"], found.batches, strict=True
                     )
                 ]
+                items += payload.get("moved", [])  # [topic, partition, {"moved": ...}]
                 rows.append(
                     {
                         "transaction_id": found.transaction_id,

@@ -164,13 +164,16 @@ def read_records(
     publish_gate: AbstractContextManager[Any] | None = None,
     round_robin: RoundRobin | None = None,
     columns: tuple[str, ...] | None = None,
+    ranges: list[tuple[int, int, int]] | None = None,
 ) -> pa.Table:
     """Read the operation's partitions; ``committed`` maps partition -> committed offset.
 
     A ``wait`` stops early, with 57014, when ``cancelled()`` turns true (checked
     whenever the topic's readers are woken, and at least every 100 ms). ``columns``:
     the relation's columns the caller will use (``SCHEMA``'s names), None for all; the
-    table returned may then hold only those (``_relation``).
+    table returned may then hold only those (``_relation``). ``ranges``, if given, gets
+    the (partition, start, end) offset ranges the table's rows are, in row order, or
+    stays empty when the read does not know them (``engine.moved_refs``).
     """
     options = operation.options
     starts = _starts(operation, topic, committed, transaction, clock)
@@ -198,6 +201,8 @@ def read_records(
                 batches = _read_all(operation, topic, starts, gate, round_robin)
     if operation.consumer is not None:
         _record_ranges(operation, starts, batches, committed, transaction)
+    if ranges is not None and not isinstance(batches, ScannedFrames):
+        ranges.extend((p, piece.first_offset, piece.next_offset) for p, piece in batches)
     return _relation(batches, decode=bool(options.get("decode", True)), columns=columns)
 
 

@@ -25,7 +25,10 @@ lock after ``quiesce`` (no publish in flight, none can start), then checkpoints
 (``checkpointed_ends``): below those ends every transactional frame's record is then
 checkpointed, and they are the pass's floor; what is published after them waits
 for the next pass. The floor applies to time- and size-based retention alike (it is
-part of the guard).
+part of the guard). Likewise the source ranges of moves committed by reference to them
+(``engine.moved_refs``) are kept until the checkpoint passes their records
+(``Committer.moved_floor``: pinned under the commit lock, which the pass holds while it
+deletes).
 
 A pass runs under the commit lock, one topic at a time, so DDL (which also takes
 it) never drops or alters a topic in the middle of its pass; commits wait at most
@@ -80,6 +83,9 @@ class ImportantConsumersGuard:
                 partition = database.topic_log(topic_id).partition(partition_id)
                 committed = max(committed, partition.offset_for_time(horizon))
             needed.append(committed)
+        pinned = database.committer.moved_floor(topic_id, partition_id)
+        if pinned is not None:
+            needed.append(pinned)
         return min(needed, default=None)
 
 

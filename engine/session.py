@@ -52,6 +52,7 @@ from engine import (
 from engine.commit import PublishItem, route_writes
 from engine.ddl import run_alter, run_create, run_drop
 from engine.identity import LOCAL_SUPERUSER, Identity
+from engine.moved_refs import MovedRange, MovedSource, moved_batch
 from engine.offset_reset import set_consumer_offsets
 from engine.reads import CURRENT_PROGRESS, ReadProgress, read_records, stream_records
 from engine.result import Result, Rows
@@ -629,15 +630,22 @@ class Session:
             return _query_result(operation, table)
         registered: list[str] = []
         read_tables: dict[str, pa.Table] = {}
+        # Each read's topic and the offset ranges its rows are (``engine.moved_refs``).
+        read_ranges: dict[str, tuple[str, list[tuple[int, int, int]]]] = {}
+        moved_from: tuple[str, list[tuple[int, int, int]]] | None = None  # the query's rows'
         result = Result(plan.tag, notices=plan.notes)
         query_table: pa.Table | None = None
         try:
             for operation in plan.operations:
                 if isinstance(operation, ReadRecords):
                     projected = _projected(plan, operation.placeholder)
+                    ranges: list[tuple[int, int, int]] = []
                     table = self._read(operation, parameters,
-                                       _projected_columns(plan) if projected else None)  # fmt: skip
+                                       _projected_columns(plan) if projected else None,
+                                       ranges)  # fmt: skip
                     read_tables[operation.placeholder] = table
+                    if "decode" not in operation.options:  # data decoded as stored
+                        read_ranges[operation.placeholder] = (operation.topic_id, ranges)
                     if not projected:
                         tables.register(self.cursor, operation.placeholder, table)
                         registered.append(operation.placeholder)
@@ -648,7 +656,10 @@ class Session:
                         [name for _, name in columns]
                     )
                     result = Result(f"SELECT {query_table.num_rows}", query_table)
+                    moved_from = read_ranges.get(placeholder) if len(columns) == 1 and (
+                        columns[0][0] == "data") else None
                 elif isinstance(operation, RunQuery):
+                    moved_from = None
                     registered += self._register_views(operation)
                     bound = parameters if operation.uses_parameters else None
                     offset = statement_line_offset(plan)
@@ -675,7 +686,7 @@ class Session:
                         privileges.record_ddl(self, operation, existed)
                     result = _query_result(operation, query_table)
                 elif isinstance(operation, AppendRecords):
-                    result = self._append(operation, query_table, parameters)
+                    result = self._append(operation, query_table, parameters, moved_from)
                 else:
                     result = self._run_other(operation, plan)
         finally:
@@ -911,7 +922,12 @@ class Session:
             # Transactions set aside behind a partition fenced by an I/O failure (their
             # records replay at reopen) are fine unless this drops a consumer: one
             # re-created under its name would inherit their moves.
-            if _drops_consumers(database, operation):
+            # So is a dropped topic that committed moves name as their source (their
+            # records derive the moved data from it: ``engine.moved_refs``).
+            if _drops_consumers(database, operation) or (
+                isinstance(operation, DropTopicEntry)
+                and _drops_move_source(database, operation)
+            ):
                 database.committer.checkpoint_whole()
             else:
                 database.committer.checkpoint()
@@ -926,9 +942,14 @@ class Session:
 
     # -- topic reads and writes ---------------------------------------------------------------
     def _read(
-        self, operation: ReadRecords, parameters: Any, columns: tuple[str, ...] | None = None
+        self,
+        operation: ReadRecords,
+        parameters: Any,
+        columns: tuple[str, ...] | None = None,
+        ranges: list[tuple[int, int, int]] | None = None,
     ) -> pa.Table:
-        """The read's relation (only ``columns`` if given: ``read_records``)."""
+        """The read's relation (only ``columns`` if given, the rows' offset ranges into
+        ``ranges`` if given: ``read_records``)."""
         operation = _bind_read_options(operation, parameters, self.database)
         topic = self.database.topic_log(operation.topic_id)
         committed: dict[int, int | None] = {}
@@ -964,6 +985,7 @@ class Session:
             publish_gate=self.database.publish_lock,
             round_robin=self.database.read_round_robin,
             columns=columns,
+            ranges=ranges,
         )
 
     def _join_as_member(self, operation: ReadRecords, member: str) -> ReadRecords:
@@ -989,9 +1011,18 @@ class Session:
             names.append(name)
         return names
 
-    def _append(self, operation: AppendRecords, query: pa.Table | None, parameters: Any) -> Result:
+    def _append(
+        self,
+        operation: AppendRecords,
+        query: pa.Table | None,
+        parameters: Any,
+        moved_from: tuple[str, list[tuple[int, int, int]]] | None = None,
+    ) -> Result:
+        """Run the write; ``moved_from``: the topic and offset ranges the query's rows are
+        (its one column the read's ``data``), for a write by reference (``_moved``)."""
         assert self.transaction is not None
         batches = None
+        moved = None
         if operation.rows is not None:
             rows = [tuple(_bind(v, parameters) for v in row) for row in operation.rows]
             columns = operation.columns or ("data",)
@@ -1011,14 +1042,19 @@ class Session:
                     )
                 source = source.rename_columns(list(operation.columns))
         if batches is None:
-            options = {k: _bind(v, parameters) for k, v in operation.options.items()}
-            batches = build_batches(source, options, self.database.clock)
+            moved = self._moved(operation, source, moved_from)
+            if moved is not None:
+                batches = [(None, moved_batch(source.column("data"), moved.at_us))]
+            else:
+                options = {k: _bind(v, parameters) for k, v in operation.options.items()}
+                batches = build_batches(source, options, self.database.clock)
             count = source.num_rows
         if not self.transaction.explicit:
             return self._append_now(operation, batches, count)
         for partition, batch in batches:
             if batch.num_rows:
-                self.transaction.add_write(PendingWrite(operation.topic_id, batch, partition))
+                self.transaction.add_write(
+                    PendingWrite(operation.topic_id, batch, partition, moved))
         if self.transaction.staged_bytes > limits.TRANSACTION_STAGED_BYTES_MAX:
             raise LimitExceededError(
                 f"transaction staged more than {limits.TRANSACTION_STAGED_BYTES_MAX} bytes of "
@@ -1030,6 +1066,41 @@ class Session:
                 "assigned at COMMIT)"
             )
         return Result(f"INSERT 0 {count}")
+
+    def _moved(
+        self,
+        operation: AppendRecords,
+        source: pa.Table,
+        moved_from: tuple[str, list[tuple[int, int, int]]] | None,
+    ) -> MovedSource | None:
+        """Where the write's messages come from, if it may be committed by reference to
+        them (``engine.moved_refs``): an explicit transaction's write whose only column is
+        ``data`` read from a topic (as stored, decoded), with no option, of the whole read."""
+        if (
+            moved_from is None
+            or not moved_from[1]
+            or self.transaction is None
+            or not self.transaction.explicit
+            or operation.options
+            or operation.rows is not None
+            or source.column_names != ["data"]
+            or source.schema.field("data").type != pa.binary()
+        ):
+            return None
+        topic_id, ranges = moved_from
+        merged: list[MovedRange] = []
+        for partition, start, end in ranges:  # a partition's consecutive frames: one range
+            last = merged[-1] if merged else None
+            if last is not None and last.partition == partition and last.end == start:
+                merged[-1] = MovedRange(topic_id, partition, last.start, end)
+            else:
+                merged.append(MovedRange(topic_id, partition, start, end))
+        if (
+            len(merged) > limits.MOVED_RANGES_MAX
+            or sum(r.end - r.start for r in merged) != source.num_rows
+        ):
+            return None
+        return MovedSource(tuple(merged), self.database.clock.now_us())
 
     def _append_now(
         self, operation: AppendRecords, batches: list[tuple[int | None, pa.RecordBatch]], rows: int
@@ -1356,6 +1427,12 @@ def _plain_select(operation: Any) -> bool:
         and operation.projection is None
         and not operation.system_views
     )
+
+
+def _drops_move_source(database: Any, operation: DropTopicEntry) -> bool:
+    """Whether a committed move not yet checkpointed names the dropped topic's ranges."""
+    entry = database.catalog.entry(operation.name)
+    return entry is not None and database.committer.pins_topic(entry.topic_id)
 
 
 def _reads_no_table(plan: Plan) -> bool:

@@ -55,11 +55,16 @@ class ReadRange:
 class PendingWrite:
     """One staged topic write: a batch in memory, or where it was spilled."""
 
-    __slots__ = ("_batch", "_spilled", "_staging", "nbytes", "partition", "topic_id")
+    __slots__ = ("_batch", "_spilled", "_staging", "moved", "nbytes", "partition", "topic_id")
 
-    def __init__(self, topic_id: str, batch: pa.RecordBatch, partition: int | None) -> None:
+    def __init__(
+        self, topic_id: str, batch: pa.RecordBatch, partition: int | None, moved: Any = None
+    ) -> None:
         self.topic_id = topic_id
         self.partition = partition
+        # Where its messages were read from (``engine.moved_refs.MovedSource``), when the
+        # batch is ``moved_batch`` of that data: it may be committed by reference.
+        self.moved = moved
         # What the batch holds in memory: its buffers, a sliced one counted whole (it
         # stays alive whole). ``batch.nbytes`` (slices counted by range) costs ~20 us.
         self.nbytes = batch.get_total_buffer_size()

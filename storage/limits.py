@@ -172,6 +172,11 @@ PARSED_CHARS_PER_CURSOR_MAX = 32 * 1024
 # One commit record's payload (storage.commit_log): one transaction's consumer offsets
 # and publishes. Encoding a longer one is a bug (asserted).
 COMMIT_RECORD_PAYLOAD_BYTES_MAX = 64 * 1024 * 1024
+# A topic write committed by reference to the offset ranges it was read from
+# (engine.moved_refs) names at most this many ranges (contiguous ones merged: about one per
+# partition read) in its commit record, ~40 bytes each; a write from more is staged as a
+# copy, so a record stays far below COMMIT_RECORD_PAYLOAD_BYTES_MAX.
+MOVED_RANGES_MAX = 4096
 # The staging log (storage.staging) starts a new file past this many bytes: one directory
 # sync per file, not per transaction, and files small enough to delete one at a time.
 STAGING_FILE_BYTES_MAX = 64 * 1024 * 1024

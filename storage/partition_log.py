@@ -154,6 +154,10 @@ class PartitionLog:
         self._frame_cache: FrameCache | None = FRAME_CACHE
         self._fenced: StorageIOError | None = None
         self._closed = False
+        # Every offset below this is known synced by this process (0 after open: what a
+        # crash left in the page cache is not known to be on disk). Only grows, by syncs
+        # that covered the whole log (older segments are synced when sealed).
+        self._durable_end = 0
         self.producers = ProducerStateManager(
             fs, directory, clock, config.producer_expiry_ms * 1000
         )
@@ -184,6 +188,11 @@ class PartitionLog:
     @property
     def end_offset(self) -> int:
         return self._visible.end_offset
+
+    @property
+    def durable_end(self) -> int:
+        """Offsets below this are durable (synced since open); a lower bound."""
+        return self._durable_end
 
     @property
     def size_bytes(self) -> int:
@@ -469,6 +478,7 @@ class PartitionLog:
             if self._fenced is not None:
                 raise self._fenced_error()
             segment = self._segments[-1]
+            covered = segment.next_offset  # everything written so far
             try:
                 held = segment.flush_for_sync()
             except StorageIOError as error:
@@ -489,8 +499,27 @@ class PartitionLog:
             with self._write_lock:
                 if self._fenced is not None:  # fenced in the gap (checked None above)
                     raise self._fenced_error()
+                self._durable_end = max(self._durable_end, covered)
         if self.sync_redirected is not None:
             self.sync_redirected()
+
+    def make_durable(self) -> None:
+        """``sync`` whatever an earlier process wrote too: after a reopen the active
+        segment's log is not open for writing (nothing written since), so ``sync`` alone
+        would sync nothing, and what a killed process wrote may still be in the page
+        cache only. Opens the writer's descriptor (never truncating: as the next append
+        would), then syncs; ``durable_end`` then covers the whole log."""
+        with self._write_lock:
+            if self._closed:
+                return
+            if self._fenced is not None:
+                raise self._fenced_error()
+            try:
+                self._segments[-1].create_file()
+            except StorageIOError as error:
+                self._fence(error)
+                raise
+        self.sync()
 
     def _flush_group(self, requests: list[Request]) -> None:
         """Group-commit leader: write every request, sync once, publish."""
@@ -708,6 +737,7 @@ class PartitionLog:
         except StorageIOError as error:
             self._fence(error)
             raise
+        self._durable_end = self._segments[-1].next_offset  # older segments synced at seal
 
     def _fenced_error(self) -> PartitionFencedError:
         """The error a sync of this fenced partition raises."""

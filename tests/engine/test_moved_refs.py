@@ -1,0 +1,302 @@
+"""Moves committed by reference to the topic ranges they read (``engine.moved_refs``).
+
+A topic-only transaction that writes ``data`` read from a topic stages no copy of it: its
+commit record names the source ranges, the source partitions are durable before the
+commit point, retention keeps the ranges until the checkpoint, and recovery derives the
+same messages from them (power cuts through ``tests.sim.faulty_fs``; SIGKILL and
+failpoints in ``test_moved_refs_crash.py``)."""
+
+from __future__ import annotations
+
+import contextlib
+import json
+from pathlib import Path
+
+import pyarrow as pa
+import pytest
+
+from engine import moved_refs
+from engine.database import Database
+from engine.retention import ImportantConsumersGuard
+from engine.writes import build_batches
+from storage import commit_log
+from storage.cleaner import apply_retention
+from storage.clock import ManualClock
+from storage.config import FsyncPolicy
+from storage.errors import CorruptSegmentError
+from tests.sim.faulty_fs import FaultyFileSystem
+
+MOVE = (
+    "INSERT INTO TOPIC b (data) SELECT data FROM TOPIC a "
+    "WITH (consumer = 'mover', max_messages = {n})"
+)
+
+
+def _open(path: Path, fs=None, **options) -> Database:
+    if fs is not None:
+        options["fs"] = fs
+    return Database.open(str(path), retention_interval_s=None, **options)
+
+
+def _setup(database: Database, messages: int = 300, partitions: int = 2) -> list[bytes]:
+    session = database.connect()
+    session.execute(
+        f"CREATE TOPIC a (CONSUMER mover) WITH (min_active_partitions = {partitions}); "
+        f"CREATE TOPIC b WITH (min_active_partitions = {partitions})"
+    )
+    values = []
+    for p in range(partitions):
+        rows = [f"p{p}.{i}:".encode() + b"x" * 1000 for i in range(messages)]
+        values += rows
+        session.execute(
+            "INSERT INTO TOPIC a (data, partition) SELECT unnest(?), ?", [rows, p]
+        )
+    session.close()
+    return values
+
+
+def _move(session, n: int) -> int:
+    session.execute("BEGIN")
+    tag = session.execute(MOVE.format(n=n))[-1].tag
+    session.execute("COMMIT")
+    return int(tag.split()[-1])
+
+
+def _records(database: Database) -> list[dict]:
+    staging = database.committer.staging
+    found = []
+    for number in staging.file_numbers():
+        for record in commit_log.scan(staging.read_file(number)):
+            found.append({**json.loads(record.payload), "batches": len(record.batches)})
+    return found
+
+
+def _b_rows(session) -> list[tuple[bytes, object]]:
+    table = session.execute('SELECT data, created_at FROM TOPIC b ORDER BY created_at, data')[-1]
+    return list(zip(table.table.column("data").to_pylist(),
+                    table.table.column("created_at").to_pylist(), strict=True))  # fmt: skip
+
+
+def _committed_prefix(database: Database, values_by_partition: dict[int, list[bytes]]) -> list:
+    entry = database.catalog.entry("a")
+    moved = []
+    for p, values in values_by_partition.items():
+        moved += values[: database.catalog.committed(entry.topic_id, "mover", p) or 0]
+    return sorted(moved)
+
+
+def _by_partition(values: list[bytes]) -> dict[int, list[bytes]]:
+    out: dict[int, list[bytes]] = {}
+    for v in values:
+        out.setdefault(int(v[1 : v.index(b".")]), []).append(v)
+    return out
+
+
+def test_a_move_stages_no_copy_and_its_record_names_the_source(tmp_path: Path) -> None:
+    database = _open(tmp_path / "data")
+    try:
+        values = _setup(database)
+        session = database.connect()
+        assert _move(session, 250) == 250
+        records = _records(database)
+        assert len(records) == 1 and records[0]["batches"] == 0 and records[0]["items"] == []
+        ((topic_id, _partition, source),) = records[0]["moved"]
+        assert topic_id == database.catalog.entry("b").topic_id
+        assert source["moved"] == [[database.catalog.entry("a").topic_id, 0, 0, 250]]
+        assert database.committer._staged_bytes < 1000  # the record alone, no message
+        data = [d for d, _ in _b_rows(session)]
+        assert sorted(data) == sorted(values[:250])
+        session.close()
+    finally:
+        database.close()
+    database = _open(tmp_path / "data")
+    try:
+        session = database.connect()
+        assert sorted(d for d, _ in _b_rows(session)) == sorted(values[:250])
+        session.close()
+    finally:
+        database.close()
+
+
+def test_a_write_that_is_not_the_read_data_alone_is_staged_as_a_copy(tmp_path: Path) -> None:
+    database = _open(tmp_path / "data")
+    try:
+        _setup(database)
+        session = database.connect()
+        session.execute("BEGIN")
+        session.execute(
+            "INSERT INTO TOPIC b (data, message_group_id) SELECT data, 'g' FROM TOPIC a "
+            "WITH (consumer = 'mover', max_messages = 10)"
+        )
+        session.execute("COMMIT")
+        session.execute("BEGIN")
+        session.execute(
+            "INSERT INTO TOPIC b (data) SELECT data FROM TOPIC a "
+            "WITH (consumer = 'mover', max_messages = 10, decode = false)"
+        )
+        session.execute("COMMIT")
+        records = _records(database)
+        assert [r.get("moved") for r in records] == [None, None]
+        assert [r["batches"] for r in records] == [1, 1]
+        session.close()
+    finally:
+        database.close()
+
+
+def test_a_source_whose_policy_never_syncs_is_staged_as_a_copy(tmp_path: Path) -> None:
+    database = _open(tmp_path / "data", fsync_policy=FsyncPolicy.NEVER)
+    try:
+        _setup(database, messages=50)
+        session = database.connect()
+        assert _move(session, 50) == 50
+        (record,) = _records(database)
+        assert "moved" not in record and record["batches"] == 1
+        session.close()
+    finally:
+        database.close()
+
+
+def test_a_source_not_yet_synced_is_synced_before_the_commit(tmp_path: Path) -> None:
+    """After a reopen nothing is known synced: the first move syncs its source partition
+    (one sync, durable for every later move) and then names it."""
+    database = _open(tmp_path / "data")
+    values = _setup(database, messages=100)
+    database.close()
+    database = _open(tmp_path / "data")
+    try:
+        topic = database.topic_log(database.catalog.entry("a").topic_id)
+        assert topic.partition(0).durable_end == 0
+        session = database.connect()
+        assert _move(session, 60) == 60
+        assert topic.partition(0).durable_end == 100
+        (record,) = _records(database)
+        assert record["batches"] == 0 and len(record["moved"]) == 1
+        assert sorted(d for d, _ in _b_rows(session)) == sorted(values[:60])
+        session.close()
+    finally:
+        database.close()
+
+
+def test_the_derived_batch_is_the_staged_one() -> None:
+    data = pa.array([b"one", b"two", b"\x00" * 3000], pa.binary())
+    at = 1_790_000_000_123_456
+    ((_, expected),) = build_batches(pa.table({"data": data}), {}, ManualClock(at))
+    assert moved_refs.moved_batch(pa.chunked_array([data.slice(0, 1), data.slice(1)]),
+                                  at).equals(expected)  # fmt: skip
+
+
+@pytest.mark.parametrize("partial", [False, True], ids=["nothing-written-back", "partial"])
+@pytest.mark.parametrize("seed", range(3))
+def test_moves_survive_a_power_cut_before_the_checkpoint(
+    tmp_path: Path, seed: int, partial: bool
+) -> None:
+    """The moved frames in ``b`` are not synced and the staging log holds no copy: after a
+    power cut recovery derives every committed move from ``a`` (synced before the commit
+    point), with the same created_at, each message once."""
+    fs = FaultyFileSystem(seed=seed)
+    database = _open(tmp_path / "data", fs)
+    values = _setup(database, messages=120)
+    session = database.connect()
+    for n in (50, 70, 30, 60):
+        _move(session, n)
+    assert all(r["batches"] == 0 and r.get("moved") for r in _records(database))
+    before = _b_rows(session)
+    expected = _committed_prefix(database, _by_partition(values))
+    assert sorted(d for d, _ in before) == expected and len(expected) == 210
+    from tests.sim.test_power_cut import _cut_power
+
+    _cut_power(database, fs, partial=partial)
+    database = _open(tmp_path / "data", fs)
+    try:
+        session = database.connect()
+        assert _b_rows(session) == before
+        assert _committed_prefix(database, _by_partition(values)) == expected
+        assert _move(session, 500) == 30  # the rest of a, moved once
+        assert sorted(d for d, _ in _b_rows(session)) == sorted(values)
+        session.close()
+    finally:
+        database.close()
+
+
+def test_a_copied_move_from_an_unsynced_source_survives_a_power_cut(tmp_path: Path) -> None:
+    """The rule that makes references sound: a source that is not durable is staged as a
+    copy, which a power cut keeps even though ``a``'s unsynced messages are lost."""
+    fs = FaultyFileSystem(seed=7)
+    database = _open(tmp_path / "data", fs, fsync_policy=FsyncPolicy.NEVER)
+    values = _setup(database, messages=40)
+    session = database.connect()
+    _move(session, 40)
+    before = _b_rows(session)
+    from tests.sim.test_power_cut import _cut_power
+
+    _cut_power(database, fs)
+    database = _open(tmp_path / "data", fs)
+    try:
+        session = database.connect()
+        assert _b_rows(session) == before and sorted(d for d, _ in before) == sorted(values[:40])
+        session.close()
+    finally:
+        database.close()
+
+
+def test_retention_keeps_a_moved_range_until_the_checkpoint(tmp_path: Path) -> None:
+    database = _open(tmp_path / "data")
+    try:
+        _setup(database, messages=100, partitions=1)
+        session = database.connect()
+        session.execute("ALTER TOPIC a SET (retention_period = Interval('PT1S'))")
+        topic = database.topic_log(database.catalog.entry("a").topic_id)
+        topic.partition(0).roll()
+        assert _move(session, 100) == 100
+        guard = ImportantConsumersGuard(database)
+        assert guard.protected_offset(topic.topic_id, 0) == 0
+        far = database.clock.now_us() + 3_600 * 1_000_000
+        assert apply_retention(topic, guard, far).segments_deleted == 0
+        assert topic.partition(0).start_offset == 0
+        database.committer.checkpoint()
+        assert guard.protected_offset(topic.topic_id, 0) is None
+        assert apply_retention(topic, guard, far).segments_deleted == 1
+        session.close()
+    finally:
+        database.close()
+
+
+def test_a_source_gone_before_the_append_is_staged_as_a_copy(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Checked again under the commit lock: a range found present before it and gone
+    under it (retention between the two) makes the commit stage a copy."""
+    database = _open(tmp_path / "data")
+    try:
+        values = _setup(database, messages=30, partitions=1)
+        session = database.connect()
+        answers = iter([True, False])
+        original = moved_refs.usable
+        monkeypatch.setattr(moved_refs, "usable",
+                            lambda db, source: next(answers, original(db, source)))  # fmt: skip
+        assert _move(session, 30) == 30
+        (record,) = _records(database)
+        assert "moved" not in record and record["batches"] == 1
+        assert database.committer.moved_floor(database.catalog.entry("a").topic_id, 0) is None
+        assert sorted(d for d, _ in _b_rows(session)) == sorted(values)
+        session.close()
+    finally:
+        database.close()
+
+
+def test_recovery_refuses_a_source_range_that_is_gone(tmp_path: Path) -> None:
+    database = _open(tmp_path / "data")
+    try:
+        _setup(database, messages=10, partitions=1)
+        topic_id = database.catalog.entry("a").topic_id
+        gone = moved_refs.MovedSource((moved_refs.MovedRange(topic_id, 0, 5, 20),), 1)
+        with pytest.raises(CorruptSegmentError):
+            moved_refs.derive(database, gone)
+        missing = moved_refs.MovedSource((moved_refs.MovedRange("t-none", 0, 0, 1),), 1)
+        with pytest.raises(CorruptSegmentError):
+            moved_refs.derive(database, missing)
+        whole = moved_refs.MovedSource((moved_refs.MovedRange(topic_id, 0, 2, 7),), 1)
+        assert moved_refs.derive(database, whole).num_rows == 5
+    finally:
+        with contextlib.suppress(Exception):
+            database.close()
