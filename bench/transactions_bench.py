@@ -38,6 +38,8 @@
    The first second is warm-up and left out of the percentiles.
 
 Temp dirs go under ``$TOPICBASE_BENCH_DIR`` (or ``$TMPDIR``) and are deleted.
+``$TOPICBASE_BENCH_WORKLOADS`` (comma-separated workload names, e.g. ``bulk_move``) runs
+only those move workloads and skips the YDB-style test (one record, measured alone).
 """
 
 from __future__ import annotations
@@ -869,13 +871,18 @@ def run(rec: Recorder) -> None:
                 rec.progress(f"{cluster.version} on 127.0.0.1:{cluster.port}")
             except Exception as error:  # the Topicbase figures stand without the baseline
                 rec.progress(f"PostgreSQL baseline FAILED: {type(error).__name__}: {error}")
+            only = [n for n in os.environ.get("TOPICBASE_BENCH_WORKLOADS", "").split(",") if n]
             for work in WORKLOADS:
+                if only and work.name not in only:
+                    continue
                 for clients in work.clients:
                     rec.progress(f"-- {work.name}, {clients} session(s)")
                     ours, theirs, tb = move_point(
                         rec, parent, cluster, psycopg, work, clients, params, pool
                     )
                     _record_point(rec, work, clients, ours, theirs, pg_label, tb.traced)
+        if only:
+            return
         latency = ydb_latency(rec, parent, params, pool)
         rec.progress(
             f"ydb-style: {latency.messages:,} msgs, {latency.commits} commits, "
