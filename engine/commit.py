@@ -13,7 +13,10 @@ before the commit point:
    the partitions of the batches just before it) go to the staging log in ONE
    ``pwritev``, under the commit lock, right after validation and the claim of the
    offsets moved, in the same critical section as the turn taken: the log's order
-   of records is the validation order and the publish order.
+   of records is the validation order and the publish order. A share that is the
+   ``data`` of topic ranges the transaction read (a move) is not staged: the record
+   names the ranges, which are durable and pinned against retention until the
+   checkpoint, and recovery derives the share from them (``engine.moved_refs``).
 2. *commit point*: the staging syncer's fdatasync covering the record returns (fsync
    1, shared by every append made meanwhile: group commit; the only fsync of the
    commit path). A failed (or interrupted) sync leaves the record on disk or not:
