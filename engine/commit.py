@@ -923,7 +923,11 @@ class Committer:
             except UndefinedTopicError:
                 continue  # dropped since: nothing to sync
             try:
-                topic.partition(partition).sync()
+                # ``make_durable``, not ``sync``: after a reopen the log of a partition
+                # this process has not written is not open for writing, and ``sync``
+                # would sync nothing although a killed process's frames may be in the
+                # page cache only (the records passed below are their last copy).
+                topic.partition(partition).make_durable()
             except PartitionFencedError as error:
                 fenced.add((topic_id, partition))
                 log.warning("checkpoint sets aside the transactions from the first one "

@@ -300,3 +300,35 @@ def test_recovery_refuses_a_source_range_that_is_gone(tmp_path: Path) -> None:
     finally:
         with contextlib.suppress(Exception):
             database.close()
+
+
+def test_a_checkpoint_after_a_reopen_syncs_what_a_killed_process_published(
+    tmp_path: Path,
+) -> None:
+    """R2-1: a killed process's published frames may be in the page cache only; the
+    reopen finds them present and its checkpoint passes their records, so it must sync
+    the partition although this process wrote nothing to it (``make_durable``)."""
+    from tests.sim.test_power_cut import _cut_power, _die
+
+    fs = FaultyFileSystem(seed=1)
+    path = tmp_path / "d"
+    database = _open(path, fs)
+    session = database.connect()
+    session.execute("CREATE TOPIC a")
+    values = [f"m{i}".encode() * 100 for i in range(50)]
+    session.execute("BEGIN")
+    session.execute("INSERT INTO TOPIC a (data) SELECT unnest(?)", [values])
+    session.execute("COMMIT")
+    session.close()
+    fs.crash()  # the page cache is kept: the frames are there, unsynced
+    _die(database, fs)
+    database = _open(path, fs)  # recovery finds them, its checkpoint passes the record
+    _cut_power(database, fs)
+    database = _open(path, fs)
+    try:
+        session = database.connect()
+        got = session.execute("SELECT data FROM TOPIC a")[-1].table.column("data").to_pylist()
+        assert sorted(got) == sorted(values), (len(got), len(values))
+        session.close()
+    finally:
+        database.close()
