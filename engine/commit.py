@@ -563,8 +563,11 @@ class Committer:
             self.deltas.durable(registered[0])
         self.log_commits += 1
         append = encoded[0]
+        # A moved share counts as staged although it is not: its frames in ``b`` are
+        # unsynced and its ranges pinned until a checkpoint, which these bytes bring on.
+        moved_bytes = sum(i.batch.nbytes for i in append.moved if i.batch is not None)
         with self._lock:
-            self._staged_bytes += sum(append.lengths) + len(append.record)
+            self._staged_bytes += sum(append.lengths) + len(append.record) + moved_bytes
         bodies = append.parts[1::2]  # encode_batches: each frame's header, then its body
         placed = {
             id(i): PublishItem(i.topic_id, i.partition, i.batch, s, body)

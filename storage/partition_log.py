@@ -733,11 +733,12 @@ class PartitionLog:
         if self.config.fsync_policy is FsyncPolicy.NEVER:
             return
         try:
-            self._segments[-1].sync()
+            synced = self._segments[-1].sync()
         except StorageIOError as error:
             self._fence(error)
             raise
-        self._durable_end = self._segments[-1].next_offset  # older segments synced at seal
+        if synced:  # not a log left unopened since the open: that sync synced nothing
+            self._durable_end = self._segments[-1].next_offset  # older ones synced at seal
 
     def _fenced_error(self) -> PartitionFencedError:
         """The error a sync of this fenced partition raises."""

@@ -245,13 +245,17 @@ class LogSegment:
         """Create the log file now, empty, so the segment exists on disk before its first frame."""
         self._fd()
 
-    def sync(self) -> None:
-        """Make the log durable (one counted fdatasync); indexes are flushed, not synced."""
+    def sync(self) -> bool:
+        """Make the log durable (one counted fdatasync); indexes are flushed, not synced.
+        Returns whether it synced: a log this process has not opened for writing (nothing
+        written since the open) is not synced (``PartitionLog.make_durable`` does)."""
         self.offset_index.flush()
         self.time_index.flush()
-        if self._write_fd is not None:
-            self._sync_log(self._write_fd)
-            self._writeback_position = self.size_bytes
+        if self._write_fd is None:
+            return False
+        self._sync_log(self._write_fd)
+        self._writeback_position = self.size_bytes
+        return True
 
     def flush_for_sync(self) -> _SharedDescriptor | None:
         """``sync``'s part under the partition's write lock, for a sync of the log made

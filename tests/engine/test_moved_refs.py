@@ -103,7 +103,9 @@ def test_a_move_stages_no_copy_and_its_record_names_the_source(tmp_path: Path) -
         ((topic_id, _partition, source),) = records[0]["moved"]
         assert topic_id == database.catalog.entry("b").topic_id
         assert source["moved"] == [[database.catalog.entry("a").topic_id, 0, 0, 250]]
-        assert database.committer._staged_bytes < 1000  # the record alone, no message
+        staging = database.committer.staging
+        written = sum(len(staging.read_file(n)) for n in staging.file_numbers())
+        assert written < 1000  # the record alone, no message
         data = [d for d, _ in _b_rows(session)]
         assert sorted(data) == sorted(values[:250])
         session.close()
@@ -359,6 +361,67 @@ def test_a_move_cut_into_frames_survives_a_power_cut_with_partial_writeback(
         session = database.connect()
         got = session.execute('SELECT data FROM TOPIC b ORDER BY "offset"')[-1].table
         assert got.column("data").to_pylist() == values
+        session.close()
+    finally:
+        database.close()
+
+
+def test_a_group_sync_that_wrote_nothing_after_a_reopen_claims_nothing(tmp_path: Path) -> None:
+    """R2-2: after a reopen a group commit whose every request is a duplicate writes
+    nothing and its sync syncs nothing (the log is not open for writing): ``durable_end``
+    must not move, or a move would name the killed process's unsynced tail by reference
+    and a power cut would make the database fail to open."""
+    from tests.sim.faulty_fs import Fault
+    from tests.sim.test_power_cut import _cut_power, _die
+
+    fs = FaultyFileSystem(seed=3)
+    path = tmp_path / "d"
+    database = _open(path, fs)
+    session = database.connect()
+    session.execute("CREATE TOPIC a (CONSUMER mover); CREATE TOPIC b")
+    session.execute("INSERT INTO TOPIC a (data, producer_id, seq_no) VALUES ('dup', 'p1', 1)")
+    a_id = database.catalog.entry("a").topic_id
+    fs.add_fault(Fault("sync", error=None, path_contains=a_id))  # crash at the next sync
+    rows = [f"tail{i}".encode() * 100 for i in range(20)]
+    with pytest.raises(BaseException):  # noqa: B017 - SimulatedCrash, however it surfaces
+        session.execute("INSERT INTO TOPIC a (data) SELECT unnest(?)", [rows])
+    _die(database, fs)  # the tail is in the page cache, visible, never synced
+    database = _open(path, fs)
+    session = database.connect()
+    partition = database.topic_log(a_id).partition(0)
+    tag = session.execute(
+        "INSERT INTO TOPIC a (data, producer_id, seq_no) VALUES ('dup', 'p1', 1)")[-1].tag
+    assert tag == "INSERT 0 0" and partition.durable_end == 0
+    assert _move(session, 1000) == 21  # make_durable syncs the tail first
+    before = _b_rows(session)
+    session.close()
+    _cut_power(database, fs)
+    database = _open(path, fs)
+    try:
+        session = database.connect()
+        assert _b_rows(session) == before
+        session.close()
+    finally:
+        database.close()
+
+
+def test_moved_bytes_bring_on_the_checkpoint(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """R2-4: a moved share counts toward ``CHECKPOINT_STAGED_BYTES`` as a staged one does
+    (its frames unsynced and its ranges pinned until a checkpoint)."""
+    from engine import commit
+
+    monkeypatch.setattr(commit, "CHECKPOINT_STAGED_BYTES", 200_000)
+    database = _open(tmp_path / "data")
+    try:
+        _setup(database, messages=300, partitions=1)
+        session = database.connect()
+        assert _move(session, 250) == 250
+        (record,) = _records(database)
+        assert record["batches"] == 0 and record["moved"]
+        with database.committer._lock:
+            assert database.committer._checkpoint_wanted()
         session.close()
     finally:
         database.close()

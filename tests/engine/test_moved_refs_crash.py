@@ -128,6 +128,9 @@ def test_sigkill_at_random_moments_keeps_every_move_once(tmp_path: Path) -> None
         time.sleep(rng.uniform(0.2, 1.5))
         child.send_signal(signal.SIGKILL)
         child.communicate(timeout=TIMEOUT_S)
-        _check(path), f"seed {seed}"
+        try:
+            _check(path)
+        except AssertionError as error:
+            raise AssertionError(f"MOVED_CRASH_SEED={seed}, round {round_}") from error
     assert _run(path, "", "--fill", "0", "--moves", "100000").returncode == 0
     _check(path, drained=True)
