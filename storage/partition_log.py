@@ -169,6 +169,13 @@ class PartitionLog:
         self._visible = Visible(segments[-1].next_offset, tuple(segments), segments[-1].size_bytes)
         self._restore_producers()
         self._committer = GroupCommitter(self._flush_group, config.group_commit_window_us)
+        # A killed process's last frames may be in the page cache only (written, never
+        # synced nor acknowledged) yet read back whole by the load: sync them before any
+        # reader sees them, as Kafka flushes what its recovery kept, or a consumer could
+        # commit offsets past what a later power cut leaves (R2-3). A log this process
+        # opens with nothing in it needs no sync.
+        if segments[-1].size_bytes:
+            self.make_durable()
 
     # -- state -------------------------------------------------------------------------
     @property
