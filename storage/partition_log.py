@@ -154,9 +154,9 @@ class PartitionLog:
         self._frame_cache: FrameCache | None = FRAME_CACHE
         self._fenced: StorageIOError | None = None
         self._closed = False
-        # Every offset below this is known synced by this process (0 after open: what a
-        # crash left in the page cache is not known to be on disk). Only grows, by syncs
-        # that covered the whole log (older segments are synced when sealed).
+        # Every offset below this is known synced by this process (the open syncs what it
+        # loads, below; before that nothing is known on disk). Only grows, by syncs that
+        # covered the whole log (older segments are synced when sealed).
         self._durable_end = 0
         self.producers = ProducerStateManager(
             fs, directory, clock, config.producer_expiry_ms * 1000
