@@ -514,19 +514,30 @@ class PartitionLog:
         """``sync`` whatever an earlier process wrote too: after a reopen the active
         segment's log is not open for writing (nothing written since), so ``sync`` alone
         would sync nothing, and what a killed process wrote may still be in the page
-        cache only. Opens the writer's descriptor (never truncating: as the next append
-        would), then syncs; ``durable_end`` then covers the whole log."""
+        cache only. Such a log is synced through a descriptor of its own, closed at once
+        (``LogSegment.sync_file``: no descriptor is kept per partition, R2-6), under the
+        write lock (once per partition after an open); ``durable_end`` then covers the
+        whole log."""
         with self._write_lock:
             if self._closed:
                 return
             if self._fenced is not None:
                 raise self._fenced_error()
-            try:
-                self._segments[-1].create_file()
-            except StorageIOError as error:
-                self._fence(error)
-                raise
-        self.sync()
+            segment = self._segments[-1]
+            transient = not segment.writing
+            if transient:
+                covered = segment.next_offset  # older segments were synced at their seal
+                try:
+                    if segment.size_bytes:
+                        segment.sync_file()
+                except StorageIOError as error:
+                    self._fence(error)
+                    raise
+                self._durable_end = max(self._durable_end, covered)
+        if not transient:
+            self.sync()
+        elif self.sync_redirected is not None:
+            self.sync_redirected()
 
     def _flush_group(self, requests: list[Request]) -> None:
         """Group-commit leader: write every request, sync once, publish."""

@@ -257,6 +257,23 @@ class LogSegment:
         self._writeback_position = self.size_bytes
         return True
 
+    @property
+    def writing(self) -> bool:
+        """Whether this process opened the log for writing (wrote it, or created it)."""
+        return self._write_fd is not None
+
+    def sync_file(self) -> None:
+        """``fdatasync`` the log through a descriptor opened for it and closed at once: a
+        log this process has not opened for writing (after an open, what a killed process
+        wrote may be in the page cache only). The file exists (the caller holds the
+        partition's write lock, so the active segment cannot go); counted, and one sync
+        at a time with the others (``_sync_log``)."""
+        fd = self.fs.open_write(self.log_path)
+        try:
+            self._sync_log(fd)
+        finally:
+            self.fs.close(fd)
+
     def flush_for_sync(self) -> _SharedDescriptor | None:
         """``sync``'s part under the partition's write lock, for a sync of the log made
         outside it (``sync_published``): the indexes flushed (not synced, as ``sync``),
