@@ -623,10 +623,12 @@ class BulkWrites:
                                               recorded)  # fmt: skip
 
     def _framed_topics(self, metas: dict[str, dict[str, str]]) -> dict[str, list[str]]:
-        """The topics whose every write of this commit was staged as frames (and within
-        what one transaction may write to a partition), with their write ids: their
-        frames are published as staged (``engine.staged_refs.FramedWrite``). A topic with
-        other writes too has its frames decoded and copied with them (``read_write``)."""
+        """The topics whose every write of this commit was staged as frames, with their
+        write ids: their frames are published as staged (``engine.staged_refs.FramedWrite``)
+        in the commit's one transaction, whatever their size (a framed share is not held
+        to what one transaction may write to a partition: ``engine.commit``
+        ``_check_publishable``). A topic with other writes too has its frames decoded and
+        copied with them (``read_write``)."""
         others: set[str] = set()
         framed: dict[str, list[str]] = {}
         for write_id, meta in metas.items():
@@ -637,12 +639,7 @@ class BulkWrites:
                 framed.setdefault(meta["name"], []).append(write_id)
             elif files:
                 others.add(meta["name"])
-        fs = self.database.store.fs
-        return {
-            name: ids for name, ids in framed.items()
-            if name not in others and not staged_refs.framed_over_limits(staged_refs.index_framed(
-                fs, [p for w in ids for p in _staged_files(os.path.join(self.root, w))]))
-        }  # fmt: skip
+        return {name: ids for name, ids in framed.items() if name not in others}
 
     def _publish_by_reference(self, session: Any, sink_id: str, batch_id: int,
                               writes: list[bulk_publish.Write],

@@ -262,12 +262,17 @@ def _references_of(found: list[staged_refs.Reference], batches: list) -> tuple |
 def _check_publishable(database, item: PublishItem) -> None:
     """Refuse (54000), before anything is staged or committed, a partition's share that one
     publish could not write (over ``BATCH_BYTES_MAX`` or ``BATCH_MESSAGES_MAX``): past the
-    commit point the publish would fail, and be retried, for ever."""
+    commit point the publish would fail, and be retried, for ever.
+
+    A share staged as frames has no such limit: each of its frames was checked against
+    them when staged, it is on disk already (bounded by the bulk staging cap, then counted
+    against the transactions' staged-bytes cap: ``FramedWrite.place``), and every path
+    that publishes it goes frame by frame (``PartitionLog.publish_staged``, a split
+    partition's ``TopicLog.publish_staged``, recovery): nothing holds the share whole."""
+    if item.frames is not None:
+        return
     try:
-        if item.frames is not None:
-            _check_frames(item.frames)
-        else:
-            check_wire_batch(item.batch)
+        check_wire_batch(item.batch)
     except LimitExceededError as error:
         names = [e.name for e in database.catalog.entries() if e.topic_id == item.topic_id]
         name = names[0] if names else item.topic_id
@@ -276,19 +281,6 @@ def _check_publishable(database, item: PublishItem) -> None:
             f"{limits.BATCH_MESSAGES_MAX} messages to one partition (topic {name}, partition "
             f"{item.partition}): {error}; commit in smaller transactions"
         ) from None
-
-
-def _check_frames(frames: tuple[StagedFrame, ...]) -> None:
-    """``check_wire_batch``'s limits for a share staged as frames (each frame was checked
-    when staged): its messages and bytes together."""
-    count = sum(frame.record_count for frame in frames)
-    size = sum(frame.body_bytes for frame in frames)
-    if count > limits.BATCH_MESSAGES_MAX:
-        raise LimitExceededError(
-            f"batch of {count} messages exceeds the limit of {limits.BATCH_MESSAGES_MAX}")
-    if size > limits.BATCH_BYTES_MAX:
-        raise LimitExceededError(
-            f"batch of {size} bytes exceeds the limit of {limits.BATCH_BYTES_MAX} bytes")
 
 
 class CheckpointSetAside(PartitionFencedError):

@@ -47,7 +47,7 @@ import pyarrow.compute as pc
 from engine.staged_writes import TransactionStaging
 from engine.transaction import PendingWrite
 from engine.writes import _non_negative, _readable_instants, build_batches
-from storage import failpoints, limits
+from storage import failpoints
 from storage.clock import ManualClock
 from storage.errors import (
     CorruptSegmentError,
@@ -420,15 +420,6 @@ def framed_table(fs: FileSystem, frames: dict[int, list[StagedFrame]]) -> pa.Tab
     if not pieces:
         return pa.table({})
     return pa.concat_tables(pieces)
-
-
-def framed_over_limits(frames: dict[int, list[StagedFrame]]) -> bool:
-    """Whether a partition's share is over what one transaction may write to it."""
-    return any(
-        sum(f.record_count for f in share) > limits.BATCH_MESSAGES_MAX
-        or sum(f.body_bytes for f in share) > limits.BATCH_BYTES_MAX
-        for share in frames.values()
-    )
 
 
 class FramedWrite(PendingWrite):

@@ -886,8 +886,10 @@ class TopicLog:
                        transaction_id: int) -> None:  # fmt: skip
         """Publish a committed share staged as frames (``storage.staged_frames``) to
         ``partition`` (``PartitionLog.publish_staged``: no re-encoding, the bodies copied
-        in the kernel). A partition that split since gets the decoded rows, published by
-        key to its active descendants as ``publish_transactional`` does."""
+        in the kernel). A partition that split since sends the share to its descendants
+        as ``publish_transactional`` would (``_publish_staged_to_lineage``), also frame by
+        frame: a share of any size (a framed share is not held to one transaction's
+        per-partition limits) is never decoded whole."""
         if not frames:
             return
         size = sum(frame.body_bytes for frame in frames)
@@ -895,12 +897,36 @@ class TopicLog:
             try:
                 self.partition(partition).publish_staged(frames, transaction_id)
             except PartitionInactiveError:
-                pass  # split since the check: by key, below
+                pass  # split since the check: to the lineage, below
             else:
                 self._after_write(partition, size)
                 return
-        batch = staged_frames.decode(self.fs, frames)
-        self.publish_transactional(batch, partition, transaction_id)
+        self._publish_staged_to_lineage(partition, frames, transaction_id)
+
+    def _publish_staged_to_lineage(self, partition_id: int, frames: list[StagedFrame],
+                                   transaction_id: int) -> None:  # fmt: skip
+        """``_publish_to_lineage`` of a framed share: no message of a frame has a key
+        (no producer id, no message group), so all of them go to the one descendant
+        keyless messages go to (``_descendant_for(partition_id, None)``), copied as
+        staged. Idempotent as ``_publish_to_lineage``: the frames of the share that
+        descendant holds already (whole frames, a prefix: a publish cut short) are
+        skipped (``staged_frames.skip_rows``)."""
+        split_at = self._info[partition_id].split_at_us or 0
+        while True:
+            with self._lock:
+                target = self._descendant_for(partition_id, None)
+            log = self._partitions[target]
+            present = log.transaction_rows(transaction_id, split_at - 60 * 1_000_000)
+            rest = staged_frames.skip_rows(frames, present)
+            if rest:
+                try:
+                    log.publish_staged(rest, transaction_id)
+                except PartitionInactiveError:
+                    continue  # the descendant split meanwhile: to its own
+                self._after_write(target, sum(frame.body_bytes for frame in rest))
+            with self._lock:  # recorded once the share is in ``target`` (see above)
+                self._redirected.setdefault(partition_id, set()).add(target)
+            return
 
     def publish_transactional_many(
         self,

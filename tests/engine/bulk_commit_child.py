@@ -13,7 +13,9 @@ a clean run prints ``done <status>`` and exits 0. ``BULK_FRAME_MESSAGES`` lowers
 frames (``storage.frame_cuts``). Topic rows are staged as frames (``storage.staged_frames``)
 unless ``BULK_STAGE_FORMAT=arrows``, which adds a codec column ("raw": a column frames
 cannot hold, ``engine.staged_refs.framed_batch``): the rows are then staged as they came and
-committed by reference to those files.
+committed by reference to those files. ``BULK_BATCH_MESSAGES`` lowers
+``limits.BATCH_MESSAGES_MAX`` (what one transaction may write to a partition) below a
+partition's share.
 """
 
 from __future__ import annotations
@@ -95,6 +97,8 @@ def main() -> None:
     data, action = sys.argv[1], sys.argv[2]
     if os.environ.get("BULK_FRAME_MESSAGES"):  # small frames: each share is cut in several
         limits.FRAME_TARGET_MESSAGES = int(os.environ["BULK_FRAME_MESSAGES"])
+    if os.environ.get("BULK_BATCH_MESSAGES"):  # shares over one transaction's limit
+        limits.BATCH_MESSAGES_MAX = int(os.environ["BULK_BATCH_MESSAGES"])
     database = Database.open(data, retention_interval_s=None)
     try:
         status = "opened"

@@ -15,11 +15,11 @@ from pathlib import Path
 import pyarrow as pa
 import pytest
 
-from engine import bulk_publish, bulk_write
+from engine import bulk_publish, bulk_write, staged_refs
 from engine.catalog import SCHEMA
 from engine.database import Database
 from engine.staged_writes import TransactionStaging
-from storage import limits
+from storage import limits, staged_frames
 from storage.errors import CorruptSegmentError, DuplicateColumnError
 from storage.partition_log import PartitionLog
 from storage.record_batch import FrameEncoder
@@ -128,16 +128,33 @@ def test_framed_writes_mixed_with_writes_staged_as_they_came_are_copied_together
         database.close()
 
 
-def test_framed_writes_over_a_transactions_share_go_in_parts(tmp_path, monkeypatch) -> None:
+def test_framed_writes_over_a_transactions_share_are_one_transaction_copied_as_staged(
+        tmp_path, monkeypatch) -> None:  # fmt: skip
+    # A framed share is not held to one transaction's per-partition limit: its frames
+    # were checked when staged and are copied one by one, so the commit stays one
+    # transaction (no parts, nothing decoded), atomic whatever its size.
     monkeypatch.setattr(limits, "BATCH_MESSAGES_MAX", 300)
     monkeypatch.setattr(limits, "FRAME_TARGET_MESSAGES", 100)  # a frame within a batch
     monkeypatch.setattr(bulk_publish, "PART_ROWS", 270)
     database = _open(tmp_path)
     try:
         _stage(database, "a", 0, 800)  # 400 rows a partition: over 300
+
+        def refused(*args, **kwargs):
+            raise AssertionError("a framed share was decoded or cut into parts")
+
+        monkeypatch.setattr(bulk_write.BulkWrites, "read_write", refused)
+        monkeypatch.setattr(staged_refs.FramedRows, "table", refused)
+        monkeypatch.setattr(staged_frames, "decode", refused)
         assert _commit(database, 1, ["a"]) == {"status": "committed", "rows": 800}
         assert _partitions(database) == _expected((0, 800))
         assert os.listdir(bulk_write.for_database(database).root) == []
+        cursor = database.root.cursor()
+        try:
+            assert cursor.execute(
+                f"SELECT count(*) FROM {bulk_publish.PARTS_TABLE}").fetchall() == [(0,)]
+        finally:
+            cursor.close()
     finally:
         database.close()
 
