@@ -908,15 +908,19 @@ class TopicLog:
         """``_publish_to_lineage`` of a framed share: no message of a frame has a key
         (no producer id, no message group), so all of them go to the one descendant
         keyless messages go to (``_descendant_for(partition_id, None)``), copied as
-        staged. Idempotent as ``_publish_to_lineage``: the frames of the share that
-        descendant holds already (whole frames, a prefix: a publish cut short) are
-        skipped (``staged_frames.skip_rows``)."""
-        split_at = self._info[partition_id].split_at_us or 0
+        staged. Idempotent: the share's frames already held along the keyless chain
+        below ``partition_id`` (``_keyless_chain``: a publish there, cut short or whole,
+        before that descendant split in turn) are a prefix of whole frames of the
+        share, skipped (``staged_frames.skip_rows``); only the rest goes to the chain's
+        active end."""
+        since = (self._info[partition_id].split_at_us or 0) - 60 * 1_000_000
         while True:
             with self._lock:
-                target = self._descendant_for(partition_id, None)
+                chain = self._keyless_chain(partition_id)
+            target = chain[-1]
             log = self._partitions[target]
-            present = log.transaction_rows(transaction_id, split_at - 60 * 1_000_000)
+            present = sum(self._partitions[p].transaction_rows(transaction_id, since)
+                          for p in chain)  # fmt: skip
             rest = staged_frames.skip_rows(frames, present)
             if rest:
                 try:
@@ -1078,6 +1082,25 @@ class TopicLog:
             if missing:
                 failpoints.hit("split.mid_redirect")  # one child has its share, others not yet
         return results
+
+    def _keyless_chain(self, partition_id: int) -> list[int]:
+        """The partitions below ``partition_id`` that keyless messages went through, in
+        lineage order, its active end last (``_descendant_for(partition_id, None)``'s
+        path; the caller holds ``_lock``)."""
+        chain: list[int] = []
+        current = self._info[partition_id]
+        for _ in range(HASH_BITS_DEPTH):
+            if current.active:
+                assert chain, "called for an inactive partition"
+                return chain
+            children = [self._info[c] for c in current.children if c in self._info]
+            if not children:
+                raise ObjectNotInPrerequisiteStateError(
+                    f"partition {current.partition_id} is inactive and has no children"
+                )
+            current = children[0]  # where a message without a key goes
+            chain.append(current.partition_id)
+        raise ObjectNotInPrerequisiteStateError("partition lineage is too deep")
 
     def _descendant_for(self, partition_id: int, key: str | None) -> int:
         """The active partition below ``partition_id`` in the lineage that holds ``key``."""

@@ -55,3 +55,28 @@ def test_a_framed_share_over_a_transactions_limit_goes_to_a_split_partitions_chi
     found = [data for child in (1, 2) for record in topic.read(child, 0).batches
              for data in record.column("data").to_pylist()]  # fmt: skip
     assert found == [b"m%02d" % i for i in range(60)]
+
+
+def test_a_framed_share_published_again_after_its_child_split_is_not_duplicated(
+        open_topic: OpenTopic, tmp_path, monkeypatch: pytest.MonkeyPatch) -> None:  # fmt: skip
+    # Review R1-1: the share went to child 1, child 1 split before the transaction's
+    # checkpoint, and the publish is repeated (recovery, a failed publish finished): the
+    # frames child 1 holds count, only the rest (none) goes to its own child.
+    topic = open_topic(1, strategy="paused")
+    monkeypatch.setattr(limits, "FRAME_TARGET_MESSAGES", 10)  # frames of 10 messages
+    path = str(tmp_path / "s.frames")
+    writer = FrameFileWriter(FileSystem(), path)
+    writer.add(0, build_wire_batch([b"m%02d" % i for i in range(30)]))
+    writer.finish()
+    frames = index_file(FileSystem(), path, os.path.getsize(path))[0]
+    assert [frame.record_count for frame in frames] == [10, 10, 10]
+    topic.split(0)  # 0 -> 1, 2
+    topic.publish_staged(frames[:2], 0, 77)  # cut short: two frames in child 1
+    assert topic.split(1) == (3, 4)  # 1 -> 3, 4
+    topic.publish_staged(frames, 0, 77)  # the rest, to 1's keyless child
+    topic.publish_staged(frames, 0, 77)  # again: nothing
+    ends = {p: topic.partition(p).end_offset for p in (1, 2, 3, 4)}
+    assert ends == {1: 20, 2: 0, 3: 10, 4: 0}
+    found = [data for p in (1, 3) for record in topic.read(p, 0).batches
+             for data in record.column("data").to_pylist()]  # fmt: skip
+    assert found == [b"m%02d" % i for i in range(30)]
