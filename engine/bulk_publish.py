@@ -106,7 +106,13 @@ def publish(session: Any, sink_id: str, batch_id: int, writes: list[Write],
         nbytes = sum(d.nbytes for _, d in topic_rows)
         if size <= PART_ROWS and nbytes <= PART_BYTES:
             raise  # not the per-partition limit: one part could not be smaller
-    # Parts slice the rows: writes staged as frames are decoded for that.
+        if all(isinstance(d, FramedRows) for _, d in topic_rows):
+            # Writes staged as frames are never held to the per-partition limits
+            # (``engine.commit._check_publishable``): this is another bound, which parts
+            # would not lift, and parts would decode the frames whole into memory.
+            raise
+    # Parts slice the rows (writes of another kind over the limits): writes staged as
+    # frames beside them are decoded for that.
     topic_rows = [(m, d.table() if isinstance(d, FramedRows) else d) for m, d in topic_rows]
     parts = _slices(topic_rows)
     done = _parts_done(session, sink_id, batch_id)

@@ -119,6 +119,11 @@ class BulkWrites:
         # commits may read back (``limits.SPILLED_COMMITS_MAX``), the others wait.
         self._by_reference_turns = threading.BoundedSemaphore(limits.SPILLED_COMMITS_MAX)
         self.commits_root = os.path.join(database.path, COMMITS_DIRECTORY)
+        # Committed writes' files (a commit directory's bytes, by directory) stay on disk
+        # until the checkpoint that makes their partitions durable deletes them
+        # (``Committer._release_references``): they stay charged to the staging cap until
+        # then (``_hold``; ``_prune_held`` gives back those gone), so the cap bounds them.
+        self._held: dict[str, int] = {}
         os.makedirs(self.root, exist_ok=True)
         os.makedirs(self.commits_root, exist_ok=True)
         cursor = database.root.cursor()
@@ -337,13 +342,42 @@ class BulkWrites:
         return _read_meta(os.path.join(self.root, write_id, "write.json"))
 
     def _reserve(self, grown: int) -> None:
+        """Charge ``grown`` bytes to the staging cap; 54000 past it. When committed
+        writes' files still count (``_held``), a checkpoint is run first (it deletes
+        those of published transactions), then the cap is checked again."""
+        for attempt in range(2):
+            with self._lock:
+                if self._staged_bytes + grown <= self.staging_bytes_max:
+                    self._staged_bytes += grown
+                    return
+                held = bool(self._held)
+            if attempt or not held:
+                break
+            self._prune_held()
+            with self._lock:
+                still = self._staged_bytes + grown > self.staging_bytes_max and self._held
+            if still:
+                with contextlib.suppress(TopicbaseError):  # then 54000 below
+                    self.database.committer.checkpoint()
+                self._prune_held()
+        raise LimitExceededError(
+            f"staged bulk writes would exceed the staging cap of "
+            f"{self.staging_bytes_max} bytes; commit or abort writes first"
+        )
+
+    def _hold(self, directory: str, size: int) -> None:
+        """A commit directory handed to the committer: its ``size`` bytes stay charged
+        to the staging cap until the directory is deleted."""
         with self._lock:
-            if self._staged_bytes + grown > self.staging_bytes_max:
-                raise LimitExceededError(
-                    f"staged bulk writes would exceed the staging cap of "
-                    f"{self.staging_bytes_max} bytes; commit or abort writes first"
-                )
-            self._staged_bytes += grown
+            self._held[directory] = self._held.get(directory, 0) + size
+            self._staged_bytes += size
+
+    def _prune_held(self) -> None:
+        """Give back the bytes of commit directories deleted since (by the checkpoint)."""
+        with self._lock:
+            gone = [d for d in self._held if not os.path.isdir(d)]
+            for directory in gone:
+                self._staged_bytes = max(0, self._staged_bytes - self._held.pop(directory))
 
     def _release(self, size: int) -> None:
         with self._lock:
@@ -351,6 +385,9 @@ class BulkWrites:
 
     @property
     def staged_bytes(self) -> int:
+        """Bytes charged to the staging cap: staged writes, and committed writes' files
+        not deleted yet."""
+        self._prune_held()
         with self._lock:
             return self._staged_bytes
 
@@ -689,7 +726,9 @@ class BulkWrites:
                         handed: list[str], recorded: list[bool]) -> int:  # fmt: skip
         def committed() -> None:
             if moved:
-                handed.append(os.path.dirname(next(iter(moved.values()))))
+                directory = os.path.dirname(next(iter(moved.values())))
+                handed.append(directory)
+                self._hold(directory, sum(_directory_bytes(p) for p in moved.values()))
 
         return bulk_publish.publish(session, sink_id, batch_id, writes, self._stage_topic,
                                     self.database.clock.now_us(), committed,

@@ -720,10 +720,15 @@ class Committer:
             self._published.append((transaction_id, targets, log_end))
 
     def _keep_references(self, transaction_id: int, items: list[PublishItem]) -> None:
+        """Keep the transaction's references until its checkpoint releases them; their
+        files' bytes count toward a checkpoint being due (``CHECKPOINT_STAGED_BYTES``), as
+        log commits' staged bytes do: the files stay on disk until then."""
         found = [r for i in items if i.references is not None for r in i.references]
         if found:
+            named = {tuple(e) for r in found for e in r.get("frames", r.get("files", []))}
             with self._lock:
                 self._references.setdefault(transaction_id, []).extend(found)
+                self._staged_bytes += sum(size for _, size, _ in named)
 
     def _release_references(self, transaction_ids: set[int]) -> None:
         """Delete the files of released transactions committed by reference (after their

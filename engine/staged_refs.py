@@ -424,10 +424,13 @@ def framed_table(fs: FileSystem, frames: dict[int, list[StagedFrame]]) -> pa.Tab
 
 class FramedWrite(PendingWrite):
     """A topic write of an open transaction staged as frames (``storage.staged_frames``):
-    its share of one partition, counted against the staged-bytes cap (never spilled); the
-    commit records ``reference`` and publishes ``frames`` by copying them
-    (``engine.commit``). ``batch`` decodes them, for a transaction that must mix them
-    with rows of another kind in one partition."""
+    its share of one partition (never spilled, never in memory); the commit records
+    ``reference`` and publishes ``frames`` by copying them (``engine.commit``). ``batch``
+    decodes them, for a transaction that must mix them with rows of another kind in one
+    partition. Not counted against the open transactions' staged-bytes cap (``place``):
+    the files are on disk already, charged to the bulk staging cap until the checkpoint
+    deletes them (``BulkWrites._hold``), and hold no memory; counted there, a commit
+    finding the cap taken by other sessions would go in parts (not atomic)."""
 
     __slots__ = ("_fs", "frames", "reference")
 
@@ -448,7 +451,7 @@ class FramedWrite(PendingWrite):
         return decode_frames(self._fs, self.frames)
 
     def place(self, staging: TransactionStaging) -> None:
-        staging.count(self.nbytes)
+        """Nothing to stage nor to count (see the class doc)."""
 
 
 def check_frames_file(fs: FileSystem, path: str, size: int, crc: int, what: str) -> None:

@@ -10,12 +10,14 @@ import io
 import json
 import os
 import shutil
+import time
 from pathlib import Path
 
 import pyarrow as pa
 import pytest
 
 from engine import bulk_publish, bulk_write, staged_refs
+from engine import commit as commit_module
 from engine.catalog import SCHEMA
 from engine.database import Database
 from engine.staged_writes import TransactionStaging
@@ -357,3 +359,81 @@ def _frames_files(database, write_id: str) -> list[str]:
     directory = os.path.join(database.path, bulk_write.WRITES_DIRECTORY, write_id)
     return sorted(os.path.join(directory, n) for n in os.listdir(directory)
                   if n.endswith(".frames"))  # fmt: skip
+
+
+def test_a_framed_commit_is_one_transaction_when_other_sessions_hold_the_staged_bytes_cap(
+        tmp_path, monkeypatch) -> None:  # fmt: skip
+    # Review R1-2: a framed write is not counted against the open transactions' staged
+    # bytes (it is on disk, charged to the bulk staging cap), so a cap taken by others
+    # cannot send it to a commit in parts (not atomic, decoded whole).
+    monkeypatch.setattr(bulk_publish, "PART_ROWS", 270)
+    database = _open(tmp_path)
+    try:
+        _stage(database, "a", 0, 800)
+
+        def refused(*args, **kwargs):
+            raise AssertionError("a framed write was decoded for a commit in parts")
+
+        monkeypatch.setattr(staged_refs.FramedRows, "table", refused)
+        database.staged_writes.total_bytes_max = 20_000  # others hold the rest of it
+        assert _commit(database, 1, ["a"]) == {"status": "committed", "rows": 800}
+        assert _partitions(database) == _expected((0, 800))
+        cursor = database.root.cursor()
+        try:
+            assert cursor.execute(
+                f"SELECT count(*) FROM {bulk_publish.PARTS_TABLE}").fetchall() == [(0,)]
+        finally:
+            cursor.close()
+    finally:
+        database.close()
+
+
+def _tree_bytes(root: str) -> int:
+    """The staged files' bytes under ``root`` (not the manifests)."""
+    return sum(os.path.getsize(os.path.join(d, f)) for d, _, fs in os.walk(root) for f in fs
+               if f.endswith(".frames"))  # fmt: skip
+
+
+def test_committed_frames_files_stay_charged_to_the_staging_cap_until_deleted(
+        tmp_path) -> None:  # fmt: skip
+    # Review R1-3: a committed write's files wait in bulk_commits/ for the checkpoint that
+    # makes its partitions durable; they stay charged to the staging cap meanwhile, and a
+    # write that needs their room runs that checkpoint first.
+    database = _open(tmp_path)
+    try:
+        bulk = bulk_write.for_database(database)
+        _stage(database, "probe", 0, 400)
+        cap = bulk.staged_bytes + 1000  # room for one such write
+        session = database.connect()
+        bulk.abort(session, ["probe"])
+        session.close()
+        bulk_write.for_database(database, staging_bytes_max=cap)
+        for n in range(10):
+            _stage(database, f"w{n}", 400 * n, 400)
+            assert _commit(database, n, [f"w{n}"])["status"] == "committed"
+            assert bulk.staged_bytes >= _tree_bytes(bulk.commits_root) > 0
+            assert _tree_bytes(bulk.commits_root) <= cap
+        assert _partitions(database) == _expected((0, 4000))
+        database.committer.checkpoint()
+        assert bulk.staged_bytes == 0 and os.listdir(bulk.commits_root) == []
+    finally:
+        database.close()
+
+
+def test_committed_frames_files_make_a_checkpoint_due(tmp_path, monkeypatch) -> None:
+    # Review R1-3: their bytes count toward CHECKPOINT_STAGED_BYTES, as log commits' do:
+    # the background checkpoint runs and deletes them (before: only after 256 commits).
+    monkeypatch.setattr(commit_module, "CHECKPOINT_STAGED_BYTES", 1000)
+    database = _open(tmp_path)
+    try:
+        bulk = bulk_write.for_database(database)
+        _stage(database, "a", 0, 300)
+        assert _commit(database, 1, ["a"]) == {"status": "committed", "rows": 300}
+        for _ in range(600):  # the background checkpoint's turn (a wait, not a timing)
+            if not os.listdir(bulk.commits_root):
+                break
+            time.sleep(0.05)
+        assert os.listdir(bulk.commits_root) == []
+        assert _partitions(database) == _expected((0, 300))
+    finally:
+        database.close()
