@@ -111,9 +111,14 @@ def publish(session: Any, sink_id: str, batch_id: int, writes: list[Write],
             # (``engine.commit._check_publishable``): this is another bound, which parts
             # would not lift, and parts would decode the frames whole into memory.
             raise
-    # Parts slice the rows (writes of another kind over the limits): writes staged as
-    # frames beside them are decoded for that.
-    topic_rows = [(m, d.table() if isinstance(d, FramedRows) else d) for m, d in topic_rows]
+        if any(isinstance(d, FramedRows) for _, d in topic_rows):
+            # Parts would decode the frames whole into memory (a write of any size) and
+            # cut a write that one transaction could publish: refused before the commit
+            # point, the writes stay staged.
+            raise LimitExceededError(
+                "this commit must go in parts (a write staged as Arrow is over what one "
+                "transaction may write to a partition), which cannot hold writes staged "
+                "as frames: commit the frames writes apart") from None
     parts = _slices(topic_rows)
     done = _parts_done(session, sink_id, batch_id)
     for number, part in enumerate(parts):

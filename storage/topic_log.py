@@ -65,6 +65,7 @@ from storage.errors import (
     PartitionInactiveError,
     QueryCanceledError,
 )
+from storage.frame_cuts import PRODUCER_COLUMN
 from storage.fs import FileSystem
 from storage.group_commit import GroupCommitter, Request
 from storage.partition_log import WRITTEN, AppendResult, PartitionLog, ReadResult
@@ -1053,26 +1054,27 @@ class TopicLog:
         """Publish ``batch`` of a transaction to the active descendants of an inactive
         partition by key hash; messages without a key go to the lowest range's.
 
-        Idempotent: a descendant that holds frames of the transaction already (a
-        publish cut short, then retried or recovered) gets nothing again. Routing is
-        deterministic, so each descendant's share is the same every time.
+        Idempotent: messages of the transaction held already anywhere along their key's
+        chain below ``partition_id`` (a publish cut short, or whole, then retried or
+        recovered, also after the descendant it went to split in turn) are not published
+        again (``_held_rows``). Routing is deterministic, so each descendant's share is
+        the same every time.
         """
         keys = pc.coalesce(batch.column(1), batch.column(2)).to_pylist()
         with self._lock:
-            targets = np.array(
-                [self._descendant_for(partition_id, key) for key in keys], dtype=np.int64
-            )
+            known: dict[str | None, list[int]] = {}
+            chains = [known.get(key) or known.setdefault(key, self._chain_for(partition_id, key))
+                      for key in keys]  # fmt: skip
+        targets = np.array([chain[-1] for chain in chains], dtype=np.int64)
+        since = (self._info[partition_id].split_at_us or 0) - 60 * 1_000_000
+        held = self._held_rows(batch, chains, transaction_id, since)
         results = []
         for target in np.unique(targets):
-            rows = np.flatnonzero(targets == target)
-            piece = batch if len(rows) == batch.num_rows else batch.take(pa.array(rows))
+            rows = np.flatnonzero((targets == target) & ~held)
             log = self._partitions[int(target)]
-            split_at = self._info[partition_id].split_at_us or 0
-            present = log.published_prefix(piece, transaction_id, split_at - 60 * 1_000_000)
-            missing = present < piece.num_rows
+            missing = len(rows) > 0
             if missing:
-                if present:  # frames of the share were published before a crash: the rest
-                    rows, piece = rows[present:], piece.slice(present)
+                piece = batch if len(rows) == batch.num_rows else batch.take(pa.array(rows))
                 results.append((rows, log.publish_transactional([piece], transaction_id)[0]))
             # Recorded only once the share is in ``target`` (published now or before): a
             # checkpoint's ``sync_redirected`` pops the set, so a target recorded before
@@ -1083,12 +1085,45 @@ class TopicLog:
                 failpoints.hit("split.mid_redirect")  # one child has its share, others not yet
         return results
 
+    def _held_rows(self, batch: pa.RecordBatch, chains: list[list[int]], transaction_id: int,
+                   since_us: int) -> np.ndarray:  # fmt: skip
+        """Which messages of ``batch`` (each routed along its chain) the lineage holds
+        already. A publish to a descendant wrote, in order, the messages routed through it
+        that its ancestors in the chain did not hold, and a crash keeps a prefix of them
+        (``published_prefix``); so, ancestors first, each partition holds the first of
+        the messages routed through it not held above it: as many as its frames of the
+        transaction count (all or none for a share that is not ``cuttable``)."""
+        held = np.zeros(batch.num_rows, dtype=bool)
+        # rows a cuttable share may not hold (``frame_cuts.cuttable``): such a share is one
+        # frame, there whole or not at all
+        uncut = (batch.column(PRODUCER_COLUMN).is_valid().to_numpy(zero_copy_only=False)
+                 | batch.column(METADATA_COLUMN).is_valid().to_numpy(zero_copy_only=False))
+        for depth in range(max(len(chain) for chain in chains)):
+            at = np.array([chain[depth] if depth < len(chain) else -1 for chain in chains],
+                          dtype=np.int64)  # fmt: skip
+            for node in np.unique(at[at >= 0]):
+                rows = np.flatnonzero((at == node) & ~held)
+                if not len(rows):
+                    continue
+                log = self._partitions[int(node)]
+                if uncut[rows].any():
+                    count = len(rows) if log.contains_transaction(transaction_id, since_us) else 0
+                else:
+                    count = min(len(rows), log.transaction_rows(transaction_id, since_us))
+                held[rows[:count]] = True
+        return held
+
     def _keyless_chain(self, partition_id: int) -> list[int]:
-        """The partitions below ``partition_id`` that keyless messages went through, in
-        lineage order, its active end last (``_descendant_for(partition_id, None)``'s
-        path; the caller holds ``_lock``)."""
+        """``_chain_for`` a message without a key (the caller holds ``_lock``)."""
+        return self._chain_for(partition_id, None)
+
+    def _chain_for(self, partition_id: int, key: str | None) -> list[int]:
+        """The partitions below ``partition_id`` that a message with ``key`` goes through,
+        in lineage order, the active one that holds it last (``_descendant_for``'s path;
+        the caller holds ``_lock``)."""
         chain: list[int] = []
         current = self._info[partition_id]
+        value = None if key is None else key_hash(key)
         for _ in range(HASH_BITS_DEPTH):
             if current.active:
                 assert chain, "called for an inactive partition"
@@ -1098,7 +1133,15 @@ class TopicLog:
                 raise ObjectNotInPrerequisiteStateError(
                     f"partition {current.partition_id} is inactive and has no children"
                 )
-            current = children[0]  # where a message without a key goes
+            chosen = children[0]  # where a message without a key goes
+            for child in children:
+                if (
+                    value is not None
+                    and child.key_range is not None
+                    and child.key_range.contains(value)
+                ):
+                    chosen = child
+            current = chosen
             chain.append(current.partition_id)
         raise ObjectNotInPrerequisiteStateError("partition lineage is too deep")
 

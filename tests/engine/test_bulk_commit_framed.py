@@ -22,7 +22,7 @@ from engine.catalog import SCHEMA
 from engine.database import Database
 from engine.staged_writes import TransactionStaging
 from storage import limits, staged_frames
-from storage.errors import CorruptSegmentError, DuplicateColumnError
+from storage.errors import CorruptSegmentError, DuplicateColumnError, LimitExceededError
 from storage.partition_log import PartitionLog
 from storage.record_batch import FrameEncoder
 from tests.engine.bulk_helpers import commit_writes
@@ -37,7 +37,7 @@ def _open(tmp_path) -> Database:
 
 
 def _stage(database, write_id: str, start: int, count: int, *, extra: bool = False,
-           piece: int = 100) -> None:  # fmt: skip
+           piece: int = 100, topic: str = "t") -> None:  # fmt: skip
     columns = {"data": pa.array([b"m%05d" % i for i in range(start, start + count)]),
                "partition": pa.array([i % 2 for i in range(start, start + count)], pa.int32())}
     if extra:  # a column outside the frames format: staged as it came
@@ -46,7 +46,7 @@ def _stage(database, write_id: str, start: int, count: int, *, extra: bool = Fal
     session = database.connect()
     try:
         bulk = bulk_write.for_database(database)
-        bulk.start(session, write_id, "topic", "t")
+        bulk.start(session, write_id, "topic", topic)
         pieces = [batch.slice(s, piece) for s in range(0, count, piece)]
         bulk.append(session, write_id, pieces, batch.schema)
     finally:
@@ -435,5 +435,30 @@ def test_committed_frames_files_make_a_checkpoint_due(tmp_path, monkeypatch) -> 
             time.sleep(0.05)
         assert os.listdir(bulk.commits_root) == []
         assert _partitions(database) == _expected((0, 300))
+    finally:
+        database.close()
+
+
+def test_a_commit_in_parts_with_framed_writes_is_refused_and_leaves_them_staged(
+        tmp_path, monkeypatch) -> None:  # fmt: skip
+    # Review R1-4: a framed write beside an Arrow write over the per-partition limit
+    # would go in parts, its frames decoded whole into memory: 54000 before the commit
+    # point, both writes staged still; committed apart, each is one transaction.
+    monkeypatch.setattr(limits, "BATCH_MESSAGES_MAX", 300)
+    monkeypatch.setattr(bulk_publish, "PART_ROWS", 270)
+    database = _open(tmp_path)
+    try:
+        session = database.connect()
+        session.execute("CREATE TOPIC u WITH (min_active_partitions = 2)")
+        session.close()
+        _stage(database, "a", 0, 800)  # frames
+        _stage(database, "b", 800, 800, extra=True, topic="u")  # as it came: 400 a partition
+        with pytest.raises(LimitExceededError, match="frames writes apart"):
+            _commit(database, 1, ["a", "b"])
+        assert _partitions(database) == {0: [], 1: []}
+        assert sorted(os.listdir(bulk_write.for_database(database).root)) == ["a", "b"]
+        assert _commit(database, 1, ["a"]) == {"status": "committed", "rows": 800}
+        assert _commit(database, 2, ["b"])["status"] == "committed"  # in parts
+        assert _partitions(database) == _expected((0, 800))
     finally:
         database.close()
