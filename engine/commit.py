@@ -265,8 +265,8 @@ def _check_publishable(database, item: PublishItem) -> None:
     commit point the publish would fail, and be retried, for ever.
 
     A share staged as frames has no such limit: each of its frames was checked against
-    them when staged, it is on disk already (bounded by the bulk staging cap, then counted
-    against the transactions' staged-bytes cap: ``FramedWrite.place``), and every path
+    them when staged, it is on disk already (bounded by the bulk staging cap, charged to
+    it until the checkpoint deletes the files: ``BulkWrites._hold``), and every path
     that publishes it goes frame by frame (``PartitionLog.publish_staged``, a split
     partition's ``TopicLog.publish_staged``, recovery): nothing holds the share whole."""
     if item.frames is not None:
