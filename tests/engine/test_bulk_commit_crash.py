@@ -183,6 +183,42 @@ def test_a_framed_commit_over_a_transactions_partition_limit_is_one_transaction(
         database.close()
 
 
+@pytest.mark.parametrize("failpoint", ["publish.mid_share=crash@2",
+                                       "segment.torn_write=crash@2"])
+def test_a_framed_share_published_to_a_split_partition_and_killed_is_finished_once(
+        tmp_path: Path, failpoint: str) -> None:  # fmt: skip
+    """Partition 0 splits after the commit routed its share (8 frames) there: the share
+    goes to the child keyless messages go to, copied frame by frame; killed between two
+    of its frames, or with a frame torn, recovery publishes the rest there once (review
+    R1-7) and a retry is a duplicate."""
+    data = tmp_path / "data"
+    environment = {k: v for k, v in os.environ.items() if k != "TOPICBASE_FAILPOINTS"}
+    environment.update(BULK_SPLIT_BEFORE_PUBLISH="1", BULK_STAGE_FORMAT="frames")
+    for action, more, code in (("stage", {}, 0),
+                               ("commit", {"TOPICBASE_FAILPOINTS": failpoint}, CRASHED)):
+        done = subprocess.run([sys.executable, str(CHILD), str(data), action],
+                              env={**environment, **more}, capture_output=True, text=True,
+                              timeout=300)  # fmt: skip
+        assert done.returncode == code, done.stderr
+    database = Database.open(str(data), retention_interval_s=None)
+    try:
+        topic = database.topic_log(database.catalog.entry("t").topic_id)
+        assert not topic.partition_info(0).active and len(topic.partition_ids()) == 6
+        found = sorted(m for m in _published(database).values() for m in m)
+        assert found == sorted(m for m in child.expected().values() for m in m)
+        assert topic.partition(0).end_offset == 0
+        session = database.connect()
+        try:
+            outcome = bulk_write.for_database(database).commit(
+                session, child.SINK, child.BATCH, child.write_ids())
+        finally:
+            session.close()
+        assert outcome["status"] == "duplicate"
+        assert sorted(m for m in _published(database).values() for m in m) == found
+    finally:
+        database.close()
+
+
 @pytest.mark.parametrize("failpoint", ["segment.torn_write=crash@3", "publish.mid_share=crash@3"])
 def test_a_framed_publish_torn_or_killed_inside_a_share_is_finished_by_recovery(
         tmp_path: Path, failpoint: str) -> None:  # fmt: skip
