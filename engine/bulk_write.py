@@ -625,6 +625,7 @@ class BulkWrites:
         sources: dict[int, list[str]] = {}  # index in writes -> its write ids
         framed = self._framed_topics(metas)
         framed_ids = {w for ids in framed.values() for w in ids}
+        _check_decoded_frames(metas, framed_ids, self.root)
         for write_id, meta in metas.items():
             if write_id in framed_ids:
                 continue
@@ -665,7 +666,7 @@ class BulkWrites:
         in the commit's one transaction, whatever their size (a framed share is not held
         to what one transaction may write to a partition: ``engine.commit``
         ``_check_publishable``). A topic with other writes too has its frames decoded and
-        copied with them (``read_write``)."""
+        copied with them (``read_write``), up to a bound (``_check_decoded_frames``)."""
         others: set[str] = set()
         framed: dict[str, list[str]] = {}
         for write_id, meta in metas.items():
@@ -866,6 +867,34 @@ def _staged_name() -> str:
     rows in two COPYs one after the other, e.g. partition frames then an Arrow stream,
     keeps their order: a write's files are read in name order), then a random part."""
     return f"{time.time_ns():016x}-{uuid.uuid4().hex}"
+
+
+def _check_decoded_frames(metas: dict[str, dict[str, str]], framed_ids: set[str],
+                          root: str) -> None:  # fmt: skip
+    """Refuse (54000), before anything moves or is read, a commit that would decode more
+    than ``TRANSACTION_STAGED_BYTES_MAX`` of frames into memory.
+
+    The frames files of a topic whose writes in this commit are not all frames (a write
+    staged as Arrow beside them: a column frames cannot hold; or the JVM writer's task
+    that met a row a frame cannot hold and staged the rest of its rows as Arrow under the
+    same write id) are decoded whole by ``read_write`` and copied with the Arrow rows.
+    Unbounded, that would read up to the bulk staging cap into memory (review R1-5). The
+    bound is what one transaction may read back into memory at its COMMIT; the files'
+    sizes (headers included) bound their bodies, so nothing is read to check it. The
+    writes stay staged: the client commits the frames writes apart from the topic's
+    Arrow writes, or stages such a write again with smaller writes."""
+    total = 0
+    for write_id, meta in metas.items():
+        if meta["kind"] != "topic" or write_id in framed_ids:
+            continue
+        total += sum(os.path.getsize(p) for p in _staged_files(os.path.join(root, write_id))
+                     if p.endswith(FRAMES_SUFFIX))  # fmt: skip
+    if total > limits.TRANSACTION_STAGED_BYTES_MAX:
+        raise LimitExceededError(
+            f"this commit would decode {total} bytes of rows staged as frames into memory "
+            f"(at most {limits.TRANSACTION_STAGED_BYTES_MAX}): a topic's writes mix rows "
+            "staged as frames with rows staged as Arrow; commit the frames writes apart "
+            "from that topic's Arrow writes, or in smaller writes")
 
 
 def _staged_files(directory: str) -> list[str]:

@@ -462,3 +462,45 @@ def test_a_commit_in_parts_with_framed_writes_is_refused_and_leaves_them_staged(
         assert _partitions(database) == _expected((0, 800))
     finally:
         database.close()
+
+
+def test_frames_mixed_with_arrow_rows_of_their_topic_are_decoded_only_under_a_bound(
+        tmp_path, monkeypatch) -> None:  # fmt: skip
+    # Review R1-5: write a (frames) and write b (Arrow: a column frames cannot hold) to
+    # one topic in one commit: a's frames are decoded into memory to be copied with b's
+    # rows. Over TRANSACTION_STAGED_BYTES_MAX (lowered here below a's frames files, as a
+    # 16 GiB frames write is over the default) the commit is refused with 54000 before
+    # anything is read or moved, both writes staged still; committed apart, each goes.
+    database = _open(tmp_path)
+    try:
+        _stage(database, "a", 0, 800)
+        _stage(database, "b", 800, 10, extra=True)
+        bulk = bulk_write.for_database(database)
+        frames_bytes = sum(os.path.getsize(p) for p in _frames_files(database, "a"))
+        monkeypatch.setattr(limits, "TRANSACTION_STAGED_BYTES_MAX", frames_bytes - 1)
+        decoded: list[int] = []
+        real = staged_refs.framed_table
+        monkeypatch.setattr(staged_refs, "framed_table", lambda fs, frames: decoded.append(
+            sum(f.record_count for share in frames.values() for f in share))
+            or real(fs, frames))  # fmt: skip
+        with pytest.raises(LimitExceededError, match="decode") as raised:
+            _commit(database, 1, ["a", "b"])
+        assert raised.value.sqlstate == "54000"
+        assert decoded == []
+        assert _partitions(database) == {0: [], 1: []}
+        assert sorted(os.listdir(bulk.root)) == ["a", "b"]
+        assert os.listdir(bulk.commits_root) == []
+        assert _commit(database, 1, ["a"]) == {"status": "committed", "rows": 800}
+        assert _commit(database, 2, ["b"]) == {"status": "committed", "rows": 10}
+        assert decoded == []  # the frames went as staged
+        assert _partitions(database) == _expected((0, 800), (800, 10))
+        # Under the bound a mixed commit decodes and copies them together, as before.
+        monkeypatch.setattr(limits, "TRANSACTION_STAGED_BYTES_MAX", frames_bytes)
+        _stage(database, "c", 810, 800)
+        _stage(database, "d", 1610, 10, extra=True)
+        assert _commit(database, 3, ["c", "d"]) == {"status": "committed", "rows": 810}
+        assert decoded == [800]
+        assert _partitions(database) == _expected((0, 800), (800, 10), (810, 800),
+                                                  (1610, 10))  # fmt: skip
+    finally:
+        database.close()
