@@ -625,37 +625,42 @@ class BulkWrites:
         sources: dict[int, list[str]] = {}  # index in writes -> its write ids
         framed = self._framed_topics(metas)
         framed_ids = {w for ids in framed.values() for w in ids}
-        _check_decoded_frames(metas, framed_ids, self.root)
-        for write_id, meta in metas.items():
-            if write_id in framed_ids:
-                continue
-            data = self.read_write(write_id)
-            shape = (meta["name"], data.schema.to_string(show_schema_metadata=False))
-            if meta["kind"] != "topic" or data.num_columns == 0:
-                writes.append((meta, data))
-            elif shape in topics:
-                index = topics[shape]
-                writes[index] = (writes[index][0], pa.concat_tables([writes[index][1], data]))
-                sources[index].append(write_id)
-            else:
-                topics[shape] = len(writes)
-                sources[len(writes)] = [write_id]
-                writes.append((meta, data))
-        # By reference only if every topic write of its topic is: a share mixing rows by
-        # reference with rows routed by the topic is copied (its record could not derive
-        # it), and its files would then wait for the next start to be deleted.
-        copied = {writes[i][0]["name"] for i in sources
-                  if writes[i][1].num_rows and not staged_refs.by_reference(writes[i][1])}
-        eligible = [i for i in sources if staged_refs.by_reference(writes[i][1])
-                    and writes[i][0]["name"] not in copied
-                    and all(p.endswith(".arrows") for w in sources[i]
-                            for p in _staged_files(os.path.join(self.root, w)))]  # fmt: skip
-        if not eligible and not framed:
-            return self._publish_writes(session, sink_id, batch_id, writes, moved, handed,
-                                        recorded)  # fmt: skip
-        # Framed writes hold nothing in memory (their frames are copied file to file):
-        # only derived batches need a turn.
-        with self._by_reference_turns if eligible else contextlib.nullcontext():
+        decoding = _check_decoded_frames(metas, framed_ids, self.root)
+        with contextlib.ExitStack() as turn:
+            if decoding:  # frames decoded into memory: a turn, as derived batches take
+                turn.enter_context(self._by_reference_turns)
+            for write_id, meta in metas.items():
+                if write_id in framed_ids:
+                    continue
+                data = self.read_write(write_id)
+                shape = (meta["name"], data.schema.to_string(show_schema_metadata=False))
+                if meta["kind"] != "topic" or data.num_columns == 0:
+                    writes.append((meta, data))
+                elif shape in topics:
+                    index = topics[shape]
+                    writes[index] = (writes[index][0], pa.concat_tables([writes[index][1], data]))
+                    sources[index].append(write_id)
+                else:
+                    topics[shape] = len(writes)
+                    sources[len(writes)] = [write_id]
+                    writes.append((meta, data))
+            # By reference only if every topic write of its topic is: a share mixing rows by
+            # reference with rows routed by the topic is copied (its record could not derive
+            # it), and its files would then wait for the next start to be deleted.
+            copied = {writes[i][0]["name"] for i in sources
+                      if writes[i][1].num_rows and not staged_refs.by_reference(writes[i][1])}
+            eligible = [i for i in sources if staged_refs.by_reference(writes[i][1])
+                        and writes[i][0]["name"] not in copied
+                        and all(p.endswith(".arrows") for w in sources[i]
+                                for p in _staged_files(os.path.join(self.root, w)))]  # fmt: skip
+            if not eligible and not framed:
+                return self._publish_writes(session, sink_id, batch_id, writes, moved, handed,
+                                            recorded)  # fmt: skip
+            # Framed writes hold nothing in memory (their frames are copied file to file):
+            # only derived batches need a turn (one turn a commit: the semaphore is not
+            # reentrant).
+            if eligible and not decoding:
+                turn.enter_context(self._by_reference_turns)
             return self._publish_by_reference(session, sink_id, batch_id, writes, metas,
                                               sources, eligible, framed, moved, handed,
                                               recorded)  # fmt: skip
@@ -870,7 +875,7 @@ def _staged_name() -> str:
 
 
 def _check_decoded_frames(metas: dict[str, dict[str, str]], framed_ids: set[str],
-                          root: str) -> None:  # fmt: skip
+                          root: str) -> int:  # fmt: skip
     """Refuse (54000), before anything moves or is read, a commit that would decode more
     than ``TRANSACTION_STAGED_BYTES_MAX`` of frames into memory.
 
@@ -882,7 +887,9 @@ def _check_decoded_frames(metas: dict[str, dict[str, str]], framed_ids: set[str]
     bound is what one transaction may read back into memory at its COMMIT; the files'
     sizes (headers included) bound their bodies, so nothing is read to check it. The
     writes stay staged: the client commits the frames writes apart from the topic's
-    Arrow writes, or stages such a write again with smaller writes."""
+    Arrow writes, or stages such a write again with smaller writes. Returns the bytes to
+    decode: a commit decoding any takes one of ``SPILLED_COMMITS_MAX`` turns, so at most
+    that many commits hold decoded frames at once."""
     total = 0
     for write_id, meta in metas.items():
         if meta["kind"] != "topic" or write_id in framed_ids:
@@ -894,7 +901,10 @@ def _check_decoded_frames(metas: dict[str, dict[str, str]], framed_ids: set[str]
             f"this commit would decode {total} bytes of rows staged as frames into memory "
             f"(at most {limits.TRANSACTION_STAGED_BYTES_MAX}): a topic's writes mix rows "
             "staged as frames with rows staged as Arrow; commit the frames writes apart "
-            "from that topic's Arrow writes, or in smaller writes")
+            "from that topic's Arrow writes, or in smaller writes (a Spark write whose "
+            "tasks met a row a frame cannot hold: the option writeFrames=false stages "
+            "every row as Arrow)")
+    return total
 
 
 def _staged_files(directory: str) -> list[str]:

@@ -504,3 +504,34 @@ def test_frames_mixed_with_arrow_rows_of_their_topic_are_decoded_only_under_a_bo
                                                   (1610, 10))  # fmt: skip
     finally:
         database.close()
+
+
+def test_a_commit_decoding_frames_holds_one_of_the_commits_turns(tmp_path, monkeypatch) -> None:
+    # Review R1-5 (its residual): each commit may decode up to the bound; at most
+    # SPILLED_COMMITS_MAX of them hold decoded frames at once (the turns derived batches
+    # take), and a commit takes one turn only (the semaphore is not reentrant).
+    database = _open(tmp_path)
+    try:
+        _stage(database, "a", 0, 800)
+        _stage(database, "b", 800, 10, extra=True)
+        bulk = bulk_write.for_database(database)
+        held: list[int] = []
+        decoded_in_turn: list[int] = []
+
+        class Turns:
+            def __enter__(self) -> None:
+                held.append(1)
+
+            def __exit__(self, *_) -> None:
+                held.pop()
+
+        real = staged_refs.framed_table
+        monkeypatch.setattr(bulk, "_by_reference_turns", Turns())
+        monkeypatch.setattr(staged_refs, "framed_table", lambda fs, frames: decoded_in_turn.append(
+            len(held)) or real(fs, frames))  # fmt: skip
+        assert _commit(database, 1, ["a", "b"]) == {"status": "committed", "rows": 810}
+        assert decoded_in_turn == [1]
+        assert held == []
+        assert _partitions(database) == _expected((0, 800), (800, 10))
+    finally:
+        database.close()
