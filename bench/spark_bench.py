@@ -5,9 +5,10 @@ Data: N messages of 1 KiB (full 1M, quick 200k) in a topic of 4 partitions behin
 written by Spark. Figures (rows/s):
 
 - batch write: Spark writes the rows to a topic through the catalog (``writeTo``), in the
-  JVM over the PostgreSQL wire: each task stages its rows as Arrow with ``COPY ... FROM
-  STDIN (FORMAT arrow, WRITE_ID ...)``, the driver publishes them with one ``COMMIT
-  WRITES`` — next to Spark writing them as Parquet; target >= 1x. Medians of alternating
+  JVM over the PostgreSQL wire: each task stages its rows as partition frames with ``COPY
+  ... FROM STDIN (FORMAT frames, WRITE_ID ...)``, the driver publishes them with one
+  ``COMMIT WRITES`` (one Spark write and one transaction, also at 1M) — next to Spark
+  writing them as Parquet; target >= 1x. Medians of alternating
   runs (Parquet, wire), each wire run into a fresh topic; the server's and the Spark JVM's
   CPU seconds and the driver's commit per wire write are shown in the progress lines.
   Recorded beside it: the Python source's write (tasks DoPut over Flight, the driver
@@ -98,9 +99,11 @@ def _scan(frame: Any) -> None:
 
 def run(recorder: Any) -> None:
     count = 1_000_000 if recorder.suite == "full" else 200_000
-    # A transaction writes at most 64 MiB (and 100,000 messages) to one partition: a
-    # bigger write would go in parts (engine.bulk_publish); several Spark writes keep each
-    # one atomic.
+    # The Python source stages Arrow streams, whose commit may write at most 64 MiB (and
+    # 100,000 messages) to one partition in one transaction: a bigger write would go in
+    # parts (engine.bulk_publish); several Spark writes keep each one atomic. The JVM
+    # writer stages partition frames, which one transaction commits whatever their size
+    # (engine.commit ``_check_publishable``): one Spark write, as Parquet's.
     chunk = PARTITIONS * 60_000
     work = tempfile.mkdtemp(prefix="topicbase-spark-bench-")
     data_dir = os.path.join(work, "data")
@@ -137,10 +140,8 @@ def run(recorder: Any) -> None:
 
             def write_wire(name: str = name) -> None:
                 nonlocal commit_s
-                for start in range(0, count, chunk):  # each write one atomic transaction
-                    _rows(spark, min(chunk, count - start)).writeTo(
-                        f"topicbase.main.{name}").append()
-                    commit_s += stats.lastCommitSeconds()
+                _rows(spark, count).writeTo(f"topicbase.main.{name}").append()
+                commit_s += stats.lastCommitSeconds()
 
             writes["wire"].append(_timed(write_wire))
             recorder.progress(

@@ -106,8 +106,19 @@ def publish(session: Any, sink_id: str, batch_id: int, writes: list[Write],
         nbytes = sum(d.nbytes for _, d in topic_rows)
         if size <= PART_ROWS and nbytes <= PART_BYTES:
             raise  # not the per-partition limit: one part could not be smaller
-    # Parts slice the rows: writes staged as frames are decoded for that.
-    topic_rows = [(m, d.table() if isinstance(d, FramedRows) else d) for m, d in topic_rows]
+        if all(isinstance(d, FramedRows) for _, d in topic_rows):
+            # Writes staged as frames are never held to the per-partition limits
+            # (``engine.commit._check_publishable``): this is another bound, which parts
+            # would not lift, and parts would decode the frames whole into memory.
+            raise
+        if any(isinstance(d, FramedRows) for _, d in topic_rows):
+            # Parts would decode the frames whole into memory (a write of any size) and
+            # cut a write that one transaction could publish: refused before the commit
+            # point, the writes stay staged.
+            raise LimitExceededError(
+                "this commit must go in parts (a write staged as Arrow is over what one "
+                "transaction may write to a partition), which cannot hold writes staged "
+                "as frames: commit the frames writes apart") from None
     parts = _slices(topic_rows)
     done = _parts_done(session, sink_id, batch_id)
     for number, part in enumerate(parts):

@@ -119,6 +119,11 @@ class BulkWrites:
         # commits may read back (``limits.SPILLED_COMMITS_MAX``), the others wait.
         self._by_reference_turns = threading.BoundedSemaphore(limits.SPILLED_COMMITS_MAX)
         self.commits_root = os.path.join(database.path, COMMITS_DIRECTORY)
+        # Committed writes' files (a commit directory's bytes, by directory) stay on disk
+        # until the checkpoint that makes their partitions durable deletes them
+        # (``Committer._release_references``): they stay charged to the staging cap until
+        # then (``_hold``; ``_prune_held`` gives back those gone), so the cap bounds them.
+        self._held: dict[str, int] = {}
         os.makedirs(self.root, exist_ok=True)
         os.makedirs(self.commits_root, exist_ok=True)
         cursor = database.root.cursor()
@@ -337,13 +342,42 @@ class BulkWrites:
         return _read_meta(os.path.join(self.root, write_id, "write.json"))
 
     def _reserve(self, grown: int) -> None:
+        """Charge ``grown`` bytes to the staging cap; 54000 past it. When committed
+        writes' files still count (``_held``), a checkpoint is run first (it deletes
+        those of published transactions), then the cap is checked again."""
+        for attempt in range(2):
+            with self._lock:
+                if self._staged_bytes + grown <= self.staging_bytes_max:
+                    self._staged_bytes += grown
+                    return
+                held = bool(self._held)
+            if attempt or not held:
+                break
+            self._prune_held()
+            with self._lock:
+                still = self._staged_bytes + grown > self.staging_bytes_max and self._held
+            if still:
+                with contextlib.suppress(TopicbaseError):  # then 54000 below
+                    self.database.committer.checkpoint()
+                self._prune_held()
+        raise LimitExceededError(
+            f"staged bulk writes would exceed the staging cap of "
+            f"{self.staging_bytes_max} bytes; commit or abort writes first"
+        )
+
+    def _hold(self, directory: str, size: int) -> None:
+        """A commit directory handed to the committer: its ``size`` bytes stay charged
+        to the staging cap until the directory is deleted."""
         with self._lock:
-            if self._staged_bytes + grown > self.staging_bytes_max:
-                raise LimitExceededError(
-                    f"staged bulk writes would exceed the staging cap of "
-                    f"{self.staging_bytes_max} bytes; commit or abort writes first"
-                )
-            self._staged_bytes += grown
+            self._held[directory] = self._held.get(directory, 0) + size
+            self._staged_bytes += size
+
+    def _prune_held(self) -> None:
+        """Give back the bytes of commit directories deleted since (by the checkpoint)."""
+        with self._lock:
+            gone = [d for d in self._held if not os.path.isdir(d)]
+            for directory in gone:
+                self._staged_bytes = max(0, self._staged_bytes - self._held.pop(directory))
 
     def _release(self, size: int) -> None:
         with self._lock:
@@ -351,6 +385,9 @@ class BulkWrites:
 
     @property
     def staged_bytes(self) -> int:
+        """Bytes charged to the staging cap: staged writes, and committed writes' files
+        not deleted yet."""
+        self._prune_held()
         with self._lock:
             return self._staged_bytes
 
@@ -588,45 +625,53 @@ class BulkWrites:
         sources: dict[int, list[str]] = {}  # index in writes -> its write ids
         framed = self._framed_topics(metas)
         framed_ids = {w for ids in framed.values() for w in ids}
-        for write_id, meta in metas.items():
-            if write_id in framed_ids:
-                continue
-            data = self.read_write(write_id)
-            shape = (meta["name"], data.schema.to_string(show_schema_metadata=False))
-            if meta["kind"] != "topic" or data.num_columns == 0:
-                writes.append((meta, data))
-            elif shape in topics:
-                index = topics[shape]
-                writes[index] = (writes[index][0], pa.concat_tables([writes[index][1], data]))
-                sources[index].append(write_id)
-            else:
-                topics[shape] = len(writes)
-                sources[len(writes)] = [write_id]
-                writes.append((meta, data))
-        # By reference only if every topic write of its topic is: a share mixing rows by
-        # reference with rows routed by the topic is copied (its record could not derive
-        # it), and its files would then wait for the next start to be deleted.
-        copied = {writes[i][0]["name"] for i in sources
-                  if writes[i][1].num_rows and not staged_refs.by_reference(writes[i][1])}
-        eligible = [i for i in sources if staged_refs.by_reference(writes[i][1])
-                    and writes[i][0]["name"] not in copied
-                    and all(p.endswith(".arrows") for w in sources[i]
-                            for p in _staged_files(os.path.join(self.root, w)))]  # fmt: skip
-        if not eligible and not framed:
-            return self._publish_writes(session, sink_id, batch_id, writes, moved, handed,
-                                        recorded)  # fmt: skip
-        # Framed writes hold nothing in memory (their frames are copied file to file):
-        # only derived batches need a turn.
-        with self._by_reference_turns if eligible else contextlib.nullcontext():
+        decoding = _check_decoded_frames(metas, framed_ids, self.root)
+        with contextlib.ExitStack() as turn:
+            if decoding:  # frames decoded into memory: a turn, as derived batches take
+                turn.enter_context(self._by_reference_turns)
+            for write_id, meta in metas.items():
+                if write_id in framed_ids:
+                    continue
+                data = self.read_write(write_id)
+                shape = (meta["name"], data.schema.to_string(show_schema_metadata=False))
+                if meta["kind"] != "topic" or data.num_columns == 0:
+                    writes.append((meta, data))
+                elif shape in topics:
+                    index = topics[shape]
+                    writes[index] = (writes[index][0], pa.concat_tables([writes[index][1], data]))
+                    sources[index].append(write_id)
+                else:
+                    topics[shape] = len(writes)
+                    sources[len(writes)] = [write_id]
+                    writes.append((meta, data))
+            # By reference only if every topic write of its topic is: a share mixing rows by
+            # reference with rows routed by the topic is copied (its record could not derive
+            # it), and its files would then wait for the next start to be deleted.
+            copied = {writes[i][0]["name"] for i in sources
+                      if writes[i][1].num_rows and not staged_refs.by_reference(writes[i][1])}
+            eligible = [i for i in sources if staged_refs.by_reference(writes[i][1])
+                        and writes[i][0]["name"] not in copied
+                        and all(p.endswith(".arrows") for w in sources[i]
+                                for p in _staged_files(os.path.join(self.root, w)))]  # fmt: skip
+            if not eligible and not framed:
+                return self._publish_writes(session, sink_id, batch_id, writes, moved, handed,
+                                            recorded)  # fmt: skip
+            # Framed writes hold nothing in memory (their frames are copied file to file):
+            # only derived batches need a turn (one turn a commit: the semaphore is not
+            # reentrant).
+            if eligible and not decoding:
+                turn.enter_context(self._by_reference_turns)
             return self._publish_by_reference(session, sink_id, batch_id, writes, metas,
                                               sources, eligible, framed, moved, handed,
                                               recorded)  # fmt: skip
 
     def _framed_topics(self, metas: dict[str, dict[str, str]]) -> dict[str, list[str]]:
-        """The topics whose every write of this commit was staged as frames (and within
-        what one transaction may write to a partition), with their write ids: their
-        frames are published as staged (``engine.staged_refs.FramedWrite``). A topic with
-        other writes too has its frames decoded and copied with them (``read_write``)."""
+        """The topics whose every write of this commit was staged as frames, with their
+        write ids: their frames are published as staged (``engine.staged_refs.FramedWrite``)
+        in the commit's one transaction, whatever their size (a framed share is not held
+        to what one transaction may write to a partition: ``engine.commit``
+        ``_check_publishable``). A topic with other writes too has its frames decoded and
+        copied with them (``read_write``), up to a bound (``_check_decoded_frames``)."""
         others: set[str] = set()
         framed: dict[str, list[str]] = {}
         for write_id, meta in metas.items():
@@ -637,12 +682,7 @@ class BulkWrites:
                 framed.setdefault(meta["name"], []).append(write_id)
             elif files:
                 others.add(meta["name"])
-        fs = self.database.store.fs
-        return {
-            name: ids for name, ids in framed.items()
-            if name not in others and not staged_refs.framed_over_limits(staged_refs.index_framed(
-                fs, [p for w in ids for p in _staged_files(os.path.join(self.root, w))]))
-        }  # fmt: skip
+        return {name: ids for name, ids in framed.items() if name not in others}
 
     def _publish_by_reference(self, session: Any, sink_id: str, batch_id: int,
                               writes: list[bulk_publish.Write],
@@ -692,7 +732,9 @@ class BulkWrites:
                         handed: list[str], recorded: list[bool]) -> int:  # fmt: skip
         def committed() -> None:
             if moved:
-                handed.append(os.path.dirname(next(iter(moved.values()))))
+                directory = os.path.dirname(next(iter(moved.values())))
+                handed.append(directory)
+                self._hold(directory, sum(_directory_bytes(p) for p in moved.values()))
 
         return bulk_publish.publish(session, sink_id, batch_id, writes, self._stage_topic,
                                     self.database.clock.now_us(), committed,
@@ -830,6 +872,39 @@ def _staged_name() -> str:
     rows in two COPYs one after the other, e.g. partition frames then an Arrow stream,
     keeps their order: a write's files are read in name order), then a random part."""
     return f"{time.time_ns():016x}-{uuid.uuid4().hex}"
+
+
+def _check_decoded_frames(metas: dict[str, dict[str, str]], framed_ids: set[str],
+                          root: str) -> int:  # fmt: skip
+    """Refuse (54000), before anything moves or is read, a commit that would decode more
+    than ``TRANSACTION_STAGED_BYTES_MAX`` of frames into memory.
+
+    The frames files of a topic whose writes in this commit are not all frames (a write
+    staged as Arrow beside them: a column frames cannot hold; or the JVM writer's task
+    that met a row a frame cannot hold and staged the rest of its rows as Arrow under the
+    same write id) are decoded whole by ``read_write`` and copied with the Arrow rows.
+    Unbounded, that would read up to the bulk staging cap into memory (review R1-5). The
+    bound is what one transaction may read back into memory at its COMMIT; the files'
+    sizes (headers included) bound their bodies, so nothing is read to check it. The
+    writes stay staged: the client commits the frames writes apart from the topic's
+    Arrow writes, or stages such a write again with smaller writes. Returns the bytes to
+    decode: a commit decoding any takes one of ``SPILLED_COMMITS_MAX`` turns, so at most
+    that many commits hold decoded frames at once."""
+    total = 0
+    for write_id, meta in metas.items():
+        if meta["kind"] != "topic" or write_id in framed_ids:
+            continue
+        total += sum(os.path.getsize(p) for p in _staged_files(os.path.join(root, write_id))
+                     if p.endswith(FRAMES_SUFFIX))  # fmt: skip
+    if total > limits.TRANSACTION_STAGED_BYTES_MAX:
+        raise LimitExceededError(
+            f"this commit would decode {total} bytes of rows staged as frames into memory "
+            f"(at most {limits.TRANSACTION_STAGED_BYTES_MAX}): a topic's writes mix rows "
+            "staged as frames with rows staged as Arrow; commit the frames writes apart "
+            "from that topic's Arrow writes, or in smaller writes (a Spark write whose "
+            "tasks met a row a frame cannot hold: the option writeFrames=false stages "
+            "every row as Arrow)")
+    return total
 
 
 def _staged_files(directory: str) -> list[str]:

@@ -277,12 +277,17 @@ def _moved_of(found: list, batches: list) -> moved_refs.MovedSource | None:
 def _check_publishable(database, item: PublishItem) -> None:
     """Refuse (54000), before anything is staged or committed, a partition's share that one
     publish could not write (over ``BATCH_BYTES_MAX`` or ``BATCH_MESSAGES_MAX``): past the
-    commit point the publish would fail, and be retried, for ever."""
+    commit point the publish would fail, and be retried, for ever.
+
+    A share staged as frames has no such limit: each of its frames was checked against
+    them when staged, it is on disk already (bounded by the bulk staging cap, charged to
+    it until the checkpoint deletes the files: ``BulkWrites._hold``), and every path
+    that publishes it goes frame by frame (``PartitionLog.publish_staged``, a split
+    partition's ``TopicLog.publish_staged``, recovery): nothing holds the share whole."""
+    if item.frames is not None:
+        return
     try:
-        if item.frames is not None:
-            _check_frames(item.frames)
-        else:
-            check_wire_batch(item.batch)
+        check_wire_batch(item.batch)
     except LimitExceededError as error:
         names = [e.name for e in database.catalog.entries() if e.topic_id == item.topic_id]
         name = names[0] if names else item.topic_id
@@ -291,19 +296,6 @@ def _check_publishable(database, item: PublishItem) -> None:
             f"{limits.BATCH_MESSAGES_MAX} messages to one partition (topic {name}, partition "
             f"{item.partition}): {error}; commit in smaller transactions"
         ) from None
-
-
-def _check_frames(frames: tuple[StagedFrame, ...]) -> None:
-    """``check_wire_batch``'s limits for a share staged as frames (each frame was checked
-    when staged): its messages and bytes together."""
-    count = sum(frame.record_count for frame in frames)
-    size = sum(frame.body_bytes for frame in frames)
-    if count > limits.BATCH_MESSAGES_MAX:
-        raise LimitExceededError(
-            f"batch of {count} messages exceeds the limit of {limits.BATCH_MESSAGES_MAX}")
-    if size > limits.BATCH_BYTES_MAX:
-        raise LimitExceededError(
-            f"batch of {size} bytes exceeds the limit of {limits.BATCH_BYTES_MAX} bytes")
 
 
 @dataclass(slots=True)
@@ -811,10 +803,15 @@ class Committer:
             self._published.append((transaction_id, targets, log_end))
 
     def _keep_references(self, transaction_id: int, items: list[PublishItem]) -> None:
+        """Keep the transaction's references until its checkpoint releases them; their
+        files' bytes count toward a checkpoint being due (``CHECKPOINT_STAGED_BYTES``), as
+        log commits' staged bytes do: the files stay on disk until then."""
         found = [r for i in items if i.references is not None for r in i.references]
         if found:
+            named = {tuple(e) for r in found for e in r.get("frames", r.get("files", []))}
             with self._lock:
                 self._references.setdefault(transaction_id, []).extend(found)
+                self._staged_bytes += sum(size for _, size, _ in named)
 
     def _release_references(self, transaction_ids: set[int]) -> None:
         """Delete the files of released transactions committed by reference (after their

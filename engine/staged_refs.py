@@ -47,7 +47,7 @@ import pyarrow.compute as pc
 from engine.staged_writes import TransactionStaging
 from engine.transaction import PendingWrite
 from engine.writes import _non_negative, _readable_instants, build_batches
-from storage import failpoints, limits
+from storage import failpoints
 from storage.clock import ManualClock
 from storage.errors import (
     CorruptSegmentError,
@@ -422,21 +422,15 @@ def framed_table(fs: FileSystem, frames: dict[int, list[StagedFrame]]) -> pa.Tab
     return pa.concat_tables(pieces)
 
 
-def framed_over_limits(frames: dict[int, list[StagedFrame]]) -> bool:
-    """Whether a partition's share is over what one transaction may write to it."""
-    return any(
-        sum(f.record_count for f in share) > limits.BATCH_MESSAGES_MAX
-        or sum(f.body_bytes for f in share) > limits.BATCH_BYTES_MAX
-        for share in frames.values()
-    )
-
-
 class FramedWrite(PendingWrite):
     """A topic write of an open transaction staged as frames (``storage.staged_frames``):
-    its share of one partition, counted against the staged-bytes cap (never spilled); the
-    commit records ``reference`` and publishes ``frames`` by copying them
-    (``engine.commit``). ``batch`` decodes them, for a transaction that must mix them
-    with rows of another kind in one partition."""
+    its share of one partition (never spilled, never in memory); the commit records
+    ``reference`` and publishes ``frames`` by copying them (``engine.commit``). ``batch``
+    decodes them, for a transaction that must mix them with rows of another kind in one
+    partition. Not counted against the open transactions' staged-bytes cap (``place``):
+    the files are on disk already, charged to the bulk staging cap until the checkpoint
+    deletes them (``BulkWrites._hold``), and hold no memory; counted there, a commit
+    finding the cap taken by other sessions would go in parts (not atomic)."""
 
     __slots__ = ("_fs", "frames", "reference")
 
@@ -457,7 +451,7 @@ class FramedWrite(PendingWrite):
         return decode_frames(self._fs, self.frames)
 
     def place(self, staging: TransactionStaging) -> None:
-        staging.count(self.nbytes)
+        """Nothing to stage nor to count (see the class doc)."""
 
 
 def check_frames_file(fs: FileSystem, path: str, size: int, crc: int, what: str) -> None:

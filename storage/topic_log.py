@@ -65,6 +65,7 @@ from storage.errors import (
     PartitionInactiveError,
     QueryCanceledError,
 )
+from storage.frame_cuts import PRODUCER_COLUMN
 from storage.fs import FileSystem
 from storage.group_commit import GroupCommitter, Request
 from storage.partition_log import WRITTEN, AppendResult, PartitionLog, ReadResult
@@ -886,8 +887,10 @@ class TopicLog:
                        transaction_id: int) -> None:  # fmt: skip
         """Publish a committed share staged as frames (``storage.staged_frames``) to
         ``partition`` (``PartitionLog.publish_staged``: no re-encoding, the bodies copied
-        in the kernel). A partition that split since gets the decoded rows, published by
-        key to its active descendants as ``publish_transactional`` does."""
+        in the kernel). A partition that split since sends the share to its descendants
+        as ``publish_transactional`` would (``_publish_staged_to_lineage``), also frame by
+        frame: a share of any size (a framed share is not held to one transaction's
+        per-partition limits) is never decoded whole."""
         if not frames:
             return
         size = sum(frame.body_bytes for frame in frames)
@@ -895,12 +898,40 @@ class TopicLog:
             try:
                 self.partition(partition).publish_staged(frames, transaction_id)
             except PartitionInactiveError:
-                pass  # split since the check: by key, below
+                pass  # split since the check: to the lineage, below
             else:
                 self._after_write(partition, size)
                 return
-        batch = staged_frames.decode(self.fs, frames)
-        self.publish_transactional(batch, partition, transaction_id)
+        self._publish_staged_to_lineage(partition, frames, transaction_id)
+
+    def _publish_staged_to_lineage(self, partition_id: int, frames: list[StagedFrame],
+                                   transaction_id: int) -> None:  # fmt: skip
+        """``_publish_to_lineage`` of a framed share: no message of a frame has a key
+        (no producer id, no message group), so all of them go to the one descendant
+        keyless messages go to (``_descendant_for(partition_id, None)``), copied as
+        staged. Idempotent: the share's frames already held along the keyless chain
+        below ``partition_id`` (``_keyless_chain``: a publish there, cut short or whole,
+        before that descendant split in turn) are a prefix of whole frames of the
+        share, skipped (``staged_frames.skip_rows``); only the rest goes to the chain's
+        active end."""
+        since = (self._info[partition_id].split_at_us or 0) - 60 * 1_000_000
+        while True:
+            with self._lock:
+                chain = self._keyless_chain(partition_id)
+            target = chain[-1]
+            log = self._partitions[target]
+            present = sum(self._partitions[p].transaction_rows(transaction_id, since)
+                          for p in chain)  # fmt: skip
+            rest = staged_frames.skip_rows(frames, present)
+            if rest:
+                try:
+                    log.publish_staged(rest, transaction_id)
+                except PartitionInactiveError:
+                    continue  # the descendant split meanwhile: to its own
+                self._after_write(target, sum(frame.body_bytes for frame in rest))
+            with self._lock:  # recorded once the share is in ``target`` (see above)
+                self._redirected.setdefault(partition_id, set()).add(target)
+            return
 
     def publish_transactional_many(
         self,
@@ -1023,26 +1054,27 @@ class TopicLog:
         """Publish ``batch`` of a transaction to the active descendants of an inactive
         partition by key hash; messages without a key go to the lowest range's.
 
-        Idempotent: a descendant that holds frames of the transaction already (a
-        publish cut short, then retried or recovered) gets nothing again. Routing is
-        deterministic, so each descendant's share is the same every time.
+        Idempotent: messages of the transaction held already anywhere along their key's
+        chain below ``partition_id`` (a publish cut short, or whole, then retried or
+        recovered, also after the descendant it went to split in turn) are not published
+        again (``_held_rows``). Routing is deterministic, so each descendant's share is
+        the same every time.
         """
         keys = pc.coalesce(batch.column(1), batch.column(2)).to_pylist()
         with self._lock:
-            targets = np.array(
-                [self._descendant_for(partition_id, key) for key in keys], dtype=np.int64
-            )
+            known: dict[str | None, list[int]] = {}
+            chains = [known.get(key) or known.setdefault(key, self._chain_for(partition_id, key))
+                      for key in keys]  # fmt: skip
+        targets = np.array([chain[-1] for chain in chains], dtype=np.int64)
+        since = (self._info[partition_id].split_at_us or 0) - 60 * 1_000_000
+        held = self._held_rows(batch, chains, transaction_id, since)
         results = []
         for target in np.unique(targets):
-            rows = np.flatnonzero(targets == target)
-            piece = batch if len(rows) == batch.num_rows else batch.take(pa.array(rows))
+            rows = np.flatnonzero((targets == target) & ~held)
             log = self._partitions[int(target)]
-            split_at = self._info[partition_id].split_at_us or 0
-            present = log.published_prefix(piece, transaction_id, split_at - 60 * 1_000_000)
-            missing = present < piece.num_rows
+            missing = len(rows) > 0
             if missing:
-                if present:  # frames of the share were published before a crash: the rest
-                    rows, piece = rows[present:], piece.slice(present)
+                piece = batch if len(rows) == batch.num_rows else batch.take(pa.array(rows))
                 results.append((rows, log.publish_transactional([piece], transaction_id)[0]))
             # Recorded only once the share is in ``target`` (published now or before): a
             # checkpoint's ``sync_redirected`` pops the set, so a target recorded before
@@ -1052,6 +1084,66 @@ class TopicLog:
             if missing:
                 failpoints.hit("split.mid_redirect")  # one child has its share, others not yet
         return results
+
+    def _held_rows(self, batch: pa.RecordBatch, chains: list[list[int]], transaction_id: int,
+                   since_us: int) -> np.ndarray:  # fmt: skip
+        """Which messages of ``batch`` (each routed along its chain) the lineage holds
+        already. A publish to a descendant wrote, in order, the messages routed through it
+        that its ancestors in the chain did not hold, and a crash keeps a prefix of them
+        (``published_prefix``); so, ancestors first, each partition holds the first of
+        the messages routed through it not held above it: as many as its frames of the
+        transaction count (all or none for a share that is not ``cuttable``)."""
+        held = np.zeros(batch.num_rows, dtype=bool)
+        # rows a cuttable share may not hold (``frame_cuts.cuttable``): such a share is one
+        # frame, there whole or not at all
+        uncut = (batch.column(PRODUCER_COLUMN).is_valid().to_numpy(zero_copy_only=False)
+                 | batch.column(METADATA_COLUMN).is_valid().to_numpy(zero_copy_only=False))
+        for depth in range(max(len(chain) for chain in chains)):
+            at = np.array([chain[depth] if depth < len(chain) else -1 for chain in chains],
+                          dtype=np.int64)  # fmt: skip
+            for node in np.unique(at[at >= 0]):
+                rows = np.flatnonzero((at == node) & ~held)
+                if not len(rows):
+                    continue
+                log = self._partitions[int(node)]
+                if uncut[rows].any():
+                    count = len(rows) if log.contains_transaction(transaction_id, since_us) else 0
+                else:
+                    count = min(len(rows), log.transaction_rows(transaction_id, since_us))
+                held[rows[:count]] = True
+        return held
+
+    def _keyless_chain(self, partition_id: int) -> list[int]:
+        """``_chain_for`` a message without a key (the caller holds ``_lock``)."""
+        return self._chain_for(partition_id, None)
+
+    def _chain_for(self, partition_id: int, key: str | None) -> list[int]:
+        """The partitions below ``partition_id`` that a message with ``key`` goes through,
+        in lineage order, the active one that holds it last (``_descendant_for``'s path;
+        the caller holds ``_lock``)."""
+        chain: list[int] = []
+        current = self._info[partition_id]
+        value = None if key is None else key_hash(key)
+        for _ in range(HASH_BITS_DEPTH):
+            if current.active:
+                assert chain, "called for an inactive partition"
+                return chain
+            children = [self._info[c] for c in current.children if c in self._info]
+            if not children:
+                raise ObjectNotInPrerequisiteStateError(
+                    f"partition {current.partition_id} is inactive and has no children"
+                )
+            chosen = children[0]  # where a message without a key goes
+            for child in children:
+                if (
+                    value is not None
+                    and child.key_range is not None
+                    and child.key_range.contains(value)
+                ):
+                    chosen = child
+            current = chosen
+            chain.append(current.partition_id)
+        raise ObjectNotInPrerequisiteStateError("partition lineage is too deep")
 
     def _descendant_for(self, partition_id: int, key: str | None) -> int:
         """The active partition below ``partition_id`` in the lineage that holds ``key``."""

@@ -13,7 +13,10 @@ a clean run prints ``done <status>`` and exits 0. ``BULK_FRAME_MESSAGES`` lowers
 frames (``storage.frame_cuts``). Topic rows are staged as frames (``storage.staged_frames``)
 unless ``BULK_STAGE_FORMAT=arrows``, which adds a codec column ("raw": a column frames
 cannot hold, ``engine.staged_refs.framed_batch``): the rows are then staged as they came and
-committed by reference to those files.
+committed by reference to those files. ``BULK_BATCH_MESSAGES`` lowers
+``limits.BATCH_MESSAGES_MAX`` (what one transaction may write to a partition) below a
+partition's share; ``BULK_SPLIT_BEFORE_PUBLISH`` splits partition 0 between the commit's
+routing and its publish.
 """
 
 from __future__ import annotations
@@ -58,7 +61,9 @@ def stage(database: Database) -> None:
     session = database.connect()
     try:
         if database.catalog.entry("t") is None:
-            session.execute(f"CREATE TOPIC t WITH (min_active_partitions = {PARTITIONS})")
+            ranged = (", auto_partitioning_strategy = 'paused'"  # partitions that can split
+                      if os.environ.get("BULK_SPLIT_BEFORE_PUBLISH") else "")  # fmt: skip
+            session.execute(f"CREATE TOPIC t WITH (min_active_partitions = {PARTITIONS}{ranged})")
             session.execute("CREATE TABLE totals (k VARCHAR, n BIGINT)")
         bulk = bulk_write.for_database(database)
         per_write = ROWS // WRITES
@@ -91,10 +96,30 @@ def commit(database: Database) -> str:
     return outcome["status"]
 
 
+def split_before_publish() -> None:
+    """Split partition 0 after the commit routed its share there and before the publish:
+    the share goes to a child (``TopicLog._publish_staged_to_lineage``)."""
+    from engine import commit as commit_module
+
+    publish = commit_module.Committer._publish_in_turn
+
+    def split_first(self, transaction_id, items, log_end):
+        for item in items:
+            if item.frames is not None and item.partition == 0:
+                assert self._database.topic_log(item.topic_id).split(0, force=True)
+        return publish(self, transaction_id, items, log_end)
+
+    commit_module.Committer._publish_in_turn = split_first
+
+
 def main() -> None:
     data, action = sys.argv[1], sys.argv[2]
     if os.environ.get("BULK_FRAME_MESSAGES"):  # small frames: each share is cut in several
         limits.FRAME_TARGET_MESSAGES = int(os.environ["BULK_FRAME_MESSAGES"])
+    if os.environ.get("BULK_BATCH_MESSAGES"):  # shares over one transaction's limit
+        limits.BATCH_MESSAGES_MAX = int(os.environ["BULK_BATCH_MESSAGES"])
+    if os.environ.get("BULK_SPLIT_BEFORE_PUBLISH"):  # partition 0 splits after routing
+        split_before_publish()
     database = Database.open(data, retention_interval_s=None)
     try:
         status = "opened"

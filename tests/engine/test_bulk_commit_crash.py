@@ -51,9 +51,12 @@ FORMATS = ("frames", "arrows")  # how the child stages its topic rows (``bulk_co
 
 
 def _run(data: Path, action: str, failpoints: str = "", timeout: float = 300,
-         frame_messages: int | None = None, stage_format: str = "frames") -> int:  # fmt: skip
+         frame_messages: int | None = None, stage_format: str = "frames",
+         batch_messages: int | None = None) -> int:  # fmt: skip
     environment = {k: v for k, v in os.environ.items() if k != "TOPICBASE_FAILPOINTS"}
     environment["BULK_STAGE_FORMAT"] = stage_format
+    if batch_messages is not None:
+        environment["BULK_BATCH_MESSAGES"] = str(batch_messages)
     if frame_messages is not None:
         environment["BULK_FRAME_MESSAGES"] = str(frame_messages)
     if failpoints:
@@ -149,6 +152,71 @@ def test_a_commit_crashed_at_each_step_publishes_all_or_nothing_once(
     assert _run(data, "stage", stage_format=stage_format) == 0
     assert _run(data, "commit", f"{failpoint}=crash", stage_format=stage_format) == CRASHED
     assert _check_and_retry(data) == outcome
+
+
+@pytest.mark.parametrize(("failpoint", "outcome"), [
+    ("bulk.before_commit", "nothing"),
+    ("commit.after_commit_point", "all"),
+    ("publish.mid_share=crash@3", "all"),
+    ("segment.torn_write=crash@5", "all"),
+    ("commit.mid_publish", "all"),
+])  # fmt: skip
+def test_a_framed_commit_over_a_transactions_partition_limit_is_one_transaction(
+        tmp_path: Path, failpoint: str, outcome: str) -> None:  # fmt: skip
+    """Each partition's share (500 messages) over what one transaction may write to a
+    partition (300 here): staged as frames, it is still committed in ONE transaction
+    (not in parts), so a kill at any step publishes all of it or nothing, once."""
+    data = tmp_path / "data"
+    assert _run(data, "stage", batch_messages=300) == 0
+    failpoint = failpoint if "=" in failpoint else f"{failpoint}=crash"
+    assert _run(data, "commit", failpoint, batch_messages=300) == CRASHED
+    assert _check_and_retry(data) == outcome
+    database = Database.open(str(data), retention_interval_s=None)
+    try:
+        cursor = database.root.cursor()
+        try:
+            parts = cursor.execute(f"SELECT count(*) FROM {bulk_publish.PARTS_TABLE}").fetchall()
+        finally:
+            cursor.close()
+        assert parts == [(0,)]  # no commit in parts
+    finally:
+        database.close()
+
+
+@pytest.mark.parametrize("failpoint", ["publish.mid_share=crash@2",
+                                       "segment.torn_write=crash@2"])
+def test_a_framed_share_published_to_a_split_partition_and_killed_is_finished_once(
+        tmp_path: Path, failpoint: str) -> None:  # fmt: skip
+    """Partition 0 splits after the commit routed its share (8 frames) there: the share
+    goes to the child keyless messages go to, copied frame by frame; killed between two
+    of its frames, or with a frame torn, recovery publishes the rest there once (review
+    R1-7) and a retry is a duplicate."""
+    data = tmp_path / "data"
+    environment = {k: v for k, v in os.environ.items() if k != "TOPICBASE_FAILPOINTS"}
+    environment.update(BULK_SPLIT_BEFORE_PUBLISH="1", BULK_STAGE_FORMAT="frames")
+    for action, more, code in (("stage", {}, 0),
+                               ("commit", {"TOPICBASE_FAILPOINTS": failpoint}, CRASHED)):
+        done = subprocess.run([sys.executable, str(CHILD), str(data), action],
+                              env={**environment, **more}, capture_output=True, text=True,
+                              timeout=300)  # fmt: skip
+        assert done.returncode == code, done.stderr
+    database = Database.open(str(data), retention_interval_s=None)
+    try:
+        topic = database.topic_log(database.catalog.entry("t").topic_id)
+        assert not topic.partition_info(0).active and len(topic.partition_ids()) == 6
+        found = sorted(m for m in _published(database).values() for m in m)
+        assert found == sorted(m for m in child.expected().values() for m in m)
+        assert topic.partition(0).end_offset == 0
+        session = database.connect()
+        try:
+            outcome = bulk_write.for_database(database).commit(
+                session, child.SINK, child.BATCH, child.write_ids())
+        finally:
+            session.close()
+        assert outcome["status"] == "duplicate"
+        assert sorted(m for m in _published(database).values() for m in m) == found
+    finally:
+        database.close()
 
 
 @pytest.mark.parametrize("failpoint", ["segment.torn_write=crash@3", "publish.mid_share=crash@3"])

@@ -10,17 +10,19 @@ import io
 import json
 import os
 import shutil
+import time
 from pathlib import Path
 
 import pyarrow as pa
 import pytest
 
-from engine import bulk_publish, bulk_write
+from engine import bulk_publish, bulk_write, staged_refs
+from engine import commit as commit_module
 from engine.catalog import SCHEMA
 from engine.database import Database
 from engine.staged_writes import TransactionStaging
-from storage import limits
-from storage.errors import CorruptSegmentError, DuplicateColumnError
+from storage import limits, staged_frames
+from storage.errors import CorruptSegmentError, DuplicateColumnError, LimitExceededError
 from storage.partition_log import PartitionLog
 from storage.record_batch import FrameEncoder
 from tests.engine.bulk_helpers import commit_writes
@@ -35,7 +37,7 @@ def _open(tmp_path) -> Database:
 
 
 def _stage(database, write_id: str, start: int, count: int, *, extra: bool = False,
-           piece: int = 100) -> None:  # fmt: skip
+           piece: int = 100, topic: str = "t") -> None:  # fmt: skip
     columns = {"data": pa.array([b"m%05d" % i for i in range(start, start + count)]),
                "partition": pa.array([i % 2 for i in range(start, start + count)], pa.int32())}
     if extra:  # a column outside the frames format: staged as it came
@@ -44,7 +46,7 @@ def _stage(database, write_id: str, start: int, count: int, *, extra: bool = Fal
     session = database.connect()
     try:
         bulk = bulk_write.for_database(database)
-        bulk.start(session, write_id, "topic", "t")
+        bulk.start(session, write_id, "topic", topic)
         pieces = [batch.slice(s, piece) for s in range(0, count, piece)]
         bulk.append(session, write_id, pieces, batch.schema)
     finally:
@@ -128,16 +130,33 @@ def test_framed_writes_mixed_with_writes_staged_as_they_came_are_copied_together
         database.close()
 
 
-def test_framed_writes_over_a_transactions_share_go_in_parts(tmp_path, monkeypatch) -> None:
+def test_framed_writes_over_a_transactions_share_are_one_transaction_copied_as_staged(
+        tmp_path, monkeypatch) -> None:  # fmt: skip
+    # A framed share is not held to one transaction's per-partition limit: its frames
+    # were checked when staged and are copied one by one, so the commit stays one
+    # transaction (no parts, nothing decoded), atomic whatever its size.
     monkeypatch.setattr(limits, "BATCH_MESSAGES_MAX", 300)
     monkeypatch.setattr(limits, "FRAME_TARGET_MESSAGES", 100)  # a frame within a batch
     monkeypatch.setattr(bulk_publish, "PART_ROWS", 270)
     database = _open(tmp_path)
     try:
         _stage(database, "a", 0, 800)  # 400 rows a partition: over 300
+
+        def refused(*args, **kwargs):
+            raise AssertionError("a framed share was decoded or cut into parts")
+
+        monkeypatch.setattr(bulk_write.BulkWrites, "read_write", refused)
+        monkeypatch.setattr(staged_refs.FramedRows, "table", refused)
+        monkeypatch.setattr(staged_frames, "decode", refused)
         assert _commit(database, 1, ["a"]) == {"status": "committed", "rows": 800}
         assert _partitions(database) == _expected((0, 800))
         assert os.listdir(bulk_write.for_database(database).root) == []
+        cursor = database.root.cursor()
+        try:
+            assert cursor.execute(
+                f"SELECT count(*) FROM {bulk_publish.PARTS_TABLE}").fetchall() == [(0,)]
+        finally:
+            cursor.close()
     finally:
         database.close()
 
@@ -340,3 +359,179 @@ def _frames_files(database, write_id: str) -> list[str]:
     directory = os.path.join(database.path, bulk_write.WRITES_DIRECTORY, write_id)
     return sorted(os.path.join(directory, n) for n in os.listdir(directory)
                   if n.endswith(".frames"))  # fmt: skip
+
+
+def test_a_framed_commit_is_one_transaction_when_other_sessions_hold_the_staged_bytes_cap(
+        tmp_path, monkeypatch) -> None:  # fmt: skip
+    # Review R1-2: a framed write is not counted against the open transactions' staged
+    # bytes (it is on disk, charged to the bulk staging cap), so a cap taken by others
+    # cannot send it to a commit in parts (not atomic, decoded whole).
+    monkeypatch.setattr(bulk_publish, "PART_ROWS", 270)
+    database = _open(tmp_path)
+    try:
+        _stage(database, "a", 0, 800)
+
+        def refused(*args, **kwargs):
+            raise AssertionError("a framed write was decoded for a commit in parts")
+
+        monkeypatch.setattr(staged_refs.FramedRows, "table", refused)
+        database.staged_writes.total_bytes_max = 20_000  # others hold the rest of it
+        assert _commit(database, 1, ["a"]) == {"status": "committed", "rows": 800}
+        assert _partitions(database) == _expected((0, 800))
+        cursor = database.root.cursor()
+        try:
+            assert cursor.execute(
+                f"SELECT count(*) FROM {bulk_publish.PARTS_TABLE}").fetchall() == [(0,)]
+        finally:
+            cursor.close()
+    finally:
+        database.close()
+
+
+def _tree_bytes(root: str) -> int:
+    """The staged files' bytes under ``root`` (not the manifests)."""
+    return sum(os.path.getsize(os.path.join(d, f)) for d, _, fs in os.walk(root) for f in fs
+               if f.endswith(".frames"))  # fmt: skip
+
+
+def test_committed_frames_files_stay_charged_to_the_staging_cap_until_deleted(
+        tmp_path) -> None:  # fmt: skip
+    # Review R1-3: a committed write's files wait in bulk_commits/ for the checkpoint that
+    # makes its partitions durable; they stay charged to the staging cap meanwhile, and a
+    # write that needs their room runs that checkpoint first.
+    database = _open(tmp_path)
+    try:
+        bulk = bulk_write.for_database(database)
+        _stage(database, "probe", 0, 400)
+        cap = bulk.staged_bytes + 1000  # room for one such write
+        session = database.connect()
+        bulk.abort(session, ["probe"])
+        session.close()
+        bulk_write.for_database(database, staging_bytes_max=cap)
+        for n in range(10):
+            _stage(database, f"w{n}", 400 * n, 400)
+            assert _commit(database, n, [f"w{n}"])["status"] == "committed"
+            assert bulk.staged_bytes >= _tree_bytes(bulk.commits_root) > 0
+            assert _tree_bytes(bulk.commits_root) <= cap
+        assert _partitions(database) == _expected((0, 4000))
+        database.committer.checkpoint()
+        assert bulk.staged_bytes == 0 and os.listdir(bulk.commits_root) == []
+    finally:
+        database.close()
+
+
+def test_committed_frames_files_make_a_checkpoint_due(tmp_path, monkeypatch) -> None:
+    # Review R1-3: their bytes count toward CHECKPOINT_STAGED_BYTES, as log commits' do:
+    # the background checkpoint runs and deletes them (before: only after 256 commits).
+    monkeypatch.setattr(commit_module, "CHECKPOINT_STAGED_BYTES", 1000)
+    database = _open(tmp_path)
+    try:
+        bulk = bulk_write.for_database(database)
+        _stage(database, "a", 0, 300)
+        assert _commit(database, 1, ["a"]) == {"status": "committed", "rows": 300}
+        for _ in range(600):  # the background checkpoint's turn (a wait, not a timing)
+            if not os.listdir(bulk.commits_root):
+                break
+            time.sleep(0.05)
+        assert os.listdir(bulk.commits_root) == []
+        assert _partitions(database) == _expected((0, 300))
+    finally:
+        database.close()
+
+
+def test_a_commit_in_parts_with_framed_writes_is_refused_and_leaves_them_staged(
+        tmp_path, monkeypatch) -> None:  # fmt: skip
+    # Review R1-4: a framed write beside an Arrow write over the per-partition limit
+    # would go in parts, its frames decoded whole into memory: 54000 before the commit
+    # point, both writes staged still; committed apart, each is one transaction.
+    monkeypatch.setattr(limits, "BATCH_MESSAGES_MAX", 300)
+    monkeypatch.setattr(bulk_publish, "PART_ROWS", 270)
+    database = _open(tmp_path)
+    try:
+        session = database.connect()
+        session.execute("CREATE TOPIC u WITH (min_active_partitions = 2)")
+        session.close()
+        _stage(database, "a", 0, 800)  # frames
+        _stage(database, "b", 800, 800, extra=True, topic="u")  # as it came: 400 a partition
+        with pytest.raises(LimitExceededError, match="frames writes apart"):
+            _commit(database, 1, ["a", "b"])
+        assert _partitions(database) == {0: [], 1: []}
+        assert sorted(os.listdir(bulk_write.for_database(database).root)) == ["a", "b"]
+        assert _commit(database, 1, ["a"]) == {"status": "committed", "rows": 800}
+        assert _commit(database, 2, ["b"])["status"] == "committed"  # in parts
+        assert _partitions(database) == _expected((0, 800))
+    finally:
+        database.close()
+
+
+def test_frames_mixed_with_arrow_rows_of_their_topic_are_decoded_only_under_a_bound(
+        tmp_path, monkeypatch) -> None:  # fmt: skip
+    # Review R1-5: write a (frames) and write b (Arrow: a column frames cannot hold) to
+    # one topic in one commit: a's frames are decoded into memory to be copied with b's
+    # rows. Over TRANSACTION_STAGED_BYTES_MAX (lowered here below a's frames files, as a
+    # 16 GiB frames write is over the default) the commit is refused with 54000 before
+    # anything is read or moved, both writes staged still; committed apart, each goes.
+    database = _open(tmp_path)
+    try:
+        _stage(database, "a", 0, 800)
+        _stage(database, "b", 800, 10, extra=True)
+        bulk = bulk_write.for_database(database)
+        frames_bytes = sum(os.path.getsize(p) for p in _frames_files(database, "a"))
+        monkeypatch.setattr(limits, "TRANSACTION_STAGED_BYTES_MAX", frames_bytes - 1)
+        decoded: list[int] = []
+        real = staged_refs.framed_table
+        monkeypatch.setattr(staged_refs, "framed_table", lambda fs, frames: decoded.append(
+            sum(f.record_count for share in frames.values() for f in share))
+            or real(fs, frames))  # fmt: skip
+        with pytest.raises(LimitExceededError, match="decode") as raised:
+            _commit(database, 1, ["a", "b"])
+        assert raised.value.sqlstate == "54000"
+        assert decoded == []
+        assert _partitions(database) == {0: [], 1: []}
+        assert sorted(os.listdir(bulk.root)) == ["a", "b"]
+        assert os.listdir(bulk.commits_root) == []
+        assert _commit(database, 1, ["a"]) == {"status": "committed", "rows": 800}
+        assert _commit(database, 2, ["b"]) == {"status": "committed", "rows": 10}
+        assert decoded == []  # the frames went as staged
+        assert _partitions(database) == _expected((0, 800), (800, 10))
+        # Under the bound a mixed commit decodes and copies them together, as before.
+        monkeypatch.setattr(limits, "TRANSACTION_STAGED_BYTES_MAX", frames_bytes)
+        _stage(database, "c", 810, 800)
+        _stage(database, "d", 1610, 10, extra=True)
+        assert _commit(database, 3, ["c", "d"]) == {"status": "committed", "rows": 810}
+        assert decoded == [800]
+        assert _partitions(database) == _expected((0, 800), (800, 10), (810, 800),
+                                                  (1610, 10))  # fmt: skip
+    finally:
+        database.close()
+
+
+def test_a_commit_decoding_frames_holds_one_of_the_commits_turns(tmp_path, monkeypatch) -> None:
+    # Review R1-5 (its residual): each commit may decode up to the bound; at most
+    # SPILLED_COMMITS_MAX of them hold decoded frames at once (the turns derived batches
+    # take), and a commit takes one turn only (the semaphore is not reentrant).
+    database = _open(tmp_path)
+    try:
+        _stage(database, "a", 0, 800)
+        _stage(database, "b", 800, 10, extra=True)
+        bulk = bulk_write.for_database(database)
+        held: list[int] = []
+        decoded_in_turn: list[int] = []
+
+        class Turns:
+            def __enter__(self) -> None:
+                held.append(1)
+
+            def __exit__(self, *_) -> None:
+                held.pop()
+
+        real = staged_refs.framed_table
+        monkeypatch.setattr(bulk, "_by_reference_turns", Turns())
+        monkeypatch.setattr(staged_refs, "framed_table", lambda fs, frames: decoded_in_turn.append(
+            len(held)) or real(fs, frames))  # fmt: skip
+        assert _commit(database, 1, ["a", "b"]) == {"status": "committed", "rows": 810}
+        assert decoded_in_turn == [1]
+        assert held == []
+        assert _partitions(database) == _expected((0, 800), (800, 10))
+    finally:
+        database.close()
