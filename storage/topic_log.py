@@ -1146,27 +1146,11 @@ class TopicLog:
         raise ObjectNotInPrerequisiteStateError("partition lineage is too deep")
 
     def _descendant_for(self, partition_id: int, key: str | None) -> int:
-        """The active partition below ``partition_id`` in the lineage that holds ``key``."""
-        current = self._info[partition_id]
-        value = None if key is None else key_hash(key)
-        for _ in range(HASH_BITS_DEPTH):
-            if current.active:
-                return current.partition_id
-            children = [self._info[c] for c in current.children if c in self._info]
-            if not children:
-                raise ObjectNotInPrerequisiteStateError(
-                    f"partition {current.partition_id} is inactive and has no children"
-                )
-            chosen = children[0]
-            for child in children:
-                if (
-                    value is not None
-                    and child.key_range is not None
-                    and child.key_range.contains(value)
-                ):
-                    chosen = child
-            current = chosen
-        raise ObjectNotInPrerequisiteStateError("partition lineage is too deep")
+        """The active partition below ``partition_id`` in the lineage that holds ``key``
+        (``partition_id`` itself while it is active; the caller holds ``_lock``)."""
+        if self._info[partition_id].active:
+            return partition_id
+        return self._chain_for(partition_id, key)[-1]
 
     def route(self, batch: pa.RecordBatch) -> np.ndarray:
         """The partition of every message of ``batch`` (binding new keys round-robin)."""
