@@ -598,15 +598,8 @@ class Session:
             if self._closed:
                 raise InvalidParameterValueError("the session is closed")
             self._require_no_stream()
-            try:
-                self._check_duration()
-                return self._control(action, action.upper())
-            finally:  # as after a COMMIT statement (``execute_statement``): a held
-                # statement that may change the schema (``COPY (VALUES ...)``) had its
-                # commit open a schema change, which has ended now
-                if self._schema_change_open:
-                    self._schema_change_open = False
-                    tables.SCHEMA_GENERATIONS.changed()
+            self._check_duration()
+            return self._control(action, action.upper())
 
     def _transaction_control(self, plan: Plan) -> Result:
         operation = plan.operations[0]

@@ -122,18 +122,3 @@ def test_closed_session_refuses(session: Session, database) -> None:
     closed.close()
     with pytest.raises(InvalidParameterValueError):
         closed.transaction_control("begin")
-
-
-def test_a_schema_change_opened_by_the_commit_ends_with_it(session: Session) -> None:
-    """A held statement that may change the schema (a tag not known to keep it, e.g.
-    ``VALUES``) makes its COMMIT open a schema change (``_open_schema_change``); after
-    ``transaction_control`` it has ended, as after a COMMIT statement, so the process's
-    schema generations stay usable (review R2-1: they stayed "under way" for good)."""
-    from engine import tables
-
-    before = tables.SCHEMA_GENERATIONS._under_way
-    session.transaction_control("begin")
-    session.execute("VALUES (1)")
-    assert session.transaction_control("commit").tag == "COMMIT"
-    assert tables.SCHEMA_GENERATIONS._under_way == before
-    assert tables.SCHEMA_GENERATIONS.stable() is not None
