@@ -283,30 +283,3 @@ def test_a_copy_executed_while_a_read_is_held_runs_on_its_own(connect: Connect, 
     assert got[-1][1] == b"I"
     assert committed(admin, "small") == 5  # the COPY's own read, from the start
     assert binary_read(admin, "small", 5) == written[5:10]
-
-
-@pytest.mark.parametrize("simple", [False, True])
-def test_a_held_read_runs_one_statement(connect: Connect, raw, monkeypatch: pytest.MonkeyPatch,
-                                        simple: bool) -> None:  # fmt: skip
-    """The read's own transaction is opened and committed by the session's
-    ``transaction_control``, not by BEGIN and COMMIT statements (planned, checked and run
-    through the connection's catalog layer: ~0.1 ms a read): the read is the one statement
-    the engine runs, and its offsets still move once its rows were sent."""
-    from engine.session import Session
-
-    admin = connect(autocommit=True)
-    _fill(admin, "small", rows=50, size=100)
-    ran: list[object] = []
-    execute = Session.execute_statement
-
-    def spy(self: Session, statement: object, parameters: object = None) -> object:
-        ran.append(statement)
-        return execute(self, statement, parameters)
-
-    monkeypatch.setattr(Session, "execute_statement", spy)
-    client = raw()
-    client.send(read_flight("small", 10, simple=simple))
-    got = client.until_ready()
-    assert [kind for kind, _ in got][-12:] == [b"D"] * 10 + [b"C", b"Z"]
-    assert len(ran) == 1
-    assert committed(admin, "small") == 10
