@@ -369,6 +369,7 @@ class Committer:
         self.checkpoints = 0  # checkpoints that deleted records or wrote offsets
         self.log_commits = 0  # transactions committed by a commit record in the log
         self.table_commits = 0  # transactions committed by a DuckDB record row and COMMIT
+        self.moved_shares = 0  # shares committed by reference to their source (moved_refs)
         self.checkpoint_syncs = 0  # partition syncs made by checkpoints
         self.background_failures = 0
 
@@ -555,6 +556,7 @@ class Committer:
             self.deltas.durable(registered[0])
         self.log_commits += 1
         append = encoded[0]
+        self.moved_shares += len(append.moved)
         # A moved share counts as staged although it is not: its frames in ``b`` are
         # unsynced and its ranges pinned until a checkpoint, which these bytes bring on.
         moved_bytes = sum(i.batch.nbytes for i in append.moved if i.batch is not None)

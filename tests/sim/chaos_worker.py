@@ -84,7 +84,10 @@ import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
 
+import pyarrow as pa
+
 from engine.database import Database
+from engine.moved_refs import MovedRange
 from engine.retention import CheckpointedGuard, ImportantConsumersGuard, checkpointed_ends
 from storage.cleaner import apply_retention
 from storage.errors import SerializationFailure, TopicbaseError
@@ -131,6 +134,22 @@ IDLE_RETENTION_US = 1_000_000  # its retention_period, PT1S
 KEEPER = "keeper"  # important consumer of IDLE
 IDLE_CYCLE_EVERY = 5
 IDLE_PASS_PAUSE_S = 0.05
+MOVER = "mover"  # consumer of src (and of the split topics) whose reads are moved to dst
+DST = "dst"
+MOVED_MAX = 20  # messages a move reads at most
+
+
+def dst_value(value: str, created_us: int) -> str:
+    """How a ``dst`` message is recorded in the history: a copying move wrote a value of
+    its own (``m:<value>@<txn id>``); a move by reference wrote the source message's data
+    unchanged, so it is told apart by its ``created_at`` (the move statement's time,
+    ``moved_refs.MovedSource.at_us``, one per statement): ``<value>@R<created_at us>``."""
+    return value if value.startswith("m:") else f"{value}@R{created_us}"
+
+
+def moved_origin(value: str) -> str:
+    """The source message's value of a ``dst`` value (either kind of move)."""
+    return value.removeprefix("m:").rsplit("@", 1)[0]
 
 
 def idle_cycle(cycle: int) -> bool:
@@ -191,7 +210,7 @@ def setup(data_dir: str) -> None:
             "CREATE TABLE IF NOT EXISTS move_counts (k VARCHAR PRIMARY KEY, n BIGINT NOT NULL);"
             f"CREATE TOPIC IF NOT EXISTS {AGED} (CONSUMER {REAPER} WITH (important = true)) "
             f"WITH (min_active_partitions = {AGED_PARTITIONS});"
-            f"CREATE TOPIC IF NOT EXISTS {fork_of(1)} WITH ({FORK_SETTINGS});"
+            f"CREATE TOPIC IF NOT EXISTS {fork_of(1)} (CONSUMER {MOVER}) WITH ({FORK_SETTINGS});"
             f"CREATE TOPIC IF NOT EXISTS {IDLE} (CONSUMER {KEEPER} WITH (important = true)) "
             f"WITH (min_active_partitions = {IDLE_PARTITIONS}, "
             "retention_period = Interval('PT1S'))"
@@ -325,7 +344,7 @@ def _read_topic(
     if partition is not None:
         options += f", partition = {partition}, from_offset = {start}"
     table = session.execute(
-        f'SELECT partition, "offset", CAST(data AS VARCHAR) AS v FROM TOPIC {topic} '
+        f'SELECT partition, "offset", CAST(data AS VARCHAR) AS v, created_at FROM TOPIC {topic} '
         f'WITH ({options}) ORDER BY partition, "offset"'
     )[0].table
     if table.num_rows >= READ_MESSAGES_MAX:
@@ -334,7 +353,7 @@ def _read_topic(
     columns = zip(
         table.column("partition").to_pylist(),
         table.column("offset").to_pylist(),
-        table.column("v").to_pylist(),
+        _values_of(table, topic),
         strict=True,
     )
     for p, offset, value in columns:
@@ -342,6 +361,16 @@ def _read_topic(
         offsets.append(offset)
         values.append(value)
     return read
+
+
+def _values_of(table, topic: str) -> list:
+    """The column ``v`` of a read of ``topic`` (with ``created_at``) as the history
+    records it (``dst_value`` for ``dst``)."""
+    values = table.column("v").to_pylist()
+    if topic != DST:
+        return values
+    created = table.column("created_at").cast(pa.int64()).to_pylist()
+    return [dst_value(v, us) for v, us in zip(values, created, strict=True)]
 
 
 def _record(
@@ -448,6 +477,7 @@ class Worker:
         self.seq_nos = seq_nos
         self.counter = 0
         self.session = session
+        self.peer = None  # a second session, opened when needed (``_peer``)
 
     def run(self, seconds: float) -> None:
         deadline = time.monotonic() + seconds
@@ -457,6 +487,8 @@ class Worker:
             self.produce,
             self.write_plain,
             self.move,
+            self.move_ref,
+            self.move_ref,
             self.tabulate,
             self.age,
             self.reap,
@@ -465,11 +497,15 @@ class Worker:
             self.split,
             self.idle,
         )
-        if idle_cycle(self.cycle):
-            self.run_idle(deadline)
-            return
-        while time.monotonic() < deadline:
-            self.rng.choice(actions)()
+        try:
+            if idle_cycle(self.cycle):
+                self.run_idle(deadline)
+                return
+            while time.monotonic() < deadline:
+                self.rng.choice(actions)()
+        finally:
+            if self.peer is not None:
+                self.peer.close()
 
     def _value(self, prefix: str) -> str:
         self.counter += 1
@@ -619,7 +655,9 @@ class Worker:
         for entry in self.db.catalog.entries():
             if entry.name.startswith("fork") and entry.name != self.fork:
                 self.session.execute(f"DROP TOPIC IF EXISTS {entry.name}")
-        self.session.execute(f"CREATE TOPIC IF NOT EXISTS {self.fork} WITH ({FORK_SETTINGS})")
+        self.session.execute(
+            f"CREATE TOPIC IF NOT EXISTS {self.fork} (CONSUMER {MOVER}) WITH ({FORK_SETTINGS})"
+        )
 
     def write_fork(self) -> None:
         self._write_values(self.fork, "f")
@@ -688,15 +726,122 @@ class Worker:
         except TopicbaseError:
             self._abort(txn_id)
 
+    def move_ref(self) -> None:
+        """A move that goes by reference (``engine.moved_refs``): in an explicit
+        transaction, ``INSERT INTO TOPIC dst (data) SELECT data FROM TOPIC <source> WITH
+        (consumer = ..., partition = p, max_messages = n)``, one or two such statements
+        (two partitions of the source: two shares of ``dst``, so a crash may land
+        between their publishes). Only the data is projected and the read is of one
+        partition, so the write is ``moved_batch`` of the ranges read and the topic-only
+        commit names them in its record instead of staging a copy. The source is ``src``
+        (consumer ``mover``, shared with the copying moves), the retention topic
+        ``AGED`` (consumer ``reaper``: retention may delete the moved range right after
+        COMMIT, and the committer's pins must keep it until a checkpoint passes the
+        record) or this cycle's split topic (consumer ``mover``; a later cycle drops it,
+        right after the recovery that re-pinned the ranges of unpublished records).
+
+        What was moved is read first without a consumer (the same offsets), and the
+        engine's by-reference bookkeeping is checked against it: the statement's write
+        must carry its source ranges (``PendingWrite.moved``), and an ``ok`` COMMIT must
+        have committed a share by reference (``Committer.moved_shares``), so the move
+        cannot silently become a copy. Before COMMIT, a second session checks that none
+        of the moved messages is visible in ``dst`` yet."""
+        roll = self.rng.random()
+        source, consumer = (
+            ("src", MOVER) if roll < 0.6 else (AGED, REAPER) if roll < 0.8 else (self.fork, MOVER)
+        )
+        log = _topic_log(self.db, source)
+        ids = log.partition_ids()
+        chosen = self.rng.sample(ids, min(len(ids), self.rng.choice((1, 1, 2))))
+        committed = {
+            r["partition"]: r["committed_offset"]
+            for r in self.session.execute(
+                "SELECT partition, committed_offset FROM sys.consumers "
+                f"WHERE topic = '{source}' AND consumer = '{consumer}'"
+            )[0].table.to_pylist()
+        }
+        dst_end = self._dst_end(self.session)
+        txn_id = self._value("R")
+        shares = self.db.committer.moved_shares
+        ops: list = []
+        events: list[tuple[int, list[int], list[str]]] = []  # the AGED reads
+        moved = 0
+        self.session.execute("BEGIN")
+        try:
+            for partition in chosen:
+                limit = self.rng.randint(1, MOVED_MAX)
+                start = max(committed.get(partition) or 0, log.partition(partition).start_offset)
+                peek = self.session.execute(
+                    f'SELECT "offset", CAST(data AS VARCHAR) AS v FROM TOPIC {source} WITH '
+                    f"(partition = {partition}, from_offset = {start}, max_messages = {limit})"
+                )[0].table.to_pylist()
+                tag = self.session.execute(
+                    f"INSERT INTO TOPIC {DST} (data) SELECT data FROM TOPIC {source} WITH "
+                    f"(consumer = '{consumer}', partition = {partition}, max_messages = {limit})"
+                )[0].tag
+                count = int(tag.split()[-1])
+                if count == 0:
+                    continue  # nothing there (or a split child whose parent is unread)
+                assert count == len(peek), (source, partition, start, count, peek)
+                write = self.session.transaction.writes[-1]
+                expected = (MovedRange(log.topic_id, partition, start, start + count),)
+                assert write.moved is not None and write.moved.ranges == expected, (
+                    f"the move of {source}/{partition}@{start}+{count} does not go by "
+                    f"reference: {write.moved}"
+                )
+                values = [r["v"] for r in peek]
+                offsets = [r["offset"] for r in peek]
+                assert offsets == list(range(start, start + count)), offsets
+                if source == AGED:  # recorded as consumer reads: retention may expire them
+                    events.append((partition, offsets, values))
+                else:
+                    ops.append(read_op(topic_key(source, partition), values, start, count < limit))
+                ops += [append_op(topic_key(DST), dst_value(v, write.moved.at_us)) for v in values]
+                moved += count
+            if moved:
+                assert self._dst_end(self._peer()) == dst_end, "a move is visible before COMMIT"
+            status = self._commit(txn_id, ops)
+        except TopicbaseError:
+            self._abort(txn_id)
+            return
+        for partition, offsets, values in events:
+            self.history.read(AGED, REAPER, partition, offsets, values, committed=status == "ok")
+        if status == "ok" and moved:
+            assert self.db.committer.moved_shares > shares, (
+                f"txn {txn_id} moved {moved} messages by copy, not by reference"
+            )
+
+    def _dst_end(self, session) -> int:
+        """The sum of ``dst``'s partitions' end offsets."""
+        rows = session.execute(
+            f"SELECT coalesce(sum(end_offset), 0) AS n FROM sys.partitions WHERE topic = '{DST}'"
+        )[0].table.to_pylist()
+        return int(rows[0]["n"])
+
+    def _peer(self):
+        """A second session of the database (for what others see meanwhile)."""
+        if self.peer is None:
+            self.peer = self.db.connect()
+        return self.peer
+
     def tabulate(self) -> None:
         limit = self.rng.randint(1, 10)
         txn_id = self._value("T")
         self.session.execute("BEGIN")
         try:
-            read = self.session.execute(
-                'SELECT partition, "offset", CAST(data AS VARCHAR) AS v FROM TOPIC dst '
-                f"WITH (consumer = 'tabler', max_messages = {limit})"
-            )[0].table.to_pylist()
+            table = self.session.execute(
+                'SELECT partition, "offset", CAST(data AS VARCHAR) AS v, created_at FROM TOPIC '
+                f"dst WITH (consumer = 'tabler', max_messages = {limit})"
+            )[0].table
+            read = [
+                {"partition": p, "offset": o, "v": v}
+                for p, o, v in zip(
+                    table.column("partition").to_pylist(),
+                    table.column("offset").to_pylist(),
+                    _values_of(table, DST),
+                    strict=True,
+                )
+            ]
             ops = _topic_reads("dst", read, limit)
             for row in read:
                 key = self.rng.choice(self.rows)
@@ -717,19 +862,21 @@ class Worker:
         except TopicbaseError:
             self._abort(txn_id)
 
-    def _commit(self, txn_id: str, ops: list) -> None:
-        """COMMIT and record the outcome: ok, fail (40001) or info (any other error:
-        the commit point may have been passed)."""
+    def _commit(self, txn_id: str, ops: list) -> str:
+        """COMMIT and record the outcome, returned: ok, fail (40001) or info (any other
+        error: the commit point may have been passed)."""
         self.history.record("invoke", id=txn_id, ops=ops)
         try:
             tag = self.session.execute("COMMIT")[0].tag
         except SerializationFailure:
             self.history.txn(txn_id, "fail", ops)
-            return
+            return "fail"
         except TopicbaseError:
             self.history.txn(txn_id, "info", ops)
-            return
-        self.history.txn(txn_id, "ok" if tag == "COMMIT" else "fail", ops)
+            return "info"
+        status = "ok" if tag == "COMMIT" else "fail"
+        self.history.txn(txn_id, status, ops)
+        return status
 
     def _abort(self, txn_id: str) -> None:
         """A statement before COMMIT failed: nothing of the transaction happened."""
