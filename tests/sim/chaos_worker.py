@@ -94,6 +94,7 @@ from storage.errors import SerializationFailure, TopicbaseError
 from storage.fs import DEFAULT_FILE_SYSTEM, FileSystem
 from storage.limits import READ_BYTES_MAX, READ_MESSAGES_MAX
 from storage.topic_log import TopicLog
+from tests.sim.faulty_fs import FaultyFileSystem
 from tests.sim.history import (
     HistoryWriter,
     ListDigest,
@@ -450,7 +451,9 @@ def run_worker(
         observed = dict(known.observed)
         observe(db, session, history, observed, full=False)
         ready()
-        Worker(db, session, history, cycle, seed, dict(known.seq_nos), observed).run(seconds)
+        worker = Worker(db, session, history, cycle, seed, dict(known.seq_nos), observed)
+        worker.power = fs if isinstance(fs, FaultyFileSystem) else None
+        worker.run(seconds)
     session.close()
     db.close()
 
@@ -478,6 +481,8 @@ class Worker:
         self.counter = 0
         self.session = session
         self.peer = None  # a second session, opened when needed (``_peer``)
+        # A power-cut cycle's file system: ``move_ref`` may cut the power itself.
+        self.power: FaultyFileSystem | None = None
 
     def run(self, seconds: float) -> None:
         deadline = time.monotonic() + seconds
@@ -637,6 +642,10 @@ class Worker:
         and the committed offsets retention had to respect)."""
         log = _topic_log(self.db, AGED)
         apply_retention(log, self._guard(), self.db.clock.now_us())
+        self._observe_aged()
+
+    def _observe_aged(self) -> None:
+        """An observation of the aged topic and its consumers' committed offsets."""
         observe_aged(self.session, self.history, self.observed)
         consumers = self.session.execute(
             "SELECT consumer, partition, important, committed_offset FROM sys.consumers "
@@ -748,8 +757,11 @@ class Worker:
         of the moved messages is visible in ``dst`` yet."""
         roll = self.rng.random()
         source, consumer = (
-            ("src", MOVER) if roll < 0.6 else (AGED, REAPER) if roll < 0.8 else (self.fork, MOVER)
+            ("src", MOVER) if roll < 0.45 else (AGED, REAPER) if roll < 0.8 else (self.fork, MOVER)
         )
+        if source == AGED:  # a backlog (``reap`` drains the topic): a move of many segments
+            for _ in range(self.rng.randint(4, 12)):
+                self.age()
         log = _topic_log(self.db, source)
         ids = log.partition_ids()
         chosen = self.rng.sample(ids, min(len(ids), self.rng.choice((1, 1, 2))))
@@ -763,6 +775,10 @@ class Worker:
         dst_end = self._dst_end(self.session)
         txn_id = self._value("R")
         shares = self.db.committer.moved_shares
+        # Half the moves from AGED race a retention pass that took its checkpoint and
+        # floors before the COMMIT and deletes after it (as the engine's pass may, from
+        # another thread): what keeps the moved range then is the committer's pin alone.
+        racing = self._guard() if source == AGED and self.rng.random() < 0.5 else None
         ops: list = []
         events: list[tuple[int, list[int], list[str]]] = []  # the AGED reads
         moved = 0
@@ -810,6 +826,14 @@ class Worker:
             assert self.db.committer.moved_shares > shares, (
                 f"txn {txn_id} moved {moved} messages by copy, not by reference"
             )
+        if racing is not None:  # the moved range may expire now: its pin must keep it
+            with self.db.commit_lock:
+                apply_retention(log, racing, self.db.clock.now_us())
+            self._observe_aged()
+        if self.power is not None and moved and self.rng.random() < (0.5 if racing else 0.05):
+            # Before any checkpoint: the moved frames in dst were never synced, so
+            # recovery derives them from the source ranges (which must still be there).
+            self.power.cut_power_and_exit(partial_writeback=self.rng.random() < 0.5)
 
     def _dst_end(self, session) -> int:
         """The sum of ``dst``'s partitions' end offsets."""
