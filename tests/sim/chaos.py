@@ -451,9 +451,11 @@ def check_exactly_once_moves(report: Report) -> list[str]:
     copy or by reference (``chaos_worker.moved_origin``), and nothing else is (the
     resharding promise); a message of ``AGED`` moved by ``reaper`` (which also consumes
     without moving) is in ``dst`` at most once and lies below ``reaper``'s committed
-    offset unless retention expired it since; every ``dst`` message below the tabler's
-    committed offset is in one table row once. On the final state the checker rebuilt,
-    with the committed offsets of the last observation."""
+    offset unless retention expired it since; a message of a source a move dropped
+    after it (``chaos_worker.DROPPED``, never observed) is in ``dst`` at most once;
+    every ``dst`` message below the tabler's committed offset is in one table row once.
+    On the final state the checker rebuilt, with the committed offsets of the last
+    observation."""
     moving = ["src", *sorted({key[2:].split("/")[0] for key in report.final
                               if key.startswith("t:fork")})]  # fmt: skip
     consumed = [v for topic in moving for v in _consumed(report, topic, MOVER)]
@@ -467,9 +469,10 @@ def check_exactly_once_moves(report: Report) -> list[str]:
     unread = {v for key, values in report.final.items() if key.startswith(f"t:{AGED}/")
               for v in values} - reaped  # fmt: skip
     aged = {v for v in arrived if v.startswith("g")}  # AGED's values (``Worker.age``)
-    problems += [f"{v!r} arrived without being consumed"
-                 for v in (set(arrived) - aged - set(consumed)) | (aged & unread)]  # fmt: skip
-    problems += [f"{v!r} moved {arrived[v]} times" for v in aged if arrived[v] != 1]
+    once = {v for v in arrived if v.startswith("d")}  # the dropped sources' values
+    unconsumed = (set(arrived) - aged - once - set(consumed)) | (aged & unread)
+    problems += [f"{v!r} arrived without being consumed" for v in unconsumed]
+    problems += [f"{v!r} moved {arrived[v]} times" for v in aged | once if arrived[v] != 1]
     tabled = _consumed(report, "dst", "tabler")
     landed: Counter[str] = Counter()
     for key, values in report.final.items():

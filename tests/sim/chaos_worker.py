@@ -138,6 +138,7 @@ IDLE_PASS_PAUSE_S = 0.05
 MOVER = "mover"  # consumer of src (and of the split topics) whose reads are moved to dst
 DST = "dst"
 MOVED_MAX = 20  # messages a move reads at most
+DROPPED = "gone"  # prefix of the topics a move by reference reads once, then drops
 
 
 def dst_value(value: str, created_us: int) -> str:
@@ -662,7 +663,8 @@ class Worker:
         """Create this cycle's split topic, drop the earlier generations' (observed at
         this worker's recovery, so their last observation is their final state)."""
         for entry in self.db.catalog.entries():
-            if entry.name.startswith("fork") and entry.name != self.fork:
+            stale_fork = entry.name.startswith("fork") and entry.name != self.fork
+            if stale_fork or entry.name.startswith(DROPPED):  # (left by a crash before its DROP)
                 self.session.execute(f"DROP TOPIC IF EXISTS {entry.name}")
         self.session.execute(
             f"CREATE TOPIC IF NOT EXISTS {self.fork} (CONSUMER {MOVER}) WITH ({FORK_SETTINGS})"
@@ -746,8 +748,11 @@ class Worker:
         (consumer ``mover``, shared with the copying moves), the retention topic
         ``AGED`` (consumer ``reaper``: retention may delete the moved range right after
         COMMIT, and the committer's pins must keep it until a checkpoint passes the
-        record) or this cycle's split topic (consumer ``mover``; a later cycle drops it,
-        right after the recovery that re-pinned the ranges of unpublished records).
+        record), this cycle's split topic (consumer ``mover``), or a topic of its own
+        (``DROPPED``) that it fills, moves and drops right after the COMMIT, while the
+        ranges are pinned (DROP checkpoints first, or the record would name a source
+        that is gone). A power-cut cycle may cut the power right after such a move,
+        before any checkpoint, so that recovery derives the moved messages.
 
         What was moved is read first without a consumer (the same offsets), and the
         engine's by-reference bookkeeping is checked against it: the statement's write
@@ -756,9 +761,16 @@ class Worker:
         cannot silently become a copy. Before COMMIT, a second session checks that none
         of the moved messages is visible in ``dst`` yet."""
         roll = self.rng.random()
+        once = f"{DROPPED}{self.cycle}x{self.counter}"
         source, consumer = (
-            ("src", MOVER) if roll < 0.45 else (AGED, REAPER) if roll < 0.8 else (self.fork, MOVER)
-        )
+            ("src", MOVER) if roll < 0.4 else (AGED, REAPER) if roll < 0.7
+            else (self.fork, MOVER) if roll < 0.85 else (once, MOVER)
+        )  # fmt: skip
+        dropped = source.startswith(DROPPED)
+        if dropped:  # a source of its own, dropped right after the COMMIT, while pinned
+            self.session.execute(f"CREATE TOPIC {source} (CONSUMER {MOVER})")
+            for _ in range(self.rng.randint(1, 4)):
+                self._write_values(source, "d")
         if source == AGED:  # a backlog (``reap`` drains the topic): a move of many segments
             for _ in range(self.rng.randint(4, 12)):
                 self.age()
@@ -830,7 +842,11 @@ class Worker:
             with self.db.commit_lock:
                 apply_retention(log, racing, self.db.clock.now_us())
             self._observe_aged()
-        if self.power is not None and moved and self.rng.random() < (0.5 if racing else 0.05):
+        if dropped:  # DROP of a pinned source checkpoints first: the record must not need it
+            self.session.execute(f"DROP TOPIC {source}")
+        if self.power is not None and moved and self.rng.random() < (
+            0.5 if racing or dropped else 0.05
+        ):
             # Before any checkpoint: the moved frames in dst were never synced, so
             # recovery derives them from the source ranges (which must still be there).
             self.power.cut_power_and_exit(partial_writeback=self.rng.random() < 0.5)
