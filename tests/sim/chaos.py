@@ -69,6 +69,8 @@ from engine.database import Database
 from storage import failpoints as failpoint_switch
 from tests.sim.chaos_worker import (
     AGED,
+    CHAIN,
+    CHAINER,
     MOVER,
     REAPER,
     Known,
@@ -473,6 +475,17 @@ def check_exactly_once_moves(report: Report) -> list[str]:
     unconsumed = (set(arrived) - aged - once - set(consumed)) | (aged & unread)
     problems += [f"{v!r} arrived without being consumed" for v in unconsumed]
     problems += [f"{v!r} moved {arrived[v]} times" for v in aged | once if arrived[v] != 1]
+    # dst -> chain (by reference, consumer chainer): keyed by the data moved, which is
+    # unique in dst while the moves into it are exactly-once.
+    chained = [v if v.startswith("m:") else v.rsplit("@", 1)[0]
+               for v in _consumed(report, "dst", CHAINER)]  # fmt: skip
+    landed_chain: Counter[str] = Counter(
+        v.rsplit("@", 1)[0] for key, values in report.final.items()
+        if key.startswith(f"t:{CHAIN}/") for v in values
+    )  # fmt: skip
+    problems += [f"{v!r} chained {landed_chain[v]} times" for v in chained if landed_chain[v] != 1]
+    problems += [f"{v!r} chained without being consumed"
+                 for v in set(landed_chain) - set(chained)]  # fmt: skip
     tabled = _consumed(report, "dst", "tabler")
     landed: Counter[str] = Counter()
     for key, values in report.final.items():

@@ -109,7 +109,7 @@ from tests.sim.history import (
 PRODUCERS = ("p0", "p1", "p2", "p3")
 ROW_NAMES = ("a", "b", "c", "d", "e")
 ROW_GENERATION_CYCLES = 50
-TOPICS = ("src", "dst")
+TOPICS = ("src", "dst", "chain")
 PARTITIONS = 3
 SEGMENT_BYTES = 64 * 1024
 AGED = "aged"  # the retention topic
@@ -139,14 +139,19 @@ MOVER = "mover"  # consumer of src (and of the split topics) whose reads are mov
 DST = "dst"
 MOVED_MAX = 20  # messages a move reads at most
 DROPPED = "gone"  # prefix of the topics a move by reference reads once, then drops
+CHAIN = "chain"  # where moves by reference from dst (consumer ``chainer``) go
+CHAINER = "chainer"
 
 
-def dst_value(value: str, created_us: int) -> str:
-    """How a ``dst`` message is recorded in the history: a copying move wrote a value of
-    its own (``m:<value>@<txn id>``); a move by reference wrote the source message's data
-    unchanged, so it is told apart by its ``created_at`` (the move statement's time,
-    ``moved_refs.MovedSource.at_us``, one per statement): ``<value>@R<created_at us>``."""
-    return value if value.startswith("m:") else f"{value}@R{created_us}"
+def dst_value(value: str, created_us: int, topic: str = "dst") -> str:
+    """How a ``dst`` (or ``CHAIN``) message is recorded in the history: a copying move
+    wrote a value of its own (``m:<value>@<txn id>``); a move by reference wrote the
+    source message's data unchanged, so it is told apart by its ``created_at`` (the move
+    statement's time, ``moved_refs.MovedSource.at_us``, one per statement):
+    ``<value>@R<created_at us>``. Only moves by reference write to ``CHAIN``."""
+    if topic == DST and value.startswith("m:"):
+        return value
+    return f"{value}@R{created_us}"
 
 
 def moved_origin(value: str) -> str:
@@ -205,8 +210,9 @@ def setup(data_dir: str) -> None:
         session.execute(
             "CREATE TOPIC IF NOT EXISTS src (CONSUMER mover WITH (important = true)) "
             f"WITH (min_active_partitions = {PARTITIONS});"
-            "CREATE TOPIC IF NOT EXISTS dst (CONSUMER tabler WITH (important = true)) "
-            f"WITH (min_active_partitions = {PARTITIONS});"
+            "CREATE TOPIC IF NOT EXISTS dst (CONSUMER tabler WITH (important = true), "
+            f"CONSUMER {CHAINER}) WITH (min_active_partitions = {PARTITIONS});"
+            f"CREATE TOPIC IF NOT EXISTS {CHAIN} WITH (min_active_partitions = {PARTITIONS});"
             "CREATE TABLE IF NOT EXISTS lists (k VARCHAR PRIMARY KEY, v VARCHAR);"
             "CREATE TABLE IF NOT EXISTS move_notes (t VARCHAR);"
             "CREATE TABLE IF NOT EXISTS move_counts (k VARCHAR PRIMARY KEY, n BIGINT NOT NULL);"
@@ -369,10 +375,10 @@ def _values_of(table, topic: str) -> list:
     """The column ``v`` of a read of ``topic`` (with ``created_at``) as the history
     records it (``dst_value`` for ``dst``)."""
     values = table.column("v").to_pylist()
-    if topic != DST:
+    if topic not in (DST, CHAIN):
         return values
     created = table.column("created_at").cast(pa.int64()).to_pylist()
-    return [dst_value(v, us) for v, us in zip(values, created, strict=True)]
+    return [dst_value(v, us, topic) for v, us in zip(values, created, strict=True)]
 
 
 def _record(
@@ -763,9 +769,11 @@ class Worker:
         roll = self.rng.random()
         once = f"{DROPPED}{self.cycle}x{self.counter}"
         source, consumer = (
-            ("src", MOVER) if roll < 0.4 else (AGED, REAPER) if roll < 0.7
-            else (self.fork, MOVER) if roll < 0.85 else (once, MOVER)
+            ("src", MOVER) if roll < 0.35 else (AGED, REAPER) if roll < 0.6
+            else (self.fork, MOVER) if roll < 0.75 else (once, MOVER) if roll < 0.85
+            else (DST, CHAINER)
         )  # fmt: skip
+        target = CHAIN if source == DST else DST
         dropped = source.startswith(DROPPED)
         if dropped:  # a source of its own, dropped right after the COMMIT, while pinned
             self.session.execute(f"CREATE TOPIC {source} (CONSUMER {MOVER})")
@@ -784,7 +792,7 @@ class Worker:
                 f"WHERE topic = '{source}' AND consumer = '{consumer}'"
             )[0].table.to_pylist()
         }
-        dst_end = self._dst_end(self.session)
+        target_end = self._end(self.session, target)
         txn_id = self._value("R")
         shares = self.db.committer.moved_shares
         # Half the moves from AGED race a retention pass that took its checkpoint and
@@ -800,34 +808,37 @@ class Worker:
                 limit = self.rng.randint(1, MOVED_MAX)
                 start = max(committed.get(partition) or 0, log.partition(partition).start_offset)
                 peek = self.session.execute(
-                    f'SELECT "offset", CAST(data AS VARCHAR) AS v FROM TOPIC {source} WITH '
-                    f"(partition = {partition}, from_offset = {start}, max_messages = {limit})"
-                )[0].table.to_pylist()
+                    f'SELECT "offset", CAST(data AS VARCHAR) AS v, created_at FROM TOPIC '
+                    f"{source} WITH (partition = {partition}, from_offset = {start}, "
+                    f"max_messages = {limit})"
+                )[0].table
                 tag = self.session.execute(
-                    f"INSERT INTO TOPIC {DST} (data) SELECT data FROM TOPIC {source} WITH "
+                    f"INSERT INTO TOPIC {target} (data) SELECT data FROM TOPIC {source} WITH "
                     f"(consumer = '{consumer}', partition = {partition}, max_messages = {limit})"
                 )[0].tag
                 count = int(tag.split()[-1])
                 if count == 0:
                     continue  # nothing there (or a split child whose parent is unread)
-                assert count == len(peek), (source, partition, start, count, peek)
+                assert count == peek.num_rows, (source, partition, start, count, peek)
                 write = self.session.transaction.writes[-1]
                 expected = (MovedRange(log.topic_id, partition, start, start + count),)
                 assert write.moved is not None and write.moved.ranges == expected, (
                     f"the move of {source}/{partition}@{start}+{count} does not go by "
                     f"reference: {write.moved}"
                 )
-                values = [r["v"] for r in peek]
-                offsets = [r["offset"] for r in peek]
+                data = peek.column("v").to_pylist()  # what goes to the target
+                values = _values_of(peek, source)  # the read, as the history names it
+                offsets = peek.column("offset").to_pylist()
                 assert offsets == list(range(start, start + count)), offsets
                 if source == AGED:  # recorded as consumer reads: retention may expire them
                     events.append((partition, offsets, values))
                 else:
                     ops.append(read_op(topic_key(source, partition), values, start, count < limit))
-                ops += [append_op(topic_key(DST), dst_value(v, write.moved.at_us)) for v in values]
+                at_us = write.moved.at_us
+                ops += [append_op(topic_key(target), dst_value(v, at_us, target)) for v in data]
                 moved += count
             if moved:
-                assert self._dst_end(self._peer()) == dst_end, "a move is visible before COMMIT"
+                assert self._end(self._peer(), target) == target_end, "visible before COMMIT"
             status = self._commit(txn_id, ops)
         except TopicbaseError:
             self._abort(txn_id)
@@ -851,10 +862,10 @@ class Worker:
             # recovery derives them from the source ranges (which must still be there).
             self.power.cut_power_and_exit(partial_writeback=self.rng.random() < 0.5)
 
-    def _dst_end(self, session) -> int:
-        """The sum of ``dst``'s partitions' end offsets."""
+    def _end(self, session, topic: str) -> int:
+        """The sum of ``topic``'s partitions' end offsets."""
         rows = session.execute(
-            f"SELECT coalesce(sum(end_offset), 0) AS n FROM sys.partitions WHERE topic = '{DST}'"
+            f"SELECT coalesce(sum(end_offset), 0) AS n FROM sys.partitions WHERE topic = '{topic}'"
         )[0].table.to_pylist()
         return int(rows[0]["n"])
 
