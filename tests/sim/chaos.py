@@ -26,7 +26,8 @@ cycles, and at the end, a forked observer recovers the database and records it (
 whole of every partition every ``FULL_OBSERVATION_EVERY`` cycles and at the end, which
 verifies by digest everything the tail observations did not read; else only the tails),
 and the history checker (``tests.sim.checker``) checks the whole history, plus
-exactly-once delivery of every consumed message in the rebuilt final state.
+exactly-once delivery of every consumed message in the rebuilt final state, whether it
+was moved by copy or by reference (``check_exactly_once_moves``).
 Failpoints passed rarely (``RARE_FAILPOINTS``) are armed at their first hit, the others
 at a random one of the first six. After a cycle that crashed inside retention or a split
 (``CHECKED_FAILPOINTS``), and at every full observation, a forked child recovers the
@@ -608,6 +609,14 @@ def main(argv: list[str] | None = None) -> int:
         "failpoints hit: " + ", ".join(f"{name} {failpoints_hit[name]}" for name in FAILPOINTS),
         flush=True,
     )
+    if report is not None:
+        by_reference = {
+            topic: sum(1 for key, values in report.final.items() if key.startswith(f"t:{topic}/")
+                       for v in values if "@R" in v)
+            for topic in ("dst", CHAIN)
+        }  # fmt: skip
+        print(f"moved by reference: {by_reference['dst']} messages into dst, "
+              f"{by_reference[CHAIN]} into {CHAIN}", flush=True)  # fmt: skip
     stats = report.stats if report is not None else {}
     transactions = sum(stats.get(f"txns_{status}", 0) for status in ("ok", "fail", "info"))
     messages = messages_observed(report) if report is not None else 0

@@ -21,6 +21,21 @@ history file (see ``tests.sim.history``) before the next one:
   one in five of them reads the table back, so its deltas run the DuckDB way); each
   observation records the table's sum (a ``counter`` event), which the runner compares
   with the ``C…`` moves' messages in ``dst``;
+- *moves by reference* (``Worker.move_ref``): in an explicit transaction, ``INSERT INTO
+  TOPIC dst (data) SELECT data FROM TOPIC <source> WITH (consumer = ..., partition =
+  p, ...)``, once or twice, which the topic-only commit commits by reference to the
+  ranges read (``engine.moved_refs``: no staged copy; recovery derives the messages from
+  the source). The source is ``src`` (consumer ``mover``, beside the copying moves), the
+  retention topic (consumer ``reaper``; half of them race a retention pass whose
+  checkpoint came before the COMMIT, so only the committer's pin keeps the range), the
+  split topic, a topic of its own dropped right after the COMMIT, or ``dst`` itself
+  (consumer ``chainer``, into ``chain``: a source published by a transaction, maybe
+  unsynced). Such a message's data is its source's, so the history names a ``dst``
+  message moved by reference ``<data>@R<created_at>`` (``dst_value``: the statement's
+  time, one per move). The worker checks that each one really went by reference (the
+  write's ``moved`` ranges, ``Committer.moved_shares`` after COMMIT), that a second
+  session sees none of it before COMMIT, and, in a power-cut cycle, may cut the power
+  right after one (before any checkpoint: recovery derives it);
 - *tabler* transactions: read ``dst`` with consumer ``tabler`` and append
   ``x:<value>#<txn id>`` to rows of the table ``lists`` (list-append keys
   ``r:<row>``), reading two rows too (recorded as summaries: count, digest and

@@ -7,10 +7,20 @@ import re
 
 import pytest
 
+from engine import moved_refs
+from engine.database import Database
 from tests.sim import chaos
 from tests.sim import history as h
-from tests.sim.chaos_worker import Observed, observe_database, run_worker, setup
-from tests.sim.checker import check_file
+from tests.sim.chaos_worker import (
+    Observed,
+    Worker,
+    dst_value,
+    moved_origin,
+    observe_database,
+    run_worker,
+    setup,
+)
+from tests.sim.checker import Report, check_file
 
 
 def test_short_chaos_run_finds_no_violation(tmp_path, capsys):
@@ -125,3 +135,75 @@ def test_make_chaos_starts_in_a_fresh_process(tmp_path):
     )  # fmt: skip
     assert done.returncode == 0, done.stderr[-2000:]
     assert done.stdout.strip().splitlines()[-1].endswith("0 violations"), done.stdout[-500:]
+
+
+def _report(final: dict[str, list], committed: dict[tuple[str, str, int], int]) -> Report:
+    report = Report()
+    report.final = {key: list(values) for key, values in final.items()}
+    report.final_offsets = {key: list(range(len(values))) for key, values in final.items()}
+    report.committed = dict(committed)
+    return report
+
+
+def test_moves_by_reference_are_told_apart_by_their_created_at():
+    assert dst_value("m:p0:1@T1.2", 5) == "m:p0:1@T1.2"  # a copying move's own value
+    assert dst_value("p0:1", 5) == "p0:1@R5"
+    assert dst_value("m:p0:1@T1.2", 5, "chain") == "m:p0:1@T1.2@R5"  # moved again
+    assert moved_origin("p0:1@R5") == moved_origin("m:p0:1@T1.2") == "p0:1"
+
+
+def test_exactly_once_over_moves_by_reference():
+    """Copies and moves by reference count alike; a source message moved by reference
+    twice (two created_at) is reported, as are the retention topic's, a dropped source's
+    and the chained moves' duplicates, losses and arrivals nobody consumed."""
+    clean = {
+        "t:src/0": ["p0:1", "p0:2", "p0:3"],
+        "t:dst/0": ["p0:1@R100", "m:p0:2@T1.1", "g1.1@R101", "d1.1@R102"],
+        "t:aged/0": ["g1.2"],  # g1.1 expired (below the start), after reaper read it
+        "t:chain/0": ["p0:1@R200", "m:p0:2@T1.1@R201"],
+    }
+    offsets = {("src", "mover", 0): 2, ("aged", "reaper", 0): 0, ("dst", "chainer", 0): 2}
+    assert chaos.check_exactly_once_moves(_report(clean, offsets)) == []
+    broken = {
+        **clean,
+        "t:dst/0": [
+            *("p0:1@R100", "m:p0:2@T1.1", "p0:1@R103"),
+            *("g1.2@R104", "d1.1@R102", "d1.1@R105"),
+        ],
+        "t:chain/0": ["m:p0:2@T1.1@R201", "x@R202"],
+    }
+    problems = chaos.check_exactly_once_moves(_report(broken, offsets))
+    expected = [
+        "'p0:1' moved 2 times",
+        "'g1.2' arrived without being consumed",  # above reaper's committed offset
+        "'d1.1' moved 2 times",
+        "'p0:1' chained 0 times",
+        "'x' chained without being consumed",
+    ]
+    assert sorted(problems) == sorted(expected), problems
+
+
+def test_a_move_by_reference_that_commits_a_copy_fails_the_worker(tmp_path, monkeypatch):
+    """The worker checks that each committed move by reference went by reference: one the
+    commit stages as a copy (here: its source deemed unusable) stops the worker."""
+    data_dir = str(tmp_path / "data")
+    setup(data_dir)
+    database = Database.open(data_dir)
+    session = database.connect()
+    try:
+        session.execute("INSERT INTO TOPIC src (data, partition) VALUES ('a', 0), ('b', 0)")
+        with h.HistoryWriter(tmp_path / "history.jsonl", "worker-1") as history:
+            worker = Worker(database, session, history, 1, 0, {}, {})
+            worker.rng.random = lambda: 0.0  # src, partition order aside
+            worker.rng.sample = lambda ids, k: [0]
+            monkeypatch.setattr(moved_refs, "usable", lambda db, source: False)
+            with pytest.raises(AssertionError, match="by copy, not by reference"):
+                worker.move_ref()
+            monkeypatch.undo()
+            session.execute("INSERT INTO TOPIC src (data, partition) VALUES ('c', 0)")
+            before = database.committer.moved_shares
+            worker.move_ref()  # the next one goes by reference
+            assert database.committer.moved_shares == before + 1
+    finally:
+        session.close()
+        database.close()
