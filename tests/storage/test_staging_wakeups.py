@@ -16,9 +16,11 @@ from typing import Any, ClassVar
 import pytest
 
 import storage.staging as staging_module
+from storage.fs import FileSystem
 from storage.record_batch import build_wire_batch
 from storage.staging import StagingLog
 from tests.storage.test_staging import WAIT_S, GatedFileSystem
+from tests.storage.test_staging_leader import _commit
 
 
 class CountingCondition(threading.Condition):
@@ -63,4 +65,68 @@ def test_appends_during_a_sync_do_not_wake_the_committers_waiting_for_it(
         assert CountingCondition.woken["committer"] == 1  # the end of the covering sync
     finally:
         fs.gate.set()
+        staging.close()
+
+
+class SteppedFileSystem(GatedFileSystem):
+    """Every ``sync`` of a ``.stage`` file waits for its own gate (the n-th sync for
+    ``gates[n]``) and reports that it started (``started[n]``)."""
+
+    def __init__(self, syncs: int) -> None:
+        super().__init__()
+        self.gates = [threading.Event() for _ in range(syncs)]
+        self.started = [threading.Event() for _ in range(syncs)]
+
+    def sync(self, fd: int) -> None:
+        if self._paths.get(fd, "").endswith(".stage"):
+            number = self.stage_syncs
+            self.stage_syncs += 1
+            self.started[number].set()
+            assert self.gates[number].wait(WAIT_S), "the test never opened the gate"
+        FileSystem.sync(self, fd)
+
+
+def test_the_end_of_a_sync_wakes_only_the_waiters_it_covered_and_one_leader(
+    tmp_path: Any, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Five commits wait while a leader's sync runs; its end wakes one of them to lead the
+    next sync and no other (a ``notify_all`` woke all five, four only to sleep again);
+    the next sync's end wakes the four. Each waiter is woken exactly once."""
+    shim = types.SimpleNamespace(Lock=threading.Lock, Condition=CountingCondition,
+                                 Thread=threading.Thread)  # fmt: skip
+    monkeypatch.setattr(staging_module, "threading", shim)
+    monkeypatch.setattr(CountingCondition, "woken", {})
+    monkeypatch.setattr(CountingCondition, "waiting", {})
+    fs = SteppedFileSystem(2)
+    staging = StagingLog(fs, str(tmp_path / "staging"))
+    names = [f"committer-{n}" for n in range(2, 7)]
+    try:
+        first = _commit(staging, 1, "t1")
+        leader = threading.Thread(target=staging.wait_durable, args=(first,), name="leader")
+        leader.start()
+        assert fs.started[0].wait(WAIT_S)  # the first committer leads, held in its sync
+        waiters = []
+        for number, name in zip(range(2, 7), names, strict=True):
+            ticket = _commit(staging, number, f"t{number}")
+            waiters.append(threading.Thread(target=staging.wait_durable, args=(ticket,),
+                                            name=name))  # fmt: skip
+            waiters[-1].start()
+        for name in names:
+            assert CountingCondition.waiting.setdefault(name, threading.Event()).wait(WAIT_S)
+        fs.gates[0].set()
+        leader.join(WAIT_S)
+        assert not leader.is_alive()
+        assert fs.started[1].wait(WAIT_S)  # one of the five leads the second sync
+        pause = threading.Event()  # never set: gives wrongly woken waiters a chance to run
+        pause.wait(0.1)
+        assert sum(CountingCondition.woken.get(name, 0) for name in names) == 1
+        fs.gates[1].set()
+        for waiter in waiters:
+            waiter.join(WAIT_S)
+            assert not waiter.is_alive()
+        assert [CountingCondition.woken.get(name, 0) for name in names] == [1] * 5
+        assert fs.stage_syncs == 2
+    finally:
+        for gate in fs.gates:
+            gate.set()
         staging.close()
