@@ -28,7 +28,7 @@ def _joined(parts: list) -> bytes:
 
 def test_a_frame_from_a_given_body_is_the_encoded_frame() -> None:
     small = build_wire_batch([b"a", b"bc"], seq_no=[0, 1], producer_id="p")
-    large = build_wire_batch([b"x" * 1024] * 100, seq_no=list(range(100)), producer_id="p")
+    large = build_wire_batch([b"x" * 1024] * 600, seq_no=list(range(600)), producer_id="p")
     assert large.get_total_buffer_size() > record_batch._JOINED_BELOW_BYTES  # zero-copy path
     for batch in (small, large, large.slice(3)):
         encoded, header = FrameEncoder().encode(

@@ -52,7 +52,7 @@ def test_each_share_holds_its_rows_in_order_and_encodes_as_its_own_take() -> Non
 
 
 def test_a_small_slice_takes_the_copying_encoder_path_with_the_same_bytes() -> None:
-    batch, targets = _statement()
+    batch, targets = _statement(5000)  # ~50 rows a share, the statement over the copy bound
     _, rows, piece = TopicLog.shares(None, batch, targets)[5]  # type: ignore[arg-type]
     assert piece.get_total_buffer_size() > record_batch._JOINED_BELOW_BYTES
     parts, header = FrameEncoder().encode(piece, base_offset=7, written_at_us=1)
