@@ -38,7 +38,7 @@ from typing import Any
 
 import pyarrow as pa
 
-from engine.writes import build_batches
+from engine.writes import build_batches, raw_data_batch
 from storage import limits
 from storage.clock import ManualClock
 from storage.codecs import decode_column
@@ -82,6 +82,14 @@ def moved_batch(data: pa.Array | pa.ChunkedArray, at_us: int) -> pa.RecordBatch:
     """The wire batch of messages with this data and ``created_at`` = ``at_us``, every
     other column its default: exactly what ``INSERT INTO TOPIC t (data) SELECT ...``
     stages (``build_batches``), computed the same way at commit and at recovery."""
+    if isinstance(data, pa.ChunkedArray):
+        data = data.chunk(0) if data.num_chunks == 1 else data.combine_chunks()
+    if (
+        data.type == pa.binary()
+        and not data.null_count
+        and 0 < len(data) <= limits.BATCH_MESSAGES_MAX
+    ):
+        return raw_data_batch(data, at_us)  # the same batch, built directly
     table = pa.Table.from_arrays([data], names=["data"])
     ((partition, batch),) = build_batches(table, {}, ManualClock(at_us))
     assert partition is None

@@ -25,6 +25,7 @@ from storage.cleaner import apply_retention
 from storage.clock import ManualClock
 from storage.config import FsyncPolicy
 from storage.errors import CorruptSegmentError
+from storage.record_batch import serialize_body
 from tests.sim.faulty_fs import FaultyFileSystem
 
 MOVE = (
@@ -189,6 +190,34 @@ def test_the_derived_batch_is_the_staged_one() -> None:
     ((_, expected),) = build_batches(pa.table({"data": data}), {}, ManualClock(at))
     assert moved_refs.moved_batch(pa.chunked_array([data.slice(0, 1), data.slice(1)]),
                                   at).equals(expected)  # fmt: skip
+
+
+@pytest.mark.parametrize("rows", [1, 2, 100, 1000])
+def test_the_direct_moved_batch_is_build_batches_to_the_byte(
+    rows: int, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """``moved_batch`` builds a move's share directly (``writes.raw_data_batch``): the same
+    values and the same encoded body as ``build_batches`` of the data alone, for one chunk,
+    several chunks, a slice and empty messages; data it does not cover (nulls, text, no
+    rows) still goes through ``build_batches``."""
+    at = 1_790_000_000_123_456
+    whole = pa.array([bytes([i % 251]) * (i % 7) for i in range(rows + 3)], pa.binary())
+    data = whole.slice(3)
+    called = []
+    original = moved_refs.build_batches
+    monkeypatch.setattr(moved_refs, "build_batches",
+                        lambda *a: called.append(1) or original(*a))  # fmt: skip
+    ((_, expected),) = build_batches(pa.table({"data": data}), {}, ManualClock(at))
+    called.clear()
+    chunked = pa.chunked_array([data.slice(0, rows // 2), data.slice(rows // 2)])
+    for given in (data, pa.chunked_array([data]), chunked):
+        built = moved_refs.moved_batch(given, at)
+        assert built.equals(expected)
+        assert serialize_body(built) == serialize_body(expected)
+    assert not called, "the direct path was not taken"
+    with pytest.raises(Exception, match="NULL"):
+        moved_refs.moved_batch(pa.array([b"a", None], pa.binary()), at)
+    assert called
 
 
 @pytest.mark.parametrize("partial", [False, True], ids=["nothing-written-back", "partial"])
