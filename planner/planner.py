@@ -115,13 +115,21 @@ def _relation_names(sql: str) -> tuple[str, ...]:
 
 
 def _query_over_reads(sql: str, reads: tuple[ReadRecords, ...]) -> RunQuery:
+    return _query_over(sql, bool(reads), reads[0].placeholder if len(reads) == 1 else None)
+
+
+@text_cache(SQL_ANALYSIS_CACHE_ENTRIES)
+def _query_over(sql: str, reads: bool, placeholder: str | None) -> RunQuery:
+    """The query of ``sql`` over topic reads (``reads``; ``placeholder``: the one read's
+    relation, if one): a function of these alone, so kept per text (the two ``replace``
+    calls cost more than the cached analyses they combine; RunQuery is immutable)."""
     names = _column_names(sql) if reads else None  # of the text as written, not rewritten
     sql = _text_casts_of_data(sql) if reads else sql
     query = analyse_sql(sql)
     if names is not None:
         query = replace(query, column_names=names)
-    if len(reads) == 1:
-        query = replace(query, projection=_plain_projection(sql, reads[0].placeholder))
+    if placeholder is not None:
+        query = replace(query, projection=_plain_projection(sql, placeholder))
     return query
 
 

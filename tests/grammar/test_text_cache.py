@@ -29,3 +29,35 @@ def test_the_sql_analysis_keeps_no_huge_statement() -> None:
     analyse_sql(f"INSERT INTO t VALUES {values}")
     analyse_sql("SELECT 1")
     assert analyse_sql.cache_info().currsize == 1  # type: ignore[attr-defined]
+
+
+def test_the_query_over_a_topic_read_is_worked_out_once_per_text(monkeypatch) -> None:
+    """A move's ``INSERT INTO TOPIC b SELECT data FROM TOPIC a ...`` planned again (every
+    transaction) takes its query from the cache (``planner._query_over``): no
+    ``dataclasses.replace`` of the analysis, the same immutable query as the first time,
+    equal to the query worked out afresh."""
+    from grammar.parse import parse
+    from planner import planner
+    from planner.catalog import TopicInfo
+
+    class Catalog:
+        def topic(self, name: str) -> TopicInfo | None:
+            if name not in ("a", "b"):
+                return None
+            return TopicInfo(name, f"id-{name}", {}, {"mover": {}}, (0, 1), (0, 1))
+
+        def topic_names(self) -> list[str]:
+            return ["a", "b"]
+
+    (statement,) = parse("INSERT INTO TOPIC b SELECT data FROM TOPIC a "
+                         "WITH (consumer = 'mover', max_messages = 100)")  # fmt: skip
+    planner._query_over.cache_clear()  # type: ignore[attr-defined]
+    first = planner.plan(statement, Catalog())
+    replaced: list[object] = []
+    original = planner.replace
+    monkeypatch.setattr(planner, "replace", lambda *a, **k: replaced.append(a) or original(*a, **k))
+    again = planner.plan(statement, Catalog())
+    assert again == first
+    (query,) = [o for o in again.operations if isinstance(o, planner.RunQuery)]
+    assert any(o is query for o in first.operations)  # the very query, kept
+    assert not [a for a in replaced if isinstance(a[0], planner.RunQuery)]
