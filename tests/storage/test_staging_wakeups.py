@@ -9,6 +9,7 @@ the sync that covers its write, however many appends happen meanwhile.
 
 from __future__ import annotations
 
+import random
 import threading
 import types
 from typing import Any, ClassVar
@@ -129,4 +130,72 @@ def test_the_end_of_a_sync_wakes_only_the_waiters_it_covered_and_one_leader(
     finally:
         for gate in fs.gates:
             gate.set()
+        staging.close()
+
+
+class JitteredFileSystem(FileSystem):
+    """Real files; every ``sync`` of a ``.stage`` file yields the CPU a random number of
+    times first, so that appends, leaders and the syncer interleave differently."""
+
+    def __init__(self, seed: int) -> None:
+        super().__init__()
+        self._random = random.Random(seed)
+        self._lock = threading.Lock()
+
+    def sync(self, fd: int) -> None:
+        with self._lock:
+            spins = self._random.randrange(0, 4)
+        pause = threading.Event()
+        for _ in range(spins):
+            pause.wait(0.0005)
+        super().sync(fd)
+
+
+@pytest.mark.parametrize("plain_writers", [0, 2])
+@pytest.mark.parametrize("seed", range(3))
+def test_every_waiter_returns_durable_under_concurrent_commits_and_plain_writes(
+    tmp_path: Any, seed: int, plain_writers: int
+) -> None:
+    """Eight committers (a record each time, leaders) and, in one variant, two writers
+    without a record (whose bytes the syncer thread syncs, covering records too) append at
+    once: every ``wait_durable`` returns (none is left asleep by the targeted wake-ups:
+    without the syncer, only a leader's wake-up of the next leader keeps them going) and
+    only once its bytes are synced."""
+    fs = JitteredFileSystem(seed)
+    staging = StagingLog(fs, str(tmp_path / "staging"), file_bytes_max=64 * 1024)
+    errors: list[BaseException] = []
+    finished: list[int] = []
+
+    def committer(first: int) -> None:
+        try:
+            for number in range(first, first + 40):
+                ticket = _commit(staging, number, f"t{number}")
+                staging.wait_durable(ticket)
+                with staging._lock:
+                    assert staging._durable.get(ticket.file_number, 0) >= ticket.end
+                finished.append(number)
+        except BaseException as error:  # reported below
+            errors.append(error)
+
+    def plain(first: int) -> None:
+        try:
+            for number in range(first, first + 40):
+                staging.wait_durable(staging.write(number, [build_wire_batch([b"plain"])]))
+                finished.append(number)
+        except BaseException as error:
+            errors.append(error)
+
+    threads = [threading.Thread(target=committer, args=(1000 * (i + 1),)) for i in range(8)]
+    threads += [threading.Thread(target=plain, args=(100_000 * (i + 1),))
+                for i in range(plain_writers)]
+    try:
+        for thread in threads:
+            thread.start()
+        for thread in threads:
+            thread.join(WAIT_S)
+            assert not thread.is_alive(), "a waiter was never woken"
+        assert not errors, errors
+        assert len(finished) == (8 + plain_writers) * 40
+        assert len(staging.file_numbers()) > 1  # files rotated meanwhile
+    finally:
         staging.close()
