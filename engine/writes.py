@@ -218,16 +218,10 @@ def raw_data_batch(data: pa.Array, at_us: int) -> pa.RecordBatch:
     count = len(data)
     assert data.type == pa.binary() and not data.null_count
     assert 0 < count <= limits.BATCH_MESSAGES_MAX
+    seq_no, producer_id, group, metadata = _plain_nulls(count)  # as ``plain_batches``
     now = np.full(count, at_us, dtype=np.int64)
-    columns = [
-        _nulls(count, pa.int64()),
-        _nulls(count, pa.string()),
-        _nulls(count, pa.string()),
-        pa.Array.from_buffers(TIMESTAMP, count, [None, pa.py_buffer(now)]),
-        _raw_codecs(count),
-        data,
-        _nulls(count, METADATA_TYPE),
-    ]
+    stamps = pa.Array.from_buffers(TIMESTAMP, count, [None, pa.py_buffer(now)])
+    columns = [seq_no, producer_id, group, stamps, _raw_codecs(count), data, metadata]
     return pa.RecordBatch.from_arrays(columns, schema=WIRE_SCHEMA)
 
 
