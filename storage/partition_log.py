@@ -65,6 +65,7 @@ from storage.record_batch import (
     FrameEncoder,
     FrameHeader,
     check_wire_batch,
+    framed_body,
 )
 from storage.segment import Frame, LogSegment
 from storage.staged_frames import StagedFrame, publish_header
@@ -661,14 +662,17 @@ class PartitionLog:
         segment = self._segment_for_append(now_us)
         base_offset = segment.next_offset
         written_at_us = max(now_us, self._last_written_at_us)
-        # The frame as buffers: header, IPC metadata and the batch's own buffers (no copy).
-        parts, header = self._frame_encoder.encode(
-            batch,
-            base_offset=base_offset,
-            written_at_us=written_at_us,
-            transaction_id=transaction_id,
-            body=body,
-        )
+        # The frame as buffers: header, IPC metadata and the batch's own buffers (no copy);
+        # an encoded body framed as it is (a spread publish: 1000 shares a statement).
+        if body is not None:
+            parts, header = framed_body(
+                body, batch.num_rows, base_offset, written_at_us, transaction_id
+            )
+        else:
+            parts, header = self._frame_encoder.encode(
+                batch, base_offset=base_offset, written_at_us=written_at_us,
+                transaction_id=transaction_id,
+            )  # fmt: skip
         try:
             segment.append_frame_parts(parts, header)
         except StorageIOError as error:
@@ -700,7 +704,8 @@ class PartitionLog:
         assert self._write_lock.locked() and transaction_id > 0
         base_offset, written_at_us = self._write_frame(batch, transaction_id, body)
         record_share(self.producers, record, base_offset, written_at_us)
-        self._publish(notify=False)
+        segment = self._segments[-1]  # ``_publish`` without a wake-up
+        self._visible = Visible(segment.next_offset, self._segments, segment.size_bytes)
         return base_offset
 
     def notify_readers(self) -> None:

@@ -91,6 +91,9 @@ def test_together_is_the_same_as_one_by_one(
         assert all(log.contains_transaction(100 + s, 0) for s in range(3))
         for key in {f"p{partition}-{k % 3}" for k in range(partition + 2)}:
             assert log.last_seq_no(key) == alone.partition(partition).last_seq_no(key)
+        # each share metered as one by one (the partition's write speed counts its bytes)
+        metered = together.write_speed(partition)
+        assert metered.written_bytes == alone.write_speed(partition).written_bytes > 0
     # a resend of the last statement is wholly duplicate, as one by one
     shares = _shares(2, seq_nos=True) if seq_nos else None
     if shares is not None:
