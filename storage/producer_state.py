@@ -674,12 +674,31 @@ class ShareRecord:
 
 @dataclass(frozen=True, slots=True)
 class SpreadDecision:
-    """``decide_shares``' verdict: no share holds a duplicate. ``batches``: the shares,
-    with seq_nos filled in where the producers left them to us; ``records``: one per
-    share, for ``record_share`` once that share is written."""
+    """``decide_shares``' verdict: no share holds a duplicate. ``records``: one per
+    share, for ``record_share`` once that share is written. ``seq_nos``: the seq_nos the
+    writer numbered, all shares' one after another (share ``i``'s from ``starts[i]``),
+    or None when the producers gave them (every share is written as it came). A share
+    as written (``batch``, ``batches``) is built only when asked for: a spread publish
+    of 1000 shares needs the numbers, not 1000 batches (``storage.spread_publish``)."""
 
-    batches: list[pa.RecordBatch]
+    originals: list[pa.RecordBatch]
     records: list[ShareRecord]
+    seq_nos: np.ndarray | None
+    starts: list[int]
+
+    def batch(self, index: int) -> pa.RecordBatch:
+        """Share ``index`` as written: its seq_nos filled in where the writer numbers them."""
+        original = self.originals[index]
+        if self.seq_nos is None:
+            return original
+        start = self.starts[index]
+        filled = pa.array(self.seq_nos[start : start + original.num_rows], pa.int64())
+        return original.set_column(SEQ_NO_COLUMN, original.schema.field(SEQ_NO_COLUMN), filled)
+
+    @property
+    def batches(self) -> list[pa.RecordBatch]:
+        """Every share as written (``batch``)."""
+        return [self.batch(index) for index in range(len(self.originals))]
 
 
 def decide_shares(
@@ -776,14 +795,8 @@ def decide_shares(
         ShareRecord(group_keys[a:b], largest[a:b], last_rows[a:b], recent[a:b])
         for a, b in itertools.pairwise(share_bounds)
     ]
-    if null_seq_nos:
-        filled = pa.array(seq_nos, pa.int64())
-        field_ = batches[0].schema.field(SEQ_NO_COLUMN)
-        batches = [
-            b.set_column(SEQ_NO_COLUMN, field_, filled.slice(int(start), b.num_rows))
-            for b, start in zip(batches, share_starts.tolist(), strict=True)
-        ]
-    return SpreadDecision(batches, records)
+    numbered = seq_nos if null_seq_nos else None
+    return SpreadDecision(list(batches), records, numbered, share_starts.tolist())
 
 
 def record_share(

@@ -33,7 +33,7 @@ import pyarrow.compute as pc
 from storage import failpoints, limits
 from storage.config import TopicConfig
 from storage.partition_log import PartitionLog
-from storage.producer_state import decide_shares
+from storage.producer_state import SpreadDecision, decide_shares
 from storage.record_batch import WIRE_SCHEMA, serialize_body_buffer
 from storage.wire_columns import refill_seq_nos
 
@@ -73,12 +73,14 @@ def publish_shares(
         decision = decide_shares([log.producers for log in logs], list(batches))
         if decision is None:
             return None
-        final = _frame_bodies(batches, decision.batches, bodies, data_bytes)
-        for log, batch, body, record in zip(
-            logs, decision.batches, final, decision.records, strict=True
+        final = _frame_bodies(decision, bodies, data_bytes)
+        for index, (log, body, record) in enumerate(
+            zip(logs, final, decision.records, strict=True)
         ):
             if bases:  # between two partitions' shares
                 failpoints.hit("publish.mid_spread")
+            # Framed from its body when it has one (the batch gives the row count only).
+            batch = decision.originals[index] if body is not None else decision.batch(index)
             bases.append(log.write_share_locked(batch, transaction_id, body, record))
     finally:
         for lock in taken:
@@ -91,8 +93,7 @@ def publish_shares(
 
 
 def _frame_bodies(
-    originals: Sequence[pa.RecordBatch],
-    decided: Sequence[pa.RecordBatch],
+    decision: SpreadDecision,
     staged: Sequence[pa.Buffer | None],
     data_bytes: Sequence[int],
 ) -> list[pa.Buffer | None]:
@@ -100,15 +101,14 @@ def _frame_bodies(
     staged body. A share the decision numbered (its seq_nos were all null: the writer
     numbers them) differs from its staged body only in that column: a small one gets the
     staged body with the seq_nos filled in (``wire_columns.refill_seq_nos``, the bytes
-    ``serialize_body_buffer`` would give, for all such shares at once); a large one, or
-    any a refill does not take, is serialized if small (as ``FrameEncoder`` would copy
-    it, without its size checks first), else left to the frame encoder (None)."""
+    ``serialize_body_buffer`` would give, for all such shares at once, from the
+    decision's numbers: no batch is built per share); a large one, or any a refill does
+    not take, is serialized if small (as ``FrameEncoder`` would copy it, without its size
+    checks first), else left to the frame encoder (None)."""
     final: list[pa.Buffer | None] = []
     refill: list[int] = []
-    for index, (original, batch, body, size) in enumerate(
-        zip(originals, decided, staged, data_bytes, strict=True)
-    ):
-        if batch is original and body is not None:
+    for index, (body, size) in enumerate(zip(staged, data_bytes, strict=True)):
+        if decision.seq_nos is None and body is not None:
             final.append(body)
             continue
         final.append(None)
@@ -117,15 +117,20 @@ def _frame_bodies(
     if refill:
         given = [staged[i] for i in refill]
         refilled = None
-        try:  # one table of the shares (a column of each share costs ~1 us more)
-            seq_nos = pa.Table.from_batches([decided[i] for i in refill]).column(SEQ_NO_COLUMN)
-        except (pa.ArrowInvalid, TypeError):  # schemas differ: serialize each
-            seq_nos = None
-        if seq_nos is not None and seq_nos.null_count == 0 and all(b is not None for b in given):
-            counts = np.fromiter((decided[i].num_rows for i in refill), np.int64, len(refill))
-            values = seq_nos.to_numpy().astype(np.int64, copy=False)
+        numbers = decision.seq_nos
+        if numbers is not None and all(b is not None for b in given):
+            counts = np.fromiter(
+                (decision.originals[i].num_rows for i in refill), np.int64, len(refill)
+            )
+            if len(refill) == len(staged):  # all of them: the numbers as decided
+                values = numbers
+            else:
+                values = np.concatenate(
+                    [numbers[decision.starts[i] : decision.starts[i] + int(n)]
+                     for i, n in zip(refill, counts.tolist(), strict=True)]
+                )  # fmt: skip
             refilled = refill_seq_nos(given, counts, values)  # type: ignore[arg-type]
-        bodies = refilled or [serialize_body_buffer(decided[i]) for i in refill]
+        bodies = refilled or [serialize_body_buffer(decision.batch(i)) for i in refill]
         for index, body in zip(refill, bodies, strict=True):
             final[index] = body
     return final

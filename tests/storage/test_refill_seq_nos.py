@@ -23,6 +23,7 @@ import pytest
 from storage import spread_publish
 from storage.clock import ManualClock
 from storage.partition_log import PartitionLog
+from storage.producer_state import SpreadDecision
 from storage.record_batch import WIRE_SCHEMA, serialize_body_buffer
 from storage.wire_columns import refill_seq_nos
 from tests.storage.test_spread_publish import PARTITIONS, _topic
@@ -120,6 +121,8 @@ def test_a_spread_publish_writes_refilled_bodies(
             alone.publish_transactional(batch, partition, 100 + statement)
         with monkeypatch.context() as patched:
             patched.setattr(spread_publish, "serialize_body_buffer", _not_serialized)
+            # nor is a numbered batch built per share: the refill takes the decided numbers
+            patched.setattr(SpreadDecision, "batch", _not_built)
             together.publish_transactional_many(shares, 100 + statement)
     for partition in range(PARTITIONS):
         a, b = together.partition(partition), alone.partition(partition)
@@ -132,6 +135,10 @@ def test_a_spread_publish_writes_refilled_bodies(
 
 def _not_serialized(batch: pa.RecordBatch) -> pa.Buffer:
     raise AssertionError("a share was serialized, not refilled")
+
+
+def _not_built(self: SpreadDecision, index: int) -> pa.RecordBatch:
+    raise AssertionError("a numbered batch was built for a share")
 
 
 def _log_bytes(log: PartitionLog) -> bytes:
