@@ -48,13 +48,14 @@ def publish_shares(
     bodies: Sequence[pa.Buffer | None],
     data_bytes: Sequence[int],
     transaction_id: int,
+    table: pa.Table | None = None,
 ) -> list[int] | None:
     """Publish ``batches[i]`` to ``logs[i]`` (distinct partitions, ascending ids), each as
     one frame tagged ``transaction_id``; ``bodies[i]``: its encoded body, reused if the
     batch is written unchanged. Returns each share's base offset: every message was
     written, the share's ``k``-th at base + ``k``. None (nothing written) when the usual
     case does not hold (see the module doc). The batches passed ``checked_data_bytes``,
-    which gave ``data_bytes``."""
+    which gave ``data_bytes`` (and ``table``, all of them as one table: ``checked_shares``)."""
     assert len(logs) == len(batches) == len(bodies) == len(data_bytes) and transaction_id > 0
     assert all(a.partition_id < b.partition_id for a, b in itertools.pairwise(logs))
     messages, target = limits.FRAME_TARGET_MESSAGES, limits.FRAME_TARGET_BYTES
@@ -70,7 +71,7 @@ def publish_shares(
             taken.append(log.write_lock)
         if not all(log.publishable_locked() for log in logs):
             return None
-        decision = decide_shares([log.producers for log in logs], list(batches))
+        decision = decide_shares([log.producers for log in logs], list(batches), table)
         if decision is None:
             return None
         final = _frame_bodies(decision, bodies, data_bytes)
@@ -141,6 +142,15 @@ def checked_data_bytes(batches: Sequence[pa.RecordBatch], config: TopicConfig) -
     ``PartitionLog.check_append`` makes (``check_wire_batch``: the schema, its messages'
     count and sizes, its buffers' size; the topic's codecs), else None (share by share,
     the failing check raises). One pass over all batches' columns together."""
+    checked = checked_shares(batches, config)
+    return None if checked is None else checked[0]
+
+
+def checked_shares(
+    batches: Sequence[pa.RecordBatch], config: TopicConfig
+) -> tuple[list[int], pa.Table] | None:
+    """``checked_data_bytes``, with the table of all batches it read them through
+    (``publish_shares`` decides the producer state over the same table)."""
     if not all(0 < batch.num_rows <= limits.BATCH_MESSAGES_MAX for batch in batches):
         return None
     try:
@@ -163,4 +173,4 @@ def checked_data_bytes(batches: Sequence[pa.RecordBatch], config: TopicConfig) -
     if not set(np.unique(codecs.to_numpy()).tolist()) <= supported:
         return None
     counts = np.fromiter((b.num_rows for b in batches), np.int64, len(batches))
-    return np.add.reduceat(sizes, np.cumsum(counts) - counts).tolist()
+    return np.add.reduceat(sizes, np.cumsum(counts) - counts).tolist(), table

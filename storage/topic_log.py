@@ -70,7 +70,7 @@ from storage.fs import FileSystem
 from storage.group_commit import GroupCommitter, Request
 from storage.partition_log import WRITTEN, AppendResult, PartitionLog, ReadResult
 from storage.record_batch import METADATA_TYPE, WIRE_SCHEMA, check_wire_batch
-from storage.spread_publish import checked_data_bytes, publish_shares
+from storage.spread_publish import checked_shares, publish_shares
 from storage.staged_frames import StagedFrame
 
 METADATA_FILE = "topic.json"
@@ -945,15 +945,15 @@ class TopicLog:
         if len(shares) > 1 and self._spread_publishable(shares):
             logs = [self.partition(partition) for partition, _, _ in shares]
             batches = [batch for _, batch, _ in shares]
-            sizes = checked_data_bytes(batches, self.config)
+            checked = checked_shares(batches, self.config)
             bodies = [body for _, _, body in shares]
             published = (
-                None if sizes is None
-                else publish_shares(logs, batches, bodies, sizes, transaction_id)
+                None if checked is None
+                else publish_shares(logs, batches, bodies, checked[0], transaction_id, checked[1])
             )  # fmt: skip
             if published is not None:
-                assert sizes is not None
-                return self._published_shares(shares, published, sizes)
+                assert checked is not None
+                return self._published_shares(shares, published, checked[0])
         return [
             self.publish_transactional(batch, partition, transaction_id, body)
             for partition, batch, body in shares

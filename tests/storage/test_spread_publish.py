@@ -15,7 +15,7 @@ import numpy as np
 import pyarrow as pa
 import pytest
 
-from storage import failpoints, limits
+from storage import failpoints, limits, spread_publish, topic_log
 from storage.clock import ManualClock
 from storage.codecs import Codec
 from storage.config import FsyncPolicy, TopicConfig
@@ -178,4 +178,33 @@ def test_waiting_readers_are_woken_once(tmp_path: Any, clock: ManualClock) -> No
     condition.notify_all = lambda: (woken.append(1), original())  # type: ignore[method-assign]
     topic.publish_transactional_many(_shares(0, seq_nos=False), 7)
     assert woken == [1]
+    topic.close()
+
+
+
+def test_the_shares_are_read_through_one_table(
+    tmp_path: Any, clock: ManualClock, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The checks and the producer-state decision read the shares through one table of
+    them all, made once per publish (a table of 1000 shares costs ~2 ms)."""
+    topic = _topic(tmp_path, clock, "a")
+    tables: list[Any] = []
+    checked, decide = spread_publish.checked_shares, spread_publish.decide_shares
+
+    def checking(*args: Any) -> Any:
+        result = checked(*args)
+        tables.append(result[1])
+        return result
+
+    def deciding(managers: Any, batches: Any, table: Any = None) -> Any:
+        assert table is not None and table is tables[-1], "a second table of the shares"
+        return decide(managers, batches, table)
+
+    with monkeypatch.context() as patched:
+        patched.setattr(topic_log, "checked_shares", checking)
+        patched.setattr(spread_publish, "decide_shares", deciding)
+        patched.setattr(PartitionLog, "publish_transactional", _refused)
+        for statement, seq_nos in enumerate((False, True)):
+            topic.publish_transactional_many(_shares(5 + statement, seq_nos), 7 + statement)
+    assert len(tables) == 2
     topic.close()
