@@ -92,11 +92,13 @@ def thread_sched() -> tuple[float, float]:
     return int(run) / 1e9, int(wait) / 1e9
 
 
-def process_sched(pids: list[int]) -> tuple[float, float]:
-    """(run, run-queue wait) seconds over every live thread of ``pids``."""
-    run = wait = 0.0
+def process_sched(pids: list[int]) -> dict[int, tuple[float, float]]:
+    """Per pid, (run, run-queue wait) seconds over its live threads (absent: exited)."""
+    found: dict[int, tuple[float, float]] = {}
     for pid in pids:
-        for path in glob.glob(f"/proc/{pid}/task/*/schedstat"):
+        run = wait = 0.0
+        paths = glob.glob(f"/proc/{pid}/task/*/schedstat")
+        for path in paths:
             try:
                 with open(path, encoding="ascii") as file:
                     a, b, _ = file.read().split()
@@ -104,7 +106,19 @@ def process_sched(pids: list[int]) -> tuple[float, float]:
                 continue
             run += int(a) / 1e9
             wait += int(b) / 1e9
-    return run, wait
+        if paths:
+            found[pid] = (run, wait)
+    return found
+
+
+def delta(before: dict[int, Any], after: dict[int, Any], index: int | None = None) -> float:
+    """The growth summed over the pids present in both readings (a process that started or
+    exited in between is left out: its counters would count as a jump or a drop)."""
+    total = 0.0
+    for pid in before.keys() & after.keys():
+        a, b = before[pid], after[pid]
+        total += (b[index] - a[index]) if index is not None else (b - a)
+    return total
 
 
 def postgres_pids() -> list[int]:
@@ -119,17 +133,18 @@ def postgres_pids() -> list[int]:
     return pids
 
 
-def write_bytes(pids: list[int]) -> int:
-    total = 0
+def write_bytes(pids: list[int]) -> dict[int, int]:
+    """Per pid, ``/proc/<pid>/io`` write_bytes (absent: exited)."""
+    found: dict[int, int] = {}
     for pid in pids:
         try:
             with open(f"/proc/{pid}/io", encoding="ascii") as file:
                 for line in file:
                     if line.startswith("write_bytes"):
-                        total += int(line.split()[1])
+                        found[pid] = int(line.split()[1])
         except OSError:
             continue
-    return total
+    return found
 
 
 def file_kind(path: str) -> str:
@@ -292,10 +307,10 @@ class Diagnostics:
             "disk_write_mb": d["write_bytes"] / 1e6, "disk_writes": d["writes"],
             "flushes": d["flushes"], "flush_ms_mean": d["flush_ms"] / max(d["flushes"], 1),
             "discard_mb": d["discard_bytes"] / 1e6,
-            "own_write_mb": (io1 - io0) / 1e6, "pg_write_mb": (pgio1 - pgio0) / 1e6,
+            "own_write_mb": delta(io0, io1) / 1e6, "pg_write_mb": delta(pgio0, pgio1) / 1e6,
             "workers_run_s": worker_run, "workers_queue_s": worker_queue,
-            "own_threads_run_s": own1[0] - own0[0], "own_threads_queue_s": own1[1] - own0[1],
-            "pg_run_s": pgsched1[0] - pgsched0[0], "pg_queue_s": pgsched1[1] - pgsched0[1],
+            "own_threads_run_s": delta(own0, own1, 0), "own_threads_queue_s": delta(own0, own1, 1),
+            "pg_run_s": delta(pgsched0, pgsched1, 0), "pg_queue_s": delta(pgsched0, pgsched1, 1),
         }  # fmt: skip
         if pg0 and pg1:
             syncs = pg1[0] - pg0[0]
