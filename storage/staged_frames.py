@@ -29,8 +29,7 @@ Invariants:
   message alone), holds no producer id and no metadata (``frame_cuts.cuttable``): no
   message of it is ever a duplicate, so a publish writes every frame whole, and a
   partition holding a prefix of a share's frames holds whole frames of it;
-- the file is written as ``*.part`` (its writeback started every 1 MiB, the segments'
-  ``limits.WRITEBACK_INTERVAL_BYTES``), then renamed
+- the file is written as ``*.part`` (its writeback started every 4 MiB), then renamed
   whole by the caller, who makes it durable (fdatasync) before any record names it; its
   CRC-32C (``FrameFileWriter.crc``) is combined from the frames' without a second pass.
 """
