@@ -53,12 +53,8 @@ SEGMENT_MS_DEFAULT = 7 * 24 * 3600 * 1000
 INDEX_INTERVAL_BYTES = 4096
 # The writer asks the kernel to start writing a segment back to disk every this
 # many bytes (``FileSystem.start_writeback``), so sealing a full segment finds
-# little left to sync and no large dirty backlog builds up in front of the next
-# small fdatasync (a commit's). Each hint costs a device kick (~70 us of CPU on this
-# VM): 256 KiB (PostgreSQL's ``checkpoint_flush_after``) cost 11-15 % more CPU per GB
-# for appends of 10-100 messages; 1 MiB gives appends of >= 1 MiB (a bulk move's) a
-# hint each as 256 KiB does, for a quarter of that cost (docs/bulk_commit.md, round 12).
-WRITEBACK_INTERVAL_BYTES = 1024 * 1024
+# little left to sync.
+WRITEBACK_INTERVAL_BYTES = 4 * 1024 * 1024
 
 # -- reads --------------------------------------------------------------------------
 READ_BYTES_MAX = 256 * 1024 * 1024

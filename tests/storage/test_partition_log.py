@@ -570,21 +570,6 @@ def test_writeback_is_started_every_interval_and_does_not_count_as_fsync(
     assert position <= partition.size_bytes
 
 
-def test_writeback_is_paced_by_the_default_interval_not_left_to_build_up(
-    open_partition: OpenPartition, batch: MakeBatch
-) -> None:
-    # Round 12 (docs/bulk_commit.md): a bulk move appends ~1 MiB per transaction and
-    # partition; each such append is handed to writeback at once (the default interval
-    # was 4 MiB: a hint every fourth append, 4 MiB at a time in front of the commits'
-    # small fdatasyncs).
-    hinting = _CountingWriteback()
-    partition = open_partition(file_system=hinting, fsync_policy=FsyncPolicy.NEVER)
-    for first in range(0, 40, 8):
-        partition.append(batch(8, first=first, size_bytes=128 * 1024))  # ~1 MiB frames
-    assert len(hinting.hints) == 5, hinting.hints
-    assert all(1024 * 1024 <= size < 2 * 1024 * 1024 for _, size in hinting.hints)
-
-
 def test_failed_writeback_fences_the_partition_like_a_failed_write(
     open_partition: OpenPartition, batch: MakeBatch, monkeypatch: pytest.MonkeyPatch
 ) -> None:
