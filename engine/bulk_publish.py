@@ -76,6 +76,11 @@ Write = tuple[dict[str, Any], "pa.Table | FramedRows"]
 StageTopic = Callable[[Any, dict[str, Any], pa.Table, bool], None]
 
 
+class PartsRefused(LimitExceededError):
+    """A commit that must go in parts holds writes staged as frames (54000, before its
+    commit point): parts would decode them whole into memory."""
+
+
 def publish(session: Any, sink_id: str, batch_id: int, writes: list[Write],
             stage_topic: StageTopic, now_us: int,
             on_commit_point: Callable[[], None] | None = None,
@@ -115,7 +120,7 @@ def publish(session: Any, sink_id: str, batch_id: int, writes: list[Write],
             # Parts would decode the frames whole into memory (a write of any size) and
             # cut a write that one transaction could publish: refused before the commit
             # point, the writes stay staged.
-            raise LimitExceededError(
+            raise PartsRefused(
                 "this commit must go in parts (a write staged as Arrow is over what one "
                 "transaction may write to a partition), which cannot hold writes staged "
                 "as frames: commit the frames writes apart") from None

@@ -487,16 +487,17 @@ class BulkWrites:
             raise InsufficientPrivilegeError(f"write {write_id} belongs to another user")
         return meta
 
-    def read_write(self, write_id: str) -> pa.Table:
+    def read_write(self, write_id: str, *, frames: bool = True) -> pa.Table:
         """Every whole staged file of the write as one table (memory-mapped, no copy; a
-        frames file decoded, with its ``WIRE_SCHEMA`` columns and ``partition``)."""
+        frames file decoded, with its ``WIRE_SCHEMA`` columns and ``partition``; without
+        ``frames``, the Arrow files alone: the frames go as staged, ``_framed_topics``)."""
         directory = os.path.join(self.root, write_id)
         pieces = []
         for entry in sorted(os.listdir(directory)):
             path = os.path.join(directory, entry)
             if entry.endswith(".arrows"):
                 pieces.append(pa.ipc.open_stream(pa.memory_map(path)).read_all())
-            elif entry.endswith(FRAMES_SUFFIX):
+            elif entry.endswith(FRAMES_SUFFIX) and frames:
                 fs = self.database.store.fs
                 pieces.append(staged_refs.framed_table(fs, staged_refs.index_framed(fs, [path])))
         if not pieces:
@@ -538,8 +539,21 @@ class BulkWrites:
         handed: list[str] = []  # the commit directory, once the committer owns it
         moved: dict[str, str] = {}  # write id -> its directory under the commit directory
         recorded: list[bool] = []  # set once the transaction with our record committed
+        split: list[str] = []  # topics whose frames went beside their Arrow rows
         try:
-            rows = self._publish(session, sink_id, batch_id, metas, moved, handed, recorded)
+            try:
+                rows = self._publish(session, sink_id, batch_id, metas, moved, handed,
+                                     recorded, split)  # fmt: skip
+            except bulk_publish.PartsRefused:
+                # A topic's Arrow rows beside its frames are over what one transaction may
+                # write to a partition: parts (not atomic) cannot hold frames, so such a
+                # commit goes as before this path existed: its frames decoded (bounded:
+                # ``_check_decoded_frames``) and copied with the rows, in parts.
+                if not split or handed or recorded:
+                    raise
+                self._move_back(moved)
+                rows = self._publish(session, sink_id, batch_id, metas, moved, handed,
+                                     recorded, None)  # fmt: skip
         except TopicbaseError:
             if not handed:
                 self._move_back(moved)
@@ -600,7 +614,8 @@ class BulkWrites:
 
     def _publish(self, session: Any, sink_id: str, batch_id: int,
                  metas: dict[str, dict[str, str]], moved: dict[str, str],
-                 handed: list[str], recorded: list[bool]) -> int:  # fmt: skip
+                 handed: list[str], recorded: list[bool],
+                 split: list[str] | None) -> int:  # fmt: skip
         """Publish the writes in one transaction (``engine.bulk_publish``).
 
         Data written once: the topic writes whose rows all name their partition are
@@ -616,23 +631,49 @@ class BulkWrites:
         checkpoint that makes the partitions durable. A crash before the commit point
         leaves a commit directory without a committed record, which ``_settle_commits``
         moves back at the next start.
+
+        A topic whose writes hold frames files and Arrow files (``split``: None turns this
+        off) publishes its frames as staged and its Arrow rows by reference, in the same
+        transaction (``_framed_topics``): a partition that gets both gets one share, its
+        frames followed by its rows (``engine.commit``). ``split`` gets those topics.
         """
+        framed, split_ids = self._framed_topics(metas, split is not None)
+        if split_ids:
+            try:
+                return self._publish_writes_of(session, sink_id, batch_id, metas, moved,
+                                               handed, recorded, framed, split_ids, split)
+            except _NotSplit:
+                framed, split_ids = self._framed_topics(metas, False)
+        return self._publish_writes_of(session, sink_id, batch_id, metas, moved, handed,
+                                       recorded, framed, split_ids, split)  # fmt: skip
+
+    def _publish_writes_of(self, session: Any, sink_id: str, batch_id: int,
+                           metas: dict[str, dict[str, str]], moved: dict[str, str],
+                           handed: list[str], recorded: list[bool],
+                           framed: dict[str, list[str]], split_ids: set[str],
+                           split: list[str] | None) -> int:  # fmt: skip
+        """``_publish`` once the topics staged as frames are known (``framed``; the ids
+        of ``split_ids`` have their Arrow files read apart from their frames); raises
+        ``_NotSplit`` before anything moves when a split topic's Arrow rows cannot be
+        committed by reference."""
         writes: list[bulk_publish.Write] = []
         # The tasks' rows of one topic with one schema go as one write (one batch per
         # partition, published without concatenation); rows of another shape stay apart
         # (a task without a partition column is routed by the topic).
         topics: dict[tuple[str, str], int] = {}
         sources: dict[int, list[str]] = {}  # index in writes -> its write ids
-        framed = self._framed_topics(metas)
         framed_ids = {w for ids in framed.values() for w in ids}
         decoding = _check_decoded_frames(metas, framed_ids, self.root)
         with contextlib.ExitStack() as turn:
             if decoding:  # frames decoded into memory: a turn, as derived batches take
                 turn.enter_context(self._by_reference_turns)
             for write_id, meta in metas.items():
-                if write_id in framed_ids:
+                if write_id in framed_ids and write_id not in split_ids:
                     continue
-                data = self.read_write(write_id)
+                data = (self.read_write(write_id, frames=False) if write_id in split_ids
+                        else self.read_write(write_id))  # fmt: skip
+                if write_id in split_ids and not data.num_rows:
+                    continue  # its Arrow files hold no row: a frames write
                 shape = (meta["name"], data.schema.to_string(show_schema_metadata=False))
                 if meta["kind"] != "topic" or data.num_columns == 0:
                     writes.append((meta, data))
@@ -651,8 +692,16 @@ class BulkWrites:
                       if writes[i][1].num_rows and not staged_refs.by_reference(writes[i][1])}
             eligible = [i for i in sources if staged_refs.by_reference(writes[i][1])
                         and writes[i][0]["name"] not in copied
-                        and all(p.endswith(".arrows") for w in sources[i]
+                        and all(p.endswith(".arrows") or w in split_ids
+                                for w in sources[i]
                                 for p in _staged_files(os.path.join(self.root, w)))]  # fmt: skip
+            split_topics = {metas[w]["name"] for w in split_ids}
+            if any(writes[i][0]["name"] in split_topics for i in sources if i not in eligible):
+                # A split topic's Arrow rows that cannot go by reference (rows routed by
+                # the topic) would be copied beside frames as staged: not this path.
+                raise _NotSplit
+            if split is not None:
+                split.extend(sorted(split_topics))
             if not eligible and not framed:
                 return self._publish_writes(session, sink_id, batch_id, writes, moved, handed,
                                             recorded)  # fmt: skip
@@ -665,24 +714,41 @@ class BulkWrites:
                                               sources, eligible, framed, moved, handed,
                                               recorded)  # fmt: skip
 
-    def _framed_topics(self, metas: dict[str, dict[str, str]]) -> dict[str, list[str]]:
-        """The topics whose every write of this commit was staged as frames, with their
-        write ids: their frames are published as staged (``engine.staged_refs.FramedWrite``)
-        in the commit's one transaction, whatever their size (a framed share is not held
-        to what one transaction may write to a partition: ``engine.commit``
-        ``_check_publishable``). A topic with other writes too has its frames decoded and
-        copied with them (``read_write``), up to a bound (``_check_decoded_frames``)."""
-        others: set[str] = set()
-        framed: dict[str, list[str]] = {}
+    def _framed_topics(self, metas: dict[str, dict[str, str]], split: bool
+                       ) -> tuple[dict[str, list[str]], set[str]]:  # fmt: skip
+        """The topics whose frames files are published as staged
+        (``engine.staged_refs.FramedWrite``) in the commit's one transaction, whatever
+        their size (a framed share is not held to what one transaction may write to a
+        partition: ``engine.commit._check_publishable``), with the ids of their writes
+        holding frames; and the ids of the writes whose Arrow files are read apart.
+
+        A topic whose every write is frames files goes so. With ``split``, so does a topic
+        whose writes also hold Arrow files (another column, or the rest of a stream after
+        a row a frame cannot hold), provided each of its writes' files are frames files
+        first, then Arrow files (the order a write's rows keep: a partition's share is its
+        frames followed by its Arrow rows); all of its writes' ids are then in the second
+        set (``_NotSplit`` if their Arrow rows cannot go by reference). Any other topic
+        with frames has them decoded and copied with its rows (``read_write``), up to a
+        bound (``_check_decoded_frames``)."""
+        kinds: dict[str, dict[str, list[bool]]] = {}  # topic -> write id -> is frames
         for write_id, meta in metas.items():
-            if meta["kind"] != "topic":
-                continue
             files = _staged_files(os.path.join(self.root, write_id))
-            if files and all(p.endswith(FRAMES_SUFFIX) for p in files):
-                framed.setdefault(meta["name"], []).append(write_id)
-            elif files:
-                others.add(meta["name"])
-        return {name: ids for name, ids in framed.items() if name not in others}
+            if meta["kind"] == "topic" and files:
+                kinds.setdefault(meta["name"], {})[write_id] = [
+                    p.endswith(FRAMES_SUFFIX) for p in files]
+        framed: dict[str, list[str]] = {}
+        split_ids: set[str] = set()
+        for name, writes in kinds.items():
+            with_frames = [w for w, found in writes.items() if any(found)]
+            if not with_frames:
+                continue
+            if all(all(found) for found in writes.values()):
+                framed[name] = with_frames
+            elif split and all(found == sorted(found, reverse=True)
+                               for found in writes.values()):  # frames, then Arrow
+                framed[name] = with_frames
+                split_ids.update(writes)
+        return framed, split_ids
 
     def _publish_by_reference(self, session: Any, sink_id: str, batch_id: int,
                               writes: list[bulk_publish.Write],
@@ -701,7 +767,7 @@ class BulkWrites:
         fs = self.database.store.fs
         named: list[list] = []  # every file the record names, synced below
         for ids in framed.values():
-            paths = [p for w in ids for p in _staged_files(moved[w])]
+            paths = [p for w in ids for p in _staged_files(moved[w]) if p.endswith(FRAMES_SUFFIX)]
             entries = [staged_refs.file_entry(self.database.path, p) for p in paths]
             named.extend(entries)
             # The bytes the record will name, checked before the commit point: a file
@@ -714,7 +780,8 @@ class BulkWrites:
         for index in eligible:
             meta, _ = writes[index]
             files = [staged_refs.file_entry(self.database.path, path)
-                     for w in sources[index] for path in _staged_files(moved[w])]
+                     for w in sources[index] for path in _staged_files(moved[w])
+                     if path.endswith(".arrows")]  # a split write's frames: above
             meta = {**meta, "files": files, "dirs": [relative]}
             # Read back from the moved files: the rows the record names.
             writes[index] = (meta, staged_refs.read_files(self.database.path, files,
@@ -853,6 +920,11 @@ def for_database(database: Any, **settings: Any) -> BulkWrites:
             for key, value in settings.items():
                 setattr(writes, key, value)
         return writes
+
+
+class _NotSplit(Exception):
+    """A topic's Arrow rows cannot be committed beside its frames as staged (rows routed
+    by the topic): ``_publish`` goes on with its frames decoded."""
 
 
 def _check_target(session: Any, kind: str, name: str) -> None:

@@ -230,20 +230,28 @@ def _route_once(database, writes) -> list[PublishItem]:
             grouped.setdefault((write.topic_id, int(partition)), []).append(
                 write.batch.take(pa.array(rows))
             )
+    mixed: dict[tuple[str, int], list] = {}  # frames followed by rows by reference
     for key, framed_writes in framed.items():
-        if key in grouped:  # mixed with rows of another kind (not a bulk commit's): decoded
+        if key in grouped and _references_of(references.get(key, []), grouped[key]):
+            mixed[key] = framed_writes  # a bulk commit's frames and Arrow rows: one share
+        elif key in grouped:  # mixed with rows of another kind (not a bulk commit's): decoded
             grouped[key].extend(write.batch for write in framed_writes)
             references.pop(key, None)
-    items = [
-        PublishItem(
-            topic_id,
-            partition,
-            batches[0] if len(batches) == 1 else pa.concat_batches(batches),
-            references=_references_of(references.get((topic_id, partition), []), batches),
-            moved=_moved_of(moved.get((topic_id, partition), []), batches),
-        )
-        for (topic_id, partition), batches in grouped.items()
-    ]
+    items = []
+    for (topic_id, partition), batches in grouped.items():
+        batch = batches[0] if len(batches) == 1 else pa.concat_batches(batches)
+        framed_writes = mixed.get((topic_id, partition))
+        if framed_writes is None:
+            items.append(PublishItem(
+                topic_id, partition, batch,
+                references=_references_of(references.get((topic_id, partition), []), batches),
+                moved=_moved_of(moved.get((topic_id, partition), []), batches)))
+        else:  # its frames, then its rows: the references in that order (``recover``)
+            items.append(PublishItem(
+                topic_id, partition, batch,
+                references=(*(write.reference for write in framed_writes),
+                            *references[(topic_id, partition)]),
+                frames=tuple(frame for write in framed_writes for frame in write.frames)))
     items.extend(
         PublishItem(topic_id, partition, None,
                     references=tuple(write.reference for write in found),
@@ -252,6 +260,20 @@ def _route_once(database, writes) -> list[PublishItem]:
         if (topic_id, partition) not in grouped
     )  # fmt: skip
     return items
+
+
+def framed_rest(frames: list[StagedFrame], batch: pa.RecordBatch | None, present: int
+                ) -> tuple[list[StagedFrame], pa.RecordBatch | None]:  # fmt: skip
+    """What a partition lacks of a share staged as ``frames`` followed by ``batch`` (rows
+    by reference, or None), given the ``present`` rows of the transaction it holds: the
+    frames are published first, whole (``skip_rows``), then the batch, cut into frames
+    if ``cuttable`` (a crash keeps a prefix of them), else one frame there whole or not."""
+    framed = sum(frame.record_count for frame in frames)
+    if batch is None or present <= framed:
+        return skip_rows(frames, present), batch
+    if not cuttable(batch):
+        return [], batch.slice(batch.num_rows)  # there (duplicates may have dropped rows)
+    return [], batch.slice(min(present - framed, batch.num_rows))
 
 
 def _check_partition(database, topic_id: str, partition: int) -> None:
@@ -283,8 +305,10 @@ def _check_publishable(database, item: PublishItem) -> None:
     them when staged, it is on disk already (bounded by the bulk staging cap, charged to
     it until the checkpoint deletes the files: ``BulkWrites._hold``), and every path
     that publishes it goes frame by frame (``PartitionLog.publish_staged``, a split
-    partition's ``TopicLog.publish_staged``, recovery): nothing holds the share whole."""
-    if item.frames is not None:
+    partition's ``TopicLog.publish_staged``, recovery): nothing holds the share whole. A
+    share of frames followed by rows (a bulk commit's topic with both) holds its rows to
+    them."""
+    if item.frames is not None and item.batch is None:
         return
     try:
         check_wire_batch(item.batch)
@@ -738,12 +762,12 @@ class Committer:
         except UndefinedTopicError:
             return None
         if item.frames is not None:  # staged as frames: copied as they are
-            frames = list(item.frames)
-            if check:  # a partition holds whole frames of the share: skip them
+            frames, batch = list(item.frames), item.batch
+            if check:  # a partition holds whole frames of the share, then its rows: skip
                 since = transaction_id - CLOCK_SLACK_US
                 present = topic.partition(item.partition).transaction_rows(transaction_id, since)
-                frames = skip_rows(frames, present)
-            topic.publish_staged(frames, item.partition, transaction_id)
+                frames, batch = framed_rest(frames, batch, present)
+            topic.publish_staged(frames, item.partition, transaction_id, batch)
             return None
         if check:
             since = transaction_id - CLOCK_SLACK_US  # ids are commit-time microseconds
@@ -1041,14 +1065,19 @@ class Committer:
                 if found is None:
                     found = present[(topic_id, partition)] = log_.transaction_rows_since(earliest)
                 if references is not None and "frames" in references[0]:
-                    # Staged as frames: the ones the partition lacks (whole frames of the share).
+                    # Staged as frames (then rows by reference, if any): what the partition
+                    # lacks (whole frames of the share, then the rows' tail).
                     frames = staged_refs.framed_reference_frames(
-                        self._database.path, self._database.store.fs, references, checked)
-                    frames = skip_rows(frames, found.get(transaction_id, 0))
-                    if frames:
-                        topic.publish_staged(frames, partition, transaction_id)
+                        self._database.path, self._database.store.fs,
+                        [r for r in references if "frames" in r], checked)  # fmt: skip
+                    rows = [r for r in references if "frames" not in r]
+                    batch = derivation.derive_all(rows) if rows else None
+                    frames, batch = framed_rest(frames, batch, found.get(transaction_id, 0))
+                    if frames or (batch is not None and batch.num_rows):
+                        topic.publish_staged(frames, partition, transaction_id, batch)
                         found[transaction_id] = found.get(transaction_id, 0) + sum(
-                            frame.record_count for frame in frames)
+                            frame.record_count for frame in frames) + (
+                            0 if batch is None else batch.num_rows)  # fmt: skip
                         republished += 1
                         failpoints.hit("recovery.after_republish")
                     targets.append((topic_id, partition))

@@ -883,29 +883,38 @@ class TopicLog:
         if speed.above_for(threshold, auto.window_seconds, now_us):
             self.split(partition_id)
 
-    def publish_staged(self, frames: list[StagedFrame], partition: int,
-                       transaction_id: int) -> None:  # fmt: skip
+    def publish_staged(self, frames: list[StagedFrame], partition: int, transaction_id: int,
+                       then: pa.RecordBatch | None = None) -> None:  # fmt: skip
         """Publish a committed share staged as frames (``storage.staged_frames``) to
         ``partition`` (``PartitionLog.publish_staged``: no re-encoding, the bodies copied
-        in the kernel). A partition that split since sends the share to its descendants
-        as ``publish_transactional`` would (``_publish_staged_to_lineage``), also frame by
+        in the kernel), then ``then``, the share's rows that are not frames (a bulk
+        commit's topic staged both ways: ``engine.commit``), as ``publish_transactional``.
+        A partition that split since sends the share to its descendants as
+        ``publish_transactional`` would (``_publish_staged_to_lineage``), also frame by
         frame: a share of any size (a framed share is not held to one transaction's
-        per-partition limits) is never decoded whole."""
-        if not frames:
-            return
-        size = sum(frame.body_bytes for frame in frames)
-        if self._info[partition].active:
-            try:
-                self.partition(partition).publish_staged(frames, transaction_id)
-            except PartitionInactiveError:
-                pass  # split since the check: to the lineage, below
-            else:
-                self._after_write(partition, size)
+        per-partition limits) is never decoded whole. The frames are all published (here
+        or below) before any row of ``then``: the lineage's counts rely on it."""
+        if frames:
+            size = sum(frame.body_bytes for frame in frames)
+            published = False
+            if self._info[partition].active:
+                try:
+                    self.partition(partition).publish_staged(frames, transaction_id)
+                except PartitionInactiveError:
+                    pass  # split since the check: to the lineage, below
+                else:
+                    self._after_write(partition, size)
+                    published = True
+            if not published:
+                self._publish_staged_to_lineage(partition, frames, transaction_id, then)
                 return
-        self._publish_staged_to_lineage(partition, frames, transaction_id)
+        if then is not None and then.num_rows:
+            failpoints.hit("publish.frames_then_rows")
+            self.publish_transactional(then, partition, transaction_id)
 
     def _publish_staged_to_lineage(self, partition_id: int, frames: list[StagedFrame],
-                                   transaction_id: int) -> None:  # fmt: skip
+                                   transaction_id: int,
+                                   then: pa.RecordBatch | None = None) -> None:  # fmt: skip
         """``_publish_to_lineage`` of a framed share: no message of a frame has a key
         (no producer id, no message group), so all of them go to the one descendant
         keyless messages go to (``_descendant_for(partition_id, None)``), copied as
@@ -913,15 +922,21 @@ class TopicLog:
         below ``partition_id`` (``_keyless_chain``: a publish there, cut short or whole,
         before that descendant split in turn) are a prefix of whole frames of the
         share, skipped (``staged_frames.skip_rows``); only the rest goes to the chain's
-        active end."""
+        active end. ``then`` (the share's rows after its frames) follows, to their keys'
+        descendants, counted after the frames (``_publish_to_lineage``'s ``framed``):
+        since every frame was published before any of those rows, each partition of the
+        keyless chain holds the frames routed through it first."""
         since = (self._info[partition_id].split_at_us or 0) - 60 * 1_000_000
+        framed = sum(frame.record_count for frame in frames)
         while True:
             with self._lock:
                 chain = self._keyless_chain(partition_id)
             target = chain[-1]
             log = self._partitions[target]
-            present = sum(self._partitions[p].transaction_rows(transaction_id, since)
-                          for p in chain)  # fmt: skip
+            present = 0
+            for node in chain:  # the frames first in each (see above)
+                present += min(framed - present,
+                               self._partitions[node].transaction_rows(transaction_id, since))
             rest = staged_frames.skip_rows(frames, present)
             if rest:
                 try:
@@ -931,7 +946,10 @@ class TopicLog:
                 self._after_write(target, sum(frame.body_bytes for frame in rest))
             with self._lock:  # recorded once the share is in ``target`` (see above)
                 self._redirected.setdefault(partition_id, set()).add(target)
-            return
+            break
+        if then is not None and then.num_rows:
+            failpoints.hit("publish.frames_then_rows")
+            self._publish_to_lineage(partition_id, then, transaction_id, framed)
 
     def publish_transactional_many(
         self,
@@ -1059,7 +1077,7 @@ class TopicLog:
         return _topic_result(pieces, batch.num_rows)
 
     def _publish_to_lineage(
-        self, partition_id: int, batch: pa.RecordBatch, transaction_id: int
+        self, partition_id: int, batch: pa.RecordBatch, transaction_id: int, framed: int = 0
     ) -> list[tuple[np.ndarray, AppendResult]]:
         """Publish ``batch`` of a transaction to the active descendants of an inactive
         partition by key hash; messages without a key go to the lowest range's.
@@ -1068,16 +1086,18 @@ class TopicLog:
         chain below ``partition_id`` (a publish cut short, or whole, then retried or
         recovered, also after the descendant it went to split in turn) are not published
         again (``_held_rows``). Routing is deterministic, so each descendant's share is
-        the same every time.
+        the same every time. ``framed``: the batch follows that many messages of its
+        share staged as frames, all published before it along the keyless chain
+        (``_publish_staged_to_lineage``), which the counts take first.
         """
         keys = pc.coalesce(batch.column(1), batch.column(2)).to_pylist()
         with self._lock:
-            known: dict[str | None, list[int]] = {}
+            known: dict[str | None, list[int]] = {None: self._keyless_chain(partition_id)}
             chains = [known.get(key) or known.setdefault(key, self._chain_for(partition_id, key))
                       for key in keys]  # fmt: skip
         targets = np.array([chain[-1] for chain in chains], dtype=np.int64)
         since = (self._info[partition_id].split_at_us or 0) - 60 * 1_000_000
-        held = self._held_rows(batch, chains, transaction_id, since)
+        held = self._held_rows(batch, chains, transaction_id, since, framed, known[None])
         results = []
         for target in np.unique(targets):
             rows = np.flatnonzero((targets == target) & ~held)
@@ -1096,14 +1116,27 @@ class TopicLog:
         return results
 
     def _held_rows(self, batch: pa.RecordBatch, chains: list[list[int]], transaction_id: int,
-                   since_us: int) -> np.ndarray:  # fmt: skip
+                   since_us: int, framed: int = 0,
+                   keyless: list[int] | None = None) -> np.ndarray:  # fmt: skip
         """Which messages of ``batch`` (each routed along its chain) the lineage holds
         already. A publish to a descendant wrote, in order, the messages routed through it
         that its ancestors in the chain did not hold, and a crash keeps a prefix of them
         (``published_prefix``); so, ancestors first, each partition holds the first of
         the messages routed through it not held above it: as many as its frames of the
-        transaction count (all or none for a share that is not ``cuttable``)."""
+        transaction count (all or none for a share that is not ``cuttable``). ``framed``
+        messages of the share staged as frames came before ``batch`` along the
+        ``keyless`` chain: each partition of it counts those routed through it first."""
         held = np.zeros(batch.num_rows, dtype=bool)
+        framed_at: dict[int, int] = {}  # the frames' messages each partition holds
+        if framed:
+            assert keyless is not None
+            left = framed
+            for node in keyless:  # frames first in each partition of their chain
+                count = self._partitions[node].transaction_rows(transaction_id, since_us)
+                framed_at[node] = min(left, count)
+                left -= framed_at[node]
+            if left:  # the frames are published whole before the batch: none of it yet
+                return held
         # rows a cuttable share may not hold (``frame_cuts.cuttable``): such a share is one
         # frame, there whole or not at all
         uncut = (batch.column(PRODUCER_COLUMN).is_valid().to_numpy(zero_copy_only=False)
@@ -1116,7 +1149,11 @@ class TopicLog:
                 if not len(rows):
                     continue
                 log = self._partitions[int(node)]
-                if uncut[rows].any():
+                if framed_at.get(int(node)):  # less the frames' messages there (above)
+                    count = log.transaction_rows(transaction_id, since_us) - framed_at[int(node)]
+                    count = (len(rows) if count else 0) if uncut[rows].any() else min(
+                        len(rows), count)  # fmt: skip
+                elif uncut[rows].any():
                     count = len(rows) if log.contains_transaction(transaction_id, since_us) else 0
                 else:
                     count = min(len(rows), log.transaction_rows(transaction_id, since_us))

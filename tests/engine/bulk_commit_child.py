@@ -13,7 +13,10 @@ a clean run prints ``done <status>`` and exits 0. ``BULK_FRAME_MESSAGES`` lowers
 frames (``storage.frame_cuts``). Topic rows are staged as frames (``storage.staged_frames``)
 unless ``BULK_STAGE_FORMAT=arrows``, which adds a codec column ("raw": a column frames
 cannot hold, ``engine.staged_refs.framed_batch``): the rows are then staged as they came and
-committed by reference to those files. ``BULK_BATCH_MESSAGES`` lowers
+committed by reference to those files; ``BULK_STAGE_FORMAT=mixed`` stages each write's
+first file as frames and its second with the codec column (a write holding a frames file
+then an Arrow file: the commit publishes each partition's frames, then its Arrow rows by
+reference, as one share of one transaction). ``BULK_BATCH_MESSAGES`` lowers
 ``limits.BATCH_MESSAGES_MAX`` (what one transaction may write to a partition) below a
 partition's share; ``BULK_SPLIT_BEFORE_PUBLISH`` splits partition 0 between the commit's
 routing and its publish.
@@ -72,12 +75,15 @@ def stage(database: Database) -> None:
             columns = {
                 "data": pa.array([message(i) for i in indexes], pa.binary()),
                 "partition": pa.array([i % PARTITIONS for i in indexes], pa.int32())}
-            if os.environ.get("BULK_STAGE_FORMAT") == "arrows":
+            stage_format = os.environ.get("BULK_STAGE_FORMAT")
+            framed = pa.record_batch(dict(columns))
+            if stage_format in ("arrows", "mixed"):
                 columns["codec"] = pa.array(["raw"] * len(indexes))
             batch = pa.record_batch(columns)
+            first = framed if stage_format == "mixed" else batch
             bulk.start(session, f"w{number}", "topic", "t")
             half = per_write // 2  # two files per write
-            bulk.append(session, f"w{number}", [batch.slice(0, half)], batch.schema)
+            bulk.append(session, f"w{number}", [first.slice(0, half)], first.schema)
             bulk.append(session, f"w{number}", [batch.slice(half)], batch.schema)
         rows = pa.record_batch({"k": ["a"], "n": pa.array([1], pa.int64())})
         bulk.start(session, TABLE_WRITE, "table", "totals")

@@ -47,7 +47,9 @@ import bulk_commit_child as child  # noqa: E402
 CRASHED = 137
 
 
-FORMATS = ("frames", "arrows")  # how the child stages its topic rows (``bulk_commit_child``)
+# how the child stages its topic rows (``bulk_commit_child``): "mixed" is each write's
+# first half as frames, its second as Arrow (each partition's share: frames, then rows)
+FORMATS = ("frames", "arrows", "mixed")
 
 
 def _run(data: Path, action: str, failpoints: str = "", timeout: float = 300,
@@ -273,6 +275,97 @@ def test_a_publish_crashed_between_the_frames_of_a_share_is_finished_by_recovery
     assert _check_and_retry(data) == "all"
 
 
+def _share_frames(data: Path) -> list[list[int]]:
+    """Each partition's frames' message counts (its share's frames, then its rows')."""
+    database = Database.open(str(data), retention_interval_s=None)
+    try:
+        topic = database.topic_log(database.catalog.entry("t").topic_id)
+        return [[f.header.record_count for s in topic.partition(p).segments
+                 for f in s.scan(0, s.size_bytes, 1 << 20)]
+                for p in topic.partition_ids()]  # fmt: skip
+    finally:
+        database.close()
+
+
+@pytest.mark.parametrize(("failpoint", "outcome"), [
+    ("bulk.before_commit", "nothing"),
+    ("commit.after_commit_point", "all"),
+    ("publish.mid_share=crash@3", "all"),
+    ("segment.torn_write=crash@3", "all"),
+    ("publish.frames_then_rows=crash@2", "all"),
+    ("commit.mid_publish", "all"),
+])  # fmt: skip
+def test_a_commit_of_frames_and_arrow_rows_of_one_partition_is_one_transaction(
+        tmp_path: Path, failpoint: str, outcome: str) -> None:  # fmt: skip
+    """Each write holds a frames file then an Arrow file (the JVM writer's task that met
+    a row a frame cannot hold): each partition's share is its frames (4 of 62-63
+    messages, copied as staged) followed by its Arrow rows (~250, by reference), one share
+    of ONE transaction (not decoded, not in parts, the share over one transaction's
+    per-partition limit: 300 here). Killed at each step (inside the frames, a frame torn,
+    between the frames and the rows of the second share), recovery publishes what each
+    partition lacks, once; a retry is a duplicate."""
+    data = tmp_path / "data"
+    assert _run(data, "stage", stage_format="mixed", batch_messages=300) == 0
+    failpoint = failpoint if "=" in failpoint else f"{failpoint}=crash"
+    assert _run(data, "commit", failpoint, stage_format="mixed",
+                batch_messages=300) == CRASHED  # fmt: skip
+    assert _check_and_retry(data) == outcome
+    if outcome == "all":
+        # the 4 frames files' frames as staged (62 or 63 messages each), then the rows
+        # in one frame: nothing decoded and re-cut
+        for counts in _share_frames(data):
+            assert len(counts) == 5 and set(counts[:4]) <= {62, 63}, counts
+            assert sum(counts) == child.ROWS // child.PARTITIONS, counts
+    database = Database.open(str(data), retention_interval_s=None)
+    try:
+        cursor = database.root.cursor()
+        try:
+            parts = cursor.execute(f"SELECT count(*) FROM {bulk_publish.PARTS_TABLE}").fetchall()
+        finally:
+            cursor.close()
+        assert parts == [(0,)]  # no commit in parts
+    finally:
+        database.close()
+
+
+@pytest.mark.parametrize("failpoint", ["publish.mid_share=crash@2",
+                                       "publish.frames_then_rows=crash",
+                                       "split.mid_redirect=crash"])
+def test_frames_and_rows_of_a_split_partition_killed_are_finished_once(
+        tmp_path: Path, failpoint: str) -> None:  # fmt: skip
+    """Mixed writes; partition 0 splits after the commit routed its share (frames, then
+    Arrow rows) there: the frames go to the child keyless messages go to, then the rows
+    by key; killed between two frames, between the frames and the rows, or between two
+    children's rows, recovery counts the frames first along the keyless chain and
+    publishes what is missing once; a retry is a duplicate."""
+    data = tmp_path / "data"
+    environment = {k: v for k, v in os.environ.items() if k != "TOPICBASE_FAILPOINTS"}
+    environment.update(BULK_SPLIT_BEFORE_PUBLISH="1", BULK_STAGE_FORMAT="mixed")
+    for action, more, code in (("stage", {}, 0),
+                               ("commit", {"TOPICBASE_FAILPOINTS": failpoint}, CRASHED)):
+        done = subprocess.run([sys.executable, str(CHILD), str(data), action],
+                              env={**environment, **more}, capture_output=True, text=True,
+                              timeout=300)  # fmt: skip
+        assert done.returncode == code, done.stderr
+    database = Database.open(str(data), retention_interval_s=None)
+    try:
+        topic = database.topic_log(database.catalog.entry("t").topic_id)
+        assert not topic.partition_info(0).active
+        found = sorted(m for m in _published(database).values() for m in m)
+        assert found == sorted(m for m in child.expected().values() for m in m)
+        assert topic.partition(0).end_offset == 0
+        session = database.connect()
+        try:
+            outcome = bulk_write.for_database(database).commit(
+                session, child.SINK, child.BATCH, child.write_ids())
+        finally:
+            session.close()
+        assert outcome["status"] == "duplicate"
+        assert sorted(m for m in _published(database).values() for m in m) == found
+    finally:
+        database.close()
+
+
 @pytest.mark.parametrize("stage_format", FORMATS)
 def test_recovery_killed_while_it_republishes_finishes_at_the_next_open(
         tmp_path: Path, stage_format: str) -> None:  # fmt: skip
@@ -293,7 +386,8 @@ def test_a_damaged_file_of_a_committed_batch_stops_recovery(
                 stage_format=stage_format) == CRASHED  # fmt: skip
     commits = data / bulk_write.COMMITS_DIRECTORY
     (directory,) = list(commits.iterdir())
-    victim = sorted(directory.glob(f"w0/*.{stage_format}"))[0]
+    suffix = "frames" if stage_format == "mixed" else stage_format
+    victim = sorted(directory.glob(f"w0/*.{suffix}"))[0]
     with open(victim, "r+b") as handle:
         handle.truncate(victim.stat().st_size - 8)  # a torn tail
     with pytest.raises(CorruptSegmentError):
