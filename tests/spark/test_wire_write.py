@@ -364,3 +364,40 @@ def test_write_frames_false_sends_one_arrow_stream(spark, database, url, wire,
     frame.writeTo(f"{tb}.main.events").option("writeFrames", "false").append()
     assert copy_formats == ["arrow"]
     assert sql_rows(database, "SELECT count(*) AS n FROM TOPIC events") == [{"n": 10}]
+
+
+def test_a_write_mixing_frames_and_arrow_rows_commits_them_in_one_transaction_undecoded(
+        spark, database, url, wire, copy_formats, monkeypatch) -> None:  # fmt: skip
+    """Review R1-5's fix, through Spark: each of two tasks sends its rows as frames until
+    one a frame cannot hold (a producer id from the 300th row of the job on), then the
+    rest as Arrow rows under the same write id. The commit publishes each partition's
+    frames as staged, then its Arrow rows, in one transaction: nothing decoded, so no
+    bound applies (lowered here to 1 byte: before, such a write over the bound, 256 MiB of
+    frames by default, failed with 54000 and a retry failed the same way)."""
+    from storage import limits, staged_frames
+
+    _create(database, partitions=2)
+    tb = _catalog(spark, url, wire)
+
+    def refused(*args, **kwargs):
+        raise AssertionError("frames were decoded")
+
+    monkeypatch.setattr(limits, "TRANSACTION_STAGED_BYTES_MAX", 1)
+    monkeypatch.setattr(staged_refs, "framed_table", refused)
+    monkeypatch.setattr(staged_frames, "decode", refused)
+    frame = spark.range(0, 400, numPartitions=2).selectExpr(
+        "CAST(CONCAT('n', id) AS BINARY) AS data", "CAST(id % 2 AS INT) AS partition",
+        "id AS seq_no", "CASE WHEN id % 200 >= 150 THEN 'p' END AS producer_id")  # fmt: skip
+    frame.writeTo(f"{tb}.main.events").option("sinkId", "mixed-1").option(
+        "batchId", "1").append()
+    assert sorted(copy_formats) == ["arrow", "arrow", "frames", "frames"]
+    rows = sql_rows(database, 'SELECT partition, seq_no, producer_id FROM TOPIC events '
+                    'ORDER BY partition, "offset"')  # fmt: skip
+    assert sorted(r["seq_no"] for r in rows) == list(range(400))
+    for partition in range(2):  # each task's rows in its order within a partition
+        mine = [r["seq_no"] for r in rows if r["partition"] == partition]
+        for task in (range(0, 200), range(200, 400)):
+            assert [s for s in mine if s in task] == [s for s in task if s % 2 == partition]
+    assert sorted(r["seq_no"] for r in rows if r["producer_id"] == "p") == [
+        s for s in range(400) if s % 200 >= 150]
+    assert _staged(database) == []
