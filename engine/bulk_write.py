@@ -951,11 +951,12 @@ def _check_decoded_frames(metas: dict[str, dict[str, str]], framed_ids: set[str]
     """Refuse (54000), before anything moves or is read, a commit that would decode more
     than ``TRANSACTION_STAGED_BYTES_MAX`` of frames into memory.
 
-    The frames files of a topic whose writes in this commit are not all frames (a write
-    staged as Arrow beside them: a column frames cannot hold; or the JVM writer's task
-    that met a row a frame cannot hold and staged the rest of its rows as Arrow under the
-    same write id) are decoded whole by ``read_write`` and copied with the Arrow rows.
-    Unbounded, that would read up to the bulk staging cap into memory (review R1-5). The
+    A topic whose writes mix frames files with Arrow files publishes its frames as staged
+    beside its Arrow rows (``_framed_topics``), except when those rows are routed by the
+    topic (no partition), over what one transaction may write to a partition, or when a
+    write holds a frames file after an Arrow file: then the frames files are decoded
+    whole by ``read_write`` and copied with the Arrow rows. Unbounded, that would read up
+    to the bulk staging cap into memory (review R1-5). The
     bound is what one transaction may read back into memory at its COMMIT; the files'
     sizes (headers included) bound their bodies, so nothing is read to check it. The
     writes stay staged: the client commits the frames writes apart from the topic's
@@ -972,10 +973,10 @@ def _check_decoded_frames(metas: dict[str, dict[str, str]], framed_ids: set[str]
         raise LimitExceededError(
             f"this commit would decode {total} bytes of rows staged as frames into memory "
             f"(at most {limits.TRANSACTION_STAGED_BYTES_MAX}): a topic's writes mix rows "
-            "staged as frames with rows staged as Arrow; commit the frames writes apart "
-            "from that topic's Arrow writes, or in smaller writes (a Spark write whose "
-            "tasks met a row a frame cannot hold: the option writeFrames=false stages "
-            "every row as Arrow)")
+            "staged as frames with rows staged as Arrow that cannot go beside them (rows "
+            "without a partition, or over what one transaction may write to a partition); "
+            "commit the frames writes apart from that topic's Arrow writes, or in smaller "
+            "writes (a Spark write: the option writeFrames=false stages every row as Arrow)")
     return total
 
 
