@@ -394,11 +394,13 @@ def test_a_damaged_file_of_a_committed_batch_stops_recovery(
         Database.open(str(data), retention_interval_s=None)
 
 
-def test_sigkill_at_random_moments_of_a_commit(tmp_path: Path) -> None:
+@pytest.mark.parametrize("stage_format", ["frames", "mixed"])
+def test_sigkill_at_random_moments_of_a_commit(tmp_path: Path, stage_format: str) -> None:
     """SIGKILL anywhere in stage, commit, publish and checkpoint: all or nothing, once."""
     seed = int(os.environ.get("BULK_CRASH_SEED") or random.SystemRandom().randrange(2**32))
     chooser = random.Random(seed)
     environment = {k: v for k, v in os.environ.items() if k != "TOPICBASE_FAILPOINTS"}
+    environment["BULK_STAGE_FORMAT"] = stage_format
     for round_ in range(4):
         data = tmp_path / f"data{round_}"
         proc = subprocess.Popen([sys.executable, str(CHILD), str(data), "stage-and-commit"],
