@@ -1027,6 +1027,12 @@ class Session:
             rows = [tuple(_bind(v, parameters) for v in row) for row in operation.rows]
             columns = operation.columns or ("data",)
             if not operation.options:  # plain messages need no Arrow table (writes.py)
+                if not self.transaction.explicit and not operation.returning:
+                    # with other sessions' while the topic is busy (spread_append)
+                    written = spread_append.append_plain(
+                        self.database, operation.topic_id, columns, rows)  # fmt: skip
+                    if written is not None:
+                        return Result(f"INSERT 0 {written}")
                 batches = plain_batches(columns, rows, self.database.clock)
             if batches is None:
                 source = table_from_rows(columns, rows)

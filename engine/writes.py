@@ -100,17 +100,34 @@ def plain_batches(
     """
     if tuple(columns) != ("data",) or not rows:
         return None
-    data = _plain_data(rows)
+    values = plain_values(rows)
+    if values is None:
+        return None
+    data = _binary_array(values)
     if data is None:
         return None
-    count = len(data)
+    count = len(values)
     if count > limits.BATCH_MESSAGES_MAX:
         raise LimitExceededError(
             f"{count} messages in one statement exceed the limit of {limits.BATCH_MESSAGES_MAX}"
         )
+    return [(None, _plain_batch(data, clock))]
+
+
+def plain_batch(values: Sequence[bytes], clock: Clock) -> pa.RecordBatch | None:
+    """The wire batch of the plain messages ``values`` (bytes each, at least one: what
+    ``plain_values`` gives), as ``plain_batches`` builds it; None if their data is over
+    ``PLAIN_DATA_BYTES_MAX`` (the general way handles it). No limit is checked here."""
+    assert values, "a batch of plain messages holds at least one"
+    data = _binary_array(values)
+    return None if data is None else _plain_batch(data, clock)
+
+
+def _plain_batch(data: pa.Array, clock: Clock) -> pa.RecordBatch:
+    count = len(data)
     seq_no, producer_id, group, metadata = _plain_nulls(count)
     columns_ = [seq_no, producer_id, group, _now(count, clock), _raw_codecs(count), data, metadata]
-    return [(None, pa.RecordBatch.from_arrays(columns_, schema=WIRE_SCHEMA))]
+    return pa.RecordBatch.from_arrays(columns_, schema=WIRE_SCHEMA)
 
 
 _PLAIN_NULLS: dict[int, tuple[pa.Array, pa.Array, pa.Array, pa.Array]] = {}
@@ -138,9 +155,9 @@ def _plain_nulls(count: int) -> tuple[pa.Array, pa.Array, pa.Array, pa.Array]:
 PLAIN_DATA_BYTES_MAX = 2**31 - 1
 
 
-def _plain_data(rows: Sequence[Sequence[Any]]) -> pa.Array | None:
-    """The one-column rows' values as a binary array (text as UTF-8) if every value is
-    ``bytes`` or ``str`` and they fit ``PLAIN_DATA_BYTES_MAX``; else None."""
+def plain_values(rows: Sequence[Sequence[Any]]) -> list[bytes] | None:
+    """The one-column rows' values as bytes (text as UTF-8; a lone surrogate is 22021) if
+    every value is ``bytes`` or ``str``; else None (the general way gives their errors)."""
     values = []
     for row in rows:
         value = row[0]
@@ -153,6 +170,11 @@ def _plain_data(rows: Sequence[Sequence[Any]]) -> pa.Array | None:
         elif kind is not bytes:
             return None
         values.append(value)
+    return values
+
+
+def _binary_array(values: Sequence[bytes]) -> pa.Array | None:
+    """``values`` as one binary array, or None if they exceed ``PLAIN_DATA_BYTES_MAX``."""
     body = values[0] if len(values) == 1 else b"".join(values)
     if len(body) > PLAIN_DATA_BYTES_MAX:
         return None
