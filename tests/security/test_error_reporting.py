@@ -14,6 +14,7 @@ import psycopg
 import pytest
 
 from engine import session as engine_session
+from engine import spread_append
 from sql import console, dbapi
 from tests.security.resource_servers import (
     ADMIN,
@@ -37,6 +38,7 @@ def _break_topic_writes(monkeypatch: pytest.MonkeyPatch) -> None:
 
     monkeypatch.setattr(engine_session, "build_batches", broken)
     monkeypatch.setattr(engine_session, "plain_batches", broken)  # rows of data alone
+    monkeypatch.setattr(spread_append, "append_plain", broken)  # ... many sessions' combined
 
 
 def _logged_id(caplog: pytest.LogCaptureFixture, error_id: str) -> logging.LogRecord:
