@@ -8,7 +8,8 @@ runs CLIENTS psycopg connections in this process, each sending one 1 KiB message
 autocommit ``INSERT INTO TOPIC t (data) VALUES (%s)`` for SECONDS. Per side and round:
 msgs/s, the server's CPU per message (utime+stime from ``/proc``, us), its context
 switches per message (every thread's ``voluntary`` + ``nonvoluntary``), messages per
-fsync (``bench.served``'s counter) and the ack p50 (ms); then the medians. The topic
+fsync (``bench.served``'s counter), the ack p50 (ms) and the clients' CPU per message
+(this process, us); then the medians. The topic
 has ``PARTS`` partitions (environment, default 4, as the bench).
 """
 
@@ -113,12 +114,14 @@ def run(served: Served, clients: int, seconds: float) -> dict[str, float]:
         thread.start()
     pid = served.process.pid
     fsyncs, cpu, switches = served.fsyncs(), process_cpu_s(pid), context_switches(pid)
+    client_cpu = time.process_time()
     started = time.perf_counter()
     deadline[0] = started + seconds
     barrier.wait()
     for thread in threads:
         thread.join()
     elapsed = time.perf_counter() - started
+    client_cpu = time.process_time() - client_cpu
     cpu, switches = process_cpu_s(pid) - cpu, context_switches(pid) - switches
     fsyncs = served.fsyncs() - fsyncs
     for connection in connections:
@@ -133,6 +136,7 @@ def run(served: Served, clients: int, seconds: float) -> dict[str, float]:
         "ctx": switches / count,
         "per_fsync": count / max(1, fsyncs),
         "p50": float(np.percentile(latencies, 50)) * 1000,
+        "client_us": client_cpu / count * 1e6,
     }
 
 
