@@ -686,15 +686,17 @@ class BulkWrites:
                     sources[len(writes)] = [write_id]
                     writes.append((meta, data))
             # By reference only if every topic write of its topic is: a share mixing rows by
-            # reference with rows routed by the topic is copied (its record could not derive
-            # it), and its files would then wait for the next start to be deleted.
+            # reference with rows copied (routed by the topic, or frames decoded: a frames
+            # file after an Arrow file) is copied whole (its record could not derive it),
+            # and its moved files would then wait for the next start to be deleted.
             copied = {writes[i][0]["name"] for i in sources
-                      if writes[i][1].num_rows and not staged_refs.by_reference(writes[i][1])}
+                      if writes[i][1].num_rows and not (
+                          staged_refs.by_reference(writes[i][1])
+                          and all(p.endswith(".arrows") or w in split_ids
+                                  for w in sources[i]
+                                  for p in _staged_files(os.path.join(self.root, w))))}
             eligible = [i for i in sources if staged_refs.by_reference(writes[i][1])
-                        and writes[i][0]["name"] not in copied
-                        and all(p.endswith(".arrows") or w in split_ids
-                                for w in sources[i]
-                                for p in _staged_files(os.path.join(self.root, w)))]  # fmt: skip
+                        and writes[i][0]["name"] not in copied]  # fmt: skip
             split_topics = {metas[w]["name"] for w in split_ids}
             if any(writes[i][0]["name"] in split_topics for i in sources if i not in eligible):
                 # A split topic's Arrow rows that cannot go by reference (rows routed by
