@@ -625,8 +625,11 @@ class Session:
             # for it, without the loop's tests.
             operation = operations[0]
             bound = parameters if operation.uses_parameters else None
-            table = tables.query_rows(self._query_cursor(operation), operation.sql, bound,
-                                      line_offset=statement_line_offset(plan))  # fmt: skip
+            offset = statement_line_offset(plan)
+            if self._literal(operation):  # kept by text when it has no parameters
+                table = tables.literal_result(operation.sql, bound, line_offset=offset)
+            else:
+                table = tables.query_rows(self.cursor, operation.sql, bound, line_offset=offset)
             return _query_result(operation, table)
         registered: list[str] = []
         read_tables: dict[str, pa.Table] = {}

@@ -325,6 +325,45 @@ _literal_database: Connection | None = None
 _literal_cursors = threading.local()
 _literal_cursor_list: list[tuple[threading.Thread, Connection]] = []
 
+# A SELECT of literals alone, without parameters, gives the same one row every time it
+# runs (``literal_result``): text -> that result. Bounded: at most ``LITERAL_RESULTS_MAX``
+# texts of at most ``LITERAL_RESULT_TEXT_CHARS_MAX`` characters each (a row's values are
+# no bigger than the text's literals). Emptied with the literal database (``close_parsers``).
+LITERAL_RESULTS_MAX = 256
+LITERAL_RESULT_TEXT_CHARS_MAX = 4096
+_literal_results: dict[str, Rows | pa.Table] = {}
+
+
+def literal_result(sql: str, parameters: Any, *, line_offset: int = 0) -> pa.Table | Rows | None:
+    """``query_rows`` of a SELECT of literals and parameters alone (``literal_tokens`` and
+    ``RunQuery.literal_only`` both said so) on this thread's ``literal_cursor``. Without
+    parameters its result depends on the text alone: no table, function, operator, cast
+    or setting of any session is read (the literal database is empty, sandboxed and never
+    configured by a user), and DuckDB evaluates constants deterministically. So that
+    result is kept by text and given again without running DuckDB (~90-100 us of a
+    server's CPU per ``SELECT 1``: docs/statement_cost.md, round 8). Only the DuckDB run
+    is skipped: the caller plans and checks the statement (sandbox, privileges, the
+    transaction's state) as for every statement. ``Rows`` come back as a new object with
+    a new list each time (a caller may hold or change what it got); an Arrow table is
+    immutable. An error is never kept: the text runs again and raises again. What is kept
+    is the text's steady form: ``Rows`` for plain types (after the first run, which takes
+    DuckDB's relation and teaches the rows' way the text), else DuckDB's Arrow table."""
+    if parameters or len(sql) > LITERAL_RESULT_TEXT_CHARS_MAX:
+        return query_rows(literal_cursor(), sql, parameters, line_offset=line_offset)
+    kept = _literal_results.get(sql)
+    if kept is not None:
+        return Rows(list(kept.rows), kept.schema) if type(kept) is Rows else kept
+    result = query_rows(literal_cursor(), sql, None, line_offset=line_offset)
+    # A text's first run gives DuckDB's Arrow even when its later runs give ``Rows`` (the
+    # rows' way learns the text from it): kept is what the text gives from now on.
+    if result is not None and (type(result) is Rows or not _rows_way(sql)):
+        assert result.num_rows == 1, "a SELECT of literals alone gives one row"
+        if len(_literal_results) >= LITERAL_RESULTS_MAX:
+            _literal_results.clear()
+        _literal_results[sql] = Rows(list(result.rows), result.schema) \
+            if type(result) is Rows else result  # fmt: skip
+    return result
+
 
 # Texts known to be (True) or not to be (False) a SELECT of literals and parameters alone
 # by DuckDB's own tokens (``literal_tokens``); bounded as the small results' texts are.
@@ -412,6 +451,7 @@ def close_parsers() -> None:
             connections.append((threading.current_thread(), _literal_database))
             _literal_database = None
         _parser_generation += 1
+        _literal_results.clear()
     for _, connection in connections:
         with contextlib.suppress(Exception):
             connection.close()

@@ -58,6 +58,16 @@ def literal_runs(monkeypatch: pytest.MonkeyPatch) -> list[str]:
         return original_stream(self, plan, operation, parameters)
 
     monkeypatch.setattr(Session, "_literal_stream", spying_stream)
+    original_result = tables.literal_result
+
+    def spying_result(sql: str, parameters: Any, *, line_offset: int = 0) -> Any:
+        taken.append(sql)
+        return original_result(sql, parameters, line_offset=line_offset)
+
+    monkeypatch.setattr(tables, "literal_result", spying_result)
+    # Every run runs in DuckDB: its ways are what these tests compare (the results kept
+    # by text are tests/engine/test_literal_results_kept.py's).
+    monkeypatch.setattr(tables, "LITERAL_RESULT_TEXT_CHARS_MAX", 0)
     return taken
 
 

@@ -1,0 +1,180 @@
+"""A SELECT of literals alone without parameters is run in DuckDB once per text; its one
+row is kept by text and given again (``tables.literal_result``). Only the DuckDB run is
+skipped: each execution is planned and checked (sandbox, privileges) and answers to the
+transaction's state as before, results are independent objects, errors are never kept,
+and statements with parameters run every time."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import pytest
+
+from engine import privileges, sandbox, tables
+from engine.session import Session, SessionState
+from storage.errors import InFailedTransactionError, InsufficientPrivilegeError, TopicbaseError
+
+PLAIN_TEXTS = [
+    "SELECT 1",
+    "select 1 AS ok",
+    "SELECT '' AS empty, 'it''s', 'ü €', 'a\nb', '\x00'",
+]
+ARROW_TEXTS = [  # types the rows' way does not take: DuckDB's Arrow table is kept
+    "SELECT -1 AS x, 'a' b, NULL, TRUE, false",
+    'SELECT 0.1, 1e3, -2.5e-3 AS "Mixed Case", 9223372036854775808',
+    "SELECT 99999999999999999999999999999999999999999, 1e400",
+]
+
+
+@pytest.fixture
+def duckdb_runs(monkeypatch: pytest.MonkeyPatch) -> list[str]:
+    """The texts ``tables.query_rows`` ran on the thread's literal connection, in order."""
+    taken: list[str] = []
+    original = tables.query_rows
+
+    def spying(cursor: Any, sql: str, parameters: Any = None, **options: Any) -> Any:
+        if cursor is tables.literal_cursor():
+            taken.append(sql)
+        return original(cursor, sql, parameters, **options)
+
+    monkeypatch.setattr(tables, "query_rows", spying)
+    tables._literal_results.clear()
+    tables._small_results.clear()  # nothing learnt of any text: the first run is Arrow
+    return taken
+
+
+def _keep(session: Session, sql: str, duckdb_runs: list[str]) -> None:
+    """Run ``sql`` until its result is kept (twice: the first run is DuckDB's Arrow)."""
+    session.execute(sql)
+    session.execute(sql)
+    assert duckdb_runs == [sql, sql]
+    duckdb_runs.clear()
+
+
+def _outcome(session: Session, sql: str, parameters: Any = None) -> Any:
+    try:
+        result = session.execute(sql, parameters)[-1]
+    except TopicbaseError as error:
+        return ("error", type(error).__name__, error.sqlstate, error.message)
+    table = result.table
+    assert table is not None
+    rows = [tuple(column[i].as_py() for column in table.columns) for i in range(table.num_rows)]
+    return (result.tag, table.schema, table.schema.metadata, rows)
+
+
+@pytest.mark.parametrize("sql", PLAIN_TEXTS + ARROW_TEXTS)
+def test_a_parameterless_literal_select_runs_in_duckdb_once(
+    database: Any, duckdb_runs: list[str], sql: str
+) -> None:
+    first, second = database.connect(), database.connect()
+    outcomes = [_outcome(s, sql) for s in (first, second, first, second, first)]
+    # Plain types: the first run's Arrow is not what the text gives from then on (the
+    # rows' way learns it), so the second run's rows are kept; else the first's table.
+    runs = 2 if sql in PLAIN_TEXTS else 1
+    assert duckdb_runs == [sql] * runs  # the others from the kept row
+    with pytest.MonkeyPatch.context() as patch:  # nothing kept: DuckDB every time
+        patch.setattr(tables, "LITERAL_RESULT_TEXT_CHARS_MAX", 0)
+        fresh = [_outcome(database.connect(), sql) for _ in range(2)]
+    assert duckdb_runs == [sql] * (runs + 2)
+    assert outcomes == [fresh[0]] * 5 == [fresh[1]] * 5
+
+
+def test_each_execution_gets_its_own_rows(session: Session, duckdb_runs: list[str]) -> None:
+    session.execute("SELECT 1 AS a, 'x' AS b")  # DuckDB's relation: Arrow, not kept
+    first = session.execute("SELECT 1 AS a, 'x' AS b")[0]  # the rows' way: kept
+    assert first.rows is not None
+    first.rows.rows.append((2, "y"))  # a caller may change what it got
+    second = session.execute("SELECT 1 AS a, 'x' AS b")[0]
+    assert second.rows is not None and second.rows is not first.rows
+    assert second.rows.rows == [(1, "x")]
+    assert second.table.to_pylist() == [{"a": 1, "b": "x"}]
+    assert duckdb_runs == ["SELECT 1 AS a, 'x' AS b"] * 2
+
+
+def test_statements_with_parameters_run_every_time(
+    session: Session, duckdb_runs: list[str]
+) -> None:
+    for value in (1, 2, "three", None, 2):
+        assert session.execute("SELECT $1 AS v", [value])[0].table.to_pylist() == [{"v": value}]
+    assert duckdb_runs == ["SELECT $1 AS v"] * 5
+
+
+def test_errors_are_not_kept(session: Session, duckdb_runs: list[str]) -> None:
+    for _ in range(3):
+        with pytest.raises(TopicbaseError):
+            session.execute("SELECT $1")  # no value for it: DuckDB refuses, every time
+    assert duckdb_runs == ["SELECT $1"] * 3
+
+
+def test_long_texts_and_many_texts_stay_bounded(
+    session: Session, duckdb_runs: list[str], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    long = "SELECT '" + "a" * tables.LITERAL_RESULT_TEXT_CHARS_MAX + "' AS v"
+    for _ in range(3):
+        assert session.execute(long)[0].table.num_rows == 1
+    assert duckdb_runs == [long] * 3  # over the bound: never kept
+    monkeypatch.setattr(tables, "LITERAL_RESULTS_MAX", 3)
+    for n in range(10):
+        session.execute(f"SELECT {n}")
+        assert len(tables._literal_results) <= 3
+
+
+def test_the_door_s_checks_run_on_every_execution(
+    session: Session, duckdb_runs: list[str], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    checked: list[str] = []
+    sandbox_check, privilege_check = sandbox.check_plan, privileges.check_plan
+
+    def sandbox_spy(plan: Any, identity: Any) -> None:
+        checked.append("sandbox")
+        sandbox_check(plan, identity)
+
+    def privilege_spy(plan: Any, identity: Any, session: Any) -> None:
+        checked.append("privileges")
+        privilege_check(plan, identity, session)
+
+    _keep(session, "SELECT 1", duckdb_runs)
+    monkeypatch.setattr(sandbox, "check_plan", sandbox_spy)
+    monkeypatch.setattr(privileges, "check_plan", privilege_spy)
+    checked.clear()
+    for _ in range(3):
+        session.execute("SELECT 1")
+    assert checked == ["sandbox", "privileges"] * 3
+    assert duckdb_runs == []
+
+    def refusing(plan: Any, identity: Any, session: Any) -> None:
+        raise InsufficientPrivilegeError("permission denied: refused for the test")
+
+    monkeypatch.setattr(privileges, "check_plan", refusing)
+    with pytest.raises(InsufficientPrivilegeError):
+        session.execute("SELECT 1")  # kept, and still refused by the door
+
+
+def test_a_failed_transaction_refuses_a_kept_text(
+    session: Session, duckdb_runs: list[str]
+) -> None:
+    _keep(session, "SELECT 1", duckdb_runs)
+    session.execute("BEGIN")
+    session.execute("SELECT 1")
+    with pytest.raises(TopicbaseError):
+        session.execute("SELECT * FROM no_such_table")
+    assert session.state is SessionState.FAILED
+    with pytest.raises(InFailedTransactionError):
+        session.execute("SELECT 1")
+    session.execute("ROLLBACK")
+    assert session.execute("SELECT 1")[0].table.to_pylist() == [{"?column?": 1}]
+    assert duckdb_runs == []
+
+
+def test_the_first_statement_of_a_transaction_still_opens_its_snapshot(
+    session: Session, duckdb_runs: list[str]
+) -> None:
+    """It runs on the session's own connection (not the literal one): the kept row is not
+    used for it, and its DuckDB transaction is open afterwards, as before."""
+    _keep(session, "SELECT 1", duckdb_runs)
+    session.execute("BEGIN")
+    session.execute("SELECT 1")
+    assert session.transaction is not None and session.transaction.duckdb_open
+    session.execute("SELECT 1")  # now from the kept row
+    session.execute("COMMIT")
+    assert duckdb_runs == []

@@ -1,0 +1,110 @@
+"""What the server keeps between executions of a prepared statement (docs/statement_cost.md,
+round 8) never outlives a check: a prepared ``SELECT 1`` runs in DuckDB once or twice and
+then from its kept row, a prepared key lookup from the table's index with its projection
+kept, and a REVOKE takes effect on the very next execution of either."""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import psycopg
+import pytest
+
+from engine import key_lookup, tables
+from sql.pgwire import users
+from sql.pgwire.server import ServerThread
+
+
+@pytest.fixture
+def wire(tmp_path: Path) -> Iterator[ServerThread]:
+    users_file = str(tmp_path / "users.json")
+    users.add_user(users_file, "alice", "pw-alice")
+    users.add_user(users_file, "root", "pw-root", superuser=True)
+    server = ServerThread(str(tmp_path / "data"), "127.0.0.1", 0, auth="scram",
+                          users_file=users_file)  # fmt: skip
+    try:
+        yield server
+    finally:
+        server.stop()
+
+
+def _connect(server: ServerThread, user: str) -> psycopg.Connection:
+    return psycopg.connect(host="127.0.0.1", port=server.port, user=user, password=f"pw-{user}",
+                           dbname="topicbase", connect_timeout=10, autocommit=True)  # fmt: skip
+
+
+@pytest.fixture
+def duckdb_literal_runs(monkeypatch: pytest.MonkeyPatch) -> list[str]:
+    """Texts run in DuckDB on the literal connection (in the server's threads)."""
+    taken: list[str] = []
+    original = tables.query_rows
+
+    def spying(cursor: Any, sql: str, parameters: Any = None, **options: Any) -> Any:
+        if cursor is tables.literal_cursor():
+            taken.append(sql)
+        return original(cursor, sql, parameters, **options)
+
+    monkeypatch.setattr(tables, "query_rows", spying)
+    tables._literal_results.clear()
+    tables._small_results.clear()
+    return taken
+
+
+@pytest.fixture
+def index_answers(monkeypatch: pytest.MonkeyPatch) -> list[bool]:
+    """One entry per lookup asked of ``key_lookup.answer``: whether the index answered."""
+    answered: list[bool] = []
+    original = key_lookup.answer
+
+    def spying(*arguments: Any, **options: Any) -> Any:
+        result = original(*arguments, **options)
+        answered.append(result is not None)
+        return result
+
+    monkeypatch.setattr(key_lookup, "answer", spying)
+    return answered
+
+
+def test_a_prepared_select_1_runs_in_duckdb_at_most_twice(
+    wire: ServerThread, duckdb_literal_runs: list[str]
+) -> None:
+    with _connect(wire, "alice") as alice:
+        for _ in range(20):
+            assert alice.execute("SELECT 1", prepare=True).fetchone() == (1,)
+        for binary in (False, True):
+            cursor = alice.cursor(binary=binary)
+            assert cursor.execute("SELECT 1 AS a, 'x' AS b", prepare=True).fetchone() == (1, "x")
+            assert cursor.description is not None
+            assert [c.name for c in cursor.description] == ["a", "b"]
+    assert 1 <= duckdb_literal_runs.count("SELECT 1") <= 2
+    assert 1 <= duckdb_literal_runs.count("SELECT 1 AS a, 'x' AS b") <= 2
+
+
+def test_a_revoke_takes_effect_on_the_next_execution(
+    wire: ServerThread, duckdb_literal_runs: list[str], index_answers: list[bool]
+) -> None:
+    lookup = "SELECT v FROM kv WHERE k = %s"
+    with _connect(wire, "root") as root, _connect(wire, "alice") as alice:
+        root.execute("CREATE TABLE kv (k BIGINT PRIMARY KEY, v VARCHAR NOT NULL)")
+        root.execute("INSERT INTO kv SELECT i, 'value ' || i FROM range(1000) t(i)")
+        root.execute("GRANT SELECT ON kv TO alice")
+        for key in range(100):  # the index is built after 64 lookups
+            assert alice.execute(lookup, [key], prepare=True).fetchone() == (f"value {key}",)
+            assert alice.execute("SELECT 1", prepare=True).fetchone() == (1,)
+        assert index_answers[-10:] == [True] * 10  # the kept path, not DuckDB's
+        root.execute("REVOKE SELECT ON kv FROM alice")
+        with pytest.raises(psycopg.errors.InsufficientPrivilege):
+            alice.execute(lookup, [7], prepare=True)
+        assert alice.execute("SELECT 1", prepare=True).fetchone() == (1,)  # needs nothing
+        root.execute("GRANT SELECT ON kv TO alice")
+        assert alice.execute(lookup, [7], prepare=True).fetchone() == ("value 7",)
+        # An aborted transaction refuses the kept SELECT 1 as any statement (25P02).
+        alice.autocommit = False
+        with pytest.raises(psycopg.errors.UndefinedTable):
+            alice.execute("SELECT * FROM no_such_table")
+        with pytest.raises(psycopg.errors.InFailedSqlTransaction):
+            alice.execute("SELECT 1", prepare=True)
+        alice.rollback()
+    assert duckdb_literal_runs.count("SELECT 1") <= 2
