@@ -273,6 +273,8 @@ class _Index:
     build_s: float
     served: int = 0
     chunks: list[list[pa.Array]] = field(init=False, repr=False)  # of ``table``'s columns
+    # What a statement's shape comes to on this index (``_shape_work``), by the shape's id.
+    shapes: dict[int, _ShapeWork] = field(init=False, repr=False, default_factory=dict)
 
     def __post_init__(self) -> None:
         self.chunks = [column.chunks for column in self.table.columns]
@@ -439,10 +441,29 @@ def names_plain(cursor: Any) -> bool | None:
 
 # -- the door -----------------------------------------------------------------------------------
 def lookup_plan(plan: Plan) -> tuple[RunQuery, LookupShape] | None:
-    """The query and its lookup shape if ``plan`` is one plain SELECT of that shape."""
+    """The query and its lookup shape if ``plan`` is one plain SELECT of that shape. The
+    query is immutable and the planner keeps one per statement text (a new ``Plan``
+    around it each time), so the answer is kept by the query's id (the query held beside
+    it: its id is not reused meanwhile)."""
     if plan.explain_only or len(plan.operations) != 1:
         return None
     operation = plan.operations[0]
+    kept = _lookup_queries.get(id(operation))
+    if kept is not None and kept[0] is operation:
+        return kept[1]
+    found = _lookup_query(operation)
+    if len(_lookup_queries) >= _LOOKUP_QUERIES_MAX:
+        _lookup_queries.clear()
+    _lookup_queries[id(operation)] = (operation, found)
+    return found
+
+
+_LOOKUP_QUERIES_MAX = 1024
+_lookup_queries: dict[int, tuple[Any, tuple[RunQuery, LookupShape] | None]] = {}
+
+
+def _lookup_query(operation: Any) -> tuple[RunQuery, LookupShape] | None:
+    """``lookup_plan`` of a plan of this one operation, worked out."""
     if (not isinstance(operation, RunQuery) or operation.tag != "SELECT"
             or not operation.returns_rows or operation.tables_written
             or operation.system_views or operation.projection is not None
@@ -491,10 +512,11 @@ def answer(database: Any, plan: Plan, parameters: Any,
         index = _index_for(database, registry, name, basis, cap, shape, stop)
         if index is None:
             return None
-    key = _bound_key(index, shape, parameters)
+    work = _shape_work(index, shape)
+    key = _bound_key(index, shape, parameters, work)
     if key is None:
         return None
-    columns = _projected(index, shape)
+    columns = work.columns
     if columns is None:
         return None
     if TABLE_CHANGES.basis(name) != index.basis:
@@ -504,7 +526,7 @@ def answer(database: Any, plan: Plan, parameters: Any,
         if name in registry.indexes:
             registry.indexes.move_to_end(name)
     row = index.row(key)
-    return Answer(_result(index, columns, row), [index.types[i] for i, _ in columns])
+    return Answer(_result(index, columns, row, work.schema), list(work.duckdb_types))
 
 
 def _index_for(database: Any, registry: KeyIndexes, name: str, basis: tuple[int, int],
@@ -761,7 +783,54 @@ def _indexed(data: pa.Table, keys: np.ndarray, types: tuple[str, ...],
                   data.nbytes + extra, build_s)  # fmt: skip
 
 
-def _bound_key(index: _Index, shape: LookupShape, parameters: Any) -> tuple[Any, ...] | None:
+class _ShapeWork(NamedTuple):
+    """What a lookup shape comes to on one index, worked out once (``_shape_work``): it
+    depends on the shape and on the index's columns and types alone, and an index never
+    changes (a change of its table makes a new one)."""
+
+    shape: LookupShape  # held: its id (the key it is kept by) is not reused meanwhile
+    # (key column, the equality giving its value) in the key's column order; None when
+    # the equalities do not name exactly the key's columns, once each.
+    key_equalities: tuple[tuple[int, int], ...] | None
+    columns: list[tuple[int, str]] | None  # ``_projected``
+    schema: pa.Schema | None  # the rows' way's schema of those columns (``tables.row_schema``)
+    duckdb_types: tuple[str, ...]  # DuckDB's type name of each projected column
+
+
+_SHAPES_PER_INDEX = 64
+
+
+def _shape_work(index: _Index, shape: LookupShape) -> _ShapeWork:
+    """``_ShapeWork`` of ``shape`` on ``index``, kept on the index by the shape's id (the
+    planner keeps one plan, so one shape object, per statement text)."""
+    kept = index.shapes.get(id(shape))
+    if kept is not None and kept.shape is shape:
+        return kept
+    by_column: dict[int, int] = {}
+    for number, (column, _) in enumerate(shape.equalities):
+        position = index.lower_names.get(fold(column))
+        if position is None or position in by_column:
+            by_column = {}
+            break
+        by_column[position] = number
+    key_equalities = None
+    if by_column and set(by_column) == set(index.key_columns):
+        key_equalities = tuple((i, by_column[i]) for i in index.key_columns)
+    columns = _projected(index, shape)
+    schema = None
+    duckdb_types: tuple[str, ...] = ()
+    if columns is not None:
+        schema = tables.row_schema([(name, index.types[i]) for i, name in columns])
+        duckdb_types = tuple(index.types[i] for i, _ in columns)
+    work = _ShapeWork(shape, key_equalities, columns, schema, duckdb_types)
+    if len(index.shapes) >= _SHAPES_PER_INDEX:
+        index.shapes.clear()
+    index.shapes[id(shape)] = work
+    return work
+
+
+def _bound_key(index: _Index, shape: LookupShape, parameters: Any,
+               work: _ShapeWork) -> tuple[Any, ...] | None:  # fmt: skip
     """The key the equalities give, in the key's column order, each value converted as
     DuckDB converts it for that column; None when one cannot be proved the same (the
     statement then runs in DuckDB, which answers or refuses it itself)."""
@@ -770,18 +839,16 @@ def _bound_key(index: _Index, shape: LookupShape, parameters: Any) -> tuple[Any,
             return None
     elif parameters:
         return None
-    by_column: dict[int, Any] = {}
-    for column, value in shape.equalities:
-        position = index.lower_names.get(fold(column))
-        if position is None or position in by_column:
-            return None
-        converted = _converted(index.types[position], value, parameters)
+    if work.key_equalities is None:
+        return None
+    key = []
+    equalities = shape.equalities
+    for position, number in work.key_equalities:
+        converted = _converted(index.types[position], equalities[number][1], parameters)
         if converted is None:
             return None
-        by_column[position] = converted
-    if set(by_column) != set(index.key_columns):
-        return None
-    return tuple(by_column[i] for i in index.key_columns)
+        key.append(converted)
+    return tuple(key)
 
 
 def _converted(kind: str, value: LookupValue, parameters: Any) -> Any:
@@ -820,10 +887,11 @@ def _projected(index: _Index, shape: LookupShape) -> list[tuple[int, str]] | Non
     return projected
 
 
-def _result(index: _Index, columns: list[tuple[int, str]], row: int | None) -> pa.Table | Rows:
+def _result(index: _Index, columns: list[tuple[int, str]], row: int | None,
+            schema: pa.Schema | None) -> pa.Table | Rows:  # fmt: skip
     """The one row (or none) as DuckDB gives it: ``Rows`` when every column is of the rows'
-    way's plain types (``tables.row_schema``), else DuckDB's Arrow of that row."""
-    schema = tables.row_schema([(name, index.types[i]) for i, name in columns])
+    way's plain types (``schema``: ``tables.row_schema`` of the columns), else DuckDB's
+    Arrow of that row."""
     if schema is not None:
         if row is None:
             return Rows([], schema)

@@ -1,0 +1,75 @@
+"""What a lookup's shape comes to on an index (its key's equalities, projected columns,
+row schema) and whether a plan is of the lookup shape are worked out once
+(``key_lookup._shape_work``, ``key_lookup.lookup_plan``), not per lookup: later lookups
+of the same text give the same answers as DuckDB, and a new index (after a change)
+works its shapes out again."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import pytest
+
+from engine import key_lookup
+from engine.session import Session
+from tests.key_lookup_spy import served_lookups
+
+TEXTS = [
+    ("SELECT v FROM kv WHERE k = $1", [5]),
+    ("SELECT v AS x, k, v FROM kv WHERE k = $1", [6]),
+    ("SELECT * FROM kv t WHERE t.k = $1", [7]),
+    ("SELECT t.v FROM kv AS t WHERE k = 8", None),
+    ("SELECT v FROM kv WHERE k = $1", ["9"]),  # canonical integer text
+    ("SELECT v FROM kv WHERE k = $1", [10**30]),  # out of range: DuckDB's to judge
+    ("SELECT v FROM kv WHERE v = $1", ["v3"]),  # not the key: DuckDB
+]
+
+
+@pytest.fixture
+def work_done(monkeypatch: pytest.MonkeyPatch) -> list[str]:
+    """Each time a shape's work or a plan's judgement is worked out anew."""
+    done: list[str] = []
+    projected, query = key_lookup._projected, key_lookup._lookup_query
+
+    def projected_spy(*arguments: Any) -> Any:
+        done.append("shape")
+        return projected(*arguments)
+
+    def query_spy(*arguments: Any) -> Any:
+        done.append("plan")
+        return query(*arguments)
+
+    monkeypatch.setattr(key_lookup, "_projected", projected_spy)
+    monkeypatch.setattr(key_lookup, "_lookup_query", query_spy)
+    key_lookup._lookup_queries.clear()
+    return done
+
+
+def _answers(session: Session) -> list[Any]:
+    return [session.execute(sql, parameters)[0].table.to_pylist() for sql, parameters in TEXTS]
+
+
+def test_shapes_are_worked_out_once_per_index(
+    session: Session, monkeypatch: pytest.MonkeyPatch, work_done: list[str]
+) -> None:
+    served = served_lookups(monkeypatch)
+    session.execute("CREATE TABLE kv (k BIGINT PRIMARY KEY, v VARCHAR)")
+    session.execute("INSERT INTO kv SELECT i, 'v' || i FROM range(100) t(i)")
+    first = _answers(session)  # builds the index
+    work_done.clear()
+    served.clear()
+    for _ in range(5):
+        assert _answers(session) == first
+    assert work_done == []
+    assert len(served) == 5 * 5  # the five lookups by the key, from the index
+    with monkeypatch.context() as patch:  # DuckDB's own answers
+        patch.setenv(key_lookup.BYTES_VARIABLE, "0")
+        assert _answers(session) == first
+    session.execute("ALTER TABLE kv ADD COLUMN w INTEGER DEFAULT 4")
+    work_done.clear()
+    changed = _answers(session)
+    assert changed[2] == [{"k": 7, "v": "v7", "w": 4}]  # the new index's own columns
+    assert "shape" in work_done
+    with monkeypatch.context() as patch:
+        patch.setenv(key_lookup.BYTES_VARIABLE, "0")
+        assert _answers(session) == changed
