@@ -108,3 +108,54 @@ def test_a_revoke_takes_effect_on_the_next_execution(
             alice.execute("SELECT 1", prepare=True)
         alice.rollback()
     assert duckdb_literal_runs.count("SELECT 1") <= 2
+
+
+def test_the_result_bound_of_variable_width_rows_is_measured_without_nbytes_bound(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """A lookup's row (a VARCHAR) is bounded per result (``connection._bytes_bound``) with
+    what depends on the shape kept: the same number as ``Rows.nbytes_bound``, which runs
+    once per shape and row count."""
+    import random
+
+    import pyarrow as pa
+
+    from engine.api import Rows
+    from sql.pgwire.connection import connection as wire_connection
+
+    calls: list[int] = []
+    original = Rows.nbytes_bound
+
+    def counting(self: Rows) -> int:
+        calls.append(len(self.rows))
+        return original(self)
+
+    wire_connection._fixed_bounds.clear()
+    schemas = [
+        pa.schema([("v", pa.string())]),
+        pa.schema([("k", pa.int64()), ("v", pa.string()), ("b", pa.binary()),
+                   ("f", pa.bool_()), ("d", pa.float64())]),
+        pa.schema([("k", pa.int32())]),
+    ]
+    pick = random.Random(5)
+
+    def value(kind: pa.DataType) -> Any:
+        if pick.random() < 0.2:
+            return None
+        if kind == pa.string():
+            return "".join(pick.choice("aé€\U0001f600") for _ in range(pick.randrange(200)))
+        if kind == pa.binary():
+            return bytes(pick.randrange(256) for _ in range(pick.randrange(300)))
+        if kind == pa.bool_():
+            return pick.random() < 0.5
+        return pick.randrange(1000) if pa.types.is_integer(kind) else pick.random()
+
+    for _ in range(300):
+        schema = pick.choice(schemas)
+        count = pick.choice([0, 1, 1, 2, 65])
+        rows = Rows([tuple(value(f.type) for f in schema) for _ in range(count)], schema)
+        expected = original(rows)
+        with monkeypatch.context() as patch:
+            patch.setattr(Rows, "nbytes_bound", counting)
+            assert wire_connection._bytes_bound(rows) == expected
+    assert len(calls) <= len(schemas) * 4  # once per shape and row count, not per result

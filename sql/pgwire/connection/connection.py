@@ -210,25 +210,43 @@ def _start_stream(context: CommandContext, statement: ast.Statement) -> _Started
 
 
 _FIXED_BOUNDS_KEPT = 1024
-# (id of a ``Rows`` schema of fixed-width columns only, row count) -> (the schema, its
-# ``nbytes_bound``): such rows' bound depends on their count alone, and the engine keeps
-# one schema object per result shape, so a repeated statement's is worked out once.
-_fixed_bounds: dict[tuple[int, int], tuple[pa.Schema, int]] = {}
+# (id of a ``Rows`` schema, row count) -> (the schema, the part of its ``nbytes_bound``
+# that depends on the count alone, the columns of variable width): the engine keeps one
+# schema object per result shape, so a repeated statement's is worked out once, and only
+# the sizes of its strings and bytes are added up per result (a key lookup's value).
+_fixed_bounds: dict[tuple[int, int], tuple[pa.Schema, int, tuple[int, ...]]] = {}
 
 
 def _bytes_bound(rows: Rows) -> int:
-    """``rows.nbytes_bound()``, kept for a schema whose every column has a fixed width."""
+    """``rows.nbytes_bound()``, the same number: what depends on the schema and the row
+    count is kept per shape (``_fixed_bounds``), the values of variable-width columns are
+    measured here as ``nbytes_bound`` measures them."""
     schema = rows.schema
-    key = (id(schema), len(rows.rows))
+    values = rows.rows
+    key = (id(schema), len(values))
     kept = _fixed_bounds.get(key)
-    if kept is not None and kept[0] is schema:
-        return kept[1]
-    bound = rows.nbytes_bound()
-    if all(_fixed_width(f.type) for f in schema):
+    if kept is None or kept[0] is not schema:
+        variable = tuple(i for i, f in enumerate(schema) if not _fixed_width(f.type))
+        # Rows of NULLs: every variable-width column measures 0 bytes, padded once.
+        empty = Rows([(None,) * len(schema)] * len(values), schema).nbytes_bound()
+        kept = (schema, empty - len(variable) * _padded(0), variable)
         if len(_fixed_bounds) >= _FIXED_BOUNDS_KEPT:
             _fixed_bounds.clear()
-        _fixed_bounds[key] = (schema, bound)
+        _fixed_bounds[key] = kept
+    bound = kept[1]
+    for index in kept[2]:
+        size = 0
+        for row in values:
+            value = row[index]
+            if value is not None:
+                size += 4 * len(value) if isinstance(value, str) else len(value)
+        bound += _padded(size)
     return bound
+
+
+def _padded(size: int) -> int:
+    """A buffer's size as ``Rows.nbytes_bound`` counts it."""
+    return (size + 63) // 64 * 64 + 64
 
 
 def _fixed_width(kind: pa.DataType) -> bool:
