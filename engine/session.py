@@ -289,16 +289,16 @@ class Session:
                         ) -> streams.RowStream:  # fmt: skip
         """A SELECT of literals and parameters alone (``_query_cursor``) streamed: run on
         the thread's empty database and read whole there (a row; the connection is the
-        thread's, so nothing of it stays open), then offered as DuckDB's stream would
+        thread's, so nothing of it stays open; kept by text without parameters:
+        ``tables.literal_stream_result``), then offered as DuckDB's stream would
         offer it (``streams.answered``: the same names, types and rows). An error fails an
         open transaction, as a stream's does."""
         bound = parameters if operation.uses_parameters else None
         try:
             with tables.translated(statement_line_offset(plan)):
-                reader, duckdb_types = tables.batch_reader(
-                    tables.literal_cursor(), operation.sql, bound, streams.BATCH_ROWS
+                result, duckdb_types = tables.literal_stream_result(
+                    operation.sql, bound, streams.BATCH_ROWS
                 )
-                result = reader.rows if isinstance(reader, tables.RowsReader) else reader.read_all()
         except BaseException:
             if self.state is SessionState.IN_TRANSACTION:
                 self.state = SessionState.FAILED

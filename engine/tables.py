@@ -332,6 +332,8 @@ _literal_cursor_list: list[tuple[threading.Thread, Connection]] = []
 LITERAL_RESULTS_MAX = 256
 LITERAL_RESULT_TEXT_CHARS_MAX = 4096
 _literal_results: dict[str, Rows | pa.Table] = {}
+# The same for the streamed way (``literal_stream_result``), with DuckDB's type names.
+_literal_streamed: dict[str, tuple[Rows | pa.Table, list[str]]] = {}
 
 
 def literal_result(sql: str, parameters: Any, *, line_offset: int = 0) -> pa.Table | Rows | None:
@@ -363,6 +365,31 @@ def literal_result(sql: str, parameters: Any, *, line_offset: int = 0) -> pa.Tab
         _literal_results[sql] = Rows(list(result.rows), result.schema) \
             if type(result) is Rows else result  # fmt: skip
     return result
+
+
+def literal_stream_result(sql: str, parameters: Any,
+                          batch_rows: int) -> tuple[Rows | pa.Table, list[str]]:  # fmt: skip
+    """``literal_result`` for the streamed way (``Session.open_stream``: the simple
+    protocol): the whole result read on this thread's ``literal_cursor`` (``batch_reader``,
+    a row) and DuckDB's type name of each column, kept by text alike (the same bounds,
+    the same steady form, nothing kept of an error or of a text with parameters)."""
+    keep = not parameters and len(sql) <= LITERAL_RESULT_TEXT_CHARS_MAX
+    if keep:
+        kept = _literal_streamed.get(sql)
+        if kept is not None:
+            result, duckdb_types = kept
+            if type(result) is Rows:
+                result = Rows(list(result.rows), result.schema)
+            return result, list(duckdb_types)
+    reader, duckdb_types = batch_reader(literal_cursor(), sql, parameters, batch_rows)
+    result = reader.rows if isinstance(reader, RowsReader) else reader.read_all()
+    if keep and (type(result) is Rows or not _rows_way(sql)):
+        assert result.num_rows == 1, "a SELECT of literals alone gives one row"
+        if len(_literal_streamed) >= LITERAL_RESULTS_MAX:
+            _literal_streamed.clear()
+        copy = Rows(list(result.rows), result.schema) if type(result) is Rows else result
+        _literal_streamed[sql] = (copy, list(duckdb_types))
+    return result, duckdb_types
 
 
 # Texts known to be (True) or not to be (False) a SELECT of literals and parameters alone
@@ -452,6 +479,7 @@ def close_parsers() -> None:
             _literal_database = None
         _parser_generation += 1
         _literal_results.clear()
+        _literal_streamed.clear()
     for _, connection in connections:
         with contextlib.suppress(Exception):
             connection.close()

@@ -11,6 +11,7 @@ from typing import Any
 import pytest
 
 from engine import privileges, sandbox, tables
+from engine import session as session_module
 from engine.session import Session, SessionState
 from storage.errors import InFailedTransactionError, InsufficientPrivilegeError, TopicbaseError
 
@@ -178,3 +179,64 @@ def test_the_first_statement_of_a_transaction_still_opens_its_snapshot(
     session.execute("SELECT 1")  # now from the kept row
     session.execute("COMMIT")
     assert duckdb_runs == []
+
+
+def _streamed(session: Session, sql: str, whole: bool) -> Any:
+    """``sql`` through ``open_stream`` (the simple protocol's way): schema, DuckDB types
+    and rows (taken whole when offered and ``whole``, else batch by batch)."""
+    statement = session_module.parse_statements(sql)[0]
+    stream = session.open_stream(statement, None, no_rows=None)
+    assert stream is not None
+    try:
+        taken = stream.take_whole() if whole else None
+        if taken is not None:
+            rows = [tuple(row) for row in taken.rows]
+        else:
+            rows = []
+            while (batch := stream.next_batch()) is not None:
+                rows += [tuple(c[i].as_py() for c in batch.columns) for i in range(batch.num_rows)]
+        return (stream.schema, stream.schema.metadata, stream.duckdb_types, rows)
+    finally:
+        stream.close()
+
+
+@pytest.fixture
+def streamed_runs(monkeypatch: pytest.MonkeyPatch) -> list[str]:
+    """The texts ``tables.batch_reader`` started on the thread's literal connection."""
+    taken: list[str] = []
+    original = tables.batch_reader
+
+    def spying(cursor: Any, sql: str, parameters: Any, batch_rows: int) -> Any:
+        if cursor is tables.literal_cursor():
+            taken.append(sql)
+        return original(cursor, sql, parameters, batch_rows)
+
+    monkeypatch.setattr(tables, "batch_reader", spying)
+    tables._literal_streamed.clear()
+    tables._small_results.clear()
+    return taken
+
+
+@pytest.mark.parametrize("whole", [True, False])
+@pytest.mark.parametrize("sql", PLAIN_TEXTS + ARROW_TEXTS)
+def test_a_streamed_literal_select_runs_in_duckdb_once_or_twice(
+    database: Any, streamed_runs: list[str], sql: str, whole: bool
+) -> None:
+    session = database.connect()
+    outcomes = [_streamed(session, sql, whole) for _ in range(5)]
+    runs = 2 if sql in PLAIN_TEXTS else 1
+    assert streamed_runs == [sql] * runs
+    with pytest.MonkeyPatch.context() as patch:  # nothing kept: DuckDB every time
+        patch.setattr(tables, "LITERAL_RESULT_TEXT_CHARS_MAX", 0)
+        fresh = [_streamed(database.connect(), sql, whole) for _ in range(2)]
+    assert streamed_runs == [sql] * (runs + 2)
+    assert outcomes[1:] == [fresh[1]] * 4
+    assert outcomes[0][0] == fresh[0][0] and outcomes[0][3] == fresh[0][3]
+    session.execute("BEGIN")  # a failed transaction refuses a kept text
+    session.execute("SELECT 1")
+    with pytest.raises(TopicbaseError):
+        session.execute("SELECT * FROM no_such_table")
+    statement = session_module.parse_statements(sql)[0]
+    assert session.open_stream(statement, None, no_rows=None) is None  # run whole: 25P02
+    with pytest.raises(InFailedTransactionError):
+        session.execute(sql)

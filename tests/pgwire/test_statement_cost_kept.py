@@ -82,6 +82,28 @@ def test_a_prepared_select_1_runs_in_duckdb_at_most_twice(
     assert 1 <= duckdb_literal_runs.count("SELECT 1 AS a, 'x' AS b") <= 2
 
 
+def test_a_simple_query_select_1_runs_in_duckdb_at_most_twice(
+    wire: ServerThread, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    started: list[str] = []
+    original = tables.batch_reader
+
+    def spying(cursor: Any, sql: str, parameters: Any, batch_rows: int) -> Any:
+        if cursor is tables.literal_cursor():
+            started.append(sql)
+        return original(cursor, sql, parameters, batch_rows)
+
+    monkeypatch.setattr(tables, "batch_reader", spying)
+    tables._literal_streamed.clear()
+    tables._small_results.clear()
+    with _connect(wire, "alice") as alice:
+        for _ in range(10):
+            cursor = alice.execute("SELECT 1 AS one, 'x' AS two", prepare=False)
+            assert cursor.fetchall() == [(1, "x")]
+            assert [c.name for c in cursor.description or []] == ["one", "two"]
+    assert 1 <= len(started) <= 2
+
+
 def test_a_revoke_takes_effect_on_the_next_execution(
     wire: ServerThread, duckdb_literal_runs: list[str], index_answers: list[bool]
 ) -> None:
