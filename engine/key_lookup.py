@@ -443,8 +443,10 @@ def names_plain(cursor: Any) -> bool | None:
 def lookup_plan(plan: Plan) -> tuple[RunQuery, LookupShape] | None:
     """The query and its lookup shape if ``plan`` is one plain SELECT of that shape. The
     query is immutable and the planner keeps one per statement text (a new ``Plan``
-    around it each time), so the answer is kept by the query's id (the query held beside
-    it: its id is not reused meanwhile)."""
+    around it each time), so a query found to be of the shape is kept by its id (held
+    beside it: its id is not reused meanwhile). Only those, and only short ones: every
+    other statement is judged again (its first tests fail fast), so that no big text
+    (a client-bound INSERT of megabytes) is held here."""
     if plan.explain_only or len(plan.operations) != 1:
         return None
     operation = plan.operations[0]
@@ -452,14 +454,17 @@ def lookup_plan(plan: Plan) -> tuple[RunQuery, LookupShape] | None:
     if kept is not None and kept[0] is operation:
         return kept[1]
     found = _lookup_query(operation)
-    if len(_lookup_queries) >= _LOOKUP_QUERIES_MAX:
-        _lookup_queries.clear()
-    _lookup_queries[id(operation)] = (operation, found)
+    if found is not None and len(operation.sql) <= _LOOKUP_QUERY_CHARS_MAX:
+        if len(_lookup_queries) >= _LOOKUP_QUERIES_MAX:
+            _lookup_queries.clear()
+        _lookup_queries[id(operation)] = (operation, found)
     return found
 
 
-_LOOKUP_QUERIES_MAX = 1024
-_lookup_queries: dict[int, tuple[Any, tuple[RunQuery, LookupShape] | None]] = {}
+# At most this many lookup queries of at most this many characters each are kept.
+_LOOKUP_QUERIES_MAX = 256
+_LOOKUP_QUERY_CHARS_MAX = 4096
+_lookup_queries: dict[int, tuple[RunQuery, tuple[RunQuery, LookupShape]]] = {}
 
 
 def _lookup_query(operation: Any) -> tuple[RunQuery, LookupShape] | None:

@@ -73,3 +73,18 @@ def test_shapes_are_worked_out_once_per_index(
     with monkeypatch.context() as patch:
         patch.setenv(key_lookup.BYTES_VARIABLE, "0")
         assert _answers(session) == changed
+
+
+def test_only_short_lookup_queries_are_kept(session: Session, work_done: list[str]) -> None:
+    """Other statements (a client-bound INSERT may be megabytes) are never held."""
+    session.execute("CREATE TABLE kv (k BIGINT PRIMARY KEY, v VARCHAR)")
+    big = "INSERT INTO kv VALUES " + ", ".join(f"({i}, '{'x' * 50}')" for i in range(200))
+    session.execute(big)
+    session.execute("SELECT count(*) FROM kv")
+    long_lookup = "SELECT v FROM kv WHERE k = $1 " + "-" * 5000
+    for _ in range(3):
+        session.execute(long_lookup, [1])
+        session.execute("SELECT v FROM kv WHERE k = $1", [1])
+    texts = {query.sql for query, _ in key_lookup._lookup_queries.values()}
+    assert texts == {"SELECT v FROM kv WHERE k = $1"}
+    assert work_done.count("plan") >= 3 + 1  # the long one judged every time
