@@ -803,6 +803,7 @@ class _ShapeWork(NamedTuple):
 
 
 _SHAPES_PER_INDEX = 64
+_SHAPE_LITERAL_CHARS_MAX = 4096  # of a kept shape's literal values together
 
 
 def _shape_work(index: _Index, shape: LookupShape) -> _ShapeWork:
@@ -828,9 +829,12 @@ def _shape_work(index: _Index, shape: LookupShape) -> _ShapeWork:
         schema = tables.row_schema([(name, index.types[i]) for i, name in columns])
         duckdb_types = tuple(index.types[i] for i, _ in columns)
     work = _ShapeWork(shape, key_equalities, columns, schema, duckdb_types)
-    if len(index.shapes) >= _SHAPES_PER_INDEX:
-        index.shapes.clear()
-    index.shapes[id(shape)] = work
+    literals = sum(len(str(value.literal)) for _, value in shape.equalities
+                   if value.parameter is None)  # fmt: skip
+    if literals <= _SHAPE_LITERAL_CHARS_MAX:  # a text's big string literal is not held
+        if len(index.shapes) >= _SHAPES_PER_INDEX:
+            index.shapes.clear()
+        index.shapes[id(shape)] = work
     return work
 
 

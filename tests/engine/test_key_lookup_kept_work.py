@@ -88,3 +88,19 @@ def test_only_short_lookup_queries_are_kept(session: Session, work_done: list[st
     texts = {query.sql for query, _ in key_lookup._lookup_queries.values()}
     assert texts == {"SELECT v FROM kv WHERE k = $1"}
     assert work_done.count("plan") >= 3 + 1  # the long one judged every time
+
+
+def test_a_shape_with_a_big_literal_is_not_held(
+    session: Session, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    served = served_lookups(monkeypatch)
+    session.execute("CREATE TABLE kv (k VARCHAR PRIMARY KEY, v VARCHAR)")
+    big = "x" * 10_000
+    session.execute("INSERT INTO kv VALUES ('a', '1'), ($1, '2')", [big])
+    for key in ("a", big):
+        literal = f"SELECT v FROM kv WHERE k = '{key}'"
+        assert [session.execute(literal)[0].table.to_pylist() for _ in range(3)] == [
+            [{"v": "1" if key == "a" else "2"}]] * 3  # fmt: skip
+    index = key_lookup.indexes_of(session.database).indexes["kv"]
+    assert [work.shape.equalities[0][1].literal for work in index.shapes.values()] == ["a"]
+    assert len(served) >= 4  # both texts answered by the index
