@@ -3,7 +3,8 @@
 ``python -m bench.consume_steps [reads] [--tree TREE] [--strace]`` (default 300 reads).
 Starts ``topicbase serve`` of ``TREE`` (default this checkout) in a child process whose
 chosen functions (the extended protocol's handlers, the held transaction's BEGIN and
-COMMIT, the engine's statement, read and commit, the staging log's sync, the DataRows)
+COMMIT, the engine's statement, read and commit, the staging log's sync and its
+``fdatasync``, the DataRows)
 are wrapped to add up their calls, thread CPU (``time.thread_time_ns``) and wall clock;
 reads ``reads`` times 1000 x 1 KiB with psycopg's binary results (``consume.wire``'s
 read) after 20 warm-up reads; prints per read: each server thread's CPU and voluntary /
@@ -54,6 +55,9 @@ STEPS = (
     ("engine.session", "Session", "_commit"),
     ("engine.commit", "Committer", "commit_in_log"),
     ("storage.staging", "StagingLog", "wait_durable"),
+    # the fdatasync itself: its wall is the device's (and the other I/O's), its CPU the
+    # kernel's share of the offset commit (docs/consume_wire.md, round 13)
+    ("storage.fs", "FileSystem", "sync"),
 )
 
 
