@@ -1,0 +1,156 @@
+"""Same-session A/B of the Spark batch write: Parquet against one or more servers' trees.
+
+One SparkSession (``local[2]``, the bench's settings) with one catalog per tree, each
+catalog on its own ``topicbase serve`` started from that tree (the server's working
+directory is the tree, so ``python -c`` imports that tree's code). Each round writes the
+bench's rows (N x 1 KiB, 8 tasks, 4 partitions) as Parquet, then to a fresh topic behind
+every tree, the trees' order alternating round by round. Printed per write: wall s, the
+driver's COMMIT WRITES s, the server's and the Spark JVM's CPU s; at the end per tree the
+ratio to Parquet (Parquet s / wire s) of the medians and per round (median and range),
+and ``uptime`` before and after.
+
+Usage (from any tree; loopback only)::
+
+    python -m bench.spark_write_ab --count 200000 --rounds 3 \
+        --tree main=/work/main --tree adopt=/tmp/h2wt
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import shutil
+import signal
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+from typing import Any
+
+from bench.demo_spark import PASSWORD, USER, kill_group, start_server
+from bench.spark_bench import PARTITIONS, _cpu_s, _rows, _timed
+from sql.pgwire.users import add_user, default_users_path
+
+
+def _uptime() -> str:
+    return subprocess.run(["uptime"], capture_output=True, text=True, check=False).stdout.strip()
+
+
+def _start(tree: str, data_dir: str) -> tuple[subprocess.Popen, int, int]:
+    """A server from ``tree`` (its working directory: ``python -c`` puts it first)."""
+    here = os.getcwd()
+    os.chdir(tree)
+    try:
+        return start_server(data_dir)
+    finally:
+        os.chdir(here)
+
+
+def _session(servers: dict[str, tuple[int, int]]) -> Any:
+    from pyspark.sql import SparkSession
+
+    import spark_sql_ext
+    from spark_sql_ext.build_jar import build
+
+    os.environ.setdefault("PYSPARK_PYTHON", sys.executable)
+    os.environ.setdefault("SPARK_LOCAL_IP", "127.0.0.1")
+    builder = (SparkSession.builder.master("local[2]").appName("topicbase-write-ab")
+               .config("spark.ui.enabled", "false").config("spark.ui.showConsoleProgress", "false")
+               .config("spark.sql.shuffle.partitions", "2")
+               .config("spark.driver.host", "127.0.0.1")
+               .config("spark.driver.bindAddress", "127.0.0.1")
+               .config("spark.driver.memory", "2g")
+               .config("spark.sql.session.timeZone", "UTC"))  # fmt: skip
+    build()
+    for name, (wire, flight) in servers.items():
+        builder = spark_sql_ext.configure(
+            builder, url=f"topicbase://127.0.0.1:{flight}", user=USER, password=PASSWORD,
+            catalog=f"tb_{name}", wire_url=f"127.0.0.1:{wire}")  # fmt: skip
+    spark = builder.getOrCreate()
+    spark.sparkContext.setLogLevel("ERROR")
+    return spark
+
+
+def _execute(flight: int, sql: str) -> None:
+    from spark_sql_ext.client import TopicbaseClient
+
+    with TopicbaseClient(f"topicbase://127.0.0.1:{flight}", USER, PASSWORD) as client:
+        client.action("execute", {"sql": sql})
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    parser.add_argument("--count", type=int, default=200_000)
+    parser.add_argument("--rounds", type=int, default=3)
+    parser.add_argument("--tree", action="append", required=True, help="name=path")
+    args = parser.parse_args()
+    trees = dict(item.split("=", 1) for item in args.tree)
+    work = tempfile.mkdtemp(prefix="topicbase-write-ab-")
+    processes: dict[str, subprocess.Popen] = {}
+    ports: dict[str, tuple[int, int]] = {}
+    try:
+        for name, tree in trees.items():
+            data_dir = os.path.join(work, name)
+            os.makedirs(data_dir)
+            add_user(default_users_path(data_dir), USER, PASSWORD, superuser=True)
+            process, wire, flight = _start(tree, data_dir)
+            processes[name], ports[name] = process, (wire, flight)
+        spark = _session(ports)
+        try:
+            _run(spark, args.count, args.rounds, processes, ports, work)
+        finally:
+            spark.stop()
+    finally:
+        for process in processes.values():
+            kill_group(process, signal.SIGTERM)
+        shutil.rmtree(work, ignore_errors=True)
+
+
+def _run(spark: Any, count: int, rounds: int, processes: dict[str, subprocess.Popen],
+         ports: dict[str, tuple[int, int]], work: str) -> None:  # fmt: skip
+    parquet = os.path.join(work, "parquet")
+    jvm_pid = spark._jvm.java.lang.ProcessHandle.current().pid()
+    stats = spark._jvm.io.topicbase.spark.WireWriteStats
+    _rows(spark, 1000).write.mode("overwrite").parquet(parquet)  # warm up
+    for name, (_, flight) in ports.items():
+        _execute(flight, f"CREATE TOPIC w0 WITH (min_active_partitions = {PARTITIONS})")
+        _rows(spark, 1000).writeTo(f"tb_{name}.main.w0").append()
+        _execute(flight, "DROP TOPIC w0")
+    print(f"start {time.strftime('%H:%M:%S', time.gmtime())} UTC; {_uptime()}", flush=True)
+    seconds: dict[str, list[float]] = {"parquet": [], **{name: [] for name in ports}}
+    order = list(ports)
+    for round_ in range(1, rounds + 1):
+        jvm = _cpu_s(jvm_pid)
+        seconds["parquet"].append(_timed(
+            lambda: _rows(spark, count).write.mode("overwrite").parquet(parquet)))
+        print(f"round {round_} parquet {seconds['parquet'][-1]:.2f} s, JVM CPU "
+              f"{_cpu_s(jvm_pid) - jvm:.2f} s", flush=True)
+        for name in order:
+            flight = ports[name][1]
+            topic = f"w{round_}"
+            _execute(flight, f"CREATE TOPIC {topic} WITH (min_active_partitions = {PARTITIONS})")
+            server, jvm = _cpu_s(processes[name].pid), _cpu_s(jvm_pid)
+            seconds[name].append(_timed(
+                lambda name=name, topic=topic: _rows(spark, count).writeTo(
+                    f"tb_{name}.main.{topic}").append()))  # fmt: skip
+            print(f"round {round_} {name} {seconds[name][-1]:.2f} s, COMMIT WRITES "
+                  f"{stats.lastCommitSeconds():.2f} s, server CPU "
+                  f"{_cpu_s(processes[name].pid) - server:.2f} s, JVM CPU "
+                  f"{_cpu_s(jvm_pid) - jvm:.2f} s", flush=True)
+            _execute(flight, f"DROP TOPIC {topic}")
+        order.reverse()
+    print(f"end {time.strftime('%H:%M:%S', time.gmtime())} UTC; {_uptime()}")
+    base = seconds["parquet"]
+    for name in ports:
+        runs = seconds[name]
+        per_round = [p / t for p, t in zip(base, runs, strict=True)]
+        print(f"{name}: ratio of medians {statistics.median(base) / statistics.median(runs):.2f}x;"
+              f" per round median {statistics.median(per_round):.2f}x, range "
+              f"{min(per_round):.2f}-{max(per_round):.2f}; wire s "
+              + " ".join(f"{t:.2f}" for t in runs) + "; parquet s "
+              + " ".join(f"{t:.2f}" for t in base))  # fmt: skip
+
+
+if __name__ == "__main__":
+    main()
