@@ -804,6 +804,9 @@ class _ShapeWork(NamedTuple):
 
 _SHAPES_PER_INDEX = 64
 _SHAPE_LITERAL_CHARS_MAX = 4096  # of a kept shape's literal values together
+# A kept shape's projected columns: each entry holds its columns and a schema of them, so a
+# text of 20,000 aliased columns would hold megabytes per entry (review R2-F2, round 13).
+_SHAPE_COLUMNS_MAX = 256
 
 
 def _shape_work(index: _Index, shape: LookupShape) -> _ShapeWork:
@@ -831,7 +834,9 @@ def _shape_work(index: _Index, shape: LookupShape) -> _ShapeWork:
     work = _ShapeWork(shape, key_equalities, columns, schema, duckdb_types)
     literals = sum(len(str(value.literal)) for _, value in shape.equalities
                    if value.parameter is None)  # fmt: skip
-    if literals <= _SHAPE_LITERAL_CHARS_MAX:  # a text's big string literal is not held
+    projected = 0 if columns is None else len(columns)
+    # a text's big string literal, or a projection of very many columns, is not held
+    if literals <= _SHAPE_LITERAL_CHARS_MAX and projected <= _SHAPE_COLUMNS_MAX:
         if len(index.shapes) >= _SHAPES_PER_INDEX:
             index.shapes.clear()
         index.shapes[id(shape)] = work

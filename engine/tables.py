@@ -331,6 +331,10 @@ _literal_cursor_list: list[tuple[threading.Thread, Connection]] = []
 # no bigger than the text's literals). Emptied with the literal database (``close_parsers``).
 LITERAL_RESULTS_MAX = 256
 LITERAL_RESULT_TEXT_CHARS_MAX = 4096
+# A kept result's columns: a text of 4096 characters can name ~2000 literal columns, and
+# DuckDB's Arrow table of one such row holds ~2 KB a column (review R2-F1 of round 13:
+# 512 wide texts held ~1 GB). ``SELECT 1``-style probes have one to a few columns.
+LITERAL_RESULT_COLUMNS_MAX = 16
 _literal_results: dict[str, Rows | pa.Table] = {}
 # The same for the streamed way (``literal_stream_result``), with DuckDB's type names.
 _literal_streamed: dict[str, tuple[Rows | pa.Table, list[str]]] = {}
@@ -358,13 +362,23 @@ def literal_result(sql: str, parameters: Any, *, line_offset: int = 0) -> pa.Tab
     result = query_rows(literal_cursor(), sql, None, line_offset=line_offset)
     # A text's first run gives DuckDB's Arrow even when its later runs give ``Rows`` (the
     # rows' way learns the text from it): kept is what the text gives from now on.
-    if result is not None and (type(result) is Rows or not _rows_way(sql)):
+    if result is not None and _keepable(sql, result):
         assert result.num_rows == 1, "a SELECT of literals alone gives one row"
         if len(_literal_results) >= LITERAL_RESULTS_MAX:
             _literal_results.clear()
         _literal_results[sql] = Rows(list(result.rows), result.schema) \
             if type(result) is Rows else result  # fmt: skip
     return result
+
+
+def _keepable(sql: str, result: Rows | pa.Table) -> bool:
+    """Whether ``result``, the run of the literal text ``sql``, is kept: its steady form
+    (``Rows``, or an Arrow table the rows' way will not take) of at most
+    ``LITERAL_RESULT_COLUMNS_MAX`` columns, so that the kept results are bounded in bytes
+    as well as in number."""
+    if result.num_columns > LITERAL_RESULT_COLUMNS_MAX:
+        return False
+    return type(result) is Rows or not _rows_way(sql)
 
 
 def literal_stream_result(sql: str, parameters: Any,
@@ -383,7 +397,7 @@ def literal_stream_result(sql: str, parameters: Any,
             return result, list(duckdb_types)
     reader, duckdb_types = batch_reader(literal_cursor(), sql, parameters, batch_rows)
     result = reader.rows if isinstance(reader, RowsReader) else reader.read_all()
-    if keep and (type(result) is Rows or not _rows_way(sql)):
+    if keep and _keepable(sql, result):
         assert result.num_rows == 1, "a SELECT of literals alone gives one row"
         if len(_literal_streamed) >= LITERAL_RESULTS_MAX:
             _literal_streamed.clear()

@@ -104,3 +104,23 @@ def test_a_shape_with_a_big_literal_is_not_held(
     index = key_lookup.indexes_of(session.database).indexes["kv"]
     assert [work.shape.equalities[0][1].literal for work in index.shapes.values()] == ["a"]
     assert len(served) >= 4  # both texts answered by the index
+
+
+def test_a_shape_of_very_many_columns_is_not_held(
+    session: Session, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A lookup projecting more than ``_SHAPE_COLUMNS_MAX`` columns is answered but its
+    work is not held on the index (each entry holds its columns and their schema: review
+    R2-F2 of round 13)."""
+    served = served_lookups(monkeypatch)
+    session.execute("CREATE TABLE kv (k INTEGER PRIMARY KEY, v VARCHAR)")
+    session.execute("INSERT INTO kv VALUES (1, 'one')")
+    many = key_lookup._SHAPE_COLUMNS_MAX + 1
+    wide = "SELECT " + ", ".join(f"v AS c{i}" for i in range(many)) + " FROM kv WHERE k = $1"
+    narrow = "SELECT v, k FROM kv WHERE k = $1"
+    for _ in range(2):
+        assert session.execute(wide, [1])[0].table.num_columns == many
+        assert session.execute(narrow, [1])[0].table.to_pylist() == [{"v": "one", "k": 1}]
+    index = key_lookup.indexes_of(session.database).indexes["kv"]
+    assert [len(work.columns or []) for work in index.shapes.values()] == [2]
+    assert len(served) >= 4  # both texts answered by the index
