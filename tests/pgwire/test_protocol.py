@@ -231,3 +231,25 @@ def test_extended_error_skips_until_sync(client) -> None:
     c.send(parse_message("SELECT $1::INTEGER") + bind_message([]) + SYNC)
     got = c.until_ready()
     assert kinds(got) == b"1EZ" and fields(got[1][1])["C"] == "08P01"
+
+
+def test_a_row_limit_reached_on_the_last_row_suspends_the_portal(client) -> None:
+    """As PostgreSQL: an Execute whose row limit is reached suspends the portal even when
+    no row is left (the next Execute completes with ``SELECT 0``); a limit above the rows
+    left completes at once (review R2-N1 of round 13: the last row completed at once)."""
+    c = client()
+    c.start()
+    c.send(
+        parse_message("SELECT i FROM range(3) t(i) ORDER BY i")
+        + bind_message([])
+        + execute_message("", 1)  # 1 of 3: suspended
+        + execute_message("", 2)  # the last 2, the limit reached: suspended
+        + execute_message("", 2)  # nothing left: SELECT 0
+        + bind_message([])
+        + execute_message("", 4)  # 3 rows under the limit: complete
+        + SYNC
+    )
+    got = c.until_ready()
+    assert kinds(got) == b"12DsDDsC2DDDCZ"
+    tags = [body for kind, body in got if kind == b"C"]
+    assert tags == [b"SELECT 0\0", b"SELECT 3\0"]

@@ -532,7 +532,10 @@ class ExtendedProtocol:
         finally:
             if held is not None:  # not all sent (a lost client, an error): nothing commits
                 await self.call(held.rollback)
-        if portal.position < table.num_rows:
+        # PostgreSQL suspends a portal whose Execute reached its row limit, even on the last
+        # row (its executor stops without looking further): the next Execute then completes
+        # with ``SELECT 0``. A held read is committed already when its last row went out.
+        if portal.position < table.num_rows or 0 < message.max_rows == count:
             self.send(m.portal_suspended())
         elif result.tag.startswith("SELECT "):
             self.send(m.command_complete(f"SELECT {count}"))
