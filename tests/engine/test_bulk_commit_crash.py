@@ -26,10 +26,12 @@ from __future__ import annotations
 
 import os
 import random
+import shutil
 import signal
 import subprocess
 import sys
 import time
+from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
@@ -52,9 +54,40 @@ CRASHED = 137
 FORMATS = ("frames", "arrows", "mixed")
 
 
+# Staged data directories by (stage format, batch limit, frame target): the "stage" step
+# has no failpoint, so each test copies its result instead of running the child again
+# (about a second each); the copy holds no path of its own (checked: no file names it).
+_STAGED_TEMPLATES: dict[tuple[str, int | None, int | None], Path] = {}
+_TEMPLATE_ROOT: list[Path] = []
+
+
+@pytest.fixture(scope="module", autouse=True)
+def _stage_templates(tmp_path_factory: pytest.TempPathFactory) -> Iterator[None]:
+    _STAGED_TEMPLATES.clear()
+    _TEMPLATE_ROOT[:] = [tmp_path_factory.mktemp("staged")]
+    yield
+    _STAGED_TEMPLATES.clear()
+
+
 def _run(data: Path, action: str, failpoints: str = "", timeout: float = 300,
          frame_messages: int | None = None, stage_format: str = "frames",
          batch_messages: int | None = None) -> int:  # fmt: skip
+    if action == "stage" and not failpoints:
+        key = (stage_format, batch_messages, frame_messages)
+        if key not in _STAGED_TEMPLATES:
+            template = _TEMPLATE_ROOT[0] / str(len(_STAGED_TEMPLATES))
+            assert _run_child(template, action, "", timeout, frame_messages, stage_format,
+                              batch_messages) == 0  # fmt: skip
+            _STAGED_TEMPLATES[key] = template
+        shutil.copytree(_STAGED_TEMPLATES[key], data)
+        return 0
+    return _run_child(data, action, failpoints, timeout, frame_messages, stage_format,
+                      batch_messages)  # fmt: skip
+
+
+def _run_child(data: Path, action: str, failpoints: str, timeout: float,
+               frame_messages: int | None, stage_format: str,
+               batch_messages: int | None) -> int:  # fmt: skip
     environment = {k: v for k, v in os.environ.items() if k != "TOPICBASE_FAILPOINTS"}
     environment["BULK_STAGE_FORMAT"] = stage_format
     if batch_messages is not None:
@@ -406,7 +439,12 @@ def test_sigkill_at_random_moments_of_a_commit(tmp_path: Path, stage_format: str
         proc = subprocess.Popen([sys.executable, str(CHILD), str(data), "stage-and-commit"],
                                 env=environment, stdout=subprocess.DEVNULL,
                                 stderr=subprocess.DEVNULL)  # fmt: skip
-        time.sleep(chooser.uniform(1.0, 6.0))  # imports take ~1-3 s on a loaded machine
+        # The imports take ~1-3 s and the work itself ~0.25 s (load 2): wait until the
+        # child opens the database (its directory appears), then kill it inside the work.
+        deadline = time.monotonic() + 60
+        while not data.exists() and proc.poll() is None and time.monotonic() < deadline:
+            time.sleep(0.005)
+        time.sleep(chooser.uniform(0.0, 0.6))
         proc.send_signal(signal.SIGKILL)
         proc.wait()
         if not (data / "catalog").exists() and not any(data.glob("*")):
