@@ -143,48 +143,5 @@ def main() -> None:
     print(f"done {status}", flush=True)
 
 
-def serve() -> None:
-    """Fork server: run each command in a child forked from this process, which has
-    imported everything (a cold start spends ~1 s importing; a fork, milliseconds).
-
-    One JSON object a line on stdin: ``{"argv": [DATA_DIR, ACTION], "environment":
-    {...}, "failpoints": "...", "stderr": PATH}``; the child sets those variables, arms
-    the failpoints (what ``TOPICBASE_FAILPOINTS`` does at import), writes its output to
-    PATH and runs ``main``; this prints ``exit <code>`` (137 for a failpoint crash) when
-    it ends. One child at a time; single-threaded (nothing opened here), so forking is
-    safe. End of stdin ends the server."""
-    import json
-    import traceback
-
-    from storage import failpoints
-
-    for line in sys.stdin:
-        command = json.loads(line)
-        child = os.fork()
-        if child == 0:
-            code = 1
-            try:
-                fd = os.open(command["stderr"], os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o644)
-                os.dup2(fd, 1)
-                os.dup2(fd, 2)
-                os.close(fd)
-                os.environ.update(command["environment"])
-                failpoints.activate(command["failpoints"])
-                sys.argv = [sys.argv[0], *command["argv"]]
-                main()
-                code = 0
-            except BaseException:
-                traceback.print_exc()
-            finally:
-                sys.stdout.flush()
-                sys.stderr.flush()
-                os._exit(code)
-        _, status = os.waitpid(child, 0)
-        print(f"exit {os.waitstatus_to_exitcode(status)}", flush=True)
-
-
 if __name__ == "__main__":
-    if sys.argv[1:] == ["--serve"]:
-        serve()
-    else:
-        main()
+    main()

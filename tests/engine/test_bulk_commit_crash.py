@@ -24,10 +24,8 @@ recovery (``CorruptSegmentError``) instead of publishing other rows.
 
 from __future__ import annotations
 
-import json
 import os
 import random
-import select
 import shutil
 import signal
 import subprocess
@@ -42,6 +40,7 @@ from engine import bulk_publish, bulk_write
 from engine.database import Database
 from engine.identity import LOCAL_SUPERUSER_NAME
 from storage.errors import CorruptSegmentError
+from tests.fork_server import ForkServer
 
 HERE = Path(__file__).resolve().parent
 CHILD = HERE / "bulk_commit_child.py"
@@ -87,49 +86,15 @@ def _run(data: Path, action: str, failpoints: str = "", timeout: float = 300,
                       batch_messages)  # fmt: skip
 
 
-class _ForkServer:
-    """``bulk_commit_child.py --serve``: runs each child by ``fork`` from a process that
-    has imported everything (a cold start spends ~1 s on imports; the crash points and
-    what the child does are the same). The random SIGKILL test still starts real
-    processes, so kills also land in a cold start."""
-
-    def __init__(self, tmp: Path) -> None:
-        self.tmp = tmp
-        self.runs = 0
-        environment = {k: v for k, v in os.environ.items()
-                       if k != "TOPICBASE_FAILPOINTS" and not k.startswith("BULK_")}  # fmt: skip
-        self.proc = subprocess.Popen([sys.executable, str(CHILD), "--serve"], env=environment,
-                                     stdin=subprocess.PIPE, stdout=subprocess.PIPE,
-                                     text=True)  # fmt: skip
-
-    def run(self, data: Path, action: str, environment: dict[str, str], failpoints: str,
-            timeout: float) -> tuple[int, str]:  # fmt: skip
-        """Run the child to its end; its exit code (137: crashed) and output."""
-        assert self.proc.stdin is not None and self.proc.stdout is not None
-        self.runs += 1
-        output = self.tmp / f"child-{self.runs}.out"
-        command = {"argv": [str(data), action], "environment": environment,
-                   "failpoints": failpoints, "stderr": str(output)}  # fmt: skip
-        self.proc.stdin.write(json.dumps(command) + "\n")
-        self.proc.stdin.flush()
-        ready, _, _ = select.select([self.proc.stdout], [], [], timeout)
-        assert ready, f"the child did not end within {timeout} s"
-        line = self.proc.stdout.readline()
-        assert line.startswith("exit "), (line, output.read_text())
-        return int(line.split()[1]), output.read_text()
-
-    def close(self) -> None:
-        assert self.proc.stdin is not None
-        self.proc.stdin.close()
-        self.proc.wait(timeout=60)
-
-
-_SERVER: list[_ForkServer] = []
+# Children run by ``tests.fork_server`` (forked from a process that has imported
+# everything: ~1 s of imports saved per child; the crash points and checks are the same).
+# The random SIGKILL test still starts real processes, so kills also land in a cold start.
+_SERVER: list[ForkServer] = []
 
 
 @pytest.fixture(scope="module", autouse=True)
 def _fork_server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[None]:
-    _SERVER[:] = [_ForkServer(tmp_path_factory.mktemp("children"))]
+    _SERVER[:] = [ForkServer(CHILD, tmp_path_factory.mktemp("children"))]
     yield
     _SERVER.pop().close()
 
@@ -142,9 +107,10 @@ def _run_child(data: Path, action: str, failpoints: str, timeout: float,
         environment["BULK_BATCH_MESSAGES"] = str(batch_messages)
     if frame_messages is not None:
         environment["BULK_FRAME_MESSAGES"] = str(frame_messages)
-    code, output = _SERVER[0].run(data, action, environment, failpoints, timeout)
-    assert code in (0, CRASHED), output
-    return code
+    done = _SERVER[0].run([str(data), action], environment=environment,
+                          failpoints=failpoints, timeout=timeout)  # fmt: skip
+    assert done.returncode in (0, CRASHED), done.stderr
+    return done.returncode
 
 
 def _published(database: Database) -> dict[int, list[bytes]]:
@@ -274,8 +240,8 @@ def test_a_framed_share_published_to_a_split_partition_and_killed_is_finished_on
     data = tmp_path / "data"
     environment = {"BULK_SPLIT_BEFORE_PUBLISH": "1", "BULK_STAGE_FORMAT": "frames"}
     for action, armed, code in (("stage", "", 0), ("commit", failpoint, CRASHED)):
-        done, output = _SERVER[0].run(data, action, environment, armed, 300)
-        assert done == code, output
+        done = _SERVER[0].run([str(data), action], environment=environment, failpoints=armed)
+        assert done.returncode == code, done.stderr
     database = Database.open(str(data), retention_interval_s=None)
     try:
         topic = database.topic_log(database.catalog.entry("t").topic_id)
@@ -415,8 +381,8 @@ def test_frames_and_rows_of_a_split_partition_killed_are_finished_once(
     data = tmp_path / "data"
     environment = {"BULK_SPLIT_BEFORE_PUBLISH": "1", "BULK_STAGE_FORMAT": "mixed"}
     for action, armed, code in (("stage", "", 0), ("commit", failpoint, CRASHED)):
-        done, output = _SERVER[0].run(data, action, environment, armed, 300)
-        assert done == code, output
+        done = _SERVER[0].run([str(data), action], environment=environment, failpoints=armed)
+        assert done.returncode == code, done.stderr
     database = Database.open(str(data), retention_interval_s=None)
     try:
         topic = database.topic_log(database.catalog.entry("t").topic_id)
