@@ -9,11 +9,11 @@ run), then reads one JSON object a line on stdin: ``{"argv": [...], "environment
 {...}, "failpoints": "...", "stdout": PATH, "stderr": PATH}``. For each it forks a child
 that sets those environment variables, arms the failpoints (what ``TOPICBASE_FAILPOINTS``
 does at import; the server starts without it), points its stdout and stderr at the files,
-sets ``sys.argv`` and runs the module's ``main()``: its exit code is ``main``'s return
-value (``None``: 0), a ``SystemExit``'s code, 1 for an exception (traceback in stderr),
-137 for a failpoint crash. The server prints ``exit <code>`` when the child ends. One
-child at a time; the server is single-threaded and opens nothing, so forking is safe.
-End of stdin ends it.
+sets ``sys.argv`` and runs the module's ``main()`` (``main(argv)`` if it takes one): its
+exit code is ``main``'s return value (``None``: 0), a ``SystemExit``'s code, 1 for an
+exception (traceback in stderr), 137 for a failpoint crash. The server prints ``exit
+<code>`` when the child ends. One child at a time; the server is single-threaded and
+opens nothing, so forking is safe. End of stdin ends it.
 
 ``ForkServer`` is the test side. What a child does and where it crashes are the same as
 in a cold start; a test that kills at random moments should still start real processes
@@ -23,6 +23,7 @@ in a cold start; a test that kills at random moments should still start real pro
 from __future__ import annotations
 
 import importlib.util
+import inspect
 import json
 import os
 import select
@@ -58,7 +59,8 @@ def _child(module, command: dict) -> None:
         failpoints.activate(command["failpoints"])
         sys.argv = [str(module.__file__), *command["argv"]]
         try:
-            result = module.main()
+            takes_argv = bool(inspect.signature(module.main).parameters)
+            result = module.main(command["argv"]) if takes_argv else module.main()
             code = 0 if result is None else int(result)
         except SystemExit as ended:
             code = ended.code if isinstance(ended.code, int) else (0 if ended.code is None else 1)
