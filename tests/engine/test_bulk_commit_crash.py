@@ -68,12 +68,15 @@ def _stage_templates(tmp_path_factory: pytest.TempPathFactory) -> Iterator[None]
     _TEMPLATE_ROOT[:] = [tmp_path_factory.mktemp("staged")]
     yield
     _STAGED_TEMPLATES.clear()
+    _TEMPLATE_ROOT.clear()
 
 
 def _run(data: Path, action: str, failpoints: str = "", timeout: float = 300,
          frame_messages: int | None = None, stage_format: str = "frames",
          batch_messages: int | None = None) -> int:  # fmt: skip
-    if action == "stage" and not failpoints:
+    # (``_run`` imported by another test module has neither fixture: it starts children
+    # cold and stages in place, as before)
+    if action == "stage" and not failpoints and _TEMPLATE_ROOT:
         key = (stage_format, batch_messages, frame_messages)
         if key not in _STAGED_TEMPLATES:
             template = _TEMPLATE_ROOT[0] / str(len(_STAGED_TEMPLATES))
@@ -107,8 +110,16 @@ def _run_child(data: Path, action: str, failpoints: str, timeout: float,
         environment["BULK_BATCH_MESSAGES"] = str(batch_messages)
     if frame_messages is not None:
         environment["BULK_FRAME_MESSAGES"] = str(frame_messages)
-    done = _SERVER[0].run([str(data), action], environment=environment,
-                          failpoints=failpoints, timeout=timeout)  # fmt: skip
+    if _SERVER:
+        done = _SERVER[0].run([str(data), action], environment=environment,
+                              failpoints=failpoints, timeout=timeout)  # fmt: skip
+    else:
+        environment = {**{k: v for k, v in os.environ.items()
+                          if k != "TOPICBASE_FAILPOINTS" and not k.startswith("BULK_")},
+                       **environment, "TOPICBASE_FAILPOINTS": failpoints}  # fmt: skip
+        done = subprocess.run([sys.executable, str(CHILD), str(data), action],
+                              env=environment, capture_output=True, text=True,
+                              timeout=timeout)  # fmt: skip
     assert done.returncode in (0, CRASHED), done.stderr
     return done.returncode
 
