@@ -467,7 +467,13 @@ def install_injection(writer: Writer) -> None:
                     die()
             return original_pwrite(self, fd, data, position)
 
+        def pwritev(self, fd, parts, position):
+            # segment appends go through pwritev (storage/segment.py): tear those too
+            # (review R3-F1 of round 13: only pwrite was torn, so no write ever was)
+            return pwrite(self, fd, b"".join(bytes(part) for part in parts), position)
+
         FileSystem.pwrite = pwrite
+        FileSystem.pwritev = pwritev
     elif mode in ("roll-before-snapshot", "roll-before-rename", "roll-before-frame"):
         original_roll = PartitionLog._roll_locked
         original_snapshot = ProducerStateManager.write_snapshot

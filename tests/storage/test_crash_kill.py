@@ -56,7 +56,7 @@ cw = sys.modules.get("crash_writer") or _load_writer_module()
 
 TOTAL_KILLS = int(os.environ.get("CRASH_KILLS", "24"))
 SECONDS_PER_KILL = 1.5
-MIN_KILLS = 5
+MIN_KILLS = 9  # the random loop's 9 kinds of round (3 policies x plain, torn, in open)
 POLICIES = ("never", "group", "always")
 ROLL_INJECTIONS = ("roll-before-snapshot", "roll-before-rename", "roll-before-frame", "roll-after")
 
@@ -208,22 +208,23 @@ def test_sigkill_at_random_moments(tmp_path: Path) -> None:
         f"{stats.acked_checked} acknowledged checked, {stats.segments} segments"
     )
     assert stats.acked_checked > 0
+    assert torn > 0, "no round tore a write: the torn-write rounds checked nothing"
 
 
 @pytest.mark.slow
 def test_sigkill_around_segment_rolls(tmp_path: Path) -> None:
     """Kill inside and right after segment rolls (tiny segments roll every few batches)."""
-    kills = max(1, TOTAL_KILLS // 4)
+    modes = (*ROLL_INJECTIONS, "external")
+    kills = max(2 * len(modes), TOTAL_KILLS // 4)  # each mode twice, under two policies
     budget = time.monotonic() + kills * SECONDS_PER_KILL
     seed = _seed()
     rng = random.Random(seed)
     done = injected = 0
     stats = cw.CheckStats()
     for round_no in range(kills):
-        if round_no >= MIN_KILLS and time.monotonic() > budget:
+        if round_no >= 2 * len(modes) and time.monotonic() > budget:
             break
         policy = POLICIES[round_no % len(POLICIES)]
-        modes = (*ROLL_INJECTIONS, "external")
         mode = modes[round_no % len(modes)]
         inject = "none" if mode == "external" else f"{mode}:{rng.randint(1, 6)}"
         with _reported(seed, f"round {round_no} ({policy}, {mode})"):
