@@ -198,6 +198,19 @@ class FileSystem:
         error = OSError(code, os.strerror(code))
         raise _io_error("start writeback of", self._paths.get(fd, str(fd)), error)
 
+    def drop_cache(self, fd: int, position: int, size: int) -> None:
+        """Hint the kernel to drop ``size`` bytes at ``position`` from the page cache
+        (``POSIX_FADV_DONTNEED``). Only for bytes already synced: nothing on disk changes
+        and dirty pages are not dropped. A failure, or a platform without the call, is
+        ignored: a hint, not an operation."""
+        advise = getattr(os, "posix_fadvise", None)
+        if advise is None or size <= 0:
+            return
+        try:
+            advise(fd, position, size, os.POSIX_FADV_DONTNEED)
+        except OSError:
+            return
+
     def sync(self, fd: int) -> None:
         """Make the file's data durable (fdatasync). Counted."""
         failpoints.hit("fs.before_sync")

@@ -55,6 +55,10 @@ INDEX_INTERVAL_BYTES = 4096
 # many bytes (``FileSystem.start_writeback``), so sealing a full segment finds
 # little left to sync.
 WRITEBACK_INTERVAL_BYTES = 4 * 1024 * 1024
+# Synced log bytes of a partition kept in the page cache when the others are dropped
+# (``storage.page_cache``, on with TOPICBASE_DROP_SYNCED_PAGES=1): tailing readers
+# read the newest bytes from memory.
+PAGE_CACHE_KEEP_BYTES = 16 * 1024 * 1024
 
 # -- reads --------------------------------------------------------------------------
 READ_BYTES_MAX = 256 * 1024 * 1024

@@ -28,7 +28,7 @@ from dataclasses import dataclass
 import numpy as np
 import pyarrow as pa
 
-from storage import failpoints, limits
+from storage import failpoints, limits, page_cache
 from storage.clock import Clock
 from storage.codecs import Codec
 from storage.config import FsyncPolicy, TopicConfig
@@ -487,6 +487,8 @@ class PartitionLog:
                 raise self._fenced_error()
             segment = self._segments[-1]
             covered = segment.next_offset  # everything written so far
+            segments = self._segments
+            synced_bytes = segment.size_bytes  # what the sync below covers
             try:
                 held = segment.flush_for_sync()
             except StorageIOError as error:
@@ -508,6 +510,8 @@ class PartitionLog:
                 if self._fenced is not None:  # fenced in the gap (checked None above)
                     raise self._fenced_error()
                 self._durable_end = max(self._durable_end, covered)
+            if page_cache.ENABLED:
+                page_cache.drop_synced(segments, synced_bytes)
         if self.sync_redirected is not None:
             self.sync_redirected()
 
@@ -535,6 +539,8 @@ class PartitionLog:
                     self._fence(error)
                     raise
                 self._durable_end = max(self._durable_end, covered)
+                if page_cache.ENABLED:
+                    page_cache.drop_synced(self._segments, segment.size_bytes)
         if not transient:
             self.sync()
         elif self.sync_redirected is not None:

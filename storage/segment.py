@@ -136,6 +136,9 @@ class LogSegment:
         self._marked_deleted = False  # the log file is renamed to *.deleted
         # Log bytes below this position are synced or already handed to writeback.
         self._writeback_position = 0
+        # Log bytes below this position were dropped from the page cache once synced
+        # (``storage.page_cache``); only grows, but for a cut (``truncate_to``).
+        self.dropped_to = 0
         # The read-only map of the log (``mapped``) and its view; None until a scan
         # asks for it, and again once closed or released (``_release_idle_maps``).
         # ``_map_refused``: no map could be made, as ``file_map.room()`` stood then (a
@@ -337,6 +340,33 @@ class LogSegment:
                     self._sync_failed = error
                 raise
 
+    def drop_cache(self, upto: int) -> None:
+        """Hint the kernel to drop the log's bytes ``[dropped_to, upto)`` from the page
+        cache; the caller knows them synced (``storage.page_cache``). Through the
+        writer's descriptor, else one opened for it and closed at once; a log that is
+        gone (retention) or cannot be opened is skipped: it is a hint."""
+        upto = min(upto, self.size_bytes)  # a fence's cut may have come since
+        start = self.dropped_to
+        if upto <= start:
+            return
+        with self._fd_lock:
+            fd = self._write_fd
+            if fd is not None:
+                self.fs.drop_cache(fd, start, upto - start)
+                self.dropped_to = upto
+                return
+        if self._marked_deleted:
+            return
+        try:
+            fd = self.fs.open_read(self.log_path)
+        except StorageIOError:
+            return
+        try:
+            self.fs.drop_cache(fd, start, upto - start)
+        finally:
+            self.fs.close(fd)
+        self.dropped_to = upto
+
     def seal(self, *, durable: bool) -> None:
         """Called at roll: the log is always synced, the indexes when ``durable``.
 
@@ -361,6 +391,7 @@ class LogSegment:
         must make the checkpoint's fail too."""
         fd = self._fd()
         self.verified.cut(position)
+        self.dropped_to = min(self.dropped_to, position)
         self.fs.truncate(fd, position)
         self._sync_cut(fd)
         self.size_bytes = position

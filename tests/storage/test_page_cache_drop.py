@@ -1,0 +1,221 @@
+"""Synced log bytes dropped from the page cache after a sync (``storage.page_cache``, issue 14).
+
+The hint (``POSIX_FADV_DONTNEED``) must cover synced bytes only, never the newest
+``PAGE_CACHE_KEEP_BYTES`` of the partition nor bytes appended while the sync ran; data
+read after a drop is the same (checksums verified by a fresh open); a kill right after
+a drop loses nothing; retention and reopened (sealed, unopened) segments are handled.
+"""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+import threading
+from typing import Any
+
+import pytest
+
+from storage import limits, page_cache
+from storage.config import FsyncPolicy
+from storage.fs import FileSystem
+
+KEEP = 50_000
+SEGMENT = 64 * 1024
+WAIT_S = 10.0
+
+
+@pytest.fixture
+def advised(monkeypatch: pytest.MonkeyPatch) -> list[tuple[str, int, int]]:
+    """Turn the drop on (keep ``KEEP`` bytes) and record every DONTNEED as (file, start, end)."""
+    calls: list[tuple[str, int, int]] = []
+    real = os.posix_fadvise
+
+    def spy(fd: int, offset: int, length: int, advice: int) -> None:
+        if advice == os.POSIX_FADV_DONTNEED:
+            calls.append((os.readlink(f"/proc/self/fd/{fd}"), offset, offset + length))
+        real(fd, offset, length, advice)
+
+    monkeypatch.setattr(os, "posix_fadvise", spy)
+    monkeypatch.setattr(page_cache, "ENABLED", True)
+    monkeypatch.setattr(limits, "PAGE_CACHE_KEEP_BYTES", KEEP)
+    return calls
+
+
+def _dropped(calls: list[tuple[str, int, int]]) -> dict[str, int]:
+    """Per file, the end of the dropped prefix; asserts the ranges are contiguous from 0."""
+    ends: dict[str, int] = {}
+    for path, start, end in calls:
+        assert start == ends.get(path, 0), (path, start, ends.get(path))
+        assert end > start
+        ends[path] = end
+    return ends
+
+
+def _kept(segments: Any, ends: dict[str, int]) -> int:
+    """Bytes of ``segments`` not dropped, given the dropped prefix of each file."""
+    kept = 0
+    for segment in segments:
+        dropped = ends.get(os.path.realpath(segment.log_path), 0)
+        assert dropped <= segment.size_bytes
+        kept += segment.size_bytes - dropped
+    return kept
+
+
+def _fill(partition: Any, batch: Any, count: int) -> None:
+    for i in range(count):
+        partition.append(batch(4, first=4 * i, size_bytes=2500))
+
+
+def test_sync_drops_synced_bytes_but_the_kept_tail(open_partition, batch, advised) -> None:
+    partition = open_partition(fsync_policy=FsyncPolicy.NEVER, segment_bytes=SEGMENT)
+    _fill(partition, batch, 60)
+    assert advised == []  # NEVER: nothing synced by the appends, so nothing dropped
+    partition.sync()
+    segments = partition._segments
+    assert len(segments) > 3
+    # exactly the newest KEEP bytes stay, everything older is dropped
+    assert _kept(segments, _dropped(advised)) == KEEP
+    assert sum(s.size_bytes for s in segments) > 3 * KEEP
+    # A second sync with nothing new drops nothing more; new synced bytes are dropped on.
+    first = list(advised)
+    advised.clear()
+    partition.sync()
+    assert advised == []
+    _fill(partition, batch, 5)
+    partition.sync()
+    assert advised
+    assert _kept(partition._segments, _dropped(first + advised)) == KEEP
+
+
+class _BlockingSync(FileSystem):
+    """``sync`` waits for ``release`` once ``block`` is set."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.block = False
+        self.entered = threading.Event()
+        self.release = threading.Event()
+
+    def sync(self, fd: int) -> None:
+        if self.block:
+            self.entered.set()
+            assert self.release.wait(WAIT_S)
+        super().sync(fd)
+
+
+def test_bytes_appended_during_the_sync_are_not_dropped(open_partition, batch, advised) -> None:
+    fs = _BlockingSync()
+    partition = open_partition(file_system=fs, fsync_policy=FsyncPolicy.NEVER,
+                               segment_bytes=16 * 1024 * 1024)  # fmt: skip
+    _fill(partition, batch, 40)
+    synced_end = partition._segments[-1].size_bytes
+    fs.block = True
+    thread = threading.Thread(target=partition.sync, daemon=True)
+    thread.start()
+    assert fs.entered.wait(WAIT_S)
+    fs.block = False
+    _fill(partition, batch, 40)  # appended outside the lock while the sync runs: not synced
+    assert partition._segments[-1].size_bytes > synced_end + KEEP
+    fs.release.set()
+    thread.join(WAIT_S)
+    assert not thread.is_alive()
+    ends = _dropped(advised)
+    assert list(ends.values()) == [synced_end - KEEP]  # the synced end, not the grown size
+
+
+def test_reads_after_a_drop_are_identical_and_verified(
+    open_partition, batch, advised, read_all, partition_dir
+) -> None:
+    partition = open_partition(fsync_policy=FsyncPolicy.NEVER, segment_bytes=SEGMENT)
+    _fill(partition, batch, 60)
+    before = read_all(partition)
+    partition.sync()
+    assert advised
+    assert read_all(partition) == before
+    partition.close()
+    # A fresh open checks every frame's CRC as it reads it (nothing verified in memory).
+    reopened = open_partition(fsync_policy=FsyncPolicy.NEVER, segment_bytes=SEGMENT)
+    assert read_all(reopened) == before
+    assert len(before) == 240
+
+
+def test_reopened_sealed_segments_are_dropped_through_their_own_descriptor(
+    open_partition, batch, advised
+) -> None:
+    partition = open_partition(fsync_policy=FsyncPolicy.NEVER, segment_bytes=SEGMENT)
+    _fill(partition, batch, 60)
+    partition.close()
+    advised.clear()
+    reopened = open_partition(fsync_policy=FsyncPolicy.NEVER, segment_bytes=SEGMENT)
+    # The open syncs what it loaded (make_durable, transient descriptor), then drops.
+    assert _kept(reopened._segments, _dropped(advised)) == KEEP
+    assert reopened._segments[0].dropped_to == reopened._segments[0].size_bytes
+
+
+def test_retention_deleting_segments_then_a_sync(open_partition, batch, advised, read_all) -> None:
+    partition = open_partition(fsync_policy=FsyncPolicy.NEVER, segment_bytes=SEGMENT)
+    _fill(partition, batch, 60)
+    cut = partition._segments[2].base_offset
+    assert partition.delete_segments_before(cut) == 2
+    before = read_all(partition, cut)
+    partition.sync()
+    paths = {path for path, _, _ in advised}
+    assert paths  # the surviving segments were dropped
+    assert all(os.path.exists(path) and not path.endswith(".deleted") for path in paths)
+    _fill(partition, batch, 10)
+    partition.sync()
+    assert read_all(partition, cut)[: len(before)] == before
+    assert partition.start_offset == cut
+
+
+def test_off_by_default_without_the_environment_variable() -> None:
+    code = "from storage import page_cache; print(page_cache.ENABLED)"
+    env = {k: v for k, v in os.environ.items() if k != "TOPICBASE_DROP_SYNCED_PAGES"}
+    out = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True,
+                         check=True, cwd=os.getcwd())  # fmt: skip
+    assert out.stdout.strip() == "False"
+    env["TOPICBASE_DROP_SYNCED_PAGES"] = "1"
+    out = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True,
+                         check=True, cwd=os.getcwd())  # fmt: skip
+    assert out.stdout.strip() == "True"
+
+
+_CHILD = """
+import os, signal, sys
+from storage import limits, page_cache
+from storage.clock import ManualClock
+from storage.config import FsyncPolicy, TopicConfig
+from storage.fs import FileSystem
+from storage.partition_log import PartitionLog
+from storage.record_batch import build_wire_batch
+assert page_cache.ENABLED
+limits.PAGE_CACHE_KEEP_BYTES = 50_000
+real = os.posix_fadvise
+def advise(fd, offset, length, advice):
+    real(fd, offset, length, advice)
+    if advice == os.POSIX_FADV_DONTNEED:
+        os.kill(os.getpid(), signal.SIGKILL)  # killed right after the first drop
+os.posix_fadvise = advise
+config = TopicConfig(fsync_policy=FsyncPolicy.NEVER, segment_bytes=64 * 1024).validate()
+log = PartitionLog(FileSystem(), sys.argv[1], 0, config, ManualClock())
+for i in range(60):
+    data = [f"m{4 * i + j}".encode().ljust(2500, b".") for j in range(4)]
+    log.append(build_wire_batch(data))
+log.sync()
+raise SystemExit("not killed")
+"""
+
+
+def test_kill_right_after_a_drop_loses_nothing(open_partition, read_all, partition_dir) -> None:
+    env = dict(os.environ, TOPICBASE_DROP_SYNCED_PAGES="1")
+    root = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+    done = subprocess.run([sys.executable, "-c", _CHILD, partition_dir], env=env, cwd=root,
+                          capture_output=True, text=True, timeout=60)  # fmt: skip
+    assert done.returncode == -9, done.stderr
+    reopened = open_partition(fsync_policy=FsyncPolicy.NEVER, segment_bytes=SEGMENT)
+    assert reopened.recovery is not None
+    rows = read_all(reopened)
+    assert [bytes(r["data"])[:8].rstrip(b".") for r in rows] == [
+        f"m{i}".encode() for i in range(240)
+    ]
