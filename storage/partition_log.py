@@ -539,8 +539,6 @@ class PartitionLog:
                     self._fence(error)
                     raise
                 self._durable_end = max(self._durable_end, covered)
-                if page_cache.ENABLED:
-                    page_cache.drop_synced(self._segments, segment.size_bytes)
         if not transient:
             self.sync()
         elif self.sync_redirected is not None:
