@@ -166,6 +166,8 @@ class PartitionLog:
         # A tuple, replaced (never changed in place) on roll and retention, so that
         # publishing hands it to readers as it is.
         self._segments: tuple[LogSegment, ...] = tuple(segments)
+        for loaded in segments:  # only bytes this process writes are ever dropped
+            loaded.dropped_to = loaded.size_bytes  # (review R2-F5 of round 13)
         self._last_written_at_us = max((s.last_written_at_us or 0 for s in segments), default=0)
         self._visible = Visible(segments[-1].next_offset, tuple(segments), segments[-1].size_bytes)
         self._restore_producers()
@@ -511,7 +513,9 @@ class PartitionLog:
                     raise self._fenced_error()
                 self._durable_end = max(self._durable_end, covered)
             if page_cache.ENABLED:
-                page_cache.drop_synced(segments, synced_bytes)
+                # a hint: it never fails the sync (review R2-F3 of round 13)
+                with contextlib.suppress(StorageIOError, OSError):
+                    page_cache.drop_synced(segments, synced_bytes)
         if self.sync_redirected is not None:
             self.sync_redirected()
 

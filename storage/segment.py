@@ -31,6 +31,7 @@ on its write from memory or its first read); a ``pread`` read checks every frame
 
 from __future__ import annotations
 
+import contextlib
 import itertools
 import os
 import threading
@@ -353,19 +354,21 @@ class LogSegment:
             fd = self._write_fd
             if fd is not None:
                 self.fs.drop_cache(fd, start, upto - start)
-                self.dropped_to = upto
+                self.dropped_to = max(self.dropped_to, upto)
                 return
         if self._marked_deleted:
             return
-        try:
+        try:  # retention may rename the log meanwhile: FileNotFoundError (review R2-F3)
             fd = self.fs.open_read(self.log_path)
-        except StorageIOError:
+        except (StorageIOError, OSError):
             return
         try:
             self.fs.drop_cache(fd, start, upto - start)
         finally:
-            self.fs.close(fd)
-        self.dropped_to = upto
+            with contextlib.suppress(StorageIOError, OSError):
+                self.fs.close(fd)
+        with self._fd_lock:  # two syncs may drop at once: it only grows (review R2-F7)
+            self.dropped_to = max(self.dropped_to, upto)
 
     def seal(self, *, durable: bool) -> None:
         """Called at roll: the log is always synced, the indexes when ``durable``.

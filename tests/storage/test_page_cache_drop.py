@@ -140,24 +140,49 @@ def test_reads_after_a_drop_are_identical_and_verified(
     assert len(before) == 240
 
 
-def test_reopened_sealed_segments_are_dropped_through_their_own_descriptor(
-    open_partition, batch, advised
-) -> None:
+def test_a_reopened_log_drops_only_what_this_process_wrote(open_partition, batch, advised) -> None:
+    """Bytes loaded at the open are never dropped: a reader catching up after a restart
+    finds the log as cached as before, also after the first write and sync (review
+    R2-F5 of round 13: that sync dropped the whole history but the kept tail)."""
     partition = open_partition(fsync_policy=FsyncPolicy.NEVER, segment_bytes=SEGMENT)
     _fill(partition, batch, 60)
     partition.close()
     advised.clear()
     reopened = open_partition(fsync_policy=FsyncPolicy.NEVER, segment_bytes=SEGMENT)
-    # The open's own sync (make_durable) drops nothing: a reader catching up after a
-    # restart finds the log as cached as before (dropping it all at once would hand
-    # the host pages no append reuses soon).
+    loaded = {segment.log_path: segment.size_bytes for segment in reopened._segments}
     assert advised == []
-    reopened.sync()  # no descriptor open for writing: sealed logs are opened to drop
-    assert advised == []  # nothing written since the open: that sync synced nothing
-    _fill(reopened, batch, 1)
     reopened.sync()
-    assert _kept(reopened._segments, _dropped(advised)) == KEEP
-    assert reopened._segments[0].dropped_to == reopened._segments[0].size_bytes
+    assert advised == []
+    _fill(reopened, batch, 60)
+    reopened.sync()
+    dropped = _dropped(advised)
+    assert dropped  # the new bytes past the kept tail were dropped
+    for path, end in loaded.items():  # none of the loaded bytes
+        assert all(not (p == path and start < end) for p, start, _ in advised), path
+
+
+def test_a_log_renamed_by_retention_during_the_drop_does_not_fail_the_sync(
+    open_partition, batch, advised, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Retention may rename a sealed log to ``*.deleted`` between the walk and the open
+    (review R2-F3 of round 13): the drop skips it and the sync succeeds."""
+    partition = open_partition(fsync_policy=FsyncPolicy.NEVER, segment_bytes=SEGMENT)
+    _fill(partition, batch, 60)
+    partition.sync()
+    for segment in partition._segments[:-1]:  # sealed: dropped through a new descriptor
+        segment.dropped_to = 0
+        segment.close()
+    original = partition.fs.open_read
+
+    def renamed_first(path: str) -> int:
+        os.rename(path, path + ".deleted")
+        return original(path)
+
+    monkeypatch.setattr(partition.fs, "open_read", renamed_first)
+    _fill(partition, batch, 1)
+    partition.sync()  # raised FileNotFoundError before the fix
+    monkeypatch.setattr(partition.fs, "open_read", original)
+    assert partition._durable_end == partition._segments[-1].next_offset
 
 
 def test_retention_deleting_segments_then_a_sync(open_partition, batch, advised, read_all) -> None:
