@@ -326,15 +326,9 @@ _literal_cursors = threading.local()
 _literal_cursor_list: list[tuple[threading.Thread, Connection]] = []
 
 # A SELECT of literals alone, without parameters, gives the same one row every time it
-# runs (``literal_result``): text -> that result. Bounded: at most ``LITERAL_RESULTS_MAX``
-# texts of at most ``LITERAL_RESULT_TEXT_CHARS_MAX`` characters each (a row's values are
+# runs (``literal_result``): text -> that result. Bounded: at most ``limits.LITERAL_RESULTS_MAX``
+# texts of at most ``limits.LITERAL_RESULT_TEXT_CHARS_MAX`` characters each (a row's values are
 # no bigger than the text's literals). Emptied with the literal database (``close_parsers``).
-LITERAL_RESULTS_MAX = 256
-LITERAL_RESULT_TEXT_CHARS_MAX = 4096
-# A kept result's columns: a text of 4096 characters can name ~2000 literal columns, and
-# DuckDB's Arrow table of one such row holds ~2 KB a column (review R2-F1 of round 13:
-# 512 wide texts held ~1 GB). ``SELECT 1``-style probes have one to a few columns.
-LITERAL_RESULT_COLUMNS_MAX = 16
 _literal_results: dict[str, Rows | pa.Table] = {}
 # The same for the streamed way (``literal_stream_result``), with DuckDB's type names.
 _literal_streamed: dict[str, tuple[Rows | pa.Table, list[str]]] = {}
@@ -354,7 +348,7 @@ def literal_result(sql: str, parameters: Any, *, line_offset: int = 0) -> pa.Tab
     immutable. An error is never kept: the text runs again and raises again. What is kept
     is the text's steady form: ``Rows`` for plain types (after the first run, which takes
     DuckDB's relation and teaches the rows' way the text), else DuckDB's Arrow table."""
-    if parameters or len(sql) > LITERAL_RESULT_TEXT_CHARS_MAX:
+    if parameters or len(sql) > limits.LITERAL_RESULT_TEXT_CHARS_MAX:
         return query_rows(literal_cursor(), sql, parameters, line_offset=line_offset)
     kept = _literal_results.get(sql)
     if kept is not None:
@@ -364,7 +358,7 @@ def literal_result(sql: str, parameters: Any, *, line_offset: int = 0) -> pa.Tab
     # rows' way learns the text from it): kept is what the text gives from now on.
     if result is not None and _keepable(sql, result):
         assert result.num_rows == 1, "a SELECT of literals alone gives one row"
-        if len(_literal_results) >= LITERAL_RESULTS_MAX:
+        if len(_literal_results) >= limits.LITERAL_RESULTS_MAX:
             _literal_results.clear()
         _literal_results[sql] = Rows(list(result.rows), result.schema) \
             if type(result) is Rows else result  # fmt: skip
@@ -374,9 +368,9 @@ def literal_result(sql: str, parameters: Any, *, line_offset: int = 0) -> pa.Tab
 def _keepable(sql: str, result: Rows | pa.Table) -> bool:
     """Whether ``result``, the run of the literal text ``sql``, is kept: its steady form
     (``Rows``, or an Arrow table the rows' way will not take) of at most
-    ``LITERAL_RESULT_COLUMNS_MAX`` columns, so that the kept results are bounded in bytes
+    ``limits.LITERAL_RESULT_COLUMNS_MAX`` columns, so that the kept results are bounded in bytes
     as well as in number."""
-    if result.num_columns > LITERAL_RESULT_COLUMNS_MAX:
+    if result.num_columns > limits.LITERAL_RESULT_COLUMNS_MAX:
         return False
     return type(result) is Rows or not _rows_way(sql)
 
@@ -387,7 +381,7 @@ def literal_stream_result(sql: str, parameters: Any,
     protocol): the whole result read on this thread's ``literal_cursor`` (``batch_reader``,
     a row) and DuckDB's type name of each column, kept by text alike (the same bounds,
     the same steady form, nothing kept of an error or of a text with parameters)."""
-    keep = not parameters and len(sql) <= LITERAL_RESULT_TEXT_CHARS_MAX
+    keep = not parameters and len(sql) <= limits.LITERAL_RESULT_TEXT_CHARS_MAX
     if keep:
         kept = _literal_streamed.get(sql)
         if kept is not None:
@@ -399,7 +393,7 @@ def literal_stream_result(sql: str, parameters: Any,
     result = reader.rows if isinstance(reader, RowsReader) else reader.read_all()
     if keep and _keepable(sql, result):
         assert result.num_rows == 1, "a SELECT of literals alone gives one row"
-        if len(_literal_streamed) >= LITERAL_RESULTS_MAX:
+        if len(_literal_streamed) >= limits.LITERAL_RESULTS_MAX:
             _literal_streamed.clear()
         copy = Rows(list(result.rows), result.schema) if type(result) is Rows else result
         _literal_streamed[sql] = (copy, list(duckdb_types))

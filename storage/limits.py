@@ -164,6 +164,14 @@ CACHED_TEXT_CHARS_MAX = 64 * 1024
 # A session's memo of statement descriptions (engine.describe, 128 entries) keeps texts up
 # to this long; longer ones (bulk INSERTs) are described afresh each time.
 DESCRIBE_MEMO_TEXT_CHARS_MAX = 8192
+# A parameterless SELECT of literals runs in DuckDB once per text and its one row is kept
+# (engine.tables ``literal_result``): at most this many texts per way (extended, simple) of
+# at most this many characters and columns; DuckDB's Arrow of a literal row holds ~2 KB a
+# column, so 2 x 256 kept rows stay within ~16 MiB (review R2-F1 of round 13: without the
+# column bound, 512 wide texts held ~1 GB).
+LITERAL_RESULTS_MAX = 256
+LITERAL_RESULT_TEXT_CHARS_MAX = 4096
+LITERAL_RESULT_COLUMNS_MAX = 16
 # A DuckDB cursor keeps the parsed statements of texts up to this long, of at most
 # PARSED_CHARS_PER_CURSOR_MAX characters together (engine.tables, ``CursorPlans.statement``):
 # DuckDB's parse of a text takes ~35 bytes of memory a character (measured: 404 KiB for

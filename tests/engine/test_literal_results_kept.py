@@ -13,6 +13,7 @@ import pytest
 from engine import privileges, sandbox, tables
 from engine import session as session_module
 from engine.session import Session, SessionState
+from storage import limits
 from storage.errors import InFailedTransactionError, InsufficientPrivilegeError, TopicbaseError
 
 PLAIN_TEXTS = [
@@ -74,7 +75,7 @@ def test_a_parameterless_literal_select_runs_in_duckdb_once(
     runs = 2 if sql in PLAIN_TEXTS else 1
     assert duckdb_runs == [sql] * runs  # the others from the kept row
     with pytest.MonkeyPatch.context() as patch:  # nothing kept: DuckDB every time
-        patch.setattr(tables, "LITERAL_RESULT_TEXT_CHARS_MAX", 0)
+        patch.setattr(limits, "LITERAL_RESULT_TEXT_CHARS_MAX", 0)
         fresh = [_outcome(database.connect(), sql) for _ in range(2)]
     assert duckdb_runs == [sql] * (runs + 2)
     assert outcomes == [fresh[0]] * 5 == [fresh[1]] * 5
@@ -110,11 +111,11 @@ def test_errors_are_not_kept(session: Session, duckdb_runs: list[str]) -> None:
 def test_long_texts_and_many_texts_stay_bounded(
     session: Session, duckdb_runs: list[str], monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    long = "SELECT '" + "a" * tables.LITERAL_RESULT_TEXT_CHARS_MAX + "' AS v"
+    long = "SELECT '" + "a" * limits.LITERAL_RESULT_TEXT_CHARS_MAX + "' AS v"
     for _ in range(3):
         assert session.execute(long)[0].table.num_rows == 1
     assert duckdb_runs == [long] * 3  # over the bound: never kept
-    monkeypatch.setattr(tables, "LITERAL_RESULTS_MAX", 3)
+    monkeypatch.setattr(limits, "LITERAL_RESULTS_MAX", 3)
     for n in range(10):
         session.execute(f"SELECT {n}")
         assert len(tables._literal_results) <= 3
@@ -227,7 +228,7 @@ def test_a_streamed_literal_select_runs_in_duckdb_once_or_twice(
     runs = 2 if sql in PLAIN_TEXTS else 1
     assert streamed_runs == [sql] * runs
     with pytest.MonkeyPatch.context() as patch:  # nothing kept: DuckDB every time
-        patch.setattr(tables, "LITERAL_RESULT_TEXT_CHARS_MAX", 0)
+        patch.setattr(limits, "LITERAL_RESULT_TEXT_CHARS_MAX", 0)
         fresh = [_streamed(database.connect(), sql, whole) for _ in range(2)]
     assert streamed_runs == [sql] * (runs + 2)
     assert outcomes[1:] == [fresh[1]] * 4
@@ -248,7 +249,7 @@ def test_a_wide_literal_select_is_not_kept(session: Session, duckdb_runs: list[s
     """Kept results are bounded in bytes, not only in number: a text of many literal
     columns (~2 KB of DuckDB's Arrow a column) runs every time, in both ways (review
     R2-F1 of round 13: 512 such texts held ~1 GB)."""
-    columns = tables.LITERAL_RESULT_COLUMNS_MAX
+    columns = limits.LITERAL_RESULT_COLUMNS_MAX
     wide = "SELECT " + ",".join([value] * (columns + 1))
     narrow = "SELECT " + ",".join([value] * columns)
     for _ in range(3):

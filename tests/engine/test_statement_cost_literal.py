@@ -15,6 +15,7 @@ from engine import tables
 from engine.session import Session, SessionState
 from planner.duckdb_sql import parse_duckdb
 from planner.literal_select import is_literal_select
+from storage import limits
 from storage.errors import TopicbaseError
 
 LITERAL_TEXTS: list[tuple[str, Any]] = [
@@ -67,7 +68,7 @@ def literal_runs(monkeypatch: pytest.MonkeyPatch) -> list[str]:
     monkeypatch.setattr(tables, "literal_result", spying_result)
     # Every run runs in DuckDB: its ways are what these tests compare (the results kept
     # by text are tests/engine/test_literal_results_kept.py's).
-    monkeypatch.setattr(tables, "LITERAL_RESULT_TEXT_CHARS_MAX", 0)
+    monkeypatch.setattr(limits, "LITERAL_RESULT_TEXT_CHARS_MAX", 0)
     return taken
 
 
