@@ -15,6 +15,7 @@ from engine import session as session_module
 from engine.session import Session, SessionState
 from storage import limits
 from storage.errors import InFailedTransactionError, InsufficientPrivilegeError, TopicbaseError
+from tests.literal_runs_spy import literal_runs
 
 PLAIN_TEXTS = [
     "SELECT 1",
@@ -30,19 +31,8 @@ ARROW_TEXTS = [  # types the rows' way does not take: DuckDB's Arrow table is ke
 
 @pytest.fixture
 def duckdb_runs(monkeypatch: pytest.MonkeyPatch) -> list[str]:
-    """The texts ``tables.query_rows`` ran on the thread's literal connection, in order."""
-    taken: list[str] = []
-    original = tables.query_rows
-
-    def spying(cursor: Any, sql: str, parameters: Any = None, **options: Any) -> Any:
-        if cursor is tables.literal_cursor():
-            taken.append(sql)
-        return original(cursor, sql, parameters, **options)
-
-    monkeypatch.setattr(tables, "query_rows", spying)
-    tables._literal_results.clear()
-    tables._small_results.clear()  # nothing learnt of any text: the first run is Arrow
-    return taken
+    """The texts run in DuckDB on the thread's literal connection, in order."""
+    return literal_runs(monkeypatch)
 
 
 def _keep(session: Session, sql: str, duckdb_runs: list[str]) -> None:

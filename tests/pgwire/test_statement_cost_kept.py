@@ -15,6 +15,7 @@ import pytest
 from engine import key_lookup, tables
 from sql.pgwire import users
 from sql.pgwire.server import ServerThread
+from tests.literal_runs_spy import literal_runs
 
 
 @pytest.fixture
@@ -38,18 +39,7 @@ def _connect(server: ServerThread, user: str) -> psycopg.Connection:
 @pytest.fixture
 def duckdb_literal_runs(monkeypatch: pytest.MonkeyPatch) -> list[str]:
     """Texts run in DuckDB on the literal connection (in the server's threads)."""
-    taken: list[str] = []
-    original = tables.query_rows
-
-    def spying(cursor: Any, sql: str, parameters: Any = None, **options: Any) -> Any:
-        if cursor is tables.literal_cursor():
-            taken.append(sql)
-        return original(cursor, sql, parameters, **options)
-
-    monkeypatch.setattr(tables, "query_rows", spying)
-    tables._literal_results.clear()
-    tables._small_results.clear()
-    return taken
+    return literal_runs(monkeypatch)
 
 
 @pytest.fixture
