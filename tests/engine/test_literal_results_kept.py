@@ -15,7 +15,7 @@ from engine import session as session_module
 from engine.session import Session, SessionState
 from storage import limits
 from storage.errors import InFailedTransactionError, InsufficientPrivilegeError, TopicbaseError
-from tests.literal_runs_spy import literal_runs
+from tests.literal_statements import literal_runs, streamed
 
 PLAIN_TEXTS = [
     "SELECT 1",
@@ -172,25 +172,6 @@ def test_the_first_statement_of_a_transaction_still_opens_its_snapshot(
     assert duckdb_runs == []
 
 
-def _streamed(session: Session, sql: str, whole: bool) -> Any:
-    """``sql`` through ``open_stream`` (the simple protocol's way): schema, DuckDB types
-    and rows (taken whole when offered and ``whole``, else batch by batch)."""
-    statement = session_module.parse_statements(sql)[0]
-    stream = session.open_stream(statement, None, no_rows=None)
-    assert stream is not None
-    try:
-        taken = stream.take_whole() if whole else None
-        if taken is not None:
-            rows = [tuple(row) for row in taken.rows]
-        else:
-            rows = []
-            while (batch := stream.next_batch()) is not None:
-                rows += [tuple(c[i].as_py() for c in batch.columns) for i in range(batch.num_rows)]
-        return (stream.schema, stream.schema.metadata, stream.duckdb_types, rows)
-    finally:
-        stream.close()
-
-
 @pytest.fixture
 def streamed_runs(monkeypatch: pytest.MonkeyPatch) -> list[str]:
     """The texts ``tables.batch_reader`` started on the thread's literal connection."""
@@ -214,12 +195,12 @@ def test_a_streamed_literal_select_runs_in_duckdb_once_or_twice(
     database: Any, streamed_runs: list[str], sql: str, whole: bool
 ) -> None:
     session = database.connect()
-    outcomes = [_streamed(session, sql, whole) for _ in range(5)]
+    outcomes = [streamed(session, sql, None, whole) for _ in range(5)]
     runs = 2 if sql in PLAIN_TEXTS else 1
     assert streamed_runs == [sql] * runs
     with pytest.MonkeyPatch.context() as patch:  # nothing kept: DuckDB every time
         patch.setattr(limits, "LITERAL_RESULT_TEXT_CHARS_MAX", 0)
-        fresh = [_streamed(database.connect(), sql, whole) for _ in range(2)]
+        fresh = [streamed(database.connect(), sql, None, whole) for _ in range(2)]
     assert streamed_runs == [sql] * (runs + 2)
     assert outcomes[1:] == [fresh[1]] * 4
     assert outcomes[0][0] == fresh[0][0] and outcomes[0][3] == fresh[0][3]
@@ -244,10 +225,10 @@ def test_a_wide_literal_select_is_not_kept(session: Session, duckdb_runs: list[s
     narrow = "SELECT " + ",".join([value] * columns)
     for _ in range(3):
         assert session.execute(wide)[-1].table.num_columns == columns + 1
-        _streamed(session, wide, True)
+        streamed(session, wide, None, True)
     assert wide not in tables._literal_results and wide not in tables._literal_streamed
     assert duckdb_runs.count(wide) == 3
     for _ in range(3):
         session.execute(narrow)
-        _streamed(session, narrow, True)
+        streamed(session, narrow, None, True)
     assert narrow in tables._literal_results and narrow in tables._literal_streamed

@@ -10,13 +10,13 @@ from typing import Any
 import pytest
 from sqlglot import expressions as exp
 
-from engine import session as session_module
 from engine import tables
 from engine.session import Session, SessionState
 from planner.duckdb_sql import parse_duckdb
 from planner.literal_select import is_literal_select
 from storage import limits
 from storage.errors import TopicbaseError
+from tests.literal_statements import positional, streamed
 
 LITERAL_TEXTS: list[tuple[str, Any]] = [
     ("SELECT 1", None),
@@ -72,15 +72,6 @@ def literal_runs(monkeypatch: pytest.MonkeyPatch) -> list[str]:
     return taken
 
 
-def _positional(batches: Any) -> list[tuple[Any, ...]]:
-    """The rows of Arrow tables or batches as tuples (not dicts: names may repeat)."""
-    return [
-        tuple(column[index].as_py() for column in batch.columns)
-        for batch in batches
-        for index in range(batch.num_rows)
-    ]
-
-
 def _outcome(session: Session, sql: str, parameters: Any) -> Any:
     try:
         result = session.execute(sql, parameters)[-1]
@@ -88,7 +79,7 @@ def _outcome(session: Session, sql: str, parameters: Any) -> Any:
         return ("error", type(error).__name__, error.sqlstate, error.message)
     table = result.table
     assert table is not None
-    return (result.tag, table.schema, table.schema.metadata, _positional([table]))
+    return (result.tag, table.schema, table.schema.metadata, positional([table]))
 
 
 def _three_runs(session: Session, run: Any, sql: str, rows_way: list[str]) -> list[Any]:
@@ -124,29 +115,6 @@ def test_literal_selects_give_what_the_session_s_connection_gives(
     assert literal_runs == [sql] * 3  # the other session ran none there
 
 
-def _streamed(session: Session, sql: str, parameters: Any, whole: bool) -> Any:
-    """``sql`` through ``open_stream`` (the simple protocol's way): its schema, DuckDB
-    types and rows (taken whole when offered and ``whole``, else as batches), or its error."""
-    statement = session_module.parse_statements(sql)[0]
-    try:
-        stream = session.open_stream(statement, parameters, no_rows=None)
-    except TopicbaseError as error:
-        return ("error", type(error).__name__, error.sqlstate, error.message, session.state)
-    assert stream is not None
-    try:
-        taken = stream.take_whole() if whole else None
-        if taken is not None:
-            rows = [tuple(row) for row in taken.rows]
-        else:
-            batches = []
-            while (batch := stream.next_batch()) is not None:
-                batches.append(batch)
-            rows = _positional(batches)
-        return (stream.schema, stream.schema.metadata, stream.duckdb_types, rows)
-    finally:
-        stream.close()
-
-
 @pytest.mark.parametrize("whole", [True, False])
 @pytest.mark.parametrize(("sql", "parameters"), LITERAL_TEXTS + ERROR_TEXTS)
 def test_literal_selects_stream_as_on_the_session_s_connection(
@@ -154,7 +122,7 @@ def test_literal_selects_stream_as_on_the_session_s_connection(
     whole: bool,
 ) -> None:
     def run(session: Session) -> Any:
-        return _streamed(session, sql, parameters, whole)
+        return streamed(session, sql, parameters, whole)
 
     session = database.connect()
     mine = _three_runs(session, run, sql, rows_way)
@@ -165,7 +133,7 @@ def test_literal_selects_stream_as_on_the_session_s_connection(
     assert mine == theirs
     session.execute("BEGIN")  # an error in a transaction fails it, as a stream's does
     session.execute("SELECT 1")  # opens its DuckDB transaction
-    outcome = _streamed(session, sql, parameters, whole)
+    outcome = streamed(session, sql, parameters, whole)
     assert (session.state is SessionState.FAILED) == (outcome[0] == "error")
 
 

@@ -15,7 +15,7 @@ import pytest
 from engine import key_lookup, tables
 from sql.pgwire import users
 from sql.pgwire.server import ServerThread
-from tests.literal_runs_spy import literal_runs
+from tests.literal_statements import literal_runs
 
 
 @pytest.fixture
