@@ -54,22 +54,30 @@ def _cpu_s(pid: int) -> float:
     return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
 
 
-def _spark(url: str, wire_port: int) -> Any:
+def spark_builder(app_name: str) -> Any:
+    """The benches' SparkSession builder (local[2], loopback, UI off, 2 shuffle
+    partitions, UTC), with the catalog's jar built (make spark-jar)."""
     from pyspark.sql import SparkSession
 
-    import spark_sql_ext
     from spark_sql_ext.build_jar import build
 
     os.environ.setdefault("PYSPARK_PYTHON", sys.executable)
     os.environ.setdefault("SPARK_LOCAL_IP", "127.0.0.1")
-    builder = (SparkSession.builder.master("local[2]").appName("topicbase-bench")
+    builder = (SparkSession.builder.master("local[2]").appName(app_name)
                .config("spark.ui.enabled", "false").config("spark.ui.showConsoleProgress", "false")
                .config("spark.sql.shuffle.partitions", "2")
                .config("spark.driver.host", "127.0.0.1")
                .config("spark.driver.bindAddress", "127.0.0.1")
                .config("spark.driver.memory", "2g")
                .config("spark.sql.session.timeZone", "UTC"))  # fmt: skip
-    build()  # the catalog's jar (make spark-jar)
+    build()
+    return builder
+
+
+def _spark(url: str, wire_port: int) -> Any:
+    import spark_sql_ext
+
+    builder = spark_builder("topicbase-bench")
     builder = spark_sql_ext.configure(builder, url=url, user=USER, password=PASSWORD,
                                       wire_url=f"127.0.0.1:{wire_port}")  # fmt: skip
     builder = spark_sql_ext.configure(builder, url=url, user=USER, password=PASSWORD,

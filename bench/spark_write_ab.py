@@ -23,13 +23,12 @@ import shutil
 import signal
 import statistics
 import subprocess
-import sys
 import tempfile
 import time
 from typing import Any
 
 from bench.demo_spark import PASSWORD, USER, kill_group, start_server
-from bench.spark_bench import PARTITIONS, _cpu_s, _rows, _timed
+from bench.spark_bench import PARTITIONS, _cpu_s, _rows, _timed, spark_builder
 from sql.pgwire.users import add_user, default_users_path
 
 
@@ -48,21 +47,9 @@ def _start(tree: str, data_dir: str) -> tuple[subprocess.Popen, int, int]:
 
 
 def _session(servers: dict[str, tuple[int, int]]) -> Any:
-    from pyspark.sql import SparkSession
-
     import spark_sql_ext
-    from spark_sql_ext.build_jar import build
 
-    os.environ.setdefault("PYSPARK_PYTHON", sys.executable)
-    os.environ.setdefault("SPARK_LOCAL_IP", "127.0.0.1")
-    builder = (SparkSession.builder.master("local[2]").appName("topicbase-write-ab")
-               .config("spark.ui.enabled", "false").config("spark.ui.showConsoleProgress", "false")
-               .config("spark.sql.shuffle.partitions", "2")
-               .config("spark.driver.host", "127.0.0.1")
-               .config("spark.driver.bindAddress", "127.0.0.1")
-               .config("spark.driver.memory", "2g")
-               .config("spark.sql.session.timeZone", "UTC"))  # fmt: skip
-    build()
+    builder = spark_builder("topicbase-write-ab")
     for name, (wire, flight) in servers.items():
         builder = spark_sql_ext.configure(
             builder, url=f"topicbase://127.0.0.1:{flight}", user=USER, password=PASSWORD,
