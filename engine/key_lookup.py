@@ -76,6 +76,7 @@ import numpy as np
 import pyarrow as pa
 
 from engine import tables
+from engine.chunk_values import VIEW_BYTES, ChunkValues
 from engine.result import Rows
 from engine.tables import quote_identifier
 from planner.operations import LookupShape, LookupValue, Plan, RunQuery
@@ -273,30 +274,46 @@ class _Index:
     build_s: float
     served: int = 0
     chunks: list[list[pa.Array]] = field(init=False, repr=False)  # of ``table``'s columns
+    # ``chunks``' values as ``as_py`` gives them, read from the buffers (``chunk_values``).
+    values: list[list[ChunkValues]] = field(init=False, repr=False)
+    # ``sorted_keys`` and ``order`` as memoryviews: ``bisect`` over one and an item of each
+    # are Python ints, cheaper with cold caches than numpy's ``searchsorted`` and scalars,
+    # and exact for uint64 keys (numpy compares a Python int with them as float64).
+    key_view: memoryview = field(init=False, repr=False)
+    order_view: memoryview | None = field(init=False, repr=False)
+    # The rows of every chunk but the last, when they all hold as many (else 0).
+    chunk_rows: int = field(init=False, repr=False)
     # What a statement's shape comes to on this index (``_shape_work``), by the shape's id.
     shapes: dict[int, _ShapeWork] = field(init=False, repr=False, default_factory=dict)
 
     def __post_init__(self) -> None:
         self.chunks = [column.chunks for column in self.table.columns]
+        self.values = [[ChunkValues(chunk) for chunk in chunks] for chunks in self.chunks]
+        self.key_view = memoryview(np.ascontiguousarray(self.sorted_keys))
+        self.order_view = None if self.order is None else memoryview(
+            np.ascontiguousarray(self.order))  # fmt: skip
+        starts = self.starts
+        steps = {b - a for a, b in itertools.pairwise(starts)}
+        self.chunk_rows = steps.pop() if len(steps) == 1 else 0
 
     def row(self, key: tuple[Any, ...]) -> int | None:
         """The row whose key is ``key`` (values of the key columns' types), or None."""
-        keys = self.sorted_keys
-        if not len(keys):
+        keys = self.key_view
+        count = len(keys)
+        if not count:
             return None
+        order = self.order_view
         if not self.hashed:
-            # A Python int against uint64 keys is compared as float64 (2**53 + 1 ==
-            # 2**53): as the keys' own dtype (``_converted`` proved it in the range).
-            wanted_key = np.uint64(key[0]) if keys.dtype == np.uint64 else key[0]
-            at = int(keys.searchsorted(wanted_key))
-            if at >= len(keys) or int(keys[at]) != key[0]:
+            wanted = key[0]
+            at = bisect.bisect_left(keys, wanted)
+            if at >= count or keys[at] != wanted:
                 return None
-            return at if self.order is None else int(self.order[at])
+            return at if order is None else order[at]
         wanted = hash(key[0] if len(key) == 1 else key)
-        at = int(keys.searchsorted(wanted))
-        while at < len(keys) and int(keys[at]) == wanted:
-            row = at if self.order is None else int(self.order[at])
-            if tuple(self.cell(i, row).as_py() for i in self.key_columns) == key:
+        at = bisect.bisect_left(keys, wanted)
+        while at < count and keys[at] == wanted:
+            row = at if order is None else order[at]
+            if tuple(self.cell(i, row) for i in self.key_columns) == key:
                 return row
             at += 1
         return None
@@ -304,13 +321,17 @@ class _Index:
     def chunk_of(self, row: int) -> tuple[int, int]:
         """(chunk, row within it) of ``row``: every column is chunked alike."""
         starts = self.starts
-        chunk = 0 if len(starts) == 1 else bisect.bisect_right(starts, row) - 1
+        if len(starts) == 1:
+            return 0, row
+        size = self.chunk_rows  # chunks of one size (the last may be shorter): no search
+        chunk = min(row // size, len(starts) - 1) if size else bisect.bisect_right(starts, row) - 1
         assert 0 <= chunk < len(starts) and row >= starts[chunk], (row, chunk)
         return chunk, row - starts[chunk]
 
     def cell(self, column: int, row: int) -> Any:
+        """The value of ``column`` in ``row`` as ``as_py`` gives it."""
         chunk, at = self.chunk_of(row)
-        return self.chunks[column][chunk][at]
+        return self.values[column][chunk].value(at)
 
 
 @dataclass
@@ -782,7 +803,8 @@ def _indexed(data: pa.Table, keys: np.ndarray, types: tuple[str, ...],
         keys = keys[order]
     lengths = [len(chunk) for chunk in data.column(0).chunks] if data.num_columns else []
     starts = list(itertools.accumulate(lengths[:-1], initial=0)) if lengths else []
-    extra = keys.nbytes + (0 if order is None else order.nbytes) + 8 * len(starts)
+    extra = (keys.nbytes + (0 if order is None else order.nbytes) + 8 * len(starts)
+             + VIEW_BYTES * len(starts) * data.num_columns)  # fmt: skip
     lower_names = {fold(name): i for i, name in enumerate(data.column_names)}
     return _Index(basis, data, starts, types, lower_names, key_columns, keys, order, hashed,
                   data.nbytes + extra, build_s)  # fmt: skip
@@ -910,8 +932,8 @@ def _result(index: _Index, columns: list[tuple[int, str]], row: int | None,
         if row is None:
             return Rows([], schema)
         chunk, at = index.chunk_of(row)
-        chunks = index.chunks
-        return Rows([tuple(chunks[i][chunk][at].as_py() for i, _ in columns)], schema)
+        values = index.values
+        return Rows([tuple([values[i][chunk].value(at) for i, _ in columns])], schema)
     # A copy of the row taken from its chunk, not a slice: a slice keeps (and its buffer
     # size counts) the whole chunk's buffers, and fronts bound results by buffer size.
     chunk, at = (0, None) if row is None else index.chunk_of(row)
