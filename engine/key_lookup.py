@@ -503,6 +503,22 @@ def _lookup_query(operation: Any) -> tuple[RunQuery, LookupShape] | None:
     return operation, shape
 
 
+def index_ready(database: Any, plan: Plan) -> bool:
+    """Whether ``plan`` is of the lookup shape and its table's index stands at the table's
+    basis now: ``answer`` would ask the index without counting a lookup towards a build
+    (``_index_for``), so a caller that falls back to the ordinary way (which asks
+    ``answer`` again) when this says False never counts a statement twice."""
+    found = lookup_plan(plan)
+    if found is None or _cap_or_off() == 0:
+        return False
+    name = fold(found[1].table)
+    basis = TABLE_CHANGES.basis(name)
+    if basis is None:
+        return False
+    index = indexes_of(database).indexes.get(name)
+    return index is not None and index.basis == basis
+
+
 class Answer(NamedTuple):
     """A lookup's result as DuckDB would give it (``Rows`` for plain column types, else
     DuckDB's Arrow) and DuckDB's type name of each of its columns."""

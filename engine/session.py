@@ -52,6 +52,7 @@ from engine import (
 from engine.commit import PublishItem, route_writes
 from engine.ddl import run_alter, run_create, run_drop
 from engine.identity import LOCAL_SUPERUSER, Identity
+from engine.lookup_plans import KeptLookupPlans, lookup_shaped
 from engine.moved_refs import MovedRange, MovedSource, moved_batch
 from engine.offset_reset import set_consumer_offsets
 from engine.reads import CURRENT_PROGRESS, ReadProgress, read_records, stream_records
@@ -135,6 +136,8 @@ class Session:
         # (no SET, no temporary relation: ``key_lookup.keeps_names``), which the key
         # lookups' indexes assume; None: to be found again (``key_lookup.names_plain``).
         self._names_plain: bool | None = True
+        # Plans of prepared lookups answered from an index (``answer_lookup``).
+        self._lookup_plans = KeptLookupPlans()
 
     # -- entry points -------------------------------------------------------------------
     def execute(self, sql: str, parameters: Any = None) -> list[Result]:
@@ -522,6 +525,32 @@ class Session:
         operation = plan.operations[0]
         assert isinstance(operation, RunQuery)
         return _query_result(operation, answered.result)
+
+    def answer_lookup(self, statement: ast.Statement, parameters: Any = None) -> Result | None:
+        """``execute_statement`` of an autocommit primary-key lookup, when its table's index
+        answers it (``engine.key_lookup``); None: nothing ran, and the caller runs the
+        statement through ``execute_statement`` as ever (which reports any error).
+
+        What ``execute_statement`` does for such a statement, less its general steps that
+        do nothing for it: the plan is kept per statement (``engine.lookup_plans``: while
+        no topic is created or dropped), and the door's checks (sandbox, privileges) run
+        on every call, as there; a refusal is left to ``execute_statement`` to report.
+        Only outside a transaction, with no stream open, on an open session."""
+        if not isinstance(statement, ast.SqlStatement) or not lookup_shaped(statement):
+            return None
+        with self._lock:
+            if self._closed or self._stream_open or self.state is not SessionState.IDLE:
+                return None
+            plan = self._lookup_plans.plan(statement, self.database, self.planning_catalog)
+            if plan is None or not key_lookup.index_ready(self.database, plan):
+                return None  # the ordinary way asks (and counts towards a build) once
+            try:
+                self._guard(plan)
+            except TopicbaseError:
+                return None  # ``execute_statement`` refuses it, with the same error
+            self._cancel_requested = False
+            self.read_progress.reset()
+            return self._key_lookup(plan, parameters)
 
     def _key_answer(
         self, plan: Plan, parameters: Any, timeout_s: float | None = None

@@ -311,3 +311,12 @@ VERIFIED_RUNS_MAX = 8
 # at most one message plus the metadata of a batch; a header claiming more is refused
 # before the body is read.
 INCOMING_FRAME_BODY_BYTES_MAX = max(FRAME_TARGET_BYTES, MESSAGE_BYTES_MAX) + MIB
+
+# -- kept lookup plans (engine.session.Session.answer_lookup; docs/statement_cost.md round 9) --
+# A session keeps the plan of each prepared primary-key lookup it answers from an index, by
+# statement, while no topic is created or dropped: at most this many plans a session (then
+# all are forgotten), each of a text of at most KEPT_LOOKUP_TEXT_CHARS_MAX characters, so a
+# session holds at most ~16 x 4096 x 4 bytes of text (the plans share the statements the
+# parse caches hold already). Longer texts are planned on every run, as before.
+KEPT_LOOKUP_PLANS_MAX = 16
+KEPT_LOOKUP_TEXT_CHARS_MAX = 4096

@@ -334,7 +334,12 @@ class ExtendedProtocol:
         self._revalidate(prepared)
         held = copy_commit.hold(self.context, statement)
         try:  # anything raised before the return reaches the caller: nobody else rolls back
-            result = self.catalog.execute(self._session(), statement, parameters)
+            session = self._session()
+            result = None
+            if not held.began:  # a primary-key lookup answered from an index, if one
+                result = self.catalog.answer_lookup(session, statement, parameters)
+            if result is None:
+                result = self.catalog.execute(session, statement, parameters)
             if prepared.columns is not None or result.rows is not None:
                 # ``Rows``' string columns are DuckDB's VARCHAR: nothing to tell apart
                 return result, None, held

@@ -171,6 +171,21 @@ class ConnectionCatalog:
         finally:
             self._settle(session)
 
+    def answer_lookup(self, session: Session, statement: ast.Statement, parameters: Any
+                      ) -> Result | None:  # fmt: skip
+        """``execute`` of a statement the engine answers as a primary-key lookup from an
+        index (``Session.answer_lookup``), or None: nothing ran (the caller then runs it
+        through ``execute``). Only for a statement ``execute`` hands to the engine as it is
+        and without a ``statement_timeout`` (``execute`` arms its timer), outside a
+        transaction: then ``execute`` would do nothing else around it but settle the
+        settings of a transaction that ended (done here first, as there)."""
+        if (session.state is not SessionState.IDLE or not isinstance(statement, ast.SqlStatement)
+                or statement.topic_scans or not _goes_unchanged(statement.sql)
+                or _milliseconds(self.settings.values["statement_timeout"]) != 0):  # fmt: skip
+            return None
+        self._settle(session)
+        return session.answer_lookup(statement, parameters)
+
     def _settle(self, session: Session) -> None:
         def restored(names: set[str]) -> None:
             if "search_path" in names:
