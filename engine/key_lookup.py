@@ -503,22 +503,6 @@ def _lookup_query(operation: Any) -> tuple[RunQuery, LookupShape] | None:
     return operation, shape
 
 
-def index_ready(database: Any, plan: Plan) -> bool:
-    """Whether ``plan`` is of the lookup shape and its table's index stands at the table's
-    basis now: ``answer`` would ask the index without counting a lookup towards a build
-    (``_index_for``), so a caller that falls back to the ordinary way (which asks
-    ``answer`` again) when this says False never counts a statement twice."""
-    found = lookup_plan(plan)
-    if found is None or _cap_or_off() == 0:
-        return False
-    name = fold(found[1].table)
-    basis = TABLE_CHANGES.basis(name)
-    if basis is None:
-        return False
-    index = indexes_of(database).indexes.get(name)
-    return index is not None and index.basis == basis
-
-
 class Answer(NamedTuple):
     """A lookup's result as DuckDB would give it (``Rows`` for plain column types, else
     DuckDB's Arrow) and DuckDB's type name of each of its columns."""
@@ -528,7 +512,8 @@ class Answer(NamedTuple):
 
 
 def answer(database: Any, plan: Plan, parameters: Any,
-           stop: Callable[[], bool] = lambda: False) -> Answer | None:  # fmt: skip
+           stop: Callable[[], bool] = lambda: False, *, build: bool = True,
+           ) -> Answer | None:  # fmt: skip
     """The result of ``plan`` from the table's index, or None: DuckDB must run it.
 
     The caller guarantees: an autocommit statement, planned and checked by the door,
@@ -536,7 +521,10 @@ def answer(database: Any, plan: Plan, parameters: Any,
     the default search path or ``main``, no temporary relation of its own) and with no
     relation registered on its connection.
     ``stop`` says the statement was cancelled (or timed out): a build under way for it
-    then ends at its next batch with 57014."""
+    then ends at its next batch with 57014. ``build=False``: only an index that stands at
+    the table's basis answers; the lookup is neither counted towards a build nor builds
+    one (a caller that then runs the statement the ordinary way asks again, and that
+    counts it once)."""
     found = lookup_plan(plan)
     if found is None:
         return None
@@ -551,6 +539,8 @@ def answer(database: Any, plan: Plan, parameters: Any,
     registry = indexes_of(database)
     index = registry.indexes.get(name)
     if index is None or index.basis != basis:
+        if not build:
+            return None
         index = _index_for(database, registry, name, basis, cap, shape, stop)
         if index is None:
             return None

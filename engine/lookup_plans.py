@@ -51,15 +51,16 @@ class KeptLookupPlans:
     def __len__(self) -> int:
         return len(self._plans)
 
-    def plan(self, statement: ast.SqlStatement, database: Any, catalog: SessionCatalog
-             ) -> Plan | None:  # fmt: skip
+    def plan(self, statement: ast.SqlStatement, database: Any, session: Any) -> Plan | None:
         """``statement``'s plan if it is one of the lookup shape (kept, or planned now and
         kept), else None (the caller runs the statement the ordinary way, which plans it
-        and reports any error). ``catalog``: the session's, as the ordinary way plans."""
+        and reports any error). Planned with ``session``'s ``planning_catalog``, as the
+        ordinary way plans."""
         changes = database.catalog.changes
         kept = self._plans.get(id(statement))
         if kept is not None and kept[0] is statement and kept[1] == changes:
             return kept[2]
+        catalog: SessionCatalog = session.planning_catalog
         try:
             plan = planner.plan(statement, catalog)
         except Exception:  # the ordinary way plans it again and reports it

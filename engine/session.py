@@ -517,9 +517,9 @@ class Session:
                 self.state = SessionState.FAILED
             raise
 
-    def _key_lookup(self, plan: Plan, parameters: Any) -> Result | None:
+    def _key_lookup(self, plan: Plan, parameters: Any, *, build: bool = True) -> Result | None:
         """``_key_answer`` as the statement's ``Result``."""
-        answered = self._key_answer(plan, parameters)
+        answered = self._key_answer(plan, parameters, build=build)
         if answered is None:
             return None
         operation = plan.operations[0]
@@ -541,19 +541,21 @@ class Session:
         with self._lock:
             if self._closed or self._stream_open or self.state is not SessionState.IDLE:
                 return None
-            plan = self._lookup_plans.plan(statement, self.database, self.planning_catalog)
-            if plan is None or not key_lookup.index_ready(self.database, plan):
-                return None  # the ordinary way asks (and counts towards a build) once
+            plan = self._lookup_plans.plan(statement, self.database, self)
+            if plan is None:
+                return None
             try:
                 self._guard(plan)
             except TopicbaseError:
                 return None  # ``execute_statement`` refuses it, with the same error
             self._cancel_requested = False
             self.read_progress.reset()
-            return self._key_lookup(plan, parameters)
+            # Only from an index that stands: the ordinary way, which runs it otherwise,
+            # asks again and counts the lookup towards a build (once).
+            return self._key_lookup(plan, parameters, build=False)
 
     def _key_answer(
-        self, plan: Plan, parameters: Any, timeout_s: float | None = None
+        self, plan: Plan, parameters: Any, timeout_s: float | None = None, *, build: bool = True
     ) -> key_lookup.Answer | None:
         """An autocommit primary-key lookup answered from the table's index of committed
         rows (``engine.key_lookup``), already planned and checked; None: DuckDB runs it.
@@ -581,7 +583,7 @@ class Session:
             return self._cancel_requested or (ends is not None and time.monotonic() > ends)
 
         try:
-            return key_lookup.answer(self.database, plan, parameters, stop)
+            return key_lookup.answer(self.database, plan, parameters, stop, build=build)
         except QueryCanceledError as error:
             if self._cancel_requested or ends is None:
                 raise
