@@ -127,27 +127,43 @@ _ASCII_LOWER = str.maketrans(string.ascii_uppercase, string.ascii_lowercase)
 def bytes_max() -> int:
     """The byte cap of every database's indexes: ``$TOPICBASE_KEY_INDEX_BYTES`` if set
     (0 turns the path off), else 256 MiB. A bad value is 22023."""
-    text = os.environ.get(BYTES_VARIABLE, "").strip()
+    return _cap_of(os.environ.get(BYTES_VARIABLE))
+
+
+def _cap_of(value: str | None) -> int:
+    """``bytes_max`` of the variable's value ``value`` (None: unset)."""
+    text = (value or "").strip()
     if not text:
         return KEY_INDEX_BYTES_DEFAULT
     try:
-        value = int(text)
+        number = int(text)
     except ValueError:
-        value = -1
-    if value < 0:
+        number = -1
+    if number < 0:
         raise errors.InvalidParameterValueError(
             f"{BYTES_VARIABLE} must be a whole number of bytes, at least 0 (got {text!r})"
         )
-    return value
+    return number
 
 
 def _cap_or_off() -> int:
     """``bytes_max`` for a lookup: a malformed value turns the path off (0) rather than
-    failing every statement of the lookup shape (DuckDB answers them all)."""
+    failing every statement of the lookup shape (DuckDB answers them all). The variable
+    is read on every lookup (a change takes effect at once); its value is parsed once."""
+    global _cap_parsed
+    text = os.environ.get(BYTES_VARIABLE)
+    parsed = _cap_parsed
+    if parsed[0] == text:
+        return parsed[1]
     try:
-        return bytes_max()
+        cap = _cap_of(text)
     except errors.InvalidParameterValueError:
-        return 0
+        cap = 0
+    _cap_parsed = (text, cap)
+    return cap
+
+
+_cap_parsed: tuple[str | None, int] = (None, KEY_INDEX_BYTES_DEFAULT)  # (the text, its cap)
 
 
 # -- which tables may have changed --------------------------------------------------------------

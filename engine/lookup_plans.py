@@ -60,6 +60,8 @@ class KeptLookupPlans:
         kept = self._plans.get(id(statement))
         if kept is not None and kept[0] is statement and kept[1] == changes:
             return kept[2]
+        if not lookup_shaped(statement):
+            return None  # never planned here
         catalog: SessionCatalog = session.planning_catalog
         try:
             plan = planner.plan(statement, catalog)

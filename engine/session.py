@@ -52,7 +52,7 @@ from engine import (
 from engine.commit import PublishItem, route_writes
 from engine.ddl import run_alter, run_create, run_drop
 from engine.identity import LOCAL_SUPERUSER, Identity
-from engine.lookup_plans import KeptLookupPlans, lookup_shaped
+from engine.lookup_plans import KeptLookupPlans
 from engine.moved_refs import MovedRange, MovedSource, moved_batch
 from engine.offset_reset import set_consumer_offsets
 from engine.reads import CURRENT_PROGRESS, ReadProgress, read_records, stream_records
@@ -536,7 +536,7 @@ class Session:
         no topic is created or dropped), and the door's checks (sandbox, privileges) run
         on every call, as there; a refusal is left to ``execute_statement`` to report.
         Only outside a transaction, with no stream open, on an open session."""
-        if not isinstance(statement, ast.SqlStatement) or not lookup_shaped(statement):
+        if not isinstance(statement, ast.SqlStatement) or statement.topic_scans:
             return None
         with self._lock:
             if self._closed or self._stream_open or self.state is not SessionState.IDLE:
