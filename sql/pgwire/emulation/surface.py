@@ -183,6 +183,7 @@ class ConnectionCatalog:
                 or statement.topic_scans or not _goes_unchanged(statement.sql)
                 or _milliseconds(self.settings.values["statement_timeout"]) != 0):  # fmt: skip
             return None
+        self.savepoints.clear()
         self._settle(session)
         return session.answer_lookup(statement, parameters)
 
