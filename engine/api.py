@@ -22,6 +22,7 @@ from engine.database import Database
 from engine.describe import Description
 from engine.gc_tuning import freeze_owned_process
 from engine.identity import LOCAL_SUPERUSER, LOCAL_SUPERUSER_NAME, Identity
+from engine.lookup_plans import lookup_shaped
 from engine.privileges import use_role_lookup
 from engine.result import Rows
 from engine.session import Result, Session, parse_statements
@@ -66,6 +67,7 @@ __all__ = [
     "check_database",
     "freeze_owned_process",
     "from_table",
+    "lookup_shaped",
     "match_range_read",
     "matching_parenthesis",
     "parse",

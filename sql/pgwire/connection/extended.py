@@ -27,7 +27,16 @@ from typing import Any
 
 import pyarrow as pa
 
-from engine.api import Description, Result, Rows, Session, ast, parse, text_cache
+from engine.api import (
+    Description,
+    Result,
+    Rows,
+    Session,
+    ast,
+    lookup_shaped,
+    parse,
+    text_cache,
+)
 from sql.pgwire.codec import arrays, wire_types
 from sql.pgwire.codec import messages as m
 from sql.pgwire.connection import commands as wire_commands
@@ -336,7 +345,9 @@ class ExtendedProtocol:
         try:  # anything raised before the return reaches the caller: nobody else rolls back
             session = self._session()
             result = None
-            if not held.began:  # a primary-key lookup answered from an index, if one
+            if prepared.lookup is None:
+                prepared.lookup = lookup_shaped(statement)
+            if prepared.lookup and not held.began:  # answered from an index, if one
                 result = self.catalog.answer_lookup(session, statement, parameters)
             if result is None:
                 result = self.catalog.execute(session, statement, parameters)

@@ -53,6 +53,9 @@ class Prepared:
     columns: list[tuple[str, int]] | None = None
     wire: bool = field(kw_only=True)
     copy: bool = field(kw_only=True)
+    # Whether its text is of the primary-key lookup shape (``engine.api.lookup_shaped``),
+    # worked out at its first execution: only those are offered to ``answer_lookup``.
+    lookup: bool | None = field(default=None, kw_only=True)
 
 
 @dataclass
