@@ -290,8 +290,11 @@ class _Index:
     build_s: float
     served: int = 0
     chunks: list[list[pa.Array]] = field(init=False, repr=False)  # of ``table``'s columns
-    # ``chunks``' values as ``as_py`` gives them, read from the buffers (``chunk_values``).
-    values: list[list[ChunkValues]] = field(init=False, repr=False)
+    # ``chunks``' values as ``as_py`` gives them, read from the buffers (``chunk_values``):
+    # made for a chunk of a column at its first read (``cell_values``), so a build holds
+    # none and an index only those of the chunks it answered from; the index's ``nbytes``
+    # counts them all at ``VIEW_BYTES`` each, their most. A race makes one twice (the same).
+    values: list[list[ChunkValues | None]] = field(init=False, repr=False)
     # ``sorted_keys`` and ``order`` as memoryviews: ``bisect`` over one and an item of each
     # are Python ints, cheaper with cold caches than numpy's ``searchsorted`` and scalars,
     # and exact for uint64 keys (numpy compares a Python int with them as float64).
@@ -304,7 +307,7 @@ class _Index:
 
     def __post_init__(self) -> None:
         self.chunks = [column.chunks for column in self.table.columns]
-        self.values = [[ChunkValues(chunk) for chunk in chunks] for chunks in self.chunks]
+        self.values = [[None] * len(chunks) for chunks in self.chunks]
         self.key_view = memoryview(np.ascontiguousarray(self.sorted_keys))
         self.order_view = None if self.order is None else memoryview(
             np.ascontiguousarray(self.order))  # fmt: skip
@@ -347,7 +350,14 @@ class _Index:
     def cell(self, column: int, row: int) -> Any:
         """The value of ``column`` in ``row`` as ``as_py`` gives it."""
         chunk, at = self.chunk_of(row)
-        return self.values[column][chunk].value(at)
+        return self.cell_values(column, chunk).value(at)
+
+    def cell_values(self, column: int, chunk: int) -> ChunkValues:
+        """The values of ``chunk`` of ``column`` (made at its first read)."""
+        values = self.values[column][chunk]
+        if values is None:
+            values = self.values[column][chunk] = ChunkValues(self.chunks[column][chunk])
+        return values
 
 
 @dataclass
@@ -954,8 +964,8 @@ def _result(index: _Index, columns: list[tuple[int, str]], row: int | None,
         if row is None:
             return Rows([], schema)
         chunk, at = index.chunk_of(row)
-        values = index.values
-        return Rows([tuple([values[i][chunk].value(at) for i, _ in columns])], schema)
+        cell_values = index.cell_values
+        return Rows([tuple([cell_values(i, chunk).value(at) for i, _ in columns])], schema)
     # A copy of the row taken from its chunk, not a slice: a slice keeps (and its buffer
     # size counts) the whole chunk's buffers, and fronts bound results by buffer size.
     chunk, at = (0, None) if row is None else index.chunk_of(row)

@@ -8,10 +8,12 @@ import math
 import random
 import struct
 
+import numpy as np
 import pyarrow as pa
 import pytest
 
-from engine.chunk_values import ChunkValues
+from engine import key_lookup
+from engine.chunk_values import VIEW_BYTES, ChunkValues
 
 
 def _same(left: object, right: object) -> bool:
@@ -64,3 +66,40 @@ def test_values_of_a_chunked_column_read_each_chunk() -> None:
     column = pa.chunked_array([pa.array(["a", None]), pa.array(["bc", "d"]).slice(1)])
     got = [ChunkValues(chunk).value(at) for chunk in column.chunks for at in range(len(chunk))]
     assert got == column.to_pylist()
+
+
+# -- the index's use of them (engine.key_lookup._Index) ---------------------------------------
+def _index_of(chunk_sizes: list[int]) -> key_lookup._Index:
+    """An index over ``k`` = 0, 1, ... in chunks of ``chunk_sizes`` rows, ``v`` = 'v<k>'."""
+    batches, start = [], 0
+    for size in chunk_sizes:
+        keys = list(range(start, start + size))
+        batches.append(pa.record_batch([pa.array(keys, pa.int64()),
+                                        pa.array([f"v{k}" for k in keys])], names=["k", "v"]))
+        start += size
+    table = pa.Table.from_batches(batches)
+    keys = np.arange(start, dtype=np.int64)
+    return key_lookup._indexed(table, keys, ("BIGINT", "VARCHAR"), (0,), (0, 0), 0.0)
+
+
+@pytest.mark.parametrize("chunk_sizes", [[2, 2, 5], [3, 3, 3, 1], [4], [1, 7, 2], [2048, 2048, 9]])
+def test_every_row_is_found_in_its_chunk(chunk_sizes: list[int]) -> None:
+    """Chunks of one size but a longer last one (review R1-5), a shorter last one, one chunk,
+    chunks of different sizes (found by search)."""
+    index = _index_of(chunk_sizes)
+    for row in range(sum(chunk_sizes)):
+        assert index.row((row,)) == row
+        assert index.cell(1, row) == f"v{row}"
+    assert index.row((sum(chunk_sizes),)) is None and index.row((-1,)) is None
+
+
+def test_values_are_made_for_the_chunks_read_and_counted_at_their_most() -> None:
+    """A build makes no views (review R1-1: they were made for every chunk and column before
+    the cap was checked); a lookup makes those of its chunk and columns; the index's size
+    counts every chunk and column at ``VIEW_BYTES``."""
+    index = _index_of([4, 4, 4, 4])
+    assert all(values is None for column in index.values for values in column)
+    assert index.cell(1, 9) == "v9"
+    made = [[values is not None for values in column] for column in index.values]
+    assert made == [[False] * 4, [False, False, True, False]]
+    assert index.nbytes >= index.table.nbytes + 16 * 8 + VIEW_BYTES * 4 * 2
