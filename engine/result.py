@@ -116,6 +116,10 @@ class Result:
     tag: str
     table: pa.Table | None = None
     notices: tuple[str, ...] = field(default=())
+    # The rows are a kept literal row (``Session.answer_literal``): the same row tuples,
+    # of the same values, for every run of the statement's text, so a front may keep what
+    # it made of them by the tuples' identity.
+    kept: bool = field(default=False, compare=False)
 
     @property
     def rows(self) -> Rows | None:

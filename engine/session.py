@@ -52,6 +52,7 @@ from engine import (
 from engine.commit import PublishItem, route_writes
 from engine.ddl import run_alter, run_create, run_drop
 from engine.identity import LOCAL_SUPERUSER, Identity
+from engine.literal_plans import KeptLiteralPlans
 from engine.lookup_plans import KeptLookupPlans
 from engine.moved_refs import MovedRange, MovedSource, moved_batch
 from engine.offset_reset import set_consumer_offsets
@@ -121,6 +122,8 @@ class Session:
         self._stream_open = False
         # Topic messages and bytes the running statement has read (a console's progress).
         self.read_progress = ReadProgress()
+        # Plans of prepared parameterless SELECTs of literals (``answer_literal``).
+        self._literal_plans = KeptLiteralPlans()
         # The counter-upsert shortcut (``_upsert_by_update``): the UPDATE for each upsert
         # text, with the schema generation it was worked out at; the generation this
         # transaction's snapshot was taken at (None: unknown); whether this transaction
@@ -193,6 +196,43 @@ class Session:
                 if self._schema_change_open:  # its commit (or rollback) has ended
                     self._schema_change_open = False
                     tables.SCHEMA_GENERATIONS.changed()
+
+    def answer_literal(self, statement: ast.Statement) -> Result | None:
+        """``execute_statement`` of an autocommit parameterless SELECT of literals whose row
+        is kept (``tables.literal_result``), or None: nothing ran, and the caller runs the
+        statement through ``execute_statement`` as ever (which reports any error, and keeps
+        the row of a text it runs for the first times).
+
+        What ``execute_statement`` does for such a statement, less its general steps that
+        do nothing for it (no transaction is begun and committed: the statement reads
+        nothing of the database or the session, ``Session._run``'s literal way): the
+        plan is kept per statement (``engine.literal_plans``: it depends on the text
+        alone), and the door's checks (sandbox, privileges) run on every call, as there; a
+        refusal is left to ``execute_statement`` to report. Only outside a transaction,
+        with no stream open, on an open session."""
+        if type(statement) is not ast.SqlStatement:
+            return None
+        with self._lock:
+            if (self._closed or self._stream_open or self.state is not SessionState.IDLE
+                    or self.transaction is not None):  # fmt: skip
+                return None
+            plan = self._literal_plans.plan(statement, lambda: self.planning_catalog)
+            if plan is None:
+                return None
+            operation = plan.operations[0]  # a literal SELECT's one (``literal_operation``)
+            assert isinstance(operation, RunQuery)
+            table = tables.kept_literal_result(operation.sql)
+            if table is None:
+                return None  # the ordinary way runs it (and keeps its row)
+            try:
+                self._guard(plan)
+            except TopicbaseError:
+                return None  # ``execute_statement`` refuses it, with the same error
+            self._cancel_requested = False
+            self.read_progress.reset()
+            result = _query_result(operation, table)
+            result.kept = True
+            return result
 
     def describe(self, statement: ast.Statement) -> describe.Description:
         """Parameter types and result columns of ``statement``, without running it.

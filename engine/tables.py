@@ -365,6 +365,16 @@ def literal_result(sql: str, parameters: Any, *, line_offset: int = 0) -> pa.Tab
     return result
 
 
+def kept_literal_result(sql: str) -> pa.Table | Rows | None:
+    """What ``literal_result(sql, None)`` gives once ``sql``'s row is kept (a new ``Rows``
+    object and list, or the immutable Arrow table), without running DuckDB; None while it
+    is not kept (the caller then runs the statement the ordinary way, which keeps it)."""
+    kept = _literal_results.get(sql)
+    if kept is None:
+        return None
+    return Rows(list(kept.rows), kept.schema) if type(kept) is Rows else kept
+
+
 def _keepable(sql: str, result: Rows | pa.Table) -> bool:
     """Whether ``result``, the run of the literal text ``sql``, is kept: its steady form
     (``Rows``, or an Arrow table the rows' way will not take) of at most

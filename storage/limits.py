@@ -320,3 +320,16 @@ INCOMING_FRAME_BODY_BYTES_MAX = max(FRAME_TARGET_BYTES, MESSAGE_BYTES_MAX) + MIB
 # parse caches hold already). Longer texts are planned on every run, as before.
 KEPT_LOOKUP_PLANS_MAX = 16
 KEPT_LOOKUP_TEXT_CHARS_MAX = 4096
+
+# -- kept literal plans and response bytes (engine.literal_plans, the wire's literal
+# -- responses; docs/statement_cost.md round 9) --
+# A session keeps the plan of each prepared parameterless SELECT of literals it runs
+# (``Session.answer_literal``), by statement: at most this many a session (then all are
+# forgotten); only texts of at most LITERAL_RESULT_TEXT_CHARS_MAX characters.
+KEPT_LITERAL_PLANS_MAX = 16
+# A wire connection keeps the encoded DataRow and CommandComplete of a kept literal row per
+# result formats (sql.pgwire.connection.extended): at most this many responses (then all
+# are forgotten), each of at most KEPT_LITERAL_RESPONSE_BYTES_MAX bytes (a bigger one is
+# encoded every time): at most 16 x 4 KiB a connection.
+KEPT_LITERAL_RESPONSES_MAX = 16
+KEPT_LITERAL_RESPONSE_BYTES_MAX = 4096

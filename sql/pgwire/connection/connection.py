@@ -295,6 +295,7 @@ class Connection(ExtendedProtocol):
         self.statements: dict[str, Prepared] = {}
         self.portals: dict[str, Portal] = {}
         self.kept_descriptions = {}  # ExtendedProtocol._describe_again
+        self.kept_responses = {}  # ExtendedProtocol._send_kept_response
         self.held = None  # ExtendedProtocol: a consumer read's portal until its rows are out
         self.abandoned_reads = {}  # ExtendedProtocol: portals whose held read was rolled back
         self.skipping = False  # after an extended-protocol error, until Sync

@@ -67,7 +67,12 @@ from storage.errors import (
     UndefinedCursorError,
     UndefinedPreparedStatementError,
 )
-from storage.limits import CACHED_TEXT_CHARS_MAX, WIRE_PARAMETERS_MAX
+from storage.limits import (
+    CACHED_TEXT_CHARS_MAX,
+    KEPT_LITERAL_RESPONSE_BYTES_MAX,
+    KEPT_LITERAL_RESPONSES_MAX,
+    WIRE_PARAMETERS_MAX,
+)
 
 log = logging.getLogger(__name__)
 
@@ -160,6 +165,9 @@ class ExtendedProtocol:
     # so the id is not reused while it is here): their later Executes fail. Only portals
     # still in ``portals`` are kept (pruned whenever one is added).
     abandoned_reads: dict[int, Portal]
+    # (id of a kept literal row, id of its RowDescription) -> (the row, the RowDescription,
+    # the bytes of its DataRow and CommandComplete): ``_send_kept_response``
+    kept_responses: dict[tuple[int, int], tuple[tuple[Any, ...], bytes, bytes]]
     skipping: bool
     catalog: surface.ConnectionCatalog
     context: CommandContext
@@ -345,10 +353,13 @@ class ExtendedProtocol:
         try:  # anything raised before the return reaches the caller: nobody else rolls back
             session = self._session()
             result = None
-            if prepared.lookup is None:
-                prepared.lookup = lookup_shaped(statement)
-            if prepared.lookup and not held.began:  # answered from an index, if one
-                result = self.catalog.answer_lookup(session, statement, parameters)
+            if not held.began and not parameters:  # a kept literal row, if it is one
+                result = self.catalog.answer_literal(session, statement)
+            if result is None:
+                if prepared.lookup is None:
+                    prepared.lookup = lookup_shaped(statement)
+                if prepared.lookup and not held.began:  # answered from an index, if one
+                    result = self.catalog.answer_lookup(session, statement, parameters)
             if result is None:
                 result = self.catalog.execute(session, statement, parameters)
             if prepared.columns is not None or result.rows is not None:
@@ -502,6 +513,41 @@ class ExtendedProtocol:
                 self.kept_descriptions[id(statement)] = (statement, version, description)
         return description
 
+    def _send_kept_response(self, portal: Portal, max_rows: int) -> bool:
+        """Execute's DataRow and CommandComplete of a kept literal row (``Result.kept``),
+        sent from ``kept_responses`` (True), or False: the caller sends them as for any
+        result. Only for the whole of a one-row result sent from its first row, with no
+        held read to settle and no notice, and a RowDescription of a kept shape
+        (``rows_shape``): then the bytes depend on the row's values and the shape alone,
+        both the same objects for every run (the encoding of a value depends on no
+        setting: ``DateStyle`` is ISO only, ``bytea_output`` hex only), so they are made
+        once per row and shape. Bounded: ``KEPT_LITERAL_RESPONSES_MAX`` responses a
+        connection of at most ``KEPT_LITERAL_RESPONSE_BYTES_MAX`` bytes each."""
+        result = portal.result
+        if result is None or not result.kept or max_rows > 0 or portal.position:
+            return False
+        rows = result.rows
+        shape = portal.row_description
+        if (rows is None or shape is None or len(rows.rows) != 1 or self.held is not None
+                or result.notices or not result.tag.startswith("SELECT ")):  # fmt: skip
+            return False
+        row = rows.rows[0]
+        key = (id(row), id(shape))
+        kept = self.kept_responses.get(key)
+        if kept is None or kept[0] is not row or kept[1] is not shape:
+            fields = wire_types.encode_value_rows(rows.rows, portal.oids, portal.formats)
+            response = m.data_row(fields[0]) + m.command_complete("SELECT 1")
+            if len(response) > KEPT_LITERAL_RESPONSE_BYTES_MAX:
+                portal.position = 1
+                self.send(response)
+                return True
+            if len(self.kept_responses) >= KEPT_LITERAL_RESPONSES_MAX:
+                self.kept_responses.clear()
+            kept = self.kept_responses[key] = (row, shape, response)
+        portal.position = 1
+        self.send(kept[2])
+        return True
+
     async def on_execute(self, message: m.Execute) -> None:
         portal = self._portal(message.portal)
         if portal.prepared.copy:  # COPY (commands)
@@ -512,6 +558,8 @@ class ExtendedProtocol:
             return
         self._refuse_abandoned(portal)
         if not portal.executed and not await self._run_portal(portal):
+            return
+        if self._send_kept_response(portal, message.max_rows):
             return
         result = portal.result
         if result is None:
