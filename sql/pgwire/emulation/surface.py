@@ -171,22 +171,6 @@ class ConnectionCatalog:
         finally:
             self._settle(session)
 
-    def answer_literal(self, session: Session, statement: ast.Statement) -> Result | None:
-        """``execute`` of a parameterless SELECT of literals whose row the engine keeps
-        (``Session.answer_literal``), or None: nothing ran (the caller then runs it through
-        ``execute``). Only for a statement ``execute`` hands to the engine as it is and
-        without a ``statement_timeout`` (``execute`` arms its timer), outside a
-        transaction: then ``execute`` would do nothing else around it but settle the
-        settings of a transaction that ended and forget its savepoints (done here first,
-        as there)."""
-        if (session.state is not SessionState.IDLE or type(statement) is not ast.SqlStatement
-                or statement.topic_scans or not _goes_unchanged(statement.sql)
-                or _milliseconds(self.settings.values["statement_timeout"]) != 0):  # fmt: skip
-            return None
-        self._settle(session)
-        self.savepoints.clear()  # as ``_execute`` does outside a transaction
-        return session.answer_literal(statement)
-
     def answer_lookup(self, session: Session, statement: ast.Statement, parameters: Any
                       ) -> Result | None:  # fmt: skip
         """``execute`` of a statement the engine answers as a primary-key lookup from an
@@ -244,6 +228,22 @@ class ConnectionCatalog:
             raise
         finally:
             timer.cancel()
+
+    def answer_literal(self, session: Session, statement: ast.Statement) -> Result | None:
+        """``execute`` of a parameterless SELECT of literals whose row the engine keeps
+        (``Session.answer_literal``), or None: nothing ran (the caller then runs it through
+        ``execute``). Only for a statement ``execute`` hands to the engine as it is and
+        without a ``statement_timeout`` (``execute`` arms its timer), outside a
+        transaction: then ``execute`` would do nothing else around it but settle the
+        settings of a transaction that ended and forget its savepoints (done here first,
+        as there)."""
+        if (session.state is not SessionState.IDLE or type(statement) is not ast.SqlStatement
+                or statement.topic_scans or not _goes_unchanged(statement.sql)
+                or _milliseconds(self.settings.values["statement_timeout"]) != 0):  # fmt: skip
+            return None
+        self._settle(session)
+        self.savepoints.clear()  # as ``_execute`` does outside a transaction
+        return session.answer_literal(statement)
 
     def is_session_command(self, statement: ast.Statement) -> bool:
         """SET, RESET, SHOW, SAVEPOINT …: statements this layer may answer itself."""
