@@ -41,6 +41,7 @@ from engine import (
     grants,
     introspection,
     key_lookup,
+    literal_plans,
     privilege_cache,
     privileges,
     sandbox,
@@ -52,7 +53,6 @@ from engine import (
 from engine.commit import PublishItem, route_writes
 from engine.ddl import run_alter, run_create, run_drop
 from engine.identity import LOCAL_SUPERUSER, Identity
-from engine.literal_plans import KeptLiteralPlans
 from engine.lookup_plans import KeptLookupPlans
 from engine.moved_refs import MovedRange, MovedSource, moved_batch
 from engine.offset_reset import set_consumer_offsets
@@ -123,7 +123,7 @@ class Session:
         # Topic messages and bytes the running statement has read (a console's progress).
         self.read_progress = ReadProgress()
         # Plans of prepared parameterless SELECTs of literals (``answer_literal``).
-        self._literal_plans = KeptLiteralPlans()
+        self._literal_plans = literal_plans.KeptLiteralPlans()
         # The counter-upsert shortcut (``_upsert_by_update``): the UPDATE for each upsert
         # text, with the schema generation it was worked out at; the generation this
         # transaction's snapshot was taken at (None: unknown); whether this transaction
