@@ -175,17 +175,32 @@ class ConnectionCatalog:
                       ) -> Result | None:  # fmt: skip
         """``execute`` of a statement the engine answers as a primary-key lookup from an
         index (``Session.answer_lookup``), or None: nothing ran (the caller then runs it
-        through ``execute``). Only for a statement ``execute`` hands to the engine as it is
-        and without a ``statement_timeout`` (``execute`` arms its timer), outside a
-        transaction: then ``execute`` would do nothing else around it but settle the
-        settings of a transaction that ended (done here first, as there)."""
+        through ``execute``). Only where ``_ready_to_answer`` says so."""
+        if not self._ready_to_answer(session, statement):
+            return None
+        return session.answer_lookup(statement, parameters)
+
+    def answer_literal(self, session: Session, statement: ast.Statement) -> Result | None:
+        """``execute`` of a parameterless SELECT of literals whose row the engine keeps
+        (``Session.answer_literal``), or None: nothing ran (the caller then runs it through
+        ``execute``). Only where ``_ready_to_answer`` says so."""
+        if not self._ready_to_answer(session, statement):
+            return None
+        return session.answer_literal(statement)
+
+    def _ready_to_answer(self, session: Session, statement: ast.Statement) -> bool:
+        """Whether the engine may answer ``statement`` by one of its kept answers in place
+        of ``execute``: a statement ``execute`` hands to the engine as it is, without a
+        ``statement_timeout`` (``execute`` arms its timer), outside a transaction. Then
+        ``execute`` would do nothing else around it but settle the settings of a
+        transaction that ended and forget its savepoints: done here when True."""
         if (session.state is not SessionState.IDLE or not isinstance(statement, ast.SqlStatement)
                 or statement.topic_scans or not _goes_unchanged(statement.sql)
                 or _milliseconds(self.settings.values["statement_timeout"]) != 0):  # fmt: skip
-            return None
-        self.savepoints.clear()
+            return False
         self._settle(session)
-        return session.answer_lookup(statement, parameters)
+        self.savepoints.clear()  # as ``_execute`` does outside a transaction
+        return True
 
     def _settle(self, session: Session) -> None:
         def restored(names: set[str]) -> None:
@@ -228,22 +243,6 @@ class ConnectionCatalog:
             raise
         finally:
             timer.cancel()
-
-    def answer_literal(self, session: Session, statement: ast.Statement) -> Result | None:
-        """``execute`` of a parameterless SELECT of literals whose row the engine keeps
-        (``Session.answer_literal``), or None: nothing ran (the caller then runs it through
-        ``execute``). Only for a statement ``execute`` hands to the engine as it is and
-        without a ``statement_timeout`` (``execute`` arms its timer), outside a
-        transaction: then ``execute`` would do nothing else around it but settle the
-        settings of a transaction that ended and forget its savepoints (done here first,
-        as there)."""
-        if (session.state is not SessionState.IDLE or type(statement) is not ast.SqlStatement
-                or statement.topic_scans or not _goes_unchanged(statement.sql)
-                or _milliseconds(self.settings.values["statement_timeout"]) != 0):  # fmt: skip
-            return None
-        self._settle(session)
-        self.savepoints.clear()  # as ``_execute`` does outside a transaction
-        return session.answer_literal(statement)
 
     def is_session_command(self, statement: ast.Statement) -> bool:
         """SET, RESET, SHOW, SAVEPOINT …: statements this layer may answer itself."""
