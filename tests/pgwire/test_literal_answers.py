@@ -183,7 +183,11 @@ def test_kept_responses_stay_bounded(server: ServerThread, client: RawClient) ->
     (connection,) = server.server.connections.values()
     assert 0 < len(connection.kept_responses) <= limits.KEPT_LITERAL_RESPONSES_MAX
     assert 0 < len(connection.session._literal_plans) <= limits.KEPT_LITERAL_PLANS_MAX
-    wide = "SELECT '" + "y" * (limits.KEPT_LITERAL_RESPONSE_BYTES_MAX + 10) + "' AS w"
+    # A row whose text is short enough to be kept (characters) but whose encoded response
+    # is not (bytes): four UTF-8 bytes a character.
+    wide_value = "\U0001f600" * (limits.KEPT_LITERAL_RESPONSE_BYTES_MAX // 4 + 10)
+    wide = f"SELECT '{wide_value}' AS w"
+    assert len(wide) <= limits.LITERAL_RESULT_TEXT_CHARS_MAX
     _run(client, _parse("w", wide) + SYNC)
     connection.kept_responses.clear()
     for _ in range(3):
