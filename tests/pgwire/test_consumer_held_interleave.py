@@ -89,3 +89,31 @@ def test_an_interrupted_read_portal_fails_until_it_is_gone(
     assert [bytes(body[6:]) for kind, body in got if kind == b"D"] == written[:10]
     assert committed(admin, "small") == 10
     assert binary_read(admin, "small", 5) == written[10:15]
+
+
+def test_a_kept_literal_answer_between_a_reads_parts_interrupts_it_too(
+    connect: Connect,
+    raw,  # noqa: F811 (the fixture)
+) -> None:
+    """A literal SELECT whose row and response bytes are kept (run a few times before)
+    still settles another portal's held read when it runs between the read's parts: its
+    kept response bytes never skip the interruption (running the portal settles the held
+    read; ``_send_kept_response`` also refuses while one is held)."""
+    admin = connect(autocommit=True)
+    written = _fill(admin, "small", rows=50, size=100)
+    client = raw()
+    prepare = m.message(b"P", m.cstr("s1") + m.cstr("SELECT 1") + NO_TYPES)
+    run_s1 = (m.message(b"B", m.cstr("") + m.cstr("s1") + struct.pack("!hhh", 0, 0, 0))
+              + _execute("", 0))  # fmt: skip
+    client.send(prepare + SYNC)
+    client.until_ready()
+    for _ in range(4):  # the row and its response bytes are kept by now
+        client.send(run_s1 + SYNC)
+        assert [kind for kind, _ in client.until_ready()] == [b"2", b"D", b"C", b"Z"]
+    client.send(_read_portal("p1", 10) + _execute("p1", 3) + run_s1 + _execute("p1", 0) + SYNC)
+    got = client.until_ready()
+    kinds = [kind for kind, _ in got]
+    assert kinds == [b"1", b"2", b"D", b"D", b"D", b"s", b"2", b"D", b"C", b"E", b"Z"]
+    assert error_fields(got[-2][1])["C"] == "55000"
+    assert committed(admin, "small") is None  # nothing committed
+    assert binary_read(admin, "small", 50) == written  # the same messages again, all of them
