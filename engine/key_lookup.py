@@ -33,9 +33,10 @@ sorted, each hit confirmed on the row's own key values; both beside DuckDB's Arr
 columns of the table, each batch DuckDB handed the build one chunk (1M rows of
 ``(k BIGINT, v VARCHAR)``: ~50-80 ms of CPU to build, 26 MiB, a probe ~1 us). A build
 first sums every row's bytes in one scan that holds no rows (a table past the cap is
-not read), then reads batch by batch (sized by the widest row, ~1 MiB) and still
-gives up as soon as what it holds passes the cap, so it never holds more than the cap
-and one batch; between batches it stops for a cancel or statement timeout of its statement (57014).
+not read), then reads batch by batch (~1 MiB of rows on average, at most 16 MiB) and
+still gives up as soon as what it holds (the rows and each batch's arrays) passes the
+cap, so it never holds more than the cap and one batch; between batches it stops for a
+cancel or statement timeout of its statement (57014).
 
 When (``KeyIndexes``): an index is built only for a table looked up this way
 ``threshold`` times since its last change (``FIRST_BUILD_LOOKUPS`` at first). A table
@@ -89,12 +90,19 @@ THRESHOLD_CEILING = 1 << 20  # of the threshold (an algorithm's bound, not a lim
 # DuckDB's CPU for one lookup that the index saves (docs/statement_cost.md: ~270-350 us).
 SAVING_PER_LOOKUP_S = 300e-6
 _STATS_MAX = 4096  # tables with lookup counts kept per database (then all forgotten)
-# While an index is read: batches of about _BATCH_BYTES (by the widest row's bytes,
-# ``_row_bytes``), of _MIN_READ_ROWS to READ_ROWS rows (DuckDB's vector, its own unit);
-# each batch is a chunk of the index's columns (not copied again).
+# While an index is read: batches of about _BATCH_BYTES on average (by the rows' mean
+# bytes, ``_row_bytes``) and at most _WIDE_BATCH_BYTES even if every row were the widest,
+# of _MIN_READ_ROWS to READ_ROWS rows (DuckDB's vector, its own unit); each batch is a
+# chunk of the index's columns (not copied again). A batch costs more than its buffers:
+# DuckDB's Arrow arrays and pyarrow's objects, measured at 1.2-1.4 KiB a column a batch
+# whatever its rows (1, 16 or 2048), so that much is counted towards the cap too. (Sized
+# by the widest row alone, one 1 MB value made batches of one row: 20,000 rows of 42
+# columns held ~950 MB against 7 MB counted; review R1-2 of round 14.)
 READ_ROWS = 2048
 _MIN_READ_ROWS = 1
 _BATCH_BYTES = 1 << 20
+_WIDE_BATCH_BYTES = 16 << 20
+_BATCH_COLUMN_BYTES = 1536
 _KEY_BYTES_PER_ROW = 8  # a row's key value or hash in the index
 _PYTHON_KEY_BYTES = 64  # a hashed key's Python object while its hash is taken (a bound)
 
@@ -738,10 +746,11 @@ def _read_table(cursor: Any, name: str, cap: int, give_up: Callable[[], bool]) -
         return None  # by DuckDB's estimate of the rows: not even scanned
     relation_name = f"{quote_identifier(database_name)}.main.{quote_identifier(table_name)}"
     everything = f"SELECT * FROM {relation_name}"
-    # Every row's bytes, summed and their maximum, in one scan that holds no rows: a
-    # table past the cap is not read, and a batch of the widest rows is still ~1 MiB.
-    total, widest = cursor.execute(
-        f"SELECT coalesce(sum(w), 0), coalesce(max(w), 0) "
+    # Every row's bytes, summed, their maximum and the rows, in one scan that holds no
+    # rows: a table past the cap is not read, and a batch holds ~1 MiB of rows on average
+    # and at most 16 MiB.
+    total, widest, count = cursor.execute(
+        f"SELECT coalesce(sum(w), 0), coalesce(max(w), 0), count(*) "
         f"FROM (SELECT {_row_bytes(columns)} AS w FROM {relation_name})"
     ).fetchall()[0]
     if int(total) > cap:
@@ -752,7 +761,9 @@ def _read_table(cursor: Any, name: str, cap: int, give_up: Callable[[], bool]) -
         return None
     key_columns = tuple(folded.index(k) for k in key_names)
     hashed = not (len(key_columns) == 1 and types[key_columns[0]] in _INTEGER_RANGES)
-    rows = max(_MIN_READ_ROWS, min(READ_ROWS, _BATCH_BYTES // max(int(widest), 1)))
+    mean = -(-int(total) // max(int(count), 1))
+    rows = max(_MIN_READ_ROWS, min(READ_ROWS, _BATCH_BYTES // max(mean, 1),
+                                   _WIDE_BATCH_BYTES // max(int(widest), 1)))  # fmt: skip
     reader = relation.to_arrow_reader(rows)
     try:
         read = _read_batches(reader, key_columns, hashed, cap, give_up)
@@ -771,9 +782,10 @@ def _read_batches(reader: pa.RecordBatchReader, key_columns: tuple[int, ...], ha
                   cap: int, give_up: Callable[[], bool],
                   ) -> tuple[list[pa.RecordBatch], list[np.ndarray]] | None:  # fmt: skip
     """DuckDB's batches and each one's keys (``_Read``), or None once what the index would
-    hold (the rows read and ``_KEY_BYTES_PER_ROW`` a row for the keys), with a batch's
-    keys as Python objects while they are hashed, would pass ``cap``, or ``give_up``
-    says so. So a build holds at most ``cap`` and one batch of the table."""
+    hold (the rows read, ``_BATCH_COLUMN_BYTES`` a column a batch for the arrays
+    themselves and ``_KEY_BYTES_PER_ROW`` a row for the keys), with a batch's keys as
+    Python objects while they are hashed, would pass ``cap``, or ``give_up`` says so. So
+    a build holds at most ``cap`` and one batch of the table."""
     batches: list[pa.RecordBatch] = []
     key_parts: list[np.ndarray] = []
     held = 0
@@ -782,7 +794,8 @@ def _read_batches(reader: pa.RecordBatchReader, key_columns: tuple[int, ...], ha
             return None
         if not batch.num_rows:
             continue
-        held += batch.nbytes + _KEY_BYTES_PER_ROW * batch.num_rows
+        held += (batch.nbytes + _BATCH_COLUMN_BYTES * batch.num_columns
+                 + _KEY_BYTES_PER_ROW * batch.num_rows)  # fmt: skip
         transient = 0
         if hashed:  # the keys as Python objects while they are hashed
             transient += batch.num_rows * _PYTHON_KEY_BYTES + sum(
@@ -836,7 +849,7 @@ def _indexed(data: pa.Table, keys: np.ndarray, types: tuple[str, ...],
     lengths = [len(chunk) for chunk in data.column(0).chunks] if data.num_columns else []
     starts = list(itertools.accumulate(lengths[:-1], initial=0)) if lengths else []
     extra = (keys.nbytes + (0 if order is None else order.nbytes) + 8 * len(starts)
-             + VIEW_BYTES * len(starts) * data.num_columns)  # fmt: skip
+             + (VIEW_BYTES + _BATCH_COLUMN_BYTES) * len(lengths) * data.num_columns)  # fmt: skip
     lower_names = {fold(name): i for i, name in enumerate(data.column_names)}
     return _Index(basis, data, starts, types, lower_names, key_columns, keys, order, hashed,
                   data.nbytes + extra, build_s)  # fmt: skip

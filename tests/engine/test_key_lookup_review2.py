@@ -224,3 +224,24 @@ def test_a_names_query_only_after_a_change_of_names(
     for _ in range(3):
         _rows(session, lookup)
     assert asked == [True, False, True]
+
+
+# -- R1-2 of round 14: one wide value no longer makes batches of one row ------------------------
+def test_one_wide_value_does_not_make_the_index_a_batch_a_row(
+    session: Session, served: list[int], read_bytes: list[int]
+) -> None:
+    """3000 narrow rows of 12 columns and one of 1 MB. Sized by the widest row alone the
+    build read 3001 batches of one row, whose arrays cost ~1.2-1.4 KiB a column each
+    (~50 MB here for ~0.3 MB of rows) and were not counted. Now a batch holds ~1 MiB on
+    average and at most 16 MiB, and the index counts its batches' arrays."""
+    columns = ", ".join(f"c{i} BIGINT" for i in range(10))
+    session.execute(f"CREATE TABLE w (k BIGINT PRIMARY KEY, s VARCHAR, {columns})")
+    values = ", ".join("i" for _ in range(10))
+    session.execute(f"INSERT INTO w SELECT i, NULL, {values} FROM range(3000) t(i)")
+    session.execute("INSERT INTO w (k, s) VALUES (-1, repeat('x', 1000000))")
+    for _ in range(2):
+        assert _rows(session, "SELECT c3 FROM w WHERE k = 2999") == [{"c3": 2999}]
+    assert served, "the index answered"
+    assert len(read_bytes) <= 200  # batches of 16 rows at the least, not 3001 of one
+    index = key_lookup.indexes_of(session.database).indexes["w"]
+    assert index.nbytes >= len(read_bytes) * 12 * key_lookup._BATCH_COLUMN_BYTES
