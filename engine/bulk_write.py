@@ -68,7 +68,8 @@ from storage.errors import (
     UndefinedObjectError,
     UndefinedTopicError,
 )
-from storage.staged_frames import STAGED_HEADER_BYTES, FrameFileWriter, read_incoming
+from storage.record_batch import HEADER_BYTES
+from storage.staged_frames import FrameFileWriter, own_file, own_file_sealed, read_incoming
 
 WRITES_DIRECTORY = "bulk_writes"
 COMMITS_DIRECTORY = "bulk_commits"  # writes moved out for a commit by reference
@@ -207,7 +208,8 @@ class BulkWrites:
         topic = self.database.topic_log(entry.topic_id)
         with self._adding(write_id):
             base = os.path.join(self.root, write_id, _staged_name())
-            writer = FrameFileWriter(self.database.store.fs, base + ".part")
+            writer = FrameFileWriter(self.database.store.fs, base + ".part",
+                                     own_files=limits.ADOPT_FILES_MAX)  # fmt: skip
             reserved = 0
             known: set[int] = set()
             try:
@@ -216,12 +218,11 @@ class BulkWrites:
                         topic.partition(frame.partition)  # 22023 if the topic has none
                         known.add(frame.partition)
                     staged_refs.check_incoming_frame(frame, body)
-                    self._reserve(STAGED_HEADER_BYTES + frame.body_bytes)
-                    reserved += STAGED_HEADER_BYTES + frame.body_bytes
+                    self._reserve(HEADER_BYTES + frame.body_bytes)
+                    reserved += HEADER_BYTES + frame.body_bytes
                     writer.add_checked(frame, body)
                 if writer.rows:
-                    writer.finish(sync=False)  # synced by the commit that names it
-                    os.replace(base + ".part", f"{base}.{writer.crc:08x}{FRAMES_SUFFIX}")
+                    writer.seal(base, FRAMES_SUFFIX)  # synced by the commit that names it
                 else:  # an empty stream stages nothing
                     writer.close()
                     os.remove(base + ".part")
@@ -267,9 +268,10 @@ class BulkWrites:
                 try:
                     return rows + self._append_arrows(base + "~", rest, schema)
                 except BaseException:
-                    size = os.path.getsize(framed)
-                    os.remove(framed)
-                    self._release(size)
+                    for path in [framed, *_own_files_of(base)]:  # the COPY's frames
+                        size = os.path.getsize(path)
+                        os.remove(path)
+                        self._release(size)
                     raise
         return self._append_arrows(base, batches, schema)
 
@@ -303,7 +305,8 @@ class BulkWrites:
         names it, as the Arrow files are). Stops at the first batch that frames cannot hold
         (``staged_refs.framed_batch``): returns the rows framed, the rest of the stream
         from that batch on (None: none) and the frames file's path."""
-        writer = FrameFileWriter(self.database.store.fs, base + ".part")
+        writer = FrameFileWriter(self.database.store.fs, base + ".part",
+                                 own_files=limits.ADOPT_FILES_MAX)  # fmt: skip
         rows = reserved = 0
         rest: Iterator[pa.RecordBatch] | None = None
         try:
@@ -318,11 +321,10 @@ class BulkWrites:
                 rows += batch.num_rows
                 self._reserve(writer.size - reserved)
                 reserved = writer.size
-            writer.finish(sync=False)  # synced by the commit that names it
+            # synced by the commit that names it; the shared file is renamed last
+            path = writer.seal(base, FRAMES_SUFFIX)[-1]
             self._reserve(writer.size - reserved)
             reserved = writer.size
-            path = f"{base}.{writer.crc:08x}{FRAMES_SUFFIX}"
-            os.replace(base + ".part", path)
         except BaseException:
             self._drop_part(base, reserved, writer)
             raise
@@ -333,7 +335,10 @@ class BulkWrites:
         """Undo an append that failed: close its frames ``writer`` (if any), delete its
         half-written ``base.part`` (if it exists) and give back the ``reserved`` bytes."""
         if writer is not None:
-            writer.close()
+            writer.discard()  # its own files, sealed or not
+            for path in _own_files_of(base):
+                with contextlib.suppress(FileNotFoundError):
+                    os.remove(path)
         with contextlib.suppress(FileNotFoundError):
             os.remove(base + ".part")
         self._release(reserved)
@@ -983,8 +988,22 @@ def _check_decoded_frames(metas: dict[str, dict[str, str]], framed_ids: set[str]
 
 
 def _staged_files(directory: str) -> list[str]:
-    return [os.path.join(directory, n) for n in sorted(os.listdir(directory))
-            if n.endswith(STAGED_SUFFIXES)]  # fmt: skip
+    """The write's whole staged files in name order (the rows' order); an own frames file
+    (``storage.staged_frames``) only once its COPY's shared file is there (a crash between
+    their renames leaves the COPY unstaged, as one that failed)."""
+    names = sorted(os.listdir(directory))
+    return [os.path.join(directory, n) for n in names
+            if n.endswith(STAGED_SUFFIXES)
+            and (own_file(n) is None or own_file_sealed(n, names))]  # fmt: skip
+
+
+def _own_files_of(base: str) -> list[str]:
+    """The own frames files (sealed) of the COPY staged as ``base``."""
+    directory, lead = os.path.split(base)
+    with contextlib.suppress(FileNotFoundError):
+        return [os.path.join(directory, n) for n in os.listdir(directory)
+                if n.startswith(lead + ".~p") and own_file(n) is not None]  # fmt: skip
+    return []
 
 
 def _directory_bytes(directory: str,

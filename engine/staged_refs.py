@@ -61,8 +61,10 @@ from storage.staged_frames import (
     IncomingFrame,
     StagedFrame,
     check_incoming,
+    check_own_file,
     file_crc,
     index_file,
+    own_file,
 )
 from storage.staged_frames import decode as decode_frames
 
@@ -90,11 +92,14 @@ def seal_file(path: str, fs: FileSystem) -> int:
 
 def file_entry(root: str, path: str) -> list:
     """``[path relative to root, size, crc32c]`` of a staged file: the CRC-32C from its
-    name (``<uuid>.<crc32c>.arrows``, taken by ``seal_file``), else read (mapped)."""
+    name (``<uuid>.<crc32c>.arrows``, taken by ``seal_file``; an own frames file's
+    ``<uuid>.~p<partition>-r<rows>.<crc32c>.frames``), else read (mapped)."""
     size = os.path.getsize(path)
     parts = os.path.basename(path).split(".")
     if len(parts) == 3 and len(parts[1]) == 8:
         crc = int(parts[1], 16)
+    elif len(parts) == 4 and len(parts[2]) == 8 and own_file(path) is not None:
+        crc = int(parts[2], 16)
     else:
         crc = 0
         if size:
@@ -475,12 +480,7 @@ def framed_reference_frames(root: str, fs: FileSystem, references: list[Referenc
     for reference in references:
         key = tuple(tuple(entry) for entry in reference["frames"])
         if key not in checked:
-            paths = []
-            for relative, size, crc in reference["frames"]:
-                path = os.path.join(root, relative)
-                check_frames_file(fs, path, size, crc, "committed")
-                paths.append(path)
-            checked[key] = index_framed(fs, paths)
+            checked[key] = _recovered_frames(root, fs, reference["frames"])
         share = checked[key].get(reference["partition"])
         if not share:
             raise CorruptSegmentError(
@@ -489,3 +489,31 @@ def framed_reference_frames(root: str, fs: FileSystem, references: list[Referenc
                 path=os.path.join(root, reference["frames"][0][0]), position=0)  # fmt: skip
         frames.extend(share)
     return frames
+
+
+def _recovered_frames(root: str, fs: FileSystem, entries: list[list]
+                      ) -> dict[int, list[StagedFrame]]:  # fmt: skip
+    """Recovery's ``index_framed`` of a record's frames files, each checked (sizes,
+    CRC-32Cs). An own file (``staged_frames.own_file``) may have been adopted by a
+    partition: gone (renamed into it), its frames are one placeholder of its rows
+    (``StagedFrame.body_position`` -1: the partition must hold them, else its publish
+    raises ``CorruptSegmentError``); still here with headers patched (a crash between the
+    patch and the rename), each frame is checked alone (``check_own_file``)."""
+    frames: dict[int, list[StagedFrame]] = {}
+    for relative, size, crc in entries:
+        path = os.path.join(root, relative)
+        named = own_file(path)
+        if named is not None and not os.path.exists(path):
+            partition, rows = named
+            frames.setdefault(partition, []).append(StagedFrame(path, -1, rows, 0, 0))
+            continue
+        try:
+            check_frames_file(fs, path, size, crc, "committed")
+        except CorruptSegmentError:
+            if named is None or os.path.getsize(path) != size:
+                raise
+            frames.setdefault(named[0], []).extend(check_own_file(fs, path, size))
+            continue
+        for partition, found in index_file(fs, path, size).items():
+            frames.setdefault(partition, []).extend(found)
+    return dict(sorted(frames.items()))

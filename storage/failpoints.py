@@ -25,7 +25,13 @@ directory), ``bulk.before_commit`` (files synced, no transaction yet), ``bulk.mi
 (between two commit directories deleted); ``publish.mid_share`` (between two frames of a
 transactional publish: a share cut into bounded frames, ``storage.frame_cuts``);
 ``publish.mid_spread`` (between two partitions' shares of a publish over many
-partitions, ``storage.spread_publish``); ``publish.frames_then_rows`` (between a
+partitions, ``storage.spread_publish``); an own staged frames file adopted as a segment
+(``PartitionLog._adopt_locked``): ``adopt.before_patch`` (nothing done),
+``adopt.mid_patch`` (half its headers patched), ``adopt.before_rename`` (patched and
+synced, still in the commit directory), ``adopt.before_dir_sync`` (renamed into the
+partition, the directory not synced), ``adopt.before_visible`` (indexed, the directory
+synced, not yet published), ``adopt.after_visible`` (published, the commit directory
+still there); ``publish.frames_then_rows`` (between a
 share's staged frames and its rows, a bulk commit of frames and Arrow rows of one
 partition); ``deltas.before_commit`` and ``deltas.after_commit``
 (around the DuckDB COMMIT of a group of counter deltas, ``engine.deltas``).

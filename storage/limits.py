@@ -333,3 +333,20 @@ KEPT_LITERAL_PLANS_MAX = 16
 # encoded every time): at most 16 x 4 KiB a connection.
 KEPT_LITERAL_RESPONSES_MAX = 16
 KEPT_LITERAL_RESPONSE_BYTES_MAX = 4096
+
+# -- adopted staged frames (storage.staged_frames: a COPY's share of one partition staged
+# in a file of its own, in the segment format, is renamed into the partition as a segment
+# at the publish instead of being copied; round 14, H4) --
+# A COPY stages at most this many partitions in files of their own (the rest go to its
+# shared frames file, copied at the publish): the files' count (and their fdatasyncs at
+# the commit) stays bounded whatever the partition count.
+ADOPT_FILES_MAX = 16
+# A partition's file is adopted when it holds at least this many bytes (below, its frames
+# are copied as the shared file's are: a segment per small share would multiply the
+# partition's segments) and at most ``ADOPT_BYTES_MAX`` (the offset index's positions are
+# 32-bit).
+ADOPT_BYTES_MIN = 4 * MIB
+# A partition's frames go to the COPY's shared file until they hold this many bytes, then
+# to a file of its own: a small share stays in the one shared file, as staged before.
+ADOPT_SWITCH_BYTES = MIB
+ADOPT_BYTES_MAX = 1024 * MIB

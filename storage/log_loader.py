@@ -258,3 +258,19 @@ def _valid_frame_after(fs: FileSystem, fd: int, position: int, size: int) -> boo
         position += max(len(window) - HEADER_BYTES, 8)
         position += -position % 8
     return False
+
+
+def adopt_segment(segment: LogSegment, frames: list[tuple[int, FrameHeader]], size: int) -> None:
+    """Make ``segment`` the one whose log is a whole file of ``frames`` (``size`` bytes,
+    synced) just renamed into the partition (``PartitionLog.publish_staged``'s adoption):
+    its indexes written from the frames' headers as the writer would have made them, its
+    ends as a load would find them."""
+    assert frames and frames[0][0] == 0 and frames[0][1].base_offset == segment.base_offset
+    assert frames[-1][0] + frames[-1][1].frame_bytes == size
+    _rebuild_indexes(segment, frames)
+    segment.size_bytes = size
+    segment.next_offset = frames[-1][1].next_offset
+    segment.first_written_at_us = frames[0][1].written_at_us
+    segment.last_written_at_us = frames[-1][1].written_at_us
+    segment.dropped_to = size  # not this process's writes: never dropped (as a load's)
+    segment._writeback_position = size

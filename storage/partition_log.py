@@ -20,6 +20,7 @@ from __future__ import annotations
 
 import bisect
 import contextlib
+import itertools
 import logging
 import threading
 from collections.abc import Callable, Iterator
@@ -28,11 +29,12 @@ from dataclasses import dataclass
 import numpy as np
 import pyarrow as pa
 
-from storage import failpoints, limits, page_cache
+from storage import failpoints, limits, log_loader, page_cache, staged_frames
 from storage.clock import Clock
 from storage.codecs import Codec
 from storage.config import FsyncPolicy, TopicConfig
 from storage.errors import (
+    CorruptSegmentError,
     InvalidParameterValueError,
     LimitExceededError,
     PartitionFencedError,
@@ -68,7 +70,7 @@ from storage.record_batch import (
     framed_body,
 )
 from storage.segment import Frame, LogSegment
-from storage.staged_frames import StagedFrame, publish_header
+from storage.staged_frames import StagedFrame, own_file, publish_header, whole_own_file
 
 log = logging.getLogger(__name__)
 
@@ -331,43 +333,144 @@ class PartitionLog:
     def publish_staged(self, frames: list[StagedFrame], transaction_id: int) -> int:
         """``publish_transactional`` of a share staged as frames (``storage.staged_frames``):
         each frame's header written and its body copied in the kernel from the staged
-        file, in order, visible together; returns the messages written. No frame holds a
-        producer id, a message group or metadata, so none is a duplicate and the producer
-        state has nothing to record; they are raw (codec 0), which the topic must accept.
-        An inactive partition raises ``PartitionInactiveError`` (the caller publishes
-        the decoded rows by key instead)."""
+        file, in order, visible together; returns the messages written. The frames of a
+        whole own file of ``ADOPT_BYTES_MIN`` to ``ADOPT_BYTES_MAX`` bytes are not copied:
+        the file is adopted as a segment (``_adopt_locked``). No frame holds a producer
+        id, a message group or metadata, so none is a duplicate and the producer state
+        has nothing to record; they are raw (codec 0), which the topic must accept. An
+        inactive partition raises ``PartitionInactiveError`` (the caller publishes the
+        decoded rows by key instead). A frame of an own file that recovery found gone
+        (adopted, ``staged_refs``: a placeholder, ``body_position`` -1) that this
+        partition lacks is ``CorruptSegmentError``: the committed rows are lost."""
         assert transaction_id > 0
         if int(Codec.RAW) not in self._codec_ids:
             raise UnsupportedCodecError("codec raw is not supported by this topic")
+        for frame in frames:
+            if frame.body_position < 0:
+                raise CorruptSegmentError(
+                    "a committed bulk write's frames file is gone (adopted as a segment) "
+                    f"but partition {self.partition_id} lacks its rows", path=frame.path,
+                    position=0)  # fmt: skip
         written = 0
+        adopted = False
         with self._write_lock:
             self._check_writable()
             sources: dict[str, int] = {}
             try:
-                for number, frame in enumerate(frames):
-                    if number:  # between two frames of one publish (a cut share's)
-                        failpoints.hit("publish.mid_share")
-                    source = sources.get(frame.path)
-                    if source is None:
-                        source = sources[frame.path] = self.fs.open_read(frame.path)
-                    now_us = self.clock.now_us()
-                    segment = self._segment_for_append(now_us)
-                    written_at_us = max(now_us, self._last_written_at_us)
-                    header_bytes, header = publish_header(
-                        frame, segment.next_offset, written_at_us, transaction_id)
-                    try:
-                        segment.append_frame_copy(header_bytes, header, source,
-                                                  frame.body_position)  # fmt: skip
-                    except StorageIOError as error:
-                        self._fence(error)
-                        raise
-                    self._last_written_at_us = written_at_us
-                    written += frame.record_count
+                number = 0
+                for path, grouped in itertools.groupby(frames, key=lambda f: f.path):
+                    run = list(grouped)
+                    size = self._adoptable(run)
+                    if size:
+                        if number:
+                            failpoints.hit("publish.mid_share")
+                        self._adopt_locked(run, size, transaction_id)
+                        adopted = True
+                        written += sum(frame.record_count for frame in run)
+                        number += len(run)
+                        continue
+                    for frame in run:
+                        if number:  # between two frames of one publish (a cut share's)
+                            failpoints.hit("publish.mid_share")
+                        number += 1
+                        source = sources.get(path)
+                        if source is None:
+                            source = sources[path] = self.fs.open_read(path)
+                        now_us = self.clock.now_us()
+                        segment = self._segment_for_append(now_us)
+                        written_at_us = max(now_us, self._last_written_at_us)
+                        header_bytes, header = publish_header(
+                            frame, segment.next_offset, written_at_us, transaction_id)
+                        try:
+                            segment.append_frame_copy(header_bytes, header, source,
+                                                      frame.body_position)  # fmt: skip
+                        except StorageIOError as error:
+                            self._fence(error)
+                            raise
+                        self._last_written_at_us = written_at_us
+                        written += frame.record_count
             finally:
                 for source in sources.values():
                     self.fs.close(source)
             self._publish()
+        if adopted:
+            failpoints.hit("adopt.after_visible")
         return written
+
+    def _adoptable(self, run: list[StagedFrame]) -> int:
+        """The size of the own file whose frames ``run`` is, whole and in order, if it may
+        be adopted (``limits.ADOPT_BYTES_MIN`` to ``ADOPT_BYTES_MAX``); else 0."""
+        if own_file(run[0].path) is None:
+            return 0
+        size = self.fs.path_size(run[0].path)
+        if not limits.ADOPT_BYTES_MIN <= size <= limits.ADOPT_BYTES_MAX:
+            return 0
+        return size if whole_own_file(run, size) else 0
+
+    def _adopt_locked(self, run: list[StagedFrame], size: int, transaction_id: int) -> None:
+        """Adopt the own file of ``run`` (all its frames, ``size`` bytes) as the segment
+        after the log's end, not yet published (the caller publishes). Under the write
+        lock, each step with its failpoint:
+
+        1. the active segment sealed (synced: recovery trusts sealed segments), or, empty,
+           closed: the adopted file will replace its (empty) log under the same name, so
+           the log's end stays named on disk throughout (``adopt.before_patch``);
+        2. the file's staged headers overwritten with the segment's (offsets from the
+           log's end, one time, the transaction; ``staged_frames.patch_headers``,
+           ``adopt.mid_patch`` halfway), then fdatasynced (``adopt.before_rename``);
+        3. the file renamed into the partition as ``<base offset>.log``
+           (``adopt.before_dir_sync``: renamed, the directory not synced), its indexes
+           written from the headers, the producer snapshot at its base written as a roll
+           writes it, the directory synced (``adopt.before_visible``).
+
+        A crash before the rename leaves the file in the commit directory, its headers
+        staged, patched or a mix: recovery checks each frame (``check_own_file``) and
+        publishes it again (adopting it again from the log's end). After the rename the
+        segment is the partition's (a reopen loads it; the commit directory no longer
+        names the file: recovery finds its rows by transaction id). An I/O error before
+        the rename fences the partition as a write's does (the unpublished tail cut);
+        after it, fences without a cut: the adopted log was synced before the rename,
+        and a cut of the active segment would now cut the adopted file."""
+        now_us = self.clock.now_us()
+        written_at_us = max(now_us, self._last_written_at_us)
+        old = self._segments[-1]
+        base = old.next_offset
+        durable = self.config.fsync_policy is not FsyncPolicy.NEVER
+        replaced = old.size_bytes == 0
+        segment = LogSegment(self.fs, self.directory, base)
+        renamed = False
+        try:
+            failpoints.hit("adopt.before_patch")
+            if replaced:
+                old.close()
+            else:
+                old.seal(durable=durable)
+            fd = self.fs.open_write(run[0].path)
+            try:
+                frames = staged_frames.patch_headers(self.fs, fd, run, base, written_at_us,
+                                                     transaction_id)  # fmt: skip
+                self.fs.sync(fd)
+            finally:
+                self.fs.close(fd)
+            failpoints.hit("adopt.before_rename")
+            self.fs.rename(run[0].path, segment.log_path)
+            renamed = True
+            failpoints.hit("adopt.before_dir_sync")
+            log_loader.adopt_segment(segment, frames, size)
+            self.producers.write_snapshot(base, durable=durable)
+            self.fs.sync_directory(self.directory)
+            failpoints.hit("adopt.before_visible")
+        except StorageIOError as error:
+            if renamed:
+                self._fenced = error  # no cut: see above
+                self._forget_frame()
+            else:
+                self._fence(error)
+            raise
+        kept = self._segments[:-1] if replaced else self._segments
+        self._segments = (*kept, segment)
+        self._last_written_at_us = written_at_us
+        self._durable_end = max(self._durable_end, segment.next_offset)
 
     def check_staged(self) -> None:
         """Raise what ``publish_staged`` would raise before writing anything: a topic that

@@ -32,12 +32,31 @@ Invariants:
 - the file is written as ``*.part`` (its writeback started every 4 MiB), then renamed
   whole by the caller, who makes it durable (fdatasync) before any record names it; its
   CRC-32C (``FrameFileWriter.crc``) is combined from the frames' without a second pass.
+
+*Own files* (adoption, round 14): a writer made with ``own_files`` stages a partition's
+frames in the shared file until they hold ``limits.ADOPT_SWITCH_BYTES``, then the rest in
+a file of its own (for the first ``own_files`` partitions to get there; the others stay
+in the shared file), ``<base>.~p<partition>-r<rows>.<crc>.frames``: named to sort right
+after the shared file, ``<base>.<crc>.frames`` (its frames come first in the
+partition's rows), and before the next COPY's files. The shared file, renamed last, is
+what makes the COPY's own files staged (``own_file_sealed``). An own file is in the
+*segment format*: each frame a 48-byte ``record_batch.HEADER`` then its body, the header's
+magic ``ADOPT_MAGIC``, its CRC field the body's CRC-32C, its offset field the partition,
+its time, attributes and transaction zero. The publish of a whole such file
+(``PartitionLog.publish_staged``) patches the headers in place (``patch_headers``: offset,
+time, transaction, the CRC combined from the body's) and renames the file into the
+partition as a segment: no byte of a body is copied. A file may so be found, by recovery,
+unpatched, patched in part or whole (a crash during the publish: ``index_own_file``
+checks each frame either way), or gone (renamed into the partition: its rows are
+there).
 """
 
 from __future__ import annotations
 
 import contextlib
 import mmap
+import os
+import re
 import struct
 from collections.abc import Callable, Iterable, Iterator
 from typing import NamedTuple
@@ -46,7 +65,7 @@ import crc32c
 import numpy as np
 import pyarrow as pa
 
-from storage import limits
+from storage import failpoints, limits
 from storage.codecs import Codec
 from storage.crc_combine import crc32c_combine
 from storage.errors import (
@@ -60,6 +79,7 @@ from storage.frame_cuts import cuttable, frame_slices
 from storage.fs import FileSystem
 from storage.record_batch import (
     HEADER,
+    HEADER_BYTES,
     MAGIC,
     TRANSACTIONAL,
     WIRE_SCHEMA,
@@ -72,6 +92,10 @@ STAGED_MAGIC = b"TBs1"
 STAGED_HEADER = struct.Struct("<4sIqII")
 STAGED_HEADER_BYTES = STAGED_HEADER.size
 assert STAGED_HEADER_BYTES == 24
+# The magic of an own file's frame before its publish patched it (then ``MAGIC``).
+ADOPT_MAGIC = b"TBa1"
+OWN_FILE = re.compile(r"^(?P<base>[0-9a-f]+-[0-9a-f]+)\.~p(?P<partition>[0-9]+)"
+                      r"-r(?P<rows>[0-9]+)\.[0-9a-f]{8}\.frames$")  # fmt: skip
 # Rows held per stream before being cut into frames: a partition's rows wait until they
 # fill a frame, and past this many bytes of waiting rows the largest waiting shares are
 # written as smaller frames (memory stays bounded whatever the partition count).
@@ -132,14 +156,20 @@ class FrameFileWriter:
     fill one (``frame_cuts.frame_slices``), the rest at ``finish``. Not thread-safe: one
     stream's staging thread owns it."""
 
-    def __init__(self, fs: FileSystem, path: str) -> None:
+    def __init__(self, fs: FileSystem, path: str, *, own_files: int = 0) -> None:
         self.fs = fs
         self.path = path
         self._fd = fs.open_write(path)
-        self.size = 0
-        self.crc = 0  # of the bytes written so far
+        self.shared_size = 0  # bytes written to the shared file
+        self.crc = 0  # of the bytes written so far to the shared file
         self._writeback_position = 0  # bytes below it were handed to the kernel's writeback
         self.rows = 0
+        # Partitions staged in files of their own (see the module doc), at most
+        # ``own_files`` of them, in the order first met; ``_shared``: the others.
+        self._own_max = own_files
+        self._own: dict[int, _OwnFile] = {}
+        self._shared: set[int] = set()
+        self._shared_bytes: dict[int, int] = {}  # each partition's, in the shared file
         self._pending: dict[int, list[pa.RecordBatch]] = {}
         self._pending_rows: dict[int, int] = {}
         self._pending_data: dict[int, int] = {}
@@ -214,6 +244,8 @@ class FrameFileWriter:
         try:
             if sync:
                 self.fs.sync(self._fd)
+                for own in self._own.values():
+                    self.fs.sync(own.fd)
         finally:
             self.close()
 
@@ -221,6 +253,50 @@ class FrameFileWriter:
         if self._fd is not None:
             fd, self._fd = self._fd, None
             self.fs.close(fd)
+        for own in self._own.values():
+            own.close(self.fs)
+
+    def seal(self, base: str, suffix: str) -> list[str]:
+        """``finish`` without a sync (the commit that names the files syncs them), then
+        every file renamed to its staged name: the own files first
+        (``<base>.~p<partition>-r<rows>.<crc>`` + ``suffix``), the shared file
+        (``<base>.<crc>`` + ``suffix``) last: once it is there, the COPY is staged whole
+        (``own_file_sealed``). Returns the staged paths, the shared file's last."""
+        for partition in sorted(self._pending):
+            self._flush(partition, whole=True)
+        self.close()
+        paths = []
+        for partition, own in sorted(self._own.items()):
+            path = f"{base}.~p{partition}-r{own.rows}.{own.crc:08x}{suffix}"
+            os.replace(own.path, path)
+            paths.append(path)
+        path = f"{base}.{self.crc:08x}{suffix}"
+        os.replace(self.path, path)
+        paths.append(path)
+        return paths
+
+    def discard(self) -> None:
+        """Close every file and delete the own files' ``.part`` files (the caller deletes
+        the shared one): a COPY that failed leaves none of them."""
+        self.close()
+        for own in self._own.values():
+            with contextlib.suppress(FileNotFoundError):
+                os.remove(own.path)
+
+    def _own_file(self, partition: int) -> _OwnFile | None:
+        """The own file of ``partition`` (opened on its first frame), or None: it goes to
+        the shared file (more than ``own_files`` partitions met)."""
+        own = self._own.get(partition)
+        if own is not None or partition in self._shared:
+            return own
+        if self._shared_bytes.get(partition, 0) < limits.ADOPT_SWITCH_BYTES:
+            return None  # its first frames: in the shared file
+        if len(self._own) >= self._own_max:
+            self._shared.add(partition)
+            return None
+        own = self._own[partition] = _OwnFile(
+            self.fs, f"{self.path[: -len('.part')]}.~p{partition}.part", partition)
+        return own
 
     def _flush(self, partition: int, *, whole: bool) -> None:
         """Write ``partition``'s waiting rows as frames; unless ``whole``, a last frame
@@ -248,7 +324,15 @@ class FrameFileWriter:
         its header and body, no re-encoding. Not mixed with ``add`` (whose rows wait)."""
         assert not self._pending, "checked frames are not mixed with rows cut here"
         assert len(body) == frame.body_bytes and len(frame.header) == STAGED_HEADER_BYTES
+        own = self._own_file(frame.partition) if self._own_max else None
+        if own is not None:
+            own.write(self.fs, body, frame.body_crc, frame.record_count)
+            self.rows += frame.record_count
+            return
         self._write(frame.header, body, frame.body_crc, frame.record_count)
+        if self._own_max:
+            self._shared_bytes[frame.partition] = (
+                self._shared_bytes.get(frame.partition, 0) + frame.body_bytes)
 
     def _write_frame(self, partition: int, batch: pa.RecordBatch) -> None:
         body = serialize_body_buffer(batch)
@@ -259,23 +343,78 @@ class FrameFileWriter:
                 f"a frame of {body.size} bytes exceeds the limit of {limits.BATCH_BYTES_MAX} "
                 "bytes")  # fmt: skip
         body_crc = crc32c.crc32c(body)
+        own = self._own_file(partition) if self._own_max else None
+        if own is not None:
+            own.write(self.fs, body, body_crc, batch.num_rows)
+            self.rows += batch.num_rows
+            return
         header = STAGED_HEADER.pack(STAGED_MAGIC, body_crc, partition, batch.num_rows, body.size)
         self._write(header, body, body_crc, batch.num_rows)
+        if self._own_max:
+            self._shared_bytes[partition] = self._shared_bytes.get(partition, 0) + body.size
 
     def _write(self, header: bytes, body: pa.Buffer | bytes, body_crc: int, rows: int) -> None:
         size = len(body)
         assert self._fd is not None
-        self.fs.pwritev(self._fd, [header, body], self.size)
+        self.fs.pwritev(self._fd, [header, body], self.shared_size)
         self.crc = crc32c_combine(self.crc, crc32c.crc32c(header), STAGED_HEADER_BYTES)
         self.crc = crc32c_combine(self.crc, body_crc, size)
-        self.size += STAGED_HEADER_BYTES + size
+        self.shared_size += STAGED_HEADER_BYTES + size
         self.rows += rows
-        if self.size - self._writeback_position >= limits.WRITEBACK_INTERVAL_BYTES:
+        self._hint_writeback()
+
+    def _hint_writeback(self) -> None:
+        if self.shared_size - self._writeback_position >= limits.WRITEBACK_INTERVAL_BYTES:
             # A hint (as segments give): the sync at ``finish`` then finds little to write.
             with contextlib.suppress(StorageIOError):  # ``finish``'s sync will tell
                 self.fs.start_writeback(self._fd, self._writeback_position,
-                                        self.size - self._writeback_position)  # fmt: skip
-            self._writeback_position = self.size
+                                        self.shared_size - self._writeback_position)  # fmt: skip
+            self._writeback_position = self.shared_size
+
+    @property
+    def size(self) -> int:
+        """Bytes written, the own files' included (what the staging cap charges)."""
+        return self.shared_size + sum(own.size for own in self._own.values())
+
+
+class _OwnFile:
+    """One partition's own file of a ``FrameFileWriter`` (``.part`` until sealed): its
+    frames in the segment format, unpatched (see the module doc)."""
+
+    __slots__ = ("crc", "fd", "partition", "path", "rows", "size", "writeback_position")
+
+    def __init__(self, fs: FileSystem, path: str, partition: int) -> None:
+        self.path = path
+        self.partition = partition
+        try:
+            self.fd: int | None = fs.open_write(path)
+        except StorageIOError as error:
+            if not os.path.isdir(os.path.dirname(path)):  # its write was aborted meanwhile
+                raise FileNotFoundError(path) from error
+            raise
+        self.size = self.rows = self.crc = self.writeback_position = 0
+
+    def write(self, fs: FileSystem, body: pa.Buffer | bytes, body_crc: int, rows: int) -> int:
+        """Append a frame (its unpatched header, then ``body``); returns its bytes."""
+        assert self.fd is not None
+        size = len(body)
+        header = HEADER.pack(ADOPT_MAGIC, body_crc, self.partition, 0, rows, size, 0, 0, 0)
+        fs.pwritev(self.fd, [header, body], self.size)
+        self.crc = crc32c_combine(self.crc, crc32c.crc32c(header), HEADER_BYTES)
+        self.crc = crc32c_combine(self.crc, body_crc, size)
+        self.size += HEADER_BYTES + size
+        self.rows += rows
+        if self.size - self.writeback_position >= limits.WRITEBACK_INTERVAL_BYTES:
+            with contextlib.suppress(StorageIOError):  # the commit's sync will tell
+                fs.start_writeback(self.fd, self.writeback_position,
+                                   self.size - self.writeback_position)  # fmt: skip
+            self.writeback_position = self.size
+        return HEADER_BYTES + size
+
+    def close(self, fs: FileSystem) -> None:
+        if self.fd is not None:
+            fd, self.fd = self.fd, None
+            fs.close(fd)
 
 
 def read_incoming(read: Callable[[int], bytes | bytearray | memoryview]
@@ -402,10 +541,127 @@ def _data_bytes(batch: pa.RecordBatch) -> int:
     return int(offsets[-1] - offsets[0])
 
 
+def own_file(path: str) -> tuple[int, int] | None:
+    """The partition and rows of an own file (by its name: see the module doc); None for
+    any other file."""
+    match = OWN_FILE.match(os.path.basename(path))
+    return None if match is None else (int(match["partition"]), int(match["rows"]))
+
+
+def own_file_sealed(path: str, names: Iterable[str]) -> bool:
+    """Whether the own file ``path`` belongs to a COPY staged whole: its shared file (the
+    same base, renamed last by ``FrameFileWriter.seal``) is among ``names``."""
+    match = OWN_FILE.match(os.path.basename(path))
+    assert match is not None
+    shared = re.compile(re.escape(match["base"]) + r"\.[0-9a-f]{8}\.frames$")
+    return any(shared.match(name) for name in names)
+
+
+def index_own_file(fs: FileSystem, path: str, size: int) -> list[StagedFrame]:
+    """The frames of the own file ``path`` of ``size`` bytes (headers only, while they
+    are unpatched). A frame whose header a publish patched already (a crash between the
+    patch and the rename: recovery) is checked whole, as a segment's frame, and its
+    body's CRC-32C computed from its bytes; a header that is neither, a partition or a
+    count not the name's, a frame past ``size``: ``CorruptSegmentError``."""
+    named = own_file(path)
+    assert named is not None
+    partition, rows = named
+    frames: list[StagedFrame] = []
+    fd = fs.open_read(path)
+    try:
+        position = 0
+        while position < size:
+            raw = fs.pread(fd, HEADER_BYTES, position)
+            if len(raw) < HEADER_BYTES:
+                raise CorruptSegmentError("a staged frames file is short", path=path,
+                                          position=position)  # fmt: skip
+            magic, crc, base, written, count, body_bytes, attributes, _, transaction = (
+                HEADER.unpack(raw))
+            end = position + HEADER_BYTES + body_bytes
+            if count < 1 or body_bytes % 8 or end > size:
+                raise CorruptSegmentError("a staged frames file has a bad frame header",
+                                          path=path, position=position)  # fmt: skip
+            if magic == ADOPT_MAGIC and base == partition and not (
+                    written or attributes or transaction):  # fmt: skip
+                body_crc = crc
+            elif magic == MAGIC:
+                body = fs.pread(fd, body_bytes, position + HEADER_BYTES)
+                body_crc = crc32c.crc32c(body)
+                if len(body) != body_bytes or crc32c_combine(
+                        crc32c.crc32c(raw[8:]), body_crc, body_bytes) != crc:  # fmt: skip
+                    raise CorruptSegmentError("a patched staged frame is damaged",
+                                              path=path, position=position)  # fmt: skip
+            else:
+                raise CorruptSegmentError("a staged frames file has a bad frame header",
+                                          path=path, position=position)  # fmt: skip
+            frames.append(StagedFrame(path, position + HEADER_BYTES, count, body_bytes,
+                                      body_crc))  # fmt: skip
+            position = end
+    finally:
+        fs.close(fd)
+    if sum(frame.record_count for frame in frames) != rows:
+        raise CorruptSegmentError(f"a staged frames file holds other than its {rows} rows",
+                                  path=path, position=0)  # fmt: skip
+    return frames
+
+
+def check_own_file(fs: FileSystem, path: str, size: int) -> list[StagedFrame]:
+    """``index_own_file`` and every unpatched body checked against its CRC-32C (recovery,
+    when the file's own CRC-32C no longer matches: a publish patched some headers)."""
+    frames = index_own_file(fs, path, size)
+    fd = fs.open_read(path)
+    try:
+        for frame in frames:
+            body = fs.pread(fd, frame.body_bytes, frame.body_position)
+            if len(body) != frame.body_bytes or crc32c.crc32c(body) != frame.body_crc:
+                raise CorruptSegmentError("a staged frame's body is damaged", path=path,
+                                          position=frame.body_position)  # fmt: skip
+    finally:
+        fs.close(fd)
+    return frames
+
+
+def whole_own_file(frames: list[StagedFrame], size: int) -> bool:
+    """Whether ``frames`` are all the frames, in order, of the own file they come from
+    (of ``size`` bytes): what ``PartitionLog.publish_staged`` may adopt."""
+    if not frames or own_file(frames[0].path) is None:
+        return False
+    position = 0
+    for frame in frames:
+        if frame.path != frames[0].path or frame.body_position != position + HEADER_BYTES:
+            return False
+        position = frame.body_position + frame.body_bytes
+    return position == size
+
+
+def patch_headers(fs: FileSystem, fd: int, frames: list[StagedFrame], base_offset: int,
+                  written_at_us: int, transaction_id: int) -> list[tuple[int, FrameHeader]]:
+    """Write each frame's segment header over its staged one (``publish_header``: the
+    frames at ``base_offset`` on, at ``written_at_us``, of ``transaction_id``); returns
+    the frames' positions and headers. Not synced here. Failpoint ``adopt.mid_patch``
+    between the first half of the headers and the rest."""
+    found = []
+    offset = base_offset
+    half = len(frames) // 2
+    for number, frame in enumerate(frames):
+        if number == half and number and failpoints.ACTIVE:
+            failpoints.hit("adopt.mid_patch")
+        header_bytes, header = publish_header(frame, offset, written_at_us, transaction_id)
+        position = frame.body_position - HEADER_BYTES
+        fs.pwrite(fd, header_bytes, position)
+        found.append((position, header))
+        offset = header.next_offset
+    return found
+
+
 def index_file(fs: FileSystem, path: str, size: int) -> dict[int, list[StagedFrame]]:
     """The frames of a whole frames file of ``size`` bytes, per partition in file order
     (headers only are read). A header that does not parse, or a frame past ``size``, is
-    ``CorruptSegmentError`` (the file was written whole and its size recorded)."""
+    ``CorruptSegmentError`` (the file was written whole and its size recorded). An own
+    file: ``index_own_file``."""
+    named = own_file(path)
+    if named is not None:
+        return {named[0]: index_own_file(fs, path, size)}
     found: dict[int, list[StagedFrame]] = {}
     fd = fs.open_read(path)
     try:

@@ -19,7 +19,10 @@ then an Arrow file: the commit publishes each partition's frames, then its Arrow
 reference, as one share of one transaction). ``BULK_BATCH_MESSAGES`` lowers
 ``limits.BATCH_MESSAGES_MAX`` (what one transaction may write to a partition) below a
 partition's share; ``BULK_SPLIT_BEFORE_PUBLISH`` splits partition 0 between the commit's
-routing and its publish.
+routing and its publish. ``BULK_ADOPT=bytes,files,switch`` sets ``limits.ADOPT_BYTES_MIN``,
+``limits.ADOPT_FILES_MAX`` and ``limits.ADOPT_SWITCH_BYTES``: each COPY stages up to
+``files`` partitions' frames past ``switch`` bytes in files of their own, adopted as
+segments by the publish from ``bytes`` (``storage.staged_frames``).
 """
 
 from __future__ import annotations
@@ -124,6 +127,10 @@ def main() -> None:
         limits.FRAME_TARGET_MESSAGES = int(os.environ["BULK_FRAME_MESSAGES"])
     if os.environ.get("BULK_BATCH_MESSAGES"):  # shares over one transaction's limit
         limits.BATCH_MESSAGES_MAX = int(os.environ["BULK_BATCH_MESSAGES"])
+    if os.environ.get("BULK_ADOPT"):  # "bytes,files,switch": own files adopted
+        adopt_bytes, adopt_files, switch = os.environ["BULK_ADOPT"].split(",")
+        limits.ADOPT_BYTES_MIN, limits.ADOPT_FILES_MAX = int(adopt_bytes), int(adopt_files)
+        limits.ADOPT_SWITCH_BYTES = int(switch)
     if os.environ.get("BULK_SPLIT_BEFORE_PUBLISH"):  # partition 0 splits after routing
         split_before_publish()
     database = Database.open(data, retention_interval_s=None)

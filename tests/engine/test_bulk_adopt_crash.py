@@ -1,0 +1,280 @@
+"""Staged frames adopted as segments (``storage.staged_frames`` own files,
+``PartitionLog._adopt_locked``), killed at each step of the adoption.
+
+``bulk_commit_child.py`` stages 4 writes of 2 COPYs each over 4 partitions with
+``BULK_ADOPT=1024,2``: each COPY stages partitions 0 and 1 in files of their own (~13 KiB,
+adopted: over 1024 bytes; 4 frames of at most 16 messages) and partitions 2 and 3 in
+its shared file (copied). So the commit
+adopts 8 files into each of partitions 0 and 1 and copies 8 frames into each of 2 and 3.
+Killed at each adoption step (the first adoption, or a later one: ``@n``), then opened
+here (recovery runs, adopting again what was not renamed, ``limits`` as the child's):
+the batch is published whole and exactly once, each partition's messages in their staged
+order at offsets 0.. without a gap, the storage checker accepts the store, and a retry of
+the commit is a duplicate. Damage recovery must refuse (a patched file's body changed,
+an adopted segment lost) stops it with ``CorruptSegmentError``.
+"""
+
+from __future__ import annotations
+
+import os
+import sys
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+
+from engine import bulk_write
+from engine.database import Database
+from storage import limits
+from storage.check import check_store
+from storage.errors import CorruptSegmentError
+from storage.staged_frames import OWN_FILE
+from tests.fork_server import ForkServer
+
+HERE = Path(__file__).resolve().parent
+CHILD = HERE / "bulk_commit_child.py"
+sys.path.insert(0, str(HERE))
+import bulk_commit_child as child  # noqa: E402
+
+CRASHED = 137
+# adopt own files over 1 KiB; 2 partitions of each COPY in files of their own from their
+# first frame (switch 0); frames of 16 messages: each own file holds 4 (a patch can be cut
+# halfway)
+ENVIRONMENT = {"BULK_STAGE_FORMAT": "frames", "BULK_ADOPT": "1024,2,0",
+               "BULK_FRAME_MESSAGES": "16"}  # fmt: skip
+# ... or from their second frame: each partition's first frame in the shared file (copied)
+SWITCHED = {**ENVIRONMENT, "BULK_ADOPT": "1024,2,2000"}
+_SERVER: list[ForkServer] = []
+
+
+@pytest.fixture(scope="module", autouse=True)
+def _fork_server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[None]:
+    _SERVER[:] = [ForkServer(CHILD, tmp_path_factory.mktemp("children"))]
+    yield
+    _SERVER.pop().close()
+
+
+@pytest.fixture(autouse=True)
+def _adopt_limits(monkeypatch: pytest.MonkeyPatch) -> None:
+    """This process (recovery, the retry) adopts as the child does."""
+    monkeypatch.setattr(limits, "ADOPT_BYTES_MIN", 1024)
+    monkeypatch.setattr(limits, "ADOPT_FILES_MAX", 2)
+
+
+def _run(data: Path, action: str, failpoints: str = "",
+         environment: dict[str, str] = ENVIRONMENT) -> int:  # fmt: skip
+    done = _SERVER[0].run([str(data), action], environment=environment, failpoints=failpoints)
+    assert done.returncode in (0, CRASHED), done.stderr
+    return done.returncode
+
+
+def _messages(database: Database) -> dict[int, list[tuple[int, bytes]]]:
+    """Each partition's (offset, message) in offset order, read through the partitions."""
+    topic = database.topic_log(database.catalog.entry("t").topic_id)
+    found: dict[int, list[tuple[int, bytes]]] = {}
+    for partition in topic.partition_ids():
+        log = topic.partition(partition)
+        rows: list[tuple[int, bytes]] = []
+        offset = log.start_offset
+        while offset < log.end_offset:
+            read = log.read(offset, max_messages=100_000)
+            for batch in read.batches:
+                rows += zip(batch.column("offset").to_pylist(),
+                            batch.column("data").to_pylist(), strict=True)  # fmt: skip
+            offset = read.next_offset
+        found[partition] = rows
+    return found
+
+
+def _in_order(database: Database) -> str:
+    """"all" or "nothing", checked: every partition holds its messages once, in the order
+    they were staged (the writes' files in name order: ascending), at offsets 0.. ."""
+    found = _messages(database)
+    everything = child.expected()
+    counts = {p: len(rows) for p, rows in found.items()}
+    if all(not rows for rows in found.values()):
+        return "nothing"
+    for partition, rows in found.items():
+        assert [o for o, _ in rows] == list(range(len(rows))), (partition, counts)
+        assert [m for _, m in rows] == everything[partition], (partition, counts)
+    return "all"
+
+
+def _check_store(data: Path) -> None:
+    report = check_store(str(data / "store"))
+    assert report.ok, report.lines()
+
+
+def _adopted_segments(database: Database, partition: int) -> int:
+    topic = database.topic_log(database.catalog.entry("t").topic_id)
+    return len([s for s in topic.partition(partition).segments if s.size_bytes])
+
+
+def _recover_and_retry(data: Path) -> str:
+    database = Database.open(str(data), retention_interval_s=None)
+    try:
+        bulk = bulk_write.for_database(database)
+        outcome = _in_order(database)
+        session = database.connect()
+        try:
+            retry = bulk.commit(session, child.SINK, child.BATCH, child.write_ids())
+        finally:
+            session.close()
+        assert retry["status"] == ("committed" if outcome == "nothing" else "duplicate")
+        database.committer.checkpoint()
+        assert _in_order(database) == "all"
+        assert os.listdir(bulk.root) == [] and os.listdir(bulk.commits_root) == []
+        assert bulk.staged_bytes == 0
+        # partitions 0 and 1: whole own files adopted as segments (8 files, one per COPY)
+        assert _adopted_segments(database, 0) >= 8 and _adopted_segments(database, 1) >= 8
+        assert _adopted_segments(database, 2) == 1 and _adopted_segments(database, 3) == 1
+    finally:
+        database.close()
+    _check_store(data)
+    return outcome
+
+
+@pytest.mark.parametrize("environment", [ENVIRONMENT, SWITCHED])
+def test_a_clean_commit_adopts_whole_own_files_and_copies_the_rest(
+        tmp_path: Path, environment: dict[str, str]) -> None:  # fmt: skip
+    data = tmp_path / "data"
+    assert _run(data, "stage", environment=environment) == 0
+    staged = [n for w in os.listdir(data / bulk_write.WRITES_DIRECTORY)
+              for n in os.listdir(data / bulk_write.WRITES_DIRECTORY / w)]  # fmt: skip
+    own = [n for n in staged if OWN_FILE.match(n)]
+    assert len(own) == 16 and {n.split(".~p")[1][0] for n in own} == {"0", "1"}, staged
+    assert _run(data, "commit", environment=environment) == 0
+    database = Database.open(str(data), retention_interval_s=None)
+    try:
+        assert _in_order(database) == "all"
+        topic = database.topic_log(database.catalog.entry("t").topic_id)
+        for partition in (0, 1):
+            segments = [s for s in topic.partition(partition).segments if s.size_bytes]
+            # one per COPY, each a whole adopted file (the first COPY's copied frame
+            # before them, switched: a later COPY's goes into the adopted one before it)
+            assert len(segments) == 8 + (environment is SWITCHED)
+            assert [s.base_offset for s in segments] == sorted(s.base_offset for s in segments)
+    finally:
+        database.close()
+    _check_store(data)
+    assert _recover_and_retry(data) == "all"
+
+
+@pytest.mark.parametrize("failpoint", [
+    "adopt.before_patch=crash",
+    "adopt.before_patch=crash@5",
+    "adopt.mid_patch=crash",
+    "adopt.mid_patch=crash@6",
+    "adopt.before_rename=crash",
+    "adopt.before_rename=crash@4",
+    "adopt.before_dir_sync=crash",
+    "adopt.before_dir_sync=crash@7",
+    "adopt.before_visible=crash",
+    "adopt.before_visible=crash@3",
+    "adopt.after_visible=crash",
+    "publish.mid_share=crash@3",
+    "commit.checkpoint_before_delete=crash",
+    "commit.checkpoint_before_release=crash",
+])  # fmt: skip
+def test_an_adoption_killed_at_each_step_publishes_the_batch_once_in_order(
+        tmp_path: Path, failpoint: str) -> None:  # fmt: skip
+    data = tmp_path / "data"
+    assert _run(data, "stage") == 0
+    assert _run(data, "commit", failpoint) == CRASHED
+    assert _recover_and_retry(data) == "all"
+
+
+@pytest.mark.parametrize("failpoint", ["adopt.mid_patch=crash@2", "adopt.before_rename=crash@3",
+                                       "adopt.before_dir_sync=crash@2",
+                                       "publish.mid_share=crash@2"])
+def test_a_share_copied_then_adopted_killed_between_is_finished_once_in_order(
+        tmp_path: Path, failpoint: str) -> None:  # fmt: skip
+    """Each partition's first frame of a COPY in the shared file (copied), the rest in
+    its own file (adopted): killed inside the second COPY's adoption, or between a
+    copied frame and the adoption after it."""
+    data = tmp_path / "data"
+    assert _run(data, "stage", environment=SWITCHED) == 0
+    assert _run(data, "commit", failpoint, environment=SWITCHED) == CRASHED
+    assert _recover_and_retry(data) == "all"
+
+
+@pytest.mark.parametrize("failpoint", ["adopt.mid_patch=crash", "adopt.before_rename=crash",
+                                       "adopt.before_dir_sync=crash"])
+def test_recovery_killed_while_it_adopts_again_finishes_at_the_next_open(
+        tmp_path: Path, failpoint: str) -> None:  # fmt: skip
+    """The commit killed inside an adoption, then recovery killed inside its own
+    (re-patching the file from the log's end): the third open finishes, once."""
+    data = tmp_path / "data"
+    assert _run(data, "stage") == 0
+    assert _run(data, "commit", "adopt.before_rename=crash@2") == CRASHED
+    assert _run(data, "open", failpoint) == CRASHED
+    assert _recover_and_retry(data) == "all"
+
+
+def _own_files(data: Path) -> list[Path]:
+    return sorted(p for p in (data / bulk_write.COMMITS_DIRECTORY).rglob("*.frames")
+                  if OWN_FILE.match(p.name))  # fmt: skip
+
+
+def test_a_patched_own_file_whose_body_changed_stops_recovery(tmp_path: Path) -> None:
+    """Killed once the first file's headers are patched and synced (before its rename):
+    a body byte of that file changed meanwhile is found (each frame checked as a
+    segment's) instead of being published."""
+    data = tmp_path / "data"
+    assert _run(data, "stage") == 0
+    assert _run(data, "commit", "adopt.before_rename=crash") == CRASHED
+    patched = [p for p in _own_files(data) if p.read_bytes()[:4] == b"TBb1"]
+    assert len(patched) == 1, patched
+    raw = bytearray(patched[0].read_bytes())
+    raw[48 + 200] ^= 0xFF
+    patched[0].write_bytes(bytes(raw))
+    with pytest.raises(CorruptSegmentError):
+        Database.open(str(data), retention_interval_s=None)
+
+
+def test_a_torn_own_file_of_a_committed_batch_stops_recovery(tmp_path: Path) -> None:
+    data = tmp_path / "data"
+    assert _run(data, "stage") == 0
+    assert _run(data, "commit", "adopt.before_patch=crash") == CRASHED
+    victim = _own_files(data)[-1]
+    with open(victim, "r+b") as handle:
+        handle.truncate(victim.stat().st_size - 100)
+    with pytest.raises(CorruptSegmentError):
+        Database.open(str(data), retention_interval_s=None)
+
+
+def test_an_adopted_segment_lost_from_its_partition_stops_recovery(tmp_path: Path) -> None:
+    """The file renamed into the partition (gone from the commit directory), then lost
+    there (as if the rename had reached no disk while the commit directory's did):
+    recovery finds the partition lacks the committed rows and refuses to go on."""
+    data = tmp_path / "data"
+    assert _run(data, "stage") == 0
+    assert _run(data, "commit", "adopt.before_dir_sync=crash") == CRASHED
+    logs = [p for p in (data / "store").rglob("*.log") if p.stat().st_size]
+    assert len(logs) == 1, logs  # the adopted one (every other segment is empty)
+    os.remove(logs[0])
+    with pytest.raises(CorruptSegmentError):
+        Database.open(str(data), retention_interval_s=None)
+
+
+def test_a_torn_own_file_before_the_commit_is_refused_and_stays_staged(tmp_path: Path) -> None:
+    data = tmp_path / "data"
+    assert _run(data, "stage") == 0
+    victim = sorted(p for p in (data / bulk_write.WRITES_DIRECTORY).rglob("*.frames")
+                    if OWN_FILE.match(p.name))[0]  # fmt: skip
+    with open(victim, "r+b") as handle:
+        handle.truncate(victim.stat().st_size - 8)
+    database = Database.open(str(data), retention_interval_s=None)
+    try:
+        session = database.connect()
+        try:
+            with pytest.raises(CorruptSegmentError):
+                bulk_write.for_database(database).commit(session, child.SINK, child.BATCH,
+                                                         child.write_ids())  # fmt: skip
+        finally:
+            session.close()
+        assert _in_order(database) == "nothing"
+        assert sorted(os.listdir(data / bulk_write.WRITES_DIRECTORY)) == sorted(
+            child.write_ids())
+    finally:
+        database.close()
