@@ -156,6 +156,9 @@ class PartitionLog:
         # Where the large frame the last read stopped inside is kept (None: nowhere).
         self._frame_cache: FrameCache | None = FRAME_CACHE
         self._fenced: StorageIOError | None = None
+        # The segment adopted last by a publish not yet visible, its size and end: what a
+        # fence must not cut (``_adopt_locked``); None once published.
+        self._adopted: tuple[LogSegment, int, int] | None = None
         self._closed = False
         # Every offset below this is known synced by this process (the open syncs what it
         # loads, below; before that nothing is known on disk). Only grows, by syncs that
@@ -399,11 +402,13 @@ class PartitionLog:
 
     def _adoptable(self, run: list[StagedFrame]) -> int:
         """The size of the own file whose frames ``run`` is, whole and in order, if it may
-        be adopted (``limits.ADOPT_BYTES_MIN`` to ``ADOPT_BYTES_MAX``); else 0."""
+        be adopted (``limits.ADOPT_BYTES_MIN`` to ``ADOPT_BYTES_MAX``, and no larger than
+        the topic's segments: a segment stays within ``segment_bytes``); else 0."""
         if own_file(run[0].path) is None:
             return 0
         size = self.fs.path_size(run[0].path)
-        if not limits.ADOPT_BYTES_MIN <= size <= limits.ADOPT_BYTES_MAX:
+        largest = min(limits.ADOPT_BYTES_MAX, self.config.segment_bytes)
+        if not limits.ADOPT_BYTES_MIN <= size <= largest:
             return 0
         return size if whole_own_file(run, size) else 0
 
@@ -469,6 +474,7 @@ class PartitionLog:
             raise
         kept = self._segments[:-1] if replaced else self._segments
         self._segments = (*kept, segment)
+        self._adopted = (segment, segment.size_bytes, segment.next_offset)
         self._last_written_at_us = written_at_us
         self._durable_end = max(self._durable_end, segment.next_offset)
 
@@ -891,7 +897,17 @@ class PartitionLog:
         self._fenced = error
         self._forget_frame()
         visible = self._visible
+        adopted = self._adopted
         try:
+            if adopted is not None and adopted[0] in self._segments:
+                # Not yet published, but durable up to the end of the last adoption (the
+                # segments before it synced at its roll, it synced before its rename): a
+                # cut below would lose the adopted file, whose staged copy is gone.
+                segment, size, end = adopted
+                for later in self._segments[self._segments.index(segment) + 1 :]:
+                    later.truncate_to(0, later.base_offset)
+                segment.truncate_to(size, end)
+                return
             for segment in self._segments[len(visible.segments) :]:
                 segment.truncate_to(0, segment.base_offset)
             last = visible.segments[-1]
@@ -905,6 +921,7 @@ class PartitionLog:
             self._frame_cache.discard(self)
 
     def _publish(self, *, notify: bool = True) -> None:
+        self._adopted = None
         segment = self._segments[-1]
         self._visible = Visible(segment.next_offset, self._segments, segment.size_bytes)
         if notify:

@@ -16,6 +16,7 @@ an adopted segment lost) stops it with ``CorruptSegmentError``.
 
 from __future__ import annotations
 
+import contextlib
 import os
 import sys
 from collections.abc import Iterator
@@ -25,9 +26,9 @@ import pytest
 
 from engine import bulk_write
 from engine.database import Database
-from storage import limits
+from storage import failpoints, limits
 from storage.check import check_store
-from storage.errors import CorruptSegmentError
+from storage.errors import CorruptSegmentError, PartitionFencedError
 from storage.staged_frames import OWN_FILE
 from tests.fork_server import ForkServer
 
@@ -37,6 +38,7 @@ sys.path.insert(0, str(HERE))
 import bulk_commit_child as child  # noqa: E402
 
 CRASHED = 137
+FRAME_TARGET = limits.FRAME_TARGET_MESSAGES
 # adopt own files over 1 KiB; 2 partitions of each COPY in files of their own from their
 # first frame (switch 0); frames of 16 messages: each own file holds 4 (a patch can be cut
 # halfway)
@@ -208,6 +210,41 @@ def test_recovery_killed_while_it_adopts_again_finishes_at_the_next_open(
     assert _run(data, "stage") == 0
     assert _run(data, "commit", "adopt.before_rename=crash@2") == CRASHED
     assert _run(data, "open", failpoint) == CRASHED
+    assert _recover_and_retry(data) == "all"
+
+
+@pytest.mark.parametrize("failpoint", ["adopt.before_patch", "adopt.mid_patch",
+                                       "adopt.before_rename", "adopt.before_dir_sync",
+                                       "adopt.before_visible", "fs.before_sync"])
+def test_an_adoption_failing_with_an_io_error_fences_and_the_reopen_finishes_it(
+        tmp_path: Path, failpoint: str) -> None:  # fmt: skip
+    """An I/O error at each step of the second adoption of the commit (``fs.before_sync``:
+    the patched file's fdatasync): the partition is fenced (before the rename its
+    unpublished tail is cut, after it nothing is: the adopted file is synced), the
+    commit stands, and the reopen publishes the rest once, in order."""
+    data = tmp_path / "data"
+    assert _run(data, "stage") == 0
+    database = Database.open(str(data), retention_interval_s=None)
+    try:
+        limits.FRAME_TARGET_MESSAGES = 16  # as the child (restored below)
+        failpoints.activate(f"{failpoint}=error@2")
+        session = database.connect()
+        try:  # past its commit point: the publish's error is the committer's
+            outcome = bulk_write.for_database(database).commit(
+                session, child.SINK, child.BATCH, child.write_ids())
+        finally:
+            session.close()
+        assert outcome["status"] == "committed"
+        topic = database.topic_log(database.catalog.entry("t").topic_id)
+        with pytest.raises(PartitionFencedError) as caught:
+            for partition in topic.partition_ids():
+                topic.partition(partition).check_writable()
+        assert f"failpoint {failpoint}" in str(caught.value)
+    finally:
+        failpoints.deactivate()
+        limits.FRAME_TARGET_MESSAGES = FRAME_TARGET
+        with contextlib.suppress(PartitionFencedError):  # its last checkpoint
+            database.close()
     assert _recover_and_retry(data) == "all"
 
 
