@@ -11,9 +11,9 @@ import os
 
 import pytest
 
+from spark_sql_ext.client import TopicbaseClient
 from sql.flight.server import start_flight
 from sql.pgwire.server import ServerThread
-from spark_sql_ext.client import TopicbaseClient
 from storage import limits
 from storage.staged_frames import OWN_FILE
 from tests.pgwire.test_copy_arrow import read_arrow
@@ -74,8 +74,9 @@ def test_adopted_frames_are_read_whole_and_in_order_by_every_reader(
         assert list(zip(*(table.column(c).to_pylist() for c in ("partition", "offset", "data")),
                         strict=True)) == expected  # fmt: skip
         for partition in (0, 1):
+            end = 2 * FRAMES * 16
             ranged = read_arrow(db, f'SELECT "offset", data FROM TOPIC events WHERE partition = '
-                                    f'{partition} AND "offset" >= 0 AND "offset" < {2 * FRAMES * 16}')
+                                    f'{partition} AND "offset" >= 0 AND "offset" < {end}')
             assert ranged.to_pylist() == [{"offset": o, "data": d}
                                           for p, o, d in expected if p == partition]
         door = start_flight(database, "127.0.0.1", 0, "trust")
