@@ -248,6 +248,45 @@ def test_an_adoption_failing_with_an_io_error_fences_and_the_reopen_finishes_it(
     assert _recover_and_retry(data) == "all"
 
 
+@pytest.mark.parametrize("failpoint", ["adopt.before_rename=crash@2",
+                                       "adopt.before_dir_sync=crash@3", "adopt.after_visible"])
+def test_own_files_published_to_a_split_partition_are_adopted_by_its_child_once(
+        tmp_path: Path, failpoint: str) -> None:  # fmt: skip
+    """Partition 0 splits after the commit routed its share there: its own files go to
+    the child keyless messages go to, adopted there (``_publish_staged_to_lineage``);
+    killed inside an adoption, recovery finishes it there once; a retry is a duplicate."""
+    data = tmp_path / "data"
+    environment = {**ENVIRONMENT, "BULK_SPLIT_BEFORE_PUBLISH": "1"}
+    failpoint = failpoint if "=" in failpoint else f"{failpoint}=crash"
+    assert _run(data, "stage", environment=environment) == 0
+    assert _run(data, "commit", failpoint, environment=environment) == CRASHED
+    database = Database.open(str(data), retention_interval_s=None)
+    try:
+        topic = database.topic_log(database.catalog.entry("t").topic_id)
+        assert not topic.partition_info(0).active and topic.partition(0).end_offset == 0
+        found = _messages(database)
+        everything = child.expected()
+        assert sorted(m for rows in found.values() for _, m in rows) == sorted(
+            m for ms in everything.values() for m in ms)
+        for partition, rows in found.items():  # each partition's offsets 0.. without a gap
+            assert [o for o, _ in rows] == list(range(len(rows))), partition
+        children = [p for p in topic.partition_ids() if p >= child.PARTITIONS]
+        adopted = [len([s for s in topic.partition(p).segments if s.size_bytes])
+                   for p in children]  # fmt: skip
+        assert max(adopted) >= 8, adopted  # the 8 own files of partition 0, in one child
+        session = database.connect()
+        try:
+            outcome = bulk_write.for_database(database).commit(
+                session, child.SINK, child.BATCH, child.write_ids())
+        finally:
+            session.close()
+        assert outcome["status"] == "duplicate"
+        assert _messages(database) == found
+    finally:
+        database.close()
+    _check_store(data)
+
+
 def _own_files(data: Path) -> list[Path]:
     return sorted(p for p in (data / bulk_write.COMMITS_DIRECTORY).rglob("*.frames")
                   if OWN_FILE.match(p.name))  # fmt: skip
