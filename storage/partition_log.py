@@ -426,7 +426,9 @@ class PartitionLog:
         3. the file renamed into the partition as ``<base offset>.log``
            (``adopt.before_dir_sync``: renamed, the directory not synced), its indexes
            written from the headers, the producer snapshot at its base written as a roll
-           writes it, the directory synced (``adopt.before_visible``).
+           writes it, the directory synced (by that snapshot's write, under any fsync
+           policy but ``never``; else here: the staged copy is gone once the checkpoint
+           releases the commit directory) (``adopt.before_visible``).
 
         A crash before the rename leaves the file in the commit directory, its headers
         staged, patched or a mix: recovery checks each frame (``check_own_file``) and
@@ -463,7 +465,8 @@ class PartitionLog:
             failpoints.hit("adopt.before_dir_sync")
             log_loader.adopt_segment(segment, frames, size)
             self.producers.write_snapshot(base, durable=durable)
-            self.fs.sync_directory(self.directory)
+            if not durable:  # a durable snapshot synced the directory, after the rename
+                self.fs.sync_directory(self.directory)
             failpoints.hit("adopt.before_visible")
         except StorageIOError as error:
             if renamed:
