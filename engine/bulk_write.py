@@ -218,9 +218,15 @@ class BulkWrites:
                         topic.partition(frame.partition)  # 22023 if the topic has none
                         known.add(frame.partition)
                     staged_refs.check_incoming_frame(frame, body)
+                    # At most a segment header and the body (an own file's frame); a
+                    # frame of the shared file takes less: the rest is given back, so
+                    # the cap is charged what is on disk (review R2-A1 of round 14).
                     self._reserve(HEADER_BYTES + frame.body_bytes)
                     reserved += HEADER_BYTES + frame.body_bytes
                     writer.add_checked(frame, body)
+                    if reserved > writer.size:
+                        self._release(reserved - writer.size)
+                        reserved = writer.size
                 if writer.rows:
                     writer.seal(base, FRAMES_SUFFIX)  # synced by the commit that names it
                 else:  # an empty stream stages nothing

@@ -498,7 +498,8 @@ def _recovered_frames(root: str, fs: FileSystem, entries: list[list]
     partition: gone (renamed into it), its frames are one placeholder of its rows
     (``StagedFrame.body_position`` -1: the partition must hold them, else its publish
     raises ``CorruptSegmentError``); still here with headers patched (a crash between the
-    patch and the rename), each frame is checked alone (``check_own_file``)."""
+    patch and the rename, some headers perhaps torn by a power cut), its staged bytes are
+    rebuilt and checked against the record's CRC-32C (``check_own_file``)."""
     frames: dict[int, list[StagedFrame]] = {}
     for relative, size, crc in entries:
         path = os.path.join(root, relative)
@@ -512,7 +513,7 @@ def _recovered_frames(root: str, fs: FileSystem, entries: list[list]
         except CorruptSegmentError:
             if named is None or os.path.getsize(path) != size:
                 raise
-            frames.setdefault(named[0], []).extend(check_own_file(fs, path, size))
+            frames.setdefault(named[0], []).extend(check_own_file(fs, path, size, crc))
             continue
         for partition, found in index_file(fs, path, size).items():
             frames.setdefault(partition, []).extend(found)

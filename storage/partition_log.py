@@ -431,7 +431,8 @@ class PartitionLog:
            releases the commit directory) (``adopt.before_visible``).
 
         A crash before the rename leaves the file in the commit directory, its headers
-        staged, patched or a mix: recovery checks each frame (``check_own_file``) and
+        staged, patched, a mix or torn: recovery rebuilds its staged bytes and checks them
+        against the record's CRC-32C (``staged_frames.check_own_file``) and
         publishes it again (adopting it again from the log's end). After the rename the
         segment is the partition's (a reopen loads it; the commit directory no longer
         names the file: recovery finds its rows by transaction id). An I/O error before
