@@ -52,6 +52,7 @@ from sqlglot import expressions as exp
 from engine import introspection, tables, write_statements
 from engine.topic_relation import SCHEMA as TOPIC_SCHEMA
 from grammar import ast
+from grammar.bounded_cache import SCHEMA_COLUMN_BYTES, TEXT_COST_PER_CHAR, BoundedCache
 from grammar.settings import RETURNING_COLUMNS
 from planner.operations import (
     AppendRecords,
@@ -153,22 +154,25 @@ def describe_plan(
     key = _statement_key(statement)
     memo = None
     if owner is not None and version is not None and key is not None:
-        memo = _MEMO.setdefault(owner, {})
+        memo = _MEMO.get(owner)
+        if memo is None:
+            memo = _MEMO[owner] = BoundedCache("engine.describe.memo", MEMO_ENTRIES)
         kept = memo.get(key)
         if kept is not None and kept[0] == version:
             return kept[1]
     description = _describe(plan, statement, cursor, database)
     if memo is not None:
-        if len(memo) >= MEMO_ENTRIES:
-            memo.clear()
         after = _catalog_version(cursor)  # stand-in registrations move it
         if after is not None:
-            memo[key] = (after, description)
+            columns = len(description.columns or ()) + len(description.parameter_types)
+            cost = TEXT_COST_PER_CHAR * len(key) + SCHEMA_COLUMN_BYTES * columns
+            memo.put(key, (after, description), cost)
     return description
 
 
-MEMO_ENTRIES = 128  # per session
-_MEMO: weakref.WeakKeyDictionary[Any, dict[str, tuple[int, Description]]]
+MEMO_ENTRIES = 128  # per session, and bounded in bytes (``BoundedCache``: a description
+# of thousands of columns holds megabytes)
+_MEMO: weakref.WeakKeyDictionary[Any, BoundedCache]
 _MEMO = weakref.WeakKeyDictionary()
 
 

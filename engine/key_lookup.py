@@ -80,6 +80,7 @@ from engine import tables
 from engine.chunk_values import VIEW_BYTES, ChunkValues
 from engine.result import Rows
 from engine.tables import quote_identifier
+from grammar.bounded_cache import SCHEMA_COLUMN_BYTES, TEXT_COST_PER_CHAR, BoundedCache
 from planner.operations import LookupShape, LookupValue, Plan, RunQuery
 from storage import errors
 
@@ -311,7 +312,8 @@ class _Index:
     # The rows of every chunk but the last, when they all hold as many (else 0).
     chunk_rows: int = field(init=False, repr=False)
     # What a statement's shape comes to on this index (``_shape_work``), by the shape's id.
-    shapes: dict[int, _ShapeWork] = field(init=False, repr=False, default_factory=dict)
+    shapes: BoundedCache = field(init=False, repr=False, default_factory=lambda: BoundedCache(
+        "engine.key_lookup.index_shapes", _SHAPES_PER_INDEX))
 
     def __post_init__(self) -> None:
         self.chunks = [column.chunks for column in self.table.columns]
@@ -510,16 +512,17 @@ def lookup_plan(plan: Plan) -> tuple[RunQuery, LookupShape] | None:
         return kept[1]
     found = _lookup_query(operation)
     if found is not None and len(operation.sql) <= _LOOKUP_QUERY_CHARS_MAX:
-        if len(_lookup_queries) >= _LOOKUP_QUERIES_MAX:
-            _lookup_queries.clear()
-        _lookup_queries[id(operation)] = (operation, found)
+        # the query (pinned here even once the planner's cache forgot it) and its shape
+        columns = len(found[1].columns or ()) + len(found[1].equalities)
+        cost = TEXT_COST_PER_CHAR * len(operation.sql) + SCHEMA_COLUMN_BYTES * columns
+        _lookup_queries.put(id(operation), (operation, found), cost)
     return found
 
 
 # At most this many lookup queries of at most this many characters each are kept.
 _LOOKUP_QUERIES_MAX = 256
 _LOOKUP_QUERY_CHARS_MAX = 4096
-_lookup_queries: dict[int, tuple[RunQuery, tuple[RunQuery, LookupShape]]] = {}
+_lookup_queries = BoundedCache("engine.key_lookup.lookup_queries", _LOOKUP_QUERIES_MAX)
 
 
 def _lookup_query(operation: Any) -> tuple[RunQuery, LookupShape] | None:
@@ -904,9 +907,9 @@ def _shape_work(index: _Index, shape: LookupShape) -> _ShapeWork:
     projected = 0 if columns is None else len(columns)
     # a text's big string literal, or a projection of very many columns, is not held
     if literals <= _SHAPE_LITERAL_CHARS_MAX and projected <= _SHAPE_COLUMNS_MAX:
-        if len(index.shapes) >= _SHAPES_PER_INDEX:
-            index.shapes.clear()
-        index.shapes[id(shape)] = work
+        # the shape is pinned here (held beside its id): its columns, and the schema's
+        cost = SCHEMA_COLUMN_BYTES * (2 * projected + len(shape.equalities)) + 4 * literals
+        index.shapes.put(id(shape), work, cost)
     return work
 
 

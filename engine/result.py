@@ -20,6 +20,8 @@ from typing import Any
 
 import pyarrow as pa
 
+from grammar.bounded_cache import SCHEMA_COLUMN_BYTES, BoundedCache
+
 
 @dataclass(frozen=True)
 class Rows:
@@ -89,7 +91,10 @@ class Rows:
 _RENAMED_MAX = 1024
 # (id of a schema, names) -> (that schema, it renamed): a repeated query's result shape
 # (``engine.tables`` keeps one schema object per shape) is renamed once, not per run.
-_renamed_schemas: dict[tuple[int, tuple[str, ...]], tuple[pa.Schema, pa.Schema]] = {}
+# An entry holds two schemas and the names: ``2 * SCHEMA_COLUMN_BYTES`` a column, so that a
+# client's wide results cannot make it hold more than its byte budget (``BoundedCache``; 250
+# results of 2,000 columns held ~300 MB when only the entries were counted, review R2-N1).
+_renamed_schemas = BoundedCache("engine.result.renamed_schemas", _RENAMED_MAX)
 
 
 def _renamed(schema: pa.Schema, names: tuple[str, ...]) -> pa.Schema:
@@ -99,9 +104,8 @@ def _renamed(schema: pa.Schema, names: tuple[str, ...]) -> pa.Schema:
         return kept[1]
     fields = [field.with_name(name) for field, name in zip(schema, names, strict=True)]
     renamed = pa.schema(fields, metadata=schema.metadata)
-    if len(_renamed_schemas) >= _RENAMED_MAX:
-        _renamed_schemas.clear()
-    _renamed_schemas[key] = (schema, renamed)
+    cost = sum(2 * SCHEMA_COLUMN_BYTES + len(name) for name in names)
+    _renamed_schemas.put(key, (schema, renamed), cost)
     return renamed
 
 

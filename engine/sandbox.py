@@ -65,6 +65,7 @@ from sqlglot import expressions as exp
 from engine import tables
 from engine.catalog import SCHEMA as INTERNAL_SCHEMA
 from engine.identity import Identity
+from grammar.text_cache import text_cache
 from planner.duckdb_sql import parse_duckdb
 from planner.nested_writes import REFUSAL as NESTED_WRITES_REFUSAL
 from planner.operations import Plan, RunQuery
@@ -171,7 +172,7 @@ def _refusal(sql: str, superuser: bool) -> str | None:
     return check(sql, tokens, superuser)
 
 
-_cached_refusal = functools.lru_cache(maxsize=CLASSIFICATION_CACHE_ENTRIES)(_refusal)
+_cached_refusal = text_cache(CLASSIFICATION_CACHE_ENTRIES)(_refusal)
 
 
 # -- what DuckDB's lexer sees --------------------------------------------------------------

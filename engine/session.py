@@ -63,6 +63,7 @@ from engine.transaction import PendingWrite, SessionState, Transaction
 from engine.writes import build_batches, explain_lines, plain_batches, table_from_rows
 from grammar import ast
 from grammar import settings as rules
+from grammar.bounded_cache import TEXT_COST_PER_CHAR, BoundedCache
 from grammar.parse import parse
 from grammar.settings import RETURNING_COLUMNS
 from grammar.text_cache import text_cache
@@ -128,13 +129,15 @@ class Session:
         # text, with the schema generation it was worked out at; the generation this
         # transaction's snapshot was taken at (None: unknown); whether this transaction
         # ran DDL; whether a schema change's commit is under way (``tables.SchemaGenerations``).
-        self._upserts: dict[str, tuple[int, tuple[str, tuple[int, ...]] | None]] = {}
+        # Bounded in bytes (``BoundedCache``, in the process-wide budget): an upsert text
+        # may be megabytes.
+        self._upserts = BoundedCache("engine.session.upserts", PARSE_CACHE_ENTRIES)
         self._schema_basis: int | None = None
         self._changed_schema = False
         self._schema_change_open = False
         # Counter deltas (``engine.deltas``): each upsert text's delta plan (None: not one)
         # with the schema generation it was worked out at.
-        self._delta_plans: dict[str, tuple[int, deltas.DeltaPlan | None]] = {}
+        self._delta_plans = BoundedCache("engine.session.delta_plans", PARSE_CACHE_ENTRIES)
         # Whether this session's unqualified names still resolve as on a fresh connection
         # (no SET, no temporary relation: ``key_lookup.keeps_names``), which the key
         # lookups' indexes assume; None: to be found again (``key_lookup.names_plain``).
@@ -842,9 +845,8 @@ class Session:
         if entry is None or entry[0] != basis:
             columns = tables.upsert_columns(cursor, shape.table, shape.conflict)
             entry = (basis, None if columns is None else counter_update(shape, columns))
-            if len(self._upserts) >= PARSE_CACHE_ENTRIES:
-                self._upserts.clear()
-            self._upserts[operation.sql] = entry
+            if len(operation.sql) <= limits.CACHED_TEXT_CHARS_MAX:
+                self._upserts.put(operation.sql, entry, _text_cost(operation.sql, entry[1]))
         count = None
         if entry[1] is not None:
             update_sql, order = entry[1]
@@ -923,9 +925,9 @@ class Session:
                 plan = deltas.plan_delta(shape, columns, relation)
         if tables.SCHEMA_GENERATIONS.stable() != generation:
             return None  # the schema changed while it was read: not kept
-        if len(self._delta_plans) >= PARSE_CACHE_ENTRIES:
-            self._delta_plans.clear()
-        self._delta_plans[operation.sql] = (generation, plan)
+        if len(operation.sql) <= limits.CACHED_TEXT_CHARS_MAX:
+            cost = TEXT_COST_PER_CHAR * len(operation.sql) * (1 if plan is None else 3)
+            self._delta_plans.put(operation.sql, (generation, plan), cost)
         return plan
 
     def _begin_writer(self, transaction: Transaction) -> None:
@@ -1443,6 +1445,12 @@ def parse_statements(sql: str) -> list[ast.Statement]:
     """The statements of ``sql`` as the session runs them, parsed once per distinct text
     (a front's loop of the same statement pays for the parse once; errors are not kept)."""
     return list(_parse_cached(sql))
+
+
+def _text_cost(sql: str, update: tuple[str, tuple[int, ...]] | None) -> int:
+    """What an upsert's kept UPDATE costs (``BoundedCache``): its text's and its own."""
+    extra = 0 if update is None else len(update[0]) + 8 * len(update[1])
+    return TEXT_COST_PER_CHAR * len(sql) + 4 * extra
 
 
 @text_cache(PARSE_CACHE_ENTRIES)

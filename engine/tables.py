@@ -50,6 +50,7 @@ import duckdb
 import pyarrow as pa
 
 from engine.result import Rows
+from grammar.bounded_cache import SCHEMA_COLUMN_BYTES, TEXT_COST_PER_CHAR, BoundedCache
 from storage import errors, limits
 
 TABLES_FILE = "tables.duckdb"
@@ -329,9 +330,12 @@ _literal_cursor_list: list[tuple[threading.Thread, Connection]] = []
 # runs (``literal_result``): text -> that result. Bounded: at most ``limits.LITERAL_RESULTS_MAX``
 # texts of at most ``limits.LITERAL_RESULT_TEXT_CHARS_MAX`` characters each (a row's values are
 # no bigger than the text's literals). Emptied with the literal database (``close_parsers``).
-_literal_results: dict[str, Rows | pa.Table] = {}
+# Each entry costs its text and ``LITERAL_COLUMN_BYTES`` a column (``BoundedCache``).
+_literal_results = BoundedCache("engine.tables.literal_results", limits.LITERAL_RESULTS_MAX)
 # The same for the streamed way (``literal_stream_result``), with DuckDB's type names.
-_literal_streamed: dict[str, tuple[Rows | pa.Table, list[str]]] = {}
+_literal_streamed = BoundedCache("engine.tables.literal_streamed", limits.LITERAL_RESULTS_MAX)
+# What a kept literal row holds a column, at most: DuckDB's Arrow of a literal row ~2 KB.
+LITERAL_COLUMN_BYTES = 2048
 
 
 def literal_result(sql: str, parameters: Any, *, line_offset: int = 0) -> pa.Table | Rows | None:
@@ -358,10 +362,8 @@ def literal_result(sql: str, parameters: Any, *, line_offset: int = 0) -> pa.Tab
     # rows' way learns the text from it): kept is what the text gives from now on.
     if result is not None and _keepable(sql, result):
         assert result.num_rows == 1, "a SELECT of literals alone gives one row"
-        if len(_literal_results) >= limits.LITERAL_RESULTS_MAX:
-            _literal_results.clear()
-        _literal_results[sql] = Rows(list(result.rows), result.schema) \
-            if type(result) is Rows else result  # fmt: skip
+        kept = Rows(list(result.rows), result.schema) if type(result) is Rows else result
+        _literal_results.put(sql, kept, _literal_cost(sql, result))
     return result
 
 
@@ -385,6 +387,11 @@ def _keepable(sql: str, result: Rows | pa.Table) -> bool:
     return type(result) is Rows or not _rows_way(sql)
 
 
+def _literal_cost(sql: str, result: Rows | pa.Table) -> int:
+    """What keeping ``result`` (one row) by ``sql`` costs, at most (``BoundedCache``)."""
+    return TEXT_COST_PER_CHAR * len(sql) + LITERAL_COLUMN_BYTES * result.num_columns
+
+
 def literal_stream_result(sql: str, parameters: Any,
                           batch_rows: int) -> tuple[Rows | pa.Table, list[str]]:  # fmt: skip
     """``literal_result`` for the streamed way (``Session.open_stream``: the simple
@@ -403,16 +410,15 @@ def literal_stream_result(sql: str, parameters: Any,
     result = reader.rows if isinstance(reader, RowsReader) else reader.read_all()
     if keep and _keepable(sql, result):
         assert result.num_rows == 1, "a SELECT of literals alone gives one row"
-        if len(_literal_streamed) >= limits.LITERAL_RESULTS_MAX:
-            _literal_streamed.clear()
         copy = Rows(list(result.rows), result.schema) if type(result) is Rows else result
-        _literal_streamed[sql] = (copy, list(duckdb_types))
+        _literal_streamed.put(sql, (copy, list(duckdb_types)), _literal_cost(sql, result))
     return result, duckdb_types
 
 
 # Texts known to be (True) or not to be (False) a SELECT of literals and parameters alone
 # by DuckDB's own tokens (``literal_tokens``); bounded as the small results' texts are.
-_literal_texts: dict[str, bool] = {}
+_SMALL_RESULT_TEXTS_MAX = 1024
+_literal_texts = BoundedCache("engine.tables.literal_texts", _SMALL_RESULT_TEXTS_MAX)
 _LITERAL_KEYWORDS = frozenset({"NULL", "TRUE", "FALSE"})
 
 
@@ -435,9 +441,7 @@ def literal_tokens(sql: str) -> bool:
     except (errors.TopicbaseError, duckdb.Error):
         tokens = []
     literal = _literal_token_list(tokens)
-    if len(_literal_texts) >= _SMALL_RESULT_TEXTS_MAX:
-        _literal_texts.clear()
-    _literal_texts[sql] = literal
+    _literal_texts.put(sql, literal, TEXT_COST_PER_CHAR * len(sql))
     return literal
 
 
@@ -732,11 +736,10 @@ _ROW_ARROW_TYPES: dict[str, pa.DataType] = {
     "FLOAT": pa.float32(), "DOUBLE": pa.float64(), "VARCHAR": pa.string(), "BLOB": pa.binary(),
 }  # fmt: skip
 SMALL_RESULT_ROWS = 64
-_SMALL_RESULT_TEXTS_MAX = 1024
 _LITERAL_KINDS = frozenset({"string_const", "numeric_const"})
 
 
-class _SmallResults(dict[str, bool]):
+class _SmallResults:
     """Statement text -> whether its last result was small and plain (True: the rows'
     way), and beside it ``shapes``: a text's shape (its DuckDB tokens with every string and
     number literal taken out: the texts of a client that binds values on its side, such as
@@ -745,18 +748,34 @@ class _SmallResults(dict[str, bool]):
     on the rows' way costs ~3x its relation's: DuckDB copies an executed result's rows for
     Arrow). A shape only decides for a text not seen yet. ``clear`` forgets both.
 
-    Shared by every session's thread: lookups are single dict reads; changes are made
-    under ``_lock``, so a shape once False is never set True again (until cleared)."""
+    Each map is a ``BoundedCache`` (entries cost their text's or shape's characters:
+    a text costs ``TEXT_COST_PER_CHAR`` bytes a character, its key and its shape), so
+    a client's distinct wide texts cannot make them hold more than their byte budgets.
+    Shared by every session's thread: lookups take no lock; changes are made under
+    ``_lock``, so a shape once False is never set True again (until cleared or evicted)."""
 
     def __init__(self) -> None:
-        super().__init__()
-        self.shapes: dict[str, bool] = {}
-        self.shape_of: dict[str, str | None] = {}  # text -> its shape (None: none)
+        self.texts = BoundedCache("engine.tables.small_results", _SMALL_RESULT_TEXTS_MAX)
+        self.shapes = BoundedCache("engine.tables.small_shapes", _SMALL_RESULT_TEXTS_MAX)
+        # text -> its shape (None: none)
+        self.shape_of = BoundedCache("engine.tables.shape_of", _SMALL_RESULT_TEXTS_MAX)
         self._lock = threading.Lock()
+
+    def get(self, sql: str) -> bool | None:
+        return self.texts.get(sql)  # type: ignore[no-any-return]
+
+    def __contains__(self, sql: str) -> bool:
+        return sql in self.texts
+
+    def __getitem__(self, sql: str) -> bool:
+        known = self.texts.get(sql)
+        if known is None:
+            raise KeyError(sql)
+        return known  # type: ignore[no-any-return]
 
     def clear(self) -> None:
         with self._lock:
-            super().clear()
+            self.texts.clear()
             self.shapes.clear()
             self.shape_of.clear()
 
@@ -764,7 +783,7 @@ class _SmallResults(dict[str, bool]):
         """``sql``'s shape (None for a text too long to keep or that does not tokenize)."""
         known = self.shape_of.get(sql, _NO_SHAPE)
         if known is not _NO_SHAPE:
-            return known  # type: ignore[return-value]
+            return known  # type: ignore[no-any-return]
         shape = None
         if len(sql) <= limits.CACHED_TEXT_CHARS_MAX:
             try:
@@ -775,10 +794,8 @@ class _SmallResults(dict[str, bool]):
                 shape = "\x1f".join(
                     "?" if token.kind in _LITERAL_KINDS else token.text for token in tokens
                 )
-            with self._lock:
-                if len(self.shape_of) >= _SMALL_RESULT_TEXTS_MAX:
-                    self.shape_of.clear()
-                self.shape_of[sql] = shape
+            cost = TEXT_COST_PER_CHAR * (len(sql) + (0 if shape is None else len(shape)))
+            self.shape_of.put(sql, shape, cost)
         return shape
 
     def mark(self, sql: str, small: bool) -> None:
@@ -787,14 +804,10 @@ class _SmallResults(dict[str, bool]):
             return
         shape = self.shape(sql)
         with self._lock:
-            if len(self) >= _SMALL_RESULT_TEXTS_MAX:
-                super().clear()  # the texts only: shapes have their own bound
-            self[sql] = small
+            self.texts.put(sql, small, TEXT_COST_PER_CHAR * len(sql))
             if shape is None or self.shapes.get(shape) is False:
                 return
-            if len(self.shapes) >= _SMALL_RESULT_TEXTS_MAX:
-                self.shapes.clear()
-            self.shapes[shape] = small
+            self.shapes.put(shape, small, TEXT_COST_PER_CHAR * len(shape))
 
 
 _NO_SHAPE = object()
@@ -1094,7 +1107,9 @@ _ROW_SHAPES_MAX = 1024
 # (column name, DuckDB type name) of each column -> the Arrow types and schema of the rows'
 # way, or None if a column's type is not one of ``_ROW_ARROW_TYPES``. Depends on the key
 # alone, so it is kept: a repeated statement's schema is built once, not per execution.
-_row_shapes: dict[tuple[tuple[str, str], ...], tuple[list[pa.DataType], pa.Schema] | None] = {}
+# Bounded in bytes too: an entry costs ``SCHEMA_COLUMN_BYTES`` a column plus its names
+# (2,000 columns of a wide SELECT held ~250 kB an entry).
+_row_shapes = BoundedCache("engine.tables.row_shapes", _ROW_SHAPES_MAX)
 
 
 def _shape_key(description: Any) -> tuple[tuple[str, str], ...]:
@@ -1117,9 +1132,7 @@ def _row_shape(
     if None not in types:
         fields = [pa.field(name, kind) for (name, _), kind in zip(key, types, strict=True)]
         shape = (types, pa.schema(fields))
-    if len(_row_shapes) >= _ROW_SHAPES_MAX:
-        _row_shapes.clear()
-    _row_shapes[key] = shape
+    _row_shapes.put(key, shape, sum(SCHEMA_COLUMN_BYTES + len(name) for name, _ in key))
     return shape
 
 

@@ -350,3 +350,12 @@ ADOPT_BYTES_MIN = 4 * MIB
 # to a file of its own: a small share stays in the one shared file, as staged before.
 ADOPT_SWITCH_BYTES = MIB
 ADOPT_BYTES_MAX = 1024 * MIB
+
+# -- caches of what is derived from statements (grammar.bounded_cache; docs/memory_bounds.md) --
+# Each cache keyed by a statement's text or shape (parse trees, analyses, result schemas,
+# kept rows) holds at most this many bytes of its entries' estimated costs, and all of them
+# together at most TEXT_CACHES_BYTES_MAX (past it the largest give up their least recently
+# used entries). A client chooses its texts, so without these 250 distinct 4 KB texts held
+# ~300 MB (review R2-N1, round 13); a workload's repeated statements need far less.
+TEXT_CACHE_BYTES_MAX = 16 * MIB
+TEXT_CACHES_BYTES_MAX = 64 * MIB

@@ -105,7 +105,7 @@ def test_long_texts_and_many_texts_stay_bounded(
     for _ in range(3):
         assert session.execute(long)[0].table.num_rows == 1
     assert duckdb_runs == [long] * 3  # over the bound: never kept
-    monkeypatch.setattr(limits, "LITERAL_RESULTS_MAX", 3)
+    monkeypatch.setattr(tables._literal_results, "entries_max", 3)
     for n in range(10):
         session.execute(f"SELECT {n}")
         assert len(tables._literal_results) <= 3

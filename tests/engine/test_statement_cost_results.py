@@ -166,7 +166,7 @@ def test_a_stream_that_grew_reads_whole_or_closes_early(cursor: tables.Connectio
     whole, _ = _read_all(cursor, sql, [1000])
     assert whole.column(0).to_pylist() == list(range(1000))
     assert tables._small_results[sql] is False
-    tables._small_results[sql] = True
+    tables._small_results.texts.put(sql, True, len(sql))
     reader, _ = tables.batch_reader(cursor, sql, [1000], 8)
     assert reader.read_next_batch().num_rows > 0
     reader.close()  # early: the cursor is free again

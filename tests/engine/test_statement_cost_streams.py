@@ -124,7 +124,7 @@ def test_a_big_result_on_the_rows_way_is_duckdb_s_table(
     _read_all(cursor, shape.format(n=3))
     for n in (65, 1000, 2500, 3001):
         sql = shape.format(n=n)
-        tables._small_results.shapes[tables._small_results.shape(sql)] = True  # learnt small
+        tables._small_results.shapes.put(tables._small_results.shape(sql), True, 0)  # learnt small
         reader, table = _read_all(cursor, sql)
         assert isinstance(reader, tables.ChainedReader), n
         assert table.equals(cursor.sql(sql).to_arrow_table(), check_metadata=True), n

@@ -21,13 +21,14 @@ from __future__ import annotations
 
 import logging
 import re
-import threading
 from collections.abc import Awaitable, Callable
 from typing import Any
 
 import pyarrow as pa
 
 from engine.api import (
+    TEXT_COST_PER_CHAR,
+    BoundedCache,
     Description,
     Result,
     Rows,
@@ -85,34 +86,25 @@ class ParsedTexts:
     """Parse results by text that the event loop finds without a hop to a worker thread
     (parsing depends on the text alone; ``parse_text`` and ``_prepare_text`` are cached
     on the workers too, but asking there costs tens of microseconds of thread wake-ups).
-    Bounded like ``text_cache``: at most ``entries`` texts, none over
-    ``CACHED_TEXT_CHARS_MAX``; the least recently used goes first. Thread-safe (a
-    process may run several servers, each on its own event loop thread)."""
+    Bounded like ``text_cache`` (a ``BoundedCache``): at most ``entries`` texts and its
+    byte budget, none over ``CACHED_TEXT_CHARS_MAX``; the least recently used goes first.
+    Thread-safe (a process may run several servers, each on its own event loop thread)."""
 
-    def __init__(self, entries: int) -> None:
-        self.entries = entries
-        self._kept: dict[str, Any] = {}
-        self._lock = threading.Lock()
+    def __init__(self, name: str, entries: int) -> None:
+        self._kept = BoundedCache(name, entries)
 
     def get(self, text: str) -> Any:
         """What ``put`` kept for ``text``, or None."""
-        with self._lock:
-            value = self._kept.pop(text, None)
-            if value is not None:
-                self._kept[text] = value  # most recently used: last
-            return value
+        return self._kept.get(text)
 
     def put(self, text: str, value: Any) -> None:
-        if len(text) > CACHED_TEXT_CHARS_MAX:
-            return
-        with self._lock:
-            self._kept[text] = value
-            while len(self._kept) > self.entries:
-                del self._kept[next(iter(self._kept))]
+        if len(text) <= CACHED_TEXT_CHARS_MAX:
+            self._kept.put(text, value, TEXT_COST_PER_CHAR * len(text))
 
 
-PARSED = ParsedTexts(PARSE_CACHE_ENTRIES)  # parse_text's results (simple query)
-PREPARED = ParsedTexts(PARSE_CACHE_ENTRIES)  # _prepare_text's results (Parse)
+# parse_text's results (simple query) and _prepare_text's (Parse)
+PARSED = ParsedTexts("sql.pgwire.parsed", PARSE_CACHE_ENTRIES)
+PREPARED = ParsedTexts("sql.pgwire.prepared", PARSE_CACHE_ENTRIES)
 
 
 @text_cache(PARSE_CACHE_ENTRIES)
