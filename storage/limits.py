@@ -359,3 +359,11 @@ ADOPT_BYTES_MAX = 1024 * MIB
 # ~300 MB (review R2-N1, round 13); a workload's repeated statements need far less.
 TEXT_CACHE_BYTES_MAX = 16 * MIB
 TEXT_CACHES_BYTES_MAX = 64 * MIB
+# Named prepared statements one wire connection holds at once (Parse with a name), and
+# their texts' characters together: past either, a Parse is refused with 54000 (PostgreSQL
+# holds them without a bound, in a backend process of its own; here all connections share
+# one process).
+PREPARED_STATEMENTS_PER_CONNECTION_MAX = 10_000
+PREPARED_TEXT_CHARS_PER_CONNECTION_MAX = 16 * MIB
+# Named portals (Bind with a name) one wire connection holds at once, as for cursors.
+PORTALS_PER_CONNECTION_MAX = 1000

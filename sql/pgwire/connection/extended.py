@@ -59,6 +59,7 @@ from sql.pgwire.connection.portals import (
     rows_shape,
 )
 from sql.pgwire.emulation import surface
+from storage import limits
 from storage.errors import (
     DuplicateCursorError,
     LimitExceededError,
@@ -211,6 +212,8 @@ class ExtendedProtocol:
             raise SqlSyntaxError("cannot insert multiple commands into a prepared statement")
         if message.name and message.name in self.statements:
             raise DuplicateStatementError(f'prepared statement "{message.name}" already exists')
+        if message.name:
+            self._check_prepared_room(message.query)
         if highest > WIRE_PARAMETERS_MAX:  # no Bind could supply it
             raise LimitExceededError(f"there is no parameter ${highest}: a statement takes at "
                                      f"most {WIRE_PARAMETERS_MAX} parameters")  # fmt: skip
@@ -222,6 +225,25 @@ class ExtendedProtocol:
         self.statements[message.name] = Prepared(message.query, statement, oids, wire=wire,
                                                  copy=copy)  # fmt: skip
         self.send(m.parse_complete())
+
+    def _check_prepared_room(self, query: str) -> None:
+        """Refuse (54000) a named Parse past the connection's bounds on named statements
+        (their number and their texts' characters: ``limits``). The texts are summed only
+        once a connection holds many (a client's few named statements cost nothing)."""
+        held = len(self.statements)
+        if held >= limits.PREPARED_STATEMENTS_PER_CONNECTION_MAX:
+            raise LimitExceededError(
+                f"too many prepared statements on this connection (limit "
+                f"{limits.PREPARED_STATEMENTS_PER_CONNECTION_MAX}): DEALLOCATE some first"
+            )
+        if held >= 16 or len(query) >= limits.PREPARED_TEXT_CHARS_PER_CONNECTION_MAX // 16:
+            chars = len(query) + sum(len(p.query) for p in self.statements.values())
+            if chars > limits.PREPARED_TEXT_CHARS_PER_CONNECTION_MAX:
+                raise LimitExceededError(
+                    "the prepared statements of this connection would hold more than "
+                    f"{limits.PREPARED_TEXT_CHARS_PER_CONNECTION_MAX} characters of text: "
+                    "DEALLOCATE some first"
+                )
 
     def on_bind(self, message: m.Bind) -> None:
         prepared = self.statements.get(message.statement)
@@ -243,6 +265,10 @@ class ExtendedProtocol:
         values = wire_types.decode_parameters(message.parameters, prepared.parameter_oids, formats)
         if message.portal and message.portal in self.portals:
             raise DuplicateCursorError(f'cursor "{message.portal}" already exists')
+        if message.portal and len(self.portals) >= limits.PORTALS_PER_CONNECTION_MAX:
+            raise LimitExceededError(
+                f"too many portals on this connection (limit {limits.PORTALS_PER_CONNECTION_MAX})"
+            )
         portal = Portal(prepared, values, message.result_formats)
         if not prepared.described and values:  # psycopg sends lists of str untyped
             portal.untyped_arrays = [
