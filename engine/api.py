@@ -30,7 +30,7 @@ from engine.streams import BATCH_ROWS, RowStream, from_table
 from engine.transaction import SessionState
 from grammar import ast
 from grammar import settings as setting_rules
-from grammar.bounded_cache import TEXT_COST_PER_CHAR, BoundedCache
+from grammar.bounded_cache import SCHEMA_COLUMN_BYTES, TEXT_COST_PER_CHAR, BoundedCache
 from grammar.parse import parse, parse_one
 from grammar.range_read import RangeRead, match_range_read
 from grammar.settings import INSERT_COLUMNS
@@ -51,6 +51,7 @@ __all__ = [
     "INSERT_COLUMNS",
     "LOCAL_SUPERUSER",
     "LOCAL_SUPERUSER_NAME",
+    "SCHEMA_COLUMN_BYTES",
     "SYSTEM_CLOCK",
     "TEXT_COST_PER_CHAR",
     "BoundedCache",

@@ -760,9 +760,7 @@ class _SmallResults:
         # text -> its shape (None: none)
         self.shape_of = BoundedCache("engine.tables.shape_of", _SMALL_RESULT_TEXTS_MAX)
         self._lock = threading.Lock()
-
-    def get(self, sql: str) -> bool | None:
-        return self.texts.get(sql)  # type: ignore[no-any-return]
+        self.get = self.texts.get  # ``sql`` -> bool or None: one call on the hot path
 
     def __contains__(self, sql: str) -> bool:
         return sql in self.texts

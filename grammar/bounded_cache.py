@@ -76,11 +76,12 @@ class BoundedCache:
 
     def get(self, key: Hashable, default: Any = None) -> Any:
         """The value kept for ``key`` (now the most recently used), or ``default``."""
-        entry = self._entries.get(key)
+        entries = self._entries
+        entry = entries.get(key)
         if entry is None:
             return default
         try:  # noqa: SIM105 - contextlib.suppress costs more on the hit path
-            self._entries.move_to_end(key)
+            entries.move_to_end(key)
         except KeyError:  # evicted by another thread since: still a hit
             pass
         return entry[0]

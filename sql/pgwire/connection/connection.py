@@ -66,6 +66,7 @@ import pyarrow as pa
 
 from engine.api import (
     LOCAL_SUPERUSER_NAME,
+    BoundedCache,
     Database,
     Description,
     Identity,
@@ -86,6 +87,7 @@ from sql.pgwire.connection import commands as wire_commands
 from sql.pgwire.connection import copy_commit, own_thread, result_stream
 from sql.pgwire.connection.context import CommandContext
 from sql.pgwire.connection.extended import (
+    KEPT_DESCRIPTIONS,
     PARSED,
     ExtendedProtocol,
     parse_text,
@@ -294,7 +296,8 @@ class Connection(ExtendedProtocol):
         self.socket_closed = False  # PgServer.stop closed (or is closing) the socket
         self.statements: dict[str, Prepared] = {}
         self.portals: dict[str, Portal] = {}
-        self.kept_descriptions = {}  # ExtendedProtocol._describe_again
+        self.kept_descriptions = BoundedCache(  # ExtendedProtocol._describe_again
+            "sql.pgwire.kept_descriptions", KEPT_DESCRIPTIONS)
         self.kept_responses = {}  # ExtendedProtocol._send_kept_response
         self.held = None  # ExtendedProtocol: a consumer read's portal until its rows are out
         self.abandoned_reads = {}  # ExtendedProtocol: portals whose held read was rolled back

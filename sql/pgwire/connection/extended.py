@@ -27,6 +27,7 @@ from typing import Any
 import pyarrow as pa
 
 from engine.api import (
+    SCHEMA_COLUMN_BYTES,
     TEXT_COST_PER_CHAR,
     BoundedCache,
     Description,
@@ -93,10 +94,8 @@ class ParsedTexts:
 
     def __init__(self, name: str, entries: int) -> None:
         self._kept = BoundedCache(name, entries)
-
-    def get(self, text: str) -> Any:
-        """What ``put`` kept for ``text``, or None."""
-        return self._kept.get(text)
+        # What ``put`` kept for a text, or None (the cache's own ``get``: one call).
+        self.get: Callable[[str], Any] = self._kept.get
 
     def put(self, text: str, value: Any) -> None:
         if len(text) <= CACHED_TEXT_CHARS_MAX:
@@ -150,7 +149,8 @@ class ExtendedProtocol:
     statements: dict[str, Prepared]
     portals: dict[str, Portal]
     # id(statement) -> (statement, catalog version, description): ``_describe_again``
-    kept_descriptions: dict[int, tuple[ast.Statement, int, Description]]
+    # (a ``BoundedCache`` of at most KEPT_DESCRIPTIONS entries and its byte budget)
+    kept_descriptions: BoundedCache
     # The portal whose consumer read ran and holds its transaction until its rows were
     # sent (``copy_commit.hold``), and that transaction; None when there is none.
     held: tuple[Portal, copy_commit.Held] | None
@@ -526,9 +526,13 @@ class ExtendedProtocol:
         if engine_statement is statement:
             version = session.catalog_version()  # after: describing may move it
             if version is not None:
-                if len(self.kept_descriptions) >= KEPT_DESCRIPTIONS:
-                    self.kept_descriptions.clear()
-                self.kept_descriptions[id(statement)] = (statement, version, description)
+                # pins the statement: its text, and the description's columns
+                columns = len(description.columns or ()) + len(description.parameter_types)
+                text = getattr(statement, "text", "")
+                cost = TEXT_COST_PER_CHAR * len(text if isinstance(text, str) else "") \
+                    + SCHEMA_COLUMN_BYTES * columns  # fmt: skip
+                self.kept_descriptions.put(id(statement), (statement, version, description),
+                                           cost)  # fmt: skip
         return description
 
     def _send_kept_response(self, portal: Portal, max_rows: int) -> bool:
