@@ -1,7 +1,7 @@
 """R2-N1 through the wire: distinct wide ``SELECT 1,1,...`` texts sent by psycopg, by the
 simple and the extended protocol, leave at most the lowered process-wide cache cap and a
-fixed slack behind in the server's process (the server runs in the test's process) (tests/engine/test_cache_memory_bounds.py has
-the engine's tests and the measure)."""
+fixed slack behind in the server's process (here the test's own).
+tests/engine/test_cache_memory_bounds.py has the engine's tests and the measure."""
 
 from __future__ import annotations
 
