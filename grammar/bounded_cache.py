@@ -60,8 +60,8 @@ class BoundedCache:
     bytes of estimated cost, part of the process-wide budget. A value may be None (``get``
     with a ``default`` of its own tells it from a miss)."""
 
-    __slots__ = ("__weakref__", "_entries", "_lock", "bytes_max", "entries_max", "name",
-                 "nbytes")  # fmt: skip
+    __slots__ = ("__weakref__", "_budget", "_entries", "_lock", "bytes_max", "entries_max",
+                 "name", "nbytes")  # fmt: skip
 
     def __init__(self, name: str, entries_max: int, bytes_max: int | None = None) -> None:
         assert entries_max > 0
@@ -72,7 +72,10 @@ class BoundedCache:
         self._entries: OrderedDict[Hashable, tuple[Any, int]] = OrderedDict()
         self._lock = threading.Lock()
         self.nbytes = 0
-        BUDGET.register(self)
+        # The budget it counts towards, for all its life (``__del__`` included): a test's
+        # fresh budget never receives the bytes of caches made before it.
+        self._budget = BUDGET
+        self._budget.register(self)
 
     def get(self, key: Hashable, default: Any = None) -> Any:
         """The value kept for ``key`` (now the most recently used), or ``default``."""
@@ -102,7 +105,7 @@ class BoundedCache:
                 self.nbytes -= old[1]
             delta -= self._evict_locked(self.bytes_max, self.entries_max)
             assert 0 <= self.nbytes <= self.bytes_max, (self.name, self.nbytes)
-        BUDGET.add(delta)
+        self._budget.add(delta)
 
     def shrink(self, nbytes: int) -> int:
         """Evict least recently used entries until ``nbytes`` are freed or none is left;
@@ -124,7 +127,7 @@ class BoundedCache:
             freed = self.nbytes
             self._entries.clear()
             self.nbytes = 0
-        BUDGET.add(-freed)
+        self._budget.add(-freed)
 
     def pop(self, key: Hashable) -> Any:
         """Forget ``key``; its value or None."""
@@ -133,7 +136,7 @@ class BoundedCache:
             if entry is None:
                 return None
             self.nbytes -= entry[1]
-        BUDGET.add(-entry[1])
+        self._budget.add(-entry[1])
         return entry[0]
 
     def values(self) -> list[Any]:
@@ -152,7 +155,7 @@ class BoundedCache:
         # may run this while this thread holds a lock of the budget or of a cache, so it
         # takes none: the budget counts what it finds here at its next ``add``.
         if self.nbytes:
-            BUDGET.released.append(self.nbytes)
+            self._budget.released.append(self.nbytes)
 
 
 class _Budget:
