@@ -13,29 +13,18 @@ import psycopg
 import pytest
 
 from engine.session import Session
-from sql.pgwire import users
 from sql.pgwire.server import ServerThread
 from tests.key_lookup_spy import served_lookups
+from tests.pgwire.scram_users import login, scram_server
 
 LOOKUP = "SELECT v FROM kv WHERE k = %s"
 
 
 @pytest.fixture
 def wire(tmp_path: Path) -> Iterator[ServerThread]:
-    users_file = str(tmp_path / "users.json")
-    users.add_user(users_file, "alice", "pw-alice")
-    users.add_user(users_file, "root", "pw-root", superuser=True)
-    server = ServerThread(str(tmp_path / "data"), "127.0.0.1", 0, auth="scram",
-                          users_file=users_file)  # fmt: skip
-    try:
+    """A server where ``alice`` is a superuser and ``bob`` an ordinary user."""
+    with scram_server(tmp_path) as server:
         yield server
-    finally:
-        server.stop()
-
-
-def _connect(server: ServerThread, user: str) -> psycopg.Connection:
-    return psycopg.connect(host="127.0.0.1", port=server.port, user=user, password=f"pw-{user}",
-                           dbname="topicbase", connect_timeout=10, autocommit=True)  # fmt: skip
 
 
 @pytest.fixture
@@ -61,54 +50,54 @@ def _lookup(conn: psycopg.Connection, key: int) -> Any:
     return None if row is None else row[0]
 
 
-def _table(root: psycopg.Connection) -> None:
-    root.execute("CREATE TABLE kv (k BIGINT PRIMARY KEY, v VARCHAR)")
-    root.execute("INSERT INTO kv SELECT i, 'value ' || i FROM range(1000) t(i)")
+def _table(admin: psycopg.Connection) -> None:
+    admin.execute("CREATE TABLE kv (k BIGINT PRIMARY KEY, v VARCHAR)")
+    admin.execute("INSERT INTO kv SELECT i, 'value ' || i FROM range(1000) t(i)")
 
 
 def test_a_revoke_takes_effect_on_the_next_execution_with_the_index_built_again(
     wire: ServerThread, answered: list[str]
 ) -> None:
-    with _connect(wire, "root") as root, _connect(wire, "alice") as alice:
-        _table(root)
-        root.execute("GRANT SELECT ON kv TO alice")
+    with login(wire, "alice") as admin, login(wire, "bob") as bob:
+        _table(admin)
+        admin.execute("GRANT SELECT ON kv TO bob")
         for key in range(5):
-            assert _lookup(alice, key) == f"value {key}"
-        assert answered.count("alice") >= 3
-        root.execute("REVOKE SELECT ON kv FROM alice")
-        for key in range(3):  # root's lookups build the index again
-            assert _lookup(root, key) == f"value {key}"
-        assert answered[-1] == "root"
-        with pytest.raises(psycopg.errors.InsufficientPrivilege):
-            _lookup(alice, 7)
-        root.execute("GRANT SELECT ON kv TO alice")
-        for key in range(3):
-            assert _lookup(alice, key) == f"value {key}"
+            assert _lookup(bob, key) == f"value {key}"
+        assert answered.count("bob") >= 3
+        admin.execute("REVOKE SELECT ON kv FROM bob")
+        for key in range(3):  # admin's lookups build the index again
+            assert _lookup(admin, key) == f"value {key}"
         assert answered[-1] == "alice"
+        with pytest.raises(psycopg.errors.InsufficientPrivilege):
+            _lookup(bob, 7)
+        admin.execute("GRANT SELECT ON kv TO bob")
+        for key in range(3):
+            assert _lookup(bob, key) == f"value {key}"
+        assert answered[-1] == "bob"
 
 
 def test_a_write_is_seen_by_the_next_lookup_and_a_transaction_reads_its_own(
     wire: ServerThread, answered: list[str]
 ) -> None:
-    with _connect(wire, "root") as root, _connect(wire, "root") as other:
-        _table(root)
+    with login(wire, "alice") as admin, login(wire, "alice") as other:
+        _table(admin)
         for _ in range(3):
-            assert _lookup(root, 7) == "value 7"
+            assert _lookup(admin, 7) == "value 7"
         assert answered
         other.execute("UPDATE kv SET v = 'new' WHERE k = 7")
-        assert _lookup(root, 7) == "new"
+        assert _lookup(admin, 7) == "new"
         other.execute("DELETE FROM kv WHERE k = 7")
-        assert _lookup(root, 7) is None
+        assert _lookup(admin, 7) is None
         other.execute("INSERT INTO kv VALUES (7, 'again')")
-        assert _lookup(root, 7) == "again"
+        assert _lookup(admin, 7) == "again"
         for _ in range(3):
-            assert _lookup(root, 7) == "again"
+            assert _lookup(admin, 7) == "again"
         count = len(answered)
-        root.autocommit = False
-        root.execute("UPDATE kv SET v = 'mine' WHERE k = 7")
-        assert _lookup(root, 7) == "mine"  # its own write, read in its transaction
+        admin.autocommit = False
+        admin.execute("UPDATE kv SET v = 'mine' WHERE k = 7")
+        assert _lookup(admin, 7) == "mine"  # its own write, read in its transaction
         assert _lookup(other, 7) == "again"
-        root.commit()
+        admin.commit()
         assert _lookup(other, 7) == "mine"
         assert _lookup(other, 7) == "mine"
         assert len(answered) > count  # the kept way again once the index was built
@@ -117,13 +106,13 @@ def test_a_write_is_seen_by_the_next_lookup_and_a_transaction_reads_its_own(
 def test_a_statement_timeout_takes_the_ordinary_way(
     wire: ServerThread, answered: list[str]
 ) -> None:
-    with _connect(wire, "root") as root:
-        _table(root)
+    with login(wire, "alice") as admin:
+        _table(admin)
         for _ in range(3):
-            assert _lookup(root, 7) == "value 7"
+            assert _lookup(admin, 7) == "value 7"
         assert answered
         answered.clear()
-        root.execute("SET statement_timeout = '10s'")
+        admin.execute("SET statement_timeout = '10s'")
         for _ in range(3):
-            assert _lookup(root, 7) == "value 7"
+            assert _lookup(admin, 7) == "value 7"
         assert answered == []

@@ -13,27 +13,16 @@ import psycopg
 import pytest
 
 from engine import key_lookup, tables
-from sql.pgwire import users
 from sql.pgwire.server import ServerThread
 from tests.literal_statements import literal_runs
+from tests.pgwire.scram_users import login, scram_server
 
 
 @pytest.fixture
 def wire(tmp_path: Path) -> Iterator[ServerThread]:
-    users_file = str(tmp_path / "users.json")
-    users.add_user(users_file, "alice", "pw-alice")
-    users.add_user(users_file, "root", "pw-root", superuser=True)
-    server = ServerThread(str(tmp_path / "data"), "127.0.0.1", 0, auth="scram",
-                          users_file=users_file)  # fmt: skip
-    try:
+    """A server where ``alice`` is a superuser and ``bob`` an ordinary user."""
+    with scram_server(tmp_path) as server:
         yield server
-    finally:
-        server.stop()
-
-
-def _connect(server: ServerThread, user: str) -> psycopg.Connection:
-    return psycopg.connect(host="127.0.0.1", port=server.port, user=user, password=f"pw-{user}",
-                           dbname="topicbase", connect_timeout=10, autocommit=True)  # fmt: skip
 
 
 @pytest.fixture
@@ -60,11 +49,11 @@ def index_answers(monkeypatch: pytest.MonkeyPatch) -> list[bool]:
 def test_a_prepared_select_1_runs_in_duckdb_at_most_twice(
     wire: ServerThread, duckdb_literal_runs: list[str]
 ) -> None:
-    with _connect(wire, "alice") as alice:
+    with login(wire, "bob") as bob:
         for _ in range(20):
-            assert alice.execute("SELECT 1", prepare=True).fetchone() == (1,)
+            assert bob.execute("SELECT 1", prepare=True).fetchone() == (1,)
         for binary in (False, True):
-            cursor = alice.cursor(binary=binary)
+            cursor = bob.cursor(binary=binary)
             assert cursor.execute("SELECT 1 AS a, 'x' AS b", prepare=True).fetchone() == (1, "x")
             assert cursor.description is not None
             assert [c.name for c in cursor.description] == ["a", "b"]
@@ -86,9 +75,9 @@ def test_a_simple_query_select_1_runs_in_duckdb_at_most_twice(
     monkeypatch.setattr(tables, "batch_reader", spying)
     tables._literal_streamed.clear()
     tables._small_results.clear()
-    with _connect(wire, "alice") as alice:
+    with login(wire, "bob") as bob:
         for _ in range(10):
-            cursor = alice.execute("SELECT 1 AS one, 'x' AS two", prepare=False)
+            cursor = bob.execute("SELECT 1 AS one, 'x' AS two", prepare=False)
             assert cursor.fetchall() == [(1, "x")]
             assert [c.name for c in cursor.description or []] == ["one", "two"]
     assert 1 <= len(started) <= 2
@@ -98,27 +87,27 @@ def test_a_revoke_takes_effect_on_the_next_execution(
     wire: ServerThread, duckdb_literal_runs: list[str], index_answers: list[bool]
 ) -> None:
     lookup = "SELECT v FROM kv WHERE k = %s"
-    with _connect(wire, "root") as root, _connect(wire, "alice") as alice:
-        root.execute("CREATE TABLE kv (k BIGINT PRIMARY KEY, v VARCHAR NOT NULL)")
-        root.execute("INSERT INTO kv SELECT i, 'value ' || i FROM range(1000) t(i)")
-        root.execute("GRANT SELECT ON kv TO alice")
+    with login(wire, "alice") as admin, login(wire, "bob") as bob:
+        admin.execute("CREATE TABLE kv (k BIGINT PRIMARY KEY, v VARCHAR NOT NULL)")
+        admin.execute("INSERT INTO kv SELECT i, 'value ' || i FROM range(1000) t(i)")
+        admin.execute("GRANT SELECT ON kv TO bob")
         for key in range(100):  # the index is built after 64 lookups
-            assert alice.execute(lookup, [key], prepare=True).fetchone() == (f"value {key}",)
-            assert alice.execute("SELECT 1", prepare=True).fetchone() == (1,)
+            assert bob.execute(lookup, [key], prepare=True).fetchone() == (f"value {key}",)
+            assert bob.execute("SELECT 1", prepare=True).fetchone() == (1,)
         assert index_answers[-10:] == [True] * 10  # the kept path, not DuckDB's
-        root.execute("REVOKE SELECT ON kv FROM alice")
+        admin.execute("REVOKE SELECT ON kv FROM bob")
         with pytest.raises(psycopg.errors.InsufficientPrivilege):
-            alice.execute(lookup, [7], prepare=True)
-        assert alice.execute("SELECT 1", prepare=True).fetchone() == (1,)  # needs nothing
-        root.execute("GRANT SELECT ON kv TO alice")
-        assert alice.execute(lookup, [7], prepare=True).fetchone() == ("value 7",)
+            bob.execute(lookup, [7], prepare=True)
+        assert bob.execute("SELECT 1", prepare=True).fetchone() == (1,)  # needs nothing
+        admin.execute("GRANT SELECT ON kv TO bob")
+        assert bob.execute(lookup, [7], prepare=True).fetchone() == ("value 7",)
         # An aborted transaction refuses the kept SELECT 1 as any statement (25P02).
-        alice.autocommit = False
+        bob.autocommit = False
         with pytest.raises(psycopg.errors.UndefinedTable):
-            alice.execute("SELECT * FROM no_such_table")
+            bob.execute("SELECT * FROM no_such_table")
         with pytest.raises(psycopg.errors.InFailedSqlTransaction):
-            alice.execute("SELECT 1", prepare=True)
-        alice.rollback()
+            bob.execute("SELECT 1", prepare=True)
+        bob.rollback()
     assert duckdb_literal_runs.count("SELECT 1") <= 2
 
 
