@@ -2,24 +2,53 @@
 disk, a refused stream leaves no file, own files synced before the commit point, two bulk
 commits adopting into the same partitions at once, readers tailing while segments are
 adopted."""
+
 from __future__ import annotations
 
 import io
+import os
+import threading
 from pathlib import Path
+from typing import Any
+
+import pytest
 
 from engine import bulk_write
-from tests.engine.test_bulk_commit_framed import _frames_files, _open, _stage
+from storage import limits
+from storage.check import check_store
+from storage.staged_frames import OWN_FILE, BadStagedFrameError
+from tests.engine.test_bulk_commit_framed import (
+    _commit,
+    _frames_files,
+    _open,
+    _partitions,
+    _stage,
+)
+
+
+@pytest.fixture
+def own_files(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Every partition's frames staged in files of their own and adopted from 1 KiB."""
+    monkeypatch.setattr(limits, "ADOPT_SWITCH_BYTES", 0)
+    monkeypatch.setattr(limits, "ADOPT_BYTES_MIN", 1024)
+
+
+def _frames_of_an_aborted_write(database: Any) -> tuple[Any, Any, bytes]:
+    """A session, the bulk writer with write ``w2`` started, and the frames a staged write
+    ``w1`` held (``w1`` aborted): a stream as the JVM writer sends it."""
+    _stage(database, "w1", 0, 3000)
+    session = database.connect()
+    bulk = bulk_write.for_database(database)
+    bulk.start(session, "w2", "topic", "t")
+    frames = b"".join(Path(p).read_bytes() for p in _frames_files(database, "w1"))
+    bulk.abort(session, ["w1"])
+    return session, bulk, frames
 
 
 def test_append_frames_abort_gives_back_every_byte_it_charged(tmp_path) -> None:
     database = _open(tmp_path)
     try:
-        _stage(database, "w1", 0, 3000)
-        session = database.connect()
-        bulk = bulk_write.for_database(database)
-        bulk.start(session, "w2", "topic", "t")
-        frames = b"".join(Path(p).read_bytes() for p in _frames_files(database, "w1"))
-        bulk.abort(session, ["w1"])
+        session, bulk, frames = _frames_of_an_aborted_write(database)
         base = bulk.staged_bytes
         assert bulk.append_frames(session, "w2", io.BytesIO(frames).read) == 3000
         on_disk = sum(Path(p).stat().st_size for p in _frames_files(database, "w2"))
@@ -32,25 +61,13 @@ def test_append_frames_abort_gives_back_every_byte_it_charged(tmp_path) -> None:
         database.close()
 
 
-def test_append_frames_refused_mid_stream_leaves_no_file(tmp_path, monkeypatch) -> None:
-    import os
-
-    import pytest
-
-    from storage import limits
-    monkeypatch.setattr(limits, "ADOPT_SWITCH_BYTES", 0)
+def test_append_frames_refused_mid_stream_leaves_no_file(tmp_path, own_files) -> None:
     database = _open(tmp_path)
     try:
-        _stage(database, "w1", 0, 3000)
-        session = database.connect()
-        bulk = bulk_write.for_database(database)
-        bulk.start(session, "w2", "topic", "t")
-        frames = b"".join(Path(p).read_bytes() for p in _frames_files(database, "w1"))
-        bulk.abort(session, ["w1"])
+        session, bulk, frames = _frames_of_an_aborted_write(database)
         base = bulk.staged_bytes
-        with pytest.raises(Exception) as raised:
+        with pytest.raises(BadStagedFrameError):  # a torn last frame: 22P04
             bulk.append_frames(session, "w2", io.BytesIO(frames + b"\x00" * 64).read)
-        print("refused:", type(raised.value).__name__, raised.value)
         left = [n for _, _, names in os.walk(os.path.join(bulk.root, "w2")) for n in names]
         assert [n for n in left if n != "write.json"] == [], left
         assert bulk.staged_bytes == base
@@ -59,12 +76,7 @@ def test_append_frames_refused_mid_stream_leaves_no_file(tmp_path, monkeypatch) 
         database.close()
 
 
-def test_own_files_are_synced_before_the_commit_point(tmp_path, monkeypatch) -> None:
-    import os
-
-    from storage import limits
-    from storage.staged_frames import OWN_FILE
-    monkeypatch.setattr(limits, "ADOPT_SWITCH_BYTES", 0)
+def test_own_files_are_synced_before_the_commit_point(tmp_path, monkeypatch, own_files) -> None:
     database = _open(tmp_path)
     synced: list[str] = []
     real_fdatasync = os.fdatasync
@@ -81,7 +93,6 @@ def test_own_files_are_synced_before_the_commit_point(tmp_path, monkeypatch) -> 
         own = [os.path.basename(p) for p in _frames_files(database, "w1")
                if OWN_FILE.match(os.path.basename(p))]  # fmt: skip
         assert own
-        from tests.engine.test_bulk_commit_framed import _commit
         assert _commit(database, 0, ["w1"])["rows"] == 3000
         point = synced.index("<point>")
         assert set(own) <= {os.path.basename(p) for p in synced[:point]}, (own, synced)
@@ -89,14 +100,7 @@ def test_own_files_are_synced_before_the_commit_point(tmp_path, monkeypatch) -> 
         database.close()
 
 
-def test_two_bulk_commits_adopting_into_the_same_partitions_at_once(tmp_path, monkeypatch) -> None:
-    import threading
-
-    from storage import limits
-    from storage.check import check_store
-    from tests.engine.test_bulk_commit_framed import _commit, _partitions
-    monkeypatch.setattr(limits, "ADOPT_SWITCH_BYTES", 0)
-    monkeypatch.setattr(limits, "ADOPT_BYTES_MIN", 1024)
+def test_two_bulk_commits_adopting_into_the_same_partitions_at_once(tmp_path, own_files) -> None:
     database = _open(tmp_path)
     try:
         writes = [f"w{i}" for i in range(9)]
@@ -134,13 +138,7 @@ def test_two_bulk_commits_adopting_into_the_same_partitions_at_once(tmp_path, mo
     assert report.ok, report.lines()
 
 
-def test_readers_tailing_while_segments_are_adopted(tmp_path, monkeypatch) -> None:
-    import threading
-
-    from storage import limits
-    from tests.engine.test_bulk_commit_framed import _commit
-    monkeypatch.setattr(limits, "ADOPT_SWITCH_BYTES", 0)
-    monkeypatch.setattr(limits, "ADOPT_BYTES_MIN", 1024)
+def test_readers_tailing_while_segments_are_adopted(tmp_path, own_files) -> None:
     database = _open(tmp_path)
     try:
         writes = [f"w{i}" for i in range(12)]
