@@ -30,7 +30,9 @@ import select
 import subprocess
 import sys
 import traceback
+from collections.abc import Iterator
 from pathlib import Path
+from typing import Any
 
 ROOT = Path(__file__).resolve().parents[1]
 
@@ -116,6 +118,35 @@ class ForkServer:
         assert self.proc.stdin is not None
         self.proc.stdin.close()
         self.proc.wait(timeout=60)
+
+
+class ModuleForkServer:
+    """One ``ForkServer`` of ``script`` for a test module: ``fixture()`` (bound to a name in
+    the module; module-scoped, autouse) starts it before the module's first test and closes
+    it after the last; ``server`` is it while it runs, else None."""
+
+    def __init__(self, script: Path) -> None:
+        self.script = script
+        self.server: ForkServer | None = None
+
+    def fixture(self) -> Any:
+        import pytest  # the served children never need it
+
+        @pytest.fixture(scope="module", autouse=True)
+        def fork_server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[None]:
+            self.server = ForkServer(self.script, tmp_path_factory.mktemp("children"))
+            try:
+                yield
+            finally:
+                self.server.close()
+                self.server = None
+
+        return fork_server
+
+    def run(self, argv: list[str], **options: Any) -> subprocess.CompletedProcess:
+        """``ForkServer.run`` on the module's server."""
+        assert self.server is not None, "the module's fork server is not running"
+        return self.server.run(argv, **options)
 
 
 if __name__ == "__main__":

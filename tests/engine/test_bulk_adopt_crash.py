@@ -19,7 +19,6 @@ from __future__ import annotations
 import contextlib
 import os
 import sys
-from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
@@ -30,7 +29,7 @@ from storage import failpoints, limits
 from storage.check import check_store
 from storage.errors import CorruptSegmentError, PartitionFencedError
 from storage.staged_frames import OWN_FILE
-from tests.fork_server import ForkServer
+from tests.fork_server import ModuleForkServer
 
 HERE = Path(__file__).resolve().parent
 CHILD = HERE / "bulk_commit_child.py"
@@ -46,14 +45,8 @@ ENVIRONMENT = {"BULK_STAGE_FORMAT": "frames", "BULK_ADOPT": "1024,2,0",
                "BULK_FRAME_MESSAGES": "16"}  # fmt: skip
 # ... or from their second frame: each partition's first frame in the shared file (copied)
 SWITCHED = {**ENVIRONMENT, "BULK_ADOPT": "1024,2,2000"}
-_SERVER: list[ForkServer] = []
-
-
-@pytest.fixture(scope="module", autouse=True)
-def _fork_server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[None]:
-    _SERVER[:] = [ForkServer(CHILD, tmp_path_factory.mktemp("children"))]
-    yield
-    _SERVER.pop().close()
+_SERVER = ModuleForkServer(CHILD)
+_fork_server = _SERVER.fixture()
 
 
 @pytest.fixture(autouse=True)
@@ -65,7 +58,7 @@ def _adopt_limits(monkeypatch: pytest.MonkeyPatch) -> None:
 
 def _run(data: Path, action: str, failpoints: str = "",
          environment: dict[str, str] = ENVIRONMENT) -> int:  # fmt: skip
-    done = _SERVER[0].run([str(data), action], environment=environment, failpoints=failpoints)
+    done = _SERVER.run([str(data), action], environment=environment, failpoints=failpoints)
     assert done.returncode in (0, CRASHED), done.stderr
     return done.returncode
 

@@ -40,7 +40,7 @@ from engine import bulk_publish, bulk_write
 from engine.database import Database
 from engine.identity import LOCAL_SUPERUSER_NAME
 from storage.errors import CorruptSegmentError
-from tests.fork_server import ForkServer
+from tests.fork_server import ModuleForkServer
 
 HERE = Path(__file__).resolve().parent
 CHILD = HERE / "bulk_commit_child.py"
@@ -92,14 +92,8 @@ def _run(data: Path, action: str, failpoints: str = "", timeout: float = 300,
 # Children run by ``tests.fork_server`` (forked from a process that has imported
 # everything: ~1 s of imports saved per child; the crash points and checks are the same).
 # The random SIGKILL test still starts real processes, so kills also land in a cold start.
-_SERVER: list[ForkServer] = []
-
-
-@pytest.fixture(scope="module", autouse=True)
-def _fork_server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[None]:
-    _SERVER[:] = [ForkServer(CHILD, tmp_path_factory.mktemp("children"))]
-    yield
-    _SERVER.pop().close()
+_SERVER = ModuleForkServer(CHILD)
+_fork_server = _SERVER.fixture()
 
 
 def _run_child(data: Path, action: str, failpoints: str, timeout: float,
@@ -110,8 +104,8 @@ def _run_child(data: Path, action: str, failpoints: str, timeout: float,
         environment["BULK_BATCH_MESSAGES"] = str(batch_messages)
     if frame_messages is not None:
         environment["BULK_FRAME_MESSAGES"] = str(frame_messages)
-    if _SERVER:
-        done = _SERVER[0].run([str(data), action], environment=environment,
+    if _SERVER.server is not None:
+        done = _SERVER.run([str(data), action], environment=environment,
                               failpoints=failpoints, timeout=timeout)  # fmt: skip
     else:
         environment = {**{k: v for k, v in os.environ.items()
@@ -251,7 +245,7 @@ def test_a_framed_share_published_to_a_split_partition_and_killed_is_finished_on
     data = tmp_path / "data"
     environment = {"BULK_SPLIT_BEFORE_PUBLISH": "1", "BULK_STAGE_FORMAT": "frames"}
     for action, armed, code in (("stage", "", 0), ("commit", failpoint, CRASHED)):
-        done = _SERVER[0].run([str(data), action], environment=environment, failpoints=armed)
+        done = _SERVER.run([str(data), action], environment=environment, failpoints=armed)
         assert done.returncode == code, done.stderr
     database = Database.open(str(data), retention_interval_s=None)
     try:
@@ -392,7 +386,7 @@ def test_frames_and_rows_of_a_split_partition_killed_are_finished_once(
     data = tmp_path / "data"
     environment = {"BULK_SPLIT_BEFORE_PUBLISH": "1", "BULK_STAGE_FORMAT": "mixed"}
     for action, armed, code in (("stage", "", 0), ("commit", failpoint, CRASHED)):
-        done = _SERVER[0].run([str(data), action], environment=environment, failpoints=armed)
+        done = _SERVER.run([str(data), action], environment=environment, failpoints=armed)
         assert done.returncode == code, done.stderr
     database = Database.open(str(data), retention_interval_s=None)
     try:

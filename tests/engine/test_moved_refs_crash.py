@@ -19,14 +19,13 @@ import signal
 import subprocess
 import sys
 import time
-from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
 
 from engine.database import Database
 from storage import commit_log
-from tests.fork_server import ForkServer
+from tests.fork_server import ModuleForkServer
 
 HERE = Path(__file__).resolve().parent
 CHILD = HERE / "moved_refs_child.py"
@@ -35,18 +34,12 @@ TIMEOUT_S = 300  # catches hangs only: two shared cores under load
 
 # The failpoint tests' children are forked by ``tests.fork_server`` (~1 s of imports saved
 # each; same crash points); the random SIGKILL test still starts real processes.
-_SERVER: list[ForkServer] = []
-
-
-@pytest.fixture(scope="module", autouse=True)
-def _fork_server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[None]:
-    _SERVER[:] = [ForkServer(CHILD, tmp_path_factory.mktemp("children"))]
-    yield
-    _SERVER.pop().close()
+_SERVER = ModuleForkServer(CHILD)
+_fork_server = _SERVER.fixture()
 
 
 def _run(path: Path, failpoints: str = "", *args: str) -> subprocess.CompletedProcess:
-    return _SERVER[0].run([str(path), *args], failpoints=failpoints, timeout=TIMEOUT_S)
+    return _SERVER.run([str(path), *args], failpoints=failpoints, timeout=TIMEOUT_S)
 
 
 def _check(path: Path, *, drained: bool = False) -> int:

@@ -27,13 +27,12 @@ import shutil
 import subprocess
 import sys
 import time
-from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
 
 from engine.database import Database
-from tests.fork_server import ForkServer
+from tests.fork_server import ModuleForkServer
 
 HERE = Path(__file__).resolve().parent
 ROOT = HERE.parents[1]
@@ -61,14 +60,8 @@ FAILPOINTS = (
 
 # Runs that end by themselves or at a failpoint are forked by ``tests.fork_server`` (same
 # worker, same crash points); the random kills still start real processes.
-_SERVER: list[ForkServer] = []
-
-
-@pytest.fixture(scope="module", autouse=True)
-def _fork_server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[None]:
-    _SERVER[:] = [ForkServer(WORKER, tmp_path_factory.mktemp("children"))]
-    yield
-    _SERVER.pop().close()
+_SERVER = ModuleForkServer(WORKER)
+_fork_server = _SERVER.fixture()
 
 
 def _seed() -> int:
@@ -85,7 +78,7 @@ def _run_worker(
     arguments = ["--data", str(data), "--journal", str(journal), "--statements",
                  str(statements), "--checkpoint-every", "3"]  # fmt: skip
     if kill_after_s is None:  # runs to its end or its failpoint: forked, ~1 s of imports saved
-        done = _SERVER[0].run(arguments, failpoints=failpoints, timeout=WORKER_TIMEOUT_S)
+        done = _SERVER.run(arguments, failpoints=failpoints, timeout=WORKER_TIMEOUT_S)
         return done.returncode, done.stderr
     environment = {k: v for k, v in os.environ.items() if k != "TOPICBASE_FAILPOINTS"}
     process = subprocess.Popen(
