@@ -177,15 +177,78 @@ def _check_query(
             f"permission denied: {access.opaque} is for superusers (the relations it "
             "touches cannot be checked)"
         )
+    plain = session.names_resolve_plainly()
     for name, privilege in access.needs:
         if name in placeholders or name in {f"__sys_{v}" for v in operation.system_views}:
             continue
         if privilege == "CREATE":
             _require_schema_create(session, identity, _schema_of(name))
-        elif privilege == "OWN":
-            _require_owner(session, identity, "relation", name)
-        else:
-            _require_relation(session, identity.name, name, privilege, 0)
+            continue
+        for candidate in (name,) if plain else _candidates(session, name):
+            if privilege == "OWN":
+                _require_owner(session, identity, "relation", candidate)
+            else:
+                _require_relation(session, identity.name, candidate, privilege, 0)
+    if not plain:
+        _require_temporary_views(session, identity)
+
+
+def _candidates(session: Any, name: str) -> tuple[str, ...]:
+    """Every relation ``name`` (as ``planner.access`` names it) may resolve to in a session
+    whose names do not resolve as a fresh connection's (``Session.names_resolve_plainly``:
+    another ``search_path`` or ``schema``, temporary relations): the name itself and each
+    existing table or view of that name where DuckDB may find it (``x`` and ``main.x`` in
+    main or any schema of the search path; ``s.x`` in ``s`` only). The
+    door checks them all: whichever DuckDB picks was checked (a name shadowed by another
+    the user may not use is refused, where PostgreSQL would look at the one it finds).
+    Temporary relations are checked by ``_require_temporary_views``."""
+    schema, _, bare = name.rpartition(".")
+    if "." in schema:  # another database's or a temporary relation: as named
+        return (name,)
+    # An unqualified name (``main.x`` is one to ``planner.access``) may be found in main
+    # or in any schema of the search path (``current_schemas``: the schema set by SET
+    # schema leads it); a qualified one in its schema.
+    rows = _rows(
+        session,
+        "WITH path AS (SELECT unnest(CASE WHEN ? = '' THEN list_append(current_schemas(false),"
+        " 'main') ELSE [?] END) AS schema_name) "
+        "SELECT schema_name FROM duckdb_tables() WHERE NOT temporary AND database_name = ? "
+        "AND lower(table_name) = ? AND schema_name IN (SELECT schema_name FROM path) UNION "
+        "SELECT schema_name FROM duckdb_views() WHERE NOT temporary AND database_name = ? "
+        "AND lower(view_name) = ? AND schema_name IN (SELECT schema_name FROM path)",
+        [schema, schema, DATABASE_NAME, bare, DATABASE_NAME, bare],
+    )
+    found = {bare if row[0] == "main" else f"{row[0]}.{bare}" for row in rows}
+    return (name, *sorted(found - {name}))
+
+
+def _require_temporary_views(session: Any, identity: Identity) -> None:
+    """In a session with temporary relations, each temporary view may be what a name
+    resolves to, in the statement or inside any view it reads (DuckDB looks in the
+    session's temporary objects first): every one is checked as the session's current
+    user's view, whatever the statement names. Ordinary users cannot create them
+    (``planner.access``: CREATE TEMPORARY VIEW is for superusers); this covers a
+    superuser's session that switched to an ordinary role after making some."""
+    rows = _rows(
+        session,
+        "SELECT view_name, sql FROM duckdb_views() WHERE temporary AND NOT internal",
+        [],
+    )
+    for view_name, sql in rows:
+        access = view_reads(sql)
+        if access.opaque is not None:
+            raise InsufficientPrivilegeError(
+                f"permission denied for temporary view {view_name}: its query cannot be "
+                f"checked ({access.opaque})"
+            )
+        for inner, privilege in access.needs:
+            for candidate in _candidates(session, inner):
+                try:
+                    _require_relation(session, identity.name, candidate, privilege, 1)
+                except InsufficientPrivilegeError as error:
+                    raise InsufficientPrivilegeError(
+                        f"{error.message}, for temporary view {view_name}"
+                    ) from None
 
 
 def _executed_name(sql: str) -> str | None:

@@ -597,6 +597,38 @@ class Session:
             # asks again and counts the lookup towards a build (once).
             return self._key_lookup(plan, parameters, build=False)
 
+    def discard_temporary(self) -> None:
+        """Drop this session's temporary tables and views (PostgreSQL's ``DISCARD TEMP``,
+        part of ``DISCARD ALL``): a pooled connection's next client finds none of them.
+        Outside a transaction only; relations registered for topic reads are not these."""
+        assert self.state is SessionState.IDLE
+        cursor = self.cursor
+        rows = tables.fetch_rows(
+            cursor,
+            "SELECT 'TABLE', table_name FROM duckdb_tables() WHERE temporary UNION ALL "
+            "SELECT 'VIEW', view_name FROM duckdb_views() WHERE temporary AND NOT internal",
+            None,
+        )
+        registered = tables.registered_names(cursor)
+        for kind, name in rows:
+            if name not in registered:
+                quoted = '"' + str(name).replace('"', '""') + '"'
+                tables.run(cursor, f"DROP {kind} IF EXISTS temp.main.{quoted}")
+        self._names_plain = None
+
+    def names_resolve_plainly(self) -> bool:
+        """Whether this session's unqualified names resolve as a fresh connection's
+        (DuckDB's default ``search_path`` and schema, no temporary table or view):
+        then a name means ``main``'s relation and the door checks it alone
+        (``engine.privileges``). Found once after any statement that may change it
+        (``key_lookup.names_may_change``); while a relation is registered for a
+        statement's topic reads the answer is False and not kept."""
+        if self._names_plain is None:
+            if self._leftover_views or tables.has_registered(self.cursor):
+                return False
+            self._names_plain = key_lookup.names_plain(self.cursor)
+        return bool(self._names_plain)
+
     def _key_answer(
         self, plan: Plan, parameters: Any, timeout_s: float | None = None, *, build: bool = True
     ) -> key_lookup.Answer | None:

@@ -1146,6 +1146,11 @@ def has_registered(cursor: Connection) -> bool:
     return bool(_plans_of(cursor).registered)
 
 
+def registered_names(cursor: Connection) -> frozenset[str]:
+    """The relations registered on ``cursor`` (``register``) right now."""
+    return frozenset(_plans_of(cursor).registered)
+
+
 def _rest_as_arrow(cursor: Connection) -> pa.Table | None:
     """What the cursor's executed result still holds, as DuckDB's own Arrow table."""
     with warnings.catch_warnings():

@@ -11,8 +11,10 @@ engine refuses it to anyone but a superuser rather than guess.
 
 Names are as the statement wrote them, lower-cased unless quoted, normalised to
 ``schema.name`` without the database (``tables.main.t`` and ``main.t`` are ``t``);
-names in DuckDB's and PostgreSQL's catalogs (``pg_catalog``, ``information_schema``),
-temporary objects and ``sys.`` views are left out, and so is a name that refers to a
+names in DuckDB's and PostgreSQL's catalogs (``pg_catalog``, ``information_schema``)
+and ``sys.`` views are left out; a temporary object named as one (``temp.t``,
+``temp.main.t``) is ``temp.main.t``; a temporary table or view a CREATE makes is not
+among what it creates (it has no owner row), and so is a name that refers to a
 common table expression in scope (``WITH t AS (...) SELECT * FROM t`` reads no table
 ``t``; inside the CTE's own definition ``t`` is the table again, unless RECURSIVE).
 
@@ -34,6 +36,7 @@ DATABASE_NAME = "tables"  # DuckDB's name of the tables file (engine.tables.TABL
 ANALYSIS_CACHE_ENTRIES = 1024
 _CATALOG_SCHEMAS = frozenset({"pg_catalog", "information_schema", "sys"})
 _TEMP_CATALOGS = frozenset({"temp", "system"})
+TEMPORARY_CATALOG = "temp"  # names of the session's temporary objects: ``temp.<schema>.<name>``
 # Table functions that read a relation named by a string: no tree shows which.
 _RELATION_BY_STRING = frozenset({"query", "query_table"})
 # Statements that read no table's rows (settings, catalog listings, transaction control).
@@ -129,7 +132,12 @@ def _tree_access(tree: exp.Expression) -> Access:
             return Access(())
         elif kind not in ("TABLE", "VIEW"):
             return Access((), opaque=f"CREATE {kind}")
-        elif target is not None and not _temporary(tree):
+        elif kind == "VIEW" and _temporary(tree):
+            # Its reads would be checked at use as its owner's, but it has no owner row
+            # and shadows names inside other views too: for superusers only.
+            return Access((), opaque="CREATE TEMPORARY VIEW")
+        elif (target is not None and not _temporary(tree)
+              and not target.startswith(f"{TEMPORARY_CATALOG}.")):  # DuckDB refuses those
             if tree.args.get("replace"):
                 needs.append((target, "OWN"))
             needs.append((target, "CREATE"))
@@ -222,13 +230,18 @@ def _write_privileges(tree: exp.Expression) -> tuple[str, ...]:
 
 
 def _relation_name(table: exp.Table) -> str | None:
-    """``schema.name`` (``name`` in main) of a user relation; None for catalogs, temporary
-    objects and table functions."""
+    """``schema.name`` (``name`` in main) of a user relation, ``temp.<schema>.name`` of a
+    temporary one named so; None for catalogs and table functions."""
     if not table.name or not isinstance(table.this, exp.Identifier):
         return None
     catalog = table.catalog.lower() if table.catalog else ""
     schema = table.db.lower() if table.db else ""
-    if catalog in _TEMP_CATALOGS or schema in _CATALOG_SCHEMAS or schema == "temp":
+    if catalog == "temp" or (not catalog and schema == "temp"):
+        # The session's own temporary objects (``temp.main.t``): named so that the
+        # door can check what a temporary view reads (``engine.privileges``).
+        inner = schema if catalog and schema not in ("", "temp") else "main"
+        return f"{TEMPORARY_CATALOG}.{inner}.{_case(table.this)}"
+    if catalog in _TEMP_CATALOGS or schema in _CATALOG_SCHEMAS:
         return None
     if catalog and catalog != DATABASE_NAME:
         return f"{catalog}.{schema}.{_case(table.this)}"  # another database: never granted

@@ -367,9 +367,13 @@ class ConnectionCatalog:
         if _DISCARD_ALL.match(sql):
             if session.state is not SessionState.IDLE:
                 raise ActiveSqlTransactionError("DISCARD ALL cannot run inside a transaction block")
+            # PostgreSQL's DISCARD ALL: SET SESSION AUTHORIZATION DEFAULT, RESET ALL,
+            # DEALLOCATE ALL, DISCARD TEMP (a pooler's next client starts clean).
+            session.execute("SET SESSION AUTHORIZATION DEFAULT")
             self._forget_prepared()
             self.settings.reset_all()
             _apply_search_path(session, self.settings.show("search_path"))
+            session.discard_temporary()
             return Result("DISCARD ALL")
         match = _DEALLOCATE.match(sql)
         if match is None:
