@@ -347,7 +347,8 @@ ADOPT_FILES_MAX = 16
 # 32-bit).
 ADOPT_BYTES_MIN = 4 * MIB
 # A partition's frames go to the COPY's shared file until they hold this many bytes, then
-# to a file of its own: a small share stays in the one shared file, as staged before.
+# to a file of its own: a small share stays in the one shared file, as staged before. A
+# frame of this many bytes or more goes to the partition's own file from the first.
 ADOPT_SWITCH_BYTES = MIB
 ADOPT_BYTES_MAX = 1024 * MIB
 

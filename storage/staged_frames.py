@@ -36,7 +36,10 @@ Invariants:
 *Own files* (adoption, round 14): a writer made with ``own_files`` stages a partition's
 frames in the shared file until they hold ``limits.ADOPT_SWITCH_BYTES``, then the rest in
 a file of its own (for the first ``own_files`` partitions to get there; the others stay
-in the shared file), ``<base>.~p<partition>-r<rows>.<crc>.frames``: named to sort right
+in the shared file); a frame of at least ``ADOPT_SWITCH_BYTES`` itself opens the
+partition's own file at once (round 15: a share of a few large frames, a Spark task's,
+is then adopted whole instead of its first frame copied and the rest, under
+``ADOPT_BYTES_MIN``, too), ``<base>.~p<partition>-r<rows>.<crc>.frames``: named to sort right
 after the shared file, ``<base>.<crc>.frames`` (its frames come first in the
 partition's rows), and before the next COPY's files. The shared file, renamed last, is
 what makes the COPY's own files staged (``own_file_sealed``). An own file is in the
@@ -283,14 +286,16 @@ class FrameFileWriter:
             with contextlib.suppress(FileNotFoundError):
                 os.remove(own.path)
 
-    def _own_file(self, partition: int) -> _OwnFile | None:
-        """The own file of ``partition`` (opened on its first frame), or None: it goes to
-        the shared file (more than ``own_files`` partitions met)."""
+    def _own_file(self, partition: int, body_bytes: int) -> _OwnFile | None:
+        """The own file of ``partition`` (opened for its frame of ``body_bytes``), or
+        None: the frame goes to the shared file (the partition's first small frames, or
+        more than ``own_files`` partitions met)."""
         own = self._own.get(partition)
         if own is not None or partition in self._shared:
             return own
-        if self._shared_bytes.get(partition, 0) < limits.ADOPT_SWITCH_BYTES:
-            return None  # its first frames: in the shared file
+        if (self._shared_bytes.get(partition, 0) < limits.ADOPT_SWITCH_BYTES
+                and body_bytes < limits.ADOPT_SWITCH_BYTES):  # fmt: skip
+            return None  # its first small frames: in the shared file
         if len(self._own) >= self._own_max:
             self._shared.add(partition)
             return None
@@ -324,7 +329,7 @@ class FrameFileWriter:
         its header and body, no re-encoding. Not mixed with ``add`` (whose rows wait)."""
         assert not self._pending, "checked frames are not mixed with rows cut here"
         assert len(body) == frame.body_bytes and len(frame.header) == STAGED_HEADER_BYTES
-        own = self._own_file(frame.partition) if self._own_max else None
+        own = self._own_file(frame.partition, frame.body_bytes) if self._own_max else None
         if own is not None:
             own.write(self.fs, body, frame.body_crc, frame.record_count)
             self.rows += frame.record_count
@@ -343,7 +348,7 @@ class FrameFileWriter:
                 f"a frame of {body.size} bytes exceeds the limit of {limits.BATCH_BYTES_MAX} "
                 "bytes")  # fmt: skip
         body_crc = crc32c.crc32c(body)
-        own = self._own_file(partition) if self._own_max else None
+        own = self._own_file(partition, body.size) if self._own_max else None
         if own is not None:
             own.write(self.fs, body, body_crc, batch.num_rows)
             self.rows += batch.num_rows

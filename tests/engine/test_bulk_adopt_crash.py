@@ -43,8 +43,10 @@ FRAME_TARGET = limits.FRAME_TARGET_MESSAGES
 # halfway)
 ENVIRONMENT = {"BULK_STAGE_FORMAT": "frames", "BULK_ADOPT": "1024,2,0",
                "BULK_FRAME_MESSAGES": "16"}  # fmt: skip
-# ... or from their second frame: each partition's first frame in the shared file (copied)
-SWITCHED = {**ENVIRONMENT, "BULK_ADOPT": "1024,2,2000"}
+# ... or from their third frame: each partition's first two frames (~4.6 KiB each, under
+# the switch: a frame that large would go to the own file at once) in the shared file
+# (copied)
+SWITCHED = {**ENVIRONMENT, "BULK_ADOPT": "1024,2,6000"}
 _SERVER = ModuleForkServer(CHILD)
 _fork_server = _SERVER.fixture()
 

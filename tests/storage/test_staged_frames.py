@@ -304,3 +304,23 @@ def test_a_message_over_the_limit_or_a_frame_over_a_batch_is_refused(
         writer.add(0, _rows(0, 1, 200))
         writer.finish()
     writer.close()
+
+
+def test_a_frame_as_large_as_the_switch_opens_its_partitions_own_file_at_once(
+        tmp_path, monkeypatch) -> None:  # fmt: skip
+    """Round 15: a partition's first frame of at least ``ADOPT_SWITCH_BYTES`` goes to its
+    own file (a Spark task's share of a few large frames is adopted whole); smaller first
+    frames stay in the shared file until they hold the switch's bytes."""
+    monkeypatch.setattr(limits, "FRAME_TARGET_MESSAGES", 20)
+    monkeypatch.setattr(limits, "ADOPT_SWITCH_BYTES", 3000)  # a 20-row frame: 3,544 bytes
+    base = str(tmp_path / "s")
+    writer = FrameFileWriter(FileSystem(), base + ".part", own_files=4)
+    writer.add(0, _rows(0, 40))  # two frames of 20 rows: each over the switch
+    writer.add(1, _rows(100, 10))  # one frame of 10 rows (2,136 bytes): under it
+    paths = writer.seal(base, ".frames")
+    own = [p for p in paths if ".~p" in p]
+    assert [os.path.basename(p).split(".~p")[1].split("-")[0] for p in own] == ["0"]
+    assert ".~p0-r40." in own[0]
+    shared = paths[-1]
+    frames = index_file(FileSystem(), shared, os.path.getsize(shared))
+    assert list(frames) == [1] and sum(f.record_count for f in frames[1]) == 10
