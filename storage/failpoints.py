@@ -26,15 +26,17 @@ directory), ``bulk.before_commit`` (files synced, no transaction yet), ``bulk.mi
 transactional publish: a share cut into bounded frames, ``storage.frame_cuts``);
 ``publish.mid_spread`` (between two partitions' shares of a publish over many
 partitions, ``storage.spread_publish``); an own staged frames file adopted as a segment
-(``PartitionLog._adopt_locked``): ``adopt.before_patch`` (nothing done),
-``adopt.mid_patch`` (half its headers patched), ``adopt.before_rename`` (patched and
-synced, still in the commit directory), ``adopt.before_dir_sync`` (renamed into the
-partition, the directory not synced), ``adopt.before_visible`` (indexed, the directory
-synced, not yet published), ``adopt.after_visible`` (published, the commit directory
-still there); ``publish.frames_then_rows`` (between a
-share's staged frames and its rows, a bulk commit of frames and Arrow rows of one
-partition); ``deltas.before_commit`` and ``deltas.after_commit``
-(around the DuckDB COMMIT of a group of counter deltas, ``engine.deltas``).
+(``PartitionLog._adopt_locked``; a share's consecutive own files adopted together, each
+point hit per file but ``adopt.before_sync``): ``adopt.before_patch`` (nothing done to the
+file), ``adopt.mid_patch`` (half its headers patched), ``adopt.before_sync`` (every file
+of the run patched, none synced), ``adopt.before_rename`` (every file patched and synced,
+the earlier ones renamed, this one still in the commit directory),
+``adopt.before_dir_sync`` (renamed into the partition, the directory not synced),
+``adopt.before_visible`` (indexed, the directory synced, not yet published),
+``adopt.after_visible`` (published, the commit directory still there);
+``publish.frames_then_rows`` (between a share's staged frames and its rows, a bulk
+commit of frames and Arrow rows of one partition); ``deltas.before_commit`` and
+``deltas.after_commit`` (around the DuckDB COMMIT of a group of counter deltas, ``engine.deltas``).
 """
 
 from __future__ import annotations

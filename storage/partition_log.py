@@ -63,6 +63,7 @@ from storage.producer_state import (
     record_share,
 )
 from storage.record_batch import (
+    HEADER_BYTES,
     WIRE_SCHEMA,
     FrameEncoder,
     FrameHeader,
@@ -361,17 +362,17 @@ class PartitionLog:
             sources: dict[str, int] = {}
             try:
                 number = 0
-                for path, grouped in itertools.groupby(frames, key=lambda f: f.path):
-                    run = list(grouped)
-                    size = self._adoptable(run)
-                    if size:
+                for adoptable, files in _adoption_groups(frames, self._adoptable):
+                    if adoptable:  # consecutive whole own files: adopted together
                         if number:
                             failpoints.hit("publish.mid_share")
-                        self._adopt_locked(run, size, transaction_id)
+                        self._adopt_locked(files, transaction_id)
                         adopted = True
-                        written += sum(frame.record_count for frame in run)
-                        number += len(run)
+                        written += sum(f.record_count for run, _ in files for f in run)
+                        number += sum(len(run) for run, _ in files)
                         continue
+                    ((run, _),) = files
+                    path = run[0].path
                     for frame in run:
                         if number:  # between two frames of one publish (a cut share's)
                             failpoints.hit("publish.mid_share")
@@ -412,75 +413,116 @@ class PartitionLog:
             return 0
         return size if whole_own_file(run, size) else 0
 
-    def _adopt_locked(self, run: list[StagedFrame], size: int, transaction_id: int) -> None:
-        """Adopt the own file of ``run`` (all its frames, ``size`` bytes) as the segment
-        after the log's end, not yet published (the caller publishes). Under the write
-        lock, each step with its failpoint:
+    def _adopt_locked(self, files: list[tuple[list[StagedFrame], int]],
+                      transaction_id: int) -> None:  # fmt: skip
+        """Adopt the own files ``files`` (each all its frames and its size; consecutive in
+        the share) as the segments after the log's end, in order, not yet published (the
+        caller publishes). Under the write lock, each step with its failpoint, hit per
+        file (the n-th file of a publish is ``@n``):
 
         1. the active segment sealed (synced: recovery trusts sealed segments), or, empty,
-           closed: the adopted file will replace its (empty) log under the same name, so
-           the log's end stays named on disk throughout (``adopt.before_patch``);
-        2. the file's staged headers overwritten with the segment's (offsets from the
-           log's end, one time, the transaction; ``staged_frames.patch_headers``,
-           ``adopt.mid_patch`` halfway), then fdatasynced (``adopt.before_rename``);
-        3. the file renamed into the partition as ``<base offset>.log``
+           closed: the first adopted file will replace its (empty) log under the same
+           name, so the log's end stays named on disk throughout
+           (``adopt.before_patch``, before each file's patch);
+        2. every file's staged headers overwritten with the segment's (offsets from the
+           log's end on, one time, the transaction; ``staged_frames.patch_headers``,
+           ``adopt.mid_patch`` halfway through a file) and its writeback started; then
+           each fdatasynced (their writes in flight together: one wait, not one per file;
+           ``adopt.before_sync``: every file patched, none synced; a single file is
+           synced as it is patched);
+        3. each file in turn (``adopt.before_rename``: every file patched and synced, the
+           earlier ones renamed) renamed into the partition as ``<base offset>.log``
            (``adopt.before_dir_sync``: renamed, the directory not synced), its indexes
-           written from the headers, the producer snapshot at its base written as a roll
-           writes it, the directory synced (by that snapshot's write, under any fsync
-           policy but ``never``; else here: the staged copy is gone once the checkpoint
-           releases the commit directory) (``adopt.before_visible``).
+           written from the headers, the segment before it sealed as a roll seals it, the
+           directory synced, so that a file is renamed on disk only after the one before
+           it; after the last, the producer snapshot at its base, written as a roll
+           writes it, syncs the directory (under fsync policy ``never`` the directory
+           is synced here: the staged copy is gone once the checkpoint releases the
+           commit directory) (``adopt.before_visible``, after each file).
 
-        A crash before the rename leaves the file in the commit directory, its headers
+        One snapshot and one sync per file of patched headers plus one directory sync
+        per file, where adopting the files one by one took a roll, a snapshot (file and
+        directory synced) and the patched file's sync each (round 15). The snapshot of
+        the last base is what a replay from there needs: adopted frames carry no
+        producer, so the state at every base of the run is the same.
+
+        A crash before a file's rename leaves it in the commit directory, its headers
         staged, patched, a mix or torn: recovery rebuilds its staged bytes and checks them
-        against the record's CRC-32C (``staged_frames.check_own_file``) and
-        publishes it again (adopting it again from the log's end). After the rename the
-        segment is the partition's (a reopen loads it; the commit directory no longer
-        names the file: recovery finds its rows by transaction id). An I/O error before
-        the rename fences the partition as a write's does (the unpublished tail cut);
-        after it, fences without a cut: the adopted log was synced before the rename,
-        and a cut of the active segment would now cut the adopted file."""
+        against the record's CRC-32C (``staged_frames.check_own_file``) and publishes it
+        again (adopting it again from the log's end, after the files renamed before it).
+        After the rename the segment is the partition's (a reopen loads it; the commit
+        directory no longer names the file: recovery finds its rows by transaction id).
+        An I/O error before the first rename fences the partition as a write's does (the
+        unpublished tail cut); after it, fences without a cut: the adopted logs were
+        synced before their renames, and a cut of the active segment would now cut an
+        adopted file."""
+        assert files
         now_us = self.clock.now_us()
         written_at_us = max(now_us, self._last_written_at_us)
         old = self._segments[-1]
-        base = old.next_offset
         durable = self.config.fsync_policy is not FsyncPolicy.NEVER
         replaced = old.size_bytes == 0
-        segment = LogSegment(self.fs, self.directory, base)
-        renamed = False
+        patched: list[list[tuple[int, FrameHeader]]] = []
+        segments: list[LogSegment] = []
         try:
-            failpoints.hit("adopt.before_patch")
-            if replaced:
-                old.close()
-            else:
-                old.seal(durable=durable)
-            fd = self.fs.open_write(run[0].path)
-            try:
-                frames = staged_frames.patch_headers(self.fs, fd, run, base, written_at_us,
-                                                     transaction_id)  # fmt: skip
-                self.fs.sync(fd)
-            finally:
-                self.fs.close(fd)
-            failpoints.hit("adopt.before_rename")
-            self.fs.rename(run[0].path, segment.log_path)
-            renamed = True
-            failpoints.hit("adopt.before_dir_sync")
-            log_loader.adopt_segment(segment, frames, size)
-            self.producers.write_snapshot(base, durable=durable)
-            if not durable:  # a durable snapshot synced the directory, after the rename
-                self.fs.sync_directory(self.directory)
-            failpoints.hit("adopt.before_visible")
+            offset = old.next_offset
+            for number, (run, _) in enumerate(files):
+                failpoints.hit("adopt.before_patch")
+                if not number:
+                    if replaced:
+                        old.close()
+                    else:
+                        old.seal(durable=durable)
+                fd = self.fs.open_write(run[0].path)
+                try:
+                    headers = staged_frames.patch_headers(
+                        self.fs, fd, run, offset, written_at_us, transaction_id)
+                    if len(files) > 1:  # the patched pages on their way while others patch
+                        with contextlib.suppress(StorageIOError):  # the sync below tells
+                            self.fs.start_writeback(fd, 0, headers[-1][0] + HEADER_BYTES)
+                    else:
+                        self.fs.sync(fd)
+                finally:
+                    self.fs.close(fd)
+                patched.append(headers)
+                offset = headers[-1][1].next_offset
+            if len(files) > 1:
+                failpoints.hit("adopt.before_sync")
+                for run, _ in files:
+                    fd = self.fs.open_write(run[0].path)
+                    try:
+                        self.fs.sync(fd)
+                    finally:
+                        self.fs.close(fd)
+            for number, ((run, size), headers) in enumerate(zip(files, patched, strict=True)):
+                failpoints.hit("adopt.before_rename")
+                segment = LogSegment(self.fs, self.directory, headers[0][1].base_offset)
+                self.fs.rename(run[0].path, segment.log_path)
+                segments.append(segment)
+                failpoints.hit("adopt.before_dir_sync")
+                log_loader.adopt_segment(segment, headers, size)
+                if number:
+                    segments[-2].seal(durable=durable)
+                if number < len(files) - 1:
+                    self.fs.sync_directory(self.directory)
+                else:
+                    self.producers.write_snapshot(segment.base_offset, durable=durable)
+                    if not durable:  # a durable snapshot synced the directory
+                        self.fs.sync_directory(self.directory)
+                failpoints.hit("adopt.before_visible")
         except StorageIOError as error:
-            if renamed:
+            if segments:
                 self._fenced = error  # no cut: see above
                 self._forget_frame()
             else:
                 self._fence(error)
             raise
         kept = self._segments[:-1] if replaced else self._segments
-        self._segments = (*kept, segment)
-        self._adopted = (segment, segment.size_bytes, segment.next_offset)
+        self._segments = (*kept, *segments)
+        last = segments[-1]
+        self._adopted = (last, last.size_bytes, last.next_offset)
         self._last_written_at_us = written_at_us
-        self._durable_end = max(self._durable_end, segment.next_offset)
+        self._durable_end = max(self._durable_end, last.next_offset)
 
     def check_staged(self) -> None:
         """Raise what ``publish_staged`` would raise before writing anything: a topic that
@@ -1245,6 +1287,27 @@ class _ReplayRun:
         )
         self._reset()
         return batch
+
+
+def _adoption_groups(frames: list[StagedFrame], adoptable: Callable[[list[StagedFrame]], int]
+                     ) -> Iterator[tuple[bool, list[tuple[list[StagedFrame], int]]]]:  # fmt: skip
+    """A share's frames in order as (adoptable, files): each run of consecutive frames of
+    one file with its size (``adoptable(run)``: the own file's size, or 0 to copy it);
+    consecutive adoptable files together (``PartitionLog._adopt_locked`` adopts them at
+    once), every other file alone."""
+    group: list[tuple[list[StagedFrame], int]] = []
+    for _, grouped in itertools.groupby(frames, key=lambda frame: frame.path):
+        run = list(grouped)
+        size = adoptable(run)
+        if size:
+            group.append((run, size))
+            continue
+        if group:
+            yield True, group
+            group = []
+        yield False, [(run, 0)]
+    if group:
+        yield True, group
 
 
 def _joined(

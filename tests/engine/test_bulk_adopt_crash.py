@@ -162,6 +162,8 @@ def test_a_clean_commit_adopts_whole_own_files_and_copies_the_rest(
     "adopt.before_patch=crash@5",
     "adopt.mid_patch=crash",
     "adopt.mid_patch=crash@6",
+    "adopt.before_sync=crash",
+    "adopt.before_sync=crash@2",
     "adopt.before_rename=crash",
     "adopt.before_rename=crash@4",
     "adopt.before_dir_sync=crash",
@@ -209,7 +211,8 @@ def test_recovery_killed_while_it_adopts_again_finishes_at_the_next_open(
 
 
 @pytest.mark.parametrize("failpoint", ["adopt.before_patch", "adopt.mid_patch",
-                                       "adopt.before_rename", "adopt.before_dir_sync",
+                                       "adopt.before_sync", "adopt.before_rename",
+                                       "adopt.before_dir_sync",
                                        "adopt.before_visible", "fs.before_sync"])
 def test_an_adoption_failing_with_an_io_error_fences_and_the_reopen_finishes_it(
         tmp_path: Path, failpoint: str) -> None:  # fmt: skip
@@ -288,14 +291,13 @@ def _own_files(data: Path) -> list[Path]:
 
 
 def test_a_patched_own_file_whose_body_changed_stops_recovery(tmp_path: Path) -> None:
-    """Killed once the first file's headers are patched and synced (before its rename):
-    a body byte of that file changed meanwhile is found (each frame checked as a
-    segment's) instead of being published."""
+    """Killed once the first partition's files are patched and synced (before the first
+    rename): a body byte of one of them changed meanwhile is found (each frame checked
+    as a segment's) instead of being published."""
     data = tmp_path / "data"
     assert _run(data, "stage") == 0
     assert _run(data, "commit", "adopt.before_rename=crash") == CRASHED
-    patched = [p for p in _own_files(data) if p.read_bytes()[:4] == b"TBb1"]
-    assert len(patched) == 1, patched
+    patched = _patched_files(data)
     raw = bytearray(patched[0].read_bytes())
     raw[48 + 200] ^= 0xFF
     patched[0].write_bytes(bytes(raw))
@@ -364,14 +366,22 @@ def test_a_header_torn_by_a_power_cut_mid_patch_is_recovered(tmp_path: Path, cut
     staged = {p.name: p.read_bytes() for p in (data / bulk_write.WRITES_DIRECTORY).rglob("*.frames")
               if OWN_FILE.match(p.name)}  # fmt: skip
     assert _run(data, "commit", "adopt.before_rename=crash") == CRASHED
-    patched = [p for p in _own_files(data) if p.read_bytes()[:4] == b"TBb1"]
-    assert len(patched) == 1, patched
-    raw = bytearray(patched[0].read_bytes())
-    before = staged[patched[0].name]
-    second = 48 + int.from_bytes(raw[28:32], "little")  # the second frame's header
-    raw[second + cut : second + 48] = before[second + cut : second + 48]
-    patched[0].write_bytes(bytes(raw))
+    for path in _patched_files(data):  # each of them torn so
+        raw = bytearray(path.read_bytes())
+        before = staged[path.name]
+        second = 48 + int.from_bytes(raw[28:32], "little")  # the second frame's header
+        raw[second + cut : second + 48] = before[second + cut : second + 48]
+        path.write_bytes(bytes(raw))
     assert _recover_and_retry(data) == "all"
+
+
+def _patched_files(data: Path) -> list[Path]:
+    """The own files patched (killed before the first rename): all 8 of the partition
+    published first (0), its files adopted together (round 15: every file patched and
+    synced before the first rename), none of another."""
+    patched = [p for p in _own_files(data) if p.read_bytes()[:4] == b"TBb1"]
+    assert len(patched) == 8 and all(".~p0-" in p.name for p in patched), patched
+    return patched
 
 
 def test_time_lookups_and_every_offset_over_adopted_segments(tmp_path: Path) -> None:
@@ -400,7 +410,8 @@ def test_time_lookups_and_every_offset_over_adopted_segments(tmp_path: Path) -> 
 
 @pytest.mark.parametrize("failpoint", ["adopt.before_dir_sync=crash",
                                        "adopt.before_dir_sync=crash@7", "adopt.mid_patch=crash@3",
-                                       "adopt.before_visible=crash@5"])  # fmt: skip
+                                       "adopt.before_visible=crash@5", "adopt.before_sync=crash",
+                                       "adopt.before_rename=crash@4"])  # fmt: skip
 def test_checker_on_a_crashed_store_before_recovery(tmp_path: Path, failpoint: str) -> None:
     """The offline checker on a store killed mid-adoption, before any recovery: it finds
     at most repairable problems (a kill between the rename and the indexes' write leaves

@@ -179,3 +179,56 @@ def test_readers_tailing_while_segments_are_adopted(tmp_path, own_files) -> None
         assert min(adopted) >= 12, adopted
     finally:
         database.close()
+
+
+def test_a_shares_own_files_are_adopted_together_with_fewer_syncs(
+        tmp_path, monkeypatch, own_files) -> None:  # fmt: skip
+    """Round 15: a partition's own files of one commit (6 COPYs, so 6 per partition) are
+    adopted in one run (``PartitionLog._adopt_locked`` once per partition): each patched
+    file synced and one directory sync per file, one producer snapshot (its file and the
+    directory) at the end: at most 2 syncs per file and 2 more, where adopting them one
+    by one took 3 per file (the file, a snapshot and the directory each). The rows are
+    whole and in order, the store checks clean."""
+    from storage.partition_log import PartitionLog
+
+    database = _open(tmp_path)
+    writes = [f"w{i}" for i in range(6)]
+    for number, write in enumerate(writes):
+        _stage(database, write, number * 3000, 3000)
+    syncs: dict[int, int] = {}  # per adoption call, its fdatasyncs and fsyncs
+    adopting = threading.local()
+    real_adopt, real_fdatasync, real_fsync = PartitionLog._adopt_locked, os.fdatasync, os.fsync
+
+    def adopt(self: Any, *args: Any) -> None:
+        adopting.call = len(syncs)
+        syncs[adopting.call] = 0
+        try:
+            real_adopt(self, *args)
+        finally:
+            adopting.call = None
+
+    def counted(real: Any) -> Any:
+        def sync(fd: int) -> None:
+            if getattr(adopting, "call", None) is not None:
+                syncs[adopting.call] += 1
+            real(fd)
+        return sync
+
+    monkeypatch.setattr(PartitionLog, "_adopt_locked", adopt)
+    monkeypatch.setattr(os, "fdatasync", counted(real_fdatasync))
+    monkeypatch.setattr(os, "fsync", counted(real_fsync))
+    try:
+        assert _commit(database, 0, writes)["rows"] == 18000
+        assert len(syncs) == 2, syncs  # one run per partition
+        assert all(count <= 2 * 6 + 2 for count in syncs.values()), syncs
+        database.committer.checkpoint()
+        found = _partitions(database)
+        for p in (0, 1):
+            assert found[p] == [b"m%05d" % i for i in range(18000) if i % 2 == p]
+        topic = database.topic_log(database.catalog.entry("t").topic_id)
+        for p in (0, 1):
+            assert len([s for s in topic.partition(p).segments if s.size_bytes]) == 6
+    finally:
+        database.close()
+    report = check_store(str(tmp_path / "data" / "store"))
+    assert report.ok, report.lines()
