@@ -778,15 +778,25 @@ class BulkWrites:
             | {w: metas[w] for ids in framed.values() for w in ids}, moved)  # fmt: skip
         relative = os.path.relpath(directory, self.database.path)
         fs = self.database.store.fs
-        named: list[list] = []  # every file the record names, synced below
+        named: list[list] = []  # every other file the record names, synced below
+        shares = []
         for ids in framed.values():
             paths = [p for w in ids for p in _staged_files(moved[w]) if p.endswith(FRAMES_SUFFIX)]
-            entries = [staged_refs.file_entry(self.database.path, p) for p in paths]
-            named.extend(entries)
-            # The bytes the record will name, checked before the commit point: a file
-            # damaged since it was staged is refused (XX001) and the writes moved back.
-            for path, (_, size, crc) in zip(paths, entries, strict=True):
-                staged_refs.check_frames_file(fs, path, size, crc, "staged")
+            shares.append((ids, paths, [staged_refs.file_entry(self.database.path, p)
+                                        for p in paths]))  # fmt: skip
+
+        def check(entry: list) -> None:
+            relative, size, crc = entry
+            path = os.path.join(self.database.path, relative)
+            staged_refs.check_frames_file(fs, path, size, crc, "staged")
+
+        # The frames files' bytes the record will name, checked before the commit point
+        # (a file damaged since it was staged is refused, XX001, and the writes moved
+        # back), each by the thread that then fdatasyncs it: the checks' reads overlap
+        # the other files' writeback waits (round 15; before, all checks, then all syncs).
+        staged_refs.sync_files(self.database.path, [e for _, _, es in shares for e in es], [],
+                               check=check)  # fmt: skip
+        for ids, paths, entries in shares:
             meta = {**metas[ids[0]], "dirs": [relative], "frames": entries}
             writes.append((meta, staged_refs.FramedRows(fs, paths,
                                                         staged_refs.index_framed(fs, paths))))

@@ -37,7 +37,7 @@ import contextlib
 import mmap
 import os
 import shutil
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 
 import crc32c
 import numpy as np
@@ -111,12 +111,18 @@ def file_entry(root: str, path: str) -> list:
     return [os.path.relpath(path, root), size, crc]
 
 
-def sync_files(root: str, files: list[list], dirs: list[str]) -> None:
+def sync_files(root: str, files: list[list], dirs: list[str], *,
+               check: Callable[[list], None] | None = None) -> None:  # fmt: skip
     """Make the files and their directory entries durable: the files' fdatasyncs at
     once (threads: each waits for its own writeback, and the waits overlap), then each
-    directory's fsync. Raises the first error once all are done."""
+    directory's fsync. With ``check``, each file's entry is checked first
+    (``check(entry)``), in the thread that then syncs it: one file's check overlaps
+    another's wait. Raises the first error once all are done."""
 
-    def sync(relative: str) -> None:
+    def sync(entry: list) -> None:
+        if check is not None:
+            check(entry)
+        relative = entry[0]
         fd = os.open(os.path.join(root, relative), os.O_RDONLY)
         try:
             os.fdatasync(fd)
@@ -125,11 +131,11 @@ def sync_files(root: str, files: list[list], dirs: list[str]) -> None:
 
     if len(files) > 1:
         with concurrent.futures.ThreadPoolExecutor(min(len(files), _SYNC_THREADS)) as pool:
-            for done in [pool.submit(sync, relative) for relative, _, _ in files]:
+            for done in [pool.submit(sync, entry) for entry in files]:
                 done.result()
     else:
-        for relative, _, _ in files:
-            sync(relative)
+        for entry in files:
+            sync(entry)
     for relative in dirs:
         fd = os.open(os.path.join(root, relative), os.O_RDONLY)
         try:
