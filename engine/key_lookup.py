@@ -158,21 +158,38 @@ def _cap_of(value: str | None) -> int:
 def _cap_or_off() -> int:
     """``bytes_max`` for a lookup: a malformed value turns the path off (0) rather than
     failing every statement of the lookup shape (DuckDB answers them all). The variable
-    is read on every lookup (a change takes effect at once); its value is parsed once."""
+    is read on every lookup (a change takes effect at once); its value is parsed once.
+    Read from the mapping behind ``os.environ`` (CPython's ``_data``, which every change
+    through ``os.environ`` updates) when there is one: one dict look-up, where
+    ``os.environ.get`` of an unset name costs three Python calls and a KeyError raised
+    and caught (~3 us a lookup with the server's cold caches, docs/statement_cost.md)."""
     global _cap_parsed
-    text = os.environ.get(BYTES_VARIABLE)
+    if _ENVIRON_DATA is not None:
+        raw = _ENVIRON_DATA.get(_ENVIRON_KEY)
+    else:
+        raw = os.environ.get(BYTES_VARIABLE)
     parsed = _cap_parsed
-    if parsed[0] == text:
+    if parsed[0] is raw:
         return parsed[1]
+    text = os.environ.get(BYTES_VARIABLE)
     try:
         cap = _cap_of(text)
     except errors.InvalidParameterValueError:
         cap = 0
-    _cap_parsed = (text, cap)
+    _cap_parsed = (raw, cap)
     return cap
 
 
-_cap_parsed: tuple[str | None, int] = (None, KEY_INDEX_BYTES_DEFAULT)  # (the text, its cap)
+# The dict behind ``os.environ`` (encoded names to encoded values) and the variable's
+# name as its key; None where ``os.environ`` has no such dict (then it is asked itself).
+_ENVIRON_DATA: dict[Any, Any] | None = getattr(os.environ, "_data", None)
+_ENVIRON_KEY: Any = (
+    os.environ.encodekey(BYTES_VARIABLE) if hasattr(os.environ, "encodekey") else None
+)
+if not isinstance(_ENVIRON_DATA, dict) or _ENVIRON_KEY is None:
+    _ENVIRON_DATA = None
+# (the variable's value as last read, its cap): the same object while the value stands
+_cap_parsed: tuple[Any, int] = (object(), KEY_INDEX_BYTES_DEFAULT)
 
 
 # -- which tables may have changed --------------------------------------------------------------
@@ -596,6 +613,70 @@ def answer(database: Any, plan: Plan, parameters: Any,
             registry.indexes.move_to_end(name)
     row = index.row(key)
     return Answer(_result(index, columns, row, work.schema), list(work.duckdb_types))
+
+
+class KeptWay:
+    """A kept lookup plan's way to its answers (``Session.answer_lookup``): what ``answer``
+    works out for the plan's query from the index it answered from (the shape's work,
+    the result's schema renamed as the statement names its columns), kept while that
+    index is the table's (an index never changes: a change of its table makes a new
+    one). ``answer`` asks what ``answer`` asks every time: the cap, the index still the
+    table's and at the table's basis (read after the key is bound, as ``answer`` reads
+    it again then), the key bound as ``_bound_key`` binds it. Only results of the rows'
+    way (``Rows``); anything else is ``answer``'s. The index is held weakly: a dropped
+    index is freed as ever (the cap on the indexes' bytes stands). Not thread-safe: one
+    per kept plan of one session, used under the session's lock."""
+
+    __slots__ = ("_index", "_name", "_names", "_schema", "_shape", "_work")
+
+    def __init__(self, query: RunQuery, shape: LookupShape) -> None:
+        self._shape = shape
+        self._name = fold(shape.table)
+        self._names = query.column_names
+        self._index: weakref.ref[_Index] | None = None
+        self._work: _ShapeWork | None = None
+        self._schema: pa.Schema | None = None
+
+    def answer(self, database: Any, parameters: Any) -> Rows | None:
+        """``answer(...).result`` of the plan from the table's index as it stands
+        (``build=False``) when that is ``Rows`` of the statement's column names, else
+        None (the caller asks ``answer``)."""
+        if _cap_or_off() == 0:
+            return None
+        name = self._name
+        registry = indexes_of(database)
+        index = registry.indexes.get(name)
+        if index is None:
+            return None
+        if self._index is None or self._index() is not index:
+            work = _shape_work(index, self._shape)
+            if work.schema is None or work.columns is None:
+                return None  # DuckDB's Arrow, or no such column: ``answer``'s
+            schema = work.schema
+            names = self._names
+            if names is not None and len(names) == len(schema) != 0:  # as _query_result
+                schema = Rows([], schema).rename_columns(names).schema
+            self._index, self._work, self._schema = weakref.ref(index), work, schema
+        work = self._work
+        assert work is not None and work.columns is not None and self._schema is not None
+        key = _bound_key(index, self._shape, parameters, work)
+        if key is None:
+            return None
+        if TABLE_CHANGES.basis(name) != index.basis:
+            return None  # changed, or a change under way: ``answer`` (then DuckDB) decides
+        index.served += 1
+        indexes = registry.indexes
+        try:  # the most recently used already (the usual case): no lock to take
+            last = next(reversed(indexes), None)
+        except RuntimeError:  # changed by another thread between the two calls
+            last = None
+        if last != name:
+            with registry.lock:
+                if name in indexes:
+                    indexes.move_to_end(name)
+        result = _result(index, work.columns, index.row(key), self._schema)
+        assert type(result) is Rows
+        return result
 
 
 def _index_for(database: Any, registry: KeyIndexes, name: str, basis: tuple[int, int],

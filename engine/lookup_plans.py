@@ -23,6 +23,7 @@ from __future__ import annotations
 from typing import Any
 
 from engine import key_lookup
+from engine.key_lookup import KeptWay
 from grammar import ast
 from planner import planner
 from planner.catalog import SessionCatalog
@@ -41,21 +42,23 @@ def lookup_shaped(statement: ast.Statement) -> bool:
 
 
 class KeptLookupPlans:
-    """Plans of lookup statements by statement (see the module)."""
+    """Plans of lookup statements by statement (see the module), each with its
+    ``key_lookup.KeptWay`` (what its answers share on the index they come from)."""
 
     def __init__(self) -> None:
-        # id(statement) -> (the statement, the catalog's changes when planned, its plan;
-        # None: not a lookup's plan, e.g. one reading a topic of the name)
-        self._plans: dict[int, tuple[ast.Statement, int, Plan | None]] = {}
+        # id(statement) -> (the statement, the catalog's changes when planned, its plan
+        # and way; None: not a lookup's plan, e.g. one reading a topic of the name)
+        self._plans: dict[int, tuple[ast.Statement, int, tuple[Plan, KeptWay] | None]] = {}
 
     def __len__(self) -> int:
         return len(self._plans)
 
-    def plan(self, statement: ast.SqlStatement, database: Any, session: Any) -> Plan | None:
+    def plan(self, statement: ast.SqlStatement, database: Any, session: Any
+             ) -> tuple[Plan, KeptWay | None] | None:  # fmt: skip
         """``statement``'s plan if it is one of the lookup shape (kept, or planned now and
-        kept), else None (the caller runs the statement the ordinary way, which plans it
-        and reports any error). Planned with ``session``'s ``planning_catalog``, as the
-        ordinary way plans."""
+        kept) with its kept way (None for a plan not kept: planned every time), else None
+        (the caller runs the statement the ordinary way, which plans it and reports any
+        error). Planned with ``session``'s ``planning_catalog``, as the ordinary way plans."""
         changes = database.catalog.changes
         kept = self._plans.get(id(statement))
         if kept is not None and kept[0] is statement and kept[1] == changes:
@@ -68,11 +71,12 @@ class KeptLookupPlans:
         except Exception:  # the ordinary way plans it again and reports it
             return None
         found = key_lookup.lookup_plan(plan)
-        kept_plan: Plan | None = plan
-        if found is None:
-            kept_plan = None  # not planned again here while the topics stay as they are
-        elif names_a_topic(found[0].tables_read, catalog):
-            return plan  # may read a topic once a table is dropped: planned every time
+        kept_plan: tuple[Plan, KeptWay] | None = None
+        if found is not None:
+            if names_a_topic(found[0].tables_read, catalog):
+                return plan, None  # may read a topic once a table is dropped: planned every time
+            kept_plan = plan, KeptWay(*found)
+        # else not planned again here while the topics stay as they are
         if len(statement.sql) <= KEPT_LOOKUP_TEXT_CHARS_MAX:
             if len(self._plans) >= KEPT_LOOKUP_PLANS_MAX:
                 self._plans.clear()

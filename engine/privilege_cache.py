@@ -43,6 +43,8 @@ class _Cache:
 
     def sweep(self) -> None:
         """Forget writers whose transaction ended; then what was cached is stale."""
+        if not self.writers:
+            return
         alive = [(ref, txn) for ref, txn in self.writers
                  if (session := ref()) is not None and session.transaction is txn]  # fmt: skip
         if len(alive) != len(self.writers):
@@ -56,6 +58,9 @@ _caches_lock = threading.Lock()
 
 
 def _cache_of(database: Any) -> _Cache:
+    cache = _caches.get(database)  # made once per database: a look-up needs no lock
+    if cache is not None:
+        return cache
     with _caches_lock:
         cache = _caches.get(database)
         if cache is None:
@@ -80,6 +85,23 @@ def generation_now(database: Any) -> int:
     with cache.lock:
         cache.sweep()
         return cache.generation
+
+
+def stamp(session: Any) -> tuple[int, int] | None:
+    """What every value ``cached`` may give stands on: (the generation, the catalog's
+    count of topics created and dropped), or None while a transaction that writes owners
+    or grants is open (then nothing is cached, nor may a decision made of them be kept:
+    ``privileges.check_plan``'s memo). Taken before the values are read, a stamp that is
+    still the current one later says that no change of owners, grants, relations'
+    existence (their DDL registers as a writer) or topics began since."""
+    database = session.database
+    cache = _cache_of(database)
+    topics_changed = database.catalog.changes
+    with cache.lock:
+        cache.sweep()
+        if cache.writers:
+            return None
+        return cache.generation, topics_changed
 
 
 def cached(session: Any, key: tuple[Any, ...], read: Callable[[], Any]) -> Any:

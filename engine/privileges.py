@@ -31,6 +31,7 @@ from typing import Any
 from engine import privilege_cache, tables
 from engine.catalog import OWNER_SUPERUSER, SCHEMA
 from engine.identity import Identity
+from grammar.bounded_cache import BoundedCache
 from planner.access import (
     DATABASE_NAME,
     Access,
@@ -105,12 +106,61 @@ role_undo: weakref.WeakKeyDictionary[Any, tuple[Any, Callable[[], None]]] = (
 )
 
 
-def check_plan(plan: Plan, identity: Identity, session: Any) -> None:
-    """Refuse (42501) a plan that touches a relation ``identity`` has no privilege on."""
+def check_plan(plan: Plan, identity: Identity, session: Any,
+               memo: BoundedCache | None = None) -> None:  # fmt: skip
+    """Refuse (42501) a plan that touches a relation ``identity`` has no privilege on.
+
+    ``memo``: the session's decisions on plans it keeps and checks again on every run
+    (``Session.answer_lookup``). A plan allowed here is let through again at once while
+    the plan and the identity are the same objects (both immutable; SET ROLE and SET
+    SESSION AUTHORIZATION replace the identity) and the privilege cache's stamp stands
+    (``privilege_cache.stamp``: no GRANT, REVOKE, DDL of a relation or topic began since,
+    and no such transaction is open), and only for a decision made of nothing else
+    (``_decided_by_cache``: no view, whose owner's superuser status the users file
+    gives, no EXECUTE, no ownership test). Refusals are never kept."""
     if role_undo and session in role_undo:
         identity = _settle_role(session)
     if identity.superuser:
         return
+    stamp = None
+    if memo is not None:
+        stamp = privilege_cache.stamp(session)
+        if stamp is not None:
+            kept = memo.get(id(plan))
+            if kept is not None and kept[0] is plan and kept[1] is identity and kept[2] == stamp:
+                return
+    _check_operations(plan, identity, session)
+    if memo is not None and stamp is not None and _decided_by_cache(plan, identity, session):
+        # holds the plan (its id is not reused meanwhile) and the identity
+        memo.put(id(plan), (plan, identity, stamp), limits.DOOR_DECISION_BYTES)
+
+
+def _decided_by_cache(plan: Plan, identity: Identity, session: Any) -> bool:
+    """Whether ``check_plan``'s decision on ``plan`` (allowed) was made of the identity,
+    the plan's texts and ``_facts`` of tables alone (all under ``privilege_cache.stamp``):
+    queries only, none an EXECUTE (its statements are the session's DuckDB's), each
+    needing SELECT, INSERT, UPDATE or DELETE on relations that are tables or do not exist
+    (a view's check asks the users file whether its owner is a superuser)."""
+    for operation in plan.operations:
+        if not isinstance(operation, RunQuery) or _executed_name(operation.sql) is not None:
+            return False
+        access = relation_access(operation.sql)
+        if access.opaque is not None:
+            return False
+        for name, privilege in access.needs:
+            if privilege not in _MEMO_PRIVILEGES:
+                return False
+            found, _ = _facts(session, "relation", name, identity.name)
+            if found is not None and found[1] != "table":
+                return False
+    return True
+
+
+_MEMO_PRIVILEGES = frozenset({"SELECT", "INSERT", "UPDATE", "DELETE"})
+
+
+def _check_operations(plan: Plan, identity: Identity, session: Any) -> None:
+    """``check_plan``'s checks of every operation, for ``identity`` (no superuser)."""
     placeholders = {op.placeholder for op in plan.operations if isinstance(op, ReadRecords)}
     for operation in plan.operations:
         if isinstance(operation, ReadRecords | CommitConsumerOffsets | SetConsumerOffsets):

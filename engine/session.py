@@ -144,6 +144,8 @@ class Session:
         self._names_plain: bool | None = True
         # Plans of prepared lookups answered from an index (``answer_lookup``).
         self._lookup_plans = KeptLookupPlans()
+        # The privilege decisions of those plans (``privileges.check_plan``'s memo).
+        self.door_memo = BoundedCache("engine.session.door_memo", limits.DOOR_DECISIONS_MAX)
 
     # -- entry points -------------------------------------------------------------------
     def execute(self, sql: str, parameters: Any = None) -> list[Result]:
@@ -577,22 +579,30 @@ class Session:
         What ``execute_statement`` does for such a statement, less its general steps that
         do nothing for it: the plan is kept per statement (``engine.lookup_plans``: while
         no topic is created or dropped), and the door's checks (sandbox, privileges) run
-        on every call, as there; a refusal is left to ``execute_statement`` to report.
-        Only outside a transaction, with no stream open, on an open session."""
+        on every call, as there (a kept plan's privileges may be a memo of the decision:
+        ``privileges.check_plan``); a refusal is left to ``execute_statement`` to report.
+        The answer itself comes by the plan's kept way (``key_lookup.KeptWay``) when it
+        can, else by ``_key_lookup`` as ``execute_statement`` asks it. Only outside a
+        transaction, with no stream open, on an open session."""
         if not isinstance(statement, ast.SqlStatement) or statement.topic_scans:
             return None
         with self._lock:
             if self._closed or self._stream_open or self.state is not SessionState.IDLE:
                 return None
-            plan = self._lookup_plans.plan(statement, self.database, self)
-            if plan is None:
+            kept = self._lookup_plans.plan(statement, self.database, self)
+            if kept is None:
                 return None
+            plan, way = kept
             try:
-                self._guard(plan)
+                self._guard(plan, kept=way is not None)
             except TopicbaseError:
                 return None  # ``execute_statement`` refuses it, with the same error
             self._cancel_requested = False
             self.read_progress.reset()
+            if way is not None and self._may_look_up():
+                rows = way.answer(self.database, parameters)
+                if rows is not None:  # as ``_query_result`` makes it of the same rows
+                    return Result("SELECT 1" if rows.rows else "SELECT 0", rows)
             # Only from an index that stands: the ordinary way, which runs it otherwise,
             # asks again and counts the lookup towards a build (once).
             return self._key_lookup(plan, parameters, build=False)
@@ -629,6 +639,21 @@ class Session:
             self._names_plain = key_lookup.names_plain(self.cursor)
         return bool(self._names_plain)
 
+    def _may_look_up(self) -> bool:
+        """``_key_answer``'s conditions on the session (an autocommit statement, planned
+        and checked, of the lookup shape): no leftover views, no relation registered on
+        its connection, names that resolve as the index's build resolves them. Takes the
+        ``cursor`` as every read takes it (where a read waits for writes committed but
+        not yet in DuckDB)."""
+        if self.state is not SessionState.IDLE or self._leftover_views:
+            return False
+        if tables.has_registered(self.cursor):
+            return False
+        if self._names_plain is None:
+            # After the check above (registered relations are not counted); once.
+            self._names_plain = key_lookup.names_plain(self.cursor)
+        return bool(self._names_plain)
+
     def _key_answer(
         self, plan: Plan, parameters: Any, timeout_s: float | None = None, *, build: bool = True
     ) -> key_lookup.Answer | None:
@@ -645,12 +670,7 @@ class Session:
         # ``cursor`` as every read takes it: it opens no DuckDB transaction here (there
         # is no transaction), and it is where a read waits for writes committed but not
         # yet in DuckDB.
-        if tables.has_registered(self.cursor):
-            return None
-        if self._names_plain is None:
-            # After the check above (registered relations are not counted); once.
-            self._names_plain = key_lookup.names_plain(self.cursor)
-        if not self._names_plain:
+        if not self._may_look_up():
             return None
         ends = None if not timeout_s else time.monotonic() + timeout_s
 
@@ -664,11 +684,16 @@ class Session:
                 raise
             raise QueryCanceledError("canceling statement due to statement timeout") from error
 
-    def _guard(self, plan: Plan) -> None:
+    def _guard(self, plan: Plan, *, kept: bool = False) -> None:
         """The door's checks, before anything of ``plan`` runs: the sandbox (what DuckDB
-        may be asked to do at all) and then privileges (what this identity may touch)."""
+        may be asked to do at all) and then privileges (what this identity may touch).
+        ``kept``: ``plan`` is a plan this session keeps and checks again on every run
+        (``answer_lookup``), whose privilege decision may be kept (``door_memo``)."""
         sandbox.check_plan(plan, self.identity)
-        privileges.check_plan(plan, self.identity, self)
+        if kept:
+            privileges.check_plan(plan, self.identity, self, memo=self.door_memo)
+        else:
+            privileges.check_plan(plan, self.identity, self)
 
     def check_duration(self) -> None:
         """``_check_duration`` for a front that reads from the session's DuckDB cursor

@@ -368,3 +368,9 @@ PREPARED_STATEMENTS_PER_CONNECTION_MAX = 10_000
 PREPARED_TEXT_CHARS_PER_CONNECTION_MAX = 16 * MIB
 # Named portals (Bind with a name) one wire connection holds at once, as for cursors.
 PORTALS_PER_CONNECTION_MAX = 1000
+
+# -- the door's memo (engine.privileges.check_plan, round 10 of docs/statement_cost.md) --
+# Privilege decisions a session keeps for the plans it keeps (``Session.answer_lookup``):
+# at most this many, each holding its plan (kept beside it anyway) and a few small values.
+DOOR_DECISIONS_MAX = 16
+DOOR_DECISION_BYTES = 512
