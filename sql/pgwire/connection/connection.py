@@ -855,23 +855,31 @@ class Connection(ExtendedProtocol):
                 await self.call(stream.close)
         self.send(m.command_complete(f"SELECT {stream.row_count}"))
 
+    def send_small_rows(self, table: pa.Table | Rows, oids: list[int], formats: list[int]
+                        ) -> bool:  # fmt: skip
+        """``send_rows`` of a result of a few values (SELECT 1, a lookup by key), done here
+        (True), or False: the result is bigger. Encoding them value by value here costs
+        microseconds, a hop to the worker thread and back several hundred; called without
+        a coroutine, as a lookup's Execute calls it."""
+        if table.num_rows * max(table.num_columns, 1) > INLINE_VALUES:
+            return False
+        if isinstance(table, Rows):
+            fields = wire_types.encode_value_rows(table.rows, oids, formats)
+        else:
+            fields = wire_types.encode_rows(table, oids, formats)
+        if len(fields) == 1:  # a lookup's one row
+            self.send(m.data_row(fields[0]))
+        else:
+            self.send(b"".join([m.data_row(row) for row in fields]))
+        return True
+
     async def send_rows(self, table: pa.Table | Rows, oids: list[int], formats: list[int]
                         ) -> None:  # fmt: skip
         """DataRow messages of ``table``: each chunk's per-value encoding runs on the worker
         thread, then its messages are joined and written a block (<= 120 KiB) at a time,
         draining between blocks, so neither we nor the transport hold a chunk-sized buffer
         (``codec.row_encoding``: with default malloc settings those fault in fresh pages)."""
-        if table.num_rows * max(table.num_columns, 1) <= INLINE_VALUES:
-            # A few values (SELECT 1, a lookup by key): encoding them value by value here
-            # costs microseconds, a hop to the worker thread and back several hundred.
-            if isinstance(table, Rows):
-                fields = wire_types.encode_value_rows(table.rows, oids, formats)
-            else:
-                fields = wire_types.encode_rows(table, oids, formats)
-            if len(fields) == 1:  # a lookup's one row
-                self.send(m.data_row(fields[0]))
-            else:
-                self.send(b"".join([m.data_row(row) for row in fields]))
+        if self.send_small_rows(table, oids, formats):
             return
         if isinstance(table, Rows):
             table = table.to_arrow()

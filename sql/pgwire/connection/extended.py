@@ -168,6 +168,7 @@ class ExtendedProtocol:
     send: Callable[[bytes], None]
     log_statement: Callable[[str], None]
     send_rows: Callable[[pa.Table | Rows, list[int], list[int]], Awaitable[None]]
+    send_small_rows: Callable[[pa.Table | Rows, list[int], list[int]], bool]
     _refuse_result: Callable[[Result], Awaitable[None]]
     _session: Callable[[], Session]
 
@@ -367,6 +368,13 @@ class ExtendedProtocol:
         statement = prepared.statement
         assert statement is not None
         self._revalidate(prepared)
+        if prepared.lookup is None:
+            prepared.lookup = lookup_shaped(statement)
+        if prepared.lookup:  # answered from an index, if one; such a text reads no topic,
+            # so ``copy_commit.hold`` holds nothing for it (and no literal row is kept)
+            result = self.catalog.answer_lookup(self._session(), statement, parameters)
+            if result is not None:
+                return self._described(prepared, result, copy_commit.Held(self.context, False))
         held = copy_commit.hold(self.context, statement)
         try:  # anything raised before the return reaches the caller: nobody else rolls back
             session = self._session()
@@ -374,20 +382,21 @@ class ExtendedProtocol:
             if not held.began and not parameters:  # a kept literal row, if it is one
                 result = self.catalog.answer_literal(session, statement)
             if result is None:
-                if prepared.lookup is None:
-                    prepared.lookup = lookup_shaped(statement)
-                if prepared.lookup and not held.began:  # answered from an index, if one
-                    result = self.catalog.answer_lookup(session, statement, parameters)
-            if result is None:
                 result = self.catalog.execute(session, statement, parameters)
-            if prepared.columns is not None or result.rows is not None:
-                # ``Rows``' string columns are DuckDB's VARCHAR: nothing to tell apart
-                return result, None, held
-            description = self.text_description(statement, result_rows(result), wire=False)
-            return result, description, held
+            return self._described(prepared, result, held)
         except BaseException:
             held.rollback()
             raise
+
+    def _described(self, prepared: Prepared, result: Result, held: copy_commit.Held
+                   ) -> tuple[Result, Description | None, copy_commit.Held]:  # fmt: skip
+        """``_execute_prepared``'s answer for ``result``: with the description of its text
+        columns when the statement was not described and its rows are not ``Rows``."""
+        if prepared.columns is not None or result.rows is not None:
+            # ``Rows``' string columns are DuckDB's VARCHAR: nothing to tell apart
+            return result, None, held
+        description = self.text_description(prepared.statement, result_rows(result), wire=False)
+        return result, description, held
 
     async def settle_held(self, portal: Portal | None = None) -> copy_commit.Held | None:
         """The held transaction of ``portal`` (taken off the connection: the caller commits
@@ -610,7 +619,8 @@ class ExtendedProtocol:
             self.held = (portal, held)  # more Executes to come: held until the last one
             held = None
         try:
-            await self.send_rows(rows, portal.oids, portal.formats)
+            if held is not None or not self.send_small_rows(rows, portal.oids, portal.formats):
+                await self.send_rows(rows, portal.oids, portal.formats)
             if held is not None:  # every row is out: commit before CommandComplete
                 await self.writer.drain()  # handed to the kernel (the commit blocks the loop)
                 await self.call(held.commit)
