@@ -627,13 +627,14 @@ class KeptWay:
     index is freed as ever (the cap on the indexes' bytes stands). Not thread-safe: one
     per kept plan of one session, used under the session's lock."""
 
-    __slots__ = ("_index", "_name", "_names", "_schema", "_shape", "_work")
+    __slots__ = ("_index", "_name", "_names", "_registry", "_schema", "_shape", "_work")
 
     def __init__(self, query: RunQuery, shape: LookupShape) -> None:
         self._shape = shape
         self._name = fold(shape.table)
         self._names = query.column_names
         self._index: weakref.ref[_Index] | None = None
+        self._registry: tuple[Any, KeyIndexes] | None = None  # (database, its indexes)
         self._work: _ShapeWork | None = None
         self._schema: pa.Schema | None = None
 
@@ -644,7 +645,10 @@ class KeptWay:
         if _cap_or_off() == 0:
             return None
         name = self._name
-        registry = indexes_of(database)
+        kept = self._registry
+        if kept is None or kept[0] is not database:
+            kept = self._registry = (database, indexes_of(database))
+        registry = kept[1]
         index = registry.indexes.get(name)
         if index is None:
             return None

@@ -728,11 +728,17 @@ class Connection(ExtendedProtocol):
             self.skipping = True
         return True
 
+    def result_within_limit(self, result: Result) -> bool:
+        """True if ``result``'s ``Rows`` are within ``result_bytes_max`` whatever their
+        Arrow table's size (left unbuilt): ``_refuse_result`` has nothing to refuse, and
+        need not be awaited (a lookup's portal asks this first)."""
+        rows = result.rows
+        return rows is not None and _bytes_bound(rows) <= self.server.limits.result_bytes_max
+
     async def _refuse_result(self, result: Result) -> None:
         """Raise 54000 for a result over ``result_bytes_max``, failing an open transaction
         so that a refused consumer read never commits its offsets."""
-        rows = result.rows
-        if rows is not None and _bytes_bound(rows) <= self.server.limits.result_bytes_max:
+        if self.result_within_limit(result):
             return  # within the limit whatever its Arrow table's size: left unbuilt
         error = wire_limits.result_error(result.table, self.server.limits)
         if error is not None:

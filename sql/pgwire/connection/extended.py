@@ -170,6 +170,7 @@ class ExtendedProtocol:
     send_rows: Callable[[pa.Table | Rows, list[int], list[int]], Awaitable[None]]
     send_small_rows: Callable[[pa.Table | Rows, list[int], list[int]], bool]
     _refuse_result: Callable[[Result], Awaitable[None]]
+    result_within_limit: Callable[[Result], bool]
     _session: Callable[[], Session]
 
     def _query_of(self, kind: bytes, body: bytes) -> str | None:
@@ -332,7 +333,8 @@ class ExtendedProtocol:
             self.skipping = True
             return False
         try:
-            await self._refuse_result(result)
+            if not self.result_within_limit(result):
+                await self._refuse_result(result)
         except BaseException:
             await self.settle_held()
             raise
