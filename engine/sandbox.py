@@ -130,9 +130,17 @@ _REFUSED_TYPES = {
 def check_plan(plan: Plan, identity: Identity) -> None:
     """Refuse (42501) a plan that would reach host files, the network, another database,
     a global setting or the internal catalog; 54001 for a statement too deeply nested."""
+    superuser = identity.superuser
     for operation in plan.operations:
         if isinstance(operation, RunQuery):
-            check_sql(operation.sql, superuser=identity.superuser)
+            sql = operation.sql
+            try:  # ``check_sql``'s first steps, for the usual answer: allowed
+                allowed = (len(sql) <= CACHED_SQL_CHARS_MAX
+                           and _cached_refusal(sql, superuser) is None)  # fmt: skip
+            except RecursionError:
+                allowed = False  # ``check_sql`` says why (54001)
+            if not allowed:
+                check_sql(sql, superuser=superuser)
 
 
 def check_sql(sql: str, *, superuser: bool) -> None:

@@ -33,16 +33,26 @@ def duckdb_literal_runs(monkeypatch: pytest.MonkeyPatch) -> list[str]:
 
 @pytest.fixture
 def index_answers(monkeypatch: pytest.MonkeyPatch) -> list[bool]:
-    """One entry per lookup asked of ``key_lookup.answer``: whether the index answered."""
+    """One entry per lookup asked of an index, by ``key_lookup.answer`` or by a kept
+    plan's ``key_lookup.KeptWay``: whether the index answered (a kept way's None is
+    followed by ``answer``'s entry)."""
     answered: list[bool] = []
     original = key_lookup.answer
+    kept = key_lookup.KeptWay.answer
 
     def spying(*arguments: Any, **options: Any) -> Any:
         result = original(*arguments, **options)
         answered.append(result is not None)
         return result
 
+    def spying_kept(*arguments: Any) -> Any:
+        result = kept(*arguments)
+        if result is not None:
+            answered.append(True)
+        return result
+
     monkeypatch.setattr(key_lookup, "answer", spying)
+    monkeypatch.setattr(key_lookup.KeptWay, "answer", spying_kept)
     return answered
 
 

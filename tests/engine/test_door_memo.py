@@ -1,0 +1,180 @@
+"""The door's memo (``privileges.check_plan`` with a session's ``door_memo``): the privilege
+decision on a plan a session keeps and checks again on every run (``Session.answer_lookup``)
+is kept only while nothing it was made of can have changed, and every change that can alter
+it takes effect at the very next check: a REVOKE or GRANT from another session (committed,
+or still open), a DROP and CREATE of a table of the same name, a change of role (SET ROLE:
+a new identity), a view's owner becoming an ordinary user in the users file (decisions
+through a view are never kept), and a refusal is never kept."""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from typing import Any
+
+import pytest
+
+from engine import privileges
+from engine.database import Database
+from engine.identity import Identity
+from engine.session import Session
+from grammar.bounded_cache import BoundedCache
+from grammar.parse import parse
+from planner import planner
+from planner.operations import Plan
+from storage.errors import InsufficientPrivilegeError
+from storage.limits import DOOR_DECISIONS_MAX
+
+ALICE = Identity("alice", superuser=False)
+CAROL = Identity("carol", superuser=False)
+
+
+@pytest.fixture
+def root(session: Session) -> Session:
+    session.execute("CREATE TABLE kv (k BIGINT PRIMARY KEY, v VARCHAR)")
+    session.execute("INSERT INTO kv VALUES (1, 'one')")
+    session.execute("GRANT SELECT ON kv TO alice")
+    return session
+
+
+@pytest.fixture
+def alice(root: Session, database: Database) -> Iterator[Session]:
+    connected = database.connect(ALICE)
+    yield connected
+    connected.close()
+
+
+@pytest.fixture
+def checks(monkeypatch: pytest.MonkeyPatch) -> list[str]:
+    """The identity of every full check ``check_plan`` made (not answered by the memo) of
+    a plan of a lookup of ``kv`` or ``kv_view`` (not of the statements the tests run)."""
+    made: list[str] = []
+    original = privileges._check_operations
+
+    def spying(plan: Plan, identity: Identity, session: Any) -> None:
+        if any("WHERE k =" in getattr(o, "sql", "") for o in plan.operations):
+            made.append(identity.name)
+        original(plan, identity, session)
+
+    monkeypatch.setattr(privileges, "_check_operations", spying)
+    return made
+
+
+def _plan(session: Session, sql: str) -> Plan:
+    (statement,) = parse(sql)
+    return planner.plan(statement, session.planning_catalog)
+
+
+def _memo() -> BoundedCache:
+    return BoundedCache("tests.door_memo", DOOR_DECISIONS_MAX)
+
+
+def _allowed(session: Session, plan: Plan, memo: BoundedCache) -> bool:
+    try:
+        privileges.check_plan(plan, session.identity, session, memo=memo)
+    except InsufficientPrivilegeError:
+        return False
+    return True
+
+
+def test_a_kept_plan_is_checked_once_while_nothing_changes(alice: Session, checks: list[str]
+                                                           ) -> None:  # fmt: skip
+    plan, memo = _plan(alice, "SELECT v FROM kv WHERE k = 1"), _memo()
+    for _ in range(5):
+        assert _allowed(alice, plan, memo)
+    assert checks == ["alice"]
+    other = _plan(alice, "SELECT v FROM kv WHERE k = 1")  # the same text, another plan
+    assert _allowed(alice, other, memo)
+    assert checks == ["alice", "alice"]  # a plan is kept by its object, not its text
+    for _ in range(3):
+        assert _allowed(alice, other, None)  # no memo: checked every time
+    assert checks == ["alice"] * 5
+
+
+def test_a_revoke_and_a_grant_from_another_session_take_effect_at_the_next_check(
+    root: Session, alice: Session, checks: list[str]
+) -> None:
+    plan, memo = _plan(alice, "SELECT v FROM kv WHERE k = 1"), _memo()
+    assert _allowed(alice, plan, memo) and _allowed(alice, plan, memo)
+    root.execute("REVOKE SELECT ON kv FROM alice")
+    assert not _allowed(alice, plan, memo)
+    assert not _allowed(alice, plan, memo)  # a refusal is not kept: checked again
+    root.execute("GRANT SELECT ON kv TO alice")
+    assert _allowed(alice, plan, memo)
+    # A REVOKE still open in another transaction: nothing is kept meanwhile, and its
+    # COMMIT is seen at the next check.
+    root.execute("BEGIN")
+    root.execute("REVOKE SELECT ON kv FROM alice")
+    before = len(checks)
+    assert _allowed(alice, plan, memo) and _allowed(alice, plan, memo)  # not committed
+    assert len(checks) == before + 2
+    root.execute("COMMIT")
+    assert not _allowed(alice, plan, memo)
+
+
+def test_a_table_dropped_and_created_again_under_its_name_is_checked_again(
+    root: Session, alice: Session
+) -> None:
+    plan, memo = _plan(alice, "SELECT v FROM kv WHERE k = 1"), _memo()
+    assert _allowed(alice, plan, memo) and _allowed(alice, plan, memo)
+    root.execute("DROP TABLE kv")
+    root.execute("CREATE TABLE kv (k BIGINT PRIMARY KEY, v VARCHAR)")  # no grant on it
+    assert not _allowed(alice, plan, memo)
+
+
+def test_a_new_identity_is_checked_again(root: Session, database: Database,
+                                         checks: list[str]) -> None:  # fmt: skip
+    plan, memo = _plan(root, "SELECT v FROM kv WHERE k = 1"), _memo()
+    root.execute("SET ROLE alice")  # a superuser may become anyone
+    assert root.identity == ALICE
+    assert _allowed(root, plan, memo) and _allowed(root, plan, memo)
+    assert checks == ["alice"]
+    root.execute("SET ROLE carol")  # no grant
+    assert not _allowed(root, plan, memo)
+    root.execute("SET ROLE alice")
+    assert _allowed(root, plan, memo)
+    # An equal identity that is another object (a session of its own) is checked too.
+    carol_named_alice = database.connect(Identity("alice", superuser=False))
+    try:
+        assert _allowed(carol_named_alice, plan, memo)
+    finally:
+        carol_named_alice.close()
+    assert checks == ["alice", "carol", "alice", "alice"]
+
+
+def test_a_decision_through_a_view_is_never_kept(root: Session, alice: Session,
+                                                 database: Database, checks: list[str]
+                                                 ) -> None:  # fmt: skip
+    superusers = {"vic"}
+    privileges.use_role_lookup(database, lambda name: name in superusers)
+    root.execute("SET ROLE vic")
+    root.execute("CREATE VIEW kv_view AS SELECT k, v FROM kv")  # owned by vic
+    root.execute("GRANT SELECT ON kv_view TO alice")
+    root.execute("RESET ROLE")
+    plan, memo = _plan(alice, "SELECT v FROM kv_view WHERE k = 1"), _memo()
+    assert _allowed(alice, plan, memo) and _allowed(alice, plan, memo)
+    assert len(checks) == 2  # the view's owner is asked of the users file every time
+    superusers.clear()  # vic is an ordinary user now, without SELECT on kv
+    assert not _allowed(alice, plan, memo)
+
+
+def test_the_memo_is_bounded(alice: Session) -> None:
+    memo = _memo()
+    plans = [_plan(alice, f"SELECT v FROM kv WHERE k = {i}") for i in range(3 * DOOR_DECISIONS_MAX)]
+    for plan in plans:
+        assert _allowed(alice, plan, memo)
+    assert len(memo._entries) == DOOR_DECISIONS_MAX
+    assert len(alice.door_memo._entries) == 0  # only kept plans fill a session's memo
+
+
+def test_answer_lookup_keeps_its_decision_and_a_revoke_reaches_the_next_call(
+    root: Session, alice: Session, checks: list[str]
+) -> None:
+    (statement,) = parse("SELECT v FROM kv WHERE k = $1")
+    for _ in range(3):
+        alice.answer_lookup(statement, [1])
+    assert checks == ["alice"]  # kept after the first
+    assert len(alice.door_memo._entries) == 1
+    root.execute("REVOKE SELECT ON kv FROM alice")
+    assert alice.answer_lookup(statement, [1]) is None  # refused: left to the ordinary way
+    with pytest.raises(InsufficientPrivilegeError):
+        alice.execute_statement(statement, [1])
