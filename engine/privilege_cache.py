@@ -57,14 +57,21 @@ _caches: weakref.WeakKeyDictionary[Any, _Cache] = weakref.WeakKeyDictionary()
 _caches_lock = threading.Lock()
 
 
+# The database last asked for and its cache: a process serves one database, and a
+# ``WeakKeyDictionary`` look-up makes a weak reference and runs Python code every time.
+_last: tuple[weakref.ref[Any], _Cache] | None = None
+
+
 def _cache_of(database: Any) -> _Cache:
-    cache = _caches.get(database)  # made once per database: a look-up needs no lock
-    if cache is not None:
-        return cache
+    global _last
+    last = _last
+    if last is not None and last[0]() is database:
+        return last[1]
     with _caches_lock:
         cache = _caches.get(database)
         if cache is None:
             cache = _caches[database] = _Cache()
+        _last = (weakref.ref(database), cache)
         return cache
 
 

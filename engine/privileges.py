@@ -159,11 +159,16 @@ def _decided_by_cache(plan: Plan, identity: Identity, session: Any) -> bool:
 _MEMO_PRIVILEGES = frozenset({"SELECT", "INSERT", "UPDATE", "DELETE"})
 
 
+_TOPIC_READS = (ReadRecords, CommitConsumerOffsets, SetConsumerOffsets)
+
+
 def _check_operations(plan: Plan, identity: Identity, session: Any) -> None:
     """``check_plan``'s checks of every operation, for ``identity`` (no superuser)."""
     placeholders = {op.placeholder for op in plan.operations if isinstance(op, ReadRecords)}
     for operation in plan.operations:
-        if isinstance(operation, ReadRecords | CommitConsumerOffsets | SetConsumerOffsets):
+        if type(operation) is RunQuery:  # the usual operation, first (a class of its own)
+            _check_query(session, identity, operation, placeholders)
+        elif isinstance(operation, _TOPIC_READS):
             _require_topic(session, identity, operation.topic, "SELECT")
         elif isinstance(operation, AppendRecords):
             _require_topic(session, identity, operation.topic, "INSERT")
