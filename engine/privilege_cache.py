@@ -104,6 +104,11 @@ def stamp(session: Any) -> tuple[int, int] | None:
     database = session.database
     cache = _cache_of(database)
     topics_changed = database.catalog.changes
+    if not cache.writers:
+        # No writer registered (read before the generation: ``note_write`` appends its
+        # writer first, and a writer that ended stays listed until a sweep under the
+        # lock): the generation as it stands, without the lock.
+        return cache.generation, topics_changed
     with cache.lock:
         cache.sweep()
         if cache.writers:

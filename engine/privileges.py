@@ -118,7 +118,9 @@ def check_plan(plan: Plan, identity: Identity, session: Any,
     and no such transaction is open), and only for a decision made of nothing else
     (``_decided_by_cache``: no view, whose owner's superuser status the users file
     gives, no EXECUTE, no ownership test). Refusals are never kept."""
-    if role_undo and session in role_undo:
+    # ``role_undo.data``: its dict, whose emptiness costs no Python call (``len`` of the
+    # WeakKeyDictionary runs one); a dead entry only sends us to the exact test.
+    if role_undo.data and session in role_undo:
         identity = _settle_role(session)
     if identity.superuser:
         return
