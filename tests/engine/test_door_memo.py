@@ -23,6 +23,7 @@ from planner import planner
 from planner.operations import Plan
 from storage.errors import InsufficientPrivilegeError
 from storage.limits import DOOR_DECISIONS_MAX
+from tests.key_lookup_spy import served_lookups
 
 ALICE = Identity("alice", superuser=False)
 CAROL = Identity("carol", superuser=False)
@@ -167,14 +168,19 @@ def test_the_memo_is_bounded(alice: Session) -> None:
 
 
 def test_answer_lookup_keeps_its_decision_and_a_revoke_reaches_the_next_call(
-    root: Session, alice: Session, checks: list[str]
+    root: Session, alice: Session, checks: list[str], monkeypatch: pytest.MonkeyPatch
 ) -> None:
+    served_lookups(monkeypatch)  # indexes built at the first lookup
     (statement,) = parse("SELECT v FROM kv WHERE k = $1")
+    root.execute_statement(statement, [1])  # builds kv's index
     for _ in range(3):
-        alice.answer_lookup(statement, [1])
+        answered = alice.answer_lookup(statement, [1])  # from the index
+        assert answered is not None and answered.table.to_pylist() == [{"v": "one"}]
     assert checks == ["alice"]  # kept after the first
     assert len(alice.door_memo._entries) == 1
     root.execute("REVOKE SELECT ON kv FROM alice")
+    root.execute_statement(statement, [1])  # the index built again after the REVOKE
+    assert root.answer_lookup(statement, [1]) is not None
     assert alice.answer_lookup(statement, [1]) is None  # refused: left to the ordinary way
     with pytest.raises(InsufficientPrivilegeError):
         alice.execute_statement(statement, [1])
