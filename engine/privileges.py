@@ -117,7 +117,10 @@ def check_plan(plan: Plan, identity: Identity, session: Any,
     (``privilege_cache.stamp``: no GRANT, REVOKE, DDL of a relation or topic began since,
     and no such transaction is open), and only for a decision made of nothing else
     (``_decided_by_cache``: no view, whose owner's superuser status the users file
-    gives, no EXECUTE, no ownership test). Refusals are never kept."""
+    gives, no EXECUTE, no ownership test), and only while the session's names resolve
+    plainly (``Session.names_resolve_plainly``: else a name is checked wherever DuckDB may
+    find it, and the session's temporary views too, read from DuckDB every time).
+    Refusals are never kept."""
     # ``role_undo.data``: its dict, whose emptiness costs no Python call (``len`` of the
     # WeakKeyDictionary runs one); a dead entry only sends us to the exact test.
     if role_undo.data and session in role_undo:
@@ -125,7 +128,7 @@ def check_plan(plan: Plan, identity: Identity, session: Any,
     if identity.superuser:
         return
     stamp = None
-    if memo is not None:
+    if memo is not None and session.names_resolve_plainly():
         stamp = privilege_cache.stamp(session)
         if stamp is not None:
             kept = memo.get(id(plan))
@@ -142,7 +145,10 @@ def _decided_by_cache(plan: Plan, identity: Identity, session: Any) -> bool:
     the plan's texts and ``_facts`` of tables alone (all under ``privilege_cache.stamp``):
     queries only, none an EXECUTE (its statements are the session's DuckDB's), each
     needing SELECT, INSERT, UPDATE or DELETE on relations that are tables or do not exist
-    (a view's check asks the users file whether its owner is a superuser)."""
+    (a view's check asks the users file whether its owner is a superuser), in a session
+    whose names resolve plainly (each name was checked as itself alone)."""
+    if not session.names_resolve_plainly():
+        return False
     for operation in plan.operations:
         if not isinstance(operation, RunQuery) or _executed_name(operation.sql) is not None:
             return False

@@ -184,3 +184,18 @@ def test_answer_lookup_keeps_its_decision_and_a_revoke_reaches_the_next_call(
     assert alice.answer_lookup(statement, [1]) is None  # refused: left to the ordinary way
     with pytest.raises(InsufficientPrivilegeError):
         alice.execute_statement(statement, [1])
+
+
+def test_a_session_whose_names_stop_resolving_plainly_is_checked_again(
+    root: Session, alice: Session, checks: list[str]
+) -> None:
+    root.execute("CREATE SCHEMA s")
+    root.execute("CREATE TABLE s.kv (k BIGINT PRIMARY KEY, v VARCHAR)")  # no grant on it
+    plan, memo = _plan(alice, "SELECT v FROM kv WHERE k = 1"), _memo()
+    assert _allowed(alice, plan, memo) and _allowed(alice, plan, memo)
+    assert checks == ["alice"]
+    alice.execute("SET search_path = 's'")  # kv may now be s.kv: both are checked
+    assert not _allowed(alice, plan, memo)
+    assert not _allowed(alice, plan, memo)
+    alice.execute("SET search_path = 'main'")
+    assert _allowed(alice, plan, memo)
