@@ -656,6 +656,8 @@ class KeptWay:
             work = _shape_work(index, self._shape)
             if work.schema is None or work.columns is None:
                 return None  # DuckDB's Arrow, or no such column: ``answer``'s
+            if not _keeps_shape(work):
+                return None  # too wide to hold per plan (review R1-4): ``answer``'s
             schema = work.schema
             names = self._names
             if names is not None and len(names) == len(schema) != 0:  # as _query_result
@@ -987,15 +989,27 @@ def _shape_work(index: _Index, shape: LookupShape) -> _ShapeWork:
         schema = tables.row_schema([(name, index.types[i]) for i, name in columns])
         duckdb_types = tuple(index.types[i] for i, _ in columns)
     work = _ShapeWork(shape, key_equalities, columns, schema, duckdb_types)
-    literals = sum(len(str(value.literal)) for _, value in shape.equalities
-                   if value.parameter is None)  # fmt: skip
-    projected = 0 if columns is None else len(columns)
     # a text's big string literal, or a projection of very many columns, is not held
-    if literals <= _SHAPE_LITERAL_CHARS_MAX and projected <= _SHAPE_COLUMNS_MAX:
+    if _keeps_shape(work):
         # the shape is pinned here (held beside its id): its columns, and the schema's
-        cost = SCHEMA_COLUMN_BYTES * (2 * projected + len(shape.equalities)) + 4 * literals
+        projected = 0 if columns is None else len(columns)
+        cost = (SCHEMA_COLUMN_BYTES * (2 * projected + len(shape.equalities))
+                + 4 * _literal_chars(shape))  # fmt: skip
         index.shapes.put(id(shape), work, cost)
     return work
+
+
+def _literal_chars(shape: LookupShape) -> int:
+    return sum(len(str(value.literal)) for _, value in shape.equalities
+               if value.parameter is None)  # fmt: skip
+
+
+def _keeps_shape(work: _ShapeWork) -> bool:
+    """Whether ``work`` is small enough to be held (on its index, or by a kept plan's
+    ``KeptWay``): its literals and its projected columns within their bounds."""
+    projected = 0 if work.columns is None else len(work.columns)
+    return (projected <= _SHAPE_COLUMNS_MAX
+            and _literal_chars(work.shape) <= _SHAPE_LITERAL_CHARS_MAX)  # fmt: skip
 
 
 def _bound_key(index: _Index, shape: LookupShape, parameters: Any,

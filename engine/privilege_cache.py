@@ -48,9 +48,12 @@ class _Cache:
         alive = [(ref, txn) for ref, txn in self.writers
                  if (session := ref()) is not None and session.transaction is txn]  # fmt: skip
         if len(alive) != len(self.writers):
-            self.writers = alive
+            # The generation moves before the list shrinks: ``stamp`` reads the list
+            # without the lock, and one that sees it emptied must see the new generation
+            # too (else a memo kept under the old one would match after the change).
             self.generation += 1
             self.values.clear()
+            self.writers = alive
 
 
 _caches: weakref.WeakKeyDictionary[Any, _Cache] = weakref.WeakKeyDictionary()

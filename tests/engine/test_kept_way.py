@@ -103,3 +103,22 @@ def test_the_cap_variable_is_read_on_every_answer(kv: Session, served: list[int]
     answered = kv.answer_lookup(statement, [4])
     assert answered is not None and _rows(answered) == [("v4",)]
     assert len(ways) == 2
+
+
+def test_a_kept_way_holds_nothing_of_a_shape_too_wide_to_keep(
+    session: Session, served: list[int], ways: list[int]
+) -> None:
+    """Review R1-4: a short text (``SELECT *``) of a wide table projects more columns than a
+    kept shape may hold; its kept plan answers the ordinary way and holds no work or
+    schema of them (each would be per plan, per session, outside any byte bound)."""
+    columns = ", ".join(f"c{i} INTEGER" for i in range(key_lookup._SHAPE_COLUMNS_MAX + 1))
+    session.execute(f"CREATE TABLE wide (k BIGINT PRIMARY KEY, {columns})")
+    session.execute("INSERT INTO wide (k) SELECT i FROM range(50) t(i)")
+    statement = _statement("SELECT * FROM wide WHERE k = $1")
+    session.execute_statement(statement, [1])  # builds the index
+    for key in (1, 2, 3):
+        answered = session.answer_lookup(statement, [key])
+        assert answered is not None and _rows(answered)[0][0] == key
+    assert ways == []  # the ordinary way answered
+    kept = [way for way in gc.get_objects() if isinstance(way, key_lookup.KeptWay)]
+    assert kept and all(way._work is None and way._schema is None for way in kept)
