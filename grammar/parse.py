@@ -106,6 +106,10 @@ def _parse_statement(source: SourceText, start: int, end: int) -> Statement:
         return parse_insert(source, start, end)
     if words[:2] == ["DESCRIBE", "TOPIC"] and len(head) < 3:
         return parse_sql(source, start, end)  # DuckDB's DESCRIBE of a table "topic"
+    if words[0] == "ROLLBACK" and "TO" in words[1:]:
+        # ROLLBACK [WORK | TRANSACTION] TO [SAVEPOINT] name: not a transaction's end;
+        # the fronts answer it (the wire: 25P01 / 3B001 / 0A000), DuckDB refuses it.
+        return parse_sql(source, start, end)
     if words[0] in _LARK_HEADS or " ".join(words[:2]) in _LARK_HEADS:
         return parse_with_grammar(source, start, end, source.text[start:end])
     if words[0] in ("GRANT", "REVOKE") or _is_role_statement(words):

@@ -9,9 +9,11 @@
   a ``SET`` made in the transaction.
 - ``SAVEPOINT`` and ``RELEASE [SAVEPOINT]`` are accepted inside a transaction block and
   remembered by name; they mark nothing (DuckDB has no savepoints). ``ROLLBACK TO
-  SAVEPOINT`` never reaches this module: the grammar refuses it (42601), which fails the
-  transaction, so work since the savepoint is never silently kept or lost. SQLAlchemy's
-  connect sequence (SAVEPOINT, a ``pg_type`` look-up, RELEASE) needs only the first two.
+  [SAVEPOINT]`` answers as PostgreSQL does where it can: 25P01 outside a block, 3B001 for
+  a name not remembered (in a failed block too); to a remembered name it is refused
+  (0A000), which fails the transaction, so work since the savepoint is never silently
+  kept or lost. SQLAlchemy's connect sequence (SAVEPOINT, a ``pg_type`` look-up, RELEASE)
+  needs only the first two.
 - ``DEALLOCATE name|ALL`` drops the connection's prepared statements (psycopg sends
   ``DEALLOCATE ALL``); ``DISCARD ALL`` also resets the settings.
 - ``CREATE TABLE`` with ``SERIAL``/``BIGSERIAL`` columns (SQLAlchemy's integer primary
@@ -48,6 +50,7 @@ from sql.pgwire.emulation.pg_settings import PgSettings
 from sql.pgwire.emulation.setting_changes import SettingChanges
 from storage.errors import (
     ActiveSqlTransactionError,
+    FeatureNotSupportedError,
     NoActiveSqlTransactionError,
     QueryCanceledError,
     SqlSyntaxError,
@@ -62,7 +65,9 @@ class InvalidSavepointError(TopicbaseError):
 
 
 _SESSION_COMMAND = re.compile(
-    r"^\s*(SET|RESET|SHOW|SAVEPOINT|RELEASE|DEALLOCATE|DISCARD)\b", re.IGNORECASE
+    r"^\s*(SET|RESET|SHOW|SAVEPOINT|RELEASE|DEALLOCATE|DISCARD"
+    r"|ROLLBACK\s+(?:(?:WORK|TRANSACTION)\s+)?TO)\b",
+    re.IGNORECASE,
 )
 _NAME = r"(\"(?:[^\"]|\"\")+\"|\w+)"  # an identifier, maybe "quoted"
 _DEALLOCATE = re.compile(r"^\s*DEALLOCATE\s+(?:PREPARE\s+)?" + _NAME + r"\s*;?\s*$", re.IGNORECASE)
@@ -83,6 +88,14 @@ _SET_SPECIAL = re.compile(
 )
 _SAVEPOINT = re.compile(r"^\s*SAVEPOINT\s+" + _NAME + r"\s*;?\s*$", re.IGNORECASE)
 _RELEASE = re.compile(r"^\s*RELEASE\s+(?:SAVEPOINT\s+)?" + _NAME + r"\s*;?\s*$", re.IGNORECASE)
+_ROLLBACK_TO = re.compile(
+    r"^\s*ROLLBACK\s+(?:(?:WORK|TRANSACTION)\s+)?TO\s+(?:SAVEPOINT\s+)?" + _NAME + r"\s*;?\s*$",
+    re.IGNORECASE,
+)
+# the command's name in PostgreSQL's messages, by its first word
+_SAVEPOINT_COMMANDS = {
+    "SAVEPOINT": "SAVEPOINT", "RELEASE": "RELEASE SAVEPOINT", "ROLLBACK": "ROLLBACK TO SAVEPOINT"
+}  # fmt: skip
 _SERIAL = re.compile(r"\b(SMALL|BIG)?SERIAL\b", re.IGNORECASE)
 _CREATE_TABLE = re.compile(r"^\s*CREATE\s+(?:TEMP\w*\s+)?TABLE\b", re.IGNORECASE)
 _SERIAL_TYPES = {"SMALLSERIAL": "SMALLINT", "SERIAL": "INTEGER", "BIGSERIAL": "BIGINT"}
@@ -216,7 +229,9 @@ class ConnectionCatalog:
                 or _goes_unchanged(statement.sql)):  # fmt: skip
             return self._run_with_timeout(session, statement, parameters)
         sql = statement.sql
-        if session.state is not SessionState.FAILED and _SESSION_COMMAND.match(sql):
+        command = _SESSION_COMMAND.match(sql)
+        if command is not None and (session.state is not SessionState.FAILED
+                                    or command.group(1)[:8].upper() == "ROLLBACK"):  # fmt: skip
             result = self._session_command(session, sql)
             if result is not None:
                 return result
@@ -393,19 +408,27 @@ class ConnectionCatalog:
             del self.prepared[name]
 
     def _savepoint(self, session: Session, sql: str, word: str) -> Result | None:
-        pattern = _SAVEPOINT if word == "SAVEPOINT" else _RELEASE
+        """SAVEPOINT, RELEASE and ROLLBACK TO; the only one of them run in a failed
+        transaction is ROLLBACK TO (``_execute``)."""
+        pattern = {"SAVEPOINT": _SAVEPOINT, "RELEASE": _RELEASE, "ROLLBACK": _ROLLBACK_TO}[word]
+        command = _SAVEPOINT_COMMANDS[word]
         match = pattern.match(sql)
         if match is None:
-            raise SqlSyntaxError(f"syntax error in {word}: expected {word} name")
+            raise SqlSyntaxError(f"syntax error in {command}: expected a savepoint name")
         name = match.group(1)
         name = name[1:-1].replace('""', '"') if name.startswith('"') else name.lower()
         if session.state is SessionState.IDLE:
-            raise NoActiveSqlTransactionError(f"{word} can only be used in transaction blocks")
+            raise NoActiveSqlTransactionError(f"{command} can only be used in transaction blocks")
         if word == "SAVEPOINT":
             self.savepoints.append(name)
             return Result("SAVEPOINT")
         if name not in self.savepoints:
             raise InvalidSavepointError(f'savepoint "{name}" does not exist')
+        if word == "ROLLBACK":  # DuckDB cannot go back to it: the block fails (_session_command)
+            raise FeatureNotSupportedError(
+                "ROLLBACK TO SAVEPOINT is not supported (savepoints mark nothing): "
+                "the transaction has failed; ROLLBACK it"
+            )
         del self.savepoints[self.savepoints.index(name):]  # fmt: skip
         return Result("RELEASE")
 

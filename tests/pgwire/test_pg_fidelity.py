@@ -1,0 +1,102 @@
+"""Error answers PostgreSQL 15 gives, checked through psycopg and psql: savepoint commands
+outside and inside a transaction block, integer parameters sent as text, Describe in a
+failed transaction. Each expectation was read off a PostgreSQL 15 server
+(``bench/postgres.py``) for the same messages."""
+
+from __future__ import annotations
+
+import os
+import shutil
+import subprocess
+
+import psycopg
+import pytest
+
+from sql.pgwire.server import ServerThread
+
+PSQL = shutil.which("psql") or "/usr/bin/psql"
+
+
+def run_psql(server: ServerThread, script: str) -> subprocess.CompletedProcess[str]:
+    """``script`` through ``psql -f -`` with SQLSTATEs shown (VERBOSITY verbose)."""
+    command = [PSQL, "-X", "-h", "127.0.0.1", "-p", str(server.port), "-U", "tester",
+               "-d", "topicbase", "-v", "VERBOSITY=verbose", "-f", "-"]  # fmt: skip
+    environment = {**os.environ, "PGCONNECT_TIMEOUT": "10", "PAGER": "", "PGSSLMODE": "disable"}
+    return subprocess.run(command, input=script, capture_output=True, text=True, timeout=60,
+                          env=environment, check=False)  # fmt: skip
+
+
+def _connect(server: ServerThread, *, autocommit: bool) -> psycopg.Connection:
+    return psycopg.connect(host="127.0.0.1", port=server.port, user="tester",
+                           dbname="topicbase", connect_timeout=10,
+                           autocommit=autocommit)  # fmt: skip
+
+
+# -- savepoint commands -------------------------------------------------------------------------
+@pytest.mark.parametrize(
+    ("text", "message"),
+    [
+        ("ROLLBACK TO SAVEPOINT a", "ROLLBACK TO SAVEPOINT can only be used in transaction blocks"),
+        ("ROLLBACK TO a", "ROLLBACK TO SAVEPOINT can only be used in transaction blocks"),
+        (
+            "ROLLBACK WORK TO SAVEPOINT a",
+            "ROLLBACK TO SAVEPOINT can only be used in transaction blocks",
+        ),
+        ("SAVEPOINT a", "SAVEPOINT can only be used in transaction blocks"),
+        ("RELEASE SAVEPOINT a", "RELEASE SAVEPOINT can only be used in transaction blocks"),
+        ("RELEASE a", "RELEASE SAVEPOINT can only be used in transaction blocks"),
+    ],
+)
+def test_savepoint_commands_outside_a_block_raise_25p01(
+    server: ServerThread, text: str, message: str
+) -> None:
+    with _connect(server, autocommit=True) as connection:
+        with pytest.raises(psycopg.errors.NoActiveSqlTransaction) as refused:
+            connection.execute(text)
+        assert refused.value.diag.message_primary == message
+        assert connection.execute("SELECT 1").fetchone() == (1,)  # the connection goes on
+
+
+def test_rollback_to_an_unknown_savepoint_raises_3b001_and_fails_the_block(
+    server: ServerThread,
+) -> None:
+    with _connect(server, autocommit=False) as connection:
+        connection.execute("SAVEPOINT a")
+        with pytest.raises(psycopg.errors.InvalidSavepointSpecification) as refused:
+            connection.execute("ROLLBACK TO SAVEPOINT nowhere")
+        assert refused.value.diag.message_primary == 'savepoint "nowhere" does not exist'
+        with pytest.raises(psycopg.errors.InFailedSqlTransaction):
+            connection.execute("SELECT 1")
+        with pytest.raises(psycopg.errors.InvalidSavepointSpecification):
+            connection.execute("ROLLBACK TO SAVEPOINT nowhere")  # failed: still 3B001
+        connection.rollback()
+        assert connection.execute("SELECT 1").fetchone() == (1,)
+
+
+def test_rollback_to_a_known_savepoint_is_refused_as_unsupported_and_keeps_nothing(
+    server: ServerThread,
+) -> None:
+    """DuckDB has no savepoints: a known one cannot be gone back to; the block fails, so
+    no work is silently kept (0A000, not a syntax error)."""
+    with _connect(server, autocommit=False) as connection:
+        connection.execute("CREATE TABLE kept (x INTEGER)")
+        connection.commit()
+        connection.execute("SAVEPOINT a")
+        connection.execute("INSERT INTO kept VALUES (1)")
+        with pytest.raises(psycopg.errors.FeatureNotSupported):
+            connection.execute("ROLLBACK TO SAVEPOINT a")
+        with pytest.raises(psycopg.errors.InFailedSqlTransaction):
+            connection.execute("SELECT 1")
+        connection.rollback()
+        assert connection.execute("SELECT count(*) FROM kept").fetchone() == (0,)
+
+
+def test_psql_shows_postgresql_s_savepoint_errors(server: ServerThread) -> None:
+    shown = run_psql(server, "ROLLBACK TO SAVEPOINT a;\nRELEASE a;\nBEGIN;\n"
+                             "ROLLBACK TO SAVEPOINT b;\nROLLBACK;\n")  # fmt: skip
+    assert "ERROR:  25P01: ROLLBACK TO SAVEPOINT can only be used in transaction blocks" \
+        in shown.stderr  # fmt: skip
+    assert "ERROR:  25P01: RELEASE SAVEPOINT can only be used in transaction blocks" \
+        in shown.stderr  # fmt: skip
+    assert 'ERROR:  3B001: savepoint "b" does not exist' in shown.stderr
+    assert shown.stdout.split() == ["BEGIN", "ROLLBACK"]
