@@ -534,6 +534,27 @@ def _function_names() -> tuple[frozenset[str], frozenset[str]]:
     )
 
 
+# DuckDB's words for a text that is no integer of a PostgreSQL integer type (its INT16,
+# INT32 and INT64 are smallint, integer and bigint; its INT8 is a TINYINT, left alone).
+_INTEGER_CONVERSION = re.compile(r"^Could not convert string '(.*)' to INT(16|32|64)$")
+_INTEGER_TYPE_NAMES = {"16": "smallint", "32": "integer", "64": "bigint"}
+# PostgreSQL 15's integer input: blanks, a sign, ASCII digits, blanks
+_POSTGRES_INTEGER = re.compile(r"\s*[+-]?[0-9]+\s*", re.ASCII)
+
+
+def _integer_conversion_error(text: str) -> errors.TopicbaseError | None:
+    """PostgreSQL's error for DuckDB's failed cast of a text to smallint, integer or bigint
+    (a text parameter, a literal): 22003 for a well-formed integer out of the type's range
+    (DuckDB reads every in-range one), else 22P02; None for any other message."""
+    match = _INTEGER_CONVERSION.match(text.split("\n", 1)[0])
+    if match is None:
+        return None
+    value, type_name = match.group(1), _INTEGER_TYPE_NAMES[match.group(2)]
+    if _POSTGRES_INTEGER.fullmatch(value):
+        return NumericOutOfRangeError(f'value "{value}" is out of range for type {type_name}')
+    return InvalidTextRepresentationError(f'invalid input syntax for type {type_name}: "{value}"')
+
+
 def translate(error: duckdb.Error) -> errors.TopicbaseError:
     """Map a DuckDB exception to a Topicbase error carrying a SQLSTATE."""
     message = str(error)
@@ -585,7 +606,7 @@ def translate(error: duckdb.Error) -> errors.TopicbaseError:
             f"DuckDB's settings are fixed by Topicbase and cannot be changed: {text}"
         )
     if isinstance(error, duckdb.ConversionException | duckdb.InvalidInputException):
-        return InvalidTextRepresentationError(text)
+        return _integer_conversion_error(text) or InvalidTextRepresentationError(text)
     if isinstance(error, duckdb.IOException):
         return errors.StorageIOError(text)
     if isinstance(error, duckdb.NotImplementedException):

@@ -100,3 +100,36 @@ def test_psql_shows_postgresql_s_savepoint_errors(server: ServerThread) -> None:
         in shown.stderr  # fmt: skip
     assert 'ERROR:  3B001: savepoint "b" does not exist' in shown.stderr
     assert shown.stdout.split() == ["BEGIN", "ROLLBACK"]
+
+
+# -- integers sent as text ----------------------------------------------------------------------
+@pytest.fixture
+def numbers(server: ServerThread) -> psycopg.Connection:
+    """An autocommit connection with ``kt (k BIGINT PRIMARY KEY, i INTEGER, s SMALLINT,
+    v VARCHAR, d DOUBLE)`` holding the rows 1 and 2."""
+    connection = _connect(server, autocommit=True)
+    connection.execute("CREATE TABLE kt (k BIGINT PRIMARY KEY, i INTEGER, s SMALLINT, "
+                       "v VARCHAR, d DOUBLE)")  # fmt: skip
+    connection.execute("INSERT INTO kt VALUES (1, 1, 1, 'a', 1), (2, 2, 2, 'b', 2)")
+    return connection
+
+
+@pytest.mark.parametrize(
+    ("text", "value", "type_name"),
+    [
+        ("SELECT v FROM kt WHERE k = %s", "9223372036854775808", "bigint"),
+        ("SELECT v FROM kt WHERE k = %s", "-9223372036854775809", "bigint"),
+        ("SELECT v FROM kt WHERE i = %s", "2147483648", "integer"),
+        ("SELECT v FROM kt WHERE s = %s", "32768", "smallint"),
+        ("INSERT INTO kt VALUES (%s, 1, 1, 'x', 0)", "9223372036854775808", "bigint"),
+        ("INSERT INTO kt (k, s) VALUES (10, %s)", " -32769 ", "smallint"),
+    ],
+)
+def test_a_text_parameter_out_of_its_integer_range_raises_22003(
+    numbers: psycopg.Connection, text: str, value: str, type_name: str
+) -> None:
+    with pytest.raises(psycopg.errors.NumericValueOutOfRange) as refused:
+        numbers.execute(text, [value])
+    assert refused.value.diag.message_primary == (
+        f'value "{value}" is out of range for type {type_name}'
+    )
