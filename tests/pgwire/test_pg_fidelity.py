@@ -114,6 +114,32 @@ def numbers(server: ServerThread) -> psycopg.Connection:
     return connection
 
 
+_BAD_INTEGER_TEXTS = ["1.5", "2.0", "1e2", "0x10", "1_000", ".5", "abc", "", " "]
+_STATEMENTS = [  # (text, the parameter's type) psycopg sends a str as an untyped parameter
+    ("SELECT v FROM kt WHERE k = %s", "bigint"),
+    ("SELECT v FROM kt WHERE i = %s", "integer"),
+    ("SELECT v FROM kt WHERE s = %s", "smallint"),
+    ("INSERT INTO kt VALUES (%s, 1, 1, 'x', 0)", "bigint"),
+    ("INSERT INTO kt (k, i) VALUES (10, %s)", "integer"),
+    ("UPDATE kt SET s = %s WHERE k = 1", "smallint"),
+]
+
+
+@pytest.mark.parametrize(("text", "type_name"), _STATEMENTS)
+@pytest.mark.parametrize("value", _BAD_INTEGER_TEXTS)
+def test_a_text_parameter_that_is_no_integer_raises_22p02(
+    numbers: psycopg.Connection, text: str, type_name: str, value: str
+) -> None:
+    with pytest.raises(psycopg.errors.InvalidTextRepresentation) as refused:
+        numbers.execute(text, [value])
+    assert refused.value.diag.message_primary == (
+        f'invalid input syntax for type {type_name}: "{value}"'
+    )
+    assert numbers.execute("SELECT k, i, s FROM kt ORDER BY k").fetchall() == [
+        (1, 1, 1), (2, 2, 2)
+    ]  # fmt: skip
+
+
 @pytest.mark.parametrize(
     ("text", "value", "type_name"),
     [
@@ -133,3 +159,50 @@ def test_a_text_parameter_out_of_its_integer_range_raises_22003(
     assert refused.value.diag.message_primary == (
         f'value "{value}" is out of range for type {type_name}'
     )
+
+
+def test_only_integer_texts_postgresql_reads_reach_an_integer(numbers: psycopg.Connection) -> None:
+    with pytest.raises(psycopg.errors.InvalidTextRepresentation):  # only the third is checked
+        numbers.execute(
+            "INSERT INTO kt VALUES (%s, %s, %s, %s, %s)", ["7", "1", "1.5", "1.5", "1.5"]
+        )
+    select = "SELECT v FROM kt WHERE k = %s"
+    assert numbers.execute(select, [" 2 "]).fetchall() == [("b",)]
+    assert numbers.execute(select, ["+2"]).fetchall() == [("b",)]
+    assert numbers.execute(select, ["9223372036854775807"]).fetchall() == []
+    assert numbers.execute("SELECT v FROM kt WHERE s = %s", ["-32768"]).fetchall() == []
+    numbers.execute(
+        "INSERT INTO kt VALUES (%s, %s, %s, %s, %s)", ["7", "32767", "-5", "1.5", "1.5"]
+    )
+    assert numbers.execute("SELECT * FROM kt WHERE k = 7").fetchall() == [
+        (7, 32767, -5, "1.5", 1.5)
+    ]
+    # a text that only looks like a number stays text where the parameter is no integer
+    assert numbers.execute("SELECT k FROM kt WHERE d = %s", ["1e0"]).fetchall() == [(1,)]
+    assert numbers.execute("SELECT %s::VARCHAR", ["0x10"]).fetchall() == [("0x10",)]
+
+
+def test_prepared_statements_check_text_integers_the_same_way(numbers: psycopg.Connection) -> None:
+    """Prepared (described once, then bound with the described types) and the unnamed path
+    give the same answers."""
+    select = "SELECT v FROM kt WHERE k = %s"
+    for _ in range(3):
+        with pytest.raises(psycopg.errors.InvalidTextRepresentation):
+            numbers.execute(select, ["1.5"], prepare=True)
+        with pytest.raises(psycopg.errors.InvalidTextRepresentation):
+            numbers.execute(select, ["1_000"], prepare=True)
+        with pytest.raises(psycopg.errors.NumericValueOutOfRange):
+            numbers.execute(select, ["9223372036854775808"], prepare=True)
+        assert numbers.execute(select, ["2"], prepare=True).fetchall() == [("b",)]
+
+
+def test_an_array_of_integer_texts_is_checked_per_element(numbers: psycopg.Connection) -> None:
+    numbers.execute("CREATE TABLE ka (a BIGINT[])")
+    with pytest.raises(psycopg.errors.InvalidTextRepresentation):
+        numbers.execute("INSERT INTO ka VALUES (%s)", ["{1,1.5}"])
+    with pytest.raises(psycopg.errors.InvalidTextRepresentation):
+        numbers.execute("INSERT INTO ka VALUES (%s)", ["{1,1_000}"])  # Python's int reads it
+    with pytest.raises(psycopg.errors.NumericValueOutOfRange):
+        numbers.execute("INSERT INTO ka VALUES (%s)", ["{1,9223372036854775808}"])
+    numbers.execute("INSERT INTO ka VALUES (%s)", ["{1, 2}"])
+    assert numbers.execute("SELECT a FROM ka").fetchall() == [([1, 2],)]

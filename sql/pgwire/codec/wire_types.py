@@ -65,6 +65,7 @@ BOOL, BYTEA, INT8, INT2, INT4, TEXT, JSON = 16, 17, 20, 21, 23, 25, 114
 FLOAT4, FLOAT8, UNKNOWN, BPCHAR, VARCHAR = 700, 701, 705, 1042, 1043
 DATE, TIME, TIMESTAMP, TIMESTAMPTZ, INTERVAL, NUMERIC = 1082, 1083, 1114, 1184, 1186, 1700
 UUID, JSONB = 2950, 3802
+INTEGER_OIDS = frozenset((INT2, INT4, INT8))
 
 _SIZES = {BOOL: 1, INT2: 2, INT4: 4, INT8: 8, FLOAT4: 4, FLOAT8: 8, DATE: 4, TIME: 8,
           TIMESTAMP: 8, TIMESTAMPTZ: 8, INTERVAL: 16, UUID: 16}  # fmt: skip
@@ -450,6 +451,43 @@ def _checked_int(value: int, oid: int) -> int:
     return value
 
 
+# PostgreSQL 15's integer input: blanks, a sign, ASCII digits, blanks (no ``1_000``, no
+# ``0x10``, no ``1.5``; Python's ``int`` and DuckDB's cast read some of those)
+_INTEGER_TEXT = re.compile(r"\s*([+-]?[0-9]+)\s*", re.ASCII)
+_INTEGER_BYTES = re.compile(rb"\s*[+-]?[0-9]+\s*")
+# what DuckDB's cast of a text to an integer may read besides: decimals, exponents, ``_``,
+# hexadecimal, binary and octal forms
+_LOOSE_NUMBER_BYTES = re.compile(
+    rb"\s*[+-]?(?:0[xXbBoO][0-9a-fA-F_]*|[0-9_]*\.?[0-9_]*(?:[eE][+-]?[0-9_]*)?)\s*"
+)
+
+
+def _text_int(text: str, oid: int) -> int:
+    """A text parameter of type int2/int4/int8 as PostgreSQL reads it: ValueError (22P02)
+    for anything but an integer, 22003 (with the text as sent) outside the type's range."""
+    match = _INTEGER_TEXT.fullmatch(text)
+    if match is None:
+        raise ValueError(text)
+    low, high = _INT_RANGES[oid]
+    value = int(match.group(1))
+    if not low <= value <= high:
+        raise NumericValueOutOfRangeError(
+            f'value "{text}" is out of range for type {_TYPE_NAMES[oid]}'
+        )
+    return value
+
+
+def integer_cast_differs(value: bytes) -> bool:
+    """Whether an untyped text parameter is one an integer cast in DuckDB would read
+    (rounding ``1.5``, reading ``1e2``, ``0x10``, ``1_000``) but PostgreSQL refuses as
+    integer input: such a value must be checked against the parameter's type."""
+    return (
+        _LOOSE_NUMBER_BYTES.fullmatch(value) is not None
+        and _INTEGER_BYTES.fullmatch(value) is None
+        and any(48 <= byte <= 57 for byte in value)
+    )
+
+
 def _text_bool(text: str) -> bool:
     lowered = text.strip().lower()
     if lowered in _TRUE:
@@ -582,9 +620,9 @@ def interval_value(months: int, days: int, micros: int) -> Any:
 
 
 _TEXT_PARAMETERS: dict[int, Callable[[str], Any]] = {
-    INT2: lambda t: _checked_int(int(t), INT2),
-    INT4: lambda t: _checked_int(int(t), INT4),
-    INT8: lambda t: _checked_int(int(t), INT8),
+    INT2: lambda t: _text_int(t, INT2),
+    INT4: lambda t: _text_int(t, INT4),
+    INT8: lambda t: _text_int(t, INT8),
     FLOAT4: _text_float,
     FLOAT8: _text_float,
     NUMERIC: _text_numeric,

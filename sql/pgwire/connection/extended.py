@@ -272,22 +272,23 @@ class ExtendedProtocol:
                 f"too many portals on this connection (limit {limits.PORTALS_PER_CONNECTION_MAX})"
             )
         portal = Portal(prepared, values, message.result_formats)
-        if not prepared.described and values:  # psycopg sends lists of str untyped
-            portal.untyped_arrays = [
+        if not prepared.described and values:  # psycopg sends lists and str untyped
+            portal.untyped = [
                 (index, value)
                 for index, (value, oid, fmt) in enumerate(
                     zip(message.parameters, prepared.parameter_oids, formats, strict=True)
                 )
                 if oid in (0, wire_types.UNKNOWN) and fmt == 0 and value is not None
-                and value[:1] == b"{"
+                and (value[:1] == b"{" or wire_types.integer_cast_differs(value))
             ]  # fmt: skip
         self.portals[message.portal] = portal
         self.send(m.bind_complete())
 
-    async def _decode_untyped_arrays(self, portal: Portal) -> None:
+    async def _decode_untyped(self, portal: Portal) -> None:
         """Decode the portal's untyped ``{...}`` parameters as arrays where the statement
-        (described now, as a Describe would) takes a list; others stay text."""
-        candidates, portal.untyped_arrays = portal.untyped_arrays, []
+        (described now, as a Describe would) takes a list, and check its untyped texts
+        like ``1.5`` where it takes an integer (22P02, as PostgreSQL); others stay text."""
+        candidates, portal.untyped = portal.untyped, []
         try:
             await self._describe_statement(portal.prepared)
         except TopicbaseError:  # not describable: the values stay text, as before
@@ -295,7 +296,7 @@ class ExtendedProtocol:
             return
         for index, value in candidates:
             oid = portal.prepared.parameter_oids[index]
-            if oid in arrays.ELEMENT_OIDS:
+            if oid in arrays.ELEMENT_OIDS or oid in wire_types.INTEGER_OIDS:
                 portal.parameters[index] = wire_types.decode_parameter(value, oid, 0)
 
     def _portal(self, name: str) -> Portal:
@@ -313,8 +314,8 @@ class ExtendedProtocol:
         if self.held is not None:  # another portal's read: it is not going on
             await self.settle_held()
         statement = portal.prepared.statement
-        if portal.untyped_arrays and statement is not None:
-            await self._decode_untyped_arrays(portal)
+        if portal.untyped and statement is not None:
+            await self._decode_untyped(portal)
         if statement is None:
             return True
         self.log_statement(portal.prepared.query)

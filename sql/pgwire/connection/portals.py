@@ -68,9 +68,11 @@ class Portal:
     position: int = 0
     oids: list[int] = field(default_factory=list)
     formats: list[int] = field(default_factory=list)
-    # Untyped text parameters that look like array literals ({...}), by index, as sent:
-    # decoded as arrays at Execute if the statement, described then, takes a list there.
-    untyped_arrays: list[tuple[int, bytes]] = field(default_factory=list)
+    # Untyped text parameters, by index, as sent, to decode at Execute by the statement's
+    # type there (described then): array literals ({...}), decoded where it takes a list, and
+    # texts an integer cast in DuckDB reads but PostgreSQL refuses (``1.5``: 22P02) where it
+    # takes an integer (``wire_types.integer_cast_differs``).
+    untyped: list[tuple[int, bytes]] = field(default_factory=list)
     # The RowDescription of the result when a kept shape gave it (``rows_shape``).
     row_description: bytes | None = None
 
