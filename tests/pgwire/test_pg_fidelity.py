@@ -7,12 +7,16 @@ from __future__ import annotations
 
 import os
 import shutil
+import struct
 import subprocess
+from collections.abc import Iterator
 
 import psycopg
 import pytest
 
+from sql.pgwire.codec import messages as m
 from sql.pgwire.server import ServerThread
+from tests.pgwire.rawclient import RawClient, error_fields, query
 
 PSQL = shutil.which("psql") or "/usr/bin/psql"
 
@@ -206,3 +210,91 @@ def test_an_array_of_integer_texts_is_checked_per_element(numbers: psycopg.Conne
         numbers.execute("INSERT INTO ka VALUES (%s)", ["{1,9223372036854775808}"])
     numbers.execute("INSERT INTO ka VALUES (%s)", ["{1, 2}"])
     assert numbers.execute("SELECT a FROM ka").fetchall() == [([1, 2],)]
+
+
+# -- the extended protocol in a failed transaction ---------------------------------------------
+def _parse(name: str, text: str) -> bytes:
+    return m.message(b"P", m.cstr(name) + m.cstr(text) + struct.pack("!h", 0))
+
+
+def _bind(portal: str, statement: str) -> bytes:
+    return m.message(b"B", m.cstr(portal) + m.cstr(statement) + struct.pack("!hhh", 0, 0, 0))
+
+
+def _describe(kind: bytes, name: str) -> bytes:
+    return m.message(b"D", kind + m.cstr(name))
+
+
+def _execute(portal: str, max_rows: int = 0) -> bytes:
+    return m.message(b"E", m.cstr(portal) + struct.pack("!i", max_rows))
+
+
+_SYNC = m.message(b"S")
+
+
+def _kinds_and_codes(items: list[tuple[bytes, bytes]]) -> list[str]:
+    """Each message's type, with an ErrorResponse's SQLSTATE and ReadyForQuery's status."""
+    shown = []
+    for kind, body in items:
+        if kind == b"E":
+            shown.append("E" + error_fields(body)["C"])
+        elif kind == b"Z":
+            shown.append("Z" + body.decode())
+        else:
+            shown.append(kind.decode())
+    return shown
+
+
+@pytest.fixture
+def failed(server: ServerThread) -> Iterator[RawClient]:
+    """A raw connection with ``sel`` (SELECT, described) and ``ins`` (INSERT, described)
+    prepared, in a transaction failed by a division by zero."""
+    client = RawClient(server.port)
+    client.start()
+    client.send(query("CREATE TABLE kt (k BIGINT PRIMARY KEY); INSERT INTO kt VALUES (1), (2)"))
+    client.until_ready()
+    client.send(_parse("sel", "SELECT k FROM kt ORDER BY k") + _describe(b"S", "sel")
+                + _parse("ins", "INSERT INTO kt VALUES (3)") + _describe(b"S", "ins")
+                + _SYNC)  # fmt: skip
+    assert _kinds_and_codes(client.until_ready()) == ["1", "t", "T", "1", "t", "n", "ZI"]
+    client.send(query("BEGIN; SELECT 1/0"))
+    assert _kinds_and_codes(client.until_ready())[-2:] == ["E22012", "ZE"]
+    yield client
+    client.close()
+
+
+def test_describe_of_a_described_statement_with_rows_raises_25p02_when_failed(
+    failed: RawClient,
+) -> None:
+    failed.send(_describe(b"S", "sel") + _SYNC)
+    assert _kinds_and_codes(failed.until_ready()) == ["E25P02", "ZE"]
+    failed.send(_describe(b"S", "ins") + _SYNC)  # no rows: described as PostgreSQL does
+    assert _kinds_and_codes(failed.until_ready()) == ["t", "n", "ZE"]
+
+
+def test_bind_describe_and_execute_of_a_portal_raise_25p02_when_failed(
+    failed: RawClient,
+) -> None:
+    failed.send(_bind("", "sel") + _describe(b"P", "") + _execute("") + _SYNC)
+    assert _kinds_and_codes(failed.until_ready()) == ["E25P02", "ZE"]
+    failed.send(_parse("", "SELECT 1") + _SYNC)
+    assert _kinds_and_codes(failed.until_ready()) == ["E25P02", "ZE"]
+    failed.send(_parse("", "COMMIT") + _bind("", "") + _describe(b"P", "") + _execute("")
+                + _SYNC)  # fmt: skip
+    assert _kinds_and_codes(failed.until_ready()) == ["1", "2", "n", "C", "ZI"]
+
+
+def test_a_portal_opened_before_the_failure_gives_no_rows_after_it(failed: RawClient) -> None:
+    failed.send(query("ROLLBACK; BEGIN"))
+    failed.until_ready()
+    failed.send(_bind("cur", "sel") + _execute("cur", 1) + _SYNC)
+    assert _kinds_and_codes(failed.until_ready()) == ["2", "D", "s", "ZT"]
+    failed.send(query("SELECT 1/0"))
+    failed.until_ready()
+    failed.send(_describe(b"P", "cur") + _SYNC)
+    assert _kinds_and_codes(failed.until_ready()) == ["E25P02", "ZE"]
+    failed.send(_execute("cur", 1) + _SYNC)
+    assert _kinds_and_codes(failed.until_ready()) == ["E25P02", "ZE"]
+    failed.send(_parse("", "ROLLBACK") + _bind("", "") + _execute("") + _SYNC)
+    assert _kinds_and_codes(failed.until_ready()) == ["1", "2", "C", "ZI"]
+

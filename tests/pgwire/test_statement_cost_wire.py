@@ -9,6 +9,7 @@ from __future__ import annotations
 import asyncio
 import uuid
 from collections.abc import Callable, Iterator
+from types import SimpleNamespace
 from typing import Any
 
 import psycopg
@@ -16,6 +17,7 @@ import pyarrow as pa
 import pytest
 
 from engine import tables
+from engine.api import SessionState
 from sql.pgwire.codec import messages as m
 from sql.pgwire.codec import wire_types
 from sql.pgwire.connection import portals
@@ -99,6 +101,9 @@ def test_a_parse_says_once_whether_the_wire_server_runs_its_statement() -> None:
 
         async def call(self, function: Callable[..., Any], *arguments: Any) -> Any:
             return function(*arguments)
+
+        def _session(self) -> Any:  # no transaction: Parse refuses nothing
+            return SimpleNamespace(state=SessionState.IDLE)
 
     connection = Connection()
     for name, query in (("q", "SELECT 1"), ("c", "COPY t TO STDOUT"),

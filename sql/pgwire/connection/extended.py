@@ -34,6 +34,7 @@ from engine.api import (
     Result,
     Rows,
     Session,
+    SessionState,
     ast,
     lookup_shaped,
     parse,
@@ -63,6 +64,7 @@ from sql.pgwire.emulation import surface
 from storage import limits
 from storage.errors import (
     DuplicateCursorError,
+    InFailedTransactionError,
     LimitExceededError,
     ObjectNotInPrerequisiteStateError,
     SqlSyntaxError,
@@ -105,6 +107,21 @@ class ParsedTexts:
 # parse_text's results (simple query) and _prepare_text's (Parse)
 PARSED = ParsedTexts("sql.pgwire.parsed", PARSE_CACHE_ENTRIES)
 PREPARED = ParsedTexts("sql.pgwire.prepared", PARSE_CACHE_ENTRIES)
+
+
+_IN_FAILED_TRANSACTION = (
+    "current transaction is aborted, commands ignored until end of transaction block"
+)
+
+
+def ends_transaction(statement: ast.Statement | None) -> bool:
+    """COMMIT, ROLLBACK, ROLLBACK TO, or an empty query: what Parse, Bind and Execute take
+    in a failed transaction, as in PostgreSQL (which refuses everything else: 25P02)."""
+    return (
+        statement is None
+        or isinstance(statement, ast.Commit | ast.Rollback)
+        or (isinstance(statement, ast.SqlStatement) and surface.is_rollback_to(statement.sql))
+    )
 
 
 @text_cache(PARSE_CACHE_ENTRIES)
@@ -212,6 +229,7 @@ class ExtendedProtocol:
         statements, highest = prepared
         if len(statements) > 1:
             raise SqlSyntaxError("cannot insert multiple commands into a prepared statement")
+        self._refuse_when_failed(statements[0] if statements else None)
         if message.name and message.name in self.statements:
             raise DuplicateStatementError(f'prepared statement "{message.name}" already exists')
         if message.name:
@@ -253,6 +271,7 @@ class ExtendedProtocol:
             raise UndefinedPreparedStatementError(
                 f'prepared statement "{message.statement}" does not exist'
             )
+        self._refuse_when_failed(prepared.statement)
         count = len(message.parameters)
         if count != len(prepared.parameter_oids):
             raise ProtocolViolation(
@@ -298,6 +317,16 @@ class ExtendedProtocol:
             oid = portal.prepared.parameter_oids[index]
             if oid in arrays.ELEMENT_OIDS or oid in wire_types.INTEGER_OIDS:
                 portal.parameters[index] = wire_types.decode_parameter(value, oid, 0)
+
+    def _refuse_when_failed(self, statement: ast.Statement | None) -> None:
+        """25P02 for ``statement`` in a failed transaction unless it ends the transaction
+        (``ends_transaction``): Parse, Bind and Execute of anything else, Describe of what
+        gives rows, as PostgreSQL refuses them (nothing is read in a failed transaction)."""
+        if self._failed() and not ends_transaction(statement):
+            raise InFailedTransactionError(_IN_FAILED_TRANSACTION)
+
+    def _failed(self) -> bool:
+        return self._session().state is SessionState.FAILED
 
     def _portal(self, name: str) -> Portal:
         portal = self.portals.get(name)
@@ -446,6 +475,8 @@ class ExtendedProtocol:
                 raise UndefinedPreparedStatementError(
                     f'prepared statement "{message.name}" does not exist'
                 )
+            if prepared.described and prepared.columns is not None:
+                self._refuse_when_failed(prepared.statement)  # as PostgreSQL: rows, no catalog
             await self._describe_statement(prepared)
             self.send(m.parameter_description(prepared.parameter_oids))
             if prepared.columns is None:
@@ -458,9 +489,13 @@ class ExtendedProtocol:
         if message.name not in self.portals:  # a DECLAREd cursor is a portal too
             description = wire_commands.describe_cursor(self.context, message.name)
             if description is not None:
+                if description != m.no_data() and self._failed():
+                    raise InFailedTransactionError(_IN_FAILED_TRANSACTION)
                 self.send(description)
                 return
         portal = self._portal(message.name)
+        if portal.prepared.columns is not None or portal.result is not None:
+            self._refuse_when_failed(portal.prepared.statement)
         described = portal.prepared.columns
         if portal.prepared.described and not portal.executed:  # no need to run it first
             if described is None:
@@ -584,6 +619,7 @@ class ExtendedProtocol:
 
     async def on_execute(self, message: m.Execute) -> None:
         portal = self._portal(message.portal)
+        self._refuse_when_failed(portal.prepared.statement)
         if portal.prepared.copy:  # COPY (commands)
             if self.held is not None:  # another portal's read: it is not going on
                 await self.settle_held()

@@ -92,6 +92,14 @@ _ROLLBACK_TO = re.compile(
     r"^\s*ROLLBACK\s+(?:(?:WORK|TRANSACTION)\s+)?TO\s+(?:SAVEPOINT\s+)?" + _NAME + r"\s*;?\s*$",
     re.IGNORECASE,
 )
+_ROLLBACK_TO_HEAD = re.compile(r"^\s*ROLLBACK\s+(?:(?:WORK|TRANSACTION)\s+)?TO\b", re.IGNORECASE)
+
+
+def is_rollback_to(sql: str) -> bool:
+    """Whether ``sql`` is a ROLLBACK TO [SAVEPOINT] (a statement a failed transaction takes)."""
+    return _ROLLBACK_TO_HEAD.match(sql) is not None
+
+
 # the command's name in PostgreSQL's messages, by its first word
 _SAVEPOINT_COMMANDS = {
     "SAVEPOINT": "SAVEPOINT", "RELEASE": "RELEASE SAVEPOINT", "ROLLBACK": "ROLLBACK TO SAVEPOINT"
