@@ -49,7 +49,9 @@ from storage.errors import (
     InsufficientPrivilegeError,
     InvalidParameterValueError,
     LimitExceededError,
+    SerializationFailure,
     TopicbaseError,
+    UniqueViolationError,
 )
 
 IDEMPOTENCY_TABLE = f"{SCHEMA}.sink_batches"
@@ -134,8 +136,7 @@ def publish(session: Any, sink_id: str, batch_id: int, writes: list[Write],
 
         def records(number: int = number, last: bool = last) -> None:
             claim(session, sink_id)
-            tables.run(session.cursor, f"INSERT INTO {PARTS_TABLE} VALUES (?, ?, ?)",
-                       [sink_id, batch_id, number])  # fmt: skip
+            _insert_record(session, PARTS_TABLE, [sink_id, batch_id, number])
             if last:
                 _record(session, sink_id, batch_id, rows, now_us)
 
@@ -173,14 +174,26 @@ def claim(session: Any, sink_id: str) -> None:
     """In the open transaction: claim ``sink_id`` for the session's user unless claimed;
     42501 if another user holds it (a superuser may record any sink's batches)."""
     if require_sink(session, sink_id) is None:
-        tables.run(session.cursor, f"INSERT INTO {SINKS_TABLE} VALUES (?, ?)",
-                   [sink_id, session.identity.name])  # fmt: skip
+        _insert_record(session, SINKS_TABLE, [sink_id, session.identity.name])
 
 
 def _record(session: Any, sink_id: str, batch_id: int, rows: int, now_us: int) -> None:
     claim(session, sink_id)
-    tables.run(session.cursor, f"INSERT INTO {IDEMPOTENCY_TABLE} VALUES (?, ?, ?, ?)",
-               [sink_id, batch_id, rows, now_us])  # fmt: skip
+    _insert_record(session, IDEMPOTENCY_TABLE, [sink_id, batch_id, rows, now_us])
+
+
+def _insert_record(session: Any, table: str, values: list[Any]) -> None:
+    """Insert a row of a sink's records (its claim, a batch, a part) in the open
+    transaction. Its key taken already means a concurrent commit of the same sink
+    committed it after this transaction's snapshot (the session saw no such row): a
+    conflict like any other, 40001 (retryable; a retry sees the row), never 23505."""
+    marks = ", ".join("?" * len(values))
+    try:
+        tables.run(session.cursor, f"INSERT INTO {table} VALUES ({marks})", values)
+    except UniqueViolationError as error:
+        raise SerializationFailure(
+            f"could not serialize access due to a concurrent commit of sink {values[0]!r}"
+        ) from error
 
 
 def _transaction(session: Any, topic_rows: list[Write], table_rows: list[Write],
