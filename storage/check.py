@@ -13,7 +13,9 @@ Checked, for every topic ``store.json`` lists, every partition its
   where the one before ended, each segment where the one before ended;
 - ``written_at`` never goes backwards within a partition;
 - offset and time indexes: whole entries, increasing, each entry naming a frame
-  start (offset index) or a frame's base offset and time (time index);
+  start (offset index) or a frame's base offset and time (time index); an index missing
+  or empty (not written yet when a process stopped) is no damage: reported as
+  "recovered at open", since the open rebuilds it, and the report stays ok;
 - producer snapshots parse, match their name, and claim no offset past the log end;
 - leftovers (``*.tmp``, ``*.deleted``, indexes without a log, directories no
   metadata lists) and unknown files;
@@ -157,8 +159,10 @@ class _Checker:
         position: int | None = None,
         *,
         fix: Callable[[], None] | None = None,
+        recovered_at_open: bool = False,
     ) -> None:
-        """Record a problem; when repairing and a ``fix`` exists, apply it first."""
+        """Record a problem; when repairing and a ``fix`` exists, apply it first.
+        ``recovered_at_open``: a crash's state the next open undoes (``Problem``)."""
         repaired = False
         if fix is not None and self.repair:
             try:
@@ -166,7 +170,8 @@ class _Checker:
                 repaired = True
             except StorageIOError as error:
                 message += f" (repair failed: {error})"
-        self.report.add(Problem(kind, path, message, position, fix is not None, repaired))
+        self.report.add(Problem(kind, path, message, position, fix is not None, repaired,
+                                recovered_at_open))  # fmt: skip
 
     def remove_fix(self, path: str) -> Callable[[], None]:
         return partial(self.fs.remove, path)
@@ -355,13 +360,24 @@ class _Checker:
             os.path.join(directory, file_names.offset_index_file(base)),
             os.path.join(directory, file_names.time_index_file(base)),
         )
+        raws = (self._read_or_none(paths[0]), self._read_or_none(paths[1]))
         issues = (
-            offset_index_issue(self._read_or_none(paths[0]), base, walk.frames),
-            time_index_issue(self._read_or_none(paths[1]), base, walk.frames),
+            offset_index_issue(raws[0], base, walk.frames),
+            time_index_issue(raws[1], base, walk.frames),
         )
         fix = partial(_rebuild_indexes, self.fs, directory, base, walk.frames)
-        for path, issue in zip(paths, issues, strict=True):
-            if issue is not None:
+        for path, raw, issue in zip(paths, raws, issues, strict=True):
+            if issue is None:
+                continue
+            if not raw:
+                # Missing or empty: not written yet when the process stopped (a segment's
+                # index is created at its first flush; an adopted segment's after its
+                # rename, over the empty one of the segment it replaced): the open
+                # rebuilds it from the frames (``log_loader``), as repair does.
+                text = issue[0] if raw is None else "the index file is empty"
+                text += " (the next open rebuilds both indexes from the frames)"
+                self.problem(BAD_INDEX, path, text, fix=fix, recovered_at_open=True)
+            else:
                 text = issue[0] + " (repair rebuilds both indexes from the frames)"
                 self.problem(BAD_INDEX, path, text, issue[1], fix=fix)
 

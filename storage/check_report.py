@@ -27,7 +27,6 @@ BAD_INDEX = "bad_index"
 BAD_SNAPSHOT = "bad_snapshot"
 
 
-
 @dataclass(frozen=True, slots=True)
 class Problem:
     """One finding: what, in which file, where (byte position), and whether it was fixed."""
@@ -38,11 +37,17 @@ class Problem:
     position: int | None = None
     repairable: bool = False
     repaired: bool = False
+    # A state a crash leaves that opening the store undoes by itself, losing nothing (a
+    # segment's index not written yet: the open rebuilds it from the frames). Not damage:
+    # the report stays ok; repair undoes it too.
+    recovered_at_open: bool = False
 
     @property
     def status(self) -> str:
         if self.repaired:
             return "repaired"
+        if self.recovered_at_open:
+            return "recovered at open"
         return "repairable" if self.repairable else "error"
 
     def line(self) -> str:
@@ -89,7 +94,8 @@ class CheckReport:
 
     @property
     def remaining(self) -> list[Problem]:
-        return [problem for problem in self.problems if not problem.repaired]
+        """The problems neither repaired nor undone by the next open (``ok`` without them)."""
+        return [p for p in self.problems if not p.repaired and not p.recovered_at_open]
 
     @property
     def ok(self) -> bool:
@@ -113,11 +119,15 @@ class CheckReport:
             checked += f" (live, read-only: {self.live})"
         if total == 0:
             return f"ok: no problems in {checked}"
-        repaired = total - len(self.remaining) - self.problems_dropped
+        repaired = sum(1 for p in self.problems if p.repaired)
+        at_open = sum(1 for p in self.problems if p.recovered_at_open and not p.repaired)
+        remaining = total - repaired - at_open
         repairable = sum(1 for p in self.remaining if p.repairable)
         verdict = "ok" if self.ok else "damaged"
         text = f"{verdict}: {_count(total, 'problem')} ({repaired} repaired, "
-        text += f"{total - repaired} remaining"
+        if at_open:
+            text += f"{at_open} recovered by the next open, "
+        text += f"{remaining} remaining"
         if repairable:
             text += f", {repairable} of them repairable"
         return f"{text}) in {checked}"

@@ -289,7 +289,9 @@ def test_a_broken_index_is_reported_and_rebuilt_by_repair(
     report = run_check(data)
     problem = only(report, "bad_index")
     assert problem.path == str(path) and problem.repairable and not problem.repaired
-    assert not report.ok
+    # a missing index is what a stop before its first write leaves: the open rebuilds it
+    assert problem.recovered_at_open == (damage == "deleted")
+    assert report.ok == (damage == "deleted"), report.lines()
 
     repaired = run_check(data, repair=True)
     assert only(repaired, "bad_index").repaired and repaired.ok
@@ -375,3 +377,29 @@ def test_check_of_a_missing_store_reports_it(tmp_path: Path) -> None:
     assert only(report, check.MISSING).path == str(tmp_path / "nothing")
     assert not report.ok
     assert not (tmp_path / "nothing").exists()
+
+
+@pytest.mark.parametrize(
+    ("suffix", "emptied"), [(".index", False), (".timeindex", False), (".index", True)]
+)
+def test_a_missing_index_is_what_the_next_open_rebuilds(
+    data: Written, suffix: str, emptied: bool
+) -> None:
+    """The checker says what recovery does: a sealed segment's index gone or empty (a
+    kill before it was written; an empty time index is well-formed) is no damage; opening
+    the store rebuilds it, and the check is then clean."""
+    path = log_files(data)[0].with_suffix(suffix)
+    original = path.read_bytes()
+    if emptied:
+        path.write_bytes(b"")
+    else:
+        path.unlink()
+    report = run_check(data)
+    (problem,) = report.problems
+    assert problem.status == "recovered at open" and report.ok, report.lines()
+    assert "1 recovered by the next open" in report.summary()
+    assert report.summary().startswith("ok: ")
+    with Store.open(str(data.root), fs=FileSystem(), clock=ManualClock()):
+        pass
+    assert path.read_bytes() == original
+    assert run_check(data).problems == []
