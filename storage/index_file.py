@@ -30,6 +30,9 @@ class IndexFile:
         self._fd: int | None = None
         self._pending = bytearray()
         self._file_bytes = 0
+        # written whole by ``rewrite`` (not synced) and not synced since: a ``flush(sync=
+        # True)`` syncs the file even when no descriptor is open (an adopted segment's seal)
+        self._rewritten_unsynced = False
 
     @property
     def path(self) -> str:
@@ -85,15 +88,17 @@ class IndexFile:
         return self._values[index]
 
     def flush(self, *, sync: bool = False) -> None:
-        """Write pending entries to the file; ``sync`` also makes them durable."""
+        """Write pending entries to the file; ``sync`` also makes them durable, and a
+        file ``rewrite`` wrote unsynced (opened for it if no descriptor is)."""
         if self._pending:
             failpoints.hit("index.before_flush")
             fd = self._open()
             self._fs.pwrite(fd, bytes(self._pending), self._file_bytes)
             self._file_bytes += len(self._pending)
             self._pending.clear()
-        if sync and self._fd is not None:
-            self._fs.sync(self._fd)
+        if sync and (self._fd is not None or self._rewritten_unsynced):
+            self._fs.sync(self._open())
+            self._rewritten_unsynced = False
 
     def rewrite(self, entries: list[tuple[int, int]]) -> None:
         """Replace the whole index (after recovery rebuilt it from the log)."""
@@ -104,6 +109,7 @@ class IndexFile:
         self._values = array("q", (v for _, v in entries))
         self._file_bytes = len(payload)
         self._pending.clear()
+        self._rewritten_unsynced = True
 
     def close(self) -> None:
         """Write pending entries (opening the file if needed), then release it."""
