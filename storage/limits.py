@@ -374,3 +374,11 @@ PORTALS_PER_CONNECTION_MAX = 1000
 # at most this many, each holding its plan (kept beside it anyway) and a few small values.
 DOOR_DECISIONS_MAX = 16
 DOOR_DECISION_BYTES = 512
+
+# -- the wire server's budget of held client bytes (sql.pgwire.memory_budget; round 15, H4) --
+# COPY FROM STDIN data received and not yet written, and the Bind messages of the portals
+# still held, across all connections of one server (``ServerLimits.held_bytes_max``): past
+# it a COPY chunk or a Bind gets 53200 and the connection goes on. Each connection alone is
+# bounded by COPY_IN_BYTES_MAX and its portals' messages; without this 100 connections
+# could hold 25 GiB of COPY data (docs/memory_bounds.md).
+WIRE_HELD_BYTES_MAX_DEFAULT = 1024 * MIB

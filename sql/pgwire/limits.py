@@ -39,6 +39,11 @@ SQLSTATE, never a hang or a dead server:
   below the default, so an autocommit consumer read is not refused after its
   offsets moved; a bigger result (a table scan, a join) is refused whole: read
   it in parts with ``LIMIT ... OFFSET``.
+- held client bytes: COPY FROM STDIN data not yet written and the Bind messages of held
+  portals, summed over all connections, stay within ``held_bytes_max``
+  (``sql.pgwire.memory_budget``): past it the COPY or Bind gets ``ERROR 53200`` and the
+  connection stays usable (each connection alone is bounded too: ``COPY_IN_BYTES_MAX``,
+  ``PORTALS_PER_CONNECTION_MAX`` portals of one message each).
 """
 
 from __future__ import annotations
@@ -59,6 +64,7 @@ from storage.limits import (
     STATEMENT_BYTES_MAX_DEFAULT,
     SUPERUSER_RESERVED_CONNECTIONS_DEFAULT,
     UNAUTHENTICATED_MAX_DEFAULT,
+    WIRE_HELD_BYTES_MAX_DEFAULT,
     WIRE_MESSAGE_BYTES_MAX_DEFAULT,
 )
 
@@ -75,10 +81,11 @@ class ServerLimits:
     superuser_reserved_connections: int = SUPERUSER_RESERVED_CONNECTIONS_DEFAULT
     # None: sql.pgwire.auth.AUTHENTICATION_TIMEOUT_S, read when a connection starts.
     authentication_timeout_s: float | None = None
+    held_bytes_max: int = WIRE_HELD_BYTES_MAX_DEFAULT
 
     def __post_init__(self) -> None:
         for name in ("connections_max", "message_bytes_max", "statement_bytes_max",
-                     "result_bytes_max", "unauthenticated_max"):  # fmt: skip
+                     "result_bytes_max", "unauthenticated_max", "held_bytes_max"):  # fmt: skip
             value = getattr(self, name)
             if not isinstance(value, int) or value < 1:
                 raise ValueError(f"{name} must be a positive integer, not {value!r}")

@@ -25,6 +25,7 @@ from sql.pgwire.codec import messages as m
 from sql.pgwire.connection.connection import SERVER_VERSION, Connection
 from sql.pgwire.emulation.pg_settings import PgSettings
 from sql.pgwire.limits import Admission, ServerLimits
+from sql.pgwire.memory_budget import MemoryBudget
 from sql.pgwire.users import ConfigFileError, default_users_path
 from storage.errors import FeatureNotSupportedError, TooManyConnectionsError
 from storage.limits import REFUSAL_PACKETS_MAX, REFUSAL_TIMEOUT_S
@@ -95,6 +96,8 @@ class PgServer:
         self._loop: asyncio.AbstractEventLoop | None = None
         self._tasks: set[asyncio.Task[None]] = set()
         self.limits = limits or ServerLimits()
+        # COPY data and held portals' Bind messages of all connections (53200 past it)
+        self.memory_budget = MemoryBudget(self.limits.held_bytes_max)
         self.admission = Admission(self.limits)  # session slots, sockets still logging in
         self.open_sockets = 0  # accepted and not yet closed
 

@@ -96,7 +96,7 @@ from sql.pgwire.connection.extended import (
 )
 from sql.pgwire.connection.output import GatheringWriter
 from sql.pgwire.connection.portals import (
-    Portal,
+    HeldPortals,
     Prepared,
     described_row,
     error_fields,
@@ -106,6 +106,7 @@ from sql.pgwire.connection.portals import (
 from sql.pgwire.emulation import surface
 from sql.pgwire.emulation.pg_settings import milliseconds
 from sql.pgwire.limits import ServerLimits
+from sql.pgwire.memory_budget import MemoryBudget
 from storage.errors import (
     FeatureNotSupportedError,
     IdleInTransactionSessionTimeoutError,
@@ -130,6 +131,7 @@ class ServerSide(Protocol):
     tls_context: ssl.SSLContext | None
     tls_channel_binding: bytes | None
     connections: dict[int, Connection]
+    memory_budget: MemoryBudget
 
     def claim_slot(self, connection: Connection, superuser: bool) -> None: ...
 
@@ -295,7 +297,7 @@ class Connection(ExtendedProtocol):
         self.direct: own_thread.DirectReads | None = None
         self.socket_closed = False  # PgServer.stop closed (or is closing) the socket
         self.statements: dict[str, Prepared] = {}
-        self.portals: dict[str, Portal] = {}
+        self.portals = HeldPortals(server.memory_budget)
         self.kept_descriptions = BoundedCache(  # ExtendedProtocol._describe_again
             "sql.pgwire.kept_descriptions", KEPT_DESCRIPTIONS)
         self.kept_responses = {}  # ExtendedProtocol._send_kept_response
@@ -317,6 +319,7 @@ class Connection(ExtendedProtocol):
             reader=reader, current_session=lambda: self.session, call=self.call,
             send=self.send, send_error=self.send_error, send_result=self.send_result,
             ready_for_query=self.ready_for_query, drain=lambda: self.writer.drain(),
+            memory_budget=server.memory_budget,
         )  # fmt: skip
 
     async def call(self, function: Callable[..., Any], *arguments: Any) -> Any:
@@ -461,8 +464,9 @@ class Connection(ExtendedProtocol):
 
     async def close(self) -> None:
         """End the connection: its transaction is rolled back (staged writes freed) and its
-        session slot given back."""
+        session slot given back, its portals' bytes to the server's memory budget."""
         self.server.connections.pop(self.process_id, None)
+        self.portals.clear()
         if self.has_slot:
             self.has_slot = False
             if self.own_thread is None:
@@ -584,6 +588,9 @@ class Connection(ExtendedProtocol):
                 await self.settle_held()  # its rows will not all go out: offsets stay
             if kind == b"Q":
                 await self.simple_query(m.parse_query(body))
+                if self.portals and self.session is not None \
+                        and self.session.state is SessionState.IDLE:  # fmt: skip
+                    self.portals.clear()  # a transaction's end drops its portals, as at Sync
             elif kind == b"S":
                 self.skipping = False
                 if self.session is not None and self.session.state is SessionState.IDLE:
@@ -593,7 +600,7 @@ class Connection(ExtendedProtocol):
                 if not self.skipping:
                     try:
                         if kind == b"B":  # a flight's first message: no coroutine for it
-                            self.on_bind(m.parse_bind(body))
+                            self.on_bind(m.parse_bind(body), len(body))
                         else:
                             await self.extended(kind, body)
                     except m.ProtocolError:

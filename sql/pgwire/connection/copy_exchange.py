@@ -215,12 +215,23 @@ async def copy_from_client(context: CommandContext, statement: CopyStatement) ->
         decoder = CopyDecoder(statement.fmt, target.columns, relation_name, blobs)
     context.send(m.copy_in_response(len(target.columns), statement.fmt.binary))
     await context.drain()
-    await _receive(context, decoder)
-    await context.call(decoder.finish)
-    count = decoder.row_count
-    if count:
-        await context.call(_write, context.session, decoder, target)
+    held = _Held()
+    try:
+        await _receive(context, decoder, held)
+        await context.call(decoder.finish)
+        count = decoder.row_count
+        if count:
+            await context.call(_write, context.session, decoder, target)
+    finally:  # written or refused: the data is let go with the decoder
+        context.memory_budget.give(held.nbytes)
     context.send(m.command_complete(f"COPY {count}"))
+
+
+@dataclass
+class _Held:
+    """The bytes of one COPY's data counted in the server's ``MemoryBudget``."""
+
+    nbytes: int = 0
 
 
 async def _column_oids(context: CommandContext, statement: CopyStatement, target: _Target
@@ -237,8 +248,11 @@ async def _column_oids(context: CommandContext, statement: CopyStatement, target
 
 
 async def _receive(context: CommandContext,
-                   decoder: CopyDecoder | BinaryCopyDecoder | ArrowCopyDecoder) -> None:
-    """Feed CopyData to the decoder until CopyDone; CopyFail and strangers are errors."""
+                   decoder: CopyDecoder | BinaryCopyDecoder | ArrowCopyDecoder,
+                   held: _Held) -> None:  # fmt: skip
+    """Feed CopyData to the decoder until CopyDone; CopyFail and strangers are errors.
+    Each chunk is counted in the server's budget (``held``) before it is fed: 53200 past
+    it, as 54000 past the connection's own ``COPY_IN_BYTES_MAX``."""
     while True:
         header = await context.reader.readexactly(5)
         body = await context.reader.readexactly(
@@ -248,6 +262,8 @@ async def _receive(context: CommandContext,
             if decoder.bytes_seen + len(body) > COPY_IN_BYTES_MAX:
                 raise LimitExceededError(f"COPY FROM STDIN data exceeds the limit of "
                                          f"{COPY_IN_BYTES_MAX} bytes")  # fmt: skip
+            context.memory_budget.take(len(body), "COPY FROM STDIN data")
+            held.nbytes += len(body)
             await context.call(decoder.feed, body)
         elif kind == b"c":
             return

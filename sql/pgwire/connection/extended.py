@@ -48,6 +48,7 @@ from sql.pgwire.connection.context import CommandContext
 from sql.pgwire.connection.portals import (
     CachedPlanChangedError,
     DuplicateStatementError,
+    HeldPortals,
     Portal,
     Prepared,
     ProtocolViolation,
@@ -164,7 +165,7 @@ class ExtendedProtocol:
 
     # What the connection provides (``connection.Connection``).
     statements: dict[str, Prepared]
-    portals: dict[str, Portal]
+    portals: HeldPortals
     # id(statement) -> (statement, catalog version, description): ``_describe_again``
     # (a ``BoundedCache`` of at most KEPT_DESCRIPTIONS entries and its byte budget)
     kept_descriptions: BoundedCache
@@ -205,7 +206,7 @@ class ExtendedProtocol:
         """One message of the extended protocol (Parse, Bind, Describe, Execute, Close).
         The message loop runs a Bind itself (no coroutine for it)."""
         if kind == b"B":
-            self.on_bind(m.parse_bind(body))
+            self.on_bind(m.parse_bind(body), len(body))
         elif kind == b"E":
             await self.on_execute(m.parse_execute(body))
         elif kind == b"D":
@@ -265,7 +266,9 @@ class ExtendedProtocol:
                     "DEALLOCATE some first"
                 )
 
-    def on_bind(self, message: m.Bind) -> None:
+    def on_bind(self, message: m.Bind, message_bytes: int = 0) -> None:
+        """Bind a portal; ``message_bytes`` (the Bind's size) is counted in the server's
+        memory budget while the portal is held (53200 past it, ``HeldPortals``)."""
         prepared = self.statements.get(message.statement)
         if prepared is None:
             raise UndefinedPreparedStatementError(
@@ -300,6 +303,8 @@ class ExtendedProtocol:
                 if oid in (0, wire_types.UNKNOWN) and fmt == 0 and value is not None
                 and (value[:1] == b"{" or wire_types.integer_cast_differs(value))
             ]  # fmt: skip
+        self.portals.budget.take(message_bytes, "a Bind message")
+        portal.held_bytes = message_bytes
         self.portals[message.portal] = portal
         self.send(m.bind_complete())
 

@@ -20,6 +20,7 @@ from engine.api import Description, Result, Rows, ast
 from sql.internal_error import internal_error
 from sql.pgwire.codec import messages as m
 from sql.pgwire.codec import wire_types
+from sql.pgwire.memory_budget import MemoryBudget
 from storage.errors import (
     FeatureNotSupportedError,
     SqlSyntaxError,
@@ -75,6 +76,39 @@ class Portal:
     untyped: list[tuple[int, bytes]] = field(default_factory=list)
     # The RowDescription of the result when a kept shape gave it (``rows_shape``).
     row_description: bytes | None = None
+    # The bytes of its Bind message, counted in the server's ``MemoryBudget`` while the
+    # portal is held (``HeldPortals``).
+    held_bytes: int = 0
+
+
+class HeldPortals(dict[str, Portal]):
+    """A connection's portals by name, their Bind messages' bytes counted in the server's
+    ``MemoryBudget`` while held: taken by the Bind (before the portal is stored), given
+    back when a portal is replaced, closed, cleared at Sync or the connection ends
+    (``clear``). Only these ways of changing it are used (``[name] =``, ``pop``,
+    ``clear``); one connection's loop changes it."""
+
+    def __init__(self, budget: MemoryBudget) -> None:
+        super().__init__()
+        self.budget = budget
+
+    def __setitem__(self, name: str, portal: Portal) -> None:
+        replaced = self.get(name)
+        super().__setitem__(name, portal)
+        if replaced is not None and replaced is not portal:
+            self.budget.give(replaced.held_bytes)
+
+    def pop(self, name: str, default: Any = None) -> Any:  # type: ignore[override]
+        portal = super().pop(name, None)
+        if portal is None:
+            return default
+        self.budget.give(portal.held_bytes)
+        return portal
+
+    def clear(self) -> None:
+        if self:
+            self.budget.give(sum(portal.held_bytes for portal in self.values()))
+            super().clear()
 
 
 def error_fields(error: BaseException, query: str | None = None) -> tuple[str, str, int | None]:
