@@ -298,3 +298,39 @@ def test_a_portal_opened_before_the_failure_gives_no_rows_after_it(failed: RawCl
     failed.send(_parse("", "ROLLBACK") + _bind("", "") + _execute("") + _SYNC)
     assert _kinds_and_codes(failed.until_ready()) == ["1", "2", "C", "ZI"]
 
+
+# -- integers in COPY text ------------------------------------------------------------------------
+@pytest.mark.parametrize(
+    ("value", "sqlstate", "message"),
+    [
+        ("1.5", "22P02", 'invalid input syntax for type bigint: "1.5"'),
+        ("1e2", "22P02", 'invalid input syntax for type bigint: "1e2"'),
+        ("0x10", "22P02", 'invalid input syntax for type bigint: "0x10"'),
+        (
+            "9223372036854775808",
+            "22003",
+            'value "9223372036854775808" is out of range for type bigint',
+        ),
+    ],
+)
+def test_copy_text_reads_integers_as_postgresql(
+    numbers: psycopg.Connection, value: str, sqlstate: str, message: str
+) -> None:
+    with (
+        pytest.raises(psycopg.Error) as refused,
+        numbers.cursor().copy("COPY kt (k) FROM STDIN") as copy,
+    ):
+        copy.write(f"7\n{value}\n")
+    assert refused.value.sqlstate == sqlstate
+    assert refused.value.diag.message_primary == message
+    assert numbers.execute("SELECT count(*) FROM kt").fetchone() == (2,)  # nothing written
+    with numbers.cursor().copy("COPY kt (k, i) FROM STDIN") as copy:
+        copy.write(" 7 \t+8\n")
+    assert numbers.execute("SELECT i FROM kt WHERE k = 7").fetchone() == (8,)
+
+
+def test_psql_copy_shows_the_integer_error(
+    numbers: psycopg.Connection, server: ServerThread
+) -> None:
+    shown = run_psql(server, "COPY kt (k) FROM STDIN;\n1.5\n\\.\n")
+    assert 'ERROR:  22P02: invalid input syntax for type bigint: "1.5"' in shown.stderr

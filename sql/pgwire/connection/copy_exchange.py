@@ -25,6 +25,7 @@ message than CopyData, CopyDone, CopyFail, Flush or Sync during COPY IN is 08P01
 from __future__ import annotations
 
 import asyncio
+import re
 import struct
 from dataclasses import dataclass
 from typing import Any
@@ -51,6 +52,7 @@ from storage import limits
 from storage.errors import (
     FeatureNotSupportedError,
     LimitExceededError,
+    NumericValueOutOfRangeError,
     QueryCanceledError,
     SqlSyntaxError,
     UndefinedColumnError,
@@ -294,7 +296,8 @@ def _write(session: Any, decoder: CopyDecoder | BinaryCopyDecoder | ArrowCopyDec
         if kind not in ("VARCHAR", "BLOB") and isinstance(decoder, CopyDecoder)
     ]  # fmt: skip
     if checks:
-        flags = ", ".join(f"({n} IS NOT NULL AND TRY_CAST({n} AS {k}) IS NULL) AS bad{i}"
+        flags = ", ".join(f"({n} IS NOT NULL AND (TRY_CAST({n} AS {k}) IS NULL"
+                          f"{_NOT_AN_INTEGER.format(n) if k in _INTEGER_TYPES else ''})) AS bad{i}"
                           for i, n, k in checks)  # fmt: skip
         condition = " OR ".join(f"bad{i}" for i, _, _ in checks)
         probe = (f"SELECT * FROM (SELECT {LINE_COLUMN}, {', '.join(names)}, {flags} FROM "
@@ -316,12 +319,22 @@ def _write(session: Any, decoder: CopyDecoder | BinaryCopyDecoder | ArrowCopyDec
     run_over_relation(session, relation, texts)
 
 
+# PostgreSQL's integer input (blanks, a sign, digits, blanks): DuckDB's cast also reads
+# 1.5 (rounded), 1e2, 0x10 and 1_000, which PostgreSQL refuses (22P02).
+_INTEGER_TYPES = frozenset(("SMALLINT", "INTEGER", "BIGINT"))
+_NOT_AN_INTEGER = " OR NOT regexp_full_match({0}, '\\s*[+-]?[0-9]+\\s*')"
+_INTEGER_TEXT = re.compile(r"\s*[+-]?[0-9]+\s*", re.ASCII)
+
+
 def _raise_bad_value(row: dict[str, Any], checks: list[tuple[int, str, str]], target: _Target,
                      relation: str) -> None:  # fmt: skip
     for index, name, kind in checks:
         if row[f"bad{index}"]:
             column, value = target.columns[index], row[name]
+            where = f'COPY {relation}, line {row[LINE_COLUMN]}, column {column}: "{value}"'
+            if kind in _INTEGER_TYPES and _INTEGER_TEXT.fullmatch(value):  # DuckDB's refusal
+                raise NumericValueOutOfRangeError(
+                    f'value "{value}" is out of range for type {kind.lower()}', where=where)
             raise InvalidTextRepresentationError(
-                f'invalid input syntax for type {kind.lower()}: "{value}"',
-                where=f'COPY {relation}, line {row[LINE_COLUMN]}, column {column}: "{value}"')
+                f'invalid input syntax for type {kind.lower()}: "{value}"', where=where)
     raise AssertionError("a probed row has a bad column")
