@@ -13,7 +13,8 @@ usable (what it held is given back as for any failed COPY or Bind).
 Invariants: ``held_bytes`` is the sum of every live holder's ``take`` minus its
 ``give``; it never goes below 0 nor, after a ``take`` returned, above ``bytes_max``.
 Thread-safety: connections on threads of their own share one budget: ``take`` and
-``give`` are one add under a lock, nothing allocated (the hot path of every Bind).
+``give`` are one add under a lock, nothing allocated; a connection's portals take it in
+steps (``HELD_PORTALS_STEP_BYTES``), so a statement of small Binds takes no lock at all.
 """
 
 from __future__ import annotations
@@ -21,6 +22,11 @@ from __future__ import annotations
 import threading
 
 from storage.errors import OutOfMemoryError
+
+# A connection takes its portals' share of the budget in steps of this many bytes and keeps
+# one step between statements (``connection.portals.HeldPortals``): small Binds then never
+# take the budget's lock; 100 connections keep at most 6.4 MiB of it so.
+HELD_PORTALS_STEP_BYTES = 64 * 1024
 
 
 class MemoryBudgetExceededError(OutOfMemoryError):

@@ -102,8 +102,7 @@ def test_a_parse_says_once_whether_the_wire_server_runs_its_statement() -> None:
         async def call(self, function: Callable[..., Any], *arguments: Any) -> Any:
             return function(*arguments)
 
-        def _session(self) -> Any:  # no transaction: Parse refuses nothing
-            return SimpleNamespace(state=SessionState.IDLE)
+        session = SimpleNamespace(state=SessionState.IDLE)  # Parse refuses nothing
 
     connection = Connection()
     for name, query in (("q", "SELECT 1"), ("c", "COPY t TO STDOUT"),

@@ -466,7 +466,7 @@ class Connection(ExtendedProtocol):
         """End the connection: its transaction is rolled back (staged writes freed) and its
         session slot given back, its portals' bytes to the server's memory budget."""
         self.server.connections.pop(self.process_id, None)
-        self.portals.clear()
+        self.portals.release()
         if self.has_slot:
             self.has_slot = False
             if self.own_thread is None:

@@ -190,6 +190,7 @@ class ExtendedProtocol:
     _refuse_result: Callable[[Result], Awaitable[None]]
     result_within_limit: Callable[[Result], bool]
     _session: Callable[[], Session]
+    session: Session | None  # None until the login made one
 
     def _query_of(self, kind: bytes, body: bytes) -> str | None:
         try:
@@ -303,9 +304,7 @@ class ExtendedProtocol:
                 if oid in (0, wire_types.UNKNOWN) and fmt == 0 and value is not None
                 and (value[:1] == b"{" or wire_types.integer_cast_differs(value))
             ]  # fmt: skip
-        self.portals.budget.take(message_bytes, "a Bind message")
-        portal.held_bytes = message_bytes
-        self.portals[message.portal] = portal
+        self.portals.hold(message.portal, portal, message_bytes)
         self.send(m.bind_complete())
 
     async def _decode_untyped(self, portal: Portal) -> None:
@@ -331,7 +330,8 @@ class ExtendedProtocol:
             raise InFailedTransactionError(_IN_FAILED_TRANSACTION)
 
     def _failed(self) -> bool:
-        return self._session().state is SessionState.FAILED
+        session = self.session
+        return session is not None and session.state is SessionState.FAILED
 
     def _portal(self, name: str) -> Portal:
         portal = self.portals.get(name)

@@ -20,7 +20,7 @@ from engine.api import Description, Result, Rows, ast
 from sql.internal_error import internal_error
 from sql.pgwire.codec import messages as m
 from sql.pgwire.codec import wire_types
-from sql.pgwire.memory_budget import MemoryBudget
+from sql.pgwire.memory_budget import HELD_PORTALS_STEP_BYTES, MemoryBudget
 from storage.errors import (
     FeatureNotSupportedError,
     SqlSyntaxError,
@@ -83,32 +83,71 @@ class Portal:
 
 class HeldPortals(dict[str, Portal]):
     """A connection's portals by name, their Bind messages' bytes counted in the server's
-    ``MemoryBudget`` while held: taken by the Bind (before the portal is stored), given
-    back when a portal is replaced, closed, cleared at Sync or the connection ends
-    (``clear``). Only these ways of changing it are used (``[name] =``, ``pop``,
-    ``clear``); one connection's loop changes it."""
+    ``MemoryBudget`` while held (``hold`` at Bind; given back when a portal is replaced,
+    closed, cleared at Sync or at a transaction's end, or the connection ends: ``release``).
+
+    The budget is taken from in steps of ``HELD_PORTALS_STEP_BYTES`` and one step is kept
+    between statements, so a connection binding small statements touches the budget's lock
+    once, not twice a statement. Invariants: ``held_bytes`` is the sum of the portals'
+    ``held_bytes``; ``held_bytes <= reserved_bytes``, which this connection took from the
+    budget. Changed by ``hold``, ``pop``, ``clear`` and ``release`` only (never ``[name]
+    =``), on the connection's one loop."""
 
     def __init__(self, budget: MemoryBudget) -> None:
         super().__init__()
         self.budget = budget
+        self.held_bytes = 0
+        self.reserved_bytes = 0
 
-    def __setitem__(self, name: str, portal: Portal) -> None:
+    def hold(self, name: str, portal: Portal, nbytes: int) -> None:
+        """Store ``portal`` (of a Bind of ``nbytes``) under ``name``, replacing the one of
+        that name; 53200 from the budget (nothing stored) past it."""
         replaced = self.get(name)
-        super().__setitem__(name, portal)
-        if replaced is not None and replaced is not portal:
-            self.budget.give(replaced.held_bytes)
+        held = self.held_bytes + nbytes
+        if replaced is not None:
+            held -= replaced.held_bytes
+        if held > self.reserved_bytes:
+            self._reserve(held)
+        portal.held_bytes = nbytes
+        dict.__setitem__(self, name, portal)
+        self.held_bytes = held
+
+    def _reserve(self, held: int) -> None:
+        step = HELD_PORTALS_STEP_BYTES
+        wanted = -(-held // step) * step  # rounded up to a step
+        self.budget.take(wanted - self.reserved_bytes, "a Bind message")
+        self.reserved_bytes = wanted
 
     def pop(self, name: str, default: Any = None) -> Any:  # type: ignore[override]
         portal = super().pop(name, None)
         if portal is None:
             return default
-        self.budget.give(portal.held_bytes)
+        self.held_bytes -= portal.held_bytes
+        self._trim()
         return portal
 
     def clear(self) -> None:
         if self:
-            self.budget.give(sum(portal.held_bytes for portal in self.values()))
-            super().clear()
+            dict.clear(self)
+            self.held_bytes = 0
+            if self.reserved_bytes > HELD_PORTALS_STEP_BYTES:
+                self._trim()
+
+    def release(self) -> None:
+        """Drop every portal and give back all this connection took (it ends)."""
+        self.clear()
+        self.budget.give(self.reserved_bytes)
+        self.reserved_bytes = 0
+
+    def _trim(self) -> None:
+        """Give back what is reserved beyond one step over what is held."""
+        kept = self.held_bytes + HELD_PORTALS_STEP_BYTES
+        if self.reserved_bytes > kept:
+            step = HELD_PORTALS_STEP_BYTES
+            kept = -(-kept // step) * step
+            if self.reserved_bytes > kept:
+                self.budget.give(self.reserved_bytes - kept)
+                self.reserved_bytes = kept
 
 
 def error_fields(error: BaseException, query: str | None = None) -> tuple[str, str, int | None]:
