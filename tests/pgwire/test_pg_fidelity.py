@@ -299,6 +299,19 @@ def test_a_portal_opened_before_the_failure_gives_no_rows_after_it(failed: RawCl
     assert _kinds_and_codes(failed.until_ready()) == ["1", "2", "C", "ZI"]
 
 
+def test_an_empty_query_is_parsed_but_not_bound_when_failed(failed: RawClient) -> None:
+    failed.send(_parse("", "") + _bind("", "") + _execute("") + _SYNC)  # as PostgreSQL 15
+    assert _kinds_and_codes(failed.until_ready()) == ["1", "E25P02", "ZE"]
+    failed.send(query("ROLLBACK; BEGIN"))
+    failed.until_ready()
+    failed.send(_parse("empty", "") + _bind("e", "empty") + _SYNC)
+    assert _kinds_and_codes(failed.until_ready()) == ["1", "2", "ZT"]
+    failed.send(query("SELECT 1/0"))
+    failed.until_ready()
+    failed.send(_execute("e") + _SYNC)  # bound before the failure: an empty query's answer
+    assert _kinds_and_codes(failed.until_ready()) == ["I", "ZE"]
+
+
 # -- integers in COPY text ------------------------------------------------------------------------
 @pytest.mark.parametrize(
     ("value", "sqlstate", "message"),

@@ -117,7 +117,9 @@ _IN_FAILED_TRANSACTION = (
 
 def ends_transaction(statement: ast.Statement | None) -> bool:
     """COMMIT, ROLLBACK, ROLLBACK TO, or an empty query: what Parse, Bind and Execute take
-    in a failed transaction, as in PostgreSQL (which refuses everything else: 25P02)."""
+    in a failed transaction, as in PostgreSQL (which refuses everything else: 25P02). An
+    empty query is parsed, and a portal of one bound before the failure executed (empty
+    query response), but a Bind of it is refused (``on_bind``), as PostgreSQL's."""
     return (
         statement is None
         or isinstance(statement, ast.Commit | ast.Rollback)
@@ -275,7 +277,10 @@ class ExtendedProtocol:
             raise UndefinedPreparedStatementError(
                 f'prepared statement "{message.statement}" does not exist'
             )
-        self._refuse_when_failed(prepared.statement)
+        statement = prepared.statement
+        if statement is None and self._failed():  # PostgreSQL binds no empty query then
+            raise InFailedTransactionError(_IN_FAILED_TRANSACTION)
+        self._refuse_when_failed(statement)
         count = len(message.parameters)
         if count != len(prepared.parameter_oids):
             raise ProtocolViolation(
