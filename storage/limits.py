@@ -382,3 +382,12 @@ DOOR_DECISION_BYTES = 512
 # bounded by COPY_IN_BYTES_MAX and its portals' messages; without this 100 connections
 # could hold 25 GiB of COPY data (docs/memory_bounds.md).
 WIRE_HELD_BYTES_MAX_DEFAULT = 1024 * MIB
+
+# -- a wire connection's floor and share of the held-bytes budget (round 15, H5; review R1-6) --
+# The first WIRE_HELD_BYTES_FLOOR bytes one connection holds (COPY data and Bind messages of
+# held portals together) are not charged to the shared budget and never refused, so a client
+# that fills the budget cannot stop the others' Binds and small COPYs; beyond it one
+# connection is charged at most 1/WIRE_HELD_SHARE_DIVISOR of the budget, so it cannot fill
+# the budget alone. The bytes held stay within held_bytes_max + connections_max x the floor.
+WIRE_HELD_BYTES_FLOOR = 1 * MIB
+WIRE_HELD_SHARE_DIVISOR = 4

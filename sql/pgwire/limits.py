@@ -41,9 +41,12 @@ SQLSTATE, never a hang or a dead server:
   it in parts with ``LIMIT ... OFFSET``.
 - held client bytes: COPY FROM STDIN data not yet written and the Bind messages of held
   portals, summed over all connections, stay within ``held_bytes_max``
-  (``sql.pgwire.memory_budget``): past it the COPY or Bind gets ``ERROR 53200`` and the
-  connection stays usable (each connection alone is bounded too: ``COPY_IN_BYTES_MAX``,
-  ``PORTALS_PER_CONNECTION_MAX`` portals of one message each).
+  (``sql.pgwire.memory_budget``) beyond each connection's floor, ``held_bytes_floor``
+  (never refused, not charged), and one connection's charge within a quarter of it: past
+  either the COPY or Bind gets ``ERROR 53200`` and the connection stays usable (each
+  connection alone is bounded too: ``COPY_IN_BYTES_MAX``, ``PORTALS_PER_CONNECTION_MAX``
+  portals of one message each). All held: ``held_bytes_max + connections_max x
+  held_bytes_floor`` at most.
 """
 
 from __future__ import annotations
@@ -64,6 +67,7 @@ from storage.limits import (
     STATEMENT_BYTES_MAX_DEFAULT,
     SUPERUSER_RESERVED_CONNECTIONS_DEFAULT,
     UNAUTHENTICATED_MAX_DEFAULT,
+    WIRE_HELD_BYTES_FLOOR,
     WIRE_HELD_BYTES_MAX_DEFAULT,
     WIRE_MESSAGE_BYTES_MAX_DEFAULT,
 )
@@ -82,6 +86,8 @@ class ServerLimits:
     # None: sql.pgwire.auth.AUTHENTICATION_TIMEOUT_S, read when a connection starts.
     authentication_timeout_s: float | None = None
     held_bytes_max: int = WIRE_HELD_BYTES_MAX_DEFAULT
+    # What one connection holds before anything is charged to ``held_bytes_max``.
+    held_bytes_floor: int = WIRE_HELD_BYTES_FLOOR
 
     def __post_init__(self) -> None:
         for name in ("connections_max", "message_bytes_max", "statement_bytes_max",
@@ -92,6 +98,9 @@ class ServerLimits:
         reserved = self.superuser_reserved_connections
         if not isinstance(reserved, int) or reserved < 0:
             raise ValueError(f"superuser_reserved_connections must be 0 or more, not {reserved!r}")
+        floor = self.held_bytes_floor
+        if not isinstance(floor, int) or floor < 0:
+            raise ValueError(f"held_bytes_floor must be 0 or more, not {floor!r}")
         timeout_s = self.authentication_timeout_s
         if timeout_s is not None and not 0 < timeout_s <= 600:
             raise ValueError(f"authentication_timeout_s must be in (0, 600], not {timeout_s!r}")

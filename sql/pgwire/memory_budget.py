@@ -5,16 +5,35 @@ Each connection's holdings are bounded on their own (a COPY FROM STDIN buffers a
 ``message_bytes_max``, kept by its portal, of which a connection holds at most
 ``PORTALS_PER_CONNECTION_MAX``), but with N connections their sum was unbounded. The
 ``MemoryBudget`` of one server counts, across all its connections, the bytes of COPY data
-received and not yet written, and the Bind messages whose portals are still held; a
-connection whose next COPY chunk or Bind would take the total past
-``ServerLimits.held_bytes_max`` gets 53200 (out of memory) for that statement, and stays
-usable (what it held is given back as for any failed COPY or Bind).
+received and not yet written, and the Bind messages whose portals are still held.
 
-Invariants: ``held_bytes`` is the sum of every live holder's ``take`` minus its
-``give``; it never goes below 0 nor, after a ``take`` returned, above ``bytes_max``.
-Thread-safety: connections on threads of their own share one budget: ``take`` and
-``give`` are one add under a lock, nothing allocated; a connection's portals take it in
-steps (``HELD_PORTALS_STEP_BYTES``), so a statement of small Binds takes no lock at all.
+Each connection's holdings (``ConnectionHoldings``, its COPY data and portals together) are
+counted in two parts:
+
+- its floor: the first ``ServerLimits.held_bytes_floor`` bytes (``WIRE_HELD_BYTES_FLOOR``,
+  1 MiB) are not charged to the shared budget and are never refused: however full the
+  budget is, every connection can still bind its statements and COPY small batches (one
+  client filling the budget and sitting idle in a transaction does not stop the others,
+  review R1-6);
+- beyond the floor, bytes are charged to the shared budget, and one connection may be
+  charged at most its share, ``held_bytes_max // WIRE_HELD_SHARE_DIVISOR`` (a quarter):
+  one connection alone cannot take the whole budget.
+
+Who is refused: the connection whose COPY chunk or Bind would take its own charge past its
+share, or the budget's total past ``held_bytes_max``, gets 53200 (out of memory) for that
+statement and stays usable (what it held is given back as for any failed COPY or Bind);
+nothing held by others is taken away. So the bytes held for clients stay within
+``held_bytes_max + connections_max * held_bytes_floor`` (1 GiB + 100 MiB by default).
+Messages still arriving (read whole before they are parsed, up to ``message_bytes_max``
+each) are outside this count.
+
+Invariants: ``MemoryBudget.held_bytes`` is the sum of every connection's ``charged``; it
+never goes below 0 nor, after a ``charge`` returned, above ``bytes_max``; a connection's
+``charged == max(0, held - floor)`` and ``charged <= share_max`` after each call returns.
+Thread-safety: connections on threads of their own share one budget, whose ``charge`` and
+``give`` are one add under a lock, nothing allocated; a ``ConnectionHoldings`` is used on
+its connection's one loop only and takes no lock while the connection holds no more than
+its floor (a statement of small Binds never touches the budget).
 """
 
 from __future__ import annotations
@@ -22,27 +41,31 @@ from __future__ import annotations
 import threading
 
 from storage.errors import OutOfMemoryError
-
-# A connection takes its portals' share of the budget in steps of this many bytes and keeps
-# one step between statements (``connection.portals.HeldPortals``): small Binds then never
-# take the budget's lock; 100 connections keep at most 6.4 MiB of it so.
-HELD_PORTALS_STEP_BYTES = 64 * 1024
+from storage.limits import WIRE_HELD_SHARE_DIVISOR
 
 
 class MemoryBudgetExceededError(OutOfMemoryError):
-    """A COPY chunk or a Bind past the server's budget of held client bytes (53200)."""
+    """A COPY chunk or a Bind past the server's budget of held client bytes, or past the
+    connection's share of it (53200)."""
 
 
 class MemoryBudget:
-    """Bytes held for clients by all of one server's connections, at most ``bytes_max``."""
+    """Bytes held for clients beyond their floors by all of one server's connections, at
+    most ``bytes_max``; each connection's at most ``share_max``."""
 
-    def __init__(self, bytes_max: int) -> None:
-        assert bytes_max > 0, bytes_max
+    def __init__(self, bytes_max: int, floor_bytes: int) -> None:
+        assert bytes_max > 0 and floor_bytes >= 0, (bytes_max, floor_bytes)
         self.bytes_max = bytes_max
+        self.floor_bytes = floor_bytes
+        self.share_max = max(1, bytes_max // WIRE_HELD_SHARE_DIVISOR)
         self.held_bytes = 0
         self._lock = threading.Lock()
 
-    def take(self, nbytes: int, what: str) -> None:
+    def connection(self) -> ConnectionHoldings:
+        """The holdings of a new connection, counted in this budget."""
+        return ConnectionHoldings(self)
+
+    def charge(self, nbytes: int, what: str) -> None:
         """Count ``nbytes`` more, or raise 53200 (nothing counted) if that would pass the
         budget; ``what`` names the holding in the error."""
         assert nbytes >= 0, nbytes
@@ -52,13 +75,58 @@ class MemoryBudget:
                 self.held_bytes = held
                 return
         raise MemoryBudgetExceededError(
-            f"out of memory: {what} of {nbytes} bytes would take the bytes all connections "
-            f"hold in COPY data and bound parameters past the server's limit of "
-            f"{self.bytes_max} bytes; retry later or in smaller pieces"
+            f"out of memory: {what} would take the bytes all connections hold in COPY data "
+            f"and bound parameters past the server's limit of {self.bytes_max} bytes; "
+            f"retry later or in smaller pieces"
         )
 
     def give(self, nbytes: int) -> None:
-        """Give back ``nbytes`` a ``take`` counted."""
+        """Give back ``nbytes`` a ``charge`` counted."""
         with self._lock:
             self.held_bytes -= nbytes
             assert self.held_bytes >= 0, (self.held_bytes, nbytes)
+
+
+class ConnectionHoldings:
+    """What one connection holds for its client (COPY data, portals' Bind messages):
+    ``held`` bytes, of which ``charged`` (those beyond the budget's floor) are counted in
+    the shared budget. Used on the connection's loop only."""
+
+    __slots__ = ("budget", "charged", "floor", "held")
+
+    def __init__(self, budget: MemoryBudget) -> None:
+        self.budget = budget
+        self.floor = budget.floor_bytes
+        self.held = 0
+        self.charged = 0
+
+    def take(self, nbytes: int, what: str) -> None:
+        """Hold ``nbytes`` more, or raise 53200 (nothing held) past the connection's share
+        or the budget; within the floor no lock is taken."""
+        held = self.held + nbytes
+        over = held - self.floor
+        if over > self.charged:
+            if over > self.budget.share_max:
+                raise MemoryBudgetExceededError(
+                    f"out of memory: {what} of {nbytes} bytes would take what this "
+                    f"connection holds in COPY data and bound parameters to {held} bytes, "
+                    f"past its share of {self.floor + self.budget.share_max} bytes (a "
+                    f"1/{WIRE_HELD_SHARE_DIVISOR} share of the server's limit of "
+                    f"{self.budget.bytes_max} bytes beyond {self.floor} of its own); "
+                    f"close portals or send smaller pieces"
+                )
+            self.budget.charge(over - self.charged, f"{what} of {nbytes} bytes")
+            self.charged = over
+        self.held = held
+
+    def give(self, nbytes: int) -> None:
+        """Let go of ``nbytes`` a ``take`` held; what falls back within the floor is given
+        back to the budget."""
+        held = self.held - nbytes
+        assert held >= 0, (self.held, nbytes)
+        self.held = held
+        if self.charged:
+            over = max(0, held - self.floor)
+            if over < self.charged:
+                self.budget.give(self.charged - over)
+                self.charged = over

@@ -97,7 +97,7 @@ class PgServer:
         self._tasks: set[asyncio.Task[None]] = set()
         self.limits = limits or ServerLimits()
         # COPY data and held portals' Bind messages of all connections (53200 past it)
-        self.memory_budget = MemoryBudget(self.limits.held_bytes_max)
+        self.memory_budget = MemoryBudget(self.limits.held_bytes_max, self.limits.held_bytes_floor)
         self.admission = Admission(self.limits)  # session slots, sockets still logging in
         self.open_sockets = 0  # accepted and not yet closed
 

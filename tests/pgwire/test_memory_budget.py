@@ -1,7 +1,9 @@
 """The server-wide budget of client bytes held between messages (``sql.pgwire.memory_budget``):
 COPY FROM STDIN data and held portals' Bind messages of all connections together stay
-within ``held_bytes_max``; the connection that would pass it gets 53200 and goes on, and
-every byte is given back when the COPY ends, the portal goes or the connection closes."""
+within ``held_bytes_max`` beyond each connection's floor, one connection's within its share;
+the connection that would pass either gets 53200 and goes on, every other connection can
+still bind and COPY within its floor (review R1-6), and every byte is given back when the
+COPY ends, the portal goes or the connection closes."""
 
 from __future__ import annotations
 
@@ -16,22 +18,21 @@ import pytest
 from sql.pgwire.codec import messages as m
 from sql.pgwire.connection.portals import HeldPortals, Portal
 from sql.pgwire.limits import ServerLimits
-from sql.pgwire.memory_budget import (
-    HELD_PORTALS_STEP_BYTES,
-    MemoryBudget,
-    MemoryBudgetExceededError,
-)
+from sql.pgwire.memory_budget import MemoryBudget, MemoryBudgetExceededError
 from sql.pgwire.server import ServerThread
-from tests.pgwire.rawclient import RawClient, query
+from tests.pgwire.rawclient import RawClient, error_fields, query
 
 BUDGET_BYTES = 1024 * 1024
-PIECE_BYTES = 400 * 1024  # two pieces fit, three do not
+FLOOR_BYTES = 64 * 1024
+SHARE_BYTES = BUDGET_BYTES // 4  # what one connection may be charged beyond its floor
+PIECE_BYTES = 300 * 1024  # charges 236 KiB: four connections' pieces fit, five do not
+SMALL_BYTES = 16 * 1024  # within the floor
 
 
 @pytest.fixture
 def small_budget(tmp_path: Path) -> Iterator[ServerThread]:
-    running = ServerThread(str(tmp_path / "data"), "127.0.0.1", 0,
-                           ServerLimits(held_bytes_max=BUDGET_BYTES))  # fmt: skip
+    limits = ServerLimits(held_bytes_max=BUDGET_BYTES, held_bytes_floor=FLOOR_BYTES)
+    running = ServerThread(str(tmp_path / "data"), "127.0.0.1", 0, limits)
     setup = _connect(running)
     setup.execute("CREATE TABLE lines (s VARCHAR)")
     setup.close()
@@ -44,10 +45,8 @@ def _connect(server: ServerThread) -> psycopg.Connection:
                            dbname="topicbase", connect_timeout=10, autocommit=True)  # fmt: skip
 
 
-def _copy_bytes(server: ServerThread) -> int:
-    """What the budget counts beyond the connections' portals' reservations: COPY data."""
-    portals = sum(c.portals.reserved_bytes for c in list(server.server.connections.values()))
-    return server.server.memory_budget.held_bytes - portals
+def _charged(server: ServerThread) -> int:
+    return server.server.memory_budget.held_bytes
 
 
 def _wait_for(count: Callable[[], int], expected: int) -> None:
@@ -58,12 +57,8 @@ def _wait_for(count: Callable[[], int], expected: int) -> None:
     assert count() == expected
 
 
-def _wait_for_held(server: ServerThread, expected: int) -> None:
-    _wait_for(lambda: _copy_bytes(server), expected)
-
-
-def _step_up(nbytes: int) -> int:
-    return -(-nbytes // HELD_PORTALS_STEP_BYTES) * HELD_PORTALS_STEP_BYTES
+def _wait_for_charged(server: ServerThread, expected: int) -> None:
+    _wait_for(lambda: _charged(server), expected)
 
 
 def _copy_lines(count_bytes: int) -> bytes:
@@ -71,104 +66,168 @@ def _copy_lines(count_bytes: int) -> bytes:
     return line * (count_bytes // len(line))
 
 
-def _open_copy(server: ServerThread) -> RawClient:
-    """A raw connection in COPY lines FROM STDIN holding PIECE_BYTES of data, not done."""
+def _open_copy(server: ServerThread, nbytes: int = PIECE_BYTES) -> RawClient:
+    """A raw connection in COPY lines FROM STDIN holding ``nbytes`` of data, not done."""
     client = RawClient(server.port)
     client.start()
     client.send(query("COPY lines FROM STDIN"))
     kind, _ = client.read()
     assert kind == b"G"
-    client.send(m.copy_data(_copy_lines(PIECE_BYTES)))
+    client.send(m.copy_data(_copy_lines(nbytes)))
     return client
 
 
+def _copy(connection: psycopg.Connection, nbytes: int) -> None:
+    with connection.cursor().copy("COPY lines FROM STDIN") as copy:
+        copy.write(_copy_lines(nbytes))
+
+
+def _count(connection: psycopg.Connection) -> int:
+    row = connection.execute("SELECT count(*) FROM lines").fetchone()
+    assert row is not None
+    return int(row[0])
+
+
 def test_copy_data_of_all_connections_stays_within_the_budget(small_budget: ServerThread) -> None:
-    holders = [_open_copy(small_budget) for _ in range(2)]
-    _wait_for_held(small_budget, 2 * PIECE_BYTES)
+    holders = [_open_copy(small_budget) for _ in range(4)]
+    _wait_for_charged(small_budget, 4 * (PIECE_BYTES - FLOOR_BYTES))
     victim = _connect(small_budget)
-    with (
-        pytest.raises(psycopg.errors.OutOfMemory) as refused,
-        victim.cursor().copy("COPY lines FROM STDIN") as copy,
-    ):
-        copy.write(_copy_lines(PIECE_BYTES))
+    with pytest.raises(psycopg.errors.OutOfMemory) as refused:
+        _copy(victim, PIECE_BYTES)
     assert refused.value.sqlstate == "53200"
-    assert victim.execute("SELECT count(*) FROM lines").fetchone() == (0,)  # usable, nothing in
-    _wait_for_held(small_budget, 2 * PIECE_BYTES)  # the refused COPY gave its bytes back
+    assert "server's limit" in str(refused.value)
+    assert _count(victim) == 0  # usable, nothing in
+    _wait_for_charged(small_budget, 4 * (PIECE_BYTES - FLOOR_BYTES))  # the refused COPY's back
+    _copy(victim, SMALL_BYTES)  # within its floor: taken however full the budget is
+    assert _count(victim) == SMALL_BYTES // 1024
     holders[0].send(m.copy_done())
     assert [kind for kind, _ in holders[0].until_ready()] == [b"C", b"Z"]
-    _wait_for_held(small_budget, PIECE_BYTES)
-    with victim.cursor().copy("COPY lines FROM STDIN") as copy:  # room again
-        copy.write(_copy_lines(PIECE_BYTES))
-    assert victim.execute("SELECT count(*) FROM lines").fetchone() == (2 * (PIECE_BYTES // 1024),)
+    _wait_for_charged(small_budget, 3 * (PIECE_BYTES - FLOOR_BYTES))
+    _copy(victim, PIECE_BYTES)  # room again
+    assert _count(victim) == (SMALL_BYTES + 2 * PIECE_BYTES) // 1024
     holders[1].close()  # a connection lost mid-COPY gives its bytes back too
     victim.close()
-    holders[0].close()
-    _wait_for(lambda: small_budget.server.memory_budget.held_bytes, 0)
+    for holder in (holders[0], *holders[2:]):
+        holder.close()
+    _wait_for_charged(small_budget, 0)
 
 
-def _bind_named(client: RawClient, portal: str, value: bytes) -> int:
-    """Bind ``portal`` of the unnamed statement to ``value``; the Bind body's size."""
-    body = (m.cstr(portal) + m.cstr("") + struct.pack("!hh", 0, 1)
-            + struct.pack("!i", len(value)) + value + struct.pack("!h", 0))  # fmt: skip
-    client.send(m.message(b"B", body))
-    return len(body)
-
-
-def test_bound_parameters_of_all_connections_stay_within_the_budget(
+def test_one_connection_is_refused_past_its_share_of_an_empty_budget(
     small_budget: ServerThread,
 ) -> None:
-    holder = RawClient(small_budget.port)
+    client = _connect(small_budget)
+    with pytest.raises(psycopg.errors.OutOfMemory) as refused:
+        _copy(client, FLOOR_BYTES + SHARE_BYTES + 1024)
+    assert "past its share" in str(refused.value)
+    _wait_for_charged(small_budget, 0)
+    _copy(client, FLOOR_BYTES + SHARE_BYTES)  # its floor and its whole share
+    assert _count(client) == (FLOOR_BYTES + SHARE_BYTES) // 1024
+    client.close()
+    _wait_for_charged(small_budget, 0)
+
+
+def _bind_named(portal: str, value_bytes: int) -> bytes:
+    """A Bind of ``portal`` of the unnamed statement to a text of ``value_bytes``."""
+    value = b"y" * value_bytes
+    return m.message(b"B", m.cstr(portal) + m.cstr("") + struct.pack("!hh", 0, 1)
+                     + struct.pack("!i", len(value)) + value + struct.pack("!h", 0))  # fmt: skip
+
+
+def _holder_of_its_share(server: ServerThread) -> RawClient:
+    """A raw connection in a transaction block holding a named portal whose Bind message
+    is its floor and its whole share, then idle (it lives until the block ends)."""
+    holder = RawClient(server.port)
     holder.start()
     holder.send(query("BEGIN"))
     holder.until_ready()
     holder.send(m.message(b"P", m.cstr("") + m.cstr("SELECT length($1)") + struct.pack("!h", 0)))
-    held = 0
-    for name in ("p1", "p2"):  # named portals live until the transaction ends
-        held += _bind_named(holder, name, b"y" * PIECE_BYTES)
-    holder.send(m.message(b"S"))
-    assert [kind for kind, _ in holder.until_ready()] == [b"1", b"2", b"2", b"Z"]
-    budget = small_budget.server.memory_budget
-    _wait_for(lambda: budget.held_bytes, _step_up(held))  # taken in steps
+    bind = _bind_named("p", 0)
+    bind = _bind_named("p", FLOOR_BYTES + SHARE_BYTES - (len(bind) - 5))  # the body counts
+    assert len(bind) - 5 == FLOOR_BYTES + SHARE_BYTES
+    holder.send(bind + m.message(b"S"))
+    assert [kind for kind, _ in holder.until_ready()] == [b"1", b"2", b"Z"]
+    return holder
+
+
+def test_holders_that_fill_the_budget_leave_every_other_connection_its_floor(
+    small_budget: ServerThread,
+) -> None:
+    holders = [_holder_of_its_share(small_budget) for _ in range(4)]
+    _wait_for_charged(small_budget, BUDGET_BYTES)  # full, each idle in its block
     victim = _connect(small_budget)
-    with pytest.raises(psycopg.errors.OutOfMemory):
+    with pytest.raises(psycopg.errors.OutOfMemory) as refused:  # past its floor: no room
         victim.execute("SELECT length(%s)", ["z" * PIECE_BYTES])
-    assert victim.execute("SELECT length(%s)", ["small"]).fetchone() == (5,)  # usable
-    holder.send(query("COMMIT"))  # the transaction's portals go at its end
-    assert [kind for kind, _ in holder.until_ready()] == [b"C", b"Z"]
-    # the holder keeps one step, the victim one (its small statements)
-    _wait_for(lambda: budget.held_bytes, 2 * HELD_PORTALS_STEP_BYTES)
+    assert "server's limit" in str(refused.value)
+    for _ in range(3):  # within its floor: bound, run, and a small COPY taken
+        assert victim.execute("SELECT length(%s)", ["small"]).fetchone() == (5,)
+        _copy(victim, SMALL_BYTES)
+    assert _count(victim) == 3 * SMALL_BYTES // 1024
+    holders[0].send(_bind_named("one_more", 1) + m.message(b"S"))  # past its share
+    got = holders[0].until_ready()
+    assert [kind for kind, _ in got] == [b"E", b"Z"]
+    assert error_fields(got[0][1])["C"] == "53200" and "past its share" in error_fields(
+        got[0][1])["M"]  # fmt: skip
+    _wait_for_charged(small_budget, BUDGET_BYTES)
+    for holder in holders[:2]:  # the portals go at the block's end
+        holder.send(query("ROLLBACK"))
+        assert [kind for kind, _ in holder.until_ready()] == [b"C", b"Z"]
+    _wait_for_charged(small_budget, 2 * SHARE_BYTES)
     assert victim.execute("SELECT length(%s)", ["z" * PIECE_BYTES]).fetchone() == (PIECE_BYTES,)
-    holder.close()
+    for holder in holders[2:]:  # a connection closed in its block gives its bytes back
+        holder.close()
     victim.close()
-    _wait_for(lambda: budget.held_bytes, 0)
+    holders[0].close()
+    holders[1].close()
+    _wait_for_charged(small_budget, 0)
 
 
-def test_small_binds_take_the_budget_once_and_big_ones_give_back_all_but_a_step() -> None:
-    class CountingBudget(MemoryBudget):
-        def __init__(self) -> None:
-            super().__init__(BUDGET_BYTES)
-            self.calls = 0
+class _CountingBudget(MemoryBudget):
+    """A budget that counts its lock-taking calls."""
 
-        def take(self, nbytes: int, what: str) -> None:
-            self.calls += 1
-            super().take(nbytes, what)
+    def __init__(self) -> None:
+        super().__init__(BUDGET_BYTES, FLOOR_BYTES)
+        self.calls = 0
 
-        def give(self, nbytes: int) -> None:
-            self.calls += 1
-            super().give(nbytes)
+    def charge(self, nbytes: int, what: str) -> None:
+        self.calls += 1
+        super().charge(nbytes, what)
 
-    budget = CountingBudget()
-    portals = HeldPortals(budget)
+    def give(self, nbytes: int) -> None:
+        self.calls += 1
+        super().give(nbytes)
+
+
+def test_binds_within_the_floor_never_touch_the_budget() -> None:
+    budget = _CountingBudget()
+    holdings = budget.connection()
+    portals = HeldPortals(holdings)
     for _ in range(1000):  # a statement: Bind, then Sync drops its portal
         portals.hold("", Portal(None, [], []), 100)  # type: ignore[arg-type]
         portals.clear()
-    assert budget.calls == 1 and budget.held_bytes == HELD_PORTALS_STEP_BYTES
+    holdings.take(FLOOR_BYTES, "COPY FROM STDIN data")  # exactly the floor: still free
+    assert budget.calls == 0 and budget.held_bytes == 0
+    holdings.give(FLOOR_BYTES)
     portals.hold("big", Portal(None, [], []), PIECE_BYTES)  # type: ignore[arg-type]
-    assert budget.held_bytes == _step_up(PIECE_BYTES)
-    with pytest.raises(MemoryBudgetExceededError):  # past the budget: nothing stored
-        portals.hold("bigger", Portal(None, [], []), 2 * PIECE_BYTES)  # type: ignore[arg-type]
-    assert list(portals) == ["big"] and portals.held_bytes == PIECE_BYTES
-    portals.pop("big")
-    assert budget.held_bytes == HELD_PORTALS_STEP_BYTES and portals.held_bytes == 0
+    assert budget.held_bytes == PIECE_BYTES - FLOOR_BYTES == holdings.charged
+    with pytest.raises(MemoryBudgetExceededError, match="past its share"):  # nothing stored
+        portals.hold("bigger", Portal(None, [], []), PIECE_BYTES)  # type: ignore[arg-type]
+    assert list(portals) == ["big"] and portals.held_bytes == holdings.held == PIECE_BYTES
+    portals.hold("big", Portal(None, [], []), 200)  # type: ignore[arg-type]  # replaced
+    assert budget.held_bytes == 0 and holdings.held == 200
     portals.release()
+    assert budget.held_bytes == 0 and holdings.held == 0 and not portals
+
+
+def test_the_budget_refuses_past_its_limit_whatever_each_share() -> None:
+    budget = MemoryBudget(BUDGET_BYTES, FLOOR_BYTES)
+    connections = [budget.connection() for _ in range(5)]
+    for holdings in connections[:4]:
+        holdings.take(FLOOR_BYTES + SHARE_BYTES, "a Bind message")
+    assert budget.held_bytes == BUDGET_BYTES
+    with pytest.raises(MemoryBudgetExceededError, match="server's limit"):
+        connections[4].take(FLOOR_BYTES + 1, "a Bind message")
+    assert connections[4].held == connections[4].charged == 0
+    connections[4].take(FLOOR_BYTES, "a Bind message")  # its floor is never refused
+    for holdings in connections:
+        holdings.give(holdings.held)
     assert budget.held_bytes == 0

@@ -297,7 +297,9 @@ class Connection(ExtendedProtocol):
         self.direct: own_thread.DirectReads | None = None
         self.socket_closed = False  # PgServer.stop closed (or is closing) the socket
         self.statements: dict[str, Prepared] = {}
-        self.portals = HeldPortals(server.memory_budget)
+        # COPY data and portals' Bind messages held for the client (its floor, its share).
+        self.holdings = server.memory_budget.connection()
+        self.portals = HeldPortals(self.holdings)
         self.kept_descriptions = BoundedCache(  # ExtendedProtocol._describe_again
             "sql.pgwire.kept_descriptions", KEPT_DESCRIPTIONS)
         self.kept_responses = {}  # ExtendedProtocol._send_kept_response
@@ -319,7 +321,7 @@ class Connection(ExtendedProtocol):
             reader=reader, current_session=lambda: self.session, call=self.call,
             send=self.send, send_error=self.send_error, send_result=self.send_result,
             ready_for_query=self.ready_for_query, drain=lambda: self.writer.drain(),
-            memory_budget=server.memory_budget,
+            holdings=self.holdings,
         )  # fmt: skip
 
     async def call(self, function: Callable[..., Any], *arguments: Any) -> Any:

@@ -24,7 +24,7 @@ from engine.api import Database, Result, Session
 from sql.pgwire.connection.cursors import CursorSet
 from sql.pgwire.emulation.surface import ConnectionCatalog
 from sql.pgwire.limits import ServerLimits
-from sql.pgwire.memory_budget import MemoryBudget
+from sql.pgwire.memory_budget import ConnectionHoldings
 
 
 @dataclass(slots=True)
@@ -48,8 +48,9 @@ class CommandContext:
     ready_for_query: Callable[[], bytes]
     # Write out what was sent so far (before awaiting the client, between COPY blocks).
     drain: Callable[[], Awaitable[None]]
-    # The server's budget of client bytes held by all connections (COPY data, portals).
-    memory_budget: MemoryBudget
+    # What this connection holds for its client (COPY data, portals), in the server's
+    # budget beyond the connection's floor (``sql.pgwire.memory_budget``).
+    holdings: ConnectionHoldings
     cursors: CursorSet = field(default_factory=CursorSet)
 
     @property

@@ -225,7 +225,7 @@ async def copy_from_client(context: CommandContext, statement: CopyStatement) ->
         if count:
             await context.call(_write, context.session, decoder, target)
     finally:  # written or refused: the data is let go with the decoder
-        context.memory_budget.give(held.nbytes)
+        context.holdings.give(held.nbytes)
     context.send(m.command_complete(f"COPY {count}"))
 
 
@@ -264,7 +264,7 @@ async def _receive(context: CommandContext,
             if decoder.bytes_seen + len(body) > COPY_IN_BYTES_MAX:
                 raise LimitExceededError(f"COPY FROM STDIN data exceeds the limit of "
                                          f"{COPY_IN_BYTES_MAX} bytes")  # fmt: skip
-            context.memory_budget.take(len(body), "COPY FROM STDIN data")
+            context.holdings.take(len(body), "COPY FROM STDIN data")
             held.nbytes += len(body)
             await context.call(decoder.feed, body)
         elif kind == b"c":

@@ -20,7 +20,7 @@ from engine.api import Description, Result, Rows, ast
 from sql.internal_error import internal_error
 from sql.pgwire.codec import messages as m
 from sql.pgwire.codec import wire_types
-from sql.pgwire.memory_budget import HELD_PORTALS_STEP_BYTES, MemoryBudget
+from sql.pgwire.memory_budget import ConnectionHoldings
 from storage.errors import (
     FeatureNotSupportedError,
     SqlSyntaxError,
@@ -82,72 +82,57 @@ class Portal:
 
 
 class HeldPortals(dict[str, Portal]):
-    """A connection's portals by name, their Bind messages' bytes counted in the server's
-    ``MemoryBudget`` while held (``hold`` at Bind; given back when a portal is replaced,
-    closed, cleared at Sync or at a transaction's end, or the connection ends: ``release``).
+    """A connection's portals by name, their Bind messages' bytes held in the connection's
+    ``ConnectionHoldings`` (``sql.pgwire.memory_budget``: its floor first, then the server's
+    budget) while the portal is held (``hold`` at Bind; given back when a portal is
+    replaced, closed, cleared at Sync or at a transaction's end, or the connection ends).
 
-    The budget is taken from in steps of ``HELD_PORTALS_STEP_BYTES`` and one step is kept
-    between statements, so a connection binding small statements touches the budget's lock
-    once, not twice a statement. Invariants: ``held_bytes`` is the sum of the portals'
-    ``held_bytes``; ``held_bytes <= reserved_bytes``, which this connection took from the
-    budget. Changed by ``hold``, ``pop``, ``clear`` and ``release`` only (never ``[name]
-    =``), on the connection's one loop."""
+    Invariants: ``held_bytes`` is the sum of the portals' ``held_bytes``, all of it held in
+    ``holdings``. Changed by ``hold``, ``pop``, ``clear`` and ``release`` only (never
+    ``[name] =``), on the connection's one loop."""
 
-    def __init__(self, budget: MemoryBudget) -> None:
+    def __init__(self, holdings: ConnectionHoldings) -> None:
         super().__init__()
-        self.budget = budget
+        self.holdings = holdings
         self.held_bytes = 0
-        self.reserved_bytes = 0
 
     def hold(self, name: str, portal: Portal, nbytes: int) -> None:
         """Store ``portal`` (of a Bind of ``nbytes``) under ``name``, replacing the one of
-        that name; 53200 from the budget (nothing stored) past it."""
-        replaced = self.get(name)
-        held = self.held_bytes + nbytes
-        if replaced is not None:
-            held -= replaced.held_bytes
-        if held > self.reserved_bytes:
-            self._reserve(held)
+        that name (dropped first, as PostgreSQL drops the unnamed portal a Bind replaces);
+        53200 (nothing stored) past the connection's share or the budget."""
+        if name in self:
+            self.pop(name)
+        holdings = self.holdings
+        held = holdings.held + nbytes
+        if held - holdings.floor > holdings.charged:  # beyond what is already accounted
+            holdings.take(nbytes, "a Bind message")
+        else:  # ``holdings.take``'s way within the floor, inlined: a Bind per statement
+            holdings.held = held
         portal.held_bytes = nbytes
         dict.__setitem__(self, name, portal)
-        self.held_bytes = held
-
-    def _reserve(self, held: int) -> None:
-        step = HELD_PORTALS_STEP_BYTES
-        wanted = -(-held // step) * step  # rounded up to a step
-        self.budget.take(wanted - self.reserved_bytes, "a Bind message")
-        self.reserved_bytes = wanted
+        self.held_bytes += nbytes
 
     def pop(self, name: str, default: Any = None) -> Any:  # type: ignore[override]
         portal = super().pop(name, None)
         if portal is None:
             return default
         self.held_bytes -= portal.held_bytes
-        self._trim()
+        self.holdings.give(portal.held_bytes)
         return portal
 
     def clear(self) -> None:
         if self:
             dict.clear(self)
+            holdings = self.holdings
+            if holdings.charged:
+                holdings.give(self.held_bytes)
+            else:  # ``holdings.give``'s way within the floor, inlined: a Sync per statement
+                holdings.held -= self.held_bytes
             self.held_bytes = 0
-            if self.reserved_bytes > HELD_PORTALS_STEP_BYTES:
-                self._trim()
 
     def release(self) -> None:
-        """Drop every portal and give back all this connection took (it ends)."""
+        """Drop every portal (the connection ends)."""
         self.clear()
-        self.budget.give(self.reserved_bytes)
-        self.reserved_bytes = 0
-
-    def _trim(self) -> None:
-        """Give back what is reserved beyond one step over what is held."""
-        kept = self.held_bytes + HELD_PORTALS_STEP_BYTES
-        if self.reserved_bytes > kept:
-            step = HELD_PORTALS_STEP_BYTES
-            kept = -(-kept // step) * step
-            if self.reserved_bytes > kept:
-                self.budget.give(self.reserved_bytes - kept)
-                self.reserved_bytes = kept
 
 
 def error_fields(error: BaseException, query: str | None = None) -> tuple[str, str, int | None]:
