@@ -22,10 +22,17 @@ counted in two parts:
 Who is refused: the connection whose COPY chunk or Bind would take its own charge past its
 share, or the budget's total past ``held_bytes_max``, gets 53200 (out of memory) for that
 statement and stays usable (what it held is given back as for any failed COPY or Bind);
-nothing held by others is taken away. So the bytes held for clients stay within
-``held_bytes_max + connections_max * held_bytes_floor`` (1 GiB + 100 MiB by default).
-Messages still arriving (read whole before they are parsed, up to ``message_bytes_max``
-each) are outside this count.
+nothing held by others is taken away.
+
+A message is read whole before it is parsed (up to ``message_bytes_max``): one longer than
+the floor holds its announced length while its body arrives (``take_arriving``; review
+R1-7: clients announcing big messages and never finishing them held them uncounted); when
+that is refused its body is read and dropped in small pieces (``skip_body``, as
+PostgreSQL's ``pq_getmessage`` discards a message it cannot hold) and the message gets
+53200, the connection goes on. A message within the floor is not counted (so it is never
+refused). So the bytes held for clients stay within ``held_bytes_max + connections_max *
+2 * held_bytes_floor`` (its floor's holdings and one uncounted message a connection; 1 GiB
++ 200 MiB by default).
 
 Invariants: ``MemoryBudget.held_bytes`` is the sum of every connection's ``charged``; it
 never goes below 0 nor, after a ``charge`` returned, above ``bytes_max``; a connection's
@@ -38,6 +45,7 @@ its floor (a statement of small Binds never touches the budget).
 
 from __future__ import annotations
 
+import asyncio
 import threading
 
 from storage.errors import OutOfMemoryError
@@ -130,3 +138,41 @@ class ConnectionHoldings:
             if over < self.charged:
                 self.budget.give(self.charged - over)
                 self.charged = over
+
+    def take_arriving(self, length: int) -> int:
+        """Hold a message's announced body ``length`` while it arrives when it is longer
+        than the floor; the bytes held, to ``give`` once the body is parsed (0: none).
+        53200 (nothing held) past the share or the budget: skip the body then."""
+        if length <= self.floor:
+            return 0
+        self.take(length, "a message still arriving")
+        return length
+
+
+_SKIP_PIECE_BYTES = 64 * 1024
+
+
+async def skip_body(reader: asyncio.StreamReader, length: int) -> None:
+    """Read and drop the ``length`` bytes of a refused message's body, a piece at a time
+    (nothing held); ``IncompleteReadError`` if the client goes first."""
+    while length > 0:
+        piece = await reader.read(min(length, _SKIP_PIECE_BYTES))
+        if not piece:
+            raise asyncio.IncompleteReadError(b"", length)
+        length -= len(piece)
+
+
+async def read_body(reader: asyncio.StreamReader, holdings: ConnectionHoldings,
+                    length: int) -> bytes:  # fmt: skip
+    """A message's body of ``length`` bytes, held in ``holdings`` while it arrives when it
+    is longer than the floor; 53200 (the body skipped, nothing held) when that is refused."""
+    try:
+        arriving = holdings.take_arriving(length)
+    except MemoryBudgetExceededError:
+        await skip_body(reader, length)
+        raise
+    try:
+        return await reader.readexactly(length)
+    finally:
+        if arriving:
+            holdings.give(arriving)

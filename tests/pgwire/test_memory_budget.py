@@ -231,3 +231,60 @@ def test_the_budget_refuses_past_its_limit_whatever_each_share() -> None:
     for holdings in connections:
         holdings.give(holdings.held)
     assert budget.held_bytes == 0
+
+
+# -- messages still arriving (review R1-7) -------------------------------------------------------
+def _long_query(body_bytes: int) -> bytes:
+    """A Query message of ``body_bytes`` (SELECT 1 and a comment) as sent."""
+    text = b"SELECT 1 --"
+    return m.message(b"Q", text + b"x" * (body_bytes - len(text) - 1) + b"\0")
+
+
+def test_a_long_message_holds_its_length_while_it_arrives(small_budget: ServerThread) -> None:
+    senders = []
+    for _ in range(4):  # each announces PIECE_BYTES and sends two thirds of it
+        sender = RawClient(small_budget.port)
+        sender.start()
+        whole = _long_query(PIECE_BYTES)
+        sender.send(whole[: 2 * len(whole) // 3])
+        senders.append((sender, whole))
+    _wait_for_charged(small_budget, 4 * (PIECE_BYTES - FLOOR_BYTES))
+    late = RawClient(small_budget.port)  # a fifth long message does not fit: skipped, 53200
+    late.start()
+    late.send(_long_query(PIECE_BYTES))
+    got = late.until_ready()
+    assert [kind for kind, _ in got] == [b"E", b"Z"]
+    assert error_fields(got[0][1])["C"] == "53200"
+    late.send(query("SELECT 2"))  # the stream goes on after the skipped body
+    assert [kind for kind, _ in late.until_ready()] == [b"T", b"D", b"C", b"Z"]
+    victim = _connect(small_budget)  # short messages are within every floor
+    assert victim.execute("SELECT length(%s)", ["small"]).fetchone() == (5,)
+    for sender, whole in senders:  # the rest comes: run, and the bytes given back
+        sender.send(whole[2 * len(whole) // 3 :])
+        assert [kind for kind, _ in sender.until_ready()] == [b"T", b"D", b"C", b"Z"]
+    _wait_for_charged(small_budget, 0)
+    senders[0][0].send(_long_query(PIECE_BYTES)[:1000])  # never finished: given back at close
+    _wait_for_charged(small_budget, PIECE_BYTES - FLOOR_BYTES)
+    for client in (late, *(sender for sender, _ in senders)):
+        client.close()
+    victim.close()
+    _wait_for_charged(small_budget, 0)
+
+
+def test_a_long_message_past_the_share_is_skipped_in_a_block_and_fails_it(
+    small_budget: ServerThread,
+) -> None:
+    client = RawClient(small_budget.port)
+    client.start()
+    client.send(query("BEGIN"))
+    client.until_ready()
+    client.send(_long_query(FLOOR_BYTES + SHARE_BYTES + 1))
+    got = client.until_ready()
+    assert [kind for kind, _ in got] == [b"E", b"Z"] and got[1][1] == b"E"  # failed block
+    assert "past its share" in error_fields(got[0][1])["M"]
+    client.send(query("ROLLBACK"))
+    assert [kind for kind, _ in client.until_ready()] == [b"C", b"Z"]
+    client.send(_long_query(FLOOR_BYTES + SHARE_BYTES))  # its floor and share: taken
+    assert [kind for kind, _ in client.until_ready()] == [b"T", b"D", b"C", b"Z"]
+    client.close()
+    _wait_for_charged(small_budget, 0)

@@ -106,7 +106,7 @@ from sql.pgwire.connection.portals import (
 from sql.pgwire.emulation import surface
 from sql.pgwire.emulation.pg_settings import milliseconds
 from sql.pgwire.limits import ServerLimits
-from sql.pgwire.memory_budget import MemoryBudget
+from sql.pgwire.memory_budget import MemoryBudget, MemoryBudgetExceededError, read_body
 from storage.errors import (
     FeatureNotSupportedError,
     IdleInTransactionSessionTimeoutError,
@@ -157,6 +157,15 @@ _STATUS = {SessionState.IDLE: "I", SessionState.IN_TRANSACTION: "T", SessionStat
 # and CopyData/CopyDone/CopyFail (d, c, f) arriving after a COPY failed are ignored, as
 # PostgreSQL does (sql.pgwire.connection.copy_exchange handles them during a COPY).
 _NOTHING_TO_DO = frozenset({b"H", b"d", b"c", b"f"})
+
+
+class _RefusedMessage(Exception):
+    """A message whose body the connection could not hold (skipped): its type, the 53200."""
+
+    def __init__(self, kind: bytes, error: MemoryBudgetExceededError) -> None:
+        super().__init__(kind, error)
+        self.kind = kind
+        self.error = error
 
 
 # Statements log_statement = ddl logs (by first keyword; mod adds _MOD_WORDS).
@@ -579,9 +588,17 @@ class Connection(ExtendedProtocol):
         self.writer = GatheringWriter(self.writer)
         while True:
             taken = self._buffered_message()
-            if taken is None and self.direct is not None and self._read_directly():
+            if taken is None and self.direct is not None and not self._long_message_coming() \
+                    and self._read_directly():  # fmt: skip
                 continue  # more bytes in the buffer: look again
-            kind, body = taken if taken is not None else await self._next_message()
+            if taken is not None:
+                kind, body = taken
+            else:
+                try:
+                    kind, body = await self._next_message()
+                except _RefusedMessage as refused:
+                    await self._refuse_message(refused)
+                    continue
             if kind in (b"Q", b"P") and await self._statement_too_large(kind, body):
                 continue
             if kind == b"X":
@@ -672,18 +689,54 @@ class Connection(ExtendedProtocol):
         deadline = self._idle_deadline() if self.waiting_for_query else None
         if deadline is None:
             header = await reader.readexactly(5)
-            body = await reader.readexactly(
-                wire_limits.message_body_length(header, self.server.limits))  # fmt: skip
+            body = await self._read_body(header)
         else:
             try:
                 async with asyncio.timeout(max(0.0, deadline[0] - time.monotonic())):
                     header = await reader.readexactly(5)
-                    body = await reader.readexactly(
-                        wire_limits.message_body_length(header, self.server.limits))  # fmt: skip
+                    body = await self._read_body(header)
             except TimeoutError:
                 raise _idle_error(deadline[1]) from None
         self.waiting_for_query = False
         return header[:1], body
+
+    async def _read_body(self, header: bytes) -> bytes:
+        """The body of the message of ``header`` (length checked: ``message_body_length``).
+        One longer than the floor holds its length in ``holdings`` while it arrives (review
+        R1-7, ``memory_budget.read_body``); refused, its body is skipped and
+        ``_RefusedMessage`` raised."""
+        length = wire_limits.message_body_length(header, self.server.limits)
+        if length <= self.holdings.floor:
+            return await self.reader.readexactly(length)
+        try:
+            return await read_body(self.reader, self.holdings, length)
+        except MemoryBudgetExceededError as error:
+            self.waiting_for_query = False
+            raise _RefusedMessage(header[:1], error) from None
+
+    def _long_message_coming(self) -> bool:
+        """Whether the reader holds the start of a message longer than the floor: it is
+        read by ``_next_message`` (held while it arrives), not by direct reads."""
+        buffer = self.reader._buffer
+        return len(buffer) >= 5 and _LENGTH.unpack_from(buffer, 1)[0] - 4 > self.holdings.floor
+
+    async def _refuse_message(self, refused: _RefusedMessage) -> None:
+        """Answer a message whose body could not be held (skipped): 53200 for a Query (then
+        ReadyForQuery) or an extended-protocol message (then skip until Sync), failing an
+        open transaction as any error of theirs (``_statement_too_large``'s way); nothing
+        for what is ignored here anyway (CopyData after a failed COPY)."""
+        if refused.kind == b"Q":
+            await self._fail_transaction()
+            self.send_error(refused.error)
+            self.send(self.ready_for_query())
+            await self.writer.drain()
+        elif refused.kind in (b"P", b"B", b"D", b"E", b"C"):
+            if not self.skipping:
+                await self._fail_transaction()
+                self.send_error(refused.error)
+                self.skipping = True
+        elif refused.kind not in _NOTHING_TO_DO:
+            raise m.ProtocolError(f"invalid frontend message type {refused.kind!r}")
 
     def _idle_deadline(self) -> tuple[float, bool] | None:
         """While the session is idle: when its idle timeout ends (``time.monotonic``) and

@@ -48,6 +48,7 @@ from sql.pgwire.connection import copy_arrow, copy_commit, copy_staged, result_s
 from sql.pgwire.connection.context import CommandContext
 from sql.pgwire.connection.copy_statement import CopyStatement
 from sql.pgwire.connection.portals import ProtocolViolation
+from sql.pgwire.memory_budget import read_body
 from storage import limits
 from storage.errors import (
     FeatureNotSupportedError,
@@ -257,8 +258,8 @@ async def _receive(context: CommandContext,
     it, as 54000 past the connection's own ``COPY_IN_BYTES_MAX``."""
     while True:
         header = await context.reader.readexactly(5)
-        body = await context.reader.readexactly(
-            wire_limits.message_body_length(header, context.limits))
+        body = await read_body(context.reader, context.holdings,  # held while it arrives
+                               wire_limits.message_body_length(header, context.limits))
         kind = header[:1]
         if kind == b"d":
             if decoder.bytes_seen + len(body) > COPY_IN_BYTES_MAX:

@@ -56,6 +56,7 @@ from sql.pgwire.codec.copy_arrow import plain_schema
 from sql.pgwire.codec.copy_format import BadCopyFormatError
 from sql.pgwire.connection.context import CommandContext
 from sql.pgwire.connection.portals import ProtocolViolation
+from sql.pgwire.memory_budget import read_body
 from storage.errors import QueryCanceledError
 
 PIPE_BYTES = 8 << 20  # CopyData held between the event loop and the staging thread
@@ -448,8 +449,8 @@ async def _receive(context: CommandContext, pipe: _Pipe, staged: asyncio.Future[
         if staged.done():
             staged.result()  # raises the staging error; a finished stream reads on to CopyDone
         header = await context.reader.readexactly(5)
-        body = await context.reader.readexactly(
-            wire_limits.message_body_length(header, context.limits))
+        body = await read_body(context.reader, context.holdings,  # held while it arrives
+                               wire_limits.message_body_length(header, context.limits))
         kind = header[:1]
         if kind == b"d":
             pipe.feed(body)
