@@ -129,6 +129,8 @@ CHECKPOINT_STAGED_BYTES = 256 * 1024 * 1024
 # Published frames are searched from this long before the commit time, in
 # case the wall clock stepped back a little between commit and publish.
 CLOCK_SLACK_US = 60 * 1_000_000
+# ``_consumed_floor`` of a topic no consumer reads: every offset may leave the page cache.
+EVERY_OFFSET = 2**63 - 1
 # Shares staged as frames published at once by a commit (``Committer._publish_framed``).
 FRAMED_PUBLISH_THREADS = 4
 
@@ -957,7 +959,8 @@ class Committer:
                 # this process has not written is not open for writing, and ``sync``
                 # would sync nothing although a killed process's frames may be in the
                 # page cache only (the records passed below are their last copy).
-                topic.partition(partition).make_durable()
+                topic.partition(partition).make_durable(
+                    drop_below=self._consumed_floor(topic_id, partition))
             except PartitionFencedError as error:
                 fenced.add((topic_id, partition))
                 log.warning("checkpoint sets aside the transactions from the first one "
@@ -1007,6 +1010,17 @@ class Committer:
         self.staging.release(released)
         self._release_references(released)
         return kept
+
+    def _consumed_floor(self, topic_id: str, partition: int) -> int:
+        """The offset of ``partition`` below which every consumer of the topic has
+        committed (the whole log for a topic without consumers): the checkpoint's sync
+        may drop those bytes from the page cache (``storage.page_cache``), so appends
+        reuse its pages, while what a consumer reads next stays cached."""
+        catalog = self._database.catalog
+        consumers = next((e.consumers for e in catalog.entries() if e.topic_id == topic_id), ())
+        if not consumers:
+            return EVERY_OFFSET
+        return min(catalog.committed(topic_id, name, partition) or 0 for name in consumers)
 
     def recover(self) -> int:
         """Re-publish what committed transactions left unpublished. Returns how many.

@@ -7,19 +7,25 @@ found at low load"). An append-only log that is never dropped from the cache kee
 asking for new pages. ``drop_synced`` hands the kernel back the pages of log bytes
 that are already durable, with ``POSIX_FADV_DONTNEED``, so later appends reuse them.
 
+Who drops: only a caller that knows what readers still need, and says so with an
+offset floor (``PartitionLog.sync(drop_below=...)``): the engine's checkpoint, after it
+synced a partition that transactions published to, passes the lowest offset every
+consumer of the topic has committed (a topic without consumers: all of it). Other
+syncs (a move's source made durable, explicit syncs, the open's) drop nothing.
+
 Invariants:
 - only synced bytes are dropped: sealed segments (synced at their seal) and the
   active segment below the position the caller's sync covered; never the unsynced
   tail (``DONTNEED`` would skip dirty pages anyway, but the policy does not rely on it);
-- the newest ``keep_bytes`` of synced bytes of the partition stay cached for
-  tailing readers;
+- never a byte at or above the caller's floor (what a consumer has not committed yet:
+  its next reads stay cached); the newest ``keep_bytes`` of synced bytes of the
+  partition stay cached too, for tailing readers without a consumer;
 - it is a hint: no byte on disk changes, a failure is ignored, readers of dropped
   bytes read them from the disk.
 
-Off unless ``TOPICBASE_DROP_SYNCED_PAGES=1`` is in the environment (``ENABLED``):
-the A/B that would justify it by default was not finished (docs/bulk_commit.md).
-What consumers still need is not known here (their committed offsets live above
-storage); the kept tail is the only protection readers get.
+On unless ``TOPICBASE_DROP_SYNCED_PAGES=0`` is in the environment (``ENABLED``):
+round 15 measured the bulk move with it (docs/bulk_commit.md, "round 15"). Pages a
+reader has mapped (``storage.file_map``) are not dropped by the kernel.
 """
 
 from __future__ import annotations
@@ -33,21 +39,27 @@ from storage import limits
 if TYPE_CHECKING:
     from storage.segment import LogSegment
 
-ENABLED = os.environ.get("TOPICBASE_DROP_SYNCED_PAGES", "0") == "1"
+ENABLED = os.environ.get("TOPICBASE_DROP_SYNCED_PAGES", "1") != "0"
 
 
 def drop_synced(
-    segments: Sequence[LogSegment], synced_last_bytes: int, keep_bytes: int | None = None
+    segments: Sequence[LogSegment],
+    synced_last_bytes: int,
+    below_offset: int,
+    keep_bytes: int | None = None,
 ) -> None:
     """Drop from the page cache every synced byte of ``segments`` (oldest first, the
-    last one active and synced up to ``synced_last_bytes``) but the newest
-    ``keep_bytes`` (default ``limits.PAGE_CACHE_KEEP_BYTES``). Walks newest first and
-    stops at the first sealed segment already dropped whole (older ones were then
-    dropped by an earlier call)."""
+    last one active and synced up to ``synced_last_bytes``) that lies below offset
+    ``below_offset`` (every consumer of the topic committed past it: the caller's
+    floor), but the newest ``keep_bytes`` (default ``limits.PAGE_CACHE_KEEP_BYTES``).
+    A segment holding the floor is dropped up to the frame at or before it (its
+    sparse index: never a byte at or above the floor). Every call drops a prefix of
+    the log, so the walk (newest first) stops at the first sealed segment already
+    dropped whole: older ones were dropped whole by an earlier call."""
     if not segments:
         return
     keep = limits.PAGE_CACHE_KEEP_BYTES if keep_bytes is None else keep_bytes
-    assert keep >= 0
+    assert keep >= 0 and below_offset >= 0
     last = segments[-1]
     assert synced_last_bytes >= 0
     # A fence's cut (outside the caller's lock) may have shortened the log since.
@@ -58,5 +70,9 @@ def drop_synced(
             break
         upto = synced - keep
         keep = max(0, keep - synced)
+        if below_offset <= segment.base_offset:
+            continue  # nothing of it is consumed by every consumer yet
+        if below_offset < segment.next_offset:
+            upto = min(upto, segment.offset_index.lookup(below_offset))
         if upto > segment.dropped_to:
             segment.drop_cache(upto)

@@ -619,9 +619,12 @@ class PartitionLog:
                 yield frame.header
             index += 1
 
-    def sync(self) -> None:
+    def sync(self, *, drop_below: int | None = None) -> None:
         """Make everything written so far durable (checkpoints of published data),
         including what publishes to this partition were redirected to (``redirect``).
+        With ``drop_below`` (an offset every reader that matters is past: the engine's
+        checkpoint passes its consumers' floor), synced bytes below it then leave the
+        page cache (``storage.page_cache``: a hint, it never fails the sync).
 
         The ``fdatasync`` runs outside the write lock (``LogSegment.sync_published``):
         a checkpoint syncs every partition a transaction wrote, one after another, and a
@@ -667,21 +670,22 @@ class PartitionLog:
                 if self._fenced is not None:  # fenced in the gap (checked None above)
                     raise self._fenced_error()
                 self._durable_end = max(self._durable_end, covered)
-            if page_cache.ENABLED:
+            if page_cache.ENABLED and drop_below is not None:
                 # a hint: it never fails the sync (review R2-F3 of round 13)
                 with contextlib.suppress(StorageIOError, OSError):
-                    page_cache.drop_synced(segments, synced_bytes)
+                    page_cache.drop_synced(segments, synced_bytes, drop_below)
         if self.sync_redirected is not None:
             self.sync_redirected()
 
-    def make_durable(self) -> None:
+    def make_durable(self, *, drop_below: int | None = None) -> None:
         """``sync`` whatever an earlier process wrote too: after a reopen the active
         segment's log is not open for writing (nothing written since), so ``sync`` alone
         would sync nothing, and what a killed process wrote may still be in the page
         cache only. Such a log is synced through a descriptor of its own, closed at once
         (``LogSegment.sync_file``: no descriptor is kept per partition, R2-6), under the
         write lock (once per partition after an open); ``durable_end`` then covers the
-        whole log."""
+        whole log. ``drop_below`` goes to ``sync`` (a log synced the other way drops
+        nothing: bytes loaded at the open stay cached)."""
         with self._write_lock:
             if self._closed:
                 return
@@ -699,7 +703,7 @@ class PartitionLog:
                     raise
                 self._durable_end = max(self._durable_end, covered)
         if not transient:
-            self.sync()
+            self.sync(drop_below=drop_below)
         elif self.sync_redirected is not None:
             self.sync_redirected()
 

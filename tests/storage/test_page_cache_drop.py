@@ -1,9 +1,11 @@
 """Synced log bytes dropped from the page cache after a sync (``storage.page_cache``, issue 14).
 
 The hint (``POSIX_FADV_DONTNEED``) must cover synced bytes only, never the newest
-``PAGE_CACHE_KEEP_BYTES`` of the partition nor bytes appended while the sync ran; data
-read after a drop is the same (checksums verified by a fresh open); a kill right after
-a drop loses nothing; retention and reopened (sealed, unopened) segments are handled.
+``PAGE_CACHE_KEEP_BYTES`` of the partition, nor bytes appended while the sync ran, nor
+bytes at or above the caller's offset floor (``sync(drop_below=...)``), and only a sync
+given a floor drops; data read after a drop is the same (checksums verified by a fresh
+open); a kill right after a drop loses nothing; retention and reopened (sealed,
+unopened) segments are handled.
 """
 
 from __future__ import annotations
@@ -23,6 +25,7 @@ from storage.fs import FileSystem
 KEEP = 50_000
 SEGMENT = 64 * 1024
 WAIT_S = 10.0
+ALL = 2**63 - 1  # the floor of a topic no consumer reads: every offset may be dropped
 
 
 @pytest.fixture
@@ -71,7 +74,7 @@ def test_sync_drops_synced_bytes_but_the_kept_tail(open_partition, batch, advise
     partition = open_partition(fsync_policy=FsyncPolicy.NEVER, segment_bytes=SEGMENT)
     _fill(partition, batch, 60)
     assert advised == []  # NEVER: nothing synced by the appends, so nothing dropped
-    partition.sync()
+    partition.sync(drop_below=ALL)
     segments = partition._segments
     assert len(segments) > 3
     # exactly the newest KEEP bytes stay, everything older is dropped
@@ -80,10 +83,10 @@ def test_sync_drops_synced_bytes_but_the_kept_tail(open_partition, batch, advise
     # A second sync with nothing new drops nothing more; new synced bytes are dropped on.
     first = list(advised)
     advised.clear()
-    partition.sync()
+    partition.sync(drop_below=ALL)
     assert advised == []
     _fill(partition, batch, 5)
-    partition.sync()
+    partition.sync(drop_below=ALL)
     assert advised
     assert _kept(partition._segments, _dropped(first + advised)) == KEEP
 
@@ -111,7 +114,7 @@ def test_bytes_appended_during_the_sync_are_not_dropped(open_partition, batch, a
     _fill(partition, batch, 40)
     synced_end = partition._segments[-1].size_bytes
     fs.block = True
-    thread = threading.Thread(target=partition.sync, daemon=True)
+    thread = threading.Thread(target=partition.sync, kwargs={"drop_below": ALL}, daemon=True)
     thread.start()
     assert fs.entered.wait(WAIT_S)
     fs.block = False
@@ -130,7 +133,7 @@ def test_reads_after_a_drop_are_identical_and_verified(
     partition = open_partition(fsync_policy=FsyncPolicy.NEVER, segment_bytes=SEGMENT)
     _fill(partition, batch, 60)
     before = read_all(partition)
-    partition.sync()
+    partition.sync(drop_below=ALL)
     assert advised
     assert read_all(partition) == before
     partition.close()
@@ -151,10 +154,10 @@ def test_a_reopened_log_drops_only_what_this_process_wrote(open_partition, batch
     reopened = open_partition(fsync_policy=FsyncPolicy.NEVER, segment_bytes=SEGMENT)
     loaded = {segment.log_path: segment.size_bytes for segment in reopened._segments}
     assert advised == []
-    reopened.sync()
+    reopened.sync(drop_below=ALL)
     assert advised == []
     _fill(reopened, batch, 60)
-    reopened.sync()
+    reopened.sync(drop_below=ALL)
     dropped = _dropped(advised)
     assert dropped  # the new bytes past the kept tail were dropped
     for path, end in loaded.items():  # none of the loaded bytes
@@ -168,7 +171,7 @@ def test_a_log_renamed_by_retention_during_the_drop_does_not_fail_the_sync(
     (review R2-F3 of round 13): the drop skips it and the sync succeeds."""
     partition = open_partition(fsync_policy=FsyncPolicy.NEVER, segment_bytes=SEGMENT)
     _fill(partition, batch, 60)
-    partition.sync()
+    partition.sync(drop_below=ALL)
     for segment in partition._segments[:-1]:  # sealed: dropped through a new descriptor
         segment.dropped_to = 0
         segment.close()
@@ -180,7 +183,7 @@ def test_a_log_renamed_by_retention_during_the_drop_does_not_fail_the_sync(
 
     monkeypatch.setattr(partition.fs, "open_read", renamed_first)
     _fill(partition, batch, 1)
-    partition.sync()  # raised FileNotFoundError before the fix
+    partition.sync(drop_below=ALL)  # raised FileNotFoundError before the fix
     monkeypatch.setattr(partition.fs, "open_read", original)
     assert partition._durable_end == partition._segments[-1].next_offset
 
@@ -191,26 +194,69 @@ def test_retention_deleting_segments_then_a_sync(open_partition, batch, advised,
     cut = partition._segments[2].base_offset
     assert partition.delete_segments_before(cut) == 2
     before = read_all(partition, cut)
-    partition.sync()
+    partition.sync(drop_below=ALL)
     paths = {path for path, _, _ in advised}
     assert paths  # the surviving segments were dropped
     assert all(os.path.exists(path) and not path.endswith(".deleted") for path in paths)
     _fill(partition, batch, 10)
-    partition.sync()
+    partition.sync(drop_below=ALL)
     assert read_all(partition, cut)[: len(before)] == before
     assert partition.start_offset == cut
 
 
-def test_off_by_default_without_the_environment_variable() -> None:
+def test_on_by_default_and_off_with_the_environment_variable_at_zero() -> None:
     code = "from storage import page_cache; print(page_cache.ENABLED)"
     env = {k: v for k, v in os.environ.items() if k != "TOPICBASE_DROP_SYNCED_PAGES"}
     out = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True,
                          check=True, cwd=os.getcwd())  # fmt: skip
-    assert out.stdout.strip() == "False"
-    env["TOPICBASE_DROP_SYNCED_PAGES"] = "1"
+    assert out.stdout.strip() == "True"
+    env["TOPICBASE_DROP_SYNCED_PAGES"] = "0"
     out = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True,
                          check=True, cwd=os.getcwd())  # fmt: skip
-    assert out.stdout.strip() == "True"
+    assert out.stdout.strip() == "False"
+
+
+def test_a_sync_without_a_floor_drops_nothing(open_partition, batch, advised) -> None:
+    """Only a caller that knows the readers' floor drops (the engine's checkpoint): a
+    move's source made durable (``make_durable`` from a commit) or any plain sync keeps
+    the cache, which a consumer is about to read."""
+    partition = open_partition(fsync_policy=FsyncPolicy.NEVER, segment_bytes=SEGMENT)
+    _fill(partition, batch, 60)
+    partition.sync()
+    partition.make_durable()
+    assert advised == []
+    partition.make_durable(drop_below=ALL)  # nothing new to sync: nothing dropped either
+    _fill(partition, batch, 5)
+    partition.make_durable(drop_below=ALL)
+    assert _kept(partition._segments, _dropped(advised)) == KEEP
+
+
+def test_nothing_at_or_above_the_floor_is_dropped(open_partition, batch, advised) -> None:
+    """A consumer committed up to ``floor``: the bytes it reads next stay cached, in the
+    segment that holds the floor (dropped to the indexed frame at or before it) and in
+    every later one; a later sync with a higher floor drops on from there."""
+    partition = open_partition(fsync_policy=FsyncPolicy.NEVER, segment_bytes=SEGMENT)
+    _fill(partition, batch, 60)
+    segments = partition._segments
+    assert len(segments) > 3
+    holder = segments[1]
+    floor = holder.base_offset + (holder.next_offset - holder.base_offset) // 2
+    partition.sync(drop_below=floor)
+    ends = _dropped(advised)
+    for segment in segments:
+        dropped = ends.get(os.path.realpath(segment.log_path), 0)
+        if segment.base_offset >= floor:
+            assert dropped == 0, segment.base_offset
+        elif segment.next_offset <= floor:
+            assert dropped == segment.size_bytes
+        else:  # the floor's segment: up to a frame start at or below the floor, not past it
+            assert 0 < dropped <= segment.offset_index.lookup(floor)
+            assert dropped == holder.offset_index.lookup(floor)
+    _fill(partition, batch, 5)
+    partition.sync(drop_below=segments[3].base_offset)
+    ends = _dropped(advised)
+    assert ends.get(os.path.realpath(segments[2].log_path)) == segments[2].size_bytes
+    assert os.path.realpath(segments[3].log_path) not in ends
 
 
 _CHILD = """
@@ -234,7 +280,7 @@ log = PartitionLog(FileSystem(), sys.argv[1], 0, config, ManualClock())
 for i in range(60):
     data = [f"m{4 * i + j}".encode().ljust(2500, b".") for j in range(4)]
     log.append(build_wire_batch(data))
-log.sync()
+log.sync(drop_below=2**63 - 1)
 raise SystemExit("not killed")
 """
 
