@@ -108,6 +108,7 @@ from storage.errors import (
     PartitionFencedError,
     PartitionInactiveError,
     StorageIOError,
+    TopicbaseError,
     UndefinedTopicError,
 )
 from storage.frame_cuts import cuttable
@@ -1009,7 +1010,22 @@ class Committer:
         released = {transaction_id for transaction_id, _, _ in published}
         self.staging.release(released)
         self._release_references(released)
+        self._drop_consumed(moved, partitions)
         return kept
+
+    def _drop_consumed(
+        self, moved: dict[tuple[str, str, int], int], synced: set[tuple[str, int]]
+    ) -> None:
+        """The partitions whose consumer offsets moved since the last checkpoint (the
+        ones not synced and dropped above): their bytes below the consumers' floor leave
+        the page cache (``PartitionLog.drop_consumed``, a hint). A source topic that the
+        process fills and moves from then keeps a flat page-cache footprint."""
+        for topic_id, partition in sorted({(t, p) for t, _, p in moved} - synced):
+            try:
+                log_ = self._database.topic_log(topic_id).partition(partition)
+            except TopicbaseError:
+                continue  # dropped since, or the partition is gone
+            log_.drop_consumed(self._consumed_floor(topic_id, partition))
 
     def _consumed_floor(self, topic_id: str, partition: int) -> int:
         """The offset of ``partition`` below which every consumer of the topic has

@@ -57,11 +57,12 @@ from storage import limits
 ENABLED = os.environ.get("TOPICBASE_READ_MAPS", "1") != "0"
 
 
-def _load_libc() -> tuple[object, object] | None:
-    """libc's ``mmap`` and ``munmap``, or None where they cannot be found."""
+def _load_libc() -> tuple[object, object, object] | None:
+    """libc's ``mmap``, ``munmap`` and ``madvise``, or None where they cannot be found."""
     try:
         libc = ctypes.CDLL(None, use_errno=True)
         map_function, unmap_function = libc.mmap, libc.munmap
+        advise_function = libc.madvise
     except (OSError, AttributeError):
         return None
     map_function.argtypes = [
@@ -71,11 +72,14 @@ def _load_libc() -> tuple[object, object] | None:
     map_function.restype = ctypes.c_void_p
     unmap_function.argtypes = [ctypes.c_void_p, ctypes.c_size_t]
     unmap_function.restype = ctypes.c_int
-    return map_function, unmap_function
+    advise_function.argtypes = [ctypes.c_void_p, ctypes.c_size_t, ctypes.c_int]
+    advise_function.restype = ctypes.c_int
+    return map_function, unmap_function, advise_function
 
 
 _LIBC = _load_libc()
 _MAP_FAILED = ctypes.c_void_p(-1).value
+_MADV_DONTNEED = getattr(mmap, "MADV_DONTNEED", 4)
 _lock = threading.Lock()
 _live = 0  # maps made and not yet unmapped
 _freed = 0  # maps unmapped so far (``room``)
@@ -111,6 +115,20 @@ def room() -> tuple[int, int]:
     freed, or the bound moved): a caller refused a map tries again only once it changed,
     not at every read."""
     return _freed, limits.READ_MAPS_MAX
+
+
+def release_pages(buffer: pa.Buffer, size: int) -> None:
+    """Take the pages of the first ``size`` bytes of a map made here (``map_file``) out
+    of this process (``MADV_DONTNEED``; whole pages only): a hint so that the kernel may
+    then drop them from the page cache (``storage.page_cache``), which it does not do
+    for pages a process maps. The map stays valid: a later read of those bytes faults
+    them in again from the page cache or the disk (the same bytes: the file never
+    changes there). Ignored where libc's ``madvise`` is missing or refuses."""
+    whole = min(size, buffer.size) // mmap.PAGESIZE * mmap.PAGESIZE
+    if _LIBC is None or whole <= 0:
+        return
+    assert buffer.address % mmap.PAGESIZE == 0, "a map starts on a page"
+    _LIBC[2](buffer.address, whole, _MADV_DONTNEED)  # type: ignore[operator]
 
 
 def map_file(fd: int, size: int) -> pa.Buffer | None:

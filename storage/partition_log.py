@@ -677,6 +677,25 @@ class PartitionLog:
         if self.sync_redirected is not None:
             self.sync_redirected()
 
+    def drop_consumed(self, below_offset: int) -> None:
+        """Drop from the page cache the durable log bytes below ``below_offset``, which
+        every consumer of the topic committed past (the engine's checkpoint passes that
+        floor for the partitions its transactions read), but the kept tail
+        (``storage.page_cache``): a topic that is written and then consumed gives its
+        read pages back, and later appends reuse them. Only bytes below
+        ``durable_end`` (synced: a drop never loses a byte, whatever the page cache
+        did) and written by this process (``dropped_to``). A hint: it never fails."""
+        if not page_cache.ENABLED:
+            return
+        with self._write_lock:
+            if self._closed or self._fenced is not None:
+                return
+            segments = self._segments
+            written_bytes = segments[-1].size_bytes
+            floor = min(below_offset, self._durable_end)  # durable bytes only
+        with contextlib.suppress(StorageIOError, OSError):
+            page_cache.drop_synced(segments, written_bytes, floor)
+
     def make_durable(self, *, drop_below: int | None = None) -> None:
         """``sync`` whatever an earlier process wrote too: after a reopen the active
         segment's log is not open for writing (nothing written since), so ``sync`` alone

@@ -345,12 +345,16 @@ class LogSegment:
         """Hint the kernel to drop the log's bytes ``[dropped_to, upto)`` from the page
         cache; the caller knows them synced (``storage.page_cache``). Through the
         writer's descriptor, else one opened for it and closed at once; a log that is
-        gone (retention) or cannot be opened is skipped: it is a hint."""
+        gone (retention) or cannot be opened is skipped: it is a hint. The cached read
+        map's pages below ``upto`` are released first (``file_map.release_pages``); a
+        map a batch still holds after the segment made a larger one keeps its pages."""
         upto = min(upto, self.size_bytes)  # a fence's cut may have come since
         start = self.dropped_to
         if upto <= start:
             return
         with self._fd_lock:
+            if self._map is not None:  # pages a process maps are not dropped: unmap them
+                file_map.release_pages(self._map[0], upto)
             fd = self._write_fd
             if fd is not None:
                 self.fs.drop_cache(fd, start, upto - start)

@@ -108,3 +108,33 @@ def test_a_moved_source_made_durable_is_not_dropped(tmp_path: Path, advised) -> 
         session.close()
     finally:
         database.close()
+
+
+def test_checkpoint_drops_a_consumed_source_below_its_floor(tmp_path: Path, advised) -> None:
+    """A topic the transactions only read (a move's source) is not synced by the
+    checkpoint, which still drops what its consumer committed past
+    (``PartitionLog.drop_consumed``): a filled-then-moved topic keeps a flat page-cache
+    footprint. Nothing at or above the consumer's offset is dropped."""
+    database = Database.open(str(tmp_path / "db"), retention_interval_s=None)
+    try:
+        session = database.connect()
+        session.execute("CREATE TOPIC a (CONSUMER mover); CREATE TOPIC b")
+        _insert(session, "a", 100, 4)
+        database.committer.checkpoint()  # a synced; the mover is at 0: nothing dropped
+        source = database.topic_log(database.catalog.entry("a").topic_id).partition(0)
+        (segment,) = source._segments
+        assert _dropped_end(advised, segment.log_path) == 0
+        for _ in range(2):
+            session.execute("BEGIN")
+            session.execute("INSERT INTO TOPIC b (data) SELECT data FROM TOPIC a "
+                            "WITH (consumer = 'mover', max_messages = 100)")  # fmt: skip
+            session.execute("COMMIT")
+        assert database.committer.moved_shares == 2
+        database.committer.checkpoint()  # publishes to b only; a was read
+        dropped = _dropped_end(advised, segment.log_path)
+        assert 0 < dropped <= segment.offset_index.lookup(200)
+        rows = session.execute("SELECT count(*) FROM TOPIC a WITH (from_offset = 0)")[-1]
+        assert rows.table.column(0).to_pylist() == [400]
+        session.close()
+    finally:
+        database.close()

@@ -18,7 +18,7 @@ from typing import Any
 
 import pytest
 
-from storage import limits, page_cache
+from storage import file_map, limits, page_cache
 from storage.config import FsyncPolicy
 from storage.fs import FileSystem
 
@@ -261,7 +261,7 @@ def test_nothing_at_or_above_the_floor_is_dropped(open_partition, batch, advised
 
 _CHILD = """
 import os, signal, sys
-from storage import limits, page_cache
+from storage import file_map, limits, page_cache
 from storage.clock import ManualClock
 from storage.config import FsyncPolicy, TopicConfig
 from storage.fs import FileSystem
@@ -297,3 +297,103 @@ def test_kill_right_after_a_drop_loses_nothing(open_partition, read_all, partiti
     assert [bytes(r["data"])[:8].rstrip(b".") for r in rows] == [
         f"m{i}".encode() for i in range(240)
     ]
+
+
+@pytest.fixture
+def released(monkeypatch: pytest.MonkeyPatch) -> list[tuple[int, int]]:
+    """Every ``file_map.release_pages`` as (map address, bytes asked)."""
+    calls: list[tuple[int, int]] = []
+    real = file_map.release_pages
+
+    def spy(buffer: Any, size: int) -> None:
+        calls.append((buffer.address, size))
+        real(buffer, size)
+
+    monkeypatch.setattr(file_map, "release_pages", spy)
+    return calls
+
+
+def test_drop_consumed_drops_durable_bytes_below_the_floor_and_their_map_pages(
+    open_partition, batch, advised, released, read_all
+) -> None:
+    """What every consumer committed past leaves the cache, its read map's pages first
+    (the kernel keeps mapped pages); nothing at or above the floor; reads after it (the
+    same maps, faulted in again) return the same messages."""
+    partition = open_partition(fsync_policy=FsyncPolicy.ALWAYS, segment_bytes=SEGMENT)
+    _fill(partition, batch, 60)
+    before = read_all(partition)  # maps every segment (file_map), as a consumer's reads do
+    segments = partition._segments
+    mapped = {id(s): s._map[0].address for s in segments if s._map is not None}
+    assert len(mapped) == len(segments) > 3
+    holder = segments[2]
+    floor = holder.base_offset + (holder.next_offset - holder.base_offset) // 2
+    partition.drop_consumed(floor)
+    ends = _dropped(advised)
+    for segment in segments:
+        dropped = ends.get(os.path.realpath(segment.log_path), 0)
+        if segment.next_offset <= floor:
+            assert dropped == segment.size_bytes
+            assert (mapped[id(segment)], segment.size_bytes) in released
+        elif segment.base_offset < floor:
+            assert dropped == holder.offset_index.lookup(floor) > 0
+            assert (mapped[id(segment)], dropped) in released
+        else:
+            assert dropped == 0
+    assert {address for address, _ in released} <= set(mapped.values())
+    assert read_all(partition) == before
+
+
+def test_drop_consumed_keeps_what_is_not_durable(open_partition, batch, advised) -> None:
+    """``durable_end`` bounds it: bytes of a NEVER-synced log are not dropped whatever the
+    consumers did (only a checkpoint's sync, which passes its own floor, drops those)."""
+    partition = open_partition(fsync_policy=FsyncPolicy.NEVER, segment_bytes=SEGMENT)
+    _fill(partition, batch, 60)
+    assert partition.durable_end == 0
+    partition.drop_consumed(ALL)
+    assert advised == []
+    partition.sync()  # durable now; a sync without a floor drops nothing itself
+    assert advised == []
+    partition.drop_consumed(ALL)
+    assert _kept(partition._segments, _dropped(advised)) == KEEP
+
+
+def _resident_pages(path: str) -> tuple[int, int]:
+    """(pages of the file in the page cache, pages of the file), by ``mincore(2)`` over a
+    private map of it made here (not the reader's map)."""
+    import ctypes
+    import mmap
+
+    libc = ctypes.CDLL(None, use_errno=True)
+    libc.mincore.argtypes = [ctypes.c_void_p, ctypes.c_size_t, ctypes.c_char_p]
+    with open(path, "rb") as file:
+        size = os.fstat(file.fileno()).st_size
+        region = mmap.mmap(file.fileno(), size, access=mmap.ACCESS_COPY)
+    try:
+        pages = -(-size // mmap.PAGESIZE)
+        vector = ctypes.create_string_buffer(pages)
+        address = ctypes.addressof(ctypes.c_char.from_buffer(region))
+        assert libc.mincore(address, size, vector) == 0, ctypes.get_errno()
+        return sum(byte & 1 for byte in vector.raw), pages
+    finally:
+        region.close()
+
+
+def test_consumed_mapped_pages_really_leave_the_page_cache(
+    open_partition, batch, read_all, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The kernel keeps pages a process maps: without releasing the reader's map the
+    advice drops nothing of a segment a consumer read. With it, the segment leaves the
+    cache (``mincore``), and reading it again brings the same bytes back."""
+    monkeypatch.setattr(page_cache, "ENABLED", True)
+    monkeypatch.setattr(limits, "PAGE_CACHE_KEEP_BYTES", KEEP)
+    partition = open_partition(fsync_policy=FsyncPolicy.ALWAYS, segment_bytes=SEGMENT)
+    _fill(partition, batch, 60)
+    before = read_all(partition)
+    first = partition._segments[0]
+    assert first._map is not None
+    resident, pages = _resident_pages(first.log_path)
+    assert resident == pages  # written and read: all cached
+    partition.drop_consumed(partition._segments[-1].base_offset)
+    resident, pages = _resident_pages(first.log_path)
+    assert pages > 8 and resident <= 1, (resident, pages)  # a partial last page may stay
+    assert read_all(partition) == before
