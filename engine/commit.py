@@ -392,6 +392,7 @@ class Committer:
         # ``CHECKPOINT_TRANSACTIONS``, read when used so that tests may lower it).
         self._retry_due: int | None = None
         self._staged_bytes = 0  # staged by log commits since the last checkpoint began
+        self._consumers: dict[str, tuple[str, ...]] = {}  # the checkpoint's, by topic id
         # Counters for benchmarks and tests.
         self.checkpoints = 0  # checkpoints that deleted records or wrote offsets
         self.log_commits = 0  # transactions committed by a commit record in the log
@@ -949,6 +950,8 @@ class Committer:
         transactions published after the snapshot). Without it one fenced partition
         made every checkpoint, and so all topic DDL and close, fail until reopen."""
         partitions = {p for _, targets, _ in published for p in targets}
+        # each topic's consumer names, for the page-cache floors (``_consumed_floor``)
+        self._consumers = {e.topic_id: tuple(e.consumers) for e in self._database.catalog.entries()}
         fenced: set[tuple[str, int]] = set()
         for topic_id, partition in sorted(partitions):
             try:
@@ -1031,9 +1034,10 @@ class Committer:
         """The offset of ``partition`` below which every consumer of the topic has
         committed (the whole log for a topic without consumers): the checkpoint's sync
         may drop those bytes from the page cache (``storage.page_cache``), so appends
-        reuse its pages, while what a consumer reads next stays cached."""
+        reuse its pages, while what a consumer reads next stays cached. The topics'
+        consumers are looked up once per checkpoint (``_consumers``)."""
         catalog = self._database.catalog
-        consumers = next((e.consumers for e in catalog.entries() if e.topic_id == topic_id), ())
+        consumers = self._consumers.get(topic_id, ())
         if not consumers:
             return EVERY_OFFSET
         return min(catalog.committed(topic_id, name, partition) or 0 for name in consumers)
