@@ -10,8 +10,12 @@ that are already durable, with ``POSIX_FADV_DONTNEED``, so later appends reuse t
 Who drops: only a caller that knows what readers still need, and says so with an
 offset floor (``PartitionLog.sync(drop_below=...)``): the engine's checkpoint, after it
 synced a partition that transactions published to, passes the lowest offset every
-consumer of the topic has committed (a topic without consumers: all of it). Other
-syncs (a move's source made durable, explicit syncs, the open's) drop nothing.
+consumer of the topic has committed (a topic without consumers: all of it), and for a
+partition its transactions only read (consumer offsets moved) it calls
+``PartitionLog.drop_consumed`` with the same floor, capped at ``durable_end``. Other
+syncs (a move's source made durable, explicit syncs, the open's) drop nothing. Pages a
+reader maps are released from the segment's cached map first
+(``file_map.release_pages``): the kernel drops no page a process maps.
 
 Invariants:
 - only synced bytes are dropped: sealed segments (synced at their seal) and the
@@ -24,8 +28,8 @@ Invariants:
   bytes read them from the disk.
 
 On unless ``TOPICBASE_DROP_SYNCED_PAGES=0`` is in the environment (``ENABLED``):
-round 15 measured the bulk move with it (docs/bulk_commit.md, "round 15"). Pages a
-reader has mapped (``storage.file_map``) are not dropped by the kernel.
+round 15 measured the bulk move with it (docs/bulk_commit.md, "Round 15"). A map a
+batch still holds after its segment made a larger one keeps its pages.
 """
 
 from __future__ import annotations
