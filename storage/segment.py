@@ -354,6 +354,8 @@ class LogSegment:
         start = self.dropped_to
         if upto <= start:
             return
+        # What leaves the cache is read from the disk next time: checked again then.
+        self.verified.forget_below(upto)
         with self._fd_lock:
             mapped = None if self._map is None else self._map[0]  # keeps the map alive
         if mapped is not None:  # pages a process maps are not dropped: unmap them

@@ -14,8 +14,9 @@ later reads of those bytes through the map are served unchecked. Published bytes
 change under the server (appends go after them, a fence cuts only unpublished bytes,
 ``truncate_to`` clips the runs to the cut, retention unlinks whole files), so what a
 verified range no longer protects against is damage that happens *after* it was
-verified, while the process lives: a page evicted from the page cache and read back
-wrong from a disk that reports no error, a segment file modified by something outside
+verified, while the process lives: a page the kernel evicted from the page cache and
+read back wrong from a disk that reports no error (bytes ``storage.page_cache`` drops
+are forgotten here, ``forget_below``, and checked again on their next read), a segment file modified by something outside
 the server, or memory corruption of the page cache. Kafka's broker takes the same
 stand (it checks a producer's batch at append and the unflushed tail at recovery, never
 at fetch; its clients check the CRC), but SQL clients cannot check a frame's CRC, so it
@@ -75,6 +76,16 @@ class VerifiedRuns:
         with self._lock:
             self._runs = tuple(
                 (start, min(end, position)) for start, end in self._runs if start < position
+            )
+
+
+    def forget_below(self, position: int) -> None:
+        """The bytes before ``position`` left the page cache on purpose
+        (``LogSegment.drop_cache``): their next read comes from the disk, so it is
+        checked again (review R2-B1: the drop would make the one stated gap routine)."""
+        with self._lock:
+            self._runs = tuple(
+                (max(start, position), end) for start, end in self._runs if end > position
             )
 
 
