@@ -16,10 +16,11 @@ change under the server (appends go after them, a fence cuts only unpublished by
 verified range no longer protects against is damage that happens *after* it was
 verified, while the process lives: a page the kernel evicted from the page cache and
 read back wrong from a disk that reports no error (bytes ``storage.page_cache`` drops
-are forgotten here, ``forget_below``, and checked again on their next read), a segment file modified by something outside
-the server, or memory corruption of the page cache. Kafka's broker takes the same
-stand (it checks a producer's batch at append and the unflushed tail at recovery, never
-at fetch; its clients check the CRC), but SQL clients cannot check a frame's CRC, so it
+are forgotten here, ``forget_below``, and checked again on their next read), a
+segment file modified by something outside the server, or memory corruption of the
+page cache. Kafka's broker takes the same stand (it checks a producer's batch at
+append and the unflushed tail at recovery, never at fetch; its clients check the
+CRC), but SQL clients cannot check a frame's CRC, so it
 is stated here: such damage reaches the client instead of failing the read with
 ``CorruptSegmentError``. ``topicbase check`` still reads and checks every frame, and
 ``TOPICBASE_VERIFY_READS=always`` checks every read as before (as does every ``pread``
