@@ -254,6 +254,7 @@ def _check_query(
                 _require_relation(session, identity.name, candidate, privilege, 0)
     if not plain:
         _require_temporary_views(session, identity)
+        _refuse_shadowed_view_reads(session, [name for name, _ in access.needs])
 
 
 def _candidates(session: Any, name: str) -> tuple[str, ...]:
@@ -312,6 +313,47 @@ def _require_temporary_views(session: Any, identity: Identity) -> None:
                     raise InsufficientPrivilegeError(
                         f"{error.message}, for temporary view {view_name}"
                     ) from None
+
+
+def _refuse_shadowed_view_reads(session: Any, names: list[str]) -> None:
+    """Refuse (42501) a statement that reads, through any chain of views, a view one of
+    whose names this session's own temporary table or view would replace: DuckDB binds
+    a view's names when it is read, temporary relations first, so a temporary ``acl``
+    would stand in for the ``acl`` of another user's row-filtering view (review R1-10;
+    PostgreSQL binds a view's relations when it is made). Only names a temporary
+    relation can take (``x``, ``main.x``) count."""
+    registered = tables.registered_names(session.cursor)
+    temporary = {
+        str(row[0]).lower()
+        for row in _rows(
+            session,
+            "SELECT table_name FROM duckdb_tables() WHERE temporary UNION ALL "
+            "SELECT view_name FROM duckdb_views() WHERE temporary AND NOT internal",
+            [],
+        )
+        if row[0] not in registered
+    }
+    if not temporary:
+        return
+    seen: set[str] = set()
+    pending = [(candidate, 0) for name in names for candidate in _candidates(session, name)
+               if "." not in candidate.rpartition(".")[0]]  # fmt: skip
+    while pending:
+        name, depth = pending.pop()
+        if name in seen or relation_kind(session, name) != "view":
+            continue
+        seen.add(name)
+        if depth >= limits.VIEW_DEPTH_MAX:
+            raise InsufficientPrivilegeError(
+                f"view {name} nests more than {limits.VIEW_DEPTH_MAX} views"
+            )
+        for inner, _ in _view_access(session, name).needs:
+            if "." not in inner and inner in temporary:
+                raise InsufficientPrivilegeError(
+                    f"permission denied for view {name}: this session's temporary relation "
+                    f"{inner} would replace the {inner} it reads; drop or rename it"
+                )
+            pending.extend((candidate, depth + 1) for candidate in _candidates(session, inner))
 
 
 def _executed_name(sql: str) -> str | None:

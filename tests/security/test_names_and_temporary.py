@@ -153,3 +153,29 @@ def test_discard_all_ends_a_switched_authorization_and_drops_temporary_relations
     with pytest.raises(psycopg.errors.UndefinedTable):
         connection.execute("SELECT * FROM scratch")
     connection.execute("CREATE TEMP TABLE scratch (v TEXT)")  # the name is free again
+
+
+def test_a_temporary_table_never_stands_in_for_a_name_inside_a_view(
+    database: Database, alice: Session
+) -> None:
+    """Review R1-10: DuckDB binds a view's names when it is read, the session's temporary
+    relations first; an ordinary user's temporary ``acl`` must not replace the ``acl`` of
+    another user's row-filtering view, directly or through a view over it."""
+    admin = database.connect()
+    admin.execute(
+        "CREATE TABLE data (k INT, v TEXT, owner TEXT); "
+        "INSERT INTO data VALUES (1, 'hers', 'alice'), (2, 'SECRET', 'admin'); "
+        "CREATE TABLE acl (usr TEXT, owner TEXT); INSERT INTO acl VALUES ('alice', 'alice'); "
+        "CREATE VIEW her_rows AS SELECT d.v FROM data d JOIN main.acl a ON d.owner = a.owner "
+        "WHERE a.usr = 'alice'; CREATE VIEW over_hers AS SELECT v FROM her_rows; "
+        "GRANT SELECT ON her_rows TO alice; GRANT SELECT ON over_hers TO alice"
+    )
+    admin.close()
+    assert values(alice, "SELECT v FROM her_rows") == ["hers"]
+    alice.execute("CREATE TEMP TABLE acl (usr TEXT, owner TEXT); "
+                  "INSERT INTO temp.acl VALUES ('alice', 'admin')")  # fmt: skip
+    for sql in ("SELECT v FROM her_rows", "SELECT v FROM over_hers"):
+        with pytest.raises(InsufficientPrivilegeError, match="temporary relation acl"):
+            values(alice, sql)
+    alice.execute("DROP TABLE temp.acl")
+    assert values(alice, "SELECT v FROM over_hers") == ["hers"]
