@@ -142,6 +142,11 @@ class Session:
         # (no SET, no temporary relation: ``key_lookup.keeps_names``), which the key
         # lookups' indexes assume; None: to be found again (``key_lookup.names_plain``).
         self._names_plain: bool | None = True
+        # What the door found of this session's names while they are not plain
+        # (``privileges._names_fact``), and the count of statements that may have
+        # changed how they resolve since the session began.
+        self.names_facts: dict[tuple[Any, ...], Any] = {}
+        self.names_epoch = 0
         # Plans of prepared lookups answered from an index (``answer_lookup``).
         self._lookup_plans = KeptLookupPlans()
         # The privilege decisions of those plans (``privileges.check_plan``'s memo).
@@ -522,6 +527,8 @@ class Session:
         if isinstance(statement, ast.Begin | ast.Commit | ast.Rollback):
             return self._transaction_control(plan)
         autocommit = self.state is SessionState.IDLE
+        if not key_lookup.keeps_names(plan):
+            self.names_epoch += 1  # the door's facts of names are found again
         if key_lookup.names_may_change(plan, self._names_plain):
             self._names_plain = None  # found again at the next lookup (``_key_answer``)
         if autocommit:
@@ -625,6 +632,7 @@ class Session:
                 quoted = '"' + str(name).replace('"', '""') + '"'
                 tables.run(cursor, f"DROP {kind} IF EXISTS temp.main.{quoted}")
         self._names_plain = None
+        self.names_epoch += 1
 
     def names_resolve_plainly(self) -> bool:
         """Whether this session's unqualified names resolve as a fresh connection's

@@ -391,3 +391,8 @@ WIRE_HELD_BYTES_MAX_DEFAULT = 1024 * MIB
 # the budget alone. The bytes held stay within held_bytes_max + connections_max x the floor.
 WIRE_HELD_BYTES_FLOOR = 1 * MIB
 WIRE_HELD_SHARE_DIVISOR = 4
+
+# -- the door's facts of a session's names (engine.privileges._names_fact; round 15, lead) --
+# Catalog answers one session keeps while its names do not resolve plainly (candidates of
+# each name, its temporary relations): past this many they are dropped and read again.
+NAMES_FACTS_MAX = 256

@@ -179,3 +179,30 @@ def test_a_temporary_table_never_stands_in_for_a_name_inside_a_view(
             values(alice, sql)
     alice.execute("DROP TABLE temp.acl")
     assert values(alice, "SELECT v FROM over_hers") == ["hers"]
+
+
+def test_what_the_door_keeps_of_a_sessions_names_follows_every_change(
+    database: Database, alice: Session
+) -> None:
+    """A session with temporary relations keeps the catalog answers of its names
+    (``privileges._names_fact``) between statements; each kind of change is seen by the
+    very next statement: a REVOKE by another session, its own SET search_path, its own
+    new temporary table under a name a view it reads uses."""
+    alice.execute("CREATE TEMP TABLE scratch (a INT)")  # names no longer plain
+    for _ in range(3):
+        assert values(alice, "SELECT v FROM through") == ["main"]
+    alice.execute("CREATE TEMP TABLE kv (k INT, v TEXT)")
+    with pytest.raises(InsufficientPrivilegeError, match="temporary relation kv"):
+        values(alice, "SELECT v FROM through")
+    alice.execute("DROP TABLE temp.kv")
+    assert values(alice, "SELECT v FROM through") == ["main"]
+    alice.execute("SET search_path = 's'")
+    with pytest.raises(InsufficientPrivilegeError, match=r"table s\.kv"):
+        values(alice, "SELECT v FROM kv")
+    alice.execute("SET search_path = 'main'")
+    assert values(alice, "SELECT v FROM kv") == ["main"]
+    admin = database.connect()
+    admin.execute("REVOKE SELECT ON kv FROM alice")
+    admin.close()
+    with pytest.raises(InsufficientPrivilegeError, match="table kv"):
+        values(alice, "SELECT v FROM kv")
