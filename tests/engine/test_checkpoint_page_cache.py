@@ -15,7 +15,7 @@ from pathlib import Path
 import pytest
 
 from engine.database import Database
-from storage import limits, page_cache
+from tests.page_cache_spy import record_drops
 
 KEEP = 20_000
 MESSAGE = b"x" * 1000
@@ -24,18 +24,7 @@ MESSAGE = b"x" * 1000
 @pytest.fixture
 def advised(monkeypatch: pytest.MonkeyPatch) -> list[tuple[str, int, int]]:
     """Every DONTNEED as (file, start, end), with the drop on and a small kept tail."""
-    calls: list[tuple[str, int, int]] = []
-    real = os.posix_fadvise
-
-    def spy(fd: int, offset: int, length: int, advice: int) -> None:
-        if advice == os.POSIX_FADV_DONTNEED:
-            calls.append((os.readlink(f"/proc/self/fd/{fd}"), offset, offset + length))
-        real(fd, offset, length, advice)
-
-    monkeypatch.setattr(os, "posix_fadvise", spy)
-    monkeypatch.setattr(page_cache, "ENABLED", True)
-    monkeypatch.setattr(limits, "PAGE_CACHE_KEEP_BYTES", KEEP)
-    return calls
+    return record_drops(monkeypatch, KEEP)
 
 
 def _dropped_end(calls: list[tuple[str, int, int]], log_path: str) -> int:

@@ -21,6 +21,7 @@ import pytest
 from storage import file_map, limits, page_cache
 from storage.config import FsyncPolicy
 from storage.fs import FileSystem
+from tests.page_cache_spy import record_drops
 
 KEEP = 50_000
 SEGMENT = 64 * 1024
@@ -31,18 +32,7 @@ ALL = 2**63 - 1  # the floor of a topic no consumer reads: every offset may be d
 @pytest.fixture
 def advised(monkeypatch: pytest.MonkeyPatch) -> list[tuple[str, int, int]]:
     """Turn the drop on (keep ``KEEP`` bytes) and record every DONTNEED as (file, start, end)."""
-    calls: list[tuple[str, int, int]] = []
-    real = os.posix_fadvise
-
-    def spy(fd: int, offset: int, length: int, advice: int) -> None:
-        if advice == os.POSIX_FADV_DONTNEED:
-            calls.append((os.readlink(f"/proc/self/fd/{fd}"), offset, offset + length))
-        real(fd, offset, length, advice)
-
-    monkeypatch.setattr(os, "posix_fadvise", spy)
-    monkeypatch.setattr(page_cache, "ENABLED", True)
-    monkeypatch.setattr(limits, "PAGE_CACHE_KEEP_BYTES", KEEP)
-    return calls
+    return record_drops(monkeypatch, KEEP)
 
 
 def _dropped(calls: list[tuple[str, int, int]]) -> dict[str, int]:
