@@ -657,10 +657,7 @@ class Session:
             return False
         if tables.has_registered(self.cursor):
             return False
-        if self._names_plain is None:
-            # After the check above (registered relations are not counted); once.
-            self._names_plain = key_lookup.names_plain(self.cursor)
-        return bool(self._names_plain)
+        return self.names_resolve_plainly()
 
     def _key_answer(
         self, plan: Plan, parameters: Any, timeout_s: float | None = None, *, build: bool = True
