@@ -17,10 +17,16 @@ counted in two parts:
   review R1-6);
 - beyond the floor, bytes are charged to the shared budget, and one connection may be
   charged at most its share, ``held_bytes_max // WIRE_HELD_SHARE_DIVISOR`` (a quarter):
-  one connection alone cannot take the whole budget.
+  one connection alone cannot take the whole budget;
+- once logged in, a connection's charge also counts in its login's account, and all the
+  connections of one login together may be charged at most that same share (``join``,
+  ``leave``): four connections of one user cannot take the whole budget from the others
+  (review R1-6's remainder). Connections of different users do not limit each other
+  below the budget.
 
 Who is refused: the connection whose COPY chunk or Bind would take its own charge past its
-share, or the budget's total past ``held_bytes_max``, gets 53200 (out of memory) for that
+share, its login's charge past the same share, or the budget's total past
+``held_bytes_max``, gets 53200 (out of memory) for that
 statement and stays usable (what it held is given back as for any failed COPY or Bind);
 nothing held by others is taken away.
 
@@ -36,7 +42,10 @@ refused). So the bytes held for clients stay within ``held_bytes_max + connectio
 
 Invariants: ``MemoryBudget.held_bytes`` is the sum of every connection's ``charged``; it
 never goes below 0 nor, after a ``charge`` returned, above ``bytes_max``; a connection's
-``charged == max(0, held - floor)`` and ``charged <= share_max`` after each call returns.
+``charged == max(0, held - floor)`` and ``charged <= share_max`` after each call returns; a
+login's account's ``charged`` is the sum of its joined connections' ``charged`` (at most
+``share_max`` after a ``charge`` returned), and an account is kept only while a connection
+of its login is joined or it is charged (so at most one per logged-in connection).
 Thread-safety: connections on threads of their own share one budget, whose ``charge`` and
 ``give`` are one add under a lock, nothing allocated; a ``ConnectionHoldings`` is used on
 its connection's one loop only and takes no lock while the connection holds no more than
@@ -57,9 +66,22 @@ class MemoryBudgetExceededError(OutOfMemoryError):
     connection's share of it (53200)."""
 
 
+class LoginAccount:
+    """What the connections of one login are charged together (``charged``) and how many
+    of them are joined (``connections``). Changed under the budget's lock only."""
+
+    __slots__ = ("charged", "connections", "login")
+
+    def __init__(self, login: str) -> None:
+        self.login = login
+        self.charged = 0
+        self.connections = 0
+
+
 class MemoryBudget:
     """Bytes held for clients beyond their floors by all of one server's connections, at
-    most ``bytes_max``; each connection's at most ``share_max``."""
+    most ``bytes_max``; each connection's, and each login's connections' together, at most
+    ``share_max``."""
 
     def __init__(self, bytes_max: int, floor_bytes: int) -> None:
         assert bytes_max > 0 and floor_bytes >= 0, (bytes_max, floor_bytes)
@@ -68,31 +90,89 @@ class MemoryBudget:
         self.share_max = max(1, bytes_max // WIRE_HELD_SHARE_DIVISOR)
         self.held_bytes = 0
         self._lock = threading.Lock()
+        self._accounts: dict[str, LoginAccount] = {}
 
     def connection(self) -> ConnectionHoldings:
         """The holdings of a new connection, counted in this budget."""
         return ConnectionHoldings(self)
 
-    def charge(self, nbytes: int, what: str) -> None:
-        """Count ``nbytes`` more, or raise 53200 (nothing counted) if that would pass the
-        budget; ``what`` names the holding in the error."""
+    def join(self, holdings: ConnectionHoldings, login: str) -> None:
+        """Count ``holdings`` (a connection that just logged in as ``login``) in its login's
+        account from now on; what it is already charged moves into the account unrefused
+        (a login's messages are within the floor, so that is 0 in practice)."""
+        assert holdings.budget is self and holdings.account is None
+        with self._lock:
+            account = self._accounts.get(login)
+            if account is None:
+                account = self._accounts[login] = LoginAccount(login)
+            account.connections += 1
+            account.charged += holdings.charged
+        holdings.account = account
+        holdings.joined = True
+
+    def leave(self, holdings: ConnectionHoldings) -> None:
+        """The connection of ``holdings`` ends: its login's account forgets it once neither
+        a joined connection nor a charge keeps it."""
+        account = holdings.account
+        if account is None or not holdings.joined:
+            return
+        holdings.joined = False  # what it still holds stays charged to ``account`` until given
+        with self._lock:
+            account.connections -= 1
+            assert account.connections >= 0, account.login
+            self._forget_if_unused(account)
+
+    def accounts(self) -> dict[str, int]:
+        """Each login's charged bytes (for tests and monitoring)."""
+        with self._lock:
+            return {login: account.charged for login, account in self._accounts.items()}
+
+    def charge(self, nbytes: int, what: str, account: LoginAccount | None = None) -> None:
+        """Count ``nbytes`` more (in ``account`` too, if the connection has logged in), or
+        raise 53200 (nothing counted) if that would pass the budget or the login's share;
+        ``what`` names the holding in the error."""
         assert nbytes >= 0, nbytes
         with self._lock:
             held = self.held_bytes + nbytes
-            if held <= self.bytes_max:
+            if account is not None and account.charged + nbytes > self.share_max:
+                login_charged = account.charged
+            elif held <= self.bytes_max:
                 self.held_bytes = held
+                if account is not None:
+                    account.charged += nbytes
                 return
+            else:
+                login_charged = -1
+        if login_charged >= 0:
+            raise MemoryBudgetExceededError(
+                f"out of memory: {what} would take the bytes the connections of user "
+                f"{account.login!r} hold in COPY data and bound parameters beyond their own "
+                f"{self.floor_bytes} bytes each from {login_charged} to {login_charged + nbytes}, "
+                f"past one user's share of {self.share_max} bytes (a 1/{WIRE_HELD_SHARE_DIVISOR} "
+                f"share of the server's limit of {self.bytes_max} bytes); close portals, end "
+                f"COPYs on the user's other connections or send smaller pieces"
+            )
         raise MemoryBudgetExceededError(
             f"out of memory: {what} would take the bytes all connections hold in COPY data "
             f"and bound parameters past the server's limit of {self.bytes_max} bytes; "
             f"retry later or in smaller pieces"
         )
 
-    def give(self, nbytes: int) -> None:
-        """Give back ``nbytes`` a ``charge`` counted."""
+    def give(self, nbytes: int, account: LoginAccount | None = None) -> None:
+        """Give back ``nbytes`` a ``charge`` counted (in ``account`` too)."""
         with self._lock:
             self.held_bytes -= nbytes
             assert self.held_bytes >= 0, (self.held_bytes, nbytes)
+            if account is not None:
+                account.charged -= nbytes
+                assert account.charged >= 0, (account.login, account.charged, nbytes)
+                self._forget_if_unused(account)
+
+    def _forget_if_unused(self, account: LoginAccount) -> None:
+        """Under the lock: drop ``account`` once no connection and no charge keep it."""
+        unused = account.connections == 0 and account.charged == 0
+        if unused and self._accounts.get(account.login) is account:
+            del self._accounts[account.login]
 
 
 class ConnectionHoldings:
@@ -100,13 +180,15 @@ class ConnectionHoldings:
     ``held`` bytes, of which ``charged`` (those beyond the budget's floor) are counted in
     the shared budget. Used on the connection's loop only."""
 
-    __slots__ = ("budget", "charged", "floor", "held")
+    __slots__ = ("account", "budget", "charged", "floor", "held", "joined")
 
     def __init__(self, budget: MemoryBudget) -> None:
         self.budget = budget
         self.floor = budget.floor_bytes
         self.held = 0
         self.charged = 0
+        self.account: LoginAccount | None = None  # its login's, once ``MemoryBudget.join``ed
+        self.joined = False  # counted in ``account.connections`` (until ``leave``)
 
     def take(self, nbytes: int, what: str) -> None:
         """Hold ``nbytes`` more, or raise 53200 (nothing held) past the connection's share
@@ -123,7 +205,7 @@ class ConnectionHoldings:
                     f"{self.budget.bytes_max} bytes beyond {self.floor} of its own); "
                     f"close portals or send smaller pieces"
                 )
-            self.budget.charge(over - self.charged, f"{what} of {nbytes} bytes")
+            self.budget.charge(over - self.charged, f"{what} of {nbytes} bytes", self.account)
             self.charged = over
         self.held = held
 
@@ -136,7 +218,7 @@ class ConnectionHoldings:
         if self.charged:
             over = max(0, held - self.floor)
             if over < self.charged:
-                self.budget.give(self.charged - over)
+                self.budget.give(self.charged - over, self.account)
                 self.charged = over
 
     def take_arriving(self, length: int) -> int:

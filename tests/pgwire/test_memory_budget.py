@@ -18,7 +18,7 @@ import pytest
 from sql.pgwire.codec import messages as m
 from sql.pgwire.connection.portals import HeldPortals, Portal
 from sql.pgwire.limits import ServerLimits
-from sql.pgwire.memory_budget import MemoryBudget, MemoryBudgetExceededError
+from sql.pgwire.memory_budget import LoginAccount, MemoryBudget, MemoryBudgetExceededError
 from sql.pgwire.server import ServerThread
 from tests.pgwire.rawclient import RawClient, error_fields, query
 
@@ -40,8 +40,8 @@ def small_budget(tmp_path: Path) -> Iterator[ServerThread]:
     running.stop()
 
 
-def _connect(server: ServerThread) -> psycopg.Connection:
-    return psycopg.connect(host="127.0.0.1", port=server.port, user="tester",
+def _connect(server: ServerThread, user: str = "tester") -> psycopg.Connection:
+    return psycopg.connect(host="127.0.0.1", port=server.port, user=user,
                            dbname="topicbase", connect_timeout=10, autocommit=True)  # fmt: skip
 
 
@@ -66,10 +66,11 @@ def _copy_lines(count_bytes: int) -> bytes:
     return line * (count_bytes // len(line))
 
 
-def _open_copy(server: ServerThread, nbytes: int = PIECE_BYTES) -> RawClient:
-    """A raw connection in COPY lines FROM STDIN holding ``nbytes`` of data, not done."""
+def _open_copy(server: ServerThread, nbytes: int = PIECE_BYTES, user: str = "tester") -> RawClient:
+    """A raw connection of ``user`` in COPY lines FROM STDIN holding ``nbytes`` of data, not
+    done."""
     client = RawClient(server.port)
-    client.start()
+    client.start(user=user)
     client.send(query("COPY lines FROM STDIN"))
     kind, _ = client.read()
     assert kind == b"G"
@@ -89,7 +90,7 @@ def _count(connection: psycopg.Connection) -> int:
 
 
 def test_copy_data_of_all_connections_stays_within_the_budget(small_budget: ServerThread) -> None:
-    holders = [_open_copy(small_budget) for _ in range(4)]
+    holders = [_open_copy(small_budget, user=f"holder{n}") for n in range(4)]  # a share each
     _wait_for_charged(small_budget, 4 * (PIECE_BYTES - FLOOR_BYTES))
     victim = _connect(small_budget)
     with pytest.raises(psycopg.errors.OutOfMemory) as refused:
@@ -133,11 +134,11 @@ def _bind_named(portal: str, value_bytes: int) -> bytes:
                      + struct.pack("!i", len(value)) + value + struct.pack("!h", 0))  # fmt: skip
 
 
-def _holder_of_its_share(server: ServerThread) -> RawClient:
-    """A raw connection in a transaction block holding a named portal whose Bind message
-    is its floor and its whole share, then idle (it lives until the block ends)."""
+def _holder_of_its_share(server: ServerThread, user: str) -> RawClient:
+    """A raw connection of ``user`` in a transaction block holding a named portal whose Bind
+    message is its floor and its whole share, then idle (it lives until the block ends)."""
     holder = RawClient(server.port)
-    holder.start()
+    holder.start(user=user)
     holder.send(query("BEGIN"))
     holder.until_ready()
     holder.send(m.message(b"P", m.cstr("") + m.cstr("SELECT length($1)") + struct.pack("!h", 0)))
@@ -152,7 +153,7 @@ def _holder_of_its_share(server: ServerThread) -> RawClient:
 def test_holders_that_fill_the_budget_leave_every_other_connection_its_floor(
     small_budget: ServerThread,
 ) -> None:
-    holders = [_holder_of_its_share(small_budget) for _ in range(4)]
+    holders = [_holder_of_its_share(small_budget, f"holder{n}") for n in range(4)]
     _wait_for_charged(small_budget, BUDGET_BYTES)  # full, each idle in its block
     victim = _connect(small_budget)
     with pytest.raises(psycopg.errors.OutOfMemory) as refused:  # past its floor: no room
@@ -188,13 +189,13 @@ class _CountingBudget(MemoryBudget):
         super().__init__(BUDGET_BYTES, FLOOR_BYTES)
         self.calls = 0
 
-    def charge(self, nbytes: int, what: str) -> None:
+    def charge(self, nbytes: int, what: str, account: LoginAccount | None = None) -> None:
         self.calls += 1
-        super().charge(nbytes, what)
+        super().charge(nbytes, what, account)
 
-    def give(self, nbytes: int) -> None:
+    def give(self, nbytes: int, account: LoginAccount | None = None) -> None:
         self.calls += 1
-        super().give(nbytes)
+        super().give(nbytes, account)
 
 
 def test_binds_within_the_floor_never_touch_the_budget() -> None:
@@ -242,9 +243,9 @@ def _long_query(body_bytes: int) -> bytes:
 
 def test_a_long_message_holds_its_length_while_it_arrives(small_budget: ServerThread) -> None:
     senders = []
-    for _ in range(4):  # each announces PIECE_BYTES and sends two thirds of it
+    for n in range(4):  # each announces PIECE_BYTES and sends two thirds of it
         sender = RawClient(small_budget.port)
-        sender.start()
+        sender.start(user=f"sender{n}")
         whole = _long_query(PIECE_BYTES)
         sender.send(whole[: 2 * len(whole) // 3])
         senders.append((sender, whole))
@@ -288,3 +289,64 @@ def test_a_long_message_past_the_share_is_skipped_in_a_block_and_fails_it(
     assert [kind for kind, _ in client.until_ready()] == [b"T", b"D", b"C", b"Z"]
     client.close()
     _wait_for_charged(small_budget, 0)
+
+
+# -- one login's connections together (R1-6's remainder) -----------------------------------------
+def _wait_for_accounts(server: ServerThread, expected: dict[str, int]) -> None:
+    deadline = time.monotonic() + 20
+    while server.server.memory_budget.accounts() != expected and time.monotonic() < deadline:
+        time.sleep(0.01)
+    assert server.server.memory_budget.accounts() == expected
+
+
+def test_the_connections_of_one_user_are_charged_one_share_together(
+    small_budget: ServerThread,
+) -> None:
+    charged = PIECE_BYTES - FLOOR_BYTES  # 236 KiB: one fits a share of 256, two do not
+    first = _open_copy(small_budget, user="alice")
+    _wait_for_accounts(small_budget, {"alice": charged})
+    second = _connect(small_budget, user="alice")
+    with pytest.raises(psycopg.errors.OutOfMemory) as refused:
+        _copy(second, PIECE_BYTES)
+    assert refused.value.sqlstate == "53200"
+    assert "user 'alice'" in str(refused.value) and "one user's share" in str(refused.value)
+    assert _count(second) == 0  # nothing of the refused COPY, and the connection goes on
+    _copy(second, SMALL_BYTES)  # within its own floor: never refused
+    other = _connect(small_budget, user="bob")  # another user's share is its own
+    _copy(other, PIECE_BYTES)
+    assert _count(other) == (SMALL_BYTES + PIECE_BYTES) // 1024
+    first.send(m.copy_done())  # alice's first COPY ends: her share is free again
+    assert [kind for kind, _ in first.until_ready()] == [b"C", b"Z"]
+    _wait_for_accounts(small_budget, {"alice": 0, "bob": 0})
+    _copy(second, PIECE_BYTES)
+    assert _count(second) == (SMALL_BYTES + 3 * PIECE_BYTES) // 1024  # one table: all four COPYs
+    for client in (second, other):
+        client.close()
+    first.close()
+    _wait_for_accounts(small_budget, {})  # no account outlives its connections
+    _wait_for_charged(small_budget, 0)
+
+
+def test_a_login_account_is_kept_while_a_connection_or_a_charge_keeps_it() -> None:
+    budget = MemoryBudget(BUDGET_BYTES, FLOOR_BYTES)
+    one, two, other = budget.connection(), budget.connection(), budget.connection()
+    budget.join(one, "alice")
+    budget.join(two, "alice")
+    budget.join(other, "bob")
+    one.take(FLOOR_BYTES + SHARE_BYTES // 2, "COPY FROM STDIN data")
+    with pytest.raises(MemoryBudgetExceededError, match="one user's share"):
+        two.take(FLOOR_BYTES + SHARE_BYTES // 2 + 1, "COPY FROM STDIN data")
+    assert two.held == two.charged == 0  # nothing counted for the refused take
+    assert budget.accounts() == {"alice": SHARE_BYTES // 2, "bob": 0}
+    two.take(FLOOR_BYTES + SHARE_BYTES // 2, "COPY FROM STDIN data")  # exactly the share
+    other.take(FLOOR_BYTES + SHARE_BYTES, "a Bind message")
+    assert budget.held_bytes == 2 * SHARE_BYTES
+    budget.leave(one)  # the connection ends before its COPY gives its bytes back
+    budget.leave(one)  # a second leave changes nothing
+    budget.leave(two)
+    budget.leave(other)
+    assert budget.accounts() == {"alice": SHARE_BYTES, "bob": SHARE_BYTES}
+    one.give(one.held)
+    two.give(two.held)
+    other.give(other.held)
+    assert budget.accounts() == {} and budget.held_bytes == 0

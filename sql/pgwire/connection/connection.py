@@ -478,6 +478,7 @@ class Connection(ExtendedProtocol):
         session slot given back, its portals' bytes to the server's memory budget."""
         self.server.connections.pop(self.process_id, None)
         self.portals.release()
+        self.server.memory_budget.leave(self.holdings)
         if self.has_slot:
             self.has_slot = False
             if self.own_thread is None:
@@ -545,6 +546,8 @@ class Connection(ExtendedProtocol):
             sqlstate, text, _ = error_fields(error)
             self.send(m.error_response(sqlstate, text, severity="FATAL"))
             return False
+        # From now on what it holds counts in its login's share too (memory_budget).
+        self.server.memory_budget.join(self.holdings, identity.name)
         self.process_id = self.server.register(self)
         parameters = {
             "server_version": SERVER_VERSION,
