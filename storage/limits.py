@@ -391,6 +391,10 @@ WIRE_HELD_BYTES_MAX_DEFAULT = 1024 * MIB
 # the budget alone. The bytes held stay within held_bytes_max + connections_max x the floor.
 WIRE_HELD_BYTES_FLOOR = 1 * MIB
 WIRE_HELD_SHARE_DIVISOR = 4
+# All the connections of one login together are charged at most 1/WIRE_HELD_LOGIN_DIVISOR of
+# the budget (round 16): one user's parallel loads (two whole COPY_IN_BYTES_MAX COPYs beyond
+# their floors at the defaults) still fit, but one user alone cannot fill the budget.
+WIRE_HELD_LOGIN_DIVISOR = 2
 
 # -- the door's facts of a session's names (engine.privileges._names_fact; round 15, lead) --
 # Catalog answers one session keeps while its names do not resolve plainly (candidates of

@@ -19,13 +19,14 @@ counted in two parts:
   charged at most its share, ``held_bytes_max // WIRE_HELD_SHARE_DIVISOR`` (a quarter):
   one connection alone cannot take the whole budget;
 - once logged in, a connection's charge also counts in its login's account, and all the
-  connections of one login together may be charged at most that same share (``join``,
-  ``leave``): four connections of one user cannot take the whole budget from the others
-  (review R1-6's remainder). Connections of different users do not limit each other
-  below the budget.
+  connections of one login together may be charged at most ``login_share_max``,
+  ``held_bytes_max // WIRE_HELD_LOGIN_DIVISOR`` (a half: two whole COPYs of one user fit)
+  (``join``, ``leave``): the connections of one user cannot take the whole budget from
+  the others (review R1-6's remainder). Different users do not limit each other below
+  the budget.
 
 Who is refused: the connection whose COPY chunk or Bind would take its own charge past its
-share, its login's charge past the same share, or the budget's total past
+share, its login's charge past the login's share, or the budget's total past
 ``held_bytes_max``, gets 53200 (out of memory) for that
 statement and stays usable (what it held is given back as for any failed COPY or Bind);
 nothing held by others is taken away.
@@ -44,7 +45,7 @@ Invariants: ``MemoryBudget.held_bytes`` is the sum of every connection's ``charg
 never goes below 0 nor, after a ``charge`` returned, above ``bytes_max``; a connection's
 ``charged == max(0, held - floor)`` and ``charged <= share_max`` after each call returns; a
 login's account's ``charged`` is the sum of its joined connections' ``charged`` (at most
-``share_max`` after a ``charge`` returned), and an account is kept only while a connection
+``login_share_max`` after a ``charge`` returned), and an account is kept only while a connection
 of its login is joined or it is charged (so at most one per logged-in connection).
 Thread-safety: connections on threads of their own share one budget, whose ``charge`` and
 ``give`` are one add under a lock, nothing allocated; a ``ConnectionHoldings`` is used on
@@ -58,7 +59,7 @@ import asyncio
 import threading
 
 from storage.errors import OutOfMemoryError
-from storage.limits import WIRE_HELD_SHARE_DIVISOR
+from storage.limits import WIRE_HELD_LOGIN_DIVISOR, WIRE_HELD_SHARE_DIVISOR
 
 
 class MemoryBudgetExceededError(OutOfMemoryError):
@@ -80,14 +81,15 @@ class LoginAccount:
 
 class MemoryBudget:
     """Bytes held for clients beyond their floors by all of one server's connections, at
-    most ``bytes_max``; each connection's, and each login's connections' together, at most
-    ``share_max``."""
+    most ``bytes_max``; each connection's at most ``share_max``, each login's connections'
+    together at most ``login_share_max``."""
 
     def __init__(self, bytes_max: int, floor_bytes: int) -> None:
         assert bytes_max > 0 and floor_bytes >= 0, (bytes_max, floor_bytes)
         self.bytes_max = bytes_max
         self.floor_bytes = floor_bytes
         self.share_max = max(1, bytes_max // WIRE_HELD_SHARE_DIVISOR)
+        self.login_share_max = max(self.share_max, bytes_max // WIRE_HELD_LOGIN_DIVISOR)
         self.held_bytes = 0
         self._lock = threading.Lock()
         self._accounts: dict[str, LoginAccount] = {}
@@ -134,7 +136,7 @@ class MemoryBudget:
         assert nbytes >= 0, nbytes
         with self._lock:
             held = self.held_bytes + nbytes
-            if account is not None and account.charged + nbytes > self.share_max:
+            if account is not None and account.charged + nbytes > self.login_share_max:
                 login_charged = account.charged
             elif held <= self.bytes_max:
                 self.held_bytes = held
@@ -148,9 +150,10 @@ class MemoryBudget:
                 f"out of memory: {what} would take the bytes the connections of user "
                 f"{account.login!r} hold in COPY data and bound parameters beyond their own "
                 f"{self.floor_bytes} bytes each from {login_charged} to {login_charged + nbytes}, "
-                f"past one user's share of {self.share_max} bytes (a 1/{WIRE_HELD_SHARE_DIVISOR} "
-                f"share of the server's limit of {self.bytes_max} bytes); close portals, end "
-                f"COPYs on the user's other connections or send smaller pieces"
+                f"past one user's share of {self.login_share_max} bytes (a "
+                f"1/{WIRE_HELD_LOGIN_DIVISOR} share of the server's limit of {self.bytes_max} "
+                f"bytes); close portals, end COPYs on the user's other connections or send "
+                f"smaller pieces"
             )
         raise MemoryBudgetExceededError(
             f"out of memory: {what} would take the bytes all connections hold in COPY data "

@@ -302,51 +302,53 @@ def _wait_for_accounts(server: ServerThread, expected: dict[str, int]) -> None:
 def test_the_connections_of_one_user_are_charged_one_share_together(
     small_budget: ServerThread,
 ) -> None:
-    charged = PIECE_BYTES - FLOOR_BYTES  # 236 KiB: one fits a share of 256, two do not
+    charged = PIECE_BYTES - FLOOR_BYTES  # 236 KiB: two fit a user's half of the budget, three not
     first = _open_copy(small_budget, user="alice")
-    _wait_for_accounts(small_budget, {"alice": charged})
-    second = _connect(small_budget, user="alice")
+    second = _open_copy(small_budget, user="alice")
+    _wait_for_accounts(small_budget, {"alice": 2 * charged})
+    third = _connect(small_budget, user="alice")
     with pytest.raises(psycopg.errors.OutOfMemory) as refused:
-        _copy(second, PIECE_BYTES)
+        _copy(third, PIECE_BYTES)
     assert refused.value.sqlstate == "53200"
     assert "user 'alice'" in str(refused.value) and "one user's share" in str(refused.value)
-    assert _count(second) == 0  # nothing of the refused COPY, and the connection goes on
-    _copy(second, SMALL_BYTES)  # within its own floor: never refused
+    assert _count(third) == 0  # nothing of the refused COPY, and the connection goes on
+    _copy(third, SMALL_BYTES)  # within its own floor: never refused
     other = _connect(small_budget, user="bob")  # another user's share is its own
     _copy(other, PIECE_BYTES)
     assert _count(other) == (SMALL_BYTES + PIECE_BYTES) // 1024
-    first.send(m.copy_done())  # alice's first COPY ends: her share is free again
+    first.send(m.copy_done())  # alice's first COPY ends: room in her share again
     assert [kind for kind, _ in first.until_ready()] == [b"C", b"Z"]
-    _wait_for_accounts(small_budget, {"alice": 0, "bob": 0})
-    _copy(second, PIECE_BYTES)
-    assert _count(second) == (SMALL_BYTES + 3 * PIECE_BYTES) // 1024  # one table: all four COPYs
-    for client in (second, other):
+    _wait_for_accounts(small_budget, {"alice": charged, "bob": 0})
+    _copy(third, PIECE_BYTES)
+    assert _count(third) == (SMALL_BYTES + 3 * PIECE_BYTES) // 1024  # one table: four COPYs
+    for client in (third, other):
         client.close()
     first.close()
+    second.close()  # lost mid-COPY: its bytes come back too
     _wait_for_accounts(small_budget, {})  # no account outlives its connections
     _wait_for_charged(small_budget, 0)
 
 
 def test_a_login_account_is_kept_while_a_connection_or_a_charge_keeps_it() -> None:
     budget = MemoryBudget(BUDGET_BYTES, FLOOR_BYTES)
-    one, two, other = budget.connection(), budget.connection(), budget.connection()
-    budget.join(one, "alice")
-    budget.join(two, "alice")
+    login_share = budget.login_share_max
+    assert login_share == BUDGET_BYTES // 2
+    one, two, three, other = (budget.connection() for _ in range(4))
+    for holdings in (one, two, three):
+        budget.join(holdings, "alice")
     budget.join(other, "bob")
-    one.take(FLOOR_BYTES + SHARE_BYTES // 2, "COPY FROM STDIN data")
+    one.take(FLOOR_BYTES + SHARE_BYTES, "COPY FROM STDIN data")
+    two.take(FLOOR_BYTES + SHARE_BYTES // 2, "COPY FROM STDIN data")
     with pytest.raises(MemoryBudgetExceededError, match="one user's share"):
-        two.take(FLOOR_BYTES + SHARE_BYTES // 2 + 1, "COPY FROM STDIN data")
-    assert two.held == two.charged == 0  # nothing counted for the refused take
-    assert budget.accounts() == {"alice": SHARE_BYTES // 2, "bob": 0}
-    two.take(FLOOR_BYTES + SHARE_BYTES // 2, "COPY FROM STDIN data")  # exactly the share
+        three.take(FLOOR_BYTES + SHARE_BYTES // 2 + 1, "COPY FROM STDIN data")
+    assert three.held == three.charged == 0  # nothing counted for the refused take
+    assert budget.accounts() == {"alice": SHARE_BYTES + SHARE_BYTES // 2, "bob": 0}
+    three.take(FLOOR_BYTES + SHARE_BYTES // 2, "COPY FROM STDIN data")  # exactly her share
     other.take(FLOOR_BYTES + SHARE_BYTES, "a Bind message")
-    assert budget.held_bytes == 2 * SHARE_BYTES
-    budget.leave(one)  # the connection ends before its COPY gives its bytes back
-    budget.leave(one)  # a second leave changes nothing
-    budget.leave(two)
-    budget.leave(other)
-    assert budget.accounts() == {"alice": SHARE_BYTES, "bob": SHARE_BYTES}
-    one.give(one.held)
-    two.give(two.held)
-    other.give(other.held)
+    assert budget.held_bytes == login_share + SHARE_BYTES
+    for holdings in (one, one, two, three, other):  # ended before their COPYs gave back;
+        budget.leave(holdings)  # a second leave of ``one`` changes nothing
+    assert budget.accounts() == {"alice": login_share, "bob": SHARE_BYTES}
+    for holdings in (one, two, three, other):
+        holdings.give(holdings.held)
     assert budget.accounts() == {} and budget.held_bytes == 0
