@@ -51,12 +51,12 @@ import sys
 import tempfile
 import time
 from collections.abc import Callable, Iterator
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
 import numpy as np
 
-from bench import harness, postgres
+from bench import harness, placement, postgres
 from bench.results import REPO_DIR, Recorder, ratio_target
 from bench.storage_bench import make_messages
 from engine.database import Database
@@ -161,6 +161,9 @@ class Way:
     # load disturbs far less than wall time.
     server_cpu_s: Callable[[], float] | None = None
     select_expr: Callable[[int], None] | None = None  # one SELECT_EXPR with a parameter
+    # The process serving this way's connection (Topicbase's server, PostgreSQL's backend):
+    # the latency rounds sample whether its busiest thread ran on the client's CPU.
+    serving_pid: int | None = None
 
 
 def _rotated(ways: list[Way], round_index: int) -> list[Way]:
@@ -211,13 +214,19 @@ def process_cpu_s(pid: int) -> float:
     return schedstat_cpu_s(pid)
 
 
+PLACEMENT_EVERY = 20  # a latency round samples placement after every 20th round trip
+
+
 @dataclass
 class Latency:
     """Round trips (us) of each way, one array per round, and the serving process's CPU
-    per round trip (us, one figure per round) for the ways that tell it."""
+    per round trip (us, one figure per round) for the ways that tell it; ``apart``: per
+    round, the share of sampled round trips after which the serving thread had last run
+    on another CPU than the client (``bench.placement``)."""
 
     samples: dict[str, list[np.ndarray]]
     server_cpu_us: dict[str, list[float]]
+    apart: dict[str, list[float]] = field(default_factory=dict)
 
 
 def latency_rounds(
@@ -227,6 +236,7 @@ def latency_rounds(
     chosen = [w for w in ways if pick(w) is not None]
     samples: dict[str, list[np.ndarray]] = {w.name: [] for w in chosen}
     cpu: dict[str, list[float]] = {w.name: [] for w in chosen if w.server_cpu_s is not None}
+    apart: dict[str, list[float]] = {w.name: [] for w in chosen if w.serving_pid is not None}
     per_round = count // ROUNDS
     keys = np.random.default_rng(7).integers(0, LOOKUP_ROWS, size=per_round * ROUNDS)
     for index in range(ROUNDS):
@@ -234,16 +244,27 @@ def latency_rounds(
             call = pick(way)
             assert call is not None
             taken = np.empty(per_round)
+            place = None if way.serving_pid is None else placement.Placement(way.serving_pid)
+            if place is not None:
+                place.start()
             cpu_before = None if way.server_cpu_s is None else way.server_cpu_s()
             for i in range(per_round):
                 key = int(keys[index * per_round + i])
                 begun = time.perf_counter_ns()
                 call(key)
                 taken[i] = (time.perf_counter_ns() - begun) / 1000.0
+                if place is not None and i % PLACEMENT_EVERY == 0:  # outside the timing
+                    if i == 0:
+                        place.found()
+                    else:
+                        place.sample()
+            cpu_after = None if way.server_cpu_s is None else way.server_cpu_s()
             samples[way.name].append(taken)
-            if way.server_cpu_s is not None and cpu_before is not None:
-                cpu[way.name].append((way.server_cpu_s() - cpu_before) / per_round * 1e6)
-    return Latency(samples, cpu)
+            if cpu_after is not None and cpu_before is not None:
+                cpu[way.name].append((cpu_after - cpu_before) / per_round * 1e6)
+            if place is not None and place.share is not None:
+                apart[way.name].append(place.share)
+    return Latency(samples, cpu, apart)
 
 
 def select1_rounds(ways: list[Way], params: Params) -> Latency:
@@ -305,6 +326,7 @@ def wire_ways(conn: Any, pool: list[bytes], server_pid: int) -> list[Way]:
                 None if binary else (lambda key: conn.execute(LOOKUP, [key]).fetchone()),
                 None if binary else (lambda: process_cpu_s(server_pid)),
                 None if binary else (lambda key: conn.execute(SELECT_EXPR, [key]).fetchone()),
+                None if binary else server_pid,
             )
         )
     with conn.cursor().copy(f"COPY ({consume_sql('c_arrow').replace('1000)', '1)')}) TO "
@@ -395,6 +417,7 @@ def postgres_way(conn: Any, pool: list[bytes]) -> Way:
         lambda key: conn.execute(LOOKUP, [key]).fetchone(),
         lambda: process_cpu_s(backend),
         lambda key: conn.execute(SELECT_EXPR, [key]).fetchone(),
+        backend,
     )
 
 
@@ -561,6 +584,19 @@ def _record_targets(
                 target_label="PostgreSQL",
                 note=f"{what}: round trip through psycopg, p{q} of each round, median over "
                 "the rounds",
+            )  # fmt: skip
+        apart = latency.apart
+        if apart.get("wire") and apart.get("postgres"):
+            harness.record(
+                rec, f"{name}.apart", harness.Spread.of(apart["wire"]),
+                harness.Spread.of(apart["postgres"]), unit="share apart", group=G_TARGETS,
+                baseline=f"{pg_label} backend", higher_is_better=False,
+                note=f"{what}: share of the round trips (every {PLACEMENT_EVERY}th sampled, "
+                "after it) whose serving thread had last run on another CPU than the client "
+                "(bench.placement), median over the rounds; on this 2-vCPU VM a round trip "
+                "between two vCPUs costs either system 2-3x the CPU of one on a single vCPU, "
+                "so the latency figures above follow this share (docs/statement_cost.md, "
+                "round 11)",
             )  # fmt: skip
         cpu = latency.server_cpu_us
         if cpu.get("wire") and cpu.get("postgres"):
