@@ -12,6 +12,13 @@ headers there (a frame of every partition at a time, in numpy: ``_walk``), check
 frame's checksum, and keeps what it found as numbers in arrays (``ScannedFrames``); the
 decode gathers the columns from that array (``wire_columns.decode_wire_spans``).
 
+Checksums are checked as a single partition's read through its map checks them
+(``storage.verified_frames``, ``TOPICBASE_VERIFY_READS``): a frame copied from a map
+that lies in a run this process wrote from memory or verified before is not checked
+again, and the frames checked here are marked verified; a window read with ``pread``
+is checked whole at every read. At 1000 partitions of 4 frames that is 4,000
+``crc32c`` calls (~3-5 ms a poll) a poll of frames this process wrote no longer makes.
+
 It is a fast path, all or nothing: it handles only the plain case, and returns None for
 anything else, before or after reading (the caller then reads as before, which also
 raises the errors that belong to the case): a range over two segments or below the
@@ -36,7 +43,7 @@ import crc32c
 import numpy as np
 import pyarrow as pa
 
-from storage import limits
+from storage import limits, verified_frames
 from storage.buffer_pool import BUFFERS
 from storage.frame_read import SMALL_SLICE_ROWS, read_batch
 from storage.partition_log import PartitionLog
@@ -159,6 +166,15 @@ def _scan_into(
     signed = view.cast("b")  # as an Arrow buffer's view is, for the copy from a map
     lows = np.empty(len(plan), dtype=np.int64)
     highs = np.empty(len(plan), dtype=np.int64)
+    # Per window, in segment bytes: the run of frames this process verified (or wrote
+    # from memory) that holds the window's start, for a window copied from a map (its
+    # frames inside it are not checked again, ``verified_frames``); [0, 0) otherwise.
+    # ``from_map``: the frames checked of that window are marked verified after
+    # (a ``pread`` window never is: its frames are checked at every read).
+    run_lows = np.zeros(len(plan), dtype=np.int64)
+    run_highs = np.zeros(len(plan), dtype=np.int64)
+    from_map = np.zeros(len(plan), dtype=bool)
+    once = verified_frames.ONCE
     at = 0
     for index, ((_, log, _, _), (segment, position, limit)) in enumerate(
         zip(plan, windows, strict=True)
@@ -173,6 +189,10 @@ def _scan_into(
                 # is never handed out: what this scan returns holds only ``buffer``.
                 signed[at:end] = mapped[1][position:limit]
                 got = end - at
+                from_map[index] = True
+                if once:  # after the copy: bytes dropped from the page cache before it
+                    # are forgotten by then (``VerifiedRuns.forget_below``), so checked
+                    run_lows[index], run_highs[index] = _run_at(segment, position)
             else:
                 got = segment.read_into(view[at:end], position)
         except FileNotFoundError:
@@ -189,13 +209,14 @@ def _scan_into(
     if walked is None:
         return None
     frames, offsets = walked
-    where, at, body, count, skip, rows, first, written, checksum = frames
-    crc = crc32c.crc32c
-    for low, high, expected in zip(
-        (at + 8).tolist(), (at + HEADER_BYTES + body).tolist(), checksum.tolist(), strict=True
-    ):
-        if crc(view[low:high]) != expected:
-            return None  # damage: read_frames reports it
+    where, at, body, count, skip, rows, first, written, _ = frames
+    # Each frame's place in its segment, and whether a verified run holds it.
+    shifts = np.fromiter((w[1] for w in windows), np.int64, len(windows)) - lows
+    placed = at + shifts[where]
+    trusted = (run_lows[where] <= placed) & (placed + HEADER_BYTES + body <= run_highs[where])
+    if not _checked(view, frames, trusted):
+        return None  # damage: read_frames reports it
+    _mark_verified(windows, placed, frames, from_map[where] & ~trusted)
     whole = HEADER_BYTES + body
     if int(whole.sum()) >= max_bytes:
         return None  # the budget would have stopped the read somewhere: read as before
@@ -215,6 +236,57 @@ def _scan_into(
         int(rows.sum()),
         int(sizes.sum()),
     )
+
+
+def _run_at(segment: LogSegment, position: int) -> tuple[int, int]:
+    """The run of verified bytes of ``segment`` that holds ``position``, else (0, 0)."""
+    for low, high in segment.verified.snapshot():
+        if low <= position < high:
+            return low, high
+    return 0, 0
+
+
+def _checked(view: memoryview, frames: _Frames, trusted: np.ndarray) -> bool:
+    """Whether every frame not ``trusted`` (a flag a frame) has its checksum (header
+    bytes [8, 48) and the body, contiguous in the buffer)."""
+    _, at, body, _, _, _, _, _, checksum = frames
+    check = np.flatnonzero(~trusted)
+    crc = crc32c.crc32c
+    for low, high, expected in zip(
+        (at[check] + 8).tolist(), (at[check] + HEADER_BYTES + body[check]).tolist(),
+        checksum[check].tolist(), strict=True,
+    ):  # fmt: skip
+        if crc(view[low:high]) != expected:
+            return False
+    return True
+
+
+def _mark_verified(
+    windows: list[tuple[LogSegment, int, int]],
+    placed: np.ndarray,
+    frames: _Frames,
+    marked: np.ndarray,
+) -> None:
+    """Mark the ``marked`` frames (just checked, copied from a map; ``placed``: where
+    each frame starts in its segment) as verified in their segment, one run a window:
+    a later read of them through the map is not checked again (``verified_frames``).
+    A window's frames taken are consecutive (the walk takes from the frame holding
+    the start on), so those marked are one byte range of the segment."""
+    if not marked.any():
+        return
+    where = frames[0][marked]
+    lows = placed[marked]
+    highs = lows + HEADER_BYTES + frames[2][marked]
+    # Frames are in buffer order and the windows lie in the buffer in plan order, so
+    # each window's frames are one run of ``where``.
+    assert np.all(np.diff(where) >= 0)
+    cuts = np.flatnonzero(np.diff(where)) + 1
+    firsts = np.concatenate(([0], cuts))
+    lasts = np.concatenate((cuts, [len(where)])) - 1
+    for window, low, high in zip(
+        where[firsts].tolist(), lows[firsts].tolist(), highs[lasts].tolist(), strict=True
+    ):  # fmt: skip
+        windows[window][0].verified.add(low, high)
 
 
 # While at least this many partitions are still being walked, a step walks one frame of

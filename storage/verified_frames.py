@@ -1,6 +1,7 @@
 """Which byte ranges of a segment's log hold frames whose checksum this process verified.
 
-A read through a segment's map (``LogSegment.scan(mapped=True)``) checks each frame's
+A read through a segment's map (``LogSegment.scan(mapped=True)``, and ``storage.bulk_scan``'s
+copy of many partitions' windows from their maps) checks each frame's
 CRC-32C over the page cache's bytes: 1 MB of a 1000 x 1 KiB frame costs ~40 us hot and
 ~100 us cold, the largest single cost of a consumer's read after the socket. With
 ``TOPICBASE_VERIFY_READS=once`` (the default) a frame is checked **once per process**:
@@ -78,7 +79,6 @@ class VerifiedRuns:
             self._runs = tuple(
                 (start, min(end, position)) for start, end in self._runs if start < position
             )
-
 
     def forget_below(self, position: int) -> None:
         """The bytes before ``position`` left the page cache on purpose

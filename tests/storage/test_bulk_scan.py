@@ -14,11 +14,14 @@ from __future__ import annotations
 import gc
 import os
 import random
+import types
 from typing import Any
 
+import crc32c
 import pytest
 
 from storage import buffer_pool, bulk_scan, file_map, verified_frames
+from storage import segment as segment_module
 from storage.bulk_scan import scan_many
 from storage.errors import CorruptSegmentError
 from storage.frame_read import decode_small
@@ -265,3 +268,97 @@ def test_a_batch_read_through_maps_holds_no_map(
         log.close()
     assert file_map.live_maps() == before
     assert decoded.to_pylist() == expected
+
+
+def _count_scan_checksums(monkeypatch: pytest.MonkeyPatch) -> list[int]:
+    """The sizes of the checksums ``bulk_scan`` computes from now on."""
+    sizes: list[int] = []
+
+    def counted(data: Any, value: int = 0) -> int:
+        sizes.append(len(data))
+        return crc32c.crc32c(data, value)
+
+    monkeypatch.setattr(bulk_scan, "crc32c", types.SimpleNamespace(crc32c=counted))
+    return sizes
+
+
+def _four_frames_each(open_partition: Any, batch: Any, tmp_path: Any, count: int) -> list:
+    logs = _partitions(open_partition, tmp_path, count)
+    for log in logs:
+        for index in range(4):
+            log.append(batch(5, first=5 * index, size_bytes=200))
+    return logs
+
+
+def test_frames_this_process_wrote_are_scanned_without_a_checksum(
+    open_partition: Any, batch: Any, tmp_path: Any, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """As a single partition's read through its map (``verified_frames``): a frame this
+    process wrote from memory is not checked again; with TOPICBASE_VERIFY_READS=always,
+    or through ``pread`` (maps off), every frame is."""
+    logs = _four_frames_each(open_partition, batch, tmp_path, 20)
+    sizes = _count_scan_checksums(monkeypatch)
+    plan = [(i, log, 0, 20) for i, log in enumerate(logs)]
+    scanned = scan_many(plan, BIG)
+    assert scanned is not None and scanned.message_count == 400
+    assert sizes == [], "the frames were verified as written"
+    monkeypatch.setattr(verified_frames, "ONCE", False)
+    assert scan_many(plan, BIG) is not None
+    assert len(sizes) == 80, "always: every frame checked"
+    monkeypatch.setattr(verified_frames, "ONCE", True)
+    monkeypatch.setattr(file_map, "ENABLED", False)
+    for log in logs:
+        log.segments[0]._drop_map()
+    sizes.clear()
+    assert scan_many(plan, BIG) is not None
+    assert len(sizes) == 80, "a pread window is checked whatever this process verified"
+
+
+def test_after_a_reopen_a_scan_checks_each_frame_once_and_damage_is_refused(
+    open_partition: Any, batch: Any, tmp_path: Any, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """After a restart nothing is verified: the first scan checks every frame it takes
+    (a damaged one refuses the scan, and ``read_frames`` reports it) and marks what it
+    checked, so the next scan and a single partition's read of those frames check
+    nothing; frames it did not take stay unverified."""
+    logs = _four_frames_each(open_partition, batch, tmp_path, 20)
+    for log in logs:
+        log.close()
+    again = [
+        open_partition(directory=os.path.join(str(tmp_path), f"p{index}")) for index in range(20)
+    ]
+    damaged = again[7].segments[0]
+    with open(damaged.log_path, "r+b") as file:
+        file.seek(damaged.size_bytes - 3)
+        file.write(b"\xff\xff\xff")  # the last frame's body
+    sizes = _count_scan_checksums(monkeypatch)
+    plan = [(i, log, 0, 20) for i, log in enumerate(again)]
+    assert scan_many(plan, BIG) is None
+    with pytest.raises(CorruptSegmentError):
+        again[7].read_frames(0, max_messages=20)
+    del plan[7]
+    sizes.clear()
+    partial = [(i, log, 0, 10) for i, log, _, _ in plan]  # the first 2 frames of each
+    assert scan_many(partial, BIG) is not None
+    assert len(sizes) == 38, "the first scan after a reopen checks each frame it takes"
+    for _, log, _, _ in partial:
+        assert log.segments[0].verified.snapshot() == ((0, log.segments[0].size_bytes // 2),)
+    sizes.clear()
+    assert scan_many(partial, BIG) is not None
+    assert sizes == [], "and marks them verified"
+    assert scan_many(plan, BIG) is not None
+    assert len(sizes) == 38, "the frames not taken before are checked now"
+    segment_sizes = _count_segment_checksums(monkeypatch)
+    assert again[0].read_frames(0, max_messages=20).message_count == 20
+    assert segment_sizes == [], "a single partition's read through the map trusts them too"
+
+
+def _count_segment_checksums(monkeypatch: pytest.MonkeyPatch) -> list[int]:
+    sizes: list[int] = []
+
+    def counted(data: Any, value: int = 0) -> int:
+        sizes.append(len(data))
+        return crc32c.crc32c(data, value)
+
+    monkeypatch.setattr(segment_module, "crc32c", types.SimpleNamespace(crc32c=counted))
+    return sizes
