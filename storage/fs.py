@@ -97,6 +97,9 @@ class FileSystem:
         out in runs of at most that many; a crash between runs leaves a torn write, which
         every caller's checksums already treat as absent.
         """
+        if len(parts) <= IOV_MAX:  # the usual case (a frame: its header and body)
+            self._pwritev_run(fd, parts, position)
+            return
         for start in range(0, len(parts), IOV_MAX):
             run = parts[start : start + IOV_MAX]
             position += self._pwritev_run(fd, run, position)

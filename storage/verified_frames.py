@@ -64,6 +64,12 @@ class VerifiedRuns:
         """``[start, end)`` (whole frames) was verified: merge it into the runs."""
         assert 0 <= start < end
         with self._lock:
+            runs = self._runs
+            if len(runs) == 1 and runs[0][1] == start:
+                # The writer's append after the one run (a frame a share, 1000 a spread
+                # statement): that run grows; nothing else to merge.
+                self._runs = ((runs[0][0], end),)
+                return
             kept: list[tuple[int, int]] = []
             for run_start, run_end in self._runs:
                 if run_end < start or end < run_start:
