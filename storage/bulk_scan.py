@@ -112,6 +112,23 @@ class ScannedFrames:
         self.released = True
         return read_batch(wire, self.rows, self.firsts, self.written_ats)
 
+    def decode_stored(self, names: tuple[str, ...]) -> pa.RecordBatch:
+        """As ``decode``, only the stored columns ``names`` (``WIRE_SCHEMA`` names, each
+        once) of all the slices, as they are stored: none of the others, nor the
+        ``offset`` and ``written_at`` columns, is built. Once only, as ``decode``."""
+        assert len(self) > 0 and not self.released
+        wire = decode_wire_spans(
+            self.buffer, self.body_starts, self.body_sizes, self.counts, self.skips, self.rows,
+            names,
+        )  # fmt: skip
+        if wire is None:
+            wire = self._read_each().select(list(names))
+        else:
+            BUFFERS.give(self.buffer)
+        self.released = True
+        assert wire.num_rows == self.message_count
+        return wire
+
     def _read_each(self) -> pa.RecordBatch:
         buffer = pa.py_buffer(self.buffer)
         wires = []

@@ -33,6 +33,7 @@ import pyarrow as pa
 
 from storage.record_batch import METADATA_TYPE, TIMESTAMP, WIRE_SCHEMA
 
+WIRE_NAMES = tuple(WIRE_SCHEMA.names)
 _CONTINUATION = 0xFFFFFFFF
 _RECORD_BATCH = 3  # MessageHeader.RecordBatch in Arrow's Message.fbs
 # WIRE_SCHEMA flattened: nodes (fields in depth-first order) and their buffers.
@@ -191,12 +192,15 @@ def decode_wire_spans(
     counts: np.ndarray,
     skips: np.ndarray,
     rows: np.ndarray,
+    names: tuple[str, ...] = WIRE_NAMES,
 ) -> pa.RecordBatch | None:
     """As ``decode_wire_bodies``, for bodies that lie in one array: body ``k`` is
     ``big[starts[k] : starts[k] + sizes[k]]`` (a read of many partitions into one
     buffer, ``storage.bulk_scan``). Nothing but the ``data`` bytes is copied: the other
     columns are gathered from ``big`` by index. ``big`` is uint8, its length a multiple
-    of 8; the starts must be 8-aligned (frames are), else None."""
+    of 8; the starts must be 8-aligned (frames are), else None. ``names``: only those
+    columns (``_wire_batch``; a consumer's ``SELECT data``: no producer ids, metadata
+    or seq_nos gathered)."""
     count = len(starts)
     assert count > 0 and len(sizes) == count and len(skips) == count and len(rows) == count
     assert big.dtype == np.uint8 and big.size % 8 == 0
@@ -222,27 +226,35 @@ def decode_wire_spans(
         return None
     nodes, buffers = checked
     columns = _Columns(big, starts + prefix, nodes, buffers)
-    return _wire_batch(columns, skips, rows, {"spans": True})
+    return _wire_batch(columns, skips, rows, {"spans": True}, names)
 
 
 def _wire_batch(columns: _Columns, skips: np.ndarray, rows: np.ndarray,
-                data_from: dict[str, Any]) -> pa.RecordBatch | None:  # fmt: skip
+                data_from: dict[str, Any],
+                names: tuple[str, ...] = WIRE_NAMES) -> pa.RecordBatch | None:  # fmt: skip
     """The ``WIRE_SCHEMA`` batch of the rows ``columns`` finds (``data_from``: where the
     ``data`` bytes come from, as ``_Columns.variable`` takes it), or None where a body's
-    buffers do not fit its numbers (the caller decodes with Arrow instead)."""
+    buffers do not fit its numbers (the caller decodes with Arrow instead). ``names``:
+    only those columns, in that order (each a ``WIRE_SCHEMA`` name, once); the others
+    are not built (nor checked: what is built is checked as in the whole batch)."""
+    builders = {
+        "seq_no": lambda: columns.fixed(SEQ_NO, skips, rows, 8, pa.int64()),
+        "producer_id": lambda: columns.variable(PRODUCER_ID, skips, rows, pa.string()),
+        "message_group_id": lambda: columns.variable(GROUP_ID, skips, rows, pa.string()),
+        "created_at": lambda: columns.fixed(CREATED_AT, skips, rows, 8, TIMESTAMP),
+        "codec": lambda: columns.fixed(CODEC, skips, rows, 1, pa.uint8()),
+        "data": lambda: columns.variable(DATA, skips, rows, pa.binary(), **data_from),
+        "metadata": lambda: columns.map(skips, rows),
+    }
+    assert tuple(builders) == WIRE_NAMES and len(set(names)) == len(names)
     try:
-        arrays = [
-            columns.fixed(SEQ_NO, skips, rows, 8, pa.int64()),
-            columns.variable(PRODUCER_ID, skips, rows, pa.string()),
-            columns.variable(GROUP_ID, skips, rows, pa.string()),
-            columns.fixed(CREATED_AT, skips, rows, 8, TIMESTAMP),
-            columns.fixed(CODEC, skips, rows, 1, pa.uint8()),
-            columns.variable(DATA, skips, rows, pa.binary(), **data_from),
-            columns.map(skips, rows),
-        ]
+        arrays = [builders[name]() for name in names]
     except _Mismatch:
         return None
-    return pa.RecordBatch.from_arrays(arrays, schema=WIRE_SCHEMA)
+    if names == WIRE_NAMES:
+        return pa.RecordBatch.from_arrays(arrays, schema=WIRE_SCHEMA)
+    schema = pa.schema([WIRE_SCHEMA.field(name) for name in names])
+    return pa.RecordBatch.from_arrays(arrays, schema=schema)
 
 
 def _numbers(

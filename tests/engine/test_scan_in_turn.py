@@ -17,7 +17,7 @@ from typing import Any
 import pytest
 
 from engine import reads
-from storage import bulk_scan, errors
+from storage import bulk_scan, errors, wire_columns
 from storage.partition_log import PartitionLog
 from tests.engine.conftest import rows
 
@@ -157,3 +157,40 @@ def test_a_stale_readers_commit_is_refused(database: Any, scans: list[bool]) -> 
     assert {p: o for p, o in offsets.items() if o} == expected
     for session in (setup, winner, loser):
         session.close()
+
+
+def test_a_poll_of_stored_columns_builds_only_those(
+    session: Any, monkeypatch: pytest.MonkeyPatch, scans: list[bool]
+) -> None:
+    """``SELECT data`` (a consumer's usual projection) through the scan gets the ``data``
+    column alone, gathered from the buffer: no other column is built (the metadata map,
+    the producer ids, the offsets), and its values and the offsets moved are those of
+    the whole relation's poll; a projection with a column not stored builds it all."""
+    session.execute(
+        f"CREATE TOPIC t (CONSUMER narrow, CONSUMER whole) "
+        f"WITH (min_active_partitions = {PARTITIONS})"
+    )
+    _write(session, random.Random(3), 80, PARTITIONS)
+    built: list[str] = []
+    for name in ("map", "fixed", "variable"):
+        original = getattr(wire_columns._Columns, name)
+
+        def spying(
+            self: Any, *args: Any, _name: str = name, _original: Any = original, **kwargs: Any
+        ) -> Any:
+            built.append(_name if _name != "variable" else f"variable {args[0]}")
+            return _original(self, *args, **kwargs)
+
+        monkeypatch.setattr(wire_columns._Columns, name, spying)
+    read = "FROM TOPIC t WITH (consumer = '{}', max_messages = 100000)"
+    result = session.execute(f"SELECT data {read.format('narrow')}")[-1]
+    assert scans == [True]
+    assert result.table is not None and result.table.column_names == ["data"]
+    assert sorted(built) == ["fixed", f"variable {wire_columns.DATA}"]  # codec, data
+    built.clear()
+    whole = rows(session, f'SELECT partition, "offset", data {read.format("whole")}')
+    assert scans == [True, True] and "map" in built
+    assert [bytes(d) for d in result.table.column("data").to_pylist()] == [
+        bytes(r["data"]) for r in whole
+    ]
+    assert _offsets(session, "narrow") == _offsets(session, "whole")
