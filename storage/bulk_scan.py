@@ -191,6 +191,9 @@ def _scan_into(
     run_lows = np.zeros(len(plan), dtype=np.int64)
     run_highs = np.zeros(len(plan), dtype=np.int64)
     from_map = np.zeros(len(plan), dtype=bool)
+    # Each window's segment's ``VerifiedRuns.generation`` before its bytes were copied: a
+    # drop or a cut after it voids that window's marks (review R2-16-1).
+    generations = [0] * len(plan)
     once = verified_frames.ONCE
     at = 0
     for index, ((_, log, _, _), (segment, position, limit)) in enumerate(
@@ -199,6 +202,7 @@ def _scan_into(
         end = at + limit - position
         assert at % 8 == 0 and end % 8 == 0, (at, end)  # frames are 8-byte multiples
         try:
+            generations[index] = segment.verified.generation
             mapped = segment.mapped(limit, log.config.segment_bytes)
             if mapped is not None:
                 # The published bytes, copied from the segment's map: no ``pread``
@@ -233,7 +237,7 @@ def _scan_into(
     trusted = (run_lows[where] <= placed) & (placed + HEADER_BYTES + body <= run_highs[where])
     if not _checked(view, frames, trusted):
         return None  # damage: read_frames reports it
-    _mark_verified(windows, placed, frames, from_map[where] & ~trusted)
+    _mark_verified(windows, generations, placed, frames, from_map[where] & ~trusted)
     whole = HEADER_BYTES + body
     if int(whole.sum()) >= max_bytes:
         return None  # the budget would have stopped the read somewhere: read as before
@@ -280,6 +284,7 @@ def _checked(view: memoryview, frames: _Frames, trusted: np.ndarray) -> bool:
 
 def _mark_verified(
     windows: list[tuple[LogSegment, int, int]],
+    generations: list[int],
     placed: np.ndarray,
     frames: _Frames,
     marked: np.ndarray,
@@ -288,7 +293,8 @@ def _mark_verified(
     each frame starts in its segment) as verified in their segment, one run a window:
     a later read of them through the map is not checked again (``verified_frames``).
     A window's frames taken are consecutive (the walk takes from the frame holding
-    the start on), so those marked are one byte range of the segment."""
+    the start on), so those marked are one byte range of the segment. A window whose
+    segment's ``generations`` entry moved since its copy marks nothing."""
     if not marked.any():
         return
     where = frames[0][marked]
@@ -303,7 +309,7 @@ def _mark_verified(
     for window, low, high in zip(
         where[firsts].tolist(), lows[firsts].tolist(), highs[lasts].tolist(), strict=True
     ):  # fmt: skip
-        windows[window][0].verified.add(low, high)
+        windows[window][0].verified.add(low, high, generations[window])
 
 
 # While at least this many partitions are still being walked, a step walks one frame of

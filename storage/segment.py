@@ -584,7 +584,10 @@ class LogSegment:
         """``scan`` through the map: frames checked in place, bodies zero-copy views."""
         buffer, view = found
         header_at, crc = self._header_at, crc32c.crc32c
-        # Frames verified before by this process are not checked again (``once``).
+        # Frames verified before by this process are not checked again (``once``). The
+        # generation is taken before any byte is checked: a drop of the page cache or a cut
+        # after it voids this scan's marks (``VerifiedRuns.add``).
+        generation = self.verified.generation
         runs = self.verified.snapshot() if verified_frames.ONCE else ()
         while position < limit_bytes:
             if position + HEADER_BYTES > limit_bytes:
@@ -610,7 +613,7 @@ class LogSegment:
                             position=position,
                         )
                 else:
-                    self.verified.add(position, end)
+                    self.verified.add(position, end, generation)
                     body = buffer.slice(position + HEADER_BYTES, header.body_bytes)
                     yield Frame(position, header, body, True)
             position = end

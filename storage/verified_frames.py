@@ -27,6 +27,10 @@ is stated here: such damage reaches the client instead of failing the read with
 ``TOPICBASE_VERIFY_READS=always`` checks every read as before (as does every ``pread``
 read: maps off, the faulty file systems of the tests, recovery's scans).
 
+A reader marks what it checked only if no ``forget_below`` or ``cut`` ran since it took
+``VerifiedRuns.generation``, before it read the bytes (review R2-16-1: a drop landing
+between a frame's check and its mark would mark bytes that just left the page cache).
+
 Bounded: at most ``limits.VERIFIED_RUNS_MAX`` disjoint runs per segment (a tailing consumer's reads
 and the writer's appends extend one run); past it the run verified longest ago is
 forgotten, which only costs a check again. Thread-safe (readers mark concurrently with
@@ -48,22 +52,32 @@ class VerifiedRuns:
     this process. Invariant: every frame inside a run was verified (or written from
     memory) at its position and its bytes have not been cut since."""
 
-    __slots__ = ("_lock", "_runs")
+    __slots__ = ("_lock", "_runs", "generation")
 
     def __init__(self) -> None:
         self._lock = threading.Lock()
         # Newest-touched last; replaced whole under the lock, read without it.
         self._runs: tuple[tuple[int, int], ...] = ()
+        # Bumped by every ``cut`` and ``forget_below`` (under the lock, read without it): a
+        # reader takes it before it reads the bytes it checks and passes it to ``add``, so
+        # a check that a drop or a cut overtook marks nothing (review R2-16-1).
+        self.generation = 0
 
     def snapshot(self) -> tuple[tuple[int, int], ...]:
         """The runs now (a read checks its frames against one snapshot: a run a cut
         clipped meanwhile covered only unpublished bytes, which a read never reaches)."""
         return self._runs
 
-    def add(self, start: int, end: int) -> None:
-        """``[start, end)`` (whole frames) was verified: merge it into the runs."""
+    def add(self, start: int, end: int, generation: int | None = None) -> None:
+        """``[start, end)`` (whole frames) was verified: merge it into the runs. A reader
+        passes the ``generation`` it took before reading the bytes it checked: if a
+        ``forget_below`` or ``cut`` ran since, the bytes it checked may no longer be the
+        page cache's, and nothing is marked (it only costs a check again). The writer,
+        whose bytes come from its own memory, passes None."""
         assert 0 <= start < end
         with self._lock:
+            if generation is not None and generation != self.generation:
+                return
             runs = self._runs
             if len(runs) == 1 and runs[0][1] == start:
                 # The writer's append after the one run (a frame a share, 1000 a spread
@@ -82,6 +96,7 @@ class VerifiedRuns:
     def cut(self, position: int) -> None:
         """The log was cut at ``position``: nothing at or past it is verified any more."""
         with self._lock:
+            self.generation += 1
             self._runs = tuple(
                 (start, min(end, position)) for start, end in self._runs if start < position
             )
@@ -91,6 +106,7 @@ class VerifiedRuns:
         (``LogSegment.drop_cache``): their next read comes from the disk, so it is
         checked again (review R2-B1: the drop would make the one stated gap routine)."""
         with self._lock:
+            self.generation += 1
             self._runs = tuple(
                 (max(start, position), end) for start, end in self._runs if end > position
             )

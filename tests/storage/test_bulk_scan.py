@@ -362,3 +362,32 @@ def _count_segment_checksums(monkeypatch: pytest.MonkeyPatch) -> list[int]:
 
     monkeypatch.setattr(segment_module, "crc32c", types.SimpleNamespace(crc32c=counted))
     return sizes
+
+
+def test_a_scan_whose_pages_are_dropped_before_it_marks_marks_nothing(
+    open_partition: Any, batch: Any, tmp_path: Any, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Review R2-16-1: a window's frames are copied, then a drop of the page cache (another
+    thread) forgets the segment's runs, then the scan would mark what it checked over bytes
+    that left the cache. The generation taken before the copy voids that window's marks;
+    the other windows are marked."""
+    logs = _four_frames_each(open_partition, batch, tmp_path, 4)
+    for log in logs:
+        log.close()
+    again = [
+        open_partition(directory=os.path.join(str(tmp_path), f"p{index}")) for index in range(4)
+    ]
+    dropped = again[2].segments[0]
+    real = bulk_scan._checked
+
+    def checked_then_dropped(*args: Any) -> bool:
+        ok = real(*args)
+        dropped.verified.forget_below(dropped.size_bytes)  # as ``LogSegment.drop_cache``
+        return ok
+
+    monkeypatch.setattr(bulk_scan, "_checked", checked_then_dropped)
+    assert scan_many([(i, log, 0, 20) for i, log in enumerate(again)], BIG) is not None
+    assert dropped.verified.snapshot() == ()
+    for index in (0, 1, 3):
+        segment = again[index].segments[0]
+        assert segment.verified.snapshot() == ((0, segment.size_bytes),)

@@ -52,3 +52,65 @@ def test_forget_below_keeps_only_what_lies_past_the_position() -> None:
     assert runs.snapshot() == ((250, 300),)
     runs.forget_below(400)
     assert runs.snapshot() == ()
+
+
+def test_a_frame_checked_while_its_pages_are_dropped_is_not_marked_verified(
+    open_partition: Any, batch: Any, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Review R2-16-1: a mapped read checks a frame, a drop (another thread) forgets the
+    runs and hands the pages back, then the read would mark the frame verified over bytes
+    that left the page cache. The read's generation, taken before it checked anything,
+    voids its marks. The interleaving is forced by running the drop inside the check."""
+    from types import SimpleNamespace
+
+    import crc32c
+
+    from storage import segment as segment_module
+    from storage.record_batch import HEADER_BYTES
+    from storage.verified_frames import covered
+
+    writer = open_partition(fsync_policy=FsyncPolicy.NEVER, segment_bytes=1 << 26)
+    for i in range(40):
+        writer.append(batch(4, first=4 * i, size_bytes=2500))
+    writer.close()
+    partition = open_partition(fsync_policy=FsyncPolicy.NEVER, segment_bytes=1 << 26)
+    segment = partition._segments[-1]
+    assert segment.verified.snapshot() == ()  # loaded: nothing verified yet
+    segment.dropped_to = 0  # as before a checkpoint's drop (the open dropped the loaded log)
+    real = crc32c.crc32c
+    fired: list[bool] = []
+
+    def check_then_drop(data: Any) -> int:
+        value = real(data)
+        if not fired:
+            fired.append(True)
+            segment.drop_cache(segment.size_bytes)
+        return value
+
+    monkeypatch.setattr(segment_module, "crc32c", SimpleNamespace(crc32c=check_then_drop))
+    frames = list(segment.scan(0, segment.size_bytes, 1 << 20, mapped=True))
+    monkeypatch.setattr(segment_module, "crc32c", crc32c)
+    assert fired and len(frames) == 40
+    first = frames[0]
+    end = first.position + HEADER_BYTES + first.header.body_bytes
+    assert not covered(segment.verified.snapshot(), first.position, end)
+    assert segment.verified.snapshot() == ()  # the whole scan's marks are void
+    frames = list(segment.scan(0, segment.size_bytes, 1 << 20, mapped=True))
+    assert covered(segment.verified.snapshot(), 0, segment.size_bytes)  # a clean read marks
+
+
+def test_a_mark_taken_before_a_cut_or_a_forget_is_ignored() -> None:
+    from storage.verified_frames import VerifiedRuns
+
+    runs = VerifiedRuns()
+    taken = runs.generation
+    runs.forget_below(10)
+    runs.add(0, 100, taken)
+    assert runs.snapshot() == ()
+    taken = runs.generation
+    runs.add(0, 100, taken)
+    runs.cut(50)
+    runs.add(50, 80, taken)  # checked before the cut: not marked
+    assert runs.snapshot() == ((0, 50),)
+    runs.add(50, 80)  # the writer's own bytes: always marked
+    assert runs.snapshot() == ((0, 80),)
