@@ -84,7 +84,7 @@ from sql.pgwire.codec import messages as m
 from sql.pgwire.codec import wire_types
 from sql.pgwire.codec.row_encoding import DataRows
 from sql.pgwire.connection import commands as wire_commands
-from sql.pgwire.connection import copy_commit, own_thread, result_stream
+from sql.pgwire.connection import copy_commit, lookup_flight, own_thread, result_stream
 from sql.pgwire.connection.context import CommandContext
 from sql.pgwire.connection.extended import (
     KEPT_DESCRIPTIONS,
@@ -622,6 +622,10 @@ class Connection(ExtendedProtocol):
                 if not self.skipping:
                     try:
                         if kind == b"B":  # a flight's first message: no coroutine for it
+                            if taken is not None and self.own_thread is not None \
+                                    and lookup_flight.answer(self, body):  # fmt: skip
+                                await self.writer.drain()  # as after Sync
+                                continue
                             self.on_bind(m.parse_bind(body), len(body))
                         else:
                             await self.extended(kind, body)

@@ -19,6 +19,7 @@ read returns the same messages again.
 
 from __future__ import annotations
 
+import asyncio
 import logging
 import re
 from collections.abc import Awaitable, Callable
@@ -156,6 +157,30 @@ def refined_text_oids(description: Description | None, table: pa.Table | Rows,
     ]
 
 
+def untyped_parameters(parameters: list[bytes | None], oids: list[int], formats: list[int]
+                       ) -> list[tuple[int, bytes]]:  # fmt: skip
+    """A Bind's untyped text parameters to decode again once the statement is described
+    (``Portal.untyped``): array literals and texts an integer cast reads otherwise."""
+    return [
+        (index, value)
+        for index, (value, oid, fmt) in enumerate(zip(parameters, oids, formats, strict=True))
+        if oid in (0, wire_types.UNKNOWN) and fmt == 0 and value is not None
+        and (value[:1] == b"{" or wire_types.integer_cast_differs(value))
+    ]  # fmt: skip
+
+
+def described_portal_row(described: list[tuple[str, int]], asked: list[int]) -> bytes:
+    """The RowDescription a Describe of a portal of a described statement sends before it
+    runs (its columns as described, in the formats the Bind asked); raises for a binary
+    format asked of a type without binary output."""
+    formats = result_formats(len(described), asked)
+    for fmt, (_, oid) in zip(formats, described, strict=True):
+        if fmt == 1:
+            wire_types.column_encoder(oid, 1)  # raises for types without binary output
+    names = [name for name, _ in described]
+    return described_row(names, [oid for _, oid in described], formats)
+
+
 def result_rows(result: Result) -> pa.Table | Rows | None:
     """``result``'s rows as the engine gave them: ``Rows`` (Python values) for a small
     result read that way, whose Arrow table is then never built, else its table."""
@@ -182,6 +207,8 @@ class ExtendedProtocol:
     # the bytes of its DataRow and CommandComplete): ``_send_kept_response``
     kept_responses: dict[tuple[int, int], tuple[tuple[Any, ...], bytes, bytes]]
     skipping: bool
+    reader: asyncio.StreamReader
+    ready_for_query: Callable[[], bytes]
     catalog: surface.ConnectionCatalog
     context: CommandContext
     call: Callable[..., Awaitable[Any]]
@@ -301,14 +328,8 @@ class ExtendedProtocol:
             )
         portal = Portal(prepared, values, message.result_formats)
         if not prepared.described and values:  # psycopg sends lists and str untyped
-            portal.untyped = [
-                (index, value)
-                for index, (value, oid, fmt) in enumerate(
-                    zip(message.parameters, prepared.parameter_oids, formats, strict=True)
-                )
-                if oid in (0, wire_types.UNKNOWN) and fmt == 0 and value is not None
-                and (value[:1] == b"{" or wire_types.integer_cast_differs(value))
-            ]  # fmt: skip
+            portal.untyped = untyped_parameters(message.parameters, prepared.parameter_oids,
+                                                formats)  # fmt: skip
         self.portals.hold(message.portal, portal, message_bytes)
         self.send(m.bind_complete())
 
@@ -379,15 +400,25 @@ class ExtendedProtocol:
             await self.settle_held()
             raise
         portal.result = result
+        self._shape_portal(portal, text_description)
+        return True
+
+    @staticmethod
+    def _shape_portal(portal: Portal, text_description: Description | None) -> None:
+        """Set the wire shape (OIDs, formats, a kept RowDescription) of the rows of the
+        portal's result (``portal.result``, just run); raises for a binary format asked of
+        a type without binary output. ``_run_portal``'s last step, and the lookup flight's
+        (``sql.pgwire.connection.lookup_flight``)."""
+        assert portal.result is not None
         table = result_rows(portal.result)
         if table is None:
-            return True
+            return
         described = portal.prepared.columns
         if isinstance(table, Rows) and described is None:  # a result shape seen before
             shape = rows_shape(table.schema, portal.result_formats)
             portal.oids, portal.formats, portal.row_description = shape.oids, shape.formats, \
                 shape.row_description  # fmt: skip
-            return True
+            return
         portal.oids, portal.formats = result_columns(table, portal.result_formats)
         if described is not None:  # the client decodes by the statement's description
             portal.oids = described_oids(described, portal.oids)
@@ -396,7 +427,6 @@ class ExtendedProtocol:
         for fmt, oid in zip(portal.formats, portal.oids, strict=True):
             if fmt == 1:
                 wire_types.column_encoder(oid, 1)  # raises for types without binary output
-        return True
 
     def _execute_prepared(self, prepared: Prepared, parameters: Any
                           ) -> tuple[Result, Description | None, copy_commit.Held]:  # fmt: skip
@@ -511,12 +541,7 @@ class ExtendedProtocol:
             if described is None:
                 self.send(m.no_data())
                 return
-            formats = result_formats(len(described), portal.result_formats)
-            for fmt, (_, oid) in zip(formats, described, strict=True):
-                if fmt == 1:
-                    wire_types.column_encoder(oid, 1)  # raises for types without binary output
-            names = [name for name, _ in described]
-            self.send(described_row(names, [oid for _, oid in described], formats))
+            self.send(described_portal_row(described, portal.result_formats))
             return
         if not await self._run_portal(portal):
             return

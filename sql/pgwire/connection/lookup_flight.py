@@ -1,0 +1,133 @@
+"""A kept lookup's whole flight answered in one function (docs/statement_cost.md round 12).
+
+psycopg executes a named prepared statement as one flight: Bind (unnamed portal),
+Describe (that portal), Execute (all rows), Sync. The message loop handles each message
+on its own (a look at the reader's buffer, a parse, a coroutine, the portal's checks and
+layers). For a statement whose text is of the lookup shape and that ran before
+(``Prepared.lookup``), ``answer`` takes the flight at once when the reader holds all of
+it: it parses the Bind, runs what the Bind, Describe and Execute would run for it, in
+their order and with the same functions (the Bind's checks and decoding, the portal's
+revalidation, ``ConnectionCatalog.answer_lookup`` with every check of the door on every
+call, the portal's shape), and writes BindComplete, RowDescription, the DataRows,
+CommandComplete and ReadyForQuery as one piece.
+
+Invariant: the bytes sent and the connection's state after ``answer`` returned True are
+those the message loop's own handling of the four messages gives. ``answer`` returns
+False, having taken nothing off the reader and sent nothing, whenever that is not
+certain before anything is sent: another flight, a named portal, a failed or open
+transaction, a held read, statement logging, a Bind the general path would refuse or
+decode otherwise (untyped array or integer-cast texts), an error of any step, an answer
+the engine would not give from its kept lookup (``answer_lookup`` None: e.g. under a
+``statement_timeout``), a result that is not a few ``Rows`` within the result limit, a
+kept literal answer or one with notices. The message loop then handles the flight as
+ever; what ran here is a read, run again there (its checks too).
+"""
+
+from __future__ import annotations
+
+from engine.api import SessionState
+from sql.pgwire.codec import messages as m
+from sql.pgwire.codec import wire_types
+from sql.pgwire.connection.extended import (
+    ExtendedProtocol,
+    described_portal_row,
+    untyped_parameters,
+)
+from sql.pgwire.connection.portals import Portal, row_description
+
+# Describe(portal ""), Execute("", all rows), Sync: what follows a lookup flight's Bind.
+FLIGHT_TAIL = m.message(b"D", b"P\x00") + m.message(b"E", b"\x00" + bytes(4)) \
+    + m.message(b"S", b"")  # fmt: skip
+INLINE_VALUES = 64  # at most this many values a flight (``Connection.send_small_rows``'s)
+
+
+def answer(connection: ExtendedProtocol, body: bytes) -> bool:
+    """Answer the flight whose Bind's body is ``body`` (already taken off the reader) if
+    the reader holds the rest of it and it is a kept lookup's; False: nothing taken or
+    sent, the caller handles the Bind and what follows as ever."""
+    buffer = connection.reader._buffer  # no public way to look at what is buffered
+    if not buffer.startswith(FLIGHT_TAIL) or connection.skipping or connection.held is not None:
+        return False
+    session = connection.session
+    if session is None or session.state is not SessionState.IDLE:
+        return False
+    if connection.catalog.settings.values["log_statement"] != "none":
+        return False  # logged as a portal runs: left to the general path
+    try:
+        portal = _bound(connection, body)
+        if portal is None:
+            return False
+        response = _run(connection, portal)
+    except Exception:  # the general path meets it again and reports it
+        return False
+    if response is None:
+        return False
+    try:
+        connection.portals.hold("", portal, len(body))
+    except Exception:  # 53200: the Bind's own hold refuses it the same way
+        return False
+    del buffer[: len(FLIGHT_TAIL)]
+    reader = connection.reader
+    if reader._paused:  # as ``readexactly`` resumes it
+        reader._maybe_resume_transport()
+    if session.state is SessionState.IDLE:  # Sync's step
+        connection.portals.clear()
+    connection.send(response + connection.ready_for_query())
+    return True
+
+
+def _bound(connection: ExtendedProtocol, body: bytes) -> Portal | None:
+    """The portal the Bind of ``body`` makes, or None where ``on_bind`` would do anything
+    else (refuse it, or keep texts to decode again at Execute)."""
+    message = m.parse_bind(body)
+    if message.portal:
+        return None
+    prepared = connection.statements.get(message.statement)
+    if prepared is None or prepared.lookup is not True or prepared.wire or prepared.copy \
+            or prepared.statement is None:  # fmt: skip
+        return None
+    count = len(message.parameters)
+    if count != len(prepared.parameter_oids):
+        return None
+    formats = message.parameter_formats
+    if len(formats) <= 1:
+        formats = (formats or [0]) * count
+    elif len(formats) != count:
+        return None
+    values = wire_types.decode_parameters(message.parameters, prepared.parameter_oids, formats)
+    if not prepared.described and values and untyped_parameters(
+            message.parameters, prepared.parameter_oids, formats):  # fmt: skip
+        return None
+    return Portal(prepared, values, message.result_formats)
+
+
+def _run(connection: ExtendedProtocol, portal: Portal) -> bytes | None:
+    """BindComplete to CommandComplete of the flight of ``portal``, or None (nothing sent)."""
+    prepared = portal.prepared
+    described = prepared.columns
+    early = None  # a described statement's Describe answers before it runs
+    if prepared.described:
+        if described is None:
+            return None
+        early = described_portal_row(described, portal.result_formats)
+    connection._revalidate(prepared)
+    result = connection.catalog.answer_lookup(connection._session(), prepared.statement,
+                                              portal.parameters or None)  # fmt: skip
+    if result is None or result.kept or result.notices:
+        return None
+    rows = result.rows
+    if rows is None or not connection.result_within_limit(result):
+        return None
+    count = len(rows.rows)
+    if count * max(rows.num_columns, 1) > INLINE_VALUES:
+        return None
+    portal.executed = True
+    portal.result = result
+    connection._shape_portal(portal, None)
+    if early is None:
+        early = portal.row_description or row_description(rows, portal.oids, portal.formats)
+    fields = wire_types.encode_value_rows(rows.rows, portal.oids, portal.formats)
+    portal.position = count
+    tag = f"SELECT {count}" if result.tag.startswith("SELECT ") else result.tag
+    return b"".join([m.bind_complete(), early, *map(m.data_row, fields),
+                     m.command_complete(tag)])  # fmt: skip

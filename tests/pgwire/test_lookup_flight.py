@@ -1,0 +1,159 @@
+"""A kept lookup's flight answered in one function (``connection.lookup_flight``) sends the
+bytes the message loop's own handling sends: the same transcript of raw flights runs
+against a server with the flight path and one without it, and every reply is compared
+byte for byte (found and missing rows, a NULL column, text and binary results, a binary
+parameter, wrong and NULL parameters, a REVOKE and a GRANT between lookups, a DROP TABLE,
+a transaction block and a failed one, a ``statement_timeout``, a described statement)."""
+
+from __future__ import annotations
+
+import struct
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from sql.pgwire.codec import messages as m
+from sql.pgwire.connection import lookup_flight
+from sql.pgwire.server import ServerThread
+from sql.pgwire.users import add_user
+from tests.key_lookup_spy import served_lookups
+from tests.pgwire.rawclient import RawClient, error_fields, startup_packet
+
+INT8 = 20
+
+
+def _parse(name: str, text: str, oids: list[int]) -> bytes:
+    body = m.cstr(name) + m.cstr(text) + struct.pack("!H", len(oids))
+    return m.message(b"P", body + b"".join(struct.pack("!I", oid) for oid in oids))
+
+
+def _flight(statement: str, values: list[bytes | None], formats: list[int] = (),
+            results: list[int] = ()) -> bytes:  # fmt: skip
+    """Bind (unnamed portal) / Describe / Execute / Sync, as psycopg sends a prepared one."""
+    body = m.cstr("") + m.cstr(statement) + struct.pack("!H", len(formats))
+    body += b"".join(struct.pack("!h", f) for f in formats) + struct.pack("!H", len(values))
+    for value in values:
+        body += struct.pack("!i", -1) if value is None else struct.pack("!i", len(value)) + value
+    body += struct.pack("!H", len(results)) + b"".join(struct.pack("!h", f) for f in results)
+    return m.message(b"B", body) + lookup_flight.FLIGHT_TAIL
+
+
+def _sync() -> bytes:
+    return m.message(b"S", b"")
+
+
+class _Client(RawClient):
+    def login(self, user: str) -> None:
+        self.send(startup_packet(user=user, database="topicbase"))
+        assert self.read() == (b"R", struct.pack("!i", 3))
+        self.send(m.message(b"p", m.cstr(f"{user}-pw")))
+        self.until_ready()
+
+    def ask(self, data: bytes) -> list[tuple[bytes, bytes]]:
+        self.send(data)
+        return self.until_ready()
+
+    def sql(self, text: str) -> None:
+        replies = self.ask(m.message(b"Q", m.cstr(text)))
+        assert not [body for kind, body in replies if kind == b"E"], replies
+
+
+def _transcript(port: int) -> list[list[tuple[bytes, bytes]]]:
+    """Every reply of the transcript (messages but BackendKeyData, which differs)."""
+    admin, bob = _Client(port), _Client(port)
+    try:
+        admin.login("alice")
+        bob.login("bob")
+        admin.sql("CREATE TABLE kv (k BIGINT PRIMARY KEY, v VARCHAR, n DOUBLE)")
+        admin.sql("INSERT INTO kv SELECT i, 'value ' || i, CASE WHEN i % 3 = 0 THEN NULL "
+                  "ELSE i * 1.5 END FROM range(100) t(i)")  # fmt: skip
+        admin.sql("GRANT SELECT ON kv TO bob")
+        replies = [
+            bob.ask(_parse("s1", "SELECT v, n FROM kv WHERE k = $1", [0]) + _sync()),
+            bob.ask(_parse("s2", "SELECT n AS x, k, v FROM kv WHERE k = $1", [INT8]) + _sync()),
+            bob.ask(_parse("s3", "SELECT v FROM kv WHERE k = $1", [0])
+                    + m.message(b"D", b"Ss3\x00") + _sync()),
+        ]
+        lookups = [
+            _flight("s1", [b"1"]), _flight("s1", [b"2"]), _flight("s1", [b"3"]),  # NULL n
+            _flight("s1", [b"1000"]),  # missing
+            _flight("s1", [b"4"], results=[1]), _flight("s1", [b"5"], results=[0, 1]),
+            _flight("s2", [struct.pack("!q", 7)], formats=[1]),
+            _flight("s2", [struct.pack("!q", 6)], formats=[1], results=[1]),
+            _flight("s2", [b"8"]), _flight("s3", [b"9"]), _flight("s3", [b"10"], results=[1]),
+            _flight("s1", [b"abc"]), _flight("s1", [b"1.5"]), _flight("s1", [None]),
+            _flight("s1", [b"99999999999999999999"]), _flight("s2", [b"\x00\x01"], formats=[1]),
+            _flight("s1", [b"11"]),
+        ]
+        for _ in range(2):
+            replies += [bob.ask(flight) for flight in lookups]
+        admin.sql("REVOKE SELECT ON kv FROM bob")
+        replies += [bob.ask(_flight("s1", [b"12"])), bob.ask(_flight("s3", [b"12"]))]
+        admin.sql("GRANT SELECT ON kv TO bob")
+        replies += [bob.ask(_flight("s1", [b"13"])) for _ in range(2)]
+        replies.append(bob.ask(m.message(b"Q", m.cstr("BEGIN"))))
+        replies += [bob.ask(_flight("s1", [b"14"])), bob.ask(_flight("s1", [b"x"])),
+                    bob.ask(m.message(b"Q", m.cstr("SELECT * FROM no_such_table")))]
+        replies += [bob.ask(_flight("s1", [b"15"])), bob.ask(m.message(b"Q", m.cstr("ROLLBACK")))]
+        replies += [bob.ask(_flight("s1", [b"16"])) for _ in range(2)]
+        bob.sql("SET statement_timeout = 5000")  # the ordinary way runs (its timer)
+        replies += [bob.ask(_flight("s1", [b"18"])) for _ in range(2)]
+        bob.sql("RESET statement_timeout")
+        replies.append(bob.ask(_flight("s1", [b"19"])))
+        admin.sql("DROP TABLE kv")
+        replies += [bob.ask(_flight("s1", [b"17"])), bob.ask(_flight("s2", [b"17"]))]
+        admin.sql("CREATE TABLE kv (k BIGINT PRIMARY KEY, v VARCHAR, n DOUBLE)")
+        replies += [bob.ask(_flight("s1", [b"17"])), bob.ask(_flight("s1", [b"17"]))]
+        return [[r for r in reply if r[0] != b"K"] for reply in replies]
+    finally:
+        admin.close()
+        bob.close()
+
+
+@pytest.fixture
+def users(tmp_path: Path) -> str:
+    users_file = str(tmp_path / "users.json")
+    add_user(users_file, "alice", "alice-pw", superuser=True)
+    add_user(users_file, "bob", "bob-pw")
+    return users_file
+
+
+def _served(tmp_path: Path, users_file: str, name: str) -> Iterator[ServerThread]:
+    server = ServerThread(str(tmp_path / name), "127.0.0.1", 0, auth="password",
+                          users_file=users_file)  # fmt: skip
+    try:
+        yield server
+    finally:
+        server.stop()
+
+
+def test_a_flight_answered_whole_sends_the_general_paths_bytes(
+        tmp_path: Path, users: str, monkeypatch: pytest.MonkeyPatch) -> None:  # fmt: skip
+    served_lookups(monkeypatch)
+    answered: list[bool] = []
+    original = lookup_flight.answer
+
+    def counted(connection: Any, body: bytes) -> bool:
+        taken = original(connection, body)
+        answered.append(taken)
+        return taken
+
+    monkeypatch.setattr(lookup_flight, "answer", counted)
+    for server in _served(tmp_path, users, "flight"):
+        with_flights = _transcript(server.port)
+    taken = answered.count(True)
+    monkeypatch.setattr(lookup_flight, "answer", lambda connection, body: False)
+    for server in _served(tmp_path, users, "general"):
+        general = _transcript(server.port)
+    assert len(with_flights) == len(general)
+    for index, (flight, ordinary) in enumerate(zip(with_flights, general, strict=True)):
+        assert flight == ordinary, index
+    # The flight path answered the lookups it could (found, missing, NULL, both formats,
+    # binary parameters, a described statement) and left the rest to the message loop.
+    assert taken >= 20, answered
+    assert answered.count(False) >= 10, answered
+    errors = {error_fields(body)["C"] for reply in general for kind, body in reply
+              if kind == b"E"}  # fmt: skip
+    assert {"22P02", "42501", "25P02", "42P01"} <= errors, errors
