@@ -624,7 +624,9 @@ class Connection(ExtendedProtocol):
                         if kind == b"B":  # a flight's first message: no coroutine for it
                             if taken is not None and self.own_thread is not None \
                                     and lookup_flight.answer(self, body):  # fmt: skip
-                                await self.writer.drain()  # as after Sync
+                                self.writer.flush()  # as after Sync; a drain waits only
+                                if transport.get_write_buffer_size() or transport.is_closing():
+                                    await self.writer.drain()  # for output still held
                                 continue
                             self.on_bind(m.parse_bind(body), len(body))
                         else:

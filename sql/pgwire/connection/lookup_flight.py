@@ -25,6 +25,8 @@ ever; what ran here is a read, run again there (its checks too).
 
 from __future__ import annotations
 
+import struct
+
 from engine.api import SessionState
 from sql.pgwire.codec import messages as m
 from sql.pgwire.codec import wire_types
@@ -38,6 +40,8 @@ from sql.pgwire.connection.portals import Portal, row_description
 # Describe(portal ""), Execute("", all rows), Sync: what follows a lookup flight's Bind.
 FLIGHT_TAIL = m.message(b"D", b"P\x00") + m.message(b"E", b"\x00" + bytes(4)) \
     + m.message(b"S", b"")  # fmt: skip
+_UINT16 = struct.Struct("!H")
+_INT32 = struct.Struct("!i")
 INLINE_VALUES = 64  # at most this many values a flight (``Connection.send_small_rows``'s)
 
 
@@ -78,27 +82,73 @@ def answer(connection: ExtendedProtocol, body: bytes) -> bool:
 
 def _bound(connection: ExtendedProtocol, body: bytes) -> Portal | None:
     """The portal the Bind of ``body`` makes, or None where ``on_bind`` would do anything
-    else (refuse it, or keep texts to decode again at Execute)."""
-    message = m.parse_bind(body)
-    if message.portal:
+    else (refuse it, or keep texts to decode again at Execute) or the Bind is not of the
+    unnamed portal and a kept lookup's statement. Its fields are read here as
+    ``messages.parse_bind`` reads them; anything it would read otherwise or refuse (a
+    length past the end, a bad name) gives None: ``parse_bind`` meets it then."""
+    if body[:1] != b"\0":  # a named portal
         return None
-    prepared = connection.statements.get(message.statement)
+    at = body.find(b"\0", 1)
+    if at < 0:
+        return None
+    try:
+        prepared = connection.statements.get(body[1:at].decode("utf-8"))
+    except UnicodeDecodeError:
+        return None
     if prepared is None or prepared.lookup is not True or prepared.wire or prepared.copy \
             or prepared.statement is None:  # fmt: skip
         return None
-    count = len(message.parameters)
+    fields = _bind_fields(body, at + 1)
+    if fields is None:
+        return None
+    formats, parameters, results = fields
+    count = len(parameters)
     if count != len(prepared.parameter_oids):
         return None
-    formats = message.parameter_formats
     if len(formats) <= 1:
         formats = (formats or [0]) * count
     elif len(formats) != count:
         return None
-    values = wire_types.decode_parameters(message.parameters, prepared.parameter_oids, formats)
+    values = wire_types.decode_parameters(parameters, prepared.parameter_oids, formats)
     if not prepared.described and values and untyped_parameters(
-            message.parameters, prepared.parameter_oids, formats):  # fmt: skip
+            parameters, prepared.parameter_oids, formats):  # fmt: skip
         return None
-    return Portal(prepared, values, message.result_formats)
+    return Portal(prepared, values, results)
+
+
+def _bind_fields(body: bytes, at: int
+                 ) -> tuple[list[int], list[bytes | None], list[int]] | None:  # fmt: skip
+    """A Bind's parameter formats, values and result formats from ``at`` (after its
+    names), as ``parse_bind`` reads them (trailing bytes ignored, as there), or None where
+    a field would run past the end."""
+    end = len(body)
+    formats: list[int] = []
+    results: list[int] = []
+    for into in (formats, None, results):
+        if at + 2 > end:
+            return None
+        (count,) = _UINT16.unpack_from(body, at)
+        at += 2
+        if into is not None:  # Int16 formats
+            if at + 2 * count > end:
+                return None
+            into.extend(struct.unpack_from(f"!{count}h", body, at))
+            at += 2 * count
+            continue
+        values: list[bytes | None] = []
+        for _ in range(count):
+            if at + 4 > end:
+                return None
+            (length,) = _INT32.unpack_from(body, at)
+            at += 4
+            if length == -1:
+                values.append(None)
+                continue
+            if length < 0 or at + length > end:
+                return None
+            values.append(body[at : at + length])
+            at += length
+    return formats, values, results
 
 
 def _run(connection: ExtendedProtocol, portal: Portal) -> bytes | None:
