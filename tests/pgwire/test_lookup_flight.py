@@ -3,10 +3,13 @@ bytes the message loop's own handling sends: the same transcript of raw flights 
 against a server with the flight path and one without it, and every reply is compared
 byte for byte (found and missing rows, a NULL column, text and binary results, a binary
 parameter, wrong and NULL parameters, a REVOKE and a GRANT between lookups, a DROP TABLE,
-a transaction block and a failed one, a ``statement_timeout``, a described statement)."""
+a transaction block and a failed one, a ``statement_timeout``, a described statement, a row
+over the server's result limit, statement logging, a Describe of the portal a flight's Sync
+dropped)."""
 
 from __future__ import annotations
 
+import logging
 import struct
 from collections.abc import Iterator
 from pathlib import Path
@@ -16,12 +19,14 @@ import pytest
 
 from sql.pgwire.codec import messages as m
 from sql.pgwire.connection import lookup_flight
+from sql.pgwire.limits import ServerLimits
 from sql.pgwire.server import ServerThread
 from sql.pgwire.users import add_user
 from tests.key_lookup_spy import served_lookups
 from tests.pgwire.rawclient import RawClient, error_fields, startup_packet
 
 INT8 = 20
+RESULT_BYTES_MAX = 100_000  # the servers' result limit: key 500's row is over it (54000)
 
 
 def _parse(name: str, text: str, oids: list[int]) -> bytes:
@@ -69,6 +74,7 @@ def _transcript(port: int) -> list[list[tuple[bytes, bytes]]]:
         admin.sql("CREATE TABLE kv (k BIGINT PRIMARY KEY, v VARCHAR, n DOUBLE)")
         admin.sql("INSERT INTO kv SELECT i, 'value ' || i, CASE WHEN i % 3 = 0 THEN NULL "
                   "ELSE i * 1.5 END FROM range(100) t(i)")  # fmt: skip
+        admin.sql("INSERT INTO kv VALUES (500, repeat('x', 300000), 1)")  # over the limit
         admin.sql("GRANT SELECT ON kv TO bob")
         replies = [
             bob.ask(_parse("s1", "SELECT v, n FROM kv WHERE k = $1", [0]) + _sync()),
@@ -85,10 +91,19 @@ def _transcript(port: int) -> list[list[tuple[bytes, bytes]]]:
             _flight("s2", [b"8"]), _flight("s3", [b"9"]), _flight("s3", [b"10"], results=[1]),
             _flight("s1", [b"abc"]), _flight("s1", [b"1.5"]), _flight("s1", [None]),
             _flight("s1", [b"99999999999999999999"]), _flight("s2", [b"\x00\x01"], formats=[1]),
-            _flight("s1", [b"11"]),
+            _flight("s1", [b"11"]), _flight("s1", [b"500"]), _flight("s3", [b"500"]),
         ]
         for _ in range(2):
             replies += [bob.ask(flight) for flight in lookups]
+        # The unnamed portal a flight bound is dropped at its Sync: a Describe of it is 34000.
+        bob.send(_flight("s1", [b"20"]) + m.message(b"D", b"P\x00") + _sync())
+        replies += [bob.until_ready(), bob.until_ready()]  # two Syncs: two ReadyForQuery
+        # Statement logging (superusers set it) logs flight-answered lookups as any other.
+        replies.append(admin.ask(_parse("a1", "SELECT v FROM kv WHERE k = $1", [0]) + _sync()))
+        replies += [admin.ask(_flight("a1", [b"21"])) for _ in range(3)]
+        admin.sql("SET log_statement = 'all'")
+        replies += [admin.ask(_flight("a1", [b"22"])) for _ in range(2)]
+        admin.sql("SET log_statement = 'none'")
         admin.sql("REVOKE SELECT ON kv FROM bob")
         replies += [bob.ask(_flight("s1", [b"12"])), bob.ask(_flight("s3", [b"12"]))]
         admin.sql("GRANT SELECT ON kv TO bob")
@@ -121,7 +136,8 @@ def users(tmp_path: Path) -> str:
 
 
 def _served(tmp_path: Path, users_file: str, name: str) -> Iterator[ServerThread]:
-    server = ServerThread(str(tmp_path / name), "127.0.0.1", 0, auth="password",
+    limits = ServerLimits(result_bytes_max=RESULT_BYTES_MAX)
+    server = ServerThread(str(tmp_path / name), "127.0.0.1", 0, limits, auth="password",
                           users_file=users_file)  # fmt: skip
     try:
         yield server
@@ -129,9 +145,16 @@ def _served(tmp_path: Path, users_file: str, name: str) -> Iterator[ServerThread
         server.stop()
 
 
+def _logged_lookups(caplog: pytest.LogCaptureFixture) -> int:
+    """How many statements the servers logged that are the lookup ``a1``'s text."""
+    return sum("SELECT v FROM kv WHERE k = $1" in record.getMessage() for record in caplog.records)
+
+
 def test_a_flight_answered_whole_sends_the_general_paths_bytes(
-        tmp_path: Path, users: str, monkeypatch: pytest.MonkeyPatch) -> None:  # fmt: skip
+    tmp_path: Path, users: str, monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture
+) -> None:
     served_lookups(monkeypatch)
+    caplog.set_level(logging.INFO)
     answered: list[bool] = []
     original = lookup_flight.answer
 
@@ -144,9 +167,12 @@ def test_a_flight_answered_whole_sends_the_general_paths_bytes(
     for server in _served(tmp_path, users, "flight"):
         with_flights = _transcript(server.port)
     taken = answered.count(True)
+    logged_with_flights = _logged_lookups(caplog)
+    caplog.clear()
     monkeypatch.setattr(lookup_flight, "answer", lambda connection, body: False)
     for server in _served(tmp_path, users, "general"):
         general = _transcript(server.port)
+    assert logged_with_flights == _logged_lookups(caplog) >= 2  # the two under 'all'
     assert len(with_flights) == len(general)
     for index, (flight, ordinary) in enumerate(zip(with_flights, general, strict=True)):
         assert flight == ordinary, index
@@ -156,4 +182,4 @@ def test_a_flight_answered_whole_sends_the_general_paths_bytes(
     assert answered.count(False) >= 10, answered
     errors = {error_fields(body)["C"] for reply in general for kind, body in reply
               if kind == b"E"}  # fmt: skip
-    assert {"22P02", "42501", "25P02", "42P01"} <= errors, errors
+    assert {"22P02", "42501", "25P02", "42P01", "54000", "34000"} <= errors, errors
