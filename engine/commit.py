@@ -787,6 +787,9 @@ class Committer:
                 topic.publish_transactional(item.batch.slice(present), item.partition,
                                             transaction_id)  # fmt: skip
                 return None
+        log_ = topic.partition(item.partition)
+        if log_.drop_floor is None:  # first publish here: its writes may drop behind them
+            log_.drop_floor = self._current_floor(item.topic_id, item.partition)
         return topic.publish_transactional(item.batch, item.partition, transaction_id, item.body)
 
     def _publish_items(
@@ -963,8 +966,10 @@ class Committer:
                 # this process has not written is not open for writing, and ``sync``
                 # would sync nothing although a killed process's frames may be in the
                 # page cache only (the records passed below are their last copy).
-                topic.partition(partition).make_durable(
-                    drop_below=self._consumed_floor(topic_id, partition))
+                floor = self._consumed_floor(topic_id, partition)
+                log_ = topic.partition(partition)
+                log_.make_durable(drop_below=floor)
+                log_.drop_floor = floor  # what its writes drop behind them till the next
             except PartitionFencedError as error:
                 fenced.add((topic_id, partition))
                 log.warning("checkpoint sets aside the transactions from the first one "
@@ -1029,6 +1034,15 @@ class Committer:
             except TopicbaseError:
                 continue  # dropped since, or the partition is gone
             log_.drop_consumed(self._consumed_floor(topic_id, partition))
+
+    def _current_floor(self, topic_id: str, partition: int) -> int:
+        """``_consumed_floor`` from the catalog as it is now (the first publish to a
+        partition, before any checkpoint gave it a floor: ``PartitionLog.drop_floor``)."""
+        catalog = self._database.catalog
+        names = [n for e in catalog.entries() if e.topic_id == topic_id for n in e.consumers]
+        if not names:
+            return EVERY_OFFSET
+        return min(catalog.committed(topic_id, name, partition) or 0 for name in names)
 
     def _consumed_floor(self, topic_id: str, partition: int) -> int:
         """The offset of ``partition`` below which every consumer of the topic has

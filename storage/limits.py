@@ -400,3 +400,11 @@ WIRE_HELD_LOGIN_DIVISOR = 2
 # Catalog answers one session keeps while its names do not resolve plainly (candidates of
 # each name, its temporary relations): past this many they are dropped and read again.
 NAMES_FACTS_MAX = 256
+
+# -- drop-behind of written-back log bytes (storage.page_cache.drop_behind; round 16, H4) --
+# A write to a partition given a drop floor (the engine's consumers' floor) drops from the
+# page cache the active segment's bytes handed to writeback more than DROP_BEHIND_KEEP_BYTES
+# ago (what a reader tailing the log without a consumer reads next), once at least
+# DROP_BEHIND_STEP_BYTES are droppable (one DONTNEED of a few MiB, not one per frame).
+DROP_BEHIND_KEEP_BYTES = 8 * 1024 * 1024
+DROP_BEHIND_STEP_BYTES = 4 * 1024 * 1024

@@ -27,6 +27,25 @@ Invariants:
 - it is a hint: no byte on disk changes, a failure is ignored, readers of dropped
   bytes read them from the disk.
 
+Drop-behind (``drop_behind``, round 16): the checkpoint runs once per 256 commits, so
+between two of them a bulk move writes ~256 MiB of new pages per partition before any is
+given back, and once the machine's recently freed pages are used up each MiB costs the
+host fault again (docs/bulk_commit.md, round 16). A partition the engine gave a drop
+floor (``PartitionLog.drop_floor``) therefore drops, as it writes, the active segment's
+bytes that were handed to the kernel's writeback (``LogSegment.written_back_bytes``:
+``sync_file_range`` every ``WRITEBACK_INTERVAL_BYTES``) more than
+``DROP_BEHIND_KEEP_BYTES`` ago, below the floor, in steps of ``DROP_BEHIND_STEP_BYTES``:
+the pages go back to the free lists a few MiB at a time and the next writes take them
+while they are still warm. Such
+bytes need not be synced: a page the kernel has not written back yet is dirty or under
+writeback, and ``DONTNEED`` skips it (it stays cached); a clean page holds what the
+disk holds, so a later read (or a reopen after a kill) reads the same bytes from the
+disk. Durability is the sync's alone either way. Its own watermark
+(``LogSegment.behind_to``) leaves ``dropped_to`` to the synced drops, so the
+checkpoint's drop advises the range again once synced (pages skipped while dirty go
+then). A floor is a snapshot: a consumer created, or moved back, after it was given
+reads what was dropped from the disk.
+
 On unless ``TOPICBASE_DROP_SYNCED_PAGES=0`` is in the environment (``ENABLED``):
 round 15 measured the bulk move with it (docs/bulk_commit.md, "Round 15"). A map a
 batch still holds after its segment made a larger one keeps its pages.
@@ -38,7 +57,7 @@ import os
 from collections.abc import Sequence
 from typing import TYPE_CHECKING
 
-from storage import limits
+from storage import failpoints, limits
 
 if TYPE_CHECKING:
     from storage.segment import LogSegment
@@ -80,3 +99,25 @@ def drop_synced(
             upto = min(upto, segment.offset_index.lookup(below_offset))
         if upto > segment.dropped_to:
             segment.drop_cache(upto)
+
+
+def drop_behind(segment: LogSegment, below_offset: int, keep_bytes: int | None = None) -> bool:
+    """Drop from the page cache the bytes of the active ``segment`` handed to writeback
+    more than ``keep_bytes`` (default ``limits.DROP_BEHIND_KEEP_BYTES``) ago and below
+    offset ``below_offset`` (the segment holding it: up to the indexed frame at or
+    before it), from where the last drop of either kind stopped, once at least
+    ``limits.DROP_BEHIND_STEP_BYTES`` are due. Returns whether it advised. The caller
+    holds the partition's write lock (the segment is its active one). A hint: bytes on
+    disk never change, pages not yet written back are skipped by the kernel."""
+    keep = limits.DROP_BEHIND_KEEP_BYTES if keep_bytes is None else keep_bytes
+    assert keep >= 0 and below_offset >= 0
+    if below_offset <= segment.base_offset:
+        return False
+    upto = segment.written_back_bytes - keep
+    if below_offset < segment.next_offset:
+        upto = min(upto, segment.offset_index.lookup(below_offset))
+    if upto - max(segment.dropped_to, segment.behind_to) < limits.DROP_BEHIND_STEP_BYTES:
+        return False
+    segment.drop_cache(upto, behind=True)
+    failpoints.hit("page_cache.after_drop_behind")
+    return True

@@ -161,6 +161,10 @@ class PartitionLog:
         # fence must not cut (``_adopt_locked``); None once published.
         self._adopted: tuple[LogSegment, int, int] | None = None
         self._closed = False
+        # The offset below which the engine says every reader that matters is past (its
+        # consumers' floor; ``EVERY_OFFSET``-like for a topic no consumer reads), or None:
+        # writes then drop what was written back behind them (``page_cache.drop_behind``).
+        self.drop_floor: int | None = None
         # Every offset below this is known synced by this process (the open syncs what it
         # loads, below; before that nothing is known on disk). Only grows, by syncs that
         # covered the whole log (older segments are synced when sealed).
@@ -865,6 +869,11 @@ class PartitionLog:
             self._fence(error)
             raise
         self._last_written_at_us = written_at_us
+        floor = self.drop_floor
+        if floor is not None and page_cache.ENABLED:
+            # a hint: it never fails the write (as the synced drop never fails a sync)
+            with contextlib.suppress(StorageIOError, OSError):
+                page_cache.drop_behind(segment, floor)
         return base_offset, written_at_us
 
     # -- one share of a publish over many partitions (``storage.spread_publish``) --------

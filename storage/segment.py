@@ -140,6 +140,9 @@ class LogSegment:
         # Log bytes below this position were dropped from the page cache once synced
         # (``storage.page_cache``); only grows, but for a cut (``truncate_to``).
         self.dropped_to = 0
+        # Log bytes below this position were dropped once handed to writeback, not yet
+        # synced (``page_cache.drop_behind``); ``dropped_to`` is left to the synced drops.
+        self.behind_to = 0
         # The read-only map of the log (``mapped``) and its view; None until a scan
         # asks for it, and again once closed or released (``_release_idle_maps``).
         # ``_map_refused``: no map could be made, as ``file_map.room()`` stood then (a
@@ -341,9 +344,17 @@ class LogSegment:
                     self._sync_failed = error
                 raise
 
-    def drop_cache(self, upto: int) -> None:
+    @property
+    def written_back_bytes(self) -> int:
+        """Log bytes below this position were synced or handed to the kernel's writeback
+        (``_start_writeback``); only grows, but for a cut."""
+        return self._writeback_position
+
+    def drop_cache(self, upto: int, *, behind: bool = False) -> None:
         """Hint the kernel to drop the log's bytes ``[dropped_to, upto)`` from the page
-        cache; the caller knows them synced (``storage.page_cache``). The cached read
+        cache; the caller knows them synced (``storage.page_cache``), or with ``behind``
+        handed to writeback long enough ago (``page_cache.drop_behind``: from
+        ``behind_to`` too, which it raises instead of ``dropped_to``). The cached read
         map's pages below ``upto`` are released first (``file_map.release_pages``; a map
         a batch still holds after the segment made a larger one keeps its pages), then
         the advice goes through a descriptor opened for it and closed at once. Neither
@@ -351,7 +362,7 @@ class LogSegment:
         1-3 ms, and every publish to the partition waited behind it. A log that is gone
         (retention) or cannot be opened is skipped: it is a hint."""
         upto = min(upto, self.size_bytes)  # a fence's cut may have come since
-        start = self.dropped_to
+        start = max(self.dropped_to, self.behind_to) if behind else self.dropped_to
         if upto <= start:
             return
         # What leaves the cache is read from the disk next time: checked again then.
@@ -372,7 +383,10 @@ class LogSegment:
             with contextlib.suppress(StorageIOError, OSError):
                 self.fs.close(fd)
         with self._fd_lock:  # two syncs may drop at once: it only grows (review R2-F7)
-            self.dropped_to = max(self.dropped_to, upto)
+            if behind:
+                self.behind_to = max(self.behind_to, upto)
+            else:
+                self.dropped_to = max(self.dropped_to, upto)
 
     def seal(self, *, durable: bool) -> None:
         """Called at roll: the log is always synced, the indexes when ``durable``.
@@ -399,6 +413,7 @@ class LogSegment:
         fd = self._fd()
         self.verified.cut(position)
         self.dropped_to = min(self.dropped_to, position)
+        self.behind_to = min(self.behind_to, position)
         self.fs.truncate(fd, position)
         self._sync_cut(fd)
         self.size_bytes = position
