@@ -101,23 +101,38 @@ def drop_synced(
             segment.drop_cache(upto)
 
 
-def drop_behind(segment: LogSegment, below_offset: int, keep_bytes: int | None = None) -> bool:
-    """Drop from the page cache the bytes of the active ``segment`` handed to writeback
-    more than ``keep_bytes`` (default ``limits.DROP_BEHIND_KEEP_BYTES``) ago and below
-    offset ``below_offset`` (the segment holding it: up to the indexed frame at or
-    before it), from where the last drop of either kind stopped, once at least
-    ``limits.DROP_BEHIND_STEP_BYTES`` are due. Returns whether it advised. The caller
-    holds the partition's write lock (the segment is its active one). A hint: bytes on
-    disk never change, pages not yet written back are skipped by the kernel."""
+def drop_behind(
+    segments: Sequence[LogSegment], below_offset: int, keep_bytes: int | None = None
+) -> bool:
+    """Drop from the page cache the bytes of ``segments`` (a partition's, oldest first, the
+    last one active) handed to writeback (the active one's ``written_back_bytes``; a
+    sealed one was synced whole at its seal) but the newest ``keep_bytes`` (default
+    ``limits.DROP_BEHIND_KEEP_BYTES``), below offset ``below_offset`` (the segment holding
+    it: up to the indexed frame at or before it), from where the last drop of either
+    kind stopped: in the active segment once at least ``limits.DROP_BEHIND_STEP_BYTES``
+    are due, in a sealed one (its tail, left when it rolled) at once. Returns whether it
+    advised. The walk (newest first) stops at the first sealed segment dropped whole.
+    The caller holds the partition's write lock. A hint: bytes on disk never change,
+    pages not yet written back are skipped by the kernel."""
     keep = limits.DROP_BEHIND_KEEP_BYTES if keep_bytes is None else keep_bytes
     assert keep >= 0 and below_offset >= 0
-    if below_offset <= segment.base_offset:
-        return False
-    upto = segment.written_back_bytes - keep
-    if below_offset < segment.next_offset:
-        upto = min(upto, segment.offset_index.lookup(below_offset))
-    if upto - max(segment.dropped_to, segment.behind_to) < limits.DROP_BEHIND_STEP_BYTES:
-        return False
-    segment.drop_cache(upto, behind=True)
-    failpoints.hit("page_cache.after_drop_behind")
-    return True
+    last = segments[-1]
+    advised = False
+    for segment in reversed(segments):
+        active = segment is last
+        end = segment.written_back_bytes if active else segment.size_bytes
+        start = max(segment.dropped_to, segment.behind_to)
+        if not active and start >= end:
+            break  # older ones were dropped whole before it
+        upto = end - keep
+        keep = max(0, keep - end)
+        if below_offset <= segment.base_offset:
+            continue  # nothing of it is below the floor
+        if below_offset < segment.next_offset:
+            upto = min(upto, segment.offset_index.lookup(below_offset))
+        if upto - start < (limits.DROP_BEHIND_STEP_BYTES if active else 1):
+            continue
+        segment.drop_cache(upto, behind=True)
+        failpoints.hit("page_cache.after_drop_behind")
+        advised = True
+    return advised

@@ -873,7 +873,7 @@ class PartitionLog:
         if floor is not None and page_cache.ENABLED:
             # a hint: it never fails the write (as the synced drop never fails a sync)
             with contextlib.suppress(StorageIOError, OSError):
-                page_cache.drop_behind(segment, floor)
+                page_cache.drop_behind(self._segments, floor)
         return base_offset, written_at_us
 
     # -- one share of a publish over many partitions (``storage.spread_publish``) --------

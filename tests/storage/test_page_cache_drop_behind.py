@@ -72,6 +72,27 @@ def test_writes_drop_what_was_written_back_behind_them(open_partition, batch, ad
     assert partition.durable_end == 0  # nothing was synced for it
 
 
+def test_rolled_segments_are_dropped_whole_behind_the_writes(
+    open_partition, batch, advised
+) -> None:
+    """A sealed segment's tail, kept while it was the newest bytes, goes once the newer
+    segment has grown past the kept tail (it was synced at its seal)."""
+    partition = open_partition(fsync_policy=FsyncPolicy.NEVER, segment_bytes=64 * 1024)
+    partition.drop_floor = ALL
+    _fill(partition, batch, 60)
+    segments = partition._segments
+    assert len(segments) > 6
+    ends: dict[str, int] = {}
+    for path, start, end in advised:  # each file's drops: contiguous from 0
+        assert start == ends.get(path, 0), (path, start, ends.get(path))
+        ends[path] = end
+    for segment in segments[:-2]:
+        assert segment.behind_to == segment.size_bytes
+        assert ends[os.path.realpath(segment.log_path)] == segment.size_bytes
+    kept = sum(s.size_bytes - max(s.dropped_to, s.behind_to) for s in segments)
+    assert KEEP <= kept <= KEEP + STEP + segments[-1].size_bytes - segments[-1].written_back_bytes
+
+
 def test_without_a_floor_or_below_it_nothing_is_dropped(open_partition, batch, advised) -> None:
     partition = open_partition(fsync_policy=FsyncPolicy.NEVER, segment_bytes=SEGMENT)
     _fill(partition, batch, 40)
