@@ -132,7 +132,8 @@ def drop_behind(
             upto = min(upto, segment.offset_index.lookup(below_offset))
         if upto - start < (limits.DROP_BEHIND_STEP_BYTES if active else 1):
             continue
-        segment.drop_cache(upto, behind=True)
+        # the last step again: pages still under writeback then were skipped
+        segment.drop_cache(upto, behind=True, again=limits.DROP_BEHIND_STEP_BYTES)
         failpoints.hit("page_cache.after_drop_behind")
         advised = True
     return advised

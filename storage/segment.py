@@ -350,11 +350,13 @@ class LogSegment:
         (``_start_writeback``); only grows, but for a cut."""
         return self._writeback_position
 
-    def drop_cache(self, upto: int, *, behind: bool = False) -> None:
+    def drop_cache(self, upto: int, *, behind: bool = False, again: int = 0) -> None:
         """Hint the kernel to drop the log's bytes ``[dropped_to, upto)`` from the page
         cache; the caller knows them synced (``storage.page_cache``), or with ``behind``
         handed to writeback long enough ago (``page_cache.drop_behind``: from
-        ``behind_to`` too, which it raises instead of ``dropped_to``). The cached read
+        ``behind_to`` too, which it raises instead of ``dropped_to``; ``again`` bytes
+        below ``behind_to`` are advised again: pages under writeback at the last advice
+        were skipped). The cached read
         map's pages below ``upto`` are released first (``file_map.release_pages``; a map
         a batch still holds after the segment made a larger one keeps its pages), then
         the advice goes through a descriptor opened for it and closed at once. Neither
@@ -363,6 +365,9 @@ class LogSegment:
         (retention) or cannot be opened is skipped: it is a hint."""
         upto = min(upto, self.size_bytes)  # a fence's cut may have come since
         start = max(self.dropped_to, self.behind_to) if behind else self.dropped_to
+        if upto <= start:
+            return
+        start = max(self.dropped_to, start - again)  # ``again``: with ``behind`` only
         if upto <= start:
             return
         # What leaves the cache is read from the disk next time: checked again then.
