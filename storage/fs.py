@@ -203,9 +203,9 @@ class FileSystem:
 
     def drop_cache(self, fd: int, position: int, size: int) -> None:
         """Hint the kernel to drop ``size`` bytes at ``position`` from the page cache
-        (``POSIX_FADV_DONTNEED``). Only for bytes already synced: nothing on disk changes
-        and dirty pages are not dropped. A failure, or a platform without the call, is
-        ignored: a hint, not an operation."""
+        (``POSIX_FADV_DONTNEED``). A hint: nothing on disk changes and dirty pages (not yet
+        written back) are skipped by the kernel, so it is safe for unsynced bytes too. A
+        failure, or a platform without the call, is ignored: a hint, not an operation."""
         advise = getattr(os, "posix_fadvise", None)
         if advise is None or size <= 0:
             return

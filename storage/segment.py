@@ -387,6 +387,9 @@ class LogSegment:
         finally:
             with contextlib.suppress(StorageIOError, OSError):
                 self.fs.close(fd)
+        # Again after the advice: a read that took the generation after the first forget
+        # checked and marked pages the advice then handed back (review R2-16-5).
+        self.verified.forget_below(upto)
         with self._fd_lock:  # two syncs may drop at once: it only grows (review R2-F7)
             if behind:
                 self.behind_to = max(self.behind_to, upto)

@@ -114,3 +114,33 @@ def test_a_mark_taken_before_a_cut_or_a_forget_is_ignored() -> None:
     assert runs.snapshot() == ((0, 50),)
     runs.add(50, 80)  # the writer's own bytes: always marked
     assert runs.snapshot() == ((0, 80),)
+
+
+def test_a_read_between_the_drops_forget_and_its_advice_marks_nothing(
+    open_partition: Any, batch: Any, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Review R2-16-5: a mapped read that takes the generation after the drop's first
+    ``forget_below`` checks and marks pages that the advice then hands back; the forget
+    after the advice voids those marks."""
+    from storage.verified_frames import covered
+
+    writer = open_partition(fsync_policy=FsyncPolicy.NEVER, segment_bytes=1 << 26)
+    for i in range(40):
+        writer.append(batch(4, first=4 * i, size_bytes=2500))
+    writer.close()
+    partition = open_partition(fsync_policy=FsyncPolicy.NEVER, segment_bytes=1 << 26)
+    segment = partition._segments[-1]
+    segment.dropped_to = 0  # as before a checkpoint's drop (the open dropped the loaded log)
+    real = os.posix_fadvise
+    scanned: list[int] = []
+
+    def advise(fd: int, offset: int, length: int, advice: int) -> None:
+        if advice == os.POSIX_FADV_DONTNEED and not scanned:  # another thread's read
+            scanned.append(len(list(segment.scan(0, segment.size_bytes, 1 << 20, mapped=True))))
+        real(fd, offset, length, advice)
+
+    monkeypatch.setattr(os, "posix_fadvise", advise)
+    segment.drop_cache(segment.size_bytes)
+    assert scanned == [40]
+    runs = segment.verified.snapshot()
+    assert not any(covered(runs, p, p + 1) for p in range(0, segment.size_bytes, 4096)), runs
