@@ -253,6 +253,7 @@ final class WireFrames implements AutoCloseable {
         this.seqType = seqKind;
         this.createdAt = created;
         this.root = VectorSchemaRoot.create(wireSchema(), allocator);
+        root.allocateNew(); // kept for every frame (reuse)
     }
 
     /** The server's {@code storage.record_batch.WIRE_SCHEMA} (its buffers' layout is what
@@ -343,17 +344,11 @@ final class WireFrames implements AutoCloseable {
         Pending share = pending.remove(partition);
         pendingCost -= share.cost();
         int count = share.count;
-        for (int nulls : new int[] {1, 2, 6}) { // producer_id, message_group_id, metadata
-            root.getVector(nulls).allocateNew();
-        }
         BigIntVector seq = (BigIntVector) root.getVector(0);
         TimeStampMicroTZVector created = (TimeStampMicroTZVector) root.getVector(3);
         UInt1Vector codec = (UInt1Vector) root.getVector(4);
         VarBinaryVector data = (VarBinaryVector) root.getVector(5);
-        seq.allocateNew(count); // sized once: setSafe then never grows (copies) a buffer
-        created.allocateNew(count);
-        codec.allocateNew(count);
-        data.allocateNew(Math.max(1, share.bytes), count);
+        reuse(data, count, share.bytes);
         for (int i = 0; i < count; i++) {
             if (share.seqNull[i]) {
                 seq.setNull(i);
@@ -369,7 +364,6 @@ final class WireFrames implements AutoCloseable {
         try (ArrowRecordBatch batch = new VectorUnloader(root).getRecordBatch()) {
             MessageSerializer.serialize(new WriteChannel(body), batch);
         }
-        root.clear();
         int size = body.size();
         assert size % 8 == 0 : size;
         crc.reset();
@@ -385,6 +379,32 @@ final class WireFrames implements AutoCloseable {
             out.write(body.buffer(), 0, size);
         }
         frames++;
+    }
+
+    /**
+     * Readies the root's vectors for a frame of {@code count} rows of {@code bytes} data
+     * while keeping their buffers: the buffers a task's first frames grew are written
+     * again by every later frame (a new buffer per frame is fresh memory each time: a 4 MiB
+     * data buffer is above the allocator's pooled sizes, so each frame faulted in and
+     * zeroed ~4 MiB of new pages). The small vectors are zeroed whole ({@code reset});
+     * the data vector's values are only overwritten (offsets are rewritten from row 0
+     * on, its validity zeroed), so its buffer is not zeroed per frame.
+     */
+    private void reuse(VarBinaryVector data, int count, long bytes) {
+        for (int at = 0; at < root.getFieldVectors().size(); at++) {
+            if (at != 5) {
+                root.getVector(at).reset();
+            }
+        }
+        data.getValidityBuffer().setZero(0, data.getValidityBuffer().capacity());
+        data.setLastSet(-1); // row 0 starts at offset 0 (never written: it stays 0)
+        data.setValueCount(0);
+        while (data.getValueCapacity() < count) {
+            data.reallocValidityAndOffsetBuffers();
+        }
+        while (data.getByteCapacity() < bytes) {
+            data.reallocDataBuffer();
+        }
     }
 
     @Override
