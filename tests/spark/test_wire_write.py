@@ -401,3 +401,34 @@ def test_a_write_mixing_frames_and_arrow_rows_commits_them_in_one_transaction_un
     assert sorted(r["seq_no"] for r in rows if r["producer_id"] == "p") == [
         s for s in range(400) if s % 200 >= 150]
     assert _staged(database) == []
+
+
+def test_rows_of_any_length_go_as_frames_byte_for_byte(
+        spark, database, url, wire, copy_formats, no_flight_puts,
+        frame_bodies) -> None:  # fmt: skip
+    """Rows of every length through the frames path (the JVM copies each row's bytes
+    straight from Spark's row into its partition's pending frame, whose arrays the next
+    frames reuse): empty, 10 B to 2 KiB (several frames a partition, cut by bytes), and
+    one message over a frame's 4 MiB target (a frame of its own, between others); every
+    row's bytes kept, in order."""
+    _create(database, partitions=2)
+    tb = _catalog(spark, url, wire)
+    frame = spark.range(0, 9001, numPartitions=1).selectExpr(
+        "CASE WHEN id = 7 THEN '' WHEN id = 4000 THEN repeat('q', 5000000) "
+        "ELSE concat(CAST(id AS STRING), '-é€𝄞-', repeat('t', CAST(id % 2048 AS INT))) END "
+        "AS text", "CAST(id % 2 AS INT) AS partition", "id AS seq_no",
+    ).selectExpr("CAST(text AS BINARY) AS data", "partition", "seq_no")  # fmt: skip
+    frame.writeTo(f"{tb}.main.events").append()
+    assert copy_formats == ["frames"]
+    rows = sql_rows(database, 'SELECT partition, seq_no, data FROM TOPIC events '
+                    'ORDER BY partition, "offset"')  # fmt: skip
+    expected = {i: (b"" if i == 7 else b"q" * 5000000 if i == 4000 else
+                    f"{i}-é€𝄞-{'t' * (i % 2048)}".encode()) for i in range(9001)}  # fmt: skip
+    assert len(rows) == 9001
+    for row in rows:
+        assert row["data"] == expected[row["seq_no"]], row["seq_no"]
+    for partition in range(2):
+        assert [r["seq_no"] for r in rows if r["partition"] == partition] == list(
+            range(partition, 9001, 2))
+    assert max(c for c, _ in frame_bodies) < 4096 < len(frame_bodies) * 1000  # cut by bytes
+    assert [c for c, b in frame_bodies if b.size > 5000000] == [1]

@@ -14,6 +14,7 @@ import java.util.Locale;
 import java.util.Map;
 import java.util.zip.CRC32C;
 
+import org.apache.arrow.memory.ArrowBuf;
 import org.apache.arrow.memory.BufferAllocator;
 import org.apache.arrow.memory.RootAllocator;
 import org.apache.arrow.vector.BigIntVector;
@@ -31,6 +32,7 @@ import org.apache.arrow.vector.types.pojo.Field;
 import org.apache.arrow.vector.types.pojo.FieldType;
 import org.apache.arrow.vector.types.pojo.Schema;
 import org.apache.spark.sql.catalyst.InternalRow;
+import org.apache.spark.sql.catalyst.expressions.UnsafeRow;
 import org.apache.spark.sql.types.BinaryType;
 import org.apache.spark.sql.types.ByteType;
 import org.apache.spark.sql.types.DataType;
@@ -41,6 +43,7 @@ import org.apache.spark.sql.types.StringType;
 import org.apache.spark.sql.types.StructField;
 import org.apache.spark.sql.types.StructType;
 import org.apache.spark.sql.types.TimestampType;
+import org.apache.spark.unsafe.Platform;
 
 /**
  * One task's topic rows sent as staged partition frames ({@code COPY TOPIC t FROM STDIN
@@ -74,6 +77,7 @@ final class WireFrames implements AutoCloseable {
     static final long PARTITION_COST = 4096;
     static final long ROW_COST = 48;
     static final int HEADER_BYTES = 24;
+    static final int SPARE_MAX = 4;
     private static final byte RAW = 1; // storage.codecs.Codec.RAW
     /** A frame up to this size goes as one CopyData message (the server then checks and
      * writes the body where it arrived, no copy to join pieces); a larger one (a single
@@ -140,29 +144,50 @@ final class WireFrames implements AutoCloseable {
         return row.getByte(at);
     }
 
-    /** A partition's rows waiting to fill a frame. */
+    /** A partition's rows waiting to fill a frame: their data back to back in one array
+     * (copied there once from the row: no array per row), where each ends. */
     private static final class Pending {
-        byte[][] data = new byte[16][];
+        byte[] values = new byte[1 << 12];
+        int[] ends = new int[16];
         long[] seq = new long[16];
         boolean[] seqNull = new boolean[16];
         long[] created = new long[16];
         int count;
         long bytes;
 
-        void add(byte[] value, long seqNo, boolean noSeq, long createdAt) {
-            if (count == data.length) {
+        /** Room for a row of {@code length} bytes; where its data goes. */
+        int reserve(int length) {
+            if (count == ends.length) {
                 int grown = count * 2;
-                data = Arrays.copyOf(data, grown);
+                ends = Arrays.copyOf(ends, grown);
                 seq = Arrays.copyOf(seq, grown);
                 seqNull = Arrays.copyOf(seqNull, grown);
                 created = Arrays.copyOf(created, grown);
             }
-            data[count] = value;
+            long end = bytes + length;
+            if (end > Integer.MAX_VALUE - 8) {
+                throw new IllegalArgumentException("a frame's data must stay under 2 GiB");
+            }
+            if (end > values.length) {
+                values = Arrays.copyOf(values, (int) Math.min(Integer.MAX_VALUE - 8,
+                    Math.max(end, 2L * values.length)));
+            }
+            return (int) bytes;
+        }
+
+        /** The row whose data {@link #reserve} placed and the caller wrote. */
+        void added(int length, long seqNo, boolean noSeq, long createdAt) {
+            bytes += length;
+            ends[count] = (int) bytes;
             seq[count] = seqNo;
             seqNull[count] = noSeq;
             created[count] = createdAt;
             count++;
-            bytes += value.length;
+        }
+
+        void clear() {
+            count = 0;
+            bytes = 0;
         }
 
         long cost() {
@@ -207,6 +232,9 @@ final class WireFrames implements AutoCloseable {
     private final int[] nullOnly; // where the NULL_ONLY columns are in the rows
     private final Map<Long, Pending> pending = new HashMap<>();
     private long pendingCost;
+    /** Flushed partitions' arrays, given to the next partition that starts a frame (at
+     * most {@link #SPARE_MAX}, none over twice a frame's target bytes). */
+    private final List<Pending> spare = new ArrayList<>();
     private final BufferAllocator allocator = new RootAllocator();
     private final VectorSchemaRoot root;
     private final Body body = new Body();
@@ -297,23 +325,41 @@ final class WireFrames implements AutoCloseable {
             throw new IllegalArgumentException("message data must not be NULL");
         }
         long partition = integer(row, partitionAt, partitionType);
-        byte[] value = dataIsText ? row.getUTF8String(dataAt).getBytes() : row.getBinary(dataAt);
+        UnsafeRow unsafe = row instanceof UnsafeRow ? (UnsafeRow) row : null;
+        byte[] value = null; // a row of another kind: its data copied out first
+        int length;
+        long offsetAndSize = 0;
+        if (unsafe != null) { // text and bytes alike: (offset << 32 | size) in the row
+            offsetAndSize = unsafe.getLong(dataAt);
+            length = (int) offsetAndSize;
+        } else {
+            value = dataIsText ? row.getUTF8String(dataAt).getBytes() : row.getBinary(dataAt);
+            length = value.length;
+        }
         boolean noSeq = seqAt < 0 || row.isNullAt(seqAt);
         long seq = noSeq ? 0 : integer(row, seqAt, seqType);
         long created = createdAt >= 0 && !row.isNullAt(createdAt) ? row.getLong(createdAt)
             : System.currentTimeMillis() * 1000L;
         Pending share = pending.get(partition);
-        if (share != null && share.bytes + value.length > TARGET_BYTES) {
+        if (share != null && share.bytes + length > TARGET_BYTES) {
             flush(partition, out); // the frame is full: this row starts the next one
             share = null;
         }
         if (share == null) {
-            share = new Pending();
+            share = spare.isEmpty() ? new Pending() : spare.remove(spare.size() - 1);
             pending.put(partition, share);
             pendingCost += PARTITION_COST;
         }
-        share.add(value, seq, noSeq, created);
-        pendingCost += value.length + ROW_COST;
+        int at = share.reserve(length);
+        if (unsafe != null) {
+            Platform.copyMemory(unsafe.getBaseObject(),
+                unsafe.getBaseOffset() + (int) (offsetAndSize >> 32), share.values,
+                Platform.BYTE_ARRAY_OFFSET + at, length);
+        } else {
+            System.arraycopy(value, 0, share.values, at, length);
+        }
+        share.added(length, seq, noSeq, created);
+        pendingCost += length + ROW_COST;
         rows++;
         if (share.count >= TARGET_MESSAGES || share.bytes >= TARGET_BYTES) {
             flush(partition, out);
@@ -357,7 +403,23 @@ final class WireFrames implements AutoCloseable {
             }
             created.setSafe(i, share.created[i]);
             codec.setSafe(i, RAW);
-            data.setSafe(i, share.data[i]);
+        }
+        ArrowBuf offsets = data.getOffsetBuffer();
+        for (int i = 0; i < count; i++) {
+            offsets.setInt((long) (i + 1) * Integer.BYTES, share.ends[i]);
+        }
+        data.getDataBuffer().setBytes(0, share.values, 0, (int) share.bytes);
+        ArrowBuf validity = data.getValidityBuffer(); // every row's data is set
+        for (int b = 0; b < count / 8; b++) {
+            validity.setByte(b, 0xFF);
+        }
+        if (count % 8 != 0) {
+            validity.setByte(count / 8, (1 << (count % 8)) - 1);
+        }
+        data.setLastSet(count - 1);
+        if (spare.size() < SPARE_MAX && share.values.length <= 2 * TARGET_BYTES) {
+            share.clear();
+            spare.add(share);
         }
         root.setRowCount(count); // producer_id, message_group_id, metadata: null
         body.reset();
@@ -410,6 +472,7 @@ final class WireFrames implements AutoCloseable {
     @Override
     public void close() {
         pending.clear();
+        spare.clear();
         pendingCost = 0;
         root.close();
         allocator.close();
