@@ -23,13 +23,20 @@ routing and its publish. ``BULK_ADOPT=bytes,files,switch`` sets ``limits.ADOPT_B
 ``limits.ADOPT_FILES_MAX`` and ``limits.ADOPT_SWITCH_BYTES``: each COPY stages up to
 ``files`` partitions' frames past ``switch`` bytes in files of their own, adopted as
 segments by the publish from ``bytes`` (``storage.staged_frames``).
+``BULK_PUBLISH_THREADS`` sets ``engine.commit.FRAMED_PUBLISH_THREADS`` (1: the shares
+published one after another in partition order, so that a failpoint's ``@n`` counts the
+same hits in every run). ``BULK_HOLD_PARTITION_0`` holds partition 0's publish (30 s)
+while the others publish, so that a kill at ``commit.mid_publish`` (hit once another
+share is published) finds partition 0 without its share.
 """
 
 from __future__ import annotations
 
 import os
 import sys
+import threading
 from pathlib import Path
+from typing import Any
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
 
@@ -121,6 +128,20 @@ def split_before_publish() -> None:
     commit_module.Committer._publish_in_turn = split_first
 
 
+def hold_partition_0() -> None:
+    """Partition 0's staged share waits 30 s before it is published (the others not)."""
+    from storage.partition_log import PartitionLog
+
+    publish = PartitionLog.publish_staged
+
+    def held(self: PartitionLog, *args: Any, **kwargs: Any) -> Any:
+        if self.partition_id == 0:
+            threading.Event().wait(30)
+        return publish(self, *args, **kwargs)
+
+    PartitionLog.publish_staged = held
+
+
 def main() -> None:
     data, action = sys.argv[1], sys.argv[2]
     if os.environ.get("BULK_FRAME_MESSAGES"):  # small frames: each share is cut in several
@@ -133,6 +154,12 @@ def main() -> None:
         limits.ADOPT_SWITCH_BYTES = int(switch)
     if os.environ.get("BULK_SPLIT_BEFORE_PUBLISH"):  # partition 0 splits after routing
         split_before_publish()
+    if os.environ.get("BULK_PUBLISH_THREADS"):
+        from engine import commit as commit_module
+
+        commit_module.FRAMED_PUBLISH_THREADS = int(os.environ["BULK_PUBLISH_THREADS"])
+    if os.environ.get("BULK_HOLD_PARTITION_0"):
+        hold_partition_0()
     database = Database.open(data, retention_interval_s=None)
     try:
         status = "opened"

@@ -40,9 +40,11 @@ CRASHED = 137
 FRAME_TARGET = limits.FRAME_TARGET_MESSAGES
 # adopt own files over 1 KiB; 2 partitions of each COPY in files of their own from their
 # first frame (switch 0); frames of 16 messages: each own file holds 4 (a patch can be cut
-# halfway)
+# halfway); the shares published one at a time in partition order (a failpoint's ``@n``
+# then counts the same hits in every run: with the shares at once, partitions 0 and 1
+# adopt side by side)
 ENVIRONMENT = {"BULK_STAGE_FORMAT": "frames", "BULK_ADOPT": "1024,2,0",
-               "BULK_FRAME_MESSAGES": "16"}  # fmt: skip
+               "BULK_FRAME_MESSAGES": "16", "BULK_PUBLISH_THREADS": "1"}  # fmt: skip
 # ... or from their third frame: each partition's first two frames (~4.6 KiB each, under
 # the switch: a frame that large would go to the own file at once) in the shared file
 # (copied)

@@ -234,6 +234,25 @@ def test_a_framed_commit_over_a_transactions_partition_limit_is_one_transaction(
         database.close()
 
 
+def test_a_commit_killed_while_partition_0_waits_publishes_its_share_once_on_restart(
+        tmp_path: Path) -> None:  # fmt: skip
+    """Round 16: a framed commit publishes every partition's share at once, the first one
+    too (before, partition 0 went alone first). Killed at ``commit.mid_publish`` (another
+    share published) while partition 0's publish is held: partition 0 holds nothing of
+    the batch on disk, others do; the restart publishes the rest, every message once."""
+    data = tmp_path / "data"
+    assert _run(data, "stage") == 0
+    done = _SERVER.run([str(data), "commit"], environment={
+        "BULK_STAGE_FORMAT": "frames", "BULK_HOLD_PARTITION_0": "1"},
+        failpoints="commit.mid_publish=crash", timeout=120)  # fmt: skip
+    assert done.returncode == CRASHED, done.stderr
+    sizes: dict[str, int] = {}
+    for path in (data / "store" / "topics").glob("t*/p*/*.log"):  # the topic's partitions
+        sizes[path.parent.name] = sizes.get(path.parent.name, 0) + path.stat().st_size
+    assert sizes.get("p0", 0) == 0 and any(sizes.get(f"p{p}", 0) for p in (1, 2, 3)), sizes
+    assert _check_and_retry(data) == "all"
+
+
 @pytest.mark.parametrize("failpoint", ["publish.mid_share=crash@2",
                                        "segment.torn_write=crash@2"])
 def test_a_framed_share_published_to_a_split_partition_and_killed_is_finished_once(

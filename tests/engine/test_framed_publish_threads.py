@@ -65,8 +65,7 @@ def _expected(*ranges: tuple[int, int]) -> dict[int, list[bytes]]:
 
 def test_framed_shares_are_copied_on_threads_of_their_own(tmp_path, monkeypatch) -> None:
     """The first two copies on the publish threads are in progress at once: each waits
-    at a barrier for the other before copying (the first share, partition 0, is
-    published alone before the others, on the committing thread). Merely counting the
+    at a barrier for the other before copying. Merely counting the
     threads that copied is not enough: the pool hands the next share to a worker that
     went idle, so on a loaded machine one worker may have copied all three. Copied one
     after another, the first copy would wait alone; the barrier's timeout only keeps
@@ -98,6 +97,39 @@ def test_framed_shares_are_copied_on_threads_of_their_own(tmp_path, monkeypatch)
         assert sorted(threads) == list(range(PARTITIONS))
         assert len([n for n in names if n.startswith("topicbase-publish")]) >= 2
         assert not alone, "two shares were not copied at the same time"
+    finally:
+        database.close()
+
+
+def test_the_first_partitions_share_is_published_beside_the_others(
+        tmp_path, monkeypatch) -> None:  # fmt: skip
+    """Round 16: the transaction's first share (partition 0) no longer goes alone before
+    the others: its publish waits until another partition's has begun, and the commit
+    ends (before, partition 0 was published on the committing thread before any other
+    began, so it waited the event's whole timeout). ``commit.mid_publish`` is still hit
+    once, after a share is published."""
+    real = PartitionLog.publish_staged
+    started = threading.Event()
+    waited: list[bool] = []
+    points: list[str] = []
+
+    def spy(self: PartitionLog, frames: list, transaction_id: int) -> int:
+        if self.partition_id == 0:
+            waited.append(started.wait(20))
+        else:
+            started.set()
+        return real(self, frames, transaction_id)
+
+    monkeypatch.setattr(PartitionLog, "publish_staged", spy)
+    monkeypatch.setattr("engine.commit.failpoints.hit", lambda name: points.append(name)
+                        if name == "commit.mid_publish" else None)  # fmt: skip
+    database = _open(tmp_path)
+    try:
+        _stage(database, "a", 0, 2000)
+        assert commit_writes(database, 1, ["a"]) == {"status": "committed", "rows": 2000}
+        assert waited == [True], waited
+        assert points == ["commit.mid_publish"]
+        assert _partitions(database) == _expected((0, 2000))
     finally:
         database.close()
 
