@@ -123,6 +123,7 @@ class PgServer:
         connection = self.connections.get(process_id)
         if connection is not None and connection.secret_key == secret_key and connection.session:
             connection.session.cancel()
+            connection.context.cancel_bell.ring()  # a COPY IN waiting for its client ends
 
     def call_soon(self, function: Callable[[], Any]) -> None:
         """Run ``function`` on the server's event loop thread, from a connection's own

@@ -21,6 +21,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from engine.api import Database, Result, Session
+from sql.pgwire.connection.copy_wait import CancelBell
 from sql.pgwire.connection.cursors import CursorSet
 from sql.pgwire.emulation.surface import ConnectionCatalog
 from sql.pgwire.limits import ServerLimits
@@ -52,6 +53,9 @@ class CommandContext:
     # budget beyond the connection's floor (``sql.pgwire.memory_budget``).
     holdings: ConnectionHoldings
     cursors: CursorSet = field(default_factory=CursorSet)
+    # Rung by a CancelRequest for this connection's session: wakes a COPY IN waiting for
+    # its client (``copy_wait``).
+    cancel_bell: CancelBell = field(default_factory=CancelBell)
 
     @property
     def session(self) -> Session:

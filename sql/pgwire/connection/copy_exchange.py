@@ -27,6 +27,7 @@ from __future__ import annotations
 import asyncio
 import re
 import struct
+import time
 from dataclasses import dataclass
 from typing import Any
 
@@ -47,8 +48,9 @@ from sql.pgwire.codec.copy_format import (
 from sql.pgwire.connection import copy_arrow, copy_commit, copy_staged, result_stream
 from sql.pgwire.connection.context import CommandContext
 from sql.pgwire.connection.copy_statement import CopyStatement
+from sql.pgwire.connection.copy_wait import CopyWatch
 from sql.pgwire.connection.portals import ProtocolViolation
-from sql.pgwire.memory_budget import read_body
+from sql.pgwire.emulation.pg_settings import milliseconds
 from storage import limits
 from storage.errors import (
     FeatureNotSupportedError,
@@ -197,7 +199,12 @@ async def _target(context: CommandContext, statement: CopyStatement) -> _Target:
 
 
 async def copy_from_client(context: CommandContext, statement: CopyStatement) -> None:
-    """CopyInResponse, then CopyData until CopyDone; write all rows or none."""
+    """CopyInResponse, then CopyData until CopyDone; write all rows or none. A
+    CancelRequest or ``statement_timeout`` ends it (57014), even while the client sends
+    nothing (``copy_wait``); nothing is written then."""
+    timeout_ms = milliseconds(context.catalog.settings.values["statement_timeout"])
+    deadline = time.monotonic() + timeout_ms / 1000 if timeout_ms else None
+    await context.call(context.session.begin_front_read)  # a cancel from now on is this COPY's
     target = await _target(context, statement)
     if statement.write_id is not None:  # staged under the id, published by COMMIT WRITES
         kind, name = (("topic", statement.topic) if statement.topic is not None
@@ -220,7 +227,10 @@ async def copy_from_client(context: CommandContext, statement: CopyStatement) ->
     await context.drain()
     held = _Held()
     try:
-        await _receive(context, decoder, held)
+        with context.cancel_bell.listening() as rung:
+            watch = CopyWatch(context.session, rung, deadline)
+            await _receive(context, decoder, held, watch)
+            watch.check()  # a cancel or the deadline that came with the last messages
         await context.call(decoder.finish)
         count = decoder.row_count
         if count:
@@ -252,14 +262,16 @@ async def _column_oids(context: CommandContext, statement: CopyStatement, target
 
 async def _receive(context: CommandContext,
                    decoder: CopyDecoder | BinaryCopyDecoder | ArrowCopyDecoder,
-                   held: _Held) -> None:  # fmt: skip
+                   held: _Held, watch: CopyWatch) -> None:  # fmt: skip
     """Feed CopyData to the decoder until CopyDone; CopyFail and strangers are errors.
     Each chunk is counted in the server's budget (``held``) before it is fed: 53200 past
-    it, as 54000 past the connection's own ``COPY_IN_BYTES_MAX``."""
+    it, as 54000 past the connection's own ``COPY_IN_BYTES_MAX``. A cancel or the
+    statement's deadline ends it before the next message, or while it is awaited (57014)."""
     while True:
-        header = await context.reader.readexactly(5)
-        body = await read_body(context.reader, context.holdings,  # held while it arrives
-                               wire_limits.message_body_length(header, context.limits))
+        watch.check()
+        header = await watch.read(context.reader, 5)
+        body = await watch.read_body(context.reader, context.holdings,  # held while it arrives
+                                     wire_limits.message_body_length(header, context.limits))
         kind = header[:1]
         if kind == b"d":
             if decoder.bytes_seen + len(body) > COPY_IN_BYTES_MAX:

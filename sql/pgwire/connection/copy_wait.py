@@ -1,0 +1,157 @@
+"""A COPY IN's waits for its client, ended by a CancelRequest or ``statement_timeout`` (57014).
+
+During ``COPY ... FROM STDIN`` the server waits for the client's next CopyData. A client
+that stops sending (a stalled or hung program) would keep the COPY, its transaction and
+the bytes it holds in the server's memory budget (``memory_budget``) for as long as its
+socket stays open. A CancelRequest for the session or the session's
+``statement_timeout`` (from the COPY's start) ends the COPY with 57014 instead:
+
+- while data flows, at the next message (``CopyWatch.check``), as PostgreSQL does (its
+  COPY loop checks for interrupts at each row);
+- while the client sends nothing, at once: the wait for the next message is given up
+  (``CopyWatch.read``). PostgreSQL keeps waiting in ``ClientRead`` there and fails the
+  COPY once data comes; the client sees the same either way (the ErrorResponse when it
+  ends its COPY, its further CopyData, CopyDone or CopyFail ignored by the connection),
+  and the server lets go of the COPY at once.
+
+A wait given up between two messages consumes nothing (``StreamReader.readexactly``
+takes bytes only once all of them came), so the connection stays in step with the
+client. One given up inside a message (its header read, its body still coming) cannot
+be: the connection ends with FATAL 08P01, PostgreSQL's answer to a message it lost track
+of ("protocol synchronization was lost").
+
+Thread-safety: ``CancelBell.ring`` may be called from any thread (the server's event
+loop, where CancelRequests arrive); everything else runs on the connection's loop.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import threading
+import time
+from collections.abc import Awaitable, Iterator
+from dataclasses import dataclass
+from typing import Protocol, TypeVar
+
+from sql.pgwire.codec import messages as m
+from sql.pgwire.memory_budget import ConnectionHoldings, read_body
+from storage.errors import QueryCanceledError
+
+T = TypeVar("T")
+
+
+class CancelBell:
+    """Rings the COPY IN a connection is waiting in, if any, when a CancelRequest for the
+    connection's session came (``PgServer.cancel``, after ``Session.cancel``).
+
+    Invariant: at most one listener (a connection runs one COPY at a time); a ring with no
+    listener does nothing (the session's cancel flag, which the listener reads when it
+    starts, remembers it)."""
+
+    def __init__(self) -> None:
+        self._lock = threading.Lock()
+        self._listener: tuple[asyncio.AbstractEventLoop, asyncio.Future[None]] | None = None
+
+    @contextlib.contextmanager
+    def listening(self) -> Iterator[asyncio.Future[None]]:
+        """A future of the running loop, done once the bell rang, while in the block."""
+        loop = asyncio.get_running_loop()
+        rung: asyncio.Future[None] = loop.create_future()
+        with self._lock:
+            assert self._listener is None, "one COPY IN at a time per connection"
+            self._listener = (loop, rung)
+        try:
+            yield rung
+        finally:
+            with self._lock:
+                self._listener = None
+
+    def ring(self) -> None:
+        """Any thread: wake the listening COPY IN (nothing if none listens)."""
+        with self._lock:
+            listener = self._listener
+        if listener is None:
+            return
+        loop, rung = listener
+        with contextlib.suppress(RuntimeError):  # the loop closed: the connection ended
+            loop.call_soon_threadsafe(_settle, rung)
+
+
+def _settle(rung: asyncio.Future[None]) -> None:
+    if not rung.done():
+        rung.set_result(None)
+
+
+class _Cancellable(Protocol):
+    @property
+    def cancel_requested(self) -> bool: ...
+
+
+@dataclass
+class CopyWatch:
+    """What ends one COPY IN early: the session's cancel flag (set by a CancelRequest since
+    the COPY began), the bell that a CancelRequest rings, and the statement's deadline
+    (``time.monotonic``; None without ``statement_timeout``)."""
+
+    session: _Cancellable
+    rung: asyncio.Future[None]
+    deadline: float | None
+
+    def check(self) -> None:
+        """Raise 57014 if the COPY was cancelled or is past its deadline."""
+        error = self._reason()
+        if error is not None:
+            raise error
+
+    def _reason(self) -> QueryCanceledError | None:
+        if self.deadline is not None and time.monotonic() >= self.deadline:
+            return QueryCanceledError("canceling statement due to statement timeout")
+        if self.session.cancel_requested or self.rung.done():
+            return QueryCanceledError("canceling statement due to user request")
+        return None
+
+    async def read(self, reader: asyncio.StreamReader, size: int) -> bytes:
+        """The next ``size`` bytes (a message's header): 57014 (nothing consumed) if the
+        COPY is cancelled or times out while they have not all come."""
+        if len(reader._buffer) >= size:  # there already (no public way to look): no wait
+            return await reader.readexactly(size)
+        data = await self._until_ended(reader.readexactly(size))
+        if data is None:
+            self.check()
+            raise AssertionError("a COPY wait ended with neither data nor a reason")
+        return data
+
+    async def read_body(self, reader: asyncio.StreamReader, holdings: ConnectionHoldings,
+                        length: int) -> bytes:  # fmt: skip
+        """The body of a message whose header was read (``memory_budget.read_body``: held
+        in ``holdings`` while it arrives): if the COPY ends before all of it came, the
+        connection has lost track of the client's messages (FATAL 08P01)."""
+        if len(reader._buffer) >= length:  # there already: no wait
+            return await read_body(reader, holdings, length)
+        data = await self._until_ended(read_body(reader, holdings, length))
+        if data is None:
+            raise m.ProtocolError("terminating connection because protocol synchronization "
+                                  "was lost (COPY ended inside a message)")  # fmt: skip
+        return data
+
+    async def _until_ended(self, awaitable: Awaitable[T]) -> T | None:
+        """``awaitable``'s result, or None once the COPY was cancelled or its deadline
+        passed first (``awaitable`` is then cancelled, and ``_reason`` says why)."""
+        waiting = asyncio.ensure_future(awaitable)
+        try:
+            while not waiting.done() and self._reason() is None:
+                timeout_s = (None if self.deadline is None
+                             else max(0.0, self.deadline - time.monotonic()))  # fmt: skip
+                await asyncio.wait((waiting, self.rung), timeout=timeout_s,
+                                   return_when=asyncio.FIRST_COMPLETED)  # fmt: skip
+        finally:
+            if not waiting.done():
+                waiting.cancel()
+        try:
+            return await waiting  # done: its result even if the COPY ended at the same time
+        except asyncio.CancelledError:
+            task = asyncio.current_task()
+            if task is not None and task.cancelling():
+                raise  # the connection itself is being cancelled (the server stops)
+            return None

@@ -1,0 +1,151 @@
+"""A CancelRequest or ``statement_timeout`` ends a stalled ``COPY ... FROM STDIN`` (review
+R1-9, ``sql.pgwire.connection.copy_wait``): 57014, nothing of the COPY written, the
+transaction as PostgreSQL leaves it (failed in a block, nothing begun in autocommit), the
+connection usable, and the COPY's bytes given back to the server's memory budget at once,
+while the client still sends nothing.
+
+PostgreSQL 15, checked with the same psycopg steps: the same 57014 and the same states
+once the client goes on; its backend meanwhile waits in ``ClientRead`` (it fails the COPY
+when data comes), where this server ends the COPY at once."""
+
+from __future__ import annotations
+
+import socket
+import struct
+import threading
+import time
+from collections.abc import Callable, Iterator
+from pathlib import Path
+
+import psycopg
+import pytest
+from psycopg import errors
+
+from sql.pgwire.codec import messages as m
+from sql.pgwire.limits import ServerLimits
+from sql.pgwire.server import ServerThread
+from tests.pgwire.rawclient import RawClient, error_fields, query
+
+FLOOR_BYTES = 64 * 1024
+SENT_BYTES = 256 * 1024  # past the floor: the COPY holds bytes in the server's budget
+
+
+@pytest.fixture(scope="module")
+def server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[ServerThread]:
+    """One server for the module: each test has a table of its own, and the budget is
+    back to 0 after each (what every test checks)."""
+    limits = ServerLimits(held_bytes_max=16 * 1024 * 1024, held_bytes_floor=FLOOR_BYTES)
+    running = ServerThread(str(Path(tmp_path_factory.mktemp("copy_cancel")) / "data"),
+                           "127.0.0.1", 0, limits)  # fmt: skip
+    yield running
+    running.stop()
+
+
+def _connect(server: ServerThread, autocommit: bool) -> psycopg.Connection:
+    return psycopg.connect(host="127.0.0.1", port=server.port, user="tester",
+                           dbname="topicbase", connect_timeout=10,
+                           autocommit=autocommit)  # fmt: skip
+
+
+def _held(server: ServerThread) -> int:
+    return server.server.memory_budget.held_bytes
+
+
+def _wait_until(condition: Callable[[], bool]) -> None:
+    """``condition()`` once the server got there (it runs on its own threads)."""
+    deadline = time.monotonic() + 20
+    while not condition() and time.monotonic() < deadline:
+        time.sleep(0.01)
+    assert condition()
+
+
+def _lines(count_bytes: int) -> bytes:
+    line = b"7\t" + b"x" * 1021 + b"\n"
+    return line * (count_bytes // len(line))
+
+
+def _stall_in_copy(server: ServerThread, copy: psycopg.Copy) -> None:
+    """Send part of the COPY's data, then nothing: the server holds it (in its budget)."""
+    copy.write(_lines(SENT_BYTES))
+    copy.connection.pgconn.flush()
+    _wait_until(lambda: _held(server) > 0)
+
+
+def _count(server: ServerThread, table: str) -> int:
+    with _connect(server, autocommit=True) as other:
+        row = other.execute(f"SELECT count(*) FROM {table}").fetchone()
+    assert row is not None
+    return int(row[0])
+
+
+def test_a_cancel_request_ends_a_stalled_copy_and_fails_its_transaction(
+    server: ServerThread,
+) -> None:
+    with _connect(server, autocommit=True) as setup:
+        setup.execute("CREATE TABLE in_block (n INTEGER, s VARCHAR)")
+    connection = _connect(server, autocommit=False)
+    cursor = connection.cursor()
+    cursor.execute("INSERT INTO in_block VALUES (0, 'before the COPY')")
+    with (pytest.raises(errors.QueryCanceled, match="due to user request"),  # 57014
+          cursor.copy("COPY in_block FROM STDIN") as copy):  # fmt: skip
+        _stall_in_copy(server, copy)
+        # cancel_safe: the blocking cancel() holds the GIL, and this server runs here.
+        threading.Thread(target=connection.cancel_safe).start()
+        _wait_until(lambda: _held(server) == 0)  # ended while the client sent nothing
+        copy.write(_lines(4096))  # ignored: the COPY ended
+    assert connection.info.transaction_status is psycopg.pq.TransactionStatus.INERROR
+    with pytest.raises(errors.InFailedSqlTransaction):
+        connection.execute("SELECT 1")
+    connection.rollback()
+    assert connection.execute("SELECT 2").fetchone() == (2,)
+    assert _count(server, "in_block") == 0  # neither the COPY nor the INSERT before it
+    connection.close()
+
+
+def test_statement_timeout_ends_a_stalled_copy_in_autocommit(server: ServerThread) -> None:
+    connection = _connect(server, autocommit=True)
+    connection.execute("CREATE TABLE autocommitted (n INTEGER, s VARCHAR)")
+    connection.execute("SET statement_timeout = '300ms'")
+    started = time.monotonic()
+    with (pytest.raises(errors.QueryCanceled, match="due to statement timeout"),  # 57014
+          connection.cursor().copy("COPY autocommitted FROM STDIN") as copy):  # fmt: skip
+        _stall_in_copy(server, copy)
+        _wait_until(lambda: _held(server) == 0)
+    assert time.monotonic() - started >= 0.3
+    assert connection.info.transaction_status is psycopg.pq.TransactionStatus.IDLE
+    connection.execute("RESET statement_timeout")
+    assert connection.execute("SELECT 3").fetchone() == (3,)
+    assert _count(server, "autocommitted") == 0
+    with connection.cursor().copy("COPY autocommitted FROM STDIN") as copy:  # usable
+        copy.write(_lines(4096))
+    assert _count(server, "autocommitted") == 4
+    connection.close()
+
+
+def _cancel_request(port: int, process_id: int, secret_key: int) -> None:
+    with socket.create_connection(("127.0.0.1", port), timeout=10) as sock:
+        sock.sendall(struct.pack("!iiii", 16, m.CANCEL_REQUEST, process_id, secret_key))
+        sock.recv(1)  # the server closes it once the cancel was handled
+
+
+def test_a_cancel_inside_a_message_ends_the_connection_with_08p01(server: ServerThread) -> None:
+    """A COPY cancelled while a CopyData message is only partly in: the connection cannot
+    know where the client's next message starts (PostgreSQL's FATAL "protocol
+    synchronization was lost"); the bytes it held go back all the same."""
+    with _connect(server, autocommit=True) as setup:
+        setup.execute("CREATE TABLE torn (n INTEGER, s VARCHAR)")
+    client = RawClient(server.port)
+    keys = [body for kind, body in client.start() if kind == b"K"]
+    process_id, secret_key = struct.unpack("!ii", keys[0])
+    client.send(query("COPY torn FROM STDIN"))
+    assert client.read()[0] == b"G"  # type: ignore[index]
+    message = m.copy_data(_lines(SENT_BYTES))
+    client.send(message[: len(message) // 2])
+    _wait_until(lambda: _held(server) > 0)  # held while it arrives
+    _cancel_request(server.port, process_id, secret_key)
+    got = client.read_all()
+    fatal = [error_fields(body) for kind, body in got if kind == b"E"]
+    assert [(e["S"], e["C"]) for e in fatal] == [("FATAL", "08P01")], got
+    _wait_until(lambda: _held(server) == 0)
+    client.close()
+    assert _count(server, "torn") == 0
