@@ -18,7 +18,9 @@ COPY FROM parses the data as it arrives (off the event loop), holds it as string
 columns, checks every value against the target column's type (22P02 with the line of
 the first bad row, nothing written), then inserts everything with one Arrow-backed
 ``INSERT ... SELECT`` through the session (``engine.bulk``): it is part of the open
-transaction, or one transaction of its own in autocommit. CopyFail is 57014. Any other
+transaction, or one transaction of its own in autocommit. CopyFail is 57014, and so is
+a CancelRequest or ``statement_timeout`` (``copy_wait``: also while the client sends
+nothing; nothing is written, the bytes held are let go at once). Any other
 message than CopyData, CopyDone, CopyFail, Flush or Sync during COPY IN is 08P01.
 """
 
