@@ -1,8 +1,9 @@
 """A process that keeps emptying an idle partition by retention, to be killed.
 
 Run by ``test_crash_idle_retention.py`` as ``python -m tests.storage.idle_retention_child
-ROOT POLICY``. It opens (recovering) the store at ROOT, creating one topic of one
-partition with a 1 s retention the first time, prints ``open <start> <end>``, then
+ROOT POLICY`` (its failpoint rounds fork it from ``tests.fork_server`` instead). It
+opens (recovering) the store at ROOT, creating one topic of one partition with a 1 s
+retention the first time, prints ``open <start> <end>``, then
 loops: append a small batch (``ack <first offset> <value>...`` once acknowledged),
 run a retention pass with a clock far in the future, so that the whole partition has
 expired and the pass rolls the active segment and deletes it (``start <log start>``
@@ -26,7 +27,9 @@ FUTURE_US = 10**9  # 1000 s ahead: everything written so far is past a 1 s reten
 ROUNDS_MAX = 10_000
 
 
-def main(root: str, policy: str) -> None:
+def main(argv: list[str]) -> None:
+    """``argv``: ROOT POLICY (a cold start's ``sys.argv[1:]``, or ``tests.fork_server``'s)."""
+    root, policy = argv
     store = Store.open(root, fs=FileSystem(), clock=SYSTEM_CLOCK)
     ids = store.topic_ids()
     if ids:
@@ -51,4 +54,4 @@ def _say(line: str) -> None:
 
 
 if __name__ == "__main__":
-    main(sys.argv[1], sys.argv[2])
+    main(sys.argv[1:])

@@ -35,6 +35,7 @@ import pytest
 
 from storage.check import check_store
 from storage.store import Store
+from tests.fork_server import ModuleForkServer
 
 ROOT = Path(__file__).resolve().parents[2]
 ROUNDS = max(12, int(os.environ.get("CRASH_KILLS", "24")) // 2)
@@ -48,6 +49,8 @@ FAILPOINTS = (
     "fs.after_sync",
 )
 CRASHED = (137, -signal.SIGKILL)
+_SERVER = ModuleForkServer(Path(__file__).resolve().with_name("idle_retention_child.py"))
+_fork_server = _SERVER.fixture()
 
 
 @dataclass
@@ -61,21 +64,26 @@ class Expected:
 
 
 def _run_child(root: Path, policy: str, failpoint: str | None, delay: float) -> tuple[int, str]:
-    environment = {**os.environ, "TOPICBASE_FAILPOINTS": failpoint or ""}
+    """A round's child: forked (``tests.fork_server``: no second of imports) for a
+    failpoint, which crashes where it crashes in a cold start; a real process for a
+    SIGKILL, killed a random moment after its recovery."""
+    if failpoint is not None:
+        done = _SERVER.run([str(root), policy], failpoints=failpoint, timeout=30)
+        if done.returncode not in CRASHED:
+            raise AssertionError(f"child exited with {done.returncode}: {done.stderr[-3000:]}")
+        return done.returncode, done.stdout
+    environment = {**os.environ, "TOPICBASE_FAILPOINTS": ""}
     command = [sys.executable, "-m", "tests.storage.idle_retention_child", str(root), policy]
     child = subprocess.Popen(
         command, cwd=ROOT, env=environment, stdout=subprocess.PIPE, stderr=subprocess.PIPE
     )
     try:
-        if failpoint is None:
-            assert child.stdout is not None
-            first = child.stdout.readline()  # "open ...": recovery is over
-            time.sleep(delay)
-            child.send_signal(signal.SIGKILL)
-            stdout, stderr = child.communicate(timeout=30)
-            stdout = first + stdout
-        else:
-            stdout, stderr = child.communicate(timeout=30)
+        assert child.stdout is not None
+        first = child.stdout.readline()  # "open ...": recovery is over
+        time.sleep(delay)
+        child.send_signal(signal.SIGKILL)
+        stdout, stderr = child.communicate(timeout=30)
+        stdout = first + stdout
     finally:
         if child.poll() is None:
             child.kill()
