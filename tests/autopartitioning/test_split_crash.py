@@ -22,6 +22,7 @@ from storage.check import check_store
 from storage.partition_log import DUPLICATE
 from storage.record_batch import build_wire_batch
 from storage.store import Store
+from tests.fork_server import ModuleForkServer
 
 ROOT = Path(__file__).resolve().parents[2]
 CHILD = [sys.executable, "-m", "tests.autopartitioning.split_child"]
@@ -36,9 +37,14 @@ FAILPOINTS = [
 ]
 
 
+_SERVER = ModuleForkServer(Path(__file__).resolve().with_name("split_child.py"))
+_fork_server = _SERVER.fixture()
+
+
 def _run(root: str, spec: str, rounds: int = 4) -> tuple[int, list[str]]:
-    done = subprocess.run([*CHILD, root, spec, str(rounds)], cwd=ROOT, capture_output=True,
-                          text=True, timeout=120)  # fmt: skip
+    """A child run to its end, forked (``tests.fork_server``: no second of imports each); it
+    crashes at ``spec`` where a cold start does. The SIGKILL test starts real processes."""
+    done = _SERVER.run([root, spec, str(rounds)], timeout=120)
     return done.returncode, done.stdout.splitlines()
 
 
