@@ -16,9 +16,11 @@ socket stays open. A CancelRequest for the session or the session's
 
 A wait given up between two messages consumes nothing (``StreamReader.readexactly``
 takes bytes only once all of them came), so the connection stays in step with the
-client. One given up inside a message (its header read, its body still coming) cannot
-be: the connection ends with FATAL 08P01, PostgreSQL's answer to a message it lost track
-of ("protocol synchronization was lost").
+client. One given up inside a message (its header read, its body still coming) gives
+back what the body held while it arrived, reads the rest of that body and drops it in
+small pieces (``memory_budget.skip_body``: nothing held), then fails the COPY with 57014,
+in step again: as PostgreSQL, which reads a message whole before it checks for the
+interrupt (review R1 round 16, 2.1: a slow link's CopyData is often partly in).
 
 Thread-safety: ``CancelBell.ring`` may be called from any thread (the server's event
 loop, where CancelRequests arrive); everything else runs on the connection's loop.
@@ -34,8 +36,7 @@ from collections.abc import Awaitable, Iterator
 from dataclasses import dataclass
 from typing import Protocol, TypeVar
 
-from sql.pgwire.codec import messages as m
-from sql.pgwire.memory_budget import ConnectionHoldings, read_body
+from sql.pgwire.memory_budget import ConnectionHoldings, read_body, skip_body
 from storage.errors import QueryCanceledError
 
 T = TypeVar("T")
@@ -125,14 +126,16 @@ class CopyWatch:
     async def read_body(self, reader: asyncio.StreamReader, holdings: ConnectionHoldings,
                         length: int) -> bytes:  # fmt: skip
         """The body of a message whose header was read (``memory_budget.read_body``: held
-        in ``holdings`` while it arrives): if the COPY ends before all of it came, the
-        connection has lost track of the client's messages (FATAL 08P01)."""
+        in ``holdings`` while it arrives): if the COPY ends before all of it came, the rest
+        of the body is read and dropped (nothing held; a partial read consumed nothing, so
+        all ``length`` bytes are still to come or in the buffer), then 57014."""
         if len(reader._buffer) >= length:  # there already: no wait
             return await read_body(reader, holdings, length)
         data = await self._until_ended(read_body(reader, holdings, length))
         if data is None:
-            raise m.ProtocolError("terminating connection because protocol synchronization "
-                                  "was lost (COPY ended inside a message)")  # fmt: skip
+            await skip_body(reader, length)
+            self.check()
+            raise AssertionError("a COPY wait ended with neither data nor a reason")
         return data
 
     async def _until_ended(self, awaitable: Awaitable[T]) -> T | None:
