@@ -10,6 +10,7 @@ when data comes), where this server ends the COPY at once."""
 
 from __future__ import annotations
 
+import asyncio
 import socket
 import struct
 import threading
@@ -22,6 +23,7 @@ import pytest
 from psycopg import errors
 
 from sql.pgwire.codec import messages as m
+from sql.pgwire.connection import copy_exchange
 from sql.pgwire.limits import ServerLimits
 from sql.pgwire.server import ServerThread
 from tests.pgwire.rawclient import RawClient, error_fields, query
@@ -156,3 +158,36 @@ def test_a_cancel_inside_a_message_fails_the_copy_once_the_message_is_in(
     assert [kind for kind, _ in client.until_ready()] == [b"T", b"D", b"C", b"Z"]
     client.close()
     assert _count(server, "torn") == 0
+
+
+def test_a_cancel_while_the_copy_is_set_up_fails_it_before_copy_in(
+    server: ServerThread, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A cancel that comes after the COPY's Query but before its CopyInResponse (its
+    DESCRIBE clears the session's cancel flag) is not lost: 57014 instead of CopyInResponse,
+    the connection goes on (review R1 round 16, 2.2)."""
+    with _connect(server, autocommit=True) as setup:
+        setup.execute("CREATE TABLE early (n INTEGER, s VARCHAR)")
+    real = copy_exchange._target
+    setting_up = threading.Event()
+
+    async def slow_target(context: object, statement: object) -> object:
+        setting_up.set()
+        await asyncio.sleep(0.3)  # the cancel lands here
+        return await real(context, statement)  # type: ignore[arg-type]
+
+    monkeypatch.setattr(copy_exchange, "_target", slow_target)
+    client = RawClient(server.port)
+    keys = [body for kind, body in client.start() if kind == b"K"]
+    process_id, secret_key = struct.unpack("!ii", keys[0])
+    client.send(query("COPY early FROM STDIN"))
+    assert setting_up.wait(10)
+    _cancel_request(server.port, process_id, secret_key)
+    got = client.until_ready()
+    assert [kind for kind, _ in got] == [b"E", b"Z"], got
+    assert error_fields(got[0][1])["C"] == "57014"
+    monkeypatch.setattr(copy_exchange, "_target", real)
+    client.send(query("SELECT 1"))
+    assert [kind for kind, _ in client.until_ready()] == [b"T", b"D", b"C", b"Z"]
+    client.close()
+    assert _count(server, "early") == 0

@@ -203,7 +203,15 @@ async def _target(context: CommandContext, statement: CopyStatement) -> _Target:
 async def copy_from_client(context: CommandContext, statement: CopyStatement) -> None:
     """CopyInResponse, then CopyData until CopyDone; write all rows or none. A
     CancelRequest or ``statement_timeout`` ends it (57014), even while the client sends
-    nothing (``copy_wait``); nothing is written then."""
+    nothing (``copy_wait``); nothing is written then. The bell is listened to from the
+    start: a cancel that comes while the COPY is set up (its DESCRIBE clears the session's
+    flag) fails it before CopyInResponse (review R1 round 16, 2.2)."""
+    with context.cancel_bell.listening() as rung:
+        await _copy_from_client(context, statement, rung)
+
+
+async def _copy_from_client(context: CommandContext, statement: CopyStatement,
+                            rung: asyncio.Future[None]) -> None:  # fmt: skip
     timeout_ms = milliseconds(context.catalog.settings.values["statement_timeout"])
     deadline = time.monotonic() + timeout_ms / 1000 if timeout_ms else None
     await context.call(context.session.begin_front_read)  # a cancel from now on is this COPY's
@@ -225,14 +233,14 @@ async def copy_from_client(context: CommandContext, statement: CopyStatement) ->
     else:
         blobs = frozenset(i for i, kind in enumerate(target.duckdb_types) if kind == "BLOB")
         decoder = CopyDecoder(statement.fmt, target.columns, relation_name, blobs)
+    watch = CopyWatch(context.session, rung, deadline)
+    watch.check()  # cancelled (or timed out) while it was set up: no CopyInResponse
     context.send(m.copy_in_response(len(target.columns), statement.fmt.binary))
     await context.drain()
     held = _Held()
     try:
-        with context.cancel_bell.listening() as rung:
-            watch = CopyWatch(context.session, rung, deadline)
-            await _receive(context, decoder, held, watch)
-            watch.check()  # a cancel or the deadline that came with the last messages
+        await _receive(context, decoder, held, watch)
+        watch.check()  # a cancel or the deadline that came with the last messages
         await context.call(decoder.finish)
         count = decoder.row_count
         if count:
