@@ -183,3 +183,29 @@ def test_a_flight_answered_whole_sends_the_general_paths_bytes(
     errors = {error_fields(body)["C"] for reply in general for kind, body in reply
               if kind == b"E"}  # fmt: skip
     assert {"22P02", "42501", "25P02", "42P01", "54000", "34000"} <= errors, errors
+
+
+def test_a_row_too_wide_for_a_flight_is_not_looked_up_twice_again(
+    tmp_path: Path, users: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A lookup whose row has more values than a flight answers runs once in the flight,
+    is declined and runs again on the message loop; from then on its flights go to the
+    message loop at once: one engine lookup each (review R1 round 16, 3.2)."""
+    served = served_lookups(monkeypatch)
+    width = lookup_flight.INLINE_VALUES + 7
+    columns = ", ".join(f"c{i} INTEGER" for i in range(width - 1))
+    for server in _served(tmp_path, users, "wide"):
+        client = _Client(server.port)
+        try:
+            client.login("alice")
+            client.sql(f"CREATE TABLE wide (k BIGINT PRIMARY KEY, {columns})")
+            client.sql("INSERT INTO wide (k) SELECT i FROM range(10) t(i)")
+            client.ask(_parse("w", "SELECT * FROM wide WHERE k = $1", [0]) + _sync())
+            for key in range(5):
+                reply = client.ask(_flight("w", [str(key).encode()]))
+                rows = [body for kind, body in reply if kind == b"D"]
+                assert len(rows) == 1 and struct.unpack_from("!H", rows[0])[0] == width
+        finally:
+            client.close()
+    # the first run (not yet known as a lookup), the second flight's two runs, then one each
+    assert len(served) == 1 + 2 + 3, served

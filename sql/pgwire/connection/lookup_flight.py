@@ -96,7 +96,7 @@ def _bound(connection: ExtendedProtocol, body: bytes) -> Portal | None:
     except UnicodeDecodeError:
         return None
     if prepared is None or prepared.lookup is not True or prepared.wire or prepared.copy \
-            or prepared.statement is None:  # fmt: skip
+            or prepared.statement is None or prepared.too_wide_for_flight:  # fmt: skip
         return None
     fields = _bind_fields(body, at + 1)
     if fields is None:
@@ -170,6 +170,8 @@ def _run(connection: ExtendedProtocol, portal: Portal) -> bytes | None:
         return None
     count = len(rows.rows)
     if count * max(rows.num_columns, 1) > INLINE_VALUES:
+        if rows.num_columns > INLINE_VALUES:  # even one row is: never again for this one
+            prepared.too_wide_for_flight = True
         return None
     portal.executed = True
     portal.result = result
