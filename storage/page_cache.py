@@ -53,6 +53,7 @@ batch still holds after its segment made a larger one keeps its pages.
 
 from __future__ import annotations
 
+import bisect
 import os
 from collections.abc import Sequence
 from typing import TYPE_CHECKING
@@ -111,14 +112,19 @@ def drop_behind(
     it: up to the indexed frame at or before it), from where the last drop of either
     kind stopped: in the active segment once at least ``limits.DROP_BEHIND_STEP_BYTES``
     are due, in a sealed one (its tail, left when it rolled) at once. Returns whether it
-    advised. The walk (newest first) stops at the first sealed segment dropped whole.
-    The caller holds the partition's write lock. A hint: bytes on disk never change,
-    pages not yet written back are skipped by the kernel."""
+    advised. The walk (newest first) stops at the first sealed segment dropped whole;
+    once the kept bytes are counted it jumps over the segments wholly above the floor (a
+    lagging consumer's floor leaves many: review R2-16-3, an append walked them all). The
+    caller holds the partition's write lock. A hint: bytes on disk never change, pages not
+    yet written back are skipped by the kernel."""
     keep = limits.DROP_BEHIND_KEEP_BYTES if keep_bytes is None else keep_bytes
     assert keep >= 0 and below_offset >= 0
     last = segments[-1]
     advised = False
-    for segment in reversed(segments):
+    index = len(segments) - 1
+    while index >= 0:
+        segment = segments[index]
+        index -= 1
         active = segment is last
         end = segment.written_back_bytes if active else segment.size_bytes
         start = max(segment.dropped_to, segment.behind_to)
@@ -127,6 +133,8 @@ def drop_behind(
         upto = end - keep
         keep = max(0, keep - end)
         if below_offset <= segment.base_offset:
+            if keep == 0:  # on to the newest segment holding bytes below the floor
+                index = min(index, _last_below(segments, below_offset))
             continue  # nothing of it is below the floor
         if below_offset < segment.next_offset:
             upto = min(upto, segment.offset_index.lookup(below_offset))
@@ -137,3 +145,9 @@ def drop_behind(
         failpoints.hit("page_cache.after_drop_behind")
         advised = True
     return advised
+
+
+def _last_below(segments: Sequence[LogSegment], offset: int) -> int:
+    """The index of the newest of ``segments`` (oldest first) whose base offset is below
+    ``offset``, -1 if none."""
+    return bisect.bisect_left(segments, offset, key=lambda segment: segment.base_offset) - 1

@@ -244,3 +244,44 @@ def test_a_kill_after_drop_behind_loses_nothing(
     messages = [bytes(r["data"])[:8].rstrip(b".") for r in rows]
     assert len(messages) >= 4 * acknowledged > 4 * 4
     assert messages == [f"m{i}".encode() for i in range(len(messages))]
+
+
+class _Segment:
+    """What ``drop_behind`` reads of a segment, counting how many segments it looked at."""
+
+    looked: set[int] = set()
+
+    def __init__(self, base_offset: int, size_bytes: int, dropped: bool) -> None:
+        self.base_offset = base_offset
+        self.next_offset = base_offset + 100
+        self._size = size_bytes
+        self.written_back_bytes = size_bytes
+        self.dropped_to = size_bytes if dropped else 0
+        self.behind_to = 0
+        self.drops: list[int] = []
+        self.offset_index = self  # its ``lookup``: positions in proportion to offsets
+
+    def lookup(self, offset: int) -> int:
+        return (offset - self.base_offset) * self._size // 100
+
+    @property
+    def size_bytes(self) -> int:
+        _Segment.looked.add(self.base_offset)
+        return self._size
+
+    def drop_cache(self, upto: int, *, behind: bool, again: int) -> None:
+        self.drops.append(upto)
+
+
+def test_the_walk_jumps_over_the_segments_above_a_lagging_floor() -> None:
+    """Review R2-16-3: with a consumer far behind, every append walked all the segments
+    above its floor; now the walk counts the kept bytes, then jumps to the floor's."""
+    from storage import page_cache
+
+    segments = [_Segment(100 * i, 1 << 20, dropped=i < 3) for i in range(1000)]
+    _Segment.looked.clear()
+    page_cache.drop_behind(segments, below_offset=450, keep_bytes=1 << 20)  # in segment 4
+    assert len(_Segment.looked) <= 5, sorted(_Segment.looked)  # the newest, then 4, 3, 2
+    assert [bool(s.drops) for s in segments[:6]] == [False, False, False, True, True, False]
+    assert segments[4].drops == [1 << 19]  # up to the floor's frame
+    assert not any(s.drops for s in segments[5:])
