@@ -15,7 +15,7 @@ import itertools
 import os
 import subprocess
 import sys
-from typing import Any
+from typing import Any, ClassVar
 
 import pytest
 
@@ -249,7 +249,7 @@ def test_a_kill_after_drop_behind_loses_nothing(
 class _Segment:
     """What ``drop_behind`` reads of a segment, counting how many segments it looked at."""
 
-    looked: set[int] = set()
+    looked: ClassVar[set[int]] = set()
 
     def __init__(self, base_offset: int, size_bytes: int, dropped: bool) -> None:
         self.base_offset = base_offset
