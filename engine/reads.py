@@ -286,13 +286,7 @@ def _scanned_columns(
     wanted = columns
     if decode and "data" in columns and "codec" not in columns:
         wanted = (*columns, "codec")
-    wire = scanned.decode_stored(wanted)
-    arrays = []
-    for name in columns:
-        array = wire.column(name)
-        if name == "data" and decode:
-            array = decode_column(wire.column("codec"), array)
-        arrays.append(array)
+    arrays = _wire_arrays(scanned.decode_stored(wanted), columns, decode=decode)
     schema = pa.schema([SCHEMA.field(name) for name in columns])
     return pa.Table.from_batches([pa.RecordBatch.from_arrays(arrays, schema=schema)], schema)
 
@@ -307,15 +301,21 @@ def _stored_columns(
     schema = pa.schema([SCHEMA.field(name) for name in columns])
     batches = []
     for _, piece in slices:
-        wire = piece.wire_batch()
-        arrays = []
-        for name in columns:
-            array = wire.column(name)
-            if name == "data" and decode:
-                array = decode_column(wire.column("codec"), array)
-            arrays.append(array)
+        arrays = _wire_arrays(piece.wire_batch(), columns, decode=decode)
         batches.append(pa.RecordBatch.from_arrays(arrays, schema=schema))
     return pa.Table.from_batches(batches, schema=schema)
+
+
+def _wire_arrays(wire: Any, columns: tuple[str, ...], *, decode: bool) -> list[Any]:
+    """``columns`` of a wire batch (or table), in order; ``data`` decoded by its ``codec``
+    column when ``decode``."""
+    arrays = []
+    for name in columns:
+        array = wire.column(name)
+        if name == "data" and decode:
+            array = decode_column(wire.column("codec"), array)
+        arrays.append(array)
+    return arrays
 
 
 def stream_records(
