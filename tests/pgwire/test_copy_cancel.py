@@ -133,8 +133,8 @@ def _cancel_request(port: int, process_id: int, secret_key: int) -> None:
 def test_a_cancel_inside_a_message_fails_the_copy_once_the_message_is_in(
     server: ServerThread,
 ) -> None:
-    """A COPY cancelled while a CopyData message is only partly in: the bytes it held while
-    arriving go back at once, the rest of the message is read and dropped when it comes,
+    """A COPY cancelled while a CopyData message is only partly in: the COPY's data and the
+    bytes held while it arrived go back at once, the rest is read and dropped when it comes,
     then 57014, and the connection goes on in step (PostgreSQL reads a message whole
     before it checks for the cancel; review R1 round 16, 2.1)."""
     with _connect(server, autocommit=True) as setup:
@@ -144,11 +144,14 @@ def test_a_cancel_inside_a_message_fails_the_copy_once_the_message_is_in(
     process_id, secret_key = struct.unpack("!ii", keys[0])
     client.send(query("COPY torn FROM STDIN"))
     assert client.read()[0] == b"G"  # type: ignore[index]
+    client.send(m.copy_data(_lines(SENT_BYTES)))  # a whole message: the COPY's data
+    _wait_until(lambda: _held(server) == SENT_BYTES - FLOOR_BYTES)
     message = m.copy_data(_lines(SENT_BYTES))
     client.send(message[: len(message) // 2])
-    _wait_until(lambda: _held(server) > 0)  # held while it arrives
+    _wait_until(lambda: _held(server) > SENT_BYTES - FLOOR_BYTES)  # held while it arrives
     _cancel_request(server.port, process_id, secret_key)
-    _wait_until(lambda: _held(server) == 0)  # given back before the rest comes
+    # the COPY's data and the arriving message's hold given back before the rest comes
+    _wait_until(lambda: _held(server) == 0)
     client.send(message[len(message) // 2 :] + m.copy_done())
     got = client.until_ready()
     assert [kind for kind, _ in got] == [b"E", b"Z"], got

@@ -50,7 +50,7 @@ from sql.pgwire.codec.copy_format import (
 from sql.pgwire.connection import copy_arrow, copy_commit, copy_staged, result_stream
 from sql.pgwire.connection.context import CommandContext
 from sql.pgwire.connection.copy_statement import CopyStatement
-from sql.pgwire.connection.copy_wait import CopyWatch
+from sql.pgwire.connection.copy_wait import CancelledInsideMessage, CopyWatch, skip_rest
 from sql.pgwire.connection.portals import ProtocolViolation
 from sql.pgwire.emulation.pg_settings import milliseconds
 from storage import limits
@@ -206,8 +206,14 @@ async def copy_from_client(context: CommandContext, statement: CopyStatement) ->
     nothing (``copy_wait``); nothing is written then. The bell is listened to from the
     start: a cancel that comes while the COPY is set up (its DESCRIBE clears the session's
     flag) fails it before CopyInResponse (review R1 round 16, 2.2)."""
+    cut = None
     with context.cancel_bell.listening() as rung:
-        await _copy_from_client(context, statement, rung)
+        try:
+            await _copy_from_client(context, statement, rung)
+        except CancelledInsideMessage as inside:  # the COPY's data is let go by now
+            cut = CancelledInsideMessage(inside.reason, inside.length)  # no traceback kept
+    if cut is not None:
+        await skip_rest(context.reader, cut)  # raises its 57014, in step with the client
 
 
 async def _copy_from_client(context: CommandContext, statement: CopyStatement,

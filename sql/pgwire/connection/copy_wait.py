@@ -16,11 +16,13 @@ socket stays open. A CancelRequest for the session or the session's
 
 A wait given up between two messages consumes nothing (``StreamReader.readexactly``
 takes bytes only once all of them came), so the connection stays in step with the
-client. One given up inside a message (its header read, its body still coming) gives
-back what the body held while it arrived, reads the rest of that body and drops it in
-small pieces (``memory_budget.skip_body``: nothing held), then fails the COPY with 57014,
-in step again: as PostgreSQL, which reads a message whole before it checks for the
-interrupt (review R1 round 16, 2.1: a slow link's CopyData is often partly in).
+client. One given up inside a message (its header read, its body still coming) raises
+``CancelledInsideMessage``: the COPY lets go of its data (and gives back its held bytes)
+first, then ``skip_rest`` reads the rest of that body and drops it in small pieces
+(``memory_budget.skip_body``: nothing held) and the COPY fails with 57014, in step again:
+as PostgreSQL, which reads a message whole before it checks for the interrupt (review R1
+round 16, 2.1: a slow link's CopyData is often partly in). A client that stalls inside a
+message for good then keeps only its socket.
 
 Thread-safety: ``CancelBell.ring`` may be called from any thread (the server's event
 loop, where CancelRequests arrive); everything else runs on the connection's loop.
@@ -40,6 +42,25 @@ from sql.pgwire.memory_budget import ConnectionHoldings, read_body, skip_body
 from storage.errors import QueryCanceledError
 
 T = TypeVar("T")
+
+
+class CancelledInsideMessage(Exception):
+    """The COPY was cancelled (or timed out) while a message's ``length``-byte body was
+    only partly in: ``reason`` (57014) once the rest is skipped (``skip_rest``)."""
+
+    def __init__(self, reason: QueryCanceledError, length: int) -> None:
+        super().__init__(reason.message)
+        self.reason = reason
+        self.length = length
+
+
+async def skip_rest(reader: asyncio.StreamReader, cut: CancelledInsideMessage) -> None:
+    """Read and drop the body ``cut`` stopped inside (all ``cut.length`` bytes are still in
+    the buffer or to come: a partial ``readexactly`` consumes nothing), then raise its
+    57014."""
+    reason, length = cut.reason, cut.length
+    await skip_body(reader, length)
+    raise reason
 
 
 class CancelBell:
@@ -126,16 +147,15 @@ class CopyWatch:
     async def read_body(self, reader: asyncio.StreamReader, holdings: ConnectionHoldings,
                         length: int) -> bytes:  # fmt: skip
         """The body of a message whose header was read (``memory_budget.read_body``: held
-        in ``holdings`` while it arrives): if the COPY ends before all of it came, the rest
-        of the body is read and dropped (nothing held; a partial read consumed nothing, so
-        all ``length`` bytes are still to come or in the buffer), then 57014."""
+        in ``holdings`` while it arrives): ``CancelledInsideMessage`` if the COPY ends
+        before all of it came (what it held while arriving is given back by then)."""
         if len(reader._buffer) >= length:  # there already: no wait
             return await read_body(reader, holdings, length)
         data = await self._until_ended(read_body(reader, holdings, length))
         if data is None:
-            await skip_body(reader, length)
-            self.check()
-            raise AssertionError("a COPY wait ended with neither data nor a reason")
+            reason = self._reason()
+            assert reason is not None, "a COPY wait ended with neither data nor a reason"
+            raise CancelledInsideMessage(reason, length)
         return data
 
     async def _until_ended(self, awaitable: Awaitable[T]) -> T | None:
