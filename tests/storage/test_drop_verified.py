@@ -54,6 +54,20 @@ def test_forget_below_keeps_only_what_lies_past_the_position() -> None:
     assert runs.snapshot() == ()
 
 
+def _reopened_cached_segment(open_partition: Any, batch: Any) -> Any:
+    """The segment of 40 frames a partition wrote and closed, opened again: nothing of it
+    verified, and its bytes taken as cached, not yet dropped (the open dropped the loaded
+    log: ``dropped_to`` set back as before a checkpoint's drop)."""
+    writer = open_partition(fsync_policy=FsyncPolicy.NEVER, segment_bytes=1 << 26)
+    for i in range(40):
+        writer.append(batch(4, first=4 * i, size_bytes=2500))
+    writer.close()
+    segment = open_partition(fsync_policy=FsyncPolicy.NEVER, segment_bytes=1 << 26)._segments[-1]
+    assert segment.verified.snapshot() == ()
+    segment.dropped_to = 0
+    return segment
+
+
 def test_a_frame_checked_while_its_pages_are_dropped_is_not_marked_verified(
     open_partition: Any, batch: Any, monkeypatch: pytest.MonkeyPatch
 ) -> None:
@@ -69,14 +83,7 @@ def test_a_frame_checked_while_its_pages_are_dropped_is_not_marked_verified(
     from storage.record_batch import HEADER_BYTES
     from storage.verified_frames import covered
 
-    writer = open_partition(fsync_policy=FsyncPolicy.NEVER, segment_bytes=1 << 26)
-    for i in range(40):
-        writer.append(batch(4, first=4 * i, size_bytes=2500))
-    writer.close()
-    partition = open_partition(fsync_policy=FsyncPolicy.NEVER, segment_bytes=1 << 26)
-    segment = partition._segments[-1]
-    assert segment.verified.snapshot() == ()  # loaded: nothing verified yet
-    segment.dropped_to = 0  # as before a checkpoint's drop (the open dropped the loaded log)
+    segment = _reopened_cached_segment(open_partition, batch)
     real = crc32c.crc32c
     fired: list[bool] = []
 
@@ -124,13 +131,7 @@ def test_a_read_between_the_drops_forget_and_its_advice_marks_nothing(
     after the advice voids those marks."""
     from storage.verified_frames import covered
 
-    writer = open_partition(fsync_policy=FsyncPolicy.NEVER, segment_bytes=1 << 26)
-    for i in range(40):
-        writer.append(batch(4, first=4 * i, size_bytes=2500))
-    writer.close()
-    partition = open_partition(fsync_policy=FsyncPolicy.NEVER, segment_bytes=1 << 26)
-    segment = partition._segments[-1]
-    segment.dropped_to = 0  # as before a checkpoint's drop (the open dropped the loaded log)
+    segment = _reopened_cached_segment(open_partition, batch)
     real = os.posix_fadvise
     scanned: list[int] = []
 

@@ -21,6 +21,7 @@ import pytest
 from storage import file_map, limits, page_cache
 from storage.config import FsyncPolicy
 from storage.fs import FileSystem
+from tests import page_cache_spy
 from tests.page_cache_spy import record_drops
 
 KEEP = 50_000
@@ -348,24 +349,9 @@ def test_drop_consumed_keeps_what_is_not_durable(open_partition, batch, advised)
 
 
 def _resident_pages(path: str) -> tuple[int, int]:
-    """(pages of the file in the page cache, pages of the file), by ``mincore(2)`` over a
-    private map of it made here (not the reader's map)."""
-    import ctypes
-    import mmap
-
-    libc = ctypes.CDLL(None, use_errno=True)
-    libc.mincore.argtypes = [ctypes.c_void_p, ctypes.c_size_t, ctypes.c_char_p]
-    with open(path, "rb") as file:
-        size = os.fstat(file.fileno()).st_size
-        region = mmap.mmap(file.fileno(), size, access=mmap.ACCESS_COPY)
-    try:
-        pages = -(-size // mmap.PAGESIZE)
-        vector = ctypes.create_string_buffer(pages)
-        address = ctypes.addressof(ctypes.c_char.from_buffer(region))
-        assert libc.mincore(address, size, vector) == 0, ctypes.get_errno()
-        return sum(byte & 1 for byte in vector.raw), pages
-    finally:
-        region.close()
+    """(pages of the file in the page cache, pages of the file)."""
+    pages = page_cache_spy.resident(path)
+    return sum(pages), len(pages)
 
 
 def test_consumed_mapped_pages_really_leave_the_page_cache(

@@ -21,6 +21,7 @@ import pytest
 
 from storage import limits
 from storage.config import FsyncPolicy
+from tests import page_cache_spy
 from tests.page_cache_spy import record_drops
 
 KEEP = 50_000
@@ -162,7 +163,7 @@ def test_pages_written_back_leave_the_page_cache_without_a_sync(
     clean = segment.size_bytes  # written back: what the advice can drop
     advised.clear()  # pages dirty at earlier drops stay (the synced drop's to drop)
     _fill(partition, batch, 10, first=60)  # due again: drops what is written back now
-    resident = _resident(segment.log_path)
+    resident = page_cache_spy.resident(segment.log_path)
     gone = [
         page
         for _, start, end in advised
@@ -174,27 +175,6 @@ def test_pages_written_back_leave_the_page_cache_without_a_sync(
     assert len(gone) > 8 and kept <= len(advised) < len(gone) // 2, (kept, advised)
     assert all(resident[-(KEEP // 4096):])  # the kept tail stays
     assert len(read_all(partition)) == 280  # read back from the disk, verified
-
-
-def _resident(path: str) -> list[bool]:
-    """Per page of the file, whether it is in the page cache (``mincore(2)`` over a
-    private map made here)."""
-    import ctypes
-    import mmap
-
-    libc = ctypes.CDLL(None, use_errno=True)
-    libc.mincore.argtypes = [ctypes.c_void_p, ctypes.c_size_t, ctypes.c_char_p]
-    with open(path, "rb") as file:
-        size = os.fstat(file.fileno()).st_size
-        region = mmap.mmap(file.fileno(), size, access=mmap.ACCESS_COPY)
-    try:
-        pages = -(-size // mmap.PAGESIZE)
-        vector = ctypes.create_string_buffer(pages)
-        address = ctypes.addressof(ctypes.c_char.from_buffer(region))
-        assert libc.mincore(address, size, vector) == 0, ctypes.get_errno()
-        return [bool(byte & 1) for byte in vector.raw]
-    finally:
-        region.close()
 
 
 _CHILD = """
