@@ -14,10 +14,8 @@ from __future__ import annotations
 import gc
 import os
 import random
-import types
 from typing import Any
 
-import crc32c
 import pytest
 
 from storage import buffer_pool, bulk_scan, file_map, verified_frames
@@ -26,6 +24,7 @@ from storage.bulk_scan import scan_many
 from storage.errors import CorruptSegmentError
 from storage.frame_read import decode_small
 from storage.partition_log import PartitionLog
+from tests.checksum_spy import count_checksums
 
 BIG = 1 << 26
 
@@ -270,18 +269,6 @@ def test_a_batch_read_through_maps_holds_no_map(
     assert decoded.to_pylist() == expected
 
 
-def _count_scan_checksums(monkeypatch: pytest.MonkeyPatch) -> list[int]:
-    """The sizes of the checksums ``bulk_scan`` computes from now on."""
-    sizes: list[int] = []
-
-    def counted(data: Any, value: int = 0) -> int:
-        sizes.append(len(data))
-        return crc32c.crc32c(data, value)
-
-    monkeypatch.setattr(bulk_scan, "crc32c", types.SimpleNamespace(crc32c=counted))
-    return sizes
-
-
 def _four_frames_each(open_partition: Any, batch: Any, tmp_path: Any, count: int) -> list:
     logs = _partitions(open_partition, tmp_path, count)
     for log in logs:
@@ -297,7 +284,7 @@ def test_frames_this_process_wrote_are_scanned_without_a_checksum(
     process wrote from memory is not checked again; with TOPICBASE_VERIFY_READS=always,
     or through ``pread`` (maps off), every frame is."""
     logs = _four_frames_each(open_partition, batch, tmp_path, 20)
-    sizes = _count_scan_checksums(monkeypatch)
+    sizes = count_checksums(monkeypatch, bulk_scan)
     plan = [(i, log, 0, 20) for i, log in enumerate(logs)]
     scanned = scan_many(plan, BIG)
     assert scanned is not None and scanned.message_count == 400
@@ -331,7 +318,7 @@ def test_after_a_reopen_a_scan_checks_each_frame_once_and_damage_is_refused(
     with open(damaged.log_path, "r+b") as file:
         file.seek(damaged.size_bytes - 3)
         file.write(b"\xff\xff\xff")  # the last frame's body
-    sizes = _count_scan_checksums(monkeypatch)
+    sizes = count_checksums(monkeypatch, bulk_scan)
     plan = [(i, log, 0, 20) for i, log in enumerate(again)]
     assert scan_many(plan, BIG) is None
     with pytest.raises(CorruptSegmentError):
@@ -348,20 +335,9 @@ def test_after_a_reopen_a_scan_checks_each_frame_once_and_damage_is_refused(
     assert sizes == [], "and marks them verified"
     assert scan_many(plan, BIG) is not None
     assert len(sizes) == 38, "the frames not taken before are checked now"
-    segment_sizes = _count_segment_checksums(monkeypatch)
+    segment_sizes = count_checksums(monkeypatch, segment_module)
     assert again[0].read_frames(0, max_messages=20).message_count == 20
     assert segment_sizes == [], "a single partition's read through the map trusts them too"
-
-
-def _count_segment_checksums(monkeypatch: pytest.MonkeyPatch) -> list[int]:
-    sizes: list[int] = []
-
-    def counted(data: Any, value: int = 0) -> int:
-        sizes.append(len(data))
-        return crc32c.crc32c(data, value)
-
-    monkeypatch.setattr(segment_module, "crc32c", types.SimpleNamespace(crc32c=counted))
-    return sizes
 
 
 def test_a_scan_whose_pages_are_dropped_before_it_marks_marks_nothing(

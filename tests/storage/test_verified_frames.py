@@ -5,10 +5,8 @@ checked again with TOPICBASE_VERIFY_READS=always, and after a reopen."""
 from __future__ import annotations
 
 import os
-import types
 from typing import Any
 
-import crc32c
 import pytest
 
 from storage import segment as segment_module
@@ -19,20 +17,9 @@ from storage.limits import VERIFIED_RUNS_MAX as RUNS_MAX
 from storage.record_batch import FrameHeader, build_wire_batch, encode_frame, serialize_body
 from storage.segment import LogSegment
 from storage.verified_frames import VerifiedRuns, covered
+from tests.checksum_spy import count_checksums
 
 KIB = 1024
-
-
-def _count_checksums(monkeypatch: pytest.MonkeyPatch) -> list[int]:
-    """The sizes of the checksums the segment module computes from now on."""
-    sizes: list[int] = []
-
-    def counted(data: Any, value: int = 0) -> int:
-        sizes.append(len(data))
-        return crc32c.crc32c(data, value)
-
-    monkeypatch.setattr(segment_module, "crc32c", types.SimpleNamespace(crc32c=counted))
-    return sizes
 
 
 def _fill(partition: Any, batch: Any, frames: int) -> None:
@@ -54,7 +41,7 @@ def test_frames_this_process_wrote_are_read_without_a_checksum(
 ) -> None:
     partition = open_partition(segment_bytes=256 * KIB)
     _fill(partition, batch, frames=8)
-    sizes = _count_checksums(monkeypatch)
+    sizes = count_checksums(monkeypatch, segment_module)
     assert _read_all(partition) == 400
     assert sizes == [], "a frame written from memory is verified as written"
     monkeypatch.setattr(verified_frames, "ONCE", False)  # TOPICBASE_VERIFY_READS=always
@@ -69,7 +56,7 @@ def test_after_a_reopen_each_frame_is_checked_on_its_first_read_only(
     _fill(partition, batch, frames=8)
     partition.close()
     again = open_partition(segment_bytes=256 * KIB)
-    sizes = _count_checksums(monkeypatch)
+    sizes = count_checksums(monkeypatch, segment_module)
     assert _read_all(again) == 400
     frames = [s for s in sizes if s > 50 * KIB]
     assert len(frames) == 8, "the first read after a restart checks each frame once"
