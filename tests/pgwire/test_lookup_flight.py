@@ -18,7 +18,7 @@ from typing import Any
 import pytest
 
 from sql.pgwire.codec import messages as m
-from sql.pgwire.connection import lookup_flight
+from sql.pgwire.connection import lookup_flight, output
 from sql.pgwire.limits import ServerLimits
 from sql.pgwire.server import ServerThread
 from sql.pgwire.users import add_user
@@ -192,7 +192,7 @@ def test_a_row_too_wide_for_a_flight_is_not_looked_up_twice_again(
     is declined and runs again on the message loop; from then on its flights go to the
     message loop at once: one engine lookup each (review R1 round 16, 3.2)."""
     served = served_lookups(monkeypatch)
-    width = lookup_flight.INLINE_VALUES + 7
+    width = output.INLINE_VALUES + 7
     columns = ", ".join(f"c{i} INTEGER" for i in range(width - 1))
     for server in _served(tmp_path, users, "wide"):
         client = _Client(server.port)

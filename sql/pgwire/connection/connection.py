@@ -94,7 +94,7 @@ from sql.pgwire.connection.extended import (
     refined_text_oids,
     result_rows,
 )
-from sql.pgwire.connection.output import GatheringWriter
+from sql.pgwire.connection.output import INLINE_VALUES, GatheringWriter
 from sql.pgwire.connection.portals import (
     HeldPortals,
     Prepared,
@@ -151,7 +151,6 @@ _KINDS = [bytes([code]) for code in range(256)]  # a message's type byte as ``by
 ROWS_PER_CHUNK = 1000
 OWN_THREAD_STOP_S = 5  # a cancelled connection's thread is waited for this long
 CLOSE_DRAIN_S = 10  # a closing connection's last output waits this long for the client
-INLINE_VALUES = 64  # results this small are encoded on the event loop (send_rows)
 _STATUS = {SessionState.IDLE: "I", SessionState.IN_TRANSACTION: "T", SessionState.FAILED: "E"}
 # Messages the loop answers with nothing of their own: Flush (H) only asks for the drain,
 # and CopyData/CopyDone/CopyFail (d, c, f) arriving after a COPY failed are ignored, as

@@ -35,6 +35,7 @@ from sql.pgwire.connection.extended import (
     described_portal_row,
     untyped_parameters,
 )
+from sql.pgwire.connection.output import INLINE_VALUES
 from sql.pgwire.connection.portals import Portal, row_description
 
 # Describe(portal ""), Execute("", all rows), Sync: what follows a lookup flight's Bind.
@@ -42,7 +43,6 @@ FLIGHT_TAIL = m.message(b"D", b"P\x00") + m.message(b"E", b"\x00" + bytes(4)) \
     + m.message(b"S", b"")  # fmt: skip
 _UINT16 = struct.Struct("!H")
 _INT32 = struct.Struct("!i")
-INLINE_VALUES = 64  # at most this many values a flight (``Connection.send_small_rows``'s)
 
 
 def answer(connection: ExtendedProtocol, body: bytes) -> bool:

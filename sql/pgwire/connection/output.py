@@ -15,6 +15,9 @@ import asyncio
 from typing import Any
 
 FLUSH_BYTES = 64 * 1024  # kept output above this goes out without waiting for drain()
+# Results of at most this many values are encoded where they are sent (the event loop's
+# ``Connection.send_small_rows``, a kept lookup's flight); larger ones go to a thread.
+INLINE_VALUES = 64
 
 
 class GatheringWriter:

@@ -58,7 +58,7 @@ class Prepared:
     # worked out at its first execution: only those are offered to ``answer_lookup``.
     lookup: bool | None = field(default=None, kw_only=True)
     # Set once a lookup flight of it ran and found its row wider than a flight answers
-    # (``lookup_flight.INLINE_VALUES``): its later flights go to the message loop at once
+    # (``output.INLINE_VALUES``): its later flights go to the message loop at once
     # instead of running the lookup twice (review R1 round 16, 3.2).
     too_wide_for_flight: bool = field(default=False, kw_only=True)
 
