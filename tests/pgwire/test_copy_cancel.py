@@ -19,6 +19,7 @@ from collections.abc import Callable, Iterator
 from pathlib import Path
 
 import psycopg
+import pyarrow as pa
 import pytest
 from psycopg import errors
 
@@ -157,6 +158,8 @@ def test_a_cancel_inside_a_message_fails_the_copy_once_the_message_is_in(
     assert [kind for kind, _ in got] == [b"E", b"Z"], got
     fields = error_fields(got[0][1])
     assert (fields["S"], fields["C"]) == ("ERROR", "57014"), fields
+    # the line it was reading when cancelled (256 whole lines came before), as PostgreSQL
+    assert fields["W"] == f"COPY torn, line {SENT_BYTES // 1024 + 1}", fields
     client.send(query("SELECT count(*) FROM torn"))  # in step: the next message is read
     assert [kind for kind, _ in client.until_ready()] == [b"T", b"D", b"C", b"Z"]
     client.close()
@@ -194,3 +197,33 @@ def test_a_cancel_while_the_copy_is_set_up_fails_it_before_copy_in(
     assert [kind for kind, _ in client.until_ready()] == [b"T", b"D", b"C", b"Z"]
     client.close()
     assert _count(server, "early") == 0
+
+
+def test_statement_timeout_covers_the_insert_after_copy_done(
+    server: ServerThread, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The COPY's time runs to the end of its insert: an insert still running at the
+    deadline is interrupted in DuckDB (57014, nothing written), as PostgreSQL's timeout
+    covers the whole COPY statement. A slow query before the real insert stands in for a
+    slow insert (the data itself arrives at once)."""
+    real_write = copy_exchange._write
+
+    def slow_write(session: object, decoder: object, target: object) -> None:
+        copy_exchange.run_over_relation(  # ~minutes of DuckDB work unless interrupted
+            session, pa.table({"x": [1]}),  # type: ignore[arg-type]
+            ["SELECT count(*) FROM range(100000000000) AS r(i), {relation}"])  # fmt: skip
+        real_write(session, decoder, target)  # type: ignore[arg-type]
+
+    monkeypatch.setattr(copy_exchange, "_write", slow_write)
+    connection = _connect(server, autocommit=True)
+    connection.execute("CREATE TABLE slow_insert (n INTEGER, s VARCHAR)")
+    connection.execute("SET statement_timeout = '400ms'")
+    started = time.monotonic()
+    with (pytest.raises(errors.QueryCanceled, match="due to statement timeout"),  # 57014
+          connection.cursor().copy("COPY slow_insert FROM STDIN") as copy):  # fmt: skip
+        copy.write(_lines(4096))
+    assert 0.4 <= time.monotonic() - started < 20
+    monkeypatch.setattr(copy_exchange, "_write", real_write)
+    connection.execute("RESET statement_timeout")
+    assert _count(server, "slow_insert") == 0
+    connection.close()

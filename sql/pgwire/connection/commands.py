@@ -22,7 +22,6 @@ from typing import Any
 from engine.api import Result, SessionState, ast, parse, split_statements
 from sql.pgwire.codec import messages as m
 from sql.pgwire.codec import wire_types
-from sql.pgwire.codec.copy_format import error_context
 from sql.pgwire.connection import copy_exchange, copy_statement, cursors, result_stream, spill
 from sql.pgwire.connection.context import CommandContext
 from sql.pgwire.emulation import surface
@@ -96,19 +95,11 @@ async def simple_query(context: CommandContext, query: str) -> None:
             raise  # the connection is gone or out of step: the server closes it
         except Exception as error:
             session.fail_transaction()
-            _send_error(context, error, text)
+            context.send_error(error, text)
             break
         finally:
             context.cursors.prune(session)
     context.send(context.ready_for_query())
-
-
-def _send_error(context: CommandContext, error: BaseException, text: str) -> None:
-    where = error_context(error) if isinstance(error, TopicbaseError) else None
-    if where is not None and isinstance(error, TopicbaseError):
-        context.send(m.error_response_with_context(error.sqlstate, error.message, where))
-    else:
-        context.send_error(error, text)
 
 
 async def _run_simple(context: CommandContext, text: str) -> None:

@@ -82,6 +82,7 @@ from sql.pgwire import limits as wire_limits
 from sql.pgwire import tls as wire_tls
 from sql.pgwire.codec import messages as m
 from sql.pgwire.codec import wire_types
+from sql.pgwire.codec.copy_format import error_context
 from sql.pgwire.codec.row_encoding import DataRows
 from sql.pgwire.connection import commands as wire_commands
 from sql.pgwire.connection import copy_commit, lookup_flight, own_thread, result_stream
@@ -349,7 +350,11 @@ class Connection(ExtendedProtocol):
         if isinstance(error, ConnectionError):
             raise error
         sqlstate, text, position = error_fields(error, query)
-        self.send(m.error_response(sqlstate, text, position))
+        where = error_context(error) if isinstance(error, TopicbaseError) else None
+        if where is None:
+            self.send(m.error_response(sqlstate, text, position))
+        else:  # COPY's errors: the line (and column) in CONTEXT, in both protocols
+            self.send(m.error_response_with_context(sqlstate, text, where))
 
     def status(self) -> str:
         return "I" if self.session is None else _STATUS[self.session.state]
@@ -635,6 +640,9 @@ class Connection(ExtendedProtocol):
                     except Exception as error:
                         self.send_error(error, self._query_of(kind, body))
                         self.skipping = True
+                        # Out now, as PostgreSQL sends every error (a client still
+                        # streaming a COPY, or waiting without a Sync, learns of it).
+                        self.writer.flush()
             elif kind not in _NOTHING_TO_DO:
                 raise m.ProtocolError(f"invalid frontend message type {kind!r}")
             if kind in (b"Q", b"S", b"H") or transport.get_write_buffer_size() > OUTPUT_HELD_MAX:

@@ -29,6 +29,7 @@ from __future__ import annotations
 import asyncio
 import re
 import struct
+import threading
 import time
 from dataclasses import dataclass
 from typing import Any
@@ -222,14 +223,16 @@ async def _copy_from_client(context: CommandContext, statement: CopyStatement,
     deadline = time.monotonic() + timeout_ms / 1000 if timeout_ms else None
     await context.call(context.session.begin_front_read)  # a cancel from now on is this COPY's
     target = await _target(context, statement)
+    relation_name = statement.topic or statement.relation or ""
     if statement.write_id is not None:  # staged under the id, published by COMMIT WRITES
         kind, name = (("topic", statement.topic) if statement.topic is not None
                       else ("table", copy_staged.table_name(statement.relation or "")))
+        watch = CopyWatch(context.session, rung, deadline, lambda: f"COPY {relation_name}")
+        watch.check()  # cancelled (or timed out) while it was set up: no CopyInResponse
         await copy_staged.copy_staged_from_client(context, statement.write_id, kind, name,
-                                                  target.columns,
+                                                  target.columns, watch,
                                                   frames=statement.frames)  # fmt: skip
         return
-    relation_name = statement.topic or statement.relation or ""
     decoder: CopyDecoder | BinaryCopyDecoder | ArrowCopyDecoder
     if statement.fmt.arrow:
         decoder = ArrowCopyDecoder(target.columns, relation_name, LINE_COLUMN)
@@ -239,7 +242,7 @@ async def _copy_from_client(context: CommandContext, statement: CopyStatement,
     else:
         blobs = frozenset(i for i, kind in enumerate(target.duckdb_types) if kind == "BLOB")
         decoder = CopyDecoder(statement.fmt, target.columns, relation_name, blobs)
-    watch = CopyWatch(context.session, rung, deadline)
+    watch = CopyWatch(context.session, rung, deadline, lambda: _reading_at(decoder))
     watch.check()  # cancelled (or timed out) while it was set up: no CopyInResponse
     context.send(m.copy_in_response(len(target.columns), statement.fmt.binary))
     await context.drain()
@@ -250,10 +253,17 @@ async def _copy_from_client(context: CommandContext, statement: CopyStatement,
         await context.call(decoder.finish)
         count = decoder.row_count
         if count:
-            await context.call(_write, context.session, decoder, target)
+            await context.call(_write_before, deadline, context.session, decoder, target)
     finally:  # written or refused: the data is let go with the decoder
         context.holdings.give(held.nbytes)
     context.send(m.command_complete(f"COPY {count}"))
+
+
+def _reading_at(decoder: CopyDecoder | BinaryCopyDecoder | ArrowCopyDecoder) -> str:
+    """A cancelled COPY's CONTEXT: the line (row) it was reading, as PostgreSQL's."""
+    if isinstance(decoder, ArrowCopyDecoder):  # a stream of batches: no lines
+        return f"COPY {decoder.relation}"
+    return f"COPY {decoder.relation}, line {decoder.line_number + 1}"
 
 
 @dataclass
@@ -306,6 +316,28 @@ async def _receive(context: CommandContext,
         elif kind not in (b"H", b"S"):  # Flush and Sync are ignored during COPY IN
             raise ProtocolViolation(
                 f"unexpected message type 0x{kind[0]:02X} during COPY from stdin")
+
+
+def _write_before(deadline: float | None, session: Any,
+                  decoder: CopyDecoder | BinaryCopyDecoder | ArrowCopyDecoder,
+                  target: _Target) -> None:  # fmt: skip
+    """``_write``, cancelled (57014) once the COPY's ``statement_timeout`` deadline passes:
+    the statement's time runs from the COPY's start to the end of its insert, as in
+    PostgreSQL (a CancelRequest reaches the insert through the session already)."""
+    if deadline is None:
+        _write(session, decoder, target)
+        return
+    timer = threading.Timer(max(0.0, deadline - time.monotonic()), session.cancel)
+    timer.daemon = True
+    timer.start()
+    try:
+        _write(session, decoder, target)
+    except QueryCanceledError as error:
+        if not timer.is_alive():  # it fired: say why, as PostgreSQL does
+            raise QueryCanceledError("canceling statement due to statement timeout") from error
+        raise
+    finally:
+        timer.cancel()
 
 
 def _write(session: Any, decoder: CopyDecoder | BinaryCopyDecoder | ArrowCopyDecoder,

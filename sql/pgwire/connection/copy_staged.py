@@ -55,8 +55,8 @@ from sql.pgwire.codec import messages as m
 from sql.pgwire.codec.copy_arrow import plain_schema
 from sql.pgwire.codec.copy_format import BadCopyFormatError
 from sql.pgwire.connection.context import CommandContext
+from sql.pgwire.connection.copy_wait import CancelledInsideMessage, CopyWatch
 from sql.pgwire.connection.portals import ProtocolViolation
-from sql.pgwire.memory_budget import read_body
 from storage.errors import QueryCanceledError
 
 PIPE_BYTES = 8 << 20  # CopyData held between the event loop and the staging thread
@@ -165,11 +165,13 @@ class _Pipe:
 
 
 async def copy_staged_from_client(context: CommandContext, write_id: str, kind: str,
-                                  name: str, columns: list[str], *,
+                                  name: str, columns: list[str], watch: CopyWatch, *,
                                   frames: bool = False) -> None:  # fmt: skip
     """Stage the COPY's Arrow stream (with ``frames``: its staged partition frames) as
     (part of) write ``write_id`` of ``kind`` (``topic`` or ``table``) ``name``; then
-    ``COPY <rows>``. Nothing is published."""
+    ``COPY <rows>``. Nothing is published. A CancelRequest or ``statement_timeout``
+    (``watch``) ends it with 57014 as it ends an unstaged COPY (``copy_wait``): this COPY's
+    staged file is deleted; ``CancelledInsideMessage`` when it ended inside a message."""
     session = context.session
     writes = await context.call(session.bulk_writes)
     await context.call(_collect_now_and_then, writes)
@@ -180,7 +182,7 @@ async def copy_staged_from_client(context: CommandContext, write_id: str, kind: 
     if frames:
         direct = _SocketCopy.open(context)
         if direct is not None:
-            await _stage_frames_directly(context, direct, writes, session, write_id)
+            await _stage_frames_directly(context, direct, writes, session, write_id, watch)
             return
     pipe = _Pipe(loop)
     done: concurrent.futures.Future[int] = concurrent.futures.Future()
@@ -191,7 +193,7 @@ async def copy_staged_from_client(context: CommandContext, write_id: str, kind: 
     thread.start()
     staged = asyncio.wrap_future(done)
     try:
-        await _receive(context, pipe, staged)
+        await _receive(context, pipe, staged, watch)
     except BaseException as error:
         pipe.fail(error if isinstance(error, Exception) else QueryCanceledError("COPY ended"))
         with contextlib.suppress(BaseException):
@@ -204,10 +206,13 @@ async def copy_staged_from_client(context: CommandContext, write_id: str, kind: 
 
 
 async def _stage_frames_directly(context: CommandContext, direct: _SocketCopy, writes: Any,
-                                 session: Any, write_id: str) -> None:  # fmt: skip
+                                 session: Any, write_id: str,
+                                 watch: CopyWatch) -> None:  # fmt: skip
     """``FORMAT frames`` read from the socket by the staging thread (``_SocketCopy``); the
     connection's transport reads nothing meanwhile, and gets back what the thread read past
-    the COPY's end."""
+    the COPY's end. A cancel or the deadline (``watch``) stops the thread at its next
+    message or wait (``_SocketCopy.stop``); the rest of a message it stopped inside is
+    skipped by the caller once the transport reads again (``CancelledInsideMessage``)."""
     done: concurrent.futures.Future[int] = concurrent.futures.Future()
 
     def stage() -> None:
@@ -224,8 +229,15 @@ async def _stage_frames_directly(context: CommandContext, direct: _SocketCopy, w
     thread = threading.Thread(target=stage, name=f"copy-staged-{write_id}", daemon=True)
     thread.start()
     staged = asyncio.wrap_future(done)
+    stopped: QueryCanceledError | None = None
     try:
-        await asyncio.shield(staged)
+        while not staged.done() and stopped is None:
+            await asyncio.wait([staged, watch.rung], timeout=watch.seconds_left(),
+                               return_when=asyncio.FIRST_COMPLETED)  # fmt: skip
+            stopped = None if staged.done() else watch.reason()
+        if stopped is not None:
+            direct.stop(stopped)  # at its next message, or its wait for the client
+            await asyncio.wait([staged])
     except asyncio.CancelledError:
         direct.cancel()  # the thread stops at once (the connection is ending)
         with contextlib.suppress(BaseException):
@@ -233,7 +245,11 @@ async def _stage_frames_directly(context: CommandContext, direct: _SocketCopy, w
             staged.exception()
         raise
     finally:
+        left = direct.message_left()  # the thread is done: what it stopped inside
         direct.close()
+    error = staged.exception()
+    if stopped is not None and isinstance(error, QueryCanceledError) and left:
+        raise CancelledInsideMessage(stopped, left)  # the caller skips the rest, then 57014
     rows = staged.result()
     context.send(m.command_complete(f"COPY {rows}"))
 
@@ -271,6 +287,7 @@ class _SocketCopy:
         self._left = 0  # payload bytes of the current CopyData not yet read
         self._ended = False  # CopyDone read
         self._body = bytearray(0)
+        self._stopped: QueryCanceledError | None = None  # set by ``stop`` (the loop)
         self._wake = os.eventfd(0, os.EFD_NONBLOCK | os.EFD_CLOEXEC)
         self._poll = select.poll()
         self._poll.register(sock.fileno(), select.POLLIN)
@@ -355,16 +372,18 @@ class _SocketCopy:
         while not self._left:
             if self._ended:
                 return False
+            if self._stopped is not None:  # cancelled: stop between two messages
+                raise self._stopped
             header = bytes(self._take(5))
             length = wire_limits.message_body_length(header, self._limits)
             kind = header[:1]
+            self._left = length  # until the body is taken: what a stop inside it leaves
             if kind == b"d":
-                self._left = length
                 continue
             body = bytes(self._take(length)) if length <= len(self._space) else None
             if body is None:
-                self._left = length
                 self.skip_to_message_end()
+            self._left = 0
             if kind == b"c":
                 self._ended = True
                 return False
@@ -399,7 +418,7 @@ class _SocketCopy:
             except (BlockingIOError, InterruptedError):
                 for fd, _ in self._poll.poll():
                     if fd == self._wake:
-                        raise QueryCanceledError("COPY ended") from None
+                        raise self._stopped or QueryCanceledError("COPY ended") from None
                 continue
             except OSError as error:
                 raise ConnectionResetError(str(error)) from error
@@ -412,6 +431,18 @@ class _SocketCopy:
         """Stop the thread at its next wait for the client."""
         with contextlib.suppress(OSError):
             os.eventfd_write(self._wake, 1)
+
+    def stop(self, reason: QueryCanceledError) -> None:
+        """End the COPY with ``reason``: the thread raises it before its next message, or
+        at once if it waits for the client (inside a message: ``message_left`` says how
+        much of it is still to come)."""
+        self._stopped = reason
+        self.cancel()
+
+    def message_left(self) -> int:
+        """Once the thread is done: bytes of the message it stopped inside that it did not
+        take (they start with what ``close`` gives back to the reader); 0 at a boundary."""
+        return self._left
 
     def close(self) -> None:
         """Give the transport back its socket, with what was read past the COPY."""
@@ -438,19 +469,25 @@ def _collect_now_and_then(writes: Any) -> None:
     writes.collect()
 
 
-async def _receive(context: CommandContext, pipe: _Pipe, staged: asyncio.Future[int]) -> None:
+async def _receive(context: CommandContext, pipe: _Pipe, staged: asyncio.Future[int],
+                   watch: CopyWatch) -> None:  # fmt: skip
     """CopyData into the pipe until CopyDone; a staging error ends the COPY at once (the
-    rest of the client's CopyData is ignored by the connection, as PostgreSQL does)."""
+    rest of the client's CopyData is ignored by the connection, as PostgreSQL does), and so
+    does a cancel or the deadline (57014), also while the client sends nothing or the
+    pipe is full."""
     while True:
-        if not pipe.room.is_set():
+        while not pipe.room.is_set() and not staged.done():
             waiter = asyncio.ensure_future(pipe.room.wait())
-            await asyncio.wait([waiter, staged], return_when=asyncio.FIRST_COMPLETED)
+            await asyncio.wait([waiter, staged, watch.rung], timeout=watch.seconds_left(),
+                               return_when=asyncio.FIRST_COMPLETED)  # fmt: skip
             waiter.cancel()
+            watch.check()
         if staged.done():
             staged.result()  # raises the staging error; a finished stream reads on to CopyDone
-        header = await context.reader.readexactly(5)
-        body = await read_body(context.reader, context.holdings,  # held while it arrives
-                               wire_limits.message_body_length(header, context.limits))
+        watch.check()
+        header = await watch.read(context.reader, 5)
+        body = await watch.read_body(context.reader, context.holdings,  # held while arriving
+                                     wire_limits.message_body_length(header, context.limits))
         kind = header[:1]
         if kind == b"d":
             pipe.feed(body)

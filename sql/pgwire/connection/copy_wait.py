@@ -34,7 +34,7 @@ import asyncio
 import contextlib
 import threading
 import time
-from collections.abc import Awaitable, Iterator
+from collections.abc import Awaitable, Callable, Iterator
 from dataclasses import dataclass
 from typing import Protocol, TypeVar
 
@@ -114,24 +114,37 @@ class _Cancellable(Protocol):
 class CopyWatch:
     """What ends one COPY IN early: the session's cancel flag (set by a CancelRequest since
     the COPY began), the bell that a CancelRequest rings, and the statement's deadline
-    (``time.monotonic``; None without ``statement_timeout``)."""
+    (``time.monotonic``; None without ``statement_timeout``). ``where`` gives the 57014's
+    CONTEXT once the COPY's data has begun ("COPY t, line 11", as PostgreSQL reports the
+    line it was reading), or None."""
 
     session: _Cancellable
     rung: asyncio.Future[None]
     deadline: float | None
+    where: Callable[[], str | None] = lambda: None
 
     def check(self) -> None:
         """Raise 57014 if the COPY was cancelled or is past its deadline."""
-        error = self._reason()
+        error = self.reason()
         if error is not None:
             raise error
 
-    def _reason(self) -> QueryCanceledError | None:
+    def reason(self) -> QueryCanceledError | None:
+        """The 57014 that ends the COPY now, or None while it goes on."""
         if self.deadline is not None and time.monotonic() >= self.deadline:
-            return QueryCanceledError("canceling statement due to statement timeout")
+            return self._canceled("canceling statement due to statement timeout")
         if self.session.cancel_requested or self.rung.done():
-            return QueryCanceledError("canceling statement due to user request")
+            return self._canceled("canceling statement due to user request")
         return None
+
+    def seconds_left(self) -> float | None:
+        """Until the deadline (0 once past it), or None without one."""
+        return None if self.deadline is None else max(0.0, self.deadline - time.monotonic())
+
+    def _canceled(self, message: str) -> QueryCanceledError:
+        where = self.where()
+        return QueryCanceledError(message) if where is None else QueryCanceledError(
+            message, where=where)  # fmt: skip
 
     async def read(self, reader: asyncio.StreamReader, size: int) -> bytes:
         """The next ``size`` bytes (a message's header): 57014 (nothing consumed) if the
@@ -153,20 +166,18 @@ class CopyWatch:
             return await read_body(reader, holdings, length)
         data = await self._until_ended(read_body(reader, holdings, length))
         if data is None:
-            reason = self._reason()
+            reason = self.reason()
             assert reason is not None, "a COPY wait ended with neither data nor a reason"
             raise CancelledInsideMessage(reason, length)
         return data
 
     async def _until_ended(self, awaitable: Awaitable[T]) -> T | None:
         """``awaitable``'s result, or None once the COPY was cancelled or its deadline
-        passed first (``awaitable`` is then cancelled, and ``_reason`` says why)."""
+        passed first (``awaitable`` is then cancelled, and ``reason`` says why)."""
         waiting = asyncio.ensure_future(awaitable)
         try:
-            while not waiting.done() and self._reason() is None:
-                timeout_s = (None if self.deadline is None
-                             else max(0.0, self.deadline - time.monotonic()))  # fmt: skip
-                await asyncio.wait((waiting, self.rung), timeout=timeout_s,
+            while not waiting.done() and self.reason() is None:
+                await asyncio.wait((waiting, self.rung), timeout=self.seconds_left(),
                                    return_when=asyncio.FIRST_COMPLETED)  # fmt: skip
         finally:
             if not waiting.done():
