@@ -17,7 +17,7 @@ from __future__ import annotations
 
 import contextlib
 import itertools
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 
 import pyarrow as pa
 
@@ -31,12 +31,14 @@ from storage.errors import InFailedTransactionError, TopicbaseError
 _relation_numbers = itertools.count(1)
 
 
-def run_over_relation(session: StatementRunner, relation: pa.Table, sql_texts: Sequence[str]
-                      ) -> list[Result]:  # fmt: skip
+def run_over_relation(session: StatementRunner, relation: pa.Table, sql_texts: Sequence[str],
+                      before_each: Callable[[], None] | None = None) -> list[Result]:  # fmt: skip
     """Run each text with ``{relation}`` naming ``relation``; one result per text.
 
     With more than one text and no open transaction, the texts run inside one
-    transaction (all or nothing).
+    transaction (all or nothing). ``before_each`` runs before each text and before that
+    COMMIT: what it raises ends the run as a failed statement would (a caller's deadline,
+    which a cancel flag reset by every statement could not keep).
     """
     assert sql_texts, "at least one statement"
     if session.state is SessionState.FAILED:
@@ -51,7 +53,13 @@ def run_over_relation(session: StatementRunner, relation: pa.Table, sql_texts: S
         if wrap:
             session.execute_statement(parse_one("BEGIN"))
         try:
-            results = [session.execute_statement(statement) for statement in statements]
+            results = []
+            for statement in statements:
+                if before_each is not None:
+                    before_each()
+                results.append(session.execute_statement(statement))
+            if wrap and before_each is not None:
+                before_each()
         except BaseException:
             if wrap:
                 with contextlib.suppress(TopicbaseError):

@@ -199,31 +199,42 @@ def test_a_cancel_while_the_copy_is_set_up_fails_it_before_copy_in(
     assert _count(server, "early") == 0
 
 
+def _slow_in_duckdb(session: object) -> None:
+    copy_exchange.run_over_relation(  # ~minutes of DuckDB work unless interrupted
+        session, pa.table({"x": [1]}),  # type: ignore[arg-type]
+        ["SELECT count(*) FROM range(100000000000) AS r(i), {relation}"])  # fmt: skip
+
+
+def _slow_in_python(session: object) -> None:
+    time.sleep(0.8)  # as building a large COPY's Arrow table, before any statement
+
+
+@pytest.mark.parametrize("slow", [_slow_in_duckdb, _slow_in_python])
 def test_statement_timeout_covers_the_insert_after_copy_done(
-    server: ServerThread, monkeypatch: pytest.MonkeyPatch
+    server: ServerThread, monkeypatch: pytest.MonkeyPatch, slow: Callable[[object], None]
 ) -> None:
     """The COPY's time runs to the end of its insert: an insert still running at the
-    deadline is interrupted in DuckDB (57014, nothing written), as PostgreSQL's timeout
-    covers the whole COPY statement. A slow query before the real insert stands in for a
-    slow insert (the data itself arrives at once)."""
+    deadline fails with 57014 and writes nothing, as PostgreSQL's timeout covers the whole
+    COPY statement: interrupted in DuckDB, or refused before its next statement when the
+    deadline passed in Python (every statement clears the session's cancel flag: review R1
+    round 17, F1). The data itself arrives at once; ``slow`` stands for a slow insert."""
     real_write = copy_exchange._write
 
-    def slow_write(session: object, decoder: object, target: object) -> None:
-        copy_exchange.run_over_relation(  # ~minutes of DuckDB work unless interrupted
-            session, pa.table({"x": [1]}),  # type: ignore[arg-type]
-            ["SELECT count(*) FROM range(100000000000) AS r(i), {relation}"])  # fmt: skip
-        real_write(session, decoder, target)  # type: ignore[arg-type]
+    def slow_write(session: object, *rest: object) -> None:
+        slow(session)
+        real_write(session, *rest)  # type: ignore[arg-type]
 
     monkeypatch.setattr(copy_exchange, "_write", slow_write)
     connection = _connect(server, autocommit=True)
-    connection.execute("CREATE TABLE slow_insert (n INTEGER, s VARCHAR)")
+    table = f"slow_insert_{slow.__name__.strip('_')}"
+    connection.execute(f"CREATE TABLE {table} (n INTEGER, s VARCHAR)")
     connection.execute("SET statement_timeout = '400ms'")
     started = time.monotonic()
     with (pytest.raises(errors.QueryCanceled, match="due to statement timeout"),  # 57014
-          connection.cursor().copy("COPY slow_insert FROM STDIN") as copy):  # fmt: skip
+          connection.cursor().copy(f"COPY {table} FROM STDIN") as copy):  # fmt: skip
         copy.write(_lines(4096))
     assert 0.4 <= time.monotonic() - started < 20
     monkeypatch.setattr(copy_exchange, "_write", real_write)
     connection.execute("RESET statement_timeout")
-    assert _count(server, "slow_insert") == 0
+    assert _count(server, table) == 0
     connection.close()
