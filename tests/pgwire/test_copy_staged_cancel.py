@@ -170,3 +170,36 @@ def test_an_extended_protocol_copy_sends_its_error_before_the_sync(
     assert [kind for kind, _ in client.until_ready()] == [b"Z"]
     assert not _staged(server, "c-4")
     client.close()
+
+
+def test_a_cancel_while_a_refused_frame_s_message_is_skipped_keeps_the_connection_in_step(
+        server: ServerThread, monkeypatch: pytest.MonkeyPatch) -> None:  # fmt: skip
+    """A frame refused inside a CopyData message whose rest has not come: the staging
+    thread skips to the message's end, and a cancel cuts that skip short. The rest of the
+    message must still be skipped before the refusal goes out, never read as messages
+    (review R1 round 17, F6: a writer's row bytes holding a Query ran as SQL)."""
+    client, process_id, secret_key = _raw(server)
+    client.send(query("COPY TOPIC events FROM STDIN (FORMAT frames, WRITE_ID 'c-5')"))
+    assert client.read()[0] == b"G"  # type: ignore[index]
+    bad = frame(0, wire([b"x" * 100]), crc=123)
+    smuggled = query("SELECT 'smuggled'")
+    message = _message(b"d", bad + smuggled)
+    skipping = threading.Event()
+    real_skip = copy_staged._SocketCopy.skip_to_message_end
+
+    def spy(self: copy_staged._SocketCopy) -> None:
+        skipping.set()
+        real_skip(self)
+
+    monkeypatch.setattr(copy_staged._SocketCopy, "skip_to_message_end", spy)
+    client.send(message[: 5 + len(bad)])  # the refused frame in, the rest of its message not
+    assert skipping.wait(20)  # refused: the thread skips to the message's end
+    _cancel_request(server.port, process_id, secret_key)
+    time.sleep(0.2)  # the stop reaches the skipping thread
+    client.send(message[5 + len(bad) :] + _message(b"c") + query("SELECT 7"))
+    got = client.until_ready()
+    assert [kind for kind, _ in got] == [b"E", b"Z"], got
+    assert error_fields(got[0][1])["C"] == "22P04"  # the first error, as PostgreSQL reports
+    got = client.until_ready()  # the next message read is the SELECT 7, nothing smuggled
+    assert [body for kind, body in got if kind == b"D"] == [struct.pack("!hi", 1, 1) + b"7"]
+    client.close()

@@ -248,8 +248,12 @@ async def _stage_frames_directly(context: CommandContext, direct: _SocketCopy, w
         left = direct.message_left()  # the thread is done: what it stopped inside
         direct.close()
     error = staged.exception()
-    if stopped is not None and isinstance(error, QueryCanceledError) and left:
-        raise CancelledInsideMessage(stopped, left)  # the caller skips the rest, then 57014
+    if left and isinstance(error, Exception) and not isinstance(
+            error, (ConnectionError, asyncio.IncompleteReadError)):  # the client is still on
+        # Whatever ended it (the stop, or a refused frame whose skip the stop cut short),
+        # the caller skips the rest of the message before the error goes out: the
+        # connection never reads a message's payload as messages (review R1 round 17, F6).
+        raise CancelledInsideMessage(error, left)
     rows = staged.result()
     context.send(m.command_complete(f"COPY {rows}"))
 

@@ -45,11 +45,13 @@ T = TypeVar("T")
 
 
 class CancelledInsideMessage(Exception):
-    """The COPY was cancelled (or timed out) while a message's ``length``-byte body was
-    only partly in: ``reason`` (57014) once the rest is skipped (``skip_rest``)."""
+    """The COPY ended while a message's ``length``-byte body was only partly in: ``reason``
+    (57014 for a cancel or the deadline; a staging thread's own error, e.g. a refused frame
+    whose skip a cancel cut short) is the COPY's error once the rest is skipped
+    (``skip_rest``): the connection must never read on from inside a message."""
 
-    def __init__(self, reason: QueryCanceledError, length: int) -> None:
-        super().__init__(reason.message)
+    def __init__(self, reason: Exception, length: int) -> None:
+        super().__init__(str(reason))
         self.reason = reason
         self.length = length
 
