@@ -68,6 +68,7 @@ from engine import tables
 from engine.check import check_database
 from engine.database import Database
 from storage import failpoints as failpoint_switch
+from storage import limits
 from tests.sim.chaos_worker import (
     AGED,
     CHAIN,
@@ -112,6 +113,7 @@ FAILPOINTS = (
     "split.after_save",
     "deltas.before_commit",  # inside a counter-delta group (engine.deltas), not committed
     "deltas.after_commit",  # the group and its applied-through position committed
+    "page_cache.after_drop_behind",  # in a small-pages cycle (``small_page_cache_steps``)
 )
 # An idle cycle (``chaos_worker.idle_cycle``: no writes, retention passes on the idle
 # topic) arms one of these: the steps of rolling and deleting an expired active segment.
@@ -128,6 +130,7 @@ IDLE_FAILPOINTS = (
 # first hit.
 RARE_FAILPOINTS = frozenset(
     {
+        "page_cache.after_drop_behind",
         "segment.roll_after_seal",
         "segment.roll_before_snapshot",
         "recovery.after_republish",
@@ -370,7 +373,14 @@ def run_cycle(
         else None
     )
 
+    # One cycle in four (and every cycle armed at the drop-behind's failpoint) drops pages
+    # behind every write (``small_page_cache_steps``): at the real sizes (8 MiB kept, 4 MiB
+    # steps) and floors a cycle's few KiB a partition never reach ``drop_behind``.
+    small_pages = failpoint == "page_cache.after_drop_behind" or seed % 4 == 0
+
     def body(ready: Callable[[], None]) -> None:
+        if small_pages:
+            small_page_cache_steps()
         if power is None:
             run_worker(data_dir, history, cycle, seed, WORKER_SECONDS, known, ready)
             return
@@ -397,6 +407,28 @@ def run_cycle(
     if mode in ("failpoint", "power") and status not in CRASHED:
         mode, failpoint = "clean", None  # the failpoint (or the cut) was not reached in time
     return mode, failpoint, to_ready
+
+
+def small_page_cache_steps() -> None:
+    """In this forked worker only: writeback, drop-behind and the synced drops at every
+    write with nothing kept, up to any frame (an index entry each), under floors that
+    ignore the consumers, so that chaos writes reach ``page_cache.drop_behind`` and its
+    failpoint, and readers (consumers, peeks, moves by reference) read dropped bytes back
+    from the disk while the writer drops more."""
+    limits.WRITEBACK_INTERVAL_BYTES = 1
+    limits.INDEX_INTERVAL_BYTES = 1  # drops reach up to the indexed frame below the floor
+    limits.DROP_BEHIND_KEEP_BYTES = 0
+    limits.DROP_BEHIND_STEP_BYTES = 1
+    limits.PAGE_CACHE_KEEP_BYTES = 0
+    commit_module.CHECKPOINT_TRANSACTIONS = 2  # floors given often
+    # Floors as if no topic had consumers: every page behind the writer may go, those a
+    # consumer reads next too (a hint: its reads then come from the disk, checked again).
+    commit_module.Committer._current_floor = _every_offset  # type: ignore[method-assign]
+    commit_module.Committer._consumed_floor = _every_offset  # type: ignore[method-assign]
+
+
+def _every_offset(self: object, topic_id: str, partition: int) -> int:
+    return commit_module.EVERY_OFFSET
 
 
 class Pace:
