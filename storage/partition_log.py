@@ -68,7 +68,6 @@ from storage.record_batch import (
     FrameEncoder,
     FrameHeader,
     check_wire_batch,
-    framed_body,
 )
 from storage.segment import Frame, LogSegment
 from storage.staged_frames import StagedFrame, own_file, publish_header, whole_own_file
@@ -852,19 +851,15 @@ class PartitionLog:
         segment = self._segment_for_append(now_us)
         base_offset = segment.next_offset
         written_at_us = max(now_us, self._last_written_at_us)
-        # The frame as buffers: header, IPC metadata and the batch's own buffers (no copy);
-        # an encoded body framed as it is (a spread publish: 1000 shares a statement).
-        if body is not None:
-            parts, header = framed_body(
-                body, batch.num_rows, base_offset, written_at_us, transaction_id
-            )
-        else:
-            parts, header = self._frame_encoder.encode(
-                batch, base_offset=base_offset, written_at_us=written_at_us,
-                transaction_id=transaction_id,
-            )  # fmt: skip
         try:
-            segment.append_frame_parts(parts, header)
+            if body is not None:  # an encoded body framed as it is (a spread publish)
+                segment.append_body(body, batch.num_rows, written_at_us, transaction_id)
+            else:  # header, IPC metadata and the batch's own buffers (no copy)
+                parts, header = self._frame_encoder.encode(
+                    batch, base_offset=base_offset, written_at_us=written_at_us,
+                    transaction_id=transaction_id,
+                )  # fmt: skip
+                segment.append_frame_parts(parts, header)
         except StorageIOError as error:
             self._fence(error)
             raise

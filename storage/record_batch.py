@@ -281,6 +281,20 @@ def framed_body(
     return [_HEADER_LEAD.pack(MAGIC, crc) + covered, body], header
 
 
+def body_header_bytes(
+    body: pa.Buffer, count: int, base_offset: int, written_at_us: int, transaction_id: int
+) -> bytes:
+    """The header bytes ``framed_body`` gives the frame of ``body``, alone: no
+    ``FrameHeader`` and no list of parts (a spread publish writes 1000 frames a statement
+    through ``LogSegment.append_body``, ~1 us a frame less)."""
+    assert body.size % 8 == 0 and count >= 1 and transaction_id >= 0
+    covered = _HEADER_COVERED.pack(
+        base_offset, written_at_us, count, body.size, TRANSACTIONAL if transaction_id else 0, 0,
+        transaction_id,
+    )  # fmt: skip
+    return _HEADER_LEAD.pack(MAGIC, crc32c.crc32c(body, crc32c.crc32c(covered))) + covered
+
+
 class _PartSink:
     """A write-only file object that keeps every buffer it is handed, uncopied."""
 
