@@ -853,7 +853,8 @@ class PartitionLog:
         written_at_us = max(now_us, self._last_written_at_us)
         try:
             if body is not None:  # an encoded body framed as it is (a spread publish)
-                segment.append_body(body, batch.num_rows, written_at_us, transaction_id)
+                written = segment.append_body(body, batch.num_rows, written_at_us, transaction_id)
+                assert written == base_offset, (written, base_offset)
             else:  # header, IPC metadata and the batch's own buffers (no copy)
                 parts, header = self._frame_encoder.encode(
                     batch, base_offset=base_offset, written_at_us=written_at_us,
