@@ -64,6 +64,27 @@ def test_a_small_slice_takes_the_copying_encoder_path_with_the_same_bytes() -> N
     assert pa.ipc.read_record_batch(body, WIRE_SCHEMA).equals(batch.take(pa.array(rows)))
 
 
+def test_a_moves_slice_of_a_frame_takes_the_copying_encoder_path_with_the_same_bytes() -> None:
+    """A move of 100 messages of 1 KiB out of a 1000-message frame (the move's share is
+    ``raw_data_batch`` of a slice of the frame's data): ~100 KiB, so copied once, not the
+    zero-copy path's ~28 parts (round 17)."""
+    frame = build_wire_batch([bytes([65 + i % 26]) * 1024 for i in range(1000)])
+    data = frame.column(5).slice(300, 100)
+    columns = [
+        data if field.name == "data"
+        else pa.array([0] * 100, field.type) if field.name in ("codec", "created_at")
+        else pa.nulls(100, field.type)
+        for field in WIRE_SCHEMA
+    ]  # fmt: skip
+    piece = pa.RecordBatch.from_arrays(columns, schema=WIRE_SCHEMA)
+    assert piece.get_total_buffer_size() > record_batch._JOINED_BELOW_BYTES
+    parts, header = FrameEncoder().encode(piece, base_offset=7, written_at_us=1)
+    assert len(parts) == 2, "joined: header and one body"
+    joined = b"".join(memoryview(p).cast("B") for p in parts)
+    assert decode_header(joined) == header and header.record_count == 100
+    assert joined[record_batch.HEADER_BYTES :] == serialize_body(piece)
+
+
 def test_shares_with_metadata_are_taken_one_by_one() -> None:
     """A sliced map column would be encoded with its parent's child offsets whole."""
     batch, targets = _statement(metadata=True)
