@@ -103,6 +103,9 @@ class CatalogStore:
         self._topics: dict[str, TopicEntry] = {}
         self._offsets: dict[tuple[str, str, int], int] = {}
         self.changes = 0  # topics added or removed (engine.privilege_cache's generation)
+        # Entries added, altered or removed (``engine.kept_plans``' generation, with the
+        # partitions' ``topic_log.layout_generation``); bumped after each change.
+        self.entries_changed = 0
         self._load()
 
     def _load(self) -> None:
@@ -178,6 +181,7 @@ class CatalogStore:
                 tables.run(self._cursor, "ROLLBACK")
                 raise
             self._topics = {**self._topics, entry.name: entry}
+            self.entries_changed += 1
             self.changes += 1
 
     def update_topic(self, entry: TopicEntry) -> None:
@@ -207,6 +211,7 @@ class CatalogStore:
                 tables.run(self._cursor, "ROLLBACK")
                 raise
             self._topics = {**self._topics, entry.name: replace(entry)}
+            self.entries_changed += 1
             self._offsets = {
                 k: v
                 for k, v in self._offsets.items()
@@ -230,6 +235,7 @@ class CatalogStore:
                 tables.run(self._cursor, "ROLLBACK")
                 raise
             self._topics = {k: v for k, v in self._topics.items() if k != name}
+            self.entries_changed += 1
             self.changes += 1
             self._offsets = {k: v for k, v in self._offsets.items() if k[0] != entry.topic_id}
             return entry

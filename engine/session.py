@@ -53,6 +53,7 @@ from engine import (
 from engine.commit import PublishItem, route_writes
 from engine.ddl import run_alter, run_create, run_drop
 from engine.identity import LOCAL_SUPERUSER, Identity
+from engine.kept_plans import KeptPlans
 from engine.lookup_plans import KeptLookupPlans
 from engine.moved_refs import MovedRange, MovedSource, moved_batch
 from engine.offset_reset import set_consumer_offsets
@@ -149,6 +150,8 @@ class Session:
         self.names_epoch = 0
         # Plans of prepared lookups answered from an index (``answer_lookup``).
         self._lookup_plans = KeptLookupPlans()
+        # Plans of the statements it repeats, while the topics stay as they are.
+        self._kept_plans = KeptPlans()
         # The privilege decisions of those plans (``privileges.check_plan``'s memo).
         self.door_memo = BoundedCache("engine.session.door_memo", limits.DOOR_DECISIONS_MAX)
 
@@ -516,7 +519,7 @@ class Session:
             )
         self._check_duration()
         try:
-            plan = planner.plan(statement, self.planning_catalog)
+            plan = self._kept_plans.plan(statement, self.database, self._has_duckdb_relation)
             self._guard(plan)
         except TopicbaseError:
             if self.state is SessionState.IN_TRANSACTION:

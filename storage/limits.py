@@ -408,3 +408,9 @@ NAMES_FACTS_MAX = 256
 # DROP_BEHIND_STEP_BYTES are droppable (one DONTNEED of a few MiB, not one per frame).
 DROP_BEHIND_KEEP_BYTES = 8 * 1024 * 1024
 DROP_BEHIND_STEP_BYTES = 4 * 1024 * 1024
+
+# -- a session's kept plans (engine.kept_plans; round 17, H3) --
+# Plans one session keeps by statement while the topics they name are unchanged (a worker
+# repeats a few statements); past this many the least recently used go. Costed by their
+# text in a BoundedCache (part of TEXT_CACHES_BYTES_MAX).
+KEPT_PLANS_MAX = 64

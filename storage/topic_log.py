@@ -76,6 +76,25 @@ from storage.staged_frames import StagedFrame
 METADATA_FILE = "topic.json"
 CANCEL_CHECK_S = 0.1  # how often a throttled write looks at its statement's cancel flag
 
+# Every change of any topic's partitions (all or active: a split, an added or removed
+# partition, a topic opened or created) bumps this process-wide counter, after the change:
+# a plan kept while it is unchanged still names the partitions there are
+# (``engine.kept_plans``). Under its lock, so that no bump is lost.
+_layout_lock = threading.Lock()
+_layout_generation = 0
+
+
+def layout_generation() -> int:
+    """The partitions' generation (see above): unchanged means no topic's partitions
+    changed since it was read."""
+    return _layout_generation
+
+
+def _layout_changed() -> None:
+    global _layout_generation
+    with _layout_lock:
+        _layout_generation += 1
+
 
 @dataclass(frozen=True, slots=True)
 class PartitionInfo:
@@ -269,6 +288,7 @@ class TopicLog:
         )
         self._range_lows = [low for low, _ in owned]
         self._range_owners = [partition_id for _, partition_id in owned]
+        _layout_changed()  # every change of the partitions ends here (or below)
 
     def alter(self, config: TopicConfig, autopartitioning: AutoPartitioning | None = None) -> None:
         """Change storage settings; adding partitions is allowed, removing is not.
@@ -446,6 +466,7 @@ class TopicLog:
             self._save()  # the commit point
         except BaseException:
             self._info, self._next_id, self.config = saved[0], saved[1], saved[2]
+            _layout_changed()  # planners may have seen the children meanwhile
             for child_id in child_ids:
                 self.fs.remove_tree(os.path.join(self.directory, f"p{child_id}"))
             raise
@@ -470,6 +491,7 @@ class TopicLog:
                 )
             partition = self._partitions.pop(partition_id)
             del self._info[partition_id]
+            _layout_changed()
             self._speeds.pop(partition_id, None)
             self._save()
         partition.delete()
