@@ -129,7 +129,8 @@ def test_a_change_of_the_catalog_alone_plans_again(
     entry = database.catalog.entry("t")
     assert entry is not None
     database.catalog.update_topic(
-        dataclasses.replace(entry, consumers={"other": entry.consumers["other"]}))
+        dataclasses.replace(entry, consumers={"other": entry.consumers["other"]})
+    )
     with pytest.raises(errors.UndefinedObjectError):
         session.execute(READ)
     assert plans.count(READ) == 2
