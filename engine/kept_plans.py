@@ -18,8 +18,9 @@ catalog told it (``planner.catalog.SessionCatalog``):
 So a kept plan is used only while both generations are what they were when it was
 planned, read *before* planning: a change during planning leaves the plan kept under the
 old generation, which no longer matches. Only the statement kinds a worker repeats are
-kept (``KEPT_KINDS``); DDL, EXPLAIN and the rest are planned every time. Only planning is
-kept: the door's checks run on every execution, as before.
+kept (``KEPT_KINDS``), of texts the parse cache keeps (at most
+``CACHED_TEXT_CHARS_MAX`` characters); DDL, EXPLAIN and the rest are planned every
+time. Only planning is kept: the door's checks run on every execution, as before.
 
 Bounds (``storage.limits``): at most ``KEPT_PLANS_MAX`` plans a session, each costed by
 its text (``TEXT_COST_PER_CHAR``) in a ``BoundedCache``, part of the process-wide budget.
@@ -66,7 +67,10 @@ class KeptPlans:
         """``planner.plan(statement, SessionCatalog(database, has_duckdb_relation))``, kept
         or planned now (and kept when it may be). A statement that does not plan raises
         as ``planner.plan`` does, and nothing is kept."""
-        if not isinstance(statement, KEPT_KINDS):
+        if not isinstance(statement, KEPT_KINDS) or len(
+                getattr(statement, "text", "")) > limits.CACHED_TEXT_CHARS_MAX:  # fmt: skip
+            # A longer text is parsed anew each time (the parse cache does not keep it):
+            # a plan kept by its statement would never be found again (review R2-17-4).
             return planner.plan(statement, SessionCatalog(database, has_duckdb_relation))
         now = generation(database)
         key = id(statement)

@@ -16,7 +16,7 @@ from engine.session import Session
 from grammar import ast
 from planner import planner
 from storage import errors
-from storage.limits import KEPT_PLANS_MAX
+from storage.limits import CACHED_TEXT_CHARS_MAX, KEPT_PLANS_MAX
 
 READ = "SELECT CAST(data AS VARCHAR) AS d FROM TOPIC t WITH (consumer = 'c')"
 MOVE = "INSERT INTO TOPIC b (data) SELECT data FROM TOPIC t WITH (consumer = 'c', max_messages = 1)"
@@ -134,3 +134,17 @@ def test_a_change_of_the_catalog_alone_plans_again(
     with pytest.raises(errors.UndefinedObjectError):
         session.execute(READ)
     assert plans.count(READ) == 2
+
+
+def test_a_text_the_parse_cache_does_not_keep_keeps_no_plan(session: Session) -> None:
+    """A statement longer than the parse cache keeps is a new object on every run: its
+    plan would never be found again, so none is kept (review R2 round 17, R2-17-4)."""
+    session.execute("CREATE TOPIC long_values")
+    sql = "INSERT INTO TOPIC long_values (data) VALUES " + ", ".join(
+        f"('{i:06d}{'x' * 32}')" for i in range(4000))  # fmt: skip
+    assert len(sql) > CACHED_TEXT_CHARS_MAX
+    for _ in range(3):
+        session.execute(sql)
+    assert len(session._kept_plans) == 0
+    counted = session.execute("SELECT count(*) AS n FROM TOPIC long_values")[-1].table
+    assert counted.column("n").to_pylist() == [12000]
