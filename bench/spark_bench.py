@@ -8,9 +8,13 @@ written by Spark. Figures (rows/s):
   JVM over the PostgreSQL wire: each task stages its rows as partition frames with ``COPY
   ... FROM STDIN (FORMAT frames, WRITE_ID ...)``, the driver publishes them with one
   ``COMMIT WRITES`` (one Spark write and one transaction, also at 1M) — next to Spark
-  writing them as Parquet; target >= 1x. Medians of alternating
-  runs (Parquet, wire), each wire run into a fresh topic; the server's and the Spark JVM's
-  CPU seconds and the driver's commit per wire write are shown in the progress lines.
+  writing them as Parquet (compressed with Snappy, Spark's default); target >= 1x. The
+  headline write compresses each message with zstd in the JVM (``frameCodec=zstd``, a
+  topic's default codecs accept it; readers get the bytes back decoded), as Parquet
+  compresses its pages; the same write without compression (``frameCodec`` raw, the
+  default) is recorded beside it. Medians of alternating runs (Parquet, zstd, raw), each
+  wire run into a fresh topic; the server's and the Spark JVM's CPU seconds and the
+  driver's commit per wire write are shown in the progress lines.
   Recorded beside it: the Python source's write (tasks DoPut over Flight, the driver
   commits; ``format("topicbase")``, one run), which also fills the topic the reads use.
 - batch read: ``sum(length(data))`` and a ``groupBy(partition).count()`` over the topic
@@ -133,34 +137,42 @@ def run(recorder: Any) -> None:
         execute = functools.partial(_execute, url)
         execute(f"CREATE TOPIC bench_w0 WITH (min_active_partitions = {PARTITIONS})")
         _rows(spark, 1000).writeTo("topicbase.main.bench_w0").append()  # warm up
+        _rows(spark, 1000).writeTo("topicbase.main.bench_w0").option("frameCodec", "zstd").append()
         execute("DROP TOPIC bench_w0")
         jvm_pid = spark._jvm.java.lang.ProcessHandle.current().pid()
         stats = spark._jvm.io.topicbase.spark.WireWriteStats
-        writes: dict[str, list[float]] = {"parquet": [], "wire": []}
+        writes: dict[str, list[float]] = {"parquet": [], "wire": [], "raw": []}
         for round_ in range(1, WRITE_ROUNDS + 1):
             parquet_cpu = _cpu_s(jvm_pid)
             writes["parquet"].append(_timed(lambda: _rows(spark, count).write.mode("overwrite")
                                             .parquet(parquet)))  # fmt: skip
             parquet_cpu = _cpu_s(jvm_pid) - parquet_cpu
-            name = f"bench_w{round_}"
-            execute(f"CREATE TOPIC {name} WITH (min_active_partitions = {PARTITIONS})")
-            server_cpu, jvm_cpu, commit_s = _cpu_s(server.pid), _cpu_s(jvm_pid), 0.0
+            for kind, codec in (("wire", "zstd"), ("raw", "raw")):
+                name = f"bench_w{round_}_{codec}"
+                execute(f"CREATE TOPIC {name} WITH (min_active_partitions = {PARTITIONS})")
+                server_cpu, jvm_cpu, commit_s = _cpu_s(server.pid), _cpu_s(jvm_pid), 0.0
 
-            def write_wire(name: str = name) -> None:
-                nonlocal commit_s
-                _rows(spark, count).writeTo(f"topicbase.main.{name}").append()
-                commit_s += stats.lastCommitSeconds()
+                def write_wire(name: str = name, codec: str = codec) -> None:
+                    nonlocal commit_s
+                    (_rows(spark, count).writeTo(f"topicbase.main.{name}")
+                     .option("frameCodec", codec).append())  # fmt: skip
+                    commit_s += stats.lastCommitSeconds()
 
-            writes["wire"].append(_timed(write_wire))
-            recorder.progress(
-                f"spark: wire write {round_}: {writes['wire'][-1]:.2f} s (Parquet "
-                f"{writes['parquet'][-1]:.2f} s, its JVM CPU {parquet_cpu:.2f} s); server CPU "
-                f"{_cpu_s(server.pid) - server_cpu:.2f} s, Spark JVM CPU "
-                f"{_cpu_s(jvm_pid) - jvm_cpu:.2f} s, driver's COMMIT WRITES {commit_s:.2f} s")
-            execute(f"DROP TOPIC {name}")
+                writes[kind].append(_timed(write_wire))
+                recorder.progress(
+                    f"spark: wire write {round_} ({codec}): {writes[kind][-1]:.2f} s (Parquet "
+                    f"{writes['parquet'][-1]:.2f} s, its JVM CPU {parquet_cpu:.2f} s); server "
+                    f"CPU {_cpu_s(server.pid) - server_cpu:.2f} s, Spark JVM CPU "
+                    f"{_cpu_s(jvm_pid) - jvm_cpu:.2f} s, driver's COMMIT WRITES "
+                    f"{commit_s:.2f} s")  # fmt: skip
+                execute(f"DROP TOPIC {name}")
         median = {name: statistics.median(times) for name, times in writes.items()}
         _record_pair(recorder, "batch write", count, median["wire"], median["parquet"], 1.0,
                      writes["wire"], writes["parquet"])  # fmt: skip
+        recorder.add("spark batch write, raw frames (frameCodec raw: no compression)",
+                     count / median["raw"], "msgs/s", group="spark",
+                     baseline="Spark Parquet batch write",
+                     baseline_value=count / median["parquet"])  # fmt: skip
 
         def write_topic() -> None:
             for start in range(0, count, chunk):

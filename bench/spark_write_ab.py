@@ -13,6 +13,11 @@ Usage (from any tree; loopback only)::
 
     python -m bench.spark_write_ab --count 200000 --rounds 3 \
         --tree main=/work/main --tree adopt=/tmp/h2wt
+
+``--frame-codec name=zstd`` makes tree ``name``'s writes compress each message with zstd
+in the JVM (the writer's option ``frameCodec``, round 17; a topic's default codecs accept
+zstd); a tree may be named twice under two names (e.g.
+``--tree raw=/tmp/h2wt --tree zstd=/tmp/h2wt --frame-codec zstd=zstd``).
 """
 
 from __future__ import annotations
@@ -71,8 +76,10 @@ def main() -> None:
     parser.add_argument("--count", type=int, default=200_000)
     parser.add_argument("--rounds", type=int, default=3)
     parser.add_argument("--tree", action="append", required=True, help="name=path")
+    parser.add_argument("--frame-codec", action="append", default=[], help="name=zstd")
     args = parser.parse_args()
     trees = dict(item.split("=", 1) for item in args.tree)
+    codecs = dict(item.split("=", 1) for item in args.frame_codec)
     work = tempfile.mkdtemp(prefix="topicbase-write-ab-")
     processes: dict[str, subprocess.Popen] = {}
     ports: dict[str, tuple[int, int]] = {}
@@ -85,7 +92,7 @@ def main() -> None:
             processes[name], ports[name] = process, (wire, flight)
         spark = _session(ports)
         try:
-            _run(spark, args.count, args.rounds, processes, ports, work)
+            _run(spark, args.count, args.rounds, processes, ports, work, codecs)
         finally:
             spark.stop()
     finally:
@@ -95,14 +102,25 @@ def main() -> None:
 
 
 def _run(spark: Any, count: int, rounds: int, processes: dict[str, subprocess.Popen],
-         ports: dict[str, tuple[int, int]], work: str) -> None:  # fmt: skip
+         ports: dict[str, tuple[int, int]], work: str,
+         codecs: dict[str, str]) -> None:  # fmt: skip
     parquet = os.path.join(work, "parquet")
     jvm_pid = spark._jvm.java.lang.ProcessHandle.current().pid()
     stats = spark._jvm.io.topicbase.spark.WireWriteStats
     _rows(spark, 1000).write.mode("overwrite").parquet(parquet)  # warm up
+
+    def create(flight: int, topic: str) -> None:
+        _execute(flight, f"CREATE TOPIC {topic} WITH (min_active_partitions = {PARTITIONS})")
+
+    def write(name: str, rows: int, topic: str) -> None:
+        writer = _rows(spark, rows).writeTo(f"tb_{name}.main.{topic}")
+        if name in codecs:
+            writer = writer.option("frameCodec", codecs[name])
+        writer.append()
+
     for name, (_, flight) in ports.items():
-        _execute(flight, f"CREATE TOPIC w0 WITH (min_active_partitions = {PARTITIONS})")
-        _rows(spark, 1000).writeTo(f"tb_{name}.main.w0").append()
+        create(flight, "w0")
+        write(name, 1000, "w0")
         _execute(flight, "DROP TOPIC w0")
     print(f"start {time.strftime('%H:%M:%S', time.gmtime())} UTC; {_uptime()}", flush=True)
     seconds: dict[str, list[float]] = {"parquet": [], **{name: [] for name in ports}}
@@ -116,11 +134,9 @@ def _run(spark: Any, count: int, rounds: int, processes: dict[str, subprocess.Po
         for name in order:
             flight = ports[name][1]
             topic = f"w{round_}"
-            _execute(flight, f"CREATE TOPIC {topic} WITH (min_active_partitions = {PARTITIONS})")
+            create(flight, topic)
             server, jvm = _cpu_s(processes[name].pid), _cpu_s(jvm_pid)
-            seconds[name].append(_timed(
-                lambda name=name, topic=topic: _rows(spark, count).writeTo(
-                    f"tb_{name}.main.{topic}").append()))  # fmt: skip
+            seconds[name].append(_timed(lambda name=name, topic=topic: write(name, count, topic)))
             print(f"round {round_} {name} {seconds[name][-1]:.2f} s, COMMIT WRITES "
                   f"{stats.lastCommitSeconds():.2f} s, server CPU "
                   f"{_cpu_s(processes[name].pid) - server:.2f} s, JVM CPU "

@@ -90,6 +90,7 @@ from storage.record_batch import (
     serialize_body_buffer,
 )
 from storage.wire_columns import _layout as wire_layout
+from storage.zstd_messages import check_zstd_messages
 
 STAGED_MAGIC = b"TBs1"
 STAGED_HEADER = struct.Struct("<4sIqII")
@@ -459,7 +460,8 @@ def read_incoming(read: Callable[[int], bytes | bytearray | memoryview]
                pa.py_buffer(body))  # fmt: skip
 
 
-def check_incoming(frame: IncomingFrame, body: pa.Buffer) -> pa.RecordBatch:
+def check_incoming(frame: IncomingFrame, body: pa.Buffer,
+                   zstd: bool = False) -> pa.RecordBatch:  # fmt: skip
     """The body of an incoming frame as its ``WIRE_SCHEMA`` batch (zero-copy over
     ``body``), once everything a reader of the partition relies on is checked: the
     CRC-32C; one uncompressed Arrow IPC record-batch message of ``WIRE_SCHEMA``'s layout
@@ -468,7 +470,9 @@ def check_incoming(frame: IncomingFrame, body: pa.Buffer) -> pa.RecordBatch:
     reaches a partition log); within the frame targets (more than one message: at most
     ``FRAME_TARGET_BYTES`` of data), no message over ``MESSAGE_BYTES_MAX`` (54000); no
     producer id, message group or metadata, and raw messages (what a frame published
-    by copy may hold: ``frame_cuts.cuttable``). Otherwise 22P04. The values the engine
+    by copy may hold: ``frame_cuts.cuttable``), or, with ``zstd`` (the topic accepts
+    zstd), messages the client compressed with zstd (codec 4), each checked to decode
+    (``zstd_messages.check_zstd_messages``: 22P03). Otherwise 22P04. The values the engine
     bounds (``seq_no``, ``created_at``) are the caller's to check."""
     if crc32c.crc32c(body) != frame.body_crc:
         raise BadStagedFrameError("a staged frame's body does not match its CRC-32C")
@@ -509,9 +513,13 @@ def check_incoming(frame: IncomingFrame, body: pa.Buffer) -> pa.RecordBatch:
         raise BadStagedFrameError("a staged frame holds a producer id, message group or "
                                   "metadata")  # fmt: skip
     codecs = batch.column(4)
-    if codecs.null_count or np.any(codecs.to_numpy(zero_copy_only=False) != Codec.RAW.value):
-        raise BadStagedFrameError("a staged frame holds compressed messages (codec other "
-                                  "than raw)")  # fmt: skip
+    ids = codecs.to_numpy(zero_copy_only=False)
+    if codecs.null_count or np.any(ids != Codec.RAW.value):
+        if not zstd or codecs.null_count or np.any(ids != Codec.ZSTD.value):
+            raise BadStagedFrameError("a staged frame holds compressed messages (codec other "
+                                      "than raw, or zstd where the topic accepts it; one "
+                                      "codec a frame)")  # fmt: skip
+        check_zstd_messages(data)
     return batch
 
 

@@ -45,6 +45,9 @@ import org.apache.spark.sql.types.StructType;
 import org.apache.spark.sql.types.TimestampType;
 import org.apache.spark.unsafe.Platform;
 
+import com.github.luben.zstd.Zstd;
+import com.github.luben.zstd.ZstdCompressCtx;
+
 /**
  * One task's topic rows sent as staged partition frames ({@code COPY TOPIC t FROM STDIN
  * (FORMAT frames, WRITE_ID 'id')}): the rows grouped by their {@code partition} here, in the
@@ -79,6 +82,9 @@ final class WireFrames implements AutoCloseable {
     static final int HEADER_BYTES = 24;
     static final int SPARE_MAX = 4;
     private static final byte RAW = 1; // storage.codecs.Codec.RAW
+    private static final byte ZSTD = 4; // storage.codecs.Codec.ZSTD
+    /** The zstd level of {@code frameCodec=zstd} (storage.codecs compresses at 1 too). */
+    static final int ZSTD_LEVEL = 1;
     /** A frame up to this size goes as one CopyData message (the server then checks and
      * writes the body where it arrived, no copy to join pieces); a larger one (a single
      * large message) in the COPY's 1 MiB pieces. */
@@ -241,11 +247,35 @@ final class WireFrames implements AutoCloseable {
     private final ByteBuffer header = ByteBuffer.allocate(HEADER_BYTES)
         .order(ByteOrder.LITTLE_ENDIAN);
     private final CRC32C crc = new CRC32C();
+    private final ZstdCompressCtx zstd; // null: messages go raw
+    private final byte codecId;
+    private byte[] scratch = new byte[1 << 12]; // a row's data before zstd (off-heap rows)
     long rows;
     long frames;
 
     /** {@code ordinals[i]} is where {@code written}'s column i is in the rows handed over. */
     WireFrames(StructType written, int[] ordinals) {
+        this(written, ordinals, "raw");
+    }
+
+    /** As above, each message compressed with {@code codec} ({@code raw}: as it is;
+     * {@code zstd}: one zstd frame per message, level {@link #ZSTD_LEVEL}, its content size
+     * in the frame header, which the server needs to check it). */
+    WireFrames(StructType written, int[] ordinals, String codec) {
+        switch (codec.trim().toLowerCase(Locale.ROOT)) {
+            case "raw":
+                this.zstd = null;
+                break;
+            case "zstd":
+                this.zstd = new ZstdCompressCtx();
+                zstd.setLevel(ZSTD_LEVEL);
+                zstd.setContentSize(true);
+                break;
+            default:
+                throw new IllegalArgumentException("frameCodec must be raw or zstd, not \""
+                    + codec + "\"");
+        }
+        this.codecId = zstd == null ? RAW : ZSTD;
         int data = -1, partition = -1, seq = -1, created = -1;
         List<Integer> nulls = new ArrayList<>();
         DataType partitionKind = null, seqKind = null;
@@ -350,16 +380,21 @@ final class WireFrames implements AutoCloseable {
             pending.put(partition, share);
             pendingCost += PARTITION_COST;
         }
-        int at = share.reserve(length);
-        if (unsafe != null) {
-            Platform.copyMemory(unsafe.getBaseObject(),
-                unsafe.getBaseOffset() + (int) (offsetAndSize >> 32), share.values,
-                Platform.BYTE_ARRAY_OFFSET + at, length);
+        int stored = length;
+        if (zstd != null) {
+            stored = compress(share, unsafe, offsetAndSize, value, length);
         } else {
-            System.arraycopy(value, 0, share.values, at, length);
+            int at = share.reserve(length);
+            if (unsafe != null) {
+                Platform.copyMemory(unsafe.getBaseObject(),
+                    unsafe.getBaseOffset() + (int) (offsetAndSize >> 32), share.values,
+                    Platform.BYTE_ARRAY_OFFSET + at, length);
+            } else {
+                System.arraycopy(value, 0, share.values, at, length);
+            }
         }
-        share.added(length, seq, noSeq, created);
-        pendingCost += length + ROW_COST;
+        share.added(stored, seq, noSeq, created);
+        pendingCost += stored + ROW_COST;
         rows++;
         if (share.count >= TARGET_MESSAGES || share.bytes >= TARGET_BYTES) {
             flush(partition, out);
@@ -374,6 +409,31 @@ final class WireFrames implements AutoCloseable {
                 flush(entry.getKey(), out);
             }
         }
+    }
+
+    /** Compresses a row's data (in {@code unsafe} at {@code offsetAndSize}, else
+     * {@code value}) into {@code share}'s array as one zstd frame; its size. */
+    private int compress(Pending share, UnsafeRow unsafe, long offsetAndSize, byte[] value,
+            int length) {
+        byte[] source = value;
+        int from = 0;
+        if (unsafe != null) {
+            Object base = unsafe.getBaseObject();
+            long address = unsafe.getBaseOffset() + (int) (offsetAndSize >> 32);
+            if (base instanceof byte[]) {
+                source = (byte[]) base;
+                from = (int) (address - Platform.BYTE_ARRAY_OFFSET);
+            } else {
+                if (scratch.length < length) {
+                    scratch = new byte[Math.max(length, 2 * scratch.length)];
+                }
+                Platform.copyMemory(base, address, scratch, Platform.BYTE_ARRAY_OFFSET, length);
+                source = scratch;
+            }
+        }
+        int bound = (int) Math.min(Integer.MAX_VALUE - 8, Zstd.compressBound(length));
+        int at = share.reserve(bound);
+        return zstd.compressByteArray(share.values, at, bound, source, from, length);
     }
 
     /** Sends every waiting row (partitions in ascending order). */
@@ -402,7 +462,7 @@ final class WireFrames implements AutoCloseable {
                 seq.setSafe(i, share.seq[i]);
             }
             created.setSafe(i, share.created[i]);
-            codec.setSafe(i, RAW);
+            codec.setSafe(i, codecId);
         }
         ArrowBuf offsets = data.getOffsetBuffer();
         for (int i = 0; i < count; i++) {
@@ -476,5 +536,8 @@ final class WireFrames implements AutoCloseable {
         pendingCost = 0;
         root.close();
         allocator.close();
+        if (zstd != null) {
+            zstd.close();
+        }
     }
 }

@@ -358,7 +358,8 @@ final class WireWrite implements Write {
          * (then every row must), else as one Arrow stream.
          */
         private void open(InternalRow first) throws IOException {
-            WireFrames framed = framesSql == null ? null : new WireFrames(written, ordinals);
+            WireFrames framed = framesSql == null ? null : new WireFrames(written, ordinals,
+                options.getOrDefault("frameCodec", "raw"));
             if (framed != null && !framed.holds(first)) {
                 framed.close();
                 framed = null;

@@ -1,0 +1,120 @@
+"""Staged frames whose messages the client compressed with zstd (codec 4; the Spark
+writer's ``frameCodec=zstd``, round 17): accepted only by a topic that accepts zstd, each
+message decompressed once by the server before anything is staged
+(``storage.zstd_messages``), published as sent and read back decoded. Every byte is
+hostile until checked: a refused frame fails the COPY and nothing of it stays staged.
+"""
+
+from __future__ import annotations
+
+import struct
+
+import psycopg
+import pyarrow as pa
+import pytest
+import zstandard
+
+from sql.pgwire.server import ServerThread
+from storage import limits
+from tests.pgwire.test_copy_frames import frame, send, staged_files, wire
+from tests.pgwire.test_copy_staged import Connect, topic_rows
+
+PLAIN = [b"a" * 1000, b"", b"hello", bytes(range(256)) * 3]
+
+
+def _zstd(payloads: list[bytes], *, content_size: bool = True) -> list[bytes]:
+    compressor = zstandard.ZstdCompressor(level=1, write_content_size=content_size)
+    return [compressor.compress(p) for p in payloads]
+
+
+def zstd_wire(messages: list[bytes]) -> pa.RecordBatch:
+    """A wire batch of ``messages`` (already compressed) marked zstd (codec 4)."""
+    batch = wire(messages)
+    return batch.set_column(4, "codec", pa.array([4] * len(messages), pa.uint8()))
+
+
+@pytest.fixture
+def db(connect: Connect) -> psycopg.Connection:
+    connection = connect(autocommit=True)
+    connection.execute("CREATE TOPIC zevents WITH (min_active_partitions = 2)")  # raw,gzip,zstd
+    connection.execute("CREATE TOPIC events WITH (min_active_partitions = 2, "
+                       "supported_codecs = 'raw')")  # fmt: skip
+    return connection
+
+
+def test_zstd_frames_are_staged_as_sent_and_read_back_decoded(
+        db: psycopg.Connection, server: ServerThread) -> None:  # fmt: skip
+    stream = (frame(0, zstd_wire(_zstd(PLAIN[:2]))) + frame(1, zstd_wire(_zstd(PLAIN[2:])))
+              + frame(0, wire([b"raw too"])))  # fmt: skip
+    assert send(db, "z-1", stream, topic="zevents") == 5
+    (path,) = [p for p in staged_files(server, "z-1") if p.endswith(".frames")]
+    with open(path, "rb") as handle:
+        assert handle.read() == stream  # as received: compressed, not re-encoded
+    assert db.execute("COMMIT WRITES ('z-1') SINK 's' BATCH 0").fetchone() == ("committed", 5)
+    assert [(p, o, bytes(d)) for p, o, d in topic_rows(db, "zevents")] == [
+        (0, 0, PLAIN[0]), (0, 1, PLAIN[1]), (0, 2, b"raw too"), (1, 0, PLAIN[2]),
+        (1, 1, PLAIN[3])]  # fmt: skip
+    codecs = db.execute('SELECT codec FROM TOPIC zevents ORDER BY partition, "offset"')
+    assert [c for (c,) in codecs.fetchall()] == ["zstd", "zstd", "raw", "zstd", "zstd"]
+
+
+def _lying_size(message: bytes, size: int) -> bytes:
+    """``message`` (a single-segment frame with a 4-byte content size field, as zstd
+    writes for sizes of 65,792 bytes and more) declaring ``size``."""
+    assert message[4] >> 6 == 2 and message[4] & 0x20
+    return message[:5] + struct.pack("<I", size) + message[9:]
+
+
+def _corrupt(message: bytes) -> bytes:
+    """``message`` (a single-segment frame with a 2-byte content size) whose first block
+    says it is of the reserved block type (3): undecodable. (A flipped byte of a block's
+    contents may still decode, to other bytes: content corruption is the frame's CRC-32C's
+    to catch, decodability the server's.)"""
+    assert message[4] >> 6 == 1 and message[4] & 0x20
+    return message[:7] + bytes([message[7] | 0b110]) + message[8:]
+
+
+BIG = _zstd([bytes(range(256)) * 300])[0]  # 76,800 bytes: a 4-byte content size
+
+
+@pytest.mark.parametrize(("messages", "sqlstate"), [
+    ([b"\xff" * 64], "22P03"),  # not a zstd frame
+    ([b"(\xb5/"], "22P03"),  # too short to hold a frame header
+    (_zstd([b"x" * 500], content_size=False), "22P03"),  # no declared size
+    ([_lying_size(BIG, 76_801)], "22P03"),  # decompresses to less than it declares
+    ([_corrupt(_zstd([bytes(range(256)) * 40])[0])], "22P03"),
+    ([_zstd([b"ok"])[0], BIG[:-7]], "22P03"),  # the second one cut short
+    ([_lying_size(BIG, 1 << 30)], "54000"),  # over MESSAGE_BYTES_MAX: nothing allocated
+], ids=["not-zstd", "too-short", "no-content-size", "size-lie", "corrupt", "truncated",
+        "declared-too-large"])  # fmt: skip
+def test_a_hostile_zstd_frame_fails_the_copy_and_stages_nothing(
+        db: psycopg.Connection, server: ServerThread, messages: list[bytes],
+        sqlstate: str) -> None:  # fmt: skip
+    assert send(db, "h-1", frame(0, zstd_wire(_zstd([b"kept"]))), topic="zevents") == 1
+    with pytest.raises(psycopg.Error) as raised:
+        send(db, "h-1", frame(1, wire([b"before"])) + frame(0, zstd_wire(messages)),
+             topic="zevents")  # fmt: skip
+    assert raised.value.sqlstate == sqlstate, raised.value
+    assert len([p for p in staged_files(server, "h-1") if p.endswith(".frames")]) == 1
+    assert not [p for p in staged_files(server, "h-1") if p.endswith(".part")]
+    assert db.execute("COMMIT WRITES ('h-1') SINK 'h' BATCH 0").fetchone() == ("committed", 1)
+    assert [bytes(d) for _, _, d in topic_rows(db, "zevents")] == [b"kept"]
+
+
+def test_the_declared_sizes_of_a_frame_are_bounded_before_any_is_decompressed(
+        db: psycopg.Connection, monkeypatch: pytest.MonkeyPatch) -> None:  # fmt: skip
+    monkeypatch.setattr(limits, "BATCH_BYTES_MAX", 150_000)  # two BIGs: 153,600 bytes
+    with pytest.raises(psycopg.errors.ProgramLimitExceeded):
+        send(db, "b-1", frame(0, zstd_wire([BIG, BIG])), topic="zevents")
+    assert send(db, "b-2", frame(0, zstd_wire([BIG])), topic="zevents") == 1
+
+
+@pytest.mark.parametrize("codecs", [[4, 4], [1, 4], [2, 2]], ids=["zstd", "mixed", "gzip"])
+def test_compressed_frames_need_a_topic_that_accepts_zstd_and_one_codec_a_frame(
+        db: psycopg.Connection, server: ServerThread, codecs: list[int]) -> None:  # fmt: skip
+    batch = wire(_zstd([b"p", b"q"])).set_column(4, "codec", pa.array(codecs, pa.uint8()))
+    topic = "events" if codecs == [4, 4] else "zevents"  # raw only / the default codecs
+    with pytest.raises(psycopg.Error) as raised:
+        send(db, "c-1", frame(0, batch), topic=topic)
+    assert raised.value.sqlstate == "22P04", raised.value
+    assert not [p for p in staged_files(server, "c-1") if p.endswith((".frames", ".part"))]
