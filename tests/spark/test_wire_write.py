@@ -22,6 +22,7 @@ from engine.bulk_write import WRITES_DIRECTORY, BulkWrites
 from sql.flight.server import TopicbaseFlightServer
 from sql.pgwire.connection import copy_staged
 from sql.pgwire.users import add_user, default_users_path
+from storage import limits
 from storage.record_batch import WIRE_SCHEMA, serialize_body_buffer
 from storage.wire_columns import decode_wire_bodies
 from tests.spark.conftest import sql_rows
@@ -485,3 +486,23 @@ def test_frame_codec_zstd_into_a_topic_without_zstd_fails_and_leaves_nothing(
         time.sleep(0.1)
     assert _staged(database) == []
     assert sql_rows(database, "SELECT count(*) AS n FROM TOPIC events") == [{"n": 0}]
+
+
+def test_frame_codec_zstd_cuts_frames_by_the_messages_plain_size(
+        spark, database, url, wire, frame_bodies, monkeypatch) -> None:  # fmt: skip
+    """A frame of zstd messages is cut at the frame target of their plain bytes, not of
+    the compressed ones: 40 messages of 512 KiB that compress to ~60 bytes each go as
+    frames of 8, each decoding to 4 MiB, within what the server lets a frame declare
+    (here 8 MiB: one frame of all 40 would declare 20 MiB and be refused, 54000)."""
+    monkeypatch.setattr(limits, "BATCH_BYTES_MAX", 8 * 1024 * 1024)
+    _create(database, partitions=1)
+    tb = _catalog(spark, url, wire)
+    frame = spark.range(0, 40, numPartitions=1).selectExpr(
+        "CAST(concat(CAST(id AS STRING), repeat('q', 524280)) AS BINARY) AS data",
+        "0 AS partition", "id AS seq_no")  # fmt: skip
+    frame.writeTo(f"{tb}.main.events").option("frameCodec", "zstd").append()
+    assert [count for count, _ in frame_bodies] == [8] * 5
+    rows = sql_rows(database, 'SELECT seq_no, octet_length(data) AS n FROM TOPIC events '
+                    'ORDER BY "offset"')  # fmt: skip
+    assert [(r["seq_no"], r["n"]) for r in rows] == [
+        (i, len(str(i)) + 524280) for i in range(40)]  # fmt: skip

@@ -160,6 +160,10 @@ final class WireFrames implements AutoCloseable {
         long[] created = new long[16];
         int count;
         long bytes;
+        /** The rows' data before compression (= {@link #bytes} for raw messages): a frame
+         * is cut by it, so a frame of zstd messages decodes to at most a frame's target
+         * (plus one message), within what the server lets one frame declare. */
+        long plainBytes;
 
         /** Room for a row of {@code length} bytes; where its data goes. */
         int reserve(int length) {
@@ -194,6 +198,7 @@ final class WireFrames implements AutoCloseable {
         void clear() {
             count = 0;
             bytes = 0;
+            plainBytes = 0;
         }
 
         long cost() {
@@ -371,7 +376,7 @@ final class WireFrames implements AutoCloseable {
         long created = createdAt >= 0 && !row.isNullAt(createdAt) ? row.getLong(createdAt)
             : System.currentTimeMillis() * 1000L;
         Pending share = pending.get(partition);
-        if (share != null && share.bytes + length > TARGET_BYTES) {
+        if (share != null && share.plainBytes + length > TARGET_BYTES) {
             flush(partition, out); // the frame is full: this row starts the next one
             share = null;
         }
@@ -394,9 +399,10 @@ final class WireFrames implements AutoCloseable {
             }
         }
         share.added(stored, seq, noSeq, created);
+        share.plainBytes += length;
         pendingCost += stored + ROW_COST;
         rows++;
-        if (share.count >= TARGET_MESSAGES || share.bytes >= TARGET_BYTES) {
+        if (share.count >= TARGET_MESSAGES || share.plainBytes >= TARGET_BYTES) {
             flush(partition, out);
         }
         if (pendingCost > PENDING_BYTES) {
