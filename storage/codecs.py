@@ -18,6 +18,7 @@ import pyarrow as pa
 import zstandard
 
 from storage.errors import InvalidBinaryDataError, UnsupportedCodecError
+from storage.zstd_messages import decode_zstd_column
 
 try:  # python-lzo builds only where liblzo2 headers are installed.
     import lzo as _lzo  # type: ignore[import-not-found]
@@ -117,6 +118,12 @@ def decode_column(codec_column: pa.Array, data_column: pa.Array) -> pa.Array:
     codec_ids = codec_column.to_numpy(zero_copy_only=False)
     if len(data_column) == 0 or bool((codec_ids == Codec.RAW.value).all()):
         return data_column
+    if bool((codec_ids == Codec.ZSTD.value).all()) and not data_column.null_count:
+        if isinstance(data_column, pa.ChunkedArray):
+            data_column = data_column.combine_chunks()
+        whole = decode_zstd_column(data_column)
+        if whole is not None:
+            return whole
     codecs = codec_ids.tolist()
     values = data_column.to_pylist()
     decoded = [
@@ -124,3 +131,4 @@ def decode_column(codec_column: pa.Array, data_column: pa.Array) -> pa.Array:
         for codec, value in zip(codecs, values, strict=True)
     ]
     return pa.array(decoded, type=data_column.type)
+

@@ -17,9 +17,19 @@ Invariants (what ``check_zstd_messages`` guarantees for a column it accepts):
   readers call, then returns those bytes: bytes after the first zstd frame of a message
   are ignored by both alike).
 Otherwise ``InvalidBinaryDataError`` (22P03) or, for a size over a bound, 54000.
+
+Messages that declare a size of 0 are not handed to the C call: python-zstandard 0.25's
+``multi_decompress_to_buffer`` corrupts the heap when an item decompresses to nothing
+(found here: ``free(): double free`` for a column whose first message is empty); its
+``decompress`` returns ``b""`` for them without reading further, and so do readers.
+
+``decode_zstd_column`` is the read side (``codecs.decode_column``): a column of zstd
+messages decoded by the same one C call instead of a Python call per message.
 """
 
 from __future__ import annotations
+
+import threading
 
 import numpy as np
 import pyarrow as pa
@@ -33,17 +43,15 @@ ZSTD_MAGIC = 0xFD2FB528
 _DICTIONARY_ID_BYTES = np.array([0, 1, 2, 4], dtype=np.int64)
 _CONTENT_SIZE_BYTES = np.array([0, 2, 4, 8], dtype=np.int64)
 _HEADER_MIN_BYTES = 6  # magic, descriptor, at least one byte of content size
+_LOCAL = threading.local()  # one decompressor a thread (they are not thread-safe)
 
 
-def check_zstd_messages(data: pa.Array) -> None:
-    """Refuse ``data`` (a binary column, every message zstd-compressed) unless each
-    message is one zstd frame with its content size declared within the bounds above that
-    decompresses to it (the module doc)."""
+def declared_sizes(data: pa.Array) -> np.ndarray:
+    """The content size each message of ``data`` (a binary column of zstd messages, no
+    nulls) declares in its zstd frame header (uint64), read with numpy alone; 22P03 for a
+    message that is not a zstd frame header declaring its size."""
     count = len(data)
-    if not count:
-        return
-    offsets = np.frombuffer(data.buffers()[1], dtype=np.int32, count=count + 1,
-                            offset=data.offset * 4).astype(np.int64)  # fmt: skip
+    offsets = _offsets(data)
     values = data.buffers()[2]
     body = np.frombuffer(values, dtype=np.uint8) if values is not None else np.zeros(0, np.uint8)
     starts, lengths = offsets[:-1], np.diff(offsets)
@@ -71,7 +79,16 @@ def check_zstd_messages(data: pa.Array) -> None:
         present = size_bytes > byte
         sizes |= np.where(present, padded[np.where(present, at + byte, 0)], 0).astype(
             np.uint64) << np.uint64(8 * byte)  # fmt: skip
-    sizes += np.where(size_flag == 1, 256, 0).astype(np.uint64)
+    return sizes + np.where(size_flag == 1, 256, 0).astype(np.uint64)
+
+
+def check_zstd_messages(data: pa.Array) -> None:
+    """Refuse ``data`` (a binary column, every message zstd-compressed) unless each
+    message is one zstd frame with its content size declared within the bounds above that
+    decompresses to it (the module doc)."""
+    if not len(data):
+        return
+    sizes = declared_sizes(data)
     largest = int(sizes.max())
     if largest > limits.MESSAGE_BYTES_MAX:
         raise LimitExceededError(f"a zstd message of {largest} bytes decompressed exceeds "
@@ -80,10 +97,43 @@ def check_zstd_messages(data: pa.Array) -> None:
     if total > limits.BATCH_BYTES_MAX:
         raise LimitExceededError(f"zstd messages of {total} bytes decompressed exceed the "
                                  f"limit of {limits.BATCH_BYTES_MAX} bytes a batch")  # fmt: skip
-    segments = np.stack([starts, lengths], axis=1).astype(np.uint64)
+    _decompress(data, sizes)
+
+
+def decode_zstd_column(data: pa.Array) -> pa.Array | None:
+    """``data`` (a binary column of zstd messages, no nulls) decoded by one C call, or
+    None when a message does not declare its size or does not decode (the caller's
+    per-message path then decodes it, or names the broken message)."""
     try:
-        zstandard.ZstdDecompressor().multi_decompress_to_buffer(
-            zstandard.BufferWithSegments(values, segments.tobytes()),
-            decompressed_sizes=sizes.tobytes())
-    except zstandard.ZstdError as error:
+        sizes = declared_sizes(data)
+        out = _decompress(data, sizes)
+    except InvalidBinaryDataError:
+        return None
+    pieces = iter(out)
+    return pa.array([next(pieces) if size else b"" for size in sizes.tolist()],
+                    type=data.type)  # fmt: skip
+
+
+def _offsets(data: pa.Array) -> np.ndarray:
+    return np.frombuffer(data.buffers()[1], dtype=np.int32, count=len(data) + 1,
+                         offset=data.offset * 4).astype(np.int64)  # fmt: skip
+
+
+def _decompress(data: pa.Array, sizes: np.ndarray) -> list[bytes]:
+    """The messages of ``data`` that declare a size above 0, decompressed in one C call
+    to exactly their ``sizes`` (22P03 otherwise), in order."""
+    offsets = _offsets(data)
+    keep = sizes > 0
+    if not bool(keep.any()):
+        return []
+    segments = np.stack([offsets[:-1][keep], np.diff(offsets)[keep]], axis=1).astype(np.uint64)
+    try:
+        decompressor = getattr(_LOCAL, "zstd", None)
+        if decompressor is None:
+            decompressor = _LOCAL.zstd = zstandard.ZstdDecompressor()
+        out = decompressor.multi_decompress_to_buffer(
+            zstandard.BufferWithSegments(data.buffers()[2], segments.tobytes()),
+            decompressed_sizes=sizes[keep].tobytes())
+    except (zstandard.ZstdError, ValueError) as error:
         raise InvalidBinaryDataError(f"cannot decode a zstd message: {error}") from None
+    return [out[i].tobytes() for i in range(len(out))]

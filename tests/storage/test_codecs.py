@@ -173,3 +173,22 @@ def test_compressed_messages_are_stored_as_sent_and_decode_on_read(
     read = partition.read(0).batches[0]
     assert read.column("data").to_pylist() == sent
     assert decode_column(read.column("codec"), read.column("data")).to_pylist() == plain
+
+
+def test_a_column_of_zstd_messages_is_decoded_in_one_call(monkeypatch: pytest.MonkeyPatch) -> None:
+    """All-zstd columns (what ``frameCodec=zstd`` writes, round 17) are decoded by one C
+    call, not a ``decode`` per message; a sliced column too; a broken message still
+    raises 22P03 (the per-message path names it)."""
+    messages = [b"", b"x" * 3000, b"", *(bytes([i]) * i for i in range(1, 60))]
+    column = pa.array([encode(Codec.ZSTD, m) for m in messages], pa.binary())
+    ids = pa.array([Codec.ZSTD.value] * len(messages), pa.uint8())
+    calls: list[bytes] = []
+    real = codecs.decode
+    monkeypatch.setattr(codecs, "decode",
+                        lambda codec, data: calls.append(data) or real(codec, data))
+    assert decode_column(ids, column).to_pylist() == messages
+    assert decode_column(ids.slice(5, 20), column.slice(5, 20)).to_pylist() == messages[5:25]
+    assert calls == []
+    broken = pa.array([encode(Codec.ZSTD, b"ok"), b"\x28\xb5\x2f\xfd\x00"], pa.binary())
+    with pytest.raises(InvalidBinaryDataError):
+        decode_column(ids.slice(0, 2), broken)
