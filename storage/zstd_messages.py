@@ -30,6 +30,7 @@ messages decoded by the same one C call instead of a Python call per message.
 from __future__ import annotations
 
 import threading
+from typing import Any
 
 import numpy as np
 import pyarrow as pa
@@ -97,7 +98,7 @@ def check_zstd_messages(data: pa.Array) -> None:
     if total > limits.BATCH_BYTES_MAX:
         raise LimitExceededError(f"zstd messages of {total} bytes decompressed exceed the "
                                  f"limit of {limits.BATCH_BYTES_MAX} bytes a batch")  # fmt: skip
-    _decompress(data, sizes)
+    _decompress(data, sizes)  # decompressed, then dropped: only whether it decodes matters
 
 
 def decode_zstd_column(data: pa.Array) -> pa.Array | None:
@@ -109,7 +110,7 @@ def decode_zstd_column(data: pa.Array) -> pa.Array | None:
         out = _decompress(data, sizes)
     except InvalidBinaryDataError:
         return None
-    pieces = iter(out)
+    pieces = iter([out[i].tobytes() for i in range(len(out))])
     return pa.array([next(pieces) if size else b"" for size in sizes.tolist()],
                     type=data.type)  # fmt: skip
 
@@ -119,13 +120,14 @@ def _offsets(data: pa.Array) -> np.ndarray:
                          offset=data.offset * 4).astype(np.int64)  # fmt: skip
 
 
-def _decompress(data: pa.Array, sizes: np.ndarray) -> list[bytes]:
+def _decompress(data: pa.Array, sizes: np.ndarray) -> Any:
     """The messages of ``data`` that declare a size above 0, decompressed in one C call
-    to exactly their ``sizes`` (22P03 otherwise), in order."""
+    to exactly their ``sizes`` (22P03 otherwise), in order (a ``BufferWithSegmentsCollection``:
+    item i's ``tobytes()``; empty when none declares a size above 0)."""
     offsets = _offsets(data)
     keep = sizes > 0
     if not bool(keep.any()):
-        return []
+        return ()
     segments = np.stack([offsets[:-1][keep], np.diff(offsets)[keep]], axis=1).astype(np.uint64)
     try:
         decompressor = getattr(_LOCAL, "zstd", None)
@@ -136,4 +138,4 @@ def _decompress(data: pa.Array, sizes: np.ndarray) -> list[bytes]:
             decompressed_sizes=sizes[keep].tobytes())
     except (zstandard.ZstdError, ValueError) as error:
         raise InvalidBinaryDataError(f"cannot decode a zstd message: {error}") from None
-    return [out[i].tobytes() for i in range(len(out))]
+    return out
