@@ -42,9 +42,9 @@ def staged_copies(monkeypatch: pytest.MonkeyPatch) -> list[str]:
     seen: list[str] = []
     original = copy_staged.copy_staged_from_client
 
-    async def counting(context, write_id, kind, name, columns, **options):
+    async def counting(context, write_id, kind, name, columns, *args, **options):
         seen.append(write_id)
-        return await original(context, write_id, kind, name, columns, **options)
+        return await original(context, write_id, kind, name, columns, *args, **options)
 
     monkeypatch.setattr(copy_staged, "copy_staged_from_client", counting)
     return seen
@@ -56,9 +56,9 @@ def copy_formats(monkeypatch: pytest.MonkeyPatch) -> list[str]:
     seen: list[str] = []
     original = copy_staged.copy_staged_from_client
 
-    async def recording(context, write_id, kind, name, columns, *, frames=False):
+    async def recording(context, write_id, kind, name, columns, *args, frames=False):
         seen.append("frames" if frames else "arrow")
-        return await original(context, write_id, kind, name, columns, frames=frames)
+        return await original(context, write_id, kind, name, columns, *args, frames=frames)
 
     monkeypatch.setattr(copy_staged, "copy_staged_from_client", recording)
     return seen
