@@ -208,6 +208,7 @@ class BulkWrites:
             raise UndefinedTopicError(f'topic "{meta["name"]}" does not exist')
         topic = self.database.topic_log(entry.topic_id)
         zstd = Codec.ZSTD in topic.config.supported_codecs  # client-compressed frames
+        raw = Codec.RAW in topic.config.supported_codecs  # else raw frames are refused now
         with self._adding(write_id):
             base = os.path.join(self.root, write_id, _staged_name())
             writer = FrameFileWriter(self.database.store.fs, base + ".part",
@@ -219,7 +220,7 @@ class BulkWrites:
                     if frame.partition not in known:
                         topic.partition(frame.partition)  # 22023 if the topic has none
                         known.add(frame.partition)
-                    staged_refs.check_incoming_frame(frame, body, zstd)
+                    staged_refs.check_incoming_frame(frame, body, zstd, raw)
                     # At most a segment header and the body (an own file's frame); a
                     # frame of the shared file takes less: the rest is given back, so
                     # the cap is charged what is on disk (review R2-A1 of round 14).

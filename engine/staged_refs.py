@@ -378,13 +378,14 @@ def framed_groups(batch: pa.RecordBatch, clock) -> Iterator[tuple[int, pa.Record
             yield int(partition), rows.combine_chunks().to_batches()[0]
 
 
-def check_incoming_frame(frame: IncomingFrame, body: pa.Buffer, zstd: bool = False) -> None:
+def check_incoming_frame(frame: IncomingFrame, body: pa.Buffer, zstd: bool = False,
+                         raw: bool = True) -> None:  # fmt: skip
     """A client's staged frame checked as ``staged_frames.check_incoming`` does (22P04,
     54000; zstd messages where ``zstd``, the topic accepting zstd: 22P03 unless each
     decodes), and its values as ``build_batches`` bounds a write's: ``seq_no`` not
     negative (22003), ``created_at`` given for every message and within years 1-9999
     (22008)."""
-    batch = check_incoming(frame, body, zstd)
+    batch = check_incoming(frame, body, zstd, raw)
     _non_negative(batch.column(0), "seq_no")
     created = batch.column(3)
     if created.null_count:

@@ -414,3 +414,10 @@ DROP_BEHIND_STEP_BYTES = 4 * 1024 * 1024
 # repeats a few statements); past this many the least recently used go. Costed by their
 # text in a BoundedCache (part of TEXT_CACHES_BYTES_MAX).
 KEPT_PLANS_MAX = 64
+
+# -- zstd messages checked at staging (storage.zstd_messages; round 17, lead, review R1 F3) --
+# Decompressed output the checks of client-compressed zstd frames hold at once, all threads
+# together (each check's output is dropped at once; one frame declares at most
+# FRAME_TARGET_BYTES + MESSAGE_BYTES_MAX): many connections sending small frames that
+# declare much cannot add up past this.
+ZSTD_CHECK_IN_FLIGHT_BYTES = 64 * 1024 * 1024

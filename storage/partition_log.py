@@ -344,14 +344,15 @@ class PartitionLog:
         whole own file of ``ADOPT_BYTES_MIN`` to ``ADOPT_BYTES_MAX`` bytes are not copied:
         the file is adopted as a segment (``_adopt_locked``). No frame holds a producer
         id, a message group or metadata, so none is a duplicate and the producer state
-        has nothing to record; they are raw (codec 0), which the topic must accept. An
+        has nothing to record; they are raw (codec 0) or zstd messages (codec 4, checked
+        when staged against the codecs the topic accepted then), so the topic must accept
+        one of the two. An
         inactive partition raises ``PartitionInactiveError`` (the caller publishes the
         decoded rows by key instead). A frame of an own file that recovery found gone
         (adopted, ``staged_refs``: a placeholder, ``body_position`` -1) that this
         partition lacks is ``CorruptSegmentError``: the committed rows are lost."""
         assert transaction_id > 0
-        if int(Codec.RAW) not in self._codec_ids:
-            raise UnsupportedCodecError("codec raw is not supported by this topic")
+        self._check_staged_codecs()
         for frame in frames:
             if frame.body_position < 0:
                 raise CorruptSegmentError(
@@ -529,12 +530,17 @@ class PartitionLog:
 
     def check_staged(self) -> None:
         """Raise what ``publish_staged`` would raise before writing anything: a topic that
-        refuses raw messages, a closed or fenced partition (an inactive one is published
-        by key, ``TopicLog.publish_staged``)."""
-        if int(Codec.RAW) not in self._codec_ids:
-            raise UnsupportedCodecError("codec raw is not supported by this topic")
+        refuses raw and zstd messages, a closed or fenced partition (an inactive one is
+        published by key, ``TopicLog.publish_staged``)."""
+        self._check_staged_codecs()
         if self._closed or self._fenced is not None:
             self._check_writable()
+
+    def _check_staged_codecs(self) -> None:
+        """Staged frames hold raw or zstd messages (which ones was checked when they were
+        staged: a topic ALTERed since takes them as they are)."""
+        if int(Codec.RAW) not in self._codec_ids and int(Codec.ZSTD) not in self._codec_ids:
+            raise UnsupportedCodecError("codecs raw and zstd are not supported by this topic")
 
     def _redirected(self, batches: list[pa.RecordBatch], transaction_id: int) -> list[AppendResult]:
         """Hand a transactional publish to ``redirect`` (this partition split); the

@@ -77,6 +77,7 @@ from storage.errors import (
     LimitExceededError,
     NumericValueOutOfRangeError,
     StorageIOError,
+    UnsupportedCodecError,
 )
 from storage.frame_cuts import cuttable, frame_slices
 from storage.fs import FileSystem
@@ -460,8 +461,8 @@ def read_incoming(read: Callable[[int], bytes | bytearray | memoryview]
                pa.py_buffer(body))  # fmt: skip
 
 
-def check_incoming(frame: IncomingFrame, body: pa.Buffer,
-                   zstd: bool = False) -> pa.RecordBatch:  # fmt: skip
+def check_incoming(frame: IncomingFrame, body: pa.Buffer, zstd: bool = False,
+                   raw: bool = True) -> pa.RecordBatch:  # fmt: skip
     """The body of an incoming frame as its ``WIRE_SCHEMA`` batch (zero-copy over
     ``body``), once everything a reader of the partition relies on is checked: the
     CRC-32C; one uncompressed Arrow IPC record-batch message of ``WIRE_SCHEMA``'s layout
@@ -514,6 +515,8 @@ def check_incoming(frame: IncomingFrame, body: pa.Buffer,
                                   "metadata")  # fmt: skip
     codecs = batch.column(4)
     ids = codecs.to_numpy(zero_copy_only=False)
+    if not codecs.null_count and not np.any(ids != Codec.RAW.value) and not raw:
+        raise UnsupportedCodecError("codec raw is not supported by this topic")
     if codecs.null_count or np.any(ids != Codec.RAW.value):
         if not zstd or codecs.null_count or np.any(ids != Codec.ZSTD.value):
             raise BadStagedFrameError("a staged frame holds compressed messages (codec other "

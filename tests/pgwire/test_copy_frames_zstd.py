@@ -104,10 +104,54 @@ def test_a_hostile_zstd_frame_fails_the_copy_and_stages_nothing(
 
 def test_the_declared_sizes_of_a_frame_are_bounded_before_any_is_decompressed(
         db: psycopg.Connection, monkeypatch: pytest.MonkeyPatch) -> None:  # fmt: skip
-    monkeypatch.setattr(limits, "BATCH_BYTES_MAX", 150_000)  # two BIGs: 153,600 bytes
+    """A frame of several messages declares at most the frame target plus one message
+    (a raw frame of several holds at most the target: review R1 round 17, F3)."""
+    monkeypatch.setattr(limits, "FRAME_TARGET_BYTES", 70_000)  # two BIGs: 153,600 > 146,800
     with pytest.raises(psycopg.errors.ProgramLimitExceeded):
         send(db, "b-1", frame(0, zstd_wire([BIG, BIG])), topic="zevents")
     assert send(db, "b-2", frame(0, zstd_wire([BIG])), topic="zevents") == 1
+    assert send(db, "b-3", frame(0, zstd_wire([BIG, *_zstd([b"x" * 60_000])])),
+                topic="zevents") == 2  # fmt: skip
+
+
+def test_a_small_frame_declaring_much_is_refused_before_it_is_decompressed(
+        db: psycopg.Connection, server: ServerThread) -> None:  # fmt: skip
+    """4 x 16 MiB of zeros compress to a frame of ~2 KB: refused (54000) at the default
+    limits, nothing decompressed (review R1 round 17, F3)."""
+    bomb = zstandard.ZstdCompressor(level=19).compress(bytes(limits.MESSAGE_BYTES_MAX))
+    with pytest.raises(psycopg.errors.ProgramLimitExceeded):
+        send(db, "bomb", frame(0, zstd_wire([bomb] * 4)), topic="zevents")
+    assert not [p for p in staged_files(server, "bomb") if p.endswith((".frames", ".part"))]
+
+
+EMPTY = bytes.fromhex("28b52ffd2000010000")  # header (size 0), one empty last raw block
+EMPTY_CHECKED = bytes.fromhex("28b52ffd240001000099e9d851")  # and XXH64's low 4 bytes
+
+
+@pytest.mark.parametrize("message", [EMPTY + b"\xde\xad" * 1000, EMPTY_CHECKED[:-1] + b"\0",
+                                     EMPTY[:-3] + b"\x01\x00\x01" + b"z"],
+                         ids=["junk after", "bad checksum", "a block of 1"])  # fmt: skip
+def test_a_message_declaring_no_content_must_be_one_empty_frame(
+        db: psycopg.Connection, message: bytes) -> None:  # fmt: skip
+    """python-zstandard reads nothing past such a message's header, other decoders do: a
+    size-0 message with anything else in it is refused (review R1 round 17, F4)."""
+    with pytest.raises(psycopg.errors.InvalidBinaryRepresentation):  # 22P03
+        send(db, "z-0", frame(0, zstd_wire([message])), topic="zevents")
+    assert send(db, "z-1", frame(0, zstd_wire([EMPTY, EMPTY_CHECKED])), topic="zevents") == 2
+
+
+def test_a_topic_that_takes_only_zstd_commits_zstd_frames_and_refuses_raw_ones(
+        connect: Connect) -> None:  # fmt: skip
+    """Raw frames into a topic without raw are refused when staged, as the commit would
+    refuse them; zstd frames commit (review R2 round 17, R2-17-2: they were staged, then
+    refused at COMMIT WRITES as 'codec raw is not supported')."""
+    db = connect(autocommit=True)
+    db.execute("CREATE TOPIC zonly WITH (supported_codecs = 'zstd')")
+    with pytest.raises(psycopg.errors.InvalidParameterValue):  # 22023
+        send(db, "r-1", frame(0, wire([b"raw"])), topic="zonly")
+    assert send(db, "r-2", frame(0, zstd_wire(_zstd([b"hello", b"world"]))), topic="zonly") == 2
+    assert db.execute("COMMIT WRITES ('r-2') SINK 'r' BATCH 0").fetchone() == ("committed", 2)
+    assert [bytes(d) for _, _, d in topic_rows(db, "zonly")] == [b"hello", b"world"]
 
 
 @pytest.mark.parametrize("codecs", [[4, 4], [1, 4], [2, 2]], ids=["zstd", "mixed", "gzip"])
