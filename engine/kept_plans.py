@@ -62,6 +62,12 @@ class KeptPlans:
     def __len__(self) -> int:
         return len(self._plans)
 
+    def holds(self, statement: ast.Statement, plan: Plan) -> bool:
+        """Whether ``plan`` is the plan kept for ``statement`` (the same object on the next
+        run while it stays kept: the door may keep its decision on it, ``door_memo``)."""
+        kept = self._plans.get(id(statement))
+        return kept is not None and kept[0] is statement and kept[2] is plan
+
     def plan(self, statement: ast.Statement, database: Any,
              has_duckdb_relation: Any) -> Plan:  # fmt: skip
         """``planner.plan(statement, SessionCatalog(database, has_duckdb_relation))``, kept

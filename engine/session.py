@@ -238,7 +238,7 @@ class Session:
             if table is None:
                 return None  # the ordinary way runs it (and keeps its row)
             try:
-                self._guard(plan)
+                self._guard(plan, kept=True)  # a kept literal plan: the same object each run
             except TopicbaseError:
                 return None  # ``execute_statement`` refuses it, with the same error
             self._cancel_requested = False
@@ -520,7 +520,7 @@ class Session:
         self._check_duration()
         try:
             plan = self._kept_plans.plan(statement, self.database, self._has_duckdb_relation)
-            self._guard(plan)
+            self._guard(plan, kept=self._kept_plans.holds(statement, plan))
         except TopicbaseError:
             if self.state is SessionState.IN_TRANSACTION:
                 self.state = SessionState.FAILED
@@ -696,7 +696,8 @@ class Session:
         """The door's checks, before anything of ``plan`` runs: the sandbox (what DuckDB
         may be asked to do at all) and then privileges (what this identity may touch).
         ``kept``: ``plan`` is a plan this session keeps and checks again on every run
-        (``answer_lookup``), whose privilege decision may be kept (``door_memo``)."""
+        (``answer_lookup``, a kept literal SELECT, ``kept_plans``), whose privilege
+        decision may be kept (``door_memo``)."""
         sandbox.check_plan(plan, self.identity)
         if kept:
             privileges.check_plan(plan, self.identity, self, memo=self.door_memo)

@@ -199,3 +199,47 @@ def test_a_session_whose_names_stop_resolving_plainly_is_checked_again(
     assert not _allowed(alice, plan, memo)
     alice.execute("SET search_path = 'main'")
     assert _allowed(alice, plan, memo)
+
+
+def test_a_statement_run_again_the_ordinary_way_keeps_its_decision_until_a_revoke(
+    root: Session, alice: Session, checks: list[str]
+) -> None:
+    """A plan the session keeps for a repeated text (``engine.kept_plans``, round 17) is
+    the same object on every run, so its decision is kept as a lookup's is; a REVOKE from
+    another session, and a new role, are checked at the very next run."""
+    (statement,) = parse("SELECT v FROM kv WHERE k = 1")
+    for _ in range(3):
+        assert alice.execute_statement(statement).table.to_pylist() == [{"v": "one"}]
+    assert checks == ["alice"]  # kept after the first
+    root.execute("REVOKE SELECT ON kv FROM alice")
+    with pytest.raises(InsufficientPrivilegeError):
+        alice.execute_statement(statement)
+    root.execute("GRANT SELECT ON kv TO alice")
+    assert alice.execute_statement(statement).table.to_pylist() == [{"v": "one"}]
+    root.execute("SET ROLE alice")  # a superuser may become anyone
+    assert root.execute_statement(statement).table.to_pylist() == [{"v": "one"}]
+    root.execute("SET ROLE carol")  # a new identity, without the grant
+    with pytest.raises(InsufficientPrivilegeError):
+        root.execute_statement(statement)
+    root.execute("RESET ROLE")
+    assert checks == ["alice", "alice", "alice", "alice", "carol"]  # each change checked
+
+
+def test_a_kept_literal_select_keeps_its_decision(
+    alice: Session, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    made: list[str] = []
+    original = privileges._check_operations
+
+    def spying(plan: Plan, identity: Identity, session: Any) -> None:
+        made.append(identity.name)
+        original(plan, identity, session)
+
+    (statement,) = parse("SELECT 42 AS answer")
+    for _ in range(3):  # run the ordinary way until its row is kept
+        alice.execute_statement(statement)
+    monkeypatch.setattr(privileges, "_check_operations", spying)
+    for _ in range(3):
+        kept = alice.answer_literal(statement)
+        assert kept is not None and kept.table.to_pylist() == [{"answer": 42}]
+    assert made == ["alice"]

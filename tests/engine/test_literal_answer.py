@@ -107,9 +107,9 @@ def test_the_door_s_checks_run_on_every_answer(
         checked.append("sandbox")
         sandbox_check(plan, identity)
 
-    def privilege_spy(plan: Any, identity: Any, session: Any) -> None:
+    def privilege_spy(plan: Any, identity: Any, session: Any, memo: Any = None) -> None:
         checked.append("privileges")
-        privilege_check(plan, identity, session)
+        privilege_check(plan, identity, session, memo=memo)
 
     monkeypatch.setattr(sandbox, "check_plan", sandbox_spy)
     monkeypatch.setattr(privileges, "check_plan", privilege_spy)
@@ -117,7 +117,7 @@ def test_the_door_s_checks_run_on_every_answer(
         assert session.answer_literal(statement) is not None
     assert checked == ["sandbox", "privileges"] * 3
 
-    def refusing(plan: Any, identity: Any, session: Any) -> None:
+    def refusing(plan: Any, identity: Any, session: Any, memo: Any = None) -> None:
         raise InsufficientPrivilegeError("permission denied: refused for the test")
 
     monkeypatch.setattr(privileges, "check_plan", refusing)

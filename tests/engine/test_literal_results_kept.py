@@ -121,9 +121,9 @@ def test_the_door_s_checks_run_on_every_execution(
         checked.append("sandbox")
         sandbox_check(plan, identity)
 
-    def privilege_spy(plan: Any, identity: Any, session: Any) -> None:
+    def privilege_spy(plan: Any, identity: Any, session: Any, memo: Any = None) -> None:
         checked.append("privileges")
-        privilege_check(plan, identity, session)
+        privilege_check(plan, identity, session, memo=memo)
 
     _keep(session, "SELECT 1", duckdb_runs)
     monkeypatch.setattr(sandbox, "check_plan", sandbox_spy)
@@ -134,7 +134,7 @@ def test_the_door_s_checks_run_on_every_execution(
     assert checked == ["sandbox", "privileges"] * 3
     assert duckdb_runs == []
 
-    def refusing(plan: Any, identity: Any, session: Any) -> None:
+    def refusing(plan: Any, identity: Any, session: Any, memo: Any = None) -> None:
         raise InsufficientPrivilegeError("permission denied: refused for the test")
 
     monkeypatch.setattr(privileges, "check_plan", refusing)

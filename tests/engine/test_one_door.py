@@ -31,7 +31,7 @@ from storage.errors import InsufficientPrivilegeError, ObjectInUseError
 SECRET_ROWS = 3
 
 
-def _refuse_secret(plan: Plan, identity: Identity, session: Any) -> None:
+def _refuse_secret(plan: Plan, identity: Identity, session: Any, memo: Any = None) -> None:
     for operation in plan.operations:
         if isinstance(operation, RunQuery) and any(
             name.split(".")[-1] == "secret" for name in operation.tables_read

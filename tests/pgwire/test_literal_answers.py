@@ -152,9 +152,9 @@ def test_the_door_s_checks_refuse_a_kept_answer_on_the_next_execution(
     checked = privileges.check_plan
     calls: list[int] = []
 
-    def spying(plan: Any, identity: Any, session: Any) -> None:
+    def spying(plan: Any, identity: Any, session: Any, memo: Any = None) -> None:
         calls.append(1)
-        checked(plan, identity, session)
+        checked(plan, identity, session, memo=memo)
 
     monkeypatch.setattr(privileges, "check_plan", spying)
     ordinary_runs.clear()
@@ -162,7 +162,7 @@ def test_the_door_s_checks_refuse_a_kept_answer_on_the_next_execution(
         assert _run(client, _flight()) == kept
     assert len(calls) == 3 and ordinary_runs == []
 
-    def refusing(plan: Any, identity: Any, session: Any) -> None:
+    def refusing(plan: Any, identity: Any, session: Any, memo: Any = None) -> None:
         raise InsufficientPrivilegeError("permission denied: refused for the test")
 
     monkeypatch.setattr(privileges, "check_plan", refusing)
