@@ -120,13 +120,20 @@ def check_plan(plan: Plan, identity: Identity, session: Any,
     gives, no EXECUTE, no ownership test), and only while the session's names resolve
     plainly (``Session.names_resolve_plainly``: else a name is checked wherever DuckDB may
     find it, and the session's temporary views too, read from DuckDB every time).
-    Refusals are never kept."""
+    Refusals are never kept, and nothing is kept or used inside an explicit transaction
+    (its decisions stand on its snapshot, not on the current stamp)."""
     # ``role_undo.data``: its dict, whose emptiness costs no Python call (``len`` of the
     # WeakKeyDictionary runs one); a dead entry only sends us to the exact test.
     if role_undo.data and session in role_undo:
         identity = _settle_role(session)
     if identity.superuser:
         return
+    transaction = getattr(session, "transaction", None)
+    if memo is not None and transaction is not None and transaction.explicit:
+        # An explicit transaction decides on its own snapshot of owners and grants, which
+        # may predate the current stamp (a REVOKE committed since): such a decision must
+        # not be kept under that stamp for the runs after its COMMIT (review R3-17-1).
+        memo = None
     stamp = None
     if memo is not None and session.names_resolve_plainly():
         stamp = privilege_cache.stamp(session)

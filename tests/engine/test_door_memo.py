@@ -243,3 +243,27 @@ def test_a_kept_literal_select_keeps_its_decision(
         kept = alice.answer_literal(statement)
         assert kept is not None and kept.table.to_pylist() == [{"answer": 42}]
     assert made == ["alice"]
+
+
+@pytest.mark.parametrize("change", ["revoke", "drop and create"])
+def test_a_decision_made_inside_a_transaction_is_not_kept_past_its_commit(
+    root: Session, alice: Session, change: str
+) -> None:
+    """Inside an explicit transaction the check reads the transaction's snapshot, which
+    allows a plan after another session's REVOKE (or a table of the name dropped and made
+    again) committed: that decision must not be kept for the runs after the COMMIT
+    (review R3 round 17, R3-17-1: they read on)."""
+    (statement,) = parse("SELECT v FROM kv WHERE v <> 'x'")
+    alice.execute("BEGIN")
+    assert alice.execute_statement(statement).table.to_pylist() == [{"v": "one"}]
+    if change == "revoke":
+        root.execute("REVOKE SELECT ON kv FROM alice")
+    else:
+        root.execute("DROP TABLE kv")
+        root.execute("CREATE TABLE kv (k BIGINT PRIMARY KEY, v VARCHAR)")
+        root.execute("INSERT INTO kv VALUES (2, 'never granted')")
+    alice.execute_statement(statement)  # the transaction's snapshot: allowed, by design
+    alice.execute("COMMIT")
+    for _ in range(3):
+        with pytest.raises(InsufficientPrivilegeError):
+            alice.execute_statement(statement)
