@@ -44,23 +44,14 @@ import threading
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
-from engine.api import (
-    SYSTEM_CLOCK,
-    Database,
-    Result,
-    Session,
-    SessionState,
-    ast,
-    check_database,
-    parse,
-    setting_rules,
-    split_statements,
-)
 from sql import formatting
 from sql.internal_error import internal_error
 from storage.errors import TopicbaseError
+
+if TYPE_CHECKING:  # the engine is imported where it runs: `serve`, `user` and --help need none
+    from engine.api import Database, Result, Session, ast
 
 DEFAULT_DATA_DIR = "topicbase-data"
 DEFAULT_HISTORY_FILE = "~/.topicbase_history"
@@ -165,6 +156,8 @@ def main(argv: list[str] | None = None) -> int:
     interactive = not actions and sys.stdin.isatty()
     if not actions and not interactive:
         actions = [("file", "-")]
+    from engine.api import Database
+
     try:
         database = Database.open(data_dir)
     except TopicbaseError as error:
@@ -281,6 +274,7 @@ def _start_flight_door(arguments: argparse.Namespace, data_dir: str) -> Any:
     ``--flight-port 0``; it holds its own reference to the database until stopped."""
     if arguments.flight_port == 0:
         return None
+    from engine.api import Database
     from sql.flight.server import start_flight
 
     database = Database.open(data_dir)
@@ -396,6 +390,8 @@ def run_check(argv: list[str]) -> int:
     parser.add_argument("--format", choices=("table", "json"), default="table")
     arguments = parser.parse_args(argv)
     data_dir = arguments.data_dir or os.environ.get("TOPICBASE_DATA_DIR") or DEFAULT_DATA_DIR
+    from engine.api import check_database
+
     try:
         report = check_database(data_dir, repair=arguments.repair)
     except TopicbaseError as error:
@@ -437,6 +433,8 @@ def run_script(
     The whole script is parsed before anything runs: a syntax error anywhere runs
     nothing, and every statement knows its line in the script for error positions.
     """
+    from engine.api import SYSTEM_CLOCK, parse
+
     run = execute or (lambda statement: run_cancellable(session, statement))
     try:
         for statement in parse(script):
@@ -536,6 +534,8 @@ def statement_complete(text: str) -> bool:
     stripped = text.strip()
     if not stripped or stripped.startswith("\\"):
         return True
+    from engine.api import split_statements
+
     try:
         count = len(split_statements(text))
         return len(split_statements(text + "\nx")) == count + 1
@@ -557,6 +557,8 @@ class Names:
         self.tables: list[str] = []
 
     def words(self) -> list[str]:
+        from engine.api import setting_rules
+
         if self.stale:
             self.refresh()
         topics = [name if name.isidentifier() else quote_name(name) for name in self.topics]
@@ -679,6 +681,8 @@ class Repl:
         )
 
     def _prompt_text(self) -> str:
+        from engine.api import SessionState
+
         marks = {SessionState.IDLE: "=", SessionState.IN_TRANSACTION: "*"}
         return f"topicbase{marks.get(self.session.state, '!')}> "
 

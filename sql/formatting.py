@@ -29,11 +29,12 @@ import math
 import re
 import uuid
 from collections.abc import Iterator
-from typing import Any, TextIO
-
-import pyarrow as pa
+from typing import TYPE_CHECKING, Any, TextIO
 
 from storage.errors import TopicbaseError
+
+if TYPE_CHECKING:  # Arrow is imported where it runs: the console's `user` and --help need none
+    import pyarrow as pa
 
 FORMATS = ("table", "csv", "json")
 # Control characters that make bytes show as hex (tab, newline and CR may stand in text).
@@ -106,6 +107,8 @@ def iter_rows(table: pa.Table) -> Iterator[tuple[Any, ...]]:
 
 
 def is_numeric(data_type: pa.DataType) -> bool:
+    import pyarrow as pa
+
     return (
         pa.types.is_integer(data_type)
         or pa.types.is_floating(data_type)
