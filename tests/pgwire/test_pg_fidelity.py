@@ -107,15 +107,39 @@ def test_psql_shows_postgresql_s_savepoint_errors(server: ServerThread) -> None:
 
 
 # -- integers sent as text ----------------------------------------------------------------------
-@pytest.fixture
-def numbers(server: ServerThread) -> psycopg.Connection:
-    """An autocommit connection with ``kt (k BIGINT PRIMARY KEY, i INTEGER, s SMALLINT,
-    v VARCHAR, d DOUBLE)`` holding the rows 1 and 2."""
-    connection = _connect(server, autocommit=True)
+def _create_kt(connection: psycopg.Connection) -> psycopg.Connection:
+    """``kt (k BIGINT PRIMARY KEY, i INTEGER, s SMALLINT, v VARCHAR, d DOUBLE)`` holding the
+    rows 1 and 2, made through ``connection``."""
     connection.execute("CREATE TABLE kt (k BIGINT PRIMARY KEY, i INTEGER, s SMALLINT, "
                        "v VARCHAR, d DOUBLE)")  # fmt: skip
     connection.execute("INSERT INTO kt VALUES (1, 1, 1, 'a', 1), (2, 2, 2, 'b', 2)")
     return connection
+
+
+@pytest.fixture
+def numbers(server: ServerThread) -> psycopg.Connection:
+    """An autocommit connection with ``kt`` (``_create_kt``)."""
+    return _create_kt(_connect(server, autocommit=True))
+
+
+@pytest.fixture(scope="module")
+def kt_server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[ServerThread]:
+    """One server with ``kt`` for the two matrices of refused integer texts below (60 cases):
+    every case's statement is refused, and the 22P02 cases check after it that ``kt`` holds
+    its two rows as made, so no case sees another's writes. Each case gets a connection of
+    its own (as from ``numbers``: the unnamed statement path, psycopg prepares nothing)."""
+    running = ServerThread(str(tmp_path_factory.mktemp("kt") / "data"), "127.0.0.1", 0)
+    with _connect(running, autocommit=True) as connection:
+        _create_kt(connection)
+    yield running
+    running.stop()
+
+
+@pytest.fixture
+def refused(kt_server: ServerThread) -> Iterator[psycopg.Connection]:
+    """An autocommit connection of its own to the shared server with ``kt``."""
+    with _connect(kt_server, autocommit=True) as connection:
+        yield connection
 
 
 _BAD_INTEGER_TEXTS = ["1.5", "2.0", "1e2", "0x10", "1_000", ".5", "abc", "", " "]
@@ -132,14 +156,14 @@ _STATEMENTS = [  # (text, the parameter's type) psycopg sends a str as an untype
 @pytest.mark.parametrize(("text", "type_name"), _STATEMENTS)
 @pytest.mark.parametrize("value", _BAD_INTEGER_TEXTS)
 def test_a_text_parameter_that_is_no_integer_raises_22p02(
-    numbers: psycopg.Connection, text: str, type_name: str, value: str
+    refused: psycopg.Connection, text: str, type_name: str, value: str
 ) -> None:
-    with pytest.raises(psycopg.errors.InvalidTextRepresentation) as refused:
-        numbers.execute(text, [value])
-    assert refused.value.diag.message_primary == (
+    with pytest.raises(psycopg.errors.InvalidTextRepresentation) as error:
+        refused.execute(text, [value])
+    assert error.value.diag.message_primary == (
         f'invalid input syntax for type {type_name}: "{value}"'
     )
-    assert numbers.execute("SELECT k, i, s FROM kt ORDER BY k").fetchall() == [
+    assert refused.execute("SELECT k, i, s FROM kt ORDER BY k").fetchall() == [
         (1, 1, 1), (2, 2, 2)
     ]  # fmt: skip
 
@@ -156,11 +180,11 @@ def test_a_text_parameter_that_is_no_integer_raises_22p02(
     ],
 )
 def test_a_text_parameter_out_of_its_integer_range_raises_22003(
-    numbers: psycopg.Connection, text: str, value: str, type_name: str
+    refused: psycopg.Connection, text: str, value: str, type_name: str
 ) -> None:
-    with pytest.raises(psycopg.errors.NumericValueOutOfRange) as refused:
-        numbers.execute(text, [value])
-    assert refused.value.diag.message_primary == (
+    with pytest.raises(psycopg.errors.NumericValueOutOfRange) as error:
+        refused.execute(text, [value])
+    assert error.value.diag.message_primary == (
         f'value "{value}" is out of range for type {type_name}'
     )
 
