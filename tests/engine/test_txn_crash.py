@@ -441,7 +441,7 @@ def test_resharding_loop_moves_every_message_exactly_once_across_kills_and_failp
             else:
                 # The refill below looks at the previous round's copy, one round late; a
                 # failpoint round must find messages to move, or it ends cleanly (exit 0).
-                unconsumed = source.top_up(_unconsumed(data, "move"))
+                unconsumed, check = _unconsumed_now(source, data, "move", check, seed)
                 _failpoint_round(
                     server,
                     data,
@@ -468,6 +468,19 @@ def test_resharding_loop_moves_every_message_exactly_once_across_kills_and_failp
             assert found.b_partitions_used == tw.B_PARTITIONS
             assert tw.committed_offsets(session, "mover") == tw.end_offsets(session, "a")
     print(f"resharding: {found.a_messages} messages moved; rounds by outcome: {outcomes}")
+
+
+def _unconsumed_now(source: Source, data: Path, mode: str, check: CopyCheck | None, seed: int):
+    """(unconsumed messages of ``a`` after a top-up, the pending check: None once joined).
+
+    The pending check (of the last round) copied the directory as it is now: nothing ran
+    on it since. Its count is the one ``_unconsumed`` would take on a second copy, so it is
+    joined and used (the round's state checked once, not twice); without one (round 0),
+    ``_unconsumed`` counts."""
+    if check is None:
+        return source.top_up(_unconsumed(data, mode)), None
+    found = check.join(seed)
+    return source.top_up(found.a_messages - found.consumed), None
 
 
 def _check_mixed(session):
@@ -501,7 +514,7 @@ def test_topic_only_and_table_commits_on_one_consumer_stay_exactly_once_across_c
             if kind == "kill":
                 _kill_round(server, data, "mix", rng, checkpoint_every=every, max_messages=20)
             else:
-                unconsumed = source.top_up(_unconsumed(data, "mix"))
+                unconsumed, check = _unconsumed_now(source, data, "mix", check, seed)
                 _failpoint_round(server, data, "mix", failpoint, rng, unconsumed,
                                  checkpoint_every=every, max_messages=20)  # fmt: skip
         if check is not None:
