@@ -14,6 +14,7 @@ import datetime
 import decimal
 import math
 import uuid
+from collections.abc import Iterator
 from dataclasses import dataclass
 from typing import Any
 
@@ -23,6 +24,7 @@ from psycopg import errors
 from psycopg.types.json import Json, Jsonb
 
 from sql.pgwire.connection import connection as connection_module
+from sql.pgwire.server import ServerThread
 
 UTC = datetime.UTC
 PLUS_TWO = datetime.timezone(datetime.timedelta(hours=2))
@@ -92,54 +94,72 @@ CASES = {
 }
 
 
-def _check_round_trip(conn: psycopg.Connection, case: Case) -> None:
-    conn.execute(f"CREATE TABLE v (id INTEGER, x {case.column_type})")
-    conn.execute("INSERT INTO v VALUES (1, %t)", [case.value])  # text parameter
-    conn.execute("INSERT INTO v VALUES (2, %b)", [case.value])  # binary parameter
-    conn.execute("INSERT INTO v VALUES (3, %s)", [None])
+def _check_round_trip(conn: psycopg.Connection, case: Case, v: str = "v") -> None:
+    conn.execute(f"CREATE TABLE {v} (id INTEGER, x {case.column_type})")
+    conn.execute(f"INSERT INTO {v} VALUES (1, %t)", [case.value])  # text parameter
+    conn.execute(f"INSERT INTO {v} VALUES (2, %b)", [case.value])  # binary parameter
+    conn.execute(f"INSERT INTO {v} VALUES (3, %s)", [None])
     for binary in (False, True):
         cur = conn.cursor(binary=binary)
-        rows = cur.execute("SELECT x FROM v WHERE id >= %s ORDER BY id", [0]).fetchall()
+        rows = cur.execute(f"SELECT x FROM {v} WHERE id >= %s ORDER BY id", [0]).fetchall()
         assert cur.description is not None
         assert cur.description[0].type_code == case.oid, (binary, cur.description[0])
         assert rows == [(case.expected,), (case.expected,), (None,)], binary
         # The value also works as a parameter in a comparison, in both formats.
         for marker in ("%t", "%b"):
-            found = cur.execute(f"SELECT id FROM v WHERE x = {marker} ORDER BY id", [case.value])
+            found = cur.execute(f"SELECT id FROM {v} WHERE x = {marker} ORDER BY id",
+                                [case.value])
             assert found.fetchall() == [(1,), (2,)], (binary, marker)
 
 
-async def _check_round_trip_async(conn: psycopg.AsyncConnection, case: Case) -> None:
-    await conn.execute(f"CREATE TABLE v (id INTEGER, x {case.column_type})")
-    await conn.execute("INSERT INTO v VALUES (1, %t)", [case.value])
-    await conn.execute("INSERT INTO v VALUES (2, %b)", [case.value])
+async def _check_round_trip_async(conn: psycopg.AsyncConnection, case: Case, v: str) -> None:
+    await conn.execute(f"CREATE TABLE {v} (id INTEGER, x {case.column_type})")
+    await conn.execute(f"INSERT INTO {v} VALUES (1, %t)", [case.value])
+    await conn.execute(f"INSERT INTO {v} VALUES (2, %b)", [case.value])
     for binary in (False, True):
         cur = conn.cursor(binary=binary)
-        await cur.execute("SELECT x FROM v WHERE id >= %s ORDER BY id", [0])
+        await cur.execute(f"SELECT x FROM {v} WHERE id >= %s ORDER BY id", [0])
         assert cur.description is not None
         assert cur.description[0].type_code == case.oid
         assert await cur.fetchall() == [(case.expected,), (case.expected,)]
 
 
+@pytest.fixture(scope="module")
+def types_server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[ServerThread]:
+    """One server for the round trips and the bad inputs below (~100 cases): each round
+    trip writes a table of its own (``v_<type>_<way>``: its texts are its own too, so no
+    case finds another's statements described or kept), each case its own connection."""
+    running = ServerThread(str(tmp_path_factory.mktemp("types") / "data"), "127.0.0.1", 0)
+    yield running
+    running.stop()
+
+
+def _connect_to(server: ServerThread) -> psycopg.Connection:
+    return psycopg.connect(host="127.0.0.1", port=server.port, user="tester",
+                           dbname="topicbase", connect_timeout=10, autocommit=True)  # fmt: skip
+
+
 @pytest.mark.parametrize("inline", [True, False], ids=["inline", "data_rows"])
 @pytest.mark.parametrize("name", sorted(CASES))
-def test_round_trip_sync(connect, name: str, inline: bool, monkeypatch) -> None:
+def test_round_trip_sync(types_server: ServerThread, name: str, inline: bool,
+                         monkeypatch) -> None:  # fmt: skip
     """Small results are encoded value by value on the event loop, larger ones by
     ``row_encoding.DataRows``: every type goes through both (``INLINE_VALUES = 0``)."""
     if not inline:
         monkeypatch.setattr(connection_module, "INLINE_VALUES", 0)
-    _check_round_trip(connect(autocommit=True), CASES[name])
+    with _connect_to(types_server) as conn:
+        _check_round_trip(conn, CASES[name], f"v_{name}_{'inline' if inline else 'rows'}")
 
 
 @pytest.mark.parametrize("name", sorted(CASES))
-def test_round_trip_async(server, name: str) -> None:
+def test_round_trip_async(types_server: ServerThread, name: str) -> None:
     async def run() -> None:
         conn = await psycopg.AsyncConnection.connect(
-            host="127.0.0.1", port=server.port, user="tester", dbname="topicbase",
+            host="127.0.0.1", port=types_server.port, user="tester", dbname="topicbase",
             autocommit=True,
         )  # fmt: skip
         async with conn:
-            await _check_round_trip_async(conn, CASES[name])
+            await _check_round_trip_async(conn, CASES[name], f"v_{name}_async")
 
     asyncio.run(run())
 
@@ -198,14 +218,14 @@ def test_topic_data_is_bytea(connect) -> None:
         (b"\x02{}", 3802, 1, "22P03"),  # unknown jsonb version
     ],
 )
-def test_bad_parameter_input_gets_sqlstate(connect, value: bytes, oid: int, fmt: int,
-                                           sqlstate: str) -> None:  # fmt: skip
-    conn = connect(autocommit=True)
-    result = conn.pgconn.exec_params(b"SELECT $1 IS NULL", [value], [oid], [fmt])
-    assert result.status == psycopg.pq.ExecStatus.FATAL_ERROR
-    assert result.error_field(psycopg.pq.DiagnosticField.SQLSTATE) == sqlstate.encode()
-    # The connection carries on.
-    assert conn.execute("SELECT %s::INTEGER + 1", [41]).fetchone() == (42,)
+def test_bad_parameter_input_gets_sqlstate(types_server: ServerThread, value: bytes, oid: int,
+                                           fmt: int, sqlstate: str) -> None:  # fmt: skip
+    with _connect_to(types_server) as conn:
+        result = conn.pgconn.exec_params(b"SELECT $1 IS NULL", [value], [oid], [fmt])
+        assert result.status == psycopg.pq.ExecStatus.FATAL_ERROR
+        assert result.error_field(psycopg.pq.DiagnosticField.SQLSTATE) == sqlstate.encode()
+        # The connection carries on.
+        assert conn.execute("SELECT %s::INTEGER + 1", [41]).fetchone() == (42,)
 
 
 def test_bad_text_for_an_untyped_parameter_is_22p02(connect) -> None:
