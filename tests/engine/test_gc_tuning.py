@@ -3,7 +3,8 @@ as ``TOPICBASE_GC`` says, and garbage cycles are still freed; only a process Top
 (the server) freezes its long-lived objects, so an embedded database leaks nothing.
 
 Each case runs in a fresh interpreter (the setting is per process, and the test process
-itself may have opened databases already); the child prints what it saw as JSON.
+itself may have opened databases already); the child prints what it saw as JSON. The
+children are started together and run side by side.
 """
 
 from __future__ import annotations
@@ -13,7 +14,10 @@ import os
 import subprocess
 import sys
 import textwrap
+from collections.abc import Iterator
 from pathlib import Path
+
+import pytest
 
 from engine import gc_tuning
 
@@ -77,21 +81,45 @@ CHILD = textwrap.dedent(
 )
 
 
-def _run(tmp_path: Path, gc_setting: str | None, start: str = "default") -> dict:
+def _start(tmp_path: Path, gc_setting: str | None, start: str = "default") -> subprocess.Popen:
     environment = {k: v for k, v in os.environ.items() if k != gc_tuning.ENVIRONMENT_VARIABLE}
     if gc_setting is not None:
         environment[gc_tuning.ENVIRONMENT_VARIABLE] = gc_setting
     environment["PYTHONPATH"] = str(ROOT)
-    done = subprocess.run(
-        [sys.executable, "-c", CHILD, str(tmp_path), start],
-        env=environment, capture_output=True, text=True, timeout=300, cwd=ROOT,
+    return subprocess.Popen(
+        [sys.executable, "-c", CHILD, str(tmp_path), start], env=environment,
+        stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, cwd=ROOT,
     )  # fmt: skip
-    assert done.returncode == 0, done.stderr
-    return json.loads(done.stdout.strip().splitlines()[-1])
 
 
-def test_embedded_default_tunes_thresholds_and_freezes_nothing(tmp_path: Path) -> None:
-    seen = _run(tmp_path, None)
+def _seen(child: subprocess.Popen) -> dict:
+    """What the child printed (it must exit 0)."""
+    stdout, stderr = child.communicate(timeout=300)
+    assert child.returncode == 0, stderr
+    return json.loads(stdout.strip().splitlines()[-1])
+
+
+# Each case's child: (TOPICBASE_GC, how the child starts).
+CASES = {"default": (None, "default"), "owned": (None, "owned"), "python": ("python", "default"),
+         "threshold": ("threshold", "default"), "freeze": ("freeze", "default"),
+         "own": (None, "own")}  # fmt: skip
+
+
+@pytest.fixture(scope="module")
+def children(tmp_path_factory: pytest.TempPathFactory) -> Iterator[dict[str, subprocess.Popen]]:
+    """Every case's child, all started at once: each is a fresh interpreter of its own and
+    reports only its own collector, so they run side by side on the cores there are."""
+    base = tmp_path_factory.mktemp("gc")
+    started = {name: _start(base / name, *case) for name, case in CASES.items()}
+    yield started
+    for child in started.values():
+        if child.poll() is None:
+            child.kill()
+        child.communicate()
+
+
+def test_embedded_default_tunes_thresholds_and_freezes_nothing(children) -> None:
+    seen = _seen(children["default"])
     assert seen["before"] == list(gc_tuning.PYTHON_THRESHOLDS)
     assert seen["mode"] == "tuned"
     assert seen["threshold"] == list(gc_tuning.GC_THRESHOLDS)
@@ -101,8 +129,8 @@ def test_embedded_default_tunes_thresholds_and_freezes_nothing(tmp_path: Path) -
     assert seen["cycles_freed"] >= seen["cycles_made"] - 2 * gc_tuning.GC_THRESHOLDS[0]
 
 
-def test_owned_process_tunes_once_freezes_and_still_frees_cycles(tmp_path: Path) -> None:
-    seen = _run(tmp_path, None, start="owned")
+def test_owned_process_tunes_once_freezes_and_still_frees_cycles(children) -> None:
+    seen = _seen(children["owned"])
     assert seen["mode"] == "tuned"
     assert seen["owned_frozen"]
     assert seen["threshold"] == list(gc_tuning.GC_THRESHOLDS)
@@ -119,25 +147,24 @@ def test_owned_process_tunes_once_freezes_and_still_frees_cycles(tmp_path: Path)
     }  # fmt: skip
 
 
-def test_python_setting_leaves_the_collector_alone(tmp_path: Path) -> None:
-    seen = _run(tmp_path, "python")
+def test_python_setting_leaves_the_collector_alone(children) -> None:
+    seen = _seen(children["python"])
     assert seen["mode"] == "python"
     assert seen["threshold"] == list(gc_tuning.PYTHON_THRESHOLDS)
     assert seen["frozen"] == 0
     assert seen["cycles_freed"] >= seen["cycles_made"] - 2 * gc_tuning.PYTHON_THRESHOLDS[0]
 
 
-def test_threshold_and_freeze_settings_apply_one_half_each(tmp_path: Path) -> None:
-    only_threshold = _run(tmp_path / "t", "threshold")
+def test_threshold_and_freeze_settings_apply_one_half_each(children) -> None:
+    only_threshold, only_freeze = _seen(children["threshold"]), _seen(children["freeze"])
     assert only_threshold["threshold"] == list(gc_tuning.GC_THRESHOLDS)
     assert only_threshold["frozen"] == 0
-    only_freeze = _run(tmp_path / "f", "freeze")
     assert only_freeze["threshold"] == list(gc_tuning.PYTHON_THRESHOLDS)
     assert only_freeze["frozen"] > 10_000
 
 
-def test_a_process_with_its_own_thresholds_is_left_alone(tmp_path: Path) -> None:
-    seen = _run(tmp_path, None, start="own")
+def test_a_process_with_its_own_thresholds_is_left_alone(children) -> None:
+    seen = _seen(children["own"])
     assert seen["mode"] == "python"
     assert seen["threshold"] == [1000, 15, 15]
     assert seen["frozen"] == 0
