@@ -48,7 +48,7 @@ from typing import TYPE_CHECKING, Any
 
 from sql import formatting
 from sql.internal_error import internal_error
-from storage.errors import TopicbaseError
+from storage.errors import StorageIOError, TopicbaseError
 
 if TYPE_CHECKING:  # the engine is imported where it runs: `serve`, `user` and --help need none
     from engine.api import Database, Result, Session, ast
@@ -162,6 +162,11 @@ def main(argv: list[str] | None = None) -> int:
         database = Database.open(data_dir)
     except TopicbaseError as error:
         print(formatting.error_text(error), file=sys.stderr)
+        return EXIT_ERROR
+    except OSError as error:  # the directory cannot be made or read: one line, as serve says
+        cannot = StorageIOError(f"could not open data directory {data_dir}: "
+                                f"{error.strerror or error}")  # fmt: skip
+        print(formatting.error_text(cannot), file=sys.stderr)
         return EXIT_ERROR
     except KeyboardInterrupt:
         return EXIT_ERROR

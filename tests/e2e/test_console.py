@@ -333,3 +333,13 @@ def test_second_process_is_refused_with_the_owner_pid_and_ctrl_c_cancels_the_fir
     assert owner.returncode == 1
     assert stderr == "ERROR: 57014: canceling statement due to user request\n"
     assert stdout == ""
+
+
+def test_a_data_directory_that_cannot_be_made_is_one_line_and_exit_1(tmp_path: Path) -> None:
+    """As ``serve`` reports it: a line with its SQLSTATE, not a Python traceback (review R1
+    round 17)."""
+    (tmp_path / "a-file").write_text("not a directory")
+    done = run(tmp_path / "a-file" / "data", "-c", "SELECT 1")
+    assert done.returncode == 1, done
+    assert done.stderr.startswith("ERROR: 58030: could not open data directory "), done.stderr
+    assert "Traceback" not in done.stderr and len(done.stderr.splitlines()) == 1
