@@ -238,3 +238,37 @@ def test_statement_timeout_covers_the_insert_after_copy_done(
     connection.execute("RESET statement_timeout")
     assert _count(server, table) == 0
     connection.close()
+
+
+def test_a_cancel_request_between_the_insert_s_statements_is_not_lost(
+    server: ServerThread, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A CancelRequest that comes after CopyDone while the insert is in Python (between
+    DuckDB statements, where interrupting the idle cursor does nothing and the next
+    statement clears the session's flag) still fails the COPY: 57014, nothing written
+    (review R1 round 17, F9)."""
+    real_write = copy_exchange._write
+    in_python = threading.Event()
+
+    def slow_write(session: object, *rest: object) -> None:
+        in_python.set()
+        time.sleep(0.8)  # the cancel lands here
+        real_write(session, *rest)  # type: ignore[arg-type]
+
+    monkeypatch.setattr(copy_exchange, "_write", slow_write)
+    connection = _connect(server, autocommit=True)
+    connection.execute("CREATE TABLE cancelled_insert (n INTEGER, s VARCHAR)")
+
+    def cancel_when_inserting() -> None:
+        assert in_python.wait(20)
+        connection.cancel_safe()
+
+    canceller = threading.Thread(target=cancel_when_inserting)
+    canceller.start()
+    with (pytest.raises(errors.QueryCanceled, match="due to user request"),  # 57014
+          connection.cursor().copy("COPY cancelled_insert FROM STDIN") as copy):  # fmt: skip
+        copy.write(_lines(4096))
+    canceller.join(20)
+    monkeypatch.setattr(copy_exchange, "_write", real_write)
+    assert _count(server, "cancelled_insert") == 0
+    connection.close()

@@ -254,7 +254,8 @@ async def _copy_from_client(context: CommandContext, statement: CopyStatement,
         await context.call(decoder.finish)
         count = decoder.row_count
         if count:
-            await context.call(_write_before, deadline, context.session, decoder, target)
+            await context.call(_write_before, deadline, context.cancel_bell.rang, context.session,
+                               decoder, target)  # fmt: skip
     finally:  # written or refused: the data is let go with the decoder
         context.holdings.give(held.nbytes)
     context.send(m.command_complete(f"COPY {count}"))
@@ -319,31 +320,34 @@ async def _receive(context: CommandContext,
                 f"unexpected message type 0x{kind[0]:02X} during COPY from stdin")
 
 
-def _write_before(deadline: float | None, session: Any,
+def _write_before(deadline: float | None, rang: Callable[[], bool], session: Any,
                   decoder: CopyDecoder | BinaryCopyDecoder | ArrowCopyDecoder,
                   target: _Target) -> None:  # fmt: skip
-    """``_write``, cancelled (57014) once the COPY's ``statement_timeout`` deadline passes:
-    the statement's time runs from the COPY's start to the end of its insert, as in
-    PostgreSQL (a CancelRequest reaches the insert through the session already). The
-    deadline is checked before each of the insert's statements (every statement clears the
-    session's cancel flag, and interrupting an idle DuckDB cursor does nothing: review R1
-    round 17, F1) and interrupts the one running when it passes."""
-    if deadline is None:
-        _write(session, decoder, target)
-        return
+    """``_write``, cancelled (57014) by a CancelRequest (``rang``: the COPY's bell) or once
+    the COPY's ``statement_timeout`` deadline passes: the statement's time runs from the
+    COPY's start to the end of its insert, as in PostgreSQL. Both are checked before each
+    of the insert's statements (every statement clears the session's cancel flag, and
+    interrupting an idle DuckDB cursor does nothing: review R1 round 17, F1 and F9); the
+    statement running when they come is interrupted (the CancelRequest's
+    ``Session.cancel``, the deadline's timer)."""
 
     def in_time() -> None:
-        if time.monotonic() >= deadline:
+        if deadline is not None and time.monotonic() >= deadline:
             raise QueryCanceledError("canceling statement due to statement timeout")
+        if rang():
+            raise QueryCanceledError("canceling statement due to user request")
 
     in_time()
+    if deadline is None:
+        _write(session, decoder, target, in_time)
+        return
     timer = threading.Timer(max(0.0, deadline - time.monotonic()), session.cancel)
     timer.daemon = True
     timer.start()
     try:
         _write(session, decoder, target, in_time)
     except QueryCanceledError as error:
-        if not timer.is_alive():  # it fired: say why, as PostgreSQL does
+        if not timer.is_alive() and not rang():  # it fired: say why, as PostgreSQL
             raise QueryCanceledError("canceling statement due to statement timeout") from error
         raise
     finally:

@@ -76,6 +76,7 @@ class CancelBell:
     def __init__(self) -> None:
         self._lock = threading.Lock()
         self._listener: tuple[asyncio.AbstractEventLoop, asyncio.Future[None]] | None = None
+        self._rang = False  # rung while listened to (read from any thread: ``rang``)
 
     @contextlib.contextmanager
     def listening(self) -> Iterator[asyncio.Future[None]]:
@@ -85,6 +86,7 @@ class CancelBell:
         with self._lock:
             assert self._listener is None, "one COPY IN at a time per connection"
             self._listener = (loop, rung)
+            self._rang = False
         try:
             yield rung
         finally:
@@ -95,11 +97,21 @@ class CancelBell:
         """Any thread: wake the listening COPY IN (nothing if none listens)."""
         with self._lock:
             listener = self._listener
+            if listener is not None:
+                self._rang = True
         if listener is None:
             return
         loop, rung = listener
         with contextlib.suppress(RuntimeError):  # the loop closed: the connection ended
             loop.call_soon_threadsafe(_settle, rung)
+
+
+    def rang(self) -> bool:
+        """Any thread: whether the bell rang since the COPY IN began listening (at once,
+        where the future is settled only once the loop turns: a COPY's insert may run on
+        the loop's own thread)."""
+        with self._lock:
+            return self._rang
 
 
 def _settle(rung: asyncio.Future[None]) -> None:
