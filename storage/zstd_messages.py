@@ -125,6 +125,9 @@ def declared_sizes(data: pa.Array) -> np.ndarray:
     sizes += np.where(size_flag == 1, 256, 0).astype(np.uint64)
     empty = np.flatnonzero(sizes == 0)
     if len(empty):
+        if bool((descriptor[empty] & 3).any()):  # a dictionary id: decoders without it refuse
+            raise InvalidBinaryDataError("a zstd message that declares no content names a "
+                                         "dictionary")  # fmt: skip
         _check_empty_frames(body, starts[empty], lengths[empty], (at + size_bytes)[empty],
                             (descriptor[empty] >> 2) & 1)  # fmt: skip
     return sizes

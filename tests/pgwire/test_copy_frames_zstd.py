@@ -129,8 +129,10 @@ EMPTY_CHECKED = bytes.fromhex("28b52ffd240001000099e9d851")  # and XXH64's low 4
 
 
 @pytest.mark.parametrize("message", [EMPTY + b"\xde\xad" * 1000, EMPTY_CHECKED[:-1] + b"\0",
-                                     EMPTY[:-3] + b"\x01\x00\x01" + b"z"],
-                         ids=["junk after", "bad checksum", "a block of 1"])  # fmt: skip
+                                     EMPTY[:-3] + b"\x01\x00\x01" + b"z",
+                                     bytes.fromhex("28b52ffd2107000100 00".replace(" ", ""))],
+                         ids=["junk after", "bad checksum", "a block of 1",
+                              "a dictionary id"])  # fmt: skip
 def test_a_message_declaring_no_content_must_be_one_empty_frame(
         db: psycopg.Connection, message: bytes) -> None:  # fmt: skip
     """python-zstandard reads nothing past such a message's header, other decoders do: a
