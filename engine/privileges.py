@@ -270,7 +270,8 @@ def _names_fact(session: Any, key: tuple[Any, ...], read: Callable[[], Any]) -> 
     open: ``privilege_cache.stamp``) and the session's ``names_epoch`` (moved by every
     statement after which its names may resolve anew: SET search_path or schema, CREATE
     TEMPORARY, DISCARD ALL). Without it a session with a temporary table paid ~6 ms of
-    catalog queries a statement."""
+    catalog queries a statement. A value read inside an explicit transaction whose
+    snapshot predates the stamp is not kept."""
     stamp = privilege_cache.stamp(session)
     if stamp is None:
         return read()
@@ -282,6 +283,13 @@ def _names_fact(session: Any, key: tuple[Any, ...], read: Callable[[], Any]) -> 
     if key in facts:
         return facts[key]
     value = read()
+    transaction = getattr(session, "transaction", None)
+    if (transaction is not None and transaction.explicit
+            and transaction.privilege_generation != stamp[0]):  # fmt: skip
+        # Read on the transaction's snapshot, older than the stamp: not kept under it for
+        # the statements after its COMMIT (review R4-17-1; ``privilege_cache.cached``'s
+        # rule for a stale snapshot).
+        return value
     if len(facts) >= limits.NAMES_FACTS_MAX:
         facts.clear()
         facts[("basis",)] = basis

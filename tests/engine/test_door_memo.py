@@ -267,3 +267,25 @@ def test_a_decision_made_inside_a_transaction_is_not_kept_past_its_commit(
     for _ in range(3):
         with pytest.raises(InsufficientPrivilegeError):
             alice.execute_statement(statement)
+
+
+def test_names_read_inside_a_transaction_are_not_kept_past_its_commit(
+    root: Session, alice: Session
+) -> None:
+    """A session whose names do not resolve plainly (a search_path) keeps what a name may
+    resolve to (``privileges._names_fact``); read inside a transaction, on a snapshot
+    older than a table another session created meanwhile, it must not be kept for the
+    statements after the COMMIT (review R4 round 17, R4-17-1: ``kv`` then resolved to the
+    new, ungranted ``s.kv`` unchecked)."""
+    root.execute("CREATE SCHEMA s")
+    alice.execute("SET search_path = 's,main'")
+    assert alice.execute("SELECT v FROM kv")[-1].table.to_pylist() == [{"v": "one"}]
+    alice.execute("BEGIN")
+    alice.execute("SELECT v FROM kv")
+    root.execute("CREATE TABLE s.kv (k BIGINT, v VARCHAR)")  # never granted to alice
+    root.execute("INSERT INTO s.kv VALUES (1, 'secret')")
+    alice.execute("SELECT v FROM kv WHERE k = 1")  # its own snapshot: main.kv
+    alice.execute("COMMIT")
+    for text in ("SELECT v FROM kv", "SELECT v FROM kv WHERE k = 1"):
+        with pytest.raises(InsufficientPrivilegeError):
+            alice.execute(text)
