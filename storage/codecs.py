@@ -17,6 +17,7 @@ from collections.abc import Iterable
 import pyarrow as pa
 import zstandard
 
+from storage import limits
 from storage.errors import InvalidBinaryDataError, UnsupportedCodecError
 from storage.zstd_messages import decode_zstd_column
 
@@ -103,9 +104,14 @@ def decode(codec: Codec | int, data: bytes) -> bytes:
         if codec is Codec.GZIP:
             return gzip.decompress(data)
         if codec is Codec.ZSTD:
-            return _zstd_decompressor().decompress(data)
+            declared = zstandard.frame_content_size(data)  # -1: not declared
+            if declared > limits.MESSAGE_BYTES_MAX:  # never allocated (review R1 round 17)
+                raise InvalidBinaryDataError(f"cannot decode a zstd message: it declares "
+                                             f"{declared} bytes")  # fmt: skip
+            return _zstd_decompressor().decompress(data,
+                                                   max_output_size=limits.MESSAGE_BYTES_MAX)
         return _lzo.decompress(data)
-    except (OSError, EOFError, zstandard.ZstdError, ValueError) as error:
+    except (OSError, EOFError, zstandard.ZstdError, ValueError, MemoryError) as error:
         raise InvalidBinaryDataError(f"cannot decode a {codec.label} message: {error}") from error
 
 

@@ -12,6 +12,7 @@ import time
 
 import pyarrow as pa
 import pytest
+import zstandard
 
 from storage import zstd_messages
 from storage.errors import InvalidBinaryDataError, LimitExceededError
@@ -65,3 +66,16 @@ def test_checks_in_flight_wait_for_room() -> None:
     assert order == ["first out", "second in"]
     with flight.holding(500):  # alone: never waits forever
         pass
+
+
+def test_the_per_message_decode_refuses_a_declared_size_past_the_message_bound() -> None:
+    """The per-message path (``codecs.decode``, where the one-call decode declines) never
+    allocates what a stored message declares past ``MESSAGE_BYTES_MAX``: 22P03."""
+    from storage import codecs, limits
+    from storage.codecs import Codec
+
+    too_big = zstandard.ZstdCompressor().compress(bytes(limits.MESSAGE_BYTES_MAX + 1))
+    for message in (ABSURD, too_big):
+        with pytest.raises(InvalidBinaryDataError):
+            codecs.decode(Codec.ZSTD, message)
+    assert codecs.decode(Codec.ZSTD, zstandard.ZstdCompressor().compress(b"ok")) == b"ok"
