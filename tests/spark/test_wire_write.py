@@ -79,6 +79,15 @@ def _staged(database) -> list[str]:
     return sorted(os.listdir(root)) if os.path.isdir(root) else []
 
 
+def _until_nothing_staged(database) -> None:
+    """Every staged write gone within 60 s (a killed task's abort may end just after the
+    job's error reached the test)."""
+    deadline = time.monotonic() + 60
+    while _staged(database) and time.monotonic() < deadline:
+        time.sleep(0.1)
+    assert _staged(database) == []
+
+
 def _create(database, topic: str = "events", partitions: int = 3) -> None:
     session = database.connect()
     session.execute(f"CREATE TOPIC {topic} WITH (min_active_partitions = {partitions})")
@@ -141,10 +150,7 @@ def test_a_failing_task_leaves_nothing_staged_nor_published(spark, database, url
     # The failed task's write and the committed tasks' (the driver's abort) go at once; a
     # task still running when the job failed is killed and aborts its own on the executor,
     # which may end just after the job's error reached us: wait for it.
-    deadline = time.monotonic() + 60
-    while _staged(database) and time.monotonic() < deadline:
-        time.sleep(0.1)
-    assert _staged(database) == []
+    _until_nothing_staged(database)
     assert sql_rows(database, "SELECT count(*) AS n FROM TOPIC events") == [{"n": 0}]
 
 
@@ -180,10 +186,7 @@ def test_a_task_that_staged_as_the_job_failed_leaves_nothing_staged(
         frame.writeTo(f"{tb}.main.events").append()
     assert driver_aborted.wait(60)
     # The held task's COPY ends after the driver's abort; it may still be ending now.
-    deadline = time.monotonic() + 60
-    while _staged(database) and time.monotonic() < deadline:
-        time.sleep(0.1)
-    assert _staged(database) == []
+    _until_nothing_staged(database)
     assert sql_rows(database, "SELECT count(*) AS n FROM TOPIC events") == [{"n": 0}]
 
 
@@ -481,10 +484,7 @@ def test_frame_codec_zstd_into_a_topic_without_zstd_fails_and_leaves_nothing(
         frame.writeTo(f"{tb}.main.events").option("frameCodec", "zstd").append()
     with pytest.raises(Exception, match="frameCodec must be raw or zstd"):
         frame.writeTo(f"{tb}.main.events").option("frameCodec", "lz4").append()
-    deadline = time.monotonic() + 60
-    while _staged(database) and time.monotonic() < deadline:
-        time.sleep(0.1)
-    assert _staged(database) == []
+    _until_nothing_staged(database)
     assert sql_rows(database, "SELECT count(*) AS n FROM TOPIC events") == [{"n": 0}]
 
 
