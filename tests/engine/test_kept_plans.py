@@ -6,17 +6,15 @@ entries), a table that wins over a topic of its name (never kept)."""
 from __future__ import annotations
 
 import dataclasses
-from typing import Any
 
 import pytest
 
 from engine import kept_plans
 from engine.database import Database
 from engine.session import Session
-from grammar import ast
-from planner import planner
 from storage import errors
 from storage.limits import CACHED_TEXT_CHARS_MAX, KEPT_PLANS_MAX
+from tests.planner_spy import planned_statements
 
 READ = "SELECT CAST(data AS VARCHAR) AS d FROM TOPIC t WITH (consumer = 'c')"
 MOVE = "INSERT INTO TOPIC b (data) SELECT data FROM TOPIC t WITH (consumer = 'c', max_messages = 1)"
@@ -25,15 +23,7 @@ MOVE = "INSERT INTO TOPIC b (data) SELECT data FROM TOPIC t WITH (consumer = 'c'
 @pytest.fixture
 def plans(monkeypatch: pytest.MonkeyPatch) -> list[str]:
     """The text of every statement the planner plans from now on."""
-    planned: list[str] = []
-    original = planner.plan
-
-    def spying(statement: ast.Statement, catalog: Any) -> Any:
-        planned.append(getattr(statement, "text", type(statement).__name__))
-        return original(statement, catalog)
-
-    monkeypatch.setattr(planner, "plan", spying)
-    return planned
+    return planned_statements(monkeypatch, "text")
 
 
 def _data(session: Session, sql: str) -> list[str]:

@@ -17,6 +17,7 @@ from planner import planner
 from storage import limits
 from storage.errors import InsufficientPrivilegeError, TopicbaseError
 from tests.literal_statements import literal_runs
+from tests.planner_spy import planned_statements
 
 TEXTS = [
     "SELECT 1",
@@ -35,15 +36,7 @@ def duckdb_runs(monkeypatch: pytest.MonkeyPatch) -> list[str]:
 @pytest.fixture
 def plans(monkeypatch: pytest.MonkeyPatch) -> list[str]:
     """The texts ``planner.plan`` planned, from anywhere."""
-    planned: list[str] = []
-    original = planner.plan
-
-    def spying(statement: Any, catalog: Any) -> Any:
-        planned.append(getattr(statement, "sql", type(statement).__name__))
-        return original(statement, catalog)
-
-    monkeypatch.setattr(planner, "plan", spying)
-    return planned
+    return planned_statements(monkeypatch)
 
 
 def _statement(sql: str) -> ast.Statement:

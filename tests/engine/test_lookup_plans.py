@@ -16,10 +16,10 @@ from engine.identity import Identity
 from engine.session import Session
 from grammar import ast
 from grammar.parse import parse
-from planner import planner
 from storage.errors import TopicbaseError
 from storage.limits import KEPT_LOOKUP_PLANS_MAX
 from tests.key_lookup_spy import served_lookups
+from tests.planner_spy import planned_statements
 
 ALICE = Identity("alice", superuser=False)
 LOOKUP = "SELECT v FROM kv WHERE k = $1"
@@ -41,15 +41,7 @@ def kv(session: Session) -> Session:
 @pytest.fixture
 def plans(monkeypatch: pytest.MonkeyPatch) -> list[str]:
     """The SQL of every statement the planner plans from now on."""
-    planned: list[str] = []
-    original = planner.plan
-
-    def spying(statement: ast.Statement, catalog: Any) -> Any:
-        planned.append(getattr(statement, "sql", type(statement).__name__))
-        return original(statement, catalog)
-
-    monkeypatch.setattr(planner, "plan", spying)
-    return planned
+    return planned_statements(monkeypatch)
 
 
 def _statement(sql: str) -> ast.Statement:
