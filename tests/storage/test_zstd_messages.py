@@ -64,8 +64,10 @@ def test_checks_in_flight_wait_for_room() -> None:
     for thread in threads:
         thread.join(10)
     assert order == ["first out", "second in"]
-    with flight.holding(500):  # alone: never waits forever
-        pass
+    assert flight._held == 0  # both gave their bytes back
+    with flight.holding(500):  # larger than the cap, alone: let in, never waits forever
+        assert flight._held == 500
+    assert flight._held == 0
 
 
 def test_the_per_message_decode_refuses_a_declared_size_past_the_message_bound() -> None:
