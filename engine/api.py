@@ -21,7 +21,7 @@ from engine.clock import SYSTEM_CLOCK
 from engine.database import Database
 from engine.describe import Description
 from engine.gc_tuning import freeze_owned_process
-from engine.identity import LOCAL_SUPERUSER, LOCAL_SUPERUSER_NAME, Identity
+from engine.identity import LOCAL_SUPERUSER, LOCAL_SUPERUSER_NAME, Identity, RoleRemovedError
 from engine.lookup_plans import lookup_shaped
 from engine.privileges import use_role_lookup
 from engine.result import Rows
@@ -61,6 +61,7 @@ __all__ = [
     "OffsetRange",
     "RangeRead",
     "Result",
+    "RoleRemovedError",
     "RowStream",
     "Rows",
     "Session",

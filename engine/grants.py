@@ -22,12 +22,13 @@ nothing of it, and the session runs these statements through ``run``.
 from __future__ import annotations
 
 import weakref
+from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
 from engine import privilege_cache, privileges, tables
 from engine.catalog import OWNER_SUPERUSER, SCHEMA
-from engine.identity import Identity
+from engine.identity import Identity, RoleRemovedError
 from planner.operations import ChangePrivileges, SwitchRole
 from storage.errors import (
     InsufficientPrivilegeError,
@@ -239,6 +240,68 @@ def switch_role(session: Any, operation: SwitchRole) -> str:
         session.identity = _identity(session, operation.role)
     _name_users(session, session.identity.name, roles.session_user.name)
     return "SET"
+
+
+def refresh_roles(session: Any, superuser_of: Callable[[str], bool | None]) -> None:
+    """Derive the session's identities again from ``superuser_of`` (a user's superuser flag
+    now; None for a user no longer known), after the users file changed under an open
+    session: PostgreSQL's ALTER ROLE … NOSUPERUSER reaches open sessions at once.
+
+    The logged-in user is looked up first: unknown, RoleRemovedError (the front ends the
+    session). Then, stricter than PostgreSQL (which checks SET ROLE and SET SESSION
+    AUTHORIZATION only when they run): a power a session used and no longer has is taken
+    back — a logged-in user no longer a superuser is its own session user again, and a
+    session user no longer a superuser is its own current role again. Every other
+    identity keeps its name and takes its flag now (a user removed: no superuser).
+    Invariant: after it, no identity of the session holds a superuser flag the users file
+    does not give now, also after a ROLLBACK of a SET ROLE of the open transaction (its
+    undo derives them again). An identity that did not change stays the same object (the
+    door's memo, keyed by it, stays valid)."""
+    roles = _roles.get(session)
+    authenticated = session.identity if roles is None else roles.authenticated
+    flag = superuser_of(authenticated.name)
+    if flag is None:
+        raise RoleRemovedError(authenticated.name)
+    authenticated = _flagged(authenticated, flag)
+    if roles is None:
+        if session.identity is not authenticated:
+            session.identity = authenticated
+        return
+    session_user = roles.session_user
+    if session_user.name != authenticated.name and not authenticated.superuser:
+        session_user = authenticated
+    else:
+        session_user = _flagged(session_user, bool(superuser_of(session_user.name)))
+    identity = session.identity
+    if identity.name == session_user.name or not session_user.superuser:
+        identity = session_user
+    else:
+        identity = _flagged(identity, bool(superuser_of(identity.name)))
+    names_changed = (identity.name, session_user.name) != (session.identity.name,
+                                                            roles.session_user.name)
+    roles.authenticated, roles.session_user, session.identity = (
+        authenticated, session_user, identity)
+    if names_changed:
+        _name_users(session, identity.name, session_user.name)
+    pending = privileges.role_undo.get(session)
+    if pending is not None:
+        transaction, undo = pending
+
+        def undo_then_refresh() -> None:
+            undo()
+            try:
+                refresh_roles(session, superuser_of)
+            except RoleRemovedError:  # removed since: the front ends the session next
+                roles.authenticated = _flagged(roles.authenticated, False)
+                roles.session_user = _flagged(roles.session_user, False)
+                session.identity = _flagged(session.identity, False)
+
+        privileges.role_undo[session] = (transaction, undo_then_refresh)
+
+
+def _flagged(identity: Identity, superuser: bool) -> Identity:
+    """``identity`` itself if its flag is ``superuser``, else the same name with it."""
+    return identity if identity.superuser == superuser else Identity(identity.name, superuser)
 
 
 def session_user(session: Any) -> Identity:

@@ -24,3 +24,8 @@ class Identity:
 
 
 LOCAL_SUPERUSER = Identity(LOCAL_SUPERUSER_NAME, superuser=True)
+
+
+class RoleRemovedError(Exception):
+    """The user a session logged in as is no longer known (``engine.grants.refresh_roles``);
+    its argument is the user's name. The front ends the session."""

@@ -31,6 +31,7 @@ import itertools
 import re
 import threading
 import time
+from collections.abc import Callable
 from typing import Any
 
 import pyarrow as pa
@@ -170,6 +171,14 @@ class Session:
                     self.state = SessionState.FAILED
             raise
         return [self.execute_statement(s, parameters) for s in statements]
+
+    def refresh_identity(self, superuser_of: Callable[[str], bool | None]) -> None:
+        """Derive the session's identities again after the users file changed
+        (``grants.refresh_roles``: a demoted superuser is demoted here, a SET ROLE or SET
+        SESSION AUTHORIZATION it made as one is undone); RoleRemovedError if the user it
+        logged in as is no longer known."""
+        with self._lock:
+            grants.refresh_roles(self, superuser_of)
 
     def cancel(self) -> None:
         """Cancel the running statement from another thread (57014): a DuckDB

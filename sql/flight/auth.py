@@ -9,8 +9,10 @@ superuser, exactly as on the wire.
 
 Invariants: a token is 256 random bits, known only to the server's memory, valid for
 ``TOKEN_LIFETIME_S``; a failed password check waits ``failure_delay_s`` before answering;
-the users file is re-read when it changes, so a removed user cannot log in again (tokens
-already issued run until they expire, as open wire connections do).
+the users file is re-read when it changes, and a token stands for the user's entry as it
+was at login: at every call the user's entry now decides (``identity_of``), so a user
+removed from the file or given a new password has its tokens refused (28000, log in
+again) and a superuser demoted in the file acts as an ordinary user from its next call.
 """
 
 from __future__ import annotations
@@ -41,6 +43,7 @@ AUTH_FAILURE_DELAY_S = 0.5
 class _Token:
     identity: Identity
     expires_s: float
+    scram: str | None  # the user's verifier at login (None under trust)
 
 
 class FlightAuthenticator:
@@ -55,18 +58,19 @@ class FlightAuthenticator:
 
     def login(self, user: str, password: str) -> tuple[str, Identity]:
         """A fresh token for ``user`` if ``password`` is right; FlightUnauthenticatedError."""
-        identity = self._check(user, password)
+        identity, scram = self._check(user, password)
         token = secrets.token_urlsafe(32)
         now = time.monotonic()
         with self._lock:
             if len(self._tokens) >= limits.FLIGHT_TOKENS_MAX:
                 self._tokens = {k: t for k, t in self._tokens.items() if t.expires_s > now}
-            self._tokens[token] = _Token(identity, now + TOKEN_LIFETIME_S)
+            self._tokens[token] = _Token(identity, now + TOKEN_LIFETIME_S, scram)
         return token, identity
 
-    def _check(self, user: str, password: str) -> Identity:
+    def _check(self, user: str, password: str) -> tuple[Identity, str | None]:
+        """The identity ``user`` logs in as, and the verifier it was checked against."""
         if self.users is None:
-            return Identity(user or LOCAL_SUPERUSER_NAME, superuser=True)
+            return Identity(user or LOCAL_SUPERUSER_NAME, superuser=True), None
         error = self.users.reload()
         if error is not None:
             log.warning("users file: %s (keeping the last good contents)", error)
@@ -83,14 +87,35 @@ class FlightAuthenticator:
             raise flight.FlightUnauthenticatedError(
                 f'28P01: password authentication failed for user "{user}"'
             )
-        return Identity(user, superuser=self.users.is_superuser(user))
+        assert entry is not None
+        return Identity(user, superuser=entry.superuser), entry.scram
 
     def identity_of(self, token: str) -> Identity:
+        """Who a call carrying ``token`` acts as, by the users file now (re-read if it
+        changed: a stat of it per call, nothing next to a Flight call)."""
         with self._lock:
-            entry = self._tokens.get(token)
-        if entry is None or entry.expires_s <= time.monotonic():
+            held = self._tokens.get(token)
+        if held is None or held.expires_s <= time.monotonic():
             raise flight.FlightUnauthenticatedError("28000: invalid or expired token; log in")
-        return entry.identity
+        if self.users is None:
+            return held.identity
+        error = self.users.reload()
+        if error is not None:
+            log.warning("users file: %s (keeping the last good contents)", error)
+        entry = self.users.lookup(held.identity.name)
+        if entry is None or entry.scram != held.scram:
+            with self._lock:
+                self._tokens.pop(token, None)
+            raise flight.FlightUnauthenticatedError(
+                "28000: the user was removed or its password changed since this token was "
+                "issued; log in again"
+            )
+        if entry.superuser != held.identity.superuser:
+            held = _Token(Identity(entry.name, entry.superuser), held.expires_s, held.scram)
+            with self._lock:
+                if token in self._tokens:
+                    self._tokens[token] = held
+        return held.identity
 
 
 class _AuthMiddleware(flight.ServerMiddleware):

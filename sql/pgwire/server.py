@@ -26,9 +26,9 @@ from sql.pgwire.connection.connection import SERVER_VERSION, Connection
 from sql.pgwire.emulation.pg_settings import PgSettings
 from sql.pgwire.limits import Admission, ServerLimits
 from sql.pgwire.memory_budget import MemoryBudget
-from sql.pgwire.users import ConfigFileError, default_users_path
+from sql.pgwire.users import ConfigFileError, UsersWatch, default_users_path
 from storage.errors import FeatureNotSupportedError, TooManyConnectionsError
-from storage.limits import REFUSAL_PACKETS_MAX, REFUSAL_TIMEOUT_S
+from storage.limits import REFUSAL_PACKETS_MAX, REFUSAL_TIMEOUT_S, USERS_FILE_POLL_S
 
 log = logging.getLogger(__name__)
 
@@ -100,6 +100,7 @@ class PgServer:
         self.memory_budget = MemoryBudget(self.limits.held_bytes_max, self.limits.held_bytes_floor)
         self.admission = Admission(self.limits)  # session slots, sockets still logging in
         self.open_sockets = 0  # accepted and not yet closed
+        self._users_watch: UsersWatch | None = None
 
     def claim_slot(self, connection: Connection, superuser: bool) -> None:
         """A user logged in: take a session slot (53300 if none is left for them)."""
@@ -141,6 +142,10 @@ class PgServer:
         self._loop = asyncio.get_running_loop()
         self._server = await asyncio.start_server(self._handle, self.host, self.port)
         self.port = self._server.sockets[0].getsockname()[1]
+        users = self.authenticator.users
+        if users is not None and self._users_watch is None:
+            # open sessions learn of a demotion or a removal (Connection.check_users_file)
+            self._users_watch = UsersWatch(users, USERS_FILE_POLL_S).start()
         return self.port
 
     async def _handle(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
@@ -200,6 +205,9 @@ class PgServer:
             writer.close()
 
     async def stop(self) -> None:
+        if self._users_watch is not None:
+            self._users_watch.stop()
+            self._users_watch = None
         if self._server is not None:
             self._server.close()
             for connection in list(self.connections.values()):

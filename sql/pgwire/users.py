@@ -33,6 +33,7 @@ from __future__ import annotations
 import contextlib
 import fcntl
 import json
+import logging
 import os
 import re
 import threading
@@ -42,6 +43,8 @@ from dataclasses import dataclass
 from sql.pgwire.verifiers import ScramVerifier, make_md5_verifier, make_scram_verifier
 from storage.errors import InvalidNameError, InvalidParameterValueError, TopicbaseError
 from storage.limits import PASSWORD_BYTES_MAX, USER_NAME_BYTES_MAX, USERS_FILE_BYTES_MAX
+
+log = logging.getLogger(__name__)
 
 USERS_FILE_NAME = "users.json"
 FORMAT = "topicbase-users-1"
@@ -163,7 +166,11 @@ class UsersFile:
 
     A file that becomes malformed while the server runs keeps the last good contents (and
     the error is returned by ``reload`` for logging), so a bad edit never locks everyone out
-    nor lets anyone in.
+    nor lets anyone in. ``generation`` grows by one each time a reload takes new contents:
+    a session compares it with the one its identity was derived from (one attribute read)
+    and derives it again when it moved (``sql.pgwire.connection.connection``), so a user
+    demoted or removed in the file is demoted or ended in the sessions already open; the
+    server reloads the file every ``USERS_FILE_POLL_S`` for that (``UsersWatch``).
     """
 
     def __init__(self, path: str) -> None:
@@ -171,6 +178,7 @@ class UsersFile:
         self._lock = threading.Lock()
         self._stamp: tuple[int, int, int] | None = None
         self._users: dict[str, UserEntry] = {}
+        self.generation = 0
 
     def lookup(self, name: str) -> UserEntry | None:
         """The user as of the last ``reload`` (callers reload first)."""
@@ -207,8 +215,41 @@ class UsersFile:
         except ConfigFileError as error:
             return error
         with self._lock:
-            self._stamp, self._users = stamp, users
+            if stamp != self._stamp:
+                self._stamp, self._users = stamp, users
+                self.generation += 1
         return None
+
+
+class UsersWatch:
+    """Reloads a users file every ``interval_s`` on a daemon thread of its own until
+    ``stop``: the server's sessions learn of a change within that time (a malformed new
+    file is logged once per change and the last good contents stay)."""
+
+    def __init__(self, users: UsersFile, interval_s: float) -> None:
+        self.users = users
+        self.interval_s = interval_s
+        self._stopping = threading.Event()
+        self._thread = threading.Thread(target=self._run, name="topicbase-users-watch",
+                                        daemon=True)  # fmt: skip
+
+    def start(self) -> UsersWatch:
+        self._thread.start()
+        return self
+
+    def stop(self) -> None:
+        self._stopping.set()
+        if self._thread.is_alive():
+            self._thread.join()
+
+    def _run(self) -> None:
+        reported: str | None = None
+        while not self._stopping.wait(self.interval_s):
+            error = self.users.reload()
+            message = None if error is None else str(error)
+            if message is not None and message != reported:
+                log.error("users file not reloaded, keeping its last good contents: %s", message)
+            reported = message
 
 
 # -- writing ----------------------------------------------------------------------------------

@@ -71,6 +71,7 @@ from engine.api import (
     Description,
     Identity,
     Result,
+    RoleRemovedError,
     Rows,
     Session,
     SessionState,
@@ -108,6 +109,7 @@ from sql.pgwire.emulation import surface
 from sql.pgwire.emulation.pg_settings import milliseconds
 from sql.pgwire.limits import ServerLimits
 from sql.pgwire.memory_budget import MemoryBudget, MemoryBudgetExceededError, read_body
+from sql.pgwire.users import UsersFile
 from storage.errors import (
     FeatureNotSupportedError,
     IdleInTransactionSessionTimeoutError,
@@ -324,6 +326,10 @@ class Connection(ExtendedProtocol):
         self._idle_until: tuple[float, bool] | None = None
         # The largest length word ``message_body_length`` accepts (the type byte aside).
         self._length_max = 4 + min(WIRE_MESSAGE_LENGTH_MAX - 4, server.limits.message_bytes_max)
+        # The users file's generation the session's identities were derived from
+        # (``check_users_file``); None under ``--auth trust`` (no users file).
+        self.users_generation: int | None = None
+        self.users_file: UsersFile | None = None
         # What the command handlers (connection.commands and below) see of this connection.
         self.context = CommandContext(
             database=server.database, limits=server.limits, catalog=self.catalog,
@@ -393,7 +399,8 @@ class Connection(ExtendedProtocol):
             log.debug("connection %d: the client went away", self.process_id)
         except m.ProtocolError as error:
             self.send(m.error_response(error.sqlstate, error.message, severity="FATAL"))
-        except (IdleSessionTimeoutError, IdleInTransactionSessionTimeoutError) as error:
+        except (IdleSessionTimeoutError, IdleInTransactionSessionTimeoutError,
+                wire_auth.InvalidAuthorizationError) as error:  # fmt: skip
             log.info("connection %d: %s", self.process_id, error.message)
             self.send(m.error_response(error.sqlstate, error.message, severity="FATAL"))
         return None
@@ -586,7 +593,37 @@ class Connection(ExtendedProtocol):
         # The engine asks too, for the owner of a view being read (engine.privileges).
         use_role_lookup(self.server.database, users.is_superuser,
                         lambda: [entry.name for entry in users.entries()])
+        self.users_generation = users.generation  # read first: a change after it is seen
+        self.users_file = users
         return Identity(user, superuser=users.is_superuser(user))
+
+    async def check_users_file(self) -> None:
+        """Before a message that may run a statement: if the users file changed since the
+        session's identities were derived (``UsersFile.generation``, which the server's
+        ``UsersWatch`` keeps current), derive them again (``Session.refresh_identity``: a
+        superuser demoted in the file is demoted here, and a SET ROLE or SET SESSION
+        AUTHORIZATION it made as one is undone); a user removed from the file ends the
+        session with FATAL 28000. PostgreSQL's ALTER ROLE and DROP ROLE act on open
+        sessions at once; here within ``USERS_FILE_POLL_S``."""
+        users = self.users_file
+        if users is None or users.generation == self.users_generation or self.session is None:
+            return
+        generation = users.generation
+
+        def superuser_of(name: str) -> bool | None:
+            entry = users.lookup(name)
+            return None if entry is None else entry.superuser
+
+        try:
+            await self.call(self.session.refresh_identity, superuser_of)
+        except RoleRemovedError as removed:
+            raise wire_auth.InvalidAuthorizationError(
+                f'terminating connection: user "{removed}" was removed from the users file'
+            ) from None
+        self.users_generation = generation
+        flag = "on" if self.session.identity.superuser else "off"
+        if self.catalog.superuser_changed(flag):
+            self.send(m.parameter_status("is_superuser", flag))
 
     async def serve_messages(self) -> None:
         # Responses are kept until a drain (Sync, Flush, end of Query, before COPY data is
@@ -610,6 +647,9 @@ class Connection(ExtendedProtocol):
                 continue
             if kind == b"X":
                 return
+            users_file = self.users_file
+            if users_file is not None and users_file.generation != self.users_generation:
+                await self.check_users_file()
             if self.held is not None and kind not in (b"E", b"D", b"H"):
                 await self.settle_held()  # its rows will not all go out: offsets stay
             if kind == b"Q":

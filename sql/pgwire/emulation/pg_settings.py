@@ -253,6 +253,13 @@ class PgSettings:
         self._defaults["application_name"] = application_name
         self.values = dict(self._defaults)
 
+    def superuser_changed(self, flag: str) -> bool:
+        """Set the read-only ``is_superuser`` to ``flag``; True if it changed."""
+        if self.values.get("is_superuser") == flag:
+            return False
+        self._defaults["is_superuser"] = self.values["is_superuser"] = flag
+        return True
+
     @staticmethod
     def canonical(name: str) -> str:
         key = " ".join(name.lower().split())

@@ -183,6 +183,12 @@ class ConnectionCatalog:
             superuser=superuser,
         )
 
+    def superuser_changed(self, flag: str) -> bool:
+        """``is_superuser`` is now ``flag`` ("on"/"off"): the users file changed under the
+        session (``Connection.check_users_file``); True if that is news (a ParameterStatus
+        goes out, as PostgreSQL reports ``is_superuser``)."""
+        return self.settings.superuser_changed(flag)
+
     def execute(self, session: Session, statement: ast.Statement, parameters: Any) -> Result:
         """Run ``statement``: here (session commands), rewritten, or as it is. Settings
         changed by a transaction that ended without committing are put back after it."""
