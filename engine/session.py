@@ -1638,8 +1638,7 @@ def _query_result(operation: RunQuery, table: pa.Table | Rows | None) -> Result:
         names = operation.column_names
         if names is not None and len(names) == table.num_columns != 0:  # as streams.named
             table = table.rename_columns(names)
-        tag = operation.tag
-        return Result(f"SELECT {len(table.rows)}" if tag in ("SELECT", "EMPTY") else tag, table)
+        return Result(_rows_tag(operation.tag, len(table.rows)), table)
     if isinstance(table, Rows):
         names = operation.column_names
         if not operation.returns_rows:
@@ -1654,15 +1653,10 @@ def _query_result(operation: RunQuery, table: pa.Table | Rows | None) -> Result:
         # answers those with a command tag alone, and clients (JDBC) refuse rows for them.
         return Result(operation.tag)
     if table is not None and not dml_count:
-        return Result(
-            f"SELECT {table.num_rows}" if operation.tag in ("SELECT", "EMPTY") else operation.tag,
-            table,
-        )
+        return Result(_rows_tag(operation.tag, table.num_rows), table)
     if operation.returns_rows:
         assert table is not None
-        return Result(
-            f"SELECT {table.num_rows}" if operation.tag == "SELECT" else operation.tag, table
-        )
+        return Result(_rows_tag(operation.tag, table.num_rows), table)
     count = None
     if table is not None and table.column_names == ["Count"] and table.num_rows == 1:
         count = table.column(0)[0].as_py()
@@ -1671,6 +1665,19 @@ def _query_result(operation: RunQuery, table: pa.Table | Rows | None) -> Result:
     if operation.tag in ("UPDATE", "DELETE", "MERGE"):
         return Result(f"{operation.tag} {count or 0}")
     return Result(operation.tag)
+
+
+def _rows_tag(tag: str, rows: int) -> str:
+    """The command tag of a statement that returned ``rows`` rows: ``SELECT n``, and for a
+    write with RETURNING the count PostgreSQL gives (the rows it wrote, one row each:
+    ``INSERT 0 n``, ``UPDATE n``, ``DELETE n``, ``MERGE n``); other tags as they are."""
+    if tag in ("SELECT", "EMPTY"):
+        return f"SELECT {rows}"
+    if tag == "INSERT":
+        return f"INSERT 0 {rows}"
+    if tag in ("UPDATE", "DELETE", "MERGE"):
+        return f"{tag} {rows}"
+    return tag
 
 
 def _bind(value: Any, parameters: Any) -> Any:

@@ -80,3 +80,23 @@ def test_returning_gives_every_column_the_grammar_admits(server: ServerThread) -
         assert row is not None and row[2:6] == ("written", 1, "p", "g")
         with pytest.raises(psycopg.errors.UndefinedColumn):
             client.execute("INSERT INTO TOPIC r (data) VALUES ('b') RETURNING written_at")
+
+
+@pytest.mark.parametrize("prepare", [False, True], ids=["simple", "extended"])
+def test_a_write_with_returning_counts_its_rows_in_the_tag(server: ServerThread,
+                                                           prepare: bool) -> None:  # fmt: skip
+    """PostgreSQL's CommandComplete of INSERT/UPDATE/DELETE … RETURNING counts the rows
+    written (``INSERT 0 2``): psycopg's ``rowcount`` reads it."""
+    with psycopg.connect(host="127.0.0.1", port=server.port, user="tester",
+                         autocommit=True, connect_timeout=10) as client:  # fmt: skip
+        t = "ret_x" if prepare else "ret_y"
+        client.execute(f"CREATE TABLE {t} (a INTEGER); CREATE TOPIC {t}_topic")
+        cursor = client.cursor()
+        for sql, tag in ((f"INSERT INTO {t} VALUES (1), (2), (3) RETURNING a", "INSERT 0 3"),
+                         (f"UPDATE {t} SET a = a + 1 WHERE a > 1 RETURNING a", "UPDATE 2"),
+                         (f"DELETE FROM {t} WHERE a = 1 RETURNING a", "DELETE 1"),
+                         (f"INSERT INTO TOPIC {t}_topic (data) VALUES ('a'), ('b') "
+                          "RETURNING offset", "INSERT 0 2")):  # fmt: skip
+            cursor.execute(sql, prepare=prepare)
+            assert cursor.statusmessage == tag, sql
+            assert cursor.rowcount == int(tag.split()[-1]) == len(cursor.fetchall())
