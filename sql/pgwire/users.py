@@ -36,6 +36,7 @@ import json
 import logging
 import os
 import re
+import stat
 import threading
 from collections.abc import Iterator
 from dataclasses import dataclass
@@ -104,7 +105,7 @@ def parse_users(data: bytes, path: str) -> dict[str, UserEntry]:
     """The users of a users file's bytes; ConfigFileError naming ``path`` if malformed."""
     try:
         document = json.loads(data.decode("utf-8"))
-    except (UnicodeDecodeError, json.JSONDecodeError) as error:
+    except (ValueError, RecursionError) as error:  # UnicodeDecodeError, JSONDecodeError, depth
         raise ConfigFileError(f"users file {path} is not valid JSON: {error}") from None
     if not isinstance(document, dict) or document.get("format") != FORMAT:
         raise ConfigFileError(f'users file {path} is not in format "{FORMAT}"')
@@ -140,24 +141,33 @@ def read_users(path: str) -> dict[str, UserEntry]:
 
 
 def _read_bytes(path: str) -> bytes:
+    """The file's bytes: a regular file only (a FIFO or a device is refused without
+    blocking: O_NONBLOCK), FileNotFoundError if there is none, ConfigFileError for any
+    other failure."""
     try:
-        fd = os.open(path, os.O_RDONLY | os.O_CLOEXEC)
+        fd = os.open(path, os.O_RDONLY | os.O_CLOEXEC | os.O_NONBLOCK)
     except FileNotFoundError:
         raise
     except OSError as error:
         raise ConfigFileError(f"cannot read users file {path}: {error.strerror}") from None
-    chunks: list[bytes] = []
-    size = 0
     try:
-        while chunk := os.read(fd, 1 << 16):
-            chunks.append(chunk)
-            size += len(chunk)
-            if size > USERS_FILE_BYTES_MAX:
-                raise ConfigFileError(
-                    f"users file {path} is larger than {USERS_FILE_BYTES_MAX} bytes"
-                )
+        if not stat.S_ISREG(os.fstat(fd).st_mode):
+            raise ConfigFileError(f"users file {path} is not a regular file")
+        return _read_all(fd, path)
+    except OSError as error:  # EISDIR, EIO …
+        raise ConfigFileError(f"cannot read users file {path}: {error.strerror}") from None
     finally:
         os.close(fd)
+
+
+def _read_all(fd: int, path: str) -> bytes:
+    chunks: list[bytes] = []
+    size = 0
+    while chunk := os.read(fd, 1 << 16):
+        chunks.append(chunk)
+        size += len(chunk)
+        if size > USERS_FILE_BYTES_MAX:
+            raise ConfigFileError(f"users file {path} is larger than {USERS_FILE_BYTES_MAX} bytes")
     return b"".join(chunks)
 
 
@@ -179,6 +189,9 @@ class UsersFile:
         self._stamp: tuple[int, int, int] | None = None
         self._users: dict[str, UserEntry] = {}
         self.generation = 0
+        self._reloading = threading.Lock()  # one ``reload`` at a time
+        # the stamp of the last unusable file and its error (not read again while unchanged)
+        self._unusable: tuple[tuple[int, int, int], ConfigFileError] | None = None
 
     def lookup(self, name: str) -> UserEntry | None:
         """The user as of the last ``reload`` (callers reload first)."""
@@ -201,23 +214,37 @@ class UsersFile:
             return [self._users[name] for name in sorted(self._users)]
 
     def reload(self) -> ConfigFileError | None:
-        """Re-read the file if it changed; the error if the new contents are malformed."""
-        try:
-            status = os.stat(self.path)
-            stamp = (status.st_ino, status.st_size, status.st_mtime_ns)
-        except FileNotFoundError:
-            stamp = (0, 0, 0)
-        with self._lock:
+        """Re-read the file if it changed; the error if the new contents are unusable.
+
+        One reload at a time (the watch, a login and a Flight call may all ask): the stat,
+        the read and the store happen in that order under ``_reloading``, so older contents
+        never replace newer ones. Unusable is malformed, unreadable, not a regular file, or
+        gone once it was read (a non-atomic replace leaves the path empty for a moment):
+        the last good contents stay, and the same unusable file is not read again until
+        its stamp changes. Only before any good read does a missing file mean no users."""
+        with self._reloading:
+            try:
+                status = os.stat(self.path)
+                stamp = (status.st_ino, status.st_size, status.st_mtime_ns)
+            except FileNotFoundError:
+                stamp = (0, 0, 0)
+            except OSError as error:  # ELOOP, EACCES, ENOTDIR, ESTALE …
+                return ConfigFileError(f"cannot read users file {self.path}: {error.strerror}")
             if stamp == self._stamp:
                 return None
-        try:
-            users = read_users(self.path)
-        except ConfigFileError as error:
-            return error
-        with self._lock:
-            if stamp != self._stamp:
+            if self._unusable is not None and self._unusable[0] == stamp:
+                return self._unusable[1]
+            try:
+                if stamp == (0, 0, 0) and self._stamp is not None:
+                    raise ConfigFileError(f"users file {self.path} is missing")
+                users = read_users(self.path)
+            except ConfigFileError as error:
+                self._unusable = (stamp, error)
+                return error
+            with self._lock:
                 self._stamp, self._users = stamp, users
                 self.generation += 1
+            self._unusable = None
         return None
 
 
@@ -238,14 +265,19 @@ class UsersWatch:
         return self
 
     def stop(self) -> None:
+        """Ask the thread to end; waits for it at most a few polls (a reload stuck in the
+        kernel, e.g. on a hung network file system, leaves the daemon thread behind)."""
         self._stopping.set()
         if self._thread.is_alive():
-            self._thread.join()
+            self._thread.join(timeout=max(1.0, 4 * self.interval_s))
 
     def _run(self) -> None:
         reported: str | None = None
         while not self._stopping.wait(self.interval_s):
-            error = self.users.reload()
+            try:
+                error: BaseException | None = self.users.reload()
+            except Exception as unexpected:  # never end the watch: sessions rely on it
+                error = unexpected
             message = None if error is None else str(error)
             if message is not None and message != reported:
                 log.error("users file not reloaded, keeping its last good contents: %s", message)

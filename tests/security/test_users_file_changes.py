@@ -13,6 +13,8 @@ Engine-level cases call ``Session.refresh_identity`` directly (no waiting on the
 from __future__ import annotations
 
 import dataclasses
+import os
+import threading
 import time
 from collections.abc import Callable
 from pathlib import Path
@@ -57,11 +59,12 @@ def test_a_demoted_superuser_is_demoted_in_its_open_session(wire_server: WireSer
     admin.execute("CREATE SCHEMA before_demotion")  # superusers only
     admin.execute("SET ROLE alice")
     assert _scalar(admin, "SELECT current_user") == "alice"
+    assert admin.info.parameter_status("is_superuser") == "off"  # alice's, as in PostgreSQL
     users.add_user(wire_server.users_file, ADMIN, ADMIN_PASSWORD)  # without --superuser
-    _until(lambda: _scalar(admin, "SHOW is_superuser") == "off")
-    assert admin.info.parameter_status("is_superuser") == "off"  # reported, as PostgreSQL does
     # the SET ROLE made as a superuser is undone: the session acts as admin again
-    assert _scalar(admin, "SELECT current_user") == "admin"
+    _until(lambda: _scalar(admin, "SELECT current_user") == "admin")
+    assert _scalar(admin, "SHOW is_superuser") == "off"
+    assert admin.info.parameter_status("is_superuser") == "off"
     _refused(admin, "CREATE SCHEMA after_demotion")
     _refused(admin, "SET ROLE alice")
     # a new session of the demoted user is an ordinary one as well
@@ -104,7 +107,7 @@ def test_a_rollback_does_not_restore_a_superuser_role_taken_back(
     admin.execute("BEGIN")
     admin.execute("SET ROLE alice")
     users.add_user(wire_server.users_file, ADMIN, ADMIN_PASSWORD)
-    _until(lambda: _scalar(admin, "SHOW is_superuser") == "off")
+    _until(lambda: _scalar(admin, "SELECT current_user") == "admin")
     admin.execute("ROLLBACK")  # its undo would put back the superuser admin of BEGIN's time
     assert _scalar(admin, "SELECT current_user") == "admin"
     _refused(admin, "CREATE SCHEMA after_rollback")
@@ -191,3 +194,147 @@ def test_flight_tokens_follow_the_users_file(tmp_path: Path) -> None:
         bob.close()
         door.stop()
         database.close()
+
+
+def test_is_superuser_follows_the_current_role(wire_server: WireServer) -> None:
+    """As PostgreSQL reports it: SET ROLE to an ordinary user shows off, RESET ROLE on; a
+    ROLLBACK that puts other settings back leaves it as the role now is (review R1-18 F6)."""
+    admin = wire_server.login(ADMIN)
+    admin.execute("SET ROLE alice")
+    assert _scalar(admin, "SHOW is_superuser") == "off"
+    assert admin.info.parameter_status("is_superuser") == "off"
+    admin.execute("RESET ROLE")
+    assert _scalar(admin, "SHOW is_superuser") == "on"
+    assert admin.info.parameter_status("is_superuser") == "on"
+    admin.execute("BEGIN")
+    admin.execute("SET application_name = 'x'")
+    users.add_user(wire_server.users_file, ADMIN, ADMIN_PASSWORD)
+    _until(lambda: _scalar(admin, "SHOW is_superuser") == "off")
+    admin.execute("ROLLBACK")
+    assert _scalar(admin, "SHOW is_superuser") == "off"
+    assert admin.info.parameter_status("is_superuser") == "off"
+
+
+# -- the users file's unusable states (review R1-18 F1-F5) ------------------------------------
+def _file_with(path: Path, superuser: bool) -> users.UsersFile:
+    users.add_user(str(path), "admin", "admin's long password", superuser=superuser)
+    watched = users.UsersFile(str(path))
+    assert watched.reload() is None
+    return watched
+
+
+def _unusable_states(path: Path) -> list[tuple[str, Callable[[], None]]]:
+    def directory() -> None:
+        path.mkdir()
+
+    def fifo() -> None:
+        os.mkfifo(path)
+
+    def deep_json() -> None:
+        path.write_text("[" * 200_000)
+
+    def symlink_loop() -> None:
+        path.symlink_to(path)
+
+    def missing() -> None:
+        pass
+
+    return [("a directory", directory), ("a FIFO", fifo), ("deeply nested JSON", deep_json),
+            ("a symlink loop", symlink_loop), ("missing", missing)]  # fmt: skip
+
+
+@pytest.mark.parametrize("state", range(5), ids=["directory", "fifo", "deep_json",
+                                                  "symlink_loop", "missing"])  # fmt: skip
+def test_an_unusable_file_keeps_the_last_good_contents(tmp_path: Path, state: int) -> None:
+    path = tmp_path / "users.json"
+    watched = _file_with(path, superuser=True)
+    generation = watched.generation
+    good = path.read_bytes()
+    path.unlink()
+    name, make = _unusable_states(path)[state]
+    make()
+    outcome: list[object] = []
+    reader = threading.Thread(target=lambda: outcome.append(watched.reload()), daemon=True)
+    reader.start()
+    reader.join(5.0)
+    assert not reader.is_alive(), f"reload blocked on {name}"
+    assert isinstance(outcome[0], users.ConfigFileError), name
+    assert watched.generation == generation and watched.is_superuser("admin")
+    # back to a good file: taken at once
+    if path.is_dir() and not path.is_symlink():
+        path.rmdir()
+    elif path.exists() or path.is_symlink():
+        path.unlink()
+    path.write_bytes(good.replace(b'"superuser": true', b'"superuser": false'))
+    assert watched.reload() is None
+    assert watched.generation == generation + 1 and not watched.is_superuser("admin")
+
+
+def test_a_missing_file_before_any_good_read_means_no_users(tmp_path: Path) -> None:
+    watched = users.UsersFile(str(tmp_path / "absent.json"))
+    assert watched.reload() is None and watched.count() == 0
+
+
+def test_the_same_unusable_file_is_not_read_again(tmp_path: Path, monkeypatch) -> None:
+    path = tmp_path / "users.json"
+    watched = _file_with(path, superuser=False)
+    path.write_text('{"format": "topicbase-users-1", "users": {"x": 1}}')
+    reads: list[str] = []
+    real = users.read_users
+    monkeypatch.setattr(users, "read_users", lambda p: reads.append(p) or real(p))
+    first, second = watched.reload(), watched.reload()
+    assert isinstance(first, users.ConfigFileError) and second is first
+    assert len(reads) == 1
+
+
+def test_reloads_store_the_newest_contents(tmp_path: Path, monkeypatch) -> None:
+    """A reload that read older contents slowly never stores them after a newer one
+    (review R1-18 F3): reloads run one at a time."""
+    path = tmp_path / "users.json"
+    watched = _file_with(path, superuser=True)
+    real = users.read_users
+    reading, release = threading.Event(), threading.Event()
+
+    def slow_first(p: str) -> dict:
+        contents = real(p)
+        if not reading.is_set():
+            reading.set()
+            release.wait(5.0)
+        return contents
+
+    path.unlink()
+    users.add_user(str(path), "admin", "admin's long password", superuser=True)  # contents 1
+    monkeypatch.setattr(users, "read_users", slow_first)  # add_user reads the file too
+    first = threading.Thread(target=watched.reload)
+    first.start()
+    assert reading.wait(5.0)
+    path.unlink()
+    users.add_user(str(path), "admin", "admin's long password")  # contents 2: demoted
+    second = threading.Thread(target=watched.reload)
+    second.start()
+    time.sleep(0.1)
+    release.set()
+    first.join(5.0)
+    second.join(5.0)
+    assert not watched.is_superuser("admin")
+
+
+def test_the_watch_outlives_an_unexpected_error(tmp_path: Path, monkeypatch) -> None:
+    path = tmp_path / "users.json"
+    watched = _file_with(path, superuser=True)
+    real = watched.reload
+    failures = [RuntimeError("boom")]
+
+    def reload_once_failing() -> object:
+        if failures:
+            raise failures.pop()
+        return real()
+
+    monkeypatch.setattr(watched, "reload", reload_once_failing)
+    watch = users.UsersWatch(watched, 0.02).start()
+    try:
+        _until(lambda: not failures)
+        users.add_user(str(path), "admin", "admin's long password")
+        _until(lambda: not watched.is_superuser("admin"))
+    finally:
+        watch.stop()

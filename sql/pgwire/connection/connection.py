@@ -622,8 +622,8 @@ class Connection(ExtendedProtocol):
             ) from None
         self.users_generation = generation
         flag = "on" if self.session.identity.superuser else "off"
-        if self.catalog.superuser_changed(flag):
-            self.send(m.parameter_status("is_superuser", flag))
+        if self.catalog.superuser_changed(flag):  # reported with the next ReadyForQuery
+            self.catalog.changes.reports.append(("is_superuser", flag))
 
     async def serve_messages(self) -> None:
         # Responses are kept until a drain (Sync, Flush, end of Query, before COPY data is

@@ -189,6 +189,15 @@ class ConnectionCatalog:
         goes out, as PostgreSQL reports ``is_superuser``)."""
         return self.settings.superuser_changed(flag)
 
+    def _show_superuser(self, session: Session) -> None:
+        """``is_superuser`` follows the current role, as in PostgreSQL: after a SET ROLE,
+        RESET ROLE or SET SESSION AUTHORIZATION (or their undoing by a ROLLBACK) it is
+        set again and reported when it changed, also after a ROLLBACK's put-back of the
+        settings (``SettingChanges.settle``) restored an older value."""
+        flag = "on" if session.identity.superuser else "off"
+        if self.settings.superuser_changed(flag):
+            self.changes.reports.append(("is_superuser", flag))
+
     def execute(self, session: Session, statement: ast.Statement, parameters: Any) -> Result:
         """Run ``statement``: here (session commands), rewritten, or as it is. Settings
         changed by a transaction that ended without committing are put back after it."""
@@ -197,6 +206,7 @@ class ConnectionCatalog:
             return self._execute(session, statement, parameters)
         finally:
             self._settle(session)
+            self._show_superuser(session)
 
     def answer_lookup(self, session: Session, statement: ast.Statement, parameters: Any
                       ) -> Result | None:  # fmt: skip
