@@ -106,17 +106,48 @@ role_undo: weakref.WeakKeyDictionary[Any, tuple[Any, Callable[[], None]]] = (
 )
 
 
+def settled_identity(session: Any) -> Identity:
+    """The identity the door checks ``session``'s next statement with: its identity, once
+    a SET ROLE of a transaction that rolled back is undone (``_settle_role``). Both checks
+    of a statement use it (``Session._guard``), so the sandbox and the privileges judge
+    the same identity."""
+    # ``role_undo.data``: its dict, whose emptiness costs no Python call (``len`` of the
+    # WeakKeyDictionary runs one); a dead entry only sends us to the exact test.
+    if role_undo.data and session in role_undo:
+        return _settle_role(session)
+    return session.identity  # type: ignore[no-any-return]
+
+
+def kept_decision(plan: Plan, identity: Identity, session: Any, memo: BoundedCache) -> bool:
+    """Whether ``memo`` holds a decision to let ``plan`` through for ``identity`` that still
+    stands, by ``check_plan``'s rules for its memo: the same plan and identity objects, not
+    inside an explicit transaction, the session's names resolving plainly, and the
+    privilege cache's stamp as it was when the decision was made. False: check in full.
+
+    The whole test of a hit, in one call (``Session._guard`` asks it before either check,
+    and its memo is filled only after the sandbox let the same plan through for the same
+    identity: see ``Session.door_memo``)."""
+    kept = memo.get(id(plan))
+    if kept is None or kept[0] is not plan or kept[1] is not identity:
+        return False
+    transaction = session.transaction
+    if transaction is not None and transaction.explicit:
+        return False  # decided on the transaction's snapshot (review R3-17-1)
+    return bool(session.names_resolve_plainly()) and kept[2] == privilege_cache.stamp(session)
+
+
 def check_plan(plan: Plan, identity: Identity, session: Any,
                memo: BoundedCache | None = None) -> None:  # fmt: skip
     """Refuse (42501) a plan that touches a relation ``identity`` has no privilege on.
 
     ``memo``: the session's decisions on plans it keeps and checks again on every run
-    (``Session.answer_lookup``). A plan allowed here is let through again at once while
-    the plan and the identity are the same objects (both immutable; SET ROLE and SET
-    SESSION AUTHORIZATION replace the identity) and the privilege cache's stamp stands
-    (``privilege_cache.stamp``: no GRANT, REVOKE, DDL of a relation or topic began since,
-    and no such transaction is open), and only for a decision made of nothing else
-    (``_decided_by_cache``: no view, whose owner's superuser status the users file
+    (``Session.answer_lookup``, a kept literal SELECT, ``engine.kept_plans``). A plan
+    allowed here is let through again at once while the plan and the identity are the
+    same objects (both immutable; SET ROLE and SET SESSION AUTHORIZATION replace the
+    identity) and the privilege cache's stamp stands (``privilege_cache.stamp``: no
+    GRANT, REVOKE, DDL of a relation or topic began since, and no such transaction is
+    open), and only for a decision made of nothing else (``_decided_by_cache``: tables'
+    and topics' owners and grants; no view, whose owner's superuser status the users file
     gives, no EXECUTE, no ownership test), and only while the session's names resolve
     plainly (``Session.names_resolve_plainly``: else a name is checked wherever DuckDB may
     find it, and the session's temporary views too, read from DuckDB every time).
@@ -149,14 +180,19 @@ def check_plan(plan: Plan, identity: Identity, session: Any,
 
 def _decided_by_cache(plan: Plan, identity: Identity, session: Any) -> bool:
     """Whether ``check_plan``'s decision on ``plan`` (allowed) was made of the identity,
-    the plan's texts and ``_facts`` of tables alone (all under ``privilege_cache.stamp``):
-    queries only, none an EXECUTE (its statements are the session's DuckDB's), each
-    needing SELECT, INSERT, UPDATE or DELETE on relations that are tables or do not exist
-    (a view's check asks the users file whether its owner is a superuser), in a session
-    whose names resolve plainly (each name was checked as itself alone)."""
+    the plan's texts and ``_facts`` of tables and topics alone (all under
+    ``privilege_cache.stamp``): topic reads and writes (``_require_topic``: a topic's
+    owner and grants, its existence from the catalog, whose count of topics created and
+    dropped is part of the stamp), transaction control (nothing), and queries, none an
+    EXECUTE (its statements are the session's DuckDB's), each needing SELECT, INSERT,
+    UPDATE or DELETE on relations that are tables or do not exist (a view's check asks
+    the users file whether its owner is a superuser), in a session whose names resolve
+    plainly (each name was checked as itself alone)."""
     if not session.names_resolve_plainly():
         return False
     for operation in plan.operations:
+        if isinstance(operation, _MEMO_OPERATIONS):
+            continue
         if not isinstance(operation, RunQuery) or _executed_name(operation.sql) is not None:
             return False
         access = relation_access(operation.sql)
@@ -175,6 +211,9 @@ _MEMO_PRIVILEGES = frozenset({"SELECT", "INSERT", "UPDATE", "DELETE"})
 
 
 _TOPIC_READS = (ReadRecords, CommitConsumerOffsets, SetConsumerOffsets)
+# Operations whose check (``_check_operations``) reads nothing but ``_facts`` of a topic
+# (SELECT or INSERT on it), or nothing at all: a decision of them may be kept.
+_MEMO_OPERATIONS = (*_TOPIC_READS, AppendRecords, TransactionControl)
 
 
 def _check_operations(plan: Plan, identity: Identity, session: Any) -> None:

@@ -153,7 +153,10 @@ class Session:
         self._lookup_plans = KeptLookupPlans()
         # Plans of the statements it repeats, while the topics stay as they are.
         self._kept_plans = KeptPlans()
-        # The privilege decisions of those plans (``privileges.check_plan``'s memo).
+        # The door's decisions on those plans (``privileges.check_plan``'s memo, asked by
+        # ``_guard`` before both checks). Invariant: filled only by ``_guard``, through
+        # ``privileges.check_plan``, after ``sandbox.check_plan`` let the same plan through
+        # for the same identity object, so a decision kept here is both checks'.
         self.door_memo = BoundedCache("engine.session.door_memo", limits.DOOR_DECISIONS_MAX)
 
     # -- entry points -------------------------------------------------------------------
@@ -705,13 +708,24 @@ class Session:
         """The door's checks, before anything of ``plan`` runs: the sandbox (what DuckDB
         may be asked to do at all) and then privileges (what this identity may touch).
         ``kept``: ``plan`` is a plan this session keeps and checks again on every run
-        (``answer_lookup``, a kept literal SELECT, ``kept_plans``), whose privilege
-        decision may be kept (``door_memo``)."""
-        sandbox.check_plan(plan, self.identity)
-        if kept:
-            privileges.check_plan(plan, self.identity, self, memo=self.door_memo)
-        else:
-            privileges.check_plan(plan, self.identity, self)
+        (``answer_lookup``, a kept literal SELECT, ``kept_plans``), whose decision may
+        be kept (``door_memo``). Both checks judge the same identity, settled first
+        (``privileges.settled_identity``)."""
+        identity = self.identity
+        if privileges.role_undo.data:  # a SET ROLE may be pending undo (no call if not)
+            identity = privileges.settled_identity(self)
+        if not kept:
+            sandbox.check_plan(plan, identity)
+            privileges.check_plan(plan, identity, self)
+            return
+        memo = self.door_memo
+        if privileges.kept_decision(plan, identity, self, memo):
+            # Both checks let this plan through for this identity (``door_memo``), and
+            # nothing either decision was made of has changed since: the sandbox's is
+            # a function of the plan's texts and ``identity.superuser`` alone.
+            return
+        sandbox.check_plan(plan, identity)
+        privileges.check_plan(plan, identity, self, memo=memo)
 
     def check_duration(self) -> None:
         """``_check_duration`` for a front that reads from the session's DuckDB cursor
