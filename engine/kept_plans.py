@@ -20,7 +20,8 @@ planned, read *before* planning: a change during planning leaves the plan kept u
 old generation, which no longer matches. Only the statement kinds a worker repeats are
 kept (``KEPT_KINDS``), of texts the parse cache keeps (at most
 ``CACHED_TEXT_CHARS_MAX`` characters); DDL, EXPLAIN and the rest are planned every
-time. Only planning is kept: the door's checks run on every execution, as before.
+time. Only planning is kept: the door judges every execution (``Session._guard``: its
+checks, or its decision on this very plan, kept while nothing it was made of changed).
 
 Bounds (``storage.limits``): at most ``KEPT_PLANS_MAX`` plans a session, each costed by
 its text (``TEXT_COST_PER_CHAR``) in a ``BoundedCache``, part of the process-wide budget.

@@ -8,8 +8,9 @@ relation name, no read; ``relative_statement`` changes only topic paths, of whic
 none), and the planner's judgement that it is literal (``RunQuery.literal_only``) and
 DuckDB's tokens' (``tables.literal_tokens``) are functions of the text. So its plan needs
 no invalidation: it is the same plan the ordinary way makes every time. Only planning is
-kept: the door's checks (sandbox, privileges) run on every execution
-(``Session.answer_literal``), as does the session's state's check.
+kept: the door judges every execution (``Session.answer_literal`` -> ``_guard``: its
+sandbox and privilege checks, or its decision on this plan, kept while nothing it was
+made of changed), as does the session's state's check.
 
 Bounds (``storage.limits``): at most ``KEPT_LITERAL_PLANS_MAX`` statements a session (then
 all are forgotten), each of a text of at most ``LITERAL_RESULT_TEXT_CHARS_MAX``

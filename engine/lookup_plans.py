@@ -7,8 +7,9 @@ the one thing outside the text the plan depends on is whether a name it reads is
 (``planner.relations.names_a_topic``: then the plan reads the topic, or asks DuckDB whether
 a table of that name wins). So a plan is kept here only when no name it reads is a topic's,
 and only while the topics stay as they were (the catalog's ``changes``, which counts topics
-created and dropped). Only planning is kept: the door's checks (sandbox, privileges) run
-on every execution (``Session.answer_lookup``), as do the index's own rules of coherence.
+created and dropped). Only planning is kept: the door judges every execution
+(``Session.answer_lookup`` -> ``_guard``: its checks, or its decision on this plan kept
+while nothing it was made of changed), as do the index's own rules of coherence.
 
 Bounds (``storage.limits``): at most ``KEPT_LOOKUP_PLANS_MAX`` plans (then all are
 forgotten), of texts of at most ``KEPT_LOOKUP_TEXT_CHARS_MAX`` characters; only plans of

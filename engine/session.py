@@ -232,8 +232,9 @@ class Session:
         do nothing for it (no transaction is begun and committed: the statement reads
         nothing of the database or the session, ``Session._run``'s literal way): the
         plan is kept per statement (``engine.literal_plans``: it depends on the text
-        alone), and the door's checks (sandbox, privileges) run on every call, as there; a
-        refusal is left to ``execute_statement`` to report. Only outside a transaction,
+        alone), and the door judges every call, as there (``_guard``: the sandbox and
+        privileges, or its kept decision on the plan); a refusal is left to
+        ``execute_statement`` to report. Only outside a transaction,
         with no stream open, on an open session."""
         if type(statement) is not ast.SqlStatement:
             return None
@@ -600,9 +601,9 @@ class Session:
 
         What ``execute_statement`` does for such a statement, less its general steps that
         do nothing for it: the plan is kept per statement (``engine.lookup_plans``: while
-        no topic is created or dropped), and the door's checks (sandbox, privileges) run
-        on every call, as there (a kept plan's privileges may be a memo of the decision:
-        ``privileges.check_plan``); a refusal is left to ``execute_statement`` to report.
+        no topic is created or dropped), and the door judges every call, as there
+        (``_guard``: the sandbox and privileges, or its kept decision on the plan:
+        ``privileges.kept_decision``); a refusal is left to ``execute_statement`` to report.
         The answer itself comes by the plan's kept way (``key_lookup.KeptWay``) when it
         can, else by ``_key_lookup`` as ``execute_statement`` asks it. Only outside a
         transaction, with no stream open, on an open session."""
