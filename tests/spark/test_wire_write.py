@@ -422,7 +422,7 @@ def test_rows_of_any_length_go_as_frames_byte_for_byte(
         "ELSE concat(CAST(id AS STRING), '-é€𝄞-', repeat('t', CAST(id % 2048 AS INT))) END "
         "AS text", "CAST(id % 2 AS INT) AS partition", "id AS seq_no",
     ).selectExpr("CAST(text AS BINARY) AS data", "partition", "seq_no")  # fmt: skip
-    frame.writeTo(f"{tb}.main.events").append()
+    frame.writeTo(f"{tb}.main.events").option("frameCodec", "raw").append()
     assert copy_formats == ["frames"]
     rows = sql_rows(database, 'SELECT partition, seq_no, data FROM TOPIC events '
                     'ORDER BY partition, "offset"')  # fmt: skip
@@ -482,7 +482,7 @@ def test_frame_codec_zstd_into_a_topic_without_zstd_fails_and_leaves_nothing(
         "CAST(CONCAT('z', id) AS BINARY) AS data", "CAST(id % 2 AS INT) AS partition")
     with pytest.raises(Exception, match=r"22P04|compressed messages"):
         frame.writeTo(f"{tb}.main.events").option("frameCodec", "zstd").append()
-    with pytest.raises(Exception, match="frameCodec must be raw or zstd"):
+    with pytest.raises(Exception, match="frameCodec must be auto, raw or zstd"):
         frame.writeTo(f"{tb}.main.events").option("frameCodec", "lz4").append()
     _until_nothing_staged(database)
     assert sql_rows(database, "SELECT count(*) AS n FROM TOPIC events") == [{"n": 0}]
@@ -506,3 +506,103 @@ def test_frame_codec_zstd_cuts_frames_by_the_messages_plain_size(
                     'ORDER BY "offset"')  # fmt: skip
     assert [(r["seq_no"], r["n"]) for r in rows] == [
         (i, len(str(i)) + 524280) for i in range(40)]  # fmt: skip
+
+
+def _codecs_sent(frame_bodies) -> list[int]:
+    """The codec of each message of the frames the server checked, in the order sent."""
+    return [v for _, body in frame_bodies
+            for v in pa.ipc.read_record_batch(body, WIRE_SCHEMA).column(4).to_pylist()]
+
+
+def test_the_default_compresses_for_a_topic_with_zstd_and_not_for_one_without(
+        spark, database, url, wire, copy_formats, frame_bodies) -> None:  # fmt: skip
+    """``frameCodec`` defaults to ``auto`` (round 18): a topic whose supported_codecs
+    include zstd (a topic's default) gets its messages zstd-compressed by the tasks (3 MB
+    of rows that shrink: past the task's 1 MiB sample, it keeps compressing); a topic
+    without zstd gets them raw, as before. Both read back byte for byte."""
+    _create(database, "events", partitions=2)
+    session = database.connect()
+    session.execute("CREATE TOPIC plain WITH (min_active_partitions = 2, "
+                    "supported_codecs = 'raw,gzip')")  # fmt: skip
+    session.close()
+    tb = _catalog(spark, url, wire)
+    stats = spark._jvm.io.topicbase.spark.WireWriteStats
+    frame = spark.range(0, 3000, numPartitions=1).selectExpr(
+        "CAST(concat(lpad(CAST(id AS STRING), 8, '0'), repeat('y', 1016)) AS BINARY) AS data",
+        "CAST(id % 2 AS INT) AS partition", "id AS seq_no")  # fmt: skip
+    expected = {i: f"{i:08d}".encode() + b"y" * 1016 for i in range(3000)}
+    frame.writeTo(f"{tb}.main.events").append()
+    assert stats.lastFrameCodec() == "auto"
+    assert set(_codecs_sent(frame_bodies)) == {4} and len(_codecs_sent(frame_bodies)) == 3000
+    frame_bodies.clear()
+    frame.writeTo(f"{tb}.main.plain").append()
+    assert stats.lastFrameCodec() == "raw"
+    assert set(_codecs_sent(frame_bodies)) == {1} and len(_codecs_sent(frame_bodies)) == 3000
+    assert copy_formats == ["frames", "frames"]
+    for topic, codec in (("events", "zstd"), ("plain", "raw")):
+        rows = sql_rows(database, f"SELECT seq_no, codec, data FROM TOPIC {topic}")
+        assert len(rows) == 3000 and {r["codec"] for r in rows} == {codec}
+        assert all(r["data"] == expected[r["seq_no"]] for r in rows)
+    assert _staged(database) == []
+
+
+def test_the_default_sends_raw_once_the_tasks_first_mib_does_not_shrink(
+        spark, database, url, wire, frame_bodies) -> None:  # fmt: skip
+    """``auto`` keeps compressing only while it pays: a task whose first MiB of data
+    (here 1 KiB of hash bytes a row, which zstd cannot shrink) did not come down to a
+    quarter sends what it compressed, then every later message raw; all of them read back
+    byte for byte, each partition in order. ``frameCodec=zstd`` compresses them all."""
+    _create(database, partitions=2)
+    tb = _catalog(spark, url, wire)
+    noise = ", ".join(f"unhex(sha2(CAST(id * 16 + {k} AS STRING), 512))" for k in range(16))
+    frame = spark.range(0, 3000, numPartitions=1).selectExpr(
+        f"concat({noise}) AS data", "CAST(id % 2 AS INT) AS partition", "id AS seq_no")
+    frame.writeTo(f"{tb}.main.events").append()
+    codecs = _codecs_sent(frame_bodies)
+    assert len(codecs) == 3000
+    compressed = codecs.count(4)
+    assert 1000 <= compressed <= 1100  # the sample: 1 MiB of 1 KiB rows, then raw
+    assert codecs[compressed:] == [1] * (3000 - compressed)
+    frame_bodies.clear()
+    frame.writeTo(f"{tb}.main.events").option("frameCodec", "zstd").append()
+    assert _codecs_sent(frame_bodies) == [4] * 3000
+    expected = {r["seq_no"]: bytes(r["data"]) for r in frame.collect()}
+    rows = sql_rows(database, 'SELECT partition, seq_no, data FROM TOPIC events '
+                    'ORDER BY partition, "offset"')  # fmt: skip
+    assert len(rows) == 6000
+    assert all(r["data"] == expected[r["seq_no"]] for r in rows)
+    for partition in range(2):
+        assert [r["seq_no"] for r in rows if r["partition"] == partition] == 2 * list(
+            range(partition, 3000, 2))
+    assert _staged(database) == []
+
+
+def test_frame_codec_level_sets_the_zstd_level(spark, database, url, wire,
+                                               frame_bodies) -> None:  # fmt: skip
+    """``frameCodecLevel`` (default 1) is the tasks' zstd level: negative levels are
+    faster and compress less (text here: level -7 sends more bytes than level 19); a
+    value that is not a zstd level fails the write before anything is staged."""
+    _create(database, partitions=1)
+    tb = _catalog(spark, url, wire)
+    frame = spark.range(0, 2000, numPartitions=1).selectExpr(
+        "CAST(concat_ws(' ', CAST(id AS STRING), sha2(CAST(id % 97 AS STRING), 256), "
+        "'GET /api/v1/orders', CAST(id % 13 AS STRING), 'status', CAST(id % 7 AS STRING)) "
+        "AS BINARY) AS data", "0 AS partition", "id AS seq_no")  # fmt: skip
+    sent = {}
+    for level in ("-7", "19"):
+        frame_bodies.clear()
+        frame.writeTo(f"{tb}.main.events").option("frameCodec", "zstd").option(
+            "frameCodecLevel", level).append()
+        assert _codecs_sent(frame_bodies) == [4] * 2000
+        sent[level] = sum(len(v) for _, body in frame_bodies
+                          for v in pa.ipc.read_record_batch(body, WIRE_SCHEMA).column(5)
+                          .to_pylist())  # fmt: skip
+    assert sent["19"] < sent["-7"]
+    for bad in ("fast", "0", "99"):
+        with pytest.raises(Exception, match="frameCodecLevel must be a zstd level"):
+            frame.writeTo(f"{tb}.main.events").option("frameCodec", "zstd").option(
+                "frameCodecLevel", bad).append()
+    _until_nothing_staged(database)
+    expected = {r["seq_no"]: bytes(r["data"]) for r in frame.collect()}
+    rows = sql_rows(database, "SELECT seq_no, data FROM TOPIC events")
+    assert len(rows) == 4000 and all(r["data"] == expected[r["seq_no"]] for r in rows)

@@ -85,6 +85,13 @@ final class WireFrames implements AutoCloseable {
     private static final byte ZSTD = 4; // storage.codecs.Codec.ZSTD
     /** The zstd level of {@code frameCodec=zstd} (storage.codecs compresses at 1 too). */
     static final int ZSTD_LEVEL = 1;
+    /** {@code frameCodec=auto} (a topic that accepts zstd): the task compresses its first
+     * {@code AUTO_SAMPLE_BYTES} of message data, then keeps compressing only if they shrank
+     * to at most 1/{@code AUTO_SHRINK} of their size; else the rest go raw (round 18: on
+     * data that compresses to ~60 %, JSON log lines, zstd cost more CPU in the JVM and the
+     * server than the bytes it saved; on data at ~3 % it saved more). */
+    static final long AUTO_SAMPLE_BYTES = 1L << 20;
+    static final long AUTO_SHRINK = 4;
     /** A frame up to this size goes as one CopyData message (the server then checks and
      * writes the body where it arrived, no copy to join pieces); a larger one (a single
      * large message) in the COPY's 1 MiB pieces. */
@@ -158,6 +165,7 @@ final class WireFrames implements AutoCloseable {
         long[] seq = new long[16];
         boolean[] seqNull = new boolean[16];
         long[] created = new long[16];
+        byte codec = RAW; // the codec of every message waiting here
         int count;
         long bytes;
         /** The rows' data before compression (= {@link #bytes} for raw messages): a frame
@@ -253,7 +261,10 @@ final class WireFrames implements AutoCloseable {
         .order(ByteOrder.LITTLE_ENDIAN);
     private final CRC32C crc = new CRC32C();
     private final ZstdCompressCtx zstd; // null: messages go raw
-    private final byte codecId;
+    private boolean compressing; // new frames' messages are compressed (zstd)
+    private boolean sampling; // auto: the task's first data is measured (AUTO_SAMPLE_BYTES)
+    private long samplePlain; // auto: the sample's data, plain and compressed
+    private long sampleStored;
     private byte[] scratch = new byte[1 << 12]; // a row's data before zstd (off-heap rows)
     long rows;
     long frames;
@@ -263,24 +274,41 @@ final class WireFrames implements AutoCloseable {
         this(written, ordinals, "raw");
     }
 
-    /** As above, each message compressed with {@code codec} ({@code raw}: as it is;
-     * {@code zstd}: one zstd frame per message, level {@link #ZSTD_LEVEL}, its content size
-     * in the frame header, which the server needs to check it). */
+    /** As above, each message compressed with {@code codec} at zstd level {@link
+     * #ZSTD_LEVEL}. */
     WireFrames(StructType written, int[] ordinals, String codec) {
-        switch (codec.trim().toLowerCase(Locale.ROOT)) {
+        this(written, ordinals, codec, ZSTD_LEVEL);
+    }
+
+    /** As above, each message compressed with {@code codec} ({@code raw}: as it is;
+     * {@code zstd}: one zstd frame per message at zstd level {@code level}, its content
+     * size in the frame header, which the server needs to check it; {@code auto}: zstd
+     * for as long as the task's first data shows that it pays, see {@link
+     * #AUTO_SAMPLE_BYTES}). */
+    WireFrames(StructType written, int[] ordinals, String codec, int level) {
+        String kind = codec.trim().toLowerCase(Locale.ROOT);
+        switch (kind) {
             case "raw":
                 this.zstd = null;
                 break;
             case "zstd":
+            case "auto":
+                if (level < Zstd.minCompressionLevel() || level > Zstd.maxCompressionLevel()
+                        || level == 0) {
+                    throw new IllegalArgumentException("frameCodecLevel must be a zstd level "
+                        + "(" + Zstd.minCompressionLevel() + " to -1, or 1 to "
+                        + Zstd.maxCompressionLevel() + "), not " + level);
+                }
                 this.zstd = new ZstdCompressCtx();
-                zstd.setLevel(ZSTD_LEVEL);
+                zstd.setLevel(level);
                 zstd.setContentSize(true);
+                compressing = true;
+                sampling = kind.equals("auto");
                 break;
             default:
-                throw new IllegalArgumentException("frameCodec must be raw or zstd, not \""
+                throw new IllegalArgumentException("frameCodec must be auto, raw or zstd, not \""
                     + codec + "\"");
         }
-        this.codecId = zstd == null ? RAW : ZSTD;
         int data = -1, partition = -1, seq = -1, created = -1;
         List<Integer> nulls = new ArrayList<>();
         DataType partitionKind = null, seqKind = null;
@@ -382,11 +410,12 @@ final class WireFrames implements AutoCloseable {
         }
         if (share == null) {
             share = spare.isEmpty() ? new Pending() : spare.remove(spare.size() - 1);
+            share.codec = compressing ? ZSTD : RAW;
             pending.put(partition, share);
             pendingCost += PARTITION_COST;
         }
         int stored = length;
-        if (zstd != null) {
+        if (share.codec == ZSTD) {
             stored = compress(share, unsafe, offsetAndSize, value, length);
         } else {
             int at = share.reserve(length);
@@ -404,6 +433,17 @@ final class WireFrames implements AutoCloseable {
         rows++;
         if (share.count >= TARGET_MESSAGES || share.plainBytes >= TARGET_BYTES) {
             flush(partition, out);
+        }
+        if (sampling) {
+            samplePlain += length;
+            sampleStored += stored;
+            if (samplePlain >= AUTO_SAMPLE_BYTES) {
+                sampling = false;
+                if (sampleStored * AUTO_SHRINK > samplePlain) { // it does not pay: raw
+                    finish(out); // frames hold one codec: the compressed rows go first
+                    compressing = false;
+                }
+            }
         }
         if (pendingCost > PENDING_BYTES) {
             List<Map.Entry<Long, Pending>> shares = new ArrayList<>(pending.entrySet());
@@ -468,7 +508,7 @@ final class WireFrames implements AutoCloseable {
                 seq.setSafe(i, share.seq[i]);
             }
             created.setSafe(i, share.created[i]);
-            codec.setSafe(i, codecId);
+            codec.setSafe(i, share.codec);
         }
         ArrowBuf offsets = data.getOffsetBuffer();
         for (int i = 0; i < count; i++) {
@@ -483,6 +523,7 @@ final class WireFrames implements AutoCloseable {
             validity.setByte(count / 8, (1 << (count % 8)) - 1);
         }
         data.setLastSet(count - 1);
+        WireWriteStats.framesSent(share.codec == ZSTD, count);
         if (spare.size() < SPARE_MAX && share.values.length <= 2 * TARGET_BYTES) {
             share.clear();
             spare.add(share);

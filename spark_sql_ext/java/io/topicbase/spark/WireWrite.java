@@ -126,6 +126,72 @@ final class WireWrite implements Write {
         }
         this.written = new StructType(fields.toArray(new StructField[0]));
         this.ordinals = places.stream().mapToInt(Integer::intValue).toArray();
+        String level = options.get("frameCodecLevel");
+        if (level != null && !level.trim().matches("-?[0-9]{1,7}")) {
+            throw new IllegalArgumentException("frameCodecLevel must be a zstd level (an "
+                + "integer), not \"" + level + "\"");
+        }
+        String codec = frameCodec(this.options, topic);
+        this.options.put("frameCodec", codec); // auto only for a topic that accepts zstd
+        WireWriteStats.frameCodecChosen(codec);
+    }
+
+    /**
+     * The codec policy of the write's frames, on the driver: the option {@code frameCodec}
+     * ({@code raw}, {@code zstd}, or {@code auto}, the default). {@code auto} stays auto
+     * for a topic whose {@code supported_codecs} (its settings in sys.topics, one query)
+     * include zstd, and becomes raw for one whose do not: as Parquet compresses its pages
+     * by default, a topic that accepts zstd gets its messages compressed where that pays
+     * (each task measures its first data: {@link WireFrames#AUTO_SAMPLE_BYTES}); readers get
+     * them back decoded. A topic that cannot be looked up (not visible to the user) gets
+     * raw: the server's staging decides either way (22P04 / 22023 for a codec the topic
+     * refuses). The tasks get raw, zstd or auto (resolved), never an invalid value.
+     */
+    static String frameCodec(Map<String, String> options, String topic) {
+        String given = options.getOrDefault("frameCodec", "auto").trim().toLowerCase(Locale.ROOT);
+        switch (given) {
+            case "raw":
+            case "zstd":
+                return given;
+            case "auto":
+                break;
+            default:
+                throw new IllegalArgumentException("frameCodec must be auto, raw or zstd, not \""
+                    + options.get("frameCodec") + "\"");
+        }
+        List<String[]> found;
+        try {
+            found = PgWireClient.run(options.get("wire"), options, client -> client.query(
+                "SELECT settings FROM sys.topics WHERE name = "
+                    + WireScan.quoteLiteral(topic)));
+        } catch (IOException e) {
+            throw new UncheckedIOException("cannot look up topic " + topic + ": "
+                + e.getMessage(), e);
+        }
+        return found.isEmpty() ? "raw" : autoCodec(found.get(0)[0]);
+    }
+
+    /** {@code auto}'s policy for a topic whose settings are {@code settings} (sys.topics'
+     * JSON, e.g. {@code {"supported_codecs": ["raw", "gzip", "zstd"], ...}}): auto when
+     * its {@code supported_codecs} list names zstd; raw when it does not, or when the key
+     * is absent (the engine's codecs then are raw only: engine/ddl.py). */
+    static String autoCodec(String settings) {
+        String key = "\"supported_codecs\"";
+        int at = settings == null ? -1 : settings.indexOf(key);
+        if (at < 0) {
+            return "raw";
+        }
+        int open = settings.indexOf('[', at + key.length());
+        int close = open < 0 ? -1 : settings.indexOf(']', open);
+        if (close < 0) {
+            return "raw";
+        }
+        for (String codec : settings.substring(open + 1, close).split(",")) {
+            if (codec.trim().replace("\"", "").equalsIgnoreCase("zstd")) {
+                return "auto";
+            }
+        }
+        return "raw";
     }
 
     @Override
@@ -358,8 +424,10 @@ final class WireWrite implements Write {
          * (then every row must), else as one Arrow stream.
          */
         private void open(InternalRow first) throws IOException {
+            String level = options.get("frameCodecLevel");
             WireFrames framed = framesSql == null ? null : new WireFrames(written, ordinals,
-                options.getOrDefault("frameCodec", "raw"));
+                options.getOrDefault("frameCodec", "raw"), level == null ? WireFrames.ZSTD_LEVEL
+                    : Integer.parseInt(level.trim()));
             if (framed != null && !framed.holds(first)) {
                 framed.close();
                 framed = null;
