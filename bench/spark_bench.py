@@ -9,12 +9,15 @@ written by Spark. Figures (rows/s):
   ... FROM STDIN (FORMAT frames, WRITE_ID ...)``, the driver publishes them with one
   ``COMMIT WRITES`` (one Spark write and one transaction, also at 1M) — next to Spark
   writing them as Parquet (compressed with Snappy, Spark's default); target >= 1x. The
-  headline write compresses each message with zstd in the JVM (``frameCodec=zstd``, a
-  topic's default codecs accept it; readers get the bytes back decoded), as Parquet
-  compresses its pages; the same write without compression (``frameCodec`` raw, the
-  default) is recorded beside it. Medians of alternating runs (Parquet, zstd, raw), each
-  wire run into a fresh topic; the server's and the Spark JVM's CPU seconds and the
-  driver's commit per wire write are shown in the progress lines.
+  headline write is the writer's default (no option: ``frameCodec=auto`` since round 18,
+  which for a topic whose codecs include zstd, as a topic's default codecs do, compresses
+  each message with zstd in the JVM while the task's first MiB shows that it pays; readers
+  get the bytes back decoded), as Parquet compresses its pages by default; its record's
+  note names the codec its tasks used (``describe_codec``). The same write without
+  compression (``frameCodec=raw``) is recorded beside it. Medians of alternating runs
+  (Parquet, default, raw), each wire run into a fresh topic; the server's and the Spark
+  JVM's CPU seconds and the driver's commit per wire write are shown in the progress
+  lines.
   Recorded beside it: the Python source's write (tasks DoPut over Flight, the driver
   commits; ``format("topicbase")``, one run), which also fills the topic the reads use.
 - batch read: ``sum(length(data))`` and a ``groupBy(partition).count()`` over the topic
@@ -98,10 +101,65 @@ def _timed(action: Any) -> float:
     return time.perf_counter() - started
 
 
-def _rows(spark: Any, count: int) -> Any:
-    return spark.range(0, count, numPartitions=8).selectExpr(
-        "CAST(concat(lpad(CAST(id AS STRING), 12, '0'), repeat('x', 1012)) AS BINARY) AS data",
-        f"CAST(id % {PARTITIONS} AS INT) AS partition")
+# Log-like phrases for the JSON rows (``_rows(kind="json")``): each row picks eighteen.
+_PHRASES = ("GET /api/v1/orders?page=2 200 12ms", "POST /api/v1/cart/items 201 48ms",
+            "user signed in from a new device", "payment authorised by the card issuer",
+            "cache miss for the product catalogue", "retrying the upstream call after 503",
+            "session refreshed; token valid for 3600 s", "search query returned 37 results",
+            "GET /static/app.js 304 1ms", "order shipped to the warehouse in eu-west-1",
+            "slow query on orders_by_user: 812 ms", "rate limit reached for client 4471",
+            "checkout started with 3 items", "inventory reserved for sku 99182-b",
+            "websocket closed by the client (1001)", "feature flag new-checkout is on")
+
+
+def _rows(spark: Any, count: int, kind: str = "bench") -> Any:
+    """``count`` rows of ~1 KiB messages in 8 tasks, ``partition`` = id mod 4. ``bench``:
+    a 12-digit id and 1012 ``x`` (compresses to ~3 %); ``json``: a JSON log line of a
+    timestamp, user, server, a SHA-256 request id, eighteen of 16 phrases picked by hash
+    and a SHA-512 trace id (~1 KiB; zstd level 1 takes it to ~60 %, Snappy less far: a
+    log line's text compresses, its hex ids do not)."""
+    frame = spark.range(0, count, numPartitions=8)
+    partition = f"CAST(id % {PARTITIONS} AS INT) AS partition"
+    if kind == "bench":
+        return frame.selectExpr(
+            "CAST(concat(lpad(CAST(id AS STRING), 12, '0'), repeat('x', 1012)) AS BINARY) "
+            "AS data", partition)  # fmt: skip
+    assert kind == "json", kind
+    phrases = "array(" + ", ".join(f"'{p}'" for p in _PHRASES) + ")"
+    return frame.selectExpr(
+        "CAST(concat('{\"ts\":\"', CAST(timestamp_seconds(1795000000 + id DIV 50) AS STRING), "
+        "'.', lpad(CAST(pmod(hash(id, 1), 1000000) AS STRING), 6, '0'), "
+        "'Z\",\"user\":\"u', CAST(pmod(hash(id, 2), 100000) AS STRING), "
+        "'\",\"server\":\"s', CAST(id % 8 AS STRING), "
+        "'\",\"req\":\"', sha2(CAST(id AS STRING), 256), "
+        f"'\",\"events\":[\"', array_join(transform(sequence(1, 18), "
+        f"k -> element_at({phrases}, pmod(hash(id, k), 16) + 1)), '\",\"'), "
+        "'\"],\"trace\":\"', sha2(CAST(id + 7 AS STRING), 512), '\"}') AS BINARY) AS data",
+        partition)  # fmt: skip
+
+
+def describe_codec(policy: str, zstd: int, raw: int) -> str:
+    """What a wire write's frames were: ``policy`` (``WireWriteStats.lastFrameCodec``: the
+    ``frameCodec`` the driver resolved, raw, zstd or auto) and the messages its tasks sent
+    zstd-compressed and raw (``zstdMessagesSent``/``rawMessagesSent`` deltas: the tasks
+    run in the driver's JVM in local mode)."""
+    if zstd and raw:
+        used = f"zstd {100 * zstd / (zstd + raw):.0f} %, raw the rest"
+    else:
+        used = "zstd" if zstd else "raw" if raw else "no frames"
+    return f"frameCodec {policy or '?'}: {used}"
+
+
+def codec_used(stats: Any, before: tuple[int, int]) -> str:
+    """``describe_codec`` of the write just done, given ``stats`` (the JVM's
+    ``WireWriteStats``) and its message counts ``before`` it."""
+    return describe_codec(stats.lastFrameCodec(), stats.zstdMessagesSent() - before[0],
+                          stats.rawMessagesSent() - before[1])  # fmt: skip
+
+
+def _same(labels: list[str]) -> str:
+    """The runs' codec labels, once when they agree."""
+    return labels[0] if len(set(labels)) == 1 else "; ".join(labels)
 
 
 def _scan(frame: Any) -> None:
@@ -137,30 +195,36 @@ def run(recorder: Any) -> None:
         execute = functools.partial(_execute, url)
         execute(f"CREATE TOPIC bench_w0 WITH (min_active_partitions = {PARTITIONS})")
         _rows(spark, 1000).writeTo("topicbase.main.bench_w0").append()  # warm up
-        _rows(spark, 1000).writeTo("topicbase.main.bench_w0").option("frameCodec", "zstd").append()
+        _rows(spark, 1000).writeTo("topicbase.main.bench_w0").option("frameCodec", "raw").append()
         execute("DROP TOPIC bench_w0")
         jvm_pid = spark._jvm.java.lang.ProcessHandle.current().pid()
         stats = spark._jvm.io.topicbase.spark.WireWriteStats
         writes: dict[str, list[float]] = {"parquet": [], "wire": [], "raw": []}
+        used: dict[str, list[str]] = {"wire": [], "raw": []}
         for round_ in range(1, WRITE_ROUNDS + 1):
             parquet_cpu = _cpu_s(jvm_pid)
             writes["parquet"].append(_timed(lambda: _rows(spark, count).write.mode("overwrite")
                                             .parquet(parquet)))  # fmt: skip
             parquet_cpu = _cpu_s(jvm_pid) - parquet_cpu
-            for kind, codec in (("wire", "zstd"), ("raw", "raw")):
-                name = f"bench_w{round_}_{codec}"
+            for kind, codec in (("wire", None), ("raw", "raw")):
+                name = f"bench_w{round_}_{kind}"
                 execute(f"CREATE TOPIC {name} WITH (min_active_partitions = {PARTITIONS})")
                 server_cpu, jvm_cpu, commit_s = _cpu_s(server.pid), _cpu_s(jvm_pid), 0.0
+                sent = (stats.zstdMessagesSent(), stats.rawMessagesSent())
 
-                def write_wire(name: str = name, codec: str = codec) -> None:
+                def write_wire(name: str = name, codec: str | None = codec) -> None:
                     nonlocal commit_s
-                    (_rows(spark, count).writeTo(f"topicbase.main.{name}")
-                     .option("frameCodec", codec).append())  # fmt: skip
+                    writer = _rows(spark, count).writeTo(f"topicbase.main.{name}")
+                    if codec is not None:  # else the writer's default
+                        writer = writer.option("frameCodec", codec)
+                    writer.append()
                     commit_s += stats.lastCommitSeconds()
 
                 writes[kind].append(_timed(write_wire))
+                used[kind].append(codec_used(stats, sent))
                 recorder.progress(
-                    f"spark: wire write {round_} ({codec}): {writes[kind][-1]:.2f} s (Parquet "
+                    f"spark: wire write {round_} ({used[kind][-1]}): {writes[kind][-1]:.2f} s "
+                    f"(Parquet "
                     f"{writes['parquet'][-1]:.2f} s, its JVM CPU {parquet_cpu:.2f} s); server "
                     f"CPU {_cpu_s(server.pid) - server_cpu:.2f} s, Spark JVM CPU "
                     f"{_cpu_s(jvm_pid) - jvm_cpu:.2f} s, driver's COMMIT WRITES "
@@ -169,13 +233,13 @@ def run(recorder: Any) -> None:
         median = {name: statistics.median(times) for name, times in writes.items()}
         _record_pair(recorder, "batch write", count, median["wire"], median["parquet"], 1.0,
                      writes["wire"], writes["parquet"],
-                     note="frameCodec zstd (each message compressed in the task; Parquet "
-                          "compresses with Snappy); the default raw frames are the next "
-                          "record")  # fmt: skip
-        recorder.add("spark batch write, raw frames (frameCodec raw: no compression)",
+                     note=f"the writer's default ({_same(used['wire'])}; Parquet compresses "
+                          "with Snappy); frameCodec=raw is the next record")  # fmt: skip
+        recorder.add("spark batch write, raw frames (frameCodec=raw: no compression)",
                      count / median["raw"], "msgs/s", group="spark",
                      baseline="Spark Parquet batch write",
-                     baseline_value=count / median["parquet"])  # fmt: skip
+                     baseline_value=count / median["parquet"],
+                     note=_same(used["raw"]))  # fmt: skip
 
         def write_topic() -> None:
             for start in range(0, count, chunk):

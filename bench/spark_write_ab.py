@@ -14,10 +14,14 @@ Usage (from any tree; loopback only)::
     python -m bench.spark_write_ab --count 200000 --rounds 3 \
         --tree main=/work/main --tree adopt=/tmp/h2wt
 
-``--frame-codec name=zstd`` makes tree ``name``'s writes compress each message with zstd
-in the JVM (the writer's option ``frameCodec``, round 17; a topic's default codecs accept
-zstd); a tree may be named twice under two names (e.g.
-``--tree raw=/tmp/h2wt --tree zstd=/tmp/h2wt --frame-codec zstd=zstd``).
+``--frame-codec name=zstd`` gives tree ``name``'s writes the option ``frameCodec`` (``raw``,
+``zstd``; without it the writer's default, ``auto`` since round 18: zstd for a topic that
+accepts it, which a topic's default codecs do); ``--write-option name=key=value`` any
+write option (e.g. ``frameCodecLevel``); a tree may be named twice under two names (e.g.
+``--tree raw=/tmp/h2wt --tree zstd=/tmp/h2wt --frame-codec raw=raw``). ``--data json``
+writes JSON log lines instead of the bench's rows (``bench.spark_bench._rows``). The
+codec each write used is printed. The JVM writer is the jar of the tree this runs from,
+for every tree: the trees differ in their servers only.
 """
 
 from __future__ import annotations
@@ -33,7 +37,7 @@ import time
 from typing import Any
 
 from bench.demo_spark import PASSWORD, USER, kill_group, start_server
-from bench.spark_bench import PARTITIONS, _cpu_s, _rows, _timed, spark_builder
+from bench.spark_bench import PARTITIONS, _cpu_s, _rows, _timed, codec_used, spark_builder
 from sql.pgwire.users import add_user, default_users_path
 
 
@@ -77,9 +81,19 @@ def main() -> None:
     parser.add_argument("--rounds", type=int, default=3)
     parser.add_argument("--tree", action="append", required=True, help="name=path")
     parser.add_argument("--frame-codec", action="append", default=[], help="name=zstd")
+    parser.add_argument("--write-option", action="append", default=[],
+                        help="name=key=value: a write option of tree name's writes")
+    parser.add_argument("--data", choices=("bench", "json"), default="bench",
+                        help="the rows written (bench.spark_bench._rows)")
     args = parser.parse_args()
     trees = dict(item.split("=", 1) for item in args.tree)
-    codecs = dict(item.split("=", 1) for item in args.frame_codec)
+    extra: dict[str, dict[str, str]] = {name: {} for name in trees}
+    for item in args.frame_codec:
+        name, codec = item.split("=", 1)
+        extra[name]["frameCodec"] = codec
+    for item in args.write_option:
+        name, key, value = item.split("=", 2)
+        extra[name][key] = value
     work = tempfile.mkdtemp(prefix="topicbase-write-ab-")
     processes: dict[str, subprocess.Popen] = {}
     ports: dict[str, tuple[int, int]] = {}
@@ -92,7 +106,7 @@ def main() -> None:
             processes[name], ports[name] = process, (wire, flight)
         spark = _session(ports)
         try:
-            _run(spark, args.count, args.rounds, processes, ports, work, codecs)
+            _run(spark, args.count, args.rounds, processes, ports, work, extra, args.data)
         finally:
             spark.stop()
     finally:
@@ -102,20 +116,20 @@ def main() -> None:
 
 
 def _run(spark: Any, count: int, rounds: int, processes: dict[str, subprocess.Popen],
-         ports: dict[str, tuple[int, int]], work: str,
-         codecs: dict[str, str]) -> None:  # fmt: skip
+         ports: dict[str, tuple[int, int]], work: str, extra: dict[str, dict[str, str]],
+         data: str) -> None:  # fmt: skip
     parquet = os.path.join(work, "parquet")
     jvm_pid = spark._jvm.java.lang.ProcessHandle.current().pid()
     stats = spark._jvm.io.topicbase.spark.WireWriteStats
-    _rows(spark, 1000).write.mode("overwrite").parquet(parquet)  # warm up
+    _rows(spark, 1000, data).write.mode("overwrite").parquet(parquet)  # warm up
 
     def create(flight: int, topic: str) -> None:
         _execute(flight, f"CREATE TOPIC {topic} WITH (min_active_partitions = {PARTITIONS})")
 
     def write(name: str, rows: int, topic: str) -> None:
-        writer = _rows(spark, rows).writeTo(f"tb_{name}.main.{topic}")
-        if name in codecs:
-            writer = writer.option("frameCodec", codecs[name])
+        writer = _rows(spark, rows, data).writeTo(f"tb_{name}.main.{topic}")
+        for key, value in extra[name].items():
+            writer = writer.option(key, value)
         writer.append()
 
     for name, (_, flight) in ports.items():
@@ -128,7 +142,7 @@ def _run(spark: Any, count: int, rounds: int, processes: dict[str, subprocess.Po
     for round_ in range(1, rounds + 1):
         jvm = _cpu_s(jvm_pid)
         seconds["parquet"].append(_timed(
-            lambda: _rows(spark, count).write.mode("overwrite").parquet(parquet)))
+            lambda: _rows(spark, count, data).write.mode("overwrite").parquet(parquet)))
         print(f"round {round_} parquet {seconds['parquet'][-1]:.2f} s, JVM CPU "
               f"{_cpu_s(jvm_pid) - jvm:.2f} s", flush=True)
         for name in order:
@@ -136,8 +150,10 @@ def _run(spark: Any, count: int, rounds: int, processes: dict[str, subprocess.Po
             topic = f"w{round_}"
             create(flight, topic)
             server, jvm = _cpu_s(processes[name].pid), _cpu_s(jvm_pid)
+            sent = (stats.zstdMessagesSent(), stats.rawMessagesSent())
             seconds[name].append(_timed(lambda name=name, topic=topic: write(name, count, topic)))
-            print(f"round {round_} {name} {seconds[name][-1]:.2f} s, COMMIT WRITES "
+            print(f"round {round_} {name} ({codec_used(stats, sent)}) "
+                  f"{seconds[name][-1]:.2f} s, COMMIT WRITES "
                   f"{stats.lastCommitSeconds():.2f} s, server CPU "
                   f"{_cpu_s(processes[name].pid) - server:.2f} s, JVM CPU "
                   f"{_cpu_s(jvm_pid) - jvm:.2f} s", flush=True)
