@@ -14,8 +14,9 @@ written by Spark. Figures (rows/s):
   each message with zstd in the JVM while the task's first MiB shows that it pays; readers
   get the bytes back decoded), as Parquet compresses its pages by default; its record's
   note names the codec its tasks used (``describe_codec``). The same write without
-  compression (``frameCodec=raw``) is recorded beside it. Medians of alternating runs
-  (Parquet, default, raw), each wire run into a fresh topic; the server's and the Spark
+  compression (``frameCodec=raw``) is recorded beside it. Medians of five rounds of
+  Parquet then the two wire writes (their order alternating round by round), each wire
+  run into a fresh topic; the server's and the Spark
   JVM's CPU seconds and the driver's commit per wire write are shown in the progress
   lines.
   Recorded beside it: the Python source's write (tasks DoPut over Flight, the driver
@@ -51,7 +52,7 @@ from sql.pgwire.users import add_user, default_users_path
 
 PARTITIONS = 4
 READ_ROUNDS = 3  # alternating runs of each read; the medians are recorded
-WRITE_ROUNDS = 3  # alternating runs of each write
+WRITE_ROUNDS = 5  # alternating runs of each write (3 before round 18: too few at load 5-12)
 
 
 def _cpu_s(pid: int) -> float:
@@ -117,15 +118,25 @@ def _rows(spark: Any, count: int, kind: str = "bench") -> Any:
     a 12-digit id and 1012 ``x`` (compresses to ~3 %); ``json``: a JSON log line of a
     timestamp, user, server, a SHA-256 request id, eighteen of 16 phrases picked by hash
     and a SHA-512 trace id (~1 KiB; zstd level 1 takes it to ~60 %, Snappy less far: a
-    log line's text compresses, its hex ids do not)."""
+    log line's text compresses, its hex ids do not); ``text``: the same without the ids
+    and with 24 phrases (~1 KiB, ~45 % after zstd level 1, one message at a time)."""
     frame = spark.range(0, count, numPartitions=8)
     partition = f"CAST(id % {PARTITIONS} AS INT) AS partition"
     if kind == "bench":
         return frame.selectExpr(
             "CAST(concat(lpad(CAST(id AS STRING), 12, '0'), repeat('x', 1012)) AS BINARY) "
             "AS data", partition)  # fmt: skip
-    assert kind == "json", kind
     phrases = "array(" + ", ".join(f"'{p}'" for p in _PHRASES) + ")"
+    if kind == "text":
+        return frame.selectExpr(
+            "CAST(concat('{\"ts\":\"', CAST(timestamp_seconds(1795000000 + id DIV 50) AS "
+            "STRING), '.', lpad(CAST(pmod(hash(id, 1), 1000000) AS STRING), 6, '0'), "
+            "'Z\",\"user\":\"u', CAST(pmod(hash(id, 2), 100000) AS STRING), "
+            "'\",\"server\":\"s', CAST(id % 8 AS STRING), "
+            f"'\",\"events\":[\"', array_join(transform(sequence(1, 24), "
+            f"k -> element_at({phrases}, pmod(hash(id, k), 16) + 1)), '\",\"'), "
+            "'\"]}') AS BINARY) AS data", partition)  # fmt: skip
+    assert kind == "json", kind
     return frame.selectExpr(
         "CAST(concat('{\"ts\":\"', CAST(timestamp_seconds(1795000000 + id DIV 50) AS STRING), "
         "'.', lpad(CAST(pmod(hash(id, 1), 1000000) AS STRING), 6, '0'), "
@@ -206,7 +217,8 @@ def run(recorder: Any) -> None:
             writes["parquet"].append(_timed(lambda: _rows(spark, count).write.mode("overwrite")
                                             .parquet(parquet)))  # fmt: skip
             parquet_cpu = _cpu_s(jvm_pid) - parquet_cpu
-            for kind, codec in (("wire", None), ("raw", "raw")):
+            kinds = (("wire", None), ("raw", "raw"))
+            for kind, codec in kinds if round_ % 2 else kinds[::-1]:  # the order alternates
                 name = f"bench_w{round_}_{kind}"
                 execute(f"CREATE TOPIC {name} WITH (min_active_partitions = {PARTITIONS})")
                 server_cpu, jvm_cpu, commit_s = _cpu_s(server.pid), _cpu_s(jvm_pid), 0.0
