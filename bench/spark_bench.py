@@ -119,9 +119,16 @@ def _rows(spark: Any, count: int, kind: str = "bench") -> Any:
     timestamp, user, server, a SHA-256 request id, eighteen of 16 phrases picked by hash
     and a SHA-512 trace id (~1 KiB; zstd level 1 takes it to ~60 %, Snappy less far: a
     log line's text compresses, its hex ids do not); ``text``: the same without the ids
-    and with 24 phrases (~1 KiB, ~45 % after zstd level 1, one message at a time)."""
+    and with 24 phrases (~1 KiB, ~45 % after zstd level 1, one message at a time);
+    ``mixed``: the bench's rows with 192 hex digits of hashes in place of as many ``x``
+    (~1 KiB, ~15 % after zstd)."""
     frame = spark.range(0, count, numPartitions=8)
     partition = f"CAST(id % {PARTITIONS} AS INT) AS partition"
+    if kind == "mixed":  # the bench's rows with 192 hex digits of hash in them
+        return frame.selectExpr(
+            "CAST(concat(lpad(CAST(id AS STRING), 12, '0'), sha2(CAST(id AS STRING), 512), "
+            "sha2(CAST(id + 1 AS STRING), 256), repeat('x', 820)) AS BINARY) AS data",
+            partition)  # fmt: skip
     if kind == "bench":
         return frame.selectExpr(
             "CAST(concat(lpad(CAST(id AS STRING), 12, '0'), repeat('x', 1012)) AS BINARY) "

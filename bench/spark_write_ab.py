@@ -19,7 +19,7 @@ Usage (from any tree; loopback only)::
 accepts it, which a topic's default codecs do); ``--write-option name=key=value`` any
 write option (e.g. ``frameCodecLevel``); a tree may be named twice under two names (e.g.
 ``--tree raw=/tmp/h2wt --tree zstd=/tmp/h2wt --frame-codec raw=raw``). ``--data json``
-(or ``text``) writes JSON log lines instead of the bench's rows
+(or ``text``, ``mixed``) writes JSON log lines instead of the bench's rows
 (``bench.spark_bench._rows``). The
 codec each write used is printed. The JVM writer is the jar of the tree this runs from,
 for every tree: the trees differ in their servers only.
@@ -84,7 +84,7 @@ def main() -> None:
     parser.add_argument("--frame-codec", action="append", default=[], help="name=zstd")
     parser.add_argument("--write-option", action="append", default=[],
                         help="name=key=value: a write option of tree name's writes")
-    parser.add_argument("--data", choices=("bench", "json", "text"), default="bench",
+    parser.add_argument("--data", choices=("bench", "json", "text", "mixed"), default="bench",
                         help="the rows written (bench.spark_bench._rows)")
     args = parser.parse_args()
     trees = dict(item.split("=", 1) for item in args.tree)

@@ -87,11 +87,12 @@ final class WireFrames implements AutoCloseable {
     static final int ZSTD_LEVEL = 1;
     /** {@code frameCodec=auto} (a topic that accepts zstd): the task compresses its first
      * {@code AUTO_SAMPLE_BYTES} of message data, then keeps compressing only if they shrank
-     * to at most 1/{@code AUTO_SHRINK} of their size; else the rest go raw (round 18: on
-     * data that compresses to ~60 %, JSON log lines, zstd cost more CPU in the JVM and the
-     * server than the bytes it saved; on data at ~3 % it saved more). */
+     * to at most 1/{@code AUTO_SHRINK} of their size (5 %); else the rest go raw. Round 18
+     * measured it (docs/spark_throughput.md): on data that zstd takes to ~3 % (nearly no
+     * literals) the JVM's compression and the server's check cost less CPU than the bytes
+     * saved; at 14 %, 45 % and 60 % (hex digits, log text) they cost 1.5-3x as much. */
     static final long AUTO_SAMPLE_BYTES = 1L << 20;
-    static final long AUTO_SHRINK = 4;
+    static final long AUTO_SHRINK = 20;
     /** A frame up to this size goes as one CopyData message (the server then checks and
      * writes the body where it arrived, no copy to join pieces); a larger one (a single
      * large message) in the COPY's 1 MiB pieces. */
