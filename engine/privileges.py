@@ -132,7 +132,10 @@ def kept_decision(plan: Plan, identity: Identity, session: Any, memo: BoundedCac
         return False
     transaction = session.transaction
     if transaction is not None and transaction.explicit:
-        return False  # decided on the transaction's snapshot (review R3-17-1)
+        # Defence in depth (review R2-18 F3): no decision is kept inside an explicit
+        # transaction (``check_plan``), and one kept before it stands only while nothing
+        # changed; this refuses the memo there outright, as ``check_plan`` does (R3-17-1).
+        return False
     return bool(session.names_resolve_plainly()) and kept[2] == privilege_cache.stamp(session)
 
 
