@@ -46,6 +46,50 @@ def session(request: pytest.FixtureRequest, database: Database) -> Iterator[Sess
     opened.close()
 
 
+def _user_relations(session: Session) -> list[tuple[Any, ...]]:
+    """Every table, view and macro outside DuckDB's own (the internal catalog's too)."""
+    return rows(session, "SELECT database_name, schema_name, table_name FROM duckdb_tables() "
+                "UNION ALL SELECT database_name, schema_name, view_name FROM duckdb_views() "
+                "WHERE NOT internal UNION ALL SELECT database_name, schema_name, function_name "
+                "FROM duckdb_functions() WHERE NOT internal ORDER BY ALL")  # fmt: skip
+
+
+@pytest.fixture(scope="module")
+def refusing_database(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Database]:
+    """One ``database`` for the tests that only see statements refused (a refused
+    statement changes nothing): at the end its catalog, relations, rows and messages
+    must be what they were at the start, and ``check`` clean."""
+    path = str(tmp_path_factory.mktemp("refusing") / "data")
+    opened = Database.open(path, retention_interval_s=None)
+    admin = opened.connect()
+    admin.execute("CREATE TOPIC events (CONSUMER c); CREATE TABLE t (a INT); "
+                  "INSERT INTO t VALUES (1), (2); "
+                  "INSERT INTO TOPIC events (data) VALUES ('m')")  # fmt: skip
+    relations = _user_relations(admin)
+    admin.close()
+    yield opened
+    admin = opened.connect()
+    assert _user_relations(admin) == relations
+    assert rows(admin, "SELECT name FROM sys.topics") == [("events",)]
+    assert rows(admin, "SELECT data FROM TOPIC events") == [(b"m",)]
+    assert rows(admin, "SELECT a FROM t ORDER BY a") == [(1,), (2,)]
+    admin.close()
+    opened.close()
+    report = check_database(path)
+    assert report.ok, report.lines()
+
+
+@pytest.fixture(params=["superuser", "alice"])
+def refusing_session(
+    request: pytest.FixtureRequest, refusing_database: Database
+) -> Iterator[Session]:
+    """A new session of ``refusing_database`` as the local superuser or as alice."""
+    identity = LOCAL_SUPERUSER if request.param == "superuser" else ALICE
+    opened = refusing_database.connect(identity)
+    yield opened
+    opened.close()
+
+
 def refusal(session: Session, sql: str) -> TopicbaseError:
     with pytest.raises(TopicbaseError) as caught:
         session.execute(sql)
@@ -182,9 +226,9 @@ INTERNAL = [
 
 @pytest.mark.parametrize(("sql", "reason"), ESCAPES, ids=[sql[:50] for sql, _ in ESCAPES])
 def test_escape_hatch_is_refused_with_42501_and_its_reason(
-    session: Session, sql: str, reason: str | None
+    refusing_session: Session, sql: str, reason: str | None
 ) -> None:
-    error = refusal(session, sql)
+    error = refusal(refusing_session, sql)
     if sql.startswith("SAVEPOINT"):  # the grammar has no SAVEPOINT: it never reaches DuckDB
         assert error.sqlstate in ("42601", "42501"), error
         return
@@ -193,8 +237,10 @@ def test_escape_hatch_is_refused_with_42501_and_its_reason(
 
 
 @pytest.mark.parametrize("sql", INTERNAL, ids=[sql[:60] for sql in INTERNAL])
-def test_internal_catalog_is_out_of_reach_by_any_spelling(session: Session, sql: str) -> None:
-    error = refusal(session, sql)
+def test_internal_catalog_is_out_of_reach_by_any_spelling(
+    refusing_session: Session, sql: str
+) -> None:
+    error = refusal(refusing_session, sql)
     assert isinstance(error, InsufficientPrivilegeError), error
     assert "__topicbase" in error.message or "SQL given as a string" in error.message
 
