@@ -10,7 +10,6 @@ the wire, where the issue saw the server crash.
 from __future__ import annotations
 
 from collections.abc import Iterator
-from pathlib import Path
 
 import psycopg
 import pytest
@@ -29,14 +28,34 @@ def parens(depth: int) -> str:
     return "(" * depth + "1" + ")" * depth
 
 
+@pytest.fixture(scope="module")
+def database(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Database]:
+    """One database for the module's sessions (each test has a session of its own): the
+    tests only read or see statements refused; at the end ``t`` and ``ev`` are unchanged
+    and no topic was added."""
+    opened = Database.open(str(tmp_path_factory.mktemp("nesting") / "data"),
+                           retention_interval_s=None)  # fmt: skip
+    admin = opened.connect()
+    admin.execute("CREATE TOPIC ev; CREATE TABLE t (a INT); INSERT INTO t VALUES (1)")
+    admin.close()
+    yield opened
+    admin = opened.connect()
+    assert admin.execute("SELECT a FROM t")[-1].table.to_pylist() == [{"a": 1}]
+    assert admin.execute("SELECT count(*) AS n FROM TOPIC ev")[-1].table.to_pylist() == [
+        {"n": 0}
+    ]
+    assert admin.execute("SELECT name FROM sys.topics")[-1].table.to_pylist() == [
+        {"name": "ev"}
+    ]
+    admin.close()
+    opened.close()
+
+
 @pytest.fixture
-def session(tmp_path: Path) -> Iterator[Session]:
-    database = Database.open(str(tmp_path / "data"), retention_interval_s=None)
+def session(database: Database) -> Iterator[Session]:
     opened = database.connect()
-    opened.execute("CREATE TOPIC ev; CREATE TABLE t (a INT); INSERT INTO t VALUES (1)")
     yield opened
     opened.close()
-    database.close()
 
 
 # Statements of ordinary depth, with the single value each returns.

@@ -7,7 +7,6 @@ non-ASCII text; with it, it must be refused alike."""
 from __future__ import annotations
 
 from collections.abc import Iterator
-from pathlib import Path
 
 import pytest
 
@@ -27,14 +26,28 @@ REFUSED = [
 ]
 
 
-@pytest.fixture
-def database(tmp_path: Path) -> Iterator[Database]:
-    opened = Database.open(str(tmp_path / "data"), retention_interval_s=None)
+@pytest.fixture(scope="module")
+def database(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Database]:
+    """One database for the module: its tests only see statements refused, which change
+    nothing; at the end its tables (the internal catalog's too) are what they were."""
+    path = tmp_path_factory.mktemp("non_ascii") / "data"
+    opened = Database.open(str(path), retention_interval_s=None)
     admin = opened.connect()
     admin.execute("CREATE TABLE t (a INT)")
+    tables_at_start = _tables(admin)
     admin.close()
     yield opened
+    admin = opened.connect()
+    assert _tables(admin) == tables_at_start
+    admin.close()
     opened.close()
+
+
+def _tables(session: Session) -> list[dict]:
+    result = session.execute("SELECT database_name, schema_name, table_name, estimated_size "
+                             "FROM duckdb_tables() ORDER BY ALL")[-1]  # fmt: skip
+    assert result.table is not None
+    return result.table.to_pylist()
 
 
 @pytest.fixture(params=["superuser", "alice"])
