@@ -5,12 +5,14 @@ function or an operator (a user's macro can shadow both) keep the session's conn
 
 from __future__ import annotations
 
+from collections.abc import Iterator
 from typing import Any
 
 import pytest
 from sqlglot import expressions as exp
 
 from engine import tables
+from engine.database import Database
 from engine.session import Session, SessionState
 from planner.duckdb_sql import parse_duckdb
 from planner.literal_select import is_literal_select
@@ -72,6 +74,16 @@ def literal_runs(monkeypatch: pytest.MonkeyPatch) -> list[str]:
     return taken
 
 
+@pytest.fixture(scope="module")
+def literal_database(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Database]:
+    """One database for the cases below that only run literal SELECTs (on sessions of
+    their own, a new one for each way): they create nothing in it, and what a session
+    keeps (plans, learnt shapes) is its own or emptied by ``_three_runs``."""
+    opened = Database.open(str(tmp_path_factory.mktemp("literal") / "data"))
+    yield opened
+    opened.close()
+
+
 def _outcome(session: Session, sql: str, parameters: Any) -> Any:
     try:
         result = session.execute(sql, parameters)[-1]
@@ -101,16 +113,17 @@ def _on_the_session_s_connection(monkeypatch: pytest.MonkeyPatch) -> None:
 
 @pytest.mark.parametrize(("sql", "parameters"), LITERAL_TEXTS + ERROR_TEXTS)
 def test_literal_selects_give_what_the_session_s_connection_gives(
-    database: Any, literal_runs: list[str], rows_way: list[str], sql: str, parameters: Any
+    literal_database: Database, literal_runs: list[str], rows_way: list[str], sql: str,
+    parameters: Any,
 ) -> None:
     def run(session: Session) -> Any:
         return _outcome(session, sql, parameters)
 
-    mine = _three_runs(database.connect(), run, sql, rows_way)
+    mine = _three_runs(literal_database.connect(), run, sql, rows_way)
     assert literal_runs == [sql] * 3
     with pytest.MonkeyPatch.context() as patch:
         _on_the_session_s_connection(patch)
-        theirs = _three_runs(database.connect(), run, sql, rows_way)
+        theirs = _three_runs(literal_database.connect(), run, sql, rows_way)
     assert mine == theirs
     assert literal_runs == [sql] * 3  # the other session ran none there
 
@@ -118,18 +131,18 @@ def test_literal_selects_give_what_the_session_s_connection_gives(
 @pytest.mark.parametrize("whole", [True, False])
 @pytest.mark.parametrize(("sql", "parameters"), LITERAL_TEXTS + ERROR_TEXTS)
 def test_literal_selects_stream_as_on_the_session_s_connection(
-    database: Any, literal_runs: list[str], rows_way: list[str], sql: str, parameters: Any,
-    whole: bool,
+    literal_database: Database, literal_runs: list[str], rows_way: list[str], sql: str,
+    parameters: Any, whole: bool,
 ) -> None:
     def run(session: Session) -> Any:
         return streamed(session, sql, parameters, whole)
 
-    session = database.connect()
+    session = literal_database.connect()
     mine = _three_runs(session, run, sql, rows_way)
     assert literal_runs == [sql] * 3
     with pytest.MonkeyPatch.context() as patch:
         _on_the_session_s_connection(patch)
-        theirs = _three_runs(database.connect(), run, sql, rows_way)
+        theirs = _three_runs(literal_database.connect(), run, sql, rows_way)
     assert mine == theirs
     session.execute("BEGIN")  # an error in a transaction fails it, as a stream's does
     session.execute("SELECT 1")  # opens its DuckDB transaction
@@ -139,13 +152,13 @@ def test_literal_selects_stream_as_on_the_session_s_connection(
 
 @pytest.mark.parametrize("sql", ["SELECT 1", "SELECT 'a' AS x, 2, TRUE", "SELECT -5 n"])
 def test_plain_literal_selects_take_the_rows_way_after_their_first_run(
-    database: Any, literal_runs: list[str], rows_way: list[str], sql: str
+    literal_database: Database, literal_runs: list[str], rows_way: list[str], sql: str
 ) -> None:
     for literal in (True, False):
         with pytest.MonkeyPatch.context() as patch:
             if not literal:
                 _on_the_session_s_connection(patch)
-            _three_runs(database.connect(), lambda s: _outcome(s, sql, None), sql, rows_way)
+            _three_runs(literal_database.connect(), lambda s: _outcome(s, sql, None), sql, rows_way)
         assert rows_way == [sql, sql]
     assert literal_runs == [sql] * 3
 
