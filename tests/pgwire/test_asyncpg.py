@@ -12,7 +12,7 @@ import asyncio
 import datetime
 import decimal
 import uuid
-from collections.abc import Awaitable, Callable
+from collections.abc import Awaitable, Callable, Iterator
 from typing import Any
 
 import asyncpg
@@ -87,17 +87,31 @@ VALUES: list[tuple[str, Any]] = [
 ]
 
 
-@pytest.mark.parametrize(("column_type", "value"), VALUES, ids=[v[0] for v in VALUES])
-def test_every_type_round_trips_in_binary(server, column_type: str, value: Any) -> None:
-    async def body(conn: asyncpg.Connection) -> None:
-        await conn.execute(f"CREATE TABLE v (id INTEGER, x {column_type})")
-        await conn.execute("INSERT INTO v VALUES ($1, $2)", 1, value)
-        await conn.execute("INSERT INTO v VALUES ($1, $2)", 2, None)
-        assert await conn.fetchval("SELECT x FROM v WHERE id = $1", 1) == value
-        assert await conn.fetchval("SELECT x FROM v WHERE id = $1", 2) is None
-        assert await conn.fetchval("SELECT id FROM v WHERE x = $1", value) == 1
+@pytest.fixture(scope="module")
+def types_server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[ServerThread]:
+    """One server for the type round trips: each case writes a table of its own
+    (``v_<number>``, so its texts are its own too: no case finds another's statements
+    described or kept) on a connection of its own."""
+    running = ServerThread(str(tmp_path_factory.mktemp("asyncpg") / "data"), "127.0.0.1", 0)
+    yield running
+    running.stop()
 
-    run(server, body)
+
+@pytest.mark.parametrize(("column_type", "value"), VALUES, ids=[v[0] for v in VALUES])
+def test_every_type_round_trips_in_binary(
+    types_server: ServerThread, column_type: str, value: Any
+) -> None:
+    v = f"v_{[t for t, _ in VALUES].index(column_type)}"
+
+    async def body(conn: asyncpg.Connection) -> None:
+        await conn.execute(f"CREATE TABLE {v} (id INTEGER, x {column_type})")
+        await conn.execute(f"INSERT INTO {v} VALUES ($1, $2)", 1, value)
+        await conn.execute(f"INSERT INTO {v} VALUES ($1, $2)", 2, None)
+        assert await conn.fetchval(f"SELECT x FROM {v} WHERE id = $1", 1) == value
+        assert await conn.fetchval(f"SELECT x FROM {v} WHERE id = $1", 2) is None
+        assert await conn.fetchval(f"SELECT id FROM {v} WHERE x = $1", value) == 1
+
+    run(types_server, body)
 
 
 def test_prepared_statement_describes_parameters_and_columns(server) -> None:

@@ -78,16 +78,33 @@ VALUES: list[tuple[str, Any, int]] = [
 ]
 
 
+@pytest.fixture(scope="module")
+def types_server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[ServerThread]:
+    """One server for the type round trips: each case writes a table of its own
+    (``v_<number>``, so its texts are its own too: no case finds another's statements
+    described or kept) on a connection of its own."""
+    running = ServerThread(str(tmp_path_factory.mktemp("pg8000") / "data"), "127.0.0.1", 0)
+    yield running
+    running.stop()
+
+
 @pytest.mark.parametrize(("column_type", "value", "oid"), VALUES, ids=[v[0] for v in VALUES])
-def test_native_every_type_round_trips(native, column_type: str, value: Any, oid: int) -> None:
-    conn = native()
-    conn.run(f"CREATE TABLE v (id INTEGER, x {column_type})")
-    conn.run("INSERT INTO v VALUES (1, :x)", x=value)
-    conn.run("INSERT INTO v VALUES (2, :x)", x=None)
-    assert conn.run("SELECT x FROM v WHERE id = :id", id=1) == [[value]]
-    assert conn.columns[0]["type_oid"] == oid
-    assert conn.run("SELECT x FROM v WHERE id = :id", id=2) == [[None]]
-    assert conn.run("SELECT id FROM v WHERE x = :x", x=value) == [[1]]
+def test_native_every_type_round_trips(
+    types_server: ServerThread, column_type: str, value: Any, oid: int
+) -> None:
+    v = f"v_{[t for t, _, _ in VALUES].index(column_type)}"
+    conn = pg8000.native.Connection("tester", host="127.0.0.1", port=types_server.port,
+                                    database="topicbase", timeout=10)  # fmt: skip
+    try:
+        conn.run(f"CREATE TABLE {v} (id INTEGER, x {column_type})")
+        conn.run(f"INSERT INTO {v} VALUES (1, :x)", x=value)
+        conn.run(f"INSERT INTO {v} VALUES (2, :x)", x=None)
+        assert conn.run(f"SELECT x FROM {v} WHERE id = :id", id=1) == [[value]]
+        assert conn.columns[0]["type_oid"] == oid
+        assert conn.run(f"SELECT x FROM {v} WHERE id = :id", id=2) == [[None]]
+        assert conn.run(f"SELECT id FROM {v} WHERE x = :x", x=value) == [[1]]
+    finally:
+        conn.close()
 
 
 def test_native_json_result_is_parsed(native) -> None:
