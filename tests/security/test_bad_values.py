@@ -47,16 +47,26 @@ BAD_WRITES = [
 ]  # fmt: skip
 
 
-@pytest.fixture
-def wire(tmp_path: Path):
-    with running_server(tmp_path, auth="trust") as server:
-        writer, reader = login(server, "alice", ""), login(server, BOB, "")
+@pytest.fixture(scope="module")
+def events_server(tmp_path_factory: pytest.TempPathFactory):
+    """One server for the bad writes, its topic holding one good message: each case sees
+    its write refused and checks that the topic still holds exactly that message."""
+    with running_server(tmp_path_factory.mktemp("bad_values"), auth="trust") as server:
+        writer = login(server, "alice", "")
         writer.execute("CREATE TOPIC events")
         writer.execute("INSERT INTO TOPIC events (data, metadata, seq_no, producer_id) "
                        "VALUES ('good', '{\"k\": \"v\"}', 7, 'p')")  # fmt: skip
-        yield writer, reader
         writer.close()
-        reader.close()
+        yield server
+
+
+@pytest.fixture
+def wire(events_server):
+    """A writer's and another client's new connections."""
+    writer, reader = login(events_server, "alice", ""), login(events_server, BOB, "")
+    yield writer, reader
+    writer.close()
+    reader.close()
 
 
 @pytest.mark.parametrize(("statement", "parameters", "sqlstate"), BAD_WRITES)
