@@ -6,12 +6,14 @@ and statements with parameters run every time."""
 
 from __future__ import annotations
 
+from collections.abc import Iterator
 from typing import Any
 
 import pytest
 
 from engine import privileges, sandbox, tables
 from engine import session as session_module
+from engine.database import Database
 from engine.session import Session, SessionState
 from storage import limits
 from storage.errors import InFailedTransactionError, InsufficientPrivilegeError, TopicbaseError
@@ -35,6 +37,16 @@ def duckdb_runs(monkeypatch: pytest.MonkeyPatch) -> list[str]:
     return literal_runs(monkeypatch)
 
 
+@pytest.fixture(scope="module")
+def literal_database(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Database]:
+    """One database for the cases below that only run literal SELECTs on new sessions of
+    their own: nothing is created in it; what is kept by text is the process's, emptied
+    by ``duckdb_runs`` and ``streamed_runs`` before each case."""
+    opened = Database.open(str(tmp_path_factory.mktemp("literal_kept") / "data"))
+    yield opened
+    opened.close()
+
+
 def _keep(session: Session, sql: str, duckdb_runs: list[str]) -> None:
     """Run ``sql`` until its result is kept (twice: the first run is DuckDB's Arrow)."""
     session.execute(sql)
@@ -56,9 +68,9 @@ def _outcome(session: Session, sql: str, parameters: Any = None) -> Any:
 
 @pytest.mark.parametrize("sql", PLAIN_TEXTS + ARROW_TEXTS)
 def test_a_parameterless_literal_select_runs_in_duckdb_once(
-    database: Any, duckdb_runs: list[str], sql: str
+    literal_database: Database, duckdb_runs: list[str], sql: str
 ) -> None:
-    first, second = database.connect(), database.connect()
+    first, second = literal_database.connect(), literal_database.connect()
     outcomes = [_outcome(s, sql) for s in (first, second, first, second, first)]
     # Plain types: the first run's Arrow is not what the text gives from then on (the
     # rows' way learns it), so the second run's rows are kept; else the first's table.
@@ -66,7 +78,7 @@ def test_a_parameterless_literal_select_runs_in_duckdb_once(
     assert duckdb_runs == [sql] * runs  # the others from the kept row
     with pytest.MonkeyPatch.context() as patch:  # nothing kept: DuckDB every time
         patch.setattr(limits, "LITERAL_RESULT_TEXT_CHARS_MAX", 0)
-        fresh = [_outcome(database.connect(), sql) for _ in range(2)]
+        fresh = [_outcome(literal_database.connect(), sql) for _ in range(2)]
     assert duckdb_runs == [sql] * (runs + 2)
     assert outcomes == [fresh[0]] * 5 == [fresh[1]] * 5
 
@@ -192,15 +204,15 @@ def streamed_runs(monkeypatch: pytest.MonkeyPatch) -> list[str]:
 @pytest.mark.parametrize("whole", [True, False])
 @pytest.mark.parametrize("sql", PLAIN_TEXTS + ARROW_TEXTS)
 def test_a_streamed_literal_select_runs_in_duckdb_once_or_twice(
-    database: Any, streamed_runs: list[str], sql: str, whole: bool
+    literal_database: Database, streamed_runs: list[str], sql: str, whole: bool
 ) -> None:
-    session = database.connect()
+    session = literal_database.connect()
     outcomes = [streamed(session, sql, None, whole) for _ in range(5)]
     runs = 2 if sql in PLAIN_TEXTS else 1
     assert streamed_runs == [sql] * runs
     with pytest.MonkeyPatch.context() as patch:  # nothing kept: DuckDB every time
         patch.setattr(limits, "LITERAL_RESULT_TEXT_CHARS_MAX", 0)
-        fresh = [streamed(database.connect(), sql, None, whole) for _ in range(2)]
+        fresh = [streamed(literal_database.connect(), sql, None, whole) for _ in range(2)]
     assert streamed_runs == [sql] * (runs + 2)
     assert outcomes[1:] == [fresh[1]] * 4
     assert outcomes[0][0] == fresh[0][0] and outcomes[0][3] == fresh[0][3]
