@@ -548,6 +548,10 @@ class Session:
         if key_lookup.names_may_change(plan, self._names_plain):
             self._names_plain = None  # found again at the next lookup (``_key_answer``)
         if autocommit:
+            if _plain_append_plan(plan):
+                written = self._append_plain_now(plan.operations[0], parameters)
+                if written is not None:
+                    return written
             answered = self._key_lookup(plan, parameters)
             if answered is not None:
                 return answered
@@ -584,6 +588,28 @@ class Session:
             else:
                 self.state = SessionState.FAILED
             raise
+
+    def _append_plain_now(self, operation: AppendRecords, parameters: Any) -> Result | None:
+        """An autocommit ``INSERT INTO TOPIC`` of plain rows (``_plain_append_plan``),
+        planned and checked, appended straight through ``spread_append.append_plain``
+        (combined with other sessions' while the topic is busy); None: not such rows
+        (their values not all bytes or text, too many, a topic that is throttled or
+        split), nothing written, and the caller runs the statement the usual way.
+
+        The same steps the usual way takes for it (``_run`` -> ``_append``: the rows
+        bound, ``append_plain``, ``INSERT 0 n``), less the autocommit transaction around
+        them: such a write moves no offset, stages nothing and touches no table, so its
+        ``_commit`` had nothing to commit. An error rolls back as there (``_rollback``:
+        leftover views are dropped, the session stays idle)."""
+        assert operation.rows is not None
+        try:
+            rows = [tuple(_bind(v, parameters) for v in row) for row in operation.rows]
+            written = spread_append.append_plain(
+                self.database, operation.topic_id, operation.columns or ("data",), rows)
+        except BaseException:
+            self._rollback()
+            raise
+        return None if written is None else Result(f"INSERT 0 {written}")
 
     def _key_lookup(self, plan: Plan, parameters: Any, *, build: bool = True) -> Result | None:
         """``_key_answer`` as the statement's ``Result``."""
@@ -1584,6 +1610,18 @@ def _streamable(operation: RunQuery) -> bool:
         and not operation.tables_written
         and not operation.system_views
     )
+
+
+def _plain_append_plan(plan: Plan) -> bool:
+    """Whether ``plan`` is one ``INSERT INTO TOPIC ... VALUES`` with no option and no
+    RETURNING: what ``Session._append`` offers to ``spread_append.append_plain`` outside a
+    transaction (``Session._append_plain_now`` does so directly)."""
+    operations = plan.operations
+    if len(operations) != 1 or plan.explain_only:
+        return False
+    operation = operations[0]
+    return (isinstance(operation, AppendRecords) and operation.rows is not None
+            and not operation.options and not operation.returning)  # fmt: skip
 
 
 def _moves_topics(plan: Plan) -> bool:
