@@ -86,7 +86,13 @@ from sql.pgwire.codec import wire_types
 from sql.pgwire.codec.copy_format import error_context
 from sql.pgwire.codec.row_encoding import DataRows
 from sql.pgwire.connection import commands as wire_commands
-from sql.pgwire.connection import copy_commit, lookup_flight, own_thread, result_stream
+from sql.pgwire.connection import (
+    copy_commit,
+    insert_flight,
+    lookup_flight,
+    own_thread,
+    result_stream,
+)
 from sql.pgwire.connection.context import CommandContext
 from sql.pgwire.connection.extended import (
     KEPT_DESCRIPTIONS,
@@ -666,8 +672,9 @@ class Connection(ExtendedProtocol):
                 if not self.skipping:
                     try:
                         if kind == b"B":  # a flight's first message: no coroutine for it
-                            if taken is not None and self.own_thread is not None \
-                                    and lookup_flight.answer(self, body):  # fmt: skip
+                            if taken is not None and self.own_thread is not None and (
+                                    insert_flight.answer(self, body)
+                                    or lookup_flight.answer(self, body)):  # fmt: skip
                                 self.writer.flush()  # as after Sync; a drain waits only
                                 if transport.get_write_buffer_size() or transport.is_closing():
                                     await self.writer.drain()  # for output still held

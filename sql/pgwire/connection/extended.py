@@ -273,8 +273,10 @@ class ExtendedProtocol:
         statement = statements[0] if statements else None
         wire = wire_commands.is_wire_statement(statement)
         copy = wire_commands.is_copy_statement(statement)
+        insert = isinstance(statement, ast.InsertTopic) and statement.values is not None \
+            and not statement.returning  # fmt: skip
         self.statements[message.name] = Prepared(message.query, statement, oids, wire=wire,
-                                                 copy=copy)  # fmt: skip
+                                                 copy=copy, insert=insert)  # fmt: skip
         self.send(m.parse_complete())
 
     def _check_prepared_room(self, query: str) -> None:

@@ -26,6 +26,7 @@ ever; what ran here is a read, run again there (its checks too).
 from __future__ import annotations
 
 import struct
+from collections.abc import Callable
 
 from engine.api import SessionState
 from sql.pgwire.codec import messages as m
@@ -36,7 +37,7 @@ from sql.pgwire.connection.extended import (
     untyped_parameters,
 )
 from sql.pgwire.connection.output import INLINE_VALUES
-from sql.pgwire.connection.portals import Portal, row_description
+from sql.pgwire.connection.portals import Portal, Prepared, row_description
 
 # Describe(portal ""), Execute("", all rows), Sync: what follows a lookup flight's Bind.
 FLIGHT_TAIL = m.message(b"D", b"P\x00") + m.message(b"E", b"\x00" + bytes(4)) \
@@ -58,7 +59,7 @@ def answer(connection: ExtendedProtocol, body: bytes) -> bool:
     if connection.catalog.settings.values["log_statement"] != "none":
         return False  # logged as a portal runs: left to the general path
     try:
-        portal = _bound(connection, body)
+        portal = bound_portal(connection, body, _kept_lookup)
         if portal is None:
             return False
         response = _run(connection, portal)
@@ -80,12 +81,20 @@ def answer(connection: ExtendedProtocol, body: bytes) -> bool:
     return True
 
 
-def _bound(connection: ExtendedProtocol, body: bytes) -> Portal | None:
+def _kept_lookup(prepared: Prepared) -> bool:
+    """A statement whose flight ``answer`` takes: a kept lookup's that runs in the engine."""
+    return prepared.lookup is True and not prepared.wire and not prepared.copy \
+        and prepared.statement is not None and not prepared.too_wide_for_flight  # fmt: skip
+
+
+def bound_portal(connection: ExtendedProtocol, body: bytes,
+                 wanted: Callable[[Prepared], bool]) -> Portal | None:  # fmt: skip
     """The portal the Bind of ``body`` makes, or None where ``on_bind`` would do anything
     else (refuse it, or keep texts to decode again at Execute) or the Bind is not of the
-    unnamed portal and a kept lookup's statement. Its fields are read here as
+    unnamed portal and of a statement ``wanted`` takes. Its fields are read here as
     ``messages.parse_bind`` reads them; anything it would read otherwise or refuse (a
-    length past the end, a bad name) gives None: ``parse_bind`` meets it then."""
+    length past the end, a bad name) gives None: ``parse_bind`` meets it then. Raises
+    what decoding a parameter raises (the caller leaves the Bind to ``on_bind``)."""
     if body[:1] != b"\0":  # a named portal
         return None
     at = body.find(b"\0", 1)
@@ -95,8 +104,7 @@ def _bound(connection: ExtendedProtocol, body: bytes) -> Portal | None:
         prepared = connection.statements.get(body[1:at].decode("utf-8"))
     except UnicodeDecodeError:
         return None
-    if prepared is None or prepared.lookup is not True or prepared.wire or prepared.copy \
-            or prepared.statement is None or prepared.too_wide_for_flight:  # fmt: skip
+    if prepared is None or not wanted(prepared):
         return None
     fields = _bind_fields(body, at + 1)
     if fields is None:

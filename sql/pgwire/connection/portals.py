@@ -61,6 +61,9 @@ class Prepared:
     # (``output.INLINE_VALUES``): its later flights go to the message loop at once
     # instead of running the lookup twice (review R1 round 16, 3.2).
     too_wide_for_flight: bool = field(default=False, kw_only=True)
+    # An ``INSERT INTO TOPIC ... VALUES`` without RETURNING (``insert_flight.takes``),
+    # worked out at Parse: its flights may be answered by ``insert_flight``.
+    insert: bool = field(default=False, kw_only=True)
 
 
 @dataclass

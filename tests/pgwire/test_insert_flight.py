@@ -1,0 +1,242 @@
+"""An ``INSERT INTO TOPIC ... VALUES`` flight answered in one function
+(``connection.insert_flight``) sends the bytes the message loop's own handling sends and
+stores the same messages: one transcript of raw flights runs against a server with the
+flight path and one without it, and every reply is compared byte for byte (binary, text
+and untyped parameters, a described statement, producer ids with a duplicate, two rows,
+no parameter, RETURNING, a NULL, a wrong parameter count, a bad UTF-8 text, a missing
+topic, a REVOKE and a GRANT between flights, a transaction block and a failed one, a
+``statement_timeout``, statement logging, a Describe of the portal a flight's Sync
+dropped, the topic dropped and made again); the transcript ends by reading the topic
+back. A flight's acknowledgement waits for the sync of its message."""
+
+from __future__ import annotations
+
+import logging
+import struct
+import threading
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from sql.pgwire.codec import messages as m
+from sql.pgwire.connection import insert_flight, lookup_flight
+from sql.pgwire.server import ServerThread
+from sql.pgwire.users import add_user
+from storage import fs as storage_fs
+from tests.pgwire.rawclient import RawClient, error_fields, startup_packet
+
+BYTEA = 17
+TEXT = 25
+
+
+def _parse(name: str, text: str, oids: list[int]) -> bytes:
+    body = m.cstr(name) + m.cstr(text) + struct.pack("!H", len(oids))
+    return m.message(b"P", body + b"".join(struct.pack("!I", oid) for oid in oids))
+
+
+def _flight(statement: str, values: list[bytes | None], formats: list[int] = ()) -> bytes:
+    """Bind (unnamed portal) / Describe / Execute / Sync, as psycopg sends a prepared one."""
+    body = m.cstr("") + m.cstr(statement) + struct.pack("!H", len(formats))
+    body += b"".join(struct.pack("!h", f) for f in formats) + struct.pack("!H", len(values))
+    for value in values:
+        body += struct.pack("!i", -1) if value is None else struct.pack("!i", len(value)) + value
+    body += struct.pack("!H", 0)
+    return m.message(b"B", body) + lookup_flight.FLIGHT_TAIL
+
+
+def _sync() -> bytes:
+    return m.message(b"S", b"")
+
+
+class _Client(RawClient):
+    def login(self, user: str) -> None:
+        self.send(startup_packet(user=user, database="topicbase"))
+        assert self.read() == (b"R", struct.pack("!i", 3))
+        self.send(m.message(b"p", m.cstr(f"{user}-pw")))
+        self.until_ready()
+
+    def ask(self, data: bytes) -> list[tuple[bytes, bytes]]:
+        self.send(data)
+        return self.until_ready()
+
+    def sql(self, text: str) -> None:
+        replies = self.ask(m.message(b"Q", m.cstr(text)))
+        assert not [body for kind, body in replies if kind == b"E"], replies
+
+
+INSERT = "INSERT INTO TOPIC t (data) VALUES ($1)"
+KEYED = "INSERT INTO TOPIC t (data, producer_id, seq_no) VALUES ($1, $2, $3)"
+TWO_ROWS = "INSERT INTO TOPIC t (data) VALUES ($1), ($2)"
+
+
+def _transcript(port: int) -> list[list[tuple[bytes, bytes]]]:
+    """Every reply of the transcript (messages but BackendKeyData, which differs)."""
+    admin, bob = _Client(port), _Client(port)
+    try:
+        admin.login("alice")
+        bob.login("bob")
+        admin.sql("CREATE TOPIC t WITH (min_active_partitions = 1)")
+        admin.sql("GRANT INSERT ON TOPIC t TO bob")
+        replies = [
+            bob.ask(_parse("i1", INSERT, [BYTEA]) + _sync()),
+            bob.ask(_parse("i2", INSERT, [0]) + m.message(b"D", b"Si2\x00") + _sync()),
+            bob.ask(_parse("i3", KEYED, [0, 0, 0]) + _sync()),
+            bob.ask(_parse("i4", INSERT + " RETURNING offset", [0]) + _sync()),
+            bob.ask(_parse("i5", TWO_ROWS, [0, 0]) + _sync()),
+            bob.ask(_parse("i6", "INSERT INTO TOPIC nosuch (data) VALUES ($1)", [0]) + _sync()),
+            bob.ask(_parse("i7", "INSERT INTO TOPIC t (data) VALUES ('literal')", []) + _sync()),
+            bob.ask(_parse("i8", INSERT, [TEXT]) + _sync()),
+        ]
+        flights = [
+            _flight("i1", [b"\x00\x01binary"], [1]), _flight("i1", [b"\\x4142"]),
+            _flight("i2", [b"described"]), _flight("i8", ["t\u00e9xt".encode()]),
+            _flight("i3", [b"m", b"p1", b"1"]), _flight("i3", [b"m", b"p1", b"1"]),  # duplicate
+            _flight("i4", [b"returning"]), _flight("i5", [b"one", b"two"]),
+            _flight("i6", [b"nowhere"]), _flight("i7", []),
+            _flight("i1", [None], [1]), _flight("i8", [None]),  # NULL data
+            _flight("i1", [b"a", b"b"], [1]),  # wrong parameter count
+            _flight("i8", [b"\xed\xa0\x80"]),  # not UTF-8
+            _flight("nosuch", [b"x"]),
+        ]
+        for _ in range(2):
+            replies += [bob.ask(flight) for flight in flights]
+        # The unnamed portal a flight bound is dropped at its Sync: a Describe of it is 34000.
+        bob.send(_flight("i1", [b"dropped"], [1]) + m.message(b"D", b"P\x00") + _sync())
+        replies += [bob.until_ready(), bob.until_ready()]
+        admin.sql("REVOKE INSERT ON TOPIC t FROM bob")
+        replies += [bob.ask(_flight("i1", [b"refused"], [1])), bob.ask(_flight("i2", [b"no"]))]
+        admin.sql("GRANT INSERT ON TOPIC t TO bob")
+        replies += [bob.ask(_flight("i1", [b"granted"], [1])) for _ in range(2)]
+        replies.append(bob.ask(m.message(b"Q", m.cstr("BEGIN"))))
+        replies += [bob.ask(_flight("i1", [b"in a block"], [1])),
+                    bob.ask(m.message(b"Q", m.cstr("SELECT * FROM no_such_table"))),
+                    bob.ask(_flight("i1", [b"failed block"], [1])),
+                    bob.ask(m.message(b"Q", m.cstr("ROLLBACK")))]  # fmt: skip
+        bob.sql("SET statement_timeout = 5000")
+        replies += [bob.ask(_flight("i1", [b"timed"], [1])) for _ in range(2)]
+        bob.sql("RESET statement_timeout")
+        replies.append(admin.ask(_parse("a1", INSERT, [BYTEA]) + _sync()))
+        admin.sql("SET log_statement = 'all'")
+        replies += [admin.ask(_flight("a1", [b"logged"], [1])) for _ in range(2)]
+        admin.sql("SET log_statement = 'none'")
+        replies.append(admin.ask(m.message(b"Q", m.cstr("SELECT data FROM TOPIC t"))))
+        admin.sql("DROP TOPIC t")
+        replies += [bob.ask(_flight("i1", [b"dropped topic"], [1])), bob.ask(_flight("i7", []))]
+        admin.sql("CREATE TOPIC t WITH (min_active_partitions = 1)")
+        admin.sql("GRANT INSERT ON TOPIC t TO bob")
+        replies += [bob.ask(_flight("i1", [b"again"], [1])) for _ in range(2)]
+        replies.append(admin.ask(m.message(b"Q", m.cstr("SELECT data FROM TOPIC t"))))
+        return [[r for r in reply if r[0] != b"K"] for reply in replies]
+    finally:
+        admin.close()
+        bob.close()
+
+
+@pytest.fixture
+def users(tmp_path: Path) -> str:
+    users_file = str(tmp_path / "users.json")
+    add_user(users_file, "alice", "alice-pw", superuser=True)
+    add_user(users_file, "bob", "bob-pw")
+    return users_file
+
+
+def _served(tmp_path: Path, users_file: str, name: str) -> Iterator[ServerThread]:
+    server = ServerThread(str(tmp_path / name), "127.0.0.1", 0, auth="password",
+                          users_file=users_file)  # fmt: skip
+    try:
+        yield server
+    finally:
+        server.stop()
+
+
+def _logged(caplog: pytest.LogCaptureFixture) -> int:
+    return sum("statement (user alice" in record.getMessage() and INSERT in record.getMessage()
+               for record in caplog.records)  # fmt: skip
+
+
+def _counted(monkeypatch: pytest.MonkeyPatch) -> list[bool]:
+    answered: list[bool] = []
+    original = insert_flight.answer
+
+    def counted(connection: Any, body: bytes) -> bool:
+        taken = original(connection, body)
+        answered.append(taken)
+        return taken
+
+    monkeypatch.setattr(insert_flight, "answer", counted)
+    return answered
+
+
+def test_an_insert_flight_answered_whole_sends_the_general_paths_bytes(
+    tmp_path: Path, users: str, monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture
+) -> None:
+    caplog.set_level(logging.INFO)
+    answered = _counted(monkeypatch)
+    for server in _served(tmp_path, users, "flight"):
+        with_flights = _transcript(server.port)
+    logged_with_flights = _logged(caplog)
+    caplog.clear()
+    monkeypatch.setattr(insert_flight, "answer", lambda connection, body: False)
+    for server in _served(tmp_path, users, "general"):
+        general = _transcript(server.port)
+    assert logged_with_flights == _logged(caplog) == 2  # the two under 'all'
+    assert len(with_flights) == len(general)
+    for index, (flight, ordinary) in enumerate(zip(with_flights, general, strict=True)):
+        assert flight == ordinary, index
+    # The flight path answered the INSERTs it could (binary, text, untyped, described,
+    # keyed, two rows, no parameter, errors of the statement) and left the rest (RETURNING,
+    # Bind errors, blocks) to the message loop.
+    assert answered.count(True) >= 30, answered
+    assert answered.count(False) >= 10, answered
+    errors = {error_fields(body)["C"] for reply in general for kind, body in reply
+              if kind == b"E"}  # fmt: skip
+    assert {"42501", "25P02", "42P01", "34000", "08P01"} <= errors, errors
+    tags = [body for reply in general for kind, body in reply if kind == b"C"]
+    assert b"INSERT 0 0\x00" in tags and b"INSERT 0 2\x00" in tags, tags
+    read_back = [body for kind, body in general[-1] if kind == b"D"]
+    assert len(read_back) == 2
+
+
+def test_a_flights_acknowledgement_waits_for_its_sync(
+    tmp_path: Path, users: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """While the fsync of a flight's message is held, the client gets nothing: not the
+    BindComplete, not the CommandComplete; once the sync returned, the whole answer."""
+    answered = _counted(monkeypatch)
+    holding = threading.Event()
+    entered = threading.Event()
+    release = threading.Event()
+    original = storage_fs.FileSystem.sync
+
+    def held_sync(self: Any, fd: int) -> None:
+        if holding.is_set():
+            entered.set()
+            assert release.wait(20)
+        original(self, fd)
+
+    monkeypatch.setattr(storage_fs.FileSystem, "sync", held_sync)
+    for server in _served(tmp_path, users, "held"):
+        client = _Client(server.port)
+        try:
+            client.login("alice")
+            client.sql("CREATE TOPIC t WITH (min_active_partitions = 1)")
+            client.ask(_parse("i", INSERT, [BYTEA]) + _sync())
+            assert client.ask(_flight("i", [b"first"], [1]))[-2:] == [
+                (b"C", b"INSERT 0 1\x00"), (b"Z", b"I")]
+            holding.set()
+            client.send(_flight("i", [b"held"], [1]))
+            assert entered.wait(20)
+            client.sock.settimeout(0.5)
+            with pytest.raises(TimeoutError):
+                client.sock.recv(1)  # nothing while the sync is held
+            client.sock.settimeout(20)
+            holding.clear()
+            release.set()
+            assert client.until_ready() == [(b"2", b""), (b"n", b""), (b"C", b"INSERT 0 1\x00"),
+                                            (b"Z", b"I")]  # fmt: skip
+        finally:
+            release.set()
+            client.close()
+    assert answered.count(True) >= 2, answered
