@@ -136,6 +136,7 @@ def run(served: Served, clients: int, seconds: float) -> dict[str, float]:
         "ctx": switches / count,
         "per_fsync": count / max(1, fsyncs),
         "p50": float(np.percentile(latencies, 50)) * 1000,
+        "p99": float(np.percentile(latencies, 99)) * 1000,
         "client_us": client_cpu / count * 1e6,
     }
 
