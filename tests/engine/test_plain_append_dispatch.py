@@ -1,6 +1,7 @@
 """An autocommit ``INSERT INTO TOPIC ... VALUES`` of plain rows goes from its checked plan
 straight to ``spread_append.append_plain`` (``Session._append_plain_now``): no autocommit
-transaction around it, the door's checks (sandbox and privileges) on every statement, the
+transaction around it, the door (``Session._guard``: the sandbox and privilege checks, or a
+kept plan's kept decision of both) on every statement, the
 same tags, stored messages and errors as the usual way; every other statement (options,
 RETURNING, a block, values that are not bytes or text) goes the usual way."""
 
@@ -11,8 +12,8 @@ from typing import Any
 
 import pytest
 
-from engine import privileges, sandbox, spread_append
 from engine import session as session_module
+from engine import spread_append
 from engine.database import Database
 from engine.session import Session
 from engine.transaction import SessionState
@@ -23,8 +24,8 @@ INSERT = "INSERT INTO TOPIC t (data) VALUES ($1)"
 
 @pytest.fixture
 def counted(monkeypatch: pytest.MonkeyPatch) -> dict[str, int]:
-    """Autocommit transactions made, door checks run, ``append_plain`` calls."""
-    counts = {"transactions": 0, "sandbox": 0, "privileges": 0, "append_plain": 0}
+    """Autocommit transactions made, doors passed, ``append_plain`` calls."""
+    counts = {"transactions": 0, "door": 0, "append_plain": 0}
     transaction = session_module.Transaction
 
     def made(*args: Any, **kwargs: Any) -> Any:
@@ -38,8 +39,8 @@ def counted(monkeypatch: pytest.MonkeyPatch) -> dict[str, int]:
         return counting
 
     monkeypatch.setattr(session_module, "Transaction", made)
-    monkeypatch.setattr(sandbox, "check_plan", spy("sandbox", sandbox.check_plan))
-    monkeypatch.setattr(privileges, "check_plan", spy("privileges", privileges.check_plan))
+    # The door: its checks, or a kept plan's kept decision of both (``Session._guard``).
+    monkeypatch.setattr(Session, "_guard", spy("door", Session._guard))
     monkeypatch.setattr(spread_append, "append_plain",
                         spy("append_plain", spread_append.append_plain))  # fmt: skip
     return counts
@@ -60,8 +61,7 @@ def test_a_plain_autocommit_insert_makes_no_transaction_and_is_checked_each_time
     two = session.execute("INSERT INTO TOPIC t (data) VALUES ($1), ('lit')", [b"d"])
     assert two[-1].tag == "INSERT 0 2"
     assert counted["transactions"] == before["transactions"]  # none around the appends
-    assert counted["sandbox"] - before["sandbox"] == 4  # the door, every statement
-    assert counted["privileges"] - before["privileges"] == 4
+    assert counted["door"] - before["door"] == 4  # the door, every statement
     assert counted["append_plain"] - before["append_plain"] == 4
     assert session.state is SessionState.IDLE and session.transaction is None
     assert _stored(session) == [b"a", b"b", b"c", b"d", b"lit"]

@@ -10,9 +10,9 @@ shape of its rows), which for a statement that returns no rows do nothing but co
 VALUES`` without RETURNING (``Prepared.insert``, worked out at Parse), ``answer`` takes
 the flight at once when the reader holds all of it: it makes the Bind's portal as
 ``on_bind`` makes it, runs the statement with ``ConnectionCatalog.execute`` as the
-portal's run does (the surface's ``statement_timeout``, the session's planning and every
-check of the door on every call, its autocommit write and the group commit: nothing is
-acknowledged before its sync), and writes BindComplete, NoData, the notices,
+portal's run does (the surface's ``statement_timeout``, the session's planning and its
+door on every call, its autocommit write and the group commit: nothing is acknowledged
+before its sync), and writes BindComplete, NoData, the notices,
 CommandComplete and ReadyForQuery as one piece.
 
 Invariant: the bytes sent and the connection's state after ``answer`` returned True are
