@@ -240,3 +240,39 @@ def test_a_flights_acknowledgement_waits_for_its_sync(
             release.set()
             client.close()
     assert answered.count(True) >= 2, answered
+
+
+def test_a_failure_after_the_flight_was_taken_still_answers_its_sync(
+    tmp_path: Path, users: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Anything failing once the flight is off the reader (here CommandComplete's encoding)
+    is answered as an error followed by ReadyForQuery: the flight's Sync was consumed with
+    it, so the loop's skipping to a Sync would leave the client waiting (review R3-18 F1);
+    the connection goes on."""
+    answered = _counted(monkeypatch)
+    failing = threading.Event()
+    original = m.command_complete
+
+    def command_complete(tag: str) -> bytes:
+        if failing.is_set() and tag.startswith("INSERT"):
+            failing.clear()
+            raise RuntimeError("CommandComplete could not be encoded")
+        return original(tag)
+
+    monkeypatch.setattr(m, "command_complete", command_complete)
+    for server in _served(tmp_path, users, "after_take"):
+        client = _Client(server.port)
+        try:
+            client.login("alice")
+            client.sql("CREATE TOPIC t WITH (min_active_partitions = 1)")
+            client.ask(_parse("i", INSERT, [BYTEA]) + _sync())
+            failing.set()
+            client.sock.settimeout(10)
+            replies = client.ask(_flight("i", [b"boom"], [1]))
+            assert answered[-1] is True
+            assert [kind for kind, _ in replies] == [b"2", b"E", b"Z"], replies
+            assert error_fields(replies[1][1])["C"] == "XX000"
+            assert client.ask(_flight("i", [b"after"], [1]))[-2:] == [
+                (b"C", b"INSERT 0 1\x00"), (b"Z", b"I")]
+        finally:
+            client.close()

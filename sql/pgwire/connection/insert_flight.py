@@ -78,21 +78,26 @@ def answer(connection: ExtendedProtocol, body: bytes) -> bool:
     # Describe: a described statement's NoData goes before it runs, else after.
     early = [_BIND_COMPLETE, _NO_DATA] if prepared.described else [_BIND_COMPLETE]
     portal.executed = True
-    connection.log_statement(prepared.query)
+    # From the take on, whatever fails is answered here and the Sync below still runs:
+    # the loop would skip to a Sync this flight already consumed (review R3-18 F1).
     try:
+        connection.log_statement(prepared.query)
         result = connection.catalog.execute(session, statement, portal.parameters or None)
-    except Exception as error:  # the loop's handling of a failing Describe or Execute
-        connection.send(b"".join(early))
-        connection.send_error(error)
-        connection.writer.flush()  # out now, as the loop sends every error
-    else:
         assert result_rows(result) is None, "an INSERT without RETURNING returns no rows"
         portal.result = result
         portal.position = 1
         pieces = early if prepared.described else [*early, _NO_DATA]
         pieces += [m.notice_response(notice) for notice in result.notices]
         pieces.append(m.command_complete(result.tag))
-        connection.send(b"".join(pieces))
+        reply = b"".join(pieces)
+    except ConnectionError:
+        raise  # a lost client ends the connection, as in the loop
+    except Exception as error:  # the loop's handling of a failing Describe or Execute
+        connection.send(b"".join(early))
+        connection.send_error(error)
+        connection.writer.flush()  # out now, as the loop sends every error
+    else:
+        connection.send(reply)
     # Sync
     connection.skipping = False
     if session.state is SessionState.IDLE:
