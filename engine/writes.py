@@ -182,7 +182,7 @@ def _binary_array(values: Sequence[bytes]) -> pa.Array | None:
         return None
     if len(values) == 1:  # packed, not an ndarray: this runs for every statement
         offsets = _OFFSETS_OF_ONE.pack(0, len(body))
-    elif len(values) <= PACKED_VALUES_MAX:  # a combined round's few: no numpy calls
+    elif len(values) <= limits.PACKED_VALUES_MAX:  # a combined round's few: no numpy calls
         offsets = array("i", _ZERO_OFFSET)
         offsets.extend(accumulate(map(len, values)))
     else:
@@ -407,16 +407,13 @@ def _created_at(table: pa.Table, names: frozenset[str], count: int, clock: Clock
 
 _OFFSETS_OF_ONE = struct.Struct("<ii")  # a binary array's value offsets for one value
 _INT64 = struct.Struct("<q")
-# Up to this many values, offsets and timestamps are packed in Python (the plain combiner's
-# rounds: ~7 values at 16 producers); numpy's per-call cost pays only for more.
-PACKED_VALUES_MAX = 64
 _ZERO_OFFSET = (0,)
 assert array("i").itemsize == 4, "a binary array's offsets are int32 (as numpy's path builds them)"
 
 
 def _now(count: int, clock: Clock) -> pa.Array:
     """``count`` copies of the clock's now as a timestamp column."""
-    if count <= PACKED_VALUES_MAX:
+    if count <= limits.PACKED_VALUES_MAX:
         return pa.Array.from_buffers(
             TIMESTAMP, count, [None, pa.py_buffer(_INT64.pack(clock.now_us()) * count)]
         )

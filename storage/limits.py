@@ -427,3 +427,8 @@ ZSTD_CHECK_IN_FLIGHT_BYTES = 64 * 1024 * 1024
 # demoted, a user removed) before its next statement. A stat of a small file a second
 # several times over: nothing next to the sessions' work.
 USERS_FILE_POLL_S = 0.25
+
+# -- a combined round's small batch (engine.writes; round 18, H4) --
+# Up to this many values, a batch's offsets and timestamps are packed in Python (the plain
+# combiner's rounds: ~7 values at 16 producers); numpy's per-call cost pays only for more.
+PACKED_VALUES_MAX = 64

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import os
 import queue
+import struct
 import threading
 from collections.abc import Callable, Iterator
 
@@ -79,14 +80,46 @@ def test_busiest_finds_the_thread_that_ran() -> None:
         stop()
 
 
+def _server_process_on(cpu: int) -> tuple[Callable[[int], None], Callable[[], None], int]:
+    """A serving *process* held on ``cpu`` (forked: one thread, as ``topicbase serve``'s
+    busiest is its serving one) that does a little work per call: (the call, a stop, its
+    pid). Its own process, so the busiest thread the rounds look for is the serving one,
+    whatever other threads the test process holds (a whole suite's leave some behind)."""
+    requests_read, requests_write = os.pipe()
+    replies_read, replies_write = os.pipe()
+    pid = os.fork()
+    if pid == 0:  # the child: only reads, sums and writes (no lock of the parent's)
+        try:
+            os.close(requests_write)
+            os.close(replies_read)
+            os.sched_setaffinity(0, {cpu})
+            while len(request := os.read(requests_read, 8)) == 8:
+                os.write(replies_write, struct.pack("!q", sum(range(100_000)) + request[0]))
+        finally:
+            os._exit(0)
+    os.close(requests_read)
+    os.close(replies_write)
+
+    def call(key: int) -> None:
+        os.write(requests_write, struct.pack("!q", key))
+        assert len(os.read(replies_read, 8)) == 8
+
+    def stop() -> None:
+        os.close(requests_write)
+        os.waitpid(pid, 0)
+        os.close(replies_read)
+
+    return call, stop, pid
+
+
 @pytest.mark.parametrize("apart", [False, True])
 def test_latency_rounds_sample_apart_and_together(client_on_cpu0: list[int], apart: bool) -> None:
-    """The serving thread on the other CPU reads 1.0 in every round, on the client's CPU
-    0.0 (the thread found is the serving one: the caller only waits)."""
+    """The serving process on the other CPU reads 1.0 in every round, on the client's CPU
+    0.0 (the thread found is its serving one: the caller only waits)."""
     cpu = client_on_cpu0[-1] if apart else client_on_cpu0[0]
-    call, stop, _ = _server_on(cpu)
+    call, stop, pid = _server_process_on(cpu)
     try:
-        way = Way("wire", None, None, None, lookup=call, serving_pid=os.getpid())
+        way = Way("wire", None, None, None, lookup=call, serving_pid=pid)
         rounds = latency_rounds([way], 5 * 2 * PLACEMENT_EVERY, lambda w: w.lookup)
     finally:
         stop()

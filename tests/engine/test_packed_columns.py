@@ -1,4 +1,4 @@
-"""The columns ``engine.writes`` packs in Python for a few values (``PACKED_VALUES_MAX``: a
+"""The columns ``engine.writes`` packs in Python for a few values (``limits.PACKED_VALUES_MAX``: a
 plain combiner round's batch) and with numpy for more are the same arrays: the data
 column's values and int32 offsets as Arrow builds them, the ``created_at`` column the
 clock's one reading for every message, at and around the bound. (A speed-only change:
@@ -10,10 +10,11 @@ import pyarrow as pa
 import pytest
 
 from engine import writes
+from storage import limits
 from storage.clock import ManualClock
 from storage.record_batch import TIMESTAMP
 
-BOUND = writes.PACKED_VALUES_MAX
+BOUND = limits.PACKED_VALUES_MAX
 COUNTS = [1, 2, 7, BOUND - 1, BOUND, BOUND + 1, 300]
 
 
