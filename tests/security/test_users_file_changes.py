@@ -223,36 +223,24 @@ def _file_with(path: Path, superuser: bool) -> users.UsersFile:
     return watched
 
 
-def _unusable_states(path: Path) -> list[tuple[str, Callable[[], None]]]:
-    def directory() -> None:
-        path.mkdir()
-
-    def fifo() -> None:
-        os.mkfifo(path)
-
-    def deep_json() -> None:
-        path.write_text("[" * 200_000)
-
-    def symlink_loop() -> None:
-        path.symlink_to(path)
-
-    def missing() -> None:
-        pass
-
-    return [("a directory", directory), ("a FIFO", fifo), ("deeply nested JSON", deep_json),
-            ("a symlink loop", symlink_loop), ("missing", missing)]  # fmt: skip
+# How the path becomes unusable ("missing": it stays as the test left it, removed).
+_UNUSABLE: dict[str, Callable[[Path], object]] = {
+    "a directory": lambda path: path.mkdir(),
+    "a FIFO": lambda path: os.mkfifo(path),
+    "deeply nested JSON": lambda path: path.write_text("[" * 200_000),
+    "a symlink loop": lambda path: path.symlink_to(path),
+    "missing": lambda path: None,
+}
 
 
-@pytest.mark.parametrize("state", range(5), ids=["directory", "fifo", "deep_json",
-                                                  "symlink_loop", "missing"])  # fmt: skip
-def test_an_unusable_file_keeps_the_last_good_contents(tmp_path: Path, state: int) -> None:
+@pytest.mark.parametrize("name", sorted(_UNUSABLE))
+def test_an_unusable_file_keeps_the_last_good_contents(tmp_path: Path, name: str) -> None:
     path = tmp_path / "users.json"
     watched = _file_with(path, superuser=True)
     generation = watched.generation
     good = path.read_bytes()
     path.unlink()
-    name, make = _unusable_states(path)[state]
-    make()
+    _UNUSABLE[name](path)
     outcome: list[object] = []
     reader = threading.Thread(target=lambda: outcome.append(watched.reload()), daemon=True)
     reader.start()

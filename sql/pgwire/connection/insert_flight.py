@@ -33,7 +33,7 @@ from __future__ import annotations
 from engine.api import SessionState
 from sql.pgwire.codec import messages as m
 from sql.pgwire.connection.extended import ExtendedProtocol, result_rows
-from sql.pgwire.connection.lookup_flight import FLIGHT_TAIL, bound_portal
+from sql.pgwire.connection.lookup_flight import bound_portal, flight_session, take_flight
 from sql.pgwire.connection.portals import Prepared
 
 _BIND_COMPLETE = m.bind_complete()
@@ -51,11 +51,8 @@ def answer(connection: ExtendedProtocol, body: bytes) -> bool:
     """Answer the flight whose Bind's body is ``body`` (already taken off the reader) if
     the reader holds the rest of it and its statement is one ``takes`` takes; False:
     nothing taken or sent, the caller handles the Bind and what follows as ever."""
-    buffer = connection.reader._buffer  # no public way to look at what is buffered
-    if not buffer.startswith(FLIGHT_TAIL) or connection.skipping or connection.held is not None:
-        return False
-    session = connection.session
-    if session is None or session.state is not SessionState.IDLE:
+    session = flight_session(connection)
+    if session is None:
         return False
     try:
         portal = bound_portal(connection, body, takes)
@@ -68,10 +65,7 @@ def answer(connection: ExtendedProtocol, body: bytes) -> bool:
     except Exception:  # 53200: the Bind's own hold refuses it the same way
         return False
     # The flight is taken: from here on it is answered here, whatever the statement does.
-    del buffer[: len(FLIGHT_TAIL)]
-    reader = connection.reader
-    if reader._paused:  # as ``readexactly`` resumes it
-        reader._maybe_resume_transport()
+    take_flight(connection)
     prepared = portal.prepared
     statement = prepared.statement
     assert statement is not None and prepared.columns is None  # no rows: nothing to shape

@@ -28,7 +28,7 @@ from __future__ import annotations
 import struct
 from collections.abc import Callable
 
-from engine.api import SessionState
+from engine.api import Session, SessionState
 from sql.pgwire.codec import messages as m
 from sql.pgwire.codec import wire_types
 from sql.pgwire.connection.extended import (
@@ -50,11 +50,8 @@ def answer(connection: ExtendedProtocol, body: bytes) -> bool:
     """Answer the flight whose Bind's body is ``body`` (already taken off the reader) if
     the reader holds the rest of it and it is a kept lookup's; False: nothing taken or
     sent, the caller handles the Bind and what follows as ever."""
-    buffer = connection.reader._buffer  # no public way to look at what is buffered
-    if not buffer.startswith(FLIGHT_TAIL) or connection.skipping or connection.held is not None:
-        return False
-    session = connection.session
-    if session is None or session.state is not SessionState.IDLE:
+    session = flight_session(connection)
+    if session is None:
         return False
     if connection.catalog.settings.values["log_statement"] != "none":
         return False  # logged as a portal runs: left to the general path
@@ -71,14 +68,33 @@ def answer(connection: ExtendedProtocol, body: bytes) -> bool:
         connection.portals.hold("", portal, len(body))
     except Exception:  # 53200: the Bind's own hold refuses it the same way
         return False
-    del buffer[: len(FLIGHT_TAIL)]
-    reader = connection.reader
-    if reader._paused:  # as ``readexactly`` resumes it
-        reader._maybe_resume_transport()
+    take_flight(connection)
     if session.state is SessionState.IDLE:  # Sync's step
         connection.portals.clear()
     connection.send(response + connection.ready_for_query())
     return True
+
+
+def flight_session(connection: ExtendedProtocol) -> Session | None:
+    """The idle session whose flight the reader holds whole (Describe/Execute/Sync after
+    the Bind), or None: not a flight one function may answer (another shape, the loop
+    skipping to a Sync, a held read, no session, a transaction block)."""
+    buffer = connection.reader._buffer  # no public way to look at what is buffered
+    if not buffer.startswith(FLIGHT_TAIL) or connection.skipping or connection.held is not None:
+        return None
+    session = connection.session
+    if session is None or session.state is not SessionState.IDLE:
+        return None
+    return session
+
+
+def take_flight(connection: ExtendedProtocol) -> None:
+    """Take the flight's Describe/Execute/Sync off the reader (``flight_session`` saw
+    them there), resuming a paused transport as ``readexactly`` does."""
+    reader = connection.reader
+    del reader._buffer[: len(FLIGHT_TAIL)]
+    if reader._paused:
+        reader._maybe_resume_transport()
 
 
 def _kept_lookup(prepared: Prepared) -> bool:
