@@ -183,6 +183,15 @@ class Session:
         with self._lock:
             grants.refresh_roles(self, superuser_of)
 
+    def settled_identity(self) -> Identity:
+        """The session's identity once a SET ROLE of a transaction that ended without
+        committing is undone (``privileges.settled_identity``): what its next statement
+        is judged as, and what a front reports (``is_superuser``) right after a ROLLBACK."""
+        if not privileges.role_undo.data:  # no SET ROLE pending undo anywhere: no lock
+            return self.identity
+        with self._lock:
+            return privileges.settled_identity(self)
+
     def cancel(self) -> None:
         """Cancel the running statement from another thread (57014): a DuckDB
         query is interrupted, a long-polling topic read stops waiting."""

@@ -215,6 +215,21 @@ def test_is_superuser_follows_the_current_role(wire_server: WireServer) -> None:
     assert admin.info.parameter_status("is_superuser") == "off"
 
 
+def test_is_superuser_is_reported_at_the_rollback_that_undoes_a_set_role(
+    wire_server: WireServer,
+) -> None:
+    """A ROLLBACK that undoes a SET ROLE made in its transaction reports the role's flag
+    as it now is in its own ParameterStatus, as PostgreSQL does, not at the statement after."""
+    admin = wire_server.login(ADMIN)
+    admin.execute("BEGIN")
+    admin.execute("SET ROLE alice")
+    assert admin.info.parameter_status("is_superuser") == "off"
+    admin.execute("ROLLBACK")
+    assert admin.info.parameter_status("is_superuser") == "on"
+    assert _scalar(admin, "SHOW is_superuser") == "on"
+    assert _scalar(admin, "SELECT current_user") == ADMIN
+
+
 # -- the users file's unusable states (review R1-18 F1-F5) ------------------------------------
 def _file_with(path: Path, superuser: bool) -> users.UsersFile:
     users.add_user(str(path), "admin", "admin's long password", superuser=superuser)

@@ -193,8 +193,9 @@ class ConnectionCatalog:
         """``is_superuser`` follows the current role, as in PostgreSQL: after a SET ROLE,
         RESET ROLE or SET SESSION AUTHORIZATION (or their undoing by a ROLLBACK) it is
         set again and reported when it changed, also after a ROLLBACK's put-back of the
-        settings (``SettingChanges.settle``) restored an older value."""
-        flag = "on" if session.identity.superuser else "off"
+        settings (``SettingChanges.settle``) restored an older value. The role is the
+        settled one: a ROLLBACK that undid a SET ROLE reports the role it returned to."""
+        flag = "on" if session.settled_identity().superuser else "off"
         if self.settings.superuser_changed(flag):
             self.changes.reports.append(("is_superuser", flag))
 
