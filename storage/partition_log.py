@@ -31,7 +31,7 @@ import pyarrow as pa
 
 from storage import failpoints, limits, log_loader, page_cache, staged_frames
 from storage.clock import Clock
-from storage.codecs import Codec
+from storage.codecs import Codec, uniform_codec
 from storage.config import FsyncPolicy, TopicConfig
 from storage.errors import (
     CorruptSegmentError,
@@ -796,7 +796,10 @@ class PartitionLog:
         if column.null_count:
             raise UnsupportedCodecError("every message needs a codec (the codec column has nulls)")
         count = len(column)
-        if count <= SMALL_BATCH_ROWS:
+        uniform = uniform_codec(column)  # the usual batch: one codec for every message
+        if uniform is not None:
+            used = {uniform}
+        elif count <= SMALL_BATCH_ROWS:
             used = set(column.to_pylist())
         else:
             codec_ids = np.frombuffer(column.buffers()[1], np.uint8, count, column.offset)
