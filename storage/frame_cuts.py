@@ -21,12 +21,15 @@ cut either: an IPC slice of a map column is written with its whole child arrays.
 
 from __future__ import annotations
 
+import struct
+
 import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
 
 from storage import limits
 
+_INT32 = struct.Struct("<i")
 PRODUCER_COLUMN = 1  # of ``record_batch.WIRE_SCHEMA``
 DATA_COLUMN = 5
 METADATA_COLUMN = 6
@@ -65,9 +68,13 @@ def frame_slices(batch: pa.RecordBatch) -> list[pa.RecordBatch]:
 
 
 def _data_bytes(data: pa.Array) -> int:
-    """Message bytes of a binary column (its value range, slices counted by range)."""
-    if len(data) == 0:
+    """Message bytes of a binary column (its value range, slices counted by range):
+    two offsets read, not an ndarray made (~0.5 against ~2 us, every publish's share)."""
+    count = len(data)
+    if count == 0:
         return 0
-    offsets = np.frombuffer(data.buffers()[1], dtype=np.int32, count=len(data) + 1,
-                            offset=data.offset * 4)  # fmt: skip
-    return int(offsets[-1] - offsets[0])
+    offsets = data.buffers()[1]  # int32 value offsets of a binary array
+    first = data.offset
+    (start,) = _INT32.unpack_from(offsets, 4 * first)
+    (end,) = _INT32.unpack_from(offsets, 4 * (first + count))
+    return end - start

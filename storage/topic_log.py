@@ -1221,6 +1221,17 @@ class TopicLog:
             return partition_id
         return self._chain_for(partition_id, key)[-1]
 
+    def keyless_target(self, batch: pa.RecordBatch) -> int | None:
+        """``route`` of a keyless batch (no producer id, no message group: every message
+        goes to the one partition ``_keyless_partition`` picks), as that one partition;
+        None, and nothing picked, for a batch with keys (``route`` it). No array is made
+        for the usual transactional share (a move's)."""
+        count = batch.num_rows
+        if batch.column(1).null_count == batch.column(2).null_count == count:
+            with self._lock:
+                return self._keyless_partition(count)
+        return None
+
     def route(self, batch: pa.RecordBatch) -> np.ndarray:
         """The partition of every message of ``batch`` (binding new keys round-robin)."""
         producer_ids, groups = batch.column(1), batch.column(2)
