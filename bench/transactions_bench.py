@@ -478,8 +478,10 @@ class TopicbaseMove:
             fsyncs = fs.fsync_count + fs.directory_fsync_count
             checkpoints, checkpoint_syncs = committer.checkpoints, committer.checkpoint_syncs
             spare = committer.staging.spare_directory_syncs
+            cpu = time.process_time()
             phase = run_phase(self.clients, seconds, self.transaction, self.retryable,
                               self.rollback)  # fmt: skip
+            cpu = time.process_time() - cpu
             phase.our_fsyncs = fs.fsync_count + fs.directory_fsync_count - fsyncs
             phase.duckdb_commits = duck.count
             phase.duckdb_read_only_commits = duck.read_only
@@ -497,6 +499,9 @@ class TopicbaseMove:
         figures["duckdb_commits_per_txn"] = session_commits / count
         figures["duckdb_read_only_commits_per_txn"] = phase.duckdb_read_only_commits / count
         figures["background_fsyncs_per_commit"] = (background_ours + phase.checkpoints) / count
+        # The process's CPU (every thread: the engine's and the clients' loops, which are
+        # a small part of it) per transaction: the currency of these points (issue 14).
+        figures["cpu_ms_per_txn"] = cpu * 1000 / count
         return figures
 
     def strace_sample(self, progress: Callable[[str], None]) -> None:
