@@ -3,6 +3,8 @@ round 19): no per-message array; keyed shares still go through ``TopicLog.route`
 
 from __future__ import annotations
 
+from typing import Any
+
 import pytest
 
 from engine.database import Database
@@ -14,7 +16,7 @@ def _spy_route(monkeypatch: pytest.MonkeyPatch) -> list[int]:
     routed: list[int] = []
     real = TopicLog.route
 
-    def spy(self: TopicLog, batch):  # noqa: ANN001, ANN202
+    def spy(self: TopicLog, batch: Any) -> Any:
         routed.append(batch.num_rows)
         return real(self, batch)
 
