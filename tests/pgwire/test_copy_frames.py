@@ -8,9 +8,12 @@ refused frame fails the COPY with its SQLSTATE and nothing of that COPY stays st
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import glob
 import os
 import struct
+from collections.abc import Iterator
+from pathlib import Path
 
 import crc32c
 import numpy as np
@@ -19,6 +22,7 @@ import pyarrow as pa
 import pytest
 
 from engine.bulk_write import WRITES_DIRECTORY
+from engine.check import check_database
 from engine.writes import build_batches
 from sql.pgwire.connection import copy_staged
 from sql.pgwire.server import ServerThread
@@ -26,7 +30,7 @@ from storage import limits
 from storage.clock import ManualClock
 from storage.record_batch import WIRE_SCHEMA, serialize_body_buffer
 from storage.staged_frames import STAGED_HEADER, STAGED_MAGIC
-from tests.pgwire.test_copy_staged import Connect, topic_rows
+from tests.pgwire.test_copy_staged import Connect, staged_ids, topic_rows
 from tests.storage.test_wire_columns import _compressed_body
 
 AT_US = 1_700_000_000_000_000
@@ -70,6 +74,51 @@ def db(connect: Connect) -> psycopg.Connection:
     connection = connect(autocommit=True)
     connection.execute("CREATE TOPIC events WITH (min_active_partitions = 2)")
     return connection
+
+
+class HostileCases:
+    """One server for a module's hostile-frame cases. Each case gets a topic of its own
+    (``hostile_<n>``, two partitions) and uses it as its write id and sink too, so no case
+    sees another's frames, staged files or rows. ``close`` checks what the cases left:
+    only their topics, each holding the one message its case kept, nothing staged, and a
+    clean offline check once the server stopped."""
+
+    def __init__(self, path: Path) -> None:
+        self.path = str(path / "data")
+        self.server = ServerThread(self.path, "127.0.0.1", 0)
+        self.topics: list[str] = []
+
+    def connect(self) -> psycopg.Connection:
+        return psycopg.connect(host="127.0.0.1", port=self.server.port, user="tester",
+                               dbname="topicbase", connect_timeout=10,
+                               autocommit=True)  # fmt: skip
+
+    @contextlib.contextmanager
+    def case(self) -> Iterator[tuple[psycopg.Connection, str]]:
+        """A new connection and a new topic (its name) for one case."""
+        topic = f"hostile_{len(self.topics)}"
+        with self.connect() as connection:
+            connection.execute(f"CREATE TOPIC {topic} WITH (min_active_partitions = 2)")
+            self.topics.append(topic)
+            yield connection, topic
+
+    def close(self) -> None:
+        with self.connect() as connection:
+            names = connection.execute("SELECT name FROM sys.topics ORDER BY name").fetchall()
+            assert [name for (name,) in names] == sorted(self.topics)
+            for topic in self.topics:
+                assert [bytes(d) for _, _, d in topic_rows(connection, topic)] == [b"kept"]
+        assert staged_ids(self.server) == []
+        self.server.stop()
+        report = check_database(self.path)
+        assert report.ok, report.lines()
+
+
+@pytest.fixture(scope="module")
+def hostile(tmp_path_factory: pytest.TempPathFactory) -> Iterator[HostileCases]:
+    cases = HostileCases(tmp_path_factory.mktemp("hostile_frames"))
+    yield cases
+    cases.close()
 
 
 def test_frames_are_staged_as_sent_and_published_once(db: psycopg.Connection,
@@ -146,17 +195,19 @@ def _bad_offsets() -> bytes:
         "codec", "negative-seq-no", "null-created-at", "created-at-range",
         "over-frame-target"])  # fmt: skip
 def test_a_hostile_frame_fails_the_copy_and_stages_nothing(
-        db: psycopg.Connection, server: ServerThread, stream: bytes,
-        sqlstate: str) -> None:  # fmt: skip
-    good = frame(0, wire([b"kept"]))
-    assert send(db, "h-1", good) == 1  # an earlier COPY of the write stays staged
-    with pytest.raises(psycopg.Error) as raised:
-        send(db, "h-1", frame(1, wire([b"before"])) + stream)
-    assert raised.value.sqlstate == sqlstate, raised.value
-    assert len([p for p in staged_files(server, "h-1") if p.endswith(".frames")]) == 1
-    assert not [p for p in staged_files(server, "h-1") if p.endswith(".part")]
-    assert db.execute("COMMIT WRITES ('h-1') SINK 'h' BATCH 0").fetchone() == ("committed", 1)
-    assert [bytes(d) for _, _, d in topic_rows(db, "events")] == [b"kept"]
+        hostile: HostileCases, stream: bytes, sqlstate: str) -> None:  # fmt: skip
+    with hostile.case() as (db, topic):
+        good = frame(0, wire([b"kept"]))
+        assert send(db, topic, good, topic) == 1  # an earlier COPY of the write stays staged
+        with pytest.raises(psycopg.Error) as raised:
+            send(db, topic, frame(1, wire([b"before"])) + stream, topic)
+        assert raised.value.sqlstate == sqlstate, raised.value
+        staged = staged_files(hostile.server, topic)
+        assert len([p for p in staged if p.endswith(".frames")]) == 1
+        assert not [p for p in staged if p.endswith(".part")]
+        done = db.execute(f"COMMIT WRITES ('{topic}') SINK '{topic}' BATCH 0").fetchone()
+        assert done == ("committed", 1)
+        assert [bytes(d) for _, _, d in topic_rows(db, topic)] == [b"kept"]
 
 
 def test_a_message_over_the_limit_is_refused(db: psycopg.Connection,

@@ -8,6 +8,7 @@ hostile until checked: a refused frame fails the COPY and nothing of it stays st
 from __future__ import annotations
 
 import struct
+from collections.abc import Iterator
 
 import psycopg
 import pyarrow as pa
@@ -16,7 +17,7 @@ import zstandard
 
 from sql.pgwire.server import ServerThread
 from storage import limits
-from tests.pgwire.test_copy_frames import frame, send, staged_files, wire
+from tests.pgwire.test_copy_frames import HostileCases, frame, send, staged_files, wire
 from tests.pgwire.test_copy_staged import Connect, topic_rows
 
 PLAIN = [b"a" * 1000, b"", b"hello", bytes(range(256)) * 3]
@@ -31,6 +32,14 @@ def zstd_wire(messages: list[bytes]) -> pa.RecordBatch:
     """A wire batch of ``messages`` (already compressed) marked zstd (codec 4)."""
     batch = wire(messages)
     return batch.set_column(4, "codec", pa.array([4] * len(messages), pa.uint8()))
+
+
+@pytest.fixture(scope="module")
+def hostile(tmp_path_factory: pytest.TempPathFactory) -> Iterator[HostileCases]:
+    """One server for the hostile zstd frames (``test_copy_frames.HostileCases``)."""
+    cases = HostileCases(tmp_path_factory.mktemp("hostile_zstd_frames"))
+    yield cases
+    cases.close()
 
 
 @pytest.fixture
@@ -89,17 +98,18 @@ BIG = _zstd([BIG_PLAIN])[0]
 ], ids=["not-zstd", "too-short", "no-content-size", "size-lie", "corrupt", "truncated",
         "declared-too-large"])  # fmt: skip
 def test_a_hostile_zstd_frame_fails_the_copy_and_stages_nothing(
-        db: psycopg.Connection, server: ServerThread, messages: list[bytes],
-        sqlstate: str) -> None:  # fmt: skip
-    assert send(db, "h-1", frame(0, zstd_wire(_zstd([b"kept"]))), topic="zevents") == 1
-    with pytest.raises(psycopg.Error) as raised:
-        send(db, "h-1", frame(1, wire([b"before"])) + frame(0, zstd_wire(messages)),
-             topic="zevents")  # fmt: skip
-    assert raised.value.sqlstate == sqlstate, raised.value
-    assert len([p for p in staged_files(server, "h-1") if p.endswith(".frames")]) == 1
-    assert not [p for p in staged_files(server, "h-1") if p.endswith(".part")]
-    assert db.execute("COMMIT WRITES ('h-1') SINK 'h' BATCH 0").fetchone() == ("committed", 1)
-    assert [bytes(d) for _, _, d in topic_rows(db, "zevents")] == [b"kept"]
+        hostile: HostileCases, messages: list[bytes], sqlstate: str) -> None:  # fmt: skip
+    with hostile.case() as (db, topic):  # raw, gzip and zstd accepted
+        assert send(db, topic, frame(0, zstd_wire(_zstd([b"kept"]))), topic) == 1
+        with pytest.raises(psycopg.Error) as raised:
+            send(db, topic, frame(1, wire([b"before"])) + frame(0, zstd_wire(messages)), topic)
+        assert raised.value.sqlstate == sqlstate, raised.value
+        staged = staged_files(hostile.server, topic)
+        assert len([p for p in staged if p.endswith(".frames")]) == 1
+        assert not [p for p in staged if p.endswith(".part")]
+        done = db.execute(f"COMMIT WRITES ('{topic}') SINK '{topic}' BATCH 0").fetchone()
+        assert done == ("committed", 1)
+        assert [bytes(d) for _, _, d in topic_rows(db, topic)] == [b"kept"]
 
 
 def test_the_declared_sizes_of_a_frame_are_bounded_before_any_is_decompressed(
