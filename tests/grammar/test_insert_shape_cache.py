@@ -79,23 +79,31 @@ def outcome(text: str) -> Any:
         return ("error", type(error), error.sqlstate, str(error), dict(error.context))
 
 
-def test_the_corpus_is_large_and_varied() -> None:
+@pytest.fixture(scope="module")
+def cold() -> tuple[list[str], list[Any]]:
+    """The corpus and each text's ``outcome`` with the skeleton cache cleared first (built
+    once: reading every test file for it costs more than the parses)."""
     texts = corpus()
+    insert_topic._skeleton_statement.cache_clear()  # type: ignore[attr-defined]
+    return texts, [outcome(t) for t in texts]
+
+
+def test_the_corpus_is_large_and_varied(cold: tuple[list[str], list[Any]]) -> None:
+    texts, results = cold
     assert len(texts) > 500
-    results = [outcome(t) for t in texts]
     assert sum(r[0] == "ok" for r in results) > 200
     assert sum(r[0] == "error" for r in results) > 50
 
 
-def test_cached_and_fresh_parses_are_equal(monkeypatch: pytest.MonkeyPatch) -> None:
-    texts = corpus()
-    insert_topic._skeleton_statement.cache_clear()  # type: ignore[attr-defined]
-    cold = [outcome(t) for t in texts]
+def test_cached_and_fresh_parses_are_equal(
+    cold: tuple[list[str], list[Any]], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    texts, cold_outcomes = cold
     warm = [outcome(t) for t in texts]
     with monkeypatch.context() as patch:
         patch.setattr(insert_topic, "_skeleton_statement", _refusing)
         fresh = [outcome(t) for t in texts]
-    for text, a, b, c in zip(texts, cold, warm, fresh, strict=True):
+    for text, a, b, c in zip(texts, cold_outcomes, warm, fresh, strict=True):
         assert a == c, text
         assert b == c, text
 
