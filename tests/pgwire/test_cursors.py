@@ -25,13 +25,38 @@ from storage.errors import LimitExceededError
 Connect = Callable[..., psycopg.Connection]
 
 
+NUMBERS = [(i, f"v{i}") for i in range(1, 26)]
+
+
+def _numbers_connection(server: ServerThread, **options: object) -> psycopg.Connection:
+    return psycopg.connect(host="127.0.0.1", port=server.port, user="tester",
+                           dbname="topicbase", connect_timeout=10, **options)  # fmt: skip
+
+
+@pytest.fixture(scope="module")
+def numbers_server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[ServerThread]:
+    """One server for the tests that only read table n (1..25) through cursors, each on
+    a connection of its own (a cursor lives in its session); at the end n and the
+    server's tables are as they were."""
+    running = ServerThread(str(tmp_path_factory.mktemp("numbers") / "data"), "127.0.0.1", 0)
+    with _numbers_connection(running, autocommit=True) as admin:
+        admin.execute("CREATE TABLE n AS SELECT range::INTEGER AS i, 'v' || range AS label "
+                      "FROM range(1, 26)")  # fmt: skip
+    yield running
+    with _numbers_connection(running, autocommit=True) as admin:
+        assert admin.execute("SELECT i, label FROM n ORDER BY i").fetchall() == NUMBERS
+        tables = admin.execute("SELECT table_name FROM information_schema.tables "
+                               "WHERE table_schema = 'main'").fetchall()  # fmt: skip
+        assert tables == [("n",)]
+    running.stop()
+
+
 @pytest.fixture
-def numbers(connect: Connect) -> psycopg.Connection:
-    """A connection (not autocommit) with table n holding 1..25."""
-    admin = connect(autocommit=True)
-    admin.execute("CREATE TABLE n AS SELECT range::INTEGER AS i, 'v' || range AS label "
-                  "FROM range(1, 26)")  # fmt: skip
-    return connect()
+def numbers(numbers_server: ServerThread) -> Iterator[psycopg.Connection]:
+    """A new connection (not autocommit) to the server whose table n holds 1..25."""
+    connection = _numbers_connection(numbers_server)
+    yield connection
+    connection.close()
 
 
 def test_named_cursor_fetches_in_itersize_steps(numbers: psycopg.Connection) -> None:
