@@ -867,24 +867,34 @@ final class PgWireClient implements Closeable {
         }
 
         /**
-         * {@code head} then {@code body} as ONE CopyData message of their own (what was
-         * written before goes first): a receiver gets the unit whole, without joining
-         * pieces (a staged frame: {@link WireFrames}). Keep it well under the server's
-         * message limit ({@code message_bytes_max}, 64 MiB by default).
+         * {@code pieces[i]}'s first {@code lengths[i]} bytes, in order, as ONE CopyData
+         * message of their own (what was written before goes first): a receiver gets the
+         * unit whole, without joining pieces (a staged frame: {@link WireFrames}, whose
+         * header, body metadata, pending data and padding are sent from where they are).
+         * Keep it well under the server's message limit ({@code message_bytes_max}, 64 MiB
+         * by default).
          */
-        void writeMessage(byte[] head, int headLength, byte[] body, int bodyLength)
-                throws IOException {
+        void writeMessage(byte[][] pieces, int[] lengths) throws IOException {
             flushChunk();
             if (ended) {
                 throw new IOException("the COPY has ended");
             }
+            assert pieces.length == lengths.length;
+            long length = 4;
+            for (int piece : lengths) {
+                length += piece;
+            }
+            if (length > Integer.MAX_VALUE) {
+                throw new IOException("a CopyData message must stay under 2 GiB");
+            }
             byte[] header = new byte[5];
             header[0] = (byte) 'd';
-            putInt(header, 1, headLength + bodyLength + 4);
+            putInt(header, 1, (int) length);
             try {
                 out.write(header);
-                out.write(head, 0, headLength);
-                out.write(body, 0, bodyLength);
+                for (int i = 0; i < pieces.length; i++) {
+                    out.write(pieces[i], 0, lengths[i]);
+                }
             } catch (IOException e) {
                 broken = true;
                 throw e;

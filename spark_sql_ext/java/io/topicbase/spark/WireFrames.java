@@ -1,11 +1,9 @@
 package io.topicbase.spark;
 
-import java.io.ByteArrayOutputStream;
 import java.io.IOException;
 import java.io.OutputStream;
 import java.nio.ByteBuffer;
 import java.nio.ByteOrder;
-import java.nio.channels.WritableByteChannel;
 import java.util.ArrayList;
 import java.util.Arrays;
 import java.util.HashMap;
@@ -14,18 +12,6 @@ import java.util.Locale;
 import java.util.Map;
 import java.util.zip.CRC32C;
 
-import org.apache.arrow.memory.ArrowBuf;
-import org.apache.arrow.memory.BufferAllocator;
-import org.apache.arrow.memory.RootAllocator;
-import org.apache.arrow.vector.BigIntVector;
-import org.apache.arrow.vector.TimeStampMicroTZVector;
-import org.apache.arrow.vector.UInt1Vector;
-import org.apache.arrow.vector.VarBinaryVector;
-import org.apache.arrow.vector.VectorSchemaRoot;
-import org.apache.arrow.vector.VectorUnloader;
-import org.apache.arrow.vector.ipc.WriteChannel;
-import org.apache.arrow.vector.ipc.message.ArrowRecordBatch;
-import org.apache.arrow.vector.ipc.message.MessageSerializer;
 import org.apache.arrow.vector.types.TimeUnit;
 import org.apache.arrow.vector.types.pojo.ArrowType;
 import org.apache.arrow.vector.types.pojo.Field;
@@ -58,7 +44,10 @@ import com.github.luben.zstd.ZstdCompressCtx;
  * {@code TBs1}, the body's CRC-32C, partition i64, messages u32, body bytes u32) then the
  * body, one Arrow IPC record-batch message of the server's wire schema ({@code seq_no},
  * {@code producer_id}, {@code message_group_id}, {@code created_at}, {@code codec},
- * {@code data}, {@code metadata}; no partition column). Invariants, as the server checks:
+ * {@code data}, {@code metadata}; no partition column), laid out by {@link FrameBody} around
+ * the partition's pending array and sent from where its pieces are (the messages' bytes are
+ * copied once in the task: from Spark's row into the pending array). Invariants, as the
+ * server checks:
  * <ul>
  * <li>a partition's frames hold its rows in the task's order;
  * <li>a frame holds at most {@link #TARGET_MESSAGES} messages and, unless it is one message,
@@ -215,33 +204,6 @@ final class WireFrames implements AutoCloseable {
         }
     }
 
-    /** A byte array stream whose buffer is read in place (no copy per frame), and a
-     * channel onto it that copies a buffer once (Channels.newChannel copies a direct
-     * buffer through a temporary array: twice). */
-    private static final class Body extends ByteArrayOutputStream
-            implements WritableByteChannel {
-        byte[] buffer() {
-            return buf;
-        }
-
-        @Override
-        public int write(ByteBuffer source) {
-            int length = source.remaining();
-            int at = count;
-            if (buf.length - at < length) {
-                buf = Arrays.copyOf(buf, Math.max(buf.length * 2, at + length));
-            }
-            source.get(buf, at, length);
-            count = at + length;
-            return length;
-        }
-
-        @Override
-        public boolean isOpen() {
-            return true;
-        }
-    }
-
     private final int dataAt;
     private final boolean dataIsText;
     private final int partitionAt;
@@ -255,9 +217,8 @@ final class WireFrames implements AutoCloseable {
     /** Flushed partitions' arrays, given to the next partition that starts a frame (at
      * most {@link #SPARE_MAX}, none over twice a frame's target bytes). */
     private final List<Pending> spare = new ArrayList<>();
-    private final BufferAllocator allocator = new RootAllocator();
-    private final VectorSchemaRoot root;
-    private final Body body = new Body();
+    private final FrameBody body = new FrameBody();
+    private byte[] zeros = new byte[1 << 10]; // a body's tail (FrameBody.tailLength): zeros
     private final ByteBuffer header = ByteBuffer.allocate(HEADER_BYTES)
         .order(ByteOrder.LITTLE_ENDIAN);
     private final CRC32C crc = new CRC32C();
@@ -344,8 +305,6 @@ final class WireFrames implements AutoCloseable {
         this.seqAt = seq;
         this.seqType = seqKind;
         this.createdAt = created;
-        this.root = VectorSchemaRoot.create(wireSchema(), allocator);
-        root.allocateNew(); // kept for every frame (reuse)
     }
 
     /** The server's {@code storage.record_batch.WIRE_SCHEMA} (its buffers' layout is what
@@ -497,84 +456,36 @@ final class WireFrames implements AutoCloseable {
         Pending share = pending.remove(partition);
         pendingCost -= share.cost();
         int count = share.count;
-        BigIntVector seq = (BigIntVector) root.getVector(0);
-        TimeStampMicroTZVector created = (TimeStampMicroTZVector) root.getVector(3);
-        UInt1Vector codec = (UInt1Vector) root.getVector(4);
-        VarBinaryVector data = (VarBinaryVector) root.getVector(5);
-        reuse(data, count, share.bytes);
-        for (int i = 0; i < count; i++) {
-            if (share.seqNull[i]) {
-                seq.setNull(i);
-            } else {
-                seq.setSafe(i, share.seq[i]);
-            }
-            created.setSafe(i, share.created[i]);
-            codec.setSafe(i, share.codec);
+        long size = body.lay(count, share.seq, share.seqNull, share.created, share.codec,
+            share.ends, share.bytes);
+        int bytes = (int) share.bytes;
+        assert size % 8 == 0 && size == body.headLength + bytes + body.tailLength : size;
+        if (zeros.length < body.tailLength) {
+            zeros = new byte[Math.max(body.tailLength, 2 * zeros.length)];
         }
-        ArrowBuf offsets = data.getOffsetBuffer();
-        for (int i = 0; i < count; i++) {
-            offsets.setInt((long) (i + 1) * Integer.BYTES, share.ends[i]);
-        }
-        data.getDataBuffer().setBytes(0, share.values, 0, (int) share.bytes);
-        ArrowBuf validity = data.getValidityBuffer(); // every row's data is set
-        for (int b = 0; b < count / 8; b++) {
-            validity.setByte(b, 0xFF);
-        }
-        if (count % 8 != 0) {
-            validity.setByte(count / 8, (1 << (count % 8)) - 1);
-        }
-        data.setLastSet(count - 1);
-        WireWriteStats.framesSent(share.codec == ZSTD, count);
-        if (spare.size() < SPARE_MAX && share.values.length <= 2 * TARGET_BYTES) {
-            share.clear();
-            spare.add(share);
-        }
-        root.setRowCount(count); // producer_id, message_group_id, metadata: null
-        body.reset();
-        try (ArrowRecordBatch batch = new VectorUnloader(root).getRecordBatch()) {
-            MessageSerializer.serialize(new WriteChannel(body), batch);
-        }
-        int size = body.size();
-        assert size % 8 == 0 : size;
         crc.reset();
-        crc.update(body.buffer(), 0, size);
+        crc.update(body.head, 0, body.headLength);
+        crc.update(share.values, 0, bytes);
+        crc.update(zeros, 0, body.tailLength);
         header.clear();
         header.put((byte) 'T').put((byte) 'B').put((byte) 's').put((byte) '1');
-        header.putInt((int) crc.getValue()).putLong(partition).putInt(count).putInt(size);
+        header.putInt((int) crc.getValue()).putLong(partition).putInt(count).putInt((int) size);
         if (out instanceof PgWireClient.CopyIn && size <= ONE_MESSAGE_BYTES) {
-            ((PgWireClient.CopyIn) out).writeMessage(header.array(), HEADER_BYTES,
-                body.buffer(), size);
+            ((PgWireClient.CopyIn) out).writeMessage(
+                new byte[][] {header.array(), body.head, share.values, zeros},
+                new int[] {HEADER_BYTES, body.headLength, bytes, body.tailLength});
         } else {
             out.write(header.array(), 0, HEADER_BYTES);
-            out.write(body.buffer(), 0, size);
+            out.write(body.head, 0, body.headLength);
+            out.write(share.values, 0, bytes);
+            out.write(zeros, 0, body.tailLength);
+        }
+        WireWriteStats.framesSent(share.codec == ZSTD, count);
+        if (spare.size() < SPARE_MAX && share.values.length <= 2 * TARGET_BYTES) {
+            share.clear(); // its arrays were sent (above): the next frames may reuse them
+            spare.add(share);
         }
         frames++;
-    }
-
-    /**
-     * Readies the root's vectors for a frame of {@code count} rows of {@code bytes} data
-     * while keeping their buffers: the buffers a task's first frames grew are written
-     * again by every later frame (a new buffer per frame is fresh memory each time: a 4 MiB
-     * data buffer is above the allocator's pooled sizes, so each frame faulted in and
-     * zeroed ~4 MiB of new pages). The small vectors are zeroed whole ({@code reset});
-     * the data vector's values are only overwritten (offsets are rewritten from row 0
-     * on, its validity zeroed), so its buffer is not zeroed per frame.
-     */
-    private void reuse(VarBinaryVector data, int count, long bytes) {
-        for (int at = 0; at < root.getFieldVectors().size(); at++) {
-            if (at != 5) {
-                root.getVector(at).reset();
-            }
-        }
-        data.getValidityBuffer().setZero(0, data.getValidityBuffer().capacity());
-        data.setLastSet(-1); // row 0 starts at offset 0 (never written: it stays 0)
-        data.setValueCount(0);
-        while (data.getValueCapacity() < count) {
-            data.reallocValidityAndOffsetBuffers();
-        }
-        while (data.getByteCapacity() < bytes) {
-            data.reallocDataBuffer();
-        }
     }
 
     @Override
@@ -582,8 +493,6 @@ final class WireFrames implements AutoCloseable {
         pending.clear();
         spare.clear();
         pendingCost = 0;
-        root.close();
-        allocator.close();
         if (zstd != null) {
             zstd.close();
         }
