@@ -89,6 +89,7 @@ from sql.pgwire.connection import commands as wire_commands
 from sql.pgwire.connection import (
     copy_commit,
     insert_flight,
+    literal_flight,
     lookup_flight,
     own_thread,
     result_stream,
@@ -674,7 +675,8 @@ class Connection(ExtendedProtocol):
                         if kind == b"B":  # a flight's first message: no coroutine for it
                             if taken is not None and self.own_thread is not None and (
                                     insert_flight.answer(self, body)
-                                    or lookup_flight.answer(self, body)):  # fmt: skip
+                                    or lookup_flight.answer(self, body)
+                                    or literal_flight.answer(self, body)):  # fmt: skip
                                 self.writer.flush()  # as after Sync; a drain waits only
                                 if transport.get_write_buffer_size() or transport.is_closing():
                                     await self.writer.drain()  # for output still held

@@ -455,6 +455,7 @@ class ExtendedProtocol:
             result = None
             if not held.began and not parameters:  # a kept literal row, if it is one
                 result = self.catalog.answer_literal(session, statement)
+                prepared.literal = result is not None  # its flights: ``literal_flight``
             if result is None:
                 result = self.catalog.execute(session, statement, parameters)
             return self._described(prepared, result, held)
@@ -620,23 +621,33 @@ class ExtendedProtocol:
         return description
 
     def _send_kept_response(self, portal: Portal, max_rows: int) -> bool:
+        """Send Execute's DataRow and CommandComplete of a kept literal row from
+        ``_kept_response`` (True), or False: the caller sends them as for any result."""
+        response = self._kept_response(portal, max_rows)
+        if response is None:
+            return False
+        self.send(response)
+        return True
+
+    def _kept_response(self, portal: Portal, max_rows: int) -> bytes | None:
         """Execute's DataRow and CommandComplete of a kept literal row (``Result.kept``),
-        sent from ``kept_responses`` (True), or False: the caller sends them as for any
-        result. Only for the whole of a one-row result sent from its first row, with no
-        held read to settle and no notice, and a RowDescription of a kept shape
-        (``rows_shape``): then the bytes depend on the row's values and the shape alone,
-        both the same objects for every run (the encoding of a value depends on no
-        setting: ``DateStyle`` is ISO only, ``bytea_output`` hex only), so they are made
-        once per row and shape. Bounded: ``KEPT_LITERAL_RESPONSES_MAX`` responses a
-        connection of at most ``KEPT_LITERAL_RESPONSE_BYTES_MAX`` bytes each."""
+        from ``kept_responses``, the portal moved past its row; or None: nothing changed,
+        the caller sends them as for any result. Only for the whole of a one-row result
+        sent from its first row, with no held read to settle and no notice, and a
+        RowDescription of a kept shape (``rows_shape``): then the bytes depend on the
+        row's values and the shape alone, both the same objects for every run (the
+        encoding of a value depends on no setting: ``DateStyle`` is ISO only,
+        ``bytea_output`` hex only), so they are made once per row and shape. Bounded:
+        ``KEPT_LITERAL_RESPONSES_MAX`` responses a connection of at most
+        ``KEPT_LITERAL_RESPONSE_BYTES_MAX`` bytes each (a bigger one is made each time)."""
         result = portal.result
         if result is None or not result.kept or max_rows > 0 or portal.position:
-            return False
+            return None
         rows = result.rows
         shape = portal.row_description
         if (rows is None or shape is None or len(rows.rows) != 1 or self.held is not None
                 or result.notices or not result.tag.startswith("SELECT ")):  # fmt: skip
-            return False
+            return None
         row = rows.rows[0]
         key = (id(row), id(shape))
         kept = self.kept_responses.get(key)
@@ -645,14 +656,12 @@ class ExtendedProtocol:
             response = m.data_row(fields[0]) + m.command_complete("SELECT 1")
             if len(response) > KEPT_LITERAL_RESPONSE_BYTES_MAX:
                 portal.position = 1
-                self.send(response)
-                return True
+                return response
             if len(self.kept_responses) >= KEPT_LITERAL_RESPONSES_MAX:
                 self.kept_responses.clear()
             kept = self.kept_responses[key] = (row, shape, response)
         portal.position = 1
-        self.send(kept[2])
-        return True
+        return kept[2]
 
     async def on_execute(self, message: m.Execute) -> None:
         portal = self._portal(message.portal)

@@ -64,6 +64,10 @@ class Prepared:
     # An ``INSERT INTO TOPIC ... VALUES`` without RETURNING (``insert_flight.takes``),
     # worked out at Parse: its flights may be answered by ``insert_flight``.
     insert: bool = field(default=False, kw_only=True)
+    # Set when the message loop's last run of it was answered from a kept literal row
+    # (``Session.answer_literal``), cleared when a literal flight's answer was refused:
+    # its flights may be answered by ``literal_flight``.
+    literal: bool = field(default=False, kw_only=True)
 
 
 @dataclass

@@ -1,0 +1,205 @@
+"""A kept literal SELECT's flight answered in one function (``connection.literal_flight``)
+sends the bytes the message loop's own handling sends: the same transcript of raw flights
+runs against a server with the flight path and one without it, and every reply is
+compared byte for byte (plain, aliased and mixed literal rows, text, binary and mixed
+result formats, statement logging, a described statement and one with a parameter, a row
+limit, a refusal by the door and its end, a transaction block and a failed one, a
+``statement_timeout``, a superuser demoted in the users file, a Describe of the portal a
+flight's Sync dropped); and every flight it answers is judged by the door
+(docs/statement_cost.md round 19)."""
+
+from __future__ import annotations
+
+import logging
+import struct
+import time
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from engine import privileges
+from sql.pgwire.codec import messages as m
+from sql.pgwire.connection import literal_flight, lookup_flight
+from sql.pgwire.server import ServerThread
+from sql.pgwire.users import add_user
+from storage.errors import InsufficientPrivilegeError
+from tests.pgwire.rawclient import RawClient, error_fields, startup_packet
+
+TEXTS = {
+    "one": "SELECT 1",
+    "mixed": "SELECT 'ok' AS status, NULL, TRUE, -2 AS n, 1.5",
+    "named": 'SELECT 42 AS "Answer", \'é€\' AS t',
+}
+WAIT_S = 10.0
+_ROW_LIMIT_1 = m.message(b"E", b"\x00" + struct.pack("!i", 1))  # Execute, a row limit of 1
+
+
+def _parse(name: str, text: str, oids: list[int] = ()) -> bytes:  # type: ignore[assignment]
+    body = m.cstr(name) + m.cstr(text) + struct.pack("!H", len(oids))
+    return m.message(b"P", body + b"".join(struct.pack("!I", oid) for oid in oids))
+
+
+def _bind(statement: str, values: list[bytes] = (), results: list[int] = ()  # type: ignore[assignment]
+          ) -> bytes:  # fmt: skip
+    body = m.cstr("") + m.cstr(statement) + struct.pack("!H", 0) + struct.pack("!H", len(values))
+    body += b"".join(struct.pack("!i", len(value)) + value for value in values)
+    body += struct.pack("!H", len(results)) + b"".join(struct.pack("!h", f) for f in results)
+    return m.message(b"B", body)
+
+
+def _flight(statement: str, results: list[int] = (), values: list[bytes] = ()  # type: ignore[assignment]
+            ) -> bytes:  # fmt: skip
+    """Bind (unnamed portal) / Describe / Execute / Sync, as psycopg sends a prepared one."""
+    return _bind(statement, values, results) + lookup_flight.FLIGHT_TAIL
+
+
+def _sync() -> bytes:
+    return m.message(b"S", b"")
+
+
+class _Client(RawClient):
+    def login(self, user: str) -> None:
+        self.send(startup_packet(user=user, database="topicbase"))
+        assert self.read() == (b"R", struct.pack("!i", 3))
+        self.send(m.message(b"p", m.cstr(f"{user}-pw")))
+        self.until_ready()
+
+    def ask(self, data: bytes) -> list[tuple[bytes, bytes]]:
+        self.send(data)
+        return self.until_ready()
+
+    def sql(self, text: str) -> None:
+        replies = self.ask(m.message(b"Q", m.cstr(text)))
+        assert not [body for kind, body in replies if kind == b"E"], replies
+
+
+def _refusing(monkeypatch: pytest.MonkeyPatch) -> None:
+    """The door refuses every statement's privileges (nothing kept lets one through)."""
+
+    def refusing(plan: Any, identity: Any, session: Any, memo: Any = None) -> None:
+        raise InsufficientPrivilegeError("permission denied: refused for the test")
+
+    monkeypatch.setattr(privileges, "check_plan", refusing)
+    monkeypatch.setattr(privileges, "kept_decision", lambda *arguments: False)
+
+
+def _transcript(server: ServerThread, users_file: str, monkeypatch: pytest.MonkeyPatch
+                ) -> list[list[tuple[bytes, bytes]]]:  # fmt: skip
+    """Every reply of the transcript (messages but BackendKeyData, which differs)."""
+    admin, bob = _Client(server.port), _Client(server.port)
+    try:
+        admin.login("alice")
+        bob.login("bob")
+        replies = []
+        for client in (admin, bob):
+            replies += [client.ask(_parse(name, text) + _sync()) for name, text in TEXTS.items()]
+            replies.append(client.ask(_parse("described", "SELECT 7 AS d")
+                                      + m.message(b"D", b"Sdescribed\x00") + _sync()))
+            replies.append(client.ask(_parse("param", "SELECT $1 AS p", [25]) + _sync()))
+        flights = [
+            _flight("one"), _flight("one", [1]), _flight("mixed"), _flight("mixed", [1]),
+            _flight("mixed", [0, 1, 0, 1, 1]), _flight("named"), _flight("named", [1, 0]),
+            _flight("described"), _flight("param", values=[b"x"]),
+            _flight("mixed", [0, 1]),  # a wrong count of result formats: 08P01
+            _bind("one") + m.message(b"D", b"P\x00") + _ROW_LIMIT_1 + _sync(),  # not a flight
+        ]
+        for _ in range(4):  # the first runs keep the rows; the later ones are answered kept
+            replies += [client.ask(flight) for client in (bob, admin) for flight in flights]
+        # The unnamed portal a flight bound is dropped at its Sync: a Describe of it is 34000.
+        bob.send(_flight("one") + m.message(b"D", b"P\x00") + _sync())
+        replies += [bob.until_ready(), bob.until_ready()]
+        # Statement logging (superusers set it) logs flight-answered statements as any other.
+        admin.sql("SET log_statement = 'all'")
+        replies += [admin.ask(_flight("one")) for _ in range(2)]
+        admin.sql("SET log_statement = 'none'")
+        # A refusal by the door reaches the very next execution, and its end the one after.
+        with monkeypatch.context() as patched:
+            _refusing(patched)
+            replies += [bob.ask(_flight("one")), admin.ask(_flight("mixed", [1]))]
+        replies += [bob.ask(_flight("one")) for _ in range(2)]
+        replies.append(bob.ask(m.message(b"Q", m.cstr("BEGIN"))))
+        replies += [bob.ask(_flight("one")), bob.ask(_flight("mixed", [1]))]
+        replies.append(bob.ask(m.message(b"Q", m.cstr("SELECT * FROM no_such_table"))))
+        replies += [bob.ask(_flight("one")), bob.ask(m.message(b"Q", m.cstr("ROLLBACK")))]
+        replies += [bob.ask(_flight("one")) for _ in range(2)]
+        bob.sql("SET statement_timeout = 5000")  # the ordinary way runs (its timer)
+        replies += [bob.ask(_flight("one")) for _ in range(2)]
+        bob.sql("RESET statement_timeout")
+        replies += [bob.ask(_flight("one")) for _ in range(3)]
+        # alice demoted in the users file: her next flight reports is_superuser off.
+        users = server.server.authenticator.users
+        assert users is not None
+        generation = users.generation
+        add_user(users_file, "alice", "alice-pw")
+        deadline = time.monotonic() + WAIT_S
+        while users.generation == generation:
+            assert time.monotonic() < deadline, "the users file's change was not seen"
+            time.sleep(0.02)
+        replies += [admin.ask(_flight("one")) for _ in range(3)]
+        add_user(users_file, "alice", "alice-pw", superuser=True)
+        return [[r for r in reply if r[0] != b"K"] for reply in replies]
+    finally:
+        admin.close()
+        bob.close()
+
+
+@pytest.fixture
+def users(tmp_path: Path) -> str:
+    users_file = str(tmp_path / "users.json")
+    add_user(users_file, "alice", "alice-pw", superuser=True)
+    add_user(users_file, "bob", "bob-pw")
+    return users_file
+
+
+def _served(tmp_path: Path, users_file: str, name: str) -> Iterator[ServerThread]:
+    server = ServerThread(str(tmp_path / name), "127.0.0.1", 0, auth="password",
+                          users_file=users_file)  # fmt: skip
+    try:
+        yield server
+    finally:
+        server.stop()
+
+
+def _logged(caplog: pytest.LogCaptureFixture) -> int:
+    return sum("statement (user alice" in record.getMessage() and "SELECT 1" in record.getMessage()
+               for record in caplog.records)  # fmt: skip
+
+
+def test_a_literal_flight_answered_whole_sends_the_general_paths_bytes(
+    tmp_path: Path, users: str, monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture
+) -> None:
+    caplog.set_level(logging.INFO)
+    answered: list[bool] = []
+    original = literal_flight.answer
+
+    def counted(connection: Any, body: bytes) -> bool:
+        taken = original(connection, body)
+        answered.append(taken)
+        return taken
+
+    with monkeypatch.context() as patched:
+        patched.setattr(literal_flight, "answer", counted)
+        for server in _served(tmp_path, users, "flight"):
+            with_flights = _transcript(server, users, monkeypatch)
+    logged_with_flights = _logged(caplog)
+    caplog.clear()
+    with monkeypatch.context() as patched:
+        patched.setattr(literal_flight, "answer", lambda connection, body: False)
+        for server in _served(tmp_path, users, "general"):
+            general = _transcript(server, users, monkeypatch)
+    assert logged_with_flights == _logged(caplog) == 2  # the two under 'all'
+    assert len(with_flights) == len(general)
+    for index, (flight, ordinary) in enumerate(zip(with_flights, general, strict=True)):
+        assert flight == ordinary, index
+    # The flight path answered the kept literals' flights (both users, every format) and
+    # left the rest (first runs, a described statement, a parameter, blocks, a timeout,
+    # a refusal) to the message loop.
+    assert answered.count(True) >= 20, answered
+    assert answered.count(False) >= 20, answered
+    errors = {error_fields(body)["C"] for reply in general for kind, body in reply
+              if kind == b"E"}  # fmt: skip
+    assert {"42501", "25P02", "42P01", "34000", "08P01"} <= errors, errors
+    statuses = [body for reply in general[-3:] for kind, body in reply if kind == b"S"]
+    assert statuses == [m.cstr("is_superuser") + m.cstr("off")], statuses
