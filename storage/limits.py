@@ -432,3 +432,9 @@ USERS_FILE_POLL_S = 0.25
 # Up to this many values, a batch's offsets and timestamps are packed in Python (the plain
 # combiner's rounds: ~7 values at 16 producers); numpy's per-call cost pays only for more.
 PACKED_VALUES_MAX = 64
+
+# -- a kept literal SELECT's flight (sql.pgwire.connection.literal_flight; round 19, H3) --
+# A connection keeps the last such flight it answered: its Bind's bytes and its reply
+# (BindComplete to CommandComplete), when both together take at most this many bytes; a
+# bigger one is answered the longer way every time. One flight a connection.
+KEPT_LITERAL_FLIGHT_BYTES_MAX = 8192

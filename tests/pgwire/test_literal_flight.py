@@ -5,8 +5,9 @@ compared byte for byte (plain, aliased and mixed literal rows, text, binary and 
 result formats, statement logging, a described statement and one with a parameter, a row
 limit, a refusal by the door and its end, a transaction block and a failed one, a
 ``statement_timeout``, a superuser demoted in the users file, a Describe of the portal a
-flight's Sync dropped); and every flight it answers is judged by the door
-(docs/statement_cost.md round 19)."""
+flight's Sync dropped, a statement's name and the unnamed statement prepared again); and
+every flight it answers, a repeated one from the connection's kept flight too, is judged
+by the door (docs/statement_cost.md round 19)."""
 
 from __future__ import annotations
 
@@ -107,6 +108,16 @@ def _transcript(server: ServerThread, users_file: str, monkeypatch: pytest.Monke
         ]
         for _ in range(4):  # the first runs keep the rows; the later ones are answered kept
             replies += [client.ask(flight) for client in (bob, admin) for flight in flights]
+        for flight in flights:  # the same flight again: the connection's kept flight
+            replies += [bob.ask(flight) for _ in range(3)]
+        # A name prepared again (closed first) and the unnamed statement parsed again: the
+        # kept flight of the old statement is not the new one's.
+        replies.append(bob.ask(m.message(b"C", b"Sone\x00") + _parse("one", "SELECT 2")
+                               + _sync()))  # fmt: skip
+        replies += [bob.ask(_flight("one")) for _ in range(4)]
+        for text in ("SELECT 3", "SELECT 3", "SELECT 'four'"):
+            replies.append(bob.ask(_parse("", text) + _sync()))
+            replies += [bob.ask(_flight("")) for _ in range(4)]
         # The unnamed portal a flight bound is dropped at its Sync: a Describe of it is 34000.
         bob.send(_flight("one") + m.message(b"D", b"P\x00") + _sync())
         replies += [bob.until_ready(), bob.until_ready()]
@@ -172,21 +183,29 @@ def test_a_literal_flight_answered_whole_sends_the_general_paths_bytes(
 ) -> None:
     caplog.set_level(logging.INFO)
     answered: list[bool] = []
-    original = literal_flight.answer
+    kept: list[bool] = []
+    original, original_kept = literal_flight.answer, literal_flight.answer_kept
 
     def counted(connection: Any, body: bytes) -> bool:
         taken = original(connection, body)
         answered.append(taken)
         return taken
 
+    def counted_kept(connection: Any, body: bytes) -> bool:
+        taken = original_kept(connection, body)
+        kept.append(taken)
+        return taken
+
     with monkeypatch.context() as patched:
         patched.setattr(literal_flight, "answer", counted)
+        patched.setattr(literal_flight, "answer_kept", counted_kept)
         for server in _served(tmp_path, users, "flight"):
             with_flights = _transcript(server, users, monkeypatch)
     logged_with_flights = _logged(caplog)
     caplog.clear()
     with monkeypatch.context() as patched:
         patched.setattr(literal_flight, "answer", lambda connection, body: False)
+        patched.setattr(literal_flight, "answer_kept", lambda connection, body: False)
         for server in _served(tmp_path, users, "general"):
             general = _transcript(server, users, monkeypatch)
     assert logged_with_flights == _logged(caplog) == 2  # the two under 'all'
@@ -196,8 +215,10 @@ def test_a_literal_flight_answered_whole_sends_the_general_paths_bytes(
     # The flight path answered the kept literals' flights (both users, every format) and
     # left the rest (first runs, a described statement, a parameter, blocks, a timeout,
     # a refusal) to the message loop.
-    assert answered.count(True) >= 20, answered
+    assert answered.count(True) >= 10, answered
     assert answered.count(False) >= 20, answered
+    # ... and repeated ones by the connection's kept flight (but a refused one).
+    assert kept.count(True) >= 15, kept
     errors = {error_fields(body)["C"] for reply in general for kind, body in reply
               if kind == b"E"}  # fmt: skip
     assert {"42501", "25P02", "42P01", "34000", "08P01"} <= errors, errors

@@ -321,6 +321,7 @@ class Connection(ExtendedProtocol):
         self.kept_descriptions = BoundedCache(  # ExtendedProtocol._describe_again
             "sql.pgwire.kept_descriptions", KEPT_DESCRIPTIONS)
         self.kept_responses = {}  # ExtendedProtocol._send_kept_response
+        self.kept_literal_flight = None  # literal_flight.answer_kept
         self.held = None  # ExtendedProtocol: a consumer read's portal until its rows are out
         self.abandoned_reads = {}  # ExtendedProtocol: portals whose held read was rolled back
         self.skipping = False  # after an extended-protocol error, until Sync
@@ -674,7 +675,8 @@ class Connection(ExtendedProtocol):
                     try:
                         if kind == b"B":  # a flight's first message: no coroutine for it
                             if taken is not None and self.own_thread is not None and (
-                                    insert_flight.answer(self, body)
+                                    literal_flight.answer_kept(self, body)
+                                    or insert_flight.answer(self, body)
                                     or lookup_flight.answer(self, body)
                                     or literal_flight.answer(self, body)):  # fmt: skip
                                 self.writer.flush()  # as after Sync; a drain waits only

@@ -206,6 +206,8 @@ class ExtendedProtocol:
     # (id of a kept literal row, id of its RowDescription) -> (the row, the RowDescription,
     # the bytes of its DataRow and CommandComplete): ``_send_kept_response``
     kept_responses: dict[tuple[int, int], tuple[tuple[Any, ...], bytes, bytes]]
+    # The last kept literal flight answered (``literal_flight.KeptFlight``), or None.
+    kept_literal_flight: Any
     skipping: bool
     reader: asyncio.StreamReader
     ready_for_query: Callable[[], bytes]

@@ -30,13 +30,37 @@ all its checks: a fallback costs a second answer, never a skipped check.
 
 from __future__ import annotations
 
-from engine.api import SessionState
+from dataclasses import dataclass
+from typing import Any
+
+import pyarrow as pa
+
+from engine.api import Result, Session, SessionState
 from sql.pgwire.codec import messages as m
 from sql.pgwire.connection.extended import ExtendedProtocol
 from sql.pgwire.connection.lookup_flight import bound_portal, flight_session, take_flight
 from sql.pgwire.connection.portals import Portal, Prepared, row_description
+from storage.limits import KEPT_LITERAL_FLIGHT_BYTES_MAX
 
 _BIND_COMPLETE = m.bind_complete()
+
+
+@dataclass(frozen=True, slots=True)
+class KeptFlight:
+    """The last kept literal flight a connection answered (``_run``): its Bind's body, the
+    statement's name and object, the Bind's result formats, the kept row and the schema of
+    the rows it answered with, and the reply made of them (BindComplete to
+    CommandComplete). The reply is a function of the row's values, the schema and the
+    formats alone (``_kept_response``, ``rows_shape``): a later flight of the same Bind
+    whose answer has the same row and schema objects gets the same bytes."""
+
+    body: bytes
+    name: str
+    prepared: Prepared
+    result_formats: list[int]
+    row: tuple[Any, ...]
+    schema: pa.Schema
+    reply: bytes
 
 
 def takes(prepared: Prepared) -> bool:
@@ -48,10 +72,44 @@ def takes(prepared: Prepared) -> bool:
         and not prepared.wire and not prepared.copy and prepared.lookup is False  # fmt: skip
 
 
+def answer_kept(connection: ExtendedProtocol, body: bytes) -> bool:
+    """``answer`` for a flight whose Bind is the connection's kept flight's
+    (``KeptFlight``), without working out again what its reply is made of: the same
+    steps where they may give something else (the flight's and the session's state, the
+    statement still the one of that name, ``answer_literal`` with the door's checks, the
+    result limit, the portal's hold), then the kept reply if the answer's row and schema
+    are the kept ones. False, nothing taken or sent, for anything else (then the message
+    loop's order of flights goes on: ``answer`` works it out again). Asked first for
+    every Bind a flight may answer: a Bind of another is one comparison of bytes."""
+    kept = connection.kept_literal_flight
+    if kept is None or kept.body != body:
+        return False
+    session = flight_session(connection)
+    if session is None or connection.catalog.settings.values["log_statement"] != "none":
+        return False
+    prepared = kept.prepared
+    if connection.statements.get(kept.name) is not prepared or not prepared.literal:
+        return False  # closed, or its name prepared again; or refused since
+    portal = Portal(prepared, [], kept.result_formats)
+    try:
+        result = _answered(connection, session, prepared)
+    except Exception:  # the general path meets it again and reports it
+        return False
+    rows = None if result is None else result.rows
+    if rows is None or rows.schema is not kept.schema or len(rows.rows) != 1 \
+            or rows.rows[0] is not kept.row:  # fmt: skip
+        return False
+    portal.executed = True
+    portal.result = result
+    portal.position = 1  # as ``_kept_response`` leaves it
+    return _send(connection, session, portal, len(body), kept.reply)
+
+
 def answer(connection: ExtendedProtocol, body: bytes) -> bool:
     """Answer the flight whose Bind's body is ``body`` (already taken off the reader) if
     the reader holds the rest of it and it is a kept literal's; False: nothing taken or
-    sent, the caller handles the Bind and what follows as ever."""
+    sent, the caller handles the Bind and what follows as ever. The flight answered is
+    kept (``KeptFlight``) for ``answer_kept``."""
     session = flight_session(connection)
     if session is None:
         return False
@@ -61,34 +119,63 @@ def answer(connection: ExtendedProtocol, body: bytes) -> bool:
         portal = bound_portal(connection, body, takes)
         if portal is None:
             return False
-        response = _run(connection, portal)
+        response = _run(connection, session, portal)
     except Exception:  # the general path meets it again and reports it
         return False
     if response is None:
         return False
+    if not _send(connection, session, portal, len(body), response):
+        return False
+    result = portal.result
+    assert result is not None and result.rows is not None  # ``_run`` answered it
+    if len(body) + len(response) <= KEPT_LITERAL_FLIGHT_BYTES_MAX:
+        name = body[1 : body.index(b"\0", 1)].decode("utf-8")  # as ``bound_portal`` read it
+        connection.kept_literal_flight = KeptFlight(
+            body, name, portal.prepared, portal.result_formats, result.rows.rows[0],
+            result.rows.schema, response)  # fmt: skip
+    return True
+
+
+def _send(connection: ExtendedProtocol, session: Session, portal: Portal, bind_bytes: int,
+          reply: bytes) -> bool:  # fmt: skip
+    """The flight's end, as the Bind's hold, the Describe and Execute's replies and the
+    Sync end it: False (nothing taken or sent) if the memory budget refuses the portal's
+    hold, as the Bind's own hold refuses it (53200)."""
     try:
-        connection.portals.hold("", portal, len(body))
-    except Exception:  # 53200: the Bind's own hold refuses it the same way
+        connection.portals.hold("", portal, bind_bytes)
+    except Exception:
         return False
     take_flight(connection)
     if session.state is SessionState.IDLE:  # Sync's step
         connection.portals.clear()
-    connection.send(response + connection.ready_for_query())
+    connection.send(reply + connection.ready_for_query())
     return True
 
 
-def _run(connection: ExtendedProtocol, portal: Portal) -> bytes | None:
-    """BindComplete to CommandComplete of the flight of ``portal``, or None (nothing sent)."""
-    prepared = portal.prepared
+def _answered(connection: ExtendedProtocol, session: Session, prepared: Prepared
+              ) -> Result | None:  # fmt: skip
+    """What the portal's run asks of the engine for a kept literal (``_execute_prepared``:
+    ``answer_literal``, the door's checks on every call), within the result limit; None if
+    the engine does not answer it so (then ``prepared.literal`` is cleared: the message
+    loop's next answer sets it again if kept again) or the result is over the limit."""
     statement = prepared.statement
     assert statement is not None and not prepared.described  # ``takes``
-    result = connection.catalog.answer_literal(connection._session(), statement)
+    result = connection.catalog.answer_literal(session, statement)
     if result is None:
-        prepared.literal = False  # the message loop's answer sets it again, if kept again
+        prepared.literal = False
+        return None
+    if result.rows is None or result.notices or not connection.result_within_limit(result):
+        return None
+    return result
+
+
+def _run(connection: ExtendedProtocol, session: Session, portal: Portal) -> bytes | None:
+    """BindComplete to CommandComplete of the flight of ``portal``, or None (nothing sent)."""
+    result = _answered(connection, session, portal.prepared)
+    if result is None:
         return None
     rows = result.rows
-    if rows is None or not connection.result_within_limit(result):
-        return None
+    assert rows is not None
     portal.executed = True
     portal.result = result
     connection._shape_portal(portal, None)
