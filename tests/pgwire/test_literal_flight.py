@@ -25,6 +25,7 @@ from sql.pgwire.codec import messages as m
 from sql.pgwire.connection import literal_flight, lookup_flight
 from sql.pgwire.server import ServerThread
 from sql.pgwire.users import add_user
+from storage import limits
 from storage.errors import InsufficientPrivilegeError
 from tests.pgwire.rawclient import RawClient, error_fields, startup_packet
 
@@ -224,3 +225,39 @@ def test_a_literal_flight_answered_whole_sends_the_general_paths_bytes(
     assert {"42501", "25P02", "42P01", "34000", "08P01"} <= errors, errors
     statuses = [body for reply in general[-3:] for kind, body in reply if kind == b"S"]
     assert statuses == [m.cstr("is_superuser") + m.cstr("off")], statuses
+
+
+def test_a_flight_too_big_to_keep_is_answered_every_time_and_not_kept(
+    tmp_path: Path, users: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A reply over ``KEPT_LITERAL_FLIGHT_BYTES_MAX`` (a literal of 4,000 three-byte
+    characters: ~12 KB) is answered by the flight's longer way each time, the same bytes
+    as the message loop's, and never kept for ``answer_kept``."""
+    text = "SELECT '" + "€" * 4000 + "' AS wide"
+    answered: list[bool] = []
+    kept: list[bool] = []
+    original, original_kept = literal_flight.answer, literal_flight.answer_kept
+    monkeypatch.setattr(literal_flight, "answer",
+                        lambda c, b: answered.append(original(c, b)) or answered[-1])
+    monkeypatch.setattr(literal_flight, "answer_kept",
+                        lambda c, b: kept.append(original_kept(c, b)) or kept[-1])
+
+    def replies(name: str) -> list[list[tuple[bytes, bytes]]]:
+        for server in _served(tmp_path, users, name):
+            client = _Client(server.port)
+            try:
+                client.login("bob")
+                got = [client.ask(_parse("wide", text) + _sync())]
+                got += [client.ask(_flight("wide")) for _ in range(8)]
+                return got
+            finally:
+                client.close()
+        raise AssertionError("no server")
+
+    with_flights = replies("flight")
+    assert answered.count(True) >= 5 and True not in kept, (answered, kept)
+    rows = [body for kind, body in with_flights[-1] if kind == b"D"]
+    assert len(rows) == 1 and len(rows[0]) > limits.KEPT_LITERAL_FLIGHT_BYTES_MAX
+    monkeypatch.setattr(literal_flight, "answer", lambda c, b: False)
+    monkeypatch.setattr(literal_flight, "answer_kept", lambda c, b: False)
+    assert replies("general") == with_flights
