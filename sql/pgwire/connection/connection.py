@@ -674,8 +674,10 @@ class Connection(ExtendedProtocol):
                 if not self.skipping:
                     try:
                         if kind == b"B":  # a flight's first message: no coroutine for it
+                            kept = self.kept_literal_flight  # a repeat of it: one comparison
                             if taken is not None and self.own_thread is not None and (
-                                    literal_flight.answer_kept(self, body)
+                                    (kept is not None and kept.body == body
+                                     and literal_flight.answer_kept(self, body))
                                     or insert_flight.answer(self, body)
                                     or lookup_flight.answer(self, body)
                                     or literal_flight.answer(self, body)):  # fmt: skip
