@@ -5,9 +5,10 @@ compared byte for byte (plain, aliased and mixed literal rows, text, binary and 
 result formats, statement logging, a described statement and one with a parameter, a row
 limit, a refusal by the door and its end, a transaction block and a failed one, a
 ``statement_timeout``, a superuser demoted in the users file, a Describe of the portal a
-flight's Sync dropped, a statement's name and the unnamed statement prepared again); and
-every flight it answers, a repeated one from the connection's kept flight too, is judged
-by the door (docs/statement_cost.md round 19)."""
+flight's Sync dropped, a statement's name and the unnamed statement prepared again, a
+statement described after its flight was kept); and every flight it answers, a repeated
+one from the connection's kept flight too, is judged by the door (docs/statement_cost.md
+round 19)."""
 
 from __future__ import annotations
 
@@ -116,6 +117,9 @@ def _transcript(server: ServerThread, users_file: str, monkeypatch: pytest.Monke
         replies.append(bob.ask(m.message(b"C", b"Sone\x00") + _parse("one", "SELECT 2")
                                + _sync()))  # fmt: skip
         replies += [bob.ask(_flight("one")) for _ in range(4)]
+        # Described since its flight was kept: the message loop's (the description's OIDs).
+        replies.append(bob.ask(m.message(b"D", b"Sone\x00") + _sync()))
+        replies += [bob.ask(_flight("one")) for _ in range(2)]
         for text in ("SELECT 3", "SELECT 3", "SELECT 'four'"):
             replies.append(bob.ask(_parse("", text) + _sync()))
             replies += [bob.ask(_flight("")) for _ in range(4)]

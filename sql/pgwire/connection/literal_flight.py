@@ -76,11 +76,12 @@ def answer_kept(connection: ExtendedProtocol, body: bytes) -> bool:
     """``answer`` for a flight whose Bind is the connection's kept flight's
     (``KeptFlight``), without working out again what its reply is made of: the same
     steps where they may give something else (the flight's and the session's state, the
-    statement still the one of that name, ``answer_literal`` with the door's checks, the
-    result limit, the portal's hold), then the kept reply if the answer's row and schema
-    are the kept ones. False, nothing taken or sent, for anything else (then the message
-    loop's order of flights goes on: ``answer`` works it out again). Asked first for
-    every Bind a flight may answer: a Bind of another is one comparison of bytes."""
+    statement still the one of that name and one ``takes`` takes, ``answer_literal``
+    with the door's checks, the result limit, the portal's hold), then the kept reply if
+    the answer's row and schema are the kept ones. False, nothing taken or sent, for
+    anything else (then the message loop's order of flights goes on: ``answer`` works it
+    out again). Asked first for every Bind a flight may answer: a Bind of another is one
+    comparison of bytes."""
     kept = connection.kept_literal_flight
     if kept is None or kept.body != body:
         return False
@@ -88,8 +89,8 @@ def answer_kept(connection: ExtendedProtocol, body: bytes) -> bool:
     if session is None or connection.catalog.settings.values["log_statement"] != "none":
         return False
     prepared = kept.prepared
-    if connection.statements.get(kept.name) is not prepared or not prepared.literal:
-        return False  # closed, or its name prepared again; or refused since
+    if connection.statements.get(kept.name) is not prepared or not takes(prepared):
+        return False  # closed, or its name prepared again; refused or described since
     portal = Portal(prepared, [], kept.result_formats)
     try:
         result = _answered(connection, session, prepared)
