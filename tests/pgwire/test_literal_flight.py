@@ -265,3 +265,35 @@ def test_a_flight_too_big_to_keep_is_answered_every_time_and_not_kept(
     monkeypatch.setattr(literal_flight, "answer", lambda c, b: False)
     monkeypatch.setattr(literal_flight, "answer_kept", lambda c, b: False)
     assert replies("general") == with_flights
+
+
+def test_a_statement_described_after_its_flight_was_kept_is_not_answered_by_it(
+    tmp_path: Path, users: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The kept flight of a statement a Describe described since is not taken: the engine
+    is not asked by the flight path (``takes`` refuses it before), the message loop answers
+    (review R1 round 19, F1: this was left to an ``assert`` inside the answer)."""
+    asked: list[int] = []
+    kept: list[bool] = []
+    original, original_kept = literal_flight._answered, literal_flight.answer_kept
+    monkeypatch.setattr(literal_flight, "_answered",
+                        lambda *arguments: asked.append(1) or original(*arguments))
+    monkeypatch.setattr(literal_flight, "answer_kept",
+                        lambda c, b: kept.append(original_kept(c, b)) or kept[-1])
+    for server in _served(tmp_path, users, "described"):
+        client = _Client(server.port)
+        try:
+            client.login("bob")
+            client.ask(_parse("one", "SELECT 1") + _sync())
+            for _ in range(6):
+                client.ask(_flight("one"))
+            assert kept[-2:] == [True, True], kept  # the repeated flight is the kept one's
+            described = client.ask(m.message(b"D", b"Sone\x00") + _sync())
+            assert [kind for kind, _ in described] == [b"t", b"T", b"Z"], described
+            asked.clear()
+            replies = [client.ask(_flight("one")) for _ in range(2)]
+        finally:
+            client.close()
+    assert asked == [], asked
+    for reply in replies:
+        assert [kind for kind, _ in reply] == [b"2", b"T", b"D", b"C", b"Z"], reply
