@@ -38,8 +38,11 @@ spark-jar: $(STAMP) java
 	$(PY) -m spark_sql_ext.build_jar
 
 # pytest exits 5 when no test ran: treat that as failure like any other non-zero code.
+# The suite runs on TEST_WORKERS pytest-xdist workers (default 2, the CI's cores); every
+# Spark test goes to one worker, with the run's one SparkSession (tests/conftest.py).
+TEST_WORKERS ?= 2
 test: lint spark-jar pgjdbc
-	$(PY) -m pytest -q -p no:cacheprovider; rc=$$?; \
+	$(PY) -m pytest -q -p no:cacheprovider -n $(TEST_WORKERS) --dist loadgroup; rc=$$?; \
 	if [ $$rc -eq 5 ]; then echo "pytest collected no tests: failing"; exit 1; fi; exit $$rc
 
 # The main job: the pipeline on Spark (topicbase serve + Spark streaming queries), the

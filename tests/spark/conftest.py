@@ -2,8 +2,9 @@
 
 The session (local[2], UI off, 2 shuffle partitions, loopback, UTC, quiet log, C1-only JIT
 and the serial GC: see FACTS.md) is made once per pytest run; each test gets its own data
-directory and door. Spark's Python workers import the repository's code: the repository
-root is put on their PYTHONPATH (also how they find ``pyspark_topicbase``).
+directory and door. Every test here runs on one pytest-xdist worker (the unit
+``spark``: tests/conftest.py). Spark's Python workers import the repository's code: the
+repository root is put on their PYTHONPATH (also how they find ``pyspark_topicbase``).
 """
 
 from __future__ import annotations
@@ -11,7 +12,7 @@ from __future__ import annotations
 import os
 import shutil
 import sys
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from pathlib import Path
 
 import pyspark  # noqa: F401  (the test extra pins it: a missing pyspark fails the run)
@@ -37,7 +38,8 @@ appender.console.layout.pattern = %d{HH:mm:ss} %p %c{1}: %m%n
 
 
 @pytest.fixture(scope="session")
-def spark(tmp_path_factory: pytest.TempPathFactory) -> Iterator[object]:
+def spark(tmp_path_factory: pytest.TempPathFactory,
+          count_spark_session: Callable[[], None]) -> Iterator[object]:
     from pyspark.sql import SparkSession
 
     log4j = tmp_path_factory.mktemp("spark") / "log4j2.properties"
@@ -58,6 +60,7 @@ def spark(tmp_path_factory: pytest.TempPathFactory) -> Iterator[object]:
 
     builder = builder.config("spark.jars", build())  # the catalog's jar (make spark-jar)
     session = builder.getOrCreate()
+    count_spark_session()  # tests/conftest.py: a run that makes two fails
     session.sparkContext.setLogLevel("ERROR")
     yield session
     session.stop()
