@@ -7,6 +7,7 @@ import os
 import signal
 import threading
 import time
+from collections.abc import Iterator
 from typing import Any
 
 import pytest
@@ -35,6 +36,16 @@ class _StartingSlowly:
         if self.requested.wait(self.wait_s):
             raise RuntimeError("cancelled")
         return "served to its end"
+
+
+@pytest.fixture(autouse=True)
+def _ctrl_c_raises() -> Iterator[None]:
+    """Ctrl-C raises KeyboardInterrupt here however the suite was started: a suite started
+    in the background by a script (``make test &``) inherits SIGINT ignored, and Python then
+    leaves it ignored, so the SIGINT below would be lost."""
+    previous = signal.signal(signal.SIGINT, signal.default_int_handler)
+    yield
+    signal.signal(signal.SIGINT, previous)
 
 
 def test_a_ctrl_c_before_the_statement_began_still_cancels_it() -> None:
