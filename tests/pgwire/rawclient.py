@@ -8,8 +8,10 @@ from __future__ import annotations
 
 import socket
 import struct
+from collections.abc import Sequence
 
 from sql.pgwire.codec import messages as m
+from sql.pgwire.connection.lookup_flight import FLIGHT_TAIL
 
 TIMEOUT_S = 20.0
 
@@ -24,6 +26,34 @@ def startup_packet(**parameters: str) -> bytes:
 
 def query(text: str) -> bytes:
     return m.message(b"Q", m.cstr(text))
+
+
+def parse(name: str, text: str, oids: Sequence[int] = ()) -> bytes:
+    """Parse of statement ``name``, with the parameter types ``oids``."""
+    body = m.cstr(name) + m.cstr(text) + struct.pack("!H", len(oids))
+    return m.message(b"P", body + b"".join(struct.pack("!I", oid) for oid in oids))
+
+
+def bind(statement: str, values: Sequence[bytes | None] = (), formats: Sequence[int] = (),
+         results: Sequence[int] = ()) -> bytes:  # fmt: skip
+    """Bind of the unnamed portal: parameter ``formats``, ``values`` (None: NULL), result
+    formats ``results``."""
+    body = m.cstr("") + m.cstr(statement) + struct.pack("!H", len(formats))
+    body += b"".join(struct.pack("!h", f) for f in formats) + struct.pack("!H", len(values))
+    for value in values:
+        body += struct.pack("!i", -1) if value is None else struct.pack("!i", len(value)) + value
+    body += struct.pack("!H", len(results)) + b"".join(struct.pack("!h", f) for f in results)
+    return m.message(b"B", body)
+
+
+def flight(statement: str, values: Sequence[bytes | None] = (), formats: Sequence[int] = (),
+           results: Sequence[int] = ()) -> bytes:  # fmt: skip
+    """Bind (unnamed portal) / Describe / Execute / Sync, as psycopg sends a prepared one."""
+    return bind(statement, values, formats, results) + FLIGHT_TAIL
+
+
+def sync() -> bytes:
+    return m.message(b"S", b"")
 
 
 def error_fields(body: bytes) -> dict[str, str]:
@@ -106,6 +136,25 @@ class RawClient:
 
     def close(self) -> None:
         self.sock.close()
+
+
+class FlightClient(RawClient):
+    """A raw client that logs in as a user whose password is ``<user>-pw`` (the flight
+    tests' users files) and asks for replies up to ReadyForQuery."""
+
+    def login(self, user: str) -> None:
+        self.send(startup_packet(user=user, database="topicbase"))
+        assert self.read() == (b"R", struct.pack("!i", 3))
+        self.send(m.message(b"p", m.cstr(f"{user}-pw")))
+        self.until_ready()
+
+    def ask(self, data: bytes) -> list[tuple[bytes, bytes]]:
+        self.send(data)
+        return self.until_ready()
+
+    def sql(self, text: str) -> None:
+        replies = self.ask(m.message(b"Q", m.cstr(text)))
+        assert not [body for kind, body in replies if kind == b"E"], replies
 
 
 def errors(items: list[tuple[bytes, bytes]]) -> list[dict[str, str]]:

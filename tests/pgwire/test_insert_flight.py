@@ -12,58 +12,26 @@ back. A flight's acknowledgement waits for the sync of its message."""
 from __future__ import annotations
 
 import logging
-import struct
 import threading
-from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
 import pytest
 
 from sql.pgwire.codec import messages as m
-from sql.pgwire.connection import insert_flight, lookup_flight
-from sql.pgwire.server import ServerThread
-from sql.pgwire.users import add_user
+from sql.pgwire.connection import insert_flight
 from storage import fs as storage_fs
-from tests.pgwire.rawclient import RawClient, error_fields, startup_packet
+from tests.pgwire import flights
+from tests.pgwire.rawclient import (
+    FlightClient,
+    error_fields,
+    flight,
+    parse,
+    sync,
+)
 
 BYTEA = 17
 TEXT = 25
-
-
-def _parse(name: str, text: str, oids: list[int]) -> bytes:
-    body = m.cstr(name) + m.cstr(text) + struct.pack("!H", len(oids))
-    return m.message(b"P", body + b"".join(struct.pack("!I", oid) for oid in oids))
-
-
-def _flight(statement: str, values: list[bytes | None], formats: list[int] = ()) -> bytes:
-    """Bind (unnamed portal) / Describe / Execute / Sync, as psycopg sends a prepared one."""
-    body = m.cstr("") + m.cstr(statement) + struct.pack("!H", len(formats))
-    body += b"".join(struct.pack("!h", f) for f in formats) + struct.pack("!H", len(values))
-    for value in values:
-        body += struct.pack("!i", -1) if value is None else struct.pack("!i", len(value)) + value
-    body += struct.pack("!H", 0)
-    return m.message(b"B", body) + lookup_flight.FLIGHT_TAIL
-
-
-def _sync() -> bytes:
-    return m.message(b"S", b"")
-
-
-class _Client(RawClient):
-    def login(self, user: str) -> None:
-        self.send(startup_packet(user=user, database="topicbase"))
-        assert self.read() == (b"R", struct.pack("!i", 3))
-        self.send(m.message(b"p", m.cstr(f"{user}-pw")))
-        self.until_ready()
-
-    def ask(self, data: bytes) -> list[tuple[bytes, bytes]]:
-        self.send(data)
-        return self.until_ready()
-
-    def sql(self, text: str) -> None:
-        replies = self.ask(m.message(b"Q", m.cstr(text)))
-        assert not [body for kind, body in replies if kind == b"E"], replies
 
 
 INSERT = "INSERT INTO TOPIC t (data) VALUES ($1)"
@@ -73,60 +41,60 @@ TWO_ROWS = "INSERT INTO TOPIC t (data) VALUES ($1), ($2)"
 
 def _transcript(port: int) -> list[list[tuple[bytes, bytes]]]:
     """Every reply of the transcript (messages but BackendKeyData, which differs)."""
-    admin, bob = _Client(port), _Client(port)
+    admin, bob = FlightClient(port), FlightClient(port)
     try:
         admin.login("alice")
         bob.login("bob")
         admin.sql("CREATE TOPIC t WITH (min_active_partitions = 1)")
         admin.sql("GRANT INSERT ON TOPIC t TO bob")
         replies = [
-            bob.ask(_parse("i1", INSERT, [BYTEA]) + _sync()),
-            bob.ask(_parse("i2", INSERT, [0]) + m.message(b"D", b"Si2\x00") + _sync()),
-            bob.ask(_parse("i3", KEYED, [0, 0, 0]) + _sync()),
-            bob.ask(_parse("i4", INSERT + " RETURNING offset", [0]) + _sync()),
-            bob.ask(_parse("i5", TWO_ROWS, [0, 0]) + _sync()),
-            bob.ask(_parse("i6", "INSERT INTO TOPIC nosuch (data) VALUES ($1)", [0]) + _sync()),
-            bob.ask(_parse("i7", "INSERT INTO TOPIC t (data) VALUES ('literal')", []) + _sync()),
-            bob.ask(_parse("i8", INSERT, [TEXT]) + _sync()),
+            bob.ask(parse("i1", INSERT, [BYTEA]) + sync()),
+            bob.ask(parse("i2", INSERT, [0]) + m.message(b"D", b"Si2\x00") + sync()),
+            bob.ask(parse("i3", KEYED, [0, 0, 0]) + sync()),
+            bob.ask(parse("i4", INSERT + " RETURNING offset", [0]) + sync()),
+            bob.ask(parse("i5", TWO_ROWS, [0, 0]) + sync()),
+            bob.ask(parse("i6", "INSERT INTO TOPIC nosuch (data) VALUES ($1)", [0]) + sync()),
+            bob.ask(parse("i7", "INSERT INTO TOPIC t (data) VALUES ('literal')", []) + sync()),
+            bob.ask(parse("i8", INSERT, [TEXT]) + sync()),
         ]
         flights = [
-            _flight("i1", [b"\x00\x01binary"], [1]), _flight("i1", [b"\\x4142"]),
-            _flight("i2", [b"described"]), _flight("i8", ["t\u00e9xt".encode()]),
-            _flight("i3", [b"m", b"p1", b"1"]), _flight("i3", [b"m", b"p1", b"1"]),  # duplicate
-            _flight("i4", [b"returning"]), _flight("i5", [b"one", b"two"]),
-            _flight("i6", [b"nowhere"]), _flight("i7", []),
-            _flight("i1", [None], [1]), _flight("i8", [None]),  # NULL data
-            _flight("i1", [b"a", b"b"], [1]),  # wrong parameter count
-            _flight("i8", [b"\xed\xa0\x80"]),  # not UTF-8
-            _flight("nosuch", [b"x"]),
+            flight("i1", [b"\x00\x01binary"], [1]), flight("i1", [b"\\x4142"]),
+            flight("i2", [b"described"]), flight("i8", ["t\u00e9xt".encode()]),
+            flight("i3", [b"m", b"p1", b"1"]), flight("i3", [b"m", b"p1", b"1"]),  # duplicate
+            flight("i4", [b"returning"]), flight("i5", [b"one", b"two"]),
+            flight("i6", [b"nowhere"]), flight("i7", []),
+            flight("i1", [None], [1]), flight("i8", [None]),  # NULL data
+            flight("i1", [b"a", b"b"], [1]),  # wrong parameter count
+            flight("i8", [b"\xed\xa0\x80"]),  # not UTF-8
+            flight("nosuch", [b"x"]),
         ]
         for _ in range(2):
             replies += [bob.ask(flight) for flight in flights]
         # The unnamed portal a flight bound is dropped at its Sync: a Describe of it is 34000.
-        bob.send(_flight("i1", [b"dropped"], [1]) + m.message(b"D", b"P\x00") + _sync())
+        bob.send(flight("i1", [b"dropped"], [1]) + m.message(b"D", b"P\x00") + sync())
         replies += [bob.until_ready(), bob.until_ready()]
         admin.sql("REVOKE INSERT ON TOPIC t FROM bob")
-        replies += [bob.ask(_flight("i1", [b"refused"], [1])), bob.ask(_flight("i2", [b"no"]))]
+        replies += [bob.ask(flight("i1", [b"refused"], [1])), bob.ask(flight("i2", [b"no"]))]
         admin.sql("GRANT INSERT ON TOPIC t TO bob")
-        replies += [bob.ask(_flight("i1", [b"granted"], [1])) for _ in range(2)]
+        replies += [bob.ask(flight("i1", [b"granted"], [1])) for _ in range(2)]
         replies.append(bob.ask(m.message(b"Q", m.cstr("BEGIN"))))
-        replies += [bob.ask(_flight("i1", [b"in a block"], [1])),
+        replies += [bob.ask(flight("i1", [b"in a block"], [1])),
                     bob.ask(m.message(b"Q", m.cstr("SELECT * FROM no_such_table"))),
-                    bob.ask(_flight("i1", [b"failed block"], [1])),
+                    bob.ask(flight("i1", [b"failed block"], [1])),
                     bob.ask(m.message(b"Q", m.cstr("ROLLBACK")))]  # fmt: skip
         bob.sql("SET statement_timeout = 5000")
-        replies += [bob.ask(_flight("i1", [b"timed"], [1])) for _ in range(2)]
+        replies += [bob.ask(flight("i1", [b"timed"], [1])) for _ in range(2)]
         bob.sql("RESET statement_timeout")
-        replies.append(admin.ask(_parse("a1", INSERT, [BYTEA]) + _sync()))
+        replies.append(admin.ask(parse("a1", INSERT, [BYTEA]) + sync()))
         admin.sql("SET log_statement = 'all'")
-        replies += [admin.ask(_flight("a1", [b"logged"], [1])) for _ in range(2)]
+        replies += [admin.ask(flight("a1", [b"logged"], [1])) for _ in range(2)]
         admin.sql("SET log_statement = 'none'")
         replies.append(admin.ask(m.message(b"Q", m.cstr("SELECT data FROM TOPIC t"))))
         admin.sql("DROP TOPIC t")
-        replies += [bob.ask(_flight("i1", [b"dropped topic"], [1])), bob.ask(_flight("i7", []))]
+        replies += [bob.ask(flight("i1", [b"dropped topic"], [1])), bob.ask(flight("i7", []))]
         admin.sql("CREATE TOPIC t WITH (min_active_partitions = 1)")
         admin.sql("GRANT INSERT ON TOPIC t TO bob")
-        replies += [bob.ask(_flight("i1", [b"again"], [1])) for _ in range(2)]
+        replies += [bob.ask(flight("i1", [b"again"], [1])) for _ in range(2)]
         replies.append(admin.ask(m.message(b"Q", m.cstr("SELECT data FROM TOPIC t"))))
         return [[r for r in reply if r[0] != b"K"] for reply in replies]
     finally:
@@ -136,19 +104,7 @@ def _transcript(port: int) -> list[list[tuple[bytes, bytes]]]:
 
 @pytest.fixture
 def users(tmp_path: Path) -> str:
-    users_file = str(tmp_path / "users.json")
-    add_user(users_file, "alice", "alice-pw", superuser=True)
-    add_user(users_file, "bob", "bob-pw")
-    return users_file
-
-
-def _served(tmp_path: Path, users_file: str, name: str) -> Iterator[ServerThread]:
-    server = ServerThread(str(tmp_path / name), "127.0.0.1", 0, auth="password",
-                          users_file=users_file)  # fmt: skip
-    try:
-        yield server
-    finally:
-        server.stop()
+    return flights.users_file(tmp_path)
 
 
 def _logged(caplog: pytest.LogCaptureFixture) -> int:
@@ -174,17 +130,17 @@ def test_an_insert_flight_answered_whole_sends_the_general_paths_bytes(
 ) -> None:
     caplog.set_level(logging.INFO)
     answered = _counted(monkeypatch)
-    for server in _served(tmp_path, users, "flight"):
+    for server in flights.served(tmp_path, users, "flight"):
         with_flights = _transcript(server.port)
     logged_with_flights = _logged(caplog)
     caplog.clear()
     monkeypatch.setattr(insert_flight, "answer", lambda connection, body: False)
-    for server in _served(tmp_path, users, "general"):
+    for server in flights.served(tmp_path, users, "general"):
         general = _transcript(server.port)
     assert logged_with_flights == _logged(caplog) == 2  # the two under 'all'
     assert len(with_flights) == len(general)
-    for index, (flight, ordinary) in enumerate(zip(with_flights, general, strict=True)):
-        assert flight == ordinary, index
+    for index, (replied, ordinary) in enumerate(zip(with_flights, general, strict=True)):
+        assert replied == ordinary, index
     # The flight path answered the INSERTs it could (binary, text, untyped, described,
     # keyed, two rows, no parameter, errors of the statement) and left the rest (RETURNING,
     # Bind errors, blocks) to the message loop.
@@ -217,16 +173,16 @@ def test_a_flights_acknowledgement_waits_for_its_sync(
         original(self, fd)
 
     monkeypatch.setattr(storage_fs.FileSystem, "sync", held_sync)
-    for server in _served(tmp_path, users, "held"):
-        client = _Client(server.port)
+    for server in flights.served(tmp_path, users, "held"):
+        client = FlightClient(server.port)
         try:
             client.login("alice")
             client.sql("CREATE TOPIC t WITH (min_active_partitions = 1)")
-            client.ask(_parse("i", INSERT, [BYTEA]) + _sync())
-            assert client.ask(_flight("i", [b"first"], [1]))[-2:] == [
+            client.ask(parse("i", INSERT, [BYTEA]) + sync())
+            assert client.ask(flight("i", [b"first"], [1]))[-2:] == [
                 (b"C", b"INSERT 0 1\x00"), (b"Z", b"I")]
             holding.set()
-            client.send(_flight("i", [b"held"], [1]))
+            client.send(flight("i", [b"held"], [1]))
             assert entered.wait(20)
             client.sock.settimeout(0.5)
             with pytest.raises(TimeoutError):
@@ -260,19 +216,19 @@ def test_a_failure_after_the_flight_was_taken_still_answers_its_sync(
         return original(tag)
 
     monkeypatch.setattr(m, "command_complete", command_complete)
-    for server in _served(tmp_path, users, "after_take"):
-        client = _Client(server.port)
+    for server in flights.served(tmp_path, users, "after_take"):
+        client = FlightClient(server.port)
         try:
             client.login("alice")
             client.sql("CREATE TOPIC t WITH (min_active_partitions = 1)")
-            client.ask(_parse("i", INSERT, [BYTEA]) + _sync())
+            client.ask(parse("i", INSERT, [BYTEA]) + sync())
             failing.set()
             client.sock.settimeout(10)
-            replies = client.ask(_flight("i", [b"boom"], [1]))
+            replies = client.ask(flight("i", [b"boom"], [1]))
             assert answered[-1] is True
             assert [kind for kind, _ in replies] == [b"2", b"E", b"Z"], replies
             assert error_fields(replies[1][1])["C"] == "XX000"
-            assert client.ask(_flight("i", [b"after"], [1]))[-2:] == [
+            assert client.ask(flight("i", [b"after"], [1]))[-2:] == [
                 (b"C", b"INSERT 0 1\x00"), (b"Z", b"I")]
         finally:
             client.close()

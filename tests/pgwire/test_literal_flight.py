@@ -15,7 +15,6 @@ from __future__ import annotations
 import logging
 import struct
 import time
-from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -23,12 +22,20 @@ import pytest
 
 from engine import privileges
 from sql.pgwire.codec import messages as m
-from sql.pgwire.connection import literal_flight, lookup_flight
+from sql.pgwire.connection import literal_flight
 from sql.pgwire.server import ServerThread
 from sql.pgwire.users import add_user
 from storage import limits
 from storage.errors import InsufficientPrivilegeError
-from tests.pgwire.rawclient import RawClient, error_fields, startup_packet
+from tests.pgwire import flights
+from tests.pgwire.rawclient import (
+    FlightClient,
+    bind,
+    error_fields,
+    flight,
+    parse,
+    sync,
+)
 
 TEXTS = {
     "one": "SELECT 1",
@@ -37,45 +44,6 @@ TEXTS = {
 }
 WAIT_S = 10.0
 _ROW_LIMIT_1 = m.message(b"E", b"\x00" + struct.pack("!i", 1))  # Execute, a row limit of 1
-
-
-def _parse(name: str, text: str, oids: list[int] = ()) -> bytes:  # type: ignore[assignment]
-    body = m.cstr(name) + m.cstr(text) + struct.pack("!H", len(oids))
-    return m.message(b"P", body + b"".join(struct.pack("!I", oid) for oid in oids))
-
-
-def _bind(statement: str, values: list[bytes] = (), results: list[int] = ()  # type: ignore[assignment]
-          ) -> bytes:  # fmt: skip
-    body = m.cstr("") + m.cstr(statement) + struct.pack("!H", 0) + struct.pack("!H", len(values))
-    body += b"".join(struct.pack("!i", len(value)) + value for value in values)
-    body += struct.pack("!H", len(results)) + b"".join(struct.pack("!h", f) for f in results)
-    return m.message(b"B", body)
-
-
-def _flight(statement: str, results: list[int] = (), values: list[bytes] = ()  # type: ignore[assignment]
-            ) -> bytes:  # fmt: skip
-    """Bind (unnamed portal) / Describe / Execute / Sync, as psycopg sends a prepared one."""
-    return _bind(statement, values, results) + lookup_flight.FLIGHT_TAIL
-
-
-def _sync() -> bytes:
-    return m.message(b"S", b"")
-
-
-class _Client(RawClient):
-    def login(self, user: str) -> None:
-        self.send(startup_packet(user=user, database="topicbase"))
-        assert self.read() == (b"R", struct.pack("!i", 3))
-        self.send(m.message(b"p", m.cstr(f"{user}-pw")))
-        self.until_ready()
-
-    def ask(self, data: bytes) -> list[tuple[bytes, bytes]]:
-        self.send(data)
-        return self.until_ready()
-
-    def sql(self, text: str) -> None:
-        replies = self.ask(m.message(b"Q", m.cstr(text)))
-        assert not [body for kind, body in replies if kind == b"E"], replies
 
 
 def _refusing(monkeypatch: pytest.MonkeyPatch) -> None:
@@ -91,59 +59,60 @@ def _refusing(monkeypatch: pytest.MonkeyPatch) -> None:
 def _transcript(server: ServerThread, users_file: str, monkeypatch: pytest.MonkeyPatch
                 ) -> list[list[tuple[bytes, bytes]]]:  # fmt: skip
     """Every reply of the transcript (messages but BackendKeyData, which differs)."""
-    admin, bob = _Client(server.port), _Client(server.port)
+    admin, bob = FlightClient(server.port), FlightClient(server.port)
     try:
         admin.login("alice")
         bob.login("bob")
         replies = []
         for client in (admin, bob):
-            replies += [client.ask(_parse(name, text) + _sync()) for name, text in TEXTS.items()]
-            replies.append(client.ask(_parse("described", "SELECT 7 AS d")
-                                      + m.message(b"D", b"Sdescribed\x00") + _sync()))
-            replies.append(client.ask(_parse("param", "SELECT $1 AS p", [25]) + _sync()))
-        flights = [
-            _flight("one"), _flight("one", [1]), _flight("mixed"), _flight("mixed", [1]),
-            _flight("mixed", [0, 1, 0, 1, 1]), _flight("named"), _flight("named", [1, 0]),
-            _flight("described"), _flight("param", values=[b"x"]),
-            _flight("mixed", [0, 1]),  # a wrong count of result formats: 08P01
-            _bind("one") + m.message(b"D", b"P\x00") + _ROW_LIMIT_1 + _sync(),  # not a flight
+            replies += [client.ask(parse(name, text) + sync()) for name, text in TEXTS.items()]
+            replies.append(client.ask(parse("described", "SELECT 7 AS d")
+                                      + m.message(b"D", b"Sdescribed\x00") + sync()))
+            replies.append(client.ask(parse("param", "SELECT $1 AS p", [25]) + sync()))
+        sent = [
+            flight("one"), flight("one", results=[1]),
+            flight("mixed"), flight("mixed", results=[1]), flight("mixed", results=[0, 1, 0, 1, 1]),
+            flight("named"), flight("named", results=[1, 0]),
+            flight("described"), flight("param", values=[b"x"]),
+            flight("mixed", results=[0, 1]),  # a wrong count of result formats: 08P01
+            bind("one") + m.message(b"D", b"P\x00") + _ROW_LIMIT_1 + sync(),  # not a flight
         ]
         for _ in range(4):  # the first runs keep the rows; the later ones are answered kept
-            replies += [client.ask(flight) for client in (bob, admin) for flight in flights]
-        for flight in flights:  # the same flight again: the connection's kept flight
-            replies += [bob.ask(flight) for _ in range(3)]
+            replies += [client.ask(message) for client in (bob, admin) for message in sent]
+        for message in sent:  # the same flight again: the connection's kept flight
+            replies += [bob.ask(message) for _ in range(3)]
         # A name prepared again (closed first) and the unnamed statement parsed again: the
         # kept flight of the old statement is not the new one's.
-        replies.append(bob.ask(m.message(b"C", b"Sone\x00") + _parse("one", "SELECT 2")
-                               + _sync()))  # fmt: skip
-        replies += [bob.ask(_flight("one")) for _ in range(4)]
+        replies.append(bob.ask(m.message(b"C", b"Sone\x00") + parse("one", "SELECT 2")
+                               + sync()))  # fmt: skip
+        replies += [bob.ask(flight("one")) for _ in range(4)]
         # Described since its flight was kept: the message loop's (the description's OIDs).
-        replies.append(bob.ask(m.message(b"D", b"Sone\x00") + _sync()))
-        replies += [bob.ask(_flight("one")) for _ in range(2)]
+        replies.append(bob.ask(m.message(b"D", b"Sone\x00") + sync()))
+        replies += [bob.ask(flight("one")) for _ in range(2)]
         for text in ("SELECT 3", "SELECT 3", "SELECT 'four'"):
-            replies.append(bob.ask(_parse("", text) + _sync()))
-            replies += [bob.ask(_flight("")) for _ in range(4)]
+            replies.append(bob.ask(parse("", text) + sync()))
+            replies += [bob.ask(flight("")) for _ in range(4)]
         # The unnamed portal a flight bound is dropped at its Sync: a Describe of it is 34000.
-        bob.send(_flight("one") + m.message(b"D", b"P\x00") + _sync())
+        bob.send(flight("one") + m.message(b"D", b"P\x00") + sync())
         replies += [bob.until_ready(), bob.until_ready()]
         # Statement logging (superusers set it) logs flight-answered statements as any other.
         admin.sql("SET log_statement = 'all'")
-        replies += [admin.ask(_flight("one")) for _ in range(2)]
+        replies += [admin.ask(flight("one")) for _ in range(2)]
         admin.sql("SET log_statement = 'none'")
         # A refusal by the door reaches the very next execution, and its end the one after.
         with monkeypatch.context() as patched:
             _refusing(patched)
-            replies += [bob.ask(_flight("one")), admin.ask(_flight("mixed", [1]))]
-        replies += [bob.ask(_flight("one")) for _ in range(2)]
+            replies += [bob.ask(flight("one")), admin.ask(flight("mixed", results=[1]))]
+        replies += [bob.ask(flight("one")) for _ in range(2)]
         replies.append(bob.ask(m.message(b"Q", m.cstr("BEGIN"))))
-        replies += [bob.ask(_flight("one")), bob.ask(_flight("mixed", [1]))]
+        replies += [bob.ask(flight("one")), bob.ask(flight("mixed", results=[1]))]
         replies.append(bob.ask(m.message(b"Q", m.cstr("SELECT * FROM no_such_table"))))
-        replies += [bob.ask(_flight("one")), bob.ask(m.message(b"Q", m.cstr("ROLLBACK")))]
-        replies += [bob.ask(_flight("one")) for _ in range(2)]
+        replies += [bob.ask(flight("one")), bob.ask(m.message(b"Q", m.cstr("ROLLBACK")))]
+        replies += [bob.ask(flight("one")) for _ in range(2)]
         bob.sql("SET statement_timeout = 5000")  # the ordinary way runs (its timer)
-        replies += [bob.ask(_flight("one")) for _ in range(2)]
+        replies += [bob.ask(flight("one")) for _ in range(2)]
         bob.sql("RESET statement_timeout")
-        replies += [bob.ask(_flight("one")) for _ in range(3)]
+        replies += [bob.ask(flight("one")) for _ in range(3)]
         # alice demoted in the users file: her next flight reports is_superuser off.
         users = server.server.authenticator.users
         assert users is not None
@@ -153,7 +122,7 @@ def _transcript(server: ServerThread, users_file: str, monkeypatch: pytest.Monke
         while users.generation == generation:
             assert time.monotonic() < deadline, "the users file's change was not seen"
             time.sleep(0.02)
-        replies += [admin.ask(_flight("one")) for _ in range(3)]
+        replies += [admin.ask(flight("one")) for _ in range(3)]
         add_user(users_file, "alice", "alice-pw", superuser=True)
         return [[r for r in reply if r[0] != b"K"] for reply in replies]
     finally:
@@ -163,19 +132,7 @@ def _transcript(server: ServerThread, users_file: str, monkeypatch: pytest.Monke
 
 @pytest.fixture
 def users(tmp_path: Path) -> str:
-    users_file = str(tmp_path / "users.json")
-    add_user(users_file, "alice", "alice-pw", superuser=True)
-    add_user(users_file, "bob", "bob-pw")
-    return users_file
-
-
-def _served(tmp_path: Path, users_file: str, name: str) -> Iterator[ServerThread]:
-    server = ServerThread(str(tmp_path / name), "127.0.0.1", 0, auth="password",
-                          users_file=users_file)  # fmt: skip
-    try:
-        yield server
-    finally:
-        server.stop()
+    return flights.users_file(tmp_path)
 
 
 def _logged(caplog: pytest.LogCaptureFixture) -> int:
@@ -204,19 +161,19 @@ def test_a_literal_flight_answered_whole_sends_the_general_paths_bytes(
     with monkeypatch.context() as patched:
         patched.setattr(literal_flight, "answer", counted)
         patched.setattr(literal_flight, "answer_kept", counted_kept)
-        for server in _served(tmp_path, users, "flight"):
+        for server in flights.served(tmp_path, users, "flight"):
             with_flights = _transcript(server, users, monkeypatch)
     logged_with_flights = _logged(caplog)
     caplog.clear()
     with monkeypatch.context() as patched:
         patched.setattr(literal_flight, "answer", lambda connection, body: False)
         patched.setattr(literal_flight, "answer_kept", lambda connection, body: False)
-        for server in _served(tmp_path, users, "general"):
+        for server in flights.served(tmp_path, users, "general"):
             general = _transcript(server, users, monkeypatch)
     assert logged_with_flights == _logged(caplog) == 2  # the two under 'all'
     assert len(with_flights) == len(general)
-    for index, (flight, ordinary) in enumerate(zip(with_flights, general, strict=True)):
-        assert flight == ordinary, index
+    for index, (replied, ordinary) in enumerate(zip(with_flights, general, strict=True)):
+        assert replied == ordinary, index
     # The flight path answered the kept literals' flights (both users, every format) and
     # left the rest (first runs, a described statement, a parameter, blocks, a timeout,
     # a refusal) to the message loop.
@@ -247,12 +204,12 @@ def test_a_flight_too_big_to_keep_is_answered_every_time_and_not_kept(
                         lambda c, b: kept.append(original_kept(c, b)) or kept[-1])
 
     def replies(name: str) -> list[list[tuple[bytes, bytes]]]:
-        for server in _served(tmp_path, users, name):
-            client = _Client(server.port)
+        for server in flights.served(tmp_path, users, name):
+            client = FlightClient(server.port)
             try:
                 client.login("bob")
-                got = [client.ask(_parse("wide", text) + _sync())]
-                got += [client.ask(_flight("wide")) for _ in range(8)]
+                got = [client.ask(parse("wide", text) + sync())]
+                got += [client.ask(flight("wide")) for _ in range(8)]
                 return got
             finally:
                 client.close()
@@ -280,18 +237,18 @@ def test_a_statement_described_after_its_flight_was_kept_is_not_answered_by_it(
                         lambda *arguments: asked.append(1) or original(*arguments))
     monkeypatch.setattr(literal_flight, "answer_kept",
                         lambda c, b: kept.append(original_kept(c, b)) or kept[-1])
-    for server in _served(tmp_path, users, "described"):
-        client = _Client(server.port)
+    for server in flights.served(tmp_path, users, "described"):
+        client = FlightClient(server.port)
         try:
             client.login("bob")
-            client.ask(_parse("one", "SELECT 1") + _sync())
+            client.ask(parse("one", "SELECT 1") + sync())
             for _ in range(6):
-                client.ask(_flight("one"))
+                client.ask(flight("one"))
             assert kept[-2:] == [True, True], kept  # the repeated flight is the kept one's
-            described = client.ask(m.message(b"D", b"Sone\x00") + _sync())
+            described = client.ask(m.message(b"D", b"Sone\x00") + sync())
             assert [kind for kind, _ in described] == [b"t", b"T", b"Z"], described
             asked.clear()
-            replies = [client.ask(_flight("one")) for _ in range(2)]
+            replies = [client.ask(flight("one")) for _ in range(2)]
         finally:
             client.close()
     assert asked == [], asked
