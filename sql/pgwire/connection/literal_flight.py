@@ -35,10 +35,10 @@ from typing import Any
 
 import pyarrow as pa
 
-from engine.api import Result, Session, SessionState
+from engine.api import Result, Session
 from sql.pgwire.codec import messages as m
 from sql.pgwire.connection.extended import ExtendedProtocol
-from sql.pgwire.connection.lookup_flight import bound_portal, flight_session, take_flight
+from sql.pgwire.connection.lookup_flight import bound_portal, end_flight, unlogged_flight_session
 from sql.pgwire.connection.portals import Portal, Prepared, row_description
 from storage.limits import KEPT_LITERAL_FLIGHT_BYTES_MAX
 
@@ -85,8 +85,8 @@ def answer_kept(connection: ExtendedProtocol, body: bytes) -> bool:
     kept = connection.kept_literal_flight
     if kept is None or kept.body != body:
         return False
-    session = flight_session(connection)
-    if session is None or connection.catalog.settings.values["log_statement"] != "none":
+    session = unlogged_flight_session(connection)
+    if session is None:
         return False
     prepared = kept.prepared
     if connection.statements.get(kept.name) is not prepared or not takes(prepared):
@@ -103,7 +103,7 @@ def answer_kept(connection: ExtendedProtocol, body: bytes) -> bool:
     portal.executed = True
     portal.result = result
     portal.position = 1  # as ``_kept_response`` leaves it
-    return _send(connection, session, portal, len(body), kept.reply)
+    return end_flight(connection, session, portal, len(body), kept.reply)
 
 
 def answer(connection: ExtendedProtocol, body: bytes) -> bool:
@@ -111,11 +111,9 @@ def answer(connection: ExtendedProtocol, body: bytes) -> bool:
     the reader holds the rest of it and it is a kept literal's; False: nothing taken or
     sent, the caller handles the Bind and what follows as ever. The flight answered is
     kept (``KeptFlight``) for ``answer_kept``."""
-    session = flight_session(connection)
+    session = unlogged_flight_session(connection)
     if session is None:
         return False
-    if connection.catalog.settings.values["log_statement"] != "none":
-        return False  # logged as a portal runs: left to the general path
     try:
         portal = bound_portal(connection, body, takes)
         if portal is None:
@@ -125,7 +123,7 @@ def answer(connection: ExtendedProtocol, body: bytes) -> bool:
         return False
     if response is None:
         return False
-    if not _send(connection, session, portal, len(body), response):
+    if not end_flight(connection, session, portal, len(body), response):
         return False
     result = portal.result
     assert result is not None and result.rows is not None  # ``_run`` answered it
@@ -134,22 +132,6 @@ def answer(connection: ExtendedProtocol, body: bytes) -> bool:
         connection.kept_literal_flight = KeptFlight(
             body, name, portal.prepared, portal.result_formats, result.rows.rows[0],
             result.rows.schema, response)  # fmt: skip
-    return True
-
-
-def _send(connection: ExtendedProtocol, session: Session, portal: Portal, bind_bytes: int,
-          reply: bytes) -> bool:  # fmt: skip
-    """The flight's end, as the Bind's hold, the Describe and Execute's replies and the
-    Sync end it: False (nothing taken or sent) if the memory budget refuses the portal's
-    hold, as the Bind's own hold refuses it (53200)."""
-    try:
-        connection.portals.hold("", portal, bind_bytes)
-    except Exception:
-        return False
-    take_flight(connection)
-    if session.state is SessionState.IDLE:  # Sync's step
-        connection.portals.clear()
-    connection.send(reply + connection.ready_for_query())
     return True
 
 

@@ -50,11 +50,9 @@ def answer(connection: ExtendedProtocol, body: bytes) -> bool:
     """Answer the flight whose Bind's body is ``body`` (already taken off the reader) if
     the reader holds the rest of it and it is a kept lookup's; False: nothing taken or
     sent, the caller handles the Bind and what follows as ever."""
-    session = flight_session(connection)
+    session = unlogged_flight_session(connection)
     if session is None:
         return False
-    if connection.catalog.settings.values["log_statement"] != "none":
-        return False  # logged as a portal runs: left to the general path
     try:
         portal = bound_portal(connection, body, _kept_lookup)
         if portal is None:
@@ -64,14 +62,33 @@ def answer(connection: ExtendedProtocol, body: bytes) -> bool:
         return False
     if response is None:
         return False
+    return end_flight(connection, session, portal, len(body), response)
+
+
+def unlogged_flight_session(connection: ExtendedProtocol) -> Session | None:
+    """``flight_session`` where statements are not logged (``log_statement`` none): a
+    logged statement is logged as its portal runs, which the general path does."""
+    session = flight_session(connection)
+    if session is None or connection.catalog.settings.values["log_statement"] != "none":
+        return None
+    return session
+
+
+def end_flight(connection: ExtendedProtocol, session: Session, portal: Portal,
+               bind_bytes: int, reply: bytes) -> bool:  # fmt: skip
+    """The end of a flight answered from ``reply`` (BindComplete to CommandComplete), as
+    the Bind's hold, the Describe and Execute's replies and the Sync end it: the portal
+    held, the flight taken, the unnamed portal cleared when idle, ``reply`` and
+    ReadyForQuery sent as one piece. False, nothing taken or sent, if the memory budget
+    refuses the portal's hold (53200: the Bind's own hold refuses it the same way)."""
     try:
-        connection.portals.hold("", portal, len(body))
-    except Exception:  # 53200: the Bind's own hold refuses it the same way
+        connection.portals.hold("", portal, bind_bytes)
+    except Exception:
         return False
     take_flight(connection)
     if session.state is SessionState.IDLE:  # Sync's step
         connection.portals.clear()
-    connection.send(response + connection.ready_for_query())
+    connection.send(reply + connection.ready_for_query())
     return True
 
 
