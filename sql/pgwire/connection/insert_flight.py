@@ -33,7 +33,7 @@ from __future__ import annotations
 from engine.api import SessionState
 from sql.pgwire.codec import messages as m
 from sql.pgwire.connection.extended import ExtendedProtocol, result_rows
-from sql.pgwire.connection.lookup_flight import bound_portal, flight_session, take_flight
+from sql.pgwire.connection.lookup_flight import bound_portal, flight_session, hold_and_take
 from sql.pgwire.connection.portals import Prepared
 
 _BIND_COMPLETE = m.bind_complete()
@@ -60,12 +60,9 @@ def answer(connection: ExtendedProtocol, body: bytes) -> bool:
         return False
     if portal is None:
         return False
-    try:
-        connection.portals.hold("", portal, len(body))
-    except Exception:  # 53200: the Bind's own hold refuses it the same way
+    if not hold_and_take(connection, portal, len(body)):
         return False
     # The flight is taken: from here on it is answered here, whatever the statement does.
-    take_flight(connection)
     prepared = portal.prepared
     statement = prepared.statement
     assert statement is not None and prepared.columns is None  # no rows: nothing to shape

@@ -81,14 +81,24 @@ def end_flight(connection: ExtendedProtocol, session: Session, portal: Portal,
     held, the flight taken, the unnamed portal cleared when idle, ``reply`` and
     ReadyForQuery sent as one piece. False, nothing taken or sent, if the memory budget
     refuses the portal's hold (53200: the Bind's own hold refuses it the same way)."""
+    if not hold_and_take(connection, portal, bind_bytes):
+        return False
+    if session.state is SessionState.IDLE:  # Sync's step
+        connection.portals.clear()
+    connection.send(reply + connection.ready_for_query())
+    return True
+
+
+def hold_and_take(connection: ExtendedProtocol, portal: Portal, bind_bytes: int) -> bool:
+    """The Bind's hold of ``portal`` (its ``bind_bytes``), then the flight taken off the
+    reader (``take_flight``): from then on the flight is answered by its function. False,
+    nothing taken, if the memory budget refuses the hold (53200: the Bind's own hold
+    refuses it the same way, on the general path)."""
     try:
         connection.portals.hold("", portal, bind_bytes)
     except Exception:
         return False
     take_flight(connection)
-    if session.state is SessionState.IDLE:  # Sync's step
-        connection.portals.clear()
-    connection.send(reply + connection.ready_for_query())
     return True
 
 
