@@ -102,6 +102,17 @@ class HostileCases:
             self.topics.append(topic)
             yield connection, topic
 
+    def check_refused(self, connection: psycopg.Connection, topic: str) -> None:
+        """After a case's refused COPY: only the earlier COPY's frames file is staged
+        under the case's write id, no part file, and committing the write publishes that
+        one kept message alone."""
+        staged = staged_files(self.server, topic)
+        assert len([p for p in staged if p.endswith(".frames")]) == 1
+        assert not [p for p in staged if p.endswith(".part")]
+        done = connection.execute(f"COMMIT WRITES ('{topic}') SINK '{topic}' BATCH 0").fetchone()
+        assert done == ("committed", 1)
+        assert [bytes(d) for _, _, d in topic_rows(connection, topic)] == [b"kept"]
+
     def close(self) -> None:
         with self.connect() as connection:
             names = connection.execute("SELECT name FROM sys.topics ORDER BY name").fetchall()
@@ -202,12 +213,7 @@ def test_a_hostile_frame_fails_the_copy_and_stages_nothing(
         with pytest.raises(psycopg.Error) as raised:
             send(db, topic, frame(1, wire([b"before"])) + stream, topic)
         assert raised.value.sqlstate == sqlstate, raised.value
-        staged = staged_files(hostile.server, topic)
-        assert len([p for p in staged if p.endswith(".frames")]) == 1
-        assert not [p for p in staged if p.endswith(".part")]
-        done = db.execute(f"COMMIT WRITES ('{topic}') SINK '{topic}' BATCH 0").fetchone()
-        assert done == ("committed", 1)
-        assert [bytes(d) for _, _, d in topic_rows(db, topic)] == [b"kept"]
+        hostile.check_refused(db, topic)
 
 
 def test_a_message_over_the_limit_is_refused(db: psycopg.Connection,
