@@ -63,3 +63,10 @@ def test_sessions_run_reports() -> None:
     report = move_ceiling.sessions_run(2, 0.3, False, 100, fill_rate=40.0)
     assert report.startswith("move + counter upsert of 100 messages, 2 sessions: ")
     assert "ms process CPU per transaction" in report
+
+
+def test_sessions_run_says_when_the_source_ran_dry() -> None:
+    """A fill smaller than the run needs bounds the rate: the report says so (round 20:
+    the fixed fill of 800 moves a second had been read as the engine's ceiling)."""
+    report = move_ceiling.sessions_run(2, 0.5, True, 100, fill_rate=1.0)
+    assert report.splitlines()[0].endswith("RAN DRY (raise --fill-rate)")
