@@ -111,3 +111,16 @@ def test_data_bytes_are_the_data_columns_nbytes(start: int, count: int) -> None:
     assert column.buffers()[0] is None  # no validity bitmap: the wire data column's case
     assert data_bytes(batch) == column.nbytes
     assert _data_bytes(column) == sum(len(m) for m in messages[start : start + count])
+
+
+@pytest.mark.parametrize(("start", "count"), [(0, 1000), (3, 100), (300, 100), (999, 1),
+                                              (0, 0), (7, 2), (13, 77), (8, 8)])  # fmt: skip
+def test_data_bytes_count_a_validity_bitmap_without_nulls(start: int, count: int) -> None:
+    """A data column with a validity bitmap and no null (a batch made by a take, as a
+    moved share's may be): ``data_bytes`` is still the column's ``nbytes``, the bitmap's
+    bytes that the slice's rows cover included (it was short by them, round 19's R1)."""
+    messages = [os.urandom(i % 50) for i in range(1000)]
+    batch = build_wire_batch(messages).take(pa.array(range(1000))).slice(start, count)
+    column = batch.column("data")
+    assert column.buffers()[0] is not None and column.null_count == 0
+    assert data_bytes(batch) == column.nbytes
