@@ -4,11 +4,14 @@ Run as a subprocess by ``test_crash_kill.py`` (and importable for its helpers)::
 
     python crash_writer.py --root DIR --acks FILE --fsync never|group|always
         [--segment-bytes N] [--threads N] [--seed N] [--max-seconds S] [--inject MODE:N]
-        [--keyless-share F]
+        [--keyless-share F] [--append-delay S]
 
 ``--keyless-share``: the share of batches made of keyless messages alone (1 to 3 of
 them, through ``append_keyless``), so that many threads' keyless batches are
 combined and join running group-commit rounds.
+
+``--append-delay``: seconds each thread sleeps before each batch, a writer as slow
+as one starved of CPU on a loaded machine (the test of the kill loop's own timing).
 
 Every message carries a *message id* ``mid`` = ``<key>|<seq>`` at the start of
 its payload (see ``payload``), so a checker can tell what every stored message
@@ -366,6 +369,8 @@ class Writer:
             next_seq[pid] = 0 if last is None else last + 1
         previous: dict[str, tuple[list[str], list[tuple[int, int]]]] = {}
         while not self.stop.is_set():
+            if self.args.append_delay:
+                time.sleep(self.args.append_delay)
             if previous and rng.random() < 0.08:
                 self.resend_previous(previous[rng.choice(sorted(previous))])
                 continue
@@ -519,6 +524,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--max-seconds", type=float, default=20.0)
     parser.add_argument("--inject", default="none")
     parser.add_argument("--keyless-share", type=float, default=0.0)
+    parser.add_argument("--append-delay", type=float, default=0.0)
     args = parser.parse_args(argv)
     mode, _, n = args.inject.partition(":")
     args.inject_mode, args.inject_n = mode, int(n or 0)

@@ -15,13 +15,17 @@ producer snapshots behind); the other half check in place and close.
 Settings: ``CRASH_KILLS`` (default 24, split 3:1 between the two tests; each of the
 random test's 9 kinds of round, a fsync policy by a plain, torn-write or during-open
 kill, comes twice in 18 rounds, in turn),
-``CRASH_SEED`` (default: random, printed on failure). The time budget is 1.5 s
-per kill; a test stops early when it runs out (after at least 5 kills).
+``CRASH_SEED`` (default: random; a failure's message names it, with every round's
+kill moment so far: ``Moments``; a run with ``-s`` prints them too). The time budget
+is 1.5 s per kill; a test stops early when it runs out (after at least 5 kills).
+The limits on a writer's progress (``WRITER_START_S``, ``WRITER_PROGRESS_S``) only end
+rounds whose writer hangs: at load ~15 a writer took up to 11.6 s to get ready.
 """
 
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import importlib.util
 import os
 import queue
@@ -61,6 +65,14 @@ POLICIES = ("never", "group", "always")
 ROLL_INJECTIONS = ("roll-before-snapshot", "roll-before-rename", "roll-before-frame", "roll-after")
 
 
+# Limits for a writer's progress, generous for a loaded machine (they only end a round
+# whose writer hangs): at load ~15 a writer took up to 11.6 s to get ready (round 20).
+WRITER_START_S = 60.0  # to print "opening" or "ready"
+# once ready, to reach a point of its work: tear its N-th log write (N <= 60), roll a
+# segment or die inside its n-th roll (n <= 6), combine keyless appends
+WRITER_PROGRESS_S = 30.0
+
+
 def _seed() -> int:
     return int(os.environ.get("CRASH_SEED") or random.SystemRandom().randrange(2**32))
 
@@ -90,7 +102,7 @@ class WriterProcess:
                     f"--segment-bytes={segment_bytes}",
                     f"--seed={seed}",
                     f"--inject={inject}",
-                    "--max-seconds=30",
+                    "--max-seconds=60",  # > WRITER_PROGRESS_S
                     *extra,
                 ],
                 cwd=ROOT,
@@ -133,12 +145,38 @@ class WriterProcess:
             )
 
 
+class Moments:
+    """What a test did so far, for a failure's message: the seed and every round's kill.
+
+    Each round appends one line (what was started, how long the writer took to print
+    the word the test waited for, the drawn sleep, the moment of the kill after that
+    word, whether the writer had died by itself); a failure in any round, or in the
+    test's final checks, reports the seed and every line, so that a CI failure can be
+    replayed with ``CRASH_SEED=<seed>`` and its timing compared.
+    """
+
+    def __init__(self, seed: int) -> None:
+        self.seed = seed
+        self.started = time.monotonic()
+        self.lines: list[str] = []
+
+    def record(self, line: str) -> None:
+        self.lines.append(f"{time.monotonic() - self.started:7.3f}s {line}")
+
+    def report(self, what: str, error: BaseException) -> str:
+        rounds = "\n".join(self.lines[-60:]) or "(no round finished)"
+        return (
+            f"{what} failed (CRASH_SEED={self.seed}; replay with CRASH_SEED={self.seed}): "
+            f"{error}\nrounds so far (elapsed, round, kill moment):\n{rounds}"
+        )
+
+
 @contextlib.contextmanager
-def _reported(seed: int, what: str):
+def _reported(moments: Moments, what: str):
     try:
         yield
     except BaseException as error:
-        raise AssertionError(f"{what} failed (CRASH_SEED={seed}): {error}") from error
+        raise AssertionError(moments.report(what, error)) from error
 
 
 def _check(tmp: Path, *, in_place: bool) -> object:
@@ -160,55 +198,126 @@ def _check(tmp: Path, *, in_place: bool) -> object:
     return stats
 
 
+@dataclasses.dataclass
+class RoundResult:
+    """What one round of the random loop did: whether it tore a write, whether the
+    writer was killed while opening the store, and the check of what it left."""
+
+    torn: bool
+    in_open: bool
+    stats: object
+
+
+def _random_round(
+    tmp_path: Path,
+    rng: random.Random,
+    moments: Moments,
+    round_no: int,
+    *,
+    tear_at: int | None = None,
+    extra: tuple[str, ...] = (),
+) -> RoundResult:
+    """One round of the random loop: its kind by ``round_no`` (a fsync policy by a
+    plain, torn-write or during-open kill), a writer started, killed, checked.
+
+    A plain round kills the writer 20-300 ms after it is ready, a during-open round
+    0-50 ms after it starts opening the store. A torn-write round's moment is its
+    writer's N-th log write (N drawn from 1-60, or ``tear_at``): the test waits for
+    the writer to tear that write and kill itself. (Until round 20 it slept 20-300 ms
+    and then killed the writer as a plain round does: at load ~15 a writer had not
+    made its N-th write by then in any of the three torn rounds the time budget left,
+    and the loop failed with "no round tore a write".)
+    """
+    policy = POLICIES[round_no % len(POLICIES)]
+    kind = (round_no // len(POLICIES)) % 3  # plain, torn write, kill during open
+    if kind == 1:
+        inject = f"torn-write:{rng.randint(1, 60) if tear_at is None else tear_at}"
+    else:
+        inject = "none"
+    in_open = kind == 2
+    what = f"round {round_no} ({policy}, inject {inject}, kill in open {in_open})"
+    with _reported(moments, what):
+        writer_seed = rng.randrange(2**31)
+        writer = WriterProcess(
+            tmp_path,
+            fsync=policy,
+            seed=writer_seed,
+            segment_bytes=64 * 1024,
+            inject=inject,
+            extra=extra,
+        )
+        word = "opening" if in_open else "ready"
+        started = time.monotonic()
+        try:
+            assert writer.wait_for(word, WRITER_START_S), (
+                f"writer did not print {word!r} in {WRITER_START_S:.0f} s"
+            )
+            waited = time.monotonic()
+            if inject == "none":
+                pause = rng.uniform(0.0, 0.05) if in_open else rng.uniform(0.02, 0.3)
+                time.sleep(pause)
+            else:
+                pause = -1.0  # waits for the torn write
+                with contextlib.suppress(subprocess.TimeoutExpired):
+                    writer.proc.wait(timeout=WRITER_PROGRESS_S)
+            self_killed = writer.proc.poll() is not None
+        finally:
+            killed_at = time.monotonic()
+            writer.kill()
+        writer.finish()
+        moments.record(
+            f"{what}: writer seed {writer_seed}, {word!r} after {waited - started:.3f}s, "
+            f"sleep {pause:.3f}s, killed {killed_at - waited:.3f}s after {word!r}, "
+            f"self-killed {self_killed}"
+        )
+        torn = self_killed and inject != "none"
+        stats = _check(tmp_path, in_place=round_no % 2 == 0)
+        if torn:
+            assert stats.truncated_bytes > 0, "a torn write was not cut on reopen"
+        elif inject != "none":
+            raise AssertionError(f"the writer did not tear its write in {WRITER_PROGRESS_S:.0f} s")
+    return RoundResult(torn, in_open, stats)
+
+
 @pytest.mark.slow
 def test_sigkill_at_random_moments(tmp_path: Path) -> None:
     """Kill the writer at random moments (some during recovery, some mid-write), check."""
     kills = max(1, TOTAL_KILLS - TOTAL_KILLS // 4)
     budget = time.monotonic() + kills * SECONDS_PER_KILL
     seed = _seed()
+    moments = Moments(seed)
     rng = random.Random(seed)
     done = torn = during_open = 0
     stats = cw.CheckStats()
     for round_no in range(kills):
         if round_no >= MIN_KILLS and time.monotonic() > budget:
             break
-        policy = POLICIES[round_no % len(POLICIES)]
-        kind = (round_no // len(POLICIES)) % 3  # plain, torn write, kill during open
-        inject = f"torn-write:{rng.randint(1, 60)}" if kind == 1 else "none"
-        in_open = kind == 2
-        what = f"round {round_no} ({policy}, inject {inject}, kill in open {in_open})"
-        with _reported(seed, what):
-            writer = WriterProcess(
-                tmp_path,
-                fsync=policy,
-                seed=rng.randrange(2**31),
-                segment_bytes=64 * 1024,
-                inject=inject,
-            )
-            try:
-                if in_open:
-                    assert writer.wait_for("opening", 15), "writer did not start"
-                    time.sleep(rng.uniform(0.0, 0.05))
-                else:
-                    assert writer.wait_for("ready", 15), "writer did not get ready"
-                    time.sleep(rng.uniform(0.02, 0.3))
-                self_killed = writer.proc.poll() is not None
-            finally:
-                writer.kill()
-            writer.finish()
-            done += 1
-            during_open += in_open
-            stats = _check(tmp_path, in_place=round_no % 2 == 0)
-            if self_killed and inject != "none":
-                torn += 1
-                assert stats.truncated_bytes > 0, "a torn write was not cut on reopen"
+        result = _random_round(tmp_path, rng, moments, round_no)
+        done += 1
+        torn += result.torn
+        during_open += result.in_open
+        stats = result.stats
     print(
         f"\nSIGKILL loop (CRASH_SEED={seed}): {done} kills ({during_open} during open, "
         f"{torn} self-kills in a torn write), {stats.messages} messages stored, "
-        f"{stats.acked_checked} acknowledged checked, {stats.segments} segments"
+        f"{stats.acked_checked} acknowledged checked, {stats.segments} segments\n"
+        + "\n".join(moments.lines)
     )
-    assert stats.acked_checked > 0
-    assert torn > 0, "no round tore a write: the torn-write rounds checked nothing"
+    with _reported(moments, "the loop's final checks"):
+        assert stats.acked_checked > 0
+        assert torn > 0, "no round tore a write: the torn-write rounds checked nothing"
+
+
+def test_a_torn_write_round_tears_when_the_writer_is_slow(tmp_path: Path) -> None:
+    """A writer that makes its first log write only after the longest plain-round pause
+    (one batch a thread every 0.5 s, as a writer starved of CPU at load ~15) still
+    tears its chosen write in a torn-write round, and the reopen cuts it."""
+    rng = random.Random(20)
+    moments = Moments(20)
+    result = _random_round(
+        tmp_path, rng, moments, 3, tear_at=2, extra=("--append-delay=0.5",)
+    )  # round 3: the first torn-write round
+    assert result.torn and result.stats.truncated_bytes > 0, moments.lines
 
 
 @pytest.mark.slow
@@ -218,6 +327,7 @@ def test_sigkill_around_segment_rolls(tmp_path: Path) -> None:
     kills = max(2 * len(modes), TOTAL_KILLS // 4)  # each mode twice, under two policies
     budget = time.monotonic() + kills * SECONDS_PER_KILL
     seed = _seed()
+    moments = Moments(seed)
     rng = random.Random(seed)
     done = injected = 0
     stats = cw.CheckStats()
@@ -227,7 +337,7 @@ def test_sigkill_around_segment_rolls(tmp_path: Path) -> None:
         policy = POLICIES[round_no % len(POLICIES)]
         mode = modes[round_no % len(modes)]
         inject = "none" if mode == "external" else f"{mode}:{rng.randint(1, 6)}"
-        with _reported(seed, f"round {round_no} ({policy}, {mode})"):
+        with _reported(moments, f"round {round_no} ({policy}, {mode})"):
             writer = WriterProcess(
                 tmp_path,
                 fsync=policy,
@@ -236,17 +346,20 @@ def test_sigkill_around_segment_rolls(tmp_path: Path) -> None:
                 inject=inject,
             )
             try:
-                assert writer.wait_for("ready", 15), "writer did not get ready"
+                assert writer.wait_for("ready", WRITER_START_S), "writer did not get ready"
                 if mode == "external":
-                    assert writer.wait_for("rolled", 10), "no segment roll"
+                    assert writer.wait_for("rolled", WRITER_PROGRESS_S), "no segment roll"
                 else:
-                    writer.proc.wait(timeout=10)
+                    writer.proc.wait(timeout=WRITER_PROGRESS_S)
                 injected += writer.proc.poll() is not None and mode != "external"
             except subprocess.TimeoutExpired:
                 pass
             finally:
                 writer.kill()
             writer.finish()
+            moments.record(
+                f"round {round_no} ({policy}, {inject}), injected kill so far {injected}"
+            )
             done += 1
             stats = _check(tmp_path, in_place=round_no % 2 == 1)
     print(
@@ -254,8 +367,9 @@ def test_sigkill_around_segment_rolls(tmp_path: Path) -> None:
         f"{stats.messages} messages stored, {stats.acked_checked} acknowledged checked, "
         f"{stats.segments} segments"
     )
-    assert stats.segments > 3 * done // 2
-    assert injected >= done // 3, "most injected kills inside rolls did not happen"
+    with _reported(moments, "the roll kills' final checks"):
+        assert stats.segments > 3 * done // 2
+        assert injected >= done // 3, "most injected kills inside rolls did not happen"
 
 
 @pytest.mark.slow
@@ -266,12 +380,13 @@ def test_sigkill_while_keyless_batches_join_running_rounds(tmp_path: Path) -> No
     happened, every acknowledged message is there exactly once where it was
     acknowledged, across kills and recoveries."""
     seed = _seed()
+    moments = Moments(seed)
     rng = random.Random(seed)
     rounds = max(MIN_KILLS, TOTAL_KILLS // 8)
     joined = 0
     stats = cw.CheckStats()
     for round_no in range(rounds):
-        with _reported(seed, f"keyless round {round_no}"):
+        with _reported(moments, f"keyless round {round_no}"):
             writer = WriterProcess(
                 tmp_path,
                 fsync="group",
@@ -281,17 +396,19 @@ def test_sigkill_while_keyless_batches_join_running_rounds(tmp_path: Path) -> No
                 extra=("--threads=10", "--keyless-share=0.85"),
             )
             try:
-                assert writer.wait_for("ready", 15), "writer did not get ready"
-                joined += writer.wait_for("exercised", 15)
+                assert writer.wait_for("ready", WRITER_START_S), "writer did not get ready"
+                joined += writer.wait_for("exercised", WRITER_PROGRESS_S)
                 time.sleep(rng.uniform(0.0, 0.3))
             finally:
                 writer.kill()
             writer.finish()
+            moments.record(f"keyless round {round_no}, combined and joined so far {joined}")
             stats = _check(tmp_path, in_place=round_no % 2 == 0)
     print(
         f"\nkeyless SIGKILL loop (CRASH_SEED={seed}): {rounds} kills, {joined} "
         f"with combined and joined appends, "
         f"{stats.messages} messages stored, {stats.acked_checked} acknowledged checked"
     )
-    assert joined > 0, "no keyless batch was combined and joined a running round"
-    assert stats.acked_checked > 0
+    with _reported(moments, "the keyless loop's final checks"):
+        assert joined > 0, "no keyless batch was combined and joined a running round"
+        assert stats.acked_checked > 0
