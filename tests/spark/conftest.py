@@ -4,7 +4,10 @@ The session (local[2], UI off, 2 shuffle partitions, loopback, UTC, quiet log, C
 and the serial GC: see FACTS.md) is made once per pytest run; each test gets its own data
 directory and door. Every test here runs on one pytest-xdist worker (the unit
 ``spark``: tests/conftest.py). Spark's Python workers import the repository's code: the
-repository root is put on their PYTHONPATH (also how they find ``pyspark_topicbase``).
+repository root is put on their PYTHONPATH (also how they find ``pyspark_topicbase``),
+after ``spark_sql_ext.WORKER_SITE``, whose ``sitecustomize`` has them import the installed
+pyspark instead of Spark's ``pyspark.zip`` copy (a stream's worker must connect back
+within Spark's fixed 10 s; from the zip its imports took 15-16 s at load ~16).
 """
 
 from __future__ import annotations
@@ -22,6 +25,7 @@ if shutil.which("java") is None:
     pytest.fail("java is missing: `make test` installs openjdk-17-jdk-headless", pytrace=False)
 
 from engine.database import Database
+from spark_sql_ext import WORKER_SITE
 from spark_sql_ext.client import TopicbaseClient
 from sql.flight.server import TopicbaseFlightServer, start_flight
 from sql.pgwire.users import add_user, default_users_path
@@ -45,7 +49,7 @@ def spark(tmp_path_factory: pytest.TempPathFactory,
     log4j = tmp_path_factory.mktemp("spark") / "log4j2.properties"
     log4j.write_text(LOG4J)
     os.environ["PYTHONPATH"] = os.pathsep.join(
-        p for p in (str(ROOT), os.environ.get("PYTHONPATH")) if p)
+        p for p in (WORKER_SITE, str(ROOT), os.environ.get("PYTHONPATH")) if p)
     os.environ["PYSPARK_PYTHON"] = sys.executable
     jvm = f"-XX:TieredStopAtLevel=1 -XX:+UseSerialGC -Dlog4j2.configurationFile=file:{log4j}"
     builder = (SparkSession.builder.master("local[2]").appName("topicbase-tests")
