@@ -17,6 +17,7 @@ import shutil
 import sys
 from collections.abc import Callable, Iterator
 from pathlib import Path
+from typing import Any
 
 import pyspark  # noqa: F401  (the test extra pins it: a missing pyspark fails the run)
 import pytest
@@ -103,6 +104,24 @@ def client(url: str) -> Iterator[TopicbaseClient]:
     connection = TopicbaseClient(url, "sparky", PASSWORD)
     yield connection
     connection.close()
+
+
+# How long a test waits for an AvailableNow query (a few micro-batches) to end: generous
+# for a loaded machine. A query still running then is stopped and the test fails saying
+# so; the tests used to ignore ``awaitTermination``'s answer and check a running query's
+# partial output (round 20, Python workers starved at load ~15: a test read 400 of 500
+# messages, failed with a diff, and its query ran on in the shared session).
+QUERY_S = 300.0
+
+
+def finish(query: Any) -> None:
+    """Wait for ``query`` to end (``QUERY_S`` at most); stop it and fail if it has not,
+    fail with its error if it failed."""
+    if not query.awaitTermination(QUERY_S):
+        query.stop()
+        raise AssertionError(f"streaming query {query.name or query.id} still ran after "
+                             f"{QUERY_S:.0f} s (stopped)")  # fmt: skip
+    assert query.exception() is None, query.exception()
 
 
 def sql_rows(database: Database, sql: str) -> list[dict]:

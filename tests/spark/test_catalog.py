@@ -6,7 +6,7 @@ from __future__ import annotations
 import itertools
 
 from spark_sql_ext import CATALOG_CLASS
-from tests.spark.conftest import PASSWORD, sql_rows
+from tests.spark.conftest import PASSWORD, finish, sql_rows
 
 _names = itertools.count(1)
 
@@ -70,7 +70,7 @@ def test_bare_names_and_a_stream_from_a_catalog_table(spark, database, url, tmp_
         query = (stream.selectExpr("CAST(data AS STRING) AS d").writeStream.format("memory")
                  .queryName("logs_copy").option("checkpointLocation", str(tmp_path / "cp"))
                  .trigger(availableNow=True).start())  # fmt: skip
-        query.awaitTermination(120)
+        finish(query)
         assert sorted(r.d for r in spark.sql("SELECT d FROM logs_copy").collect()) == [
             "one", "two"]
     finally:
@@ -95,8 +95,7 @@ def test_write_stream_to_table_through_the_catalog(spark, database, url, client,
         query = (stream.select("data", "partition").writeStream.option("sinkId", "src-to-dst")
                  .option("checkpointLocation", checkpoint).trigger(availableNow=True)
                  .toTable(f"{tb}.main.dst"))  # fmt: skip
-        query.awaitTermination(120)
-        assert query.exception() is None, query.exception()
+        finish(query)
 
     run()
     session = database.connect()

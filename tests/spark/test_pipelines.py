@@ -8,7 +8,7 @@ import os
 import time
 
 from spark_sql_ext import pipelines
-from tests.spark.conftest import PASSWORD, sql_rows
+from tests.spark.conftest import PASSWORD, finish, sql_rows
 
 SERVERS, USERS, PER_SERVER = 3, 5, 400
 
@@ -54,8 +54,8 @@ def test_reshard_and_to_table_exactly_once_through_an_interruption(
     _crash_after_last_sink_commit(checkpoint)
     moved = sql_rows(database, "SELECT count(*) AS n FROM TOPIC logs_by_user")[0]["n"]
     assert 0 < moved < SERVERS * PER_SERVER
-    pipelines.reshard(spark, connection, "logs_by_server", "logs_by_user", "user", checkpoint,
-                      consumer="resharder", max_per_trigger=250).awaitTermination(120)
+    finish(pipelines.reshard(spark, connection, "logs_by_server", "logs_by_user", "user",
+                             checkpoint, consumer="resharder", max_per_trigger=250))
     rows = sql_rows(database, "SELECT partition, CAST(data AS VARCHAR) AS d FROM TOPIC "
                     "logs_by_user WITH (max_messages = 100000) ORDER BY partition, \"offset\"")
     messages = [(r["partition"], json.loads(r["d"])) for r in rows]
@@ -70,11 +70,11 @@ def test_reshard_and_to_table_exactly_once_through_an_interruption(
         last_seq[key] = message["seq"]
 
     fold = str(tmp_path / "to_table")
-    pipelines.to_table(spark, connection, "logs_by_user", "clicks_per_user", "user", fold,
-                       consumer="counter", max_per_trigger=500).awaitTermination(120)
+    finish(pipelines.to_table(spark, connection, "logs_by_user", "clicks_per_user", "user",
+                              fold, consumer="counter", max_per_trigger=500))
     _crash_after_last_sink_commit(fold)
-    pipelines.to_table(spark, connection, "logs_by_user", "clicks_per_user", "user", fold,
-                       consumer="counter", max_per_trigger=500).awaitTermination(120)
+    finish(pipelines.to_table(spark, connection, "logs_by_user", "clicks_per_user", "user",
+                              fold, consumer="counter", max_per_trigger=500))
     expected: dict[str, int] = {}
     for _, message in messages:
         expected[message["user"]] = expected.get(message["user"], 0) + 1

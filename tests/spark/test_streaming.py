@@ -6,7 +6,7 @@ from __future__ import annotations
 import os
 import shutil
 
-from tests.spark.conftest import sql_rows
+from tests.spark.conftest import finish, sql_rows
 
 
 def _produce(database, topic: str, start: int, count: int, partitions: int = 2) -> None:
@@ -25,8 +25,7 @@ def _run(spark, options, checkpoint: str, **read_options: str) -> None:
              .options(**options, topic="dst", sinkId="copy-src")
              .option("checkpointLocation", checkpoint)
              .trigger(availableNow=True).start())  # fmt: skip
-    query.awaitTermination(120)
-    assert query.exception() is None, query.exception()
+    finish(query)
 
 
 def _copied(database) -> list[str]:
@@ -103,8 +102,7 @@ def test_a_stream_reads_a_split_parent_before_its_children(spark, database, opti
              .options(**options, topic="dst", sinkId="split-src")
              .option("checkpointLocation", str(tmp_path / "cp"))
              .trigger(availableNow=True).start())  # fmt: skip
-    query.awaitTermination(120)
-    assert query.exception() is None, query.exception()
+    finish(query)
     rows = sql_rows(database, "SELECT CAST(data AS VARCHAR) AS d FROM TOPIC dst "
                     "WITH (max_messages = 1000) ORDER BY offset")  # fmt: skip
     copied = [r["d"] for r in rows]
@@ -114,3 +112,37 @@ def test_a_stream_reads_a_split_parent_before_its_children(spark, database, opti
         assert mine == sorted(mine), mine  # phase 0 (the parent) first, each in order
     # The parent alone filled the first batches: no child was read before its end.
     assert copied[:40] == sorted(copied[:40]) and all(d.startswith("0-") for d in copied[:40])
+
+
+def test_finish_stops_a_query_still_running_and_fails_saying_so() -> None:
+    """``finish`` does not let a test check a running query's partial output: a query
+    still running after the wait is stopped and the test fails naming it."""
+    import pytest
+
+    from tests.spark import conftest
+
+    class Query:
+        name, id = "copy", "q-1"
+
+        def __init__(self, ends: bool, error: str | None = None) -> None:
+            self.ends, self.error, self.stopped, self.waited = ends, error, False, None
+
+        def awaitTermination(self, seconds: float) -> bool:  # pyspark's name
+            self.waited = seconds
+            return self.ends
+
+        def stop(self) -> None:
+            self.stopped = True
+
+        def exception(self) -> str | None:
+            return self.error
+
+    running = Query(ends=False)
+    with pytest.raises(AssertionError, match=r"streaming query copy still ran after 300 s"):
+        conftest.finish(running)
+    assert running.stopped and running.waited == conftest.QUERY_S == 300.0
+    with pytest.raises(AssertionError, match="boom"):
+        conftest.finish(Query(ends=True, error="boom"))
+    done = Query(ends=True)
+    conftest.finish(done)
+    assert not done.stopped

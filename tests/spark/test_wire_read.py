@@ -18,7 +18,7 @@ from engine.database import Database
 from spark_sql_ext import CATALOG_CLASS
 from sql.pgwire.server import PgServer
 from sql.pgwire.users import add_user, default_users_path
-from tests.spark.conftest import PASSWORD, sql_rows
+from tests.spark.conftest import PASSWORD, finish, sql_rows
 from tests.tls_certificates import self_signed
 
 _names = itertools.count(1)
@@ -226,8 +226,7 @@ def test_streams_of_a_wire_catalog_keep_the_python_source(
         query = (stream.selectExpr("CAST(data AS STRING) AS d").writeStream.format("parquet")
                  .option("path", out).option("checkpointLocation", str(tmp_path / "cp"))
                  .trigger(availableNow=True).start())  # fmt: skip
-        query.awaitTermination(120)
-        assert query.exception() is None
+        finish(query)
 
     drain()
     session = database.connect()

@@ -25,7 +25,7 @@ from sql.pgwire.users import add_user, default_users_path
 from storage import limits
 from storage.record_batch import WIRE_SCHEMA, serialize_body_buffer
 from storage.wire_columns import decode_wire_bodies
-from tests.spark.conftest import sql_rows
+from tests.spark.conftest import finish, sql_rows
 from tests.spark.test_wire_read import _catalog, _Wire
 
 
@@ -221,8 +221,7 @@ def test_a_streaming_write_publishes_each_micro_batch_once_through_the_jvm(
                  .select("data").writeStream
                  .option("checkpointLocation", str(tmp_path / "cp")).option("sinkId", "stream-1")
                  .trigger(availableNow=True).toTable(f"{tb}.main.events"))  # fmt: skip
-        query.awaitTermination(120)
-        assert query.exception() is None
+        finish(query)
 
     insert("s1", "s2", "s3")
     run_stream()
