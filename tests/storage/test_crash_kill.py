@@ -17,9 +17,9 @@ random test's 9 kinds of round, a fsync policy by a plain, torn-write or during-
 kill, comes twice in 18 rounds, in turn),
 ``CRASH_SEED`` (default: random; a failure's message names it, with every round's
 kill moment so far: ``Moments``; a run with ``-s`` prints them too). The time budget
-is 1.5 s per kill; a test stops early when it runs out (after at least 5 kills).
+is 1.5 s per kill; a test stops early when it runs out (after at least 9 kills, 10 for rolls).
 The limits on a writer's progress (``WRITER_START_S``, ``WRITER_PROGRESS_S``) only end
-rounds whose writer hangs: at load ~15 a writer took up to 11.6 s to get ready.
+rounds whose writer hangs: at load 13-18 writers took up to 20.7 s to get ready.
 """
 
 from __future__ import annotations
@@ -66,7 +66,7 @@ ROLL_INJECTIONS = ("roll-before-snapshot", "roll-before-rename", "roll-before-fr
 
 
 # Limits for a writer's progress, generous for a loaded machine (they only end a round
-# whose writer hangs): at load ~15 a writer took up to 11.6 s to get ready (round 20).
+# whose writer hangs): at load 13-18 writers took up to 20.7 s to get ready (round 20).
 WRITER_START_S = 60.0  # to print "opening" or "ready"
 # once ready, to reach a point of its work: tear its N-th log write (N <= 60), roll a
 # segment or die inside its n-th roll (n <= 6), combine keyless appends
