@@ -47,7 +47,13 @@ def configure(builder: Any, *, url: str, user: str, password: str = "",
 
     ``wire_url``: ``host:port`` (or ``postgresql://host:port``) of the server's PostgreSQL
     wire, for the JVM's batch reads and writes of topics (same user and password); ``sslmode``
-    (``require`` or ``verify-full``) and ``sslrootcert`` (a PEM file of the CA) for TLS."""
+    (``require`` or ``verify-full``) and ``sslrootcert`` (a PEM file of the CA) for TLS.
+
+    It also sets ``spark.executorEnv.PYTHONPATH`` to ``WORKER_SITE`` followed by what was set
+    on ``builder`` before. A value from ``spark-defaults.conf`` or ``spark-submit --conf`` is
+    not visible here and is replaced: put ``WORKER_SITE`` in that value yourself instead.
+    It is the driver's path: on a node where it does not exist (another install path) the
+    workers import ``pyspark.zip`` as Spark does by default."""
     if not os.path.exists(JAR_PATH):
         raise FileNotFoundError(f"{JAR_PATH} is missing: build it with `make spark-jar`")
     prefix = f"spark.sql.catalog.{catalog}"
