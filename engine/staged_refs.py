@@ -47,7 +47,8 @@ import pyarrow.compute as pc
 from engine.staged_writes import TransactionStaging
 from engine.transaction import PendingWrite
 from engine.writes import _non_negative, _readable_instants, build_batches
-from storage import failpoints
+from grammar.bounded_cache import ENTRY_BYTES, BoundedCache
+from storage import failpoints, limits
 from storage.clock import ManualClock
 from storage.errors import (
     CorruptSegmentError,
@@ -466,6 +467,51 @@ class FramedWrite(PendingWrite):
 
     def place(self, staging: TransactionStaging) -> None:
         """Nothing to stage nor to count (see the class doc)."""
+
+
+class StagedHere:
+    """The own frames files one ``BulkWrites`` staged and dropped behind its writeback
+    (``staged_frames.DropBehind``, round 20), remembered by identity so that its commit
+    need not read them back (``vouches``).
+
+    What the commit proves before its commit point (``check_frames_file``, round 15)
+    changes for these files only: their bytes are those this process wrote and whose
+    CRC-32C it computed as it wrote them (the CRC-32C in their names), provided the file is
+    the one it staged (device, inode), of the recorded size, not written since (its
+    modification time as at the seal). Reading them back would read the dropped pages from
+    the disk: a GB of reads for a 1M x 1 KiB write. A file of the same identity damaged
+    behind the server's back within the file system's timestamp granularity of its seal
+    is then not refused before the commit (recovery's check after a restart still refuses
+    it, and readers check every frame's CRC-32C), as a disk error under a cached page never
+    was by the read-back. Not vouched for, and so read back whole as before: a file this
+    process did not stage (a restart, recovery: a new ``BulkWrites`` remembers nothing),
+    a file whose pages were not dropped (cached: its read-back is cheap), one forgotten
+    (``limits.STAGED_HERE_FILES_MAX``), or one whose identity, size or time differs."""
+
+    def __init__(self) -> None:
+        self._files = BoundedCache("engine.staged_refs.StagedHere", limits.STAGED_HERE_FILES_MAX,
+                                   limits.STAGED_HERE_FILES_MAX * ENTRY_BYTES)  # fmt: skip
+
+    def remember(self, paths: list[str]) -> None:
+        """``paths``: own frames files just sealed by this process (named with their
+        CRC-32C: ``staged_frames.OWN_FILE``)."""
+        for path in paths:
+            assert own_file(path) is not None, path
+            found = os.stat(path)
+            crc = int(os.path.basename(path).split(".")[2], 16)
+            self._files.put((found.st_dev, found.st_ino),
+                            (found.st_size, crc, found.st_mtime_ns), 0)  # fmt: skip
+
+    def vouches(self, path: str, size: int, crc: int) -> bool:
+        """Whether ``path`` is a file remembered here, ``size`` bytes with CRC-32C ``crc``
+        as staged and unchanged since (see the class doc)."""
+        try:
+            found = os.stat(path)
+        except FileNotFoundError:
+            return False
+        kept = self._files.get((found.st_dev, found.st_ino))
+        return kept is not None and kept == (size, crc, found.st_mtime_ns) == (
+            found.st_size, crc, found.st_mtime_ns)
 
 
 def check_frames_file(fs: FileSystem, path: str, size: int, crc: int, what: str) -> None:

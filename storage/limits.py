@@ -438,3 +438,12 @@ PACKED_VALUES_MAX = 64
 # (BindComplete to CommandComplete), when both together take at most this many bytes; a
 # bigger one is answered the longer way every time. One flight a connection.
 KEPT_LITERAL_FLIGHT_BYTES_MAX = 8192
+
+# -- own frames files vouched for by the process that staged them (engine.staged_refs
+# StagedHere; round 20, H2) --
+# A BulkWrites remembers the own frames files it staged and dropped from the page cache
+# (storage.staged_frames.DropBehind) by identity, so its commit does not read them back
+# from the disk; past this many the least recently staged are forgotten (their commit
+# then reads them back, as after a restart). Two writes of 1M x 1 KiB over 4 partitions
+# from 8 Spark tasks stage ~64 such files.
+STAGED_HERE_FILES_MAX = 4096

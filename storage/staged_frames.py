@@ -51,11 +51,13 @@ time, transaction, the CRC combined from the body's) and renames the file into t
 partition as a segment: no byte of a body is copied. A file may so be found, by recovery,
 unpatched, patched in part or whole (a crash during the publish: ``index_own_file``
 checks each frame either way), or gone (renamed into the partition: its rows are
-there).
+there). An own file's bodies are dropped from the page cache behind its writeback as it
+is written (``DropBehind``, round 20): the commit renames it, it does not read them.
 """
 
 from __future__ import annotations
 
+import collections
 import contextlib
 import mmap
 import os
@@ -68,7 +70,7 @@ import crc32c
 import numpy as np
 import pyarrow as pa
 
-from storage import failpoints, limits
+from storage import failpoints, limits, page_cache
 from storage.codecs import Codec
 from storage.crc_combine import crc32c_combine
 from storage.errors import (
@@ -99,6 +101,7 @@ STAGED_HEADER_BYTES = STAGED_HEADER.size
 assert STAGED_HEADER_BYTES == 24
 # The magic of an own file's frame before its publish patched it (then ``MAGIC``).
 ADOPT_MAGIC = b"TBa1"
+_PAGE = mmap.PAGESIZE
 OWN_FILE = re.compile(r"^(?P<base>[0-9a-f]+-[0-9a-f]+)\.~p(?P<partition>[0-9]+)"
                       r"-r(?P<rows>[0-9]+)\.[0-9a-f]{8}\.frames$")  # fmt: skip
 # Rows held per stream before being cut into frames: a partition's rows wait until they
@@ -180,6 +183,7 @@ class FrameFileWriter:
         self._pending_data: dict[int, int] = {}
         self._pending_total = 0  # messages' bytes waiting (``PENDING_BYTES``)
         self._pending_overhead = 0  # their batches' and rows' cost (``PENDING_OVERHEAD_BYTES``)
+        self.dropped_behind: list[str] = []  # sealed own files with pages dropped (``seal``)
 
     @property
     def pending_batches(self) -> int:
@@ -266,7 +270,8 @@ class FrameFileWriter:
         every file renamed to its staged name: the own files first
         (``<base>.~p<partition>-r<rows>.<crc>`` + ``suffix``), the shared file
         (``<base>.<crc>`` + ``suffix``) last: once it is there, the COPY is staged whole
-        (``own_file_sealed``). Returns the staged paths, the shared file's last."""
+        (``own_file_sealed``). Returns the staged paths, the shared file's last; the own
+        files whose pages were dropped behind (``DropBehind``) are in ``dropped_behind``."""
         for partition in sorted(self._pending):
             self._flush(partition, whole=True)
         self.close()
@@ -275,6 +280,8 @@ class FrameFileWriter:
             path = f"{base}.~p{partition}-r{own.rows}.{own.crc:08x}{suffix}"
             os.replace(own.path, path)
             paths.append(path)
+            if own.behind.dropped:
+                self.dropped_behind.append(path)
         path = f"{base}.{self.crc:08x}{suffix}"
         os.replace(self.path, path)
         paths.append(path)
@@ -384,11 +391,65 @@ class FrameFileWriter:
         return self.shared_size + sum(own.size for own in self._own.values())
 
 
+class DropBehind:
+    """The pages of an own file's frame bodies dropped from the page cache as the file is
+    written (round 20): the commit adopts an own file whole by renaming it (its bodies are
+    never read again by the commit, only its headers, which it patches in place), so a
+    GB-sized write need not fault in a GB of new page-cache pages (on this VM each new
+    page costs the host's fault: ``storage.page_cache``); it reuses a few MiB of warm ones.
+
+    Invariants:
+    - only bytes handed to the kernel's writeback (``FileSystem.start_writeback``) at least
+      ``limits.DROP_BEHIND_KEEP_BYTES`` before the file's end are dropped, in steps of at
+      least ``limits.DROP_BEHIND_STEP_BYTES``; ``DONTNEED`` skips a page still dirty or
+      under writeback (it stays cached), and a clean page holds what the disk holds: no
+      byte on disk changes, a later read reads the same bytes from the disk;
+    - never a page holding a byte of a frame header (``frame``): the commit's index and
+      its patch of the headers find them cached;
+    - ``dropped`` counts the bytes advised away: a file with none is read back whole by
+      the commit's check as before (``engine.staged_refs.StagedHere``).
+    Off with ``TOPICBASE_DROP_SYNCED_PAGES=0`` (``page_cache.ENABLED``)."""
+
+    __slots__ = ("done_to", "dropped", "headers")
+
+    def __init__(self) -> None:
+        self.done_to = 0  # bytes below it were considered (dropped, or a header's page)
+        self.dropped = 0
+        self.headers: collections.deque[int] = collections.deque()  # positions not passed
+
+    def frame(self, position: int) -> None:
+        """A frame's header was written at ``position`` (in file order)."""
+        assert not self.headers or position > self.headers[-1]
+        self.headers.append(position)
+
+    def advance(self, fs: FileSystem, fd: int, written_back: int) -> None:
+        """Drop what lies at least ``DROP_BEHIND_KEEP_BYTES`` below ``written_back`` (the
+        bytes handed to writeback so far), but the header pages."""
+        end = (written_back - limits.DROP_BEHIND_KEEP_BYTES) // _PAGE * _PAGE
+        if not page_cache.ENABLED or end - self.done_to < limits.DROP_BEHIND_STEP_BYTES:
+            return
+        start = self.done_to
+        while self.headers and self.headers[0] < end:
+            header = self.headers.popleft()
+            first = header // _PAGE * _PAGE
+            if first > start:
+                fs.drop_cache(fd, start, first - start)
+                self.dropped += first - start
+            start = max(start, -(-(header + HEADER_BYTES) // _PAGE) * _PAGE)
+        if end > start:
+            fs.drop_cache(fd, start, end - start)
+            self.dropped += end - start
+        self.done_to = max(start, end)
+        assert self.done_to % _PAGE == 0
+
+
 class _OwnFile:
     """One partition's own file of a ``FrameFileWriter`` (``.part`` until sealed): its
-    frames in the segment format, unpatched (see the module doc)."""
+    frames in the segment format, unpatched (see the module doc); its bodies' pages
+    dropped behind the writeback (``DropBehind``)."""
 
-    __slots__ = ("crc", "fd", "partition", "path", "rows", "size", "writeback_position")
+    __slots__ = ("behind", "crc", "fd", "partition", "path", "rows", "size",
+                 "writeback_position")  # fmt: skip
 
     def __init__(self, fs: FileSystem, path: str, partition: int) -> None:
         self.path = path
@@ -400,6 +461,7 @@ class _OwnFile:
                 raise FileNotFoundError(path) from error
             raise
         self.size = self.rows = self.crc = self.writeback_position = 0
+        self.behind = DropBehind()
 
     def write(self, fs: FileSystem, body: pa.Buffer | bytes, body_crc: int, rows: int) -> int:
         """Append a frame (its unpatched header, then ``body``); returns its bytes."""
@@ -407,6 +469,7 @@ class _OwnFile:
         size = len(body)
         header = HEADER.pack(ADOPT_MAGIC, body_crc, self.partition, 0, rows, size, 0, 0, 0)
         fs.pwritev(self.fd, [header, body], self.size)
+        self.behind.frame(self.size)
         self.crc = crc32c_combine(self.crc, crc32c.crc32c(header), HEADER_BYTES)
         self.crc = crc32c_combine(self.crc, body_crc, size)
         self.size += HEADER_BYTES + size
@@ -416,6 +479,7 @@ class _OwnFile:
                 fs.start_writeback(self.fd, self.writeback_position,
                                    self.size - self.writeback_position)  # fmt: skip
             self.writeback_position = self.size
+            self.behind.advance(fs, self.fd, self.writeback_position)
         return HEADER_BYTES + size
 
     def close(self, fs: FileSystem) -> None:

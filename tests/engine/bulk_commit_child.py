@@ -23,6 +23,9 @@ routing and its publish. ``BULK_ADOPT=bytes,files,switch`` sets ``limits.ADOPT_B
 ``limits.ADOPT_FILES_MAX`` and ``limits.ADOPT_SWITCH_BYTES``: each COPY stages up to
 ``files`` partitions' frames past ``switch`` bytes in files of their own, adopted as
 segments by the publish from ``bytes`` (``storage.staged_frames``).
+``BULK_DROP_BEHIND=keep,step,interval`` sets ``limits.DROP_BEHIND_KEEP_BYTES``,
+``limits.DROP_BEHIND_STEP_BYTES`` and ``limits.WRITEBACK_INTERVAL_BYTES``: own files' pages
+dropped behind their writeback within a small write (``staged_frames.DropBehind``).
 ``BULK_PUBLISH_THREADS`` sets ``engine.commit.FRAMED_PUBLISH_THREADS`` (1: the shares
 published one after another in partition order, so that a failpoint's ``@n`` counts the
 same hits in every run). ``BULK_HOLD_PARTITION_0`` holds partition 0's publish (30 s)
@@ -152,6 +155,10 @@ def main() -> None:
         adopt_bytes, adopt_files, switch = os.environ["BULK_ADOPT"].split(",")
         limits.ADOPT_BYTES_MIN, limits.ADOPT_FILES_MAX = int(adopt_bytes), int(adopt_files)
         limits.ADOPT_SWITCH_BYTES = int(switch)
+    if os.environ.get("BULK_DROP_BEHIND"):  # "keep,step,interval": own files' pages dropped
+        keep, step, interval = (int(v) for v in os.environ["BULK_DROP_BEHIND"].split(","))
+        limits.DROP_BEHIND_KEEP_BYTES, limits.DROP_BEHIND_STEP_BYTES = keep, step
+        limits.WRITEBACK_INTERVAL_BYTES = interval
     if os.environ.get("BULK_SPLIT_BEFORE_PUBLISH"):  # partition 0 splits after routing
         split_before_publish()
     if os.environ.get("BULK_PUBLISH_THREADS"):
