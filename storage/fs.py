@@ -201,18 +201,36 @@ class FileSystem:
         error = OSError(code, os.strerror(code))
         raise _io_error("start writeback of", self._paths.get(fd, str(fd)), error)
 
-    def drop_cache(self, fd: int, position: int, size: int) -> None:
+    def wait_writeback(self, fd: int, position: int, size: int) -> bool:
+        """Wait for the writeback already under way of ``size`` bytes at ``position``
+        (``sync_file_range`` with ``SYNC_FILE_RANGE_WAIT_BEFORE`` only: it starts none) and
+        report a writeback error of the file not yet reported on ``fd`` (Linux errseq) as
+        ``StorageIOError``. False where there is no such call (nothing waited, nothing
+        checked); True once waited without error."""
+        if _sync_file_range is None or size <= 0:
+            return False
+        if _sync_file_range(fd, position, size, _SYNC_FILE_RANGE_WAIT_BEFORE) == 0:
+            return True
+        code = ctypes.get_errno()
+        if code in (errno.ENOSYS, errno.EINVAL, errno.ESPIPE):
+            return False
+        error = OSError(code, os.strerror(code))
+        raise _io_error("wait for the writeback of", self._paths.get(fd, str(fd)), error)
+
+    def drop_cache(self, fd: int, position: int, size: int) -> bool:
         """Hint the kernel to drop ``size`` bytes at ``position`` from the page cache
         (``POSIX_FADV_DONTNEED``). A hint: nothing on disk changes and dirty pages (not yet
         written back) are skipped by the kernel, so it is safe for unsynced bytes too. A
-        failure, or a platform without the call, is ignored: a hint, not an operation."""
+        failure, or a platform without the call, is ignored: a hint, not an operation.
+        Whether the hint was given (False: nothing was dropped)."""
         advise = getattr(os, "posix_fadvise", None)
         if advise is None or size <= 0:
-            return
+            return False
         try:
             advise(fd, position, size, os.POSIX_FADV_DONTNEED)
         except OSError:
-            return
+            return False
+        return True
 
     def sync(self, fd: int) -> None:
         """Make the file's data durable (fdatasync). Counted."""
@@ -370,6 +388,7 @@ def _load_sync_file_range() -> Callable[[int, int, int, int], int] | None:
     return function  # type: ignore[no-any-return]
 
 
+_SYNC_FILE_RANGE_WAIT_BEFORE = 1  # <linux/fs.h>: wait for writeback under way, report errors
 _SYNC_FILE_RANGE_WRITE = 2  # <linux/fs.h>: start writeback of dirty pages, do not wait
 _sync_file_range = _load_sync_file_range()
 
