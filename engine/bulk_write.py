@@ -451,6 +451,7 @@ class BulkWrites:
                 # A COPY in flight releases its own ``.part``'s bytes (a crash's are ours).
                 size = _directory_bytes(discarded, STAGED_SUFFIXES if write_id in
                                         self._appending else (*STAGED_SUFFIXES, ".part"))
+            self._staged_here.forget(discarded)
             shutil.rmtree(discarded, ignore_errors=True)
             self._release(size)
             count += 1
@@ -493,6 +494,7 @@ class BulkWrites:
             for entry in os.listdir(directory):
                 if entry.endswith((*STAGED_SUFFIXES, ".part")):
                     size += os.path.getsize(os.path.join(directory, entry))
+        self._staged_here.forget(directory)
         shutil.rmtree(directory, ignore_errors=True)
         self._release(size)
 

@@ -477,41 +477,67 @@ class StagedHere:
     What the commit proves before its commit point (``check_frames_file``, round 15)
     changes for these files only: their bytes are those this process wrote and whose
     CRC-32C it computed as it wrote them (the CRC-32C in their names), provided the file is
-    the one it staged (device, inode), of the recorded size, not written since (its
-    modification time as at the seal). Reading them back would read the dropped pages from
-    the disk: a GB of reads for a 1M x 1 KiB write. A file of the same identity damaged
-    behind the server's back within the file system's timestamp granularity of its seal
-    is then not refused before the commit (recovery's check after a restart still refuses
-    it, and readers check every frame's CRC-32C), as a disk error under a cached page never
-    was by the read-back. Not vouched for, and so read back whole as before: a file this
-    process did not stage (a restart, recovery: a new ``BulkWrites`` remembers nothing),
-    a file whose pages were not dropped (cached: its read-back is cheap), one forgotten
-    (``limits.STAGED_HERE_FILES_MAX``), or one whose identity, size or time differs."""
+    the one it staged (device, inode), of the size that CRC-32C covers (the writer's
+    count), its modification and change times as at the seal: no write, ``utime``
+    (which cannot set the change time), chmod or link since. Every dropped range's
+    writeback was waited for and found without error before it was dropped
+    (``DropBehind``); the fdatasync of the commit reports a later one. Reading them back
+    would read the dropped pages from the disk: a GB of reads for a 1M x 1 KiB write.
+
+    A vouch is used once (``vouches`` forgets the file): a commit that fails after its
+    check (an fdatasync's EIO, any error before the commit point) leaves its retry to read
+    every file back, since the error, once reported, is not reported again. A write
+    aborted or collected forgets its files (``forget``).
+
+    Not refused before the commit (recovery's check after a restart still refuses it,
+    and readers check every frame's CRC-32C): a file damaged behind the server's back with
+    both its times unchanged (on a kernel with multigrain timestamps, 6.13 on, no change
+    after ``remember``'s stat keeps them; on older ones, one within the same clock tick,
+    1-10 ms), or a disk error in a page that was not dropped (the last
+    ``DROP_BEHIND_KEEP_BYTES`` and the header pages) whose report is lost with the inode
+    evicted before the commit's fdatasync. Not vouched for, and so read back whole as
+    before: a file this process did not stage (a restart, recovery: a new ``BulkWrites``
+    remembers nothing), a file none of whose pages were dropped (cached: its read-back is
+    cheap; no ``posix_fadvise``), one dropped without a checked wait
+    (``DropBehind.vouchable``), one forgotten (``limits.STAGED_HERE_FILES_MAX``, used or
+    aborted), or one whose identity, size or times differ."""
 
     def __init__(self) -> None:
         self._files = BoundedCache("engine.staged_refs.StagedHere", limits.STAGED_HERE_FILES_MAX,
                                    limits.STAGED_HERE_FILES_MAX * ENTRY_BYTES)  # fmt: skip
 
-    def remember(self, paths: list[str]) -> None:
-        """``paths``: own frames files just sealed by this process (named with their
-        CRC-32C: ``staged_frames.OWN_FILE``)."""
-        for path in paths:
+    def remember(self, files: list[tuple[str, int]]) -> None:
+        """``files``: own frames files just sealed by this process (named with their
+        CRC-32C: ``staged_frames.OWN_FILE``) and the bytes that CRC-32C covers."""
+        for path, size in files:
             assert own_file(path) is not None, path
             found = os.stat(path)
+            assert found.st_size == size, (path, found.st_size, size)
             crc = int(os.path.basename(path).split(".")[2], 16)
             self._files.put((found.st_dev, found.st_ino),
-                            (found.st_size, crc, found.st_mtime_ns), 0)  # fmt: skip
+                            (size, crc, found.st_mtime_ns, found.st_ctime_ns), 0)  # fmt: skip
 
     def vouches(self, path: str, size: int, crc: int) -> bool:
         """Whether ``path`` is a file remembered here, ``size`` bytes with CRC-32C ``crc``
-        as staged and unchanged since (see the class doc)."""
+        as staged and unchanged since (see the class doc). Forgets it: used once."""
         try:
             found = os.stat(path)
         except FileNotFoundError:
             return False
-        kept = self._files.get((found.st_dev, found.st_ino))
-        return kept is not None and kept == (size, crc, found.st_mtime_ns) == (
-            found.st_size, crc, found.st_mtime_ns)
+        kept = self._files.pop((found.st_dev, found.st_ino))
+        return kept is not None and kept == (size, crc, found.st_mtime_ns, found.st_ctime_ns) == (
+            found.st_size, crc, found.st_mtime_ns, found.st_ctime_ns)  # fmt: skip
+
+    def forget(self, directory: str) -> None:
+        """Forget the files in ``directory`` (a write about to be deleted)."""
+        with contextlib.suppress(FileNotFoundError):
+            for name in os.listdir(directory):
+                with contextlib.suppress(FileNotFoundError):
+                    found = os.stat(os.path.join(directory, name))
+                    self._files.pop((found.st_dev, found.st_ino))
+
+    def __len__(self) -> int:
+        return len(self._files)
 
 
 def check_frames_file(fs: FileSystem, path: str, size: int, crc: int, what: str) -> None:

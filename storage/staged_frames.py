@@ -183,7 +183,8 @@ class FrameFileWriter:
         self._pending_data: dict[int, int] = {}
         self._pending_total = 0  # messages' bytes waiting (``PENDING_BYTES``)
         self._pending_overhead = 0  # their batches' and rows' cost (``PENDING_OVERHEAD_BYTES``)
-        self.dropped_behind: list[str] = []  # sealed own files with pages dropped (``seal``)
+        # sealed own files with pages dropped (``seal``): path, the bytes their CRC-32C covers
+        self.dropped_behind: list[tuple[str, int]] = []
 
     @property
     def pending_batches(self) -> int:
@@ -271,7 +272,8 @@ class FrameFileWriter:
         (``<base>.~p<partition>-r<rows>.<crc>`` + ``suffix``), the shared file
         (``<base>.<crc>`` + ``suffix``) last: once it is there, the COPY is staged whole
         (``own_file_sealed``). Returns the staged paths, the shared file's last; the own
-        files whose pages were dropped behind (``DropBehind``) are in ``dropped_behind``."""
+        files whose pages were dropped behind (``DropBehind.vouchable``) are in
+        ``dropped_behind`` with their sizes."""
         for partition in sorted(self._pending):
             self._flush(partition, whole=True)
         self.close()
@@ -280,8 +282,8 @@ class FrameFileWriter:
             path = f"{base}.~p{partition}-r{own.rows}.{own.crc:08x}{suffix}"
             os.replace(own.path, path)
             paths.append(path)
-            if own.behind.dropped:
-                self.dropped_behind.append(path)
+            if own.behind.vouchable:
+                self.dropped_behind.append((path, own.size))
         path = f"{base}.{self.crc:08x}{suffix}"
         os.replace(self.path, path)
         paths.append(path)
@@ -406,16 +408,29 @@ class DropBehind:
       byte on disk changes, a later read reads the same bytes from the disk;
     - never a page holding a byte of a frame header (``frame``): the commit's index and
       its patch of the headers find them cached;
-    - ``dropped`` counts the bytes advised away: a file with none is read back whole by
-      the commit's check as before (``engine.staged_refs.StagedHere``).
+    - a range is dropped only after its writeback was waited for on the writer's fd
+      (``FileSystem.wait_writeback``, review R1-F3 of round 20): a writeback error of the
+      file not yet reported fails the write (``StorageIOError``) instead of going with its
+      dropped pages (an evicted inode forgets it before the commit's fdatasync);
+    - ``dropped`` counts the bytes advised away; ``unchecked`` is set once a range was
+      dropped without such a wait or a writeback could not be started. A file with none
+      dropped, or unchecked, is read back whole by the commit's check as before
+      (``vouchable``; ``engine.staged_refs.StagedHere``).
     Off with ``TOPICBASE_DROP_SYNCED_PAGES=0`` (``page_cache.ENABLED``)."""
 
-    __slots__ = ("done_to", "dropped", "headers")
+    __slots__ = ("done_to", "dropped", "headers", "unchecked")
 
     def __init__(self) -> None:
         self.done_to = 0  # bytes below it were considered (dropped, or a header's page)
         self.dropped = 0
+        self.unchecked = False
         self.headers: collections.deque[int] = collections.deque()  # positions not passed
+
+    @property
+    def vouchable(self) -> bool:
+        """Whether the commit may vouch for the file instead of reading it back: some of
+        its pages were dropped, each range after a checked wait for its writeback."""
+        return self.dropped > 0 and not self.unchecked
 
     def frame(self, position: int) -> None:
         """A frame's header was written at ``position`` (in file order)."""
@@ -429,18 +444,23 @@ class DropBehind:
         if not page_cache.ENABLED or end - self.done_to < limits.DROP_BEHIND_STEP_BYTES:
             return
         start = self.done_to
+        if not fs.wait_writeback(fd, start, end - start):  # raises on a writeback error
+            self.unchecked = True
         while self.headers and self.headers[0] < end:
             header = self.headers.popleft()
             first = header // _PAGE * _PAGE
             if first > start:
-                fs.drop_cache(fd, start, first - start)
-                self.dropped += first - start
+                self._drop(fs, fd, start, first - start)
             start = max(start, -(-(header + HEADER_BYTES) // _PAGE) * _PAGE)
         if end > start:
-            fs.drop_cache(fd, start, end - start)
-            self.dropped += end - start
+            self._drop(fs, fd, start, end - start)
         self.done_to = max(start, end)
         assert self.done_to % _PAGE == 0
+
+
+    def _drop(self, fs: FileSystem, fd: int, start: int, size: int) -> None:
+        if fs.drop_cache(fd, start, size):
+            self.dropped += size
 
 
 class _OwnFile:
@@ -475,9 +495,11 @@ class _OwnFile:
         self.size += HEADER_BYTES + size
         self.rows += rows
         if self.size - self.writeback_position >= limits.WRITEBACK_INTERVAL_BYTES:
-            with contextlib.suppress(StorageIOError):  # the commit's sync will tell
+            try:
                 fs.start_writeback(self.fd, self.writeback_position,
                                    self.size - self.writeback_position)  # fmt: skip
+            except StorageIOError:  # the commit's sync and its read-back will tell
+                self.behind.unchecked = True
             self.writeback_position = self.size
             self.behind.advance(fs, self.fd, self.writeback_position)
         return HEADER_BYTES + size

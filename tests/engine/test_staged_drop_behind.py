@@ -7,6 +7,7 @@ refused (XX001) and stays staged."""
 
 from __future__ import annotations
 
+import errno
 import os
 import sys
 from pathlib import Path
@@ -17,7 +18,7 @@ import pytest
 from engine import bulk_write, staged_refs
 from engine.database import Database
 from storage import limits, page_cache, staged_frames
-from storage.errors import CorruptSegmentError
+from storage.errors import CorruptSegmentError, StorageIOError
 from storage.fs import FileSystem
 from storage.record_batch import HEADER_BYTES
 from storage.staged_frames import OWN_FILE
@@ -122,9 +123,9 @@ def test_own_files_pages_are_dropped_behind_their_writeback_but_not_their_header
     advised: list[tuple[str, int, int]] = []
     drop = FileSystem.drop_cache
 
-    def recorded(self: FileSystem, fd: int, position: int, size: int) -> None:
+    def recorded(self: FileSystem, fd: int, position: int, size: int) -> bool:
         advised.append((os.readlink(f"/proc/self/fd/{fd}"), position, size))
-        drop(self, fd, position, size)
+        return drop(self, fd, position, size)
 
     monkeypatch.setattr(FileSystem, "drop_cache", recorded)
     database = _open(tmp_path)
@@ -296,5 +297,157 @@ def test_killed_between_its_check_and_its_commit_point_the_restart_reads_every_f
         expected = child.expected()
         assert counts == ({p: 0 for p in expected} if damaged
                           else {p: len(rows) for p, rows in expected.items()})  # fmt: skip
+    finally:
+        database.close()
+
+
+def _staged(database: Database) -> list[str]:
+    session = database.connect()
+    try:
+        return sorted(w.write_id for w in bulk_write.for_database(database).list(session))
+    finally:
+        session.close()
+
+
+def _own_reads(read: list[str]) -> list[str]:
+    return [p for p in read if OWN_FILE.match(os.path.basename(p))]
+
+
+def test_an_own_file_damaged_with_its_time_restored_is_refused(tmp_path: Path) -> None:
+    # Review R1-F1 of round 20: os.utime (touch -d, cp -p, a backup's restore) puts the
+    # modification time back; the change time it cannot, so the vouch no longer holds.
+    database = _open(tmp_path)
+    try:
+        _stage(database)
+        victim = _own_files(tmp_path / "data")[0]
+        position = _a_dropped_body_byte(victim)
+        _damage(victim, position, keep_time=True)
+        with pytest.raises(CorruptSegmentError, match="frames file is damaged") as raised:
+            commit_writes(database, 1, ["a"])
+        assert raised.value.sqlstate == "XX001"
+        assert _partitions(database) == {0: [], 1: []}
+        assert _staged(database) == ["a"]
+        _damage(victim, position, keep_time=True)  # repaired
+        assert commit_writes(database, 1, ["a"]) == {"status": "committed", "rows": ROWS}
+        assert _partitions(database) == _expected()
+    finally:
+        database.close()
+
+
+def test_a_commit_failing_after_its_check_leaves_its_retry_to_read_every_file_back(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:  # fmt: skip
+    # Review R1-F2 of round 20: a vouch is used once. The first commit's fdatasync of an
+    # own file fails (EIO, reported once: a retry's fdatasync would not see it again).
+    real = os.fdatasync
+    failed: list[str] = []
+
+    def fdatasync(fd: int) -> None:
+        if OWN_FILE.match(os.path.basename(os.readlink(f"/proc/self/fd/{fd}"))) and not failed:
+            failed.append(fd)
+            raise OSError(errno.EIO, "Input/output error (injected)")
+        real(fd)
+
+    read = _count_reads(monkeypatch)
+    database = _open(tmp_path)
+    try:
+        _stage(database)
+        monkeypatch.setattr(os, "fdatasync", fdatasync)
+        with pytest.raises(OSError, match="injected"):
+            commit_writes(database, 1, ["a"])
+        assert failed and _own_reads(read) == []  # vouched for by the first commit
+        assert _partitions(database) == {0: [], 1: []}
+        assert _staged(database) == ["a"]
+        assert commit_writes(database, 1, ["a"]) == {"status": "committed", "rows": ROWS}
+        assert len(_own_reads(read)) == 2, read
+        assert _partitions(database) == _expected()
+    finally:
+        database.close()
+
+
+def test_a_writeback_error_before_a_drop_fails_the_copy_and_stages_nothing(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:  # fmt: skip
+    # Review R1-F3 of round 20: the error is reported on the writer's fd before its pages
+    # go (an evicted inode would forget it before the commit's fdatasync).
+    waited: list[int] = []
+    original = FileSystem.wait_writeback
+
+    def wait_writeback(self: FileSystem, fd: int, position: int, size: int) -> bool:
+        waited.append(size)
+        raise StorageIOError("wait for the writeback of x: [Errno 5] Input/output error")
+
+    monkeypatch.setattr(FileSystem, "wait_writeback", wait_writeback)
+    database = _open(tmp_path)
+    try:
+        with pytest.raises(StorageIOError):
+            _stage(database)
+        assert waited
+        assert _own_files(tmp_path / "data") == []
+        assert not list((tmp_path / "data").rglob("*.part"))
+        assert len(bulk_write.for_database(database)._staged_here) == 0
+        assert _partitions(database) == {0: [], 1: []}
+        monkeypatch.setattr(FileSystem, "wait_writeback", original)
+        _stage(database, "b")
+        assert commit_writes(database, 1, ["b"]) == {"status": "committed", "rows": ROWS}
+        assert _partitions(database) == _expected()
+    finally:
+        database.close()
+
+
+@pytest.mark.parametrize("missing", ["start_writeback", "wait_writeback", "posix_fadvise"])
+def test_own_files_not_dropped_after_a_checked_wait_are_read_back(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch, missing: str) -> None:  # fmt: skip
+    # A writeback that could not be started (its error suppressed), a platform without
+    # sync_file_range's wait or without posix_fadvise (nothing dropped): not vouched for.
+    if missing == "start_writeback":
+        def failing(self: FileSystem, fd: int, position: int, size: int) -> None:
+            raise StorageIOError("start writeback of x: [Errno 5] Input/output error")
+        monkeypatch.setattr(FileSystem, "start_writeback", failing)
+    elif missing == "wait_writeback":
+        monkeypatch.setattr(FileSystem, "wait_writeback", lambda self, fd, p, n: False)
+    else:
+        monkeypatch.delattr(os, "posix_fadvise")
+    read = _count_reads(monkeypatch)
+    database = _open(tmp_path)
+    try:
+        _stage(database)
+        assert len(bulk_write.for_database(database)._staged_here) == 0
+        assert commit_writes(database, 1, ["a"]) == {"status": "committed", "rows": ROWS}
+        assert len(_own_reads(read)) == 2, read
+        assert _partitions(database) == _expected()
+    finally:
+        database.close()
+
+
+def test_remember_holds_the_size_the_crc_covers(tmp_path: Path) -> None:
+    # Review R1-F4 of round 20: the size recorded is the writer's, not what stat finds.
+    database = _open(tmp_path)
+    try:
+        _stage(database)
+        own = _own_files(tmp_path / "data")[0]
+        here = staged_refs.StagedHere()
+        with pytest.raises(AssertionError):
+            here.remember([(str(own), own.stat().st_size - 1)])
+        here.remember([(str(own), own.stat().st_size)])
+        assert len(here) == 1
+    finally:
+        database.close()
+
+
+@pytest.mark.parametrize("how", ["abort", "collect"])
+def test_an_aborted_or_collected_write_is_forgotten(tmp_path: Path, how: str) -> None:
+    # Review R1-F5 of round 20: no entry outlives its write's files.
+    database = _open(tmp_path)
+    try:
+        _stage(database)
+        bulk = bulk_write.for_database(database)
+        assert len(bulk._staged_here) == 2
+        if how == "abort":
+            session = database.connect()
+            assert bulk.abort(session, ["a"]) == 1
+            session.close()
+        else:
+            bulk.abandon_after_s = 0
+            assert bulk.collect() == ["a"]
+        assert len(bulk._staged_here) == 0
     finally:
         database.close()
