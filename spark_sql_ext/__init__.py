@@ -41,7 +41,8 @@ def register(spark: Any) -> None:
 
 def configure(builder: Any, *, url: str, user: str, password: str = "",
               catalog: str = "topicbase", default: bool = False, wire_url: str | None = None,
-              sslmode: str | None = None, sslrootcert: str | None = None) -> Any:  # fmt: skip
+              sslmode: str | None = None, sslrootcert: str | None = None,
+              worker_site: bool = False) -> Any:  # fmt: skip
     """``builder`` with the catalog jar and settings in place: ``SELECT * FROM
     topicbase.main.events`` (or bare names with ``default=True``) once the session starts.
 
@@ -49,11 +50,12 @@ def configure(builder: Any, *, url: str, user: str, password: str = "",
     wire, for the JVM's batch reads and writes of topics (same user and password); ``sslmode``
     (``require`` or ``verify-full``) and ``sslrootcert`` (a PEM file of the CA) for TLS.
 
-    It also sets ``spark.executorEnv.PYTHONPATH`` to ``WORKER_SITE`` followed by what was set
-    on ``builder`` before. A value from ``spark-defaults.conf`` or ``spark-submit --conf`` is
-    not visible here and is replaced: put ``WORKER_SITE`` in that value yourself instead.
-    It is the driver's path: on a node where it does not exist (another install path) the
-    workers import ``pyspark.zip`` as Spark does by default."""
+    ``worker_site=True`` also sets ``spark.executorEnv.PYTHONPATH`` to ``WORKER_SITE``
+    followed by what was set on ``builder`` before (streams start more surely on a loaded
+    machine: ``worker_site/sitecustomize.py``). Off by default: a value from
+    ``spark-defaults.conf`` or ``spark-submit --conf`` is not visible here and the builder's
+    would replace it; there, add ``WORKER_SITE`` to that value yourself. It is the driver's
+    path: on a node where it does not exist the workers import ``pyspark.zip`` as usual."""
     if not os.path.exists(JAR_PATH):
         raise FileNotFoundError(f"{JAR_PATH} is missing: build it with `make spark-jar`")
     prefix = f"spark.sql.catalog.{catalog}"
@@ -72,7 +74,9 @@ def configure(builder: Any, *, url: str, user: str, password: str = "",
                 builder = builder.config(f"{prefix}.{key}", value)
     if default:
         builder = builder.config("spark.sql.defaultCatalog", catalog)
-    return builder.config(WORKER_PATH_KEY, worker_python_path(builder))
+    if worker_site:
+        builder = builder.config(WORKER_PATH_KEY, worker_python_path(builder))
+    return builder
 
 
 def worker_python_path(builder: Any) -> str:

@@ -13,9 +13,9 @@ on two cores the zip import alone took 15-16 s and streams failed to start.
 Python imports the module named ``sitecustomize`` at start-up, after ``PYTHONPATH`` is on
 ``sys.path``; this directory (``spark_sql_ext.WORKER_SITE``) put on the workers'
 ``PYTHONPATH`` makes this module that one. It takes off ``sys.path`` every
-``.../pyspark/python/lib/pyspark.zip`` that lies inside a pyspark package which the rest
-of ``sys.path`` imports (the same install, hence the same files), so that package is
-imported instead, with its cached bytecode. A zip of another Spark (``SPARK_HOME`` set
+``.../pyspark/python/lib/pyspark.zip`` that lies inside the pyspark package which the
+rest of ``sys.path`` would import first (the same install, hence the same files), so that
+package is imported instead, with its cached bytecode. A zip of another Spark (``SPARK_HOME`` set
 elsewhere) stays. Then it runs the ``sitecustomize`` this one shadows, if there is one.
 
 Invariant: only stdlib imports here (it runs before anything else in the worker).
@@ -32,8 +32,10 @@ _HERE = os.path.dirname(os.path.abspath(__file__))
 
 
 def _installed_copy(entry: str) -> bool:
-    """True if ``entry`` is ``<dir>/pyspark/python/lib/pyspark.zip`` and ``<dir>`` is
-    on ``sys.path``: the zip of the pyspark package that an import would find anyway."""
+    """True if ``entry`` is ``<pkg>/python/lib/pyspark.zip`` of a pyspark package ``<pkg>``
+    and an import of pyspark without ``entry`` finds that very package: the zip is then a
+    copy of what is imported anyway. Another pyspark earlier on the path (a user's, a
+    checkout) keeps the zip, so the worker never speaks another pyspark's protocol."""
     if os.path.basename(entry) != "pyspark.zip":
         return False
     package = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(entry))))
@@ -41,8 +43,10 @@ def _installed_copy(entry: str) -> bool:
         return False
     if not os.path.isfile(os.path.join(package, "__init__.py")):
         return False
-    parent = os.path.dirname(package)
-    return any(os.path.abspath(p or ".") == parent for p in sys.path if p != entry)
+    rest = [p for p in sys.path if p != entry]
+    found = importlib.machinery.PathFinder.find_spec("pyspark", rest)
+    return found is not None and found.origin is not None and (
+        os.path.abspath(found.origin) == os.path.join(package, "__init__.py"))
 
 
 def _run_shadowed() -> None:

@@ -55,6 +55,11 @@ def test_only_the_installed_packages_own_zip_leaves_the_path(tmp_path: Path) -> 
     with zipfile.ZipFile(other, "w") as archive:
         archive.writestr("pyspark/__init__.py", "")
     assert _started([WORKER_SITE, str(other)], code) == f"{other / 'pyspark' / '__init__.py'} True"
+    mine = tmp_path / "mine" / "pyspark"  # another pyspark after the zip: the zip stays
+    mine.mkdir(parents=True)
+    (mine / "__init__.py").write_text("")
+    assert _started([WORKER_SITE, str(ZIP), str(mine.parent)], code) == (
+        f"{ZIP / 'pyspark' / '__init__.py'} True")
     hidden = tmp_path / "hidden"
     hidden.mkdir()
     (hidden / "sitecustomize.py").write_text("import builtins\nbuiltins.HIDDEN_RAN = True\n")
@@ -72,7 +77,9 @@ def test_configure_puts_the_worker_site_first_on_the_workers_path() -> None:
             return self
 
     built = spark_sql_ext.configure(Builder(), url="topicbase://h:1", user="u")
+    assert WORKER_PATH_KEY not in built._options  # opt-in: a launch conf's value stays
+    built = spark_sql_ext.configure(Builder(), url="topicbase://h:1", user="u", worker_site=True)
     assert built._options[WORKER_PATH_KEY] == WORKER_SITE
     mine = Builder(**{WORKER_PATH_KEY: os.pathsep.join(["/a", WORKER_SITE, "/b"])})
-    built = spark_sql_ext.configure(mine, url="topicbase://h:1", user="u")
+    built = spark_sql_ext.configure(mine, url="topicbase://h:1", user="u", worker_site=True)
     assert built._options[WORKER_PATH_KEY] == os.pathsep.join([WORKER_SITE, "/a", "/b"])
