@@ -54,6 +54,7 @@ from engine import (
 from engine.commit import PublishItem, route_writes
 from engine.ddl import run_alter, run_create, run_drop
 from engine.identity import LOCAL_SUPERUSER, Identity
+from engine.interrupts import sigint_deferred
 from engine.kept_plans import KeptPlans
 from engine.lookup_plans import KeptLookupPlans
 from engine.moved_refs import MovedRange, MovedSource, moved_batch
@@ -1360,6 +1361,11 @@ class Session:
 
     # -- commit and rollback -----------------------------------------------------------------
     def _commit(self) -> None:
+        """``_commit_held`` with Ctrl-C held off until it ends (``engine.interrupts``)."""
+        with sigint_deferred():
+            self._commit_held()
+
+    def _commit_held(self) -> None:
         """Commit in the staging log alone if no statement touched a table, else stage,
         validate, commit in DuckDB (the commit point); then publish. See engine.commit.
 

@@ -41,6 +41,7 @@ import pyarrow as pa
 
 from engine.clock import Clock
 from engine.commit import PublishItem
+from engine.interrupts import sigint_deferred
 from engine.writes import plain_batch, plain_values
 from storage import limits
 from storage.errors import LimitExceededError, QueryCanceledError, TopicbaseError
@@ -120,8 +121,9 @@ def _commit_in_log(
         if cancelled is not None and cancelled():
             raise QueryCanceledError("canceling statement due to user request")
 
-    slot, staged = committer.commit_in_log(transaction_id, items, {}, validate)
-    results = committer.finish(slot, transaction_id, {}, staged)
+    with sigint_deferred():  # from the commit point to the turn's end, whole
+        slot, staged = committer.commit_in_log(transaction_id, items, {}, validate)
+        results = committer.finish(slot, transaction_id, {}, staged)
     assert all(r is not None for r in results), "a publish in turn reports its outcome"
     # The shares' rows, one after another, are a permutation of the batch's rows.
     rows = np.concatenate([chosen for _, chosen, _ in shares])

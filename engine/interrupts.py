@@ -1,0 +1,46 @@
+"""Ctrl-C held off while a commit runs on the main thread.
+
+Python raises ``KeyboardInterrupt`` in the main thread at any bytecode. A COMMIT is not
+safe to leave at any bytecode: between its commit point and the end of its publish turn
+an interrupt left the turn taken (every later commit asleep, a DDL's ``quiesce`` waiting
+for ever) or a publish half done. The console and embedded users run statements on the
+main thread, so ``sigint_deferred`` swaps the SIGINT handler for one that only notes the
+signal, and runs the previous handler (which raises) when the block ends: the COMMIT
+completes, then the interrupt is raised, as PostgreSQL ignores a cancel during its commit.
+
+Invariant: on exit the previous handler is back in place; a signal noted in the block is
+delivered once, after it. Other threads (the server's sessions) are untouched: Python
+runs signal handlers on the main thread only.
+"""
+
+from __future__ import annotations
+
+import signal
+import threading
+from collections.abc import Iterator
+from contextlib import contextmanager
+from types import FrameType
+
+
+@contextmanager
+def sigint_deferred() -> Iterator[None]:
+    """Run the block with SIGINT noted, not raised; raise it (its previous handler) after."""
+    if threading.current_thread() is not threading.main_thread():
+        yield
+        return
+    previous = signal.getsignal(signal.SIGINT)
+    if not callable(previous):  # SIG_IGN, SIG_DFL or not set from Python: nothing raises
+        yield
+        return
+    noted: list[tuple[int, FrameType | None]] = []
+
+    def note(signum: int, frame: FrameType | None) -> None:
+        noted.append((signum, frame))
+
+    signal.signal(signal.SIGINT, note)
+    try:
+        yield
+    finally:
+        signal.signal(signal.SIGINT, previous)
+        if noted:
+            previous(*noted[0])
