@@ -193,6 +193,33 @@ def test_a_50k_by_1kib_range_streams_in_bounded_copy_data(
     assert table.column("data")[7].as_py() == b"7" * 1024
 
 
+def test_a_range_read_goes_out_in_few_writev_calls_from_the_serialised_batches(
+        connect: Connect, range_reads: list[tuple],
+        monkeypatch: pytest.MonkeyPatch) -> None:  # fmt: skip
+    """The CopyData of a range read are headers and slices of each serialised batch, sent
+    with one writev per ~512 KiB (``output.send_views``): not one send per 64 KiB message
+    of a joined copy. The data is the same stream."""
+    db = connect(autocommit=True)
+    _fill(db, "big", partitions=1, rows=20000, size=1024)
+    asked: list[int] = []
+    real = os.writev
+
+    def counting(fd: int, buffers: list) -> int:
+        asked.append(sum(len(b) for b in buffers))
+        return real(fd, buffers)
+
+    monkeypatch.setattr(os, "writev", counting)
+    blocks, count = copy_arrow_blocks(
+        db, RANGE.format(columns="data", topic="big", p=0, a=0, b=20000))
+    assert len(range_reads) == 1 and count == 20000
+    assert max(len(block) for block in blocks) <= CHUNK_BYTES
+    table = pa.ipc.open_stream(b"".join(blocks)).read_all()
+    assert table.num_rows == 20000 and table.column("data")[12345].as_py() == b"5" * 1024
+    data_bytes = 20000 * 1024
+    assert sum(asked) >= data_bytes  # the batches went out through writev
+    assert len(asked) <= data_bytes // (256 * 1024) + 10  # not one call per CopyData
+
+
 def test_range_errors_keep_the_connection(connect: Connect, range_reads: list[tuple]) -> None:
     db = connect(autocommit=True)
     _fill(db, "events", partitions=1, rows=10)

@@ -9,7 +9,9 @@ length). Any reader of the format reads it (``pyarrow.ipc.open_stream``, Java's
 Invariants: dictionary-encoded columns are sent decoded (no dictionary batches: the stream
 is schema, batches, end), so a reader needs no dictionary support; every CopyData payload
 is at most ``CHUNK_BYTES``; batches are serialised one at a time, so what is held is one
-batch and its message, never the whole result. COPY FROM reads the same format
+batch and its message, never the whole result. The CopyData messages are given as buffers
+(headers and slices of the serialised message, ``copy_data``) for a vectored send: the
+message is not copied again to frame it. COPY FROM reads the same format
 (``ArrowCopyDecoder``). Pure code, no I/O.
 """
 
@@ -67,30 +69,34 @@ def plain_batch(batch: pa.RecordBatch, schema: pa.Schema) -> pa.RecordBatch:
     return pa.RecordBatch.from_arrays(columns, schema=schema)
 
 
-def copy_data(message: pa.Buffer | bytes, chunk_bytes: int = CHUNK_BYTES) -> list[bytes]:
-    """``message`` (bytes of the IPC stream) as CopyData messages of at most ``chunk_bytes``."""
+def copy_data(message: pa.Buffer | bytes, chunk_bytes: int = CHUNK_BYTES
+              ) -> list[bytes | memoryview]:  # fmt: skip
+    """``message`` (bytes of the IPC stream) as CopyData messages of at most ``chunk_bytes``,
+    as buffers to send in order: each message's 5-byte header, then its payload as a slice
+    of ``message`` (no copy; the slices keep ``message`` alive)."""
     assert chunk_bytes > 0
     view = memoryview(message)
-    return [
-        _COPY_DATA.pack(b"d", len(piece) + 4) + piece
-        for piece in (view[start:start + chunk_bytes]
-                      for start in range(0, len(view), chunk_bytes))
-    ]  # fmt: skip
+    pieces: list[bytes | memoryview] = []
+    for start in range(0, len(view), chunk_bytes):
+        piece = view[start:start + chunk_bytes]
+        pieces.append(_COPY_DATA.pack(b"d", len(piece) + 4))
+        pieces.append(piece)
+    return pieces
 
 
-def schema_messages(schema: pa.Schema) -> list[bytes]:
+def schema_messages(schema: pa.Schema) -> list[bytes | memoryview]:
     """CopyData of the stream's first message, the schema."""
     return copy_data(schema.serialize())
 
 
-def batch_messages(batch: pa.RecordBatch, schema: pa.Schema) -> list[bytes]:
+def batch_messages(batch: pa.RecordBatch, schema: pa.Schema) -> list[bytes | memoryview]:
     """CopyData of one record batch message (an empty batch gives none)."""
     if batch.num_rows == 0:
         return []
     return copy_data(plain_batch(batch, schema).serialize())
 
 
-def end_messages() -> list[bytes]:
+def end_messages() -> list[bytes | memoryview]:
     """CopyData of the end-of-stream marker."""
     return copy_data(END_OF_STREAM)
 

@@ -59,7 +59,7 @@ import socket
 import ssl
 import struct
 import time
-from collections.abc import Callable, Coroutine
+from collections.abc import Callable, Coroutine, Sequence
 from typing import Any, NamedTuple, Protocol
 
 import pyarrow as pa
@@ -344,7 +344,7 @@ class Connection(ExtendedProtocol):
             reader=reader, current_session=lambda: self.session, call=self.call,
             send=self.send, send_error=self.send_error, send_result=self.send_result,
             ready_for_query=self.ready_for_query, drain=lambda: self.writer.drain(),
-            holdings=self.holdings,
+            send_views=self.send_views, holdings=self.holdings,
         )  # fmt: skip
 
     async def call(self, function: Callable[..., Any], *arguments: Any) -> Any:
@@ -357,6 +357,15 @@ class Connection(ExtendedProtocol):
 
     def send(self, data: bytes) -> None:
         self.writer.write(data)
+
+    async def send_views(self, views: Sequence[bytes | memoryview]) -> None:
+        """Send ``views`` (bytes of messages, in order) and drain (``output.send_views``)."""
+        if isinstance(self.writer, GatheringWriter):
+            await self.writer.send_views(views)
+            return
+        for view in views:
+            self.writer.write(view)
+        await self.writer.drain()
 
     def send_error(self, error: BaseException, query: str | None = None) -> None:
         """Send ``error`` to the client; a lost client is not the statement's error: its

@@ -16,7 +16,7 @@ connection's one worker thread, where every engine call goes.
 from __future__ import annotations
 
 import asyncio
-from collections.abc import Awaitable, Callable
+from collections.abc import Awaitable, Callable, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -49,6 +49,9 @@ class CommandContext:
     ready_for_query: Callable[[], bytes]
     # Write out what was sent so far (before awaiting the client, between COPY blocks).
     drain: Callable[[], Awaitable[None]]
+    # Send many buffers (messages or slices of them, in order) and drain: one writev per
+    # group, no joined copy (``output.GatheringWriter.send_views``). COPY OUT's data.
+    send_views: Callable[[Sequence[bytes | memoryview]], Awaitable[None]]
     # What this connection holds for its client (COPY data, portals), in the server's
     # budget beyond the connection's floor (``sql.pgwire.memory_budget``).
     holdings: ConnectionHoldings

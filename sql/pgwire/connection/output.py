@@ -7,17 +7,31 @@ output and flushes it at Sync, Flush, the end of a simple Query, before it waits
 data, or when the buffer fills; ``GatheringWriter`` does the same for an asyncio
 ``StreamWriter``: ``write`` keeps messages until ``drain`` (every place the server waits for
 the client or for the socket already drains) or until ``FLUSH_BYTES`` are kept.
+
+``send_views`` sends many buffers in order (a COPY OUT's CopyData headers and the slices of
+the Arrow batches they frame) with one ``writev`` per ``WRITEV_BYTES`` straight from the
+buffers, instead of a joined copy and a ``send`` per message: only what the socket does
+not take at once is copied (into the transport's buffer, which then sends it as usual).
 """
 
 from __future__ import annotations
 
 import asyncio
+import os
+from collections.abc import Sequence
 from typing import Any
 
 FLUSH_BYTES = 64 * 1024  # kept output above this goes out without waiting for drain()
 # Results of at most this many values are encoded where they are sent (the event loop's
 # ``Connection.send_small_rows``, a kept lookup's flight); larger ones go to a thread.
 INLINE_VALUES = 64
+# At most this many bytes (and ``WRITEV_PIECES`` buffers, below the kernel's IOV_MAX of
+# 1024) go to one ``writev`` of ``send_views``: what the socket does not take is copied, so
+# a group is kept near what a loopback socket's send buffer takes at once.
+WRITEV_BYTES = 512 * 1024
+WRITEV_PIECES = 256
+
+Buffer = bytes | bytearray | memoryview
 
 
 class GatheringWriter:
@@ -53,9 +67,68 @@ class GatheringWriter:
         self.flush()
         await self.writer.drain()
 
+    async def send_views(self, views: Sequence[Buffer]) -> None:
+        """Send ``views`` in order and drain, as ``write`` of each then ``drain`` would.
+
+        On a plain socket whose transport holds nothing unsent, each group of views goes
+        out with one ``writev`` from the views themselves; the part the socket did not
+        take is handed to the transport (copied there, sent in order before anything
+        later) and drained before the next group. A TLS transport (whose bytes must pass
+        its TLS state) and a failed ``writev`` take the transport's own path, which
+        reports a lost client as ``drain`` does."""
+        self.flush()
+        transport = self.writer.transport
+        fd = _plain_fd(self.writer)
+        limits = transport.get_write_buffer_limits()
+        # drain() then waits until the transport sent everything (not down to its low
+        # mark), so that the next group finds it empty and can go out with writev again
+        transport.set_write_buffer_limits(high=0, low=0)
+        try:
+            start = 0
+            while start < len(views):
+                end, size = start, 0
+                while end < len(views) and end - start < WRITEV_PIECES and size < WRITEV_BYTES:
+                    size += len(views[end])
+                    end += 1
+                self._send_group(fd, views[start:end])
+                await self.writer.drain()
+                start = end
+        finally:
+            if not transport.is_closing():
+                transport.set_write_buffer_limits(high=limits[1], low=limits[0])
+
+    def _send_group(self, fd: int | None, group: Sequence[Buffer]) -> None:
+        """``group`` with one ``writev`` if the transport holds nothing unsent, the rest
+        (all of it without ``fd``) handed to the transport in order."""
+        transport = self.writer.transport
+        sent = 0
+        if fd is not None and not transport.is_closing() \
+                and transport.get_write_buffer_size() == 0:  # fmt: skip
+            try:
+                sent = os.writev(fd, group)
+            except (BlockingIOError, InterruptedError):
+                sent = 0
+            except OSError:  # the transport's write meets it too and reports it
+                sent = 0
+        for view in group:  # what writev did not send, in order
+            if sent >= len(view):
+                sent -= len(view)
+                continue
+            self.writer.write(memoryview(view)[sent:] if sent else view)
+            sent = 0
+
     def close(self) -> None:
         self.flush()
         self.writer.close()
 
     def __getattr__(self, name: str) -> Any:  # get_extra_info, is_closing, wait_closed, ...
         return getattr(self.writer, name)
+
+
+def _plain_fd(writer: asyncio.StreamWriter) -> int | None:
+    """The socket descriptor of ``writer`` if bytes may be written to it directly (a
+    socket transport without TLS), else None."""
+    if writer.get_extra_info("ssl_object") is not None:
+        return None
+    sock = writer.get_extra_info("socket")
+    return None if sock is None else sock.fileno()
