@@ -12,6 +12,9 @@ import java.io.InputStream;
 import java.io.OutputStream;
 import java.net.InetSocketAddress;
 import java.net.Socket;
+import java.nio.ByteBuffer;
+import java.nio.channels.ReadableByteChannel;
+import java.nio.channels.SocketChannel;
 import java.nio.charset.StandardCharsets;
 import java.security.GeneralSecurityException;
 import java.security.KeyStore;
@@ -77,6 +80,9 @@ final class PgWireClient implements Closeable {
     }
 
     private final Socket socket;
+    /** The plaintext socket's channel (null with TLS): COPY data is read from it directly. */
+    private final SocketChannel channel;
+    private final WireInput wire;
     private final DataInputStream in;
     private final OutputStream out;
     private boolean broken;
@@ -244,9 +250,11 @@ final class PgWireClient implements Closeable {
         }
     }
 
-    private PgWireClient(Socket socket) throws IOException {
+    private PgWireClient(Socket socket, SocketChannel channel) throws IOException {
         this.socket = socket;
-        this.in = new DataInputStream(new BufferedInputStream(socket.getInputStream(), 1 << 16));
+        this.channel = channel;
+        this.wire = new WireInput(socket.getInputStream());
+        this.in = new DataInputStream(wire);
         this.out = new BufferedOutputStream(socket.getOutputStream(), 1 << 14);
     }
 
@@ -256,19 +264,21 @@ final class PgWireClient implements Closeable {
      */
     static PgWireClient connect(String host, int port, String user, String password,
             String database, String sslmode, String sslrootcert) throws IOException {
-        Socket plain = new Socket();
-        plain.setTcpNoDelay(true);
-        plain.connect(new InetSocketAddress(host, port), CONNECT_TIMEOUT_MS);
+        SocketChannel channel = SocketChannel.open(); // blocking; its socket is the stream API
+        Socket plain = channel.socket();
         Socket socket = plain;
         try {
+            plain.setTcpNoDelay(true);
+            plain.connect(new InetSocketAddress(host, port), CONNECT_TIMEOUT_MS);
             if (sslmode != null && !sslmode.equals("disable")) {
                 if (!sslmode.equals("require") && !sslmode.equals("verify-full")) {
                     throw new IllegalArgumentException("sslmode " + sslmode
                         + " is not supported (disable, require or verify-full)");
                 }
                 socket = startTls(plain, host, port, sslrootcert);
+                channel = null; // the bytes must pass the TLS socket
             }
-            PgWireClient client = new PgWireClient(socket);
+            PgWireClient client = new PgWireClient(socket, channel);
             client.startup(user, password == null ? "" : password,
                 database == null ? "topicbase" : database);
             return client;
@@ -702,7 +712,7 @@ final class PgWireClient implements Closeable {
      * CopyData payloads back to back, end of stream after CopyDone and ReadyForQuery. An error
      * before the data is thrown here; one during it is thrown by the stream's read.
      */
-    InputStream copyOut(String copy) throws IOException {
+    CopyStream copyOut(String copy) throws IOException {
         ready = false;
         send('Q', cstring(copy));
         out.flush();
@@ -721,15 +731,26 @@ final class PgWireClient implements Closeable {
         }
     }
 
-    private final class CopyStream extends InputStream {
+    /**
+     * The COPY's data: the CopyData payloads back to back, as an {@link InputStream} and as a
+     * {@link ReadableByteChannel}. On a plaintext connection the channel reads a payload from
+     * the socket straight into the caller's direct buffer (an Arrow buffer: the only copy is
+     * the kernel's), and each CopyData header is read alone (5 bytes) so that the buffered
+     * stream does not read ahead into the next payload; what it holds is copied out first.
+     */
+    final class CopyStream extends InputStream implements ReadableByteChannel {
         private int left; // bytes of the current CopyData still unread
         private boolean done;
+        private byte[] scratch; // the heap path's transfer buffer (TLS, heap buffers)
 
         /** Moves to the next CopyData with data; false at the end of the COPY. */
         private boolean advance() throws IOException {
             while (left == 0) {
                 if (done) {
                     return false;
+                }
+                if (channel != null) {
+                    wire.fillAtMost(5); // the header alone, not the payload after it
                 }
                 char type = (char) in.readUnsignedByte();
                 int length = in.readInt();
@@ -778,6 +799,81 @@ final class PgWireClient implements Closeable {
             }
             left -= n;
             return n;
+        }
+
+        @Override
+        public int read(ByteBuffer target) throws IOException {
+            if (!target.hasRemaining()) {
+                return 0;
+            }
+            if (!advance()) {
+                return -1;
+            }
+            int want = Math.min(target.remaining(), left);
+            int n;
+            if (wire.buffered() > 0) {
+                n = wire.drainTo(target, want);
+            } else if (channel != null && target.isDirect()) {
+                int limit = target.limit();
+                target.limit(target.position() + want);
+                try {
+                    n = channel.read(target);
+                } finally {
+                    target.limit(limit);
+                }
+            } else {
+                if (scratch == null) {
+                    scratch = new byte[1 << 16];
+                }
+                n = in.read(scratch, 0, Math.min(want, scratch.length));
+                if (n > 0) {
+                    target.put(scratch, 0, n);
+                }
+            }
+            if (n < 0) {
+                broken = true;
+                throw new EOFException("the server closed the connection during COPY");
+            }
+            left -= n;
+            return n;
+        }
+
+        @Override
+        public boolean isOpen() {
+            return true; // the connection's, released with it
+        }
+    }
+
+    /** The socket's buffered input, whose buffered bytes the COPY stream can take directly. */
+    private static final class WireInput extends BufferedInputStream {
+        WireInput(InputStream socket) {
+            super(socket, 1 << 16);
+        }
+
+        /** Bytes read from the socket and not yet consumed. */
+        int buffered() {
+            return count - pos;
+        }
+
+        /** Moves up to {@code max} buffered bytes into {@code target}; how many. */
+        int drainTo(ByteBuffer target, int max) {
+            int n = Math.min(max, count - pos);
+            target.put(buf, pos, n);
+            pos += n;
+            return n;
+        }
+
+        /** With nothing buffered, reads at most {@code max} bytes (blocking for one). */
+        void fillAtMost(int max) throws IOException {
+            if (count - pos > 0 || markpos >= 0) {
+                return;
+            }
+            pos = 0;
+            count = 0;
+            int n = in.read(buf, 0, max);
+            if (n > 0) {
+                count = n;
+            }
         }
     }
 

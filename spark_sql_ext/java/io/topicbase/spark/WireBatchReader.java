@@ -2,9 +2,9 @@ package io.topicbase.spark;
 
 import java.io.IOException;
 import java.io.InputStream;
-import java.io.PushbackInputStream;
 import java.nio.ByteBuffer;
 import java.nio.ByteOrder;
+import java.nio.channels.ReadableByteChannel;
 import java.util.ArrayList;
 import java.util.HashMap;
 import java.util.List;
@@ -101,7 +101,7 @@ final class WireBatchReader implements PartitionReader<ColumnarBatch> {
     private void open() throws IOException {
         allocator = new RootAllocator(Long.MAX_VALUE);
         client = PgWireClient.borrow(options.get("wire"), options);
-        InputStream data;
+        PgWireClient.CopyStream data;
         try {
             data = client.copyOut(copy);
         } catch (PgWireClient.PgWireException e) {
@@ -142,20 +142,45 @@ final class WireBatchReader implements PartitionReader<ColumnarBatch> {
      * {@code data} after a check that it starts as an Arrow IPC stream does (continuation
      * marker, a plausible schema length): Arrow allocates a message's metadata on the heap at
      * the length it reads, so other bytes (a server without FORMAT arrow) could exhaust the
-     * JVM's heap, which ends the whole Spark application, instead of failing the task.
+     * JVM's heap, which ends the whole Spark application, instead of failing the task. The
+     * stream is read as a channel (the COPY's payloads go straight into Arrow's buffers).
      */
-    private static InputStream checkedStart(InputStream data) throws IOException {
-        PushbackInputStream stream = new PushbackInputStream(data, 8);
-        byte[] head = stream.readNBytes(8);
-        int marker = ByteBuffer.wrap(head, 0, 4).getInt();
+    private static ReadableByteChannel checkedStart(PgWireClient.CopyStream data)
+            throws IOException {
+        byte[] head = data.readNBytes(8);
+        int marker = head.length < 8 ? 0 : ByteBuffer.wrap(head, 0, 4).getInt();
         int length = head.length < 8 ? -1
             : ByteBuffer.wrap(head, 4, 4).order(ByteOrder.LITTLE_ENDIAN).getInt();
         if (head.length < 8 || marker != -1 || length <= 0 || length > SCHEMA_BYTES_MAX) {
             throw new IOException("the COPY data is not an Arrow IPC stream (does the server "
                 + "support COPY ... (FORMAT arrow)?)");
         }
-        stream.unread(head);
-        return stream;
+        return new ReadableByteChannel() {
+            private final ByteBuffer first = ByteBuffer.wrap(head);
+
+            @Override
+            public int read(ByteBuffer target) throws IOException {
+                if (!first.hasRemaining()) {
+                    return data.read(target);
+                }
+                int n = Math.min(first.remaining(), target.remaining());
+                ByteBuffer piece = first.slice();
+                piece.limit(n);
+                target.put(piece);
+                first.position(first.position() + n);
+                return n;
+            }
+
+            @Override
+            public boolean isOpen() {
+                return true;
+            }
+
+            @Override
+            public void close() {
+                // the COPY stream is the connection's, released with it
+            }
+        };
     }
 
     @Override
