@@ -297,7 +297,7 @@ def run(recorder: Any) -> None:
                           + "; ".join(f"{name} " + " ".join(f"{t:.2f}" for t in times)
                                       for name, times in reads.items()))  # fmt: skip
         _record_pair(recorder, "batch read (sum + groupBy)", count, median["wire"],
-                     median["parquet"], 0.8)  # fmt: skip
+                     median["parquet"], 0.8, reads["wire"], reads["parquet"])  # fmt: skip
         recorder.add("spark batch read (sum + groupBy), catalog over Flight (Python source)",
                      count / median["flight"], "msgs/s", group="spark")  # fmt: skip
         recorder.add("spark batch read (sum + groupBy), format(topicbase), no pruning",
