@@ -1,0 +1,130 @@
+"""Same-session A/B of the Spark batch read: Parquet against one or more servers' trees.
+
+One SparkSession (``local[2]``, the bench's settings) with one catalog per tree, each on its
+own ``topicbase serve`` started from that tree (``bench.spark_write_ab._start``). Every
+server's topic ``bench`` is filled as ``bench.spark_bench`` fills it (the Python source's
+writes of 240k rows, N x 1 KiB, 4 partitions), Parquet is written once; then each round
+runs the bench's scan (``sum(length(data))`` and ``groupBy(partition).count()``) over the
+Parquet files and over every tree's catalog (``topicbase.main.bench`` read in the JVM over
+the wire), the trees' order alternating round by round. Printed per scan: wall s, the
+server's and the Spark JVM's CPU s; at the end per tree the ratio to Parquet (Parquet s /
+wire s) of the medians and per round (median and range), and ``uptime``.
+
+Usage (from any tree; loopback only; the JVM reader is the jar of the tree this runs
+from, for every tree: the trees differ in their servers only)::
+
+    python -m bench.spark_read_ab --count 1000000 --rounds 5 \
+        --tree main=/work/main --tree new=/tmp/h3wt
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import shutil
+import signal
+import statistics
+import subprocess
+import tempfile
+import time
+from typing import Any
+
+from bench.demo_spark import PASSWORD, USER, kill_group
+from bench.spark_bench import PARTITIONS, _cpu_s, _rows, _scan, _timed, spark_builder
+from bench.spark_write_ab import _execute, _start, _uptime
+from sql.pgwire.users import add_user, default_users_path
+
+CHUNK = PARTITIONS * 60_000  # the bench's Python-source writes (bench.spark_bench.run)
+
+
+def _session(servers: dict[str, tuple[int, int]]) -> Any:
+    import spark_sql_ext
+
+    builder = spark_builder("topicbase-read-ab")
+    for name, (wire, flight) in servers.items():
+        builder = spark_sql_ext.configure(
+            builder, url=f"topicbase://127.0.0.1:{flight}", user=USER, password=PASSWORD,
+            catalog=f"tb_{name}", wire_url=f"127.0.0.1:{wire}")  # fmt: skip
+    spark = builder.getOrCreate()
+    spark.sparkContext.setLogLevel("ERROR")
+    spark_sql_ext.register(spark)
+    return spark
+
+
+def _fill(spark: Any, flight: int, count: int) -> None:
+    """The topic ``bench`` as the bench writes it (the Python source, 240k rows a write)."""
+    _execute(flight, f"CREATE TOPIC bench WITH (min_active_partitions = {PARTITIONS})")
+    options = {"url": f"topicbase://127.0.0.1:{flight}", "user": USER, "password": PASSWORD}
+    for start in range(0, count, CHUNK):
+        (_rows(spark, min(CHUNK, count - start)).write.format("topicbase")
+         .options(**options, topic="bench").mode("append").save())  # fmt: skip
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    parser.add_argument("--count", type=int, default=1_000_000)
+    parser.add_argument("--rounds", type=int, default=5)
+    parser.add_argument("--tree", action="append", required=True, help="name=path")
+    args = parser.parse_args()
+    trees = dict(item.split("=", 1) for item in args.tree)
+    work = tempfile.mkdtemp(prefix="topicbase-read-ab-")
+    processes: dict[str, subprocess.Popen] = {}
+    ports: dict[str, tuple[int, int]] = {}
+    try:
+        for name, tree in trees.items():
+            data_dir = os.path.join(work, name)
+            os.makedirs(data_dir)
+            add_user(default_users_path(data_dir), USER, PASSWORD, superuser=True)
+            process, wire, flight = _start(tree, data_dir)
+            processes[name], ports[name] = process, (wire, flight)
+        spark = _session(ports)
+        try:
+            _run(spark, args.count, args.rounds, processes, ports, work)
+        finally:
+            spark.stop()
+    finally:
+        for process in processes.values():
+            kill_group(process, signal.SIGTERM)
+        shutil.rmtree(work, ignore_errors=True)
+
+
+def _run(spark: Any, count: int, rounds: int, processes: dict[str, subprocess.Popen],
+         ports: dict[str, tuple[int, int]], work: str) -> None:  # fmt: skip
+    parquet = os.path.join(work, "parquet")
+    jvm_pid = spark._jvm.java.lang.ProcessHandle.current().pid()
+    _rows(spark, count).write.mode("overwrite").parquet(parquet)
+    for _, flight in ports.values():
+        _fill(spark, flight, count)
+    _scan(spark.read.parquet(parquet))  # warm up every path once, as the bench does
+    for name in ports:
+        _scan(spark.table(f"tb_{name}.main.bench"))
+    print(f"start {time.strftime('%H:%M:%S', time.gmtime())} UTC; {_uptime()}", flush=True)
+    seconds: dict[str, list[float]] = {"parquet": [], **{name: [] for name in ports}}
+    order = list(ports)
+    for round_ in range(1, rounds + 1):
+        jvm = _cpu_s(jvm_pid)
+        seconds["parquet"].append(_timed(lambda: _scan(spark.read.parquet(parquet))))
+        print(f"round {round_} parquet {seconds['parquet'][-1]:.2f} s, JVM CPU "
+              f"{_cpu_s(jvm_pid) - jvm:.2f} s", flush=True)
+        for name in order:
+            server, jvm = _cpu_s(processes[name].pid), _cpu_s(jvm_pid)
+            seconds[name].append(_timed(
+                lambda name=name: _scan(spark.table(f"tb_{name}.main.bench"))))
+            print(f"round {round_} {name} {seconds[name][-1]:.2f} s, server CPU "
+                  f"{_cpu_s(processes[name].pid) - server:.2f} s, JVM CPU "
+                  f"{_cpu_s(jvm_pid) - jvm:.2f} s", flush=True)
+        order.reverse()
+    print(f"end {time.strftime('%H:%M:%S', time.gmtime())} UTC; {_uptime()}")
+    base = seconds["parquet"]
+    for name in ports:
+        runs = seconds[name]
+        per_round = [p / t for p, t in zip(base, runs, strict=True)]
+        print(f"{name}: ratio of medians {statistics.median(base) / statistics.median(runs):.2f}x;"
+              f" per round median {statistics.median(per_round):.2f}x, range "
+              f"{min(per_round):.2f}-{max(per_round):.2f}; wire s "
+              + " ".join(f"{t:.2f}" for t in runs) + "; parquet s "
+              + " ".join(f"{t:.2f}" for t in base))  # fmt: skip
+
+
+if __name__ == "__main__":
+    main()
