@@ -10,8 +10,9 @@ Invariants: dictionary-encoded columns are sent decoded (no dictionary batches: 
 is schema, batches, end), so a reader needs no dictionary support; every CopyData payload
 is at most ``CHUNK_BYTES``; batches are serialised one at a time, so what is held is one
 batch and its message, never the whole result. The CopyData messages are given as buffers
-(headers and slices of the serialised message, ``copy_data``) for a vectored send: the
-message is not copied again to frame it. COPY FROM reads the same format
+(headers and slices of the message, ``copy_data``) for a vectored send: a batch of simple
+columns is not serialised into a copy at all (``ipc_views``: its metadata, then views of
+its own buffers), and no message is copied again to frame it. COPY FROM reads the same format
 (``ArrowCopyDecoder``). Pure code, no I/O.
 """
 
@@ -21,6 +22,7 @@ import struct
 
 import pyarrow as pa
 
+from sql.pgwire.codec import ipc_views
 from sql.pgwire.codec.copy_format import BadCopyFormatError
 
 # The largest CopyData payload sent. Below glibc malloc's default mmap threshold (128 KiB):
@@ -69,18 +71,29 @@ def plain_batch(batch: pa.RecordBatch, schema: pa.Schema) -> pa.RecordBatch:
     return pa.RecordBatch.from_arrays(columns, schema=schema)
 
 
-def copy_data(message: pa.Buffer | bytes, chunk_bytes: int = CHUNK_BYTES
-              ) -> list[bytes | memoryview]:  # fmt: skip
-    """``message`` (bytes of the IPC stream) as CopyData messages of at most ``chunk_bytes``,
-    as buffers to send in order: each message's 5-byte header, then its payload as a slice
-    of ``message`` (no copy; the slices keep ``message`` alive)."""
+def copy_data(message: pa.Buffer | bytes | list[bytes | memoryview],
+              chunk_bytes: int = CHUNK_BYTES) -> list[bytes | memoryview]:  # fmt: skip
+    """``message`` (bytes of the IPC stream, or buffers to put end to end) as CopyData
+    messages of at most ``chunk_bytes``, as buffers to send in order: each message's
+    5-byte header, then its payload as slices of ``message`` (no copy; the slices keep
+    the buffers alive). Only the last message may be shorter than ``chunk_bytes``."""
     assert chunk_bytes > 0
-    view = memoryview(message)
+    parts = [memoryview(part) for part in (message if isinstance(message, list) else [message])]
+    total = sum(len(part) for part in parts)
     pieces: list[bytes | memoryview] = []
-    for start in range(0, len(view), chunk_bytes):
-        piece = view[start:start + chunk_bytes]
-        pieces.append(_COPY_DATA.pack(b"d", len(piece) + 4))
-        pieces.append(piece)
+    index, at = 0, 0  # the next unsent byte: parts[index][at]
+    for start in range(0, total, chunk_bytes):
+        size = min(chunk_bytes, total - start)
+        pieces.append(_COPY_DATA.pack(b"d", size + 4))
+        while size:
+            part = parts[index]
+            take = min(size, len(part) - at)
+            if take:
+                pieces.append(part[at:at + take])
+            size -= take
+            at += take
+            if at == len(part):
+                index, at = index + 1, 0
     return pieces
 
 
@@ -93,7 +106,9 @@ def batch_messages(batch: pa.RecordBatch, schema: pa.Schema) -> list[bytes | mem
     """CopyData of one record batch message (an empty batch gives none)."""
     if batch.num_rows == 0:
         return []
-    return copy_data(plain_batch(batch, schema).serialize())
+    plain = plain_batch(batch, schema)
+    views = ipc_views.batch_views(plain)  # the message without copying the batch's data
+    return copy_data(plain.serialize() if views is None else views)
 
 
 def end_messages() -> list[bytes | memoryview]:
