@@ -88,8 +88,9 @@ def _run(monkeypatch: pytest.MonkeyPatch, tls: bool) -> tuple[bytes, bytes, list
         gathering.write(b"first")  # kept: must go before the views
         await gathering.send_views(views)
         gathering.write(b"last")
-        await gathering.drain()
+        await gathering.drain()  # returns at the transport's low mark: close sends the rest
         writer.close()
+        await writer.wait_closed()
 
     asyncio.run(send())
     reader_thread.join(30)

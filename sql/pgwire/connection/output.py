@@ -79,6 +79,11 @@ class GatheringWriter:
         self.flush()
         transport = self.writer.transport
         fd = _plain_fd(self.writer)
+        if fd is None:  # TLS: the transport's own path and flow control, as write + drain
+            for view in views:
+                self.writer.write(view)
+            await self.writer.drain()
+            return
         limits = transport.get_write_buffer_limits()
         # drain() then waits until the transport sent everything (not down to its low
         # mark), so that the next group finds it empty and can go out with writev again
