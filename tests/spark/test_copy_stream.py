@@ -57,7 +57,10 @@ def _send_in_pieces(conn: socket.socket, data: bytes, chance: random.Random) -> 
         time.sleep(0.0005)
 
 
-def _serve(listener: socket.socket, payloads: list[bytes], failures: list[str]) -> None:
+def _serve(listener: socket.socket, payloads: list[bytes], failures: list[str],
+           broken_length: int | None = None) -> None:  # fmt: skip
+    """Answer one COPY with ``payloads``; with ``broken_length``, a CopyData header of that
+    length after the first payload instead of the rest, then the connection closes."""
     try:
         conn, _ = listener.accept()
         with conn:
@@ -71,6 +74,10 @@ def _serve(listener: socket.socket, payloads: list[bytes], failures: list[str]) 
             out = _message(b"H", b"\x01\x00\x01\x00\x01")
             for index, payload in enumerate(payloads):
                 out += _message(b"d", payload)
+                if broken_length is not None:
+                    _send_in_pieces(conn, out + b"d" + struct.pack("!i", broken_length), chance)
+                    conn.recv(16)  # the client gives up: its close
+                    return
                 if index == len(payloads) // 2:
                     out += _message(b"N", b"SNOTICE\x00Mhalf way\x00\x00")
             out += _message(b"c", b"") + _message(b"C", b"COPY 1\x00") + _message(b"Z", b"I")
@@ -85,14 +92,13 @@ def _serve(listener: socket.socket, payloads: list[bytes], failures: list[str]) 
         failures.append(repr(error))
 
 
-def test_copy_data_read_as_a_channel_is_the_payloads_in_order(tmp_path: Path) -> None:
-    chance = random.Random(3)
-    sizes = [65536, 5, 0, 65536, 1, 65531, 200_000, 0, 3, 70_000, 65536, 12, 65536, 9999]
-    payloads = [bytes(chance.getrandbits(8) for _ in range(min(size, 64))) * (size // 64)
-                + bytes(chance.getrandbits(8) for _ in range(size % 64)) for size in sizes]
+def _run_check(tmp_path: Path, payloads: list[bytes], broken_length: int | None = None
+               ) -> tuple[subprocess.CompletedProcess[str], list[str], Path]:  # fmt: skip
+    """CopyStreamCheck against the fake server; its run, the server's failures, its bytes."""
     listener = socket.create_server(("127.0.0.1", 0))
     failures: list[str] = []
-    server = threading.Thread(target=_serve, args=(listener, payloads, failures), daemon=True)
+    server = threading.Thread(target=_serve, args=(listener, payloads, failures, broken_length),
+                              daemon=True)  # fmt: skip
     server.start()
     jars = os.path.join(os.path.dirname(pyspark.__file__), "jars", "*")
     classpath = os.pathsep.join([jars, build()])
@@ -107,8 +113,28 @@ def test_copy_data_read_as_a_channel_is_the_payloads_in_order(tmp_path: Path) ->
                           capture_output=True, text=True, timeout=300)  # fmt: skip
     server.join(10)
     listener.close()
+    return done, failures, got
+
+
+def test_copy_data_read_as_a_channel_is_the_payloads_in_order(tmp_path: Path) -> None:
+    chance = random.Random(3)
+    sizes = [65536, 5, 0, 65536, 1, 65531, 200_000, 0, 3, 70_000, 65536, 12, 65536, 9999]
+    payloads = [bytes(chance.getrandbits(8) for _ in range(min(size, 64))) * (size // 64)
+                + bytes(chance.getrandbits(8) for _ in range(size % 64)) for size in sizes]
+    done, failures, got = _run_check(tmp_path, payloads)
     assert done.returncode == 0, done.stdout + done.stderr[-3000:]
     assert not failures, failures
     expected = b"".join(payloads)
     assert done.stdout.split() == ["bytes", str(len(expected)), "ready", "1"]
     assert got.read_bytes() == expected
+
+
+def test_a_copy_data_length_under_four_is_a_clear_protocol_error(tmp_path: Path) -> None:
+    """A broken server's CopyData length below its own 4 bytes (review R2, round 20): the
+    reader fails with 08P01 naming the length, not an index or argument exception."""
+    for length in (2, -5):
+        done, failures, _ = _run_check(tmp_path, [b"x" * 100], broken_length=length)
+        assert not failures, failures
+        assert done.returncode != 0
+        assert f"bad message length {length} from server in a COPY" in done.stderr, (
+            done.stderr[-2000:])

@@ -754,6 +754,12 @@ final class PgWireClient implements Closeable {
                 }
                 char type = (char) in.readUnsignedByte();
                 int length = in.readInt();
+                if (length < 4 || length > MESSAGE_MAX) { // a clear error, not a negative read
+                    done = true;
+                    broken = true;
+                    throw new PgWireException("08P01", "bad message length " + length
+                            + " from server in a COPY");
+                }
                 if (type == 'd') {
                     left = length - 4;
                     continue;
