@@ -72,10 +72,17 @@ class GatheringWriter:
 
         On a plain socket whose transport holds nothing unsent, each group of views goes
         out with one ``writev`` from the views themselves; the part the socket did not
-        take is handed to the transport (copied there, sent in order before anything
-        later) and drained before the next group. A TLS transport (whose bytes must pass
-        its TLS state) and a failed ``writev`` take the transport's own path, which
-        reports a lost client as ``drain`` does."""
+        take is handed to the transport (sent in order before anything later) and
+        drained before the next group. A TLS transport (whose bytes must pass its TLS
+        state) and a failed ``writev`` take the transport's own path, which reports a lost
+        client as ``drain`` does.
+
+        Invariant: the views' memory is not reused until this returns. Python 3.11's
+        transport copies what it is handed, but 3.12's keeps the view itself: it is the
+        drain to nothing unsent before returning that makes the caller free to reuse or
+        release the buffers (mapped segments included). Until then the batch and its maps
+        stay alive: a slow COPY client holds one batch's maps (counted in
+        ``READ_MAPS_MAX``; other reads then use ``pread``)."""
         self.flush()
         transport = self.writer.transport
         fd = _plain_fd(self.writer)
