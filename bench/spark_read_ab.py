@@ -21,34 +21,15 @@ from __future__ import annotations
 
 import argparse
 import os
-import shutil
-import signal
-import statistics
 import subprocess
-import tempfile
 import time
 from typing import Any
 
-from bench.demo_spark import PASSWORD, USER, kill_group
-from bench.spark_bench import PARTITIONS, _cpu_s, _rows, _scan, _timed, spark_builder
-from bench.spark_write_ab import _execute, _start, _uptime
-from sql.pgwire.users import add_user, default_users_path
+from bench.demo_spark import PASSWORD, USER
+from bench.spark_bench import PARTITIONS, _cpu_s, _rows, _scan, _timed
+from bench.spark_write_ab import _execute, _uptime, print_ratios, served_trees, session
 
 CHUNK = PARTITIONS * 60_000  # the bench's Python-source writes (bench.spark_bench.run)
-
-
-def _session(servers: dict[str, tuple[int, int]]) -> Any:
-    import spark_sql_ext
-
-    builder = spark_builder("topicbase-read-ab")
-    for name, (wire, flight) in servers.items():
-        builder = spark_sql_ext.configure(
-            builder, url=f"topicbase://127.0.0.1:{flight}", user=USER, password=PASSWORD,
-            catalog=f"tb_{name}", wire_url=f"127.0.0.1:{wire}")  # fmt: skip
-    spark = builder.getOrCreate()
-    spark.sparkContext.setLogLevel("ERROR")
-    spark_sql_ext.register(spark)
-    return spark
 
 
 def _fill(spark: Any, flight: int, count: int) -> None:
@@ -67,25 +48,12 @@ def main() -> None:
     parser.add_argument("--tree", action="append", required=True, help="name=path")
     args = parser.parse_args()
     trees = dict(item.split("=", 1) for item in args.tree)
-    work = tempfile.mkdtemp(prefix="topicbase-read-ab-")
-    processes: dict[str, subprocess.Popen] = {}
-    ports: dict[str, tuple[int, int]] = {}
-    try:
-        for name, tree in trees.items():
-            data_dir = os.path.join(work, name)
-            os.makedirs(data_dir)
-            add_user(default_users_path(data_dir), USER, PASSWORD, superuser=True)
-            process, wire, flight = _start(tree, data_dir)
-            processes[name], ports[name] = process, (wire, flight)
-        spark = _session(ports)
+    with served_trees(trees, "topicbase-read-ab-") as (processes, ports, work):
+        spark = session(ports, "topicbase-read-ab")
         try:
             _run(spark, args.count, args.rounds, processes, ports, work)
         finally:
             spark.stop()
-    finally:
-        for process in processes.values():
-            kill_group(process, signal.SIGTERM)
-        shutil.rmtree(work, ignore_errors=True)
 
 
 def _run(spark: Any, count: int, rounds: int, processes: dict[str, subprocess.Popen],
@@ -115,15 +83,7 @@ def _run(spark: Any, count: int, rounds: int, processes: dict[str, subprocess.Po
                   f"{_cpu_s(jvm_pid) - jvm:.2f} s", flush=True)
         order.reverse()
     print(f"end {time.strftime('%H:%M:%S', time.gmtime())} UTC; {_uptime()}")
-    base = seconds["parquet"]
-    for name in ports:
-        runs = seconds[name]
-        per_round = [p / t for p, t in zip(base, runs, strict=True)]
-        print(f"{name}: ratio of medians {statistics.median(base) / statistics.median(runs):.2f}x;"
-              f" per round median {statistics.median(per_round):.2f}x, range "
-              f"{min(per_round):.2f}-{max(per_round):.2f}; wire s "
-              + " ".join(f"{t:.2f}" for t in runs) + "; parquet s "
-              + " ".join(f"{t:.2f}" for t in base))  # fmt: skip
+    print_ratios(seconds, ports)
 
 
 if __name__ == "__main__":

@@ -35,6 +35,8 @@ import statistics
 import subprocess
 import tempfile
 import time
+from collections.abc import Iterable, Iterator
+from contextlib import contextmanager
 from typing import Any
 
 from bench.demo_spark import PASSWORD, USER, kill_group, start_server
@@ -56,17 +58,56 @@ def _start(tree: str, data_dir: str) -> tuple[subprocess.Popen, int, int]:
         os.chdir(here)
 
 
-def _session(servers: dict[str, tuple[int, int]]) -> Any:
+def session(servers: dict[str, tuple[int, int]], app: str) -> Any:
+    """One SparkSession with a catalog ``tb_<name>`` per server (wire and Flight ports)
+    and the ``topicbase`` source registered."""
     import spark_sql_ext
 
-    builder = spark_builder("topicbase-write-ab")
+    builder = spark_builder(app)
     for name, (wire, flight) in servers.items():
         builder = spark_sql_ext.configure(
             builder, url=f"topicbase://127.0.0.1:{flight}", user=USER, password=PASSWORD,
             catalog=f"tb_{name}", wire_url=f"127.0.0.1:{wire}")  # fmt: skip
     spark = builder.getOrCreate()
     spark.sparkContext.setLogLevel("ERROR")
+    spark_sql_ext.register(spark)
     return spark
+
+
+@contextmanager
+def served_trees(trees: dict[str, str], prefix: str
+                 ) -> Iterator[tuple[dict[str, subprocess.Popen], dict[str, tuple[int, int]], str]]:
+    """A server per tree over a fresh data directory (user ``USER``), in a scratch
+    directory: yields the processes, their (wire, Flight) ports and the directory;
+    stops the servers and removes it after."""
+    work = tempfile.mkdtemp(prefix=prefix)
+    processes: dict[str, subprocess.Popen] = {}
+    ports: dict[str, tuple[int, int]] = {}
+    try:
+        for name, tree in trees.items():
+            data_dir = os.path.join(work, name)
+            os.makedirs(data_dir)
+            add_user(default_users_path(data_dir), USER, PASSWORD, superuser=True)
+            process, wire, flight = _start(tree, data_dir)
+            processes[name], ports[name] = process, (wire, flight)
+        yield processes, ports, work
+    finally:
+        for process in processes.values():
+            kill_group(process, signal.SIGTERM)
+        shutil.rmtree(work, ignore_errors=True)
+
+
+def print_ratios(seconds: dict[str, list[float]], names: Iterable[str]) -> None:
+    """Per tree: Parquet s / wire s of the medians and per round (median and range)."""
+    base = seconds["parquet"]
+    for name in names:
+        runs = seconds[name]
+        per_round = [p / t for p, t in zip(base, runs, strict=True)]
+        print(f"{name}: ratio of medians {statistics.median(base) / statistics.median(runs):.2f}x;"
+              f" per round median {statistics.median(per_round):.2f}x, range "
+              f"{min(per_round):.2f}-{max(per_round):.2f}; wire s "
+              + " ".join(f"{t:.2f}" for t in runs) + "; parquet s "
+              + " ".join(f"{t:.2f}" for t in base))  # fmt: skip
 
 
 def _execute(flight: int, sql: str) -> None:
@@ -95,25 +136,12 @@ def main() -> None:
     for item in args.write_option:
         name, key, value = item.split("=", 2)
         extra[name][key] = value
-    work = tempfile.mkdtemp(prefix="topicbase-write-ab-")
-    processes: dict[str, subprocess.Popen] = {}
-    ports: dict[str, tuple[int, int]] = {}
-    try:
-        for name, tree in trees.items():
-            data_dir = os.path.join(work, name)
-            os.makedirs(data_dir)
-            add_user(default_users_path(data_dir), USER, PASSWORD, superuser=True)
-            process, wire, flight = _start(tree, data_dir)
-            processes[name], ports[name] = process, (wire, flight)
-        spark = _session(ports)
+    with served_trees(trees, "topicbase-write-ab-") as (processes, ports, work):
+        spark = session(ports, "topicbase-write-ab")
         try:
             _run(spark, args.count, args.rounds, processes, ports, work, extra, args.data)
         finally:
             spark.stop()
-    finally:
-        for process in processes.values():
-            kill_group(process, signal.SIGTERM)
-        shutil.rmtree(work, ignore_errors=True)
 
 
 def _run(spark: Any, count: int, rounds: int, processes: dict[str, subprocess.Popen],
@@ -161,15 +189,7 @@ def _run(spark: Any, count: int, rounds: int, processes: dict[str, subprocess.Po
             _execute(flight, f"DROP TOPIC {topic}")
         order.reverse()
     print(f"end {time.strftime('%H:%M:%S', time.gmtime())} UTC; {_uptime()}")
-    base = seconds["parquet"]
-    for name in ports:
-        runs = seconds[name]
-        per_round = [p / t for p, t in zip(base, runs, strict=True)]
-        print(f"{name}: ratio of medians {statistics.median(base) / statistics.median(runs):.2f}x;"
-              f" per round median {statistics.median(per_round):.2f}x, range "
-              f"{min(per_round):.2f}-{max(per_round):.2f}; wire s "
-              + " ".join(f"{t:.2f}" for t in runs) + "; parquet s "
-              + " ".join(f"{t:.2f}" for t in base))  # fmt: skip
+    print_ratios(seconds, ports)
 
 
 if __name__ == "__main__":
