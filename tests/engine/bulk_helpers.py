@@ -35,3 +35,16 @@ def topic_for_alice_and_bob(tmp_path: Path) -> Iterator[Database]:
         yield db
     finally:
         db.close()
+
+
+def messages_by_partition(database: Any, partitions: int = 2) -> dict[int, list[bytes]]:
+    """Topic ``t``'s messages (``data``) per partition, in offset order."""
+    session = database.connect()
+    try:
+        table = session.execute('SELECT partition, data FROM TOPIC t ORDER BY "offset"')[-1].table
+    finally:
+        session.close()
+    found: dict[int, list[bytes]] = {p: [] for p in range(partitions)}
+    for row in table.to_pylist():
+        found[row["partition"]].append(row["data"])
+    return found

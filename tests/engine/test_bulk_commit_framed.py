@@ -25,7 +25,7 @@ from storage import limits, staged_frames
 from storage.errors import CorruptSegmentError, DuplicateColumnError, LimitExceededError
 from storage.partition_log import PartitionLog
 from storage.record_batch import FrameEncoder
-from tests.engine.bulk_helpers import commit_writes
+from tests.engine.bulk_helpers import commit_writes, messages_by_partition
 
 
 def _open(tmp_path) -> Database:
@@ -58,16 +58,7 @@ def _stage(database, write_id: str, start: int, count: int, *, extra: bool = Fal
 _commit = commit_writes
 
 
-def _partitions(database) -> dict[int, list[bytes]]:
-    session = database.connect()
-    try:
-        table = session.execute('SELECT partition, data FROM TOPIC t ORDER BY "offset"')[-1].table
-    finally:
-        session.close()
-    found: dict[int, list[bytes]] = {0: [], 1: []}
-    for row in table.to_pylist():
-        found[row["partition"]].append(row["data"])
-    return found
+_partitions = messages_by_partition
 
 
 def _expected(*ranges: tuple[int, int]) -> dict[int, list[bytes]]:

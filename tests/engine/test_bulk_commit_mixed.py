@@ -15,7 +15,7 @@ from engine import bulk_publish, bulk_write, staged_refs
 from engine.catalog import SCHEMA
 from engine.database import Database
 from storage import limits, staged_frames
-from tests.engine.bulk_helpers import commit_writes
+from tests.engine.bulk_helpers import commit_writes, messages_by_partition
 
 
 def _open(tmp_path) -> Database:
@@ -54,16 +54,7 @@ def _stage(database, write_id: str, *streams: list[pa.RecordBatch]) -> None:
         session.close()
 
 
-def _partitions(database) -> dict[int, list[bytes]]:
-    session = database.connect()
-    try:
-        table = session.execute('SELECT partition, data FROM TOPIC t ORDER BY "offset"')[-1].table
-    finally:
-        session.close()
-    found: dict[int, list[bytes]] = {0: [], 1: []}
-    for row in table.to_pylist():
-        found[row["partition"]].append(row["data"])
-    return found
+_partitions = messages_by_partition
 
 
 def _expected(*ranges: tuple[int, int]) -> dict[int, list[bytes]]:

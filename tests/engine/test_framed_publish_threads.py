@@ -15,7 +15,7 @@ from engine import bulk_write
 from engine.database import Database
 from storage.errors import StorageIOError
 from storage.partition_log import PartitionLog
-from tests.engine.bulk_helpers import commit_writes
+from tests.engine.bulk_helpers import commit_writes, messages_by_partition
 
 PARTITIONS = 4
 
@@ -44,15 +44,7 @@ def _stage(database: Database, write_id: str, start: int, count: int) -> None:
 
 
 def _partitions(database: Database) -> dict[int, list[bytes]]:
-    session = database.connect()
-    try:
-        table = session.execute('SELECT partition, data FROM TOPIC t ORDER BY "offset"')[-1].table
-    finally:
-        session.close()
-    found: dict[int, list[bytes]] = {p: [] for p in range(PARTITIONS)}
-    for row in table.to_pylist():
-        found[row["partition"]].append(row["data"])
-    return found
+    return messages_by_partition(database, PARTITIONS)
 
 
 def _expected(*ranges: tuple[int, int]) -> dict[int, list[bytes]]:

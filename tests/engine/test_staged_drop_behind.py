@@ -22,7 +22,7 @@ from storage.errors import CorruptSegmentError, StorageIOError
 from storage.fs import FileSystem
 from storage.record_batch import HEADER_BYTES
 from storage.staged_frames import OWN_FILE
-from tests.engine.bulk_helpers import commit_writes
+from tests.engine.bulk_helpers import commit_writes, messages_by_partition
 from tests.fork_server import ModuleForkServer
 
 HERE = Path(__file__).resolve().parent
@@ -75,16 +75,7 @@ def _stage(database: Database, write_id: str = "a") -> None:
         session.close()
 
 
-def _partitions(database: Database) -> dict[int, list[bytes]]:
-    session = database.connect()
-    try:
-        table = session.execute('SELECT partition, data FROM TOPIC t ORDER BY "offset"')[-1].table
-    finally:
-        session.close()
-    found: dict[int, list[bytes]] = {0: [], 1: []}
-    for row in table.to_pylist():
-        found[row["partition"]].append(row["data"])
-    return found
+_partitions = messages_by_partition
 
 
 def _expected() -> dict[int, list[bytes]]:
