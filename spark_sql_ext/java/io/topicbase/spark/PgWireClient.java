@@ -799,12 +799,7 @@ final class PgWireClient implements Closeable {
                 return -1;
             }
             int n = in.read(buffer, offset, Math.min(length, left));
-            if (n < 0) {
-                broken = true;
-                throw new EOFException("the server closed the connection during COPY");
-            }
-            left -= n;
-            return n;
+            return took(n);
         }
 
         @Override
@@ -836,6 +831,11 @@ final class PgWireClient implements Closeable {
                     target.put(scratch, 0, n);
                 }
             }
+            return took(n);
+        }
+
+        /** Counts {@code n} bytes read of the current CopyData; a closed connection (-1) is an error. */
+        private int took(int n) throws IOException {
             if (n < 0) {
                 broken = true;
                 throw new EOFException("the server closed the connection during COPY");
