@@ -292,6 +292,29 @@ def test_killed_between_its_check_and_its_commit_point_the_restart_reads_every_f
         database.close()
 
 
+@pytest.mark.parametrize("failpoint", [
+    "commit.after_commit_point=crash@2", "adopt.before_patch=crash", "adopt.before_sync=crash",
+    "adopt.before_rename=crash@3", "adopt.before_dir_sync=crash@5", "adopt.before_visible=crash",
+    "adopt.after_visible=crash", "commit.checkpoint_before_delete=crash"])  # fmt: skip
+def test_killed_after_its_commit_point_the_restart_publishes_all_of_it_once(
+        tmp_path: Path, failpoint: str, monkeypatch: pytest.MonkeyPatch) -> None:  # fmt: skip
+    """A guard (it passes without drop-behind too; review R1 F6 of round 20): the child
+    stages with its own files' pages dropped and commits with the vouch, and is killed
+    past the commit point (the publish, each step of adopting an own file, the
+    checkpoint): reopened, every message is published once and in order, a replayed
+    commit is a duplicate, nothing stays staged, the own files are adopted whole."""
+    from tests.engine import test_bulk_adopt_crash as adopt
+
+    monkeypatch.setattr(limits, "ADOPT_BYTES_MIN", 1024)  # the child's adoption, in recovery
+    monkeypatch.setattr(limits, "ADOPT_FILES_MAX", 2)
+    data = tmp_path / "data"
+    environment = {**CHILD, "BULK_PUBLISH_THREADS": "1"}
+    done = _SERVER.run([str(data), "stage-and-commit"], environment=environment,
+                       failpoints=failpoint)  # fmt: skip
+    assert done.returncode == CRASHED, done.stderr
+    assert adopt._recover_and_retry(data) == "all"
+
+
 def _staged(database: Database) -> list[str]:
     session = database.connect()
     try:
