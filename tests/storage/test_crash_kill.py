@@ -226,7 +226,9 @@ def _random_round(
     the writer to tear that write and kill itself. (Until round 20 it slept 20-300 ms
     and then killed the writer as a plain round does: at load ~15 a writer had not
     made its N-th write by then in any of the three torn rounds the time budget left,
-    and the loop failed with "no round tore a write".)
+    and the loop failed with "no round tore a write".) So the random kill moments are
+    the plain and during-open rounds' (two rounds in three); the torn rounds test the
+    cut of a torn tail at a moment the writer chooses.
     """
     policy = POLICIES[round_no % len(POLICIES)]
     kind = (round_no // len(POLICIES)) % 3  # plain, torn write, kill during open
@@ -311,7 +313,8 @@ def test_sigkill_at_random_moments(tmp_path: Path) -> None:
 def test_a_torn_write_round_tears_when_the_writer_is_slow(tmp_path: Path) -> None:
     """A writer that makes its first log write only after the longest plain-round pause
     (one batch a thread every 0.5 s, as a writer starved of CPU at load ~15) still
-    tears its chosen write in a torn-write round, and the reopen cuts it."""
+    tears its chosen write in a torn-write round, and the reopen cuts it. It checks the
+    loop's timing; recovery's own correctness is the random loop's and the other tests'."""
     rng = random.Random(20)
     moments = Moments(20)
     result = _random_round(
