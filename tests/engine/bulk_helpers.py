@@ -48,3 +48,17 @@ def messages_by_partition(database: Any, partitions: int = 2) -> dict[int, list[
     for row in table.to_pylist():
         found[row["partition"]].append(row["data"])
     return found
+
+
+def stage_batch(database: Any, write_id: str, batch: Any, rows_per_append: int) -> None:
+    """Stage ``batch`` for topic ``t`` under ``write_id`` (a session of its own), appended
+    in slices of ``rows_per_append`` rows, as a COPY's batches arrive."""
+    session = database.connect()
+    try:
+        bulk = bulk_write.for_database(database)
+        bulk.start(session, write_id, "topic", "t")
+        slices = [batch.slice(s, rows_per_append) for s in range(0, batch.num_rows,
+                                                                rows_per_append)]  # fmt: skip
+        bulk.append(session, write_id, slices, batch.schema)
+    finally:
+        session.close()

@@ -11,11 +11,10 @@ import threading
 
 import pyarrow as pa
 
-from engine import bulk_write
 from engine.database import Database
 from storage.errors import StorageIOError
 from storage.partition_log import PartitionLog
-from tests.engine.bulk_helpers import commit_writes, messages_by_partition
+from tests.engine.bulk_helpers import commit_writes, messages_by_partition, stage_batch
 
 PARTITIONS = 4
 
@@ -33,14 +32,7 @@ def _stage(database: Database, write_id: str, start: int, count: int) -> None:
         "data": pa.array([b"m%05d" % i for i in range(start, start + count)]),
         "partition": pa.array([i % PARTITIONS for i in range(start, start + count)], pa.int32()),
     })  # fmt: skip
-    session = database.connect()
-    try:
-        bulk = bulk_write.for_database(database)
-        bulk.start(session, write_id, "topic", "t")
-        bulk.append(session, write_id, [batch.slice(s, 100) for s in range(0, count, 100)],
-                    batch.schema)  # fmt: skip
-    finally:
-        session.close()
+    stage_batch(database, write_id, batch, 100)
 
 
 def _partitions(database: Database) -> dict[int, list[bytes]]:

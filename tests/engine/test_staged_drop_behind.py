@@ -22,7 +22,7 @@ from storage.errors import CorruptSegmentError, StorageIOError
 from storage.fs import FileSystem
 from storage.record_batch import HEADER_BYTES
 from storage.staged_frames import OWN_FILE
-from tests.engine.bulk_helpers import commit_writes, messages_by_partition
+from tests.engine.bulk_helpers import commit_writes, messages_by_partition, stage_batch
 from tests.fork_server import ModuleForkServer
 
 HERE = Path(__file__).resolve().parent
@@ -65,14 +65,7 @@ def _stage(database: Database, write_id: str = "a") -> None:
     batch = pa.record_batch({
         "data": pa.array([_message(i) for i in range(ROWS)], pa.binary()),
         "partition": pa.array([i % 2 for i in range(ROWS)], pa.int32())})  # fmt: skip
-    session = database.connect()
-    try:
-        bulk = bulk_write.for_database(database)
-        bulk.start(session, write_id, "topic", "t")
-        bulk.append(session, write_id, [batch.slice(s, 250) for s in range(0, ROWS, 250)],
-                    batch.schema)  # fmt: skip
-    finally:
-        session.close()
+    stage_batch(database, write_id, batch, 250)
 
 
 _partitions = messages_by_partition
