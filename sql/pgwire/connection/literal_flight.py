@@ -38,7 +38,7 @@ import pyarrow as pa
 from engine.api import Result, Session
 from sql.pgwire.codec import messages as m
 from sql.pgwire.connection.extended import ExtendedProtocol
-from sql.pgwire.connection.lookup_flight import bound_portal, end_flight, unlogged_flight_session
+from sql.pgwire.connection.lookup_flight import end_flight, flight_response, unlogged_flight_session
 from sql.pgwire.connection.portals import Portal, Prepared, row_description
 from storage.limits import KEPT_LITERAL_FLIGHT_BYTES_MAX
 
@@ -111,18 +111,11 @@ def answer(connection: ExtendedProtocol, body: bytes) -> bool:
     the reader holds the rest of it and it is a kept literal's; False: nothing taken or
     sent, the caller handles the Bind and what follows as ever. The flight answered is
     kept (``KeptFlight``) for ``answer_kept``."""
-    session = unlogged_flight_session(connection)
-    if session is None:
+    found = flight_response(connection, body, takes,
+                            lambda session, portal: _run(connection, session, portal))  # fmt: skip
+    if found is None:
         return False
-    try:
-        portal = bound_portal(connection, body, takes)
-        if portal is None:
-            return False
-        response = _run(connection, session, portal)
-    except Exception:  # the general path meets it again and reports it
-        return False
-    if response is None:
-        return False
+    session, portal, response = found
     if not end_flight(connection, session, portal, len(body), response):
         return False
     result = portal.result

@@ -50,19 +50,34 @@ def answer(connection: ExtendedProtocol, body: bytes) -> bool:
     """Answer the flight whose Bind's body is ``body`` (already taken off the reader) if
     the reader holds the rest of it and it is a kept lookup's; False: nothing taken or
     sent, the caller handles the Bind and what follows as ever."""
+    found = flight_response(connection, body, _kept_lookup,
+                            lambda _session, portal: _run(connection, portal))  # fmt: skip
+    if found is None:
+        return False
+    session, portal, response = found
+    return end_flight(connection, session, portal, len(body), response)
+
+
+def flight_response(connection: ExtendedProtocol, body: bytes, takes: Callable[[Prepared], bool],
+                    run: Callable[[Session, Portal], bytes | None]
+                    ) -> tuple[Session, Portal, bytes] | None:  # fmt: skip
+    """What every flight does before its end: an unlogged flight session, the Bind's
+    portal of a statement ``takes`` accepts (``bound_portal``) and ``run``'s reply for it.
+    None where any is missing or raises: nothing is taken or sent, and the general path
+    meets the same Bind again and reports what it finds."""
     session = unlogged_flight_session(connection)
     if session is None:
-        return False
+        return None
     try:
-        portal = bound_portal(connection, body, _kept_lookup)
+        portal = bound_portal(connection, body, takes)
         if portal is None:
-            return False
-        response = _run(connection, portal)
+            return None
+        response = run(session, portal)
     except Exception:  # the general path meets it again and reports it
-        return False
+        return None
     if response is None:
-        return False
-    return end_flight(connection, session, portal, len(body), response)
+        return None
+    return session, portal, response
 
 
 def unlogged_flight_session(connection: ExtendedProtocol) -> Session | None:
