@@ -7,10 +7,21 @@ from __future__ import annotations
 
 from collections.abc import Iterator
 from pathlib import Path
+from typing import Any
 
 from sql.pgwire.limits import ServerLimits
 from sql.pgwire.server import ServerThread
 from sql.pgwire.users import add_user
+
+
+def without_key_data(replies: list[list[tuple[bytes, bytes]]]) -> list[list[tuple[bytes, bytes]]]:
+    """Each reply's messages but BackendKeyData (``K``: it differs per connection)."""
+    return [[r for r in reply if r[0] != b"K"] for reply in replies]
+
+
+def logged(caplog: Any, *needles: str) -> int:
+    """How many log records hold every one of ``needles``."""
+    return sum(all(n in record.getMessage() for n in needles) for record in caplog.records)
 
 
 def users_file(tmp_path: Path) -> str:

@@ -57,7 +57,7 @@ def _transcript(port: int) -> list[list[tuple[bytes, bytes]]]:
             bob.ask(parse("i7", "INSERT INTO TOPIC t (data) VALUES ('literal')", []) + sync()),
             bob.ask(parse("i8", INSERT, [TEXT]) + sync()),
         ]
-        flights = [
+        sent = [
             flight("i1", [b"\x00\x01binary"], [1]), flight("i1", [b"\\x4142"]),
             flight("i2", [b"described"]), flight("i8", ["t\u00e9xt".encode()]),
             flight("i3", [b"m", b"p1", b"1"]), flight("i3", [b"m", b"p1", b"1"]),  # duplicate
@@ -69,7 +69,7 @@ def _transcript(port: int) -> list[list[tuple[bytes, bytes]]]:
             flight("nosuch", [b"x"]),
         ]
         for _ in range(2):
-            replies += [bob.ask(flight) for flight in flights]
+            replies += [bob.ask(flight) for flight in sent]
         # The unnamed portal a flight bound is dropped at its Sync: a Describe of it is 34000.
         bob.send(flight("i1", [b"dropped"], [1]) + m.message(b"D", b"P\x00") + sync())
         replies += [bob.until_ready(), bob.until_ready()]
@@ -96,7 +96,7 @@ def _transcript(port: int) -> list[list[tuple[bytes, bytes]]]:
         admin.sql("GRANT INSERT ON TOPIC t TO bob")
         replies += [bob.ask(flight("i1", [b"again"], [1])) for _ in range(2)]
         replies.append(admin.ask(m.message(b"Q", m.cstr("SELECT data FROM TOPIC t"))))
-        return [[r for r in reply if r[0] != b"K"] for reply in replies]
+        return flights.without_key_data(replies)
     finally:
         admin.close()
         bob.close()
@@ -108,8 +108,7 @@ def users(tmp_path: Path) -> str:
 
 
 def _logged(caplog: pytest.LogCaptureFixture) -> int:
-    return sum("statement (user alice" in record.getMessage() and INSERT in record.getMessage()
-               for record in caplog.records)  # fmt: skip
+    return flights.logged(caplog, "statement (user alice", INSERT)
 
 
 def _counted(monkeypatch: pytest.MonkeyPatch) -> list[bool]:

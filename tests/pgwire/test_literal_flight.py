@@ -124,7 +124,7 @@ def _transcript(server: ServerThread, users_file: str, monkeypatch: pytest.Monke
             time.sleep(0.02)
         replies += [admin.ask(flight("one")) for _ in range(3)]
         add_user(users_file, "alice", "alice-pw", superuser=True)
-        return [[r for r in reply if r[0] != b"K"] for reply in replies]
+        return flights.without_key_data(replies)
     finally:
         admin.close()
         bob.close()
@@ -136,8 +136,7 @@ def users(tmp_path: Path) -> str:
 
 
 def _logged(caplog: pytest.LogCaptureFixture) -> int:
-    return sum("statement (user alice" in record.getMessage() and "SELECT 1" in record.getMessage()
-               for record in caplog.records)  # fmt: skip
+    return flights.logged(caplog, "statement (user alice", "SELECT 1")
 
 
 def test_a_literal_flight_answered_whole_sends_the_general_paths_bytes(

@@ -90,7 +90,7 @@ def _transcript(port: int) -> list[list[tuple[bytes, bytes]]]:
         replies += [bob.ask(flight("s1", [b"17"])), bob.ask(flight("s2", [b"17"]))]
         admin.sql("CREATE TABLE kv (k BIGINT PRIMARY KEY, v VARCHAR, n DOUBLE)")
         replies += [bob.ask(flight("s1", [b"17"])), bob.ask(flight("s1", [b"17"]))]
-        return [[r for r in reply if r[0] != b"K"] for reply in replies]
+        return flights.without_key_data(replies)
     finally:
         admin.close()
         bob.close()
@@ -103,7 +103,7 @@ def users(tmp_path: Path) -> str:
 
 def _logged_lookups(caplog: pytest.LogCaptureFixture) -> int:
     """How many statements the servers logged that are the lookup ``a1``'s text."""
-    return sum("SELECT v FROM kv WHERE k = $1" in record.getMessage() for record in caplog.records)
+    return flights.logged(caplog, "SELECT v FROM kv WHERE k = $1")
 
 
 def test_a_flight_answered_whole_sends_the_general_paths_bytes(
