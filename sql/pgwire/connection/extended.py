@@ -161,6 +161,8 @@ def untyped_parameters(parameters: list[bytes | None], oids: list[int], formats:
                        ) -> list[tuple[int, bytes]]:  # fmt: skip
     """A Bind's untyped text parameters to decode again once the statement is described
     (``Portal.untyped``): array literals and texts an integer cast reads otherwise."""
+    if 0 not in formats or (0 not in oids and wire_types.UNKNOWN not in oids):
+        return []  # no text value of an untyped parameter (C scans; 1000 a Bind)
     return [
         (index, value)
         for index, (value, oid, fmt) in enumerate(zip(parameters, oids, formats, strict=True))

@@ -202,18 +202,21 @@ def _bind_fields(body: bytes, at: int
             at += 2 * count
             continue
         values: list[bytes | None] = []
+        append, unpack = values.append, _INT32.unpack_from  # 1000 parameters a Bind: locals
         for _ in range(count):
             if at + 4 > end:
                 return None
-            (length,) = _INT32.unpack_from(body, at)
+            (length,) = unpack(body, at)
             at += 4
-            if length == -1:
-                values.append(None)
-                continue
-            if length < 0 or at + length > end:
+            if length >= 0:
+                if at + length > end:
+                    return None
+                append(body[at : at + length])
+                at += length
+            elif length == -1:
+                append(None)
+            else:
                 return None
-            values.append(body[at : at + length])
-            at += length
     return formats, values, results
 
 
