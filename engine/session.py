@@ -1768,11 +1768,12 @@ def _bind_rows(rows: Sequence[Sequence[Any]], parameters: Any) -> list[tuple[Any
     """Every row with its parameters bound, each value as ``_bind`` binds it (the same
     values, the same error for a missing parameter).
 
-    Rows of one parameter each with positional parameters (psycopg's multi-row INSERT:
-    1000 rows of one ``$n`` each) are bound by C loops (``map``, ``zip``) instead of a
-    ``_bind`` call a value: those calls were ~15 % of the server's CPU for such a
-    statement."""
-    if parameters is not None and not isinstance(parameters, dict) and set(map(len, rows)) == {1}:
+    More than ``_BIND_ROWS_LOOP_MAX`` rows of one parameter each with positional
+    parameters (psycopg's multi-row INSERT: 1000 rows of one ``$n`` each) are bound by C
+    loops (``map``, ``zip``) instead of a ``_bind`` call a value: those calls were ~15 %
+    of the server's CPU for such a statement."""
+    if (len(rows) > _BIND_ROWS_LOOP_MAX and parameters is not None
+            and not isinstance(parameters, dict) and set(map(len, rows)) == {1}):  # fmt: skip
         firsts = list(map(itemgetter(0), rows))
         if set(map(type, firsts)) == {ast.Parameter}:
             try:
@@ -1783,6 +1784,9 @@ def _bind_rows(rows: Sequence[Sequence[Any]], parameters: Any) -> list[tuple[Any
 
 
 _INDEX = attrgetter("index")
+# Up to this many rows the per-value loop is as fast (the C loops' set-up costs ~2 us; a
+# one-row INSERT, the durable produce's, must not pay it).
+_BIND_ROWS_LOOP_MAX = 8
 
 
 def _bind_read_options(operation: ReadRecords, parameters: Any, catalog: Any) -> ReadRecords:

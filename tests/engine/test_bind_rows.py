@@ -31,7 +31,7 @@ def bind_calls(monkeypatch: pytest.MonkeyPatch) -> list[int]:
     return calls
 
 
-@pytest.mark.parametrize("rows", [ROWS, 3])  # the usual way, and append_plain's combiner
+@pytest.mark.parametrize("rows", [ROWS, 9])  # the usual way, and append_plain's combiner
 def test_rows_of_one_parameter_are_bound_without_a_call_a_value(
     session: Session, bind_calls: list[int], rows: int
 ) -> None:
@@ -39,12 +39,13 @@ def test_rows_of_one_parameter_are_bound_without_a_call_a_value(
     text = "INSERT INTO TOPIC t (data) VALUES " + ", ".join(f"(${i})" for i in range(1, rows + 1))
     values = [b"m%d" % i for i in range(rows)]
     assert session.execute(text, values)[-1].tag == f"INSERT 0 {rows}"
-    assert bind_calls[0] == 0  # was 2 a value for 1000 rows (bound twice), 1 for 3
+    assert bind_calls[0] == 0  # was 2 a value for 1000 rows (bound twice), 1 for 9
     table = session.execute("SELECT data FROM TOPIC t")[-1].table
     assert table.column("data").to_pylist() == values
 
 
 P = ast.Parameter
+MANY = [(P(i),) for i in range(1, 21)]  # past _BIND_ROWS_LOOP_MAX: the C loops
 
 
 @pytest.mark.parametrize("rows, parameters", [
@@ -56,6 +57,11 @@ P = ast.Parameter
     ([("x",), ("y",)], None),  # no parameters at all
     ([(P(3),)], [b"a", b"b", b"c", b"d"]),  # more parameters than used
     ([], [b"a"]),
+    (MANY, [b"%d" % i for i in range(20)]),
+    (MANY[::-1] + MANY, tuple(str(i) for i in range(25))),
+    ([*MANY, ("literal",)], [b"%d" % i for i in range(20)]),
+    ([*MANY, (P(1), P(2))], [b"%d" % i for i in range(20)]),
+    (MANY, {str(i): b"%d" % i for i in range(1, 21)}),
 ])  # fmt: skip
 def test_the_same_values_as_binding_each_value(rows: list[tuple[Any, ...]], parameters: Any
                                                ) -> None:  # fmt: skip
@@ -67,6 +73,7 @@ def test_the_same_values_as_binding_each_value(rows: list[tuple[Any, ...]], para
     ([(P(1),), (P(3),)], [b"a", b"b"]),  # $3 of two
     ([(P(1),)], None),
     ([(P(1),), (P(2),)], {"1": b"a"}),
+    (MANY, [b"a"] * 19),  # $20 of 19, in the C loops
 ])  # fmt: skip
 def test_a_missing_parameter_is_the_same_error(rows: list[tuple[Any, ...]], parameters: Any
                                                ) -> None:  # fmt: skip
