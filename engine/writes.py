@@ -25,7 +25,6 @@ from array import array
 from collections.abc import Sequence
 from datetime import datetime
 from itertools import accumulate
-from operator import itemgetter
 from typing import Any
 
 import numpy as np
@@ -161,9 +160,6 @@ PLAIN_DATA_BYTES_MAX = 2**31 - 1
 def plain_values(rows: Sequence[Sequence[Any]]) -> list[bytes] | None:
     """The one-column rows' values as bytes (text as UTF-8; a lone surrogate is 22021) if
     every value is ``bytes`` or ``str``; else None (the general way gives their errors)."""
-    firsts = list(map(itemgetter(0), rows))
-    if set(map(type, firsts)) == {bytes}:  # all bytes (psycopg's bytea): C loops only
-        return firsts
     values = []
     for row in rows:
         value = row[0]
