@@ -126,13 +126,17 @@ class StagingWalk:
     # place (its well-formed header's length leads to the next valid one)).
     damage: list[tuple[int, int, bool]] = field(default_factory=list)
     tail_position: int | None = None  # where a torn tail (nothing valid after) starts
+    # Zero bytes that end the file (the staging log's pre-written window): not damage.
+    zero_tail_bytes: int = 0
 
 
 def walk_staging(raw: bytes | memoryview) -> StagingWalk:
     """Walk every batch frame and commit record of a staging file. Unlike ``scan`` (which
     stops at the first invalid frame: recovery's rule), damage followed by a valid frame
     or record is reported and skipped; only damage with nothing valid after it is a torn
-    tail, which a repair may cut."""
+    tail, which a repair may cut. Zeros from where a frame would start to the end of the
+    file are the staging log's pre-written window, the file's clean end (``zero_tail_bytes``);
+    a tail with anything else in it is torn as before."""
     view = memoryview(raw)
     walk = StagingWalk(len(view))
     position = 0
@@ -145,6 +149,10 @@ def walk_staging(raw: bytes | memoryview) -> StagingWalk:
                 walk.records += 1
             position += kind[1]
             continue
+        rest = view[position:]
+        if rest.tobytes().count(0) == len(rest):
+            walk.zero_tail_bytes = len(rest)
+            break
         claimed = _claimed_length(view, position)
         if claimed and position + claimed < len(view) and _unit_at(view, position + claimed):
             walk.damage.append((position, claimed, True))

@@ -16,7 +16,9 @@ active segment rolled by retention), ``retention.before_delete``,
 ``split.after_child``, ``split.before_save``, ``split.after_save`` (inside an
 autopartitioning split), ``split.mid_redirect`` (between the children of a publish
 redirected from a split partition), ``staging.after_sync``, ``staging.torn_record``
-(half a commit record written), ``commit.after_stage``, ``commit.after_commit_point``,
+(half a commit record written), ``staging.prewrite`` (before the zeros of a staging
+file's pre-written window are written; ``error`` is a failed zero write, as ENOSPC),
+``commit.after_stage``, ``commit.after_commit_point``,
 ``commit.before_log_append``, ``commit.after_log_append`` (a topic-only commit),
 ``commit.mid_publish``, ``commit.checkpoint_before_delete``,
 ``commit.checkpoint_before_release``, ``recovery.after_republish``; a bulk commit by

@@ -28,6 +28,18 @@ others are left, one of them to lead the next sync (a ``notify_all`` woke every
 waiter, and those not covered took the GIL only to sleep again: ~0.9 useless
 wake-ups per commit with 16 sessions). A failure, a new file and ``close`` wake
 every waiter.
+Pre-written window: after a small append (at most
+``limits.STAGING_PREWRITE_APPEND_BYTES_MAX``) that leaves less than half of
+``limits.STAGING_PREWRITE_BYTES`` written ahead of the file's end, the appender writes
+zeros that far ahead (under the lock, not synced by itself: the next sync covers them),
+so the appends after it overwrite written blocks and their fdatasync changes no file size
+(no synchronous inode write: a sync of an overwrite costs 0.22-0.29 ms p50 on this
+machine's ext4, of an append 0.35-0.44 ms). Big appends (bulk writes) pre-write nothing:
+zeros would double their bytes. A file's bytes are therefore its frames and records, then
+zeros: the logical end is where the first all-zero header starts (``commit_log.scan``
+stops there; ``walk_staging`` reports a zero tail as no damage), not the file's size. A
+failed zero write (ENOSPC) only stops pre-writing in that file. A file is never reopened
+for appending: each process appends to new file numbers (``_rotate``).
 A new file starts past ``file_bytes_max`` (one directory sync per file, not
 per transaction); the old file is synced before it is closed. The syncer
 creates the next file (and syncs the directory) ahead of time, once the
@@ -71,6 +83,17 @@ from storage.record_batch import (
 
 STAGE_SUFFIX = ".stage"
 SPARE_AT_FRACTION = 0.75
+
+
+_ZEROS = bytes(limits.STAGING_PREWRITE_BYTES)
+
+
+def _zeros(size: int) -> memoryview:
+    """``size`` zero bytes (a view of one shared buffer when it is big enough)."""
+    assert size > 0
+    if size <= len(_ZEROS):
+        return memoryview(_ZEROS)[:size]
+    return memoryview(bytes(size))
 
 
 @dataclass(frozen=True, slots=True)
@@ -142,7 +165,12 @@ class StagingLog:
         numbers = self.file_numbers()
         self._file_number = (numbers[-1] + 1) if numbers else 1
         self._fd: int | None = None
-        self._size = 0
+        self._size = 0  # the logical end of the current file: where the next append goes
+        # Bytes of the current file written: its frames and records, then zeros (``_prewrite``).
+        self._filled = 0
+        self._prewrite_bytes = limits.STAGING_PREWRITE_BYTES
+        self._prewrite_ok = True  # False in a file once a zero write failed
+        self.prewrites = 0  # zero writes made (``_prewrite``)
         self._users: dict[int, set[int]] = {}  # file number -> transactions that need it
         self._durable: dict[int, int] = {}  # file number -> bytes known synced
         self._failed: dict[int, BaseException] = {}  # file number -> its failed sync
@@ -195,6 +223,7 @@ class StagingLog:
             self._make_room()
             assert self._fd is not None
             position = self._size
+            start = position
             if record is not None and failpoints.ACTIVE:
                 self._torn_record_failpoint(parts, position)
             self._fs.pwritev(self._fd, parts, position)
@@ -205,12 +234,41 @@ class StagingLog:
             if record is not None:
                 position += len(record)
             self._size = position
+            if position > self._filled:
+                self._filled = position  # this append grew the file
+            if (
+                self._prewrite_ok
+                and self._filled - position < self._prewrite_bytes // 2
+                and position - start <= limits.STAGING_PREWRITE_APPEND_BYTES_MAX
+            ):
+                self._prewrite(position)
             self._users.setdefault(self._file_number, set()).add(transaction_id)
             if record is None:  # a commit record's writer waits at once: it syncs itself
                 self._plain_end = (self._file_number, position)
                 self._start_syncer()
                 self._wanted.notify()
             return StagingTicket(tuple(placed), self._file_number, position)
+
+    def _prewrite(self, end: int) -> None:
+        """Caller holds the lock: write zeros from the written end (``_filled``) to ``end``
+        plus the window (never past ``file_bytes_max`` unless the file already is), so that
+        the next appends overwrite and their syncs change no size. A failure (``staging.
+        prewrite``; ENOSPC) ends pre-writing in this file: the appends grow it, as they did
+        before; zeros written past the logical end are harmless (they end the file)."""
+        assert self._fd is not None and end <= self._filled
+        start = self._filled
+        stop = min(end + self._prewrite_bytes, max(self._file_bytes_max, end))
+        if stop <= start:
+            return
+        try:
+            if failpoints.ACTIVE:
+                failpoints.hit("staging.prewrite")
+            self._fs.pwrite(self._fd, _zeros(stop - start), start)
+        except StorageIOError:
+            self._prewrite_ok = False
+            return
+        self._filled = stop
+        self.prewrites += 1
 
     def _torn_record_failpoint(self, parts: list[bytes | pa.Buffer], position: int) -> None:
         """``staging.torn_record``: write all but the last 8 bytes of a commit append
@@ -329,6 +387,8 @@ class StagingLog:
                 raise
         self._fd = fd
         self._size = self._fs.file_size(fd)
+        self._filled = self._size
+        self._prewrite_ok = True
         self._durable[self._file_number] = self._size
 
     def _prepare_spare(self) -> None:
