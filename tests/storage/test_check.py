@@ -104,9 +104,12 @@ def log_files(written: Written) -> list[Path]:
 
 
 def frames_of(path: Path) -> list[tuple[int, FrameHeader]]:
+    """The frames of a log or staging file, up to a staging file's zero tail."""
     raw = path.read_bytes()
     frames, position = [], 0
     while position + HEADER_BYTES <= len(raw):
+        if not any(raw[position : position + HEADER_BYTES]):
+            break  # a staging file's pre-written window (storage.staging): its end
         header = decode_header(raw[position : position + HEADER_BYTES])
         assert header is not None, (path, position)
         frames.append((position, header))
@@ -243,12 +246,15 @@ def test_torn_tail_is_reported_then_cut_by_repair_then_the_store_checks_clean(
 
 
 def test_a_torn_staging_file_tail_is_cut_and_a_damaged_staged_frame_kept(data: Written) -> None:
+    """The tail is torn garbage past the pre-written window's zeros (zeros alone end the
+    file cleanly: ``test_staging_prewrite``): the cut is at the last frame's end."""
     stage = next(data.staging.glob("*.stage"))
     frames = frames_of(stage)
-    size = stage.stat().st_size
+    size = frames[-1][0] + frames[-1][1].frame_bytes
+    assert stage.stat().st_size > size  # the pre-written zeros
     flip_byte(stage, frames[1][0] + HEADER_BYTES + 3)
     with open(stage, "ab") as file:
-        file.write(b"\x00" * 24)
+        file.write(b"\x5a" * 24)
     report = run_check(data, repair=True)
     assert (only(report, "torn_tail").position, only(report, "torn_tail").repaired) == (size, True)
     corrupt = only(report, "corrupt_frame")
