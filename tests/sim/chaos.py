@@ -114,6 +114,7 @@ FAILPOINTS = (
     "deltas.before_commit",  # inside a counter-delta group (engine.deltas), not committed
     "deltas.after_commit",  # the group and its applied-through position committed
     "page_cache.after_drop_behind",  # in a small-pages cycle (``small_page_cache_steps``)
+    "staging.prewrite",  # the zeros of a staging file's pre-written window (storage.staging)
 )
 # An idle cycle (``chaos_worker.idle_cycle``: no writes, retention passes on the idle
 # topic) arms one of these: the steps of rolling and deleting an expired active segment.
@@ -131,6 +132,7 @@ IDLE_FAILPOINTS = (
 RARE_FAILPOINTS = frozenset(
     {
         "page_cache.after_drop_behind",
+        "staging.prewrite",  # once a staging file (a process's first), then every ~3,000 commits
         "segment.roll_after_seal",
         "segment.roll_before_snapshot",
         "recovery.after_republish",
