@@ -139,6 +139,7 @@ def walk_staging(raw: bytes | memoryview) -> StagingWalk:
     a tail with anything else in it is torn as before."""
     view = memoryview(raw)
     walk = StagingWalk(len(view))
+    zeros_from = _zero_tail_start(view)
     position = 0
     while position < len(view):
         kind = _unit_at(view, position)
@@ -149,9 +150,8 @@ def walk_staging(raw: bytes | memoryview) -> StagingWalk:
                 walk.records += 1
             position += kind[1]
             continue
-        rest = view[position:]
-        if rest.tobytes().count(0) == len(rest):
-            walk.zero_tail_bytes = len(rest)
+        if position >= zeros_from:
+            walk.zero_tail_bytes = len(view) - position
             break
         claimed = _claimed_length(view, position)
         if claimed and position + claimed < len(view) and _unit_at(view, position + claimed):
@@ -167,6 +167,14 @@ def walk_staging(raw: bytes | memoryview) -> StagingWalk:
         walk.damage.append((position, resume - position, False))
         position = resume
     return walk
+
+
+def _zero_tail_start(view: memoryview) -> int:
+    """Where the run of zero bytes that ends ``view`` starts (``len(view)`` if its last
+    byte is not zero): found once, so a damaged file's walk does not copy its rest at
+    every damaged position."""
+    data = view.tobytes()
+    return len(data.rstrip(b"\0"))
 
 
 def _unit_at(view: memoryview, position: int) -> tuple[str, int] | None:

@@ -132,7 +132,7 @@ IDLE_FAILPOINTS = (
 RARE_FAILPOINTS = frozenset(
     {
         "page_cache.after_drop_behind",
-        "staging.prewrite",  # once a staging file (a process's first), then every ~3,000 commits
+        "staging.prewrite",  # a process's first file, then ~1 in 2,000 commits
         "segment.roll_after_seal",
         "segment.roll_before_snapshot",
         "recovery.after_republish",
