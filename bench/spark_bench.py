@@ -55,6 +55,10 @@ READ_ROUNDS = 3  # alternating runs of each read; the medians are recorded
 WRITE_ROUNDS = 5  # alternating runs of each write (3 before round 18: too few at load 5-12)
 
 
+# What ``_write_rounds`` returns: seconds per write, codec labels, CPU seconds.
+_Rounds = tuple[dict[str, list[float]], dict[str, list[str]], dict[str, list[float]]]
+
+
 def _cpu_s(pid: int) -> float:
     """CPU seconds (user + system) of process ``pid`` so far (Linux /proc)."""
     with open(f"/proc/{pid}/stat", encoding="ascii") as handle:
@@ -201,6 +205,7 @@ def run(recorder: Any) -> None:
     url = f"topicbase://127.0.0.1:{port}"
     options = {"url": url, "user": USER, "password": PASSWORD}
     spark = _spark(url, wire_port)
+    json_writes: _Rounds | None = None
     try:
         with TopicbaseClient(url, USER, PASSWORD) as client:
             client.action("execute", {"sql": f"CREATE TOPIC bench WITH (min_active_partitions "
@@ -217,38 +222,9 @@ def run(recorder: Any) -> None:
         execute("DROP TOPIC bench_w0")
         jvm_pid = spark._jvm.java.lang.ProcessHandle.current().pid()
         stats = spark._jvm.io.topicbase.spark.WireWriteStats
-        writes: dict[str, list[float]] = {"parquet": [], "wire": [], "raw": []}
-        used: dict[str, list[str]] = {"wire": [], "raw": []}
-        for round_ in range(1, WRITE_ROUNDS + 1):
-            parquet_cpu = _cpu_s(jvm_pid)
-            writes["parquet"].append(_timed(lambda: _rows(spark, count).write.mode("overwrite")
-                                            .parquet(parquet)))  # fmt: skip
-            parquet_cpu = _cpu_s(jvm_pid) - parquet_cpu
-            kinds = (("wire", None), ("raw", "raw"))
-            for kind, codec in kinds if round_ % 2 else kinds[::-1]:  # the order alternates
-                name = f"bench_w{round_}_{kind}"
-                execute(f"CREATE TOPIC {name} WITH (min_active_partitions = {PARTITIONS})")
-                server_cpu, jvm_cpu, commit_s = _cpu_s(server.pid), _cpu_s(jvm_pid), 0.0
-                sent = (stats.zstdMessagesSent(), stats.rawMessagesSent())
-
-                def write_wire(name: str = name, codec: str | None = codec) -> None:
-                    nonlocal commit_s
-                    writer = _rows(spark, count).writeTo(f"topicbase.main.{name}")
-                    if codec is not None:  # else the writer's default
-                        writer = writer.option("frameCodec", codec)
-                    writer.append()
-                    commit_s += stats.lastCommitSeconds()
-
-                writes[kind].append(_timed(write_wire))
-                used[kind].append(codec_used(stats, sent))
-                recorder.progress(
-                    f"spark: wire write {round_} ({used[kind][-1]}): {writes[kind][-1]:.2f} s "
-                    f"(Parquet "
-                    f"{writes['parquet'][-1]:.2f} s, its JVM CPU {parquet_cpu:.2f} s); server "
-                    f"CPU {_cpu_s(server.pid) - server_cpu:.2f} s, Spark JVM CPU "
-                    f"{_cpu_s(jvm_pid) - jvm_cpu:.2f} s, driver's COMMIT WRITES "
-                    f"{commit_s:.2f} s")  # fmt: skip
-                execute(f"DROP TOPIC {name}")
+        rounds = functools.partial(_write_rounds, recorder, spark, execute, stats, jvm_pid,
+                                   server.pid, count)  # fmt: skip
+        writes, used, _ = rounds("bench", parquet, "bench_w", "")
         median = {name: statistics.median(times) for name, times in writes.items()}
         _record_pair(recorder, "batch write", count, median["wire"], median["parquet"], 1.0,
                      writes["wire"], writes["parquet"],
@@ -311,13 +287,120 @@ def run(recorder: Any) -> None:
         recorder.progress("spark: Flight DoGet")
         with TopicbaseClient(url, USER, PASSWORD) as client:
             doget_s = _timed(lambda: client.read_all({"topic": "bench", "columns": ["data"]}))
+        if recorder.suite == "full":  # the quick suite's 200k took 64 s more (load 11-12)
+            json_writes = _json_writes(recorder, spark, execute, rounds, count, work)
     finally:
         spark.stop()
         kill_group(server, signal.SIGTERM)
     segments_s = _read_segments(data_dir)
     recorder.add("Flight DoGet of the topic (1 client)", count / doget_s, "msgs/s", group="spark",
                  baseline="segment files read in process", baseline_value=count / segments_s)
+    if json_writes is not None:
+        record_json_writes(recorder, count, *json_writes)
     shutil.rmtree(work, ignore_errors=True)
+
+
+def _json_writes(recorder: Any, spark: Any, execute: Any, rounds: Any, count: int,
+                 work: str) -> _Rounds:
+    """The target's write rounds (``rounds``: ``_write_rounds`` with all but its data bound)
+    on JSON log lines (``_rows(kind="json")``), after a warm-up of each write on them; run
+    last in the group, so that nothing measured before changes."""
+    started = time.perf_counter()
+    recorder.progress(f"spark: writing {count:,} JSON log lines as Parquet and to topics "
+                      "(no target)")  # fmt: skip
+    parquet_json = os.path.join(work, "parquet_json")
+    _rows(spark, 1000, "json").write.mode("overwrite").parquet(parquet_json)  # warm up
+    execute(f"CREATE TOPIC json_w0 WITH (min_active_partitions = {PARTITIONS})")
+    _rows(spark, 1000, "json").writeTo("topicbase.main.json_w0").append()  # warm up
+    (_rows(spark, 1000, "json").writeTo("topicbase.main.json_w0")
+     .option("frameCodec", "raw").append())  # fmt: skip
+    execute("DROP TOPIC json_w0")
+    json_writes = rounds("json", parquet_json, "json_w", "JSON ")
+    shutil.rmtree(parquet_json, ignore_errors=True)
+    recorder.progress(f"spark: JSON log lines' writes took "
+                      f"{time.perf_counter() - started:.1f} s")  # fmt: skip
+    return json_writes
+
+
+def _write_rounds(recorder: Any, spark: Any, execute: Any, stats: Any, jvm_pid: int,
+                  server_pid: int, count: int, data: str, parquet: str, prefix: str,
+                  label: str) -> _Rounds:  # fmt: skip
+    """``WRITE_ROUNDS`` rounds of ``count`` rows of ``_rows(kind=data)``: Spark's Parquet
+    write to ``parquet``, then the writer's default and ``frameCodec=raw`` (their order
+    alternating round by round), each into a fresh topic ``{prefix}{round}_{kind}``
+    dropped after. Returns each write's seconds (``parquet``, ``wire``, ``raw``), the
+    wire writes' codec labels and CPU seconds (``jvm``/``server`` per wire write, in
+    ``{kind}_jvm``/``{kind}_server``; Parquet's JVM CPU in ``parquet_jvm``); the progress
+    lines start ``spark: {label}wire write``."""
+    writes: dict[str, list[float]] = {"parquet": [], "wire": [], "raw": []}
+    used: dict[str, list[str]] = {"wire": [], "raw": []}
+    cpu: dict[str, list[float]] = {"parquet_jvm": [], "wire_jvm": [], "wire_server": [],
+                                   "raw_jvm": [], "raw_server": []}  # fmt: skip
+    for round_ in range(1, WRITE_ROUNDS + 1):
+        parquet_cpu = _cpu_s(jvm_pid)
+        writes["parquet"].append(_timed(lambda: _rows(spark, count, data).write
+                                        .mode("overwrite").parquet(parquet)))  # fmt: skip
+        parquet_cpu = _cpu_s(jvm_pid) - parquet_cpu
+        cpu["parquet_jvm"].append(parquet_cpu)
+        kinds = (("wire", None), ("raw", "raw"))
+        for kind, codec in kinds if round_ % 2 else kinds[::-1]:  # the order alternates
+            name = f"{prefix}{round_}_{kind}"
+            execute(f"CREATE TOPIC {name} WITH (min_active_partitions = {PARTITIONS})")
+            server_cpu, jvm_cpu, commit_s = _cpu_s(server_pid), _cpu_s(jvm_pid), 0.0
+            sent = (stats.zstdMessagesSent(), stats.rawMessagesSent())
+
+            def write_wire(name: str = name, codec: str | None = codec) -> None:
+                nonlocal commit_s
+                writer = _rows(spark, count, data).writeTo(f"topicbase.main.{name}")
+                if codec is not None:  # else the writer's default
+                    writer = writer.option("frameCodec", codec)
+                writer.append()
+                commit_s += stats.lastCommitSeconds()
+
+            writes[kind].append(_timed(write_wire))
+            used[kind].append(codec_used(stats, sent))
+            cpu[f"{kind}_server"].append(_cpu_s(server_pid) - server_cpu)
+            cpu[f"{kind}_jvm"].append(_cpu_s(jvm_pid) - jvm_cpu)
+            recorder.progress(
+                f"spark: {label}wire write {round_} ({used[kind][-1]}): "
+                f"{writes[kind][-1]:.2f} s (Parquet "
+                f"{writes['parquet'][-1]:.2f} s, its JVM CPU {parquet_cpu:.2f} s); server "
+                f"CPU {cpu[f'{kind}_server'][-1]:.2f} s, Spark JVM CPU "
+                f"{cpu[f'{kind}_jvm'][-1]:.2f} s, driver's COMMIT WRITES "
+                f"{commit_s:.2f} s")  # fmt: skip
+            execute(f"DROP TOPIC {name}")
+    return writes, used, cpu
+
+
+JSON_WRITE = "spark batch write, JSON log lines (writer's default; no target)"
+JSON_WRITE_RAW = "spark batch write, JSON log lines, frameCodec=raw (no target)"
+JSON_BASELINE = "Spark Parquet batch write of the same JSON log lines"
+
+
+def record_json_writes(recorder: Any, count: int, writes: dict[str, list[float]],
+                       used: dict[str, list[str]], cpu: dict[str, list[float]]) -> None:
+    """The records of the JSON log lines' writes (``_rows(kind="json")``: ~1 KiB, ids and
+    hashes), beside the target's: the writer's default and ``frameCodec=raw``, each
+    against Spark's Parquet write of the same rows in the same rounds (``writes``: seconds
+    per round, as ``_write_rounds`` returns them). No target: the issue's target is on
+    the bench's rows; these say how the write compares on data like a user's."""
+    assert len(writes["parquet"]) == len(writes["wire"]) == len(writes["raw"]) > 0, writes
+    parquet = writes["parquet"]
+    for kind, name in (("wire", JSON_WRITE), ("raw", JSON_WRITE_RAW)):
+        runs = writes[kind]
+        recorder.add(name, count / statistics.median(runs), "msgs/s", group="spark",
+                     baseline=JSON_BASELINE,
+                     baseline_value=count / statistics.median(parquet),
+                     spread=(count / max(runs), count / min(runs)),
+                     baseline_spread=(count / max(parquet), count / min(parquet)),
+                     ratio_range=(min(p / t for p, t in zip(parquet, runs, strict=True)),
+                                  max(p / t for p, t in zip(parquet, runs, strict=True))),
+                     reps=len(runs),
+                     note=f"JSON log lines (~1 KiB: ids, hashes, phrases); no target; "
+                          f"{_same(used[kind])}; CPU s per write, medians: Spark JVM "
+                          f"{statistics.median(cpu[f'{kind}_jvm']):.2f}, server "
+                          f"{statistics.median(cpu[f'{kind}_server']):.2f}, Parquet's JVM "
+                          f"{statistics.median(cpu['parquet_jvm']):.2f}")  # fmt: skip
 
 
 def _read_segments(data_dir: str) -> float:
