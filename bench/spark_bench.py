@@ -21,6 +21,11 @@ written by Spark. Figures (rows/s):
   lines.
   Recorded beside it: the Python source's write (tasks DoPut over Flight, the driver
   commits; ``format("topicbase")``, one run), which also fills the topic the reads use.
+  Recorded beside it in the full suite only (no target; round 21): the same rounds on
+  JSON log lines (``_rows(kind="json")``: ~1 KiB of ids, hashes and phrases), the
+  writer's default and ``frameCodec=raw`` each against Spark's Parquet write of the same
+  rows, run last in the group so that no figure above changes (the target's rows are a
+  12-digit id and 1,012 ``x``; these say how the write compares on data like a user's).
 - batch read: ``sum(length(data))`` and a ``groupBy(partition).count()`` over the topic
   through the catalog (``topicbase.main.bench``: read in the JVM over the PostgreSQL wire,
   ``COPY ... (FORMAT arrow)`` into columnar batches, with column pruning, so the groupBy
