@@ -15,8 +15,6 @@ import os
 import sys
 import time
 
-import numpy as np
-
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 import probe
 
@@ -66,11 +64,7 @@ def main(argv: list[str]) -> None:
     finally:
         for served in servers.values():
             served.stop()
-    for name, rows in results.items():
-        median = {k: round(float(np.median([r[k] for r in rows])), 2) for k in rows[0]}
-        low = {k: round(min(r[k] for r in rows), 2) for k in rows[0]}
-        high = {k: round(max(r[k] for r in rows), 2) for k in rows[0]}
-        print("MEDIAN", name, median, "min", low, "max", high, flush=True)
+    probe.print_medians(results, 2)
 
 
 if __name__ == "__main__":

@@ -53,10 +53,21 @@ def context_switches(pid: int) -> int:
 class Served:
     """``bench.served`` of one tree, with a topic ``t``."""
 
-    def __init__(self, tree: str, environment: dict[str, str]) -> None:
-        self.directory = tempfile.mkdtemp(prefix="wire-loop-probe-")
+    def __init__(
+        self,
+        tree: str,
+        environment: dict[str, str],
+        script: list[str] | None = None,
+        prefix: str = "wire-loop-probe-",
+    ) -> None:
+        """``script``: what the interpreter runs instead of ``-m bench.served``, with
+        ``{directory}`` standing for the data directory (an instrumented server that
+        prints ``port N`` first, as ``bench.served`` does)."""
+        self.directory = tempfile.mkdtemp(prefix=prefix)
+        argv = [a.replace("{directory}", self.directory) for a in script or
+                ["-m", "bench.served", "{directory}"]]  # fmt: skip
         self.process = subprocess.Popen(
-            [PYTHON, "-m", "bench.served", self.directory], cwd=tree, text=True,
+            [PYTHON, *argv], cwd=tree, text=True,
             stdin=subprocess.PIPE, stdout=subprocess.PIPE, env={**os.environ, **environment},
         )  # fmt: skip
         assert self.process.stdout is not None
@@ -159,10 +170,15 @@ def main(argv: list[str]) -> None:
     finally:
         for served in servers.values():
             served.stop()
+    print_medians(results, 1)
+
+
+def print_medians(results: dict[str, list[dict[str, float]]], digits: int) -> None:
+    """Each side's median, min and max of every figure over its repetitions."""
     for name, rows in results.items():
         median = {k: round(float(np.median([r[k] for r in rows])), 2) for k in rows[0]}
-        low = {k: round(min(r[k] for r in rows), 1) for k in rows[0]}
-        high = {k: round(max(r[k] for r in rows), 1) for k in rows[0]}
+        low = {k: round(min(r[k] for r in rows), digits) for k in rows[0]}
+        high = {k: round(max(r[k] for r in rows), digits) for k in rows[0]}
         print("MEDIAN", name, median, "min", low, "max", high, flush=True)
 
 

@@ -18,7 +18,6 @@ import functools
 import inspect
 import json
 import os
-import subprocess
 import sys
 import tempfile
 import threading
@@ -135,22 +134,8 @@ def drive(tree: str, clients: int, seconds: float) -> None:
 
     out = tempfile.mktemp(suffix=".json")
 
-    class Sectioned(probe.Served):
-        def __init__(self) -> None:
-            self.directory = tempfile.mkdtemp(prefix="sections-")
-            self.process = subprocess.Popen(
-                [probe.PYTHON, os.path.abspath(__file__), "--serve", self.directory, out],
-                cwd=tree, text=True, stdin=subprocess.PIPE, stdout=subprocess.PIPE,
-                env={**os.environ, "PYTHONPATH": tree},
-            )  # fmt: skip
-            assert self.process.stdout is not None
-            line = self.process.stdout.readline()
-            assert line.startswith("port "), line
-            self.port = int(line.split()[1])
-            with self.connect() as connection:
-                connection.execute("CREATE TOPIC t WITH (min_active_partitions = 4)")
-
-    served = Sectioned()
+    served = probe.Served(tree, {"PYTHONPATH": tree}, prefix="sections-",
+                          script=[os.path.abspath(__file__), "--serve", "{directory}", out])
     pid = served.process.pid
     cpu = probe.process_cpu_s(pid)
     try:

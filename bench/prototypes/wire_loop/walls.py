@@ -17,7 +17,6 @@ from __future__ import annotations
 import itertools
 import json
 import os
-import subprocess
 import sys
 import tempfile
 import threading
@@ -100,20 +99,8 @@ def drive(tree: str, clients: int, seconds: float) -> None:
 
     out = tempfile.mktemp(suffix=".json")
 
-    class Walled(probe.Served):
-        def __init__(self) -> None:
-            self.directory = tempfile.mkdtemp(prefix="walls-")
-            self.process = subprocess.Popen(
-                [probe.PYTHON, os.path.abspath(__file__), "--serve", self.directory, out],
-                cwd=tree, text=True, stdin=subprocess.PIPE, stdout=subprocess.PIPE,
-                env={**os.environ, "PYTHONPATH": tree},
-            )  # fmt: skip
-            assert self.process.stdout is not None
-            self.port = int(self.process.stdout.readline().split()[1])
-            with self.connect() as connection:
-                connection.execute("CREATE TOPIC t WITH (min_active_partitions = 4)")
-
-    served = Walled()
+    served = probe.Served(tree, {"PYTHONPATH": tree}, prefix="walls-",
+                          script=[os.path.abspath(__file__), "--serve", "{directory}", out])
     try:
         figures = probe.run(served, clients, seconds)
     finally:
