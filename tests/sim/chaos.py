@@ -53,6 +53,7 @@ import json
 import os
 import random
 import select
+import shutil
 import signal
 import sys
 import tempfile
@@ -651,6 +652,8 @@ def main(argv: list[str] | None = None) -> int:
         }  # fmt: skip
         print(f"moved by reference: {by_reference['dst']} messages into dst, "
               f"{by_reference[CHAIN]} into {CHAIN}", flush=True)  # fmt: skip
+    if violations:
+        print(f"chaos: data and logs kept in {work}", flush=True)
     stats = report.stats if report is not None else {}
     transactions = sum(stats.get(f"txns_{status}", 0) for status in ("ok", "fail", "info"))
     messages = messages_observed(report) if report is not None else 0
@@ -661,6 +664,8 @@ def main(argv: list[str] | None = None) -> int:
         f"{stats.get('splits_done', 0)} automatic splits (of {stats.get('splits_driven', 0)} "
         f"driven), {violations} violations"
     )
+    if not violations and not args.data_dir:  # a clean run in its own directory leaves nothing
+        shutil.rmtree(work, ignore_errors=True)
     return 1 if violations else 0
 
 
