@@ -253,8 +253,10 @@ class BulkWrites:
                 raise ObjectNotInPrerequisiteStateError(
                     f"write {write_id} is being committed: no rows can be added to it now")
             self._appending[write_id] = self._appending.get(write_id, 0) + 1
+        failed = True
         try:
             yield
+            failed = False
         except FileNotFoundError as error:
             if os.path.exists(os.path.join(self.root, write_id, "write.json")):
                 raise
@@ -265,6 +267,32 @@ class BulkWrites:
                 self._appending[write_id] -= 1
                 if not self._appending[write_id]:
                     del self._appending[write_id]
+            if failed:
+                self.drop_if_empty(write_id)
+
+    def drop_if_empty(self, write_id: str) -> None:
+        """After a failed append or COPY: the write is removed when nothing of it is staged
+        and no other append is adding to it (its stream was its only one). A Spark task killed as
+        its job failed may have started its write just after the driver's abort swept the
+        job's ids; its COPY then fails, and an empty write would wait for the collector
+        (an hour) although nothing of it can ever be committed. A write with staged files
+        (an earlier COPY's) stays, as before."""
+        directory = os.path.join(self.root, write_id)
+        with self._lock:
+            if write_id in self._appending or write_id in self._committing:
+                return
+            try:
+                names = os.listdir(directory)
+            except FileNotFoundError:
+                return  # aborted or committed meanwhile
+            if any(name != "write.json" for name in names):
+                return  # staged files (or a stream's ``.part`` being deleted): kept
+            discarded = os.path.join(self.commits_root, f"aborted-{uuid.uuid4().hex}")
+            try:  # renamed out at once, as ``abort`` does; deleted outside the lock
+                os.rename(directory, discarded)
+            except FileNotFoundError:
+                return
+        shutil.rmtree(discarded, ignore_errors=True)
 
     def _append(self, write_id: str, batches: Iterable[pa.RecordBatch],
                 schema: pa.Schema) -> int:  # fmt: skip

@@ -13,7 +13,8 @@ Checks, before CopyInResponse (an ordinary error, no COPY started): INSERT on th
 ``_ . -``), a write id started by another user (42501) or for another target (22023).
 During the stream: a payload that is not Arrow, or another number of columns than the
 COPY's, is 22P04, a CopyFail 57014; the staged file of this COPY is then deleted (earlier
-COPYs of the same id stay staged until committed or aborted).
+COPYs of the same id stay staged until committed or aborted), and a write id that has
+nothing staged after it is removed (``BulkWrites.drop_if_empty``).
 
 Columns: the stream's columns are the COPY's columns by position (renamed to them, as the
 unstaged COPY FROM (FORMAT arrow) reads them); without a column list a topic takes ``data``
@@ -524,7 +525,14 @@ def _stage(done: concurrent.futures.Future[int], pipe: _Pipe, writes: Any, sessi
         return writes.append(session, write_id, _batches(reader, plain, schema, relation),
                              schema)  # fmt: skip
 
-    _settle(done, pipe, append)
+    def append_or_drop() -> int:
+        try:
+            return append()
+        except BaseException:
+            writes.drop_if_empty(write_id)  # a write whose only stream failed is not kept
+            raise
+
+    _settle(done, pipe, append_or_drop)
 
 
 def _stage_frames(done: concurrent.futures.Future[int], pipe: _Pipe, writes: Any,
