@@ -1776,10 +1776,9 @@ def _bind_rows(rows: Sequence[Sequence[Any]], parameters: Any) -> list[tuple[Any
             and not isinstance(parameters, dict) and set(map(len, rows)) == {1}):  # fmt: skip
         firsts = list(map(itemgetter(0), rows))
         if set(map(type, firsts)) == {ast.Parameter}:
-            try:
-                return list(zip([parameters[index - 1] for index in map(_INDEX, firsts)]))
-            except IndexError:
-                pass  # _bind's error, below
+            indexes = list(map(_INDEX, firsts))
+            if max(indexes) <= len(parameters):  # else the loop below raises _bind's error
+                return list(zip([parameters[index - 1] for index in indexes]))
     return [tuple(_bind(v, parameters) for v in row) for row in rows]
 
 
