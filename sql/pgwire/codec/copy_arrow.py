@@ -22,8 +22,9 @@ import struct
 
 import pyarrow as pa
 
-from sql.pgwire.codec import ipc_views
+from sql.pgwire.codec import ipc_bounds, ipc_views
 from sql.pgwire.codec.copy_format import BadCopyFormatError
+from storage.limits import COPY_IN_BYTES_MAX
 
 # The largest CopyData payload sent. Below glibc malloc's default mmap threshold (128 KiB):
 # libpq holds each CopyData whole and copies it into a buffer of its own, and psycopg into
@@ -141,6 +142,9 @@ class ArrowCopyDecoder:
 
     def finish(self) -> None:
         data, self._chunks = b"".join(self._chunks), []
+        # Compressed bodies decode to at most what an uncompressed COPY may send.
+        ipc_bounds.check_stream(data, ipc_bounds.Bounds(total_bytes_max=COPY_IN_BYTES_MAX,
+                                                        where=f"COPY {self.relation}"))  # fmt: skip
         try:
             table = pa.ipc.open_stream(data).read_all()
         except (pa.ArrowInvalid, OSError) as error:

@@ -52,6 +52,7 @@ import pyarrow as pa
 
 from engine.api import SourceText, tokenize, unquote_identifier
 from sql.pgwire import limits as wire_limits
+from sql.pgwire.codec import ipc_bounds
 from sql.pgwire.codec import messages as m
 from sql.pgwire.codec.copy_arrow import plain_schema
 from sql.pgwire.codec.copy_format import BadCopyFormatError
@@ -513,7 +514,8 @@ def _stage(done: concurrent.futures.Future[int], pipe: _Pipe, writes: Any, sessi
 
     def append() -> int:
         try:
-            reader = pa.ipc.open_stream(pipe)
+            reader = pa.ipc.open_stream(ipc_bounds.CheckedStream(
+                pipe, ipc_bounds.Bounds(where=f"COPY {relation}")))  # fmt: skip
         except (pa.ArrowInvalid, OSError) as error:
             raise _not_arrow(error, relation) from None
         if len(reader.schema) != len(columns):
