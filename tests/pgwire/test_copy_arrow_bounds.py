@@ -23,7 +23,7 @@ import pyarrow as pa
 import pytest
 
 from engine.bulk_write import WRITES_DIRECTORY
-from sql.pgwire.codec import ipc_bounds
+from sql.pgwire.codec import copy_arrow, ipc_bounds
 from sql.pgwire.codec.copy_format import BadCopyFormatError
 from sql.pgwire.server import ServerThread
 from storage import limits
@@ -201,3 +201,49 @@ def test_compressed_uploads_within_the_limits_round_trip(db: psycopg.Connection,
     db.execute("COMMIT WRITES ('ok') SINK 's' BATCH 1")
     got = [row[0] for row in db.execute('SELECT data FROM TOPIC t ORDER BY "offset"')]
     assert got == values + values
+
+
+# -- dictionary columns, cast plain after decoding --------------------------------------------
+def dictionary_stream(rows: int, value_bytes: int) -> bytes:
+    value = pa.array([bytes(value_bytes)], pa.binary())
+    column = pa.DictionaryArray.from_arrays(pa.array([0] * rows, pa.int32()), value)
+    table = pa.table({"data": column})
+    sink = pa.BufferOutputStream()
+    with pa.ipc.new_stream(sink, table.schema) as writer:
+        writer.write_table(table)
+    return sink.getvalue().to_pybytes()
+
+
+def test_plain_bytes_bounds_what_the_cast_makes() -> None:
+    words = pa.array([b"a" * 10, b"bb" * 100, None], pa.binary())
+    indices = pa.array([0, 1, 1, None, 2, 0], pa.int32())
+    flat = pa.DictionaryArray.from_arrays(indices, words)
+    listed = pa.ListArray.from_arrays(pa.array([0, 2, 6], pa.int32()), flat)
+    nested = pa.StructArray.from_arrays([listed, pa.array(range(2))], ["l", "n"])
+    numbers = pa.DictionaryArray.from_arrays(indices, pa.array([1.5, 2.5, 3.5]))
+    for array in (flat, listed, nested, numbers):
+        plain = array.cast(copy_arrow.plain_type(array.type))
+        assert ipc_bounds.plain_bytes(array) >= plain.nbytes - 8 * (len(array) + 1)
+        assert ipc_bounds.plain_bytes(array) <= plain.nbytes + 16 * (len(flat) + 1)
+
+
+@pytest.mark.parametrize("write_id", [None, "wd"])
+def test_a_dictionary_bomb_is_54000_before_the_cast(db: psycopg.Connection, server: ServerThread,
+                                                    write_id: str | None) -> None:  # fmt: skip
+    data = dictionary_stream(1000, MIB)  # 1 MiB sent, 1000 MiB once plain
+    before = reset_peak()
+    with pytest.raises(psycopg.Error) as refused:
+        copy_in(db, data, write_id)
+    assert refused.value.sqlstate == "54000"
+    assert "dictionary-encoded" in str(refused.value)
+    assert peak_mib() - before < GROWTH_MAX_MIB
+    assert staged_ids(server) == []
+    assert db.execute("SELECT count(*) FROM TOPIC t").fetchone() == (0,)
+
+
+def test_dictionary_uploads_within_the_limits_round_trip(db: psycopg.Connection) -> None:
+    assert copy_in(db, dictionary_stream(50, 1000)) == 50
+    assert copy_in(db, dictionary_stream(50, 1000), "okd") == 50
+    db.execute("COMMIT WRITES ('okd') SINK 'd' BATCH 1")
+    got = [row[0] for row in db.execute('SELECT data FROM TOPIC t ORDER BY "offset"')]
+    assert got == [bytes(1000)] * 100

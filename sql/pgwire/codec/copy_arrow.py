@@ -126,7 +126,8 @@ class ArrowCopyDecoder:
     COPY's columns by position (names are not looked at); a stream that is not Arrow, is
     cut short, or has another number of columns is 22P04 and nothing is written. ``to_arrow``
     gives the columns (renamed by the caller) plus ``line_column``, the 1-based row number,
-    so ``copy_exchange`` inserts them as it inserts any COPY FROM rows."""
+    so ``copy_exchange`` inserts them as it inserts any COPY FROM rows. Compressed bodies
+    and dictionary casts are bounded before they are decoded (``ipc_bounds``, 54000)."""
 
     def __init__(self, column_names: list[str], relation: str, line_column: str) -> None:
         self.column_names = column_names
@@ -156,7 +157,10 @@ class ArrowCopyDecoder:
                 f"{len(self.column_names)} ({', '.join(self.column_names)})",
                 where=f"COPY {self.relation}")  # fmt: skip
         plain = plain_schema(table.schema)
-        self._table = table.cast(plain) if not plain.equals(table.schema) else table
+        if not plain.equals(table.schema):
+            ipc_bounds.check_plain(table.columns, COPY_IN_BYTES_MAX, f"COPY {self.relation}")
+            table = table.cast(plain)
+        self._table = table
 
     @property
     def row_count(self) -> int:

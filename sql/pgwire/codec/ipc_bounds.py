@@ -15,6 +15,11 @@ read by hand (no flatbuffers dependency; every offset bounds-checked) and:
   appends at once), or a stream whose decoded bodies (compressed ones as declared,
   others as sent) add up past ``total_bytes_max``, is ``LimitExceededError`` (54000).
 
+Then, after decoding, before a dictionary-encoded column is cast to its value type (both
+COPY paths send and stage plain columns): ``check_plain`` bounds what the cast would make
+(``plain_bytes``), 54000 past the caller's limit; 1 MiB sent as a dictionary of one 1 MiB
+value and 1,000 indices peaked the server at +3 GiB before.
+
 Invariants: nothing pyarrow reads has not passed the check (``CheckedStream`` hands it
 whole checked messages only; ``check_stream`` is run before ``open_stream`` on bytes held
 whole); the check allocates nothing proportional to a declared size. An uncompressed
@@ -27,6 +32,9 @@ from __future__ import annotations
 import struct
 from collections.abc import Callable
 from dataclasses import dataclass
+
+import pyarrow as pa
+import pyarrow.compute as pc
 
 from sql.pgwire.codec.copy_format import BadCopyFormatError
 from storage import limits
@@ -160,7 +168,8 @@ class StreamCheck:
             raise LimitExceededError(
                 f"an Arrow IPC message compressed with {codec} declares {decoded} bytes "
                 f"decoded, over the limit of {self.bounds.message_bytes_max} bytes "
-                f"(send larger batches uncompressed, or split them)")  # fmt: skip
+                f"(send larger batches uncompressed, or split them)",
+                where=self.bounds.where)  # fmt: skip
         self._count(decoded)
 
     def _count(self, decoded: int) -> None:
@@ -168,7 +177,8 @@ class StreamCheck:
         most = self.bounds.total_bytes_max
         if most is not None and self.decoded_total > most:
             raise LimitExceededError(f"the Arrow IPC stream decodes to more than {most} bytes "
-                                     f"(at least {self.decoded_total})")  # fmt: skip
+                                     f"(at least {self.decoded_total})",
+                                     where=self.bounds.where)  # fmt: skip
 
 
 def _prefix(data: memoryview, at: int) -> tuple[int, int] | None:
@@ -265,3 +275,53 @@ class CheckedStream:
             return
         self._check.check_body(body)
         self._pieces.append(body)
+
+
+# -- dictionary columns, cast to their value type after decoding --------------------------------
+def plain_bytes(array: pa.Array | pa.ChunkedArray) -> int:
+    """An upper bound of the bytes ``array`` takes once its dictionaries are cast to their
+    value types (``copy_arrow.plain_type``), computed without the cast: a dictionary of one
+    1 MiB value and a million 4-byte indices is a 1 TiB column once plain (review round 22).
+    Exact for binary, string and fixed-width dictionary values; other value types count the
+    whole dictionary per index."""
+    if isinstance(array, pa.ChunkedArray):
+        return sum(plain_bytes(chunk) for chunk in array.chunks)
+    kind = array.type
+    if pa.types.is_dictionary(kind):
+        indices, dictionary = array.indices, array.dictionary
+        rows = len(indices) - indices.null_count
+        value = dictionary.type
+        if pa.types.is_binary(value) or pa.types.is_string(value) or \
+                pa.types.is_large_binary(value) or pa.types.is_large_string(value):  # fmt: skip
+            lengths = pc.binary_length(dictionary).cast(pa.int64())
+            taken = pc.sum(pc.take(lengths, indices)).as_py() or 0
+            return int(taken) + 8 * (len(indices) + 1)
+        if not _has_dictionary(value) and pa.types.is_primitive(value) and value.bit_width >= 8:
+            return len(indices) * value.bit_width // 8
+        return rows * max(1, plain_bytes(dictionary)) + 8 * len(indices)
+    if not _has_dictionary(kind):
+        return int(array.nbytes)
+    if pa.types.is_struct(kind):
+        return sum(plain_bytes(array.field(i)) for i in range(kind.num_fields))
+    if pa.types.is_map(kind):
+        return plain_bytes(array.keys) + plain_bytes(array.items) + 8 * (len(array) + 1)
+    # lists of any kind: their values (all of them: a bound) and offsets
+    return plain_bytes(array.values) + 8 * (len(array) + 1)
+
+
+def _has_dictionary(kind: pa.DataType) -> bool:
+    if pa.types.is_dictionary(kind):
+        return True
+    return any(_has_dictionary(kind.field(i).type) for i in range(kind.num_fields))
+
+
+def check_plain(columns: list[pa.Array] | list[pa.ChunkedArray], most: int,
+                where: str | None) -> None:  # fmt: skip
+    """54000 when the dictionary columns among ``columns`` would take more than ``most``
+    bytes once cast plain (other columns count what they hold); nothing cast here."""
+    if not any(_has_dictionary(column.type) for column in columns):
+        return
+    size = sum(plain_bytes(column) for column in columns)
+    if size > most:
+        raise LimitExceededError(f"dictionary-encoded Arrow columns decode to {size} bytes, "
+                                 f"over the limit of {most} bytes", where=where)  # fmt: skip

@@ -60,6 +60,7 @@ from sql.pgwire.connection.context import CommandContext
 from sql.pgwire.connection.copy_wait import CancelledInsideMessage, CopyWatch
 from sql.pgwire.connection.portals import ProtocolViolation
 from storage.errors import QueryCanceledError
+from storage.limits import BATCH_BYTES_MAX
 
 PIPE_BYTES = 8 << 20  # CopyData held between the event loop and the staging thread
 COLLECT_INTERVAL_S = 60.0  # the staged COPYs collect abandoned writes at most this often
@@ -569,7 +570,8 @@ def _batches(reader: Any, plain: pa.Schema, schema: pa.Schema, relation: str
             return
         except (pa.ArrowInvalid, OSError) as error:
             raise _not_arrow(error, relation) from None
-        if not batch.schema.equals(plain):
+        if not batch.schema.equals(plain):  # dictionaries cast: bounded first
+            ipc_bounds.check_plain(batch.columns, BATCH_BYTES_MAX, f"COPY {relation}")
             batch = batch.cast(plain)
         yield pa.RecordBatch.from_arrays(batch.columns, schema=schema)
 
