@@ -19,6 +19,7 @@ PROMPT = r"topicbase=>"
 CONTINUATION = r"->"
 UP_ARROW = "\x1b[A"
 
+
 @pytest.fixture
 def history_file(tmp_path: Path) -> Path:
     return tmp_path / "history"
@@ -49,12 +50,26 @@ def repl(tmp_path: Path, history_file: Path):  # -> pexpect.spawn
         child.terminate(force=True)
 
 
-def _wait_for_raw_mode(child, timeout_s: float = 10.0) -> None:
-    """Wait until the program behind the pseudo-terminal has switched canonical mode off."""
+def _wait_for_raw_mode(child, timeout_s: float = 10.0, *, raw: bool = True) -> None:
+    """Wait until the program behind the pseudo-terminal has switched canonical mode off
+    (``raw``), or back on."""
     deadline = time.monotonic() + timeout_s
-    while termios.tcgetattr(child.child_fd)[3] & termios.ICANON:
-        assert time.monotonic() < deadline, "the REPL never put the terminal in raw mode"
+    while bool(termios.tcgetattr(child.child_fd)[3] & termios.ICANON) == raw:
+        assert time.monotonic() < deadline, f"the REPL never set raw mode {raw}"
         time.sleep(0.01)
+
+
+def _expect_result_and_the_next_prompt(child, result: str) -> None:
+    """Wait for a statement's output (``result``), its time line and then the prompt.
+
+    The input line is drawn again when Enter accepts it, prompt included, so a prompt seen
+    right after the typed text is that line's, while the terminal may still be in its raw
+    mode and the statement has not run yet: a Ctrl-D sent then lands while the statement
+    runs. Only the prompt after the "Time:" line is the next one.
+    """
+    child.expect(result)
+    child.expect(r"Time: \d+\.\d ms")
+    child.expect(PROMPT)
 
 
 def test_multi_line_statements_tables_history_describe_and_quit(repl, history_file: Path) -> None:
@@ -125,10 +140,7 @@ def test_ctrl_c_cancels_a_waiting_read_and_keeps_the_repl(repl) -> None:
     repl.expect("ERROR: 57014: canceling statement due to user request", timeout=10)
     repl.expect(PROMPT)
     repl.send("SELECT 'still here' AS answer;\r")
-    repl.expect("still here")
-    repl.expect(PROMPT)
-    # Ctrl-D is an editor key only once the prompt has the terminal in raw mode; sent
-    # earlier, the line discipline would turn it into an end-of-file that nobody reads.
+    _expect_result_and_the_next_prompt(repl, r"still here\s+\(1 row\)")
     _wait_for_raw_mode(repl)
     repl.sendeof()
     repl.expect(pexpect.EOF)
