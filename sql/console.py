@@ -29,7 +29,8 @@ With no ``-c``/``-f`` on a terminal it is a REPL (prompt_toolkit and rich, impor
 then): input runs once a ``;`` outside strings and comments ends it, history is kept in
 ``~/.topicbase_history`` (``$TOPICBASE_HISTFILE``), Tab completes keywords, settings,
 topic and table names, backslash commands (``\\?``) list and describe objects, and each
-statement shows its time and, after half a second, a spinner.
+statement shows its time and, after half a second, a spinner. Ctrl-D on an empty line quits,
+also when typed while a statement runs (``sql.terminal_eof``: it is kept for the next prompt).
 
 Single-threaded except the spinner's helper thread, which only draws.
 """
@@ -632,11 +633,19 @@ class Repl:
         self.timing = True
 
     def run(self) -> int:
+        from sql.terminal_eof import eof_key_kept
+
         prompt = self._prompt_session()
         self.console.print(
             f"topicbase: data directory {self.data_dir}. Type \\? for help, \\q to quit.",
             markup=False,
         )
+        # Ctrl-D typed while a statement runs is kept for the next prompt (it quits there).
+        with eof_key_kept(sys.stdin.fileno()):
+            return self._loop(prompt)
+
+    def _loop(self, prompt: Any) -> int:
+        """Read input at the prompt and run it until \\q or Ctrl-D on an empty line."""
         while True:
             try:
                 text = prompt.prompt(self._prompt_text())

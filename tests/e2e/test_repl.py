@@ -146,3 +146,21 @@ def test_ctrl_c_cancels_a_waiting_read_and_keeps_the_repl(repl) -> None:
     repl.expect(pexpect.EOF)
     repl.close()
     assert repl.exitstatus == 0
+
+
+def test_ctrl_d_typed_while_a_statement_runs_quits_once_it_ends(repl) -> None:
+    repl.send("CREATE TOPIC jobs (CONSUMER worker);\r")
+    _expect_result_and_the_next_prompt(repl, "CREATE TOPIC")
+    sent_s = time.monotonic()
+    repl.send("SELECT * FROM TOPIC jobs WITH (consumer = 'worker', wait = Interval('PT3S'));\r")
+    # Once the prompt has given the terminal back (canonical mode), the read is running
+    # or about to: it cannot end before 3 s after the statement was sent.
+    _wait_for_raw_mode(repl, raw=False)
+    repl.sendeof()
+    assert time.monotonic() - sent_s < 3.0, "Ctrl-D was not sent while the statement ran"
+    repl.expect(r"\(0 rows\)")
+    repl.expect(pexpect.EOF)  # the next prompt read the Ctrl-D typed ahead and quit
+    veof = termios.tcgetattr(repl.child_fd)[6][termios.VEOF]
+    repl.close()
+    assert repl.exitstatus == 0
+    assert veof == b"\x04", "the console left the terminal's end-of-file key switched off"
