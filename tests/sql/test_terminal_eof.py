@@ -6,6 +6,7 @@ import contextlib
 import os
 import select
 import termios
+import time
 from collections.abc import Iterator
 
 import pytest
@@ -28,9 +29,20 @@ def _eof_character(fd: int) -> bytes:
     return termios.tcgetattr(fd)[6][termios.VEOF]
 
 
-def _typed_then_read_raw(master: int, slave: int) -> bytes:
-    """Type Ctrl-D while the slave is canonical, then read it raw, as the next prompt does."""
+def _typed_then_read_raw(master: int, slave: int, *, eof_mark: bool) -> bytes:
+    """Type Ctrl-D while the slave is canonical, then read it raw, as the next prompt does.
+
+    The line discipline takes typed bytes asynchronously: with ``eof_mark`` the function waits
+    until the canonical slave reports the end-of-file mark readable before switching to raw, so
+    the switch cannot overtake the key (it would then be read raw as 0x04 whatever the setting).
+    Without it (VEOF switched off) the key completes no line, and it is 0x04 either way.
+    """
     os.write(master, CTRL_D)
+    if eof_mark:
+        readable, _, _ = select.select([slave], [], [], 5.0)
+        assert readable, "the end-of-file mark never reached the canonical reader"
+    else:
+        time.sleep(0.1)  # the line discipline takes the key before the switch, as in a pause
     attributes = termios.tcgetattr(slave)
     attributes[3] &= ~(termios.ICANON | termios.ECHO)
     attributes[6][termios.VMIN] = 1
@@ -48,7 +60,7 @@ def test_ctrl_d_typed_in_canonical_mode_is_read_raw_as_ctrl_d_only_when_kept(
     master, slave = terminal
     block = eof_key_kept(slave) if kept else contextlib.nullcontext()
     with block:
-        read = _typed_then_read_raw(master, slave)
+        read = _typed_then_read_raw(master, slave, eof_mark=not kept)
     # Without the block the line discipline keeps an end-of-file mark, which a raw read
     # gets as a NUL byte (Ctrl-@): the key is lost. This arm shows why the module exists.
     assert read == (CTRL_D if kept else b"\x00")
