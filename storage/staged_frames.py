@@ -72,6 +72,7 @@ import pyarrow as pa
 
 from storage import failpoints, limits, page_cache
 from storage.codecs import Codec
+from storage.column_codec import check_payload, compressed_values
 from storage.crc_combine import crc32c_combine
 from storage.errors import (
     CorruptSegmentError,
@@ -93,7 +94,7 @@ from storage.record_batch import (
     serialize_body_buffer,
 )
 from storage.wire_columns import _layout as wire_layout
-from storage.zstd_messages import check_zstd_messages
+from storage.zstd_messages import check_zstd_messages, holding_decompressed
 
 STAGED_MAGIC = b"TBs1"
 STAGED_HEADER = struct.Struct("<4sIqII")
@@ -551,8 +552,12 @@ def check_incoming(frame: IncomingFrame, body: pa.Buffer, zstd: bool = False,
                    raw: bool = True) -> pa.RecordBatch:  # fmt: skip
     """The body of an incoming frame as its ``WIRE_SCHEMA`` batch (zero-copy over
     ``body``), once everything a reader of the partition relies on is checked: the
-    CRC-32C; one uncompressed Arrow IPC record-batch message of ``WIRE_SCHEMA``'s layout
-    (``wire_columns``' fast path reads it) and nothing after it; the header's row count;
+    CRC-32C; one Arrow IPC record-batch message of ``WIRE_SCHEMA``'s layout and nothing
+    after it, either uncompressed (``wire_columns``' fast path reads it) or with its data
+    column's values compressed whole (``column_codec``: its shape and declared size checked
+    before Arrow decompresses it, the decompressed values exactly the messages' bytes, the
+    messages raw; the decompression's output held within the checks' shared bound,
+    ``zstd_messages.holding_decompressed``); the header's row count;
     every buffer, offset and value valid (``validate(full=True)``: a malformed body never
     reaches a partition log); within the frame targets (more than one message: at most
     ``FRAME_TARGET_BYTES`` of data), no message over ``MESSAGE_BYTES_MAX`` (54000); no
@@ -563,22 +568,17 @@ def check_incoming(frame: IncomingFrame, body: pa.Buffer, zstd: bool = False,
     bounds (``seq_no``, ``created_at``) are the caller's to check."""
     if crc32c.crc32c(body) != frame.body_crc:
         raise BadStagedFrameError("a staged frame's body does not match its CRC-32C")
-    layout = wire_layout(body)
-    if layout is None:
-        raise BadStagedFrameError("a staged frame's body is not one uncompressed Arrow IPC "
-                                  "record batch message of the wire schema")  # fmt: skip
-    try:
-        message = pa.ipc.read_message(body)
-        if message.type != "record batch" or (
-                8 + message.metadata.size + message.body.size != body.size):  # fmt: skip
-            raise BadStagedFrameError("a staged frame's body is not exactly one Arrow IPC "
-                                      "record batch message")  # fmt: skip
-        batch = pa.ipc.read_record_batch(message, WIRE_SCHEMA)
-        batch.validate(full=True)
-    except (pa.ArrowInvalid, pa.ArrowNotImplementedError, pa.ArrowIndexError, OSError,
-            ValueError) as error:  # fmt: skip
-        raise BadStagedFrameError(f"a staged frame's body is not a valid batch of the wire "
-                                  f"schema: {error}") from None  # fmt: skip
+    packed = compressed_values(body)
+    if packed is None and wire_layout(body) is None:
+        raise BadStagedFrameError("a staged frame's body is not one Arrow IPC record batch "
+                                  "message of the wire schema")  # fmt: skip
+    with holding_decompressed(packed.declared if packed is not None else 0):
+        try:
+            batch = _decoded(body)
+        except BadStagedFrameError:
+            if packed is not None and packed.compressed:
+                check_payload(body, packed)  # a broken zstd payload is 22P03
+            raise
     count = batch.num_rows
     if count != frame.record_count:
         raise BadStagedFrameError(f"a staged frame's header counts {frame.record_count} "
@@ -587,6 +587,11 @@ def check_incoming(frame: IncomingFrame, body: pa.Buffer, zstd: bool = False,
     if data.null_count:
         raise BadStagedFrameError("a staged frame holds a message without data")
     size = _data_bytes(batch)
+    if packed is not None and packed.compressed and (
+            packed.declared != size or data.offset or data.buffers()[1] is None
+            or int(np.frombuffer(data.buffers()[1], np.int32, 1)[0]) != 0):  # fmt: skip
+        raise BadStagedFrameError(f"a compressed frame's data values declare "
+                                  f"{packed.declared} bytes, its messages hold {size}")  # fmt: skip
     if size > limits.MESSAGE_BYTES_MAX:
         _check_messages(batch)
     if count > 1 and size > limits.FRAME_TARGET_BYTES:
@@ -604,11 +609,33 @@ def check_incoming(frame: IncomingFrame, body: pa.Buffer, zstd: bool = False,
     if not codecs.null_count and not np.any(ids != Codec.RAW.value) and not raw:
         raise UnsupportedCodecError("codec raw is not supported by this topic")
     if codecs.null_count or np.any(ids != Codec.RAW.value):
+        if packed is not None:
+            raise BadStagedFrameError("a compressed frame holds compressed messages (its "
+                                      "messages must be raw)")  # fmt: skip
         if not zstd or codecs.null_count or np.any(ids != Codec.ZSTD.value):
             raise BadStagedFrameError("a staged frame holds compressed messages (codec other "
                                       "than raw, or zstd where the topic accepts it; one "
                                       "codec a frame)")  # fmt: skip
         check_zstd_messages(data)
+    return batch
+
+
+def _decoded(body: pa.Buffer) -> pa.RecordBatch:
+    """``body`` as its ``WIRE_SCHEMA`` batch: exactly one Arrow IPC record-batch message,
+    every buffer, offset and value valid (a compressed body's values decompressed by
+    Arrow, to exactly their declared length or 22P04). 22P04 otherwise."""
+    try:
+        message = pa.ipc.read_message(body)
+        if message.type != "record batch" or (
+                8 + message.metadata.size + message.body.size != body.size):  # fmt: skip
+            raise BadStagedFrameError("a staged frame's body is not exactly one Arrow IPC "
+                                      "record batch message")  # fmt: skip
+        batch = pa.ipc.read_record_batch(message, WIRE_SCHEMA)
+        batch.validate(full=True)
+    except (pa.ArrowInvalid, pa.ArrowNotImplementedError, pa.ArrowIndexError, OSError,
+            ValueError) as error:  # fmt: skip
+        raise BadStagedFrameError(f"a staged frame's body is not a valid batch of the wire "
+                                  f"schema: {error}") from None  # fmt: skip
     return batch
 
 

@@ -88,6 +88,13 @@ class _InFlight:
 _CHECKS_IN_FLIGHT = _InFlight(limits.ZSTD_CHECK_IN_FLIGHT_BYTES)
 
 
+def holding_decompressed(nbytes: int) -> contextlib.AbstractContextManager[None]:
+    """Room for ``nbytes`` of decompressed output among all threads' checks (the bound
+    above), held while the ``with`` block runs: a check of a compressed frame's data
+    column (``storage.column_codec``) shares it with the per-message checks."""
+    return _CHECKS_IN_FLIGHT.holding(nbytes)
+
+
 def declared_sizes(data: pa.Array) -> np.ndarray:
     """The content size each message of ``data`` (a binary column of zstd messages, no
     nulls) declares in its zstd frame header (uint64), read with numpy alone; 22P03 for a

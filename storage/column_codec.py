@@ -1,0 +1,253 @@
+"""Frames whose data column is compressed whole (Arrow IPC body compression, zstd).
+
+A frame's body is an Arrow IPC record-batch message of ``WIRE_SCHEMA``. Arrow's own
+format lets a record batch declare *body compression* (``RecordBatch.compression``:
+codec ZSTD, method BUFFER): every non-empty buffer then starts with an int64, the
+buffer's uncompressed length, followed either by one zstd-compressed payload or, when
+that int64 is -1, by the buffer's bytes as they are. Every Arrow IPC reader
+(``pa.ipc.read_record_batch``: the SQL reads, the bulk scan, COPY arrow, Flight) decodes
+such a body unchanged, so storing one needs no new frame format: this is the storage
+level codec of Kafka's compressed record batches, while each message keeps the codec its
+producer gave (``raw``: the ``codec`` column, the topic's ``supported_codecs`` and what a
+reader gets back are as for any raw frame).
+
+Topicbase accepts one shape only (a client's staged frame, ``COPY ... (FORMAT frames)``):
+codec ZSTD, method BUFFER, the ``data`` column's values buffer compressed (or -1) and
+every other non-empty buffer -1 (stored as it is). One zstd call a frame instead of one a
+message: zstd's fixed per-frame cost (its table building) is paid once for up to 4,096
+messages, and its matching sees across messages (docs/spark_throughput.md, round 22).
+
+``compressed_values`` reads a body's metadata (nothing is decompressed) and says whether
+it is compressed and, if it is, that it has that shape and how many bytes its values
+declare. Invariants of a body it accepts (a caller then decodes it with Arrow, which
+decompresses exactly the declared length or fails, and checks the rest):
+- no other codec, method, buffer count (``_BUFFERS``) or node count, no custom metadata
+  and no variadic buffers; every buffer within the body;
+- only the data values buffer may be compressed, declaring at most
+  ``DECLARED_BYTES_MAX`` (checked before anything is allocated: a zstd bomb is refused
+  from its 8-byte prefix), its payload one zstd frame that declares that same content size;
+- every other non-empty buffer is at least 8 bytes and starts with -1.
+Otherwise ``InvalidBinaryDataError`` (22P03), or ``LimitExceededError`` (54000) for a
+declared size over the bound.
+"""
+
+from __future__ import annotations
+
+import struct
+from collections.abc import Callable
+from typing import NamedTuple
+
+import pyarrow as pa
+import zstandard
+
+from storage import limits
+from storage.errors import DataError, InvalidBinaryDataError, LimitExceededError
+from storage.wire_columns import _BUFFERS, _CONTINUATION, _NODES, _RECORD_BATCH, _fields, _u32
+
+# The data column's values buffer, in the order Arrow lays WIRE_SCHEMA's buffers out.
+DATA_VALUES = 14
+ZSTD_CODEC = 1  # CompressionType.ZSTD in Arrow's Message.fbs (LZ4_FRAME is 0)
+BUFFER_METHOD = 0  # BodyCompressionMethod.BUFFER
+NOT_COMPRESSED = -1  # a buffer's length prefix: its bytes follow as they are
+# What the values of one frame may declare: a frame holds at most FRAME_TARGET_BYTES of
+# data, or one message alone of at most MESSAGE_BYTES_MAX (staged_frames checks both on
+# the decoded batch; this bound comes first, before any allocation).
+DECLARED_BYTES_MAX = max(limits.FRAME_TARGET_BYTES, limits.MESSAGE_BYTES_MAX)
+_INT64 = struct.Struct("<q")
+
+
+class BadCompressedFrameError(DataError):
+    """A compressed body of a shape Topicbase does not accept: malformed COPY data (22P04,
+    as any malformed staged frame)."""
+
+    sqlstate = "22P04"
+
+
+class CompressedValues(NamedTuple):
+    """A compressed body's data values: their uncompressed length as declared (0 when
+    stored as they are, -1 prefix), whether they are compressed, and where their zstd
+    payload lies in the body (after the length prefix)."""
+
+    declared: int
+    compressed: bool
+    payload_at: int = 0
+    payload_size: int = 0
+
+
+def compressed_values(body: pa.Buffer) -> CompressedValues | None:
+    """None when ``body`` (an Arrow IPC record-batch message) declares no body
+    compression; else its data values' declared size once the shape is checked (module
+    doc). A body that is no record-batch message at all is left to the caller (None)."""
+    view = memoryview(body)
+    if body.size < 8:
+        return None
+    continuation, length = struct.unpack_from("<Ii", view, 0)
+    if continuation != _CONTINUATION or length <= 0 or body.size < 8 + length:
+        return None
+    raw = bytes(view[: 8 + length])
+    try:
+        message = 8 + _u32(raw, 8)
+        fields = _fields(raw, message) + [0] * 5
+        if not fields[1] or raw[fields[1]] != _RECORD_BATCH or not fields[2]:
+            return None
+        batch = fields[2] + _u32(raw, fields[2])
+        batch_fields = _fields(raw, batch) + [0] * 5
+        if not batch_fields[3]:
+            return None  # not compressed: the caller's plain checks
+        compression = batch_fields[3] + _u32(raw, batch_fields[3])
+        codec_at, method_at = [*_fields(raw, compression), 0, 0][:2]
+        codec = raw[codec_at] if codec_at else 0
+        method = raw[method_at] if method_at else 0
+        if codec != ZSTD_CODEC or method != BUFFER_METHOD:
+            raise BadCompressedFrameError(f"a frame's body compression is codec {codec} method "
+                                         f"{method}: only zstd buffers are accepted")  # fmt: skip
+        if fields[4]:
+            raise BadCompressedFrameError("a compressed frame's message has custom metadata")
+        if batch_fields[4] and _u32(raw, batch_fields[4] + _u32(raw, batch_fields[4])):
+            raise BadCompressedFrameError("a compressed frame has variadic buffers")
+        if not fields[3] or not batch_fields[1] or not batch_fields[2]:
+            raise BadCompressedFrameError("a compressed frame's message lacks its lengths")
+        nodes = batch_fields[1] + _u32(raw, batch_fields[1])
+        buffers = batch_fields[2] + _u32(raw, batch_fields[2])
+        if _u32(raw, nodes) != _NODES or _u32(raw, buffers) != _BUFFERS:
+            raise BadCompressedFrameError("a compressed frame is not of the wire schema's "
+                                         "layout")  # fmt: skip
+        (body_length,) = _INT64.unpack_from(raw, fields[3])
+        spans = struct.unpack_from(f"<{2 * _BUFFERS}q", raw, buffers + 4)
+    except (struct.error, IndexError):
+        raise BadCompressedFrameError("a compressed frame's metadata is malformed") from None
+    start = 8 + length
+    if body_length < 0 or start + body_length != body.size:
+        raise BadCompressedFrameError("a compressed frame's body length is not its message's")
+    found = CompressedValues(0, False)
+    for index in range(_BUFFERS):
+        offset, size = spans[2 * index], spans[2 * index + 1]
+        if offset < 0 or size < 0 or offset + size > body_length:
+            raise BadCompressedFrameError("a compressed frame's buffer lies outside its body")
+        if size == 0:
+            continue
+        if size < 8:
+            raise BadCompressedFrameError("a compressed frame's buffer is shorter than its "
+                                         "length prefix")  # fmt: skip
+        (prefix,) = _INT64.unpack_from(view, start + offset)
+        if prefix == NOT_COMPRESSED:
+            continue
+        if index != DATA_VALUES:
+            raise BadCompressedFrameError("a compressed frame compresses a buffer other than "
+                                         "its data's values")  # fmt: skip
+        if prefix < 0:
+            raise BadCompressedFrameError(f"a compressed frame's data declares {prefix} bytes")
+        if prefix > DECLARED_BYTES_MAX:
+            raise LimitExceededError(f"a compressed frame's data declares {prefix} bytes: "
+                                     f"over the limit of {DECLARED_BYTES_MAX}")  # fmt: skip
+        payload = view[start + offset + 8 : start + offset + size]
+        _check_zstd_frame(payload, prefix)
+        found = CompressedValues(prefix, True, start + offset + 8, size - 8)
+    return found
+
+
+def check_payload(body: pa.Buffer, values: CompressedValues) -> None:
+    """22P03 unless the zstd payload of ``values`` (``compressed_values`` of ``body``)
+    decompresses to exactly its declared size (at most that much is ever produced). The
+    error path of a body Arrow could not decode: it tells a broken zstd payload (22P03,
+    as for a per-message zstd message) from the rest (the caller's 22P04)."""
+    payload = memoryview(body)[values.payload_at : values.payload_at + values.payload_size]
+    try:
+        out = zstandard.ZstdDecompressor().decompress(payload, max_output_size=values.declared)
+    except zstandard.ZstdError as error:
+        raise InvalidBinaryDataError(f"cannot decode a compressed frame's data: {error}"
+                                     ) from None  # fmt: skip
+    if len(out) != values.declared:
+        raise InvalidBinaryDataError(f"a compressed frame's data declares {values.declared} "
+                                     f"bytes and decodes to {len(out)}")  # fmt: skip
+
+
+def _check_zstd_frame(payload: memoryview, declared: int) -> None:
+    """22P03 unless ``payload`` starts with a zstd frame header declaring ``declared``
+    bytes of content (what Arrow then decompresses into exactly that many)."""
+    try:
+        params = zstandard.get_frame_parameters(payload)
+    except zstandard.ZstdError as error:
+        raise InvalidBinaryDataError(f"a compressed frame's data is not a zstd frame: "
+                                     f"{error}") from None  # fmt: skip
+    if params.content_size != declared:
+        raise InvalidBinaryDataError(f"a compressed frame's data declares {declared} bytes, "
+                                     f"its zstd frame {params.content_size}")  # fmt: skip
+    if params.dict_id:
+        raise InvalidBinaryDataError("a compressed frame's zstd frame names a dictionary")
+
+
+def compress_body(batch: pa.RecordBatch, level: int = 1) -> pa.Buffer:
+    """The body of ``batch`` (a ``WIRE_SCHEMA`` batch) with its data values compressed
+    whole at zstd ``level`` and every other buffer stored as it is: the shape
+    ``compressed_values`` accepts (what the Spark writer sends; tools and tests)."""
+    compressor = zstandard.ZstdCompressor(level=level, write_content_size=True)
+
+    def piece(index: int, values: bytes) -> bytes:
+        if index == DATA_VALUES:
+            return _INT64.pack(len(values)) + compressor.compress(values)
+        return _INT64.pack(NOT_COMPRESSED) + values
+
+    return assemble_body(batch, piece)
+
+
+def assemble_body(
+    batch: pa.RecordBatch, piece: Callable[[int, bytes], bytes], compression: str = "zstd"
+) -> pa.Buffer:
+    """A body of ``batch`` declaring zstd body compression whose non-empty buffer ``i``
+    (``values`` its uncompressed bytes) is ``piece(i, values)``, length prefix included
+    (``compress_body``; tests give other pieces). The metadata is Arrow's own for a
+    zstd-compressed batch, its buffers' spans and body length set to these pieces, each
+    piece padded to 8 bytes as Arrow's writer pads its buffers. ``compression`` names the
+    codec the metadata declares (tests: another than zstd is refused)."""
+    plain = pa.ipc.read_message(batch.serialize())
+    sink = pa.BufferOutputStream()
+    with pa.ipc.new_stream(
+        sink, batch.schema, options=pa.ipc.IpcWriteOptions(compression=compression)
+    ) as writer:
+        writer.write_batch(batch)
+    messages = pa.ipc.MessageReader.open_stream(sink.getvalue())
+    messages.read_next_message()  # the schema
+    raw = bytearray(messages.read_next_message().metadata.to_pybytes())
+    spans = _spans(plain.metadata.to_pybytes())
+    source = plain.body
+    pieces: list[bytes] = []
+    layout: list[int] = []
+    at = 0
+    for index in range(_BUFFERS):
+        offset, size = spans[2 * index], spans[2 * index + 1]
+        if size == 0:
+            layout += [at, 0]
+            continue
+        stored = piece(index, source[offset : offset + size].to_pybytes())
+        layout += [at, len(stored)]
+        stored += bytes(-len(stored) % 8)
+        pieces.append(stored)
+        at += len(stored)
+    _patch(raw, layout, at)
+    metadata = bytes(raw) + bytes(-len(raw) % 8)
+    head = struct.pack("<Ii", _CONTINUATION, len(metadata)) + metadata
+    return pa.py_buffer(head + b"".join(pieces))
+
+
+def _positions(raw: bytes) -> tuple[int, int]:
+    """Where a record-batch message's metadata (no continuation prefix) keeps its body
+    length and its buffers' spans."""
+    message = _u32(raw, 0)
+    fields = _fields(raw, message) + [0] * 5
+    batch = fields[2] + _u32(raw, fields[2])
+    batch_fields = _fields(raw, batch) + [0] * 5
+    buffers = batch_fields[2] + _u32(raw, batch_fields[2])
+    assert _u32(raw, buffers) == _BUFFERS
+    return fields[3], buffers + 4
+
+
+def _spans(raw: bytes) -> tuple[int, ...]:
+    _, spans_at = _positions(raw)
+    return struct.unpack_from(f"<{2 * _BUFFERS}q", raw, spans_at)
+
+
+def _patch(raw: bytearray, spans: list[int], body_length: int) -> None:
+    length_at, spans_at = _positions(bytes(raw))
+    struct.pack_into("<q", raw, length_at, body_length)
+    struct.pack_into(f"<{2 * _BUFFERS}q", raw, spans_at, *spans)
