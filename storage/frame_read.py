@@ -28,6 +28,7 @@ from dataclasses import dataclass, field
 import numpy as np
 import pyarrow as pa
 
+from storage.column_codec import compressed_values
 from storage.record_batch import (
     HEADER_BYTES,
     READ_SCHEMA,
@@ -57,7 +58,7 @@ class CachedFrame:
     segments), so the entry is valid exactly while ``segment`` is listed there.
     Two threads may decode it at once; both get equal batches and one is kept."""
 
-    __slots__ = ("_batch", "body", "header", "mapped", "position", "segment")
+    __slots__ = ("_batch", "body", "header", "mapped", "position", "segment", "unpacked")
 
     def __init__(
         self,
@@ -74,15 +75,20 @@ class CachedFrame:
         self.body = body
         self.mapped = mapped  # ``body`` is a view of the segment's map (``Frame.mapped``)
         self._batch: pa.RecordBatch | None = None
+        # A body whose data column is compressed whole (``storage.column_codec``) decodes
+        # into that many bytes of heap, which the decoded batch keeps: counted from the start.
+        packed = compressed_values(body)
+        self.unpacked = packed.declared if packed is not None else 0
 
     @property
     def kept_bytes(self) -> int:
         """The bytes this entry keeps alive: its body's whole read window (for a view of
-        a segment's map, which holds no heap memory, the frame's own bytes)."""
+        a segment's map, which holds no heap memory, the frame's own bytes), and the data
+        its decoded batch holds when the body is column-compressed (``unpacked``)."""
         if self.mapped:
-            return self.header.frame_bytes
+            return self.header.frame_bytes + self.unpacked
         parent = self.body.parent
-        return parent.size if parent is not None else self.body.size
+        return (parent.size if parent is not None else self.body.size) + self.unpacked
 
     def holds(self, segment: object, offset: int) -> bool:
         header = self.header

@@ -224,3 +224,28 @@ def test_reads_with_kept_frames_see_every_message_once_under_concurrent_appends(
             done.wait(0.001)
     thread.join()
     assert seen == [(i, f"m{i}".encode()) for i in range(total)]
+
+
+def test_a_column_compressed_frame_is_counted_with_the_data_it_decodes_into() -> None:
+    """A body whose data column is compressed whole (``storage.column_codec``) decodes into
+    heap memory the kept batch holds: the entry counts it from the start, so a cache of
+    such frames stays within its bound in what it really holds (round 22)."""
+    from storage.column_codec import compress_body
+    from storage.record_batch import WIRE_SCHEMA
+
+    count = 200
+    wire = pa.RecordBatch.from_pydict(
+        {"seq_no": [None] * count, "producer_id": [None] * count,
+         "message_group_id": [None] * count, "created_at": [None] * count,
+         "codec": pa.array([1] * count, pa.uint8()), "data": [b"z" * 1000] * count,
+         "metadata": [None] * count}, schema=WIRE_SCHEMA)  # fmt: skip
+    body = compress_body(wire)
+    assert body.size < 10 * KIB
+    header = FrameHeader(0, 0, 0, count, body.size, 0)
+    entry = CachedFrame(object(), 0, header, body)
+    assert entry.kept_bytes == body.size + count * 1000
+    assert entry.batch().column("data").to_pylist() == [b"z" * 1000] * count
+    cache = FrameCache(capacity_bytes=300 * KIB)  # one such entry, not two
+    cache.put(object(), entry)
+    cache.put(object(), CachedFrame(object(), 0, header, body))  # over the bound: one goes
+    assert cache.kept_bytes == entry.kept_bytes
