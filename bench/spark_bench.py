@@ -165,23 +165,42 @@ def _rows(spark: Any, count: int, kind: str = "bench") -> Any:
         partition)  # fmt: skip
 
 
-def describe_codec(policy: str, zstd: int, raw: int) -> str:
+def describe_codec(policy: str, zstd: int, raw: int, column: int = 0) -> str:
     """What a wire write's frames were: ``policy`` (``WireWriteStats.lastFrameCodec``: the
-    ``frameCodec`` the driver resolved, raw, zstd or auto) and the messages its tasks sent
-    zstd-compressed and raw (``zstdMessagesSent``/``rawMessagesSent`` deltas: the tasks
-    run in the driver's JVM in local mode)."""
-    if zstd and raw:
+    ``frameCodec`` the driver resolved, raw, zstd, auto, column or column-auto) and the
+    messages its tasks sent zstd-compressed and raw, and of the raw ones those in frames
+    whose data column was compressed whole (``zstdMessagesSent``/``rawMessagesSent``/
+    ``columnMessagesSent`` deltas: the tasks run in the driver's JVM in local mode)."""
+    if column:
+        total = zstd + raw
+        used = ("column zstd" if column == total
+                else f"column zstd {100 * column / total:.0f} %, the rest per message")
+        if zstd:
+            used += f" (zstd {100 * zstd / total:.0f} %)"
+    elif zstd and raw:
         used = f"zstd {100 * zstd / (zstd + raw):.0f} %, raw the rest"
     else:
         used = "zstd" if zstd else "raw" if raw else "no frames"
     return f"frameCodec {policy or '?'}: {used}"
 
 
-def codec_used(stats: Any, before: tuple[int, int]) -> str:
+def messages_sent(stats: Any) -> tuple[int, int, int]:
+    """The JVM's message counts (zstd, raw, raw in column-compressed frames) so far; the
+    last 0 with a jar from before round 22 (no ``columnMessagesSent``)."""
+    try:
+        column = int(stats.columnMessagesSent())
+    except Exception:  # py4j: the method does not exist in an older jar
+        column = 0
+    return int(stats.zstdMessagesSent()), int(stats.rawMessagesSent()), column
+
+
+def codec_used(stats: Any, before: tuple[int, ...]) -> str:
     """``describe_codec`` of the write just done, given ``stats`` (the JVM's
-    ``WireWriteStats``) and its message counts ``before`` it."""
-    return describe_codec(stats.lastFrameCodec(), stats.zstdMessagesSent() - before[0],
-                          stats.rawMessagesSent() - before[1])  # fmt: skip
+    ``WireWriteStats``) and its message counts ``before`` it (``messages_sent``)."""
+    now = messages_sent(stats)
+    column = now[2] - before[2] if len(before) > 2 else 0
+    return describe_codec(stats.lastFrameCodec(), now[0] - before[0], now[1] - before[1],
+                          column)  # fmt: skip
 
 
 def _same(labels: list[str]) -> str:
@@ -352,7 +371,7 @@ def _write_rounds(recorder: Any, spark: Any, execute: Any, stats: Any, jvm_pid: 
             name = f"{prefix}{round_}_{kind}"
             execute(f"CREATE TOPIC {name} WITH (min_active_partitions = {PARTITIONS})")
             server_cpu, jvm_cpu, commit_s = _cpu_s(server_pid), _cpu_s(jvm_pid), 0.0
-            sent = (stats.zstdMessagesSent(), stats.rawMessagesSent())
+            sent = messages_sent(stats)
 
             def write_wire(name: str = name, codec: str | None = codec) -> None:
                 nonlocal commit_s

@@ -40,7 +40,15 @@ from contextlib import contextmanager
 from typing import Any
 
 from bench.demo_spark import PASSWORD, USER, kill_group, start_server
-from bench.spark_bench import PARTITIONS, _cpu_s, _rows, _timed, codec_used, spark_builder
+from bench.spark_bench import (
+    PARTITIONS,
+    _cpu_s,
+    _rows,
+    _timed,
+    codec_used,
+    messages_sent,
+    spark_builder,
+)
 from sql.pgwire.users import add_user, default_users_path
 
 
@@ -179,7 +187,7 @@ def _run(spark: Any, count: int, rounds: int, processes: dict[str, subprocess.Po
             topic = f"w{round_}"
             create(flight, topic)
             server, jvm = _cpu_s(processes[name].pid), _cpu_s(jvm_pid)
-            sent = (stats.zstdMessagesSent(), stats.rawMessagesSent())
+            sent = messages_sent(stats)
             seconds[name].append(_timed(lambda name=name, topic=topic: write(name, count, topic)))
             print(f"round {round_} {name} ({codec_used(stats, sent)}) "
                   f"{seconds[name][-1]:.2f} s, COMMIT WRITES "

@@ -19,6 +19,7 @@ import pyarrow as pa
 import pyspark
 
 from spark_sql_ext.build_jar import build
+from storage.column_codec import compressed_values
 from storage.staged_frames import check_incoming, read_incoming
 
 HERE = Path(__file__).resolve().parent
@@ -26,7 +27,8 @@ CHECK = HERE / "java" / "io" / "topicbase" / "spark" / "FrameBodyCheck.java"
 CREATED_BASE = 1_700_000_000_000_000
 # (rows, partitions, longest data + 1, codec) of each case, as FrameBodyCheck.main writes them
 CASES = [(9001, 3, 2048, "raw"), (9001, 3, 2048, "zstd"), (700, 2, 300, "raw"),
-         (20000, 2, 40, "raw"), (6000, 60, 2048, "raw"), (40, 2, 100, "raw")]  # fmt: skip
+         (20000, 2, 40, "raw"), (6000, 60, 2048, "raw"), (40, 2, 100, "raw"),
+         (9001, 3, 2048, "column"), (40, 2, 100, "column")]  # fmt: skip
 
 
 def _rows(count: int, partitions: int, longest: int) -> list[tuple[bytes, int, int | None, int]]:
@@ -65,16 +67,18 @@ def test_the_frames_bodies_are_the_old_paths_byte_for_byte_and_read_back_equal(
     path's (the Java side), every frame accepted by the server's check, every row read
     back by pyarrow in its partition's order."""
     printed = _run_check(tmp_path)
-    assert printed.splitlines()[-1] == "frames 78 rows 44743"
+    assert printed.splitlines()[-1] == "frames 85 rows 53785"
     for case, (count, partitions, longest, codec) in enumerate(CASES):
         expected = _rows(count, partitions, longest)
-        if case == 5:
+        if case in (5, 7):
             expected.insert(20, (b"q" * 5_000_000, 1, 7, CREATED_BASE))
         got: dict[int, list[tuple[bytes, int | None, int]]] = {}
         with open(tmp_path / f"{case}.frames", "rb") as stream:
             for frame, body in read_incoming(stream.read):
-                batch = check_incoming(frame, body, zstd=codec == "zstd", raw=codec == "raw")
+                batch = check_incoming(frame, body, zstd=codec == "zstd", raw=codec != "zstd")
                 assert set(batch.column(4).to_pylist()) == {4 if codec == "zstd" else 1}
+                packed = compressed_values(body)  # the data column compressed whole (text)
+                assert (packed is not None and packed.compressed) == (codec == "column")
                 assert batch.column(1).null_count == batch.column(2).null_count == len(batch)
                 assert batch.column(6).null_count == len(batch)
                 columns = (batch.column(5).to_pylist(), batch.column(0).to_pylist(),

@@ -23,6 +23,7 @@ from sql.flight.server import TopicbaseFlightServer
 from sql.pgwire.connection import copy_staged
 from sql.pgwire.users import add_user, default_users_path
 from storage import limits
+from storage.column_codec import compressed_values
 from storage.record_batch import WIRE_SCHEMA, serialize_body_buffer
 from storage.wire_columns import decode_wire_bodies
 from tests.spark.conftest import finish, sql_rows
@@ -301,9 +302,9 @@ def test_rows_naming_their_partition_go_as_frames_exactly_once(
         "CASE WHEN id % 2 = 0 THEN TIMESTAMP '2024-05-06 07:08:09.123456' END AS created_at",
     )  # fmt: skip
     before = time.time()
-    for _ in range(2):
+    for _ in range(2):  # raw frames: the fast path below reads uncompressed bodies
         frame.writeTo(f"{tb}.main.events").option("sinkId", "frames-1").option(
-            "batchId", "1").append()
+            "batchId", "1").option("frameCodec", "raw").append()
     assert copy_formats == ["frames"] * 2  # one task, twice
     rows = sql_rows(database, 'SELECT partition, "offset", seq_no, created_at, '
                     'CAST(data AS VARCHAR) AS d FROM TOPIC events ORDER BY partition, "offset"')
@@ -320,9 +321,10 @@ def test_rows_naming_their_partition_go_as_frames_exactly_once(
         assert [r["seq_no"] for r in rows if r["partition"] == partition] == list(
             range(partition, 15000, 3))
     assert _staged(database) == []
-    # The JVM's bodies have one layout: a read decodes runs of them column by column
+    # The JVM's raw bodies have one layout: a read decodes runs of them column by column
     # (``wire_columns``' fast path), as it does pyarrow's; a run mixing the two writers'
-    # bodies goes through Arrow frame by frame.
+    # bodies goes through Arrow frame by frame (as do column-compressed bodies: the
+    # default's, round 22).
     assert len(frame_bodies) == 12 and sorted(c for c, _ in frame_bodies) == [904] * 6 + [
         4096] * 6  # fmt: skip
     counts = np.array([c for c, _ in frame_bodies], dtype=np.int64)
@@ -481,7 +483,7 @@ def test_frame_codec_zstd_into_a_topic_without_zstd_fails_and_leaves_nothing(
         "CAST(CONCAT('z', id) AS BINARY) AS data", "CAST(id % 2 AS INT) AS partition")
     with pytest.raises(Exception, match=r"22P04|compressed messages"):
         frame.writeTo(f"{tb}.main.events").option("frameCodec", "zstd").append()
-    with pytest.raises(Exception, match="frameCodec must be auto, raw or zstd"):
+    with pytest.raises(Exception, match="frameCodec must be auto, raw, zstd or column"):
         frame.writeTo(f"{tb}.main.events").option("frameCodec", "lz4").append()
     _until_nothing_staged(database)
     assert sql_rows(database, "SELECT count(*) AS n FROM TOPIC events") == [{"n": 0}]
@@ -513,16 +515,26 @@ def _codecs_sent(frame_bodies) -> list[int]:
             for v in pa.ipc.read_record_batch(body, WIRE_SCHEMA).column(4).to_pylist()]
 
 
-def test_the_default_compresses_for_a_topic_with_zstd_and_not_for_one_without(
+def _columns_sent(frame_bodies) -> list[bool]:
+    """Whether each frame the server checked, in the order sent, had its data column
+    compressed whole (``storage.column_codec``)."""
+    return [bool((packed := compressed_values(body)) and packed.compressed)
+            for _, body in frame_bodies]  # fmt: skip
+
+
+def test_the_default_compresses_frames_data_columns_for_a_topic_that_takes_raw(
         spark, database, url, wire, copy_formats, frame_bodies) -> None:  # fmt: skip
-    """``frameCodec`` defaults to ``auto`` (round 18): a topic whose supported_codecs
-    include zstd (a topic's default) gets its messages zstd-compressed by the tasks (3 MB
-    of rows that shrink: past the task's 1 MiB sample, it keeps compressing); a topic
-    without zstd gets them raw, as before. Both read back byte for byte."""
+    """``frameCodec`` defaults to ``auto``; since round 22 a topic that accepts raw
+    messages (the default codecs, or raw and gzip) gets frames whose data column is
+    compressed whole (``column-auto``), its messages raw; a topic that accepts zstd and not
+    raw gets each message zstd-compressed (before round 22: raw after a sample, which it
+    refused). All read back byte for byte, with the codec each message was given."""
     _create(database, "events", partitions=2)
     session = database.connect()
     session.execute("CREATE TOPIC plain WITH (min_active_partitions = 2, "
                     "supported_codecs = 'raw,gzip')")  # fmt: skip
+    session.execute("CREATE TOPIC zonly WITH (min_active_partitions = 2, "
+                    "supported_codecs = 'zstd')")  # fmt: skip
     session.close()
     tb = _catalog(spark, url, wire)
     stats = spark._jvm.io.topicbase.spark.WireWriteStats
@@ -530,57 +542,63 @@ def test_the_default_compresses_for_a_topic_with_zstd_and_not_for_one_without(
         "CAST(concat(lpad(CAST(id AS STRING), 8, '0'), repeat('y', 1016)) AS BINARY) AS data",
         "CAST(id % 2 AS INT) AS partition", "id AS seq_no")  # fmt: skip
     expected = {i: f"{i:08d}".encode() + b"y" * 1016 for i in range(3000)}
-    frame.writeTo(f"{tb}.main.events").append()
-    assert stats.lastFrameCodec() == "auto"
-    assert set(_codecs_sent(frame_bodies)) == {4} and len(_codecs_sent(frame_bodies)) == 3000
+    for topic in ("events", "plain"):
+        frame_bodies.clear()
+        frame.writeTo(f"{tb}.main.{topic}").append()
+        assert stats.lastFrameCodec() == "column-auto"
+        assert set(_codecs_sent(frame_bodies)) == {1} and len(_codecs_sent(frame_bodies)) == 3000
+        assert _columns_sent(frame_bodies) == [True, True]  # one frame a partition
+        assert sum(b.size for _, b in frame_bodies) < 3000 * 1024 // 20
     frame_bodies.clear()
-    frame.writeTo(f"{tb}.main.plain").append()
-    assert stats.lastFrameCodec() == "raw"
-    assert set(_codecs_sent(frame_bodies)) == {1} and len(_codecs_sent(frame_bodies)) == 3000
-    assert copy_formats == ["frames", "frames"]
-    for topic, codec in (("events", "zstd"), ("plain", "raw")):
+    frame.writeTo(f"{tb}.main.zonly").append()
+    assert stats.lastFrameCodec() == "zstd"
+    assert set(_codecs_sent(frame_bodies)) == {4} and len(_codecs_sent(frame_bodies)) == 3000
+    assert copy_formats == ["frames", "frames", "frames"]
+    for topic, codec in (("events", "raw"), ("plain", "raw"), ("zonly", "zstd")):
         rows = sql_rows(database, f"SELECT seq_no, codec, data FROM TOPIC {topic}")
         assert len(rows) == 3000 and {r["codec"] for r in rows} == {codec}
         assert all(r["data"] == expected[r["seq_no"]] for r in rows)
     assert _staged(database) == []
 
 
-@pytest.mark.parametrize("data", [
-    # 1 KiB of hash bytes a row: zstd cannot shrink it
-    "concat(" + ", ".join(f"unhex(sha2(CAST(id * 16 + {k} AS STRING), 512))"
-                          for k in range(16)) + ")",
-    # 1 KiB rows with 192 hex digits: zstd takes them to ~14 %, where it costs more CPU
-    # than it saves (round 18's A/B); a threshold of a quarter let them through
-    "CAST(concat(lpad(CAST(id AS STRING), 12, '0'), sha2(CAST(id AS STRING), 512), "
-    "sha2(CAST(id + 1 AS STRING), 256), repeat('x', 820)) AS BINARY)",
+# 1 KiB a row of which 832 bytes are hash bytes and 192 one byte: a frame's data column
+# compresses to ~82 %, below a frame's bar (7/8), but saves too few bytes for the CPU its
+# compression takes (WireFrames.pays).
+_MOSTLY_HASHES = ("concat(" + ", ".join(f"unhex(sha2(CAST(id * 16 + {k} AS STRING), 512))"
+                                        for k in range(13)) + ", repeat('x', 192))")  # fmt: skip
+# 1 KiB of hash bytes a row: zstd cannot shrink it
+_HASHES = ("concat(" + ", ".join(f"unhex(sha2(CAST(id * 16 + {k} AS STRING), 512))"
+                                 for k in range(16)) + ")")  # fmt: skip
+
+
+@pytest.mark.parametrize(("data", "default", "column"), [
+    (_HASHES, [False] * 3, [False] * 3),  # no frame shrinks to 7/8: each goes plain
+    (_MOSTLY_HASHES, [True, False, False], [True] * 3),  # the sample stops the default
 ])  # fmt: skip
-def test_the_default_sends_raw_once_the_tasks_first_mib_does_not_shrink(
-        spark, database, url, wire, frame_bodies, data) -> None:  # fmt: skip
-    """``auto`` keeps compressing only while it pays: a task whose first MiB of data did
-    not come down to 5 % sends what it compressed, then every later message raw; all of
-    them read back byte for byte, each partition in order. ``frameCodec=zstd`` compresses
-    them all."""
-    _create(database, partitions=2)
+def test_the_default_stops_compressing_once_the_tasks_first_mib_does_not_shrink(
+        spark, database, url, wire, frame_bodies, data, default, column) -> None:  # fmt: skip
+    """``column-auto`` (the default) compresses frames' data columns while it pays: a frame
+    whose values do not come down to 7/8 goes plain, and once the task's first MiB (its
+    first frame here: 4,096 rows) took more CPU to compress than the bytes it saved would
+    cost to send and store, every later frame goes plain;
+    ``frameCodec=column`` compresses every frame that comes down to 7/8. One partition,
+    9,000 rows: frames of 4,096, 4,096 and 808 rows. All read back byte for byte, in
+    order, codec raw."""
+    _create(database, partitions=1)
     tb = _catalog(spark, url, wire)
-    frame = spark.range(0, 3000, numPartitions=1).selectExpr(
-        f"{data} AS data", "CAST(id % 2 AS INT) AS partition", "id AS seq_no")
+    frame = spark.range(0, 9000, numPartitions=1).selectExpr(
+        f"CAST({data} AS BINARY) AS data", "0 AS partition", "id AS seq_no")
     frame.writeTo(f"{tb}.main.events").append()
-    codecs = _codecs_sent(frame_bodies)
-    assert len(codecs) == 3000
-    compressed = codecs.count(4)
-    assert 1000 <= compressed <= 1100  # the sample: 1 MiB of 1 KiB rows, then raw
-    assert codecs[compressed:] == [1] * (3000 - compressed)
+    assert [c for c, _ in frame_bodies] == [4096, 4096, 808]
+    assert _columns_sent(frame_bodies) == default
     frame_bodies.clear()
-    frame.writeTo(f"{tb}.main.events").option("frameCodec", "zstd").append()
-    assert _codecs_sent(frame_bodies) == [4] * 3000
+    frame.writeTo(f"{tb}.main.events").option("frameCodec", "column").append()
+    assert _columns_sent(frame_bodies) == column
+    assert _codecs_sent(frame_bodies) == [1] * 9000
     expected = {r["seq_no"]: bytes(r["data"]) for r in frame.collect()}
-    rows = sql_rows(database, 'SELECT partition, seq_no, data FROM TOPIC events '
-                    'ORDER BY partition, "offset"')  # fmt: skip
-    assert len(rows) == 6000
-    assert all(r["data"] == expected[r["seq_no"]] for r in rows)
-    for partition in range(2):
-        assert [r["seq_no"] for r in rows if r["partition"] == partition] == 2 * list(
-            range(partition, 3000, 2))
+    rows = sql_rows(database, 'SELECT seq_no, codec, data FROM TOPIC events ORDER BY "offset"')
+    assert [r["seq_no"] for r in rows] == 2 * list(range(9000))
+    assert all(r["data"] == expected[r["seq_no"]] and r["codec"] == "raw" for r in rows)
     assert _staged(database) == []
 
 

@@ -2,6 +2,8 @@ package io.topicbase.spark;
 
 import java.io.IOException;
 import java.io.OutputStream;
+import java.lang.management.ManagementFactory;
+import java.lang.management.ThreadMXBean;
 import java.nio.ByteBuffer;
 import java.nio.ByteOrder;
 import java.util.ArrayList;
@@ -74,14 +76,30 @@ final class WireFrames implements AutoCloseable {
     private static final byte ZSTD = 4; // storage.codecs.Codec.ZSTD
     /** The zstd level of {@code frameCodec=zstd} (storage.codecs compresses at 1 too). */
     static final int ZSTD_LEVEL = 1;
-    /** {@code frameCodec=auto} (a topic that accepts zstd): the task compresses its first
-     * {@code AUTO_SAMPLE_BYTES} of message data, then keeps compressing only if they shrank
-     * to at most 1/{@code AUTO_SHRINK} of their size (5 %); else the rest go raw. Round 18
-     * measured it (docs/spark_throughput.md): on data that zstd takes to ~3 % (nearly no
-     * literals) the JVM's compression and the server's check cost less CPU than the bytes
-     * saved; at 14 %, 45 % and 60 % (hex digits, log text) they cost 1.5-3x as much. */
+    /** {@code frameCodec=column} (round 22): each frame's data values are compressed as one
+     * zstd frame (the body column-compressed, {@link FrameBody}; the messages stay raw); a
+     * frame whose values do not come down to at most {@code COLUMN_KEEP_EIGHTHS}/8 of their
+     * size goes plain (the server's check and every read would pay to decompress them for
+     * little). {@code column-auto} (what {@code frameCodec=auto}, the default, is for a topic
+     * that accepts raw messages) keeps compressing only where it saves CPU: once the task's
+     * first {@code AUTO_SAMPLE_BYTES} of data (in whole frames) are compressed, it goes on
+     * if the thread CPU time their compression took, plus the server's decompression
+     * (a third of it: {@code DECODE_SHARE}), is below what sending and storing the bytes
+     * saved would have cost ({@code SAVED_NS_PER_BYTE}); else every later frame goes
+     * plain. Round 22 measured both on this machine (docs/spark_throughput.md): the bench's
+     * rows (~0.3 ns a byte to compress, 99 % saved) pay by far; JSON log lines (~1.2 ns a
+     * byte, 84 % saved) do not (+0.3-0.5 s of CPU per 1M); bytes that do not shrink never.
+     * (Round 18's {@code auto} compressed each message while its first MiB came down to
+     * 5 %: zstd's fixed cost a message made it pay only on nearly constant data.) */
     static final long AUTO_SAMPLE_BYTES = 1L << 20;
-    static final long AUTO_SHRINK = 20;
+    static final long COLUMN_KEEP_EIGHTHS = 7;
+    /** CPU a raw frame's byte costs from the task's copy to the server's disk (the JVM's
+     * CRC-32C and socket write, the server's receive, check, CRC and write): ~1.4 s per GB
+     * of raw frames in round 22's A/B (JVM ~0.4, server ~1.0). */
+    static final double SAVED_NS_PER_BYTE = 1.4;
+    /** The server's zstd decompression (its check) against the task's compression. */
+    static final double DECODE_SHARE = 1.0 / 3;
+    private static final ThreadMXBean THREADS = ManagementFactory.getThreadMXBean();
     /** A frame up to this size goes as one CopyData message (the server then checks and
      * writes the body where it arrived, no copy to join pieces); a larger one (a single
      * large message) in the COPY's 1 MiB pieces. */
@@ -223,10 +241,14 @@ final class WireFrames implements AutoCloseable {
         .order(ByteOrder.LITTLE_ENDIAN);
     private final CRC32C crc = new CRC32C();
     private final ZstdCompressCtx zstd; // null: messages go raw
+    private final ZstdCompressCtx column; // null: frames' data values go as they are
+    private boolean columnCompressing; // new frames' data values are compressed whole
+    private boolean columnSampling; // column-auto: the task's first frames are measured
+    private long columnPlain; // column-auto: the sample's data, plain and compressed
+    private long columnPacked;
+    private long columnNanos; // column-auto: the sample's compression, thread CPU ns
+    private byte[] packed = new byte[1 << 12]; // a frame's data values compressed
     private boolean compressing; // new frames' messages are compressed (zstd)
-    private boolean sampling; // auto: the task's first data is measured (AUTO_SAMPLE_BYTES)
-    private long samplePlain; // auto: the sample's data, plain and compressed
-    private long sampleStored;
     private byte[] scratch = new byte[1 << 12]; // a row's data before zstd (off-heap rows)
     long rows;
     long frames;
@@ -244,32 +266,44 @@ final class WireFrames implements AutoCloseable {
 
     /** As above, each message compressed with {@code codec} ({@code raw}: as it is;
      * {@code zstd}: one zstd frame per message at zstd level {@code level}, its content
-     * size in the frame header, which the server needs to check it; {@code auto}: zstd
-     * for as long as the task's first data shows that it pays, see {@link
-     * #AUTO_SAMPLE_BYTES}). */
+     * size in the frame header, which the server needs to check it; {@code column} and
+     * {@code column-auto}: each frame's data values compressed whole at {@code level}, the
+     * messages raw, see {@link #COLUMN_KEEP_EIGHTHS}). */
     WireFrames(StructType written, int[] ordinals, String codec, int level) {
         String kind = codec.trim().toLowerCase(Locale.ROOT);
+        boolean columnKind = kind.equals("column") || kind.equals("column-auto");
+        if (columnKind || kind.equals("zstd")) {
+            if (level < Zstd.minCompressionLevel() || level > Zstd.maxCompressionLevel()
+                    || level == 0) {
+                throw new IllegalArgumentException("frameCodecLevel must be a zstd level "
+                    + "(" + Zstd.minCompressionLevel() + " to -1, or 1 to "
+                    + Zstd.maxCompressionLevel() + "), not " + level);
+            }
+        }
+        if (columnKind) {
+            this.column = new ZstdCompressCtx();
+            column.setLevel(level);
+            column.setContentSize(true); // the server checks the declared size first
+            columnCompressing = true;
+            columnSampling = kind.equals("column-auto");
+        } else {
+            this.column = null;
+        }
         switch (kind) {
             case "raw":
+            case "column":
+            case "column-auto":
                 this.zstd = null;
                 break;
             case "zstd":
-            case "auto":
-                if (level < Zstd.minCompressionLevel() || level > Zstd.maxCompressionLevel()
-                        || level == 0) {
-                    throw new IllegalArgumentException("frameCodecLevel must be a zstd level "
-                        + "(" + Zstd.minCompressionLevel() + " to -1, or 1 to "
-                        + Zstd.maxCompressionLevel() + "), not " + level);
-                }
                 this.zstd = new ZstdCompressCtx();
                 zstd.setLevel(level);
                 zstd.setContentSize(true);
                 compressing = true;
-                sampling = kind.equals("auto");
                 break;
             default:
-                throw new IllegalArgumentException("frameCodec must be auto, raw or zstd, not \""
-                    + codec + "\"");
+                throw new IllegalArgumentException("a task's frame codec must be raw, zstd, "
+                    + "column or column-auto, not \"" + codec + "\"");
         }
         int data = -1, partition = -1, seq = -1, created = -1;
         List<Integer> nulls = new ArrayList<>();
@@ -394,17 +428,6 @@ final class WireFrames implements AutoCloseable {
         if (share.count >= TARGET_MESSAGES || share.plainBytes >= TARGET_BYTES) {
             flush(partition, out);
         }
-        if (sampling) {
-            samplePlain += length;
-            sampleStored += stored;
-            if (samplePlain >= AUTO_SAMPLE_BYTES) {
-                sampling = false;
-                if (sampleStored * AUTO_SHRINK > samplePlain) { // it does not pay: raw
-                    finish(out); // frames hold one codec: the compressed rows go first
-                    compressing = false;
-                }
-            }
-        }
         if (pendingCost > PENDING_BYTES) {
             List<Map.Entry<Long, Pending>> shares = new ArrayList<>(pending.entrySet());
             shares.sort((a, b) -> Long.compare(b.getValue().cost(), a.getValue().cost()));
@@ -456,36 +479,77 @@ final class WireFrames implements AutoCloseable {
         Pending share = pending.remove(partition);
         pendingCost -= share.cost();
         int count = share.count;
+        int plain = (int) share.bytes;
+        int packedLength = columnCompressing && plain > 0 ? packColumn(share) : -1;
         long size = body.lay(count, share.seq, share.seqNull, share.created, share.codec,
-            share.ends, share.bytes);
-        int bytes = (int) share.bytes;
+            share.ends, share.bytes, packedLength);
+        byte[] values = packedLength >= 0 ? packed : share.values;
+        int bytes = packedLength >= 0 ? packedLength : plain;
         assert size % 8 == 0 && size == body.headLength + bytes + body.tailLength : size;
         if (zeros.length < body.tailLength) {
             zeros = new byte[Math.max(body.tailLength, 2 * zeros.length)];
         }
+        byte[] tail = packedLength >= 0 ? body.tail : zeros;
         crc.reset();
         crc.update(body.head, 0, body.headLength);
-        crc.update(share.values, 0, bytes);
-        crc.update(zeros, 0, body.tailLength);
+        crc.update(values, 0, bytes);
+        crc.update(tail, 0, body.tailLength);
         header.clear();
         header.put((byte) 'T').put((byte) 'B').put((byte) 's').put((byte) '1');
         header.putInt((int) crc.getValue()).putLong(partition).putInt(count).putInt((int) size);
         if (out instanceof PgWireClient.CopyIn && size <= ONE_MESSAGE_BYTES) {
             ((PgWireClient.CopyIn) out).writeMessage(
-                new byte[][] {header.array(), body.head, share.values, zeros},
+                new byte[][] {header.array(), body.head, values, tail},
                 new int[] {HEADER_BYTES, body.headLength, bytes, body.tailLength});
         } else {
             out.write(header.array(), 0, HEADER_BYTES);
             out.write(body.head, 0, body.headLength);
-            out.write(share.values, 0, bytes);
-            out.write(zeros, 0, body.tailLength);
+            out.write(values, 0, bytes);
+            out.write(tail, 0, body.tailLength);
         }
-        WireWriteStats.framesSent(share.codec == ZSTD, count);
+        WireWriteStats.framesSent(share.codec == ZSTD, packedLength >= 0, count);
         if (spare.size() < SPARE_MAX && share.values.length <= 2 * TARGET_BYTES) {
             share.clear(); // its arrays were sent (above): the next frames may reuse them
             spare.add(share);
         }
         frames++;
+    }
+
+    /** {@code share}'s data values compressed whole into {@link #packed} (one zstd frame
+     * declaring its size); their length, or -1 when they did not shrink enough to be sent
+     * so ({@link #COLUMN_KEEP_EIGHTHS}). Ends column-auto's sample once it is measured. */
+    private int packColumn(Pending share) {
+        int plain = (int) share.bytes;
+        int bound = (int) Math.min(Integer.MAX_VALUE - 8, Zstd.compressBound(plain));
+        if (packed.length < bound) {
+            packed = new byte[Math.max(bound, 2 * packed.length)];
+        }
+        long started = columnSampling ? cpuNanos() : 0;
+        int length = column.compressByteArray(packed, 0, bound, share.values, 0, plain);
+        if (columnSampling) {
+            columnNanos += cpuNanos() - started;
+            columnPlain += plain;
+            columnPacked += length;
+            if (columnPlain >= AUTO_SAMPLE_BYTES) {
+                columnSampling = false;
+                columnCompressing = pays(columnNanos, columnPlain, columnPacked);
+            }
+        }
+        return (long) length * 8 <= (long) plain * COLUMN_KEEP_EIGHTHS ? length : -1;
+    }
+
+    /** Whether compressing {@code plain} bytes to {@code packed} in {@code nanos} of CPU
+     * (and the server's decompression of them) costs less than sending and storing the
+     * bytes saved ({@link #SAVED_NS_PER_BYTE}). */
+    static boolean pays(long nanos, long plain, long packed) {
+        return nanos * (1 + DECODE_SHARE) < (plain - packed) * SAVED_NS_PER_BYTE;
+    }
+
+    /** This thread's CPU time (wall time where the JVM cannot tell it), ns. */
+    private static long cpuNanos() {
+        long cpu = THREADS.isCurrentThreadCpuTimeSupported() ? THREADS.getCurrentThreadCpuTime()
+            : -1;
+        return cpu >= 0 ? cpu : System.nanoTime();
     }
 
     @Override
@@ -495,6 +559,9 @@ final class WireFrames implements AutoCloseable {
         pendingCost = 0;
         if (zstd != null) {
             zstd.close();
+        }
+        if (column != null) {
+            column.close();
         }
     }
 }

@@ -132,32 +132,36 @@ final class WireWrite implements Write {
                 + "integer), not \"" + level + "\"");
         }
         String codec = frameCodec(this.options, topic);
-        this.options.put("frameCodec", codec); // auto only for a topic that accepts zstd
+        this.options.put("frameCodec", codec); // auto resolved for the tasks
         WireWriteStats.frameCodecChosen(codec);
     }
 
     /**
      * The codec policy of the write's frames, on the driver: the option {@code frameCodec}
-     * ({@code raw}, {@code zstd}, or {@code auto}, the default). {@code auto} stays auto
-     * for a topic whose {@code supported_codecs} (its settings in sys.topics, one query)
-     * include zstd, and becomes raw for one whose do not: as Parquet compresses its pages
-     * by default, a topic that accepts zstd gets its messages compressed where that pays
-     * (each task measures its first data: {@link WireFrames#AUTO_SAMPLE_BYTES}); readers get
-     * them back decoded. A topic that cannot be looked up (not visible to the user) gets
-     * raw: the server's staging decides either way (22P04 / 22023 for a codec the topic
-     * refuses). The tasks get raw, zstd or auto (resolved), never an invalid value.
+     * ({@code raw}, {@code zstd}, {@code column}, or {@code auto}, the default). {@code
+     * auto} is resolved from the topic's {@code supported_codecs} (its settings in
+     * sys.topics, one query; {@link #autoCodec}): as Parquet compresses its pages by
+     * default, a topic that accepts raw messages gets frames whose data column is
+     * compressed whole where that pays (round 22: {@code column-auto}, the messages stay
+     * raw, {@link WireFrames#COLUMN_KEEP_EIGHTHS}), one that accepts zstd and not raw
+     * gets each message compressed (before round 22 the default went raw after a sample,
+     * which such a topic refused); readers get them back decoded. A topic that cannot be
+     * looked up (not visible to the user) gets raw: the server's staging decides either way
+     * (22P04 / 22023 for a codec the topic refuses). The tasks get raw, zstd, column or
+     * column-auto (resolved), never an invalid value.
      */
     static String frameCodec(Map<String, String> options, String topic) {
         String given = options.getOrDefault("frameCodec", "auto").trim().toLowerCase(Locale.ROOT);
         switch (given) {
             case "raw":
             case "zstd":
+            case "column":
                 return given;
             case "auto":
                 break;
             default:
-                throw new IllegalArgumentException("frameCodec must be auto, raw or zstd, not \""
-                    + options.get("frameCodec") + "\"");
+                throw new IllegalArgumentException("frameCodec must be auto, raw, zstd or "
+                    + "column, not \"" + options.get("frameCodec") + "\"");
         }
         List<String[]> found;
         try {
@@ -172,26 +176,32 @@ final class WireWrite implements Write {
     }
 
     /** {@code auto}'s policy for a topic whose settings are {@code settings} (sys.topics'
-     * JSON, e.g. {@code {"supported_codecs": ["raw", "gzip", "zstd"], ...}}): auto when
-     * its {@code supported_codecs} list names zstd; raw when it does not, or when the key
-     * is absent (the engine's codecs then are raw only: engine/ddl.py). */
+     * JSON, e.g. {@code {"supported_codecs": ["raw", "gzip", "zstd"], ...}}):
+     * {@code column-auto} (frames' data columns compressed whole while the task's first
+     * data shows it pays, the messages raw: round 22) when its {@code supported_codecs}
+     * list names raw, or when the key is absent (the engine's codecs then are raw only:
+     * engine/ddl.py); else zstd (each message compressed: the topic refuses raw ones) when
+     * it names zstd; else raw (the server refuses it, as it would any codec). */
     static String autoCodec(String settings) {
         String key = "\"supported_codecs\"";
         int at = settings == null ? -1 : settings.indexOf(key);
         if (at < 0) {
-            return "raw";
+            return "column-auto";
         }
         int open = settings.indexOf('[', at + key.length());
         int close = open < 0 ? -1 : settings.indexOf(']', open);
         if (close < 0) {
-            return "raw";
+            return "column-auto";
         }
+        boolean zstd = false;
         for (String codec : settings.substring(open + 1, close).split(",")) {
-            if (codec.trim().replace("\"", "").equalsIgnoreCase("zstd")) {
-                return "auto";
+            String name = codec.trim().replace("\"", "");
+            if (name.equalsIgnoreCase("raw")) {
+                return "column-auto";
             }
+            zstd |= name.equalsIgnoreCase("zstd");
         }
-        return "raw";
+        return zstd ? "zstd" : "raw";
     }
 
     @Override

@@ -30,9 +30,22 @@ public final class WireWriteStats {
         frameCodec = codec;
     }
 
-    /** Messages sent in frames by this JVM's tasks (in local mode, the driver's JVM). */
-    static void framesSent(boolean zstd, long messages) {
+    private static final java.util.concurrent.atomic.AtomicLong COLUMN_MESSAGES =
+        new java.util.concurrent.atomic.AtomicLong();
+
+    /** Messages sent in frames by this JVM's tasks (in local mode, the driver's JVM):
+     * zstd-compressed each, or raw, in a column-compressed frame ({@code column}) or not. */
+    static void framesSent(boolean zstd, boolean column, long messages) {
         (zstd ? ZSTD_MESSAGES : RAW_MESSAGES).addAndGet(messages);
+        if (column) {
+            COLUMN_MESSAGES.addAndGet(messages);
+        }
+    }
+
+    /** Messages this JVM's tasks sent raw in frames whose data column was compressed whole
+     * (counted among {@link #rawMessagesSent} too), so far. */
+    public static long columnMessagesSent() {
+        return COLUMN_MESSAGES.get();
     }
 
     /** Messages this JVM's tasks sent zstd-compressed in frames, so far. */
