@@ -9,10 +9,11 @@ written by Spark. Figures (rows/s):
   ... FROM STDIN (FORMAT frames, WRITE_ID ...)``, the driver publishes them with one
   ``COMMIT WRITES`` (one Spark write and one transaction, also at 1M) — next to Spark
   writing them as Parquet (compressed with Snappy, Spark's default); target >= 1x. The
-  headline write is the writer's default (no option: ``frameCodec=auto`` since round 18,
-  which for a topic whose codecs include zstd, as a topic's default codecs do, compresses
-  each message with zstd in the JVM while the task's first MiB shows that it pays; readers
-  get the bytes back decoded), as Parquet compresses its pages by default; its record's
+  headline write is the writer's default (no option: ``frameCodec=auto``, which since
+  round 22, for a topic that accepts raw messages, as a topic's default codecs do,
+  compresses each frame's data column whole with zstd in the JVM while the task's first
+  MiB shows that it saves CPU, the messages raw; readers get the bytes back decoded), as
+  Parquet compresses its pages by default; its record's
   note names the codec its tasks used (``describe_codec``). The same write without
   compression (``frameCodec=raw``) is recorded beside it. Medians of five rounds of
   Parquet then the two wire writes (their order alternating round by round), each wire
@@ -174,7 +175,7 @@ def describe_codec(policy: str, zstd: int, raw: int, column: int = 0) -> str:
     if column:
         total = zstd + raw
         used = ("column zstd" if column == total
-                else f"column zstd {100 * column / total:.0f} %, the rest per message")
+                else f"column zstd {100 * column / total:.0f} %, the rest uncompressed")
         if zstd:
             used += f" (zstd {100 * zstd / total:.0f} %)"
     elif zstd and raw:

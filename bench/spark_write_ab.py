@@ -15,8 +15,9 @@ Usage (from any tree; loopback only)::
         --tree main=/work/main --tree adopt=/tmp/h2wt
 
 ``--frame-codec name=zstd`` gives tree ``name``'s writes the option ``frameCodec`` (``raw``,
-``zstd``; without it the writer's default, ``auto`` since round 18: zstd for a topic that
-accepts it, which a topic's default codecs do); ``--write-option name=key=value`` any
+``zstd``, ``column``; without it the writer's default, ``auto``: since round 22 frames whose
+data column is compressed whole, where that saves CPU, for a topic that accepts raw
+messages, which a topic's default codecs do); ``--write-option name=key=value`` any
 write option (e.g. ``frameCodecLevel``); a tree may be named twice under two names (e.g.
 ``--tree raw=/tmp/h2wt --tree zstd=/tmp/h2wt --frame-codec raw=raw``). ``--data json``
 (or ``text``, ``mixed``) writes JSON log lines instead of the bench's rows

@@ -19,5 +19,5 @@ def test_the_label_names_frames_whose_data_column_was_compressed_whole() -> None
     assert describe_codec("column-auto", 0, 200_000, 200_000) == (
         "frameCodec column-auto: column zstd")
     assert describe_codec("column-auto", 0, 200_000, 4_096) == (
-        "frameCodec column-auto: column zstd 2 %, the rest per message")
+        "frameCodec column-auto: column zstd 2 %, the rest uncompressed")
     assert describe_codec("column-auto", 0, 200_000, 0) == "frameCodec column-auto: raw"
