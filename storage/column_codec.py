@@ -24,11 +24,13 @@ decompresses exactly the declared length or fails, and checks the rest):
 - no other codec, method, buffer count (``_BUFFERS``) or node count, no custom metadata
   and no variadic buffers; every buffer within the body;
 - only the data values buffer may be compressed, declaring at most
-  ``DECLARED_BYTES_MAX`` (checked before anything is allocated: a zstd bomb is refused
-  from its 8-byte prefix), its payload one zstd frame that declares that same content size;
+  ``limits.COLUMN_DECLARED_BYTES_MAX`` (checked before anything is allocated: a zstd bomb
+  is refused from its 8-byte prefix), its payload one zstd frame that declares that same
+  content size;
 - every other non-empty buffer is at least 8 bytes and starts with -1.
-Otherwise ``InvalidBinaryDataError`` (22P03), or ``LimitExceededError`` (54000) for a
-declared size over the bound.
+Otherwise ``BadCompressedFrameError`` (22P04) for a shape, ``InvalidBinaryDataError``
+(22P03) for a zstd payload that is not what it declares, or ``LimitExceededError``
+(54000) for a declared size over the bound.
 """
 
 from __future__ import annotations
@@ -49,10 +51,6 @@ DATA_VALUES = 14
 ZSTD_CODEC = 1  # CompressionType.ZSTD in Arrow's Message.fbs (LZ4_FRAME is 0)
 BUFFER_METHOD = 0  # BodyCompressionMethod.BUFFER
 NOT_COMPRESSED = -1  # a buffer's length prefix: its bytes follow as they are
-# What the values of one frame may declare: a frame holds at most FRAME_TARGET_BYTES of
-# data, or one message alone of at most MESSAGE_BYTES_MAX (staged_frames checks both on
-# the decoded batch; this bound comes first, before any allocation).
-DECLARED_BYTES_MAX = max(limits.FRAME_TARGET_BYTES, limits.MESSAGE_BYTES_MAX)
 _INT64 = struct.Struct("<q")
 
 
@@ -137,9 +135,10 @@ def compressed_values(body: pa.Buffer) -> CompressedValues | None:
                                          "its data's values")  # fmt: skip
         if prefix < 0:
             raise BadCompressedFrameError(f"a compressed frame's data declares {prefix} bytes")
-        if prefix > DECLARED_BYTES_MAX:
+        bound = limits.COLUMN_DECLARED_BYTES_MAX
+        if prefix > bound:
             raise LimitExceededError(f"a compressed frame's data declares {prefix} bytes: "
-                                     f"over the limit of {DECLARED_BYTES_MAX}")  # fmt: skip
+                                     f"over the limit of {bound}")  # fmt: skip
         payload = view[start + offset + 8 : start + offset + size]
         _check_zstd_frame(payload, prefix)
         found = CompressedValues(prefix, True, start + offset + 8, size - 8)

@@ -457,3 +457,10 @@ STAGED_HERE_FILES_MAX = 4096
 # their bytes.
 STAGING_PREWRITE_BYTES = 1 << 20
 STAGING_PREWRITE_APPEND_BYTES_MAX = 64 * 1024
+
+# -- frames whose data column is compressed whole (storage.column_codec; round 22, H1) --
+# What a staged frame's compressed data values may declare as their uncompressed size,
+# read from their 8-byte prefix before anything is allocated: a frame holds at most
+# FRAME_TARGET_BYTES of data, or one message alone of at most MESSAGE_BYTES_MAX (both
+# checked again on the decoded batch).
+COLUMN_DECLARED_BYTES_MAX = max(FRAME_TARGET_BYTES, MESSAGE_BYTES_MAX)

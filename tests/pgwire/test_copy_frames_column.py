@@ -27,7 +27,7 @@ from engine.bulk_read import OffsetRange
 from engine.bulk_write import WRITES_DIRECTORY
 from engine.check import check_database
 from sql.pgwire.server import ServerThread
-from storage import column_codec
+from storage import limits
 from storage.column_codec import DATA_VALUES, NOT_COMPRESSED, assemble_body, compress_body
 from tests.pgwire.test_copy import copy_out
 from tests.pgwire.test_copy_frames import HostileCases, frame, send, staged_files, wire
@@ -274,7 +274,7 @@ def test_the_declared_size_is_checked_before_anything_is_decompressed(
         db: psycopg.Connection, monkeypatch: pytest.MonkeyPatch) -> None:  # fmt: skip
     """A frame declaring more than the bound is refused from its prefix: Arrow is never
     asked to allocate it (the bound lowered below a real frame's size)."""
-    monkeypatch.setattr(column_codec, "DECLARED_BYTES_MAX", 1000)
+    monkeypatch.setattr(limits, "COLUMN_DECLARED_BYTES_MAX", 1000)
     asked: list[int] = []
     original = pa.ipc.read_record_batch
     monkeypatch.setattr(pa.ipc, "read_record_batch",
