@@ -88,7 +88,7 @@ final class WireFrames implements AutoCloseable {
      * saved would have cost ({@code SAVED_NS_PER_BYTE}); else every later frame goes
      * plain. Round 22 measured both on this machine (docs/spark_throughput.md): the bench's
      * rows (~0.3 ns a byte to compress, 99 % saved) pay by far; JSON log lines (~1.2 ns a
-     * byte, 84 % saved) do not (+0.3-0.5 s of CPU per 1M); bytes that do not shrink never.
+     * byte, 84 % saved) do not (+0.5-0.8 s of CPU per 1M); bytes that do not shrink never.
      * (Round 18's {@code auto} compressed each message while its first MiB came down to
      * 5 %: zstd's fixed cost a message made it pay only on nearly constant data.) */
     static final long AUTO_SAMPLE_BYTES = 1L << 20;
