@@ -45,6 +45,7 @@ import pyarrow as pa
 
 from storage import limits, verified_frames
 from storage.buffer_pool import BUFFERS
+from storage.column_codec import compressed_bodies, unpacked_bytes
 from storage.frame_read import SMALL_SLICE_ROWS, read_batch
 from storage.partition_log import PartitionLog
 from storage.record_batch import HEADER, HEADER_BYTES, MAGIC, WIRE_SCHEMA
@@ -239,6 +240,12 @@ def _scan_into(
         return None  # damage: read_frames reports it
     _mark_verified(windows, generations, placed, frames, from_map[where] & ~trusted)
     whole = HEADER_BYTES + body
+    # A frame whose data column is compressed whole is charged what that column decodes
+    # to, as the partition reads charge it (``FrameSlice.size``): a ~1 KB frame may hold
+    # 16 MiB of messages.
+    for index in np.flatnonzero(compressed_bodies(buffer, at + HEADER_BYTES)).tolist():
+        start = int(at[index]) + HEADER_BYTES
+        whole[index] += unpacked_bytes(view[start : start + int(body[index])])
     if int(whole.sum()) >= max_bytes:
         return None  # the budget would have stopped the read somewhere: read as before
     sizes = np.where(rows == count, whole, np.maximum(1, whole * rows // count))

@@ -28,7 +28,7 @@ from dataclasses import dataclass, field
 import numpy as np
 import pyarrow as pa
 
-from storage.column_codec import compressed_values
+from storage.column_codec import unpacked_bytes
 from storage.record_batch import (
     HEADER_BYTES,
     READ_SCHEMA,
@@ -77,8 +77,7 @@ class CachedFrame:
         self._batch: pa.RecordBatch | None = None
         # A body whose data column is compressed whole (``storage.column_codec``) decodes
         # into that many bytes of heap, which the decoded batch keeps: counted from the start.
-        packed = compressed_values(body)
-        self.unpacked = packed.declared if packed is not None else 0
+        self.unpacked = unpacked_bytes(body)
 
     @property
     def kept_bytes(self) -> int:
@@ -115,6 +114,9 @@ class FrameSlice:
     # The partition's kept copy of this frame (``FrameCache``), whose decode is shared
     # by every read of it; None for a frame no later read is expected to need.
     cached: CachedFrame | None = field(default=None, compare=False, repr=False)
+    # The bytes the frame's data column decodes to when it is compressed whole
+    # (``column_codec.unpacked_bytes``), else 0: charged by ``size`` beside the stored bytes.
+    unpacked: int = 0
 
     def __post_init__(self) -> None:
         assert self.skip >= 0 and self.rows >= 1, (self.skip, self.rows)
@@ -130,8 +132,11 @@ class FrameSlice:
 
     @property
     def size(self) -> int:
-        """The slice's share of the frame's bytes (at least 1)."""
-        frame_bytes = HEADER_BYTES + self.header.body_bytes
+        """The slice's share of the frame's bytes (at least 1): its stored bytes and, for a
+        frame whose data column is compressed whole, the bytes that column decodes to (a
+        read's byte budgets count what the read holds decoded, not the ~1,000x smaller
+        stored frame)."""
+        frame_bytes = HEADER_BYTES + self.header.body_bytes + self.unpacked
         if self.rows == self.header.record_count:
             return frame_bytes
         return max(1, frame_bytes * self.rows // self.header.record_count)
@@ -143,7 +148,7 @@ class FrameSlice:
         rows = end - self.first_offset
         if rows <= 0:
             return None
-        return FrameSlice(self.header, self.body, self.skip, rows, self.cached)
+        return FrameSlice(self.header, self.body, self.skip, rows, self.cached, self.unpacked)
 
     def wire_batch(self) -> pa.RecordBatch:
         """This slice's stored columns (``WIRE_SCHEMA``'s, by name; a kept frame's decoded

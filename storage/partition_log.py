@@ -32,6 +32,7 @@ import pyarrow as pa
 from storage import failpoints, limits, log_loader, page_cache, staged_frames
 from storage.clock import Clock
 from storage.codecs import Codec, uniform_codec
+from storage.column_codec import unpacked_bytes
 from storage.config import FsyncPolicy, TopicConfig
 from storage.errors import (
     CorruptSegmentError,
@@ -1095,10 +1096,10 @@ class PartitionLog:
                 header = kept.header
                 skip = offset - header.base_offset
                 rows = min(header.record_count - skip, remaining)
-                slices.append(FrameSlice(header, kept.body, skip, rows, kept))
+                slices.append(FrameSlice(header, kept.body, skip, rows, kept, kept.unpacked))
                 offset += rows
                 remaining -= rows
-                budget -= header.frame_bytes
+                budget -= header.frame_bytes + kept.unpacked
                 if remaining <= 0 or budget <= 0:
                     break
                 position = kept.position + header.frame_bytes  # the scan goes on from there
@@ -1124,10 +1125,13 @@ class PartitionLog:
                 if rows < header.record_count - skip and header.record_count > SMALL_FRAME_ROWS:
                     # Stopped inside a large frame: the next read starts there.
                     cached = self._keep(segment, frame)
-                slices.append(FrameSlice(header, frame.body, skip, rows, cached))
+                # A frame whose data column is compressed whole is charged what it decodes
+                # to (a stored frame of ~1 KB may hold 16 MiB): the budget bounds the read.
+                unpacked = cached.unpacked if cached is not None else unpacked_bytes(frame.body)
+                slices.append(FrameSlice(header, frame.body, skip, rows, cached, unpacked))
                 offset += rows
                 remaining -= rows
-                budget -= header.frame_bytes
+                budget -= header.frame_bytes + unpacked
                 if remaining <= 0 or budget <= 0:
                     break
             if remaining <= 0 or budget <= 0:
