@@ -568,17 +568,24 @@ def check_incoming(frame: IncomingFrame, body: pa.Buffer, zstd: bool = False,
     bounds (``seq_no``, ``created_at``) are the caller's to check."""
     if crc32c.crc32c(body) != frame.body_crc:
         raise BadStagedFrameError("a staged frame's body does not match its CRC-32C")
-    packed = compressed_values(body)
-    if packed is None and wire_layout(body) is None:
-        raise BadStagedFrameError("a staged frame's body is not one Arrow IPC record batch "
-                                  "message of the wire schema")  # fmt: skip
-    with holding_decompressed(packed.declared if packed is not None else 0):
-        try:
-            batch = _decoded(body)
-        except BadStagedFrameError:
-            if packed is not None and packed.compressed:
+    # A plain body (``wire_layout`` parses it: never a compressed one) is decoded at once;
+    # only a body it refuses is read for body compression (review R1 M-2: plain frames,
+    # the most, pay no second parse and take no hold).
+    packed = None
+    if wire_layout(body) is None:
+        packed = compressed_values(body)
+        if packed is None:
+            raise BadStagedFrameError("a staged frame's body is not one Arrow IPC record "
+                                      "batch message of the wire schema")  # fmt: skip
+    if packed is None or not packed.compressed:
+        batch = _decoded(body)
+    else:
+        with holding_decompressed(packed.declared):
+            try:
+                batch = _decoded(body)
+            except BadStagedFrameError:
                 check_payload(body, packed)  # a broken zstd payload is 22P03
-            raise
+                raise
     count = batch.num_rows
     if count != frame.record_count:
         raise BadStagedFrameError(f"a staged frame's header counts {frame.record_count} "
