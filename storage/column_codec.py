@@ -25,9 +25,8 @@ decompresses exactly the declared length or fails, and checks the rest):
   and no variadic buffers; every buffer within the body;
 - only the data values buffer may be compressed, declaring at most
   ``limits.COLUMN_DECLARED_BYTES_MAX`` (checked before anything is allocated: a zstd bomb
-  is refused from its 8-byte prefix), its payload one zstd frame that declares that same
-  content size;
-- every other non-empty buffer is at least 8 bytes and starts with -1.
+  is refused from its 8-byte prefix), its payload exactly one zstd frame (nothing after it:
+  its blocks' headers walked) that declares that same content size;- every other non-empty buffer is at least 8 bytes and starts with -1.
 Otherwise ``BadCompressedFrameError`` (22P04) for a shape, ``InvalidBinaryDataError``
 (22P03) for a zstd payload that is not what it declares, or ``LimitExceededError``
 (54000) for a declared size over the bound.
@@ -175,6 +174,31 @@ def _check_zstd_frame(payload: memoryview, declared: int) -> None:
                                      f"its zstd frame {params.content_size}")  # fmt: skip
     if params.dict_id:
         raise InvalidBinaryDataError("a compressed frame's zstd frame names a dictionary")
+    length = _zstd_frame_length(payload, params.has_checksum)
+    if length != len(payload):
+        raise InvalidBinaryDataError(f"a compressed frame's data is not exactly one zstd frame "
+                                     f"({len(payload)} bytes, the frame {length})")  # fmt: skip
+
+
+def _zstd_frame_length(payload: memoryview, checksum: bool) -> int:
+    """The bytes of the zstd frame ``payload`` starts with, from its block headers (the
+    zstd format, RFC 8878 3.1.1.2: 3 bytes each, last-block bit, type, size; an RLE block
+    holds one byte), or -1 for a reserved block type or a payload that ends first. Reads
+    no block's content: one step a block (at most 128 KiB each), so a payload followed by
+    another frame (skippable or not) or by any other bytes is told from exactly one frame
+    without decompressing it."""
+    at = zstandard.frame_header_size(payload)
+    payload = payload.cast("B")  # an Arrow buffer's view is of signed bytes
+    size = len(payload)
+    while at + 3 <= size:
+        head = payload[at] | payload[at + 1] << 8 | payload[at + 2] << 16
+        kind, length = (head >> 1) & 3, head >> 3
+        if kind == 3:
+            return -1
+        at += 3 + (1 if kind == 1 else length)
+        if head & 1:
+            return at + (4 if checksum else 0)
+    return -1  # no last block within the payload: truncated
 
 
 def compress_body(batch: pa.RecordBatch, level: int = 1) -> pa.Buffer:

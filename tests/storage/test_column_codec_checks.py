@@ -7,15 +7,24 @@ decompressed output is counted among the checks in flight while the decoded batc
 from __future__ import annotations
 
 import contextlib
-from collections.abc import Iterator
+import struct
+from collections.abc import Callable, Iterator
 from typing import Any
 
 import crc32c
 import pyarrow as pa
 import pytest
+import zstandard
 
 from storage import staged_frames
-from storage.column_codec import compress_body
+from storage.column_codec import (
+    DATA_VALUES,
+    NOT_COMPRESSED,
+    assemble_body,
+    compress_body,
+    compressed_values,
+)
+from storage.errors import DataError, InvalidBinaryDataError
 from storage.record_batch import serialize_body_buffer
 from storage.staged_frames import IncomingFrame, check_incoming
 from tests.pgwire.test_copy_frames import wire
@@ -62,3 +71,61 @@ def test_a_plain_body_is_neither_probed_for_compression_nor_held(
     batch = check_incoming(incoming(body, 5), body)
     assert [bytes(d) for d in batch.column("data").to_pylist()] == messages
     assert (counted.probes, counted.holds) == (1, [sum(map(len, messages))])
+
+
+_INT64 = struct.Struct("<q")
+_ZSTD = zstandard.ZstdCompressor(level=1, write_content_size=True)
+MESSAGES = [b"line %d of the log, status 200\n" % i * 3 for i in range(40)]
+
+
+def _with_values(values: Callable[[bytes], bytes]) -> pa.Buffer:
+    """A body of ``MESSAGES`` whose data values are ``values(uncompressed)`` after their
+    length prefix, every other buffer stored as it is."""
+
+    def piece(index: int, raw: bytes) -> bytes:
+        if index == DATA_VALUES:
+            return _INT64.pack(len(raw)) + values(raw)
+        return _INT64.pack(NOT_COMPRESSED) + raw
+
+    return assemble_body(wire(MESSAGES), piece)
+
+
+@pytest.mark.parametrize(
+    "values",
+    [
+        lambda v: _ZSTD.compress(v) + _ZSTD.compress(b""),  # a second, empty frame
+        lambda v: _ZSTD.compress(v) + struct.pack("<II", 0x184D2A50, 4) + b"evil",  # skippable
+        lambda v: _ZSTD.compress(v) + bytes(16),  # trailing bytes
+        lambda v: _ZSTD.compress(v)[:-3],  # truncated
+    ],
+    ids=["empty-frame", "skippable-frame", "trailing-bytes", "truncated"],
+)
+def test_the_values_must_be_exactly_one_zstd_frame(values: Callable[[bytes], bytes]) -> None:
+    """R1 L-1: a payload followed by another frame was accepted and stored (Arrow decodes
+    the first and ignores the rest); now refused (22P03) before anything is decompressed."""
+    body = _with_values(values)
+    with pytest.raises(InvalidBinaryDataError, match="exactly one zstd frame"):
+        compressed_values(body)
+    with pytest.raises(DataError) as refused:
+        check_incoming(incoming(body, len(MESSAGES)), body)
+    assert refused.value.sqlstate == "22P03"
+
+
+@pytest.mark.parametrize("checksum", [False, True])
+def test_one_zstd_frame_of_many_blocks_is_accepted(checksum: bool) -> None:
+    """The walk over blocks: a payload of several blocks (over 128 KiB), with or without
+    a checksum, decodes back to the messages."""
+    messages = [bytes(range(256)) * 64 + b"%d" % i for i in range(40)]  # ~650 KiB
+    compressor = zstandard.ZstdCompressor(level=1, write_content_size=True,
+                                          write_checksum=checksum)  # fmt: skip
+    body = compress_body(wire(messages))
+    if checksum:
+
+        def piece(index: int, raw: bytes) -> bytes:
+            prefix = _INT64.pack(len(raw) if index == DATA_VALUES else NOT_COMPRESSED)
+            return prefix + (compressor.compress(raw) if index == DATA_VALUES else raw)
+
+        body = assemble_body(wire(messages), piece)
+    assert compressed_values(body).compressed
+    batch = check_incoming(incoming(body, len(messages)), body)
+    assert [bytes(d) for d in batch.column("data").to_pylist()] == messages
