@@ -23,13 +23,15 @@ declare. Invariants of a body it accepts (a caller then decodes it with Arrow, w
 decompresses exactly the declared length or fails, and checks the rest):
 - no other codec, method, buffer count (``_BUFFERS``) or node count, no custom metadata
   and no variadic buffers; every buffer within the body;
-- only the data values buffer may be compressed, declaring at most
-  ``limits.COLUMN_DECLARED_BYTES_MAX`` (checked before anything is allocated: a zstd bomb
-  is refused from its 8-byte prefix), its payload exactly one zstd frame (nothing after it:
-  its blocks' headers walked) that declares that same content size;- every other non-empty buffer is at least 8 bytes and starts with -1.
-Otherwise ``BadCompressedFrameError`` (22P04) for a shape, ``InvalidBinaryDataError``
-(22P03) for a zstd payload that is not what it declares, or ``LimitExceededError``
-(54000) for a declared size over the bound.
+- only the data values buffer may be compressed, declaring at most ``declared_bound``
+  (``DECLARED_BYTES_MAX`` for one message, ``FRAME_TARGET_BYTES`` for more; checked
+  before anything is allocated: a zstd bomb is refused from its 8-byte prefix); its
+  payload exactly one zstd frame (nothing after it: its blocks' headers walked) that
+  declares that same content size;
+- every other non-empty buffer is at least 8 bytes and starts with -1.
+Otherwise ``InvalidBinaryDataError`` (22P03), or ``LimitExceededError`` (54000) for a
+declared size over ``DECLARED_BYTES_MAX``, or ``BadCompressedFrameError`` (22P04) for
+more than one message declaring more than ``FRAME_TARGET_BYTES`` (a plain frame's refusal).
 """
 
 from __future__ import annotations
@@ -51,6 +53,10 @@ DATA_VALUES = 14
 ZSTD_CODEC = 1  # CompressionType.ZSTD in Arrow's Message.fbs (LZ4_FRAME is 0)
 BUFFER_METHOD = 0  # BodyCompressionMethod.BUFFER
 NOT_COMPRESSED = -1  # a buffer's length prefix: its bytes follow as they are
+# What the values of one frame may declare: a frame holds at most FRAME_TARGET_BYTES of
+# data, or one message alone of at most MESSAGE_BYTES_MAX (staged_frames checks both on
+# the decoded batch; this bound comes first, before any allocation).
+DECLARED_BYTES_MAX = max(limits.FRAME_TARGET_BYTES, limits.MESSAGE_BYTES_MAX)
 _INT64 = struct.Struct("<q")
 
 
@@ -72,10 +78,14 @@ class CompressedValues(NamedTuple):
     payload_size: int = 0
 
 
-def compressed_values(body: pa.Buffer) -> CompressedValues | None:
+def compressed_values(body: pa.Buffer, record_count: int = 1) -> CompressedValues | None:
     """None when ``body`` (an Arrow IPC record-batch message) declares no body
     compression; else its data values' declared size once the shape is checked (module
-    doc). A body that is no record-batch message at all is left to the caller (None)."""
+    doc). A body that is no record-batch message at all is left to the caller (None).
+    ``record_count``: the messages its frame's header counts; a body of more than one
+    message (by that count or by its own metadata's) may declare at most
+    ``FRAME_TARGET_BYTES`` (``declared_bound``; 22P04, as the decoded batch would be
+    refused past that), refused before anything is decompressed."""
     view = memoryview(body)
     if body.size < 8:
         return None
@@ -105,6 +115,7 @@ def compressed_values(body: pa.Buffer) -> CompressedValues | None:
             raise BadCompressedFrameError("a compressed frame has variadic buffers")
         if not fields[3] or not batch_fields[1] or not batch_fields[2]:
             raise BadCompressedFrameError("a compressed frame's message lacks its lengths")
+        (rows,) = _INT64.unpack_from(raw, batch_fields[0]) if batch_fields[0] else (0,)
         nodes = batch_fields[1] + _u32(raw, batch_fields[1])
         buffers = batch_fields[2] + _u32(raw, batch_fields[2])
         if _u32(raw, nodes) != _NODES or _u32(raw, buffers) != _BUFFERS:
@@ -135,14 +146,28 @@ def compressed_values(body: pa.Buffer) -> CompressedValues | None:
                                          "its data's values")  # fmt: skip
         if prefix < 0:
             raise BadCompressedFrameError(f"a compressed frame's data declares {prefix} bytes")
-        bound = limits.COLUMN_DECLARED_BYTES_MAX
-        if prefix > bound:
+        if prefix > DECLARED_BYTES_MAX:
             raise LimitExceededError(f"a compressed frame's data declares {prefix} bytes: "
-                                     f"over the limit of {bound}")  # fmt: skip
+                                     f"over the limit of {DECLARED_BYTES_MAX}")  # fmt: skip
+        count = max(record_count, rows)
+        if prefix > declared_bound(count):
+            # as a plain frame of these messages is refused (``staged_frames``: 22P04)
+            raise BadCompressedFrameError(f"a compressed frame of {count} messages declares "
+                                          f"{prefix} bytes of data: over the frame target "
+                                          f"of {declared_bound(count)}")  # fmt: skip
         payload = view[start + offset + 8 : start + offset + size]
         _check_zstd_frame(payload, prefix)
         found = CompressedValues(prefix, True, start + offset + 8, size - 8)
     return found
+
+
+def declared_bound(count: int) -> int:
+    """What the data values of a frame of ``count`` messages may declare: one message
+    alone up to ``DECLARED_BYTES_MAX``, more at most ``FRAME_TARGET_BYTES`` in all (the
+    frame targets ``staged_frames.check_incoming`` holds a decoded batch to)."""
+    if count <= 1:
+        return DECLARED_BYTES_MAX
+    return min(DECLARED_BYTES_MAX, limits.FRAME_TARGET_BYTES)
 
 
 def check_payload(body: pa.Buffer, values: CompressedValues) -> None:

@@ -573,7 +573,7 @@ def check_incoming(frame: IncomingFrame, body: pa.Buffer, zstd: bool = False,
     # the most, pay no second parse and take no hold).
     packed = None
     if wire_layout(body) is None:
-        packed = compressed_values(body)
+        packed = compressed_values(body, frame.record_count)
         if packed is None:
             raise BadStagedFrameError("a staged frame's body is not one Arrow IPC record "
                                       "batch message of the wire schema")  # fmt: skip

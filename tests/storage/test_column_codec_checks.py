@@ -129,3 +129,24 @@ def test_one_zstd_frame_of_many_blocks_is_accepted(checksum: bool) -> None:
     assert compressed_values(body).compressed
     batch = check_incoming(incoming(body, len(messages)), body)
     assert [bytes(d) for d in batch.column("data").to_pylist()] == messages
+
+
+@pytest.mark.parametrize("header_count", [2, 1])
+def test_a_frame_of_several_messages_declares_at_most_the_frame_target(
+    monkeypatch: pytest.MonkeyPatch, header_count: int
+) -> None:
+    """R1 L-2: two 3 MiB messages (6 MiB, over the 4 MiB frame target) were decompressed
+    (the bound was 16 MiB whatever the count) before the frame target refused them; now
+    refused (22P04, as the plain frame) from the declared size, nothing decompressed or
+    held, whether the header or the body's own metadata counts the messages (a header
+    claiming one message does not raise the bound)."""
+    counted = Counted(monkeypatch)
+    messages = [bytes(3 << 20), bytes(3 << 20)]
+    body = compress_body(wire(messages))
+    with pytest.raises(DataError, match="over the frame target of 4194304") as refused:
+        check_incoming(incoming(body, header_count), body)
+    assert refused.value.sqlstate == "22P04"
+    assert "declares" in str(refused.value)  # from the declared size, not the decoded batch
+    assert counted.holds == []
+    one = compress_body(wire([bytes(6 << 20)]))  # one message alone may be larger
+    assert compressed_values(one, 1).declared == 6 << 20
