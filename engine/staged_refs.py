@@ -385,8 +385,14 @@ def check_incoming_frame(frame: IncomingFrame, body: pa.Buffer, zstd: bool = Fal
     54000; zstd messages where ``zstd``, the topic accepting zstd: 22P03 unless each
     decodes), and its values as ``build_batches`` bounds a write's: ``seq_no`` not
     negative (22003), ``created_at`` given for every message and within years 1-9999
-    (22008)."""
-    batch = check_incoming(frame, body, zstd, raw)
+    (22008). The values are checked inside ``check_incoming`` (``then``): a
+    column-compressed frame's decoded batch stays counted among the checks in flight
+    until every check is done, and is dropped then."""
+    check_incoming(frame, body, zstd, raw, then=_check_values)
+
+
+def _check_values(batch: pa.RecordBatch) -> None:
+    """``check_incoming_frame``'s checks of a decoded frame's values."""
     _non_negative(batch.column(0), "seq_no")
     created = batch.column(3)
     if created.null_count:

@@ -72,7 +72,7 @@ import pyarrow as pa
 
 from storage import failpoints, limits, page_cache
 from storage.codecs import Codec
-from storage.column_codec import check_payload, compressed_values
+from storage.column_codec import CompressedValues, check_payload, compressed_values
 from storage.crc_combine import crc32c_combine
 from storage.errors import (
     CorruptSegmentError,
@@ -549,7 +549,9 @@ def read_incoming(read: Callable[[int], bytes | bytearray | memoryview]
 
 
 def check_incoming(frame: IncomingFrame, body: pa.Buffer, zstd: bool = False,
-                   raw: bool = True) -> pa.RecordBatch:  # fmt: skip
+                   raw: bool = True,
+                   then: Callable[[pa.RecordBatch], None] | None = None,
+                   ) -> pa.RecordBatch:  # fmt: skip
     """The body of an incoming frame as its ``WIRE_SCHEMA`` batch (zero-copy over
     ``body``), once everything a reader of the partition relies on is checked: the
     CRC-32C; one Arrow IPC record-batch message of ``WIRE_SCHEMA``'s layout and nothing
@@ -565,7 +567,10 @@ def check_incoming(frame: IncomingFrame, body: pa.Buffer, zstd: bool = False,
     by copy may hold: ``frame_cuts.cuttable``), or, with ``zstd`` (the topic accepts
     zstd), messages the client compressed with zstd (codec 4), each checked to decode
     (``zstd_messages.check_zstd_messages``: 22P03). Otherwise 22P04. The values the engine
-    bounds (``seq_no``, ``created_at``) are the caller's to check."""
+    bounds (``seq_no``, ``created_at``) are the caller's to check, in ``then`` (called
+    with the batch once the rest passed): a compressed body's decompressed values are
+    held within the shared bound until ``then`` returns, not after (a caller that keeps
+    the returned batch longer keeps memory that bound no longer counts)."""
     if crc32c.crc32c(body) != frame.body_crc:
         raise BadStagedFrameError("a staged frame's body does not match its CRC-32C")
     # A plain body (``wire_layout`` parses it: never a compressed one) is decoded at once;
@@ -578,14 +583,23 @@ def check_incoming(frame: IncomingFrame, body: pa.Buffer, zstd: bool = False,
             raise BadStagedFrameError("a staged frame's body is not one Arrow IPC record "
                                       "batch message of the wire schema")  # fmt: skip
     if packed is None or not packed.compressed:
+        return _checked(frame, body, packed, zstd, raw, then)
+    # The decompressed values are counted among the checks in flight for as long as this
+    # check holds the batch that keeps them, ``then``'s checks included (review R1 L-3).
+    with holding_decompressed(packed.declared):
+        return _checked(frame, body, packed, zstd, raw, then)
+
+
+def _checked(frame: IncomingFrame, body: pa.Buffer, packed: CompressedValues | None,
+             zstd: bool, raw: bool, then: Callable[[pa.RecordBatch], None] | None,
+             ) -> pa.RecordBatch:  # fmt: skip
+    """``check_incoming`` once the body's compression (``packed``) is known."""
+    try:
         batch = _decoded(body)
-    else:
-        with holding_decompressed(packed.declared):
-            try:
-                batch = _decoded(body)
-            except BadStagedFrameError:
-                check_payload(body, packed)  # a broken zstd payload is 22P03
-                raise
+    except BadStagedFrameError:
+        if packed is not None and packed.compressed:
+            check_payload(body, packed)  # a broken zstd payload is 22P03
+        raise
     count = batch.num_rows
     if count != frame.record_count:
         raise BadStagedFrameError(f"a staged frame's header counts {frame.record_count} "
@@ -624,6 +638,8 @@ def check_incoming(frame: IncomingFrame, body: pa.Buffer, zstd: bool = False,
                                       "than raw, or zstd where the topic accepts it; one "
                                       "codec a frame)")  # fmt: skip
         check_zstd_messages(data)
+    if then is not None:
+        then(batch)
     return batch
 
 

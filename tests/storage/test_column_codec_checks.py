@@ -16,6 +16,8 @@ import pyarrow as pa
 import pytest
 import zstandard
 
+from engine import staged_refs
+from engine.staged_refs import check_incoming_frame
 from storage import staged_frames
 from storage.column_codec import (
     DATA_VALUES,
@@ -150,3 +152,40 @@ def test_a_frame_of_several_messages_declares_at_most_the_frame_target(
     assert counted.holds == []
     one = compress_body(wire([bytes(6 << 20)]))  # one message alone may be larger
     assert compressed_values(one, 1).declared == 6 << 20
+
+
+def test_the_hold_lasts_while_the_checks_use_the_decoded_batch(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """R1 L-3: the decompressed values were counted among the checks in flight only while
+    Arrow decoded them; the frame's remaining checks (its messages: ``cuttable``; the
+    engine's values: ``check_incoming_frame``) ran on the batch after the hold ended."""
+    active = [False]
+    held: list[tuple[str, bool]] = []
+    hold = staged_frames.holding_decompressed
+
+    @contextlib.contextmanager
+    def marked(nbytes: int) -> Iterator[None]:
+        with hold(nbytes):
+            active[0] = True
+            try:
+                yield
+            finally:
+                active[0] = False
+
+    def watched(name: str, check: Callable[..., Any]) -> Callable[..., Any]:
+        def call(*args: Any) -> Any:
+            held.append((name, active[0]))
+            return check(*args)
+
+        return call
+
+    monkeypatch.setattr(staged_frames, "holding_decompressed", marked)
+    monkeypatch.setattr(staged_frames, "cuttable", watched("cuttable", staged_frames.cuttable))
+    monkeypatch.setattr(
+        staged_refs, "_readable_instants", watched("instants", staged_refs._readable_instants)
+    )
+    body = compress_body(wire(MESSAGES))
+    check_incoming_frame(incoming(body, len(MESSAGES)), body)
+    assert held == [("cuttable", True), ("instants", True)]
+    assert active == [False]
