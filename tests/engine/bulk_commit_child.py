@@ -16,7 +16,10 @@ cannot hold, ``engine.staged_refs.framed_batch``): the rows are then staged as t
 committed by reference to those files; ``BULK_STAGE_FORMAT=mixed`` stages each write's
 first file as frames and its second with the codec column (a write holding a frames file
 then an Arrow file: the commit publishes each partition's frames, then its Arrow rows by
-reference, as one share of one transaction). ``BULK_BATCH_MESSAGES`` lowers
+reference, as one share of one transaction); ``BULK_STAGE_FORMAT=column`` stages each
+write's two files as a client's staged frames (``COPY ... (FORMAT frames)``), one frame a
+partition, each frame's data column compressed whole (``storage.column_codec``: the Spark
+writer's). ``BULK_BATCH_MESSAGES`` lowers
 ``limits.BATCH_MESSAGES_MAX`` (what one transaction may write to a partition) below a
 partition's share; ``BULK_SPLIT_BEFORE_PUBLISH`` splits partition 0 between the commit's
 routing and its publish. ``BULK_ADOPT=bytes,files,switch`` sets ``limits.ADOPT_BYTES_MIN``,
@@ -35,6 +38,7 @@ share is published) finds partition 0 without its share.
 
 from __future__ import annotations
 
+import io
 import os
 import sys
 import threading
@@ -96,6 +100,11 @@ def stage(database: Database) -> None:
             first = framed if stage_format == "mixed" else batch
             bulk.start(session, f"w{number}", "topic", "t")
             half = per_write // 2  # two files per write
+            if stage_format == "column":
+                for part in (framed.slice(0, half), framed.slice(half)):
+                    stream = io.BytesIO(_column_frames(part))
+                    bulk.append_frames(session, f"w{number}", stream.read)
+                continue
             bulk.append(session, f"w{number}", [first.slice(0, half)], first.schema)
             bulk.append(session, f"w{number}", [batch.slice(half)], batch.schema)
         rows = pa.record_batch({"k": ["a"], "n": pa.array([1], pa.int64())})
@@ -103,6 +112,23 @@ def stage(database: Database) -> None:
         bulk.append(session, TABLE_WRITE, [rows], rows.schema)
     finally:
         session.close()
+
+
+def _column_frames(rows: pa.RecordBatch) -> bytes:
+    """``rows`` (``data``, ``partition``) as a client's stream of staged frames, one a
+    partition, each frame's data column compressed whole (``storage.column_codec``)."""
+    from storage.column_codec import compress_body
+    from tests.pgwire.test_copy_frames import frame, wire
+
+    pieces = []
+    partitions = rows.column("partition").to_pylist()
+    data = rows.column("data").to_pylist()
+    for partition in range(PARTITIONS):
+        messages = [d for d, p in zip(data, partitions, strict=True) if p == partition]
+        if messages:
+            batch = wire(messages)
+            pieces.append(frame(partition, batch, body=compress_body(batch).to_pybytes()))
+    return b"".join(pieces)
 
 
 def commit(database: Database) -> str:
