@@ -21,7 +21,7 @@ messages, and its matching sees across messages (docs/spark_throughput.md, round
 it is compressed and, if it is, that it has that shape and how many bytes its values
 declare. Invariants of a body it accepts (a caller then decodes it with Arrow, which
 decompresses exactly the declared length or fails, and checks the rest):
-- no other codec, method, buffer count (``_BUFFERS``) or node count, no custom metadata
+- no other codec, method, buffer count (``WIRE_BUFFERS``) or node count, no custom metadata
   and no variadic buffers; every buffer within the body;
 - only the data values buffer may be compressed, declaring at most ``declared_bound``
   (``DECLARED_BYTES_MAX`` for one message, ``FRAME_TARGET_BYTES`` for more; checked
@@ -46,7 +46,14 @@ import zstandard
 
 from storage import limits
 from storage.errors import DataError, InvalidBinaryDataError, LimitExceededError
-from storage.wire_columns import _BUFFERS, _CONTINUATION, _NODES, _RECORD_BATCH, _fields, _u32
+from storage.wire_columns import (
+    IPC_CONTINUATION,
+    RECORD_BATCH_TYPE,
+    WIRE_BUFFERS,
+    WIRE_NODES,
+    read_u32,
+    table_fields,
+)
 
 # The data column's values buffer, in the order Arrow lays WIRE_SCHEMA's buffers out.
 DATA_VALUES = 14
@@ -90,20 +97,20 @@ def compressed_values(body: pa.Buffer, record_count: int = 1) -> CompressedValue
     if body.size < 8:
         return None
     continuation, length = struct.unpack_from("<Ii", view, 0)
-    if continuation != _CONTINUATION or length <= 0 or body.size < 8 + length:
+    if continuation != IPC_CONTINUATION or length <= 0 or body.size < 8 + length:
         return None
     raw = bytes(view[: 8 + length])
     try:
-        message = 8 + _u32(raw, 8)
-        fields = _fields(raw, message) + [0] * 5
-        if not fields[1] or raw[fields[1]] != _RECORD_BATCH or not fields[2]:
+        message = 8 + read_u32(raw, 8)
+        fields = table_fields(raw, message) + [0] * 5
+        if not fields[1] or raw[fields[1]] != RECORD_BATCH_TYPE or not fields[2]:
             return None
-        batch = fields[2] + _u32(raw, fields[2])
-        batch_fields = _fields(raw, batch) + [0] * 5
+        batch = fields[2] + read_u32(raw, fields[2])
+        batch_fields = table_fields(raw, batch) + [0] * 5
         if not batch_fields[3]:
             return None  # not compressed: the caller's plain checks
-        compression = batch_fields[3] + _u32(raw, batch_fields[3])
-        codec_at, method_at = [*_fields(raw, compression), 0, 0][:2]
+        compression = batch_fields[3] + read_u32(raw, batch_fields[3])
+        codec_at, method_at = [*table_fields(raw, compression), 0, 0][:2]
         codec = raw[codec_at] if codec_at else 0
         method = raw[method_at] if method_at else 0
         if codec != ZSTD_CODEC or method != BUFFER_METHOD:
@@ -111,25 +118,25 @@ def compressed_values(body: pa.Buffer, record_count: int = 1) -> CompressedValue
                                          f"{method}: only zstd buffers are accepted")  # fmt: skip
         if fields[4]:
             raise BadCompressedFrameError("a compressed frame's message has custom metadata")
-        if batch_fields[4] and _u32(raw, batch_fields[4] + _u32(raw, batch_fields[4])):
+        if batch_fields[4] and read_u32(raw, batch_fields[4] + read_u32(raw, batch_fields[4])):
             raise BadCompressedFrameError("a compressed frame has variadic buffers")
         if not fields[3] or not batch_fields[1] or not batch_fields[2]:
             raise BadCompressedFrameError("a compressed frame's message lacks its lengths")
         (rows,) = _INT64.unpack_from(raw, batch_fields[0]) if batch_fields[0] else (0,)
-        nodes = batch_fields[1] + _u32(raw, batch_fields[1])
-        buffers = batch_fields[2] + _u32(raw, batch_fields[2])
-        if _u32(raw, nodes) != _NODES or _u32(raw, buffers) != _BUFFERS:
+        nodes = batch_fields[1] + read_u32(raw, batch_fields[1])
+        buffers = batch_fields[2] + read_u32(raw, batch_fields[2])
+        if read_u32(raw, nodes) != WIRE_NODES or read_u32(raw, buffers) != WIRE_BUFFERS:
             raise BadCompressedFrameError("a compressed frame is not of the wire schema's "
                                          "layout")  # fmt: skip
         (body_length,) = _INT64.unpack_from(raw, fields[3])
-        spans = struct.unpack_from(f"<{2 * _BUFFERS}q", raw, buffers + 4)
+        spans = struct.unpack_from(f"<{2 * WIRE_BUFFERS}q", raw, buffers + 4)
     except (struct.error, IndexError):
         raise BadCompressedFrameError("a compressed frame's metadata is malformed") from None
     start = 8 + length
     if body_length < 0 or start + body_length != body.size:
         raise BadCompressedFrameError("a compressed frame's body length is not its message's")
     found = CompressedValues(0, False)
-    for index in range(_BUFFERS):
+    for index in range(WIRE_BUFFERS):
         offset, size = spans[2 * index], spans[2 * index + 1]
         if offset < 0 or size < 0 or offset + size > body_length:
             raise BadCompressedFrameError("a compressed frame's buffer lies outside its body")
@@ -263,7 +270,7 @@ def assemble_body(
     pieces: list[bytes] = []
     layout: list[int] = []
     at = 0
-    for index in range(_BUFFERS):
+    for index in range(WIRE_BUFFERS):
         offset, size = spans[2 * index], spans[2 * index + 1]
         if size == 0:
             layout += [at, 0]
@@ -275,31 +282,31 @@ def assemble_body(
         at += len(stored)
     _patch(raw, layout, at)
     metadata = bytes(raw) + bytes(-len(raw) % 8)
-    head = struct.pack("<Ii", _CONTINUATION, len(metadata)) + metadata
+    head = struct.pack("<Ii", IPC_CONTINUATION, len(metadata)) + metadata
     return pa.py_buffer(head + b"".join(pieces))
 
 
 def _positions(raw: bytes) -> tuple[int, int]:
     """Where a record-batch message's metadata (no continuation prefix) keeps its body
     length and its buffers' spans."""
-    message = _u32(raw, 0)
-    fields = _fields(raw, message) + [0] * 5
-    batch = fields[2] + _u32(raw, fields[2])
-    batch_fields = _fields(raw, batch) + [0] * 5
-    buffers = batch_fields[2] + _u32(raw, batch_fields[2])
-    assert _u32(raw, buffers) == _BUFFERS
+    message = read_u32(raw, 0)
+    fields = table_fields(raw, message) + [0] * 5
+    batch = fields[2] + read_u32(raw, fields[2])
+    batch_fields = table_fields(raw, batch) + [0] * 5
+    buffers = batch_fields[2] + read_u32(raw, batch_fields[2])
+    assert read_u32(raw, buffers) == WIRE_BUFFERS
     return fields[3], buffers + 4
 
 
 def _spans(raw: bytes) -> tuple[int, ...]:
     _, spans_at = _positions(raw)
-    return struct.unpack_from(f"<{2 * _BUFFERS}q", raw, spans_at)
+    return struct.unpack_from(f"<{2 * WIRE_BUFFERS}q", raw, spans_at)
 
 
 def _patch(raw: bytearray, spans: list[int], body_length: int) -> None:
     length_at, spans_at = _positions(bytes(raw))
     struct.pack_into("<q", raw, length_at, body_length)
-    struct.pack_into(f"<{2 * _BUFFERS}q", raw, spans_at, *spans)
+    struct.pack_into(f"<{2 * WIRE_BUFFERS}q", raw, spans_at, *spans)
 
 
 _U16 = struct.Struct("<H")

@@ -93,7 +93,7 @@ from storage.record_batch import (
     FrameHeader,
     serialize_body_buffer,
 )
-from storage.wire_columns import _layout as wire_layout
+from storage.wire_columns import wire_layout
 from storage.zstd_messages import check_zstd_messages, holding_decompressed
 
 STAGED_MAGIC = b"TBs1"

@@ -34,11 +34,11 @@ import pyarrow as pa
 from storage.record_batch import METADATA_TYPE, TIMESTAMP, WIRE_SCHEMA
 
 WIRE_NAMES = tuple(WIRE_SCHEMA.names)
-_CONTINUATION = 0xFFFFFFFF
-_RECORD_BATCH = 3  # MessageHeader.RecordBatch in Arrow's Message.fbs
+IPC_CONTINUATION = 0xFFFFFFFF
+RECORD_BATCH_TYPE = 3  # MessageHeader.RecordBatch in Arrow's Message.fbs
 # WIRE_SCHEMA flattened: nodes (fields in depth-first order) and their buffers.
-_NODES = 10  # 7 fields, then the map's struct "entries" and its key and value
-_BUFFERS = 24
+WIRE_NODES = 10  # 7 fields, then the map's struct "entries" and its key and value
+WIRE_BUFFERS = 24
 # Node index -> its buffer indexes in the body.
 SEQ_NO, PRODUCER_ID, GROUP_ID, CREATED_AT, CODEC, DATA, METADATA, ENTRIES, KEY, VALUE = range(10)
 _NODE_BUFFERS = (
@@ -53,7 +53,7 @@ _NODE_BUFFERS = (
     (18, 19, 20),
     (21, 22, 23),
 )
-assert sum(len(b) for b in _NODE_BUFFERS) == _BUFFERS
+assert sum(len(b) for b in _NODE_BUFFERS) == WIRE_BUFFERS
 
 
 @dataclass(frozen=True)
@@ -64,17 +64,17 @@ class _Layout:
     prefix: int  # 8 + metadata length: where the body's buffers start
     body_length_at: int  # int64: the message's body length (bytes after the prefix)
     length_at: int  # int64 row count
-    nodes_at: int  # _NODES x (length, null_count) int64
-    buffers_at: int  # _BUFFERS x (offset, length) int64
+    nodes_at: int  # WIRE_NODES x (length, null_count) int64
+    buffers_at: int  # WIRE_BUFFERS x (offset, length) int64
     structure: np.ndarray  # bool per prefix byte: not one of the numbers
     template: np.ndarray  # the first body's prefix bytes
 
 
-def _u32(raw: bytes, at: int) -> int:
+def read_u32(raw: bytes, at: int) -> int:
     return int(struct.unpack_from("<I", raw, at)[0])
 
 
-def _fields(raw: bytes, table: int) -> list[int]:
+def table_fields(raw: bytes, table: int) -> list[int]:
     """A flatbuffer table's field positions (0: absent), absolute in ``raw``."""
     vtable = table - int(struct.unpack_from("<i", raw, table)[0])
     size = int(struct.unpack_from("<H", raw, vtable)[0])
@@ -83,31 +83,32 @@ def _fields(raw: bytes, table: int) -> list[int]:
     return [table + o if o else 0 for o in offsets]
 
 
-def _layout(body: pa.Buffer) -> _Layout | None:
+def wire_layout(body: pa.Buffer) -> _Layout | None:
     """Parse one body's metadata (Arrow ``Message`` -> ``RecordBatch``)."""
     if body.size < 8:
         return None
     view = memoryview(body)
     continuation, length = struct.unpack_from("<Ii", view, 0)
-    if continuation != _CONTINUATION or length <= 0 or (8 + length) % 8 or body.size < 8 + length:
+    if (continuation != IPC_CONTINUATION or length <= 0 or (8 + length) % 8
+            or body.size < 8 + length):  # fmt: skip
         return None
     raw = bytes(view[: 8 + length])
     try:
-        message = 8 + _u32(raw, 8)
-        fields = _fields(raw, message) + [0] * 5
-        if not fields[1] or raw[fields[1]] != _RECORD_BATCH or not fields[2] or not fields[3]:
+        message = 8 + read_u32(raw, 8)
+        fields = table_fields(raw, message) + [0] * 5
+        if not fields[1] or raw[fields[1]] != RECORD_BATCH_TYPE or not fields[2] or not fields[3]:
             return None
         if fields[4]:
             return None  # custom metadata: not what our encoder writes
-        batch = fields[2] + _u32(raw, fields[2])
-        batch_fields = _fields(raw, batch) + [0] * 5
+        batch = fields[2] + read_u32(raw, fields[2])
+        batch_fields = table_fields(raw, batch) + [0] * 5
         if not batch_fields[0] or not batch_fields[1] or not batch_fields[2] or batch_fields[3]:
             return None  # no length, nodes or buffers, or compressed
-        if batch_fields[4] and _u32(raw, batch_fields[4] + _u32(raw, batch_fields[4])):
+        if batch_fields[4] and read_u32(raw, batch_fields[4] + read_u32(raw, batch_fields[4])):
             return None  # variadic buffers (views): not in WIRE_SCHEMA
-        nodes = batch_fields[1] + _u32(raw, batch_fields[1])
-        buffers = batch_fields[2] + _u32(raw, batch_fields[2])
-        if _u32(raw, nodes) != _NODES or _u32(raw, buffers) != _BUFFERS:
+        nodes = batch_fields[1] + read_u32(raw, batch_fields[1])
+        buffers = batch_fields[2] + read_u32(raw, batch_fields[2])
+        if read_u32(raw, nodes) != WIRE_NODES or read_u32(raw, buffers) != WIRE_BUFFERS:
             return None
     except (struct.error, IndexError):
         return None
@@ -115,8 +116,8 @@ def _layout(body: pa.Buffer) -> _Layout | None:
     numbers = [
         (fields[3], 8),
         (batch_fields[0], 8),
-        (nodes_at, 16 * _NODES),
-        (buffers_at, 16 * _BUFFERS),
+        (nodes_at, 16 * WIRE_NODES),
+        (buffers_at, 16 * WIRE_BUFFERS),
     ]
     if any(at % 8 or at + size > len(raw) for at, size in numbers):
         return None
@@ -134,7 +135,7 @@ def _heads(bodies: Sequence[pa.Buffer]) -> tuple[_Layout, np.ndarray, np.ndarray
     not a multiple of 8 long, or differs from the first one's in a byte that is not a
     number (so every body has that layout, only its numbers are left to check)."""
     count = len(bodies)
-    layout = _layout(bodies[0])
+    layout = wire_layout(bodies[0])
     if layout is None:
         return None
     prefix = layout.prefix
@@ -207,14 +208,14 @@ def decode_wire_spans(
     if np.any(starts % 8) or np.any(starts < 0) or np.any(starts + sizes > big.size):
         return None
     first = int(starts[0])
-    layout = _layout(pa.py_buffer(big[first : first + int(sizes[0])]))
+    layout = wire_layout(pa.py_buffer(big[first : first + int(sizes[0])]))
     if layout is None:
         return None
     prefix = layout.prefix
     if int(sizes.min()) < prefix or np.any(sizes % 8):
         return None
     numbers = big.view("<i8")[(starts // 8)[:, None] + np.arange(prefix // 8)]
-    # Compared word by word: each number is 8 bytes at an 8-aligned place (``_layout``),
+    # Compared word by word: each number is 8 bytes at an 8-aligned place (``wire_layout``),
     # so every word of the prefix is wholly structure or wholly a number.
     words = layout.structure[::8]
     if not np.array_equal(numbers[:, words], np.broadcast_to(
@@ -265,17 +266,17 @@ def _numbers(
     skips: np.ndarray,
     rows: np.ndarray,
 ) -> tuple[np.ndarray, np.ndarray] | None:
-    """The nodes ``(count, _NODES, 2)`` and buffers ``(count, _BUFFERS, 2)`` of the bodies
+    """The nodes ``(count, WIRE_NODES, 2)`` and buffers ``(count, WIRE_BUFFERS, 2)`` of the bodies
     whose metadata words are ``numbers`` (one row per body), checked: buffers in order
     within their body's bytes, rows within the batch, every top field as long as the
     batch. None when a body fails."""
     count = len(numbers)
     prefix = layout.prefix
     lengths = numbers[:, layout.length_at // 8]
-    nodes = numbers[:, layout.nodes_at // 8 : layout.nodes_at // 8 + 2 * _NODES]
-    nodes = nodes.reshape(count, _NODES, 2)
-    buffers = numbers[:, layout.buffers_at // 8 : layout.buffers_at // 8 + 2 * _BUFFERS]
-    buffers = buffers.reshape(count, _BUFFERS, 2).copy()
+    nodes = numbers[:, layout.nodes_at // 8 : layout.nodes_at // 8 + 2 * WIRE_NODES]
+    nodes = nodes.reshape(count, WIRE_NODES, 2)
+    buffers = numbers[:, layout.buffers_at // 8 : layout.buffers_at // 8 + 2 * WIRE_BUFFERS]
+    buffers = buffers.reshape(count, WIRE_BUFFERS, 2).copy()
     positions, extents = buffers[:, :, 0], buffers[:, :, 1]
     if np.any(extents < 0) or np.any(positions % 8) or np.any(positions < 0):
         return None
@@ -552,7 +553,7 @@ def refill_seq_nos(
     buffer_words = layout.buffers_at // 8
     words[:, node_words + 2 * SEQ_NO + 1] = 0  # null count
     words[:, buffer_words + 2 * validity + 1] = 0  # no bitmap (offset stays 0)
-    later = buffer_words + 2 * values + np.arange(0, 2 * (_BUFFERS - values), 2)
+    later = buffer_words + 2 * values + np.arange(0, 2 * (WIRE_BUFFERS - values), 2)
     words[:, later] -= padded[:, None]  # the values buffer and every one after it
     if not np.array_equal(words[:, layout.body_length_at // 8], sizes - prefix):
         return None
