@@ -32,7 +32,6 @@ import pyarrow as pa
 from storage import failpoints, limits, log_loader, page_cache, staged_frames
 from storage.clock import Clock
 from storage.codecs import Codec, uniform_codec
-from storage.column_codec import unpacked_bytes
 from storage.config import FsyncPolicy, TopicConfig
 from storage.errors import (
     CorruptSegmentError,
@@ -1127,7 +1126,10 @@ class PartitionLog:
                     cached = self._keep(segment, frame)
                 # A frame whose data column is compressed whole is charged what it decodes
                 # to (a stored frame of ~1 KB may hold 16 MiB): the budget bounds the read.
-                unpacked = cached.unpacked if cached is not None else unpacked_bytes(frame.body)
+                if cached is not None:
+                    unpacked = cached.unpacked
+                else:
+                    unpacked = segment.unpacked_at(frame.position, header.frame_bytes, frame.body)
                 slices.append(FrameSlice(header, frame.body, skip, rows, cached, unpacked))
                 offset += rows
                 remaining -= rows

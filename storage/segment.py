@@ -43,6 +43,7 @@ import crc32c
 import pyarrow as pa
 
 from storage import failpoints, file_map, file_names, limits, verified_frames
+from storage.column_codec import unpacked_bytes
 from storage.errors import CorruptSegmentError, StorageIOError
 from storage.fs import FileSystem
 from storage.offset_index import OffsetIndex
@@ -153,6 +154,13 @@ class LogSegment:
         # Frames whose checksum this process verified or wrote from memory: reads
         # through the map skip their check (``storage.verified_frames``).
         self.verified = VerifiedRuns()
+        # Reads' budgets charge a frame whose data column is compressed whole what it
+        # decodes to (``unpacked_at``): every frame below ``_probed_below`` was probed
+        # (published bytes, never changed again but by ``truncate_to``), and those of them
+        # that are compressed are in ``_unpacked`` (position -> bytes): a frame read again
+        # is not probed again.
+        self._probed_below = 0
+        self._unpacked: dict[int, int] = {}
 
     # -- writing (single writer) --------------------------------------------------------
     def append_frame(self, frame: bytes, header: FrameHeader) -> None:
@@ -453,6 +461,9 @@ class LogSegment:
         must make the checkpoint's fail too."""
         fd = self._fd()
         self.verified.cut(position)
+        if self._probed_below > position:
+            self._probed_below = position
+            self._unpacked = {at: n for at, n in self._unpacked.items() if at < position}
         self.dropped_to = min(self.dropped_to, position)
         self.behind_to = min(self.behind_to, position)
         self.fs.truncate(fd, position)
@@ -628,6 +639,20 @@ class LogSegment:
             if found is not None:
                 return self._scan_map(found, start_offset, limit_bytes, position, skip_corrupt)
         return self._scan_read(start_offset, limit_bytes, budget_bytes, skip_corrupt, position)
+
+    def unpacked_at(self, position: int, frame_bytes: int, body: pa.Buffer) -> int:
+        """``column_codec.unpacked_bytes`` of the published frame at ``position`` (its
+        ``body``): probed once, then remembered while reads go on from there (a frame
+        read again costs a comparison, ~0.7 us less)."""
+        end = position + frame_bytes
+        if end <= self._probed_below:
+            return self._unpacked.get(position, 0) if self._unpacked else 0
+        unpacked = unpacked_bytes(body)
+        if position == self._probed_below:
+            if unpacked:
+                self._unpacked[position] = unpacked  # before the mark that makes it found
+            self._probed_below = end
+        return unpacked
 
     def _scan_map(
         self,

@@ -189,3 +189,31 @@ def test_the_hold_lasts_while_the_checks_use_the_decoded_batch(
     check_incoming_frame(incoming(body, len(MESSAGES)), body)
     assert held == [("cuttable", True), ("instants", True)]
     assert active == [False]
+
+
+def test_a_segment_probes_each_published_frame_once(monkeypatch: pytest.MonkeyPatch) -> None:
+    """``LogSegment.unpacked_at``: a frame read again is charged the same without a second
+    probe; a frame past a gap is probed every time until the reads reach it in order."""
+    from storage import segment as segment_module
+    from storage.segment import LogSegment
+
+    probes: list[int] = []
+    probe = segment_module.unpacked_bytes
+
+    def counted(body: pa.Buffer) -> int:
+        probes.append(body.size)
+        return probe(body)
+
+    monkeypatch.setattr(segment_module, "unpacked_bytes", counted)
+    plain = serialize_body_buffer(wire(MESSAGES))
+    packed = compress_body(wire(MESSAGES))
+    declared = sum(map(len, MESSAGES))
+    segment = LogSegment.__new__(LogSegment)  # only its probe's state is used here
+    segment._probed_below, segment._unpacked = 0, {}
+    layout = [(0, plain), (plain.size, packed), (plain.size + packed.size, plain)]
+    assert segment.unpacked_at(layout[2][0], plain.size, plain) == 0  # past a gap
+    for _ in range(2):
+        got = [segment.unpacked_at(position, body.size, body) for position, body in layout]
+        assert got == [0, declared, 0]
+    assert segment.unpacked_at(layout[2][0], plain.size, plain) == 0
+    assert probes == [plain.size, plain.size, packed.size, plain.size]
