@@ -240,12 +240,12 @@ def _scan_into(
         return None  # damage: read_frames reports it
     _mark_verified(windows, generations, placed, frames, from_map[where] & ~trusted)
     whole = HEADER_BYTES + body
-    # A frame whose data column is compressed whole is charged what that column decodes
-    # to, as the partition reads charge it (``FrameSlice.size``): a ~1 KB frame may hold
-    # 16 MiB of messages.
+    # A frame whose data column is compressed whole, or of zstd messages, is charged what
+    # it decodes to, as the partition reads charge it (``FrameSlice.size``): a ~1 KB
+    # frame may hold 16 MiB of messages.
     for index in np.flatnonzero(compressed_bodies(buffer, at + HEADER_BYTES)).tolist():
         start = int(at[index]) + HEADER_BYTES
-        whole[index] += unpacked_bytes(view[start : start + int(body[index])])
+        whole[index] += unpacked_bytes(view[start : start + int(body[index])], messages=True)
     if int(whole.sum()) >= max_bytes:
         return None  # the budget would have stopped the read somewhere: read as before
     sizes = np.where(rows == count, whole, np.maximum(1, whole * rows // count))

@@ -1095,10 +1095,11 @@ class PartitionLog:
                 header = kept.header
                 skip = offset - header.base_offset
                 rows = min(header.record_count - skip, remaining)
-                slices.append(FrameSlice(header, kept.body, skip, rows, kept, kept.unpacked))
+                unpacked = segment.unpacked_at(kept.position, header.frame_bytes, kept.body)
+                slices.append(FrameSlice(header, kept.body, skip, rows, kept, unpacked))
                 offset += rows
                 remaining -= rows
-                budget -= header.frame_bytes + kept.unpacked
+                budget -= header.frame_bytes + unpacked
                 if remaining <= 0 or budget <= 0:
                     break
                 position = kept.position + header.frame_bytes  # the scan goes on from there
@@ -1124,12 +1125,9 @@ class PartitionLog:
                 if rows < header.record_count - skip and header.record_count > SMALL_FRAME_ROWS:
                     # Stopped inside a large frame: the next read starts there.
                     cached = self._keep(segment, frame)
-                # A frame whose data column is compressed whole is charged what it decodes
-                # to (a stored frame of ~1 KB may hold 16 MiB): the budget bounds the read.
-                if cached is not None:
-                    unpacked = cached.unpacked
-                else:
-                    unpacked = segment.unpacked_at(frame.position, header.frame_bytes, frame.body)
+                # A frame whose data column is compressed whole, or of zstd messages, is
+                # charged what it decodes to (a stored frame of ~1 KB may hold 16 MiB).
+                unpacked = segment.unpacked_at(frame.position, header.frame_bytes, frame.body)
                 slices.append(FrameSlice(header, frame.body, skip, rows, cached, unpacked))
                 offset += rows
                 remaining -= rows

@@ -642,12 +642,13 @@ class LogSegment:
 
     def unpacked_at(self, position: int, frame_bytes: int, body: pa.Buffer) -> int:
         """``column_codec.unpacked_bytes`` of the published frame at ``position`` (its
-        ``body``): probed once, then remembered while reads go on from there (a frame
-        read again costs a comparison, ~0.7 us less)."""
+        ``body``), its zstd messages counted: probed once, then remembered while reads go
+        on from there (a frame read again costs a comparison, ~0.7 us less; a frame of
+        zstd messages, 15-80 us less)."""
         end = position + frame_bytes
         if end <= self._probed_below:
             return self._unpacked.get(position, 0) if self._unpacked else 0
-        unpacked = unpacked_bytes(body)
+        unpacked = unpacked_bytes(body, messages=True)
         if position == self._probed_below:
             if unpacked:
                 self._unpacked[position] = unpacked  # before the mark that makes it found

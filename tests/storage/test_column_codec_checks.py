@@ -25,6 +25,7 @@ from storage.column_codec import (
     assemble_body,
     compress_body,
     compressed_values,
+    unpacked_bytes,
 )
 from storage.errors import DataError, InvalidBinaryDataError
 from storage.record_batch import serialize_body_buffer
@@ -200,9 +201,9 @@ def test_a_segment_probes_each_published_frame_once(monkeypatch: pytest.MonkeyPa
     probes: list[int] = []
     probe = segment_module.unpacked_bytes
 
-    def counted(body: pa.Buffer) -> int:
+    def counted(body: pa.Buffer, messages: bool = False) -> int:
         probes.append(body.size)
-        return probe(body)
+        return probe(body, messages)
 
     monkeypatch.setattr(segment_module, "unpacked_bytes", counted)
     plain = serialize_body_buffer(wire(MESSAGES))
@@ -217,3 +218,21 @@ def test_a_segment_probes_each_published_frame_once(monkeypatch: pytest.MonkeyPa
         assert got == [0, declared, 0]
     assert segment.unpacked_at(layout[2][0], plain.size, plain) == 0
     assert probes == [plain.size, plain.size, packed.size, plain.size]
+
+
+@pytest.mark.parametrize("count", [3, 200])
+def test_a_frame_of_zstd_messages_is_charged_what_they_declare(count: int) -> None:
+    """``unpacked_bytes(messages=True)``: the sizes a frame's zstd messages declare (read
+    one by one for a few, with numpy for many), mixed with raw ones; 0 for a plain frame
+    of raw messages, and 0 without ``messages``."""
+    from tests.pgwire.test_copy_frames_zstd import zstd_wire
+
+    sizes = [(i * 7919) % 5000 for i in range(count)]
+    batch = zstd_wire([_ZSTD.compress(bytes(size)) for size in sizes])
+    codecs = pa.array([4 if i % 3 else 1 for i in range(count)], pa.uint8())
+    batch = batch.set_column(4, batch.schema.field(4), codecs)
+    body = serialize_body_buffer(batch)
+    expected = sum(size for i, size in enumerate(sizes) if i % 3)
+    assert unpacked_bytes(body, messages=True) == expected
+    assert unpacked_bytes(body) == 0
+    assert unpacked_bytes(serialize_body_buffer(wire(MESSAGES)), messages=True) == 0
