@@ -24,14 +24,16 @@ decompresses exactly the declared length or fails, and checks the rest):
 - no other codec, method, buffer count (``WIRE_BUFFERS``) or node count, no custom metadata
   and no variadic buffers; every buffer within the body;
 - only the data values buffer may be compressed, declaring at most ``declared_bound``
-  (``DECLARED_BYTES_MAX`` for one message, ``FRAME_TARGET_BYTES`` for more; checked
-  before anything is allocated: a zstd bomb is refused from its 8-byte prefix); its
-  payload exactly one zstd frame (nothing after it: its blocks' headers walked) that
-  declares that same content size;
+  (``limits.COLUMN_DECLARED_BYTES_MAX`` for one message, ``FRAME_TARGET_BYTES`` for
+  more; checked before anything is allocated: a zstd bomb is refused from its 8-byte
+  prefix); its payload exactly one zstd frame (nothing after it: its blocks' headers
+  walked) that declares that same content size;
 - every other non-empty buffer is at least 8 bytes and starts with -1.
-Otherwise ``InvalidBinaryDataError`` (22P03), or ``LimitExceededError`` (54000) for a
-declared size over ``DECLARED_BYTES_MAX``, or ``BadCompressedFrameError`` (22P04) for
-more than one message declaring more than ``FRAME_TARGET_BYTES`` (a plain frame's refusal).
+Otherwise ``BadCompressedFrameError`` (22P04) for a shape, or for more than one message
+declaring more than ``FRAME_TARGET_BYTES`` (a plain frame's refusal);
+``InvalidBinaryDataError`` (22P03) for a zstd payload that is not what it declares;
+``LimitExceededError`` (54000) for a declared size over
+``limits.COLUMN_DECLARED_BYTES_MAX``.
 """
 
 from __future__ import annotations
@@ -65,10 +67,6 @@ CODEC_VALUES = 11
 ZSTD_CODEC = 1  # CompressionType.ZSTD in Arrow's Message.fbs (LZ4_FRAME is 0)
 BUFFER_METHOD = 0  # BodyCompressionMethod.BUFFER
 NOT_COMPRESSED = -1  # a buffer's length prefix: its bytes follow as they are
-# What the values of one frame may declare: a frame holds at most FRAME_TARGET_BYTES of
-# data, or one message alone of at most MESSAGE_BYTES_MAX (staged_frames checks both on
-# the decoded batch; this bound comes first, before any allocation).
-DECLARED_BYTES_MAX = max(limits.FRAME_TARGET_BYTES, limits.MESSAGE_BYTES_MAX)
 _INT64 = struct.Struct("<q")
 
 
@@ -158,9 +156,10 @@ def compressed_values(body: pa.Buffer, record_count: int = 1) -> CompressedValue
                                          "its data's values")  # fmt: skip
         if prefix < 0:
             raise BadCompressedFrameError(f"a compressed frame's data declares {prefix} bytes")
-        if prefix > DECLARED_BYTES_MAX:
+        bound = limits.COLUMN_DECLARED_BYTES_MAX
+        if prefix > bound:
             raise LimitExceededError(f"a compressed frame's data declares {prefix} bytes: "
-                                     f"over the limit of {DECLARED_BYTES_MAX}")  # fmt: skip
+                                     f"over the limit of {bound}")  # fmt: skip
         count = max(record_count, rows)
         if prefix > declared_bound(count):
             # as a plain frame of these messages is refused (``staged_frames``: 22P04)
@@ -175,11 +174,11 @@ def compressed_values(body: pa.Buffer, record_count: int = 1) -> CompressedValue
 
 def declared_bound(count: int) -> int:
     """What the data values of a frame of ``count`` messages may declare: one message
-    alone up to ``DECLARED_BYTES_MAX``, more at most ``FRAME_TARGET_BYTES`` in all (the
-    frame targets ``staged_frames.check_incoming`` holds a decoded batch to)."""
+    alone up to ``limits.COLUMN_DECLARED_BYTES_MAX``, more at most ``FRAME_TARGET_BYTES``
+    in all (the frame targets ``staged_frames.check_incoming`` holds a decoded batch to)."""
     if count <= 1:
-        return DECLARED_BYTES_MAX
-    return min(DECLARED_BYTES_MAX, limits.FRAME_TARGET_BYTES)
+        return limits.COLUMN_DECLARED_BYTES_MAX
+    return min(limits.COLUMN_DECLARED_BYTES_MAX, limits.FRAME_TARGET_BYTES)
 
 
 def check_payload(body: pa.Buffer, values: CompressedValues) -> None:
