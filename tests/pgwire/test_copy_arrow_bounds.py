@@ -22,12 +22,12 @@ import psycopg
 import pyarrow as pa
 import pytest
 
-from engine.bulk_write import WRITES_DIRECTORY
 from sql.pgwire.codec import copy_arrow, ipc_bounds
 from sql.pgwire.codec.copy_format import BadCopyFormatError
 from sql.pgwire.server import ServerThread
 from storage import limits
 from storage.errors import LimitExceededError
+from tests.pgwire.test_copy_staged import staged_ids
 
 Connect = Callable[..., psycopg.Connection]
 MIB = 1 << 20
@@ -81,11 +81,6 @@ def copy_in(connection: psycopg.Connection, data: bytes, write_id: str | None = 
         for start in range(0, len(data), 65536):
             copy.write(data[start : start + 65536])
     return cursor.rowcount
-
-
-def staged_ids(server: ServerThread) -> list[str]:
-    root = os.path.join(server.database.path, WRITES_DIRECTORY)
-    return sorted(os.listdir(root)) if os.path.isdir(root) else []
 
 
 @pytest.fixture
