@@ -464,3 +464,8 @@ STAGING_PREWRITE_APPEND_BYTES_MAX = 64 * 1024
 # FRAME_TARGET_BYTES of data, or one message alone of at most MESSAGE_BYTES_MAX (both
 # checked again on the decoded batch).
 COLUMN_DECLARED_BYTES_MAX = max(FRAME_TARGET_BYTES, MESSAGE_BYTES_MAX)
+# How many compressed frames' decoded sizes one segment remembers for the reads' budgets
+# (``LogSegment.unpacked_at``): past it a read probes such frames again (~1 us each)
+# instead of the memory growing with a segment of small compressed frames (a 64 MiB
+# segment of ~1.2 KB frames would otherwise hold ~55k entries).
+UNPACKED_REMEMBERED_MAX = 4096

@@ -236,3 +236,31 @@ def test_a_frame_of_zstd_messages_is_charged_what_they_declare(count: int) -> No
     assert unpacked_bytes(body, messages=True) == expected
     assert unpacked_bytes(body) == 0
     assert unpacked_bytes(serialize_body_buffer(wire(MESSAGES)), messages=True) == 0
+
+
+def test_a_segment_remembers_at_most_its_bound_of_compressed_frames(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """Past ``limits.UNPACKED_REMEMBERED_MAX`` compressed frames a segment remembers no
+    more (its memory does not grow with a segment of small compressed frames): the frames
+    from there on are probed at every read and charged the same."""
+    from storage import limits
+    from storage.segment import LogSegment
+
+    monkeypatch.setattr(limits, "UNPACKED_REMEMBERED_MAX", 2)
+    plain = serialize_body_buffer(wire(MESSAGES))
+    packed = compress_body(wire(MESSAGES))
+    declared = sum(map(len, MESSAGES))
+    bodies = [packed, plain, packed, packed, plain, packed]
+    layout, position = [], 0
+    for body in bodies:
+        layout.append((position, body))
+        position += body.size
+    segment = LogSegment.__new__(LogSegment)  # only its probe's state is used here
+    segment._probed_below, segment._unpacked = 0, {}
+    expected = [declared if body is packed else 0 for body in bodies]
+    for _ in range(3):
+        got = [segment.unpacked_at(at, body.size, body) for at, body in layout]
+        assert got == expected
+        assert len(segment._unpacked) == 2
+        assert segment._probed_below == layout[3][0]  # stopped at the third compressed frame
