@@ -8,6 +8,7 @@ import os
 import time
 
 from spark_sql_ext import pipelines
+from spark_sql_ext.client import TopicbaseClient
 from tests.spark.conftest import PASSWORD, finish, sql_rows
 
 SERVERS, USERS, PER_SERVER = 3, 5, 400
@@ -30,16 +31,29 @@ def _produce(database) -> None:
     session.close()
 
 
-def _crash_after_last_sink_commit(checkpoint: str) -> None:
-    """What a kill between the sink's commit and Spark's commit log leaves behind."""
-    commits = os.path.join(checkpoint, "commits")
-    last = max(int(n) for n in os.listdir(commits) if n.isdigit())
-    for name in (str(last), f".{last}.crc"):
-        os.remove(os.path.join(commits, name))
+def _crash_after_last_sink_commit(checkpoint: str, client: TopicbaseClient, sink_id: str
+                                   ) -> int:  # fmt: skip
+    """What a kill between the sink's commit and Spark's commit log leaves behind: Spark's
+    logs end with the offsets of the batch the sink committed last (``last``) and no commit
+    of it, so the restarted query runs ``last`` again with the same id and offsets. Later
+    batches Spark planned (a stop lands mid-batch) were not published by the sink: their
+    offsets and commits go too, or Spark would run the newest planned batch instead and the
+    replay would not happen. Returns ``last``."""
+    last = client.action("last_batch", {"sink_id": sink_id})["batch_id"]
+    assert isinstance(last, int), "the sink committed no batch: nothing to replay"
+    for log in ("commits", "offsets"):
+        directory = os.path.join(checkpoint, log)
+        for name in os.listdir(directory):
+            number = name.removeprefix(".").removesuffix(".crc")
+            if number.isdigit() and (int(number) > last or (log == "commits"
+                                                             and int(number) == last)):  # fmt: skip
+                os.remove(os.path.join(directory, name))
+    assert os.path.exists(os.path.join(checkpoint, "offsets", str(last)))
+    return last
 
 
 def test_reshard_and_to_table_exactly_once_through_an_interruption(
-        spark, database, url, tmp_path) -> None:  # fmt: skip
+        spark, database, url, client, tmp_path) -> None:  # fmt: skip
     _produce(database)
     connection = pipelines.Connection(url, "sparky", PASSWORD)
     checkpoint = str(tmp_path / "reshard")
@@ -51,11 +65,14 @@ def test_reshard_and_to_table_exactly_once_through_an_interruption(
         assert time.monotonic() < deadline and query.exception() is None
         time.sleep(0.2)
     query.stop()  # midway: 1,200 messages at 250 a batch
-    _crash_after_last_sink_commit(checkpoint)
+    replayed = _crash_after_last_sink_commit(checkpoint, client,
+                                             "reshard:logs_by_server->logs_by_user")  # fmt: skip
     moved = sql_rows(database, "SELECT count(*) AS n FROM TOPIC logs_by_user")[0]["n"]
     assert 0 < moved < SERVERS * PER_SERVER
     finish(pipelines.reshard(spark, connection, "logs_by_server", "logs_by_user", "user",
                              checkpoint, consumer="resharder", max_per_trigger=250))
+    # Spark ran the batch the sink had committed again (its commit is back in the log).
+    assert os.path.exists(os.path.join(checkpoint, "commits", str(replayed)))
     rows = sql_rows(database, "SELECT partition, CAST(data AS VARCHAR) AS d FROM TOPIC "
                     "logs_by_user WITH (max_messages = 100000) ORDER BY partition, \"offset\"")
     messages = [(r["partition"], json.loads(r["d"])) for r in rows]
@@ -72,9 +89,11 @@ def test_reshard_and_to_table_exactly_once_through_an_interruption(
     fold = str(tmp_path / "to_table")
     finish(pipelines.to_table(spark, connection, "logs_by_user", "clicks_per_user", "user",
                               fold, consumer="counter", max_per_trigger=500))
-    _crash_after_last_sink_commit(fold)
+    replayed = _crash_after_last_sink_commit(fold, client,
+                                             "to-table:logs_by_user->clicks_per_user")  # fmt: skip
     finish(pipelines.to_table(spark, connection, "logs_by_user", "clicks_per_user", "user",
                               fold, consumer="counter", max_per_trigger=500))
+    assert os.path.exists(os.path.join(fold, "commits", str(replayed)))
     expected: dict[str, int] = {}
     for _, message in messages:
         expected[message["user"]] = expected.get(message["user"], 0) + 1
