@@ -59,8 +59,9 @@ def test_stream_resumes_exactly_and_a_replayed_batch_publishes_once(
     shutil.rmtree(os.path.join(checkpoint, "state"), ignore_errors=True)
     _run(spark, options, checkpoint, maxMessagesPerTrigger="200", consumer="pipeline")
     copied = _copied(database)
-    assert client.action("last_batch", {"sink_id": "copy-src"}) == {"batch_id": last}
     assert len(copied) == 800 and sorted(copied) == sorted(f"m{i}" for i in range(800))
+    assert os.path.exists(os.path.join(checkpoint, "commits", str(last)))  # it ran again
+    assert client.action("last_batch", {"sink_id": "copy-src"}) == {"batch_id": last}
     # Per-partition order is kept: dst's partition p holds src's partition p in order.
     for partition in range(2):
         rows = sql_rows(database, "SELECT CAST(data AS VARCHAR) AS d FROM TOPIC dst WITH "
