@@ -23,12 +23,20 @@ from typing import Any
 
 @dataclass(frozen=True)
 class Connection:
+    """Where the pipeline's source and sink are: the Flight door's ``url``
+    (``topicbase://host:port``, or ``topicbase+tls://host:port`` with ``tls_root_certs``, a
+    PEM file that must exist on every node; without it the system's roots are trusted)."""
+
     url: str
     user: str
     password: str
+    tls_root_certs: str | None = None
 
     def options(self) -> dict[str, str]:
-        return {"url": self.url, "user": self.user, "password": self.password}
+        options = {"url": self.url, "user": self.user, "password": self.password}
+        if self.tls_root_certs:
+            options["tlsRootCerts"] = self.tls_root_certs
+        return options
 
 
 def _trigger(writer: Any, once: bool, interval: str) -> Any:
@@ -37,10 +45,13 @@ def _trigger(writer: Any, once: bool, interval: str) -> Any:
 
 def reshard(spark: Any, connection: Connection, source: str, target: str, key: str,
             checkpoint: str, *, consumer: str | None = None, once: bool = True,
-            interval: str = "1 second", max_per_trigger: int | None = None) -> Any:  # fmt: skip
-    """Start the resharding query; returns Spark's StreamingQuery."""
+            interval: str = "1 second", max_per_trigger: int | None = None,
+            starting_offsets: str = "earliest") -> Any:  # fmt: skip
+    """Start the resharding query; returns Spark's StreamingQuery. ``starting_offsets``
+    (``earliest``, ``latest``, JSON offsets per partition or an ISO time) counts only when
+    the checkpoint is new: a restart continues from the checkpoint."""
     read = spark.readStream.format("topicbase").options(
-        **connection.options(), topic=source, columns="data", startingOffsets="earliest")
+        **connection.options(), topic=source, columns="data", startingOffsets=starting_offsets)
     if consumer:
         read = read.option("consumer", consumer)
     if max_per_trigger:
@@ -58,10 +69,12 @@ def reshard(spark: Any, connection: Connection, source: str, target: str, key: s
 def to_table(spark: Any, connection: Connection, source: str, table: str, key: str,
              checkpoint: str, *, key_column: str = "key", count_column: str = "n",
              consumer: str | None = None, once: bool = True, interval: str = "1 second",
-             max_per_trigger: int | None = None) -> Any:  # fmt: skip
-    """Start the query that adds each key's message count to ``table``."""
+             max_per_trigger: int | None = None,
+             starting_offsets: str = "earliest") -> Any:  # fmt: skip
+    """Start the query that adds each key's message count to ``table`` (``starting_offsets``
+    as for ``reshard``)."""
     read = spark.readStream.format("topicbase").options(
-        **connection.options(), topic=source, columns="data", startingOffsets="earliest")
+        **connection.options(), topic=source, columns="data", startingOffsets=starting_offsets)
     if consumer:
         read = read.option("consumer", consumer)
     if max_per_trigger:

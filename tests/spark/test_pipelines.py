@@ -99,3 +99,32 @@ def test_reshard_and_to_table_exactly_once_through_an_interruption(
         expected[message["user"]] = expected.get(message["user"], 0) + 1
     totals = {r["key"]: r["n"] for r in sql_rows(database, "SELECT * FROM clicks_per_user")}
     assert totals == expected
+
+
+def test_a_pipeline_and_a_read_over_tls_from_given_offsets(spark, database, tmp_path) -> None:
+    """The cluster setup README gives: a ``topicbase+tls://`` door checked against a CA file
+    (``tlsRootCerts``; ``Connection.tls_root_certs``, ``--tls-root-certs``), and a pipeline
+    whose new checkpoint starts at given offsets (``--starting-offsets``)."""
+    from sql.flight.server import start_flight
+    from tests.tls_certificates import self_signed
+
+    _produce(database)
+    cert, key = self_signed(tmp_path, alt_names="IP:127.0.0.1,DNS:localhost")
+    door = start_flight(database, "127.0.0.1", 0, "scram", tls_cert=cert, tls_key=key)
+    try:
+        url = f"topicbase+tls://127.0.0.1:{door.port}"
+        read = spark.read.format("topicbase").options(
+            url=url, user="sparky", password=PASSWORD, tlsRootCerts=cert,
+            topic="logs_by_server", columns="partition,offset").load()  # fmt: skip
+        assert read.count() == SERVERS * PER_SERVER
+        connection = pipelines.Connection(url, "sparky", PASSWORD, tls_root_certs=cert)
+        starting = json.dumps({"0": PER_SERVER - 10, "1": PER_SERVER - 5, "2": -1})
+        finish(pipelines.reshard(spark, connection, "logs_by_server", "logs_by_user", "user",
+                                 str(tmp_path / "cp"), starting_offsets=starting))  # fmt: skip
+    finally:
+        door.stop()
+    rows = sql_rows(database, "SELECT CAST(data AS VARCHAR) AS d FROM TOPIC logs_by_user "
+                    "WITH (max_messages = 100000)")  # fmt: skip
+    moved = sorted((m["server"], m["seq"]) for m in (json.loads(r["d"]) for r in rows))
+    assert moved == [*((0, s) for s in range(PER_SERVER - 10, PER_SERVER)),
+                     *((1, s) for s in range(PER_SERVER - 5, PER_SERVER))]  # fmt: skip
