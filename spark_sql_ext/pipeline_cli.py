@@ -14,32 +14,79 @@ import os
 import sys
 
 from spark_sql_ext import pipelines
+from spark_sql_ext.options import OptionError, parse_position
+
+EXAMPLE = """example (the password from the environment, not the command line):
+  TOPICBASE_PASSWORD=... topicbase pipeline --url topicbase://127.0.0.1:5434 \\
+      --user etl --checkpoint /tmp/cp/reshard --consumer resharder \\
+      reshard logs_by_server logs_by_user --key user
+
+The common options go before the command. A checkpoint belongs to one query: a restart with
+the same --checkpoint continues exactly where it stopped (--starting-offsets then counts no
+more); the sink id is derived from the command, source and target, so each batch is
+published once across restarts."""
+
+
+def _position(text: str) -> str:
+    """``--starting-offsets`` checked as the source will read it (a bad value fails here,
+    not after Spark's ~20 s start)."""
+    try:
+        parse_position(text, "earliest", "--starting-offsets")
+    except OptionError as error:
+        raise argparse.ArgumentTypeError(str(error)) from None
+    return text
 
 
 def parse(argv: list[str]) -> argparse.Namespace:
     parser = argparse.ArgumentParser(prog="topicbase pipeline",
-                                     description="Run a Topicbase pipeline on Spark.")
+                                     description="Run a Topicbase pipeline on Spark.",
+                                     epilog=EXAMPLE,
+                                     formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--url", default="topicbase://127.0.0.1:5434",
-                        help="the Flight door of topicbase serve")
-    parser.add_argument("--user", default=os.environ.get("USER", "topicbase"))
-    parser.add_argument("--password", default=os.environ.get("TOPICBASE_PASSWORD", ""))
-    parser.add_argument("--master", default="local[2]")
-    parser.add_argument("--checkpoint", required=True, help="Spark checkpoint directory")
-    parser.add_argument("--once", action="store_true", help="read what is there, then stop")
-    parser.add_argument("--interval", default="1 second", help="processing-time trigger")
-    parser.add_argument("--max-per-trigger", type=int, default=None)
-    parser.add_argument("--consumer", help="commit this consumer's offsets as batches end")
+                        help="the Flight door of topicbase serve; topicbase+tls://host:port "
+                             "for TLS (default %(default)s)")  # fmt: skip
+    parser.add_argument("--tls-root-certs", metavar="PEM",
+                        help="CA certificate(s) to check a topicbase+tls:// server "
+                             "against (default: the system's); on every node")  # fmt: skip
+    parser.add_argument("--user", default=os.environ.get("USER", "topicbase"),
+                        help="the Topicbase user (default %(default)s)")
+    parser.add_argument("--password", default=os.environ.get("TOPICBASE_PASSWORD", ""),
+                        help="default: $TOPICBASE_PASSWORD (prefer it: a command line is "
+                             "visible to other users of the machine)")  # fmt: skip
+    parser.add_argument("--master", default="local[2]",
+                        help="Spark master (default %(default)s; on a cluster, or "
+                             "spark-submit a script of spark_sql_ext.pipelines)")  # fmt: skip
+    parser.add_argument("--checkpoint", required=True,
+                        help="Spark checkpoint directory (one per query; on a cluster "
+                             "a fault-tolerant path such as HDFS or S3)")  # fmt: skip
+    parser.add_argument("--starting-offsets", default="earliest", type=_position,
+                        help="where a new checkpoint starts: earliest, latest, JSON offsets "
+                             "per partition or an ISO-8601 time (default %(default)s)")  # fmt: skip
+    parser.add_argument("--once", action="store_true",
+                        help="read what is there (Trigger.AvailableNow), then stop")
+    parser.add_argument("--interval", default="1 second",
+                        help="processing-time trigger without --once (default %(default)s)")
+    parser.add_argument("--max-per-trigger", type=int, default=None,
+                        help="messages per micro-batch at most (default: no limit)")
+    parser.add_argument("--consumer", help="commit this consumer's offsets as batches end "
+                                           "(sys.consumers shows the pipeline's lag)")  # fmt: skip
     commands = parser.add_subparsers(dest="command", required=True)
-    reshard = commands.add_parser("reshard", help="topic -> topic partitioned by a JSON key")
-    reshard.add_argument("source")
-    reshard.add_argument("target")
+    reshard = commands.add_parser("reshard", help="topic -> topic partitioned by a JSON key",
+                                  description="Write every message of SOURCE to TARGET with "
+                                  "its JSON key as message group (one partition per key), "
+                                  "in per-source order, exactly once.")  # fmt: skip
+    reshard.add_argument("source", help="the topic read")
+    reshard.add_argument("target", help="the topic written (it must exist)")
     reshard.add_argument("--key", required=True, help="JSON field of the message")
-    fold = commands.add_parser("to-table", help="topic -> table of per-key counts")
-    fold.add_argument("source")
-    fold.add_argument("table")
+    fold = commands.add_parser("to-table", help="topic -> table of per-key counts",
+                               description="Add each key's message count in SOURCE to "
+                               "TABLE (KEY_COLUMN, COUNT_COLUMN), exactly once; the table "
+                               "must exist, keyed by KEY_COLUMN.")  # fmt: skip
+    fold.add_argument("source", help="the topic read")
+    fold.add_argument("table", help="the table whose counts grow")
     fold.add_argument("--key", required=True, help="JSON field of the message")
-    fold.add_argument("--key-column", default="key")
-    fold.add_argument("--count-column", default="n")
+    fold.add_argument("--key-column", default="key", help="default %(default)s")
+    fold.add_argument("--count-column", default="n", help="default %(default)s")
     return parser.parse_args(argv)
 
 
@@ -71,9 +118,11 @@ def session(master: str) -> object:
 def main(argv: list[str] | None = None) -> int:
     arguments = parse(sys.argv[1:] if argv is None else argv)
     spark = session(arguments.master)
-    connection = pipelines.Connection(arguments.url, arguments.user, arguments.password)
+    connection = pipelines.Connection(arguments.url, arguments.user, arguments.password,
+                                      arguments.tls_root_certs)  # fmt: skip
     common = {"consumer": arguments.consumer, "once": arguments.once,
-              "interval": arguments.interval, "max_per_trigger": arguments.max_per_trigger}
+              "interval": arguments.interval, "max_per_trigger": arguments.max_per_trigger,
+              "starting_offsets": arguments.starting_offsets}
     if arguments.command == "reshard":
         query = pipelines.reshard(spark, connection, arguments.source, arguments.target,
                                   arguments.key, arguments.checkpoint, **common)

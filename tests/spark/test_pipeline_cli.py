@@ -1,0 +1,72 @@
+"""``topicbase pipeline``'s options reach the pipelines: the connection (TLS roots), the
+starting offsets, the trigger and limits; a bad option fails before Spark starts."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import pytest
+
+from spark_sql_ext import pipeline_cli, pipelines
+
+
+class _Query:
+    def awaitTermination(self) -> None:  # pyspark's name
+        return None
+
+    def exception(self) -> None:
+        return None
+
+
+def _run(monkeypatch: pytest.MonkeyPatch, argv: list[str]) -> dict[str, Any]:
+    """Run ``main`` with Spark and the query replaced: what the pipeline was called with."""
+    calls: dict[str, Any] = {}
+
+    def record(name: str):
+        def start(spark: Any, connection: pipelines.Connection, *args: Any, **kwargs: Any):
+            calls.update(name=name, connection=connection, args=args, kwargs=kwargs)
+            return _Query()
+
+        return start
+
+    monkeypatch.setattr(pipeline_cli, "session", lambda master: calls.setdefault("master", master))
+    monkeypatch.setattr(pipelines, "reshard", record("reshard"))
+    monkeypatch.setattr(pipelines, "to_table", record("to_table"))
+    monkeypatch.setenv("TOPICBASE_PASSWORD", "from-env")
+    assert pipeline_cli.main(argv) == 0
+    return calls
+
+
+def test_options_reach_the_pipeline(monkeypatch) -> None:
+    calls = _run(monkeypatch, [
+        "--url", "topicbase+tls://db.example:5434", "--tls-root-certs", "/etc/ca.pem",
+        "--user", "etl", "--checkpoint", "/cp/r", "--starting-offsets", '{"0": 5, "1": -2}',
+        "--max-per-trigger", "100", "--consumer", "resharder",
+        "reshard", "a", "b", "--key", "user"])  # fmt: skip
+    assert calls["name"] == "reshard" and calls["master"] == "local[2]"
+    assert calls["connection"] == pipelines.Connection(
+        "topicbase+tls://db.example:5434", "etl", "from-env", "/etc/ca.pem")
+    assert calls["connection"].options()["tlsRootCerts"] == "/etc/ca.pem"
+    assert calls["args"] == ("a", "b", "user", "/cp/r")
+    assert calls["kwargs"] == {"consumer": "resharder", "once": False, "interval": "1 second",
+                               "max_per_trigger": 100, "starting_offsets": '{"0": 5, "1": -2}'}
+
+
+def test_to_table_defaults(monkeypatch) -> None:
+    calls = _run(monkeypatch, ["--checkpoint", "/cp/f", "--once", "to-table", "t", "totals",
+                               "--key", "user", "--key-column", "user_id"])  # fmt: skip
+    assert calls["name"] == "to_table"
+    assert calls["connection"].options() == {"url": "topicbase://127.0.0.1:5434",
+                                             "user": calls["connection"].user,
+                                             "password": "from-env"}  # fmt: skip
+    assert calls["kwargs"]["starting_offsets"] == "earliest" and calls["kwargs"]["once"]
+    assert calls["kwargs"]["key_column"] == "user_id" and calls["kwargs"]["count_column"] == "n"
+
+
+def test_bad_starting_offsets_fail_before_spark_starts(monkeypatch, capsys) -> None:
+    monkeypatch.setattr(pipeline_cli, "session", lambda master: pytest.fail("Spark started"))
+    with pytest.raises(SystemExit) as caught:
+        pipeline_cli.main(["--checkpoint", "/cp", "--starting-offsets", "yesterday",
+                           "reshard", "a", "b", "--key", "k"])  # fmt: skip
+    assert caught.value.code == 2
+    assert "--starting-offsets" in capsys.readouterr().err
