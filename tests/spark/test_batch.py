@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import time
 
 import pyarrow as pa
 import pytest
@@ -135,3 +136,33 @@ def test_reads_work_with_spark_filter_pushdown_off(spark, database, options) -> 
         assert sorted(r.offset for r in frame.where("offset > 2").collect()) == [3, 4]
     finally:
         spark.conf.set("spark.sql.python.filterPushdown.enabled", "true")
+
+
+@pytest.mark.parametrize("zone", ["UTC", "America/New_York"])
+def test_written_at_pushdown_narrows_the_ranges_and_loses_nothing(spark, database, options,
+                                                                  zone) -> None:  # fmt: skip
+    """``written_at >= t`` (pushed) starts each range at the first message written at or
+    after ``t``: fewer tasks, the same rows as Spark's own filter, whatever the session's
+    time zone (Spark hands the source the instant; a wall-clock reading would shift it)."""
+    session = database.connect()
+    session.execute("CREATE TOPIC events")
+    session.execute("INSERT INTO TOPIC events (data) VALUES " + ", ".join(
+        f"('early-{i}')" for i in range(5)))  # fmt: skip
+    session.close()
+    time.sleep(0.01)
+    session = database.connect()
+    session.execute("INSERT INTO TOPIC events (data) VALUES " + ", ".join(
+        f"('late-{i}')" for i in range(5)))  # fmt: skip
+    session.close()
+    written = sql_rows(database, 'SELECT written_at FROM TOPIC events WHERE "offset" = 5')
+    moment_us = round(written[0]["written_at"].timestamp() * 1_000_000)
+    previous = spark.conf.get("spark.sql.session.timeZone")
+    spark.conf.set("spark.sql.session.timeZone", zone)
+    try:
+        frame = spark.read.format("topicbase").options(
+            **options, topic="events", splitRows="1", pushFilters="true").load().where(
+            f"written_at >= timestamp_micros({moment_us})")  # an instant, in any zone
+        assert sorted(r.offset for r in frame.collect()) == [5, 6, 7, 8, 9]
+        assert frame.rdd.getNumPartitions() == 5  # one task a message, from offset 5 on
+    finally:
+        spark.conf.set("spark.sql.session.timeZone", previous)
