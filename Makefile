@@ -52,7 +52,7 @@ demo: $(STAMP) java
 
 # The same scenario in SQL transactions, with no Spark: workers killed midway, verified.
 demo-sql: $(STAMP)
-	$(PY) -m bench.demo_pipeline --data-dir ./demo-data
+	$(PY) -m bench.demo_pipeline --data-dir ./demo-data/sql
 
 # The storage walk-through: two producers, a resend skipped as duplicates.
 demo-storage: $(STAMP)

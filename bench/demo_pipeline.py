@@ -163,7 +163,7 @@ def verify(data_dir: str, total: int) -> bool:
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__)
-    parser.add_argument("--data-dir", default="./demo-data")
+    parser.add_argument("--data-dir", default="./demo-data/sql")
     parser.add_argument("--lines-per-server", type=int, default=2500)
     parser.add_argument("--worker", choices=("reshard", "fold"))
     args = parser.parse_args()
