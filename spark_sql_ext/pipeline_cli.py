@@ -56,6 +56,11 @@ def parse(argv: list[str]) -> argparse.Namespace:
     parser.add_argument("--master", default="local[2]",
                         help="Spark master (default %(default)s; on a cluster, or "
                              "spark-submit a script of spark_sql_ext.pipelines)")  # fmt: skip
+    parser.add_argument("--conf", type=_setting, action="append", default=[],
+                        metavar="KEY=VALUE",
+                        help="a Spark setting, as spark-submit's --conf (repeatable), "
+                             "e.g. spark.executor.memory=4g or spark.pyspark.python=PATH "
+                             "(the executors' Python)")  # fmt: skip
     parser.add_argument("--checkpoint", required=True,
                         help="Spark checkpoint directory (one per query; on a cluster "
                              "a fault-tolerant path such as HDFS or S3)")  # fmt: skip
@@ -90,25 +95,41 @@ def parse(argv: list[str]) -> argparse.Namespace:
     return parser.parse_args(argv)
 
 
-def session(master: str) -> object:
+def _setting(text: str) -> tuple[str, str]:
+    """``--conf KEY=VALUE`` as Spark's ``spark-submit --conf`` takes it."""
+    key, sep, value = text.partition("=")
+    if not sep or not key.strip():
+        raise argparse.ArgumentTypeError(f"--conf takes KEY=VALUE, not {text!r}")
+    return key.strip(), value
+
+
+def settings(master: str, conf: list[tuple[str, str]] | None = None) -> dict[str, str]:
+    """The session's settings: the pipeline's defaults (UI off, 2 shuffle partitions, UTC,
+    local masters on loopback), then ``conf`` (``--conf``), which wins."""
+    chosen = {"spark.ui.enabled": "false", "spark.ui.showConsoleProgress": "false",
+              "spark.sql.shuffle.partitions": "2", "spark.sql.session.timeZone": "UTC",
+              "spark.driver.extraJavaOptions": "-XX:+UseSerialGC"}  # fmt: skip
+    if master.startswith("local"):
+        chosen.update({"spark.driver.host": "127.0.0.1", "spark.driver.bindAddress": "127.0.0.1"})
+    chosen.update(conf or [])
+    return chosen
+
+
+def session(master: str, conf: list[tuple[str, str]] | None = None) -> object:
     """A SparkSession with the source registered (an editable install hides the
     ``pyspark_topicbase`` module from Spark's discovery); local masters stay on loopback."""
     from pyspark.sql import SparkSession
 
     import spark_sql_ext
 
-    # Spark's Python workers run this interpreter (its packages: pyarrow, spark_sql_ext).
+    # Spark's Python workers run this interpreter (its packages: pyarrow, spark_sql_ext);
+    # on a cluster that path must exist on every node, or set spark.pyspark.python.
     os.environ.setdefault("PYSPARK_PYTHON", sys.executable)
-    builder = (SparkSession.builder.master(master).appName("topicbase-pipeline")
-               .config("spark.ui.enabled", "false")
-               .config("spark.ui.showConsoleProgress", "false")
-               .config("spark.sql.shuffle.partitions", "2")
-               .config("spark.sql.session.timeZone", "UTC")
-               .config("spark.driver.extraJavaOptions", "-XX:+UseSerialGC"))  # fmt: skip
+    builder = SparkSession.builder.master(master).appName("topicbase-pipeline")
+    for key, value in settings(master, conf).items():
+        builder = builder.config(key, value)
     if master.startswith("local"):
         os.environ.setdefault("SPARK_LOCAL_IP", "127.0.0.1")
-        builder = (builder.config("spark.driver.host", "127.0.0.1")
-                   .config("spark.driver.bindAddress", "127.0.0.1"))  # fmt: skip
     spark = builder.getOrCreate()
     spark.sparkContext.setLogLevel("ERROR")
     spark_sql_ext.register(spark)
@@ -117,7 +138,7 @@ def session(master: str) -> object:
 
 def main(argv: list[str] | None = None) -> int:
     arguments = parse(sys.argv[1:] if argv is None else argv)
-    spark = session(arguments.master)
+    spark = session(arguments.master, arguments.conf)
     connection = pipelines.Connection(arguments.url, arguments.user, arguments.password,
                                       arguments.tls_root_certs)  # fmt: skip
     common = {"consumer": arguments.consumer, "once": arguments.once,

@@ -29,7 +29,10 @@ def _run(monkeypatch: pytest.MonkeyPatch, argv: list[str]) -> dict[str, Any]:
 
         return start
 
-    monkeypatch.setattr(pipeline_cli, "session", lambda master: calls.setdefault("master", master))
+    def session(master: str, conf: list[tuple[str, str]]) -> None:
+        calls.update(master=master, conf=conf)
+
+    monkeypatch.setattr(pipeline_cli, "session", session)
     monkeypatch.setattr(pipelines, "reshard", record("reshard"))
     monkeypatch.setattr(pipelines, "to_table", record("to_table"))
     monkeypatch.setenv("TOPICBASE_PASSWORD", "from-env")
@@ -64,9 +67,24 @@ def test_to_table_defaults(monkeypatch) -> None:
 
 
 def test_bad_starting_offsets_fail_before_spark_starts(monkeypatch, capsys) -> None:
-    monkeypatch.setattr(pipeline_cli, "session", lambda master: pytest.fail("Spark started"))
-    with pytest.raises(SystemExit) as caught:
-        pipeline_cli.main(["--checkpoint", "/cp", "--starting-offsets", "yesterday",
-                           "reshard", "a", "b", "--key", "k"])  # fmt: skip
-    assert caught.value.code == 2
-    assert "--starting-offsets" in capsys.readouterr().err
+    monkeypatch.setattr(pipeline_cli, "session", lambda *_: pytest.fail("Spark started"))
+    for bad in (["--starting-offsets", "yesterday"], ["--conf", "spark.executor.memory"]):
+        with pytest.raises(SystemExit) as caught:
+            pipeline_cli.main(["--checkpoint", "/cp", *bad, "reshard", "a", "b", "--key", "k"])
+        assert caught.value.code == 2
+        assert bad[0] in capsys.readouterr().err
+
+
+def test_conf_reaches_the_session_and_wins_over_the_defaults(monkeypatch) -> None:
+    calls = _run(monkeypatch, [
+        "--master", "spark://head:7077", "--conf", "spark.executor.memory=4g",
+        "--conf", "spark.sql.shuffle.partitions=64", "--conf", "spark.app.tag=a=b",
+        "--checkpoint", "/cp", "reshard", "a", "b", "--key", "k"])  # fmt: skip
+    assert calls["master"] == "spark://head:7077"
+    assert calls["conf"] == [("spark.executor.memory", "4g"),
+                             ("spark.sql.shuffle.partitions", "64"), ("spark.app.tag", "a=b")]
+    chosen = pipeline_cli.settings(calls["master"], calls["conf"])
+    assert chosen["spark.executor.memory"] == "4g"
+    assert chosen["spark.sql.shuffle.partitions"] == "64"  # over the default 2
+    assert "spark.driver.bindAddress" not in chosen  # loopback only for local masters
+    assert pipeline_cli.settings("local[2]")["spark.driver.bindAddress"] == "127.0.0.1"
