@@ -14,7 +14,11 @@ from engine import bulk_read
 from sql.pgwire.connection import connection as wire_connection
 from sql.pgwire.connection import copy_arrow as wire_copy_arrow
 from tests.spark.conftest import sql_rows
-from tests.spark.test_wire_read import _catalog, _Wire
+from tests.spark.test_wire_read import (
+    _catalog,
+    _Wire,
+    certificate,  # noqa: F401  (a fixture)
+)
 
 ROWS = 9000
 
@@ -73,6 +77,26 @@ def test_compressed_frames_come_as_stored_and_the_jvm_decodes_them(
         wire.stop()
     # every frame of both reads of data went as stored: whole partitions, whole frames
     assert packed and sum(packed) == 2 * ROWS
+
+
+def test_over_tls_compressed_frames_come_as_stored_too(
+        spark, database, url, certificate, packed) -> None:  # noqa: F811  # fmt: skip
+    """The TLS connection reads payloads through its transfer array, not the socket
+    channel: the compressed batches are decoded the same."""
+    plain = _Wire(database)
+    try:
+        _written(spark, database, plain, url)
+    finally:
+        plain.stop()
+    cert, key = certificate
+    tls = _Wire(database, tls_cert=cert, tls_key=key)
+    try:
+        tb = _catalog(spark, url, tls, sslmode="verify-full", sslrootcert=cert)
+        packed.clear()
+        _check_reads(spark, database, tb)
+    finally:
+        tls.stop()
+    assert sum(packed) == 2 * ROWS
 
 
 def test_a_server_that_does_not_announce_it_is_not_asked(
