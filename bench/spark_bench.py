@@ -57,6 +57,8 @@ from spark_sql_ext.client import TopicbaseClient
 from sql.pgwire.users import add_user, default_users_path
 
 PARTITIONS = 4
+READ_JVM_WRITTEN = ("spark batch read (sum + groupBy), topic written by the JVM writer's "
+                    "default (no target)")
 READ_ROUNDS = 3  # alternating runs of each read; the medians are recorded
 WRITE_ROUNDS = 5  # alternating runs of each write (3 before round 18: too few at load 5-12)
 
@@ -273,6 +275,11 @@ def run(recorder: Any) -> None:
                      count / python_write, "msgs/s", group="spark",
                      baseline="Spark Parquet batch write",
                      baseline_value=count / median["parquet"])  # fmt: skip
+        # The same rows written by the JVM writer's default (one Spark write): frames whose
+        # data column is compressed whole, which the wire read gets as stored (round 23);
+        # read beside the target's topic (the Python source's raw frames), no target.
+        execute(f"CREATE TOPIC bench_jvm WITH (min_active_partitions = {PARTITIONS})")
+        _rows(spark, count).writeTo("topicbase.main.bench_jvm").append()
         recorder.progress("spark: batch reads")
         topic = spark.read.format("topicbase").options(**options, topic="bench",
                                                        columns="partition,data")
@@ -282,14 +289,18 @@ def run(recorder: Any) -> None:
         topic = spark.read.format("topicbase").options(**options, topic="bench",
                                                        columns="partition,data")
         _scan(spark.table("topicbase.main.bench"))
+        _scan(spark.table("topicbase.main.bench_jvm"))
         _scan(spark.table("topicbase_flight.main.bench"))
         # Through the catalog, the Spark SQL path (column pruning: the groupBy reads no
         # message): over the wire in the JVM, and over Flight through the Python source;
         # then the data source itself (no pruning: both scans read data). Alternating.
-        reads: dict[str, list[float]] = {"parquet": [], "wire": [], "flight": [], "format": []}
+        reads: dict[str, list[float]] = {"parquet": [], "wire": [], "wire_jvm": [], "flight": [],
+                                          "format": []}  # fmt: skip
         for _ in range(READ_ROUNDS):
             reads["parquet"].append(_timed(lambda: _scan(spark.read.parquet(parquet))))
             reads["wire"].append(_timed(lambda: _scan(spark.table("topicbase.main.bench"))))
+            reads["wire_jvm"].append(_timed(
+                lambda: _scan(spark.table("topicbase.main.bench_jvm"))))  # fmt: skip
             reads["flight"].append(_timed(
                 lambda: _scan(spark.table("topicbase_flight.main.bench"))))
             reads["format"].append(_timed(lambda: _scan(topic.load())))
@@ -299,6 +310,16 @@ def run(recorder: Any) -> None:
                                       for name, times in reads.items()))  # fmt: skip
         _record_pair(recorder, "batch read (sum + groupBy)", count, median["wire"],
                      median["parquet"], 0.8, reads["wire"], reads["parquet"])  # fmt: skip
+        recorder.add(READ_JVM_WRITTEN, count / median["wire_jvm"], "msgs/s", group="spark",
+                     baseline="Spark Parquet batch read (sum + groupBy)",
+                     baseline_value=count / median["parquet"],
+                     spread=(count / max(reads["wire_jvm"]), count / min(reads["wire_jvm"])),
+                     baseline_spread=(count / max(reads["parquet"]),
+                                      count / min(reads["parquet"])),
+                     note="the same rows as the target's read, written by the JVM writer's "
+                          "default (frames whose data column is zstd-compressed whole, sent "
+                          "as stored and decoded in the task); the target's topic holds the "
+                          "Python source's raw frames")  # fmt: skip
         recorder.add("spark batch read (sum + groupBy), catalog over Flight (Python source)",
                      count / median["flight"], "msgs/s", group="spark")  # fmt: skip
         recorder.add("spark batch read (sum + groupBy), format(topicbase), no pruning",

@@ -23,6 +23,7 @@ from engine.describe import Description
 from engine.gc_tuning import freeze_owned_process
 from engine.identity import LOCAL_SUPERUSER, LOCAL_SUPERUSER_NAME, Identity, RoleRemovedError
 from engine.lookup_plans import lookup_shaped
+from engine.packed_read import PackedBatch
 from engine.privileges import use_role_lookup
 from engine.result import Rows
 from engine.session import Result, Session, parse_statements
@@ -59,6 +60,7 @@ __all__ = [
     "Description",
     "Identity",
     "OffsetRange",
+    "PackedBatch",
     "RangeRead",
     "Result",
     "RoleRemovedError",

@@ -27,10 +27,11 @@ import numpy as np
 import pyarrow as pa
 
 from engine import privileges
+from engine.packed_read import PackedBatch, packed_slice
 from engine.topic_relation import SCHEMA, relation_batch
 from storage import limits
 from storage.errors import InvalidParameterValueError, UndefinedTopicError
-from storage.frame_read import decode_slices
+from storage.frame_read import FrameSlice, decode_slices
 
 DEFAULT_SPLIT_ROWS = 1_000_000
 READ_CHUNK_MESSAGES = 8192
@@ -151,9 +152,17 @@ def cut_ranges(
 
 
 def read_range(
-    session: Any, name: str, offsets: OffsetRange, columns: Sequence[str] | None = None
-) -> Iterator[pa.RecordBatch]:
-    """The messages of ``offsets`` as record batches of the projected topic schema.
+    session: Any,
+    name: str,
+    offsets: OffsetRange,
+    columns: Sequence[str] | None = None,
+    *,
+    packed: bool = False,
+) -> Iterator[pa.RecordBatch | PackedBatch]:
+    """The messages of ``offsets`` as record batches of the projected topic schema; with
+    ``packed``, each whole column-compressed frame of raw messages as a ``PackedBatch``
+    of the same rows instead (``engine.packed_read``: for a reader that decompresses Arrow
+    IPC body compression itself), the rest as record batches, in offset order.
 
     Raises 22023 if retention removed part of the range since it was cut.
     """
@@ -195,11 +204,37 @@ def read_range(
                 f"offsets {position}..{found.slices[0].first_offset} of partition "
                 f"{offsets.partition} of topic {name} were removed by retention"
             )
-        for batch in decode_slices(found.slices):
-            for start in range(0, batch.num_rows, READ_CHUNK_MESSAGES):
-                yield _project(offsets.partition, batch.slice(start, READ_CHUNK_MESSAGES),
-                               schema)  # fmt: skip
+        if packed:
+            yield from _packed_or_decoded(offsets.partition, found.slices, schema)
+        else:
+            yield from _decoded(offsets.partition, found.slices, schema)
         position = found.next_offset
+
+
+def _decoded(partition: int, slices: Sequence[FrameSlice], schema: pa.Schema
+             ) -> Iterator[pa.RecordBatch]:  # fmt: skip
+    """``slices`` decoded, as batches of at most ``READ_CHUNK_MESSAGES`` of ``schema``."""
+    for batch in decode_slices(slices):
+        for start in range(0, batch.num_rows, READ_CHUNK_MESSAGES):
+            yield _project(partition, batch.slice(start, READ_CHUNK_MESSAGES), schema)
+
+
+def _packed_or_decoded(partition: int, slices: Sequence[FrameSlice], schema: pa.Schema
+                       ) -> Iterator[pa.RecordBatch | PackedBatch]:  # fmt: skip
+    """``slices`` in order: each that ``packed_slice`` takes as it is stored, the runs of
+    the others decoded (``_decoded``)."""
+    run: list[FrameSlice] = []
+    for piece in slices:
+        packed = packed_slice(partition, piece, schema, READ_CHUNK_MESSAGES)
+        if packed is None:
+            run.append(piece)
+            continue
+        if run:
+            yield from _decoded(partition, run, schema)
+            run = []
+        yield packed
+    if run:
+        yield from _decoded(partition, run, schema)
 
 
 def _project(partition: int, batch: pa.RecordBatch, schema: pa.Schema) -> pa.RecordBatch:

@@ -56,6 +56,11 @@ _NODE_BUFFERS = (
 assert sum(len(b) for b in _NODE_BUFFERS) == WIRE_BUFFERS
 
 
+def node_buffers(node: int) -> tuple[int, ...]:
+    """The body's buffer indexes of node ``node`` (``SEQ_NO`` .. ``VALUE``)."""
+    return _NODE_BUFFERS[node]
+
+
 @dataclass(frozen=True)
 class _Layout:
     """Where the numbers sit in a body's first ``prefix`` bytes (continuation, length,

@@ -55,9 +55,9 @@ def range_reads(monkeypatch: pytest.MonkeyPatch) -> list[tuple]:
     seen: list[tuple] = []
     original = copy_arrow.read_range
 
-    def counting(session, topic, offsets, columns):
+    def counting(session, topic, offsets, columns, **options):
         seen.append((topic, offsets, columns))
-        return original(session, topic, offsets, columns)
+        return original(session, topic, offsets, columns, **options)
 
     monkeypatch.setattr(copy_arrow, "read_range", counting)
     return seen

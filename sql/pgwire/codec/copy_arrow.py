@@ -19,12 +19,16 @@ its own buffers), and no message is copied again to frame it. COPY FROM reads th
 from __future__ import annotations
 
 import struct
+from typing import TYPE_CHECKING
 
 import pyarrow as pa
 
 from sql.pgwire.codec import ipc_bounds, ipc_views
 from sql.pgwire.codec.copy_format import BadCopyFormatError
 from storage.limits import COPY_IN_BYTES_MAX
+
+if TYPE_CHECKING:
+    from engine.api import PackedBatch
 
 # The largest CopyData payload sent. Below glibc malloc's default mmap threshold (128 KiB):
 # libpq holds each CopyData whole and copies it into a buffer of its own, and psycopg into
@@ -110,6 +114,13 @@ def batch_messages(batch: pa.RecordBatch, schema: pa.Schema) -> list[bytes | mem
     plain = plain_batch(batch, schema)
     views = ipc_views.batch_views(plain)  # the message without copying the batch's data
     return copy_data(plain.serialize() if views is None else views)
+
+
+def packed_messages(packed: PackedBatch) -> list[bytes | memoryview]:
+    """CopyData of one record batch message declaring body compression ZSTD, its buffers
+    as ``packed`` holds them (a stored column-compressed frame: ``engine.packed_read``).
+    Only for a COPY whose client asked for it (``COMPRESSION zstd``)."""
+    return copy_data(ipc_views.packed_views(packed.num_rows, packed.nodes, packed.buffers))
 
 
 def end_messages() -> list[bytes | memoryview]:

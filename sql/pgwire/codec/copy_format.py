@@ -55,6 +55,9 @@ class CopyFormat:
     csv: bool = False
     binary: bool = False  # sql.pgwire.codec.copy_binary
     arrow: bool = False  # sql.pgwire.codec.copy_arrow (COPY TO only, binary on the wire)
+    # FORMAT arrow, COMPRESSION zstd (COPY TO only): the client decodes record batches with
+    # Arrow IPC body compression ZSTD, so stored column-compressed frames go out as stored
+    arrow_zstd: bool = False
     delimiter: str = "\t"
     null: str = "\\N"
     header: bool = False

@@ -18,7 +18,11 @@ The flatbuffer (Arrow's ``Message.fbs``, metadata version V5) is laid out front 
 the root offset, the ``Message`` vtable and table (version, header type RecordBatch, the
 header, bodyLength), the ``RecordBatch`` vtable and table (length, nodes, buffers), then
 the two vectors of 16-byte structs; every 8-byte scalar is 8-aligned from the metadata's
-start (which the stream keeps 8-aligned). Pure code, no I/O.
+start (which the stream keeps 8-aligned). ``packed_views`` writes the same message for
+buffers already in body-compression form (``engine.packed_read``: a stored
+column-compressed frame sent as it is stored), its RecordBatch table then also naming a
+``BodyCompression`` (codec ZSTD, method BUFFER), written after the buffers vector. Pure
+code, no I/O.
 """
 
 from __future__ import annotations
@@ -37,6 +41,13 @@ _HEADER_RECORD_BATCH = 3
 _MESSAGE_VTABLE = struct.pack("<HHHHHH", 12, 24, 4, 6, 8, 16)
 _RECORD_BATCH_VTABLE = struct.pack("<HHHHH", 10, 24, 8, 4, 16)
 _NODES_AT = 84
+# With body compression the RecordBatch vtable has a 4th field (compression, at 20 of its
+# table: the table's 4 bytes of padding); BodyCompression: vtable (codec at 4, method at
+# 5), then its table (soffset 8 back to it, codec ZSTD, method BUFFER, padding).
+_RECORD_BATCH_VTABLE_COMPRESSED = struct.pack("<HHHHHH", 12, 24, 8, 4, 16, 20)
+_ZSTD = 1  # CompressionType.ZSTD
+_BUFFER = 0  # BodyCompressionMethod.BUFFER
+_BODY_COMPRESSION = struct.pack("<HHHHiBBxx", 8, 8, 4, 5, 8, _ZSTD, _BUFFER)
 
 
 def _fixed_width(kind: pa.DataType) -> int | None:
@@ -70,9 +81,10 @@ def _column_buffers(column: pa.Array) -> list[memoryview | bytes] | None:
 
 
 def _metadata(rows: int, nodes: list[tuple[int, int]], layout: list[tuple[int, int]],
-              body_length: int) -> bytes:  # fmt: skip
+              body_length: int, compressed: bool = False) -> bytes:  # fmt: skip
     """The Message flatbuffer of a RecordBatch, padded so that 8 + its length is a
-    multiple of 8 (the body then starts 8-aligned)."""
+    multiple of 8 (the body then starts 8-aligned); with ``compressed``, the batch
+    declares body compression ZSTD, BUFFER."""
     buffers_at = _NODES_AT + 4 + 16 * len(nodes) + 4  # its count too at 8-aligned + 4
     out = bytearray()
     out += struct.pack("<I", 16)  # root: the Message table
@@ -81,9 +93,13 @@ def _metadata(rows: int, nodes: list[tuple[int, int]], layout: list[tuple[int, i
     # bodyLength (at 32)
     out += struct.pack("<ihBxIxxxxq", 16 - 4, _VERSION_V5, _HEADER_RECORD_BATCH, 56 - 24,
                        body_length)  # fmt: skip
-    out += _RECORD_BATCH_VTABLE + b"\x00" * 6  # 40..56
-    # RecordBatch table at 56: soffset, nodes (at 60), length (at 64), buffers (at 72)
-    out += struct.pack("<iIqIxxxx", 56 - 40, _NODES_AT - 60, rows, buffers_at - 72)
+    if compressed:
+        out += _RECORD_BATCH_VTABLE_COMPRESSED + b"\x00" * 4  # 40..56
+    else:
+        out += _RECORD_BATCH_VTABLE + b"\x00" * 6  # 40..56
+    # RecordBatch table at 56: soffset, nodes (at 60), length (at 64), buffers (at 72),
+    # compression (at 76, patched below) or padding
+    out += struct.pack("<iIqII", 56 - 40, _NODES_AT - 60, rows, buffers_at - 72, 0)
     out += b"\x00" * 4  # 80..84
     out += struct.pack("<I", len(nodes))
     for length, nulls in nodes:
@@ -93,6 +109,11 @@ def _metadata(rows: int, nodes: list[tuple[int, int]], layout: list[tuple[int, i
     out += struct.pack("<I", len(layout))
     for offset, length in layout:
         out += struct.pack("<qq", offset, length)
+    if compressed:
+        out += b"\x00" * (-len(out) % 4)
+        vtable = len(out)
+        out += _BODY_COMPRESSION
+        struct.pack_into("<I", out, 76, vtable + 8 - 76)  # its table follows its vtable
     out += b"\x00" * (-len(out) % 8)
     return bytes(out)
 
@@ -121,4 +142,30 @@ def batch_views(batch: pa.RecordBatch) -> list[memoryview | bytes] | None:
                 pieces.append(b"\x00" * pad)
             at += size + pad
     metadata = _metadata(batch.num_rows, nodes, layout, at)
+    return [CONTINUATION + struct.pack("<i", len(metadata)) + metadata, *pieces]
+
+
+def packed_views(rows: int, nodes: list[tuple[int, int]] | tuple[tuple[int, int], ...],
+                 buffers: list[memoryview | bytes] | tuple[memoryview | bytes, ...]
+                 ) -> list[memoryview | bytes]:  # fmt: skip
+    """The IPC message of a batch of ``rows`` declaring body compression ZSTD (BUFFER)
+    whose nodes are ``nodes`` and whose body buffers are ``buffers``, each already in that
+    form (empty, or an int64 length prefix, -1 or the uncompressed length, then the bytes
+    or one zstd frame): as buffers to send in order, the body's as they are given (no
+    copy), each padded to 8 bytes."""
+    assert rows > 0, "an empty batch has no message (copy_arrow sends none)"
+    pieces: list[memoryview | bytes] = []
+    layout: list[tuple[int, int]] = []
+    at = 0
+    for buffer in buffers:
+        size = len(buffer)
+        assert size == 0 or size >= 8, size
+        layout.append((at, size))
+        pad = -size % 8
+        if size:
+            pieces.append(buffer)
+        if pad:
+            pieces.append(b"\x00" * pad)
+        at += size + pad
+    metadata = _metadata(rows, list(nodes), layout, at, compressed=True)
     return [CONTINUATION + struct.pack("<i", len(metadata)) + metadata, *pieces]

@@ -95,6 +95,7 @@ from sql.pgwire.connection import (
     result_stream,
 )
 from sql.pgwire.connection.context import CommandContext
+from sql.pgwire.connection.copy_statement import COPY_COMPRESSION_PARAMETER
 from sql.pgwire.connection.extended import (
     KEPT_DESCRIPTIONS,
     PARSED,
@@ -592,6 +593,10 @@ class Connection(ExtendedProtocol):
             "is_superuser": "on" if identity.superuser else "off",
             "session_authorization": identity.name,
             "application_name": startup.parameters.get("application_name", ""),
+            # COPY ... TO STDOUT (FORMAT arrow, COMPRESSION zstd) is understood: a client
+            # that decodes Arrow IPC body compression asks for it only when announced
+            # (the Spark JVM's reader), so a server without it is never asked
+            COPY_COMPRESSION_PARAMETER: "zstd",
         }
         self.catalog.start(startup.parameters, superuser=identity.superuser)
         self.send(m.authentication_ok())

@@ -16,7 +16,12 @@ Two ways to the batches, giving the same rows:
   ``engine.api.match_range_read``, never on text), streams the stored frames of that range
   with only those columns (``engine.api.read_range``: the SELECT privilege is checked, a
   range cut by retention or reaching past the partition's end is 22023, nothing is decoded
-  message by message). Its columns have the types of ``engine.api.project_schema``;
+  message by message). Its columns have the types of ``engine.api.project_schema``. With
+  ``COMPRESSION zstd`` (asked by a client that decompresses Arrow IPC body compression
+  itself: the Spark JVM's reader, when the server announces ``topicbase_copy_compression``)
+  a whole frame stored column-compressed goes out as it is stored, its record batch
+  declaring body compression ZSTD (``engine.packed_read``); every other batch, and every
+  batch of a COPY that did not ask, is plain;
 - anything else (tables, topics, views, sys views, VALUES) is run as the query it is,
   through the session's one door (``result_stream``): its Arrow batches go out as they come,
   one at a time, each within the result limit (54000), never converted to rows.
@@ -42,6 +47,7 @@ import pyarrow as pa
 
 from engine.api import (
     OffsetRange,
+    PackedBatch,
     SessionState,
     ast,
     match_range_read,
@@ -61,14 +67,14 @@ _TOPIC_COLUMNS = frozenset(project_schema(None).names)
 class _RangeSource:
     """The batches of a topic range read (worker thread)."""
 
-    batches: Iterator[pa.RecordBatch]
+    batches: Iterator[pa.RecordBatch | PackedBatch]
     schema: pa.Schema
     deadline: float | None
     cancelled: Callable[[], bool] = lambda: False  # a CancelRequest came for the session
     row_count: int = 0
     notices: tuple[str, ...] = field(default=())
 
-    def next_batch(self) -> pa.RecordBatch | None:
+    def next_batch(self) -> pa.RecordBatch | PackedBatch | None:
         if self.deadline is not None and time.monotonic() > self.deadline:
             raise QueryCanceledError("canceling statement due to statement timeout")
         if self.cancelled():
@@ -127,9 +133,11 @@ class _QuerySource:
 _Source = _RangeSource | _QuerySource
 
 
-def range_source(context: CommandContext, statement: ast.Statement) -> _RangeSource | None:
+def range_source(context: CommandContext, statement: ast.Statement,
+                 packed: bool = False) -> _RangeSource | None:  # fmt: skip
     """``statement`` as a topic range read started on storage, or None if it is not one (or
-    the session is in a failed transaction, which the ordinary path refuses). Worker thread."""
+    the session is in a failed transaction, which the ordinary path refuses); ``packed``:
+    the client takes body-compressed batches (``COMPRESSION zstd``). Worker thread."""
     match = match_range_read(statement)
     if match is None or context.session.state is SessionState.FAILED:
         return None
@@ -141,7 +149,7 @@ def range_source(context: CommandContext, statement: ast.Statement) -> _RangeSou
     session = context.session
     session.check_duration()  # as every statement: a too old transaction is 54000
     session.begin_front_read()  # a CancelRequest from now on ends this read (57014)
-    batches = read_range(session, match.topic, offsets, columns)
+    batches = read_range(session, match.topic, offsets, columns, packed=packed)
     timeout_s = _statement_timeout_s(context)
     deadline = None if timeout_s is None else time.monotonic() + timeout_s
     return _RangeSource(batches, schema, deadline, lambda: bool(session.cancel_requested))
@@ -154,12 +162,12 @@ def _statement_timeout_s(context: CommandContext) -> float | None:
     return milliseconds / 1000 if milliseconds else None
 
 
-def _open(context: CommandContext, statement: ast.Statement
+def _open(context: CommandContext, statement: ast.Statement, packed: bool
           ) -> tuple[_Source, list[bytes | memoryview], bool]:  # fmt: skip
     """Start the source and read up to its first batch, so that errors found there come
     before CopyOutResponse: the source, the first messages (schema and first batch, or
     schema and end of stream) and whether they end the stream. Worker thread."""
-    source: _Source | None = range_source(context, statement)
+    source: _Source | None = range_source(context, statement, packed)
     if source is None:
         source = _QuerySource(*copy_commit.open_held(
             context, statement,
@@ -170,7 +178,7 @@ def _open(context: CommandContext, statement: ast.Statement
         first = source.next_batch()
         messages = copy_arrow.schema_messages(schema)
         if first is not None:
-            messages += copy_arrow.batch_messages(first, schema)
+            messages += _batch_messages(first, schema)
         else:
             messages += copy_arrow.end_messages()
     except BaseException:
@@ -190,12 +198,22 @@ def _next_messages(source: _Source, schema: pa.Schema) -> list[bytes | memoryvie
     batch = source.next_batch()
     if batch is None:
         return None
+    return _batch_messages(batch, schema)
+
+
+def _batch_messages(batch: pa.RecordBatch | PackedBatch, schema: pa.Schema
+                    ) -> list[bytes | memoryview]:  # fmt: skip
+    if isinstance(batch, PackedBatch):  # only a range read asked to pack gives one
+        assert batch.schema.equals(schema), (batch.schema, schema)
+        return copy_arrow.packed_messages(batch)
     return copy_arrow.batch_messages(batch, schema)
 
 
-async def copy_arrow_to_client(context: CommandContext, statement: ast.Statement) -> None:
-    """Run ``statement`` and send its result as an Arrow IPC stream in a COPY OUT."""
-    source, messages, ended = await context.call(_open, context, statement)
+async def copy_arrow_to_client(context: CommandContext, statement: ast.Statement,
+                               packed: bool = False) -> None:  # fmt: skip
+    """Run ``statement`` and send its result as an Arrow IPC stream in a COPY OUT;
+    ``packed``: the client asked for ``COMPRESSION zstd`` (module doc)."""
+    source, messages, ended = await context.call(_open, context, statement, packed)
     schema = copy_arrow.plain_schema(source.schema)
     try:
         for notice in source.notices:

@@ -105,7 +105,7 @@ async def copy_to_client(context: CommandContext, statement: CopyStatement) -> N
     if len(statements) != 1:
         raise SqlSyntaxError("COPY takes exactly one query")
     if statement.fmt.arrow:
-        await copy_arrow.copy_arrow_to_client(context, statements[0])
+        await copy_arrow.copy_arrow_to_client(context, statements[0], statement.fmt.arrow_zstd)
         return
     stream, held = await context.call(
         copy_commit.open_held, context, statements[0],

@@ -8,7 +8,10 @@ and ``COPY TOPIC name [(columns)] ...``, followed by options either as the
 are refused with 0A000, unknown options with 42601, bad values with 22023.
 ``FORMAT arrow`` (Topicbase's own: one Arrow IPC stream, ``connection.copy_arrow``) takes no
 other option (22023) but, FROM STDIN only, ``WRITE_ID 'id'``: the rows are staged under that
-write id and published later by ``COMMIT WRITES`` (``connection.copy_staged``).
+write id and published later by ``COMMIT WRITES`` (``connection.copy_staged``); and, TO
+STDOUT only, ``COMPRESSION zstd``: the client decodes record batches declaring Arrow IPC
+body compression ZSTD, so a frame stored column-compressed may go out as it is stored
+(``connection.copy_arrow``; no other value, 22023). Without it every batch is plain.
 
 Pure functions over the coarse tokens of ``grammar.split``; no I/O.
 """
@@ -33,6 +36,10 @@ from storage.errors import (
     InvalidParameterValueError,
     SqlSyntaxError,
 )
+
+# The ParameterStatus a server sends at startup when it takes ``COMPRESSION zstd``
+# (its value: the codecs it takes); a client asks only when it was announced.
+COPY_COMPRESSION_PARAMETER = "topicbase_copy_compression"
 
 
 @dataclass(frozen=True)
@@ -308,12 +315,20 @@ def _binary_format(options: dict[str, Any], to_client: bool) -> CopyFormat:
 
 
 def _arrow_format(options: dict[str, Any], to_client: bool) -> CopyFormat:
-    """FORMAT arrow: no other option (22023)."""
+    """FORMAT arrow: no other option (22023) but ``COMPRESSION zstd`` with TO STDOUT."""
     for name in options:
-        if name != "format":
+        if name not in ("format", "compression"):
             raise InvalidParameterValueError(f"COPY option {name.upper()} cannot be used "
                                              "with FORMAT arrow")  # fmt: skip
-    return CopyFormat(binary=True, arrow=True)
+    if "compression" not in options:
+        return CopyFormat(binary=True, arrow=True)
+    value = options["compression"]
+    if not to_client or str(options.get("format", "")).lower() != "arrow":
+        raise InvalidParameterValueError("COPY option COMPRESSION is only for COPY ... TO "
+                                         "STDOUT (FORMAT arrow)")  # fmt: skip
+    if not isinstance(value, str) or value.lower() != "zstd":
+        raise InvalidParameterValueError(f"COPY option COMPRESSION takes zstd, not {value!r}")
+    return CopyFormat(binary=True, arrow=True, arrow_zstd=True)
 
 
 def _names(value: Any) -> tuple[str, ...]:

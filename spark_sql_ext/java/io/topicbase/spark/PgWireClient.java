@@ -88,6 +88,8 @@ final class PgWireClient implements Closeable {
     private boolean broken;
     /** At ReadyForQuery: nothing of a statement is left to read. */
     private boolean ready;
+    // ParameterStatus reports (name -> value) since the connection started
+    private final Map<String, String> parameters = new HashMap<>();
     private String poolKey;
     private boolean reused;
     private long idleSince;
@@ -437,14 +439,28 @@ final class PgWireClient implements Closeable {
         return new Message(type, body);
     }
 
-    /** The next message that is not a notice or a parameter status. */
+    /** The next message that is not a notice or a parameter status (kept: {@link
+     * #serverParameter}). */
     private Message receiveRelevant() throws IOException {
         while (true) {
             Message message = receive();
-            if (message.type != 'N' && message.type != 'S' && message.type != 'A') {
+            if (message.type == 'S') {
+                try {
+                    String name = message.cstring();
+                    parameters.put(name, message.cstring());
+                } catch (ArrayIndexOutOfBoundsException e) {
+                    broken = true;
+                    throw new PgWireException("08P01", "malformed ParameterStatus from server");
+                }
+            } else if (message.type != 'N' && message.type != 'A') {
                 return message;
             }
         }
+    }
+
+    /** The value the server last reported for {@code name} (ParameterStatus), or null. */
+    String serverParameter(String name) {
+        return parameters.get(name);
     }
 
     private static PgWireException error(Message message) {

@@ -10,10 +10,12 @@ import java.util.HashMap;
 import java.util.List;
 import java.util.Map;
 
+import org.apache.arrow.compression.CommonsCompressionFactory;
 import org.apache.arrow.memory.BufferAllocator;
 import org.apache.arrow.memory.RootAllocator;
 import org.apache.arrow.vector.FieldVector;
 import org.apache.arrow.vector.VectorSchemaRoot;
+import org.apache.arrow.vector.compression.NoCompressionCodec;
 import org.apache.arrow.vector.ipc.ArrowStreamReader;
 import org.apache.spark.sql.catalyst.InternalRow;
 import org.apache.spark.sql.connector.read.InputPartition;
@@ -32,6 +34,14 @@ import org.apache.spark.sql.vectorized.ColumnarBatch;
  * connection, the CopyData payloads read as one Arrow IPC stream, each record batch handed
  * to Spark as a {@link ColumnarBatch} of {@link ArrowColumnVector}s over the Arrow buffers
  * (no copy, no rows).
+ *
+ * <p>When the server announces {@code topicbase_copy_compression} (a ParameterStatus at
+ * startup naming {@code zstd}), the COPY asks for {@code COMPRESSION zstd}: frames stored
+ * with their data column compressed whole come as stored, their record batches declaring
+ * Arrow IPC body compression ZSTD, and the stream reader decompresses them here (Arrow's
+ * own codec over zstd-jni, both shipped with Spark) instead of the server sending the
+ * decoded bytes. Without that announcement (an older server) the COPY asks for nothing and
+ * the reader takes no compressed batch (Arrow refuses one).
  *
  * <p>Invariants: the batch returned by {@link #get} is valid until the next {@link #next}
  * (the stream reader reuses one root); the columns arrive in the requested order with the
@@ -69,6 +79,9 @@ final class WireBatchReader implements PartitionReader<ColumnarBatch> {
         }
     }
 
+    /** The ParameterStatus by which a server says it takes {@code COMPRESSION zstd}. */
+    static final String COMPRESSION_PARAMETER = "topicbase_copy_compression";
+
     private final Map<String, String> options;
     private final String copy;
     private final StructType schema;
@@ -103,7 +116,7 @@ final class WireBatchReader implements PartitionReader<ColumnarBatch> {
         client = PgWireClient.borrow(options.get("wire"), options);
         PgWireClient.CopyStream data;
         try {
-            data = client.copyOut(copy);
+            data = client.copyOut(copyFor(client));
         } catch (PgWireClient.PgWireException e) {
             throw e;
         } catch (IOException e) { // a reused connection closed while idle: once more, anew
@@ -112,10 +125,12 @@ final class WireBatchReader implements PartitionReader<ColumnarBatch> {
             }
             client.close();
             client = PgWireClient.borrowNew(options.get("wire"), options);
-            data = client.copyOut(copy);
+            data = client.copyOut(copyFor(client));
         }
         copyData = data;
-        reader = new ArrowStreamReader(checkedStart(data), allocator);
+        reader = new ArrowStreamReader(checkedStart(data), allocator,
+            takesCompression(client) ? CommonsCompressionFactory.INSTANCE
+                : NoCompressionCodec.Factory.INSTANCE);
         VectorSchemaRoot root = reader.getVectorSchemaRoot();
         List<FieldVector> vectors = root.getFieldVectors();
         if (vectors.size() != schema.size()) {
@@ -133,6 +148,20 @@ final class WireBatchReader implements PartitionReader<ColumnarBatch> {
             columns[i] = new ArrowColumnVector(vectors.get(i));
         }
         batch = new ColumnarBatch(columns);
+    }
+
+    /** Whether {@code client}'s server announced that it sends zstd-compressed batches. */
+    static boolean takesCompression(PgWireClient client) {
+        String codecs = client.serverParameter(COMPRESSION_PARAMETER);
+        return codecs != null && List.of(codecs.split(",")).contains("zstd");
+    }
+
+    /** The COPY for {@code client}: asking for compressed batches when its server takes it. */
+    private String copyFor(PgWireClient client) {
+        if (!takesCompression(client)) {
+            return copy;
+        }
+        return copy.substring(0, copy.length() - 1) + ", COMPRESSION zstd)";
     }
 
     /** The first message's metadata is at most this long (a schema's flatbuffer: small). */
