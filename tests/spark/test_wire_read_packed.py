@@ -8,9 +8,13 @@ every batch is plain; a compressed batch the reader did not ask for fails the re
 
 from __future__ import annotations
 
+import struct
+
 import pytest
+import zstandard
 
 from engine import bulk_read
+from sql.pgwire.codec import ipc_views
 from sql.pgwire.connection import connection as wire_connection
 from sql.pgwire.connection import copy_arrow as wire_copy_arrow
 from tests.spark.conftest import sql_rows
@@ -126,6 +130,31 @@ def test_a_compressed_batch_the_reader_did_not_ask_for_fails_the_read(
     try:
         tb = _written(spark, database, wire, url)
         with pytest.raises(Exception, match=r"(?i)compress"):
+            spark.table(f"{tb}.main.events").selectExpr("sum(length(data))").collect()
+    finally:
+        wire.stop()
+    assert packed
+
+
+def test_a_buffer_declaring_more_than_a_frame_may_hold_is_refused_by_the_jvm(
+        spark, database, url, packed, monkeypatch: pytest.MonkeyPatch) -> None:  # fmt: skip
+    """Arrow's zstd codec allocates what a buffer declares, then decompresses into it: a
+    server (not Topicbase's: this one is made to) sending 64 MiB of zeros as ~2 KB of zstd
+    would have the task allocate and fill 64 MiB a batch. The reader refuses a buffer that
+    declares more than a stored frame may (16 MiB) before decoding it."""
+    bomb = struct.pack("<q", 64 << 20) + zstandard.ZstdCompressor().compress(bytes(64 << 20))
+    original = ipc_views.packed_views
+
+    def bombed(rows, nodes, buffers):
+        swapped = [bomb if len(b) >= 8 and struct.unpack_from("<q", b)[0] != -1 else b
+                   for b in buffers]  # fmt: skip
+        return original(rows, nodes, swapped)
+
+    monkeypatch.setattr(ipc_views, "packed_views", bombed)
+    wire = _Wire(database)
+    try:
+        tb = _written(spark, database, wire, url)
+        with pytest.raises(Exception, match=r"declares 67108864 decoded bytes"):
             spark.table(f"{tb}.main.events").selectExpr("sum(length(data))").collect()
     finally:
         wire.stop()

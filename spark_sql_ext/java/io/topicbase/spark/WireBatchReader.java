@@ -10,7 +10,6 @@ import java.util.HashMap;
 import java.util.List;
 import java.util.Map;
 
-import org.apache.arrow.compression.CommonsCompressionFactory;
 import org.apache.arrow.memory.BufferAllocator;
 import org.apache.arrow.memory.RootAllocator;
 import org.apache.arrow.vector.FieldVector;
@@ -129,7 +128,7 @@ final class WireBatchReader implements PartitionReader<ColumnarBatch> {
         }
         copyData = data;
         reader = new ArrowStreamReader(checkedStart(data), allocator,
-            takesCompression(client) ? CommonsCompressionFactory.INSTANCE
+            takesCompression(client) ? BoundedZstdCodecs.INSTANCE
                 : NoCompressionCodec.Factory.INSTANCE);
         VectorSchemaRoot root = reader.getVectorSchemaRoot();
         List<FieldVector> vectors = root.getFieldVectors();
