@@ -69,6 +69,8 @@ IDEMPOTENCY_DDL = (
 # A part stays well under the per-partition limits (room for the frame's own columns).
 PART_ROWS = limits.BATCH_MESSAGES_MAX * 9 // 10
 PART_BYTES = limits.BATCH_BYTES_MAX * 8 // 10
+# The column numbering an upsert write's rows in staged order (``table_statement``).
+ORDINAL = "__topicbase_ordinal"
 
 # (the write's meta, its rows; a write staged as frames: ``FramedRows``, counted unread)
 Write = tuple[dict[str, Any], "pa.Table | FramedRows"]
@@ -208,7 +210,8 @@ def _transaction(session: Any, topic_rows: list[Write], table_rows: list[Write],
             stage_topic(session, meta, data, whole)
         for meta, data in table_rows:
             if data.num_rows:
-                run_over_relation(session, data, [table_insert(meta, data.column_names)])
+                relation, text = table_statement(meta, data)
+                run_over_relation(session, relation, [text])
         records()
     except BaseException:
         with contextlib.suppress(TopicbaseError):
@@ -248,8 +251,37 @@ def _parts_done(session: Any, sink_id: str, batch_id: int) -> set[int]:
     return set() if table is None else set(table.column(0).to_pylist())
 
 
-def table_insert(meta: dict[str, Any], columns: list[str]) -> str:
-    """The statement that publishes a staged table write, by its mode."""
+def table_statement(meta: dict[str, Any], data: pa.Table) -> tuple[pa.Table, str]:
+    """The relation and the statement that publish one staged table write.
+
+    In mode ``upsert`` the relation gets a column of its own (``ORDINAL``, a name no
+    column of the rows has): each row's index in ``data``, materialised here so that the
+    statement picks the latest row of a key by value, never by DuckDB's scan order.
+    ``data`` is the write's rows in staged order (``BulkWrites.read_write``: its staged
+    files in name order, which is staging order, each file's rows as they came)."""
+    if meta.get("mode", "append") != "upsert":
+        return data, table_insert(meta, data.column_names)
+    ordinal = ORDINAL
+    while ordinal in data.column_names:
+        ordinal += "_"
+    relation = data.append_column(ordinal, pa.array(range(data.num_rows), pa.int64()))
+    return relation, table_insert(meta, data.column_names, ordinal=ordinal)
+
+
+def table_insert(meta: dict[str, Any], columns: list[str], ordinal: str | None = None) -> str:
+    """The statement that publishes a staged table write, by its mode.
+
+    ``append``: every row inserted. ``add``: the rows summed by key (order-free), then
+    added to the stored row's other columns. ``upsert``: the LAST row of each key wins,
+    as in a compacted Kafka topic. "Last" is the commit's order: its writes are published
+    one statement each, in the order the commit lists their ids (a later write's row
+    replaces an earlier write's); within a write, its staged files in staging order, then
+    each file's rows in order, which is the order of ``ordinal`` (required in this mode:
+    the relation's column numbering the rows, ``table_statement``). The statement keeps
+    exactly one row per key, the one with the greatest ordinal: ``DISTINCT ON (key)``
+    yields one row per distinct key, the first by its ``ORDER BY key, ordinal DESC``,
+    and ordinals are unique, so there is no tie. A NULL in another column is a value
+    like any other (the latest row's NULL replaces a stored value)."""
     names = ", ".join(quote_identifier(c) for c in columns)
     target = quote_name(meta["name"])
     mode, key = meta.get("mode", "append"), list(meta.get("key") or [])
@@ -261,10 +293,12 @@ def table_insert(meta: dict[str, Any], columns: list[str]) -> str:
     keys = ", ".join(quote_identifier(k) for k in key)
     others = [c for c in columns if c not in key]
     if mode == "upsert":
+        assert ordinal is not None and ordinal not in columns, "upsert needs its ordinal"
         updates = ", ".join(
             f"{quote_identifier(c)} = EXCLUDED.{quote_identifier(c)}" for c in others
         )
-        source = f"SELECT {names} FROM {{relation}}"
+        source = (f"SELECT DISTINCT ON ({keys}) {names} FROM {{relation}} "
+                  f"ORDER BY {keys}, {quote_identifier(ordinal)} DESC")  # fmt: skip
     else:
         # DuckDB applies one row per key of an upsert batch: sum by key first.
         updates = ", ".join(f"{quote_identifier(c)} = {target}.{quote_identifier(c)} + "

@@ -146,7 +146,8 @@ class BulkWrites:
         """Create write ``write_id`` for the target, or check an existing one matches.
 
         ``mode`` says how table rows are published: ``append`` (INSERT), ``upsert``
-        (rows replace those with the same ``key``; one row per key and batch) or ``add``
+        (rows replace those with the same ``key``; of a key's rows in one commit, the last
+        wins: ``bulk_publish.table_insert`` defines the order) or ``add``
         (rows are summed by ``key``, then added to the existing row's other columns): the
         fold of a stream into a table of totals. Topics take ``append`` only.
         """

@@ -83,16 +83,33 @@ def parse(argv: list[str]) -> argparse.Namespace:
     reshard.add_argument("source", help="the topic read")
     reshard.add_argument("target", help="the topic written (it must exist)")
     reshard.add_argument("--key", required=True, help="JSON field of the message")
-    fold = commands.add_parser("to-table", help="topic -> table of per-key counts",
-                               description="Add each key's message count in SOURCE to "
-                               "TABLE (KEY_COLUMN, COUNT_COLUMN), exactly once; the table "
-                               "must exist, keyed by KEY_COLUMN.")  # fmt: skip
+    fold = commands.add_parser("to-table", help="topic -> table of per-key counts, sums "
+                               "or latest values",
+                               description="Fold SOURCE into TABLE by its JSON key, exactly "
+                               "once; the table must exist, keyed by KEY_COLUMN. --mode count "
+                               "(default) adds each key's message count to COUNT_COLUMN; sum "
+                               "adds each key's sum of the JSON field --value to VALUE_COLUMN; "
+                               "upsert stores each key's latest --value (the last by "
+                               "partition, offset) in VALUE_COLUMN. Messages without the "
+                               "--value field are skipped.")  # fmt: skip
     fold.add_argument("source", help="the topic read")
-    fold.add_argument("table", help="the table whose counts grow")
+    fold.add_argument("table", help="the table written")
     fold.add_argument("--key", required=True, help="JSON field of the message")
     fold.add_argument("--key-column", default="key", help="default %(default)s")
-    fold.add_argument("--count-column", default="n", help="default %(default)s")
-    return parser.parse_args(argv)
+    fold.add_argument("--mode", choices=pipelines.FOLD_MODES, default="count",
+                      help="default %(default)s")
+    fold.add_argument("--count-column", default="n", help="mode count (default %(default)s)")
+    fold.add_argument("--value", help="JSON field of the message (modes sum and upsert)")
+    fold.add_argument("--value-column", default="value",
+                      help="modes sum and upsert (default %(default)s)")
+    fold.add_argument("--value-type",
+                      help="the Spark SQL type --value is cast to (default DOUBLE for sum, "
+                           "STRING for upsert)")  # fmt: skip
+    arguments = parser.parse_args(argv)
+    if arguments.command == "to-table" and (arguments.value is None) != (
+            arguments.mode == "count"):  # fmt: skip
+        fold.error("--value (a JSON field) is for --mode sum and upsert, and needed there")
+    return arguments
 
 
 def _setting(text: str) -> tuple[str, str]:
@@ -151,7 +168,10 @@ def main(argv: list[str] | None = None) -> int:
         query = pipelines.to_table(spark, connection, arguments.source, arguments.table,
                                    arguments.key, arguments.checkpoint,
                                    key_column=arguments.key_column,
-                                   count_column=arguments.count_column, **common)
+                                   count_column=arguments.count_column,
+                                   mode=arguments.mode, value=arguments.value,
+                                   value_column=arguments.value_column,
+                                   value_type=arguments.value_type, **common)
     try:
         query.awaitTermination()
     except KeyboardInterrupt:

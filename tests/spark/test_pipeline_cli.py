@@ -64,6 +64,7 @@ def test_to_table_defaults(monkeypatch) -> None:
                                              "password": "from-env"}  # fmt: skip
     assert calls["kwargs"]["starting_offsets"] == "earliest" and calls["kwargs"]["once"]
     assert calls["kwargs"]["key_column"] == "user_id" and calls["kwargs"]["count_column"] == "n"
+    assert calls["kwargs"]["mode"] == "count" and calls["kwargs"]["value"] is None
 
 
 def test_bad_starting_offsets_fail_before_spark_starts(monkeypatch, capsys) -> None:
@@ -88,3 +89,34 @@ def test_conf_reaches_the_session_and_wins_over_the_defaults(monkeypatch) -> Non
     assert chosen["spark.sql.shuffle.partitions"] == "64"  # over the default 2
     assert "spark.driver.bindAddress" not in chosen  # loopback only for local masters
     assert pipeline_cli.settings("local[2]")["spark.driver.bindAddress"] == "127.0.0.1"
+
+
+@pytest.mark.parametrize("mode", ["sum", "upsert"])
+def test_to_table_modes_reach_the_pipeline(monkeypatch, mode: str) -> None:
+    calls = _run(monkeypatch, ["--checkpoint", "/cp/f", "to-table", "t", "totals", "--key", "u",
+                               "--mode", mode, "--value", "amount", "--value-column", "total",
+                               "--value-type", "DECIMAL(18, 2)"])  # fmt: skip
+    assert calls["args"] == ("t", "totals", "u", "/cp/f")
+    assert {k: calls["kwargs"][k] for k in ("mode", "value", "value_column", "value_type")} == {
+        "mode": mode, "value": "amount", "value_column": "total", "value_type": "DECIMAL(18, 2)"}
+
+
+@pytest.mark.parametrize("bad", [["--mode", "sum"], ["--value", "amount"],
+                                 ["--mode", "max", "--value", "amount"]])  # fmt: skip
+def test_to_table_mode_and_value_go_together(monkeypatch, capsys, bad: list[str]) -> None:
+    monkeypatch.setattr(pipeline_cli, "session", lambda *_: pytest.fail("Spark started"))
+    with pytest.raises(SystemExit) as caught:
+        pipeline_cli.main(["--checkpoint", "/cp", "to-table", "a", "b", "--key", "k", *bad])
+    assert caught.value.code == 2
+    assert "--value" in capsys.readouterr().err or "--mode" in bad
+
+
+@pytest.mark.parametrize("arguments", [{"mode": "sum", "value": "a'b"},
+                                       {"mode": "upsert", "value": "v", "value_type": "INT; x"},
+                                       {"mode": "count", "value": "v"},
+                                       {"mode": "sum"}])  # fmt: skip
+def test_to_table_refuses_bad_arguments_before_reading(arguments: dict) -> None:
+    """Checked before anything touches Spark (``spark`` is None here)."""
+    with pytest.raises(ValueError):
+        pipelines.to_table(None, pipelines.Connection("topicbase://x:1", "u", "p"), "t",
+                           "totals", "k", "/cp", **arguments)  # fmt: skip

@@ -128,3 +128,65 @@ def test_a_pipeline_and_a_read_over_tls_from_given_offsets(spark, database, tmp_
     moved = sorted((m["server"], m["seq"]) for m in (json.loads(r["d"]) for r in rows))
     assert moved == [*((0, s) for s in range(PER_SERVER - 10, PER_SERVER)),
                      *((1, s) for s in range(PER_SERVER - 5, PER_SERVER))]  # fmt: skip
+
+
+KEYS, PER_KEY = 6, 60
+EVENT = "CAST(data AS VARCHAR)"
+
+
+def _produce_events(database) -> None:
+    """Topic ``events`` (2 partitions; each user's messages in one partition, in order)
+    with a number ``amount`` and a string ``status`` per message, some without them."""
+    session = database.connect()
+    session.execute("CREATE TOPIC events WITH (min_active_partitions = 2)")
+    session.execute("CREATE TABLE spent (user_id VARCHAR PRIMARY KEY, total DOUBLE)")
+    session.execute("CREATE TABLE last_status (user_id VARCHAR PRIMARY KEY, status VARCHAR)")
+    session.execute("INSERT INTO last_status VALUES ('u0', 'before')")
+    rows = []
+    for seq in range(PER_KEY):
+        for user in range(KEYS):
+            message = {"user": f"u{user}", "seq": seq}
+            if (seq + user) % 7:  # every 7th message has neither field: skipped
+                message.update(amount=(seq * 3 + user) / 2, status=f"s{seq}-{user}")
+            rows.append(f"('{json.dumps(message)}', {user % 2})")
+    session.execute(f"INSERT INTO TOPIC events (data, partition) VALUES {', '.join(rows)}")
+    session.close()
+
+
+def test_to_table_sum_and_upsert_equal_sql_over_the_topic(
+        spark, database, url, client, tmp_path) -> None:  # fmt: skip
+    """Micro-batches of 50 messages (each user several times in a batch): the sum fold,
+    interrupted and replayed, and the upsert fold equal SQL over the topic."""
+    _produce_events(database)
+    connection = pipelines.Connection(url, "sparky", PASSWORD)
+    fold = str(tmp_path / "sum")
+
+    def run_sum() -> None:
+        finish(pipelines.to_table(spark, connection, "events", "spent", "user", fold,
+                                  key_column="user_id", mode="sum", value="amount",
+                                  value_column="total", max_per_trigger=50))  # fmt: skip
+
+    run_sum()
+    replayed = _crash_after_last_sink_commit(fold, client, "to-table:events->spent:sum:total")
+    run_sum()
+    assert os.path.exists(os.path.join(fold, "commits", str(replayed)))
+    expected = sql_rows(database, f"SELECT json_extract_string({EVENT}, '$.user') AS user_id, "
+                        f"sum(CAST(json_extract_string({EVENT}, '$.amount') AS DOUBLE)) AS total "
+                        "FROM TOPIC events WITH (max_messages = 100000) "
+                        f"WHERE json_extract_string({EVENT}, '$.amount') IS NOT NULL "
+                        "GROUP BY user_id ORDER BY user_id")  # fmt: skip
+    assert len(expected) == KEYS
+    assert sql_rows(database, "SELECT * FROM spent ORDER BY user_id") == expected
+
+    finish(pipelines.to_table(spark, connection, "events", "last_status", "user",
+                              str(tmp_path / "upsert"), key_column="user_id", mode="upsert",
+                              value="status", value_column="status", max_per_trigger=50))
+    latest = sql_rows(database, "SELECT user_id, status FROM (SELECT "
+                      f"json_extract_string({EVENT}, '$.user') AS user_id, "
+                      f"json_extract_string({EVENT}, '$.status') AS status, row_number() OVER "
+                      "(PARTITION BY user_id ORDER BY partition DESC, \"offset\" DESC) AS r "
+                      "FROM TOPIC events WITH (max_messages = 100000) "
+                      f"WHERE json_extract_string({EVENT}, '$.status') IS NOT NULL) AS m "
+                      "WHERE r = 1 ORDER BY user_id")  # fmt: skip
+    assert len(latest) == KEYS and all(r["status"].startswith("s") for r in latest)
+    assert sql_rows(database, "SELECT * FROM last_status ORDER BY user_id") == latest
