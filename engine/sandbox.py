@@ -41,6 +41,9 @@ The rules, each a way out of the sandbox that is closed here:
   ...) SELECT``, ``CREATE TABLE t AS WITH d AS (DELETE ...) ...``), is refused with
   0A000, as the planner refuses it (``planner.nested_writes``): the privileges, tag
   and read-only checks read a statement's writes from its root.
+- **Built-in views over refused functions** (``duckdb_databases``, ``duckdb_logs``,
+  ``pragma_database_list``): their names are refused as the functions are
+  (``_views_over_denied``, found from DuckDB's own view definitions).
 - **The internal catalog.** No identifier anywhere in a statement may name the schema
   ``__topicbase`` (DuckDB's tokens are checked, so quoting, case, a ``tables.`` prefix,
   a view, CTE, macro, DESCRIBE, SUMMARIZE or SHOW all count), and no PRAGMA argument or
@@ -214,6 +217,8 @@ def _token_refusal(sql: str, tokens: list[tables.SqlToken]) -> str | None:
         if name == INTERNAL_SCHEMA:
             return _internal_schema_refusal()
         called = index + 1 < len(tokens) and tokens[index + 1].text == "("
+        if not called and name in _views_over_denied():
+            return _view_refusal(name)
         if not called or name not in denied or _names_a_relation(tokens, index):
             continue
         calls = sum(
@@ -267,6 +272,37 @@ def _denied_functions() -> tuple[frozenset[str], frozenset[str]]:
     function of the same name (refused only where they stand for a relation)."""
     denied = (tables.table_function_names() - ALLOWED_TABLE_FUNCTIONS) | DENIED_SCALAR_FUNCTIONS
     return denied, (denied & tables.expression_function_names()) - DENIED_SCALAR_FUNCTIONS
+
+
+# Built-in views over a refused function that show nothing but database names (as
+# ``SHOW DATABASES`` does): left usable.
+_HARMLESS_BUILTIN_VIEWS = frozenset({"pg_database"})
+
+
+@functools.cache
+def _views_over_denied() -> frozenset[str]:
+    """DuckDB's built-in views that call a refused table function (``duckdb_databases``
+    and ``pragma_database_list`` show the database files' paths, ``duckdb_logs`` the
+    log): naming one reaches that function without writing its call, so the name is
+    refused wherever it stands (a column or table of a user so named too: safe)."""
+    denied, _ = _denied_functions()
+    found = set()
+    for name, sql in tables.builtin_view_queries():
+        tokens = tables.sql_tokens(sql)
+        if any(
+            _identifier(token.text) in denied and tokens[at + 1].text == "("
+            for at, token in enumerate(tokens[:-1])
+            if token.kind in ("identifier", "keyword")
+        ):
+            found.add(name)
+    return frozenset(found - _HARMLESS_BUILTIN_VIEWS)
+
+
+def _view_refusal(name: str) -> str:
+    return (
+        f"view {name} is not allowed: it shows DuckDB's own state (database files, logs) "
+        "through a table function that is not on Topicbase's list"
+    )
 
 
 def _function_refusal(name: str) -> str:

@@ -519,6 +519,20 @@ def expression_function_names() -> frozenset[str]:
 
 
 @functools.cache
+def builtin_view_queries() -> tuple[tuple[str, str], ...]:
+    """(name in lower case, defining SQL) of every view DuckDB has built in
+    (``duckdb_logs``, ``pg_catalog.pg_database`` …): the sandbox looks at what they call."""
+    connection = connect(":memory:", memory_limit_bytes=_PARSER_MEMORY_BYTES)
+    try:
+        rows = connection.execute(
+            "SELECT lower(view_name), sql FROM duckdb_views() WHERE internal"
+        ).fetchall()
+    finally:
+        connection.close()
+    return tuple((str(name), str(sql)) for name, sql in rows)
+
+
+@functools.cache
 def _function_names() -> tuple[frozenset[str], frozenset[str]]:
     connection = connect(":memory:", memory_limit_bytes=_PARSER_MEMORY_BYTES)
     try:

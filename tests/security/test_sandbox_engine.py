@@ -176,6 +176,12 @@ ESCAPES = [
     ("SELECT * FROM checkpoint()", "checkpoint()"),
     ("SELECT * FROM force_checkpoint()", "force_checkpoint()"),
     ("SELECT * FROM duckdb_databases()", "duckdb_databases()"),
+    # DuckDB's built-in views over refused functions (round 23): the paths, the log
+    ("SELECT path FROM duckdb_databases", "view duckdb_databases"),
+    ("SELECT file FROM main.pragma_database_list", "view pragma_database_list"),
+    ('SELECT * FROM "DuckDB_Logs"', "view duckdb_logs"),
+    ("SELECT * FROM system.main.duckdb_databases", "view duckdb_databases"),
+    ("CREATE VIEW paths AS SELECT * FROM duckdb_databases", "view duckdb_databases"),
     ("SELECT * FROM duckdb_temporary_files()", "duckdb_temporary_files()"),
     ("SELECT * FROM add_grammar_extension('x')", "add_grammar_extension()"),
     ("SELECT * FROM test_all_types()", "test_all_types()"),
@@ -371,6 +377,8 @@ def test_topicbase_features_work_inside_the_sandbox(database: Database) -> None:
     assert rows(admin, "SELECT histogram(a) FROM t") == [([(1, 1), (2, 1)],)]  # a MAP
     assert rows(admin, "SELECT * FROM unnest([1, 2]) ORDER BY 1") == [(1,), (2,)]
     assert rows(admin, "SELECT count(*) > 0 FROM duckdb_tables()") == [(True,)]
+    # DuckDB's view over duckdb_databases() that shows names only stays (round 23)
+    assert ("tables",) in rows(admin, "SELECT datname FROM pg_catalog.pg_database")
     assert rows(admin, "SELECT count(*) FROM TOPIC events") == [(1,)]
     assert rows(admin, "SELECT name FROM sys.topics") == [("events",)]
     assert rows(admin, "PRAGMA version")[0][0].startswith("v")
