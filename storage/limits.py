@@ -363,7 +363,8 @@ TEXT_CACHES_BYTES_MAX = 64 * MIB
 # Named prepared statements one wire connection holds at once (Parse with a name), and
 # their texts' characters together: past either, a Parse is refused with 54000 (PostgreSQL
 # holds them without a bound, in a backend process of its own; here all connections share
-# one process).
+# one process). The same bounds hold a session's SQL-level PREPAREs, which DuckDB keeps
+# (engine.prepared_room).
 PREPARED_STATEMENTS_PER_CONNECTION_MAX = 10_000
 PREPARED_TEXT_CHARS_PER_CONNECTION_MAX = 16 * MIB
 # Named portals (Bind with a name) one wire connection holds at once, as for cursors.
