@@ -28,6 +28,8 @@ The rules, each a way out of the sandbox that is closed here:
   settings never reach here: the wire server keeps them per session.) The
   configuration is also locked when DuckDB opens (``tables.connect``).
 - **PRAGMA**: only the read-only ones in ``ALLOWED_PRAGMAS``.
+- **DuckDB's settings** are read (``current_setting``, ``duckdb_settings``) by
+  superusers only: they name the server's files.
 - **Table functions**: only those in ``ALLOWED_TABLE_FUNCTIONS`` (generators, JSON
   iteration and DuckDB's catalog metadata, which the pg_catalog emulation uses); every
   other built-in one is refused wherever it is called (``read_*``, ``glob``,
@@ -92,6 +94,9 @@ ALLOWED_TABLE_FUNCTIONS = frozenset(
 )
 # Scalar functions that reach the host (the CLI's getenv; harmless if absent).
 DENIED_SCALAR_FUNCTIONS = frozenset({"getenv"})
+# Functions that read DuckDB's settings (paths of the server's files among them): for
+# superusers only (``_settings_read_refusal``).
+SUPERUSER_SETTINGS_READERS = frozenset({"current_setting", "duckdb_settings"})
 # Table functions that run SQL given as a string, named in refusals.
 _SQL_STRING_FUNCTIONS = frozenset(
     {"query", "query_table", "json_execute_serialized_sql", "histogram", "histogram_values"}
@@ -173,6 +178,8 @@ def _refusal(sql: str, superuser: bool) -> str | None:
     reason = _token_refusal(sql, tokens)
     if reason is not None:
         return reason
+    if not superuser and (reason := _settings_read_refusal(tokens)) is not None:
+        return reason
     check = _CHECKS_BY_TYPE.get(kind)
     if check is None:
         return _REFUSED_TYPES.get(kind, f"DuckDB {kind} statements are not allowed")
@@ -227,6 +234,21 @@ def _token_refusal(sql: str, tokens: list[tables.SqlToken]) -> str | None:
         )
         if name not in ambiguous or _called_as_relation(sql, name, calls):
             return _function_refusal(name)
+    return None
+
+
+def _settings_read_refusal(tokens: list[tables.SqlToken]) -> str | None:
+    """DuckDB's own settings read by an ordinary user: they name the server's files
+    (``temp_directory``, ``allowed_paths``: the data directory), which PostgreSQL shows
+    only to superusers (``data_directory``). PostgreSQL's settings are the wire's
+    (``current_setting`` of one is answered there and never reaches DuckDB)."""
+    for index, token in enumerate(tokens[:-1]):
+        if (token.kind in ("identifier", "keyword") and tokens[index + 1].text == "("
+                and _identifier(token.text) in SUPERUSER_SETTINGS_READERS):  # fmt: skip
+            return (
+                f"function {_identifier(token.text)}() reads DuckDB's settings for the whole "
+                "server, which name its files: for superusers"
+            )
     return None
 
 

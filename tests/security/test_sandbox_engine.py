@@ -461,3 +461,29 @@ def test_translated_hint_keeps_other_suggestions() -> None:
         assert 'Did you mean "orders"' in caught.value.message
     finally:
         connection.close()
+
+
+@pytest.mark.parametrize(
+    "sql",
+    [
+        "SELECT current_setting('temp_directory')",
+        'SELECT "Current_Setting"(\'temp_directory\')',
+        "SELECT main.current_setting /* c */ ('temp_directory')",
+        "SELECT value FROM duckdb_settings() WHERE name = 'allowed_paths'",
+        "SELECT value FROM main.duckdb_settings() WHERE name = 'temp_directory'",
+    ],
+)
+def test_duckdbs_settings_name_the_servers_files_and_are_for_superusers(
+    database: Database, tmp_path: Path, sql: str
+) -> None:
+    """Round 23: the data directory's path was readable by anyone (PostgreSQL shows
+    ``data_directory`` to superusers only)."""
+    alice = database.connect(ALICE)
+    error = refusal(alice, sql)
+    assert error.sqlstate == "42501"
+    assert "for superusers" in error.message
+    assert str(tmp_path) not in error.message
+    alice.close()
+    admin = database.connect()
+    assert str(tmp_path) in str(rows(admin, sql))
+    admin.close()
