@@ -174,3 +174,30 @@ def test_comment_on_what_one_owns_works(alice: Session) -> None:
                   "COMMENT ON VIEW own_v IS 'v'")  # fmt: skip
     assert rows(alice, "SELECT comment FROM duckdb_tables() WHERE table_name = 'own'") == [("t",)]
     refused(alice, "COMMENT ON MACRO peek IS 'x'", "COMMENT ON MACRO is for superusers")
+
+
+def test_over_the_wire_simple_and_extended(tmp_path: Path) -> None:
+    """The wire's doors (simple query, extended protocol with a parameter, a cursor) are
+    the engine's: the macro's body is checked for each."""
+    import psycopg
+
+    from tests.security.conftest import ADMIN, WireServer
+
+    server = WireServer(tmp_path)
+    try:
+        admin = server.login(ADMIN)
+        admin.execute("CREATE TABLE secret (v TEXT); INSERT INTO secret VALUES ('s'); "
+                      "CREATE MACRO peek(x) AS TABLE SELECT v || x AS v FROM secret")  # fmt: skip
+        alice = server.login()
+        for sql, parameters in (("SELECT * FROM peek('!')", None),
+                                ("SELECT * FROM peek(%s)", ("!",))):  # fmt: skip
+            with pytest.raises(psycopg.errors.InsufficientPrivilege, match="macro peek"):
+                alice.execute(sql, parameters)
+        with alice.transaction(), alice.cursor(name="c") as cursor:
+            with pytest.raises(psycopg.errors.InsufficientPrivilege, match="macro peek"):
+                cursor.execute("SELECT * FROM peek('!')")
+                cursor.fetchall()
+        admin.execute("GRANT SELECT ON secret TO alice")
+        assert alice.execute("SELECT * FROM peek(%s)", ("!",)).fetchall() == [("s!",)]
+    finally:
+        server.stop()
