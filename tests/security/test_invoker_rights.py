@@ -193,10 +193,13 @@ def test_over_the_wire_simple_and_extended(tmp_path: Path) -> None:
                                 ("SELECT * FROM peek(%s)", ("!",))):  # fmt: skip
             with pytest.raises(psycopg.errors.InsufficientPrivilege, match="macro peek"):
                 alice.execute(sql, parameters)
-        with alice.transaction(), alice.cursor(name="c") as cursor:
-            with pytest.raises(psycopg.errors.InsufficientPrivilege, match="macro peek"):
-                cursor.execute("SELECT * FROM peek('!')")
-                cursor.fetchall()
+        with (
+            alice.transaction(),
+            alice.cursor(name="c") as cursor,
+            pytest.raises(psycopg.errors.InsufficientPrivilege, match="macro peek"),
+        ):
+            cursor.execute("SELECT * FROM peek('!')")
+            cursor.fetchall()
         admin.execute("GRANT SELECT ON secret TO alice")
         assert alice.execute("SELECT * FROM peek(%s)", ("!",)).fetchall() == [("s!",)]
     finally:
