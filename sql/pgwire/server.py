@@ -19,7 +19,7 @@ from typing import Any
 
 from engine.api import Database, freeze_owned_process
 from sql.pgwire import auth as wire_auth
-from sql.pgwire import malloc_tuning, memory_cap
+from sql.pgwire import malloc_tuning
 from sql.pgwire import tls as wire_tls
 from sql.pgwire.codec import messages as m
 from sql.pgwire.connection.connection import SERVER_VERSION, Connection
@@ -229,13 +229,10 @@ def serve(data_dir: str, host: str = DEFAULT_HOST, port: int = DEFAULT_PORT,
     and sends the log to stderr at INFO (logins, statements under ``log_statement``) if
     nothing configured logging before."""
     malloc_tuning.reuse_large_blocks()
-    capped = memory_cap.cap_process_data()  # a value built past DuckDB's limit: 53200
     if not logging.getLogger().handlers:
         logging.basicConfig(level=logging.INFO,
                             format="%(asctime)s %(levelname)s %(name)s: %(message)s")  # fmt: skip
     silence_sql_logging()
-    if capped is not None:
-        log.info("process memory capped at %d MiB (RLIMIT_DATA)", capped >> 20)
     database = Database.open(data_dir)
     freeze_owned_process()  # this process is the server's (engine.gc_tuning)
     try:

@@ -45,10 +45,10 @@ def alice(database: Database) -> Iterator[Session]:
     "repeat of a list) is allocated outside DuckDB's memory_limit. Measured with a 64 MiB "
     "limit: repeat('x', 5e8) peaked at 1.1 GiB, range(2e8) as a list at 14 GiB RSS, from "
     "one ordinary user's one-line SELECT; at full scale the server (and the host) runs out "
-    "of memory. Round 23 caps topicbase serve's process (sql.pgwire.memory_cap: "
-    "RLIMIT_DATA at 75 % of physical memory, 53200 past it), so the server is no longer "
-    "killed; below that cap one statement still takes memory far past memory_limit, "
-    "starving the others. Needs per-function bounds or DuckDB accounting; open.",
+    "of memory. A process cap (RLIMIT_DATA in topicbase serve) was tried in round 23: "
+    "DuckDB turns the failed allocation into 53200, but a failure elsewhere (a Python "
+    "allocation mid-commit) was not proven safe, so it was left out. Needs per-function "
+    "bounds, DuckDB accounting, or a proven process cap; open.",
 )
 def test_a_value_built_by_a_scalar_function_is_held_to_the_memory_limit(alice: Session) -> None:
     before = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
