@@ -369,9 +369,12 @@ TEXT_CACHES_BYTES_MAX = 64 * MIB
 # Named prepared statements one wire connection holds at once (Parse with a name), and
 # their texts' characters together: past either, a Parse is refused with 54000 (PostgreSQL
 # holds them without a bound, in a backend process of its own; here all connections share
-# one process). The same bounds hold a session's SQL-level PREPAREs, which DuckDB keeps
-# (engine.prepared_room).
+# one process). The text bound holds a session's SQL-level PREPAREs too (engine.prepared_room).
 PREPARED_STATEMENTS_PER_CONNECTION_MAX = 10_000
+# SQL-level PREPAREs one session keeps in DuckDB at once (engine.prepared_room): few, since
+# DuckDB keeps each one's plan with its folded constants (``SELECT repeat('x', 1e8)``: a
+# 100 MB value in a 48-character statement), which no text bound sees.
+SQL_PREPARED_STATEMENTS_PER_SESSION_MAX = 16
 PREPARED_TEXT_CHARS_PER_CONNECTION_MAX = 16 * MIB
 # Named portals (Bind with a name) one wire connection holds at once, as for cursors.
 PORTALS_PER_CONNECTION_MAX = 1000

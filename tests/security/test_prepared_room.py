@@ -41,7 +41,7 @@ def held(session: Session) -> int:
 
 
 def test_prepared_statements_are_counted(alice: Session, monkeypatch: pytest.MonkeyPatch) -> None:
-    monkeypatch.setattr(limits, "PREPARED_STATEMENTS_PER_CONNECTION_MAX", 3)
+    monkeypatch.setattr(limits, "SQL_PREPARED_STATEMENTS_PER_SESSION_MAX", 3)
     for index in range(3):
         alice.execute(f"PREPARE p{index} AS SELECT {index} + ?")
     alice.execute("PREPARE p1 AS SELECT 10 + ?")  # replaces one: no more held
@@ -53,6 +53,16 @@ def test_prepared_statements_are_counted(alice: Session, monkeypatch: pytest.Mon
     alice.execute("DEALLOCATE p0")
     alice.execute("PREPARE p3 AS SELECT 3")
     assert held(alice) == 3
+
+
+def test_few_are_kept_by_default(alice: Session) -> None:
+    """DuckDB keeps each one's folded constants (R2 F1): the count is small, not 10,000."""
+    count = limits.SQL_PREPARED_STATEMENTS_PER_SESSION_MAX
+    for index in range(count):
+        alice.execute(f"PREPARE p{index} AS SELECT {index}")
+    with pytest.raises(LimitExceededError, match=f"limit {count}"):
+        alice.execute(f"PREPARE p{count} AS SELECT 0")
+    assert held(alice) == count <= 16
 
 
 def test_prepared_text_is_bounded(alice: Session, monkeypatch: pytest.MonkeyPatch) -> None:
@@ -72,7 +82,7 @@ def test_prepared_text_is_bounded(alice: Session, monkeypatch: pytest.MonkeyPatc
 def test_refused_inside_a_transaction_fails_it_and_nothing_is_kept(
     alice: Session, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    monkeypatch.setattr(limits, "PREPARED_STATEMENTS_PER_CONNECTION_MAX", 1)
+    monkeypatch.setattr(limits, "SQL_PREPARED_STATEMENTS_PER_SESSION_MAX", 1)
     alice.execute("PREPARE first AS SELECT 1")
     alice.execute("BEGIN")
     with pytest.raises(LimitExceededError):
