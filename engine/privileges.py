@@ -28,7 +28,7 @@ import weakref
 from collections.abc import Callable
 from typing import Any
 
-from engine import privilege_cache, tables
+from engine import privilege_cache, sandbox, tables
 from engine.catalog import OWNER_SUPERUSER, SCHEMA
 from engine.identity import Identity
 from grammar.bounded_cache import BoundedCache
@@ -495,9 +495,10 @@ def _require_owner(session: Any, identity: Identity, namespace: str, name: str) 
 
 def _require_relation(session: Any, user: str, name: str, privilege: str, depth: int,
                       invoker: str | None = None) -> None:  # fmt: skip
-    """``privilege`` on table or view ``name``; for a view, its owner's on what it reads,
-    and ``invoker``'s (the session's user; default ``user``) on what the macros it calls
-    read (``_require_macro_reads``)."""
+    """``privilege`` on table or view ``name``; for a view, its owner's on what it reads;
+    and ``invoker``'s (the session's user; default ``user``) on what the macros read that
+    its definition calls, a view's through every view below it, a table's in its
+    defaults, generated columns and checks (``_require_macros_within``)."""
     found, granted = _facts(session, "relation", name, user)
     if found is None:
         return  # no such relation: DuckDB says so (42P01) when the statement runs
@@ -506,12 +507,10 @@ def _require_relation(session: Any, user: str, name: str, privilege: str, depth:
         raise InsufficientPrivilegeError(
             f"permission denied for {kind} {name} ({privilege} privilege needed)"
         )
-    if kind != "view":
-        return
     invoker = user if invoker is None else invoker
     if _user_macros(session):
-        _require_macro_reads(session, invoker, _view_sql(session, name), depth + 1)
-    if is_superuser_name(session.database, owner):
+        _require_macros_within(session, invoker, name, kind, depth)
+    if kind != "view" or is_superuser_name(session.database, owner):
         return
     if depth >= limits.VIEW_DEPTH_MAX:
         raise InsufficientPrivilegeError(
@@ -535,17 +534,20 @@ def _require_macro_reads(session: Any, user: str, sql: str, depth: int) -> None:
     """``user``'s privileges on what the macros ``sql`` may call read, as PostgreSQL runs a
     function with its caller's privileges (SECURITY INVOKER): DuckDB expands a macro into
     the statement, so a superuser's ``CREATE MACRO peek() AS TABLE SELECT * FROM t`` would
-    otherwise hand ``t`` to anyone who may call it. A macro may be called by any token
-    of the text (a function name, an operator such as ``"+"``, which a macro can shadow),
-    so every identifier, keyword and operator naming one counts; a table named like a
-    macro gets that macro's body checked too (a refusal, never a leak). Macros calling
+    otherwise hand ``t`` to anyone who may call it. What may call one: an identifier
+    before ``(``, a keyword (DuckDB calls a macro named ``current_user`` without
+    parentheses) and an operator (a macro ``"+"`` shadows the built-in); a column named
+    like a macro is not a call (review R2 F4). A table named like a macro, written before
+    ``(``, gets that macro's body checked too (a refusal, never a leak). Macros calling
     macros are followed to ``limits.VIEW_DEPTH_MAX``."""
     macros = _user_macros(session)
     if not macros:
         return
+    tokens = tables.sql_tokens(sql)
     called = sorted({
-        _token_name(token.text) for token in tables.sql_tokens(sql)
-        if token.kind in ("identifier", "keyword", "operator")
+        _token_name(token.text) for at, token in enumerate(tokens)
+        if token.kind in ("keyword", "operator")
+        or (token.kind == "identifier" and at + 1 < len(tokens) and tokens[at + 1].text == "(")
     } & macros.keys())  # fmt: skip
     for name in called:
         if depth >= limits.VIEW_DEPTH_MAX:
@@ -554,10 +556,13 @@ def _require_macro_reads(session: Any, user: str, sql: str, depth: int) -> None:
             )
         for body in macros[name]:
             access = relation_access(body) if body is not None else Access((), opaque="?")
-            if access.opaque is not None:
+            if access.opaque is not None or body is None:
                 raise InsufficientPrivilegeError(
                     f"permission denied for macro {name}: its body cannot be checked"
                 )
+            # The sandbox's rules for the caller too (its superuser creator passed them as
+            # a superuser: DuckDB's settings, current_setting, are a superuser's to read).
+            sandbox.check_sql(body, superuser=False)
             for inner, inner_privilege in access.needs:
                 try:
                     _require_relation(session, user, inner, inner_privilege, depth + 1)
@@ -566,6 +571,26 @@ def _require_macro_reads(session: Any, user: str, sql: str, depth: int) -> None:
                         f"{error.message}, read by macro {name}"
                     ) from None
             _require_macro_reads(session, user, body, depth + 1)
+
+
+def _require_macros_within(session: Any, invoker: str, name: str, kind: str,
+                           depth: int) -> None:  # fmt: skip
+    """``invoker``'s privileges on what the macros read that relation ``name``'s definition
+    calls (DuckDB's CREATE text: a table's defaults, generated columns and checks run as
+    the statement's user, as PostgreSQL runs them), and for a view the same for every
+    relation it reads, whoever owns the views on the way (PostgreSQL runs a view's
+    functions as the reader)."""
+    if depth >= limits.VIEW_DEPTH_MAX:
+        raise InsufficientPrivilegeError(
+            f"{kind} {name} nests more than {limits.VIEW_DEPTH_MAX} views and macros"
+        )
+    _require_macro_reads(session, invoker, _relation_sql(session, name), depth + 1)
+    if kind != "view":
+        return
+    for inner, _ in _view_access(session, name).needs:
+        found, _ = _facts(session, "relation", inner, invoker)
+        if found is not None:
+            _require_macros_within(session, invoker, inner, found[1], depth + 1)
 
 
 def _token_name(text: str) -> str:
@@ -599,21 +624,24 @@ def _read_user_macros(session: Any) -> dict[str, tuple[str | None, ...]]:
     return {name: tuple(bodies) for name, bodies in macros.items()}
 
 
-def _view_sql(session: Any, name: str) -> str:
+def _relation_sql(session: Any, name: str) -> str:
     return privilege_cache.cached(  # type: ignore[no-any-return]
-        session, ("view_sql", name), lambda: _read_view_sql(session, name)
+        session, ("relation_sql", name), lambda: _read_relation_sql(session, name)
     )
 
 
-def _read_view_sql(session: Any, name: str) -> str:
+def _read_relation_sql(session: Any, name: str) -> str:
+    """DuckDB's CREATE text of table or view ``name`` ('' if there is none)."""
     schema, _, bare = name.rpartition(".")
     rows = _rows(
         session,
         "SELECT sql FROM duckdb_views() WHERE NOT temporary AND schema_name = ? "
-        "AND lower(view_name) = ? AND database_name = 'tables'",
-        [schema or "main", bare],
+        "AND lower(view_name) = ? AND database_name = 'tables' UNION ALL "
+        "SELECT sql FROM duckdb_tables() WHERE NOT temporary AND schema_name = ? "
+        "AND lower(table_name) = ? AND database_name = 'tables'",
+        [schema or "main", bare, schema or "main", bare],
     )
-    return str(rows[0][0]) if rows else ""
+    return str(rows[0][0]) if rows and rows[0][0] is not None else ""
 
 
 def holds(session: Any, user: str, namespace: str, name: str, privilege: str) -> bool:

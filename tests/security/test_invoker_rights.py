@@ -120,6 +120,34 @@ def test_a_superusers_view_calling_a_macro_runs_it_as_the_reader(
     refused(alice, "SELECT * FROM through", "permission denied for table secret")
 
 
+def test_views_of_superusers_nested_still_run_the_macro_as_the_reader(
+    admin: Session, alice: Session
+) -> None:
+    """Review R2 F3: the check went one view deep under a superuser's view."""
+    admin.execute("CREATE VIEW inner_v AS SELECT * FROM peek(); "
+                  "CREATE VIEW middle_v AS SELECT * FROM inner_v; "
+                  "CREATE VIEW outer_v AS SELECT * FROM middle_v; "
+                  "GRANT SELECT ON outer_v TO alice")  # fmt: skip
+    refused(alice, "SELECT * FROM outer_v", "read by macro peek")
+    admin.execute("GRANT SELECT ON secret TO alice")
+    assert rows(alice, "SELECT count(*) FROM outer_v") == [(2,)]
+
+
+def test_a_column_named_like_a_macro_is_no_call(admin: Session, alice: Session) -> None:
+    """Review R2 F4: only a name before ``(`` (or a keyword, an operator) calls a macro."""
+    admin.execute("CREATE MACRO a() AS (SELECT count(*) FROM secret)")
+    assert rows(alice, "SELECT a FROM open_t") == [(7,)]
+    refused(alice, "SELECT a() FROM open_t", "read by macro a")
+
+
+def test_a_macro_gives_no_more_than_its_caller_may_call(admin: Session, alice: Session) -> None:
+    """The sandbox's rules for the caller hold inside a superuser's macro (review R2 F3's
+    companion: DuckDB's settings name the server's files)."""
+    admin.execute("CREATE MACRO cfg(n) AS current_setting(n)")
+    refused(alice, "SELECT cfg('temp_directory')", "for superusers")
+    assert rows(admin, "SELECT cfg('temp_directory') IS NOT NULL") == [(True,)]
+
+
 def test_a_macro_shadowing_a_builtin_is_checked(admin: Session, alice: Session) -> None:
     assert rows(alice, "SELECT upper('a')") == [("A",)]
     admin.execute("CREATE MACRO upper(x) AS (SELECT max(v) FROM secret)")
