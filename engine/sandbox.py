@@ -178,7 +178,7 @@ def _refusal(sql: str, superuser: bool) -> str | None:
     reason = _token_refusal(sql, tokens)
     if reason is not None:
         return reason
-    if not superuser and (reason := _settings_read_refusal(tokens)) is not None:
+    if not superuser and (reason := _settings_read_refusal(sql, tokens)) is not None:
         return reason
     check = _CHECKS_BY_TYPE.get(kind)
     if check is None:
@@ -237,18 +237,36 @@ def _token_refusal(sql: str, tokens: list[tables.SqlToken]) -> str | None:
     return None
 
 
-def _settings_read_refusal(tokens: list[tables.SqlToken]) -> str | None:
+def _settings_read_refusal(sql: str, tokens: list[tables.SqlToken]) -> str | None:
     """DuckDB's own settings read by an ordinary user: they name the server's files
     (``temp_directory``, ``allowed_paths``: the data directory), which PostgreSQL shows
-    only to superusers (``data_directory``). PostgreSQL's settings are the wire's
-    (``current_setting`` of one is answered there and never reaches DuckDB)."""
-    for index, token in enumerate(tokens[:-1]):
-        if (token.kind in ("identifier", "keyword") and tokens[index + 1].text == "("
-                and _identifier(token.text) in SUPERUSER_SETTINGS_READERS):  # fmt: skip
+    only to superusers (``data_directory``). By a call of ``current_setting`` or
+    ``duckdb_settings``, or through DuckDB's view ``pg_catalog.pg_settings`` read as a
+    relation (sqlglot's tree tells a relation from a column or an alias of that name: the
+    wire answers PostgreSQL's ``pg_settings`` itself, as a subquery so aliased)."""
+    views = _views_over_settings()
+    named_view = None
+    for index, token in enumerate(tokens):
+        if token.kind not in ("identifier", "keyword"):
+            continue
+        name = _identifier(token.text)
+        if name in views:
+            named_view = name
+        if (name in SUPERUSER_SETTINGS_READERS and index + 1 < len(tokens)
+                and tokens[index + 1].text == "("):  # fmt: skip
             return (
-                f"function {_identifier(token.text)}() reads DuckDB's settings for the whole "
-                "server, which name its files: for superusers"
+                f"function {name}() reads DuckDB's settings for the whole server, which "
+                "name its files: for superusers"
             )
+    if named_view is None:
+        return None
+    tree = _tree(sql)
+    if tree is None or any(table.name.lower() in views for table in tree.find_all(exp.Table)):
+        return (
+            f"DuckDB's view {named_view} reads its settings for the whole server, which name "
+            "its files: for superusers (PostgreSQL's settings: SHOW, or pg_settings over "
+            "the wire)"
+        )
     return None
 
 
@@ -308,16 +326,28 @@ def _views_over_denied() -> frozenset[str]:
     log): naming one reaches that function without writing its call, so the name is
     refused wherever it stands (a column or table of a user so named too: safe)."""
     denied, _ = _denied_functions()
+    return _builtin_views_calling(denied) - _HARMLESS_BUILTIN_VIEWS
+
+
+@functools.cache
+def _views_over_settings() -> frozenset[str]:
+    """DuckDB's built-in views that read its settings (``pg_catalog.pg_settings`` over
+    ``duckdb_settings()``): for superusers, as the functions are (review R2 F2)."""
+    return _builtin_views_calling(SUPERUSER_SETTINGS_READERS)
+
+
+def _builtin_views_calling(functions: frozenset[str]) -> frozenset[str]:
+    """The names of DuckDB's built-in views whose definition calls one of ``functions``."""
     found = set()
     for name, sql in tables.builtin_view_queries():
         tokens = tables.sql_tokens(sql)
         if any(
-            _identifier(token.text) in denied and tokens[at + 1].text == "("
+            _identifier(token.text) in functions and tokens[at + 1].text == "("
             for at, token in enumerate(tokens[:-1])
             if token.kind in ("identifier", "keyword")
         ):
             found.add(name)
-    return frozenset(found - _HARMLESS_BUILTIN_VIEWS)
+    return frozenset(found)
 
 
 def _view_refusal(name: str) -> str:

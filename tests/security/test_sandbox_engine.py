@@ -471,6 +471,10 @@ def test_translated_hint_keeps_other_suggestions() -> None:
         "SELECT main.current_setting /* c */ ('temp_directory')",
         "SELECT value FROM duckdb_settings() WHERE name = 'allowed_paths'",
         "SELECT value FROM main.duckdb_settings() WHERE name = 'temp_directory'",
+        # DuckDB's own view over duckdb_settings() (review R2 F2)
+        "SELECT setting FROM pg_catalog.pg_settings WHERE name = 'temp_directory'",
+        "SELECT setting FROM system.pg_catalog.pg_settings WHERE name = 'temp_directory'",
+        "WITH s AS (SELECT * FROM PG_SETTINGS) SELECT setting FROM s WHERE name = 'temp_directory'",
     ],
 )
 def test_duckdbs_settings_name_the_servers_files_and_are_for_superusers(

@@ -72,3 +72,24 @@ def test_a_huge_application_name_leaves_the_client_connected(tmp_path: Path) -> 
         assert connection.execute("SELECT 1").fetchone() == (1,)
     finally:
         server.stop()
+
+
+def test_duckdbs_pg_settings_view_is_refused_and_the_wires_is_served(tmp_path: Path) -> None:
+    """Review R2 F2: DuckDB's ``pg_catalog.pg_settings`` reads ``duckdb_settings()`` (the
+    data directory's path); the wire answers PostgreSQL's ``pg_settings`` itself, and a
+    spelling its rewrite leaves alone reached DuckDB's view."""
+    logging.getLogger("sqlglot").setLevel(logging.CRITICAL)
+    server = WireServer(tmp_path)
+    try:
+        connection = server.login()
+        with pytest.raises(psycopg.errors.InsufficientPrivilege, match="for superusers"):
+            connection.execute("SELECT setting FROM system.pg_catalog.pg_settings "
+                               "WHERE name = 'temp_directory'")  # fmt: skip
+        shown = connection.execute("SELECT pg_settings.setting FROM pg_catalog.pg_settings "
+                                   "WHERE name = 'application_name'").fetchall()  # fmt: skip
+        assert shown == [("",)]
+        rows = connection.execute("SELECT name, setting FROM pg_settings").fetchall()
+        assert ("search_path", "main") in rows
+        assert str(tmp_path) not in str(rows)
+    finally:
+        server.stop()
