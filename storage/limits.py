@@ -218,12 +218,15 @@ NUMERIC_DIGITS_MAX = 1000
 ARRAY_DIMENSIONS_MAX = 6
 # A duration setting (statement_timeout, idle_session_timeout …) in ms: PostgreSQL's INT_MAX.
 SETTING_DURATION_MS_MAX = 2**31 - 1
-# PostgreSQL's NAMEDATALEN - 1: application_name is cut to this many bytes, as there.
+# PostgreSQL's NAMEDATALEN - 1: application_name is cut to this many bytes (PostgreSQL
+# cuts only pg_stat_activity's copy so).
 NAME_BYTES_MAX = 63
 # The characters one wire session's settings hold, names and values together (custom
 # "prefix.name" settings have no fixed number): past it SET is refused with 54000. Far
 # over what drivers and applications set; 100 connections hold at most ~100 MiB of them.
 SESSION_SETTINGS_CHARS_MAX = 1 << 20
+# ... and at most this many settings (PostgreSQL's own ~350 and custom ones).
+SESSION_SETTINGS_MAX = 1024
 
 # Then Topicbase's choices. The server's configurable limits (``sql.pgwire.limits.
 # ServerLimits``, ``topicbase serve --max-connections``) default to these.

@@ -3,8 +3,8 @@
 Custom ``prefix.name`` settings had no bound in number or size, in a process every
 session shares (PostgreSQL holds them in a backend of the session's own): past
 ``limits.SESSION_SETTINGS_CHARS_MAX`` characters a SET is 54000 and the session goes on.
-``application_name`` is cut to 63 bytes as PostgreSQL cuts it (NAMEDATALEN): a longer one
-went out in a ParameterStatus libpq refuses, losing the client its connection.
+``application_name`` is cut to 63 bytes (PostgreSQL cuts only pg_stat_activity's copy so):
+a longer one went out in a ParameterStatus libpq refuses, losing the client its connection.
 """
 
 from __future__ import annotations
@@ -38,6 +38,20 @@ def test_custom_settings_are_bounded_together() -> None:
     held.set(names[-1], value)
     held.set(names[1], None)  # RESET makes room
     assert held.show(names[-1]) == value
+
+
+def test_custom_settings_are_bounded_in_number() -> None:
+    """Review R2 F5: a SET summed every setting; 1 MiB of tiny ones made each SET slow."""
+    held = settings()
+    room = limits.SESSION_SETTINGS_MAX - len(held.values)
+    for index in range(room):
+        held.set(f"a.s{index}", "v")
+    with pytest.raises(LimitExceededError, match="the most it may hold") as caught:
+        held.set("a.one_more", "v")
+    assert caught.value.sqlstate == "54000"
+    held.set("a.s0", "replaced")  # an existing one may change
+    held.set("a.s1", None)
+    held.set("a.one_more", "v")
 
 
 def test_one_huge_value_is_refused_and_the_old_one_stays() -> None:

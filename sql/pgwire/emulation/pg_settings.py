@@ -43,6 +43,7 @@ from storage.errors import (
 from storage.limits import (
     NAME_BYTES_MAX,
     SESSION_SETTINGS_CHARS_MAX,
+    SESSION_SETTINGS_MAX,
     SETTING_DURATION_MS_MAX,
 )
 
@@ -72,9 +73,11 @@ class Setting:
 
 
 def _name_data(value: str) -> str:
-    """PostgreSQL's NAMEDATALEN: ``application_name`` is cut to 63 bytes (whole
-    characters), silently, as there; a longer one would go out in a ParameterStatus that
-    libpq refuses (it takes at most 30,000 bytes in such a message)."""
+    """``application_name`` cut to 63 bytes (whole characters), silently: a longer one
+    went out in a ParameterStatus that libpq refuses (at most 30,000 bytes in such a
+    message), losing the client its connection. PostgreSQL keeps the setting whole (it
+    escapes non-ASCII) and cuts only ``pg_stat_activity``'s copy to NAMEDATALEN - 1 bytes;
+    Topicbase cuts the setting itself, to that length."""
     data = value.encode("utf-8", "surrogatepass")
     if len(data) <= NAME_BYTES_MAX:
         return value
@@ -313,10 +316,17 @@ class PgSettings:
         assert key in self.values
 
     def _check_room(self, key: str, value: str) -> None:
-        """54000 if the session's settings would hold more than
+        """54000 if the session's settings would be more than
+        ``limits.SESSION_SETTINGS_MAX`` or hold more than
         ``limits.SESSION_SETTINGS_CHARS_MAX`` characters (names and values): custom
         ``prefix.name`` settings have no fixed number, every connection shares this
-        process, and PostgreSQL bounds neither (a backend of its own holds them)."""
+        process, and PostgreSQL bounds neither (a backend of its own holds them). The
+        count also keeps this sum's cost per SET small."""
+        if key not in self.values and len(self.values) >= SESSION_SETTINGS_MAX:
+            raise LimitExceededError(
+                f"this session has {len(self.values)} settings, the most it may hold: RESET "
+                "some first"
+            )
         chars = len(key) + len(value) + sum(
             len(k) + len(v) for k, v in self.values.items() if k != key
         )
