@@ -308,10 +308,31 @@ def _names_a_relation(tokens: list[tables.SqlToken], index: int) -> bool:
 
 @functools.cache
 def _denied_functions() -> tuple[frozenset[str], frozenset[str]]:
-    """The refused table functions, and those of them that are also an expression
-    function of the same name (refused only where they stand for a relation)."""
-    denied = (tables.table_function_names() - ALLOWED_TABLE_FUNCTIONS) | DENIED_SCALAR_FUNCTIONS
-    return denied, (denied & tables.expression_function_names()) - DENIED_SCALAR_FUNCTIONS
+    """The refused table functions and scalar ones, and those of the table functions that
+    are also an expression function of the same name (refused only where they stand for a
+    relation). DuckDB's built-in scalar macros over a refused function or a settings
+    reader (``get_block_size``: ``pragma_database_size()``) are refused scalar functions
+    (review R2 F7; its table macros are table functions already)."""
+    tables_denied = tables.table_function_names() - ALLOWED_TABLE_FUNCTIONS
+    scalars = DENIED_SCALAR_FUNCTIONS | _builtin_macros_calling(
+        tables_denied | DENIED_SCALAR_FUNCTIONS | SUPERUSER_SETTINGS_READERS
+    )
+    denied = tables_denied | scalars
+    return denied, (denied & tables.expression_function_names()) - scalars
+
+
+def _builtin_macros_calling(functions: frozenset[str]) -> frozenset[str]:
+    """DuckDB's built-in scalar macros whose body calls one of ``functions``."""
+    found = set()
+    for name, body in tables.builtin_scalar_macros():
+        tokens = tables.sql_tokens(f"SELECT {body}")
+        if any(
+            _identifier(token.text) in functions and tokens[at + 1].text == "("
+            for at, token in enumerate(tokens[:-1])
+            if token.kind in ("identifier", "keyword")
+        ):
+            found.add(name)
+    return frozenset(found)
 
 
 # Built-in views over a refused function that show nothing but database names (as

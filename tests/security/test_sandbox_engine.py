@@ -181,6 +181,8 @@ ESCAPES = [
     ("SELECT file FROM main.pragma_database_list", "view pragma_database_list"),
     ('SELECT * FROM "DuckDB_Logs"', "view duckdb_logs"),
     ("SELECT * FROM system.main.duckdb_databases", "view duckdb_databases"),
+    # DuckDB's built-in scalar macro over pragma_database_size() (review R2 F7)
+    ("SELECT get_block_size('tables')", "get_block_size()"),
     ("CREATE VIEW paths AS SELECT * FROM duckdb_databases", "view duckdb_databases"),
     ("SELECT * FROM duckdb_temporary_files()", "duckdb_temporary_files()"),
     ("SELECT * FROM add_grammar_extension('x')", "add_grammar_extension()"),
