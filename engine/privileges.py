@@ -32,6 +32,7 @@ from engine import privilege_cache, sandbox, tables
 from engine.catalog import OWNER_SUPERUSER, SCHEMA
 from engine.identity import Identity
 from grammar.bounded_cache import BoundedCache
+from grammar.text_cache import text_cache
 from planner.access import (
     DATABASE_NAME,
     Access,
@@ -58,6 +59,7 @@ from storage import limits
 from storage.errors import InsufficientPrivilegeError
 
 _DDL_TAGS = ("CREATE", "DROP", "ALTER")
+CALL_NAMES_CACHE_ENTRIES = 1024  # texts whose macro-calling names are kept (a frozenset each)
 _EXECUTE_WORD = re.compile(r"\bEXECUTE\b", re.IGNORECASE)
 # Touch no relation (transactions, SHOW/DESCRIBE TOPIC: catalogs are everyone's), are
 # judged when they run (GRANT/REVOKE and SET ROLE: engine.grants), or name no topic
@@ -543,13 +545,7 @@ def _require_macro_reads(session: Any, user: str, sql: str, depth: int) -> None:
     macros = _user_macros(session)
     if not macros:
         return
-    tokens = tables.sql_tokens(sql)
-    called = sorted({
-        _token_name(token.text) for at, token in enumerate(tokens)
-        if token.kind in ("keyword", "operator")
-        or (token.kind == "identifier" and at + 1 < len(tokens) and tokens[at + 1].text == "(")
-    } & macros.keys())  # fmt: skip
-    for name in called:
+    for name in sorted(_call_names(sql) & macros.keys()):
         if depth >= limits.VIEW_DEPTH_MAX:
             raise InsufficientPrivilegeError(
                 f"macro {name} nests more than {limits.VIEW_DEPTH_MAX} macros and views"
@@ -591,6 +587,17 @@ def _require_macros_within(session: Any, invoker: str, name: str, kind: str,
         found, _ = _facts(session, "relation", inner, invoker)
         if found is not None:
             _require_macros_within(session, invoker, inner, found[1], depth + 1)
+
+
+@text_cache(CALL_NAMES_CACHE_ENTRIES)
+def _call_names(sql: str) -> frozenset[str]:
+    """The names in ``sql`` that may call a macro (``_require_macro_reads``), lower case."""
+    tokens = tables.sql_tokens(sql)
+    return frozenset(
+        _token_name(token.text) for at, token in enumerate(tokens)
+        if token.kind in ("keyword", "operator")
+        or (token.kind == "identifier" and at + 1 < len(tokens) and tokens[at + 1].text == "(")
+    )  # fmt: skip
 
 
 def _token_name(text: str) -> str:
