@@ -572,10 +572,11 @@ def _require_macro_reads(session: Any, user: str, sql: str, depth: int) -> None:
 def _require_macros_within(session: Any, invoker: str, name: str, kind: str,
                            depth: int) -> None:  # fmt: skip
     """``invoker``'s privileges on what the macros read that relation ``name``'s definition
-    calls (DuckDB's CREATE text: a table's defaults, generated columns and checks run as
-    the statement's user, as PostgreSQL runs them), and for a view the same for every
-    relation it reads, whoever owns the views on the way (PostgreSQL runs a view's
-    functions as the reader)."""
+    calls, and the sandbox's rules for them (DuckDB's CREATE text: a table's defaults,
+    generated columns and checks run as the statement's user, as PostgreSQL runs them;
+    DuckDB refuses subqueries there, so for a table only a settings reader can be found),
+    and for a view the same for every relation it reads, whoever owns the views on the
+    way (PostgreSQL runs a view's functions as the reader)."""
     if depth >= limits.VIEW_DEPTH_MAX:
         raise InsufficientPrivilegeError(
             f"{kind} {name} nests more than {limits.VIEW_DEPTH_MAX} views and macros"
