@@ -28,10 +28,11 @@ import weakref
 from collections.abc import Callable
 from typing import Any
 
-from engine import privilege_cache, tables
+from engine import privilege_cache, sandbox, tables
 from engine.catalog import OWNER_SUPERUSER, SCHEMA
 from engine.identity import Identity
 from grammar.bounded_cache import BoundedCache
+from grammar.text_cache import text_cache
 from planner.access import (
     DATABASE_NAME,
     Access,
@@ -58,6 +59,7 @@ from storage import limits
 from storage.errors import InsufficientPrivilegeError
 
 _DDL_TAGS = ("CREATE", "DROP", "ALTER")
+CALL_NAMES_CACHE_ENTRIES = 1024  # texts whose macro-calling names are kept (a frozenset each)
 _EXECUTE_WORD = re.compile(r"\bEXECUTE\b", re.IGNORECASE)
 # Touch no relation (transactions, SHOW/DESCRIBE TOPIC: catalogs are everyone's), are
 # judged when they run (GRANT/REVOKE and SET ROLE: engine.grants), or name no topic
@@ -301,6 +303,7 @@ def _check_query(
                 _require_owner(session, identity, "relation", candidate)
             else:
                 _require_relation(session, identity.name, candidate, privilege, 0)
+    _require_macro_reads(session, identity.name, operation.sql, 0)
     if not plain:
         _require_temporary_views(session, identity)
         _refuse_shadowed_view_reads(session, [name for name, _ in access.needs])
@@ -492,8 +495,12 @@ def _require_owner(session: Any, identity: Identity, namespace: str, name: str) 
         raise InsufficientPrivilegeError(f"must be owner of {found[1]} {name}")
 
 
-def _require_relation(session: Any, user: str, name: str, privilege: str, depth: int) -> None:
-    """``privilege`` on table or view ``name``; for a view, its owner's on what it reads."""
+def _require_relation(session: Any, user: str, name: str, privilege: str, depth: int,
+                      invoker: str | None = None) -> None:  # fmt: skip
+    """``privilege`` on table or view ``name``; for a view, its owner's on what it reads;
+    and ``invoker``'s (the session's user; default ``user``) on what the macros read that
+    its definition calls, a view's through every view below it, a table's in its
+    defaults, generated columns and checks (``_require_macros_within``)."""
     found, granted = _facts(session, "relation", name, user)
     if found is None:
         return  # no such relation: DuckDB says so (42P01) when the statement runs
@@ -502,6 +509,9 @@ def _require_relation(session: Any, user: str, name: str, privilege: str, depth:
         raise InsufficientPrivilegeError(
             f"permission denied for {kind} {name} ({privilege} privilege needed)"
         )
+    invoker = user if invoker is None else invoker
+    if _user_macros(session):
+        _require_macros_within(session, invoker, name, kind, depth)
     if kind != "view" or is_superuser_name(session.database, owner):
         return
     if depth >= limits.VIEW_DEPTH_MAX:
@@ -515,11 +525,131 @@ def _require_relation(session: Any, user: str, name: str, privilege: str, depth:
         )
     for inner, inner_privilege in access.needs:
         try:
-            _require_relation(session, owner, inner, inner_privilege, depth + 1)
+            _require_relation(session, owner, inner, inner_privilege, depth + 1, invoker)
         except InsufficientPrivilegeError as error:
             raise InsufficientPrivilegeError(
                 f"{error.message}, for view {name} owned by {owner}"
             ) from None
+
+
+def _require_macro_reads(session: Any, user: str, sql: str, depth: int) -> None:
+    """``user``'s privileges on what the macros ``sql`` may call read, as PostgreSQL runs a
+    function with its caller's privileges (SECURITY INVOKER): DuckDB expands a macro into
+    the statement, so a superuser's ``CREATE MACRO peek() AS TABLE SELECT * FROM t`` would
+    otherwise hand ``t`` to anyone who may call it. What may call one: an identifier
+    before ``(``, a keyword (DuckDB calls a macro named ``current_user`` without
+    parentheses) and an operator (a macro ``"+"`` shadows the built-in); a column named
+    like a macro is not a call (review R2 F4). A table named like a macro, written before
+    ``(``, gets that macro's body checked too (a refusal, never a leak). Macros calling
+    macros are followed to ``limits.VIEW_DEPTH_MAX``."""
+    macros = _user_macros(session)
+    if not macros:
+        return
+    for name in sorted(_call_names(sql) & macros.keys()):
+        if depth >= limits.VIEW_DEPTH_MAX:
+            raise InsufficientPrivilegeError(
+                f"macro {name} nests more than {limits.VIEW_DEPTH_MAX} macros and views"
+            )
+        for body in macros[name]:
+            access = relation_access(body) if body is not None else Access((), opaque="?")
+            if access.opaque is not None or body is None:
+                raise InsufficientPrivilegeError(
+                    f"permission denied for macro {name}: its body cannot be checked"
+                )
+            # The sandbox's rules for the caller too (its superuser creator passed them as
+            # a superuser: DuckDB's settings, current_setting, are a superuser's to read).
+            sandbox.check_sql(body, superuser=False)
+            for inner, inner_privilege in access.needs:
+                try:
+                    _require_relation(session, user, inner, inner_privilege, depth + 1)
+                except InsufficientPrivilegeError as error:
+                    raise InsufficientPrivilegeError(
+                        f"{error.message}, read by macro {name}"
+                    ) from None
+            _require_macro_reads(session, user, body, depth + 1)
+
+
+def _require_macros_within(session: Any, invoker: str, name: str, kind: str,
+                           depth: int) -> None:  # fmt: skip
+    """``invoker``'s privileges on what the macros read that relation ``name``'s definition
+    calls, and the sandbox's rules for them (DuckDB's CREATE text: a table's defaults,
+    generated columns and checks run as the statement's user, as PostgreSQL runs them;
+    DuckDB refuses subqueries there, so for a table only a settings reader can be found),
+    and for a view the same for every relation it reads, whoever owns the views on the
+    way (PostgreSQL runs a view's functions as the reader)."""
+    if depth >= limits.VIEW_DEPTH_MAX:
+        raise InsufficientPrivilegeError(
+            f"{kind} {name} nests more than {limits.VIEW_DEPTH_MAX} views and macros"
+        )
+    _require_macro_reads(session, invoker, _relation_sql(session, name), depth + 1)
+    if kind != "view":
+        return
+    for inner, _ in _view_access(session, name).needs:
+        found, _ = _facts(session, "relation", inner, invoker)
+        if found is not None:
+            _require_macros_within(session, invoker, inner, found[1], depth + 1)
+
+
+@text_cache(CALL_NAMES_CACHE_ENTRIES)
+def _call_names(sql: str) -> frozenset[str]:
+    """The names in ``sql`` that may call a macro (``_require_macro_reads``), lower case."""
+    tokens = tables.sql_tokens(sql)
+    return frozenset(
+        _token_name(token.text) for at, token in enumerate(tokens)
+        if token.kind in ("keyword", "operator")
+        or (token.kind == "identifier" and at + 1 < len(tokens) and tokens[at + 1].text == "(")
+    )  # fmt: skip
+
+
+def _token_name(text: str) -> str:
+    """What a token names, as DuckDB looks functions up (without case)."""
+    if text[:1] == '"' and text[-1:] == '"':
+        text = text[1:-1].replace('""', '"')
+    return text.lower()
+
+
+def _user_macros(session: Any) -> dict[str, tuple[str | None, ...]]:
+    """The macros of the tables database by name (lower case): each overload's body as a
+    query (a scalar macro's expression under ``SELECT``). Cached with the owners and
+    grants: CREATE and DROP MACRO register as writers (``prepare_ddl``), so the cache's
+    generation moves with them. Only superusers create macros (``planner.access``)."""
+    return privilege_cache.cached(  # type: ignore[no-any-return]
+        session, ("macros",), lambda: _read_user_macros(session)
+    )
+
+
+def _read_user_macros(session: Any) -> dict[str, tuple[str | None, ...]]:
+    rows = _rows(
+        session,
+        "SELECT lower(function_name), function_type, macro_definition FROM duckdb_functions() "
+        "WHERE NOT internal AND database_name = ? AND function_type IN ('macro', 'table_macro')",
+        [DATABASE_NAME],
+    )
+    macros: dict[str, list[str | None]] = {}
+    for name, kind, body in rows:
+        query = None if body is None else body if kind == "table_macro" else f"SELECT {body}"
+        macros.setdefault(str(name), []).append(query)
+    return {name: tuple(bodies) for name, bodies in macros.items()}
+
+
+def _relation_sql(session: Any, name: str) -> str:
+    return privilege_cache.cached(  # type: ignore[no-any-return]
+        session, ("relation_sql", name), lambda: _read_relation_sql(session, name)
+    )
+
+
+def _read_relation_sql(session: Any, name: str) -> str:
+    """DuckDB's CREATE text of table or view ``name`` ('' if there is none)."""
+    schema, _, bare = name.rpartition(".")
+    rows = _rows(
+        session,
+        "SELECT sql FROM duckdb_views() WHERE NOT temporary AND schema_name = ? "
+        "AND lower(view_name) = ? AND database_name = 'tables' UNION ALL "
+        "SELECT sql FROM duckdb_tables() WHERE NOT temporary AND schema_name = ? "
+        "AND lower(table_name) = ? AND database_name = 'tables'",
+        [schema or "main", bare, schema or "main", bare],
+    )
+    return str(rows[0][0]) if rows and rows[0][0] is not None else ""
 
 
 def holds(session: Any, user: str, namespace: str, name: str, privilege: str) -> bool:
@@ -630,8 +760,13 @@ def is_relation_ddl(operation: Any) -> bool:
 def prepare_ddl(session: Any, operation: RunQuery) -> list[str]:
     """Before a CREATE/DROP/ALTER of a relation runs: open the DuckDB transaction the owner
     rows are written in (an autocommit statement's, committed by ``Session._commit``) and
-    note which of the relations it creates exist already (their owners stay)."""
+    note which of the relations it creates exist already (their owners stay). A macro's
+    CREATE or DROP registers as a writer too: the checks cache the macros' bodies
+    (``_user_macros``) with the owners and grants."""
     access = relation_access(operation.sql)
+    if operation.tag.endswith((" MACRO", " FUNCTION")):
+        privilege_cache.note_write(session)
+        return []
     if not (access.created or access.dropped or access.renamed):
         return []
     privilege_cache.note_write(session)

@@ -28,6 +28,8 @@ The rules, each a way out of the sandbox that is closed here:
   settings never reach here: the wire server keeps them per session.) The
   configuration is also locked when DuckDB opens (``tables.connect``).
 - **PRAGMA**: only the read-only ones in ``ALLOWED_PRAGMAS``.
+- **DuckDB's settings** are read (``current_setting``, ``duckdb_settings``) by
+  superusers only: they name the server's files.
 - **Table functions**: only those in ``ALLOWED_TABLE_FUNCTIONS`` (generators, JSON
   iteration and DuckDB's catalog metadata, which the pg_catalog emulation uses); every
   other built-in one is refused wherever it is called (``read_*``, ``glob``,
@@ -41,6 +43,9 @@ The rules, each a way out of the sandbox that is closed here:
   ...) SELECT``, ``CREATE TABLE t AS WITH d AS (DELETE ...) ...``), is refused with
   0A000, as the planner refuses it (``planner.nested_writes``): the privileges, tag
   and read-only checks read a statement's writes from its root.
+- **Built-in views over refused functions** (``duckdb_databases``, ``duckdb_logs``,
+  ``pragma_database_list``): their names are refused as the functions are
+  (``_views_over_denied``, found from DuckDB's own view definitions).
 - **The internal catalog.** No identifier anywhere in a statement may name the schema
   ``__topicbase`` (DuckDB's tokens are checked, so quoting, case, a ``tables.`` prefix,
   a view, CTE, macro, DESCRIBE, SUMMARIZE or SHOW all count), and no PRAGMA argument or
@@ -89,6 +94,9 @@ ALLOWED_TABLE_FUNCTIONS = frozenset(
 )
 # Scalar functions that reach the host (the CLI's getenv; harmless if absent).
 DENIED_SCALAR_FUNCTIONS = frozenset({"getenv"})
+# Functions that read DuckDB's settings (paths of the server's files among them): for
+# superusers only (``_settings_read_refusal``).
+SUPERUSER_SETTINGS_READERS = frozenset({"current_setting", "duckdb_settings"})
 # Table functions that run SQL given as a string, named in refusals.
 _SQL_STRING_FUNCTIONS = frozenset(
     {"query", "query_table", "json_execute_serialized_sql", "histogram", "histogram_values"}
@@ -170,6 +178,8 @@ def _refusal(sql: str, superuser: bool) -> str | None:
     reason = _token_refusal(sql, tokens)
     if reason is not None:
         return reason
+    if not superuser and (reason := _settings_read_refusal(sql, tokens)) is not None:
+        return reason
     check = _CHECKS_BY_TYPE.get(kind)
     if check is None:
         return _REFUSED_TYPES.get(kind, f"DuckDB {kind} statements are not allowed")
@@ -214,6 +224,8 @@ def _token_refusal(sql: str, tokens: list[tables.SqlToken]) -> str | None:
         if name == INTERNAL_SCHEMA:
             return _internal_schema_refusal()
         called = index + 1 < len(tokens) and tokens[index + 1].text == "("
+        if not called and name in _views_over_denied():
+            return _view_refusal(name)
         if not called or name not in denied or _names_a_relation(tokens, index):
             continue
         calls = sum(
@@ -222,6 +234,39 @@ def _token_refusal(sql: str, tokens: list[tables.SqlToken]) -> str | None:
         )
         if name not in ambiguous or _called_as_relation(sql, name, calls):
             return _function_refusal(name)
+    return None
+
+
+def _settings_read_refusal(sql: str, tokens: list[tables.SqlToken]) -> str | None:
+    """DuckDB's own settings read by an ordinary user: they name the server's files
+    (``temp_directory``, ``allowed_paths``: the data directory), which PostgreSQL shows
+    only to superusers (``data_directory``). By a call of ``current_setting`` or
+    ``duckdb_settings``, or through DuckDB's view ``pg_catalog.pg_settings`` read as a
+    relation (sqlglot's tree tells a relation from a column or an alias of that name: the
+    wire answers PostgreSQL's ``pg_settings`` itself, as a subquery so aliased)."""
+    views = _views_over_settings()
+    named_view = None
+    for index, token in enumerate(tokens):
+        if token.kind not in ("identifier", "keyword"):
+            continue
+        name = _identifier(token.text)
+        if name in views:
+            named_view = name
+        if (name in SUPERUSER_SETTINGS_READERS and index + 1 < len(tokens)
+                and tokens[index + 1].text == "("):  # fmt: skip
+            return (
+                f"function {name}() reads DuckDB's settings for the whole server, which "
+                "name its files: for superusers"
+            )
+    if named_view is None:
+        return None
+    tree = _tree(sql)
+    if tree is None or any(table.name.lower() in views for table in tree.find_all(exp.Table)):
+        return (
+            f"DuckDB's view {named_view} reads its settings for the whole server, which name "
+            "its files: for superusers (PostgreSQL's settings: SHOW, or pg_settings over "
+            "the wire)"
+        )
     return None
 
 
@@ -263,10 +308,74 @@ def _names_a_relation(tokens: list[tables.SqlToken], index: int) -> bool:
 
 @functools.cache
 def _denied_functions() -> tuple[frozenset[str], frozenset[str]]:
-    """The refused table functions, and those of them that are also an expression
-    function of the same name (refused only where they stand for a relation)."""
-    denied = (tables.table_function_names() - ALLOWED_TABLE_FUNCTIONS) | DENIED_SCALAR_FUNCTIONS
-    return denied, (denied & tables.expression_function_names()) - DENIED_SCALAR_FUNCTIONS
+    """The refused table functions and scalar ones, and those of the table functions that
+    are also an expression function of the same name (refused only where they stand for a
+    relation). DuckDB's built-in scalar macros over a refused function or a settings
+    reader (``get_block_size``: ``pragma_database_size()``) are refused scalar functions
+    (review R2 F7; its table macros are table functions already)."""
+    tables_denied = tables.table_function_names() - ALLOWED_TABLE_FUNCTIONS
+    scalars = DENIED_SCALAR_FUNCTIONS | _builtin_macros_calling(
+        tables_denied | DENIED_SCALAR_FUNCTIONS | SUPERUSER_SETTINGS_READERS
+    )
+    denied = tables_denied | scalars
+    return denied, (denied & tables.expression_function_names()) - scalars
+
+
+def _builtin_macros_calling(functions: frozenset[str]) -> frozenset[str]:
+    """DuckDB's built-in scalar macros whose body calls one of ``functions``."""
+    found = set()
+    for name, body in tables.builtin_scalar_macros():
+        tokens = tables.sql_tokens(f"SELECT {body}")
+        if any(
+            _identifier(token.text) in functions and tokens[at + 1].text == "("
+            for at, token in enumerate(tokens[:-1])
+            if token.kind in ("identifier", "keyword")
+        ):
+            found.add(name)
+    return frozenset(found)
+
+
+# Built-in views over a refused function that show nothing but database names (as
+# ``SHOW DATABASES`` does): left usable.
+_HARMLESS_BUILTIN_VIEWS = frozenset({"pg_database"})
+
+
+@functools.cache
+def _views_over_denied() -> frozenset[str]:
+    """DuckDB's built-in views that call a refused table function (``duckdb_databases``
+    and ``pragma_database_list`` show the database files' paths, ``duckdb_logs`` the
+    log): naming one reaches that function without writing its call, so the name is
+    refused wherever it stands (a column or table of a user so named too: safe)."""
+    denied, _ = _denied_functions()
+    return _builtin_views_calling(denied) - _HARMLESS_BUILTIN_VIEWS
+
+
+@functools.cache
+def _views_over_settings() -> frozenset[str]:
+    """DuckDB's built-in views that read its settings (``pg_catalog.pg_settings`` over
+    ``duckdb_settings()``): for superusers, as the functions are (review R2 F2)."""
+    return _builtin_views_calling(SUPERUSER_SETTINGS_READERS)
+
+
+def _builtin_views_calling(functions: frozenset[str]) -> frozenset[str]:
+    """The names of DuckDB's built-in views whose definition calls one of ``functions``."""
+    found = set()
+    for name, sql in tables.builtin_view_queries():
+        tokens = tables.sql_tokens(sql)
+        if any(
+            _identifier(token.text) in functions and tokens[at + 1].text == "("
+            for at, token in enumerate(tokens[:-1])
+            if token.kind in ("identifier", "keyword")
+        ):
+            found.add(name)
+    return frozenset(found)
+
+
+def _view_refusal(name: str) -> str:
+    return (
+        f"view {name} is not allowed: it shows DuckDB's own state (database files, logs) "
+        "through a table function that is not on Topicbase's list"
+    )
 
 
 def _function_refusal(name: str) -> str:

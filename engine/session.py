@@ -44,6 +44,7 @@ from engine import (
     introspection,
     key_lookup,
     literal_plans,
+    prepared_room,
     privilege_cache,
     privileges,
     sandbox,
@@ -882,6 +883,8 @@ class Session:
                         self._schema_may_change()
                     existed = (privileges.prepare_ddl(self, operation)
                                if privileges.is_relation_ddl(operation) else None)  # fmt: skip
+                    if operation.tag == "PREPARE":  # DuckDB keeps it: bounded (54000)
+                        prepared_room.check_room(self.cursor, operation.sql)
                     # The last query's small result may stay Python values (``Rows``):
                     # its ``Result`` builds the Arrow table only if it is read.
                     query = (tables.query_rows if operation.returns_rows

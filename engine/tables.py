@@ -519,6 +519,35 @@ def expression_function_names() -> frozenset[str]:
 
 
 @functools.cache
+def builtin_view_queries() -> tuple[tuple[str, str], ...]:
+    """(name in lower case, defining SQL) of every view DuckDB has built in
+    (``duckdb_logs``, ``pg_catalog.pg_database`` …): the sandbox looks at what they call."""
+    connection = connect(":memory:", memory_limit_bytes=_PARSER_MEMORY_BYTES)
+    try:
+        rows = connection.execute(
+            "SELECT lower(view_name), sql FROM duckdb_views() WHERE internal"
+        ).fetchall()
+    finally:
+        connection.close()
+    return tuple((str(name), str(sql)) for name, sql in rows)
+
+
+@functools.cache
+def builtin_scalar_macros() -> tuple[tuple[str, str], ...]:
+    """(name in lower case, body) of every scalar macro DuckDB has built in
+    (``get_block_size`` …): the sandbox looks at what they call."""
+    connection = connect(":memory:", memory_limit_bytes=_PARSER_MEMORY_BYTES)
+    try:
+        rows = connection.execute(
+            "SELECT DISTINCT lower(function_name), macro_definition FROM duckdb_functions() "
+            "WHERE internal AND function_type = 'macro' AND macro_definition IS NOT NULL"
+        ).fetchall()
+    finally:
+        connection.close()
+    return tuple((str(name), str(body)) for name, body in rows)
+
+
+@functools.cache
 def _function_names() -> tuple[frozenset[str], frozenset[str]]:
     connection = connect(":memory:", memory_limit_bytes=_PARSER_MEMORY_BYTES)
     try:

@@ -3,7 +3,7 @@
 ``relation_access(sql)`` reads one statement with sqlglot and says, for every table or
 view it names, what PostgreSQL would check: ``SELECT``, ``INSERT``, ``UPDATE``,
 ``DELETE``, ``CREATE`` (a new table or view: CREATE on its schema), ``OWN`` (DROP,
-ALTER, CREATE INDEX, CREATE OR REPLACE: only the owner) or ``SUPERUSER`` (statements
+ALTER, CREATE INDEX, CREATE OR REPLACE, COMMENT ON: only the owner) or ``SUPERUSER`` (statements
 whose objects are not tables and views: schemas, sequences, macros, types). A statement
 whose relations cannot be known from its tree (sqlglot cannot read it, or a table
 function that takes a relation's name as a string) gets ``Access.opaque`` set: the
@@ -162,6 +162,8 @@ def _tree_access(tree: exp.Expression) -> Access:
                     new = _relation_name(action.this)
                     if new is not None:
                         renamed.append((target, new))
+    elif isinstance(tree, exp.Comment):
+        return _comment_access(tree)
     elif isinstance(tree, exp.Copy) and isinstance(tree.this, exp.Table):
         if (name := _relation_name(tree.this)) is not None:
             needs.append((name, "INSERT" if tree.args.get("kind") else "SELECT"))
@@ -183,6 +185,22 @@ def _tree_access(tree: exp.Expression) -> Access:
         if name is not None and not _names_cte(table):
             needs.append((name, "SELECT"))
     return Access(tuple(dict.fromkeys(needs)), tuple(created), tuple(dropped), tuple(renamed))
+
+
+def _comment_access(tree: exp.Comment) -> Access:
+    """COMMENT ON is for the object's owner, as in PostgreSQL: a table or view (a column's
+    table); any other kind (schemas, macros, sequences, indexes) for superusers."""
+    kind = str(tree.args.get("kind") or "").upper()
+    node = tree.this
+    if kind == "COLUMN" and isinstance(node, exp.Column) and node.table:
+        node = exp.Table(this=node.args["table"], db=node.args.get("db"),
+                         catalog=node.args.get("catalog"))  # fmt: skip
+    elif kind not in ("TABLE", "VIEW"):
+        return Access((), opaque=f"COMMENT ON {kind or '?'}")
+    name = _relation_name(node) if isinstance(node, exp.Table) else None
+    if name is None:
+        return Access((), opaque=f"COMMENT ON {kind}")
+    return Access(((name, "OWN"),))
 
 
 def _target(tree: exp.Expression) -> exp.Table | None:
@@ -212,6 +230,8 @@ def _write_privileges(tree: exp.Expression) -> tuple[str, ...]:
     if isinstance(tree, exp.Insert):
         conflict = tree.args.get("conflict")
         updates = conflict is not None and "UPDATE" in conflict.sql(dialect="duckdb").upper()
+        # INSERT OR REPLACE is DuckDB's ON CONFLICT DO UPDATE of every column.
+        updates = updates or str(tree.args.get("alternative") or "").upper() == "REPLACE"
         return ("INSERT",) + (("UPDATE", "SELECT") if updates else ()) + (
             ("SELECT",) if tree.args.get("returning") else ()
         )

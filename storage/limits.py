@@ -218,6 +218,15 @@ NUMERIC_DIGITS_MAX = 1000
 ARRAY_DIMENSIONS_MAX = 6
 # A duration setting (statement_timeout, idle_session_timeout …) in ms: PostgreSQL's INT_MAX.
 SETTING_DURATION_MS_MAX = 2**31 - 1
+# PostgreSQL's NAMEDATALEN - 1: application_name is cut to this many bytes (PostgreSQL
+# cuts only pg_stat_activity's copy so).
+NAME_BYTES_MAX = 63
+# The characters one wire session's settings hold, names and values together (custom
+# "prefix.name" settings have no fixed number): past it SET is refused with 54000. Far
+# over what drivers and applications set; 100 connections hold at most ~100 MiB of them.
+SESSION_SETTINGS_CHARS_MAX = 1 << 20
+# ... and at most this many settings (PostgreSQL's own ~350 and custom ones).
+SESSION_SETTINGS_MAX = 1024
 
 # Then Topicbase's choices. The server's configurable limits (``sql.pgwire.limits.
 # ServerLimits``, ``topicbase serve --max-connections``) default to these.
@@ -363,8 +372,12 @@ TEXT_CACHES_BYTES_MAX = 64 * MIB
 # Named prepared statements one wire connection holds at once (Parse with a name), and
 # their texts' characters together: past either, a Parse is refused with 54000 (PostgreSQL
 # holds them without a bound, in a backend process of its own; here all connections share
-# one process).
+# one process). The text bound holds a session's SQL-level PREPAREs too (engine.prepared_room).
 PREPARED_STATEMENTS_PER_CONNECTION_MAX = 10_000
+# SQL-level PREPAREs one session keeps in DuckDB at once (engine.prepared_room): few, since
+# DuckDB keeps each one's plan with its folded constants (``SELECT repeat('x', 1e8)``: a
+# 100 MB value in a 48-character statement), which no text bound sees.
+SQL_PREPARED_STATEMENTS_PER_SESSION_MAX = 16
 PREPARED_TEXT_CHARS_PER_CONNECTION_MAX = 16 * MIB
 # Named portals (Bind with a name) one wire connection holds at once, as for cursors.
 PORTALS_PER_CONNECTION_MAX = 1000

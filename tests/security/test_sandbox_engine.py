@@ -176,6 +176,14 @@ ESCAPES = [
     ("SELECT * FROM checkpoint()", "checkpoint()"),
     ("SELECT * FROM force_checkpoint()", "force_checkpoint()"),
     ("SELECT * FROM duckdb_databases()", "duckdb_databases()"),
+    # DuckDB's built-in views over refused functions (round 23): the paths, the log
+    ("SELECT path FROM duckdb_databases", "view duckdb_databases"),
+    ("SELECT file FROM main.pragma_database_list", "view pragma_database_list"),
+    ('SELECT * FROM "DuckDB_Logs"', "view duckdb_logs"),
+    ("SELECT * FROM system.main.duckdb_databases", "view duckdb_databases"),
+    # DuckDB's built-in scalar macro over pragma_database_size() (review R2 F7)
+    ("SELECT get_block_size('tables')", "get_block_size()"),
+    ("CREATE VIEW paths AS SELECT * FROM duckdb_databases", "view duckdb_databases"),
     ("SELECT * FROM duckdb_temporary_files()", "duckdb_temporary_files()"),
     ("SELECT * FROM add_grammar_extension('x')", "add_grammar_extension()"),
     ("SELECT * FROM test_all_types()", "test_all_types()"),
@@ -371,6 +379,8 @@ def test_topicbase_features_work_inside_the_sandbox(database: Database) -> None:
     assert rows(admin, "SELECT histogram(a) FROM t") == [([(1, 1), (2, 1)],)]  # a MAP
     assert rows(admin, "SELECT * FROM unnest([1, 2]) ORDER BY 1") == [(1,), (2,)]
     assert rows(admin, "SELECT count(*) > 0 FROM duckdb_tables()") == [(True,)]
+    # DuckDB's view over duckdb_databases() that shows names only stays (round 23)
+    assert ("tables",) in rows(admin, "SELECT datname FROM pg_catalog.pg_database")
     assert rows(admin, "SELECT count(*) FROM TOPIC events") == [(1,)]
     assert rows(admin, "SELECT name FROM sys.topics") == [("events",)]
     assert rows(admin, "PRAGMA version")[0][0].startswith("v")
@@ -453,3 +463,33 @@ def test_translated_hint_keeps_other_suggestions() -> None:
         assert 'Did you mean "orders"' in caught.value.message
     finally:
         connection.close()
+
+
+@pytest.mark.parametrize(
+    "sql",
+    [
+        "SELECT current_setting('temp_directory')",
+        'SELECT "Current_Setting"(\'temp_directory\')',
+        "SELECT main.current_setting /* c */ ('temp_directory')",
+        "SELECT value FROM duckdb_settings() WHERE name = 'allowed_paths'",
+        "SELECT value FROM main.duckdb_settings() WHERE name = 'temp_directory'",
+        # DuckDB's own view over duckdb_settings() (review R2 F2)
+        "SELECT setting FROM pg_catalog.pg_settings WHERE name = 'temp_directory'",
+        "SELECT setting FROM system.pg_catalog.pg_settings WHERE name = 'temp_directory'",
+        "WITH s AS (SELECT * FROM PG_SETTINGS) SELECT setting FROM s WHERE name = 'temp_directory'",
+    ],
+)
+def test_duckdbs_settings_name_the_servers_files_and_are_for_superusers(
+    database: Database, tmp_path: Path, sql: str
+) -> None:
+    """Round 23: the data directory's path was readable by anyone (PostgreSQL shows
+    ``data_directory`` to superusers only)."""
+    alice = database.connect(ALICE)
+    error = refusal(alice, sql)
+    assert error.sqlstate == "42501"
+    assert "for superusers" in error.message
+    assert str(tmp_path) not in error.message
+    alice.close()
+    admin = database.connect()
+    assert str(tmp_path) in str(rows(admin, sql))
+    admin.close()

@@ -67,6 +67,8 @@ def attacks(users_file: str, tmp_path: Path) -> list[str]:
         "CREATE SECRET s (TYPE s3, KEY_ID 'k', SECRET 'v')",
         "SELECT * FROM duckdb_secrets()",
         "SELECT * FROM duckdb_databases()",
+        "SELECT path FROM duckdb_databases",
+        "SELECT * FROM pragma_database_list",
         "SELECT * FROM arrow_scan(0, 0, 0)",
         "SELECT * FROM enable_logging()",
         "CHECKPOINT",

@@ -36,10 +36,16 @@ from storage.errors import (
     FeatureNotSupportedError,
     InsufficientPrivilegeError,
     InvalidParameterValueError,
+    LimitExceededError,
     TopicbaseError,
     UndefinedObjectError,
 )
-from storage.limits import SETTING_DURATION_MS_MAX
+from storage.limits import (
+    NAME_BYTES_MAX,
+    SESSION_SETTINGS_CHARS_MAX,
+    SESSION_SETTINGS_MAX,
+    SETTING_DURATION_MS_MAX,
+)
 
 
 class CantChangeRuntimeParameterError(TopicbaseError):
@@ -64,6 +70,18 @@ class Setting:
     default: str
     description: str
     check: Callable[[str], str] | None = None
+
+
+def _name_data(value: str) -> str:
+    """``application_name`` cut to 63 bytes (whole characters), silently: a longer one
+    went out in a ParameterStatus that libpq refuses (at most 30,000 bytes in such a
+    message), losing the client its connection. PostgreSQL keeps the setting whole (it
+    escapes non-ASCII) and cuts only ``pg_stat_activity``'s copy to NAMEDATALEN - 1 bytes;
+    Topicbase cuts the setting itself, to that length."""
+    data = value.encode("utf-8", "surrogatepass")
+    if len(data) <= NAME_BYTES_MAX:
+        return value
+    return data[:NAME_BYTES_MAX].decode("utf-8", "ignore")
 
 
 def _any(value: str) -> str:
@@ -180,7 +198,7 @@ SETTINGS: tuple[Setting, ...] = (
         _one_of("off", "false", "0", shown="off"),
     ),
     Setting("search_path", "main", "Schema search order (DuckDB's default schema is main).", _any),
-    Setting("application_name", "", "Name of the application.", _any),
+    Setting("application_name", "", "Name of the application.", _name_data),
     Setting("statement_timeout", "0", "Longest statement (cancelled with 57014).", _duration_ms),
     Setting("lock_timeout", "0", "Lock wait timeout" + _NOT_ENFORCED, _duration_ms),
     Setting(
@@ -250,7 +268,7 @@ class PgSettings:
         self._defaults["server_version"] = server_version
         self._defaults["session_authorization"] = user
         self._defaults["is_superuser"] = "on" if superuser else "off"
-        self._defaults["application_name"] = application_name
+        self._defaults["application_name"] = _name_data(application_name)
         self.values = dict(self._defaults)
 
     def superuser_changed(self, flag: str) -> bool:
@@ -287,12 +305,36 @@ class PgSettings:
             if value is None:
                 self.values.pop(key, None)
             else:
+                self._check_room(key, value)
                 self.values[key] = value  # a custom "prefix.name" setting, as PostgreSQL
             return
         if setting.check is None:
             raise CantChangeRuntimeParameterError(f'parameter "{setting.name}" cannot be changed')
-        self.values[key] = self._defaults[key] if value is None else setting.check(value)
+        checked = self._defaults[key] if value is None else setting.check(value)
+        self._check_room(key, checked)
+        self.values[key] = checked
         assert key in self.values
+
+    def _check_room(self, key: str, value: str) -> None:
+        """54000 if the session's settings would be more than
+        ``limits.SESSION_SETTINGS_MAX`` or hold more than
+        ``limits.SESSION_SETTINGS_CHARS_MAX`` characters (names and values): custom
+        ``prefix.name`` settings have no fixed number, every connection shares this
+        process, and PostgreSQL bounds neither (a backend of its own holds them). The
+        count also keeps this sum's cost per SET small."""
+        if key not in self.values and len(self.values) >= SESSION_SETTINGS_MAX:
+            raise LimitExceededError(
+                f"this session has {len(self.values)} settings, the most it may hold: RESET "
+                "some first"
+            )
+        chars = len(key) + len(value) + sum(
+            len(k) + len(v) for k, v in self.values.items() if k != key
+        )
+        if chars > SESSION_SETTINGS_CHARS_MAX:
+            raise LimitExceededError(
+                f"the settings of this session would hold more than "
+                f"{SESSION_SETTINGS_CHARS_MAX} characters: RESET some first"
+            )
 
     def reset_all(self) -> None:
         self.values = dict(self._defaults)

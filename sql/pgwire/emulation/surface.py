@@ -95,6 +95,14 @@ _ROLLBACK_TO = re.compile(
 _ROLLBACK_TO_HEAD = re.compile(r"^\s*ROLLBACK\s+(?:(?:WORK|TRANSACTION)\s+)?TO\b", re.IGNORECASE)
 
 
+def _sql_prepared(session: Session) -> list[str]:
+    """The names of the session's SQL-level prepared statements (``PREPARE name AS``),
+    which DuckDB keeps; not the engine's own kept plans."""
+    result = session.execute("SELECT name FROM duckdb_prepared_statements() "
+                             "WHERE NOT starts_with(name, '__topicbase')")[-1]  # fmt: skip
+    return [] if result.table is None else [str(n) for n in result.table.column(0).to_pylist()]
+
+
 def is_rollback_to(sql: str) -> bool:
     """Whether ``sql`` is a ROLLBACK TO [SAVEPOINT] (a statement a failed transaction takes)."""
     return _ROLLBACK_TO_HEAD.match(sql) is not None
@@ -410,7 +418,7 @@ class ConnectionCatalog:
             # PostgreSQL's DISCARD ALL: SET SESSION AUTHORIZATION DEFAULT, RESET ALL,
             # DEALLOCATE ALL, DISCARD TEMP (a pooler's next client starts clean).
             session.execute("SET SESSION AUTHORIZATION DEFAULT")
-            self._forget_prepared()
+            self._forget_prepared(session)
             self.settings.reset_all()
             _apply_search_path(session, self.settings.show("search_path"))
             session.discard_temporary()
@@ -420,17 +428,24 @@ class ConnectionCatalog:
             return None
         name = match.group(1)
         if name.upper() == "ALL":
-            self._forget_prepared()
+            self._forget_prepared(session)
             return Result("DEALLOCATE ALL")
         name = name[1:-1].replace('""', '"') if name.startswith('"') else name.lower()
-        if name not in self.prepared:
-            raise UndefinedPreparedStatementError(f'prepared statement "{name}" does not exist')
-        del self.prepared[name]
-        return Result("DEALLOCATE")
+        if name in self.prepared:
+            del self.prepared[name]
+            return Result("DEALLOCATE")
+        if name.lower() in (held.lower() for held in _sql_prepared(session)):
+            return None  # an SQL-level PREPARE's, which DuckDB keeps: the engine runs it
+        raise UndefinedPreparedStatementError(f'prepared statement "{name}" does not exist')
 
-    def _forget_prepared(self) -> None:
+    def _forget_prepared(self, session: Session) -> None:
+        """DEALLOCATE ALL: the protocol's named statements and the SQL-level PREPAREs that
+        DuckDB keeps for the session (they count in the session's bound on prepared
+        statements, ``engine.prepared_room``; a pooler's DISCARD ALL must free them)."""
         for name in [name for name in self.prepared if name]:  # the unnamed one stays
             del self.prepared[name]
+        for name in _sql_prepared(session):
+            session.execute('DEALLOCATE "' + name.replace('"', '""') + '"')
 
     def _savepoint(self, session: Session, sql: str, word: str) -> Result | None:
         """SAVEPOINT, RELEASE and ROLLBACK TO; the only one of them run in a failed
