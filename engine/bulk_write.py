@@ -1,4 +1,5 @@
-"""Bulk writes staged on disk and published exactly once: the engine side of Flight's DoPut.
+"""Bulk writes staged on disk and published exactly once: the engine side of the Flight
+door's ``stage`` action (and of ``COPY ... WRITE_ID``).
 
 A *write* is a set of Arrow record batches for one target (a topic or a table), owned by
 the user who started it and named by a client-chosen *write id*. Its batches are staged
@@ -29,6 +30,11 @@ Layout and invariants:
   a commit, duplicate check or ``last_batch`` of another user's sink gets 42501.
 - a write being committed takes no appends (55000): its files were read, and are
   deleted, by the commit; a write with an append in flight cannot start committing.
+- a numbered *part* (the Flight door's ``stage`` action) is staged at most once: its
+  file's name ends in ``-n<part>``, and while one call stages it another gets 55006; a
+  part whose whole file is there already stages nothing (``append`` returns None). A
+  write started with a schema (``start(schema=...)``) records it in ``write.json``, and
+  every later ``start`` naming a schema must name an equal one (42804).
 Thread-safety: the staged-bytes counter, the directory set and the committing/appending
 marks are guarded by a lock; a write id may be appended to by several streams at once
 (each stream has its own file).
@@ -36,6 +42,7 @@ marks are guarded by a lock; a write id may be appended to by several streams at
 
 from __future__ import annotations
 
+import base64
 import contextlib
 import itertools
 import json
@@ -59,10 +66,12 @@ from engine.writes import build_batches
 from storage import failpoints, limits
 from storage.codecs import Codec
 from storage.errors import (
+    DatatypeMismatchError,
     DuplicateColumnError,
     InsufficientPrivilegeError,
     InvalidParameterValueError,
     LimitExceededError,
+    ObjectInUseError,
     ObjectNotInPrerequisiteStateError,
     SerializationFailure,
     TopicbaseError,
@@ -79,6 +88,7 @@ FRAMES_SUFFIX = ".frames"  # a staged file of frames (``storage.staged_frames``)
 STAGED_SUFFIXES = (".arrows", FRAMES_SUFFIX)  # whole staged files
 ABANDON_AFTER_S_DEFAULT = 3600.0
 WRITE_MODES = ("append", "upsert", "add")  # under storage.limits.BATCH_MESSAGES_MAX
+PARTS_MAX = 1 << 31  # numbered parts of one write: 0 .. PARTS_MAX - 1
 _WRITE_ID = re.compile(r"[A-Za-z0-9][A-Za-z0-9_.-]{0,127}")
 
 
@@ -116,6 +126,7 @@ class BulkWrites:
         # write is never appended to while it is committed (the rows would be lost).
         self._committing: set[str] = set()
         self._appending: dict[str, int] = {}
+        self._parts_in_flight: set[tuple[str, int]] = set()  # (write id, part) being staged
         # A commit by reference holds its partitions' batches in memory from their
         # derivation to the publish (none are spilled): as many at once as spilled
         # commits may read back (``limits.SPILLED_COMMITS_MAX``), the others wait.
@@ -142,8 +153,13 @@ class BulkWrites:
 
     # -- staging ------------------------------------------------------------------------
     def start(self, session: Any, write_id: str, kind: str, name: str,
-              mode: str = "append", key: tuple[str, ...] = ()) -> None:  # fmt: skip
-        """Create write ``write_id`` for the target, or check an existing one matches.
+              mode: str = "append", key: tuple[str, ...] = (),
+              schema: pa.Schema | None = None) -> bool:  # fmt: skip
+        """Create write ``write_id`` for the target, or check an existing one matches;
+        True when it was created.
+
+        With ``schema``: a new write records it; an existing write that recorded one
+        refuses another (42804), one that recorded none records it now.
 
         ``mode`` says how table rows are published: ``append`` (INSERT), ``upsert``
         (rows replace those with the same ``key``; one row per key and batch) or ``add``
@@ -168,20 +184,31 @@ class BulkWrites:
                     )
                 if meta["owner"] != owner:
                     raise InsufficientPrivilegeError(f"write {write_id} belongs to another user")
-                return
+                if schema is not None:
+                    if meta.get("schema") is None:
+                        _write_meta(meta_path, {**meta, "schema": _schema_text(schema)})
+                    elif not _schema_of(meta["schema"]).equals(schema):
+                        raise DatatypeMismatchError(
+                            f"write {write_id} was started with the schema "
+                            f"({_schema_of(meta['schema']).to_string(show_schema_metadata=False)})"
+                            f", not ({schema.to_string(show_schema_metadata=False)}): "
+                            "every part of a write has the same schema")  # fmt: skip
+                return False
             os.makedirs(directory, exist_ok=True)
-            temporary = meta_path + ".part"
-            with open(temporary, "w", encoding="utf-8") as handle:
-                json.dump({"kind": kind, "name": name, "owner": owner, "mode": mode,
-                           "key": list(key)}, handle)  # fmt: skip
-            os.replace(temporary, meta_path)
+            meta = {"kind": kind, "name": name, "owner": owner, "mode": mode, "key": list(key)}
+            if schema is not None:
+                meta["schema"] = _schema_text(schema)
+            _write_meta(meta_path, meta)
+            return True
 
     def append(self, session: Any, write_id: str, batches: Iterable[pa.RecordBatch],
-               schema: pa.Schema) -> int:  # fmt: skip
+               schema: pa.Schema, part: int | None = None) -> int | None:  # fmt: skip
         """Stage ``batches`` as one file of write ``write_id``; returns the rows staged.
 
         Past the staging disk cap the file is deleted and 54000 raised; a schema naming
-        a column twice is refused (42701) before anything is staged.
+        a column twice is refused (42701) before anything is staged. With ``part`` (a
+        retried call's number): None, reading nothing of ``batches``, when that part is
+        staged whole already; 55006 while another call stages it.
         """
         meta = self._meta(session, write_id)
         _check_target(session, meta["kind"], meta["name"])
@@ -191,8 +218,37 @@ class BulkWrites:
             raise DuplicateColumnError(
                 f"a bulk write's rows name column{'s' if len(twice) > 1 else ''} "
                 f"{', '.join(repr(n) for n in twice)} more than once")
-        with self._adding(write_id):
-            return self._append(write_id, batches, schema)
+        if part is None:
+            with self._adding(write_id):
+                return self._append(write_id, batches, schema)
+        if not isinstance(part, int) or isinstance(part, bool) or not 0 <= part < PARTS_MAX:
+            raise InvalidParameterValueError(f"a part number is 0 to {PARTS_MAX - 1}, not {part!r}")
+        with self._staging_part(write_id, part) as staged:
+            if staged:
+                return None
+            with self._adding(write_id):
+                return self._append(write_id, batches, schema, part)
+
+    @contextlib.contextmanager
+    def _staging_part(self, write_id: str, part: int) -> Iterator[bool]:
+        """Part ``part`` of ``write_id`` marked in flight (55006 if it is already); yields
+        whether a whole file of it is staged already."""
+        marker = _part_marker(part)
+        with self._lock:
+            if (write_id, part) in self._parts_in_flight:
+                raise ObjectInUseError(f"part {part} of write {write_id} is being staged by "
+                                       "another call")  # fmt: skip
+            try:
+                staged = any(os.path.basename(p).split(".")[0].rstrip("~").endswith(marker)
+                             for p in _staged_files(os.path.join(self.root, write_id)))  # fmt: skip
+            except FileNotFoundError:
+                staged = False
+            self._parts_in_flight.add((write_id, part))
+        try:
+            yield staged
+        finally:
+            with self._lock:
+                self._parts_in_flight.discard((write_id, part))
 
     def append_frames(self, session: Any, write_id: str,
                       read: Callable[[int], bytes | bytearray | memoryview]) -> int:  # fmt: skip
@@ -295,8 +351,8 @@ class BulkWrites:
         shutil.rmtree(discarded, ignore_errors=True)
 
     def _append(self, write_id: str, batches: Iterable[pa.RecordBatch],
-                schema: pa.Schema) -> int:  # fmt: skip
-        base = os.path.join(self.root, write_id, _staged_name())
+                schema: pa.Schema, part: int | None = None) -> int:  # fmt: skip
+        base = os.path.join(self.root, write_id, _staged_name(part))
         batches = iter(batches)
         if self._meta_of(write_id)["kind"] == "topic":
             first = next((b for b in batches if b.num_rows), None)
@@ -1003,12 +1059,18 @@ def _check_target(session: Any, kind: str, name: str) -> None:
         raise InvalidParameterValueError(f"a write targets a topic or a table, not {kind!r}")
 
 
-def _staged_name() -> str:
+def _staged_name(part: int | None = None) -> str:
     """A new staged file's name (before its suffixes): the staging time first, so a
     write's files sort in the order they were staged (a client that sends a stream's
     rows in two COPYs one after the other, e.g. partition frames then an Arrow stream,
-    keeps their order: a write's files are read in name order), then a random part."""
-    return f"{time.time_ns():016x}-{uuid.uuid4().hex}"
+    keeps their order: a write's files are read in name order), then a random part,
+    then ``-n<part>`` for a numbered part (``append(part=...)``)."""
+    name = f"{time.time_ns():016x}-{uuid.uuid4().hex}"
+    return name if part is None else name + _part_marker(part)
+
+
+def _part_marker(part: int) -> str:
+    return f"-n{part:010d}"
 
 
 def _check_decoded_frames(metas: dict[str, dict[str, str]], framed_ids: set[str],
@@ -1099,6 +1161,22 @@ def _restore(path: str, target: str) -> None:
         os.rename(path, target)
     except OSError:
         shutil.rmtree(path, ignore_errors=True)
+
+
+def _write_meta(path: str, meta: dict[str, Any]) -> None:
+    """``write.json`` written whole or not at all (a temporary file, then renamed)."""
+    temporary = path + ".part"
+    with open(temporary, "w", encoding="utf-8") as handle:
+        json.dump(meta, handle)
+    os.replace(temporary, path)
+
+
+def _schema_text(schema: pa.Schema) -> str:
+    return base64.b64encode(schema.remove_metadata().serialize().to_pybytes()).decode()
+
+
+def _schema_of(text: str) -> pa.Schema:
+    return pa.ipc.read_schema(pa.py_buffer(base64.b64decode(text)))
 
 
 def _read_meta(path: str) -> dict[str, str]:

@@ -3,8 +3,10 @@
 Used by the Spark data source on the driver and in every task, and usable on its own.
 ``url`` is ``topicbase://host:port`` (plain) or ``topicbase+tls://host:port`` (TLS; the
 server's certificate is checked against ``tls_root_certs``, a PEM file, or the system's
-roots). The client logs in once (Basic handshake) and sends the bearer token with every
-call. Server errors come back as ``TopicbaseFlightError`` carrying the SQLSTATE.
+roots; ``tls_client_cert``/``tls_client_key``, PEM files, for a door that asks clients
+for a certificate: ``serve --flight-client-ca``). The client logs in once (Basic
+handshake) and sends the bearer token with every call. Rows are uploaded as ``stage``
+actions (``put``). Server errors come back as ``TopicbaseFlightError`` carrying the SQLSTATE.
 """
 
 from __future__ import annotations
@@ -21,6 +23,13 @@ import pyarrow.flight as flight
 
 DEFAULT_PORT = 5434
 _SQLSTATE = re.compile(r"\b([0-9A-Z]{5}): ")
+
+
+# About this many bytes of Arrow IPC per ``stage`` call (the server takes at most
+# storage.limits.FLIGHT_STAGE_BODY_BYTES_MAX, 32 MiB): large enough that a call's
+# overhead (a round trip, a staged file) is small beside its rows.
+PART_BYTES = 6 << 20
+STAGE_ATTEMPTS = 3  # a part sent again after the connection dropped
 
 
 class TopicbaseFlightError(Exception):
@@ -41,6 +50,45 @@ def _translate(error: flight.FlightError) -> TopicbaseFlightError:
     return TopicbaseFlightError(match.group(1), message)
 
 
+def _parts(header: dict[str, Any], batches: Iterable[pa.RecordBatch],
+           schema: pa.Schema) -> Iterator[tuple[int, pa.Buffer]]:  # fmt: skip
+    """``(part, body)`` of the ``stage`` calls that carry the batches: a body is the JSON
+    header line with its part number (0, 1, ...), then an Arrow IPC stream of about
+    ``PART_BYTES``, written in one buffer (no copy to join them). A body gathers small
+    batches; a batch larger than ``PART_BYTES`` is sliced by rows. Every body carries
+    ``schema``; there is always one (without rows, it starts the write: its commit
+    publishes none)."""
+    part = 0
+
+    def opened() -> tuple[pa.BufferOutputStream, pa.ipc.RecordBatchStreamWriter]:
+        sink = pa.BufferOutputStream()
+        sink.write(json.dumps({**header, "part": part}).encode() + b"\n")
+        return sink, pa.ipc.new_stream(sink, schema)
+
+    sink, writer = opened()
+    held = 0
+    for batch in batches:
+        size = batch.nbytes
+        if size > PART_BYTES and batch.num_rows > 1:
+            step = max(1, batch.num_rows * PART_BYTES // size)
+            pieces = [batch.slice(at, step) for at in range(0, batch.num_rows, step)]
+        else:
+            pieces = [batch]
+        for piece in pieces:
+            piece_size = piece.nbytes if len(pieces) > 1 else size
+            if held and held + piece_size > PART_BYTES:
+                writer.close()
+                yield part, sink.getvalue()
+                part += 1
+                sink, writer = opened()
+                held = 0
+            writer.write_batch(piece)
+            held += piece_size
+    writer.close()
+    if held or not part:
+        yield part, sink.getvalue()
+
+
 def location_of(url: str) -> str:
     """``topicbase://h:p`` → ``grpc+tcp://h:p``; ``topicbase+tls://`` → ``grpc+tls://``."""
     parsed = urlparse(url)
@@ -55,11 +103,15 @@ class TopicbaseClient:
     """One logged-in connection to the Flight door."""
 
     def __init__(self, url: str, user: str, password: str = "", *,
-                 tls_root_certs: str | None = None) -> None:  # fmt: skip
+                 tls_root_certs: str | None = None, tls_client_cert: str | None = None,
+                 tls_client_key: str | None = None) -> None:  # fmt: skip
         kwargs: dict[str, Any] = {}
-        if tls_root_certs:
-            with open(tls_root_certs, "rb") as handle:
-                kwargs["tls_root_certs"] = handle.read()
+        files = {"tls_root_certs": tls_root_certs, "cert_chain": tls_client_cert,
+                 "private_key": tls_client_key}  # fmt: skip
+        for argument, path in files.items():
+            if path:
+                with open(path, "rb") as handle:
+                    kwargs[argument] = handle.read()
         self._client = flight.FlightClient(location_of(url), **kwargs)
         try:
             header = self._client.authenticate_basic_token(user, password)
@@ -109,20 +161,30 @@ class TopicbaseClient:
     # -- writes -----------------------------------------------------------------------
     def put(self, target: dict[str, Any], batches: Iterable[pa.RecordBatch],
             schema: pa.Schema, write_id: str | None = None) -> str:  # fmt: skip
-        """Stage ``batches`` under ``write_id`` (a new one if None); returns the id."""
+        """Stage ``batches`` under ``write_id`` (a new one if None); returns the id.
+
+        The rows go as ``stage`` actions of about ``PART_BYTES`` of Arrow IPC each (small
+        batches gathered, a big one sliced), numbered from 0; a call that fails as the
+        connection drops is sent again under its number (the server stages a part once).
+        """
         write_id = write_id or uuid.uuid4().hex
-        command = {**target, "write_id": write_id}
-        descriptor = flight.FlightDescriptor.for_command(json.dumps(command).encode())
-        try:
-            writer, metadata = self._client.do_put(descriptor, schema, self._options)
-            for batch in batches:
-                writer.write_batch(batch)
-            writer.done_writing()
-            metadata.read()
-            writer.close()
-        except flight.FlightError as error:
-            raise _translate(error) from None
+        for _, body in _parts({**target, "write_id": write_id}, batches, schema):
+            self._stage(body)
         return write_id
+
+    def _stage(self, body: pa.Buffer) -> dict[str, Any]:
+        for attempt in range(STAGE_ATTEMPTS):
+            try:
+                results = list(self._client.do_action(flight.Action("stage", body),
+                                                      self._options))  # fmt: skip
+            except (flight.FlightUnavailableError, flight.FlightTimedOutError) as error:
+                if attempt + 1 == STAGE_ATTEMPTS:
+                    raise _translate(error) from None
+                continue
+            except flight.FlightError as error:
+                raise _translate(error) from None
+            return json.loads(results[0].body.to_pybytes())
+        raise AssertionError("unreachable")
 
     def action(self, kind: str, body: dict[str, Any] | None = None) -> Any:
         try:

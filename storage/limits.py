@@ -261,6 +261,13 @@ SCRAM_ITERATIONS_MAX = 10_000_000
 # -- the Arrow Flight door (sql.flight, engine.bulk_write) ----------------------------------
 # One Flight command or action body (JSON naming topics, ranges, write ids); longer is 54000.
 FLIGHT_COMMAND_BYTES_MAX = 1 << 20
+# One body of the Flight ``stage`` action (a JSON header line and an Arrow IPC stream; a
+# larger one is 54000): what one call makes the server hold besides gRPC's own copy. Twice
+# MESSAGE_BYTES_MAX, so that the largest topic message fits in one part.
+FLIGHT_STAGE_BODY_BYTES_MAX = 2 * MESSAGE_BYTES_MAX
+# What one ``stage`` body may decode to (compressed buffers as declared, dictionary columns
+# as they would be cast plain, the rest as sent), checked before pyarrow decodes it.
+FLIGHT_STAGE_DECODED_BYTES_MAX = BATCH_BYTES_MAX
 # Bearer tokens remembered at once; past this many, a login first forgets the expired ones.
 FLIGHT_TOKENS_MAX = 100_000
 # Bytes of the bulk writes staged on disk and not yet committed or aborted, by default

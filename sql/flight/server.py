@@ -13,9 +13,18 @@ Requests (descriptor commands, tickets and action bodies are JSON objects):
   of one partition range each (tickets ``{"topic", "partition", "start", "end",
   "columns"}``); ``{"table": name, "columns": [...]}`` gives one endpoint for a table.
 - ``DoGet``: a ticket above; a topic range streams its stored frames, projected.
-- ``DoPut``: ``{"write_id": id, "topic": t}`` or ``{"write_id": id, "table": name,
-  "mode": "append"|"upsert"|"add", "key": [...]}`` stages the stream's batches on disk;
-  answers ``{"rows": n}`` in the put's metadata.
+- ``DoAction`` ``stage``: the body is one JSON line ``{"write_id": id, "part": n,
+  "topic": t}`` or ``{"write_id": id, "part": n, "table": name, "mode":
+  "append"|"upsert"|"add", "key": [...]}``, a newline, then an Arrow IPC *stream*
+  (schema and batches) held whole, at most ``limits.FLIGHT_STAGE_BODY_BYTES_MAX`` bytes;
+  its rows are staged on disk as part ``n`` of the write; answers ``{"rows": r, "part":
+  n}`` (``"duplicate": true`` and no row for a part staged already: a retried call).
+- ``DoPut`` is refused (0A000) before any of its stream is read: pyarrow's Flight
+  server decodes a put's record batches (their IPC body compression, dictionaries) in
+  C++ before Python could look at them, so 16 KiB of zstd made the server allocate
+  512 MiB. An action's body reaches Python as the bytes that were sent; ``_stage``
+  bounds its messages (``ipc_bounds``: 54000, malformed 22P03) before pyarrow decodes
+  any.
 - ``DoAction``: ``commit`` ``{"sink_id", "batch_id", "write_ids"}`` (exactly once),
   ``abort`` ``{"write_ids"}``, ``list``, ``partitions`` ``{"topic"}``,
   ``commit_offsets`` ``{"topic", "consumer", "offsets": {p: end}}`` (a consumer's
@@ -48,9 +57,17 @@ from engine.api import (
     project_schema,
 )
 from sql.flight.auth import AuthMiddlewareFactory, FlightAuthenticator, NoHandshakeCheck
+from sql.pgwire.codec import ipc_bounds
+from sql.pgwire.codec.copy_format import BadCopyFormatError
 from sql.pgwire.users import UsersFile, default_users_path
 from storage import limits
-from storage.errors import InvalidParameterValueError, TopicbaseError
+from storage.errors import (
+    FeatureNotSupportedError,
+    InvalidBinaryDataError,
+    InvalidParameterValueError,
+    LimitExceededError,
+    TopicbaseError,
+)
 
 log = logging.getLogger(__name__)
 
@@ -119,6 +136,43 @@ def _target(command: dict[str, Any]) -> tuple[str, str]:
     raise InvalidParameterValueError('the command names no "topic" or "table"')
 
 
+def _key(command: dict[str, Any]) -> tuple[str, ...]:
+    key = command.get("key") or []
+    if not isinstance(key, list) or not all(isinstance(k, str) for k in key):
+        raise InvalidParameterValueError("key must be a list of column names")
+    return tuple(key)
+
+
+def _open(data: pa.Buffer) -> pa.ipc.RecordBatchStreamReader:
+    """A reader of a stage body's IPC stream (checked by ``ipc_bounds`` already)."""
+    try:
+        return pa.ipc.open_stream(data)
+    except (pa.ArrowException, OSError) as error:
+        raise InvalidBinaryDataError(f"a stage body is not an Arrow IPC stream: {error}") from None
+
+
+def _checked_batches(reader: pa.ipc.RecordBatchStreamReader, where: str
+                     ) -> Iterator[pa.RecordBatch]:  # fmt: skip
+    """The reader's batches, a malformed one as 22P03 and dictionary columns bounded
+    (``ipc_bounds.check_plain``, 54000) over the whole body before the engine sees them."""
+    plain = 0
+    while True:
+        try:
+            batch = reader.read_next_batch()
+        except StopIteration:
+            return
+        except (pa.ArrowException, OSError) as error:
+            raise InvalidBinaryDataError(
+                f"a stage body is not an Arrow IPC stream: {error}") from None  # fmt: skip
+        plain += sum(ipc_bounds.plain_bytes(column) for column in batch.columns)
+        if plain > limits.FLIGHT_STAGE_DECODED_BYTES_MAX:
+            raise LimitExceededError(
+                f"a stage body's rows decode to more than "
+                f"{limits.FLIGHT_STAGE_DECODED_BYTES_MAX} bytes (at least {plain})",
+                where=where)  # fmt: skip
+        yield batch
+
+
 def _quote(name: str) -> str:
     return ".".join('"' + part.replace('"', '""') + '"' for part in name.split("."))
 
@@ -128,6 +182,7 @@ class TopicbaseFlightServer(flight.FlightServerBase):
 
     def __init__(self, database: Database, location: str, authenticator: FlightAuthenticator,
                  *, tls_certificates: list[tuple[bytes, bytes]] | None = None,
+                 client_roots: bytes | None = None,
                  staging_bytes_max: int = limits.BULK_STAGING_BYTES_MAX_DEFAULT,
                  abandon_after_s: float = ABANDON_AFTER_S_DEFAULT,
                  collect_interval_s: float = COLLECT_INTERVAL_S) -> None:  # fmt: skip
@@ -135,6 +190,8 @@ class TopicbaseFlightServer(flight.FlightServerBase):
             location,
             auth_handler=NoHandshakeCheck(),
             tls_certificates=tls_certificates or [],
+            verify_client=client_roots is not None,
+            root_certificates=client_roots,
             middleware={"auth": AuthMiddlewareFactory(authenticator)},
         )
         self.database = database
@@ -264,21 +321,65 @@ class TopicbaseFlightServer(flight.FlightServerBase):
     @_flight_errors
     def do_put(self, context: Any, descriptor: flight.FlightDescriptor,
                reader: flight.MetadataRecordBatchReader, writer: Any) -> None:  # fmt: skip
-        command = _command(descriptor.command)
-        kind, name = _target(command)
-        write_id = command.get("write_id")
-        key = command.get("key") or []
-        if not isinstance(key, list) or not all(isinstance(k, str) for k in key):
-            raise InvalidParameterValueError("key must be a list of column names")
+        """Refused before a batch is read (see the module's docstring): uploads go as
+        ``stage`` actions."""
+        raise FeatureNotSupportedError(
+            'DoPut is not supported: upload Arrow IPC stream bytes with the DoAction "stage" '
+            "(pyarrow would decode a put's compressed batches before any check)")  # fmt: skip
+
+    def _stage(self, context: Any, body: pa.Buffer | None) -> dict[str, Any]:
+        """Stage one ``stage`` body as a numbered part of its write (module docstring).
+
+        Order: size cap, header, the user's INSERT privilege on the target (42501, nothing
+        decoded), every IPC message bounded by ``ipc_bounds`` (54000; malformed 22P03)
+        and only then decoded by pyarrow; each decoded batch's dictionary columns bounded
+        before the engine sees them. A refusal stages nothing of the part (a write this
+        call started is removed again while it holds no file)."""
+        body = body if body is not None else pa.py_buffer(b"")
+        if body.size > limits.FLIGHT_STAGE_BODY_BYTES_MAX:
+            raise LimitExceededError(
+                f"a stage body is limited to {limits.FLIGHT_STAGE_BODY_BYTES_MAX} bytes, this "
+                f"one has {body.size}: send its rows in more parts")  # fmt: skip
+        head = body.slice(0, min(body.size, limits.FLIGHT_COMMAND_BYTES_MAX + 1)).to_pybytes()
+        end = head.find(b"\n")
+        if end < 0:
+            raise InvalidParameterValueError(
+                f"a stage body is a JSON header of at most {limits.FLIGHT_COMMAND_BYTES_MAX} "
+                "bytes, a newline, then an Arrow IPC stream")  # fmt: skip
+        header = _command(head[:end])
+        kind, name = _target(header)
+        write_id, part = header.get("write_id"), header.get("part")
+        if not isinstance(part, int) or isinstance(part, bool):
+            raise InvalidParameterValueError('a stage header needs the part number as "part"')
+        mode, key = str(header.get("mode", "append")), _key(header)
+        data = body.slice(end + 1)
+        where = f"stage {write_id} part {part}"
         with self._session_of(context) as session:
-            self.writes.start(session, write_id, kind, name, str(command.get("mode", "append")),
-                              tuple(key))  # fmt: skip
-            batches = (chunk.data for chunk in reader if chunk.data is not None)
-            rows = self.writes.append(session, write_id, batches, reader.schema)
-        writer.write(pa.py_buffer(json.dumps({"rows": rows}).encode()))
+            started = self.writes.start(session, write_id, kind, name, mode, key)  # 42501 first
+            try:
+                try:
+                    ipc_bounds.check_stream(memoryview(data), ipc_bounds.Bounds(
+                        total_bytes_max=limits.FLIGHT_STAGE_DECODED_BYTES_MAX, where=where,
+                        subject="a stage body"))  # fmt: skip
+                except BadCopyFormatError as error:  # malformed: 22P03, as pyarrow's refusals
+                    raise InvalidBinaryDataError(str(error), where=where) from None
+                reader = _open(data)
+                self.writes.start(session, write_id, kind, name, mode, key, reader.schema)
+            except BaseException:
+                if started:
+                    self.writes.drop_if_empty(write_id)
+                raise
+            rows = self.writes.append(session, write_id, _checked_batches(reader, where),
+                                      reader.schema, part)  # fmt: skip
+        if rows is None:
+            return {"rows": 0, "part": part, "duplicate": True}
+        return {"rows": rows, "part": part}
 
     @_flight_errors
     def do_action(self, context: Any, action: flight.Action) -> Iterator[flight.Result]:
+        if action.type == "stage":
+            answer = self._stage(context, action.body)
+            return iter([flight.Result(pa.py_buffer(json.dumps(answer).encode()))])
         body = _command(action.body.to_pybytes() if action.body is not None else b"")
         with self._session_of(context) as session:
             answer = self._action(session, action.type, body)
@@ -343,7 +444,8 @@ class TopicbaseFlightServer(flight.FlightServerBase):
         return {"committed": len(offsets)}
 
     def list_actions(self, context: Any) -> list[tuple[str, str]]:
-        return [("commit", "publish staged writes exactly once"),
+        return [("stage", "stage one part of a write: a JSON line, then Arrow IPC stream bytes"),
+                ("commit", "publish staged writes exactly once"),
                 ("abort", "discard staged writes"), ("list", "staged writes"),
                 ("partitions", "a topic's partitions and offsets"),
                 ("commit_offsets", "move a consumer's committed offsets"),
@@ -354,8 +456,14 @@ class TopicbaseFlightServer(flight.FlightServerBase):
 
 def start_flight(database: Database, host: str, port: int, auth: str, *,
                  users_file: str | None = None, tls_cert: str | None = None,
-                 tls_key: str | None = None, **settings: Any) -> TopicbaseFlightServer:  # fmt: skip
-    """Start the door (listening on return); ``server.port`` is the bound port."""
+                 tls_key: str | None = None, tls_client_ca: str | None = None,
+                 **settings: Any) -> TopicbaseFlightServer:  # fmt: skip
+    """Start the door (listening on return); ``server.port`` is the bound port.
+
+    ``tls_client_ca`` (a PEM file, with TLS only): mutual TLS, a client must present a
+    certificate signed by it before its TLS session opens, so before it can send any
+    request (gRPC holds a request's whole message, uncapped, before Flight authenticates
+    the call: the only bound on what a stranger makes the door hold)."""
     users = None
     if auth != "trust":
         users = UsersFile(users_file or default_users_path(database.path))
@@ -368,5 +476,13 @@ def start_flight(database: Database, host: str, port: int, auth: str, *,
         with open(tls_cert, "rb") as cert, open(tls_key, "rb") as key:
             certificates = [(cert.read(), key.read())]
         scheme = "grpc+tls"
+    client_roots = None
+    if tls_client_ca:
+        if certificates is None:
+            raise InvalidParameterValueError("a Flight client CA needs the door's TLS "
+                                             "certificate and key")  # fmt: skip
+        with open(tls_client_ca, "rb") as roots:
+            client_roots = roots.read()
     return TopicbaseFlightServer(database, f"{scheme}://{host}:{port}", FlightAuthenticator(users),
-                                 tls_certificates=certificates, **settings)  # fmt: skip
+                                 tls_certificates=certificates, client_roots=client_roots,
+                                 **settings)  # fmt: skip

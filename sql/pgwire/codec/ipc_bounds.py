@@ -1,5 +1,8 @@
 """A client's Arrow IPC stream checked message by message BEFORE pyarrow decodes it.
 
+Used by both COPY (FORMAT arrow) paths and by the Flight door's ``stage`` action
+(``sql.flight.server``), whose bodies reach Python as raw bytes.
+
 Why: a record batch may use IPC body compression (``BodyCompression``: LZ4_FRAME or ZSTD,
 each buffer prefixed by its uncompressed length as a little-endian int64, -1 meaning "not
 compressed"). pyarrow's stream reader allocates and fills every buffer's declared length
@@ -55,11 +58,13 @@ _CODECS = {0: "LZ4_FRAME", 1: "ZSTD"}  # CompressionType; BodyCompressionMethod 
 
 @dataclass(frozen=True)
 class Bounds:
-    """What one stream may decode to. ``total_bytes_max`` None: no stream total here."""
+    """What one stream may decode to. ``total_bytes_max`` None: no stream total here.
+    ``subject`` names the stream in a malformed message's error."""
 
     message_bytes_max: int = limits.BATCH_BYTES_MAX
     total_bytes_max: int | None = None
     where: str | None = None
+    subject: str = "COPY data"
 
 
 class _Table:
@@ -117,7 +122,8 @@ class StreamCheck:
         self._kind = 0
 
     def _bad(self, why: str) -> BadCopyFormatError:
-        return BadCopyFormatError(f"COPY data is not one Arrow IPC stream: a message: {why}",
+        return BadCopyFormatError(f"{self.bounds.subject} is not one Arrow IPC stream: a "
+                                  f"message: {why}",
                                   where=self.bounds.where)  # fmt: skip
 
     def body_length(self, metadata: memoryview) -> int:

@@ -1,0 +1,443 @@
+"""Uploads through the Flight door's ``stage`` action (``sql.flight.server``), and DoPut
+refused before pyarrow decodes any of its stream (issue 12: 16 KiB of zstd sent through
+DoPut made the server allocate 512 MiB in pyarrow's C++ reader, before any Python hook).
+
+Round trips (topic, table append/upsert, multi-part, a retried part); refusals that stage
+nothing of the part (schema mismatch, malformed bytes, an oversized body, a user without
+INSERT, no login); compression and dictionary bombs refused with the peak RSS of this
+process (the door runs in it) growing by less than ``GROWTH_MAX_MIB`` (the bombs are built
+before the peak is reset, or in a child process); a server killed mid-write publishes
+nothing and collects the write after its restart.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import textwrap
+import time
+
+import pyarrow as pa
+import pyarrow.flight as flight
+import pytest
+
+from engine.bulk_write import WRITES_DIRECTORY
+from engine.database import Database
+from spark_sql_ext import client as client_module
+from spark_sql_ext.client import TopicbaseClient, TopicbaseFlightError
+from sql.flight.server import start_flight
+from sql.pgwire.users import add_user, default_users_path
+from storage import limits
+from storage.errors import ObjectInUseError
+from tests.flight.conftest import PASSWORDS
+from tests.pgwire.test_copy_arrow_bounds import batch_metadata, peak_mib, reset_peak, stream
+
+MIB = 1 << 20
+GROWTH_MAX_MIB = 100
+
+
+def _topic(database: Database, name: str = "events", partitions: int = 1) -> None:
+    session = database.connect()
+    session.execute(f"CREATE TOPIC {name} WITH (min_active_partitions = {partitions})")
+    session.close()
+
+
+def _sql(database: Database, sql: str) -> list[dict]:
+    session = database.connect()
+    try:
+        return session.execute(sql)[-1].table.to_pylist()
+    finally:
+        session.close()
+
+
+def _topic_data(database: Database, name: str = "events") -> list[bytes]:
+    return [r["data"] for r in _sql(database, f'SELECT data FROM TOPIC {name} WITH '
+                                    '(max_messages = 1000000) ORDER BY "offset"')]  # fmt: skip
+
+
+def _ipc(*batches: pa.RecordBatch, codec: str | None = None) -> bytes:
+    sink = pa.BufferOutputStream()
+    options = pa.ipc.IpcWriteOptions(compression=codec)
+    with pa.ipc.new_stream(sink, batches[0].schema, options=options) as writer:
+        for batch in batches:
+            writer.write_batch(batch)
+    return sink.getvalue().to_pybytes()
+
+
+def _body(header: dict, ipc: bytes) -> bytes:
+    return json.dumps(header).encode() + b"\n" + ipc
+
+
+def _stage(connection: TopicbaseClient, header: dict, ipc: bytes) -> dict:
+    return connection.action_raw("stage", _body(header, ipc))
+
+
+@pytest.fixture(autouse=True)
+def _raw_actions(monkeypatch) -> None:
+    """``TopicbaseClient.action_raw``: an action with a body of bytes (the client's own
+    ``action`` sends JSON)."""
+
+    def action_raw(self: TopicbaseClient, kind: str, body: bytes) -> dict:
+        try:
+            results = list(self._client.do_action(flight.Action(kind, body), self._options))
+        except flight.FlightError as error:
+            raise client_module._translate(error) from None
+        return json.loads(results[0].body.to_pybytes())
+
+    monkeypatch.setattr(TopicbaseClient, "action_raw", action_raw, raising=False)
+
+
+def _staged_files(database: Database, write_id: str) -> list[str]:
+    directory = os.path.join(database.path, WRITES_DIRECTORY, write_id)
+    if not os.path.isdir(directory):
+        return []
+    return sorted(n for n in os.listdir(directory) if n.endswith((".arrows", ".frames")))
+
+
+def _refused(call, sqlstate: str) -> TopicbaseFlightError:
+    with pytest.raises(TopicbaseFlightError) as caught:
+        call()
+    assert caught.value.sqlstate == sqlstate, caught.value
+    return caught.value
+
+
+# -- round trips ------------------------------------------------------------------------
+def test_put_stages_a_topic_write_in_parts_and_its_commit_publishes_every_row(
+        database, client, monkeypatch) -> None:  # fmt: skip
+    _topic(database, partitions=2)
+    monkeypatch.setattr(client_module, "PART_BYTES", 64 * 1024)
+    values = [b"%06d" % i + b"x" * 1000 for i in range(500)]  # ~0.5 MiB: several parts
+    small = [pa.record_batch({"data": pa.array(values[i : min(i + 7, 300)])})
+             for i in range(0, 300, 7)]  # fmt: skip
+    big = pa.record_batch({"data": pa.array(values[301:])})  # sliced: over PART_BYTES
+    batches = [*small, pa.record_batch({"data": pa.array(values[300:301])}), big]
+    writer = client()
+    write_id = writer.put({"topic": "events"}, batches, big.schema)
+    files = _staged_files(database, write_id)
+    assert 6 <= len(files) <= 12  # ~0.5 MiB in parts of ~64 KiB; small batches gathered
+    assert writer.commit("sink", 0, [write_id]) == {"status": "committed", "rows": 500}
+    assert sorted(_topic_data(database)) == values
+
+
+def test_a_write_without_rows_still_commits(database, client) -> None:
+    _topic(database)
+    writer = client()
+    schema = pa.schema([("data", pa.binary())])
+    write_id = writer.put({"topic": "events"}, [], schema)
+    assert writer.commit("sink", 0, [write_id]) == {"status": "committed", "rows": 0}
+
+
+def test_table_writes_append_then_upsert_through_stage(database, client) -> None:
+    session = database.connect()
+    session.execute("CREATE TABLE t (k VARCHAR PRIMARY KEY, n BIGINT)")
+    session.close()
+    writer = client()
+    rows = pa.record_batch({"k": ["a", "b"], "n": pa.array([1, 2], pa.int64())})
+    writer.commit("s", 0, [writer.put({"table": "t"}, [rows], rows.schema)])
+    later = pa.record_batch({"k": ["b", "c"], "n": pa.array([20, 30], pa.int64())})
+    upsert = {"table": "t", "mode": "upsert", "key": ["k"]}
+    writer.commit("s", 1, [writer.put(upsert, [later], later.schema)])
+    assert _sql(database, "SELECT * FROM t ORDER BY k") == [
+        {"k": "a", "n": 1}, {"k": "b", "n": 20}, {"k": "c", "n": 30}]  # fmt: skip
+
+
+def test_parts_keep_their_order_and_a_retried_part_is_staged_once(database, client) -> None:
+    _topic(database)
+    writer = client()
+    header = {"topic": "events", "write_id": "w1"}
+    parts = [pa.record_batch({"data": pa.array([b"p%d-%d" % (p, i) for i in range(3)])})
+             for p in range(3)]  # fmt: skip
+    assert _stage(writer, {**header, "part": 0}, _ipc(parts[0])) == {"rows": 3, "part": 0}
+    assert _stage(writer, {**header, "part": 1}, _ipc(parts[1])) == {"rows": 3, "part": 1}
+    # the answer to part 1 was lost: the client sends it again
+    assert _stage(writer, {**header, "part": 1}, _ipc(parts[1])) == {
+        "rows": 0, "part": 1, "duplicate": True}  # fmt: skip
+    assert _stage(writer, {**header, "part": 2}, _ipc(parts[2]))["rows"] == 3
+    assert len(_staged_files(database, "w1")) == 3
+    assert writer.commit("sink", 0, ["w1"]) == {"status": "committed", "rows": 9}
+    assert _topic_data(database) == [b"p%d-%d" % (p, i) for p in range(3) for i in range(3)]
+
+
+def test_put_sends_a_part_again_when_its_answer_is_lost_and_it_stages_once(
+        database, client, monkeypatch) -> None:  # fmt: skip
+    _topic(database)
+    monkeypatch.setattr(client_module, "PART_BYTES", 1000)  # a part per batch
+    writer = client()
+    real = writer._client
+    lost = []
+
+    class LosingAnswers:  # the first answer of part 1 never reaches the client
+        def do_action(self, action, options):
+            answer = list(real.do_action(action, options))
+            if b'"part": 1}' in action.body.to_pybytes()[:200] and not lost:
+                lost.append(1)
+                raise flight.FlightUnavailableError("connection reset")
+            return answer
+
+        def close(self) -> None:
+            real.close()
+
+    monkeypatch.setattr(writer, "_client", LosingAnswers())
+    batches = [pa.record_batch({"data": pa.array([b"%d-%d" % (b, i) for i in range(100)])})
+               for b in range(5)]  # fmt: skip
+    write_id = writer.put({"topic": "events"}, batches, batches[0].schema)
+    assert lost == [1]
+    monkeypatch.setattr(writer, "_client", real)
+    assert writer.commit("sink", 0, [write_id]) == {"status": "committed", "rows": 500}
+    assert _topic_data(database) == [b"%d-%d" % (b, i) for b in range(5) for i in range(100)]
+
+
+def test_a_part_being_staged_is_not_staged_by_a_second_call_at_once(database, door) -> None:
+    _topic(database)
+    session = database.connect()
+    try:
+        door.writes.start(session, "w3", "topic", "events")
+        batch = pa.record_batch({"data": pa.array([b"x"] * 10)})
+        refused = []
+
+        def batches():  # while part 0 is being staged, the same part comes again
+            with pytest.raises(ObjectInUseError) as caught:
+                door.writes.append(session, "w3", [batch], batch.schema, part=0)
+            refused.append(caught.value.sqlstate)
+            yield batch
+
+        assert door.writes.append(session, "w3", batches(), batch.schema, part=0) == 10
+        assert refused == ["55006"]
+        assert door.writes.append(session, "w3", iter(()), batch.schema, part=0) is None
+        assert door.writes.append(session, "w3", [batch], batch.schema, part=1) == 10
+    finally:
+        session.close()
+    assert len(_staged_files(database, "w3")) == 2
+
+
+def test_a_part_whose_schema_differs_is_refused_and_stages_nothing(database, client) -> None:
+    session = database.connect()
+    session.execute("CREATE TABLE t (k VARCHAR, n BIGINT)")
+    session.close()
+    writer = client()
+    header = {"table": "t", "write_id": "w2"}
+    first = pa.record_batch({"k": ["a"], "n": pa.array([1], pa.int64())})
+    _stage(writer, {**header, "part": 0}, _ipc(first))
+    other = pa.record_batch({"k": ["b"], "n": pa.array([2], pa.int32())})
+    error = _refused(lambda: _stage(writer, {**header, "part": 1}, _ipc(other)), "42804")
+    assert "same schema" in error.message
+    assert len(_staged_files(database, "w2")) == 1
+    writer.commit("s", 0, ["w2"])
+    assert _sql(database, "SELECT * FROM t") == [{"k": "a", "n": 1}]
+
+
+# -- malformed and oversized bodies -------------------------------------------------------
+def test_truncated_or_garbage_bodies_are_22p03_and_stage_nothing(database, client) -> None:
+    _topic(database)
+    writer = client()
+    good = _ipc(pa.record_batch({"data": pa.array([b"x" * 100] * 10)}))
+    start, _ = batch_metadata(good)
+    for n, bad in enumerate([good[: start + 20], good[:-30], b"\x00garbage" * 50,
+                             good[:start] + b"\xff" * (len(good) - start)]):  # fmt: skip
+        header = {"topic": "events", "write_id": f"bad{n}", "part": 0}
+        error = _refused(lambda: _stage(writer, header, bad), "22P03")  # noqa: B023
+        assert "Arrow IPC stream" in error.message
+        assert _staged_files(database, f"bad{n}") == []
+    _refused(lambda: writer.action_raw("stage", b"no header line"), "22023")
+    assert os.listdir(os.path.join(database.path, WRITES_DIRECTORY)) == []
+    assert _topic_data(database) == []
+
+
+def test_an_oversized_body_is_54000(database, client) -> None:
+    _topic(database)
+    size = limits.FLIGHT_STAGE_BODY_BYTES_MAX + 1
+    body = _body({"topic": "events", "write_id": "big", "part": 0}, bytes(size))
+    error = _refused(lambda: client().action_raw("stage", body), "54000")
+    assert str(limits.FLIGHT_STAGE_BODY_BYTES_MAX) in error.message
+    assert not os.path.exists(os.path.join(database.path, WRITES_DIRECTORY, "big"))
+
+
+# -- who may stage ------------------------------------------------------------------------
+def test_a_user_without_insert_is_refused_before_the_body_is_decoded(database, client) -> None:
+    _topic(database)
+    bomb = stream([bytes(limits.BATCH_BYTES_MAX + MIB)], "zstd")
+    header = {"topic": "events", "write_id": "bobs", "part": 0}
+    _refused(lambda: _stage(client("bob"), header, bomb), "42501")
+    assert not os.path.exists(os.path.join(database.path, WRITES_DIRECTORY, "bobs"))
+
+
+def test_an_unauthenticated_stage_is_refused(database, door) -> None:
+    _topic(database)
+    raw = flight.FlightClient(f"grpc+tcp://127.0.0.1:{door.port}")
+    body = _body({"topic": "events", "write_id": "anon", "part": 0},
+                 _ipc(pa.record_batch({"data": pa.array([b"x"])})))  # fmt: skip
+    try:
+        with pytest.raises(flight.FlightUnauthenticatedError):
+            list(raw.do_action(flight.Action("stage", body)))
+    finally:
+        raw.close()
+    assert _topic_data(database) == []
+    assert not os.path.exists(os.path.join(database.path, WRITES_DIRECTORY, "anon"))
+
+
+# -- bombs --------------------------------------------------------------------------------
+def _dictionary_bomb() -> bytes:
+    """One 1 MiB dictionary value and 1,000 indices: 1 MiB sent, 1 GiB once cast plain."""
+    indices = pa.array([0] * 1000, pa.int32())
+    column = pa.DictionaryArray.from_arrays(indices, pa.array([b"v" * MIB], pa.binary()))
+    return _ipc(pa.record_batch({"data": column}))
+
+
+@pytest.mark.parametrize("bomb", ["zstd", "lz4", "zstd-total", "dictionary"])
+def test_a_bomb_through_stage_is_refused_before_it_is_decoded(database, client, bomb) -> None:
+    _topic(database)
+    writer = client()
+    if bomb == "dictionary":
+        data = _dictionary_bomb()
+    elif bomb == "zstd-total":  # each message under the per-message limit, not their sum
+        piece = pa.record_batch({"data": pa.array([bytes(limits.BATCH_BYTES_MAX // 2)])})
+        data = _ipc(piece, piece, piece, codec="zstd")
+    else:
+        data = stream([bytes(limits.BATCH_BYTES_MAX + MIB)], bomb)
+    assert len(data) < 2 * MIB
+    header = {"topic": "events", "write_id": f"bomb-{bomb}", "part": 0}
+    before = reset_peak()
+    error = _refused(lambda: _stage(writer, header, data), "54000")
+    assert peak_mib() - before < GROWTH_MAX_MIB
+    assert "bytes" in error.message
+    assert _staged_files(database, f"bomb-{bomb}") == []
+    assert _topic_data(database) == []
+
+
+def test_a_compressed_part_within_the_limits_round_trips(database, client) -> None:
+    _topic(database)
+    writer = client()
+    values = [b"%d" % i * 50 for i in range(2000)]
+    for n, codec in enumerate(["zstd", "lz4"]):
+        header = {"topic": "events", "write_id": "w", "part": n}
+        data = _ipc(pa.record_batch({"data": pa.array(values)}), codec=codec)
+        assert _stage(writer, header, data)["rows"] == 2000
+    writer.commit("s", 0, ["w"])
+    assert _topic_data(database) == values * 2
+
+
+_DO_PUT_BOMB = textwrap.dedent("""
+    import sys
+    import pyarrow as pa, pyarrow.flight as flight
+    port, user, password = sys.argv[1:4]
+    raw = flight.FlightClient(f"grpc+tcp://127.0.0.1:{port}")
+    options = flight.FlightCallOptions(
+        headers=[raw.authenticate_basic_token(user, password)],
+        write_options=pa.ipc.IpcWriteOptions(compression="zstd"))
+    batch = pa.record_batch({"data": pa.array([bytes(512 << 20)], pa.binary())})
+    descriptor = flight.FlightDescriptor.for_command(b'{"write_id": "put", "topic": "events"}')
+    try:
+        writer, answer = raw.do_put(descriptor, batch.schema, options)
+        writer.write_batch(batch)
+        writer.done_writing()
+        answer.read()
+        writer.close()
+        print("accepted")
+    except flight.FlightError as error:
+        print("refused", str(error).splitlines()[0])
+""")
+
+
+def test_a_bomb_through_do_put_is_refused_0a000_and_the_server_stays_flat(
+        database, door) -> None:  # fmt: skip
+    _topic(database)
+    before = reset_peak()
+    sender = subprocess.run(  # the client's 512 MiB are its own process's
+        [sys.executable, "-c", _DO_PUT_BOMB, str(door.port), "alice", PASSWORDS["alice"]],
+        capture_output=True, text=True, timeout=120, check=True)  # fmt: skip
+    growth = peak_mib() - before
+    assert sender.stdout.startswith("refused"), sender.stdout + sender.stderr
+    assert "0A000" in sender.stdout and "stage" in sender.stdout
+    assert growth < GROWTH_MAX_MIB, growth
+    assert not os.path.exists(os.path.join(database.path, WRITES_DIRECTORY, "put"))
+
+
+_DO_EXCHANGE_BOMB = textwrap.dedent("""
+    import sys
+    import pyarrow as pa, pyarrow.flight as flight
+    port, user, password = sys.argv[1:4]
+    raw = flight.FlightClient(f"grpc+tcp://127.0.0.1:{port}")
+    options = flight.FlightCallOptions(
+        headers=[raw.authenticate_basic_token(user, password)],
+        write_options=pa.ipc.IpcWriteOptions(compression="zstd"))
+    batch = pa.record_batch({"data": pa.array([bytes(512 << 20)], pa.binary())})
+    try:
+        writer, reader = raw.do_exchange(flight.FlightDescriptor.for_command(b"{}"), options)
+        writer.begin(batch.schema)
+        writer.write_batch(batch)
+        writer.done_writing()
+        reader.read_all()
+        print("accepted")
+    except (flight.FlightError, pa.ArrowException) as error:  # NotImplemented: no exchange
+        print("refused", str(error).splitlines()[0])
+""")
+
+
+def test_a_bomb_through_do_exchange_is_refused_and_the_server_stays_flat(
+        database, door) -> None:  # fmt: skip
+    """The door implements no DoExchange: pyarrow refuses it before reading a batch (a
+    guard: an exchange added later must read raw bytes, as ``stage`` does)."""
+    _topic(database)
+    before = reset_peak()
+    sender = subprocess.run(
+        [sys.executable, "-c", _DO_EXCHANGE_BOMB, str(door.port), "alice", PASSWORDS["alice"]],
+        capture_output=True, text=True, timeout=120, check=True)  # fmt: skip
+    assert sender.stdout.startswith("refused"), sender.stdout + sender.stderr
+    assert peak_mib() - before < GROWTH_MAX_MIB
+
+
+# -- a server killed mid-write ------------------------------------------------------------
+_SERVER = textwrap.dedent("""
+    import sys, time
+    from engine.database import Database
+    from sql.flight.server import start_flight
+    database = Database.open(sys.argv[1], retention_interval_s=None)
+    door = start_flight(database, "127.0.0.1", 0, "scram")
+    print(door.port, flush=True)
+    time.sleep(600)
+""")
+
+
+def test_a_server_killed_mid_write_publishes_nothing_and_collects_the_write(tmp_path) -> None:
+    first = Database.open(str(tmp_path / "crash"), retention_interval_s=None)
+    add_user(default_users_path(first.path), "alice", PASSWORDS["alice"], superuser=True)
+    _topic(first)
+    path = first.path
+    first.close()
+    server = subprocess.Popen([sys.executable, "-c", _SERVER, path], stdout=subprocess.PIPE,
+                              text=True, cwd=os.getcwd())  # fmt: skip
+    try:
+        port = int(server.stdout.readline())
+        writer = TopicbaseClient(f"topicbase://127.0.0.1:{port}", "alice", PASSWORDS["alice"])
+        header = {"topic": "events", "write_id": "crash"}
+        for part in range(2):
+            data = _ipc(pa.record_batch({"data": pa.array([b"r%d" % part] * 100)}))
+            writer.action_raw("stage", _body({**header, "part": part}, data))
+        writer.close()
+        assert len(_staged_files_at(path, "crash")) == 2
+    finally:
+        server.send_signal(signal.SIGKILL)
+        server.wait()
+    reopened = Database.open(path, retention_interval_s=None)
+    try:
+        time.sleep(0.01)
+        door = start_flight(reopened, "127.0.0.1", 0, "scram", abandon_after_s=0.0)
+        try:
+            assert not os.path.exists(os.path.join(path, WRITES_DIRECTORY, "crash"))
+            assert _topic_data(reopened) == []
+            restarted = TopicbaseClient(f"topicbase://127.0.0.1:{door.port}", "alice",
+                                        PASSWORDS["alice"])  # fmt: skip
+            _refused(lambda: restarted.commit("sink", 0, ["crash"]), "42704")
+            restarted.close()
+        finally:
+            door.stop()
+    finally:
+        reopened.close()
+
+
+def _staged_files_at(path: str, write_id: str) -> list[str]:
+    directory = os.path.join(path, WRITES_DIRECTORY, write_id)
+    return sorted(n for n in os.listdir(directory) if n.endswith((".arrows", ".frames")))
