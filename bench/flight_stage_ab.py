@@ -10,7 +10,8 @@ Each run starts a fresh server (``start_flight`` over a new data directory, code
 its tree) and a fresh client process (same tree); reported per run: the client's wall
 time and process CPU of ``put``, the server's CPU (utime + stime from ``/proc``) over
 the ``put``, and the same for the commit; rows/s = N / put wall time. The messages are
-random bytes (no compression lever), in batches of ``--batch-rows``.
+random bytes (no compression lever), in batches of ``--batch-rows``; ``--partitioned``
+adds a ``partition`` column (row % 4), so the rows are staged as partition frames.
 """
 
 from __future__ import annotations
@@ -45,7 +46,7 @@ CLIENT = textwrap.dedent("""
     import json, os, sys, time
     import pyarrow as pa
     from spark_sql_ext.client import TopicbaseClient
-    port, server_pid, rows, batch_rows = (int(a) for a in sys.argv[1:5])
+    port, server_pid, rows, batch_rows, partitioned = (int(a) for a in sys.argv[1:6])
 
     def server_cpu():
         with open(f"/proc/{server_pid}/stat") as handle:
@@ -53,7 +54,10 @@ CLIENT = textwrap.dedent("""
         return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
 
     values = pa.array([os.urandom(1024) for _ in range(batch_rows)], pa.binary())
-    batch = pa.record_batch({"data": values})
+    columns = {"data": values}
+    if partitioned:  # rows naming their partition: staged as frames, as Spark's tasks do
+        columns["partition"] = pa.array([i % 4 for i in range(batch_rows)], pa.int32())
+    batch = pa.record_batch(columns)
     client = TopicbaseClient(f"topicbase://127.0.0.1:{port}", "bench", "bench")
     out = {}
     wall, cpu, scpu = time.perf_counter(), time.process_time(), server_cpu()
@@ -71,7 +75,7 @@ CLIENT = textwrap.dedent("""
 """)
 
 
-def run(tree: str, rows: int, batch_rows: int) -> dict[str, float]:
+def run(tree: str, rows: int, batch_rows: int, partitioned: bool) -> dict[str, float]:
     env = {**os.environ, "PYTHONPATH": tree}
     with tempfile.TemporaryDirectory() as scratch:
         server = subprocess.Popen([sys.executable, "-c", SERVER, os.path.join(scratch, "d")],
@@ -80,7 +84,8 @@ def run(tree: str, rows: int, batch_rows: int) -> dict[str, float]:
         try:
             port = server.stdout.readline().strip()
             done = subprocess.run(
-                [sys.executable, "-c", CLIENT, port, str(server.pid), str(rows), str(batch_rows)],
+                [sys.executable, "-c", CLIENT, port, str(server.pid), str(rows), str(batch_rows),
+                 str(int(partitioned))],
                 capture_output=True, text=True, cwd=tree, env=env, check=True)  # fmt: skip
         finally:
             server.communicate("", timeout=120)
@@ -93,12 +98,14 @@ def main() -> None:
     parser.add_argument("--pairs", type=int, default=3)
     parser.add_argument("--rows", type=int, default=1_000_000)
     parser.add_argument("--batch-rows", type=int, default=10_000)
+    parser.add_argument("--partitioned", action="store_true",
+                        help="rows carry a partition column (the frames staging path)")
     arguments = parser.parse_args()
     trees = dict(t.split("=", 1) for t in arguments.tree)
     results: dict[str, list[dict[str, float]]] = {name: [] for name in trees}
     for index in range(arguments.pairs):
         for name, tree in trees.items():  # A B A B ...
-            found = run(tree, arguments.rows, arguments.batch_rows)
+            found = run(tree, arguments.rows, arguments.batch_rows, arguments.partitioned)
             results[name].append(found)
             print(f"pair {index} {name}: " + ", ".join(f"{k} {v:.2f}" for k, v in found.items()),
                   flush=True)  # fmt: skip

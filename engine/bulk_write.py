@@ -154,9 +154,10 @@ class BulkWrites:
     # -- staging ------------------------------------------------------------------------
     def start(self, session: Any, write_id: str, kind: str, name: str,
               mode: str = "append", key: tuple[str, ...] = (),
-              schema: pa.Schema | None = None) -> bool:  # fmt: skip
+              schema: pa.Schema | None = None, create: bool = True) -> bool:  # fmt: skip
         """Create write ``write_id`` for the target, or check an existing one matches;
-        True when it was created.
+        True when it was created. Without ``create`` a missing write is 42704 (a later
+        part of a write that was aborted or committed meanwhile: nothing re-creates it).
 
         With ``schema``: a new write records it; an existing write that recorded one
         refuses another (42804), one that recorded none records it now.
@@ -194,6 +195,10 @@ class BulkWrites:
                             f", not ({schema.to_string(show_schema_metadata=False)}): "
                             "every part of a write has the same schema")  # fmt: skip
                 return False
+            if not create:
+                raise UndefinedObjectError(
+                    f"no staged write {write_id}: it was committed or aborted (or its first "
+                    "part was never staged)")  # fmt: skip
             os.makedirs(directory, exist_ok=True)
             meta = {"kind": kind, "name": name, "owner": owner, "mode": mode, "key": list(key)}
             if schema is not None:

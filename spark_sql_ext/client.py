@@ -53,11 +53,10 @@ def _translate(error: flight.FlightError) -> TopicbaseFlightError:
 def _parts(header: dict[str, Any], batches: Iterable[pa.RecordBatch],
            schema: pa.Schema) -> Iterator[tuple[int, pa.Buffer]]:  # fmt: skip
     """``(part, body)`` of the ``stage`` calls that carry the batches: a body is the JSON
-    header line with its part number (0, 1, ...), then an Arrow IPC stream of about
-    ``PART_BYTES``, written in one buffer (no copy to join them). A body gathers small
-    batches; a batch larger than ``PART_BYTES`` is sliced by rows. Every body carries
-    ``schema``; there is always one (without rows, it starts the write: its commit
-    publishes none)."""
+    header line with its part number, then an Arrow IPC stream, written in one buffer (no
+    copy to join them). Part 0 has no rows (sent before any batch is read, it starts the
+    write); parts 1, 2, ... hold about ``PART_BYTES`` each: small batches gathered, a
+    batch larger than that sliced by rows. Every body carries ``schema``."""
     part = 0
 
     def opened() -> tuple[pa.BufferOutputStream, pa.ipc.RecordBatchStreamWriter]:
@@ -65,6 +64,10 @@ def _parts(header: dict[str, Any], batches: Iterable[pa.RecordBatch],
         sink.write(json.dumps({**header, "part": part}).encode() + b"\n")
         return sink, pa.ipc.new_stream(sink, schema)
 
+    sink, writer = opened()
+    writer.close()
+    yield part, sink.getvalue()
+    part += 1
     sink, writer = opened()
     held = 0
     for batch in batches:
@@ -85,7 +88,7 @@ def _parts(header: dict[str, Any], batches: Iterable[pa.RecordBatch],
             writer.write_batch(piece)
             held += piece_size
     writer.close()
-    if held or not part:
+    if held:
         yield part, sink.getvalue()
 
 
@@ -163,9 +166,10 @@ class TopicbaseClient:
             schema: pa.Schema, write_id: str | None = None) -> str:  # fmt: skip
         """Stage ``batches`` under ``write_id`` (a new one if None); returns the id.
 
-        The rows go as ``stage`` actions of about ``PART_BYTES`` of Arrow IPC each (small
-        batches gathered, a big one sliced), numbered from 0; a call that fails as the
-        connection drops is sent again under its number (the server stages a part once).
+        The rows go as ``stage`` actions (``_parts``: part 0 starts the write before any
+        batch is read, then about ``PART_BYTES`` of Arrow IPC each, small batches
+        gathered, a big one sliced); a call that fails as the connection drops is sent
+        again under its number (the server stages a part once).
         """
         write_id = write_id or uuid.uuid4().hex
         for _, body in _parts({**target, "write_id": write_id}, batches, schema):

@@ -19,6 +19,9 @@ Requests (descriptor commands, tickets and action bodies are JSON objects):
   (schema and batches) held whole, at most ``limits.FLIGHT_STAGE_BODY_BYTES_MAX`` bytes;
   its rows are staged on disk as part ``n`` of the write; answers ``{"rows": r, "part":
   n}`` (``"duplicate": true`` and no row for a part staged already: a retried call).
+  Part 0 starts the write (``TopicbaseClient.put`` sends it, without rows, before it
+  reads any batch, so an abort sweeping a job's writes finds it, as it found a DoPut's);
+  a later part of a write that is gone (aborted, committed) is 42704, never a new write.
 - ``DoPut`` is refused (0A000) before any of its stream is read: pyarrow's Flight
   server decodes a put's record batches (their IPC body compression, dictionaries) in
   C++ before Python could look at them, so 16 KiB of zstd made the server allocate
@@ -41,6 +44,7 @@ from __future__ import annotations
 
 import contextlib
 import functools
+import itertools
 import json
 import logging
 import threading
@@ -355,7 +359,8 @@ class TopicbaseFlightServer(flight.FlightServerBase):
         data = body.slice(end + 1)
         where = f"stage {write_id} part {part}"
         with self._session_of(context) as session:
-            started = self.writes.start(session, write_id, kind, name, mode, key)  # 42501 first
+            started = self.writes.start(session, write_id, kind, name, mode, key,
+                                        create=part == 0)  # 42501 first  # fmt: skip
             try:
                 try:
                     ipc_bounds.check_stream(memoryview(data), ipc_bounds.Bounds(
@@ -365,11 +370,15 @@ class TopicbaseFlightServer(flight.FlightServerBase):
                     raise InvalidBinaryDataError(str(error), where=where) from None
                 reader = _open(data)
                 self.writes.start(session, write_id, kind, name, mode, key, reader.schema)
+                batches = _checked_batches(reader, where)
+                first = next((b for b in batches if b.num_rows), None)
             except BaseException:
                 if started:
                     self.writes.drop_if_empty(write_id)
                 raise
-            rows = self.writes.append(session, write_id, _checked_batches(reader, where),
+            if first is None:  # a part without rows stages no file (the write is started)
+                return {"rows": 0, "part": part}
+            rows = self.writes.append(session, write_id, itertools.chain([first], batches),
                                       reader.schema, part)  # fmt: skip
         if rows is None:
             return {"rows": 0, "part": part, "duplicate": True}

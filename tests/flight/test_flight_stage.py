@@ -213,6 +213,32 @@ def test_a_part_being_staged_is_not_staged_by_a_second_call_at_once(database, do
     assert len(_staged_files(database, "w3")) == 2
 
 
+def test_put_starts_its_write_first_and_an_abort_meanwhile_leaves_nothing(
+        database, client, monkeypatch) -> None:  # fmt: skip
+    """A job's abort sweeping its writes (a Spark driver after a failed task) finds a
+    put's write from its start, before any row is read, and a later part of the swept
+    write is refused (42704) instead of staging a write nobody will commit or abort."""
+    _topic(database)
+    monkeypatch.setattr(client_module, "PART_BYTES", 1000)  # a part per batch
+    writer, driver = client(), client()
+    batch = pa.record_batch({"data": pa.array([b"%d" % i for i in range(200)])})
+
+    def batches():
+        assert [w["write_id"] for w in driver.staged()] == ["task-1"]  # started already
+        yield batch
+        assert driver.abort(["task-1"]) == 1  # the job failed meanwhile
+        yield batch
+
+    error = _refused(lambda: writer.put({"topic": "events"}, batches(), batch.schema,
+                                        "task-1"), "42704")  # fmt: skip
+    assert "committed or aborted" in error.message
+    assert driver.staged() == []
+    assert os.listdir(os.path.join(database.path, WRITES_DIRECTORY)) == []
+    header = {"topic": "events", "write_id": "task-2", "part": 3}
+    _refused(lambda: _stage(writer, header, _ipc(batch)), "42704")  # no part 0: no write
+    assert driver.staged() == []
+
+
 def test_a_part_whose_schema_differs_is_refused_and_stages_nothing(database, client) -> None:
     session = database.connect()
     session.execute("CREATE TABLE t (k VARCHAR, n BIGINT)")
