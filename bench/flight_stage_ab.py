@@ -46,7 +46,10 @@ CLIENT = textwrap.dedent("""
     import json, os, sys, time
     import pyarrow as pa
     from spark_sql_ext.client import TopicbaseClient
-    port, server_pid, rows, batch_rows, partitioned = (int(a) for a in sys.argv[1:6])
+    port, server_pid, rows, batch_rows, partitioned, part_mib = (int(a) for a in sys.argv[1:7])
+    if part_mib:  # the stage client's part size (a tree without it ignores this)
+        import spark_sql_ext.client
+        spark_sql_ext.client.PART_BYTES = part_mib << 20
 
     def server_cpu():
         with open(f"/proc/{server_pid}/stat") as handle:
@@ -75,7 +78,8 @@ CLIENT = textwrap.dedent("""
 """)
 
 
-def run(tree: str, rows: int, batch_rows: int, partitioned: bool) -> dict[str, float]:
+def run(tree: str, rows: int, batch_rows: int, partitioned: bool, part_mib: int
+        ) -> dict[str, float]:  # fmt: skip
     env = {**os.environ, "PYTHONPATH": tree}
     with tempfile.TemporaryDirectory() as scratch:
         server = subprocess.Popen([sys.executable, "-c", SERVER, os.path.join(scratch, "d")],
@@ -85,7 +89,7 @@ def run(tree: str, rows: int, batch_rows: int, partitioned: bool) -> dict[str, f
             port = server.stdout.readline().strip()
             done = subprocess.run(
                 [sys.executable, "-c", CLIENT, port, str(server.pid), str(rows), str(batch_rows),
-                 str(int(partitioned))],
+                 str(int(partitioned)), str(part_mib)],
                 capture_output=True, text=True, cwd=tree, env=env, check=True)  # fmt: skip
         finally:
             server.communicate("", timeout=120)
@@ -100,12 +104,15 @@ def main() -> None:
     parser.add_argument("--batch-rows", type=int, default=10_000)
     parser.add_argument("--partitioned", action="store_true",
                         help="rows carry a partition column (the frames staging path)")
+    parser.add_argument("--part-mib", type=int, default=0,
+                        help="PART_BYTES of the stage client in MiB (0: its default)")
     arguments = parser.parse_args()
     trees = dict(t.split("=", 1) for t in arguments.tree)
     results: dict[str, list[dict[str, float]]] = {name: [] for name in trees}
     for index in range(arguments.pairs):
         for name, tree in trees.items():  # A B A B ...
-            found = run(tree, arguments.rows, arguments.batch_rows, arguments.partitioned)
+            found = run(tree, arguments.rows, arguments.batch_rows, arguments.partitioned,
+                        arguments.part_mib)  # fmt: skip
             results[name].append(found)
             print(f"pair {index} {name}: " + ", ".join(f"{k} {v:.2f}" for k, v in found.items()),
                   flush=True)  # fmt: skip

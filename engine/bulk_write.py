@@ -31,7 +31,7 @@ Layout and invariants:
 - a write being committed takes no appends (55000): its files were read, and are
   deleted, by the commit; a write with an append in flight cannot start committing.
 - a numbered *part* (the Flight door's ``stage`` action) is staged at most once: its
-  file's name ends in ``-n<part>``, and while one call stages it another gets 55006; a
+  file's name (``_staged_name``) carries it, and while one call stages it another gets 55006; a
   part whose whole file is there already stages nothing (``append`` returns None). A
   write started with a schema (``start(schema=...)``) records it in ``write.json``, and
   every later ``start`` naming a schema must name an equal one (42804).
@@ -238,13 +238,12 @@ class BulkWrites:
     def _staging_part(self, write_id: str, part: int) -> Iterator[bool]:
         """Part ``part`` of ``write_id`` marked in flight (55006 if it is already); yields
         whether a whole file of it is staged already."""
-        marker = _part_marker(part)
         with self._lock:
             if (write_id, part) in self._parts_in_flight:
                 raise ObjectInUseError(f"part {part} of write {write_id} is being staged by "
                                        "another call")  # fmt: skip
             try:
-                staged = any(os.path.basename(p).split(".")[0].rstrip("~").endswith(marker)
+                staged = any(_part_of(p) == part
                              for p in _staged_files(os.path.join(self.root, write_id)))  # fmt: skip
             except FileNotFoundError:
                 staged = False
@@ -1068,14 +1067,24 @@ def _staged_name(part: int | None = None) -> str:
     """A new staged file's name (before its suffixes): the staging time first, so a
     write's files sort in the order they were staged (a client that sends a stream's
     rows in two COPYs one after the other, e.g. partition frames then an Arrow stream,
-    keeps their order: a write's files are read in name order), then a random part,
-    then ``-n<part>`` for a numbered part (``append(part=...)``)."""
+    keeps their order: a write's files are read in name order), then a random part of 32
+    hex digits, followed for a numbered part (``append(part=...)``) by the part in 8 more.
+    Hex digits and one '-' only: ``staged_frames.OWN_FILE`` parses such a base."""
     name = f"{time.time_ns():016x}-{uuid.uuid4().hex}"
-    return name if part is None else name + _part_marker(part)
+    return name if part is None else f"{name}{part:0{_PART_DIGITS}x}"
 
 
-def _part_marker(part: int) -> str:
-    return f"-n{part:010d}"
+_PART_DIGITS = 8  # PARTS_MAX is 2**31
+
+
+def _part_of(path: str) -> int | None:
+    """The part number in a staged file's name (``_staged_name``); None for a file staged
+    without one."""
+    base = os.path.basename(path).split(".")[0].rstrip("~")
+    _, _, random = base.partition("-")
+    if len(random) != 32 + _PART_DIGITS:
+        return None
+    return int(random[32:], 16)
 
 
 def _check_decoded_frames(metas: dict[str, dict[str, str]], framed_ids: set[str],
@@ -1177,7 +1186,13 @@ def _write_meta(path: str, meta: dict[str, Any]) -> None:
 
 
 def _schema_text(schema: pa.Schema) -> str:
-    return base64.b64encode(schema.remove_metadata().serialize().to_pybytes()).decode()
+    """The schema as ``write.json`` keeps it (read at every part's ``start``: bounded)."""
+    data = schema.remove_metadata().serialize().to_pybytes()
+    if len(data) > limits.FLIGHT_COMMAND_BYTES_MAX:
+        raise LimitExceededError(f"a bulk write's schema is limited to "
+                                 f"{limits.FLIGHT_COMMAND_BYTES_MAX} bytes, not "
+                                 f"{len(data)}")  # fmt: skip
+    return base64.b64encode(data).decode()
 
 
 def _schema_of(text: str) -> pa.Schema:

@@ -369,7 +369,8 @@ class TopicbaseFlightServer(flight.FlightServerBase):
                 except BadCopyFormatError as error:  # malformed: 22P03, as pyarrow's refusals
                     raise InvalidBinaryDataError(str(error), where=where) from None
                 reader = _open(data)
-                self.writes.start(session, write_id, kind, name, mode, key, reader.schema)
+                self.writes.start(session, write_id, kind, name, mode, key, reader.schema,
+                                  create=part == 0)  # fmt: skip
                 batches = _checked_batches(reader, where)
                 first = next((b for b in batches if b.num_rows), None)
             except BaseException:

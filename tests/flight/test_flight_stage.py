@@ -122,6 +122,30 @@ def test_put_stages_a_topic_write_in_parts_and_its_commit_publishes_every_row(
     assert sorted(_topic_data(database)) == values
 
 
+def test_parts_of_rows_naming_their_partition_stage_as_frames_and_commit(
+        database, client) -> None:  # fmt: skip
+    """Rows with a partition column are staged as partition frames, a large partition's
+    in files of its own named after the part's file (``staged_frames.OWN_FILE`` parses
+    that name: a part number that broke it made the commit read an own file as a shared
+    one, XX001)."""
+    _topic(database, partitions=2)
+    writer = client()
+    rows = 12_000  # ~12 MiB: two parts of ~6 MiB, each with own files per partition
+    data = [b"%06d" % i + bytes(1018) for i in range(rows)]
+    batches = [pa.record_batch({"data": pa.array(data[at : at + 3000]),
+                                "partition": pa.array([i % 2 for i in range(at, at + 3000)],
+                                                      pa.int32())})
+               for at in range(0, rows, 3000)]  # fmt: skip
+    write_id = writer.put({"topic": "events"}, batches, batches[0].schema)
+    files = _staged_files(database, write_id)
+    assert any(".~p" in name for name in files)  # own files were made
+    assert writer.commit("sink", 0, [write_id]) == {"status": "committed", "rows": rows}
+    for partition in range(2):
+        got = _sql(database, "SELECT data FROM TOPIC events WITH (max_messages = 1000000) "
+                   f'WHERE partition = {partition} ORDER BY "offset"')  # fmt: skip
+        assert [r["data"] for r in got] == data[partition::2]
+
+
 def test_a_write_without_rows_still_commits(database, client) -> None:
     _topic(database)
     writer = client()
@@ -467,3 +491,14 @@ def test_a_server_killed_mid_write_publishes_nothing_and_collects_the_write(tmp_
 def _staged_files_at(path: str, write_id: str) -> list[str]:
     directory = os.path.join(path, WRITES_DIRECTORY, write_id)
     return sorted(n for n in os.listdir(directory) if n.endswith((".arrows", ".frames")))
+
+
+def test_a_schema_too_large_to_keep_with_the_write_is_54000(database, client) -> None:
+    """``write.json`` keeps the first part's schema and every part reads it: bounded."""
+    _topic(database)
+    note = "n" * limits.FLIGHT_COMMAND_BYTES_MAX
+    field = pa.field("data", pa.binary(), metadata={"note": note})
+    batch = pa.record_batch({"data": pa.array([b"x"])}, schema=pa.schema([field]))
+    header = {"topic": "events", "write_id": "wide", "part": 0}
+    _refused(lambda: _stage(client(), header, _ipc(batch)), "54000")
+    assert not os.path.exists(os.path.join(database.path, WRITES_DIRECTORY, "wide"))
