@@ -242,11 +242,12 @@ class BulkWrites:
             if (write_id, part) in self._parts_in_flight:
                 raise ObjectInUseError(f"part {part} of write {write_id} is being staged by "
                                        "another call")  # fmt: skip
-            try:
-                staged = any(_part_of(p) == part
-                             for p in _staged_files(os.path.join(self.root, write_id)))  # fmt: skip
+            try:  # the part's shared frames or Arrow file, renamed last: it is whole
+                names = os.listdir(os.path.join(self.root, write_id))
             except FileNotFoundError:
-                staged = False
+                names = []
+            staged = any(_part_of(n) == part for n in names
+                         if n.endswith(STAGED_SUFFIXES) and own_file(n) is None)  # fmt: skip
             self._parts_in_flight.add((write_id, part))
         try:
             yield staged
