@@ -30,9 +30,14 @@ Layout and invariants:
   a commit, duplicate check or ``last_batch`` of another user's sink gets 42501.
 - a write being committed takes no appends (55000): its files were read, and are
   deleted, by the commit; a write with an append in flight cannot start committing.
-- a numbered *part* (the Flight door's ``stage`` action) is staged at most once: its
-  file's name (``_staged_name``) carries it, and while one call stages it another gets 55006; a
-  part whose whole file is there already stages nothing (``append`` returns None). A
+- a numbered *part* (the Flight door's ``stage`` action: part ``n`` of the client's
+  ``stream``, one token per ``put``) is staged at most once: its files' names carry
+  ``(stream, n)`` (``_staged_name``), and once all of them are whole an empty marker
+  ``<stream><n>.done`` is created; the same part again stages nothing (``append``
+  returns None) once the marker is there, and 55006 while another call stages it. A
+  part's files without their marker (a process killed between a part's frames file and
+  its rest file) are no part of the write: commits skip them, a retry of the part
+  deletes them first. A
   write started with a schema (``start(schema=...)``) records it in ``write.json``, and
   every later ``start`` naming a schema must name an equal one (42804).
 Thread-safety: the staged-bytes counter, the directory set and the committing/appending
@@ -88,7 +93,9 @@ FRAMES_SUFFIX = ".frames"  # a staged file of frames (``storage.staged_frames``)
 STAGED_SUFFIXES = (".arrows", FRAMES_SUFFIX)  # whole staged files
 ABANDON_AFTER_S_DEFAULT = 3600.0
 WRITE_MODES = ("append", "upsert", "add")  # under storage.limits.BATCH_MESSAGES_MAX
-PARTS_MAX = 1 << 31  # numbered parts of one write: 0 .. PARTS_MAX - 1
+PARTS_MAX = 1 << 31  # numbered parts of one stream: 0 .. PARTS_MAX - 1
+_STREAM = re.compile(r"[0-9a-f]{32}")  # a put's stream token
+DONE_SUFFIX = ".done"  # a numbered part's marker: all its files are whole
 _WRITE_ID = re.compile(r"[A-Za-z0-9][A-Za-z0-9_.-]{0,127}")
 
 
@@ -126,7 +133,8 @@ class BulkWrites:
         # write is never appended to while it is committed (the rows would be lost).
         self._committing: set[str] = set()
         self._appending: dict[str, int] = {}
-        self._parts_in_flight: set[tuple[str, int]] = set()  # (write id, part) being staged
+        # (write id, stream, part) being staged
+        self._parts_in_flight: set[tuple[str, str, int]] = set()
         # A commit by reference holds its partitions' batches in memory from their
         # derivation to the publish (none are spilled): as many at once as spilled
         # commits may read back (``limits.SPILLED_COMMITS_MAX``), the others wait.
@@ -207,13 +215,15 @@ class BulkWrites:
             return True
 
     def append(self, session: Any, write_id: str, batches: Iterable[pa.RecordBatch],
-               schema: pa.Schema, part: int | None = None) -> int | None:  # fmt: skip
+               schema: pa.Schema, part: int | None = None, stream: str | None = None
+               ) -> int | None:  # fmt: skip
         """Stage ``batches`` as one file of write ``write_id``; returns the rows staged.
 
         Past the staging disk cap the file is deleted and 54000 raised; a schema naming
-        a column twice is refused (42701) before anything is staged. With ``part`` (a
-        retried call's number): None, reading nothing of ``batches``, when that part is
-        staged whole already; 55006 while another call stages it.
+        a column twice is refused (42701) before anything is staged. With ``part`` and
+        ``stream`` (32 hex digits: a put's token; a retried call sends both again): None,
+        reading nothing of ``batches``, when that part is staged whole already; 55006
+        while another call stages it.
         """
         meta = self._meta(session, write_id)
         _check_target(session, meta["kind"], meta["name"])
@@ -228,32 +238,51 @@ class BulkWrites:
                 return self._append(write_id, batches, schema)
         if not isinstance(part, int) or isinstance(part, bool) or not 0 <= part < PARTS_MAX:
             raise InvalidParameterValueError(f"a part number is 0 to {PARTS_MAX - 1}, not {part!r}")
-        with self._staging_part(write_id, part) as staged:
+        if not isinstance(stream, str) or not _STREAM.fullmatch(stream):
+            raise InvalidParameterValueError(f"a part's stream is 32 hex digits, not {stream!r}")
+        key = f"{stream}{part:0{_PART_DIGITS}x}"
+        with self._staging_part(write_id, key) as staged:
             if staged:
                 return None
             with self._adding(write_id):
-                return self._append(write_id, batches, schema, part)
+                rows = self._append(write_id, batches, schema, key)
+                with open(os.path.join(self.root, write_id, key + DONE_SUFFIX), "wb"):
+                    pass  # the part is whole: a retry is answered "duplicate"
+                return rows
 
     @contextlib.contextmanager
-    def _staging_part(self, write_id: str, part: int) -> Iterator[bool]:
-        """Part ``part`` of ``write_id`` marked in flight (55006 if it is already); yields
-        whether a whole file of it is staged already."""
+    def _staging_part(self, write_id: str, key: str) -> Iterator[bool]:
+        """Part ``key`` (stream and number) of ``write_id`` marked in flight (55006 if it
+        is already); yields whether it is staged whole already. Files of it without its
+        marker (torn by a killed process) are deleted first, their bytes given back."""
+        directory = os.path.join(self.root, write_id)
         with self._lock:
-            if (write_id, part) in self._parts_in_flight:
-                raise ObjectInUseError(f"part {part} of write {write_id} is being staged by "
-                                       "another call")  # fmt: skip
-            try:  # the part's shared frames or Arrow file, renamed last: it is whole
-                names = os.listdir(os.path.join(self.root, write_id))
-            except FileNotFoundError:
-                names = []
-            staged = any(_part_of(n) == part for n in names
-                         if n.endswith(STAGED_SUFFIXES) and own_file(n) is None)  # fmt: skip
-            self._parts_in_flight.add((write_id, part))
+            if (write_id, key) in self._parts_in_flight:
+                raise ObjectInUseError(f"part {int(key[32:], 16)} of write {write_id} is being "
+                                       "staged by another call")  # fmt: skip
+            staged = os.path.exists(os.path.join(directory, key + DONE_SUFFIX))
+            self._parts_in_flight.add((write_id, key))
         try:
+            if not staged:
+                self._delete_torn(directory, key)
             yield staged
         finally:
             with self._lock:
-                self._parts_in_flight.discard((write_id, part))
+                self._parts_in_flight.discard((write_id, key))
+
+    def _delete_torn(self, directory: str, key: str) -> None:
+        try:
+            names = os.listdir(directory)
+        except FileNotFoundError:
+            return
+        for name in names:
+            if _part_of(name) == key:
+                path = os.path.join(directory, name)
+                with contextlib.suppress(FileNotFoundError):
+                    size = os.path.getsize(path)
+                    os.remove(path)
+                    if name.endswith((*STAGED_SUFFIXES, ".part")):
+                        self._release(size)
 
     def append_frames(self, session: Any, write_id: str,
                       read: Callable[[int], bytes | bytearray | memoryview]) -> int:  # fmt: skip
@@ -356,8 +385,8 @@ class BulkWrites:
         shutil.rmtree(discarded, ignore_errors=True)
 
     def _append(self, write_id: str, batches: Iterable[pa.RecordBatch],
-                schema: pa.Schema, part: int | None = None) -> int:  # fmt: skip
-        base = os.path.join(self.root, write_id, _staged_name(part))
+                schema: pa.Schema, key: str | None = None) -> int:  # fmt: skip
+        base = os.path.join(self.root, write_id, _staged_name(key))
         batches = iter(batches)
         if self._meta_of(write_id)["kind"] == "topic":
             first = next((b for b in batches if b.num_rows), None)
@@ -604,7 +633,7 @@ class BulkWrites:
         ``frames``, the Arrow files alone: the frames go as staged, ``_framed_topics``)."""
         directory = os.path.join(self.root, write_id)
         pieces = []
-        for entry in sorted(os.listdir(directory)):
+        for entry in _whole_parts(sorted(os.listdir(directory))):
             path = os.path.join(directory, entry)
             if entry.endswith(".arrows"):
                 pieces.append(pa.ipc.open_stream(pa.memory_map(path)).read_all())
@@ -1064,28 +1093,32 @@ def _check_target(session: Any, kind: str, name: str) -> None:
         raise InvalidParameterValueError(f"a write targets a topic or a table, not {kind!r}")
 
 
-def _staged_name(part: int | None = None) -> str:
+def _staged_name(key: str | None = None) -> str:
     """A new staged file's name (before its suffixes): the staging time first, so a
     write's files sort in the order they were staged (a client that sends a stream's
     rows in two COPYs one after the other, e.g. partition frames then an Arrow stream,
-    keeps their order: a write's files are read in name order), then a random part of 32
-    hex digits, followed for a numbered part (``append(part=...)``) by the part in 8 more.
-    Hex digits and one '-' only: ``staged_frames.OWN_FILE`` parses such a base."""
-    name = f"{time.time_ns():016x}-{uuid.uuid4().hex}"
-    return name if part is None else f"{name}{part:0{_PART_DIGITS}x}"
+    keeps their order: a write's files are read in name order), then 32 random hex
+    digits, or for a numbered part its key (``append``: the stream's 32 hex digits, the
+    part in 8 more). Hex digits and one '-' only: ``staged_frames.OWN_FILE`` parses it."""
+    return f"{time.time_ns():016x}-{key or uuid.uuid4().hex}"
 
 
 _PART_DIGITS = 8  # PARTS_MAX is 2**31
 
 
-def _part_of(path: str) -> int | None:
-    """The part number in a staged file's name (``_staged_name``); None for a file staged
-    without one."""
-    base = os.path.basename(path).split(".")[0].rstrip("~")
-    _, _, random = base.partition("-")
-    if len(random) != 32 + _PART_DIGITS:
-        return None
-    return int(random[32:], 16)
+def _part_of(name: str) -> str | None:
+    """The part key (stream and number) in a staged file's name (``_staged_name``), or of
+    a part's marker; None for a file staged without one."""
+    base = os.path.basename(name).split(".")[0].rstrip("~")
+    key = base.partition("-")[2] if "-" in base else base
+    return key if len(key) == 32 + _PART_DIGITS else None
+
+
+def _whole_parts(names: list[str]) -> list[str]:
+    """``names`` without the files of numbered parts whose marker is missing (torn)."""
+    done = {n[: -len(DONE_SUFFIX)] for n in names if n.endswith(DONE_SUFFIX)}
+    return [n for n in names if n.endswith(DONE_SUFFIX) or (key := _part_of(n)) is None
+            or key in done]  # fmt: skip
 
 
 def _check_decoded_frames(metas: dict[str, dict[str, str]], framed_ids: set[str],
@@ -1126,7 +1159,7 @@ def _staged_files(directory: str) -> list[str]:
     """The write's whole staged files in name order (the rows' order); an own frames file
     (``storage.staged_frames``) only once its COPY's shared file is there (a crash between
     their renames leaves the COPY unstaged, as one that failed)."""
-    names = sorted(os.listdir(directory))
+    names = _whole_parts(sorted(os.listdir(directory)))
     return [os.path.join(directory, n) for n in names
             if n.endswith(STAGED_SUFFIXES)
             and (own_file(n) is None or own_file_sealed(n, names))]  # fmt: skip

@@ -168,11 +168,13 @@ class TopicbaseClient:
 
         The rows go as ``stage`` actions (``_parts``: part 0 starts the write before any
         batch is read, then about ``PART_BYTES`` of Arrow IPC each, small batches
-        gathered, a big one sliced); a call that fails as the connection drops is sent
-        again under its number (the server stages a part once).
+        gathered, a big one sliced), under a stream token of this put (several puts may
+        add to one write id); a call that fails as the connection drops is sent again
+        under its number (the server stages a part of a stream once).
         """
         write_id = write_id or uuid.uuid4().hex
-        for _, body in _parts({**target, "write_id": write_id}, batches, schema):
+        header = {**target, "write_id": write_id, "stream": uuid.uuid4().hex}
+        for _, body in _parts(header, batches, schema):
             self._stage(body)
         return write_id
 

@@ -13,12 +13,14 @@ Requests (descriptor commands, tickets and action bodies are JSON objects):
   of one partition range each (tickets ``{"topic", "partition", "start", "end",
   "columns"}``); ``{"table": name, "columns": [...]}`` gives one endpoint for a table.
 - ``DoGet``: a ticket above; a topic range streams its stored frames, projected.
-- ``DoAction`` ``stage``: the body is one JSON line ``{"write_id": id, "part": n,
-  "topic": t}`` or ``{"write_id": id, "part": n, "table": name, "mode":
-  "append"|"upsert"|"add", "key": [...]}``, a newline, then an Arrow IPC *stream*
+- ``DoAction`` ``stage``: the body is one JSON line ``{"write_id": id, "stream": s,
+  "part": n, "topic": t}`` or ``{"write_id": id, "stream": s, "part": n, "table": name,
+  "mode": "append"|"upsert"|"add", "key": [...]}`` (``s``: 32 hex digits naming one
+  client stream of the write, e.g. one ``put``), a newline, then an Arrow IPC *stream*
   (schema and batches) held whole, at most ``limits.FLIGHT_STAGE_BODY_BYTES_MAX`` bytes;
-  its rows are staged on disk as part ``n`` of the write; answers ``{"rows": r, "part":
-  n}`` (``"duplicate": true`` and no row for a part staged already: a retried call).
+  its rows are staged on disk as part ``n`` of stream ``s`` of the write; answers
+  ``{"rows": r, "part": n}`` (``"duplicate": true`` and no row for a part of the stream
+  staged already: a retried call).
   Part 0 starts the write (``TopicbaseClient.put`` sends it, without rows, before it
   reads any batch, so an abort sweeping a job's writes finds it, as it found a DoPut's);
   a later part of a write that is gone (aborted, committed) is 42704, never a new write.
@@ -352,7 +354,7 @@ class TopicbaseFlightServer(flight.FlightServerBase):
                 "bytes, a newline, then an Arrow IPC stream")  # fmt: skip
         header = _command(head[:end])
         kind, name = _target(header)
-        write_id, part = header.get("write_id"), header.get("part")
+        write_id, part, stream = header.get("write_id"), header.get("part"), header.get("stream")
         if not isinstance(part, int) or isinstance(part, bool):
             raise InvalidParameterValueError('a stage header needs the part number as "part"')
         mode, key = str(header.get("mode", "append")), _key(header)
@@ -380,7 +382,7 @@ class TopicbaseFlightServer(flight.FlightServerBase):
             if first is None:  # a part without rows stages no file (the write is started)
                 return {"rows": 0, "part": part}
             rows = self.writes.append(session, write_id, itertools.chain([first], batches),
-                                      reader.schema, part)  # fmt: skip
+                                      reader.schema, part, stream)  # fmt: skip
         if rows is None:
             return {"rows": 0, "part": part, "duplicate": True}
         return {"rows": rows, "part": part}
