@@ -72,6 +72,7 @@ from storage.errors import (
     InvalidBinaryDataError,
     InvalidParameterValueError,
     LimitExceededError,
+    TooManyConnectionsError,
     TopicbaseError,
 )
 
@@ -157,11 +158,26 @@ def _open(data: pa.Buffer) -> pa.ipc.RecordBatchStreamReader:
         raise InvalidBinaryDataError(f"a stage body is not an Arrow IPC stream: {error}") from None
 
 
+def _check_columns(schema: pa.Schema) -> None:
+    """54000 past ``limits.FLIGHT_STAGE_COLUMNS_MAX`` fields at every nesting level."""
+    count = 0
+    pending = list(schema)
+    while pending:
+        field = pending.pop()
+        count += 1
+        if count > limits.FLIGHT_STAGE_COLUMNS_MAX:
+            raise LimitExceededError(f"a stage body's schema has more than "
+                                     f"{limits.FLIGHT_STAGE_COLUMNS_MAX} columns")  # fmt: skip
+        pending.extend(field.type.field(i) for i in range(field.type.num_fields))
+
+
 def _checked_batches(reader: pa.ipc.RecordBatchStreamReader, where: str
                      ) -> Iterator[pa.RecordBatch]:  # fmt: skip
-    """The reader's batches, a malformed one as 22P03 and dictionary columns bounded
+    """The reader's batches, a malformed one as 22P03, at most
+    ``limits.FLIGHT_STAGE_BATCHES_MAX`` of them, and dictionary columns bounded
     (``ipc_bounds.check_plain``, 54000) over the whole body before the engine sees them."""
     plain = 0
+    count = 0
     while True:
         try:
             batch = reader.read_next_batch()
@@ -170,6 +186,11 @@ def _checked_batches(reader: pa.ipc.RecordBatchStreamReader, where: str
         except (pa.ArrowException, OSError) as error:
             raise InvalidBinaryDataError(
                 f"a stage body is not an Arrow IPC stream: {error}") from None  # fmt: skip
+        count += 1
+        if count > limits.FLIGHT_STAGE_BATCHES_MAX:
+            raise LimitExceededError(f"a stage body holds more than "
+                                     f"{limits.FLIGHT_STAGE_BATCHES_MAX} record batches: "
+                                     "gather small batches", where=where)  # fmt: skip
         plain += sum(ipc_bounds.plain_bytes(column) for column in batch.columns)
         if plain > limits.FLIGHT_STAGE_DECODED_BYTES_MAX:
             raise LimitExceededError(
@@ -206,6 +227,9 @@ class TopicbaseFlightServer(flight.FlightServerBase):
         with self._session_of(None) as session:
             self.writes = session.bulk_writes(**self._write_settings)
         self.writes.collect()
+        # ``stage`` calls decoding at once (limits.FLIGHT_STAGES_MAX; others wait)
+        self._stage_turns = threading.BoundedSemaphore(limits.FLIGHT_STAGES_MAX)
+        self.stage_wait_s = limits.FLIGHT_STAGE_WAIT_S
         self._stopping = threading.Event()
         self._collector = threading.Thread(
             target=self._collect_loop, args=(collect_interval_s,), name="flight-collector",
@@ -340,7 +364,9 @@ class TopicbaseFlightServer(flight.FlightServerBase):
         decoded), every IPC message bounded by ``ipc_bounds`` (54000; malformed 22P03)
         and only then decoded by pyarrow; each decoded batch's dictionary columns bounded
         before the engine sees them. A refusal stages nothing of the part (a write this
-        call started is removed again while it holds no file)."""
+        call started is removed again while it holds no file). At most
+        ``limits.FLIGHT_STAGES_MAX`` calls decode at once: past a wait of
+        ``stage_wait_s`` for a turn, 53300."""
         body = body if body is not None else pa.py_buffer(b"")
         if body.size > limits.FLIGHT_STAGE_BODY_BYTES_MAX:
             raise LimitExceededError(
@@ -353,13 +379,28 @@ class TopicbaseFlightServer(flight.FlightServerBase):
                 f"a stage body is a JSON header of at most {limits.FLIGHT_COMMAND_BYTES_MAX} "
                 "bytes, a newline, then an Arrow IPC stream")  # fmt: skip
         header = _command(head[:end])
-        kind, name = _target(header)
-        write_id, part, stream = header.get("write_id"), header.get("part"), header.get("stream")
+        _target(header)
+        _key(header)
+        part = header.get("part")
         if not isinstance(part, int) or isinstance(part, bool):
             raise InvalidParameterValueError('a stage header needs the part number as "part"')
-        mode, key = str(header.get("mode", "append")), _key(header)
         data = body.slice(end + 1)
-        where = f"stage {write_id} part {part}"
+        where = f"stage {header.get('write_id')} part {part}"
+        if not self._stage_turns.acquire(timeout=self.stage_wait_s):
+            raise TooManyConnectionsError(
+                f"{limits.FLIGHT_STAGES_MAX} stage calls are being staged and this one waited "
+                f"{self.stage_wait_s:g} s for a turn: retry later")  # fmt: skip
+        try:
+            return self._stage_part(context, header, data, where)
+        finally:
+            self._stage_turns.release()
+
+    def _stage_part(self, context: Any, header: dict[str, Any], data: pa.Buffer,
+                    where: str) -> dict[str, Any]:  # fmt: skip
+        """``_stage`` once the call has its turn."""
+        kind, name = _target(header)
+        write_id, part, stream = header.get("write_id"), header.get("part"), header.get("stream")
+        mode, key = str(header.get("mode", "append")), _key(header)
         with self._session_of(context) as session:
             started = self.writes.start(session, write_id, kind, name, mode, key,
                                         create=part == 0)  # 42501 first  # fmt: skip
@@ -371,6 +412,7 @@ class TopicbaseFlightServer(flight.FlightServerBase):
                 except BadCopyFormatError as error:  # malformed: 22P03, as pyarrow's refusals
                     raise InvalidBinaryDataError(str(error), where=where) from None
                 reader = _open(data)
+                _check_columns(reader.schema)
                 self.writes.start(session, write_id, kind, name, mode, key, reader.schema,
                                   create=part == 0)  # fmt: skip
                 batches = _checked_batches(reader, where)

@@ -585,3 +585,46 @@ def test_a_schema_too_large_to_keep_with_the_write_is_54000(database, client) ->
     header = {"topic": "events", "write_id": "wide", "part": 0}
     _refused(lambda: _stage(client(), header, _ipc(batch)), "54000")
     assert not os.path.exists(os.path.join(database.path, WRITES_DIRECTORY, "wide"))
+
+
+def test_stage_calls_past_the_turns_wait_then_get_53300(database, door, client) -> None:
+    """At most ``limits.FLIGHT_STAGES_MAX`` calls decode at once (review R1 F2: 64 calls
+    of a legal 2.4 KB zstd part at once held +851 MiB); a call finding every turn taken
+    waits ``stage_wait_s``, then 53300, nothing staged; with a turn free it stages."""
+    _topic(database)
+    writer = client()
+    batch = pa.record_batch({"data": pa.array([b"x"] * 10)})
+    taken = [door._stage_turns.acquire(blocking=False) for _ in range(limits.FLIGHT_STAGES_MAX)]
+    assert all(taken)
+    door.stage_wait_s = 0.2
+    header = {"topic": "events", "write_id": "busy", "part": 0}
+    try:
+        error = _refused(lambda: _stage(writer, header, _ipc(batch)), "53300")
+        assert "turn" in error.message
+        assert not os.path.exists(os.path.join(database.path, WRITES_DIRECTORY, "busy"))
+    finally:
+        for _ in taken:
+            door._stage_turns.release()
+    assert _stage(writer, header, _ipc(batch))["rows"] == 10
+
+
+@pytest.mark.parametrize("shape", ["columns", "nested", "batches"])
+def test_a_body_of_too_many_columns_or_batches_is_54000(database, client, shape) -> None:
+    """Shapes that cost the door far more than their bytes (review R1 F4: 250,000 int8
+    columns in 27 MB: +379 MiB, 5 s of CPU; 150,000 one-row batches: 5.8 s)."""
+    _topic(database)
+    most = limits.FLIGHT_STAGE_COLUMNS_MAX
+    if shape == "columns":
+        batch = pa.record_batch({f"c{i}": pa.array([1], pa.int8()) for i in range(most + 1)})
+        data = _ipc(batch)
+    elif shape == "nested":  # counted at every level
+        inner = pa.StructArray.from_arrays([pa.array([1], pa.int8())] * most,
+                                           [f"f{i}" for i in range(most)])  # fmt: skip
+        data = _ipc(pa.record_batch({"data": pa.array([b"x"]), "s": inner}))
+    else:
+        one = pa.record_batch({"data": pa.array([b"x"])})
+        data = _ipc(*[one] * (limits.FLIGHT_STAGE_BATCHES_MAX + 1))
+    header = {"topic": "events", "write_id": f"shape-{shape}", "part": 0}
+    error = _refused(lambda: _stage(client(), header, data), "54000")
+    assert "columns" in error.message or "record batches" in error.message
+    assert not os.path.exists(os.path.join(database.path, WRITES_DIRECTORY, f"shape-{shape}"))
