@@ -58,6 +58,7 @@ import pyarrow.flight as flight
 
 from engine.api import (
     ABANDON_AFTER_S_DEFAULT,
+    PARTS_MAX,
     Database,
     OffsetRange,
     project_schema,
@@ -74,6 +75,7 @@ from storage.errors import (
     LimitExceededError,
     TooManyConnectionsError,
     TopicbaseError,
+    UndefinedColumnError,
 )
 
 log = logging.getLogger(__name__)
@@ -382,8 +384,9 @@ class TopicbaseFlightServer(flight.FlightServerBase):
         _target(header)
         _key(header)
         part = header.get("part")
-        if not isinstance(part, int) or isinstance(part, bool):
-            raise InvalidParameterValueError('a stage header needs the part number as "part"')
+        if not isinstance(part, int) or isinstance(part, bool) or not 0 <= part < PARTS_MAX:
+            raise InvalidParameterValueError(
+                f'a stage header needs the part number (0 to {PARTS_MAX - 1}) as "part"')
         data = body.slice(end + 1)
         where = f"stage {header.get('write_id')} part {part}"
         if not self._stage_turns.acquire(timeout=self.stage_wait_s):
@@ -408,11 +411,16 @@ class TopicbaseFlightServer(flight.FlightServerBase):
                 try:
                     ipc_bounds.check_stream(memoryview(data), ipc_bounds.Bounds(
                         total_bytes_max=limits.FLIGHT_STAGE_DECODED_BYTES_MAX, where=where,
-                        subject="a stage body"))  # fmt: skip
+                        subject="a stage body",
+                        metadata_bytes_max=limits.FLIGHT_COMMAND_BYTES_MAX))  # fmt: skip
                 except BadCopyFormatError as error:  # malformed: 22P03, as pyarrow's refusals
                     raise InvalidBinaryDataError(str(error), where=where) from None
                 reader = _open(data)
                 _check_columns(reader.schema)
+                missing = [k for k in key if k not in reader.schema.names]
+                if missing:  # refused now, not at the commit after every part was sent
+                    raise UndefinedColumnError(f"the key column {missing[0]!r} is not among "
+                                               "the rows' columns")  # fmt: skip
                 self.writes.start(session, write_id, kind, name, mode, key, reader.schema,
                                   create=part == 0)  # fmt: skip
                 batches = _checked_batches(reader, where)

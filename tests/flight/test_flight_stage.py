@@ -355,6 +355,10 @@ def _dictionary_bomb() -> bytes:
 
 @pytest.mark.parametrize("bomb", ["zstd", "lz4", "zstd-total", "dictionary"])
 def test_a_bomb_through_stage_is_refused_before_it_is_decoded(database, client, bomb) -> None:
+    """The compressed bombs are refused by ``ipc_bounds`` from their declared sizes, before
+    pyarrow decodes them (their error says so: a refusal after the decode, by
+    ``_checked_batches``, words it otherwise: review R1 F5). The dictionary bomb is small
+    once decoded and refused, by design, before its columns are cast plain."""
     _topic(database)
     writer = client()
     if bomb == "dictionary":
@@ -369,9 +373,69 @@ def test_a_bomb_through_stage_is_refused_before_it_is_decoded(database, client, 
     before = reset_peak()
     error = _refused(lambda: _stage(writer, header, data), "54000")
     assert peak_mib() - before < GROWTH_MAX_MIB
-    assert "bytes" in error.message
+    before_decode = {"zstd": "compressed with ZSTD declares", "lz4": "compressed with LZ4",
+                     "zstd-total": "the Arrow IPC stream decodes to more than",
+                     "dictionary": "rows decode to more than"}  # fmt: skip
+    assert before_decode[bomb] in error.message
     assert _staged_files(database, f"bomb-{bomb}") == []
     assert _topic_data(database) == []
+
+
+_GIB_BOMB = textwrap.dedent("""
+    import sys
+    import pyarrow as pa
+    batch = pa.record_batch({"data": pa.array([bytes(1 << 30)], pa.binary())})
+    sink = pa.BufferOutputStream()
+    options = pa.ipc.IpcWriteOptions(compression="zstd")
+    with pa.ipc.new_stream(sink, batch.schema, options=options) as writer:
+        writer.write_batch(batch)
+    open(sys.argv[1], "wb").write(sink.getvalue().to_pybytes())
+""")
+
+
+def test_a_bomb_declaring_a_gib_leaves_the_door_flat(database, client, tmp_path) -> None:
+    """32 KB of zstd declaring 1 GiB (built by a child process: this one, the door's,
+    never holds it): the door's peak grows by less than 32 MiB. Decoding it costs 1 GiB."""
+    _topic(database)
+    path = tmp_path / "bomb.arrows"
+    subprocess.run([sys.executable, "-c", _GIB_BOMB, str(path)], check=True, timeout=120)
+    data = path.read_bytes()
+    assert len(data) < MIB
+    writer = client()
+    header = {"topic": "events", "write_id": "gib", "part": 0}
+    before = reset_peak()
+    error = _refused(lambda: _stage(writer, header, data), "54000")
+    assert peak_mib() - before < 32
+    assert "declares 1073741" in error.message
+
+
+def test_a_schema_header_too_large_is_refused_before_it_is_decoded(database, client) -> None:
+    """20,000 columns with long names: a schema message over 1 MiB of header, refused by
+    ``ipc_bounds`` before pyarrow reads it (review R1 F4: 250,000 columns cost +172 MiB
+    to decode before the column count could refuse them)."""
+    _topic(database)
+    names = [f"column_{i:05d}_" + "n" * 60 for i in range(20_000)]
+    schema = pa.schema([(n, pa.int8()) for n in names])
+    sink = pa.BufferOutputStream()
+    pa.ipc.new_stream(sink, schema).close()
+    header = {"topic": "events", "write_id": "wide-header", "part": 0}
+    error = _refused(lambda: _stage(client(), header, sink.getvalue().to_pybytes()), "54000")
+    assert "header has" in error.message
+
+
+def test_odd_headers_are_refused_clearly(database, client) -> None:
+    session = database.connect()
+    session.execute("CREATE TABLE t (k VARCHAR, n BIGINT)")
+    session.close()
+    writer = client()
+    rows = _ipc(pa.record_batch({"k": ["a"], "n": pa.array([1], pa.int64())}))
+    for part in (-1, 2**40, "1"):
+        header = {"table": "t", "write_id": "odd", "part": part}
+        error = _refused(lambda: _stage(writer, header, rows), "22023")  # noqa: B023
+        assert "part number" in error.message
+    upsert = {"table": "t", "mode": "upsert", "key": ["nope"], "write_id": "odd", "part": 0}
+    _refused(lambda: _stage(writer, upsert, rows), "42703")  # at part 0, not at the commit
+    assert not os.path.exists(os.path.join(database.path, WRITES_DIRECTORY, "odd"))
 
 
 def test_a_compressed_part_within_the_limits_round_trips(database, client) -> None:

@@ -59,12 +59,15 @@ _CODECS = {0: "LZ4_FRAME", 1: "ZSTD"}  # CompressionType; BodyCompressionMethod 
 @dataclass(frozen=True)
 class Bounds:
     """What one stream may decode to. ``total_bytes_max`` None: no stream total here.
+    ``metadata_bytes_max`` None: a message's flatbuffer header is bounded by the data
+    alone (else 54000 past it: a schema of 250,000 columns is 27 MB of header).
     ``subject`` names the stream in a malformed message's error."""
 
     message_bytes_max: int = limits.BATCH_BYTES_MAX
     total_bytes_max: int | None = None
     where: str | None = None
     subject: str = "COPY data"
+    metadata_bytes_max: int | None = None
 
 
 class _Table:
@@ -131,6 +134,11 @@ class StreamCheck:
         compressed buffers for ``check_body``."""
         if len(metadata) < 4:
             raise self._bad("its metadata is shorter than a flatbuffer")
+        most = self.bounds.metadata_bytes_max
+        if most is not None and len(metadata) > most:
+            raise LimitExceededError(f"an Arrow IPC message's header has {len(metadata)} "
+                                     f"bytes, over the limit of {most}",
+                                     where=self.bounds.where)  # fmt: skip
         message = _Table(metadata, int(_U32.unpack_from(metadata, 0)[0]), self._bad)
         self._kind = message.scalar(1, _U8, 0)
         body_length = message.scalar(3, _I64, 0)
