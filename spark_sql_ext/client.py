@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import json
 import re
+import time
 import uuid
 from collections.abc import Iterable, Iterator
 from typing import Any
@@ -29,7 +30,10 @@ _SQLSTATE = re.compile(r"\b([0-9A-Z]{5}): ")
 # storage.limits.FLIGHT_STAGE_BODY_BYTES_MAX, 32 MiB): large enough that a call's
 # overhead (a round trip, a staged file) is small beside its rows.
 PART_BYTES = 6 << 20
-STAGE_ATTEMPTS = 3  # a part sent again after the connection dropped
+# A part is sent again after the connection dropped or timed out, or while the server
+# still stages its earlier attempt (55006) or has no turn free (53300), after these waits.
+STAGE_RETRY_WAITS_S = (0.2, 1.0, 3.0)
+_RETRIED_SQLSTATES = ("55006", "53300")
 
 
 class TopicbaseFlightError(Exception):
@@ -61,7 +65,9 @@ def _parts(header: dict[str, Any], batches: Iterable[pa.RecordBatch],
 
     def opened() -> tuple[pa.BufferOutputStream, pa.ipc.RecordBatchStreamWriter]:
         sink = pa.BufferOutputStream()
-        sink.write(json.dumps({**header, "part": part}).encode() + b"\n")
+        line = json.dumps({**header, "part": part}).encode()
+        # spaces to 8 bytes: the stream's buffers keep their alignment in the body
+        sink.write(line + b" " * (-(len(line) + 1) % 8) + b"\n")
         return sink, pa.ipc.new_stream(sink, schema)
 
     sink, writer = opened()
@@ -179,17 +185,20 @@ class TopicbaseClient:
         return write_id
 
     def _stage(self, body: pa.Buffer) -> dict[str, Any]:
-        for attempt in range(STAGE_ATTEMPTS):
+        for wait_s in (*STAGE_RETRY_WAITS_S, None):
             try:
                 results = list(self._client.do_action(flight.Action("stage", body),
                                                       self._options))  # fmt: skip
+                return json.loads(results[0].body.to_pybytes())
             except (flight.FlightUnavailableError, flight.FlightTimedOutError) as error:
-                if attempt + 1 == STAGE_ATTEMPTS:
-                    raise _translate(error) from None
-                continue
+                failure = _translate(error)
             except flight.FlightError as error:
-                raise _translate(error) from None
-            return json.loads(results[0].body.to_pybytes())
+                failure = _translate(error)
+                if failure.sqlstate not in _RETRIED_SQLSTATES:
+                    raise failure from None
+            if wait_s is None:
+                raise failure from None
+            time.sleep(wait_s)
         raise AssertionError("unreachable")
 
     def action(self, kind: str, body: dict[str, Any] | None = None) -> Any:

@@ -152,10 +152,17 @@ def _key(command: dict[str, Any]) -> tuple[str, ...]:
     return tuple(key)
 
 
+# Buffers that are not at their type's alignment are copied (a client that does not pad
+# its header line to 8 bytes); decompression stays on the call's own thread (the turns
+# bound the calls, not the global CPU pool).
+_READ_OPTIONS = pa.ipc.IpcReadOptions(ensure_alignment=pa.ipc.Alignment.DataTypeSpecific,
+                                      use_threads=False)  # fmt: skip
+
+
 def _open(data: pa.Buffer) -> pa.ipc.RecordBatchStreamReader:
     """A reader of a stage body's IPC stream (checked by ``ipc_bounds`` already)."""
     try:
-        return pa.ipc.open_stream(data)
+        return pa.ipc.open_stream(data, options=_READ_OPTIONS)
     except (pa.ArrowException, OSError) as error:
         raise InvalidBinaryDataError(f"a stage body is not an Arrow IPC stream: {error}") from None
 

@@ -692,3 +692,47 @@ def test_a_body_of_too_many_columns_or_batches_is_54000(database, client, shape)
     error = _refused(lambda: _stage(client(), header, data), "54000")
     assert "columns" in error.message or "record batches" in error.message
     assert not os.path.exists(os.path.join(database.path, WRITES_DIRECTORY, f"shape-{shape}"))
+
+
+def test_put_retries_a_part_still_being_staged_and_pads_its_header(
+        database, client, monkeypatch) -> None:  # fmt: skip
+    """A resent part that finds its first attempt still staging (55006) waits and is sent
+    again (review R1 F6); every body's IPC stream starts at a multiple of 8 bytes, so the
+    decoded buffers keep their alignment (R1 F10)."""
+    _topic(database)
+    monkeypatch.setattr(client_module, "PART_BYTES", 1000)
+    monkeypatch.setattr(client_module, "STAGE_RETRY_WAITS_S", (0.01, 0.01, 0.01))
+    writer = client()
+    real = writer._client
+    busy, offsets = [], []
+
+    class Busy:  # part 2 is answered 55006 once, as while its first attempt stages
+        def do_action(self, action, options):
+            body = action.body.to_pybytes()
+            offsets.append(body.index(b"\n") + 1)
+            if b'"part": 2}' in body[:200] and not busy:
+                busy.append(1)
+                raise flight.FlightServerError("55006: part 2 is being staged by another call")
+            return list(real.do_action(action, options))
+
+        def close(self) -> None:
+            real.close()
+
+    monkeypatch.setattr(writer, "_client", Busy())
+    batches = [pa.record_batch({"data": pa.array([b"%d-%d" % (b, i) for i in range(100)])})
+               for b in range(3)]  # fmt: skip
+    write_id = writer.put({"topic": "events"}, batches, batches[0].schema)
+    monkeypatch.setattr(writer, "_client", real)
+    assert busy == [1]
+    assert offsets and all(at % 8 == 0 for at in offsets)
+    assert writer.commit("sink", 0, [write_id])["rows"] == 300
+
+
+def test_a_body_whose_stream_is_not_aligned_is_read_into_aligned_buffers() -> None:
+    from sql.flight import server
+
+    batch = pa.record_batch({"n": pa.array(range(100), pa.int64())})
+    data = pa.py_buffer(b"x" + _ipc(batch)).slice(1)  # the stream at an odd address
+    column = server._open(data).read_next_batch().column(0)
+    assert column.buffers()[1].address % 8 == 0
+    assert column.to_pylist() == list(range(100))
