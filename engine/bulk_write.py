@@ -96,6 +96,7 @@ WRITE_MODES = ("append", "upsert", "add")  # under storage.limits.BATCH_MESSAGES
 PARTS_MAX = 1 << 31  # numbered parts of one stream: 0 .. PARTS_MAX - 1
 _STREAM = re.compile(r"[0-9a-f]{32}")  # a put's stream token
 DONE_SUFFIX = ".done"  # a numbered part's marker: all its files are whole
+ABORTED_PREFIXES_MAX = 10_000  # prefixes ``abort`` keeps closed (``_closed_prefix``)
 _WRITE_ID = re.compile(r"[A-Za-z0-9][A-Za-z0-9_.-]{0,127}")
 
 
@@ -135,6 +136,8 @@ class BulkWrites:
         self._appending: dict[str, int] = {}
         # (write id, stream, part) being staged
         self._parts_in_flight: set[tuple[str, str, int]] = set()
+        # (owner, prefix) -> wall time of an abort of ``prefix*`` (``abort``), oldest first
+        self._aborted_prefixes: dict[tuple[str, str], float] = {}
         # A commit by reference holds its partitions' batches in memory from their
         # derivation to the publish (none are spilled): as many at once as spilled
         # commits may read back (``limits.SPILLED_COMMITS_MAX``), the others wait.
@@ -207,6 +210,10 @@ class BulkWrites:
                 raise UndefinedObjectError(
                     f"no staged write {write_id}: it was committed or aborted (or its first "
                     "part was never staged)")  # fmt: skip
+            closed = self._closed_prefix(owner, write_id)
+            if closed is not None:
+                raise UndefinedObjectError(f"write {write_id}: the writes {closed}* were "
+                                           "aborted (its job failed)")  # fmt: skip
             os.makedirs(directory, exist_ok=True)
             meta = {"kind": kind, "name": name, "owner": owner, "mode": mode, "key": list(key)}
             if schema is not None:
@@ -249,6 +256,16 @@ class BulkWrites:
                 with open(os.path.join(self.root, write_id, key + DONE_SUFFIX), "wb"):
                     pass  # the part is whole: a retry is answered "duplicate"
                 return rows
+
+    def _closed_prefix(self, owner: str, write_id: str) -> str | None:
+        """The prefix of ``write_id`` that ``owner`` aborted within ``abandon_after_s``
+        (under ``_lock``)."""
+        now = _wall_clock_s()
+        for end in range(1, len(write_id) + 1):
+            when = self._aborted_prefixes.get((owner, write_id[:end]))
+            if when is not None and now - when < self.abandon_after_s:
+                return write_id[:end]
+        return None
 
     @contextlib.contextmanager
     def _staging_part(self, write_id: str, key: str) -> Iterator[bool]:
@@ -544,7 +561,21 @@ class BulkWrites:
         whose driver did not learn every task's id (a Spark task that staged its rows just
         as the job failed, its commit message dropped). A write's directory is renamed out
         of the staged writes at once, then deleted: a COPY still adding to it fails (42704:
-        its file's directory is gone) and leaves nothing staged."""
+        its file's directory is gone) and leaves nothing staged. Such a prefix is then
+        closed to this user for ``abandon_after_s``: a write it names is not created
+        (42704), so a task that starts its write just after its job's abort swept the
+        prefix leaves nothing behind (remembered in memory, at most
+        ``ABORTED_PREFIXES_MAX``, the oldest forgotten first)."""
+        write_ids = list(write_ids)
+        owner = session.identity.name
+        with self._lock:  # before the sweep: a write started after it sees the prefix
+            for write_id in write_ids:
+                if isinstance(write_id, str) and write_id.endswith("*"):
+                    prefix = check_write_id(write_id[:-1])
+                    self._aborted_prefixes.pop((owner, prefix), None)
+                    self._aborted_prefixes[(owner, prefix)] = _wall_clock_s()
+                    while len(self._aborted_prefixes) > ABORTED_PREFIXES_MAX:
+                        del self._aborted_prefixes[next(iter(self._aborted_prefixes))]
         count = 0
         for write_id, named in _expand(self.root, write_ids):
             if not os.path.isdir(os.path.join(self.root, write_id)):

@@ -736,3 +736,23 @@ def test_a_body_whose_stream_is_not_aligned_is_read_into_aligned_buffers() -> No
     column = server._open(data).read_next_batch().column(0)
     assert column.buffers()[1].address % 8 == 0
     assert column.to_pylist() == list(range(100))
+
+
+def test_an_aborted_prefix_is_closed_to_its_user(database, client) -> None:
+    """A job's abort (``prefix-*``) closes the prefix: a task starting its write just
+    after the sweep gets 42704 and leaves nothing (a Spark run left such a task's empty
+    write staged); other prefixes and other users are not affected."""
+    _topic(database)
+    session = database.connect()
+    session.execute("GRANT INSERT ON TOPIC events TO bob")
+    session.close()
+    alice, bob = client(), client("bob")
+    batch = pa.record_batch({"data": pa.array([b"x"])})
+    kept = alice.put({"topic": "events"}, [batch], batch.schema, "job-1-a")
+    assert alice.abort(["job-1-*"]) == 1
+    _refused(lambda: alice.put({"topic": "events"}, [batch], batch.schema, "job-1-b"), "42704")
+    assert alice.staged() == []
+    assert kept == "job-1-a"
+    other = alice.put({"topic": "events"}, [batch], batch.schema, "job-10-a")  # not job-1-
+    assert bob.put({"topic": "events"}, [batch], batch.schema, "job-1-c") == "job-1-c"
+    assert sorted(w["write_id"] for w in alice.staged()) == ["job-1-c", other]
