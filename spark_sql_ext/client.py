@@ -59,8 +59,9 @@ def _parts(header: dict[str, Any], batches: Iterable[pa.RecordBatch],
     """``(part, body)`` of the ``stage`` calls that carry the batches: a body is the JSON
     header line with its part number, then an Arrow IPC stream, written in one buffer (no
     copy to join them). Part 0 has no rows (sent before any batch is read, it starts the
-    write); parts 1, 2, ... hold about ``PART_BYTES`` each: small batches gathered, a
-    batch larger than that sliced by rows. Every body carries ``schema``."""
+    write); parts 1, 2, ... hold about ``PART_BYTES`` each (measured as written, so at
+    most ``PART_BYTES`` and one batch more): small batches gathered, a batch larger than
+    that sliced by rows. Every body carries ``schema``."""
     part = 0
 
     def opened() -> tuple[pa.BufferOutputStream, pa.ipc.RecordBatchStreamWriter]:
@@ -75,7 +76,7 @@ def _parts(header: dict[str, Any], batches: Iterable[pa.RecordBatch],
     yield part, sink.getvalue()
     part += 1
     sink, writer = opened()
-    held = 0
+    held = False
     for batch in batches:
         size = batch.nbytes
         if size > PART_BYTES and batch.num_rows > 1:
@@ -84,15 +85,16 @@ def _parts(header: dict[str, Any], batches: Iterable[pa.RecordBatch],
         else:
             pieces = [batch]
         for piece in pieces:
-            piece_size = piece.nbytes if len(pieces) > 1 else size
-            if held and held + piece_size > PART_BYTES:
+            writer.write_batch(piece)
+            held = True
+            # the body's real size (a batch's IPC metadata is not in its nbytes: 300
+            # one-row columns cost ~40 KB each)
+            if sink.tell() >= PART_BYTES:
                 writer.close()
                 yield part, sink.getvalue()
                 part += 1
                 sink, writer = opened()
-                held = 0
-            writer.write_batch(piece)
-            held += piece_size
+                held = False
     writer.close()
     if held:
         yield part, sink.getvalue()

@@ -182,7 +182,8 @@ def _check_columns(schema: pa.Schema) -> None:
 
 def _checked_batches(reader: pa.ipc.RecordBatchStreamReader, where: str
                      ) -> Iterator[pa.RecordBatch]:  # fmt: skip
-    """The reader's batches, a malformed one as 22P03, at most
+    """The reader's batches, a malformed or invalid one (``validate(full=True)``) as
+    22P03, at most
     ``limits.FLIGHT_STAGE_BATCHES_MAX`` of them, and dictionary columns bounded
     (``ipc_bounds.check_plain``, 54000) over the whole body before the engine sees them."""
     plain = 0
@@ -195,6 +196,11 @@ def _checked_batches(reader: pa.ipc.RecordBatchStreamReader, where: str
         except (pa.ArrowException, OSError) as error:
             raise InvalidBinaryDataError(
                 f"a stage body is not an Arrow IPC stream: {error}") from None  # fmt: skip
+        try:  # offsets, lengths, UTF-8: a batch the IPC reader took but readers would trip on
+            batch.validate(full=True)
+        except pa.ArrowException as error:
+            raise InvalidBinaryDataError(f"a stage body holds an invalid record batch: {error}",
+                                         where=where) from None  # fmt: skip
         count += 1
         if count > limits.FLIGHT_STAGE_BATCHES_MAX:
             raise LimitExceededError(f"a stage body holds more than "

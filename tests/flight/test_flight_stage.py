@@ -16,6 +16,7 @@ import json
 import os
 import shutil
 import signal
+import struct
 import subprocess
 import sys
 import textwrap
@@ -756,3 +757,31 @@ def test_an_aborted_prefix_is_closed_to_its_user(database, client) -> None:
     other = alice.put({"topic": "events"}, [batch], batch.schema, "job-10-a")  # not job-1-
     assert bob.put({"topic": "events"}, [batch], batch.schema, "job-1-c") == "job-1-c"
     assert sorted(w["write_id"] for w in alice.staged()) == ["job-1-c", other]
+
+
+def test_put_of_many_small_wide_batches_keeps_its_bodies_under_the_cap(database, client) -> None:
+    """A part is cut by its bytes as written: 300 columns of one-row batches cost ~15 KB
+    of IPC each but 2.4 KB of ``nbytes`` (review R1 F12: a 42 MiB body, 54000)."""
+    columns = 300
+    session = database.connect()
+    session.execute("CREATE TABLE wide (" + ", ".join(f"c{i} BIGINT" for i in range(columns)) + ")")
+    session.close()
+    batch = pa.record_batch([pa.array([i], pa.int64()) for i in range(columns)],
+                            names=[f"c{i}" for i in range(columns)])  # fmt: skip
+    writer = client()
+    write_id = writer.put({"table": "wide"}, (batch for _ in range(3000)), batch.schema)
+    assert writer.commit("s", 0, [write_id])["rows"] == 3000
+
+
+def test_an_invalid_array_is_22p03_and_stages_nothing(database, client) -> None:
+    """Offsets that go backwards pass the IPC reader; published, every reader of the range
+    would fail on them (review R1 F11): ``validate(full=True)`` refuses them first."""
+    _topic(database)
+    offsets = pa.py_buffer(struct.pack("<3i", 0, 6, 2))
+    data = pa.Array.from_buffers(pa.binary(), 2, [None, offsets, pa.py_buffer(b"abcdefgh")])
+    header = {"topic": "events", "write_id": "poison", "part": 0}
+    error = _refused(lambda: _stage(client(), header, _ipc(pa.record_batch({"data": data}))),
+                     "22P03")  # fmt: skip
+    assert "invalid record batch" in error.message
+    assert not os.path.exists(os.path.join(database.path, WRITES_DIRECTORY, "poison"))
+    assert _topic_data(database) == []
