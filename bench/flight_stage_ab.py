@@ -102,10 +102,17 @@ def main() -> None:
     parser.add_argument("--pairs", type=int, default=3)
     parser.add_argument("--rows", type=int, default=1_000_000)
     parser.add_argument("--batch-rows", type=int, default=10_000)
-    parser.add_argument("--partitioned", action="store_true",
-                        help="rows carry a partition column (the frames staging path)")
-    parser.add_argument("--part-mib", type=int, default=0,
-                        help="PART_BYTES of the stage client in MiB (0: its default)")
+    parser.add_argument(
+        "--partitioned",
+        action="store_true",
+        help="rows carry a partition column (the frames staging path)",
+    )
+    parser.add_argument(
+        "--part-mib",
+        type=int,
+        default=0,
+        help="PART_BYTES of the stage client in MiB (0: its default)",
+    )
     arguments = parser.parse_args()
     trees = dict(t.split("=", 1) for t in arguments.tree)
     results: dict[str, list[dict[str, float]]] = {name: [] for name in trees}

@@ -601,9 +601,13 @@ def test_a_part_torn_by_a_killed_server_is_staged_again_whole(tmp_path) -> None:
     framed = pa.record_batch({"data": pa.array([b"f0", b"f1"]),
                               "partition": pa.array([0, 0], pa.int32()),
                               "codec": pa.array([None, None], pa.string())})  # fmt: skip
-    rest = pa.record_batch({"data": pa.array([b"r0", b"r1"]),
-                            "partition": pa.array([0, 0], pa.int32()),
-                            "codec": pa.array(["zstd", None], pa.string())})  # not framed
+    rest = pa.record_batch(
+        {
+            "data": pa.array([b"r0", b"r1"]),
+            "partition": pa.array([0, 0], pa.int32()),
+            "codec": pa.array(["zstd", None], pa.string()),
+        }
+    )  # not framed
     body = _body({"topic": "events", "write_id": "torn", "part": 0}, _ipc(framed, rest))
     server = subprocess.Popen([sys.executable, "-c", _DYING, path], stdin=subprocess.PIPE,
                               stdout=subprocess.PIPE, text=True)  # fmt: skip
