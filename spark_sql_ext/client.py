@@ -22,6 +22,8 @@ from urllib.parse import urlparse
 import pyarrow as pa
 import pyarrow.flight as flight
 
+from storage import limits
+
 DEFAULT_PORT = 5434
 _SQLSTATE = re.compile(r"\b([0-9A-Z]{5}): ")
 
@@ -60,7 +62,8 @@ def _parts(header: dict[str, Any], batches: Iterable[pa.RecordBatch],
     header line with its part number, then an Arrow IPC stream, written in one buffer (no
     copy to join them). Part 0 has no rows (sent before any batch is read, it starts the
     write); parts 1, 2, ... hold about ``PART_BYTES`` each (measured as written, so at
-    most ``PART_BYTES`` and one batch more): small batches gathered, a batch larger than
+    most ``PART_BYTES`` and one batch more) and at most
+    ``limits.FLIGHT_STAGE_BATCHES_MAX`` batches: small batches gathered, a batch larger than
     that sliced by rows. Every body carries ``schema``."""
     part = 0
 
@@ -76,7 +79,7 @@ def _parts(header: dict[str, Any], batches: Iterable[pa.RecordBatch],
     yield part, sink.getvalue()
     part += 1
     sink, writer = opened()
-    held = False
+    held = 0  # batches in the part being built
     for batch in batches:
         size = batch.nbytes
         if size > PART_BYTES and batch.num_rows > 1:
@@ -86,15 +89,15 @@ def _parts(header: dict[str, Any], batches: Iterable[pa.RecordBatch],
             pieces = [batch]
         for piece in pieces:
             writer.write_batch(piece)
-            held = True
+            held += 1
             # the body's real size (a batch's IPC metadata is not in its nbytes: 300
-            # one-row columns cost ~40 KB each)
-            if sink.tell() >= PART_BYTES:
+            # one-row columns cost ~40 KB each), and the batches the door takes per body
+            if sink.tell() >= PART_BYTES or held == limits.FLIGHT_STAGE_BATCHES_MAX:
                 writer.close()
                 yield part, sink.getvalue()
                 part += 1
                 sink, writer = opened()
-                held = False
+                held = 0
     writer.close()
     if held:
         yield part, sink.getvalue()

@@ -24,6 +24,8 @@ Requests (descriptor commands, tickets and action bodies are JSON objects):
   Part 0 starts the write (``TopicbaseClient.put`` sends it, without rows, before it
   reads any batch, so an abort sweeping a job's writes finds it, as it found a DoPut's);
   a later part of a write that is gone (aborted, committed) is 42704, never a new write.
+  Parts are published in the order they were staged, not by number: send a stream's
+  parts one at a time, each after the previous one's answer (as ``put`` does).
 - ``DoPut`` is refused (0A000) before any of its stream is read: pyarrow's Flight
   server decodes a put's record batches (their IPC body compression, dictionaries) in
   C++ before Python could look at them, so 16 KiB of zstd made the server allocate

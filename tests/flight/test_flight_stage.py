@@ -789,3 +789,13 @@ def test_an_invalid_array_is_22p03_and_stages_nothing(database, client) -> None:
     assert "invalid record batch" in error.message
     assert not os.path.exists(os.path.join(database.path, WRITES_DIRECTORY, "poison"))
     assert _topic_data(database) == []
+
+
+def test_put_of_more_small_batches_than_a_body_takes_splits_them(database, client) -> None:
+    """20,000 one-row batches (2 MB) are more batches than one body may hold: put closes a
+    part at ``limits.FLIGHT_STAGE_BATCHES_MAX`` batches (review R1 F13: 54000)."""
+    _topic(database)
+    batch = pa.record_batch({"data": pa.array([b"m" * 100])})
+    writer = client()
+    write_id = writer.put({"topic": "events"}, (batch for _ in range(20_000)), batch.schema)
+    assert writer.commit("s", 0, [write_id])["rows"] == 20_000
