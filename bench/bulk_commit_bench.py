@@ -6,7 +6,7 @@ partitions, stages ``--rows`` messages of ``--size`` bytes across ``--writes`` w
 (each write's rows name their partition, ``row % partitions``, as Spark's tasks do), then
 commits them all in one call and reports the CPU seconds (``time.process_time``: every
 thread of this process, the staging syncer's included) and wall seconds of that call
-alone. Staging is not measured (it is the DoPut side).
+alone. Staging is not measured (it is the Flight ``stage`` side).
 
 Usage: ``python -m bench.bulk_commit_bench [--reps 5] [--rows 200000] [--profile]``.
 To compare two trees, run this file in each alternately (A B A B): the script has no

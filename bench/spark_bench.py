@@ -20,7 +20,7 @@ written by Spark. Figures (rows/s):
   run into a fresh topic; the server's and the Spark
   JVM's CPU seconds and the driver's commit per wire write are shown in the progress
   lines.
-  Recorded beside it: the Python source's write (tasks DoPut over Flight, the driver
+  Recorded beside it: the Python source's write (tasks stage over Flight, the driver
   commits; ``format("topicbase")``, one run), which also fills the topic the reads use.
   Recorded beside it in the full suite only (no target; round 21): the same rounds on
   JSON log lines (``_rows(kind="json")``: ~1 KiB of ids, hashes and phrases), the

@@ -1,4 +1,5 @@
-"""Bulk writes staged on disk and published exactly once: the engine side of Flight's DoPut.
+"""Bulk writes staged on disk and published exactly once: the engine side of the Flight
+door's ``stage`` action (and of ``COPY ... WRITE_ID``).
 
 A *write* is a set of Arrow record batches for one target (a topic or a table), owned by
 the user who started it and named by a client-chosen *write id*. Its batches are staged
@@ -29,6 +30,16 @@ Layout and invariants:
   a commit, duplicate check or ``last_batch`` of another user's sink gets 42501.
 - a write being committed takes no appends (55000): its files were read, and are
   deleted, by the commit; a write with an append in flight cannot start committing.
+- a numbered *part* (the Flight door's ``stage`` action: part ``n`` of the client's
+  ``stream``, one token per ``put``) is staged at most once: its files' names carry
+  ``(stream, n)`` (``_staged_name``), and once all of them are whole an empty marker
+  ``<stream><n>.done`` is created; the same part again stages nothing (``append``
+  returns None) once the marker is there, and 55006 while another call stages it. A
+  part's files without their marker (a process killed between a part's frames file and
+  its rest file) are no part of the write: commits skip them, a retry of the part
+  deletes them first. A
+  write started with a schema (``start(schema=...)``) records it in ``write.json``, and
+  every later ``start`` naming a schema must name an equal one (42804).
 Thread-safety: the staged-bytes counter, the directory set and the committing/appending
 marks are guarded by a lock; a write id may be appended to by several streams at once
 (each stream has its own file).
@@ -36,6 +47,7 @@ marks are guarded by a lock; a write id may be appended to by several streams at
 
 from __future__ import annotations
 
+import base64
 import contextlib
 import itertools
 import json
@@ -59,10 +71,12 @@ from engine.writes import build_batches
 from storage import failpoints, limits
 from storage.codecs import Codec
 from storage.errors import (
+    DatatypeMismatchError,
     DuplicateColumnError,
     InsufficientPrivilegeError,
     InvalidParameterValueError,
     LimitExceededError,
+    ObjectInUseError,
     ObjectNotInPrerequisiteStateError,
     SerializationFailure,
     TopicbaseError,
@@ -79,6 +93,10 @@ FRAMES_SUFFIX = ".frames"  # a staged file of frames (``storage.staged_frames``)
 STAGED_SUFFIXES = (".arrows", FRAMES_SUFFIX)  # whole staged files
 ABANDON_AFTER_S_DEFAULT = 3600.0
 WRITE_MODES = ("append", "upsert", "add")  # under storage.limits.BATCH_MESSAGES_MAX
+PARTS_MAX = 1 << 31  # numbered parts of one stream: 0 .. PARTS_MAX - 1
+_STREAM = re.compile(r"[0-9a-f]{32}")  # a put's stream token
+DONE_SUFFIX = ".done"  # a numbered part's marker: all its files are whole
+ABORTED_PREFIXES_MAX = 10_000  # prefixes ``abort`` keeps closed (``_closed_prefix``)
 _WRITE_ID = re.compile(r"[A-Za-z0-9][A-Za-z0-9_.-]{0,127}")
 
 
@@ -116,6 +134,10 @@ class BulkWrites:
         # write is never appended to while it is committed (the rows would be lost).
         self._committing: set[str] = set()
         self._appending: dict[str, int] = {}
+        # (write id, stream, part) being staged
+        self._parts_in_flight: set[tuple[str, str, int]] = set()
+        # (owner, prefix) -> wall time of an abort of ``prefix*`` (``abort``), oldest first
+        self._aborted_prefixes: dict[tuple[str, str], float] = {}
         # A commit by reference holds its partitions' batches in memory from their
         # derivation to the publish (none are spilled): as many at once as spilled
         # commits may read back (``limits.SPILLED_COMMITS_MAX``), the others wait.
@@ -142,8 +164,14 @@ class BulkWrites:
 
     # -- staging ------------------------------------------------------------------------
     def start(self, session: Any, write_id: str, kind: str, name: str,
-              mode: str = "append", key: tuple[str, ...] = ()) -> None:  # fmt: skip
-        """Create write ``write_id`` for the target, or check an existing one matches.
+              mode: str = "append", key: tuple[str, ...] = (),
+              schema: pa.Schema | None = None, create: bool = True) -> bool:  # fmt: skip
+        """Create write ``write_id`` for the target, or check an existing one matches;
+        True when it was created. Without ``create`` a missing write is 42704 (a later
+        part of a write that was aborted or committed meanwhile: nothing re-creates it).
+
+        With ``schema``: a new write records it; an existing write that recorded one
+        refuses another (42804), one that recorded none records it now.
 
         ``mode`` says how table rows are published: ``append`` (INSERT), ``upsert``
         (rows replace those with the same ``key``; of a key's rows in one commit, the last
@@ -169,20 +197,41 @@ class BulkWrites:
                     )
                 if meta["owner"] != owner:
                     raise InsufficientPrivilegeError(f"write {write_id} belongs to another user")
-                return
+                if schema is not None:
+                    if meta.get("schema") is None:
+                        _write_meta(meta_path, {**meta, "schema": _schema_text(schema)})
+                    elif not _schema_of(meta["schema"]).equals(schema):
+                        raise DatatypeMismatchError(
+                            f"write {write_id} was started with the schema "
+                            f"({_schema_of(meta['schema']).to_string(show_schema_metadata=False)})"
+                            f", not ({schema.to_string(show_schema_metadata=False)}): "
+                            "every part of a write has the same schema")  # fmt: skip
+                return False
+            if not create:
+                raise UndefinedObjectError(
+                    f"no staged write {write_id}: it was committed or aborted (or its first "
+                    "part was never staged)")  # fmt: skip
+            closed = self._closed_prefix(owner, write_id)
+            if closed is not None:
+                raise UndefinedObjectError(f"write {write_id}: the writes {closed}* were "
+                                           "aborted (its job failed)")  # fmt: skip
             os.makedirs(directory, exist_ok=True)
-            temporary = meta_path + ".part"
-            with open(temporary, "w", encoding="utf-8") as handle:
-                json.dump({"kind": kind, "name": name, "owner": owner, "mode": mode,
-                           "key": list(key)}, handle)  # fmt: skip
-            os.replace(temporary, meta_path)
+            meta = {"kind": kind, "name": name, "owner": owner, "mode": mode, "key": list(key)}
+            if schema is not None:
+                meta["schema"] = _schema_text(schema)
+            _write_meta(meta_path, meta)
+            return True
 
     def append(self, session: Any, write_id: str, batches: Iterable[pa.RecordBatch],
-               schema: pa.Schema) -> int:  # fmt: skip
+               schema: pa.Schema, part: int | None = None, stream: str | None = None
+               ) -> int | None:  # fmt: skip
         """Stage ``batches`` as one file of write ``write_id``; returns the rows staged.
 
         Past the staging disk cap the file is deleted and 54000 raised; a schema naming
-        a column twice is refused (42701) before anything is staged.
+        a column twice is refused (42701) before anything is staged. With ``part`` and
+        ``stream`` (32 hex digits: a put's token; a retried call sends both again): None,
+        reading nothing of ``batches``, when that part is staged whole already; 55006
+        while another call stages it.
         """
         meta = self._meta(session, write_id)
         _check_target(session, meta["kind"], meta["name"])
@@ -192,8 +241,66 @@ class BulkWrites:
             raise DuplicateColumnError(
                 f"a bulk write's rows name column{'s' if len(twice) > 1 else ''} "
                 f"{', '.join(repr(n) for n in twice)} more than once")
-        with self._adding(write_id):
-            return self._append(write_id, batches, schema)
+        if part is None:
+            with self._adding(write_id):
+                return self._append(write_id, batches, schema)
+        if not isinstance(part, int) or isinstance(part, bool) or not 0 <= part < PARTS_MAX:
+            raise InvalidParameterValueError(f"a part number is 0 to {PARTS_MAX - 1}, not {part!r}")
+        if not isinstance(stream, str) or not _STREAM.fullmatch(stream):
+            raise InvalidParameterValueError(f"a part's stream is 32 hex digits, not {stream!r}")
+        key = f"{stream}{part:0{_PART_DIGITS}x}"
+        with self._staging_part(write_id, key) as staged:
+            if staged:
+                return None
+            with self._adding(write_id):
+                rows = self._append(write_id, batches, schema, key)
+                with open(os.path.join(self.root, write_id, key + DONE_SUFFIX), "wb"):
+                    pass  # the part is whole: a retry is answered "duplicate"
+                return rows
+
+    def _closed_prefix(self, owner: str, write_id: str) -> str | None:
+        """The prefix of ``write_id`` that ``owner`` aborted within ``abandon_after_s``
+        (under ``_lock``)."""
+        now = _wall_clock_s()
+        for end in range(1, len(write_id) + 1):
+            when = self._aborted_prefixes.get((owner, write_id[:end]))
+            if when is not None and now - when < self.abandon_after_s:
+                return write_id[:end]
+        return None
+
+    @contextlib.contextmanager
+    def _staging_part(self, write_id: str, key: str) -> Iterator[bool]:
+        """Part ``key`` (stream and number) of ``write_id`` marked in flight (55006 if it
+        is already); yields whether it is staged whole already. Files of it without its
+        marker (torn by a killed process) are deleted first, their bytes given back."""
+        directory = os.path.join(self.root, write_id)
+        with self._lock:
+            if (write_id, key) in self._parts_in_flight:
+                raise ObjectInUseError(f"part {int(key[32:], 16)} of write {write_id} is being "
+                                       "staged by another call")  # fmt: skip
+            staged = os.path.exists(os.path.join(directory, key + DONE_SUFFIX))
+            self._parts_in_flight.add((write_id, key))
+        try:
+            if not staged:
+                self._delete_torn(directory, key)
+            yield staged
+        finally:
+            with self._lock:
+                self._parts_in_flight.discard((write_id, key))
+
+    def _delete_torn(self, directory: str, key: str) -> None:
+        try:
+            names = os.listdir(directory)
+        except FileNotFoundError:
+            return
+        for name in names:
+            if _part_of(name) == key:
+                path = os.path.join(directory, name)
+                with contextlib.suppress(FileNotFoundError):
+                    size = os.path.getsize(path)
+                    os.remove(path)
+                    if name.endswith((*STAGED_SUFFIXES, ".part")):
+                        self._release(size)
 
     def append_frames(self, session: Any, write_id: str,
                       read: Callable[[int], bytes | bytearray | memoryview]) -> int:  # fmt: skip
@@ -296,8 +403,8 @@ class BulkWrites:
         shutil.rmtree(discarded, ignore_errors=True)
 
     def _append(self, write_id: str, batches: Iterable[pa.RecordBatch],
-                schema: pa.Schema) -> int:  # fmt: skip
-        base = os.path.join(self.root, write_id, _staged_name())
+                schema: pa.Schema, key: str | None = None) -> int:  # fmt: skip
+        base = os.path.join(self.root, write_id, _staged_name(key))
         batches = iter(batches)
         if self._meta_of(write_id)["kind"] == "topic":
             first = next((b for b in batches if b.num_rows), None)
@@ -455,7 +562,21 @@ class BulkWrites:
         whose driver did not learn every task's id (a Spark task that staged its rows just
         as the job failed, its commit message dropped). A write's directory is renamed out
         of the staged writes at once, then deleted: a COPY still adding to it fails (42704:
-        its file's directory is gone) and leaves nothing staged."""
+        its file's directory is gone) and leaves nothing staged. Such a prefix is then
+        closed to this user for ``abandon_after_s``: a write it names is not created
+        (42704), so a task that starts its write just after its job's abort swept the
+        prefix leaves nothing behind (remembered in memory, at most
+        ``ABORTED_PREFIXES_MAX``, the oldest forgotten first)."""
+        write_ids = list(write_ids)
+        owner = session.identity.name
+        with self._lock:  # before the sweep: a write started after it sees the prefix
+            for write_id in write_ids:
+                if isinstance(write_id, str) and write_id.endswith("*"):
+                    prefix = check_write_id(write_id[:-1])
+                    self._aborted_prefixes.pop((owner, prefix), None)
+                    self._aborted_prefixes[(owner, prefix)] = _wall_clock_s()
+                    while len(self._aborted_prefixes) > ABORTED_PREFIXES_MAX:
+                        del self._aborted_prefixes[next(iter(self._aborted_prefixes))]
         count = 0
         for write_id, named in _expand(self.root, write_ids):
             if not os.path.isdir(os.path.join(self.root, write_id)):
@@ -544,7 +665,7 @@ class BulkWrites:
         ``frames``, the Arrow files alone: the frames go as staged, ``_framed_topics``)."""
         directory = os.path.join(self.root, write_id)
         pieces = []
-        for entry in sorted(os.listdir(directory)):
+        for entry in _whole_parts(sorted(os.listdir(directory))):
             path = os.path.join(directory, entry)
             if entry.endswith(".arrows"):
                 pieces.append(pa.ipc.open_stream(pa.memory_map(path)).read_all())
@@ -1004,12 +1125,32 @@ def _check_target(session: Any, kind: str, name: str) -> None:
         raise InvalidParameterValueError(f"a write targets a topic or a table, not {kind!r}")
 
 
-def _staged_name() -> str:
+def _staged_name(key: str | None = None) -> str:
     """A new staged file's name (before its suffixes): the staging time first, so a
     write's files sort in the order they were staged (a client that sends a stream's
     rows in two COPYs one after the other, e.g. partition frames then an Arrow stream,
-    keeps their order: a write's files are read in name order), then a random part."""
-    return f"{time.time_ns():016x}-{uuid.uuid4().hex}"
+    keeps their order: a write's files are read in name order), then 32 random hex
+    digits, or for a numbered part its key (``append``: the stream's 32 hex digits, the
+    part in 8 more). Hex digits and one '-' only: ``staged_frames.OWN_FILE`` parses it."""
+    return f"{time.time_ns():016x}-{key or uuid.uuid4().hex}"
+
+
+_PART_DIGITS = 8  # PARTS_MAX is 2**31
+
+
+def _part_of(name: str) -> str | None:
+    """The part key (stream and number) in a staged file's name (``_staged_name``), or of
+    a part's marker; None for a file staged without one."""
+    base = os.path.basename(name).split(".")[0].rstrip("~")
+    key = base.partition("-")[2] if "-" in base else base
+    return key if len(key) == 32 + _PART_DIGITS else None
+
+
+def _whole_parts(names: list[str]) -> list[str]:
+    """``names`` without the files of numbered parts whose marker is missing (torn)."""
+    done = {n[: -len(DONE_SUFFIX)] for n in names if n.endswith(DONE_SUFFIX)}
+    return [n for n in names if n.endswith(DONE_SUFFIX) or (key := _part_of(n)) is None
+            or key in done]  # fmt: skip
 
 
 def _check_decoded_frames(metas: dict[str, dict[str, str]], framed_ids: set[str],
@@ -1050,7 +1191,7 @@ def _staged_files(directory: str) -> list[str]:
     """The write's whole staged files in name order (the rows' order); an own frames file
     (``storage.staged_frames``) only once its COPY's shared file is there (a crash between
     their renames leaves the COPY unstaged, as one that failed)."""
-    names = sorted(os.listdir(directory))
+    names = _whole_parts(sorted(os.listdir(directory)))
     return [os.path.join(directory, n) for n in names
             if n.endswith(STAGED_SUFFIXES)
             and (own_file(n) is None or own_file_sealed(n, names))]  # fmt: skip
@@ -1100,6 +1241,28 @@ def _restore(path: str, target: str) -> None:
         os.rename(path, target)
     except OSError:
         shutil.rmtree(path, ignore_errors=True)
+
+
+def _write_meta(path: str, meta: dict[str, Any]) -> None:
+    """``write.json`` written whole or not at all (a temporary file, then renamed)."""
+    temporary = path + ".part"
+    with open(temporary, "w", encoding="utf-8") as handle:
+        json.dump(meta, handle)
+    os.replace(temporary, path)
+
+
+def _schema_text(schema: pa.Schema) -> str:
+    """The schema as ``write.json`` keeps it (read at every part's ``start``: bounded)."""
+    data = schema.remove_metadata().serialize().to_pybytes()
+    if len(data) > limits.FLIGHT_COMMAND_BYTES_MAX:
+        raise LimitExceededError(f"a bulk write's schema is limited to "
+                                 f"{limits.FLIGHT_COMMAND_BYTES_MAX} bytes, not "
+                                 f"{len(data)}")  # fmt: skip
+    return base64.b64encode(data).decode()
+
+
+def _schema_of(text: str) -> pa.Schema:
+    return pa.ipc.read_schema(pa.py_buffer(base64.b64decode(text)))
 
 
 def _read_meta(path: str) -> dict[str, str]:

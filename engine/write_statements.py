@@ -2,7 +2,7 @@
 statement, for every front (the wire server, the console, the Flight door's ``execute``).
 
 The rows were staged before, each write under its client-chosen id (the wire server's
-``COPY ... FROM STDIN (FORMAT arrow, WRITE_ID 'id')``, or the Flight door's ``DoPut``);
+``COPY ... FROM STDIN (FORMAT arrow, WRITE_ID 'id')``, or the Flight door's ``stage``);
 these statements call the same ``engine.bulk_write.BulkWrites`` functions as the Flight
 door's ``commit`` and ``abort`` actions, with the same semantics:
 

@@ -3,14 +3,17 @@
 Used by the Spark data source on the driver and in every task, and usable on its own.
 ``url`` is ``topicbase://host:port`` (plain) or ``topicbase+tls://host:port`` (TLS; the
 server's certificate is checked against ``tls_root_certs``, a PEM file, or the system's
-roots). The client logs in once (Basic handshake) and sends the bearer token with every
-call. Server errors come back as ``TopicbaseFlightError`` carrying the SQLSTATE.
+roots; ``tls_client_cert``/``tls_client_key``, PEM files, for a door that asks clients
+for a certificate: ``serve --flight-client-ca``). The client logs in once (Basic
+handshake) and sends the bearer token with every call. Rows are uploaded as ``stage``
+actions (``put``). Server errors come back as ``TopicbaseFlightError`` carrying the SQLSTATE.
 """
 
 from __future__ import annotations
 
 import json
 import re
+import time
 import uuid
 from collections.abc import Iterable, Iterator
 from typing import Any
@@ -19,8 +22,20 @@ from urllib.parse import urlparse
 import pyarrow as pa
 import pyarrow.flight as flight
 
+from storage import limits
+
 DEFAULT_PORT = 5434
 _SQLSTATE = re.compile(r"\b([0-9A-Z]{5}): ")
+
+
+# About this many bytes of Arrow IPC per ``stage`` call (the server takes at most
+# storage.limits.FLIGHT_STAGE_BODY_BYTES_MAX, 32 MiB): large enough that a call's
+# overhead (a round trip, a staged file) is small beside its rows.
+PART_BYTES = 6 << 20
+# A part is sent again after the connection dropped or timed out, or while the server
+# still stages its earlier attempt (55006) or has no turn free (53300), after these waits.
+STAGE_RETRY_WAITS_S = (0.2, 1.0, 3.0)
+_RETRIED_SQLSTATES = ("55006", "53300")
 
 
 class TopicbaseFlightError(Exception):
@@ -41,6 +56,53 @@ def _translate(error: flight.FlightError) -> TopicbaseFlightError:
     return TopicbaseFlightError(match.group(1), message)
 
 
+def _parts(header: dict[str, Any], batches: Iterable[pa.RecordBatch],
+           schema: pa.Schema) -> Iterator[tuple[int, pa.Buffer]]:  # fmt: skip
+    """``(part, body)`` of the ``stage`` calls that carry the batches: a body is the JSON
+    header line with its part number, then an Arrow IPC stream, written in one buffer (no
+    copy to join them). Part 0 has no rows (sent before any batch is read, it starts the
+    write); parts 1, 2, ... hold about ``PART_BYTES`` each (measured as written, so at
+    most ``PART_BYTES`` and one batch more) and at most
+    ``limits.FLIGHT_STAGE_BATCHES_MAX`` batches: small batches gathered, a batch larger than
+    that sliced by rows. Every body carries ``schema``."""
+    part = 0
+
+    def opened() -> tuple[pa.BufferOutputStream, pa.ipc.RecordBatchStreamWriter]:
+        sink = pa.BufferOutputStream()
+        line = json.dumps({**header, "part": part}).encode()
+        # spaces to 8 bytes: the stream's buffers keep their alignment in the body
+        sink.write(line + b" " * (-(len(line) + 1) % 8) + b"\n")
+        return sink, pa.ipc.new_stream(sink, schema)
+
+    sink, writer = opened()
+    writer.close()
+    yield part, sink.getvalue()
+    part += 1
+    sink, writer = opened()
+    held = 0  # batches in the part being built
+    for batch in batches:
+        size = batch.nbytes
+        if size > PART_BYTES and batch.num_rows > 1:
+            step = max(1, batch.num_rows * PART_BYTES // size)
+            pieces = [batch.slice(at, step) for at in range(0, batch.num_rows, step)]
+        else:
+            pieces = [batch]
+        for piece in pieces:
+            writer.write_batch(piece)
+            held += 1
+            # the body's real size (a batch's IPC metadata is not in its nbytes: 300
+            # one-row columns cost ~40 KB each), and the batches the door takes per body
+            if sink.tell() >= PART_BYTES or held == limits.FLIGHT_STAGE_BATCHES_MAX:
+                writer.close()
+                yield part, sink.getvalue()
+                part += 1
+                sink, writer = opened()
+                held = 0
+    writer.close()
+    if held:
+        yield part, sink.getvalue()
+
+
 def location_of(url: str) -> str:
     """``topicbase://h:p`` → ``grpc+tcp://h:p``; ``topicbase+tls://`` → ``grpc+tls://``."""
     parsed = urlparse(url)
@@ -55,11 +117,15 @@ class TopicbaseClient:
     """One logged-in connection to the Flight door."""
 
     def __init__(self, url: str, user: str, password: str = "", *,
-                 tls_root_certs: str | None = None) -> None:  # fmt: skip
+                 tls_root_certs: str | None = None, tls_client_cert: str | None = None,
+                 tls_client_key: str | None = None) -> None:  # fmt: skip
         kwargs: dict[str, Any] = {}
-        if tls_root_certs:
-            with open(tls_root_certs, "rb") as handle:
-                kwargs["tls_root_certs"] = handle.read()
+        files = {"tls_root_certs": tls_root_certs, "cert_chain": tls_client_cert,
+                 "private_key": tls_client_key}  # fmt: skip
+        for argument, path in files.items():
+            if path:
+                with open(path, "rb") as handle:
+                    kwargs[argument] = handle.read()
         self._client = flight.FlightClient(location_of(url), **kwargs)
         try:
             header = self._client.authenticate_basic_token(user, password)
@@ -109,20 +175,36 @@ class TopicbaseClient:
     # -- writes -----------------------------------------------------------------------
     def put(self, target: dict[str, Any], batches: Iterable[pa.RecordBatch],
             schema: pa.Schema, write_id: str | None = None) -> str:  # fmt: skip
-        """Stage ``batches`` under ``write_id`` (a new one if None); returns the id."""
+        """Stage ``batches`` under ``write_id`` (a new one if None); returns the id.
+
+        The rows go as ``stage`` actions (``_parts``: part 0 starts the write before any
+        batch is read, then about ``PART_BYTES`` of Arrow IPC each, small batches
+        gathered, a big one sliced), under a stream token of this put (several puts may
+        add to one write id); a call that fails as the connection drops is sent again
+        under its number (the server stages a part of a stream once).
+        """
         write_id = write_id or uuid.uuid4().hex
-        command = {**target, "write_id": write_id}
-        descriptor = flight.FlightDescriptor.for_command(json.dumps(command).encode())
-        try:
-            writer, metadata = self._client.do_put(descriptor, schema, self._options)
-            for batch in batches:
-                writer.write_batch(batch)
-            writer.done_writing()
-            metadata.read()
-            writer.close()
-        except flight.FlightError as error:
-            raise _translate(error) from None
+        header = {**target, "write_id": write_id, "stream": uuid.uuid4().hex}
+        for _, body in _parts(header, batches, schema):
+            self._stage(body)
         return write_id
+
+    def _stage(self, body: pa.Buffer) -> dict[str, Any]:
+        for wait_s in (*STAGE_RETRY_WAITS_S, None):
+            try:
+                results = list(self._client.do_action(flight.Action("stage", body),
+                                                      self._options))  # fmt: skip
+                return json.loads(results[0].body.to_pybytes())
+            except (flight.FlightUnavailableError, flight.FlightTimedOutError) as error:
+                failure = _translate(error)
+            except flight.FlightError as error:
+                failure = _translate(error)
+                if failure.sqlstate not in _RETRIED_SQLSTATES:
+                    raise failure from None
+            if wait_s is None:
+                raise failure from None
+            time.sleep(wait_s)
+        raise AssertionError("unreachable")
 
     def action(self, kind: str, body: dict[str, Any] | None = None) -> Any:
         try:

@@ -11,7 +11,8 @@ still checks it) — with the source option ``pushFilters = true`` as well.
 Writes (batch and streaming, ``streaming.py``; a task's side in ``tasks.py``), exactly
 once: the writer object is pickled once, so the id made in its ``__init__`` names this
 write in every task and in the driver's
-commit. Each task stages its rows through ``DoPut`` under ``<write>-<partition>-<attempt>``
+commit. Each task stages its rows through the Flight door's ``stage`` action (parts of
+~6 MiB of Arrow IPC, ``client.TopicbaseClient.put``) under ``<write>-<partition>-<attempt>``
 and returns that id; the driver's ``commit`` publishes every id in one Topicbase
 transaction recorded as ``(sink id, batch id)``: a replayed commit is a no-op, an abort
 (or a commit, for attempts that failed) discards what tasks staged. Topic rows take the

@@ -1,7 +1,8 @@
 """The options of the ``topicbase`` Spark data source, parsed and checked once.
 
 ``url`` (``topicbase://host:port`` of the Flight door; ``topicbase+tls://`` for TLS with
-``tlsRootCerts`` a PEM file), ``user``/``password``, ``topic`` or ``table``, ``columns``
+``tlsRootCerts`` a PEM file; ``tlsClientCert``/``tlsClientKey``, PEM files, when the door
+asks clients for a certificate), ``user/``password``, ``topic`` or ``table``, ``columns``
 (comma-separated topic columns), ``startingOffsets``/``endingOffsets`` (``earliest``,
 ``latest``, JSON ``{"0": 23, "1": -2}`` per partition — -2 earliest, -1 latest — also
 Kafka's ``{"topic": {...}}`` shape — or an ISO-8601 timestamp), ``maxMessagesPerTrigger``,
@@ -77,6 +78,8 @@ class Options:
     split_rows: int
     sink_id: str | None
     tls_root_certs: str | None
+    tls_client_cert: str | None = None
+    tls_client_key: str | None = None
     write_mode: str = "append"
     key: tuple[str, ...] = ()
     batch_id: int | None = None
@@ -88,14 +91,16 @@ class Options:
 
     @property
     def write_target(self) -> dict[str, Any]:
-        """What a write's DoPut names: the target, and for tables the mode and key."""
+        """What a write's ``stage`` calls name: the target, and for tables the mode and key."""
         if self.topic:
             return self.target
         return {**self.target, "mode": self.write_mode, "key": list(self.key)}
 
     def connect(self) -> TopicbaseClient:
         return TopicbaseClient(self.url, self.user, self.password,
-                               tls_root_certs=self.tls_root_certs)  # fmt: skip
+                               tls_root_certs=self.tls_root_certs,
+                               tls_client_cert=self.tls_client_cert,
+                               tls_client_key=self.tls_client_key)  # fmt: skip
 
     def topic_ddl(self) -> str:
         columns = self.columns or TOPIC_COLUMNS
@@ -165,6 +170,8 @@ def parse_options(raw: Mapping[str, Any], *, streaming: bool = False) -> Options
         split_rows=_positive(options, "splitrows") or DEFAULT_SPLIT_ROWS,
         sink_id=options.get("sinkid") or None,
         tls_root_certs=options.get("tlsrootcerts") or None,
+        tls_client_cert=options.get("tlsclientcert") or None,
+        tls_client_key=options.get("tlsclientkey") or None,
         write_mode=_mode(options), key=tuple(
             k.strip() for k in options.get("key", "").split(",") if k.strip()),
         batch_id=None if options.get("batchid") is None else int(options["batchid"]),

@@ -238,6 +238,9 @@ def run_serve(argv: list[str]) -> int:
     add_serve_arguments(parser)  # the limits of sql.pgwire.limits, setting defaults
     parser.add_argument("--flight-port", type=int, default=5434,  # sql.flight
                         help="Arrow Flight door for Spark and Arrow clients (default 5434, 0: off)")
+    parser.add_argument("--flight-client-ca", metavar="FILE",
+                        help="PEM CA: Flight clients must present a certificate it signed "
+                             "(mutual TLS; needs --tls-cert)")  # fmt: skip
     parser.add_argument("--flight-staging-mb", type=_positive_int, default=16384,
                         help="disk cap of staged Flight writes in MiB (default 16384)")
     arguments = parser.parse_args(argv)
@@ -287,7 +290,7 @@ def _start_flight_door(arguments: argparse.Namespace, data_dir: str) -> Any:
     try:
         door = start_flight(database, arguments.host, arguments.flight_port, arguments.auth,
                             users_file=arguments.users_file, tls_cert=arguments.tls_cert,
-                            tls_key=arguments.tls_key,
+                            tls_key=arguments.tls_key, tls_client_ca=arguments.flight_client_ca,
                             staging_bytes_max=arguments.flight_staging_mb << 20)  # fmt: skip
     except OSError:
         database.close()

@@ -188,6 +188,12 @@ class DuplicateColumnError(TopicbaseError):
     sqlstate = "42701"
 
 
+class DatatypeMismatchError(TopicbaseError):
+    """Rows whose schema differs from the one their write was started with."""
+
+    sqlstate = "42804"
+
+
 class DuplicateCursorError(TopicbaseError):
     """A cursor or portal name already in use."""
 

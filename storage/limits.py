@@ -270,6 +270,23 @@ SCRAM_ITERATIONS_MAX = 10_000_000
 # -- the Arrow Flight door (sql.flight, engine.bulk_write) ----------------------------------
 # One Flight command or action body (JSON naming topics, ranges, write ids); longer is 54000.
 FLIGHT_COMMAND_BYTES_MAX = 1 << 20
+# One body of the Flight ``stage`` action (a JSON header line and an Arrow IPC stream; a
+# larger one is 54000): what one call makes the server hold besides gRPC's own copy. Twice
+# MESSAGE_BYTES_MAX, so that the largest topic message fits in one part.
+FLIGHT_STAGE_BODY_BYTES_MAX = 2 * MESSAGE_BYTES_MAX
+# What one ``stage`` body may decode to (compressed buffers as declared, dictionary columns
+# as they would be cast plain, the rest as sent), checked before pyarrow decodes it.
+FLIGHT_STAGE_DECODED_BYTES_MAX = BATCH_BYTES_MAX
+# ``stage`` calls decoding and staging at once (each holds up to its body and
+# FLIGHT_STAGE_DECODED_BYTES_MAX decoded, plus frames being built); others wait for a turn
+# up to FLIGHT_STAGE_WAIT_S, then get 53300. gRPC still holds every body it received.
+FLIGHT_STAGES_MAX = 4
+FLIGHT_STAGE_WAIT_S = 60.0
+# Columns (at every nesting level) and record batches of one ``stage`` body; more is
+# 54000 (a schema of 250,000 columns in a 27 MB body cost +379 MiB and 5 s of CPU to
+# decode; 150,000 one-row batches 5.8 s). 1,664 is PostgreSQL's target-list limit.
+FLIGHT_STAGE_COLUMNS_MAX = 1664
+FLIGHT_STAGE_BATCHES_MAX = 10_000
 # Bearer tokens remembered at once; past this many, a login first forgets the expired ones.
 FLIGHT_TOKENS_MAX = 100_000
 # Bytes of the bulk writes staged on disk and not yet committed or aborted, by default

@@ -13,9 +13,25 @@ Requests (descriptor commands, tickets and action bodies are JSON objects):
   of one partition range each (tickets ``{"topic", "partition", "start", "end",
   "columns"}``); ``{"table": name, "columns": [...]}`` gives one endpoint for a table.
 - ``DoGet``: a ticket above; a topic range streams its stored frames, projected.
-- ``DoPut``: ``{"write_id": id, "topic": t}`` or ``{"write_id": id, "table": name,
-  "mode": "append"|"upsert"|"add", "key": [...]}`` stages the stream's batches on disk;
-  answers ``{"rows": n}`` in the put's metadata.
+- ``DoAction`` ``stage``: the body is one JSON line ``{"write_id": id, "stream": s,
+  "part": n, "topic": t}`` or ``{"write_id": id, "stream": s, "part": n, "table": name,
+  "mode": "append"|"upsert"|"add", "key": [...]}`` (``s``: 32 hex digits naming one
+  client stream of the write, e.g. one ``put``), a newline, then an Arrow IPC *stream*
+  (schema and batches) held whole, at most ``limits.FLIGHT_STAGE_BODY_BYTES_MAX`` bytes;
+  its rows are staged on disk as part ``n`` of stream ``s`` of the write; answers
+  ``{"rows": r, "part": n}`` (``"duplicate": true`` and no row for a part of the stream
+  staged already: a retried call).
+  Part 0 starts the write (``TopicbaseClient.put`` sends it, without rows, before it
+  reads any batch, so an abort sweeping a job's writes finds it, as it found a DoPut's);
+  a later part of a write that is gone (aborted, committed) is 42704, never a new write.
+  Parts are published in the order they were staged, not by number: send a stream's
+  parts one at a time, each after the previous one's answer (as ``put`` does).
+- ``DoPut`` is refused (0A000) before any of its stream is read: pyarrow's Flight
+  server decodes a put's record batches (their IPC body compression, dictionaries) in
+  C++ before Python could look at them, so 16 KiB of zstd made the server allocate
+  512 MiB. An action's body reaches Python as the bytes that were sent; ``_stage``
+  bounds its messages (``ipc_bounds``: 54000, malformed 22P03) before pyarrow decodes
+  any.
 - ``DoAction``: ``commit`` ``{"sink_id", "batch_id", "write_ids"}`` (exactly once),
   ``abort`` ``{"write_ids"}``, ``list``, ``partitions`` ``{"topic"}``,
   ``commit_offsets`` ``{"topic", "consumer", "offsets": {p: end}}`` (a consumer's
@@ -32,6 +48,7 @@ from __future__ import annotations
 
 import contextlib
 import functools
+import itertools
 import json
 import logging
 import threading
@@ -43,14 +60,25 @@ import pyarrow.flight as flight
 
 from engine.api import (
     ABANDON_AFTER_S_DEFAULT,
+    PARTS_MAX,
     Database,
     OffsetRange,
     project_schema,
 )
 from sql.flight.auth import AuthMiddlewareFactory, FlightAuthenticator, NoHandshakeCheck
+from sql.pgwire.codec import ipc_bounds
+from sql.pgwire.codec.copy_format import BadCopyFormatError
 from sql.pgwire.users import UsersFile, default_users_path
 from storage import limits
-from storage.errors import InvalidParameterValueError, TopicbaseError
+from storage.errors import (
+    FeatureNotSupportedError,
+    InvalidBinaryDataError,
+    InvalidParameterValueError,
+    LimitExceededError,
+    TooManyConnectionsError,
+    TopicbaseError,
+    UndefinedColumnError,
+)
 
 log = logging.getLogger(__name__)
 
@@ -119,6 +147,76 @@ def _target(command: dict[str, Any]) -> tuple[str, str]:
     raise InvalidParameterValueError('the command names no "topic" or "table"')
 
 
+def _key(command: dict[str, Any]) -> tuple[str, ...]:
+    key = command.get("key") or []
+    if not isinstance(key, list) or not all(isinstance(k, str) for k in key):
+        raise InvalidParameterValueError("key must be a list of column names")
+    return tuple(key)
+
+
+# Buffers that are not at their type's alignment are copied (a client that does not pad
+# its header line to 8 bytes); decompression stays on the call's own thread (the turns
+# bound the calls, not the global CPU pool).
+_READ_OPTIONS = pa.ipc.IpcReadOptions(ensure_alignment=pa.ipc.Alignment.DataTypeSpecific,
+                                      use_threads=False)  # fmt: skip
+
+
+def _open(data: pa.Buffer) -> pa.ipc.RecordBatchStreamReader:
+    """A reader of a stage body's IPC stream (checked by ``ipc_bounds`` already)."""
+    try:
+        return pa.ipc.open_stream(data, options=_READ_OPTIONS)
+    except (pa.ArrowException, OSError) as error:
+        raise InvalidBinaryDataError(f"a stage body is not an Arrow IPC stream: {error}") from None
+
+
+def _check_columns(schema: pa.Schema) -> None:
+    """54000 past ``limits.FLIGHT_STAGE_COLUMNS_MAX`` fields at every nesting level."""
+    count = 0
+    pending = list(schema)
+    while pending:
+        field = pending.pop()
+        count += 1
+        if count > limits.FLIGHT_STAGE_COLUMNS_MAX:
+            raise LimitExceededError(f"a stage body's schema has more than "
+                                     f"{limits.FLIGHT_STAGE_COLUMNS_MAX} columns")  # fmt: skip
+        pending.extend(field.type.field(i) for i in range(field.type.num_fields))
+
+
+def _checked_batches(reader: pa.ipc.RecordBatchStreamReader, where: str
+                     ) -> Iterator[pa.RecordBatch]:  # fmt: skip
+    """The reader's batches, a malformed or invalid one (``validate(full=True)``) as
+    22P03, at most
+    ``limits.FLIGHT_STAGE_BATCHES_MAX`` of them, and dictionary columns bounded
+    (``ipc_bounds.check_plain``, 54000) over the whole body before the engine sees them."""
+    plain = 0
+    count = 0
+    while True:
+        try:
+            batch = reader.read_next_batch()
+        except StopIteration:
+            return
+        except (pa.ArrowException, OSError) as error:
+            raise InvalidBinaryDataError(
+                f"a stage body is not an Arrow IPC stream: {error}") from None  # fmt: skip
+        try:  # offsets, lengths, UTF-8: a batch the IPC reader took but readers would trip on
+            batch.validate(full=True)
+        except pa.ArrowException as error:
+            raise InvalidBinaryDataError(f"a stage body holds an invalid record batch: {error}",
+                                         where=where) from None  # fmt: skip
+        count += 1
+        if count > limits.FLIGHT_STAGE_BATCHES_MAX:
+            raise LimitExceededError(f"a stage body holds more than "
+                                     f"{limits.FLIGHT_STAGE_BATCHES_MAX} record batches: "
+                                     "gather small batches", where=where)  # fmt: skip
+        plain += sum(ipc_bounds.plain_bytes(column) for column in batch.columns)
+        if plain > limits.FLIGHT_STAGE_DECODED_BYTES_MAX:
+            raise LimitExceededError(
+                f"a stage body's rows decode to more than "
+                f"{limits.FLIGHT_STAGE_DECODED_BYTES_MAX} bytes (at least {plain})",
+                where=where)  # fmt: skip
+        yield batch
+
+
 def _quote(name: str) -> str:
     return ".".join('"' + part.replace('"', '""') + '"' for part in name.split("."))
 
@@ -128,6 +226,7 @@ class TopicbaseFlightServer(flight.FlightServerBase):
 
     def __init__(self, database: Database, location: str, authenticator: FlightAuthenticator,
                  *, tls_certificates: list[tuple[bytes, bytes]] | None = None,
+                 client_roots: bytes | None = None,
                  staging_bytes_max: int = limits.BULK_STAGING_BYTES_MAX_DEFAULT,
                  abandon_after_s: float = ABANDON_AFTER_S_DEFAULT,
                  collect_interval_s: float = COLLECT_INTERVAL_S) -> None:  # fmt: skip
@@ -135,6 +234,8 @@ class TopicbaseFlightServer(flight.FlightServerBase):
             location,
             auth_handler=NoHandshakeCheck(),
             tls_certificates=tls_certificates or [],
+            verify_client=client_roots is not None,
+            root_certificates=client_roots,
             middleware={"auth": AuthMiddlewareFactory(authenticator)},
         )
         self.database = database
@@ -143,6 +244,9 @@ class TopicbaseFlightServer(flight.FlightServerBase):
         with self._session_of(None) as session:
             self.writes = session.bulk_writes(**self._write_settings)
         self.writes.collect()
+        # ``stage`` calls decoding at once (limits.FLIGHT_STAGES_MAX; others wait)
+        self._stage_turns = threading.BoundedSemaphore(limits.FLIGHT_STAGES_MAX)
+        self.stage_wait_s = limits.FLIGHT_STAGE_WAIT_S
         self._stopping = threading.Event()
         self._collector = threading.Thread(
             target=self._collect_loop, args=(collect_interval_s,), name="flight-collector",
@@ -264,21 +368,95 @@ class TopicbaseFlightServer(flight.FlightServerBase):
     @_flight_errors
     def do_put(self, context: Any, descriptor: flight.FlightDescriptor,
                reader: flight.MetadataRecordBatchReader, writer: Any) -> None:  # fmt: skip
-        command = _command(descriptor.command)
-        kind, name = _target(command)
-        write_id = command.get("write_id")
-        key = command.get("key") or []
-        if not isinstance(key, list) or not all(isinstance(k, str) for k in key):
-            raise InvalidParameterValueError("key must be a list of column names")
+        """Refused before a batch is read (see the module's docstring): uploads go as
+        ``stage`` actions."""
+        raise FeatureNotSupportedError(
+            'DoPut is not supported: upload Arrow IPC stream bytes with the DoAction "stage" '
+            "(pyarrow would decode a put's compressed batches before any check)")  # fmt: skip
+
+    def _stage(self, context: Any, body: pa.Buffer | None) -> dict[str, Any]:
+        """Stage one ``stage`` body as a numbered part of its write (module docstring).
+
+        Order: size cap, header, the user's INSERT privilege on the target (42501, nothing
+        decoded), every IPC message bounded by ``ipc_bounds`` (54000; malformed 22P03)
+        and only then decoded by pyarrow; each decoded batch's dictionary columns bounded
+        before the engine sees them. A refusal stages nothing of the part (a write this
+        call started is removed again while it holds no file). At most
+        ``limits.FLIGHT_STAGES_MAX`` calls decode at once: past a wait of
+        ``stage_wait_s`` for a turn, 53300."""
+        body = body if body is not None else pa.py_buffer(b"")
+        if body.size > limits.FLIGHT_STAGE_BODY_BYTES_MAX:
+            raise LimitExceededError(
+                f"a stage body is limited to {limits.FLIGHT_STAGE_BODY_BYTES_MAX} bytes, this "
+                f"one has {body.size}: send its rows in more parts")  # fmt: skip
+        head = body.slice(0, min(body.size, limits.FLIGHT_COMMAND_BYTES_MAX + 1)).to_pybytes()
+        end = head.find(b"\n")
+        if end < 0:
+            raise InvalidParameterValueError(
+                f"a stage body is a JSON header of at most {limits.FLIGHT_COMMAND_BYTES_MAX} "
+                "bytes, a newline, then an Arrow IPC stream")  # fmt: skip
+        header = _command(head[:end])
+        _target(header)
+        _key(header)
+        part = header.get("part")
+        if not isinstance(part, int) or isinstance(part, bool) or not 0 <= part < PARTS_MAX:
+            raise InvalidParameterValueError(
+                f'a stage header needs the part number (0 to {PARTS_MAX - 1}) as "part"')
+        data = body.slice(end + 1)
+        where = f"stage {header.get('write_id')} part {part}"
+        if not self._stage_turns.acquire(timeout=self.stage_wait_s):
+            raise TooManyConnectionsError(
+                f"{limits.FLIGHT_STAGES_MAX} stage calls are being staged and this one waited "
+                f"{self.stage_wait_s:g} s for a turn: retry later")  # fmt: skip
+        try:
+            return self._stage_part(context, header, data, where)
+        finally:
+            self._stage_turns.release()
+
+    def _stage_part(self, context: Any, header: dict[str, Any], data: pa.Buffer,
+                    where: str) -> dict[str, Any]:  # fmt: skip
+        """``_stage`` once the call has its turn."""
+        kind, name = _target(header)
+        write_id, part, stream = header.get("write_id"), header.get("part"), header.get("stream")
+        mode, key = str(header.get("mode", "append")), _key(header)
         with self._session_of(context) as session:
-            self.writes.start(session, write_id, kind, name, str(command.get("mode", "append")),
-                              tuple(key))  # fmt: skip
-            batches = (chunk.data for chunk in reader if chunk.data is not None)
-            rows = self.writes.append(session, write_id, batches, reader.schema)
-        writer.write(pa.py_buffer(json.dumps({"rows": rows}).encode()))
+            started = self.writes.start(session, write_id, kind, name, mode, key,
+                                        create=part == 0)  # 42501 first  # fmt: skip
+            try:
+                try:
+                    ipc_bounds.check_stream(memoryview(data), ipc_bounds.Bounds(
+                        total_bytes_max=limits.FLIGHT_STAGE_DECODED_BYTES_MAX, where=where,
+                        subject="a stage body",
+                        metadata_bytes_max=limits.FLIGHT_COMMAND_BYTES_MAX))  # fmt: skip
+                except BadCopyFormatError as error:  # malformed: 22P03, as pyarrow's refusals
+                    raise InvalidBinaryDataError(str(error), where=where) from None
+                reader = _open(data)
+                _check_columns(reader.schema)
+                missing = [k for k in key if k not in reader.schema.names]
+                if missing:  # refused now, not at the commit after every part was sent
+                    raise UndefinedColumnError(f"the key column {missing[0]!r} is not among "
+                                               "the rows' columns")  # fmt: skip
+                self.writes.start(session, write_id, kind, name, mode, key, reader.schema,
+                                  create=part == 0)  # fmt: skip
+                batches = _checked_batches(reader, where)
+                first = next((b for b in batches if b.num_rows), None)
+            except BaseException:
+                if started:
+                    self.writes.drop_if_empty(write_id)
+                raise
+            if first is None:  # a part without rows stages no file (the write is started)
+                return {"rows": 0, "part": part}
+            rows = self.writes.append(session, write_id, itertools.chain([first], batches),
+                                      reader.schema, part, stream)  # fmt: skip
+        if rows is None:
+            return {"rows": 0, "part": part, "duplicate": True}
+        return {"rows": rows, "part": part}
 
     @_flight_errors
     def do_action(self, context: Any, action: flight.Action) -> Iterator[flight.Result]:
+        if action.type == "stage":
+            answer = self._stage(context, action.body)
+            return iter([flight.Result(pa.py_buffer(json.dumps(answer).encode()))])
         body = _command(action.body.to_pybytes() if action.body is not None else b"")
         with self._session_of(context) as session:
             answer = self._action(session, action.type, body)
@@ -343,7 +521,8 @@ class TopicbaseFlightServer(flight.FlightServerBase):
         return {"committed": len(offsets)}
 
     def list_actions(self, context: Any) -> list[tuple[str, str]]:
-        return [("commit", "publish staged writes exactly once"),
+        return [("stage", "stage one part of a write: a JSON line, then Arrow IPC stream bytes"),
+                ("commit", "publish staged writes exactly once"),
                 ("abort", "discard staged writes"), ("list", "staged writes"),
                 ("partitions", "a topic's partitions and offsets"),
                 ("commit_offsets", "move a consumer's committed offsets"),
@@ -354,8 +533,14 @@ class TopicbaseFlightServer(flight.FlightServerBase):
 
 def start_flight(database: Database, host: str, port: int, auth: str, *,
                  users_file: str | None = None, tls_cert: str | None = None,
-                 tls_key: str | None = None, **settings: Any) -> TopicbaseFlightServer:  # fmt: skip
-    """Start the door (listening on return); ``server.port`` is the bound port."""
+                 tls_key: str | None = None, tls_client_ca: str | None = None,
+                 **settings: Any) -> TopicbaseFlightServer:  # fmt: skip
+    """Start the door (listening on return); ``server.port`` is the bound port.
+
+    ``tls_client_ca`` (a PEM file, with TLS only): mutual TLS, a client must present a
+    certificate signed by it before its TLS session opens, so before it can send any
+    request (gRPC holds a request's whole message, uncapped, before Flight authenticates
+    the call: the only bound on what a stranger makes the door hold)."""
     users = None
     if auth != "trust":
         users = UsersFile(users_file or default_users_path(database.path))
@@ -368,5 +553,13 @@ def start_flight(database: Database, host: str, port: int, auth: str, *,
         with open(tls_cert, "rb") as cert, open(tls_key, "rb") as key:
             certificates = [(cert.read(), key.read())]
         scheme = "grpc+tls"
+    client_roots = None
+    if tls_client_ca:
+        if certificates is None:
+            raise InvalidParameterValueError("a Flight client CA needs the door's TLS "
+                                             "certificate and key")  # fmt: skip
+        with open(tls_client_ca, "rb") as roots:
+            client_roots = roots.read()
     return TopicbaseFlightServer(database, f"{scheme}://{host}:{port}", FlightAuthenticator(users),
-                                 tls_certificates=certificates, **settings)  # fmt: skip
+                                 tls_certificates=certificates, client_roots=client_roots,
+                                 **settings)  # fmt: skip

@@ -1,7 +1,7 @@
 """The staged-write protocol over SQL against the real server with psycopg:
 ``COPY ... FROM STDIN (FORMAT arrow, WRITE_ID 'id')`` stages rows and publishes nothing,
 ``COMMIT WRITES (...) SINK 's' BATCH n`` publishes a set of staged writes exactly once,
-``ABORT WRITES (...)`` discards them. The semantics are the Flight door's DoPut and
+``ABORT WRITES (...)`` discards them. The semantics are the Flight door's ``stage`` and
 commit/abort actions (``engine.bulk_write``).
 """
 

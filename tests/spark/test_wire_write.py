@@ -70,9 +70,9 @@ def no_flight_puts(monkeypatch: pytest.MonkeyPatch) -> None:
     """A write through the Flight door (the Python source) fails the test."""
 
     def refuse(*args, **kwargs):
-        raise AssertionError("the write went through the Python source's DoPut")
+        raise AssertionError("the write went through the Python source's stage action")
 
-    monkeypatch.setattr(TopicbaseFlightServer, "do_put", refuse)
+    monkeypatch.setattr(TopicbaseFlightServer, "_stage", refuse)
 
 
 def _staged(database) -> list[str]:

@@ -1,5 +1,8 @@
 """A client's Arrow IPC stream checked message by message BEFORE pyarrow decodes it.
 
+Used by both COPY (FORMAT arrow) paths and by the Flight door's ``stage`` action
+(``sql.flight.server``), whose bodies reach Python as raw bytes.
+
 Why: a record batch may use IPC body compression (``BodyCompression``: LZ4_FRAME or ZSTD,
 each buffer prefixed by its uncompressed length as a little-endian int64, -1 meaning "not
 compressed"). pyarrow's stream reader allocates and fills every buffer's declared length
@@ -55,11 +58,16 @@ _CODECS = {0: "LZ4_FRAME", 1: "ZSTD"}  # CompressionType; BodyCompressionMethod 
 
 @dataclass(frozen=True)
 class Bounds:
-    """What one stream may decode to. ``total_bytes_max`` None: no stream total here."""
+    """What one stream may decode to. ``total_bytes_max`` None: no stream total here.
+    ``metadata_bytes_max`` None: a message's flatbuffer header is bounded by the data
+    alone (else 54000 past it: a schema of 250,000 columns is 27 MB of header).
+    ``subject`` names the stream in a malformed message's error."""
 
     message_bytes_max: int = limits.BATCH_BYTES_MAX
     total_bytes_max: int | None = None
     where: str | None = None
+    subject: str = "COPY data"
+    metadata_bytes_max: int | None = None
 
 
 class _Table:
@@ -117,7 +125,8 @@ class StreamCheck:
         self._kind = 0
 
     def _bad(self, why: str) -> BadCopyFormatError:
-        return BadCopyFormatError(f"COPY data is not one Arrow IPC stream: a message: {why}",
+        return BadCopyFormatError(f"{self.bounds.subject} is not one Arrow IPC stream: a "
+                                  f"message: {why}",
                                   where=self.bounds.where)  # fmt: skip
 
     def body_length(self, metadata: memoryview) -> int:
@@ -125,6 +134,11 @@ class StreamCheck:
         compressed buffers for ``check_body``."""
         if len(metadata) < 4:
             raise self._bad("its metadata is shorter than a flatbuffer")
+        most = self.bounds.metadata_bytes_max
+        if most is not None and len(metadata) > most:
+            raise LimitExceededError(f"an Arrow IPC message's header has {len(metadata)} "
+                                     f"bytes, over the limit of {most}",
+                                     where=self.bounds.where)  # fmt: skip
         message = _Table(metadata, int(_U32.unpack_from(metadata, 0)[0]), self._bad)
         self._kind = message.scalar(1, _U8, 0)
         body_length = message.scalar(3, _I64, 0)

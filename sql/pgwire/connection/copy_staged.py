@@ -3,7 +3,7 @@
 The first half of the staged-write protocol over SQL (the second is ``COMMIT WRITES`` /
 ``ABORT WRITES``, ``engine.write_statements``): the COPY's one Arrow IPC stream is staged
 on the server's disk under the client-chosen write id, exactly as the Arrow Flight door's
-``DoPut`` stages a stream (``engine.bulk_write.BulkWrites.start`` and ``append``, reached
+``stage`` action stages a part (``engine.bulk_write.BulkWrites.start`` and ``append``, reached
 through ``Session.bulk_writes``), and NOTHING is published: no message, no row, no
 transaction. Several COPYs may add to one write id (each stream is a file of its own), and
 the staged rows count against the staging disk cap (54000 past it).
