@@ -89,10 +89,12 @@ from planner.operations import (
     SetConsumerOffsets,
     SwitchRole,
     TransactionControl,
+    UpsertCheck,
 )
 from storage import limits
 from storage.errors import (
     ActiveSqlTransactionError,
+    CardinalityViolationError,
     InFailedTransactionError,
     InvalidParameterValueError,
     LimitExceededError,
@@ -585,10 +587,16 @@ class Session:
             # An autocommit statement's DuckDB commit is inside it: bracketed for the key
             # lookups' indexes (``key_lookup.changing_tables``), as an explicit COMMIT is.
             with key_lookup.changing_tables(changes):
-                if autocommit and self.transaction.touches_tables and _moves_topics(plan):
-                    # its table writes must commit with its offset moves / topic writes:
-                    # one DuckDB transaction from the start, committed by ``_commit`` (or
-                    # rolled back below)
+                if (
+                    autocommit
+                    and self.transaction.touches_tables
+                    and (_moves_topics(plan) or _checks_upserts(plan))
+                ):
+                    # its table writes must commit with its offset moves / topic writes,
+                    # or be undone when its upsert turns out to affect a row twice
+                    # (``_row_affected_twice``, raised after DuckDB ran it): one DuckDB
+                    # transaction from the start, committed by ``_commit`` (or rolled
+                    # back below)
                     self._open_duckdb_transaction(self.transaction)
                 result = self._run(plan, parameters)
                 if autocommit:
@@ -870,12 +878,16 @@ class Session:
                     registered += self._register_views(operation)
                     bound = parameters if operation.uses_parameters else None
                     offset = statement_line_offset(plan)
+                    check = operation.upsert_check
+                    proposed = None if check is None else _proposed_rows(self.cursor, check, bound)
                     if operation.tag in DML_TAGS and not operation.returns_rows:
                         count = self._upsert_by_update(operation, bound)
                         if count is None:
                             count = tables.execute_count(
                                 self.cursor, operation.sql, bound, line_offset=offset
                             )
+                        if proposed is not None and (count or 0) < proposed:
+                            raise _row_affected_twice()
                         prefix = "INSERT 0" if operation.tag == "INSERT" else operation.tag
                         result = Result(f"{prefix} {count or 0}")
                         continue
@@ -891,6 +903,10 @@ class Session:
                              and operation is plan.operations[-1] else tables.query_arrow)
                     query_table = query(self._query_cursor(operation), operation.sql, bound,
                                         line_offset=offset)  # fmt: skip
+                    if proposed is not None and (
+                        query_table is None or query_table.num_rows < proposed
+                    ):  # RETURNING: a row for each row inserted or updated
+                        raise _row_affected_twice()
                     if existed is not None:  # owners of tables and views, in the same transaction
                         privileges.record_ddl(self, operation, existed)
                     result = _query_result(operation, query_table)
@@ -1654,6 +1670,11 @@ def _moves_topics(plan: Plan) -> bool:
     )
 
 
+def _checks_upserts(plan: Plan) -> bool:
+    """Whether the plan has an upsert the engine checks after DuckDB ran it (``UpsertCheck``)."""
+    return any(isinstance(op, RunQuery) and op.upsert_check is not None for op in plan.operations)
+
+
 def _plain_select(operation: Any) -> bool:
     """A query of rows over DuckDB alone: a SELECT that projects no topic read and reads no
     system view (``Session._run`` registers nothing for it)."""
@@ -1765,6 +1786,27 @@ def _bind(value: Any, parameters: Any) -> Any:
         return parameters[value.index - 1]
     except (IndexError, KeyError):
         raise InvalidParameterValueError(f"no value for parameter ${value.index}") from None
+
+
+def _proposed_rows(cursor: Any, check: UpsertCheck, parameters: Any) -> int:
+    """How many rows an upsert proposes (``planner.upsert_check``): its VALUES' number, or
+    its query's count, run first on the statement's cursor with its parameters."""
+    if check.rows is not None:
+        return check.rows
+    assert check.count_sql is not None
+    counted = tables.fetch_rows(cursor, check.count_sql, parameters)
+    return int(counted[0][0])
+
+
+def _row_affected_twice() -> CardinalityViolationError:
+    """PostgreSQL's error for an ``ON CONFLICT DO UPDATE`` that proposed one key twice;
+    raised after DuckDB ran it, so the statement fails and its transaction with it (an
+    autocommit statement rolls back, an explicit transaction is aborted), as any error."""
+    return CardinalityViolationError(
+        "ON CONFLICT DO UPDATE command cannot affect row a second time",
+        hint="Ensure that no rows proposed for insertion within the same command have "
+        "duplicate constrained values.",
+    )
 
 
 def _bind_rows(rows: Sequence[Sequence[Any]], parameters: Any) -> list[tuple[Any, ...]]:

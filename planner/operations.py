@@ -51,6 +51,20 @@ class UpsertShape:
 
 
 @dataclass(frozen=True)
+class UpsertCheck:
+    """How the engine tells that an ``INSERT … ON CONFLICT … DO UPDATE`` (without ``WHERE``)
+    proposed two rows of one key, which PostgreSQL refuses (21000) and DuckDB would apply
+    once, dropping the other (``planner.duckdb_sql.upsert_check``). Every proposed row is
+    then either inserted or updates a row, and DuckDB counts each: the statement changed
+    fewer rows than it proposed exactly when it proposed a key twice. ``rows``: the number
+    of rows of its VALUES; else ``count_sql`` counts the rows its query proposes (run with
+    the statement's parameters, before it)."""
+
+    rows: int | None
+    count_sql: str | None
+
+
+@dataclass(frozen=True)
 class LookupValue:
     """One side of a lookup's equality: a parameter (``parameter``: 1-based number) or a
     literal (``literal``: a Python int of an integer literal or a str of a string one)."""
@@ -93,6 +107,8 @@ class RunQuery:
     column_names: tuple[str, ...] | None = None
     # A counter-style upsert the engine may run as an UPDATE first (``upsert_shape``).
     upsert: UpsertShape | None = None
+    # An upsert of several rows whose count the engine checks (``UpsertCheck``).
+    upsert_check: UpsertCheck | None = None
     # A primary-key lookup the engine may answer from an index (``planner.key_lookup``).
     lookup: LookupShape | None = None
     # A SELECT of literals and parameters alone (``planner.literal_select``): it reads

@@ -43,6 +43,7 @@ from planner.operations import (
 )
 from planner.paths import database_path_of, relative_statement
 from planner.relations import names_a_topic, plain_insert, resolve_plain_relations
+from planner.upsert_check import upsert_check
 from planner.write_statements import plan_abort_writes, plan_commit_writes
 from storage.errors import StatementTooComplexError, UndefinedObjectError, UndefinedTopicError
 
@@ -236,6 +237,7 @@ def analyse_sql(sql: str) -> RunQuery:
         uses_parameters,
         column_names=names,
         upsert=upsert_shape(tree),
+        upsert_check=upsert_check(tree),
         lookup=None if views else lookup_shape_of(tree),
         literal_only=is_literal_select(tree),
     )

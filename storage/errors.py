@@ -35,6 +35,13 @@ class FeatureNotSupportedError(TopicbaseError):
     sqlstate = "0A000"
 
 
+# -- class 21: cardinality violation ------------------------------------------------
+class CardinalityViolationError(TopicbaseError):
+    """A statement would affect one row twice (``INSERT … ON CONFLICT DO UPDATE``)."""
+
+    sqlstate = "21000"
+
+
 # -- class 22: data exception ---------------------------------------------------------
 class DataError(TopicbaseError):
     sqlstate = "22000"

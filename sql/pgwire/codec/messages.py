@@ -355,18 +355,27 @@ def parameter_description(oids: list[int]) -> bytes:
     return message(b"t", struct.pack(f"!H{len(oids)}i", len(oids), *oids))
 
 
-def _fields(severity: str, sqlstate: str, text: str, position: int | None) -> bytes:
+def _fields(
+    severity: str, sqlstate: str, text: str, position: int | None, hint: str | None = None
+) -> bytes:
     parts = [b"S" + cstr(severity), b"V" + cstr(severity), b"C" + cstr(sqlstate)]
     parts.append(b"M" + cstr(text))
+    if hint is not None:
+        parts.append(b"H" + cstr(hint))
     if position is not None:
         parts.append(b"P" + cstr(str(position)))
     return b"".join(parts) + b"\0"
 
 
 def error_response(
-    sqlstate: str, text: str, position: int | None = None, severity: str = "ERROR"
+    sqlstate: str,
+    text: str,
+    position: int | None = None,
+    severity: str = "ERROR",
+    hint: str | None = None,
 ) -> bytes:
-    return message(b"E", _fields(severity, sqlstate, text, position))
+    """An ErrorResponse; ``hint`` (PostgreSQL's HINT field, H) when the error gives one."""
+    return message(b"E", _fields(severity, sqlstate, text, position, hint))
 
 
 def notice_response(text: str, sqlstate: str = "00000") -> bytes:

@@ -379,7 +379,9 @@ class Connection(ExtendedProtocol):
         sqlstate, text, position = error_fields(error, query)
         where = error_context(error) if isinstance(error, TopicbaseError) else None
         if where is None:
-            self.send(m.error_response(sqlstate, text, position))
+            hint = error.context.get("hint") if isinstance(error, TopicbaseError) else None
+            self.send(m.error_response(sqlstate, text, position,
+                                       hint=hint if isinstance(hint, str) else None))  # fmt: skip
         else:  # COPY's errors: the line (and column) in CONTEXT, in both protocols
             self.send(m.error_response_with_context(sqlstate, text, where))
 
