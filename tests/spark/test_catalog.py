@@ -169,3 +169,35 @@ def test_the_catalog_resolves_a_name_in_one_call(spark, database, url) -> None:
         assert "TABLE_OR_VIEW_NOT_FOUND" in str(error)
     else:
         raise AssertionError("a missing relation resolved")
+
+
+def test_the_catalog_reaches_a_door_that_asks_for_client_certificates(
+        spark, database, tmp_path) -> None:  # fmt: skip
+    """``serve --flight-client-ca``: the catalog hands ``tlsClientCert``/``tlsClientKey`` to
+    the source its scans and writes run in, as it does ``tlsRootCerts``."""
+    from sql.flight.server import start_flight
+    from tests.tls_certificates import self_signed
+
+    (tmp_path / "server").mkdir()
+    (tmp_path / "client").mkdir()
+    cert, key = self_signed(tmp_path / "server", alt_names="IP:127.0.0.1,DNS:localhost")
+    client_cert, client_key = self_signed(tmp_path / "client", common_name="etl", alt_names=None)
+    session = database.connect()
+    session.execute("CREATE TOPIC mutual")
+    session.execute("INSERT INTO TOPIC mutual (data) VALUES ('a'), ('b')")
+    session.close()
+    door = start_flight(database, "127.0.0.1", 0, "scram", tls_cert=cert, tls_key=key,
+                        tls_client_ca=client_cert)  # fmt: skip
+    name = "tbmutual"
+    try:
+        for suffix, value in (("", CATALOG_CLASS),
+                              (".url", f"topicbase+tls://127.0.0.1:{door.port}"),
+                              (".user", "sparky"), (".password", PASSWORD),
+                              (".tlsRootCerts", cert), (".tlsClientCert", client_cert),
+                              (".tlsClientKey", client_key)):  # fmt: skip
+            spark.conf.set(f"spark.sql.catalog.{name}{suffix}", value)
+        spark.sql(f"INSERT INTO {name}.main.mutual (data) VALUES (CAST('c' AS BINARY))")
+        got = sorted(bytes(r.data) for r in spark.table(f"{name}.main.mutual").collect())
+    finally:
+        door.stop()
+    assert got == [b"a", b"b", b"c"]

@@ -38,7 +38,8 @@ import org.apache.spark.sql.util.CaseInsensitiveStringMap;
  * around the source (an internal class: pyspark's minor version is pinned), and the
  * catalog's own requests (list relations, CREATE/DROP) are one-task reads of the source with
  * the options {@code relations} or {@code execute}. Settings: {@code
- * spark.sql.catalog.<name>.url|user|password} (and {@code tlsRootCerts}, {@code splitRows}).
+ * spark.sql.catalog.<name>.url|user|password} (and {@code tlsRootCerts}, {@code tlsClientCert},
+ * {@code tlsClientKey}, {@code splitRows}).
  *
  * <p>With {@code spark.sql.catalog.<name>.wire} ({@code host:port} of {@code topicbase
  * serve}'s PostgreSQL wire; {@code sslmode} {@code require}/{@code verify-full} and {@code
@@ -59,7 +60,7 @@ public class TopicbaseCatalog implements TableCatalog, SupportsNamespaces {
     static final String KIND_METADATA = "topicbase.kind";
     private static final Pattern PLAIN_NAME = Pattern.compile("[A-Za-z_][A-Za-z0-9_]*");
     private static final String[] CONNECTION_KEYS = {"url", "user", "password", "tlsRootCerts",
-        "splitRows", "wire", "sslmode", "sslrootcert"};
+        "tlsClientCert", "tlsClientKey", "splitRows", "wire", "sslmode", "sslrootcert"};
     /** A topic's columns (spark_sql_ext.options.TOPIC_DDL, as the Python source gives them). */
     static final StructType TOPIC_SCHEMA = StructType.fromDDL("`partition` INT, `offset` BIGINT, "
         + "seq_no BIGINT, producer_id STRING, message_group_id STRING, created_at TIMESTAMP, "
