@@ -6,10 +6,15 @@ STAMP  := $(VENV)/.installed
 
 .PHONY: venv test lint demo demo-sql demo-storage bench bench-quick chaos clean java spark-jar pgjdbc
 
-$(STAMP): pyproject.toml
+# The editable install, and the checkout on the venv's path as a plain entry beside
+# setuptools' editable finder: Spark finds data sources by scanning sys.path for pyspark_*
+# modules (pyspark.sql.worker.lookup_data_sources: pkgutil.iter_modules), which the finder
+# does not show, so format("topicbase") works without spark_sql_ext.register(spark).
+$(STAMP): pyproject.toml Makefile
 	test -x $(PY) || $(PYTHON) -m venv $(VENV)
 	$(PY) -m pip install --quiet --upgrade pip
 	$(PY) -m pip install --quiet -e '.[test,console]'
+	echo '$(CURDIR)' > "$$($(PY) -c 'import sysconfig; print(sysconfig.get_paths()["purelib"])')/topicbase_checkout.pth"
 	touch $(STAMP)
 
 venv: $(STAMP)
