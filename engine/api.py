@@ -15,7 +15,7 @@ from __future__ import annotations
 
 from engine.bulk import run_over_relation
 from engine.bulk_read import OffsetRange, project_schema, read_range
-from engine.bulk_write import ABANDON_AFTER_S_DEFAULT, PARTS_MAX
+from engine.bulk_write import ABANDON_AFTER_S_DEFAULT
 from engine.check import check_database
 from engine.clock import SYSTEM_CLOCK
 from engine.database import Database
@@ -52,7 +52,6 @@ __all__ = [
     "INSERT_COLUMNS",
     "LOCAL_SUPERUSER",
     "LOCAL_SUPERUSER_NAME",
-    "PARTS_MAX",
     "SCHEMA_COLUMN_BYTES",
     "SYSTEM_CLOCK",
     "TEXT_COST_PER_CHAR",

@@ -93,10 +93,8 @@ FRAMES_SUFFIX = ".frames"  # a staged file of frames (``storage.staged_frames``)
 STAGED_SUFFIXES = (".arrows", FRAMES_SUFFIX)  # whole staged files
 ABANDON_AFTER_S_DEFAULT = 3600.0
 WRITE_MODES = ("append", "upsert", "add")  # under storage.limits.BATCH_MESSAGES_MAX
-PARTS_MAX = 1 << 31  # numbered parts of one stream: 0 .. PARTS_MAX - 1
 _STREAM = re.compile(r"[0-9a-f]{32}")  # a put's stream token
 DONE_SUFFIX = ".done"  # a numbered part's marker: all its files are whole
-ABORTED_PREFIXES_MAX = 10_000  # prefixes ``abort`` keeps closed (``_closed_prefix``)
 _WRITE_ID = re.compile(r"[A-Za-z0-9][A-Za-z0-9_.-]{0,127}")
 
 
@@ -244,8 +242,12 @@ class BulkWrites:
         if part is None:
             with self._adding(write_id):
                 return self._append(write_id, batches, schema)
-        if not isinstance(part, int) or isinstance(part, bool) or not 0 <= part < PARTS_MAX:
-            raise InvalidParameterValueError(f"a part number is 0 to {PARTS_MAX - 1}, not {part!r}")
+        if isinstance(part, bool) or not isinstance(part, int) or not (
+            0 <= part < limits.STAGED_PARTS_MAX
+        ):
+            raise InvalidParameterValueError(
+                f"a part number is 0 to {limits.STAGED_PARTS_MAX - 1}, not {part!r}"
+            )
         if not isinstance(stream, str) or not _STREAM.fullmatch(stream):
             raise InvalidParameterValueError(f"a part's stream is 32 hex digits, not {stream!r}")
         key = f"{stream}{part:0{_PART_DIGITS}x}"
@@ -566,7 +568,7 @@ class BulkWrites:
         closed to this user for ``abandon_after_s``: a write it names is not created
         (42704), so a task that starts its write just after its job's abort swept the
         prefix leaves nothing behind (remembered in memory, at most
-        ``ABORTED_PREFIXES_MAX``, the oldest forgotten first)."""
+        ``limits.ABORTED_WRITE_PREFIXES_MAX``, the oldest forgotten first)."""
         write_ids = list(write_ids)
         owner = session.identity.name
         with self._lock:  # before the sweep: a write started after it sees the prefix
@@ -575,7 +577,7 @@ class BulkWrites:
                     prefix = check_write_id(write_id[:-1])
                     self._aborted_prefixes.pop((owner, prefix), None)
                     self._aborted_prefixes[(owner, prefix)] = _wall_clock_s()
-                    while len(self._aborted_prefixes) > ABORTED_PREFIXES_MAX:
+                    while len(self._aborted_prefixes) > limits.ABORTED_WRITE_PREFIXES_MAX:
                         del self._aborted_prefixes[next(iter(self._aborted_prefixes))]
         count = 0
         for write_id, named in _expand(self.root, write_ids):
@@ -1135,7 +1137,7 @@ def _staged_name(key: str | None = None) -> str:
     return f"{time.time_ns():016x}-{key or uuid.uuid4().hex}"
 
 
-_PART_DIGITS = 8  # PARTS_MAX is 2**31
+_PART_DIGITS = 8  # limits.STAGED_PARTS_MAX is 2**31
 
 
 def _part_of(name: str) -> str | None:

@@ -196,7 +196,8 @@ class DuplicateColumnError(TopicbaseError):
 
 
 class DatatypeMismatchError(TopicbaseError):
-    """Rows whose schema differs from the one their write was started with."""
+    """A value of another type than expected: rows whose schema differs from the one their
+    write was started with, an array element of another type than its array's."""
 
     sqlstate = "42804"
 

@@ -287,6 +287,12 @@ FLIGHT_STAGE_WAIT_S = 60.0
 # decode; 150,000 one-row batches 5.8 s). 1,664 is PostgreSQL's target-list limit.
 FLIGHT_STAGE_COLUMNS_MAX = 1664
 FLIGHT_STAGE_BATCHES_MAX = 10_000
+# Numbered parts of one staged stream (``engine.bulk_write``): 0 .. STAGED_PARTS_MAX - 1
+# (a part's number is 8 hex digits of its staged file's name).
+STAGED_PARTS_MAX = 1 << 31
+# Write-id prefixes an ``abort`` of ``prefix-*`` keeps closed to new writes for
+# abandon_after_s; past it the oldest is forgotten first.
+ABORTED_WRITE_PREFIXES_MAX = 10_000
 # Bearer tokens remembered at once; past this many, a login first forgets the expired ones.
 FLIGHT_TOKENS_MAX = 100_000
 # Bytes of the bulk writes staged on disk and not yet committed or aborted, by default

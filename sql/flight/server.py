@@ -60,7 +60,6 @@ import pyarrow.flight as flight
 
 from engine.api import (
     ABANDON_AFTER_S_DEFAULT,
-    PARTS_MAX,
     Database,
     OffsetRange,
     project_schema,
@@ -399,9 +398,10 @@ class TopicbaseFlightServer(flight.FlightServerBase):
         _target(header)
         _key(header)
         part = header.get("part")
-        if not isinstance(part, int) or isinstance(part, bool) or not 0 <= part < PARTS_MAX:
+        last = limits.STAGED_PARTS_MAX - 1
+        if not isinstance(part, int) or isinstance(part, bool) or not 0 <= part <= last:
             raise InvalidParameterValueError(
-                f'a stage header needs the part number (0 to {PARTS_MAX - 1}) as "part"')
+                f'a stage header needs the part number (0 to {last}) as "part"')
         data = body.slice(end + 1)
         where = f"stage {header.get('write_id')} part {part}"
         if not self._stage_turns.acquire(timeout=self.stage_wait_s):

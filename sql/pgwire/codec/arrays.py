@@ -19,7 +19,11 @@ import struct
 from collections.abc import Callable
 from typing import Any
 
-from storage.errors import InvalidBinaryDataError, InvalidTextRepresentationError, TopicbaseError
+from storage.errors import (
+    DatatypeMismatchError,
+    InvalidBinaryDataError,
+    InvalidTextRepresentationError,
+)
 from storage.limits import ARRAY_DIMENSIONS_MAX
 
 # Array type OID -> element type OID.
@@ -43,8 +47,8 @@ class ArrayBinaryError(InvalidBinaryDataError):
     """A malformed binary array parameter (22P03)."""
 
 
-class ArrayElementTypeError(TopicbaseError):
-    sqlstate = "42804"
+class ArrayElementTypeError(DatatypeMismatchError):
+    """An array element of another type than the array's (42804)."""
 
 
 def decode_text(text: str, element: Callable[[str], Any]) -> list[Any]:
