@@ -699,14 +699,19 @@ class BulkWrites:
         metas = {w: self._meta(session, w) for w in dict.fromkeys(write_ids)}
         with self._committing_writes(list(metas)):
             try:
-                return self._commit(session, sink_id, batch_id, metas)
+                answer = self._commit(session, sink_id, batch_id, metas)
             except SerializationFailure:
                 # Two commits of one user claimed a new sink at once and ours lost (the
                 # claim's key): nothing of ours committed, the sink is ours: once more.
                 if owner is not None or bulk_publish.sink_owner(
                         session, sink_id) != session.identity.name:  # fmt: skip
                     raise
-                return self._commit(session, sink_id, batch_id, metas)
+                answer = self._commit(session, sink_id, batch_id, metas)
+        if answer["status"] == "committed":
+            # The batch and its record are committed, the client not yet told: a crash
+            # here is the one the record exists for (the client's replay is a duplicate).
+            failpoints.hit("sink.after_commit")
+        return answer
 
     def _commit(self, session: Any, sink_id: str, batch_id: int,
                 metas: dict[str, dict[str, str]]) -> dict[str, Any]:  # fmt: skip

@@ -39,8 +39,10 @@ the earlier ones renamed, this one still in the commit directory),
 ``publish.frames_then_rows`` (between a share's staged frames and its rows, a bulk
 commit of frames and Arrow rows of one partition); ``deltas.before_commit`` and
 ``deltas.after_commit`` (around the DuckDB COMMIT of a group of counter deltas, ``engine.deltas``);
-``page_cache.after_drop_behind`` (a write just dropped written-back, unsynced log bytes
-from the page cache, ``storage.page_cache.drop_behind``).
+``sink.after_commit`` (a sink's batch committed with its ``(sink id, batch id)`` record,
+its answer not yet sent, ``engine.bulk_write``); ``page_cache.after_drop_behind`` (a write
+just dropped written-back, unsynced log bytes from the page cache,
+``storage.page_cache.drop_behind``).
 """
 
 from __future__ import annotations
