@@ -15,7 +15,9 @@ the checkpoint, and the sink publishes each micro-batch with ``(sinkId, batchId)
   ``sum`` (per-key sums of a numeric JSON field, ``add``) or ``upsert`` (each key's latest
   value of a JSON field, the sink's ``upsert``). Each micro-batch's rows are published in
   the same transaction as its idempotency record. A message whose value field is missing
-  (or JSON null) is skipped by ``sum`` and ``upsert``. "Latest" is the topic's order: a
+  (or JSON null) is skipped by ``sum`` and ``upsert``; a message whose key field is missing
+  (or JSON null) is not folded by any mode (its NULL key would fail the table's key on
+  every replay and stop the fold). "Latest" is the topic's order: a
   micro-batch is reduced to one row per key before its write, the row of the key's last
   message by ``(partition, offset)`` (Spark's tasks write in no defined order, so the
   order is made explicit here); a later micro-batch replaces an earlier one's value. For a
@@ -59,6 +61,11 @@ def json_path(field: str) -> str:
     if not field or "'" in field or "\\" in field:
         raise ValueError(f"a JSON field name without quotes or backslashes, not {field!r}")
     return "$." + field
+
+
+def _quoted(column: str) -> str:
+    """``column`` as a Spark SQL quoted identifier: in backticks, a backtick doubled."""
+    return "`" + column.replace("`", "``") + "`"
 
 
 def _trigger(writer: Any, once: bool, interval: str) -> Any:
@@ -118,27 +125,31 @@ def to_table(spark: Any, connection: Connection, source: str, table: str, key: s
         read = read.option("consumer", consumer)
     if max_per_trigger:
         read = read.option("maxMessagesPerTrigger", str(max_per_trigger))
-    keyed = f"get_json_object(CAST(data AS STRING), '{key_path}') AS `{key_column}`"
+    key_name, count_name = _quoted(key_column), _quoted(count_column)
+    value_name = _quoted(value_column)
+    keyed = f"get_json_object(CAST(data AS STRING), '{key_path}') AS {key_name}"
+    has_key = f"{key_name} IS NOT NULL"
     options = {**connection.options(), "table": table, "key": key_column}
     if mode == "count":
-        rows = read.load().selectExpr(keyed, f"CAST(1 AS BIGINT) AS `{count_column}`")
+        rows = read.load().selectExpr(keyed, f"CAST(1 AS BIGINT) AS {count_name}").where(has_key)
         writer = (rows.writeStream.format("topicbase")
                   .options(**options, mode="add", sinkId=f"to-table:{source}->{table}")
                   .option("checkpointLocation", checkpoint))  # fmt: skip
         return _trigger(writer, once, interval).start()
     extracted = (f"CAST(get_json_object(CAST(data AS STRING), '{value_path}') "
-                 f"AS {chosen_type}) AS `{value_column}`")  # fmt: skip
+                 f"AS {chosen_type}) AS {value_name}")  # fmt: skip
     # A sink id of its own per mode and column: a fold of another mode into the same
     # table (another checkpoint) must not take this one's recorded batches for its own.
     sink_id = f"to-table:{source}->{table}:{mode}:{value_column}"
     if mode == "sum":
-        rows = read.load().selectExpr(keyed, extracted).where(f"`{value_column}` IS NOT NULL")
+        rows = read.load().selectExpr(keyed, extracted).where(
+            f"{has_key} AND {value_name} IS NOT NULL")
         writer = (rows.writeStream.format("topicbase")
                   .options(**options, mode="add", sinkId=sink_id)
                   .option("checkpointLocation", checkpoint))  # fmt: skip
         return _trigger(writer, once, interval).start()
     rows = read.load().selectExpr("`partition`", "`offset`", keyed, extracted).where(
-        f"`{value_column}` IS NOT NULL")
+        f"{has_key} AND {value_name} IS NOT NULL")
     publish = _latest_per_key(options, sink_id, key_column, value_column)
     writer = rows.writeStream.foreachBatch(publish).option("checkpointLocation", checkpoint)
     return _trigger(writer, once, interval).start()
@@ -155,10 +166,11 @@ def _latest_per_key(options: dict[str, str], sink_id: str, key_column: str,
     from pyspark.sql import functions as F
 
     def publish(batch: Any, batch_id: int) -> None:
-        order = Window.partitionBy(key_column).orderBy(F.col("partition").desc(),
+        key, value = F.col(_quoted(key_column)), F.col(_quoted(value_column))
+        order = Window.partitionBy(key).orderBy(F.col("partition").desc(),
                                                        F.col("offset").desc())  # fmt: skip
         latest = (batch.withColumn("__latest", F.row_number().over(order))
-                  .where(F.col("__latest") == 1).select(key_column, value_column))  # fmt: skip
+                  .where(F.col("__latest") == 1).select(key, value))  # fmt: skip
         (latest.write.format("topicbase").mode("append")
          .options(**options, mode="upsert", sinkId=sink_id, batchId=str(batch_id))
          .save())  # fmt: skip

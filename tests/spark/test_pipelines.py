@@ -190,3 +190,52 @@ def test_to_table_sum_and_upsert_equal_sql_over_the_topic(
                       "WHERE r = 1 ORDER BY user_id")  # fmt: skip
     assert len(latest) == KEYS and all(r["status"].startswith("s") for r in latest)
     assert sql_rows(database, "SELECT * FROM last_status ORDER BY user_id") == latest
+
+
+def test_to_table_skips_messages_without_the_key(spark, database, url, tmp_path) -> None:
+    """A message lacking the key field (or with a JSON null key) is not folded by any mode;
+    before, its NULL key failed the publish (23502) on every replay and stopped the fold.
+    Column names with a backtick are quoted (the backtick doubled)."""
+    session = database.connect()
+    session.execute("CREATE TOPIC keyed_events")
+    session.execute('CREATE TABLE n_per_user ("us`er" VARCHAR PRIMARY KEY, "n`" BIGINT)')
+    session.execute('CREATE TABLE total_per_user ("us`er" VARCHAR PRIMARY KEY, "t`" DOUBLE)')
+    session.execute('CREATE TABLE last_per_user ("us`er" VARCHAR PRIMARY KEY, "s`" VARCHAR)')
+    messages = [
+        {"user": "a", "x": 1, "s": "p"},
+        {"x": 5, "s": "q"},
+        {"user": None, "x": 7, "s": "r"},
+        {"user": "b", "x": 2, "s": "t"},
+        {"user": "a", "x": 3, "s": "u"},
+    ]
+    values = ", ".join(f"('{json.dumps(m)}')" for m in messages)
+    session.execute(f"INSERT INTO TOPIC keyed_events (data) VALUES {values}")
+    session.close()
+    connection = pipelines.Connection(url, "sparky", PASSWORD)
+    common = {"key_column": "us`er"}
+    finish(
+        pipelines.to_table(
+            spark,
+            connection,
+            "keyed_events",
+            "n_per_user",
+            "user",
+            str(tmp_path / "count"),
+            count_column="n`",
+            **common,
+        )
+    )
+    finish(pipelines.to_table(spark, connection, "keyed_events", "total_per_user", "user",
+                              str(tmp_path / "sum"), mode="sum", value="x", value_column="t`",
+                              **common))  # fmt: skip
+    finish(pipelines.to_table(spark, connection, "keyed_events", "last_per_user", "user",
+                              str(tmp_path / "upsert"), mode="upsert", value="s",
+                              value_column="s`", **common))  # fmt: skip
+    expected = {
+        "n_per_user": [("a", 2), ("b", 1)],
+        "total_per_user": [("a", 4.0), ("b", 2.0)],
+        "last_per_user": [("a", "u"), ("b", "t")],
+    }
+    for table, want in expected.items():
+        got = sql_rows(database, f'SELECT * FROM {table} ORDER BY "us`er"')
+        assert [tuple(r.values()) for r in got] == want, table
