@@ -88,6 +88,39 @@ class CompressedValues(NamedTuple):
     payload_size: int = 0
 
 
+class BatchHeader(NamedTuple):
+    """The flatbuffer metadata of a body that starts with an Arrow IPC record-batch
+    message: ``raw`` (continuation, length and metadata: ``8 + length`` bytes), and the
+    field positions (0 for an absent field; at least five each) of its Message table
+    (``fields``: version, header type, header, body length, custom metadata) and of its
+    RecordBatch table (``batch``: length, nodes, buffers, compression, variadic counts)."""
+
+    raw: bytes
+    length: int
+    fields: list[int]
+    batch: list[int]
+
+
+def batch_header(body: pa.Buffer | memoryview) -> BatchHeader | None:
+    """``body``'s record-batch header, or None when it is no record-batch message (too
+    short, another continuation or message type, no header). Malformed offsets inside the
+    metadata raise ``struct.error`` or ``IndexError``: the callers say what that means for
+    them (a refused frame, or "not for this path")."""
+    view = memoryview(body)
+    if len(view) < 8:
+        return None
+    continuation, length = struct.unpack_from("<Ii", view, 0)
+    if continuation != IPC_CONTINUATION or length <= 0 or len(view) < 8 + length:
+        return None
+    raw = bytes(view[: 8 + length])
+    message = 8 + read_u32(raw, 8)
+    fields = table_fields(raw, message) + [0] * 5
+    if not fields[1] or raw[fields[1]] != RECORD_BATCH_TYPE or not fields[2]:
+        return None
+    batch = fields[2] + read_u32(raw, fields[2])
+    return BatchHeader(raw, length, fields, table_fields(raw, batch) + [0] * 5)
+
+
 def compressed_values(body: pa.Buffer, record_count: int = 1) -> CompressedValues | None:
     """None when ``body`` (an Arrow IPC record-batch message) declares no body
     compression; else its data values' declared size once the shape is checked (module
@@ -97,21 +130,11 @@ def compressed_values(body: pa.Buffer, record_count: int = 1) -> CompressedValue
     ``FRAME_TARGET_BYTES`` (``declared_bound``; 22P04, as the decoded batch would be
     refused past that), refused before anything is decompressed."""
     view = memoryview(body)
-    if body.size < 8:
-        return None
-    continuation, length = struct.unpack_from("<Ii", view, 0)
-    if continuation != IPC_CONTINUATION or length <= 0 or body.size < 8 + length:
-        return None
-    raw = bytes(view[: 8 + length])
     try:
-        message = 8 + read_u32(raw, 8)
-        fields = table_fields(raw, message) + [0] * 5
-        if not fields[1] or raw[fields[1]] != RECORD_BATCH_TYPE or not fields[2]:
-            return None
-        batch = fields[2] + read_u32(raw, fields[2])
-        batch_fields = table_fields(raw, batch) + [0] * 5
-        if not batch_fields[3]:
-            return None  # not compressed: the caller's plain checks
+        header = batch_header(body)
+        if header is None or not header.batch[3]:
+            return None  # no record batch, or not compressed: the caller's plain checks
+        raw, length, fields, batch_fields = header.raw, header.length, header.fields, header.batch
         compression = batch_fields[3] + read_u32(raw, batch_fields[3])
         codec_at, method_at = [*table_fields(raw, compression), 0, 0][:2]
         codec = raw[codec_at] if codec_at else 0

@@ -27,10 +27,8 @@ import numpy as np
 import pyarrow as pa
 
 from storage.codecs import Codec
-from storage.column_codec import CODEC_VALUES, NOT_COMPRESSED, ZSTD_CODEC
+from storage.column_codec import CODEC_VALUES, NOT_COMPRESSED, ZSTD_CODEC, batch_header
 from storage.wire_columns import (
-    IPC_CONTINUATION,
-    RECORD_BATCH_TYPE,
     WIRE_BUFFERS,
     WIRE_NODES,
     read_u32,
@@ -53,19 +51,11 @@ def packed_body(body: pa.Buffer) -> PackedBody | None:
     """``body``'s pieces when it is a column-compressed frame of raw messages, else None
     (module doc)."""
     view = memoryview(body)
-    if body.size < 8:
-        return None
-    continuation, length = struct.unpack_from("<Ii", view, 0)
-    if continuation != IPC_CONTINUATION or length <= 0 or body.size < 8 + length:
-        return None
-    raw = bytes(view[: 8 + length])
     try:
-        message = 8 + read_u32(raw, 8)
-        fields = table_fields(raw, message) + [0] * 5
-        if not fields[1] or raw[fields[1]] != RECORD_BATCH_TYPE or not fields[2]:
+        header = batch_header(body)
+        if header is None:
             return None
-        batch = fields[2] + read_u32(raw, fields[2])
-        batch_fields = table_fields(raw, batch) + [0] * 5
+        raw, length, batch_fields = header.raw, header.length, header.batch
         if not batch_fields[3] or not batch_fields[1] or not batch_fields[2]:
             return None  # not compressed, or no nodes or buffers
         compression = batch_fields[3] + read_u32(raw, batch_fields[3])
