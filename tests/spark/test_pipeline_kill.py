@@ -24,6 +24,7 @@ from engine.database import Database
 from spark_sql_ext import pipelines
 from sql.pgwire.users import add_user, default_users_path
 from tests.spark.conftest import PASSWORD, QUERY_S, finish, sql_rows
+from tests.spark.test_pipelines import _produce
 
 ROOT = Path(__file__).resolve().parents[2]
 SERVERS, USERS, PER_SERVER = 3, 5, 300
@@ -96,20 +97,7 @@ def server(tmp_path: Path) -> Iterator[Server]:
     data = tmp_path / "data"
     database = Database.open(str(data), retention_interval_s=None)
     add_user(default_users_path(database.path), "sparky", PASSWORD, superuser=True)
-    session = database.connect()
-    session.execute("CREATE TOPIC logs_by_server (CONSUMER resharder) "
-                    "WITH (min_active_partitions = 3)")  # fmt: skip
-    session.execute("CREATE TOPIC logs_by_user (CONSUMER counter) "
-                    "WITH (min_active_partitions = 2)")  # fmt: skip
-    session.execute("CREATE TABLE clicks_per_user (key VARCHAR PRIMARY KEY, n BIGINT)")
-    for source in range(SERVERS):
-        values = ", ".join(
-            "('" + json.dumps({"server": source, "user": f"u{(i * 7 + source) % USERS}",
-                               "seq": i}) + f"', 'srv-{source}', {i + 1}, {source})"
-            for i in range(PER_SERVER))  # fmt: skip
-        session.execute("INSERT INTO TOPIC logs_by_server (data, producer_id, seq_no, "
-                        f"partition) VALUES {values}")  # fmt: skip
-    session.close()
+    _produce(database, PER_SERVER)
     database.close()
     served = Server(data, tmp_path)
     yield served

@@ -14,7 +14,9 @@ from tests.spark.conftest import PASSWORD, finish, sql_rows
 SERVERS, USERS, PER_SERVER = 3, 5, 400
 
 
-def _produce(database) -> None:
+def _produce(database, per_server: int = PER_SERVER) -> None:
+    """Topics ``logs_by_server`` (3 partitions: one a server, ``per_server`` JSON lines
+    each, ``seq`` per server), ``logs_by_user`` and the table ``clicks_per_user``."""
     session = database.connect()
     session.execute("CREATE TOPIC logs_by_server (CONSUMER resharder) "
                     "WITH (min_active_partitions = 3)")  # fmt: skip
@@ -25,7 +27,7 @@ def _produce(database) -> None:
         values = ", ".join(
             "('" + json.dumps({"server": server, "user": f"u{(i * 7 + server) % USERS}",
                                "seq": i}) + f"', 'srv-{server}', {i + 1}, {server})"
-            for i in range(PER_SERVER))  # fmt: skip
+            for i in range(per_server))  # fmt: skip
         session.execute("INSERT INTO TOPIC logs_by_server (data, producer_id, seq_no, "
                         f"partition) VALUES {values}")  # fmt: skip
     session.close()
