@@ -323,16 +323,11 @@ def _denied_functions() -> tuple[frozenset[str], frozenset[str]]:
 
 def _builtin_macros_calling(functions: frozenset[str]) -> frozenset[str]:
     """DuckDB's built-in scalar macros whose body calls one of ``functions``."""
-    found = set()
-    for name, body in tables.builtin_scalar_macros():
-        tokens = tables.sql_tokens(f"SELECT {body}")
-        if any(
-            _identifier(token.text) in functions and tokens[at + 1].text == "("
-            for at, token in enumerate(tokens[:-1])
-            if token.kind in ("identifier", "keyword")
-        ):
-            found.add(name)
-    return frozenset(found)
+    return frozenset(
+        name
+        for name, body in tables.builtin_scalar_macros()
+        if _calls_any(f"SELECT {body}", functions)
+    )
 
 
 # Built-in views over a refused function that show nothing but database names (as
@@ -359,16 +354,19 @@ def _views_over_settings() -> frozenset[str]:
 
 def _builtin_views_calling(functions: frozenset[str]) -> frozenset[str]:
     """The names of DuckDB's built-in views whose definition calls one of ``functions``."""
-    found = set()
-    for name, sql in tables.builtin_view_queries():
-        tokens = tables.sql_tokens(sql)
-        if any(
-            _identifier(token.text) in functions and tokens[at + 1].text == "("
-            for at, token in enumerate(tokens[:-1])
-            if token.kind in ("identifier", "keyword")
-        ):
-            found.add(name)
-    return frozenset(found)
+    return frozenset(
+        name for name, sql in tables.builtin_view_queries() if _calls_any(sql, functions)
+    )
+
+
+def _calls_any(sql: str, functions: frozenset[str]) -> bool:
+    """Whether ``sql`` calls one of ``functions`` (a name token followed by ``(``)."""
+    tokens = tables.sql_tokens(sql)
+    return any(
+        _identifier(token.text) in functions and tokens[at + 1].text == "("
+        for at, token in enumerate(tokens[:-1])
+        if token.kind in ("identifier", "keyword")
+    )
 
 
 def _view_refusal(name: str) -> str:
