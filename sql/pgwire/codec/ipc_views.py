@@ -28,6 +28,7 @@ code, no I/O.
 from __future__ import annotations
 
 import struct
+from collections.abc import Sequence
 
 import numpy as np
 import pyarrow as pa
@@ -132,17 +133,25 @@ def batch_views(batch: pa.RecordBatch) -> list[memoryview | bytes] | None:
         if buffers is None:
             return None
         nodes.append((len(column), column.null_count))
-        for buffer in buffers:
-            size = len(buffer)
-            layout.append((at, size))
-            pad = -size % 8
-            if size:
-                pieces.append(buffer)
-            if pad:
-                pieces.append(b"\x00" * pad)
-            at += size + pad
+        at = _lay(buffers, pieces, layout, at)
     metadata = _metadata(batch.num_rows, nodes, layout, at)
     return [CONTINUATION + struct.pack("<i", len(metadata)) + metadata, *pieces]
+
+
+def _lay(buffers: Sequence[memoryview | bytes], pieces: list[memoryview | bytes],
+         layout: list[tuple[int, int]], at: int) -> int:  # fmt: skip
+    """Append ``buffers`` to ``pieces`` (each followed by zeros to 8 bytes) and their
+    (offset, size) in the body to ``layout``, from body offset ``at``; the offset after."""
+    for buffer in buffers:
+        size = len(buffer)
+        layout.append((at, size))
+        pad = -size % 8
+        if size:
+            pieces.append(buffer)
+        if pad:
+            pieces.append(b"\x00" * pad)
+        at += size + pad
+    return at
 
 
 def packed_views(rows: int, nodes: list[tuple[int, int]] | tuple[tuple[int, int], ...],
@@ -154,18 +163,9 @@ def packed_views(rows: int, nodes: list[tuple[int, int]] | tuple[tuple[int, int]
     or one zstd frame): as buffers to send in order, the body's as they are given (no
     copy), each padded to 8 bytes."""
     assert rows > 0, "an empty batch has no message (copy_arrow sends none)"
+    assert all(len(b) == 0 or len(b) >= 8 for b in buffers), [len(b) for b in buffers]
     pieces: list[memoryview | bytes] = []
     layout: list[tuple[int, int]] = []
-    at = 0
-    for buffer in buffers:
-        size = len(buffer)
-        assert size == 0 or size >= 8, size
-        layout.append((at, size))
-        pad = -size % 8
-        if size:
-            pieces.append(buffer)
-        if pad:
-            pieces.append(b"\x00" * pad)
-        at += size + pad
+    at = _lay(buffers, pieces, layout, 0)
     metadata = _metadata(rows, list(nodes), layout, at, compressed=True)
     return [CONTINUATION + struct.pack("<i", len(metadata)) + metadata, *pieces]
