@@ -254,12 +254,13 @@ def _parts_done(session: Any, sink_id: str, batch_id: int) -> set[int]:
 def table_statement(meta: dict[str, Any], data: pa.Table) -> tuple[pa.Table, str]:
     """The relation and the statement that publish one staged table write.
 
-    In mode ``upsert`` the relation gets a column of its own (``ORDINAL``, a name no
-    column of the rows has): each row's index in ``data``, materialised here so that the
-    statement picks the latest row of a key by value, never by DuckDB's scan order.
+    In modes ``upsert`` and ``add`` the relation gets a column of its own (``ORDINAL``, a
+    name no column of the rows has): each row's index in ``data``, materialised here so
+    that the statement picks the latest row of a key by value, never by DuckDB's scan
+    order, and keeps apart the rows whose key holds a NULL (``table_insert``).
     ``data`` is the write's rows in staged order (``BulkWrites.read_write``: its staged
     files in name order, which is staging order, each file's rows as they came)."""
-    if meta.get("mode", "append") != "upsert":
+    if meta.get("mode", "append") not in ("upsert", "add"):
         return data, table_insert(meta, data.column_names)
     ordinal = ORDINAL
     while ordinal in data.column_names:
@@ -281,7 +282,13 @@ def table_insert(meta: dict[str, Any], columns: list[str], ordinal: str | None =
     exactly one row per key, the one with the greatest ordinal: ``DISTINCT ON (key)``
     yields one row per distinct key, the first by its ``ORDER BY key, ordinal DESC``,
     and ordinals are unique, so there is no tie. A NULL in another column is a value
-    like any other (the latest row's NULL replaces a stored value)."""
+    like any other (the latest row's NULL replaces a stored value).
+
+    A row whose key holds a NULL conflicts with nothing (a nullable UNIQUE key: NULLs
+    are distinct, in PostgreSQL's ``ON CONFLICT`` as in DuckDB's), so in both folding
+    modes it is inserted as it came: the fold is by the key and ``CASE WHEN <a key
+    column> IS NULL THEN ordinal END``, NULL for every whole key (folded by the key
+    alone) and the row's own ordinal otherwise (a group of one)."""
     names = ", ".join(quote_identifier(c) for c in columns)
     target = quote_name(meta["name"])
     mode, key = meta.get("mode", "append"), list(meta.get("key") or [])
@@ -292,22 +299,31 @@ def table_insert(meta: dict[str, Any], columns: list[str], ordinal: str | None =
         raise InvalidParameterValueError(f'the rows have no key column "{missing[0]}"')
     keys = ", ".join(quote_identifier(k) for k in key)
     others = [c for c in columns if c not in key]
+    assert ordinal is not None and ordinal not in columns, "a fold needs its ordinal"
+    apart = null_key_apart(key, ordinal)
     if mode == "upsert":
-        assert ordinal is not None and ordinal not in columns, "upsert needs its ordinal"
         updates = ", ".join(
             f"{quote_identifier(c)} = EXCLUDED.{quote_identifier(c)}" for c in others
         )
-        source = (f"SELECT DISTINCT ON ({keys}) {names} FROM {{relation}} "
-                  f"ORDER BY {keys}, {quote_identifier(ordinal)} DESC")  # fmt: skip
+        source = (f"SELECT DISTINCT ON ({keys}, {apart}) {names} FROM {{relation}} "
+                  f"ORDER BY {keys}, {apart}, {quote_identifier(ordinal)} DESC")  # fmt: skip
     else:
         # DuckDB applies one row per key of an upsert batch: sum by key first.
         updates = ", ".join(f"{quote_identifier(c)} = {target}.{quote_identifier(c)} + "
                             f"EXCLUDED.{quote_identifier(c)}" for c in others)  # fmt: skip
         sums = ", ".join(f"sum({quote_identifier(c)}) AS {quote_identifier(c)}" for c in others)
-        source = f"SELECT {keys}, {sums} FROM {{relation}} GROUP BY {keys}"
+        source = f"SELECT {keys}, {sums} FROM {{relation}} GROUP BY {keys}, {apart}"
         names = ", ".join([keys, *(quote_identifier(c) for c in others)])
     action = f"DO UPDATE SET {updates}" if others else "DO NOTHING"
     return f"INSERT INTO {target} ({names}) {source} ON CONFLICT ({keys}) {action}"
+
+
+def null_key_apart(key: list[str], ordinal: str) -> str:
+    """``CASE WHEN k1 IS NULL OR … THEN ordinal END``: NULL for a row whose key is whole,
+    the row's ordinal for one whose key holds a NULL (``table_insert``; the shape
+    ``planner.upsert_check`` recognises as keeping such rows apart)."""
+    nulls = " OR ".join(f"{quote_identifier(k)} IS NULL" for k in key)
+    return f"CASE WHEN {nulls} THEN {quote_identifier(ordinal)} END"
 
 
 def quote_name(name: str) -> str:

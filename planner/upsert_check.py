@@ -18,7 +18,10 @@ row of a key applied, the others dropped). A user's macro that calls one is not 
 (a known gap). A source that cannot propose a key twice is not counted either: a plain
 ``SELECT DISTINCT ON (…)`` or ``GROUP BY …`` over exactly the named conflict columns,
 projected as themselves into the statement's column list (``engine.bulk_publish``'s
-statements). That skip trusts the source's own equality: a key the table's type or
+statements), optionally beside one item ``CASE WHEN k1 IS NULL OR … THEN x END`` naming
+each conflict column once and no ELSE: NULL for every row whose key is whole (those are
+folded by the key alone), so it only keeps apart rows with a NULL in the key, which
+conflict with nothing. That skip trusts the source's own equality: a key the table's type or
 collation merges (1.2 and 1.4 into an INTEGER key, 'a' and 'A' under NOCASE) is applied
 once, as DuckDB does, not refused.
 
@@ -140,8 +143,15 @@ def _one_row_per_key(tree: exp.Insert, conflict: exp.OnConflict, source: exp.Exp
         by = list(group.expressions)
     else:
         return False
+    apart = [b for b in by if _null_key_apart(b) is not None]
+    if len(apart) > 1:
+        return False
+    if apart:
+        by = [b for b in by if b is not apart[0]]
     grouped = {_column_key(b) for b in by}
     if None in grouped or len(grouped) != len(by):
+        return False
+    if apart and _null_key_apart(apart[0]) != grouped:
         return False
     projected = set()
     for key in keys:
@@ -150,3 +160,29 @@ def _one_row_per_key(tree: exp.Insert, conflict: exp.OnConflict, source: exp.Exp
             return False
         projected.add(_column_key(projections[columns.index(name)]))
     return None not in projected and projected == grouped and len(projected) == len(keys)
+
+
+def _null_key_apart(node: exp.Expression) -> set[tuple[str, str] | None] | None:
+    """The columns of ``CASE WHEN c1 IS NULL OR c2 IS NULL … THEN x END`` (one WHEN, no
+    ELSE, each column once), else None: an item of a fold that is NULL exactly when none
+    of those columns is (``_one_row_per_key``)."""
+    if not isinstance(node, exp.Case) or node.args.get("default") is not None:
+        return None
+    ifs = node.args.get("ifs") or []
+    if node.this is not None or len(ifs) != 1:
+        return None
+    tests = []
+    condition = ifs[0].this
+    while isinstance(condition, exp.Or):
+        tests.append(condition.expression)
+        condition = condition.this
+    tests.append(condition)
+    columns = []
+    for test in tests:
+        while isinstance(test, exp.Paren):
+            test = test.this
+        if not (isinstance(test, exp.Is) and isinstance(test.expression, exp.Null)):
+            return None
+        columns.append(_column_key(test.this))
+    found = set(columns)
+    return found if None not in found and len(found) == len(columns) else None

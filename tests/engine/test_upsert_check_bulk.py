@@ -25,7 +25,8 @@ def test_bulk_upsert_statement_is_not_counted_again() -> None:
 
 
 def test_bulk_add_statement_is_not_counted_again() -> None:
-    sql = table_insert({"name": "t", "mode": "add", "key": ["k", "j"]}, ["k", "j", "v"])
+    sql = table_insert({"name": "t", "mode": "add", "key": ["k", "j"]}, ["k", "j", "v"],
+                       ordinal="o")  # fmt: skip
     assert _check(sql) is None
 
 
@@ -42,6 +43,19 @@ def test_bulk_add_statement_is_not_counted_again() -> None:
         "INSERT INTO t (k, v) SELECT k, sum(v) FROM rel GROUP BY k "
         "ON CONFLICT DO UPDATE SET v = EXCLUDED.v",  # target left out: the key is unknown here
         f"INSERT INTO t (k, v) SELECT x AS k, sum(v) FROM rel GROUP BY k {_ON}",
+        # an item beside the key that is not NULL for every whole key: more rows a key
+        f"INSERT INTO t (k, v) SELECT k, sum(v) FROM rel GROUP BY k, CASE WHEN v IS NULL "
+        f"THEN o END {_ON}",
+        f"INSERT INTO t (k, v) SELECT k, sum(v) FROM rel GROUP BY k, CASE WHEN k IS NULL "
+        f"THEN o ELSE 1 END {_ON}",
+        f"INSERT INTO t (k, v) SELECT k, sum(v) FROM rel GROUP BY k, CASE WHEN k IS NOT NULL "
+        f"THEN o END {_ON}",
+        f"INSERT INTO t (k, v) SELECT k, sum(v) FROM rel GROUP BY k, CASE WHEN k IS NULL "
+        f"OR v IS NULL THEN o END {_ON}",
+        f"INSERT INTO t (k, v) SELECT k, sum(v) FROM rel GROUP BY k, CASE WHEN k IS NULL "
+        f"THEN o END, CASE WHEN k IS NULL THEN v END {_ON}",
+        f"INSERT INTO t (k, v) SELECT DISTINCT ON (k, CASE WHEN k IS NULL THEN o WHEN "
+        f"o > 1 THEN o END) k, v FROM rel {_ON}",
     ],
 )
 def test_sources_that_may_repeat_a_key_are_still_checked(sql: str) -> None:
