@@ -279,7 +279,7 @@ def _check_query(
 ) -> None:
     executed = _executed_name(operation.sql)
     if executed is not None:  # judged as what it runs, now (PostgreSQL checks at EXECUTE)
-        for inner in _prepared_statements(session, executed):
+        for inner in _prepared_statements(session, executed, operation.sql):
             if _executed_name(inner) is not None:  # DuckDB never holds one; never loop
                 raise InsufficientPrivilegeError("permission denied: EXECUTE of an EXECUTE")
             _check_query(session, identity, dataclasses.replace(operation, sql=inner),
@@ -462,10 +462,18 @@ def _executed_name(sql: str) -> str | None:
     return name[1:-1].replace('""', '"') if name.startswith('"') else name
 
 
-def _prepared_statements(session: Any, name: str) -> list[str]:
-    """The statements DuckDB holds under ``name`` on the session's connection (EXECUTE
-    matches names without case), as DuckDB itself renders them: the authority on what
-    an EXECUTE runs, whatever comments or quoting its PREPARE used."""
+def _prepared_statements(session: Any, name: str, sql: str) -> list[str]:
+    """The statements an EXECUTE of ``name`` may run: the session's SQL-level statement
+    kept under that name (``engine.prepared_room``: as the sandbox read it at PREPARE),
+    else what DuckDB holds under ``name`` on the session's connection (EXECUTE matches
+    names without case; the engine's kept plans), as DuckDB itself renders them."""
+    kept = getattr(session, "sql_statements", None)
+    key = None if kept is None else kept.executed(sql)  # as the run will find it
+    if key is not None:
+        statement = kept.statement(key)
+        if statement is None:  # the sandbox refuses such a PREPARE: never run unchecked
+            raise InsufficientPrivilegeError("permission denied: EXECUTE of an unreadable PREPARE")
+        return [statement]
     rows = tables.fetch_rows(
         session.cursor,
         "SELECT statement FROM duckdb_prepared_statements() WHERE lower(name) = lower(?)",

@@ -526,6 +526,12 @@ def _reserved_statement_name(token: str) -> bool:
     return name.lower().startswith("__topicbase")
 
 
+def prepared_statement(sql: str) -> str | None:
+    """The statement of ``PREPARE name [(types)] AS statement`` as the sandbox reads it
+    (what it checked, and what an EXECUTE of the name runs), or None."""
+    return _prepared_statement(sql, tables.sql_tokens(sql))
+
+
 def _prepared_statement(sql: str, tokens: list[tables.SqlToken]) -> str | None:
     at = 2  # PREPARE name
     if len(tokens) > at and tokens[at].text == "(":

@@ -977,6 +977,61 @@ _plan_numbers = iter(range(1, sys.maxsize))
 _plans_lock = threading.Lock()
 
 
+# What a kept plan may hold. DuckDB folds constant expressions when it plans, and a plan
+# keeps the folded values: ``SELECT repeat('x', 100000000) AS v`` (36 characters) kept
+# ~100 MB a plan, 64 plans a cursor (review R2 F1, round 23: +294 MiB from 20 such texts).
+# So a text is kept only when every call in it is one of these functions, none of whose
+# values is larger than its arguments together (or than a row of the tables it reads:
+# aggregates are never folded), so a folded value is at most a few times the text.
+# Anything else before a ``(`` (``repeat``, ``lpad``, ``printf``, ``range`` (a keyword to
+# DuckDB's lexer), ``replace``, list functions, a macro) keeps the text out of the plans:
+# it runs as text every time, as every text did before plans were kept.
+_BOUNDED_FUNCTIONS = frozenset({
+    # aggregates (never folded) and window functions
+    "count", "count_star", "sum", "min", "max", "avg", "mean", "any_value", "first",
+    "last", "arg_min", "arg_max", "bool_and", "bool_or", "stddev", "stddev_pop",
+    "stddev_samp", "variance", "var_pop", "var_samp", "median", "mode", "row_number",
+    "rank", "dense_rank", "lag", "lead",
+    # scalars whose value is no larger than their arguments together
+    "lower", "upper", "lcase", "ucase", "length", "len", "strlen", "octet_length",
+    "abs", "round", "floor", "ceil", "ceiling", "sign", "coalesce", "ifnull", "nullif",
+    "greatest", "least", "if", "substring", "substr", "left", "right", "trim", "ltrim",
+    "rtrim", "concat", "concat_ws", "starts_with", "ends_with", "contains", "prefix",
+    "suffix", "hash", "md5", "now", "current_date", "current_timestamp", "date_trunc",
+    "date_part", "extract", "epoch", "year", "month", "day", "hour", "minute", "second",
+    "typeof", "isnan", "isinf", "error",
+})  # fmt: skip
+# Words before ``(`` that are syntax, not calls.
+_SYNTAX_BEFORE_PAREN = frozenset({
+    "select", "from", "where", "and", "or", "not", "in", "exists", "as", "on", "using",
+    "join", "by", "having", "then", "else", "when", "case", "is", "like", "ilike",
+    "between", "any", "all", "some", "over", "filter", "cast", "try_cast", "values",
+    "union", "except", "intersect", "distinct", "limit", "offset", "qualify", "order",
+    "partition", "group", "window", "with", "lateral", "row", "decimal", "numeric",
+    "varchar", "char", "character",
+})  # fmt: skip
+
+
+def bounded_constants(sql: str) -> bool:
+    """Whether a plan of ``sql`` holds folded values of a size bounded by the text's: every
+    word DuckDB's lexer reads before a ``(`` is syntax or a ``_BOUNDED_FUNCTIONS`` name
+    (quoted or qualified alike). False for a text DuckDB cannot tokenize."""
+    try:
+        tokens = sql_tokens(sql)
+    except errors.TopicbaseError:
+        return False
+    for at, token in enumerate(tokens[:-1]):
+        if tokens[at + 1].text != "(" or token.kind not in ("identifier", "keyword"):
+            continue
+        name = token.text
+        if name[:1] == '"' and name[-1:] == '"':
+            name = name[1:-1].replace('""', '"')
+        name = name.lower()
+        if name not in _BOUNDED_FUNCTIONS and name not in _SYNTAX_BEFORE_PAREN:
+            return False
+    return True
+
+
 class CursorPlans:
     """The prepared plans of one DuckDB connection (cursor), by statement text.
 
@@ -1085,6 +1140,7 @@ class CursorPlans:
             or len(sql) > limits.CACHED_TEXT_CHARS_MAX
             or ";" in sql
             or not _PLANNABLE.match(sql)
+            or not bounded_constants(sql)
         ):
             return
         if sql not in self._names:
@@ -1120,6 +1176,14 @@ class CursorPlans:
 
 
 _plans: weakref.WeakKeyDictionary[Connection, CursorPlans] = weakref.WeakKeyDictionary()
+
+
+def run_own(cursor: Connection, sql: str) -> None:
+    """Run a statement that changes no binding on ``cursor`` (a PREPARE or DEALLOCATE the
+    engine makes for a session's SQL-level statement, ``engine.prepared_room``): as the
+    kept plans' own, so ``catalog_version`` discounts what it moves."""
+    with translated():
+        _plans_of(cursor).run(cursor, sql)
 
 
 def _raw_catalog_version(cursor: Any) -> int | None:
