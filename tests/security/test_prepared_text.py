@@ -213,7 +213,7 @@ def test_kept_plans_hold_no_big_values(admin: Session) -> None:
         ("SELECT count(*), lower(concat('a', 'b')) FROM t", True),
         ("SELECT CAST(a AS DECIMAL(10, 2)) FROM t", True),
         ("SELECT repeat('x', 5)", False),
-        ('SELECT "repeat"(\'x\', 5)', False),
+        ("SELECT \"repeat\"('x', 5)", False),
         ("SELECT * FROM range(5)", False),
         ("SELECT replace('aaaa', 'a', 'bbbb')", False),
         ("SELECT list_resize([1], 9)", False),
