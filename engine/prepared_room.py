@@ -50,26 +50,30 @@ from storage.errors import LimitExceededError, TopicbaseError, UndefinedPrepared
 
 
 def statement_name(sql: str, at: int = 1) -> str | None:
-    """The name DuckDB reads at token ``at`` of ``sql`` (``PREPARE name``, ``EXECUTE name``),
-    lower case: DuckDB matches prepared statements' names without case, quoted or not
-    (``EXECUTE "Hidden"`` ran ``PREPARE Hidden``), and so does the session. None if
+    """The name DuckDB reads at token ``at`` of ``sql`` (``PREPARE name``, ``EXECUTE name``)
+    as DuckDB matches it: without case in ASCII letters only (``EXECUTE "Hidden"`` ran
+    ``PREPARE Hidden``; ``"Ä0"`` and ``"ä0"`` are two names), quotes taken off. None if
     there is no such token."""
-    tokens = tables.sql_tokens(sql)
-    if len(tokens) <= at:
+    token = name_token(sql, at)
+    if token is None:
         return None
-    name = tokens[at].text
-    if name.startswith('"') and name.endswith('"') and len(name) >= 2:
-        name = name[1:-1].replace('""', '"')
-    return name.lower()
+    if token.startswith('"') and token.endswith('"') and len(token) >= 2:
+        token = token[1:-1].replace('""', '"')
+    return token.translate(_ASCII_LOWER)
+
+
+def name_token(sql: str, at: int = 1) -> str | None:
+    """Token ``at`` of ``sql`` as written (DuckDB's spelling of a statement's name)."""
+    tokens = tables.sql_tokens(sql)
+    return tokens[at].text if len(tokens) > at else None
+
+
+_ASCII_LOWER = str.maketrans("ABCDEFGHIJKLMNOPQRSTUVWXYZ", "abcdefghijklmnopqrstuvwxyz")
 
 
 def _first_word(sql: str) -> str:
     tokens = tables.sql_tokens(sql)
     return tokens[0].text.upper() if tokens else ""
-
-
-def _quoted(name: str) -> str:
-    return '"' + name.replace('"', '""') + '"'
 
 
 class SqlStatements:
@@ -94,6 +98,11 @@ class SqlStatements:
         if text is None:
             return None
         return prepared_statement(text)  # as the sandbox read it
+
+    def statement_of(self, sql: str) -> str | None:
+        """The kept name ``sql``'s second token names (``DEALLOCATE name``), else None."""
+        name = statement_name(sql)
+        return name if name is not None and name in self._texts else None
 
     def executed(self, sql: str) -> str | None:
         """The kept name an ``EXECUTE name [(arguments)]`` runs, else None."""
@@ -129,8 +138,9 @@ class SqlStatements:
         try:
             yield
         finally:
-            if name is not None:
-                _deallocate(cursor, name)
+            written = name_token(sql)
+            if written is not None:
+                _deallocate(cursor, written)
         if name is not None:
             self._texts.pop(name, None)
             self._texts[name] = sql
@@ -148,11 +158,14 @@ class SqlStatements:
                 )
             yield
             return
+        text = self._texts[name]
         try:
-            tables.run_own(cursor, self._texts[name])
+            tables.run_own(cursor, text)
             yield
         finally:
-            _deallocate(cursor, name)
+            written = name_token(text)
+            if written is not None:
+                _deallocate(cursor, written)
 
     def deallocate(self, sql: str) -> bool:
         """``DEALLOCATE [PREPARE] name|ALL``: forget the kept statement(s); False if ``sql``
@@ -173,8 +186,10 @@ class SqlStatements:
         return True
 
 
-def _deallocate(cursor: Any, name: str) -> None:
-    """DuckDB's DEALLOCATE of ``name`` (it runs in an aborted transaction too; an error
-    leaves the statement to be replaced by the next PREPARE of the name)."""
+def _deallocate(cursor: Any, written: str) -> None:
+    """DuckDB's DEALLOCATE of the statement named ``written`` (the name's token as the
+    PREPARE wrote it: DuckDB's own spelling, so the name matches whatever its letters).
+    It runs in an aborted transaction too; an error leaves the statement to be replaced by
+    the next PREPARE of the name."""
     with contextlib.suppress(duckdb.Error, TopicbaseError):  # not to hide the run's error
-        tables.run_own(cursor, f"DEALLOCATE {_quoted(name)}")
+        tables.run_own(cursor, f"DEALLOCATE {written}")

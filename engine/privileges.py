@@ -285,6 +285,9 @@ def _check_query(
         for inner in _prepared_statements(session, executed, operation.sql):
             if _executed_name(inner) is not None:  # DuckDB never holds one; never loop
                 raise InsufficientPrivilegeError("permission denied: EXECUTE of an EXECUTE")
+            # The sandbox's rules for the caller too: a superuser's PREPARE (of
+            # ``current_setting``, say) run after SET ROLE is judged as the role's.
+            sandbox.check_sql(inner, superuser=False)
             _check_query(session, identity, dataclasses.replace(operation, sql=inner),
                          placeholders)  # fmt: skip
         return

@@ -252,3 +252,27 @@ def test_over_the_wire_prepare_execute_deallocate(tmp_path: Path) -> None:
             alice.execute("EXECUTE p(1)")
     finally:
         server.stop()
+
+
+def test_a_superusers_prepare_meets_the_sandbox_for_the_role_at_execute(admin: Session) -> None:
+    admin.execute("PREPARE setting AS SELECT current_setting('temp_directory') AS d")
+    assert rows(admin, "EXECUTE setting")  # a superuser may read it
+    admin.execute("SET ROLE alice")
+    with pytest.raises(InsufficientPrivilegeError, match="settings"):
+        admin.execute("EXECUTE setting")
+    admin.execute("RESET ROLE")
+    assert rows(admin, "EXECUTE setting")
+
+
+@pytest.mark.parametrize("name", ['"ÄBC"', '"äbc"', '"Σ"', '"İx"', "Äx", '"MiXeD"', "plain"])
+def test_duckdb_holds_nothing_whatever_the_name(alice: Session, name: str) -> None:
+    """DuckDB matches statement names without case in ASCII letters only: each name is
+    DEALLOCATEd from DuckDB as the PREPARE spelled it (review R2 F5: non-ASCII names stayed
+    there, folded values and all)."""
+    alice.execute(f"PREPARE {name} AS SELECT repeat('x', 1000) AS v")
+    assert duckdb_holds(alice) == 0
+    assert len(rows(alice, f"EXECUTE {name}")[0][0]) == 1000
+    assert duckdb_holds(alice) == 0
+    alice.execute(f"DEALLOCATE {name}")
+    assert alice.sql_statements.names() == []
+    assert duckdb_holds(alice) == 0

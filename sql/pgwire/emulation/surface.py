@@ -432,7 +432,7 @@ class ConnectionCatalog:
         if name in self.prepared:
             del self.prepared[name]
             return Result("DEALLOCATE")
-        if name.lower() in _sql_prepared(session):  # DuckDB's names, without case
+        if session.sql_statements.statement_of("DEALLOCATE " + match.group(1)) is not None:
             return None  # an SQL-level PREPARE's, which the engine keeps: it runs it
         raise UndefinedPreparedStatementError(f'prepared statement "{name}" does not exist')
 
