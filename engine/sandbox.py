@@ -515,6 +515,35 @@ def _check_prepare(sql: str, tokens: list[tables.SqlToken], superuser: bool) -> 
     return _refusal(inner, superuser)
 
 
+_EXECUTE_ARGUMENT_WORDS = frozenset({"null", "true", "false", "cast", "as", "interval"})
+
+
+def _check_execute(sql: str, tokens: list[tables.SqlToken], superuser: bool) -> str | None:
+    """``EXECUTE name [(arguments)]``: for an ordinary user the arguments are constants
+    (literals, casts, typed literals, lists and structs of them, NULL): DuckDB evaluates
+    them as expressions outside the statement's checks, and in DuckDB 2.0.1 a sequence
+    function there (``EXECUTE p(nextval('ids'))``) invalidates the whole database (review
+    R2 F1, round 24). Superusers keep any expression."""
+    if superuser:
+        return None
+    for at in range(2, len(tokens)):
+        token = tokens[at]
+        if token.kind not in ("identifier", "keyword"):
+            continue
+        word = _identifier(token.text)
+        before = tokens[at - 1].text.upper()
+        after = tokens[at + 1] if at + 1 < len(tokens) else None
+        if word in _EXECUTE_ARGUMENT_WORDS or before in ("::", "AS"):
+            continue  # a constant, CAST ... AS, or a type name
+        if after is not None and after.kind == "string_const":
+            continue  # a typed literal: DATE '2020-01-01'
+        return (
+            f"EXECUTE's arguments must be constants (literals, casts, NULL); {token.text} "
+            "is not one"
+        )
+    return None
+
+
 # The engine's own prepared statements (``engine.tables.PLAN_PREFIX``: kept plans of a
 # session's repeated SELECTs) run when their text runs, judged as that text: a user's
 # statement planted under such a name would run in their place, unchecked.
@@ -562,7 +591,7 @@ _CHECKS_BY_TYPE: dict[str, Check] = {
     "MERGE_INTO": _allowed,
     "MULTI": _allowed,  # PIVOT: DuckDB expands it into several statements of its own
     "VACUUM": _allowed,  # ANALYZE and VACUUM: statistics only
-    "EXECUTE": _allowed,  # its PREPARE was checked
+    "EXECUTE": _check_execute,  # its PREPARE was checked; its arguments here
     "CREATE": _check_definition,
     "DROP": _check_definition,
     "ALTER": _check_definition,

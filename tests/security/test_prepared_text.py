@@ -250,6 +250,11 @@ def test_over_the_wire_prepare_execute_deallocate(tmp_path: Path) -> None:
         alice.execute("DEALLOCATE p")
         with pytest.raises(psycopg.errors.InvalidSqlStatementName):
             alice.execute("EXECUTE p(1)")
+        admin.execute("CREATE SEQUENCE ids")
+        alice.execute("PREPARE v AS SELECT $1 AS v")
+        with pytest.raises(psycopg.errors.InsufficientPrivilege, match="constants"):
+            alice.execute("EXECUTE v(nextval('ids'))")  # R2 F1: invalidated the database
+        assert admin.execute("SELECT count(*) FROM t").fetchone() == (2,)
     finally:
         server.stop()
 
@@ -276,3 +281,25 @@ def test_duckdb_holds_nothing_whatever_the_name(alice: Session, name: str) -> No
     alice.execute(f"DEALLOCATE {name}")
     assert alice.sql_statements.names() == []
     assert duckdb_holds(alice) == 0
+
+
+def test_execute_arguments_are_constants_for_ordinary_users(admin: Session, alice: Session) -> None:
+    """DuckDB evaluates EXECUTE's arguments outside the statement's checks, and a sequence
+    function there invalidated the whole database (review R2 F1, DuckDB 2.0.1)."""
+    admin.execute("CREATE SEQUENCE ids")
+    admin.execute("CREATE TABLE secret (v INTEGER)")
+    alice.execute("PREPARE p AS SELECT $1 AS v")
+    for argument in ("nextval('ids')", "setval('ids', 5)", "currval('ids')",
+                     "lower('A')"):  # fmt: skip
+        with pytest.raises(InsufficientPrivilegeError, match="constants"):
+            alice.execute(f"EXECUTE p({argument})")
+    for refused_by_duckdb in ("(SELECT max(v) FROM secret)", "current_user"):
+        with pytest.raises(TopicbaseError):  # DuckDB's parser refuses these there
+            alice.execute(f"EXECUTE p({refused_by_duckdb})")
+    assert rows(alice, "SELECT 1 AS ok") == [(1,)]  # the database lives on
+    assert rows(admin, "SELECT count(*) AS n FROM secret") == [(0,)]
+    for argument, expected in (("'x'::VARCHAR", "x"), ("CAST('2' AS INTEGER)", 2), ("-5", -5),
+                               ("NULL", None),
+                               ("DATE '2020-01-02'", "2020-01-02")):  # fmt: skip
+        got = rows(alice, f"EXECUTE p({argument})")[0][0]
+        assert (str(got) if expected == "2020-01-02" else got) == expected
