@@ -921,6 +921,9 @@ def _small_rows(
     nextval's, which may leave gaps as any sequence may)."""
     plans = _plans_of(cursor)
     plan = None if parameters else plans.name(sql)
+    if plan is not None and not plans.still_viewless(cursor, sql):
+        plans.failed(sql, plan)  # a view now: the text runs itself from now on
+        plan = None
     if plan is not None:
         try:
             plans.run(cursor, f"EXECUTE {plan}")
@@ -1032,6 +1035,30 @@ def bounded_constants(sql: str) -> bool:
     return True
 
 
+def _names_a_view(cursor: Connection, sql: str) -> bool:
+    """Whether a word of ``sql`` (DuckDB's tokens) names a view the user's SQL made: its
+    body, constants and all, would be folded into a plan (``SELECT length(s) FROM v`` over
+    ``v AS SELECT repeat('x', 40000000) AS s`` kept 40 MB a plan). DuckDB's own catalog
+    views fold nothing large. One catalog query."""
+    try:
+        tokens = sql_tokens(sql)
+    except errors.TopicbaseError:
+        return True
+    words = sorted({
+        (t.text[1:-1].replace('""', '"') if t.text[:1] == '"' else t.text).lower()
+        for t in tokens if t.kind in ("identifier", "keyword")
+    })  # fmt: skip
+    if not words:
+        return False
+    cursor.execute(
+        "SELECT count(*) FROM duckdb_views() WHERE NOT internal AND list_contains(?, "
+        "lower(view_name))",
+        [words],
+    )
+    rows = cursor.fetchall()  # read to its end: the cursor is free again
+    return not rows or int(rows[0][0]) > 0
+
+
 class CursorPlans:
     """The prepared plans of one DuckDB connection (cursor), by statement text.
 
@@ -1061,6 +1088,8 @@ class CursorPlans:
         # the characters of those texts together.
         self._parsed: dict[str, duckdb.Statement | None] = {}
         self._parsed_chars = 0
+        # text with a plan -> the catalog version it was last found to name no view at
+        self._versions: dict[str, int | None] = {}
 
     def statement(self, cursor: Connection, sql: str) -> duckdb.Statement | str:
         """What to hand ``cursor.execute`` for ``sql``: the statement DuckDB parsed from it
@@ -1120,7 +1149,20 @@ class CursorPlans:
         if self._names.get(sql) == name:
             del self._names[sql]
             self._columns.pop(sql, None)
+            self._versions.pop(sql, None)
         self._dropped.append(name)
+
+    def still_viewless(self, cursor: Connection, sql: str) -> bool:
+        """Whether ``sql``'s plan may run: it names no view, checked again whenever the
+        catalog moved since (a table replaced by a view of its name: DuckDB binds the plan
+        again, against the view)."""
+        version = catalog_version(cursor)
+        if version is not None and self._versions.get(sql) == version:
+            return True
+        if _names_a_view(cursor, sql):
+            return False
+        self._versions[sql] = version
+        return True
 
     def describes(self, sql: str, description: Any) -> bool:
         """Whether a result of ``sql``'s plan with DuckDB's ``description`` has the column
@@ -1150,6 +1192,8 @@ class CursorPlans:
         names = tuple(str(column[0]) for column in cursor.description or ())
         if len({name.lower() for name in names}) != len(names):
             return  # a subquery would rename the repeated names
+        if _names_a_view(cursor, sql):  # (after ``description`` was read: it runs a query)
+            return  # a view's body is folded into the plan: not kept (review R2 F2)
         name = f"{PLAN_PREFIX}{next(_plan_numbers)}"
         for dropped in self._dropped:
             self.run(cursor, f"DEALLOCATE {dropped}")
@@ -1161,6 +1205,7 @@ class CursorPlans:
         )
         self._names[sql] = name
         self._columns[sql] = names
+        self._versions[sql] = catalog_version(cursor)
         self._evict(cursor)
 
     def _evict(self, cursor: Connection) -> None:
@@ -1168,6 +1213,7 @@ class CursorPlans:
             oldest = next(iter(self._names))
             name = self._names.pop(oldest)
             self._columns.pop(oldest, None)
+            self._versions.pop(oldest, None)
             if name is not None:
                 self.run(cursor, f"DEALLOCATE {name}")
 
