@@ -796,11 +796,31 @@ def _require_sequences(session: Any, user: str, sql: str) -> None:
                 "literal is for superusers"
             )
         allowed = _SEQUENCE_FUNCTIONS[function]
-        if not any(holds(session, user, "sequence", name, p) for p in allowed):
-            raise InsufficientPrivilegeError(
-                f"permission denied for sequence {name} ({' or '.join(allowed)} privilege "
-                f"needed for {function})"
-            )
+        for candidate in _sequence_candidates(session, name):
+            if not any(holds(session, user, "sequence", candidate, p) for p in allowed):
+                raise InsufficientPrivilegeError(
+                    f"permission denied for sequence {candidate} ({' or '.join(allowed)} "
+                    f"privilege needed for {function})"
+                )
+
+
+def _sequence_candidates(session: Any, name: str) -> tuple[str, ...]:
+    """Every sequence ``name`` (a ``sequence_key``) may be to DuckDB: itself, and for an
+    unqualified name in a session whose names do not resolve plainly (``SET search_path``
+    or ``schema``), each sequence of that name in a schema of the search path (review R2
+    F3: ``nextval('ids')`` took ``s2.ids`` while ``main.ids`` was checked). All are
+    checked, as relations are (``_candidates``)."""
+    if "." in name or session.names_resolve_plainly():
+        return (name,)
+    rows = _rows(
+        session,
+        "SELECT DISTINCT schema_name FROM duckdb_sequences() WHERE database_name = ? "
+        "AND lower(sequence_name) = ? AND schema_name IN "
+        "(SELECT unnest(list_append(current_schemas(false), 'main')))",
+        [DATABASE_NAME, name],
+    )
+    found = {name if row[0] == "main" else f"{row[0]}.{name}" for row in rows}
+    return (name, *sorted(found - {name}))
 
 
 def relation_kind(session: Any, name: str) -> str | None:

@@ -145,3 +145,17 @@ def test_over_the_wire(tmp_path: Path) -> None:
             alice.execute("SELECT nextval(%s)", ["ids"])  # a bound name: not known at the check
     finally:
         server.stop()
+
+
+def test_the_search_paths_sequence_is_the_one_checked(admin: Session, alice: Session) -> None:
+    """Review R2 F3: with ``SET search_path = 's2'`` an unqualified ``nextval('ids')``
+    advanced ``s2.ids`` while ``main.ids`` (granted) was the one checked."""
+    admin.execute("CREATE SCHEMA s2")
+    admin.execute("CREATE SEQUENCE s2.ids START 1000")
+    admin.execute("GRANT USAGE ON SEQUENCE ids TO alice")
+    assert value(alice, "SELECT nextval('ids') AS n") == 1
+    alice.execute("SET search_path = 's2'")
+    refused(alice, "SELECT nextval('ids')", "sequence s2.ids")
+    refused(alice, "SELECT nextval('s2.ids')", "sequence s2.ids")
+    admin.execute("GRANT USAGE ON SEQUENCE s2.ids TO alice")
+    assert value(alice, "SELECT nextval('ids') AS n") == 1000
