@@ -983,48 +983,67 @@ _plans_lock = threading.Lock()
 # What a kept plan may hold. DuckDB folds constant expressions when it plans, and a plan
 # keeps the folded values: ``SELECT repeat('x', 100000000) AS v`` (36 characters) kept
 # ~100 MB a plan, 64 plans a cursor (review R2 F1, round 23: +294 MiB from 20 such texts).
-# So a text is kept only when every call in it is one of these functions, none of whose
-# values is larger than its arguments together (or than a row of the tables it reads:
-# aggregates are never folded), so a folded value is at most a few times the text.
-# Anything else before a ``(`` (``repeat``, ``lpad``, ``printf``, ``range`` (a keyword to
-# DuckDB's lexer), ``replace``, list functions, a macro) keeps the text out of the plans:
-# it runs as text every time, as every text did before plans were kept.
+# DuckDB also pulls a subquery's or an alias's constant up into every expression that
+# names it, so ``concat(s, s, ..., s)`` over ``(SELECT '<30,000 x>' AS s)`` folded one
+# 300 MB value from a 50 KB text (review R2 F6). So a text is kept only when no value can
+# grow in folding: every call is one of ``_BOUNDED_FUNCTIONS``, none of whose values is
+# larger than its largest argument (or than a row of the tables it reads: aggregates are
+# never folded); no ``||``, no list, struct or row built (``[``, ``{``, a parenthesized
+# list); and the text and its string literals are short (``limits.PLANNED_*``). Then each
+# folded value is at most one literal and there are fewer of them than tokens. Anything
+# else (``repeat``, ``lpad``, ``concat``, ``range`` (a keyword to DuckDB's lexer),
+# ``replace``, list functions, a macro) keeps the text out of the plans: it runs as text
+# every time, as every text did before plans were kept.
 _BOUNDED_FUNCTIONS = frozenset({
     # aggregates (never folded) and window functions
     "count", "count_star", "sum", "min", "max", "avg", "mean", "any_value", "first",
     "last", "arg_min", "arg_max", "bool_and", "bool_or", "stddev", "stddev_pop",
     "stddev_samp", "variance", "var_pop", "var_samp", "median", "mode", "row_number",
     "rank", "dense_rank", "lag", "lead",
-    # scalars whose value is no larger than their arguments together
+    # scalars whose value is no larger than their largest argument (or of a fixed size)
     "lower", "upper", "lcase", "ucase", "length", "len", "strlen", "octet_length",
     "abs", "round", "floor", "ceil", "ceiling", "sign", "coalesce", "ifnull", "nullif",
     "greatest", "least", "if", "substring", "substr", "left", "right", "trim", "ltrim",
-    "rtrim", "concat", "concat_ws", "starts_with", "ends_with", "contains", "prefix",
-    "suffix", "hash", "md5", "now", "current_date", "current_timestamp", "date_trunc",
-    "date_part", "extract", "epoch", "year", "month", "day", "hour", "minute", "second",
-    "typeof", "isnan", "isinf", "error",
+    "rtrim", "starts_with", "ends_with", "contains", "prefix", "suffix", "hash", "md5",
+    "now", "current_date", "current_timestamp", "date_trunc", "date_part", "extract",
+    "epoch", "year", "month", "day", "hour", "minute", "second", "typeof", "isnan",
+    "isinf", "error",
 })  # fmt: skip
-# Words before ``(`` that are syntax, not calls.
+# Words before ``(`` that are syntax, not calls (nor a row built: ``ROW(`` is not here).
 _SYNTAX_BEFORE_PAREN = frozenset({
     "select", "from", "where", "and", "or", "not", "in", "exists", "as", "on", "using",
     "join", "by", "having", "then", "else", "when", "case", "is", "like", "ilike",
-    "between", "any", "all", "some", "over", "filter", "cast", "try_cast", "values",
-    "union", "except", "intersect", "distinct", "limit", "offset", "qualify", "order",
-    "partition", "group", "window", "with", "lateral", "row", "decimal", "numeric",
-    "varchar", "char", "character",
+    "between", "any", "all", "some", "over", "filter", "cast", "try_cast", "union",
+    "except", "intersect", "distinct", "limit", "offset", "qualify", "order",
+    "partition", "group", "window", "with", "lateral", "decimal", "numeric", "varchar",
+    "char", "character",
 })  # fmt: skip
+# Operators that build a value from several: concatenation, lists, structs, maps.
+_GROWING_OPERATORS = frozenset({"||", "[", "{"})
 
 
 def bounded_constants(sql: str) -> bool:
-    """Whether a plan of ``sql`` holds folded values of a size bounded by the text's: every
-    word DuckDB's lexer reads before a ``(`` is syntax or a ``_BOUNDED_FUNCTIONS`` name
-    (quoted or qualified alike). False for a text DuckDB cannot tokenize."""
+    """Whether a plan of ``sql`` holds folded values of a size bounded by the text's (see
+    ``_BOUNDED_FUNCTIONS``), read with DuckDB's lexer (quoted or qualified names alike).
+    False for a text DuckDB cannot tokenize."""
+    if len(sql) > limits.PLANNED_TEXT_CHARS_MAX:
+        return False
     try:
         tokens = sql_tokens(sql)
     except errors.TopicbaseError:
         return False
-    for at, token in enumerate(tokens[:-1]):
-        if tokens[at + 1].text != "(" or token.kind not in ("identifier", "keyword"):
+    for at, token in enumerate(tokens):
+        if token.kind == "string_const" and len(token.text) > limits.PLANNED_LITERAL_CHARS_MAX:
+            return False
+        if token.kind == "operator":
+            if token.text in _GROWING_OPERATORS:
+                return False
+            if token.text == "(" and not _called(tokens, at) and _lists(tokens, at):
+                return False  # ``(a, b)``: a row (struct) built of its items
+            continue
+        if at + 1 >= len(tokens) or tokens[at + 1].text != "(":
+            continue
+        if token.kind not in ("identifier", "keyword"):
             continue
         name = token.text
         if name[:1] == '"' and name[-1:] == '"':
@@ -1033,6 +1052,38 @@ def bounded_constants(sql: str) -> bool:
         if name not in _BOUNDED_FUNCTIONS and name not in _SYNTAX_BEFORE_PAREN:
             return False
     return True
+
+
+# Syntax words whose ``(`` holds a list that builds no value: IN's values, USING's columns,
+# a window's or a type's terms, a cast.
+_LIST_SYNTAX = frozenset({"in", "using", "over", "filter", "cast", "try_cast", "exists",
+                          "any", "all", "some", "decimal", "numeric", "varchar", "char",
+                          "character"})  # fmt: skip
+
+
+def _called(tokens: list[SqlToken], at: int) -> bool:
+    """Whether the ``(`` at ``at`` opens a call's arguments or a ``_LIST_SYNTAX`` list (not
+    a parenthesized expression, subquery or row)."""
+    if at == 0 or tokens[at - 1].kind not in ("identifier", "keyword"):
+        return False
+    word = tokens[at - 1].text
+    word = (word[1:-1].replace('""', '"') if word[:1] == '"' else word).lower()
+    return word in _BOUNDED_FUNCTIONS or word in _LIST_SYNTAX
+
+
+def _lists(tokens: list[SqlToken], at: int) -> bool:
+    """Whether the parentheses opened at ``at`` hold a comma at their own depth."""
+    depth = 0
+    for token in tokens[at:]:
+        if token.text == "(":
+            depth += 1
+        elif token.text == ")":
+            depth -= 1
+            if depth == 0:
+                return False
+        elif token.text == "," and depth == 1:
+            return True
+    return False
 
 
 def _names_a_view(cursor: Connection, sql: str) -> bool:
