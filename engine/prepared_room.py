@@ -23,6 +23,10 @@ between statements:
   engine's kept plans, which are not the user's to run by name.
 - DEALLOCATE name / ALL forgets the text; a name not kept goes to DuckDB as before (its
   own error; the sandbox keeps users from naming the engine's kept plans).
+- Names match as DuckDB matches them (without case in ASCII letters only), and DuckDB's
+  copy is DEALLOCATEd by the name's token as the PREPARE wrote it, so no spelling leaves
+  a statement behind in DuckDB (review R2 F5, round 24: ``"Ä0"`` did).
+- PREPARE is not transactional (PostgreSQL's): a ROLLBACK keeps what was PREPAREd.
 
 DuckDB's PREPARE and DEALLOCATE of a kept statement change no binding, so they run as the
 kept plans' statements do (``tables.run_own``: ``tables.catalog_version`` discounts them).
