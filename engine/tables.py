@@ -895,9 +895,7 @@ def _query_small(cursor: Connection, sql: str, parameters: Any) -> pa.Table | No
     return pa.concat_tables([head, rest])
 
 
-def _small_head(
-    cursor: Connection, sql: str, parameters: Any
-) -> tuple[pa.Table | None, bool]:
+def _small_head(cursor: Connection, sql: str, parameters: Any) -> tuple[pa.Table | None, bool]:
     """Execute ``sql``; its first rows as Arrow built from them (``SMALL_RESULT_ROWS``
     and one), and whether the result holds more. A result of other types (changed by
     DDL) gives no head and more = True: all of it is left to DuckDB."""
@@ -1032,6 +1030,8 @@ def bounded_constants(sql: str) -> bool:
         tokens = sql_tokens(sql)
     except errors.TopicbaseError:
         return False
+    if _reuses_an_alias(tokens):
+        return False
     for at, token in enumerate(tokens):
         if token.kind == "string_const" and len(token.text) > limits.PLANNED_LITERAL_CHARS_MAX:
             return False
@@ -1059,6 +1059,33 @@ def bounded_constants(sql: str) -> bool:
 _LIST_SYNTAX = frozenset({"in", "using", "over", "filter", "cast", "try_cast", "exists",
                           "any", "all", "some", "decimal", "numeric", "varchar", "char",
                           "character"})  # fmt: skip
+
+
+def _reuses_an_alias(tokens: list[SqlToken]) -> bool:
+    """Whether a name given with ``AS`` (or written straight after an expression: an alias
+    without AS) is named again in the text. DuckDB puts an alias's expression in place of
+    each use (``SELECT a AS x0, x0 + x0 AS x1, ..., x15 + x15 AS x16``: 280 characters,
+    a tree of 2^16 nodes, 118 MiB in a plan; review R2 F9), so such a text is not kept."""
+    aliases: set[str] = set()
+    for at in range(1, len(tokens)):
+        token = tokens[at]
+        if token.kind != "identifier":
+            continue
+        before = tokens[at - 1]
+        if (
+            before.text.upper() == "AS"
+            or before.kind in ("identifier", "string_const", "numeric_const")
+            or before.text == ")"
+        ):
+            aliases.add(_word(token.text))
+    if not aliases:
+        return False
+    uses = [_word(t.text) for t in tokens if t.kind == "identifier"]
+    return any(uses.count(alias) > 1 for alias in aliases)
+
+
+def _word(text: str) -> str:
+    return (text[1:-1].replace('""', '"') if text[:1] == '"' else text).lower()
 
 
 def _called(tokens: list[SqlToken], at: int) -> bool:
