@@ -520,7 +520,8 @@ _EXECUTE_ARGUMENT_WORDS = frozenset({"null", "true", "false", "cast", "as", "int
 
 def _check_execute(sql: str, tokens: list[tables.SqlToken], superuser: bool) -> str | None:
     """``EXECUTE name [(arguments)]``: for an ordinary user the arguments are constants
-    (literals, casts, typed literals, lists and structs of them, NULL): DuckDB evaluates
+    (literals, casts, typed literals, NULL; DuckDB itself refuses lists, subqueries and
+    some keywords there): DuckDB evaluates
     them as expressions outside the statement's checks, and in DuckDB 2.0.1 a sequence
     function there (``EXECUTE p(nextval('ids'))``) invalidates the whole database (review
     R2 F1, round 24). Superusers keep any expression."""
