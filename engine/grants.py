@@ -41,6 +41,7 @@ PRIVILEGES = {
     "table": ("SELECT", "INSERT", "UPDATE", "DELETE"),
     "topic": ("SELECT", "INSERT", "ALTER"),
     "schema": ("CREATE",),
+    "sequence": ("USAGE", "SELECT", "UPDATE"),
 }
 SCHEMAS = ("main",)
 
@@ -109,6 +110,11 @@ def _object(session: Any, kind: str, written: str) -> tuple[str, str]:
         if len(parts) != 1 or parts[0] not in SCHEMAS:
             raise InvalidSchemaNameError(f'schema "{written}" does not exist')
         return parts[0], f"schema {parts[0]}"
+    if kind == "sequence":
+        name = privileges.sequence_key(written)
+        if name is None or not privileges.sequence_exists(session, name):
+            raise UndefinedTopicError(f'relation "{written}" does not exist')
+        return name, f"sequence {name}"
     if len(parts) == 3 and parts[0] == "tables":
         parts = parts[1:]
     if len(parts) == 2 and parts[0] == "main":

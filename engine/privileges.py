@@ -66,7 +66,8 @@ _EXECUTE_WORD = re.compile(r"\bEXECUTE\b", re.IGNORECASE)
 # (DROP TOPIC IF EXISTS of none; one that exists is checked above).
 _UNCHECKED = (TransactionControl, Introspect, ChangePrivileges, SwitchRole, DropTopicEntry,
               CommitStagedWrites, AbortStagedWrites)  # engine.bulk_write checks the writes
-_KIND_NAMESPACE = {"table": "relation", "view": "relation", "topic": "topic", "schema": "schema"}
+_KIND_NAMESPACE = {"table": "relation", "view": "relation", "topic": "topic", "schema": "schema",
+                   "sequence": "sequence"}  # fmt: skip
 
 # Who is a superuser, by name, for a database, and which users exist: the wire server
 # registers its users file's answers (a view owner's status is looked up when the view
@@ -200,6 +201,8 @@ def _decided_by_cache(plan: Plan, identity: Identity, session: Any) -> bool:
             continue
         if not isinstance(operation, RunQuery) or _executed_name(operation.sql) is not None:
             return False
+        if _SEQUENCE_WORD.search(operation.sql) is not None:
+            return False  # a sequence's existence is no fact of the stamp's
         access = relation_access(operation.sql)
         if access.opaque is not None:
             return False
@@ -279,9 +282,12 @@ def _check_query(
 ) -> None:
     executed = _executed_name(operation.sql)
     if executed is not None:  # judged as what it runs, now (PostgreSQL checks at EXECUTE)
-        for inner in _prepared_statements(session, executed):
+        for inner in _prepared_statements(session, executed, operation.sql):
             if _executed_name(inner) is not None:  # DuckDB never holds one; never loop
                 raise InsufficientPrivilegeError("permission denied: EXECUTE of an EXECUTE")
+            # The sandbox's rules for the caller too: a superuser's PREPARE (of
+            # ``current_setting``, say) run after SET ROLE is judged as the role's.
+            sandbox.check_sql(inner, superuser=False)
             _check_query(session, identity, dataclasses.replace(operation, sql=inner),
                          placeholders)  # fmt: skip
         return
@@ -304,6 +310,7 @@ def _check_query(
             else:
                 _require_relation(session, identity.name, candidate, privilege, 0)
     _require_macro_reads(session, identity.name, operation.sql, 0)
+    _require_sequences(session, identity.name, operation.sql)
     if not plain:
         _require_temporary_views(session, identity)
         _refuse_shadowed_view_reads(session, [name for name, _ in access.needs])
@@ -462,10 +469,18 @@ def _executed_name(sql: str) -> str | None:
     return name[1:-1].replace('""', '"') if name.startswith('"') else name
 
 
-def _prepared_statements(session: Any, name: str) -> list[str]:
-    """The statements DuckDB holds under ``name`` on the session's connection (EXECUTE
-    matches names without case), as DuckDB itself renders them: the authority on what
-    an EXECUTE runs, whatever comments or quoting its PREPARE used."""
+def _prepared_statements(session: Any, name: str, sql: str) -> list[str]:
+    """The statements an EXECUTE of ``name`` may run: the session's SQL-level statement
+    kept under that name (``engine.prepared_room``: as the sandbox read it at PREPARE),
+    else what DuckDB holds under ``name`` on the session's connection (EXECUTE matches
+    names without case; the engine's kept plans), as DuckDB itself renders them."""
+    kept = getattr(session, "sql_statements", None)
+    key = None if kept is None else kept.executed(sql)  # as the run will find it
+    if key is not None:
+        statement = kept.statement(key)
+        if statement is None:  # the sandbox refuses such a PREPARE: never run unchecked
+            raise InsufficientPrivilegeError("permission denied: EXECUTE of an unreadable PREPARE")
+        return [statement]
     rows = tables.fetch_rows(
         session.cursor,
         "SELECT statement FROM duckdb_prepared_statements() WHERE lower(name) = lower(?)",
@@ -512,6 +527,10 @@ def _require_relation(session: Any, user: str, name: str, privilege: str, depth:
     invoker = user if invoker is None else invoker
     if _user_macros(session):
         _require_macros_within(session, invoker, name, kind, depth)
+    if kind == "view" or privilege in ("INSERT", "UPDATE"):
+        # nextval in a view, or in a table's defaults (which INSERT and UPDATE run): the
+        # reader's or writer's privileges on the sequence, as PostgreSQL's
+        _require_sequences(session, invoker, _relation_sql(session, name))
     if kind != "view" or is_superuser_name(session.database, owner):
         return
     if depth >= limits.VIEW_DEPTH_MAX:
@@ -567,6 +586,7 @@ def _require_macro_reads(session: Any, user: str, sql: str, depth: int) -> None:
                         f"{error.message}, read by macro {name}"
                     ) from None
             _require_macro_reads(session, user, body, depth + 1)
+            _require_sequences(session, user, body)
 
 
 def _require_macros_within(session: Any, invoker: str, name: str, kind: str,
@@ -704,11 +724,103 @@ def owner_of(session: Any, namespace: str, name: str) -> tuple[str, str] | None:
 
 
 def _unowned(session: Any, namespace: str, name: str) -> tuple[str, str] | None:
+    if namespace == "sequence":
+        return (OWNER_SUPERUSER, "sequence") if sequence_exists(session, name) else None
     if namespace == "topic":
         exists = session.database.catalog.entry(name) is not None
         return (OWNER_SUPERUSER, "topic") if exists else None
     kind = relation_kind(session, name)
     return None if kind is None else (OWNER_SUPERUSER, kind)
+
+
+# -- sequences ------------------------------------------------------------------------------
+# PostgreSQL's privileges of a sequence's functions: nextval needs USAGE or UPDATE, currval
+# SELECT or USAGE, setval UPDATE (DuckDB has nextval and currval).
+_SEQUENCE_FUNCTIONS = {
+    "nextval": ("USAGE", "UPDATE"),
+    "currval": ("SELECT", "USAGE"),
+    "setval": ("UPDATE",),
+}
+_SEQUENCE_WORD = re.compile(r"(?:NEXTVAL|CURRVAL|SETVAL)", re.IGNORECASE)
+
+
+def sequence_key(written: str) -> str | None:
+    """The catalog key of a sequence named ``written`` (``ids``, ``main.ids``,
+    ``tables.main.ids``: ``ids``; another schema's: ``schema.ids``), lower case as DuckDB
+    looks names up; None for a name of more parts or of another database."""
+    parts = [part.strip().strip('"').lower() for part in written.split(".")]
+    if len(parts) == 3:
+        if parts[0] != DATABASE_NAME:
+            return None
+        parts = parts[1:]
+    if len(parts) == 2 and parts[0] == "main":
+        parts = parts[1:]
+    if not parts or len(parts) > 2 or not all(parts):
+        return None
+    return ".".join(parts)
+
+
+def sequence_exists(session: Any, name: str) -> bool:
+    schema, _, bare = name.rpartition(".")
+    return bool(_rows(
+        session,
+        "SELECT 1 FROM duckdb_sequences() WHERE NOT temporary AND database_name = ? "
+        "AND schema_name = ? AND lower(sequence_name) = ?",
+        [DATABASE_NAME, schema or "main", bare],
+    ))  # fmt: skip
+
+
+def _require_sequences(session: Any, user: str, sql: str) -> None:
+    """Refuse (42501) ``sql`` if it calls nextval, currval or setval on a sequence ``user``
+    neither owns nor holds a privilege of PostgreSQL's for that call on (superusers are
+    not checked). The sequence must be named by a string literal (DuckDB's lexer reads
+    the call: quoted or qualified function names alike); any other argument cannot be
+    known before the run and is refused."""
+    if _SEQUENCE_WORD.search(sql) is None:  # cheap: most statements never mention one
+        return
+    tokens = tables.sql_tokens(sql)
+    for at, token in enumerate(tokens[:-1]):
+        function = _token_name(token.text)
+        if function not in _SEQUENCE_FUNCTIONS or tokens[at + 1].text != "(":
+            continue
+        argument = tokens[at + 2] if at + 2 < len(tokens) else None
+        closing = tokens[at + 3].text if at + 3 < len(tokens) else ""
+        name = None
+        if argument is not None and argument.kind == "string_const" and closing in (")", ","):
+            text = argument.text
+            if text[:1] == "'" and text[-1:] == "'":
+                name = sequence_key(text[1:-1].replace("''", "'"))
+        if name is None:
+            raise InsufficientPrivilegeError(
+                f"permission denied: {function}() of a sequence not named by a string "
+                "literal is for superusers"
+            )
+        allowed = _SEQUENCE_FUNCTIONS[function]
+        for candidate in _sequence_candidates(session, name):
+            if not any(holds(session, user, "sequence", candidate, p) for p in allowed):
+                raise InsufficientPrivilegeError(
+                    f"permission denied for sequence {candidate} ({' or '.join(allowed)} "
+                    f"privilege needed for {function})"
+                )
+
+
+def _sequence_candidates(session: Any, name: str) -> tuple[str, ...]:
+    """Every sequence ``name`` (a ``sequence_key``) may be to DuckDB: itself, and for an
+    unqualified name in a session whose names do not resolve plainly (``SET search_path``
+    or ``schema``), each sequence of that name in a schema of the search path (review R2
+    F3: ``nextval('ids')`` took ``s2.ids`` while ``main.ids`` was checked). All are
+    checked, as relations are (``_candidates``)."""
+    if "." in name or session.names_resolve_plainly():
+        return (name,)
+    rows = _rows(
+        session,
+        "SELECT DISTINCT schema_name FROM duckdb_sequences() WHERE database_name = ? "
+        "AND lower(sequence_name) = ? AND schema_name IN "
+        "(SELECT unnest(list_append(current_schemas(false), 'main')))",
+        [DATABASE_NAME, name],
+    )
+    found = {name if row[0] == "main" else f"{row[0]}.{name}" for row in rows}
+    return (name, *sorted(found - {name}))
 
 
 def relation_kind(session: Any, name: str) -> str | None:
@@ -767,6 +879,10 @@ def prepare_ddl(session: Any, operation: RunQuery) -> list[str]:
     if operation.tag.endswith((" MACRO", " FUNCTION")):
         privilege_cache.note_write(session)
         return []
+    if operation.tag in _SEQUENCE_DDL_TAGS:  # owners and grants of sequences, as of tables
+        privilege_cache.note_write(session)
+        open_duckdb_transaction(session)
+        return [n for n in _sequences_named(operation.sql) if sequence_exists(session, n)]
     if not (access.created or access.dropped or access.renamed):
         return []
     privilege_cache.note_write(session)
@@ -777,6 +893,9 @@ def prepare_ddl(session: Any, operation: RunQuery) -> list[str]:
 def record_ddl(session: Any, operation: RunQuery, existed: list[str]) -> None:
     """After the DDL ran, in its transaction: owners of new relations, none of dropped
     ones (their grants go too), renamed rows follow their relation."""
+    if operation.tag in _SEQUENCE_DDL_TAGS:
+        _record_sequence_ddl(session, operation, existed)
+        return
     access = relation_access(operation.sql)
     cursor = session.cursor
     for name in access.dropped:
@@ -792,6 +911,53 @@ def record_ddl(session: Any, operation: RunQuery, existed: list[str]) -> None:
         forget(session, "relation", name)
         tables.run(cursor, f"INSERT INTO {SCHEMA}.owners VALUES ('relation', ?, ?, ?)",
                    [name, kind, session.identity.name])  # fmt: skip
+
+
+_SEQUENCE_DDL_TAGS = ("CREATE SEQUENCE", "DROP SEQUENCE")
+
+
+def _sequences_named(sql: str) -> list[str]:
+    """The sequences a ``CREATE [OR REPLACE] SEQUENCE [IF NOT EXISTS] name`` or ``DROP
+    SEQUENCE [IF EXISTS] name, ...`` names (``sequence_key``s), read with DuckDB's lexer."""
+    tokens = tables.sql_tokens(sql)
+    words = [token.text.upper() for token in tokens]
+    if "SEQUENCE" not in words:
+        return []
+    at = words.index("SEQUENCE") + 1
+    while at < len(words) and words[at] in ("IF", "NOT", "EXISTS"):
+        at += 1
+    names: list[str] = []
+    parts: list[str] = []
+    expect_name = True
+    for token in tokens[at:]:
+        if expect_name and token.kind in ("identifier", "keyword"):
+            parts.append(token.text)
+            expect_name = False
+        elif not expect_name and token.text in (".", ","):
+            if token.text == ",":
+                names.append(".".join(parts))
+                parts = []
+            expect_name = True
+        else:
+            break
+    if parts and not expect_name:
+        names.append(".".join(parts))
+    keys = [sequence_key(name) for name in names]
+    return [key for key in keys if key is not None]
+
+
+def _record_sequence_ddl(session: Any, operation: RunQuery, existed: list[str]) -> None:
+    """After CREATE or DROP SEQUENCE ran, in its transaction: a new sequence is its
+    creator's (no grants); a dropped one's owner and grants go (a later sequence of the
+    name starts without them)."""
+    for name in _sequences_named(operation.sql):
+        exists = sequence_exists(session, name)
+        if operation.tag == "DROP SEQUENCE" and not exists:
+            forget(session, "sequence", name)
+        elif operation.tag == "CREATE SEQUENCE" and exists and name not in existed:
+            forget(session, "sequence", name)
+            tables.run(session.cursor, f"INSERT INTO {SCHEMA}.owners VALUES ('sequence', ?, "
+                       "'sequence', ?)", [name, session.identity.name])  # fmt: skip
 
 
 def forget(session: Any, namespace: str, name: str) -> None:

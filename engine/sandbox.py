@@ -515,6 +515,36 @@ def _check_prepare(sql: str, tokens: list[tables.SqlToken], superuser: bool) -> 
     return _refusal(inner, superuser)
 
 
+_EXECUTE_ARGUMENT_WORDS = frozenset({"null", "true", "false", "cast", "as", "interval"})
+
+
+def _check_execute(sql: str, tokens: list[tables.SqlToken], superuser: bool) -> str | None:
+    """``EXECUTE name [(arguments)]``: for an ordinary user the arguments are constants
+    (literals, casts, typed literals, NULL; DuckDB itself refuses lists, subqueries and
+    some keywords there): DuckDB evaluates
+    them as expressions outside the statement's checks, and in DuckDB 2.0.1 a sequence
+    function there (``EXECUTE p(nextval('ids'))``) invalidates the whole database (review
+    R2 F1, round 24). Superusers keep any expression."""
+    if superuser:
+        return None
+    for at in range(2, len(tokens)):
+        token = tokens[at]
+        if token.kind not in ("identifier", "keyword"):
+            continue
+        word = _identifier(token.text)
+        before = tokens[at - 1].text.upper()
+        after = tokens[at + 1] if at + 1 < len(tokens) else None
+        if word in _EXECUTE_ARGUMENT_WORDS or before in ("::", "AS"):
+            continue  # a constant, CAST ... AS, or a type name
+        if after is not None and after.kind == "string_const":
+            continue  # a typed literal: DATE '2020-01-01'
+        return (
+            f"EXECUTE's arguments must be constants (literals, casts, NULL); {token.text} "
+            "is not one"
+        )
+    return None
+
+
 # The engine's own prepared statements (``engine.tables.PLAN_PREFIX``: kept plans of a
 # session's repeated SELECTs) run when their text runs, judged as that text: a user's
 # statement planted under such a name would run in their place, unchecked.
@@ -524,6 +554,12 @@ _RESERVED_NAME_REFUSAL = "prepared statement names starting with __topicbase are
 def _reserved_statement_name(token: str) -> bool:
     name = token[1:-1].replace('""', '"') if token.startswith('"') else token
     return name.lower().startswith("__topicbase")
+
+
+def prepared_statement(sql: str) -> str | None:
+    """The statement of ``PREPARE name [(types)] AS statement`` as the sandbox reads it
+    (what it checked, and what an EXECUTE of the name runs), or None."""
+    return _prepared_statement(sql, tables.sql_tokens(sql))
 
 
 def _prepared_statement(sql: str, tokens: list[tables.SqlToken]) -> str | None:
@@ -556,7 +592,7 @@ _CHECKS_BY_TYPE: dict[str, Check] = {
     "MERGE_INTO": _allowed,
     "MULTI": _allowed,  # PIVOT: DuckDB expands it into several statements of its own
     "VACUUM": _allowed,  # ANALYZE and VACUUM: statistics only
-    "EXECUTE": _allowed,  # its PREPARE was checked
+    "EXECUTE": _check_execute,  # its PREPARE was checked; its arguments here
     "CREATE": _check_definition,
     "DROP": _check_definition,
     "ALTER": _check_definition,

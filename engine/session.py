@@ -130,6 +130,8 @@ class Session:
         self._stream_open = False
         # Topic messages and bytes the running statement has read (a console's progress).
         self.read_progress = ReadProgress()
+        # The SQL-level PREPAREs, kept as text (``engine.prepared_room``).
+        self.sql_statements = prepared_room.SqlStatements()
         # Plans of prepared parameterless SELECTs of literals (``answer_literal``).
         self._literal_plans = literal_plans.KeptLiteralPlans()
         # The counter-upsert shortcut (``_upsert_by_update``): the UPDATE for each upsert
@@ -297,7 +299,12 @@ class Session:
             # Queries that only project topic reads bind against their stand-ins alone (no
             # table is read): describing them opens no DuckDB transaction (``cursor``).
             cursor = self._cursor if _reads_no_table(plan) else self.cursor
-            return describe.describe_plan(plan, statement, cursor, self.database, self)
+            last = plan.operations[-1] if plan.operations else None
+            executed = isinstance(last, RunQuery) and last.tag == "EXECUTE"
+            # An EXECUTE binds against its kept statement, held by DuckDB for the bind alone.
+            with (self.sql_statements.executing(cursor, last.sql) if executed
+                  else contextlib.nullcontext()):  # fmt: skip
+                return describe.describe_plan(plan, statement, cursor, self.database, self)
 
     def catalog_version(self) -> int | None:
         """DuckDB's catalog version on this session's connection (``tables.catalog_version``;
@@ -891,18 +898,22 @@ class Session:
                         prefix = "INSERT 0" if operation.tag == "INSERT" else operation.tag
                         result = Result(f"{prefix} {count or 0}")
                         continue
+                    if operation.tag == "DEALLOCATE" and self.sql_statements.deallocate(
+                        operation.sql
+                    ):  # a kept SQL-level statement's: DuckDB holds nothing of it
+                        result = Result("DEALLOCATE")
+                        continue
                     if operation.tag not in _SCHEMA_KEEPING_TAGS:
                         self._schema_may_change()
                     existed = (privileges.prepare_ddl(self, operation)
                                if privileges.is_relation_ddl(operation) else None)  # fmt: skip
-                    if operation.tag == "PREPARE":  # DuckDB keeps it: bounded (54000)
-                        prepared_room.check_room(self.cursor, operation.sql)
                     # The last query's small result may stay Python values (``Rows``):
                     # its ``Result`` builds the Arrow table only if it is read.
                     query = (tables.query_rows if operation.returns_rows
                              and operation is plan.operations[-1] else tables.query_arrow)
-                    query_table = query(self._query_cursor(operation), operation.sql, bound,
-                                        line_offset=offset)  # fmt: skip
+                    with self._sql_statement(operation):  # PREPARE, EXECUTE: kept as text
+                        query_table = query(self._query_cursor(operation), operation.sql,
+                                            bound, line_offset=offset)  # fmt: skip
                     if proposed is not None and (
                         query_table is None or query_table.num_rows < proposed
                     ):  # RETURNING: a row for each row inserted or updated
@@ -922,6 +933,16 @@ class Session:
                     # DuckDB refuses this inside an aborted transaction; retried at rollback.
                     self._leftover_views.append(name)
         return result
+
+    def _sql_statement(self, operation: RunQuery) -> contextlib.AbstractContextManager[None]:
+        """Around ``operation``'s run: a PREPARE is checked by DuckDB and kept as its text,
+        an EXECUTE of a kept statement has DuckDB hold it for that run alone
+        (``engine.prepared_room``)."""
+        if operation.tag == "PREPARE":
+            return self.sql_statements.preparing(self.cursor, operation.sql)
+        if operation.tag == "EXECUTE":
+            return self.sql_statements.executing(self.cursor, operation.sql)
+        return contextlib.nullcontext()
 
     def _query_cursor(self, operation: RunQuery) -> Any:
         """The DuckDB connection to run ``operation`` on: this session's (``cursor``), or for

@@ -895,9 +895,7 @@ def _query_small(cursor: Connection, sql: str, parameters: Any) -> pa.Table | No
     return pa.concat_tables([head, rest])
 
 
-def _small_head(
-    cursor: Connection, sql: str, parameters: Any
-) -> tuple[pa.Table | None, bool]:
+def _small_head(cursor: Connection, sql: str, parameters: Any) -> tuple[pa.Table | None, bool]:
     """Execute ``sql``; its first rows as Arrow built from them (``SMALL_RESULT_ROWS``
     and one), and whether the result holds more. A result of other types (changed by
     DDL) gives no head and more = True: all of it is left to DuckDB."""
@@ -921,6 +919,9 @@ def _small_rows(
     nextval's, which may leave gaps as any sequence may)."""
     plans = _plans_of(cursor)
     plan = None if parameters else plans.name(sql)
+    if plan is not None and not plans.still_viewless(cursor, sql):
+        plans.failed(sql, plan)  # a view now: the text runs itself from now on
+        plan = None
     if plan is not None:
         try:
             plans.run(cursor, f"EXECUTE {plan}")
@@ -977,6 +978,165 @@ _plan_numbers = iter(range(1, sys.maxsize))
 _plans_lock = threading.Lock()
 
 
+# What a kept plan may hold. DuckDB folds constant expressions when it plans, and a plan
+# keeps the folded values: ``SELECT repeat('x', 100000000) AS v`` (36 characters) kept
+# ~100 MB a plan, 64 plans a cursor (review R2 F1, round 23: +294 MiB from 20 such texts).
+# DuckDB also pulls a subquery's or an alias's constant up into every expression that
+# names it, so ``concat(s, s, ..., s)`` over ``(SELECT '<30,000 x>' AS s)`` folded one
+# 300 MB value from a 50 KB text (review R2 F6). So a text is kept only when no value can
+# grow in folding: every call is one of ``_BOUNDED_FUNCTIONS``, none of whose values is
+# larger than its largest argument (or than a row of the tables it reads: aggregates are
+# never folded); no ``||``, no list, struct or row built (``[``, ``{``, a parenthesized
+# list); and the text and its string literals are short (``limits.PLANNED_*``). Then each
+# folded value is at most one literal and there are fewer of them than tokens. Anything
+# else (``repeat``, ``lpad``, ``concat``, ``range`` (a keyword to DuckDB's lexer),
+# ``replace``, list functions, a macro) keeps the text out of the plans: it runs as text
+# every time, as every text did before plans were kept.
+_BOUNDED_FUNCTIONS = frozenset({
+    # aggregates (never folded) and window functions
+    "count", "count_star", "sum", "min", "max", "avg", "mean", "any_value", "first",
+    "last", "arg_min", "arg_max", "bool_and", "bool_or", "stddev", "stddev_pop",
+    "stddev_samp", "variance", "var_pop", "var_samp", "median", "mode", "row_number",
+    "rank", "dense_rank", "lag", "lead",
+    # scalars whose value is no larger than their largest argument (or of a fixed size)
+    "lower", "upper", "lcase", "ucase", "length", "len", "strlen", "octet_length",
+    "abs", "round", "floor", "ceil", "ceiling", "sign", "coalesce", "ifnull", "nullif",
+    "greatest", "least", "if", "substring", "substr", "left", "right", "trim", "ltrim",
+    "rtrim", "starts_with", "ends_with", "contains", "prefix", "suffix", "hash", "md5",
+    "now", "current_date", "current_timestamp", "date_trunc", "date_part", "extract",
+    "epoch", "year", "month", "day", "hour", "minute", "second", "typeof", "isnan",
+    "isinf", "error",
+})  # fmt: skip
+# Words before ``(`` that are syntax, not calls (nor a row built: ``ROW(`` is not here).
+_SYNTAX_BEFORE_PAREN = frozenset({
+    "select", "from", "where", "and", "or", "not", "in", "exists", "as", "on", "using",
+    "join", "by", "having", "then", "else", "when", "case", "is", "like", "ilike",
+    "between", "any", "all", "some", "over", "filter", "cast", "try_cast", "union",
+    "except", "intersect", "distinct", "limit", "offset", "qualify", "order",
+    "partition", "group", "window", "with", "lateral", "decimal", "numeric", "varchar",
+    "char", "character",
+})  # fmt: skip
+# Operators that build a value from several: concatenation, lists, structs, maps.
+_GROWING_OPERATORS = frozenset({"||", "[", "{"})
+
+
+def bounded_constants(sql: str) -> bool:
+    """Whether a plan of ``sql`` holds folded values of a size bounded by the text's (see
+    ``_BOUNDED_FUNCTIONS``), read with DuckDB's lexer (quoted or qualified names alike).
+    False for a text DuckDB cannot tokenize."""
+    if len(sql) > limits.PLANNED_TEXT_CHARS_MAX:
+        return False
+    try:
+        tokens = sql_tokens(sql)
+    except errors.TopicbaseError:
+        return False
+    if _reuses_an_alias(tokens):
+        return False
+    for at, token in enumerate(tokens):
+        if token.kind == "string_const" and len(token.text) > limits.PLANNED_LITERAL_CHARS_MAX:
+            return False
+        if token.kind == "operator":
+            if token.text in _GROWING_OPERATORS:
+                return False
+            if token.text == "(" and not _called(tokens, at) and _lists(tokens, at):
+                return False  # ``(a, b)``: a row (struct) built of its items
+            continue
+        if at + 1 >= len(tokens) or tokens[at + 1].text != "(":
+            continue
+        if token.kind not in ("identifier", "keyword"):
+            continue
+        name = token.text
+        if name[:1] == '"' and name[-1:] == '"':
+            name = name[1:-1].replace('""', '"')
+        name = name.lower()
+        if name not in _BOUNDED_FUNCTIONS and name not in _SYNTAX_BEFORE_PAREN:
+            return False
+    return True
+
+
+# Syntax words whose ``(`` holds a list that builds no value: IN's values, USING's columns,
+# a window's or a type's terms, a cast.
+_LIST_SYNTAX = frozenset({"in", "using", "over", "filter", "cast", "try_cast", "exists",
+                          "any", "all", "some", "decimal", "numeric", "varchar", "char",
+                          "character"})  # fmt: skip
+
+
+def _reuses_an_alias(tokens: list[SqlToken]) -> bool:
+    """Whether a name given with ``AS`` (or written straight after an expression: an alias
+    without AS) is named again in the text. DuckDB puts an alias's expression in place of
+    each use (``SELECT a AS x0, x0 + x0 AS x1, ..., x15 + x15 AS x16``: 280 characters,
+    a tree of 2^16 nodes, 118 MiB in a plan; review R2 F9), so such a text is not kept."""
+    aliases: set[str] = set()
+    for at in range(1, len(tokens)):
+        token = tokens[at]
+        if token.kind != "identifier":
+            continue
+        before = tokens[at - 1]
+        if (
+            before.text.upper() == "AS"
+            or before.kind in ("identifier", "string_const", "numeric_const")
+            or before.text == ")"
+        ):
+            aliases.add(_word(token.text))
+    if not aliases:
+        return False
+    uses = [_word(t.text) for t in tokens if t.kind == "identifier"]
+    return any(uses.count(alias) > 1 for alias in aliases)
+
+
+def _word(text: str) -> str:
+    return (text[1:-1].replace('""', '"') if text[:1] == '"' else text).lower()
+
+
+def _called(tokens: list[SqlToken], at: int) -> bool:
+    """Whether the ``(`` at ``at`` opens a call's arguments or a ``_LIST_SYNTAX`` list (not
+    a parenthesized expression, subquery or row)."""
+    if at == 0 or tokens[at - 1].kind not in ("identifier", "keyword"):
+        return False
+    word = tokens[at - 1].text
+    word = (word[1:-1].replace('""', '"') if word[:1] == '"' else word).lower()
+    return word in _BOUNDED_FUNCTIONS or word in _LIST_SYNTAX
+
+
+def _lists(tokens: list[SqlToken], at: int) -> bool:
+    """Whether the parentheses opened at ``at`` hold a comma at their own depth."""
+    depth = 0
+    for token in tokens[at:]:
+        if token.text == "(":
+            depth += 1
+        elif token.text == ")":
+            depth -= 1
+            if depth == 0:
+                return False
+        elif token.text == "," and depth == 1:
+            return True
+    return False
+
+
+def _names_a_view(cursor: Connection, sql: str) -> bool:
+    """Whether a word of ``sql`` (DuckDB's tokens) names a view the user's SQL made: its
+    body, constants and all, would be folded into a plan (``SELECT length(s) FROM v`` over
+    ``v AS SELECT repeat('x', 40000000) AS s`` kept 40 MB a plan). DuckDB's own catalog
+    views fold nothing large. One catalog query."""
+    try:
+        tokens = sql_tokens(sql)
+    except errors.TopicbaseError:
+        return True
+    words = sorted({
+        (t.text[1:-1].replace('""', '"') if t.text[:1] == '"' else t.text).lower()
+        for t in tokens if t.kind in ("identifier", "keyword")
+    })  # fmt: skip
+    if not words:
+        return False
+    cursor.execute(
+        "SELECT count(*) FROM duckdb_views() WHERE NOT internal AND list_contains(?, "
+        "lower(view_name))",
+        [words],
+    )
+    rows = cursor.fetchall()  # read to its end: the cursor is free again
+    return not rows or int(rows[0][0]) > 0
+
+
 class CursorPlans:
     """The prepared plans of one DuckDB connection (cursor), by statement text.
 
@@ -1006,6 +1166,8 @@ class CursorPlans:
         # the characters of those texts together.
         self._parsed: dict[str, duckdb.Statement | None] = {}
         self._parsed_chars = 0
+        # text with a plan -> the catalog version it was last found to name no view at
+        self._versions: dict[str, int | None] = {}
 
     def statement(self, cursor: Connection, sql: str) -> duckdb.Statement | str:
         """What to hand ``cursor.execute`` for ``sql``: the statement DuckDB parsed from it
@@ -1065,7 +1227,20 @@ class CursorPlans:
         if self._names.get(sql) == name:
             del self._names[sql]
             self._columns.pop(sql, None)
+            self._versions.pop(sql, None)
         self._dropped.append(name)
+
+    def still_viewless(self, cursor: Connection, sql: str) -> bool:
+        """Whether ``sql``'s plan may run: it names no view, checked again whenever the
+        catalog moved since (a table replaced by a view of its name: DuckDB binds the plan
+        again, against the view)."""
+        version = catalog_version(cursor)
+        if version is not None and self._versions.get(sql) == version:
+            return True
+        if _names_a_view(cursor, sql):
+            return False
+        self._versions[sql] = version
+        return True
 
     def describes(self, sql: str, description: Any) -> bool:
         """Whether a result of ``sql``'s plan with DuckDB's ``description`` has the column
@@ -1085,6 +1260,7 @@ class CursorPlans:
             or len(sql) > limits.CACHED_TEXT_CHARS_MAX
             or ";" in sql
             or not _PLANNABLE.match(sql)
+            or not bounded_constants(sql)
         ):
             return
         if sql not in self._names:
@@ -1094,6 +1270,8 @@ class CursorPlans:
         names = tuple(str(column[0]) for column in cursor.description or ())
         if len({name.lower() for name in names}) != len(names):
             return  # a subquery would rename the repeated names
+        if _names_a_view(cursor, sql):  # (after ``description`` was read: it runs a query)
+            return  # a view's body is folded into the plan: not kept (review R2 F2)
         name = f"{PLAN_PREFIX}{next(_plan_numbers)}"
         for dropped in self._dropped:
             self.run(cursor, f"DEALLOCATE {dropped}")
@@ -1105,6 +1283,7 @@ class CursorPlans:
         )
         self._names[sql] = name
         self._columns[sql] = names
+        self._versions[sql] = catalog_version(cursor)
         self._evict(cursor)
 
     def _evict(self, cursor: Connection) -> None:
@@ -1112,6 +1291,7 @@ class CursorPlans:
             oldest = next(iter(self._names))
             name = self._names.pop(oldest)
             self._columns.pop(oldest, None)
+            self._versions.pop(oldest, None)
             if name is not None:
                 self.run(cursor, f"DEALLOCATE {name}")
 
@@ -1120,6 +1300,14 @@ class CursorPlans:
 
 
 _plans: weakref.WeakKeyDictionary[Connection, CursorPlans] = weakref.WeakKeyDictionary()
+
+
+def run_own(cursor: Connection, sql: str) -> None:
+    """Run a statement that changes no binding on ``cursor`` (a PREPARE or DEALLOCATE the
+    engine makes for a session's SQL-level statement, ``engine.prepared_room``): as the
+    kept plans' own, so ``catalog_version`` discounts what it moves."""
+    with translated():
+        _plans_of(cursor).run(cursor, sql)
 
 
 def _raw_catalog_version(cursor: Any) -> int | None:

@@ -294,7 +294,8 @@ class Explain:
 # -- privileges and roles (PostgreSQL's GRANT/REVOKE and SET ROLE) --------------------
 @dataclass(frozen=True)
 class Grant:
-    """``GRANT privileges ON [TABLE | TOPIC | SCHEMA] names TO grantees``; also REVOKE.
+    """``GRANT privileges ON [TABLE | TOPIC | SCHEMA | SEQUENCE] names TO grantees``; also
+    REVOKE.
 
     ``privileges`` are upper-case and checked against ``object_kind`` ("ALL" stands for
     every privilege of the kind); ``grantees`` are user names, "" for PUBLIC. For a
@@ -303,7 +304,7 @@ class Grant:
 
     revoke: bool
     privileges: tuple[str, ...]
-    object_kind: str  # "table" (tables and views) | "topic" | "schema"
+    object_kind: str  # "table" (tables and views) | "topic" | "schema" | "sequence"
     objects: tuple[str, ...]
     grantees: tuple[str, ...]
     grant_option: bool

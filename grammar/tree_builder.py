@@ -108,14 +108,17 @@ def _privileges_and_objects(tree: Tree) -> tuple[Tree, Tree]:
     return privileges, objects
 
 
-_OBJECT_KINDS = {"table_objects": "table", "topic_objects": "topic", "schema_objects": "schema"}
+_OBJECT_KINDS = {"table_objects": "table", "topic_objects": "topic", "schema_objects": "schema",
+                 "sequence_objects": "sequence"}  # fmt: skip
 # PostgreSQL's privileges of tables and views (SELECT, INSERT, UPDATE, DELETE; TRUNCATE,
 # REFERENCES and TRIGGER have no meaning here), of topics (read, write, settings and
-# consumers) and of schemas (CREATE; USAGE is implied: there is one schema).
+# consumers), of schemas (CREATE; USAGE is implied: there is one schema) and of sequences
+# (USAGE: nextval and currval; SELECT: currval; UPDATE: nextval and setval).
 PRIVILEGES_BY_KIND = {
     "table": ("SELECT", "INSERT", "UPDATE", "DELETE"),
     "topic": ("SELECT", "INSERT", "ALTER"),
     "schema": ("CREATE",),
+    "sequence": ("USAGE", "SELECT", "UPDATE"),
 }
 
 

@@ -161,6 +161,14 @@ DUCKDB_TEMP_DISK_FRACTION = 0.25
 # the text-keyed caches (grammar.text_cache): a few hundred entries of 16 MiB statements
 # would otherwise hold gigabytes. 64 KiB keeps a 1000-placeholder INSERT cached.
 CACHED_TEXT_CHARS_MAX = 64 * 1024
+# The engine's kept DuckDB plans (``engine.tables.CursorPlans``) hold the constants DuckDB
+# folded: a plan is kept only for a text of at most this many characters whose string
+# literals are at most ``PLANNED_LITERAL_CHARS_MAX`` characters each (with no call or
+# operator that makes a value larger than its largest input, each folded value is at most
+# one literal, and there are fewer of them than tokens): at most ~1,024 x 128 bytes a
+# plan, ~8 MiB for a cursor's 64 plans (review R2 F6, round 24).
+PLANNED_TEXT_CHARS_MAX = 2048
+PLANNED_LITERAL_CHARS_MAX = 128
 # A session's memo of statement descriptions (engine.describe, 128 entries) keeps texts up
 # to this long; longer ones (bulk INSERTs) are described afresh each time.
 DESCRIBE_MEMO_TEXT_CHARS_MAX = 8192

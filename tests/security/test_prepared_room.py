@@ -1,6 +1,6 @@
 """Round 23 (H3): SQL-level PREPARE is bounded per session.
 
-``PREPARE name AS ...`` is kept by DuckDB on the session's connection; nothing bounded
+``PREPARE name AS ...`` was kept by DuckDB on the session's connection; nothing bounded
 how many, or how much text, one session kept, and every session shares the server's
 process (measured on main: 100 PREPAREs of 1 MiB over the wire grew the server by
 711 MiB). Past the wire's bounds on named statements (``limits``), a PREPARE is refused
@@ -34,10 +34,12 @@ def alice(tmp_path: Path) -> Iterator[Session]:
 
 
 def held(session: Session) -> int:
+    """The session's SQL-level statements (kept as text: DuckDB holds none of them)."""
     result = session.execute("SELECT count(*) AS n FROM duckdb_prepared_statements() "
                              "WHERE NOT starts_with(name, '__topicbase')")[-1]  # fmt: skip
     assert result.table is not None
-    return int(result.table.column("n")[0].as_py())
+    assert result.table.column("n")[0].as_py() == 0
+    return len(session.sql_statements)
 
 
 def test_prepared_statements_are_counted(alice: Session, monkeypatch: pytest.MonkeyPatch) -> None:
@@ -105,7 +107,7 @@ def test_over_the_wire_a_prepare_flood_is_54000_and_the_connection_goes_on(
         with pytest.raises(psycopg.errors.ProgramLimitExceeded, match="characters of text"):
             connection.execute(f"PREPARE p3 AS SELECT '{big}' || $1")
         assert connection.execute("EXECUTE p0('y')").fetchone()[0] == big + "y"
-        connection.execute("DEALLOCATE p0")  # SQL-level names: DuckDB's, freed there
+        connection.execute("DEALLOCATE p0")  # SQL-level names: the engine's, freed there
         connection.execute(f"PREPARE p3 AS SELECT '{big}' || $1")
         with pytest.raises(psycopg.errors.InvalidSqlStatementName):
             connection.execute("DEALLOCATE p0")  # gone

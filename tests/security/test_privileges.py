@@ -466,12 +466,12 @@ def test_a_superusers_prepared_statement_does_not_run_after_set_role(admin: Sess
     assert len(rows(admin, 'EXECUTE "Secret"')) == 2
 
 
-def test_execute_is_judged_by_what_duckdb_holds_whatever_the_prepare_text_said(
+def test_execute_is_judged_by_what_it_runs_whatever_the_prepare_text_said(
     admin: Session,
 ) -> None:
-    """The statement an EXECUTE runs is read from DuckDB (``duckdb_prepared_statements``),
-    not from the PREPARE's text: a comment that looks like ``AS <harmless>`` or a name
-    in other case or quotes changes nothing."""
+    """The statement an EXECUTE runs is read from the kept PREPARE with DuckDB's lexer
+    (``engine.prepared_room``, as the sandbox read it): a comment that looks like
+    ``AS <harmless>`` or a name in other case or quotes changes nothing."""
     admin.execute("PREPARE Hidden /* AS SELECT 1 */ AS SELECT a FROM t")
     admin.execute("SET ROLE alice")
     for spelling in ("EXECUTE hidden", 'EXECUTE "Hidden"', "/* x */ EXECUTE HIDDEN",

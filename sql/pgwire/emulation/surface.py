@@ -97,10 +97,8 @@ _ROLLBACK_TO_HEAD = re.compile(r"^\s*ROLLBACK\s+(?:(?:WORK|TRANSACTION)\s+)?TO\b
 
 def _sql_prepared(session: Session) -> list[str]:
     """The names of the session's SQL-level prepared statements (``PREPARE name AS``),
-    which DuckDB keeps; not the engine's own kept plans."""
-    result = session.execute("SELECT name FROM duckdb_prepared_statements() "
-                             "WHERE NOT starts_with(name, '__topicbase')")[-1]  # fmt: skip
-    return [] if result.table is None else [str(n) for n in result.table.column(0).to_pylist()]
+    which the engine keeps as text (``engine.prepared_room``)."""
+    return session.sql_statements.names()
 
 
 def is_rollback_to(sql: str) -> bool:
@@ -434,18 +432,18 @@ class ConnectionCatalog:
         if name in self.prepared:
             del self.prepared[name]
             return Result("DEALLOCATE")
-        if name.lower() in (held.lower() for held in _sql_prepared(session)):
-            return None  # an SQL-level PREPARE's, which DuckDB keeps: the engine runs it
+        if session.sql_statements.statement_of("DEALLOCATE " + match.group(1)) is not None:
+            return None  # an SQL-level PREPARE's, which the engine keeps: it runs it
         raise UndefinedPreparedStatementError(f'prepared statement "{name}" does not exist')
 
     def _forget_prepared(self, session: Session) -> None:
         """DEALLOCATE ALL: the protocol's named statements and the SQL-level PREPAREs that
-        DuckDB keeps for the session (they count in the session's bound on prepared
+        the engine keeps for the session (they count in the session's bound on prepared
         statements, ``engine.prepared_room``; a pooler's DISCARD ALL must free them)."""
         for name in [name for name in self.prepared if name]:  # the unnamed one stays
             del self.prepared[name]
-        for name in _sql_prepared(session):
-            session.execute('DEALLOCATE "' + name.replace('"', '""') + '"')
+        if _sql_prepared(session):
+            session.execute("DEALLOCATE ALL")  # the engine's: DuckDB holds none of them
 
     def _savepoint(self, session: Session, sql: str, word: str) -> Result | None:
         """SAVEPOINT, RELEASE and ROLLBACK TO; the only one of them run in a failed
