@@ -342,6 +342,13 @@ class _LogAppend:
     record: bytes
 
 
+class PastCommitPoint(StorageIOError):
+    """A transaction's commit point passed (its record is durable: it is committed), then
+    something no step expected failed (a ``MemoryError`` under the process memory cap,
+    say) before the committer's state caught up with it: the committer stopped
+    (``Committer._stop``); recovery, at the next open, publishes it."""
+
+
 class CheckpointSetAside(PartitionFencedError):
     """A checkpoint that had to be whole (``Committer.checkpoint_whole``) kept the
     transactions from the first one that wrote to a partition fenced by an I/O failure
@@ -377,6 +384,9 @@ class Committer:
         # Set when a commit record's sync failed or was interrupted: that transaction's
         # outcome is unknown until recovery reads the log, so no commit may follow.
         self._failure: BaseException | None = None
+        # Set when something failed past a commit point where no step expected it (its
+        # state half updated: ``_stop``): no commit and no checkpoint until reopen.
+        self._stopped: BaseException | None = None
         self._order = CommitOrder(database.commit_lock)  # claims and publish turns
         # Offset moves committed since the last checkpoint (their keys).
         self._moved: dict[tuple[str, str, int], int] = {}
@@ -480,7 +490,26 @@ class Committer:
 
         return self._order.enter(keys, checked, recorded=recorded)
 
+    def _stop(self, error: BaseException) -> None:
+        """Fail-stop: something failed past a commit point where no step expected it (a
+        ``MemoryError``, say), so what this object holds (the offsets' mirror, the lists
+        the checkpoint counts, the publish turns) may not describe the committed
+        transactions. Every later commit is refused (``_check_usable``) and every
+        checkpoint too (one could pass a record whose transaction is not published), until
+        the database is reopened: recovery rebuilds all of it from the records."""
+        with self._lock:
+            if self._stopped is None:
+                self._stopped = error
+            if self._failure is None:
+                self._failure = error
+        log.error("the committer stopped until reopen after an unexpected %s past a commit "
+                  "point: %s", type(error).__name__, error)  # fmt: skip
+
     def _check_usable(self) -> None:
+        if self._stopped is not None:
+            raise StorageIOError(
+                "the committer stopped after an unexpected error past a commit point "
+                f"({self._stopped}); reopen the database (recovery publishes what it left)")
         if self._failure is not None:
             raise StorageIOError(
                 "a commit record's sync failed earlier, so a commit's outcome is unknown "
@@ -584,10 +613,29 @@ class Committer:
                 f"the commit of transaction {transaction_id} is in doubt (its commit record "
                 f"may or may not be durable): {error}; reopen the database to resolve it"
             ) from error
+        try:
+            return self._logged(slot, transaction_id, items, encoded[0], ticket, registered)
+        except BaseException as error:
+            if registered and not registered[0].durable:
+                self.deltas.in_doubt(registered[0], error)  # recovery applies them
+            self._stop(error)
+            self._log_ends.pop(transaction_id, None)
+            self.leave(slot)  # its turn passes: nothing of it is published before reopen
+            raise PastCommitPoint(
+                f"transaction {transaction_id} is committed (its commit record is durable) "
+                f"but an unexpected {type(error).__name__} followed ({error}): no commit is "
+                "accepted until the database is reopened, which publishes it"
+            ) from error
+
+    def _logged(self, slot: CommitSlot, transaction_id: int, items: list[PublishItem],
+                append: _LogAppend, ticket: StagingTicket, registered: list
+                ) -> tuple[CommitSlot, list[PublishItem]]:  # fmt: skip
+        """``commit_in_log`` past its commit point: the applier told, the counters, the
+        staged places of the shares copied (see there)."""
         if registered:
             self.deltas.durable(registered[0])
+        failpoints.hit("commit.log_durable")
         self.log_commits += 1
-        append = encoded[0]
         self.moved_shares += len(append.moved)
         # A moved share counts as staged although it is not: its frames in ``b`` are
         # unsynced and its ranges pinned until a checkpoint, which these bytes bring on.
@@ -644,6 +692,24 @@ class Committer:
                     "wrote to it; nothing was committed"
                 ) from None
 
+    def recorded(self, transaction_id: int) -> bool:
+        """Whether DuckDB holds the transaction's record row (committed), read through a
+        cursor of its own: a table commit's COMMIT that raised may still have committed."""
+        cursor = self._database.root.cursor()
+        try:
+            found = tables.query_arrow(
+                cursor, f"SELECT count(*) AS n FROM {SCHEMA}.transactions "
+                "WHERE transaction_id = ?", [transaction_id])  # fmt: skip
+        finally:
+            cursor.close()
+        return found is not None and found.column(0)[0].as_py() > 0
+
+    def in_doubt(self, slot: CommitSlot, error: BaseException) -> None:
+        """A table commit's outcome is unknown (its COMMIT raised, and whether DuckDB
+        committed could not be read): stop (``_stop``), end the slot; recovery decides."""
+        self._stop(error)
+        self.leave(slot)
+
     def leave(self, slot: CommitSlot) -> None:
         """The slot's COMMIT failed or never ran: release its claims and its turn."""
         self._order.release(slot)
@@ -672,15 +738,24 @@ class Committer:
             failpoints.hit("commit.after_commit_point")
         except BaseException as raised:  # committed all the same: publish later
             failure = raised
-        self._database.catalog.apply_offsets(moves)
-        with self._lock:
-            self._moved.update(moves)
+        try:
+            failpoints.hit("commit.before_mirror")
+            self._database.catalog.apply_offsets(moves)
+            with self._lock:
+                self._moved.update(moves)
+        except BaseException as error:  # the mirror half moved: fail-stop (``_stop``)
+            self._stop(error)
+            failure = error
         self._order.release(slot)
         failure = self._order.wait_turn(slot) or failure
         try:
             if transaction_id is not None:
                 log_end = self._log_ends.pop(transaction_id, None)
-                if failure is not None:
+                if self._stopped is not None:  # left to recovery, as every record past
+                    failure = failure or PastCommitPoint(  # the watermark
+                        f"transaction {transaction_id} is committed, but the committer "
+                        f"stopped ({self._stopped}): reopen the database to publish it")
+                elif failure is not None:
                     with self._lock:
                         self._unfinished.append((transaction_id, items, log_end))
                 else:
@@ -714,11 +789,21 @@ class Committer:
                     if len(items) > 1:
                         failpoints.hit("commit.mid_publish")
                         results.extend(self._publish_items(transaction_id, items[1:]))
-        except BaseException:
-            with self._lock:
-                self._unfinished.append((transaction_id, items, log_end))
+        except BaseException as error:
+            try:
+                with self._lock:
+                    self._unfinished.append((transaction_id, items, log_end))
+            except BaseException as unexpected:  # not kept for the checkpoint: fail-stop
+                self._stop(unexpected)
+                raise unexpected from error
             raise
-        self._note_done(transaction_id, [(i.topic_id, i.partition) for i in items], log_end)
+        try:
+            failpoints.hit("commit.before_note_done")
+            self._note_done(transaction_id, [(i.topic_id, i.partition) for i in items],
+                            log_end)  # fmt: skip
+        except BaseException as error:  # published, not counted: a checkpoint must not
+            self._stop(error)  # pass its record (its partitions unsynced): fail-stop
+            raise
         return results
 
     def _note_done(
@@ -730,10 +815,16 @@ class Committer:
             if not self._checkpoint_wanted():
                 return
             if self._checkpointer is None and not self._closing:
-                self._checkpointer = threading.Thread(
+                checkpointer = threading.Thread(
                     target=self._checkpoint_loop, name="topicbase-checkpoint", daemon=True
                 )
-                self._checkpointer.start()
+                try:
+                    checkpointer.start()
+                except RuntimeError as error:  # no thread now (the memory cap counts stacks):
+                    log.warning("checkpoint thread not started (tried again at the next "
+                                "commit): %s", error)  # fmt: skip
+                    return  # the state is right: nothing to stop
+                self._checkpointer = checkpointer
             self._wake.notify_all()
 
     @property
@@ -934,6 +1025,10 @@ class Committer:
         Transactions behind a fenced partition (``_checkpoint_locked``) are kept for the
         next open and the rest checkpointed all the same. Returns how many were kept
         (0: a whole checkpoint); ``checkpoint_whole`` refuses a partial one."""
+        if self._stopped is not None:
+            raise StorageIOError(
+                f"no checkpoint after the committer stopped ({self._stopped}): the records "
+                "stay for the recovery at the next open")
         if self._unfinished:
             with self._database.commit_lock, self._lock:
                 self._finish_unfinished()

@@ -52,6 +52,10 @@ class CommitSlot:
 
     keys: frozenset[OffsetKey]  # consumer offsets it moves, claimed
     turn: int | None  # its place in the publish order; None: nothing to publish or count
+    # What ``wait_turn`` sleeps on, made in ``enter`` (before the commit point): waiting
+    # for the turn past a commit point allocates nothing that could fail (a MemoryError
+    # there left the turn undone and every later commit hung: round 24, R1 F5).
+    woken: threading.Condition | None = None
 
 
 class CommitOrder:
@@ -82,6 +86,9 @@ class CommitOrder:
                     # ``validate`` may do I/O (a topic-only commit appends its record in
                     # it): not under ``_mutex``, which every publish turn needs. Claims
                     # are only added here, under the commit lock, so ``free`` still holds.
+                    # made before ``validate`` (which may append a commit record): nothing
+                    # after it allocates until the slot ends
+                    woken = threading.Condition(self._mutex) if recorded else None
                     validate()
                     with self._mutex:
                         assert not self._claimed & wanted
@@ -91,7 +98,7 @@ class CommitOrder:
                         if recorded:
                             turn = self._next_turn
                             self._next_turn += 1
-                        return CommitSlot(wanted, turn)
+                        return CommitSlot(wanted, turn, woken)
             with self._mutex:
                 self._claim_waiters += 1
                 try:
@@ -118,7 +125,8 @@ class CommitOrder:
             if self._turn == slot.turn:
                 return None
             assert slot.turn > self._turn and slot.turn not in self._turn_waiters
-            woken = self._turn_waiters[slot.turn] = threading.Condition(self._mutex)
+            assert slot.woken is not None
+            woken = self._turn_waiters[slot.turn] = slot.woken
             while self._turn != slot.turn:
                 try:
                     woken.wait()

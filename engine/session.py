@@ -53,7 +53,7 @@ from engine import (
     tables,
     write_statements,
 )
-from engine.commit import PublishItem, route_writes
+from engine.commit import PastCommitPoint, PublishItem, route_writes
 from engine.ddl import run_alter, run_create, run_drop
 from engine.identity import LOCAL_SUPERUSER, Identity
 from engine.interrupts import sigint_deferred
@@ -336,6 +336,17 @@ class Session:
         """
         if no_rows is None and not _looks_like_a_query(statement):
             return None  # a write or a command: not planned twice (the caller runs it)
+        try:
+            return self._open_stream(statement, parameters, no_rows, timeout_s)
+        except BaseException:  # any error fails an open transaction (25P02), a
+            if self.state is SessionState.IN_TRANSACTION:  # MemoryError too
+                self.state = SessionState.FAILED
+            raise
+
+    def _open_stream(self, statement: ast.Statement, parameters: Any,
+                     no_rows: TopicbaseError | None, timeout_s: float | None
+                     ) -> streams.RowStream | None:  # fmt: skip
+        """``open_stream`` (see there), its errors not yet failing the transaction."""
         with self._lock:
             if self._closed:
                 raise InvalidParameterValueError("the session is closed")
@@ -1464,8 +1475,20 @@ class Session:
             try:
                 if transaction.duckdb_open:
                     tables.run(self._cursor, "COMMIT")
-            except BaseException:
-                committer.leave(slot)
+            except BaseException as error:
+                # DuckDB may have committed before the error came back (a MemoryError on
+                # the way, R1 F2): its record row says so; unknown: in doubt, never undone
+                try:
+                    landed = transaction_id is not None and committer.recorded(transaction_id)
+                except BaseException as unknown:
+                    transaction.committed = True  # its staging is recovery's to judge
+                    committer.in_doubt(slot, unknown)
+                    raise error from unknown
+                if not landed:
+                    committer.leave(slot)
+                    raise
+                committed = transaction.committed = True
+                committer.finish(slot, transaction_id, moves, items)
                 raise
             committed = transaction.committed = True
             committer.finish(slot, transaction_id, moves, items)
@@ -1493,10 +1516,14 @@ class Session:
         items: list[PublishItem] = []
         if transaction.writes:
             items = route_writes(self.database, transaction.writes_to_commit())
-        slot, items = committer.commit_in_log(
-            transaction_id, items, moves, lambda: self._validate(transaction),
-            transaction.deltas, transaction.reservations,
-        )
+        try:
+            slot, items = committer.commit_in_log(
+                transaction_id, items, moves, lambda: self._validate(transaction),
+                transaction.deltas, transaction.reservations,
+            )
+        except PastCommitPoint:
+            transaction.committed = True  # its record is durable: never abandoned
+            raise
         transaction.committed = True
         try:
             committer.finish(slot, transaction_id, moves, items)

@@ -216,9 +216,17 @@ def _positive_int(text: str) -> int:
     return value
 
 
+def _count_mib(text: str) -> int:
+    """An argparse type: a number of MiB, at least 0."""
+    value = int(text)
+    if value < 0:
+        raise argparse.ArgumentTypeError(f"must be at least 0, not {value}")
+    return value
+
+
 def run_serve(argv: list[str]) -> int:
     """``topicbase serve``: the PostgreSQL-wire server (``sql.pgwire``) until Ctrl-C."""
-    from sql.pgwire import server
+    from sql.pgwire import memory_cap, server
     from sql.pgwire.limits import add_serve_arguments, serve_configuration
 
     parser = argparse.ArgumentParser(
@@ -243,6 +251,10 @@ def run_serve(argv: list[str]) -> int:
                              "(mutual TLS; needs --tls-cert)")  # fmt: skip
     parser.add_argument("--flight-staging-mb", type=_positive_int, default=16384,
                         help="disk cap of staged Flight writes in MiB (default 16384)")
+    parser.add_argument("--memory-cap", type=_count_mib, metavar="MIB", default=None,
+                        help="the process's private memory at most (RLIMIT_DATA), in MiB "
+                             "(default 75%% of physical memory, at least 40%% + 6 GiB; "
+                             "0: none)")  # fmt: skip
     arguments = parser.parse_args(argv)
     limits, settings = serve_configuration(arguments)
     data_dir = arguments.data_dir or os.environ.get("TOPICBASE_DATA_DIR") or DEFAULT_DATA_DIR
@@ -257,12 +269,14 @@ def run_serve(argv: list[str]) -> int:
             print(f"topicbase: Arrow Flight at {scheme}://{arguments.host}:{flight_door.port}",
                   flush=True)  # fmt: skip
 
+    cap = None if arguments.memory_cap is None else arguments.memory_cap << 20
     try:
+        memory_cap.cap_process_data(cap)  # before the Flight door: one process, one cap
         flight_door = _start_flight_door(arguments, data_dir)
         server.serve(data_dir, arguments.host, arguments.port, arguments.auth, ready,
                      limits=limits, users_file=arguments.users_file,
                      tls_cert=arguments.tls_cert, tls_key=arguments.tls_key,
-                     settings=settings)  # fmt: skip
+                     settings=settings, memory_cap_bytes=cap)  # fmt: skip
     except TopicbaseError as error:
         print(formatting.error_text(error), file=sys.stderr)
         return EXIT_ERROR

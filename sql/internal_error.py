@@ -16,7 +16,7 @@ from __future__ import annotations
 import logging
 import secrets
 
-from storage.errors import InternalError, TopicbaseError
+from storage.errors import InternalError, OutOfMemoryError, TopicbaseError
 
 log = logging.getLogger("topicbase.internal")
 
@@ -31,9 +31,21 @@ def internal_error(error: BaseException, where: str) -> InternalError:
     return InternalError(f"internal error (id {error_id})", error_id=error_id)
 
 
+def out_of_memory(error: MemoryError, where: str) -> OutOfMemoryError:
+    """A ``MemoryError`` (an allocation refused, as under ``topicbase serve``'s process memory
+    cap, ``sql.pgwire.memory_cap``) as the client's 53200: not a bug, and the session goes on
+    (the engine rolled back or stopped whatever it was committing: ``engine.commit``). Logged
+    at WARNING with its traceback under an id, as an internal error is."""
+    error_id = secrets.token_hex(ERROR_ID_BYTES)
+    log.warning("out of memory (id %s) in %s", error_id, where, exc_info=error)
+    return OutOfMemoryError(f"out of memory (id {error_id}): an allocation failed")
+
+
 def client_error(error: BaseException, where: str) -> TopicbaseError:
-    """``error`` as a client may see it: a TopicbaseError unchanged, anything else as an
-    ``internal_error`` (logged)."""
+    """``error`` as a client may see it: a TopicbaseError unchanged, a ``MemoryError`` as
+    53200 (``out_of_memory``), anything else as an ``internal_error`` (logged)."""
     if isinstance(error, TopicbaseError):
         return error
+    if isinstance(error, MemoryError):
+        return out_of_memory(error, where)
     return internal_error(error, where)

@@ -3,13 +3,18 @@
 Switched on by the environment variable ``TOPICBASE_FAILPOINTS`` (read once at
 import) or by ``activate`` in tests: a comma-separated list of
 ``name=action`` where action is ``crash`` (``os._exit(137)`` at once, like
-SIGKILL: no cleanup, no flush) or ``error`` (raise ``StorageIOError``), with an
-optional ``@n``: trigger on the n-th hit only (``commit.after_stage=crash@3``).
+SIGKILL: no cleanup, no flush), ``error`` (raise ``StorageIOError``) or ``nomem``
+(raise ``MemoryError``: an allocation failing there, as one does under the server's
+process memory cap, ``sql.pgwire.memory_cap``; not an I/O error, so no handler meant
+for those catches it), with an optional ``@n``: trigger on the n-th hit only
+(``commit.after_stage=crash@3``).
 
 Zero cost when off: ``hit`` tests one module-level boolean.
 
 Names in use: ``fs.before_sync``, ``fs.after_sync`` (every counted fsync),
 ``index.before_flush``, ``segment.torn_write`` (half a frame written),
+``partition.after_write`` (a frame written at a partition's log end, its producer state
+not recorded, not yet published: every append, publish and spread share),
 ``segment.roll_after_seal``, ``segment.roll_before_snapshot``,
 ``retention.before_roll``, ``retention.after_roll`` (an idle partition's expired
 active segment rolled by retention), ``retention.before_delete``,
@@ -20,7 +25,10 @@ redirected from a split partition), ``staging.after_sync``, ``staging.torn_recor
 file's pre-written window are written; ``error`` is a failed zero write, as ENOSPC),
 ``commit.after_stage``, ``commit.after_commit_point``,
 ``commit.before_log_append``, ``commit.after_log_append`` (a topic-only commit),
-``commit.mid_publish``, ``commit.checkpoint_before_delete``,
+``commit.mid_publish``, ``commit.log_durable`` (a topic-only commit's record durable,
+the committer's state not yet caught up), ``commit.before_mirror`` (committed, the
+offsets' mirror not moved), ``commit.before_note_done`` (published, not yet counted for
+the checkpoint), ``commit.checkpoint_before_delete``,
 ``commit.checkpoint_before_release``, ``recovery.after_republish``; a bulk commit by
 reference (``engine.staged_refs``): ``bulk.mid_move`` (one write moved to its commit
 directory), ``bulk.before_commit`` (files synced, no transaction yet), ``bulk.mid_release``
@@ -67,7 +75,7 @@ def activate(spec: str) -> None:
     for item in filter(None, (part.strip() for part in spec.split(","))):
         name, _, action = item.partition("=")
         action, _, nth = action.partition("@")
-        assert action in ("crash", "error"), f"unknown failpoint action {action!r}"
+        assert action in ("crash", "error", "nomem"), f"unknown failpoint action {action!r}"
         armed[name] = (action, int(nth or 1))
     with _lock:
         _armed.clear()
@@ -101,6 +109,8 @@ def hit(name: str) -> None:
         return
     if action == "crash":
         os._exit(137)
+    if action == "nomem":
+        raise MemoryError(f"failpoint {name} injected an allocation failure")
     raise StorageIOError(f"failpoint {name} injected an I/O error", failpoint=name)
 
 

@@ -152,6 +152,16 @@ DUCKDB_EXPRESSION_DEPTH_MAX = 1000
 # machine's physical memory, leaving room for Python, the page cache and the store.
 # Beyond it DuckDB spills to ``<data>/tmp``.
 DUCKDB_MEMORY_FRACTION = 0.4
+# The ``topicbase serve`` process's private writable memory (RLIMIT_DATA) at most, as a
+# share of physical memory (sql.pgwire.memory_cap): past it an allocation fails (53200 for
+# a statement's) instead of the kernel killing the server ...
+PROCESS_DATA_FRACTION = 0.75
+# ... but never below DuckDB's share (``DUCKDB_MEMORY_FRACTION``) plus this much: RLIMIT_DATA
+# counts address space, not resident memory (thread stacks whole, allocator arenas), and
+# the server's own took 1.4 GiB idle and 5.0 GiB at 82 threads under load for 2.5 GiB
+# resident (round 24, both doors; docs/security_review.md), which on a small host would
+# pass 75 % of its memory before DuckDB used its share.
+PROCESS_DATA_OVERHEAD_BYTES = 6 << 30
 # DuckDB's spill files in ``<data>/tmp`` may take at most this share of the disk space
 # free when the database opens (DuckDB's own default is 90 %, which would leave topic
 # appends on the same disk without room).

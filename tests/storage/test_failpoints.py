@@ -30,6 +30,14 @@ def test_error_failpoint_raises_on_the_nth_hit_only():
     failpoints.hit("demo.point")  # past the n-th hit: quiet again
 
 
+def test_nomem_failpoint_raises_memory_error_on_the_nth_hit_only():
+    failpoints.activate("demo.point=nomem@2")
+    failpoints.hit("demo.point")
+    with pytest.raises(MemoryError, match=r"failpoint demo\.point"):
+        failpoints.hit("demo.point")
+    failpoints.hit("demo.point")
+
+
 def test_unarmed_names_and_deactivated_failpoints_do_nothing():
     failpoints.activate("other=error")
     failpoints.hit("demo.point")

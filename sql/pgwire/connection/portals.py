@@ -17,7 +17,7 @@ from typing import Any
 import pyarrow as pa
 
 from engine.api import Description, Result, Rows, ast
-from sql.internal_error import internal_error
+from sql.internal_error import internal_error, out_of_memory
 from sql.pgwire.codec import messages as m
 from sql.pgwire.codec import wire_types
 from sql.pgwire.memory_budget import ConnectionHoldings
@@ -163,6 +163,9 @@ def error_fields(error: BaseException, query: str | None = None) -> tuple[str, s
         return error.sqlstate, message, position
     if isinstance(error, KeyboardInterrupt):
         return "57014", "canceling statement due to user request", None
+    if isinstance(error, MemoryError):  # an allocation refused (the process cap): 53200
+        refused = out_of_memory(error, "a wire statement")
+        return refused.sqlstate, refused.message, None
     # A bug: the traceback goes to the log under an id; the client gets only the id.
     internal = internal_error(error, "a wire statement")
     return internal.sqlstate, internal.message, None
