@@ -82,7 +82,11 @@ def publish_shares(
                 failpoints.hit("publish.mid_spread")
             # Framed from its body when it has one (the batch gives the row count only).
             batch = decision.originals[index] if body is not None else decision.batch(index)
-            bases.append(log.write_share_locked(batch, transaction_id, body, record))
+            try:
+                bases.append(log.write_share_locked(batch, transaction_id, body, record))
+            except BaseException as error:  # its frame may be written, not published:
+                log.fence_if_unpublished(error)  # cut it (recovery republishes the share)
+                raise
     finally:
         for lock in taken:
             lock.release()
