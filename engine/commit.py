@@ -134,6 +134,11 @@ CLOCK_SLACK_US = 60 * 1_000_000
 EVERY_OFFSET = 2**63 - 1
 # Shares staged as frames published at once by a commit (``Committer._publish_framed``).
 FRAMED_PUBLISH_THREADS = 4
+# The commit record's payload encoder: compact JSON, the bytes ``json.dumps(payload,
+# separators=(",", ":"))`` gives. Made once: ``json.dumps`` with any argument builds a
+# ``JSONEncoder`` per call (~5-8 us of a ~15 us encode of a move's record). ``encode``
+# keeps no state between calls, so the one encoder serves every thread.
+RECORD_JSON = json.JSONEncoder(separators=(",", ":"))
 
 RECORDS_DDL = f"""
 CREATE TABLE IF NOT EXISTS {SCHEMA}.transactions (
@@ -552,7 +557,7 @@ class Committer:
             parts, lengths = (
                 encode_batches(transaction_id, [i.batch for i in copied]) if copied else ([], [])
             )
-            payload = json.dumps(
+            payload = RECORD_JSON.encode(
                 {
                     "at": at_us,
                     "items": [[i.topic_id, i.partition] for i in copied],
@@ -560,8 +565,7 @@ class Committer:
                                   if i.moved is not None]} if moved else {}),
                     "offsets": [[t, c, p, o] for (t, c, p), o in moves.items()],
                     **({"deltas": [d.to_json() for d in deltas]} if deltas else {}),
-                },
-                separators=(",", ":"),
+                }
             ).encode()  # fmt: skip
             record = commit_log.encode_record(transaction_id, len(copied), payload)
             return _LogAppend(copied, moved, parts, lengths, record)

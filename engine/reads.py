@@ -50,6 +50,7 @@ from __future__ import annotations
 
 import contextlib
 import contextvars
+import functools
 import threading
 from collections.abc import Callable, Iterator
 from contextlib import AbstractContextManager
@@ -287,7 +288,7 @@ def _scanned_columns(
     if decode and "data" in columns and "codec" not in columns:
         wanted = (*columns, "codec")
     arrays = _wire_arrays(scanned.decode_stored(wanted), columns, decode=decode)
-    schema = pa.schema([SCHEMA.field(name) for name in columns])
+    schema = _columns_schema(columns)
     return pa.Table.from_batches([pa.RecordBatch.from_arrays(arrays, schema=schema)], schema)
 
 
@@ -298,12 +299,20 @@ def _stored_columns(
     ``columns``' order: each a zero-copy column of the slice's wire batch; ``data``
     decoded (``decode_column``: as it is when every message is raw)."""
     assert len(set(columns)) == len(columns) and _STORED_COLUMNS.issuperset(columns)
-    schema = pa.schema([SCHEMA.field(name) for name in columns])
+    schema = _columns_schema(columns)
     batches = []
     for _, piece in slices:
         arrays = _wire_arrays(piece.wire_batch(), columns, decode=decode)
         batches.append(pa.RecordBatch.from_arrays(arrays, schema=schema))
     return pa.Table.from_batches(batches, schema=schema)
+
+
+@functools.lru_cache(maxsize=64)
+def _columns_schema(columns: tuple[str, ...]) -> pa.Schema:
+    """The relation's schema of just ``columns``, in that order: made once per column
+    tuple (a consumer's projection repeats it every poll; building it costs ~4 us, a
+    pa.Schema is immutable, so the one made serves every read and thread)."""
+    return pa.schema([SCHEMA.field(name) for name in columns])
 
 
 def _wire_arrays(wire: Any, columns: tuple[str, ...], *, decode: bool) -> list[Any]:
