@@ -733,7 +733,7 @@ class BulkWrites:
                 self._move_back(moved)
                 rows = self._publish(session, sink_id, batch_id, metas, moved, handed,
                                      recorded, None)  # fmt: skip
-        except TopicbaseError:
+        except Exception:  # an error of ours, or one nothing expected (a MemoryError)
             if not handed:
                 self._move_back(moved)
             if recorded:  # past our commit point (its publish finishes later): committed

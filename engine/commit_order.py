@@ -38,12 +38,14 @@ again: with 16 sessions committing, most of a commit's time went to that.)
 from __future__ import annotations
 
 import threading
+import time
 from collections.abc import Callable
 from contextlib import AbstractContextManager
 from dataclasses import dataclass
 from typing import Any
 
 OffsetKey = tuple[str, str, int]  # (topic id, consumer, partition)
+TURN_POLL_S = 0.001  # how often a turn waiter that could not sleep on its condition looks
 
 
 @dataclass(frozen=True, slots=True)
@@ -117,7 +119,13 @@ class CommitOrder:
 
     def wait_turn(self, slot: CommitSlot) -> BaseException | None:
         """Wait for the slot's turn. An interrupt does not end the wait (skipping a turn
-        would let later publishes overtake this one): it is returned to re-raise."""
+        would let later publishes overtake this one): it is returned to re-raise.
+
+        Past a commit point nothing here may fail: an allocation refused (``MemoryError``
+        under the process memory cap) in registering the waiter or in ``Condition.wait``
+        (it makes a lock each call) ends in polling for the turn instead (no allocation;
+        ``done`` then finds no waiter to wake), not in an escape that would leave the turn
+        undone and every later commit waiting for it (R1 F5, round 24)."""
         interrupted: BaseException | None = None
         if slot.turn is None:
             return None
@@ -126,13 +134,28 @@ class CommitOrder:
                 return None
             assert slot.turn > self._turn and slot.turn not in self._turn_waiters
             assert slot.woken is not None
-            woken = self._turn_waiters[slot.turn] = slot.woken
+            woken = slot.woken
+            try:
+                self._turn_waiters[slot.turn] = woken
+            except Exception:  # not registered: poll (below)
+                woken = None
             while self._turn != slot.turn:
+                if woken is None:
+                    self._mutex.release()  # the mutex is held again at each check
+                    try:
+                        time.sleep(TURN_POLL_S)
+                    except BaseException as error:
+                        interrupted = error
+                    finally:
+                        self._mutex.acquire()
+                    continue
                 try:
                     woken.wait()
+                except Exception:  # the wait could not start (the mutex is held): poll
+                    woken = None
                 except BaseException as error:
                     interrupted = error
-            assert slot.turn not in self._turn_waiters  # ``done`` took it out
+            self._turn_waiters.pop(slot.turn, None)  # ``done`` took it out, if it was in
         return interrupted
 
     def done(self, slot: CommitSlot) -> None:

@@ -1023,6 +1023,16 @@ class PartitionLog:
         self._fence(StorageIOError(
             f"an unexpected {type(error).__name__} left a write unpublished: {error}"))
 
+    def fence_for(self, error: BaseException) -> None:
+        """Fence the partition for a caller's unexpected ``error`` past a commit point of
+        its own (a split saved, its memory not caught up): writes refused until reopen,
+        whose recovery reads the committed state. Caller holds the write lock."""
+        assert self._write_lock.locked()
+        if self._fenced is not None or self._closed:
+            return
+        log.error("partition %s fenced: %s", self.partition_id, error)
+        self._fence(StorageIOError(f"an unexpected {type(error).__name__}: {error}"))
+
     def _unpublished_bytes(self) -> bool:
         """Whether the log holds bytes past its published end (caller holds the lock)."""
         visible = self._visible

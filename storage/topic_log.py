@@ -470,13 +470,22 @@ class TopicLog:
             for child_id in child_ids:
                 self.fs.remove_tree(os.path.join(self.directory, f"p{child_id}"))
             raise
-        failpoints.hit("split.after_save")
-        parent.active = False
-        for partition in self._partitions.values():
-            partition.config = self.config
-        for child_id in child_ids:
-            self._open_partition(child_id)
-        self._index_ranges()
+        try:  # past the commit point: the split is on disk, memory follows
+            failpoints.hit("split.after_save")
+            parent.active = False
+            for partition in self._partitions.values():
+                partition.config = self.config
+            for child_id in child_ids:
+                self._open_partition(child_id)
+            self._index_ranges()
+        except BaseException as error:  # (a MemoryError under the process memory cap)
+            # Fail-stop: routing may still send the children's keys to the parent, whose
+            # writes would land after the split the files record (the children's
+            # producer states, seeded above, would not know them: a resend accepted
+            # twice). The parent refuses writes until reopen, which reads the split whole.
+            parent.active = False
+            parent.fence_for(error)
+            raise
         self.splits += 1
         return child_ids
 

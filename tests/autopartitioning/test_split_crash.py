@@ -95,6 +95,27 @@ def _verify(root: str, acked: dict[str, int]) -> None:
     assert report.ok, report.lines()
 
 
+@pytest.mark.parametrize("spec", [
+    "split.after_child=nomem@1", "split.after_child=nomem@2", "split.before_save=nomem@1",
+    "fs.before_sync=nomem@3", "split.after_save=nomem@1", "split.before_save=nomem@2",
+])  # fmt: skip
+def test_a_memory_error_inside_a_split_leaves_it_whole_or_absent(tmp_path, spec: str) -> None:
+    """Round 24 (H8): a ``MemoryError`` (an allocation refused under the process memory
+    cap) at each point of a split, the process going on: the split is whole or absent,
+    every acknowledged write once, in the same process (more writes, more splits, close)
+    and after a reopen; the store goes on after it."""
+    root = str(tmp_path / "store")
+    code, lines = _run(root, spec)
+    assert code == 0, lines
+    assert any(line.startswith("NOMEM ") for line in lines), lines  # the point was passed
+    acked = _acknowledged(lines)
+    _verify(root, acked)
+    code, more = _run(root, "", rounds=2)
+    assert code == 0, more
+    acked.update(_acknowledged(more))
+    _verify(root, acked)
+
+
 @pytest.mark.parametrize("spec", FAILPOINTS)
 def test_a_crash_inside_a_split_leaves_it_whole_or_absent(tmp_path, spec: str) -> None:
     root = str(tmp_path / "store")

@@ -142,7 +142,11 @@ def test_a_commit_over_the_transactions_cap_is_refused_and_gives_the_writes_back
     assert _commit(database, 1, ["a"])["rows"] == 1000
 
 
-def test_a_release_that_fails_midway_is_finished_at_the_next_start(tmp_path) -> None:
+@pytest.mark.parametrize(("action", "raised"), [("error", StorageIOError),
+                                                ("nomem", MemoryError)])  # fmt: skip
+def test_a_release_that_fails_midway_is_finished_at_the_next_start(
+        tmp_path, action: str, raised: type[BaseException]) -> None:  # fmt: skip
+    """``nomem``: round 24 (H8), an allocation refused there (the process memory cap)."""
     path = str(tmp_path / "data")
     database = Database.open(path, retention_interval_s=None)
     session = database.connect()
@@ -154,19 +158,23 @@ def test_a_release_that_fails_midway_is_finished_at_the_next_start(tmp_path) -> 
     assert _commit(database, 2, ["b"])["rows"] == 50
     commits = os.path.join(path, bulk_write.COMMITS_DIRECTORY)
     assert len(os.listdir(commits)) == 2
-    failpoints.activate("bulk.mid_release=error")
+    failpoints.activate(f"bulk.mid_release={action}")
     try:
-        with pytest.raises(StorageIOError):
+        with pytest.raises(raised):
             database.committer.checkpoint()
     finally:
         failpoints.deactivate()
     assert len(os.listdir(commits)) == 1  # the first deleted, the second left
+    _stage(database, "c", 50)  # the process goes on: another commit and checkpoint
+    assert _commit(database, 3, ["c"])["rows"] == 50
+    database.committer.checkpoint()
+    assert len(_messages(database)) == 150
     database.close()
     database = Database.open(path, retention_interval_s=None)
     try:
         bulk_write.for_database(database)  # settles: the batch is recorded, so it goes
         assert os.listdir(commits) == []
-        assert len(_messages(database)) == 100
+        assert len(_messages(database)) == 150 and len(set(_messages(database))) == 150
     finally:
         database.close()
 
