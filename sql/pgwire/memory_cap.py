@@ -10,7 +10,9 @@ other processes of the host. With RLIMIT_DATA set, such an allocation fails inst
 DuckDB turns the failure into its out-of-memory error: the statement gets 53200 and its
 session goes on (``tests/security/test_memory_cap.py``, checked in a process of its own).
 
-The ceiling is ``limits.PROCESS_DATA_FRACTION`` of the machine's physical memory (on a
+The ceiling is ``limits.PROCESS_DATA_FRACTION`` of the machine's physical memory, or of
+the container's cgroup limit (``memory.max``, v1 ``memory.limit_in_bytes``) if that is
+smaller (on a
 small host DuckDB's share plus ``PROCESS_DATA_OVERHEAD_BYTES`` if that is more: the limit
 counts address space, thread stacks whole), well above what the server's own bounds add
 up to (DuckDB's ``DUCKDB_MEMORY_FRACTION``, the
@@ -58,6 +60,38 @@ def physical_memory_bytes() -> int:
         return 0
 
 
+CGROUP_LIMIT_FILES = (
+    "/sys/fs/cgroup/memory.max",  # cgroup v2
+    "/sys/fs/cgroup/memory/memory.limit_in_bytes",  # cgroup v1
+)
+
+
+def cgroup_memory_limit(paths: tuple[str, ...] = CGROUP_LIMIT_FILES) -> int:
+    """The container's memory limit in bytes from the first readable file of ``paths``;
+    0 when none is set (``max``, a v1 value at or past 2**60, no file, unreadable)."""
+    for path in paths:
+        try:
+            with open(path, encoding="ascii") as handle:
+                text = handle.read().strip()
+        except (OSError, ValueError):
+            continue
+        if not text.isdigit():
+            return 0  # "max": no limit
+        value = int(text)
+        return value if 0 < value < 1 << 60 else 0
+    return 0
+
+
+def effective_memory_bytes(cgroup_paths: tuple[str, ...] = CGROUP_LIMIT_FILES) -> int:
+    """The memory this process may use: physical memory, or the container's cgroup
+    limit if one is set and smaller; 0 when neither is known."""
+    physical = physical_memory_bytes()
+    cgroup = cgroup_memory_limit(cgroup_paths)
+    if cgroup and (physical <= 0 or cgroup < physical):
+        return cgroup
+    return physical
+
+
 def default_cap(physical: int) -> int:
     """The cap for a machine of ``physical`` bytes: ``PROCESS_DATA_FRACTION`` of it, or
     DuckDB's share plus ``PROCESS_DATA_OVERHEAD_BYTES`` if more (small hosts)."""
@@ -75,7 +109,7 @@ def cap_process_data(bytes_max: int | None = None) -> int | None:
     import resource  # POSIX only
 
     if bytes_max is None:
-        physical = physical_memory_bytes()
+        physical = effective_memory_bytes()
         if physical <= 0:
             return None
         bytes_max = default_cap(physical)

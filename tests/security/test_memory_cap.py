@@ -212,3 +212,29 @@ def test_memory_cap_0_sets_none(tmp_path: Path) -> None:
         _stop(server)
     (line,) = [row for row in limits_text.splitlines() if row.startswith("Max data size")]
     assert line.split()[3] == "unlimited"
+
+
+@pytest.mark.parametrize(
+    ("text", "expected"),
+    [("2147483648\n", 2 << 30), ("max\n", 0), ("9223372036854771712\n", 0)],
+)
+def test_the_cgroup_limit_is_read(tmp_path: Path, text: str, expected: int) -> None:
+    """Round 24 (H7): memory.max's bytes are the limit; ``max`` and v1's "no limit"
+    value mean none; a missing file is skipped for the next."""
+    limit_file = tmp_path / "memory.max"
+    limit_file.write_text(text)
+    paths = (str(tmp_path / "absent"), str(limit_file))
+    assert memory_cap.cgroup_memory_limit(paths) == expected
+
+
+def test_a_smaller_cgroup_limit_is_the_memory_the_cap_is_taken_of(tmp_path: Path) -> None:
+    """Round 24 (H7): in a container limited below the host's memory the default cap is
+    computed from the container's limit, not the host's physical memory."""
+    physical = memory_cap.physical_memory_bytes()
+    assert physical > 1 << 20
+    limit_file = tmp_path / "memory.max"
+    limit_file.write_text(f"{physical // 2}\n")
+    assert memory_cap.effective_memory_bytes((str(limit_file),)) == physical // 2
+    limit_file.write_text(f"{physical * 2}\n")
+    assert memory_cap.effective_memory_bytes((str(limit_file),)) == physical
+    assert memory_cap.effective_memory_bytes((str(tmp_path / "absent"),)) == physical
