@@ -46,6 +46,11 @@ The rules, each a way out of the sandbox that is closed here:
 - **Built-in views over refused functions** (``duckdb_databases``, ``duckdb_logs``,
   ``pragma_database_list``): their names are refused as the functions are
   (``_views_over_denied``, found from DuckDB's own view definitions).
+- **Alias expansion** (review R2 F8, round 24): DuckDB copies an aliased SELECT item
+  into every reference to its alias, so a short chain of items each naming the previous
+  one twice is exponentially large at bind; a statement whose references would copy
+  more than ``ALIAS_EXPANSION_NODES_MAX`` nodes (``planner.alias_expansion``) is refused
+  with 54000, whatever kind it is (a PREPARE's statement and a view's query included).
 - **The internal catalog.** No identifier anywhere in a statement may name the schema
   ``__topicbase`` (DuckDB's tokens are checked, so quoting, case, a ``tables.`` prefix,
   a view, CTE, macro, DESCRIBE, SUMMARIZE or SHOW all count), and no PRAGMA argument or
@@ -71,14 +76,17 @@ from engine import tables
 from engine.catalog import SCHEMA as INTERNAL_SCHEMA
 from engine.identity import Identity
 from grammar.text_cache import text_cache
+from planner.alias_expansion import alias_copies
 from planner.duckdb_sql import parse_duckdb
 from planner.nested_writes import REFUSAL as NESTED_WRITES_REFUSAL
 from planner.operations import Plan, RunQuery
 from storage.errors import (
     FeatureNotSupportedError,
     InsufficientPrivilegeError,
+    LimitExceededError,
     StatementTooComplexError,
 )
+from storage.limits import ALIAS_EXPANSION_NODES_MAX
 
 CLASSIFICATION_CACHE_ENTRIES = 2048
 # Only statements up to this long are cached: 2,048 scripts of 16 MiB would hold 32 GiB.
@@ -180,6 +188,7 @@ def _refusal(sql: str, superuser: bool) -> str | None:
         return reason
     if not superuser and (reason := _settings_read_refusal(sql, tokens)) is not None:
         return reason
+    _refuse_alias_expansion(sql, tokens)
     check = _CHECKS_BY_TYPE.get(kind)
     if check is None:
         return _REFUSED_TYPES.get(kind, f"DuckDB {kind} statements are not allowed")
@@ -191,6 +200,51 @@ def _refusal(sql: str, superuser: bool) -> str | None:
 
 
 _cached_refusal = text_cache(CLASSIFICATION_CACHE_ENTRIES)(_refusal)
+
+
+def _refuse_alias_expansion(sql: str, tokens: list[tables.SqlToken]) -> None:
+    """Refuse (54000) a statement whose SELECT-list alias references would make DuckDB's
+    binder copy more than ``ALIAS_EXPANSION_NODES_MAX`` expression nodes (review R2 F8).
+    sqlglot's tree is read only when some name that could be an alias occurs again."""
+    if not _names_an_alias_again(tokens):
+        return
+    tree = _tree(sql)
+    if tree is None:
+        return  # sqlglot cannot read it: see docs/security_review.md round 24 (H6)
+    copies = alias_copies(tree)
+    if copies > ALIAS_EXPANSION_NODES_MAX:
+        raise LimitExceededError(
+            f"statement too large once its aliases are expanded: DuckDB would copy {copies} "
+            f"expression nodes for references to SELECT-list aliases (at most "
+            f"{ALIAS_EXPANSION_NODES_MAX}); compute a reused value once in a subquery or "
+            "CTE instead"
+        )
+
+
+def _names_an_alias_again(tokens: list[tables.SqlToken]) -> bool:
+    """Whether a name that could be an alias (after AS, before ``:``, or right after an
+    expression's last token: ``1 a``) occurs more than once among the name tokens. False
+    means no alias is referenced at all, without parsing (the usual statement)."""
+    candidates: set[str] = set()
+    seen: dict[str, int] = {}
+    for index, token in enumerate(tokens):
+        if token.kind not in ("identifier", "keyword"):
+            continue
+        name = _identifier(token.text)
+        seen[name] = seen.get(name, 0) + 1
+        before = tokens[index - 1] if index else None
+        after = tokens[index + 1].text if index + 1 < len(tokens) else ""
+        if after == ":" or (before is not None and _may_end_expression_or_alias(before)):
+            candidates.add(name)
+    return any(seen[name] > 1 for name in candidates)
+
+
+def _may_end_expression_or_alias(token: tables.SqlToken) -> bool:
+    """Whether a name right after ``token`` may be an alias (``AS a``, ``1 a``, ``f(x) a``)."""
+    return token.text.upper() == "AS" or token.text == ")" or token.kind in _VALUE_KINDS
+
+
+_VALUE_KINDS = frozenset({"identifier", "keyword", "string_const", "numeric_const"})
 
 
 # -- what DuckDB's lexer sees --------------------------------------------------------------
