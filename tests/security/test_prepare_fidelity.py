@@ -187,3 +187,21 @@ def test_over_the_wire(tmp_path: Path) -> None:
         assert alice.execute("EXECUTE byk(2)").fetchall() == [("two",)]  # the session goes on
     finally:
         server.stop()
+
+
+@pytest.mark.parametrize("argument", ["nextval('ids')", "main.SETVAL('ids', 5)",
+                                      '"nextval" (\'ids\')'])  # fmt: skip
+def test_a_superusers_execute_cannot_call_the_invalidating_sequence_functions(
+    admin: Session, argument: str
+) -> None:
+    """In DuckDB 2.0.1 ``EXECUTE p(nextval('ids'))`` (or setval) invalidates the whole
+    database until a restart (review R2 F1's residual: an ordinary user's arguments are
+    constants since round 24; a superuser's were not checked)."""
+    admin.execute("CREATE SEQUENCE ids")
+    admin.execute("PREPARE p AS SELECT $1 AS v")
+    with pytest.raises(InsufficientPrivilegeError, match="invalidate"):
+        admin.execute(f"EXECUTE p({argument})")
+    assert rows(admin, "SELECT count(*) FROM t") == [(2,)]  # the database is whole
+    admin.execute("SELECT nextval('ids')")
+    assert rows(admin, "EXECUTE p(currval('ids'))") == [(1,)]  # currval does no harm
+    assert rows(admin, "EXECUTE p(1 + 1)") == [(2,)]  # other expressions stay a superuser's
