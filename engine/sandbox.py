@@ -526,16 +526,8 @@ def _check_execute(sql: str, tokens: list[tables.SqlToken], superuser: bool) -> 
     function there (``EXECUTE p(nextval('ids'))``) invalidates the whole database (review
     R2 F1, round 24). Superusers keep any other expression: ``nextval`` and ``setval``
     are refused there for everyone (the database invalidated all the same, round 25)."""
-    for at in range(2, len(tokens) - 1):
-        token = tokens[at]
-        if (token.kind in ("identifier", "keyword") and tokens[at + 1].text == "("
-                and _identifier(token.text) in _INVALIDATING_IN_EXECUTE):  # fmt: skip
-            return (
-                f"EXECUTE's arguments cannot call {token.text} (DuckDB would invalidate the "
-                "database): call it in the prepared statement, or SELECT it first"
-            )
     if superuser:
-        return None
+        return _invalidating_call(tokens)
     for at in range(2, len(tokens)):
         token = tokens[at]
         if token.kind not in ("identifier", "keyword"):
@@ -551,6 +543,20 @@ def _check_execute(sql: str, tokens: list[tables.SqlToken], superuser: bool) -> 
             f"EXECUTE's arguments must be constants (literals, casts, NULL); {token.text} "
             "is not one"
         )
+    return None
+
+
+def _invalidating_call(tokens: list[tables.SqlToken]) -> str | None:
+    """A refusal if an EXECUTE's arguments call a function in ``_INVALIDATING_IN_EXECUTE``
+    (an ordinary user's arguments are constants, so this is for superusers)."""
+    for at in range(2, len(tokens) - 1):
+        token = tokens[at]
+        if (token.kind in ("identifier", "keyword") and tokens[at + 1].text == "("
+                and _identifier(token.text) in _INVALIDATING_IN_EXECUTE):  # fmt: skip
+            return (
+                f"EXECUTE's arguments cannot call {token.text} (DuckDB would invalidate the "
+                "database): call it in the prepared statement, or SELECT it first"
+            )
     return None
 
 
