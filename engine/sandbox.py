@@ -632,9 +632,10 @@ def _check_execute(sql: str, tokens: list[tables.SqlToken], superuser: bool) -> 
     some keywords there): DuckDB evaluates
     them as expressions outside the statement's checks, and in DuckDB 2.0.1 a sequence
     function there (``EXECUTE p(nextval('ids'))``) invalidates the whole database (review
-    R2 F1, round 24). Superusers keep any expression."""
+    R2 F1, round 24). Superusers keep any other expression: ``nextval`` and ``setval``
+    are refused there for everyone (the database invalidated all the same, round 25)."""
     if superuser:
-        return None
+        return _invalidating_call(tokens)
     for at in range(2, len(tokens)):
         token = tokens[at]
         if token.kind not in ("identifier", "keyword"):
@@ -652,6 +653,24 @@ def _check_execute(sql: str, tokens: list[tables.SqlToken], superuser: bool) -> 
         )
     return None
 
+
+def _invalidating_call(tokens: list[tables.SqlToken]) -> str | None:
+    """A refusal if an EXECUTE's arguments call a function in ``_INVALIDATING_IN_EXECUTE``
+    (an ordinary user's arguments are constants, so this is for superusers)."""
+    for at in range(2, len(tokens) - 1):
+        token = tokens[at]
+        if (token.kind in ("identifier", "keyword") and tokens[at + 1].text == "("
+                and _identifier(token.text) in _INVALIDATING_IN_EXECUTE):  # fmt: skip
+            return (
+                f"EXECUTE's arguments cannot call {token.text} (DuckDB would invalidate the "
+                "database): call it in the prepared statement, or SELECT it first"
+            )
+    return None
+
+
+# Sequence functions that, as an EXECUTE's argument, make DuckDB 2.0.1 invalidate the
+# whole database (``currval`` does not).
+_INVALIDATING_IN_EXECUTE = frozenset({"nextval", "setval"})
 
 # The engine's own prepared statements (``engine.tables.PLAN_PREFIX``: kept plans of a
 # session's repeated SELECTs) run when their text runs, judged as that text: a user's

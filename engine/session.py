@@ -359,7 +359,7 @@ class Session:
                 if no_rows is None:
                     return None
                 raise no_rows
-            if not _streamable(operation):
+            if not _streamable(operation) or self._lists_prepared(operation):
                 return None
             self._guard(plan)
             self._check_duration()
@@ -563,6 +563,7 @@ class Session:
                 "current transaction is aborted, commands ignored until end of transaction block"
             )
         self._check_duration()
+        statement = prepared_room.typed_statement(statement)  # PREPARE p(int): casts
         try:
             plan = self._kept_plans.plan(statement, self.database, self._has_duckdb_relation)
             self._guard(plan, kept=self._kept_plans.holds(statement, plan))
@@ -850,7 +851,8 @@ class Session:
     def _run(self, plan: Plan, parameters: Any) -> Result:
         assert self.transaction is not None
         operations = plan.operations
-        if len(operations) == 1 and _plain_select(operations[0]):
+        if (len(operations) == 1 and _plain_select(operations[0])
+                and not self._lists_prepared(operations[0])):  # fmt: skip
             # One SELECT over tables (no topic, no system view): what the loop below does
             # for it, without the loop's tests.
             operation = operations[0]
@@ -947,13 +949,20 @@ class Session:
 
     def _sql_statement(self, operation: RunQuery) -> contextlib.AbstractContextManager[None]:
         """Around ``operation``'s run: a PREPARE is checked by DuckDB and kept as its text,
-        an EXECUTE of a kept statement has DuckDB hold it for that run alone
-        (``engine.prepared_room``)."""
+        an EXECUTE of a kept statement has DuckDB hold it for that run alone, and so does
+        a statement listing the prepared statements (``engine.prepared_room``)."""
         if operation.tag == "PREPARE":
             return self.sql_statements.preparing(self.cursor, operation.sql)
         if operation.tag == "EXECUTE":
             return self.sql_statements.executing(self.cursor, operation.sql)
+        if self._lists_prepared(operation):
+            return self.sql_statements.listed(self.cursor)
         return contextlib.nullcontext()
+
+    def _lists_prepared(self, operation: RunQuery) -> bool:
+        """Whether ``operation`` may read DuckDB's list of prepared statements while the
+        session keeps some (``pg_prepared_statements``): it runs with them held."""
+        return bool(len(self.sql_statements)) and "prepared_statements" in operation.sql.lower()
 
     def _query_cursor(self, operation: RunQuery) -> Any:
         """The DuckDB connection to run ``operation`` on: this session's (``cursor``), or for

@@ -126,6 +126,12 @@ class UndefinedPreparedStatementError(TopicbaseError):
     sqlstate = "26000"
 
 
+class DuplicatePreparedStatementError(TopicbaseError):
+    """A PREPARE (or the protocol's Parse) of a name the session already holds."""
+
+    sqlstate = "42P05"
+
+
 class UndefinedCursorError(TopicbaseError):
     """A cursor or portal that does not exist."""
 

@@ -20,7 +20,7 @@ from engine.database import Database
 from engine.identity import Identity
 from engine.session import Session
 from storage import limits
-from storage.errors import LimitExceededError
+from storage.errors import DuplicatePreparedStatementError, LimitExceededError
 from tests.security.conftest import WireServer
 
 
@@ -34,11 +34,11 @@ def alice(tmp_path: Path) -> Iterator[Session]:
 
 
 def held(session: Session) -> int:
-    """The session's SQL-level statements (kept as text: DuckDB holds none of them)."""
-    result = session.execute("SELECT count(*) AS n FROM duckdb_prepared_statements() "
-                             "WHERE NOT starts_with(name, '__topicbase')")[-1]  # fmt: skip
-    assert result.table is not None
-    assert result.table.column("n")[0].as_py() == 0
+    """The session's SQL-level statements (kept as text: DuckDB holds none of them, asked
+    of the connection itself; the session's own listing shows the kept ones)."""
+    result = session.cursor.execute("SELECT count(*) FROM duckdb_prepared_statements() "
+                                    "WHERE NOT starts_with(name, '__topicbase')").fetchone()
+    assert result == (0,)
     return len(session.sql_statements)
 
 
@@ -46,12 +46,13 @@ def test_prepared_statements_are_counted(alice: Session, monkeypatch: pytest.Mon
     monkeypatch.setattr(limits, "SQL_PREPARED_STATEMENTS_PER_SESSION_MAX", 3)
     for index in range(3):
         alice.execute(f"PREPARE p{index} AS SELECT {index} + ?")
-    alice.execute("PREPARE p1 AS SELECT 10 + ?")  # replaces one: no more held
+    with pytest.raises(DuplicatePreparedStatementError):  # 42P05, not a replacement
+        alice.execute("PREPARE p1 AS SELECT 10 + ?")
     with pytest.raises(LimitExceededError, match="too many prepared statements") as caught:
         alice.execute("PREPARE p3 AS SELECT 3")
     assert caught.value.sqlstate == "54000"
     assert held(alice) == 3
-    assert alice.execute("EXECUTE p1(5)")[-1].table.to_pylist() == [{"(10 + $1)": 15}]
+    assert alice.execute("EXECUTE p1(5)")[-1].table.to_pylist() == [{"(1 + $1)": 6}]
     alice.execute("DEALLOCATE p0")
     alice.execute("PREPARE p3 AS SELECT 3")
     assert held(alice) == 3
@@ -75,7 +76,8 @@ def test_prepared_text_is_bounded(alice: Session, monkeypatch: pytest.MonkeyPatc
     with pytest.raises(LimitExceededError, match="characters of text") as caught:
         alice.execute(f"PREPARE c AS SELECT '{text}'")
     assert caught.value.sqlstate == "54000"
-    alice.execute(f"PREPARE b AS SELECT '{text}' || 'y'")  # replacing b still fits
+    with pytest.raises(DuplicatePreparedStatementError):  # a kept name: not replaced
+        alice.execute(f"PREPARE b AS SELECT '{text}' || 'y'")
     alice.execute("DEALLOCATE a")
     alice.execute(f"PREPARE c AS SELECT '{text}'")
     assert held(alice) == 2

@@ -69,9 +69,13 @@ def rows(session: Session, sql: str) -> list[tuple[Any, ...]]:
 
 
 def duckdb_holds(session: Session) -> int:
-    """The user statements DuckDB holds on the session's connection (not kept plans)."""
-    return int(rows(session, "SELECT count(*) FROM duckdb_prepared_statements() "
-                             "WHERE NOT starts_with(name, '__topicbase')")[0][0])  # fmt: skip
+    """The user statements DuckDB holds on the session's connection (not kept plans),
+    asked of the connection itself: through the session a statement listing them has the
+    session's kept statements held for its run (``SqlStatements.listed``)."""
+    held = session.cursor.execute("SELECT count(*) FROM duckdb_prepared_statements() "
+                                  "WHERE NOT starts_with(name, '__topicbase')").fetchone()
+    assert held is not None
+    return int(held[0])
 
 
 def rss_mib() -> int:
@@ -251,9 +255,8 @@ def test_over_the_wire_prepare_execute_deallocate(tmp_path: Path) -> None:
         for _ in range(3):  # Parse, Describe, Bind, Execute: described against the kept text
             assert cursor.execute("EXECUTE p(20)", prepare=True).fetchall() == [(21,), (22,)]
         assert cursor.description[0].name == "b"
-        held = alice.execute("SELECT count(*) FROM duckdb_prepared_statements() "
-                             "WHERE NOT starts_with(name, '__topicbase')").fetchone()  # fmt: skip
-        assert held == (0,)
+        listed = alice.execute("SELECT name, statement FROM pg_prepared_statements").fetchall()
+        assert listed == [("p", "SELECT (a + $1) AS b FROM t ORDER BY a")]  # as DuckDB writes it
         with pytest.raises(psycopg.errors.UndefinedTable):
             alice.execute("PREPARE q AS SELECT * FROM no_such_table")
         admin.execute("REVOKE SELECT ON t FROM alice")

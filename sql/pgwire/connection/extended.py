@@ -48,7 +48,6 @@ from sql.pgwire.connection import copy_commit
 from sql.pgwire.connection.context import CommandContext
 from sql.pgwire.connection.portals import (
     CachedPlanChangedError,
-    DuplicateStatementError,
     HeldPortals,
     Portal,
     Prepared,
@@ -66,6 +65,7 @@ from sql.pgwire.emulation import surface
 from storage import limits
 from storage.errors import (
     DuplicateCursorError,
+    DuplicatePreparedStatementError,
     InFailedTransactionError,
     LimitExceededError,
     ObjectNotInPrerequisiteStateError,
@@ -266,7 +266,9 @@ class ExtendedProtocol:
             raise SqlSyntaxError("cannot insert multiple commands into a prepared statement")
         self._refuse_when_failed(statements[0] if statements else None)
         if message.name and message.name in self.statements:
-            raise DuplicateStatementError(f'prepared statement "{message.name}" already exists')
+            raise DuplicatePreparedStatementError(
+                f'prepared statement "{message.name}" already exists'
+            )
         if message.name:
             self._check_prepared_room(message.query)
         if highest > WIRE_PARAMETERS_MAX:  # no Bind could supply it

@@ -34,10 +34,6 @@ class ProtocolViolation(TopicbaseError):
     sqlstate = "08P01"
 
 
-class DuplicateStatementError(TopicbaseError):
-    sqlstate = "42P05"
-
-
 @dataclass
 class Prepared:
     """A parsed statement. ``parameter_oids`` holds the client's OIDs (0: unspecified)
