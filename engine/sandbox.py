@@ -294,8 +294,17 @@ def _names_an_alias_again(tokens: list[tables.SqlToken]) -> bool:
 
 
 def _may_end_expression_or_alias(token: tables.SqlToken) -> bool:
-    """Whether a name right after ``token`` may be an alias (``AS a``, ``1 a``, ``f(x) a``)."""
-    return token.text.upper() == "AS" or token.text == ")" or token.kind in _VALUE_KINDS
+    """Whether a name right after ``token`` may be an alias (``AS a``, ``1 a``, ``f(x) a``,
+    ``[1] a``, ``{'k': 1} a``, ``NULL a``; not after SELECT, FROM, AND …)."""
+    if token.text.upper() == "AS" or token.text in (")", "]", "}"):
+        return True
+    if token.kind == "keyword" and _identifier(token.text) in tables.reserved_keywords():
+        return _identifier(token.text) in _RESERVED_ENDING_VALUES  # not SELECT, FROM, AND …
+    return token.kind in _VALUE_KINDS
+
+
+# Reserved keywords that end an expression (``NULL x``, ``CASE … END x``).
+_RESERVED_ENDING_VALUES = frozenset({"null", "true", "false", "end"})
 
 
 _VALUE_KINDS = frozenset({"identifier", "keyword", "string_const", "numeric_const"})

@@ -33,6 +33,17 @@ def test_a_long_alias_chain_is_refused_quickly(alice, levels):
     assert time.process_time() - started < 0.5
 
 
+@pytest.mark.parametrize("sql", [
+    "SELECT ['x'] a0, " + ", ".join(f"a{j} || a{j} a{j + 1}" for j in range(24)),  # implicit
+    "SELECT {'k': 1} a0, " + ", ".join(f"[a{j}, a{j}] a{j + 1}" for j in range(24)),
+    "SELECT a0: 'x', " + ", ".join(f"a{j + 1}: a{j} || a{j}" for j in range(24)),  # prefix
+    "SELECT NULL a0, " + ", ".join(f"coalesce(a{j}, a{j}) AS a{j + 1}" for j in range(24)),
+])
+def test_aliases_written_without_as_are_counted(alice, sql):
+    with pytest.raises(LimitExceededError, match="expanded"):
+        alice.execute(sql)
+
+
 def test_ordinary_alias_reuse_still_runs(alice):
     assert alice.execute(_chain(4))[-1].table.column("n").to_pylist() == [16]
     rows = alice.execute("SELECT 2 AS a, a + 1 AS b, b * b AS c")[-1].table.to_pylist()
