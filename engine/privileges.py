@@ -39,6 +39,7 @@ from planner.access import (
     relation_access,
     view_reads,
 )
+from planner.alias_expansion import MacroCost
 from planner.operations import (
     AlterTopicEntry,
     AppendRecords,
@@ -564,7 +565,12 @@ def _require_macro_reads(session: Any, user: str, sql: str, depth: int) -> None:
     macros = _user_macros(session)
     if not macros:
         return
-    for name in sorted(_call_names(sql) & macros.keys()):
+    called = _call_names(sql) & macros.keys()
+    if called and depth == 0:  # their copies of arguments, with the built-ins'
+        expanding = _user_macro_costs(session)
+        if called & expanding.keys():
+            sandbox.refuse_expansion(sql, tables.sql_tokens(sql), expanding, superuser=False)
+    for name in sorted(called):
         if depth >= limits.VIEW_DEPTH_MAX:
             raise InsufficientPrivilegeError(
                 f"macro {name} nests more than {limits.VIEW_DEPTH_MAX} macros and views"
@@ -636,6 +642,29 @@ def _user_macros(session: Any) -> dict[str, tuple[str | None, ...]]:
     return privilege_cache.cached(  # type: ignore[no-any-return]
         session, ("macros",), lambda: _read_user_macros(session)
     )
+
+
+def _user_macro_costs(session: Any) -> dict[str, MacroCost]:
+    """The built-in and user scalar macros that copy a parameter more than once (or
+    expand large), by name (``sandbox.expanding_macro_costs``): a superuser's
+    ``CREATE MACRO sq(x) AS x * x`` nested by anyone doubles at each level. Cached with
+    the macros (``_user_macros``)."""
+    return privilege_cache.cached(  # type: ignore[no-any-return]
+        session, ("macro_costs",), lambda: _read_user_macro_costs(session)
+    )
+
+
+def _read_user_macro_costs(session: Any) -> dict[str, MacroCost]:
+    rows = _rows(
+        session,
+        "SELECT lower(function_name), parameters, macro_definition FROM duckdb_functions() "
+        "WHERE NOT internal AND database_name = ? AND function_type = 'macro' "
+        "AND macro_definition IS NOT NULL",
+        [DATABASE_NAME],
+    )
+    definitions = [(str(name), tuple(map(str, parameters or ())), str(body))
+                   for name, parameters, body in rows]  # fmt: skip
+    return sandbox.expanding_macro_costs(definitions, sandbox.builtin_macro_costs())
 
 
 def _read_user_macros(session: Any) -> dict[str, tuple[str | None, ...]]:

@@ -46,6 +46,11 @@ The rules, each a way out of the sandbox that is closed here:
 - **Built-in views over refused functions** (``duckdb_databases``, ``duckdb_logs``,
   ``pragma_database_list``): their names are refused as the functions are
   (``_views_over_denied``, found from DuckDB's own view definitions).
+- **Alias expansion** (review R2 F8, round 24): DuckDB copies an aliased SELECT item
+  into every reference to its alias, so a short chain of items each naming the previous
+  one twice is exponentially large at bind; a statement whose references would copy
+  more than ``BIND_EXPANSION_NODES_MAX`` nodes (``planner.alias_expansion``) is refused
+  with 54000, whatever kind it is (a PREPARE's statement and a view's query included).
 - **The internal catalog.** No identifier anywhere in a statement may name the schema
   ``__topicbase`` (DuckDB's tokens are checked, so quoting, case, a ``tables.`` prefix,
   a view, CTE, macro, DESCRIBE, SUMMARIZE or SHOW all count), and no PRAGMA argument or
@@ -62,7 +67,7 @@ up to ``CACHED_SQL_CHARS_MAX``), so a repeated statement is classified once. Thr
 from __future__ import annotations
 
 import functools
-from collections.abc import Callable
+from collections.abc import Callable, Iterable
 
 import sqlglot
 from sqlglot import expressions as exp
@@ -71,14 +76,18 @@ from engine import tables
 from engine.catalog import SCHEMA as INTERNAL_SCHEMA
 from engine.identity import Identity
 from grammar.text_cache import text_cache
+from planner.alias_expansion import MacroCost, MacroCosts, alias_copies, call_copies, macro_cost
 from planner.duckdb_sql import parse_duckdb
 from planner.nested_writes import REFUSAL as NESTED_WRITES_REFUSAL
 from planner.operations import Plan, RunQuery
+from storage import limits
 from storage.errors import (
     FeatureNotSupportedError,
     InsufficientPrivilegeError,
+    LimitExceededError,
     StatementTooComplexError,
 )
+from storage.limits import BIND_EXPANSION_NODES_MAX
 
 CLASSIFICATION_CACHE_ENTRIES = 2048
 # Only statements up to this long are cached: 2,048 scripts of 16 MiB would hold 32 GiB.
@@ -180,6 +189,7 @@ def _refusal(sql: str, superuser: bool) -> str | None:
         return reason
     if not superuser and (reason := _settings_read_refusal(sql, tokens)) is not None:
         return reason
+    refuse_expansion(sql, tokens, builtin_macro_costs(), superuser)
     check = _CHECKS_BY_TYPE.get(kind)
     if check is None:
         return _REFUSED_TYPES.get(kind, f"DuckDB {kind} statements are not allowed")
@@ -191,6 +201,113 @@ def _refusal(sql: str, superuser: bool) -> str | None:
 
 
 _cached_refusal = text_cache(CLASSIFICATION_CACHE_ENTRIES)(_refusal)
+
+
+def refuse_expansion(sql: str, tokens: list[tables.SqlToken], macros: MacroCosts,
+                     superuser: bool) -> None:  # fmt: skip
+    """Refuse (54000) a statement whose alias references and calls of ``macros`` would
+    make DuckDB's binder copy more than ``BIND_EXPANSION_NODES_MAX`` expression nodes
+    (``planner.alias_expansion``; review R2 F8 of round 24, macros round 25). sqlglot's
+    tree is read only when some name that could be an alias occurs again; a text sqlglot
+    cannot read with such a name is refused to ordinary users (its aliases cannot be
+    counted), as the privileges refuse a statement whose relations cannot be read."""
+    copies = call_copies(tokens, macros) if _calls_one_of(tokens, macros) else 0
+    if copies <= BIND_EXPANSION_NODES_MAX and _names_an_alias_again(tokens):
+        tree = _tree(sql)
+        if tree is None and not superuser:
+            raise LimitExceededError(
+                "statement names an alias again in a form that cannot be checked for its "
+                "expanded size: write it plainly, or compute the value once in a subquery"
+            )
+        if tree is not None:
+            copies = max(copies, alias_copies(tree, macros))
+    if copies > BIND_EXPANSION_NODES_MAX:
+        raise LimitExceededError(
+            f"statement too large once its aliases and macros are expanded: DuckDB would "
+            f"copy {copies} expression nodes (at most {BIND_EXPANSION_NODES_MAX}); compute a "
+            "reused value once in a subquery or CTE instead"
+        )
+
+
+def _calls_one_of(tokens: list[tables.SqlToken], macros: MacroCosts) -> bool:
+    """Whether a name in ``macros`` stands right before ``(`` among ``tokens``."""
+    return any(
+        token.text == "(" and at and _identifier(tokens[at - 1].text) in macros
+        for at, token in enumerate(tokens)
+    )
+
+
+@functools.cache
+def builtin_macro_costs() -> dict[str, MacroCost]:
+    """DuckDB's built-in scalar macros that copy a parameter more than once (``nullif``,
+    ``split_part``, ``map_to_pg_oid`` …), by name: what a call of one costs
+    (``planner.alias_expansion.macro_cost``; built-ins calling built-ins followed)."""
+    return expanding_macro_costs(tables.builtin_macro_definitions(), {})
+
+
+def expanding_macro_costs(definitions: Iterable[tuple[str, tuple[str, ...], str]],
+                          known: MacroCosts) -> dict[str, MacroCost]:  # fmt: skip
+    """``known`` and the costs of the macros ``definitions`` ((name, parameters, body)
+    each; overloads share a name: the largest counts) that copy a parameter more than
+    once or whose body alone expands past ``_LARGE_MACRO_BODY`` nodes, with the macros
+    their bodies call expanded (followed until nothing grows)."""
+    tokenized = [(name, parameters, tables.sql_tokens(body)) for name, parameters, body
+                 in definitions]  # fmt: skip
+    costs: dict[str, MacroCost] = dict(known)
+    for _ in range(limits.VIEW_DEPTH_MAX):
+        grown: dict[str, MacroCost] = dict(known)
+        for name, parameters, body_tokens in tokenized:
+            cost = macro_cost(body_tokens, parameters, costs)
+            if cost.uses < 2 and cost.body <= _LARGE_MACRO_BODY:
+                continue  # a call costs about what it is written: linear
+            before = grown.get(name, cost)
+            grown[name] = MacroCost(max(cost.body, before.body), max(cost.uses, before.uses))
+        if grown == costs:
+            break
+        costs = grown
+    return costs
+
+
+# A macro body above this many nodes once expanded counts whatever its parameters' uses.
+_LARGE_MACRO_BODY = 1000
+
+
+def _names_an_alias_again(tokens: list[tables.SqlToken]) -> bool:
+    """Whether a name that could be an alias (after AS, before ``:``, or right after an
+    expression's last token: ``1 a``; not one of DuckDB's reserved keywords, which name
+    nothing unquoted) occurs more than once among the name tokens. False means no alias
+    is referenced at all, without parsing (the usual statement)."""
+    candidates: set[str] = set()
+    seen: dict[str, int] = {}
+    for index, token in enumerate(tokens):
+        if token.kind not in ("identifier", "keyword"):
+            continue
+        name = _identifier(token.text)
+        seen[name] = seen.get(name, 0) + 1
+        before = tokens[index - 1] if index else None
+        after = tokens[index + 1].text if index + 1 < len(tokens) else ""
+        if token.kind == "keyword" and name in tables.reserved_keywords():
+            continue  # no alias without quotes (`AS`, `AND`, `FROM` …)
+        if after == ":" or (before is not None and _may_end_expression_or_alias(before)):
+            candidates.add(name)
+    return any(seen[name] > 1 for name in candidates)
+
+
+def _may_end_expression_or_alias(token: tables.SqlToken) -> bool:
+    """Whether a name right after ``token`` may be an alias (``AS a``, ``1 a``, ``f(x) a``,
+    ``[1] a``, ``{'k': 1} a``, ``NULL a``; not after SELECT, FROM, AND …)."""
+    if token.text.upper() == "AS" or token.text in (")", "]", "}"):
+        return True
+    if token.kind == "keyword" and _identifier(token.text) in tables.reserved_keywords():
+        return _identifier(token.text) in _RESERVED_ENDING_VALUES  # not SELECT, FROM, AND …
+    return token.kind in _VALUE_KINDS
+
+
+# Reserved keywords that end an expression (``NULL x``, ``CASE … END x``).
+_RESERVED_ENDING_VALUES = frozenset({"null", "true", "false", "end"})
+
+
+_VALUE_KINDS = frozenset({"identifier", "keyword", "string_const", "numeric_const"})
 
 
 # -- what DuckDB's lexer sees --------------------------------------------------------------

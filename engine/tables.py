@@ -548,6 +548,36 @@ def builtin_scalar_macros() -> tuple[tuple[str, str], ...]:
 
 
 @functools.cache
+def reserved_keywords() -> frozenset[str]:
+    """DuckDB's reserved keywords in lower case (``AS``, ``AND``, ``FROM`` …): none of
+    them names a column or an alias unless quoted."""
+    connection = connect(":memory:", memory_limit_bytes=_PARSER_MEMORY_BYTES)
+    try:
+        rows = connection.execute(
+            "SELECT keyword_name FROM duckdb_keywords() WHERE keyword_category = 'reserved'"
+        ).fetchall()
+    finally:
+        connection.close()
+    return frozenset(str(row[0]).lower() for row in rows)
+
+
+@functools.cache
+def builtin_macro_definitions() -> tuple[tuple[str, tuple[str, ...], str], ...]:
+    """(name in lower case, parameter names, body) of every overload of DuckDB's built-in
+    scalar macros: the sandbox counts what a call of one copies."""
+    connection = connect(":memory:", memory_limit_bytes=_PARSER_MEMORY_BYTES)
+    try:
+        rows = connection.execute(
+            "SELECT lower(function_name), parameters, macro_definition FROM duckdb_functions() "
+            "WHERE internal AND function_type = 'macro' AND macro_definition IS NOT NULL"
+        ).fetchall()
+    finally:
+        connection.close()
+    return tuple((str(name), tuple(map(str, parameters or ())), str(body))
+                 for name, parameters, body in rows)  # fmt: skip
+
+
+@functools.cache
 def _function_names() -> tuple[frozenset[str], frozenset[str]]:
     connection = connect(":memory:", memory_limit_bytes=_PARSER_MEMORY_BYTES)
     try:

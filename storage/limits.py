@@ -148,6 +148,18 @@ PYTHON_RECURSION_LIMIT = 20_000
 # DuckDB's own expression depth (its parser, transformer and binder), fixed at open and
 # locked, so no session can raise it and crash the process with a deep expression.
 DUCKDB_EXPRESSION_DEPTH_MAX = 1000
+# DuckDB's binder copies expressions in two places: an alias of an earlier SELECT item
+# named again (``'x' AS a, a || a AS b, b || b AS c, ...``: the item copied into each
+# reference) and a macro's parameter used more than once in its body (the built-in
+# ``nullif(a, b)`` is ``CASE WHEN a = b THEN NULL ELSE a END``; ``nullif(nullif(...))``
+# n deep is 2^n). Both grow with width, not depth, so DUCKDB_EXPRESSION_DEPTH_MAX does not
+# stop them, nor does DuckDB's memory limit. The sandbox (``planner.alias_expansion``)
+# refuses (54000) a statement whose alias references and macro calls would add more than
+# this many expression nodes, counted before DuckDB sees it. Measured (DuckDB 2.0.1,
+# round 24): ``x + x`` chains bind at ~30 us and ~1 KiB a copied node (12 levels, 8k
+# nodes: 0.25 s and 9 MiB; 16 levels, 131k: 19 s and 118 MiB); 10,000 keeps one statement
+# under ~0.4 s and ~12 MiB, while ordinary alias reuse and macro calls add tens of nodes.
+BIND_EXPANSION_NODES_MAX = 10_000
 # DuckDB's memory limit when the data directory's owner sets none: a share of the
 # machine's physical memory, leaving room for Python, the page cache and the store.
 # Beyond it DuckDB spills to ``<data>/tmp``.
