@@ -57,7 +57,7 @@ from planner.operations import (
 )
 from planner.write_statements import AbortStagedWrites, CommitStagedWrites
 from storage import limits
-from storage.errors import InsufficientPrivilegeError
+from storage.errors import InsufficientPrivilegeError, LimitExceededError
 
 _DDL_TAGS = ("CREATE", "DROP", "ALTER")
 CALL_NAMES_CACHE_ENTRIES = 1024  # texts whose macro-calling names are kept (a frozenset each)
@@ -312,6 +312,7 @@ def _check_query(
                 _require_relation(session, identity.name, candidate, privilege, 0)
     _require_macro_reads(session, identity.name, operation.sql, 0)
     _require_sequences(session, identity.name, operation.sql)
+    _refuse_view_expansion(session, identity.name, access)
     if not plain:
         _require_temporary_views(session, identity)
         _refuse_shadowed_view_reads(session, [name for name, _ in access.needs])
@@ -864,6 +865,46 @@ def relation_kind(session: Any, name: str) -> str | None:
         [schema or "main", bare, schema or "main", bare],
     )
     return rows[0][0] if rows else None
+
+
+def _refuse_view_expansion(session: Any, user: str, access: Access) -> None:
+    """Refuse (54000) a statement whose relations, its views expanded into what they read
+    (DuckDB's binder copies a view's query into every place it is read), come to more
+    than ``limits.VIEW_EXPANDED_RELATIONS_MAX`` relation reads: a chain of views each
+    joining the one before twice is 2^n relations to bind and join (round 25: 14 views,
+    3.6 s; each view more doubles it), from a user granted CREATE on a schema."""
+    total = 0
+    for name, count in access.reads:
+        found, _ = _facts(session, "relation", name, user)
+        is_view = found is not None and found[1] == "view"
+        total += count * (_view_size(session, name, 0) if is_view else 1)
+    if total > limits.VIEW_EXPANDED_RELATIONS_MAX:
+        raise LimitExceededError(
+            f"statement reads {total} relations once its views are expanded (at most "
+            f"{limits.VIEW_EXPANDED_RELATIONS_MAX}): a view is expanded wherever it is read"
+        )
+
+
+def _view_size(session: Any, name: str, depth: int) -> int:
+    """How many relation reads view ``name`` expands to (its views expanded too), cached
+    with the owners and grants (a view's DDL moves the cache's generation). Past
+    ``limits.VIEW_DEPTH_MAX`` views deep: more than any bound (refused)."""
+    if depth > limits.VIEW_DEPTH_MAX:
+        return limits.VIEW_EXPANDED_RELATIONS_MAX + 1
+    return privilege_cache.cached(  # type: ignore[no-any-return]
+        session, ("view_size", name), lambda: _read_view_size(session, name, depth)
+    )
+
+
+def _read_view_size(session: Any, name: str, depth: int) -> int:
+    size = 0
+    for inner, count in _view_access(session, name).reads:
+        found, _ = _facts(session, "relation", inner, OWNER_SUPERUSER)
+        is_view = found is not None and found[1] == "view"
+        size += count * (_view_size(session, inner, depth + 1) if is_view else 1)
+        if size > limits.VIEW_EXPANDED_RELATIONS_MAX:
+            break  # refused whatever the rest adds
+    return max(size, 1)
 
 
 def _view_access(session: Any, name: str) -> Access:

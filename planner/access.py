@@ -56,6 +56,9 @@ class Access:
     dropped: tuple[str, ...] = ()
     renamed: tuple[tuple[str, str], ...] = ()  # (old, new)
     opaque: str | None = None  # why the relations cannot be known
+    # How many times each relation is read in the text (a view read twice is expanded
+    # twice by DuckDB's binder: ``engine.privileges`` bounds what a statement expands to).
+    reads: tuple[tuple[str, int], ...] = ()
 
 
 @text_cache(ANALYSIS_CACHE_ENTRIES)
@@ -178,13 +181,16 @@ def _tree_access(tree: exp.Expression) -> Access:
         if (node := _target(nested)) is not None and (name := _relation_name(node)) is not None:
             needs.extend((name, privilege) for privilege in _write_privileges(nested))
             written.add(id(node))
+    reads: dict[str, int] = {}
     for table in tree.find_all(exp.Table):
         if id(table) in written or isinstance(table.parent, exp.AlterRename):
             continue
         name = _relation_name(table)
         if name is not None and not _names_cte(table):
             needs.append((name, "SELECT"))
-    return Access(tuple(dict.fromkeys(needs)), tuple(created), tuple(dropped), tuple(renamed))
+            reads[name] = reads.get(name, 0) + 1
+    return Access(tuple(dict.fromkeys(needs)), tuple(created), tuple(dropped), tuple(renamed),
+                  reads=tuple(reads.items()))  # fmt: skip
 
 
 def _comment_access(tree: exp.Comment) -> Access:
