@@ -60,7 +60,7 @@ from engine.interrupts import sigint_deferred
 from engine.kept_plans import KeptPlans
 from engine.lookup_plans import KeptLookupPlans
 from engine.moved_refs import MovedRange, MovedSource, moved_batch
-from engine.offset_reset import set_consumer_offsets
+from engine.offset_reset import check_commit_ranges, set_consumer_offsets
 from engine.reads import CURRENT_PROGRESS, ReadProgress, read_records, stream_records
 from engine.result import Result, Rows
 from engine.staged_writes import TransactionStaging
@@ -1404,6 +1404,7 @@ class Session:
         return Result(f"INSERT 0 {written}", table)
 
     def _commit_offsets(self, operation: CommitConsumerOffsets) -> Result:
+        check_commit_ranges(self.database, operation)
         ranges = {
             (operation.topic_id, operation.consumer, partition): (start, end)
             for partition, start, end in operation.ranges
