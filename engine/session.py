@@ -1409,9 +1409,10 @@ class Session:
             (operation.topic_id, operation.consumer, partition): (start, end)
             for partition, start, end in operation.ranges
         }
-        moves = self.database.catalog.plan_ranges(ranges)
         assert self.transaction is not None
+        moves, ahead = self.database.catalog.plan_ranges(ranges, self.transaction.offset_ranges)
         self.transaction.offset_moves.update(moves)
+        self.transaction.offset_ranges.update(ahead)
         return Result(f"COMMIT OFFSETS {len(moves)}")
 
     # -- commit and rollback -----------------------------------------------------------------
@@ -1563,6 +1564,8 @@ class Session:
         if self.state is not SessionState.IDLE:
             self.database.open_transactions -= 1
         if self.transaction is not None:
+            if self.transaction.committed and self.transaction.offset_ranges:
+                self.database.catalog.remember_ranges(self.transaction.offset_ranges)
             self.transaction.release()  # staged bytes back, spill file deleted
             self._end_deltas(self.transaction)
         self.transaction = None

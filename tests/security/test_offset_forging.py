@@ -48,3 +48,25 @@ def test_commit_up_to_the_end_still_moves_the_offset(wire_server: WireServer) ->
     alice.execute("COMMIT OFFSETS ON TOPIC t FOR CONSUMER c1 (PARTITION 0 UPTO 1)")
     committed = "SELECT committed_offset FROM sys.consumers WHERE topic = 't'"
     assert admin.execute(committed).fetchone() == (3,)
+
+
+def test_a_rolled_back_commit_offsets_range_moves_nothing_later(wire_server: WireServer) -> None:
+    """A range ahead of the committed offset, committed in a transaction that rolled back,
+    used to stay remembered: the next commit filling the gap before it carried the offset
+    over it (c1 went to 4, skipping messages 1-3). Only committed ranges are remembered."""
+    admin = _topic_with_three_messages(wire_server)
+    admin.execute("INSERT INTO TOPIC t (data) VALUES ('d')")
+    alice = wire_server.login("alice")
+    alice.execute("BEGIN")
+    alice.execute("COMMIT OFFSETS ON TOPIC t FOR CONSUMER c1 (PARTITION 0 FROM 1 UPTO 4)")
+    alice.execute("ROLLBACK")
+    admin.execute("COMMIT OFFSETS ON TOPIC t FOR CONSUMER c1 (PARTITION 0 UPTO 1)")
+    committed = "SELECT committed_offset FROM sys.consumers WHERE topic = 't'"
+    assert admin.execute(committed).fetchone() == (1,)
+    # committed, the same range is remembered and the gap's commit carries the offset over it
+    alice.execute("BEGIN")
+    alice.execute("COMMIT OFFSETS ON TOPIC t FOR CONSUMER c1 (PARTITION 0 FROM 2 UPTO 4)")
+    alice.execute("COMMIT")
+    assert admin.execute(committed).fetchone() == (1,)
+    admin.execute("COMMIT OFFSETS ON TOPIC t FOR CONSUMER c1 (PARTITION 0 FROM 1 UPTO 2)")
+    assert admin.execute(committed).fetchone() == (4,)
