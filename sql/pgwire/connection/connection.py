@@ -512,6 +512,8 @@ class Connection(ExtendedProtocol):
         session slot given back, its portals' bytes to the server's memory budget."""
         self.server.connections.pop(self.process_id, None)
         self.portals.release()
+        self.holdings.give(self.context.cursors.heap_bytes())  # its SQL cursors' rows
+        self.context.cursors.cursors.clear()
         self.server.memory_budget.leave(self.holdings)
         if self.has_slot:
             self.has_slot = False

@@ -62,6 +62,9 @@ class SqlCursor:
     binary: bool
     transaction: Any  # the engine Transaction it belongs to (None once held past it)
     position: int = 0
+    # Bytes of ``table`` in the process's heap (0 when memory-mapped from a spill file),
+    # held in the connection's ``ConnectionHoldings`` while the cursor lives.
+    heap_bytes: int = 0
 
 
 @dataclass(frozen=True)
@@ -213,14 +216,20 @@ class CursorSet:
         self.prune(session)
         return self.cursors.get(name)
 
-    def declare(self, session: Session, declare: Declare, table: pa.Table) -> Result:
-        """Keep ``table`` as the cursor ``declare.name`` (worker thread)."""
+    def declare(
+        self, session: Session, declare: Declare, table: pa.Table, heap_bytes: int = 0
+    ) -> Result:
+        """Keep ``table`` as the cursor ``declare.name``; ``heap_bytes`` of it in memory."""
         in_block = session.state is not SessionState.IDLE
         self.cursors[declare.name] = SqlCursor(
             declare.name, table, declare.scroll, declare.hold, declare.binary,
-            session.transaction if in_block else None,
+            session.transaction if in_block else None, heap_bytes=heap_bytes,
         )  # fmt: skip
         return Result("DECLARE CURSOR")
+
+    def heap_bytes(self) -> int:
+        """What the cursors kept hold in the heap (charged to the connection's holdings)."""
+        return sum(cursor.heap_bytes for cursor in self.cursors.values())
 
     def check_declare(self, session: Session, declare: Declare) -> None:
         """What must hold before the query of a DECLARE runs."""
