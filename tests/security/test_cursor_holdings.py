@@ -55,3 +55,9 @@ def test_a_cursor_of_an_ended_transaction_gives_its_bytes_back(tmp_path: Path) -
         alice.execute("COMMIT")
         alice.execute(_DECLARE.format("held"))  # the next cursor command prunes the ended ones
         assert budget.held_bytes == 0  # one ~1 MB cursor stays within the floor
+        # one Query of several statements: pruned at its end, on the connection's loop
+        alice.execute("CLOSE ALL")
+        declares = "; ".join(_DECLARE.format(n).replace(" WITH HOLD", "") for n in range(3))
+        alice.execute(f"BEGIN; {declares}; COMMIT")
+        assert budget.held_bytes == 0
+        alice.close()

@@ -150,29 +150,20 @@ async def run_cursor_command(context: CommandContext, text: str, parameters: Any
     """Run DECLARE, FETCH, MOVE or CLOSE; the result to send (rows for FETCH).
 
     The rows a cursor keeps in memory are held in the connection's share of the server's
-    memory budget (``context.holdings``) from its DECLARE until it is closed or pruned
-    (53200 past the share, nothing kept); ``Connection.close`` gives back the rest. Every
-    take and give happens here, on the connection's loop."""
+    memory budget (``CursorSet.holdings``) from its DECLARE until it is dropped (53200
+    past the share, nothing kept); the set is changed on the connection's loop only."""
     session = context.session
     command = cursors.parse_cursor_command(text)
     cursor_set_ = context.cursors
-    held = cursor_set_.heap_bytes()
-    try:
-        cursor_set_.prune(session)
-        if isinstance(command, cursors.Declare):
-            cursor_set_.check_declare(session, command)
-            query = _parse_query(command.query)
-            rows, heap_bytes = await context.call(_declare, context, query, parameters)
-            context.holdings.take(heap_bytes, "a cursor's rows")
-            held += heap_bytes
-            return cursor_set_.declare(session, command, rows, heap_bytes)
-        if isinstance(command, cursors.Close):
-            return cursor_set_.close(session, command)
-        return await context.call(cursor_set_.fetch, session, command)
-    finally:
-        freed = held - cursor_set_.heap_bytes()
-        if freed:
-            context.holdings.give(freed)
+    cursor_set_.prune(session)
+    if isinstance(command, cursors.Declare):
+        cursor_set_.check_declare(session, command)
+        query = _parse_query(command.query)
+        rows, heap_bytes = await context.call(_declare, context, query, parameters)
+        return cursor_set_.declare(session, command, rows, heap_bytes)
+    if isinstance(command, cursors.Close):
+        return cursor_set_.close(session, command)
+    return await context.call(cursor_set_.fetch, session, command)
 
 
 def _declare(context: CommandContext, query: ast.Statement, parameters: Any
