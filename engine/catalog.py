@@ -283,17 +283,24 @@ class CatalogStore:
                         self._pending[key] = [r for r in pending if r[1] > offset]
 
     def plan_ranges(
-        self, ranges: dict[OffsetKey, tuple[int | None, int]]
-    ) -> dict[OffsetKey, int]:
+        self,
+        ranges: dict[OffsetKey, tuple[int | None, int]],
+        own: dict[OffsetKey, list[tuple[int, int]]],
+    ) -> tuple[dict[OffsetKey, int], dict[OffsetKey, list[tuple[int, int]]]]:
         """Offset moves for ranges committed in any order (YDB's CommitOffset).
 
-        A range ``[start, end)`` (``start`` None: from the committed offset)
-        is remembered until the committed offset reaches it; the committed
-        offset then advances over the gap-free prefix of remembered ranges.
-        Returns the moves; the caller commits them and calls ``apply_offsets``.
+        A range ``[start, end)`` (``start`` None: from the committed offset) is remembered
+        until the committed offset reaches it; the committed offset then advances over the
+        gap-free prefix of the remembered ranges (the catalog's, committed, and ``own``:
+        the calling transaction's earlier ones). Returns the moves and, per key, the
+        transaction's ranges still ahead of where its move leaves the offset. Nothing is
+        stored here: the caller commits the moves (then ``apply_offsets``) and, once its
+        transaction committed, hands the ranges to ``remember_ranges``; a rollback drops
+        them. 54000 past ``PENDING_RANGES_MAX`` ranges of one key, before anything changes.
         """
         with self.lock:
             moves: dict[OffsetKey, int] = {}
+            ahead: dict[OffsetKey, list[tuple[int, int]]] = {}
             for key, (start, end) in ranges.items():
                 committed = self._offsets.get(key, 0)
                 begin = committed if start is None else start
@@ -301,19 +308,32 @@ class CatalogStore:
                     raise InvalidParameterValueError(
                         f"offset range [{begin}, {end}) of partition {key[2]} is empty or reversed"
                     )
-                pending = sorted([*self._pending.get(key, []), (begin, end)])
+                mine = [*own.get(key, []), (begin, end)]
+                pending = sorted([*self._pending.get(key, []), *mine])
                 position = committed
                 for range_start, range_end in pending:
                     if range_start <= position < range_end:
                         position = range_end
-                self._pending[key] = [r for r in pending if r[1] > position]
-                if len(self._pending[key]) > limits.PENDING_RANGES_MAX:
+                if sum(1 for r in pending if r[1] > position) > limits.PENDING_RANGES_MAX:
                     raise LimitExceededError(
                         f"more than {limits.PENDING_RANGES_MAX} uncommitted offset ranges"
                     )
+                ahead[key] = [r for r in mine if r[1] > position]
                 if position != committed:
                     moves[key] = position
-            return moves
+            return moves, ahead
+
+    def remember_ranges(self, ranges: dict[OffsetKey, list[tuple[int, int]]]) -> None:
+        """Keep a committed transaction's ranges that its moves did not reach (see
+        ``plan_ranges``), for a later COMMIT OFFSETS that fills the gap before them."""
+        with self.lock:
+            for key, added in ranges.items():
+                committed = self._offsets.get(key, 0)
+                kept = sorted(r for r in [*self._pending.get(key, []), *added] if r[1] > committed)
+                if kept:
+                    self._pending[key] = kept
+                else:
+                    self._pending.pop(key, None)
 
 
 def _forget_object(cursor: tables.Connection, namespace: str, name: str) -> None:

@@ -36,7 +36,7 @@ from __future__ import annotations
 
 from engine.protocols import TopicSource
 from engine.transaction import ReadRange, Transaction
-from planner.operations import SetConsumerOffsets
+from planner.operations import CommitConsumerOffsets, SetConsumerOffsets
 from storage.errors import InvalidParameterValueError, ObjectInUseError
 
 
@@ -102,3 +102,23 @@ def _move(
     # basis), but the offset now goes to ``offset``, and a later read continues there.
     read.start = min(read.start, offset)
     read.end = offset
+
+
+def check_commit_ranges(database: TopicSource, operation: CommitConsumerOffsets) -> None:
+    """Refuse (22023) a ``COMMIT OFFSETS`` range ending past its partition's end.
+
+    Such a range would set the committed offset ahead of every message written so far:
+    the consumer would silently skip the messages written up to it (lag shown as 0),
+    an important consumer would stop holding them against retention, and a range kept
+    pending past the end would do the same later. Ends only grow, so a range within
+    the end now stays within it at COMMIT. Explicit ``SET OFFSETS`` refuses the same."""
+    topic = database.topic_log(operation.topic_id)
+    with database.publish_lock:
+        ends = {p: topic.partition(p).end_offset for p, _, _ in operation.ranges}
+    for partition_id, _, range_end in operation.ranges:
+        end = ends[partition_id]
+        if range_end > end:
+            raise InvalidParameterValueError(
+                f"offset range of partition {partition_id} ends at {range_end}, past the "
+                f'partition\'s end ({end}); topic "{operation.topic}" holds offsets below {end}'
+            )

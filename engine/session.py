@@ -60,7 +60,7 @@ from engine.interrupts import sigint_deferred
 from engine.kept_plans import KeptPlans
 from engine.lookup_plans import KeptLookupPlans
 from engine.moved_refs import MovedRange, MovedSource, moved_batch
-from engine.offset_reset import set_consumer_offsets
+from engine.offset_reset import check_commit_ranges, set_consumer_offsets
 from engine.reads import CURRENT_PROGRESS, ReadProgress, read_records, stream_records
 from engine.result import Result, Rows
 from engine.staged_writes import TransactionStaging
@@ -1413,13 +1413,15 @@ class Session:
         return Result(f"INSERT 0 {written}", table)
 
     def _commit_offsets(self, operation: CommitConsumerOffsets) -> Result:
+        check_commit_ranges(self.database, operation)
         ranges = {
             (operation.topic_id, operation.consumer, partition): (start, end)
             for partition, start, end in operation.ranges
         }
-        moves = self.database.catalog.plan_ranges(ranges)
         assert self.transaction is not None
+        moves, ahead = self.database.catalog.plan_ranges(ranges, self.transaction.offset_ranges)
         self.transaction.offset_moves.update(moves)
+        self.transaction.offset_ranges.update(ahead)
         return Result(f"COMMIT OFFSETS {len(moves)}")
 
     # -- commit and rollback -----------------------------------------------------------------
@@ -1571,6 +1573,8 @@ class Session:
         if self.state is not SessionState.IDLE:
             self.database.open_transactions -= 1
         if self.transaction is not None:
+            if self.transaction.committed and self.transaction.offset_ranges:
+                self.database.catalog.remember_ranges(self.transaction.offset_ranges)
             self.transaction.release()  # staged bytes back, spill file deleted
             self._end_deltas(self.transaction)
         self.transaction = None

@@ -103,6 +103,10 @@ class Transaction:
     leases: dict[ReadKey, Any] = field(default_factory=dict)
     # Offset moves of explicit COMMIT OFFSETS statements, committed with the transaction.
     offset_moves: dict[ReadKey, int] = field(default_factory=dict)
+    # Ranges of those statements the committed offset has not reached yet: remembered by
+    # the catalog (``Catalog.remember_ranges``) only when the transaction commits, so a
+    # rolled-back or failed COMMIT OFFSETS moves nothing later.
+    offset_ranges: dict[ReadKey, list[tuple[int, int]]] = field(default_factory=dict)
     # A DuckDB transaction is open on the session's connection for this transaction: an
     # explicit one's from its first statement that needed DuckDB (``Session.cursor``; BEGIN
     # opens none), an autocommit statement's when it wrote catalog rows or its commit

@@ -44,6 +44,19 @@ def check_consumer_name(name: str, position: SourcePosition | None = None) -> No
         )
 
 
+def check_member_name(name: str) -> None:
+    """A consumer member's name (read option ``member``): as long as a consumer name may be.
+
+    Members' names are kept in memory (their leases; where each member's last poll
+    stopped, up to ``ROUND_ROBIN_POSITIONS_MAX`` of them, long after the member left), so an
+    unbounded name let one user hold any amount of memory with one read a name."""
+    _check_common_name("member", name, None)
+    if len(name.encode()) > NAME_COMPONENT_BYTES_MAX:
+        raise InvalidNameError(
+            f'member name "{name[:64]}..." is longer than {NAME_COMPONENT_BYTES_MAX} bytes'
+        )
+
+
 def _check_common_name(what: str, name: str, position: SourcePosition | None) -> None:
     if not name:
         raise _name_error(f"{what} name is empty", position)

@@ -61,6 +61,7 @@ from datetime import UTC, datetime, timedelta
 from enum import Enum
 
 from grammar.ast import Parameter, SourcePosition, Value
+from grammar.names import check_member_name
 from grammar.split import SourceText, parse_point_in_time
 from storage import limits
 from storage.errors import (
@@ -350,6 +351,8 @@ def validate_read_options(pairs: SettingPairs) -> dict[str, Value]:
         raise InvalidParameterValueError(
             'read option "member" needs a "consumer" to join', setting="member"
         )
+    if isinstance(options.get("member"), str):
+        check_member_name(options["member"])
     return options
 
 

@@ -202,7 +202,7 @@ class ConnectionHoldings:
             if over > self.budget.share_max:
                 raise MemoryBudgetExceededError(
                     f"out of memory: {what} of {nbytes} bytes would take what this "
-                    f"connection holds in COPY data and bound parameters to {held} bytes, "
+                    f"connection holds in COPY data, bound parameters and cursors to {held} bytes, "
                     f"past its share of {self.floor + self.budget.share_max} bytes (a "
                     f"1/{WIRE_HELD_SHARE_DIVISOR} share of the server's limit of "
                     f"{self.budget.bytes_max} bytes beyond {self.floor} of its own); "

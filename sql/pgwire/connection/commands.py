@@ -19,6 +19,8 @@ import asyncio
 import re
 from typing import Any
 
+import pyarrow as pa
+
 from engine.api import Result, SessionState, ast, parse, split_statements
 from sql.pgwire.codec import messages as m
 from sql.pgwire.codec import wire_types
@@ -145,7 +147,11 @@ def _refuse_in_failed_transaction(context: CommandContext) -> None:
 
 # -- cursors (both protocols) -----------------------------------------------------------------
 async def run_cursor_command(context: CommandContext, text: str, parameters: Any) -> Result:
-    """Run DECLARE, FETCH, MOVE or CLOSE; the result to send (rows for FETCH)."""
+    """Run DECLARE, FETCH, MOVE or CLOSE; the result to send (rows for FETCH).
+
+    The rows a cursor keeps in memory are held in the connection's share of the server's
+    memory budget (``CursorSet.holdings``) from its DECLARE until it is dropped (53200
+    past the share, nothing kept); the set is changed on the connection's loop only."""
     session = context.session
     command = cursors.parse_cursor_command(text)
     cursor_set_ = context.cursors
@@ -153,22 +159,22 @@ async def run_cursor_command(context: CommandContext, text: str, parameters: Any
     if isinstance(command, cursors.Declare):
         cursor_set_.check_declare(session, command)
         query = _parse_query(command.query)
-        return await context.call(_declare, context, cursor_set_, command, query,
-                                  parameters)  # fmt: skip
+        rows, heap_bytes = await context.call(_declare, context, query, parameters)
+        return cursor_set_.declare(session, command, rows, heap_bytes)
     if isinstance(command, cursors.Close):
-        return await context.call(cursor_set_.close, session, command)
+        return cursor_set_.close(session, command)
     return await context.call(cursor_set_.fetch, session, command)
 
 
-def _declare(context: CommandContext, cursor_set_: cursors.CursorSet, command: cursors.Declare,
-             query: ast.Statement, parameters: Any) -> Result:  # fmt: skip
-    """Run the query of a DECLARE and keep its rows (worker thread): read in batches, each
-    within the result limit, and spilled to a file once large (``spill``)."""
+def _declare(context: CommandContext, query: ast.Statement, parameters: Any
+             ) -> tuple[pa.Table, int]:  # fmt: skip
+    """Run the query of a DECLARE and collect its rows (worker thread): read in batches, each
+    within the result limit, and spilled to a file once large (``spill``); the rows and
+    their bytes in the heap."""
     stream = result_stream.open_stream(
         context, query, parameters,
         SqlSyntaxError("DECLARE CURSOR needs a query that returns rows"))  # fmt: skip
-    rows = spill.collect(stream)
-    return cursor_set_.declare(context.session, command, rows)
+    return spill.collect_counted(stream)
 
 
 def _parse_query(query: str) -> ast.Statement:

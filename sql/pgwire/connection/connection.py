@@ -350,6 +350,7 @@ class Connection(ExtendedProtocol):
             ready_for_query=self.ready_for_query, drain=lambda: self.writer.drain(),
             send_views=self.send_views, holdings=self.holdings,
         )  # fmt: skip
+        self.context.cursors.holdings = self.holdings
 
     async def call(self, function: Callable[..., Any], *arguments: Any) -> Any:
         """Run ``function`` where the connection's engine calls run: inline once the
@@ -512,6 +513,7 @@ class Connection(ExtendedProtocol):
         session slot given back, its portals' bytes to the server's memory budget."""
         self.server.connections.pop(self.process_id, None)
         self.portals.release()
+        self.context.cursors.release()  # its SQL cursors' rows, given back too
         self.server.memory_budget.leave(self.holdings)
         if self.has_slot:
             self.has_slot = False

@@ -29,7 +29,7 @@ a transaction block, 55000 backward move on a NO SCROLL cursor.
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import pyarrow as pa
 
@@ -52,6 +52,9 @@ from storage.errors import (
 )
 from storage.limits import CURSORS_PER_CONNECTION_MAX
 
+if TYPE_CHECKING:
+    from sql.pgwire.memory_budget import ConnectionHoldings
+
 
 @dataclass
 class SqlCursor:
@@ -62,6 +65,9 @@ class SqlCursor:
     binary: bool
     transaction: Any  # the engine Transaction it belongs to (None once held past it)
     position: int = 0
+    # Bytes of ``table`` in the process's heap (0 when memory-mapped from a spill file),
+    # held in the connection's ``ConnectionHoldings`` while the cursor lives.
+    heap_bytes: int = 0
 
 
 @dataclass(frozen=True)
@@ -190,6 +196,11 @@ class CursorSet:
     """The SQL cursors of one connection, by name."""
 
     cursors: dict[str, SqlCursor] = field(default_factory=dict)
+    # The connection's holdings (``sql.pgwire.memory_budget``): each cursor's heap bytes are
+    # taken there when it is kept and given back when it is dropped (``_drop``, the one
+    # place a cursor is forgotten). Used on the connection's loop only: FETCH (on the
+    # worker thread) looks up without pruning, the loop having pruned just before.
+    holdings: ConnectionHoldings | None = None
 
     def prune(self, session: Session) -> None:
         """Forget the cursors whose transaction has ended, but those WITH HOLD of a
@@ -200,10 +211,23 @@ class CursorSet:
             if cursor.hold and cursor.transaction.committed:
                 cursor.transaction = None
             else:
-                del self.cursors[name]
+                self._drop(name)
+
+    def _drop(self, name: str) -> None:
+        cursor = self.cursors.pop(name)
+        if cursor.heap_bytes and self.holdings is not None:
+            self.holdings.give(cursor.heap_bytes)
+
+    def release(self) -> None:
+        """Drop every cursor (the connection ends)."""
+        for name in list(self.cursors):
+            self._drop(name)
 
     def get(self, name: str, session: Session) -> SqlCursor:
         self.prune(session)
+        return self._lookup(name)
+
+    def _lookup(self, name: str) -> SqlCursor:
         cursor = self.cursors.get(name)
         if cursor is None:
             raise UndefinedCursorError(f'cursor "{name}" does not exist')
@@ -213,12 +237,17 @@ class CursorSet:
         self.prune(session)
         return self.cursors.get(name)
 
-    def declare(self, session: Session, declare: Declare, table: pa.Table) -> Result:
-        """Keep ``table`` as the cursor ``declare.name`` (worker thread)."""
+    def declare(
+        self, session: Session, declare: Declare, table: pa.Table, heap_bytes: int = 0
+    ) -> Result:
+        """Keep ``table`` as the cursor ``declare.name``; ``heap_bytes`` of it in memory,
+        taken from the holdings first (53200 past the connection's share: not kept)."""
+        if heap_bytes and self.holdings is not None:
+            self.holdings.take(heap_bytes, "a cursor's rows")
         in_block = session.state is not SessionState.IDLE
         self.cursors[declare.name] = SqlCursor(
             declare.name, table, declare.scroll, declare.hold, declare.binary,
-            session.transaction if in_block else None,
+            session.transaction if in_block else None, heap_bytes=heap_bytes,
         )  # fmt: skip
         return Result("DECLARE CURSOR")
 
@@ -240,11 +269,11 @@ class CursorSet:
             self.get(close.name, session)
         names = list(self.cursors) if close.name is None else [close.name]
         for name in names:
-            del self.cursors[name]
+            self._drop(name)
         return Result("CLOSE CURSOR")
 
     def fetch(self, session: Session, fetch: Fetch) -> Result:
-        cursor = self.get(fetch.name, session)
+        cursor = self._lookup(fetch.name)  # pruned by the caller, on the loop
         rows, count = _walk(cursor, fetch)
         if fetch.move:
             return Result(f"MOVE {count}")

@@ -29,6 +29,11 @@ SPILL_PREFIX = "topicbase-cursor-"
 
 def collect(stream: ResultStream, spill_bytes: int = SPILL_BYTES) -> pa.Table:
     """All rows of ``stream``: in memory if small, else memory-mapped from a spill file."""
+    return collect_counted(stream, spill_bytes)[0]
+
+
+def collect_counted(stream: ResultStream, spill_bytes: int = SPILL_BYTES) -> tuple[pa.Table, int]:
+    """``collect``, and the bytes of the table in the heap (0 if memory-mapped)."""
     held: list[pa.Table] = []
     held_bytes = 0
     writer: pa.ipc.RecordBatchFileWriter | None = None
@@ -48,11 +53,12 @@ def collect(stream: ResultStream, spill_bytes: int = SPILL_BYTES) -> pa.Table:
                     writer.write_table(table)
                 held, held_bytes = [], 0
         if writer is None:
-            return pa.concat_tables(held) if held else stream.schema.empty_table()
+            table = pa.concat_tables(held) if held else stream.schema.empty_table()
+            return table, table.nbytes
         writer.close()
         writer = None
         assert path is not None
-        return pa.ipc.open_file(pa.memory_map(path)).read_all()
+        return pa.ipc.open_file(pa.memory_map(path)).read_all(), 0
     finally:
         stream.close()
         if writer is not None:

@@ -78,6 +78,7 @@ _SET = re.compile(
     r"^\s*SET\s+(?:(SESSION|LOCAL)\s+(?!CHARACTERISTICS|AUTHORIZATION))?(.+?)\s*;?\s*$",
     re.IGNORECASE | re.DOTALL,
 )
+_PARAMETER = re.compile(r"\$\d+")
 _SET_NAMED = re.compile(
     r"^([A-Za-z_][\w.]*)\s*(?:=|\s+TO\s+|\s+)\s*(.+)$", re.IGNORECASE | re.DOTALL
 )
@@ -486,6 +487,10 @@ def _value_text(raw: str) -> str:
         if match is None or match.end() == position:
             raise SqlSyntaxError(f'syntax error in SET value "{raw.strip()}"')
         token = match.group(1)
+        if _PARAMETER.fullmatch(token):
+            # PostgreSQL's SET takes no bound parameter (42601): storing the text "$1"
+            # would make the client believe its value was set.
+            raise SqlSyntaxError(f'syntax error at or near "{token}"')
         if token.startswith("'"):
             token = token[1:-1].replace("''", "'")
         elif token.startswith('"'):
