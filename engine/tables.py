@@ -518,17 +518,23 @@ def expression_function_names() -> frozenset[str]:
     return _function_names()[1]
 
 
+def _builtin_catalog_rows(sql: str) -> list[tuple[Any, ...]]:
+    """The rows of ``sql`` (a query of DuckDB's own catalog functions) on a new empty
+    in-memory database, closed after: what DuckDB has built in, whatever the session."""
+    connection = connect(":memory:", memory_limit_bytes=_PARSER_MEMORY_BYTES)
+    try:
+        return connection.execute(sql).fetchall()
+    finally:
+        connection.close()
+
+
 @functools.cache
 def builtin_view_queries() -> tuple[tuple[str, str], ...]:
     """(name in lower case, defining SQL) of every view DuckDB has built in
     (``duckdb_logs``, ``pg_catalog.pg_database`` …): the sandbox looks at what they call."""
-    connection = connect(":memory:", memory_limit_bytes=_PARSER_MEMORY_BYTES)
-    try:
-        rows = connection.execute(
-            "SELECT lower(view_name), sql FROM duckdb_views() WHERE internal"
-        ).fetchall()
-    finally:
-        connection.close()
+    rows = _builtin_catalog_rows(
+        "SELECT lower(view_name), sql FROM duckdb_views() WHERE internal"
+    )
     return tuple((str(name), str(sql)) for name, sql in rows)
 
 
@@ -536,14 +542,10 @@ def builtin_view_queries() -> tuple[tuple[str, str], ...]:
 def builtin_scalar_macros() -> tuple[tuple[str, str], ...]:
     """(name in lower case, body) of every scalar macro DuckDB has built in
     (``get_block_size`` …): the sandbox looks at what they call."""
-    connection = connect(":memory:", memory_limit_bytes=_PARSER_MEMORY_BYTES)
-    try:
-        rows = connection.execute(
-            "SELECT DISTINCT lower(function_name), macro_definition FROM duckdb_functions() "
-            "WHERE internal AND function_type = 'macro' AND macro_definition IS NOT NULL"
-        ).fetchall()
-    finally:
-        connection.close()
+    rows = _builtin_catalog_rows(
+        "SELECT DISTINCT lower(function_name), macro_definition FROM duckdb_functions() "
+        "WHERE internal AND function_type = 'macro' AND macro_definition IS NOT NULL"
+    )
     return tuple((str(name), str(body)) for name, body in rows)
 
 
@@ -551,13 +553,9 @@ def builtin_scalar_macros() -> tuple[tuple[str, str], ...]:
 def reserved_keywords() -> frozenset[str]:
     """DuckDB's reserved keywords in lower case (``AS``, ``AND``, ``FROM`` …): none of
     them names a column or an alias unless quoted."""
-    connection = connect(":memory:", memory_limit_bytes=_PARSER_MEMORY_BYTES)
-    try:
-        rows = connection.execute(
-            "SELECT keyword_name FROM duckdb_keywords() WHERE keyword_category = 'reserved'"
-        ).fetchall()
-    finally:
-        connection.close()
+    rows = _builtin_catalog_rows(
+        "SELECT keyword_name FROM duckdb_keywords() WHERE keyword_category = 'reserved'"
+    )
     return frozenset(str(row[0]).lower() for row in rows)
 
 
@@ -565,28 +563,20 @@ def reserved_keywords() -> frozenset[str]:
 def builtin_macro_definitions() -> tuple[tuple[str, tuple[str, ...], str], ...]:
     """(name in lower case, parameter names, body) of every overload of DuckDB's built-in
     scalar macros: the sandbox counts what a call of one copies."""
-    connection = connect(":memory:", memory_limit_bytes=_PARSER_MEMORY_BYTES)
-    try:
-        rows = connection.execute(
-            "SELECT lower(function_name), parameters, macro_definition FROM duckdb_functions() "
-            "WHERE internal AND function_type = 'macro' AND macro_definition IS NOT NULL"
-        ).fetchall()
-    finally:
-        connection.close()
+    rows = _builtin_catalog_rows(
+        "SELECT lower(function_name), parameters, macro_definition FROM duckdb_functions() "
+        "WHERE internal AND function_type = 'macro' AND macro_definition IS NOT NULL"
+    )
     return tuple((str(name), tuple(map(str, parameters or ())), str(body))
                  for name, parameters, body in rows)  # fmt: skip
 
 
 @functools.cache
 def _function_names() -> tuple[frozenset[str], frozenset[str]]:
-    connection = connect(":memory:", memory_limit_bytes=_PARSER_MEMORY_BYTES)
-    try:
-        rows = connection.execute(
-            "SELECT DISTINCT lower(function_name), function_type IN ('table', 'table_macro') "
-            "FROM duckdb_functions() WHERE function_type <> 'pragma'"
-        ).fetchall()
-    finally:
-        connection.close()
+    rows = _builtin_catalog_rows(
+        "SELECT DISTINCT lower(function_name), function_type IN ('table', 'table_macro') "
+        "FROM duckdb_functions() WHERE function_type <> 'pragma'"
+    )
     return (
         frozenset(str(name) for name, is_table in rows if is_table),
         frozenset(str(name) for name, is_table in rows if not is_table),

@@ -18,6 +18,7 @@ import psycopg
 import pytest
 
 from engine.check import check_database
+from engine.database import Database
 from sql.pgwire import users
 from sql.pgwire.server import ServerThread
 from storage.check_report import CheckReport
@@ -71,3 +72,12 @@ def wire_server(tmp_path: Path) -> Iterator[WireServer]:
         yield running
     finally:
         running.stop()
+
+
+@pytest.fixture
+def database(tmp_path: Path) -> Iterator[Database]:
+    """An embedded database (no retention thread), closed after the test; a test file's
+    own ``database`` fixture takes its place there."""
+    database = Database.open(str(tmp_path / "data"), retention_interval_s=None)
+    yield database
+    database.close()

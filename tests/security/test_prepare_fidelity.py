@@ -34,13 +34,6 @@ logging.getLogger("sqlglot").setLevel(logging.CRITICAL)
 
 
 @pytest.fixture
-def database(tmp_path: Path) -> Iterator[Database]:
-    database = Database.open(str(tmp_path / "data"), retention_interval_s=None)
-    yield database
-    database.close()
-
-
-@pytest.fixture
 def admin(database: Database) -> Iterator[Session]:
     session = database.connect()
     session.execute("CREATE TABLE t (k INTEGER PRIMARY KEY, v TEXT)")

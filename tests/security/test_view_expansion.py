@@ -8,7 +8,6 @@ from __future__ import annotations
 
 import time
 from collections.abc import Iterator
-from pathlib import Path
 
 import pytest
 
@@ -17,13 +16,6 @@ from engine.identity import Identity
 from engine.session import Session
 from storage import limits
 from storage.errors import LimitExceededError
-
-
-@pytest.fixture
-def database(tmp_path: Path) -> Iterator[Database]:
-    database = Database.open(str(tmp_path / "data"), retention_interval_s=None)
-    yield database
-    database.close()
 
 
 @pytest.fixture
