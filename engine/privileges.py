@@ -39,7 +39,7 @@ from planner.access import (
     relation_access,
     view_reads,
 )
-from planner.alias_expansion import MacroCost
+from planner.alias_expansion import MacroCost, token_name
 from planner.operations import (
     AlterTopicEntry,
     AppendRecords,
@@ -623,17 +623,10 @@ def _call_names(sql: str) -> frozenset[str]:
     """The names in ``sql`` that may call a macro (``_require_macro_reads``), lower case."""
     tokens = tables.sql_tokens(sql)
     return frozenset(
-        _token_name(token.text) for at, token in enumerate(tokens)
+        token_name(token.text) for at, token in enumerate(tokens)
         if token.kind in ("keyword", "operator")
         or (token.kind == "identifier" and at + 1 < len(tokens) and tokens[at + 1].text == "(")
     )  # fmt: skip
-
-
-def _token_name(text: str) -> str:
-    """What a token names, as DuckDB looks functions up (without case)."""
-    if text[:1] == '"' and text[-1:] == '"':
-        text = text[1:-1].replace('""', '"')
-    return text.lower()
 
 
 def _user_macros(session: Any) -> dict[str, tuple[str | None, ...]]:
@@ -811,7 +804,7 @@ def _require_sequences(session: Any, user: str, sql: str) -> None:
         return
     tokens = tables.sql_tokens(sql)
     for at, token in enumerate(tokens[:-1]):
-        function = _token_name(token.text)
+        function = token_name(token.text)
         if function not in _SEQUENCE_FUNCTIONS or tokens[at + 1].text != "(":
             continue
         argument = tokens[at + 2] if at + 2 < len(tokens) else None

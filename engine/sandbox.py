@@ -76,7 +76,14 @@ from engine import tables
 from engine.catalog import SCHEMA as INTERNAL_SCHEMA
 from engine.identity import Identity
 from grammar.text_cache import text_cache
-from planner.alias_expansion import MacroCost, MacroCosts, alias_copies, call_copies, macro_cost
+from planner.alias_expansion import (
+    MacroCost,
+    MacroCosts,
+    alias_copies,
+    call_copies,
+    macro_cost,
+    token_name,
+)
 from planner.duckdb_sql import parse_duckdb
 from planner.nested_writes import REFUSAL as NESTED_WRITES_REFUSAL
 from planner.operations import Plan, RunQuery
@@ -232,7 +239,7 @@ def refuse_expansion(sql: str, tokens: list[tables.SqlToken], macros: MacroCosts
 def _calls_one_of(tokens: list[tables.SqlToken], macros: MacroCosts) -> bool:
     """Whether a name in ``macros`` stands right before ``(`` among ``tokens``."""
     return any(
-        token.text == "(" and at and _identifier(tokens[at - 1].text) in macros
+        token.text == "(" and at and token_name(tokens[at - 1].text) in macros
         for at, token in enumerate(tokens)
     )
 
@@ -282,7 +289,7 @@ def _names_an_alias_again(tokens: list[tables.SqlToken]) -> bool:
     for index, token in enumerate(tokens):
         if token.kind not in ("identifier", "keyword"):
             continue
-        name = _identifier(token.text)
+        name = token_name(token.text)
         seen[name] = seen.get(name, 0) + 1
         before = tokens[index - 1] if index else None
         after = tokens[index + 1].text if index + 1 < len(tokens) else ""
@@ -298,8 +305,8 @@ def _may_end_expression_or_alias(token: tables.SqlToken) -> bool:
     ``[1] a``, ``{'k': 1} a``, ``NULL a``; not after SELECT, FROM, AND …)."""
     if token.text.upper() == "AS" or token.text in (")", "]", "}"):
         return True
-    if token.kind == "keyword" and _identifier(token.text) in tables.reserved_keywords():
-        return _identifier(token.text) in _RESERVED_ENDING_VALUES  # not SELECT, FROM, AND …
+    if token.kind == "keyword" and token_name(token.text) in tables.reserved_keywords():
+        return token_name(token.text) in _RESERVED_ENDING_VALUES  # not SELECT, FROM, AND …
     return token.kind in _VALUE_KINDS
 
 
@@ -337,7 +344,7 @@ def _token_refusal(sql: str, tokens: list[tables.SqlToken]) -> str | None:
     for index, token in enumerate(tokens):
         if token.kind not in ("identifier", "keyword"):
             continue
-        name = _identifier(token.text)
+        name = token_name(token.text)
         if name == INTERNAL_SCHEMA:
             return _internal_schema_refusal()
         called = index + 1 < len(tokens) and tokens[index + 1].text == "("
@@ -347,7 +354,7 @@ def _token_refusal(sql: str, tokens: list[tables.SqlToken]) -> str | None:
             continue
         calls = sum(
             1 for at, other in enumerate(tokens[:-1])
-            if tokens[at + 1].text == "(" and _identifier(other.text) == name
+            if tokens[at + 1].text == "(" and token_name(other.text) == name
         )
         if name not in ambiguous or _called_as_relation(sql, name, calls):
             return _function_refusal(name)
@@ -366,7 +373,7 @@ def _settings_read_refusal(sql: str, tokens: list[tables.SqlToken]) -> str | Non
     for index, token in enumerate(tokens):
         if token.kind not in ("identifier", "keyword"):
             continue
-        name = _identifier(token.text)
+        name = token_name(token.text)
         if name in views:
             named_view = name
         if (name in SUPERUSER_SETTINGS_READERS and index + 1 < len(tokens)
@@ -404,13 +411,6 @@ def _called_as_relation(sql: str, name: str, calls: int) -> bool:
                 return True
             parent = parent.parent
     return False
-
-
-def _identifier(text: str) -> str:
-    """What an identifier token names, as DuckDB compares names (ASCII case-insensitive)."""
-    if text[:1] == '"' and text[-1:] == '"':
-        text = text[1:-1].replace('""', '"')
-    return text.lower()
 
 
 def _names_a_relation(tokens: list[tables.SqlToken], index: int) -> bool:
@@ -480,7 +480,7 @@ def _calls_any(sql: str, functions: frozenset[str]) -> bool:
     """Whether ``sql`` calls one of ``functions`` (a name token followed by ``(``)."""
     tokens = tables.sql_tokens(sql)
     return any(
-        _identifier(token.text) in functions and tokens[at + 1].text == "("
+        token_name(token.text) in functions and tokens[at + 1].text == "("
         for at, token in enumerate(tokens[:-1])
         if token.kind in ("identifier", "keyword")
     )
@@ -577,7 +577,7 @@ def _check_set(sql: str, tokens: list[tables.SqlToken], superuser: bool) -> str 
     value = assignment.expression
     if not isinstance(value, exp.Literal | exp.Var | exp.Column | exp.Identifier):
         return f"SET {name} takes a schema name or a list of them"
-    if any(_identifier(part.strip()) == INTERNAL_SCHEMA
+    if any(token_name(part.strip()) == INTERNAL_SCHEMA
            for entry in value.name.split(",") for part in entry.split(".")):  # fmt: skip
         return _internal_schema_refusal()
     return None
@@ -600,7 +600,7 @@ def _check_pragma(sql: str, tokens: list[tables.SqlToken], superuser: bool) -> s
         return f"PRAGMA {name or '?'} changes DuckDB's state or reaches files; not allowed"
     for literal in tree.find_all(exp.Literal):
         if literal.is_string and any(
-            _identifier(part.strip()) == INTERNAL_SCHEMA for part in literal.name.split(".")
+            token_name(part.strip()) == INTERNAL_SCHEMA for part in literal.name.split(".")
         ):
             return _internal_schema_refusal()
     return None
@@ -649,7 +649,7 @@ def _check_execute(sql: str, tokens: list[tables.SqlToken], superuser: bool) -> 
         token = tokens[at]
         if token.kind not in ("identifier", "keyword"):
             continue
-        word = _identifier(token.text)
+        word = token_name(token.text)
         before = tokens[at - 1].text.upper()
         after = tokens[at + 1] if at + 1 < len(tokens) else None
         if word in _EXECUTE_ARGUMENT_WORDS or before in ("::", "AS"):
@@ -669,7 +669,7 @@ def _invalidating_call(tokens: list[tables.SqlToken]) -> str | None:
     for at in range(2, len(tokens) - 1):
         token = tokens[at]
         if (token.kind in ("identifier", "keyword") and tokens[at + 1].text == "("
-                and _identifier(token.text) in _INVALIDATING_IN_EXECUTE):  # fmt: skip
+                and token_name(token.text) in _INVALIDATING_IN_EXECUTE):  # fmt: skip
             return (
                 f"EXECUTE's arguments cannot call {token.text} (DuckDB would invalidate the "
                 "database): call it in the prepared statement, or SELECT it first"

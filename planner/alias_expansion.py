@@ -156,7 +156,7 @@ def _expanded(tokens: list[Token], macros: MacroCosts, weight: Callable[[Token],
             name = tokens[at - 1] if at else None
             cost = None
             if name is not None and name.kind in ("identifier", "keyword"):
-                cost = macros.get(_name(name.text))
+                cost = macros.get(token_name(name.text))
             frames.append((cost, total))
             total = weight(token)
         elif token.text == ")" and frames:
@@ -173,8 +173,9 @@ def _expanded(tokens: list[Token], macros: MacroCosts, weight: Callable[[Token],
     return total
 
 
-def _name(text: str) -> str:
-    """What a token names, as DuckDB looks functions up (without case, quotes off)."""
+def token_name(text: str) -> str:
+    """What an identifier token names, as DuckDB compares names and looks functions up:
+    ASCII case-insensitive, a quoted identifier's quotes off (``""`` inside is one ``"``)."""
     if text[:1] == '"' and text[-1:] == '"':
         text = text[1:-1].replace('""', '"')
     return text.lower()
@@ -188,10 +189,10 @@ def macro_cost(body_tokens: list[Token], parameters: Iterable[str], macros: Macr
     body = _expanded(body_tokens, macros, _one, bodies=True)
     uses = 1
     for parameter in parameters:
-        wanted = _name(parameter)
+        wanted = token_name(parameter)
 
         def weight(token: Token, wanted: str = wanted) -> int:
-            return int(token.kind in ("identifier", "keyword") and _name(token.text) == wanted)
+            return int(token.kind in ("identifier", "keyword") and token_name(token.text) == wanted)
 
         uses = max(uses, _expanded(body_tokens, macros, weight, bodies=False))
     return MacroCost(body, uses)
