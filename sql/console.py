@@ -107,7 +107,7 @@ class _InOrder(argparse.Action):
 
 SUBCOMMANDS_HELP = """commands (each has its own --help):
   topicbase serve [--data-dir DIR] [--port N] ...   the PostgreSQL-wire server
-  topicbase user add NAME [--superuser] | list | remove NAME
+  topicbase user add NAME [--superuser] [--connection-limit N] | list | remove NAME
                                                     users of the server (users file)
   topicbase check [--data-dir DIR] [--repair]       verify a data directory
   topicbase [--data-dir DIR] [-c SQL | -f FILE]     this console (a REPL without -c/-f)
@@ -329,12 +329,13 @@ def run_pipeline(argv: list[str]) -> int:
 
 
 def run_user(argv: list[str]) -> int:
-    """``topicbase user add NAME [--superuser] | list | remove NAME``: the users file.
+    """``topicbase user add NAME [--superuser] [--connection-limit N] | list | remove NAME``.
 
     ``add`` stores a SCRAM-SHA-256 verifier; the password is prompted for twice (getpass)
     or read from stdin (``--password-stdin``, one line; the trailing newline is dropped).
-    ``list`` shows names and the superuser flag, never a verifier. The data directory is not
-    opened, so this works while a server runs on it (the server re-reads the file).
+    ``list`` shows names, the superuser flag and connection limits, never a verifier. The
+    data directory is not opened, so this works while a server runs on it (the server
+    re-reads the file).
     """
     from sql.pgwire import users
 
@@ -350,7 +351,10 @@ def run_user(argv: list[str]) -> int:
                      help="also store PostgreSQL's md5 hash (needed by --auth md5 clients)")
     add.add_argument("--superuser", action="store_true",
                      help="a superuser: bypasses privilege checks, may GRANT anything")
-    listing = commands.add_parser("list", help="list users and their superuser flag")
+    add.add_argument("--connection-limit", type=int, default=-1, metavar="N",
+                     help="sessions the user may hold at once over the wire (default -1: no "
+                          "limit of their own; a superuser is not bound)")
+    listing = commands.add_parser("list", help="list users, superuser flags, connection limits")
     remove = commands.add_parser("remove", help="remove a user")
     remove.add_argument("name")
     for command in (add, listing, remove):
@@ -363,7 +367,10 @@ def run_user(argv: list[str]) -> int:
     try:
         if arguments.command == "list":
             for entry in users.read_users(path).values():
-                print(f"{entry.name}\t{'superuser' if entry.superuser else ''}".rstrip("\t"))
+                flags = ["superuser"] if entry.superuser else []
+                if entry.connection_limit is not None:
+                    flags.append(f"connection limit {entry.connection_limit}")
+                print("\t".join([entry.name, *flags]))
             return EXIT_OK
         if arguments.command == "remove":
             if not users.remove_user(path, arguments.name):
@@ -387,6 +394,8 @@ def _run_user_add(arguments: argparse.Namespace, path: str) -> int:
 
     from sql.pgwire import users
 
+    limit = None if arguments.connection_limit == -1 else arguments.connection_limit
+    users.check_connection_limit(limit)  # 22023 before the password is asked for
     if arguments.password_stdin:
         password = sys.stdin.readline().removesuffix("\n").removesuffix("\r")
     else:
@@ -395,7 +404,7 @@ def _run_user_add(arguments: argparse.Namespace, path: str) -> int:
             print("ERROR: 22023: passwords do not match", file=sys.stderr)
             return EXIT_ERROR
     is_new = users.add_user(path, arguments.name, password, with_md5=arguments.md5,
-                            superuser=arguments.superuser)  # fmt: skip
+                            superuser=arguments.superuser, connection_limit=limit)  # fmt: skip
     kind = "superuser" if arguments.superuser else "user"
     print(f"topicbase: {'added' if is_new else 'updated'} {kind} {arguments.name} in {path}")
     return EXIT_OK

@@ -281,6 +281,8 @@ RESULT_BYTES_MAX_DEFAULT = 1024 * MIB
 UNAUTHENTICATED_MAX_DEFAULT = 64
 # Of connections_max, the slots only superusers may take (PostgreSQL's default).
 SUPERUSER_RESERVED_CONNECTIONS_DEFAULT = 3
+# The largest connection limit a user may be given (PostgreSQL's rolconnlimit is an int4).
+CONNECTION_LIMIT_MAX = 2**31 - 1
 # How long a refused client may take to send its startup packet before it is dropped.
 REFUSAL_TIMEOUT_S = 10.0
 # Startup negotiation packets (SSLRequest, GSSENCRequest) a refused client may send.

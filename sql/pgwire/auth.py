@@ -244,6 +244,12 @@ class Authenticator:
         (there are no roles to consult), else the users file says."""
         return self.users is None or self.users.is_superuser(user)
 
+    def connection_limit(self, user: str) -> int | None:
+        """The most sessions ``user`` may hold by the users file (its ``connection_limit``);
+        None when it sets none, and under trust (no users file)."""
+        entry = None if self.users is None else self.users.lookup(user)
+        return None if entry is None else entry.connection_limit
+
     async def authenticate(self, channel: AuthChannel, user: str) -> None:
         """Return once ``user`` proved their password (at once for trust).
 

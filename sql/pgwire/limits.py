@@ -11,7 +11,11 @@ SQLSTATE, never a hang or a dead server:
   closed; a CancelRequest is still served. The last ``superuser_reserved_connections``
   slots (default 3, at most ``connections_max - 1``) are for superusers: anyone else
   who logs in when only those are left gets ``FATAL 53300 remaining connection slots
-  are reserved for roles with the SUPERUSER attribute``.
+  are reserved for roles with the SUPERUSER attribute``. An ordinary user holds at most
+  their ``connection_limit`` (users file) or else ``connections_per_user_max`` sessions
+  (``--max-connections-per-user``; none by default), as a role's ``CONNECTION LIMIT``:
+  one more gets ``FATAL 53300 too many connections for role "x"``. Superusers are not
+  bound by it, as in PostgreSQL.
 - connections still logging in (accepted, not yet authenticated, or being refused)
   have a cap of their own, ``unauthenticated_max``, outside ``connections_max``, and a
   deadline, ``authentication_timeout_s`` (default ``sql.pgwire.auth``'s 10 s), after
@@ -88,6 +92,9 @@ class ServerLimits:
     held_bytes_max: int = WIRE_HELD_BYTES_MAX_DEFAULT
     # What one connection holds before anything is charged to ``held_bytes_max``.
     held_bytes_floor: int = WIRE_HELD_BYTES_FLOOR
+    # Sessions one ordinary user may hold at once when the users file gives them no
+    # ``connection_limit`` of their own; None: no such bound (PostgreSQL's default).
+    connections_per_user_max: int | None = None
 
     def __post_init__(self) -> None:
         for name in ("connections_max", "message_bytes_max", "statement_bytes_max",
@@ -101,6 +108,9 @@ class ServerLimits:
         floor = self.held_bytes_floor
         if not isinstance(floor, int) or floor < 0:
             raise ValueError(f"held_bytes_floor must be 0 or more, not {floor!r}")
+        per_user = self.connections_per_user_max
+        if per_user is not None and (not isinstance(per_user, int) or per_user < 0):
+            raise ValueError(f"connections_per_user_max must be 0 or more, not {per_user!r}")
         timeout_s = self.authentication_timeout_s
         if timeout_s is not None and not 0 < timeout_s <= 600:
             raise ValueError(f"authentication_timeout_s must be in (0, 600], not {timeout_s!r}")
@@ -158,16 +168,20 @@ def result_error(table: pa.Table | None, limits: ServerLimits) -> LimitExceededE
 
 class Admission:
     """Who holds a place in one server: sessions (``connections_max``, some reserved for
-    superusers) and sockets still logging in (``unauthenticated_max``).
+    superusers; at most a user's connection limit for an ordinary user) and sockets still
+    logging in (``unauthenticated_max``).
 
-    Invariants: ``sessions`` never exceeds ``connections_max``; a task is among the
-    unauthenticated at most once and leaves when it logs in, starts a failed login's
-    delay, is pushed out, or ends. Thread-safety: event loop thread only.
+    Invariants: ``sessions`` never exceeds ``connections_max`` and is the sum of
+    ``by_user``; an ordinary user's count never exceeds the limit they were admitted
+    under; a task is among the unauthenticated at most once and leaves when it logs in,
+    starts a failed login's delay, is pushed out, or ends. Thread-safety: event loop
+    thread only.
     """
 
     def __init__(self, limits: ServerLimits) -> None:
         self.limits = limits
         self.sessions = 0
+        self.by_user: Counter[str] = Counter()  # sessions held, per user name
         # Sockets not logged in yet, oldest first, with their client address.
         self._unauthenticated: dict[asyncio.Task[None], str] = {}
         self.pushed_out = 0  # sockets closed to make room (for tests and logs)
@@ -198,9 +212,12 @@ class Admission:
         if task is not None:
             self._unauthenticated.pop(task, None)
 
-    def claim(self, superuser: bool) -> None:
-        """Take a session slot for a user who just logged in; 53300 if none is left for
-        them (the last ``reserved_connections`` are for superusers, as in PostgreSQL)."""
+    def claim(self, user: str, superuser: bool, user_limit: int | None = None) -> None:
+        """Take a session slot for ``user``, who just logged in; 53300 if none is left for
+        them: the last ``reserved_connections`` are for superusers, and an ordinary user
+        holds at most ``user_limit`` sessions (the users file's ``connection_limit``), or
+        else ``connections_per_user_max``, as PostgreSQL's role ``CONNECTION LIMIT``,
+        which binds no superuser either."""
         if self.sessions >= self.limits.connections_max:
             raise TooManyConnectionsError("sorry, too many clients already")
         ordinary_max = self.limits.connections_max - self.limits.reserved_connections
@@ -208,10 +225,19 @@ class Admission:
             raise TooManyConnectionsError(
                 "remaining connection slots are reserved for roles with the SUPERUSER attribute"
             )
+        limit = self.limits.connections_per_user_max if user_limit is None else user_limit
+        if not superuser and limit is not None and self.by_user[user] >= limit:
+            raise TooManyConnectionsError(f'too many connections for role "{user}"')
         self.sessions += 1
+        self.by_user[user] += 1
 
-    def release(self) -> None:
+    def release(self, user: str) -> None:
+        """Give back a slot ``claim`` gave ``user``."""
+        assert self.by_user[user] > 0, "a slot is given back only by its holder"
         self.sessions -= 1
+        self.by_user[user] -= 1
+        if not self.by_user[user]:
+            del self.by_user[user]  # the table holds only users with a session
         assert self.sessions >= 0
 
 
@@ -251,6 +277,11 @@ def add_serve_arguments(parser: argparse.ArgumentParser) -> None:
              f"{SUPERUSER_RESERVED_CONNECTIONS_DEFAULT})",
     )  # fmt: skip
     parser.add_argument(
+        "--max-connections-per-user", type=_count(0), default=None, metavar="N",
+        help="sessions one ordinary user may hold when the users file gives them no "
+             "connection limit of their own (default: no such limit, as PostgreSQL)",
+    )  # fmt: skip
+    parser.add_argument(
         "--max-unauthenticated-connections", type=_count(1), default=UNAUTHENTICATED_MAX_DEFAULT,
         help=f"sockets still logging in at once (default {UNAUTHENTICATED_MAX_DEFAULT})",
     )  # fmt: skip
@@ -279,6 +310,7 @@ def serve_configuration(arguments: argparse.Namespace) -> tuple[ServerLimits, di
         unauthenticated_max=arguments.max_unauthenticated_connections,
         superuser_reserved_connections=arguments.superuser_reserved_connections,
         authentication_timeout_s=arguments.authentication_timeout,
+        connections_per_user_max=arguments.max_connections_per_user,
     )
     settings = {
         name: getattr(arguments, name)

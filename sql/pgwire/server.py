@@ -102,14 +102,17 @@ class PgServer:
         self.open_sockets = 0  # accepted and not yet closed
         self._users_watch: UsersWatch | None = None
 
-    def claim_slot(self, connection: Connection, superuser: bool) -> None:
-        """A user logged in: take a session slot (53300 if none is left for them)."""
+    def claim_slot(
+        self, connection: Connection, user: str, superuser: bool, user_limit: int | None
+    ) -> None:
+        """``user`` logged in: take a session slot (53300 if none is left for them, or
+        they hold their connection limit already)."""
         self.admission.leave(asyncio.current_task())
-        self.admission.claim(superuser)
-        connection.has_slot = True
+        self.admission.claim(user, superuser, user_limit)
+        connection.slot_user = user
 
-    def release_slot(self) -> None:
-        self.admission.release()
+    def release_slot(self, user: str) -> None:
+        self.admission.release(user)
 
     def leave_unauthenticated(self, task: asyncio.Task[Any] | None) -> None:
         """A failed login waits out its delay in the throttle's penalty box, not here."""

@@ -8,7 +8,8 @@ Format (JSON, UTF-8)::
 
     {"format": "topicbase-users-1",
      "users": {"alice": {"scram": "SCRAM-SHA-256$4096:<salt>$<StoredKey>:<ServerKey>",
-                         "md5": "md5<32 hex digits>", "superuser": true}}}
+                         "md5": "md5<32 hex digits>", "superuser": true,
+                         "connection_limit": 10}}}
 
 ``scram`` is PostgreSQL's ``pg_authid.rolpassword`` format (RFC 5802/7677 verifier,
 base64 fields) and is always present. ``md5`` is PostgreSQL's ``md5`` + md5(password +
@@ -16,7 +17,8 @@ user name) and is present only when the user was added with ``--md5``; it is
 password-equivalent for md5 authentication, so it is written only on request. No
 plaintext password is ever stored. ``superuser`` (PostgreSQL's ``rolsuper``) is written
 only when true; a record without it (files written before the flag existed) is an ordinary
-user.
+user. ``connection_limit`` (PostgreSQL's ``rolconnlimit``) is the most sessions the user may
+hold at once, written only when set; it does not bind a superuser.
 
 Invariants: the file is replaced whole (temp file with mode 0600, fsync, rename, fsync of
 the directory), under an exclusive ``flock`` of ``<file>.lock`` so two concurrent
@@ -43,7 +45,12 @@ from dataclasses import dataclass
 
 from sql.pgwire.verifiers import ScramVerifier, make_md5_verifier, make_scram_verifier
 from storage.errors import InvalidNameError, InvalidParameterValueError, TopicbaseError
-from storage.limits import PASSWORD_BYTES_MAX, USER_NAME_BYTES_MAX, USERS_FILE_BYTES_MAX
+from storage.limits import (
+    CONNECTION_LIMIT_MAX,
+    PASSWORD_BYTES_MAX,
+    USER_NAME_BYTES_MAX,
+    USERS_FILE_BYTES_MAX,
+)
 
 log = logging.getLogger(__name__)
 
@@ -69,12 +76,14 @@ class InvalidPasswordValueError(InvalidParameterValueError):
 
 @dataclass(frozen=True)
 class UserEntry:
-    """One user's verifiers and role flag; ``scram`` is always set, ``md5`` only if asked for."""
+    """One user's verifiers, role flag and connection limit; ``scram`` is always set, ``md5``
+    only if asked for; ``connection_limit`` None means no limit of the user's own."""
 
     name: str
     scram: str
     md5: str | None = None
     superuser: bool = False
+    connection_limit: int | None = None
 
 
 def default_users_path(data_dir: str) -> str:
@@ -89,6 +98,19 @@ def check_user_name(name: str) -> None:
         raise InvalidUserNameError("user name must not contain control characters")
     if len(name.encode("utf-8")) > USER_NAME_BYTES_MAX:
         raise InvalidUserNameError(f"user name is longer than {USER_NAME_BYTES_MAX} bytes")
+
+
+def check_connection_limit(limit: int | None) -> None:
+    """Raise InvalidParameterValueError (22023) unless ``limit`` is None or a count of
+    sessions from 0 (nobody may log in as the user) to ``CONNECTION_LIMIT_MAX``."""
+    if limit is None:
+        return
+    if isinstance(limit, bool) or not isinstance(limit, int):
+        raise InvalidParameterValueError(f"connection limit must be an integer, not {limit!r}")
+    if not 0 <= limit <= CONNECTION_LIMIT_MAX:
+        raise InvalidParameterValueError(
+            f"connection limit must be from 0 to {CONNECTION_LIMIT_MAX}, not {limit}"
+        )
 
 
 def check_password(password: str) -> None:
@@ -122,12 +144,14 @@ def parse_users(data: bytes, path: str) -> dict[str, UserEntry]:
         superuser = fields.get("superuser", False)
         if not isinstance(superuser, bool):
             raise ConfigFileError(f'users file {path}: user "{name}": superuser is not a boolean')
+        connection_limit = fields.get("connection_limit")
         try:
             check_user_name(name)
             ScramVerifier.parse(fields["scram"])
-        except (InvalidUserNameError, ValueError) as error:
+            check_connection_limit(connection_limit)
+        except (InvalidUserNameError, InvalidParameterValueError, ValueError) as error:
             raise ConfigFileError(f'users file {path}: user "{name}": {error}') from None
-        entries[name] = UserEntry(name, fields["scram"], md5, superuser)
+        entries[name] = UserEntry(name, fields["scram"], md5, superuser, connection_limit)
     return entries
 
 
@@ -293,6 +317,11 @@ def render_users(users: dict[str, UserEntry]) -> bytes:
                 "scram": entry.scram,
                 **({"md5": entry.md5} if entry.md5 else {}),
                 **({"superuser": True} if entry.superuser else {}),
+                **(
+                    {"connection_limit": entry.connection_limit}
+                    if entry.connection_limit is not None
+                    else {}
+                ),
             }
             for name, entry in sorted(users.items())
         },
@@ -301,22 +330,30 @@ def render_users(users: dict[str, UserEntry]) -> bytes:
 
 
 def add_user(
-    path: str, name: str, password: str, *, with_md5: bool = False, superuser: bool = False
+    path: str,
+    name: str,
+    password: str,
+    *,
+    with_md5: bool = False,
+    superuser: bool = False,
+    connection_limit: int | None = None,
 ) -> bool:
     """Create or replace user ``name`` in the users file at ``path``; True if it was new.
 
     Stores a SCRAM-SHA-256 verifier with a fresh salt (and the md5 hash only if
     ``with_md5``); the password itself is never written. The record is replaced whole, so
     ``superuser`` is what the caller says (re-adding a superuser without it demotes it, as
-    ``ALTER ROLE ... NOSUPERUSER`` would).
+    ``ALTER ROLE ... NOSUPERUSER`` would), and so is ``connection_limit`` (None: none).
     """
     check_user_name(name)
     check_password(password)
+    check_connection_limit(connection_limit)
     entry = UserEntry(
         name,
         make_scram_verifier(password).to_text(),
         make_md5_verifier(name, password) if with_md5 else None,
         superuser,
+        connection_limit,
     )
     directory = os.path.dirname(os.path.abspath(path))
     os.makedirs(directory, exist_ok=True)

@@ -52,6 +52,7 @@ from __future__ import annotations
 import asyncio
 import concurrent.futures
 import contextlib
+import functools
 import logging
 import re
 import secrets
@@ -144,9 +145,11 @@ class ServerSide(Protocol):
     connections: dict[int, Connection]
     memory_budget: MemoryBudget
 
-    def claim_slot(self, connection: Connection, superuser: bool) -> None: ...
+    def claim_slot(
+        self, connection: Connection, user: str, superuser: bool, user_limit: int | None
+    ) -> None: ...
 
-    def release_slot(self) -> None: ...
+    def release_slot(self, user: str) -> None: ...
 
     def leave_unauthenticated(self, task: asyncio.Task[Any] | None) -> None: ...
 
@@ -331,7 +334,9 @@ class Connection(ExtendedProtocol):
         self.skipping = False  # after an extended-protocol error, until Sync
         self.catalog = surface.ConnectionCatalog(SERVER_VERSION, self.statements,
                                                       server.settings)  # fmt: skip
-        self.has_slot = False  # counted in server.sessions (one of connections_max)
+        # The user whose session slot this connection holds (one of connections_max and of
+        # the user's connection limit), None before login and once given back.
+        self.slot_user: str | None = None
         self.waiting_for_query = False  # ReadyForQuery sent, no message since: idle
         # While idle: when its idle timeout ends (monotonic) and whether it is the one of a
         # transaction; set as the wait begins, kept until a whole message came (_idle_deadline).
@@ -515,12 +520,12 @@ class Connection(ExtendedProtocol):
         self.portals.release()
         self.context.cursors.release()  # its SQL cursors' rows, given back too
         self.server.memory_budget.leave(self.holdings)
-        if self.has_slot:
-            self.has_slot = False
+        if self.slot_user is not None:
+            holder, self.slot_user = self.slot_user, None
             if self.own_thread is None:
-                self.server.release_slot()
+                self.server.release_slot(holder)
             else:  # the server's bookkeeping belongs to its loop's thread
-                self.server.call_soon(self.server.release_slot)
+                self.server.call_soon(functools.partial(self.server.release_slot, holder))
         if self.session is not None:
             try:
                 await self.call(self.session.close)
@@ -567,7 +572,8 @@ class Connection(ExtendedProtocol):
                 task = asyncio.current_task()
                 channel.on_penalty = lambda: self.server.leave_unauthenticated(task)
                 await authenticator.authenticate(channel, user)
-                self.server.claim_slot(self, authenticator.is_superuser(user))
+                self.server.claim_slot(self, user, authenticator.is_superuser(user),
+                                       authenticator.connection_limit(user))  # fmt: skip
         except TimeoutError:
             log.warning("startup of %s timed out", self.writer.get_extra_info("peername"))
             return False
