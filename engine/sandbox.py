@@ -87,6 +87,13 @@ from planner.alias_expansion import (
 from planner.duckdb_sql import parse_duckdb
 from planner.nested_writes import REFUSAL as NESTED_WRITES_REFUSAL
 from planner.operations import Plan, RunQuery
+from planner.plan_relations import (
+    NO_MACROS,
+    MacroRelations,
+    inlines_ctes,
+    largest_join,
+    relation_bound,
+)
 from storage import limits
 from storage.errors import (
     FeatureNotSupportedError,
@@ -94,7 +101,7 @@ from storage.errors import (
     LimitExceededError,
     StatementTooComplexError,
 )
-from storage.limits import BIND_EXPANSION_NODES_MAX
+from storage.limits import BIND_EXPANSION_NODES_MAX, PLAN_RELATIONS_MAX
 
 CLASSIFICATION_CACHE_ENTRIES = 2048
 # Only statements up to this long are cached: 2,048 scripts of 16 MiB would hold 32 GiB.
@@ -197,6 +204,8 @@ def _refusal(sql: str, superuser: bool) -> str | None:
     if not superuser and (reason := _settings_read_refusal(sql, tokens)) is not None:
         return reason
     refuse_expansion(sql, tokens, builtin_macro_costs(), superuser)
+    if not superuser:
+        refuse_large_join(sql, tokens, builtin_macro_relations())
     check = _CHECKS_BY_TYPE.get(kind)
     if check is None:
         return _REFUSED_TYPES.get(kind, f"DuckDB {kind} statements are not allowed")
@@ -234,6 +243,59 @@ def refuse_expansion(sql: str, tokens: list[tables.SqlToken], macros: MacroCosts
             f"copy {copies} expression nodes (at most {BIND_EXPANSION_NODES_MAX}); compute a "
             "reused value once in a subquery or CTE instead"
         )
+
+
+def refuse_large_join(sql: str, tokens: list[tables.SqlToken],
+                      macros: MacroRelations) -> None:  # fmt: skip
+    """Refuse (54000) a statement whose largest join graph would hand DuckDB's join-order
+    optimizer more than ``PLAN_RELATIONS_MAX`` relations (``planner.plan_relations``:
+    its time grows ~n^3-n^4 and no interrupt ends it). The tokens' bound first; sqlglot's
+    tree only past it (a UNION of many SELECTs, many subqueries) or for a ``NOT
+    MATERIALIZED`` CTE; a text sqlglot cannot read is judged by the bound."""
+    size = relation_bound(tokens, macros)
+    if size <= PLAN_RELATIONS_MAX and not inlines_ctes(tokens):
+        return
+    tree = _tree(sql)
+    if tree is not None:
+        size = largest_join(tree, macros)
+    if size > PLAN_RELATIONS_MAX:
+        raise LimitExceededError(
+            f"statement too complex to plan: DuckDB would join {size} relations at once "
+            f"(at most {PLAN_RELATIONS_MAX}, counting joins, FROM items, derived tables and "
+            "subqueries); split it, or stage intermediate results in a table"
+        )
+
+
+def _macro_query(body: str) -> exp.Expression | str:
+    """A macro body as a query's tree (a scalar macro's expression under ``SELECT``), or
+    the query's text when sqlglot cannot read it."""
+    is_query = body.lstrip().upper().startswith(("SELECT", "WITH", "FROM"))  # a table macro
+    text = body if is_query else f"SELECT {body}"
+    return _tree(text) or text
+
+
+@functools.cache
+def builtin_macro_relations() -> MacroRelations:
+    """DuckDB's built-in macros whose bodies read relations (``pg_get_viewdef`` a
+    subquery, the table macro ``histogram``): how many each call adds to the join graph it
+    stands in (macros calling macros followed)."""
+    bodies = [(name, table, _macro_query(body))
+              for name, table, body in tables.builtin_macro_bodies()]  # fmt: skip
+    relations = NO_MACROS
+    for _ in range(limits.VIEW_DEPTH_MAX):
+        grown: tuple[dict[str, int], dict[str, int]] = ({}, {})
+        for name, table, query in bodies:
+            if isinstance(query, str):  # sqlglot cannot read it: the tokens' bound
+                count = relation_bound(tables.sql_tokens(query), relations)
+            else:
+                count = largest_join(query, relations)
+            kind = grown[1] if table else grown[0]
+            if count:
+                kind[name] = max(kind.get(name, 0), count)
+        if MacroRelations(*grown) == relations:
+            break
+        relations = MacroRelations(*grown)
+    return relations
 
 
 def _calls_one_of(tokens: list[tables.SqlToken], macros: MacroCosts) -> bool:

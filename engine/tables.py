@@ -571,6 +571,17 @@ def builtin_macro_definitions() -> tuple[tuple[str, tuple[str, ...], str], ...]:
                  for name, parameters, body in rows)  # fmt: skip
 
 
+def builtin_macro_bodies() -> tuple[tuple[str, bool, str], ...]:
+    """(name in lower case, whether a table macro, body) of every overload of DuckDB's
+    built-in macros: the sandbox counts the relations a call of one adds to a join."""
+    rows = _builtin_catalog_rows(
+        "SELECT lower(function_name), function_type = 'table_macro', macro_definition "
+        "FROM duckdb_functions() WHERE internal AND function_type IN ('macro', "
+        "'table_macro') AND macro_definition IS NOT NULL"
+    )
+    return tuple((str(name), bool(table), str(body)) for name, table, body in rows)
+
+
 @functools.cache
 def _function_names() -> tuple[frozenset[str], frozenset[str]]:
     rows = _builtin_catalog_rows(
