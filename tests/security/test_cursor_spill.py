@@ -26,6 +26,7 @@ import subprocess
 import sys
 import tempfile
 import textwrap
+import time
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -181,6 +182,32 @@ def test_a_full_temporary_disk_mid_spill_is_a_clear_error_and_leaks_nothing(
         assert alice.execute("FETCH ALL FROM c").rowcount == 10000
         alice.close()
         wait_until(lambda: _gone(budget))
+
+
+def test_a_statement_timeout_mid_spill_gives_everything_back(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    writes = [0]
+
+    def slow_disk(descriptor: int, view: memoryview) -> int:
+        writes[0] += 1
+        time.sleep(0.02)
+        return os.write(descriptor, view)
+
+    with running_server(tmp_path) as server:
+        budget = server.server.spill_budget
+        alice = login(server, ALICE, ALICE_PASSWORD)
+        monkeypatch.setattr(spill, "_write", slow_disk)
+        alice.execute("SET statement_timeout = '300ms'")
+        with pytest.raises(psycopg.errors.QueryCanceled):
+            alice.execute(_DECLARE.format("c").replace("10000", "40000"))
+        assert writes[0] > 0  # canceled while spilling
+        assert _gone(budget)
+        gc.collect()
+        assert _named_spill_files() == []
+        alice.execute("SET statement_timeout = 0")
+        assert alice.execute("SELECT 3").fetchone() == (3,)
+        alice.close()
 
 
 # -- the spill itself (no server) -------------------------------------------------------------
