@@ -1,11 +1,11 @@
 """The server-wide budget of bytes SQL cursors keep in spill files (temporary disk).
 
 A cursor's rows past ``spill.SPILL_BYTES`` go to an unlinked file in the temporary
-directory that lives as long as the cursor (``sql.pgwire.connection.spill``). Each file is
-bounded by the result cap and a connection keeps at most ``CURSORS_PER_CONNECTION_MAX``
-cursors, but the bytes of all of them were not: one user's connections could fill the
-disk that TMPDIR shares (round 25's open item). The ``SpillBudget`` of one server counts
-the bytes written to every live spill file:
+directory that lives as long as the cursor (``sql.pgwire.connection.spill``). The result
+cap bounds each batch, not a cursor's whole result, and a connection keeps up to
+``CURSORS_PER_CONNECTION_MAX`` cursors: their bytes were not bounded, so one DECLARE could
+fill the disk that TMPDIR shares (round 25's open item). The ``SpillBudget`` of one server
+counts the bytes written to every live spill file:
 
 - all connections together at most ``bytes_max`` (``ServerLimits.spill_bytes_max``);
 - the connections of one login together at most ``login_bytes_max``
