@@ -730,6 +730,10 @@ class translated:  # lower case: used as ``with translated(...)``, as the functi
         if isinstance(error, RuntimeError) and "interrupted" in str(error).lower():
             # DuckDB reports an interrupt this way
             raise errors.QueryCanceledError("canceling statement due to user request") from error
+        if isinstance(error, OSError) and str(error).startswith("INTERRUPT Error"):
+            # ... and this way through its Arrow batch reader (pyarrow's IOError status): a
+            # statement_timeout or cancel while a DECLARE reads its batches (round 26)
+            raise errors.QueryCanceledError("canceling statement due to user request") from error
         return False
 
 

@@ -232,6 +232,13 @@ class InsufficientResourcesError(TopicbaseError):
     sqlstate = "53000"
 
 
+class DiskFullError(InsufficientResourcesError):
+    """The operating system had no room left for a write (ENOSPC, EDQUOT): PostgreSQL's
+    ``disk_full``. The statement fails; what it wrote is given back."""
+
+    sqlstate = "53100"
+
+
 class OutOfMemoryError(InsufficientResourcesError):
     """A statement needed more memory than its limit allows (and could not spill)."""
 
@@ -240,6 +247,14 @@ class OutOfMemoryError(InsufficientResourcesError):
 
 class TooManyConnectionsError(InsufficientResourcesError):
     sqlstate = "53300"
+
+
+class ConfigurationLimitExceededError(InsufficientResourcesError):
+    """A configured share of a resource the whole server draws on (temporary disk) would
+    be passed: PostgreSQL's ``configuration_limit_exceeded``, the code of its
+    ``temp_file_limit``. Retrying once others gave theirs back may work (unlike 54000)."""
+
+    sqlstate = "53400"
 
 
 class LimitExceededError(TopicbaseError):

@@ -461,6 +461,20 @@ DOOR_DECISION_BYTES = 512
 # could hold 25 GiB of COPY data (docs/memory_bounds.md).
 WIRE_HELD_BYTES_MAX_DEFAULT = 1024 * MIB
 
+# -- the wire server's budget of SQL cursors' spill files (sql.pgwire.spill_budget; round 26, H2) --
+# A cursor's rows past spill.SPILL_BYTES go to an unlinked file in TMPDIR that lives until
+# CLOSE or the connection's end. The result cap bounds each batch, not a cursor's whole
+# result, and a connection keeps CURSORS_PER_CONNECTION_MAX cursors, so without a bound in
+# bytes one DECLARE could fill the disk. The bytes written to spill files,
+# summed over all connections of one server (``ServerLimits.spill_bytes_max``), and over the
+# connections of one login, superusers included (``ServerLimits.spill_login_bytes_max``):
+# past either a DECLARE gets 53400 as it writes, its file is dropped. PostgreSQL's
+# analogue, ``temp_file_limit``, is per session and unlimited by default; here the disk is
+# shared by every session of one process and by the data directory, so the default is
+# bounded: 8 GiB for all, half of it for one user (as the held-bytes budget's login share).
+CURSOR_SPILL_BYTES_MAX_DEFAULT = 8 * 1024 * MIB
+CURSOR_SPILL_LOGIN_BYTES_MAX_DEFAULT = 4 * 1024 * MIB
+
 # -- a wire connection's floor and share of the held-bytes budget (round 15, H5; review R1-6) --
 # The first WIRE_HELD_BYTES_FLOOR bytes one connection holds (COPY data and Bind messages of
 # held portals together) are not charged to the shared budget and never refused, so a client

@@ -51,6 +51,12 @@ SQLSTATE, never a hang or a dead server:
   connection alone is bounded too: ``COPY_IN_BYTES_MAX``, ``PORTALS_PER_CONNECTION_MAX``
   portals of one message each). All held: ``held_bytes_max + connections_max x
   held_bytes_floor`` at most.
+- spilled cursor bytes: the rows of SQL cursors past ``spill.SPILL_BYTES`` each are kept
+  in unlinked files of the temporary directory; their bytes, summed over all connections,
+  stay within ``spill_bytes_max`` and, over the connections of one login (superusers
+  too), within ``spill_login_bytes_max`` (``sql.pgwire.spill_budget``): past either the
+  DECLARE gets ``ERROR 53400`` as it writes, its file is dropped, the connection stays
+  usable. ``topicbase serve --cursor-spill-limit MIB --cursor-spill-login-limit MIB``.
 """
 
 from __future__ import annotations
@@ -67,6 +73,9 @@ from sql.pgwire.codec.messages import ProtocolError, message_length
 from storage.errors import LimitExceededError, TooManyConnectionsError
 from storage.limits import (
     CONNECTIONS_MAX_DEFAULT,
+    CURSOR_SPILL_BYTES_MAX_DEFAULT,
+    CURSOR_SPILL_LOGIN_BYTES_MAX_DEFAULT,
+    MIB,
     RESULT_BYTES_MAX_DEFAULT,
     STATEMENT_BYTES_MAX_DEFAULT,
     SUPERUSER_RESERVED_CONNECTIONS_DEFAULT,
@@ -95,10 +104,14 @@ class ServerLimits:
     # Sessions one ordinary user may hold at once when the users file gives them no
     # ``connection_limit`` of their own; None: no such bound (PostgreSQL's default).
     connections_per_user_max: int | None = None
+    # Bytes in SQL cursors' spill files (temporary disk), all connections' and one login's.
+    spill_bytes_max: int = CURSOR_SPILL_BYTES_MAX_DEFAULT
+    spill_login_bytes_max: int = CURSOR_SPILL_LOGIN_BYTES_MAX_DEFAULT
 
     def __post_init__(self) -> None:
         for name in ("connections_max", "message_bytes_max", "statement_bytes_max",
-                     "result_bytes_max", "unauthenticated_max", "held_bytes_max"):  # fmt: skip
+                     "result_bytes_max", "unauthenticated_max", "held_bytes_max",
+                     "spill_bytes_max", "spill_login_bytes_max"):  # fmt: skip
             value = getattr(self, name)
             if not isinstance(value, int) or value < 1:
                 raise ValueError(f"{name} must be a positive integer, not {value!r}")
@@ -290,6 +303,18 @@ def add_serve_arguments(parser: argparse.ArgumentParser) -> None:
         help="close a socket not logged in after this long (default 10)",
     )  # fmt: skip
     parser.add_argument(
+        "--cursor-spill-limit", type=_count(1), metavar="MIB",
+        default=CURSOR_SPILL_BYTES_MAX_DEFAULT // MIB,
+        help="MiB all SQL cursors may keep in temporary files (default "
+             f"{CURSOR_SPILL_BYTES_MAX_DEFAULT // MIB})",
+    )  # fmt: skip
+    parser.add_argument(
+        "--cursor-spill-login-limit", type=_count(1), metavar="MIB",
+        default=CURSOR_SPILL_LOGIN_BYTES_MAX_DEFAULT // MIB,
+        help="MiB the SQL cursors of one user's connections may keep in temporary files "
+             f"(default {CURSOR_SPILL_LOGIN_BYTES_MAX_DEFAULT // MIB})",
+    )  # fmt: skip
+    parser.add_argument(
         "--idle-session-timeout", metavar="DURATION", default=None,
         help="default idle_session_timeout, e.g. 10min (default 0: none)",
     )  # fmt: skip
@@ -311,6 +336,8 @@ def serve_configuration(arguments: argparse.Namespace) -> tuple[ServerLimits, di
         superuser_reserved_connections=arguments.superuser_reserved_connections,
         authentication_timeout_s=arguments.authentication_timeout,
         connections_per_user_max=arguments.max_connections_per_user,
+        spill_bytes_max=arguments.cursor_spill_limit * MIB,
+        spill_login_bytes_max=arguments.cursor_spill_login_limit * MIB,
     )
     settings = {
         name: getattr(arguments, name)

@@ -26,6 +26,7 @@ from sql.pgwire.connection.connection import SERVER_VERSION, Connection
 from sql.pgwire.emulation.pg_settings import PgSettings
 from sql.pgwire.limits import Admission, ServerLimits
 from sql.pgwire.memory_budget import MemoryBudget
+from sql.pgwire.spill_budget import SpillBudget
 from sql.pgwire.users import ConfigFileError, UsersWatch, default_users_path
 from storage.errors import FeatureNotSupportedError, TooManyConnectionsError
 from storage.limits import REFUSAL_PACKETS_MAX, REFUSAL_TIMEOUT_S, USERS_FILE_POLL_S
@@ -98,6 +99,9 @@ class PgServer:
         self.limits = limits or ServerLimits()
         # COPY data and held portals' Bind messages of all connections (53200 past it)
         self.memory_budget = MemoryBudget(self.limits.held_bytes_max, self.limits.held_bytes_floor)
+        # Bytes in the spill files of all connections' cursors (53400 past it, or past a login's)
+        self.spill_budget = SpillBudget(self.limits.spill_bytes_max,
+                                        self.limits.spill_login_bytes_max)  # fmt: skip
         self.admission = Admission(self.limits)  # session slots, sockets still logging in
         self.open_sockets = 0  # accepted and not yet closed
         self._users_watch: UsersWatch | None = None

@@ -27,6 +27,7 @@ from sql.pgwire.codec import wire_types
 from sql.pgwire.connection import copy_exchange, copy_statement, cursors, result_stream, spill
 from sql.pgwire.connection.context import CommandContext
 from sql.pgwire.emulation import surface
+from sql.pgwire.spill_budget import SpillCharge
 from storage.errors import (
     InFailedTransactionError,
     SqlSyntaxError,
@@ -151,7 +152,10 @@ async def run_cursor_command(context: CommandContext, text: str, parameters: Any
 
     The rows a cursor keeps in memory are held in the connection's share of the server's
     memory budget (``CursorSet.holdings``) from its DECLARE until it is dropped (53200
-    past the share, nothing kept); the set is changed on the connection's loop only."""
+    past the share, nothing kept); the bytes of its spill file, in the server's budget of
+    spilled bytes (``spill_budget``: 53400 past it, nothing kept), until the same moment,
+    and given back on every way a DECLARE fails. The set is changed on the connection's
+    loop only."""
     session = context.session
     command = cursors.parse_cursor_command(text)
     cursor_set_ = context.cursors
@@ -159,22 +163,27 @@ async def run_cursor_command(context: CommandContext, text: str, parameters: Any
     if isinstance(command, cursors.Declare):
         cursor_set_.check_declare(session, command)
         query = _parse_query(command.query)
-        rows, heap_bytes = await context.call(_declare, context, query, parameters)
-        return cursor_set_.declare(session, command, rows, heap_bytes)
+        charge = context.spill_charge()
+        try:
+            rows, heap_bytes = await context.call(_declare, context, query, parameters, charge)
+            return cursor_set_.declare(session, command, rows, heap_bytes, charge)
+        except BaseException:
+            charge.release()  # not kept (a cancelled wait: its mapping's end gives back the rest)
+            raise
     if isinstance(command, cursors.Close):
         return cursor_set_.close(session, command)
     return await context.call(cursor_set_.fetch, session, command)
 
 
-def _declare(context: CommandContext, query: ast.Statement, parameters: Any
-             ) -> tuple[pa.Table, int]:  # fmt: skip
+def _declare(context: CommandContext, query: ast.Statement, parameters: Any,
+             charge: SpillCharge) -> tuple[pa.Table, int]:  # fmt: skip
     """Run the query of a DECLARE and collect its rows (worker thread): read in batches, each
-    within the result limit, and spilled to a file once large (``spill``); the rows and
-    their bytes in the heap."""
+    within the result limit, and spilled to a file once large (``spill``, its bytes charged
+    to ``charge``); the rows and their bytes in the heap."""
     stream = result_stream.open_stream(
         context, query, parameters,
         SqlSyntaxError("DECLARE CURSOR needs a query that returns rows"))  # fmt: skip
-    return spill.collect_counted(stream)
+    return spill.collect_counted(stream, charge=charge)
 
 
 def _parse_query(query: str) -> ast.Statement:

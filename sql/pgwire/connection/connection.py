@@ -118,6 +118,7 @@ from sql.pgwire.emulation import surface
 from sql.pgwire.emulation.pg_settings import milliseconds
 from sql.pgwire.limits import ServerLimits
 from sql.pgwire.memory_budget import MemoryBudget, MemoryBudgetExceededError, read_body
+from sql.pgwire.spill_budget import SpillBudget, SpillCharge
 from sql.pgwire.users import UsersFile
 from storage.errors import (
     FeatureNotSupportedError,
@@ -144,6 +145,7 @@ class ServerSide(Protocol):
     tls_channel_binding: bytes | None
     connections: dict[int, Connection]
     memory_budget: MemoryBudget
+    spill_budget: SpillBudget
 
     def claim_slot(
         self, connection: Connection, user: str, superuser: bool, user_limit: int | None
@@ -354,8 +356,16 @@ class Connection(ExtendedProtocol):
             send=self.send, send_error=self.send_error, send_result=self.send_result,
             ready_for_query=self.ready_for_query, drain=lambda: self.writer.drain(),
             send_views=self.send_views, holdings=self.holdings,
+            spill_charge=self._spill_charge,
         )  # fmt: skip
         self.context.cursors.holdings = self.holdings
+
+    def _spill_charge(self) -> SpillCharge:
+        """A charge for one spill file of this connection's cursors, under its login (the
+        name its held bytes count under, ``memory_budget.join``)."""
+        account = self.holdings.account
+        assert account is not None, "a cursor before the login"
+        return self.server.spill_budget.charge_for(account.login)
 
     async def call(self, function: Callable[..., Any], *arguments: Any) -> Any:
         """Run ``function`` where the connection's engine calls run: inline once the

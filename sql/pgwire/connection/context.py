@@ -26,6 +26,7 @@ from sql.pgwire.connection.cursors import CursorSet
 from sql.pgwire.emulation.surface import ConnectionCatalog
 from sql.pgwire.limits import ServerLimits
 from sql.pgwire.memory_budget import ConnectionHoldings
+from sql.pgwire.spill_budget import SpillCharge
 
 
 @dataclass(slots=True)
@@ -55,6 +56,9 @@ class CommandContext:
     # What this connection holds for its client (COPY data, portals), in the server's
     # budget beyond the connection's floor (``sql.pgwire.memory_budget``).
     holdings: ConnectionHoldings
+    # A new charge, in the server's budget of spilled bytes under the connection's login,
+    # for one cursor's spill file (``sql.pgwire.spill_budget``).
+    spill_charge: Callable[[], SpillCharge]
     cursors: CursorSet = field(default_factory=CursorSet)
     # Rung by a CancelRequest for this connection's session: wakes a COPY IN waiting for
     # its client (``copy_wait``).

@@ -21,6 +21,8 @@ on its event-loop task, never at the same time.
 Rows: DECLARE reads its query in batches (``result_stream``) and keeps them in memory when
 small, else in a memory-mapped spill file (``spill``): DuckDB allows no other statement on
 the session's cursor while a result is open, so the query cannot stay open between FETCHes.
+A spill file's bytes are charged to the server's ``SpillBudget`` and given back in
+``_drop`` (CLOSE, prune, the connection's end), as the heap bytes are to the holdings.
 
 Errors: 34000 unknown cursor, 42P03 duplicate name, 25P01 DECLARE without HOLD outside
 a transaction block, 55000 backward move on a NO SCROLL cursor.
@@ -54,6 +56,7 @@ from storage.limits import CURSORS_PER_CONNECTION_MAX
 
 if TYPE_CHECKING:
     from sql.pgwire.memory_budget import ConnectionHoldings
+    from sql.pgwire.spill_budget import SpillCharge
 
 
 @dataclass
@@ -68,6 +71,8 @@ class SqlCursor:
     # Bytes of ``table`` in the process's heap (0 when memory-mapped from a spill file),
     # held in the connection's ``ConnectionHoldings`` while the cursor lives.
     heap_bytes: int = 0
+    # The bytes of its spill file in the server's ``SpillBudget`` (None: not counted).
+    spill: SpillCharge | None = None
 
 
 @dataclass(frozen=True)
@@ -217,6 +222,8 @@ class CursorSet:
         cursor = self.cursors.pop(name)
         if cursor.heap_bytes and self.holdings is not None:
             self.holdings.give(cursor.heap_bytes)
+        if cursor.spill is not None:
+            cursor.spill.release()
 
     def release(self) -> None:
         """Drop every cursor (the connection ends)."""
@@ -238,16 +245,22 @@ class CursorSet:
         return self.cursors.get(name)
 
     def declare(
-        self, session: Session, declare: Declare, table: pa.Table, heap_bytes: int = 0
+        self,
+        session: Session,
+        declare: Declare,
+        table: pa.Table,
+        heap_bytes: int = 0,
+        spill: SpillCharge | None = None,
     ) -> Result:
         """Keep ``table`` as the cursor ``declare.name``; ``heap_bytes`` of it in memory,
-        taken from the holdings first (53200 past the connection's share: not kept)."""
+        taken from the holdings first (53200 past the connection's share: not kept), the
+        bytes of its spill file in ``spill`` (given back when it is dropped)."""
         if heap_bytes and self.holdings is not None:
             self.holdings.take(heap_bytes, "a cursor's rows")
         in_block = session.state is not SessionState.IDLE
         self.cursors[declare.name] = SqlCursor(
             declare.name, table, declare.scroll, declare.hold, declare.binary,
-            session.transaction if in_block else None, heap_bytes=heap_bytes,
+            session.transaction if in_block else None, heap_bytes=heap_bytes, spill=spill,
         )  # fmt: skip
         return Result("DECLARE CURSOR")
 
