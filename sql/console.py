@@ -226,7 +226,10 @@ def _count_mib(text: str) -> int:
 
 def run_serve(argv: list[str]) -> int:
     """``topicbase serve``: the PostgreSQL-wire server (``sql.pgwire``) until Ctrl-C."""
-    from sql.pgwire import memory_cap, server
+    from sql.pgwire import memory_cap
+
+    memory_cap.arrow_pool_reserves_lazily()  # before anything imports pyarrow
+    from sql.pgwire import server
     from sql.pgwire.limits import add_serve_arguments, serve_configuration
 
     parser = argparse.ArgumentParser(
@@ -253,8 +256,8 @@ def run_serve(argv: list[str]) -> int:
                         help="disk cap of staged Flight writes in MiB (default 16384)")
     parser.add_argument("--memory-cap", type=_count_mib, metavar="MIB", default=None,
                         help="the process's private memory at most (RLIMIT_DATA), in MiB "
-                             "(default 75%% of physical memory, at least 40%% + 6 GiB; "
-                             "0: none)")  # fmt: skip
+                             "(default 75%% of physical memory, at least 40%% + 768 MiB "
+                             "+ 6 MiB per --max-connections, at most 90%%; 0: none)")  # fmt: skip
     arguments = parser.parse_args(argv)
     limits, settings = serve_configuration(arguments)
     data_dir = arguments.data_dir or os.environ.get("TOPICBASE_DATA_DIR") or DEFAULT_DATA_DIR
@@ -271,7 +274,8 @@ def run_serve(argv: list[str]) -> int:
 
     cap = None if arguments.memory_cap is None else arguments.memory_cap << 20
     try:
-        memory_cap.cap_process_data(cap)  # before the Flight door: one process, one cap
+        # before the Flight door: one process, one cap
+        memory_cap.cap_process_data(cap, limits.connections_max)
         flight_door = _start_flight_door(arguments, data_dir)
         server.serve(data_dir, arguments.host, arguments.port, arguments.auth, ready,
                      limits=limits, users_file=arguments.users_file,

@@ -173,12 +173,33 @@ DUCKDB_MEMORY_FRACTION = 0.4
 # share of physical memory (sql.pgwire.memory_cap): past it an allocation fails (53200 for
 # a statement's) instead of the kernel killing the server ...
 PROCESS_DATA_FRACTION = 0.75
-# ... but never below DuckDB's share (``DUCKDB_MEMORY_FRACTION``) plus this much: RLIMIT_DATA
-# counts address space, not resident memory (thread stacks whole, allocator arenas), and
-# the server's own took 1.4 GiB idle and 5.0 GiB at 82 threads under load for 2.5 GiB
-# resident (round 24, both doors; docs/security_review.md), which on a small host would
-# pass 75 % of its memory before DuckDB used its share.
-PROCESS_DATA_OVERHEAD_BYTES = 6 << 30
+# ... but never below what the server reserves when busy within its own bounds: DuckDB's
+# share (``DUCKDB_MEMORY_FRACTION``), plus this fixed part, plus
+# ``PROCESS_DATA_PER_CONNECTION_BYTES`` for each of ``max_connections``. RLIMIT_DATA counts
+# address space, not resident memory (thread stacks whole). Round 26 (H4), measured with
+# pyarrow's pool on the system allocator (``memory_cap.ARROW_POOL_SETTING``) and both doors:
+# VmData 337 MiB at rest, 525 MiB once the first session started DuckDB's threads, wrote
+# and read a topic and grouped a DuckDB table (docs/security_review.md); the rest is
+# headroom. (Round 24's 6 GiB floor came from pyarrow's eager 1 GiB arena and 8 MiB
+# connection stacks, and put the cap above the memory of any host under ~8 GiB.)
+PROCESS_DATA_OVERHEAD_BYTES = 768 << 20
+# A session: its thread's stack (``CONNECTION_THREAD_STACK_BYTES``) and what it allocates
+# besides (event loop, malloc arena, DuckDB's per-connection state): 5.9 MiB measured from
+# 1 to 97 sessions each having grouped a DuckDB table (round 26).
+PROCESS_DATA_PER_CONNECTION_BYTES = 6 << 20
+# ... and never above this share of memory: where that floor is more (a 2 GiB host with the
+# default 100 connections: 2.1 GiB), a server near its maximum of busy sessions gets 53200
+# for an allocation past it rather than the cap be above the host's memory and catch
+# nothing; ``--max-connections`` lower keeps the floor under it.
+PROCESS_DATA_CEILING_FRACTION = 0.9
+# The stack of a wire connection's own thread (and of its worker thread before it has
+# one), instead of the 8 MiB default: every statement of the connection parses, plans and
+# binds on it. Python 3.11 keeps pure-Python frames off the C stack, so the depth is
+# DuckDB's (its transformer and binder recurse per expression level, up to
+# ``DUCKDB_EXPRESSION_DEPTH_MAX``). Deepest measured (round 26, over the wire): a chain of
+# 990 JSON ``->`` operators, 2.3 MiB; 990 ``+`` or ``NOT``, 1.5 MiB; 200 nested subqueries,
+# 0.5 MiB; statements refused past a limit less. 4 MiB is ~1.7x the deepest.
+CONNECTION_THREAD_STACK_BYTES = 4 << 20
 # DuckDB's spill files in ``<data>/tmp`` may take at most this share of the disk space
 # free when the database opens (DuckDB's own default is 90 %, which would leave topic
 # appends on the same disk without room).

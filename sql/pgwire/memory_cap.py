@@ -12,15 +12,23 @@ session goes on (``tests/security/test_memory_cap.py``, checked in a process of 
 
 The ceiling is ``limits.PROCESS_DATA_FRACTION`` of the machine's physical memory, or of
 the container's cgroup limit (``memory.max``, v1 ``memory.limit_in_bytes``) if that is
-smaller (on a
-small host DuckDB's share plus ``PROCESS_DATA_OVERHEAD_BYTES`` if that is more: the limit
-counts address space, thread stacks whole), well above what the server's own bounds add
-up to (DuckDB's ``DUCKDB_MEMORY_FRACTION``, the
-wire's held bytes, the transactions' staged memory), so it is a safety net against what
-no other bound catches, not a budget: below it one statement can still take memory far
-past ``memory_limit`` (the open finding in ``tests/security/test_open_findings_h3.py``).
+smaller, or, if more (small hosts), what the server reserves when busy within its own
+bounds: DuckDB's share (``DUCKDB_MEMORY_FRACTION``) plus ``PROCESS_DATA_OVERHEAD_BYTES``
+plus ``PROCESS_DATA_PER_CONNECTION_BYTES`` for each of ``max_connections`` (the limit
+counts address space, thread stacks whole), but never more than
+``PROCESS_DATA_CEILING_FRACTION`` of that memory: a cap above the host's memory would catch
+nothing. So it is a safety net against what no other
+bound catches, not a budget: below it one statement can still take memory far past
+``memory_limit`` (the open finding in ``tests/security/test_open_findings_h3.py``).
 RLIMIT_DATA counts private writable memory (heap, anonymous maps, thread stacks), not the
 read-only maps of segment files. An existing lower limit is kept.
+
+Two things keep the server's own address space small enough for that floor to stay under
+a small host's memory (round 26): ``arrow_pool_reserves_lazily`` has pyarrow allocate
+through the system allocator (its default pool, mimalloc, reserved a ~1 GiB arena up
+front), which must happen before pyarrow is first imported, so ``topicbase serve`` calls
+it before it imports the server; and each wire connection's thread has a stack of
+``limits.CONNECTION_THREAD_STACK_BYTES`` (``sql.pgwire.connection.own_thread``), not 8 MiB.
 
 Only the server process calls this (``sql.pgwire.server.serve``, and ``topicbase serve``
 before it starts the Flight door, so both doors of that one process run under it); an
@@ -42,14 +50,38 @@ from __future__ import annotations
 import logging
 import os
 import sys
+from collections.abc import MutableMapping
 
 from storage.limits import (
+    CONNECTIONS_MAX_DEFAULT,
     DUCKDB_MEMORY_FRACTION,
+    PROCESS_DATA_CEILING_FRACTION,
     PROCESS_DATA_FRACTION,
     PROCESS_DATA_OVERHEAD_BYTES,
+    PROCESS_DATA_PER_CONNECTION_BYTES,
 )
 
 log = logging.getLogger(__name__)
+
+# pyarrow's default pool (mimalloc) commits a ~1 GiB arena of address space when it first
+# allocates (VmData 1.3 GiB at rest, 0.3 GiB without, the same resident memory). The system
+# allocator has none, and with it Arrow's buffers come from the heap ``malloc_tuning``
+# tunes. Chosen over ``MIMALLOC_ARENA_EAGER_COMMIT=0`` (same VmData) by server CPU on the
+# wire's produce and consume paths, A/B round 26 (no difference beyond the noise).
+ARROW_POOL_SETTING = ("ARROW_DEFAULT_MEMORY_POOL", "system")
+
+
+def arrow_pool_reserves_lazily(environ: MutableMapping[str, str] = os.environ) -> bool:
+    """Set ``ARROW_POOL_SETTING`` in ``environ`` unless the user chose pyarrow's pool or
+    tuned mimalloc (``ARROW_DEFAULT_MEMORY_POOL`` or any ``MIMALLOC_*`` set: theirs wins) or
+    pyarrow is imported already (its pool is chosen then: too late). True when set."""
+    if "pyarrow" in sys.modules:
+        return False
+    if any(name == ARROW_POOL_SETTING[0] or name.startswith("MIMALLOC_") for name in environ):
+        return False
+    name, value = ARROW_POOL_SETTING
+    environ[name] = value
+    return True
 
 
 def physical_memory_bytes() -> int:
@@ -92,16 +124,22 @@ def effective_memory_bytes(cgroup_paths: tuple[str, ...] = CGROUP_LIMIT_FILES) -
     return physical
 
 
-def default_cap(physical: int) -> int:
-    """The cap for a machine of ``physical`` bytes: ``PROCESS_DATA_FRACTION`` of it, or
-    DuckDB's share plus ``PROCESS_DATA_OVERHEAD_BYTES`` if more (small hosts)."""
-    return max(int(physical * PROCESS_DATA_FRACTION),
-               int(physical * DUCKDB_MEMORY_FRACTION) + PROCESS_DATA_OVERHEAD_BYTES)  # fmt: skip
+def default_cap(physical: int, connections: int = CONNECTIONS_MAX_DEFAULT) -> int:
+    """The cap for a machine of ``physical`` bytes serving at most ``connections``
+    sessions: ``PROCESS_DATA_FRACTION`` of it, or what the server reserves when busy if
+    more (small hosts: DuckDB's share, ``PROCESS_DATA_OVERHEAD_BYTES`` and
+    ``PROCESS_DATA_PER_CONNECTION_BYTES`` a session), but never more than
+    ``PROCESS_DATA_CEILING_FRACTION`` of it: always below the machine's memory."""
+    busy = (int(physical * DUCKDB_MEMORY_FRACTION) + PROCESS_DATA_OVERHEAD_BYTES
+            + connections * PROCESS_DATA_PER_CONNECTION_BYTES)  # fmt: skip
+    return min(max(int(physical * PROCESS_DATA_FRACTION), busy),
+               int(physical * PROCESS_DATA_CEILING_FRACTION))  # fmt: skip
 
 
-def cap_process_data(bytes_max: int | None = None) -> int | None:
+def cap_process_data(bytes_max: int | None = None,
+                     connections: int = CONNECTIONS_MAX_DEFAULT) -> int | None:  # fmt: skip
     """Lower RLIMIT_DATA's soft limit to ``bytes_max`` (default ``default_cap`` of physical
-    memory; 0: no cap, nothing set), never raising a limit already lower; the
+    memory and ``connections``; 0: no cap, nothing set), never raising a limit already lower; the
     limit in force, or None where there is none to set (not Linux, physical memory
     unknown, ``bytes_max`` 0)."""
     if not sys.platform.startswith("linux") or bytes_max == 0:
@@ -112,7 +150,7 @@ def cap_process_data(bytes_max: int | None = None) -> int | None:
         physical = effective_memory_bytes()
         if physical <= 0:
             return None
-        bytes_max = default_cap(physical)
+        bytes_max = default_cap(physical, connections)
     soft, hard = resource.getrlimit(resource.RLIMIT_DATA)
     limit = bytes_max
     for existing in (soft, hard):

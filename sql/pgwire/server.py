@@ -239,7 +239,8 @@ def serve(data_dir: str, host: str = DEFAULT_HOST, port: int = DEFAULT_PORT,
     kernel killing the server) and sends the log to stderr at INFO (logins, statements
     under ``log_statement``) if nothing configured logging before."""
     malloc_tuning.reuse_large_blocks()
-    capped = memory_cap.cap_process_data(memory_cap_bytes)
+    connections = (limits or ServerLimits()).connections_max
+    capped = memory_cap.cap_process_data(memory_cap_bytes, connections)
     if not logging.getLogger().handlers:
         logging.basicConfig(level=logging.INFO,
                             format="%(asctime)s %(levelname)s %(name)s: %(message)s")  # fmt: skip

@@ -373,7 +373,9 @@ class Connection(ExtendedProtocol):
         if self.own_thread is not None:
             return function(*arguments)
         loop = asyncio.get_running_loop()
-        return await loop.run_in_executor(self.executor, function, *arguments)
+        with own_thread.connection_stacks():  # the worker thread starts with the first call
+            future = loop.run_in_executor(self.executor, function, *arguments)
+        return await future
 
     def send(self, data: bytes) -> None:
         self.writer.write(data)

@@ -16,6 +16,13 @@ cancel it. TLS connections stay on the server's loop (their TLS state lives in t
 loop's transport). ``DirectReads`` waits for the client's next bytes on such a thread
 without a turn of its loop (a poll of the socket and of the thread's wake-up fd, which
 ``OwnThread.call_soon`` writes), so a statement costs no asyncio read machinery.
+
+``connection_stacks``: the threads a connection's statements run on (its own thread, and
+its worker thread before it has one) are started with stacks of
+``limits.CONNECTION_THREAD_STACK_BYTES``, not the 8 MiB default: the process memory cap
+(``sql.pgwire.memory_cap``) counts every thread's stack whole. Python's thread stack size
+is process-wide, so it is set only around those starts and put back after; DuckDB's and
+Arrow's own threads are not Python's and keep theirs.
 """
 
 from __future__ import annotations
@@ -28,8 +35,10 @@ import select
 import selectors
 import socket
 import threading
-from collections.abc import Callable, Coroutine
+from collections.abc import Callable, Coroutine, Iterator
 from typing import Any
+
+from storage.limits import CONNECTION_THREAD_STACK_BYTES
 
 
 def movable(writer: asyncio.StreamWriter) -> bool:
@@ -95,6 +104,27 @@ class QuietSelector(selectors.DefaultSelector):  # type: ignore[misc,valid-type]
         return ready
 
 
+_STACK_SIZE_LOCK = threading.Lock()  # one connection_stacks at a time: each puts back its own
+
+
+@contextlib.contextmanager
+def connection_stacks() -> Iterator[None]:
+    """Python threads started inside get ``CONNECTION_THREAD_STACK_BYTES`` stacks; the size
+    in force before is put back on leaving. Where the platform refuses that size, threads
+    keep the default. Another thread starting one of its own meanwhile gets the smaller
+    stack too (the setting is process-wide): the window is one thread start."""
+    with _STACK_SIZE_LOCK:
+        try:
+            previous = threading.stack_size(CONNECTION_THREAD_STACK_BYTES)
+        except (ValueError, RuntimeError):  # not settable here: the default stays
+            previous = None
+        try:
+            yield
+        finally:
+            if previous is not None:
+                threading.stack_size(previous)
+
+
 class OwnThread:
     """A coroutine run on a thread of its own with an event loop of its own, from
     ``start`` on (so the owner can keep a reference before the coroutine runs).
@@ -116,8 +146,10 @@ class OwnThread:
         self._thread = threading.Thread(target=self._main, name=name, daemon=True)
 
     def start(self) -> None:
-        """Start the thread; returns once its loop holds the coroutine's task."""
-        self._thread.start()
+        """Start the thread (a connection's stack, ``connection_stacks``); returns once its
+        loop holds the coroutine's task."""
+        with connection_stacks():
+            self._thread.start()
         self._started.wait()
 
     def _main(self) -> None:
