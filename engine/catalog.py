@@ -268,19 +268,28 @@ class CatalogStore:
         )
 
     def apply_offsets(self, moves: dict[OffsetKey, int]) -> None:
-        """Update the mirror after the transaction holding ``moves`` committed."""
+        """Update the mirror after the transaction holding ``moves`` committed.
+
+        All or nothing: the new offsets and ranges are made first and put in place by two
+        assignments, which allocate nothing; so a refused allocation (``MemoryError``
+        under the process memory cap) changes nothing, and the committer's retry
+        (``Committer._past_point``) moves the mirror once, as a first attempt would."""
         if moves:
             with self.lock:
-                before = self._offsets
-                self._offsets = {**self._offsets, **moves}
-                for key, offset in moves.items():
-                    pending = self._pending.get(key)
-                    if pending and offset < before.get(key, 0):
-                        # A move back (SET OFFSETS) starts over: ranges committed ahead
-                        # before it must not carry the offset past a rewound gap.
-                        del self._pending[key]
-                    elif pending:
-                        self._pending[key] = [r for r in pending if r[1] > offset]
+                offsets = {**self._offsets, **moves}
+                pending = self._pending
+                if pending and not pending.keys().isdisjoint(moves):
+                    pending = dict(pending)
+                    for key, offset in moves.items():
+                        ranges = pending.get(key)
+                        if ranges and offset < self._offsets.get(key, 0):
+                            # A move back (SET OFFSETS) starts over: ranges committed ahead
+                            # before it must not carry the offset past a rewound gap.
+                            del pending[key]
+                        elif ranges:
+                            pending[key] = [r for r in ranges if r[1] > offset]
+                self._offsets = offsets
+                self._pending = pending
 
     def plan_ranges(
         self,

@@ -88,6 +88,7 @@ from __future__ import annotations
 
 import concurrent.futures
 import contextlib
+import gc
 import itertools
 import json
 import logging
@@ -392,6 +393,8 @@ class Committer:
         # Set when something failed past a commit point where no step expected it (its
         # state half updated: ``_stop``): no commit and no checkpoint until reopen.
         self._stopped: BaseException | None = None
+        # freed when an allocation past a commit point is refused (``_past_point``)
+        self._reserve: bytearray | None = bytearray(limits.COMMIT_RESERVE_BYTES)
         self._order = CommitOrder(database.commit_lock)  # claims and publish turns
         # Offset moves committed since the last checkpoint (their keys).
         self._moved: dict[tuple[str, str, int], int] = {}
@@ -574,7 +577,9 @@ class Committer:
         # still present is checked again under the commit lock, where retention deletes.
         encoded = [encode({id(i) for i in items if i.moved is not None
                            and moved_refs.make_durable(self._database, i.moved)})]  # fmt: skip
-        appended: list[StagingTicket] = []
+        # Filled by item assignment right after the append (no allocation once the record
+        # is in the log): whether a failure that follows leaves the commit in doubt.
+        appended: list[StagingTicket | None] = [None]
         registered = []
 
         def validate_and_append() -> None:
@@ -590,16 +595,38 @@ class Committer:
             ):
                 encoded[0] = encode(set())  # a source went meanwhile (rare): copies, as before
             append = encoded[0]
-            ticket = self.staging.append(transaction_id, append.parts, append.lengths,
-                                         append.record)  # fmt: skip
-            appended.append(ticket)
-            if append.moved:  # kept by retention until the checkpoint passes the record
-                self._pin_sources(transaction_id, append.moved)
-            if deltas:
-                registered.append(
-                    self.deltas.register(deltas, reservations, (ticket.file_number, ticket.end)))
+            if append.moved:  # kept by retention until the checkpoint passes the record;
+                self._pin_sources(transaction_id, append.moved)  # pinned before the append
+            try:
+                ticket = self.staging.append(transaction_id, append.parts, append.lengths,
+                                             append.record)  # fmt: skip
+            except BaseException:
+                self._unpin(transaction_id)
+                raise
+            appended[0] = ticket
+            try:  # the record is in the log: a failure now leaves the commit in doubt
+                failpoints.hit("commit.log_appended")
+                if deltas:
+                    end = (ticket.file_number, ticket.end)
+                    registered.append(self.deltas.register(deltas, reservations, end))
+            except BaseException as error:  # no later commit validates before reopen
+                with self._lock:
+                    if self._failure is None:
+                        self._failure = error
+                raise
 
-        slot = self._order.enter(set(moves), validate_and_append, recorded=True)
+        try:
+            slot = self._order.enter(set(moves), validate_and_append, recorded=True)
+        except BaseException as error:
+            if appended[0] is None:
+                raise  # nothing appended: nothing committed
+            if not isinstance(error, Exception):
+                raise  # an interrupt stays one (the committer is stopped all the same)
+            raise StorageIOError(
+                f"the commit of transaction {transaction_id} is in doubt (its commit record "
+                f"was appended, then {type(error).__name__}: {error}); reopen the database "
+                "to resolve it"
+            ) from error
         ticket = appended[0]
         try:
             failpoints.hit("commit.after_log_append")
@@ -667,6 +694,11 @@ class Committer:
                 for i in moved if i.moved is not None for r in i.moved.ranges]  # fmt: skip
         with self._lock:
             self._pins.setdefault(transaction_id, []).extend(pins)
+
+    def _unpin(self, transaction_id: int) -> None:
+        """The record naming the pinned sources was not appended: they are free again."""
+        with self._lock:
+            self._pins.pop(transaction_id, None)
 
     def moved_floor(self, topic_id: str, partition: int) -> int | None:
         """The lowest offset of the partition that a committed move's record, not yet
@@ -739,14 +771,11 @@ class Committer:
         failure: BaseException | None = None
         results: list[TopicAppendResult | None] = []
         try:
-            failpoints.hit("commit.after_commit_point")
+            self._past_point(lambda: failpoints.hit("commit.after_commit_point"))
         except BaseException as raised:  # committed all the same: publish later
             failure = raised
         try:
-            failpoints.hit("commit.before_mirror")
-            self._database.catalog.apply_offsets(moves)
-            with self._lock:
-                self._moved.update(moves)
+            self._past_point(lambda: self._move_mirror(moves))
         except BaseException as error:  # the mirror half moved: fail-stop (``_stop``)
             self._stop(error)
             failure = error
@@ -800,36 +829,99 @@ class Committer:
             except BaseException as unexpected:  # not kept for the checkpoint: fail-stop
                 self._stop(unexpected)
                 raise unexpected from error
+            if isinstance(error, MemoryError) and self._finish_now():
+                return [None] * len(items)  # published and counted; offsets not known
             raise
         try:
-            failpoints.hit("commit.before_note_done")
-            self._note_done(transaction_id, [(i.topic_id, i.partition) for i in items],
-                            log_end)  # fmt: skip
+            self._past_point(lambda: self._note_done_once(transaction_id, items, log_end))
         except BaseException as error:  # published, not counted: a checkpoint must not
             self._stop(error)  # pass its record (its partitions unsynced): fail-stop
             raise
         return results
 
+    def _move_mirror(self, moves: dict[tuple[str, str, int], int]) -> None:
+        """Move the offsets' mirror: idempotent (``apply_offsets`` is all or nothing and the
+        moves are absolute offsets), so ``_past_point`` may run it again."""
+        failpoints.hit("commit.before_mirror")
+        self._database.catalog.apply_offsets(moves)
+        with self._lock:
+            self._moved.update(moves)
+
+    def _note_done_once(
+        self, transaction_id: int, items: list[PublishItem], log_end: LogPosition | None
+    ) -> None:
+        """``_note_done`` after its failpoint: it raises only before it counted the
+        transaction (``_note_done``), so a retry does not count it twice."""
+        failpoints.hit("commit.before_note_done")
+        self._note_done(transaction_id, [(i.topic_id, i.partition) for i in items], log_end)
+
+    def _finish_now(self) -> bool:
+        """After a publish refused an allocation (caller has the turn): free the reserve,
+        collect garbage and finish what is unfinished now, as the next publish or recovery
+        would (idempotent, ``check``). Whether it is all published and counted; if not it
+        stays for the next publish or checkpoint, as before round 25."""
+        self._reserve = None
+        gc.collect()
+        try:
+            with self._lock:  # as at the start of ``_publish_in_turn``
+                self._finish_unfinished()
+        except Exception as error:
+            log.warning("a publish refused memory; finishing it now failed too (left for "
+                        "the next publish): %s", error)  # fmt: skip
+            return False
+        finally:
+            try:
+                self._reserve = bytearray(limits.COMMIT_RESERVE_BYTES)
+            except MemoryError:
+                self._reserve = None
+        return True
+
+    def _past_point(self, step: Callable[[], None]) -> None:
+        """Run an idempotent step past a commit point. An allocation refused there (the
+        process memory cap is process-wide: another session's statement may have taken
+        the room) frees the reserve (``_reserve``), collects garbage and runs the step
+        once more; only a second failure escapes (the caller then stops the committer, as
+        before round 25). The reserve is taken again after, if it can be."""
+        try:
+            step()
+            return
+        except MemoryError as error:
+            refused = error
+        self._reserve = None
+        try:
+            gc.collect()
+            step()
+        except BaseException as again:  # the caller stops the committer: name the first
+            raise again from refused
+        finally:
+            try:
+                self._reserve = bytearray(limits.COMMIT_RESERVE_BYTES)
+            except MemoryError:  # tried again at the next failure's retry: no reserve now
+                self._reserve = None
+
     def _note_done(
         self, transaction_id: int, targets: list[tuple[str, int]], log_end: LogPosition | None
     ) -> None:
-        """Count a finished transaction for the checkpoint; wake the checkpointer if due."""
+        """Count a finished transaction for the checkpoint; wake the checkpointer if due.
+        Raises only before the transaction is counted (a retry, ``_past_point``, counts it
+        once): waking or starting the checkpointer after that is tried again at the next
+        commit if it fails (no thread, or no memory: the state is right either way)."""
         with self._wake:
             self._published.append((transaction_id, targets, log_end))
-            if not self._checkpoint_wanted():
-                return
-            if self._checkpointer is None and not self._closing:
-                checkpointer = threading.Thread(
-                    target=self._checkpoint_loop, name="topicbase-checkpoint", daemon=True
-                )
-                try:
+            try:
+                if not self._checkpoint_wanted():
+                    return
+                if self._checkpointer is None and not self._closing:
+                    checkpointer = threading.Thread(
+                        target=self._checkpoint_loop, name="topicbase-checkpoint", daemon=True
+                    )
                     checkpointer.start()
-                except RuntimeError as error:  # no thread now (the memory cap counts stacks):
-                    log.warning("checkpoint thread not started (tried again at the next "
-                                "commit): %s", error)  # fmt: skip
-                    return  # the state is right: nothing to stop
-                self._checkpointer = checkpointer
-            self._wake.notify_all()
+                    self._checkpointer = checkpointer
+                self._wake.notify_all()
+            except (RuntimeError, MemoryError) as error:  # the memory cap counts stacks too
+                with contextlib.suppress(MemoryError):
+                    log.warning("checkpoint thread not started or woken (tried again at the "
+                                "next commit): %s", error)  # fmt: skip
 
     @property
     def backlog(self) -> int:

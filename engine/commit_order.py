@@ -4,17 +4,19 @@ A committing transaction enters a slot after its commit record is written and
 its staging is durable, and leaves it once it is published (or failed):
 
 - *claims*: the consumer offsets (topic id, consumer, partition) a transaction
-  moves are claimed from its validation until the catalog's mirror holds the
-  new offsets. Another transaction moving one of them waits until the claim
-  is released, then validates against the moved offset (40001 if it read the
-  old range). So validation stays exact although the DuckDB COMMIT runs
-  outside the commit lock, and sessions COMMIT concurrently.
+  moves are claimed from just before its validation (given back if that refuses)
+  until the catalog's mirror holds the new offsets. Another transaction moving
+  one of them waits until the claim is released, then validates against the
+  moved offset (40001 if it read the old range). So validation stays exact
+  although the DuckDB COMMIT runs outside the commit lock, and sessions COMMIT
+  concurrently.
 - *turns*: every recorded transaction (it has a commit record) takes a turn
-  number when it validates; publishes and the checkpoint's bookkeeping happen
-  in turn order. Validation order is a valid serial order: a transaction that
-  saw another's offsets or table rows validated after it. So each partition
-  receives transactions in commit order, and a checkpoint never deletes a
-  record whose predecessors are still unpublished.
+  number when it validates (just before; given back if it refuses); publishes
+  and the checkpoint's bookkeeping happen in turn order. Validation order is a
+  valid serial order: a transaction that saw another's offsets or table rows
+  validated after it. So each partition receives transactions in commit order,
+  and a checkpoint never deletes a record whose predecessors are still
+  unpublished.
 - *in flight*: slots entered and not yet done; DDL holds the commit lock (so
   none can enter) and waits for none to be in flight (``quiesce``).
 
@@ -44,6 +46,8 @@ from contextlib import AbstractContextManager
 from dataclasses import dataclass
 from typing import Any
 
+from storage import failpoints
+
 OffsetKey = tuple[str, str, int]  # (topic id, consumer, partition)
 TURN_POLL_S = 0.001  # how often a turn waiter that could not sleep on its condition looks
 
@@ -68,7 +72,9 @@ class CommitOrder:
         self._claim_waiters = 0  # threads in ``enter`` waiting for claims to go
         self._idle = threading.Condition(self._mutex)  # ``quiesce`` waits on it
         self._turn_waiters: dict[int, threading.Condition] = {}
-        self._claimed: frozenset[OffsetKey] = frozenset()
+        # claimed keys: a set changed in place (``difference_update`` with a set
+        # argument allocates nothing, past a commit point)
+        self._claimed: set[OffsetKey] = set()
         self._in_flight = 0
         self._next_turn = 0
         self._turn = 0  # the turn allowed to publish now
@@ -76,44 +82,80 @@ class CommitOrder:
     def enter(
         self, keys: set[OffsetKey], validate: Callable[[], None], *, recorded: bool
     ) -> CommitSlot:
-        """Wait until no slot claims one of ``keys``; then, under the commit lock, run
-        ``validate`` (it raises 40001 to refuse), claim the keys and, if ``recorded``,
-        take the next turn. End the slot with ``release`` + ``wait_turn`` + ``done``."""
+        """Wait until no slot claims one of ``keys``; then, under the commit lock, claim the
+        keys, take the next turn if ``recorded`` and run ``validate`` (it raises 40001 to
+        refuse: the claims and the turn are given back). End the slot with ``release`` +
+        ``wait_turn`` + ``done``.
+
+        Everything the slot needs is made, claimed and counted before ``validate``: a
+        topic-only commit appends its commit record there, and once it is appended a
+        ``MemoryError`` (the process memory cap) would report a failure for a commit that
+        later becomes durable (round 26). After ``validate`` returns nothing here
+        allocates: the slot made before is returned as it is."""
         wanted = frozenset(keys)
         while True:
             with self._commit_lock:
                 with self._mutex:
-                    free = not self._claimed & wanted
+                    free = self._claimed.isdisjoint(wanted)
                 if free:
+                    slot = self._take(wanted, recorded)
                     # ``validate`` may do I/O (a topic-only commit appends its record in
                     # it): not under ``_mutex``, which every publish turn needs. Claims
-                    # are only added here, under the commit lock, so ``free`` still holds.
-                    # made before ``validate`` (which may append a commit record): nothing
-                    # after it allocates until the slot ends
-                    woken = threading.Condition(self._mutex) if recorded else None
-                    validate()
-                    with self._mutex:
-                        assert not self._claimed & wanted
-                        self._claimed |= wanted
-                        self._in_flight += 1
-                        turn = None
-                        if recorded:
-                            turn = self._next_turn
-                            self._next_turn += 1
-                        return CommitSlot(wanted, turn, woken)
+                    # and turns are only added here, under the commit lock, so nothing
+                    # else took a turn or these keys since ``_take``.
+                    try:
+                        validate()
+                    except BaseException:
+                        self._give_back(slot)
+                        raise
+                    return slot
             with self._mutex:
                 self._claim_waiters += 1
                 try:
-                    while self._claimed & wanted:
+                    while not self._claimed.isdisjoint(wanted):
                         self._claims_released.wait()
                 finally:
                     self._claim_waiters -= 1
+
+    def _take(self, wanted: frozenset[OffsetKey], recorded: bool) -> CommitSlot:
+        """Make the slot, claim ``wanted`` and take a turn (caller holds the commit lock,
+        ``wanted`` is free): every allocation of a slot's start, before ``validate``. A
+        ``MemoryError`` here leaves nothing taken (the claims go in last, by one update)."""
+        failpoints.hit("commit.before_validate")
+        # what ``wait_turn`` sleeps on (round 24, R1 F5), made here too
+        woken = threading.Condition(self._mutex) if recorded else None
+        turn = self._next_turn if recorded else None
+        following = self._next_turn + 1  # the int made now, not after ``validate``
+        slot = CommitSlot(wanted, turn, woken)
+        with self._mutex:
+            in_flight = self._in_flight + 1
+            # one resize up front, then no allocation (``set_merge``): all keys or none
+            self._claimed.update(wanted)
+            self._in_flight = in_flight
+            if recorded:
+                self._next_turn = following
+        return slot
+
+    def _give_back(self, slot: CommitSlot) -> None:
+        """``validate`` refused (caller holds the commit lock): return the claims and the
+        turn ``_take`` took. No turn was taken since (the commit lock), so the turn counter
+        goes back to the slot's own turn; a done turn can have reached it, never passed it."""
+        with self._mutex:
+            self._claimed.difference_update(slot.keys)  # no allocation (set arguments)
+            self._in_flight -= 1
+            if slot.turn is not None:
+                assert self._turn <= slot.turn < self._next_turn
+                self._next_turn = slot.turn  # the int object taken: nothing made
+            if slot.keys and self._claim_waiters:
+                self._claims_released.notify_all()
+            if not self._in_flight:
+                self._idle.notify_all()
 
     def release(self, slot: CommitSlot) -> None:
         """Give up the slot's claims: its offsets are moved in the mirror, or never will be."""
         with self._mutex:
             assert slot.keys <= self._claimed
-            self._claimed -= slot.keys
+            self._claimed.difference_update(slot.keys)  # past a commit point: no allocation
             if slot.keys and self._claim_waiters:
                 self._claims_released.notify_all()
 

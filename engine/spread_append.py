@@ -40,7 +40,7 @@ import numpy as np
 import pyarrow as pa
 
 from engine.clock import Clock
-from engine.commit import PublishItem
+from engine.commit import PastCommitPoint, PublishItem
 from engine.interrupts import sigint_deferred
 from engine.writes import plain_batch, plain_values
 from storage import limits
@@ -124,7 +124,11 @@ def _commit_in_log(
     with sigint_deferred():  # from the commit point to the turn's end, whole
         slot, staged = committer.commit_in_log(transaction_id, items, {}, validate)
         results = committer.finish(slot, transaction_id, {}, staged)
-    assert all(r is not None for r in results), "a publish in turn reports its outcome"
+    if any(r is None for r in results):  # finished after a refused allocation (``_finish_now``)
+        raise PastCommitPoint(
+            f"transaction {transaction_id} is committed and published, but its offsets "
+            "could not be reported (an allocation was refused under the memory cap)"
+        )
     # The shares' rows, one after another, are a permutation of the batch's rows.
     rows = np.concatenate([chosen for _, chosen, _ in shares])
     partitions = np.empty(count, dtype=np.int64)

@@ -24,7 +24,9 @@ redirected from a split partition), ``staging.after_sync``, ``staging.torn_recor
 (half a commit record written), ``staging.prewrite`` (before the zeros of a staging
 file's pre-written window are written; ``error`` is a failed zero write, as ENOSPC),
 ``commit.after_stage``, ``commit.after_commit_point``,
-``commit.before_log_append``, ``commit.after_log_append`` (a topic-only commit),
+``commit.before_validate`` (a commit's slot being made: claims and turn, before its
+validation), ``commit.before_log_append``, ``commit.log_appended`` (a topic-only commit's
+record appended, under the commit lock), ``commit.after_log_append`` (a topic-only commit),
 ``commit.mid_publish``, ``commit.log_durable`` (a topic-only commit's record durable,
 the committer's state not yet caught up), ``commit.before_mirror`` (committed, the
 offsets' mirror not moved), ``commit.before_note_done`` (published, not yet counted for

@@ -582,3 +582,7 @@ COLUMN_DECLARED_BYTES_MAX = max(FRAME_TARGET_BYTES, MESSAGE_BYTES_MAX)
 # instead of the memory growing with a segment of small compressed frames (a 64 MiB
 # segment of ~1.2 KB frames would otherwise hold ~55k entries).
 UNPACKED_REMEMBERED_MAX = 4096
+
+# Bytes the committer holds in reserve and frees when an allocation past a commit point is
+# refused under the process memory cap, to finish the transaction in-process (round 25).
+COMMIT_RESERVE_BYTES = 1024 * 1024

@@ -21,7 +21,9 @@ five sessions side by side, each on a thread of its own, for ``ROUNDS`` transact
 
 A statement that fails is rolled back (if it can be) and the thread goes on with the
 next one; an error is kept by type and message. After ``JOIN_S`` a thread still running is
-a hang: the child prints ``hang`` with every thread's stack and exits 4. Then with
+a hang: the child prints ``hang`` with every thread's stack and exits 4. Two more
+phases follow: ``delta`` beside ``spread`` (no DuckDB-way writer), then ``delta`` alone,
+each transaction followed by a read of ``totals`` (``_delta_applied``). Then with
 ``close`` the database is closed (an error of the close is reported, not raised); with
 ``abandon`` the process ends at once (``os._exit``: no close, no checkpoint, as a
 crash with the page cache intact). The last stdout line is JSON: the failpoints' hits,
@@ -89,9 +91,10 @@ def _rollback(session) -> None:
         session.execute("ROLLBACK")
 
 
-def _transactions(name: str, statements, session, outcomes: Outcomes, rng) -> None:
-    """``ROUNDS`` transactions, each ``BEGIN; <statements(k)>; COMMIT``."""
-    for _ in range(ROUNDS):
+def _transactions(name: str, statements, session, outcomes: Outcomes, rng,
+                  rounds: int = ROUNDS) -> None:  # fmt: skip
+    """``rounds`` transactions, each ``BEGIN; <statements(k)>; COMMIT``."""
+    for _ in range(rounds):
         k = rng.randint(1, 15)
         try:
             session.execute("BEGIN")
@@ -119,6 +122,23 @@ def _count(k, session):
 def _delta(k, session):
     moved = int(session.execute(ADD.format(k=k))[-1].tag.rsplit(" ", 1)[1])
     yield tw.ADD_TOTAL, [f"w{k % tw.TOTAL_KEYS}", moved]
+
+
+def _delta_applied(session, outcomes: Outcomes) -> None:
+    """``ROUNDS`` delta transactions alone, each followed by a read of ``totals``, which
+    waits until the applier applied it (``DeltaApplier.wait_visible``): a group each, so
+    the applier's failpoints (``deltas.*``) pass at least about ``ROUNDS`` times after the
+    arming, however the phases before went (round 26: in those, a delta is kept only while
+    no DuckDB-way writer is open, and the applier gathers records for ``GATHER_S``, so
+    their passes ranged from 2 to 18, and an ``@3`` case could end, abandoned, before it
+    fired)."""
+    rng = random.Random(4)
+    for _ in range(ROUNDS):
+        _transactions("delta", _delta, session, outcomes, rng, rounds=1)
+        try:
+            session.execute("SELECT sum(n) FROM totals")
+        except Exception as error:
+            outcomes.error("delta", error)
 
 
 def _big(session, outcomes: Outcomes) -> None:
@@ -220,6 +240,7 @@ def main(argv: list[str]) -> int:
     # from being kept: ``engine.deltas`` rule 4), beside more spread statements.
     bodies = {"delta": bodies["delta"], "spread": lambda s: _spread(s, outcomes, ROUNDS)}
     _phase(bodies, {name: sessions[name] for name in bodies})
+    _phase({"delta": lambda s: _delta_applied(s, outcomes)}, {"delta": sessions["delta"]})
     closed = "abandoned"
     if end == "close":
         for session in sessions.values():
