@@ -27,7 +27,7 @@ from collections.abc import Callable
 from sqlglot import expressions as exp
 
 # Columns counted past this are as good as infinite (no big-number arithmetic on 2^n).
-COLUMNS_COUNT_MAX = 1 << 62
+_SATURATED = 1 << 62
 
 
 def star_columns(tree: exp.Expression, cte_of: Callable[[exp.Table], exp.CTE | None]) -> int:
@@ -46,7 +46,7 @@ def star_columns(tree: exp.Expression, cte_of: Callable[[exp.Table], exp.CTE | N
     counter = _Counter(cte_of)
     total = 0
     for select in selects:
-        total = min(total + counter.query(select), COLUMNS_COUNT_MAX)
+        total = min(total + counter.query(select), _SATURATED)
     return total
 
 
@@ -76,7 +76,7 @@ class _Counter:
                 count = 1
         finally:
             self.busy.discard(key)
-        count = min(count, COLUMNS_COUNT_MAX)
+        count = min(count, _SATURATED)
         self.known[key] = count
         return count
 
