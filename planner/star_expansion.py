@@ -1,4 +1,4 @@
-"""How many columns DuckDB's binder makes for the stars of a statement.
+"""How many columns, and how large their types, DuckDB's binder makes for a statement.
 
 A star (``*``, ``t.*``, ``* EXCLUDE (...)``, ``COLUMNS(...)``, and DuckDB's FROM-first
 ``FROM a, b``, which is ``SELECT *``) becomes one column for each column of the relations
@@ -6,15 +6,23 @@ it reads; a star over a join of a relation with itself doubles the columns. Nest
 2^n from a short text: ``SELECT *, * FROM (SELECT *, * FROM (...))``, ~19 characters a
 level, or a chain of CTEs each ``FROM`` the one before twice (round 26: 16 levels, 317 and
 470 characters, 4 s and more than 20 s of bind; 65,536 columns also overflowed the wire's
-RowDescription, an internal error).
+RowDescription, an internal error). Types double the same way without any star: a FROM
+item's whole row (``SELECT t AS a, t AS b FROM (...) t``, a struct of all its columns) or a
+constructor naming one column twice (``{'a': x, 'b': x}``, ``row(x, x)``, ``map([x], [x])``,
+``list_zip``): 18-20 levels, ~600 characters, 1.4-5 s and 0.3-1.2 GiB.
 
-``star_columns`` counts, from sqlglot's tree, the columns every SELECT of the statement
-makes, a relation of the catalog (a table, a view, a table function) counted as one column
-whatever its width: the count grows with what the stars multiply, not with how wide the
-tables are (a wide table read by one star is linear in what was created). An upper bound
-otherwise: a qualified star ``t.*`` counts every relation of its FROM, ``COLUMNS(...)``
-every column whatever it matches, UNION BY NAME both sides. A common table expression
-read twice counts its columns at each read (DuckDB binds a star over it at each).
+``star_columns`` counts, from sqlglot's tree, the type nodes of the columns every SELECT of
+the statement makes: a column of a relation of the catalog (a table, a view, a table
+function) counts as 1 whatever its width or type (so a wide table costs what was written to
+create it); a star counts what its FROM items make; an item counts its type's size:
+a column reference the size of the column it names (the whole row for the name of a FROM
+item), a constructor (struct, row, map, union, ``list_zip`` …) 1 plus its arguments, any
+other expression 1 plus its largest argument. An upper bound otherwise: a qualified star
+``t.*`` counts every FROM item, ``COLUMNS(...)`` every column whatever it matches, UNION
+BY NAME both sides, a column name found in several FROM items the largest. A common table
+expression read twice counts its columns at each read (DuckDB binds a star over it at
+each). Functions that build a type from their arguments' under other names are counted as
+any other expression (an under-count: see the review's doubts).
 
 Pure; safe from any thread. Recursive over the nesting of queries (bounded by what sqlglot
 could parse); memoised per node, so linear in the tree.
@@ -23,17 +31,33 @@ could parse); memoised per node, so linear in the tree.
 from __future__ import annotations
 
 from collections.abc import Callable
+from typing import NamedTuple
 
 from sqlglot import expressions as exp
 
-# Columns counted past this are as good as infinite (no big-number arithmetic on 2^n).
+# Counts past this are as good as infinite (no big-number arithmetic on 2^n).
 _SATURATED = 1 << 62
+
+# Functions whose result's type holds each argument's type (DuckDB 2.0).
+_CONSTRUCTORS = frozenset({
+    "row", "struct_pack", "struct_insert", "struct_concat", "union_value", "map",
+    "map_from_entries", "map_concat", "list_zip", "array_zip",
+})  # fmt: skip
+_CONSTRUCTOR_NODES = exp.Struct | exp.Tuple | exp.Map | exp.VarMap | exp.ToMap
+
+
+class Shape(NamedTuple):
+    """What a query makes: the type nodes of all its columns, and the largest by name."""
+
+    total: int
+    columns: dict[str, int]
 
 
 def star_columns(tree: exp.Expression, cte_of: Callable[[exp.Table], exp.CTE | None]) -> int:
-    """The columns all SELECTs of ``tree`` make with their stars expanded (each SELECT
-    counted once; 0 when there is no star: one walk of the tree, nothing else);
-    ``cte_of`` says which common table expression a table name refers to."""
+    """The type nodes of the columns all SELECTs of ``tree`` make (each SELECT counted
+    once; 0 when no star, no column named like a FROM item and no constructor occurs: one
+    walk of the tree, nothing else); ``cte_of`` says which common table expression a table
+    name refers to."""
     selects: list[exp.Select] = []
     starred = False
     columns: set[str] = set()  # unqualified column names
@@ -41,70 +65,80 @@ def star_columns(tree: exp.Expression, cte_of: Callable[[exp.Table], exp.CTE | N
     for node in tree.walk():
         if isinstance(node, exp.Select):
             selects.append(node)
-        elif isinstance(node, exp.Star | exp.Columns):
+        elif isinstance(node, exp.Star | exp.Columns | _CONSTRUCTOR_NODES):
             starred = True
         elif isinstance(node, exp.Column):
             if not node.table:
                 columns.add(node.name.lower())
         elif isinstance(node, exp.Table | exp.Subquery):
             sources.add(node.alias_or_name.lower())
+        elif isinstance(node, exp.Func) and _is_constructor(node):
+            starred = True
     if not starred and not columns & sources:
         return 0
     counter = _Counter(cte_of)
     total = 0
     for select in selects:
-        total = min(total + counter.query(select), _SATURATED)
+        total = min(total + counter.query(select).total, _SATURATED)
     return total
+
+
+_ONE = Shape(1, {})
 
 
 class _Counter:
     def __init__(self, cte_of: Callable[[exp.Table], exp.CTE | None]) -> None:
         self.cte_of = cte_of
-        self.known: dict[int, int] = {}
+        self.known: dict[int, Shape] = {}
         self.busy: set[int] = set()
 
-    def query(self, node: exp.Expression) -> int:
-        """Columns of a query node (a SELECT, a set operation, a parenthesised query)."""
+    def query(self, node: exp.Expression) -> Shape:
+        """What a query node makes (a SELECT, a set operation, a parenthesised query)."""
         key = id(node)
         if key in self.known:
             return self.known[key]
         if key in self.busy:  # a recursive CTE read inside itself: its columns are its own
-            return 1
+            return _ONE
         self.busy.add(key)
         try:
             if isinstance(node, exp.Select):
-                count = self._select(node)
+                shape = self._select(node)
             elif isinstance(node, exp.SetOperation):
                 left = self.query(node.this)
-                count = left + self.query(node.expression) if node.args.get("by_name") else left
+                shape = _both(left, self.query(node.expression)) if node.args.get("by_name") \
+                    else left  # fmt: skip
             elif isinstance(node, exp.Subquery):
-                count = self.query(node.this)
+                shape = self.query(node.this)
             else:
-                count = 1
+                shape = _ONE
         finally:
             self.busy.discard(key)
-        count = min(count, _SATURATED)
-        self.known[key] = count
-        return count
+        self.known[key] = shape
+        return shape
 
-    def _select(self, select: exp.Select) -> int:
-        star = None
-        named: dict[str, int] | None = None
-        count = 0
+    def _select(self, select: exp.Select) -> Shape:
+        sources = [(node.alias_or_name.lower(), self._source(node))
+                   for node in self._from_items(select)]  # fmt: skip
+        scope: dict[str, int] = {}
+        rows: dict[str, int] = {}  # a FROM item's whole row (a struct), by its name
+        for name, shape in sources:
+            for column, size in shape.columns.items():
+                scope[column] = max(scope.get(column, 0), size)
+            rows[name] = max(rows.get(name, 0), shape.total)
+        star = sum(shape.total for _, shape in sources) if sources else 1
+        total = 0
+        columns: dict[str, int] = {}
         for item in select.expressions:
             if _is_star(item):
-                if star is None:
-                    star = self._from_columns(select)
-                count += star
+                total += star
+                for column, size in scope.items():
+                    columns[column] = max(columns.get(column, 0), size)
                 continue
-            count += 1
-            for column in item.find_all(exp.Column):
-                if column.table or isinstance(column.this, exp.Star):
-                    continue
-                if named is None:
-                    named = self._named_sources(select)
-                count += named.get(column.name.lower(), 0)  # a whole row: a struct of all
-        return count
+            size = _type_size(item.unalias(), scope, rows)
+            total += size
+            name = item.alias_or_name.lower()
+            columns[name] = max(columns.get(name, 0), size)
+        return Shape(min(total, _SATURATED), columns)
 
     def _from_items(self, select: exp.Select) -> list[exp.Expression]:
         """The items of ``select``'s FROM and joins (those sqlglot hangs under an item too)."""
@@ -118,32 +152,63 @@ class _Counter:
             pending.extend(join.this for join in node.args.get("joins") or ())
         return items
 
-    def _from_columns(self, select: exp.Select) -> int:
-        items = self._from_items(select)
-        return sum(self._source(node) for node in items) if items else 1
-
-    def _named_sources(self, select: exp.Select) -> dict[str, int]:
-        """The columns of each FROM item by its name or alias: an unqualified column of
-        that name may be the item's whole row (``SELECT t AS a, t AS b FROM (...) t``,
-        a struct of every column; round 26: 20 levels, 633 characters, 5 s and 1.2 GiB)."""
-        return {node.alias_or_name.lower(): self._source(node)
-                for node in self._from_items(select)}  # fmt: skip
-
-    def _source(self, node: exp.Expression) -> int:
-        """Columns of one item of a FROM (without the joins sqlglot hangs under it)."""
-        count = 1
+    def _source(self, node: exp.Expression) -> Shape:
+        """What one item of a FROM makes (without the joins sqlglot hangs under it)."""
         if isinstance(node, exp.Table):
             cte = self.cte_of(node) if isinstance(node.this, exp.Identifier) else None
-            if cte is not None:
-                count = self.query(cte.this)
-        elif isinstance(node, exp.Subquery):
-            count = self.query(node.this)
-        elif isinstance(node, exp.Lateral):
-            count = self._source(node.this)
-        elif isinstance(node, exp.Values):
+            return self.query(cte.this) if cte is not None else _ONE
+        if isinstance(node, exp.Subquery):
+            return self.query(node.this)
+        if isinstance(node, exp.Lateral):
+            return self._source(node.this)
+        if isinstance(node, exp.Values):
             first = node.expressions[0] if node.expressions else None
-            count = len(first.expressions) if isinstance(first, exp.Tuple) else 1
-        return count
+            return Shape(len(first.expressions) if isinstance(first, exp.Tuple) else 1, {})
+        return _ONE
+
+
+def _both(left: Shape, right: Shape) -> Shape:
+    columns = dict(left.columns)
+    for name, size in right.columns.items():
+        columns[name] = max(columns.get(name, 0), size)
+    return Shape(min(left.total + right.total, _SATURATED), columns)
+
+
+def _type_size(node: exp.Expression, scope: dict[str, int], rows: dict[str, int]) -> int:
+    """The type nodes of ``node``'s value (post-order with an explicit stack; a query
+    inside it counts as one, its own SELECTs are counted as such)."""
+    sizes: dict[int, int] = {}
+    pending: list[tuple[exp.Expression, bool]] = [(node, False)]
+    while pending:
+        current, children_done = pending.pop()
+        if isinstance(current, exp.Column):
+            name = current.name.lower()
+            size = scope.get(name, 1)
+            if not current.table and name in rows:
+                size = max(size, rows[name])
+            sizes[id(current)] = size
+            continue
+        if isinstance(current, exp.Query | exp.Subquery):
+            sizes[id(current)] = 1
+            continue
+        children = list(current.iter_expressions())
+        if not children_done:
+            pending.append((current, True))
+            pending.extend((child, False) for child in children)
+            continue
+        inner = [sizes.pop(id(child)) for child in children]
+        if isinstance(current, _CONSTRUCTOR_NODES) or _is_constructor(current):
+            size = 1 + sum(inner)
+        else:
+            size = 1 + max(inner, default=0)
+        sizes[id(current)] = min(size, _SATURATED)
+    return sizes[id(node)]
+
+
+def _is_constructor(node: exp.Expression) -> bool:
+    if isinstance(node, exp.Anonymous):
+        return str(node.name).lower() in _CONSTRUCTORS
+    return isinstance(node, exp.Func) and node.sql_name().lower() in _CONSTRUCTORS
 
 
 def _is_star(item: exp.Expression) -> bool:
