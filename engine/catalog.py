@@ -334,11 +334,21 @@ class CatalogStore:
 
     def remember_ranges(self, ranges: dict[OffsetKey, list[tuple[int, int]]]) -> None:
         """Keep a committed transaction's ranges that its moves did not reach (see
-        ``plan_ranges``), for a later COMMIT OFFSETS that fills the gap before them."""
+        ``plan_ranges``), for a later COMMIT OFFSETS that fills the gap before them.
+
+        At most ``PENDING_RANGES_MAX`` a key, the lowest kept, each range once: every
+        transaction open at once passed ``plan_ranges``'s bound against the same committed
+        list, so without this N of them held N times the bound (round 26: 2 messages and
+        N connections, each ``[1, 2)`` 10,000 times, made N x 10,000 ranges of one key,
+        sorted under the catalog's lock at every later COMMIT OFFSETS of it, which the
+        bound then refused). A range dropped here only means its messages are delivered
+        again once the gap before it is committed, never skipped."""
         with self.lock:
             for key, added in ranges.items():
                 committed = self._offsets.get(key, 0)
-                kept = sorted(r for r in [*self._pending.get(key, []), *added] if r[1] > committed)
+                kept = sorted({r for r in [*self._pending.get(key, []), *added]
+                               if r[1] > committed})  # fmt: skip
+                del kept[limits.PENDING_RANGES_MAX :]
                 if kept:
                     self._pending[key] = kept
                 else:

@@ -344,8 +344,9 @@ _LARGE_MACRO_BODY = 1000
 def _names_an_alias_again(tokens: list[tables.SqlToken]) -> bool:
     """Whether a name that could be an alias (after AS, before ``:``, or right after an
     expression's last token: ``1 a``; not one of DuckDB's reserved keywords, which name
-    nothing unquoted) occurs more than once among the name tokens. False means no alias
-    is referenced at all, without parsing (the usual statement)."""
+    nothing unquoted) or a window (``OVER (w``) occurs more than once among the name
+    tokens. False means no alias is referenced at all, without parsing (the usual
+    statement)."""
     candidates: set[str] = set()
     seen: dict[str, int] = {}
     for index, token in enumerate(tokens):
@@ -357,9 +358,18 @@ def _names_an_alias_again(tokens: list[tables.SqlToken]) -> bool:
         after = tokens[index + 1].text if index + 1 < len(tokens) else ""
         if token.kind == "keyword" and name in tables.reserved_keywords():
             continue  # no alias without quotes (`AS`, `AND`, `FROM` …)
-        if after == ":" or (before is not None and _may_end_expression_or_alias(before)):
+        if (after == ":" or (before is not None and _may_end_expression_or_alias(before))
+                or _names_a_window(tokens, index)):  # fmt: skip
             candidates.add(name)
     return any(seen[name] > 1 for name in candidates)
+
+
+def _names_a_window(tokens: list[tables.SqlToken], index: int) -> bool:
+    """Whether the name at ``index`` is a window's, used as ``OVER (w ...)`` (``OVER w``
+    is a name after a keyword, an alias candidate already): DuckDB copies the window's
+    definition there (``planner.alias_expansion``)."""
+    return (index >= 2 and tokens[index - 1].text == "("
+            and tokens[index - 2].text.upper() == "OVER")  # fmt: skip
 
 
 def _may_end_expression_or_alias(token: tables.SqlToken) -> bool:

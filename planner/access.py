@@ -23,6 +23,7 @@ Pure functions of the SQL text, cached; no I/O; thread-safe.
 
 from __future__ import annotations
 
+from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 
 import sqlglot
@@ -31,6 +32,7 @@ from sqlglot import expressions as exp
 from grammar.text_cache import text_cache
 from planner.duckdb_sql import parse_duckdb
 from planner.nested_writes import nested_writes
+from planner.star_expansion import star_columns
 
 DATABASE_NAME = "tables"  # DuckDB's name of the tables file (engine.tables.TABLES_FILE)
 ANALYSIS_CACHE_ENTRIES = 1024
@@ -57,8 +59,16 @@ class Access:
     renamed: tuple[tuple[str, str], ...] = ()  # (old, new)
     opaque: str | None = None  # why the relations cannot be known
     # How many times each relation is read in the text (a view read twice is expanded
-    # twice by DuckDB's binder: ``engine.privileges`` bounds what a statement expands to).
+    # twice by DuckDB's binder: ``engine.privileges`` bounds what a statement expands to),
+    # a read inside a NOT MATERIALIZED common table expression counted once for each copy
+    # DuckDB binds of it (``_inline_weights``).
     reads: tuple[tuple[str, int], ...] = ()
+    # References to common table expressions, counted the same way: each binds a copy
+    # of a NOT MATERIALIZED one (round 26: a chain of such CTEs is 2^n, no relation read).
+    cte_reads: int = 0
+    # Columns its SELECTs make with their stars expanded, a relation counted as one
+    # column (``planner.star_expansion``: stars over self-joins double at each level).
+    star_columns: int = 0
 
 
 @text_cache(ANALYSIS_CACHE_ENTRIES)
@@ -182,15 +192,94 @@ def _tree_access(tree: exp.Expression) -> Access:
             needs.extend((name, privilege) for privilege in _write_privileges(nested))
             written.add(id(node))
     reads: dict[str, int] = {}
+    named: dict[int, tuple[exp.Table, exp.CTE]] = {}  # CTE references, by id of the table
+    relations: list[tuple[exp.Table, str]] = []
     for table in tree.find_all(exp.Table):
         if id(table) in written or isinstance(table.parent, exp.AlterRename):
             continue
         name = _relation_name(table)
-        if name is not None and not _names_cte(table):
+        if name is None:
+            continue
+        cte = _cte_named(table)
+        if cte is None:
             needs.append((name, "SELECT"))
-            reads[name] = reads.get(name, 0) + 1
+            relations.append((table, name))
+        else:
+            named[id(table)] = (table, cte)
+    weight = _inline_weights(named.values())
+    for table, name in relations:
+        reads[name] = reads.get(name, 0) + weight(table)
+    cte_reads = sum(weight(table) for table, _ in named.values())
     return Access(tuple(dict.fromkeys(needs)), tuple(created), tuple(dropped), tuple(renamed),
-                  reads=tuple(reads.items()))  # fmt: skip
+                  reads=tuple(reads.items()), cte_reads=cte_reads,
+                  star_columns=star_columns(tree, _cte_named))  # fmt: skip
+
+
+# Copies counted past this are as good as infinite (no big-number arithmetic on 2^n).
+_WEIGHT_MAX = 1 << 62
+
+
+def _inline_weights(
+    references: Iterable[tuple[exp.Table, exp.CTE]],
+) -> Callable[[exp.Expression], int]:
+    """How many copies of a node DuckDB's binder binds: 1 outside common table expressions;
+    inside a CTE's body, the copies of that CTE. A NOT MATERIALIZED CTE is inlined at each
+    reference, so its copies are the sum, over its references (outside its own body), of
+    the copies of the place each stands in; any other CTE is bound once where it is
+    defined (DuckDB 2.0 materializes one read twice: measured, round 26), so its copies are
+    those of its definition's place. Iterative (a chain of thousands of CTEs recurses
+    nowhere); a cycle (a RECURSIVE WITH naming a later CTE) counts once; capped at
+    ``_WEIGHT_MAX``. Linear in the references and the nodes' depth."""
+    refs: dict[int, list[exp.Table]] = {}
+    for table, cte in references:
+        refs.setdefault(id(cte), []).append(table)
+    known: dict[int, int] = {}
+
+    def enclosing(node: exp.Expression) -> exp.CTE | None:
+        parent = node.parent
+        while parent is not None and not isinstance(parent, exp.CTE):
+            parent = parent.parent
+        return parent
+
+    def sources(cte: exp.CTE) -> list[exp.CTE | None]:
+        """The CTEs (None: none) whose copies make ``cte``'s."""
+        if cte.args.get("materialized") is not False:
+            return [enclosing(cte)]
+        return [enclosing(table) for table in refs.get(id(cte), ()) if not _within(table, cte)]
+
+    def weight_of(cte: exp.CTE | None) -> int:
+        if cte is None:
+            return 1
+        if id(cte) in known:
+            return known[id(cte)]
+        stack: list[exp.CTE] = [cte]
+        started: set[int] = set()
+        while stack:
+            current = stack[-1]
+            if id(current) in known:
+                stack.pop()
+                continue
+            pending = [s for s in sources(current) if s is not None and id(s) not in known
+                       and id(s) not in started]  # fmt: skip
+            if pending and id(current) not in started:
+                started.add(id(current))
+                stack.extend(pending)
+                continue
+            total = sum(known.get(id(s), 1) if s is not None else 1 for s in sources(current))
+            known[id(current)] = min(total, _WEIGHT_MAX)
+            stack.pop()
+        return known[id(cte)]
+
+    return lambda node: weight_of(enclosing(node))
+
+
+def _within(node: exp.Expression, ancestor: exp.Expression) -> bool:
+    parent = node.parent
+    while parent is not None:
+        if parent is ancestor:
+            return True
+        parent = parent.parent
+    return False
 
 
 def _comment_access(tree: exp.Comment) -> Access:
@@ -280,10 +369,11 @@ def _case(identifier: exp.Identifier) -> str:
     return str(identifier.this).lower()
 
 
-def _names_cte(table: exp.Table) -> bool:
-    """True if this unqualified name refers to a common table expression in scope."""
+def _cte_named(table: exp.Table) -> exp.CTE | None:
+    """The common table expression in scope this unqualified name refers to (None: a
+    relation's name)."""
     if table.db or table.catalog:
-        return False
+        return None
     name = _case(table.this)
     child: exp.Expression = table
     node = table.parent
@@ -293,14 +383,24 @@ def _names_cte(table: exp.Table) -> bool:
             ctes = list(node.expressions)
             index = next((i for i, c in enumerate(ctes) if c is child), len(ctes))
             visible = ctes[: index + 1] if node.args.get("recursive") else ctes[:index]
-            if name in {c.alias_or_name.lower() for c in visible}:
-                return True
+            found = _cte_of(visible, name)
+            if found is not None:
+                return found
             inside = node
         else:
             with_ = node.args.get("with") or node.args.get("with_")
-            if isinstance(with_, exp.With) and with_ is not inside and name in {
-                c.alias_or_name.lower() for c in with_.expressions
-            }:
-                return True
+            if isinstance(with_, exp.With) and with_ is not inside:
+                found = _cte_of(with_.expressions, name)
+                if found is not None:
+                    return found
         child, node = node, node.parent
-    return False
+    return None
+
+
+def _cte_of(ctes: list[exp.Expression], name: str) -> exp.CTE | None:
+    """The last of ``ctes`` called ``name`` (lower case), if any."""
+    found = None
+    for cte in ctes:
+        if isinstance(cte, exp.CTE) and cte.alias_or_name.lower() == name:
+            found = cte
+    return found

@@ -263,6 +263,12 @@ class LimitExceededError(TopicbaseError):
     sqlstate = "54000"
 
 
+class TooManyColumnsError(LimitExceededError):
+    """A result with more columns than the PostgreSQL protocol's Int16 column count holds."""
+
+    sqlstate = "54011"
+
+
 # -- class 55: object not in prerequisite state ----------------------------------------
 class ObjectNotInPrerequisiteStateError(TopicbaseError):
     sqlstate = "55000"

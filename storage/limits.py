@@ -269,6 +269,9 @@ WIRE_ROW_MESSAGE_BYTES_MAX = 2**31 - 1
 WIRE_STARTUP_LENGTH_MAX = 10_000
 # Parse, Bind and ParameterDescription count parameters in an unsigned Int16.
 WIRE_PARAMETERS_MAX = 65535
+# RowDescription and DataRow count a row's columns in a signed Int16: a result wider than
+# this cannot be described (54011; PostgreSQL itself refuses a SELECT list over 1664).
+WIRE_RESULT_COLUMNS_MAX = 32767
 # PostgreSQL's PG_MAX_AUTH_TOKEN_LENGTH: a password or SASL message longer than this is refused.
 WIRE_PASSWORD_MESSAGE_LENGTH_MAX = 65535
 # Encryption requests before the StartupMessage: SSL then GSS (and back) at most this often.

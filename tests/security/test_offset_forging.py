@@ -12,6 +12,9 @@ from __future__ import annotations
 import psycopg
 import pytest
 
+from engine.database import Database
+from engine.identity import Identity
+from storage import limits
 from tests.security.conftest import WireServer
 
 
@@ -70,3 +73,38 @@ def test_a_rolled_back_commit_offsets_range_moves_nothing_later(wire_server: Wir
     assert admin.execute(committed).fetchone() == (1,)
     admin.execute("COMMIT OFFSETS ON TOPIC t FOR CONSUMER c1 (PARTITION 0 FROM 1 UPTO 2)")
     assert admin.execute(committed).fetchone() == (4,)
+
+
+def test_concurrent_transactions_keep_at_most_the_bound_of_pending_ranges(
+    database: Database, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Round 26 (H3): each open transaction's COMMIT OFFSETS passed the bound of pending
+    ranges against the same committed list, and COMMIT added them all, so N transactions
+    held N times ``PENDING_RANGES_MAX`` ranges of one key (in memory, sorted under the
+    catalog's lock at every later COMMIT OFFSETS), and the owner's next COMMIT OFFSETS
+    filling the gap was refused (54000) for the ranges still ahead. Now the lowest
+    ``PENDING_RANGES_MAX`` are kept; the rest are delivered again, never skipped."""
+    monkeypatch.setattr(limits, "PENDING_RANGES_MAX", 3)
+    admin = database.connect()
+    admin.execute("CREATE TOPIC t (CONSUMER c1)")
+    admin.execute("INSERT INTO TOPIC t (data) SELECT 'm' FROM range(20)")
+    first, second = (database.connect(Identity(n, superuser=True)) for n in ("ann", "bob"))
+    for session, starts in ((first, (2, 4, 6)), (second, (8, 10, 12))):
+        session.execute("BEGIN")
+        for start in starts:
+            session.execute(
+                f"COMMIT OFFSETS ON TOPIC t FOR CONSUMER c1 (PARTITION 0 FROM {start} "
+                f"UPTO {start + 1})"
+            )
+    first.execute("COMMIT")
+    second.execute("COMMIT")
+    admin.execute("COMMIT OFFSETS ON TOPIC t FOR CONSUMER c1 (PARTITION 0 UPTO 1)")
+    committed = "SELECT committed_offset AS c FROM sys.consumers WHERE topic = 't'"
+    assert admin.execute(committed)[-1].table.to_pylist() == [{"c": 1}]
+    for start in (1, 3, 5, 7):  # ann's ranges carry the offset; bob's were dropped
+        admin.execute(
+            f"COMMIT OFFSETS ON TOPIC t FOR CONSUMER c1 (PARTITION 0 FROM {start} UPTO {start + 1})"
+        )
+    assert admin.execute(committed)[-1].table.to_pylist() == [{"c": 8}]
+    for session in (first, second, admin):
+        session.close()

@@ -9,10 +9,11 @@ from __future__ import annotations
 import struct
 from dataclasses import dataclass, field
 
-from storage.errors import TopicbaseError
+from storage.errors import TooManyColumnsError, TopicbaseError
 from storage.limits import (
     WIRE_MESSAGE_LENGTH_MAX,
     WIRE_PASSWORD_MESSAGE_LENGTH_MAX,
+    WIRE_RESULT_COLUMNS_MAX,
     WIRE_STARTUP_LENGTH_MAX,
 )
 
@@ -302,8 +303,20 @@ class Column:
     format_code: int = 0
 
 
+def column_count_field(count: int) -> bytes:
+    """The Int16 column count of RowDescription and the COPY responses; 54011 past what it
+    holds (they go before any row or COPY data, so nothing of the result is sent)."""
+    if count > WIRE_RESULT_COLUMNS_MAX:
+        raise TooManyColumnsError(
+            f"a result of {count} columns cannot be sent: the PostgreSQL protocol counts at "
+            f"most {WIRE_RESULT_COLUMNS_MAX} (PostgreSQL refuses a SELECT list of more than "
+            "1664); select fewer columns"
+        )
+    return _INT16.pack(count)
+
+
 def row_description(columns: list[Column]) -> bytes:
-    parts = [_INT16.pack(len(columns))]
+    parts = [column_count_field(len(columns))]
     for c in columns:
         parts.append(cstr(c.name))
         parts.append(struct.pack("!ihihih", 0, 0, c.type_oid, c.type_size, c.type_modifier,
@@ -458,13 +471,14 @@ def authentication_sasl_final(data: bytes) -> bytes:
 def copy_in_response(column_count: int, binary: bool = False) -> bytes:
     """CopyInResponse: text (or binary) format overall and for each of the columns."""
     code = 1 if binary else 0
-    return message(b"G", bytes([code]) + _INT16.pack(column_count)
+    return message(b"G", bytes([code]) + column_count_field(column_count)
                    + _INT16.pack(code) * column_count)  # fmt: skip
 
 
 def copy_out_response(column_count: int) -> bytes:
     """CopyOutResponse: text format overall and for each of ``column_count`` columns."""
-    return message(b"H", b"\0" + _INT16.pack(column_count) + _INT16.pack(0) * column_count)
+    return message(b"H", b"\0" + column_count_field(column_count)
+                   + _INT16.pack(0) * column_count)  # fmt: skip
 
 
 def copy_data(payload: bytes) -> bytes:

@@ -140,7 +140,7 @@ async def copy_to_client(context: CommandContext, statement: CopyStatement) -> N
 def _copy_out_response(column_count: int, binary: bool) -> bytes:
     """CopyOutResponse: text or binary, overall and for each column."""
     code = 1 if binary else 0
-    return m.message(b"H", bytes([code]) + _INT16.pack(column_count)
+    return m.message(b"H", bytes([code]) + m.column_count_field(column_count)
                      + _INT16.pack(code) * column_count)  # fmt: skip
 
 

@@ -62,6 +62,7 @@ from sql.pgwire.connection.portals import (
     rows_shape,
 )
 from sql.pgwire.emulation import surface
+from sql.pgwire.memory_budget import MemoryBudgetExceededError
 from storage import limits
 from storage.errors import (
     DuplicateCursorError,
@@ -669,6 +670,17 @@ class ExtendedProtocol:
         portal.position = 1
         return kept[2]
 
+    def _hold_rows(self, name: str, portal: Portal, table: pa.Table) -> None:
+        """Count the rows a named portal keeps in the connection's holdings before any of
+        them is sent (``HeldPortals.hold_rows``); refused (53200), the portal is dropped
+        with its rows. The unnamed portal is not counted: one a connection, replaced by
+        the next Bind, as any statement's result in flight."""
+        try:
+            self.portals.hold_rows(portal, table.nbytes)
+        except MemoryBudgetExceededError:
+            self.portals.pop(name)
+            raise
+
     async def on_execute(self, message: m.Execute) -> None:
         portal = self._portal(message.portal)
         self._refuse_when_failed(portal.prepared.statement)
@@ -701,6 +713,8 @@ class ExtendedProtocol:
             else:
                 self.send(m.command_complete(result.tag.split(" ")[0]))
             return
+        if message.portal and not portal.rows_held and isinstance(table, pa.Table):
+            self._hold_rows(message.portal, portal, table)
         remaining = table.num_rows - portal.position
         count = remaining if message.max_rows <= 0 else min(message.max_rows, remaining)
         rows = table if count == table.num_rows else table.slice(portal.position, count)

@@ -84,8 +84,9 @@ class Portal:
     # The RowDescription of the result when a kept shape gave it (``rows_shape``).
     row_description: bytes | None = None
     # The bytes of its Bind message, counted in the server's ``MemoryBudget`` while the
-    # portal is held (``HeldPortals``).
+    # portal is held (``HeldPortals``), and those of its rows once ``hold_rows`` counted them.
     held_bytes: int = 0
+    rows_held: bool = False
 
 
 class HeldPortals(dict[str, Portal]):
@@ -117,6 +118,19 @@ class HeldPortals(dict[str, Portal]):
             holdings.held = held
         portal.held_bytes = nbytes
         dict.__setitem__(self, name, portal)
+        self.held_bytes += nbytes
+
+    def hold_rows(self, portal: Portal, nbytes: int) -> None:
+        """Count the ``nbytes`` of rows a named portal keeps between messages (its result,
+        kept until the portal is closed, replaced or dropped at the transaction's end, as a
+        SQL cursor's are: round 26, 1,000 named portals a connection each held a result of
+        up to ``result_bytes_max`` in a transaction block, uncounted); once a portal.
+        53200 past the connection's share or the budget (nothing counted)."""
+        if portal.rows_held:
+            return
+        self.holdings.take(nbytes, "a portal's rows")
+        portal.rows_held = True
+        portal.held_bytes += nbytes
         self.held_bytes += nbytes
 
     def pop(self, name: str, default: Any = None) -> Any:  # type: ignore[override]
