@@ -44,7 +44,10 @@ from typing import NamedTuple, Protocol
 from sqlglot import expressions as exp
 
 # Arguments of a SELECT that are not scopes of its aliases.
-_NOT_ALIAS_SCOPES = frozenset({"expressions", "from", "joins", "with", "laterals", "into"})
+# (sqlglot 30 names FROM and WITH ``from_`` and ``with_``; the older names kept.)
+_NOT_ALIAS_SCOPES = frozenset(
+    {"expressions", "from", "from_", "joins", "with", "with_", "laterals", "into"}
+)
 
 
 class MacroCost(NamedTuple):

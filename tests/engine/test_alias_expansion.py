@@ -144,3 +144,16 @@ def test_over_the_wire_the_chains_are_54000_and_the_connection_goes_on(tmp_path)
         assert alice.execute("SELECT 2 AS a, a + 1 AS b").fetchall() == [(2, 3)]
     finally:
         server.stop()
+
+
+def test_from_and_with_are_not_scopes_of_the_select_lists_aliases() -> None:
+    # DuckDB binds FROM and WITH before the SELECT list: a name there is never the alias.
+    # (sqlglot 30 calls them ``from_`` and ``with_``: they were walked as scopes, round 26.)
+    from planner.alias_expansion import alias_copies
+    from planner.duckdb_sql import parse_duckdb
+
+    for sql in ("SELECT repeat('x', 100) AS a FROM unnest([a, a, a]) AS z",
+                "WITH c AS (SELECT [a, a, a] AS l FROM t) SELECT repeat('x', 9) AS a FROM c"):
+        tree = parse_duckdb(sql)
+        assert tree is not None
+        assert alias_copies(tree, {}) == 0
