@@ -224,11 +224,29 @@ def _count_mib(text: str) -> int:
     return value
 
 
+def _early_memory_cap(argv: list[str]) -> int | None:
+    """``--memory-cap MIB`` from ``argv`` before argparse reads it (argparse's checks and
+    errors come later; a value it would refuse counts as not given here)."""
+    for at, argument in enumerate(argv):
+        text = None
+        if argument == "--memory-cap" and at + 1 < len(argv):
+            text = argv[at + 1]
+        elif argument.startswith("--memory-cap="):
+            text = argument.partition("=")[2]
+        if text is not None:
+            try:
+                return _count_mib(text)
+            except (ValueError, argparse.ArgumentTypeError):
+                return None
+    return None
+
+
 def run_serve(argv: list[str]) -> int:
     """``topicbase serve``: the PostgreSQL-wire server (``sql.pgwire``) until Ctrl-C."""
     from sql.pgwire import memory_cap
 
-    memory_cap.arrow_pool_reserves_lazily()  # before anything imports pyarrow
+    # before anything imports pyarrow: its pool by the cap the server will run under
+    memory_cap.arrow_pool_reserves_lazily(memory_cap.planned_cap(_early_memory_cap(argv)))
     from sql.pgwire import server
     from sql.pgwire.limits import add_serve_arguments, serve_configuration
 

@@ -24,11 +24,13 @@ RLIMIT_DATA counts private writable memory (heap, anonymous maps, thread stacks)
 read-only maps of segment files. An existing lower limit is kept.
 
 Two things keep the server's own address space small enough for that floor to stay under
-a small host's memory (round 26): ``arrow_pool_reserves_lazily`` has pyarrow allocate
-through the system allocator (its default pool, mimalloc, reserved a ~1 GiB arena up
-front), which must happen before pyarrow is first imported, so ``topicbase serve`` calls
-it before it imports the server; and each wire connection's thread has a stack of
-``limits.CONNECTION_THREAD_STACK_BYTES`` (``sql.pgwire.connection.own_thread``), not 8 MiB.
+a small host's memory (round 26): under a cap below ``SYSTEM_POOL_CAP_BYTES``,
+``arrow_pool_reserves_lazily`` has pyarrow allocate through the system allocator (its
+default pool, mimalloc, reserves a ~1 GiB arena up front, but is faster on the wire's
+paths, so larger caps keep it), which must happen before pyarrow is first imported, so
+``topicbase serve`` calls it before it imports the server; and each wire connection's
+thread has a stack of ``limits.CONNECTION_THREAD_STACK_BYTES``
+(``sql.pgwire.connection.own_thread``), not 8 MiB.
 
 Only the server process calls this (``sql.pgwire.server.serve``, and ``topicbase serve``
 before it starts the Flight door, so both doors of that one process run under it); an
@@ -66,15 +68,26 @@ log = logging.getLogger(__name__)
 # pyarrow's default pool (mimalloc) commits a ~1 GiB arena of address space when it first
 # allocates (VmData 1.3 GiB at rest, 0.3 GiB without, the same resident memory). The system
 # allocator has none, and with it Arrow's buffers come from the heap ``malloc_tuning``
-# tunes. Chosen over ``MIMALLOC_ARENA_EAGER_COMMIT=0`` (same VmData) by server CPU on the
-# wire's produce and consume paths, A/B round 26 (no difference beyond the noise).
+# tunes; but it is slower on the wire's hot paths: round 26 (lead), ``bench.run --only
+# pgwire,streams`` alternated, 5 pairs, load 2.5-3.4: wire consume (binary) 634 k msgs/s
+# median with mimalloc against 461 k with the system allocator (mimalloc ahead in all 5),
+# SELECT 1 p50 139 against 180 us; ``MIMALLOC_ARENA_EAGER_COMMIT=0`` in between (2 runs).
+# So the system allocator is chosen only where the arena would be a large share of the cap.
 ARROW_POOL_SETTING = ("ARROW_DEFAULT_MEMORY_POOL", "system")
+# Caps below this take the system allocator (the 1 GiB arena would be an eighth or more).
+SYSTEM_POOL_CAP_BYTES = 8 << 30
 
 
-def arrow_pool_reserves_lazily(environ: MutableMapping[str, str] = os.environ) -> bool:
-    """Set ``ARROW_POOL_SETTING`` in ``environ`` unless the user chose pyarrow's pool or
-    tuned mimalloc (``ARROW_DEFAULT_MEMORY_POOL`` or any ``MIMALLOC_*`` set: theirs wins) or
-    pyarrow is imported already (its pool is chosen then: too late). True when set."""
+def arrow_pool_reserves_lazily(
+    cap_bytes: int | None = 0, environ: MutableMapping[str, str] = os.environ
+) -> bool:
+    """Set ``ARROW_POOL_SETTING`` in ``environ`` when the process will run under a cap
+    ``cap_bytes`` below ``SYSTEM_POOL_CAP_BYTES`` (None or 0: no cap, nothing set), unless
+    the user chose pyarrow's pool or tuned mimalloc (``ARROW_DEFAULT_MEMORY_POOL`` or any
+    ``MIMALLOC_*`` set: theirs wins) or pyarrow is imported already (its pool is chosen
+    then: too late). True when set."""
+    if not cap_bytes or cap_bytes >= SYSTEM_POOL_CAP_BYTES:
+        return False
     if "pyarrow" in sys.modules:
         return False
     if any(name == ARROW_POOL_SETTING[0] or name.startswith("MIMALLOC_") for name in environ):
@@ -82,6 +95,18 @@ def arrow_pool_reserves_lazily(environ: MutableMapping[str, str] = os.environ) -
     name, value = ARROW_POOL_SETTING
     environ[name] = value
     return True
+
+
+def planned_cap(memory_cap_mib: int | None, connections: int = CONNECTIONS_MAX_DEFAULT) -> int:
+    """The cap ``cap_process_data`` will set for ``--memory-cap`` (MiB; None: the default,
+    0: none), in bytes (0: none), without importing anything heavy: ``topicbase serve``
+    chooses pyarrow's pool from it before pyarrow is imported."""
+    if memory_cap_mib is not None:
+        return memory_cap_mib << 20
+    if not sys.platform.startswith("linux"):
+        return 0
+    physical = effective_memory_bytes()
+    return default_cap(physical, connections) if physical > 0 else 0
 
 
 def physical_memory_bytes() -> int:

@@ -47,7 +47,7 @@ def test_serve_at_rest_reserves_no_arrow_arena(tmp_path: Path) -> None:
     of VmData pyarrow's eager mimalloc arena made it (round 25: 1367 MiB; now ~0.5 GiB)."""
     environment_before = {name: os.environ.get(name) for name in ("ARROW_DEFAULT_MEMORY_POOL",)}
     assert all(value is None for value in environment_before.values()), "the runner chose"
-    server, port, _ = _serve(tmp_path / "data", "--memory-cap", "0")
+    server, port, _ = _serve(tmp_path / "data", "--memory-cap", "2048")  # a small host's cap
     try:
         with psycopg.connect(**_options(port)) as session:
             session.execute("CREATE TOPIC a")
@@ -61,23 +61,44 @@ def test_serve_at_rest_reserves_no_arrow_arena(tmp_path: Path) -> None:
 
 def test_the_users_allocator_choice_wins(monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.delitem(sys.modules, "pyarrow")  # as in `topicbase serve` before the import
+    small = 2 << 30  # a 2 GiB host's cap
     chosen = {"ARROW_DEFAULT_MEMORY_POOL": "mimalloc"}
-    assert not memory_cap.arrow_pool_reserves_lazily(chosen)
+    assert not memory_cap.arrow_pool_reserves_lazily(small, chosen)
     assert chosen == {"ARROW_DEFAULT_MEMORY_POOL": "mimalloc"}
     tuned = {"MIMALLOC_ARENA_EAGER_COMMIT": "1"}
-    assert not memory_cap.arrow_pool_reserves_lazily(tuned)
+    assert not memory_cap.arrow_pool_reserves_lazily(small, tuned)
     assert tuned == {"MIMALLOC_ARENA_EAGER_COMMIT": "1"}
     unset = {"PATH": "/bin"}
-    assert memory_cap.arrow_pool_reserves_lazily(unset)
+    assert memory_cap.arrow_pool_reserves_lazily(small, unset)
     name, value = memory_cap.ARROW_POOL_SETTING
     assert unset == {"PATH": "/bin", name: value}
+
+
+def test_a_large_cap_or_none_keeps_mimalloc(monkeypatch: pytest.MonkeyPatch) -> None:
+    # mimalloc is faster on the wire's paths (round 26): only a small cap trades it away
+    monkeypatch.delitem(sys.modules, "pyarrow")
+    for cap in (0, None, memory_cap.SYSTEM_POOL_CAP_BYTES, 64 << 30):
+        unset: dict[str, str] = {}
+        assert not memory_cap.arrow_pool_reserves_lazily(cap, unset)
+        assert unset == {}
+    assert memory_cap.planned_cap(0) == 0
+    assert memory_cap.planned_cap(2048) == 2 << 30
+
+
+def test_serve_reads_the_cap_before_argparse() -> None:
+    from sql.console import _early_memory_cap
+
+    assert _early_memory_cap(["--port", "0", "--memory-cap", "1843"]) == 1843
+    assert _early_memory_cap(["--memory-cap=0"]) == 0
+    assert _early_memory_cap(["--memory-cap", "-5"]) is None  # argparse refuses it later
+    assert _early_memory_cap(["--port", "5433"]) is None
 
 
 def test_too_late_once_pyarrow_is_imported() -> None:
     import pyarrow  # noqa: F401  (the pool is chosen at import)
 
     unset: dict[str, str] = {}
-    assert not memory_cap.arrow_pool_reserves_lazily(unset)
+    assert not memory_cap.arrow_pool_reserves_lazily(2 << 30, unset)
     assert unset == {}
 
 
