@@ -231,7 +231,8 @@ class _Graphs:
             function = item.this
             if isinstance(function, exp.Func):  # a table function or table macro, its arguments
                 own = self.macros.table.get(_function_name(function), 0)
-                return max(1, own) + sum(self.loose(argument) for argument in _arguments(function))
+                return max(1, own) + sum(self.loose(argument)
+                                         for argument in function.iter_expressions())
             return 1
         if isinstance(item, (exp.Subquery, exp.Lateral)):
             inner = item.this
@@ -254,22 +255,8 @@ class _Graphs:
                 continue
             if isinstance(current, exp.Func):
                 size += self.macros.scalar.get(_function_name(current), 0)
-            stack.extend(
-                child
-                for value in current.args.values()
-                for child in (value if isinstance(value, list) else [value])
-                if isinstance(child, exp.Expression)
-            )
+            stack.extend(current.iter_expressions())
         return size
-
-
-def _arguments(function: exp.Func) -> list[exp.Expression]:
-    return [
-        child
-        for value in function.args.values()
-        for child in (value if isinstance(value, list) else [value])
-        if isinstance(child, exp.Expression)
-    ]
 
 
 def _function_name(node: exp.Func) -> str:
