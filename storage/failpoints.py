@@ -52,7 +52,10 @@ commit of frames and Arrow rows of one partition); ``deltas.before_commit`` and
 ``sink.after_commit`` (a sink's batch committed with its ``(sink id, batch id)`` record,
 its answer not yet sent, ``engine.bulk_write``); ``page_cache.after_drop_behind`` (a write
 just dropped written-back, unsynced log bytes from the page cache,
-``storage.page_cache.drop_behind``).
+``storage.page_cache.drop_behind``); the ledger (``storage.ledger``): ``ledger.torn_frame``
+(half of a group-commit round's frames written, then the action), ``ledger.after_write``
+(a round's frames written, not synced), ``ledger.after_sync`` (synced, not yet indexed or
+acknowledged).
 """
 
 from __future__ import annotations

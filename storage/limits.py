@@ -589,3 +589,15 @@ UNPACKED_REMEMBERED_MAX = 4096
 # Bytes the committer holds in reserve and frees when an allocation past a commit point is
 # refused under the process memory cap, to finish the transaction in-process (round 25).
 COMMIT_RESERVE_BYTES = 1024 * 1024
+
+# -- the ledger (storage.ledger; round 27, H4: issue 14, phase 1, not in the produce path) --
+# A ledger file ends once it holds this many bytes (the next frame starts a new one): files
+# small enough that retention deletes them one at a time behind the copy.
+LEDGER_FILE_BYTES_MAX = 64 * 1024 * 1024
+# A statement's frame is at most this large: a bigger statement goes to the partitions'
+# segments as today (its shares are not small). The body length is a u32 in the format.
+LEDGER_FRAME_BYTES_MAX = 16 * 1024 * 1024
+# A share goes to the ledger only if its messages' bytes (``record_batch.data_bytes``) are at
+# most this: at 1000 partitions a 5,000-message statement's shares are ~5 messages (~5 KiB),
+# whose own frames cost more than their bytes (docs/scale.md, rounds 10-12).
+LEDGER_SHARE_BYTES_MAX = 64 * 1024

@@ -1,0 +1,428 @@
+"""The ledger: a topic's shared log of small shares, one frame a statement (issue 14).
+
+At 1000 partitions a statement's shares are a few messages each, and writing each as a
+frame in its own partition's file costs more than its bytes. The ledger writes a
+statement's small shares once, as one frame (``storage.ledger_format``) in a shared,
+append-only log, ``<directory>/<20-digit file number>.ledger``; each partition keeps an
+in-memory index into it (``storage.ledger_index``). Phase 1 (round 27): the log, its
+index, its reads and its recovery; not yet wired into the produce path, and the copy
+into the partitions' segments is the caller's (``release`` records it, ``drop_copied_files``
+deletes what it made unneeded).
+
+Append: ``append`` encodes the shares outside any lock, then joins a group-commit round
+(``storage.group_commit``): the round's leader gives each frame its sequence number and
+each share its base offset (its partition's end), writes every frame of the round with
+one ``pwritev`` and syncs once; only then are the frames indexed and visible to reads,
+and the appends return their base offsets. A frame is the statement's commit point.
+
+Open (recovery): the partitions' own logs recover first and hand their ends
+(``partition_ends``: the next offset each holds in its segments). Every ledger file is
+scanned (``ledger_format.scan``: the valid prefix; a torn tail ends a file) and synced (so
+nothing found in the page cache only is built upon), in file order; sequence numbers must
+follow one another across files. A share wholly below its partition's own end was
+copied already and is not indexed; a share at the partition's end is indexed, and the
+partition's end moves past it; a share that straddles the end or leaves a gap means
+damage (``CorruptSegmentError``): the copy writes whole shares, and a ledger file is
+deleted only after every share in it is durable in its partition. New frames go to a new
+file (a file is never appended to by two processes).
+
+Invariants: a read sees only frames whose sync returned; a partition's indexed offsets are
+contiguous from its ``start`` to its ``end``; files are deleted from the front only, so
+the frames left always follow one another. After a failed write or sync the ledger
+refuses appends (``StorageIOError``) until it is opened again: frames of the failed round
+may or may not be on disk, and their offsets must not be given twice.
+Thread-safety: ``append`` and ``read`` may be called from any thread; ``_lock`` guards the
+index, the files and the maps; the write and sync run outside it (one leader at a time).
+"""
+
+from __future__ import annotations
+
+import os
+import threading
+import time
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
+
+import numpy as np
+import pyarrow as pa
+
+from storage import failpoints, file_names, limits
+from storage import ledger_format as fmt
+from storage.errors import CorruptSegmentError, LimitExceededError, StorageIOError
+from storage.fs import FileSystem
+from storage.group_commit import GroupCommitter, Request
+from storage.ledger_index import LedgerIndex
+from storage.record_batch import READ_SCHEMA, TIMESTAMP, WIRE_SCHEMA, data_bytes
+
+SUFFIX = ".ledger"
+
+
+def is_small_share(batch: pa.RecordBatch) -> bool:
+    """Whether a share is small enough for the ledger (``limits.LEDGER_SHARE_BYTES_MAX``)."""
+    return data_bytes(batch) <= limits.LEDGER_SHARE_BYTES_MAX
+
+
+@dataclass(frozen=True, slots=True)
+class _FrameAt:
+    file_number: int
+    position: int
+    end: int
+    written_at_us: int
+
+
+@dataclass(slots=True)
+class _File:
+    number: int
+    path: str
+    first: int | None  # sequence of its first frame (None: no frame)
+    last: int | None
+    size: int  # bytes of valid frames
+    fd: int | None = None  # read descriptor
+    mapped: pa.Buffer | None = None
+    mapped_size: int = 0
+
+
+class Ledger:
+    def __init__(self, fs: FileSystem, directory: str, *,
+                 partition_ends: Mapping[int, int] | None = None,
+                 file_bytes_max: int = limits.LEDGER_FILE_BYTES_MAX,
+                 window_us: int = 0) -> None:  # fmt: skip
+        self._fs = fs
+        self._directory = directory
+        self._file_bytes_max = file_bytes_max
+        self._lock = threading.Lock()
+        self._index = LedgerIndex()
+        self._frames: dict[int, _FrameAt] = {}
+        self._files: dict[int, _File] = {}
+        self._verified: set[int] = set()  # frames whose bytes passed the CRC on a read
+        self._failed: BaseException | None = None
+        self._closed = False
+        # the leader's state: the next sequence, each partition's next offset (frames
+        # written but not yet synced included), the file being appended to
+        self._next_sequence = 0
+        self._next_ends: dict[int, int] = {}
+        self._write_fd: int | None = None
+        self._write_number = 0
+        self._write_size = 0
+        fs.make_directory(directory)
+        self._recover(dict(partition_ends or {}))
+        self._committer = GroupCommitter(self._flush, window_us)
+
+    # -- recovery ------------------------------------------------------------------------
+    def _recover(self, own_ends: dict[int, int]) -> None:
+        for partition, end in own_ends.items():
+            self._index.set_end(partition, end)
+        numbers = [n for n in (file_names.parse_offset(name, SUFFIX)
+                               for name in self._fs.list_directory(self._directory))
+                   if n is not None]  # fmt: skip
+        expected: int | None = None
+        for number in sorted(numbers):
+            path = self._path(number)
+            fd = self._fs.open_read(path)
+            try:
+                self._fs.sync(fd)  # what a crash left in the page cache only: made durable
+                size = self._fs.file_size(fd)
+                # scanned through a map where maps are on (no copy of the file), else read
+                raw = self._fs.map_read(fd, size) if size else None
+                frames, valid = fmt.scan(raw if raw is not None else self._fs.read_file(path),
+                                         path)  # fmt: skip
+            except BaseException:
+                self._fs.close(fd)
+                raise
+            entry = _File(number, path, frames[0].sequence if frames else None,
+                          frames[-1].sequence if frames else None, valid, fd)  # fmt: skip
+            self._files[number] = entry
+            for frame in frames:
+                if expected is not None and frame.sequence != expected:
+                    raise CorruptSegmentError(
+                        f"ledger frame {frame.sequence}, {expected} expected",
+                        path=path, position=frame.position)  # fmt: skip
+                expected = frame.sequence + 1
+                self._index_recovered(frame, number, path, own_ends)
+            self._write_number = number + 1
+        self._fs.sync_directory(self._directory)
+        self._next_sequence = expected or 0
+        self._next_ends = self._index.ends()
+
+    def _index_recovered(self, frame: fmt.LedgerFrame, number: int, path: str,
+                         own_ends: dict[int, int]) -> None:  # fmt: skip
+        shares = frame.shares
+        partitions = shares["partition"].astype(np.int64)
+        counts = shares["count"].astype(np.int64)
+        bases = shares["base"]
+        rows = np.cumsum(counts) - counts
+        own = np.fromiter((own_ends.get(p, 0) for p in partitions.tolist()), np.int64,
+                          len(partitions))  # fmt: skip
+        copied = bases + counts <= own
+        if np.any(~copied & (bases < own)):
+            raise CorruptSegmentError("a ledger share straddles its partition's own end",
+                                      path=path, position=frame.position)  # fmt: skip
+        keep = ~copied
+        ends = np.fromiter((self._index.end(p) for p in partitions[keep].tolist()), np.int64,
+                           int(keep.sum()))  # fmt: skip
+        if np.any(bases[keep] != ends):
+            raise CorruptSegmentError("a ledger share leaves a gap in its partition's offsets",
+                                      path=path, position=frame.position)  # fmt: skip
+        self._index.add(frame.sequence, partitions[keep], bases[keep], counts[keep], rows[keep])
+        self._frames[frame.sequence] = _FrameAt(number, frame.position, frame.end,
+                                                frame.written_at_us)  # fmt: skip
+
+    # -- appending -----------------------------------------------------------------------
+    def append(self, shares: Sequence[tuple[int, pa.RecordBatch]], *, transaction_id: int = 0,
+               written_at_us: int | None = None) -> list[int]:  # fmt: skip
+        """Write one statement's shares ``(partition, wire batch)`` (partitions increasing)
+        as one frame; returns each share's base offset once the frame is durable."""
+        encoded = fmt.encode_body(shares)
+        if encoded.body.size > limits.LEDGER_FRAME_BYTES_MAX:
+            raise LimitExceededError(
+                f"a ledger frame of {encoded.body.size} bytes is over "
+                f"{limits.LEDGER_FRAME_BYTES_MAX}; such a statement's shares are not small"
+            )
+        when = time.time_ns() // 1000 if written_at_us is None else written_at_us
+        bases: np.ndarray = self._committer.submit((encoded, transaction_id, when))
+        return bases.tolist()
+
+    def _flush(self, requests: list[Request]) -> None:
+        """One group-commit round (the leader only): frame, write, sync, index."""
+        if self._failed is not None or self._closed:
+            raise StorageIOError("the ledger refuses appends after a failed write; reopen it",
+                                 path=self._directory)  # fmt: skip
+        try:
+            self._write_round(requests)
+        except BaseException as error:
+            self._failed = error
+            raise
+
+    def _write_round(self, requests: list[Request]) -> None:
+        parts: list[bytes | pa.Buffer] = []
+        placed = []
+        position = self._write_size
+        for request in requests:
+            encoded, transaction_id, when = request.payload
+            ends = self._next_ends
+            bases = np.fromiter((ends.get(p, 0) for p in encoded.partitions.tolist()),
+                                np.int64, len(encoded.partitions))  # fmt: skip
+            sequence = self._next_sequence
+            frame = fmt.frame_parts(encoded, bases, sequence=sequence, written_at_us=when,
+                                    transaction_id=transaction_id)  # fmt: skip
+            size = fmt.frame_bytes(frame)
+            if self._write_fd is None or (position > 0
+                                          and position + size > self._file_bytes_max):  # fmt: skip
+                if parts:  # what this round holds so far goes to the current file
+                    self._write_and_sync(parts, placed)
+                    parts, placed = [], []
+                self._start_file()
+                position = 0
+            ends.update(zip(encoded.partitions.tolist(), (bases + encoded.counts).tolist(),
+                            strict=True))  # fmt: skip
+            self._next_sequence = sequence + 1
+            placed.append((request, encoded, bases, sequence, position, size, when))
+            parts.extend(frame)
+            position += size
+        self._write_and_sync(parts, placed)
+
+    def _write_and_sync(self, parts: list[bytes | pa.Buffer], placed: list) -> None:
+        fd = self._write_fd
+        assert fd is not None and placed
+        start = placed[0][4]
+        if failpoints.armed("ledger.torn_frame"):
+            joined = b"".join(bytes(p) for p in parts)
+            self._fs.pwrite(fd, joined[: len(joined) // 2], start)
+            failpoints.hit("ledger.torn_frame")
+        self._fs.pwritev(fd, parts, start)
+        failpoints.hit("ledger.after_write")
+        self._fs.sync(fd)
+        failpoints.hit("ledger.after_sync")
+        end = placed[-1][4] + placed[-1][5]
+        self._write_size = end
+        with self._lock:
+            entry = self._files[self._write_number]
+            for request, encoded, bases, sequence, position, size, when in placed:
+                counts = encoded.counts.astype(np.int64)
+                self._index.add(sequence, encoded.partitions.astype(np.int64), bases, counts,
+                                np.cumsum(counts) - counts)  # fmt: skip
+                self._frames[sequence] = _FrameAt(self._write_number, position,
+                                                  position + size, when)  # fmt: skip
+                self._verified.add(sequence)  # written from these very bytes
+                request.result = bases
+                if entry.first is None:
+                    entry.first = sequence
+                entry.last = sequence
+            entry.size = end
+
+    def _start_file(self) -> None:
+        """End the file being written (its frames are synced) and start the next one."""
+        if self._write_fd is not None:
+            self._fs.close(self._write_fd)
+            self._write_fd = None
+            self._write_number += 1
+        number = self._write_number
+        path = self._path(number)
+        fd = self._fs.open_write(path)
+        self._write_fd, self._write_size = fd, 0
+        self._fs.sync_directory(self._directory)
+        with self._lock:
+            self._files[number] = _File(number, path, None, None, 0, self._fs.open_read(path))
+
+    # -- reading -------------------------------------------------------------------------
+    def end_offset(self, partition: int) -> int:
+        with self._lock:
+            return self._index.end(partition)
+
+    def start_offset(self, partition: int) -> int:
+        with self._lock:
+            return self._index.start(partition)
+
+    def read(self, partition: int, offset: int, max_messages: int | None = None
+             ) -> pa.RecordBatch:  # fmt: skip
+        """Messages of ``partition`` from ``offset`` to its end (at most ``max_messages``)
+        as one read batch (``READ_SCHEMA``), zero-copy over the ledger's mapped frames
+        where maps are on. An offset outside ``[start, end]`` is a ``ValueError``."""
+        with self._lock:
+            end = self._index.end(partition)
+            if max_messages is not None:
+                end = min(end, offset + max_messages)
+            spans = self._index.spans(partition, offset, max(end, offset))
+            bodies = {}
+            for span in spans:
+                if span.frame not in bodies:
+                    bodies[span.frame] = self._body(span.frame)
+        wires = {frame: pa.ipc.read_record_batch(body, WIRE_SCHEMA)
+                 for frame, (body, _) in bodies.items()}  # fmt: skip
+        pieces = [wires[s.frame].slice(s.row, s.count) for s in spans]
+        count = sum(s.count for s in spans)
+        if not pieces:
+            wire = pa.RecordBatch.from_pylist([], schema=WIRE_SCHEMA)
+        else:
+            wire = pa.concat_batches(pieces) if len(pieces) > 1 else pieces[0]
+        offsets = np.arange(offset, offset + count, dtype=np.int64)
+        times = np.fromiter((bodies[s.frame][1] for s in spans), np.int64, len(spans))
+        written = np.repeat(times, np.fromiter((s.count for s in spans), np.int64, len(spans)))
+        columns = wire.columns
+        return pa.RecordBatch.from_arrays(
+            [pa.array(offsets), *columns[:4], pa.array(written, TIMESTAMP), *columns[4:]],
+            schema=READ_SCHEMA,
+        )
+
+    def read_many(self, starts: Mapping[int, int], max_messages: int
+                  ) -> tuple[pa.Table, np.ndarray]:  # fmt: skip
+        """Messages of many partitions, each from its offset in ``starts``, at most
+        ``max_messages`` in all, as written: frame after frame in ledger order, each frame's
+        rows in partition order (so each partition's messages ascend in offset). Returns a
+        read table (``READ_SCHEMA``) and each row's partition. A frame read whole is a
+        zero-copy view of the ledger's map; a frame read in part is one ``take``. Each
+        partition gets a prefix of what it has past its start (a poll may resume at the
+        next offsets)."""
+        with self._lock:
+            chosen = []
+            total = 0
+            for selection in self._index.select(dict(starts)):
+                chosen.append((selection, self._body(selection[0])))
+                total += int(selection[4].sum())
+                if total >= max_messages:
+                    break
+        batches, partitions = [], []
+        left = max_messages
+        for (_, parts, firsts, rows, counts), (body, written_at) in chosen:
+            if left <= 0:
+                break
+            wire = pa.ipc.read_record_batch(body, WIRE_SCHEMA)
+            indices = np.repeat(rows - np.cumsum(counts) + counts, counts) + np.arange(
+                int(counts.sum())
+            )  # the wanted rows, ascending
+            indices = indices[:left]
+            count = len(indices)
+            whole = count == wire.num_rows
+            if not whole:
+                wire = wire.take(pa.array(indices))
+            offsets = (indices + np.repeat(firsts - rows, counts)[:count]).astype(np.int64)
+            written = np.full(count, written_at, np.int64)
+            columns = wire.columns
+            batches.append(pa.RecordBatch.from_arrays(
+                [pa.array(offsets), *columns[:4], pa.array(written, TIMESTAMP), *columns[4:]],
+                schema=READ_SCHEMA))  # fmt: skip
+            partitions.append(np.repeat(parts, counts)[:count])
+            left -= count
+        table = pa.Table.from_batches(batches, schema=READ_SCHEMA)
+        return table, (np.concatenate(partitions) if partitions else np.empty(0, np.int64))
+
+    def _body(self, sequence: int) -> tuple[pa.Buffer, int]:
+        """Frame ``sequence``'s body (a view of its file's map, or read) and its time;
+        checked against its CRC on the first read (caller holds the lock)."""
+        at = self._frames[sequence]
+        entry = self._files[at.file_number]
+        assert entry.fd is not None
+        if entry.mapped is None or entry.mapped_size < at.end:
+            size = max(at.end, entry.size)
+            entry.mapped = self._fs.map_read(entry.fd, size)
+            entry.mapped_size = size if entry.mapped is not None else 0
+        if entry.mapped is not None:
+            raw = entry.mapped.slice(at.position, at.end - at.position)
+        else:
+            data = self._fs.pread(entry.fd, at.end - at.position, at.position)
+            raw = pa.py_buffer(data)
+        frame = None
+        if sequence not in self._verified or entry.mapped is None:
+            frame = fmt.decode_frame(memoryview(raw), 0)
+            if frame is None or frame.sequence != sequence:
+                raise CorruptSegmentError("a ledger frame failed its check on a read",
+                                          path=entry.path, position=at.position)  # fmt: skip
+            self._verified.add(sequence)
+        share_count, body_bytes = fmt.HEADER.unpack_from(memoryview(raw))[5:7]
+        body_at = fmt.HEADER_BYTES + share_count * fmt.SHARE_BYTES
+        return raw.slice(body_at, body_bytes), at.written_at_us
+
+    # -- copy and retention --------------------------------------------------------------
+    def release(self, partition: int, copied_end: int) -> None:
+        """Offsets of ``partition`` below ``copied_end`` are durable in its own segments
+        (the caller synced them): the ledger need not keep them."""
+        with self._lock:
+            self._index.release(partition, copied_end)
+
+    def drop_copied_files(self) -> int:
+        """Delete, from the front, ledger files none of whose shares is still needed (all
+        released), never the file being written; returns how many were deleted."""
+        dropped = 0
+        with self._lock:
+            needed = self._index.frames_needed()
+            for number in sorted(self._files):
+                entry = self._files[number]
+                if number == self._write_number and self._write_fd is not None:
+                    break
+                frames = range(entry.first, entry.last + 1) if entry.first is not None else ()
+                if any(needed.get(f, False) for f in frames):
+                    break
+                self._fs.remove(entry.path)
+                if entry.fd is not None:
+                    self._fs.close(entry.fd)
+                del self._files[number]
+                for f in frames:
+                    self._frames.pop(f, None)
+                    self._verified.discard(f)
+                if entry.last is not None:
+                    self._index.drop_front(entry.last + 1)
+                dropped += 1
+            if dropped:
+                self._fs.sync_directory(self._directory)
+        return dropped
+
+    # -- the rest ------------------------------------------------------------------------
+    @property
+    def file_numbers(self) -> list[int]:
+        with self._lock:
+            return sorted(self._files)
+
+    def _path(self, number: int) -> str:
+        return os.path.join(self._directory, file_names.offset_name(number) + SUFFIX)
+
+    def close(self) -> None:
+        with self._lock:
+            self._closed = True
+            for entry in self._files.values():
+                if entry.fd is not None:
+                    self._fs.close(entry.fd)
+                    entry.fd = None
+                entry.mapped = None
+            if self._write_fd is not None:
+                self._fs.close(self._write_fd)
+                self._write_fd = None

@@ -1,0 +1,418 @@
+"""The ledger (``storage.ledger``): appends, the per-partition index, reads, recovery from
+torn tails and damage, retention behind the copy, and a failed sync."""
+
+from __future__ import annotations
+
+import os
+import random
+import threading
+from pathlib import Path
+
+import pyarrow as pa
+import pytest
+
+from storage import failpoints, limits
+from storage import ledger_format as fmt
+from storage.errors import CorruptSegmentError, LimitExceededError, StorageIOError
+from storage.fs import FileSystem
+from storage.ledger import Ledger, is_small_share
+from storage.record_batch import READ_SCHEMA, build_wire_batch
+
+
+def _batch(tag: str, count: int) -> pa.RecordBatch:
+    return build_wire_batch([f"{tag}/{i}".encode() for i in range(count)],
+                            producer_id=f"p-{tag}", seq_no=list(range(count)))  # fmt: skip
+
+
+def _statements(rng: random.Random, count: int, partitions: int = 30):
+    """``count`` statements: each a list of (partition, batch), partitions increasing."""
+    out = []
+    for k in range(count):
+        chosen = sorted(rng.sample(range(partitions), rng.randint(1, partitions)))
+        out.append([(p, _batch(f"{k}.{p}", rng.randint(1, 4))) for p in chosen])
+    return out
+
+
+def _expected(statements) -> dict[int, list[bytes]]:
+    expected: dict[int, list[bytes]] = {}
+    for shares in statements:
+        for partition, batch in shares:
+            expected.setdefault(partition, []).extend(batch.column("data").to_pylist())
+    return expected
+
+
+def _files(directory: Path) -> list[Path]:
+    return sorted(directory.glob("*.ledger"))
+
+
+@pytest.fixture
+def ledger_dir(tmp_path: Path) -> Path:
+    return tmp_path / "ledger"
+
+
+def test_appends_give_dense_offsets_and_reads_return_each_partitions_messages(
+    ledger_dir: Path,
+) -> None:
+    statements = _statements(random.Random(1), 40)
+    ledger = Ledger(FileSystem(), str(ledger_dir))
+    ends: dict[int, int] = {}
+    for shares in statements:
+        bases = ledger.append(shares, written_at_us=1_000)
+        for (partition, batch), base in zip(shares, bases, strict=True):
+            assert base == ends.get(partition, 0)
+            ends[partition] = base + batch.num_rows
+    for partition, data in _expected(statements).items():
+        batch = ledger.read(partition, 0)
+        assert batch.schema.equals(READ_SCHEMA)
+        assert batch.column("data").to_pylist() == data
+        assert batch.column("offset").to_pylist() == list(range(len(data)))
+        assert set(batch.column("written_at").cast(pa.int64()).to_pylist()) == {1_000}
+        assert ledger.end_offset(partition) == len(data)
+        middle = len(data) // 2
+        part = ledger.read(partition, middle, max_messages=3)
+        assert part.column("data").to_pylist() == data[middle : middle + 3]
+        assert part.column("offset").to_pylist()[0] == middle
+    assert ledger.read(0, ledger.end_offset(0)).num_rows == 0
+    with pytest.raises(ValueError):
+        ledger.read(0, ledger.end_offset(0) + 1)
+    ledger.close()
+
+
+def test_reopen_rebuilds_every_index_and_continues(ledger_dir: Path) -> None:
+    rng = random.Random(2)
+    first, second = _statements(rng, 25), _statements(rng, 10)
+    ledger = Ledger(FileSystem(), str(ledger_dir), file_bytes_max=8 * 1024)
+    for shares in first:
+        ledger.append(shares)
+    ledger.close()
+    assert len(_files(ledger_dir)) > 2  # frames in several files
+    ledger = Ledger(FileSystem(), str(ledger_dir), file_bytes_max=8 * 1024)
+    for shares in second:
+        ledger.append(shares)
+    ledger.close()
+    ledger = Ledger(FileSystem(), str(ledger_dir))
+    for partition, data in _expected(first + second).items():
+        assert ledger.read(partition, 0).column("data").to_pylist() == data
+    ledger.close()
+
+
+@pytest.mark.parametrize("file_bytes", [limits.LEDGER_FILE_BYTES_MAX, 4096])
+def test_group_commit_shares_syncs_between_threads(ledger_dir: Path, file_bytes: int) -> None:
+    """Six appenders and a reader: rounds share syncs (and, with small files, a round's
+    frames may start a new file midway); the reader only ever sees dense prefixes."""
+    fs = FileSystem()
+    # a leader waits for company
+    ledger = Ledger(fs, str(ledger_dir), window_us=2000, file_bytes_max=file_bytes)
+    syncs = fs.fsync_count
+    per_thread = [_statements(random.Random(10 + t), 30, partitions=8) for t in range(6)]
+    barrier = threading.Barrier(6)
+    results: dict[int, list[list[int]]] = {}
+    done = threading.Event()
+    seen: list[int] = []
+
+    def run(thread: int) -> None:
+        barrier.wait()
+        results[thread] = [ledger.append(shares) for shares in per_thread[thread]]
+
+    def read() -> None:
+        while not done.is_set():
+            for partition in range(8):
+                batch = ledger.read(partition, 0)
+                dense = batch.column("offset").to_pylist() == list(range(batch.num_rows))
+                seen.append(batch.num_rows if dense else -1)
+
+    threads = [threading.Thread(target=run, args=(t,)) for t in range(6)]
+    reader = threading.Thread(target=read)
+    reader.start()
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join()
+    done.set()
+    reader.join()
+    assert seen and min(seen) >= 0 and len(results) == 6
+    assert fs.fsync_count - syncs < 180  # fewer syncs than appends: rounds were shared
+    for thread, statements in enumerate(per_thread):
+        for shares, bases in zip(statements, results[thread], strict=True):
+            for (partition, batch), base in zip(shares, bases, strict=True):
+                held = ledger.read(partition, base, max_messages=batch.num_rows)
+                assert held.column("data").to_pylist() == batch.column("data").to_pylist()
+    for partition in range(8):
+        assert ledger.read(partition, 0).num_rows == ledger.end_offset(partition)
+    ledger.close()
+    if file_bytes < limits.LEDGER_FILE_BYTES_MAX:
+        assert len(_files(ledger_dir)) > 3
+    reopened = Ledger(FileSystem(), str(ledger_dir))
+    for thread, statements in enumerate(per_thread):
+        for shares, bases in zip(statements, results[thread], strict=True):
+            for (partition, batch), base in zip(shares, bases, strict=True):
+                held = reopened.read(partition, base, max_messages=batch.num_rows)
+                assert held.column("data").to_pylist() == batch.column("data").to_pylist()
+    reopened.close()
+
+
+def test_torn_tail_drops_the_unfinished_frame_only(ledger_dir: Path) -> None:
+    statements = _statements(random.Random(3), 6)
+    ledger = Ledger(FileSystem(), str(ledger_dir))
+    for shares in statements:
+        ledger.append(shares)
+    ledger.close()
+    (path,) = _files(ledger_dir)
+    frames, _ = fmt.scan(path.read_bytes(), str(path))
+    cut = frames[-1].position + (frames[-1].end - frames[-1].position) // 2
+    os.truncate(path, cut)
+    ledger = Ledger(FileSystem(), str(ledger_dir))
+    for partition, data in _expected(statements[:-1]).items():
+        assert ledger.read(partition, 0).column("data").to_pylist() == data
+    # the next frame takes the lost one's offsets and sequence, in a new file
+    bases = ledger.append(statements[-1])
+    expected = _expected(statements[:-1])
+    assert bases == [len(expected.get(p, [])) for p, _ in statements[-1]]
+    ledger.close()
+    assert len(_files(ledger_dir)) == 2
+    ledger = Ledger(FileSystem(), str(ledger_dir))
+    for partition, data in _expected(statements).items():
+        assert ledger.read(partition, 0).column("data").to_pylist() == data
+    ledger.close()
+
+
+@pytest.mark.parametrize("where", ["header", "table", "body"])
+def test_a_bad_checksum_in_the_last_frame_is_a_torn_tail(ledger_dir: Path, where: str) -> None:
+    statements = _statements(random.Random(4), 5)
+    ledger = Ledger(FileSystem(), str(ledger_dir))
+    for shares in statements:
+        ledger.append(shares)
+    ledger.close()
+    (path,) = _files(ledger_dir)
+    frames, _ = fmt.scan(path.read_bytes(), str(path))
+    last = frames[-1]
+    at = {"header": last.position + 20, "table": last.position + fmt.HEADER_BYTES + 1,
+          "body": last.body_position + 40}[where]  # fmt: skip
+    _flip(path, at)
+    ledger = Ledger(FileSystem(), str(ledger_dir))
+    for partition, data in _expected(statements[:-1]).items():
+        assert ledger.read(partition, 0).column("data").to_pylist() == data
+    ledger.close()
+
+
+def test_a_bad_checksum_before_valid_frames_is_refused(ledger_dir: Path) -> None:
+    statements = _statements(random.Random(5), 5)
+    ledger = Ledger(FileSystem(), str(ledger_dir))
+    for shares in statements:
+        ledger.append(shares)
+    ledger.close()
+    (path,) = _files(ledger_dir)
+    frames, _ = fmt.scan(path.read_bytes(), str(path))
+    _flip(path, frames[2].body_position + 8)
+    with pytest.raises(CorruptSegmentError) as raised:
+        Ledger(FileSystem(), str(ledger_dir))
+    assert raised.value.position == frames[2].position
+
+
+def test_a_damaged_frame_is_refused_on_its_first_read(ledger_dir: Path) -> None:
+    ledger = Ledger(FileSystem(), str(ledger_dir))
+    ledger.append([(0, _batch("a", 3)), (1, _batch("b", 2))])
+    ledger.append([(1, _batch("c", 2))])
+    ledger.close()
+    ledger = Ledger(FileSystem(), str(ledger_dir))  # recovered: no frame read yet
+    (path,) = _files(ledger_dir)
+    frames, _ = fmt.scan(path.read_bytes(), str(path))
+    _flip(path, frames[0].body_position + 16)
+    with pytest.raises(CorruptSegmentError):
+        ledger.read(0, 0)
+    assert ledger.read(1, 2).column("data").to_pylist() == [b"c/0", b"c/1"]
+    ledger.close()
+
+
+def test_a_missing_file_in_the_middle_is_refused(ledger_dir: Path) -> None:
+    ledger = Ledger(FileSystem(), str(ledger_dir), file_bytes_max=1024)
+    for shares in _statements(random.Random(6), 8, partitions=4):
+        ledger.append(shares)
+    ledger.close()
+    files = _files(ledger_dir)
+    assert len(files) >= 3
+    files[1].unlink()
+    with pytest.raises(CorruptSegmentError):
+        Ledger(FileSystem(), str(ledger_dir))
+
+
+def test_shares_copied_into_the_partitions_are_not_indexed(ledger_dir: Path) -> None:
+    ledger = Ledger(FileSystem(), str(ledger_dir), partition_ends={0: 10, 1: 4})
+    assert ledger.append([(0, _batch("a", 3)), (1, _batch("b", 2)), (2, _batch("c", 1))]) == [
+        10, 4, 0]  # fmt: skip
+    assert ledger.append([(0, _batch("d", 2))]) == [13]
+    ledger.close()
+    # partition 0 copied up to 13 (its first share), partition 1 not at all
+    ledger = Ledger(FileSystem(), str(ledger_dir), partition_ends={0: 13, 1: 4})
+    assert ledger.start_offset(0) == 13 and ledger.end_offset(0) == 15
+    assert ledger.read(0, 13).column("data").to_pylist() == [b"d/0", b"d/1"]
+    with pytest.raises(ValueError):
+        ledger.read(0, 10)
+    assert ledger.read(1, 4).column("data").to_pylist() == [b"b/0", b"b/1"]
+    assert ledger.append([(0, _batch("e", 1))]) == [15]
+    ledger.close()
+
+
+def test_a_share_that_straddles_its_partitions_own_end_is_refused(ledger_dir: Path) -> None:
+    ledger = Ledger(FileSystem(), str(ledger_dir), partition_ends={0: 10})
+    ledger.append([(0, _batch("a", 3))])  # [10, 13)
+    ledger.close()
+    with pytest.raises(CorruptSegmentError):
+        Ledger(FileSystem(), str(ledger_dir), partition_ends={0: 11})
+    ledger = Ledger(FileSystem(), str(ledger_dir), partition_ends={0: 20})  # copied, and more
+    assert ledger.start_offset(0) == ledger.end_offset(0) == 20
+    ledger.close()
+
+
+def test_a_share_past_its_partitions_own_end_is_refused(ledger_dir: Path) -> None:
+    ledger = Ledger(FileSystem(), str(ledger_dir), partition_ends={0: 10})
+    ledger.append([(0, _batch("a", 3))])  # [10, 13)
+    ledger.close()
+    with pytest.raises(CorruptSegmentError):
+        Ledger(FileSystem(), str(ledger_dir), partition_ends={0: 7})  # [7, 10) nowhere
+
+
+def test_retention_deletes_front_files_once_their_shares_are_copied(ledger_dir: Path) -> None:
+    ledger = Ledger(FileSystem(), str(ledger_dir), file_bytes_max=1024)
+    statements = [[(0, _batch(f"x{k}", 2)), (1, _batch(f"y{k}", 1))] for k in range(12)]
+    for shares in statements:
+        ledger.append(shares)
+    files = ledger.file_numbers
+    assert len(files) >= 3
+    ledger.release(0, 24)  # partition 0 copied whole, partition 1 not at all
+    assert ledger.drop_copied_files() == 0
+    ledger.release(1, 4)  # the first 4 statements of partition 1
+    dropped = ledger.drop_copied_files()
+    assert 1 <= dropped < len(files)
+    assert ledger.file_numbers == files[dropped:]
+    assert ledger.read(1, 4).column("data").to_pylist() == [
+        f"y{k}/0".encode() for k in range(4, 12)]  # fmt: skip
+    ledger.close()
+    ledger = Ledger(FileSystem(), str(ledger_dir), partition_ends={0: 24, 1: 4})
+    assert ledger.read(1, 4).num_rows == 8 and ledger.end_offset(0) == 24
+    ledger.release(1, 12)
+    left = len(ledger.file_numbers)
+    assert ledger.drop_copied_files() == left and _files(ledger_dir) == []
+    ledger.close()
+    ledger = Ledger(FileSystem(), str(ledger_dir))
+    with pytest.raises(ValueError):
+        ledger.release(0, 1)  # nothing left, no own end given: partition 0 ends at 0
+    ledger.close()
+
+
+def test_a_failed_sync_refuses_appends_until_reopened(ledger_dir: Path) -> None:
+    ledger = Ledger(FileSystem(), str(ledger_dir))
+    ledger.append([(0, _batch("a", 1))])
+    failpoints.activate("ledger.after_write=error")
+    try:
+        with pytest.raises(StorageIOError):
+            ledger.append([(0, _batch("b", 1))])
+    finally:
+        failpoints.deactivate()
+    with pytest.raises(StorageIOError):
+        ledger.append([(0, _batch("c", 1))])
+    assert ledger.read(0, 0).column("data").to_pylist() == [b"a/0"]
+    ledger.close()
+    ledger = Ledger(FileSystem(), str(ledger_dir))
+    # the failed frame reached the file (the error came after the write): present, not acked
+    assert ledger.read(0, 0).column("data").to_pylist() == [b"a/0", b"b/0"]
+    assert ledger.append([(0, _batch("c", 1))]) == [2]
+    ledger.close()
+
+
+def test_bad_shares_are_refused_before_anything_is_written(ledger_dir: Path) -> None:
+    ledger = Ledger(FileSystem(), str(ledger_dir))
+    with pytest.raises(ValueError):
+        ledger.append([(1, _batch("a", 1)), (1, _batch("b", 1))])
+    with pytest.raises(ValueError):
+        ledger.append([(2, _batch("a", 1)), (1, _batch("b", 1))])
+    with pytest.raises(ValueError):
+        ledger.append([(0, _batch("a", 0))])
+    with pytest.raises(ValueError):
+        ledger.append([(0, pa.record_batch({"x": [1]}))])
+    with pytest.raises(ValueError):
+        ledger.append([])
+    big = build_wire_batch([b"z" * (1 << 20)] * (limits.LEDGER_FRAME_BYTES_MAX >> 20))
+    with pytest.raises(LimitExceededError):
+        ledger.append([(0, big)])
+    assert _files(ledger_dir) == [] and ledger.end_offset(0) == 0
+    ledger.close()
+
+
+def test_small_share_threshold() -> None:
+    assert is_small_share(build_wire_batch([b"m" * 1000] * 5))
+    assert not is_small_share(build_wire_batch([b"m" * (limits.LEDGER_SHARE_BYTES_MAX + 1)]))
+
+
+def _flip(path: Path, position: int) -> None:
+    with open(path, "r+b") as file:
+        file.seek(position)
+        byte = file.read(1)
+        file.seek(position)
+        file.write(bytes([byte[0] ^ 0x5A]))
+
+
+def test_frames_missing_between_files_are_refused_even_if_copied(ledger_dir: Path) -> None:
+    """Files go from the front only: a hole in the frames' sequence is damage even when the
+    partitions' own ends cover the missing shares."""
+    ledger = Ledger(FileSystem(), str(ledger_dir), file_bytes_max=600)
+    for k in range(8):
+        ledger.append([(0, _batch(f"s{k}", 2))])
+    ledger.close()
+    files = _files(ledger_dir)
+    assert len(files) >= 3
+    kept_first = fmt.scan(files[2].read_bytes(), str(files[2]))[0][0]
+    own_end = int(kept_first.shares["base"][0])  # everything before file 2 copied
+    files[1].unlink()
+    with pytest.raises(CorruptSegmentError):
+        Ledger(FileSystem(), str(ledger_dir), partition_ends={0: own_end})
+    files[0].unlink()  # from the front: fine
+    ledger = Ledger(FileSystem(), str(ledger_dir), partition_ends={0: own_end})
+    assert ledger.read(0, own_end).num_rows == 16 - own_end
+    ledger.close()
+
+
+@pytest.mark.parametrize("max_messages", [1, 7, 50, 10_000])
+def test_read_many_gives_each_partition_a_prefix_from_its_start(
+    ledger_dir: Path, max_messages: int
+) -> None:
+    statements = _statements(random.Random(7), 20, partitions=12)
+    ledger = Ledger(FileSystem(), str(ledger_dir), file_bytes_max=4096)
+    for shares in statements:
+        ledger.append(shares)
+    expected = _expected(statements)
+    starts = {p: len(data) // 3 for p, data in expected.items() if p % 4}  # 0, 4, 8 not read
+    table, partitions = ledger.read_many(starts, max_messages)
+    assert table.schema.equals(READ_SCHEMA)
+    assert table.num_rows == len(partitions) == min(
+        max_messages, sum(len(expected[p]) - s for p, s in starts.items()))  # fmt: skip
+    offsets = table.column("offset").to_pylist()
+    data = table.column("data").to_pylist()
+    for partition, start in starts.items():
+        mine = [i for i, p in enumerate(partitions.tolist()) if p == partition]
+        assert [offsets[i] for i in mine] == list(range(start, start + len(mine)))
+        assert [data[i] for i in mine] == expected[partition][start : start + len(mine)]
+    with pytest.raises(ValueError):
+        ledger.read_many({0: len(expected[0]) + 1}, 10)
+    ledger.close()
+
+
+def test_read_many_of_whole_frames_is_zero_copy(ledger_dir: Path) -> None:
+    ledger = Ledger(FileSystem(), str(ledger_dir))
+    for k in range(3):
+        ledger.append([(p, _batch(f"{k}.{p}", 2)) for p in range(5)])
+    table, partitions = ledger.read_many({p: 0 for p in range(5)}, 30)
+    assert table.num_rows == 30
+    assert partitions.tolist() == [p for _ in range(3) for p in range(5) for _ in range(2)]
+    (number,) = ledger.file_numbers
+    mapped = ledger._files[number].mapped  # the file's read map
+    if mapped is None:
+        pytest.skip("read maps are off (TOPICBASE_READ_MAPS=0)")
+    data = table.column("data")
+    assert data.num_chunks == 3
+    for chunk in data.chunks:  # the messages' bytes are in the map: no copy was made
+        address = chunk.buffers()[2].address
+        assert mapped.address <= address < mapped.address + mapped.size
+    part, _ = ledger.read_many({0: 1, 1: 0}, 30)  # a frame in part: one take, a copy
+    assert part.column("data").to_pylist()[:3] == [b"0.0/1", b"0.1/0", b"0.1/1"]
+    ledger.close()

@@ -1,0 +1,132 @@
+"""Crash safety of the ledger (``storage.ledger``): a real writer process is killed.
+
+Each round starts ``ledger_writer.py`` on the same directory (so every start recovers
+from the previous crash and appends on top of it), kills it (SIGKILL at a random
+moment, or a failpoint: half a round's frames written, frames written but not synced,
+synced but not acknowledged), then opens the ledger here and checks against the ack
+journal: every acknowledged share is at its acknowledged offsets with its messages;
+every partition's offsets are dense from 0 to its end; no message is there twice
+(unacknowledged statements may be present, whole). ``LEDGER_CRASH_SEED`` repeats a run.
+"""
+
+from __future__ import annotations
+
+import os
+import random
+import signal
+import subprocess
+import sys
+import time
+from collections import Counter
+from pathlib import Path
+
+import pytest
+
+from storage.fs import FileSystem
+from storage.ledger import Ledger
+
+HERE = Path(__file__).resolve().parent
+WRITER = HERE / "ledger_writer.py"
+START_S = 60.0
+PROGRESS_S = 30.0
+sys.path.insert(0, str(HERE))
+from ledger_writer import PARTITIONS, payload  # noqa: E402
+
+
+def _seed() -> int:
+    return int(os.environ.get("LEDGER_CRASH_SEED") or random.SystemRandom().randrange(2**32))
+
+
+def _run_writer(tmp: Path, run: int, seed: int, failpoints: str, kill_after_acks: int) -> None:
+    """One writer run: it dies by its failpoint, or is SIGKILLed once the ack journal has
+    ``kill_after_acks`` more lines."""
+    acks = tmp / "acks.log"
+    before = _ack_lines(acks)
+    env = dict(os.environ, TOPICBASE_FAILPOINTS=failpoints)
+    proc = subprocess.Popen(
+        [sys.executable, str(WRITER), f"--root={tmp / 'ledger'}", f"--acks={acks}",
+         f"--run={run}", f"--seed={seed}"],
+        stdout=subprocess.PIPE, stderr=subprocess.PIPE, env=env,
+    )  # fmt: skip
+    try:
+        deadline = time.monotonic() + START_S + PROGRESS_S
+        while proc.poll() is None and time.monotonic() < deadline:
+            if not failpoints and _ack_lines(acks) - before >= kill_after_acks:
+                break
+            time.sleep(0.005)
+        if proc.poll() is None:
+            assert not failpoints, "the writer outlived its failpoint"
+            proc.send_signal(signal.SIGKILL)
+        proc.wait(timeout=30)
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.wait()
+    stderr = proc.stderr.read().decode() if proc.stderr else ""
+    assert proc.returncode in (-signal.SIGKILL, 137), (proc.returncode, stderr)
+
+
+def _ack_lines(path: Path) -> int:
+    try:
+        return path.read_bytes().count(b"\n")
+    except FileNotFoundError:
+        return 0
+
+
+def _check(tmp: Path) -> int:
+    """Open the ledger after a crash and check it against the journal; the acked shares."""
+    ledger = Ledger(FileSystem(), str(tmp / "ledger"))
+    try:
+        contents = {}
+        for partition in range(PARTITIONS):
+            batch = ledger.read(partition, 0)
+            offsets = batch.column("offset").to_pylist()
+            assert offsets == list(range(ledger.end_offset(partition)))
+            data = batch.column("data").to_pylist()
+            repeated = [m for m, n in Counter(data).items() if n > 1]
+            assert not repeated, f"partition {partition}: {repeated[:3]} twice"
+            contents[partition] = data
+        acked = 0
+        for line in (tmp / "acks.log").read_text().splitlines():
+            if not line.endswith(tuple("0123456789")):
+                continue  # a torn last line
+            _, statement, shares = line.split(" ")
+            for share in shares.split(","):
+                partition, base, count = (int(x) for x in share.split(":"))
+                held = contents[partition][base : base + count]
+                assert held == [payload(statement, partition, i) for i in range(count)], (
+                    statement, partition, base)  # fmt: skip
+                acked += 1
+        return acked
+    finally:
+        ledger.close()
+
+
+KINDS = ("sigkill", "ledger.torn_frame", "ledger.after_write", "ledger.after_sync")
+
+
+@pytest.mark.parametrize("rounds", [8])
+def test_killed_writer_loses_no_acknowledged_share(tmp_path: Path, rounds: int) -> None:
+    seed = _seed()
+    rng = random.Random(seed)
+    moments = []
+    acked_before = 0
+    for run in range(rounds):
+        kind = KINDS[run % len(KINDS)]
+        nth = rng.randint(1, 40)
+        spec = "" if kind == "sigkill" else f"{kind}=crash@{nth}"
+        moments.append(spec or f"sigkill after {nth} acks")
+        try:
+            _run_writer(tmp_path, run, seed + run, spec, nth)
+            acked = _check(tmp_path)
+        except AssertionError as error:
+            raise AssertionError(f"seed {seed}, moments {moments}: {error}") from error
+        assert acked >= acked_before, (seed, moments)
+        acked_before = acked
+    assert acked_before > 0, "no share was ever acknowledged"
+    # several files: the writer's 64 KiB files rolled, and every run starts its own
+    ledger = Ledger(FileSystem(), str(tmp_path / "ledger"))
+    try:
+        assert len(ledger.file_numbers) > rounds
+    finally:
+        ledger.close()
