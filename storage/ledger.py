@@ -381,7 +381,8 @@ class Ledger:
 
     def drop_copied_files(self) -> int:
         """Delete, from the front, ledger files none of whose shares is still needed (all
-        released), never the file being written; returns how many were deleted."""
+        released), never the file being written; returns how many were deleted. Each
+        removal is made durable (a directory sync) before the next one."""
         dropped = 0
         with self._lock:
             needed = self._index.frames_needed()
@@ -393,6 +394,10 @@ class Ledger:
                 if any(needed.get(f, False) for f in frames):
                     break
                 self._fs.remove(entry.path)
+                # each removal durable before the next: a crash must not bring back an
+                # earlier file without a later one (a hole in the sequence at the open)
+                self._fs.sync_directory(self._directory)
+                failpoints.hit("ledger.mid_drop")
                 if entry.fd is not None:
                     self._fs.close(entry.fd)
                 del self._files[number]
@@ -402,8 +407,6 @@ class Ledger:
                 if entry.last is not None:
                     self._index.drop_front(entry.last + 1)
                 dropped += 1
-            if dropped:
-                self._fs.sync_directory(self._directory)
         return dropped
 
     # -- the rest ------------------------------------------------------------------------

@@ -3,7 +3,7 @@
 Run as a subprocess by ``test_ledger_crash.py``::
 
     python ledger_writer.py --root DIR --acks FILE --run N [--threads N] [--seed N]
-        [--file-bytes N]
+        [--file-bytes N] [--copy]
 
 Statement ``<run>.<k>`` of a thread puts 1-3 messages in each of a random set of
 partitions (of ``PARTITIONS``); message ``i`` of partition ``p`` is ``payload(run, k, p, i)``,
@@ -13,6 +13,12 @@ one ``os.write`` on an ``O_APPEND`` descriptor journals the acknowledgement::
     A <run>.<k> <p>:<base>:<count>,...
 
 (a SIGKILL cannot tear so small a write; a torn last line would be ignored anyway).
+``--copy`` adds a thread that plays the copier: it picks a partition, journals
+``C <p> <end>`` with an fsync of the journal (standing for the copy's durable write into
+the partition's segment), then ``release``s those offsets and calls
+``drop_copied_files``. At start the writer passes the journal's largest ``C`` end of each
+partition to the ledger as the partition's own end, as a partition log's recovery would.
+
 Stdout gets ``ready`` once the ledger is open. Failpoints come from the environment
 (``TOPICBASE_FAILPOINTS``, read at import by ``storage.failpoints``).
 """
@@ -24,6 +30,7 @@ import os
 import random
 import sys
 import threading
+import time
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -41,6 +48,21 @@ def payload(statement: str, partition: int, index: int) -> bytes:
     return f"{statement}.{partition}.{index}".encode() * 3
 
 
+def copied_ends(journal: str) -> dict[int, int]:
+    """Each partition's largest journaled copy end (``C`` lines; a torn last line ignored)."""
+    ends: dict[int, int] = {}
+    try:
+        lines = Path(journal).read_text().splitlines()
+    except FileNotFoundError:
+        return ends
+    for line in lines:
+        fields = line.split(" ")
+        if fields[0] == "C" and len(fields) == 3 and fields[2].isdigit():
+            partition, end = int(fields[1]), int(fields[2])
+            ends[partition] = max(ends.get(partition, 0), end)
+    return ends
+
+
 def main() -> None:
     parser = argparse.ArgumentParser()
     parser.add_argument("--root", required=True)
@@ -49,10 +71,24 @@ def main() -> None:
     parser.add_argument("--threads", type=int, default=3)
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--file-bytes", type=int, default=64 * 1024)
+    parser.add_argument("--copy", action="store_true")
     args = parser.parse_args()
-    ledger = Ledger(FileSystem(), args.root, file_bytes_max=args.file_bytes)
+    ledger = Ledger(FileSystem(), args.root, file_bytes_max=args.file_bytes,
+                    partition_ends=copied_ends(args.acks))  # fmt: skip
     acks = os.open(args.acks, os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o644)
     print("ready", flush=True)
+
+    def copy() -> None:
+        rng = random.Random(args.seed)
+        while True:
+            partition = rng.randrange(PARTITIONS)
+            end = ledger.end_offset(partition)
+            if end > ledger.start_offset(partition):
+                os.write(acks, f"C {partition} {end}\n".encode())
+                os.fsync(acks)
+                ledger.release(partition, end)
+                ledger.drop_copied_files()
+            time.sleep(0.001)
 
     def work(thread: int) -> None:
         rng = random.Random(args.seed * 100 + thread)
@@ -67,6 +103,8 @@ def main() -> None:
             os.write(acks, f"A {statement} {line}\n".encode())
 
     threads = [threading.Thread(target=work, args=(t,), daemon=True) for t in range(args.threads)]
+    if args.copy:
+        threads.append(threading.Thread(target=copy, daemon=True))
     for thread in threads:
         thread.start()
     for thread in threads:

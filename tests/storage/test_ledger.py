@@ -416,3 +416,34 @@ def test_read_many_of_whole_frames_is_zero_copy(ledger_dir: Path) -> None:
     part, _ = ledger.read_many({0: 1, 1: 0}, 30)  # a frame in part: one take, a copy
     assert part.column("data").to_pylist()[:3] == [b"0.0/1", b"0.1/0", b"0.1/1"]
     ledger.close()
+
+
+class _Journal(FileSystem):
+    """Records removals and directory syncs, in order."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.events: list[str] = []
+
+    def remove(self, path: str) -> None:
+        self.events.append("remove")
+        super().remove(path)
+
+    def sync_directory(self, path: str) -> None:
+        self.events.append("sync")
+        super().sync_directory(path)
+
+
+def test_each_removal_is_durable_before_the_next(ledger_dir: Path) -> None:
+    """A crash between two removals must not bring back the earlier file alone: the open
+    would find a hole in the sequence numbers."""
+    fs = _Journal()
+    ledger = Ledger(fs, str(ledger_dir), file_bytes_max=600)
+    for k in range(8):
+        ledger.append([(0, _batch(f"s{k}", 2))])
+    ledger.release(0, 16)
+    fs.events.clear()
+    assert ledger.drop_copied_files() >= 3
+    removals = [i for i, event in enumerate(fs.events) if event == "remove"]
+    assert all(fs.events[i + 1] == "sync" for i in removals)
+    ledger.close()

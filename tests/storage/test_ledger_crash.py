@@ -30,14 +30,15 @@ WRITER = HERE / "ledger_writer.py"
 START_S = 60.0
 PROGRESS_S = 30.0
 sys.path.insert(0, str(HERE))
-from ledger_writer import PARTITIONS, payload  # noqa: E402
+from ledger_writer import PARTITIONS, copied_ends, payload  # noqa: E402
 
 
 def _seed() -> int:
     return int(os.environ.get("LEDGER_CRASH_SEED") or random.SystemRandom().randrange(2**32))
 
 
-def _run_writer(tmp: Path, run: int, seed: int, failpoints: str, kill_after_acks: int) -> None:
+def _run_writer(tmp: Path, run: int, seed: int, failpoints: str, kill_after_acks: int,
+                copy: bool = False) -> None:  # fmt: skip
     """One writer run: it dies by its failpoint, or is SIGKILLed once the ack journal has
     ``kill_after_acks`` more lines."""
     acks = tmp / "acks.log"
@@ -45,7 +46,7 @@ def _run_writer(tmp: Path, run: int, seed: int, failpoints: str, kill_after_acks
     env = dict(os.environ, TOPICBASE_FAILPOINTS=failpoints)
     proc = subprocess.Popen(
         [sys.executable, str(WRITER), f"--root={tmp / 'ledger'}", f"--acks={acks}",
-         f"--run={run}", f"--seed={seed}"],
+         f"--run={run}", f"--seed={seed}", *(["--copy"] if copy else [])],
         stdout=subprocess.PIPE, stderr=subprocess.PIPE, env=env,
     )  # fmt: skip
     try:
@@ -75,24 +76,29 @@ def _ack_lines(path: Path) -> int:
 
 def _check(tmp: Path) -> int:
     """Open the ledger after a crash and check it against the journal; the acked shares."""
-    ledger = Ledger(FileSystem(), str(tmp / "ledger"))
+    own = copied_ends(str(tmp / "acks.log"))
+    ledger = Ledger(FileSystem(), str(tmp / "ledger"), partition_ends=own)
     try:
         contents = {}
         for partition in range(PARTITIONS):
-            batch = ledger.read(partition, 0)
+            start = own.get(partition, 0)
+            assert ledger.start_offset(partition) == start
+            batch = ledger.read(partition, start)
             offsets = batch.column("offset").to_pylist()
-            assert offsets == list(range(ledger.end_offset(partition)))
+            assert offsets == list(range(start, ledger.end_offset(partition)))
             data = batch.column("data").to_pylist()
             repeated = [m for m, n in Counter(data).items() if n > 1]
             assert not repeated, f"partition {partition}: {repeated[:3]} twice"
-            contents[partition] = data
+            contents[partition] = [None] * start + data
         acked = 0
         for line in (tmp / "acks.log").read_text().splitlines():
-            if not line.endswith(tuple("0123456789")):
-                continue  # a torn last line
+            if not line.startswith("A ") or not line.endswith(tuple("0123456789")):
+                continue  # a copy's line, or a torn last line
             _, statement, shares = line.split(" ")
             for share in shares.split(","):
                 partition, base, count = (int(x) for x in share.split(":"))
+                if base < own.get(partition, 0):
+                    continue  # copied: in the partition's segments, not the ledger's to hold
                 held = contents[partition][base : base + count]
                 assert held == [payload(statement, partition, i) for i in range(count)], (
                     statement, partition, base)  # fmt: skip
@@ -130,3 +136,26 @@ def test_killed_writer_loses_no_acknowledged_share(tmp_path: Path, rounds: int) 
         assert len(ledger.file_numbers) > rounds
     finally:
         ledger.close()
+
+
+COPY_KINDS = ("sigkill", "ledger.mid_drop", "ledger.torn_frame", "ledger.after_sync")
+
+
+def test_killed_writer_with_a_copier_keeps_every_uncopied_share(tmp_path: Path) -> None:
+    """The copier releases partitions and deletes files from the front while statements
+    are appended; kills (also between two removals) never lose an acknowledged share that
+    was not copied, nor leave a hole the open refuses."""
+    seed = _seed()
+    rng = random.Random(seed)
+    moments = []
+    for run in range(8):
+        kind = COPY_KINDS[run % len(COPY_KINDS)]
+        nth = rng.randint(1, 12 if kind == "ledger.mid_drop" else 40)
+        spec = "" if kind == "sigkill" else f"{kind}=crash@{nth}"
+        moments.append(spec or f"sigkill after {nth} acks")
+        try:
+            _run_writer(tmp_path, run, seed + run, spec, nth, copy=True)
+            _check(tmp_path)
+        except AssertionError as error:
+            raise AssertionError(f"seed {seed}, moments {moments}: {error}") from error
+    assert copied_ends(str(tmp_path / "acks.log")), "the copier never copied"
