@@ -33,6 +33,7 @@ refuses appends (``StorageIOError``) until it is opened again: frames of the fai
 may or may not be on disk, and their offsets must not be given twice.
 Thread-safety: ``append`` and ``read`` may be called from any thread; ``_lock`` guards the
 index, the files and the maps; the write and sync run outside it (one leader at a time).
+``close`` is for when no append is running (the owner's shutdown); reads after it fail.
 """
 
 from __future__ import annotations
@@ -105,7 +106,11 @@ class Ledger:
         self._write_number = 0
         self._write_size = 0
         fs.make_directory(directory)
-        self._recover(dict(partition_ends or {}))
+        try:
+            self._recover(dict(partition_ends or {}))
+        except BaseException:
+            self.close()  # the descriptors of the files opened so far
+            raise
         self._committer = GroupCommitter(self._flush, window_us)
 
     # -- recovery ------------------------------------------------------------------------
@@ -351,7 +356,8 @@ class Ledger:
         checked against its CRC on the first read (caller holds the lock)."""
         at = self._frames[sequence]
         entry = self._files[at.file_number]
-        assert entry.fd is not None
+        if entry.fd is None:
+            raise StorageIOError("the ledger is closed", path=entry.path)
         if entry.mapped is None or entry.mapped_size < at.end:
             size = max(at.end, entry.size)
             entry.mapped = self._fs.map_read(entry.fd, size)

@@ -142,15 +142,15 @@ class LedgerIndex:
                     f"[{self.start(partition)}, {self.end(partition)})")  # fmt: skip
         if not starts:
             return
-        size = max(starts) + 1
-        dense = np.full(size, np.iinfo(np.int64).max, np.int64)
-        dense[np.fromiter(starts, np.int64, len(starts))] = np.fromiter(
-            starts.values(), np.int64, len(starts))  # fmt: skip
+        keys = np.fromiter(starts, np.int64, len(starts))
+        order = np.argsort(keys)
+        keys = keys[order]
+        values = np.fromiter(starts.values(), np.int64, len(starts))[order]
+        never = np.iinfo(np.int64).max  # a partition not read: no row of it is wanted
         for chunk in self._chunks:
             partitions = chunk["partition"]
-            inside = partitions < size
-            wanted = np.full(len(chunk), np.iinfo(np.int64).max, np.int64)
-            wanted[inside] = dense[partitions[inside]]
+            at = np.minimum(np.searchsorted(keys, partitions), len(keys) - 1)
+            wanted = np.where(keys[at] == partitions, values[at], never)
             bases = chunk["base"]
             ends = bases + chunk["count"]
             keep = ends > wanted

@@ -447,3 +447,27 @@ def test_each_removal_is_durable_before_the_next(ledger_dir: Path) -> None:
     removals = [i for i, event in enumerate(fs.events) if event == "remove"]
     assert all(fs.events[i + 1] == "sync" for i in removals)
     ledger.close()
+
+
+def test_large_partition_numbers_and_reads_after_close(ledger_dir: Path) -> None:
+    top = 0xFFFFFFFF
+    ledger = Ledger(FileSystem(), str(ledger_dir))
+    assert ledger.append([(3, _batch("a", 1)), (top, _batch("b", 2))]) == [0, 0]
+    table, partitions = ledger.read_many({top: 1}, 10)
+    assert table.column("data").to_pylist() == [b"b/1"] and partitions.tolist() == [top]
+    ledger.close()
+    with pytest.raises(StorageIOError):
+        ledger.read(top, 0)
+
+
+def test_a_refused_open_leaves_no_descriptor_open(ledger_dir: Path) -> None:
+    ledger = Ledger(FileSystem(), str(ledger_dir), file_bytes_max=600)
+    for k in range(6):
+        ledger.append([(0, _batch(f"s{k}", 2))])
+    ledger.close()
+    files = _files(ledger_dir)
+    files[-1].write_bytes(files[0].read_bytes())  # its frames' numbers start over: refused
+    before = len(os.listdir("/proc/self/fd"))
+    with pytest.raises(CorruptSegmentError):
+        Ledger(FileSystem(), str(ledger_dir))
+    assert len(os.listdir("/proc/self/fd")) == before
