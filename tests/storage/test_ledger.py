@@ -471,3 +471,42 @@ def test_a_refused_open_leaves_no_descriptor_open(ledger_dir: Path) -> None:
     with pytest.raises(CorruptSegmentError):
         Ledger(FileSystem(), str(ledger_dir))
     assert len(os.listdir("/proc/self/fd")) == before
+
+
+class _NoSync(FileSystem):
+    def sync(self, fd: int) -> None:
+        pass
+
+
+def test_many_frames_dropped_and_read_past(ledger_dir: Path) -> None:
+    """Over a thousand frames, most released and their files dropped (the index compacts
+    its chunk list): reads of many partitions start at the earliest frame any of them
+    needs, and single reads still find every offset."""
+    ledger = Ledger(_NoSync(), str(ledger_dir), file_bytes_max=4096)
+    for k in range(2400):
+        ledger.append([(k % 3, _batch(f"f{k}", 1)), (3 + k % 2, _batch(f"g{k}", 1))])
+    for partition in range(3):
+        ledger.release(partition, 600)  # the first 1800 statements' shares of 0-2
+    for partition in (3, 4):
+        ledger.release(partition, 900)
+    assert ledger.drop_copied_files() > 200
+    assert ledger.append([(5, _batch("early", 1))]) == [0]  # before any lookup
+    for partition in range(3):
+        data = ledger.read(partition, 600).column("data").to_pylist()
+        assert data == [f"f{k}/0".encode() for k in range(1800 + partition, 2400, 3)]
+    walked = ledger._index.chunks_walked
+    table, partitions = ledger.read_many({0: 795, 3: 1190}, 100)
+    assert ledger._index.chunks_walked - walked <= 25  # from the earliest frame needed (of ~600)
+    by_partition = {p: [] for p in (0, 3)}
+    for p, message in zip(partitions.tolist(), table.column("data").to_pylist(), strict=True):
+        by_partition[p].append(message)
+    assert by_partition[0] == [f"f{k}/0".encode() for k in range(2385, 2400, 3)]
+    assert by_partition[3] == [f"g{k}/0".encode() for k in range(2380, 2400, 2)]
+    assert ledger.read(5, 0).column("data").to_pylist() == [b"early/0"]
+    assert ledger.append([(0, _batch("late", 2))]) == [800]  # indexed after the compaction
+    assert ledger.read(0, 799).column("data").to_pylist() == [b"f2397/0", b"late/0", b"late/1"]
+    ledger.close()
+    ledger = Ledger(FileSystem(), str(ledger_dir), partition_ends={0: 600, 1: 600, 2: 600,
+                                                                   3: 900, 4: 900})  # fmt: skip
+    assert ledger.read(4, 900).num_rows == 300 and ledger.read(0, 600).num_rows == 202
+    ledger.close()
