@@ -189,7 +189,9 @@ class Ledger:
 
     def _flush(self, requests: list[Request]) -> None:
         """One group-commit round (the leader only): frame, write, sync, index."""
-        if self._failed is not None or self._closed:
+        if self._closed:
+            raise StorageIOError("the ledger is closed", path=self._directory)
+        if self._failed is not None:
             raise StorageIOError("the ledger refuses appends after a failed write; reopen it",
                                  path=self._directory)  # fmt: skip
         try:
