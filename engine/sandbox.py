@@ -290,9 +290,10 @@ def refuse_costly_predicates(sql: str, tokens: list[tables.SqlToken]) -> None:
         work = predicate_work(tree)
     if work.disjunct_terms > PREDICATE_DISJUNCT_TERMS_MAX:
         raise LimitExceededError(
-            f"statement too complex to plan: an OR joins conjunctions of "
-            f"{work.disjunct_terms} terms (at most {PREDICATE_DISJUNCT_TERMS_MAX}); put the "
-            "values in a table or a VALUES list and join it, or split the statement"
+            f"statement too complex to plan: ORs join conjunctions of "
+            f"{work.disjunct_terms} terms (at most {PREDICATE_DISJUNCT_TERMS_MAX}, several "
+            "ORs counted as the root of the sum of their squares); put the values in a "
+            "table or a VALUES list and join it, or split the statement"
         )
     if work.filter_conjuncts > PREDICATE_FILTER_CONJUNCTS_MAX:
         raise LimitExceededError(

@@ -210,6 +210,17 @@ def test_an_ordinary_users_many_filter_conjuncts_are_refused(
     _refused(alice, make(CONJUNCTS + 2))
 
 
+def test_several_ors_count_together(sessions: tuple[Session, Session]) -> None:
+    # Each OR's rewrite is quadratic in its terms: k ORs of n terms count as one of
+    # n * sqrt(k), which takes as long as all of them.
+    _, alice = sessions
+    three_quarters = _ors(TERMS * 3 // 8)  # 3/4 of the limit in terms
+    union = f"SELECT a FROM t WHERE {_ors(30)} UNION SELECT a FROM t WHERE {_ors(40)}"
+    assert _work(union)[0] == 100  # sqrt(60^2 + 80^2)
+    alice.execute(f"SELECT a FROM t WHERE {three_quarters}")
+    _refused(alice, f"SELECT a FROM t WHERE ({three_quarters}) AND ({three_quarters})")
+
+
 def test_what_an_orm_sends_still_runs(sessions: tuple[Session, Session]) -> None:
     _, alice = sessions
     for sql in ORM_SHAPES:
