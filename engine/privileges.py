@@ -314,6 +314,7 @@ def _check_query(
     _require_macro_reads(session, identity.name, operation.sql, 0)
     _require_sequences(session, identity.name, operation.sql)
     _refuse_view_expansion(session, identity.name, access, own)
+    _refuse_view_predicates(session, identity.name, operation.sql, access, own)
     if not plain:
         _require_temporary_views(session, identity)
         _refuse_shadowed_view_reads(session, [name for name, _ in access.needs])
@@ -894,6 +895,57 @@ def _refuse_view_expansion(session: Any, user: str, access: Access, own: set[str
             f"MATERIALIZED common table expressions; at most "
             f"{limits.VIEW_EXPANDED_RELATIONS_MAX}): each is expanded wherever it is read"
         )
+
+
+def _refuse_view_predicates(session: Any, user: str, sql: str, access: Access,
+                            own: set[str]) -> None:  # fmt: skip
+    """Refuse (54000) a statement whose filters and its views' (expanded, once per read)
+    come to more than ``limits.PREDICATE_FILTER_CONJUNCTS_MAX`` conjuncts that are not
+    plain comparisons: DuckDB pushes a view's filters down with the statement's and
+    combines them in time quadratic in their number, with no interrupt (round 27: 16
+    views each reading the one before ``WHERE a <> i AND …`` 256 times, each view
+    allowed on its own: 13.9 s). The sandbox bounds each text alone
+    (``sandbox.refuse_costly_predicates``)."""
+    from_views = 0
+    for name, count in access.reads:
+        if name in own:
+            continue
+        found, _ = _facts(session, "relation", name, user)
+        if found is not None and found[1] == "view":
+            from_views += count * _view_conjuncts(session, name, 0)
+    if from_views == 0:
+        return
+    total = from_views + sandbox.filter_conjuncts(sql)
+    if total > limits.PREDICATE_FILTER_CONJUNCTS_MAX:
+        raise LimitExceededError(
+            f"statement too complex to plan: {total} filter conditions that are not plain "
+            f"comparisons once its views are expanded (at most "
+            f"{limits.PREDICATE_FILTER_CONJUNCTS_MAX}, counting <>, NOT, IN, LIKE, ORs and "
+            "function calls ANDed together); DuckDB combines a view's filters with the "
+            "statement's"
+        )
+
+
+def _view_conjuncts(session: Any, name: str, depth: int) -> int:
+    """The filter conjuncts view ``name`` adds where it is read (its views' too), cached
+    with the owners and grants. Past ``limits.VIEW_DEPTH_MAX`` views deep: more than the
+    bound (refused)."""
+    if depth > limits.VIEW_DEPTH_MAX:
+        return limits.PREDICATE_FILTER_CONJUNCTS_MAX + 1
+    return privilege_cache.cached(  # type: ignore[no-any-return]
+        session, ("view_conjuncts", name), lambda: _read_view_conjuncts(session, name, depth)
+    )
+
+
+def _read_view_conjuncts(session: Any, name: str, depth: int) -> int:
+    size = sandbox.filter_conjuncts(_relation_sql(session, name))
+    for inner, count in _view_access(session, name).reads:
+        found, _ = _facts(session, "relation", inner, OWNER_SUPERUSER)
+        if found is not None and found[1] == "view":
+            size += count * _view_conjuncts(session, inner, depth + 1)
+        if size > limits.PREDICATE_FILTER_CONJUNCTS_MAX:
+            break  # refused whatever the rest adds
+    return size
 
 
 def _view_size(session: Any, name: str, depth: int) -> int:

@@ -94,6 +94,7 @@ from planner.plan_relations import (
     largest_join,
     relation_bound,
 )
+from planner.predicate_rewrites import predicate_bound, predicate_work
 from storage import limits
 from storage.errors import (
     FeatureNotSupportedError,
@@ -101,7 +102,12 @@ from storage.errors import (
     LimitExceededError,
     StatementTooComplexError,
 )
-from storage.limits import BIND_EXPANSION_NODES_MAX, PLAN_RELATIONS_MAX
+from storage.limits import (
+    BIND_EXPANSION_NODES_MAX,
+    PLAN_RELATIONS_MAX,
+    PREDICATE_DISJUNCT_TERMS_MAX,
+    PREDICATE_FILTER_CONJUNCTS_MAX,
+)
 
 CLASSIFICATION_CACHE_ENTRIES = 2048
 # Only statements up to this long are cached: 2,048 scripts of 16 MiB would hold 32 GiB.
@@ -206,6 +212,8 @@ def _refusal(sql: str, superuser: bool) -> str | None:
     refuse_expansion(sql, tokens, builtin_macro_costs(), superuser)
     if not superuser:
         refuse_large_join(sql, tokens, builtin_macro_relations())
+        if kind != "PREPARE":  # its statement is judged by itself (``_check_prepare``)
+            refuse_costly_predicates(sql, tokens)
     check = _CHECKS_BY_TYPE.get(kind)
     if check is None:
         return _REFUSED_TYPES.get(kind, f"DuckDB {kind} statements are not allowed")
@@ -264,6 +272,50 @@ def refuse_large_join(sql: str, tokens: list[tables.SqlToken],
             f"(at most {PLAN_RELATIONS_MAX}, counting joins, FROM items, derived tables and "
             "subqueries); split it, or stage intermediate results in a table"
         )
+
+
+def refuse_costly_predicates(sql: str, tokens: list[tables.SqlToken]) -> None:
+    """Refuse (54000) a statement whose predicates would hand DuckDB's rewrites quadratic
+    work past ``PREDICATE_DISJUNCT_TERMS_MAX`` (the conjunctions' terms one OR joins) or
+    ``PREDICATE_FILTER_CONJUNCTS_MAX`` (filter conjuncts that are not plain comparisons)
+    (``planner.predicate_rewrites``: no interrupt ends those passes). The tokens' bounds
+    first; sqlglot's tree only past one; a text sqlglot cannot read (or reads only as a
+    command) is judged by them."""
+    work = predicate_bound(tokens)
+    if (work.disjunct_terms <= PREDICATE_DISJUNCT_TERMS_MAX
+            and work.filter_conjuncts <= PREDICATE_FILTER_CONJUNCTS_MAX):  # fmt: skip
+        return
+    tree = _tree(sql)
+    if tree is not None and not isinstance(tree, exp.Command):
+        work = predicate_work(tree)
+    if work.disjunct_terms > PREDICATE_DISJUNCT_TERMS_MAX:
+        raise LimitExceededError(
+            f"statement too complex to plan: ORs join conjunctions of "
+            f"{work.disjunct_terms} terms (at most {PREDICATE_DISJUNCT_TERMS_MAX}, several "
+            "ORs counted as the root of the sum of their squares); put the values in a "
+            "table or a VALUES list and join it, or split the statement"
+        )
+    if work.filter_conjuncts > PREDICATE_FILTER_CONJUNCTS_MAX:
+        raise LimitExceededError(
+            f"statement too complex to plan: {work.filter_conjuncts} filter conditions that "
+            f"are not plain comparisons (at most {PREDICATE_FILTER_CONJUNCTS_MAX}, counting "
+            "<>, NOT, IN, LIKE, ORs and function calls ANDed together); use one NOT IN or "
+            "IN list, or join a table of the values"
+        )
+
+
+def filter_conjuncts(sql: str) -> int:
+    """The filter conjuncts of ``sql`` that are not plain comparisons
+    (``planner.predicate_rewrites``): counted on sqlglot's tree when the tokens' bound is
+    not 0, the bound where sqlglot cannot read the text. For the views a statement reads,
+    whose filters DuckDB combines with the statement's (``engine.privileges``)."""
+    bound = predicate_bound(tables.sql_tokens(sql)).filter_conjuncts
+    if bound == 0:
+        return 0
+    tree = _tree(sql)
+    if tree is None or isinstance(tree, exp.Command):
+        return bound
+    return predicate_work(tree).filter_conjuncts
 
 
 def _macro_query(body: str) -> exp.Expression | str:
