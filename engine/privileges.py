@@ -915,6 +915,8 @@ def _refuse_view_predicates(session: Any, user: str, sql: str, access: Access,
             from_views += count * _view_conjuncts(session, name, 0)
     if from_views == 0:
         return
+    if from_views + sandbox.filter_conjuncts_bound(sql) <= limits.PREDICATE_FILTER_CONJUNCTS_MAX:
+        return  # the tokens' bound suffices: no tree for the statement
     total = from_views + sandbox.filter_conjuncts(sql)
     if total > limits.PREDICATE_FILTER_CONJUNCTS_MAX:
         raise LimitExceededError(
