@@ -86,28 +86,79 @@ def copy_ledger(ledger: Ledger, logs: Mapping[int, PartitionLog], *,
 
 def _append_rows(ledger: Ledger, logs: Mapping[int, PartitionLog], table: pa.Table,
                  partitions: np.ndarray, starts: dict[int, int]) -> tuple[int, int]:  # fmt: skip
-    """Group the rows read (frame after frame) by partition, one append a partition."""
+    """Group the rows read (frame after frame) by partition: one append a partition, or a
+    few when its rows are over ``limits.LEDGER_COPY_PIECE_BYTES`` (cut between shares: a
+    log's end must always fall on a share's edge). The rows are gathered (one ``take``) a
+    group of pieces at a time, at most about ``limits.LEDGER_COPY_PIECE_BYTES`` a group, so
+    no slice handed to a log carries buffers over the batch limits."""
     if not len(partitions):
         return 0, 0
+    frames = table.to_batches()  # one a frame, in ledger order
+    lengths = np.fromiter((b.num_rows for b in frames), np.int64, len(frames))
+    row_bytes = np.concatenate([_row_bytes(b) for b in frames])
+    frame_of_row = np.repeat(np.arange(len(frames)), lengths)
     order = np.argsort(partitions, kind="stable")  # each partition's rows stay in offset order
     ordered = partitions[order]
-    edges = np.flatnonzero(np.diff(ordered)) + 1
-    firsts = np.concatenate(([0], edges))
-    lasts = np.concatenate((edges, [len(ordered)]))
-    rows = table.take(pa.array(order)).combine_chunks()
-    offsets = rows.column("offset").to_numpy()
-    written = rows.column("written_at").cast(pa.int64()).to_numpy()
-    wire = rows.select(_WIRE_FIELDS)
-    for first, last in zip(firsts.tolist(), lasts.tolist(), strict=True):
-        partition = int(ordered[first])
-        base = int(offsets[first])
-        count = last - first
-        if base != starts[partition] or int(offsets[last - 1]) != base + count - 1:
-            raise CorruptSegmentError(
-                f"ledger partition {partition}: rows read for the copy are not its offsets "
-                f"{starts[partition]} on", path=logs[partition].directory, position=0)  # fmt: skip
-        batch = wire.slice(first, count).to_batches()[0]
-        logs[partition].append_copied(batch, base, int(written[first:last].max()))
-        failpoints.hit("ledger.copy_after_append")
-        ledger.release(partition, base + count)
-    return len(partitions), len(firsts)
+    pieces = _pieces(ordered, frame_of_row[order], row_bytes[order])
+    offsets = table.column("offset").to_numpy()[order]
+    written = table.column("written_at").cast(pa.int64()).to_numpy()[order]
+    wire = table.select(_WIRE_FIELDS)
+    group_bytes = 0
+    group: list[tuple[int, int]] = []
+    appends = 0
+    for index, (first, last, size) in enumerate(pieces):
+        group.append((first, last))
+        group_bytes += size
+        if index + 1 < len(pieces) and group_bytes + pieces[index + 1][2] <= (
+                limits.LEDGER_COPY_PIECE_BYTES):  # fmt: skip
+            continue
+        low = group[0][0]
+        rows = pa.concat_batches(wire.take(pa.array(order[low : group[-1][1]])).to_batches())
+        for first_row, last_row in group:
+            partition = int(ordered[first_row])
+            base = int(offsets[first_row])
+            count = last_row - first_row
+            if base != starts[partition] or int(offsets[last_row - 1]) != base + count - 1:
+                raise CorruptSegmentError(
+                    f"ledger partition {partition}: rows read for the copy are not its "
+                    f"offsets {starts[partition]} on", path=logs[partition].directory,
+                    position=0)  # fmt: skip
+            batch = rows.slice(first_row - low, count)
+            logs[partition].append_copied(batch, base, int(written[first_row:last_row].max()))
+            failpoints.hit("ledger.copy_after_append")
+            ledger.release(partition, base + count)
+            starts[partition] = base + count
+            appends += 1
+        group, group_bytes = [], 0
+    return len(partitions), appends
+
+
+def _row_bytes(frame: pa.RecordBatch) -> np.ndarray:
+    """Each row's bytes, about: its message, plus the frame's other bytes shared out."""
+    data = frame.column("data")
+    ends = np.frombuffer(data.buffers()[1], np.int32, len(data) + 1, data.offset)
+    sizes = np.diff(ends).astype(np.int64)
+    rest = max(frame.get_total_buffer_size() - int(sizes.sum()), 0)
+    return sizes + rest // max(len(sizes), 1) + 1
+
+
+def _pieces(ordered: np.ndarray, frame_of_row: np.ndarray, row_bytes: np.ndarray
+            ) -> list[tuple[int, int, int]]:  # fmt: skip
+    """``(first, last, bytes)`` of each append, in the sorted rows: a partition's rows,
+    cut at share edges (where the frame changes) once over the piece limits."""
+    cap = limits.LEDGER_COPY_PIECE_BYTES
+    edges = np.flatnonzero((np.diff(ordered) != 0) | (np.diff(frame_of_row) != 0)) + 1
+    share_firsts = np.concatenate(([0], edges))
+    share_lasts = np.concatenate((edges, [len(ordered)]))
+    cumulative = np.concatenate(([0], np.cumsum(row_bytes)))
+    pieces: list[tuple[int, int, int]] = []
+    for first, last in zip(share_firsts.tolist(), share_lasts.tolist(), strict=True):
+        size = int(cumulative[last] - cumulative[first])
+        if pieces:
+            low, high, held = pieces[-1]
+            if (high == first and ordered[low] == ordered[first] and held + size <= cap
+                    and last - low <= limits.BATCH_MESSAGES_MAX):  # fmt: skip
+                pieces[-1] = (low, last, held + size)
+                continue
+        pieces.append((first, last, size))
+    return pieces

@@ -605,3 +605,6 @@ LEDGER_SHARE_BYTES_MAX = 64 * 1024
 # whole frames until it holds this many messages: each partition then gets one frame (and
 # one sync) for many statements' shares.
 LEDGER_COPY_MESSAGES_MAX = 100_000
+# A partition's copied rows go to its log in appends of at most about this many bytes (cut
+# between shares), gathered this many bytes at a time: under ``BATCH_BYTES_MAX`` with room.
+LEDGER_COPY_PIECE_BYTES = 16 * 1024 * 1024

@@ -259,3 +259,34 @@ def test_append_copied_refuses_another_offset_and_syncs(tmp_path: Path) -> None:
         assert log.end_offset == 2 and log.durable_end == 2
     finally:
         log.close()
+
+
+def test_a_large_copy_goes_in_pieces_cut_between_shares(
+    topic: _Topic, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Rows over the piece size go to a log in several appends, each of whole shares and
+    each under the batch limits (a slice of one gathered table would carry all of its
+    buffers); a failure between two pieces leaves the log at a share's edge (the reopen
+    accepts it, the copy resumes)."""
+    from storage import limits
+
+    monkeypatch.setattr(limits, "BATCH_BYTES_MAX", 64 * 1024)
+    monkeypatch.setattr(limits, "LEDGER_COPY_PIECE_BYTES", 8 * 1024)
+    assert topic.ledger is not None
+    statements = [[(p, _batch(f"{k}.{p}" + "x" * 200, 3)) for p in range(4)] for k in range(40)]
+    for shares in statements:
+        topic.ledger.append(shares)
+    failpoints.activate("ledger.copy_after_append=error@6")
+    try:
+        with pytest.raises(StorageIOError):
+            copy_ledger(topic.ledger, topic.logs)
+    finally:
+        failpoints.deactivate()
+    assert 0 < topic.logs[0].end_offset < 120 and topic.logs[0].end_offset % 3 == 0
+    topic.close()
+    topic.open()  # a log ending inside a share would be refused here
+    report = copy_ledger(topic.ledger, topic.logs)
+    assert report.appends > 4  # more than one append a partition
+    assert topic.ledger.pending() == {}
+    for partition, data in _expected(statements).items():
+        assert topic.data(partition) == data
