@@ -136,7 +136,7 @@ def _append_rows(ledger: Ledger, logs: Mapping[int, PartitionLog], table: pa.Tab
 def _row_bytes(frame: pa.RecordBatch) -> np.ndarray:
     """Each row's bytes, about: its message, plus the frame's other bytes shared out."""
     data = frame.column("data")
-    ends = np.frombuffer(data.buffers()[1], np.int32, len(data) + 1, data.offset)
+    ends = np.frombuffer(data.buffers()[1], np.int32, len(data) + 1, 4 * data.offset)
     sizes = np.diff(ends).astype(np.int64)
     rest = max(frame.get_total_buffer_size() - int(sizes.sum()), 0)
     return sizes + rest // max(len(sizes), 1) + 1

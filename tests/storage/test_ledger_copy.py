@@ -290,3 +290,11 @@ def test_a_large_copy_goes_in_pieces_cut_between_shares(
     assert topic.ledger.pending() == {}
     for partition, data in _expected(statements).items():
         assert topic.data(partition) == data
+
+
+def test_row_sizes_of_a_sliced_frame_are_its_own_rows() -> None:
+    from storage.ledger_copy import _row_bytes
+
+    batch = build_wire_batch([b"a" * n for n in (1, 10, 100, 1000, 5)])
+    sizes = _row_bytes(batch.slice(2, 2))
+    assert (sizes - sizes.min()).tolist() == [0, 900]  # 100 and 1000 bytes, same share
