@@ -55,7 +55,9 @@ just dropped written-back, unsynced log bytes from the page cache,
 ``storage.page_cache.drop_behind``); the ledger (``storage.ledger``): ``ledger.torn_frame``
 (half of a group-commit round's frames written, then the action), ``ledger.after_write``
 (a round's frames written, not synced), ``ledger.after_sync`` (synced, not yet indexed or
-acknowledged), ``ledger.mid_drop`` (a ledger file deleted behind the copy, the next not yet).
+acknowledged), ``ledger.mid_drop`` (a ledger file deleted behind the copy, the next not
+yet); the copy (``storage.ledger_copy``): ``ledger.copy_after_append`` (a partition's
+copied rows synced in its log, not yet released in the ledger).
 """
 
 from __future__ import annotations

@@ -311,15 +311,16 @@ class Ledger:
             schema=READ_SCHEMA,
         )
 
-    def read_many(self, starts: Mapping[int, int], max_messages: int
-                  ) -> tuple[pa.Table, np.ndarray]:  # fmt: skip
+    def read_many(self, starts: Mapping[int, int], max_messages: int, *,
+                  whole_frames: bool = False) -> tuple[pa.Table, np.ndarray]:  # fmt: skip
         """Messages of many partitions, each from its offset in ``starts``, at most
         ``max_messages`` in all, as written: frame after frame in ledger order, each frame's
         rows in partition order (so each partition's messages ascend in offset). Returns a
         read table (``READ_SCHEMA``) and each row's partition. A frame read whole is a
         zero-copy view of the ledger's map; a frame read in part is one ``take``. Each
         partition gets a prefix of what it has past its start (a poll may resume at the
-        next offsets)."""
+        next offsets). With ``whole_frames``, the last frame read is not cut at
+        ``max_messages``: each partition then gets whole shares (the copy's need)."""
         with self._lock:
             chosen = []
             total = 0
@@ -329,7 +330,7 @@ class Ledger:
                 if total >= max_messages:
                     break
         batches, partitions = [], []
-        left = max_messages
+        left = max(total, max_messages) if whole_frames else max_messages
         for (_, parts, firsts, rows, counts), (body, written_at) in chosen:
             if left <= 0:
                 break
@@ -386,6 +387,30 @@ class Ledger:
         (the caller synced them): the ledger need not keep them."""
         with self._lock:
             self._index.release(partition, copied_end)
+
+    def pending(self) -> dict[int, tuple[int, int]]:
+        """Partitions with offsets not yet copied into their own segments:
+        ``partition -> (start, end)``, ``start < end``."""
+        with self._lock:
+            starts = self._index.starts()
+            return {p: (starts.get(p, 0), end) for p, end in self._index.ends().items()
+                    if end > starts.get(p, 0)}  # fmt: skip
+
+    def skip_copied(self, partition: int, own_end: int) -> None:
+        """The partition's own log already ends at ``own_end``, past the ledger's ``start``
+        (a copy appended it, then failed or crashed before ``release``): release up to it,
+        by the open's rule: shares wholly below are copied; ``own_end`` inside a share (a
+        straddle) or past the ledger's end is damage (``CorruptSegmentError``)."""
+        with self._lock:
+            end = self._index.end(partition)
+            start = self._index.start(partition)
+            if own_end < start or own_end > end or not self._index.at_share_edge(
+                    partition, own_end):  # fmt: skip
+                raise CorruptSegmentError(
+                    f"ledger partition {partition}: its own log ends at {own_end}, not at the "
+                    f"end of a share in the ledger's [{start}, {end})", path=self._directory,
+                    position=0)  # fmt: skip
+            self._index.release(partition, own_end)
 
     def drop_copied_files(self) -> int:
         """Delete, from the front, ledger files none of whose shares is still needed (all

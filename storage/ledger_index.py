@@ -160,6 +160,14 @@ class LedgerIndex:
             spans.append(Span(lists.frames[index], lists.rows[index] + low - base, low, high - low))
         return spans
 
+    def at_share_edge(self, partition: int, offset: int) -> bool:
+        """Whether ``offset`` is where a share of ``partition`` starts, or its end."""
+        if offset == self.end(partition):
+            return True
+        bases = self._lists_of(partition).bases
+        at = bisect.bisect_left(bases, offset)
+        return at < len(bases) and bases[at] == offset
+
     def select(self, starts: dict[int, int]) -> Iterator[_Selection]:
         """For a read of many partitions from ``starts`` (partition -> first offset wanted,
         at or above its ``start``, at or below its ``end``): per frame in sequence order that

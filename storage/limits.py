@@ -609,3 +609,10 @@ LEDGER_FRAME_BYTES_MAX = 16 * 1024 * 1024
 # most this: at 1000 partitions a 5,000-message statement's shares are ~5 messages (~5 KiB),
 # whose own frames cost more than their bytes (docs/scale.md, rounds 10-12).
 LEDGER_SHARE_BYTES_MAX = 64 * 1024
+# One copy of the ledger into the partitions' segments (``storage.ledger_copy``) reads
+# whole frames until it holds this many messages: each partition then gets one frame (and
+# one sync) for many statements' shares.
+LEDGER_COPY_MESSAGES_MAX = 100_000
+# A partition's copied rows go to its log in appends of at most about this many bytes (cut
+# between shares), gathered this many bytes at a time: under ``BATCH_BYTES_MAX`` with room.
+LEDGER_COPY_PIECE_BYTES = 16 * 1024 * 1024

@@ -857,15 +857,21 @@ class PartitionLog:
         return AppendResult(self.partition_id, status, offsets)
 
     def _write_frame(
-        self, batch: pa.RecordBatch, transaction_id: int, body: pa.Buffer | None
+        self,
+        batch: pa.RecordBatch,
+        transaction_id: int,
+        body: pa.Buffer | None,
+        written_at_us: int | None = None,
     ) -> tuple[int, int]:
         """Write ``batch`` (decided: no duplicate in it) as one frame at the log end, not
-        yet published; returns its base offset and written-at time. Caller holds the
-        lock. An I/O error fences the partition and is raised."""
+        yet published; returns its base offset and written-at time (``written_at_us``, or
+        now, never below the last frame's). Caller holds the lock. An I/O error fences
+        the partition and is raised."""
         now_us = self.clock.now_us()
         segment = self._segment_for_append(now_us)
         base_offset = segment.next_offset
-        written_at_us = max(now_us, self._last_written_at_us)
+        written_at_us = max(now_us if written_at_us is None else written_at_us,
+                            self._last_written_at_us)  # fmt: skip
         try:
             if body is not None:  # an encoded body framed as it is (a spread publish)
                 written = segment.append_body(body, batch.num_rows, written_at_us, transaction_id)
@@ -886,6 +892,39 @@ class PartitionLog:
             with contextlib.suppress(StorageIOError, OSError):
                 page_cache.drop_behind(self._segments, floor)
         return base_offset, written_at_us
+
+    # -- rows copied from the topic's ledger (``storage.ledger_copy``) ------------------
+    def append_copied(self, batch: pa.RecordBatch, base_offset: int, written_at_us: int) -> None:
+        """Append ``batch``, rows the topic's ledger holds at offsets ``base_offset`` on,
+        as one frame at exactly those offsets, and sync it whatever the fsync policy (the
+        ledger may delete its copy once this returns). No dedup: the rows were committed
+        by the ledger's frame; their producer state is recorded here, so later appends to
+        this partition are checked against their seq_nos. The frame's written-at time is
+        ``written_at_us`` (the caller passes the latest of its rows' ledger times: a
+        lookup by time then never skips one of them), never below the last frame's.
+
+        Raises ``CorruptSegmentError`` (nothing written) when the log does not end at
+        ``base_offset``: the copy must continue the partition's offsets exactly."""
+        check_wire_batch(batch)
+        with self._writing():
+            self._check_writable()
+            end = self._segments[-1].next_offset
+            if end != base_offset:
+                raise CorruptSegmentError(
+                    f"partition {self.partition_id}: a copy from the ledger at offset "
+                    f"{base_offset}, but the log ends at {end}",
+                    path=self.directory, position=self._segments[-1].size_bytes,
+                )  # fmt: skip
+            base, written_at = self._write_frame(batch, 0, None, written_at_us)
+            failpoints.hit("partition.after_write")
+            self.producers.record(batch, base, written_at)
+            try:
+                if self._segments[-1].sync():
+                    self._durable_end = self._segments[-1].next_offset
+            except StorageIOError as error:
+                self._fence(error)
+                raise
+            self._publish()
 
     # -- one share of a publish over many partitions (``storage.spread_publish``) --------
     def publishable_locked(self) -> bool:
