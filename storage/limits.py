@@ -302,6 +302,7 @@ SESSION_SETTINGS_MAX = 1024
 
 # Then Topicbase's choices. The server's configurable limits (``sql.pgwire.limits.
 # ServerLimits``, ``topicbase serve --max-connections``) default to these.
+KIB = 1024
 MIB = 1024 * 1024
 # Open client sockets at once (PostgreSQL's max_connections default).
 CONNECTIONS_MAX_DEFAULT = 100

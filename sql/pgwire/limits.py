@@ -75,6 +75,7 @@ from storage.limits import (
     CONNECTIONS_MAX_DEFAULT,
     CURSOR_SPILL_BYTES_MAX_DEFAULT,
     CURSOR_SPILL_LOGIN_BYTES_MAX_DEFAULT,
+    KIB,
     MIB,
     RESULT_BYTES_MAX_DEFAULT,
     STATEMENT_BYTES_MAX_DEFAULT,
@@ -315,6 +316,13 @@ def add_serve_arguments(parser: argparse.ArgumentParser) -> None:
              f"(default {CURSOR_SPILL_LOGIN_BYTES_MAX_DEFAULT // MIB})",
     )  # fmt: skip
     parser.add_argument(
+        "--statement-size-limit", type=_count(1), metavar="KIB",
+        default=STATEMENT_BYTES_MAX_DEFAULT // KIB,
+        help="KiB of SQL text one Query or Parse message may carry; longer is 54000 unread "
+             f"(default {STATEMENT_BYTES_MAX_DEFAULT // KIB}; the front's work grows with "
+             "the text, ~10-35 us a byte: lower it on a server open to untrusted users)",
+    )  # fmt: skip
+    parser.add_argument(
         "--idle-session-timeout", metavar="DURATION", default=None,
         help="default idle_session_timeout, e.g. 10min (default 0: none)",
     )  # fmt: skip
@@ -338,6 +346,7 @@ def serve_configuration(arguments: argparse.Namespace) -> tuple[ServerLimits, di
         connections_per_user_max=arguments.max_connections_per_user,
         spill_bytes_max=arguments.cursor_spill_limit * MIB,
         spill_login_bytes_max=arguments.cursor_spill_login_limit * MIB,
+        statement_bytes_max=arguments.statement_size_limit * KIB,
     )
     settings = {
         name: getattr(arguments, name)

@@ -189,6 +189,31 @@ def test_serve_options_reach_the_limits_and_settings() -> None:
         parser.parse_args(["--superuser-reserved-connections", "-1"])
 
 
+def test_statement_size_limit_option_bounds_a_query_text(tmp_path: Path) -> None:
+    """``serve --statement-size-limit KIB`` reaches the server: a Query longer than it is
+    54000 unread, one within it runs (the front's work grows with the text: round 27)."""
+    import argparse
+
+    from sql.pgwire.limits import add_serve_arguments, serve_configuration
+    from storage.limits import STATEMENT_BYTES_MAX_DEFAULT
+
+    parser = argparse.ArgumentParser()
+    add_serve_arguments(parser)
+    default, _ = serve_configuration(parser.parse_args([]))
+    assert default.statement_bytes_max == STATEMENT_BYTES_MAX_DEFAULT
+    limits, _ = serve_configuration(parser.parse_args(["--statement-size-limit", "8"]))
+    assert limits.statement_bytes_max == 8 * 1024
+    with pytest.raises(SystemExit):
+        parser.parse_args(["--statement-size-limit", "0"])
+    with running_server(tmp_path, limits=limits) as server, \
+            login(server, BOB, BOB_PASSWORD) as client:
+        assert client.execute("SELECT '" + "a" * 7000 + "'").fetchone() == ("a" * 7000,)
+        with pytest.raises(psycopg.Error) as caught:
+            client.execute("SELECT '" + "a" * 9000 + "'")
+        assert caught.value.sqlstate == "54000"
+        assert client.execute("SELECT 1").fetchone() == (1,)
+
+
 # -- idle sessions --------------------------------------------------------------------------------
 def _fatal_on_next_statement(connection: psycopg.Connection) -> psycopg.Error:
     with pytest.raises(psycopg.Error) as caught:
