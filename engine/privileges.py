@@ -79,20 +79,34 @@ _role_lookups: weakref.WeakKeyDictionary[Any, Callable[[str], bool]] = (
 _role_listings: weakref.WeakKeyDictionary[Any, Callable[[], list[str]]] = (
     weakref.WeakKeyDictionary()
 )
+_role_limits: weakref.WeakKeyDictionary[Any, Callable[[str], int | None]] = (
+    weakref.WeakKeyDictionary()
+)
 
 
 def use_role_lookup(database: Any, lookup: Callable[[str], bool],
-                    listing: Callable[[], list[str]] | None = None) -> None:  # fmt: skip
-    """Tell the engine how to learn whether a user name is a superuser, and (``listing``)
-    which users there are: the users file."""
+                    listing: Callable[[], list[str]] | None = None,
+                    connection_limit: Callable[[str], int | None] | None = None,
+                    ) -> None:  # fmt: skip
+    """Tell the engine how to learn whether a user name is a superuser, (``listing``)
+    which users there are and (``connection_limit``) a user's own connection limit (None:
+    none): the users file."""
     _role_lookups[database] = lookup
     if listing is not None:
         _role_listings[database] = listing
+    if connection_limit is not None:
+        _role_limits[database] = connection_limit
 
 
 def known_roles(database: Any) -> list[str]:
     listing = _role_listings.get(database)
     return [] if listing is None else listing()
+
+
+def connection_limit_of(database: Any, name: str) -> int | None:
+    """A user's own connection limit as the users file says (None: none, or no file)."""
+    limit = _role_limits.get(database)
+    return None if limit is None else limit(name)
 
 
 def is_superuser_name(database: Any, name: str) -> bool:
