@@ -8,7 +8,9 @@ is not shown here, though it is already in force for its checks).
 
 ``sys.roles`` lists the bootstrap superuser, the users a server registered
 (``privileges.use_role_lookup``: the users file) and every other name that owns something
-or was granted something, with ``superuser`` as the engine knows it.
+or was granted something, with ``superuser`` as the engine knows it and
+``connection_limit``, the user's own limit of sessions (PostgreSQL's ``rolconnlimit``; -1
+when the users file gives none, as for names it does not hold).
 """
 
 from __future__ import annotations
@@ -43,7 +45,13 @@ def roles_view(database: Any) -> pa.Table:
     return pa.table({
         "name": pa.array(ordered, pa.string()),
         "superuser": pa.array([privileges.is_superuser_name(database, n) for n in ordered]),
+        "connection_limit": pa.array([_limit(database, n) for n in ordered], pa.int32()),
     })  # fmt: skip
+
+
+def _limit(database: Any, name: str) -> int:
+    limit = privileges.connection_limit_of(database, name)
+    return -1 if limit is None else limit
 
 
 def _query(database: Any, sql: str) -> pa.Table:

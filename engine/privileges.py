@@ -28,6 +28,9 @@ import weakref
 from collections.abc import Callable
 from typing import Any
 
+import sqlglot
+from sqlglot import expressions as exp
+
 from engine import privilege_cache, sandbox, tables
 from engine.catalog import OWNER_SUPERUSER, SCHEMA
 from engine.identity import Identity
@@ -37,9 +40,11 @@ from planner.access import (
     DATABASE_NAME,
     Access,
     relation_access,
+    relation_name,
     view_reads,
 )
 from planner.alias_expansion import MacroCost, token_name
+from planner.duckdb_sql import parse_duckdb
 from planner.operations import (
     AlterTopicEntry,
     AppendRecords,
@@ -55,12 +60,15 @@ from planner.operations import (
     SwitchRole,
     TransactionControl,
 )
+from planner.plan_relations import largest_join_with_views
 from planner.write_statements import AbortStagedWrites, CommitStagedWrites
 from storage import limits
 from storage.errors import InsufficientPrivilegeError, LimitExceededError
+from storage.limits import PLAN_RELATIONS_MAX
 
 _DDL_TAGS = ("CREATE", "DROP", "ALTER")
 CALL_NAMES_CACHE_ENTRIES = 1024  # texts whose macro-calling names are kept (a frozenset each)
+VIEW_JOINS_CACHE_ENTRIES = 1024  # (text, its views' counts) whose join graph is kept (an int)
 _EXECUTE_WORD = re.compile(r"\bEXECUTE\b", re.IGNORECASE)
 # Touch no relation (transactions, SHOW/DESCRIBE TOPIC: catalogs are everyone's), are
 # judged when they run (GRANT/REVOKE and SET ROLE: engine.grants), or name no topic
@@ -79,20 +87,34 @@ _role_lookups: weakref.WeakKeyDictionary[Any, Callable[[str], bool]] = (
 _role_listings: weakref.WeakKeyDictionary[Any, Callable[[], list[str]]] = (
     weakref.WeakKeyDictionary()
 )
+_role_limits: weakref.WeakKeyDictionary[Any, Callable[[str], int | None]] = (
+    weakref.WeakKeyDictionary()
+)
 
 
 def use_role_lookup(database: Any, lookup: Callable[[str], bool],
-                    listing: Callable[[], list[str]] | None = None) -> None:  # fmt: skip
-    """Tell the engine how to learn whether a user name is a superuser, and (``listing``)
-    which users there are: the users file."""
+                    listing: Callable[[], list[str]] | None = None,
+                    connection_limit: Callable[[str], int | None] | None = None,
+                    ) -> None:  # fmt: skip
+    """Tell the engine how to learn whether a user name is a superuser, (``listing``)
+    which users there are and (``connection_limit``) a user's own connection limit (None:
+    none): the users file."""
     _role_lookups[database] = lookup
     if listing is not None:
         _role_listings[database] = listing
+    if connection_limit is not None:
+        _role_limits[database] = connection_limit
 
 
 def known_roles(database: Any) -> list[str]:
     listing = _role_listings.get(database)
     return [] if listing is None else listing()
+
+
+def connection_limit_of(database: Any, name: str) -> int | None:
+    """A user's own connection limit as the users file says (None: none, or no file)."""
+    limit = _role_limits.get(database)
+    return None if limit is None else limit(name)
 
 
 def is_superuser_name(database: Any, name: str) -> bool:
@@ -315,6 +337,7 @@ def _check_query(
     _require_sequences(session, identity.name, operation.sql)
     _refuse_view_expansion(session, identity.name, access, own)
     _refuse_view_predicates(session, identity.name, operation.sql, access, own)
+    _refuse_large_join_of_views(session, identity.name, operation.sql, access, own)
     if not plain:
         _require_temporary_views(session, identity)
         _refuse_shadowed_view_reads(session, [name for name, _ in access.needs])
@@ -971,6 +994,112 @@ def _read_view_size(session: Any, name: str, depth: int) -> int:
         if size > limits.VIEW_EXPANDED_RELATIONS_MAX:
             break  # refused whatever the rest adds
     return max(size, 1)
+
+
+def _refuse_large_join_of_views(session: Any, user: str, sql: str, access: Access,
+                                own: set[str]) -> None:  # fmt: skip
+    """Refuse (54000) a statement that reads views whose queries, put in place of each
+    read, would hand DuckDB's join-order optimizer more than ``PLAN_RELATIONS_MAX``
+    relations in one graph (``plan_relations.largest_join_with_views``). The sandbox's
+    bound (``sandbox.refuse_large_join``) counts a view as one relation: round 27, four
+    views of 60 relations each joined were accepted and planned for ~4 s of CPU, eight
+    for 32 s, from a user granted CREATE on a schema. A statement reading no view costs
+    nothing more here; one that does is parsed once (cached per text) and each view's
+    count is cached with the owners and grants (``_view_join_size``)."""
+    views = {name for name, _ in access.reads if name not in own and _is_view(session, name, user)}
+    if not views:
+        return
+    sizes = tuple(sorted((name, _view_join_size(session, name, 0)) for name in views))
+    size = _join_with_views(sql, sizes)
+    if size > PLAN_RELATIONS_MAX:
+        raise LimitExceededError(
+            f"statement too complex to plan: DuckDB would join {size} relations at once "
+            f"once its views are put in place (at most {PLAN_RELATIONS_MAX}); split it, or "
+            "stage intermediate results in a table"
+        )
+
+
+def _is_view(session: Any, name: str, user: str) -> bool:
+    found, _ = _facts(session, "relation", name, user)
+    return found is not None and found[1] == "view"
+
+
+def _view_join_size(session: Any, name: str, depth: int) -> int:
+    """The relations view ``name``'s query adds to the join graph it is read in (its own
+    views' counted alike), at most ``PLAN_RELATIONS_MAX + 1`` (refused whatever the rest
+    adds), cached with the owners and grants. Past ``limits.VIEW_DEPTH_MAX`` views deep:
+    over the bound."""
+    if depth > limits.VIEW_DEPTH_MAX:
+        return PLAN_RELATIONS_MAX + 1
+    return privilege_cache.cached(  # type: ignore[no-any-return]
+        session, ("view_join", name), lambda: _read_view_join_size(session, name, depth)
+    )
+
+
+def _read_view_join_size(session: Any, name: str, depth: int) -> int:
+    query = _view_query(session, name)
+    if query is None:
+        return 1  # sqlglot cannot read it (nor ``_view_size``): DuckDB's binder judges it
+    inner = {other for other, _ in _view_access(session, name).reads
+             if _is_view(session, other, OWNER_SUPERUSER)}  # fmt: skip
+    sizes = {other: _view_join_size(session, other, depth + 1) for other in inner}
+    size = largest_join_with_views(query, sandbox.builtin_macro_relations(),
+                                   lambda table: sizes.get(relation_name(table) or "", 1))
+    return max(1, min(size, PLAN_RELATIONS_MAX + 1))
+
+
+def _view_query(session: Any, name: str) -> exp.Expression | None:
+    schema, _, bare = name.rpartition(".")
+    rows = _rows(
+        session,
+        "SELECT sql FROM duckdb_views() WHERE NOT temporary AND schema_name = ? "
+        "AND lower(view_name) = ? AND database_name = 'tables'",
+        [schema or "main", bare],
+    )
+    if not rows:
+        return None
+    tree = _parsed(rows[0][0])
+    query = tree.expression if isinstance(tree, exp.Create) else None
+    return query if isinstance(query, exp.Expression) else None
+
+
+def _planned_tree(sql: str) -> exp.Expression | None:
+    """sqlglot's tree of what DuckDB plans for ``sql``: the statement of an ``EXPLAIN
+    [ANALYZE]`` or ``PREPARE name AS``, else the statement; None if sqlglot cannot read
+    it."""
+    tree = _parsed(sql)
+    if isinstance(tree, exp.Command):
+        verb = str(tree.this).upper()
+        rest = tree.expression.name if isinstance(tree.expression, exp.Literal) else str(
+            tree.expression or "")  # fmt: skip
+        words = rest.split(None, 2)
+        if verb == "EXPLAIN" and words:
+            inner = rest.split(None, 1)[1] if words[0].upper() == "ANALYZE" and len(words) > 1 \
+                else rest
+            return _planned_tree(inner)
+        if verb == "PREPARE" and len(words) == 3 and words[1].upper() == "AS":
+            return _planned_tree(words[2])
+        return None
+    return tree
+
+
+@text_cache(VIEW_JOINS_CACHE_ENTRIES)
+def _join_with_views(sql: str, sizes: tuple[tuple[str, int], ...]) -> int:
+    """The largest join graph of ``sql`` with its views' reads counted as ``sizes`` says
+    (0 when sqlglot cannot read it: the sandbox judged it by DuckDB's tokens)."""
+    tree = _planned_tree(sql)
+    if tree is None:
+        return 0
+    by_name = dict(sizes)
+    return largest_join_with_views(tree, sandbox.builtin_macro_relations(),
+                                   lambda table: by_name.get(relation_name(table) or "", 1))
+
+
+def _parsed(sql: str) -> exp.Expression | None:
+    try:
+        return parse_duckdb(sql)
+    except (sqlglot.errors.SqlglotError, IndexError):
+        return None
 
 
 def _view_access(session: Any, name: str) -> Access:

@@ -652,11 +652,17 @@ def translate(error: duckdb.Error) -> errors.TopicbaseError:
             return UndefinedFunctionError(text)
         return errors.UndefinedTopicError(text)
     if isinstance(error, duckdb.BinderException):
-        if "column" in lowered or "referenced" in lowered:
+        if text.lower().startswith("cannot extract field"):
+            # ``s.a.a`` where ``s.a`` is no struct (DuckDB's words quote the expression,
+            # whose text may say "column" or "function")
+            return errors.WrongObjectTypeError(text)
+        if ("column" in lowered or "referenced" in lowered
+                or text.lower().startswith("could not find key")):  # fmt: skip
+            # (a struct's missing field: PostgreSQL's "could not identify column")
             return UndefinedColumnError(text)
         if "function" in lowered:
             return UndefinedFunctionError(text)
-        return errors.TopicbaseError(text)
+        return errors.SyntaxErrorOrAccessRuleViolation(text)
     if isinstance(error, duckdb.OutOfRangeException):
         return NumericOutOfRangeError(text)
     if "division by zero" in lowered:

@@ -364,6 +364,12 @@ def _relation_name(table: exp.Table) -> str | None:
     return name if schema in ("", "main") else f"{schema}.{name}"
 
 
+def relation_name(table: exp.Table) -> str | None:
+    """The name ``Access.needs`` and ``Access.reads`` give the relation ``table`` names
+    (None for catalogs and table functions)."""
+    return _relation_name(table)
+
+
 def _case(identifier: exp.Identifier) -> str:
     """DuckDB's names are case-insensitive: one spelling for the catalog's keys."""
     return str(identifier.this).lower()

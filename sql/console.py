@@ -327,7 +327,9 @@ def _start_flight_door(arguments: argparse.Namespace, data_dir: str) -> Any:
         door = start_flight(database, arguments.host, arguments.flight_port, arguments.auth,
                             users_file=arguments.users_file, tls_cert=arguments.tls_cert,
                             tls_key=arguments.tls_key, tls_client_ca=arguments.flight_client_ca,
-                            staging_bytes_max=arguments.flight_staging_mb << 20)  # fmt: skip
+                            staging_bytes_max=arguments.flight_staging_mb << 20,
+                            connections_per_user_max=arguments.max_connections_per_user,
+                            )  # fmt: skip
     except OSError:
         database.close()
         raise

@@ -146,6 +146,13 @@ class SerializationFailure(TopicbaseError):
 
 
 # -- class 42: syntax error or access rule violation -----------------------------------
+class SyntaxErrorOrAccessRuleViolation(TopicbaseError):
+    """A statement the binder refused for a reason no narrower class names (DuckDB's
+    binder errors are about the statement as written, never the server's bug)."""
+
+    sqlstate = "42000"
+
+
 class SqlSyntaxError(TopicbaseError):
     """A statement does not parse. ``line`` and ``column`` are 1-based."""
 
@@ -206,6 +213,14 @@ class DatatypeMismatchError(TopicbaseError):
     write was started with, an array element of another type than its array's."""
 
     sqlstate = "42804"
+
+
+class WrongObjectTypeError(TopicbaseError):
+    """An operation on an object of a type it does not apply to: a field taken from a
+    value that is no struct (PostgreSQL's "column notation .a applied to type integer,
+    which is not a composite type")."""
+
+    sqlstate = "42809"
 
 
 class DuplicateCursorError(TopicbaseError):

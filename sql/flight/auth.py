@@ -29,6 +29,7 @@ from typing import Any
 import pyarrow.flight as flight
 
 from engine.api import LOCAL_SUPERUSER_NAME, Identity
+from sql.flight.admission import CallAdmission
 from sql.pgwire.users import UsersFile
 from sql.pgwire.verifiers import ScramVerifier
 from storage import limits
@@ -90,6 +91,12 @@ class FlightAuthenticator:
         assert entry is not None
         return Identity(user, superuser=entry.superuser), entry.scram
 
+    def connection_limit(self, name: str) -> int | None:
+        """The user's own connection limit as the users file said at its last reload
+        (every call reloads it first; None: none, or no file)."""
+        entry = None if self.users is None else self.users.lookup(name)
+        return None if entry is None else entry.connection_limit
+
     def identity_of(self, token: str) -> Identity:
         """Who a call carrying ``token`` acts as, by the users file now (re-read if it
         changed: a stat of it per call, nothing next to a Flight call)."""
@@ -119,21 +126,38 @@ class FlightAuthenticator:
 
 
 class _AuthMiddleware(flight.ServerMiddleware):
-    def __init__(self, identity: Identity, token: str | None) -> None:
+    def __init__(self, identity: Identity, token: str | None,
+                 admission: CallAdmission | None = None) -> None:  # fmt: skip
         self.identity = identity
         self._token = token
+        self._admission = admission  # set while the call holds a place of its user's
 
     def sending_headers(self) -> dict[str, str]:
         return {"authorization": f"Bearer {self._token}"} if self._token else {}
 
+    def call_completed(self, exception: Any) -> None:
+        admission, self._admission = self._admission, None
+        if admission is not None:
+            admission.release(self.identity.name)
+
 
 class AuthMiddlewareFactory(flight.ServerMiddlewareFactory):
-    """Every call: Basic (the handshake) logs in, Bearer is checked; anything else fails."""
+    """Every call: Basic (the handshake) logs in, Bearer is checked; anything else fails.
+    A call of an ordinary user then takes a place among its user's calls in progress
+    (``admission``, given back when the call completes; 53300 past the user's limit)."""
 
-    def __init__(self, authenticator: FlightAuthenticator) -> None:
+    def __init__(self, authenticator: FlightAuthenticator,
+                 admission: CallAdmission | None = None) -> None:  # fmt: skip
         self.authenticator = authenticator
+        self.admission = admission
 
     def start_call(self, info: Any, headers: dict[str, list[str]]) -> _AuthMiddleware:
+        middleware = self._authenticated(headers)
+        if self.admission is not None and self.admission.claim(middleware.identity):
+            middleware._admission = self.admission
+        return middleware
+
+    def _authenticated(self, headers: dict[str, list[str]]) -> _AuthMiddleware:
         values = headers.get("authorization") or headers.get("Authorization") or []
         if not values:
             raise flight.FlightUnauthenticatedError("28000: no credentials: log in first")

@@ -41,7 +41,10 @@ Requests (descriptor commands, tickets and action bodies are JSON objects):
 
 Errors travel as Flight errors whose message starts with the SQLSTATE (``42501: …``):
 42501 as FlightUnauthorizedError, 28xxx as FlightUnauthenticatedError, others as
-FlightServerError. Abandoned staged writes are collected every ``collect_interval_s``.
+FlightServerError; an ordinary user's call past their connection limit (the users file's
+``connection_limit``, else ``connections_per_user_max``: ``sql.flight.admission``) is
+refused before it runs as FlightUnavailableError ``53300``. Abandoned staged writes are
+collected every ``collect_interval_s``.
 """
 
 from __future__ import annotations
@@ -64,6 +67,7 @@ from engine.api import (
     OffsetRange,
     project_schema,
 )
+from sql.flight.admission import CallAdmission
 from sql.flight.auth import AuthMiddlewareFactory, FlightAuthenticator, NoHandshakeCheck
 from sql.pgwire.codec import ipc_bounds
 from sql.pgwire.codec.copy_format import BadCopyFormatError
@@ -228,14 +232,17 @@ class TopicbaseFlightServer(flight.FlightServerBase):
                  client_roots: bytes | None = None,
                  staging_bytes_max: int = limits.BULK_STAGING_BYTES_MAX_DEFAULT,
                  abandon_after_s: float = ABANDON_AFTER_S_DEFAULT,
-                 collect_interval_s: float = COLLECT_INTERVAL_S) -> None:  # fmt: skip
+                 collect_interval_s: float = COLLECT_INTERVAL_S,
+                 connections_per_user_max: int | None = None) -> None:  # fmt: skip
+        # an ordinary user's calls in progress: their connection limit, as on the wire
+        self.admission = CallAdmission(authenticator.connection_limit, connections_per_user_max)
         super().__init__(
             location,
             auth_handler=NoHandshakeCheck(),
             tls_certificates=tls_certificates or [],
             verify_client=client_roots is not None,
             root_certificates=client_roots,
-            middleware={"auth": AuthMiddlewareFactory(authenticator)},
+            middleware={"auth": AuthMiddlewareFactory(authenticator, self.admission)},
         )
         self.database = database
         self._write_settings = {

@@ -232,6 +232,13 @@ class UsersFile:
             entry = self._users.get(name)
         return entry is not None and entry.superuser
 
+    def connection_limit(self, name: str) -> int | None:
+        """The user's own connection limit as of the last ``reload`` (None: none, or
+        unknown), for ``pg_roles.rolconnlimit``."""
+        with self._lock:
+            entry = self._users.get(name)
+        return None if entry is None else entry.connection_limit
+
     def entries(self) -> list[UserEntry]:
         """Every user as of the last ``reload``, by name (for pg_roles and friends)."""
         with self._lock:

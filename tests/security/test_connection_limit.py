@@ -161,3 +161,16 @@ def test_serve_option_reaches_the_limits() -> None:
         parser.parse_args(["--max-connections-per-user", "-1"])
     with pytest.raises(ValueError, match="connections_per_user_max"):
         ServerLimits(connections_per_user_max=-3)
+
+
+def test_pg_roles_reports_each_users_own_connection_limit(tmp_path: Path) -> None:
+    """``pg_roles.rolconnlimit`` and ``pg_authid.rolconnlimit`` say the users file's
+    ``connection_limit`` (-1 when a user has none), as PostgreSQL's role catalog does."""
+    path = _users_with_limits(tmp_path, alice=3, admin=7)
+    with (running_server(tmp_path, users_file=path) as server,
+          login(server, ALICE, ALICE_PASSWORD) as connection):  # fmt: skip
+        for catalog in ("pg_roles", "pg_authid"):
+            rows = dict(connection.execute(
+                f"SELECT rolname, rolconnlimit FROM {catalog} "
+                "WHERE rolname IN ('alice', 'bob', 'admin')").fetchall())  # fmt: skip
+            assert rows == {ALICE: 3, BOB: -1, ADMIN: 7}, catalog

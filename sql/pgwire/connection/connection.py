@@ -639,7 +639,8 @@ class Connection(ExtendedProtocol):
             return Identity(user or LOCAL_SUPERUSER_NAME, superuser=True)
         # The engine asks too, for the owner of a view being read (engine.privileges).
         use_role_lookup(self.server.database, users.is_superuser,
-                        lambda: [entry.name for entry in users.entries()])
+                        lambda: [entry.name for entry in users.entries()],
+                        users.connection_limit)
         self.users_generation = users.generation  # read first: a change after it is seen
         self.users_file = users
         return Identity(user, superuser=users.is_superuser(user))

@@ -40,21 +40,22 @@ LEFT JOIN sys.owners AS o ON o.namespace = g.namespace AND o.name = g.name
 GROUP BY g.namespace, g.name, o.owner
 """
 
-# Every role with its OID and superuser flag; the connected user is always there.
+# Every role with its OID, superuser flag and own connection limit (-1: none); the
+# connected user is always there.
 ROLE_SOURCE = f"""
 SELECT CASE WHEN name = {{user}} THEN {ROLE_OID}
             ELSE {ROLE_OID_BASE} + row_number() OVER (ORDER BY name) END::BIGINT AS oid,
-       name, superuser
-FROM (SELECT name, superuser FROM sys.roles
+       name, superuser, connection_limit
+FROM (SELECT name, superuser, connection_limit FROM sys.roles
       UNION ALL
       -- a name the users file does not hold: only --auth trust lets it in, as a superuser
-      SELECT {{user}}, true WHERE {{user}} NOT IN (SELECT name FROM sys.roles))
+      SELECT {{user}}, true, -1 WHERE {{user}} NOT IN (SELECT name FROM sys.roles))
 """
 
 ROLES = """
 SELECT oid, name AS rolname, superuser AS rolsuper, true AS rolinherit,
        superuser AS rolcreaterole, superuser AS rolcreatedb, true AS rolcanlogin,
-       false AS rolreplication, superuser AS rolbypassrls, -1 AS rolconnlimit,
+       false AS rolreplication, superuser AS rolbypassrls, connection_limit AS rolconnlimit,
        '********' AS rolpassword, NULL::TIMESTAMPTZ AS rolvaliduntil,
        NULL::VARCHAR[] AS rolconfig
 FROM __pg_role_source
