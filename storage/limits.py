@@ -589,3 +589,9 @@ UNPACKED_REMEMBERED_MAX = 4096
 # Bytes the committer holds in reserve and frees when an allocation past a commit point is
 # refused under the process memory cap, to finish the transaction in-process (round 25).
 COMMIT_RESERVE_BYTES = 1024 * 1024
+
+# -- the commit CPU (engine.commit_cpu) --------------------------------------------------
+# How often (at most) a thread leaving its commit window looks for threads that appeared
+# since and inherited the commit CPU from a pinned creator (Arrow's and DuckDB's pools
+# start threads lazily): such a thread runs on one core for at most about this long.
+COMMIT_CPU_SCAN_S = 1.0
