@@ -21,7 +21,7 @@ import os
 import threading
 from typing import ClassVar
 
-from engine import gc_tuning, tables
+from engine import commit_cpu, gc_tuning, tables
 from engine.catalog import CatalogStore, TopicEntry
 from engine.clock import SYSTEM_CLOCK, Clock
 from engine.commit import Committer
@@ -69,6 +69,8 @@ class Database:
         self.clock = clock
         self.fsync_policy = fsync_policy
         tables.set_switch_interval()  # every front opens a database: see engine.tables
+        # Where committing sessions' threads run (engine.commit_cpu): one per process.
+        self.commit_cpu = commit_cpu.process_commit_cpu()
         self.store = Store.open(os.path.join(path, STORE_DIRECTORY), fs=fs, clock=clock)
         try:
             temp_directory = os.path.join(path, TEMP_DIRECTORY)

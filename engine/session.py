@@ -38,6 +38,7 @@ from typing import Any
 import pyarrow as pa
 
 from engine import (
+    commit_cpu,
     deltas,
     describe,
     grants,
@@ -127,6 +128,9 @@ class Session:
         self._closed = False
         self._leftover_views: list[str] = []
         self._cancel_requested = False
+        # The thread this session's transaction pinned to the commit CPU (``engine.
+        # commit_cpu``: from its first statement that is not a plain query to its end).
+        self._commit_cpu_tid: int | None = None
         self._stream_open = False
         # Topic messages and bytes the running statement has read (a console's progress).
         self.read_progress = ReadProgress()
@@ -598,6 +602,8 @@ class Session:
         except BaseException:
             self.state = SessionState.FAILED
             raise
+        if self._commit_cpu_tid is None and commit_cpu.opens_window(plan):
+            self._commit_cpu_tid = self.database.commit_cpu.enter()  # left at its end
         self.transaction.note_plan(plan)
         changes = self.transaction.tables_changed if autocommit else frozenset()
         try:
@@ -1579,6 +1585,9 @@ class Session:
             self._end_deltas(self.transaction)
         self.transaction = None
         self.state = SessionState.IDLE
+        if self._commit_cpu_tid is not None:
+            tid, self._commit_cpu_tid = self._commit_cpu_tid, None
+            self.database.commit_cpu.leave(tid)
 
     def _end_deltas(self, transaction: Transaction) -> None:
         """Give back reservations of deltas not committed; end the writer's exclusion."""

@@ -617,3 +617,8 @@ LEDGER_COPY_MESSAGES_MAX = 100_000
 # A partition's copied rows go to its log in appends of at most about this many bytes (cut
 # between shares), gathered this many bytes at a time: under ``BATCH_BYTES_MAX`` with room.
 LEDGER_COPY_PIECE_BYTES = 16 * 1024 * 1024
+# -- the commit CPU (engine.commit_cpu) --------------------------------------------------
+# How often (at most) a thread leaving its commit window looks for threads that appeared
+# since and inherited the commit CPU from a pinned creator (Arrow's and DuckDB's pools
+# start threads lazily): such a thread runs on one core for at most about this long.
+COMMIT_CPU_SCAN_S = 1.0

@@ -72,17 +72,19 @@ def main() -> None:
 def _pin_sessions(side: tb.TopicbaseMove, names: list[str]) -> None:
     """Each session thread pins itself (and the threads named by ``names``) at its first
     transaction."""
-    plain, pinned = side.transaction, set()
+    plain, pinned, mine = side.transaction, set(), threading.local()
 
     def transaction(index: int) -> tuple[int, float, float]:
         for thread in threading.enumerate():
             named = any(thread.name.startswith(prefix) for prefix in names)
-            if named and thread.native_id and thread.ident not in pinned:
+            if named and thread.native_id and thread.native_id not in pinned:
                 os.sched_setaffinity(thread.native_id, {0})
-                pinned.add(thread.ident)
-        if threading.get_ident() not in pinned:
+                pinned.add(thread.native_id)
+        # A thread-local mark: the timed phase's new threads reuse the warm-up threads'
+        # idents, so a set of idents left them unpinned (round 27).
+        if not getattr(mine, "pinned", False):
             os.sched_setaffinity(0, {0})
-            pinned.add(threading.get_ident())
+            mine.pinned = True
         return plain(index)
 
     side.transaction = transaction  # type: ignore[method-assign]
