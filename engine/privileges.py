@@ -1049,16 +1049,10 @@ def _read_view_join_size(session: Any, name: str, depth: int) -> int:
 
 
 def _view_query(session: Any, name: str) -> exp.Expression | None:
-    schema, _, bare = name.rpartition(".")
-    rows = _rows(
-        session,
-        "SELECT sql FROM duckdb_views() WHERE NOT temporary AND schema_name = ? "
-        "AND lower(view_name) = ? AND database_name = 'tables'",
-        [schema or "main", bare],
-    )
-    if not rows:
+    text = _view_sql(session, name)
+    if text is None:
         return None
-    tree = _parsed(rows[0][0])
+    tree = _parsed(text)
     query = tree.expression if isinstance(tree, exp.Create) else None
     return query if isinstance(query, exp.Expression) else None
 
@@ -1109,6 +1103,12 @@ def _view_access(session: Any, name: str) -> Access:
 
 
 def _read_view_access(session: Any, name: str) -> Access:
+    text = _view_sql(session, name)
+    return view_reads(text) if text is not None else Access(())
+
+
+def _view_sql(session: Any, name: str) -> str | None:
+    """DuckDB's CREATE text of the (persistent) view ``name``, None if there is none."""
     schema, _, bare = name.rpartition(".")
     rows = _rows(
         session,
@@ -1116,7 +1116,7 @@ def _read_view_access(session: Any, name: str) -> Access:
         "AND lower(view_name) = ? AND database_name = 'tables'",
         [schema or "main", bare],
     )
-    return view_reads(rows[0][0]) if rows else Access(())
+    return rows[0][0] if rows else None
 
 
 def _rows(session: Any, sql: str, parameters: list[Any]) -> list[tuple[Any, ...]]:
