@@ -99,20 +99,19 @@ def _plan_sql(statement: ast.SqlStatement, catalog: Catalog) -> Plan:
     """``FROM TOPIC`` scans, then plain names of topics (``planner.relations``), then SQL."""
     reads = tuple(_plan_scan(scan, catalog) for scan in statement.topic_scans)
     sql = statement.sql
-    if isinstance(catalog, SessionCatalog) and names_a_topic(_relation_names(sql), catalog):
-        plain = resolve_plain_relations(sql, catalog, len(statement.topic_scans))
-        sql, reads = plain.sql, (*reads, *plain.reads)
-        if plain.insert_topic is not None:
-            return _plan_plain_insert(sql, reads, plain.insert_topic)
-    query = _query_over_reads(sql, reads)
+    analysed = None
+    if isinstance(catalog, SessionCatalog):
+        analysed = analyse_sql(sql)
+        if names_a_topic(analysed.tables_read + analysed.tables_written, catalog):
+            plain = resolve_plain_relations(sql, catalog, len(statement.topic_scans))
+            sql, reads, analysed = plain.sql, (*reads, *plain.reads), None
+            if plain.insert_topic is not None:
+                return _plan_plain_insert(sql, reads, plain.insert_topic)
+    # Over no topic read, the query is the text's analysis itself (``_query_over`` with
+    # no reads adds nothing; RunQuery is immutable): reuse it rather than analyse again,
+    # which for a text too long for the text caches meant a second sqlglot parse.
+    query = analysed if analysed is not None and not reads else _query_over_reads(sql, reads)
     return Plan((*reads, query), query.tag)
-
-
-def _relation_names(sql: str) -> tuple[str, ...]:
-    """Relations a statement names, from the analysis its query needs anyway (cached):
-    a statement over tables only is parsed once, as before topics could be named."""
-    analysed = analyse_sql(sql)
-    return analysed.tables_read + analysed.tables_written
 
 
 def _query_over_reads(sql: str, reads: tuple[ReadRecords, ...]) -> RunQuery:
