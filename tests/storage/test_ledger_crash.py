@@ -130,10 +130,12 @@ def test_killed_writer_loses_no_acknowledged_share(tmp_path: Path, rounds: int) 
         assert acked >= acked_before, (seed, moments)
         acked_before = acked
     assert acked_before > 0, "no share was ever acknowledged"
-    # several files: the writer's 64 KiB files rolled, and every run starts its own
+    # recovery crossed files: every run appends at least one frame and starts a file of its
+    # own (a roll past 64 KiB within a run depends on the random moments: the unit tests
+    # roll deterministically)
     ledger = Ledger(FileSystem(), str(tmp_path / "ledger"))
     try:
-        assert len(ledger.file_numbers) > rounds
+        assert len(ledger.file_numbers) >= rounds
     finally:
         ledger.close()
 
