@@ -909,9 +909,7 @@ def _refuse_view_expansion(session: Any, user: str, access: Access, own: set[str
         if name in own:
             total += count
             continue
-        found, _ = _facts(session, "relation", name, user)
-        is_view = found is not None and found[1] == "view"
-        total += count * (_view_size(session, name, 0) if is_view else 1)
+        total += count * (_view_size(session, name, 0) if _is_view(session, name, user) else 1)
     if total > limits.VIEW_EXPANDED_RELATIONS_MAX:
         raise LimitExceededError(
             f"statement reads {total} relations once its views are expanded (and its NOT "
@@ -933,8 +931,7 @@ def _refuse_view_predicates(session: Any, user: str, sql: str, access: Access,
     for name, count in access.reads:
         if name in own:
             continue
-        found, _ = _facts(session, "relation", name, user)
-        if found is not None and found[1] == "view":
+        if _is_view(session, name, user):
             from_views += count * _view_conjuncts(session, name, 0)
     if from_views == 0:
         return
@@ -955,18 +952,14 @@ def _view_conjuncts(session: Any, name: str, depth: int) -> int:
     """The filter conjuncts view ``name`` adds where it is read (its views' too), cached
     with the owners and grants. Past ``limits.VIEW_DEPTH_MAX`` views deep: more than the
     bound (refused)."""
-    if depth > limits.VIEW_DEPTH_MAX:
-        return limits.PREDICATE_FILTER_CONJUNCTS_MAX + 1
-    return privilege_cache.cached(  # type: ignore[no-any-return]
-        session, ("view_conjuncts", name), lambda: _read_view_conjuncts(session, name, depth)
-    )
+    return _per_view(session, "view_conjuncts", name, depth,
+                     limits.PREDICATE_FILTER_CONJUNCTS_MAX + 1, _read_view_conjuncts)  # fmt: skip
 
 
 def _read_view_conjuncts(session: Any, name: str, depth: int) -> int:
     size = sandbox.filter_conjuncts(_relation_sql(session, name))
     for inner, count in _view_access(session, name).reads:
-        found, _ = _facts(session, "relation", inner, OWNER_SUPERUSER)
-        if found is not None and found[1] == "view":
+        if _is_view(session, inner, OWNER_SUPERUSER):
             size += count * _view_conjuncts(session, inner, depth + 1)
         if size > limits.PREDICATE_FILTER_CONJUNCTS_MAX:
             break  # refused whatever the rest adds
@@ -977,10 +970,20 @@ def _view_size(session: Any, name: str, depth: int) -> int:
     """How many relation reads view ``name`` expands to (its views expanded too), cached
     with the owners and grants (a view's DDL moves the cache's generation). Past
     ``limits.VIEW_DEPTH_MAX`` views deep: more than any bound (refused)."""
+    return _per_view(session, "view_size", name, depth,
+                     limits.VIEW_EXPANDED_RELATIONS_MAX + 1, _read_view_size)  # fmt: skip
+
+
+def _per_view(session: Any, kind: str, name: str, depth: int, over: int,
+              read: Callable[[Any, str, int], int]) -> int:  # fmt: skip
+    """``read(session, name, depth)``: a count view ``name`` adds where it is read (its
+    own views' counted by recursing with ``depth + 1``), cached as ``kind`` with the owners
+    and grants (a view's DDL moves the cache's generation); ``over`` (more than the
+    count's bound: refused) past ``limits.VIEW_DEPTH_MAX`` views deep."""
     if depth > limits.VIEW_DEPTH_MAX:
-        return limits.VIEW_EXPANDED_RELATIONS_MAX + 1
+        return over
     return privilege_cache.cached(  # type: ignore[no-any-return]
-        session, ("view_size", name), lambda: _read_view_size(session, name, depth)
+        session, (kind, name), lambda: read(session, name, depth)
     )
 
 
@@ -988,8 +991,7 @@ def _read_view_size(session: Any, name: str, depth: int) -> int:
     access = _view_access(session, name)
     size = access.cte_reads
     for inner, count in access.reads:
-        found, _ = _facts(session, "relation", inner, OWNER_SUPERUSER)
-        is_view = found is not None and found[1] == "view"
+        is_view = _is_view(session, inner, OWNER_SUPERUSER)
         size += count * (_view_size(session, inner, depth + 1) if is_view else 1)
         if size > limits.VIEW_EXPANDED_RELATIONS_MAX:
             break  # refused whatever the rest adds
@@ -1029,11 +1031,8 @@ def _view_join_size(session: Any, name: str, depth: int) -> int:
     views' counted alike), at most ``PLAN_RELATIONS_MAX + 1`` (refused whatever the rest
     adds), cached with the owners and grants. Past ``limits.VIEW_DEPTH_MAX`` views deep:
     over the bound."""
-    if depth > limits.VIEW_DEPTH_MAX:
-        return PLAN_RELATIONS_MAX + 1
-    return privilege_cache.cached(  # type: ignore[no-any-return]
-        session, ("view_join", name), lambda: _read_view_join_size(session, name, depth)
-    )
+    return _per_view(session, "view_join", name, depth, PLAN_RELATIONS_MAX + 1,
+                     _read_view_join_size)  # fmt: skip
 
 
 def _read_view_join_size(session: Any, name: str, depth: int) -> int:
