@@ -34,7 +34,7 @@ HERE = Path(__file__).resolve().parent
 if str(HERE) not in sys.path:
     sys.path.insert(0, str(HERE))
 
-from ledger_writer import PARTITIONS, payload  # noqa: E402
+from ledger_writer import PARTITIONS, append_forever  # noqa: E402
 
 from storage.clock import SystemClock  # noqa: E402
 from storage.config import FsyncPolicy, TopicConfig  # noqa: E402
@@ -42,7 +42,6 @@ from storage.fs import FileSystem  # noqa: E402
 from storage.ledger import Ledger  # noqa: E402
 from storage.ledger_copy import copy_ledger  # noqa: E402
 from storage.partition_log import PartitionLog  # noqa: E402
-from storage.record_batch import build_wire_batch  # noqa: E402
 
 
 def open_topic(root: str, file_bytes: int = 64 * 1024) -> tuple[Ledger, dict[int, PartitionLog]]:
@@ -79,19 +78,8 @@ def main() -> None:
             print(f"copy failed: {error!r}", file=sys.stderr, flush=True)
             os._exit(3)
 
-    def work(thread: int) -> None:
-        rng = random.Random(args.seed * 100 + thread)
-        for k in range(10**9):
-            statement = f"{args.run}.{thread}.{k}"
-            chosen = sorted(rng.sample(range(PARTITIONS), rng.randint(1, 12)))
-            counts = [rng.randint(1, 3) for _ in chosen]
-            shares = [(p, build_wire_batch([payload(statement, p, i) for i in range(n)]))
-                      for p, n in zip(chosen, counts, strict=True)]  # fmt: skip
-            bases = ledger.append(shares)
-            line = ",".join(f"{p}:{b}:{n}" for p, b, n in zip(chosen, bases, counts, strict=True))
-            os.write(acks, f"A {statement} {line}\n".encode())
-
-    threads = [threading.Thread(target=work, args=(t,), daemon=True) for t in range(args.threads)]
+    threads = [threading.Thread(target=append_forever, args=(ledger, acks, args.run, args.seed, t),
+                                daemon=True) for t in range(args.threads)]  # fmt: skip
     threads.append(threading.Thread(target=copy, daemon=True))
     for thread in threads:
         thread.start()

@@ -28,6 +28,8 @@ from __future__ import annotations
 import argparse
 import os
 import random
+import signal
+import subprocess
 import sys
 import threading
 import time
@@ -63,6 +65,65 @@ def copied_ends(journal: str) -> dict[int, int]:
     return ends
 
 
+def append_forever(ledger: Ledger, acks: int, run: int, seed: int, thread: int) -> None:
+    """One appending thread until the process dies: statement ``<run>.<thread>.<k>`` puts
+    1-3 messages in each of 1-12 partitions, journalled (``A`` line) once ``append``
+    returned."""
+    rng = random.Random(seed * 100 + thread)
+    for k in range(10**9):
+        statement = f"{run}.{thread}.{k}"
+        chosen = sorted(rng.sample(range(PARTITIONS), rng.randint(1, 12)))
+        counts = [rng.randint(1, 3) for _ in chosen]
+        shares = [(p, build_wire_batch([payload(statement, p, i) for i in range(n)]))
+                  for p, n in zip(chosen, counts, strict=True)]  # fmt: skip
+        bases = ledger.append(shares)
+        line = ",".join(f"{p}:{b}:{n}" for p, b, n in zip(chosen, bases, counts, strict=True))
+        os.write(acks, f"A {statement} {line}\n".encode())
+
+
+# -- the tests' side: run a writer and kill it ----------------------------------------------
+START_S = 60.0
+PROGRESS_S = 30.0
+
+
+def crash_seed() -> int:
+    """``LEDGER_CRASH_SEED`` to replay a failure, else a fresh random seed."""
+    return int(os.environ.get("LEDGER_CRASH_SEED") or random.SystemRandom().randrange(2**32))
+
+
+def ack_lines(path: Path) -> int:
+    """Lines of the ack journal so far (0 before it exists)."""
+    try:
+        return path.read_bytes().count(b"\n")
+    except FileNotFoundError:
+        return 0
+
+
+def run_and_kill(command: list[str], acks: Path, failpoints: str, kill_after_acks: int) -> None:
+    """One writer run (``command``): it dies by its failpoint (``failpoints`` given), or
+    is SIGKILLed once ``acks`` has ``kill_after_acks`` more lines. Asserts it died by
+    SIGKILL (a failpoint's crash is one), with its stderr."""
+    before = ack_lines(acks)
+    env = dict(os.environ, TOPICBASE_FAILPOINTS=failpoints)
+    proc = subprocess.Popen(command, stdout=subprocess.PIPE, stderr=subprocess.PIPE, env=env)
+    try:
+        deadline = time.monotonic() + START_S + PROGRESS_S
+        while proc.poll() is None and time.monotonic() < deadline:
+            if not failpoints and ack_lines(acks) - before >= kill_after_acks:
+                break
+            time.sleep(0.005)
+        if proc.poll() is None:
+            assert not failpoints, "the writer outlived its failpoint"
+            proc.send_signal(signal.SIGKILL)
+        proc.wait(timeout=30)
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.wait()
+    stderr = proc.stderr.read().decode() if proc.stderr else ""
+    assert proc.returncode in (-signal.SIGKILL, 137), (proc.returncode, stderr)
+
+
 def main() -> None:
     parser = argparse.ArgumentParser()
     parser.add_argument("--root", required=True)
@@ -90,19 +151,8 @@ def main() -> None:
                 ledger.drop_copied_files()
             time.sleep(0.001)
 
-    def work(thread: int) -> None:
-        rng = random.Random(args.seed * 100 + thread)
-        for k in range(10**9):
-            statement = f"{args.run}.{thread}.{k}"
-            chosen = sorted(rng.sample(range(PARTITIONS), rng.randint(1, 12)))
-            counts = [rng.randint(1, 3) for _ in chosen]
-            shares = [(p, build_wire_batch([payload(statement, p, i) for i in range(n)]))
-                      for p, n in zip(chosen, counts, strict=True)]  # fmt: skip
-            bases = ledger.append(shares)
-            line = ",".join(f"{p}:{b}:{n}" for p, b, n in zip(chosen, bases, counts, strict=True))
-            os.write(acks, f"A {statement} {line}\n".encode())
-
-    threads = [threading.Thread(target=work, args=(t,), daemon=True) for t in range(args.threads)]
+    threads = [threading.Thread(target=append_forever, args=(ledger, acks, args.run, args.seed, t),
+                                daemon=True) for t in range(args.threads)]  # fmt: skip
     if args.copy:
         threads.append(threading.Thread(target=copy, daemon=True))
     for thread in threads:

@@ -15,12 +15,8 @@ completion: the ledger holds nothing more and every share is in the logs.
 
 from __future__ import annotations
 
-import os
 import random
-import signal
-import subprocess
 import sys
-import time
 from collections import Counter
 from pathlib import Path
 
@@ -30,11 +26,9 @@ from storage.partition_log import PartitionLog
 
 HERE = Path(__file__).resolve().parent
 WRITER = HERE / "ledger_copy_writer.py"
-START_S = 60.0
-PROGRESS_S = 30.0
 sys.path.insert(0, str(HERE))
 from ledger_copy_writer import open_topic  # noqa: E402
-from ledger_writer import PARTITIONS, payload  # noqa: E402
+from ledger_writer import PARTITIONS, crash_seed, payload, run_and_kill  # noqa: E402
 
 KINDS = (
     "sigkill",
@@ -45,42 +39,12 @@ KINDS = (
 )
 
 
-def _seed() -> int:
-    return int(os.environ.get("LEDGER_CRASH_SEED") or random.SystemRandom().randrange(2**32))
-
-
-def _ack_lines(path: Path) -> int:
-    try:
-        return path.read_bytes().count(b"\n")
-    except FileNotFoundError:
-        return 0
-
-
 def _run(tmp: Path, run: int, seed: int, failpoints: str, kill_after_acks: int) -> None:
-    acks = tmp / "acks.log"
-    before = _ack_lines(acks)
-    env = dict(os.environ, TOPICBASE_FAILPOINTS=failpoints)
-    proc = subprocess.Popen(
-        [sys.executable, str(WRITER), f"--root={tmp / 'topic'}", f"--acks={acks}",
+    run_and_kill(
+        [sys.executable, str(WRITER), f"--root={tmp / 'topic'}", f"--acks={tmp / 'acks.log'}",
          f"--run={run}", f"--seed={seed}"],
-        stdout=subprocess.PIPE, stderr=subprocess.PIPE, env=env,
+        tmp / "acks.log", failpoints, kill_after_acks,
     )  # fmt: skip
-    try:
-        deadline = time.monotonic() + START_S + PROGRESS_S
-        while proc.poll() is None and time.monotonic() < deadline:
-            if not failpoints and _ack_lines(acks) - before >= kill_after_acks:
-                break
-            time.sleep(0.005)
-        if proc.poll() is None:
-            assert not failpoints, "the writer outlived its failpoint"
-            proc.send_signal(signal.SIGKILL)
-        proc.wait(timeout=30)
-    finally:
-        if proc.poll() is None:
-            proc.kill()
-            proc.wait()
-    stderr = proc.stderr.read().decode() if proc.stderr else ""
-    assert proc.returncode in (-signal.SIGKILL, 137), (proc.returncode, stderr)
 
 
 def _log_rows(log: PartitionLog) -> tuple[list[int], list[bytes]]:
@@ -133,7 +97,7 @@ def _close(ledger: Ledger, logs: dict[int, PartitionLog]) -> None:
 
 
 def test_killed_appends_and_copies_keep_every_acknowledged_share_once(tmp_path: Path) -> None:
-    seed = _seed()
+    seed = crash_seed()
     rng = random.Random(seed)
     moments: list[str] = []
     acks = tmp_path / "acks.log"

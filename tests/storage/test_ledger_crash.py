@@ -11,12 +11,8 @@ every partition's offsets are dense from 0 to its end; no message is there twice
 
 from __future__ import annotations
 
-import os
 import random
-import signal
-import subprocess
 import sys
-import time
 from collections import Counter
 from pathlib import Path
 
@@ -27,51 +23,25 @@ from storage.ledger import Ledger
 
 HERE = Path(__file__).resolve().parent
 WRITER = HERE / "ledger_writer.py"
-START_S = 60.0
-PROGRESS_S = 30.0
 sys.path.insert(0, str(HERE))
-from ledger_writer import PARTITIONS, copied_ends, payload  # noqa: E402
-
-
-def _seed() -> int:
-    return int(os.environ.get("LEDGER_CRASH_SEED") or random.SystemRandom().randrange(2**32))
+from ledger_writer import (  # noqa: E402
+    PARTITIONS,
+    copied_ends,
+    crash_seed,
+    payload,
+    run_and_kill,
+)
 
 
 def _run_writer(tmp: Path, run: int, seed: int, failpoints: str, kill_after_acks: int,
                 copy: bool = False) -> None:  # fmt: skip
     """One writer run: it dies by its failpoint, or is SIGKILLed once the ack journal has
     ``kill_after_acks`` more lines."""
-    acks = tmp / "acks.log"
-    before = _ack_lines(acks)
-    env = dict(os.environ, TOPICBASE_FAILPOINTS=failpoints)
-    proc = subprocess.Popen(
-        [sys.executable, str(WRITER), f"--root={tmp / 'ledger'}", f"--acks={acks}",
+    run_and_kill(
+        [sys.executable, str(WRITER), f"--root={tmp / 'ledger'}", f"--acks={tmp / 'acks.log'}",
          f"--run={run}", f"--seed={seed}", *(["--copy"] if copy else [])],
-        stdout=subprocess.PIPE, stderr=subprocess.PIPE, env=env,
+        tmp / "acks.log", failpoints, kill_after_acks,
     )  # fmt: skip
-    try:
-        deadline = time.monotonic() + START_S + PROGRESS_S
-        while proc.poll() is None and time.monotonic() < deadline:
-            if not failpoints and _ack_lines(acks) - before >= kill_after_acks:
-                break
-            time.sleep(0.005)
-        if proc.poll() is None:
-            assert not failpoints, "the writer outlived its failpoint"
-            proc.send_signal(signal.SIGKILL)
-        proc.wait(timeout=30)
-    finally:
-        if proc.poll() is None:
-            proc.kill()
-            proc.wait()
-    stderr = proc.stderr.read().decode() if proc.stderr else ""
-    assert proc.returncode in (-signal.SIGKILL, 137), (proc.returncode, stderr)
-
-
-def _ack_lines(path: Path) -> int:
-    try:
-        return path.read_bytes().count(b"\n")
-    except FileNotFoundError:
-        return 0
 
 
 def _check(tmp: Path) -> int:
@@ -113,7 +83,7 @@ KINDS = ("sigkill", "ledger.torn_frame", "ledger.after_write", "ledger.after_syn
 
 @pytest.mark.parametrize("rounds", [8])
 def test_killed_writer_loses_no_acknowledged_share(tmp_path: Path, rounds: int) -> None:
-    seed = _seed()
+    seed = crash_seed()
     rng = random.Random(seed)
     moments = []
     acked_before = 0
@@ -147,7 +117,7 @@ def test_killed_writer_with_a_copier_keeps_every_uncopied_share(tmp_path: Path) 
     """The copier releases partitions and deletes files from the front while statements
     are appended; kills (also between two removals) never lose an acknowledged share that
     was not copied, nor leave a hole the open refuses."""
-    seed = _seed()
+    seed = crash_seed()
     rng = random.Random(seed)
     moments = []
     for run in range(8):
