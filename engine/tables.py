@@ -615,6 +615,52 @@ def _integer_conversion_error(text: str) -> errors.TopicbaseError | None:
     return InvalidTextRepresentationError(f'invalid input syntax for type {type_name}: "{value}"')
 
 
+# DuckDB's binder refusals that PostgreSQL files under a narrower code (class 42 mostly), matched
+# against the message's first line in lower case (DuckDB's own words: a quoted statement
+# follows on later lines), in order: the first match decides.
+_BINDER_CODES: tuple[tuple[re.Pattern[str], type[errors.TopicbaseError]], ...] = tuple(
+    (re.compile(pattern), error_class)
+    for pattern, error_class in (
+        (r"must appear in the group by clause", errors.GroupingError),
+        (r"cannot contain aggregates", errors.GroupingError),
+        (r"aggregate function calls cannot be nested", errors.GroupingError),
+        (r"aggregate functions are not allowed", errors.GroupingError),
+        (r"cannot contain window functions", errors.WindowingError),
+        (r"^window functions are not (supported|allowed)", errors.WindowingError),
+        (r"^(order|group) by term out of range|^order term out of range",
+         errors.InvalidColumnReferenceError),
+        (r"^ambiguous reference to column", errors.AmbiguousColumnError),
+        (r"^ambiguous reference to table", errors.DuplicateAliasError),
+        (r"^grouping (child .* must be a grouping column|statement cannot be used)",
+         errors.GroupingError),
+        (r"^at least one window function must appear", errors.WindowingError),
+        (r"^could not choose a best candidate function", errors.AmbiguousFunctionError),
+        (r"^collate can only be applied to", errors.DatatypeMismatchError),
+        (r"^limit/offset cannot be negative", errors.InvalidRowCountError),
+        (r"not supported", errors.FeatureNotSupportedError),
+        # PostgreSQL's "each UNION query must have the same number of columns" and
+        # "subquery must return only one column" are syntax errors
+        (r"^set operations can only apply to expressions with the same number",
+         errors.SqlSyntaxError),
+        (r"^subquery returns \d+ columns - expected 1", errors.SqlSyntaxError),
+        (r'^table ".*" has \d+ columns but \d+ values were supplied', errors.SqlSyntaxError),
+        (r"^star expression is only allowed as the root", errors.SqlSyntaxError),
+    )
+)
+
+
+def _narrower_binder_error(text: str) -> errors.TopicbaseError | None:
+    """PostgreSQL's narrower class 42 error for a DuckDB binder refusal (42803 grouping,
+    42P20 windowing, 42P10 a position out of range, 42702 an ambiguous column, 42712 a
+    duplicate alias, 42725 an ambiguous function, 42804, 2201W, 0A000, 42601), None when no
+    narrower one fits."""
+    first_line = text.split("\n", 1)[0].lower()
+    for pattern, error_class in _BINDER_CODES:
+        if pattern.search(first_line):
+            return error_class(text)
+    return None
+
+
 def translate(error: duckdb.Error) -> errors.TopicbaseError:
     """Map a DuckDB exception to a Topicbase error carrying a SQLSTATE."""
     message = str(error)
@@ -650,8 +696,13 @@ def translate(error: duckdb.Error) -> errors.TopicbaseError:
             return DuplicateTableError(text)
         if "function" in lowered or "macro" in lowered:
             return UndefinedFunctionError(text)
+        if text.lower().startswith("type with name"):
+            return errors.UndefinedObjectError(text)  # PostgreSQL's 'type "x" does not exist'
         return errors.UndefinedTopicError(text)
     if isinstance(error, duckdb.BinderException):
+        narrower = _narrower_binder_error(text)
+        if narrower is not None:
+            return narrower
         if text.lower().startswith("cannot extract field"):
             # ``s.a.a`` where ``s.a`` is no struct (DuckDB's words quote the expression,
             # whose text may say "column" or "function")

@@ -77,6 +77,12 @@ class DatetimeFieldOverflowError(DataError):
     sqlstate = "22008"
 
 
+class InvalidRowCountError(DataError):
+    """A negative LIMIT or OFFSET (PostgreSQL's ``invalid_row_count_in_limit_clause``)."""
+
+    sqlstate = "2201W"
+
+
 class InvalidTextRepresentationError(DataError):
     """A value whose text is not of its type (``'x'::int``, bad bytea in COPY data).
 
@@ -221,6 +227,43 @@ class WrongObjectTypeError(TopicbaseError):
     which is not a composite type")."""
 
     sqlstate = "42809"
+
+
+class GroupingError(TopicbaseError):
+    """A column neither grouped nor aggregated, or an aggregate where none may stand (in
+    WHERE, in GROUP BY, nested in another aggregate)."""
+
+    sqlstate = "42803"
+
+
+class WindowingError(TopicbaseError):
+    """A window function where none may stand (in WHERE, in another window's definition)."""
+
+    sqlstate = "42P20"
+
+
+class InvalidColumnReferenceError(TopicbaseError):
+    """An ORDER BY or GROUP BY position that names no column of the select list."""
+
+    sqlstate = "42P10"
+
+
+class AmbiguousColumnError(TopicbaseError):
+    """A column name that more than one relation of the FROM clause has."""
+
+    sqlstate = "42702"
+
+
+class DuplicateAliasError(TopicbaseError):
+    """One name for two relations of a FROM clause."""
+
+    sqlstate = "42712"
+
+
+class AmbiguousFunctionError(TopicbaseError):
+    """More than one function or operator fits the arguments equally well."""
+
+    sqlstate = "42725"
 
 
 class DuplicateCursorError(TopicbaseError):

@@ -21,9 +21,13 @@ CASES = (
     # a struct's missing field: PostgreSQL's "could not identify column" is 42703
     ("SELECT s.b FROM (SELECT {'a': 1} AS s)", "42703"),
     ("SELECT s.a.b FROM (SELECT {'a': {'c': 1}} AS s)", "42703"),
+    # PostgreSQL's narrower codes (round 28): grouping, a position out of range
+    ("SELECT 1 GROUP BY sum(1)", "42803"),
+    ("SELECT 1 ORDER BY 5", "42P10"),
+    ("SELECT x, count(*) FROM (SELECT 1 AS x)", "42803"),
+    ("SELECT * FROM (SELECT 1 AS a) t1, (SELECT 1 AS a) t2 WHERE a = 1", "42702"),
     # binder refusals no narrower class names
-    ("SELECT 1 GROUP BY sum(1)", "42000"),
-    ("SELECT 1 ORDER BY 5", "42000"),
+    ("SELECT 1 AS a UNION ALL BY NAME SELECT 1 AS a, 2 AS a", "42000"),
 )
 
 
