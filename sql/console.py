@@ -49,6 +49,7 @@ from typing import TYPE_CHECKING, Any
 
 from sql import formatting
 from sql.internal_error import internal_error
+from sql.user_sessions import UserSessions
 from storage.errors import StorageIOError, TopicbaseError
 
 if TYPE_CHECKING:  # the engine is imported where it runs: `serve`, `user` and --help need none
@@ -294,11 +295,14 @@ def run_serve(argv: list[str]) -> int:
     try:
         # before the Flight door: one process, one cap
         memory_cap.cap_process_data(cap, limits.connections_max)
-        flight_door = _start_flight_door(arguments, data_dir)
+        # one count of each user's sessions and Flight calls for both doors
+        user_sessions = UserSessions()
+        flight_door = _start_flight_door(arguments, data_dir, user_sessions)
         server.serve(data_dir, arguments.host, arguments.port, arguments.auth, ready,
                      limits=limits, users_file=arguments.users_file,
                      tls_cert=arguments.tls_cert, tls_key=arguments.tls_key,
-                     settings=settings, memory_cap_bytes=cap)  # fmt: skip
+                     settings=settings, memory_cap_bytes=cap,
+                     user_sessions=user_sessions)  # fmt: skip
     except TopicbaseError as error:
         print(formatting.error_text(error), file=sys.stderr)
         return EXIT_ERROR
@@ -314,7 +318,9 @@ def run_serve(argv: list[str]) -> int:
     return EXIT_OK
 
 
-def _start_flight_door(arguments: argparse.Namespace, data_dir: str) -> Any:
+def _start_flight_door(
+    arguments: argparse.Namespace, data_dir: str, user_sessions: UserSessions
+) -> Any:
     """The Flight door of ``serve`` (``sql.flight``) on the same database, or None when
     ``--flight-port 0``; it holds its own reference to the database until stopped."""
     if arguments.flight_port == 0:
@@ -329,7 +335,7 @@ def _start_flight_door(arguments: argparse.Namespace, data_dir: str) -> Any:
                             tls_key=arguments.tls_key, tls_client_ca=arguments.flight_client_ca,
                             staging_bytes_max=arguments.flight_staging_mb << 20,
                             connections_per_user_max=arguments.max_connections_per_user,
-                            )  # fmt: skip
+                            user_sessions=user_sessions)  # fmt: skip
     except OSError:
         database.close()
         raise

@@ -7,8 +7,8 @@ keeps its session until its stream ends. So the same limit bounds a user's Fligh
 in progress: one more is refused before it runs, with gRPC's UNAVAILABLE (pyarrow's
 ``FlightUnavailableError``, the status clients retry) carrying ``53300: too many
 connections for role "x"``. Superusers are not bound (nor under ``--auth trust``, where
-every caller is one), as on the wire. The door counts its calls apart from the wire's
-sessions: a user may hold their limit at each door.
+every caller is one), as on the wire. Under ``serve`` the count is shared with the wire's
+sessions (``sql.user_sessions``, round 28): a user holds their limit across both doors.
 
 Invariants: a user's count never exceeds the limit it was claimed under; ``calls`` holds
 only users with a call in progress; every successful ``claim`` is matched by one
@@ -25,18 +25,23 @@ from collections.abc import Callable
 import pyarrow.flight as flight
 
 from engine.api import Identity
+from sql.user_sessions import UserSessions
 
 
 class CallAdmission:
     """Counts ordinary users' Flight calls in progress against their limit."""
 
     def __init__(self, limit_of: Callable[[str], int | None],
-                 per_user_max: int | None = None) -> None:  # fmt: skip
+                 per_user_max: int | None = None,
+                 user_sessions: UserSessions | None = None) -> None:  # fmt: skip
         """``limit_of(name)``: the user's own connection limit (None: none of their own,
-        then ``per_user_max``; None for both: no bound)."""
+        then ``per_user_max``; None for both: no bound). ``user_sessions``: what users
+        hold across the process's doors (``serve`` shares one with the wire), else the
+        door's own."""
         self._limit_of = limit_of
         self.per_user_max = per_user_max
-        self.calls: Counter[str] = Counter()
+        self.calls: Counter[str] = Counter()  # this door's calls in progress
+        self.user_sessions = user_sessions or UserSessions()
         self._lock = threading.Lock()
 
     def claim(self, identity: Identity) -> bool:
@@ -47,10 +52,10 @@ class CallAdmission:
         own = self._limit_of(identity.name)
         limit = self.per_user_max if own is None else own
         with self._lock:
-            if limit is not None and self.calls[identity.name] >= limit:
+            if not self.user_sessions.claim(identity.name, limit):
                 raise flight.FlightUnavailableError(
                     f'53300: too many connections for role "{identity.name}" (at most '
-                    f"{limit} Flight calls at once)")  # fmt: skip
+                    f"{limit} sessions and Flight calls at once)")  # fmt: skip
             self.calls[identity.name] += 1
         return True
 
@@ -58,6 +63,7 @@ class CallAdmission:
         """Give back a call ``claim`` counted for ``name``."""
         with self._lock:
             assert self.calls[name] > 0, "a call is given back only by its holder"
+            self.user_sessions.release(name)
             self.calls[name] -= 1
             if not self.calls[name]:
                 del self.calls[name]

@@ -72,6 +72,7 @@ from sql.flight.auth import AuthMiddlewareFactory, FlightAuthenticator, NoHandsh
 from sql.pgwire.codec import ipc_bounds
 from sql.pgwire.codec.copy_format import BadCopyFormatError
 from sql.pgwire.users import UsersFile, default_users_path
+from sql.user_sessions import UserSessions
 from storage import limits
 from storage.errors import (
     FeatureNotSupportedError,
@@ -233,9 +234,12 @@ class TopicbaseFlightServer(flight.FlightServerBase):
                  staging_bytes_max: int = limits.BULK_STAGING_BYTES_MAX_DEFAULT,
                  abandon_after_s: float = ABANDON_AFTER_S_DEFAULT,
                  collect_interval_s: float = COLLECT_INTERVAL_S,
-                 connections_per_user_max: int | None = None) -> None:  # fmt: skip
-        # an ordinary user's calls in progress: their connection limit, as on the wire
-        self.admission = CallAdmission(authenticator.connection_limit, connections_per_user_max)
+                 connections_per_user_max: int | None = None,
+                 user_sessions: UserSessions | None = None) -> None:  # fmt: skip
+        # an ordinary user's calls in progress: their connection limit, as on the wire (with
+        # the wire's sessions when ``serve`` shares ``user_sessions``)
+        self.admission = CallAdmission(authenticator.connection_limit, connections_per_user_max,
+                                       user_sessions)  # fmt: skip
         super().__init__(
             location,
             auth_handler=NoHandshakeCheck(),

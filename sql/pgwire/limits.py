@@ -15,7 +15,8 @@ SQLSTATE, never a hang or a dead server:
   their ``connection_limit`` (users file) or else ``connections_per_user_max`` sessions
   (``--max-connections-per-user``; none by default), as a role's ``CONNECTION LIMIT``:
   one more gets ``FATAL 53300 too many connections for role "x"``. Superusers are not
-  bound by it, as in PostgreSQL.
+  bound by it, as in PostgreSQL. Under ``serve`` the user's Flight calls in progress
+  count too (``sql.user_sessions``: one count for both doors).
 - connections still logging in (accepted, not yet authenticated, or being refused)
   have a cap of their own, ``unauthenticated_max``, outside ``connections_max``, and a
   deadline, ``authentication_timeout_s`` (default ``sql.pgwire.auth``'s 10 s), after
@@ -70,6 +71,7 @@ from dataclasses import dataclass
 import pyarrow as pa
 
 from sql.pgwire.codec.messages import ProtocolError, message_length
+from sql.user_sessions import UserSessions
 from storage.errors import LimitExceededError, TooManyConnectionsError
 from storage.limits import (
     CONNECTIONS_MAX_DEFAULT,
@@ -192,10 +194,13 @@ class Admission:
     thread only.
     """
 
-    def __init__(self, limits: ServerLimits) -> None:
+    def __init__(self, limits: ServerLimits, user_sessions: UserSessions | None = None) -> None:
+        """``user_sessions``: what users hold across the process's doors (``serve`` shares
+        one with its Flight door), else this server's own."""
         self.limits = limits
         self.sessions = 0
         self.by_user: Counter[str] = Counter()  # sessions held, per user name
+        self.user_sessions = user_sessions or UserSessions()
         # Sockets not logged in yet, oldest first, with their client address.
         self._unauthenticated: dict[asyncio.Task[None], str] = {}
         self.pushed_out = 0  # sockets closed to make room (for tests and logs)
@@ -240,7 +245,8 @@ class Admission:
                 "remaining connection slots are reserved for roles with the SUPERUSER attribute"
             )
         limit = self.limits.connections_per_user_max if user_limit is None else user_limit
-        if not superuser and limit is not None and self.by_user[user] >= limit:
+        # counted with the user's Flight calls in progress (``sql.user_sessions``)
+        if not self.user_sessions.claim(user, None if superuser else limit):
             raise TooManyConnectionsError(f'too many connections for role "{user}"')
         self.sessions += 1
         self.by_user[user] += 1
@@ -248,6 +254,7 @@ class Admission:
     def release(self, user: str) -> None:
         """Give back a slot ``claim`` gave ``user``."""
         assert self.by_user[user] > 0, "a slot is given back only by its holder"
+        self.user_sessions.release(user)
         self.sessions -= 1
         self.by_user[user] -= 1
         if not self.by_user[user]:

@@ -28,6 +28,7 @@ from sql.pgwire.limits import Admission, ServerLimits
 from sql.pgwire.memory_budget import MemoryBudget
 from sql.pgwire.spill_budget import SpillBudget
 from sql.pgwire.users import ConfigFileError, UsersWatch, default_users_path
+from sql.user_sessions import UserSessions
 from storage.errors import FeatureNotSupportedError, TooManyConnectionsError
 from storage.limits import REFUSAL_PACKETS_MAX, REFUSAL_TIMEOUT_S, USERS_FILE_POLL_S
 
@@ -56,11 +57,13 @@ class PgServer:
                  port: int = DEFAULT_PORT, auth: str = "trust",
                  limits: ServerLimits | None = None, *, users_file: str | None = None,
                  tls_cert: str | None = None, tls_key: str | None = None,
-                 settings: dict[str, str] | None = None) -> None:  # fmt: skip
+                 settings: dict[str, str] | None = None,
+                 user_sessions: UserSessions | None = None) -> None:  # fmt: skip
         """``auth``: scram, md5, password or trust (``sql.pgwire.auth``); ``users_file``
         defaults to ``<data-dir>/users.json``; TLS is offered when ``tls_cert`` and
         ``tls_key`` (PEM) are given; ``settings``: the server's defaults of session
-        settings (``idle_session_timeout``, ``log_statement``…, ``emulation.pg_settings``).
+        settings (``idle_session_timeout``, ``log_statement``…, ``emulation.pg_settings``);
+        ``user_sessions``: the per-user count shared with a Flight door (``serve``).
         Bad settings raise before anything listens."""
         silence_sql_logging()
         self.settings = dict(settings or {})
@@ -102,7 +105,8 @@ class PgServer:
         # Bytes in the spill files of all connections' cursors (53400 past it, or past a login's)
         self.spill_budget = SpillBudget(self.limits.spill_bytes_max,
                                         self.limits.spill_login_bytes_max)  # fmt: skip
-        self.admission = Admission(self.limits)  # session slots, sockets still logging in
+        # session slots, sockets still logging in
+        self.admission = Admission(self.limits, user_sessions)
         self.open_sockets = 0  # accepted and not yet closed
         self._users_watch: UsersWatch | None = None
 
@@ -231,13 +235,15 @@ def serve(data_dir: str, host: str = DEFAULT_HOST, port: int = DEFAULT_PORT,
           limits: ServerLimits | None = None, *, users_file: str | None = None,
           tls_cert: str | None = None, tls_key: str | None = None,
           settings: dict[str, str] | None = None,
-          memory_cap_bytes: int | None = None) -> None:  # fmt: skip
+          memory_cap_bytes: int | None = None,
+          user_sessions: UserSessions | None = None) -> None:  # fmt: skip
     """Open ``data_dir`` and serve it until SIGINT or SIGTERM (blocking). Meant to own its
     process: it tunes the process's malloc for large messages (``sql.pgwire.malloc_tuning``),
     caps its private memory (``sql.pgwire.memory_cap``: ``memory_cap_bytes``, default a
     share of physical memory, 0 none; a value built past it fails with 53200 instead of the
     kernel killing the server) and sends the log to stderr at INFO (logins, statements
-    under ``log_statement``) if nothing configured logging before."""
+    under ``log_statement``) if nothing configured logging before. ``user_sessions``: the
+    per-user count shared with ``serve``'s Flight door."""
     malloc_tuning.reuse_large_blocks()
     connections = (limits or ServerLimits()).connections_max
     capped = memory_cap.cap_process_data(memory_cap_bytes, connections)
@@ -251,7 +257,8 @@ def serve(data_dir: str, host: str = DEFAULT_HOST, port: int = DEFAULT_PORT,
     freeze_owned_process()  # this process is the server's (engine.gc_tuning)
     try:
         server = PgServer(database, host, port, auth, limits=limits, users_file=users_file,
-                          tls_cert=tls_cert, tls_key=tls_key, settings=settings)  # fmt: skip
+                          tls_cert=tls_cert, tls_key=tls_key, settings=settings,
+                          user_sessions=user_sessions)  # fmt: skip
 
         async def main() -> None:
             bound = await server.start()
@@ -277,12 +284,14 @@ class ServerThread:
                  limits: ServerLimits | None = None, *, auth: str = "trust",
                  users_file: str | None = None, tls_cert: str | None = None,
                  tls_key: str | None = None,
-                 settings: dict[str, str] | None = None) -> None:  # fmt: skip
+                 settings: dict[str, str] | None = None,
+                 user_sessions: UserSessions | None = None) -> None:  # fmt: skip
         self.database = Database.open(data_dir)
         try:
             self.server = PgServer(self.database, host, port, auth, limits=limits,
                                    users_file=users_file, tls_cert=tls_cert,
-                                   tls_key=tls_key, settings=settings)  # fmt: skip
+                                   tls_key=tls_key, settings=settings,
+                                   user_sessions=user_sessions)  # fmt: skip
         except BaseException:
             self.database.close()
             raise
