@@ -114,8 +114,8 @@ def main() -> None:
     print("ready", flush=True)
     threads = [threading.Thread(target=spread_forever, args=(topic, acks, args.run, args.seed, t),
                                 daemon=True) for t in range(args.threads - 1)]  # fmt: skip
-    threads.append(threading.Thread(target=plain_forever, daemon=True,
-                                    args=(topic, acks, args.run, args.seed, args.threads - 1)))  # fmt: skip
+    plain_args = (topic, acks, args.run, args.seed, args.threads - 1)
+    threads.append(threading.Thread(target=plain_forever, args=plain_args, daemon=True))
     for thread in threads:
         thread.start()
     ledger = topic.ledger

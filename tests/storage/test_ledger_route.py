@@ -162,8 +162,9 @@ def test_a_waiting_reader_sees_a_ledger_append(tmp_path: Any) -> None:
         topic.close()
 
 
-def test_the_copier_copies_releases_and_drops_files(tmp_path: Any,
-                                                     monkeypatch: pytest.MonkeyPatch) -> None:  # fmt: skip
+def test_the_copier_copies_releases_and_drops_files(
+    tmp_path: Any, monkeypatch: pytest.MonkeyPatch
+) -> None:
     monkeypatch.setattr(limits, "LEDGER_COPY_FRAMES_MIN", 3)
     monkeypatch.setattr(limits, "LEDGER_FILE_BYTES_MAX", 4096)  # a file a frame or two
     topic = _open(str(tmp_path), create=True)
