@@ -611,7 +611,10 @@ class PartitionLog:
         self._settle_locked()
 
     def _settle_locked(self) -> None:
-        if self.ledger_unsettled and self.ledger_tail is not None and not self._closed:
+        # A fenced log takes no write: its ledger rows stay in the ledger (durable) until
+        # the reopen copies them; readers see the log as the fence left it.
+        if (self.ledger_unsettled and self.ledger_tail is not None and not self._closed
+                and self._fenced is None):  # fmt: skip
             self.ledger_tail.copy_locked(self)
 
     def write_copied_locked(self, batch: pa.RecordBatch, base_offset: int,
