@@ -88,7 +88,29 @@ def append_now(
         if not topic.partition_info(partition_id).active:  # split since: route again
             return topic.append(batch, None, cancelled=cancelled)
         topic.partition(partition_id).check_writable()
+    if topic.ledger is not None and len(shares) >= limits.LEDGER_SHARES_MIN:
+        if cancelled is not None and cancelled():  # before the commit point, as below
+            raise QueryCanceledError("canceling statement due to user request")
+        with sigint_deferred():  # the frame appended and its offsets reported, whole
+            bases = topic.append_ledger(shares)
+        if bases is not None:
+            return _ledger_result(shares, bases, batch.num_rows)
     return _commit_in_log(database, topic_id, shares, batch.num_rows, cancelled)
+
+
+def _ledger_result(shares: list[tuple[int, np.ndarray, pa.RecordBatch]], bases: list[int],
+                   count: int) -> TopicAppendResult:  # fmt: skip
+    """Every message written by a ledger frame (the ledger path writes a statement only
+    when no message is a duplicate): each message's partition and offset in the batch's
+    order (a share's ``k``-th row at its base + ``k``)."""
+    rows = np.concatenate([chosen for _, chosen, _ in shares])
+    sizes = np.fromiter((len(chosen) for _, chosen, _ in shares), np.int64, len(shares))
+    firsts = np.cumsum(sizes) - sizes
+    partitions = np.empty(count, dtype=np.int64)
+    offsets = np.empty(count, dtype=np.int64)
+    partitions[rows] = np.repeat([p for p, _, _ in shares], sizes)
+    offsets[rows] = np.repeat(np.asarray(bases, np.int64) - firsts, sizes) + np.arange(count)
+    return TopicAppendResult(partitions, np.zeros(count, dtype=np.uint8), offsets)
 
 
 def _spreads(batch: pa.RecordBatch, targets: np.ndarray) -> bool:

@@ -7,11 +7,21 @@ of YDB settings and hands storage this subset; storage never sees SQL.
 from __future__ import annotations
 
 import enum
+import os
 from dataclasses import dataclass, field
 
 from storage import limits
 from storage.codecs import Codec
 from storage.errors import InvalidParameterValueError
+
+LEDGER_ENVIRONMENT_VARIABLE = "TOPICBASE_LEDGER"
+
+
+def ledger_enabled() -> bool:
+    """The store's ledger switch from the environment (``TOPICBASE_LEDGER=1``; off by
+    default): small statements spread over many partitions go to the topic's ledger
+    (``storage.ledger_route``, docs/scale.md round 28)."""
+    return os.environ.get(LEDGER_ENVIRONMENT_VARIABLE, "0") == "1"
 
 
 class FsyncPolicy(enum.Enum):

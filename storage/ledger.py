@@ -396,6 +396,36 @@ class Ledger:
             return {p: (starts.get(p, 0), end) for p, end in self._index.ends().items()
                     if end > starts.get(p, 0)}  # fmt: skip
 
+    def advance(self, partition: int, own_end: int) -> None:
+        """The partition's own log was appended to past everything the ledger holds of it
+        (a write that did not go through the ledger): its next ledger share starts at
+        ``own_end``. The caller holds what keeps every other append to the partition out
+        (its log's write lock, ``storage.ledger_route``), so no frame of it is in flight.
+        An ``own_end`` past the ledger's end while the ledger still holds uncopied
+        offsets of the partition is damage (``CorruptSegmentError``)."""
+        with self._lock:
+            end = self._index.end(partition)
+            if own_end <= end:
+                return
+            if self._index.start(partition) < end or self._next_ends.get(partition, 0) > end:
+                raise CorruptSegmentError(
+                    f"ledger partition {partition}: its own log ends at {own_end}, past "
+                    f"offsets the ledger holds uncopied (to {end})", path=self._directory,
+                    position=0)  # fmt: skip
+            self._index.set_end(partition, own_end)
+            self._next_ends[partition] = own_end
+
+    def share_edges(self, partition: int, offset: int, end: int) -> list[int]:
+        """The offsets in ``(offset, end]`` where a share of ``partition`` ends (``offset``
+        and ``end`` at share edges, within ``[start, end]``): where a copy may cut."""
+        with self._lock:
+            spans = self._index.spans(partition, offset, end)
+        edges, at = [], offset
+        for span in spans:
+            at += span.count
+            edges.append(at)
+        return edges
+
     def skip_copied(self, partition: int, own_end: int) -> None:
         """The partition's own log already ends at ``own_end``, past the ledger's ``start``
         (a copy appended it, then failed or crashed before ``release``): release up to it,

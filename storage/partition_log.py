@@ -25,6 +25,7 @@ import logging
 import threading
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
+from typing import Protocol
 
 import numpy as np
 import pyarrow as pa
@@ -85,6 +86,13 @@ REPLAY_COLUMNS = ("seq_no", "producer_id", "message_group_id")
 WRITTEN = 0
 DUPLICATE = 1
 assert (WRITTEN, DUPLICATE) == (False, True)  # a status array is the duplicate mask as uint8
+
+
+class LedgerTail(Protocol):
+    """The topic's ledger as a partition sees it (``storage.ledger_route.TopicLedger``)."""
+
+    def copy_locked(self, log: PartitionLog) -> None:
+        """Copy the ledger's rows of ``log`` past its end into it (write lock held)."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -160,6 +168,14 @@ class PartitionLog:
         # fence must not cut (``_adopt_locked``); None once published.
         self._adopted: tuple[LogSegment, int, int] | None = None
         self._closed = False
+        # The topic's ledger (``storage.ledger_route``), when its switch is on: rows of
+        # this partition it holds past this log's end are copied in (``_settle_locked``)
+        # before any write here and before any read that needs the log's end.
+        # ``ledger_unsettled``: the ledger may hold such rows (set under the write lock by
+        # a ledger append, cleared by the copy; a reader seeing it False after a ledger
+        # append's lock was released sees the copied rows).
+        self.ledger_tail: LedgerTail | None = None
+        self.ledger_unsettled = False
         # The offset below which the engine says every reader that matters is past (its
         # consumers' floor; ``EVERY_OFFSET``-like for a topic no consumer reads), or None:
         # writes then drop what was written back behind them (``page_cache.drop_behind``).
@@ -206,6 +222,14 @@ class PartitionLog:
 
     @property
     def end_offset(self) -> int:
+        if self.ledger_unsettled:
+            self.settle()
+        return self._visible.end_offset
+
+    @property
+    def own_end(self) -> int:
+        """The end of this log's own segments, whatever the ledger holds past it (no
+        settle: for the ledger's code, which may hold the write lock)."""
         return self._visible.end_offset
 
     @property
@@ -215,11 +239,15 @@ class PartitionLog:
 
     @property
     def size_bytes(self) -> int:
+        if self.ledger_unsettled:
+            self.settle()
         visible = self._visible
         return sum(s.size_bytes for s in visible.segments[:-1]) + visible.last_segment_bytes
 
     @property
     def segments(self) -> tuple[LogSegment, ...]:
+        if self.ledger_unsettled:
+            self.settle()
         return self._visible.segments
 
     def last_seq_no(self, producer_id: str) -> int | None:
@@ -563,9 +591,55 @@ class PartitionLog:
 
     @contextlib.contextmanager
     def writes_paused(self) -> Iterator[None]:
-        """Hold the write lock: no write is in flight while the caller runs (a split)."""
+        """Hold the write lock: no write is in flight while the caller runs (a split);
+        the ledger's rows of this partition are copied in first."""
         with self._write_lock:
+            self._settle_locked()
             yield
+
+    # -- the topic's ledger (``storage.ledger_route``) -----------------------------------
+    def settle(self) -> None:
+        """Copy in the rows the topic's ledger holds past this log's end, if any (not
+        synced here: the ledger keeps them durable until its copier syncs and releases)."""
+        if self.ledger_unsettled:
+            with self._write_lock:
+                self._settle_locked()
+
+    def settle_locked(self) -> None:
+        """``settle`` for a caller holding the write lock (``storage.spread_publish``)."""
+        assert self._write_lock.locked()
+        self._settle_locked()
+
+    def _settle_locked(self) -> None:
+        # A fenced log takes no write: its ledger rows stay in the ledger (durable) until
+        # the reopen copies them; readers see the log as the fence left it.
+        if (self.ledger_unsettled and self.ledger_tail is not None and not self._closed
+                and self._fenced is None):  # fmt: skip
+            self.ledger_tail.copy_locked(self)
+
+    def write_copied_locked(self, batch: pa.RecordBatch, base_offset: int,
+                            written_at_us: int) -> None:  # fmt: skip
+        """``append_copied`` for rows whose producer state is recorded already (at their
+        ledger append) and with no sync (the ledger holds them durably until its copier
+        syncs this log and releases them): one frame at exactly ``base_offset``, published.
+        Caller holds the write lock (``storage.ledger_route``)."""
+        assert self._write_lock.locked()
+        if self._fenced is not None:
+            raise self._fenced_error()
+        end = self._segments[-1].next_offset
+        if end != base_offset:
+            raise CorruptSegmentError(
+                f"partition {self.partition_id}: a copy from the ledger at offset "
+                f"{base_offset}, but the log ends at {end}",
+                path=self.directory, position=self._segments[-1].size_bytes,
+            )  # fmt: skip
+        try:
+            self._write_frame(batch, 0, None, written_at_us)
+            failpoints.hit("partition.after_write")
+        except BaseException as error:
+            self.fence_if_unpublished(error)
+            raise
+        self._publish()
 
     def published_prefix(self, batch: pa.RecordBatch, transaction_id: int, since_us: int) -> int:
         """How many leading rows of ``batch``, the transaction's share of this partition, are
@@ -998,6 +1072,14 @@ class PartitionLog:
                 self._roll_locked()
                 self._publish()
 
+    def sync_locked(self) -> None:
+        """Sync what this process wrote (the fsync policy permitting; ``durable_end``
+        tells what is synced). Caller holds the write lock (``storage.ledger_route``)."""
+        assert self._write_lock.locked()
+        if self._fenced is not None:
+            raise self._fenced_error()
+        self._sync_locked()
+
     def _sync_locked(self) -> None:
         if self.config.fsync_policy is FsyncPolicy.NEVER:
             return
@@ -1091,6 +1173,7 @@ class PartitionLog:
         left half done; an ``StorageIOError`` of a write has fenced already)."""
         with self._write_lock:
             try:
+                self._settle_locked()
                 yield
             except BaseException as error:
                 self.fence_if_unpublished(error)
@@ -1139,6 +1222,8 @@ class PartitionLog:
         """``read``, left undecoded: the frame slices it would decode (``storage.frame_read``),
         so that a reader of many partitions decodes them all at once."""
         _check_read_limits(max_messages, max_bytes)
+        if self.ledger_unsettled:
+            self.settle()
         for _ in range(3):  # retention may delete a segment under us: retry
             visible = self._visible
             try:
@@ -1156,6 +1241,8 @@ class PartitionLog:
         read of many partitions into one buffer (``storage.bulk_scan``). None when the
         messages are not all published in one segment, start below the log start, or
         the range is over ``window_max`` bytes (``read_frames`` handles those)."""
+        if self.ledger_unsettled:
+            self.settle()
         visible = self._visible
         segments = visible.segments
         if count <= 0 or start_offset < segments[0].base_offset:
@@ -1255,6 +1342,8 @@ class PartitionLog:
 
     def offset_for_time(self, written_at_us: int) -> int:
         """The first offset whose ``written_at`` is at or after the given time (or the end)."""
+        if self.ledger_unsettled:
+            self.settle()
         visible = self._visible
         for index, segment in enumerate(visible.segments):
             last = index == len(visible.segments) - 1
@@ -1272,13 +1361,19 @@ class PartitionLog:
         if timeout_s * 1000 > limits.WAIT_MS_MAX:
             raise LimitExceededError(f"wait of {timeout_s}s exceeds {limits.WAIT_MS_MAX} ms")
         deadline = self.clock.monotonic_s() + timeout_s
-        with self.data_ready:
-            while self._visible.end_offset <= offset:
+        while True:
+            # the ledger's rows copied in outside ``data_ready`` (a write holds its lock,
+            # then takes ``data_ready`` to publish)
+            self.settle()
+            with self.data_ready:
+                if self._visible.end_offset > offset:
+                    return True
+                if self.ledger_unsettled:  # a ledger append since the settle: again
+                    continue
                 remaining = deadline - self.clock.monotonic_s()
                 if remaining <= 0 or self._closed:
                     return False
                 self.data_ready.wait(remaining)
-        return True
 
     # -- retention and lifecycle ------------------------------------------------------------
     def roll_expired(self, horizon_us: int) -> bool:

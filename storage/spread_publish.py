@@ -71,6 +71,8 @@ def publish_shares(
             taken.append(log.write_lock)
         if not all(log.publishable_locked() for log in logs):
             return None
+        for log in logs:  # the topic's ledger rows first (``storage.ledger_route``)
+            log.settle_locked()
         decision = decide_shares([log.producers for log in logs], list(batches), table)
         if decision is None:
             return None

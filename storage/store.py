@@ -20,7 +20,7 @@ import threading
 
 from storage import file_names, limits
 from storage.clock import SYSTEM_CLOCK, Clock
-from storage.config import TopicConfig
+from storage.config import TopicConfig, ledger_enabled
 from storage.errors import LimitExceededError, UndefinedTopicError
 from storage.fs import DEFAULT_FILE_SYSTEM, FileSystem
 from storage.topic_log import TopicLog
@@ -29,8 +29,12 @@ MANIFEST = "store.json"
 
 
 class Store:
-    def __init__(self, root: str, fs: FileSystem, clock: Clock, lock_fd: int | None) -> None:
+    def __init__(self, root: str, fs: FileSystem, clock: Clock, lock_fd: int | None,
+                 ledger: bool = False) -> None:  # fmt: skip
         self.root = root
+        # Each topic's small spread statements go to its ledger (``storage.ledger_route``):
+        # the switch, off unless asked for (``config.ledger_enabled``).
+        self.ledger = ledger
         self.fs = fs
         self.clock = clock
         self._lock_fd = lock_fd
@@ -46,12 +50,15 @@ class Store:
         fs: FileSystem = DEFAULT_FILE_SYSTEM,
         clock: Clock = SYSTEM_CLOCK,
         lock: bool = True,
+        ledger: bool | None = None,
     ) -> Store:
-        """Open (creating if needed) the store at ``root`` and recover every topic."""
+        """Open (creating if needed) the store at ``root`` and recover every topic.
+        ``ledger``: the ledger switch (None: ``TOPICBASE_LEDGER=1`` in the environment);
+        off, a ledger an earlier run left is copied into the partitions and closed."""
         root = os.path.abspath(root)
         fs.make_directory(os.path.join(root, "topics"))
         lock_fd = fs.lock_directory(root) if lock else None
-        store = cls(root, fs, clock, lock_fd)
+        store = cls(root, fs, clock, lock_fd, ledger_enabled() if ledger is None else ledger)
         try:
             store._load()
         except BaseException:
@@ -75,7 +82,12 @@ class Store:
                 self.fs.remove_tree(os.path.join(topics_dir, name))
         for topic_id in sorted(listed):
             self._topics[topic_id] = TopicLog(
-                self.fs, os.path.join(topics_dir, topic_id), topic_id, self.clock, create=False
+                self.fs,
+                os.path.join(topics_dir, topic_id),
+                topic_id,
+                self.clock,
+                create=False,
+                ledger=self.ledger,
             )
 
     def _save(self) -> None:
@@ -92,7 +104,8 @@ class Store:
             topic_id = f"t{self._next_topic_id:010d}"
             self._next_topic_id += 1
             directory = os.path.join(self.root, "topics", topic_id)
-            topic = TopicLog(self.fs, directory, topic_id, self.clock, create=True)
+            topic = TopicLog(self.fs, directory, topic_id, self.clock, create=True,
+                             ledger=self.ledger)  # fmt: skip
             topic.create(config)
             self._topics[topic_id] = topic
             self._save()

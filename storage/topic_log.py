@@ -68,6 +68,7 @@ from storage.errors import (
 from storage.frame_cuts import PRODUCER_COLUMN
 from storage.fs import FileSystem
 from storage.group_commit import GroupCommitter, Request
+from storage.ledger_route import TopicLedger, open_topic_ledger
 from storage.partition_log import WRITTEN, AppendResult, PartitionLog, ReadResult
 from storage.record_batch import METADATA_TYPE, WIRE_SCHEMA, check_wire_batch
 from storage.spread_publish import checked_shares, publish_shares
@@ -125,7 +126,14 @@ class TopicAppendResult:
 
 class TopicLog:
     def __init__(
-        self, fs: FileSystem, directory: str, topic_id: str, clock: Clock, *, create: bool
+        self,
+        fs: FileSystem,
+        directory: str,
+        topic_id: str,
+        clock: Clock,
+        *,
+        create: bool,
+        ledger: bool = False,
     ) -> None:
         self.fs = fs
         self.directory = directory
@@ -163,6 +171,10 @@ class TopicLog:
         self._range_owners: list[int] = []
         self.sleep: Callable[[float], None] = time.sleep  # tests inject a fake one
         self.splits = 0
+        # The topic's ledger (``storage.ledger_route``) when the store's switch is on;
+        # opened after the partitions (their ends are its recovery's input).
+        self.ledger: TopicLedger | None = None
+        self._ledger_on = ledger
         if not create:
             self._load()
 
@@ -181,6 +193,7 @@ class TopicLog:
         for partition_id in self._info:
             self._open_partition(partition_id)
         self._index_ranges()
+        self.ledger = open_topic_ledger(self.fs, self.directory, self._partitions, self._ledger_on)
 
     def _load(self) -> None:
         # A replace of topic.json cut short (before its rename) leaves the temp file; the
@@ -204,6 +217,7 @@ class TopicLog:
         for partition_id in self._info:
             self._open_partition(partition_id)
         self._index_ranges()
+        self.ledger = open_topic_ledger(self.fs, self.directory, self._partitions, self._ledger_on)
 
     def _remove_unlisted_partitions(self) -> None:
         """Delete partition directories ``topic.json`` does not list: a split that
@@ -247,6 +261,8 @@ class TopicLog:
         partition.redirect = self._redirect_of(partition_id)
         partition.sync_redirected = self._sync_redirected_of(partition_id)
         self._partitions[partition_id] = partition
+        if self.ledger is not None:
+            self.ledger.attach(partition)
         self._speeds[partition_id] = WriteSpeed(
             self.autopartitioning.speed, self.autopartitioning.burst, self.clock.now_us()
         )
@@ -498,6 +514,8 @@ class TopicLog:
                 raise ObjectNotInPrerequisiteStateError(
                     f"partition {partition_id} has redirected publishes not synced yet"
                 )
+            if self.ledger is not None:  # its ledger rows synced in its log and released
+                self.ledger.copy_all()
             partition = self._partitions.pop(partition_id)
             del self._info[partition_id]
             _layout_changed()
@@ -1280,8 +1298,10 @@ class TopicLog:
             raise LimitExceededError(f"wait of {timeout_s}s exceeds {limits.WAIT_MS_MAX} ms")
         deadline = self.clock.monotonic_s() + timeout_s
 
-        def ready() -> bool:
-            return any(self.partition(p).end_offset > offset for p, offset in positions.items())
+        def ready() -> bool:  # under ``data_ready``: no settle there (a write holds its
+            # lock, then takes ``data_ready``); a partition with ledger rows is ready
+            return any(self.partition(p).own_end > offset or self.partition(p).ledger_unsettled
+                       for p, offset in positions.items())  # fmt: skip
 
         with self.data_ready:
             while not ready():
@@ -1291,7 +1311,29 @@ class TopicLog:
                 self.data_ready.wait(remaining)
         return True
 
+    def append_ledger(self, shares: list[tuple[int, np.ndarray, pa.RecordBatch]]
+                      ) -> list[int] | None:  # fmt: skip
+        """Write a statement's shares (``shares``' output) as one ledger frame
+        (``TopicLedger.append_shares``); each share's base offset, or None (nothing written:
+        no ledger, a share not small, the frame too large, or a case the ledger does not
+        decide) when the caller must go the usual way."""
+        ledger = self.ledger
+        if ledger is None:
+            return None
+        batches = [piece for _, _, piece in shares]
+        checked = checked_shares(batches, self.config)
+        if checked is None:
+            return None
+        data_bytes, table = checked
+        if (max(data_bytes) > limits.LEDGER_SHARE_BYTES_MAX
+                or table.get_total_buffer_size() > limits.LEDGER_FRAME_BYTES_MAX // 2):  # fmt: skip
+            return None
+        logs = [self.partition(partition_id) for partition_id, _, _ in shares]
+        return ledger.append_shares(logs, batches, table, self.clock.now_us())
+
     def close(self) -> None:
+        if self.ledger is not None:  # its copier stopped before the logs close
+            self.ledger.close()
         for partition in self._partitions.values():
             partition.close()
 

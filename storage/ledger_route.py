@@ -1,0 +1,300 @@
+"""A topic's ledger wired to its partition logs: appends, settles and the copier (issue 14).
+
+``TopicLedger`` owns a topic's ``storage.ledger.Ledger`` (``<topic>/ledger/``) when the
+store's ledger switch is on (``storage.config.ledger_enabled``), and sits between it and
+the topic's ``PartitionLog``s (docs/scale.md, "Round 28 (H1)"):
+
+- ``append_shares``: a statement's small shares, one to each of many partitions, written
+  as ONE ledger frame. Under every share's partition write lock (ascending ids, as
+  ``storage.spread_publish``): each log must be publishable; a log with nothing uncopied
+  in the ledger gives the ledger its end (``Ledger.advance``: writes that did not go
+  through the ledger moved it); producer dedup is decided for all shares against the
+  logs' producer state (``producer_state.decide_shares``; anything unusual, a duplicate
+  among them, returns None before anything is written: the caller goes the usual way);
+  the frame is appended and synced (the commit point); then each share's producer state
+  is recorded with its ledger offsets and the log is marked ``ledger_unsettled``. A
+  failed ledger append fences every log of the statement (its frame may be on disk:
+  nothing may take those offsets before a reopen settles the ledger).
+- ``copy_locked`` (a log's ``_settle_locked``, write lock held): the ledger's rows of
+  the partition past the log's end written into the log as frames at the same offsets,
+  cut only at share edges, published, NOT synced and NOT released: the ledger keeps
+  them durable. Every write to the log and every read of its end settles first, so the
+  log's offsets have one writer at a time and readers see every acknowledged row.
+- The copier thread: once enough is pending (``limits.LEDGER_COPY_FRAMES_MIN`` frames,
+  or ``limits.LEDGER_COPY_WAIT_S`` after the oldest), settles every pending partition,
+  syncs each log (``PartitionLog.sync``), releases up to what is synced
+  (``Ledger.skip_copied``: only at share edges) and drops the ledger files nothing
+  needs. Its CPU time is counted (``copier_cpu_s``).
+- Open: the logs recovered first give their ends; the ledger recovers with them; then
+  everything it holds is copied with ``storage.ledger_copy.copy_ledger`` (synced,
+  producer state recorded by ``append_copied``), so producer state after a crash is
+  whole before any append, and staging recovery (after the store opens) meets logs
+  that hold every committed ledger row.
+
+Lock order: a partition's write lock, then the ledger's internal lock (a leaf); the
+ledger append holds several partition locks (ascending) and never a ``data_ready``.
+"""
+
+from __future__ import annotations
+
+import os
+import threading
+import time
+from collections.abc import Mapping, Sequence
+
+import numpy as np
+import pyarrow as pa
+
+from storage import limits
+from storage.errors import CorruptSegmentError, StorageIOError
+from storage.fs import FileSystem
+from storage.ledger import Ledger
+from storage.ledger_copy import copy_ledger
+from storage.partition_log import PartitionLog
+from storage.producer_state import decide_shares, record_share
+from storage.record_batch import WIRE_SCHEMA
+
+_WIRE_FIELDS = tuple(WIRE_SCHEMA.names)
+DIRECTORY = "ledger"  # under the topic's directory
+
+
+def open_topic_ledger(fs: FileSystem, topic_directory: str, logs: dict[int, PartitionLog],
+                      on: bool) -> TopicLedger | None:  # fmt: skip
+    """The topic's ledger, opened after its partitions: with the switch ``on``, a
+    ``TopicLedger`` (copier running); off, None, after copying into the logs whatever a
+    ledger left by an earlier run holds (its rows were acknowledged), so that turning the
+    switch off never loses a row."""
+    directory = os.path.join(topic_directory, DIRECTORY)
+    if on:
+        return TopicLedger(fs, directory, logs)
+    if DIRECTORY in fs.list_directory(topic_directory):
+        left = TopicLedger(fs, directory, logs, copier=False)  # copies everything at open
+        left.ledger.drop_copied_files()
+        left.close()
+        for log in logs.values():
+            log.ledger_tail = None
+    return None
+
+
+class TopicLedger:
+    def __init__(self, fs: FileSystem, directory: str, logs: dict[int, PartitionLog], *,
+                 copier: bool = True) -> None:  # fmt: skip
+        """Open (recover) the ledger in ``directory`` over ``logs`` (the topic's
+        partitions, recovered: their ends are the ledger's ``partition_ends``; the dict is
+        the topic's own, so partitions added later are seen) and copy everything it holds
+        into them. ``copier``: start the background copier thread."""
+        self._logs = logs
+        ends = {p: log.own_end for p, log in logs.items()}
+        self.ledger = Ledger(fs, directory, partition_ends=ends,
+                             file_bytes_max=limits.LEDGER_FILE_BYTES_MAX)  # fmt: skip
+        try:
+            while copy_ledger(self.ledger, logs).messages:
+                pass
+        except BaseException:
+            self.ledger.close()
+            raise
+        for log in logs.values():
+            self.attach(log)
+        self.copier_cpu_s = 0.0  # CPU time of the copier thread (tests, the bench)
+        self.copies = 0  # copier passes that copied something
+        self.copier_error: BaseException | None = None
+        self._wake = threading.Condition()
+        self._stopping = False
+        self._oldest_pending: float | None = None
+        self._frames_since = 0  # ledger frames appended since the copier's last pass
+        self._thread: threading.Thread | None = None
+        if copier:
+            self._thread = threading.Thread(target=self._copier, name="ledger-copier",
+                                            daemon=True)  # fmt: skip
+            self._thread.start()
+
+    def attach(self, log: PartitionLog) -> None:
+        """Make ``log`` settle from this ledger (a partition opened or added)."""
+        log.ledger_tail = self
+
+    # -- appends -------------------------------------------------------------------------
+    def append_shares(self, logs: Sequence[PartitionLog], batches: Sequence[pa.RecordBatch],
+                      table: pa.Table | None, written_at_us: int) -> list[int] | None:  # fmt: skip
+        """Write ``batches[i]`` to ``logs[i]``'s partition (distinct, ascending ids) as one
+        ledger frame; returns each share's base offset once durable, or None (nothing
+        written) when the usual case does not hold (see the module doc)."""
+        assert len(logs) == len(batches) and len(logs) > 0
+        taken: list[PartitionLog] = []
+        bases: list[int] | None = None
+        try:
+            for log in logs:
+                log.write_lock.acquire()
+                taken.append(log)
+            if not all(log.publishable_locked() for log in logs):
+                return None
+            if not all(self._follow_locked(log) for log in logs):
+                return None
+            decision = decide_shares([log.producers for log in logs], list(batches), table)
+            if decision is None:
+                return None
+            shares = [(log.partition_id, decision.batch(i) if decision.seq_nos is not None
+                       else decision.originals[i]) for i, log in enumerate(logs)]  # fmt: skip
+            try:
+                bases = self.ledger.append(shares, written_at_us=written_at_us)
+            except BaseException as error:
+                if isinstance(error, (StorageIOError, OSError)):
+                    for log in logs:  # the frame may be on disk: nobody takes its offsets
+                        log.fence_for(error)
+                raise
+            for log, record, base in zip(logs, decision.records, bases, strict=True):
+                record_share(log.producers, record, base, written_at_us)
+                log.ledger_unsettled = True
+        finally:
+            for log in taken:
+                log.write_lock.release()
+            if bases is not None:
+                self._wake_readers(logs)
+        self._note_pending()
+        return bases
+
+    def _follow_locked(self, log: PartitionLog) -> bool:
+        """Make the ledger's next share of ``log``'s partition start at the log's end
+        (a write that did not go through the ledger may have moved it); False when it
+        cannot now (copied rows not synced under the topic's policy): the statement then
+        goes the usual way. Caller holds the log's write lock."""
+        if log.ledger_unsettled:
+            return True  # the log ends inside the ledger's offsets: nothing moved it
+        partition = log.partition_id
+        own, end = log.own_end, self.ledger.end_offset(partition)
+        if own <= end:
+            return True
+        if self.ledger.start_offset(partition) < end:  # copied in, not yet released
+            log.sync_locked()
+            if log.durable_end < end:
+                return False
+            self.ledger.skip_copied(partition, end)
+        self.ledger.advance(partition, own)
+        return True
+
+    @staticmethod
+    def _wake_readers(logs: Sequence[PartitionLog]) -> None:
+        for log in {id(log.data_ready): log for log in logs}.values():
+            log.notify_readers()
+
+    # -- the copy into a log (its settle) ------------------------------------------------
+    def copy_locked(self, log: PartitionLog) -> None:
+        """The ledger's rows of ``log`` past its end, written into it at their offsets
+        (frames cut at share edges, at most ``limits.LEDGER_COPY_PIECE_BYTES`` and
+        ``limits.BATCH_MESSAGES_MAX`` each), published, not synced. Caller holds the
+        log's write lock."""
+        partition = log.partition_id
+        own = log.own_end
+        end = self.ledger.end_offset(partition)
+        if own < end:
+            start = self.ledger.start_offset(partition)
+            if own < start:
+                raise CorruptSegmentError(
+                    f"partition {partition}: its log ends at {own}, below the ledger's "
+                    f"copied start {start}", path=log.directory, position=0)  # fmt: skip
+            rows = self.ledger.read(partition, own, end - own)
+            at = own
+            for cut in self._cuts(partition, own, end, rows):
+                piece = rows.slice(at - own, cut - at)
+                written = int(piece.column("written_at").cast(pa.int64()).to_numpy().max())
+                log.write_copied_locked(piece.select(_WIRE_FIELDS), at, written)
+                at = cut
+        log.ledger_unsettled = False
+
+    def _cuts(self, partition: int, own: int, end: int, rows: pa.RecordBatch) -> list[int]:
+        """Where the copy's frames end: the last share edge before a frame would pass
+        the limits (a share is small: one always fits), and ``end``."""
+        if (rows.num_rows <= limits.BATCH_MESSAGES_MAX
+                and rows.get_total_buffer_size() <= limits.LEDGER_COPY_PIECE_BYTES):  # fmt: skip
+            return [end]
+        data = rows.column("data")
+        ends = np.frombuffer(data.buffers()[1], np.int32, len(data) + 1, 4 * data.offset)
+        sizes = np.concatenate(([0], np.cumsum(np.diff(ends).astype(np.int64))))
+        cuts: list[int] = []
+        low = previous = own
+        for edge in self.ledger.share_edges(partition, own, end):
+            if (edge - low > limits.BATCH_MESSAGES_MAX // 2
+                    or sizes[edge - own] - sizes[low - own] > limits.LEDGER_COPY_PIECE_BYTES // 2
+                    ) and previous > low:  # fmt: skip
+                cuts.append(previous)
+                low = previous
+            previous = edge
+        cuts.append(end)
+        return cuts
+
+    # -- the background copier -----------------------------------------------------------
+    def _note_pending(self, frames: int = 1) -> None:
+        with self._wake:
+            self._frames_since += frames
+            if self._oldest_pending is None:
+                self._oldest_pending = time.monotonic()
+            self._wake.notify()
+
+    def _due(self) -> bool:
+        if self._oldest_pending is None:
+            return False
+        if time.monotonic() - self._oldest_pending >= limits.LEDGER_COPY_WAIT_S:
+            return True
+        return self._frames_since >= limits.LEDGER_COPY_FRAMES_MIN
+
+    def _copier(self) -> None:
+        while True:
+            with self._wake:
+                while not self._stopping and not self._due():
+                    self._wake.wait(limits.LEDGER_COPY_WAIT_S / 4)
+                if self._stopping:
+                    return
+                self._oldest_pending = None
+                self._frames_since = 0
+            began = time.thread_time()
+            try:
+                self.copy_all()
+            except Exception as error:  # a fenced log, say: retried at the next pass; the
+                self.copier_error = error  # rows stay in the ledger, readers settle them
+            finally:
+                self.copier_cpu_s += time.thread_time() - began
+            if self.ledger.pending():
+                self._note_pending(0)
+
+    def copy_all(self) -> int:
+        """Settle every partition with uncopied ledger rows, sync its log, release what
+        is synced and drop the ledger files no longer needed; returns the messages
+        released. (The copier's pass; tests and close call it too.)"""
+        released = 0
+        pending = self.ledger.pending()
+        for partition in sorted(pending):
+            log = self._logs.get(partition)
+            if log is None:
+                continue  # a removed partition (left: see docs/scale.md round 28)
+            log.settle()
+        for partition in sorted(pending):
+            log = self._logs.get(partition)
+            if log is None:
+                continue
+            log.sync()
+            with log.write_lock:  # every release of a partition under its lock
+                start = self.ledger.start_offset(partition)  # another release may be past
+                copied = min(log.durable_end, self.ledger.end_offset(partition))
+                if copied > start:
+                    self.ledger.skip_copied(partition, copied)
+                    released += copied - start
+        if released:
+            self.copies += 1
+            self.ledger.drop_copied_files()
+        return released
+
+    def close(self) -> None:
+        """Stop the copier (its pass in progress ends first) and close the ledger; what
+        it holds uncopied is copied at the next open."""
+        with self._wake:
+            self._stopping = True
+            self._wake.notify()
+        if self._thread is not None:
+            self._thread.join()
+        self.ledger.close()
+
+
+def attach_all(ledger: TopicLedger | None, logs: Mapping[int, PartitionLog]) -> None:
+    """``attach`` every log (after partitions were added), if there is a ledger."""
+    if ledger is not None:
+        for log in logs.values():
+            ledger.attach(log)

@@ -1,0 +1,95 @@
+"""An autocommit write spread over many partitions goes to the topic's ledger when the
+store's switch is on (``TOPICBASE_LEDGER=1``; ``engine.spread_append``,
+``storage.ledger_route``): one ledger frame and one sync, no staging record; RETURNING
+reports each message's partition and offset; a resend is wholly duplicate; the rows are
+read back at their offsets before and after a reopen. Off (the default), nothing changes."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+from engine.database import Database
+from storage import limits
+
+INSERT = (
+    "INSERT INTO TOPIC t (data, producer_id, seq_no) SELECT unnest(?), unnest(?), unnest(?)"
+)
+RETURNING = INSERT + " RETURNING partition, offset, status"
+PARTITIONS = limits.LEDGER_SHARES_MIN * 2
+
+
+def _rows(first: int, count: int) -> list[list]:
+    return [[f"m{first + i}".encode() for i in range(count)],
+            [f"p{i % (PARTITIONS * 4)}" for i in range(count)],
+            [first + i for i in range(count)]]  # fmt: skip
+
+
+def _read_all(database: Database) -> dict[bytes, tuple[int, int]]:
+    entry = database.catalog.entry("t")
+    assert entry is not None
+    topic = database.topic_log(entry.topic_id)
+    found: dict[bytes, tuple[int, int]] = {}
+    for partition_id in topic.partition_ids():
+        result = topic.partition(partition_id).read(0, max_messages=100_000)
+        for batch in result.batches:
+            for data, offset in zip(batch.column("data").to_pylist(),
+                                    batch.column("offset").to_pylist(), strict=True):  # fmt: skip
+                assert data not in found
+                found[data] = (partition_id, offset)
+    return found
+
+
+def _open(path: Path) -> Database:
+    return Database.open(str(path / "data"))
+
+
+@pytest.mark.parametrize("switch", ["1", "0"])
+def test_a_spread_write_goes_to_the_ledger_only_with_the_switch(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, switch: str
+) -> None:
+    monkeypatch.setenv("TOPICBASE_LEDGER", switch)
+    database = _open(tmp_path)
+    try:
+        session = database.connect()
+        session.execute(f"CREATE TOPIC t WITH (min_active_partitions = {PARTITIONS})")
+        before = database.commit_counters()
+        first = session.execute(RETURNING, _rows(0, 400))[0].table.to_pylist()
+        after = database.commit_counters()
+        entry = database.catalog.entry("t")
+        assert entry is not None
+        ledger = database.topic_log(entry.topic_id).ledger
+        if switch == "1":
+            assert ledger is not None
+            assert after["log_commits"] == before["log_commits"]  # no staging record
+            assert len(ledger.ledger.pending()) == PARTITIONS
+        else:
+            assert ledger is None
+            assert after["log_commits"] == before["log_commits"] + 1
+        found = _read_all(database)
+        assert len(found) == 400
+        for index, row in enumerate(first):
+            assert row["status"] == "written"
+            assert found[f"m{index}".encode()] == (row["partition"], row["offset"])
+        again = session.execute(RETURNING, _rows(0, 400))[0].table.to_pylist()
+        assert again == [{**row, "status": "duplicate"} for row in first]
+        session.execute(INSERT, _rows(400, 400))
+        # read through SQL before any copy finished (the reads settle what they need)
+        count = session.execute("SELECT count(*) AS n FROM TOPIC t")[0].table.to_pylist()
+        assert count == [{"n": 800}]
+        session.close()
+    finally:
+        database.close()
+    reopened = _open(tmp_path)
+    try:
+        found = _read_all(reopened)
+        assert len(found) == 800
+        for index, row in enumerate(first):
+            assert found[f"m{index}".encode()] == (row["partition"], row["offset"])
+        session = reopened.connect()
+        count = session.execute("SELECT count(*) AS n FROM TOPIC t")[0].table.to_pylist()
+        assert count == [{"n": 800}]
+        session.close()
+    finally:
+        reopened.close()
