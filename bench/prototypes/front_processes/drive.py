@@ -5,7 +5,8 @@ root, SIDE one of ``postgres``, ``serve`` (``bench.served`` of this tree: today'
 ``topicbase serve``), ``reuseport:N`` and ``passed:N`` (the prototype: ``store.py`` and N
 ``front.py`` processes on one port with ``SO_REUSEPORT``, or behind ``acceptor.py``
 handing connections over with SCM_RIGHTS), ``oneproc:1`` (the same store and one front's
-loop on a thread of the store's process: one GIL); a third field (``reuseport:1:-10``)
+loop on a thread of the store's process: one GIL), ``threads:1`` (``threaded.py``: the
+same lean path on a thread per connection in one process); a third field (``reuseport:1:-10``)
 renices every thread of the side's processes (a diagnostic of CPU share under load).
 
 Every side is started once; then for REPS rounds, the sides in turn (the order reversed
@@ -43,6 +44,8 @@ from bench import postgres
 from bench.storage_bench import make_messages
 
 HERE = os.path.dirname(os.path.abspath(__file__))
+# The prototype's scripts import this tree's engine and storage (run from its root).
+TREE = {**os.environ, "PYTHONPATH": os.getcwd()}
 CLIENTS = 16
 PARTITIONS = 4
 TICK = os.sysconf("SC_CLK_TCK")
@@ -148,23 +151,26 @@ class Fronts(Side):
         path = os.path.join(sockets, "store")
         self.port = free_port()
         inside = [str(self.port)] if mode == "oneproc" else []
+        script = "store.py"
+        if mode == "threads":
+            script, path, inside = "threaded.py", str(self.port), []
         self.store = subprocess.Popen(
-            [sys.executable, os.path.join(HERE, "store.py"), self.directory, path,
+            [sys.executable, os.path.join(HERE, script), self.directory, path,
              str(PARTITIONS), *inside],
-            stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True,
+            stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True, env=TREE,
         )  # fmt: skip
         assert self.store.stdout is not None
         assert self.store.stdout.readline().strip() == "ready"
         self.fronts: list[subprocess.Popen[str]] = []
         self.acceptor: subprocess.Popen[str] | None = None
-        if mode == "oneproc":
+        if mode in ("oneproc", "threads"):
             pass
         elif mode == "reuseport":
             for _ in range(count):
                 front = subprocess.Popen(
                     [sys.executable, os.path.join(HERE, "front.py"), path, "reuseport",
                      str(self.port)],
-                    stdout=subprocess.PIPE, text=True,
+                    stdout=subprocess.PIPE, text=True, env=TREE,
                 )  # fmt: skip
                 assert front.stdout is not None
                 assert front.stdout.readline().strip() == "ready"
@@ -173,7 +179,7 @@ class Fronts(Side):
             self.acceptor = subprocess.Popen(
                 [sys.executable, os.path.join(HERE, "acceptor.py"), path, str(self.port),
                  str(count)],
-                stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True,
+                stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True, env=TREE,
             )  # fmt: skip
             assert self.acceptor.stdout is not None
             assert self.acceptor.stdout.readline().strip() == "ready"

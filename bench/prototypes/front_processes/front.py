@@ -6,15 +6,16 @@ protocol for the bench's produce client, in a process (and a GIL) of its own.
 their addresses); ``python front.py STORE_SOCKET passed FD`` takes connections handed
 over the Unix socket ``FD`` (``socket.recv_fds``, SCM_RIGHTS) by ``acceptor.py``.
 
-One thread, one ``selectors`` loop over its client connections and its connection to
-the store. It speaks what psycopg sends for ``INSERT INTO TOPIC t (data) VALUES (%s)``
+One thread, one ``selectors`` loop over its client connections and its connection to the
+store. It speaks what psycopg sends for ``INSERT INTO TOPIC t (data) VALUES (%s)``
 (trust startup; Parse, Bind, Describe, Execute, Sync, Close, Flush, Terminate) and
-nothing else: any other statement is refused with 0A000 (the real design would forward
-it to the store's full server). An Execute of the INSERT puts its value in the front's
-next batch and holds the connection (its later messages wait in its buffer). Invariants:
-at most one batch is at the store at a time; a client's CommandComplete is sent only
-after the store acked the batch holding its value (after the sync); the answers of one
-connection go out in the order of its messages.
+nothing else (a simple Query gets 0A000 and ReadyForQuery); any other statement is
+refused with 0A000 (the real design would forward it to the store's full server). An
+Execute of the INSERT puts its value in the front's next batch and holds the connection
+(its later messages wait in its buffer). Invariants: at most one batch is at the store
+at a time; a client's CommandComplete is sent only after the store acked the batch
+holding its value (after the sync); the answers of one connection go out in the order of
+its messages.
 """
 
 from __future__ import annotations
@@ -36,6 +37,7 @@ INSERT = re.compile(
     re.IGNORECASE,
 )
 SSL_REQUEST, GSS_REQUEST, PROTOCOL_3 = 80877103, 80877104, 196608
+BYTEA_OID = 17
 
 
 def message(kind: bytes, body: bytes = b"") -> bytes:
@@ -74,7 +76,7 @@ class Client:
         self.inbuf = bytearray()
         self.out: list[bytes] = []
         self.started = False
-        self.statements: dict[bytes, bool] = {}  # name -> the INSERT's shape
+        self.statements: dict[bytes, int] = {}  # name -> its parameter's type OID (0: none)
         self.portals: dict[bytes, bytes | None] = {}  # name -> the bound value
         self.held = False  # an Execute waits for its batch's ack
         self.failed = False  # an error: skip to Sync
@@ -186,6 +188,10 @@ class Front:
                 client.failed = False
                 client.out.append(READY)
                 continue
+            if kind == b"Q":  # simple query: not in the prototype; its own ReadyForQuery
+                refusal = "the front prototype takes only the extended protocol's INSERT"
+                client.out.append(error_message("0A000", refusal) + READY)
+                continue
             if client.failed:
                 continue
             try:
@@ -200,12 +206,14 @@ class Front:
         if kind == b"P":
             name, at = cstring(body, 0)
             query, at = cstring(body, at)
+            (types,) = I16.unpack_from(body, at)
+            oid = I32.unpack_from(body, at + 2)[0] if types else 0
             if not INSERT.fullmatch(query):
                 refusal = "the front prototype takes only INSERT INTO TOPIC t (data) VALUES ($1)"
                 client.out.append(error_message("0A000", refusal))
                 client.failed = True
                 return
-            client.statements[name] = True
+            client.statements[name] = oid
             client.out.append(PARSE_COMPLETE)
         elif kind == b"B":
             portal, at = cstring(body, 0)
@@ -232,7 +240,13 @@ class Front:
                 client.failed = True
                 return
             raw = body[at : at + size]
-            client.portals[portal] = raw if codes and codes[0] == 1 else bytea_text(raw)
+            if codes and codes[0] == 1:
+                value = raw  # binary: the bytes as sent (bytea; text's UTF-8)
+            elif client.statements[name] == BYTEA_OID:
+                value = bytea_text(raw)
+            else:
+                value = raw  # a text value: stored as its UTF-8, as the server stores text
+            client.portals[portal] = value
             client.out.append(BIND_COMPLETE)
         elif kind == b"D":
             if body[0:1] == b"S":
