@@ -242,8 +242,9 @@ def _rewrite(sql: str, by_name: tuple[tuple[str, str], ...]) -> str:
     ``by_name`` pairs each name as written with its topic's placeholder.
     """
     placeholders = dict(by_name)
-    tree = _parse(sql)
-    assert tree is not None, "only statements that parsed have topic references"
+    parsed = _parse(sql)
+    assert parsed is not None, "only statements that parsed have topic references"
+    tree = parsed.copy()  # changed below; the parsed tree is shared (``planner.front_work``)
     topic_tables = [
         (table, placeholders[candidate.name])
         for table, candidate in _source_relations(tree)
