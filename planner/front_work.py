@@ -34,7 +34,7 @@ from __future__ import annotations
 
 import contextlib
 import threading
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterable, Iterator
 from contextlib import contextmanager
 from typing import Any
 
@@ -50,7 +50,7 @@ CHECKED_TEXT_CHARS_MIN = 16 * 1024
 
 
 class _Scope:
-    __slots__ = ("countdown", "indexes", "stop", "stopped", "trees")
+    __slots__ = ("countdown", "indexes", "roots", "stop", "stopped", "trees")
 
     def __init__(self, stop: Callable[[], None] | None) -> None:
         self.stop = stop
@@ -58,6 +58,8 @@ class _Scope:
         self.countdown = CHECK_EVERY
         # text -> (tree, None) or (None, the ParseError it raised)
         self.trees: dict[str, tuple[Any, BaseException | None]] = {}
+        # id(tree) -> tree: the roots parsed here of texts of INDEXED_TEXT_CHARS_MIN or more
+        self.roots: dict[int, Any] = {}
         # id(tree) -> (tree, its index): the tree kept so its id is not reused
         self.indexes: dict[int, tuple[exp.Expression, _Index]] = {}
 
@@ -120,6 +122,8 @@ def shared_parse(sql: str, parse: Callable[[str], Any]) -> Any:
         scope.trees[sql] = (None, error)
         raise
     scope.trees[sql] = (tree, None)
+    if tree is not None and len(sql) >= INDEXED_TEXT_CHARS_MIN:
+        scope.roots[id(tree)] = tree
     return tree
 
 
@@ -206,21 +210,24 @@ class _Index:
         return sorted((n for nodes in lists for n in nodes), key=lambda n: order[id(n)])
 
 
-# Trees smaller than this many characters of text are walked by sqlglot itself: an index
-# costs more than the few walks it saves there.
+# Trees of texts shorter than this are walked by sqlglot itself: an index costs more than
+# the few walks it saves there.
 INDEXED_TEXT_CHARS_MIN = 16 * 1024
 
 
-def find_all(tree: exp.Expression, *types: type, text_chars: int = 0) -> list[exp.Expression]:
+def find_all(tree: exp.Expression, *types: type) -> Iterable[Any]:
     """The nodes of ``tree`` (itself included) of any of ``types``, breadth-first as
-    ``tree.find_all``; from the scope's index of ``tree`` (one walk for every call) when
-    in a scope and ``text_chars`` (the length of the text the tree was read from) is at
-    least ``INDEXED_TEXT_CHARS_MIN``. The list is the caller's to read, not to change."""
+    ``tree.find_all``. For the root of a long text parsed in the scope (``shared_parse``),
+    from the scope's index of it: one walk for every call (a list, the caller's to read,
+    not to change). Else the tree's own ``find_all``."""
     scope = _scope()
-    if scope is None or text_chars < INDEXED_TEXT_CHARS_MIN:
-        return list(tree.find_all(*types))
+    if scope is None:
+        return tree.find_all(*types)
     kept = scope.indexes.get(id(tree))
     if kept is None or kept[0] is not tree:
+        root = scope.roots.get(id(tree))
+        if root is not tree:
+            return tree.find_all(*types)
         kept = (tree, _Index(tree))
         scope.indexes[id(tree)] = kept
     return kept[1].find_all(types)

@@ -166,14 +166,22 @@ def test_outside_a_scope_nothing_is_shared() -> None:
 
 
 def test_the_index_answers_as_find_all() -> None:
-    """``front_work.find_all`` gives the nodes ``find_all`` gives, in its order."""
+    """``front_work.find_all`` on a long text's root gives the nodes ``find_all`` gives, in
+    its order, from one walk of the tree; on any other tree it is ``find_all`` itself."""
     from sqlglot import expressions as exp
 
-    sql = ("WITH c AS (SELECT a FROM t) SELECT x.a, (SELECT max(b) FROM u) FROM c AS x JOIN "
-           "v ON x.a = v.a WHERE x.a IN (SELECT a FROM w) AND " + " AND ".join(
-               f"x.a <> {i}" for i in range(3000)))  # fmt: skip
-    tree = duckdb_sql.parse_duckdb(sql)
+    sql = (
+        "WITH c AS (SELECT a FROM t) SELECT x.a, (SELECT max(b) FROM u) FROM c AS x JOIN "
+        "v ON x.a = v.a WHERE x.a IN (SELECT a FROM w) AND "
+        + " AND ".join(f"x.a <> {i}" for i in range(3000))
+    )
+    assert len(sql) >= front_work.INDEXED_TEXT_CHARS_MIN
+    kinds = ((exp.Table,), (exp.Column, exp.Literal), (exp.Query,), (exp.Expression,))
     with front_work.statement_front():
-        for types in ((exp.Table,), (exp.Column, exp.Literal), (exp.Query,), (exp.Expression,)):
-            indexed = front_work.find_all(tree, *types, text_chars=len(sql))
+        tree = duckdb_sql.parse_duckdb(sql)
+        for types in kinds:
+            indexed = front_work.find_all(tree, *types)
+            assert isinstance(indexed, list)  # from the index
             assert [id(n) for n in indexed] == [id(n) for n in tree.find_all(*types)]
+        subtree = tree.find(exp.Where)
+        assert not isinstance(front_work.find_all(subtree, exp.Column), list)
