@@ -58,14 +58,20 @@ def sigint_deferred() -> Iterator[None]:
             previous(*noted[0])
 
 
-@contextmanager
-def front_checked(cancelled: Callable[[], bool]) -> Iterator[None]:
+def front_checked(cancelled: Callable[[], bool]) -> statement_front:
     """One statement's front (``planner.front_work.statement_front``): its trees shared,
     its long work ended with 57014 once ``cancelled()`` is true."""
+    return statement_front(_Stop(cancelled))
 
-    def stop() -> None:
-        if cancelled():
+
+class _Stop:
+    """Raise 57014 once ``cancelled()`` is true (the front's ``stop``)."""
+
+    __slots__ = ("cancelled",)
+
+    def __init__(self, cancelled: Callable[[], bool]) -> None:
+        self.cancelled = cancelled
+
+    def __call__(self) -> None:
+        if self.cancelled():
             raise QueryCanceledError("canceling statement due to user request")
-
-    with statement_front(stop):
-        yield

@@ -34,8 +34,7 @@ from __future__ import annotations
 
 import contextlib
 import threading
-from collections.abc import Callable, Iterable, Iterator
-from contextlib import contextmanager
+from collections.abc import Callable, Iterable
 from typing import Any
 
 from sqlglot import expressions as exp
@@ -71,18 +70,26 @@ def _scope() -> _Scope | None:
     return getattr(_LOCAL, "scope", None)
 
 
-@contextmanager
-def statement_front(stop: Callable[[], None] | None = None) -> Iterator[None]:
+class statement_front:
     """The scope of one statement's front on this thread (module doc); ``stop`` raises to
-    end the work (None: nothing interrupts it). Joins an enclosing scope."""
-    if _scope() is not None:
-        yield
-        return
-    _LOCAL.scope = _Scope(stop)
-    try:
-        yield
-    finally:
-        _LOCAL.scope = None
+    end the work (None: nothing interrupts it). Joins an enclosing scope. A class, not a
+    generator: it is entered once per statement (~0.5 us, not ~2)."""
+
+    __slots__ = ("_opened", "_stop")
+
+    def __init__(self, stop: Callable[[], None] | None = None) -> None:
+        self._stop = stop
+        self._opened = False
+
+    def __enter__(self) -> None:
+        if getattr(_LOCAL, "scope", None) is None:
+            _LOCAL.scope = _Scope(self._stop)
+            self._opened = True
+
+    def __exit__(self, *exc: object) -> None:
+        if self._opened:
+            _LOCAL.scope = None
+            self._opened = False
 
 
 def tick(units: int = 1) -> None:
@@ -151,13 +158,20 @@ def checked_parse(sql: str, dialect: Any) -> list[Any]:
 
 
 def _tick_on(instance: Any, method: str) -> None:
-    """Make ``instance.method`` tick before each call (an attribute of the instance, which
-    the class's own calls through ``self`` find first); unchanged if it cannot be set."""
+    """Make ``instance.method`` (one positional argument at most, as the parser's
+    ``_advance``) tick before each call: an attribute of the instance, which the class's own
+    calls through ``self`` find first; unchanged if it cannot be set. Counts down itself
+    and calls ``tick`` once per ``CHECK_EVERY`` calls (the hot path is one subtraction)."""
     bound = getattr(instance, method)
+    left = CHECK_EVERY
 
-    def ticking(*args: Any, **kwargs: Any) -> Any:
-        tick()
-        return bound(*args, **kwargs)
+    def ticking(*args: Any) -> Any:
+        nonlocal left
+        left -= 1
+        if not left:
+            left = CHECK_EVERY
+            tick(CHECK_EVERY)
+        return bound(*args)
 
     with contextlib.suppress(AttributeError, TypeError):  # a compiled class: no __dict__
         setattr(instance, method, ticking)
