@@ -1,4 +1,5 @@
-"""Ctrl-C held off while a commit runs on the main thread.
+"""Ctrl-C held off while a commit runs on the main thread; a statement's front interrupted
+by a cancel.
 
 Python raises ``KeyboardInterrupt`` in the main thread at any bytecode. A COMMIT is not
 safe to leave at any bytecode: between its commit point and the end of its publish turn
@@ -11,15 +12,26 @@ completes, then the interrupt is raised, as PostgreSQL ignores a cancel during i
 Invariant: on exit the previous handler is back in place; a signal noted in the block is
 delivered once, after it. Other threads (the server's sessions) are untouched: Python
 runs signal handlers on the main thread only.
+
+``front_checked`` (round 28, H2): the Python work before DuckDB sees a statement (sqlglot's
+parse, the sandbox, the privilege checks, the planner) grows with the statement's text
+(megabytes: tens of seconds of a core under the interpreter lock). Run inside it, that
+work looks at the session's cancel flag (set by a CancelRequest and by the wire's
+``statement_timeout`` timer, ``Session.cancel``) every ``planner.front_work.CHECK_EVERY``
+units of work, and ends with 57014 once it is set, before anything of the statement ran;
+its sqlglot trees are parsed once (``planner.front_work``).
 """
 
 from __future__ import annotations
 
 import signal
 import threading
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from types import FrameType
+
+from planner.front_work import statement_front
+from storage.errors import QueryCanceledError
 
 
 @contextmanager
@@ -44,3 +56,22 @@ def sigint_deferred() -> Iterator[None]:
         signal.signal(signal.SIGINT, previous)
         if noted:
             previous(*noted[0])
+
+
+def front_checked(cancelled: Callable[[], bool]) -> statement_front:
+    """One statement's front (``planner.front_work.statement_front``): its trees shared,
+    its long work ended with 57014 once ``cancelled()`` is true."""
+    return statement_front(_Stop(cancelled))
+
+
+class _Stop:
+    """Raise 57014 once ``cancelled()`` is true (the front's ``stop``)."""
+
+    __slots__ = ("cancelled",)
+
+    def __init__(self, cancelled: Callable[[], bool]) -> None:
+        self.cancelled = cancelled
+
+    def __call__(self) -> None:
+        if self.cancelled():
+            raise QueryCanceledError("canceling statement due to user request")

@@ -85,6 +85,7 @@ from planner.alias_expansion import (
     token_name,
 )
 from planner.duckdb_sql import parse_duckdb
+from planner.front_work import find_all
 from planner.nested_writes import REFUSAL as NESTED_WRITES_REFUSAL
 from planner.operations import Plan, RunQuery
 from planner.plan_relations import (
@@ -514,7 +515,7 @@ def _settings_read_refusal(sql: str, tokens: list[tables.SqlToken]) -> str | Non
     if named_view is None:
         return None
     tree = _tree(sql)
-    if tree is None or any(table.name.lower() in views for table in tree.find_all(exp.Table)):
+    if tree is None or any(table.name.lower() in views for table in find_all(tree, exp.Table)):
         return (
             f"DuckDB's view {named_view} reads its settings for the whole server, which name "
             "its files: for superusers (PostgreSQL's settings: SHOW, or pg_settings over "
@@ -529,7 +530,7 @@ def _called_as_relation(sql: str, name: str, calls: int) -> bool:
     enclosing query is reached without passing a FROM, JOIN or LATERAL item."""
     tree = _tree(sql)
     found = [] if tree is None else [
-        call for call in tree.find_all(exp.Anonymous) if call.name.lower() == name
+        call for call in find_all(tree, exp.Anonymous) if call.name.lower() == name
     ]
     if len(found) != calls:
         return True  # sqlglot and DuckDB's lexer disagree: refuse
@@ -727,7 +728,7 @@ def _check_pragma(sql: str, tokens: list[tables.SqlToken], superuser: bool) -> s
     name = tree.this.name.lower() if isinstance(tree.this, exp.Column | exp.Anonymous) else ""
     if name not in ALLOWED_PRAGMAS:
         return f"PRAGMA {name or '?'} changes DuckDB's state or reaches files; not allowed"
-    for literal in tree.find_all(exp.Literal):
+    for literal in find_all(tree, exp.Literal):
         if literal.is_string and any(
             token_name(part.strip()) == INTERNAL_SCHEMA for part in literal.name.split(".")
         ):

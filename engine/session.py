@@ -57,7 +57,7 @@ from engine import (
 from engine.commit import PastCommitPoint, PublishItem, route_writes
 from engine.ddl import run_alter, run_create, run_drop
 from engine.identity import LOCAL_SUPERUSER, Identity
-from engine.interrupts import sigint_deferred
+from engine.interrupts import front_checked, sigint_deferred
 from engine.kept_plans import KeptPlans
 from engine.lookup_plans import KeptLookupPlans
 from engine.moved_refs import MovedRange, MovedSource, moved_batch
@@ -298,8 +298,10 @@ class Session:
                     "current transaction is aborted, commands ignored until end of "
                     "transaction block"
                 )
-            plan = planner.plan(statement, self.planning_catalog)
-            self._guard(plan)
+            self._cancel_requested = False
+            with front_checked(self._cancelled):  # one parse; a cancel ends it (57014)
+                plan = planner.plan(statement, self.planning_catalog)
+                self._guard(plan)
             # Queries that only project topic reads bind against their stand-ins alone (no
             # table is read): describing them opens no DuckDB transaction (``cursor``).
             cursor = self._cursor if _reads_no_table(plan) else self.cursor
@@ -350,22 +352,39 @@ class Session:
     def _open_stream(self, statement: ast.Statement, parameters: Any,
                      no_rows: TopicbaseError | None, timeout_s: float | None
                      ) -> streams.RowStream | None:  # fmt: skip
-        """``open_stream`` (see there), its errors not yet failing the transaction."""
+        """``open_stream`` (see there), its errors not yet failing the transaction.
+
+        ``timeout_s`` covers the planning and the door too (a timer of its own, ended when
+        they are): their work ends with 57014 at a cancel or the timeout
+        (``engine.interrupts.front_checked``); the read's own timer starts after them."""
         with self._lock:
             if self._closed:
                 raise InvalidParameterValueError("the session is closed")
-            plan = self._plain_query_plan(statement)
-            if plan is None:
-                return None
-            operation = plan.operations[-1]
-            assert isinstance(operation, RunQuery)
-            if operation.tag in DML_TAGS and not operation.returns_rows:
-                if no_rows is None:
-                    return None
-                raise no_rows
-            if not _streamable(operation) or self._lists_prepared(operation):
-                return None
-            self._guard(plan)
+            self._cancel_requested = False
+            front = None if not timeout_s else streams.Deadline(timeout_s, self.cancel)
+            try:
+                with front_checked(self._cancelled):
+                    plan = self._plain_query_plan(statement)
+                    if plan is None:
+                        return None
+                    operation = plan.operations[-1]
+                    assert isinstance(operation, RunQuery)
+                    if operation.tag in DML_TAGS and not operation.returns_rows:
+                        if no_rows is None:
+                            return None
+                        raise no_rows
+                    if not _streamable(operation) or self._lists_prepared(operation):
+                        return None
+                    self._guard(plan)
+            except QueryCanceledError as error:
+                if front is not None and front.fired.is_set():
+                    raise QueryCanceledError(
+                        "canceling statement due to statement timeout"
+                    ) from error
+                raise
+            finally:
+                if front is not None:
+                    front.cancel()
             self._check_duration()
             self._cancel_requested = False
             answered = self._key_answer(plan, parameters, timeout_s)
@@ -419,6 +438,8 @@ class Session:
             return None  # the ordinary path reports 25P02
         try:
             plan = planner.plan(statement, self.planning_catalog)
+        except QueryCanceledError:
+            raise  # a cancel or the timeout ended the planning (``engine.interrupts``)
         except TopicbaseError:
             return None  # the ordinary path reports it as it reports any statement
         *reads, last = plan.operations
@@ -569,8 +590,9 @@ class Session:
         self._check_duration()
         statement = prepared_room.typed_statement(statement)  # PREPARE p(int): casts
         try:
-            plan = self._kept_plans.plan(statement, self.database, self._has_duckdb_relation)
-            self._guard(plan, kept=self._kept_plans.holds(statement, plan))
+            with front_checked(self._cancelled):  # one parse; a cancel ends it (57014)
+                plan = self._kept_plans.plan(statement, self.database, self._has_duckdb_relation)
+                self._guard(plan, kept=self._kept_plans.holds(statement, plan))
         except TopicbaseError:
             if self.state is SessionState.IN_TRANSACTION:
                 self.state = SessionState.FAILED

@@ -31,6 +31,7 @@ from sqlglot import expressions as exp
 
 from grammar.text_cache import text_cache
 from planner.duckdb_sql import parse_duckdb
+from planner.front_work import find_all
 from planner.nested_writes import nested_writes
 from planner.star_expansion import star_columns
 
@@ -84,7 +85,7 @@ def relation_access(sql: str) -> Access:
         return _command_access(tree, sql)
     if isinstance(tree, exp.Column) and _first_word(sql) == "CHECKPOINT":
         return Access(())
-    for function in tree.find_all(exp.Anonymous, exp.Func):
+    for function in find_all(tree, exp.Anonymous, exp.Func):
         name = (function.name if isinstance(function, exp.Anonymous) else "").lower()
         if name in _RELATION_BY_STRING:
             return Access((), opaque=f"{name}()")
@@ -194,7 +195,7 @@ def _tree_access(tree: exp.Expression) -> Access:
     reads: dict[str, int] = {}
     named: dict[int, tuple[exp.Table, exp.CTE]] = {}  # CTE references, by id of the table
     relations: list[tuple[exp.Table, str]] = []
-    for table in tree.find_all(exp.Table):
+    for table in find_all(tree, exp.Table):
         if id(table) in written or isinstance(table.parent, exp.AlterRename):
             continue
         name = _relation_name(table)
@@ -339,7 +340,7 @@ def _write_privileges(tree: exp.Expression) -> tuple[str, ...]:
     if isinstance(tree, exp.Delete | exp.TruncateTable):
         return ("DELETE",) + (("SELECT",) if reads else ())
     assert isinstance(tree, exp.Merge)
-    text = " ".join(w.sql(dialect="duckdb").upper() for w in tree.find_all(exp.When))
+    text = " ".join(w.sql(dialect="duckdb").upper() for w in find_all(tree, exp.When))
     wanted = [p for p in ("INSERT", "UPDATE", "DELETE") if p in text]
     return (*wanted, "SELECT")
 

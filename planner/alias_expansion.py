@@ -43,6 +43,8 @@ from typing import NamedTuple, Protocol
 
 from sqlglot import expressions as exp
 
+from planner.front_work import find_all
+
 # Arguments of a SELECT that are not scopes of its aliases.
 # (sqlglot 30 names FROM and WITH ``from_`` and ``with_``; the older names kept.)
 _NOT_ALIAS_SCOPES = frozenset(
@@ -76,7 +78,7 @@ def alias_copies(tree: exp.Expression, macros: MacroCosts) -> int:
     """The expression nodes that alias references in ``tree`` add to what is written,
     an argument of a macro in ``macros`` counted as often as the macro copies it."""
     copies = 0
-    for select in tree.find_all(exp.Select):
+    for select in find_all(tree, exp.Select):
         aliases: dict[str, int] = {}
         for item in select.expressions:
             inner = item.this if isinstance(item, exp.Alias) else item

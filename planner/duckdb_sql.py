@@ -9,7 +9,10 @@ import sqlglot
 from sqlglot import expressions as exp
 
 from grammar.split import SourceText, tokenize
+from planner.front_work import checked_parse, shared_parse
 from planner.operations import UpsertShape
+
+_DUCKDB = sqlglot.Dialect.get_or_raise("duckdb")
 
 
 def parse_duckdb(sql: str) -> exp.Expression | None:
@@ -19,7 +22,14 @@ def parse_duckdb(sql: str) -> exp.Expression | None:
     fails; PostgreSQL clients send parameters like that. Such a statement is parsed
     again with a space after every ``$n`` that stands outside strings, identifiers and
     comments, which changes no meaning.
+
+    In a statement's front (``planner.front_work.statement_front``) the text is parsed once
+    and every caller gets the same tree: a caller that changes it copies it first.
     """
+    return shared_parse(sql, _parse_spaced)  # type: ignore[no-any-return]
+
+
+def _parse_spaced(sql: str) -> exp.Expression | None:
     try:
         return _parse_one(sql)
     except sqlglot.errors.TokenError:
@@ -32,11 +42,18 @@ def parse_duckdb(sql: str) -> exp.Expression | None:
             raise sqlglot.errors.ParseError(str(error)) from None
 
 
+def _only_statement(trees: list[exp.Expression | None]) -> exp.Expression:
+    """``sqlglot.parse_one``'s answer from ``Dialect.parse``'s, as it makes it."""
+    if not trees or trees[0] is None:
+        raise sqlglot.errors.ParseError("No expression was parsed")
+    return exp.Block(expressions=trees) if len(trees) > 1 else trees[0]
+
+
 def _parse_one(sql: str) -> exp.Expression | None:
     """sqlglot's parse; its own slips on odd input (an ``IndexError`` on a bare ``SHOW``)
     become a ``ParseError``, so callers treat them as statements sqlglot does not know."""
     try:
-        return sqlglot.parse_one(sql, read="duckdb")
+        return _only_statement(checked_parse(sql, _DUCKDB))
     except (IndexError, KeyError, AttributeError, TypeError, ValueError) as error:
         if isinstance(error, sqlglot.errors.SqlglotError):
             raise

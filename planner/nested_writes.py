@@ -16,6 +16,7 @@ from __future__ import annotations
 
 from sqlglot import expressions as exp
 
+from planner.front_work import find_all
 from storage.errors import FeatureNotSupportedError
 
 DATA_MODIFYING = (exp.Insert, exp.Update, exp.Delete, exp.Merge)
@@ -26,7 +27,7 @@ def nested_writes(tree: exp.Expression) -> list[exp.Expression]:
     """The data-modifying statements inside ``tree`` other than the root."""
     return [
         node
-        for node in tree.find_all(*DATA_MODIFYING)
+        for node in find_all(tree, *DATA_MODIFYING)
         if node is not tree and not isinstance(node.parent, exp.When)
     ]
 

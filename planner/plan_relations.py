@@ -38,6 +38,8 @@ from typing import NamedTuple, Protocol
 
 from sqlglot import expressions as exp
 
+from planner.front_work import find_all
+
 
 class MacroRelations(NamedTuple):
     """Relations a call of a macro adds to the graph it stands in, by name in lower case:
@@ -151,10 +153,10 @@ class _Graphs:
         self.sizes: dict[int, int] = {}
         self.ctes: dict[str, exp.CTE] = {}
         references: dict[str, int] = {}
-        for cte in tree.find_all(exp.CTE):
+        for cte in find_all(tree, exp.CTE):
             if cte.alias:
                 self.ctes.setdefault(cte.alias.lower(), cte)
-        for table in tree.find_all(exp.Table):
+        for table in find_all(tree, exp.Table):
             if not table.args.get("db") and table.name.lower() in self.ctes:
                 references[table.name.lower()] = references.get(table.name.lower(), 0) + 1
         # A CTE DuckDB puts in place of each reference (its relations join there).
@@ -169,7 +171,7 @@ class _Graphs:
         # A statement that is no query (UPDATE … FROM, DELETE … USING, MERGE … USING,
         # INSERT … SELECT) joins its own FROM or USING items as a block does.
         largest = self.query(tree) if isinstance(tree, exp.Query) else self.block(tree)
-        for node in tree.find_all(exp.Select, exp.SetOperation):
+        for node in find_all(tree, exp.Select, exp.SetOperation):
             largest = max(largest, self.query(node))
         return largest
 

@@ -25,6 +25,7 @@ from planner.catalog import Catalog, SessionCatalog, TopicInfo
 from planner.column_names import pg_column_names
 from planner.ddl import plan_alter_topic, plan_create_topic, plan_drop_topic
 from planner.duckdb_sql import parse_duckdb, upsert_shape
+from planner.front_work import find_all
 from planner.key_lookup import lookup_shape_of
 from planner.literal_select import is_literal_select
 from planner.nested_writes import refuse_nested_writes
@@ -199,7 +200,7 @@ def analyse_sql(sql: str) -> RunQuery:
     refuse_nested_writes(tree)  # its tag, writes and privileges would be the root's only
     if isinstance(tree, exp.TruncateTable):
         tree, sql = _truncate_without_only(tree)
-    if any(t.this == exp.DataType.Type.JSONB for t in tree.find_all(exp.DataType)):
+    if any(t.this == exp.DataType.Type.JSONB for t in find_all(tree, exp.DataType)):
         sql = tree.sql(dialect="duckdb")  # PostgreSQL's jsonb is DuckDB's JSON
     written: set[str] = set()
     target = None
@@ -209,11 +210,11 @@ def analyse_sql(sql: str) -> RunQuery:
         written.add(_table_name(target))
     renamed_to = {id(t) for r in tree.find_all(exp.AlterRename) for t in r.find_all(exp.Table)}
     read = {
-        _table_name(t) for t in tree.find_all(exp.Table) if t.name and id(t) not in renamed_to
+        _table_name(t) for t in find_all(tree, exp.Table) if t.name and id(t) not in renamed_to
     } - written
     returns_rows = isinstance(tree, exp.Query) or bool(tree.args.get("returning"))
     views = tuple(
-        sorted({t.name for t in tree.find_all(exp.Table) if t.db == "sys" and not t.catalog})
+        sorted({t.name for t in find_all(tree, exp.Table) if t.db == "sys" and not t.catalog})
     )
     for view in views:
         if view not in SYSTEM_VIEWS:
@@ -222,7 +223,7 @@ def analyse_sql(sql: str) -> RunQuery:
                 + ", ".join(f"sys.{v}" for v in SYSTEM_VIEWS)
                 + ")"
             )
-    uses_parameters = any(True for _ in tree.find_all(exp.Placeholder, exp.Parameter))
+    uses_parameters = any(True for _ in find_all(tree, exp.Placeholder, exp.Parameter))
     names = pg_column_names(tree) if returns_rows else None
     if views:
         sql = _rename_system_views(tree).sql(dialect="duckdb")

@@ -51,6 +51,7 @@ from typing import NamedTuple
 
 from sqlglot import expressions as exp
 
+from planner.front_work import find_all
 from planner.plan_relations import Token
 
 # Comparisons DuckDB's filter combiner merges cheaply (into ranges or equivalence sets).
@@ -162,10 +163,10 @@ def predicate_work(tree: exp.Expression) -> PredicateWork:
     largest_and = 0
     squares = 0
     conjuncts = 0
-    ands = [node for node in tree.find_all(exp.And) if not _inside(node, exp.And)]
+    ands = [node for node in find_all(tree, exp.And) if not _inside(node, exp.And)]
     for node in ands:
         largest_and = max(largest_and, sum(1 for _ in _flat(node, exp.And)))
-    for node in tree.find_all(exp.Or):
+    for node in find_all(tree, exp.Or):
         if _inside(node, exp.Or):
             continue
         total = 0
@@ -176,9 +177,9 @@ def predicate_work(tree: exp.Expression) -> PredicateWork:
                 total += largest_and
         squares += total * total
     roots: list[exp.Expression] = list(ands)
-    for clause in tree.find_all(exp.Where, exp.Having, exp.Qualify):
+    for clause in find_all(tree, exp.Where, exp.Having, exp.Qualify):
         roots.append(clause.this)
-    for join in tree.find_all(exp.Join):
+    for join in find_all(tree, exp.Join):
         if isinstance(join.args.get("on"), exp.Expression):
             roots.append(join.args["on"])
     seen: set[int] = set()

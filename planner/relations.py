@@ -48,6 +48,7 @@ from grammar.parse import PLACEHOLDER_PREFIX
 from grammar.text_cache import text_cache
 from planner.catalog import SessionCatalog, TopicInfo
 from planner.duckdb_sql import parse_duckdb
+from planner.front_work import find_all
 from planner.operations import ReadRecords
 from storage import limits
 from storage.errors import FeatureNotSupportedError
@@ -211,8 +212,8 @@ def _source_relations(tree: exp.Expression) -> Iterator[tuple[exp.Table, _Candid
     """Relations the statement reads that may be topics: plain names (``_plain_name``)
     that are not its write target and not, unqualified, the name of one of its CTEs."""
     target_table, _ = _write_target(tree)
-    cte_names = {cte.alias_or_name.lower() for cte in tree.find_all(exp.CTE)}
-    for table in list(tree.find_all(exp.Table)):
+    cte_names = {cte.alias_or_name.lower() for cte in find_all(tree, exp.CTE)}
+    for table in list(find_all(tree, exp.Table)):
         candidate = _plain_name(table)
         if table is target_table or candidate is None:
             continue
@@ -242,8 +243,9 @@ def _rewrite(sql: str, by_name: tuple[tuple[str, str], ...]) -> str:
     ``by_name`` pairs each name as written with its topic's placeholder.
     """
     placeholders = dict(by_name)
-    tree = _parse(sql)
-    assert tree is not None, "only statements that parsed have topic references"
+    parsed = _parse(sql)
+    assert parsed is not None, "only statements that parsed have topic references"
+    tree = parsed.copy()  # changed below; the parsed tree is shared (``planner.front_work``)
     topic_tables = [
         (table, placeholders[candidate.name])
         for table, candidate in _source_relations(tree)

@@ -32,6 +32,7 @@ from __future__ import annotations
 
 from sqlglot import expressions as exp
 
+from planner.front_work import find_all
 from planner.operations import UpsertCheck
 
 _PARAMETERS = (exp.Placeholder, exp.Parameter)
@@ -76,7 +77,7 @@ def upsert_check(tree: exp.Expression) -> UpsertCheck | None:
         return None  # two runs may give two row sets: a count would not be this insert's
     if _one_row_per_key(tree, conflict, source):
         return None
-    used = sum(1 for _ in tree.find_all(*_PARAMETERS))
+    used = sum(1 for _ in find_all(tree, *_PARAMETERS))
     counted = sum(1 for _ in source.find_all(*_PARAMETERS))
     if prefix is not None:
         counted += sum(1 for _ in prefix.find_all(*_PARAMETERS))
