@@ -1,15 +1,19 @@
 """Fixtures of the Flight door tests: a data directory with two users, the door on a free
-loopback port, and clients logged in as either user (no Spark needed)."""
+loopback port, clients logged in as either user (no Spark needed), and calls held in
+progress at will (``blocked``)."""
 
 from __future__ import annotations
 
+import threading
 from collections.abc import Callable, Iterator
 from pathlib import Path
+from typing import Any
 
 import pytest
 
 from engine.database import Database
 from spark_sql_ext.client import TopicbaseClient
+from sql.flight import server as flight_server
 from sql.flight.server import TopicbaseFlightServer, start_flight
 from sql.pgwire.users import add_user, default_users_path
 
@@ -45,3 +49,29 @@ def client(door: TopicbaseFlightServer) -> Iterator[Callable[[str], TopicbaseCli
     yield connect
     for connection in opened:
         connection.close()
+
+
+def wait_until(condition: Callable[[], Any], timeout_s: float = 10.0) -> None:
+    """Poll ``condition`` every 10 ms until it holds; AssertionError after ``timeout_s``."""
+    pause = threading.Event()
+    for _ in range(int(timeout_s / 0.01)):
+        if condition():
+            return
+        pause.wait(0.01)
+    raise AssertionError("condition not reached")
+
+
+@pytest.fixture
+def blocked(monkeypatch: pytest.MonkeyPatch) -> Iterator[threading.Event]:
+    """The door's ``relations`` action waits for the event: calls held in progress at will."""
+    gate = threading.Event()
+    relations = flight_server.TopicbaseFlightServer._relations
+
+    def waiting(session: Any) -> Any:
+        assert gate.wait(20)
+        return relations(session)
+
+    monkeypatch.setattr(flight_server.TopicbaseFlightServer, "_relations",
+                        staticmethod(waiting))  # fmt: skip
+    yield gate
+    gate.set()

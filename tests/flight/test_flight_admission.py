@@ -7,42 +7,14 @@ back when its call completes."""
 from __future__ import annotations
 
 import threading
-from collections.abc import Iterator
-from typing import Any
 
 import pyarrow.flight as flight
 import pytest
 
 from spark_sql_ext.client import TopicbaseClient, TopicbaseFlightError
-from sql.flight import server as flight_server
 from sql.flight.server import TopicbaseFlightServer, start_flight
 from sql.pgwire.users import add_user, default_users_path
-from tests.flight.conftest import PASSWORDS
-
-
-def _wait_until(condition: Any, timeout_s: float = 10.0) -> None:
-    stop = threading.Event()
-    for _ in range(int(timeout_s / 0.01)):
-        if condition():
-            return
-        stop.wait(0.01)
-    raise AssertionError("condition not reached")
-
-
-@pytest.fixture
-def blocked(monkeypatch: pytest.MonkeyPatch) -> Iterator[threading.Event]:
-    """The ``relations`` action waits for the event: calls held in progress at will."""
-    gate = threading.Event()
-    relations = flight_server.TopicbaseFlightServer._relations
-
-    def waiting(session: Any) -> Any:
-        assert gate.wait(20)
-        return relations(session)
-
-    monkeypatch.setattr(flight_server.TopicbaseFlightServer, "_relations",
-                        staticmethod(waiting))  # fmt: skip
-    yield gate
-    gate.set()
+from tests.flight.conftest import PASSWORDS, wait_until
 
 
 def _hold(clients: list[TopicbaseClient]) -> list[threading.Thread]:
@@ -71,7 +43,7 @@ def test_a_users_own_limit_bounds_their_flight_calls(database, blocked) -> None:
         bobs = [_connect(door, "bob") for _ in range(3)]
         alices = [_connect(door, "alice") for _ in range(3)]  # a superuser: not bound
         held = _hold(bobs[:2])
-        _wait_until(lambda: door.admission.calls["bob"] == 2)
+        wait_until(lambda: door.admission.calls["bob"] == 2)
         _refused_raw(bobs[2])
         with pytest.raises(TopicbaseFlightError) as caught:  # as the client library says
             bobs[2].action("list")
@@ -80,11 +52,11 @@ def test_a_users_own_limit_bounds_their_flight_calls(database, blocked) -> None:
             _connect(door, "bob")
         assert login.value.sqlstate == "53300"
         alice_threads = _hold(alices)
-        _wait_until(lambda: door.admission.calls == {"bob": 2})
+        wait_until(lambda: door.admission.calls == {"bob": 2})
         blocked.set()  # the held calls complete and give their places back
         for thread in held + alice_threads:
             thread.join(20)
-        _wait_until(lambda: not door.admission.calls)
+        wait_until(lambda: not door.admission.calls)
         assert bobs[2].action("list") == []
         for connection in bobs + alices:
             connection.close()
@@ -97,11 +69,11 @@ def test_the_servers_per_user_default_binds_users_without_their_own(database, bl
     try:
         first, second = _connect(door, "bob"), _connect(door, "bob")
         held = _hold([first])
-        _wait_until(lambda: door.admission.calls["bob"] == 1)
+        wait_until(lambda: door.admission.calls["bob"] == 1)
         _refused_raw(second)
         blocked.set()
         held[0].join(20)
-        _wait_until(lambda: not door.admission.calls)
+        wait_until(lambda: not door.admission.calls)
         assert second.action("list") == []
         first.close()
         second.close()

@@ -9,7 +9,6 @@ import socket
 import subprocess
 import sys
 import threading
-from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -18,12 +17,11 @@ import pytest
 
 from engine.api import Database
 from spark_sql_ext.client import TopicbaseClient, TopicbaseFlightError
-from sql.flight import server as flight_server
 from sql.flight.server import start_flight
 from sql.pgwire.server import ServerThread
 from sql.pgwire.users import add_user, default_users_path
 from sql.user_sessions import UserSessions
-from tests.flight.conftest import PASSWORDS
+from tests.flight.conftest import PASSWORDS, wait_until
 
 REPO = Path(__file__).resolve().parents[2]
 
@@ -43,15 +41,6 @@ def _free_port() -> int:
         return int(probe.getsockname()[1])
 
 
-def _wait_until(condition: Any, timeout_s: float = 10.0) -> None:
-    pause = threading.Event()
-    for _ in range(int(timeout_s / 0.01)):
-        if condition():
-            return
-        pause.wait(0.01)
-    raise AssertionError("condition not reached")
-
-
 def _refused_over_flight(port: int) -> None:
     with pytest.raises(TopicbaseFlightError) as caught:  # a login is a call too
         _flight(port)
@@ -63,22 +52,6 @@ def _refused_over_wire(port: int) -> None:
     with pytest.raises(psycopg.OperationalError) as caught:
         _wire(port)
     assert 'too many connections for role "bob"' in str(caught.value)
-
-
-@pytest.fixture
-def blocked(monkeypatch: pytest.MonkeyPatch) -> Iterator[threading.Event]:
-    """The Flight ``relations`` action waits for the event: a call held in progress."""
-    gate = threading.Event()
-    relations = flight_server.TopicbaseFlightServer._relations
-
-    def waiting(session: Any) -> Any:
-        assert gate.wait(20)
-        return relations(session)
-
-    monkeypatch.setattr(flight_server.TopicbaseFlightServer, "_relations",
-                        staticmethod(waiting))  # fmt: skip
-    yield gate
-    gate.set()
 
 
 def test_wire_sessions_and_flight_calls_share_the_users_limit(
@@ -95,12 +68,12 @@ def test_wire_sessions_and_flight_calls_share_the_users_limit(
             assert session.execute("SELECT 1").fetchone() == (1,)
             assert shared.held() == {"bob": 1}
             _refused_over_flight(door.port)
-        _wait_until(lambda: shared.held() == {})  # given back when the session ended
+        wait_until(lambda: shared.held() == {})  # given back when the session ended
         client = _flight(door.port)  # the place is free again
         holder = threading.Thread(target=client.action, args=("relations",))
         holder.start()
         try:
-            _wait_until(lambda: door.admission.calls["bob"] == 1)
+            wait_until(lambda: door.admission.calls["bob"] == 1)
             assert shared.held() == {"bob": 1}
             _refused_over_wire(wire.port)  # a Flight call in progress holds it now
         finally:
