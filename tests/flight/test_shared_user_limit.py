@@ -93,10 +93,11 @@ def test_topicbase_serve_shares_one_count_between_its_doors(tmp_path: Path) -> N
     data_dir = tmp_path / "data"
     data_dir.mkdir()
     add_user(default_users_path(str(data_dir)), "bob", PASSWORDS["bob"], connection_limit=1)
+    # (--flight-port 0 would mean no Flight door: a free port is taken)
     command = [sys.executable, "-c", "import sys; from sql.console import main; "
                "sys.exit(main(sys.argv[1:]))", "--data-dir", str(data_dir), "serve",
                "--auth", "scram", "--port", "0",
-               "--flight-port", str(_free_port())]  # fmt: skip (0 means no Flight door)
+               "--flight-port", str(_free_port())]  # fmt: skip
     process = subprocess.Popen(command, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
                                text=True, cwd=REPO)  # fmt: skip
     try:
