@@ -13,7 +13,8 @@ commits that gather during a sync share the next one.
 What: ``CommitCpu.enter`` pins the calling thread to the commit CPU (the highest of the
 CPUs the process may use when the ``CommitCpu`` was made); ``leave`` gives it back the
 process's set. ``engine.session`` enters at a transaction's first statement that is not a
-plain query (a topic read or write, an offset command, a table write, DDL) and leaves when
+read (a topic write, an offset command, a table write, DDL; not a topic read, with or
+without a consumer: see ``opens_window``) and leaves when
 the transaction ends, so DuckDB's queries outside such a transaction, DuckDB's own
 workers and the wire's threads keep every core. Windows nest per thread (a count).
 
@@ -51,16 +52,20 @@ GetAffinity = Callable[[int], set[int]]
 
 
 def opens_window(plan: Any) -> bool:
-    """Whether a statement's plan is more than a plain query: anything but SELECTs that
-    write no table, topic peeks (reads without a consumer) and introspection."""
+    """Whether a statement's plan is more than a read: anything but SELECTs that write no
+    table, topic reads (peeks, and consumer reads too) and introspection.
+
+    A consumer read alone opens no window (docs/consume_wire.md, round 28): a lone
+    consumer's offset commit leads its own staging sync with no other committing thread
+    to hand the lock to, so the pin bought nothing there and cost two affinity changes a
+    read and the second core (same-run A/Bs of ``consume.wire``'s read: 0-310 us less server CPU a
+    read unpinned). A transaction that also writes (a move: a consumer read into an
+    INSERT) is pinned by its write, as before."""
     for operation in plan.operations:
         if isinstance(operation, RunQuery):
             if operation.tag != "SELECT" or operation.tables_written:
                 return True
-        elif isinstance(operation, ReadRecords):
-            if operation.consumer is not None:
-                return True
-        elif not isinstance(operation, Introspect):
+        elif not isinstance(operation, ReadRecords | Introspect):
             return True
     return False
 

@@ -248,6 +248,38 @@ def test_autocommit_writes_pin_for_their_statement_and_queries_never(
 
 
 @two_cpus
+def test_a_consumer_read_alone_pins_nothing_and_still_commits_its_offsets(
+    database: Database,
+) -> None:
+    """A consumer's read (autocommit, or in a transaction with nothing but reads) runs
+    unpinned: its one offset commit has no other committer to hand the lock to
+    (docs/consume_wire.md round 28); its offsets still move."""
+    cpu = database.commit_cpu
+    session = database.connect()
+    try:
+        read = "SELECT data FROM TOPIC a WITH (consumer = 'c', max_messages = 5)"
+        first = session.execute(read)
+        assert cpu.pins == 0 and _mine() == set(ALLOWED)
+        assert first[-1].table.column("data").to_pylist() == [b"m0", b"m1", b"m2", b"m3", b"m4"]
+        session.execute("BEGIN")
+        session.execute(read)
+        assert _mine() == set(ALLOWED)
+        session.execute("COMMIT")
+        assert cpu.pins == 0
+        third = session.execute(read)
+        messages = third[-1].table.column("data").to_pylist()
+        assert messages == [b"m10", b"m11", b"m12", b"m13", b"m14"]
+        session.execute("BEGIN")
+        session.execute(read)
+        session.execute("INSERT INTO t VALUES (1, 1)")  # a write in the same transaction
+        assert _mine() == {cpu.cpu} and cpu.pins == 1
+        session.execute("COMMIT")
+        assert _mine() == set(ALLOWED)
+    finally:
+        session.close()
+
+
+@two_cpus
 def test_a_failed_transaction_and_a_closed_session_end_their_windows(
     database: Database,
 ) -> None:
