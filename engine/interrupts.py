@@ -19,7 +19,9 @@ parse, the sandbox, the privilege checks, the planner) grows with the statement'
 work looks at the session's cancel flag (set by a CancelRequest and by the wire's
 ``statement_timeout`` timer, ``Session.cancel``) every ``planner.front_work.CHECK_EVERY``
 units of work, and ends with 57014 once it is set, before anything of the statement ran;
-its sqlglot trees are parsed once (``planner.front_work``).
+its sqlglot trees are parsed once (``planner.front_work``). A cancel already set when the
+front starts ends it before any work (round 28, H5: a cancel that came while the wire still
+worked on the message, kept by ``Session._statement_starts``).
 """
 
 from __future__ import annotations
@@ -60,8 +62,12 @@ def sigint_deferred() -> Iterator[None]:
 
 def front_checked(cancelled: Callable[[], bool]) -> statement_front:
     """One statement's front (``planner.front_work.statement_front``): its trees shared,
-    its long work ended with 57014 once ``cancelled()`` is true."""
-    return statement_front(_Stop(cancelled))
+    its long work ended with 57014 once ``cancelled()`` is true — at once if it is true
+    already (a cancel of the message that the session kept: ``Session.cancel``), whatever
+    the text's length."""
+    stop = _Stop(cancelled)
+    stop()
+    return statement_front(stop)
 
 
 class _Stop:

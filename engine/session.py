@@ -128,6 +128,13 @@ class Session:
         self._closed = False
         self._leftover_views: list[str] = []
         self._cancel_requested = False
+        # A front's statement-bearing message (``message_arrived``): when it came (monotonic
+        # time; None outside one), whether a ``statement_timeout`` counted from it already,
+        # and when the last ``cancel`` came. A cancel since the arrival is the message's.
+        self._arrived_at: float | None = None
+        self._arrival_timed = False
+        self._cancelled_at = 0.0
+        self._cancel_lock = threading.Lock()
         # The thread this session's transaction pinned to the commit CPU (``engine.
         # commit_cpu``: from its first statement that is not a plain query to its end).
         self._commit_cpu_tid: int | None = None
@@ -205,10 +212,61 @@ class Session:
 
     def cancel(self) -> None:
         """Cancel the running statement from another thread (57014): a DuckDB
-        query is interrupted, a long-polling topic read stops waiting."""
-        self._cancel_requested = True
+        query is interrupted, a long-polling topic read stops waiting. Between a front's
+        ``message_arrived`` and ``message_done`` it is the message's: a statement of it that
+        starts later ends with 57014 before any work (round 28, H5)."""
+        with self._cancel_lock:
+            self._cancelled_at = time.monotonic()
+            self._cancel_requested = True
         tables.interrupt(self._cursor)
         self.database.wake_readers()
+
+    def message_arrived(self) -> None:
+        """A front holds a whole message that carries statements (the wire's Query, or the
+        first of Parse/Bind/Describe/Execute before a Sync) and starts its own work on it
+        (decoding, splitting, rewriting: seconds for megabytes). From now until
+        ``message_done`` a ``cancel`` is not cleared by a statement's start, and the first
+        ``statement_time_left`` counts from now, as PostgreSQL counts ``statement_timeout``
+        from a statement's arrival. Invariant: only the session's own thread calls it."""
+        self._arrived_at = time.monotonic()
+        self._arrival_timed = False
+
+    def message_done(self) -> None:
+        """The message of ``message_arrived`` was answered: a later cancel (while the
+        session idles) is dropped at the next statement's start, as before."""
+        self._arrived_at = None
+
+    def statement_time_left(self, timeout_s: float, *, consume: bool = True) -> float:
+        """Seconds left of ``timeout_s`` for the statement starting now: the first one of
+        the current message counts from the message's arrival (the front's own work on it
+        included), any later one (a Query's second statement, a second Execute) from now,
+        as PostgreSQL 13+ does. <= 0: the statement's time is up before it starts.
+        ``consume=False``: the arrival stays for the statement's next try (a stream that
+        may hand the statement back to the ordinary path)."""
+        arrived = self._arrived_at
+        if arrived is None or self._arrival_timed:
+            return timeout_s
+        self._arrival_timed = consume
+        return timeout_s - (time.monotonic() - arrived)
+
+    def _statement_starts(self, *, cancellable: bool = True) -> None:
+        """Clear the cancel flag at a statement's start unless the cancel came since the
+        current message arrived (``message_arrived``): then the flag stays, and the
+        statement's front ends with 57014 before any work (``front_checked``). A statement
+        that is not ``cancellable`` (a ROLLBACK: it must undo) always clears it."""
+        if not self._cancel_requested:
+            return
+        with self._cancel_lock:
+            arrived = self._arrived_at
+            if cancellable and arrived is not None and self._cancelled_at >= arrived:
+                return
+            self._cancel_requested = False
+
+    def _cancel_kept(self) -> bool:
+        """Whether a cancel of the current message is pending (``_statement_starts``
+        would keep it): a fast path then leaves the statement to the ordinary one."""
+        arrived = self._arrived_at
+        return self._cancel_requested and arrived is not None and self._cancelled_at >= arrived
 
     def begin_front_read(self) -> None:
         """A front starts reading through the engine outside ``execute`` (the wire's COPY
@@ -231,7 +289,7 @@ class Session:
             if self._closed:
                 raise InvalidParameterValueError("the session is closed")
             self._require_no_stream()
-            self._cancel_requested = False
+            self._statement_starts(cancellable=not isinstance(statement, ast.Rollback))
             self.read_progress.reset()
             token = CURRENT_PROGRESS.set(self.read_progress)
             try:
@@ -274,6 +332,8 @@ class Session:
                 self._guard(plan, kept=True)  # a kept literal plan: the same object each run
             except TopicbaseError:
                 return None  # ``execute_statement`` refuses it, with the same error
+            if self._cancel_kept():
+                return None  # ``execute_statement`` ends it (57014)
             self._cancel_requested = False
             self.read_progress.reset()
             result = _query_result(operation, table)
@@ -298,7 +358,7 @@ class Session:
                     "current transaction is aborted, commands ignored until end of "
                     "transaction block"
                 )
-            self._cancel_requested = False
+            self._statement_starts()
             with front_checked(self._cancelled):  # one parse; a cancel ends it (57014)
                 plan = planner.plan(statement, self.planning_catalog)
                 self._guard(plan)
@@ -360,8 +420,11 @@ class Session:
         with self._lock:
             if self._closed:
                 raise InvalidParameterValueError("the session is closed")
-            self._cancel_requested = False
-            front = None if not timeout_s else streams.Deadline(timeout_s, self.cancel)
+            self._statement_starts()
+            front_s = self.statement_time_left(timeout_s, consume=False) if timeout_s else None
+            if front_s is not None and front_s <= 0:
+                raise QueryCanceledError("canceling statement due to statement timeout")
+            front = None if front_s is None else streams.Deadline(front_s, self.cancel)
             try:
                 with front_checked(self._cancelled):
                     plan = self._plain_query_plan(statement)
@@ -386,6 +449,7 @@ class Session:
                 if front is not None:
                     front.cancel()
             self._check_duration()
+            self._arrival_timed = True  # streamed: the message's timed statement is this one
             self._cancel_requested = False
             answered = self._key_answer(plan, parameters, timeout_s)
             if answered is not None:
@@ -715,6 +779,8 @@ class Session:
                 self._guard(plan, kept=way is not None)
             except TopicbaseError:
                 return None  # ``execute_statement`` refuses it, with the same error
+            if self._cancel_kept():
+                return None  # ``execute_statement`` ends it (57014)
             self._cancel_requested = False
             self.read_progress.reset()
             if way is not None and self._may_look_up():

@@ -175,6 +175,8 @@ _STATUS = {SessionState.IDLE: "I", SessionState.IN_TRANSACTION: "T", SessionStat
 # and CopyData/CopyDone/CopyFail (d, c, f) arriving after a COPY failed are ignored, as
 # PostgreSQL does (sql.pgwire.connection.copy_exchange handles them during a COPY).
 _NOTHING_TO_DO = frozenset({b"H", b"d", b"c", b"f"})
+# Messages whose handling may run a statement (``Session.message_arrived``).
+_STATEMENT_KINDS = frozenset({b"Q", b"P", b"B", b"D", b"E"})
 
 
 class _RefusedMessage(Exception):
@@ -334,6 +336,9 @@ class Connection(ExtendedProtocol):
         self.held = None  # ExtendedProtocol: a consumer read's portal until its rows are out
         self.abandoned_reads = {}  # ExtendedProtocol: portals whose held read was rolled back
         self.skipping = False  # after an extended-protocol error, until Sync
+        # A Parse/Bind/Describe/Execute came since the last Sync: the session was told of
+        # its arrival (``Session.message_arrived``) and is told of its end at the Sync.
+        self.in_flight = False
         self.catalog = surface.ConnectionCatalog(SERVER_VERSION, self.statements,
                                                       server.settings)  # fmt: skip
         # The user whose session slot this connection holds (one of connections_max and of
@@ -700,13 +705,28 @@ class Connection(ExtendedProtocol):
                 await self.check_users_file()
             if self.held is not None and kind not in (b"E", b"D", b"H"):
                 await self.settle_held()  # its rows will not all go out: offsets stay
+            session = self.session
+            if session is not None and kind in _STATEMENT_KINDS and (
+                    kind == b"Q" or not self.in_flight):  # fmt: skip
+                # Before the wire's own work on the text: a CancelRequest from now on is
+                # this message's, and statement_timeout counts from here (round 28, H5).
+                session.message_arrived()
+                self.in_flight = kind != b"Q"
             if kind == b"Q":
-                await self.simple_query(m.parse_query(body))
+                try:
+                    await self.simple_query(m.parse_query(body))
+                finally:
+                    if session is not None:
+                        session.message_done()
                 if self.portals and self.session is not None \
                         and self.session.state is SessionState.IDLE:  # fmt: skip
                     self.portals.clear()  # a transaction's end drops its portals, as at Sync
             elif kind == b"S":
                 self.skipping = False
+                if self.in_flight:
+                    self.in_flight = False
+                    if session is not None:
+                        session.message_done()
                 if self.session is not None and self.session.state is SessionState.IDLE:
                     self.portals.clear()
                 self.send(self.ready_for_query())

@@ -275,17 +275,24 @@ class ConnectionCatalog:
     def _run_with_timeout(
         self, session: Session, statement: ast.Statement, parameters: Any
     ) -> Result:
-        """Run ``statement``; past ``statement_timeout`` it is cancelled as by CancelRequest."""
+        """Run ``statement``; past ``statement_timeout`` it is cancelled as by CancelRequest.
+        The time counts from the message's arrival for its first statement (the wire's own
+        work on the text included: ``Session.statement_time_left``); a statement whose time
+        is up before it starts is cancelled at once (57014, failing an open transaction)."""
         timeout_ms = _milliseconds(self.settings.values["statement_timeout"])
         if timeout_ms == 0:
             return session.execute_statement(statement, parameters)
-        timer = threading.Timer(timeout_ms / 1000, session.cancel)
+        left_s = session.statement_time_left(timeout_ms / 1000)
+        if left_s <= 0:  # the message's cancel: the statement's start ends it (not a ROLLBACK)
+            session.cancel()
+        timer = threading.Timer(max(0.0, left_s), session.cancel)
         timer.daemon = True
-        timer.start()
+        if left_s > 0:
+            timer.start()
         try:
             return session.execute_statement(statement, parameters)
         except QueryCanceledError as error:
-            if not timer.is_alive():  # fired: say why, as PostgreSQL does
+            if left_s <= 0 or not timer.is_alive():  # fired: say why, as PostgreSQL does
                 raise QueryCanceledError("canceling statement due to statement timeout") from error
             raise
         finally:
