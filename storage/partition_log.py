@@ -617,6 +617,17 @@ class PartitionLog:
                 and self._fenced is None):  # fmt: skip
             self.ledger_tail.copy_locked(self)
 
+    def _check_copy_continues(self, base_offset: int) -> None:
+        """``CorruptSegmentError`` unless the log ends at ``base_offset``: a copy from the
+        ledger must continue the partition's offsets exactly (write lock held)."""
+        end = self._segments[-1].next_offset
+        if end != base_offset:
+            raise CorruptSegmentError(
+                f"partition {self.partition_id}: a copy from the ledger at offset "
+                f"{base_offset}, but the log ends at {end}",
+                path=self.directory, position=self._segments[-1].size_bytes,
+            )  # fmt: skip
+
     def write_copied_locked(self, batch: pa.RecordBatch, base_offset: int,
                             written_at_us: int) -> None:  # fmt: skip
         """``append_copied`` for rows whose producer state is recorded already (at their
@@ -626,13 +637,7 @@ class PartitionLog:
         assert self._write_lock.locked()
         if self._fenced is not None:
             raise self._fenced_error()
-        end = self._segments[-1].next_offset
-        if end != base_offset:
-            raise CorruptSegmentError(
-                f"partition {self.partition_id}: a copy from the ledger at offset "
-                f"{base_offset}, but the log ends at {end}",
-                path=self.directory, position=self._segments[-1].size_bytes,
-            )  # fmt: skip
+        self._check_copy_continues(base_offset)
         try:
             self._write_frame(batch, 0, None, written_at_us)
             failpoints.hit("partition.after_write")
@@ -982,13 +987,7 @@ class PartitionLog:
         check_wire_batch(batch)
         with self._writing():
             self._check_writable()
-            end = self._segments[-1].next_offset
-            if end != base_offset:
-                raise CorruptSegmentError(
-                    f"partition {self.partition_id}: a copy from the ledger at offset "
-                    f"{base_offset}, but the log ends at {end}",
-                    path=self.directory, position=self._segments[-1].size_bytes,
-                )  # fmt: skip
+            self._check_copy_continues(base_offset)
             base, written_at = self._write_frame(batch, 0, None, written_at_us)
             failpoints.hit("partition.after_write")
             self.producers.record(batch, base, written_at)

@@ -34,6 +34,7 @@ import sys
 import threading
 import time
 from pathlib import Path
+from typing import Any
 
 ROOT = Path(__file__).resolve().parents[2]
 if str(ROOT) not in sys.path:
@@ -84,6 +85,20 @@ def append_forever(ledger: Ledger, acks: int, run: int, seed: int, thread: int) 
 # -- the tests' side: run a writer and kill it ----------------------------------------------
 START_S = 60.0
 PROGRESS_S = 30.0
+
+
+def log_rows(log: Any) -> tuple[list[int], list[bytes]]:
+    """Every offset and message of a partition log (a ``PartitionLog``), in order."""
+    offsets: list[int] = []
+    data: list[bytes] = []
+    offset = 0
+    while offset < log.end_offset:
+        result = log.read(offset, max_messages=10_000)
+        for batch in result.batches:
+            offsets.extend(batch.column("offset").to_pylist())
+            data.extend(batch.column("data").to_pylist())
+        offset = result.next_offset
+    return offsets, data
 
 
 def crash_seed() -> int:

@@ -28,7 +28,7 @@ HERE = Path(__file__).resolve().parent
 WRITER = HERE / "ledger_copy_writer.py"
 sys.path.insert(0, str(HERE))
 from ledger_copy_writer import open_topic  # noqa: E402
-from ledger_writer import PARTITIONS, crash_seed, payload, run_and_kill  # noqa: E402
+from ledger_writer import PARTITIONS, crash_seed, log_rows, payload, run_and_kill  # noqa: E402
 
 KINDS = (
     "sigkill",
@@ -47,26 +47,13 @@ def _run(tmp: Path, run: int, seed: int, failpoints: str, kill_after_acks: int) 
     )  # fmt: skip
 
 
-def _log_rows(log: PartitionLog) -> tuple[list[int], list[bytes]]:
-    offsets: list[int] = []
-    data: list[bytes] = []
-    offset = 0
-    while offset < log.end_offset:
-        result = log.read(offset, max_messages=10_000)
-        for batch in result.batches:
-            offsets.extend(batch.column("offset").to_pylist())
-            data.extend(batch.column("data").to_pylist())
-        offset = result.next_offset
-    return offsets, data
-
-
 def _check(ledger: Ledger, logs: dict[int, PartitionLog], acks: Path) -> tuple[int, int]:
     """Every acknowledged share once, at its offsets, from log or ledger; returns the
     acknowledged shares and how many of them were read from the logs."""
     contents: dict[int, list[bytes]] = {}
     for partition in range(PARTITIONS):
         log = logs[partition]
-        offsets, data = _log_rows(log)
+        offsets, data = log_rows(log)
         assert ledger.start_offset(partition) == log.end_offset, partition
         batch = ledger.read(partition, log.end_offset)
         offsets += batch.column("offset").to_pylist()

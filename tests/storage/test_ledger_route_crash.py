@@ -29,7 +29,7 @@ HERE = Path(__file__).resolve().parent
 WRITER = HERE / "ledger_route_writer.py"
 sys.path.insert(0, str(HERE))
 from ledger_route_writer import PARTITIONS, open_topic, payload, seq_no  # noqa: E402
-from ledger_writer import crash_seed, run_and_kill  # noqa: E402
+from ledger_writer import crash_seed, log_rows, run_and_kill  # noqa: E402
 
 KINDS = (
     "sigkill",
@@ -45,15 +45,7 @@ def _contents(topic: TopicLog) -> dict[int, list[bytes]]:
     contents = {}
     for partition in range(PARTITIONS):
         log = topic.partition(partition)
-        offsets: list[int] = []
-        data: list[bytes] = []
-        offset = 0
-        while offset < log.end_offset:
-            result = log.read(offset, max_messages=10_000)
-            for batch in result.batches:
-                offsets.extend(batch.column("offset").to_pylist())
-                data.extend(batch.column("data").to_pylist())
-            offset = result.next_offset
+        offsets, data = log_rows(log)
         assert offsets == list(range(log.end_offset)), partition
         repeated = [m for m, n in Counter(data).items() if n > 1]
         assert not repeated, f"partition {partition}: {repeated[:3]} twice"
