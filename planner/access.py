@@ -289,8 +289,9 @@ def _comment_access(tree: exp.Comment) -> Access:
     kind = str(tree.args.get("kind") or "").upper()
     node = tree.this
     if kind == "COLUMN" and isinstance(node, exp.Column) and node.table:
-        node = exp.Table(this=node.args["table"], db=node.args.get("db"),
-                         catalog=node.args.get("catalog"))  # fmt: skip
+        column = node.copy()  # a node put in a new one is moved there: the tree is shared
+        node = exp.Table(this=column.args["table"], db=column.args.get("db"),
+                         catalog=column.args.get("catalog"))  # fmt: skip
     elif kind not in ("TABLE", "VIEW"):
         return Access((), opaque=f"COMMENT ON {kind or '?'}")
     name = _relation_name(node) if isinstance(node, exp.Table) else None

@@ -185,3 +185,32 @@ def test_the_index_answers_as_find_all() -> None:
             assert [id(n) for n in indexed] == [id(n) for n in tree.find_all(*types)]
         subtree = tree.find(exp.Where)
         assert not isinstance(front_work.find_all(subtree, exp.Column), list)
+
+
+def _links(tree: Any) -> list[tuple[int, int, str]]:
+    """Each node of ``tree`` below its root: the node, its parent and its argument's name."""
+    return [(id(node), id(node.parent), node.arg_key) for node in tree.walk() if node is not tree]
+
+
+def test_no_reader_moves_a_node_of_a_shared_tree(db: Any, monkeypatch: Any) -> None:
+    """A node put in a new expression is moved there by sqlglot (its ``parent`` changes)
+    though the tree prints the same: no reader of a shared tree may do that either (the
+    privilege check of COMMENT ON COLUMN made a table of the column's own identifiers)."""
+    from storage.errors import TopicbaseError
+
+    handed: list[tuple[Any, list[tuple[int, int, str]]]] = []
+    real = duckdb_sql._parse_one
+
+    def kept(text: str) -> Any:
+        tree = real(text)
+        if tree is not None:
+            handed.append((tree, _links(tree)))
+        return tree
+
+    monkeypatch.setattr(duckdb_sql, "_parse_one", kept)
+    sql = f"COMMENT ON COLUMN main.t.b IS 'c{next(_unique)}'"
+    with pytest.raises(TopicbaseError):  # alice does not own t
+        _session(db, "alice").execute(sql)
+    assert handed
+    for tree, links in handed:
+        assert _links(tree) == links
