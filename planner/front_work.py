@@ -23,7 +23,7 @@ engine opens it around planning and the door, ``engine.interrupts.front_checked`
 - **Interruptible.** ``tick`` calls the scope's ``stop`` every ``CHECK_EVERY`` units of
   work; ``stop`` raises (the session's: 57014 once a cancel or ``statement_timeout`` asked).
   The parse ticks per token read by sqlglot's tokenizer and parser (``checked_parse``), the
-  index per node; the consumers' own loops over a tree's nodes tick too.
+  index per node (the consumers' own loops over a tree's nodes do not tick).
 
 Outside a scope nothing is shared and nothing ticks: the functions behave as sqlglot's own.
 Scopes do not nest (an inner ``statement_front`` joins the outer one). Thread-local: a scope
