@@ -24,11 +24,11 @@ the time its threads waited for a CPU per message (``wait_us``: run-queue delay 
 
 from __future__ import annotations
 
+import abc
 import glob
 import json
 import os
 import shutil
-import socket
 import subprocess
 import sys
 import tempfile
@@ -49,12 +49,6 @@ TREE = {**os.environ, "PYTHONPATH": os.getcwd()}
 CLIENTS = 16
 PARTITIONS = 4
 TICK = os.sysconf("SC_CLK_TCK")
-
-
-def free_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return int(sock.getsockname()[1])
 
 
 def tree_pids(roots: list[int]) -> list[int]:
@@ -102,18 +96,20 @@ def run_delay_s(pids: list[int]) -> float:
     return total / 1e9
 
 
-class Side:
+class Side(abc.ABC):
+    """One server under test: how to connect, its fsync count, how to stop it."""
+
     name: str
     roots: list[int]
 
-    def connect(self) -> Any:
-        raise NotImplementedError
+    @abc.abstractmethod
+    def connect(self) -> Any: ...
 
-    def fsyncs(self) -> int:
-        raise NotImplementedError
+    @abc.abstractmethod
+    def fsyncs(self) -> int: ...
 
-    def stop(self) -> None:
-        raise NotImplementedError
+    @abc.abstractmethod
+    def stop(self) -> None: ...
 
     def insert(self) -> str:
         return "INSERT INTO TOPIC t (data) VALUES (%s)"
@@ -149,7 +145,7 @@ class Fronts(Side):
         sockets = tempfile.mkdtemp(prefix="front-proto-sock-")  # 0700
         self.sockets = sockets
         path = os.path.join(sockets, "store")
-        self.port = free_port()
+        self.port = postgres.free_port()
         inside = [str(self.port)] if mode == "oneproc" else []
         script = "store.py"
         if mode == "threads":
@@ -163,9 +159,7 @@ class Fronts(Side):
         assert self.store.stdout.readline().strip() == "ready"
         self.fronts: list[subprocess.Popen[str]] = []
         self.acceptor: subprocess.Popen[str] | None = None
-        if mode in ("oneproc", "threads"):
-            pass
-        elif mode == "reuseport":
+        if mode == "reuseport":  # ("oneproc" and "threads": no front process)
             for _ in range(count):
                 front = subprocess.Popen(
                     [sys.executable, os.path.join(HERE, "front.py"), path, "reuseport",
@@ -175,7 +169,7 @@ class Fronts(Side):
                 assert front.stdout is not None
                 assert front.stdout.readline().strip() == "ready"
                 self.fronts.append(front)
-        else:
+        elif mode == "passed":
             self.acceptor = subprocess.Popen(
                 [sys.executable, os.path.join(HERE, "acceptor.py"), path, str(self.port),
                  str(count)],
