@@ -135,6 +135,9 @@ class Session:
         self._arrival_timed = False
         self._cancelled_at = 0.0
         self._cancel_lock = threading.Lock()
+        # The front waits for its client's next bytes (``client_wait``): a cancel now is
+        # dropped, as PostgreSQL ignores one while it reads a command.
+        self._waiting_on_client = False
         # The thread this session's transaction pinned to the commit CPU (``engine.
         # commit_cpu``: from its first statement that is not a plain query to its end).
         self._commit_cpu_tid: int | None = None
@@ -216,6 +219,8 @@ class Session:
         ``message_arrived`` and ``message_done`` it is the message's: a statement of it that
         starts later ends with 57014 before any work (round 28, H5)."""
         with self._cancel_lock:
+            if self._waiting_on_client:
+                return  # nothing of this session runs: dropped (``client_wait``)
             self._cancelled_at = time.monotonic()
             self._cancel_requested = True
         tables.interrupt(self._cursor)
@@ -235,6 +240,16 @@ class Session:
         """The message of ``message_arrived`` was answered: a later cancel (while the
         session idles) is dropped at the next statement's start, as before."""
         self._arrived_at = None
+
+    def client_wait(self, waiting: bool) -> None:
+        """The front starts (True) or ends (False) waiting for its client's next bytes.
+        A ``cancel`` while it waits is dropped, even inside a message begun before (an
+        extended-protocol flight whose client sent Execute and Flush and now idles before
+        its Sync): PostgreSQL ignores a cancel that comes while it reads a command, so a
+        later statement of the flight is not ended by it. Invariant: nothing of this
+        session runs while the front waits (the front runs its statements itself)."""
+        with self._cancel_lock:
+            self._waiting_on_client = waiting
 
     def statement_time_left(self, timeout_s: float, *, consume: bool = True) -> float:
         """Seconds left of ``timeout_s`` for the statement starting now: the first one of
@@ -270,8 +285,9 @@ class Session:
 
     def begin_front_read(self) -> None:
         """A front starts reading through the engine outside ``execute`` (the wire's COPY
-        range reads): a cancel from now on is this read's (``cancel_requested``)."""
-        self._cancel_requested = False
+        range reads): a cancel from now on is this read's (``cancel_requested``), and so is
+        one that came since the current message arrived (``_statement_starts``)."""
+        self._statement_starts()
 
     @property
     def cancel_requested(self) -> bool:
@@ -421,6 +437,7 @@ class Session:
             if self._closed:
                 raise InvalidParameterValueError("the session is closed")
             self._statement_starts()
+            started = time.monotonic()
             front_s = self.statement_time_left(timeout_s, consume=False) if timeout_s else None
             if front_s is not None and front_s <= 0:
                 raise QueryCanceledError("canceling statement due to statement timeout")
@@ -451,7 +468,12 @@ class Session:
             self._check_duration()
             self._arrival_timed = True  # streamed: the message's timed statement is this one
             self._cancel_requested = False
-            answered = self._key_answer(plan, parameters, timeout_s)
+            # The read gets what is left of the statement's time (the arrival's share and
+            # the planning spent), not a whole ``statement_timeout`` of its own.
+            read_s = None if front_s is None else front_s - (time.monotonic() - started)
+            if read_s is not None and read_s <= 0:
+                raise QueryCanceledError("canceling statement due to statement timeout")
+            answered = self._key_answer(plan, parameters, read_s)
             if answered is not None:
                 return streams.answered(
                     answered.result, answered.duckdb_types, operation.column_names
@@ -460,7 +482,7 @@ class Session:
                 return self._literal_stream(plan, operation, parameters)
             peeks = self._register_peeks(plan, parameters)
             self._stream_open = True
-        deadline = None if not timeout_s else streams.Deadline(timeout_s, self.cancel)
+        deadline = None if read_s is None else streams.Deadline(read_s, self.cancel)
         self._cancel_requested = False
         return streams.duckdb_stream(
             self.cursor,

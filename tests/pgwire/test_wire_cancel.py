@@ -13,7 +13,10 @@ would, so nothing depends on the machine's speed."""
 
 from __future__ import annotations
 
+import asyncio
 import itertools
+import socket
+import struct
 import time
 from collections.abc import Callable, Iterator
 
@@ -21,8 +24,14 @@ import psycopg
 import pytest
 from psycopg import errors
 
+from engine import streams
+from sql.pgwire.codec import messages as m
+from sql.pgwire.connection import commands as wire_commands
 from sql.pgwire.connection import connection as wire_connection
 from sql.pgwire.connection import extended as wire_extended
+from sql.pgwire.server import ServerThread
+from tests.pgwire.rawclient import RawClient, bind, parse, query, sync
+from tests.pgwire.rawclient import errors as errors_of
 
 Connect = Callable[..., psycopg.Connection]
 
@@ -163,3 +172,156 @@ def test_statement_timeout_in_a_transaction_fails_it(connect: Connect, wire_work
     cursor.execute("ROLLBACK")
     cursor.execute("RESET statement_timeout")
     assert _count(connection) == 0
+
+
+def _raw_login(server: ServerThread) -> tuple[RawClient, int, int]:
+    client = RawClient(server.port)
+    keys = [body for kind, body in client.start() if kind == b"K"]
+    process_id, secret_key = struct.unpack("!ii", keys[0])
+    return client, process_id, secret_key
+
+
+def _cancel_request(port: int, process_id: int, secret_key: int) -> None:
+    with socket.create_connection(("127.0.0.1", port), timeout=10) as sock:
+        sock.sendall(struct.pack("!iiii", 16, m.CANCEL_REQUEST, process_id, secret_key))
+        sock.recv(1)  # the server closes it once the cancel was handled
+
+
+def _until(client: RawClient, kind: bytes) -> list[tuple[bytes, bytes]]:
+    got = []
+    while True:
+        item = client.read()
+        assert item is not None, f"connection closed after {got}"
+        got.append(item)
+        if item[0] == kind:
+            return got
+
+
+def test_a_cancel_while_a_flight_waits_for_its_client_is_dropped(server: ServerThread) -> None:
+    """Parse, Bind, Execute, Flush: the flight is answered and the server waits for the
+    client's next message, inside the flight (no Sync yet). A cancel then finds nothing
+    running: PostgreSQL ignores it (it reads a command), so the flight's next Execute
+    runs. Before, the cancel was kept for the flight and ended that Execute (57014)."""
+    client, process_id, secret_key = _raw_login(server)
+    client.send(query("CREATE TABLE t (a INTEGER)"))
+    assert not errors_of(client.until_ready())
+    execute = m.message(b"E", m.cstr("") + struct.pack("!i", 0))
+    flush = m.message(b"H", b"")
+    client.send(parse("s", "INSERT INTO t VALUES (1)") + bind("s") + execute + flush)
+    first = _until(client, b"C")  # answered at the Flush; no ReadyForQuery (no Sync)
+    assert [kind for kind, _ in first] == [b"1", b"2", b"C"], first
+    time.sleep(0.3)  # the server is back in its read of the client's next message
+    _cancel_request(server.port, process_id, secret_key)
+    client.send(bind("s") + execute + sync())
+    second = client.until_ready()
+    assert not errors_of(second), errors_of(second)
+    assert [kind for kind, _ in second] == [b"2", b"C", b"Z"], second
+    client.send(query("SELECT count(*) FROM t"))
+    rows = [body for kind, body in client.until_ready() if kind == b"D"]
+    assert rows and rows[0].endswith(b"2"), rows
+    client.close()
+
+
+@pytest.mark.parametrize("protocol", ["simple", "extended"])
+def test_a_streamed_reads_timer_gets_what_is_left(
+    connect: Connect, wire_work: WireWork, monkeypatch: pytest.MonkeyPatch, protocol: str
+) -> None:
+    """A query streams its rows under two timers: the front's (planning and the door) and
+    the read's. The read's gets what is left of ``statement_timeout`` after the wire's work
+    and the planning, not a whole timeout of its own (before: 0.6 s of wire work and a
+    2 s timeout gave the read another 2 s, 2.6 s in all)."""
+    given: list[float] = []
+    real = streams.Deadline
+
+    def recording(seconds: float, cancel: Callable[[], None]) -> streams.Deadline:
+        given.append(seconds)
+        return real(seconds, cancel)
+
+    monkeypatch.setattr(streams, "Deadline", recording)
+    connection = connect(autocommit=True)
+    connection.execute("CREATE TABLE t (a INTEGER, b VARCHAR)")
+    connection.execute("INSERT INTO t VALUES (1, 'one')")
+    connection.execute("SET statement_timeout = '2s'")
+    given.clear()
+    mark = wire_work.arm(lambda: time.sleep(0.6))
+    rows = _cursor(connection, protocol).execute(f"SELECT a, b FROM t {mark}").fetchall()
+    assert rows == [(1, "one")]
+    assert wire_work.ran == 1
+    assert len(given) == 2, given  # the front's timer, then the read's
+    front, read = given
+    assert front <= 1.45, given  # the arrival's share of 2 s, as round 28 made it
+    assert read <= front, given  # what is left: never more than the front had
+
+
+RANGE_READ = ('COPY (SELECT data FROM TOPIC events WHERE partition = 0 AND "offset" >= 0 '
+              'AND "offset" < 1) TO STDOUT (FORMAT arrow)')
+
+
+def _armed_copy(monkeypatch: pytest.MonkeyPatch, connection: psycopg.Connection,
+                why: str) -> list[bool]:  # fmt: skip
+    """The wire's work on a COPY's message stood in for at ``commands._run_copy`` (awaited,
+    so the server's loop takes the CancelRequest meanwhile), once: 0.6 s, or a cancel."""
+    run_copy = wire_commands._run_copy
+    armed = [True]
+
+    async def working(context: object, text: str) -> None:
+        if armed[0]:
+            armed[0] = False
+            if why == "timeout":
+                await asyncio.sleep(0.6)
+            else:
+                await asyncio.get_running_loop().run_in_executor(None, connection.cancel_safe)
+        await run_copy(context, text)
+
+    monkeypatch.setattr(wire_commands, "_run_copy", working)
+    return armed
+
+
+@pytest.mark.parametrize("why", ["cancel", "timeout"])
+def test_a_copy_range_read_counts_the_wires_work(
+    connect: Connect, monkeypatch: pytest.MonkeyPatch, why: str
+) -> None:
+    """A topic range read by COPY ... (FORMAT arrow) (``copy_arrow``) likewise: the cancel
+    of its message ends it (before, ``begin_front_read`` cleared the flag) and its timeout
+    counts from the arrival (before, from the read's own start)."""
+    connection = connect(autocommit=True)
+    connection.execute("CREATE TOPIC events")
+    connection.execute("INSERT INTO TOPIC events (data) VALUES ('x')")
+    if why == "timeout":
+        connection.execute("SET statement_timeout = '300ms'")
+    armed = _armed_copy(monkeypatch, connection, why)
+    match = "statement timeout" if why == "timeout" else "user request"
+    with (pytest.raises(errors.QueryCanceled, match=match),
+          connection.cursor().copy(RANGE_READ) as copy):  # fmt: skip
+        list(copy)
+    assert not armed[0]
+    connection.execute("RESET statement_timeout")
+    with connection.cursor().copy(RANGE_READ) as copy:
+        assert b"".join(bytes(block) for block in copy)  # the next read runs
+
+
+@pytest.mark.parametrize("why", ["cancel", "timeout"])
+def test_a_copy_from_stdin_counts_the_wires_work(
+    connect: Connect, monkeypatch: pytest.MonkeyPatch, why: str
+) -> None:
+    """A COPY FROM STDIN is a statement of its message too: a cancel that comes while the
+    wire handles the COPY's message, before the COPY starts, ends it before CopyInResponse
+    (before, the COPY's start cleared the flag), and its ``statement_timeout`` counts from
+    the arrival (before, from the COPY's own start). Nothing is written; the next COPY
+    runs."""
+    connection = connect(autocommit=True)
+    connection.execute("CREATE TABLE t (a INTEGER, b VARCHAR)")
+    if why == "timeout":
+        connection.execute("SET statement_timeout = '300ms'")
+    armed = _armed_copy(monkeypatch, connection, why)
+    match = "statement timeout" if why == "timeout" else "user request"
+    cursor = connection.cursor()
+    with (pytest.raises(errors.QueryCanceled, match=match),
+          cursor.copy("COPY t FROM STDIN") as copy):  # fmt: skip
+        copy.write_row((1, "one"))
+    assert not armed[0]
+    connection.execute("RESET statement_timeout")
+    assert _count(connection) == 0
+    with cursor.copy("COPY t FROM STDIN") as copy:
+        copy.write_row((2, "two"))
+    assert _count(connection) == 1

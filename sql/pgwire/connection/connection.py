@@ -60,7 +60,7 @@ import socket
 import ssl
 import struct
 import time
-from collections.abc import Callable, Coroutine, Sequence
+from collections.abc import Callable, Coroutine, Iterator, Sequence
 from typing import Any, NamedTuple, Protocol
 
 import pyarrow as pa
@@ -177,6 +177,21 @@ _STATUS = {SessionState.IDLE: "I", SessionState.IN_TRANSACTION: "T", SessionStat
 _NOTHING_TO_DO = frozenset({b"H", b"d", b"c", b"f"})
 # Messages whose handling may run a statement (``Session.message_arrived``).
 _STATEMENT_KINDS = frozenset({b"Q", b"P", b"B", b"D", b"E"})
+
+
+@contextlib.contextmanager
+def _waiting_on_client(session: Session | None) -> Iterator[None]:
+    """While the connection waits for its client's next bytes, a cancel of ``session`` is
+    dropped (``Session.client_wait``): PostgreSQL ignores a cancel while it reads a command,
+    inside an extended-protocol flight too (Execute and Flush sent, no Sync yet)."""
+    if session is None:
+        yield
+        return
+    session.client_wait(True)
+    try:
+        yield
+    finally:
+        session.client_wait(False)
 
 
 class _RefusedMessage(Exception):
@@ -801,10 +816,11 @@ class Connection(ExtendedProtocol):
         of a message that comes does not restart it). False: the loop's read takes over."""
         assert self.direct is not None
         deadline = self._idle_deadline() if self.waiting_for_query else None
-        if deadline is None:
-            came = self.direct.wait(None)
-        else:
-            came = self.direct.wait(max(0.0, deadline[0] - time.monotonic()))
+        with _waiting_on_client(self.session):
+            if deadline is None:
+                came = self.direct.wait(None)
+            else:
+                came = self.direct.wait(max(0.0, deadline[0] - time.monotonic()))
         if came is None:
             assert deadline is not None
             raise _idle_error(deadline[1])
@@ -820,16 +836,17 @@ class Connection(ExtendedProtocol):
         sends it as FATAL and ``close`` rolls the transaction back."""
         reader = self.reader
         deadline = self._idle_deadline() if self.waiting_for_query else None
-        if deadline is None:
-            header = await reader.readexactly(5)
-            body = await self._read_body(header)
-        else:
-            try:
-                async with asyncio.timeout(max(0.0, deadline[0] - time.monotonic())):
-                    header = await reader.readexactly(5)
-                    body = await self._read_body(header)
-            except TimeoutError:
-                raise _idle_error(deadline[1]) from None
+        with _waiting_on_client(self.session):
+            if deadline is None:
+                header = await reader.readexactly(5)
+                body = await self._read_body(header)
+            else:
+                try:
+                    async with asyncio.timeout(max(0.0, deadline[0] - time.monotonic())):
+                        header = await reader.readexactly(5)
+                        body = await self._read_body(header)
+                except TimeoutError:
+                    raise _idle_error(deadline[1]) from None
         self.waiting_for_query = False
         return header[:1], body
 

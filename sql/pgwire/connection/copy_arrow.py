@@ -151,7 +151,9 @@ def range_source(context: CommandContext, statement: ast.Statement,
     session.begin_front_read()  # a CancelRequest from now on ends this read (57014)
     batches = read_range(session, match.topic, offsets, columns, packed=packed)
     timeout_s = _statement_timeout_s(context)
-    deadline = None if timeout_s is None else time.monotonic() + timeout_s
+    # counted from the message's arrival, the wire's work on it included
+    deadline = (None if timeout_s is None
+                else time.monotonic() + session.statement_time_left(timeout_s))  # fmt: skip
     return _RangeSource(batches, schema, deadline, lambda: bool(session.cancel_requested))
 
 

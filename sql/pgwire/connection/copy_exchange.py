@@ -221,7 +221,10 @@ async def copy_from_client(context: CommandContext, statement: CopyStatement) ->
 async def _copy_from_client(context: CommandContext, statement: CopyStatement,
                             rung: asyncio.Future[None]) -> None:  # fmt: skip
     timeout_ms = milliseconds(context.catalog.settings.values["statement_timeout"])
-    deadline = time.monotonic() + timeout_ms / 1000 if timeout_ms else None
+    deadline = None
+    if timeout_ms:  # counted from the message's arrival, the wire's work on it included
+        left_s = await context.call(context.session.statement_time_left, timeout_ms / 1000)
+        deadline = time.monotonic() + left_s
     await context.call(context.session.begin_front_read)  # a cancel from now on is this COPY's
     target = await _target(context, statement)
     relation_name = statement.topic or statement.relation or ""
