@@ -56,6 +56,14 @@ def sync() -> bytes:
     return m.message(b"S", b"")
 
 
+def cancel_request(port: int, process_id: int, secret_key: int) -> None:
+    """Send a CancelRequest for the backend ``process_id``/``secret_key`` on a connection of
+    its own; returns once the server handled it (it closes that connection then)."""
+    with socket.create_connection(("127.0.0.1", port), timeout=TIMEOUT_S) as sock:
+        sock.sendall(struct.pack("!iiii", 16, m.CANCEL_REQUEST, process_id, secret_key))
+        sock.recv(1)
+
+
 def error_fields(body: bytes) -> dict[str, str]:
     """The fields of an ErrorResponse/NoticeResponse body by their one-letter codes."""
     out = {}
@@ -122,6 +130,12 @@ class RawClient:
     def start(self, **parameters: str) -> list[tuple[bytes, bytes]]:
         self.send(startup_packet(**parameters))
         return self.until_ready()
+
+    def start_with_keys(self, **parameters: str) -> tuple[int, int]:
+        """``start``; the BackendKeyData's process id and secret key (``cancel_request``)."""
+        keys = [body for kind, body in self.start(**parameters) if kind == b"K"]
+        process_id, secret_key = struct.unpack("!ii", keys[0])
+        return process_id, secret_key
 
     def read_all(self) -> list[tuple[bytes, bytes]]:
         """Every message until the server closes the connection."""

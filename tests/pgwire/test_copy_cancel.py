@@ -11,7 +11,6 @@ when data comes), where this server ends the COPY at once."""
 from __future__ import annotations
 
 import asyncio
-import socket
 import struct
 import threading
 import time
@@ -27,7 +26,7 @@ from sql.pgwire.codec import messages as m
 from sql.pgwire.connection import copy_exchange
 from sql.pgwire.limits import ServerLimits
 from sql.pgwire.server import ServerThread
-from tests.pgwire.rawclient import RawClient, error_fields, query
+from tests.pgwire.rawclient import RawClient, cancel_request, error_fields, query
 
 FLOOR_BYTES = 64 * 1024
 SENT_BYTES = 256 * 1024  # past the floor: the COPY holds bytes in the server's budget
@@ -125,12 +124,6 @@ def test_statement_timeout_ends_a_stalled_copy_in_autocommit(server: ServerThrea
     connection.close()
 
 
-def _cancel_request(port: int, process_id: int, secret_key: int) -> None:
-    with socket.create_connection(("127.0.0.1", port), timeout=10) as sock:
-        sock.sendall(struct.pack("!iiii", 16, m.CANCEL_REQUEST, process_id, secret_key))
-        sock.recv(1)  # the server closes it once the cancel was handled
-
-
 def test_a_cancel_inside_a_message_fails_the_copy_once_the_message_is_in(
     server: ServerThread,
 ) -> None:
@@ -150,7 +143,7 @@ def test_a_cancel_inside_a_message_fails_the_copy_once_the_message_is_in(
     message = m.copy_data(_lines(SENT_BYTES))
     client.send(message[: len(message) // 2])
     _wait_until(lambda: _held(server) > SENT_BYTES - FLOOR_BYTES)  # held while it arrives
-    _cancel_request(server.port, process_id, secret_key)
+    cancel_request(server.port, process_id, secret_key)
     # the COPY's data and the arriving message's hold given back before the rest comes
     _wait_until(lambda: _held(server) == 0)
     client.send(message[len(message) // 2 :] + m.copy_done())
@@ -188,7 +181,7 @@ def test_a_cancel_while_the_copy_is_set_up_fails_it_before_copy_in(
     process_id, secret_key = struct.unpack("!ii", keys[0])
     client.send(query("COPY early FROM STDIN"))
     assert setting_up.wait(10)
-    _cancel_request(server.port, process_id, secret_key)
+    cancel_request(server.port, process_id, secret_key)
     got = client.until_ready()
     assert [kind for kind, _ in got] == [b"E", b"Z"], got
     assert error_fields(got[0][1])["C"] == "57014"

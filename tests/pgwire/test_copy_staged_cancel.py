@@ -10,7 +10,6 @@ from __future__ import annotations
 
 import glob
 import os
-import socket
 import struct
 import threading
 import time
@@ -22,10 +21,9 @@ import pytest
 from psycopg import errors
 
 from engine.bulk_write import WRITES_DIRECTORY
-from sql.pgwire.codec import messages as m
 from sql.pgwire.connection import copy_staged
 from sql.pgwire.server import ServerThread
-from tests.pgwire.rawclient import RawClient, error_fields, query
+from tests.pgwire.rawclient import RawClient, cancel_request, error_fields, query
 from tests.pgwire.test_copy_frames import frame, wire
 from tests.pgwire.test_copy_staged import arrow_stream, messages
 
@@ -64,15 +62,7 @@ def _message(kind: bytes, body: bytes = b"") -> bytes:
 
 def _raw(server: ServerThread) -> tuple[RawClient, int, int]:
     client = RawClient(server.port)
-    keys = [body for kind, body in client.start() if kind == b"K"]
-    process_id, secret_key = struct.unpack("!ii", keys[0])
-    return client, process_id, secret_key
-
-
-def _cancel_request(port: int, process_id: int, secret_key: int) -> None:
-    with socket.create_connection(("127.0.0.1", port), timeout=10) as sock:
-        sock.sendall(struct.pack("!iiii", 16, m.CANCEL_REQUEST, process_id, secret_key))
-        sock.recv(1)  # the server closes it once the cancel was handled
+    return client, *client.start_with_keys()
 
 
 @pytest.fixture
@@ -100,7 +90,7 @@ def test_a_cancel_inside_a_frames_message_fails_the_copy_once_the_message_is_in(
     message = _message(b"d", frame(0, wire([b"a" * 100] * 50)))
     client.send(_message(b"d", frame(1, wire([b"whole"]))) + message[: len(message) // 2])
     assert waiting_inside.wait(20)
-    _cancel_request(server.port, process_id, secret_key)
+    cancel_request(server.port, process_id, secret_key)
     _wait_until(lambda: not _staged(server, "c-1"))  # let go while the client sends nothing
     client.send(message[len(message) // 2 :] + _message(b"d", b"ignored") + _message(b"c"))
     got = client.until_ready()
@@ -162,7 +152,7 @@ def test_an_extended_protocol_copy_sends_its_error_before_the_sync(
     assert [client.read()[0] for _ in range(3)] == [b"1", b"2", b"G"]  # type: ignore[index]
     client.send(_message(b"d", frame(0, wire([b"x"]))))
     _wait_until(lambda: bool(_staged(server, "c-4")))
-    _cancel_request(server.port, process_id, secret_key)
+    cancel_request(server.port, process_id, secret_key)
     kind, body = client.read()  # type: ignore[misc]
     fields = error_fields(body)  # before any Sync was sent; CONTEXT as in the simple protocol
     assert (kind, fields["C"], fields["W"]) == (b"E", "57014", "COPY events"), fields
@@ -194,7 +184,7 @@ def test_a_cancel_while_a_refused_frame_s_message_is_skipped_keeps_the_connectio
     monkeypatch.setattr(copy_staged._SocketCopy, "skip_to_message_end", spy)
     client.send(message[: 5 + len(bad)])  # the refused frame in, the rest of its message not
     assert skipping.wait(20)  # refused: the thread skips to the message's end
-    _cancel_request(server.port, process_id, secret_key)
+    cancel_request(server.port, process_id, secret_key)
     time.sleep(0.2)  # the stop reaches the skipping thread
     client.send(message[5 + len(bad) :] + _message(b"c") + query("SELECT 7"))
     got = client.until_ready()

@@ -15,7 +15,6 @@ from __future__ import annotations
 
 import asyncio
 import itertools
-import socket
 import struct
 import time
 from collections.abc import Callable, Iterator
@@ -30,7 +29,7 @@ from sql.pgwire.connection import commands as wire_commands
 from sql.pgwire.connection import connection as wire_connection
 from sql.pgwire.connection import extended as wire_extended
 from sql.pgwire.server import ServerThread
-from tests.pgwire.rawclient import RawClient, bind, parse, query, sync
+from tests.pgwire.rawclient import RawClient, bind, cancel_request, parse, query, sync
 from tests.pgwire.rawclient import errors as errors_of
 
 Connect = Callable[..., psycopg.Connection]
@@ -174,19 +173,6 @@ def test_statement_timeout_in_a_transaction_fails_it(connect: Connect, wire_work
     assert _count(connection) == 0
 
 
-def _raw_login(server: ServerThread) -> tuple[RawClient, int, int]:
-    client = RawClient(server.port)
-    keys = [body for kind, body in client.start() if kind == b"K"]
-    process_id, secret_key = struct.unpack("!ii", keys[0])
-    return client, process_id, secret_key
-
-
-def _cancel_request(port: int, process_id: int, secret_key: int) -> None:
-    with socket.create_connection(("127.0.0.1", port), timeout=10) as sock:
-        sock.sendall(struct.pack("!iiii", 16, m.CANCEL_REQUEST, process_id, secret_key))
-        sock.recv(1)  # the server closes it once the cancel was handled
-
-
 def _until(client: RawClient, kind: bytes) -> list[tuple[bytes, bytes]]:
     got = []
     while True:
@@ -202,7 +188,8 @@ def test_a_cancel_while_a_flight_waits_for_its_client_is_dropped(server: ServerT
     client's next message, inside the flight (no Sync yet). A cancel then finds nothing
     running: PostgreSQL ignores it (it reads a command), so the flight's next Execute
     runs. Before, the cancel was kept for the flight and ended that Execute (57014)."""
-    client, process_id, secret_key = _raw_login(server)
+    client = RawClient(server.port)
+    process_id, secret_key = client.start_with_keys()
     client.send(query("CREATE TABLE t (a INTEGER)"))
     assert not errors_of(client.until_ready())
     execute = m.message(b"E", m.cstr("") + struct.pack("!i", 0))
@@ -211,7 +198,7 @@ def test_a_cancel_while_a_flight_waits_for_its_client_is_dropped(server: ServerT
     first = _until(client, b"C")  # answered at the Flush; no ReadyForQuery (no Sync)
     assert [kind for kind, _ in first] == [b"1", b"2", b"C"], first
     time.sleep(0.3)  # the server is back in its read of the client's next message
-    _cancel_request(server.port, process_id, secret_key)
+    cancel_request(server.port, process_id, secret_key)
     client.send(bind("s") + execute + sync())
     second = client.until_ready()
     assert not errors_of(second), errors_of(second)
