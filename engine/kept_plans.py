@@ -69,6 +69,15 @@ class KeptPlans:
         kept = self._plans.get(id(statement))
         return kept is not None and kept[0] is statement and kept[2] is plan
 
+    def kept(self, statement: ast.Statement, database: Any) -> Plan | None:
+        """The plan kept for ``statement`` while it is current (no topic created or dropped
+        since it was planned: the same test as ``plan``'s), else None; never plans."""
+        kept = self._plans.get(id(statement))
+        if kept is None or kept[0] is not statement or kept[1] != generation(database):
+            return None
+        plan: Plan = kept[2]
+        return plan
+
     def plan(self, statement: ast.Statement, database: Any,
              has_duckdb_relation: Any) -> Plan:  # fmt: skip
         """``planner.plan(statement, SessionCatalog(database, has_duckdb_relation))``, kept

@@ -766,6 +766,38 @@ class Session:
             raise
         return None if written is None else Result(f"INSERT 0 {written}")
 
+    def append_prepared(self, statement: ast.Statement, parameters: Any) -> Result | None:
+        """``execute_statement`` of an autocommit ``INSERT INTO TOPIC ... VALUES`` of plain
+        rows whose plan this session keeps (``kept_plans``: planned by an earlier run of
+        the same statement object, no topic created or dropped since), or None: nothing
+        ran, and the caller runs the statement through ``execute_statement`` as ever
+        (which reports any error). The wire's prepared INSERT flight asks it first
+        (``sql.pgwire.connection.insert_flight``; docs/durable_produce.md round 29).
+
+        What ``execute_statement`` and ``_execute`` do for such a statement, less their
+        steps that do nothing for it: the door judges every call as there (``_guard`` on
+        the kept plan: the sandbox and privileges, or the decision kept on it while
+        nothing it was made of changed: ``privileges.kept_decision``, re-taken after a
+        GRANT, REVOKE, DROP or role change), a refusal raised as there; the rows go to
+        ``_append_plain_now`` as there. Skipped, being no-ops here: the failed-state and
+        duration checks (idle: no transaction), PREPARE's typed parameters (not SQL
+        text), the front's cancel scope (nothing is parsed or planned), the names' epoch
+        (an append keeps them: asserted). Only outside a transaction, with no stream
+        open, on an open session, and without a cancel kept for the message (the
+        ordinary path then ends the statement with 57014)."""
+        with self._lock:
+            if (self._closed or self._stream_open or self.state is not SessionState.IDLE
+                    or self._cancel_kept()):  # fmt: skip
+                return None
+            plan = self._kept_plans.kept(statement, self.database)
+            if plan is None or not _plain_append_plan(plan):
+                return None
+            assert key_lookup.keeps_names(plan) and not key_lookup.names_may_change(
+                plan, self._names_plain), "an append changes no name"  # fmt: skip
+            self._statement_starts()
+            self._guard(plan, kept=True)
+            return self._append_plain_now(plan.operations[0], parameters)
+
     def _key_lookup(self, plan: Plan, parameters: Any, *, build: bool = True) -> Result | None:
         """``_key_answer`` as the statement's ``Result``."""
         answered = self._key_answer(plan, parameters, build=build)

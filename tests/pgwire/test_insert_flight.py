@@ -18,9 +18,11 @@ from typing import Any
 
 import pytest
 
+from engine.session import Session
 from sql.pgwire.codec import messages as m
 from sql.pgwire.connection import insert_flight
 from storage import fs as storage_fs
+from storage.errors import TopicbaseError
 from tests.pgwire import flights
 from tests.pgwire.rawclient import (
     FlightClient,
@@ -89,6 +91,14 @@ def _transcript(port: int) -> list[list[tuple[bytes, bytes]]]:
         admin.sql("SET log_statement = 'all'")
         replies += [admin.ask(flight("a1", [b"logged"], [1])) for _ in range(2)]
         admin.sql("SET log_statement = 'none'")
+        # A kept decision is the identity's: after SET ROLE to a role without the grant
+        # the same prepared statement is refused, after RESET ROLE it runs again.
+        admin.sql("REVOKE INSERT ON TOPIC t FROM bob")
+        admin.sql("SET ROLE bob")
+        replies += [admin.ask(flight("a1", [b"as bob"], [1])) for _ in range(2)]
+        admin.sql("RESET ROLE")
+        replies += [admin.ask(flight("a1", [b"as alice"], [1])) for _ in range(2)]
+        admin.sql("GRANT INSERT ON TOPIC t TO bob")
         replies.append(admin.ask(m.message(b"Q", m.cstr("SELECT data FROM TOPIC t"))))
         admin.sql("DROP TOPIC t")
         replies += [bob.ask(flight("i1", [b"dropped topic"], [1])), bob.ask(flight("i7", []))]
@@ -124,11 +134,33 @@ def _counted(monkeypatch: pytest.MonkeyPatch) -> list[bool]:
     return answered
 
 
+def _kept_way(monkeypatch: pytest.MonkeyPatch) -> list[str]:
+    """What each ``Session.append_prepared`` call did: "ran", "none" (left to the
+    ordinary path) or the SQLSTATE it raised."""
+    outcomes: list[str] = []
+    original = Session.append_prepared
+
+    def recorded(session: Session, statement: Any, parameters: Any) -> Any:
+        try:
+            result = original(session, statement, parameters)
+        except TopicbaseError as error:
+            outcomes.append(error.sqlstate)
+            raise
+        outcomes.append("none" if result is None else "ran")
+        return result
+
+    monkeypatch.setattr(Session, "append_prepared", recorded)
+    return outcomes
+
+
 def test_an_insert_flight_answered_whole_sends_the_general_paths_bytes(
     tmp_path: Path, users: str, monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture
 ) -> None:
+    """The flight path (with the engine's kept way for a prepared INSERT of plain rows,
+    ``Session.append_prepared``: round 29) against the message loop's own handling."""
     caplog.set_level(logging.INFO)
     answered = _counted(monkeypatch)
+    kept_way = _kept_way(monkeypatch)
     for server in flights.served(tmp_path, users, "flight"):
         with_flights = _transcript(server.port)
     logged_with_flights = _logged(caplog)
@@ -145,6 +177,10 @@ def test_an_insert_flight_answered_whole_sends_the_general_paths_bytes(
     # Bind errors, blocks) to the message loop.
     assert answered.count(True) >= 30, answered
     assert answered.count(False) >= 10, answered
+    # The kept way ran the repeated plain INSERTs, and its door refused what the general
+    # path refuses (after the REVOKE, and as bob by SET ROLE) with the same bytes (above).
+    assert kept_way.count("ran") >= 12, kept_way
+    assert kept_way.count("42501") >= 3, kept_way
     errors = {error_fields(body)["C"] for reply in general for kind, body in reply
               if kind == b"E"}  # fmt: skip
     assert {"42501", "25P02", "42P01", "34000", "08P01"} <= errors, errors

@@ -73,7 +73,10 @@ def answer(connection: ExtendedProtocol, body: bytes) -> bool:
     # the loop would skip to a Sync this flight already consumed (review R3-18 F1).
     try:
         connection.log_statement(prepared.query)
-        result = connection.catalog.execute(session, statement, portal.parameters or None)
+        parameters = portal.parameters or None
+        result = connection.catalog.append_prepared(session, statement, parameters)
+        if result is None:  # not by the kept way: nothing ran
+            result = connection.catalog.execute(session, statement, parameters)
         assert result_rows(result) is None, "an INSERT without RETURNING returns no rows"
         portal.result = result
         portal.position = 1

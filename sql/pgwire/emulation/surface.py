@@ -233,6 +233,22 @@ class ConnectionCatalog:
             return None
         return session.answer_literal(statement)
 
+    def append_prepared(self, session: Session, statement: ast.Statement, parameters: Any
+                        ) -> Result | None:  # fmt: skip
+        """``execute`` of a prepared autocommit ``INSERT INTO TOPIC ... VALUES`` of plain
+        rows by the engine's kept way (``Session.append_prepared``), or None: nothing ran
+        (the caller then runs it through ``execute``). Only outside a transaction and
+        without a ``statement_timeout`` (``execute`` arms its timer); then ``execute``
+        would do nothing else around it but settle the settings of a transaction that
+        ended and forget its savepoints (done here), as for ``_ready_to_answer``: a topic
+        statement goes to the engine unchanged, and an append changes no setting or role."""
+        if (session.state is not SessionState.IDLE
+                or _milliseconds(self.settings.values["statement_timeout"]) != 0):  # fmt: skip
+            return None
+        self._settle(session)
+        self.savepoints.clear()
+        return session.append_prepared(statement, parameters)
+
     def _ready_to_answer(self, session: Session, statement: ast.Statement) -> bool:
         """Whether the engine may answer ``statement`` by one of its kept answers in place
         of ``execute``: a statement ``execute`` hands to the engine as it is, without a
