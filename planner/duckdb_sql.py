@@ -10,6 +10,7 @@ from sqlglot import expressions as exp
 
 from grammar.split import SourceText, tokenize
 from planner.front_work import checked_parse, shared_parse
+from planner.literal_rows import insert_tree
 from planner.operations import UpsertShape
 
 _DUCKDB = sqlglot.Dialect.get_or_raise("duckdb")
@@ -30,6 +31,10 @@ def parse_duckdb(sql: str) -> exp.Expression | None:
 
 
 def _parse_spaced(sql: str) -> exp.Expression | None:
+    # an INSERT of literal rows: the same tree, without sqlglot's parse of its rows
+    built = insert_tree(sql, _parse_one)
+    if built is not None:
+        return built
     try:
         return _parse_one(sql)
     except sqlglot.errors.TokenError:
