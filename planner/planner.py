@@ -208,7 +208,7 @@ def analyse_sql(sql: str) -> RunQuery:
         target = tree.find(exp.Table)
     if target is not None:
         written.add(_table_name(target))
-    renamed_to = {id(t) for r in tree.find_all(exp.AlterRename) for t in r.find_all(exp.Table)}
+    renamed_to = {id(t) for r in find_all(tree, exp.AlterRename) for t in r.find_all(exp.Table)}
     read = {
         _table_name(t) for t in find_all(tree, exp.Table) if t.name and id(t) not in renamed_to
     } - written

@@ -35,6 +35,8 @@ from typing import NamedTuple
 
 from sqlglot import expressions as exp
 
+from planner.front_work import find_all
+
 # Counts past this are as good as infinite (no big-number arithmetic on 2^n).
 _SATURATED = 1 << 62
 
@@ -44,6 +46,9 @@ _CONSTRUCTORS = frozenset({
     "map_from_entries", "map_concat", "list_zip", "array_zip",
 })  # fmt: skip
 _CONSTRUCTOR_NODES = exp.Struct | exp.Tuple | exp.Map | exp.VarMap | exp.ToMap
+# Every class ``star_columns`` looks at (``exp.Func`` covers the constructors by call).
+_STAR_WALK_NODES = (exp.Select, exp.Star, exp.Columns, exp.Column, exp.Table, exp.Subquery,
+                    exp.Func, *_CONSTRUCTOR_NODES.__args__)  # fmt: skip
 
 
 class Shape(NamedTuple):
@@ -62,7 +67,9 @@ def star_columns(tree: exp.Expression, cte_of: Callable[[exp.Table], exp.CTE | N
     starred = False
     columns: set[str] = set()  # unqualified column names
     sources: set[str] = set()  # names and aliases of what FROMs read
-    for node in tree.walk():
+    # the nodes the loop reads, breadth-first as ``tree.walk()`` (round 29: from the
+    # front's one index of a long text's tree, not a walk of its own)
+    for node in find_all(tree, *_STAR_WALK_NODES):
         if isinstance(node, exp.Select):
             selects.append(node)
         elif isinstance(node, exp.Star | exp.Columns | _CONSTRUCTOR_NODES):

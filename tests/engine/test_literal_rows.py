@@ -273,3 +273,52 @@ def test_what_the_full_path_refuses_stays_refused_with_the_same_sqlstate(
 def test_sqlglot_still_refuses_what_it_cannot_parse(any_length: None) -> None:
     with pytest.raises(sqlglot.errors.ParseError):
         duckdb_sql.parse_duckdb("INSERT INTO t VALUES (1, 'a'), (2, 'b') RETURNING (")
+
+
+def test_a_stop_inside_the_scan_of_rows_comes_out_as_raised(monkeypatch: Any) -> None:
+    """The scan of the rows ticks the front's ``stop`` (a cancel, ``statement_timeout``):
+    what it raises ends the parse, before sqlglot parsed the whole text."""
+    from planner import front_work
+    from storage.errors import QueryCanceledError
+
+    sql = "INSERT INTO t VALUES " + ", ".join(f"({i}, 'v{i}')" for i in range(20_000))
+    parsed: list[str] = []
+    real = duckdb_sql._parse_one
+    monkeypatch.setattr(duckdb_sql, "_parse_one", lambda text: parsed.append(text) or real(text))
+
+    def stop() -> None:
+        raise QueryCanceledError("canceling statement due to user request")
+
+    with front_work.statement_front(stop), pytest.raises(QueryCanceledError):
+        duckdb_sql.parse_duckdb(sql)
+    assert sql not in parsed
+    with front_work.statement_front(None):  # nothing stops it: the tree is sqlglot's
+        assert duckdb_sql.parse_duckdb(sql) == real(sql)
+
+
+@pytest.mark.parametrize("user", ["alice", "super"])
+def test_a_long_literal_insert_is_walked_once(db: Any, monkeypatch: Any, user: str) -> None:
+    """Its tree is walked once in full (the front's index, ``front_work.find_all``): the
+    walks from its root visit about one tree's nodes, not two
+    (``star_expansion.star_columns`` walked it on its own before)."""
+    from sqlglot import expressions as exp
+
+    visited = [0]
+    real = {name: getattr(exp.Expression, name) for name in ("bfs", "dfs")}
+
+    def counting(name: str) -> Any:
+        def walk(self: Any, *args: Any, **kwargs: Any) -> Any:
+            for node in real[name](self, *args, **kwargs):
+                if isinstance(self, exp.Insert):
+                    visited[0] += 1
+                yield node
+
+        return walk
+
+    for name in real:
+        monkeypatch.setattr(exp.Expression, name, counting(name))
+    rows = ", ".join(f"({i}, 'v{i}', {i}, 1.5, 2.5, TRUE, {i})" for i in range(3000))
+    _session(db, user).execute(f"INSERT INTO fast VALUES {rows}")
+    nodes = 3000 * 8 + 3  # the rows' tuples and values, the Insert, Values and Table
+    assert nodes <= visited[0] < 1.5 * nodes
+    assert _table(db, "SELECT count(*) AS n FROM fast") == [{"n": 3000}]
