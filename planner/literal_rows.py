@@ -177,17 +177,22 @@ def _scan_rows(sql: str, position: int) -> tuple[list[exp.Tuple], int, int] | No
 
 def _shift_tail(tree: exp.Expression, values: exp.Values, cut: int, shift: int, sql: str) -> None:
     """Move the positions of the nodes after ``cut`` in the skeleton (the tail's) by
-    ``shift`` characters, their lines and columns with them."""
+    ``shift`` characters, their lines and columns with them: each line by the newlines of
+    the rows taken out, the column of a node on the cut's own line from the start of its
+    line in ``sql`` (a constant amount of work a node: the tail may be long too)."""
+    rows_end = cut + shift
+    newlines = sql.count("\n", cut, rows_end)
+    cut_line = 1 + sql.count("\n", 0, cut)
+    line_start = sql.rfind("\n", 0, rows_end) + 1  # of the line the tail begins on, in sql
     for node in tree.walk():
         meta = node._meta
         if not meta or "start" not in meta or meta["start"] < cut:
             continue
-        start = meta["start"] + shift
-        end = meta["end"] + shift
-        meta["start"] = start
-        meta["end"] = end
-        meta["line"] = 1 + sql.count("\n", 0, end + 1)
-        meta["col"] = end - sql.rfind("\n", 0, end + 1)
+        meta["start"] += shift
+        meta["end"] += shift
+        if meta["line"] == cut_line:
+            meta["col"] = meta["end"] - line_start + 1
+        meta["line"] += newlines
 
 
 def same_tree(one: exp.Expression, other: exp.Expression) -> bool:
