@@ -24,10 +24,12 @@ import pytest
 from psycopg import errors
 
 from engine import streams
+from engine.session import Session
 from sql.pgwire.codec import messages as m
 from sql.pgwire.connection import commands as wire_commands
 from sql.pgwire.connection import connection as wire_connection
 from sql.pgwire.connection import extended as wire_extended
+from sql.pgwire.connection import insert_flight
 from sql.pgwire.server import ServerThread
 from tests.pgwire.rawclient import RawClient, bind, cancel_request, parse, query, sync
 from tests.pgwire.rawclient import errors as errors_of
@@ -312,3 +314,44 @@ def test_a_copy_from_stdin_counts_the_wires_work(
     with cursor.copy("COPY t FROM STDIN") as copy:
         copy.write_row((2, "two"))
     assert _count(connection) == 1
+
+
+def test_a_cancel_during_a_kept_inserts_flight_ends_it(
+    connect: Connect, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A prepared INSERT INTO TOPIC run by the engine's kept way (``Session.append_prepared``,
+    round 29) still ends with 57014 when a cancel came during the wire's work on its flight:
+    the kept way leaves such a statement to the ordinary path, whose start keeps the cancel.
+    The cancel is sent from inside the flight's take (``insert_flight.hold_and_take``)."""
+    connection = connect(autocommit=True)
+    connection.execute("CREATE TOPIC t")
+    cursor = connection.cursor()
+    insert = "INSERT INTO TOPIC t (data) VALUES (%s)"
+    ran: list[bool] = []
+    kept_way = Session.append_prepared
+
+    def recorded(session: Session, statement: object, parameters: object) -> object:
+        result = kept_way(session, statement, parameters)
+        ran.append(result is not None)
+        return result
+
+    monkeypatch.setattr(Session, "append_prepared", recorded)
+    for _ in range(3):
+        cursor.execute(insert, [b"before"], prepare=True)
+    assert ran[-1], ran  # the kept way ran the prepared INSERT
+    take = insert_flight.hold_and_take
+    armed = [True]
+
+    def cancelled(*args: object) -> bool:
+        if armed[0]:
+            armed[0] = False
+            connection.cancel_safe()
+        return take(*args)  # type: ignore[arg-type]
+
+    monkeypatch.setattr(insert_flight, "hold_and_take", cancelled)
+    with pytest.raises(errors.QueryCanceled, match="user request"):
+        cursor.execute(insert, [b"cancelled"], prepare=True)
+    assert not armed[0]
+    cursor.execute(insert, [b"after"], prepare=True)
+    rows = connection.execute("SELECT data FROM TOPIC t").fetchall()
+    assert sorted(bytes(row[0]) for row in rows) == [b"after", b"before", b"before", b"before"]

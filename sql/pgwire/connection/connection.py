@@ -756,6 +756,10 @@ class Connection(ExtendedProtocol):
                                     or insert_flight.answer(self, body)
                                     or lookup_flight.answer(self, body)
                                     or literal_flight.answer(self, body)):  # fmt: skip
+                                # the flight's Sync was answered with it: its message ends
+                                self.in_flight = False
+                                if session is not None:
+                                    session.message_done()
                                 self.writer.flush()  # as after Sync; a drain waits only
                                 if transport.get_write_buffer_size() or transport.is_closing():
                                     await self.writer.drain()  # for output still held
