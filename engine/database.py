@@ -75,8 +75,10 @@ class Database:
         try:
             temp_directory = os.path.join(path, TEMP_DIRECTORY)
             os.makedirs(temp_directory, exist_ok=True)
+            tables_path = os.path.join(path, tables.TABLES_FILE)
+            tables.create_whole(tables_path, fs)  # a new directory's file: whole or none
             self.root = tables.connect(
-                os.path.join(path, tables.TABLES_FILE),
+                tables_path,
                 memory_limit_bytes=memory_limit_bytes,
                 temp_directory=temp_directory,
             )

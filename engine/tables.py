@@ -51,7 +51,8 @@ import pyarrow as pa
 
 from engine.result import Rows
 from grammar.bounded_cache import SCHEMA_COLUMN_BYTES, TEXT_COST_PER_CHAR, BoundedCache
-from storage import errors, limits
+from storage import errors, failpoints, limits
+from storage.fs import FileSystem
 
 TABLES_FILE = "tables.duckdb"
 # The settings every DuckDB database of Topicbase is opened with; see the module doc.
@@ -154,6 +155,40 @@ def connect(
     # with 42501 before DuckDB would, but this holds even for a statement it missed).
     connection.execute("SET lock_configuration = true")
     return connection
+
+
+# A new DuckDB file is made under this suffix, then renamed into place (``create_whole``).
+NEW_FILE_SUFFIX = ".new"
+
+
+def create_whole(path: str, fs: FileSystem) -> None:
+    """Make the DuckDB file ``path`` if there is none, whole or not at all.
+
+    DuckDB writes a new file's headers as it opens it: a process killed meanwhile (a
+    crash test caught one) left a file DuckDB then refuses ("not a valid DuckDB database
+    file"), and the data directory could not be opened again. So a new file is made at
+    ``path + NEW_FILE_SUFFIX`` (what a killed creation left there first removed), closed
+    after a checkpoint, synced, renamed to ``path`` and the directory synced. Invariant:
+    ``path`` exists only as a file DuckDB wrote whole; an existing one is left alone."""
+    if os.path.exists(path):
+        return
+    new = path + NEW_FILE_SUFFIX
+    for leftover in (new, new + ".wal"):
+        with contextlib.suppress(FileNotFoundError):
+            os.remove(leftover)
+    connection = duckdb.connect(new, config={**SANDBOX_CONFIG, "threads": 1})
+    try:
+        connection.execute("CHECKPOINT")
+    finally:
+        connection.close()
+    failpoints.hit("tables.new_file_made")
+    fd = os.open(new, os.O_RDONLY | os.O_CLOEXEC)
+    try:
+        fs.sync(fd)
+    finally:
+        os.close(fd)
+    os.replace(new, path)
+    fs.sync_directory(os.path.dirname(path) or ".")
 
 
 def default_memory_limit_bytes() -> int:

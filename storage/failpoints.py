@@ -11,7 +11,9 @@ for those catches it), with an optional ``@n``: trigger on the n-th hit only
 
 Zero cost when off: ``hit`` tests one module-level boolean.
 
-Names in use: ``fs.before_sync``, ``fs.after_sync`` (every counted fsync),
+Names in use: ``tables.new_file_made`` (a new data directory's DuckDB file made under
+its temporary name, not yet synced or renamed: ``engine.tables.create_whole``),
+``fs.before_sync``, ``fs.after_sync`` (every counted fsync),
 ``index.before_flush``, ``segment.torn_write`` (half a frame written),
 ``partition.after_write`` (a frame written at a partition's log end, its producer state
 not recorded, not yet published: every append, publish and spread share),
