@@ -57,9 +57,11 @@ _HEAD = re.compile(r"\s*(?:INSERT\s[^'\"$`\-/;\\]*?\b)?VALUES\b", re.IGNORECASE)
 # read as a value followed by something.
 _VALUE = re.compile(
     r"'((?:[^'\\]|'')*)'(?!')"
-    r"|(-?\d+(?:\.\d+)?(?:[eE][+-]?\d+)?)(?![\w.'\"$])"
+    r"|(-?[0-9]+(?:\.[0-9]+)?(?:[eE][+-]?[0-9]+)?)(?![\w.'\"$])"
     r"|(NULL|TRUE|FALSE)(?![\w.'\"$])",
-    re.IGNORECASE,
+    # ASCII: a Unicode digit (U+0663) or a letter that folds to an ASCII one (U+017F,
+    # "FAL\u017fE") is a name to sqlglot, never a number or a keyword (a value here)
+    re.IGNORECASE | re.ASCII,
 )
 _GAP = re.compile(r"[ \t\n]*")
 # Rows between two checks of ``front_work.tick`` (one unit a row).
