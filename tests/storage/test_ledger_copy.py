@@ -21,6 +21,7 @@ from storage.ledger import Ledger
 from storage.ledger_copy import copy_ledger
 from storage.partition_log import DUPLICATE, WRITTEN, PartitionLog
 from storage.record_batch import build_wire_batch
+from tests.storage.ledger_writer import log_rows
 
 PARTITIONS = 12
 
@@ -72,16 +73,7 @@ class _Topic:
 
     def data(self, partition: int) -> list[bytes]:
         """The partition's messages, from its log then the ledger, checked dense."""
-        log = self.logs[partition]
-        out: list[bytes] = []
-        offsets: list[int] = []
-        offset = 0
-        while offset < log.end_offset:
-            result = log.read(offset, max_messages=10_000)
-            for batch in result.batches:
-                out.extend(batch.column("data").to_pylist())
-                offsets.extend(batch.column("offset").to_pylist())
-            offset = result.next_offset
+        offsets, out = log_rows(self.logs[partition])
         assert self.ledger is not None
         batch = self.ledger.read(partition, self.ledger.start_offset(partition))
         out.extend(batch.column("data").to_pylist())
