@@ -242,11 +242,8 @@ class ConnectionCatalog:
         would do nothing else around it but settle the settings of a transaction that
         ended and forget its savepoints (done here), as for ``_ready_to_answer``: a topic
         statement goes to the engine unchanged, and an append changes no setting or role."""
-        if (session.state is not SessionState.IDLE
-                or _milliseconds(self.settings.values["statement_timeout"]) != 0):  # fmt: skip
+        if not self._idle_untimed(session):
             return None
-        self._settle(session)
-        self.savepoints.clear()
         return session.append_prepared(statement, parameters)
 
     def _ready_to_answer(self, session: Session, statement: ast.Statement) -> bool:
@@ -255,8 +252,17 @@ class ConnectionCatalog:
         ``statement_timeout`` (``execute`` arms its timer), outside a transaction. Then
         ``execute`` would do nothing else around it but settle the settings of a
         transaction that ended and forget its savepoints: done here when True."""
-        if (session.state is not SessionState.IDLE or not isinstance(statement, ast.SqlStatement)
-                or statement.topic_scans or not _goes_unchanged(statement.sql)
+        if (not isinstance(statement, ast.SqlStatement) or statement.topic_scans
+                or not _goes_unchanged(statement.sql)):  # fmt: skip
+            return False
+        return self._idle_untimed(session)
+
+    def _idle_untimed(self, session: Session) -> bool:
+        """Whether ``session`` is outside a transaction and no ``statement_timeout`` is set
+        (``execute`` arms its timer): then what ``execute`` does around a statement the
+        engine runs as it is comes down to settling the settings of a transaction that
+        ended and forgetting its savepoints, done here when True."""
+        if (session.state is not SessionState.IDLE
                 or _milliseconds(self.settings.values["statement_timeout"]) != 0):  # fmt: skip
             return False
         self._settle(session)
