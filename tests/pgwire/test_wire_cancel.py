@@ -199,7 +199,12 @@ def test_a_cancel_while_a_flight_waits_for_its_client_is_dropped(server: ServerT
     client.send(parse("s", "INSERT INTO t VALUES (1)") + bind("s") + execute + flush)
     first = _until(client, b"C")  # answered at the Flush; no ReadyForQuery (no Sync)
     assert [kind for kind, _ in first] == [b"1", b"2", b"C"], first
-    time.sleep(0.3)  # the server is back in its read of the client's next message
+    session = server.server.connections[process_id].session
+    assert session is not None
+    deadline = time.monotonic() + 20
+    while not session._waiting_on_client:  # the server is back in its read of the client
+        assert time.monotonic() < deadline, "the server never waited for the client"
+        time.sleep(0.01)
     cancel_request(server.port, process_id, secret_key)
     client.send(bind("s") + execute + sync())
     second = client.until_ready()
