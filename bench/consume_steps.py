@@ -1,6 +1,8 @@
 """Where one consumer read over the wire spends the server's CPU, step by step.
 
-``python -m bench.consume_steps [reads] [--tree TREE] [--strace]`` (default 300 reads).
+``python -m bench.consume_steps [reads] [--tree TREE] [--strace] [--copy]`` (default 300
+reads; ``--copy``: each read a ``COPY (...) TO STDOUT (FORMAT arrow)`` decoded by pyarrow,
+``consume.wire``'s other way).
 Starts ``topicbase serve`` of ``TREE`` (default this checkout) in a child process whose
 chosen functions (the extended protocol's handlers, the held transaction's BEGIN and
 COMMIT, the engine's statement, read and commit, the staging log's sync and its
@@ -35,6 +37,8 @@ import time
 from pathlib import Path
 from typing import Any
 
+import pyarrow.ipc
+
 from bench import postgres
 from bench.pgwire_bench import consume_sql, insert_sql
 from bench.results import REPO_DIR
@@ -58,6 +62,14 @@ STEPS = (
     # the fdatasync itself: its wall is the device's (and the other I/O's), its CPU the
     # kernel's share of the offset commit (docs/consume_wire.md, round 13)
     ("storage.fs", "FileSystem", "sync"),
+    # ``--copy``: COPY (...) TO STDOUT (FORMAT arrow)'s steps
+    ("sql.pgwire.connection.copy_arrow", "", "copy_arrow_to_client"),
+    ("sql.pgwire.connection.copy_arrow", "", "_open"),
+    ("sql.pgwire.connection.copy_arrow", "", "_next_messages"),
+    ("sql.pgwire.connection.copy_arrow", "", "_commit"),
+    ("sql.pgwire.connection.copy_arrow", "_QuerySource", "close"),
+    ("sql.pgwire.codec.copy_arrow", "", "batch_messages"),
+    ("sql.pgwire.connection.copy_commit", "", "open_held"),
 )
 
 
@@ -152,8 +164,16 @@ def main(argv: list[str]) -> int:
                 start = (i * 1000) % 3000
                 raw.execute(insert_sql(lambda n: f"${n}"), pool[start : start + 1000])
             cursor, read = wire.cursor(binary=True), consume_sql("c")
+            copy_read = f"COPY ({read}) TO STDOUT (FORMAT arrow)"
+
+            def one_read() -> int:
+                if "--copy" not in argv:
+                    return len(cursor.execute(read).fetchall())
+                with cursor.copy(copy_read) as copy:
+                    return pyarrow.ipc.open_stream(b"".join(copy)).read_all().num_rows
+
             for _ in range(20):
-                cursor.execute(read).fetchall()
+                one_read()
             os.kill(child.pid, signal.SIGUSR2)
             time.sleep(0.2)
             before, cpu, wall = _threads(child.pid), time.process_time(), time.perf_counter()
@@ -163,7 +183,7 @@ def main(argv: list[str]) -> int:
                                            os.path.join(root, "strace.txt")])  # fmt: skip
                 time.sleep(1)
             for _ in range(reads):
-                assert len(cursor.execute(read).fetchall()) == 1000
+                assert one_read() == 1000
             if tracer is not None:
                 tracer.send_signal(signal.SIGINT)
                 tracer.wait()
@@ -176,7 +196,8 @@ def main(argv: list[str]) -> int:
         finally:
             child.terminate()
             child.wait()
-        print(f"{reads} reads of 1000 x 1 KiB (binary results); load average "
+        how = "COPY (FORMAT arrow)" if "--copy" in argv else "binary results"
+        print(f"{reads} reads of 1000 x 1 KiB ({how}); load average "
               f"{os.getloadavg()[0]:.1f}; per read: wall {1e6 * wall / reads:.0f} us, client "
               f"CPU {1e6 * cpu / reads:.0f} us")  # fmt: skip
         total = 0

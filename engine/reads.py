@@ -471,7 +471,9 @@ def _read_all(
     """
     bounds = read_bounds(operation)
     with publish_gate:
-        ends = {p: topic.partition(p).end_offset for p in starts}
+        # without the settle of the topic's ledger: a poll into one buffer reads its rows
+        # where the ledger holds them (``scan_many``); a partition read settles first
+        ends = topic.reader_ends(starts)
     positions = dict(starts)
     if operation.consumer is not None and round_robin is not None:
         # per member too: members take their own partitions in their own turn

@@ -47,7 +47,8 @@ from storage import limits, verified_frames
 from storage.buffer_pool import BUFFERS
 from storage.column_codec import compressed_bodies, unpacked_bytes
 from storage.frame_read import SMALL_SLICE_ROWS, read_batch
-from storage.partition_log import PartitionLog
+from storage.ledger import LedgerSpans
+from storage.partition_log import LedgerTail, PartitionLog
 from storage.record_batch import HEADER, HEADER_BYTES, MAGIC, WIRE_SCHEMA
 from storage.segment import LogSegment
 from storage.wire_columns import decode_wire_spans
@@ -77,6 +78,7 @@ class ScannedFrames:
     message_count: int
     size: int  # the slices' share of their frames' bytes, as ``FrameSlice.size`` counts
     released: bool = False  # ``buffer`` went back to the pool (``decode``)
+    pooled: bool = True  # ``buffer`` came from the pool (else: a view of a ledger's map)
 
     def __len__(self) -> int:
         return len(self.rows)
@@ -96,7 +98,7 @@ class ScannedFrames:
             self.buffer, self.partitions[order], self.body_starts[order],
             self.body_sizes[order], self.counts[order], self.skips[order], self.rows[order],
             self.firsts[order], self.written_ats[order], self.next_offsets,
-            self.message_count, self.size,
+            self.message_count, self.size, pooled=self.pooled,
         )  # fmt: skip
 
     def decode(self) -> pa.RecordBatch:
@@ -108,7 +110,7 @@ class ScannedFrames:
         )
         if wire is None:  # a body of another layout: an Arrow IPC read per frame
             wire = self._read_each()  # zero-copy: the batch keeps the buffer
-        else:
+        elif self.pooled:
             BUFFERS.give(self.buffer)  # the columnar decode copied all it keeps
         self.released = True
         return read_batch(wire, self.rows, self.firsts, self.written_ats)
@@ -124,7 +126,7 @@ class ScannedFrames:
         )  # fmt: skip
         if wire is None:
             wire = self._read_each().select(list(names))
-        else:
+        elif self.pooled:
             BUFFERS.give(self.buffer)
         self.released = True
         assert wire.num_rows == self.message_count
@@ -152,25 +154,134 @@ def scan_many(
     if not plan or not 0 < max_bytes <= limits.READ_BYTES_MAX:
         return None
     windows = []
+    in_logs = []  # the plan's parts in the partitions' own segments
+    across: dict[int, tuple[int, int]] = {}  # partition -> [low, high) in the ledger
+    tail: LedgerTail | None = None
     total = 0
-    for _, log, start, count in plan:
+    for partition, log, start, count in plan:
         if not 0 < count <= limits.READ_MESSAGES_MAX:
             return None
-        window = log.frame_window(start, count, SCAN_WINDOW_BYTES)
-        if window is None:
-            return None
-        windows.append(window)
-        total += window[2] - window[1]
-    if total == 0 or total > max_bytes:
+        in_log = count
+        if log.reads_across:  # rows past its own end are read where the ledger holds them
+            own = log.own_end
+            in_log = max(0, min(count, own - start))
+            if in_log < count:
+                if tail is not None and log.ledger_tail is not tail:
+                    return None  # (one topic's plan has one ledger)
+                tail = log.ledger_tail
+                across[partition] = (start + in_log, start + count)
+        if in_log:
+            # ``ends`` (``reader_end``) did not settle: neither does this (the messages
+            # asked of the segments lie below their own end)
+            window = log.frame_window(start, in_log, SCAN_WINDOW_BYTES, settle=False)
+            if window is None:
+                return None
+            windows.append(window)
+            in_logs.append((partition, log, start, in_log))
+            total += window[2] - window[1]
+    spans = None
+    if across:
+        assert tail is not None
+        spans = tail.spans_many(across)
+        if spans is None:
+            return None  # released under us: the partition reads settle and read the logs
+    ledger_bytes = 0 if spans is None else sum(_aligned(len(body)) for body in spans.bodies)
+    if total + ledger_bytes == 0 or total > max_bytes:
         # Windows over the byte budget: it would likely stop the read. (This also bounds
         # what the path holds at once, as the budget bounds the partition reads.)
         return None
+    if not in_logs and spans is not None and spans.home is not None:
+        # all in one ledger file: its rows are taken from its map, nothing copied first
+        home = np.frombuffer(spans.home, np.uint8)
+        return _with_ledger(home[: home.size // 8 * 8], None, plan, across, _NOTHING, spans,
+                            max_bytes)  # fmt: skip
     # Pooled: a fresh array of ~24 MB faults in its pages again (``buffer_pool``).
-    buffer = BUFFERS.take(-(-total // 8) * 8)
-    found = _scan_into(buffer, plan, windows, max_bytes)
+    buffer = BUFFERS.take(_aligned(total) + ledger_bytes)
+    found = _scan_into(buffer, in_logs, windows, max_bytes) if in_logs else _NOTHING
+    if found is not None and spans is not None:
+        found = _with_ledger(buffer, _aligned(total), plan, across, found, spans, max_bytes)
     if found is None:
         BUFFERS.give(buffer)
     return found
+
+
+def _aligned(size: int) -> int:
+    return -(-size // 8) * 8
+
+
+# ``_scan_into`` of no window: the log parts of a read that is all in the ledger.
+_NOTHING = ScannedFrames(
+    np.empty(0, np.uint8), *(np.empty(0, np.int64) for _ in range(8)), {}, 0, 0
+)
+
+
+def _with_ledger(
+    buffer: np.ndarray,
+    at: int | None,
+    plan: Sequence[tuple[int, PartitionLog, int, int]],
+    across: dict[int, tuple[int, int]],
+    logs: ScannedFrames,
+    spans: LedgerSpans,
+    max_bytes: int,
+) -> ScannedFrames | None:
+    """The read across: ``logs`` (the plan's parts in the partitions' segments, read into
+    ``buffer`` below ``at``) and the ledger's rows past them (``spans``), whose frame
+    bodies are copied into ``buffer`` from ``at`` on (``at`` None: ``buffer`` is the map
+    of the ledger file that holds them, ``spans.home``, and nothing is copied), as one
+    ``ScannedFrames``: each
+    partition's slices in the plan's order, its segments' before its ledger rows (so
+    its offsets ascend), and every partition's next offset its planned end. None when
+    the byte budget would have stopped the read (the partition reads then apply it)."""
+    if at is None:  # ``buffer`` is the ledger file's map holding every body
+        assert spans.home_starts is not None
+        starts = spans.home_starts
+    else:
+        starts = np.empty(len(spans.bodies), np.int64)
+        view = memoryview(buffer).cast("b")
+        for index, body in enumerate(spans.bodies):
+            starts[index] = at
+            view[at : at + len(body)] = memoryview(body).cast("b")
+            at += _aligned(len(body))
+    if compressed_bodies(buffer, starts).any():
+        return None  # messages stored compressed: charged as they decode, by the reads
+    frames = spans.frames
+    body_sizes = np.fromiter((len(b) for b in spans.bodies), np.int64, len(spans.bodies))
+    counts = spans.frame_rows[frames]
+    sizes = np.maximum(1, (body_sizes[frames] + HEADER_BYTES) * spans.counts // counts)
+    if logs.size + int(sizes.sum()) >= max_bytes:
+        return None
+    ids = np.fromiter((entry[0] for entry in plan), np.int64, len(plan))
+    sorting = np.argsort(ids)  # the k-th smallest id is the plan's ``sorting[k]``-th
+    by_id = ids[sorting]
+
+    def ranks(partitions: np.ndarray) -> np.ndarray:
+        """Twice each partition's place in the plan (its segments' slices go first)."""
+        return sorting[np.searchsorted(by_id, partitions)] * 2
+
+    order = np.argsort(np.concatenate((ranks(logs.partitions), ranks(spans.partitions) + 1)),
+                       kind="stable")  # fmt: skip
+
+    def merged(mine: np.ndarray, theirs: np.ndarray, dtype: type) -> np.ndarray:
+        return np.concatenate((mine.astype(dtype), theirs.astype(dtype)))[order]
+
+    ends = {partition: start + count for partition, _, start, count in plan}
+    assert all(n == (across[p][0] if p in across else ends[p])
+               for p, n in logs.next_offsets.items()), (logs.next_offsets, across)  # fmt: skip
+    return ScannedFrames(
+        buffer,
+        merged(logs.partitions, spans.partitions, np.int32),
+        merged(logs.body_starts, starts[frames], np.int64),
+        merged(logs.body_sizes, body_sizes[frames], np.int64),
+        merged(logs.counts, counts, np.int64),
+        merged(logs.skips, spans.rows, np.int64),
+        merged(logs.rows, spans.counts, np.int64),
+        merged(logs.firsts, spans.firsts, np.int64),
+        merged(logs.written_ats, spans.written_ats[frames], np.int64),
+        ends,
+        logs.message_count + int(spans.counts.sum()),
+        logs.size + int(sizes.sum()),
+        pooled=at is not None,
+    )
 
 
 def _scan_into(

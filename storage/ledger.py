@@ -71,6 +71,33 @@ class _FrameAt:
     written_at_us: int
 
 
+@dataclass(frozen=True, slots=True)
+class LedgerSpans:
+    """Rows of many partitions as the ledger holds them (``Ledger.spans_many``): the
+    frames' bodies (Arrow IPC record batch messages of ``WIRE_SCHEMA``, 8-byte multiples),
+    each one's rows and write time; then per span (a partition's rows in one frame; in
+    frame order, each frame's in partition order) the index of its body in ``bodies``,
+    its partition, its first offset, its first row in the body and its number of rows."""
+
+    bodies: list[pa.Buffer]
+    frame_rows: np.ndarray  # int64, one per body
+    written_ats: np.ndarray  # int64 (us), one per body
+    frames: np.ndarray  # int64, one per span
+    partitions: np.ndarray
+    firsts: np.ndarray
+    rows: np.ndarray
+    counts: np.ndarray
+    # The one map of a ledger file that holds every body, and each body's place in it
+    # (a reader may take the rows from there without copying the bodies); else None.
+    home: pa.Buffer | None = None
+    home_starts: np.ndarray | None = None
+
+    @staticmethod
+    def empty() -> LedgerSpans:
+        none = np.empty(0, np.int64)
+        return LedgerSpans([], none, none, none, none, none, none, none)
+
+
 @dataclass(slots=True)
 class _File:
     number: int
@@ -177,7 +204,17 @@ class Ledger:
                written_at_us: int | None = None) -> list[int]:  # fmt: skip
         """Write one statement's shares ``(partition, wire batch)`` (partitions increasing)
         as one frame; returns each share's base offset once the frame is durable."""
-        encoded = fmt.encode_body(shares)
+        return self._append(fmt.encode_body(shares), transaction_id, written_at_us)
+
+    def append_whole(self, partitions: np.ndarray, counts: np.ndarray, whole: pa.RecordBatch,
+                     *, transaction_id: int = 0, written_at_us: int | None = None
+                     ) -> list[int]:  # fmt: skip
+        """``append`` of shares given as one batch (``ledger_format.encode_whole``)."""
+        encoded = fmt.encode_whole(partitions, counts, whole)
+        return self._append(encoded, transaction_id, written_at_us)
+
+    def _append(self, encoded: fmt.EncodedBody, transaction_id: int,
+                written_at_us: int | None) -> list[int]:  # fmt: skip
         if encoded.body.size > limits.LEDGER_FRAME_BYTES_MAX:
             raise LimitExceededError(
                 f"a ledger frame of {encoded.body.size} bytes is over "
@@ -354,9 +391,78 @@ class Ledger:
         table = pa.Table.from_batches(batches, schema=READ_SCHEMA)
         return table, (np.concatenate(partitions) if partitions else np.empty(0, np.int64))
 
+    def spans_many(self, wanted: Mapping[int, tuple[int, int]]) -> LedgerSpans | None:
+        """Where the ledger holds offsets ``[low, high)`` of each partition of ``wanted``
+        (``partition -> (low, high)``): the frames' bodies and each partition's rows in
+        them, as arrays (``LedgerSpans``), without reading a row. None when a range is
+        not wholly in the ledger now: ``low`` below the partition's start (copied and
+        released since the caller looked at its log: read the log instead) or ``high``
+        past its end. Taken under the ledger's lock, so no release cuts what it found;
+        the bodies stay valid after it (views keep the maps, the files' deletion does not
+        unmap them)."""
+        asked = {p: r for p, r in wanted.items() if r[1] > r[0]}
+        with self._lock:
+            for partition, (low, high) in asked.items():
+                if not self._index.start(partition) <= low <= high <= self._index.end(partition):
+                    return None
+            if not asked:
+                return LedgerSpans.empty()
+            keys = np.fromiter(asked, np.int64, len(asked))
+            order = np.argsort(keys)
+            keys = keys[order]
+            highs = np.fromiter((r[1] for r in asked.values()), np.int64, len(asked))[order]
+            left = int(sum(high - low for low, high in asked.values()))
+            bodies: list[pa.Buffer] = []
+            frames_read: list[int] = []
+            frame_rows, written_ats, parts = [], [], []
+            for frame, partitions, firsts, rows, counts in self._index.select(
+                {p: r[0] for p, r in asked.items()}
+            ):  # fmt: skip
+                limit = highs[np.searchsorted(keys, partitions)]
+                counts = np.minimum(counts, limit - firsts)
+                keep = counts > 0
+                if not keep.any():
+                    continue
+                body, written_at, record_count = self._frame_body(frame)
+                frames_read.append(frame)
+                parts.append((np.full(int(keep.sum()), len(bodies), np.int64), partitions[keep],
+                              firsts[keep], rows[keep], counts[keep]))  # fmt: skip
+                bodies.append(body)
+                frame_rows.append(record_count)
+                written_ats.append(written_at)
+                left -= int(counts[keep].sum())
+                if left <= 0:
+                    break
+            home = self._home(frames_read)
+        assert left == 0, f"the ledger's index lacks {left} rows it claims"
+        columns = [np.concatenate(column) for column in zip(*parts, strict=True)]
+        home_starts = None
+        if home is not None:
+            home_starts = np.fromiter((b.address - home.address for b in bodies), np.int64,
+                                      len(bodies))  # fmt: skip
+            sizes = np.fromiter((b.size for b in bodies), np.int64, len(bodies))
+            if np.any(home_starts < 0) or np.any(home_starts + sizes > home.size):
+                home, home_starts = None, None  # a body of an earlier map of the file
+        per_body = np.array(frame_rows, np.int64), np.array(written_ats, np.int64)
+        return LedgerSpans(bodies, *per_body, *columns, home, home_starts)
+
+    def _home(self, frames: list[int]) -> pa.Buffer | None:
+        """The map that holds the bodies of ``frames`` (read just now by ``_frame_body``:
+        a body is a view of its file's current map), if one file holds them all and it
+        is mapped; else None (caller holds the lock)."""
+        numbers = {self._frames[frame].file_number for frame in frames}
+        if len(numbers) != 1:
+            return None
+        return self._files[numbers.pop()].mapped
+
     def _body(self, sequence: int) -> tuple[pa.Buffer, int]:
-        """Frame ``sequence``'s body (a view of its file's map, or read) and its time;
-        checked against its CRC on the first read (caller holds the lock)."""
+        """Frame ``sequence``'s body and its time (``_frame_body``)."""
+        body, written_at, _ = self._frame_body(sequence)
+        return body, written_at
+
+    def _frame_body(self, sequence: int) -> tuple[pa.Buffer, int, int]:
+        """Frame ``sequence``'s body (a view of its file's map, or read), its time and its
+        rows; checked against its CRC on the first read (caller holds the lock)."""
         at = self._frames[sequence]
         entry = self._files[at.file_number]
         if entry.fd is None:
@@ -377,9 +483,9 @@ class Ledger:
                 raise CorruptSegmentError("a ledger frame failed its check on a read",
                                           path=entry.path, position=at.position)  # fmt: skip
             self._verified.add(sequence)
-        share_count, body_bytes = fmt.HEADER.unpack_from(memoryview(raw))[5:7]
+        record_count, share_count, body_bytes = fmt.HEADER.unpack_from(memoryview(raw))[4:7]
         body_at = fmt.HEADER_BYTES + share_count * fmt.SHARE_BYTES
-        return raw.slice(body_at, body_bytes), at.written_at_us
+        return raw.slice(body_at, body_bytes), at.written_at_us, record_count
 
     # -- copy and retention --------------------------------------------------------------
     def release(self, partition: int, copied_end: int) -> None:
@@ -387,6 +493,11 @@ class Ledger:
         (the caller synced them): the ledger need not keep them."""
         with self._lock:
             self._index.release(partition, copied_end)
+
+    def ends(self) -> dict[int, int]:
+        """Every partition's ``end_offset``, taken at once."""
+        with self._lock:
+            return self._index.ends()
 
     def pending(self) -> dict[int, tuple[int, int]]:
         """Partitions with offsets not yet copied into their own segments:

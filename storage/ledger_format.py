@@ -107,14 +107,27 @@ def encode_body(shares: Sequence[tuple[int, pa.RecordBatch]]) -> EncodedBody:
         raise ValueError("a ledger frame needs at least one share")
     partitions = np.fromiter((p for p, _ in shares), np.int64, len(shares))
     counts = np.fromiter((b.num_rows for _, b in shares), np.int64, len(shares))
-    if partitions[0] < 0 or partitions[-1] > 0xFFFFFFFF or np.any(np.diff(partitions) <= 0):
-        raise ValueError("a ledger frame's partitions must be increasing u32 values")
-    if np.any(counts < 1) or np.any(counts > 0xFFFFFFFF):
-        raise ValueError("every share of a ledger frame needs at least one message")
     try:  # refuses batches of different schemas: checking the result checks them all
         whole = pa.concat_batches([b for _, b in shares]) if len(shares) > 1 else shares[0][1]
     except (pa.ArrowInvalid, pa.ArrowTypeError) as error:
         raise ValueError(f"a ledger frame's shares must be wire batches: {error}") from error
+    return encode_whole(partitions, counts, whole)
+
+
+def encode_whole(partitions: np.ndarray, counts: np.ndarray, whole: pa.RecordBatch
+                 ) -> EncodedBody:  # fmt: skip
+    """``encode_body`` of shares given as one batch: ``whole``'s rows are the shares' one
+    after another, ``counts[i]`` rows to ``partitions[i]`` (strictly increasing). A
+    statement that holds its rows in share order already (``storage.ledger_route``)
+    makes no batch a share."""
+    if not len(partitions) or len(partitions) != len(counts):
+        raise ValueError("a ledger frame needs one count for each of its shares (>= 1)")
+    if partitions[0] < 0 or partitions[-1] > 0xFFFFFFFF or np.any(np.diff(partitions) <= 0):
+        raise ValueError("a ledger frame's partitions must be increasing u32 values")
+    if np.any(counts < 1) or np.any(counts > 0xFFFFFFFF):
+        raise ValueError("every share of a ledger frame needs at least one message")
+    if int(counts.sum()) != whole.num_rows:
+        raise ValueError("a ledger frame's counts must add up to its rows")
     if not whole.schema.equals(WIRE_SCHEMA):
         raise ValueError("a ledger share must be a wire batch (WIRE_SCHEMA)")
     body = serialize_body_buffer(whole)

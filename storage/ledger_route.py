@@ -48,10 +48,10 @@ import pyarrow as pa
 from storage import limits
 from storage.errors import CorruptSegmentError, StorageIOError
 from storage.fs import FileSystem
-from storage.ledger import Ledger
+from storage.ledger import Ledger, LedgerSpans
 from storage.ledger_copy import copy_ledger
 from storage.partition_log import PartitionLog
-from storage.producer_state import decide_shares, record_share
+from storage.producer_state import SEQ_NO_COLUMN, decide_shares, record_share
 from storage.record_batch import WIRE_SCHEMA
 
 _WIRE_FIELDS = tuple(WIRE_SCHEMA.names)
@@ -112,6 +112,14 @@ class TopicLedger:
         """Make ``log`` settle from this ledger (a partition opened or added)."""
         log.ledger_tail = self
 
+    def end_of(self, partition: int) -> int:
+        """The ledger's end of ``partition`` (a log's ``reader_end``)."""
+        return self.ledger.end_offset(partition)
+
+    def spans_many(self, wanted: Mapping[int, tuple[int, int]]) -> LedgerSpans | None:
+        """``Ledger.spans_many``: a read across (``storage.bulk_scan``)."""
+        return self.ledger.spans_many(wanted)
+
     # -- appends -------------------------------------------------------------------------
     def append_shares(self, logs: Sequence[PartitionLog], batches: Sequence[pa.RecordBatch],
                       table: pa.Table | None, written_at_us: int) -> list[int] | None:  # fmt: skip
@@ -132,10 +140,12 @@ class TopicLedger:
             decision = decide_shares([log.producers for log in logs], list(batches), table)
             if decision is None:
                 return None
-            shares = [(log.partition_id, decision.batch(i) if decision.seq_nos is not None
-                       else decision.originals[i]) for i, log in enumerate(logs)]  # fmt: skip
+            partitions = np.fromiter((log.partition_id for log in logs), np.int64, len(logs))
+            counts = np.fromiter((batch.num_rows for batch in batches), np.int64, len(batches))
+            whole = _whole(batches, table, decision.seq_nos)
             try:
-                bases = self.ledger.append(shares, written_at_us=written_at_us)
+                bases = self.ledger.append_whole(partitions, counts, whole,
+                                                 written_at_us=written_at_us)  # fmt: skip
             except BaseException as error:
                 if isinstance(error, (StorageIOError, OSError)):
                     for log in logs:  # the frame may be on disk: nobody takes its offsets
@@ -291,6 +301,23 @@ class TopicLedger:
         if self._thread is not None:
             self._thread.join()
         self.ledger.close()
+
+
+def _whole(batches: Sequence[pa.RecordBatch], table: pa.Table | None,
+           seq_nos: np.ndarray | None) -> pa.RecordBatch:  # fmt: skip
+    """A statement's shares as written, as one batch (the frame's body): ``batches`` one
+    after another (``table``, if the caller made it, is theirs), their seq_nos those the
+    decision numbered (``SpreadDecision.seq_nos``, in the same order), or as given (None).
+    No batch is made a share (``SpreadDecision.batch``: ~8 us each, 1000 a statement)."""
+    if table is None:
+        table = pa.Table.from_batches(batches)
+    whole = table.combine_chunks().to_batches()[0]
+    assert whole.num_rows == sum(batch.num_rows for batch in batches)
+    if seq_nos is None:
+        return whole
+    assert len(seq_nos) == whole.num_rows
+    field = whole.schema.field(SEQ_NO_COLUMN)
+    return whole.set_column(SEQ_NO_COLUMN, field, pa.array(seq_nos, pa.int64()))
 
 
 def attach_all(ledger: TopicLedger | None, logs: Mapping[int, PartitionLog]) -> None:

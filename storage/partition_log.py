@@ -23,9 +23,9 @@ import contextlib
 import itertools
 import logging
 import threading
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterator, Mapping
 from dataclasses import dataclass
-from typing import Protocol
+from typing import TYPE_CHECKING, Protocol
 
 import numpy as np
 import pyarrow as pa
@@ -73,6 +73,9 @@ from storage.record_batch import (
 from storage.segment import Frame, LogSegment
 from storage.staged_frames import StagedFrame, own_file, publish_header, whole_own_file
 
+if TYPE_CHECKING:
+    from storage.ledger import LedgerSpans
+
 log = logging.getLogger(__name__)
 
 # Frames of at most this many messages are decoded in runs on a read (``decode_slices``):
@@ -93,6 +96,12 @@ class LedgerTail(Protocol):
 
     def copy_locked(self, log: PartitionLog) -> None:
         """Copy the ledger's rows of ``log`` past its end into it (write lock held)."""
+
+    def end_of(self, partition: int) -> int:
+        """The ledger's end of ``partition``: past the last row it holds of it."""
+
+    def spans_many(self, wanted: Mapping[int, tuple[int, int]]) -> LedgerSpans | None:
+        """Where the ledger holds ``partition -> [low, high)`` (``Ledger.spans_many``)."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -225,6 +234,24 @@ class PartitionLog:
         if self.ledger_unsettled:
             self.settle()
         return self._visible.end_offset
+
+    @property
+    def reader_end(self) -> int:
+        """``end_offset`` without the settle: the end a reader sees, the ledger's end of
+        this partition while it holds rows past this log's (a read of many partitions
+        reads them there, ``storage.bulk_scan``); as ``end_offset`` in every other case
+        (no ledger, nothing unsettled, a fenced or closed log, which does not settle)."""
+        tail = self.ledger_tail
+        if self.reads_across and tail is not None:
+            return max(self._visible.end_offset, tail.end_of(self.partition_id))
+        return self._visible.end_offset
+
+    @property
+    def reads_across(self) -> bool:
+        """Whether rows past this log's own end may be read in the topic's ledger now
+        (``reader_end`` is the ledger's): unsettled, not fenced, not closed."""
+        return (self.ledger_unsettled and self.ledger_tail is not None and not self._closed
+                and self._fenced is None)  # fmt: skip
 
     @property
     def own_end(self) -> int:
@@ -1232,15 +1259,18 @@ class PartitionLog:
         raise StorageIOError(f"partition {self.partition_id}: segments vanished during a read")
 
     def frame_window(
-        self, start_offset: int, count: int, window_max: int
+        self, start_offset: int, count: int, window_max: int, *, settle: bool = True
     ) -> tuple[LogSegment, int, int] | None:
         """Where a read of ``count`` messages from ``start_offset`` finds its frames: the
         segment and the byte range ``[from, to)`` of it holding them (from the indexed
         frame at or before ``start_offset`` to the published end of the segment), for a
         read of many partitions into one buffer (``storage.bulk_scan``). None when the
         messages are not all published in one segment, start below the log start, or
-        the range is over ``window_max`` bytes (``read_frames`` handles those)."""
-        if self.ledger_unsettled:
+        the range is over ``window_max`` bytes (``read_frames`` handles those).
+        ``settle=False``: the log's own frames only, the ledger's rows left where they
+        are (a read across, ``storage.bulk_scan``: the messages must lie below
+        ``own_end``)."""
+        if settle and self.ledger_unsettled:
             self.settle()
         visible = self._visible
         segments = visible.segments

@@ -38,7 +38,7 @@ import os
 import struct
 import threading
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterable, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, replace
 
@@ -1289,6 +1289,16 @@ class TopicLog:
             ]
 
     # -- reads --------------------------------------------------------------------------
+    def reader_ends(self, partition_ids: Iterable[int]) -> dict[int, int]:
+        """Each partition's ``reader_end`` (its end, the rows its ledger holds past its
+        segments counted, nothing settled), the ledger's ends taken once for all."""
+        logs = [(p, self.partition(p)) for p in partition_ids]
+        if self.ledger is None or not any(log.reads_across for _, log in logs):
+            return {p: log.reader_end for p, log in logs}
+        ledger_ends = self.ledger.ledger.ends()  # after the flags: at least as new
+        return {p: max(log.own_end, ledger_ends.get(p, 0)) if log.reads_across
+                else log.own_end for p, log in logs}  # fmt: skip
+
     def read(self, partition_id: int, offset: int, **limits_: int) -> ReadResult:
         return self.partition(partition_id).read(offset, **limits_)
 

@@ -108,9 +108,9 @@ def test_partitions_with_nothing_new_are_not_read(
     read: list[int] = []
     original = PartitionLog.frame_window
 
-    def counted(self: PartitionLog, *args: Any) -> Any:
+    def counted(self: PartitionLog, *args: Any, **kwargs: Any) -> Any:
         read.append(self.partition_id)
-        return original(self, *args)
+        return original(self, *args, **kwargs)
 
     monkeypatch.setattr(PartitionLog, "frame_window", counted)
     got = _poll(session, "c", "max_messages = 1000")
