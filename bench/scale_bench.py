@@ -9,7 +9,13 @@
    repetition produced, ``max_messages = 20000`` per read (offsets committed by each
    read); the consume note gives the process CPU time per message read, steadier than
    msgs/s on a loaded machine. Target: 1000 partitions >= 70 % of 10, for each.
-2. ``scale.growth``: how cost grows with data: 1000-message INSERTs into a
+2. ``scale.partitions_1000.ledger``: the same comparison in a store with the ledger
+   switched on (``TOPICBASE_LEDGER=1``, off by default: docs/scale.md), no target. The
+   rows' later copy into the partitions is charged to producing them: the copy left
+   when a repetition ends is done then (``TopicLedger.copy_all``) and its time added to
+   the produce time, so no copier pass runs into the other side's time; the note gives
+   the copy's CPU a message (the background passes' and those).
+3. ``scale.growth``: how cost grows with data: 1000-message INSERTs into a
    4-partition topic until it holds ``growth_bytes`` (10 GB in the full suite, 0.2 GB
    in the quick one), produce rate measured per slice; then one consumer reads it
    all, rate per slice. Recorded: the last slice against the first (the ratio says
@@ -19,17 +25,21 @@
 
 from __future__ import annotations
 
+import contextlib
+import functools
 import os
 import shutil
 import tempfile
 import time
-from collections.abc import Sequence
+from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
+from typing import Any
 
 from bench import harness
 from bench.results import Recorder
 from bench.storage_bench import make_messages
 from sql import dbapi
+from storage.config import LEDGER_ENVIRONMENT_VARIABLE
 
 GB = 1_000_000_000
 MESSAGE_BYTES = 1024
@@ -40,6 +50,7 @@ GROWTH_BATCH = 1000
 PARTITIONS_TARGET = 0.7
 G_PARTITIONS = "scale: 1000 partitions vs 10 (DB-API, 5,000-message INSERTs, 2,000 producers)"
 G_GROWTH = "scale: data growth (DB-API, 1000-message INSERTs, 4 partitions)"
+G_LEDGER = "scale: 1000 partitions vs 10 with the ledger switched on (TOPICBASE_LEDGER=1)"
 INSERT = "INSERT INTO TOPIC {topic} (data, producer_id) SELECT unnest(?), unnest(?)"
 GROWTH_INSERT = "INSERT INTO TOPIC g (data) SELECT unnest(?)"
 
@@ -87,8 +98,46 @@ def _read_slices(cursor: dbapi.Cursor, per_slice: int, slices: int) -> list[floa
     return rates
 
 
-def bench_partitions(rec: Recorder, parent: str, params: Params, pool: Sequence[bytes]) -> None:
-    conn = dbapi.connect(os.path.join(parent, "partitions"), autocommit=True)
+def _ledger_of(conn: dbapi.Connection, topic: str) -> Any:
+    """``topic``'s ledger (``storage.ledger_route.TopicLedger``), or None."""
+    database = conn._database  # a bench reaches into the engine for a figure it keeps
+    entry = database.catalog.entry(topic)
+    return None if entry is None else database.topic_log(entry.topic_id).ledger
+
+
+def _drained(conn: dbapi.Connection, topic: str) -> tuple[float, float]:
+    """Copy what ``topic``'s ledger still holds into its partitions now (a copier's
+    pass, run here): its wall and CPU seconds; (0, 0) without a ledger."""
+    ledger = _ledger_of(conn, topic)
+    if ledger is None:
+        return 0.0, 0.0
+    started, cpu = time.perf_counter(), time.thread_time()
+    ledger.copy_all()
+    return time.perf_counter() - started, time.thread_time() - cpu
+
+
+@contextlib.contextmanager
+def _ledger_switch(on: bool) -> Iterator[None]:
+    """``TOPICBASE_LEDGER`` as asked while a store opens (``storage.config``), then as it was."""
+    before = os.environ.get(LEDGER_ENVIRONMENT_VARIABLE)
+    os.environ[LEDGER_ENVIRONMENT_VARIABLE] = "1" if on else "0"
+    try:
+        yield
+    finally:
+        if before is None:
+            del os.environ[LEDGER_ENVIRONMENT_VARIABLE]
+        else:
+            os.environ[LEDGER_ENVIRONMENT_VARIABLE] = before
+
+
+def bench_partitions(rec: Recorder, parent: str, params: Params, pool: Sequence[bytes],
+                     ledger: bool = False) -> None:  # fmt: skip
+    """The partitions comparison; ``ledger``: in a store with the ledger switched on, its
+    records named ``scale.partitions_1000.ledger.*``, without a target (the switch is off by
+    default), the copier's CPU a message in their notes."""
+    with _ledger_switch(ledger):
+        conn = dbapi.connect(os.path.join(parent, "ledger" if ledger else "partitions"),
+                             autocommit=True)  # fmt: skip
     try:
         cursor = conn.cursor()
         for partitions in (1000, 10):
@@ -98,6 +147,8 @@ def bench_partitions(rec: Recorder, parent: str, params: Params, pool: Sequence[
             )
         data = [pool[i % len(pool)] for i in range(PRODUCE_BATCH)]
         ids = [f"producer-{i % PRODUCERS}" for i in range(PRODUCE_BATCH)]
+        drains_cpu: dict[str, float] = {}  # topic -> CPU seconds of the copies at the ends
+        produced: dict[str, int] = {}
 
         def side(partitions: int) -> harness.Side:
             topic = f"p{partitions}"
@@ -111,28 +162,47 @@ def bench_partitions(rec: Recorder, parent: str, params: Params, pool: Sequence[
                     sent += PRODUCE_BATCH
                     if time.perf_counter() - started >= params.produce_seconds:
                         break
-                produce = sent / (time.perf_counter() - started)
+                produce_s = time.perf_counter() - started
                 cpu_started = time.process_time()
                 consume = _read_all(cursor, topic, sent)
                 # CPU per message read: steadier than msgs/s on a loaded machine
                 cpu_us = (time.process_time() - cpu_started) / sent * 1e6
-                return {"produce": produce, "consume": consume, "consume_cpu_us": cpu_us}
+                # With a ledger, the rows are copied into the partitions later: the copy
+                # left when the side ends is done now and its time charged to producing
+                # them, so that no pass runs into the other side's time.
+                drain_s, drain_cpu_s = _drained(conn, topic)
+                drains_cpu[topic] = drains_cpu.get(topic, 0.0) + drain_cpu_s
+                produced[topic] = produced.get(topic, 0) + sent
+                return {"produce": sent / (produce_s + drain_s), "consume": consume,
+                        "consume_cpu_us": cpu_us}  # fmt: skip
 
             return harness.Side(topic, run)
 
         spreads = harness.alternate([side(1000), side(10)], params.reps, rec.progress)
         descriptors = len(os.listdir("/proc/self/fd"))
         cpu = {name: spreads[name]["consume_cpu_us"].median for name in ("p1000", "p10")}
+        ledger_1000 = _ledger_of(conn, "p1000")
+        copier_cpu_s = 0.0 if ledger_1000 is None else ledger_1000.copier_cpu_s
+        copier = (copier_cpu_s + drains_cpu.get("p1000", 0.0)) / produced["p1000"] * 1e6
         for metric in ("produce", "consume"):
+            note = (f"{descriptors:,} open file descriptors in the process after the run"
+                    if metric == "produce" else f"reads of up to {CONSUME_BATCH:,}; CPU a "
+                    f"message read (process time, medians): {cpu['p1000']:.1f} us at 1000 "
+                    f"partitions, {cpu['p10']:.1f} us at 10")  # fmt: skip
+            if ledger:
+                note += (f"; TOPICBASE_LEDGER=1 (off by default); copying the rows from the "
+                         f"ledger into the partitions took {copier:.1f} us of CPU a message "
+                         "at 1000 partitions (the copier's passes and the copy left at the "
+                         "end of each repetition, done then and its time added to the "
+                         "produce time)")
             harness.record(
-                rec, f"scale.partitions_1000.{metric}", spreads["p1000"][metric],
-                spreads["p10"][metric], unit="msgs/s", group=G_PARTITIONS,
-                baseline="the same topic with 10 partitions", target_ratio=PARTITIONS_TARGET,
-                target=f">= {PARTITIONS_TARGET:.0%} of 10 partitions",
-                note=f"{descriptors:,} open file descriptors in the process after the run"
-                if metric == "produce" else f"reads of up to {CONSUME_BATCH:,}; CPU a message "
-                f"read (process time, medians): {cpu['p1000']:.1f} us at 1000 partitions, "
-                f"{cpu['p10']:.1f} us at 10",
+                rec, f"scale.partitions_1000{'.ledger' if ledger else ''}.{metric}",
+                spreads["p1000"][metric], spreads["p10"][metric], unit="msgs/s",
+                group=G_LEDGER if ledger else G_PARTITIONS,
+                baseline="the same topic with 10 partitions",
+                target_ratio=None if ledger else PARTITIONS_TARGET,
+                target=None if ledger else f">= {PARTITIONS_TARGET:.0%} of 10 partitions",
+                note=note,
             )  # fmt: skip
     finally:
         conn.close()
@@ -179,7 +249,9 @@ def run(rec: Recorder) -> None:
     )
     try:
         pool = make_messages()
-        for name, body in (("partitions", bench_partitions), ("growth", bench_growth)):
+        ledger = functools.partial(bench_partitions, ledger=True)
+        for name, body in (("partitions", bench_partitions), ("partitions, ledger on", ledger),
+                           ("growth", bench_growth)):  # fmt: skip
             started = time.perf_counter()
             rec.progress(f"-- {name}")
             body(rec, parent, params, pool)
