@@ -119,6 +119,10 @@ class Ledger:
         self._directory = directory
         self._file_bytes_max = file_bytes_max
         self._lock = threading.Lock()
+        # Held by a group-commit round from its check of ``_closed`` to its index update,
+        # and by ``close``: a close waits for the round in flight (it would otherwise
+        # close the file under its write), and a round after it refuses. Before ``_lock``.
+        self._round_lock = threading.Lock()
         self._index = LedgerIndex()
         self._frames: dict[int, _FrameAt] = {}
         self._files: dict[int, _File] = {}
@@ -226,16 +230,17 @@ class Ledger:
 
     def _flush(self, requests: list[Request]) -> None:
         """One group-commit round (the leader only): frame, write, sync, index."""
-        if self._closed:
-            raise StorageIOError("the ledger is closed", path=self._directory)
-        if self._failed is not None:
-            raise StorageIOError("the ledger refuses appends after a failed write; reopen it",
-                                 path=self._directory)  # fmt: skip
-        try:
-            self._write_round(requests)
-        except BaseException as error:
-            self._failed = error
-            raise
+        with self._round_lock:
+            if self._closed:  # (a topic dropped, a store closed): nothing was written
+                raise StorageIOError("the ledger is closed", path=self._directory)
+            if self._failed is not None:
+                raise StorageIOError("the ledger refuses appends after a failed write; "
+                                     "reopen it", path=self._directory)  # fmt: skip
+            try:
+                self._write_round(requests)
+            except BaseException as error:
+                self._failed = error
+                raise
 
     def _write_round(self, requests: list[Request]) -> None:
         parts: list[bytes | pa.Buffer] = []
@@ -593,7 +598,9 @@ class Ledger:
         return os.path.join(self._directory, file_names.offset_name(number) + SUFFIX)
 
     def close(self) -> None:
-        with self._lock:
+        """Close the files, once the append in flight (if any) is written and synced;
+        appends after it are refused (``StorageIOError``)."""
+        with self._round_lock, self._lock:
             self._closed = True
             for entry in self._files.values():
                 if entry.fd is not None:
