@@ -32,6 +32,14 @@ Invariant: for a plan ``[(partition, log, start, count)]`` it accepts, the slice
 exactly those ``log.read_frames(start, max_messages=count, max_bytes=B)`` would return
 for each partition in turn with ``B`` whatever of ``max_bytes`` earlier partitions
 left (the budget never binds), and each partition's next offset is ``start + count``.
+
+With the topic's ledger on (``storage.ledger_route``), a partition may hold rows past its
+own segments in the ledger (``PartitionLog.reads_across``): the plan's part of it past
+its own end is read there (``Ledger.spans_many``: spans of the ledger's frames, whose
+bodies have the segments' frames' layout), not copied into the partition first (the
+settle a partition read makes). The messages are those ``read_frames`` would return
+after that settle, in the same order; the slices are the ledger frames' (one per share
+a frame holds), not the copy's.
 """
 
 from __future__ import annotations
@@ -228,10 +236,10 @@ def _with_ledger(
     ``buffer`` below ``at``) and the ledger's rows past them (``spans``), whose frame
     bodies are copied into ``buffer`` from ``at`` on (``at`` None: ``buffer`` is the map
     of the ledger file that holds them, ``spans.home``, and nothing is copied), as one
-    ``ScannedFrames``: each
-    partition's slices in the plan's order, its segments' before its ledger rows (so
-    its offsets ascend), and every partition's next offset its planned end. None when
-    the byte budget would have stopped the read (the partition reads then apply it)."""
+    ``ScannedFrames``: the partitions' slices in the plan's order, each one's segments'
+    before its ledger rows (so its offsets ascend), every partition's next offset its
+    planned end. None when the byte budget would have stopped the read, or a body holds
+    compressed messages (the partition reads then charge them as they decode)."""
     if at is None:  # ``buffer`` is the ledger file's map holding every body
         assert spans.home_starts is not None
         starts = spans.home_starts
@@ -243,7 +251,7 @@ def _with_ledger(
             view[at : at + len(body)] = memoryview(body).cast("b")
             at += _aligned(len(body))
     if compressed_bodies(buffer, starts).any():
-        return None  # messages stored compressed: charged as they decode, by the reads
+        return None
     frames = spans.frames
     body_sizes = np.fromiter((len(b) for b in spans.bodies), np.int64, len(spans.bodies))
     counts = spans.frame_rows[frames]
