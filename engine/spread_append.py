@@ -44,7 +44,13 @@ from engine.commit import PastCommitPoint, PublishItem
 from engine.interrupts import sigint_deferred
 from engine.writes import plain_batch, plain_values
 from storage import limits
-from storage.errors import LimitExceededError, QueryCanceledError, TopicbaseError
+from storage.errors import (
+    LimitExceededError,
+    QueryCanceledError,
+    StorageIOError,
+    TopicbaseError,
+    UndefinedTopicError,
+)
 from storage.group_commit import GroupCommitter, Request
 from storage.limits import SPREAD_SHARE_BYTES_MAX
 from storage.record_batch import check_wire_batch
@@ -92,10 +98,27 @@ def append_now(
         if cancelled is not None and cancelled():  # before the commit point, as below
             raise QueryCanceledError("canceling statement due to user request")
         with sigint_deferred():  # the frame appended and its offsets reported, whole
-            bases = topic.append_ledger(shares)
+            try:
+                bases = topic.append_ledger(shares)
+            except StorageIOError:
+                _check_topic_exists(database, topic_id)  # a DROP closed its ledger under it
+                raise
         if bases is not None:
             return _ledger_result(shares, bases, batch.num_rows)
     return _commit_in_log(database, topic_id, shares, batch.num_rows, cancelled)
+
+
+def _check_topic_exists(database: Any, topic_id: str) -> None:
+    """Refuse with 42P01, as the staging path's commit does (``Committer``), a statement
+    whose topic was dropped while it wrote: its ledger, closed by the DROP, refused the
+    frame (nothing written)."""
+    try:
+        database.topic_log(topic_id)
+    except UndefinedTopicError:
+        raise UndefinedTopicError(
+            f"topic {topic_id} was dropped while this statement wrote to it; nothing was "
+            "committed"
+        ) from None
 
 
 def _ledger_result(shares: list[tuple[int, np.ndarray, pa.RecordBatch]], bases: list[int],

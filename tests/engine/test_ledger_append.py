@@ -6,12 +6,16 @@ read back at their offsets before and after a reopen. Off (the default), nothing
 
 from __future__ import annotations
 
+import threading
+import time
 from pathlib import Path
+from typing import Any
 
 import pytest
 
 from engine.database import Database
-from storage import limits
+from storage import errors, limits
+from storage.ledger import Ledger
 
 INSERT = (
     "INSERT INTO TOPIC t (data, producer_id, seq_no) SELECT unnest(?), unnest(?), unnest(?)"
@@ -93,3 +97,50 @@ def test_a_spread_write_goes_to_the_ledger_only_with_the_switch(
         session.close()
     finally:
         reopened.close()
+
+
+def test_a_drop_that_closes_the_ledger_under_a_statement_refuses_it_with_42p01(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """DROP TOPIC closes the topic's ledger between a spread statement's checks and its
+    frame's round (the statement holds its partitions' locks, so the DROP then waits for
+    them): the round refuses, nothing is written, and the statement gets what the staging
+    path gives a statement whose topic was dropped under it, 42P01."""
+    monkeypatch.setenv("TOPICBASE_LEDGER", "1")
+    database = _open(tmp_path)
+    try:
+        session = database.connect()
+        session.execute(f"CREATE TOPIC t WITH (min_active_partitions = {PARTITIONS})")
+        entry = database.catalog.entry("t")
+        assert entry is not None
+        ledger = database.topic_log(entry.topic_id).ledger
+        assert ledger is not None
+        real = Ledger.append_whole
+        dropper: list[threading.Thread] = []
+
+        def dropped_first(self: Ledger, *args: Any, **kwargs: Any) -> Any:
+            thread = threading.Thread(target=lambda: database.connect().execute("DROP TOPIC t"))
+            dropper.append(thread)
+            thread.start()
+            deadline = time.monotonic() + 10
+            while not self._closed and time.monotonic() < deadline:  # the DROP got this far
+                time.sleep(0.005)
+            assert self._closed
+            return real(self, *args, **kwargs)
+
+        monkeypatch.setattr(Ledger, "append_whole", dropped_first)
+        with pytest.raises(errors.UndefinedTopicError, match="dropped") as raised:
+            session.execute(INSERT, _rows(0, 400))
+        assert raised.value.sqlstate == "42P01"
+        dropper[0].join(10)
+        assert not dropper[0].is_alive()
+        assert database.catalog.entry("t") is None
+        session.execute(f"CREATE TOPIC t WITH (min_active_partitions = {PARTITIONS})")
+        monkeypatch.setattr(Ledger, "append_whole", real)
+        session.execute(INSERT, _rows(0, 400))  # the new topic takes the statement
+        assert session.execute("SELECT count(*) AS n FROM TOPIC t")[0].table.to_pylist() == [
+            {"n": 400}
+        ]
+        session.close()
+    finally:
+        database.close()
