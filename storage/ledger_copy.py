@@ -28,7 +28,7 @@ offsets; ``release(p, e)`` is called only once offsets below ``e`` are synced in
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+from collections.abc import Iterator, Mapping
 from dataclasses import dataclass
 
 import numpy as np
@@ -86,13 +86,44 @@ def copy_ledger(ledger: Ledger, logs: Mapping[int, PartitionLog], *,
 
 def _append_rows(ledger: Ledger, logs: Mapping[int, PartitionLog], table: pa.Table,
                  partitions: np.ndarray, starts: dict[int, int]) -> tuple[int, int]:  # fmt: skip
-    """Group the rows read (frame after frame) by partition: one append a partition, or a
-    few when its rows are over ``limits.LEDGER_COPY_PIECE_BYTES`` (cut between shares: a
-    log's end must always fall on a share's edge). The rows are gathered (one ``take``) a
-    group of pieces at a time, at most about ``limits.LEDGER_COPY_PIECE_BYTES`` a group, so
-    no slice handed to a log carries buffers over the batch limits."""
+    """Each partition's rows read, appended to its log (synced) and released: one append
+    a partition, or a few (``grouped_pieces``)."""
+    appends = 0
+    for piece in grouped_pieces(table, partitions, starts, logs):
+        logs[piece.partition].append_copied(piece.rows, piece.base, piece.written_at_us)
+        failpoints.hit("ledger.copy_after_append")
+        ledger.release(piece.partition, piece.end)
+        appends += 1
+    return len(partitions), appends
+
+
+@dataclass(frozen=True, slots=True)
+class Piece:
+    """Rows of one partition read from the ledger, whole shares, at offsets ``base`` on."""
+
+    partition: int
+    base: int
+    rows: pa.RecordBatch  # WIRE_SCHEMA
+    written_at_us: int  # the latest written-at of its rows
+
+    @property
+    def end(self) -> int:
+        return self.base + self.rows.num_rows
+
+
+def grouped_pieces(table: pa.Table, partitions: np.ndarray, starts: dict[int, int],
+                   logs: Mapping[int, PartitionLog]) -> Iterator[Piece]:  # fmt: skip
+    """Group the rows of a ``Ledger.read_many`` (frame after frame; ``partitions``: each
+    row's partition) by partition: one piece a partition, or a few when its rows are over
+    ``limits.LEDGER_COPY_PIECE_BYTES`` or ``limits.BATCH_MESSAGES_MAX`` (cut between shares:
+    a log's end must always fall on a share's edge), each partition's in offset order.
+    ``starts`` (partition -> the offset its rows must begin at) is advanced past each
+    piece as it is yielded; rows that do not continue it are ``CorruptSegmentError``
+    (``logs`` names the directory). The rows are gathered (one ``take``) a group of
+    pieces at a time, at most about ``limits.LEDGER_COPY_PIECE_BYTES`` a group, so no
+    piece carries buffers over the batch limits."""
     if not len(partitions):
-        return 0, 0
+        return
     frames = table.to_batches()  # one a frame, in ledger order
     lengths = np.fromiter((b.num_rows for b in frames), np.int64, len(frames))
     row_bytes = np.concatenate([_row_bytes(b) for b in frames])
@@ -105,7 +136,6 @@ def _append_rows(ledger: Ledger, logs: Mapping[int, PartitionLog], table: pa.Tab
     wire = table.select(_WIRE_FIELDS)
     group_bytes = 0
     group: list[tuple[int, int]] = []
-    appends = 0
     for index, (first, last, size) in enumerate(pieces):
         group.append((first, last))
         group_bytes += size
@@ -123,14 +153,10 @@ def _append_rows(ledger: Ledger, logs: Mapping[int, PartitionLog], table: pa.Tab
                     f"ledger partition {partition}: rows read for the copy are not its "
                     f"offsets {starts[partition]} on", path=logs[partition].directory,
                     position=0)  # fmt: skip
-            batch = rows.slice(first_row - low, count)
-            logs[partition].append_copied(batch, base, int(written[first_row:last_row].max()))
-            failpoints.hit("ledger.copy_after_append")
-            ledger.release(partition, base + count)
             starts[partition] = base + count
-            appends += 1
+            yield Piece(partition, base, rows.slice(first_row - low, count),
+                        int(written[first_row:last_row].max()))  # fmt: skip
         group, group_bytes = [], 0
-    return len(partitions), appends
 
 
 def _row_bytes(frame: pa.RecordBatch) -> np.ndarray:

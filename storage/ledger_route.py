@@ -21,10 +21,14 @@ the topic's ``PartitionLog``s (docs/scale.md, "Round 28 (H1)"):
   them durable. Every write to the log and every read of its end settles first, so the
   log's offsets have one writer at a time and readers see every acknowledged row.
 - The copier thread: once enough is pending (``limits.LEDGER_COPY_FRAMES_MIN`` frames,
-  or ``limits.LEDGER_COPY_WAIT_S`` after the oldest), settles every pending partition,
-  syncs each log (``PartitionLog.sync``), releases up to what is synced
-  (``Ledger.skip_copied``: only at share edges) and drops the ledger files nothing
-  needs. Its CPU time is counted (``copier_cpu_s``).
+  or ``limits.LEDGER_COPY_WAIT_S`` after the oldest), settles every pending partition
+  from ONE ``Ledger.read_many`` (grouped by partition, ``ledger_copy.grouped_pieces``;
+  no partition lock held while reading), writing under each partition's lock only what
+  is still past its log's end then (a settle meanwhile is neither repeated nor jumped),
+  syncs each log that has unsynced rows (``PartitionLog.sync``), releases up to what is
+  synced (``Ledger.skip_copied``: only at share edges, under the lock, from the current
+  start) and drops the ledger files nothing needs. Its CPU time is counted
+  (``copier_cpu_s``).
 - Open: the logs recovered first give their ends; the ledger recovers with them; then
   everything it holds is copied with ``storage.ledger_copy.copy_ledger`` (synced,
   producer state recorded by ``append_copied``), so producer state after a crash is
@@ -46,10 +50,10 @@ import numpy as np
 import pyarrow as pa
 
 from storage import limits
-from storage.errors import CorruptSegmentError, StorageIOError
+from storage.errors import CorruptSegmentError, PartitionFencedError, StorageIOError
 from storage.fs import FileSystem
 from storage.ledger import Ledger, LedgerSpans
-from storage.ledger_copy import copy_ledger
+from storage.ledger_copy import Piece, copy_ledger, grouped_pieces
 from storage.partition_log import PartitionLog
 from storage.producer_state import SEQ_NO_COLUMN, decide_shares, record_share
 from storage.record_batch import WIRE_SCHEMA
@@ -268,29 +272,103 @@ class TopicLedger:
     def copy_all(self) -> int:
         """Settle every partition with uncopied ledger rows, sync its log, release what
         is synced and drop the ledger files no longer needed; returns the messages
-        released. (The copier's pass; tests and close call it too.)"""
-        released = 0
+        released. (The copier's pass; tests and close call it too.)
+
+        The rows come from ``Ledger.read_many`` (one read for all partitions, or a few
+        of ``limits.LEDGER_COPY_MESSAGES_MAX``), read with no partition lock held, grouped
+        by partition (``ledger_copy.grouped_pieces``); each partition's are then written
+        under its lock from its own end at that moment (``_write_piece_locked``), so a
+        settle by a reader or writer in between is neither written twice nor jumped.
+        A fenced partition is passed over (its rows stay in the ledger until the reopen);
+        its error is raised once the others are done."""
         pending = self.ledger.pending()
+        failed: dict[int, BaseException] = {}
+        self._settle_from_ledger(pending, failed)
+        released = 0
         for partition in sorted(pending):
             log = self._logs.get(partition)
-            if log is None:
+            if log is None or partition in failed:
                 continue  # a removed partition (left: see docs/scale.md round 28)
-            log.settle()
-        for partition in sorted(pending):
-            log = self._logs.get(partition)
-            if log is None:
-                continue
-            log.sync()
-            with log.write_lock:  # every release of a partition under its lock
-                start = self.ledger.start_offset(partition)  # another release may be past
-                copied = min(log.durable_end, self.ledger.end_offset(partition))
-                if copied > start:
-                    self.ledger.skip_copied(partition, copied)
-                    released += copied - start
+            try:
+                released += self._sync_and_release(partition, log)
+            except PartitionFencedError as error:
+                failed[partition] = error
         if released:
             self.copies += 1
             self.ledger.drop_copied_files()
+        if failed:
+            raise failed[min(failed)]
         return released
+
+    def _settle_from_ledger(self, pending: Mapping[int, tuple[int, int]],
+                            failed: dict[int, BaseException]) -> None:  # fmt: skip
+        """Write into the logs the ledger rows ``pending`` names past their ends (no lock
+        held while reading the ledger)."""
+        ends = {p: end for p, (_, end) in pending.items()}
+        while True:
+            starts: dict[int, int] = {}
+            for partition, (start, _) in pending.items():
+                log = self._logs.get(partition)
+                if log is None or partition in failed:
+                    continue
+                own = log.own_end  # a hint: the write below checks it under the lock
+                if own < ends[partition]:  # (own < start is damage: the write raises)
+                    starts[partition] = max(own, start)
+            if not starts:
+                return
+            limit = limits.LEDGER_COPY_MESSAGES_MAX
+            table, partitions = self.ledger.read_many(starts, limit, whole_frames=True)
+            if not len(partitions):
+                return
+            for piece in grouped_pieces(table, partitions, dict(starts), self._logs):
+                if piece.partition in failed:
+                    continue
+                log = self._logs.get(piece.partition)
+                if log is None:
+                    continue  # removed since (its rows were copied first)
+                try:
+                    with log.write_lock:
+                        self._write_piece_locked(log, piece)
+                except PartitionFencedError as error:
+                    failed[piece.partition] = error
+            if len(partitions) < limit:
+                return  # everything pending read; else read on from the new ends
+
+    def _write_piece_locked(self, log: PartitionLog, piece: Piece) -> None:
+        """Write what of ``piece`` is still past ``log``'s end (a reader or writer may
+        have settled some or all of it since the read), at its offsets; clear
+        ``ledger_unsettled`` when the log then ends at the ledger's end. Caller holds the
+        log's write lock."""
+        own = log.own_end
+        if own >= piece.end:
+            return  # settled meanwhile
+        if own < piece.base:
+            start = self.ledger.start_offset(piece.partition)
+            raise CorruptSegmentError(
+                f"partition {piece.partition}: its log ends at {own}, below the rows read "
+                f"from the ledger at {piece.base} (ledger start {start})",
+                path=log.directory, position=0)  # fmt: skip
+        rows = piece.rows.slice(own - piece.base) if own > piece.base else piece.rows
+        log.write_copied_locked(rows, own, piece.written_at_us)
+        if log.own_end >= self.ledger.end_offset(piece.partition):
+            log.ledger_unsettled = False
+
+    def _sync_and_release(self, partition: int, log: PartitionLog) -> int:
+        """Sync ``log`` (unless what the ledger holds of it is synced already) and release
+        in the ledger what is synced, under the log's lock with the current start (only
+        at share edges: ``Ledger.skip_copied``); returns the messages released."""
+        end = self.ledger.end_offset(partition)
+        if log.durable_end < min(log.own_end, end):
+            log.sync()
+        if self.ledger.start_offset(partition) >= min(log.durable_end, end):
+            return 0  # a hint: nothing to release (another release may be past)
+        with log.write_lock:  # every release of a partition under its lock
+            start = self.ledger.start_offset(partition)  # another release may be past
+            copied = min(log.durable_end, self.ledger.end_offset(partition))
+            if copied > start:
+                self.ledger.skip_copied(partition, copied)
+                return copied - start
+        return 0
 
     def close(self) -> None:
         """Stop the copier (its pass in progress ends first) and close the ledger; what

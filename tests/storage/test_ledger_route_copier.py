@@ -1,0 +1,181 @@
+"""The ledger copier's pass (``TopicLedger.copy_all``, round 30): one ``Ledger.read_many``
+for every pending partition, read with no partition lock held, then under each lock only
+what is still past the log's end; settles racing it; release at share edges only; a
+fenced partition passed over."""
+
+from __future__ import annotations
+
+import random
+import threading
+from typing import Any
+
+import pytest
+
+from storage import failpoints, limits
+from storage.errors import PartitionFencedError, StorageIOError
+from storage.topic_log import TopicLog
+
+from .test_ledger_route import PARTITIONS, _expected, _open, _rows, _statement
+
+
+@pytest.fixture(autouse=True)
+def _no_background_copier(monkeypatch: pytest.MonkeyPatch) -> None:
+    """The copier thread never comes due: each test runs ``copy_all`` itself."""
+    monkeypatch.setattr(limits, "LEDGER_COPY_FRAMES_MIN", 10**9)
+    monkeypatch.setattr(limits, "LEDGER_COPY_WAIT_S", 3600.0)
+
+
+def _check_all(topic: TopicLog, statements: range) -> None:
+    for p in range(PARTITIONS):
+        assert _rows(topic, p) == _expected(statements, p), p
+
+
+def test_a_pass_reads_the_ledger_once_for_every_partition(
+    tmp_path: Any, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    topic = _open(str(tmp_path), create=True)
+    try:
+        assert topic.ledger is not None
+        ledger = topic.ledger.ledger
+        calls = {"read": 0, "read_many": 0}
+        for name in calls:
+            real = getattr(ledger, name)
+
+            def counted(*args: Any, _real: Any = real, _name: str = name, **kw: Any) -> Any:
+                calls[_name] += 1
+                return _real(*args, **kw)
+
+            monkeypatch.setattr(ledger, name, counted)
+        for k in range(4):
+            topic.append_ledger(_statement(k))
+        assert topic.ledger.copy_all() == 8 * PARTITIONS
+        assert calls == {"read": 0, "read_many": 1}
+        assert ledger.pending() == {}
+        _check_all(topic, range(4))
+    finally:
+        topic.close()
+
+
+def test_partitions_settled_between_the_read_and_the_lock_are_not_written_twice(
+    tmp_path: Any, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Partition 3 is settled and then appended to before the pass's read (its own end
+    seen by the pass is stale: the write slices the rows read); partition 6 is settled
+    after the read (its rows read are all in the log already: nothing written)."""
+    topic = _open(str(tmp_path), create=True)
+    try:
+        assert topic.ledger is not None
+        ledger = topic.ledger.ledger
+        real = ledger.read_many
+        seen: list[dict[int, int]] = []
+
+        def racing(starts: Any, *args: Any, **kw: Any) -> Any:
+            seen.append(dict(starts))
+            if len(seen) == 1:
+                assert topic.partition(3).end_offset == 6  # a reader settles 3
+                topic.append_ledger(_statement(3))
+            result = real(starts, *args, **kw)
+            if len(seen) == 1:
+                assert topic.partition(6).end_offset == 8  # and 6, after the read
+            return result
+
+        monkeypatch.setattr(ledger, "read_many", racing)
+        for k in range(3):
+            topic.append_ledger(_statement(k))
+        topic.ledger.copy_all()
+        assert seen and seen[0][3] == 0  # the pass read partition 3 from before its settle
+        assert ledger.pending() == {}
+        _check_all(topic, range(4))
+        for p in range(PARTITIONS):
+            assert topic.partition(p).durable_end == 8
+            assert not topic.partition(p).ledger_unsettled
+    finally:
+        topic.close()
+
+
+def test_settles_and_appends_racing_the_copier_keep_every_row_once(tmp_path: Any) -> None:
+    topic = _open(str(tmp_path), create=True)
+    statements = 60
+    try:
+        assert topic.ledger is not None
+        done = threading.Event()
+        errors: list[BaseException] = []
+
+        def produce() -> None:
+            rng = random.Random(30)
+            try:
+                for k in range(statements):
+                    assert topic.append_ledger(_statement(k)) is not None
+                    for p in rng.sample(range(PARTITIONS), 3):
+                        topic.partition(p).end_offset  # noqa: B018 (a reader's settle)
+            except BaseException as error:  # checked below
+                errors.append(error)
+            finally:
+                done.set()
+
+        thread = threading.Thread(target=produce)
+        thread.start()
+        passes = 0
+        while not done.is_set():
+            topic.ledger.copy_all()
+            passes += 1
+        thread.join()
+        assert not errors, errors
+        topic.ledger.copy_all()
+        assert passes > 1
+        assert topic.ledger.ledger.pending() == {}
+        _check_all(topic, range(statements))
+    finally:
+        topic.close()
+
+
+def test_reads_in_parts_copy_and_release_at_share_edges_only(
+    tmp_path: Any, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A read of at most 5 messages (whole frames: one statement, 16) and pieces of about
+    one share: the log's frames begin at share edges, everything is released."""
+    monkeypatch.setattr(limits, "LEDGER_COPY_MESSAGES_MAX", 5)
+    monkeypatch.setattr(limits, "LEDGER_COPY_PIECE_BYTES", 64)
+    topic = _open(str(tmp_path), create=True)
+    try:
+        assert topic.ledger is not None
+        for k in range(6):
+            topic.append_ledger(_statement(k))
+        assert topic.partition(2).end_offset == 12  # settled by a reader: one frame
+        assert topic.ledger.copy_all() == 12 * PARTITIONS
+        assert topic.ledger.ledger.pending() == {}
+        _check_all(topic, range(6))
+        for p in range(PARTITIONS):
+            firsts = [frame.header.base_offset for segment in topic.partition(p).segments
+                      for frame in segment.scan(0, segment.size_bytes, 1 << 20)]  # fmt: skip
+            assert all(first % 2 == 0 for first in firsts), (p, firsts)  # shares of 2
+            if p != 2:
+                assert len(firsts) > 1, (p, firsts)  # the pass wrote it in parts
+    finally:
+        topic.close()
+
+
+def test_a_fenced_partition_does_not_hold_back_the_others(tmp_path: Any) -> None:
+    topic = _open(str(tmp_path), create=True)
+    try:
+        assert topic.ledger is not None
+        for k in range(2):
+            topic.append_ledger(_statement(k))
+        failpoints.activate("partition.after_write=error@3")  # the third partition written
+        with pytest.raises(StorageIOError):
+            topic.ledger.copy_all()
+        failpoints.deactivate()
+        with pytest.raises(PartitionFencedError):
+            topic.ledger.copy_all()
+        assert set(topic.ledger.ledger.pending()) == {2}  # its rows wait for the reopen
+        for p in set(range(PARTITIONS)) - {2}:
+            assert _rows(topic, p) == _expected(range(2), p)
+            assert topic.partition(p).durable_end == 4
+    finally:
+        failpoints.deactivate()
+        topic.close()
+    reopened = _open(str(tmp_path))
+    try:
+        _check_all(reopened, range(2))
+    finally:
+        reopened.close()
