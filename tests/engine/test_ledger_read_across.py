@@ -51,6 +51,14 @@ def _topic(database: Database) -> Any:
     return database.topic_log(entry.topic_id)
 
 
+def _written(database: Database, messages: int) -> tuple[Any, Any]:
+    """``messages`` written by statements of 400; a session and the topic."""
+    session = database.connect()
+    for first in range(0, messages, 400):
+        session.execute(INSERT, _rows(first, 400))
+    return session, _topic(database)
+
+
 def _polls(database: Database, size: int, poll: str = POLL) -> list[list[tuple[Any, ...]]]:
     """Poll with consumer ``c`` until a poll comes back empty; each poll's rows."""
     session = database.connect()
@@ -84,10 +92,7 @@ def test_a_poll_reads_the_ledger_where_it_is_and_matches_the_ledger_off(
     for ledger in (True, False):
         database = _open(tmp_path, monkeypatch, ledger)
         try:
-            session = database.connect()
-            for first in range(0, 1200, 400):
-                session.execute(INSERT, _rows(first, 400))
-            topic = _topic(database)
+            session, topic = _written(database, 1200)
             if ledger:
                 assert all(topic.partition(p).own_end == 0 for p in topic.partition_ids())
             found[ledger] = _polls(database, 500)
@@ -138,10 +143,7 @@ def test_a_range_released_under_the_poll_is_read_from_the_partitions(
 ) -> None:
     database = _open(tmp_path, monkeypatch, True)
     try:
-        session = database.connect()
-        for first in range(0, 800, 400):
-            session.execute(INSERT, _rows(first, 400))
-        topic = _topic(database)
+        _, topic = _written(database, 800)
         real = TopicLedger.spans_many
         raced = []
 
