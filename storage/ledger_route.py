@@ -300,6 +300,16 @@ class TopicLedger:
             raise failed[min(failed)]
         return released
 
+    def settle_all(self) -> None:
+        """Write into the partitions' logs every row the ledger holds past their ends: a
+        copier's pass without its syncs and releases (the rows stay in the ledger, which
+        keeps them durable, until a pass syncs the logs). A fenced partition is passed
+        over; its error is raised once the others are written."""
+        failed: dict[int, BaseException] = {}
+        self._settle_from_ledger(self.ledger.pending(), failed)
+        if failed:
+            raise failed[min(failed)]
+
     def _settle_from_ledger(self, pending: Mapping[int, tuple[int, int]],
                             failed: dict[int, BaseException]) -> None:  # fmt: skip
         """Write into the logs the ledger rows ``pending`` names past their ends (no lock

@@ -179,3 +179,27 @@ def test_a_fenced_partition_does_not_hold_back_the_others(tmp_path: Any) -> None
         _check_all(reopened, range(2))
     finally:
         reopened.close()
+
+
+def test_settle_all_writes_every_row_into_the_logs_and_syncs_and_releases_nothing(
+    tmp_path: Any,
+) -> None:
+    topic = _open(str(tmp_path), create=True)
+    try:
+        assert topic.ledger is not None
+        ledger = topic.ledger.ledger
+        for k in range(3):
+            topic.append_ledger(_statement(k))
+        pending = ledger.pending()
+        durable = {p: topic.partition(p).durable_end for p in range(PARTITIONS)}
+        topic.ledger.settle_all()
+        for p in range(PARTITIONS):
+            log = topic.partition(p)
+            assert log.own_end == ledger.end_offset(p) and not log.ledger_unsettled
+            assert log.durable_end == durable[p]  # not synced
+        assert ledger.pending() == pending  # nothing released: the ledger keeps them durable
+        _check_all(topic, range(3))
+        assert topic.ledger.copy_all() == 6 * PARTITIONS  # a pass then syncs and releases
+        assert ledger.pending() == {}
+    finally:
+        topic.close()
