@@ -70,6 +70,7 @@ from storage.bulk_scan import ScannedFrames, scan_many
 from storage.codecs import decode_column
 from storage.errors import InvalidParameterValueError, LimitExceededError, QueryCanceledError
 from storage.frame_read import SMALL_SLICE_ROWS, FrameSlice, decode_small
+from storage.ledger import LedgerWhole
 from storage.topic_log import TopicLog
 
 CANCEL_CHECK_S = 0.1
@@ -202,7 +203,7 @@ def read_records(
                 batches = _read_all(operation, topic, starts, gate, round_robin)
     if operation.consumer is not None:
         _record_ranges(operation, starts, batches, committed, transaction)
-    if ranges is not None and not isinstance(batches, ScannedFrames):
+    if ranges is not None and isinstance(batches, list):
         ranges.extend((p, piece.first_offset, piece.next_offset) for p, piece in batches)
     return _relation(batches, decode=bool(options.get("decode", True)), columns=columns)
 
@@ -215,7 +216,7 @@ _STORED_COLUMNS = frozenset(
 
 
 def _relation(
-    slices: list[tuple[int, FrameSlice]] | ScannedFrames,
+    slices: list[tuple[int, FrameSlice]] | ScannedFrames | LedgerWhole,
     *,
     decode: bool,
     columns: tuple[str, ...] | None = None,
@@ -237,6 +238,8 @@ def _relation(
     of the cost of the whole relation for 1000 messages of 1 KiB). Otherwise it is the
     whole relation, whatever ``columns`` says.
     """
+    if isinstance(slices, LedgerWhole):
+        return _whole_relation(slices, decode=decode, columns=columns)
     if (
         columns is not None
         and _STORED_COLUMNS.issuperset(columns)
@@ -273,6 +276,23 @@ def _relation(
         batches.append(relation_batch(partition_id, piece.decode(), decode=decode))
     if run:
         flush()
+    return pa.Table.from_batches(batches, schema=SCHEMA)
+
+
+def _whole_relation(
+    whole: LedgerWhole, *, decode: bool, columns: tuple[str, ...] | None
+) -> pa.Table:
+    """The relation of whole ledger frames: a batch a frame, zero-copy from its body.
+    With ``columns`` all stored ones, just those (``_stored_columns``' way); else the
+    whole relation, partitions repeated per share."""
+    if columns is not None and _STORED_COLUMNS.issuperset(columns):
+        assert len(set(columns)) == len(columns)
+        schema = _columns_schema(columns)
+        return pa.Table.from_batches(
+            [pa.RecordBatch.from_arrays(_wire_arrays(wire, columns, decode=decode), schema=schema)
+             for wire in whole.wire_batches()], schema)  # fmt: skip
+    batches = [relation_batch(0, batch, decode=decode, partitions=partitions)
+               for partitions, batch in whole.read_batches()]  # fmt: skip
     return pa.Table.from_batches(batches, schema=SCHEMA)
 
 
@@ -459,9 +479,16 @@ def _read_all(
     starts: dict[int, int],
     publish_gate: AbstractContextManager[Any],
     round_robin: RoundRobin | None = None,
-) -> list[tuple[int, FrameSlice]] | ScannedFrames:
+) -> list[tuple[int, FrameSlice]] | ScannedFrames | LedgerWhole:
     """Read the partitions up to one consistent cut of their end offsets, fairly: a
     consumer poll in its turn (``round_robin``), anything else shared within the read.
+
+    A consumer poll standing at the edges of the oldest frames of the topic's ledger
+    that it has not read (a consumer keeping up with statements spread over many
+    partitions) takes those frames whole, oldest first, within its budgets
+    (``TopicLog.whole_frames``): their rows are read as the frames hold them, frame after
+    frame (each partition's in offset order, partitions interleaved by frame rather than
+    grouped), with no per-partition plan, copy or slice; the round robin is not moved.
 
     The cut is taken under ``publish_gate``, which transactional publishes
     hold while they append to all their partitions, so a read sees a
@@ -470,6 +497,12 @@ def _read_all(
     slices ``_read_in_turn`` would read, as arrays.
     """
     bounds = read_bounds(operation)
+    if (operation.consumer is not None and round_robin is not None and not bounds.complete
+            and limits.LEDGER_WHOLE_FRAMES_READ):  # fmt: skip
+        whole = topic.whole_frames(starts, bounds.messages, bounds.bytes)
+        if whole is not None:  # (no cut needed: each ledger frame is one statement's, whole)
+            _count(whole.message_count, whole.size)
+            return whole
     with publish_gate:
         # without the settle of the topic's ledger: a poll into one buffer reads its rows
         # where the ledger holds them (``scan_many``); a partition read settles first
@@ -728,13 +761,13 @@ def fair_shares(demands: list[tuple[int, int]], budget: int) -> dict[int, int]:
 def _record_ranges(
     operation: ReadRecords,
     starts: dict[int, int],
-    slices: list[tuple[int, FrameSlice]] | ScannedFrames,
+    slices: list[tuple[int, FrameSlice]] | ScannedFrames | LedgerWhole,
     committed: dict[int, int | None],
     transaction: Transaction,
 ) -> None:
     assert operation.consumer is not None
     ends = dict(starts)
-    if isinstance(slices, ScannedFrames):
+    if isinstance(slices, ScannedFrames | LedgerWhole):
         for partition_id, next_offset in slices.next_offsets.items():
             ends[partition_id] = max(ends[partition_id], next_offset)
     else:

@@ -50,12 +50,15 @@ import pyarrow as pa
 from storage import failpoints, file_names, limits
 from storage import ledger_format as fmt
 from storage.errors import CorruptSegmentError, LimitExceededError, StorageIOError
+from storage.frame_read import read_batch
 from storage.fs import FileSystem
 from storage.group_commit import GroupCommitter, Request
-from storage.ledger_index import LedgerIndex
+from storage.ledger_index import Chunk, LedgerIndex
 from storage.record_batch import READ_SCHEMA, TIMESTAMP, WIRE_SCHEMA, data_bytes
 
 SUFFIX = ".ledger"
+# ``whole_frames`` passes at most this many frames read already before it takes one
+WHOLE_WALK_MAX = 256
 
 
 def is_small_share(batch: pa.RecordBatch) -> bool:
@@ -96,6 +99,54 @@ class LedgerSpans:
     def empty() -> LedgerSpans:
         none = np.empty(0, np.int64)
         return LedgerSpans([], none, none, none, none, none, none, none)
+
+
+@dataclass(frozen=True, slots=True)
+class LedgerWhole:
+    """Whole ledger frames for a consumer standing at the first offset of every share in
+    them (``Ledger.whole_frames``), in ledger order: per frame its body (an Arrow IPC
+    record batch message of ``WIRE_SCHEMA``, a view of the ledger's map), its write time,
+    and its shares as the body holds them, one after another: partitions (increasing),
+    first offsets and counts. ``next_offsets``: each partition read -> the offset after
+    its last row taken (its offsets ascend from the consumer's start with no gap).
+    ``size``: the bodies' bytes."""
+
+    bodies: list[pa.Buffer]
+    written_ats: list[int]
+    partitions: list[np.ndarray]  # int64, per frame
+    bases: list[np.ndarray]  # int64, per frame
+    counts: list[np.ndarray]  # int64, per frame
+    next_offsets: dict[int, int]
+    message_count: int
+    size: int
+
+    def __len__(self) -> int:
+        return len(self.bodies)
+
+    def wire_batches(self) -> list[pa.RecordBatch]:
+        """Each frame's rows as its wire batch (zero-copy: a view of its body)."""
+        return [pa.ipc.read_record_batch(body, WIRE_SCHEMA) for body in self.bodies]
+
+    def read_batches(self) -> list[tuple[np.ndarray, pa.RecordBatch]]:
+        """Each frame's rows as a read batch (``READ_SCHEMA``: offsets and write times
+        added) with each row's partition."""
+        batches = []
+        for wire, partitions, bases, counts, written_at in zip(
+            self.wire_batches(), self.partitions, self.bases, self.counts, self.written_ats,
+            strict=True,
+        ):  # fmt: skip
+            times = np.full(len(counts), written_at, np.int64)
+            batches.append((np.repeat(partitions, counts).astype(np.int32),
+                            read_batch(wire, counts, bases, times)))  # fmt: skip
+        return batches
+
+
+def _all_read(chunk: Chunk, keys: np.ndarray, values: np.ndarray) -> bool:
+    """Whether a consumer at ``values`` (the offsets of partitions ``keys``, sorted) has
+    read every share of ``chunk`` (a partition it does not read counts as read)."""
+    at = np.minimum(np.searchsorted(keys, chunk.partitions), len(keys) - 1)
+    known = keys[at] == chunk.partitions
+    return bool(np.all(~known | (values[at] >= chunk.bases + chunk.counts)))
 
 
 @dataclass(slots=True)
@@ -450,6 +501,74 @@ class Ledger:
                 home, home_starts = None, None  # a body of an earlier map of the file
         per_body = np.array(frame_rows, np.int64), np.array(written_ats, np.int64)
         return LedgerSpans(bodies, *per_body, *columns, home, home_starts)
+
+    def whole_frames(self, starts: Mapping[int, int], max_messages: int,
+                     max_bytes: int) -> LedgerWhole | None:  # fmt: skip
+        """The oldest frames a consumer at ``starts`` (partition -> its next offset) reads
+        whole: walking the frames in ledger order, a frame whose every share it has read
+        is passed; the next ones are taken while every share of each starts exactly at
+        the consumer's offset of its partition (as the previous frames taken leave it)
+        and the frames fit ``max_messages`` and ``max_bytes``. None when no frame is
+        taken: a frame holding a partition not in ``starts``, or one the consumer stands
+        inside of (its poll then reads as usual, partition by partition), or the first
+        frame alone over a budget, or nothing unread within ``WHOLE_WALK_MAX`` frames.
+
+        Sound because a partition's offsets in the ledger are contiguous: a share that
+        starts at the consumer's offset holds exactly the next rows of its partition, so
+        each partition's rows taken follow its start with no gap and ascend. Frames in
+        the index are durable (indexed after their sync); rows below a partition's
+        ``start`` (copied into its segments since) are the same rows, still readable here
+        until their file is dropped, which happens only under this lock."""
+        if max_messages <= 0 or max_bytes <= 0 or not starts:
+            return None
+        keys = np.fromiter(starts, np.int64, len(starts))
+        order = np.argsort(keys)
+        keys = keys[order]
+        values = np.fromiter(starts.values(), np.int64, len(starts))[order]
+        bodies: list[pa.Buffer] = []
+        written_ats: list[int] = []
+        parts: list[np.ndarray] = []
+        firsts: list[np.ndarray] = []
+        counts: list[np.ndarray] = []
+        messages = size = passed = 0
+        with self._lock:
+            last = self._index.last_chunk()
+            if last is None or _all_read(last, keys, values):
+                return None  # nothing new (a poll of a consumer keeping up, often)
+            for chunk in self._index.live_chunks():
+                partitions, bases, count = chunk.partitions, chunk.bases, chunk.counts
+                at = np.minimum(np.searchsorted(keys, partitions), len(keys) - 1)
+                if not np.array_equal(keys[at], partitions):
+                    break  # a partition this poll does not read
+                have = values[at]
+                if np.all(have >= bases + count):  # (``_all_read``, ``at`` known)
+                    passed += 1  # read already
+                    if not bodies and passed > WHOLE_WALK_MAX:
+                        return None
+                    continue
+                if not np.array_equal(have, bases):
+                    break  # the consumer stands inside it, or behind it
+                rows = int(count.sum())
+                body, written_at, record_count = self._frame_body(chunk.frame)
+                if record_count != rows or not np.array_equal(chunk.rows, np.cumsum(count) - count):
+                    break  # not one share after another from row 0: the usual reads
+                if messages + rows > max_messages or size + body.size > max_bytes:
+                    break
+                values[at] = bases + count
+                bodies.append(body)
+                written_ats.append(written_at)
+                parts.append(partitions)
+                firsts.append(bases)
+                counts.append(count)
+                messages += rows
+                size += body.size
+        if not bodies:
+            return None
+        touched = np.unique(np.concatenate(parts))
+        at = np.searchsorted(keys, touched)
+        next_offsets = dict(zip(touched.tolist(), values[at].tolist(), strict=True))
+        return LedgerWhole(bodies, written_ats, parts, firsts, counts, next_offsets, messages,
+                           size)  # fmt: skip
 
     def _home(self, frames: list[int]) -> pa.Buffer | None:
         """The map that holds the bodies of ``frames`` (read just now by ``_frame_body``:

@@ -51,6 +51,22 @@ class Span:
     count: int
 
 
+@dataclass(frozen=True, slots=True)
+class Chunk:
+    """One frame's shares: partitions (increasing), first offsets, counts and first rows."""
+
+    frame: int
+    partitions: np.ndarray
+    bases: np.ndarray
+    counts: np.ndarray
+    rows: np.ndarray
+
+
+def _chunk(chunk: np.ndarray) -> Chunk:
+    return Chunk(int(chunk[0, FRAME]), chunk[:, PARTITION], chunk[:, BASE], chunk[:, COUNT],
+                 chunk[:, ROW])  # fmt: skip
+
+
 class _Lists:
     """One partition's entries, in offset order, as parallel lists."""
 
@@ -216,6 +232,17 @@ class LedgerIndex:
             first = np.maximum(bases, wanted)[keep]
             yield (int(chunk[0, FRAME]), partitions[keep], first,
                    chunk[:, ROW][keep] + first - bases[keep], ends[keep] - first)  # fmt: skip
+
+    def live_chunks(self) -> Iterator[Chunk]:
+        """Every frame's shares still indexed, in frame order (``Chunk``: views, not copies)."""
+        for chunk in self._chunks[self._first_chunk :]:
+            if len(chunk):
+                yield _chunk(chunk)
+
+    def last_chunk(self) -> Chunk | None:
+        """The last frame's shares, if any frame is indexed."""
+        live = self._chunks[self._first_chunk :]
+        return _chunk(live[-1]) if live and len(live[-1]) else None
 
     def frames_needed(self) -> dict[int, bool]:
         """Per frame: whether any of its shares is not copied yet (retention's question)."""

@@ -627,6 +627,10 @@ LEDGER_COPY_WAIT_S = 1.0
 # this many partitions (one frame there instead of one per partition; fewer shares gain
 # little and pay the copy).
 LEDGER_SHARES_MIN = 16
+# A consumer poll standing at the edges of the ledger's oldest unread frames takes them
+# whole (``Ledger.whole_frames``; round 31): False makes every poll plan partition by
+# partition (the read across the ledger and the segments, ``storage.bulk_scan``).
+LEDGER_WHOLE_FRAMES_READ = True
 # -- the commit CPU (engine.commit_cpu) --------------------------------------------------
 # How often (at most) a thread leaving its commit window looks for threads that appeared
 # since and inherited the commit CPU from a pinned creator (Arrow's and DuckDB's pools

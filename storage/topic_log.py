@@ -38,7 +38,7 @@ import os
 import struct
 import threading
 import time
-from collections.abc import Callable, Iterable, Sequence
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, replace
 
@@ -68,6 +68,7 @@ from storage.errors import (
 from storage.frame_cuts import PRODUCER_COLUMN
 from storage.fs import FileSystem
 from storage.group_commit import GroupCommitter, Request
+from storage.ledger import LedgerWhole
 from storage.ledger_route import TopicLedger, open_topic_ledger
 from storage.partition_log import WRITTEN, AppendResult, PartitionLog, ReadResult
 from storage.record_batch import METADATA_TYPE, WIRE_SCHEMA, check_wire_batch
@@ -1298,6 +1299,14 @@ class TopicLog:
         ledger_ends = self.ledger.ledger.ends()  # after the flags: at least as new
         return {p: max(log.own_end, ledger_ends.get(p, 0)) if log.reads_across
                 else log.own_end for p, log in logs}  # fmt: skip
+
+    def whole_frames(self, starts: Mapping[int, int], max_messages: int,
+                     max_bytes: int) -> LedgerWhole | None:  # fmt: skip
+        """``Ledger.whole_frames`` of the topic's ledger for a consumer at ``starts``; None
+        without a ledger."""
+        if self.ledger is None:
+            return None
+        return self.ledger.ledger.whole_frames(starts, max_messages, max_bytes)
 
     def read(self, partition_id: int, offset: int, **limits_: int) -> ReadResult:
         return self.partition(partition_id).read(offset, **limits_)

@@ -32,9 +32,12 @@ def _rows(first: int, count: int) -> list[list[Any]]:
 
 @pytest.fixture
 def no_copier(monkeypatch: pytest.MonkeyPatch) -> None:
-    """The copier never runs on its own: what is copied, a test copies."""
+    """The copier never runs on its own: what is copied, a test copies. And every poll
+    plans partition by partition, reading across (no poll takes whole ledger frames,
+    ``tests/engine/test_ledger_whole_reads.py``)."""
     monkeypatch.setattr(limits, "LEDGER_COPY_FRAMES_MIN", 10**9)
     monkeypatch.setattr(limits, "LEDGER_COPY_WAIT_S", 3600.0)
+    monkeypatch.setattr(limits, "LEDGER_WHOLE_FRAMES_READ", False)
 
 
 def _open(path: Path, monkeypatch: pytest.MonkeyPatch, ledger: bool) -> Database:

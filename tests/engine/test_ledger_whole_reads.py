@@ -1,0 +1,178 @@
+"""A consumer poll standing at the edges of the ledger's oldest unread frames takes them
+whole (``Ledger.whole_frames``, ``engine.reads._read_all``): every message once, each
+partition's offsets dense and ascending from poll to poll, the same rows per partition as
+the ledger off, in whole frames within the budget; a consumer inside a frame reads
+partition by partition until it stands at the edges again; offsets commit (and roll back)
+as with any poll; copied and released rows are read from the partitions."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from engine.database import Database
+from storage import limits
+from storage.ledger import Ledger
+from tests.engine.test_ledger_read_across import (
+    INSERT,
+    POLL,
+    POLL_STORED,
+    _check_dense,
+    _open,
+    _polls,
+    _rows,
+    _written,
+)
+
+STATEMENT = 400  # ``_written``'s statements: one ledger frame each
+
+
+@pytest.fixture
+def no_copier(monkeypatch: pytest.MonkeyPatch) -> list[int]:
+    """The copier never runs on its own; the messages of every whole-frame read."""
+    monkeypatch.setattr(limits, "LEDGER_COPY_FRAMES_MIN", 10**9)
+    monkeypatch.setattr(limits, "LEDGER_COPY_WAIT_S", 3600.0)
+    taken: list[int] = []
+    real = Ledger.whole_frames
+
+    def counted(self: Ledger, *args: Any) -> Any:
+        found = real(self, *args)
+        if found is not None:
+            taken.append(found.message_count)
+        return found
+
+    monkeypatch.setattr(Ledger, "whole_frames", counted)
+    return taken
+
+
+def _by_partition(polls: list[list[tuple[Any, ...]]]) -> dict[int, list[tuple[Any, ...]]]:
+    """Each partition's (offset, data) in the order the polls returned them."""
+    found: dict[int, list[tuple[Any, ...]]] = {}
+    for poll in polls:
+        for partition, offset, data in poll:
+            found.setdefault(partition, []).append((offset, data))
+    return found
+
+
+def test_a_consumer_keeping_up_takes_whole_frames_and_reads_as_the_ledger_off(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, no_copier: list[int]
+) -> None:
+    found = {}
+    for ledger in (True, False):
+        database = _open(tmp_path, monkeypatch, ledger)
+        try:
+            session, topic = _written(database, 2400)
+            found[ledger] = _polls(database, 1000)
+            session.execute(INSERT, _rows(2400, 400))
+            found[ledger, "stored"] = _polls(database, 1000, POLL_STORED)
+            if ledger:  # nothing was copied into the partitions by the polls
+                assert all(topic.partition(p).own_end == 0 for p in topic.partition_ids())
+        finally:
+            database.close()
+    # whole frames of 400 within 1000 messages: two a poll (the ledger off: 1000 a poll)
+    assert [len(poll) for poll in found[True]] == [800, 800, 800]
+    assert [len(poll) for poll in found[False]] == [1000, 1000, 400]
+    assert no_copier == [800, 800, 800, 400]
+    _check_dense(found[True], 2400)
+    assert _by_partition(found[True]) == _by_partition(found[False])
+    # frame after frame: the first poll's first 400 rows are the first statement's
+    assert sorted(row[2] for row in found[True][0][:STATEMENT]) == sorted(_rows(0, 400)[0])
+    assert [len(poll) for poll in found[True, "stored"]] == [400]
+    assert sorted(found[True, "stored"][0]) == sorted(found[False, "stored"][0])
+
+
+def test_a_consumer_inside_a_frame_reads_by_partition_until_it_is_at_the_edges(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, no_copier: list[int]
+) -> None:
+    database = _open(tmp_path, monkeypatch, True)
+    try:
+        session, _ = _written(database, 1200)
+        polls = [  # a frame over the budget: partition by partition
+            [tuple(row.values()) for row in session.execute(POLL.format(100))[0].table.to_pylist()]
+            for _ in range(3)
+        ]
+        assert [len(poll) for poll in polls] == [100, 100, 100] and not no_copier
+        polls += _polls(database, 1000)  # inside frames: the usual reads to the end
+        assert not no_copier
+        session.execute(INSERT, _rows(1200, 400))
+        session.execute(INSERT, _rows(1600, 400))
+        polls += _polls(database, 1000)  # at the edges again: the new frames whole
+        assert no_copier == [800]
+        _check_dense(polls, 2000)
+    finally:
+        database.close()
+
+
+def test_whole_frame_reads_commit_their_offsets_and_roll_back(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, no_copier: list[int]
+) -> None:
+    database = _open(tmp_path, monkeypatch, True)
+    try:
+        _written(database, 1600)
+        session = database.connect()
+        session.execute("BEGIN")
+        first = session.execute(POLL.format(800))[0].table.to_pylist()
+        second = session.execute(POLL.format(800))[0].table.to_pylist()  # from the first's end
+        session.execute("ROLLBACK")
+        assert len(first) == len(second) == 800
+        assert {r["data"] for r in first}.isdisjoint({r["data"] for r in second})
+        again = session.execute(POLL.format(800))[0].table.to_pylist()  # autocommit
+        assert again == first
+        assert no_copier == [800, 800, 800]
+    finally:
+        database.close()
+    database = Database.open(str(tmp_path / "on"))  # the offsets committed are durable
+    try:
+        rest = _polls(database, 10_000)
+        assert [len(poll) for poll in rest] == [800]
+        assert {row[2] for row in rest[0]} == set(_rows(800, 800)[0])
+    finally:
+        database.close()
+
+
+@pytest.mark.parametrize("file_bytes", [limits.LEDGER_FILE_BYTES_MAX, 4096])
+def test_rows_copied_and_released_are_read_whole_until_their_files_go(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, no_copier: list[int], file_bytes: int
+) -> None:
+    """Released rows are the partitions' rows too: read whole while a ledger file holds
+    them (one file, the one written: never dropped); once their files are dropped (a
+    file a frame: all but the last), from the partitions."""
+    monkeypatch.setattr(limits, "LEDGER_FILE_BYTES_MAX", file_bytes)
+    database = _open(tmp_path, monkeypatch, True)
+    try:
+        _, topic = _written(database, 800)
+        assert topic.ledger.copy_all() == 800  # copied, synced and released
+        assert not topic.ledger.ledger.pending()
+        assert len(topic.ledger.ledger.file_numbers) == 1
+        polls = _polls(database, 1000)
+        assert [len(poll) for poll in polls] == [800]
+        assert no_copier == ([800] if file_bytes > 4096 else [])
+        _check_dense(polls, 800)
+    finally:
+        database.close()
+
+
+def test_full_relation_of_whole_frames(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, no_copier: list[int]
+) -> None:
+    """Every column (not only the stored ones): offsets, partitions and write times built."""
+    database = _open(tmp_path, monkeypatch, True)
+    try:
+        _written(database, 800)
+        session = database.connect()
+        rows = session.execute(
+            "SELECT partition, offset, data, producer_id, codec, written_at FROM TOPIC t "
+            "WITH (consumer = 'c', max_messages = 1000)"
+        )[0].table.to_pylist()
+        assert no_copier == [800] and len(rows) == 800
+        _check_dense([[(r["partition"], r["offset"], r["data"]) for r in rows]], 800)
+        assert {r["codec"] for r in rows} == {"raw"}
+        assert all(r["written_at"] is not None for r in rows)
+        peek = session.execute("SELECT partition, offset, data, producer_id FROM TOPIC t")
+        key = ("partition", "offset", "data", "producer_id")
+        expected = {tuple(r[k] for k in key) for r in peek[0].table.to_pylist()}
+        assert {tuple(r[k] for k in key) for r in rows} == expected
+    finally:
+        database.close()
