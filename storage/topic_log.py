@@ -556,6 +556,7 @@ class TopicLog:
                 if held is None or entry.last_written_at_us > held[0]:
                     best[key] = (entry.last_written_at_us, partition_id)
         chosen = []
+        active: list[int] | None = None  # the active ids, once a key needs the round robin
         for key in keys:
             held = best.get(key)
             if held is not None:
@@ -565,7 +566,9 @@ class TopicLog:
             if pending is not None and self._info[pending].active:
                 chosen.append(pending)
                 continue
-            partition_id = self._next_round_robin()
+            if active is None:  # (a first statement of 2,000 new producers over 1000
+                active = self.active_partition_ids()  # partitions: 140 ms once a key)
+            partition_id = self._next_round_robin(active)
             if len(self._pending_bindings) > limits.PRODUCERS_PER_PARTITION_MAX:
                 self._pending_bindings.clear()
             self._pending_bindings[key] = partition_id
