@@ -86,7 +86,8 @@ class TopicLedger:
         """Open (recover) the ledger in ``directory`` over ``logs`` (the topic's
         partitions, recovered: their ends are the ledger's ``partition_ends``; the dict is
         the topic's own, so partitions added later are seen) and copy everything it holds
-        into them. ``copier``: start the background copier thread."""
+        into them. ``copier``: run the background copier thread (started at the first
+        frame appended: a topic that never spreads a statement has none)."""
         self._logs = logs
         ends = {p: log.own_end for p, log in logs.items()}
         self.ledger = Ledger(fs, directory, partition_ends=ends,
@@ -107,10 +108,7 @@ class TopicLedger:
         self._oldest_pending: float | None = None
         self._frames_since = 0  # ledger frames appended since the copier's last pass
         self._thread: threading.Thread | None = None
-        if copier:
-            self._thread = threading.Thread(target=self._copier, name="ledger-copier",
-                                            daemon=True)  # fmt: skip
-            self._thread.start()
+        self._copier_wanted = copier
 
     def attach(self, log: PartitionLog) -> None:
         """Make ``log`` settle from this ledger (a partition opened or added)."""
@@ -241,6 +239,10 @@ class TopicLedger:
             self._frames_since += frames
             if self._oldest_pending is None:
                 self._oldest_pending = time.monotonic()
+            if self._thread is None and self._copier_wanted and not self._stopping:
+                self._thread = threading.Thread(target=self._copier, name="ledger-copier",
+                                                daemon=True)  # fmt: skip
+                self._thread.start()
             self._wake.notify()
 
     def _due(self) -> bool:
@@ -254,7 +256,9 @@ class TopicLedger:
         while True:
             with self._wake:
                 while not self._stopping and not self._due():
-                    self._wake.wait(limits.LEDGER_COPY_WAIT_S / 4)
+                    # nothing pending: asleep until an append (``_note_pending``) wakes it
+                    idle = self._oldest_pending is None
+                    self._wake.wait(None if idle else limits.LEDGER_COPY_WAIT_S / 4)
                 if self._stopping:
                     return
                 self._oldest_pending = None

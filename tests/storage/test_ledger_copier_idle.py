@@ -1,0 +1,55 @@
+"""The ledger's copier thread (``TopicLedger``) starts at the first frame appended, not
+at the topic's open (a topic that never spreads a statement runs none), sleeps without
+waking while nothing is pending, copies what comes, and stops with the topic."""
+
+from __future__ import annotations
+
+import threading
+import time
+from typing import Any
+
+import pytest
+
+from storage import limits
+
+from .test_ledger_route import PARTITIONS, _expected, _open, _rows, _statement
+
+
+def _copiers() -> list[threading.Thread]:
+    return [t for t in threading.enumerate() if t.name == "ledger-copier" and t.is_alive()]
+
+
+def test_the_copier_starts_at_the_first_frame_sleeps_when_idle_and_stops_with_the_topic(
+    tmp_path: Any, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setattr(limits, "LEDGER_COPY_FRAMES_MIN", 1)  # a pass per frame
+    monkeypatch.setattr(limits, "LEDGER_COPY_WAIT_S", 0.05)
+    before = len(_copiers())
+    topic = _open(str(tmp_path), create=True)
+    try:
+        assert topic.ledger is not None
+        assert len(_copiers()) == before  # opened, nothing appended: no thread
+        woken = []
+        real_wait = threading.Condition.wait
+
+        def counted(self: threading.Condition, timeout: float | None = None) -> bool:
+            if threading.current_thread().name == "ledger-copier":
+                woken.append(timeout)
+            return real_wait(self, timeout)
+
+        monkeypatch.setattr(threading.Condition, "wait", counted)
+        topic.append_ledger(_statement(0))
+        deadline = time.monotonic() + 10
+        while topic.ledger.ledger.pending() and time.monotonic() < deadline:
+            time.sleep(0.01)
+        assert not topic.ledger.ledger.pending()  # the thread copied and released it
+        assert len(_copiers()) == before + 1
+        time.sleep(0.3)  # idle: one wait with no timeout, not one every WAIT_S / 4
+        waits = len(woken)
+        time.sleep(0.3)
+        assert len(woken) == waits and woken[-1] is None
+        for p in range(PARTITIONS):
+            assert _rows(topic, p) == _expected(range(1), p), p
+    finally:
+        topic.close()
+    assert len(_copiers()) == before
