@@ -187,7 +187,8 @@ class Ledger:
         self._write_fd: int | None = None
         self._write_number = 0
         self._write_size = 0
-        fs.make_directory(directory)
+        # the directory is made with the first file (``_start_file``): a topic whose
+        # statements never spread has none
         try:
             self._recover(dict(partition_ends or {}))
         except BaseException:
@@ -227,7 +228,8 @@ class Ledger:
                 expected = frame.sequence + 1
                 self._index_recovered(frame, number, path, own_ends)
             self._write_number = number + 1
-        self._fs.sync_directory(self._directory)
+        if numbers:  # (no file: no directory, or nothing in it to make durable)
+            self._fs.sync_directory(self._directory)
         self._next_sequence = expected or 0
         self._next_ends = self._index.ends()
 
@@ -358,6 +360,7 @@ class Ledger:
             self._write_number += 1
         number = self._write_number
         path = self._path(number)
+        self._fs.make_directory(self._directory)  # (its entry synced into the topic's)
         fd = self._fs.open_write(path)
         self._write_fd, self._write_size = fd, 0
         self._fs.sync_directory(self._directory)

@@ -1,9 +1,11 @@
-"""The ledger's copier thread (``TopicLedger``) starts at the first frame appended, not
-at the topic's open (a topic that never spreads a statement runs none), sleeps without
-waking while nothing is pending, copies what comes, and stops with the topic."""
+"""The ledger's copier thread (``TopicLedger``) and its directory come with the first
+frame appended, not with the topic's open (a topic that never spreads a statement has
+neither); the thread sleeps without waking while nothing is pending, copies what comes,
+stops with the topic; the reopen finds the ledger's files."""
 
 from __future__ import annotations
 
+import os
 import threading
 import time
 from typing import Any
@@ -29,6 +31,7 @@ def test_the_copier_starts_at_the_first_frame_sleeps_when_idle_and_stops_with_th
     try:
         assert topic.ledger is not None
         assert len(_copiers()) == before  # opened, nothing appended: no thread
+        assert "ledger" not in os.listdir(os.path.join(str(tmp_path), "t"))  # nor directory
         woken = []
         real_wait = threading.Condition.wait
 
@@ -39,6 +42,7 @@ def test_the_copier_starts_at_the_first_frame_sleeps_when_idle_and_stops_with_th
 
         monkeypatch.setattr(threading.Condition, "wait", counted)
         topic.append_ledger(_statement(0))
+        assert "ledger" in os.listdir(os.path.join(str(tmp_path), "t"))
         deadline = time.monotonic() + 10
         while topic.ledger.ledger.pending() and time.monotonic() < deadline:
             time.sleep(0.01)
@@ -53,3 +57,10 @@ def test_the_copier_starts_at_the_first_frame_sleeps_when_idle_and_stops_with_th
     finally:
         topic.close()
     assert len(_copiers()) == before
+    topic = _open(str(tmp_path))
+    try:
+        for p in range(PARTITIONS):
+            assert _rows(topic, p) == _expected(range(1), p), p
+        assert topic.ledger is not None and len(_copiers()) == before
+    finally:
+        topic.close()
