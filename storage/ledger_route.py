@@ -50,6 +50,7 @@ import numpy as np
 import pyarrow as pa
 
 from storage import limits
+from storage.config import ledger_shares_min
 from storage.errors import CorruptSegmentError, PartitionFencedError, StorageIOError
 from storage.fs import FileSystem
 from storage.ledger import Ledger, LedgerSpans
@@ -87,6 +88,9 @@ class TopicLedger:
         partitions, recovered: their ends are the ledger's ``partition_ends``; the dict is
         the topic's own, so partitions added later are seen) and copy everything it holds
         into them. ``copier``: start the background copier thread."""
+        # A statement spread over fewer partitions goes the usual way (``engine.
+        # spread_append``): ``limits.LEDGER_SHARES_MIN`` or the test lane's override.
+        self.shares_min = ledger_shares_min()
         self._logs = logs
         ends = {p: log.own_end for p, log in logs.items()}
         self.ledger = Ledger(fs, directory, partition_ends=ends,
