@@ -99,7 +99,7 @@ def append_now(
             raise QueryCanceledError("canceling statement due to user request")
         with sigint_deferred():  # the frame appended and its offsets reported, whole
             try:
-                bases = topic.append_ledger(shares)
+                bases = topic.append_ledger(shares, cancelled)
             except StorageIOError:
                 _check_topic_exists(database, topic_id)  # a DROP closed its ledger under it
                 raise
