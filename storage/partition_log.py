@@ -1285,7 +1285,8 @@ class PartitionLog:
         messages = max_messages - found.message_count
         budget = max_bytes - found.size
         low = found.next_offset
-        high = min(tail.end_of(self.partition_id), low + messages)
+        ledger_end = tail.end_of(self.partition_id)
+        high = min(ledger_end, low + messages)
         if messages <= 0 or budget <= 0 or high <= low:
             return found
         spans = tail.spans_many({self.partition_id: (low, high)})
@@ -1307,7 +1308,7 @@ class PartitionLog:
             budget -= piece.size
             if budget <= 0:
                 break
-        return FrameRead(slices, offset, found.start_offset, max(found.end_offset, high))
+        return FrameRead(slices, offset, found.start_offset, max(found.end_offset, ledger_end))
 
     def frame_window(
         self, start_offset: int, count: int, window_max: int, *, settle: bool = True

@@ -89,6 +89,7 @@ def test_a_fenced_partition_reads_its_ledger_rows_and_refuses_writes(tmp_path: A
         assert _read(topic, FENCED) == _expected(FENCED)
         # budgets hold across the log's own rows and the ledger's
         assert _read(topic, FENCED, max_messages=3) == _expected(FENCED)[:3]
+        assert log.read(0, max_messages=3).end_offset == 2 * STATEMENTS  # the partition's
         assert _read(topic, FENCED, 3, max_messages=2) == _expected(FENCED)[3:5]
         assert _read(topic, FENCED, 5) == _expected(FENCED)[5:]
         assert _read(topic, FENCED, 2 * STATEMENTS) == []
