@@ -262,6 +262,16 @@ class PartitionLog:
         it finds them there (``read_frames``, ``storage.bulk_scan``)."""
         return self.ledger_unsettled and self.ledger_tail is not None and not self._closed
 
+    def has_rows_past(self, offset: int) -> bool:
+        """Whether a reader at ``offset`` has rows to read now, without a settle (for a
+        wait under ``data_ready``): the log's own end is past it, or the ledger holds rows
+        of it (a settle brings them; a fenced log's, past ``offset``, are read there)."""
+        if self._visible.end_offset > offset:
+            return True
+        if not self.ledger_unsettled:
+            return False
+        return self._fenced is None or self.reader_end > offset
+
     @property
     def own_end(self) -> int:
         """The end of this log's own segments, whatever the ledger holds past it (no

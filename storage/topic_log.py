@@ -1309,8 +1309,9 @@ class TopicLog:
         deadline = self.clock.monotonic_s() + timeout_s
 
         def ready() -> bool:  # under ``data_ready``: no settle there (a write holds its
-            # lock, then takes ``data_ready``); a partition with ledger rows is ready
-            return any(self.partition(p).own_end > offset or self.partition(p).ledger_unsettled
+            # lock, then takes ``data_ready``); a partition with ledger rows is ready (a
+            # fenced one's only with rows past the position: ``has_rows_past``)
+            return any(self.partition(p).has_rows_past(offset)
                        for p, offset in positions.items())  # fmt: skip
 
         with self.data_ready:

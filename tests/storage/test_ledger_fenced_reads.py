@@ -162,5 +162,9 @@ def test_a_wait_on_a_fenced_partition_sees_its_ledger_rows_and_times_out_past_th
         thread.join(60.0)
         assert not thread.is_alive(), "wait_for_data did not return"
         assert results == [True, False]
+        # the topic's wait too: ready with rows past the position, else it waits (before,
+        # a fenced partition with ledger rows was ready whatever the position)
+        assert topic.wait_for_any({FENCED: 2 * STATEMENTS - 1}, 5.0)
+        assert not topic.wait_for_any({FENCED: 2 * STATEMENTS}, 0.05)
     finally:
         topic.close()
