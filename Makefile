@@ -45,10 +45,26 @@ spark-jar: $(STAMP) java
 # pytest exits 5 when no test ran: treat that as failure like any other non-zero code.
 # The suite runs on TEST_WORKERS pytest-xdist workers (default 2, the CI's cores); every
 # Spark test goes to one worker, with the run's one SparkSession (tests/conftest.py).
+# Then the ledger-on lane (``pytest --ledger``: the store's ledger switched on, statements
+# over 4 partitions or more written to it; tests/conftest.py, docs/scale.md round 31) over
+# the tests of the paths it changes: topics, spread statements and their crashes, reads of
+# many partitions, retention, offsets, a short chaos run. ~65-75 s of wall on 2 cores.
+LEDGER_LANE_TESTS := tests/storage/test_topic_log.py tests/storage/test_spread_publish.py \
+	tests/storage/test_store.py tests/storage/test_check_ledger.py \
+	tests/engine/test_spread_append.py tests/engine/test_spread_append_races.py \
+	tests/engine/test_spread_append_crash.py tests/engine/test_read_many_partitions.py \
+	tests/engine/test_reads_many_frames.py tests/engine/test_ledger_append.py \
+	tests/engine/test_ledger_read_across.py tests/engine/test_retention.py \
+	tests/engine/test_offset_reset.py \
+	tests/sim/test_chaos.py::test_short_chaos_run_finds_no_violation
 TEST_WORKERS ?= 2
 test: lint spark-jar pgjdbc
 	$(PY) -m pytest -q -p no:cacheprovider -n $(TEST_WORKERS) --dist loadgroup; rc=$$?; \
 	if [ $$rc -eq 5 ]; then echo "pytest collected no tests: failing"; exit 1; fi; exit $$rc
+	$(PY) -m pytest -q -p no:cacheprovider -n $(TEST_WORKERS) --dist loadgroup --ledger \
+	  $(LEDGER_LANE_TESTS); rc=$$?; \
+	if [ $$rc -eq 5 ]; then echo "pytest collected no tests (ledger lane): failing"; exit 1; fi; \
+	exit $$rc
 
 # The main job: the pipeline on Spark (topicbase serve + Spark streaming queries), the
 # resharding query killed midway and restarted from its checkpoint, then verified.

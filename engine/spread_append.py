@@ -94,12 +94,12 @@ def append_now(
         if not topic.partition_info(partition_id).active:  # split since: route again
             return topic.append(batch, None, cancelled=cancelled)
         topic.partition(partition_id).check_writable()
-    if topic.ledger is not None and len(shares) >= limits.LEDGER_SHARES_MIN:
+    if topic.ledger is not None and len(shares) >= topic.ledger.shares_min:
         if cancelled is not None and cancelled():  # before the commit point, as below
             raise QueryCanceledError("canceling statement due to user request")
         with sigint_deferred():  # the frame appended and its offsets reported, whole
             try:
-                bases = topic.append_ledger(shares)
+                bases = topic.append_ledger(shares, cancelled)
             except StorageIOError:
                 _check_topic_exists(database, topic_id)  # a DROP closed its ledger under it
                 raise

@@ -16,10 +16,18 @@ Checked, for every topic ``store.json`` lists, every partition its
   start (offset index) or a frame's base offset and time (time index); an index missing
   or empty (not written yet when a process stopped) is no damage: reported as
   "recovered at open", since the open rebuilds it, and the report stays ok;
-- producer snapshots parse, match their name, and claim no offset past the log end;
+- producer snapshots parse, match their name, and claim no offset past the log end (nor
+  past their name, but in a topic with a ledger: ``check_frames.snapshot_issue``);
 - leftovers (``*.tmp``, ``*.deleted``, indexes without a log, directories no
   metadata lists) and unknown files;
-- staging files (``<data>/staging``): every frame well-formed and checksummed.
+- staging files (``<data>/staging``): every frame well-formed and checksummed;
+- a topic's ledger (``<topic>/ledger/``, ``storage.ledger_route``, when the store's ledger
+  switch is or was on): every ``<number>.ledger`` file's frames well-formed and
+  checksummed (``ledger_format.scan``), their sequence numbers following one another
+  across files; a torn tail (a crash's unacknowledged round: the open reads the valid
+  prefix and writes on in a new file) is reported as recovered at open; anything else
+  there is an unknown file. (Whether the shares continue the partitions' offsets is the
+  open's check, ``storage.ledger``.)
 
 Repair (``repair=True``) takes the steps recovery takes, limited to those that
 lose nothing: cut a torn tail (damage with no valid frame after it, in the last
@@ -47,7 +55,7 @@ from contextlib import contextmanager
 from functools import partial
 from typing import Any
 
-from storage import file_names
+from storage import file_names, ledger_format
 from storage.autopartition import HASH_SPACE
 from storage.check_frames import (
     LogWalk,
@@ -75,8 +83,10 @@ from storage.check_report import (
     Problem,
 )
 from storage.commit_log import walk_staging
-from storage.errors import ObjectInUseError, StorageIOError
+from storage.errors import CorruptSegmentError, ObjectInUseError, StorageIOError
 from storage.fs import DEFAULT_FILE_SYSTEM, FileSystem
+from storage.ledger import SUFFIX as LEDGER_SUFFIX
+from storage.ledger_route import DIRECTORY as LEDGER_DIRECTORY
 from storage.offset_index import OffsetIndex
 from storage.record_batch import FrameHeader
 from storage.staging import STAGE_SUFFIX
@@ -233,6 +243,8 @@ class _Checker:
                 self.problem(
                     LEFTOVER, path, "temp file (repair deletes it)", fix=self.remove_fix(path)
                 )
+            elif name == LEDGER_DIRECTORY and os.path.isdir(path):
+                self.check_ledger(path)
             elif number.isdigit() and os.path.isdir(path):
                 on_disk.append(int(number))
                 if listed is not None and int(number) not in listed:
@@ -254,7 +266,8 @@ class _Checker:
                 self.problem(MISSING, partition_directory, text)
                 continue
             self.report.partitions += 1
-            self.check_partition(topic_id, partition_id, partition_directory)
+            self.check_partition(topic_id, partition_id, partition_directory,
+                                 ledger=LEDGER_DIRECTORY in names)  # fmt: skip
 
     def _listed_partitions(self, path: str, topic_id: str) -> list[int] | None:
         try:
@@ -272,7 +285,10 @@ class _Checker:
         return sorted(item["id"] for item in payload["partitions"])
 
     # -- partitions ---------------------------------------------------------------------------
-    def check_partition(self, topic_id: str, partition_id: int, directory: str) -> None:
+    def check_partition(self, topic_id: str, partition_id: int, directory: str, *,
+                        ledger: bool = False) -> None:  # fmt: skip
+        """``ledger``: the topic has a ledger directory (its snapshots may claim offsets
+        past their names: ``check_frames.snapshot_issue``)."""
         names = self.fs.list_directory(directory)
         bases = sorted(
             base
@@ -298,7 +314,7 @@ class _Checker:
             self._check_indexes(directory, base, walk)
             self.report.frames += len(walk.frames)
             published.update(h.transaction_id for _, h in walk.frames if h.transaction_id)
-        self._check_snapshots(directory, names, end_offset)
+        self._check_snapshots(directory, names, end_offset, ledger)
 
     def _check_partition_names(self, directory: str, names: list[str], bases: set[int]) -> None:
         for name in names:
@@ -381,7 +397,8 @@ class _Checker:
                 text = issue[0] + " (repair rebuilds both indexes from the frames)"
                 self.problem(BAD_INDEX, path, text, issue[1], fix=fix)
 
-    def _check_snapshots(self, directory: str, names: list[str], end_offset: int | None) -> None:
+    def _check_snapshots(self, directory: str, names: list[str], end_offset: int | None,
+                         ledger: bool) -> None:  # fmt: skip
         for name in names:
             offset = file_names.parse_offset(name, file_names.SNAPSHOT_SUFFIX)
             if offset is None:
@@ -394,7 +411,7 @@ class _Checker:
                 )
                 continue
             try:
-                issue = snapshot_issue(self.fs.read_file(path), offset)
+                issue = snapshot_issue(self.fs.read_file(path), offset, ledger=ledger)
             except (FileNotFoundError, StorageIOError) as error:
                 issue = f"unreadable ({error})"
             if issue is not None:
@@ -429,6 +446,45 @@ class _Checker:
                 text = f"the last {torn} bytes hold no valid frame: a torn tail (repair cuts it)"
                 fix = partial(_truncate, self.fs, path, walk.tail_position)
                 self.problem(TORN_TAIL, path, text, walk.tail_position, fix=fix)
+
+    # -- a topic's ledger ----------------------------------------------------------------
+    def check_ledger(self, directory: str) -> None:
+        """The ledger's files in number order: each one's valid frames (``scan``), their
+        sequence numbers one after another across files, a torn tail reported (see the
+        module doc)."""
+        numbered = []
+        for name in self.fs.list_directory(directory):
+            number = file_names.parse_offset(name, LEDGER_SUFFIX)
+            if number is None:
+                self.problem(UNKNOWN_FILE, os.path.join(directory, name), "not a ledger file")
+            else:
+                numbered.append((number, os.path.join(directory, name)))
+        previous: int | None = None  # the sequence number of the last frame seen
+        for _, path in sorted(numbered):
+            try:
+                raw = self.fs.read_file(path)
+                frames, valid_end = ledger_format.scan(raw, path)
+            except FileNotFoundError as error:
+                self.problem(UNREADABLE, path, str(error))
+                continue
+            except CorruptSegmentError as error:
+                text = f"{error} (not repairable)"
+                self.problem(CORRUPT_FRAME, path, text, error.position)
+                previous = None  # the chain is not known past the damage
+                continue
+            if frames and previous is not None and frames[0].sequence != previous + 1:
+                text = (f"the file's first frame is number {frames[0].sequence}, the one "
+                        f"before it {previous}: frames are missing (not repairable)")  # fmt: skip
+                self.problem(OFFSET_GAP, path, text)
+            if frames:
+                previous = frames[-1].sequence
+            if valid_end < len(raw):
+                torn = len(raw) - valid_end
+                text = (f"the last {torn} bytes hold no valid frame: a torn tail, never "
+                        "acknowledged (the open writes on in a new file; repair cuts it)"
+                        )  # fmt: skip
+                fix = partial(_truncate, self.fs, path, valid_end)
+                self.problem(TORN_TAIL, path, text, valid_end, fix=fix, recovered_at_open=True)
 
     def _read_or_none(self, path: str) -> bytes | None:
         try:

@@ -15,6 +15,10 @@ from storage.codecs import Codec
 from storage.errors import InvalidParameterValueError
 
 LEDGER_ENVIRONMENT_VARIABLE = "TOPICBASE_LEDGER"
+# The test lane's override of ``limits.LEDGER_SHARES_MIN`` (``pytest --ledger``,
+# tests/conftest.py): the suite's topics have a few partitions, so with the default (16)
+# their statements would not reach the ledger. Read when a topic's ledger opens.
+LEDGER_SHARES_MIN_ENVIRONMENT_VARIABLE = "TOPICBASE_LEDGER_SHARES_MIN"
 
 
 def ledger_enabled() -> bool:
@@ -22,6 +26,26 @@ def ledger_enabled() -> bool:
     default): small statements spread over many partitions go to the topic's ledger
     (``storage.ledger_route``, docs/scale.md round 28)."""
     return os.environ.get(LEDGER_ENVIRONMENT_VARIABLE, "0") == "1"
+
+
+def ledger_shares_min() -> int:
+    """How many partitions a statement must spread over to go to the ledger:
+    ``limits.LEDGER_SHARES_MIN`` unless ``TOPICBASE_LEDGER_SHARES_MIN`` (a whole number,
+    at least 2: one share is a plain append) says otherwise (the test lane's knob,
+    docs/scale.md round 31)."""
+    text = os.environ.get(LEDGER_SHARES_MIN_ENVIRONMENT_VARIABLE)
+    if text is None or not text.strip():
+        return limits.LEDGER_SHARES_MIN
+    try:
+        value = int(text)
+    except ValueError:
+        value = 0
+    if value < 2:
+        raise InvalidParameterValueError(
+            f"{LEDGER_SHARES_MIN_ENVIRONMENT_VARIABLE} must be a whole number of at least "
+            f"2, got {text!r}"
+        )
+    return value
 
 
 class FsyncPolicy(enum.Enum):

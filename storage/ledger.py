@@ -712,6 +712,13 @@ class Ledger:
 
     # -- the rest ------------------------------------------------------------------------
     @property
+    def next_sequence(self) -> int:
+        """The sequence number the next frame gets: how many frames this ledger numbered,
+        across opens (a failed round's included; a hint, read without the leader's turn:
+        for tests and counters)."""
+        return self._next_sequence
+
+    @property
     def file_numbers(self) -> list[int]:
         with self._lock:
             return sorted(self._files)

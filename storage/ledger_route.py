@@ -44,13 +44,19 @@ from __future__ import annotations
 import os
 import threading
 import time
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 
 import numpy as np
 import pyarrow as pa
 
 from storage import limits
-from storage.errors import CorruptSegmentError, PartitionFencedError, StorageIOError
+from storage.config import ledger_shares_min
+from storage.errors import (
+    CorruptSegmentError,
+    PartitionFencedError,
+    QueryCanceledError,
+    StorageIOError,
+)
 from storage.fs import FileSystem
 from storage.ledger import Ledger, LedgerSpans
 from storage.ledger_copy import Piece, copy_ledger, grouped_pieces
@@ -88,6 +94,9 @@ class TopicLedger:
         the topic's own, so partitions added later are seen) and copy everything it holds
         into them. ``copier``: run the background copier thread (started at the first
         frame appended: a topic that never spreads a statement has none)."""
+        # A statement spread over fewer partitions goes the usual way (``engine.
+        # spread_append``): ``limits.LEDGER_SHARES_MIN`` or the test lane's override.
+        self.shares_min = ledger_shares_min()
         self._logs = logs
         ends = {p: log.own_end for p, log in logs.items()}
         self.ledger = Ledger(fs, directory, partition_ends=ends,
@@ -124,10 +133,14 @@ class TopicLedger:
 
     # -- appends -------------------------------------------------------------------------
     def append_shares(self, logs: Sequence[PartitionLog], batches: Sequence[pa.RecordBatch],
-                      table: pa.Table | None, written_at_us: int) -> list[int] | None:  # fmt: skip
+                      table: pa.Table | None, written_at_us: int,
+                      cancelled: Callable[[], bool] | None = None) -> list[int] | None:  # fmt: skip
         """Write ``batches[i]`` to ``logs[i]``'s partition (distinct, ascending ids) as one
         ledger frame; returns each share's base offset once durable, or None (nothing
-        written) when the usual case does not hold (see the module doc)."""
+        written) when the usual case does not hold (see the module doc). ``cancelled``:
+        asked once every lock is held, just before the frame's round (the commit point):
+        True refuses the statement with ``QueryCanceledError``, nothing written (the wait
+        for the partitions' locks is where a statement may spend its time here)."""
         assert len(logs) == len(batches) and len(logs) > 0
         taken: list[PartitionLog] = []
         bases: list[int] | None = None
@@ -142,6 +155,8 @@ class TopicLedger:
             decision = decide_shares([log.producers for log in logs], list(batches), table)
             if decision is None:
                 return None
+            if cancelled is not None and cancelled():
+                raise QueryCanceledError("canceling statement due to user request")
             partitions = np.fromiter((log.partition_id for log in logs), np.int64, len(logs))
             counts = np.fromiter((batch.num_rows for batch in batches), np.int64, len(batches))
             whole = _whole(batches, table, decision.seq_nos)

@@ -33,6 +33,7 @@ import pyarrow as pa
 from storage import failpoints, limits, log_loader, page_cache, staged_frames
 from storage.clock import Clock
 from storage.codecs import Codec, uniform_codec
+from storage.column_codec import unpacked_bytes
 from storage.config import FsyncPolicy, TopicConfig
 from storage.errors import (
     CorruptSegmentError,
@@ -231,8 +232,13 @@ class PartitionLog:
 
     @property
     def end_offset(self) -> int:
+        """Past the last acknowledged row: the ledger's rows of this partition copied in
+        first (``settle``); a fenced log, which takes no copy, counts them where the
+        ledger holds them (``reader_end``: its reads take them from there)."""
         if self.ledger_unsettled:
             self.settle()
+            if self._fenced is not None:
+                return self.reader_end
         return self._visible.end_offset
 
     @property
@@ -240,7 +246,8 @@ class PartitionLog:
         """``end_offset`` without the settle: the end a reader sees, the ledger's end of
         this partition while it holds rows past this log's (a read of many partitions
         reads them there, ``storage.bulk_scan``); as ``end_offset`` in every other case
-        (no ledger, nothing unsettled, a fenced or closed log, which does not settle)."""
+        (no ledger, nothing unsettled, a closed log). A fenced log counts its ledger rows
+        too, though it does not settle: its reads take them from the ledger."""
         tail = self.ledger_tail
         if self.reads_across and tail is not None:
             return max(self._visible.end_offset, tail.end_of(self.partition_id))
@@ -249,9 +256,21 @@ class PartitionLog:
     @property
     def reads_across(self) -> bool:
         """Whether rows past this log's own end may be read in the topic's ledger now
-        (``reader_end`` is the ledger's): unsettled, not fenced, not closed."""
-        return (self.ledger_unsettled and self.ledger_tail is not None and not self._closed
-                and self._fenced is None)  # fmt: skip
+        (``reader_end`` is the ledger's): unsettled and not closed. A fenced log reads
+        across too: its acknowledged ledger rows stay there, durable, until the reopen
+        copies them (it takes no copy, and no release passes its own end), so a read of
+        it finds them there (``read_frames``, ``storage.bulk_scan``)."""
+        return self.ledger_unsettled and self.ledger_tail is not None and not self._closed
+
+    def has_rows_past(self, offset: int) -> bool:
+        """Whether a reader at ``offset`` has rows to read now, without a settle (for a
+        wait under ``data_ready``): the log's own end is past it, or the ledger holds rows
+        of it (a settle brings them; a fenced log's, past ``offset``, are read there)."""
+        if self._visible.end_offset > offset:
+            return True
+        if not self.ledger_unsettled:
+            return False
+        return self._fenced is None or self.reader_end > offset
 
     @property
     def own_end(self) -> int:
@@ -1253,10 +1272,53 @@ class PartitionLog:
         for _ in range(3):  # retention may delete a segment under us: retry
             visible = self._visible
             try:
-                return self._scan_visible(visible, start_offset, max_messages, max_bytes)
+                found = self._scan_visible(visible, start_offset, max_messages, max_bytes)
             except FileNotFoundError:
                 continue
+            if self._fenced is not None and self.reads_across:
+                return self._read_fenced_tail(found, max_messages, max_bytes)
+            return found
         raise StorageIOError(f"partition {self.partition_id}: segments vanished during a read")
+
+    def _read_fenced_tail(self, found: FrameRead, max_messages: int, max_bytes: int) -> FrameRead:
+        """``found`` (a read of this fenced log's own segments) continued into the rows the
+        topic's ledger holds past them, within what is left of the budgets. A fenced log
+        does not settle (it takes no write), yet those rows were acknowledged: the ledger
+        synced them, and no copier pass releases a row of a fenced log past its own end
+        (the copy to it is refused; a release stops at what the log holds synced), so they
+        stay in the ledger until the reopen copies them; a read gives them from there
+        (``reader_end`` counts them). The slices are the ledger frames' (one per share)."""
+        tail = self.ledger_tail
+        own = self._visible.end_offset
+        if tail is None or found.next_offset < own:
+            return found  # stopped inside the log by a budget (or no ledger)
+        messages = max_messages - found.message_count
+        budget = max_bytes - found.size
+        low = found.next_offset
+        ledger_end = tail.end_of(self.partition_id)
+        high = min(ledger_end, low + messages)
+        if messages <= 0 or budget <= 0 or high <= low:
+            return found
+        spans = tail.spans_many({self.partition_id: (low, high)})
+        if spans is None:  # (not expected: see above) the log's own rows only
+            return found
+        slices = list(found.slices)
+        offset = low
+        for body_index, first, row, rows in zip(spans.frames.tolist(), spans.firsts.tolist(),
+                                                spans.rows.tolist(), spans.counts.tolist(),
+                                                strict=True):  # fmt: skip
+            assert first == offset, (first, offset)  # a partition's rows, in offset order
+            body = spans.bodies[body_index]
+            count = int(spans.frame_rows[body_index])
+            header = FrameHeader(0, first - row, int(spans.written_ats[body_index]), count,
+                                 body.size, 0)  # fmt: skip
+            piece = FrameSlice(header, body, row, rows, None, unpacked_bytes(body, messages=True))
+            slices.append(piece)
+            offset += rows
+            budget -= piece.size
+            if budget <= 0:
+                break
+        return FrameRead(slices, offset, found.start_offset, max(found.end_offset, ledger_end))
 
     def frame_window(
         self, start_offset: int, count: int, window_max: int, *, settle: bool = True
@@ -1397,8 +1459,13 @@ class PartitionLog:
             with self.data_ready:
                 if self._visible.end_offset > offset:
                     return True
-                if self.ledger_unsettled:  # a ledger append since the settle: again
-                    continue
+                if self.ledger_unsettled:
+                    if self._fenced is None:  # a ledger append since the settle: again
+                        continue
+                    # fenced: no settle and no more ledger appends; its ledger rows are
+                    # read from the ledger (``reader_end``), and that end moves no more
+                    if self.reader_end > offset:
+                        return True
                 remaining = deadline - self.clock.monotonic_s()
                 if remaining <= 0 or self._closed:
                     return False

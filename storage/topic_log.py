@@ -1321,8 +1321,9 @@ class TopicLog:
         deadline = self.clock.monotonic_s() + timeout_s
 
         def ready() -> bool:  # under ``data_ready``: no settle there (a write holds its
-            # lock, then takes ``data_ready``); a partition with ledger rows is ready
-            return any(self.partition(p).own_end > offset or self.partition(p).ledger_unsettled
+            # lock, then takes ``data_ready``); a partition with ledger rows is ready (a
+            # fenced one's only with rows past the position: ``has_rows_past``)
+            return any(self.partition(p).has_rows_past(offset)
                        for p, offset in positions.items())  # fmt: skip
 
         with self.data_ready:
@@ -1333,12 +1334,13 @@ class TopicLog:
                 self.data_ready.wait(remaining)
         return True
 
-    def append_ledger(self, shares: list[tuple[int, np.ndarray, pa.RecordBatch]]
-                      ) -> list[int] | None:  # fmt: skip
+    def append_ledger(self, shares: list[tuple[int, np.ndarray, pa.RecordBatch]],
+                      cancelled: Callable[[], bool] | None = None) -> list[int] | None:  # fmt: skip
         """Write a statement's shares (``shares``' output) as one ledger frame
         (``TopicLedger.append_shares``); each share's base offset, or None (nothing written:
         no ledger, a share not small, the frame too large, or a case the ledger does not
-        decide) when the caller must go the usual way."""
+        decide) when the caller must go the usual way. ``cancelled``: asked just before the
+        frame's round (``QueryCanceledError``, nothing written)."""
         ledger = self.ledger
         if ledger is None:
             return None
@@ -1351,7 +1353,7 @@ class TopicLog:
                 or table.get_total_buffer_size() > limits.LEDGER_FRAME_BYTES_MAX // 2):  # fmt: skip
             return None
         logs = [self.partition(partition_id) for partition_id, _, _ in shares]
-        return ledger.append_shares(logs, batches, table, self.clock.now_us())
+        return ledger.append_shares(logs, batches, table, self.clock.now_us(), cancelled)
 
     def close(self) -> None:
         if self.ledger is not None:  # its copier stopped before the logs close

@@ -1,5 +1,6 @@
-"""The whole run's hooks: the Spark tests kept on one pytest-xdist worker, and the
-SparkSessions a run makes counted (the owner's rule: one SparkSession per run).
+"""The whole run's hooks: the Spark tests kept on one pytest-xdist worker, the
+SparkSessions a run makes counted (the owner's rule: one SparkSession per run), and the
+ledger-on lane (``--ledger``).
 
 ``make test`` runs the suite on two workers (``pytest -n 2 --dist loadgroup``). With
 ``loadgroup``, xdist sends each work unit to one worker; here every test under
@@ -16,18 +17,58 @@ The ``spark`` fixture reports each session it makes through ``count_spark_sessio
 workers hand their counts to the controller, which prints the run's total and fails the
 run when it is more than one. Without xdist (a plain ``pytest``) the same count is kept
 in the one process. Invariant: a run that makes two SparkSessions does not pass.
+
+``pytest --ledger`` runs the tests with the store's ledger switched on
+(``TOPICBASE_LEDGER=1``, ``storage.config.ledger_enabled``) and a statement going to the
+ledger once it spreads over 4 partitions (``TOPICBASE_LEDGER_SHARES_MIN=4``,
+``storage.config.ledger_shares_min``; the default 16 is more partitions than most tests'
+topics have). Both are set in the environment at configure time, in the controller and in
+every xdist worker, so the processes a test starts inherit them; a test that sets the
+switch itself (``monkeypatch.setenv``) still decides for itself: the ``ledger_off``
+fixture pins a test to the switch being off (one that checks the staging path's own
+work, which the ledger path does not do; docs/scale.md, round 31).
 """
 
 from __future__ import annotations
 
+import os
 from collections.abc import Callable
 
 import pytest
+
+from storage.config import LEDGER_ENVIRONMENT_VARIABLE, LEDGER_SHARES_MIN_ENVIRONMENT_VARIABLE
 
 SPARK_GROUP = "spark"
 SPARK_TESTS = "tests/spark/"  # node ids are relative to the repository root (pyproject.toml)
 _SESSIONS = pytest.StashKey[int]()  # SparkSessions this process made
 _PER_WORKER = pytest.StashKey[dict[str, int]]()  # the controller's counts, by worker
+LEDGER_LANE_SHARES_MIN = "4"  # the lane's ``TOPICBASE_LEDGER_SHARES_MIN``
+
+
+def pytest_addoption(parser: pytest.Parser) -> None:
+    parser.addoption(
+        "--ledger", action="store_true", default=False,
+        help="the ledger-on lane: the store's ledger switched on (TOPICBASE_LEDGER=1, "
+             f"TOPICBASE_LEDGER_SHARES_MIN={LEDGER_LANE_SHARES_MIN})")  # fmt: skip
+
+
+def pytest_configure(config: pytest.Config) -> None:
+    if config.getoption("ledger"):
+        os.environ[LEDGER_ENVIRONMENT_VARIABLE] = "1"
+        os.environ[LEDGER_SHARES_MIN_ENVIRONMENT_VARIABLE] = LEDGER_LANE_SHARES_MIN
+
+
+@pytest.fixture
+def ledger_off(monkeypatch: pytest.MonkeyPatch) -> None:
+    """The ledger switched off for this test, whatever the lane (stores it opens)."""
+    monkeypatch.setenv(LEDGER_ENVIRONMENT_VARIABLE, "0")
+
+
+def pytest_report_header(config: pytest.Config) -> str | None:
+    if config.getoption("ledger"):
+        return (f"ledger lane: {LEDGER_ENVIRONMENT_VARIABLE}=1, "
+                f"{LEDGER_SHARES_MIN_ENVIRONMENT_VARIABLE}={LEDGER_LANE_SHARES_MIN}")  # fmt: skip
+    return None
 
 
 def _run_total(config: pytest.Config) -> tuple[int, dict[str, int]]:

@@ -86,6 +86,10 @@ def serve(script: Path) -> None:
         print(f"exit {os.waitstatus_to_exitcode(status)}", flush=True)
 
 
+# The store's ledger switches (``storage.config``): a child gets the test process's.
+LEDGER_SWITCHES = ("TOPICBASE_LEDGER", "TOPICBASE_LEDGER_SHARES_MIN")
+
+
 class ForkServer:
     """Runs ``script``'s ``main`` in forked children, one at a time (see the module doc)."""
 
@@ -103,7 +107,11 @@ class ForkServer:
         assert self.proc.stdin is not None and self.proc.stdout is not None
         self.runs += 1
         out, err = self.tmp / f"child-{self.runs}.out", self.tmp / f"child-{self.runs}.err"
-        command = {"argv": argv, "environment": environment or {}, "failpoints": failpoints,
+        # the ledger's switches as this process has them now (a test may pin them,
+        # ``ledger_off`` in tests/conftest.py), not as they were when the server started
+        environment = {**{name: os.environ.get(name, "") for name in LEDGER_SWITCHES},
+                       **(environment or {})}  # fmt: skip
+        command = {"argv": argv, "environment": environment, "failpoints": failpoints,
                    "stdout": str(out), "stderr": str(err)}  # fmt: skip
         self.proc.stdin.write(json.dumps(command) + "\n")
         self.proc.stdin.flush()

@@ -93,12 +93,14 @@ def _spread_rows(session) -> dict[bytes, int]:
 
 
 @pytest.mark.parametrize("point", ["commit.mid_publish", "publish.mid_spread"])
-def test_a_spread_statement_finished_after_a_refusal_says_it_committed(tmp_path, point) -> None:
+def test_a_spread_statement_finished_after_a_refusal_says_it_committed(
+    tmp_path, point, ledger_off
+) -> None:
     """Round 26 (H1): the one caller that reads the publish's results (``finish``: None for a
     share finished by ``_finish_now``, its offsets unknown) is an autocommit statement spread
     over partitions. It reports the statement committed and published (``PastCommitPoint``,
     not the ``MemoryError`` nor an assertion), the rows are there once, and later statements
-    commit."""
+    commit. (The staging path's publish: the ledger off whatever the lane.)"""
     data = str(tmp_path / "data")
     database = Database.open(data, retention_interval_s=None)
     try:

@@ -16,6 +16,7 @@ import pytest
 from engine.database import Database
 from storage import errors, limits
 from storage.ledger import Ledger
+from storage.ledger_route import TopicLedger
 
 INSERT = (
     "INSERT INTO TOPIC t (data, producer_id, seq_no) SELECT unnest(?), unnest(?), unnest(?)"
@@ -142,5 +143,43 @@ def test_a_drop_that_closes_the_ledger_under_a_statement_refuses_it_with_42p01(
             {"n": 400}
         ]
         session.close()
+    finally:
+        database.close()
+
+
+def test_a_cancel_while_the_statement_waits_for_its_partitions_refuses_it(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A cancel (statement_timeout's timer, a client's cancel request) that comes while a
+    spread statement waits for its partitions' locks, after its first look, refuses it
+    before its frame's round, as the staging path refuses one before its commit point
+    (57014): nothing written, no producer state moved, and the next statement commits."""
+    monkeypatch.setenv("TOPICBASE_LEDGER", "1")
+    monkeypatch.setattr(limits, "LEDGER_COPY_WAIT_S", 3600.0)  # the copier held off
+    database = _open(tmp_path)
+    try:
+        session = database.connect()
+        session.execute(f"CREATE TOPIC t WITH (min_active_partitions = {PARTITIONS})")
+        entry = database.catalog.entry("t")
+        assert entry is not None
+        ledger = database.topic_log(entry.topic_id).ledger
+        assert ledger is not None
+        real = TopicLedger._follow_locked
+
+        def cancelled_under_the_locks(self: TopicLedger, log: Any) -> bool:
+            session.cancel()  # every lock of the statement is held by now
+            return real(self, log)
+
+        monkeypatch.setattr(TopicLedger, "_follow_locked", cancelled_under_the_locks)
+        with pytest.raises(errors.QueryCanceledError) as raised:
+            session.execute(INSERT, _rows(0, 400))
+        assert raised.value.sqlstate == "57014"
+        assert ledger.ledger.next_sequence == 0 and ledger.ledger.pending() == {}
+        assert _read_all(database) == {}
+        monkeypatch.setattr(TopicLedger, "_follow_locked", real)
+        returned = session.execute(RETURNING, _rows(0, 400))[0].table.to_pylist()
+        assert {row["status"] for row in returned} == {"written"}  # not seen as duplicates
+        assert ledger.ledger.next_sequence == 1
+        assert len(_read_all(database)) == 400
     finally:
         database.close()

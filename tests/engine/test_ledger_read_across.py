@@ -3,7 +3,8 @@ holds them (``storage.bulk_scan.scan_many`` with ``Ledger.spans_many``), instead
 copying them into every partition first (``PartitionLog.settle``): the same rows, at the
 same offsets, in the same order as the same polls with the ledger off; nothing copied
 by the poll; a partition partly copied is read from its segments then from the ledger;
-a range released under the read falls back to the partition reads, which settle."""
+a range released under the read falls back to the partition reads, which settle; a
+fenced partition's ledger rows are read there too (it takes no copy until the reopen)."""
 
 from __future__ import annotations
 
@@ -14,7 +15,9 @@ import pytest
 
 from engine.database import Database
 from storage import limits
+from storage.errors import PartitionFencedError, StorageIOError
 from storage.ledger_route import TopicLedger
+from storage.record_batch import build_wire_batch
 
 PARTITIONS = limits.LEDGER_SHARES_MIN * 2
 INSERT = "INSERT INTO TOPIC t (data, producer_id) SELECT unnest(?), unnest(?)"
@@ -165,3 +168,41 @@ def test_a_range_released_under_the_poll_is_read_from_the_partitions(
         _check_dense(polls, 800)
     finally:
         database.close()
+
+
+@pytest.mark.parametrize("poll_size", [10_000, 37])
+def test_a_fenced_partitions_ledger_rows_are_polled_and_peeked(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, no_copier: None, poll_size: int
+) -> None:
+    """A partition fenced (an I/O error of a write to it) after its rows went to the
+    ledger: it takes no copy until the reopen, yet its rows were acknowledged; polls (one
+    buffer of many partitions, and small ones, which read partition by partition) and a
+    peek of the partition read them, every row once; writes to it stay refused; the
+    consumer's committed offsets hold across the reopen, which copies the rows in."""
+    path = tmp_path
+    database = _open(path, monkeypatch, True)
+    try:
+        _, topic = _written(database, 800)
+        fenced = topic.partition_ids()[3]
+        log = topic.partition(fenced)
+        with log.write_lock:
+            log.fence_for(StorageIOError("injected: a failed write"))
+        held = log.reader_end
+        assert log.own_end == 0 and held > 0 and log.end_offset == held
+        polls = _polls(database, poll_size)
+        _check_dense(polls, 800)
+        assert sum(1 for poll in polls for row in poll if row[0] == fenced) == held
+        session = database.connect()
+        peek = session.execute(f"SELECT offset, data FROM TOPIC t WITH (partition = {fenced})")
+        assert [row["offset"] for row in peek[0].table.to_pylist()] == list(range(held))
+        with pytest.raises(PartitionFencedError):
+            topic.append(build_wire_batch([b"x"]), fenced)
+    finally:
+        database.close()
+    monkeypatch.setenv("TOPICBASE_LEDGER", "1")
+    reopened = Database.open(str(path / "on"))
+    try:
+        assert _topic(reopened).partition(fenced).own_end == held  # copied at the open
+        assert _polls(reopened, poll_size) == []  # every row was consumed before
+    finally:
+        reopened.close()

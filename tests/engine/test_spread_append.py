@@ -8,6 +8,12 @@ written refuses the whole statement before anything is committed; concurrent spr
 writes keep every message once and each producer's order; writes with an explicit
 partition, to an unsynced topic or to fewer partitions take the plain path. Crashes:
 ``test_spread_append_crash.py``.
+
+With the store's ledger on (``pytest --ledger``: statements over 4 partitions or more go
+to the topic's ledger, ``storage.ledger_route``) the same statements commit by one ledger
+frame instead of a staging record: the counts below are of both (``_spread_commits``), the
+sync's is the ledger's, and the tests of the staging log's own work (its recovery, its
+checkpoint) keep the ledger off (``ledger_off``).
 """
 
 from __future__ import annotations
@@ -19,7 +25,7 @@ import pytest
 
 from engine import commit, spread_append
 from engine.database import Database
-from storage import errors
+from storage import errors, limits
 from storage.config import FsyncPolicy
 from storage.partition_log import PartitionLog
 
@@ -60,6 +66,21 @@ def _all_messages(database: Database) -> dict[bytes, tuple[int, int, str, int]]:
     return found
 
 
+def _ledger_frames(database: Database) -> int:
+    """Frames topic t's ledger holds or held (0: no ledger)."""
+    entry = database.catalog.entry("t")
+    assert entry is not None
+    ledger = database.topic_log(entry.topic_id).ledger
+    return 0 if ledger is None else ledger.ledger.next_sequence
+
+
+def _spread_commits(database: Database) -> int:
+    """Spread statements committed: by a staging record (``log_commits``) or, with the
+    ledger on, by a ledger frame of topic t (one a statement; a statement with a
+    duplicate in it goes the staging way)."""
+    return database.commit_counters()["log_commits"] + _ledger_frames(database)
+
+
 @pytest.fixture
 def database(tmp_path: Path):
     database = Database.open(str(tmp_path / "data"))
@@ -70,14 +91,17 @@ def database(tmp_path: Path):
     database.close()
 
 
-def test_a_spread_write_costs_one_staging_sync_and_no_partition_sync(database) -> None:
+def test_a_spread_write_costs_one_staging_sync_and_no_partition_sync(database, monkeypatch) -> None:
+    monkeypatch.setattr(limits, "LEDGER_COPY_WAIT_S", 3600.0)  # (the ledger's copier held off)
     session = database.connect()
-    before = database.commit_counters()
+    before, frames = database.commit_counters(), _ledger_frames(database)
     session.execute(INSERT, _rows(0, 96))
     after = database.commit_counters()
-    assert after["log_commits"] == before["log_commits"] + 1
-    assert after["staging_syncs"] == before["staging_syncs"] + 1
-    # every fsync of the statement is the staging log's: none of the 8 partitions synced
+    ledger = _ledger_frames(database) - frames  # the ledger on: its frame is the commit
+    assert after["log_commits"] + ledger == before["log_commits"] + 1
+    assert after["staging_syncs"] + ledger == before["staging_syncs"] + 1
+    # every fsync of the statement is the staging log's (or the ledger's): none of the 8
+    # partitions synced
     assert after["fs_fsyncs"] - before["fs_fsyncs"] == 1
     found = _all_messages(database)
     assert len(found) == 96 and len({p for p, *_ in found.values()}) == 8
@@ -100,7 +124,7 @@ def test_returning_reports_each_message_in_order_and_a_resend_is_wholly_duplicat
     assert again.table.to_pylist() == [{**row, "status": "duplicate"} for row in first]
     assert session.execute(INSERT, _rows(0, 96))[0].tag == "INSERT 0 0"
     assert len(_all_messages(database)) == 96
-    assert database.commit_counters()["log_commits"] == 3  # each through the staging log
+    assert _spread_commits(database) == 3  # each through the staging log (or the ledger)
     session.close()
 
 
@@ -141,7 +165,7 @@ def test_concurrent_spread_writes_keep_every_message_once_and_each_producers_ord
     for thread in threads:
         thread.join(WAIT_S)
     assert not errors_seen
-    assert database.commit_counters()["log_commits"] == 4 * 6
+    assert _spread_commits(database) == 4 * 6
     found = _all_messages(database)
     assert len(found) == 4 * 6 * 48
     by_producer: dict[str, list[tuple[int, int, int]]] = {}
@@ -159,7 +183,7 @@ def test_metadata_survives_the_spread_write(database) -> None:
         "INSERT INTO TOPIC t (data, producer_id, metadata) "
         "SELECT 'm' || i, 'p' || (i % 32), '{\"k\": \"v' || i || '\"}' FROM range(96) r(i)"
     )
-    assert database.commit_counters()["log_commits"] == 1
+    assert _spread_commits(database) == 1
     entry = database.catalog.entry("t")
     assert entry is not None
     topic = database.topic_log(entry.topic_id)
@@ -200,11 +224,12 @@ def test_other_writes_take_the_plain_path(tmp_path: Path, case: str) -> None:
 
 
 def test_recovery_scans_each_partition_once_whatever_the_number_of_records(
-    tmp_path: Path, monkeypatch
+    tmp_path: Path, monkeypatch, ledger_off: None
 ) -> None:
     """Commit records of spread writes not checkpointed (a crash): recovery learns which
     transactions each partition holds from one scan of its frame headers, not one per
-    record (``transaction_rows_since``), and republishes nothing that is there."""
+    record (``transaction_rows_since``), and republishes nothing that is there. (The
+    staging log's recovery: the ledger off.)"""
     monkeypatch.setattr(commit, "CHECKPOINT_TRANSACTIONS", 10**9)
     database = Database.open(str(tmp_path / "data"))
     session = database.connect()
@@ -236,10 +261,11 @@ def test_recovery_scans_each_partition_once_whatever_the_number_of_records(
 
 
 def test_staged_bytes_make_a_checkpoint_due_before_the_transaction_count(
-    database, monkeypatch
+    ledger_off: None, database, monkeypatch
 ) -> None:
     """Spread writes stage their data: the checkpoint that releases it is due after
-    ``CHECKPOINT_STAGED_BYTES`` too, not only after ``CHECKPOINT_TRANSACTIONS`` commits."""
+    ``CHECKPOINT_STAGED_BYTES`` too, not only after ``CHECKPOINT_TRANSACTIONS`` commits.
+    (The staging log's checkpoint: the ledger off.)"""
     monkeypatch.setattr(commit, "CHECKPOINT_TRANSACTIONS", 10**9)
     monkeypatch.setattr(commit, "CHECKPOINT_STAGED_BYTES", 4096)
     session = database.connect()

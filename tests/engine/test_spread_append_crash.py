@@ -14,6 +14,11 @@ each message once; every acknowledged statement is there; each producer's messag
 in one partition with seq_nos strictly increasing; each producer's last seq_no in the
 producer state equals its last message's (dedup state consistent with the log).
 
+With the store's ledger on (``pytest --ledger``: a statement over 4 partitions or more
+goes to the topic's ledger, ``storage.ledger_route``) the statements commit by one ledger
+frame, and the failpoints are the ledger's (``LEDGER_FAILPOINTS``); the crash after the
+commit point is tried on both paths whatever the lane.
+
 Settings: ``SPREAD_KILLS`` (default 6 random SIGKILLs), ``SPREAD_SEED`` (default random,
 printed in failures).
 """
@@ -32,6 +37,7 @@ from pathlib import Path
 import pytest
 
 from engine.database import Database
+from storage.config import ledger_enabled, ledger_shares_min
 from tests.fork_server import ModuleForkServer
 
 HERE = Path(__file__).resolve().parent
@@ -56,6 +62,25 @@ FAILPOINTS = (
     "commit.checkpoint_before_release",
     "recovery.after_republish",  # a crash in the recovery of a crash
 )
+# The same statements through the topic's ledger (the switch on): its append's failpoints,
+# then the open's copy of what it holds into the partitions.
+LEDGER_FAILPOINTS = (
+    "ledger.torn_frame",  # half the frame written: absent
+    "ledger.after_write",  # written, maybe not synced: either, but whole
+    "ledger.after_sync",  # the commit point: present, copied into the partitions at the open
+    "ledger.copy_after_append",  # a crash in the open's copy of the ledger
+)
+# The worker's statements reach every one of its topic's partitions.
+WORKER_PARTITIONS = 8
+# Environments of the worker for each path, whatever the lane.
+ON_THE_LEDGER = {"TOPICBASE_LEDGER": "1", "TOPICBASE_LEDGER_SHARES_MIN": "4"}
+ON_THE_STAGING_LOG = {"TOPICBASE_LEDGER": "0"}
+
+
+def _failpoints() -> tuple[str, ...]:
+    """The failpoints of the path this run's statements take."""
+    on = ledger_enabled() and ledger_shares_min() <= WORKER_PARTITIONS
+    return LEDGER_FAILPOINTS if on else FAILPOINTS
 
 
 # Runs that end by themselves or at a failpoint are forked by ``tests.fork_server`` (same
@@ -159,11 +184,15 @@ def test_spread_writes_are_whole_or_absent_across_failpoints_and_kills(tmp_path:
     seed = _seed()
     rng = random.Random(seed)
     data, journal = tmp_path / "data", tmp_path / "journal"
-    hits = {name: rng.choice((1, 2)) for name in FAILPOINTS}
-    for name in FAILPOINTS:
+    failpoints = _failpoints()
+    hits = {name: rng.choice((1, 2)) for name in failpoints}
+    for name in failpoints:
         if name == "recovery.after_republish":  # needs a crash that left publishing to do
             _round(tmp_path, data, journal, f"seed {seed} setup for {name}", statements=3,
                    failpoints="staging.after_sync=crash@2")  # fmt: skip
+        if name == "ledger.copy_after_append":  # needs a crash that left the ledger rows
+            _round(tmp_path, data, journal, f"seed {seed} setup for {name}", statements=3,
+                   failpoints="ledger.after_sync=crash@2")  # fmt: skip
         label = f"seed {seed} failpoint {name}@{hits[name]}"
         _round(tmp_path, data, journal, label, statements=8,
                failpoints=f"{name}=crash@{hits[name]}")  # fmt: skip
@@ -181,15 +210,21 @@ def test_spread_writes_are_whole_or_absent_across_failpoints_and_kills(tmp_path:
 @pytest.mark.parametrize(
     ("failpoint", "hit"),
     # publish.mid_spread: hit 6 times a statement (8 shares: the first is published
-    # alone, the other 7 together), so the 9th is in the second statement
-    [("staging.after_sync", 2), ("commit.mid_publish", 2), ("publish.mid_spread", 9)],
-)
+    # alone, the other 7 together), so the 9th is in the second statement;
+    # ledger.after_sync: the second statement's frame synced (its commit point)
+    [("staging.after_sync", 2), ("commit.mid_publish", 2), ("publish.mid_spread", 9),
+     ("ledger.after_sync", 2)],
+)  # fmt: skip
 def test_a_crash_after_the_commit_point_is_published_by_recovery(
-    tmp_path: Path, failpoint: str, hit: int
+    tmp_path: Path, failpoint: str, hit: int, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    """The statement crashed after its record was synced, before (or while) publishing:
-    it was not acknowledged, yet recovery puts all of it in the partitions, and the resent
-    statement is wholly duplicate."""
+    """The statement crashed after its record (or its ledger frame) was synced, before
+    (or while) publishing: it was not acknowledged, yet recovery puts all of it in the
+    partitions, and the resent statement is wholly duplicate. Each failpoint on its own
+    path, whatever the lane (the fork server passes the switches on)."""
+    path = ON_THE_LEDGER if failpoint.startswith("ledger.") else ON_THE_STAGING_LOG
+    for name, value in path.items():
+        monkeypatch.setenv(name, value)
     data, journal = tmp_path / "data", tmp_path / "journal"
     code, _ = _run_worker(data, journal, statements=2, failpoints=f"{failpoint}=crash@{hit}")
     assert code == CRASHED

@@ -56,7 +56,11 @@ def _everything_still_works(database: Database, session) -> None:
     database.committer.checkpoint()
 
 
-def test_a_drop_between_routing_and_commit_refuses_the_spread_write(tmp_path: Path) -> None:
+def test_a_drop_between_routing_and_commit_refuses_the_spread_write(
+    tmp_path: Path, ledger_off: None
+) -> None:
+    """The staging path (its commit hook): the ledger off whatever the lane. The ledger's
+    counterpart: test_ledger_append.py's DROP between the checks and the ledger round."""
     database = Database.open(str(tmp_path / "data"))
     session = database.connect()
     session.execute("CREATE TOPIC t WITH (min_active_partitions = 8)")
@@ -155,7 +159,11 @@ def test_a_table_commit_overtaken_by_a_drop_commits_and_publishes_nothing_there(
     database.close()
 
 
-def test_a_cancel_before_the_commit_point_refuses_the_spread_write(tmp_path: Path) -> None:
+def test_a_cancel_before_the_commit_point_refuses_the_spread_write(
+    tmp_path: Path, ledger_off: None
+) -> None:
+    """The staging path (its commit hook): the ledger off whatever the lane. (The ledger
+    path checks the cancel once, before its round: docs/scale.md round 31.)"""
     database = Database.open(str(tmp_path / "data"))
     session = database.connect()
     session.execute("CREATE TOPIC t WITH (min_active_partitions = 8)")
@@ -181,8 +189,11 @@ def test_a_cancel_before_the_commit_point_refuses_the_spread_write(tmp_path: Pat
 
 
 def test_a_partition_fenced_after_a_spread_write_is_set_aside_by_the_checkpoint(
-    tmp_path: Path,
+    tmp_path: Path, ledger_off: None
 ) -> None:
+    """The staging path's checkpoint: the ledger off whatever the lane. With the ledger a
+    fenced partition's rows stay in the ledger until the reopen, read from there
+    (tests/storage/test_ledger_fenced_reads.py)."""
     database = Database.open(str(tmp_path / "data"))
     session = database.connect()
     session.execute("CREATE TOPIC t (CONSUMER c) WITH (min_active_partitions = 8)")

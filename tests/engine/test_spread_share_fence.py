@@ -12,7 +12,9 @@ makes both frames visible (each message of the share twice). With the fence
 (``PartitionLog.fence_if_unpublished`` around ``write_share_locked``) the frame is cut,
 writes there are refused until reopen, and the reopen's recovery publishes the share once.
 Every spread share's position is tried, the first and the last included; no thread, no
-timing.
+timing. The staging path's publish: the ledger off whatever the lane (a statement that goes
+to the ledger publishes no shares; a fenced partition's ledger rows:
+tests/storage/test_ledger_fenced_reads.py).
 """
 
 from __future__ import annotations
@@ -62,7 +64,8 @@ def _messages(database: Database) -> Counter[str]:
 
 @pytest.mark.parametrize("share", range(SPREAD))
 def test_a_share_cut_after_its_frame_is_published_once(
-        tmp_path: Path, share: int, monkeypatch: pytest.MonkeyPatch) -> None:  # fmt: skip
+        tmp_path: Path, share: int, monkeypatch: pytest.MonkeyPatch,
+        ledger_off: None) -> None:  # fmt: skip
     shares: list[tuple[int, str]] = []  # (partition, outcome) of each spread share written
     write_share = PartitionLog.write_share_locked
 

@@ -70,6 +70,7 @@ from engine.check import check_database
 from engine.database import Database
 from storage import failpoints as failpoint_switch
 from storage import limits
+from storage.config import ledger_enabled
 from tests.sim.chaos_worker import (
     AGED,
     CHAIN,
@@ -126,6 +127,26 @@ IDLE_FAILPOINTS = (
     "retention.after_roll",
     "retention.before_delete",
 )
+# With the store's ledger on (``pytest --ledger``, or ``TOPICBASE_LEDGER=1
+# TOPICBASE_LEDGER_SHARES_MIN=4 make chaos``: the wide statements of
+# ``chaos_worker.produce_wide`` spread over 4-6 partitions), these too: a ledger append's
+# steps (its frame torn, written, synced), a ledger file's drop and the copy of the ledger
+# into the partitions at the open. Armed at their first hit (a cycle writes a few wide
+# statements), and followed by ``topicbase check``.
+LEDGER_FAILPOINTS = (
+    "ledger.torn_frame",
+    "ledger.after_write",
+    "ledger.after_sync",
+    "ledger.mid_drop",
+    "ledger.copy_after_append",
+)
+
+
+def failpoints_of_the_run() -> tuple[str, ...]:
+    """``FAILPOINTS``, and ``LEDGER_FAILPOINTS`` when the store's ledger is on."""
+    return FAILPOINTS + LEDGER_FAILPOINTS if ledger_enabled() else FAILPOINTS
+
+
 # Passed a few times per cycle at most (a segment rolls every ~20 cycles per partition,
 # recovery republishes only after a crash inside a commit, a worker splits once, and a
 # retention pass deletes only when the aged topic is over its budget): armed at their
@@ -144,6 +165,7 @@ RARE_FAILPOINTS = frozenset(
         "retention.after_roll",
         "split.after_child",
         "split.after_save",
+        *LEDGER_FAILPOINTS,
     }
 )
 # A crash there is followed by recovery and ``topicbase check`` (``check_recovered``).
@@ -157,6 +179,7 @@ CHECKED_FAILPOINTS = frozenset(
         "retention.after_roll",
         "segment.roll_after_seal",
         "segment.roll_before_snapshot",
+        *LEDGER_FAILPOINTS,
     }
 )
 # A crash at these leaves a committed transaction unpublished: the next recovery republishes.
@@ -360,7 +383,7 @@ def run_cycle(
         mode, failpoint = "failpoint", "recovery.after_republish"
     else:
         mode = rng.choice(("kill", "kill", "failpoint", "power"))
-        failpoint = rng.choice(FAILPOINTS) if mode == "failpoint" else None
+        failpoint = rng.choice(failpoints_of_the_run()) if mode == "failpoint" else None
         if failpoint is not None and idle_cycle(cycle):
             failpoint = rng.choice(IDLE_FAILPOINTS)  # around the idle roll and delete
     nth = 1 if failpoint in RARE_FAILPOINTS else rng.randint(1, 6)
@@ -641,7 +664,8 @@ def main(argv: list[str] | None = None) -> int:
             break
     print(f"idle retention cycles: {dict(idle_outcomes)}", flush=True)
     print(
-        "failpoints hit: " + ", ".join(f"{name} {failpoints_hit[name]}" for name in FAILPOINTS),
+        "failpoints hit: "
+        + ", ".join(f"{name} {failpoints_hit[name]}" for name in failpoints_of_the_run()),
         flush=True,
     )
     if report is not None:

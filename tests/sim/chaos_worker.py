@@ -10,6 +10,11 @@ history file (see ``tests.sim.history``) before the next one:
 
 - producer writes to ``src`` with producer ids and seq_nos (exactly-once
   publish), and writes without a producer id (no dedup), with RETURNING;
+- *wide* statements (``Worker.produce_wide``): one autocommit INSERT with rows of
+  several producers (``WIDE_PRODUCERS``) into the topic ``wide`` (``WIDE_PARTITIONS``
+  partitions), recorded as producer writes: it spreads over at least 4 partitions, so
+  it commits through the staging log (``engine.spread_append``), or, with the store's
+  ledger on (``TOPICBASE_LEDGER=1``, the ledger-on lane), through the topic's ledger;
 - *mover* transactions: read ``src`` with consumer ``mover`` and write each
   message's value to ``dst`` as ``m:<value>@<txn id>`` (exactly-once resharding:
   the runner checks every consumed value arrives once). Half of them touch no
@@ -124,8 +129,11 @@ from tests.sim.history import (
 PRODUCERS = ("p0", "p1", "p2", "p3")
 ROW_NAMES = ("a", "b", "c", "d", "e")
 ROW_GENERATION_CYCLES = 50
-TOPICS = ("src", "dst", "chain")
-PARTITIONS = 3
+WIDE = "wide"  # spread statements (``produce_wide``): the ledger's topic when it is on
+WIDE_PARTITIONS = 6
+WIDE_PRODUCERS = tuple(f"w{n}" for n in range(8))  # bound round robin: all 6 partitions
+TOPICS = ("src", "dst", "chain", WIDE)
+PARTITIONS = 3  # of each of ``TOPICS`` but ``WIDE``
 SEGMENT_BYTES = 64 * 1024
 AGED = "aged"  # the retention topic
 AGED_PARTITIONS = 2
@@ -228,6 +236,7 @@ def setup(data_dir: str) -> None:
             "CREATE TOPIC IF NOT EXISTS dst (CONSUMER tabler WITH (important = true), "
             f"CONSUMER {CHAINER}) WITH (min_active_partitions = {PARTITIONS});"
             f"CREATE TOPIC IF NOT EXISTS {CHAIN} WITH (min_active_partitions = {PARTITIONS});"
+            f"CREATE TOPIC IF NOT EXISTS {WIDE} WITH (min_active_partitions = {WIDE_PARTITIONS});"
             "CREATE TABLE IF NOT EXISTS lists (k VARCHAR PRIMARY KEY, v VARCHAR);"
             "CREATE TABLE IF NOT EXISTS move_notes (t VARCHAR);"
             "CREATE TABLE IF NOT EXISTS move_counts (k VARCHAR PRIMARY KEY, n BIGINT NOT NULL);"
@@ -284,7 +293,9 @@ def observe(
     }
     forks = sorted({t for t, _ in ends if t.startswith("fork")})
     for topic in (*TOPICS, *forks):
-        expected = range(PARTITIONS) if topic in TOPICS else ()
+        expected = (
+            () if topic not in TOPICS else range(WIDE_PARTITIONS if topic == WIDE else PARTITIONS)
+        )
         partitions = sorted({p for t, p in ends if t == topic} | set(expected))
         whole = full or topic not in TOPICS  # a split topic is small: verified every time
         if whole:
@@ -512,6 +523,7 @@ class Worker:
         actions = (
             self.produce,
             self.produce,
+            self.produce_wide,
             self.write_plain,
             self.move,
             self.move_ref,
@@ -558,6 +570,26 @@ class Worker:
             self.history.ack(
                 "src", producer, seq_no, row["partition"], offset, status=row["status"]
             )
+
+    def produce_wide(self) -> None:
+        """One statement of 1-2 rows from each of 4-8 of ``WIDE_PRODUCERS`` into ``WIDE``
+        (a spread statement: see the module doc), acknowledged row by row."""
+        producers = self.rng.sample(WIDE_PRODUCERS, self.rng.randint(4, len(WIDE_PRODUCERS)))
+        rows = []
+        for producer in producers:
+            for _ in range(self.rng.randint(1, 2)):
+                seq_no = self.seq_nos.get(producer, 0) + self.rng.randint(1, 2)
+                self.seq_nos[producer] = seq_no
+                rows.append((producer, seq_no))
+                self.history.invoke(WIDE, producer, seq_no)
+        values = ", ".join(f"('{p}:{s}', '{p}', {s})" for p, s in rows)
+        result = self.session.execute(
+            f"INSERT INTO TOPIC {WIDE} (data, producer_id, seq_no) VALUES {values} "
+            'RETURNING partition, "offset", status'
+        )[0]
+        for (producer, seq_no), row in zip(rows, result.table.to_pylist(), strict=True):
+            offset = row["offset"] if row["offset"] >= 0 else None
+            self.history.ack(WIDE, producer, seq_no, row["partition"], offset, status=row["status"])
 
     def write_plain(self) -> None:
         value = self._value("np")
@@ -749,7 +781,9 @@ class Worker:
             if counted and moved:
                 self.session.execute(
                     "INSERT INTO move_counts VALUES (?, ?) ON CONFLICT (k) DO UPDATE "
-                    "SET n = n + EXCLUDED.n", [f"w{self.rng.randrange(3)}", len(moved)])
+                    "SET n = n + EXCLUDED.n",
+                    [f"w{self.rng.randrange(3)}", len(moved)],
+                )
                 if self.rng.random() < 0.2:  # its deltas then run the DuckDB way
                     self.session.execute("SELECT sum(n) FROM move_counts")
             elif kind > 2 / 3:  # a table write: this one commits through DuckDB
@@ -870,8 +904,10 @@ class Worker:
             self._observe_aged()
         if dropped:  # DROP of a pinned source checkpoints first: the record must not need it
             self.session.execute(f"DROP TOPIC {source}")
-        if self.power is not None and moved and self.rng.random() < (
-            0.5 if racing or dropped else 0.05
+        if (
+            self.power is not None
+            and moved
+            and self.rng.random() < (0.5 if racing or dropped else 0.05)
         ):
             # Before any checkpoint: the moved frames in dst were never synced, so
             # recovery derives them from the source ranges (which must still be there).
