@@ -22,10 +22,10 @@ LEDGER_SHARES_MIN_ENVIRONMENT_VARIABLE = "TOPICBASE_LEDGER_SHARES_MIN"
 
 
 def ledger_enabled() -> bool:
-    """The store's ledger switch from the environment (``TOPICBASE_LEDGER=1``; off by
-    default): small statements spread over many partitions go to the topic's ledger
-    (``storage.ledger_route``, docs/scale.md round 28)."""
-    return os.environ.get(LEDGER_ENVIRONMENT_VARIABLE, "0") == "1"
+    """The store's ledger switch from the environment: on unless ``TOPICBASE_LEDGER=0``
+    (on by default since round 31): small statements spread over many partitions go to
+    the topic's ledger (``storage.ledger_route``, docs/scale.md rounds 28-31)."""
+    return os.environ.get(LEDGER_ENVIRONMENT_VARIABLE, "1") != "0"
 
 
 def ledger_shares_min() -> int:

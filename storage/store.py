@@ -33,7 +33,7 @@ class Store:
                  ledger: bool = False) -> None:  # fmt: skip
         self.root = root
         # Each topic's small spread statements go to its ledger (``storage.ledger_route``):
-        # the switch, off unless asked for (``config.ledger_enabled``).
+        # the switch, on unless turned off (``config.ledger_enabled``).
         self.ledger = ledger
         self.fs = fs
         self.clock = clock
@@ -53,7 +53,7 @@ class Store:
         ledger: bool | None = None,
     ) -> Store:
         """Open (creating if needed) the store at ``root`` and recover every topic.
-        ``ledger``: the ledger switch (None: ``TOPICBASE_LEDGER=1`` in the environment);
+        ``ledger``: the ledger switch (None: on unless ``TOPICBASE_LEDGER=0``);
         off, a ledger an earlier run left is copied into the partitions and closed."""
         root = os.path.abspath(root)
         fs.make_directory(os.path.join(root, "topics"))
