@@ -111,6 +111,7 @@ class TopicLedger:
             self.attach(log)
         self.copier_cpu_s = 0.0  # CPU time of the copier thread (tests, the bench)
         self.copies = 0  # copier passes that copied something
+        self.copier_passes = 0  # the copier thread's passes (tests: it sleeps when idle)
         self.copier_error: BaseException | None = None
         self._wake = threading.Condition()
         self._stopping = False
@@ -279,14 +280,22 @@ class TopicLedger:
                 self._oldest_pending = None
                 self._frames_since = 0
             began = time.thread_time()
+            self.copier_passes += 1
             try:
                 self.copy_all()
             except Exception as error:  # a fenced log, say: retried at the next pass; the
                 self.copier_error = error  # rows stay in the ledger, readers settle them
             finally:
                 self.copier_cpu_s += time.thread_time() - began
-            if self.ledger.pending():
-                self._note_pending(0)
+            if any(self._copyable(p) for p in self.ledger.pending()):
+                self._note_pending(0)  # (a fenced or removed partition's rows wait for
+                # the reopen: not a pass a second for them, only for a new frame)
+
+    def _copyable(self, partition: int) -> bool:
+        """Whether a pass may copy ``partition``'s pending rows: its log is here and not
+        fenced (a fenced log takes no copy until the reopen)."""
+        log = self._logs.get(partition)
+        return log is not None and not log.fenced
 
     def copy_all(self) -> int:
         """Settle every partition with uncopied ledger rows, sync its log, release what

@@ -254,6 +254,11 @@ class PartitionLog:
         return self._visible.end_offset
 
     @property
+    def fenced(self) -> bool:
+        """Whether writes are refused until the reopen (an I/O error, ``_fence``)."""
+        return self._fenced is not None
+
+    @property
     def reads_across(self) -> bool:
         """Whether rows past this log's own end may be read in the topic's ledger now
         (``reader_end`` is the ledger's): unsettled and not closed. A fenced log reads

@@ -18,12 +18,14 @@ workers hand their counts to the controller, which prints the run's total and fa
 run when it is more than one. Without xdist (a plain ``pytest``) the same count is kept
 in the one process. Invariant: a run that makes two SparkSessions does not pass.
 
-``pytest --ledger`` runs the tests with the store's ledger switched on
-(``TOPICBASE_LEDGER=1``, ``storage.config.ledger_enabled``) and a statement going to the
-ledger once it spreads over 4 partitions (``TOPICBASE_LEDGER_SHARES_MIN=4``,
-``storage.config.ledger_shares_min``; the default 16 is more partitions than most tests'
-topics have). Both are set in the environment at configure time, in the controller and in
-every xdist worker, so the processes a test starts inherit them; a test that sets the
+The store's ledger is on by default (``storage.config.ledger_enabled``; since round 31),
+so a plain run has it, but only statements spread over 16 partitions reach it.
+``pytest --ledger`` runs the tests with the switch set on (``TOPICBASE_LEDGER=1``, whatever
+the environment says) and a statement going to the ledger once it spreads over 4
+partitions (``TOPICBASE_LEDGER_SHARES_MIN=4``, ``storage.config.ledger_shares_min``; the
+default 16 is more partitions than most tests' topics have). Both are set in the
+environment at configure time, in the controller and in every xdist worker, so the
+processes a test starts inherit them; a test that sets the
 switch itself (``monkeypatch.setenv``) still decides for itself: the ``ledger_off``
 fixture pins a test to the switch being off (one that checks the staging path's own
 work, which the ledger path does not do; docs/scale.md, round 31).

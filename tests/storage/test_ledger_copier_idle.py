@@ -13,6 +13,7 @@ from typing import Any
 import pytest
 
 from storage import limits
+from storage.errors import StorageIOError
 
 from .test_ledger_route import PARTITIONS, _expected, _open, _rows, _statement
 
@@ -62,5 +63,40 @@ def test_the_copier_starts_at_the_first_frame_sleeps_when_idle_and_stops_with_th
         for p in range(PARTITIONS):
             assert _rows(topic, p) == _expected(range(1), p), p
         assert topic.ledger is not None and len(_copiers()) == before
+    finally:
+        topic.close()
+
+
+def test_a_fenced_partitions_rows_do_not_bring_a_pass_a_second(
+    tmp_path: Any, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Rows pending only for a fenced partition wait for the reopen: the copier sleeps
+    (its earlier retry made a pass every ``LEDGER_COPY_WAIT_S``, reading them each time);
+    a new frame wakes it for the others."""
+    monkeypatch.setattr(limits, "LEDGER_COPY_FRAMES_MIN", 10**9)  # held while set up
+    monkeypatch.setattr(limits, "LEDGER_COPY_WAIT_S", 3600.0)
+    topic = _open(str(tmp_path), create=True)
+    try:
+        assert topic.ledger is not None
+        topic.append_ledger(_statement(0))
+        log = topic.partition(0)
+        with log.write_lock:  # its rows acknowledged in the ledger, then a write fails
+            log.fence_for(StorageIOError("injected: a failed write"))
+        monkeypatch.setattr(limits, "LEDGER_COPY_FRAMES_MIN", 1)
+        monkeypatch.setattr(limits, "LEDGER_COPY_WAIT_S", 0.05)
+        topic.ledger._note_pending(0)  # wake it: a pass now
+        deadline = time.monotonic() + 10
+        while set(topic.ledger.ledger.pending()) != {0} and time.monotonic() < deadline:
+            time.sleep(0.01)
+        assert set(topic.ledger.ledger.pending()) == {0}  # the others copied and released
+        time.sleep(0.2)
+        passes = topic.ledger.copier_passes
+        time.sleep(0.5)  # ten WAIT_S: no pass for the fenced partition alone
+        assert topic.ledger.copier_passes == passes
+        topic.append_ledger(_statement(1, range(1, PARTITIONS)))
+        deadline = time.monotonic() + 10
+        while set(topic.ledger.ledger.pending()) != {0} and time.monotonic() < deadline:
+            time.sleep(0.01)
+        assert set(topic.ledger.ledger.pending()) == {0} and topic.ledger.copier_passes > passes
     finally:
         topic.close()
