@@ -57,8 +57,6 @@ from storage.ledger_index import Chunk, LedgerIndex
 from storage.record_batch import READ_SCHEMA, TIMESTAMP, WIRE_SCHEMA, data_bytes
 
 SUFFIX = ".ledger"
-# ``whole_frames`` passes at most this many frames read already before it takes one
-WHOLE_WALK_MAX = 256
 
 
 def is_small_share(batch: pa.RecordBatch) -> bool:
@@ -514,7 +512,8 @@ class Ledger:
         and the frames fit ``max_messages`` and ``max_bytes``. None when no frame is
         taken: a frame holding a partition not in ``starts``, or one the consumer stands
         inside of (its poll then reads as usual, partition by partition), or the first
-        frame alone over a budget, or nothing unread within ``WHOLE_WALK_MAX`` frames.
+        frame alone over a budget, or nothing unread within
+        ``limits.LEDGER_WHOLE_WALK_MAX`` frames.
 
         Sound because a partition's offsets in the ledger are contiguous: a share that
         starts at the consumer's offset holds exactly the next rows of its partition, so
@@ -546,7 +545,7 @@ class Ledger:
                 have = values[at]
                 if np.all(have >= bases + count):  # (``_all_read``, ``at`` known)
                     passed += 1  # read already
-                    if not bodies and passed > WHOLE_WALK_MAX:
+                    if not bodies and passed > limits.LEDGER_WHOLE_WALK_MAX:
                         return None
                     continue
                 if not np.array_equal(have, bases):

@@ -631,6 +631,9 @@ LEDGER_SHARES_MIN = 16
 # whole (``Ledger.whole_frames``; round 31): False makes every poll plan partition by
 # partition (the read across the ledger and the segments, ``storage.bulk_scan``).
 LEDGER_WHOLE_FRAMES_READ = True
+# ... passing at most this many frames it has read already before it takes one (else
+# the poll plans partition by partition).
+LEDGER_WHOLE_WALK_MAX = 256
 # -- the commit CPU (engine.commit_cpu) --------------------------------------------------
 # How often (at most) a thread leaving its commit window looks for threads that appeared
 # since and inherited the commit CPU from a pinned creator (Arrow's and DuckDB's pools

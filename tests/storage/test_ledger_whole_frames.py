@@ -14,6 +14,7 @@ import pyarrow as pa
 import pytest
 
 from storage import ledger as ledger_module
+from storage import limits
 from storage.fs import FileSystem
 from storage.ledger import Ledger
 from storage.record_batch import build_wire_batch
@@ -131,7 +132,7 @@ def test_frames_read_already_are_passed_up_to_a_bound(
             ledger.append([(0, _batch(f"{k}", 1)), (1, _batch(f"{k}", 1))])
         whole = ledger.whole_frames({0: 5, 1: 5}, 100, 1 << 30)
         assert whole is not None and whole.message_count == 2  # the sixth frame
-        monkeypatch.setattr(ledger_module, "WHOLE_WALK_MAX", 4)
+        monkeypatch.setattr(limits, "LEDGER_WHOLE_WALK_MAX", 4)
         assert ledger.whole_frames({0: 5, 1: 5}, 100, 1 << 30) is None  # 5 passed: gave up
         assert ledger.whole_frames({0: 4, 1: 4}, 100, 1 << 30) is not None
         assert np.array_equal(whole.partitions[0], [0, 1])
