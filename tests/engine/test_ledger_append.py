@@ -50,6 +50,17 @@ def _open(path: Path) -> Database:
     return Database.open(str(path / "data"))
 
 
+def _spread_topic(database: Database) -> tuple[Any, Any]:
+    """A session and topic ``t``'s ledger (``PARTITIONS`` partitions, the switch on)."""
+    session = database.connect()
+    session.execute(f"CREATE TOPIC t WITH (min_active_partitions = {PARTITIONS})")
+    entry = database.catalog.entry("t")
+    assert entry is not None
+    ledger = database.topic_log(entry.topic_id).ledger
+    assert ledger is not None
+    return session, ledger
+
+
 @pytest.mark.parametrize("switch", ["1", "0"])
 def test_a_spread_write_goes_to_the_ledger_only_with_the_switch(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch, switch: str
@@ -110,12 +121,7 @@ def test_a_drop_that_closes_the_ledger_under_a_statement_refuses_it_with_42p01(
     monkeypatch.setenv("TOPICBASE_LEDGER", "1")
     database = _open(tmp_path)
     try:
-        session = database.connect()
-        session.execute(f"CREATE TOPIC t WITH (min_active_partitions = {PARTITIONS})")
-        entry = database.catalog.entry("t")
-        assert entry is not None
-        ledger = database.topic_log(entry.topic_id).ledger
-        assert ledger is not None
+        session, _ = _spread_topic(database)
         real = Ledger.append_whole
         dropper: list[threading.Thread] = []
 
@@ -158,12 +164,7 @@ def test_a_cancel_while_the_statement_waits_for_its_partitions_refuses_it(
     monkeypatch.setattr(limits, "LEDGER_COPY_WAIT_S", 3600.0)  # the copier held off
     database = _open(tmp_path)
     try:
-        session = database.connect()
-        session.execute(f"CREATE TOPIC t WITH (min_active_partitions = {PARTITIONS})")
-        entry = database.catalog.entry("t")
-        assert entry is not None
-        ledger = database.topic_log(entry.topic_id).ledger
-        assert ledger is not None
+        session, ledger = _spread_topic(database)
         real = TopicLedger._follow_locked
 
         def cancelled_under_the_locks(self: TopicLedger, log: Any) -> bool:

@@ -7,25 +7,18 @@ The ledger is switched on explicitly (``TopicLog(..., ledger=True)``), whatever 
 
 from __future__ import annotations
 
-import os
 import threading
 from typing import Any
 
-import numpy as np
-import pyarrow as pa
 import pytest
 
 from storage import limits
 from storage.bulk_scan import scan_many
-from storage.clock import SYSTEM_CLOCK
-from storage.codecs import Codec
-from storage.config import TopicConfig
 from storage.errors import PartitionFencedError, StorageIOError
-from storage.fs import FileSystem
-from storage.record_batch import build_wire_batch
 from storage.topic_log import TopicLog
 
-PARTITIONS = 8
+from .test_ledger_route import PARTITIONS, _open, _statement
+
 FENCED = 3
 STATEMENTS = 3  # two messages a partition each
 
@@ -35,21 +28,6 @@ def no_copier(monkeypatch: pytest.MonkeyPatch) -> None:
     """The copier never runs on its own: what is copied, a test copies."""
     monkeypatch.setattr(limits, "LEDGER_COPY_FRAMES_MIN", 10**9)
     monkeypatch.setattr(limits, "LEDGER_COPY_WAIT_S", 3600.0)
-
-
-def _open(root: str, *, create: bool = False) -> TopicLog:
-    topic = TopicLog(FileSystem(), os.path.join(root, "t"), "t", SYSTEM_CLOCK, create=create,
-                     ledger=True)  # fmt: skip
-    if create:
-        topic.create(TopicConfig(partition_count=PARTITIONS,
-                                 supported_codecs=frozenset({Codec.RAW})))  # fmt: skip
-    return topic
-
-
-def _statement(k: int) -> list[tuple[int, np.ndarray, pa.RecordBatch]]:
-    return [(p, np.arange(2), build_wire_batch([f"{k}.{p}.{i}".encode() for i in range(2)],
-                                               producer_id=f"q{p}", seq_no=[2 * k, 2 * k + 1]))
-            for p in range(PARTITIONS)]  # fmt: skip
 
 
 def _expected(partition: int, statements: range = range(STATEMENTS)) -> list[tuple[int, bytes]]:
