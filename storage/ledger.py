@@ -521,8 +521,8 @@ class Ledger:
         the index are durable (indexed after their sync); rows below a partition's
         ``start`` (copied into its segments since) are the same rows, still readable here
         until their file is dropped, which happens only under this lock."""
-        if max_messages <= 0 or max_bytes <= 0 or not starts:
-            return None
+        if max_messages <= 0 or max_bytes <= 0 or not starts or not self._index.entries:
+            return None  # (``entries``, read unlocked, a hint: None is always a safe answer)
         keys = np.fromiter(starts, np.int64, len(starts))
         order = np.argsort(keys)
         keys = keys[order]
