@@ -560,16 +560,7 @@ class Worker:
             self.seq_nos[producer] = seq_no
             rows.append((producer, seq_no))
             self.history.invoke("src", producer, seq_no)
-        values = ", ".join(f"('{p}:{s}', '{p}', {s})" for p, s in rows)
-        result = self.session.execute(
-            f"INSERT INTO TOPIC src (data, producer_id, seq_no) VALUES {values} "
-            'RETURNING partition, "offset", status'
-        )[0]
-        for (producer, seq_no), row in zip(rows, result.table.to_pylist(), strict=True):
-            offset = row["offset"] if row["offset"] >= 0 else None
-            self.history.ack(
-                "src", producer, seq_no, row["partition"], offset, status=row["status"]
-            )
+        self._insert_acked("src", rows)
 
     def produce_wide(self) -> None:
         """One statement of 1-2 rows from each of 4-8 of ``WIDE_PRODUCERS`` into ``WIDE``
@@ -582,14 +573,21 @@ class Worker:
                 self.seq_nos[producer] = seq_no
                 rows.append((producer, seq_no))
                 self.history.invoke(WIDE, producer, seq_no)
+        self._insert_acked(WIDE, rows)
+
+    def _insert_acked(self, topic: str, rows: list[tuple[str, int]]) -> None:
+        """One INSERT of ``rows`` (producer, seq_no) into ``topic``, each acknowledged with
+        the partition, offset and status its RETURNING row gives."""
         values = ", ".join(f"('{p}:{s}', '{p}', {s})" for p, s in rows)
         result = self.session.execute(
-            f"INSERT INTO TOPIC {WIDE} (data, producer_id, seq_no) VALUES {values} "
+            f"INSERT INTO TOPIC {topic} (data, producer_id, seq_no) VALUES {values} "
             'RETURNING partition, "offset", status'
         )[0]
         for (producer, seq_no), row in zip(rows, result.table.to_pylist(), strict=True):
             offset = row["offset"] if row["offset"] >= 0 else None
-            self.history.ack(WIDE, producer, seq_no, row["partition"], offset, status=row["status"])
+            self.history.ack(
+                topic, producer, seq_no, row["partition"], offset, status=row["status"]
+            )
 
     def write_plain(self) -> None:
         value = self._value("np")
