@@ -7,7 +7,8 @@ explicit position (no shared file offset) and ``pread`` (safe from many threads
 at once).
 
 Invariants:
-- every data ``fsync`` goes through ``sync`` and is counted in ``fsync_count``;
+- every data ``fsync`` goes through ``sync`` (or ``sync_file_system``, one sync of a
+  whole file system) and is counted in ``fsync_count``;
   directory syncs are counted in ``directory_fsync_count``; ``start_writeback``
   is a hint, not a sync, and is not counted;
 - an ``OSError`` leaves this module as ``StorageIOError`` naming the path,
@@ -244,6 +245,42 @@ class FileSystem:
                 self._fsync_count += 1
         failpoints.hit("fs.after_sync")
 
+    def open_sync_handle(self, directory: str) -> int | None:
+        """A descriptor of ``directory`` for ``sync_file_system``, opened now: it reports
+        the file system's write-back failures from this moment on (Linux samples them per
+        open file), so open it before the writes it is to cover. None where one sync of a
+        whole file system is not offered: not Linux, or a subclass that models syncs
+        itself (its own ``sync``: faults, torn or dropped data), whose every sync must go
+        through it."""
+        if _syncfs is None or type(self).sync is not FileSystem.sync:
+            return None
+        try:
+            fd = os.open(directory, os.O_RDONLY | os.O_DIRECTORY | os.O_CLOEXEC)
+        except OSError as error:
+            raise _io_error("open", directory, error) from error
+        self._paths[fd] = directory
+        return fd
+
+    def sync_file_system(self, handle: int) -> bool:
+        """Make durable the data of every file on the file system of ``handle`` (from
+        ``open_sync_handle``) written before this call (Linux ``syncfs``: one journal
+        commit and one cache flush for them all, where ``sync`` of each file pays one
+        of each). True when it reported success: no write-back on that file system
+        failed since the handle was opened or since the last failure it reported. False
+        when it reported one: the caller then syncs file by file (``sync``), and the
+        kernel reports the failure to the syncs of the files it concerns, so nothing is
+        acknowledged as durable that is not. Counted as one sync."""
+        assert _syncfs is not None
+        failpoints.hit("fs.before_sync")
+        try:
+            done = _syncfs(handle) == 0
+        finally:
+            with self._counter_lock:
+                self._fsync_count += 1
+        if done:
+            failpoints.hit("fs.after_sync")
+        return done
+
     def truncate(self, fd: int, size: int) -> None:
         try:
             os.ftruncate(fd, size)
@@ -388,6 +425,34 @@ def _load_sync_file_range() -> Callable[[int, int, int, int], int] | None:
     return function  # type: ignore[no-any-return]
 
 
+def _load_syncfs() -> Callable[[int], int] | None:
+    """libc's ``syncfs`` (Linux), or None where there is none (as ``sync_file_range``)
+    or where it does not report write-back failures: before Linux 5.8 it returned 0
+    whatever became of the data. ctypes releases the GIL for the call."""
+    if _linux_version() < (5, 8):
+        return None
+    try:
+        function = ctypes.CDLL(None, use_errno=True).syncfs
+    except (OSError, AttributeError):
+        return None
+    function.argtypes = [ctypes.c_int]
+    function.restype = ctypes.c_int
+    return function  # type: ignore[no-any-return]
+
+
+def _linux_version() -> tuple[int, int]:
+    """The running Linux kernel's (major, minor), or (0, 0) elsewhere."""
+    uname = os.uname()
+    if uname.sysname != "Linux":
+        return (0, 0)
+    numbers = uname.release.split("-")[0].split(".")
+    try:
+        return (int(numbers[0]), int(numbers[1]))
+    except (IndexError, ValueError):
+        return (0, 0)
+
+
+_syncfs = _load_syncfs()
 _SYNC_FILE_RANGE_WAIT_BEFORE = 1  # <linux/fs.h>: wait for writeback under way, report errors
 _SYNC_FILE_RANGE_WRITE = 2  # <linux/fs.h>: start writeback of dirty pages, do not wait
 _sync_file_range = _load_sync_file_range()

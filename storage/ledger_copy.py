@@ -143,7 +143,8 @@ def grouped_pieces(table: pa.Table, partitions: np.ndarray, starts: dict[int, in
                 limits.LEDGER_COPY_PIECE_BYTES):  # fmt: skip
             continue
         low = group[0][0]
-        rows = pa.concat_batches(wire.take(pa.array(order[low : group[-1][1]])).to_batches())
+        taken = wire.take(pa.array(order[low : group[-1][1]])).to_batches()
+        rows = taken[0] if len(taken) == 1 else pa.concat_batches(taken)  # (one: no copy)
         for first_row, last_row in group:
             partition = int(ordered[first_row])
             base = int(offsets[first_row])

@@ -25,10 +25,11 @@ the topic's ``PartitionLog``s (docs/scale.md, "Round 28 (H1)"):
   from ONE ``Ledger.read_many`` (grouped by partition, ``ledger_copy.grouped_pieces``;
   no partition lock held while reading), writing under each partition's lock only what
   is still past its log's end then (a settle meanwhile is neither repeated nor jumped),
-  syncs each log that has unsynced rows (``PartitionLog.sync``), releases up to what is
-  synced (``Ledger.skip_copied``: only at share edges, under the lock, from the current
-  start) and drops the ledger files nothing needs. Its CPU time is counted
-  (``copier_cpu_s``).
+  syncs the logs that have unsynced rows (one ``syncfs`` of their file system for them
+  all where it is offered, else each one's ``PartitionLog.sync``: ``storage.log_sync``),
+  releases up to what is synced (``Ledger.skip_copied``: only at share edges, under
+  the lock, from the current start) and drops the ledger files nothing needs. Its CPU
+  time is counted (``copier_cpu_s``).
 - Open: the logs recovered first give their ends; the ledger recovers with them; then
   everything it holds is copied with ``storage.ledger_copy.copy_ledger`` (synced,
   producer state recorded by ``append_copied``), so producer state after a crash is
@@ -60,6 +61,7 @@ from storage.errors import (
 from storage.fs import FileSystem
 from storage.ledger import Ledger, LedgerSpans
 from storage.ledger_copy import Piece, copy_ledger, grouped_pieces
+from storage.log_sync import FileSystemSync
 from storage.partition_log import PartitionLog
 from storage.producer_state import SEQ_NO_COLUMN, decide_shares, record_share
 from storage.record_batch import WIRE_SCHEMA
@@ -109,6 +111,8 @@ class TopicLedger:
             raise
         for log in logs.values():
             self.attach(log)
+        # the copier's syncs of its logs: one of the file system a pass (``storage.log_sync``)
+        self._syncs = FileSystemSync(fs, os.path.dirname(directory))
         self.copier_cpu_s = 0.0  # CPU time of the copier thread (tests, the bench)
         self.copies = 0  # copier passes that copied something
         self.copier_passes = 0  # the copier thread's passes (tests: it sleeps when idle)
@@ -307,16 +311,26 @@ class TopicLedger:
         by partition (``ledger_copy.grouped_pieces``); each partition's are then written
         under its lock from its own end at that moment (``_write_piece_locked``), so a
         settle by a reader or writer in between is neither written twice nor jumped.
-        A fenced partition is passed over (its rows stay in the ledger until the reopen);
-        its error is raised once the others are done."""
+        The logs are then synced together (``storage.log_sync``: one ``syncfs`` of their
+        file system where it is offered). A fenced partition, or one whose sync failed,
+        is passed over (its rows stay in the ledger until the reopen); its error is
+        raised once the others are done."""
         pending = self.ledger.pending()
         failed: dict[int, BaseException] = {}
         self._settle_from_ledger(pending, failed)
-        released = 0
+        unsynced = []
         for partition in sorted(pending):
             log = self._logs.get(partition)
             if log is None or partition in failed:
                 continue  # a removed partition (left: see docs/scale.md round 28)
+            if log.durable_end < min(log.own_end, self.ledger.end_offset(partition)):
+                unsynced.append(log)
+        failed.update(self._syncs.sync_logs(unsynced))  # one sync of them all, mostly
+        released = 0
+        for partition in sorted(pending):
+            log = self._logs.get(partition)
+            if log is None or partition in failed:
+                continue
             try:
                 released += self._sync_and_release(partition, log)
             except PartitionFencedError as error:
@@ -416,6 +430,7 @@ class TopicLedger:
             self._wake.notify()
         if self._thread is not None:
             self._thread.join()
+        self._syncs.close()
         self.ledger.close()
 
 

@@ -25,7 +25,7 @@ import logging
 import threading
 from collections.abc import Callable, Iterator, Mapping
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Protocol
+from typing import TYPE_CHECKING, Any, NoReturn, Protocol
 
 import numpy as np
 import pyarrow as pa
@@ -78,6 +78,18 @@ if TYPE_CHECKING:
     from storage.ledger import LedgerSpans
 
 log = logging.getLogger(__name__)
+
+
+@dataclass(frozen=True, slots=True)
+class SyncTicket:
+    """A sync of a log begun (``PartitionLog.begin_sync``): its last segment with the
+    writer's descriptor held for the sync, and what the sync covers."""
+
+    segment: LogSegment
+    held: Any  # the segment's held descriptor (``LogSegment.flush_for_sync``)
+    covered: int  # the log's end offset when it began: durable once it ends
+    segments: list[LogSegment]
+    synced_bytes: int  # the last segment's size when it began
 
 # Frames of at most this many messages are decoded in runs on a read (``decode_slices``):
 # their fixed cost dominates, and copying their few messages once is cheap.
@@ -784,39 +796,81 @@ class PartitionLog:
         with self._write_lock:
             if self._closed:
                 return
-            if self._fenced is not None:
-                raise self._fenced_error()
-            segment = self._segments[-1]
-            covered = segment.next_offset  # everything written so far
-            segments = self._segments
-            synced_bytes = segment.size_bytes  # what the sync below covers
+            ticket = self._begin_sync_locked()
+        if ticket is not None:
             try:
-                held = segment.flush_for_sync()
+                ticket.segment.sync_published(ticket.held)
             except StorageIOError as error:
-                self._fence(error)
-                raise
-        if held is not None:
-            try:
-                segment.sync_published(held)
-            except StorageIOError as error:
-                with self._write_lock:
-                    if self._fenced is None and not self._closed:
-                        self._fence(error)
-                        raise
-                    fenced = self._fenced
-                if fenced is not None and fenced is not error:
-                    raise self._fenced_error() from error  # fenced in the gap
-                raise
-            with self._write_lock:
-                if self._fenced is not None:  # fenced in the gap (checked None above)
-                    raise self._fenced_error()
-                self._durable_end = max(self._durable_end, covered)
-            if page_cache.ENABLED and drop_below is not None:
-                # a hint: it never fails the sync (review R2-F3 of round 13)
-                with contextlib.suppress(StorageIOError, OSError):
-                    page_cache.drop_synced(segments, synced_bytes, drop_below)
+                self._raise_sync_failure(error)
+            self._end_sync(ticket, drop_below)
         if self.sync_redirected is not None:
             self.sync_redirected()
+
+    def begin_sync(self) -> SyncTicket | None:
+        """``sync``'s first part, for a sync of many logs at once (``storage.log_sync``):
+        the indexes flushed and the writer's descriptor held, as ``sync`` does under the
+        write lock; None when the log is closed or has nothing open for writing. Raises
+        ``PartitionFencedError`` when fenced. The caller ends it with ``end_sync`` once the
+        log's bytes are durable, or ``fail_sync`` when they may not be."""
+        with self._write_lock:
+            if self._closed:
+                return None
+            return self._begin_sync_locked()
+
+    def end_sync(self, ticket: SyncTicket, *, synced: bool) -> None:
+        """End a ``begin_sync``: ``synced``, one sync of the whole file system covered the
+        log since (``FileSystem.sync_file_system``: the log's own sync is not made, but an
+        earlier failed one still refuses it, ``LogSegment.synced_together``); else the
+        log's own sync is made now, as ``sync`` makes it. Then what the ticket covers is
+        durable (``durable_end``), or the error is raised and the log fenced, as ``sync``;
+        what publishes were redirected to is not synced here (``sync_redirected``)."""
+        try:
+            if synced:
+                ticket.segment.synced_together(ticket.held)
+            else:
+                ticket.segment.sync_published(ticket.held)
+        except StorageIOError as error:
+            self._raise_sync_failure(error)
+        self._end_sync(ticket, None)
+
+    def _begin_sync_locked(self) -> SyncTicket | None:
+        assert self._write_lock.locked()
+        if self._fenced is not None:
+            raise self._fenced_error()
+        segment = self._segments[-1]
+        covered = segment.next_offset  # everything written so far
+        synced_bytes = segment.size_bytes  # what the sync covers
+        try:
+            held = segment.flush_for_sync()
+        except StorageIOError as error:
+            self._fence(error)
+            raise
+        if held is None:
+            return None
+        return SyncTicket(segment, held, covered, self._segments, synced_bytes)
+
+    def _raise_sync_failure(self, error: StorageIOError) -> NoReturn:
+        """A sync outside the write lock failed: fence (unless fenced in the gap, then
+        that fence's error is raised) and raise."""
+        with self._write_lock:
+            if self._fenced is None and not self._closed:
+                self._fence(error)
+                raise error
+            fenced = self._fenced
+        if fenced is not None and fenced is not error:
+            raise self._fenced_error() from error
+        raise error
+
+    def _end_sync(self, ticket: SyncTicket, drop_below: int | None) -> None:
+        """What the ticket covers made durable (``durable_end``), unless fenced in the gap."""
+        with self._write_lock:
+            if self._fenced is not None:  # fenced in the gap (checked None at the start)
+                raise self._fenced_error()
+            self._durable_end = max(self._durable_end, ticket.covered)
+        if page_cache.ENABLED and drop_below is not None:
+            # a hint: it never fails the sync (review R2-F3 of round 13)
+            with contextlib.suppress(StorageIOError, OSError):
+                page_cache.drop_synced(ticket.segments, ticket.synced_bytes, drop_below)
 
     def drop_consumed(self, below_offset: int) -> None:
         """Drop from the page cache the durable log bytes below ``below_offset``, which

@@ -351,6 +351,22 @@ class LogSegment:
         finally:
             self._scan_done(held.fd, held)
 
+    def synced_together(self, held: _SharedDescriptor) -> None:
+        """``sync_published``'s end when one sync of the whole file system covered the
+        log after ``flush_for_sync`` (``FileSystem.sync_file_system``): no ``fdatasync``
+        of its own, the descriptor let go. Raises as ``_sync_log`` when an earlier sync
+        of this log failed: no sync here succeeds after a failure."""
+        try:
+            with self._sync_lock:
+                failed = self._sync_failed
+                if failed is not None:
+                    raise StorageIOError(
+                        f"an earlier sync of this log failed ({failed}); reopen to recover",
+                        path=self.log_path,
+                    )
+        finally:
+            self._scan_done(held.fd, held)
+
     def _sync_log(self, fd: int) -> None:
         """``fdatasync`` the log, one sync at a time. Once a sync failed, every later
         one raises that error without syncing: the kernel reports a failed writeback to

@@ -11,6 +11,7 @@ from typing import Any
 
 import pytest
 
+import storage.fs as fs_module
 from storage import failpoints, limits
 from storage.errors import PartitionFencedError, StorageIOError
 from storage.topic_log import TopicLog
@@ -201,5 +202,53 @@ def test_settle_all_writes_every_row_into_the_logs_and_syncs_and_releases_nothin
         _check_all(topic, range(3))
         assert topic.ledger.copy_all() == 6 * PARTITIONS  # a pass then syncs and releases
         assert ledger.pending() == {}
+    finally:
+        topic.close()
+
+
+def test_a_pass_syncs_its_logs_with_one_sync_of_the_file_system(tmp_path: Any) -> None:
+    topic = _open(str(tmp_path), create=True)
+    try:
+        assert topic.ledger is not None
+        for k in range(3):
+            topic.append_ledger(_statement(k))
+        fs = topic.ledger.ledger._fs
+        before = fs.fsync_count
+        assert topic.ledger.copy_all() == 6 * PARTITIONS
+        syncs = topic.ledger._syncs
+        if fs_module._syncfs is not None:
+            assert (syncs.together, syncs.fell_back) == (1, 0)
+            assert fs.fsync_count - before == 1, "one syncfs, not one fdatasync a partition"
+        else:  # no syncfs here: each log synced on its own
+            assert fs.fsync_count - before == PARTITIONS
+        assert topic.ledger.ledger.pending() == {}
+        for p in range(PARTITIONS):
+            assert topic.partition(p).durable_end == 6
+    finally:
+        topic.close()
+    reopened = _open(str(tmp_path))
+    try:
+        _check_all(reopened, range(3))
+    finally:
+        reopened.close()
+
+
+def test_a_pass_whose_file_system_sync_fails_syncs_each_log_and_releases(
+    tmp_path: Any, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    topic = _open(str(tmp_path), create=True)
+    try:
+        assert topic.ledger is not None
+        for k in range(2):
+            topic.append_ledger(_statement(k))
+        monkeypatch.setattr(fs_module, "_syncfs", lambda fd: -1)  # reports a failure
+        fs = topic.ledger.ledger._fs
+        before = fs.fsync_count
+        assert topic.ledger.copy_all() == 4 * PARTITIONS
+        if topic.ledger._syncs._handle is not None:
+            assert topic.ledger._syncs.fell_back == 1
+            assert fs.fsync_count - before == 1 + PARTITIONS
+        assert topic.ledger.ledger.pending() == {}
+        _check_all(topic, range(2))
     finally:
         topic.close()
