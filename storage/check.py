@@ -26,8 +26,10 @@ Checked, for every topic ``store.json`` lists, every partition its
   checksummed (``ledger_format.scan``), their sequence numbers following one another
   across files; a torn tail (a crash's unacknowledged round: the open reads the valid
   prefix and writes on in a new file) is reported as recovered at open; anything else
-  there is an unknown file. (Whether the shares continue the partitions' offsets is the
-  open's check, ``storage.ledger``.)
+  there is an unknown file; then, the frames being whole, the open's rule for their
+  shares (``storage.ledger``): each partition's share wholly below its log's end (copied)
+  or continuing its offsets from there, share after share, and of a partition the topic
+  lists; anything else is reported, not repaired.
 
 Repair (``repair=True``) takes the steps recovery takes, limited to those that
 lose nothing: cut a torn tail (damage with no valid frame after it, in the last
@@ -244,7 +246,7 @@ class _Checker:
                     LEFTOVER, path, "temp file (repair deletes it)", fix=self.remove_fix(path)
                 )
             elif name == LEDGER_DIRECTORY and os.path.isdir(path):
-                self.check_ledger(path)
+                continue  # checked after the partitions, against their ends
             elif number.isdigit() and os.path.isdir(path):
                 on_disk.append(int(number))
                 if listed is not None and int(number) not in listed:
@@ -259,15 +261,20 @@ class _Checker:
                 self.problem(UNKNOWN_FILE, path, "not a file of a topic")
         partition_ids = listed if listed is not None else sorted(on_disk)
         self.report.partition_ids[topic_id] = partition_ids
+        ends: dict[int, int | None] = {}  # each partition's log end (None: not known)
         for partition_id in partition_ids:
             partition_directory = os.path.join(directory, f"p{partition_id}")
             if partition_id not in on_disk:
                 text = "listed partition has no directory (opening creates it empty)"
                 self.problem(MISSING, partition_directory, text)
+                ends[partition_id] = 0  # (as the open: created empty)
                 continue
             self.report.partitions += 1
-            self.check_partition(topic_id, partition_id, partition_directory,
-                                 ledger=LEDGER_DIRECTORY in names)  # fmt: skip
+            ends[partition_id] = self.check_partition(
+                topic_id, partition_id, partition_directory, ledger=LEDGER_DIRECTORY in names)
+        ledger_directory = os.path.join(directory, LEDGER_DIRECTORY)
+        if LEDGER_DIRECTORY in names and os.path.isdir(ledger_directory):
+            self.check_ledger(ledger_directory, ends if listed is not None else None)
 
     def _listed_partitions(self, path: str, topic_id: str) -> list[int] | None:
         try:
@@ -286,9 +293,10 @@ class _Checker:
 
     # -- partitions ---------------------------------------------------------------------------
     def check_partition(self, topic_id: str, partition_id: int, directory: str, *,
-                        ledger: bool = False) -> None:  # fmt: skip
-        """``ledger``: the topic has a ledger directory (its snapshots may claim offsets
-        past their names: ``check_frames.snapshot_issue``)."""
+                        ledger: bool = False) -> int | None:  # fmt: skip
+        """Check a partition; returns its log's end offset (None when a segment could not
+        be read). ``ledger``: the topic has a ledger directory (its snapshots may claim
+        offsets past their names: ``check_frames.snapshot_issue``)."""
         names = self.fs.list_directory(directory)
         bases = sorted(
             base
@@ -315,6 +323,7 @@ class _Checker:
             self.report.frames += len(walk.frames)
             published.update(h.transaction_id for _, h in walk.frames if h.transaction_id)
         self._check_snapshots(directory, names, end_offset, ledger)
+        return end_offset
 
     def _check_partition_names(self, directory: str, names: list[str], bases: set[int]) -> None:
         for name in names:
@@ -448,10 +457,11 @@ class _Checker:
                 self.problem(TORN_TAIL, path, text, walk.tail_position, fix=fix)
 
     # -- a topic's ledger ----------------------------------------------------------------
-    def check_ledger(self, directory: str) -> None:
+    def check_ledger(self, directory: str, ends: dict[int, int | None] | None = None) -> None:
         """The ledger's files in number order: each one's valid frames (``scan``), their
-        sequence numbers one after another across files, a torn tail reported (see the
-        module doc)."""
+        sequence numbers one after another across files, a torn tail reported; then,
+        when the frames are whole and ``ends`` (each listed partition's log end, None
+        where not known) is given, the open's rule for the shares (``_check_shares``)."""
         numbered = []
         for name in self.fs.list_directory(directory):
             number = file_names.parse_offset(name, LEDGER_SUFFIX)
@@ -460,24 +470,30 @@ class _Checker:
             else:
                 numbered.append((number, os.path.join(directory, name)))
         previous: int | None = None  # the sequence number of the last frame seen
+        whole = True  # every file read and no frame missing: the shares can be followed
+        walked: list[tuple[str, list[ledger_format.LedgerFrame]]] = []
         for _, path in sorted(numbered):
             try:
                 raw = self.fs.read_file(path)
                 frames, valid_end = ledger_format.scan(raw, path)
             except FileNotFoundError as error:
                 self.problem(UNREADABLE, path, str(error))
+                whole = False
                 continue
             except CorruptSegmentError as error:
                 text = f"{error} (not repairable)"
                 self.problem(CORRUPT_FRAME, path, text, error.position)
                 previous = None  # the chain is not known past the damage
+                whole = False
                 continue
             if frames and previous is not None and frames[0].sequence != previous + 1:
                 text = (f"the file's first frame is number {frames[0].sequence}, the one "
                         f"before it {previous}: frames are missing (not repairable)")  # fmt: skip
                 self.problem(OFFSET_GAP, path, text)
+                whole = False
             if frames:
                 previous = frames[-1].sequence
+            walked.append((path, frames))
             if valid_end < len(raw):
                 torn = len(raw) - valid_end
                 text = (f"the last {torn} bytes hold no valid frame: a torn tail, never "
@@ -485,6 +501,54 @@ class _Checker:
                         )  # fmt: skip
                 fix = partial(_truncate, self.fs, path, valid_end)
                 self.problem(TORN_TAIL, path, text, valid_end, fix=fix, recovered_at_open=True)
+        if whole and ends is not None:
+            self._check_shares(walked, ends)
+
+    def _check_shares(self, walked: list[tuple[str, list[ledger_format.LedgerFrame]]],
+                      ends: dict[int, int | None]) -> None:  # fmt: skip
+        """The open's rule (``Ledger._index_recovered``): each share of a partition is
+        either wholly below its log's end (copied) or continues the partition's offsets
+        from there, share after share; a share across the log's end, one that leaves a
+        gap, or one of a partition the topic does not list stops the open (``Store.open``
+        raises ``CorruptSegmentError``) and is reported, not repaired: it needs a person.
+        Partitions whose end is not known are passed over."""
+        following = {p: end for p, end in ends.items() if end is not None}
+        reported: set[int] = set()  # one problem a partition: the first share that fails
+        for path, frames in walked:
+            for frame in frames:
+                shares = frame.shares
+                triples = zip(shares["partition"].tolist(), shares["base"].tolist(),
+                              shares["count"].tolist(), strict=True)  # fmt: skip
+                for partition, base, count in triples:
+                    if partition in reported:
+                        continue
+                    if partition not in ends:
+                        reported.add(partition)
+                        text = (f"ledger frame {frame.sequence} holds rows of partition "
+                                f"{partition}, which the topic does not list (the open "
+                                "refuses it; not repairable)")  # fmt: skip
+                        self.problem(MISSING, path, text, frame.position)
+                        continue
+                    own = ends[partition]
+                    if own is None:
+                        continue
+                    if base + count <= own:
+                        continue  # copied into the log already
+                    issue = None
+                    if base < own:
+                        issue = (f"its share of partition {partition} (offsets {base} to "
+                                 f"{base + count - 1}) straddles the log's end {own}")  # fmt: skip
+                    elif base != following[partition]:
+                        issue = (f"its share of partition {partition} starts at {base}, "
+                                 f"where {following[partition]} was next: a gap in the "
+                                 "partition's offsets")  # fmt: skip
+                    if issue is not None:
+                        reported.add(partition)
+                        text = (f"ledger frame {frame.sequence}: {issue} (the open refuses "
+                                "it; not repairable)")  # fmt: skip
+                        self.problem(OFFSET_GAP, path, text, frame.position)
+                        continue
+                    following[partition] = base + count
 
     def _read_or_none(self, path: str) -> bytes | None:
         try:

@@ -88,7 +88,8 @@ def main() -> None:
         messages = sum(counts_a) * sb.PRODUCE_BATCH
         print(f"p1000's copier: {ledger.copier_cpu_s / messages * 1e6:.1f} us of CPU a "
               f"message in {ledger.copier_passes} passes (its own thread), "
-              f"{ledger._syncs.together} syncs of the file system, {ledger._syncs.fell_back} failed")  # fmt: skip
+              f"{ledger._syncs.together} syncs of the file system, "
+              f"{ledger._syncs.fell_back} failed")  # fmt: skip
         base = statistics.median(rates["p10"])
         for name in sides:
             rate = statistics.median(rates[name])

@@ -1,12 +1,15 @@
 """``topicbase check`` over a topic's ledger (``storage.check``, ``<topic>/ledger/``): a
-store written with the ledger switched on checks clean; a torn tail is reported as the
-crash's state the open recovers from (repair cuts it), damage inside a file and an
-unknown file are reported. The store is opened with the ledger on explicitly, whatever
-the lane."""
+store written with the ledger switched on checks clean, rows settled into some logs and
+not released too; a torn tail is reported as the crash's state the open recovers from
+(repair cuts it), damage inside a file and an unknown file are reported; shares that do
+not continue their partitions' logs (a gap, a share across a log's end) are reported as
+the open refuses them (round 32). The store is opened with the ledger on explicitly,
+whatever the lane."""
 
 from __future__ import annotations
 
 import os
+import shutil
 from pathlib import Path
 
 import numpy as np
@@ -14,10 +17,11 @@ import pyarrow as pa
 import pytest
 
 from storage import check_report as check
-from storage import ledger_format, ledger_route, limits
+from storage import file_names, ledger_format, ledger_route, limits
 from storage.check import check_store
 from storage.codecs import Codec
 from storage.config import TopicConfig
+from storage.errors import CorruptSegmentError
 from storage.fs import FileSystem
 from storage.ledger import SUFFIX
 from storage.record_batch import build_wire_batch
@@ -106,3 +110,66 @@ def test_an_unknown_file_in_the_ledger_directory_is_reported(written: tuple[Path
     report = check_store(str(root), fs=FileSystem())
     assert _kinds(report) == [check.UNKNOWN_FILE]
     assert report.problems[0].path == os.fspath(stray)
+
+
+def _frame_ends(ledger_file: Path) -> list[int]:
+    frames, _ = ledger_format.scan(ledger_file.read_bytes(), str(ledger_file))
+    return [frame.end for frame in frames]
+
+
+def test_shares_copied_in_part_check_clean(tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+                                           ) -> None:  # fmt: skip
+    """Rows settled into some partitions (their logs past the ledger's first shares), not
+    released: the shares below a log's end are copied, the rest continue it."""
+    monkeypatch.setattr(limits, "LEDGER_COPY_WAIT_S", 3600.0)
+    root = tmp_path / "store"
+    with Store.open(str(root), fs=FileSystem(), ledger=True) as store:
+        config = TopicConfig(partition_count=PARTITIONS, supported_codecs=frozenset({Codec.RAW}))
+        topic = store.create_topic(config)
+        for k in range(2):
+            assert topic.append_ledger(_statement(k)) is not None
+        assert topic.ledger is not None
+        topic.ledger.settle_all()  # written into the logs, not synced, not released
+        assert topic.append_ledger(_statement(2)) is not None
+        assert topic.partition(0).own_end == 4  # the third statement in the ledger only
+    report = check_store(str(root), fs=FileSystem())
+    assert report.problems == [], report.problems
+
+
+def test_a_gap_between_a_partitions_log_and_the_ledger_is_reported(
+    written: tuple[Path, Path],
+) -> None:
+    root, ledger_file = written
+    raw = ledger_file.read_bytes()
+    ledger_file.write_bytes(raw[_frame_ends(ledger_file)[0]:])  # the first frame lost
+    report = check_store(str(root), repair=True, fs=FileSystem())
+    assert _kinds(report) == [check.OFFSET_GAP] * PARTITIONS
+    assert not report.ok and not any(problem.repaired for problem in report.problems)
+    assert "starts at 2, where 0 was next" in report.problems[0].message
+    with pytest.raises(CorruptSegmentError, match="gap"):  # the open refuses it too
+        Store.open(str(root), fs=FileSystem(), ledger=True).close()
+
+
+def test_a_share_across_a_partitions_log_end_is_reported(written: tuple[Path, Path]) -> None:
+    root, _ = written
+    with Store.open(str(root), fs=FileSystem(), ledger=False):
+        pass  # (the ledger off: the open copies the ledger's rows into the logs)
+    root2 = root.parent / "copy"
+    shutil.copytree(root, root2)  # every row copied: checks clean
+    assert check_store(str(root2), fs=FileSystem()).problems == []
+    # A ledger whose share of partition 0 straddles its log's end: the log holds 6 rows
+    # after the copy; a ledger frame numbered on from the last one, at base 5, of 2 rows.
+    topic_directory = next((root2 / "topics").iterdir())
+    ledger_directory = topic_directory / ledger_route.DIRECTORY
+    ledger_directory.mkdir(exist_ok=True)
+    batch = build_wire_batch([b"x", b"y"], producer_id="q0", seq_no=[100, 101])
+    encoded = ledger_format.encode_body([(0, batch)])
+    parts = ledger_format.frame_parts(encoded, np.array([5], np.int64), sequence=0,
+                                      written_at_us=1, transaction_id=0)  # fmt: skip
+    frame = b"".join(bytes(part) for part in parts)
+    (ledger_directory / (file_names.offset_name(0) + SUFFIX)).write_bytes(frame)
+    report = check_store(str(root2), fs=FileSystem())
+    assert _kinds(report) == [check.OFFSET_GAP]
+    assert "straddles the log's end 6" in report.problems[0].message
+    with pytest.raises(CorruptSegmentError, match="straddles"):
+        Store.open(str(root2), fs=FileSystem(), ledger=True).close()
