@@ -61,26 +61,37 @@ class FileSystemSync:
             if ticket is not None:
                 begun.append((log, ticket))
         synced = False
-        if begun:
-            assert self._handle is not None
-            synced = self._fs.sync_file_system(self._handle)
-            if synced:
-                self.together += 1
-            else:
-                self.fell_back += 1
-        for log, ticket in begun:
-            try:
-                log.end_sync(ticket, synced=synced)
-                if log.sync_redirected is not None:
-                    log.sync_redirected()
-            except (PartitionFencedError, StorageIOError) as error:
-                failed[log.partition_id] = error
+        try:
+            if begun:
+                synced = self._sync_file_system()
+        finally:  # every ticket ended, whatever happened (each holds a descriptor)
+            for log, ticket in begun:
+                try:
+                    log.end_sync(ticket, synced=synced)
+                    if log.sync_redirected is not None:
+                        log.sync_redirected()
+                except (PartitionFencedError, StorageIOError) as error:
+                    failed[log.partition_id] = error
         for log in alone:
             try:
                 log.sync()
             except (PartitionFencedError, StorageIOError) as error:
                 failed[log.partition_id] = error
         return failed
+
+    def _sync_file_system(self) -> bool:
+        """One ``syncfs`` through the handle; False when it failed (each log then syncs on
+        its own, and those syncs report what failed to the logs it concerns)."""
+        assert self._handle is not None
+        try:
+            synced = self._fs.sync_file_system(self._handle)
+        except StorageIOError:  # (a failpoint's error: as a reported failure)
+            synced = False
+        if synced:
+            self.together += 1
+        else:
+            self.fell_back += 1
+        return synced
 
     def _covers(self, log: PartitionLog) -> bool:
         """Whether one sync through the handle covers ``log`` (its directory is on the

@@ -810,8 +810,9 @@ class PartitionLog:
         """``sync``'s first part, for a sync of many logs at once (``storage.log_sync``):
         the indexes flushed and the writer's descriptor held, as ``sync`` does under the
         write lock; None when the log is closed or has nothing open for writing. Raises
-        ``PartitionFencedError`` when fenced. The caller ends it with ``end_sync`` once the
-        log's bytes are durable, or ``fail_sync`` when they may not be."""
+        ``PartitionFencedError`` when fenced (``StorageIOError`` when the flush fails: it
+        fences). The caller must end a ticket with ``end_sync``, whatever happens (it lets
+        the held descriptor go)."""
         with self._write_lock:
             if self._closed:
                 return None

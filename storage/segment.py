@@ -358,14 +358,18 @@ class LogSegment:
         of this log failed: no sync here succeeds after a failure."""
         try:
             with self._sync_lock:
-                failed = self._sync_failed
-                if failed is not None:
-                    raise StorageIOError(
-                        f"an earlier sync of this log failed ({failed}); reopen to recover",
-                        path=self.log_path,
-                    )
+                self._refuse_after_failure_locked()
         finally:
             self._scan_done(held.fd, held)
+
+    def _refuse_after_failure_locked(self) -> None:
+        """Raise once a sync of this log failed (caller holds ``_sync_lock``)."""
+        failed = self._sync_failed
+        if failed is not None:
+            raise StorageIOError(
+                f"an earlier sync of this log failed ({failed}); reopen to recover",
+                path=self.log_path,
+            )
 
     def _sync_log(self, fd: int) -> None:
         """``fdatasync`` the log, one sync at a time. Once a sync failed, every later
@@ -375,12 +379,7 @@ class LogSegment:
         bytes written before it were lost. The partition fences on the error (reopen
         recovers); until it does, no sync here succeeds."""
         with self._sync_lock:
-            failed = self._sync_failed
-            if failed is not None:
-                raise StorageIOError(
-                    f"an earlier sync of this log failed ({failed}); reopen to recover",
-                    path=self.log_path,
-                )
+            self._refuse_after_failure_locked()
             try:
                 self.fs.sync(fd)
             except StorageIOError as error:

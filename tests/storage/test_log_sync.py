@@ -15,6 +15,7 @@ from typing import Any
 import pytest
 
 import storage.fs as fs_module
+from storage import failpoints
 from storage.config import FsyncPolicy
 from storage.errors import PartitionFencedError, StorageIOError
 from storage.fs import FileSystem
@@ -37,6 +38,20 @@ class _CountingSync(FileSystem):
         if self.fail:
             raise StorageIOError("could not fsync (test)", path="?")
         super().sync(fd)
+
+
+def _count_file_syncs(monkeypatch: pytest.MonkeyPatch) -> list[int]:
+    """Every ``FileSystem.sync`` from now on recorded (its descriptor) in the list returned
+    (the handle was opened already: it still offers ``syncfs``)."""
+    synced_files: list[int] = []
+    real_sync = FileSystem.sync
+
+    def counted(self: FileSystem, fd: int) -> None:
+        synced_files.append(fd)
+        real_sync(self, fd)
+
+    monkeypatch.setattr(FileSystem, "sync", counted)
+    return synced_files
 
 
 @pytest.fixture
@@ -94,15 +109,8 @@ def test_a_failed_syncfs_falls_back_to_each_logs_own_sync(
     fs = FileSystem()
     together = syncs(fs)
     opened = logs(fs, 3)
-    synced_files: list[int] = []
-    real_sync = FileSystem.sync
-
-    def counted(self: FileSystem, fd: int) -> None:
-        synced_files.append(fd)
-        real_sync(self, fd)
-
+    synced_files = _count_file_syncs(monkeypatch)
     monkeypatch.setattr(fs_module, "_syncfs", lambda fd: -1)  # it reports a failure
-    monkeypatch.setattr(FileSystem, "sync", counted)
     assert together.sync_logs(opened) == {}
     assert together.fell_back == 1 and together.together == 0
     assert len(synced_files) == 3, "each log synced on its own after the failure"
@@ -165,14 +173,24 @@ def test_a_log_on_another_file_system_is_synced_on_its_own(
     together = syncs(fs)
     opened = logs(fs, 2)
     together._on_device[opened[1].directory] = False  # as if mounted elsewhere
-    synced_files: list[int] = []
-    real_sync = FileSystem.sync
-
-    def counted(self: FileSystem, fd: int) -> None:
-        synced_files.append(fd)
-        real_sync(self, fd)
-
-    monkeypatch.setattr(FileSystem, "sync", counted)
+    synced_files = _count_file_syncs(monkeypatch)
     assert together.sync_logs(opened) == {}
     assert len(synced_files) == 1 and together.together == 1
     assert [log.durable_end for log in opened] == [3, 3]
+
+
+def test_an_error_in_the_file_system_sync_ends_every_sync_begun(logs: Any, syncs: Any) -> None:
+    """A failure raised by the ``syncfs`` step itself (a failpoint's error here) counts as
+    one it reported: each log syncs on its own, none keeps its descriptor held."""
+    fs = FileSystem()
+    together = syncs(fs)
+    opened = logs(fs, 3)
+    failpoints.activate("fs.before_sync=error@1")  # the syncfs: the first sync of the call
+    try:
+        assert together.sync_logs(opened) == {}
+    finally:
+        failpoints.deactivate()
+    assert together.fell_back == 1
+    assert [log.durable_end for log in opened] == [3] * 3
+    for log in opened:
+        assert log._segments[-1]._shared.readers == 0, "the held descriptor was let go"
