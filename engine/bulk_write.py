@@ -1006,10 +1006,17 @@ class BulkWrites:
         """Move the writes' directories into a new commit directory (manifest first)."""
         directory = os.path.join(self.commits_root, uuid.uuid4().hex)
         os.makedirs(directory)
-        with open(os.path.join(directory, MANIFEST), "w", encoding="utf-8") as handle:
+        # Whole or absent: written and synced under a temporary name, then renamed (a
+        # process killed between the manifest's creation and its write left it empty,
+        # and the next start failed to parse it). ``_settle_commits`` deletes a commit
+        # directory without a manifest: no write moved into it.
+        manifest = os.path.join(directory, MANIFEST)
+        with open(manifest + ".part", "w", encoding="utf-8") as handle:
+            failpoints.hit("bulk.mid_manifest")
             json.dump({"sink_id": sink_id, "batch_id": batch_id, "writes": list(metas)}, handle)
             handle.flush()
             os.fdatasync(handle.fileno())
+        os.replace(manifest + ".part", manifest)
         # The manifest's name is durable before any write moves (``_settle_commits``
         # finds every moved write through it).
         staged_refs.sync_files(self.database.path, [], [directory, self.commits_root])

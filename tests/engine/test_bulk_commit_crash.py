@@ -192,6 +192,7 @@ def _check_and_retry(data: Path) -> str:
 
 @pytest.mark.parametrize("stage_format", FORMATS)
 @pytest.mark.parametrize(("failpoint", "outcome"), [
+    ("bulk.mid_manifest", "nothing"),
     ("bulk.mid_move", "nothing"),
     ("bulk.before_commit", "nothing"),
     ("commit.after_commit_point", "all"),
