@@ -34,7 +34,9 @@ the committer's state not yet caught up), ``commit.before_mirror`` (committed, t
 offsets' mirror not moved), ``commit.before_note_done`` (published, not yet counted for
 the checkpoint), ``commit.checkpoint_before_delete``,
 ``commit.checkpoint_before_release``, ``recovery.after_republish``; a bulk commit by
-reference (``engine.staged_refs``): ``bulk.mid_move`` (one write moved to its commit
+reference (``engine.staged_refs``): ``bulk.mid_manifest`` (a commit directory's manifest
+created under its temporary name, nothing written in it), ``bulk.mid_move`` (one write
+moved to its commit
 directory), ``bulk.before_commit`` (files synced, no transaction yet), ``bulk.mid_release``
 (between two commit directories deleted); ``publish.mid_share`` (between two frames of a
 transactional publish: a share cut into bounded frames, ``storage.frame_cuts``);
