@@ -10,8 +10,11 @@ ONE ``syncfs`` of the file system they are on, where the file system offers it
 Invariants:
 - a log is reported synced (``durable_end`` raised) only when a sync that began after
   its bytes were written reported success: its own ``fdatasync``, or a ``syncfs`` of its
-  file system through a handle opened before those bytes were written, which reports
-  every write-back failure on that file system since (Linux >= 5.8);
+  file system through a handle that reports every write-back failure on that file system
+  since it was opened, and one nobody had seen before (Linux >= 5.8); the handle is
+  opened with the topic's ledger, before the copier writes anything (bytes a log held
+  before are its own syncs' concern: a failure one of them saw refuses the log, as
+  below);
 - a ``syncfs`` that reports a failure is followed by each log's own sync, so the failure
   reaches the log it concerns (the kernel reports it to that file's syncs too), which
   fences as any failed sync does; a log whose earlier sync failed is never reported
