@@ -111,8 +111,11 @@ class TopicLedger:
             raise
         for log in logs.values():
             self.attach(log)
-        # the copier's syncs of its logs: one of the file system a pass (``storage.log_sync``)
-        self._syncs = FileSystemSync(fs, os.path.dirname(directory))
+        # the copier's syncs of its logs, one of the file system a pass (``storage.log_sync``):
+        # its handle opened before the first ledger frame (``_file_system_sync``)
+        self._fs = fs
+        self._topic_directory = os.path.dirname(directory)
+        self._syncs: FileSystemSync | None = None
         self.copier_cpu_s = 0.0  # CPU time of the copier thread (tests, the bench)
         self.copies = 0  # copier passes that copied something
         self.copier_passes = 0  # the copier thread's passes (tests: it sleeps when idle)
@@ -147,6 +150,8 @@ class TopicLedger:
         True refuses the statement with ``QueryCanceledError``, nothing written (the wait
         for the partitions' locks is where a statement may spend its time here)."""
         assert len(logs) == len(batches) and len(logs) > 0
+        if self._syncs is None:
+            self._file_system_sync()  # before any row it is to cover is written
         taken: list[PartitionLog] = []
         bases: list[int] | None = None
         try:
@@ -316,20 +321,21 @@ class TopicLedger:
         is passed over (its rows stay in the ledger until the reopen); its error is
         raised once the others are done."""
         pending = self.ledger.pending()
+        if not pending:
+            return 0
+        syncs = self._file_system_sync()  # (open before the settle's writes it covers)
         failed: dict[int, BaseException] = {}
         self._settle_from_ledger(pending, failed)
-        unsynced = []
-        for partition in sorted(pending):
-            log = self._logs.get(partition)
-            if log is None or partition in failed:
-                continue  # a removed partition (left: see docs/scale.md round 28)
-            if log.durable_end < min(log.own_end, self.ledger.end_offset(partition)):
-                unsynced.append(log)
-        failed.update(self._syncs.sync_logs(unsynced))  # one sync of them all, mostly
+        # (a removed partition is passed over: left, see docs/scale.md round 28)
+        here = [(p, log) for p in sorted(pending)
+                if (log := self._logs.get(p)) is not None and p not in failed]  # fmt: skip
+        unsynced = [log for p, log in here
+                    if log.durable_end < min(log.own_end, self.ledger.end_offset(p))]  # fmt: skip
+        if unsynced:  # one sync of them all, mostly
+            failed.update(syncs.sync_logs(unsynced))
         released = 0
-        for partition in sorted(pending):
-            log = self._logs.get(partition)
-            if log is None or partition in failed:
+        for partition, log in here:
+            if partition in failed:
                 continue
             try:
                 released += self._sync_and_release(partition, log)
@@ -405,6 +411,15 @@ class TopicLedger:
         if log.own_end >= self.ledger.end_offset(piece.partition):
             log.ledger_unsettled = False
 
+    def _file_system_sync(self) -> FileSystemSync:
+        """The copier's handle for syncing its logs together, opened at the first need:
+        ``append_shares`` asks before its first frame, so before any row the handle is to
+        cover reaches a log (a topic that never spreads a statement holds none)."""
+        with self._wake:
+            if self._syncs is None:
+                self._syncs = FileSystemSync(self._fs, self._topic_directory)
+            return self._syncs
+
     def _sync_and_release(self, partition: int, log: PartitionLog) -> int:
         """Sync ``log`` (unless what the ledger holds of it is synced already) and release
         in the ledger what is synced, under the log's lock with the current start (only
@@ -430,7 +445,8 @@ class TopicLedger:
             self._wake.notify()
         if self._thread is not None:
             self._thread.join()
-        self._syncs.close()
+        if self._syncs is not None:
+            self._syncs.close()
         self.ledger.close()
 
 

@@ -12,7 +12,8 @@ Invariants:
   its bytes were written reported success: its own ``fdatasync``, or a ``syncfs`` of its
   file system through a handle that reports every write-back failure on that file system
   since it was opened, and one nobody had seen before (Linux >= 5.8); the handle is
-  opened with the topic's ledger, before the copier writes anything (bytes a log held
+  opened before the topic's first ledger frame, so before any row it covers reaches a log
+  (``TopicLedger._file_system_sync``; bytes a log held
   before are its own syncs' concern: a failure one of them saw refuses the log, as
   below);
 - a ``syncfs`` that reports a failure is followed by each log's own sync, so the failure

@@ -33,6 +33,7 @@ def test_the_copier_starts_at_the_first_frame_sleeps_when_idle_and_stops_with_th
         assert topic.ledger is not None
         assert len(_copiers()) == before  # opened, nothing appended: no thread
         assert "ledger" not in os.listdir(os.path.join(str(tmp_path), "t"))  # nor directory
+        assert topic.ledger._syncs is None  # nor a descriptor to sync its logs with
         woken = []
         real_wait = threading.Condition.wait
 
@@ -44,6 +45,7 @@ def test_the_copier_starts_at_the_first_frame_sleeps_when_idle_and_stops_with_th
         monkeypatch.setattr(threading.Condition, "wait", counted)
         topic.append_ledger(_statement(0))
         assert "ledger" in os.listdir(os.path.join(str(tmp_path), "t"))
+        assert topic.ledger._syncs is not None  # opened before the frame's rows are copied
         deadline = time.monotonic() + 10
         while topic.ledger.ledger.pending() and time.monotonic() < deadline:
             time.sleep(0.01)
