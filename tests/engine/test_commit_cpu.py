@@ -3,6 +3,7 @@ on it and when, and that it stays off where it cannot help or is not permitted."
 
 from __future__ import annotations
 
+import errno
 import os
 import threading
 from collections.abc import Iterator
@@ -322,3 +323,25 @@ def test_off_the_session_commits_as_before(tmp_path: Path) -> None:
     finally:
         database.close()
         commit_cpu.set_process_commit_cpu(previous)
+
+
+@pytest.mark.skipif(commit_cpu._LIBC_SET_AFFINITY is None, reason="no libc sched_setaffinity")
+def test_the_affinity_call_is_libcs_without_the_interpreter_lock_and_acts_as_oss() -> None:
+    """The default setter is libc's (called through ctypes, which lets go of the lock, round
+    33); it moves the thread as ``os.sched_setaffinity`` does and fails as it does."""
+    set_affinity = commit_cpu._LIBC_SET_AFFINITY
+    assert set_affinity is not None
+    assert CommitCpu(set(ALLOWED), enabled=True)._set is set_affinity
+    for cpus in ({min(ALLOWED)}, {max(ALLOWED)}, set(ALLOWED)):
+        set_affinity(0, cpus)
+        assert _mine() == cpus
+    set_affinity(threading.get_native_id(), {min(ALLOWED)})  # by thread id, as ``leave`` does
+    assert _mine() == {min(ALLOWED)}
+    with pytest.raises(OSError) as empty:
+        set_affinity(0, set())
+    assert empty.value.errno == errno.EINVAL
+    with pytest.raises(OSError):
+        set_affinity(0, {-1})
+    with pytest.raises(ProcessLookupError):
+        set_affinity(2**22 + 12345, set(ALLOWED))  # above the kernel's largest pid
+    assert _mine() == {min(ALLOWED)}  # a refused call changed nothing
