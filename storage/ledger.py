@@ -147,6 +147,12 @@ def _all_read(chunk: Chunk, keys: np.ndarray, values: np.ndarray) -> bool:
     return bool(np.all(~known | (values[at] >= chunk.bases + chunk.counts)))
 
 
+# Resume points ``whole_frames`` keeps: a few a partition set (consumers reading the same
+# partitions), for a few partition sets (a topic's consumers read all its partitions).
+_RESUME_POINTS = 8
+_RESUME_SETS = 16
+
+
 @dataclass(slots=True)
 class _File:
     number: int
@@ -173,6 +179,9 @@ class Ledger:
         # close the file under its write), and a round after it refuses. Before ``_lock``.
         self._round_lock = threading.Lock()
         self._index = LedgerIndex()
+        # ``whole_frames``' resume points: a partition set (its sorted ids' bytes) -> the
+        # (offsets, frame) its polls found every frame below ``frame`` read at, newest last.
+        self._whole_resume: dict[bytes, list[tuple[np.ndarray, int]]] = {}
         self._frames: dict[int, _FrameAt] = {}
         self._files: dict[int, _File] = {}
         self._verified: set[int] = set()  # frames whose bytes passed the CRC on a read
@@ -513,7 +522,11 @@ class Ledger:
         taken: a frame holding a partition not in ``starts``, or one the consumer stands
         inside of (its poll then reads as usual, partition by partition), or the first
         frame alone over a budget, or nothing unread within
-        ``limits.LEDGER_WHOLE_WALK_MAX`` frames.
+        ``limits.LEDGER_WHOLE_WALK_MAX`` frames. A walk starts where an earlier one found
+        every frame before read at offsets no higher than these (its resume point,
+        ``_resume_point``; offsets only move back by a reset or a rollback, and then the
+        point does not apply): a consumer does not walk again past the frames it read
+        (the copier keeps copied files for such reads, ``drop_copied_files``).
 
         Sound because a partition's offsets in the ledger are contiguous: a share that
         starts at the consumer's offset holds exactly the next rows of its partition, so
@@ -537,7 +550,9 @@ class Ledger:
             last = self._index.last_chunk()
             if last is None or _all_read(last, keys, values):
                 return None  # nothing new (a poll of a consumer keeping up, often)
-            for chunk in self._index.live_chunks():
+            resume = self._resume_point(keys, values)
+            read_below = resume  # every frame below this one is read at ``values``
+            for chunk in self._index.live_chunks(resume):
                 partitions, bases, count = chunk.partitions, chunk.bases, chunk.counts
                 at = np.minimum(np.searchsorted(keys, partitions), len(keys) - 1)
                 if not np.array_equal(keys[at], partitions):
@@ -545,8 +560,9 @@ class Ledger:
                 have = values[at]
                 if np.all(have >= bases + count):  # (``_all_read``, ``at`` known)
                     passed += 1  # read already
+                    read_below = chunk.frame + 1
                     if not bodies and passed > limits.LEDGER_WHOLE_WALK_MAX:
-                        return None
+                        break
                     continue
                 if not np.array_equal(have, bases):
                     break  # the consumer stands inside it, or behind it
@@ -557,6 +573,7 @@ class Ledger:
                 if messages + rows > max_messages or size + body.size > max_bytes:
                     break
                 values[at] = bases + count
+                read_below = chunk.frame + 1
                 bodies.append(body)
                 written_ats.append(written_at)
                 parts.append(partitions)
@@ -564,13 +581,37 @@ class Ledger:
                 counts.append(count)
                 messages += rows
                 size += body.size
-        if not bodies:
-            return None
+            if read_below > resume:
+                self._note_resume_point(keys, values, read_below)
+            if not bodies:
+                return None
         touched = np.unique(np.concatenate(parts))
         at = np.searchsorted(keys, touched)
         next_offsets = dict(zip(touched.tolist(), values[at].tolist(), strict=True))
         return LedgerWhole(bodies, written_ats, parts, firsts, counts, next_offsets, messages,
                            size)  # fmt: skip
+
+    def _resume_point(self, keys: np.ndarray, values: np.ndarray) -> int:
+        """The highest frame below which an earlier ``whole_frames`` of the partitions
+        ``keys`` found every frame read at offsets no higher than ``values`` (so read at
+        ``values`` too: a frame's shares never change); 0 when none applies (an offset
+        moved back, another consumer's point). Caller holds the lock."""
+        best = 0
+        for seen, frame in self._whole_resume.get(keys.tobytes(), ()):
+            if frame > best and np.all(values >= seen):
+                best = frame
+        return best
+
+    def _note_resume_point(self, keys: np.ndarray, values: np.ndarray, frame: int) -> None:
+        """Every frame below ``frame`` is read at ``values`` (of partitions ``keys``): kept
+        for the next polls (``_resume_point``), the newest ``_RESUME_POINTS`` a partition
+        set, of the newest ``_RESUME_SETS`` sets. Caller holds the lock."""
+        key = keys.tobytes()
+        points = self._whole_resume.pop(key, [])
+        points.append((values.copy(), frame))
+        self._whole_resume[key] = points[-_RESUME_POINTS:]  # re-inserted: the newest set
+        while len(self._whole_resume) > _RESUME_SETS:
+            del self._whole_resume[next(iter(self._whole_resume))]
 
     def _home(self, frames: list[int]) -> pa.Buffer | None:
         """The map that holds the bodies of ``frames`` (read just now by ``_frame_body``:
@@ -679,13 +720,19 @@ class Ledger:
                     position=0)  # fmt: skip
             self._index.release(partition, own_end)
 
-    def drop_copied_files(self) -> int:
+    def drop_copied_files(self, keep_bytes: int = 0, keep_since_us: int | None = None) -> int:
         """Delete, from the front, ledger files none of whose shares is still needed (all
-        released), never the file being written; returns how many were deleted. Each
+        released), never the file being written, but keep the newest of those up to
+        ``keep_bytes`` in all whose last frame was written at or after ``keep_since_us``
+        (no bound when None): their frames stay indexed and readable whole
+        (``whole_frames``: a consumer a little behind reads them there rather than
+        partition by partition from the copies). Returns how many were deleted. Each
         removal is made durable (a directory sync) before the next one."""
+        assert keep_bytes >= 0
         dropped = 0
         with self._lock:
             needed = self._index.frames_needed()
+            droppable: list[_File] = []  # the front's files that are all copied, in order
             for number in sorted(self._files):
                 entry = self._files[number]
                 if number == self._write_number and self._write_fd is not None:
@@ -693,6 +740,17 @@ class Ledger:
                 frames = range(entry.first, entry.last + 1) if entry.first is not None else ()
                 if any(needed.get(f, False) for f in frames):
                     break
+                droppable.append(entry)
+            kept = 0
+            while droppable and kept + droppable[-1].size <= keep_bytes:
+                newest = droppable[-1].last
+                if keep_since_us is not None and newest is not None and (
+                        self._frames[newest].written_at_us < keep_since_us):  # fmt: skip
+                    break  # this one and every older one are past the age kept
+                kept += droppable.pop().size  # the newest copied files stay, within budget
+            for entry in droppable:
+                number = entry.number
+                frames = range(entry.first, entry.last + 1) if entry.first is not None else ()
                 self._fs.remove(entry.path)
                 # each removal durable before the next: a crash must not bring back an
                 # earlier file without a later one (a hole in the sequence at the open)

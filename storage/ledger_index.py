@@ -233,9 +233,13 @@ class LedgerIndex:
             yield (int(chunk[0, FRAME]), partitions[keep], first,
                    chunk[:, ROW][keep] + first - bases[keep], ends[keep] - first)  # fmt: skip
 
-    def live_chunks(self) -> Iterator[Chunk]:
-        """Every frame's shares still indexed, in frame order (``Chunk``: views, not copies)."""
-        for chunk in self._chunks[self._first_chunk :]:
+    def live_chunks(self, first_frame: int = 0) -> Iterator[Chunk]:
+        """Every frame's shares still indexed, in frame order (``Chunk``: views, not
+        copies), from frame ``first_frame`` on."""
+        first = self._first_chunk
+        if first_frame > 0:
+            first = bisect.bisect_left(self._chunk_frames, first_frame, first)
+        for chunk in self._chunks[first:]:
             if len(chunk):
                 yield _chunk(chunk)
 

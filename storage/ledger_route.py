@@ -306,6 +306,18 @@ class TopicLedger:
         log = self._logs.get(partition)
         return log is not None and not log.fenced
 
+    def drop_kept_files(self, now_us: int, retention_ms: int | None = None) -> int:
+        """Delete the copied ledger files the copier no longer keeps for whole-frame
+        reads: past ``limits.LEDGER_KEEP_COPIED_BYTES`` (newest kept first), or whose last
+        frame is older than ``limits.LEDGER_KEEP_COPIED_S``, or than the topic's
+        ``retention_ms`` when given (a kept copy never outlives the partitions' retention
+        of its rows by more than a retention pass). The copier's pass and the retention
+        pass call it; returns how many files went."""
+        horizon = now_us - int(limits.LEDGER_KEEP_COPIED_S * 1_000_000)
+        if retention_ms is not None:
+            horizon = max(horizon, now_us - retention_ms * 1000)
+        return self.ledger.drop_copied_files(limits.LEDGER_KEEP_COPIED_BYTES, horizon)
+
     def copy_all(self) -> int:
         """Settle every partition with uncopied ledger rows, sync its log, release what
         is synced and drop the ledger files no longer needed; returns the messages
@@ -343,7 +355,7 @@ class TopicLedger:
                 failed[partition] = error
         if released:
             self.copies += 1
-            self.ledger.drop_copied_files()
+            self.drop_kept_files(time.time_ns() // 1000)
         if failed:
             raise failed[min(failed)]
         return released

@@ -132,24 +132,63 @@ def test_whole_frame_reads_commit_their_offsets_and_roll_back(
         database.close()
 
 
-@pytest.mark.parametrize("file_bytes", [limits.LEDGER_FILE_BYTES_MAX, 4096])
+@pytest.mark.parametrize(
+    ("file_bytes", "keep_bytes"),
+    [(limits.LEDGER_FILE_BYTES_MAX, 0), (4096, 0), (4096, limits.LEDGER_KEEP_COPIED_BYTES)],
+)
 def test_rows_copied_and_released_are_read_whole_until_their_files_go(
-    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, no_copier: list[int], file_bytes: int
+    tmp_path: Path,
+    monkeypatch: pytest.MonkeyPatch,
+    no_copier: list[int],
+    file_bytes: int,
+    keep_bytes: int,
 ) -> None:
     """Released rows are the partitions' rows too: read whole while a ledger file holds
-    them (one file, the one written: never dropped); once their files are dropped (a
-    file a frame: all but the last), from the partitions."""
+    them (one file, the one written: never dropped; or files the copier keeps, round 33);
+    once their files are dropped (a file a frame: all but the last), from the partitions."""
     monkeypatch.setattr(limits, "LEDGER_FILE_BYTES_MAX", file_bytes)
+    monkeypatch.setattr(limits, "LEDGER_KEEP_COPIED_BYTES", keep_bytes)
     database = _open(tmp_path, monkeypatch, True)
     try:
         _, topic = _written(database, 800)
         assert topic.ledger.copy_all() == 800  # copied, synced and released
         assert not topic.ledger.ledger.pending()
-        assert len(topic.ledger.ledger.file_numbers) == 1
+        kept = file_bytes > 4096 or keep_bytes > 0
+        # one file written (never dropped), or a file a frame, both kept
+        assert len(topic.ledger.ledger.file_numbers) == (2 if keep_bytes else 1)
         polls = _polls(database, 1000)
         assert [len(poll) for poll in polls] == [800]
-        assert no_copier == ([800] if file_bytes > 4096 else [])
+        assert no_copier == ([800] if kept else [])
         _check_dense(polls, 800)
+    finally:
+        database.close()
+
+
+def test_a_consumer_resumes_after_the_frames_it_took_past_more_than_the_walk_allows(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, no_copier: list[int]
+) -> None:
+    """A poll at the offsets an earlier one left starts after the frames that one took
+    (its resume point): with the walk limited to 1 read frame, a consumer that took
+    frames 1-3 takes frames 4-6 whole, where a walk from the oldest frame (past 3 read
+    ones) gives up and reads partition by partition (checked last, the resume point
+    forgotten)."""
+    monkeypatch.setattr(limits, "LEDGER_WHOLE_WALK_MAX", 1)
+    database = _open(tmp_path, monkeypatch, True)
+    try:
+        session, topic = _written(database, 3 * STATEMENT)
+        first = _polls(database, 3 * STATEMENT)
+        assert no_copier == [3 * STATEMENT]
+        session.execute(INSERT, _rows(3 * STATEMENT, 3 * STATEMENT))  # one frame
+        for first_row in range(6 * STATEMENT, 8 * STATEMENT, STATEMENT):
+            session.execute(INSERT, _rows(first_row, STATEMENT))
+        second = _polls(database, 5 * STATEMENT)
+        assert no_copier == [3 * STATEMENT, 5 * STATEMENT]
+        _check_dense(first + second, 8 * STATEMENT)
+        topic.ledger.ledger._whole_resume.clear()  # without its resume point: the walk
+        session.execute(INSERT, _rows(8 * STATEMENT, STATEMENT))
+        third = _polls(database, 10_000)
+        assert no_copier == [3 * STATEMENT, 5 * STATEMENT]  # partition by partition
+        _check_dense(first + second + third, 9 * STATEMENT)
     finally:
         database.close()
 
@@ -174,5 +213,23 @@ def test_full_relation_of_whole_frames(
         key = ("partition", "offset", "data", "producer_id")
         expected = {tuple(r[k] for k in key) for r in peek[0].table.to_pylist()}
         assert {tuple(r[k] for k in key) for r in rows} == expected
+    finally:
+        database.close()
+
+
+def test_a_resume_point_does_not_apply_once_the_offsets_moved_back(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, no_copier: list[int]
+) -> None:
+    """After a reset to EARLIEST the consumer stands below the frames its resume point
+    skips: the point does not apply, and it reads them whole again from the first."""
+    database = _open(tmp_path, monkeypatch, True)
+    try:
+        session, _ = _written(database, 3 * STATEMENT)
+        first = _polls(database, STATEMENT)
+        assert no_copier == [STATEMENT] * 3
+        session.execute("ALTER TOPIC t ALTER CONSUMER c SET OFFSETS TO EARLIEST")
+        again = _polls(database, STATEMENT)
+        assert no_copier == [STATEMENT] * 6  # whole again, from the first frame
+        assert again == first
     finally:
         database.close()

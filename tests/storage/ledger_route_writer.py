@@ -109,6 +109,7 @@ def main() -> None:
     limits.LEDGER_COPY_FRAMES_MIN = 5
     limits.LEDGER_COPY_WAIT_S = 0.05
     limits.LEDGER_FILE_BYTES_MAX = 16 * 1024
+    limits.LEDGER_KEEP_COPIED_BYTES = 32 * 1024  # about two copied files kept, older dropped
     topic = open_topic(args.root)
     acks = os.open(args.acks, os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o644)
     print("ready", flush=True)

@@ -72,6 +72,32 @@ def test_a_store_with_a_ledger_checks_clean(written: tuple[Path, Path]) -> None:
     assert report.problems == []
 
 
+def test_copied_ledger_files_the_copier_keeps_check_clean(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Files the copier keeps after copying them (``LEDGER_KEEP_COPIED_BYTES``, round 33)
+    hold shares wholly below their partitions' ends: copied, as the open counts them, not
+    damage; the reopen then drops them."""
+    monkeypatch.setattr(limits, "LEDGER_COPY_WAIT_S", 3600.0)
+    monkeypatch.setattr(limits, "LEDGER_FILE_BYTES_MAX", 1024)  # a file a statement
+    root = tmp_path / "store"
+    with Store.open(str(root), fs=FileSystem(), ledger=True) as store:
+        config = TopicConfig(partition_count=PARTITIONS, supported_codecs=frozenset({Codec.RAW}))
+        topic = store.create_topic(config)
+        for k in range(STATEMENTS):
+            assert topic.append_ledger(_statement(k)) is not None
+        assert topic.ledger is not None
+        assert topic.ledger.copy_all() == STATEMENTS * PARTITIONS * 2
+        directory = Path(topic.directory) / ledger_route.DIRECTORY
+    kept = sorted(directory.glob("*" + SUFFIX))
+    assert len(kept) == STATEMENTS  # all copied, all kept (well within the budget)
+    report = check_store(str(root), fs=FileSystem())
+    assert report.ok and report.problems == [], report.problems
+    assert _rows(root) == {p: [f"{k}.{p}.{i}".encode() for k in range(STATEMENTS)
+                               for i in range(2)] for p in range(PARTITIONS)}  # fmt: skip
+    assert sorted(directory.glob("*" + SUFFIX)) == []  # the reopen (switch off) dropped them
+
+
 def test_a_torn_ledger_tail_is_recovered_at_open_and_cut_by_repair(
     written: tuple[Path, Path],
 ) -> None:

@@ -6,6 +6,7 @@ from __future__ import annotations
 import os
 import random
 import threading
+import time
 from pathlib import Path
 
 import pyarrow as pa
@@ -261,6 +262,41 @@ def test_a_share_that_straddles_its_partitions_own_end_is_refused(ledger_dir: Pa
         Ledger(FileSystem(), str(ledger_dir), partition_ends={0: 11})
     ledger = Ledger(FileSystem(), str(ledger_dir), partition_ends={0: 20})  # copied, and more
     assert ledger.start_offset(0) == ledger.end_offset(0) == 20
+    ledger.close()
+
+
+def test_the_newest_copied_files_are_kept_within_a_budget_and_read_whole(
+    ledger_dir: Path,
+) -> None:
+    """``drop_copied_files(keep_bytes)`` deletes the copied files from the front but keeps
+    the newest of them up to the budget (round 33); their frames stay indexed and a
+    consumer at their edges takes them whole; files older than ``keep_since_us`` go
+    whatever the budget."""
+    ledger = Ledger(FileSystem(), str(ledger_dir), file_bytes_max=1024)
+    for k in range(12):
+        ledger.append([(0, _batch(f"x{k}", 2)), (1, _batch(f"y{k}", 1))])
+    ledger.close()  # reopened: the last file is not being written any more
+    ledger = Ledger(FileSystem(), str(ledger_dir), partition_ends={0: 0, 1: 0})
+    files = ledger.file_numbers
+    assert len(files) >= 4
+    paths = _files(ledger_dir)
+    assert len(paths) == len(files)
+    ledger.release(0, 24)
+    ledger.release(1, 12)  # everything copied
+    budget = paths[-1].stat().st_size + paths[-2].stat().st_size  # two fit, a third not
+    assert ledger.drop_copied_files(budget) == len(files) - 2
+    assert ledger.file_numbers == files[-2:]
+    kept = ledger.whole_frames({0: 0, 1: 0}, 10_000, 1 << 30)
+    assert kept is None  # the consumer stands below the kept frames: not at their edges
+    first = min(ledger._index.live_chunks(), key=lambda chunk: chunk.frame)
+    starts = dict(zip(first.partitions.tolist(), first.bases.tolist(), strict=True))
+    whole = ledger.whole_frames(starts, 10_000, 1 << 30)
+    assert whole is not None and whole.next_offsets == {0: 24, 1: 12}
+    assert ledger.drop_copied_files(budget) == 0  # within the budget still
+    assert ledger.drop_copied_files(budget, keep_since_us=0) == 0  # none too old
+    future = time.time_ns() // 1000 + 1  # every frame older than this: none kept
+    assert ledger.drop_copied_files(budget, keep_since_us=future) == 2
+    assert _files(ledger_dir) == []
     ledger.close()
 
 

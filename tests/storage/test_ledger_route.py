@@ -12,7 +12,7 @@ import numpy as np
 import pyarrow as pa
 import pytest
 
-from storage import failpoints, ledger_route, limits
+from storage import cleaner, failpoints, ledger_route, limits
 from storage.clock import SYSTEM_CLOCK
 from storage.codecs import Codec
 from storage.config import TopicConfig
@@ -162,11 +162,43 @@ def test_a_waiting_reader_sees_a_ledger_append(tmp_path: Any) -> None:
         topic.close()
 
 
+def test_copied_files_are_kept_for_whole_reads_until_they_age_or_retention_passes(
+    tmp_path: Any, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The copier keeps the files it copied (``LEDGER_KEEP_COPIED_BYTES``); a retention
+    pass drops those older than ``LEDGER_KEEP_COPIED_S`` or than the topic's retention,
+    and the rows stay in the partitions (round 33)."""
+    monkeypatch.setattr(limits, "LEDGER_COPY_WAIT_S", 3600.0)
+    monkeypatch.setattr(limits, "LEDGER_COPY_FRAMES_MIN", 10**9)
+    monkeypatch.setattr(limits, "LEDGER_FILE_BYTES_MAX", 4096)  # a file a frame or two
+    topic = _open(str(tmp_path), create=True)
+    try:
+        ledger = topic.ledger
+        assert ledger is not None
+        for k in range(6):
+            topic.append_ledger(_statement(k))
+        files = ledger.ledger.file_numbers
+        assert len(files) >= 3
+        assert ledger.copy_all() == 6 * 2 * PARTITIONS
+        assert ledger.ledger.file_numbers == files  # copied, and kept
+        now = time.time_ns() // 1000
+        assert cleaner.apply_retention(topic, cleaner.NoGuard(), now).segments_deleted == 0
+        assert ledger.ledger.file_numbers == files  # young, within the budget: kept
+        later = now + int(limits.LEDGER_KEEP_COPIED_S * 1_000_000) + 1
+        cleaner.apply_retention(topic, cleaner.NoGuard(), later)
+        assert ledger.ledger.file_numbers == files[-1:]  # all but the one being written
+        for p in range(PARTITIONS):
+            assert _rows(topic, p) == _expected(range(6), p)
+    finally:
+        topic.close()
+
+
 def test_the_copier_copies_releases_and_drops_files(
     tmp_path: Any, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     monkeypatch.setattr(limits, "LEDGER_COPY_FRAMES_MIN", 3)
     monkeypatch.setattr(limits, "LEDGER_FILE_BYTES_MAX", 4096)  # a file a frame or two
+    monkeypatch.setattr(limits, "LEDGER_KEEP_COPIED_BYTES", 0)
     topic = _open(str(tmp_path), create=True)
     try:
         ledger = topic.ledger
