@@ -3,6 +3,7 @@ appends, reads that settle, writes that meet a ledger tail, dedup, reopen, the c
 
 from __future__ import annotations
 
+import dataclasses
 import os
 import threading
 import time
@@ -162,17 +163,22 @@ def test_a_waiting_reader_sees_a_ledger_append(tmp_path: Any) -> None:
         topic.close()
 
 
+@pytest.mark.parametrize(("retention_ms", "young_s", "old_s"),
+                         [(None, 30.0, limits.LEDGER_KEEP_COPIED_S + 1), (1000, 0.5, 2.0)])
 def test_copied_files_are_kept_for_whole_reads_until_they_age_or_retention_passes(
-    tmp_path: Any, monkeypatch: pytest.MonkeyPatch
+    tmp_path: Any, monkeypatch: pytest.MonkeyPatch, retention_ms: int | None, young_s: float,
+    old_s: float,
 ) -> None:
     """The copier keeps the files it copied (``LEDGER_KEEP_COPIED_BYTES``); a retention
-    pass drops those older than ``LEDGER_KEEP_COPIED_S`` or than the topic's retention,
-    and the rows stay in the partitions (round 33)."""
+    pass drops those older than ``LEDGER_KEEP_COPIED_S``, or than the topic's retention
+    when that is shorter, and the rows stay in the partitions (round 33)."""
     monkeypatch.setattr(limits, "LEDGER_COPY_WAIT_S", 3600.0)
     monkeypatch.setattr(limits, "LEDGER_COPY_FRAMES_MIN", 10**9)
     monkeypatch.setattr(limits, "LEDGER_FILE_BYTES_MAX", 4096)  # a file a frame or two
     topic = _open(str(tmp_path), create=True)
     try:
+        if retention_ms is not None:
+            topic.config = dataclasses.replace(topic.config, retention_ms=retention_ms)
         ledger = topic.ledger
         assert ledger is not None
         for k in range(6):
@@ -182,10 +188,10 @@ def test_copied_files_are_kept_for_whole_reads_until_they_age_or_retention_passe
         assert ledger.copy_all() == 6 * 2 * PARTITIONS
         assert ledger.ledger.file_numbers == files  # copied, and kept
         now = time.time_ns() // 1000
-        assert cleaner.apply_retention(topic, cleaner.NoGuard(), now).segments_deleted == 0
+        young = now + int(young_s * 1_000_000)
+        assert cleaner.apply_retention(topic, cleaner.NoGuard(), young).segments_deleted == 0
         assert ledger.ledger.file_numbers == files  # young, within the budget: kept
-        later = now + int(limits.LEDGER_KEEP_COPIED_S * 1_000_000) + 1
-        cleaner.apply_retention(topic, cleaner.NoGuard(), later)
+        cleaner.apply_retention(topic, cleaner.NoGuard(), now + int(old_s * 1_000_000))
         assert ledger.ledger.file_numbers == files[-1:]  # all but the one being written
         for p in range(PARTITIONS):
             assert _rows(topic, p) == _expected(range(6), p)
