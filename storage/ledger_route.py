@@ -100,6 +100,8 @@ class TopicLedger:
         # spread_append``): ``limits.LEDGER_SHARES_MIN`` or the test lane's override.
         self.shares_min = ledger_shares_min()
         self._logs = logs
+        # the topic's clock (its logs'), which its ledger frames are stamped by
+        self._clock = next(iter(logs.values())).clock if logs else None
         ends = {p: log.own_end for p, log in logs.items()}
         self.ledger = Ledger(fs, directory, partition_ends=ends,
                              file_bytes_max=limits.LEDGER_FILE_BYTES_MAX)  # fmt: skip
@@ -306,6 +308,10 @@ class TopicLedger:
         log = self._logs.get(partition)
         return log is not None and not log.fenced
 
+    def _now_us(self) -> int:
+        """Now, by the topic's clock (the one ``append_shares``' callers stamp its frames by)."""
+        return self._clock.now_us() if self._clock is not None else time.time_ns() // 1000
+
     def drop_kept_files(self, now_us: int, retention_ms: int | None = None) -> int:
         """Delete the copied ledger files the copier no longer keeps for whole-frame
         reads: past ``limits.LEDGER_KEEP_COPIED_BYTES`` (newest kept first), or whose last
@@ -355,7 +361,7 @@ class TopicLedger:
                 failed[partition] = error
         if released:
             self.copies += 1
-            self.drop_kept_files(time.time_ns() // 1000)
+            self.drop_kept_files(self._now_us())
         if failed:
             raise failed[min(failed)]
         return released
