@@ -37,18 +37,27 @@ def _statement(k: int) -> list[tuple[int, np.ndarray, pa.RecordBatch]]:
             for p in range(PARTITIONS)]  # fmt: skip
 
 
+def _write_store(root: Path, *, copy: bool) -> Path:
+    """A store at ``root`` whose one topic's ledger got ``STATEMENTS`` frames (copied into
+    the partitions by one copier pass if ``copy``); the ledger's directory."""
+    with Store.open(str(root), fs=FileSystem(), ledger=True) as store:
+        config = TopicConfig(partition_count=PARTITIONS, supported_codecs=frozenset({Codec.RAW}))
+        topic = store.create_topic(config)
+        for k in range(STATEMENTS):
+            assert topic.append_ledger(_statement(k)) is not None
+        if copy:
+            assert topic.ledger is not None
+            assert topic.ledger.copy_all() == STATEMENTS * PARTITIONS * 2
+        return Path(topic.directory) / ledger_route.DIRECTORY
+
+
 @pytest.fixture
 def written(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> tuple[Path, Path]:
     """A store whose one topic's ledger holds ``STATEMENTS`` frames nothing copied (the
     copier held off: the reopen copies them); its root and its ledger's one file."""
     monkeypatch.setattr(limits, "LEDGER_COPY_WAIT_S", 3600.0)
     root = tmp_path / "store"
-    with Store.open(str(root), fs=FileSystem(), ledger=True) as store:
-        config = TopicConfig(partition_count=PARTITIONS, supported_codecs=frozenset({Codec.RAW}))
-        topic = store.create_topic(config)
-        for k in range(STATEMENTS):
-            assert topic.append_ledger(_statement(k)) is not None
-        directory = Path(topic.directory) / ledger_route.DIRECTORY
+    directory = _write_store(root, copy=False)
     files = sorted(directory.glob("*" + SUFFIX))
     assert len(files) == 1 and files[0].stat().st_size > 0
     return root, files[0]
@@ -81,14 +90,7 @@ def test_copied_ledger_files_the_copier_keeps_check_clean(
     monkeypatch.setattr(limits, "LEDGER_COPY_WAIT_S", 3600.0)
     monkeypatch.setattr(limits, "LEDGER_FILE_BYTES_MAX", 1024)  # a file a statement
     root = tmp_path / "store"
-    with Store.open(str(root), fs=FileSystem(), ledger=True) as store:
-        config = TopicConfig(partition_count=PARTITIONS, supported_codecs=frozenset({Codec.RAW}))
-        topic = store.create_topic(config)
-        for k in range(STATEMENTS):
-            assert topic.append_ledger(_statement(k)) is not None
-        assert topic.ledger is not None
-        assert topic.ledger.copy_all() == STATEMENTS * PARTITIONS * 2
-        directory = Path(topic.directory) / ledger_route.DIRECTORY
+    directory = _write_store(root, copy=True)
     kept = sorted(directory.glob("*" + SUFFIX))
     assert len(kept) == STATEMENTS  # all copied, all kept (well within the budget)
     report = check_store(str(root), fs=FileSystem())
