@@ -547,6 +547,8 @@ def readable_partitions(
     """Those of ``partitions`` a reader may read now: every ancestor still in the topic
     is inactive (split) and ``position(ancestor)`` has reached its end. The one rule of
     parent-before-child order for every reader; ``partitions`` keep their order."""
+    if not topic.has_lineage():
+        return list(partitions)  # no partition has an ancestor: every one is readable
     present = set(topic.partition_ids())
     readable = []
     for partition_id in partitions:

@@ -378,6 +378,10 @@ class TopicLog:
     def partition_info(self, partition_id: int) -> PartitionInfo:
         return self._info[partition_id]
 
+    def has_lineage(self) -> bool:
+        """Whether some partition has a parent (the topic split at least once)."""
+        return any(info.parent is not None for info in list(self._info.values()))
+
     def active_partition_ids(self) -> list[int]:
         return [i for i in sorted(self._info) if self._info[i].active]
 
