@@ -326,9 +326,10 @@ def test_off_the_session_commits_as_before(tmp_path: Path) -> None:
 
 
 @pytest.mark.skipif(commit_cpu._LIBC_SET_AFFINITY is None, reason="no libc sched_setaffinity")
-def test_the_affinity_call_is_libcs_without_the_interpreter_lock_and_acts_as_oss() -> None:
-    """The default setter is libc's (called through ctypes, which lets go of the lock, round
-    33); it moves the thread as ``os.sched_setaffinity`` does and fails as it does."""
+def test_the_affinity_call_is_libcs_and_acts_as_oss() -> None:
+    """The default setter is libc's (round 33: called through ``ctypes.CDLL``, which lets go
+    of the interpreter lock for the call, as ctypes documents; not checked here); it moves
+    the thread as ``os.sched_setaffinity`` does and fails as it does."""
     set_affinity = commit_cpu._LIBC_SET_AFFINITY
     assert set_affinity is not None
     assert CommitCpu(set(ALLOWED), enabled=True)._set is set_affinity

@@ -164,7 +164,7 @@ def test_a_waiting_reader_sees_a_ledger_append(tmp_path: Any) -> None:
 
 
 @pytest.mark.parametrize(("retention_ms", "young_s", "old_s"),
-                         [(None, 30.0, limits.LEDGER_KEEP_COPIED_S + 1), (1000, 0.5, 2.0)])
+                         [(None, 30.0, limits.LEDGER_KEEP_COPIED_S + 1), (1000, 0.0, 2.0)])
 def test_copied_files_are_kept_for_whole_reads_until_they_age_or_retention_passes(
     tmp_path: Any, monkeypatch: pytest.MonkeyPatch, retention_ms: int | None, young_s: float,
     old_s: float,
