@@ -23,8 +23,10 @@ from __future__ import annotations
 
 import json
 import threading
+from collections.abc import Mapping
 from dataclasses import dataclass, replace
 from datetime import datetime, timedelta
+from types import MappingProxyType
 from typing import Any
 
 from engine import tables
@@ -36,6 +38,7 @@ from storage.errors import InvalidParameterValueError, LimitExceededError
 
 SCHEMA = "__topicbase"
 OffsetKey = tuple[str, str, int]  # (topic id, consumer, partition)
+_NO_OFFSETS: dict[int, int] = {}  # a consumer that never committed (never changed)
 
 DDL = f"""
 CREATE SCHEMA IF NOT EXISTS {SCHEMA};
@@ -101,7 +104,10 @@ class CatalogStore:
         self.lock = threading.RLock()
         tables.run(cursor, DDL)
         self._topics: dict[str, TopicEntry] = {}
-        self._offsets: dict[tuple[str, str, int], int] = {}
+        # (topic id, consumer) -> partition -> committed offset. Copy on write: a
+        # consumer's map is never changed once in place (``apply_offsets`` puts a new one),
+        # so a reader takes it without the lock and a commit copies only its consumers'.
+        self._offsets: dict[tuple[str, str], dict[int, int]] = {}
         self.changes = 0  # topics added or removed (engine.privilege_cache's generation)
         # Entries added, altered or removed (``engine.kept_plans``' generation, with the
         # partitions' ``topic_log.layout_generation``); bumped after each change.
@@ -126,7 +132,7 @@ class CatalogStore:
             self._cursor, f"SELECT topic_id, consumer, partition, committed FROM {SCHEMA}.offsets"
         )
         for topic_id, consumer, partition, committed in offsets:
-            self._offsets[(topic_id, consumer, partition)] = committed
+            self._offsets.setdefault((topic_id, consumer), {})[partition] = committed
 
     # -- reads ------------------------------------------------------------------------
     def entry(self, name: str) -> TopicEntry | None:
@@ -144,7 +150,18 @@ class CatalogStore:
         )
 
     def committed(self, topic_id: str, consumer: str, partition: int) -> int | None:
-        return self._offsets.get((topic_id, consumer, partition))
+        offsets = self._offsets.get((topic_id, consumer))
+        return None if offsets is None else offsets.get(partition)
+
+    def committed_offsets(self, topic_id: str, consumer: str) -> Mapping[int, int]:
+        """The consumer's committed offsets, partition -> offset (a partition never
+        committed is absent): one snapshot, taken without copying, that no later commit
+        changes (``apply_offsets`` replaces a consumer's map, never edits it)."""
+        return MappingProxyType(self._offsets.get((topic_id, consumer), _NO_OFFSETS))
+
+    def _committed_or_0(self, key: OffsetKey) -> int:
+        offsets = self._offsets.get((key[0], key[1]))
+        return 0 if offsets is None else offsets.get(key[2], 0)
 
     def info(
         self, entry: TopicEntry, partitions: tuple[int, ...], active: tuple[int, ...]
@@ -216,7 +233,7 @@ class CatalogStore:
                 k: v
                 for k, v in self._offsets.items()
                 if not (k[0] == entry.topic_id and k[1] in dropped)
-            }
+            }  # keys (topic id, consumer)
 
     def remove_topic(self, name: str) -> TopicEntry:
         with self.lock:
@@ -276,13 +293,19 @@ class CatalogStore:
         (``Committer._past_point``) moves the mirror once, as a first attempt would."""
         if moves:
             with self.lock:
-                offsets = {**self._offsets, **moves}
+                changed: dict[tuple[str, str], dict[int, int]] = {}
+                for (topic_id, consumer, partition), offset in moves.items():
+                    key = (topic_id, consumer)
+                    if key not in changed:
+                        changed[key] = dict(self._offsets.get(key, _NO_OFFSETS))
+                    changed[key][partition] = offset
+                offsets = {**self._offsets, **changed}
                 pending = self._pending
                 if pending and not pending.keys().isdisjoint(moves):
                     pending = dict(pending)
                     for key, offset in moves.items():
                         ranges = pending.get(key)
-                        if ranges and offset < self._offsets.get(key, 0):
+                        if ranges and offset < self._committed_or_0(key):
                             # A move back (SET OFFSETS) starts over: ranges committed ahead
                             # before it must not carry the offset past a rewound gap.
                             del pending[key]
@@ -311,7 +334,7 @@ class CatalogStore:
             moves: dict[OffsetKey, int] = {}
             ahead: dict[OffsetKey, list[tuple[int, int]]] = {}
             for key, (start, end) in ranges.items():
-                committed = self._offsets.get(key, 0)
+                committed = self._committed_or_0(key)
                 begin = committed if start is None else start
                 if end < begin:
                     raise InvalidParameterValueError(
@@ -345,7 +368,7 @@ class CatalogStore:
         again once the gap before it is committed, never skipped."""
         with self.lock:
             for key, added in ranges.items():
-                committed = self._offsets.get(key, 0)
+                committed = self._committed_or_0(key)
                 kept = sorted({r for r in [*self._pending.get(key, []), *added]
                                if r[1] > committed})  # fmt: skip
                 del kept[limits.PENDING_RANGES_MAX :]

@@ -52,7 +52,7 @@ import contextlib
 import contextvars
 import functools
 import threading
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterator, Mapping
 from contextlib import AbstractContextManager
 from dataclasses import dataclass
 from datetime import datetime, timedelta
@@ -159,7 +159,7 @@ class RoundRobin:
 def read_records(
     operation: ReadRecords,
     topic: TopicLog,
-    committed: dict[int, int | None],
+    committed: Mapping[int, int | None],
     transaction: Transaction,
     clock: Clock,
     cancelled: Callable[[], bool] = lambda: False,
@@ -186,8 +186,9 @@ def read_records(
                 return starts[partition_id]
             return _start(operation, topic, partition_id, committed, transaction, clock)
 
-        readable = set(readable_partitions(topic, list(starts), position))
-        starts = {p: start for p, start in starts.items() if p in readable}
+        if topic.has_lineage():  # (else every partition is readable)
+            readable = set(readable_partitions(topic, list(starts), position))
+            starts = {p: start for p, start in starts.items() if p in readable}
     wait: timedelta = options.get("wait") or timedelta(0)
     gate = publish_gate if publish_gate is not None else contextlib.nullcontext()
     batches = _read_all(operation, topic, starts, gate, round_robin)
@@ -405,7 +406,7 @@ def stream_records(
 def _starts(
     operation: ReadRecords,
     topic: TopicLog,
-    committed: dict[int, int | None],
+    committed: Mapping[int, int | None],
     transaction: Transaction,
     clock: Clock,
 ) -> dict[int, int]:
@@ -420,6 +421,10 @@ def _starts(
             for p in operation.partitions
         }
     reads, moves, topic_id = transaction.reads, transaction.offset_moves, operation.topic_id
+    if not reads and not moves:  # the usual poll: each at its committed offset or the start
+        first = topic.start_offsets(operation.partitions)
+        get = committed.get
+        return {p: at if (at := get(p) or 0) >= start else start for p, start in first.items()}
     starts = {}
     for partition_id in operation.partitions:
         key = (topic_id, consumer, partition_id)
@@ -438,7 +443,7 @@ def _start(
     operation: ReadRecords,
     topic: TopicLog,
     partition_id: int,
-    committed: dict[int, int | None],
+    committed: Mapping[int, int | None],
     transaction: Transaction,
     clock: Clock,
 ) -> int:
@@ -764,18 +769,31 @@ def _record_ranges(
     operation: ReadRecords,
     starts: dict[int, int],
     slices: list[tuple[int, FrameSlice]] | ScannedFrames | LedgerWhole,
-    committed: dict[int, int | None],
+    committed: Mapping[int, int | None],
     transaction: Transaction,
 ) -> None:
     assert operation.consumer is not None
-    ends = dict(starts)
+    ends: dict[int, int] = {}  # the partitions read: where each read stopped
     if isinstance(slices, ScannedFrames | LedgerWhole):
         for partition_id, next_offset in slices.next_offsets.items():
-            ends[partition_id] = max(ends[partition_id], next_offset)
+            ends[partition_id] = max(starts[partition_id], next_offset)
     else:
         for partition_id, piece in slices:
-            ends[partition_id] = max(ends[partition_id], piece.next_offset)
+            ends[partition_id] = max(ends.get(partition_id, starts[partition_id]),
+                                     piece.next_offset)  # fmt: skip
+    if not transaction.reads and not transaction.offset_moves:
+        # The transaction's first read (a poll): a partition moves when it was read or its
+        # start is not where it was committed (retention passed it); not the many others.
+        get = committed.get
+        moved = {p for p, end in ends.items() if end != starts[p]}
+        moved.update([p for p, start in starts.items() if start != (get(p) or 0)])
+        for partition_id in [p for p in starts if p in moved]:
+            key = (operation.topic_id, operation.consumer, partition_id)
+            start = starts[partition_id]
+            transaction.record_read(key, get(partition_id), start, ends.get(partition_id, start))
+        return
     for partition_id, start in starts.items():
+        ends.setdefault(partition_id, start)
         key = (operation.topic_id, operation.consumer, partition_id)
         if (
             ends[partition_id] == start

@@ -31,7 +31,7 @@ import itertools
 import re
 import threading
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from operator import attrgetter, itemgetter
 from typing import Any
 
@@ -1365,13 +1365,11 @@ class Session:
         ``ranges`` if given: ``read_records``)."""
         operation = _bind_read_options(operation, parameters, self.database)
         topic = self.database.topic_log(operation.topic_id)
-        committed: dict[int, int | None] = {}
+        committed: Mapping[int, int | None] = {}
         if operation.consumer is not None:
             catalog = self.database.catalog
-            committed = {
-                p: catalog.committed(operation.topic_id, operation.consumer, p)
-                for p in topic.partition_ids()  # a child's parent too, read or not
-            }
+            # every partition's (a child's parent too, read or not), one snapshot
+            committed = catalog.committed_offsets(operation.topic_id, operation.consumer)
             consumer_settings = self.database.catalog.entry(operation.topic).consumers[
                 operation.consumer
             ]

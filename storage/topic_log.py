@@ -163,6 +163,9 @@ class TopicLog:
         self.autopartitioning = AutoPartitioning()
         self._partitions: dict[int, PartitionLog] = {}
         self._info: dict[int, PartitionInfo] = {}
+        # True once some partition has a parent (a split, or loaded with one); stays True
+        # after a split rolled back (only the slow path of ``has_lineage``'s callers).
+        self._split_once = False
         self._speeds: dict[int, WriteSpeed] = {}
         # Per inactive partition: where redirected publishes wrote since its last sync.
         self._redirected: dict[int, set[int]] = {}
@@ -213,6 +216,7 @@ class TopicLog:
                 item.get("split_at_us"),
             )
             self._info[info.partition_id] = info
+            self._split_once = self._split_once or info.parent is not None
         self._next_id = payload.get("next_partition_id", self.config.partition_count)
         self._remove_unlisted_partitions()
         for partition_id in self._info:
@@ -379,8 +383,9 @@ class TopicLog:
         return self._info[partition_id]
 
     def has_lineage(self) -> bool:
-        """Whether some partition has a parent (the topic split at least once)."""
-        return any(info.parent is not None for info in list(self._info.values()))
+        """Whether some partition may have a parent (the topic split at least once): a
+        flag, set before any parent is, never cleared; O(1) for a poll."""
+        return self._split_once
 
     def active_partition_ids(self) -> list[int]:
         return [i for i in sorted(self._info) if self._info[i].active]
@@ -418,6 +423,7 @@ class TopicLog:
                     raise ObjectNotInPrerequisiteStateError(
                         f"partition {child} already has parent {child_info.parent}"
                     )
+            self._split_once = self._split_once or bool(children)
             for child in children:
                 child_info = self._info[child]
                 self._info[child] = replace(child_info, parent=partition_id)
@@ -478,6 +484,7 @@ class TopicLog:
         self._info[info.partition_id] = replace(
             info, active=False, children=child_ids, split_at_us=now_us
         )
+        self._split_once = True  # before the children: a reader never misses a parent
         for child_id, half in zip(child_ids, halves, strict=True):
             self._info[child_id] = PartitionInfo(child_id, True, info.partition_id, (), half)
         self._next_id += 2
@@ -1297,15 +1304,32 @@ class TopicLog:
             ]
 
     # -- reads --------------------------------------------------------------------------
+    def start_offsets(self, partition_ids: Iterable[int]) -> dict[int, int]:
+        """Each partition's ``start_offset``, in the order given (a poll's, over many)."""
+        partitions = self._partitions
+        try:
+            return {p: partitions[p]._visible.segments[0].base_offset for p in partition_ids}
+        except KeyError as missing:
+            self.partition(missing.args[0])  # raises: the topic has no such partition
+            raise
+
     def reader_ends(self, partition_ids: Iterable[int]) -> dict[int, int]:
         """Each partition's ``reader_end`` (its end, the rows its ledger holds past its
         segments counted, nothing settled), the ledger's ends taken once for all."""
-        logs = [(p, self.partition(p)) for p in partition_ids]
-        if self.ledger is None or not any(log.reads_across for _, log in logs):
-            return {p: log.reader_end for p, log in logs}
+        partitions = self._partitions
+        try:
+            logs = [(p, partitions[p]) for p in partition_ids]
+        except KeyError as missing:
+            self.partition(missing.args[0])  # raises: the topic has no such partition
+            raise
+        across = [p for p, log in logs if log.reads_across]
+        if self.ledger is None or not across:
+            return {p: log._visible.end_offset for p, log in logs}  # (``reader_end``)
         ledger_ends = self.ledger.ledger.ends()  # after the flags: at least as new
-        return {p: max(log.own_end, ledger_ends.get(p, 0)) if log.reads_across
-                else log.own_end for p, log in logs}  # fmt: skip
+        ends = {p: log._visible.end_offset for p, log in logs}
+        for p in across:
+            ends[p] = max(ends[p], ledger_ends.get(p, 0))
+        return ends
 
     def whole_frames(self, starts: Mapping[int, int], max_messages: int,
                      max_bytes: int) -> LedgerWhole | None:  # fmt: skip

@@ -160,10 +160,13 @@ def test_dedup_state_follows_the_producer_into_its_child(
 def test_a_split_survives_a_reopen_with_ranges_and_dedup(open_topic: OpenTopic) -> None:
     topic = open_topic(1, strategy="scale_up", write_speed=10_000)
     topic.append(build_wire_batch([b"a"], producer_id="prod", seq_no=[5]))
+    assert not topic.has_lineage()  # (reads take every partition as readable at once)
     topic.split(0)
+    assert topic.has_lineage()
     child = topic.partition_for_key("prod")
     topic.close()
     again = open_topic()
+    assert again.has_lineage()
     assert again.active_partition_ids() == [1, 2] and not again.partition_info(0).active
     assert again.partition_for_key("prod") == child
     result = again.append(build_wire_batch([b"a"], producer_id="prod", seq_no=[5]))

@@ -134,42 +134,54 @@ def test_a_spread_statement_finished_after_a_refusal_says_it_committed(
 
 
 class _RefusedMidway(dict):
-    """Offset moves whose first walk is refused after one move (a ``MemoryError`` in the
-    middle of ``CatalogStore.apply_offsets``); later walks are whole."""
+    """Offset moves whose walk number ``refused_walk`` is refused after one move (a
+    ``MemoryError`` in the middle of ``CatalogStore.apply_offsets``); other walks are
+    whole."""
 
-    refused = False
+    def __init__(self, moves: dict, refused_walk: int) -> None:
+        super().__init__(moves)
+        self.refused_walk = refused_walk
+        self.walks = 0
+        self.refused = False
 
     def items(self):  # type: ignore[override]
+        walk, self.walks = self.walks, self.walks + 1
         for number, item in enumerate(super().items()):
-            if number == 1 and not self.refused:
+            if number == 1 and walk == self.refused_walk and not self.refused:
                 self.refused = True
                 raise MemoryError("refused midway (test)")
             yield item
 
 
-def test_the_mirror_moved_again_after_a_refusal_midway_is_moved_once(tmp_path) -> None:
+@pytest.mark.parametrize("refused_walk", [0, 1])
+def test_the_mirror_moved_again_after_a_refusal_midway_is_moved_once(
+    tmp_path, refused_walk: int
+) -> None:
     """Round 26 (H1): ``_past_point`` runs ``apply_offsets`` again after a refusal, which
     must then leave the mirror as one whole run would. Before, the offsets were replaced
     first and the remembered ranges fixed key by key after: a refusal between two keys
     left a move back (SET OFFSETS) looking like no move, so the retry kept ranges ahead of
-    the rewound offset that must go."""
+    the rewound offset that must go. Refused in the walk that makes the consumers' new
+    offset maps (0) and in the one that fixes the remembered ranges (1)."""
     forward, back = ("t", "c", 0), ("t", "c", 1)
     states = []
     for refused in (False, True):
         database = Database.open(str(tmp_path / f"data{refused}"), retention_interval_s=None)
         try:
             catalog = database.catalog
-            catalog._offsets = {forward: 5, back: 50}
+            catalog._offsets = {("t", "c"): {0: 5, 1: 50}}
             catalog._pending = {forward: [(8, 9), (20, 30)], back: [(60, 70)]}
             moves = {forward: 10, back: 40}
             if refused:
-                moves = _RefusedMidway(moves)
-            if refused:
+                moves = _RefusedMidway(moves, refused_walk)
                 with pytest.raises(MemoryError):
                     catalog.apply_offsets(moves)
+                assert moves.refused
+                assert catalog.committed("t", "c", 0) == 5  # nothing moved
             catalog.apply_offsets(moves)
-            states.append((dict(catalog._offsets), dict(catalog._pending)))
+            states.append(({k: dict(v) for k, v in catalog._offsets.items()},
+                           dict(catalog._pending)))  # fmt: skip
         finally:
             database.close()
-    assert states[0] == ({forward: 10, back: 40}, {forward: [(20, 30)]})
+    assert states[0] == ({("t", "c"): {0: 10, 1: 40}}, {forward: [(20, 30)]})
     assert states[1] == states[0]

@@ -199,11 +199,14 @@ def test_inactive_partition_is_read_only_and_skipped_by_routing(open_topic: Open
 
 def test_split_records_the_parent_on_each_child_across_reopen(open_topic: OpenTopic) -> None:
     topic = open_topic(3)
+    assert not topic.has_lineage()
     topic.mark_inactive(0, (1, 2))
     assert [topic.partition_info(i).parent for i in (0, 1, 2)] == [None, 0, 0]
+    assert topic.has_lineage()
     topic.close()
     again = open_topic()
     assert [again.partition_info(i).parent for i in (0, 1, 2)] == [None, 0, 0]
+    assert again.has_lineage()
     assert again.partition_info(0).children == (1, 2)
 
 
