@@ -64,7 +64,8 @@ def apply_retention(topic: TopicLog, guard: RetentionGuard, now_us: int) -> Rete
         report.segments_deleted += partition.delete_segments_before(limit)
         report.bytes_deleted += before - partition.size_bytes
     if topic.ledger is not None:  # the copies the copier kept for whole-frame reads age out
-        topic.ledger.drop_kept_files(now_us, topic.config.retention_ms)
+        topic.ledger.drop_kept_files(now_us, topic.config.retention_ms,
+                                     topic.config.retention_bytes)  # fmt: skip
     return report
 
 

@@ -312,17 +312,32 @@ class TopicLedger:
         """Now, by the topic's clock (the one ``append_shares``' callers stamp its frames by)."""
         return self._clock.now_us() if self._clock is not None else time.time_ns() // 1000
 
-    def drop_kept_files(self, now_us: int, retention_ms: int | None = None) -> int:
+    def drop_kept_files(
+        self, now_us: int, retention_ms: int | None = None, retention_bytes: int | None = None
+    ) -> int:
         """Delete the copied ledger files the copier no longer keeps for whole-frame
-        reads: past ``limits.LEDGER_KEEP_COPIED_BYTES`` (newest kept first), or whose last
-        frame is older than ``limits.LEDGER_KEEP_COPIED_S``, or than the topic's
-        ``retention_ms`` when given (a kept copy never outlives the partitions' retention
-        of its rows by more than a retention pass). The copier's pass and the retention
-        pass call it; returns how many files went."""
+        reads: past ``limits.LEDGER_KEEP_COPIED_BYTES`` (newest kept first), or past the
+        topic's ``retention_bytes`` times its partitions when that is less (a kept copy
+        never takes more disk than the partitions may hold), or whose last frame is older
+        than ``limits.LEDGER_KEEP_COPIED_S``, or than the topic's ``retention_ms`` (a
+        kept copy never outlives the partitions' retention of its rows by more than a
+        pass). The retention pass gives the topic's settings; the copier's pass takes
+        them from its partitions' (``_kept_files_limits``). Returns how many files went."""
         horizon = now_us - int(limits.LEDGER_KEEP_COPIED_S * 1_000_000)
         if retention_ms is not None:
             horizon = max(horizon, now_us - retention_ms * 1000)
-        return self.ledger.drop_copied_files(limits.LEDGER_KEEP_COPIED_BYTES, horizon)
+        keep_bytes = limits.LEDGER_KEEP_COPIED_BYTES
+        if retention_bytes is not None:
+            keep_bytes = min(keep_bytes, retention_bytes * max(1, len(self._logs)))
+        return self.ledger.drop_copied_files(keep_bytes, horizon)
+
+    def _kept_files_limits(self) -> tuple[int | None, int | None]:
+        """The topic's ``retention_ms`` and ``retention_bytes``, as its partitions have
+        them (every partition's config is the topic's); none without partitions."""
+        log = next(iter(list(self._logs.values())), None)
+        if log is None:
+            return None, None
+        return log.config.retention_ms, log.config.retention_bytes
 
     def copy_all(self) -> int:
         """Settle every partition with uncopied ledger rows, sync its log, release what
@@ -361,7 +376,7 @@ class TopicLedger:
                 failed[partition] = error
         if released:
             self.copies += 1
-            self.drop_kept_files(self._now_us())
+            self.drop_kept_files(self._now_us(), *self._kept_files_limits())
         if failed:
             raise failed[min(failed)]
         return released

@@ -199,6 +199,34 @@ def test_copied_files_are_kept_for_whole_reads_until_they_age_or_retention_passe
         topic.close()
 
 
+def test_copied_files_are_kept_within_the_topics_retention_bytes(
+    tmp_path: Any, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A topic whose ``retention_bytes`` times its partitions is less than
+    ``LEDGER_KEEP_COPIED_BYTES`` keeps no more copied bytes than that: here less than one
+    file, so the copier's own pass drops every copied file (round 34)."""
+    monkeypatch.setattr(limits, "LEDGER_COPY_WAIT_S", 3600.0)
+    monkeypatch.setattr(limits, "LEDGER_COPY_FRAMES_MIN", 10**9)
+    monkeypatch.setattr(limits, "LEDGER_FILE_BYTES_MAX", 4096)
+    topic = _open(str(tmp_path), create=True)
+    try:
+        topic.config = dataclasses.replace(topic.config, retention_bytes=100)
+        for p in topic.partition_ids():
+            topic.partition(p).config = topic.config
+        ledger = topic.ledger
+        assert ledger is not None
+        for k in range(6):
+            topic.append_ledger(_statement(k))
+        files = ledger.ledger.file_numbers
+        assert len(files) >= 3
+        assert ledger.copy_all() == 6 * 2 * PARTITIONS
+        assert ledger.ledger.file_numbers == files[-1:]  # 800 bytes kept at most: none
+        for p in range(PARTITIONS):
+            assert _rows(topic, p) == _expected(range(6), p)
+    finally:
+        topic.close()
+
+
 def test_the_copier_copies_releases_and_drops_files(
     tmp_path: Any, monkeypatch: pytest.MonkeyPatch
 ) -> None:
