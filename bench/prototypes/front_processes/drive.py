@@ -205,12 +205,16 @@ class Fronts(Side):
 class Served(Side):
     """Today's wire server (``bench.served`` of this tree)."""
 
-    def __init__(self) -> None:
-        self.name = "serve"
+    def __init__(self, switch_ms: float | None = None) -> None:
+        self.name = "serve" if switch_ms is None else f"serve:{switch_ms:g}"
         self.directory = tempfile.mkdtemp(prefix="front-proto-served-")
+        command = [sys.executable, "-m", "bench.served", self.directory]
+        if switch_ms is not None:  # the server's switch interval (a process's own choice stays)
+            command[1:3] = ["-c", "import runpy, sys; sys.setswitchinterval(float(sys.argv[1]));"
+                            " sys.argv[1:2] = []; runpy.run_module('bench.served',"
+                            " run_name='__main__', alter_sys=True)", str(switch_ms / 1000)]
         self.process = subprocess.Popen(
-            [sys.executable, "-m", "bench.served", self.directory],
-            stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True,
+            command, stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True,
         )  # fmt: skip
         assert self.process.stdout is not None
         line = self.process.stdout.readline()
@@ -322,6 +326,8 @@ def main(argv: list[str]) -> None:
             makers[spec] = Postgres
         elif spec == "serve":
             makers[spec] = Served
+        elif spec.startswith("serve:"):  # serve:MS, the server's switch interval in ms
+            makers[spec] = lambda ms=float(spec.split(":")[1]): Served(ms)
         else:
             mode, count, *nice = spec.split(":")
             makers[spec] = lambda mode=mode, count=int(count), nice=nice: Fronts(
