@@ -234,7 +234,8 @@ class _Checker:
             self.problem(MISSING, directory, f"topic {topic_id} is listed but has no directory")
             return
         names = self.fs.list_directory(directory)
-        listed = self._listed_partitions(os.path.join(directory, METADATA_FILE), topic_id)
+        found = self._listed_partitions(os.path.join(directory, METADATA_FILE), topic_id)
+        listed, removed = found if found is not None else (None, frozenset[int]())
         on_disk = []
         for name in names:
             path = os.path.join(directory, name)
@@ -274,9 +275,12 @@ class _Checker:
                 topic_id, partition_id, partition_directory, ledger=LEDGER_DIRECTORY in names)
         ledger_directory = os.path.join(directory, LEDGER_DIRECTORY)
         if LEDGER_DIRECTORY in names and os.path.isdir(ledger_directory):
-            self.check_ledger(ledger_directory, ends if listed is not None else None)
+            self.check_ledger(ledger_directory, ends if listed is not None else None, removed)
 
-    def _listed_partitions(self, path: str, topic_id: str) -> list[int] | None:
+    def _listed_partitions(self, path: str, topic_id: str
+                           ) -> tuple[list[int], frozenset[int]] | None:  # fmt: skip
+        """The partitions the topic's metadata lists, and the ids it handed out and no
+        longer lists (removed: inactive, every row expired); None when it cannot be read."""
         try:
             payload = json.loads(self.fs.read_file(path))
         except FileNotFoundError:
@@ -289,7 +293,11 @@ class _Checker:
         if issue is not None:
             self.problem(BAD_METADATA, path, issue)
             return None
-        return sorted(item["id"] for item in payload["partitions"])
+        listed = sorted(item["id"] for item in payload["partitions"])
+        next_id = payload.get("next_partition_id")
+        if not isinstance(next_id, int):  # (as the open: the partitions created)
+            next_id = payload.get("config", {}).get("partition_count", 0)
+        return listed, frozenset(range(next_id)) - set(listed)
 
     # -- partitions ---------------------------------------------------------------------------
     def check_partition(self, topic_id: str, partition_id: int, directory: str, *,
@@ -457,11 +465,13 @@ class _Checker:
                 self.problem(TORN_TAIL, path, text, walk.tail_position, fix=fix)
 
     # -- a topic's ledger ----------------------------------------------------------------
-    def check_ledger(self, directory: str, ends: dict[int, int | None] | None = None) -> None:
+    def check_ledger(self, directory: str, ends: dict[int, int | None] | None = None,
+                     removed: frozenset[int] = frozenset()) -> None:  # fmt: skip
         """The ledger's files in number order: each one's valid frames (``scan``), their
         sequence numbers one after another across files, a torn tail reported; then,
         when the frames are whole and ``ends`` (each listed partition's log end, None
-        where not known) is given, the open's rule for the shares (``_check_shares``)."""
+        where not known) is given, the open's rule for the shares (``_check_shares``),
+        the shares of ``removed`` partitions counting as copied."""
         numbered = []
         for name in self.fs.list_directory(directory):
             number = file_names.parse_offset(name, LEDGER_SUFFIX)
@@ -502,16 +512,19 @@ class _Checker:
                 fix = partial(_truncate, self.fs, path, valid_end)
                 self.problem(TORN_TAIL, path, text, valid_end, fix=fix, recovered_at_open=True)
         if whole and ends is not None:
-            self._check_shares(walked, ends)
+            self._check_shares(walked, ends, removed)
 
     def _check_shares(self, walked: list[tuple[str, list[ledger_format.LedgerFrame]]],
-                      ends: dict[int, int | None]) -> None:  # fmt: skip
+                      ends: dict[int, int | None],
+                      removed: frozenset[int] = frozenset()) -> None:  # fmt: skip
         """The open's rule (``Ledger._index_recovered``): each share of a partition is
         either wholly below its log's end (copied) or continues the partition's offsets
         from there, share after share; a share across the log's end, one that leaves a
         gap, or one of a partition the topic does not list stops the open (``Store.open``
         raises ``CorruptSegmentError``) and is reported, not repaired: it needs a person.
-        Partitions whose end is not known are passed over."""
+        Partitions whose end is not known are passed over, and so are the shares of a
+        removed partition (an id the topic handed out and no longer lists): the open
+        counts them as copied."""
         following = {p: end for p, end in ends.items() if end is not None}
         reported: set[int] = set()  # one problem a partition: the first share that fails
         for path, frames in walked:
@@ -520,7 +533,7 @@ class _Checker:
                 triples = zip(shares["partition"].tolist(), shares["base"].tolist(),
                               shares["count"].tolist(), strict=True)  # fmt: skip
                 for partition, base, count in triples:
-                    if partition in reported:
+                    if partition in reported or partition in removed:
                         continue
                     if partition not in ends:
                         reported.add(partition)

@@ -23,6 +23,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Protocol
 
+from storage.errors import ObjectNotInPrerequisiteStateError
 from storage.partition_log import PartitionLog
 from storage.topic_log import TopicLog
 
@@ -52,8 +53,12 @@ def apply_retention(topic: TopicLog, guard: RetentionGuard, now_us: int) -> Rete
         partition = topic.partition(partition_id)
         protected = guard.protected_offset(topic.topic_id, partition_id)
         if not partition.active and _all_expired(partition, now_us, protected):
-            report.bytes_deleted += partition.size_bytes
-            topic.remove_partition(partition_id)
+            size = partition.size_bytes
+            try:
+                topic.remove_partition(partition_id)
+            except ObjectNotInPrerequisiteStateError:  # rows not synced or copied yet:
+                continue  # removed by a later pass
+            report.bytes_deleted += size
             report.partitions_removed += 1
             continue
         _roll_if_expired(partition, now_us, protected)

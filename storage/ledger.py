@@ -150,6 +150,8 @@ def _all_read(chunk: Chunk, keys: np.ndarray, values: np.ndarray) -> bool:
 # Resume points ``whole_frames`` keeps: a few a partition set (consumers reading the same
 # partitions), for a few partition sets (a topic's consumers read all its partitions).
 _RESUME_POINTS = 8
+# A removed partition's "own end" at recovery: past any offset, so its shares count as copied.
+_REMOVED_END = 2**62
 _RESUME_SETS = 16
 
 
@@ -168,8 +170,14 @@ class _File:
 class Ledger:
     def __init__(self, fs: FileSystem, directory: str, *,
                  partition_ends: Mapping[int, int] | None = None,
+                 removed: frozenset[int] = frozenset(),
                  file_bytes_max: int = limits.LEDGER_FILE_BYTES_MAX,
                  window_us: int = 0) -> None:  # fmt: skip
+        """Open (recover) the ledger in ``directory``. ``partition_ends``: each partition's
+        own log end (shares wholly below it are copied); ``removed``: partitions the topic
+        removed (inactive, every row expired), whose shares in files kept after their copy
+        count as copied, whatever their offsets (none is in ``partition_ends``)."""
+        assert removed.isdisjoint(partition_ends or {}), "a removed partition has no log"
         self._fs = fs
         self._directory = directory
         self._file_bytes_max = file_bytes_max
@@ -197,14 +205,14 @@ class Ledger:
         # the directory is made with the first file (``_start_file``): a topic whose
         # statements never spread has none
         try:
-            self._recover(dict(partition_ends or {}))
+            self._recover(dict(partition_ends or {}), removed)
         except BaseException:
             self.close()  # the descriptors of the files opened so far
             raise
         self._committer = GroupCommitter(self._flush, window_us)
 
     # -- recovery ------------------------------------------------------------------------
-    def _recover(self, own_ends: dict[int, int]) -> None:
+    def _recover(self, own_ends: dict[int, int], removed: frozenset[int]) -> None:
         for partition, end in own_ends.items():
             self._index.set_end(partition, end)
         numbers = [n for n in (file_names.parse_offset(name, SUFFIX)
@@ -233,7 +241,7 @@ class Ledger:
                         f"ledger frame {frame.sequence}, {expected} expected",
                         path=path, position=frame.position)  # fmt: skip
                 expected = frame.sequence + 1
-                self._index_recovered(frame, number, path, own_ends)
+                self._index_recovered(frame, number, path, own_ends, removed)
             self._write_number = number + 1
         if numbers:  # (no file: no directory, or nothing in it to make durable)
             self._fs.sync_directory(self._directory)
@@ -241,14 +249,14 @@ class Ledger:
         self._next_ends = self._index.ends()
 
     def _index_recovered(self, frame: fmt.LedgerFrame, number: int, path: str,
-                         own_ends: dict[int, int]) -> None:  # fmt: skip
+                         own_ends: dict[int, int], removed: frozenset[int]) -> None:  # fmt: skip
         shares = frame.shares
         partitions = shares["partition"].astype(np.int64)
         counts = shares["count"].astype(np.int64)
         bases = shares["base"]
         rows = np.cumsum(counts) - counts
-        own = np.fromiter((own_ends.get(p, 0) for p in partitions.tolist()), np.int64,
-                          len(partitions))  # fmt: skip
+        own = np.fromiter((_REMOVED_END if p in removed else own_ends.get(p, 0)
+                           for p in partitions.tolist()), np.int64, len(partitions))  # fmt: skip
         copied = bases + counts <= own
         if np.any(~copied & (bases < own)):
             raise CorruptSegmentError("a ledger share straddles its partition's own end",

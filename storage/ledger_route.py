@@ -71,16 +71,19 @@ DIRECTORY = "ledger"  # under the topic's directory
 
 
 def open_topic_ledger(fs: FileSystem, topic_directory: str, logs: dict[int, PartitionLog],
-                      on: bool) -> TopicLedger | None:  # fmt: skip
+                      on: bool, removed: frozenset[int] = frozenset()
+                      ) -> TopicLedger | None:  # fmt: skip
     """The topic's ledger, opened after its partitions: with the switch ``on``, a
     ``TopicLedger`` (copier running); off, None, after copying into the logs whatever a
     ledger left by an earlier run holds (its rows were acknowledged), so that turning the
-    switch off never loses a row."""
+    switch off never loses a row. ``removed``: partition ids the topic handed out and no
+    longer lists (``Ledger``)."""
     directory = os.path.join(topic_directory, DIRECTORY)
     if on:
-        return TopicLedger(fs, directory, logs)
+        return TopicLedger(fs, directory, logs, removed=removed)
     if DIRECTORY in fs.list_directory(topic_directory):
-        left = TopicLedger(fs, directory, logs, copier=False)  # copies everything at open
+        left = TopicLedger(fs, directory, logs, copier=False,  # copies everything at open
+                           removed=removed)  # fmt: skip
         left.ledger.drop_copied_files()
         left.close()
         for log in logs.values():
@@ -90,7 +93,7 @@ def open_topic_ledger(fs: FileSystem, topic_directory: str, logs: dict[int, Part
 
 class TopicLedger:
     def __init__(self, fs: FileSystem, directory: str, logs: dict[int, PartitionLog], *,
-                 copier: bool = True) -> None:  # fmt: skip
+                 copier: bool = True, removed: frozenset[int] = frozenset()) -> None:  # fmt: skip
         """Open (recover) the ledger in ``directory`` over ``logs`` (the topic's
         partitions, recovered: their ends are the ledger's ``partition_ends``; the dict is
         the topic's own, so partitions added later are seen) and copy everything it holds
@@ -103,7 +106,7 @@ class TopicLedger:
         # the topic's clock (its logs'), which its ledger frames are stamped by
         self._clock = next(iter(logs.values())).clock if logs else None
         ends = {p: log.own_end for p, log in logs.items()}
-        self.ledger = Ledger(fs, directory, partition_ends=ends,
+        self.ledger = Ledger(fs, directory, partition_ends=ends, removed=removed,
                              file_bytes_max=limits.LEDGER_FILE_BYTES_MAX)  # fmt: skip
         try:
             while copy_ledger(self.ledger, logs).messages:

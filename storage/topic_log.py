@@ -197,7 +197,8 @@ class TopicLog:
         for partition_id in self._info:
             self._open_partition(partition_id)
         self._index_ranges()
-        self.ledger = open_topic_ledger(self.fs, self.directory, self._partitions, self._ledger_on)
+        self.ledger = open_topic_ledger(self.fs, self.directory, self._partitions, self._ledger_on,
+                                        self._removed_partitions())
 
     def _load(self) -> None:
         # A replace of topic.json cut short (before its rename) leaves the temp file; the
@@ -222,7 +223,8 @@ class TopicLog:
         for partition_id in self._info:
             self._open_partition(partition_id)
         self._index_ranges()
-        self.ledger = open_topic_ledger(self.fs, self.directory, self._partitions, self._ledger_on)
+        self.ledger = open_topic_ledger(self.fs, self.directory, self._partitions, self._ledger_on,
+                                        self._removed_partitions())
 
     def _remove_unlisted_partitions(self) -> None:
         """Delete partition directories ``topic.json`` does not list: a split that
@@ -517,8 +519,19 @@ class TopicLog:
         self.splits += 1
         return child_ids
 
+    def _removed_partitions(self) -> frozenset[int]:
+        """The ids handed out that the topic no longer lists: partitions removed (inactive,
+        every row expired). Their rows left in the ledger's kept files count as copied."""
+        return frozenset(range(self._next_id)) - self._info.keys()
+
     def remove_partition(self, partition_id: int) -> None:
-        """Delete an inactive partition (all its data expired)."""
+        """Delete an inactive partition (all its data expired). Refused (55000, nothing
+        changed; a later retention pass tries again) while it has redirected publishes
+        not synced or ledger rows not copied: an inactive partition takes no new rows,
+        so the copy made first, outside the topic's lock (its syncs take that lock:
+        ``sync_redirected``), leaves none but in a race with a split's last publish."""
+        if not self._info[partition_id].active and self.ledger is not None:
+            self.ledger.copy_all()  # its ledger rows synced in its log and released
         with self._lock:
             if self._info[partition_id].active:
                 raise ObjectNotInPrerequisiteStateError("an active partition cannot be removed")
@@ -526,8 +539,10 @@ class TopicLog:
                 raise ObjectNotInPrerequisiteStateError(
                     f"partition {partition_id} has redirected publishes not synced yet"
                 )
-            if self.ledger is not None:  # its ledger rows synced in its log and released
-                self.ledger.copy_all()
+            if self.ledger is not None and partition_id in self.ledger.ledger.pending():
+                raise ObjectNotInPrerequisiteStateError(
+                    f"partition {partition_id} has ledger rows not copied yet"
+                )
             partition = self._partitions.pop(partition_id)
             del self._info[partition_id]
             _layout_changed()

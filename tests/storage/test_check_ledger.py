@@ -201,3 +201,42 @@ def test_a_share_across_a_partitions_log_end_is_reported(written: tuple[Path, Pa
     assert "straddles the log's end 6" in report.problems[0].message
     with pytest.raises(CorruptSegmentError, match="straddles"):
         Store.open(str(root2), fs=FileSystem(), ledger=True).close()
+
+
+@pytest.mark.parametrize("file_bytes", [4096, 1 << 20],
+                         ids=["sealed-kept-file", "file-being-written"])  # fmt: skip
+def test_a_store_whose_removed_partition_left_shares_in_the_ledger_opens_and_checks_clean(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, file_bytes: int
+) -> None:
+    """Round 34 (a review of round 33): a split partition whose every row expired is
+    removed (``TopicLog.remove_partition``) while its copied shares stay in the ledger: in
+    a file the copier keeps for whole-frame reads, or in the file still being written.
+    The open and ``check`` count them as copied: before, the open refused the store
+    (``KeyError``: no log to copy into, or ``CorruptSegmentError``: a gap) and check
+    called it not repairable."""
+    monkeypatch.setattr(limits, "LEDGER_COPY_WAIT_S", 3600.0)
+    monkeypatch.setattr(limits, "LEDGER_COPY_FRAMES_MIN", 10**9)
+    monkeypatch.setattr(limits, "LEDGER_FILE_BYTES_MAX", file_bytes)
+    root = tmp_path / "store"
+    last = PARTITIONS - 1
+    with Store.open(str(root), fs=FileSystem(), ledger=True) as store:
+        config = TopicConfig(partition_count=PARTITIONS, supported_codecs=frozenset({Codec.RAW}))
+        topic = store.create_topic(config)
+        topic_id = topic.topic_id
+        for k in range(STATEMENTS):
+            assert topic.append_ledger(_statement(k)) is not None
+        topic.mark_inactive(last, (last - 1,))  # split (autopartitioning's bookkeeping)
+        for k in range(STATEMENTS, STATEMENTS + 8):  # frames without it, in the files
+            later = [share for share in _statement(k) if share[0] != last]  # holding its last
+            assert topic.append_ledger(later) is not None
+        assert topic.ledger is not None
+        topic.ledger.copy_all()
+        topic.remove_partition(last)
+        assert last not in topic.partition_ids()
+        assert len(list((Path(topic.directory) / ledger_route.DIRECTORY).glob("*" + SUFFIX)))
+    report = check_store(str(root), fs=FileSystem())
+    assert report.ok, report.problems
+    with Store.open(str(root), fs=FileSystem(), ledger=True) as store:
+        reopened = store.topic(topic_id)
+        assert reopened.partition_ids() == list(range(last))
+        assert reopened.partition(0).end_offset == STATEMENTS * 2 + 8 * 2

@@ -305,3 +305,35 @@ def test_shares_not_small_or_too_few_go_the_usual_way(tmp_path: Any) -> None:
         assert topic.ledger is not None and topic.ledger.ledger.pending() == {}
     finally:
         topic.close()
+
+
+def test_removing_a_partition_while_the_ledger_holds_uncopied_rows_does_not_hang(
+    tmp_path: Any, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Round 34 (a review): ``remove_partition`` copied the ledger's rows under the topic's
+    lock, and the copy's syncs take that lock (``sync_redirected``): a retention pass
+    removing an expired split partition while any partition had uncopied rows hung the
+    topic, and with it every commit. The copy now runs before the lock is taken."""
+    monkeypatch.setattr(limits, "LEDGER_COPY_WAIT_S", 3600.0)
+    monkeypatch.setattr(limits, "LEDGER_COPY_FRAMES_MIN", 10**9)
+    topic = _open(str(tmp_path), create=True)
+    try:
+        assert topic.append_ledger(_statement(0)) is not None  # uncopied rows everywhere
+        topic.mark_inactive(PARTITIONS - 1, (PARTITIONS - 2,))
+        errors: list[BaseException] = []
+
+        def remove() -> None:
+            try:
+                topic.remove_partition(PARTITIONS - 1)
+            except BaseException as error:  # reported below
+                errors.append(error)
+
+        remover = threading.Thread(target=remove, daemon=True)
+        remover.start()
+        remover.join(30)
+        assert not remover.is_alive(), "remove_partition hangs (a lock taken twice)"
+        assert errors == []
+        assert topic.partition_ids() == list(range(PARTITIONS - 1))
+        assert _rows(topic, 0) == _expected(range(1), 0)
+    finally:
+        topic.close()

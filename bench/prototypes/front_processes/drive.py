@@ -25,6 +25,7 @@ the time its threads waited for a CPU per message (``wait_us``: run-queue delay 
 from __future__ import annotations
 
 import abc
+import functools
 import glob
 import json
 import os
@@ -327,7 +328,7 @@ def main(argv: list[str]) -> None:
         elif spec == "serve":
             makers[spec] = Served
         elif spec.startswith("serve:"):  # serve:MS, the server's switch interval in ms
-            makers[spec] = lambda ms=float(spec.split(":")[1]): Served(ms)
+            makers[spec] = functools.partial(Served, float(spec.split(":")[1]))
         else:
             mode, count, *nice = spec.split(":")
             makers[spec] = lambda mode=mode, count=int(count), nice=nice: Fronts(
