@@ -165,6 +165,7 @@ class _File:
     fd: int | None = None  # read descriptor
     mapped: pa.Buffer | None = None
     mapped_size: int = 0
+    shares: int = 0  # shares of its frames in the index (kept files' memory)
 
 
 class Ledger:
@@ -241,7 +242,7 @@ class Ledger:
                         f"ledger frame {frame.sequence}, {expected} expected",
                         path=path, position=frame.position)  # fmt: skip
                 expected = frame.sequence + 1
-                self._index_recovered(frame, number, path, own_ends, removed)
+                entry.shares += self._index_recovered(frame, number, path, own_ends, removed)
             self._write_number = number + 1
         if numbers:  # (no file: no directory, or nothing in it to make durable)
             self._fs.sync_directory(self._directory)
@@ -249,7 +250,8 @@ class Ledger:
         self._next_ends = self._index.ends()
 
     def _index_recovered(self, frame: fmt.LedgerFrame, number: int, path: str,
-                         own_ends: dict[int, int], removed: frozenset[int]) -> None:  # fmt: skip
+                         own_ends: dict[int, int], removed: frozenset[int]) -> int:  # fmt: skip
+        """Index ``frame``'s shares not copied yet; returns how many."""
         shares = frame.shares
         partitions = shares["partition"].astype(np.int64)
         counts = shares["count"].astype(np.int64)
@@ -270,6 +272,7 @@ class Ledger:
         self._index.add(frame.sequence, partitions[keep], bases[keep], counts[keep], rows[keep])
         self._frames[frame.sequence] = _FrameAt(number, frame.position, frame.end,
                                                 frame.written_at_us)  # fmt: skip
+        return int(keep.sum())
 
     # -- appending -----------------------------------------------------------------------
     def append(self, shares: Sequence[tuple[int, pa.RecordBatch]], *, transaction_id: int = 0,
@@ -365,6 +368,7 @@ class Ledger:
                 if entry.first is None:
                     entry.first = sequence
                 entry.last = sequence
+                entry.shares += len(counts)
             entry.size = end
 
     def _start_file(self) -> None:
@@ -728,33 +732,37 @@ class Ledger:
                     position=0)  # fmt: skip
             self._index.release(partition, own_end)
 
-    def drop_copied_files(self, keep_bytes: int = 0, keep_since_us: int | None = None) -> int:
+    def drop_copied_files(self, keep_bytes: int = 0, keep_since_us: int | None = None,
+                          keep_shares: int | None = None) -> int:  # fmt: skip
         """Delete, from the front, ledger files none of whose shares is still needed (all
         released), never the file being written, but keep the newest of those up to
-        ``keep_bytes`` in all whose last frame was written at or after ``keep_since_us``
-        (no bound when None): their frames stay indexed and readable whole
-        (``whole_frames``: a consumer a little behind reads them there rather than
+        ``keep_bytes`` and ``keep_shares`` indexed shares in all (``limits.
+        LEDGER_KEEP_COPIED_SHARES`` when None), whose last frame was written at or after
+        ``keep_since_us`` (no bound when None): their frames stay indexed and readable
+        whole (``whole_frames``: a consumer a little behind reads them there rather than
         partition by partition from the copies). Returns how many were deleted. Each
         removal is made durable (a directory sync) before the next one."""
         assert keep_bytes >= 0
         dropped = 0
         with self._lock:
-            needed = self._index.frames_needed()
+            needed = self._index.first_needed_frame()  # (None: every share copied)
             droppable: list[_File] = []  # the front's files that are all copied, in order
             for number in sorted(self._files):
                 entry = self._files[number]
                 if number == self._write_number and self._write_fd is not None:
                     break
-                frames = range(entry.first, entry.last + 1) if entry.first is not None else ()
-                if any(needed.get(f, False) for f in frames):
-                    break
+                if needed is not None and entry.last is not None and entry.last >= needed:
+                    break  # (files are in frame order: this one holds the needed frame)
                 droppable.append(entry)
-            kept = 0
-            while droppable and kept + droppable[-1].size <= keep_bytes:
+            kept = kept_shares = 0
+            most_shares = limits.LEDGER_KEEP_COPIED_SHARES if keep_shares is None else keep_shares
+            while (droppable and kept + droppable[-1].size <= keep_bytes
+                   and kept_shares + droppable[-1].shares <= most_shares):  # fmt: skip
                 newest = droppable[-1].last
                 if keep_since_us is not None and newest is not None and (
                         self._frames[newest].written_at_us < keep_since_us):  # fmt: skip
                     break  # this one and every older one are past the age kept
+                kept_shares += droppable[-1].shares
                 kept += droppable.pop().size  # the newest copied files stay, within budget
             for entry in droppable:
                 number = entry.number

@@ -88,6 +88,10 @@ class LedgerIndex:
         self._starts: dict[int, int] = {}
         self._lists: dict[int, _Lists] = {}
         self._listed = 0  # chunks before this one are in ``_lists``
+        # Every frame below this one has all its shares copied (``first_needed_frame``): a
+        # share's offsets never change and a partition's copied start only grows, so a
+        # frame once copied stays so, and the walk for the first needed frame starts here.
+        self._copied_below = 0
         self.entries = 0
         self.chunks_walked = 0  # by ``select``, in all (a figure for tests and benches)
 
@@ -248,16 +252,23 @@ class LedgerIndex:
         live = self._chunks[self._first_chunk :]
         return _chunk(live[-1]) if live and len(live[-1]) else None
 
-    def frames_needed(self) -> dict[int, bool]:
-        """Per frame: whether any of its shares is not copied yet (retention's question)."""
-        needed: dict[int, bool] = {}
+    def first_needed_frame(self) -> int | None:
+        """The oldest indexed frame with a share not copied yet (the files before its file
+        may go), None when every share is copied. Walks only the frames from the last
+        call's answer on (``_copied_below``), not the copied ones kept for reads."""
         starts = self._starts
-        for chunk in self._chunks[self._first_chunk :]:
+        first = bisect.bisect_left(self._chunk_frames, self._copied_below, self._first_chunk)
+        for index in range(first, len(self._chunks)):
+            chunk = self._chunks[index]
             tops = chunk[:, BASE] + chunk[:, COUNT]
             copied = np.fromiter((starts.get(p, 0) for p in chunk[:, PARTITION].tolist()),
                                  np.int64, len(chunk))  # fmt: skip
-            needed[int(chunk[0, FRAME])] = bool(np.any(tops > copied))
-        return needed
+            if np.any(tops > copied):
+                self._copied_below = self._chunk_frames[index]
+                return self._copied_below
+        if self._chunks:
+            self._copied_below = max(self._copied_below, self._chunk_frames[-1] + 1)
+        return None
 
     def _lists_of(self, partition: int) -> _Lists:
         self._list_new()

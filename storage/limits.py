@@ -629,6 +629,11 @@ LEDGER_COPY_WAIT_S = 1.0
 # reading the copies partition by partition (round 33: a 5-s backlog at 1000 partitions
 # read at ~0.15x of 10 partitions from the copies, ~0.8x whole).
 LEDGER_KEEP_COPIED_BYTES = 256 * 1024 * 1024
+# ... and within this many shares indexed (each kept share costs ~200 bytes of index in
+# memory: small messages spread over many partitions would otherwise index ~250 MiB for
+# 256 MiB kept; round 34, a review). 2**17 shares: ~25 MiB, a ~10-s backlog of the scale
+# bench's statements (5 messages a share).
+LEDGER_KEEP_COPIED_SHARES = 2**17
 # ... and only those whose last frame is at most this old (the copier's passes and the
 # retention passes drop older ones; never older than the topic's own retention).
 LEDGER_KEEP_COPIED_S = 60.0

@@ -300,6 +300,27 @@ def test_the_newest_copied_files_are_kept_within_a_budget_and_read_whole(
     ledger.close()
 
 
+def test_copied_files_are_kept_within_a_budget_of_indexed_shares(ledger_dir: Path) -> None:
+    """The kept files' shares stay indexed (~200 bytes of memory each): ``keep_shares``
+    bounds them whatever the byte budget (round 34), newest files kept first."""
+    ledger = Ledger(FileSystem(), str(ledger_dir), file_bytes_max=1024)
+    for k in range(12):
+        ledger.append([(0, _batch(f"x{k}", 2)), (1, _batch(f"y{k}", 1))])
+    files = ledger.file_numbers
+    assert len(files) >= 4
+    ledger.release(0, 24)
+    ledger.release(1, 12)  # everything copied; the last file is still being written
+    copied = [ledger._files[n] for n in files[:-1]]
+    assert all(entry.shares == 2 * (entry.last - entry.first + 1) for entry in copied)
+    room = copied[-1].shares + copied[-2].shares  # two files' shares fit, a third's not
+    assert ledger.drop_copied_files(1 << 30, keep_shares=room) == len(copied) - 2
+    assert ledger.file_numbers == files[-3:]
+    assert ledger.drop_copied_files(1 << 30, keep_shares=room) == 0
+    assert ledger.drop_copied_files(1 << 30, keep_shares=room - 1) == 1  # one fits now
+    assert ledger.drop_copied_files(1 << 30) == 0  # the default: LEDGER_KEEP_COPIED_SHARES
+    ledger.close()
+
+
 def test_a_share_past_its_partitions_own_end_is_refused(ledger_dir: Path) -> None:
     ledger = Ledger(FileSystem(), str(ledger_dir), partition_ends={0: 10})
     ledger.append([(0, _batch("a", 3))])  # [10, 13)
