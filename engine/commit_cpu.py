@@ -87,18 +87,19 @@ def _libc_set_affinity() -> SetAffinity | None:
         call = ctypes.CDLL(None, use_errno=True).sched_setaffinity
     except (AttributeError, OSError):
         return None
-    call.argtypes = [ctypes.c_int, ctypes.c_size_t, ctypes.c_char_p]
+    call.argtypes = [ctypes.c_int, ctypes.c_size_t, ctypes.c_void_p]
     call.restype = ctypes.c_int
+    word_bits = 8 * ctypes.sizeof(ctypes.c_ulong)  # glibc's cpu_set_t: unsigned longs
 
     def set_affinity(tid: int, cpus: set[int]) -> None:
         if any(cpu < 0 for cpu in cpus):
             raise OSError(errno.EINVAL, "negative CPU number")
-        # a mask of whole 64-bit words, at least glibc's cpu_set_t (1024 CPUs)
-        size = max(128, (max(cpus, default=0) // 64 + 1) * 8)
-        mask = bytearray(size)
+        # whole words in the machine's own byte order, at least cpu_set_t's 1024 CPUs
+        words = max(1024 // word_bits, max(cpus, default=0) // word_bits + 1)
+        mask = (ctypes.c_ulong * words)()
         for cpu in cpus:
-            mask[cpu // 8] |= 1 << (cpu % 8)
-        if call(tid, size, bytes(mask)) != 0:
+            mask[cpu // word_bits] |= 1 << (cpu % word_bits)
+        if call(tid, ctypes.sizeof(mask), mask) != 0:
             code = ctypes.get_errno()
             raise OSError(code, os.strerror(code))  # ESRCH comes out as ProcessLookupError
 
