@@ -502,16 +502,23 @@ def _read_all(
     slices ``_read_in_turn`` would read, as arrays.
     """
     bounds = read_bounds(operation)
+    catch_up: dict[int, int] | None = None
     if (operation.consumer is not None and round_robin is not None and not bounds.complete
             and limits.LEDGER_WHOLE_FRAMES_READ):  # fmt: skip
         whole = topic.whole_frames(starts, bounds.messages, bounds.bytes)
         if whole is not None:  # (no cut needed: each ledger frame is one statement's, whole)
             _count(whole.message_count, whole.size)
             return whole
+        # A consumer behind the frames the ledger still holds reads up to their edges,
+        # every partition together, then takes them whole (not the copies to the end).
+        catch_up = topic.ledger_catch_up_cut(starts)
     with publish_gate:
         # without the settle of the topic's ledger: a poll into one buffer reads its rows
         # where the ledger holds them (``scan_many``); a partition read settles first
         ends = topic.reader_ends(starts)
+    if catch_up is not None:
+        for partition_id, edge in catch_up.items():
+            ends[partition_id] = min(ends[partition_id], edge)
     positions = dict(starts)
     if operation.consumer is not None and round_robin is not None:
         # per member too: members take their own partitions in their own turn

@@ -395,6 +395,19 @@ class Ledger:
         with self._lock:
             return self._index.start(partition)
 
+    def cut_at_first_shares(self, starts: Mapping[int, int]) -> dict[int, int] | None:
+        """For a reader at ``starts`` below the oldest shares the ledger holds of some of
+        its partitions (rows it dropped after their copy, so read from the partitions'
+        own logs), where to stop each partition that has shares here so that all of them
+        arrive at those shares' edges together: a partition below its first share at that
+        share's base, the others where they stand. None when no partition is below its
+        first share (``whole_frames`` can take the frames from where the reader is)."""
+        with self._lock:
+            firsts = self._index.first_bases(starts)
+        if all(starts[p] >= first for p, first in firsts.items()):
+            return None
+        return {p: first if starts[p] < first else starts[p] for p, first in firsts.items()}
+
     def read(self, partition: int, offset: int, max_messages: int | None = None
              ) -> pa.RecordBatch:  # fmt: skip
         """Messages of ``partition`` from ``offset`` to its end (at most ``max_messages``)

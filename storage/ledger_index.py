@@ -25,7 +25,7 @@ retention) are gone from every lookup. Not thread-safe: the ledger calls it unde
 from __future__ import annotations
 
 import bisect
-from collections.abc import Iterator
+from collections.abc import Iterable, Iterator
 from dataclasses import dataclass
 
 import numpy as np
@@ -269,6 +269,14 @@ class LedgerIndex:
         if self._chunks:
             self._copied_below = max(self._copied_below, self._chunk_frames[-1] + 1)
         return None
+
+    def first_bases(self, partitions: Iterable[int]) -> dict[int, int]:
+        """Each of ``partitions``' lowest offset indexed (its oldest share the ledger still
+        holds, copied or not), for those with a share indexed."""
+        self._list_new()
+        lists = self._lists
+        return {p: entry.bases[0] for p in partitions
+                if (entry := lists.get(p)) is not None and entry.bases}  # fmt: skip
 
     def _lists_of(self, partition: int) -> _Lists:
         self._list_new()

@@ -1346,6 +1346,12 @@ class TopicLog:
             ends[p] = max(ends[p], ledger_ends.get(p, 0))
         return ends
 
+    def ledger_catch_up_cut(self, starts: Mapping[int, int]) -> dict[int, int] | None:
+        """``Ledger.cut_at_first_shares`` of the topic's ledger; None without a ledger."""
+        if self.ledger is None:
+            return None
+        return self.ledger.ledger.cut_at_first_shares(starts)
+
     def whole_frames(self, starts: Mapping[int, int], max_messages: int,
                      max_bytes: int) -> LedgerWhole | None:  # fmt: skip
         """``Ledger.whole_frames`` of the topic's ledger for a consumer at ``starts``; None

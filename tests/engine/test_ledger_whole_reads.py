@@ -145,7 +145,8 @@ def test_rows_copied_and_released_are_read_whole_until_their_files_go(
 ) -> None:
     """Released rows are the partitions' rows too: read whole while a ledger file holds
     them (one file, the one written: never dropped; or files the copier keeps, round 33);
-    once their files are dropped (a file a frame: all but the last), from the partitions."""
+    once their files are dropped (a file a frame: all but the last), from the partitions,
+    up to the edges of the frame still held (round 34), which is then taken whole."""
     monkeypatch.setattr(limits, "LEDGER_FILE_BYTES_MAX", file_bytes)
     monkeypatch.setattr(limits, "LEDGER_KEEP_COPIED_BYTES", keep_bytes)
     database = _open(tmp_path, monkeypatch, True)
@@ -157,8 +158,8 @@ def test_rows_copied_and_released_are_read_whole_until_their_files_go(
         # one file written (never dropped), or a file a frame, both kept
         assert len(topic.ledger.ledger.file_numbers) == (2 if keep_bytes else 1)
         polls = _polls(database, 1000)
-        assert [len(poll) for poll in polls] == [800]
-        assert no_copier == ([800] if kept else [])
+        assert [len(poll) for poll in polls] == ([800] if kept else [400, 400])
+        assert no_copier == ([800] if kept else [400])
         _check_dense(polls, 800)
     finally:
         database.close()
@@ -231,5 +232,35 @@ def test_a_resume_point_does_not_apply_once_the_offsets_moved_back(
         again = _polls(database, STATEMENT)
         assert no_copier == [STATEMENT] * 6  # whole again, from the first frame
         assert again == first
+    finally:
+        database.close()
+
+
+def test_a_consumer_behind_the_kept_files_reads_to_their_edges_then_takes_them_whole(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, no_copier: list[int]
+) -> None:
+    """Round 34: a consumer further behind than the copied files the copier keeps (their
+    oldest dropped) reads the dropped rows from the partitions, every partition up to its
+    first share the ledger still holds and no further, and then stands at the kept
+    frames' edges and takes them whole. Before, its poll read the copies past those edges
+    (a budget of 1000 ends inside a frame), and every later poll read partition by
+    partition: a backlog a little over the kept budget read at the copies' speed whole."""
+    monkeypatch.setattr(limits, "LEDGER_FILE_BYTES_MAX", 4096)  # a file a frame
+    database = _open(tmp_path, monkeypatch, True)
+    try:
+        _, topic = _written(database, 6 * STATEMENT)
+        ledger = topic.ledger.ledger
+        files = ledger.file_numbers
+        assert len(files) == 6
+        sizes = [ledger._files[n].size for n in files]
+        monkeypatch.setattr(limits, "LEDGER_KEEP_COPIED_BYTES", sizes[-2] + sizes[-3])
+        assert topic.ledger.copy_all() == 6 * STATEMENT
+        assert ledger.file_numbers == files[-3:]  # two kept, and the one being written
+        polls = _polls(database, 1000)
+        # the dropped 3 frames from the partitions (1000, then 200 to the edges), then
+        # the 3 kept frames whole (two fit in 1000, then one)
+        assert [len(poll) for poll in polls] == [1000, 200, 800, 400]
+        assert no_copier == [800, 400]
+        _check_dense(polls, 6 * STATEMENT)
     finally:
         database.close()
