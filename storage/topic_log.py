@@ -218,7 +218,8 @@ class TopicLog:
             )
             self._info[info.partition_id] = info
             self._split_once = self._split_once or info.parent is not None
-        self._next_id = payload.get("next_partition_id", self.config.partition_count)
+        next_id = payload.get("next_partition_id")  # (not written before splits existed)
+        self._next_id = next_id if isinstance(next_id, int) else self.config.partition_count
         self._remove_unlisted_partitions()
         for partition_id in self._info:
             self._open_partition(partition_id)
