@@ -163,6 +163,19 @@ def test_a_waiting_reader_sees_a_ledger_append(tmp_path: Any) -> None:
         topic.close()
 
 
+def _six_statements_copied(topic: TopicLog) -> tuple[ledger_route.TopicLedger, list[int]]:
+    """Six statements into the topic's ledger (3 files or more), then a copier's pass;
+    the ledger and its files before the pass."""
+    ledger = topic.ledger
+    assert ledger is not None
+    for k in range(6):
+        topic.append_ledger(_statement(k))
+    files = ledger.ledger.file_numbers
+    assert len(files) >= 3
+    assert ledger.copy_all() == 6 * 2 * PARTITIONS
+    return ledger, files
+
+
 @pytest.mark.parametrize(("retention_ms", "young_s", "old_s"),
                          [(None, 30.0, limits.LEDGER_KEEP_COPIED_S + 1), (1000, 0.0, 2.0)])
 def test_copied_files_are_kept_for_whole_reads_until_they_age_or_retention_passes(
@@ -179,13 +192,7 @@ def test_copied_files_are_kept_for_whole_reads_until_they_age_or_retention_passe
     try:
         if retention_ms is not None:
             topic.config = dataclasses.replace(topic.config, retention_ms=retention_ms)
-        ledger = topic.ledger
-        assert ledger is not None
-        for k in range(6):
-            topic.append_ledger(_statement(k))
-        files = ledger.ledger.file_numbers
-        assert len(files) >= 3
-        assert ledger.copy_all() == 6 * 2 * PARTITIONS
+        ledger, files = _six_statements_copied(topic)
         assert ledger.ledger.file_numbers == files  # copied, and kept
         now = time.time_ns() // 1000
         young = now + int(young_s * 1_000_000)
@@ -213,13 +220,7 @@ def test_copied_files_are_kept_within_the_topics_retention_bytes(
         topic.config = dataclasses.replace(topic.config, retention_bytes=100)
         for p in topic.partition_ids():
             topic.partition(p).config = topic.config
-        ledger = topic.ledger
-        assert ledger is not None
-        for k in range(6):
-            topic.append_ledger(_statement(k))
-        files = ledger.ledger.file_numbers
-        assert len(files) >= 3
-        assert ledger.copy_all() == 6 * 2 * PARTITIONS
+        ledger, files = _six_statements_copied(topic)
         assert ledger.ledger.file_numbers == files[-1:]  # 800 bytes kept at most: none
         for p in range(PARTITIONS):
             assert _rows(topic, p) == _expected(range(6), p)
