@@ -159,10 +159,6 @@ class CatalogStore:
         changes (``apply_offsets`` replaces a consumer's map, never edits it)."""
         return MappingProxyType(self._offsets.get((topic_id, consumer), _NO_OFFSETS))
 
-    def _committed_or_0(self, key: OffsetKey) -> int:
-        offsets = self._offsets.get((key[0], key[1]))
-        return 0 if offsets is None else offsets.get(key[2], 0)
-
     def info(
         self, entry: TopicEntry, partitions: tuple[int, ...], active: tuple[int, ...]
     ) -> TopicInfo:
@@ -305,7 +301,7 @@ class CatalogStore:
                     pending = dict(pending)
                     for key, offset in moves.items():
                         ranges = pending.get(key)
-                        if ranges and offset < self._committed_or_0(key):
+                        if ranges and offset < (self.committed(*key) or 0):
                             # A move back (SET OFFSETS) starts over: ranges committed ahead
                             # before it must not carry the offset past a rewound gap.
                             del pending[key]
@@ -334,7 +330,7 @@ class CatalogStore:
             moves: dict[OffsetKey, int] = {}
             ahead: dict[OffsetKey, list[tuple[int, int]]] = {}
             for key, (start, end) in ranges.items():
-                committed = self._committed_or_0(key)
+                committed = self.committed(*key) or 0
                 begin = committed if start is None else start
                 if end < begin:
                     raise InvalidParameterValueError(
@@ -368,7 +364,7 @@ class CatalogStore:
         again once the gap before it is committed, never skipped."""
         with self.lock:
             for key, added in ranges.items():
-                committed = self._committed_or_0(key)
+                committed = self.committed(*key) or 0
                 kept = sorted({r for r in [*self._pending.get(key, []), *added]
                                if r[1] > committed})  # fmt: skip
                 del kept[limits.PENDING_RANGES_MAX :]
