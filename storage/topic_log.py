@@ -1324,7 +1324,7 @@ class TopicLog:
         """Each partition's ``start_offset``, in the order given (a poll's, over many)."""
         partitions = self._partitions
         try:
-            return {p: partitions[p]._visible.segments[0].base_offset for p in partition_ids}
+            return {p: partitions[p].start_offset for p in partition_ids}
         except KeyError as missing:
             self.partition(missing.args[0])  # raises: the topic has no such partition
             raise
@@ -1340,9 +1340,9 @@ class TopicLog:
             raise
         across = [p for p, log in logs if log.reads_across]
         if self.ledger is None or not across:
-            return {p: log._visible.end_offset for p, log in logs}  # (``reader_end``)
+            return {p: log.own_end for p, log in logs}  # (``reader_end`` here)
         ledger_ends = self.ledger.ledger.ends()  # after the flags: at least as new
-        ends = {p: log._visible.end_offset for p, log in logs}
+        ends = {p: log.own_end for p, log in logs}
         for p in across:
             ends[p] = max(ends[p], ledger_ends.get(p, 0))
         return ends
