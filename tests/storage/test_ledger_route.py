@@ -163,6 +163,12 @@ def test_a_waiting_reader_sees_a_ledger_append(tmp_path: Any) -> None:
         topic.close()
 
 
+def _hold_copier(monkeypatch: pytest.MonkeyPatch) -> None:
+    """The background copier never runs on its own: passes only where a test makes them."""
+    monkeypatch.setattr(limits, "LEDGER_COPY_WAIT_S", 3600.0)
+    monkeypatch.setattr(limits, "LEDGER_COPY_FRAMES_MIN", 10**9)
+
+
 def _six_statements_copied(topic: TopicLog) -> tuple[ledger_route.TopicLedger, list[int]]:
     """Six statements into the topic's ledger (3 files or more), then a copier's pass;
     the ledger and its files before the pass."""
@@ -185,8 +191,7 @@ def test_copied_files_are_kept_for_whole_reads_until_they_age_or_retention_passe
     """The copier keeps the files it copied (``LEDGER_KEEP_COPIED_BYTES``); a retention
     pass drops those older than ``LEDGER_KEEP_COPIED_S``, or than the topic's retention
     when that is shorter, and the rows stay in the partitions (round 33)."""
-    monkeypatch.setattr(limits, "LEDGER_COPY_WAIT_S", 3600.0)
-    monkeypatch.setattr(limits, "LEDGER_COPY_FRAMES_MIN", 10**9)
+    _hold_copier(monkeypatch)
     monkeypatch.setattr(limits, "LEDGER_FILE_BYTES_MAX", 4096)  # a file a frame or two
     topic = _open(str(tmp_path), create=True)
     try:
@@ -212,8 +217,7 @@ def test_copied_files_are_kept_within_the_topics_retention_bytes(
     """A topic whose ``retention_bytes`` times its partitions is less than
     ``LEDGER_KEEP_COPIED_BYTES`` keeps no more copied bytes than that: here less than one
     file, so the copier's own pass drops every copied file (round 34)."""
-    monkeypatch.setattr(limits, "LEDGER_COPY_WAIT_S", 3600.0)
-    monkeypatch.setattr(limits, "LEDGER_COPY_FRAMES_MIN", 10**9)
+    _hold_copier(monkeypatch)
     monkeypatch.setattr(limits, "LEDGER_FILE_BYTES_MAX", 4096)
     topic = _open(str(tmp_path), create=True)
     try:
@@ -315,8 +319,7 @@ def test_removing_a_partition_while_the_ledger_holds_uncopied_rows_does_not_hang
     lock, and the copy's syncs take that lock (``sync_redirected``): a retention pass
     removing an expired split partition while any partition had uncopied rows hung the
     topic, and with it every commit. The copy now runs before the lock is taken."""
-    monkeypatch.setattr(limits, "LEDGER_COPY_WAIT_S", 3600.0)
-    monkeypatch.setattr(limits, "LEDGER_COPY_FRAMES_MIN", 10**9)
+    _hold_copier(monkeypatch)
     topic = _open(str(tmp_path), create=True)
     try:
         assert topic.append_ledger(_statement(0)) is not None  # uncopied rows everywhere
