@@ -159,6 +159,16 @@ class CatalogStore:
         changes (``apply_offsets`` replaces a consumer's map, never edits it)."""
         return MappingProxyType(self._offsets.get((topic_id, consumer), _NO_OFFSETS))
 
+    def consumers_offsets(self, topic_id: str) -> list[Mapping[int, int]] | None:
+        """Each of the topic's consumers' committed offsets (``committed_offsets``
+        snapshots), None for a topic with no consumer (or none by that id): what the
+        topic's ledger asks of its readers (``storage.ledger_route.Readers``), from the
+        copier's thread (the topics and offsets are replaced on change, never edited)."""
+        for entry in self._topics.values():
+            if entry.topic_id == topic_id:
+                return [self.committed_offsets(topic_id, c) for c in entry.consumers] or None
+        return None
+
     def info(
         self, entry: TopicEntry, partitions: tuple[int, ...], active: tuple[int, ...]
     ) -> TopicInfo:

@@ -101,6 +101,8 @@ class Database:
         """The database's parts past its files, then recovery (``__init__``)."""
         path = self.path
         self.catalog = CatalogStore(self.root.cursor(), clock)
+        # the topics' ledgers keep the files a consumer has not read (``storage.ledger``)
+        self.store.readers = self.catalog.consumers_offsets
         # Serialises the validate-then-commit step of transactions and DDL.
         self.commit_lock = threading.RLock()
         # Held while a transaction publishes to all its partitions; readers take

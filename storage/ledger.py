@@ -746,16 +746,29 @@ class Ledger:
             self._index.release(partition, own_end)
 
     def drop_copied_files(self, keep_bytes: int = 0, keep_since_us: int | None = None,
-                          keep_shares: int | None = None) -> int:  # fmt: skip
+                          keep_shares: int | None = None, *,
+                          readers: Sequence[Mapping[int, int]] | None = None,
+                          keep_unread_bytes: int = 0) -> int:  # fmt: skip
         """Delete, from the front, ledger files none of whose shares is still needed (all
         released), never the file being written, but keep the newest of those up to
         ``keep_bytes`` and ``keep_shares`` indexed shares in all (``limits.
         LEDGER_KEEP_COPIED_SHARES`` when None), whose last frame was written at or after
         ``keep_since_us`` (no bound when None): their frames stay indexed and readable
         whole (``whole_frames``: a consumer a little behind reads them there rather than
-        partition by partition from the copies). Returns how many were deleted. Each
-        removal is made durable (a directory sync) before the next one."""
-        assert keep_bytes >= 0
+        partition by partition from the copies).
+
+        ``readers``: each reader's next offsets (partition -> offset, 0 where absent; the
+        engine's consumers' committed offsets). Past ``keep_bytes``, files up to
+        ``keep_unread_bytes`` in all are kept as long as each holds a frame some reader has
+        not read (``LedgerIndex.first_unread_frame``), the share and age bounds still
+        applying: a consumer behind by more than ``keep_bytes`` then still reads whole the
+        frames written since its last commit, instead of finding the oldest ones dropped
+        by the pass that ended the producing (round 35; ``docs/scale.md``). Kept files stay
+        contiguous: the first one not kept and all older ones go.
+
+        Returns how many were deleted. Each removal is made durable (a directory sync)
+        before the next one."""
+        assert keep_bytes >= 0 and keep_unread_bytes >= 0
         dropped = 0
         with self._lock:
             needed = self._index.first_needed_frame()  # (None: every share copied)
@@ -769,12 +782,19 @@ class Ledger:
                 droppable.append(entry)
             kept = kept_shares = 0
             most_shares = limits.LEDGER_KEEP_COPIED_SHARES if keep_shares is None else keep_shares
-            while (droppable and kept + droppable[-1].size <= keep_bytes
-                   and kept_shares + droppable[-1].shares <= most_shares):  # fmt: skip
+            unread_from: int | None = -1  # (-1: not looked up yet; None: nothing unread)
+            while droppable and kept_shares + droppable[-1].shares <= most_shares:
                 newest = droppable[-1].last
                 if keep_since_us is not None and newest is not None and (
                         self._frames[newest].written_at_us < keep_since_us):  # fmt: skip
                     break  # this one and every older one are past the age kept
+                if kept + droppable[-1].size > keep_bytes:  # past the budget: kept only
+                    if readers is None or kept + droppable[-1].size > keep_unread_bytes:
+                        break  # (while some reader has not read it, within the larger one)
+                    if unread_from == -1:
+                        unread_from = self._index.first_unread_frame(readers)
+                    if unread_from is None or newest is None or newest < unread_from:
+                        break  # every reader is past this file's frames
                 kept_shares += droppable[-1].shares
                 kept += droppable.pop().size  # the newest copied files stay, within budget
             for entry in droppable:

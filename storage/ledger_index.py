@@ -25,7 +25,7 @@ retention) are gone from every lookup. Not thread-safe: the ledger calls it unde
 from __future__ import annotations
 
 import bisect
-from collections.abc import Iterable, Iterator
+from collections.abc import Iterable, Iterator, Mapping, Sequence
 from dataclasses import dataclass
 
 import numpy as np
@@ -269,6 +269,27 @@ class LedgerIndex:
         if self._chunks:
             self._copied_below = max(self._copied_below, self._chunk_frames[-1] + 1)
         return None
+
+    def first_unread_frame(self, readers: Sequence[Mapping[int, int]]) -> int | None:
+        """The oldest indexed frame holding an offset some reader has not read: a share of
+        partition ``p`` ending past ``min(r.get(p, 0) for r in readers)`` (each reader's
+        next offset per partition, 0 where absent). None when every reader is past every
+        indexed share, or there is no reader. A bisection a partition."""
+        if not readers:
+            return None
+        self._list_new()
+        oldest: int | None = None
+        for partition, entry in self._lists.items():
+            bases = entry.bases
+            if not bases:
+                continue
+            floor = min(r.get(partition, 0) for r in readers)
+            at = max(0, bisect.bisect_right(bases, floor) - 1)
+            if bases[at] + entry.counts[at] <= floor:
+                at += 1  # that share is read: the next one, if any
+            if at < len(bases) and (oldest is None or entry.frames[at] < oldest):
+                oldest = entry.frames[at]
+        return oldest
 
     def first_bases(self, partitions: Iterable[int]) -> dict[int, int]:
         """Each of ``partitions``' lowest offset indexed (its oldest share the ledger still

@@ -42,6 +42,7 @@ ledger append holds several partition locks (ascending) and never a ``data_ready
 
 from __future__ import annotations
 
+import logging
 import os
 import threading
 import time
@@ -68,19 +69,25 @@ from storage.record_batch import WIRE_SCHEMA
 
 _WIRE_FIELDS = tuple(WIRE_SCHEMA.names)
 DIRECTORY = "ledger"  # under the topic's directory
+logger = logging.getLogger(__name__)
+
+# The topic's readers' next offsets (one mapping partition -> offset a reader, 0 where a
+# partition is absent), or None for no reader: the engine's consumers, asked by the
+# copier (``TopicLedger.drop_kept_files``) from its own thread. Storage knows no consumer.
+Readers = Callable[[], Sequence[Mapping[int, int]] | None]
 
 
 def open_topic_ledger(fs: FileSystem, topic_directory: str, logs: dict[int, PartitionLog],
-                      on: bool, removed: frozenset[int] = frozenset()
-                      ) -> TopicLedger | None:  # fmt: skip
+                      on: bool, removed: frozenset[int] = frozenset(),
+                      readers: Readers | None = None) -> TopicLedger | None:  # fmt: skip
     """The topic's ledger, opened after its partitions: with the switch ``on``, a
     ``TopicLedger`` (copier running); off, None, after copying into the logs whatever a
     ledger left by an earlier run holds (its rows were acknowledged), so that turning the
     switch off never loses a row. ``removed``: partition ids the topic handed out and no
-    longer lists (``Ledger``)."""
+    longer lists (``Ledger``); ``readers``: see ``TopicLedger``."""
     directory = os.path.join(topic_directory, DIRECTORY)
     if on:
-        return TopicLedger(fs, directory, logs, removed=removed)
+        return TopicLedger(fs, directory, logs, removed=removed, readers=readers)
     if DIRECTORY in fs.list_directory(topic_directory):
         left = TopicLedger(fs, directory, logs, copier=False,  # copies everything at open
                            removed=removed)  # fmt: skip
@@ -93,12 +100,16 @@ def open_topic_ledger(fs: FileSystem, topic_directory: str, logs: dict[int, Part
 
 class TopicLedger:
     def __init__(self, fs: FileSystem, directory: str, logs: dict[int, PartitionLog], *,
-                 copier: bool = True, removed: frozenset[int] = frozenset()) -> None:  # fmt: skip
+                 copier: bool = True, removed: frozenset[int] = frozenset(),
+                 readers: Readers | None = None) -> None:  # fmt: skip
         """Open (recover) the ledger in ``directory`` over ``logs`` (the topic's
         partitions, recovered: their ends are the ledger's ``partition_ends``; the dict is
         the topic's own, so partitions added later are seen) and copy everything it holds
         into them. ``copier``: run the background copier thread (started at the first
-        frame appended: a topic that never spreads a statement has none)."""
+        frame appended: a topic that never spreads a statement has none). ``readers``:
+        asked, when kept files are past their byte budget, for each reader's next
+        offsets (``drop_kept_files``); None, or a call answering None, keeps no more."""
+        self._readers = readers
         # A statement spread over fewer partitions goes the usual way (``engine.
         # spread_append``): ``limits.LEDGER_SHARES_MIN`` or the test lane's override.
         self.shares_min = ledger_shares_min()
@@ -330,9 +341,23 @@ class TopicLedger:
         if retention_ms is not None:
             horizon = max(horizon, now_us - retention_ms * 1000)
         keep_bytes = limits.LEDGER_KEEP_COPIED_BYTES
+        keep_unread_bytes = limits.LEDGER_KEEP_UNREAD_BYTES
         if retention_bytes is not None:
-            keep_bytes = min(keep_bytes, retention_bytes * max(1, len(self._logs)))
-        return self.ledger.drop_copied_files(keep_bytes, horizon)
+            most = retention_bytes * max(1, len(self._logs))
+            keep_bytes, keep_unread_bytes = min(keep_bytes, most), min(keep_unread_bytes, most)
+        return self.ledger.drop_copied_files(keep_bytes, horizon, readers=self._readers_now(),
+                                             keep_unread_bytes=keep_unread_bytes)  # fmt: skip
+
+    def _readers_now(self) -> Sequence[Mapping[int, int]] | None:
+        """The readers' next offsets now, or None (no readers, or their lookup failed: the
+        kept files then keep to their byte budget, never more; the failure is logged)."""
+        if self._readers is None:
+            return None
+        try:
+            return self._readers()
+        except Exception:  # (a hint for keeping files: never a reason to keep them all)
+            logger.exception("ledger: looking up the readers' offsets failed")
+            return None
 
     def _kept_files_limits(self) -> tuple[int | None, int | None]:
         """The topic's ``retention_ms`` and ``retention_bytes``, as its partitions have

@@ -637,6 +637,13 @@ LEDGER_KEEP_COPIED_SHARES = 2**17
 # ... and only those whose last frame is at most this old (the copier's passes and the
 # retention passes drop older ones; never older than the topic's own retention).
 LEDGER_KEEP_COPIED_S = 60.0
+# ... and past LEDGER_KEEP_COPIED_BYTES, up to this many bytes a topic while a consumer has
+# not read them (``Ledger.drop_copied_files``' readers; round 35): a consumer that falls
+# more than 256 MiB behind a burst (the scale bench's 5-s repetitions past ~51k msgs/s)
+# still reads it whole. Disk (copies of rows the partitions hold) for a consumer's lag,
+# bounded also by the shares and age limits above and the topic's retention_bytes (a
+# consumer left behind for good costs a topic that much disk while producers write).
+LEDGER_KEEP_UNREAD_BYTES = 512 * 1024 * 1024
 # A produce statement goes to the ledger (the switch on) only if it spreads over at least
 # this many partitions (one frame there instead of one per partition; fewer shares gain
 # little and pay the copy).

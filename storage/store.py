@@ -17,6 +17,7 @@ from __future__ import annotations
 import json
 import os
 import threading
+from collections.abc import Callable, Mapping, Sequence
 
 from storage import file_names, limits
 from storage.clock import SYSTEM_CLOCK, Clock
@@ -41,6 +42,10 @@ class Store:
         self._lock = threading.Lock()
         self._topics: dict[str, TopicLog] = {}
         self._next_topic_id = 1
+        # The engine's consumers' committed offsets of a topic (one mapping a consumer), or
+        # None: asked by the topics' ledgers for the files they keep (``storage.
+        # ledger_route.Readers``); set once the engine's catalog is open.
+        self.readers: Callable[[str], Sequence[Mapping[int, int]] | None] | None = None
 
     @classmethod
     def open(
@@ -88,7 +93,17 @@ class Store:
                 self.clock,
                 create=False,
                 ledger=self.ledger,
+                readers=self._readers_of(topic_id),
             )
+
+    def _readers_of(self, topic_id: str) -> Callable[[], Sequence[Mapping[int, int]] | None]:
+        """``topic_id``'s readers as ``readers`` answers when asked (None until it is set)."""
+
+        def readers() -> Sequence[Mapping[int, int]] | None:
+            lookup = self.readers
+            return None if lookup is None else lookup(topic_id)
+
+        return readers
 
     def _save(self) -> None:
         manifest = {"next_topic_id": self._next_topic_id, "topics": sorted(self._topics)}
@@ -105,7 +120,7 @@ class Store:
             self._next_topic_id += 1
             directory = os.path.join(self.root, "topics", topic_id)
             topic = TopicLog(self.fs, directory, topic_id, self.clock, create=True,
-                             ledger=self.ledger)  # fmt: skip
+                             ledger=self.ledger, readers=self._readers_of(topic_id))  # fmt: skip
             topic.create(config)
             self._topics[topic_id] = topic
             self._save()

@@ -69,7 +69,7 @@ from storage.frame_cuts import PRODUCER_COLUMN
 from storage.fs import FileSystem
 from storage.group_commit import GroupCommitter, Request
 from storage.ledger import LedgerWhole
-from storage.ledger_route import TopicLedger, open_topic_ledger
+from storage.ledger_route import Readers, TopicLedger, open_topic_ledger
 from storage.partition_log import WRITTEN, AppendResult, PartitionLog, ReadResult
 from storage.record_batch import METADATA_TYPE, WIRE_SCHEMA, check_wire_batch
 from storage.spread_publish import checked_shares, publish_shares
@@ -135,7 +135,11 @@ class TopicLog:
         *,
         create: bool,
         ledger: bool = False,
+        readers: Readers | None = None,
     ) -> None:
+        """``readers``: the topic's readers' next offsets, for the ledger's kept files
+        (``storage.ledger_route.Readers``; the store passes its engine's lookup)."""
+        self._readers = readers
         self.fs = fs
         self.directory = directory
         self.topic_id = topic_id
@@ -198,7 +202,7 @@ class TopicLog:
             self._open_partition(partition_id)
         self._index_ranges()
         self.ledger = open_topic_ledger(self.fs, self.directory, self._partitions, self._ledger_on,
-                                        self._removed_partitions())
+                                        self._removed_partitions(), self._readers)
 
     def _load(self) -> None:
         # A replace of topic.json cut short (before its rename) leaves the temp file; the
@@ -225,7 +229,7 @@ class TopicLog:
             self._open_partition(partition_id)
         self._index_ranges()
         self.ledger = open_topic_ledger(self.fs, self.directory, self._partitions, self._ledger_on,
-                                        self._removed_partitions())
+                                        self._removed_partitions(), self._readers)
 
     def _remove_unlisted_partitions(self) -> None:
         """Delete partition directories ``topic.json`` does not list: a split that

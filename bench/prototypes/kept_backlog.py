@@ -6,7 +6,9 @@ scale bench's statements (5,000 messages of 1 KiB from 2,000 producer ids) into 
 (``bench.scale_bench._drained``), then read with 20,000-message consumer polls; prints the
 files the copier kept (``LEDGER_KEEP_COPIED_BYTES`` = KEEP_MIB, default 256) and the read's
 msgs/s and CPU a message. A backlog past the kept bytes reads its dropped part from the
-partitions (docs/scale.md round 34). A diagnostic, not part of ``bench.run``.
+partitions (docs/scale.md round 34); since round 35 the copier keeps past them, up to
+``LEDGER_KEEP_UNREAD_BYTES``, the files consumer ``c`` has not read. A diagnostic, not
+part of ``bench.run``.
 """
 
 from __future__ import annotations

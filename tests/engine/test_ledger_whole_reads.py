@@ -149,6 +149,7 @@ def test_rows_copied_and_released_are_read_whole_until_their_files_go(
     up to the edges of the frame still held (round 34), which is then taken whole."""
     monkeypatch.setattr(limits, "LEDGER_FILE_BYTES_MAX", file_bytes)
     monkeypatch.setattr(limits, "LEDGER_KEEP_COPIED_BYTES", keep_bytes)
+    monkeypatch.setattr(limits, "LEDGER_KEEP_UNREAD_BYTES", keep_bytes)  # (no more if unread)
     database = _open(tmp_path, monkeypatch, True)
     try:
         _, topic = _written(database, 800)
@@ -254,6 +255,8 @@ def test_a_consumer_behind_the_kept_files_reads_to_their_edges_then_takes_them_w
         assert len(files) == 6
         sizes = [ledger._files[n].size for n in files]
         monkeypatch.setattr(limits, "LEDGER_KEEP_COPIED_BYTES", sizes[-2] + sizes[-3])
+        # behind the larger budget for unread files too (round 35)
+        monkeypatch.setattr(limits, "LEDGER_KEEP_UNREAD_BYTES", sizes[-2] + sizes[-3])
         assert topic.ledger.copy_all() == 6 * STATEMENT
         assert ledger.file_numbers == files[-3:]  # two kept, and the one being written
         polls = _polls(database, 1000)
@@ -262,5 +265,42 @@ def test_a_consumer_behind_the_kept_files_reads_to_their_edges_then_takes_them_w
         assert [len(poll) for poll in polls] == [1000, 200, 800, 400]
         assert no_copier == [800, 400]
         _check_dense(polls, 6 * STATEMENT)
+    finally:
+        database.close()
+
+
+def test_files_a_consumer_has_not_read_are_kept_past_the_budget_until_it_reads_them(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, no_copier: list[int]
+) -> None:
+    """Round 35: the copier keeps copied files past ``LEDGER_KEEP_COPIED_BYTES`` while a
+    consumer of the topic has not read them (within ``LEDGER_KEEP_UNREAD_BYTES``), so a
+    consumer behind by more than the budget takes them whole instead of reading the
+    dropped ones from the partitions; once it has committed past them, the next pass
+    keeps the budget only."""
+    monkeypatch.setattr(limits, "LEDGER_FILE_BYTES_MAX", 4096)  # a file a frame
+    database = _open(tmp_path, monkeypatch, True)
+    try:
+        session, topic = _written(database, 6 * STATEMENT)
+        ledger = topic.ledger.ledger
+        files = ledger.file_numbers
+        assert len(files) == 6
+        sizes = [ledger._files[n].size for n in files]
+        monkeypatch.setattr(limits, "LEDGER_KEEP_COPIED_BYTES", sizes[-2] + sizes[-3])
+        assert topic.ledger.copy_all() == 6 * STATEMENT
+        assert ledger.file_numbers == files  # all unread by consumer c: all kept
+        polls = _polls(database, 1000)
+        assert [len(poll) for poll in polls] == [800, 800, 800]  # every frame whole
+        assert no_copier == [800, 800, 800]
+        _check_dense(polls, 6 * STATEMENT)
+        session.execute(INSERT, _rows(6 * STATEMENT, STATEMENT))
+        assert topic.ledger.copy_all() == STATEMENT
+        # c read them all: the budget's two kept, the file being written
+        assert ledger.file_numbers == [*files[-2:], files[-1] + 1]
+        # a second consumer that has read nothing keeps the unread ones again, from the
+        # oldest still held (the dropped ones are its to read from the partitions)
+        session.execute("ALTER TOPIC t ADD CONSUMER late")
+        session.execute(INSERT, _rows(7 * STATEMENT, STATEMENT))
+        assert topic.ledger.copy_all() == STATEMENT
+        assert ledger.file_numbers == [*files[-2:], files[-1] + 1, files[-1] + 2]
     finally:
         database.close()

@@ -321,6 +321,71 @@ def test_copied_files_are_kept_within_a_budget_of_indexed_shares(ledger_dir: Pat
     ledger.close()
 
 
+def test_copied_files_a_reader_has_not_read_are_kept_past_the_budget(ledger_dir: Path) -> None:
+    """Past ``keep_bytes``, files holding a frame some reader has not read stay, within
+    ``keep_unread_bytes`` (round 35): from the oldest file with an unread frame on, and
+    never a hole (a file not kept takes every older one with it)."""
+    ledger = Ledger(FileSystem(), str(ledger_dir), file_bytes_max=1024)
+    for k in range(12):
+        ledger.append([(0, _batch(f"x{k}", 2)), (1, _batch(f"y{k}", 1))])
+    files = ledger.file_numbers
+    assert len(files) >= 5
+    ledger.release(0, 24)
+    ledger.release(1, 12)  # everything copied; the last file is still being written
+    copied = [ledger._files[n] for n in files[:-1]]
+    one = copied[-1].size  # the budget keeps the newest copied file only
+    everything = sum(entry.size for entry in copied)
+    # a reader at the third copied file's first frame: that file and the newer ones stay
+    third = copied[2]
+    at = {0: 2 * third.first, 1: third.first}
+    assert ledger._index.first_unread_frame([at]) == third.first
+    assert ledger.drop_copied_files(one, readers=[at], keep_unread_bytes=everything) == 2
+    assert ledger.file_numbers == files[2:]
+    # a second reader further on changes nothing (the lowest offset counts) ...
+    assert ledger.drop_copied_files(one, readers=[{0: 24, 1: 12}, at],
+                                    keep_unread_bytes=everything) == 0  # fmt: skip
+    # ... nor does a reader past one partition only: the other is still unread there
+    assert ledger.drop_copied_files(one, readers=[{0: 24, 1: third.first}],
+                                    keep_unread_bytes=everything) == 0  # fmt: skip
+    # the larger budget bounds them still: the oldest unread go first
+    kept = [ledger._files[n] for n in ledger.file_numbers[:-1]]
+    two = kept[-1].size + kept[-2].size
+    assert ledger.drop_copied_files(one, readers=[at], keep_unread_bytes=two) == len(kept) - 2
+    # without a reader (or with every reader past them) the budget alone is kept
+    assert ledger._index.first_unread_frame([{0: 24, 1: 12}]) is None
+    assert ledger._index.first_unread_frame([]) is None
+    assert ledger.drop_copied_files(one, readers=[{0: 24, 1: 12}],
+                                    keep_unread_bytes=everything) == 1  # fmt: skip
+    assert ledger.file_numbers == files[-2:]
+    # the age bound holds for unread files too
+    future = time.time_ns() // 1000 + 1
+    assert ledger.drop_copied_files(one, future, readers=[{}],
+                                    keep_unread_bytes=everything) == 1  # fmt: skip
+    assert ledger.file_numbers == files[-1:]
+    ledger.close()
+
+
+def test_the_first_unread_frame_is_the_oldest_over_partitions_and_readers(
+    ledger_dir: Path,
+) -> None:
+    """``first_unread_frame``: per partition the first share ending past the lowest
+    reader offset (a partition absent from a reader counts from 0), oldest frame over all."""
+    ledger = Ledger(FileSystem(), str(ledger_dir))
+    ledger.append([(0, _batch("a", 3)), (1, _batch("b", 2))])  # frame 0: 0 [0,3) 1 [0,2)
+    ledger.append([(0, _batch("c", 2))])  # frame 1: 0 [3,5)
+    ledger.append([(1, _batch("d", 2))])  # frame 2: 1 [2,4)
+    index = ledger._index
+    frames = [chunk.frame for chunk in index.live_chunks()]
+    assert index.first_unread_frame([{0: 0, 1: 0}]) == frames[0]
+    assert index.first_unread_frame([{0: 2}]) == frames[0]  # partition 1 unread from 0
+    assert index.first_unread_frame([{0: 3, 1: 2}]) == frames[1]
+    assert index.first_unread_frame([{0: 5, 1: 2}]) == frames[2]
+    assert index.first_unread_frame([{0: 5, 1: 3}]) == frames[2]  # mid-share: unread
+    assert index.first_unread_frame([{0: 5, 1: 4}]) is None
+    assert index.first_unread_frame([{0: 5, 1: 4}, {0: 4, 1: 4}]) == frames[1]
+    ledger.close()
+
+
 def test_a_share_past_its_partitions_own_end_is_refused(ledger_dir: Path) -> None:
     ledger = Ledger(FileSystem(), str(ledger_dir), partition_ends={0: 10})
     ledger.append([(0, _batch("a", 3))])  # [10, 13)
