@@ -450,8 +450,8 @@ def record_json_writes(recorder: Any, count: int, writes: dict[str, list[float]]
 
 
 def _read_segments(data_dir: str) -> float:
+    from engine import malloc_tuning
     from engine.database import Database
-    from sql.pgwire import malloc_tuning
 
     malloc_tuning.reuse_large_blocks()  # as topicbase serve does: reads reuse their buffers
 

@@ -23,6 +23,7 @@ from engine.describe import Description
 from engine.gc_tuning import freeze_owned_process
 from engine.identity import LOCAL_SUPERUSER, LOCAL_SUPERUSER_NAME, Identity, RoleRemovedError
 from engine.lookup_plans import lookup_shaped
+from engine.malloc_tuning import reuse_large_blocks
 from engine.packed_read import PackedBatch
 from engine.privileges import use_role_lookup
 from engine.result import Rows
@@ -82,6 +83,7 @@ __all__ = [
     "parse_statements",
     "project_schema",
     "read_range",
+    "reuse_large_blocks",
     "run_over_relation",
     "setting_rules",
     "split_statements",

@@ -21,7 +21,7 @@ import os
 import threading
 from typing import ClassVar
 
-from engine import commit_cpu, gc_tuning, tables
+from engine import commit_cpu, gc_tuning, malloc_tuning, tables
 from engine.catalog import CatalogStore, TopicEntry
 from engine.clock import SYSTEM_CLOCK, Clock
 from engine.commit import Committer
@@ -126,6 +126,7 @@ class Database:
         )
         # Once per process, now that the long-lived objects exist (engine.gc_tuning).
         gc_tuning.configure()
+        malloc_tuning.configure()  # (glibc's thresholds fixed: engine.malloc_tuning)
 
     @classmethod
     def open(

@@ -49,6 +49,7 @@ from typing import Any, NamedTuple
 import duckdb
 import pyarrow as pa
 
+from engine import unnest_source
 from engine.result import Rows
 from grammar.bounded_cache import SCHEMA_COLUMN_BYTES, TEXT_COST_PER_CHAR, BoundedCache
 from storage import errors, failpoints, limits
@@ -871,8 +872,11 @@ def query_arrow(
     (``_small_results``, learnt per text), and for a text not seen yet whose shape (the
     text with its literals taken out) gave such results and never a big one
     (``_rows_way``); should a result turn out bigger, the rest comes as Arrow from DuckDB
-    and the text (and its shape, for good) goes back to the relation.
+    and the text (and its shape, for good) goes back to the relation. A SELECT of
+    nothing but unnested list parameters is built without DuckDB (``engine.unnest_source``).
     """
+    if parameters and (built := unnest_source.unnested(sql, parameters)) is not None:
+        return built  # DuckDB's table of it, built here
     with translated(line_offset):
         if _rows_way(sql):
             return _query_small(cursor, sql, parameters)

@@ -747,7 +747,7 @@ class Ledger:
 
     def drop_copied_files(self, keep_bytes: int = 0, keep_since_us: int | None = None,
                           keep_shares: int | None = None, *,
-                          readers: Sequence[Mapping[int, int]] | None = None,
+                          unread: Mapping[int, int] | None = None,
                           keep_unread_bytes: int = 0) -> int:  # fmt: skip
         """Delete, from the front, ledger files none of whose shares is still needed (all
         released), never the file being written, but keep the newest of those up to
@@ -757,10 +757,11 @@ class Ledger:
         whole (``whole_frames``: a consumer a little behind reads them there rather than
         partition by partition from the copies).
 
-        ``readers``: each reader's next offsets (partition -> offset, 0 where absent; the
-        engine's consumers' committed offsets). Past ``keep_bytes``, files up to
-        ``keep_unread_bytes`` in all are kept as long as each holds a frame some reader has
-        not read (``LedgerIndex.first_unread_frame``), the share and age bounds still
+        ``unread``: the readers' lowest next offset of each partition (0 where absent;
+        the engine's consumers' committed offsets, ``ledger_route.lowest_offsets``). Past
+        ``keep_bytes``, files up to ``keep_unread_bytes`` in all are kept as long as each
+        holds a frame some reader has not read (``LedgerIndex.first_unread_frame``, a
+        bisection a partition under the lock), the share and age bounds still
         applying: a consumer behind by more than ``keep_bytes`` then still reads whole the
         frames written since its last commit, instead of finding the oldest ones dropped
         by the pass that ended the producing (round 35; ``docs/scale.md``). Kept files stay
@@ -789,10 +790,10 @@ class Ledger:
                         self._frames[newest].written_at_us < keep_since_us):  # fmt: skip
                     break  # this one and every older one are past the age kept
                 if kept + droppable[-1].size > keep_bytes:  # past the budget: kept only
-                    if readers is None or kept + droppable[-1].size > keep_unread_bytes:
+                    if unread is None or kept + droppable[-1].size > keep_unread_bytes:
                         break  # (while some reader has not read it, within the larger one)
                     if unread_from == -1:
-                        unread_from = self._index.first_unread_frame(readers)
+                        unread_from = self._index.first_unread_frame(unread)
                     if unread_from is None or newest is None or newest < unread_from:
                         break  # every reader is past this file's frames
                 kept_shares += droppable[-1].shares
@@ -815,6 +816,13 @@ class Ledger:
                     self._index.drop_front(entry.last + 1)
                 dropped += 1
         return dropped
+
+    def copied_file_bytes(self) -> int:
+        """Bytes of the files before the one being written: at most what
+        ``drop_copied_files`` may keep or drop (a hint, taken under the lock)."""
+        with self._lock:
+            return sum(entry.size for number, entry in self._files.items()
+                       if number != self._write_number or self._write_fd is None)  # fmt: skip
 
     # -- the rest ------------------------------------------------------------------------
     @property

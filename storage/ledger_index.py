@@ -25,7 +25,7 @@ retention) are gone from every lookup. Not thread-safe: the ledger calls it unde
 from __future__ import annotations
 
 import bisect
-from collections.abc import Iterable, Iterator, Mapping, Sequence
+from collections.abc import Iterable, Iterator, Mapping
 from dataclasses import dataclass
 
 import numpy as np
@@ -270,20 +270,18 @@ class LedgerIndex:
             self._copied_below = max(self._copied_below, self._chunk_frames[-1] + 1)
         return None
 
-    def first_unread_frame(self, readers: Sequence[Mapping[int, int]]) -> int | None:
-        """The oldest indexed frame holding an offset some reader has not read: a share of
-        partition ``p`` ending past ``min(r.get(p, 0) for r in readers)`` (each reader's
-        next offset per partition, 0 where absent). None when every reader is past every
-        indexed share, or there is no reader. A bisection a partition."""
-        if not readers:
-            return None
+    def first_unread_frame(self, unread: Mapping[int, int]) -> int | None:
+        """The oldest indexed frame holding an offset not read yet: a share of partition
+        ``p`` ending past ``unread.get(p, 0)`` (the readers' lowest next offset of each
+        partition, ``storage.ledger_route.lowest_offsets``), None when every share ends
+        at or below it. A bisection a partition."""
         self._list_new()
         oldest: int | None = None
         for partition, entry in self._lists.items():
             bases = entry.bases
             if not bases:
                 continue
-            floor = min(r.get(partition, 0) for r in readers)
+            floor = unread.get(partition, 0)
             at = max(0, bisect.bisect_right(bases, floor) - 1)
             if bases[at] + entry.counts[at] <= floor:
                 at += 1  # that share is read: the next one, if any

@@ -107,7 +107,7 @@ class TopicLedger:
         the topic's own, so partitions added later are seen) and copy everything it holds
         into them. ``copier``: run the background copier thread (started at the first
         frame appended: a topic that never spreads a statement has none). ``readers``:
-        asked, when kept files are past their byte budget, for each reader's next
+        asked, when the copied files are past their byte budget, for each reader's next
         offsets (``drop_kept_files``); None, or a call answering None, keeps no more."""
         self._readers = readers
         # A statement spread over fewer partitions goes the usual way (``engine.
@@ -345,19 +345,23 @@ class TopicLedger:
         if retention_bytes is not None:
             most = retention_bytes * max(1, len(self._logs))
             keep_bytes, keep_unread_bytes = min(keep_bytes, most), min(keep_unread_bytes, most)
-        return self.ledger.drop_copied_files(keep_bytes, horizon, readers=self._readers_now(),
+        unread = None  # the readers are asked only when the budget would drop a file
+        if self._readers is not None and self.ledger.copied_file_bytes() > keep_bytes:
+            unread = self._unread_now()
+        return self.ledger.drop_copied_files(keep_bytes, horizon, unread=unread,
                                              keep_unread_bytes=keep_unread_bytes)  # fmt: skip
 
-    def _readers_now(self) -> Sequence[Mapping[int, int]] | None:
-        """The readers' next offsets now, or None (no readers, or their lookup failed: the
-        kept files then keep to their byte budget, never more; the failure is logged)."""
-        if self._readers is None:
-            return None
+    def _unread_now(self) -> Mapping[int, int] | None:
+        """The readers' lowest next offsets now (``lowest_offsets``), or None (no readers,
+        or their lookup failed: the kept files then keep to their byte budget, never
+        more; the failure is logged). Taken with no lock held."""
+        assert self._readers is not None
         try:
-            return self._readers()
+            readers = self._readers()
         except Exception:  # (a hint for keeping files: never a reason to keep them all)
             logger.exception("ledger: looking up the readers' offsets failed")
             return None
+        return None if not readers else lowest_offsets(readers)
 
     def _kept_files_limits(self) -> tuple[int | None, int | None]:
         """The topic's ``retention_ms`` and ``retention_bytes``, as its partitions have
@@ -509,6 +513,16 @@ class TopicLedger:
         if self._syncs is not None:
             self._syncs.close()
         self.ledger.close()
+
+
+def lowest_offsets(readers: Sequence[Mapping[int, int]]) -> Mapping[int, int]:
+    """Each partition's lowest next offset over ``readers`` (a partition absent from a
+    reader counts 0 for it, and is left out, meaning 0, when absent from them all)."""
+    assert readers
+    if len(readers) == 1:
+        return readers[0]
+    partitions = set().union(*readers)
+    return {p: min(reader.get(p, 0) for reader in readers) for p in partitions}
 
 
 def _whole(batches: Sequence[pa.RecordBatch], table: pa.Table | None,

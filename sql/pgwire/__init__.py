@@ -4,7 +4,7 @@ Three wings under the server (``docs/pgwire.md`` draws who imports whom; no wing
 one above it, and ``tests/test_layers.py`` and the import-linter contracts keep it so):
 
 - ``server``, ``limits``, ``auth``, ``verifiers``, ``users``, ``tls``, ``login_throttle``,
-  ``malloc_tuning``: the house itself: listening, admitting and authenticating sockets;
+  the house itself: listening, admitting and authenticating sockets;
 - ``connection/``: one client connection (``Connection``) and the command handlers it
   dispatches to, which see it only through a narrow ``CommandContext``;
 - ``emulation/``: PostgreSQL as clients expect it over DuckDB: the catalog relations,

@@ -17,9 +17,9 @@ import threading
 from collections.abc import Callable
 from typing import Any
 
-from engine.api import Database, freeze_owned_process
+from engine.api import Database, freeze_owned_process, reuse_large_blocks
 from sql.pgwire import auth as wire_auth
-from sql.pgwire import malloc_tuning, memory_cap
+from sql.pgwire import memory_cap
 from sql.pgwire import tls as wire_tls
 from sql.pgwire.codec import messages as m
 from sql.pgwire.connection.connection import SERVER_VERSION, Connection
@@ -238,13 +238,13 @@ def serve(data_dir: str, host: str = DEFAULT_HOST, port: int = DEFAULT_PORT,
           memory_cap_bytes: int | None = None,
           user_sessions: UserSessions | None = None) -> None:  # fmt: skip
     """Open ``data_dir`` and serve it until SIGINT or SIGTERM (blocking). Meant to own its
-    process: it tunes the process's malloc for large messages (``sql.pgwire.malloc_tuning``),
+    process: it tunes the process's malloc for large messages (``engine.malloc_tuning``),
     caps its private memory (``sql.pgwire.memory_cap``: ``memory_cap_bytes``, default a
     share of physical memory, 0 none; a value built past it fails with 53200 instead of the
     kernel killing the server) and sends the log to stderr at INFO (logins, statements
     under ``log_statement``) if nothing configured logging before. ``user_sessions``: the
     per-user count shared with ``serve``'s Flight door."""
-    malloc_tuning.reuse_large_blocks()
+    reuse_large_blocks()
     connections = (limits or ServerLimits()).connections_max
     capped = memory_cap.cap_process_data(memory_cap_bytes, connections)
     if not logging.getLogger().handlers:

@@ -257,7 +257,7 @@ def _bind_unnamed(values: list[bytes | None]) -> bytes:
 # -- malloc tuning (``topicbase serve``'s process) -----------------------------------------------
 _FAULTS_SCRIPT = """
 import resource, sys
-from sql.pgwire import malloc_tuning
+from engine import malloc_tuning
 applied = malloc_tuning.reuse_large_blocks() if sys.argv[1] == "tuned" else None
 def faults():
     return resource.getrusage(resource.RUSAGE_SELF).ru_minflt

@@ -17,6 +17,7 @@ from storage import ledger_format as fmt
 from storage.errors import CorruptSegmentError, LimitExceededError, StorageIOError
 from storage.fs import FileSystem
 from storage.ledger import Ledger, is_small_share
+from storage.ledger_route import lowest_offsets
 from storage.record_batch import READ_SCHEMA, build_wire_batch
 
 
@@ -335,32 +336,32 @@ def test_copied_files_a_reader_has_not_read_are_kept_past_the_budget(ledger_dir:
     copied = [ledger._files[n] for n in files[:-1]]
     one = copied[-1].size  # the budget keeps the newest copied file only
     everything = sum(entry.size for entry in copied)
+    assert ledger.copied_file_bytes() == everything
     # a reader at the third copied file's first frame: that file and the newer ones stay
     third = copied[2]
     at = {0: 2 * third.first, 1: third.first}
-    assert ledger._index.first_unread_frame([at]) == third.first
-    assert ledger.drop_copied_files(one, readers=[at], keep_unread_bytes=everything) == 2
+    assert ledger._index.first_unread_frame(at) == third.first
+    assert ledger.drop_copied_files(one, unread=at, keep_unread_bytes=everything) == 2
     assert ledger.file_numbers == files[2:]
     # a second reader further on changes nothing (the lowest offset counts) ...
-    assert ledger.drop_copied_files(one, readers=[{0: 24, 1: 12}, at],
-                                    keep_unread_bytes=everything) == 0  # fmt: skip
+    lowest = lowest_offsets([{0: 24, 1: 12}, at])
+    assert lowest == at
+    assert ledger.drop_copied_files(one, unread=lowest, keep_unread_bytes=everything) == 0
     # ... nor does a reader past one partition only: the other is still unread there
-    assert ledger.drop_copied_files(one, readers=[{0: 24, 1: third.first}],
+    assert ledger.drop_copied_files(one, unread={0: 24, 1: third.first},
                                     keep_unread_bytes=everything) == 0  # fmt: skip
     # the larger budget bounds them still: the oldest unread go first
     kept = [ledger._files[n] for n in ledger.file_numbers[:-1]]
     two = kept[-1].size + kept[-2].size
-    assert ledger.drop_copied_files(one, readers=[at], keep_unread_bytes=two) == len(kept) - 2
+    assert ledger.drop_copied_files(one, unread=at, keep_unread_bytes=two) == len(kept) - 2
     # without a reader (or with every reader past them) the budget alone is kept
-    assert ledger._index.first_unread_frame([{0: 24, 1: 12}]) is None
-    assert ledger._index.first_unread_frame([]) is None
-    assert ledger.drop_copied_files(one, readers=[{0: 24, 1: 12}],
+    assert ledger._index.first_unread_frame({0: 24, 1: 12}) is None
+    assert ledger.drop_copied_files(one, unread={0: 24, 1: 12},
                                     keep_unread_bytes=everything) == 1  # fmt: skip
     assert ledger.file_numbers == files[-2:]
     # the age bound holds for unread files too
     future = time.time_ns() // 1000 + 1
-    assert ledger.drop_copied_files(one, future, readers=[{}],
-                                    keep_unread_bytes=everything) == 1  # fmt: skip
+    assert ledger.drop_copied_files(one, future, unread={}, keep_unread_bytes=everything) == 1
     assert ledger.file_numbers == files[-1:]
     ledger.close()
 
@@ -368,21 +369,24 @@ def test_copied_files_a_reader_has_not_read_are_kept_past_the_budget(ledger_dir:
 def test_the_first_unread_frame_is_the_oldest_over_partitions_and_readers(
     ledger_dir: Path,
 ) -> None:
-    """``first_unread_frame``: per partition the first share ending past the lowest
-    reader offset (a partition absent from a reader counts from 0), oldest frame over all."""
+    """``first_unread_frame``: per partition the first share ending past the readers'
+    lowest offset (``lowest_offsets``: a partition absent from a reader counts from 0),
+    the oldest frame over all partitions."""
     ledger = Ledger(FileSystem(), str(ledger_dir))
     ledger.append([(0, _batch("a", 3)), (1, _batch("b", 2))])  # frame 0: 0 [0,3) 1 [0,2)
     ledger.append([(0, _batch("c", 2))])  # frame 1: 0 [3,5)
     ledger.append([(1, _batch("d", 2))])  # frame 2: 1 [2,4)
     index = ledger._index
     frames = [chunk.frame for chunk in index.live_chunks()]
-    assert index.first_unread_frame([{0: 0, 1: 0}]) == frames[0]
-    assert index.first_unread_frame([{0: 2}]) == frames[0]  # partition 1 unread from 0
-    assert index.first_unread_frame([{0: 3, 1: 2}]) == frames[1]
-    assert index.first_unread_frame([{0: 5, 1: 2}]) == frames[2]
-    assert index.first_unread_frame([{0: 5, 1: 3}]) == frames[2]  # mid-share: unread
-    assert index.first_unread_frame([{0: 5, 1: 4}]) is None
-    assert index.first_unread_frame([{0: 5, 1: 4}, {0: 4, 1: 4}]) == frames[1]
+    assert index.first_unread_frame({0: 0, 1: 0}) == frames[0]
+    assert index.first_unread_frame({0: 2}) == frames[0]  # partition 1 unread from 0
+    assert index.first_unread_frame({0: 3, 1: 2}) == frames[1]
+    assert index.first_unread_frame({0: 5, 1: 2}) == frames[2]
+    assert index.first_unread_frame({0: 5, 1: 3}) == frames[2]  # mid-share: unread
+    assert index.first_unread_frame({0: 5, 1: 4}) is None
+    assert lowest_offsets([{0: 5, 1: 4}, {0: 4, 1: 4}]) == {0: 4, 1: 4}
+    assert lowest_offsets([{0: 5, 1: 4}, {1: 4}]) == {0: 0, 1: 4}  # absent: 0
+    assert index.first_unread_frame(lowest_offsets([{0: 5, 1: 4}, {0: 4, 1: 4}])) == frames[1]
     ledger.close()
 
 

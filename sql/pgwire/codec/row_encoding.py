@@ -30,7 +30,7 @@ above glibc malloc's default mmap threshold, so each chunk mapped and faulted in
 pages (~1000 page faults per chunk, measured, costing about as much as the hex itself);
 blocks of ``BLOCK_BYTES`` reuse the same heap memory, block after block, whatever the
 process's malloc settings (``topicbase serve`` also raises the threshold:
-``sql.pgwire.malloc_tuning``), and bound what one result holds in memory at a time.
+``engine.malloc_tuning``), and bound what one result holds in memory at a time.
 
 Pure functions and objects; no I/O. Measured on 1000 rows of 1 KiB ``bytea``: ~0.3 ms to
 build ``DataRows`` and ~0.5 ms to join its blocks (binary results); in text format the
