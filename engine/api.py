@@ -23,7 +23,7 @@ from engine.describe import Description
 from engine.gc_tuning import freeze_owned_process
 from engine.identity import LOCAL_SUPERUSER, LOCAL_SUPERUSER_NAME, Identity, RoleRemovedError
 from engine.lookup_plans import lookup_shaped
-from engine.malloc_tuning import reuse_large_blocks
+from engine.malloc_tuning import configure as configure_malloc
 from engine.packed_read import PackedBatch
 from engine.privileges import use_role_lookup
 from engine.result import Rows
@@ -73,6 +73,7 @@ __all__ = [
     "Token",
     "ast",
     "check_database",
+    "configure_malloc",
     "freeze_owned_process",
     "from_table",
     "lookup_shaped",
@@ -83,7 +84,6 @@ __all__ = [
     "parse_statements",
     "project_schema",
     "read_range",
-    "reuse_large_blocks",
     "run_over_relation",
     "setting_rules",
     "split_statements",

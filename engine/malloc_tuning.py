@@ -20,14 +20,17 @@ buffers, freed, raise glibc's dynamic thresholds; Arrow's allocations do not.
 
 Setting: ``TOPICBASE_MALLOC`` when ``configure`` runs: unset or ``tuned`` (the default)
 applies the thresholds; ``glibc`` leaves glibc's own (so does an unknown value, with a
-warning). A process that set either threshold through glibc's environment variables
-(``MALLOC_MMAP_THRESHOLD_``, ``MALLOC_TRIM_THRESHOLD_``) keeps its own.
+warning). A process that set either threshold through glibc's environment
+(``MALLOC_MMAP_THRESHOLD_``, ``MALLOC_TRIM_THRESHOLD_``, or ``glibc.malloc.mmap_threshold``
+/ ``trim_threshold`` in ``GLIBC_TUNABLES``) keeps its own; so does ``topicbase serve``'s
+(it calls ``configure`` too, before its database opens). The trim threshold holds for
+each of glibc's arenas (a thread may get its own), so up to that much freed memory may
+stay with each.
 """
 
 from __future__ import annotations
 
 import ctypes
-import ctypes.util
 import logging
 import os
 import sys
@@ -42,6 +45,7 @@ TRIM_THRESHOLD_BYTES = 128 * 1024 * 1024
 ENVIRONMENT_VARIABLE = "TOPICBASE_MALLOC"
 MODES = ("tuned", "glibc")
 _GLIBC_VARIABLES = ("MALLOC_MMAP_THRESHOLD_", "MALLOC_TRIM_THRESHOLD_")
+_GLIBC_TUNABLES = ("glibc.malloc.mmap_threshold", "glibc.malloc.trim_threshold")
 
 _lock = threading.Lock()
 _configured: str | None = None  # the mode the first ``configure`` applied
@@ -53,8 +57,9 @@ def reuse_large_blocks() -> bool:
     if not sys.platform.startswith("linux"):
         return False
     try:
-        libc = ctypes.CDLL(ctypes.util.find_library("c") or "libc.so.6")
-        mallopt = libc.mallopt
+        # the process's own symbols (libc's among them): no ``ldconfig -p`` child, as
+        # ``ctypes.util.find_library`` runs
+        mallopt = ctypes.CDLL(None).mallopt
     except (OSError, AttributeError):
         return False
     mallopt.argtypes = [ctypes.c_int, ctypes.c_int]
@@ -81,7 +86,9 @@ def configure() -> str:
             log.warning("%s=%r is not one of %s: glibc's malloc left as it is",
                         ENVIRONMENT_VARIABLE, mode, ", ".join(MODES))  # fmt: skip
             mode = "glibc"
-        if any(os.environ.get(name) for name in _GLIBC_VARIABLES):
+        tunables = os.environ.get("GLIBC_TUNABLES", "")
+        if any(os.environ.get(name) for name in _GLIBC_VARIABLES) or any(
+                name in tunables for name in _GLIBC_TUNABLES):  # fmt: skip
             mode = "glibc"  # the process chose for itself
         if mode == "tuned":
             reuse_large_blocks()

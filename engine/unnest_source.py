@@ -32,8 +32,10 @@ from typing import Any
 import pyarrow as pa
 
 _MARKER = r"(\?|\$[1-9][0-9]{0,3})"
-_ITEM = re.compile(r"\s*unnest\s*\(\s*" + _MARKER + r"\s*\)\s*", re.IGNORECASE)
-_SELECT = re.compile(r"\s*select\s", re.IGNORECASE)
+# ASCII only: Python's Unicode ``\s`` and case folding take texts DuckDB refuses (``\x1c``
+# or U+2028 as a blank, U+017F "long s" as "s": a statement that failed would succeed)
+_ITEM = re.compile(r"\s*unnest\s*\(\s*" + _MARKER + r"\s*\)\s*", re.IGNORECASE | re.ASCII)
+_SELECT = re.compile(r"\s*select\s", re.IGNORECASE | re.ASCII)
 # the texts looked at: short ones only (a batch's statement is short; its values are not in it)
 _TEXT_CHARS_MAX = 2000
 _TYPES = {bytes: pa.binary(), str: pa.string()}

@@ -153,16 +153,19 @@ def checked_data_bytes(batches: Sequence[pa.RecordBatch], config: TopicConfig) -
 
 
 def checked_shares(
-    batches: Sequence[pa.RecordBatch], config: TopicConfig
+    batches: Sequence[pa.RecordBatch], config: TopicConfig, whole: pa.RecordBatch | None = None
 ) -> tuple[list[int], pa.Table] | None:
     """``checked_data_bytes``, with the table of all batches it read them through
-    (``publish_shares`` decides the producer state over the same table)."""
+    (``publish_shares`` decides the producer state over the same table). ``whole``: the
+    batch ``batches`` are consecutive slices of (``topic_log.Shares.whole``), read as the
+    table's one chunk instead of one chunk a share (the same rows in the same order)."""
     if not all(0 < batch.num_rows <= limits.BATCH_MESSAGES_MAX for batch in batches):
         return None
-    try:
-        table = pa.Table.from_batches(batches, WIRE_SCHEMA)  # all columns of all shares
+    try:  # all columns of all shares
+        table = pa.Table.from_batches([whole] if whole is not None else batches, WIRE_SCHEMA)
     except (pa.ArrowInvalid, TypeError):  # another schema
         return None
+    assert whole is None or table.num_rows == sum(batch.num_rows for batch in batches)
     # Buffers shared by the shares (slices of one batch) are counted once here; a share's
     # own count is at most the total, so only a total over the limit needs each share's.
     if table.get_total_buffer_size() > limits.BATCH_BYTES_MAX and any(

@@ -17,7 +17,7 @@ import threading
 from collections.abc import Callable
 from typing import Any
 
-from engine.api import Database, freeze_owned_process, reuse_large_blocks
+from engine.api import Database, configure_malloc, freeze_owned_process
 from sql.pgwire import auth as wire_auth
 from sql.pgwire import memory_cap
 from sql.pgwire import tls as wire_tls
@@ -244,7 +244,7 @@ def serve(data_dir: str, host: str = DEFAULT_HOST, port: int = DEFAULT_PORT,
     kernel killing the server) and sends the log to stderr at INFO (logins, statements
     under ``log_statement``) if nothing configured logging before. ``user_sessions``: the
     per-user count shared with ``serve``'s Flight door."""
-    reuse_large_blocks()
+    configure_malloc()  # glibc's thresholds, unless the environment chose (before the open)
     connections = (limits or ServerLimits()).connections_max
     capped = memory_cap.cap_process_data(memory_cap_bytes, connections)
     if not logging.getLogger().handlers:

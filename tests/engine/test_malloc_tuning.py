@@ -56,3 +56,5 @@ def test_a_database_open_fixes_the_thresholds_unless_told_not_to(tmp_path: Path)
     assert mode == "glibc"  # the process chose for itself
     mode, _ = _opened(tmp_path, "d", TOPICBASE_MALLOC="bogus")
     assert mode == "glibc"
+    mode, _ = _opened(tmp_path, "e", GLIBC_TUNABLES="glibc.malloc.trim_threshold=131072")
+    assert mode == "glibc"  # (a review of round 35: the tunables are glibc's newer way)

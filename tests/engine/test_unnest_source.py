@@ -88,6 +88,47 @@ def test_other_shapes_are_left_to_duckdb(sql: str, parameters: Any) -> None:
     assert unnest_source.unnested(sql, parameters) is None
 
 
+def _duckdb_refuses(sql: str, parameters: Any) -> bool:
+    try:
+        _duckdb(sql, parameters)
+    except duckdb.Error:
+        return True
+    return False
+
+
+@pytest.mark.parametrize("sql", [
+    "\u017felect unnest(?)",  # U+017F folds to "s" under Python's case-insensitive match
+    "SELECT unne\u017ft(?)",
+    "SELECT\x1cunnest(?)",  # blanks to Python's Unicode \s, not to DuckDB
+    "SELECT\x1funnest(?)",
+    "SELECT\x85unnest(?)",
+    "SELECT\u1680unnest(?)",
+    "SELECT\u2028unnest(?)",
+    "SELECT unnest\u2029(?)",
+    "SELECT unnest(\x1e?)",
+])  # fmt: skip
+def test_a_text_duckdb_refuses_is_left_to_it(sql: str) -> None:
+    """Found by a review of round 35: these texts were built, so statements that fail in
+    DuckDB succeeded."""
+    assert _duckdb_refuses(sql, [[b"a"]])
+    assert unnest_source.unnested(sql, [[b"a"]]) is None
+
+
+def test_the_dbapi_refuses_such_a_text_as_duckdb_does(tmp_path: Path) -> None:
+    connection = dbapi.connect(str(tmp_path / "db"), autocommit=True)
+    try:
+        cursor = connection.cursor()
+        cursor.execute("CREATE TOPIC t (CONSUMER c)")
+        with pytest.raises(dbapi.Error) as refused:
+            cursor.execute("INSERT INTO TOPIC t (data) SELECT unne\u017ft(?)", [[b"a"]])
+        assert refused.value.sqlstate == "42883"
+        with pytest.raises(dbapi.Error) as refused:
+            cursor.execute("INSERT INTO TOPIC t (data) SELECT\x1cunnest(?)", [[b"a"]])
+        assert refused.value.sqlstate == "42601"
+    finally:
+        connection.close()
+
+
 def test_an_insert_into_a_topic_stores_the_same_messages_either_way(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:

@@ -13,7 +13,7 @@ import numpy as np
 import pyarrow as pa
 import pytest
 
-from storage import cleaner, failpoints, ledger_route, limits
+from storage import cleaner, failpoints, ledger_route, limits, topic_log
 from storage.clock import SYSTEM_CLOCK
 from storage.codecs import Codec
 from storage.config import TopicConfig
@@ -341,3 +341,31 @@ def test_removing_a_partition_while_the_ledger_holds_uncopied_rows_does_not_hang
         assert _rows(topic, 0) == _expected(range(1), 0)
     finally:
         topic.close()
+
+
+def test_shares_sliced_from_one_batch_are_written_as_a_list_of_them_is(tmp_path: Any) -> None:
+    """``TopicLog.shares`` hands the ledger the batch its shares are slices of
+    (``Shares.whole``, round 35): its checks, decision and frame body read that one chunk.
+    The frame, and what every partition reads back, are those of the same shares handed
+    as a plain list (one chunk a share, joined again)."""
+    found = []
+    for name in ("whole", "list"):
+        topic = TopicLog(FileSystem(), os.path.join(str(tmp_path), name), name, SYSTEM_CLOCK,
+                         create=True, ledger=True)  # fmt: skip
+        topic.create(TopicConfig(partition_count=20, supported_codecs=frozenset({Codec.RAW})))
+        try:
+            for k in range(3):
+                ids = [f"p{(7 * i + k) % 50}" for i in range(300)]
+                batch = build_wire_batch([f"{k}.{i}".encode() for i in range(300)],
+                                         producer_id=ids)  # fmt: skip
+                targets = np.array([(7 * i + k) % 20 for i in range(300)])
+                shares = topic.shares(batch, targets)
+                assert isinstance(shares, topic_log.Shares) and shares.whole is not None
+                joined = pa.Table.from_batches([piece for _, _, piece in shares])
+                assert joined.combine_chunks().to_batches()[0].equals(shares.whole)
+                assert topic.append_ledger(shares if name == "whole" else list(shares))
+            found.append({p: _rows(topic, p) for p in range(20)})
+        finally:
+            topic.close()
+    assert found[0] == found[1]
+    assert sum(len(rows) for rows in found[0].values()) == 900
