@@ -7,7 +7,8 @@ each such block is a new ``mmap`` (or heap top trimmed back after use), so its p
 faulted in and zeroed again on every statement: ~530 minor page faults and ~2 ms of
 server CPU per statement, measured. Raising the mmap threshold to 32 MiB (glibc's
 maximum) and the trim threshold to 128 MiB lets such blocks come from the heap and be
-reused. Cost: up to ``TRIM_THRESHOLD_BYTES`` of freed memory stays with the process.
+reused. Cost: up to ``TRIM_THRESHOLD_BYTES`` of freed memory may stay with each of glibc's
+arenas (below).
 
 The server process calls ``reuse_large_blocks`` (``sql.pgwire.server.serve``). Since round
 35 ``configure`` applies the same once per process when a database opens, embedded too (as
