@@ -450,11 +450,9 @@ def record_json_writes(recorder: Any, count: int, writes: dict[str, list[float]]
 
 
 def _read_segments(data_dir: str) -> float:
-    from engine import malloc_tuning
     from engine.database import Database
 
-    malloc_tuning.reuse_large_blocks()  # as topicbase serve does: reads reuse their buffers
-
+    # (the open fixes glibc's thresholds as topicbase serve does: engine.malloc_tuning)
     database = Database.open(data_dir, retention_interval_s=None)
     session = database.connect()
     try:

@@ -67,7 +67,7 @@ log = logging.getLogger(__name__)
 
 # pyarrow's default pool (mimalloc) commits a ~1 GiB arena of address space when it first
 # allocates (VmData 1.3 GiB at rest, 0.3 GiB without, the same resident memory). The system
-# allocator has none, and with it Arrow's buffers come from the heap ``malloc_tuning``
+# allocator has none, and with it Arrow's buffers come from the heap ``engine.malloc_tuning``
 # tunes; but it is slower on the wire's hot paths: round 26 (lead), ``bench.run --only
 # pgwire,streams`` alternated, 5 pairs, load 2.5-3.4: wire consume (binary) 634 k msgs/s
 # median with mimalloc against 461 k with the system allocator (mimalloc ahead in all 5),

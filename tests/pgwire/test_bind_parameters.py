@@ -9,9 +9,6 @@ from __future__ import annotations
 
 import asyncio
 import struct
-import subprocess
-import sys
-from pathlib import Path
 from typing import Any
 
 import pytest
@@ -21,8 +18,6 @@ from sql.pgwire.codec import wire_types
 from sql.pgwire.connection.output import FLUSH_BYTES, GatheringWriter
 from storage.errors import TopicbaseError
 from tests.pgwire.rawclient import RawClient, error_fields
-
-REPO_DIR = Path(__file__).resolve().parents[2]
 
 
 def bind_body(values: list[bytes | None], formats: list[int], results: list[int]) -> bytes:
@@ -252,37 +247,3 @@ def _bind_unnamed(values: list[bytes | None]) -> bytes:
     for value in values:
         body += struct.pack("!i", -1) if value is None else struct.pack("!i", len(value)) + value
     return m.message(b"B", body + struct.pack("!h", 0))
-
-
-# -- malloc tuning (``topicbase serve``'s process) -----------------------------------------------
-_FAULTS_SCRIPT = """
-import resource, sys
-from engine import malloc_tuning
-applied = malloc_tuning.reuse_large_blocks() if sys.argv[1] == "tuned" else None
-def faults():
-    return resource.getrusage(resource.RUSAGE_SELF).ru_minflt
-for _ in range(5):  # warm up: the heap grows once
-    bytes(bytearray(1 << 20))
-before = faults()
-for _ in range(50):  # as per Bind message: a 1 MiB buffer, a copy of it, both freed
-    bytes(bytearray(1 << 20))
-print(applied, faults() - before)
-"""
-
-
-def _page_faults(mode: str) -> tuple[str, int]:
-    done = subprocess.run([sys.executable, "-c", _FAULTS_SCRIPT, mode], capture_output=True,
-                          text=True, check=True, cwd=REPO_DIR, timeout=60)  # fmt: skip
-    applied, faults = done.stdout.split()
-    return applied, int(faults)
-
-
-@pytest.mark.skipif(not sys.platform.startswith("linux"), reason="glibc's mallopt is Linux's")
-def test_malloc_tuning_reuses_large_blocks() -> None:
-    """Untuned, every 1 MiB buffer is mapped afresh (~256 page faults each); tuned, the
-    heap's blocks are reused (a count of page faults, not a timing)."""
-    applied, tuned = _page_faults("tuned")
-    assert applied == "True"
-    _, default = _page_faults("default")
-    assert default > 50 * 200  # 50 rounds of two fresh 1 MiB blocks
-    assert tuned < default / 20
