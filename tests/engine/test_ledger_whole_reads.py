@@ -237,6 +237,17 @@ def test_a_resume_point_does_not_apply_once_the_offsets_moved_back(
         database.close()
 
 
+def _six_files(database: Database) -> tuple[Any, Any, list[int], list[int]]:
+    """Six statements, a ledger file each (the caller opened the database with
+    ``LEDGER_FILE_BYTES_MAX`` at 4096), not copied: a session, the topic, its ledger's
+    file numbers and their sizes."""
+    session, topic = _written(database, 6 * STATEMENT)
+    ledger = topic.ledger.ledger
+    files = ledger.file_numbers
+    assert len(files) == 6
+    return session, topic, files, [ledger._files[n].size for n in files]
+
+
 def test_a_consumer_behind_the_kept_files_reads_to_their_edges_then_takes_them_whole(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch, no_copier: list[int]
 ) -> None:
@@ -249,11 +260,8 @@ def test_a_consumer_behind_the_kept_files_reads_to_their_edges_then_takes_them_w
     monkeypatch.setattr(limits, "LEDGER_FILE_BYTES_MAX", 4096)  # a file a frame
     database = _open(tmp_path, monkeypatch, True)
     try:
-        _, topic = _written(database, 6 * STATEMENT)
+        _, topic, files, sizes = _six_files(database)
         ledger = topic.ledger.ledger
-        files = ledger.file_numbers
-        assert len(files) == 6
-        sizes = [ledger._files[n].size for n in files]
         monkeypatch.setattr(limits, "LEDGER_KEEP_COPIED_BYTES", sizes[-2] + sizes[-3])
         # behind the larger budget for unread files too (round 35)
         monkeypatch.setattr(limits, "LEDGER_KEEP_UNREAD_BYTES", sizes[-2] + sizes[-3])
@@ -280,11 +288,8 @@ def test_files_a_consumer_has_not_read_are_kept_past_the_budget_until_it_reads_t
     monkeypatch.setattr(limits, "LEDGER_FILE_BYTES_MAX", 4096)  # a file a frame
     database = _open(tmp_path, monkeypatch, True)
     try:
-        session, topic = _written(database, 6 * STATEMENT)
+        session, topic, files, sizes = _six_files(database)
         ledger = topic.ledger.ledger
-        files = ledger.file_numbers
-        assert len(files) == 6
-        sizes = [ledger._files[n].size for n in files]
         monkeypatch.setattr(limits, "LEDGER_KEEP_COPIED_BYTES", sizes[-2] + sizes[-3])
         assert topic.ledger.copy_all() == 6 * STATEMENT
         assert ledger.file_numbers == files  # all unread by consumer c: all kept

@@ -301,16 +301,22 @@ def test_the_newest_copied_files_are_kept_within_a_budget_and_read_whole(
     ledger.close()
 
 
-def test_copied_files_are_kept_within_a_budget_of_indexed_shares(ledger_dir: Path) -> None:
-    """The kept files' shares stay indexed (~200 bytes of memory each): ``keep_shares``
-    bounds them whatever the byte budget (round 34), newest files kept first."""
+def _twelve_copied(ledger_dir: Path) -> tuple[Ledger, list[int]]:
+    """Twelve frames of two shares (partition 0: 2 rows, 1: 1 row) in 1 KiB files, all
+    copied; the last file is still being written. The ledger and its file numbers."""
     ledger = Ledger(FileSystem(), str(ledger_dir), file_bytes_max=1024)
     for k in range(12):
         ledger.append([(0, _batch(f"x{k}", 2)), (1, _batch(f"y{k}", 1))])
-    files = ledger.file_numbers
-    assert len(files) >= 4
     ledger.release(0, 24)
-    ledger.release(1, 12)  # everything copied; the last file is still being written
+    ledger.release(1, 12)
+    return ledger, ledger.file_numbers
+
+
+def test_copied_files_are_kept_within_a_budget_of_indexed_shares(ledger_dir: Path) -> None:
+    """The kept files' shares stay indexed (~200 bytes of memory each): ``keep_shares``
+    bounds them whatever the byte budget (round 34), newest files kept first."""
+    ledger, files = _twelve_copied(ledger_dir)
+    assert len(files) >= 4
     copied = [ledger._files[n] for n in files[:-1]]
     assert all(entry.shares == 2 * (entry.last - entry.first + 1) for entry in copied)
     room = copied[-1].shares + copied[-2].shares  # two files' shares fit, a third's not
@@ -326,13 +332,8 @@ def test_copied_files_a_reader_has_not_read_are_kept_past_the_budget(ledger_dir:
     """Past ``keep_bytes``, files holding a frame some reader has not read stay, within
     ``keep_unread_bytes`` (round 35): from the oldest file with an unread frame on, and
     never a hole (a file not kept takes every older one with it)."""
-    ledger = Ledger(FileSystem(), str(ledger_dir), file_bytes_max=1024)
-    for k in range(12):
-        ledger.append([(0, _batch(f"x{k}", 2)), (1, _batch(f"y{k}", 1))])
-    files = ledger.file_numbers
+    ledger, files = _twelve_copied(ledger_dir)
     assert len(files) >= 5
-    ledger.release(0, 24)
-    ledger.release(1, 12)  # everything copied; the last file is still being written
     copied = [ledger._files[n] for n in files[:-1]]
     one = copied[-1].size  # the budget keeps the newest copied file only
     everything = sum(entry.size for entry in copied)
