@@ -290,3 +290,67 @@ def test_row_sizes_of_a_sliced_frame_are_its_own_rows() -> None:
     batch = build_wire_batch([b"a" * n for n in (1, 10, 100, 1000, 5)])
     sizes = _row_bytes(batch.slice(2, 2))
     assert (sizes - sizes.min()).tolist() == [0, 900]  # 100 and 1000 bytes, same share
+
+
+def _frames(rng: random.Random) -> list[pa.RecordBatch]:
+    """Frames as ``Ledger.read_many`` gives them: some sliced, some with empty messages."""
+    frames = []
+    for k in range(6):
+        count = rng.randint(1, 9)
+        frame = build_wire_batch(
+            [bytes([k]) * rng.randint(0, 40) for _ in range(count + 2)],
+            producer_id=f"p{k}", seq_no=list(range(count + 2)),
+        )  # fmt: skip
+        frames.append(frame.slice(1, count) if k % 2 else frame.slice(0, count))
+    return frames
+
+
+def test_rows_gathered_from_spans_are_the_whole_reads_rows_in_order() -> None:
+    """``_gathered`` gives what one ``take`` over the whole read gives, for any rows in any
+    order (runs of shares, single rows, rows of one frame, every row reversed)."""
+    import numpy as np
+
+    from storage.ledger_copy import _gathered
+
+    rng = random.Random(36)
+    for _ in range(200):
+        frames = _frames(rng)
+        lengths = np.array([f.num_rows for f in frames])
+        frame_of_row = np.repeat(np.arange(len(frames)), lengths)
+        firsts = np.concatenate(([0], np.cumsum(lengths)[:-1]))
+        whole = pa.Table.from_batches(frames)
+        total = int(lengths.sum())
+        rows = np.array(rng.sample(range(total), rng.randint(1, total)), np.int64)
+        if rng.random() < 0.3:
+            rows = np.arange(total - 1, -1, -1)
+        got = _gathered(frames, frame_of_row, firsts, rows)
+        expected = whole.take(pa.array(rows)).combine_chunks().to_batches()[0]
+        assert got.equals(expected)
+
+
+def test_a_group_is_gathered_from_its_own_rows_only(monkeypatch: pytest.MonkeyPatch) -> None:
+    """The rows of consecutive partitions (as the copy groups them) are taken from a
+    table of their own spans, never from the whole read (a ``take`` over all chunks
+    joins them first: a copy of the whole read for every group)."""
+    import numpy as np
+
+    from storage import ledger_copy
+
+    frames = [build_wire_batch([f"{f}.{p}".encode() * 50 for p in range(10) for _ in range(3)])
+              for f in range(4)]  # fmt: skip
+    lengths = np.array([f.num_rows for f in frames])
+    frame_of_row = np.repeat(np.arange(len(frames)), lengths)
+    firsts = np.concatenate(([0], np.cumsum(lengths)[:-1]))
+    partition = np.tile(np.repeat(np.arange(10), 3), 4)
+    order = np.argsort(partition, kind="stable")
+    group = order[(partition[order] >= 4) & (partition[order] < 6)]  # partitions 4 and 5
+    joined: list[int] = []
+    concat = pa.concat_batches
+    monkeypatch.setattr(ledger_copy.pa, "concat_batches",
+                        lambda spans: joined.append(sum(s.num_rows for s in spans))
+                        or concat(spans))  # fmt: skip
+    got = ledger_copy._gathered(frames, frame_of_row, firsts, group)
+    assert joined == [len(group)] == [24]  # 2 partitions x 3 rows x 4 frames, no more
+    assert got.column("data").to_pylist() == [
+        f"{f}.{p}".encode() * 50 for p in (4, 5) for f in range(4) for _ in range(3)
+    ]
