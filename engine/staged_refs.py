@@ -34,6 +34,7 @@ from __future__ import annotations
 
 import concurrent.futures
 import contextlib
+import itertools
 import mmap
 import os
 import shutil
@@ -233,7 +234,33 @@ class PartitionGroups:
         if len(self.partitions) == 1:
             return self.rows
         positions = self._order[self._bounds[index]:self._bounds[index + 1]]
-        return self.rows.take(pa.array(positions)).combine_chunks()
+        return rows_at(self.rows, positions)
+
+
+def rows_at(table: pa.Table, positions: np.ndarray) -> pa.Table:
+    """The rows ``positions`` (ascending) of ``table``, as one chunk, taken chunk by chunk.
+
+    A ``take`` over a table of many chunks first joins all of them: a copy of the whole
+    table, into fresh memory, at every call (pyarrow 26: ~9 ms to take 1,000 rows of a
+    16-chunk 160 MB table, 0.08 ms from one chunk). A staged file's table is memory-mapped
+    in many chunks and a group is taken for each partition, so that was a copy of the
+    whole file per partition; here each chunk holding some of the rows is taken from
+    alone and only the rows are joined."""
+    assert np.all(np.diff(positions) > 0), "positions ascend"
+    batches = table.to_batches()  # (zero-copy: the chunks, or slices at common bounds)
+    if len(batches) <= 1:
+        return table.take(pa.array(positions)).combine_chunks()
+    lengths = np.fromiter((batch.num_rows for batch in batches), np.int64, len(batches))
+    firsts = np.concatenate(([0], np.cumsum(lengths)[:-1]))
+    cuts = np.searchsorted(positions, np.append(firsts, firsts[-1] + lengths[-1]))
+    taken = [
+        batches[chunk].take(pa.array(positions[low:high] - firsts[chunk]))
+        for chunk, (low, high) in enumerate(itertools.pairwise(cuts.tolist()))
+        if high > low
+    ]  # fmt: skip
+    if not taken:
+        return table.schema.empty_table()
+    return pa.Table.from_batches(taken, schema=table.schema).combine_chunks()
 
 
 def by_reference(data: pa.Table) -> bool:
