@@ -34,7 +34,6 @@ from __future__ import annotations
 
 import concurrent.futures
 import contextlib
-import itertools
 import mmap
 import os
 import shutil
@@ -170,7 +169,8 @@ def partition_groups(data: pa.Table) -> Iterator[tuple[int | None, pa.Table]]:
     """Topic rows grouped by their ``partition`` (without that column), each group in the
     rows' order, groups in ascending partition order; one group ``(None, data)`` when no row
     names a partition (the topic routes them). Groups are made one at a time, so only one
-    is in memory beside ``data`` (which is memory-mapped) while the caller stages it.
+    is in memory beside ``data`` (which is memory-mapped) and, when ``data`` has many
+    chunks, one joined copy of it (``PartitionGroups.rows_of``) while the caller stages it.
 
     Refuses a partition given for some rows only (22023) or negative (22003), as an
     ``INSERT INTO TOPIC`` does, before the first group.
@@ -211,16 +211,19 @@ class PartitionGroups:
     """``rows`` grouped by ``values`` (each row's partition), without copying them: one
     stable sort of the row numbers by partition, cut where the partition changes (a
     filter per partition cost P passes over all rows). A group is taken (copied) only
-    when asked for, its rows in their order in ``rows``: the same rows as a filter.
+    when asked for, its rows in their order in ``rows``: the same rows as a filter. A
+    ``rows`` of many chunks is joined into one at the first group taken (once, not at
+    every take: ``rows_of``).
 
     Invariant: ``partitions`` ascending and distinct; ``_bounds[i]:_bounds[i + 1]`` are
     the positions in ``_order`` of the rows of ``partitions[i]``."""
 
-    __slots__ = ("_bounds", "_order", "partitions", "rows")
+    __slots__ = ("_bounds", "_joined", "_order", "partitions", "rows")
 
     def __init__(self, rows: pa.Table, values: np.ndarray) -> None:
         assert len(values) == rows.num_rows > 0
         self.rows = rows
+        self._joined: pa.Table | None = None  # ``rows`` in one chunk, at the first group taken
         self._order = np.argsort(values, kind="stable")
         self.partitions, starts = np.unique(values[self._order], return_index=True)
         self._bounds = np.append(starts, len(values))
@@ -234,33 +237,16 @@ class PartitionGroups:
         if len(self.partitions) == 1:
             return self.rows
         positions = self._order[self._bounds[index]:self._bounds[index + 1]]
-        return rows_at(self.rows, positions)
-
-
-def rows_at(table: pa.Table, positions: np.ndarray) -> pa.Table:
-    """The rows ``positions`` (ascending) of ``table``, as one chunk, taken chunk by chunk.
-
-    A ``take`` over a table of many chunks first joins all of them: a copy of the whole
-    table, into fresh memory, at every call (pyarrow 26: ~9 ms to take 1,000 rows of a
-    16-chunk 160 MB table, 0.08 ms from one chunk). A staged file's table is memory-mapped
-    in many chunks and a group is taken for each partition, so that was a copy of the
-    whole file per partition; here each chunk holding some of the rows is taken from
-    alone and only the rows are joined."""
-    assert np.all(np.diff(positions) > 0), "positions ascend"
-    batches = table.to_batches()  # (zero-copy: the chunks, or slices at common bounds)
-    if len(batches) <= 1:
-        return table.take(pa.array(positions)).combine_chunks()
-    lengths = np.fromiter((batch.num_rows for batch in batches), np.int64, len(batches))
-    firsts = np.concatenate(([0], np.cumsum(lengths)[:-1]))
-    cuts = np.searchsorted(positions, np.append(firsts, firsts[-1] + lengths[-1]))
-    taken = [
-        batches[chunk].take(pa.array(positions[low:high] - firsts[chunk]))
-        for chunk, (low, high) in enumerate(itertools.pairwise(cuts.tolist()))
-        if high > low
-    ]  # fmt: skip
-    if not taken:
-        return table.schema.empty_table()
-    return pa.Table.from_batches(taken, schema=table.schema).combine_chunks()
+        if self._joined is None:
+            # A ``take`` over a table of many chunks joins all of them first, a copy of
+            # the whole table into fresh memory at every call (pyarrow 26: ~9 ms to take
+            # 1,000 rows of a 16-chunk 160 MB table, 0.08 ms from one chunk): a staged
+            # file's table is memory-mapped in many chunks and a group is taken for each
+            # partition, so that was a copy of the whole file per partition. Joined once
+            # here (as much memory as one of those copies, kept while the groups are
+            # taken), each group is one take of its own rows.
+            self._joined = self.rows.combine_chunks()
+        return self._joined.take(pa.array(positions)).combine_chunks()
 
 
 def by_reference(data: pa.Table) -> bool:
