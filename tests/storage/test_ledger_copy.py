@@ -354,3 +354,34 @@ def test_a_group_is_gathered_from_its_own_rows_only(monkeypatch: pytest.MonkeyPa
     assert got.column("data").to_pylist() == [
         f"{f}.{p}".encode() * 50 for p in (4, 5) for f in range(4) for _ in range(3)
     ]
+
+
+def test_grouped_pieces_never_take_from_the_whole_read(
+    topic: _Topic, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The copy of many frames takes each group of pieces from its own spans: no ``take``
+    is made over a table of more than one chunk (one over the read's frames joined them
+    all first), and the logs get every row."""
+    import pyarrow.compute as pc
+
+    from storage import limits
+
+    monkeypatch.setattr(limits, "LEDGER_COPY_PIECE_BYTES", 2 * 1024)  # several groups
+    assert topic.ledger is not None
+    statements = [[(p, _batch(f"{k}.{p}" + "x" * 100, 2)) for p in range(PARTITIONS)]
+                  for k in range(12)]  # fmt: skip
+    for shares in statements:
+        topic.ledger.append(shares)
+    chunks: list[int] = []
+    take = pc.take
+
+    def counting(data, *args, **kwargs):  # type: ignore[no-untyped-def]
+        chunks.append(data.column(0).num_chunks if isinstance(data, pa.Table) else 1)
+        return take(data, *args, **kwargs)
+
+    monkeypatch.setattr(pc, "take", counting)
+    report = copy_ledger(topic.ledger, topic.logs)
+    assert report.messages == 12 * 2 * PARTITIONS and report.appends > PARTITIONS
+    assert chunks and max(chunks) == 1
+    for partition, data in _expected(statements).items():
+        assert topic.data(partition) == data
