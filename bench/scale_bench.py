@@ -17,11 +17,12 @@
    the produce time; the partitions' syncs after it (``copy_all``) are not, as the
    staging path's checkpoint syncs are not; no copier pass runs into the other side's
    time. The note gives the whole copy's CPU a message (the background passes' and
-   those). A repetition produces for 5 s in both suites: the copier's passes come a
-   second apart at most (``limits.LEDGER_COPY_WAIT_S``), so a repetition of 1 s (the
-   quick suite's before round 32) held no pass, and every row's copy was written at
-   its end, in the foreground: it measured the statements plus a synchronous copy of
-   all of them, not a producer that goes on producing (docs/scale.md, round 32).
+   those). A repetition produces for 5 s in both suites: the copier's passes come
+   ``limits.LEDGER_COPY_WAIT_S`` (3 s since round 36) or 48 frames apart at most, so a
+   repetition holds one or more; one of 1 s (the quick suite's before round 32, with
+   passes a second apart) held none, and every row's copy was written at its end, in
+   the foreground: it measured the statements plus a synchronous copy of all of them,
+   not a producer that goes on producing (docs/scale.md, round 32).
 2. ``scale.partitions_1000.ledger_off``: the same comparison in a store with the ledger
    switched off (``TOPICBASE_LEDGER=0``: every statement through the staging log into
    the partitions' own segments, the default before round 31), no target.

@@ -612,17 +612,23 @@ LEDGER_FRAME_BYTES_MAX = 16 * 1024 * 1024
 LEDGER_SHARE_BYTES_MAX = 64 * 1024
 # One copy of the ledger into the partitions' segments (``storage.ledger_copy``) reads
 # whole frames until it holds this many messages: each partition then gets one frame (and
-# one sync) for many statements' shares.
-LEDGER_COPY_MESSAGES_MAX = 100_000
+# one sync) for many statements' shares. (The read is views of the ledger's map; what a
+# copy gathers at a time is ``LEDGER_COPY_PIECE_BYTES``.)
+LEDGER_COPY_MESSAGES_MAX = 300_000
 # A partition's copied rows go to its log in appends of at most about this many bytes (cut
 # between shares), gathered this many bytes at a time: under ``BATCH_BYTES_MAX`` with room.
 LEDGER_COPY_PIECE_BYTES = 16 * 1024 * 1024
 # The ledger's background copier (``storage.ledger_route``; round 28, H1) runs once this
 # many frames were appended since its last pass, or this long after the first of them: a
 # partition's copy then carries several statements' shares (round 27 H5: ~255 ms of CPU a
-# 1000-partition frame copied one frame at a time, ~40 ms at 32 frames a copy).
-LEDGER_COPY_FRAMES_MIN = 16
-LEDGER_COPY_WAIT_S = 1.0
+# 1000-partition frame copied one frame at a time, ~40 ms at 32 frames a copy). Round 36
+# (docs/scale.md): the copier's work is mostly Python per partition a pass, and it runs
+# beside the statements under one interpreter lock, so fewer, larger passes cost both
+# less: 48 frames and 3 s against 16 and 1 s, the copier's CPU at 1000 partitions 1.9-2.4
+# against 3.0-4.4 us a message and the scale bench's produce 0.63-0.72x against 0.53-0.62x
+# of 10 partitions, four alternated pairs.
+LEDGER_COPY_FRAMES_MIN = 48
+LEDGER_COPY_WAIT_S = 3.0
 # The copier keeps the newest ledger files it has copied, up to this many bytes a topic,
 # before it deletes them (``Ledger.drop_copied_files``): a consumer polling a little
 # behind the producers takes their frames whole (``Ledger.whole_frames``) instead of
