@@ -8,10 +8,10 @@ import random
 
 import numpy as np
 import pyarrow as pa
-import pyarrow.compute as pc
 import pytest
 
 from engine import staged_refs
+from tests.take_spy import spy_takes
 
 
 def _table(rng: random.Random) -> pa.Table:
@@ -53,14 +53,7 @@ def test_groups_never_take_from_many_chunks(monkeypatch: pytest.MonkeyPatch) -> 
     table = pa.concat_tables([_table(rng) for _ in range(4)])
     assert table.column(0).num_chunks > 1
     values = np.array([rng.randrange(5) for _ in range(table.num_rows)], np.int64)
-    seen: list[int] = []
-    take = pc.take
-
-    def counting(data, *args, **kwargs):  # type: ignore[no-untyped-def]
-        seen.append(data.column(0).num_chunks if isinstance(data, pa.Table) else 1)
-        return take(data, *args, **kwargs)
-
-    monkeypatch.setattr(pc, "take", counting)
+    seen = spy_takes(monkeypatch)
     groups = staged_refs.PartitionGroups(table, values)
     joined = []
     for partition in groups.partitions.tolist():

@@ -362,9 +362,8 @@ def test_grouped_pieces_never_take_from_the_whole_read(
     """The copy of many frames takes each group of pieces from its own spans: no ``take``
     is made over a table of more than one chunk (one over the read's frames joined them
     all first), and the logs get every row."""
-    import pyarrow.compute as pc
-
     from storage import limits
+    from tests.take_spy import spy_takes
 
     monkeypatch.setattr(limits, "LEDGER_COPY_PIECE_BYTES", 2 * 1024)  # several groups
     assert topic.ledger is not None
@@ -372,14 +371,7 @@ def test_grouped_pieces_never_take_from_the_whole_read(
                   for k in range(12)]  # fmt: skip
     for shares in statements:
         topic.ledger.append(shares)
-    chunks: list[int] = []
-    take = pc.take
-
-    def counting(data, *args, **kwargs):  # type: ignore[no-untyped-def]
-        chunks.append(data.column(0).num_chunks if isinstance(data, pa.Table) else 1)
-        return take(data, *args, **kwargs)
-
-    monkeypatch.setattr(pc, "take", counting)
+    chunks = spy_takes(monkeypatch)
     report = copy_ledger(topic.ledger, topic.logs)
     assert report.messages == 12 * 2 * PARTITIONS and report.appends > PARTITIONS
     assert chunks and max(chunks) == 1
