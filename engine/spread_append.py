@@ -54,7 +54,7 @@ from storage.errors import (
 from storage.group_commit import GroupCommitter, Request
 from storage.limits import SPREAD_SHARE_BYTES_MAX
 from storage.record_batch import check_wire_batch
-from storage.topic_log import TopicAppendResult, TopicLog
+from storage.topic_log import Shares, TopicAppendResult, TopicLog
 
 # A write over at least this many partitions commits through the staging log. The log
 # costs one extra write of the data and one sync; the plain path one sync per partition
@@ -89,8 +89,8 @@ def append_now(
     # Checked now, not at the publish (past the commit point it would fail for ever):
     # the whole batch once (schema, limits, codecs: each share is a part of it, and the
     # partitions share the topic's settings), and each partition's state.
-    topic.partition(shares[0][0]).check_append(batch)
-    for partition_id, _, _ in shares:
+    topic.partition(shares.partition_ids[0]).check_append(batch)
+    for partition_id in shares.partition_ids:
         if not topic.partition_info(partition_id).active:  # split since: route again
             return topic.append(batch, None, cancelled=cancelled)
         topic.partition(partition_id).check_writable()
@@ -121,17 +121,16 @@ def _check_topic_exists(database: Any, topic_id: str) -> None:
         ) from None
 
 
-def _ledger_result(shares: list[tuple[int, np.ndarray, pa.RecordBatch]], bases: list[int],
-                   count: int) -> TopicAppendResult:  # fmt: skip
+def _ledger_result(shares: Shares, bases: list[int], count: int) -> TopicAppendResult:
     """Every message written by a ledger frame (the ledger path writes a statement only
     when no message is a duplicate): each message's partition and offset in the batch's
     order (a share's ``k``-th row at its base + ``k``)."""
-    rows = np.concatenate([chosen for _, chosen, _ in shares])
-    sizes = np.fromiter((len(chosen) for _, chosen, _ in shares), np.int64, len(shares))
+    rows = shares.order  # the shares' rows, one share after another
+    sizes = shares.counts
     firsts = np.cumsum(sizes) - sizes
     partitions = np.empty(count, dtype=np.int64)
     offsets = np.empty(count, dtype=np.int64)
-    partitions[rows] = np.repeat([p for p, _, _ in shares], sizes)
+    partitions[rows] = np.repeat(shares.partition_ids, sizes)
     offsets[rows] = np.repeat(np.asarray(bases, np.int64) - firsts, sizes) + np.arange(count)
     return TopicAppendResult(partitions, np.zeros(count, dtype=np.uint8), offsets)
 
@@ -151,7 +150,7 @@ def _spreads(batch: pa.RecordBatch, targets: np.ndarray) -> bool:
 def _commit_in_log(
     database: Any,
     topic_id: str,
-    shares: list[tuple[int, np.ndarray, pa.RecordBatch]],
+    shares: Shares,
     count: int,
     cancelled: Callable[[], bool] | None,
 ) -> TopicAppendResult:
@@ -175,7 +174,7 @@ def _commit_in_log(
             "could not be reported (an allocation was refused under the memory cap)"
         )
     # The shares' rows, one after another, are a permutation of the batch's rows.
-    rows = np.concatenate([chosen for _, chosen, _ in shares])
+    rows = shares.order
     partitions = np.empty(count, dtype=np.int64)
     status = np.empty(count, dtype=np.uint8)
     offsets = np.empty(count, dtype=np.int64)

@@ -64,7 +64,7 @@ from storage.ledger import Ledger, LedgerSpans
 from storage.ledger_copy import Piece, copy_ledger, grouped_pieces
 from storage.log_sync import FileSystemSync
 from storage.partition_log import PartitionLog
-from storage.producer_state import SEQ_NO_COLUMN, decide_shares, record_share
+from storage.producer_state import SEQ_NO_COLUMN, decide_shares, record_shares
 from storage.record_batch import WIRE_SCHEMA
 
 _WIRE_FIELDS = tuple(WIRE_SCHEMA.names)
@@ -158,14 +158,19 @@ class TopicLedger:
     # -- appends -------------------------------------------------------------------------
     def append_shares(self, logs: Sequence[PartitionLog], batches: Sequence[pa.RecordBatch],
                       table: pa.Table | None, written_at_us: int,
-                      cancelled: Callable[[], bool] | None = None) -> list[int] | None:  # fmt: skip
+                      cancelled: Callable[[], bool] | None = None,
+                      counts: np.ndarray | None = None) -> list[int] | None:  # fmt: skip
         """Write ``batches[i]`` to ``logs[i]``'s partition (distinct, ascending ids) as one
         ledger frame; returns each share's base offset once durable, or None (nothing
         written) when the usual case does not hold (see the module doc). ``cancelled``:
         asked once every lock is held, just before the frame's round (the commit point):
         True refuses the statement with ``QueryCanceledError``, nothing written (the wait
-        for the partitions' locks is where a statement may spend its time here)."""
+        for the partitions' locks is where a statement may spend its time here).
+        ``counts``: the batches' row counts, if known; with ``table`` (all batches' rows,
+        in order) no batch is read (``topic_log.Shares.pieces`` makes each when read)."""
         assert len(logs) == len(batches) and len(logs) > 0
+        if counts is None:
+            counts = np.fromiter((batch.num_rows for batch in batches), np.int64, len(batches))
         if self._syncs is None:
             self._file_system_sync()  # before any row it is to cover is written
         taken: list[PartitionLog] = []
@@ -178,14 +183,13 @@ class TopicLedger:
                 return None
             if not all(self._follow_locked(log) for log in logs):
                 return None
-            decision = decide_shares([log.producers for log in logs], list(batches), table)
+            decision = decide_shares([log.producers for log in logs], batches, table, counts)
             if decision is None:
                 return None
             if cancelled is not None and cancelled():
                 raise QueryCanceledError("canceling statement due to user request")
             partitions = np.fromiter((log.partition_id for log in logs), np.int64, len(logs))
-            counts = np.fromiter((batch.num_rows for batch in batches), np.int64, len(batches))
-            whole = _whole(batches, table, decision.seq_nos)
+            whole = _whole(batches, table, decision.seq_nos, counts)
             try:
                 bases = self.ledger.append_whole(partitions, counts, whole,
                                                  written_at_us=written_at_us)  # fmt: skip
@@ -194,8 +198,8 @@ class TopicLedger:
                     for log in logs:  # the frame may be on disk: nobody takes its offsets
                         log.fence_for(error)
                 raise
-            for log, record, base in zip(logs, decision.records, bases, strict=True):
-                record_share(log.producers, record, base, written_at_us)
+            record_shares([log.producers for log in logs], decision, bases, written_at_us)
+            for log in logs:
                 log.ledger_unsettled = True
         finally:
             for log in taken:
@@ -526,15 +530,16 @@ def lowest_offsets(readers: Sequence[Mapping[int, int]]) -> Mapping[int, int]:
 
 
 def _whole(batches: Sequence[pa.RecordBatch], table: pa.Table | None,
-           seq_nos: np.ndarray | None) -> pa.RecordBatch:  # fmt: skip
+           seq_nos: np.ndarray | None, counts: np.ndarray) -> pa.RecordBatch:  # fmt: skip
     """A statement's shares as written, as one batch (the frame's body): ``batches`` one
-    after another (``table``, if the caller made it, is theirs), their seq_nos those the
-    decision numbered (``SpreadDecision.seq_nos``, in the same order), or as given (None).
-    No batch is made a share (``SpreadDecision.batch``: ~8 us each, 1000 a statement)."""
+    after another (``table``, if the caller made it, is theirs; ``counts``, their row
+    counts), their seq_nos those the decision numbered (``SpreadDecision.seq_nos``, in
+    the same order), or as given (None). No batch is made a share
+    (``SpreadDecision.batch``: ~8 us each, 1000 a statement)."""
     if table is None:
         table = pa.Table.from_batches(batches)
     whole = table.combine_chunks().to_batches()[0]
-    assert whole.num_rows == sum(batch.num_rows for batch in batches)
+    assert whole.num_rows == int(counts.sum())
     if seq_nos is None:
         return whole
     assert len(seq_nos) == whole.num_rows

@@ -61,7 +61,7 @@ from storage.producer_state import (
     SMALL_BATCH_ROWS,
     DedupDecision,
     ProducerStateManager,
-    ShareRecord,
+    SpreadDecision,
     record_share,
 )
 from storage.record_batch import (
@@ -1117,18 +1117,19 @@ class PartitionLog:
         batch: pa.RecordBatch,
         transaction_id: int,
         body: pa.Buffer | None,
-        record: ShareRecord,
+        decision: SpreadDecision,
+        index: int,
     ) -> int:
         """Write a decided share (``producer_state.decide_shares``: no duplicate) as one
-        frame tagged with ``transaction_id``, record its producer state (``record``, as
-        ``record_share``), then publish it; returns the base offset. Caller holds the
-        lock (``writes_paused``) and checked ``publishable_locked``. ``body``: the
-        batch's encoded body, if at hand. Readers waiting for data are not woken here:
+        frame tagged with ``transaction_id``, record its producer state (share ``index``
+        of ``decision``: ``record_share``), then publish it; returns the base offset.
+        Caller holds the lock (``writes_paused``) and checked ``publishable_locked``.
+        ``body``: the batch's encoded body, if at hand. Readers waiting for data are not woken here:
         the caller calls ``notify_readers`` once it has published its shares."""
         assert self._write_lock.locked() and transaction_id > 0
         base_offset, written_at_us = self._write_frame(batch, transaction_id, body)
         failpoints.hit("partition.after_write")
-        record_share(self.producers, record, base_offset, written_at_us)
+        record_share(self.producers, decision, index, base_offset, written_at_us)
         segment = self._segments[-1]  # ``_publish`` without a wake-up
         self._visible = Visible(segment.next_offset, self._segments, segment.size_bytes)
         return base_offset

@@ -34,6 +34,7 @@ import functools
 import itertools
 import json
 import os
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 
 import numpy as np
@@ -660,31 +661,43 @@ def _int64_with_mask(column: pa.Array) -> tuple[np.ndarray, np.ndarray]:
 
 
 @dataclass(frozen=True, slots=True)
-class ShareRecord:
-    """What ``record_share`` puts in one partition's producer state after its share was
-    written: per key of the share, in key order, its largest seq_no, the row (in the
-    share) of its last message, and, for a key of several messages, their seq_nos and
-    rows (the entry's recent seq_nos and offsets, as ``_record_small`` keeps them)."""
+class SpreadDecision:
+    """``decide_shares``' verdict: no share holds a duplicate.
 
+    What ``record_share``/``record_shares`` put in the partitions' producer state once
+    the shares are written is kept flat, one entry per (share, producer) *group*, groups
+    in share order and, within a share, in key order: ``keys``, ``largest`` (the group's
+    largest seq_no), ``last_rows`` (the row, in its share, of the group's last message)
+    and ``group_starts``/``group_ends`` (the group's span of ``sorted_seq_nos`` and
+    ``sorted_rows``: every message's seq_no and row in its share, sorted by share, key,
+    row). Share ``i``'s groups are ``share_bounds[i]`` to ``share_bounds[i + 1]``. No
+    object is made per share: a statement over 1000 partitions has 1000 shares
+    (docs/scale.md round 37).
+
+    ``seq_nos``: the seq_nos the writer numbered, all shares' one after another (share
+    ``i``'s from ``starts[i]``), or None when the producers gave them (every share is
+    written as it came). A share as written (``batch``, ``batches``) is built only when
+    asked for: a spread publish of 1000 shares needs the numbers, not 1000 batches
+    (``storage.spread_publish``)."""
+
+    originals: Sequence[pa.RecordBatch]
+    seq_nos: np.ndarray | None
+    starts: list[int]
     keys: list[str]
     largest: list[int]
     last_rows: list[int]
-    recent: list[tuple[np.ndarray, np.ndarray] | None]
+    group_starts: list[int]
+    group_ends: list[int]
+    sorted_seq_nos: np.ndarray
+    sorted_rows: np.ndarray
+    share_bounds: list[int]
 
-
-@dataclass(frozen=True, slots=True)
-class SpreadDecision:
-    """``decide_shares``' verdict: no share holds a duplicate. ``records``: one per
-    share, for ``record_share`` once that share is written. ``seq_nos``: the seq_nos the
-    writer numbered, all shares' one after another (share ``i``'s from ``starts[i]``),
-    or None when the producers gave them (every share is written as it came). A share
-    as written (``batch``, ``batches``) is built only when asked for: a spread publish
-    of 1000 shares needs the numbers, not 1000 batches (``storage.spread_publish``)."""
-
-    originals: list[pa.RecordBatch]
-    records: list[ShareRecord]
-    seq_nos: np.ndarray | None
-    starts: list[int]
+    def __post_init__(self) -> None:
+        groups = len(self.keys)
+        assert len(self.largest) == len(self.last_rows) == groups
+        assert len(self.group_starts) == len(self.group_ends) == groups
+        assert len(self.share_bounds) == len(self.originals) + 1
+        assert self.share_bounds[0] == 0 and self.share_bounds[-1] == groups
 
     def batch(self, index: int) -> pa.RecordBatch:
         """Share ``index`` as written: its seq_nos filled in where the writer numbers them."""
@@ -703,8 +716,9 @@ class SpreadDecision:
 
 def decide_shares(
     managers: list[ProducerStateManager],
-    batches: list[pa.RecordBatch],
+    batches: Sequence[pa.RecordBatch],
     table: pa.Table | None = None,
+    counts: np.ndarray | None = None,
 ) -> SpreadDecision | None:
     """``decide`` for many partitions' shares at once (share ``i`` goes to the partition
     of ``managers[i]``, all different): one dictionary encoding and a few numpy passes
@@ -720,11 +734,15 @@ def decide_shares(
     share by share with ``decide``. Pure: no state changes (``record_share`` does that).
     The caller holds every partition's write lock from here to the last ``record_share``.
     ``table``: ``pa.Table.from_batches(batches)``, if the caller made it already (a
-    table of 1000 batches costs ~2 ms).
+    table of 1000 batches costs ~2 ms). ``counts``: the batches' row counts, if the
+    caller has them (then, with ``table``, no batch is read: ``SpreadDecision.originals``
+    keeps ``batches`` as given, for ``batch`` to read when asked).
     """
-    assert len(managers) == len(batches) and batches
-    assert len({id(m) for m in managers}) == len(managers), "one share per partition"
-    counts = np.fromiter((b.num_rows for b in batches), np.int64, len(batches))
+    assert len(managers) == len(batches) and len(batches)
+    assert len(set(map(id, managers))) == len(managers), "one share per partition"
+    if counts is None:
+        counts = np.fromiter((b.num_rows for b in batches), np.int64, len(batches))
+    assert len(counts) == len(batches)
     total = int(counts.sum())
     # The columns of all shares at once (a column of each share costs a few us).
     if table is None:
@@ -784,38 +802,56 @@ def decide_shares(
         if not rising.all():
             return None
     largest = sorted_seq_nos[group_ends - 1].tolist()
-    sorted_rows = (order - share_starts[share_of_row[order]]).tolist()
-    last_rows = [sorted_rows[end - 1] for end in group_ends.tolist()]
-    recent: list[tuple[np.ndarray, np.ndarray] | None] = []
-    sorted_rows_array = np.array(sorted_rows, dtype=np.int64)
-    for start, end in zip(group_starts.tolist(), group_ends.tolist(), strict=True):
-        # One message past the live last seq_no (an expired entry is replaced):
-        # ``_record_small`` keeps no arrays, the last seq_no alone finds it.
-        if end - start == 1:
-            recent.append(None)
-        else:
-            recent.append((sorted_seq_nos[start:end].copy(), sorted_rows_array[start:end].copy()))
-    share_bounds = np.searchsorted(np.array(group_shares, np.int64),
+    sorted_rows = order - share_starts[share_of_row[order]]
+    last_rows = sorted_rows[group_ends - 1].tolist()
+    share_bounds = np.searchsorted(group_pairs // len(keys),
                                    np.arange(len(batches) + 1)).tolist()  # fmt: skip
-    records = [
-        ShareRecord(group_keys[a:b], largest[a:b], last_rows[a:b], recent[a:b])
-        for a, b in itertools.pairwise(share_bounds)
-    ]
     numbered = seq_nos if null_seq_nos else None
-    return SpreadDecision(list(batches), records, numbered, share_starts.tolist())
+    return SpreadDecision(batches, numbered, share_starts.tolist(), group_keys, largest,
+                          last_rows, group_starts.tolist(), group_ends.tolist(),
+                          sorted_seq_nos, sorted_rows, share_bounds)  # fmt: skip
 
 
-def record_share(
-    manager: ProducerStateManager, record: ShareRecord, base_offset: int, written_at_us: int
-) -> None:
-    """Update ``manager`` after its share of a ``decide_shares`` decision was written at
+def record_share(manager: ProducerStateManager, decision: SpreadDecision, index: int,
+                 base_offset: int, written_at_us: int) -> None:  # fmt: skip
+    """Update ``manager`` after share ``index`` of ``decision`` was written at
     ``base_offset``: the entries ``record_decision`` would make for that share."""
-    put = manager._put
-    for key, largest, last_row, recent in zip(
-        record.keys, record.largest, record.last_rows, record.recent, strict=True
-    ):
-        if recent is None:
-            put(key, largest, base_offset + last_row, written_at_us, _EMPTY, _EMPTY)
+    low, high = decision.share_bounds[index], decision.share_bounds[index + 1]
+    _record_groups(decision, [manager._put] * (high - low), [base_offset] * (high - low),
+                   low, high, written_at_us)  # fmt: skip
+
+
+def record_shares(managers: list[ProducerStateManager], decision: SpreadDecision,
+                  base_offsets: list[int], written_at_us: int) -> None:  # fmt: skip
+    """``record_share`` of every share (share ``i`` written to ``managers[i]`` at
+    ``base_offsets[i]``), in one pass over the groups."""
+    bounds = decision.share_bounds
+    assert len(managers) == len(base_offsets) == len(bounds) - 1
+    sizes = [high - low for low, high in itertools.pairwise(bounds)]
+    puts = list(itertools.chain.from_iterable(
+        itertools.repeat(manager._put, size) for manager, size in zip(managers, sizes, strict=True)
+    ))  # fmt: skip
+    bases = list(itertools.chain.from_iterable(
+        itertools.repeat(base, size) for base, size in zip(base_offsets, sizes, strict=True)
+    ))  # fmt: skip
+    _record_groups(decision, puts, bases, 0, bounds[-1], written_at_us)
+
+
+def _record_groups(decision: SpreadDecision, puts: list[Callable[..., None]], bases: list[int],
+                   low: int, high: int, written_at_us: int) -> None:  # fmt: skip
+    """Put groups ``low`` to ``high`` of ``decision``: group ``low + k`` through
+    ``puts[k]`` (its manager's ``_put``), its share written at ``bases[k]``. A group of
+    one message keeps no arrays (``_record_small``: its last seq_no alone finds it); a
+    larger one keeps its seq_nos and offsets (copies: an entry never holds a statement's
+    arrays alive)."""
+    seq_nos, rows = decision.sorted_seq_nos, decision.sorted_rows
+    for put, base, key, largest, last_row, start, end in zip(
+        puts, bases,
+        decision.keys[low:high], decision.largest[low:high], decision.last_rows[low:high],
+        decision.group_starts[low:high], decision.group_ends[low:high], strict=True,
+    ):  # fmt: skip
+        if end - start == 1:
+            put(key, largest, base + last_row, written_at_us, _EMPTY, _EMPTY)
         else:
-            seq_nos, rows = recent
-            put(key, largest, base_offset + last_row, written_at_us, seq_nos, rows + base_offset)
+            put(key, largest, base + last_row, written_at_us,
+                seq_nos[start:end].copy(), rows[start:end] + base)  # fmt: skip

@@ -77,15 +77,13 @@ def publish_shares(
         if decision is None:
             return None
         final = _frame_bodies(decision, bodies, data_bytes)
-        for index, (log, body, record) in enumerate(
-            zip(logs, final, decision.records, strict=True)
-        ):
+        for index, (log, body) in enumerate(zip(logs, final, strict=True)):
             if bases:  # between two partitions' shares
                 failpoints.hit("publish.mid_spread")
             # Framed from its body when it has one (the batch gives the row count only).
             batch = decision.originals[index] if body is not None else decision.batch(index)
             try:
-                bases.append(log.write_share_locked(batch, transaction_id, body, record))
+                bases.append(log.write_share_locked(batch, transaction_id, body, decision, index))
             except BaseException as error:  # its frame may be written, not published:
                 log.fence_if_unpublished(error)  # cut it (recovery republishes the share)
                 raise
@@ -153,19 +151,27 @@ def checked_data_bytes(batches: Sequence[pa.RecordBatch], config: TopicConfig) -
 
 
 def checked_shares(
-    batches: Sequence[pa.RecordBatch], config: TopicConfig, whole: pa.RecordBatch | None = None
+    batches: Sequence[pa.RecordBatch],
+    config: TopicConfig,
+    whole: pa.RecordBatch | None = None,
+    counts: np.ndarray | None = None,
 ) -> tuple[list[int], pa.Table] | None:
     """``checked_data_bytes``, with the table of all batches it read them through
     (``publish_shares`` decides the producer state over the same table). ``whole``: the
     batch ``batches`` are consecutive slices of (``topic_log.Shares.whole``), read as the
-    table's one chunk instead of one chunk a share (the same rows in the same order)."""
-    if not all(0 < batch.num_rows <= limits.BATCH_MESSAGES_MAX for batch in batches):
+    table's one chunk instead of one chunk a share (the same rows in the same order).
+    ``counts``: the batches' row counts, if known (then no batch is read unless the
+    whole is over the byte limit: ``topic_log.Shares.pieces`` makes each when read)."""
+    if counts is None:
+        counts = np.fromiter((b.num_rows for b in batches), np.int64, len(batches))
+    assert len(counts) == len(batches)
+    if not len(counts) or counts.min() <= 0 or counts.max() > limits.BATCH_MESSAGES_MAX:
         return None
     try:  # all columns of all shares
         table = pa.Table.from_batches([whole] if whole is not None else batches, WIRE_SCHEMA)
     except (pa.ArrowInvalid, TypeError):  # another schema
         return None
-    assert whole is None or table.num_rows == sum(batch.num_rows for batch in batches)
+    assert table.num_rows == int(counts.sum())
     # Buffers shared by the shares (slices of one batch) are counted once here; a share's
     # own count is at most the total, so only a total over the limit needs each share's.
     if table.get_total_buffer_size() > limits.BATCH_BYTES_MAX and any(
@@ -181,5 +187,4 @@ def checked_shares(
     supported = {int(codec) for codec in config.supported_codecs}
     if not set(np.unique(codecs.to_numpy()).tolist()) <= supported:
         return None
-    counts = np.fromiter((b.num_rows for b in batches), np.int64, len(batches))
     return np.add.reduceat(sizes, np.cumsum(counts) - counts).tolist(), table

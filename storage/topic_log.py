@@ -41,6 +41,7 @@ import time
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, replace
+from typing import Any, overload
 
 import numpy as np
 import pyarrow as pa
@@ -884,35 +885,28 @@ class TopicLog:
             and not self.autopartitioning.splits
         )
 
-    def shares(
-        self, batch: pa.RecordBatch, targets: np.ndarray
-    ) -> list[tuple[int, np.ndarray, pa.RecordBatch]]:
+    def shares(self, batch: pa.RecordBatch, targets: np.ndarray) -> Shares:
         """``batch`` split by ``targets`` (its ``route``): (partition id, its rows in
         ``batch`` in order, those rows as a batch), lowest partition first.
 
-        One take of the whole batch in partition order, then zero-copy slices of it
-        (a take per share costs ~35 us: 1000 of them per statement over 1000
-        partitions). A slice's ``get_total_buffer_size`` is its parent's, so the
-        caller checks the whole batch against the limits (``check_wire_batch``). The
-        metadata column must be all null (then each slice gets a null column of its
-        length): IPC writes a sliced map column's child offsets whole; with metadata,
-        a take per share as before."""
+        One take of the whole batch in partition order, then zero-copy slices of it,
+        each made when first read (``Shares``: the ledger path reads none; a take per
+        share costs ~35 us, 1000 of them per statement over 1000 partitions). A
+        slice's ``get_total_buffer_size`` is its parent's, so the caller checks the
+        whole batch against the limits (``check_wire_batch``). The metadata column must
+        be all null (then each slice gets a null column of its length): IPC writes a
+        sliced map column's child offsets whole; with metadata, a take per share as
+        before."""
         if len(targets) and (targets == targets[0]).all():
-            return [(int(targets[0]), np.arange(batch.num_rows), batch)]
+            return _one_share(batch, int(targets[0]))
         if batch.column(METADATA_COLUMN).null_count != batch.num_rows:
             return _shares(batch, targets)  # a sliced map column would be written whole
-        order = np.argsort(targets, kind="stable")
-        ordered = targets[order]
-        bounds = [0, *(np.flatnonzero(np.diff(ordered)) + 1).tolist(), len(ordered)]
+        order, ordered, bounds = _share_order(targets)
         whole = batch.take(pa.array(order))
         field = whole.schema.field(METADATA_COLUMN)
-        shares = Shares()
-        for start, end in itertools.pairwise(bounds):
-            piece = whole.slice(start, end - start)
-            piece = piece.set_column(METADATA_COLUMN, field, _null_metadata(end - start))
-            shares.append((int(ordered[start]), order[start:end], piece))
-        shares.whole = whole.set_column(METADATA_COLUMN, field, _null_metadata(len(order)))
-        return shares
+        whole = whole.set_column(METADATA_COLUMN, field, _null_metadata(len(order)))
+        ids = ordered[bounds[:-1]].tolist()
+        return Shares(ids, order, bounds, whole=whole)
 
     def _in_parallel(self, shares: int) -> bool:
         """Whether a statement's shares are appended concurrently (``_append_in_parallel``):
@@ -1389,7 +1383,7 @@ class TopicLog:
                 self.data_ready.wait(remaining)
         return True
 
-    def append_ledger(self, shares: list[tuple[int, np.ndarray, pa.RecordBatch]],
+    def append_ledger(self, shares: Sequence[tuple[int, np.ndarray, pa.RecordBatch]],
                       cancelled: Callable[[], bool] | None = None) -> list[int] | None:  # fmt: skip
         """Write a statement's shares (``shares``' output) as one ledger frame
         (``TopicLedger.append_shares``); each share's base offset, or None (nothing written:
@@ -1399,17 +1393,22 @@ class TopicLog:
         ledger = self.ledger
         if ledger is None:
             return None
-        batches = [piece for _, _, piece in shares]
-        checked = checked_shares(batches, self.config,
-                                 shares.whole if isinstance(shares, Shares) else None)  # fmt: skip
+        if isinstance(shares, Shares) and shares.whole is not None:  # no batch a share
+            ids, counts, batches = shares.partition_ids, shares.counts, shares.pieces
+            checked = checked_shares(batches, self.config, shares.whole, counts)
+        else:
+            ids = [partition_id for partition_id, _, _ in shares]
+            batches = [piece for _, _, piece in shares]
+            counts = np.fromiter((b.num_rows for b in batches), np.int64, len(batches))
+            checked = checked_shares(batches, self.config, None, counts)
         if checked is None:
             return None
         data_bytes, table = checked
         if (max(data_bytes) > limits.LEDGER_SHARE_BYTES_MAX
                 or table.get_total_buffer_size() > limits.LEDGER_FRAME_BYTES_MAX // 2):  # fmt: skip
             return None
-        logs = [self.partition(partition_id) for partition_id, _, _ in shares]
-        return ledger.append_shares(logs, batches, table, self.clock.now_us(), cancelled)
+        logs = [self.partition(partition_id) for partition_id in ids]
+        return ledger.append_shares(logs, batches, table, self.clock.now_us(), cancelled, counts)
 
     def close(self) -> None:
         if self.ledger is not None:  # its copier stopped before the logs close
@@ -1450,15 +1449,100 @@ _NULL_METADATA: dict[int, pa.Array] = {}
 _NULL_METADATA_MAX = 256
 
 
-class Shares(list[tuple[int, np.ndarray, pa.RecordBatch]]):
+class Shares(Sequence[tuple[int, np.ndarray, pa.RecordBatch]]):
     """``TopicLog.shares``' answer: (partition id, its rows in the batch, those rows as a
-    batch) a share, lowest partition first. ``whole``, when set: the one batch the shares'
-    batches are the consecutive slices of, in this order (their rows, an all-null metadata
-    column): the ledger's checks, producer decision and frame body read it as one chunk
-    instead of joining 1000 slices again (~3-5 ms a 1000-share statement; docs/scale.md
-    round 35)."""
+    batch) a share, lowest partition first.
 
-    whole: pa.RecordBatch | None = None
+    Kept as ``partition_ids``, ``order`` (the batch's rows, share after share) and
+    ``bounds`` (share ``i``'s rows are ``order[bounds[i]:bounds[i + 1]]``). ``whole``, when
+    set: the one batch the shares' batches are the consecutive slices of, in this order
+    (their rows, an all-null metadata column). Then a share's batch is made only when
+    asked for (``piece``, an item): the ledger's checks, producer decision and frame
+    body read ``whole`` as one chunk and need only the shares' row counts, so a
+    statement over 1000 partitions makes no 1000 batches (~1.5 us each: docs/scale.md
+    rounds 35 and 37). Without ``whole`` every batch is given (``pieces``)."""
+
+    def __init__(self, partition_ids: list[int], order: np.ndarray, bounds: list[int],
+                 pieces: list[pa.RecordBatch] | None = None,
+                 whole: pa.RecordBatch | None = None) -> None:  # fmt: skip
+        assert len(bounds) == len(partition_ids) + 1 and bounds[-1] == len(order)
+        assert (pieces is None) != (whole is None), "the batches, or the one to slice"
+        assert whole is None or whole.num_rows == len(order)
+        self.partition_ids = partition_ids
+        self.order = order
+        self.bounds = bounds
+        self.whole = whole
+        self._pieces: list[pa.RecordBatch | None] = (
+            [None] * len(partition_ids) if pieces is None else list(pieces)
+        )
+        assert len(self._pieces) == len(partition_ids)
+
+    @property
+    def counts(self) -> np.ndarray:
+        """Each share's row count."""
+        return np.diff(np.asarray(self.bounds, np.int64))
+
+    def rows(self, index: int) -> np.ndarray:
+        """Share ``index``'s rows in the batch, ascending."""
+        return self.order[self.bounds[index] : self.bounds[index + 1]]
+
+    def piece(self, index: int) -> pa.RecordBatch:
+        """Share ``index``'s rows as a batch (made from ``whole`` at the first ask)."""
+        piece = self._pieces[index]
+        if piece is None:
+            assert self.whole is not None
+            start, end = self.bounds[index], self.bounds[index + 1]
+            piece = self.whole.slice(start, end - start)
+            # The slice's own all-null column: a slice of the whole one would encode
+            # (IPC) with the whole column's child offsets.
+            field = self.whole.schema.field(METADATA_COLUMN)
+            piece = piece.set_column(METADATA_COLUMN, field, _null_metadata(end - start))
+            self._pieces[index] = piece
+        return piece
+
+    @property
+    def pieces(self) -> Sequence[pa.RecordBatch]:
+        """Every share's batch, each made at its first ask (``piece``)."""
+        return _Pieces(self)
+
+    def __len__(self) -> int:
+        return len(self.partition_ids)
+
+    @overload
+    def __getitem__(self, index: int) -> tuple[int, np.ndarray, pa.RecordBatch]: ...
+    @overload
+    def __getitem__(self, index: slice) -> list[tuple[int, np.ndarray, pa.RecordBatch]]: ...
+    def __getitem__(self, index: int | slice) -> Any:
+        if isinstance(index, slice):
+            return [self[i] for i in range(len(self))[index]]
+        if index < 0:
+            index += len(self)
+        if not 0 <= index < len(self):
+            raise IndexError(index)
+        return self.partition_ids[index], self.rows(index), self.piece(index)
+
+
+class _Pieces(Sequence[pa.RecordBatch]):
+    """``Shares.pieces``: the shares' batches as a sequence, each made when read."""
+
+    def __init__(self, shares: Shares) -> None:
+        self._shares = shares
+
+    def __len__(self) -> int:
+        return len(self._shares)
+
+    @overload
+    def __getitem__(self, index: int) -> pa.RecordBatch: ...
+    @overload
+    def __getitem__(self, index: slice) -> list[pa.RecordBatch]: ...
+    def __getitem__(self, index: int | slice) -> Any:
+        if isinstance(index, slice):
+            return [self[i] for i in range(len(self))[index]]
+        if index < 0:
+            index += len(self)
+        if not 0 <= index < len(self):
+            raise IndexError(index)
+        return self._shares.piece(index)
 
 
 def _null_metadata(count: int) -> pa.Array:
@@ -1471,22 +1555,30 @@ def _null_metadata(count: int) -> pa.Array:
     return cached
 
 
-def _shares(
-    batch: pa.RecordBatch, targets: np.ndarray
-) -> list[tuple[int, np.ndarray, pa.RecordBatch]]:
+def _shares(batch: pa.RecordBatch, targets: np.ndarray) -> Shares:
     """``batch`` split by target partition: (partition id, its rows in ``batch`` in order,
     those rows as a batch), lowest partition first. One stable sort, not a pass over the
-    batch per partition."""
+    batch per partition; a take per share."""
     if len(targets) and (targets == targets[0]).all():
-        return [(int(targets[0]), np.arange(batch.num_rows), batch)]
+        return _one_share(batch, int(targets[0]))
+    order, ordered, bounds = _share_order(targets)
+    pieces = [batch.take(pa.array(order[start:end])) for start, end in itertools.pairwise(bounds)]
+    return Shares([int(ordered[start]) for start in bounds[:-1]], order, bounds, pieces=pieces)
+
+
+def _one_share(batch: pa.RecordBatch, partition_id: int) -> Shares:
+    """The whole of ``batch`` as one share, to ``partition_id``."""
+    count = batch.num_rows
+    return Shares([partition_id], np.arange(count), [0, count], pieces=[batch])
+
+
+def _share_order(targets: np.ndarray) -> tuple[np.ndarray, np.ndarray, list[int]]:
+    """The rows in share order (a stable sort by target), their targets in that order,
+    and the shares' bounds in it."""
     order = np.argsort(targets, kind="stable")
     ordered = targets[order]
     bounds = [0, *(np.flatnonzero(np.diff(ordered)) + 1).tolist(), len(ordered)]
-    shares = []
-    for start, end in itertools.pairwise(bounds):
-        chosen = order[start:end]
-        shares.append((int(ordered[start]), chosen, batch.take(pa.array(chosen))))
-    return shares
+    return order, ordered, bounds
 
 
 def _append_in_parallel(

@@ -1,5 +1,6 @@
-"""``producer_state.decide_shares`` / ``record_share`` against ``decide`` and
-``record_decision`` share by share, on random inputs.
+"""``producer_state.decide_shares`` / ``record_share`` (or ``record_shares``, all
+shares in one pass) against ``decide`` and ``record_decision`` share by share, on random
+inputs.
 
 Two identical sets of partitions' producer states (built by the same earlier writes,
 some producers expired, some known only by a message group) get the same shares: one
@@ -24,7 +25,12 @@ from storage import producer_state
 from storage.clock import ManualClock
 from storage.errors import InvalidParameterValueError
 from storage.fs import FileSystem
-from storage.producer_state import ProducerStateManager, decide_shares, record_share
+from storage.producer_state import (
+    ProducerStateManager,
+    decide_shares,
+    record_share,
+    record_shares,
+)
 from storage.record_batch import build_wire_batch
 from tests.storage.producer_helpers import DAY_US, EXPIRY_US, write_per_share
 
@@ -138,12 +144,16 @@ def test_decide_shares_matches_the_per_share_path(
             return  # the two sides part here: the caller would take the per-share path
         assert not refused
         assert all(d.duplicate_count == 0 for d in old_decisions)
+        together = rng.random() < 0.5  # all shares in one pass, or share by share
+        if together:
+            record_shares(new, decision, list(ends), at)
         for partition, (share, old_decision) in enumerate(
             zip(decision.batches, old_decisions, strict=True)
         ):
             assert share.column(0).to_pylist() == old_decision.batch.column(0).to_pylist()
             assert share.column(0).null_count == 0
-            record_share(new[partition], decision.records[partition], ends[partition], at)
+            if not together:
+                record_share(new[partition], decision, partition, ends[partition], at)
             ends[partition] += share.num_rows
         for partition in range(partitions):
             assert _resend_outcomes(new[partition], KEYS) == _resend_outcomes(
@@ -161,8 +171,8 @@ def test_server_numbered_shares_continue_each_producer_per_partition(
     decision = decide_shares([first, second], shares)
     assert decision is not None
     assert [b.column(0).to_pylist() for b in decision.batches] == [[11, 0, 12], [0, 1]]
-    for manager, record, base in zip([first, second], decision.records, [1, 0], strict=True):
-        record_share(manager, record, base, clock.now_us())
+    for index, (manager, base) in enumerate(zip([first, second], [1, 0], strict=True)):
+        record_share(manager, decision, index, base, clock.now_us())
     assert first.last_seq_no("a") == 12 and first.entry("a").last_offset == 3  # type: ignore[union-attr]
     assert first.last_seq_no("b") == 0 and second.last_seq_no("a") == 1
 
@@ -186,7 +196,29 @@ def test_decided_state_is_kept_as_numpy_arrays(tmp_path: Any, clock: ManualClock
     (manager,) = _managers(tmp_path, clock, 1)
     decision = decide_shares([manager], [_batch(["a", "b", "a"], [1, 4, 2])])
     assert decision is not None
-    record_share(manager, decision.records[0], 100, clock.now_us())
+    record_share(manager, decision, 0, 100, clock.now_us())
     entry = manager.entry("a")
     assert entry is not None and entry.recent_seq_nos.dtype == np.int64
     assert entry.recent_seq_nos.tolist() == [1, 2] and entry.recent_offsets.tolist() == [100, 102]
+
+
+def test_decided_counts_need_no_batch(tmp_path: Any, clock: ManualClock) -> None:
+    """Given the row counts and the table of all shares, the decision reads no share's
+    batch (``topic_log.Shares.pieces`` makes one only when it is read)."""
+    shares = [_batch(["a", "b", "a"], [None] * 3), _batch(["a"], [None])]
+    table = pa.Table.from_batches(shares)
+
+    class Unread(list[pa.RecordBatch]):
+        def __getitem__(self, index: Any) -> Any:
+            raise AssertionError("a share's batch was read")
+
+        def __iter__(self) -> Any:
+            raise AssertionError("the shares' batches were read")
+
+    first, second = _managers(tmp_path, clock, 2)
+    decision = decide_shares([first, second], Unread(shares), table, np.array([3, 1]))
+    assert decision is not None and decision.seq_nos is not None
+    assert decision.seq_nos.tolist() == [0, 0, 1, 0]
+    record_shares([first, second], decision, [10, 20], clock.now_us())
+    assert first.entry("a").last_offset == 12 and second.entry("a").last_offset == 20  # type: ignore[union-attr]
+    assert first.entry("a").recent_offsets.tolist() == [10, 12]  # type: ignore[union-attr]

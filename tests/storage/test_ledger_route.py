@@ -343,11 +343,22 @@ def test_removing_a_partition_while_the_ledger_holds_uncopied_rows_does_not_hang
         topic.close()
 
 
-def test_shares_sliced_from_one_batch_are_written_as_a_list_of_them_is(tmp_path: Any) -> None:
+def test_shares_sliced_from_one_batch_are_written_as_a_list_of_them_is(
+    tmp_path: Any, monkeypatch: pytest.MonkeyPatch
+) -> None:
     """``TopicLog.shares`` hands the ledger the batch its shares are slices of
-    (``Shares.whole``, round 35): its checks, decision and frame body read that one chunk.
-    The frame, and what every partition reads back, are those of the same shares handed
-    as a plain list (one chunk a share, joined again)."""
+    (``Shares.whole``, round 35): its checks, decision and frame body read that one chunk,
+    and no share's batch is made (round 37). The frame, and what every partition reads
+    back, are those of the same shares handed as a plain list (one chunk a share, joined
+    again)."""
+    made = []
+    piece = topic_log.Shares.piece
+
+    def counted(self: topic_log.Shares, index: int) -> pa.RecordBatch:
+        made.append(index)
+        return piece(self, index)
+
+    monkeypatch.setattr(topic_log.Shares, "piece", counted)
     found = []
     for name in ("whole", "list"):
         topic = TopicLog(FileSystem(), os.path.join(str(tmp_path), name), name, SYSTEM_CLOCK,
@@ -361,9 +372,15 @@ def test_shares_sliced_from_one_batch_are_written_as_a_list_of_them_is(tmp_path:
                 targets = np.array([(7 * i + k) % 20 for i in range(300)])
                 shares = topic.shares(batch, targets)
                 assert isinstance(shares, topic_log.Shares) and shares.whole is not None
+                if name == "whole":
+                    assert topic.append_ledger(shares)
+                    assert made == [], "the ledger path made a share's batch"
                 joined = pa.Table.from_batches([piece for _, _, piece in shares])
+                assert made, "the pieces above are made (and counted) when read"
+                made.clear()
                 assert joined.combine_chunks().to_batches()[0].equals(shares.whole)
-                assert topic.append_ledger(shares if name == "whole" else list(shares))
+                if name == "list":
+                    assert topic.append_ledger(list(shares))
             found.append({p: _rows(topic, p) for p in range(20)})
         finally:
             topic.close()

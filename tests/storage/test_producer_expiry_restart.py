@@ -92,8 +92,8 @@ def test_decide_shares_replaces_an_expired_entry(
     assert decision is not None
     expected = [[0], [0, 1]] if server_numbered else [[5], [5, 6]]
     assert [b.column(0).to_pylist() for b in decision.batches] == expected
-    for manager, record in zip([first, second], decision.records, strict=True):
-        record_share(manager, record, 1 if manager is first else 2, clock.now_us())
+    for index, manager in enumerate([first, second]):
+        record_share(manager, decision, index, 1 if manager is first else 2, clock.now_us())
     assert first.last_seq_no("p") == expected[0][-1]
     assert second.last_seq_no("p") == expected[1][-1]
     entry = first.entry("p")
