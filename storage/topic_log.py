@@ -1513,12 +1513,9 @@ class Shares(Sequence[tuple[int, np.ndarray, pa.RecordBatch]]):
     @overload
     def __getitem__(self, index: slice) -> list[tuple[int, np.ndarray, pa.RecordBatch]]: ...
     def __getitem__(self, index: int | slice) -> Any:
-        if isinstance(index, slice):
-            return [self[i] for i in range(len(self))[index]]
-        if index < 0:
-            index += len(self)
-        if not 0 <= index < len(self):
-            raise IndexError(index)
+        return _items(index, len(self), self._share)
+
+    def _share(self, index: int) -> tuple[int, np.ndarray, pa.RecordBatch]:
         return self.partition_ids[index], self.rows(index), self.piece(index)
 
 
@@ -1536,13 +1533,18 @@ class _Pieces(Sequence[pa.RecordBatch]):
     @overload
     def __getitem__(self, index: slice) -> list[pa.RecordBatch]: ...
     def __getitem__(self, index: int | slice) -> Any:
-        if isinstance(index, slice):
-            return [self[i] for i in range(len(self))[index]]
-        if index < 0:
-            index += len(self)
-        if not 0 <= index < len(self):
-            raise IndexError(index)
-        return self._shares.piece(index)
+        return _items(index, len(self), self._shares.piece)
+
+
+def _items(index: int | slice, length: int, item: Callable[[int], Any]) -> Any:
+    """A sequence's ``__getitem__`` over ``item(i)``, ``0 <= i < length``: negative
+    indexes count from the end, a slice gives a list, others raise ``IndexError``."""
+    if isinstance(index, slice):
+        return [item(i) for i in range(length)[index]]
+    position = index + length if index < 0 else index
+    if not 0 <= position < length:
+        raise IndexError(index)
+    return item(position)
 
 
 def _null_metadata(count: int) -> pa.Array:

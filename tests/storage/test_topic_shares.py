@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import numpy as np
 import pyarrow as pa
+import pytest
 
 from storage import record_batch
 from storage.record_batch import (
@@ -92,3 +93,19 @@ def test_shares_with_metadata_are_taken_one_by_one() -> None:
         taken = batch.take(pa.array(rows))
         assert piece.equals(taken)
         assert piece.get_total_buffer_size() == taken.get_total_buffer_size()
+
+
+def test_shares_index_as_a_sequence_and_make_each_batch_once() -> None:
+    batch, targets = _statement(600)
+    shares = TopicLog.shares(None, batch, targets)  # type: ignore[arg-type]
+    count = len(shares)
+    assert shares[-1][0] == shares[count - 1][0] == max(targets.tolist())
+    assert [p for p, _, _ in shares[1:3]] == shares.partition_ids[1:3]
+    assert [p.num_rows for p in shares.pieces[::-1]] == shares.counts[::-1].tolist()
+    for bad in (count, -count - 1):
+        with pytest.raises(IndexError):
+            shares[bad]
+        with pytest.raises(IndexError):
+            shares.pieces[bad]
+    assert shares.piece(2) is shares[2][2] is shares.pieces[2], "made once, then kept"
+    assert (np.concatenate([rows for _, rows, _ in shares]) == shares.order).all()
