@@ -204,19 +204,48 @@ def _row_bytes(frame: pa.RecordBatch) -> np.ndarray:
 def _pieces(ordered: np.ndarray, frame_of_row: np.ndarray, row_bytes: np.ndarray
             ) -> list[tuple[int, int, int]]:  # fmt: skip
     """``(first, last, bytes)`` of each append, in the sorted rows: a partition's rows,
-    cut at share edges (where the frame changes) once over the piece limits."""
+    cut at share edges (where the frame changes) once over the piece limits.
+
+    A partition whose rows fit the limits is one piece, found with array operations
+    (the usual case: a pass of 48 frames over 1000 partitions has ~48,000 shares, and a
+    Python step a share cost ~10 % of the copier's CPU, docs/scale.md round 37); only
+    a partition over them goes share by share (``_cut_shares``)."""
     cap = limits.LEDGER_COPY_PIECE_BYTES
+    count = len(ordered)
+    cumulative = np.concatenate(([0], np.cumsum(row_bytes)))
+    bounds = np.flatnonzero(np.diff(ordered) != 0) + 1
+    firsts = np.concatenate(([0], bounds))
+    lasts = np.concatenate((bounds, [count]))
+    sizes = cumulative[lasts] - cumulative[firsts]
+    fits = (sizes <= cap) & (lasts - firsts <= limits.BATCH_MESSAGES_MAX)
+    if fits.all():
+        return list(zip(firsts.tolist(), lasts.tolist(), sizes.tolist(), strict=True))
     edges = np.flatnonzero((np.diff(ordered) != 0) | (np.diff(frame_of_row) != 0)) + 1
     share_firsts = np.concatenate(([0], edges))
-    share_lasts = np.concatenate((edges, [len(ordered)]))
-    cumulative = np.concatenate(([0], np.cumsum(row_bytes)))
     pieces: list[tuple[int, int, int]] = []
-    for first, last in zip(share_firsts.tolist(), share_lasts.tolist(), strict=True):
+    for first, last, size, fit in zip(firsts.tolist(), lasts.tolist(), sizes.tolist(),
+                                      fits.tolist(), strict=True):  # fmt: skip
+        if fit:
+            pieces.append((first, last, size))
+            continue
+        low, high = np.searchsorted(share_firsts, [first, last])
+        starts = share_firsts[low:high].tolist()
+        pieces.extend(_cut_shares(starts, last, cumulative, cap))
+    return pieces
+
+
+def _cut_shares(starts: list[int], end: int, cumulative: np.ndarray,
+                cap: int) -> list[tuple[int, int, int]]:  # fmt: skip
+    """One partition's shares (their first rows ``starts``, the last ending at ``end``)
+    joined into pieces greedily: a share joins the piece before it while the piece stays
+    within ``cap`` bytes and ``limits.BATCH_MESSAGES_MAX`` rows; a share over them alone
+    is a piece of its own."""
+    pieces: list[tuple[int, int, int]] = []
+    for first, last in zip(starts, [*starts[1:], end], strict=True):
         size = int(cumulative[last] - cumulative[first])
         if pieces:
-            low, high, held = pieces[-1]
-            if (high == first and ordered[low] == ordered[first] and held + size <= cap
-                    and last - low <= limits.BATCH_MESSAGES_MAX):  # fmt: skip
+            low, _, held = pieces[-1]
+            if held + size <= cap and last - low <= limits.BATCH_MESSAGES_MAX:
                 pieces[-1] = (low, last, held + size)
                 continue
         pieces.append((first, last, size))

@@ -9,10 +9,11 @@ import random
 from collections.abc import Iterator
 from pathlib import Path
 
+import numpy as np
 import pyarrow as pa
 import pytest
 
-from storage import failpoints
+from storage import failpoints, ledger_copy, limits
 from storage.clock import ManualClock
 from storage.config import FsyncPolicy, TopicConfig
 from storage.errors import CorruptSegmentError, StorageIOError
@@ -377,3 +378,49 @@ def test_grouped_pieces_never_take_from_the_whole_read(
     assert chunks and max(chunks) == 1
     for partition, data in _expected(statements).items():
         assert topic.data(partition) == data
+
+
+def _reference_pieces(ordered: list[int], frame_of_row: list[int], row_bytes: list[int],
+                      cap: int, most: int) -> list[tuple[int, int, int]]:  # fmt: skip
+    """The pieces by their rule, one share at a time: shares (runs of one partition and
+    one frame) join the piece before them while it is the same partition's and stays
+    within ``cap`` bytes and ``most`` rows."""
+    pieces: list[tuple[int, int, int]] = []
+    first = 0
+    for row in range(1, len(ordered) + 1):
+        if row < len(ordered) and (ordered[row], frame_of_row[row]) == (
+                ordered[first], frame_of_row[first]):  # fmt: skip
+            continue
+        size = sum(row_bytes[first:row])
+        if pieces:
+            low, high, held = pieces[-1]
+            if (high == first and ordered[low] == ordered[first] and held + size <= cap
+                    and row - low <= most):  # fmt: skip
+                pieces[-1] = (low, row, held + size)
+                first = row
+                continue
+        pieces.append((first, row, size))
+        first = row
+    return pieces
+
+
+@pytest.mark.parametrize("seed", range(40))
+def test_pieces_follow_the_rule_share_by_share(seed: int, monkeypatch: pytest.MonkeyPatch) -> None:
+    """``_pieces`` finds a partition that fits the limits as one piece with array
+    operations and cuts the others share by share: the same pieces as the rule applied
+    one share at a time, for limits that cut nothing, some partitions or every share."""
+    rng = random.Random(seed)
+    rows: list[tuple[int, int]] = []
+    partitions = rng.randrange(1, 12)
+    for frame in range(rng.randrange(1, 10)):
+        for partition in sorted(rng.sample(range(partitions), rng.randrange(1, partitions + 1))):
+            rows += [(partition, frame)] * rng.randrange(1, 6)
+    rows.sort(key=lambda row: row[0])  # stable: each partition's rows in frame order
+    ordered = [partition for partition, _ in rows]
+    frames = [frame for _, frame in rows]
+    sizes = [rng.choice([1, 10, 100, 1000, 5000]) for _ in rows]
+    for cap, most in [(10**9, 10**9), (3000, 10**9), (10**9, 7), (2000, 5), (1, 1)]:
+        monkeypatch.setattr(limits, "LEDGER_COPY_PIECE_BYTES", cap)
+        monkeypatch.setattr(limits, "BATCH_MESSAGES_MAX", most)
+        found = ledger_copy._pieces(np.array(ordered), np.array(frames), np.array(sizes))
+        assert found == _reference_pieces(ordered, frames, sizes, cap, most), (cap, most)
