@@ -4,8 +4,12 @@ frame kept for whole-frame reads)."""
 
 from __future__ import annotations
 
-import numpy as np
+import random
 
+import numpy as np
+import pytest
+
+from storage import ledger_index
 from storage.ledger_index import LedgerIndex
 
 
@@ -59,3 +63,42 @@ def test_the_walk_starts_where_the_last_answer_stood(monkeypatch) -> None:
     walked.clear()
     assert index.first_needed_frame() == 40
     assert len(walked) == 1
+
+
+@pytest.mark.parametrize("seed", range(20))
+def test_many_new_chunks_are_listed_as_one_at_a_time_would_be(
+    seed: int, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """``_list_new`` sorts many new chunks' shares by partition and extends each
+    partition's lists once (round 37): the lists, and every lookup through them, are the
+    same as listing the chunks share by share, whatever the adds, lookups and drops
+    between them."""
+    rng = random.Random(seed)
+    indexes = []
+    for grouped_from in (1, 10**9):  # always grouped, never grouped
+        monkeypatch.setattr(ledger_index, "_LIST_GROUPED_MIN_CHUNKS", grouped_from)
+        rng.seed(seed)
+        index = LedgerIndex()
+        ends = dict.fromkeys(range(8), 0)
+        for partition in ends:
+            index.set_end(partition, 0)
+        for frame in range(rng.randrange(1, 60)):
+            ids = sorted(rng.sample(range(8), rng.randrange(1, 9)))
+            counts = [rng.randrange(1, 5) for _ in ids]
+            bases = [ends[p] for p in ids]
+            rows = np.cumsum([0, *counts[:-1]])
+            index.add(frame, np.array(ids), np.array(bases), np.array(counts), rows)
+            for p, count in zip(ids, counts, strict=True):
+                ends[p] += count
+            if rng.random() < 0.2:  # a lookup lists what came so far
+                index.at_share_edge(rng.choice(ids), ends[ids[0]])
+            if rng.random() < 0.05:
+                index.drop_front(frame // 2)
+        index.first_bases(range(8))  # lists what is left
+        indexes.append(index)
+    grouped, single = indexes
+    assert grouped._lists.keys() == single._lists.keys()
+    for partition, entry in single._lists.items():
+        other = grouped._lists[partition]
+        assert (other.bases, other.frames, other.rows, other.counts) == (
+            entry.bases, entry.frames, entry.rows, entry.counts), partition  # fmt: skip
