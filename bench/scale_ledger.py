@@ -17,7 +17,7 @@ partitions.
   steps on the same statement at 1000: route and shares (the real ``TopicLog.route`` and
   ``shares``), the producer-state decision (the real ``decide_shares``, under the 1000
   write locks), one serialize of the statement and its CRC, one ``pwritev``, the index
-  and end offsets as array updates, and the producer entries (the real ``record_share``);
+  and end offsets as array updates, and the producer entries (the real ``record_shares``);
 - consume: the real poll (statement and ``fetchall``) at 1000 and 10 partitions, its
   storage read and decode (``engine.reads._read_all`` and ``_relation``), and the
   ledger's read of the same 20,000 messages: 4 statement frames from a map, one CRC
@@ -49,7 +49,7 @@ import engine.reads as reads
 import engine.spread_append as spread_append
 from bench.storage_bench import make_messages
 from sql import dbapi
-from storage.producer_state import decide_shares, record_share
+from storage.producer_state import decide_shares, record_shares
 from storage.record_batch import (
     HEADER_BYTES,
     WIRE_SCHEMA,
@@ -137,14 +137,18 @@ def _ledger_produce(
             t0 = _cpu()
             shares = topic.shares(batch, topic.route(batch))
             t1 = _cpu()
-            logs = [topic.partition(partition) for partition, _, _ in shares]
+            # as the ledger path reads them: ids, counts and the one batch (no share's own)
+            assert shares.whole is not None, "a spread statement: one batch, sliced"
+            logs = [topic.partition(partition) for partition in shares.partition_ids]
+            counts = shares.counts
             for log in logs:
                 log.write_lock.acquire()
             try:
-                decision = decide_shares([log.producers for log in logs], [s for _, _, s in shares])
+                whole = pa.Table.from_batches([shares.whole])
+                decision = decide_shares([log.producers for log in logs], shares.pieces, whole,
+                                         counts)  # fmt: skip
                 assert decision is not None
                 t2 = _cpu()
-                whole = pa.Table.from_batches([s for _, _, s in shares]).combine_chunks()
                 body = serialize_body_buffer(whole.to_batches()[0])
                 header = encode_frame_header(
                     body, base_offset=0, written_at_us=0, record_count=whole.num_rows,
@@ -152,17 +156,16 @@ def _ledger_produce(
                 t3 = _cpu()
                 os.pwritev(fd, [header, body], position)
                 t4 = _cpu()
-                ids = np.fromiter((p for p, _, _ in shares), np.int64, len(shares))
-                counts = np.fromiter((s.num_rows for _, _, s in shares), np.int64, len(shares))
+                ids = np.array(shares.partition_ids, np.int64)
                 bases = ends[ids]
                 ends[ids] += counts
                 index.append((ids, bases, np.full(len(ids), position), np.cumsum(counts) - counts))
                 position += len(header) + body.size
                 t5 = _cpu()
                 now_us = time.time_ns() // 1000
-                for log, record, base in zip(logs, decision.records, bases.tolist(), strict=True):
-                    # at offsets apart from the real ones
-                    record_share(log.producers, record, base + 10**12, now_us)
+                # at offsets apart from the real ones
+                record_shares([log.producers for log in logs], decision,
+                              (bases + 10**12).tolist(), now_us)  # fmt: skip
                 t6 = _cpu()
             finally:
                 for log in logs:

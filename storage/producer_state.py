@@ -766,7 +766,8 @@ def decide_shares(
     group_starts = np.concatenate(([0], np.flatnonzero(np.diff(sorted_pairs)) + 1))
     group_ends = np.append(group_starts[1:], total)
     group_pairs = sorted_pairs[group_starts]
-    group_shares = (group_pairs // len(keys)).tolist()
+    group_share_numbers = group_pairs // len(keys)
+    group_shares = group_share_numbers.tolist()
     group_keys = [keys[k] for k in (group_pairs % len(keys)).tolist()]
     # The producers' last seq_nos (as ``entry``: expired entries read as absent), and
     # how many keys each partition would learn.
@@ -804,7 +805,7 @@ def decide_shares(
     largest = sorted_seq_nos[group_ends - 1].tolist()
     sorted_rows = order - share_starts[share_of_row[order]]
     last_rows = sorted_rows[group_ends - 1].tolist()
-    share_bounds = np.searchsorted(group_pairs // len(keys),
+    share_bounds = np.searchsorted(group_share_numbers,
                                    np.arange(len(batches) + 1)).tolist()  # fmt: skip
     numbered = seq_nos if null_seq_nos else None
     return SpreadDecision(batches, numbered, share_starts.tolist(), group_keys, largest,

@@ -200,6 +200,8 @@ def test_decided_state_is_kept_as_numpy_arrays(tmp_path: Any, clock: ManualClock
     entry = manager.entry("a")
     assert entry is not None and entry.recent_seq_nos.dtype == np.int64
     assert entry.recent_seq_nos.tolist() == [1, 2] and entry.recent_offsets.tolist() == [100, 102]
+    # its own arrays: an entry never keeps a statement's whole array alive
+    assert entry.recent_seq_nos.base is None and entry.recent_offsets.base is None
 
 
 def test_decided_counts_need_no_batch(tmp_path: Any, clock: ManualClock) -> None:

@@ -369,7 +369,8 @@ def test_shares_sliced_from_one_batch_are_written_as_a_list_of_them_is(
                 ids = [f"p{(7 * i + k) % 50}" for i in range(300)]
                 batch = build_wire_batch([f"{k}.{i}".encode() for i in range(300)],
                                          producer_id=ids)  # fmt: skip
-                targets = np.array([(7 * i + k) % 20 for i in range(300)])
+                targets = np.array([(7 * i + k) % 20 if i % 3 else (i + k) % 7
+                                    for i in range(300)])  # shares of uneven sizes  # fmt: skip
                 shares = topic.shares(batch, targets)
                 assert isinstance(shares, topic_log.Shares) and shares.whole is not None
                 if name == "whole":

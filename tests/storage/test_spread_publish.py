@@ -208,3 +208,23 @@ def test_the_shares_are_read_through_one_table(
             topic.publish_transactional_many(_shares(5 + statement, seq_nos), 7 + statement)
     assert len(tables) == 2
     topic.close()
+
+
+def test_checked_shares_from_counts_match_the_batches_and_refuse_empty_shares() -> None:
+    """Given the shares' row counts and the batch they are slices of (the ledger path:
+    no share's batch is read), the checks give what they give from the batches; no
+    share, or a share of no rows, is refused (None: the caller goes share by share)."""
+    config = TopicConfig(supported_codecs=frozenset({Codec.RAW}))
+    whole = build_wire_batch([bytes([65 + i % 26]) * (1 + i) for i in range(12)])
+    counts = np.array([5, 1, 6])
+    starts = np.cumsum(counts) - counts
+    batches = [whole.slice(int(s), int(c)) for s, c in zip(starts, counts, strict=True)]
+    from_batches = spread_publish.checked_shares(batches, config)
+    from_counts = spread_publish.checked_shares(batches, config, whole, counts)
+    assert from_batches is not None and from_counts is not None
+    assert from_counts[0] == from_batches[0] == [15, 6, 57]
+    assert from_counts[1].equals(from_batches[1])
+    assert spread_publish.checked_shares([], config) is None
+    empty = [batches[0], whole.slice(0, 0)]
+    assert spread_publish.checked_shares(empty, config) is None
+    assert spread_publish.checked_shares(empty, config, batches[0], np.array([5, 0])) is None
