@@ -198,9 +198,9 @@ class TopicLedger:
                     for log in logs:  # the frame may be on disk: nobody takes its offsets
                         log.fence_for(error)
                 raise
-            record_shares([log.producers for log in logs], decision, bases, written_at_us)
-            for log in logs:
+            for log in logs:  # the frame holds their rows past their ends from here on
                 log.ledger_unsettled = True
+            record_shares([log.producers for log in logs], decision, bases, written_at_us)
         finally:
             for log in taken:
                 log.write_lock.release()
