@@ -51,18 +51,73 @@ def test_the_walk_starts_where_the_last_answer_stood(monkeypatch) -> None:
     for partition in range(3):
         index.release(partition, 40)
     walked: list[int] = []
-    real = np.fromiter
+    real = ledger_index._Lookup.__call__
 
-    def counting(*args, **kwargs):  # one call a chunk walked
+    def counting(self, partitions):  # one lookup a chunk walked
         walked.append(1)
-        return real(*args, **kwargs)
+        return real(self, partitions)
 
-    monkeypatch.setattr(np, "fromiter", counting)
+    monkeypatch.setattr(ledger_index._Lookup, "__call__", counting)
     assert index.first_needed_frame() == 40
     assert len(walked) == 41
     walked.clear()
     assert index.first_needed_frame() == 40
     assert len(walked) == 1
+
+
+def _needed_one_at_a_time(index: LedgerIndex, starts: dict[int, int]) -> int | None:
+    """The first needed frame by the rule, share by share: the oldest live chunk with a
+    share ending past its partition's copied start (0 for a partition never released)."""
+    for chunk in index._chunks[index._first_chunk :]:
+        for partition, base, count, frame, _row in chunk.tolist():
+            if base + count > starts.get(partition, 0):
+                return frame
+    return None
+
+
+@pytest.mark.parametrize("seed", range(12))
+def test_the_first_needed_frame_is_the_rule_share_by_share(seed: int) -> None:
+    """The array lookup of the copied starts (round 38) answers as the share-by-share rule
+    does: sparse and large partition ids (a split's children), partitions never released
+    or set only by ``set_end``, copies that leave some partitions behind, drops from the
+    front."""
+    rng = random.Random(seed)
+    index = LedgerIndex()
+    ids = rng.sample(range(1, 5000), 40)  # (unsorted: the copied starts' keys come unsorted)
+    ends = dict.fromkeys(ids, 0)
+    tops: list[dict[int, int]] = []  # each frame's shares: partition -> its share's end
+    starts: dict[int, int] = {}
+    for partition in rng.sample(ids, 10):
+        index.set_end(partition, 0)
+        starts[partition] = 0
+    answers = []
+    for _ in range(150):
+        action = rng.random()
+        if action < 0.5:
+            chosen = np.array(sorted(rng.sample(ids, rng.randint(1, len(ids)))), np.int64)
+            counts = np.array([rng.randint(1, 5) for _ in chosen], np.int64)
+            bases = np.array([ends[p] for p in chosen.tolist()], np.int64)
+            index.add(len(tops), chosen, bases, counts, np.zeros(len(chosen), np.int64))
+            ends.update(zip(chosen.tolist(), (bases + counts).tolist(), strict=True))
+            tops.append(dict(zip(chosen.tolist(), (bases + counts).tolist(), strict=True)))
+        elif action < 0.85:  # a copy of the frames below one, some partitions left behind
+            below = rng.randint(0, len(tops))
+            lagging = set(rng.sample(ids, rng.choice((0, 0, 1, 3))))
+            for partition in ids:
+                copied = max((top.get(partition, 0) for top in tops[:below]), default=0)
+                if partition not in lagging and copied > starts.get(partition, 0):
+                    index.release(partition, copied)
+                    starts[partition] = copied
+        else:
+            needed = _needed_one_at_a_time(index, starts)
+            index.drop_front(rng.randint(0, len(tops) if needed is None else needed))
+        expected = _needed_one_at_a_time(index, starts)
+        assert index.first_needed_frame() == expected
+        answers.append(expected)
+    assert len(set(answers)) > 3  # the answer moved along
+    for partition in ids:  # everything copied
+        index.release(partition, ends[partition])
+    assert index.first_needed_frame() is None
 
 
 @pytest.mark.parametrize("seed", range(20))
