@@ -706,8 +706,10 @@ def _take(
     to ``read`` as frame slices (decoded later, with every partition's: ``_relation``);
     the position advances (to the cut when nothing is left below it). Returns the
     messages and bytes taken (bytes: the frames' bytes, prorated for a partial frame)."""
+    # No settle when the rows asked for are all in the log's own segments (a consumer
+    # catching up): the rows past them stay for the copier.
     result = topic.partition(partition_id).read_frames(
-        positions[partition_id], max_messages=max_messages, max_bytes=max_bytes
+        positions[partition_id], max_messages=max_messages, max_bytes=max_bytes, settle=False
     )
     slices, end = result.slices, ends[partition_id]
     if slices and result.next_offset <= end:

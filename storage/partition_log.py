@@ -1324,11 +1324,20 @@ class PartitionLog:
         *,
         max_messages: int = 1000,
         max_bytes: int = 8 * 1024 * 1024,
+        settle: bool = True,
     ) -> FrameRead:
         """``read``, left undecoded: the frame slices it would decode (``storage.frame_read``),
-        so that a reader of many partitions decodes them all at once."""
+        so that a reader of many partitions decodes them all at once.
+
+        ``settle=False``: settle only when the read may need a row past this log's own end
+        (``start_offset + max_messages`` past ``own_end``); a read wholly below it takes the
+        rows from the segments as they are, and its ``end_offset`` is then the own end, not
+        the ledger's. A settle copies the ledger's rows of the partition in the reader's
+        thread: a consumer catching up over 1000 partitions paid 0.6-0.8 s for them in one
+        read (docs/scale.md round 38)."""
         _check_read_limits(max_messages, max_bytes)
-        if self.ledger_unsettled:
+        if self.ledger_unsettled and (
+                settle or start_offset + max_messages > self._visible.end_offset):  # fmt: skip
             self.settle()
         for _ in range(3):  # retention may delete a segment under us: retry
             visible = self._visible
@@ -1386,8 +1395,11 @@ class PartitionLog:
     ) -> tuple[LogSegment, int, int] | None:
         """Where a read of ``count`` messages from ``start_offset`` finds its frames: the
         segment and the byte range ``[from, to)`` of it holding them (from the indexed
-        frame at or before ``start_offset`` to the published end of the segment), for a
-        read of many partitions into one buffer (``storage.bulk_scan``). None when the
+        frame at or before ``start_offset`` to the first indexed frame starting at or past
+        ``start_offset + count``, or the published end of the segment), for a read of many
+        partitions into one buffer (``storage.bulk_scan``). (To the segment's end, a
+        consumer catching up over 1000 partitions asked ~10x the bytes it read and went
+        over the read's budget, docs/scale.md round 38.) None when the
         messages are not all published in one segment, start below the log start, or
         the range is over ``window_max`` bytes (``read_frames`` handles those).
         ``settle=False``: the log's own frames only, the ledger's rows left where they
@@ -1406,9 +1418,12 @@ class PartitionLog:
         if start_offset + count > (visible.end_offset if last else segment.next_offset):
             return None
         limit = visible.last_segment_bytes if last else segment.size_bytes
-        position = (
-            segment.offset_index.lookup(start_offset) if start_offset > segment.base_offset else 0
-        )
+        index_file = segment.offset_index
+        position = index_file.lookup(start_offset) if start_offset > segment.base_offset else 0
+        # an indexed frame starts there, so the frames before it hold every offset asked
+        past = index_file.ceiling_value_of_key(start_offset + count - segment.base_offset)
+        if past is not None and position < past < limit:
+            limit = past
         if limit - position > window_max:
             return None
         return segment, position, limit

@@ -18,7 +18,7 @@ from typing import Any
 
 import pytest
 
-from storage import buffer_pool, bulk_scan, file_map, verified_frames
+from storage import buffer_pool, bulk_scan, file_map, limits, verified_frames
 from storage import segment as segment_module
 from storage.bulk_scan import scan_many
 from storage.errors import CorruptSegmentError
@@ -62,6 +62,7 @@ def _check_same(plan: list[tuple[int, PartitionLog, int, int]]) -> None:
     assert decoded.equals(decode_small([s for _, s in expected]))
 
 
+@pytest.mark.parametrize("index_every", [limits.INDEX_INTERVAL_BYTES, 1])  # sparse, each frame
 @pytest.mark.parametrize("vector_min", [1, 16, 10**9])  # numpy steps, both, Python only
 @pytest.mark.parametrize("seed", range(6))
 def test_the_slices_of_read_frames_in_turn(
@@ -71,8 +72,13 @@ def test_the_slices_of_read_frames_in_turn(
     monkeypatch: pytest.MonkeyPatch,
     seed: int,
     vector_min: int,
+    index_every: int,
 ) -> None:
+    """With an index entry at every frame, each window ends at the first frame past the
+    offsets asked (``PartitionLog.frame_window``, round 38), never at the segment's end
+    unless the read reaches it."""
     monkeypatch.setattr(bulk_scan, "_WALK_VECTOR_MIN", vector_min)
+    monkeypatch.setattr(limits, "INDEX_INTERVAL_BYTES", index_every)
     rng = random.Random(seed)
     logs = _partitions(open_partition, tmp_path, 30)
     ends = []
@@ -90,6 +96,38 @@ def test_the_slices_of_read_frames_in_turn(
             count = rng.randrange(1, ends[index] - start + 1)  # to the end or inside a frame
             plan.append((index, logs[index], start, count))
         _check_same(plan)
+
+
+def test_a_window_ends_at_the_first_indexed_frame_past_the_offsets_asked(
+    open_partition: Any, batch: Any, tmp_path: Any, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Round 38: a read of a segment's first frames asks only for them, not for the rest
+    of the segment (a consumer catching up over many partitions of long segments went
+    over its byte budget and lost the one-buffer read); a read to the end, or inside the
+    last indexed stretch, still reaches the published end."""
+    monkeypatch.setattr(limits, "INDEX_INTERVAL_BYTES", 1)  # an entry at every frame
+    (log,) = _partitions(open_partition, tmp_path, 1)
+    for index in range(10):
+        log.append(batch(10, first=10 * index, size_bytes=200))
+    segment = log.segments[0]
+    positions = [segment.offset_index.lookup(10 * index) for index in range(10)]
+    assert positions == sorted(set(positions)) and positions[0] == 0
+    end = segment.size_bytes
+    assert log.frame_window(0, 10, BIG) == (segment, 0, positions[1])
+    assert log.frame_window(5, 20, BIG) == (segment, 0, positions[3])  # inside a frame
+    assert log.frame_window(20, 11, BIG) == (segment, positions[2], positions[4])
+    assert log.frame_window(30, 70, BIG) == (segment, positions[3], end)
+    assert log.frame_window(95, 5, BIG) == (segment, positions[9], end)
+    # a window that fits the cap only when cut to the frames asked
+    assert log.frame_window(0, 10, positions[1]) == (segment, 0, positions[1])
+    assert log.frame_window(0, 10, positions[1] - 1) is None
+    monkeypatch.setattr(limits, "INDEX_INTERVAL_BYTES", 1 << 30)  # (appends only)
+    sparse = _partitions(open_partition, tmp_path / "sparse", 1)[0]
+    for index in range(10):
+        sparse.append(batch(10, first=10 * index, size_bytes=200))
+    # one entry only (the first frame): the window runs to the published end
+    assert sparse.frame_window(0, 10, BIG) == (sparse.segments[0], 0,
+                                              sparse.segments[0].size_bytes)  # fmt: skip
 
 
 def _count_reads(segment_type: Any, monkeypatch: pytest.MonkeyPatch) -> dict[str, list]:
