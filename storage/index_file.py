@@ -68,22 +68,27 @@ class IndexFile:
 
     def append(self, key: int, value: int) -> None:
         assert not self._keys or key >= self._keys[-1], (key, self._keys[-1])
-        self._keys.append(key)
+        # the value first: a reader without the writer's lock (``floor``, ``ceiling_value_
+        # of_key`` from a read of many partitions) that finds the key finds its value too
         self._values.append(value)
+        self._keys.append(key)
         self._pending += self._entry.pack(key, value)
 
     def floor(self, key: int) -> tuple[int, int] | None:
         """The last entry with entry key <= ``key``, or None."""
         keys = self._keys
-        index = bisect.bisect_right(keys, key) - 1
+        index = bisect.bisect_right(keys, key, 0, min(len(self._values), len(keys))) - 1
         if index < 0:
             return None
         return keys[index], self._values[index]
 
     def ceiling_value_of_key(self, key: int) -> int | None:
-        """The value of the first entry with entry key >= ``key``, or None."""
-        index = bisect.bisect_left(self._keys, key)
-        if index >= len(self._keys):
+        """The value of the first entry with entry key >= ``key``, or None. Among the
+        entries whose values are in (``append`` puts a value before its key; bounded
+        here too, so a key seen before its value, in any order, is not an entry yet)."""
+        entries = min(len(self._values), len(self._keys))
+        index = bisect.bisect_left(self._keys, key, 0, entries)
+        if index >= entries:
             return None
         return self._values[index]
 

@@ -179,6 +179,10 @@ class PartitionLog:
         self.redirect: Callable[[list[pa.RecordBatch], int], None] | None = None
         # Syncs the partitions ``redirect`` wrote to since the last call (set with it).
         self.sync_redirected: Callable[[], None] | None = None
+        # The topic's table of its partitions' log starts (``TopicLog.start_offsets``), or
+        # None: kept equal to ``start_offset`` at every publish (``_set_visible``), so that
+        # a poll of 1000 partitions reads one dict instead of 1000 logs' segment lists.
+        self.start_table: dict[int, int] | None = None
         self.data_ready = data_ready or threading.Condition()
         self.recovery = RecoveryReport()
         self._write_lock = threading.Lock()
@@ -216,7 +220,8 @@ class PartitionLog:
         for loaded in segments:  # only bytes this process writes are ever dropped
             loaded.dropped_to = loaded.size_bytes  # (review R2-F5 of round 13)
         self._last_written_at_us = max((s.last_written_at_us or 0 for s in segments), default=0)
-        self._visible = Visible(segments[-1].next_offset, tuple(segments), segments[-1].size_bytes)
+        self._set_visible(Visible(segments[-1].next_offset, tuple(segments),
+                                  segments[-1].size_bytes))  # fmt: skip
         self._restore_producers()
         self._committer = GroupCommitter(self._flush_group, config.group_commit_window_us)
         # A killed process's last frames may be in the page cache only (written, never
@@ -1131,7 +1136,7 @@ class PartitionLog:
         failpoints.hit("partition.after_write")
         record_share(self.producers, decision, index, base_offset, written_at_us)
         segment = self._segments[-1]  # ``_publish`` without a wake-up
-        self._visible = Visible(segment.next_offset, self._segments, segment.size_bytes)
+        self._set_visible(Visible(segment.next_offset, self._segments, segment.size_bytes))
         return base_offset
 
     def notify_readers(self) -> None:
@@ -1290,10 +1295,20 @@ class PartitionLog:
         if self._frame_cache is not None:
             self._frame_cache.discard(self)
 
+    def _set_visible(self, visible: Visible) -> None:
+        """What readers see from now on; the topic's start table follows (the one place
+        ``_visible`` is set, so the table never differs from ``start_offset`` but for a
+        reader between the two stores, which sees the start before this publish: the same
+        as a reader just before it)."""
+        self._visible = visible
+        table = self.start_table
+        if table is not None:
+            table[self.partition_id] = visible.segments[0].base_offset
+
     def _publish(self, *, notify: bool = True) -> None:
         self._adopted = None
         segment = self._segments[-1]
-        self._visible = Visible(segment.next_offset, self._segments, segment.size_bytes)
+        self._set_visible(Visible(segment.next_offset, self._segments, segment.size_bytes))
         if notify:
             with self.data_ready:
                 self.data_ready.notify_all()
@@ -1420,7 +1435,9 @@ class PartitionLog:
         limit = visible.last_segment_bytes if last else segment.size_bytes
         index_file = segment.offset_index
         position = index_file.lookup(start_offset) if start_offset > segment.base_offset else 0
-        # an indexed frame starts there, so the frames before it hold every offset asked
+        # An indexed frame starts there, so the frames before it hold every offset asked.
+        # Only below ``limit``: an entry may name a frame not published yet (appended,
+        # not yet visible) or one a fence's cut removed (``LogSegment.truncate_to``).
         past = index_file.ceiling_value_of_key(start_offset + count - segment.base_offset)
         if past is not None and position < past < limit:
             limit = past

@@ -65,6 +65,19 @@ def test_the_walk_starts_where_the_last_answer_stood(monkeypatch) -> None:
     assert len(walked) == 1
 
 
+def test_the_first_needed_frame_with_no_copied_start_known() -> None:
+    """Frames added with no ``set_end`` nor ``release`` before (no copied start at all):
+    every partition counts as copied to 0, so the first frame is needed."""
+    index = LedgerIndex()
+    index.add(0, np.array([3, 9]), np.array([0, 0]), np.array([2, 1]), np.array([0, 2]))
+    index.add(1, np.array([3]), np.array([2]), np.array([1]), np.array([0]))
+    assert index.first_needed_frame() == 0
+    index.release(3, 3)
+    assert index.first_needed_frame() == 0  # partition 9's share
+    index.release(9, 1)
+    assert index.first_needed_frame() is None
+
+
 def _needed_one_at_a_time(index: LedgerIndex, starts: dict[int, int]) -> int | None:
     """The first needed frame by the rule, share by share: the oldest live chunk with a
     share ending past its partition's copied start (0 for a partition never released)."""

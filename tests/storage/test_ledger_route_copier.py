@@ -252,3 +252,42 @@ def test_a_pass_whose_file_system_sync_fails_syncs_each_log_and_releases(
         _check_all(topic, range(2))
     finally:
         topic.close()
+
+
+def test_a_read_below_the_logs_own_end_does_not_settle_and_one_past_it_does(
+    tmp_path: Any, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """``read_frames(settle=False)`` (a consumer's partition reads, round 38): rows wholly
+    below the log's own end are read from its segments and the ledger's rows past it stay
+    there; a read that may reach past the own end (``start + max_messages`` over it, by
+    one or more) settles first, and reads them. ``settle=True`` (the default) always
+    settles."""
+    topic = _open(str(tmp_path), create=True)
+    try:
+        for k in range(2):
+            topic.append_ledger(_statement(k))
+        assert topic.ledger is not None
+        topic.ledger.copy_all()
+        topic.append_ledger(_statement(2))  # two rows a partition past each own end
+        settled: list[int] = []
+        real = type(topic.partition(0)).settle
+
+        def counted(self: Any) -> Any:
+            settled.append(self.partition_id)
+            return real(self)
+
+        monkeypatch.setattr(type(topic.partition(0)), "settle", counted)
+        log = topic.partition(0)
+        assert log.own_end == 4 and log.ledger_unsettled
+        found = log.read_frames(1, max_messages=3, settle=False)  # offsets 1-3: to the end
+        assert settled == [] and log.own_end == 4 and log.ledger_unsettled
+        assert found.message_count == 3 and found.next_offset == 4
+        found = log.read_frames(1, max_messages=4, settle=False)  # offset 4 is the ledger's
+        assert settled == [0] and log.own_end == 6 and not log.ledger_unsettled
+        assert found.message_count == 4 and found.next_offset == 5
+        other = topic.partition(1)
+        other.read_frames(0, max_messages=1)  # the default: settles, though below its end
+        assert settled == [0, 1] and other.own_end == 6
+        _check_all(topic, range(3))
+    finally:
+        topic.close()

@@ -34,6 +34,29 @@ def test_lookup_returns_the_last_entry_at_or_before_the_offset(tmp_path: Any) ->
     assert index.entries()[1] == (10, 4096), "entries hold offsets relative to the base"
 
 
+def test_a_reader_between_an_entrys_two_appends_sees_no_entry_and_no_error(
+    tmp_path: Any,
+) -> None:
+    """Readers do not take the writer's lock (a read of many partitions asks where a frame
+    ends, round 38): an entry half appended, its value in and its key not yet (the order
+    ``append`` uses) or the other way round, is not an entry yet for either lookup, and
+    neither raises (a review found ``ceiling_value_of_key`` raising ``IndexError`` on a
+    key seen before its value)."""
+    index = _index(tmp_path)
+    index.add(BASE, 0)
+    index.add(BASE + 10, 4096)
+    index._values.append(8200)  # the writer stopped between its two appends
+    assert index.ceiling_value_of_key(11) is None
+    assert index.lookup(BASE + 30) == 4096
+    index._keys.append(25)
+    assert index.ceiling_value_of_key(11) == 8200 and index.lookup(BASE + 30) == 8200
+    other = _index(tmp_path / "other")
+    other.add(BASE, 0)
+    other._keys.append(10)  # a key before its value: ignored, no IndexError
+    assert other.ceiling_value_of_key(5) is None
+    assert other.lookup(BASE + 30) == 0
+
+
 def test_flushed_entries_load_back(tmp_path: Any) -> None:
     index = _index(tmp_path)
     index.add(BASE, 0)
