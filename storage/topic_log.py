@@ -275,9 +275,11 @@ class TopicLog:
         partition.active = self._info[partition_id].active
         partition.redirect = self._redirect_of(partition_id)
         partition.sync_redirected = self._sync_redirected_of(partition_id)
-        self._partitions[partition_id] = partition
-        self._log_starts[partition_id] = partition.start_offset
+        # in the start table before it is listed: a poll planned from ``partition_ids``
+        # finds its start (a review: the other order refused a poll during a split)
         partition.start_table = self._log_starts
+        self._log_starts[partition_id] = partition.start_offset
+        self._partitions[partition_id] = partition
         if self.ledger is not None:
             self.ledger.attach(partition)
         self._speeds[partition_id] = WriteSpeed(
