@@ -571,6 +571,7 @@ class Ledger:
         firsts: list[np.ndarray] = []
         counts: list[np.ndarray] = []
         messages = size = passed = 0
+        touched = np.zeros(len(keys), bool)  # the partitions of the frames taken
         with self._lock:
             last = self._index.last_chunk()
             if last is None or _all_read(last, keys, values):
@@ -598,6 +599,7 @@ class Ledger:
                 if messages + rows > max_messages or size + body.size > max_bytes:
                     break
                 values[at] = bases + count
+                touched[at] = True
                 read_below = chunk.frame + 1
                 bodies.append(body)
                 written_ats.append(written_at)
@@ -610,9 +612,9 @@ class Ledger:
                 self._note_resume_point(keys, values, read_below)
             if not bodies:
                 return None
-        touched = np.unique(np.concatenate(parts))
-        at = np.searchsorted(keys, touched)
-        next_offsets = dict(zip(touched.tolist(), values[at].tolist(), strict=True))
+        # (a mask over the sorted keys, not a ``unique`` of the frames' partitions: ~170 us
+        # a poll of 1000 partitions; docs/scale.md round 38)
+        next_offsets = dict(zip(keys[touched].tolist(), values[touched].tolist(), strict=True))
         return LedgerWhole(bodies, written_ats, parts, firsts, counts, next_offsets, messages,
                            size)  # fmt: skip
 
