@@ -31,10 +31,11 @@ from sql.pgwire.codec.copy_format import (
     InvalidTextRepresentationError,
     encode_table,
 )
+from sql.pgwire.connection import commands
 from sql.pgwire.connection.copy_statement import parse_copy
 from sql.pgwire.limits import ServerLimits
 from sql.pgwire.server import ServerThread
-from storage.errors import FeatureNotSupportedError
+from storage.errors import FeatureNotSupportedError, SqlSyntaxError
 
 Connect = Callable[..., psycopg.Connection]
 
@@ -522,6 +523,25 @@ def test_parse_copy_old_and_new_spellings() -> None:
     assert query.query == "SELECT ')' FROM t" and query.to_client
     with pytest.raises(FeatureNotSupportedError, match="only in CSV"):
         parse_copy("COPY t FROM STDIN (QUOTE '\"')")  # QUOTE outside CSV
+
+
+def test_parse_copy_is_kept_by_text_and_errors_are_not() -> None:
+    """A reader's loop sends the same COPY again: the second parse is the kept statement;
+    a refused text is refused again (its error is not kept), and a text differing only in
+    an option gets its own statement."""
+    text = "COPY (SELECT data FROM TOPIC t WITH (consumer = 'c')) TO STDOUT (FORMAT arrow)"
+    first = parse_copy(text)
+    assert parse_copy(text) is first and first.fmt.arrow and first.to_client
+    assert not parse_copy(text.replace("arrow", "binary")).fmt.arrow
+    bad = "COPY t FROM STDIN (x_cache_probe)"  # an unknown option: 42601
+    for _ in range(2):
+        with pytest.raises(SqlSyntaxError):
+            parse_copy(bad)
+    statements = commands._pieces("COPY t TO STDOUT; SELECT 1")
+    assert commands._pieces("COPY t TO STDOUT; SELECT 1") is statements
+    assert [text for text, _ in statements] == ["COPY t TO STDOUT", "SELECT 1"]
+    assert commands.handles("COPY t TO STDOUT; SELECT 1")
+    assert not commands.handles("SELECT 'COPY'")
 
 
 def test_text_decoder_round_trips_encoder_output() -> None:

@@ -21,7 +21,7 @@ from typing import Any
 
 import pyarrow as pa
 
-from engine.api import Result, SessionState, ast, parse, split_statements
+from engine.api import Result, SessionState, ast, parse, split_statements, text_cache
 from sql.pgwire.codec import messages as m
 from sql.pgwire.codec import wire_types
 from sql.pgwire.connection import copy_exchange, copy_statement, cursors, result_stream, spill
@@ -39,6 +39,17 @@ _MAYBE_WIRE = re.compile(r"\b(?:COPY|DECLARE|FETCH|MOVE|CLOSE)\b", re.IGNORECASE
 _FIRST_WORD = re.compile(r"[A-Za-z]+")
 
 
+# A Query message's statements kept by text: ``handles`` and ``simple_query`` split the
+# same message, and a reader's loop sends the same COPY again and again.
+SPLIT_CACHE_ENTRIES = 64
+
+
+@text_cache(SPLIT_CACHE_ENTRIES)
+def _pieces(query: str) -> tuple[tuple[str, ast.SourcePosition], ...]:
+    """``split_statements(query)`` as a tuple (shared by the cache: never changed)."""
+    return tuple(split_statements(query))
+
+
 def is_wire_text(text: str) -> bool:
     """True if the single statement ``text`` (no leading comments) is one of ours."""
     word = _FIRST_WORD.match(text)
@@ -50,7 +61,7 @@ def handles(query: str) -> bool:
     if _MAYBE_WIRE.search(query) is None:
         return False
     try:
-        return any(is_wire_text(text) for text, _ in split_statements(query))
+        return any(is_wire_text(text) for text, _ in _pieces(query))
     except TopicbaseError:
         return False  # the normal path reports the syntax error
 
@@ -58,7 +69,7 @@ def handles(query: str) -> bool:
 def prepared_statements(query: str) -> tuple[ast.Statement, ...] | None:
     """For Parse: a stand-in statement if ``query`` is one of ours, else None."""
     try:
-        pieces = split_statements(query) if _MAYBE_WIRE.search(query) else []
+        pieces = _pieces(query) if _MAYBE_WIRE.search(query) else ()
     except TopicbaseError:
         return None
     if len(pieces) != 1 or not is_wire_text(pieces[0][0]):
@@ -84,7 +95,7 @@ async def execute(context: CommandContext, statement: ast.Statement,
 async def simple_query(context: CommandContext, query: str) -> None:
     """A Query message with at least one of our statements; ends with ReadyForQuery."""
     session = context.session
-    pieces = split_statements(query)
+    pieces = _pieces(query)
     if not pieces:
         context.send(m.empty_query_response())
     for text, _ in pieces:
