@@ -112,3 +112,37 @@ def test_a_tls_writer_sends_views_through_its_transport_only(
     got, expected, calls = _run(monkeypatch, tls=True)
     assert got == expected
     assert calls == []
+
+
+def test_kept_messages_go_in_the_first_writev(monkeypatch: pytest.MonkeyPatch) -> None:
+    """A message kept by ``write`` (a COPY's CopyOutResponse) is not written alone before the
+    views: it leads the first ``writev``, so the client is woken once for both."""
+    first_buffers: list[bytes] = []
+    real = os.writev
+
+    def recording(fd: int, buffers: Any) -> int:
+        if not first_buffers:
+            first_buffers.extend(bytes(b) for b in buffers)
+        return real(fd, buffers)
+
+    monkeypatch.setattr(output.os, "writev", recording)
+    ours, peer = socket.socketpair()
+    views: list[bytes | memoryview] = [b"d0001", memoryview(b"x" * 1000)]
+    expected = b"kept" + b"".join(bytes(v) for v in views)
+    got = bytearray()
+    reader_thread = threading.Thread(target=_drain_slowly, args=(peer, got, len(expected)))
+    reader_thread.start()
+
+    async def send() -> None:
+        _, writer = await asyncio.open_connection(sock=ours)
+        gathering = GatheringWriter(writer)
+        gathering.write(b"kept")
+        await gathering.send_views(views)
+        writer.close()
+        await writer.wait_closed()
+
+    asyncio.run(send())
+    reader_thread.join(30)
+    peer.close()
+    assert bytes(got) == expected
+    assert first_buffers[:1] == [b"kept"], first_buffers[:2]

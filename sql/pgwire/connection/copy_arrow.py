@@ -230,9 +230,11 @@ async def copy_arrow_to_client(context: CommandContext, statement: ast.Statement
             following = await context.call(_next_messages, source, schema)
             if following is None:
                 await context.call(_commit, source)  # all but the end marker was sent
-                messages, ended = copy_arrow.end_messages(), True
-            else:
-                messages = following
+                # The end marker (13 bytes) is kept with CopyDone, CommandComplete and
+                # ReadyForQuery: they go out in one write, waking the client once.
+                context.send(b"".join(copy_arrow.end_messages()))
+                break
+            messages = following
     finally:
         await context.call(source.close)
     context.send(m.copy_done())

@@ -68,7 +68,10 @@ class GatheringWriter:
         await self.writer.drain()
 
     async def send_views(self, views: Sequence[Buffer]) -> None:
-        """Send ``views`` in order and drain, as ``write`` of each then ``drain`` would.
+        """Send ``views`` in order and drain, as ``write`` of each then ``drain`` would;
+        messages kept by ``write`` go first, in the same ``writev`` as the first views (a
+        COPY's CopyOutResponse with its first data: one system call and one wake-up of the
+        client fewer).
 
         On a plain socket whose transport holds nothing unsent, each group of views goes
         out with one ``writev`` from the views themselves; the part the socket did not
@@ -83,14 +86,18 @@ class GatheringWriter:
         release the buffers (mapped segments included). Until then the batch and its maps
         stay alive: a slow COPY client holds one batch's maps (counted in
         ``READ_MAPS_MAX``; other reads then use ``pread``)."""
-        self.flush()
         transport = self.writer.transport
         fd = _plain_fd(self.writer)
         if fd is None:  # TLS: the transport's own path and flow control, as write + drain
+            self.flush()
             for view in views:
                 self.writer.write(view)
             await self.writer.drain()
             return
+        if self._kept:  # kept messages lead the first group: one writev, one wake-up
+            views = [*self._kept, *views]
+            self._kept.clear()
+            self._kept_bytes = 0
         limits = transport.get_write_buffer_limits()
         # drain() then waits until the transport sent everything (not down to its low
         # mark), so that the next group finds it empty and can go out with writev again
