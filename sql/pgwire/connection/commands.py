@@ -40,7 +40,8 @@ _FIRST_WORD = re.compile(r"[A-Za-z]+")
 
 
 # A Query message's statements kept by text: ``handles`` and ``simple_query`` split the
-# same message, and a reader's loop sends the same COPY again and again.
+# same message, and a reader's loop sends the same COPY again and again. (Parse needs no
+# such cache here: ``extended._prepare_text`` keeps its whole answer by text.)
 SPLIT_CACHE_ENTRIES = 64
 
 
@@ -69,7 +70,7 @@ def handles(query: str) -> bool:
 def prepared_statements(query: str) -> tuple[ast.Statement, ...] | None:
     """For Parse: a stand-in statement if ``query`` is one of ours, else None."""
     try:
-        pieces = _pieces(query) if _MAYBE_WIRE.search(query) else ()
+        pieces = split_statements(query) if _MAYBE_WIRE.search(query) else []
     except TopicbaseError:
         return None
     if len(pieces) != 1 or not is_wire_text(pieces[0][0]):
